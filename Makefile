@@ -1,0 +1,40 @@
+# itx: durable event streams as Cap'n Proto capabilities.
+GO       ?= go
+DATA     ?= .itx-data
+ADDR     ?= 127.0.0.1:7878
+METRICS  ?= 127.0.0.1:7879
+CAPNP_GO := capnproto.org/go/capnp/v3
+
+.PHONY: build run test bench generate vet fmt clean
+
+build:
+	$(GO) build -o bin/itxd ./cmd/itxd
+	$(GO) build -o bin/itx ./cmd/itx
+
+## run: start itxd on the embedded default data directory (./.itx-data) and print how to connect
+run: build
+	./bin/itxd --listen $(ADDR) --data $(DATA) --metrics $(METRICS)
+
+## test: vet and run every test (unit, end-to-end over TCP, crash recovery)
+test:
+	$(GO) vet ./...
+	$(GO) test -count=1 -timeout 12m ./...
+
+## bench: the benchmarks recorded in docs/benchmarks.md (a separate itxd process, durable)
+bench:
+	$(GO) test -run '^$$' -bench . -benchtime 5s -timeout 60m ./test/
+
+## generate: remake schema/itx.capnp.go (needs Debian's capnproto package)
+generate:
+	$(GO) install $(CAPNP_GO)/capnpc-go@$$($(GO) list -m -f '{{.Version}}' $(CAPNP_GO))
+	PATH="$$PATH:$$($(GO) env GOPATH)/bin" capnp compile -I"$$($(GO) list -m -f '{{.Dir}}' $(CAPNP_GO))/std" \
+		-ogo:schema --src-prefix=schema schema/itx.capnp
+
+vet:
+	$(GO) vet ./...
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+clean:
+	rm -rf bin

@@ -1,0 +1,328 @@
+package capability
+
+import (
+	"context"
+	"time"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/schema"
+	"github.com/itx-dev/itx/server"
+	"github.com/itx-dev/itx/storage"
+	"github.com/itx-dev/itx/wire"
+)
+
+// Version is reported by Gateway.version.
+var Version = "itxd (development build)"
+
+// ProtocolVersion increases when the schema gains something a client may need to check for.
+const ProtocolVersion = 1
+
+// gateway is the bootstrap capability of one RPC connection.
+type gateway struct {
+	srv *server.Server
+}
+
+func (g *gateway) Login(ctx context.Context, call schema.Gateway_login) error {
+	token, err := call.Args().Token()
+	if err != nil {
+		return badArgs("token", err)
+	}
+	p, err := g.srv.Login(ctx, token)
+	if err != nil {
+		return fail(err)
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	return res.SetProject(schema.Project_ServerToClient(&project{srv: g.srv, p: p}))
+}
+
+func (g *gateway) Version(ctx context.Context, call schema.Gateway_version) error {
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	res.SetProtocol(ProtocolVersion)
+	return res.SetServer(Version)
+}
+
+// project is a logged-in project root.
+type project struct {
+	srv *server.Server
+	p   storage.Project
+}
+
+func (p *project) Streams(ctx context.Context, call schema.Project_streams) error {
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	return res.SetStreams(schema.Streams_ServerToClient(&streams{srv: p.srv, projectID: p.p.ID}))
+}
+
+func (p *project) Capabilities(ctx context.Context, call schema.Project_capabilities) error {
+	return notYet("Project.capabilities")
+}
+
+func (p *project) Processors(ctx context.Context, call schema.Project_processors) error {
+	return notYet("Project.processors")
+}
+
+func (p *project) Describe(ctx context.Context, call schema.Project_describe) error {
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	info, err := res.NewInfo()
+	if err != nil {
+		return err
+	}
+	info.SetDeployment(p.p.Deployment)
+	if err := info.SetId(p.p.ID); err != nil {
+		return err
+	}
+	return info.SetName(p.p.Name)
+}
+
+// streams is a project's stream collection.
+type streams struct {
+	srv       *server.Server
+	projectID string
+}
+
+func (s *streams) Get(ctx context.Context, call schema.Streams_get) error {
+	path, err := call.Args().Path()
+	if err != nil {
+		return badArgs("path", err)
+	}
+	if err := itx.ValidatePath(path); err != nil {
+		return fail(err)
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	return res.SetStream(schema.Stream_ServerToClient(&stream{srv: s.srv, ref: server.StreamRef{ProjectID: s.projectID, Path: path}}))
+}
+
+func (s *streams) List(ctx context.Context, call schema.Streams_list) error {
+	prefix, err := call.Args().Prefix()
+	if err != nil {
+		return badArgs("prefix", err)
+	}
+	call.Go()
+	infos, err := s.srv.ListStreams(ctx, s.projectID, prefix)
+	if err != nil {
+		return fail(err)
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	list, err := res.NewStreams(int32(len(infos)))
+	if err != nil {
+		return err
+	}
+	for i, info := range infos {
+		if err := setStreamInfo(list.At(i), info); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// stream is one stream of a project. It holds only the stream's name: the stream's actor is
+// loaded per call and may be unloaded while a client holds this capability.
+type stream struct {
+	srv *server.Server
+	ref server.StreamRef
+}
+
+func (s *stream) Append(ctx context.Context, call schema.Stream_append) error {
+	args := call.Args()
+	list, err := args.Events()
+	if err != nil {
+		return badArgs("events", err)
+	}
+	inputs, err := wire.EventInputsFromSchema(list)
+	if err != nil {
+		return badArgs("events", err)
+	}
+	var opts server.AppendOptions
+	if args.HasOptions() {
+		o, err := args.Options()
+		if err != nil {
+			return badArgs("options", err)
+		}
+		opts = server.AppendOptions{Conditional: o.Conditional(), ExpectedHeadOffset: int64(o.ExpectedHeadOffset())}
+	}
+	// Queue before releasing the call queue: appends sent on one capability commit in order.
+	pending, err := s.srv.StartAppend(ctx, s.ref, inputs, opts)
+	if err != nil {
+		return fail(err)
+	}
+	call.Go()
+	result, err := pending.Wait(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	r, err := res.NewResult()
+	if err != nil {
+		return err
+	}
+	r.SetHeadOffset(uint64(result.HeadOffset))
+	if err := r.SetStreamId(result.StreamID); err != nil {
+		return err
+	}
+	offsets, err := r.NewOffsets(int32(len(result.Offsets)))
+	if err != nil {
+		return err
+	}
+	dups, err := r.NewDuplicate(int32(len(result.Duplicate)))
+	if err != nil {
+		return err
+	}
+	for i, o := range result.Offsets {
+		offsets.Set(i, uint64(o))
+		dups.Set(i, result.Duplicate[i])
+	}
+	return nil
+}
+
+func (s *stream) GetEvents(ctx context.Context, call schema.Stream_getEvents) error {
+	q, err := s.query(call.Args().Query())
+	if err != nil {
+		return err
+	}
+	call.Go()
+	page, err := s.srv.ReadEvents(ctx, s.ref, q)
+	if err != nil {
+		return fail(err)
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	return wire.SetEvents(page.Events, res.NewEvents)
+}
+
+func (s *stream) GetEventPage(ctx context.Context, call schema.Stream_getEventPage) error {
+	q, err := s.query(call.Args().Query())
+	if err != nil {
+		return err
+	}
+	call.Go()
+	page, err := s.srv.ReadEvents(ctx, s.ref, q)
+	if err != nil {
+		return fail(err)
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	p, err := res.NewPage()
+	if err != nil {
+		return err
+	}
+	p.SetStreamMaxOffset(uint64(page.StreamMaxOffset))
+	p.SetNextAfter(uint64(page.NextAfter))
+	if err := p.SetStreamId(page.StreamID); err != nil {
+		return err
+	}
+	return wire.SetEvents(page.Events, p.NewEvents)
+}
+
+func (s *stream) query(q schema.EventQuery, err error) (server.ReadQuery, error) {
+	if err != nil {
+		return server.ReadQuery{}, badArgs("query", err)
+	}
+	rq, err := readQuery(q)
+	if err != nil {
+		return rq, badArgs("query", err)
+	}
+	return rq, nil
+}
+
+func (s *stream) WaitForEvent(ctx context.Context, call schema.Stream_waitForEvent) error {
+	args := call.Args()
+	var pred server.Predicate
+	if args.HasPredicate() {
+		p, err := args.Predicate()
+		if err != nil {
+			return badArgs("predicate", err)
+		}
+		if pred.Types, err = wire.TextList(p.Types()); err != nil {
+			return badArgs("predicate.types", err)
+		}
+		contains, err := p.PayloadContains()
+		if err != nil {
+			return badArgs("predicate.payloadContains", err)
+		}
+		pred.PayloadContains = []byte(contains)
+		if pred.Where, err = p.Where(); err != nil {
+			return badArgs("predicate.where", err)
+		}
+		pred.IncludeEphemeral = p.IncludeEphemeral()
+	}
+	after, timeout := int64(args.After()), time.Duration(args.TimeoutMs())*time.Millisecond
+	call.Go()
+	e, err := s.srv.WaitForEvent(ctx, s.ref, pred, after, timeout)
+	if err != nil {
+		return fail(err)
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	ev, err := res.NewEvent()
+	if err != nil {
+		return err
+	}
+	return wire.SetEvent(ev, &e)
+}
+
+func (s *stream) Describe(ctx context.Context, call schema.Stream_describe) error {
+	call.Go()
+	info, err := s.srv.Describe(ctx, s.ref)
+	if err != nil {
+		return fail(err)
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	i, err := res.NewInfo()
+	if err != nil {
+		return err
+	}
+	return setStreamInfo(i, info)
+}
+
+func (s *stream) Subscriptions(ctx context.Context, call schema.Stream_subscriptions) error {
+	return notYet("Stream.subscriptions")
+}
+
+func (s *stream) SetSubscriptionCursor(ctx context.Context, call schema.Stream_setSubscriptionCursor) error {
+	return notYet("Stream.setSubscriptionCursor")
+}
+
+func (s *stream) ResumeSubscription(ctx context.Context, call schema.Stream_resumeSubscription) error {
+	return notYet("Stream.resumeSubscription")
+}
+
+func (s *stream) OpenConnection(ctx context.Context, call schema.Stream_openConnection) error {
+	return notYet("Stream.openConnection")
+}
+
+func (s *stream) Readers(ctx context.Context, call schema.Stream_readers) error {
+	return notYet("Stream.readers")
+}
+
+func (s *stream) LiveState(ctx context.Context, call schema.Stream_liveState) error {
+	return notYet("Stream.liveState")
+}

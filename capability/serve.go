@@ -1,0 +1,100 @@
+package capability
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+
+	"capnproto.org/go/capnp/v3"
+	"capnproto.org/go/capnp/v3/rpc"
+	"github.com/itx-dev/itx/schema"
+	"github.com/itx-dev/itx/server"
+	"github.com/rs/zerolog"
+)
+
+// Listener serves the capability graph on accepted connections, one Gateway per connection.
+type Listener struct {
+	srv *server.Server
+	log zerolog.Logger
+
+	mu    sync.Mutex
+	conns map[*rpc.Conn]struct{}
+	wg    sync.WaitGroup
+}
+
+// NewListener returns a Listener for srv.
+func NewListener(srv *server.Server) *Listener {
+	return &Listener{srv: srv, log: srv.Log(), conns: map[*rpc.Conn]struct{}{}}
+}
+
+// Serve accepts connections on ln until it is closed.
+func (l *Listener) Serve(ln net.Listener) error {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			return fmt.Errorf("accept: %w", err)
+		}
+		l.serveConn(c)
+	}
+}
+
+func (l *Listener) serveConn(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+		tc.SetKeepAlive(true) // a peer that vanishes without a reset is noticed
+	}
+	boot := schema.Gateway_ServerToClient(&gateway{srv: l.srv})
+	conn := rpc.NewConn(rpc.NewStreamTransport(c), &rpc.Options{
+		BootstrapClient: capnp.Client(boot),
+		Logger:          rpcLogger{l.log},
+	})
+	m := l.srv.Metrics()
+	m.RPCConnections.Inc()
+	l.mu.Lock()
+	l.conns[conn] = struct{}{}
+	l.wg.Add(1)
+	l.mu.Unlock()
+	l.log.Debug().Str("remote", c.RemoteAddr().String()).Msg("rpc connection opened")
+	go func() {
+		defer l.wg.Done()
+		<-conn.Done()
+		m.RPCConnections.Dec()
+		l.mu.Lock()
+		delete(l.conns, conn)
+		l.mu.Unlock()
+		l.log.Debug().Str("remote", c.RemoteAddr().String()).Msg("rpc connection closed")
+	}()
+}
+
+// CloseConnections closes every open RPC connection and waits for them to finish.
+func (l *Listener) CloseConnections(ctx context.Context) {
+	l.mu.Lock()
+	conns := make([]*rpc.Conn, 0, len(l.conns))
+	for c := range l.conns {
+		conns = append(conns, c)
+	}
+	l.mu.Unlock()
+	for _, c := range conns {
+		c.Close()
+	}
+	done := make(chan struct{})
+	go func() { l.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+}
+
+// rpcLogger routes go-capnp's logs into zerolog at debug level: connection aborts are routine
+// for a server (clients disconnect) and must not flood its log.
+type rpcLogger struct{ log zerolog.Logger }
+
+func (r rpcLogger) Debug(msg string, args ...any) { r.log.Debug().Fields(args).Msg(msg) }
+func (r rpcLogger) Info(msg string, args ...any)  { r.log.Debug().Fields(args).Msg(msg) }
+func (r rpcLogger) Warn(msg string, args ...any)  { r.log.Debug().Fields(args).Msg(msg) }
+func (r rpcLogger) Error(msg string, args ...any) { r.log.Debug().Fields(args).Msg(msg) }

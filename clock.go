@@ -1,0 +1,28 @@
+package itx
+
+import "time"
+
+// Clock is the only source of time in core code; tests inject a virtual one.
+type Clock interface {
+	Now() time.Time
+	// AfterFunc calls f in its own goroutine once d has passed on this clock.
+	AfterFunc(d time.Duration, f func()) Timer
+}
+
+// Timer is a pending AfterFunc.
+type Timer interface {
+	// Stop prevents the call if it has not started; it reports whether it did.
+	Stop() bool
+}
+
+// SystemClock is the wall clock.
+type SystemClock struct{}
+
+// Now returns time.Now().
+func (SystemClock) Now() time.Time { return time.Now() }
+
+// AfterFunc wraps time.AfterFunc.
+func (SystemClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }
+
+// UnixMilli is the epoch-milliseconds form used for createdAt and every stored time.
+func UnixMilli(t time.Time) int64 { return t.UnixMilli() }

@@ -1,0 +1,128 @@
+// Command itxd serves durable event streams as a Cap'n Proto capability graph.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/itx-dev/itx/capability"
+	"github.com/itx-dev/itx/server"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/rs/zerolog"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "itxd:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	listen := flag.String("listen", "127.0.0.1:7878", "TCP address for Cap'n Proto RPC")
+	data := flag.String("data", ".itx-data", "data directory (created if missing)")
+	logLevel := flag.String("log-level", "info", "log level: debug, info, warn, error")
+	logFormat := flag.String("log-format", "console", "log format: console or json")
+	metricsAddr := flag.String("metrics", "", "address for Prometheus /metrics over HTTP (empty: off)")
+	addrFile := flag.String("addr-file", "", "write the bound RPC address here once listening")
+	idle := flag.Duration("idle-timeout", 5*time.Minute, "unload a stream nobody has used for this long")
+	maxLoaded := flag.Int("max-loaded-streams", 1024, "unload least recently used idle streams above this many")
+	burst := flag.Int("breaker-burst", 0, "circuit breaker burst per stream, in events (0: 100000)")
+	refill := flag.Int("breaker-refill-per-minute", 0, "circuit breaker refill per stream per minute (0: 6000000)")
+	shutdownTimeout := flag.Duration("shutdown-timeout", 30*time.Second, "how long SIGTERM waits for in-flight calls")
+	flag.Parse()
+
+	level, err := zerolog.ParseLevel(*logLevel)
+	if err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	var log zerolog.Logger
+	if *logFormat == "json" {
+		log = zerolog.New(os.Stderr)
+	} else {
+		log = zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr, TimeFormat: time.TimeOnly})
+	}
+	log = log.Level(level).With().Timestamp().Logger()
+
+	ctx := context.Background()
+	srv, err := server.Open(ctx, server.Config{
+		DataDir: *data, Log: log, IdleTimeout: *idle, MaxLoadedStreams: *maxLoaded,
+		BreakerBurst: *burst, BreakerRefillPerMinute: *refill,
+	})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		srv.Close(ctx)
+		return err
+	}
+	addr := ln.Addr().String()
+	listener := capability.NewListener(srv)
+
+	if *metricsAddr != "" {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(srv.Metrics().Registry, promhttp.HandlerOpts{}))
+		go func() {
+			if err := http.ListenAndServe(*metricsAddr, mux); err != nil {
+				log.Error().Err(err).Msg("metrics server stopped")
+			}
+		}()
+	}
+
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- listener.Serve(ln) }()
+	if *addrFile != "" {
+		if err := os.WriteFile(*addrFile, []byte(addr), 0o644); err != nil {
+			return err
+		}
+	}
+	announce(log, addr, *data, *metricsAddr)
+
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	select {
+	case s := <-sig:
+		log.Info().Str("signal", s.String()).Msg("shutting down: finishing in-flight calls")
+	case err := <-serveErr:
+		if err != nil {
+			log.Error().Err(err).Msg("rpc listener failed")
+		}
+	}
+
+	// Stop accepting, let in-flight calls finish (their answers still travel on open
+	// connections), close the databases, then the connections.
+	ln.Close()
+	sctx, cancel := context.WithTimeout(ctx, *shutdownTimeout)
+	defer cancel()
+	err = srv.Close(sctx)
+	listener.CloseConnections(sctx)
+	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	log.Info().Msg("stopped")
+	return err
+}
+
+func announce(log zerolog.Logger, addr, data, metrics string) {
+	ev := log.Info().Str("addr", addr).Str("data", data)
+	if metrics != "" {
+		ev = ev.Str("metrics", "http://"+metrics+"/metrics")
+	}
+	ev.Msg("itxd listening")
+	creds, err := server.ReadCredentials(data)
+	if err != nil {
+		log.Warn().Err(err).Msg("no credentials file: log in with the tokens you created")
+		return
+	}
+	fmt.Fprintf(os.Stderr, "\nConnect with the itx REPL:\n  itx --addr %s --token %s\n"+
+		"Deployment root (global streams): --token %s\n\n", addr, creds.ProjectToken, creds.DeploymentToken)
+}

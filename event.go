@@ -1,0 +1,170 @@
+package itx
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+)
+
+// Event is a committed event: what readers, connections and receivers see.
+type Event struct {
+	Offset         int64           `json:"offset"`
+	Type           string          `json:"type"`
+	Payload        json.RawMessage `json:"payload"`
+	CreatedAt      int64           `json:"createdAt"` // epoch ms, server clock
+	IdempotencyKey string          `json:"idempotencyKey,omitempty"`
+	Metadata       json.RawMessage `json:"metadata,omitempty"` // a JSON object, or nil
+	Ephemeral      bool            `json:"ephemeral,omitempty"`
+	Provenance     []Hop           `json:"provenance,omitempty"` // set on copies, oldest first
+}
+
+// Hop is one step of a copied event's provenance.
+type Hop struct {
+	StreamID              string `json:"streamId"`
+	Path                  string `json:"path"`
+	Offset                int64  `json:"offset"`
+	Subscription          string `json:"subscription"`
+	CursorChangedAtOffset int64  `json:"cursorChangedAtOffset"`
+	Type                  string `json:"type"`
+}
+
+// EventInput is an event to append.
+type EventInput struct {
+	Type           string          `json:"type"`
+	Payload        json.RawMessage `json:"payload,omitempty"`
+	IdempotencyKey string          `json:"idempotencyKey,omitempty"`
+	Metadata       json.RawMessage `json:"metadata,omitempty"`
+	Ephemeral      bool            `json:"ephemeral,omitempty"`
+	Provenance     []Hop           `json:"provenance,omitempty"` // set by copy-to-stream only
+}
+
+// CoreTypePrefix marks the stream's own control events, reduced by the core processor.
+const CoreTypePrefix = "stream/"
+
+// IsCoreType reports whether typ is a stream/* control event type.
+func IsCoreType(typ string) bool { return strings.HasPrefix(typ, CoreTypePrefix) }
+
+// Size is the byte count limits are measured in.
+func (in *EventInput) Size() int {
+	return len(in.Type) + len(in.Payload) + len(in.Metadata) + len(in.IdempotencyKey)
+}
+
+var (
+	jsonNull        = json.RawMessage("null")
+	jsonEmptyObject = json.RawMessage("{}")
+)
+
+// Normalize validates in and puts it in stored form: payload and metadata compacted, an absent
+// payload as {}, absent metadata as nil, the idempotency key trimmed. It never touches the store,
+// so a batch is refused whole before anything is written.
+func (in *EventInput) Normalize() error {
+	if err := ValidateType(in.Type); err != nil {
+		return err
+	}
+	if len(bytes.TrimSpace(in.Payload)) == 0 {
+		in.Payload = jsonEmptyObject
+	} else {
+		p, err := compactJSON(in.Payload)
+		if err != nil {
+			return Errorf(EInvalid, "payload is not valid JSON: %v", err)
+		}
+		if p[0] != '{' {
+			return Errorf(EInvalid, "payload must be a JSON object")
+		}
+		in.Payload = p
+	}
+	if len(bytes.TrimSpace(in.Metadata)) == 0 || bytes.Equal(bytes.TrimSpace(in.Metadata), jsonNull) {
+		in.Metadata = nil
+	} else {
+		m, err := compactJSON(in.Metadata)
+		if err != nil {
+			return Errorf(EInvalid, "metadata is not valid JSON: %v", err)
+		}
+		if m[0] != '{' {
+			return Errorf(EInvalid, "metadata must be a JSON object")
+		}
+		in.Metadata = m
+	}
+	if in.IdempotencyKey != "" {
+		if in.IdempotencyKey = strings.TrimSpace(in.IdempotencyKey); in.IdempotencyKey == "" {
+			return Errorf(EInvalid, "idempotency key must not be blank")
+		}
+		if in.Ephemeral {
+			return Errorf(EInvalid, "ephemeral events cannot carry an idempotency key")
+		}
+		if len(in.IdempotencyKey) > MaxIdempotencyKeyLength || !utf8.ValidString(in.IdempotencyKey) {
+			return Errorf(EInvalid, "idempotency key must be valid UTF-8 of at most %d bytes", MaxIdempotencyKeyLength)
+		}
+	}
+	if in.Ephemeral && IsCoreType(in.Type) {
+		return Errorf(EInvalid, "%s events cannot be ephemeral", CoreTypePrefix+"*")
+	}
+	if len(in.Provenance) > MaxProvenanceHops {
+		return Errorf(EInvalid, "provenance has %d hops, at most %d", len(in.Provenance), MaxProvenanceHops)
+	}
+	if n := in.Size(); n > MaxEventBytes {
+		return Errorf(ETooLarge, "event is %d bytes, at most %d", n, MaxEventBytes)
+	}
+	return nil
+}
+
+// MaxProvenanceHops bounds a copy chain.
+const MaxProvenanceHops = 32
+
+// ValidateType checks an event type: 1..MaxTypeLength bytes of printable UTF-8 without spaces.
+func ValidateType(typ string) error {
+	switch {
+	case typ == "":
+		return Errorf(EInvalid, "type must not be empty")
+	case len(typ) > MaxTypeLength:
+		return Errorf(EInvalid, "type is %d bytes, at most %d", len(typ), MaxTypeLength)
+	case !utf8.ValidString(typ):
+		return Errorf(EInvalid, "type is not valid UTF-8")
+	}
+	for _, r := range typ {
+		if unicode.IsSpace(r) || !unicode.IsPrint(r) {
+			return Errorf(EInvalid, "type %q contains whitespace or a control character", typ)
+		}
+	}
+	return nil
+}
+
+func compactJSON(raw []byte) (json.RawMessage, error) {
+	var buf bytes.Buffer
+	if err := json.Compact(&buf, raw); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// SameBody reports whether a retried append of in matches the committed event e: the test an
+// idempotency key uses. Payload and metadata compare as JSON values, so key order and
+// whitespace do not matter; numbers compare by their exact text.
+func SameBody(e *Event, in *EventInput) bool {
+	return e.Type == in.Type && jsonEqual(e.Payload, in.Payload) && jsonEqual(e.Metadata, in.Metadata)
+}
+
+func jsonEqual(a, b json.RawMessage) bool {
+	if bytes.Equal(a, b) {
+		return true
+	}
+	if len(a) == 0 || len(b) == 0 {
+		return false
+	}
+	ca, errA := Canonical(a)
+	cb, errB := Canonical(b)
+	return errA == nil && errB == nil && bytes.Equal(ca, cb)
+}
+
+// Canonical re-encodes JSON with object keys sorted and numbers kept as written.
+func Canonical(raw json.RawMessage) ([]byte, error) {
+	d := json.NewDecoder(bytes.NewReader(raw))
+	d.UseNumber()
+	var v any
+	if err := d.Decode(&v); err != nil {
+		return nil, err
+	}
+	return json.Marshal(v)
+}

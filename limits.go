@@ -1,0 +1,36 @@
+package itx
+
+import "time"
+
+// The seed system's values, kept in one place. Changing one is a product decision: each is
+// documented in DESIGN.md ("Constants") or in the README.
+const (
+	// MaxEventBytes bounds one event: type + payload + metadata + idempotency key.
+	MaxEventBytes = 1 << 20
+	// MaxAppendEvents and MaxAppendBytes bound one append call (one atomic batch).
+	MaxAppendEvents = 1000
+	MaxAppendBytes  = 8 << 20
+	// MaxTypeLength bounds an event type.
+	MaxTypeLength = 256
+	// MaxIdempotencyKeyLength bounds an idempotency key.
+	MaxIdempotencyKeyLength = 512
+	// MaxPathLength bounds a stream path; MaxPathSegments its depth.
+	MaxPathLength   = 1024
+	MaxPathSegments = 32
+
+	// DefaultPageLimit is the getEvents page size when none is asked for, and its maximum.
+	DefaultPageLimit = 500
+	MaxPageLimit     = 500
+
+	// DefaultWaitTimeout applies to waitForEvent and waitUntilProcessed when none is given.
+	DefaultWaitTimeout = 20 * time.Second
+	// MaxWaitTimeout bounds a barrier so a forgotten caller cannot pin a stream forever.
+	MaxWaitTimeout = 10 * time.Minute
+
+	// IdleActorTeardown unloads a stream actor nobody has used for this long.
+	IdleActorTeardown = 5 * time.Minute
+
+	// Circuit breaker defaults: a token bucket per stream, in events.
+	BreakerBurst           = 100_000
+	BreakerRefillPerMinute = 6_000_000
+)

@@ -1,0 +1,370 @@
+# The itx capability graph: projects -> streams -> subscriptions -> processors.
+#
+# Conventions (Cap'n Proto evolution rules): fields and methods are only ever added, with the next
+# ordinal; nothing is renumbered, renamed on the wire or removed. A zero value means "not set"
+# wherever the comment says so, so an old client that never sets a new field gets the default.
+#
+# Errors. Every method fails with a Cap'n Proto exception whose reason reads
+#   "itx.<code>: <message>"
+# where <code> is the name of an ErrorCode enumerant exactly as written below (for example
+# "itx.invalidArgument: event 0: type must not be empty"). Clients in any language match on the
+# code, never on the message. Overload (rateLimited) is sent with the exception type "overloaded",
+# the rest as "failed"; a lost session surfaces as "disconnected" from the RPC layer itself.
+@0xdc5dd5d2e729011e;
+
+using Go = import "/go.capnp";
+$Go.package("schema");
+$Go.import("github.com/itx-dev/itx/schema");
+
+enum ErrorCode {
+  unknown @0;
+  invalidArgument @1;      # bad input: nothing of the call was written
+  notFound @2;             # no such subscription, reader, capability...
+  idempotencyConflict @3;  # the idempotency key is taken by an event with a different body
+  offsetConflict @4;       # a conditional append whose expected head offset is not the head
+  rateLimited @5;          # the stream's circuit breaker refused a runaway producer
+  tooLarge @6;             # an event or a batch over its size limit
+  unauthenticated @7;      # unknown token
+  deadlineExceeded @8;     # a barrier (waitForEvent, waitUntilProcessed) timed out
+  unavailable @9;          # the server is shutting down or the stream cannot be opened
+  limitExceeded @10;       # a count cap: subscriptions per stream, inbound copies...
+  internal @11;            # a bug or an I/O failure on the server; the call may be retried
+  capabilityOffline @12;   # itx-call: no Receiver is mounted under that name
+  failedPrecondition @13;  # the target is in the wrong state (e.g. resume of an active subscription)
+  cancelled @14;           # the caller went away or closed the connection
+}
+
+# An error as data (a subscription's last error, a connection's close reason).
+struct Error {
+  code @0 :ErrorCode;
+  message @1 :Text;
+}
+
+# One hop of a copied event's provenance: where the copy came from.
+struct Hop {
+  streamId @0 :Text;
+  path @1 :Text;
+  offset @2 :UInt64;
+  subscription @3 :Text;   # the copy-to-stream subscription's name on the source stream
+  cursorChangedAtOffset @4 :UInt64;  # the subscription's seek epoch when it copied
+  type @5 :Text;           # the source event's type, before any transform
+}
+
+# A committed event as readers, connections and receivers see it.
+struct Event {
+  offset @0 :UInt64;          # consecutive from 1, shared by durable and ephemeral events
+  type @1 :Text;
+  payload @2 :Text;           # JSON object text
+  createdAt @3 :Int64;        # epoch milliseconds, server clock
+  idempotencyKey @4 :Text;    # empty: none
+  metadata @5 :Text;          # JSON object text; empty: none
+  ephemeral @6 :Bool;
+  provenance @7 :List(Hop);   # set on copies, oldest hop first
+}
+
+# An event to append.
+struct EventInput {
+  type @0 :Text;
+  payload @1 :Text;           # JSON object text; empty means {}
+  idempotencyKey @2 :Text;    # empty: none; not allowed on ephemeral events
+  metadata @3 :Text;          # JSON object text; empty: none
+  ephemeral @4 :Bool;
+}
+
+struct AppendOptions {
+  # Conditional append: refused with offsetConflict unless the stream's head offset is
+  # expectedHeadOffset when the batch commits (0 = an empty stream).
+  conditional @0 :Bool;
+  expectedHeadOffset @1 :UInt64;
+}
+
+struct AppendResult {
+  offsets @0 :List(UInt64);   # one per input event, in input order
+  duplicate @1 :List(Bool);   # true where the idempotency key matched an earlier event
+  headOffset @2 :UInt64;      # the stream's head offset after the commit
+  streamId @3 :Text;
+}
+
+struct EventQuery {
+  after @0 :UInt64;           # events with offset > after; 0 = from the start
+  limit @1 :UInt32;           # 0 = the default page (500); capped at 500
+  types @2 :List(Text);       # empty (or containing "*") = every type
+  includeEphemeral @3 :Bool;  # ephemeral events are skipped unless set
+  before @4 :UInt64;          # events with offset < before; 0 = no upper bound
+}
+
+# The reader's envelope.
+struct EventPage {
+  events @0 :List(Event);
+  streamId @1 :Text;          # empty until the stream's first append
+  streamMaxOffset @2 :UInt64; # the head offset when the page was read
+  nextAfter @3 :UInt64;       # pass as `after` to continue; past filtered-out events too
+}
+
+# waitForEvent's one-shot predicate. Every set part must hold.
+struct EventPredicate {
+  types @0 :List(Text);       # empty = any type
+  payloadContains @1 :Text;   # JSON: the payload must contain this value (objects by subset)
+  where @2 :Text;             # JSONata over the event; must evaluate to exactly true
+  includeEphemeral @3 :Bool;
+}
+
+struct StreamInfo {
+  path @0 :Text;
+  streamId @1 :Text;          # empty: the stream has no append yet
+  headOffset @2 :UInt64;
+  createdAt @3 :Int64;        # epoch ms of the first append; 0 if none
+  lastAppendAt @4 :Int64;
+  subscriptionCount @5 :UInt32;
+  loaded @6 :Bool;            # an actor currently holds the stream's database open
+}
+
+struct ProjectInfo {
+  id @0 :Text;
+  name @1 :Text;
+  deployment @2 :Bool;        # the deployment root: its streams are global
+}
+
+# --- subscriptions ---------------------------------------------------------------------------
+
+enum StartPosition {
+  beginning @0;               # deliver from offset 1
+  now @1;                     # deliver events appended after the birth event
+}
+
+enum FailingEventPolicy {
+  halt @0;                    # retry the ladder, then halt (copy-to-stream always halts)
+  skip @1;                    # skip an event after repeated failures on it alone
+}
+
+struct SubscriptionConfig {
+  name @0 :Text;              # empty: generated as "subscription:<birth offset>"
+  receiver :union {
+    webhookPost :group {
+      url @1 :Text;
+      headers @2 :List(Header);
+      secret @3 :Text;        # Standard Webhooks signing secret ("whsec_..."); empty: unsigned
+    }
+    copyToStream :group {
+      path @4 :Text;          # the receiving stream in the same project
+    }
+    itxCall :group {
+      capability @5 :Text;    # the name a Receiver is mounted under in the project
+    }
+    processorWake :group {
+      placement @6 :Text;     # "in-process" (default) or "remote"
+    }
+  }
+  filterTypes @7 :List(Text);         # empty: every type
+  filterCondition @8 :Text;           # JSONata; must evaluate to exactly true
+  transform @9 :Text;                 # JSONata over the event; not allowed on processorWake
+  start @10 :StartPosition;
+  onFailingEvent @11 :FailingEventPolicy;
+  description @12 :Text;
+}
+
+struct Header {
+  name @0 :Text;
+  value @1 :Text;
+}
+
+enum SubscriptionStatus {
+  active @0;
+  halted @1;
+}
+
+# A row of subscriptions.list(): the catalog joined with the cursor row.
+struct SubscriptionSummary {
+  name @0 :Text;
+  kind @1 :Text;              # webhook-post | copy-to-stream | itx-call | processor-wake
+  status @2 :SubscriptionStatus;
+  confirmedOffset @3 :UInt64;
+  lag @4 :UInt64;             # head - confirmed
+  lastError @5 :Text;
+  configuredAtOffset @6 :UInt64;
+}
+
+# describe(): the config and the whole cursor row.
+struct SubscriptionDescription {
+  config @0 :SubscriptionConfig;
+  kind @1 :Text;
+  status @2 :SubscriptionStatus;
+  configuredAtOffset @3 :UInt64;    # birth epoch
+  cursorChangedAtOffset @4 :UInt64; # seek epoch
+  confirmedOffset @5 :UInt64;       # the far side durably claims through here
+  headOffset @6 :UInt64;
+  attempt @7 :UInt32;
+  nextAttemptAt @8 :Int64;          # epoch ms; 0: none due
+  failingEventOffset @9 :UInt64;
+  failingEventAttempt @10 :UInt32;
+  failingEventSkipsSinceLastSuccess @11 :UInt32;
+  lastError @12 :Text;
+  inFlightDeadlineAt @13 :Int64;
+  inFlightConnectionGeneration @14 :UInt64;
+  updatedAt @15 :Text;
+}
+
+interface Subscriptions {
+  list @0 () -> (subscriptions :List(SubscriptionSummary));
+  get @1 (name :Text) -> (subscription :Subscription);
+  # Appends stream/subscription-configured; returns the name and the birth offset.
+  configure @2 (config :SubscriptionConfig) -> (name :Text, offset :UInt64);
+  # Appends stream/subscription-removed.
+  remove @3 (name :Text) -> (offset :UInt64);
+}
+
+interface Subscription {
+  describe @0 () -> (description :SubscriptionDescription);
+  # Resolves once the subscription has processed through offset (its confirmed cursor, a filter
+  # watermark included); deadlineExceeded after timeoutMs (0: 20 s).
+  waitUntilProcessed @1 (offset :UInt64, timeoutMs :UInt32) -> (confirmedOffset :UInt64);
+  # Present only for processor-wake subscriptions.
+  processor @2 () -> (processor :Processor);
+}
+
+# --- connections, receivers, readers, live state ---------------------------------------------
+
+struct ConnectionOptions {
+  after @0 :UInt64;             # deliver events with offset > after
+  maxDeliveryEvents @1 :UInt32; # 0: 1,000
+  maxDeliveryBytes @2 :UInt32;  # 0: 1 MiB; the first event of a batch always goes
+  noState @3 :Bool;             # state: false - no live-state frames on this connection
+  openedBy @4 :Text;            # who opened it, shown in the stream's live state
+  types @5 :List(Text);         # empty: every type
+}
+
+struct DeliveryBatch {
+  streamId @0 :Text;
+  path @1 :Text;
+  events @2 :List(Event);
+  headOffset @3 :UInt64;
+  subscription @4 :Text;        # set for subscription deliveries
+  cursorChangedAtOffset @5 :UInt64; # the subscription's seek epoch
+  configuredAtOffset @6 :UInt64;    # the subscription's birth epoch
+  deliveryId @7 :Text;          # stable across redeliveries of the same range
+  attempt @8 :UInt32;           # 1 on the first try
+}
+
+# Implemented by the client; the server pushes a connection's events into it, in order.
+interface EventSink {
+  deliver @0 (batch :DeliveryBatch) -> ();
+  closed @1 (reason :Error) -> ();
+}
+
+interface Connection {
+  close @0 (reason :Text) -> ();
+  ping @1 () -> (headOffset :UInt64, deliveredOffset :UInt64);
+}
+
+# Implemented by a client and mounted under a name (Project.capabilities); itx-call subscriptions
+# deliver to it. Returning acknowledges the batch (confirmedOffset 0) or through confirmedOffset.
+interface Receiver {
+  receive @0 (batch :DeliveryBatch) -> (confirmedOffset :UInt64);
+}
+
+# A registration handle: cancel() (or releasing the last reference) ends what it stands for.
+interface Handle {
+  cancel @0 () -> ();
+}
+
+struct MountInfo {
+  name @0 :Text;
+  mountedAt @1 :Int64;
+}
+
+interface Capabilities {
+  mount @0 (name :Text, receiver :Receiver) -> (handle :Handle);
+  unmount @1 (name :Text) -> ();
+  list @2 () -> (mounts :List(MountInfo));
+}
+
+struct ReaderInfo {
+  name @0 :Text;
+  checkpoint @1 :UInt64;
+  lag @2 :UInt64;
+  updatedAt @3 :Int64;
+}
+
+interface Readers {
+  # Registers or moves a named reader's checkpoint (its lag becomes visible).
+  register @0 (name :Text, checkpoint :UInt64) -> ();
+  list @1 () -> (readers :List(ReaderInfo));
+  remove @2 (name :Text) -> ();
+}
+
+# Implemented by the client: a live-state projection, snapshot then RFC 6902 patches.
+interface LiveSubscriber {
+  snapshot @0 (revision :UInt64, state :Text) -> ();
+  patch @1 (revision :UInt64, ops :Text) -> ();
+}
+
+# --- processors ------------------------------------------------------------------------------
+
+struct WakeRequest {
+  streamId @0 :Text;
+  path @1 :Text;
+  name @2 :Text;                # the subscription name = the processor contract's name
+  events @3 :List(Event);
+  headOffset @4 :UInt64;
+  generation @5 :UInt64;        # the connection generation fencing late reports
+}
+
+struct WakeReport {
+  processedOffset @0 :UInt64;
+  reducedOffset @1 :UInt64;
+}
+
+# Implemented by a remote process running the processor SDK.
+interface ProcessorHost {
+  wake @0 (request :WakeRequest) -> (report :WakeReport);
+}
+
+interface ProcessorHosts {
+  mount @0 (name :Text, host :ProcessorHost) -> (handle :Handle);
+  list @1 () -> (mounts :List(MountInfo));
+}
+
+interface Processor {
+  snapshot @0 () -> (state :Text, reducedOffset :UInt64, processedOffset :UInt64);
+  getRuntimeState @1 () -> (state :Text);
+  liveState @2 (subscriber :LiveSubscriber) -> (handle :Handle);
+}
+
+# --- the graph -------------------------------------------------------------------------------
+
+interface Stream {
+  append @0 (events :List(EventInput), options :AppendOptions) -> (result :AppendResult);
+  getEvents @1 (query :EventQuery) -> (events :List(Event));
+  getEventPage @2 (query :EventQuery) -> (page :EventPage);
+  # One-shot log barrier: the first event after `after` matching the predicate;
+  # deadlineExceeded after timeoutMs (0: 20 s).
+  waitForEvent @3 (predicate :EventPredicate, after :UInt64, timeoutMs :UInt32) -> (event :Event);
+  describe @4 () -> (info :StreamInfo);
+  subscriptions @5 () -> (subscriptions :Subscriptions);
+  setSubscriptionCursor @6 (name :Text, afterOffset :UInt64) -> (offset :UInt64);
+  resumeSubscription @7 (name :Text) -> (offset :UInt64);
+  openConnection @8 (options :ConnectionOptions, sink :EventSink) -> (connection :Connection);
+  readers @9 () -> (readers :Readers);
+  liveState @10 (subscriber :LiveSubscriber) -> (handle :Handle);
+}
+
+interface Streams {
+  # Pipelinable: the path is validated here, and a bad one fails every call made on the result.
+  get @0 (path :Text) -> (stream :Stream);
+  list @1 (prefix :Text) -> (streams :List(StreamInfo));
+}
+
+interface Project {
+  streams @0 () -> (streams :Streams);
+  capabilities @1 () -> (capabilities :Capabilities);
+  processors @2 () -> (processors :ProcessorHosts);
+  describe @3 () -> (info :ProjectInfo);
+}
+
+# The bootstrap capability.
+interface Gateway {
+  # A project token yields that project; the deployment token yields the deployment root,
+  # whose streams are global.
+  login @0 (token :Text) -> (project :Project);
+  version @1 () -> (server :Text, protocol :UInt32);
+}

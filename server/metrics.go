@@ -1,0 +1,65 @@
+package server
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics are the server's Prometheus instruments, on a registry of their own so that several
+// servers (tests) can live in one process.
+type Metrics struct {
+	Registry *prometheus.Registry
+
+	AppendCalls    *prometheus.CounterVec // by result code ("ok" or an itx code)
+	AppendedEvents prometheus.Counter
+	AppendedBytes  prometheus.Counter
+	AppendLatency  prometheus.Histogram // queue + commit + fsync, per call
+	CommitLatency  prometheus.Histogram // one group commit, fsync included
+	CommitEvents   prometheus.Histogram // events per group commit
+	CommitCalls    prometheus.Histogram // append calls sharing one group commit
+	ReadEvents     prometheus.Counter
+	LoadedStreams  prometheus.Gauge
+	RPCConnections prometheus.Gauge
+}
+
+func newMetrics() *Metrics {
+	r := prometheus.NewRegistry()
+	m := &Metrics{
+		Registry: r,
+		AppendCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "itx_append_calls_total", Help: "Append calls by result.",
+		}, []string{"result"}),
+		AppendedEvents: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "itx_appended_events_total", Help: "Events committed (duplicates excluded).",
+		}),
+		AppendedBytes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "itx_appended_bytes_total", Help: "Bytes of type, payload, metadata and key committed.",
+		}),
+		AppendLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "itx_append_latency_seconds", Help: "Append call latency from queueing to durable commit.",
+			Buckets: prometheus.ExponentialBuckets(50e-6, 2, 16),
+		}),
+		CommitLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "itx_commit_latency_seconds", Help: "Group commit latency including fsync.",
+			Buckets: prometheus.ExponentialBuckets(50e-6, 2, 16),
+		}),
+		CommitEvents: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "itx_commit_events", Help: "Events per group commit.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 15),
+		}),
+		CommitCalls: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "itx_commit_calls", Help: "Append calls sharing one group commit.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 12),
+		}),
+		ReadEvents: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "itx_read_events_total", Help: "Events returned by range reads.",
+		}),
+		LoadedStreams: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "itx_loaded_streams", Help: "Stream actors currently loaded.",
+		}),
+		RPCConnections: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "itx_rpc_connections", Help: "Open Cap'n Proto RPC connections.",
+		}),
+	}
+	r.MustRegister(m.AppendCalls, m.AppendedEvents, m.AppendedBytes, m.AppendLatency, m.CommitLatency,
+		m.CommitEvents, m.CommitCalls, m.ReadEvents, m.LoadedStreams, m.RPCConnections,
+		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+	return m
+}

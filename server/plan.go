@@ -1,0 +1,119 @@
+package server
+
+import (
+	"time"
+
+	"github.com/itx-dev/itx"
+)
+
+// AppendOptions qualify one append call.
+type AppendOptions struct {
+	// Conditional makes the call commit only if the head is ExpectedHeadOffset at commit time.
+	Conditional        bool
+	ExpectedHeadOffset int64
+}
+
+// AppendResult answers one append call.
+type AppendResult struct {
+	Offsets    []int64 // one per input event, in input order
+	Duplicate  []bool  // true where an idempotency key matched an earlier event
+	HeadOffset int64   // the head right after this call's events
+	StreamID   string
+}
+
+// appendReq is one append call queued to a stream actor. Its inputs are already normalized.
+type appendReq struct {
+	inputs []itx.EventInput
+	opts   AppendOptions
+	queued time.Time
+	reply  chan appendReply // buffered: the actor never blocks on a caller that left
+}
+
+type appendReply struct {
+	result AppendResult
+	err    error
+}
+
+// groupPlan is the outcome of planning one group commit. Its ordering rule: Events must be
+// durably committed before any reply in Replies is sent, and a failed commit turns every
+// successful reply into that failure (a reply may name offsets only the commit makes real).
+type groupPlan struct {
+	Events  []itx.Event   // rows to insert, offsets assigned
+	Head    int64         // the head once Events commit
+	Replies []appendReply // one per request, in request order
+}
+
+// planGroup decides a group commit. It is pure: committed holds the already-stored events of
+// every idempotency key the group uses (prefetched by the actor), bucket is the stream's breaker
+// and now the clock reading for the whole group. Each request is all-or-nothing: a refused request
+// contributes no rows and takes no tokens, and never affects its neighbours.
+func planGroup(head int64, streamID string, bucket *tokenBucket, reqs []*appendReq,
+	committed map[string]*itx.Event, now time.Time) groupPlan {
+	p := groupPlan{Head: head, Replies: make([]appendReply, len(reqs))}
+	pending := map[string]*itx.Event{} // keys taken by rows of this group
+	createdAt := itx.UnixMilli(now)
+	for i, req := range reqs {
+		res := AppendResult{
+			Offsets:   make([]int64, len(req.inputs)),
+			Duplicate: make([]bool, len(req.inputs)),
+			StreamID:  streamID,
+		}
+		var rows []itx.Event
+		mine := map[string]*itx.Event{}
+		var err error
+		next := p.Head
+		for j := range req.inputs {
+			in := &req.inputs[j]
+			if key := in.IdempotencyKey; key != "" {
+				prior := mine[key]
+				if prior == nil {
+					prior = pending[key]
+				}
+				if prior == nil {
+					prior = committed[key]
+				}
+				if prior != nil {
+					if !itx.SameBody(prior, in) {
+						err = itx.Errorf(itx.EIdempotencyConflict,
+							"event %d: idempotency key %q is already used by offset %d with a different body", j, key, prior.Offset)
+						break
+					}
+					res.Offsets[j], res.Duplicate[j] = prior.Offset, true
+					continue
+				}
+			}
+			next++
+			rows = append(rows, itx.Event{
+				Offset: next, Type: in.Type, Payload: in.Payload, CreatedAt: createdAt,
+				IdempotencyKey: in.IdempotencyKey, Metadata: in.Metadata, Ephemeral: in.Ephemeral,
+				Provenance: in.Provenance,
+			})
+			res.Offsets[j] = next
+			if in.IdempotencyKey != "" {
+				mine[in.IdempotencyKey] = &rows[len(rows)-1]
+			}
+		}
+		// A retry whose every event is a duplicate is answered from the log whatever the head:
+		// the condition held when the original committed.
+		if err == nil && len(rows) > 0 && req.opts.Conditional && req.opts.ExpectedHeadOffset != p.Head {
+			err = itx.Errorf(itx.EOffsetConflict, "expected head offset %d, the head is %d", req.opts.ExpectedHeadOffset, p.Head)
+		}
+		if err == nil && len(rows) > 0 && !bucket.take(len(rows), now) {
+			err = itx.Errorf(itx.ERateLimited, "the stream's circuit breaker is open: too many events appended too fast; retry later")
+		}
+		if err != nil {
+			p.Replies[i] = appendReply{err: err}
+			continue
+		}
+		for k := range rows {
+			p.Events = append(p.Events, rows[k])
+			if key := rows[k].IdempotencyKey; key != "" {
+				pending[key] = &p.Events[len(p.Events)-1]
+			}
+		}
+		p.Head = next
+		res.HeadOffset = next
+		p.Replies[i] = appendReply{result: res}
+	}
+	return p
+}

@@ -1,0 +1,187 @@
+package server
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+
+	jsonata "github.com/blues/jsonata-go"
+	"github.com/itx-dev/itx"
+)
+
+// Predicate is waitForEvent's one-shot match. Every part that is set must hold.
+type Predicate struct {
+	Types            []string        // empty or containing "*": any type
+	PayloadContains  json.RawMessage // the payload must contain this JSON value
+	Where            string          // JSONata over the event; must evaluate to exactly true
+	IncludeEphemeral bool
+}
+
+type compiledPredicate struct {
+	types    map[string]bool
+	contains any
+	where    *jsonata.Expr
+}
+
+func (p Predicate) compile() (*compiledPredicate, error) {
+	c := &compiledPredicate{}
+	for _, t := range p.Types {
+		if t == "*" {
+			c.types = nil
+			break
+		}
+		if c.types == nil {
+			c.types = map[string]bool{}
+		}
+		c.types[t] = true
+	}
+	if len(bytes.TrimSpace(p.PayloadContains)) > 0 {
+		v, err := decodeJSON(p.PayloadContains)
+		if err != nil {
+			return nil, itx.Errorf(itx.EInvalid, "payloadContains is not valid JSON: %v", err)
+		}
+		c.contains = v
+	}
+	if p.Where != "" {
+		expr, err := CompileJSONata(p.Where)
+		if err != nil {
+			return nil, err
+		}
+		c.where = expr
+	}
+	return c, nil
+}
+
+func (c *compiledPredicate) match(e *itx.Event) (bool, error) {
+	if c.types != nil && !c.types[e.Type] {
+		return false, nil
+	}
+	if c.contains != nil {
+		payload, err := decodeJSON(e.Payload)
+		if err != nil || !containsJSON(payload, c.contains) {
+			return false, nil
+		}
+	}
+	if c.where != nil {
+		return EvalCondition(c.where, e)
+	}
+	return true, nil
+}
+
+// CompileJSONata compiles a JSONata expression, refusing a bad one with EInvalid.
+func CompileJSONata(src string) (*jsonata.Expr, error) {
+	expr, err := jsonata.Compile(src)
+	if err != nil {
+		return nil, itx.Errorf(itx.EInvalid, "invalid JSONata expression %q: %v", src, err)
+	}
+	return expr, nil
+}
+
+// EventDocument is the JSON value JSONata conditions and transforms see for an event. Numbers
+// are float64, as JSONata's arithmetic expects.
+func EventDocument(e *itx.Event) map[string]any {
+	doc := map[string]any{"offset": float64(e.Offset), "type": e.Type, "createdAt": float64(e.CreatedAt)}
+	var p any
+	if json.Unmarshal(e.Payload, &p) == nil {
+		doc["payload"] = p
+	}
+	if len(e.Metadata) > 0 {
+		var m any
+		if json.Unmarshal(e.Metadata, &m) == nil {
+			doc["metadata"] = m
+		}
+	}
+	if e.IdempotencyKey != "" {
+		doc["idempotencyKey"] = e.IdempotencyKey
+	}
+	return doc
+}
+
+// EvalCondition evaluates a JSONata condition over an event: it holds only when the result is
+// exactly true (an undefined result is false, not an error).
+func EvalCondition(expr *jsonata.Expr, e *itx.Event) (bool, error) {
+	res, err := expr.Eval(EventDocument(e))
+	if err == jsonata.ErrUndefined {
+		return false, nil
+	}
+	if err != nil {
+		return false, itx.Errorf(itx.EInvalid, "JSONata condition failed on offset %d: %v", e.Offset, err)
+	}
+	b, ok := res.(bool)
+	return ok && b, nil
+}
+
+func decodeJSON(raw []byte) (any, error) {
+	d := json.NewDecoder(bytes.NewReader(raw))
+	d.UseNumber()
+	var v any
+	if err := d.Decode(&v); err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+// containsJSON reports whether v contains pattern: objects by key subset (recursively), arrays
+// when every pattern element is contained in some element, scalars by equality (numbers by
+// value).
+func containsJSON(v, pattern any) bool {
+	switch p := pattern.(type) {
+	case map[string]any:
+		o, ok := v.(map[string]any)
+		if !ok {
+			return false
+		}
+		for k, pv := range p {
+			ov, ok := o[k]
+			if !ok || !containsJSON(ov, pv) {
+				return false
+			}
+		}
+		return true
+	case []any:
+		a, ok := v.([]any)
+		if !ok {
+			return false
+		}
+		for _, pe := range p {
+			found := false
+			for _, ae := range a {
+				if containsJSON(ae, pe) {
+					found = true
+					break
+				}
+			}
+			if !found {
+				return false
+			}
+		}
+		return true
+	case json.Number:
+		n, ok := v.(json.Number)
+		if !ok {
+			return false
+		}
+		if n == p {
+			return true
+		}
+		a, errA := n.Float64()
+		b, errB := p.Float64()
+		return errA == nil && errB == nil && a == b
+	default:
+		return fmt.Sprint(v) == fmt.Sprint(pattern) && sameKind(v, pattern)
+	}
+}
+
+func sameKind(a, b any) bool {
+	switch a.(type) {
+	case string:
+		_, ok := b.(string)
+		return ok
+	case bool:
+		_, ok := b.(bool)
+		return ok
+	case nil:
+		return b == nil
+	}
+	return false
+}

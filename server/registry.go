@@ -1,0 +1,142 @@
+package server
+
+import (
+	"context"
+	"sort"
+	"time"
+
+	"github.com/itx-dev/itx"
+)
+
+// acquire returns the loaded actor of ref, loading it if needed, with one reference held for
+// the caller; the caller must call release. While any reference is held the actor stays loaded.
+func (s *Server) acquire(ctx context.Context, ref StreamRef) (*actor, error) {
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		return nil, itx.Errorf(itx.EUnavailable, "the server is shutting down")
+	}
+	s.inflight.Add(1)
+	a := s.actors[ref]
+	if a != nil {
+		a.refs++
+		s.mu.Unlock()
+		select {
+		case <-a.ready:
+		case <-ctx.Done():
+			s.release(a)
+			return nil, itx.Errorf(itx.ECancelled, "waiting for stream %s to load: %v", ref.Path, ctx.Err())
+		}
+		if a.loadErr != nil {
+			s.release(a)
+			return nil, a.loadErr
+		}
+		return a, nil
+	}
+	a = newActor(s, ref)
+	a.refs = 1
+	s.actors[ref] = a
+	prev := s.unloading[ref]
+	overCap := len(s.actors) > s.cfg.MaxLoadedStreams
+	s.mu.Unlock()
+	if overCap {
+		go s.sweep()
+	}
+
+	// The previous incarnation must have closed its database before this one opens it: one
+	// writer per stream, always.
+	if prev != nil {
+		<-prev.done
+	}
+	if err := a.load(); err != nil {
+		a.loadErr = err
+		close(a.ready)
+		s.mu.Lock()
+		if s.actors[ref] == a {
+			delete(s.actors, ref)
+		}
+		s.mu.Unlock()
+		s.release(a)
+		return nil, err
+	}
+	s.metrics.LoadedStreams.Inc()
+	close(a.ready)
+	go a.run()
+	return a, nil
+}
+
+// release drops a reference taken by acquire.
+func (s *Server) release(a *actor) {
+	s.mu.Lock()
+	a.refs--
+	a.lastUsed = s.clock.Now()
+	s.mu.Unlock()
+	s.inflight.Done()
+}
+
+// scheduleSweep arms the next idle sweep on the injected clock.
+func (s *Server) scheduleSweep() {
+	interval := min(s.cfg.IdleTimeout/4, time.Minute)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing {
+		return
+	}
+	s.sweepT = s.clock.AfterFunc(interval, func() {
+		s.sweep()
+		s.scheduleSweep()
+	})
+}
+
+// sweep unloads streams nobody holds that have idled past IdleTimeout, then, while more than
+// MaxLoadedStreams are loaded, the least recently used idle ones.
+func (s *Server) sweep() {
+	now := s.clock.Now()
+	s.mu.Lock()
+	var idle []*actor
+	for _, a := range s.actors {
+		if a.refs == 0 && a.loadErr == nil && isClosed(a.ready) {
+			idle = append(idle, a)
+		}
+	}
+	sort.Slice(idle, func(i, j int) bool { return idle[i].lastUsed.Before(idle[j].lastUsed) })
+	excess := len(s.actors) - s.cfg.MaxLoadedStreams
+	var victims []*actor
+	for _, a := range idle {
+		if now.Sub(a.lastUsed) >= s.cfg.IdleTimeout || excess > 0 {
+			victims = append(victims, a)
+			excess--
+			delete(s.actors, a.ref)
+			s.unloading[a.ref] = a
+		}
+	}
+	s.mu.Unlock()
+
+	for _, a := range victims {
+		a.unload()
+		s.mu.Lock()
+		if s.unloading[a.ref] == a {
+			delete(s.unloading, a.ref)
+		}
+		s.mu.Unlock()
+	}
+}
+
+// LoadedStreams reports how many stream actors are loaded.
+func (s *Server) LoadedStreams() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.actors)
+}
+
+// Sweep runs one idle sweep now (tests and operators).
+func (s *Server) Sweep() { s.sweep() }
+
+func isClosed(ch chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}

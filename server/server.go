@@ -1,0 +1,251 @@
+// Package server runs streams: one actor goroutine per loaded stream owns its SQLite database,
+// group-commits appends, and serves reads and barriers beside it. It knows nothing of RPC; the
+// capability package exposes it as the Cap'n Proto graph.
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/storage"
+	"github.com/rs/zerolog"
+)
+
+// Config configures a Server. Zero values take the documented defaults.
+type Config struct {
+	DataDir string
+	Clock   itx.Clock // default: the system clock
+	Log     zerolog.Logger
+
+	IdleTimeout      time.Duration // unload an unused stream after this; default itx.IdleActorTeardown
+	MaxLoadedStreams int           // unload least recently used idle streams above this; default 1024
+
+	BreakerBurst           int // default itx.BreakerBurst
+	BreakerRefillPerMinute int // default itx.BreakerRefillPerMinute
+
+	// EphemeralRetention is how long ephemeral rows stay readable before a sweep may delete them.
+	EphemeralRetention time.Duration // default 1 h
+}
+
+// StreamRef names a stream: a project and a path.
+type StreamRef struct {
+	ProjectID string
+	Path      string
+}
+
+// Server is the running set of streams under one data directory.
+type Server struct {
+	cfg     Config
+	clock   itx.Clock
+	log     zerolog.Logger
+	dir     *storage.Directory
+	metrics *Metrics
+
+	// base is cancelled by Close; barriers select on it so shutdown never waits for a timeout.
+	base   context.Context
+	cancel context.CancelFunc
+
+	mu        sync.Mutex
+	actors    map[StreamRef]*actor
+	unloading map[StreamRef]*actor
+	closing   bool
+	inflight  sync.WaitGroup // one per acquired reference
+	sweepT    itx.Timer
+}
+
+// Credentials are the tokens created on a fresh data directory.
+type Credentials struct {
+	ProjectID       string `json:"projectId"`
+	ProjectToken    string `json:"projectToken"`
+	DeploymentToken string `json:"deploymentToken"`
+}
+
+// CredentialsFile is where a fresh data directory records its first tokens (mode 0600), so
+// `make run` can print how to connect on every start.
+const CredentialsFile = "credentials.json"
+
+// Open opens (or initializes) the data directory and returns a running server. On an empty data
+// directory it creates the default project and the deployment root and records their tokens.
+func Open(ctx context.Context, cfg Config) (*Server, error) {
+	if cfg.DataDir == "" {
+		return nil, errors.New("open server: no data directory")
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = itx.SystemClock{}
+	}
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = itx.IdleActorTeardown
+	}
+	if cfg.MaxLoadedStreams <= 0 {
+		cfg.MaxLoadedStreams = 1024
+	}
+	if cfg.BreakerBurst <= 0 {
+		cfg.BreakerBurst = itx.BreakerBurst
+	}
+	if cfg.BreakerRefillPerMinute <= 0 {
+		cfg.BreakerRefillPerMinute = itx.BreakerRefillPerMinute
+	}
+	if cfg.EphemeralRetention <= 0 {
+		cfg.EphemeralRetention = time.Hour
+	}
+	if err := os.MkdirAll(filepath.Join(cfg.DataDir, "streams"), 0o755); err != nil {
+		return nil, fmt.Errorf("open server: %w", err)
+	}
+	dir, err := storage.OpenDirectory(ctx, filepath.Join(cfg.DataDir, "directory.db"))
+	if err != nil {
+		return nil, fmt.Errorf("open server: %w", err)
+	}
+	s := &Server{
+		cfg: cfg, clock: cfg.Clock, log: cfg.Log, dir: dir, metrics: newMetrics(),
+		actors: map[StreamRef]*actor{}, unloading: map[StreamRef]*actor{},
+	}
+	s.base, s.cancel = context.WithCancel(context.Background())
+	if err := s.bootstrap(ctx); err != nil {
+		dir.Close()
+		return nil, err
+	}
+	s.scheduleSweep()
+	return s, nil
+}
+
+// bootstrap creates the default project and the deployment root on an empty directory.
+func (s *Server) bootstrap(ctx context.Context) error {
+	projects, err := s.dir.Projects(ctx)
+	if err != nil || len(projects) > 0 {
+		return err
+	}
+	creds := Credentials{ProjectID: "default", ProjectToken: "itx_" + randomHex(24), DeploymentToken: "itxd_" + randomHex(24)}
+	now := itx.UnixMilli(s.clock.Now())
+	// The credentials file is written first: a crash after it but before the projects leaves a
+	// file whose tokens are recreated below on the next start, never projects nobody can log into.
+	b, _ := json.MarshalIndent(creds, "", "  ")
+	if err := writeFileSync(filepath.Join(s.cfg.DataDir, CredentialsFile), append(b, '\n')); err != nil {
+		return fmt.Errorf("bootstrap: %w", err)
+	}
+	if err := s.dir.CreateProject(ctx, storage.Project{ID: DeploymentProjectID, Name: "deployment", Deployment: true, CreatedAt: now}, creds.DeploymentToken); err != nil {
+		return fmt.Errorf("bootstrap: %w", err)
+	}
+	if err := s.dir.CreateProject(ctx, storage.Project{ID: creds.ProjectID, Name: "default", CreatedAt: now}, creds.ProjectToken); err != nil {
+		return fmt.Errorf("bootstrap: %w", err)
+	}
+	s.log.Info().Str("project", creds.ProjectID).Msg("initialized an empty data directory")
+	return nil
+}
+
+// DeploymentProjectID is the deployment root's project id: its streams are global.
+const DeploymentProjectID = "deployment"
+
+// ReadCredentials reads the tokens recorded when dataDir was initialized.
+func ReadCredentials(dataDir string) (Credentials, error) {
+	var c Credentials
+	b, err := os.ReadFile(filepath.Join(dataDir, CredentialsFile))
+	if err != nil {
+		return c, err
+	}
+	return c, json.Unmarshal(b, &c)
+}
+
+// CreateProject adds a project and returns its token.
+func (s *Server) CreateProject(ctx context.Context, id, name string) (string, error) {
+	token := "itx_" + randomHex(24)
+	err := s.dir.CreateProject(ctx, storage.Project{ID: id, Name: name, CreatedAt: itx.UnixMilli(s.clock.Now())}, token)
+	return token, err
+}
+
+// Login resolves a token to its project.
+func (s *Server) Login(ctx context.Context, token string) (storage.Project, error) {
+	return s.dir.ProjectByToken(ctx, token)
+}
+
+// Metrics returns the server's instruments.
+func (s *Server) Metrics() *Metrics { return s.metrics }
+
+// Log returns the server's logger.
+func (s *Server) Log() zerolog.Logger { return s.log }
+
+// Close stops accepting work, lets every call that already holds a stream finish (in-flight
+// appends commit and are answered), then unloads every stream and closes the databases. Barriers
+// waiting on a stream return EUnavailable at once. ctx bounds the wait for in-flight calls.
+func (s *Server) Close(ctx context.Context) error {
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closing = true
+	if s.sweepT != nil {
+		s.sweepT.Stop()
+	}
+	s.mu.Unlock()
+	s.cancel()
+
+	drained := make(chan struct{})
+	go func() { s.inflight.Wait(); close(drained) }()
+	var err error
+	select {
+	case <-drained:
+	case <-ctx.Done():
+		err = fmt.Errorf("close: in-flight calls did not finish: %w", ctx.Err())
+	}
+
+	s.mu.Lock()
+	actors := make([]*actor, 0, len(s.actors))
+	for _, a := range s.actors {
+		actors = append(actors, a)
+	}
+	s.actors = map[StreamRef]*actor{}
+	s.mu.Unlock()
+	for _, a := range actors {
+		a.unload()
+	}
+	return errors.Join(err, s.dir.Close())
+}
+
+func (s *Server) streamFile(streamID string) string {
+	return filepath.Join(s.cfg.DataDir, "streams", streamID+".db")
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+// newStreamID returns a random UUID (version 4), the stream's identity for its lifetime.
+func newStreamID() string {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err)
+	}
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	h := hex.EncodeToString(b[:])
+	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:32]
+}
+
+func writeFileSync(name string, data []byte) error {
+	f, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}

@@ -1,0 +1,325 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/storage"
+)
+
+// PendingAppend is an append queued to its stream; Wait returns its outcome.
+type PendingAppend struct {
+	srv   *Server
+	actor *actor
+	req   *appendReq
+}
+
+// StartAppend validates an append and queues it on the stream. Bad input is refused here, before
+// anything is queued, so it writes nothing. Appends queued on one stream commit in queue order;
+// the caller may release its RPC call queue (call.Go) only after StartAppend returns.
+func (s *Server) StartAppend(ctx context.Context, ref StreamRef, inputs []itx.EventInput, opts AppendOptions) (*PendingAppend, error) {
+	if err := itx.ValidatePath(ref.Path); err != nil {
+		return nil, err
+	}
+	if err := validateAppend(inputs); err != nil {
+		return nil, err
+	}
+	a, err := s.acquire(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	req := &appendReq{inputs: inputs, opts: opts, queued: time.Now(), reply: make(chan appendReply, 1)}
+	if err := a.submit(ctx, req); err != nil {
+		s.release(a)
+		return nil, err
+	}
+	return &PendingAppend{srv: s, actor: a, req: req}, nil
+}
+
+// Wait blocks until the append's group commit is durable (or refused). If ctx ends first the
+// append may still commit; the caller simply never learns its offsets.
+func (p *PendingAppend) Wait(ctx context.Context) (AppendResult, error) {
+	select {
+	case r := <-p.req.reply:
+		p.srv.release(p.actor)
+		return r.result, r.err
+	case <-ctx.Done():
+		// Keep the reference until the actor answers, so the stream is not unloaded under it.
+		go func() { <-p.req.reply; p.srv.release(p.actor) }()
+		return AppendResult{}, itx.Errorf(itx.ECancelled, "append: %v", ctx.Err())
+	}
+}
+
+// Append validates, queues and waits: StartAppend followed by Wait.
+func (s *Server) Append(ctx context.Context, ref StreamRef, inputs []itx.EventInput, opts AppendOptions) (AppendResult, error) {
+	p, err := s.StartAppend(ctx, ref, inputs, opts)
+	if err != nil {
+		return AppendResult{}, err
+	}
+	return p.Wait(ctx)
+}
+
+// validateAppend normalizes every input in place; the first bad one refuses the whole call.
+func validateAppend(inputs []itx.EventInput) error {
+	if len(inputs) == 0 {
+		return itx.Errorf(itx.EInvalid, "append needs at least one event")
+	}
+	if len(inputs) > itx.MaxAppendEvents {
+		return itx.Errorf(itx.ETooLarge, "append has %d events, at most %d", len(inputs), itx.MaxAppendEvents)
+	}
+	total := 0
+	for i := range inputs {
+		if err := inputs[i].Normalize(); err != nil {
+			e := itx.AsError(err)
+			return &itx.Error{Code: e.Code, Message: fmt.Sprintf("event %d: %s", i, e.Message)}
+		}
+		if len(inputs[i].Provenance) > 0 {
+			return itx.Errorf(itx.EInvalid, "event %d: provenance is written only by copy-to-stream", i)
+		}
+		if err := validateClientCoreEvent(&inputs[i]); err != nil {
+			e := itx.AsError(err)
+			return &itx.Error{Code: e.Code, Message: fmt.Sprintf("event %d: %s", i, e.Message)}
+		}
+		total += inputs[i].Size()
+	}
+	if total > itx.MaxAppendBytes {
+		return itx.Errorf(itx.ETooLarge, "append is %d bytes, at most %d", total, itx.MaxAppendBytes)
+	}
+	return nil
+}
+
+// validateClientCoreEvent refuses stream/* events a client may not write. The core reducer
+// validates the shapes of the ones it may.
+func validateClientCoreEvent(in *itx.EventInput) error {
+	if !itx.IsCoreType(in.Type) {
+		return nil
+	}
+	return itx.Errorf(itx.EInvalid, "unknown core event type %q", in.Type)
+}
+
+// ReadQuery selects a page of events.
+type ReadQuery struct {
+	After            int64
+	Before           int64 // exclusive; 0 = no bound
+	Limit            int   // 0 = itx.DefaultPageLimit
+	Types            []string
+	IncludeEphemeral bool
+}
+
+// Page is the reader's envelope.
+type Page struct {
+	Events          []itx.Event
+	StreamID        string
+	StreamMaxOffset int64
+	NextAfter       int64 // pass as After to continue, past filtered-out events too
+}
+
+func (q *ReadQuery) normalize() error {
+	switch {
+	case q.After < 0 || q.Before < 0:
+		return itx.Errorf(itx.EInvalid, "offsets must not be negative")
+	case q.Limit < 0:
+		return itx.Errorf(itx.EInvalid, "limit must not be negative")
+	case q.Limit > itx.MaxPageLimit:
+		return itx.Errorf(itx.EInvalid, "limit must be at most %d", itx.MaxPageLimit)
+	case q.Limit == 0:
+		q.Limit = itx.DefaultPageLimit
+	}
+	for _, t := range q.Types {
+		if t == "*" {
+			q.Types = nil
+			break
+		}
+	}
+	return nil
+}
+
+// ReadEvents reads a page of a stream. A stream that never had an append reads as empty.
+func (s *Server) ReadEvents(ctx context.Context, ref StreamRef, q ReadQuery) (Page, error) {
+	if err := itx.ValidatePath(ref.Path); err != nil {
+		return Page{}, err
+	}
+	if err := q.normalize(); err != nil {
+		return Page{}, err
+	}
+	a, err := s.acquire(ctx, ref)
+	if err != nil {
+		return Page{}, err
+	}
+	defer s.release(a)
+	return s.readPage(ctx, a.view(), q)
+}
+
+// readPage reads one page from a snapshot; the head is taken before the rows, so every returned
+// offset is at most StreamMaxOffset.
+func (s *Server) readPage(ctx context.Context, v view, q ReadQuery) (Page, error) {
+	page := Page{StreamID: v.streamID, StreamMaxOffset: v.head, NextAfter: q.After}
+	upTo := v.head
+	if q.Before > 0 && q.Before-1 < upTo {
+		upTo = q.Before - 1
+	}
+	if v.store == nil || q.After >= upTo {
+		page.NextAfter = max(q.After, upTo)
+		return page, nil
+	}
+	events, err := v.store.Events(ctx, storage.Query{After: q.After, UpTo: upTo, Limit: q.Limit, Types: q.Types, IncludeEphemeral: q.IncludeEphemeral})
+	if err != nil {
+		return Page{}, itx.Errorf(itx.EInternal, "%v", err)
+	}
+	page.Events = events
+	if len(events) < q.Limit {
+		page.NextAfter = upTo
+	} else {
+		page.NextAfter = events[len(events)-1].Offset
+	}
+	s.metrics.ReadEvents.Add(float64(len(events)))
+	return page, nil
+}
+
+// WaitForEvent returns the first event after `after` that matches pred, waiting for new commits
+// until timeout (0: itx.DefaultWaitTimeout). It is a one-shot, in-memory barrier.
+func (s *Server) WaitForEvent(ctx context.Context, ref StreamRef, pred Predicate, after int64, timeout time.Duration) (itx.Event, error) {
+	if err := itx.ValidatePath(ref.Path); err != nil {
+		return itx.Event{}, err
+	}
+	compiled, err := pred.compile()
+	if err != nil {
+		return itx.Event{}, err
+	}
+	if timeout, err = waitTimeout(timeout); err != nil {
+		return itx.Event{}, err
+	}
+	if after < 0 {
+		return itx.Event{}, itx.Errorf(itx.EInvalid, "after must not be negative")
+	}
+	a, err := s.acquire(ctx, ref)
+	if err != nil {
+		return itx.Event{}, err
+	}
+	defer s.release(a)
+	if head := a.view().head; after > head {
+		return itx.Event{}, itx.Errorf(itx.EInvalid, "after %d is beyond the stream's head offset %d", after, head)
+	}
+
+	expired := make(chan struct{})
+	timer := s.clock.AfterFunc(timeout, func() { close(expired) })
+	defer timer.Stop()
+
+	q := ReadQuery{After: after, Limit: itx.MaxPageLimit, IncludeEphemeral: pred.IncludeEphemeral}
+	var seen int
+	var recent []string
+	for {
+		// Take the change signal before reading, so a commit between the read and the wait
+		// still wakes us.
+		v := a.view()
+		page, err := s.readPage(ctx, v, q)
+		if err != nil {
+			return itx.Event{}, err
+		}
+		for _, e := range page.Events {
+			ok, err := compiled.match(&e)
+			if err != nil {
+				return itx.Event{}, err
+			}
+			if ok {
+				return e, nil
+			}
+			seen++
+			if recent = append(recent, e.Type); len(recent) > 20 {
+				recent = recent[1:]
+			}
+		}
+		q.After = page.NextAfter
+		if q.After < v.head {
+			continue
+		}
+		select {
+		case <-v.changed:
+		case <-expired:
+			types := strings.Join(recent, ", ")
+			if types == "" {
+				types = "none"
+			}
+			return itx.Event{}, itx.Errorf(itx.EDeadlineExceeded,
+				"timed out after %dms waiting for a matching event (saw %d events; recent types: %s)", timeout.Milliseconds(), seen, types)
+		case <-ctx.Done():
+			return itx.Event{}, itx.Errorf(itx.ECancelled, "waitForEvent: %v", ctx.Err())
+		case <-s.base.Done():
+			return itx.Event{}, itx.Errorf(itx.EUnavailable, "the server is shutting down")
+		}
+	}
+}
+
+func waitTimeout(d time.Duration) (time.Duration, error) {
+	switch {
+	case d < 0:
+		return 0, itx.Errorf(itx.EInvalid, "timeout must not be negative")
+	case d == 0:
+		return itx.DefaultWaitTimeout, nil
+	case d > itx.MaxWaitTimeout:
+		return 0, itx.Errorf(itx.EInvalid, "timeout must be at most %s", itx.MaxWaitTimeout)
+	}
+	return d, nil
+}
+
+// StreamInfo describes a stream.
+type StreamInfo struct {
+	Path              string
+	StreamID          string
+	HeadOffset        int64
+	CreatedAt         int64
+	LastAppendAt      int64
+	SubscriptionCount int
+	Loaded            bool
+}
+
+// Describe describes one stream (loading it).
+func (s *Server) Describe(ctx context.Context, ref StreamRef) (StreamInfo, error) {
+	if err := itx.ValidatePath(ref.Path); err != nil {
+		return StreamInfo{}, err
+	}
+	a, err := s.acquire(ctx, ref)
+	if err != nil {
+		return StreamInfo{}, err
+	}
+	defer s.release(a)
+	v := a.view()
+	return StreamInfo{Path: ref.Path, StreamID: v.streamID, HeadOffset: v.head, CreatedAt: v.info.createdAt,
+		LastAppendAt: v.info.lastAppendAt, Loaded: true}, nil
+}
+
+// MaxListStreams bounds one Streams.list answer.
+const MaxListStreams = 10_000
+
+// ListStreams lists a project's streams under a path prefix without loading them: heads of
+// loaded streams are live, the others come from the directory's summary.
+func (s *Server) ListStreams(ctx context.Context, projectID, prefix string) ([]StreamInfo, error) {
+	if err := itx.ValidatePathPrefix(prefix); err != nil {
+		return nil, err
+	}
+	entries, err := s.dir.ListStreams(ctx, projectID, prefix, MaxListStreams)
+	if err != nil {
+		return nil, itx.Errorf(itx.EInternal, "%v", err)
+	}
+	out := make([]StreamInfo, len(entries))
+	s.mu.Lock()
+	loaded := make(map[string]*actor, len(entries))
+	for _, e := range entries {
+		if a := s.actors[StreamRef{projectID, e.Path}]; a != nil && isClosed(a.ready) && a.loadErr == nil {
+			loaded[e.Path] = a
+		}
+	}
+	s.mu.Unlock()
+	for i, e := range entries {
+		info := StreamInfo{Path: e.Path, StreamID: e.StreamID, HeadOffset: e.HeadOffset, CreatedAt: e.CreatedAt, LastAppendAt: e.LastAppendAt}
+		if a := loaded[e.Path]; a != nil {
+			v := a.view()
+			info.HeadOffset, info.LastAppendAt, info.Loaded = v.head, v.info.lastAppendAt, true
+		}
+		out[i] = info
+	}
+	return out, nil
+}

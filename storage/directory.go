@@ -1,0 +1,200 @@
+package storage
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/itx-dev/itx"
+)
+
+// Directory is the server-level database: projects and their tokens, the streams that exist,
+// and the alarms that must wake streams after a restart.
+type Directory struct {
+	db *sql.DB
+}
+
+// Project is a login root.
+type Project struct {
+	ID         string
+	Name       string
+	Deployment bool // the deployment root, holding global streams
+	CreatedAt  int64
+}
+
+// StreamEntry is the directory's record of one stream.
+type StreamEntry struct {
+	StreamID     string
+	ProjectID    string
+	Path         string
+	CreatedAt    int64
+	HeadOffset   int64
+	LastAppendAt int64
+}
+
+// OpenDirectory opens or creates the directory database at file.
+func OpenDirectory(ctx context.Context, file string) (*Directory, error) {
+	db, err := openDB(file, true, 4)
+	if err != nil {
+		return nil, fmt.Errorf("open directory: %w", err)
+	}
+	if err := migrate(ctx, db, "directory"); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("open directory: %w", err)
+	}
+	return &Directory{db: db}, nil
+}
+
+// Close closes the database.
+func (d *Directory) Close() error { return d.db.Close() }
+
+// HashToken is how tokens are stored: never in the clear.
+func HashToken(token string) string {
+	sum := sha256.Sum256([]byte(token))
+	return hex.EncodeToString(sum[:])
+}
+
+// CreateProject records a project that logs in with token.
+func (d *Directory) CreateProject(ctx context.Context, p Project, token string) error {
+	_, err := d.db.ExecContext(ctx, `insert into projects (id, name, token_hash, deployment, created_at)
+		values (?, ?, ?, ?, ?)`, p.ID, p.Name, HashToken(token), p.Deployment, p.CreatedAt)
+	if err != nil {
+		if strings.Contains(err.Error(), "UNIQUE") {
+			return itx.Errorf(itx.EInvalid, "project %q or its token already exists", p.Name)
+		}
+		return fmt.Errorf("create project: %w", err)
+	}
+	return nil
+}
+
+// Projects lists every project.
+func (d *Directory) Projects(ctx context.Context) ([]Project, error) {
+	rows, err := d.db.QueryContext(ctx, `select id, name, deployment, created_at from projects order by created_at, id`)
+	if err != nil {
+		return nil, fmt.Errorf("list projects: %w", err)
+	}
+	defer rows.Close()
+	var out []Project
+	for rows.Next() {
+		var p Project
+		if err := rows.Scan(&p.ID, &p.Name, &p.Deployment, &p.CreatedAt); err != nil {
+			return nil, fmt.Errorf("list projects: %w", err)
+		}
+		out = append(out, p)
+	}
+	return out, rows.Err()
+}
+
+// ProjectByToken finds the project a token logs into; EUnauthenticated if none.
+func (d *Directory) ProjectByToken(ctx context.Context, token string) (Project, error) {
+	var p Project
+	err := d.db.QueryRowContext(ctx, `select id, name, deployment, created_at from projects where token_hash = ?`,
+		HashToken(token)).Scan(&p.ID, &p.Name, &p.Deployment, &p.CreatedAt)
+	if errors.Is(err, sql.ErrNoRows) {
+		return p, itx.Errorf(itx.EUnauthenticated, "unknown token")
+	}
+	if err != nil {
+		return p, fmt.Errorf("log in: %w", err)
+	}
+	return p, nil
+}
+
+// Stream returns the directory entry of (projectID, path), or nil if the stream does not exist.
+func (d *Directory) Stream(ctx context.Context, projectID, path string) (*StreamEntry, error) {
+	var e StreamEntry
+	err := d.db.QueryRowContext(ctx, `select stream_id, project_id, path, created_at, head_offset, last_append_at
+		from streams where project_id = ? and path = ?`, projectID, path).
+		Scan(&e.StreamID, &e.ProjectID, &e.Path, &e.CreatedAt, &e.HeadOffset, &e.LastAppendAt)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("look up stream %s: %w", path, err)
+	}
+	return &e, nil
+}
+
+// CreateStream records a new stream. It is committed before the stream's database is created,
+// so a crash between the two leaves an entry whose database is missing, which reads as empty.
+func (d *Directory) CreateStream(ctx context.Context, e StreamEntry) error {
+	_, err := d.db.ExecContext(ctx, `insert into streams (stream_id, project_id, path, created_at, head_offset, last_append_at)
+		values (?, ?, ?, ?, ?, ?)`, e.StreamID, e.ProjectID, e.Path, e.CreatedAt, e.HeadOffset, e.LastAppendAt)
+	if err != nil {
+		return fmt.Errorf("create stream %s: %w", e.Path, err)
+	}
+	return nil
+}
+
+// UpdateStreamSummary refreshes the head summary of a stream (on actor unload).
+func (d *Directory) UpdateStreamSummary(ctx context.Context, streamID string, head, lastAppendAt int64) error {
+	_, err := d.db.ExecContext(ctx, `update streams set head_offset = ?, last_append_at = ? where stream_id = ?`,
+		head, lastAppendAt, streamID)
+	if err != nil {
+		return fmt.Errorf("update stream summary: %w", err)
+	}
+	return nil
+}
+
+// ListStreams lists a project's streams whose path starts with prefix, in path order.
+func (d *Directory) ListStreams(ctx context.Context, projectID, prefix string, limit int) ([]StreamEntry, error) {
+	rows, err := d.db.QueryContext(ctx, `select stream_id, project_id, path, created_at, head_offset, last_append_at
+		from streams where project_id = ? and substr(path, 1, ?) = ? order by path limit ?`,
+		projectID, len(prefix), prefix, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list streams: %w", err)
+	}
+	defer rows.Close()
+	var out []StreamEntry
+	for rows.Next() {
+		var e StreamEntry
+		if err := rows.Scan(&e.StreamID, &e.ProjectID, &e.Path, &e.CreatedAt, &e.HeadOffset, &e.LastAppendAt); err != nil {
+			return nil, fmt.Errorf("list streams: %w", err)
+		}
+		out = append(out, e)
+	}
+	return out, rows.Err()
+}
+
+// SetAlarm records (or with dueAt 0, clears) a stream's next alarm.
+func (d *Directory) SetAlarm(ctx context.Context, streamID string, dueAt int64) error {
+	var err error
+	if dueAt == 0 {
+		_, err = d.db.ExecContext(ctx, `delete from alarms where stream_id = ?`, streamID)
+	} else {
+		_, err = d.db.ExecContext(ctx, `insert into alarms (stream_id, due_at) values (?, ?)
+			on conflict (stream_id) do update set due_at = excluded.due_at`, streamID, dueAt)
+	}
+	if err != nil {
+		return fmt.Errorf("set alarm: %w", err)
+	}
+	return nil
+}
+
+// DueAlarm is an alarm at or before a given time, with the stream it wakes.
+type DueAlarm struct {
+	StreamEntry
+	DueAt int64
+}
+
+// DueAlarms lists alarms due at or before now (epoch ms), earliest first.
+func (d *Directory) DueAlarms(ctx context.Context, now int64) ([]DueAlarm, error) {
+	rows, err := d.db.QueryContext(ctx, `select s.stream_id, s.project_id, s.path, s.created_at, s.head_offset,
+		s.last_append_at, a.due_at from alarms a join streams s using (stream_id) where a.due_at <= ? order by a.due_at`, now)
+	if err != nil {
+		return nil, fmt.Errorf("due alarms: %w", err)
+	}
+	defer rows.Close()
+	var out []DueAlarm
+	for rows.Next() {
+		var a DueAlarm
+		if err := rows.Scan(&a.StreamID, &a.ProjectID, &a.Path, &a.CreatedAt, &a.HeadOffset, &a.LastAppendAt, &a.DueAt); err != nil {
+			return nil, fmt.Errorf("due alarms: %w", err)
+		}
+		out = append(out, a)
+	}
+	return out, rows.Err()
+}

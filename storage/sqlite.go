@@ -1,0 +1,122 @@
+// Package storage is SQLite access for one stream's log and for the server directory. It holds
+// no goroutines and knows nothing of RPC: the stream actor in server/ is its only writer.
+package storage
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"fmt"
+	"io/fs"
+	"sort"
+	"strconv"
+	"strings"
+
+	sqlite3 "github.com/mattn/go-sqlite3"
+)
+
+// driverName is mattn's driver with the pragmas every itx connection must carry. mattn is built
+// with SQLITE_DEFAULT_WAL_SYNCHRONOUS=1, so WAL silently means synchronous=NORMAL (survives a
+// process crash, not a power loss) unless each connection sets FULL; openDB reads it back.
+const driverName = "sqlite3_itx"
+
+func init() {
+	sql.Register(driverName, &sqlite3.SQLiteDriver{
+		ConnectHook: func(c *sqlite3.SQLiteConn) error {
+			for _, p := range []string{
+				"PRAGMA journal_mode=WAL",
+				"PRAGMA synchronous=FULL",
+				"PRAGMA foreign_keys=ON",
+				"PRAGMA busy_timeout=10000",
+				// A small page cache per connection: a server holds many streams open.
+				"PRAGMA cache_size=-512",
+			} {
+				if _, err := c.Exec(p, nil); err != nil {
+					return fmt.Errorf("%s: %w", p, err)
+				}
+			}
+			return nil
+		},
+	})
+}
+
+//go:embed migrations
+var migrations embed.FS
+
+// openDB opens (creating if allowed) the SQLite file at path with the itx pragmas.
+func openDB(path string, create bool, maxConns int) (*sql.DB, error) {
+	mode := "rw"
+	if create {
+		mode = "rwc"
+	}
+	db, err := sql.Open(driverName, "file:"+path+"?mode="+mode+"&_txlock=immediate")
+	if err != nil {
+		return nil, err
+	}
+	db.SetMaxOpenConns(maxConns)
+	db.SetMaxIdleConns(maxConns)
+	var sync int
+	if err := db.QueryRow("PRAGMA synchronous").Scan(&sync); err != nil {
+		db.Close()
+		return nil, err
+	}
+	if sync != 2 {
+		db.Close()
+		return nil, fmt.Errorf("open %s: synchronous is %d, want 2 (FULL)", path, sync)
+	}
+	return db, nil
+}
+
+// migrate applies the numbered .sql files of migrations/<set> above the database's user_version,
+// each in its own transaction with the version bump, so a crash leaves a whole version or none.
+func migrate(ctx context.Context, db *sql.DB, set string) error {
+	dir := "migrations/" + set
+	entries, err := fs.ReadDir(migrations, dir)
+	if err != nil {
+		return err
+	}
+	type step struct {
+		version int
+		name    string
+	}
+	var steps []step
+	for _, e := range entries {
+		prefix, _, ok := strings.Cut(e.Name(), "_")
+		v, err := strconv.Atoi(prefix)
+		if !ok || err != nil || !strings.HasSuffix(e.Name(), ".sql") {
+			return fmt.Errorf("migration %s/%s: name must be NNN_name.sql", set, e.Name())
+		}
+		steps = append(steps, step{v, e.Name()})
+	}
+	sort.Slice(steps, func(i, j int) bool { return steps[i].version < steps[j].version })
+
+	var current int
+	if err := db.QueryRowContext(ctx, "PRAGMA user_version").Scan(&current); err != nil {
+		return err
+	}
+	for _, s := range steps {
+		if s.version <= current {
+			continue
+		}
+		body, err := migrations.ReadFile(dir + "/" + s.name)
+		if err != nil {
+			return err
+		}
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, string(body)); err != nil {
+			tx.Rollback()
+			return fmt.Errorf("migration %s/%s: %w", set, s.name, err)
+		}
+		if _, err := tx.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version=%d", s.version)); err != nil {
+			tx.Rollback()
+			return err
+		}
+		if err := tx.Commit(); err != nil {
+			return fmt.Errorf("migration %s/%s: commit: %w", set, s.name, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,262 @@
+package storage
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/itx-dev/itx"
+)
+
+// StreamMeta is the stream's identity and head, kept in its own database.
+type StreamMeta struct {
+	StreamID     string
+	ProjectID    string
+	Path         string
+	CreatedAt    int64
+	HeadOffset   int64
+	LastAppendAt int64
+}
+
+// Stream is one stream's SQLite database. Writes go through a single connection (the actor is
+// the only writer); reads use a separate pool of WAL readers and never wait for a writer.
+type Stream struct {
+	file string
+	w    *sql.DB
+	r    *sql.DB
+
+	insert      *sql.Stmt
+	setHead     *sql.Stmt
+	lookupKey   *sql.Stmt
+	readAll     *sql.Stmt
+	readDurable *sql.Stmt
+}
+
+// ReaderConns is the number of read connections one stream keeps at most.
+const ReaderConns = 4
+
+// CreateStream creates the database at file for a new stream. It fails if the file exists.
+func CreateStream(ctx context.Context, file string, meta StreamMeta) (*Stream, error) {
+	if _, err := os.Stat(file); err == nil {
+		return nil, fmt.Errorf("create stream %s: file exists", file)
+	}
+	s, err := openStream(ctx, file, true)
+	if err != nil {
+		return nil, err
+	}
+	_, err = s.w.ExecContext(ctx, `insert into stream_meta
+		(id, stream_id, project_id, path, created_at, head_offset, last_append_at)
+		values (1, ?, ?, ?, ?, ?, ?)`,
+		meta.StreamID, meta.ProjectID, meta.Path, meta.CreatedAt, meta.HeadOffset, meta.LastAppendAt)
+	if err != nil {
+		s.Close()
+		return nil, fmt.Errorf("create stream %s: %w", file, err)
+	}
+	return s, nil
+}
+
+// OpenStream opens an existing stream database, applying pending migrations.
+func OpenStream(ctx context.Context, file string) (*Stream, error) {
+	return openStream(ctx, file, false)
+}
+
+func openStream(ctx context.Context, file string, create bool) (*Stream, error) {
+	w, err := openDB(file, create, 1)
+	if err != nil {
+		return nil, fmt.Errorf("open stream %s: %w", file, err)
+	}
+	if err := migrate(ctx, w, "stream"); err != nil {
+		w.Close()
+		return nil, fmt.Errorf("open stream %s: %w", file, err)
+	}
+	r, err := openDB(file, false, ReaderConns)
+	if err != nil {
+		w.Close()
+		return nil, fmt.Errorf("open stream %s: %w", file, err)
+	}
+	r.SetConnMaxIdleTime(30e9)
+	s := &Stream{file: file, w: w, r: r}
+	prep := []struct {
+		db   *sql.DB
+		stmt **sql.Stmt
+		q    string
+	}{
+		{w, &s.insert, `insert into events
+			(offset, type, payload, metadata, idempotency_key, created_at, ephemeral, provenance)
+			values (?, ?, ?, ?, ?, ?, ?, ?)`},
+		{w, &s.setHead, `update stream_meta set head_offset = ?, last_append_at = ? where id = 1`},
+		{w, &s.lookupKey, `select ` + eventColumns + ` from events where idempotency_key = ?`},
+		{r, &s.readAll, `select ` + eventColumns + ` from events
+			where offset > ? and offset <= ? order by offset limit ?`},
+		{r, &s.readDurable, `select ` + eventColumns + ` from events
+			where offset > ? and offset <= ? and ephemeral = 0 order by offset limit ?`},
+	}
+	for _, p := range prep {
+		if *p.stmt, err = p.db.PrepareContext(ctx, p.q); err != nil {
+			s.Close()
+			return nil, fmt.Errorf("open stream %s: prepare: %w", file, err)
+		}
+	}
+	return s, nil
+}
+
+// Close closes both connection pools.
+func (s *Stream) Close() error {
+	return errors.Join(s.w.Close(), s.r.Close())
+}
+
+// Meta reads the stream's identity and head.
+func (s *Stream) Meta(ctx context.Context) (StreamMeta, error) {
+	var m StreamMeta
+	err := s.w.QueryRowContext(ctx, `select stream_id, project_id, path, created_at, head_offset, last_append_at
+		from stream_meta where id = 1`).Scan(&m.StreamID, &m.ProjectID, &m.Path, &m.CreatedAt, &m.HeadOffset, &m.LastAppendAt)
+	if err != nil {
+		return m, fmt.Errorf("read stream meta: %w", err)
+	}
+	return m, nil
+}
+
+// EventByKey returns the committed event holding an idempotency key, or nil.
+func (s *Stream) EventByKey(ctx context.Context, key string) (*itx.Event, error) {
+	rows, err := s.lookupKey.QueryContext(ctx, key)
+	if err != nil {
+		return nil, fmt.Errorf("look up idempotency key: %w", err)
+	}
+	events, err := scanEvents(rows, 1)
+	if err != nil || len(events) == 0 {
+		return nil, err
+	}
+	return &events[0], nil
+}
+
+// Commit is one group commit: events with their offsets assigned, and the new head.
+type Commit struct {
+	Events       []itx.Event
+	HeadOffset   int64
+	LastAppendAt int64
+}
+
+// Commit writes c in one transaction. It returns only after SQLite reports the commit durable
+// (synchronous=FULL: the WAL is fsynced), which is what lets the actor acknowledge appends.
+func (s *Stream) Commit(ctx context.Context, c Commit) error {
+	tx, err := s.w.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("commit: begin: %w", err)
+	}
+	defer tx.Rollback()
+	insert := tx.StmtContext(ctx, s.insert)
+	for i := range c.Events {
+		e := &c.Events[i]
+		var metadata, key, provenance any
+		if len(e.Metadata) > 0 {
+			metadata = string(e.Metadata)
+		}
+		if e.IdempotencyKey != "" {
+			key = e.IdempotencyKey
+		}
+		if len(e.Provenance) > 0 {
+			b, err := json.Marshal(e.Provenance)
+			if err != nil {
+				return fmt.Errorf("commit: provenance: %w", err)
+			}
+			provenance = string(b)
+		}
+		if _, err := insert.ExecContext(ctx, e.Offset, e.Type, string(e.Payload), metadata, key,
+			e.CreatedAt, e.Ephemeral, provenance); err != nil {
+			return fmt.Errorf("commit: insert offset %d: %w", e.Offset, err)
+		}
+	}
+	if _, err := tx.StmtContext(ctx, s.setHead).ExecContext(ctx, c.HeadOffset, c.LastAppendAt); err != nil {
+		return fmt.Errorf("commit: head: %w", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	return nil
+}
+
+// Query selects a page of events: offsets in (After, UpTo], at most Limit rows.
+type Query struct {
+	After            int64
+	UpTo             int64
+	Limit            int
+	Types            []string
+	IncludeEphemeral bool
+}
+
+// Events reads a page. Reads run on the reader pool beside the writer.
+func (s *Stream) Events(ctx context.Context, q Query) ([]itx.Event, error) {
+	if q.Limit <= 0 || q.After >= q.UpTo {
+		return nil, nil
+	}
+	var rows *sql.Rows
+	var err error
+	switch {
+	case len(q.Types) == 0 && q.IncludeEphemeral:
+		rows, err = s.readAll.QueryContext(ctx, q.After, q.UpTo, q.Limit)
+	case len(q.Types) == 0:
+		rows, err = s.readDurable.QueryContext(ctx, q.After, q.UpTo, q.Limit)
+	default:
+		var b strings.Builder
+		b.WriteString(`select ` + eventColumns + ` from events where offset > ? and offset <= ?`)
+		if !q.IncludeEphemeral {
+			b.WriteString(` and ephemeral = 0`)
+		}
+		b.WriteString(` and type in (?` + strings.Repeat(`, ?`, len(q.Types)-1) + `) order by offset limit ?`)
+		args := []any{q.After, q.UpTo}
+		for _, t := range q.Types {
+			args = append(args, t)
+		}
+		args = append(args, q.Limit)
+		rows, err = s.r.QueryContext(ctx, b.String(), args...)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read events: %w", err)
+	}
+	return scanEvents(rows, q.Limit)
+}
+
+const eventColumns = `offset, type, payload, metadata, idempotency_key, created_at, ephemeral, provenance`
+
+func scanEvents(rows *sql.Rows, capacity int) ([]itx.Event, error) {
+	defer rows.Close()
+	events := make([]itx.Event, 0, min(capacity, 64))
+	for rows.Next() {
+		var e itx.Event
+		var payload string
+		var metadata, key, provenance sql.NullString
+		if err := rows.Scan(&e.Offset, &e.Type, &payload, &metadata, &key, &e.CreatedAt, &e.Ephemeral, &provenance); err != nil {
+			return nil, fmt.Errorf("read events: %w", err)
+		}
+		e.Payload = json.RawMessage(payload)
+		if metadata.Valid {
+			e.Metadata = json.RawMessage(metadata.String)
+		}
+		e.IdempotencyKey = key.String
+		if provenance.Valid {
+			if err := json.Unmarshal([]byte(provenance.String), &e.Provenance); err != nil {
+				return nil, fmt.Errorf("read events: offset %d provenance: %w", e.Offset, err)
+			}
+		}
+		events = append(events, e)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read events: %w", err)
+	}
+	return events, nil
+}
+
+// DeleteEphemeral deletes ephemeral rows with offsets up to and including through and created
+// before before (epoch ms), returning how many went. Offsets are never reissued: the head lives
+// in stream_meta.
+func (s *Stream) DeleteEphemeral(ctx context.Context, through, before int64) (int64, error) {
+	res, err := s.w.ExecContext(ctx, `delete from events where ephemeral = 1 and offset <= ? and created_at < ?`, through, before)
+	if err != nil {
+		return 0, fmt.Errorf("delete ephemeral events: %w", err)
+	}
+	return res.RowsAffected()
+}

@@ -1,0 +1,208 @@
+// Package wire converts between the itx domain types and their Cap'n Proto structs. The server's
+// capability layer and every Go client share it, so both sides agree on one encoding.
+package wire
+
+import (
+	"encoding/json"
+
+	"capnproto.org/go/capnp/v3"
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/schema"
+)
+
+// SetEvent encodes e into dst.
+func SetEvent(dst schema.Event, e *itx.Event) error {
+	dst.SetOffset(uint64(e.Offset))
+	dst.SetCreatedAt(e.CreatedAt)
+	dst.SetEphemeral(e.Ephemeral)
+	if err := dst.SetType(e.Type); err != nil {
+		return err
+	}
+	if err := dst.SetPayload(string(e.Payload)); err != nil {
+		return err
+	}
+	if e.IdempotencyKey != "" {
+		if err := dst.SetIdempotencyKey(e.IdempotencyKey); err != nil {
+			return err
+		}
+	}
+	if len(e.Metadata) > 0 {
+		if err := dst.SetMetadata(string(e.Metadata)); err != nil {
+			return err
+		}
+	}
+	if len(e.Provenance) > 0 {
+		hops, err := dst.NewProvenance(int32(len(e.Provenance)))
+		if err != nil {
+			return err
+		}
+		for i, h := range e.Provenance {
+			d := hops.At(i)
+			d.SetOffset(uint64(h.Offset))
+			d.SetCursorChangedAtOffset(uint64(h.CursorChangedAtOffset))
+			for _, set := range []struct {
+				f func(string) error
+				v string
+			}{{d.SetStreamId, h.StreamID}, {d.SetPath, h.Path}, {d.SetSubscription, h.Subscription}, {d.SetType, h.Type}} {
+				if err := set.f(set.v); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// SetEvents encodes events into a new list made by newList.
+func SetEvents(events []itx.Event, newList func(int32) (schema.Event_List, error)) error {
+	list, err := newList(int32(len(events)))
+	if err != nil {
+		return err
+	}
+	for i := range events {
+		if err := SetEvent(list.At(i), &events[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// EventFromSchema decodes a committed event (clients and receivers use it too).
+func EventFromSchema(src schema.Event) (itx.Event, error) {
+	e := itx.Event{Offset: int64(src.Offset()), CreatedAt: src.CreatedAt(), Ephemeral: src.Ephemeral()}
+	var err error
+	if e.Type, err = src.Type(); err != nil {
+		return e, err
+	}
+	payload, err := src.Payload()
+	if err != nil {
+		return e, err
+	}
+	e.Payload = json.RawMessage(payload)
+	if e.IdempotencyKey, err = src.IdempotencyKey(); err != nil {
+		return e, err
+	}
+	if src.HasMetadata() {
+		m, err := src.Metadata()
+		if err != nil {
+			return e, err
+		}
+		if m != "" {
+			e.Metadata = json.RawMessage(m)
+		}
+	}
+	if src.HasProvenance() {
+		hops, err := src.Provenance()
+		if err != nil {
+			return e, err
+		}
+		for i := 0; i < hops.Len(); i++ {
+			h := hops.At(i)
+			hop := itx.Hop{Offset: int64(h.Offset()), CursorChangedAtOffset: int64(h.CursorChangedAtOffset())}
+			hop.StreamID, _ = h.StreamId()
+			hop.Path, _ = h.Path()
+			hop.Subscription, _ = h.Subscription()
+			hop.Type, _ = h.Type()
+			e.Provenance = append(e.Provenance, hop)
+		}
+	}
+	return e, nil
+}
+
+// EventsFromSchema decodes a list of events.
+func EventsFromSchema(list schema.Event_List) ([]itx.Event, error) {
+	out := make([]itx.Event, list.Len())
+	for i := range out {
+		e, err := EventFromSchema(list.At(i))
+		if err != nil {
+			return nil, err
+		}
+		out[i] = e
+	}
+	return out, nil
+}
+
+// EventInputsFromSchema copies append inputs out of the call message: the server keeps them past
+// the point where the message may be released.
+func EventInputsFromSchema(list schema.EventInput_List) ([]itx.EventInput, error) {
+	out := make([]itx.EventInput, list.Len())
+	for i := range out {
+		src := list.At(i)
+		in := &out[i]
+		var err error
+		if in.Type, err = src.Type(); err != nil {
+			return nil, err
+		}
+		p, err := src.Payload()
+		if err != nil {
+			return nil, err
+		}
+		in.Payload = json.RawMessage(p)
+		if in.IdempotencyKey, err = src.IdempotencyKey(); err != nil {
+			return nil, err
+		}
+		m, err := src.Metadata()
+		if err != nil {
+			return nil, err
+		}
+		if m != "" {
+			in.Metadata = json.RawMessage(m)
+		}
+		in.Ephemeral = src.Ephemeral()
+	}
+	return out, nil
+}
+
+func TextList(list capnp.TextList, err error) ([]string, error) {
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, list.Len())
+	for i := range out {
+		if out[i], err = list.At(i); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// SetEventInput encodes an event to append.
+func SetEventInput(dst schema.EventInput, in *itx.EventInput) error {
+	if err := dst.SetType(in.Type); err != nil {
+		return err
+	}
+	if len(in.Payload) > 0 {
+		if err := dst.SetPayload(string(in.Payload)); err != nil {
+			return err
+		}
+	}
+	if in.IdempotencyKey != "" {
+		if err := dst.SetIdempotencyKey(in.IdempotencyKey); err != nil {
+			return err
+		}
+	}
+	if len(in.Metadata) > 0 {
+		if err := dst.SetMetadata(string(in.Metadata)); err != nil {
+			return err
+		}
+	}
+	dst.SetEphemeral(in.Ephemeral)
+	return nil
+}
+
+// SetTextList fills a new text list made by newList.
+func SetTextList(values []string, newList func(int32) (capnp.TextList, error)) error {
+	if len(values) == 0 {
+		return nil
+	}
+	list, err := newList(int32(len(values)))
+	if err != nil {
+		return err
+	}
+	for i, v := range values {
+		if err := list.Set(i, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
