@@ -1,9 +1,18 @@
 package test
 
 import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/internal/clocktest"
+	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
 	"github.com/stretchr/testify/require"
 )
@@ -28,4 +37,432 @@ func TestStream_AppendAndRead(t *testing.T) {
 	require.JSONEq(t, `{"text":"there"}`, string(page.Events[1].Payload))
 	require.Equal(t, int64(2), page.Events[1].Offset)
 	require.NotZero(t, page.Events[0].CreatedAt)
+
+	t.Run("after, limit and types", func(t *testing.T) {
+		mustAppend(t, s, ev("other", `{}`), ev("note", `{"n":4}`), ev("other", `{}`))
+		got, err := client.GetEvents(ctx, s, client.Query{After: 1, Limit: 2})
+		require.NoError(t, err)
+		require.Equal(t, []int64{2, 3}, offsetsOf(got))
+		page, err := client.GetEventPage(ctx, s, client.Query{Types: []string{"note"}, After: 1})
+		require.NoError(t, err)
+		require.Equal(t, []int64{2, 4}, offsetsOf(page.Events))
+		require.Equal(t, int64(5), page.NextAfter, "a short page continues from the head it read")
+		got, err = client.GetEvents(ctx, s, client.Query{Before: 3})
+		require.NoError(t, err)
+		require.Equal(t, []int64{1, 2}, offsetsOf(got))
+		got, err = client.GetEvents(ctx, s, client.Query{Types: []string{"*"}})
+		require.NoError(t, err)
+		require.Len(t, got, 5)
+	})
+
+	t.Run("a stream without appends reads as empty", func(t *testing.T) {
+		page, err := client.GetEventPage(ctx, stream(t, ts.project(t), "/never"), client.Query{})
+		require.NoError(t, err)
+		require.Empty(t, page.Events)
+		require.Empty(t, page.StreamID)
+		require.Zero(t, page.StreamMaxOffset)
+		streams, err := client.ListStreams(ctx, ts.project(t), "/never")
+		require.NoError(t, err)
+		require.Empty(t, streams, "reading does not create a stream")
+	})
 }
+
+func offsetsOf(events []itx.Event) []int64 {
+	out := []int64{}
+	for _, e := range events {
+		out = append(out, e.Offset)
+	}
+	return out
+}
+
+// A chain get(path).append(...) is sent without awaiting get: both calls travel in one flight.
+func TestStream_PipelinedChain(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	p := ts.project(t)
+	ctx := ctxT(t)
+
+	sf, releaseStreams := p.Streams(ctx, nil)
+	defer releaseStreams()
+	streams := sf.Streams()
+	gf, releaseGet := streams.Get(ctx, func(a schema.Streams_get_Params) error { return a.SetPath("/pipelined") })
+	defer releaseGet()
+	s := gf.Stream() // not awaited
+	res, err := client.Append(ctx, s, []itx.EventInput{ev("x", `{"a":1}`)}, client.AppendOptions{})
+	require.NoError(t, err)
+	require.Equal(t, []int64{1}, res.Offsets)
+
+	// A bad path fails the pipelined call with the typed error of get.
+	bad := client.Stream(ctx, p, "no-slash")
+	defer bad.Release()
+	_, err = client.Append(ctx, bad, []itx.EventInput{ev("x", `{}`)}, client.AppendOptions{})
+	requireCode(t, err, itx.EInvalid)
+
+	// A bad token fails everything pipelined on the login.
+	wrong := dial(t, ts.addr).Login(ctx, "itx_wrong")
+	defer wrong.Release()
+	_, err = client.Append(ctx, stream(t, wrong, "/a"), []itx.EventInput{ev("x", `{}`)}, client.AppendOptions{})
+	requireCode(t, err, itx.EUnauthenticated)
+}
+
+// Appends sent on one capability without waiting commit in the order they were sent.
+func TestStream_PipelinedAppendsKeepOrder(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	s := stream(t, ts.project(t), "/order")
+	ctx := ctxT(t)
+	const n = 200
+	futs := make([]schema.Stream_append_Results_Future, n)
+	for i := 0; i < n; i++ {
+		fut, release := s.Append(ctx, func(p schema.Stream_append_Params) error {
+			l, err := p.NewEvents(1)
+			if err != nil {
+				return err
+			}
+			l.At(0).SetType("seq")
+			return l.At(0).SetPayload(fmt.Sprintf(`{"i":%d}`, i))
+		})
+		defer release()
+		futs[i] = fut
+	}
+	for i, fut := range futs {
+		res, err := fut.Struct()
+		require.NoError(t, err)
+		r, _ := res.Result()
+		offs, _ := r.Offsets()
+		require.Equal(t, uint64(i+1), offs.At(0), "call %d", i)
+	}
+	got, err := client.ReadAll(ctx, s, client.Query{})
+	require.NoError(t, err)
+	for i, e := range got {
+		require.JSONEq(t, fmt.Sprintf(`{"i":%d}`, i), string(e.Payload))
+	}
+}
+
+func TestStream_Idempotency(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	s := stream(t, ts.project(t), "/idem")
+	ctx := ctxT(t)
+
+	first := mustAppend(t, s, keyed("order", `{"id":1,"total":5}`, "order-1"))
+	require.Equal(t, []int64{1}, first.Offsets)
+	mustAppend(t, s, ev("noise", `{}`))
+
+	retry := mustAppend(t, s, keyed("order", `{"total":5,"id":1}`, "order-1"))
+	require.Equal(t, []int64{1}, retry.Offsets, "same body (key order aside) returns the original offset")
+	require.Equal(t, []bool{true}, retry.Duplicate)
+
+	_, err := client.Append(ctx, s, []itx.EventInput{ev("fine", `{}`), keyed("order", `{"id":1,"total":6}`, "order-1")}, client.AppendOptions{})
+	requireCode(t, err, itx.EIdempotencyConflict)
+	require.Contains(t, itx.ErrorMessage(err), "offset 1")
+
+	all, err := client.ReadAll(ctx, s, client.Query{})
+	require.NoError(t, err)
+	require.Len(t, all, 2, "neither the conflict nor its batch-mate was written")
+
+	t.Run("inside one batch", func(t *testing.T) {
+		res := mustAppend(t, s, keyed("a", `{"v":1}`, "b-1"), keyed("a", `{"v":1}`, "b-1"))
+		require.Equal(t, res.Offsets[0], res.Offsets[1])
+		require.Equal(t, []bool{false, true}, res.Duplicate)
+		_, err := client.Append(ctx, s, []itx.EventInput{keyed("a", `{"v":1}`, "b-2"), keyed("a", `{"v":2}`, "b-2")}, client.AppendOptions{})
+		requireCode(t, err, itx.EIdempotencyConflict)
+	})
+
+	t.Run("concurrent retries of one key commit once", func(t *testing.T) {
+		var wg sync.WaitGroup
+		offsets := make([]int64, 16)
+		for i := range offsets {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				res, err := client.Append(ctx, stream(t, ts.project(t), "/idem"), []itx.EventInput{keyed("c", `{"once":true}`, "race")}, client.AppendOptions{})
+				if err == nil {
+					offsets[i] = res.Offsets[0]
+				}
+			}()
+		}
+		wg.Wait()
+		for _, o := range offsets {
+			require.Equal(t, offsets[0], o)
+			require.NotZero(t, o)
+		}
+		got, err := client.ReadAll(ctx, s, client.Query{Types: []string{"c"}})
+		require.NoError(t, err)
+		require.Len(t, got, 1)
+	})
+}
+
+func TestStream_Ephemeral(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	s := stream(t, ts.project(t), "/eph")
+	ctx := ctxT(t)
+
+	e := ev("chunk", `{"t":"tok"}`)
+	e.Ephemeral = true
+	res := mustAppend(t, s, ev("a", `{}`), e, ev("b", `{}`))
+	require.Equal(t, []int64{1, 2, 3}, res.Offsets, "ephemeral events take an offset")
+
+	page, err := client.GetEventPage(ctx, s, client.Query{})
+	require.NoError(t, err)
+	require.Equal(t, []int64{1, 3}, offsetsOf(page.Events), "range reads skip them")
+	require.Equal(t, int64(3), page.StreamMaxOffset, "the head counts them")
+
+	page, err = client.GetEventPage(ctx, s, client.Query{IncludeEphemeral: true})
+	require.NoError(t, err)
+	require.Equal(t, []int64{1, 2, 3}, offsetsOf(page.Events))
+	require.True(t, page.Events[1].Ephemeral)
+
+	_, err = client.Append(ctx, s, []itx.EventInput{{Type: "x", Ephemeral: true, IdempotencyKey: "k"}}, client.AppendOptions{})
+	requireCode(t, err, itx.EInvalid)
+}
+
+func TestStream_ConditionalAppend(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	s := stream(t, ts.project(t), "/cas")
+	ctx := ctxT(t)
+
+	res, err := client.Append(ctx, s, []itx.EventInput{ev("a", `{}`)}, client.AppendOptions{Conditional: true, ExpectedHeadOffset: 0})
+	require.NoError(t, err)
+	require.Equal(t, int64(1), res.HeadOffset)
+
+	_, err = client.Append(ctx, s, []itx.EventInput{ev("b", `{}`)}, client.AppendOptions{Conditional: true, ExpectedHeadOffset: 0})
+	requireCode(t, err, itx.EOffsetConflict)
+
+	_, err = client.Append(ctx, s, []itx.EventInput{ev("b", `{}`)}, client.AppendOptions{Conditional: true, ExpectedHeadOffset: 1})
+	require.NoError(t, err)
+	all, err := client.ReadAll(ctx, s, client.Query{})
+	require.NoError(t, err)
+	require.Equal(t, []int64{1, 2}, offsetsOf(all))
+}
+
+func TestStream_CircuitBreaker(t *testing.T) {
+	clock := clocktest.New(time.Unix(1_700_000_000, 0))
+	ts := startServer(t, server.Config{Clock: clock, BreakerBurst: 10, BreakerRefillPerMinute: 60})
+	s := stream(t, ts.project(t), "/runaway")
+	other := stream(t, ts.project(t), "/calm")
+	ctx := ctxT(t)
+
+	batch := make([]itx.EventInput, 10)
+	for i := range batch {
+		batch[i] = ev("spam", `{}`)
+	}
+	mustAppend(t, s, batch...)
+	_, err := client.Append(ctx, s, []itx.EventInput{ev("spam", `{}`)}, client.AppendOptions{})
+	requireCode(t, err, itx.ERateLimited)
+	all, err := client.ReadAll(ctx, s, client.Query{})
+	require.NoError(t, err)
+	require.Len(t, all, 10, "a refused call writes nothing")
+
+	mustAppend(t, other, ev("fine", `{}`)) // the breaker is per stream
+
+	clock.Advance(2 * time.Second) // one token per second
+	mustAppend(t, s, ev("spam", `{}`), ev("spam", `{}`))
+}
+
+// Every bad input is answered by its typed error, and nothing of the call is written.
+func TestStream_BadInput(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	p := ts.project(t)
+	s := stream(t, p, "/bad")
+	ctx := ctxT(t)
+	mustAppend(t, s, ev("seed", `{}`))
+
+	huge := `{"x":"` + strings.Repeat("a", itx.MaxEventBytes) + `"}`
+	tooMany := make([]itx.EventInput, itx.MaxAppendEvents+1)
+	for i := range tooMany {
+		tooMany[i] = ev("x", `{}`)
+	}
+	for _, tc := range []struct {
+		name   string
+		events []itx.EventInput
+		code   itx.Code
+	}{
+		{"no events", nil, itx.EInvalid},
+		{"empty type", []itx.EventInput{ev("ok", `{}`), ev("", `{}`)}, itx.EInvalid},
+		{"type with a space", []itx.EventInput{ev("a b", `{}`)}, itx.EInvalid},
+		{"payload not JSON", []itx.EventInput{ev("ok", `{}`), ev("x", `{"a":`)}, itx.EInvalid},
+		{"payload not an object", []itx.EventInput{ev("x", `[1,2]`)}, itx.EInvalid},
+		{"metadata not an object", []itx.EventInput{{Type: "x", Metadata: json.RawMessage(`"m"`)}}, itx.EInvalid},
+		{"ephemeral with a key", []itx.EventInput{{Type: "x", Ephemeral: true, IdempotencyKey: "k"}}, itx.EInvalid},
+		{"unknown core event", []itx.EventInput{ev("stream/made-up", `{}`)}, itx.EInvalid},
+		{"ephemeral core event", []itx.EventInput{{Type: "stream/error-occurred", Payload: json.RawMessage(`{"message":"m"}`), Ephemeral: true}}, itx.EInvalid},
+		{"oversize event", []itx.EventInput{ev("ok", `{}`), ev("x", huge)}, itx.ETooLarge},
+		{"too many events", tooMany, itx.ETooLarge},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := client.Append(ctx, s, tc.events, client.AppendOptions{})
+			requireCode(t, err, tc.code)
+			info, err := client.Describe(ctx, s)
+			require.NoError(t, err)
+			require.Equal(t, int64(1), info.HeadOffset, "nothing written")
+		})
+	}
+
+	t.Run("bad paths", func(t *testing.T) {
+		for _, path := range []string{"", "relative", "/trailing/", "/a//b", "/../x", "/sp ace"} {
+			_, err := client.Append(ctx, stream(t, p, path), []itx.EventInput{ev("x", `{}`)}, client.AppendOptions{})
+			requireCode(t, err, itx.EInvalid)
+		}
+		streams, err := client.ListStreams(ctx, p, "")
+		require.NoError(t, err)
+		require.Len(t, streams, 1, "no stream was created")
+	})
+	t.Run("bad reads", func(t *testing.T) {
+		_, err := client.GetEvents(ctx, s, client.Query{Limit: itx.MaxPageLimit + 1})
+		requireCode(t, err, itx.EInvalid)
+		_, err = client.WaitForEvent(ctx, s, client.Predicate{Where: "payload.("}, 0, time.Second)
+		requireCode(t, err, itx.EInvalid)
+		_, err = client.WaitForEvent(ctx, s, client.Predicate{PayloadContains: "{nope"}, 0, time.Second)
+		requireCode(t, err, itx.EInvalid)
+		_, err = client.WaitForEvent(ctx, s, client.Predicate{}, 99, time.Second)
+		requireCode(t, err, itx.EInvalid)
+	})
+}
+
+func TestStream_WaitForEvent(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	s := stream(t, ts.project(t), "/wait")
+	ctx := ctxT(t)
+	mustAppend(t, s, ev("order", `{"id":1,"status":"new"}`))
+
+	t.Run("an event already in the log", func(t *testing.T) {
+		e, err := client.WaitForEvent(ctx, s, client.Predicate{Types: []string{"order"}}, 0, 5*time.Second)
+		require.NoError(t, err)
+		require.Equal(t, int64(1), e.Offset)
+	})
+
+	t.Run("a later event, by payload and JSONata", func(t *testing.T) {
+		type result struct {
+			e   itx.Event
+			err error
+		}
+		got := make(chan result, 1)
+		go func() {
+			e, err := client.WaitForEvent(ctx, stream(t, ts.project(t), "/wait"), client.Predicate{
+				Types: []string{"order"}, PayloadContains: `{"status":"paid"}`, Where: "payload.id > 1",
+			}, 1, 20*time.Second)
+			got <- result{e, err}
+		}()
+		// Appended while the waiter may or may not be waiting yet: either way it must be found,
+		// and the near misses must not be.
+		mustAppend(t, s, ev("order", `{"id":1,"status":"paid"}`), ev("order", `{"id":2,"status":"new"}`))
+		mustAppend(t, s, ev("order", `{"id":2,"status":"paid"}`))
+		r := <-got
+		require.NoError(t, r.err)
+		require.Equal(t, int64(4), r.e.Offset)
+	})
+
+	t.Run("timeout", func(t *testing.T) {
+		clock := clocktest.New(time.Unix(1_700_000_000, 0))
+		ts := startServer(t, server.Config{Clock: clock})
+		s := stream(t, ts.project(t), "/quiet")
+		mustAppend(t, s, ev("other", `{}`))
+		errc := make(chan error, 1)
+		go func() {
+			_, err := client.WaitForEvent(ctx, s, client.Predicate{Types: []string{"never"}}, 0, 3*time.Second)
+			errc <- err
+		}()
+		// Wait for the barrier's timer to be armed, then move virtual time past it.
+		require.Eventually(t, func() bool { return clock.Pending() >= 2 }, 10*time.Second, time.Millisecond)
+		clock.Advance(3 * time.Second)
+		err := <-errc
+		requireCode(t, err, itx.EDeadlineExceeded)
+		require.Contains(t, itx.ErrorMessage(err), "recent types: other")
+	})
+
+	t.Run("the server shutting down ends a barrier at once", func(t *testing.T) {
+		ts := startServer(t, server.Config{})
+		s := stream(t, ts.project(t), "/bye")
+		errc := make(chan error, 1)
+		go func() {
+			_, err := client.WaitForEvent(context.Background(), s, client.Predicate{Types: []string{"never"}}, 0, time.Minute)
+			errc <- err
+		}()
+		require.Eventually(t, func() bool { return ts.srv.LoadedStreams() == 1 }, 10*time.Second, time.Millisecond)
+		closeCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		require.NoError(t, ts.srv.Close(closeCtx))
+		err := <-errc
+		requireCode(t, err, itx.EUnavailable)
+	})
+}
+
+func TestStreams_ListAndDescribe(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	p := ts.project(t)
+	ctx := ctxT(t)
+	for _, path := range []string{"/agents/a1", "/agents/a2", "/other"} {
+		mustAppend(t, stream(t, p, path), ev("x", `{}`), ev("y", `{}`))
+	}
+	list, err := client.ListStreams(ctx, p, "/agents/")
+	require.NoError(t, err)
+	require.Len(t, list, 2)
+	require.Equal(t, "/agents/a1", list[0].Path)
+	require.Equal(t, int64(2), list[0].HeadOffset)
+	require.NotEmpty(t, list[0].StreamID)
+
+	info, err := client.Describe(ctx, stream(t, p, "/other"))
+	require.NoError(t, err)
+	require.Equal(t, int64(2), info.HeadOffset)
+	require.NotZero(t, info.CreatedAt)
+
+	// The deployment root sees its own (global) streams, not the project's.
+	root := dial(t, ts.addr).Login(ctx, ts.creds.DeploymentToken)
+	defer root.Release()
+	list, err = client.ListStreams(ctx, root, "")
+	require.NoError(t, err)
+	require.Empty(t, list)
+	mustAppend(t, stream(t, root, "/global"), ev("g", `{}`))
+	list, err = client.ListStreams(ctx, root, "")
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+	page, err := client.GetEventPage(ctx, stream(t, p, "/global"), client.Query{})
+	require.NoError(t, err)
+	require.Empty(t, page.Events, "a project does not see global streams")
+}
+
+// Streams unload when idle and reload with their log intact; reopening the data directory is a
+// restart.
+func TestStream_UnloadAndRestart(t *testing.T) {
+	clock := clocktest.New(time.Unix(1_700_000_000, 0))
+	dir := t.TempDir()
+	ts := startServer(t, server.Config{DataDir: dir, Clock: clock, IdleTimeout: time.Minute})
+	p := ts.project(t)
+	ctx := ctxT(t)
+	s := stream(t, p, "/persist")
+	first := mustAppend(t, s, ev("a", `{"n":1}`), ev("b", `{"n":2}`))
+	require.Equal(t, 1, ts.srv.LoadedStreams())
+
+	clock.Advance(2 * time.Minute)
+	ts.srv.Sweep()
+	require.Equal(t, 0, ts.srv.LoadedStreams(), "idle stream unloaded")
+
+	res := mustAppend(t, s, ev("c", `{"n":3}`))
+	require.Equal(t, []int64{3}, res.Offsets, "the head survived the unload")
+	require.Equal(t, first.StreamID, res.StreamID)
+
+	closeCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, ts.srv.Close(closeCtx))
+
+	ts2 := startServer(t, server.Config{DataDir: dir})
+	require.Equal(t, ts.creds, ts2.creds, "the data directory keeps its projects")
+	all, err := client.ReadAll(ctx, stream(t, ts2.project(t), "/persist"), client.Query{})
+	require.NoError(t, err)
+	require.Equal(t, []int64{1, 2, 3}, offsetsOf(all))
+	list, err := client.ListStreams(ctx, ts2.project(t), "")
+	require.NoError(t, err)
+	require.Equal(t, int64(3), list[0].HeadOffset, "the directory summary was refreshed on unload")
+}
+
+func TestStream_MaxLoadedStreams(t *testing.T) {
+	ts := startServer(t, server.Config{MaxLoadedStreams: 5})
+	p := ts.project(t)
+	for i := 0; i < 20; i++ {
+		mustAppend(t, stream(t, p, fmt.Sprintf("/s%d", i)), ev("x", `{}`))
+	}
+	require.Eventually(t, func() bool { return ts.srv.LoadedStreams() <= 5 }, 10*time.Second, time.Millisecond)
+	all, err := client.ReadAll(ctx(t), stream(t, p, "/s0"), client.Query{})
+	require.NoError(t, err)
+	require.Len(t, all, 1)
+}
+
+func ctx(t *testing.T) context.Context { return ctxT(t) }

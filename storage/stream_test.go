@@ -1,0 +1,231 @@
+package storage
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"path/filepath"
+	"testing"
+
+	"github.com/itx-dev/itx"
+	"github.com/stretchr/testify/require"
+)
+
+func mustCreateStream(t *testing.T) (*Stream, string) {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "s.db")
+	s, err := CreateStream(context.Background(), file, StreamMeta{StreamID: "sid", ProjectID: "p", Path: "/a", CreatedAt: 5})
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	return s, file
+}
+
+func events(from int64, n int, ephemeralEvery int) []itx.Event {
+	var out []itx.Event
+	for i := 0; i < n; i++ {
+		off := from + int64(i)
+		e := itx.Event{Offset: off, Type: "t", Payload: json.RawMessage(`{"i":` + itoa(off) + `}`), CreatedAt: 100 + off}
+		if ephemeralEvery > 0 && off%int64(ephemeralEvery) == 0 {
+			e.Ephemeral = true
+			e.Type = "eph"
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+func itoa(n int64) string { b, _ := json.Marshal(n); return string(b) }
+
+func TestStream_CommitAndRead(t *testing.T) {
+	ctx := context.Background()
+	s, file := mustCreateStream(t)
+
+	batch := events(1, 10, 5) // offsets 5 and 10 ephemeral
+	batch[2].IdempotencyKey = "k3"
+	batch[3].Metadata = json.RawMessage(`{"m":1}`)
+	batch[4].Provenance = nil
+	batch[6].Provenance = []itx.Hop{{StreamID: "src", Path: "/src", Offset: 9, Subscription: "copy", CursorChangedAtOffset: 2, Type: "orig"}}
+	require.NoError(t, s.Commit(ctx, Commit{Events: batch, HeadOffset: 10, LastAppendAt: 110}))
+
+	t.Run("durable only by default", func(t *testing.T) {
+		got, err := s.Events(ctx, Query{After: 0, UpTo: 10, Limit: 100})
+		require.NoError(t, err)
+		require.Len(t, got, 8)
+		for _, e := range got {
+			require.False(t, e.Ephemeral)
+		}
+	})
+	t.Run("with ephemeral", func(t *testing.T) {
+		got, err := s.Events(ctx, Query{After: 0, UpTo: 10, Limit: 100, IncludeEphemeral: true})
+		require.NoError(t, err)
+		require.Len(t, got, 10)
+		require.True(t, got[4].Ephemeral)
+	})
+	t.Run("fields round-trip", func(t *testing.T) {
+		got, err := s.Events(ctx, Query{After: 2, UpTo: 7, Limit: 100})
+		require.NoError(t, err)
+		require.Equal(t, int64(3), got[0].Offset)
+		require.Equal(t, "k3", got[0].IdempotencyKey)
+		require.JSONEq(t, `{"m":1}`, string(got[1].Metadata))
+		require.Equal(t, batch[6].Provenance, got[3].Provenance)
+		require.Equal(t, int64(107), got[3].CreatedAt)
+	})
+	t.Run("bounds, limit and types", func(t *testing.T) {
+		got, err := s.Events(ctx, Query{After: 3, UpTo: 8, Limit: 2})
+		require.NoError(t, err)
+		require.Equal(t, []int64{4, 6}, offsets(got))
+		got, err = s.Events(ctx, Query{After: 0, UpTo: 10, Limit: 100, Types: []string{"eph"}, IncludeEphemeral: true})
+		require.NoError(t, err)
+		require.Equal(t, []int64{5, 10}, offsets(got))
+		got, err = s.Events(ctx, Query{After: 0, UpTo: 10, Limit: 100, Types: []string{"eph"}})
+		require.NoError(t, err)
+		require.Empty(t, got)
+	})
+	t.Run("idempotency key lookup", func(t *testing.T) {
+		e, err := s.EventByKey(ctx, "k3")
+		require.NoError(t, err)
+		require.Equal(t, int64(3), e.Offset)
+		e, err = s.EventByKey(ctx, "absent")
+		require.NoError(t, err)
+		require.Nil(t, e)
+	})
+	t.Run("a duplicate key fails the whole commit", func(t *testing.T) {
+		dup := events(11, 2, 0)
+		dup[1].IdempotencyKey = "k3"
+		require.Error(t, s.Commit(ctx, Commit{Events: dup, HeadOffset: 12, LastAppendAt: 120}))
+		got, err := s.Events(ctx, Query{After: 10, UpTo: 12, Limit: 10, IncludeEphemeral: true})
+		require.NoError(t, err)
+		require.Empty(t, got, "nothing of a failed commit is visible")
+		m, err := s.Meta(ctx)
+		require.NoError(t, err)
+		require.Equal(t, int64(10), m.HeadOffset)
+	})
+	t.Run("ephemeral sweep keeps the head", func(t *testing.T) {
+		n, err := s.DeleteEphemeral(ctx, 10, 106) // created_at < 106: only offset 5
+		require.NoError(t, err)
+		require.Equal(t, int64(1), n)
+		got, err := s.Events(ctx, Query{After: 0, UpTo: 10, Limit: 100, IncludeEphemeral: true})
+		require.NoError(t, err)
+		require.Equal(t, []int64{1, 2, 3, 4, 6, 7, 8, 9, 10}, offsets(got))
+		n, err = s.DeleteEphemeral(ctx, 10, 1000)
+		require.NoError(t, err)
+		require.Equal(t, int64(1), n)
+		m, err := s.Meta(ctx)
+		require.NoError(t, err)
+		require.Equal(t, int64(10), m.HeadOffset, "the head survives the deletion of the top row")
+	})
+	t.Run("reopen", func(t *testing.T) {
+		require.NoError(t, s.Close())
+		s2, err := OpenStream(ctx, file)
+		require.NoError(t, err)
+		defer s2.Close()
+		m, err := s2.Meta(ctx)
+		require.NoError(t, err)
+		require.Equal(t, StreamMeta{StreamID: "sid", ProjectID: "p", Path: "/a", CreatedAt: 5, HeadOffset: 10, LastAppendAt: 110}, m)
+		got, err := s2.Events(ctx, Query{After: 0, UpTo: 10, Limit: 100})
+		require.NoError(t, err)
+		require.Len(t, got, 8)
+	})
+}
+
+func offsets(events []itx.Event) []int64 {
+	var out []int64
+	for _, e := range events {
+		out = append(out, e.Offset)
+	}
+	return out
+}
+
+func TestStream_Pragmas(t *testing.T) {
+	_, file := mustCreateStream(t)
+	// A connection opened through the itx driver must be WAL with synchronous=FULL: mattn's
+	// compiled default would silently give NORMAL.
+	db, err := openDB(file, false, 1)
+	require.NoError(t, err)
+	defer db.Close()
+	var mode string
+	var sync, version int
+	require.NoError(t, db.QueryRow("PRAGMA journal_mode").Scan(&mode))
+	require.NoError(t, db.QueryRow("PRAGMA synchronous").Scan(&sync))
+	require.NoError(t, db.QueryRow("PRAGMA user_version").Scan(&version))
+	require.Equal(t, "wal", mode)
+	require.Equal(t, 2, sync)
+	require.Equal(t, 1, version, "migrations ran")
+
+	// The seed's cursor table exists with its exact columns.
+	rows, err := db.Query("select name from pragma_table_info('subscription_cursors') order by cid")
+	require.NoError(t, err)
+	var cols []string
+	for rows.Next() {
+		var c string
+		require.NoError(t, rows.Scan(&c))
+		cols = append(cols, c)
+	}
+	require.Equal(t, []string{"name", "configured_at_offset", "cursor_changed_at_offset", "confirmed_offset", "status",
+		"attempt", "next_attempt_at", "failing_event_offset", "failing_event_attempt",
+		"failing_event_skips_since_last_success", "last_error", "in_flight_deadline_at",
+		"in_flight_connection_generation", "updated_at"}, cols)
+}
+
+func TestCreateStream_RefusesExistingFile(t *testing.T) {
+	_, file := mustCreateStream(t)
+	_, err := CreateStream(context.Background(), file, StreamMeta{StreamID: "other"})
+	require.Error(t, err)
+}
+
+func TestMigrate_Idempotent(t *testing.T) {
+	_, file := mustCreateStream(t)
+	db, err := sql.Open(driverName, "file:"+file)
+	require.NoError(t, err)
+	defer db.Close()
+	require.NoError(t, migrate(context.Background(), db, "stream"))
+	require.NoError(t, migrate(context.Background(), db, "stream"))
+}
+
+func TestDirectory(t *testing.T) {
+	ctx := context.Background()
+	d, err := OpenDirectory(ctx, filepath.Join(t.TempDir(), "dir.db"))
+	require.NoError(t, err)
+	defer d.Close()
+
+	require.NoError(t, d.CreateProject(ctx, Project{ID: "p1", Name: "one", CreatedAt: 1}, "tok1"))
+	err = d.CreateProject(ctx, Project{ID: "p2", Name: "two", CreatedAt: 1}, "tok1")
+	require.Equal(t, itx.EInvalid, itx.ErrorCode(err), "a token is unique")
+	p, err := d.ProjectByToken(ctx, "tok1")
+	require.NoError(t, err)
+	require.Equal(t, "p1", p.ID)
+	_, err = d.ProjectByToken(ctx, "nope")
+	require.Equal(t, itx.EUnauthenticated, itx.ErrorCode(err))
+
+	for _, path := range []string{"/a", "/a/b", "/ab", "/b"} {
+		require.NoError(t, d.CreateStream(ctx, StreamEntry{StreamID: "s" + path, ProjectID: "p1", Path: path, CreatedAt: 2}))
+	}
+	list, err := d.ListStreams(ctx, "p1", "/a", 100)
+	require.NoError(t, err)
+	require.Len(t, list, 3)
+	list, err = d.ListStreams(ctx, "p1", "/a/", 100)
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+	list, err = d.ListStreams(ctx, "other", "", 100)
+	require.NoError(t, err)
+	require.Empty(t, list)
+	e, err := d.Stream(ctx, "p1", "/b")
+	require.NoError(t, err)
+	require.Equal(t, "s/b", e.StreamID)
+	e, err = d.Stream(ctx, "p1", "/zzz")
+	require.NoError(t, err)
+	require.Nil(t, e)
+
+	require.NoError(t, d.SetAlarm(ctx, "s/a", 50))
+	require.NoError(t, d.SetAlarm(ctx, "s/b", 10))
+	require.NoError(t, d.SetAlarm(ctx, "s/a", 30))
+	due, err := d.DueAlarms(ctx, 40)
+	require.NoError(t, err)
+	require.Len(t, due, 2)
+	require.Equal(t, "/b", due[0].Path)
+	require.Equal(t, int64(30), due[1].DueAt)
+	require.NoError(t, d.SetAlarm(ctx, "s/b", 0))
+	due, err = d.DueAlarms(ctx, 40)
+	require.NoError(t, err)
+	require.Len(t, due, 1)
+}
