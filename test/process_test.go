@@ -1,0 +1,103 @@
+package test
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/itx-dev/itx/server"
+	"github.com/stretchr/testify/require"
+)
+
+// itxdBin is the itxd binary built once for every test that needs a separate process.
+var itxdBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "itxd-bin")
+	if err != nil {
+		panic(err)
+	}
+	itxdBin = filepath.Join(dir, "itxd")
+	build := exec.Command("go", "build", "-o", itxdBin, "../cmd/itxd")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building itxd:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// itxdProcess is a real itxd process on a loopback port.
+type itxdProcess struct {
+	cmd    *exec.Cmd
+	addr   string
+	creds  server.Credentials
+	exited chan error
+}
+
+// startItxd starts itxd on dataDir and waits until it listens.
+func startItxd(t testing.TB, dataDir string, extra ...string) *itxdProcess {
+	t.Helper()
+	addrFile := filepath.Join(t.TempDir(), "addr")
+	args := append([]string{"--listen", "127.0.0.1:0", "--data", dataDir, "--addr-file", addrFile, "--log-level", "warn"}, extra...)
+	cmd := exec.Command(itxdBin, args...)
+	var logs strings.Builder
+	cmd.Stderr = &logs
+	require.NoError(t, cmd.Start())
+	p := &itxdProcess{cmd: cmd, exited: make(chan error, 1)}
+	go func() { p.exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			<-p.exited
+		}
+		if t.Failed() {
+			t.Logf("itxd log:\n%s", logs.String())
+		}
+	})
+	// Wait for the address file, the process's "listening" signal (or for it to die).
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if b, err := os.ReadFile(addrFile); err == nil && len(b) > 0 {
+			p.addr = string(b)
+			break
+		}
+		select {
+		case err := <-p.exited:
+			t.Fatalf("itxd exited before listening: %v\n%s", err, logs.String())
+		case <-time.After(5 * time.Millisecond):
+		}
+		require.True(t, time.Now().Before(deadline), "itxd did not start")
+	}
+	creds, err := server.ReadCredentials(dataDir)
+	require.NoError(t, err)
+	p.creds = creds
+	return p
+}
+
+// kill9 kills the process without warning and waits for it to be gone.
+func (p *itxdProcess) kill9(t testing.TB) {
+	t.Helper()
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGKILL))
+	<-p.exited
+}
+
+// stop sends SIGTERM and returns the exit error.
+func (p *itxdProcess) stop(t testing.TB) error {
+	t.Helper()
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case err := <-p.exited:
+		return err
+	case <-time.After(60 * time.Second):
+		t.Fatal("itxd did not stop on SIGTERM")
+		return nil
+	}
+}
