@@ -61,10 +61,6 @@ func (p *project) Streams(ctx context.Context, call schema.Project_streams) erro
 	return res.SetStreams(schema.Streams_ServerToClient(&streams{srv: p.srv, projectID: p.p.ID}))
 }
 
-func (p *project) Capabilities(ctx context.Context, call schema.Project_capabilities) error {
-	return notYet("Project.capabilities")
-}
-
 func (p *project) Processors(ctx context.Context, call schema.Project_processors) error {
 	return notYet("Project.processors")
 }
@@ -301,18 +297,6 @@ func (s *stream) Describe(ctx context.Context, call schema.Stream_describe) erro
 		return err
 	}
 	return setStreamInfo(i, info)
-}
-
-func (s *stream) Subscriptions(ctx context.Context, call schema.Stream_subscriptions) error {
-	return notYet("Stream.subscriptions")
-}
-
-func (s *stream) SetSubscriptionCursor(ctx context.Context, call schema.Stream_setSubscriptionCursor) error {
-	return notYet("Stream.setSubscriptionCursor")
-}
-
-func (s *stream) ResumeSubscription(ctx context.Context, call schema.Stream_resumeSubscription) error {
-	return notYet("Stream.resumeSubscription")
 }
 
 func (s *stream) OpenConnection(ctx context.Context, call schema.Stream_openConnection) error {

@@ -17,6 +17,9 @@ type Metrics struct {
 	ReadEvents     prometheus.Counter
 	LoadedStreams  prometheus.Gauge
 	RPCConnections prometheus.Gauge
+
+	DeliveryFailures *prometheus.CounterVec // failed push attempts by receiver kind
+	LateAcks         prometheus.Counter     // acks refused by an epoch fence
 }
 
 func newMetrics() *Metrics {
@@ -57,8 +60,14 @@ func newMetrics() *Metrics {
 		RPCConnections: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "itx_rpc_connections", Help: "Open Cap'n Proto RPC connections.",
 		}),
+		DeliveryFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "itx_delivery_failures_total", Help: "Failed subscription delivery attempts by receiver kind.",
+		}, []string{"kind"}),
+		LateAcks: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "itx_late_acks_total", Help: "Delivery acknowledgements refused because the subscription's epoch moved.",
+		}),
 	}
-	r.MustRegister(m.AppendCalls, m.AppendedEvents, m.AppendedBytes, m.AppendLatency, m.CommitLatency,
+	r.MustRegister(m.DeliveryFailures, m.LateAcks, m.AppendCalls, m.AppendedEvents, m.AppendedBytes, m.AppendLatency, m.CommitLatency,
 		m.CommitEvents, m.CommitCalls, m.ReadEvents, m.LoadedStreams, m.RPCConnections,
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	return m

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/itx-dev/itx"
@@ -23,10 +24,12 @@ type AppendResult struct {
 
 // appendReq is one append call queued to a stream actor. Its inputs are already normalized.
 type appendReq struct {
-	inputs []itx.EventInput
-	opts   AppendOptions
-	queued time.Time
-	reply  chan appendReply // buffered: the actor never blocks on a caller that left
+	inputs    []itx.EventInput
+	opts      AppendOptions
+	authority authority
+	copy      *copyStamp // set for copy-to-stream deliveries
+	queued    time.Time
+	reply     chan appendReply // buffered: the actor never blocks on a caller that left
 }
 
 type appendReply struct {
@@ -38,18 +41,22 @@ type appendReply struct {
 // durably committed before any reply in Replies is sent, and a failed commit turns every
 // successful reply into that failure (a reply may name offsets only the commit makes real).
 type groupPlan struct {
-	Events  []itx.Event   // rows to insert, offsets assigned
-	Head    int64         // the head once Events commit
-	Replies []appendReply // one per request, in request order
+	Events  []itx.Event    // rows to insert, offsets assigned
+	Head    int64          // the head once Events commit
+	Replies []appendReply  // one per request, in request order
+	Core    *coreState     // the reduced state once Events commit (unchanged: the input state)
+	Effects []cursorEffect // cursor-row changes to commit with Events, in event order
 }
 
 // planGroup decides a group commit. It is pure: committed holds the already-stored events of
-// every idempotency key the group uses (prefetched by the actor), bucket is the stream's breaker
-// and now the clock reading for the whole group. Each request is all-or-nothing: a refused request
-// contributes no rows and takes no tokens, and never affects its neighbours.
-func planGroup(head int64, streamID string, bucket *tokenBucket, reqs []*appendReq,
-	committed map[string]*itx.Event, now time.Time) groupPlan {
-	p := groupPlan{Head: head, Replies: make([]appendReply, len(reqs))}
+// every idempotency key the group uses (prefetched by the actor), bucket is the stream's breaker,
+// core the reduced state before the group, rc the reduction's context and now the clock reading
+// for the whole group. Each request is all-or-nothing: a refused request contributes no rows,
+// takes no tokens, leaves the core state alone and never affects its neighbours. Core events are
+// reduced inline, before commit, with their assigned offsets.
+func planGroup(head int64, streamID string, bucket *tokenBucket, core *coreState, rc reduceContext,
+	reqs []*appendReq, committed map[string]*itx.Event, now time.Time) groupPlan {
+	p := groupPlan{Head: head, Replies: make([]appendReply, len(reqs)), Core: core}
 	pending := map[string]*itx.Event{} // keys taken by rows of this group
 	createdAt := itx.UnixMilli(now)
 	for i, req := range reqs {
@@ -61,6 +68,8 @@ func planGroup(head int64, streamID string, bucket *tokenBucket, reqs []*appendR
 		var rows []itx.Event
 		mine := map[string]*itx.Event{}
 		var err error
+		var working *coreState // a clone of p.Core, made when this request touches it
+		var effects []cursorEffect
 		next := p.Head
 		for j := range req.inputs {
 			in := &req.inputs[j]
@@ -89,6 +98,19 @@ func planGroup(head int64, streamID string, bucket *tokenBucket, reqs []*appendR
 				Provenance: in.Provenance,
 			})
 			res.Offsets[j] = next
+			if itx.IsCoreType(in.Type) && len(in.Provenance) == 0 {
+				if working == nil {
+					working = p.Core.clone()
+				}
+				rc.head, rc.authority, rc.receivedAt = next-1, req.authority, createdAt
+				eff, rerr := working.reduce(&rows[len(rows)-1], &rc)
+				if rerr != nil {
+					e := itx.AsError(rerr)
+					err = &itx.Error{Code: e.Code, Message: fmt.Sprintf("event %d: %s", j, e.Message)}
+					break
+				}
+				effects = append(effects, eff...)
+			}
 			if in.IdempotencyKey != "" {
 				mine[in.IdempotencyKey] = &rows[len(rows)-1]
 			}
@@ -97,6 +119,12 @@ func planGroup(head int64, streamID string, bucket *tokenBucket, reqs []*appendR
 		// the condition held when the original committed.
 		if err == nil && len(rows) > 0 && req.opts.Conditional && req.opts.ExpectedHeadOffset != p.Head {
 			err = itx.Errorf(itx.EOffsetConflict, "expected head offset %d, the head is %d", req.opts.ExpectedHeadOffset, p.Head)
+		}
+		if err == nil && req.copy != nil && len(rows) > 0 {
+			if working == nil {
+				working = p.Core.clone()
+			}
+			err = working.acceptCopy(req.copy, len(rows), createdAt)
 		}
 		if err == nil && len(rows) > 0 && !bucket.take(len(rows), now) {
 			err = itx.Errorf(itx.ERateLimited, "the stream's circuit breaker is open: too many events appended too fast; retry later")
@@ -112,6 +140,10 @@ func planGroup(head int64, streamID string, bucket *tokenBucket, reqs []*appendR
 			}
 		}
 		p.Head = next
+		if working != nil {
+			p.Core = working
+		}
+		p.Effects = append(p.Effects, effects...)
 		res.HeadOffset = next
 		p.Replies[i] = appendReply{result: res}
 	}

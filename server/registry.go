@@ -46,7 +46,19 @@ func (s *Server) acquire(ctx context.Context, ref StreamRef) (*actor, error) {
 	// The previous incarnation must have closed its database before this one opens it: one
 	// writer per stream, always.
 	if prev != nil {
-		<-prev.done
+		select {
+		case <-prev.done:
+		case <-ctx.Done():
+			a.loadErr = itx.Errorf(itx.ECancelled, "waiting for stream %s to unload: %v", ref.Path, ctx.Err())
+			close(a.ready)
+			s.mu.Lock()
+			if s.actors[ref] == a {
+				delete(s.actors, ref)
+			}
+			s.mu.Unlock()
+			s.release(a)
+			return nil, a.loadErr
+		}
 	}
 	if err := a.load(); err != nil {
 		a.loadErr = err
@@ -65,7 +77,22 @@ func (s *Server) acquire(ctx context.Context, ref StreamRef) (*actor, error) {
 	return a, nil
 }
 
-// release drops a reference taken by acquire.
+// pin takes a reference on a loaded actor for work the stream itself owes (a deliverer with
+// events due), keeping it loaded; release drops it. It fails once the actor has been chosen for
+// unloading (its deliverers' context is cancelled under the same lock), so work never pins an
+// actor that is on its way out.
+func (s *Server) pin(a *actor) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if a.dctx.Err() != nil {
+		return false
+	}
+	a.refs++
+	s.inflight.Add(1)
+	return true
+}
+
+// release drops a reference taken by acquire or pin.
 func (s *Server) release(a *actor) {
 	s.mu.Lock()
 	a.refs--
@@ -108,6 +135,7 @@ func (s *Server) sweep() {
 			excess--
 			delete(s.actors, a.ref)
 			s.unloading[a.ref] = a
+			a.dcancel() // under s.mu: no deliverer can pin it from here on
 		}
 	}
 	s.mu.Unlock()

@@ -10,6 +10,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	mrand "math/rand/v2"
+	"net/http"
 	"os"
 	"path/filepath"
 	"sync"
@@ -34,6 +36,15 @@ type Config struct {
 
 	// EphemeralRetention is how long ephemeral rows stay readable before a sweep may delete them.
 	EphemeralRetention time.Duration // default 1 h
+
+	MaxSubscriptions int           // per stream; default itx.MaxSubscriptionsPerStream
+	DeliveryTimeout  time.Duration // per push attempt; default itx.DeliveryTimeout
+	// CursorFlushDelay bounds how long delivery progress may sit in memory before it is written
+	// when no append carries it; a crash inside it only causes redelivery. Default 200 ms.
+	CursorFlushDelay time.Duration
+	Egress           EgressPolicy // webhook destinations
+	// Random returns numbers in [0,1) for retry jitter; default math/rand. Tests fix it.
+	Random func() float64
 }
 
 // StreamRef names a stream: a project and a path.
@@ -60,6 +71,15 @@ type Server struct {
 	closing   bool
 	inflight  sync.WaitGroup // one per acquired reference
 	sweepT    itx.Timer
+
+	egress     EgressPolicy
+	httpClient *http.Client
+	recv       receivers
+	randMu     sync.Mutex
+
+	alarmMu   sync.Mutex
+	alarmT    itx.Timer
+	alarmNext int64 // epoch ms the alarm timer is armed for; 0: none
 }
 
 // Credentials are the tokens created on a fresh data directory.
@@ -97,6 +117,18 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.EphemeralRetention <= 0 {
 		cfg.EphemeralRetention = time.Hour
 	}
+	if cfg.MaxSubscriptions <= 0 {
+		cfg.MaxSubscriptions = itx.MaxSubscriptionsPerStream
+	}
+	if cfg.DeliveryTimeout <= 0 {
+		cfg.DeliveryTimeout = itx.DeliveryTimeout
+	}
+	if cfg.CursorFlushDelay <= 0 {
+		cfg.CursorFlushDelay = 200 * time.Millisecond
+	}
+	if cfg.Random == nil {
+		cfg.Random = mrand.Float64
+	}
 	if err := os.MkdirAll(filepath.Join(cfg.DataDir, "streams"), 0o755); err != nil {
 		return nil, fmt.Errorf("open server: %w", err)
 	}
@@ -107,6 +139,8 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	s := &Server{
 		cfg: cfg, clock: cfg.Clock, log: cfg.Log, dir: dir, metrics: newMetrics(),
 		actors: map[StreamRef]*actor{}, unloading: map[StreamRef]*actor{},
+		egress: cfg.Egress, httpClient: newHTTPClient(cfg.Egress),
+		recv: receivers{mounts: map[mountKey]*mount{}},
 	}
 	s.base, s.cancel = context.WithCancel(context.Background())
 	if err := s.bootstrap(ctx); err != nil {
@@ -114,6 +148,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.scheduleSweep()
+	go s.wakeDue()
 	return s, nil
 }
 
@@ -186,6 +221,11 @@ func (s *Server) Close(ctx context.Context) error {
 		s.sweepT.Stop()
 	}
 	s.mu.Unlock()
+	s.alarmMu.Lock()
+	if s.alarmT != nil {
+		s.alarmT.Stop()
+	}
+	s.alarmMu.Unlock()
 	s.cancel()
 
 	drained := make(chan struct{})
@@ -248,4 +288,10 @@ func writeFileSync(name string, data []byte) error {
 		return err
 	}
 	return f.Close()
+}
+
+func (s *Server) random() float64 {
+	s.randMu.Lock()
+	defer s.randMu.Unlock()
+	return s.cfg.Random()
 }

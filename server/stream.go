@@ -24,14 +24,18 @@ func (s *Server) StartAppend(ctx context.Context, ref StreamRef, inputs []itx.Ev
 	if err := itx.ValidatePath(ref.Path); err != nil {
 		return nil, err
 	}
-	if err := validateAppend(inputs); err != nil {
+	if err := validateAppend(inputs, authClient); err != nil {
 		return nil, err
 	}
+	return s.startAppend(ctx, ref, &appendReq{inputs: inputs, opts: opts, authority: authClient})
+}
+
+func (s *Server) startAppend(ctx context.Context, ref StreamRef, req *appendReq) (*PendingAppend, error) {
 	a, err := s.acquire(ctx, ref)
 	if err != nil {
 		return nil, err
 	}
-	req := &appendReq{inputs: inputs, opts: opts, queued: time.Now(), reply: make(chan appendReply, 1)}
+	req.queued, req.reply = time.Now(), make(chan appendReply, 1)
 	if err := a.submit(ctx, req); err != nil {
 		s.release(a)
 		return nil, err
@@ -62,8 +66,21 @@ func (s *Server) Append(ctx context.Context, ref StreamRef, inputs []itx.EventIn
 	return p.Wait(ctx)
 }
 
+// appendAs appends with the server's own authority (halts, skip records) or as a copy.
+func (s *Server) appendAs(ctx context.Context, ref StreamRef, inputs []itx.EventInput, auth authority, stamp *copyStamp) (AppendResult, error) {
+	if err := validateAppend(inputs, auth); err != nil {
+		return AppendResult{}, err
+	}
+	p, err := s.startAppend(ctx, ref, &appendReq{inputs: inputs, authority: auth, copy: stamp})
+	if err != nil {
+		return AppendResult{}, err
+	}
+	return p.Wait(ctx)
+}
+
 // validateAppend normalizes every input in place; the first bad one refuses the whole call.
-func validateAppend(inputs []itx.EventInput) error {
+// Provenance and the internal idempotency-key namespace belong to the server.
+func validateAppend(inputs []itx.EventInput, auth authority) error {
 	if len(inputs) == 0 {
 		return itx.Errorf(itx.EInvalid, "append needs at least one event")
 	}
@@ -76,12 +93,13 @@ func validateAppend(inputs []itx.EventInput) error {
 			e := itx.AsError(err)
 			return &itx.Error{Code: e.Code, Message: fmt.Sprintf("event %d: %s", i, e.Message)}
 		}
-		if len(inputs[i].Provenance) > 0 {
-			return itx.Errorf(itx.EInvalid, "event %d: provenance is written only by copy-to-stream", i)
-		}
-		if err := validateClientCoreEvent(&inputs[i]); err != nil {
-			e := itx.AsError(err)
-			return &itx.Error{Code: e.Code, Message: fmt.Sprintf("event %d: %s", i, e.Message)}
+		if auth == authClient {
+			if len(inputs[i].Provenance) > 0 {
+				return itx.Errorf(itx.EInvalid, "event %d: provenance is written only by copy-to-stream", i)
+			}
+			if strings.HasPrefix(inputs[i].IdempotencyKey, itx.InternalKeyPrefix) {
+				return itx.Errorf(itx.EInvalid, "event %d: idempotency keys starting %q are the server's", i, itx.InternalKeyPrefix)
+			}
 		}
 		total += inputs[i].Size()
 	}
@@ -89,15 +107,6 @@ func validateAppend(inputs []itx.EventInput) error {
 		return itx.Errorf(itx.ETooLarge, "append is %d bytes, at most %d", total, itx.MaxAppendBytes)
 	}
 	return nil
-}
-
-// validateClientCoreEvent refuses stream/* events a client may not write. The core reducer
-// validates the shapes of the ones it may.
-func validateClientCoreEvent(in *itx.EventInput) error {
-	if !itx.IsCoreType(in.Type) {
-		return nil
-	}
-	return itx.Errorf(itx.EInvalid, "unknown core event type %q", in.Type)
 }
 
 // ReadQuery selects a page of events.
@@ -288,7 +297,7 @@ func (s *Server) Describe(ctx context.Context, ref StreamRef) (StreamInfo, error
 	defer s.release(a)
 	v := a.view()
 	return StreamInfo{Path: ref.Path, StreamID: v.streamID, HeadOffset: v.head, CreatedAt: v.info.createdAt,
-		LastAppendAt: v.info.lastAppendAt, Loaded: true}, nil
+		LastAppendAt: v.info.lastAppendAt, SubscriptionCount: len(v.core.Subscriptions), Loaded: true}, nil
 }
 
 // MaxListStreams bounds one Streams.list answer.

@@ -198,3 +198,12 @@ func (d *Directory) DueAlarms(ctx context.Context, now int64) ([]DueAlarm, error
 	}
 	return out, rows.Err()
 }
+
+// NextAlarm returns the earliest alarm due after `after` (epoch ms), 0 if none.
+func (d *Directory) NextAlarm(ctx context.Context, after int64) (int64, error) {
+	var due sql.NullInt64
+	if err := d.db.QueryRowContext(ctx, `select min(due_at) from alarms where due_at > ?`, after).Scan(&due); err != nil {
+		return 0, fmt.Errorf("next alarm: %w", err)
+	}
+	return due.Int64, nil
+}

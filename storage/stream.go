@@ -133,11 +133,16 @@ func (s *Stream) EventByKey(ctx context.Context, key string) (*itx.Event, error)
 	return &events[0], nil
 }
 
-// Commit is one group commit: events with their offsets assigned, and the new head.
+// Commit is one group commit: events with their offsets assigned, the new head, and the state
+// derived from them (cursor rows, the core-state checkpoint) so that it can never disagree with
+// the log it was reduced from.
 type Commit struct {
-	Events       []itx.Event
-	HeadOffset   int64
-	LastAppendAt int64
+	Events        []itx.Event
+	HeadOffset    int64
+	LastAppendAt  int64
+	CursorUpserts []CursorRow
+	CursorDeletes []string
+	KV            map[string][]byte
 }
 
 // Commit writes c in one transaction. It returns only after SQLite reports the commit durable
@@ -170,8 +175,26 @@ func (s *Stream) Commit(ctx context.Context, c Commit) error {
 			return fmt.Errorf("commit: insert offset %d: %w", e.Offset, err)
 		}
 	}
-	if _, err := tx.StmtContext(ctx, s.setHead).ExecContext(ctx, c.HeadOffset, c.LastAppendAt); err != nil {
-		return fmt.Errorf("commit: head: %w", err)
+	if len(c.Events) > 0 {
+		if _, err := tx.StmtContext(ctx, s.setHead).ExecContext(ctx, c.HeadOffset, c.LastAppendAt); err != nil {
+			return fmt.Errorf("commit: head: %w", err)
+		}
+	}
+	for _, name := range c.CursorDeletes {
+		if _, err := tx.ExecContext(ctx, `delete from subscription_cursors where name = ?`, name); err != nil {
+			return fmt.Errorf("commit: delete cursor %q: %w", name, err)
+		}
+	}
+	for i := range c.CursorUpserts {
+		if err := upsertCursor(ctx, tx, &c.CursorUpserts[i]); err != nil {
+			return fmt.Errorf("commit: %w", err)
+		}
+	}
+	for k, v := range c.KV {
+		if _, err := tx.ExecContext(ctx, `insert into kv (key, value) values (?, ?)
+			on conflict (key) do update set value = excluded.value`, k, v); err != nil {
+			return fmt.Errorf("commit: kv %q: %w", k, err)
+		}
 	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("commit: %w", err)

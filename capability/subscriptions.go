@@ -1,0 +1,362 @@
+package capability
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"capnproto.org/go/capnp/v3/flowcontrol"
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/schema"
+	"github.com/itx-dev/itx/server"
+	"github.com/itx-dev/itx/storage"
+	"github.com/itx-dev/itx/wire"
+)
+
+// subscriptions is a stream's subscription catalog.
+type subscriptions struct {
+	srv *server.Server
+	ref server.StreamRef
+}
+
+func (s *stream) Subscriptions(ctx context.Context, call schema.Stream_subscriptions) error {
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	return res.SetSubscriptions(schema.Subscriptions_ServerToClient(&subscriptions{srv: s.srv, ref: s.ref}))
+}
+
+func (s *stream) SetSubscriptionCursor(ctx context.Context, call schema.Stream_setSubscriptionCursor) error {
+	name, err := call.Args().Name()
+	if err != nil {
+		return badArgs("name", err)
+	}
+	after := int64(call.Args().AfterOffset())
+	call.Go()
+	off, err := s.srv.SetSubscriptionCursor(ctx, s.ref, name, after)
+	if err != nil {
+		return fail(err)
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	res.SetOffset(uint64(off))
+	return nil
+}
+
+func (s *stream) ResumeSubscription(ctx context.Context, call schema.Stream_resumeSubscription) error {
+	name, err := call.Args().Name()
+	if err != nil {
+		return badArgs("name", err)
+	}
+	call.Go()
+	off, err := s.srv.ResumeSubscription(ctx, s.ref, name)
+	if err != nil {
+		return fail(err)
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	res.SetOffset(uint64(off))
+	return nil
+}
+
+func (s *subscriptions) List(ctx context.Context, call schema.Subscriptions_list) error {
+	call.Go()
+	list, err := s.srv.ListSubscriptions(ctx, s.ref)
+	if err != nil {
+		return fail(err)
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	out, err := res.NewSubscriptions(int32(len(list)))
+	if err != nil {
+		return err
+	}
+	for i, sum := range list {
+		d := out.At(i)
+		d.SetStatus(statusToSchema(sum.Status))
+		d.SetConfirmedOffset(uint64(sum.ConfirmedOffset))
+		d.SetLag(uint64(sum.Lag))
+		d.SetConfiguredAtOffset(uint64(sum.ConfiguredAtOffset))
+		for _, set := range []struct {
+			f func(string) error
+			v string
+		}{{d.SetName, sum.Name}, {d.SetKind, sum.Kind}, {d.SetLastError, sum.LastError}} {
+			if err := set.f(set.v); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (s *subscriptions) Get(ctx context.Context, call schema.Subscriptions_get) error {
+	name, err := call.Args().Name()
+	if err != nil {
+		return badArgs("name", err)
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	// The name is resolved per call, so a subscription configured after this get is found.
+	return res.SetSubscription(schema.Subscription_ServerToClient(&subscription{srv: s.srv, ref: s.ref, name: name}))
+}
+
+func (s *subscriptions) Configure(ctx context.Context, call schema.Subscriptions_configure) error {
+	c, err := call.Args().Config()
+	if err != nil {
+		return badArgs("config", err)
+	}
+	cfg, err := wire.SubscriptionConfigFromSchema(c)
+	if err != nil {
+		return badArgs("config", err)
+	}
+	call.Go()
+	name, off, err := s.srv.ConfigureSubscription(ctx, s.ref, cfg)
+	if err != nil {
+		return fail(err)
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	res.SetOffset(uint64(off))
+	return res.SetName(name)
+}
+
+func (s *subscriptions) Remove(ctx context.Context, call schema.Subscriptions_remove) error {
+	name, err := call.Args().Name()
+	if err != nil {
+		return badArgs("name", err)
+	}
+	call.Go()
+	off, err := s.srv.RemoveSubscription(ctx, s.ref, name)
+	if err != nil {
+		return fail(err)
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	res.SetOffset(uint64(off))
+	return nil
+}
+
+// subscription is one subscription, addressed by name.
+type subscription struct {
+	srv  *server.Server
+	ref  server.StreamRef
+	name string
+}
+
+func (s *subscription) Describe(ctx context.Context, call schema.Subscription_describe) error {
+	call.Go()
+	d, err := s.srv.DescribeSubscription(ctx, s.ref, s.name)
+	if err != nil {
+		return fail(err)
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	out, err := res.NewDescription()
+	if err != nil {
+		return err
+	}
+	c, err := out.NewConfig()
+	if err != nil {
+		return err
+	}
+	if err := wire.SetSubscriptionConfig(c, &d.Config); err != nil {
+		return err
+	}
+	r := d.Cursor
+	out.SetStatus(statusToSchema(r.Status))
+	out.SetConfiguredAtOffset(uint64(r.ConfiguredAtOffset))
+	out.SetCursorChangedAtOffset(uint64(r.CursorChangedAtOffset))
+	out.SetConfirmedOffset(uint64(r.ConfirmedOffset))
+	out.SetHeadOffset(uint64(d.HeadOffset))
+	out.SetAttempt(uint32(r.Attempt))
+	out.SetNextAttemptAt(r.NextAttemptAt)
+	out.SetFailingEventOffset(uint64(r.FailingEventOffset))
+	out.SetFailingEventAttempt(uint32(r.FailingEventAttempt))
+	out.SetFailingEventSkipsSinceLastSuccess(uint32(r.FailingEventSkips))
+	out.SetInFlightDeadlineAt(r.InFlightDeadlineAt)
+	out.SetInFlightConnectionGeneration(uint64(r.InFlightConnectionGeneration))
+	for _, set := range []struct {
+		f func(string) error
+		v string
+	}{{out.SetKind, d.Kind}, {out.SetLastError, r.LastError}, {out.SetUpdatedAt, r.UpdatedAt}} {
+		if err := set.f(set.v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *subscription) WaitUntilProcessed(ctx context.Context, call schema.Subscription_waitUntilProcessed) error {
+	offset, timeout := int64(call.Args().Offset()), time.Duration(call.Args().TimeoutMs())*time.Millisecond
+	call.Go()
+	confirmed, err := s.srv.WaitUntilProcessed(ctx, s.ref, s.name, offset, timeout)
+	if err != nil {
+		return fail(err)
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	res.SetConfirmedOffset(uint64(confirmed))
+	return nil
+}
+
+func (s *subscription) Processor(ctx context.Context, call schema.Subscription_processor) error {
+	d, err := s.srv.DescribeSubscription(ctx, s.ref, s.name)
+	if err != nil {
+		return fail(err)
+	}
+	if d.Kind != itx.KindProcessorWake {
+		return fail(itx.Errorf(itx.EFailedPrecondition, "subscription %q is a %s subscription: only processor-wake subscriptions have a processor", s.name, d.Kind))
+	}
+	return notYet("Subscription.processor")
+}
+
+func statusToSchema(status string) schema.SubscriptionStatus {
+	if status == storage.StatusHalted {
+		return schema.SubscriptionStatus_halted
+	}
+	return schema.SubscriptionStatus_active
+}
+
+// --- mounted capabilities ------------------------------------------------------------------
+
+// capabilities is a project's registry of mounted Receivers.
+type capabilities struct {
+	srv       *server.Server
+	projectID string
+}
+
+func (p *project) Capabilities(ctx context.Context, call schema.Project_capabilities) error {
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	return res.SetCapabilities(schema.Capabilities_ServerToClient(&capabilities{srv: p.srv, projectID: p.p.ID}))
+}
+
+func (c *capabilities) Mount(ctx context.Context, call schema.Capabilities_mount) error {
+	name, err := call.Args().Name()
+	if err != nil {
+		return badArgs("name", err)
+	}
+	// The argument is released when this method returns: keep our own reference.
+	rc := call.Args().Receiver().AddRef()
+	// Bound what the server queues toward one receiver (go-capnp has no backpressure by default).
+	rc.SetFlowLimiter(flowcontrol.NewFixedLimiter(4 << 20))
+	r := &remoteReceiver{client: rc}
+	unmount, err := c.srv.MountReceiver(c.projectID, name, r)
+	if err != nil {
+		rc.Release()
+		return fail(err)
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		unmount()
+		rc.Release()
+		return err
+	}
+	return res.SetHandle(schema.Handle_ServerToClient(&mountHandle{unmount: unmount, receiver: r}))
+}
+
+func (c *capabilities) Unmount(ctx context.Context, call schema.Capabilities_unmount) error {
+	name, err := call.Args().Name()
+	if err != nil {
+		return badArgs("name", err)
+	}
+	return fail(c.srv.UnmountReceiver(c.projectID, name))
+}
+
+func (c *capabilities) List(ctx context.Context, call schema.Capabilities_list) error {
+	mounts := c.srv.Mounts(c.projectID)
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	list, err := res.NewMounts(int32(len(mounts)))
+	if err != nil {
+		return err
+	}
+	for i, m := range mounts {
+		list.At(i).SetMountedAt(m.MountedAt)
+		if err := list.At(i).SetName(m.Name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// mountHandle is a mount's lifetime: cancel(), releasing it, or losing the connection that holds
+// it (Shutdown) unmounts the Receiver.
+type mountHandle struct {
+	once     sync.Once
+	unmount  func()
+	receiver *remoteReceiver
+}
+
+func (h *mountHandle) end() {
+	h.once.Do(func() {
+		h.unmount()
+		h.receiver.client.Release()
+	})
+}
+
+func (h *mountHandle) Cancel(ctx context.Context, call schema.Handle_cancel) error {
+	h.end()
+	return nil
+}
+
+// Shutdown runs when the last reference to the handle is gone.
+func (h *mountHandle) Shutdown() { h.end() }
+
+// remoteReceiver adapts a client's Receiver capability to server.Receiver.
+type remoteReceiver struct {
+	client schema.Receiver
+}
+
+func (r *remoteReceiver) Receive(ctx context.Context, b *server.DeliveryBatch) (int64, error) {
+	fut, release := r.client.Receive(ctx, func(p schema.Receiver_receive_Params) error {
+		batch, err := p.NewBatch()
+		if err != nil {
+			return err
+		}
+		return setDeliveryBatch(batch, b)
+	})
+	defer release()
+	res, err := fut.Struct()
+	if err != nil {
+		return 0, err
+	}
+	return int64(res.ConfirmedOffset()), nil
+}
+
+func setDeliveryBatch(dst schema.DeliveryBatch, b *server.DeliveryBatch) error {
+	dst.SetHeadOffset(uint64(b.HeadOffset))
+	dst.SetCursorChangedAtOffset(uint64(b.CursorChangedAtOffset))
+	dst.SetConfiguredAtOffset(uint64(b.ConfiguredAtOffset))
+	dst.SetAttempt(uint32(b.Attempt))
+	for _, set := range []struct {
+		f func(string) error
+		v string
+	}{{dst.SetStreamId, b.StreamID}, {dst.SetPath, b.Path}, {dst.SetSubscription, b.Subscription}, {dst.SetDeliveryId, b.DeliveryID}} {
+		if err := set.f(set.v); err != nil {
+			return err
+		}
+	}
+	return wire.SetEvents(b.Events, dst.NewEvents)
+}

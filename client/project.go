@@ -1,0 +1,166 @@
+package client
+
+import (
+	"context"
+
+	"github.com/itx-dev/itx/schema"
+)
+
+// ProjectInfo describes the project a token logged into.
+type ProjectInfo struct {
+	ID         string
+	Name       string
+	Deployment bool // the deployment root: its streams are global
+}
+
+// DescribeProject describes a project.
+func DescribeProject(ctx context.Context, project schema.Project) (ProjectInfo, error) {
+	fut, release := project.Describe(ctx, nil)
+	defer release()
+	res, err := fut.Struct()
+	if err != nil {
+		return ProjectInfo{}, err
+	}
+	i, err := res.Info()
+	if err != nil {
+		return ProjectInfo{}, err
+	}
+	out := ProjectInfo{Deployment: i.Deployment()}
+	if out.ID, err = i.Id(); err != nil {
+		return out, err
+	}
+	out.Name, err = i.Name()
+	return out, err
+}
+
+// MountInfo is a capability (a Receiver or a ProcessorHost) mounted under a name in a project.
+type MountInfo struct {
+	Name      string
+	MountedAt int64 // epoch ms
+}
+
+func mountInfos(list schema.MountInfo_List, err error) ([]MountInfo, error) {
+	if err != nil {
+		return nil, err
+	}
+	out := make([]MountInfo, list.Len())
+	for i := range out {
+		m := list.At(i)
+		out[i].MountedAt = m.MountedAt()
+		if out[i].Name, err = m.Name(); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// ListMounts lists the Receivers mounted in a project (project.capabilities().list()).
+func ListMounts(ctx context.Context, caps schema.Capabilities) ([]MountInfo, error) {
+	fut, release := caps.List(ctx, nil)
+	defer release()
+	res, err := fut.Struct()
+	if err != nil {
+		return nil, err
+	}
+	return mountInfos(res.Mounts())
+}
+
+// Unmount removes the Receiver mounted under name.
+func Unmount(ctx context.Context, caps schema.Capabilities, name string) error {
+	fut, release := caps.Unmount(ctx, func(p schema.Capabilities_unmount_Params) error { return p.SetName(name) })
+	defer release()
+	_, err := fut.Struct()
+	return err
+}
+
+// ListProcessorHosts lists the remote ProcessorHosts mounted in a project.
+func ListProcessorHosts(ctx context.Context, hosts schema.ProcessorHosts) ([]MountInfo, error) {
+	fut, release := hosts.List(ctx, nil)
+	defer release()
+	res, err := fut.Struct()
+	if err != nil {
+		return nil, err
+	}
+	return mountInfos(res.Mounts())
+}
+
+// ReaderInfo is a registered reader: a named checkpoint whose lag is visible.
+type ReaderInfo struct {
+	Name       string
+	Checkpoint int64
+	Lag        int64
+	UpdatedAt  int64 // epoch ms
+}
+
+// RegisterReader registers a named reader or moves its checkpoint.
+func RegisterReader(ctx context.Context, readers schema.Readers, name string, checkpoint int64) error {
+	fut, release := readers.Register(ctx, func(p schema.Readers_register_Params) error {
+		p.SetCheckpoint(uint64(checkpoint))
+		return p.SetName(name)
+	})
+	defer release()
+	_, err := fut.Struct()
+	return err
+}
+
+// ListReaders lists a stream's registered readers.
+func ListReaders(ctx context.Context, readers schema.Readers) ([]ReaderInfo, error) {
+	fut, release := readers.List(ctx, nil)
+	defer release()
+	res, err := fut.Struct()
+	if err != nil {
+		return nil, err
+	}
+	list, err := res.Readers()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]ReaderInfo, list.Len())
+	for i := range out {
+		r := list.At(i)
+		out[i] = ReaderInfo{Checkpoint: int64(r.Checkpoint()), Lag: int64(r.Lag()), UpdatedAt: r.UpdatedAt()}
+		if out[i].Name, err = r.Name(); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// RemoveReader removes a registered reader.
+func RemoveReader(ctx context.Context, readers schema.Readers, name string) error {
+	fut, release := readers.Remove(ctx, func(p schema.Readers_remove_Params) error { return p.SetName(name) })
+	defer release()
+	_, err := fut.Struct()
+	return err
+}
+
+// ProcessorSnapshot is a processor instance's reduced state and its two cursors.
+type ProcessorSnapshot struct {
+	State           string // JSON
+	ReducedOffset   int64
+	ProcessedOffset int64
+}
+
+// Snapshot reads a processor instance's reduced state.
+func Snapshot(ctx context.Context, p schema.Processor) (ProcessorSnapshot, error) {
+	fut, release := p.Snapshot(ctx, nil)
+	defer release()
+	res, err := fut.Struct()
+	if err != nil {
+		return ProcessorSnapshot{}, err
+	}
+	out := ProcessorSnapshot{ReducedOffset: int64(res.ReducedOffset()), ProcessedOffset: int64(res.ProcessedOffset())}
+	out.State, err = res.State()
+	return out, err
+}
+
+// RuntimeState reads a processor instance's runtime state (JSON).
+func RuntimeState(ctx context.Context, p schema.Processor) (string, error) {
+	fut, release := p.GetRuntimeState(ctx, nil)
+	defer release()
+	res, err := fut.Struct()
+	if err != nil {
+		return "", err
+	}
+	return res.State()
+}

@@ -1,0 +1,42 @@
+package client
+
+import (
+	"testing"
+
+	"capnproto.org/go/capnp/v3"
+	"github.com/itx-dev/itx/schema"
+	"github.com/stretchr/testify/require"
+)
+
+// A subscription config survives the trip through its Cap'n Proto struct, for every receiver
+// kind: configure() writes what describe() reads back.
+func TestSubscriptionConfig_RoundTrip(t *testing.T) {
+	for _, cfg := range []SubscriptionConfig{
+		{Name: "hook", Receiver: Receiver{Kind: ReceiverWebhookPost, URL: "https://example.test/h", Secret: "whsec_x",
+			Headers: []Header{{"X-A", "1"}, {"X-B", "2"}}}, FilterTypes: []string{"note", "other"},
+			FilterCondition: `payload.n > 1`, Start: "now", OnFailingEvent: "skip", Description: "d"},
+		{Name: "copy", Receiver: Receiver{Kind: ReceiverCopyToStream, Path: "/mirror"}, Transform: `{"type": type}`,
+			Start: "beginning", OnFailingEvent: "halt"},
+		{Receiver: Receiver{Kind: ReceiverItxCall, Capability: "inbox"}, Start: "beginning", OnFailingEvent: "halt"},
+		{Name: "agent", Receiver: Receiver{Kind: ReceiverProcessorWake, Placement: "remote"}, Start: "beginning", OnFailingEvent: "halt"},
+	} {
+		_, seg, err := capnp.NewMessage(capnp.SingleSegment(nil))
+		require.NoError(t, err)
+		c, err := schema.NewRootSubscriptionConfig(seg)
+		require.NoError(t, err)
+		require.NoError(t, setSubscriptionConfig(c, &cfg))
+		got, err := subscriptionConfig(c)
+		require.NoError(t, err)
+		require.Equal(t, cfg, got)
+	}
+}
+
+func TestSubscriptionConfig_Refused(t *testing.T) {
+	_, seg, err := capnp.NewMessage(capnp.SingleSegment(nil))
+	require.NoError(t, err)
+	c, err := schema.NewRootSubscriptionConfig(seg)
+	require.NoError(t, err)
+	require.ErrorContains(t, setSubscriptionConfig(c, &SubscriptionConfig{Receiver: Receiver{Kind: "email"}}), `receiver kind "email"`)
+	require.ErrorContains(t, setSubscriptionConfig(c, &SubscriptionConfig{Receiver: Receiver{Kind: ReceiverItxCall}, Start: "later"}), `start "later"`)
+	require.ErrorContains(t, setSubscriptionConfig(c, &SubscriptionConfig{Receiver: Receiver{Kind: ReceiverItxCall}, OnFailingEvent: "retry"}), `onFailingEvent "retry"`)
+}

@@ -1,0 +1,336 @@
+package server
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/itx-dev/itx"
+)
+
+// CoreStateVersion versions the reduction below. Changing what reduce computes means bumping it:
+// a stream whose checkpoint carries another version is re-reduced from offset 1 on load.
+const CoreStateVersion = 1
+
+// coreStateKey is the kv key of the core-state checkpoint, committed with every change.
+const coreStateKey = "core-state"
+
+// authority says who wrote an event: a client, the server itself (halts), or a copy.
+type authority int
+
+const (
+	authClient authority = iota
+	authCore
+	authCopy
+)
+
+// coreState is the stream's reduced control state: the subscription catalog and the inbound
+// copy fences. It is treated as immutable once published: reduce works on a clone.
+type coreState struct {
+	Version       int                                  `json:"version"`
+	Subscriptions map[string]*catalogEntry             `json:"subscriptions"`
+	Inbound       map[string]map[string]*inboundRecord `json:"inbound,omitempty"` // source path -> name
+}
+
+// catalogEntry is one subscription as its events define it.
+type catalogEntry struct {
+	Config             itx.SubscriptionConfig `json:"config"` // Name is the effective name
+	ConfiguredAtOffset int64                  `json:"configuredAtOffset"`
+	ConfiguredAt       int64                  `json:"configuredAt"`
+	Halted             *itx.HaltedPayload     `json:"halted,omitempty"`
+}
+
+// Kind is the receiver kind.
+func (e *catalogEntry) Kind() string { return e.Config.Receiver.Action }
+
+// inboundRecord fences copies from one (source path, subscription name): a batch stamped older
+// than the newest accepted one can never land.
+type inboundRecord struct {
+	StreamID              string `json:"streamId"`
+	CursorChangedAtOffset int64  `json:"cursorChangedAtOffset"`
+	EventsReceived        int64  `json:"eventsReceived"`
+	LastEventReceivedAt   int64  `json:"lastEventReceivedAt"`
+}
+
+func newCoreState() *coreState {
+	return &coreState{Version: CoreStateVersion, Subscriptions: map[string]*catalogEntry{}}
+}
+
+func (st *coreState) clone() *coreState {
+	c := &coreState{Version: st.Version, Subscriptions: make(map[string]*catalogEntry, len(st.Subscriptions))}
+	for k, v := range st.Subscriptions {
+		e := *v
+		c.Subscriptions[k] = &e
+	}
+	if st.Inbound != nil {
+		c.Inbound = make(map[string]map[string]*inboundRecord, len(st.Inbound))
+		for p, byName := range st.Inbound {
+			m := make(map[string]*inboundRecord, len(byName))
+			for n, r := range byName {
+				rr := *r
+				m[n] = &rr
+			}
+			c.Inbound[p] = m
+		}
+	}
+	return c
+}
+
+// effectKind is what a core event does to a cursor row.
+type effectKind int
+
+const (
+	effectBorn   effectKind = iota // a new row at its start position (birth or same-name replace)
+	effectSeek                     // confirmed := offset, seek epoch := the cursor-set's offset
+	effectHalt                     // status halted, retry state cleared
+	effectResume                   // status active
+	effectRemove                   // the row goes
+)
+
+// cursorEffect is a cursor-row change the commit must write with the event that caused it.
+type cursorEffect struct {
+	kind   effectKind
+	name   string
+	offset int64 // born: initial confirmed; seek: the new confirmed
+	epoch  int64 // born: birth offset; seek: the cursor-set event's offset
+	err    string
+}
+
+// reduceContext is what reduce may know besides the state: all of it pure data.
+type reduceContext struct {
+	path       string
+	projectID  string
+	head       int64                  // the head before this event
+	checkURL   func(url string) error // the webhook egress policy
+	maxSubs    int
+	compile    func(src string) error // JSONata compilation
+	authority  authority
+	receivedAt int64
+}
+
+// reduce validates one event with an assigned offset against st and applies it. It refuses a
+// bad event with a typed error (the caller then refuses the whole append). Events that are not
+// stream/* and copies of stream/* events are inert here.
+func (st *coreState) reduce(e *itx.Event, rc *reduceContext) ([]cursorEffect, error) {
+	if !itx.IsCoreType(e.Type) || len(e.Provenance) > 0 {
+		return nil, nil // a copied control event is stored but inert
+	}
+	switch e.Type {
+	case itx.TypeSubscriptionConfigured:
+		return st.reduceConfigured(e, rc)
+	case itx.TypeSubscriptionCursorSet:
+		var p itx.CursorSetPayload
+		if err := itx.DecodeStrict(e.Payload, &p); err != nil {
+			return nil, itx.Errorf(itx.EInvalid, "%s: %v", e.Type, err)
+		}
+		entry, err := st.existing(p.Name)
+		if err != nil {
+			return nil, err
+		}
+		if entry.Kind() == itx.KindProcessorWake {
+			return nil, itx.Errorf(itx.EInvalid, "processor-wake subscriptions own their checkpoint; their cursor cannot be set")
+		}
+		if p.AfterOffset < 0 || p.AfterOffset > rc.head {
+			return nil, itx.Errorf(itx.EInvalid, "afterOffset %d is outside 0..%d (the stream's head)", p.AfterOffset, rc.head)
+		}
+		return []cursorEffect{{kind: effectSeek, name: entry.Config.Name, offset: p.AfterOffset, epoch: e.Offset}}, nil
+	case itx.TypeSubscriptionResumed:
+		var p itx.NamePayload
+		if err := itx.DecodeStrict(e.Payload, &p); err != nil {
+			return nil, itx.Errorf(itx.EInvalid, "%s: %v", e.Type, err)
+		}
+		entry, err := st.existing(p.Name)
+		if err != nil {
+			return nil, err
+		}
+		if entry.Halted == nil {
+			return nil, itx.Errorf(itx.EFailedPrecondition, "subscription %q is not halted", entry.Config.Name)
+		}
+		entry.Halted = nil
+		return []cursorEffect{{kind: effectResume, name: entry.Config.Name}}, nil
+	case itx.TypeSubscriptionRemoved:
+		var p itx.RemovedPayload
+		if err := itx.DecodeStrict(e.Payload, &p); err != nil {
+			return nil, itx.Errorf(itx.EInvalid, "%s: %v", e.Type, err)
+		}
+		if p.Reason != "requested" {
+			return nil, itx.Errorf(itx.EInvalid, "%s: reason must be \"requested\"", e.Type)
+		}
+		entry, err := st.existing(p.Name)
+		if err != nil {
+			return nil, err
+		}
+		delete(st.Subscriptions, entry.Config.Name)
+		return []cursorEffect{{kind: effectRemove, name: entry.Config.Name}}, nil
+	case itx.TypeSubscriptionHalted:
+		if rc.authority != authCore {
+			return nil, itx.Errorf(itx.EInvalid, "%s is written by the server only", e.Type)
+		}
+		var p itx.HaltedPayload
+		if err := itx.DecodeStrict(e.Payload, &p); err != nil {
+			return nil, itx.Errorf(itx.EInvalid, "%s: %v", e.Type, err)
+		}
+		entry := st.Subscriptions[p.Name]
+		if entry == nil {
+			return nil, nil // removed meanwhile: the halt is evidence only
+		}
+		entry.Halted = &p
+		return []cursorEffect{{kind: effectHalt, name: p.Name, err: p.Error}}, nil
+	case itx.TypeErrorOccurred:
+		var p itx.ErrorOccurredPayload
+		if err := itx.DecodeStrict(e.Payload, &p); err != nil {
+			return nil, itx.Errorf(itx.EInvalid, "%s: %v", e.Type, err)
+		}
+		if strings.TrimSpace(p.Message) == "" {
+			return nil, itx.Errorf(itx.EInvalid, "%s: message must not be empty", e.Type)
+		}
+		return nil, nil
+	case itx.TypeProcessorRevived:
+		var p map[string]any
+		if err := json.Unmarshal(e.Payload, &p); err != nil {
+			return nil, itx.Errorf(itx.EInvalid, "%s: %v", e.Type, err)
+		}
+		if _, ok := p["processorSlug"].(string); !ok {
+			return nil, itx.Errorf(itx.EInvalid, "%s: processorSlug must be a string", e.Type)
+		}
+		return nil, nil
+	case itx.TypeWoken:
+		if rc.authority != authCore {
+			return nil, itx.Errorf(itx.EInvalid, "%s is written by the server only", e.Type)
+		}
+		return nil, nil
+	}
+	return nil, itx.Errorf(itx.EInvalid, "unknown core event type %q", e.Type)
+}
+
+func (st *coreState) existing(name string) (*catalogEntry, error) {
+	name = strings.TrimSpace(name)
+	if name == "" {
+		return nil, itx.Errorf(itx.EInvalid, "subscription name must not be empty")
+	}
+	entry := st.Subscriptions[name]
+	if entry == nil {
+		return nil, itx.Errorf(itx.ENotFound, "subscription %q does not exist", name)
+	}
+	return entry, nil
+}
+
+func (st *coreState) reduceConfigured(e *itx.Event, rc *reduceContext) ([]cursorEffect, error) {
+	cfg, err := itx.ParseSubscriptionConfig(e.Payload)
+	if err != nil {
+		return nil, err
+	}
+	name := cfg.Name
+	if name == "" {
+		name = fmt.Sprintf("%s%d", itx.GeneratedNamePrefix, e.Offset)
+	} else if strings.HasPrefix(name, itx.GeneratedNamePrefix) && st.Subscriptions[name] == nil {
+		return nil, itx.Errorf(itx.EInvalid, "subscription name %q uses the generated-name namespace but names no existing subscription", name)
+	}
+	cfg.Name = name
+	r := &cfg.Receiver
+	if cfg.Filter != nil && cfg.Filter.JSONataCondition != "" {
+		if err := rc.compile(cfg.Filter.JSONataCondition); err != nil {
+			return nil, err
+		}
+	}
+	if r.JSONataTransform != "" {
+		if err := rc.compile(r.JSONataTransform); err != nil {
+			return nil, err
+		}
+	}
+	switch r.Action {
+	case itx.KindWebhookPost:
+		if rc.checkURL != nil {
+			if err := rc.checkURL(r.URL); err != nil {
+				return nil, err
+			}
+		}
+	case itx.KindCopyToStream:
+		if r.ReceivingStreamPath == rc.path {
+			return nil, itx.Errorf(itx.EInvalid, "a stream cannot copy events into itself")
+		}
+		n := 0
+		for other, entry := range st.Subscriptions {
+			if other != name && entry.Kind() == itx.KindCopyToStream && entry.Config.Receiver.ReceivingStreamPath == r.ReceivingStreamPath {
+				n++
+			}
+		}
+		if n >= itx.MaxCopySubscriptionsPerTarget {
+			return nil, itx.Errorf(itx.ELimitExceeded, "a stream may configure at most %d subscriptions copying into one receiving stream", itx.MaxCopySubscriptionsPerTarget)
+		}
+	}
+	if st.Subscriptions[name] == nil && len(st.Subscriptions) >= rc.maxSubs {
+		return nil, itx.Errorf(itx.ELimitExceeded, "a stream may have at most %d subscriptions", rc.maxSubs)
+	}
+	// A configure for an existing name replaces it whole: a new birth epoch, a fresh cursor at
+	// the new start position, any halt cleared.
+	st.Subscriptions[name] = &catalogEntry{Config: *cfg, ConfiguredAtOffset: e.Offset, ConfiguredAt: e.CreatedAt}
+	initial := int64(0)
+	if r.Action != itx.KindProcessorWake && r.EffectiveDelivery().Start == itx.StartNow {
+		initial = e.Offset
+	}
+	return []cursorEffect{{kind: effectBorn, name: name, offset: initial, epoch: e.Offset}}, nil
+}
+
+// acceptCopy checks and records a copy batch's stamp against the inbound fence of its
+// (source path, subscription name). A stale stamp can never land.
+func (st *coreState) acceptCopy(stamp *copyStamp, events int, at int64) error {
+	if st.Inbound == nil {
+		st.Inbound = map[string]map[string]*inboundRecord{}
+	}
+	byName := st.Inbound[stamp.SourcePath]
+	if byName == nil {
+		byName = map[string]*inboundRecord{}
+		st.Inbound[stamp.SourcePath] = byName
+	}
+	rec := byName[stamp.Name]
+	if rec != nil && rec.StreamID == stamp.StreamID && stamp.CursorChangedAtOffset < rec.CursorChangedAtOffset {
+		return itx.Errorf(itx.EFailedPrecondition,
+			"copy from %s subscription %q is stale (seek epoch %d, this stream already accepted %d)",
+			stamp.SourcePath, stamp.Name, stamp.CursorChangedAtOffset, rec.CursorChangedAtOffset)
+	}
+	if rec == nil || rec.StreamID != stamp.StreamID || rec.CursorChangedAtOffset != stamp.CursorChangedAtOffset {
+		rec = &inboundRecord{StreamID: stamp.StreamID, CursorChangedAtOffset: stamp.CursorChangedAtOffset}
+		byName[stamp.Name] = rec
+	}
+	rec.EventsReceived += int64(events)
+	rec.LastEventReceivedAt = at
+	st.trimInbound()
+	return nil
+}
+
+// trimInbound keeps at most MaxInboundSourceRecords, evicting the least recently used.
+func (st *coreState) trimInbound() {
+	type key struct{ path, name string }
+	var all []key
+	for p, m := range st.Inbound {
+		for n := range m {
+			all = append(all, key{p, n})
+		}
+	}
+	if len(all) <= itx.MaxInboundSourceRecords {
+		return
+	}
+	sort.Slice(all, func(i, j int) bool {
+		a, b := st.Inbound[all[i].path][all[i].name], st.Inbound[all[j].path][all[j].name]
+		if a.LastEventReceivedAt != b.LastEventReceivedAt {
+			return a.LastEventReceivedAt < b.LastEventReceivedAt
+		}
+		return all[i].path+"\x00"+all[i].name < all[j].path+"\x00"+all[j].name
+	})
+	for _, k := range all[:len(all)-itx.MaxInboundSourceRecords] {
+		delete(st.Inbound[k.path], k.name)
+		if len(st.Inbound[k.path]) == 0 {
+			delete(st.Inbound, k.path)
+		}
+	}
+}
+
+// copyStamp identifies a copy batch: its source and the source subscription's epochs.
+type copyStamp struct {
+	SourcePath            string
+	Name                  string
+	StreamID              string
+	CursorChangedAtOffset int64
+}

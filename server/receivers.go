@@ -1,0 +1,391 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+
+	"github.com/itx-dev/itx"
+)
+
+// senderFor builds the send adapter of a subscription's receiver kind.
+func (s *Server) senderFor(a *actor, entry *catalogEntry) sender {
+	r := entry.Config.Receiver
+	switch r.Action {
+	case itx.KindWebhookPost:
+		key, _ := itx.WebhookSecretKey(r.Secret)
+		return &webhookSender{client: s.httpClient, url: r.URL, headers: r.Headers, key: key}
+	case itx.KindCopyToStream:
+		return &copySender{srv: s, target: StreamRef{ProjectID: a.ref.ProjectID, Path: r.ReceivingStreamPath}}
+	case itx.KindITXCall:
+		return &itxCallSender{srv: s, projectID: a.ref.ProjectID, capability: r.Capability}
+	default:
+		return &processorSender{srv: s, projectID: a.ref.ProjectID}
+	}
+}
+
+// --- webhook-post --------------------------------------------------------------------------
+
+// webhookSender POSTs one event per request; a 2xx acknowledges it and the body is discarded.
+// Requests are signed the Standard Webhooks way when the subscription has a secret.
+type webhookSender struct {
+	client  *http.Client
+	url     string
+	headers map[string]string
+	key     []byte
+}
+
+func (w *webhookSender) String() string  { return "webhook" }
+func (w *webhookSender) batchLimit() int { return 1 }
+
+// WebhookBody is the JSON body of one webhook delivery.
+type WebhookBody struct {
+	ProjectID             string    `json:"projectId"`
+	StreamID              string    `json:"streamId"`
+	Path                  string    `json:"path"`
+	Subscription          string    `json:"subscription"`
+	ConfiguredAtOffset    int64     `json:"configuredAtOffset"`
+	CursorChangedAtOffset int64     `json:"cursorChangedAtOffset"`
+	DeliveryID            string    `json:"deliveryId"`
+	Attempt               int       `json:"attempt"`
+	Event                 itx.Event `json:"event"`
+}
+
+func (w *webhookSender) send(ctx context.Context, d *deliverer, b *DeliveryBatch) (int64, error) {
+	body, err := json.Marshal(WebhookBody{ProjectID: b.ProjectID, StreamID: b.StreamID, Path: b.Path,
+		Subscription: b.Subscription, ConfiguredAtOffset: b.ConfiguredAtOffset,
+		CursorChangedAtOffset: b.CursorChangedAtOffset, DeliveryID: b.DeliveryID, Attempt: b.Attempt, Event: b.Events[0]})
+	if err != nil {
+		return 0, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.url, bytes.NewReader(body))
+	if err != nil {
+		return 0, err
+	}
+	for k, v := range w.headers {
+		req.Header.Set(k, v)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("User-Agent", "itxd")
+	// Standard Webhooks: the id is stable across retries of the same delivery, so a receiver
+	// can dedupe on it as well as on (streamId, offset).
+	id := b.DeliveryID
+	ts := strconv.FormatInt(d.a.srv.clock.Now().Unix(), 10)
+	req.Header.Set("webhook-id", id)
+	req.Header.Set("webhook-timestamp", ts)
+	if w.key != nil {
+		req.Header.Set("webhook-signature", SignWebhook(w.key, id, ts, body))
+	}
+	resp, err := w.client.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return 0, itx.Errorf(itx.EDeadlineExceeded, "webhook: %v", err)
+		}
+		return 0, fmt.Errorf("webhook: %w", err)
+	}
+	io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	resp.Body.Close()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return 0, fmt.Errorf("webhook responded %s", resp.Status)
+	}
+	return 0, nil
+}
+
+// SignWebhook is the Standard Webhooks signature: "v1," + base64(HMAC-SHA256(key,
+// id + "." + timestamp + "." + body)).
+func SignWebhook(key []byte, id, timestamp string, body []byte) string {
+	mac := hmac.New(sha256.New, key)
+	mac.Write([]byte(id + "." + timestamp + "."))
+	mac.Write(body)
+	return "v1," + base64.StdEncoding.EncodeToString(mac.Sum(nil))
+}
+
+// EgressPolicy decides which webhook destinations the server may reach. It is checked when a
+// subscription is configured (the URL's host) and again on every connection (the resolved
+// address), so DNS cannot route around it.
+type EgressPolicy struct {
+	// AllowHosts, when set, lists the only host names (or "*.suffix" patterns) reachable.
+	AllowHosts []string
+	// DenyPrivate refuses loopback, private, link-local and unspecified addresses.
+	DenyPrivate bool
+}
+
+func (p EgressPolicy) checkURL(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return itx.Errorf(itx.EInvalid, "webhook url: %v", err)
+	}
+	host := u.Hostname()
+	if len(p.AllowHosts) > 0 {
+		ok := false
+		for _, pat := range p.AllowHosts {
+			if pat == host || (strings.HasPrefix(pat, "*.") && strings.HasSuffix(host, pat[1:])) {
+				ok = true
+				break
+			}
+		}
+		if !ok {
+			return itx.Errorf(itx.EInvalid, "webhook host %q is not allowed by the server's egress policy", host)
+		}
+	}
+	if ip := net.ParseIP(host); ip != nil {
+		return p.checkIP(ip)
+	}
+	return nil
+}
+
+func (p EgressPolicy) checkIP(ip net.IP) error {
+	if p.DenyPrivate && (ip.IsLoopback() || ip.IsPrivate() || ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() || ip.IsUnspecified()) {
+		return itx.Errorf(itx.EInvalid, "webhook address %s is private and the egress policy denies private addresses", ip)
+	}
+	return nil
+}
+
+func newHTTPClient(p EgressPolicy) *http.Client {
+	dialer := &net.Dialer{Control: func(network, address string, _ syscall.RawConn) error {
+		host, _, err := net.SplitHostPort(address)
+		if err != nil {
+			return err
+		}
+		if ip := net.ParseIP(host); ip != nil {
+			return p.checkIP(ip)
+		}
+		return nil
+	}}
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.DialContext = dialer.DialContext
+	t.Proxy = nil
+	t.MaxIdleConnsPerHost = 32
+	return &http.Client{Transport: t, CheckRedirect: func(*http.Request, []*http.Request) error {
+		return http.ErrUseLastResponse // a redirect is not an acknowledgement
+	}}
+}
+
+// --- copy-to-stream ------------------------------------------------------------------------
+
+// copySender appends a batch into another stream of the same project. Each copy carries its
+// provenance and an idempotency key derived from (subscription, seek epoch, source, offset), so a
+// redelivery never duplicates; the receiving stream's inbound fence refuses stale batches.
+type copySender struct {
+	srv    *Server
+	target StreamRef
+}
+
+func (c *copySender) String() string  { return "copy to " + c.target.Path }
+func (c *copySender) batchLimit() int { return itx.DeliveryBatchEvents }
+
+func (c *copySender) send(ctx context.Context, d *deliverer, b *DeliveryBatch) (int64, error) {
+	var inputs []itx.EventInput
+	var dropped []int64
+	for _, e := range b.Events {
+		if e.Type == itx.TypeWoken || strings.HasPrefix(e.IdempotencyKey, itx.InternalKeyPrefix+"copy-drop") {
+			continue // lifecycle noise and drop audits do not travel
+		}
+		if len(e.Provenance) >= itx.MaxProvenanceHops || onChain(e.Provenance, c.target.Path) {
+			dropped = append(dropped, e.Offset)
+			continue
+		}
+		// The hop records the source event as it was; the transform shapes only the copy.
+		hop := itx.Hop{StreamID: b.StreamID, Path: b.Path, Offset: e.Offset, Subscription: b.Subscription,
+			CursorChangedAtOffset: b.CursorChangedAtOffset, Type: e.Type}
+		shaped := e
+		if d.transform != nil {
+			var err error
+			if shaped, err = applyTransform(d.transform, &e); err != nil {
+				return 0, fmt.Errorf("transform failed on offset %d: %w", e.Offset, err)
+			}
+		}
+		key, _ := json.Marshal([]any{b.Subscription, b.CursorChangedAtOffset, b.ProjectID, b.Path, b.StreamID, e.Offset})
+		prov := append(append([]itx.Hop{}, e.Provenance...), hop)
+		inputs = append(inputs, itx.EventInput{Type: shaped.Type, Payload: shaped.Payload, Metadata: shaped.Metadata,
+			IdempotencyKey: itx.InternalKeyPrefix + "copy:" + string(key), Provenance: prov})
+	}
+	if len(dropped) > 0 {
+		// One audit record per dropped range, keyed so a redelivery does not repeat it.
+		first, last := dropped[0], dropped[len(dropped)-1]
+		key, _ := json.Marshal([]any{b.ProjectID, b.Path, b.StreamID, b.Subscription, b.CursorChangedAtOffset, first, last})
+		payload, _ := json.Marshal(itx.ErrorOccurredPayload{Message: fmt.Sprintf(
+			"dropped %d copied event(s) from %q subscription %q (source offsets %d-%d): their copy path already contains this stream or reached %d hops",
+			len(dropped), b.Path, b.Subscription, first, last, itx.MaxProvenanceHops)})
+		inputs = append(inputs, itx.EventInput{Type: itx.TypeErrorOccurred, Payload: payload,
+			IdempotencyKey: itx.InternalKeyPrefix + "copy-drop:" + string(key)})
+	}
+	if len(inputs) == 0 {
+		return 0, nil
+	}
+	stamp := &copyStamp{SourcePath: b.Path, Name: b.Subscription, StreamID: b.StreamID, CursorChangedAtOffset: b.CursorChangedAtOffset}
+	_, err := c.srv.appendAs(ctx, c.target, inputs, authCopy, stamp)
+	return 0, err
+}
+
+// onChain reports whether a stream path already appears in a provenance chain.
+func onChain(chain []itx.Hop, path string) bool {
+	for _, h := range chain {
+		if h.Path == path {
+			return true
+		}
+	}
+	return false
+}
+
+// --- itx-call ------------------------------------------------------------------------------
+
+// Receiver is a mounted push receiver (a client's Receiver capability, adapted by the capability
+// layer). It returns the offset it confirmed through, 0 for the whole batch.
+type Receiver interface {
+	Receive(ctx context.Context, batch *DeliveryBatch) (int64, error)
+}
+
+type mountKey struct{ projectID, name string }
+
+type mount struct {
+	receiver Receiver
+	at       int64
+}
+
+// receivers is the per-project registry of mounted Receivers.
+type receivers struct {
+	mu     sync.Mutex
+	mounts map[mountKey]*mount
+}
+
+// MountReceiver mounts r under name in a project, replacing any earlier mount of that name (a
+// reconnecting provider takes over at once). The returned function unmounts it if it is still
+// the current mount. Mounting is the presence signal: itx-call subscriptions waiting to retry
+// that capability on loaded streams retry at once.
+func (s *Server) MountReceiver(projectID, name string, r Receiver) (func(), error) {
+	if strings.TrimSpace(name) == "" {
+		return nil, itx.Errorf(itx.EInvalid, "a capability name must not be empty")
+	}
+	m := &mount{receiver: r, at: itx.UnixMilli(s.clock.Now())}
+	key := mountKey{projectID, name}
+	s.recv.mu.Lock()
+	s.recv.mounts[key] = m
+	s.recv.mu.Unlock()
+	s.pokeCapability(projectID, name)
+	return func() {
+		s.recv.mu.Lock()
+		defer s.recv.mu.Unlock()
+		if s.recv.mounts[key] == m {
+			delete(s.recv.mounts, key)
+		}
+	}, nil
+}
+
+// UnmountReceiver removes whatever is mounted under name.
+func (s *Server) UnmountReceiver(projectID, name string) error {
+	s.recv.mu.Lock()
+	defer s.recv.mu.Unlock()
+	key := mountKey{projectID, name}
+	if s.recv.mounts[key] == nil {
+		return itx.Errorf(itx.ENotFound, "no capability is mounted under %q", name)
+	}
+	delete(s.recv.mounts, key)
+	return nil
+}
+
+// MountInfo describes a mounted Receiver.
+type MountInfo struct {
+	Name      string
+	MountedAt int64
+}
+
+// Mounts lists a project's mounted Receivers.
+func (s *Server) Mounts(projectID string) []MountInfo {
+	s.recv.mu.Lock()
+	defer s.recv.mu.Unlock()
+	var out []MountInfo
+	for k, m := range s.recv.mounts {
+		if k.projectID == projectID {
+			out = append(out, MountInfo{Name: k.name, MountedAt: m.at})
+		}
+	}
+	return out
+}
+
+func (s *Server) receiver(projectID, name string) Receiver {
+	s.recv.mu.Lock()
+	defer s.recv.mu.Unlock()
+	if m := s.recv.mounts[mountKey{projectID, name}]; m != nil {
+		return m.receiver
+	}
+	return nil
+}
+
+// pokeCapability wakes the itx-call deliverers of loaded streams that target a capability.
+func (s *Server) pokeCapability(projectID, name string) {
+	s.mu.Lock()
+	var actors []*actor
+	for ref, a := range s.actors {
+		if ref.ProjectID == projectID && isClosed(a.ready) && a.loadErr == nil {
+			actors = append(actors, a)
+		}
+	}
+	s.mu.Unlock()
+	for _, a := range actors {
+		a.mu.Lock()
+		for subName, entry := range a.core.Subscriptions {
+			if entry.Kind() == itx.KindITXCall && entry.Config.Receiver.Capability == name {
+				if r := a.rows[subName]; r != nil && r.NextAttemptAt != 0 {
+					r.NextAttemptAt = 0
+					a.touchRow(subName)
+				}
+			}
+		}
+		a.mu.Unlock()
+		a.wakeDeliverers()
+	}
+}
+
+// wakeDeliverers nudges every deliverer of a loaded stream to look again.
+func (a *actor) wakeDeliverers() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	close(a.changed)
+	a.changed = make(chan struct{})
+}
+
+type itxCallSender struct {
+	srv        *Server
+	projectID  string
+	capability string
+}
+
+func (c *itxCallSender) String() string  { return "itx-call " + c.capability }
+func (c *itxCallSender) batchLimit() int { return itx.DeliveryBatchEvents }
+
+func (c *itxCallSender) send(ctx context.Context, d *deliverer, b *DeliveryBatch) (int64, error) {
+	r := c.srv.receiver(c.projectID, c.capability)
+	if r == nil {
+		return 0, itx.Errorf(itx.ECapabilityOffline, "capability %q is offline: no Receiver is mounted under that name", c.capability)
+	}
+	return r.Receive(ctx, b)
+}
+
+// --- processor-wake ------------------------------------------------------------------------
+
+// processorSender wakes a registered processor contract. This server has no processor registry
+// yet, so every wake fails loudly with the registry's unknown-name error and climbs the ladder.
+type processorSender struct {
+	srv       *Server
+	projectID string
+}
+
+func (p *processorSender) String() string  { return "processor" }
+func (p *processorSender) batchLimit() int { return 1 }
+
+func (p *processorSender) send(ctx context.Context, d *deliverer, b *DeliveryBatch) (int64, error) {
+	return 0, itx.Errorf(itx.ENotFound, "no processor is registered under the name %q", b.Subscription)
+}

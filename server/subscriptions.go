@@ -1,0 +1,186 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/storage"
+)
+
+// The subscription verbs append the stream's own control events through the ordinary append
+// path, so a raw append of the same event type is validated by exactly the same reducer.
+
+// ConfigureSubscription appends stream/subscription-configured and returns the subscription's
+// effective name and birth offset.
+func (s *Server) ConfigureSubscription(ctx context.Context, ref StreamRef, cfg itx.SubscriptionConfig) (string, int64, error) {
+	payload, err := json.Marshal(cfg)
+	if err != nil {
+		return "", 0, itx.Errorf(itx.EInvalid, "subscription config: %v", err)
+	}
+	res, err := s.Append(ctx, ref, []itx.EventInput{{Type: itx.TypeSubscriptionConfigured, Payload: payload}}, AppendOptions{})
+	if err != nil {
+		return "", 0, err
+	}
+	name := strings.TrimSpace(cfg.Name)
+	if name == "" {
+		name = fmt.Sprintf("%s%d", itx.GeneratedNamePrefix, res.Offsets[0])
+	}
+	return name, res.Offsets[0], nil
+}
+
+func (s *Server) appendControl(ctx context.Context, ref StreamRef, typ string, payload any) (int64, error) {
+	b, err := json.Marshal(payload)
+	if err != nil {
+		return 0, err
+	}
+	res, err := s.Append(ctx, ref, []itx.EventInput{{Type: typ, Payload: b}}, AppendOptions{})
+	if err != nil {
+		return 0, err
+	}
+	return res.Offsets[0], nil
+}
+
+// RemoveSubscription appends stream/subscription-removed.
+func (s *Server) RemoveSubscription(ctx context.Context, ref StreamRef, name string) (int64, error) {
+	return s.appendControl(ctx, ref, itx.TypeSubscriptionRemoved, itx.RemovedPayload{Name: name, Reason: "requested"})
+}
+
+// SetSubscriptionCursor appends stream/subscription-cursor-set: delivery resumes after afterOffset
+// under a new seek epoch (acks of deliveries read before it are refused).
+func (s *Server) SetSubscriptionCursor(ctx context.Context, ref StreamRef, name string, afterOffset int64) (int64, error) {
+	return s.appendControl(ctx, ref, itx.TypeSubscriptionCursorSet, itx.CursorSetPayload{Name: name, AfterOffset: afterOffset})
+}
+
+// ResumeSubscription appends stream/subscription-delivery-resumed for a halted subscription.
+func (s *Server) ResumeSubscription(ctx context.Context, ref StreamRef, name string) (int64, error) {
+	return s.appendControl(ctx, ref, itx.TypeSubscriptionResumed, itx.NamePayload{Name: name})
+}
+
+// SubscriptionSummary is a row of Subscriptions.list: the catalog joined with the cursor row.
+type SubscriptionSummary struct {
+	Name               string
+	Kind               string
+	Status             string
+	ConfirmedOffset    int64
+	Lag                int64 // head - confirmed
+	LastError          string
+	ConfiguredAtOffset int64
+}
+
+// SubscriptionDescription is the config and the whole cursor row.
+type SubscriptionDescription struct {
+	Config     itx.SubscriptionConfig
+	Kind       string
+	HeadOffset int64
+	Cursor     storage.CursorRow
+}
+
+// withSubscriptions runs f over a consistent view of the catalog and cursor rows.
+func (s *Server) withSubscriptions(ctx context.Context, ref StreamRef, f func(core *coreState, rows map[string]*storage.CursorRow, head int64) error) error {
+	if err := itx.ValidatePath(ref.Path); err != nil {
+		return err
+	}
+	a, err := s.acquire(ctx, ref)
+	if err != nil {
+		return err
+	}
+	defer s.release(a)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return f(a.core, a.rows, a.head)
+}
+
+// ListSubscriptions lists a stream's subscriptions by name.
+func (s *Server) ListSubscriptions(ctx context.Context, ref StreamRef) ([]SubscriptionSummary, error) {
+	var out []SubscriptionSummary
+	err := s.withSubscriptions(ctx, ref, func(core *coreState, rows map[string]*storage.CursorRow, head int64) error {
+		for name, entry := range core.Subscriptions {
+			sum := SubscriptionSummary{Name: name, Kind: entry.Kind(), Status: storage.StatusActive, ConfiguredAtOffset: entry.ConfiguredAtOffset}
+			if r := rows[name]; r != nil {
+				sum.Status, sum.ConfirmedOffset, sum.LastError = r.Status, r.ConfirmedOffset, r.LastError
+			}
+			sum.Lag = max(0, head-sum.ConfirmedOffset)
+			out = append(out, sum)
+		}
+		return nil
+	})
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, err
+}
+
+// DescribeSubscription returns a subscription's config and cursor row; ENotFound if none.
+func (s *Server) DescribeSubscription(ctx context.Context, ref StreamRef, name string) (SubscriptionDescription, error) {
+	var d SubscriptionDescription
+	err := s.withSubscriptions(ctx, ref, func(core *coreState, rows map[string]*storage.CursorRow, head int64) error {
+		entry, err := core.existing(name)
+		if err != nil {
+			return err
+		}
+		d = SubscriptionDescription{Config: entry.Config, Kind: entry.Kind(), HeadOffset: head}
+		if r := rows[entry.Config.Name]; r != nil {
+			d.Cursor = *r
+		}
+		return nil
+	})
+	return d, err
+}
+
+// WaitUntilProcessed resolves once a subscription's confirmed cursor (a filter watermark
+// included) reaches offset. A halted subscription does not fail early: it times out, saying so.
+func (s *Server) WaitUntilProcessed(ctx context.Context, ref StreamRef, name string, offset int64, timeout time.Duration) (int64, error) {
+	if err := itx.ValidatePath(ref.Path); err != nil {
+		return 0, err
+	}
+	timeout, err := waitTimeout(timeout)
+	if err != nil {
+		return 0, err
+	}
+	a, err := s.acquire(ctx, ref)
+	if err != nil {
+		return 0, err
+	}
+	defer s.release(a)
+	expired := make(chan struct{})
+	t := s.clock.AfterFunc(timeout, func() { close(expired) })
+	defer t.Stop()
+	name = strings.TrimSpace(name)
+	existed := false
+	for {
+		// Copy what is needed under the lock: deliverers move rows concurrently.
+		a.mu.Lock()
+		_, exists := a.core.Subscriptions[name]
+		var confirmed int64
+		status := storage.StatusActive
+		if row := a.rows[name]; row != nil {
+			confirmed, status = row.ConfirmedOffset, row.Status
+		}
+		progress, changed := a.progress, a.changed
+		a.mu.Unlock()
+		switch {
+		case !exists && existed:
+			return 0, itx.Errorf(itx.ENotFound, "subscription %q was removed while waiting", name)
+		case !exists:
+			return 0, itx.Errorf(itx.ENotFound, "subscription %q does not exist", name)
+		}
+		existed = true
+		if confirmed >= offset {
+			return confirmed, nil
+		}
+		select {
+		case <-progress:
+		case <-changed:
+		case <-expired:
+			return 0, itx.Errorf(itx.EDeadlineExceeded, "subscription %q confirmed %d < %d after %dms (status: %s)",
+				name, confirmed, offset, timeout.Milliseconds(), status)
+		case <-ctx.Done():
+			return 0, itx.Errorf(itx.ECancelled, "waitUntilProcessed: %v", ctx.Err())
+		case <-s.base.Done():
+			return 0, itx.Errorf(itx.EUnavailable, "the server is shutting down")
+		}
+	}
+}

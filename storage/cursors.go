@@ -1,0 +1,117 @@
+package storage
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+)
+
+// CursorRow is one row of the seed's subscription_cursors table. Zero means NULL for the
+// nullable integer columns (offsets and times are never legitimately 0 there).
+type CursorRow struct {
+	Name                  string
+	ConfiguredAtOffset    int64 // birth epoch
+	CursorChangedAtOffset int64 // seek epoch
+	ConfirmedOffset       int64
+	Status                string // "active" | "halted"
+
+	Attempt             int
+	NextAttemptAt       int64 // epoch ms
+	FailingEventOffset  int64
+	FailingEventAttempt int
+	FailingEventSkips   int
+	LastError           string
+
+	InFlightDeadlineAt           int64
+	InFlightConnectionGeneration int64
+	UpdatedAt                    string
+}
+
+// Cursor statuses.
+const (
+	StatusActive = "active"
+	StatusHalted = "halted"
+)
+
+func nullInt(v int64) any {
+	if v == 0 {
+		return nil
+	}
+	return v
+}
+
+func nullText(v string) any {
+	if v == "" {
+		return nil
+	}
+	return v
+}
+
+const cursorColumns = `name, configured_at_offset, cursor_changed_at_offset, confirmed_offset, status,
+	attempt, next_attempt_at, failing_event_offset, failing_event_attempt,
+	failing_event_skips_since_last_success, last_error, in_flight_deadline_at,
+	in_flight_connection_generation, updated_at`
+
+func upsertCursor(ctx context.Context, tx *sql.Tx, r *CursorRow) error {
+	_, err := tx.ExecContext(ctx, `insert into subscription_cursors (`+cursorColumns+`)
+		values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+		on conflict (name) do update set
+		configured_at_offset = excluded.configured_at_offset,
+		cursor_changed_at_offset = excluded.cursor_changed_at_offset,
+		confirmed_offset = excluded.confirmed_offset, status = excluded.status,
+		attempt = excluded.attempt, next_attempt_at = excluded.next_attempt_at,
+		failing_event_offset = excluded.failing_event_offset,
+		failing_event_attempt = excluded.failing_event_attempt,
+		failing_event_skips_since_last_success = excluded.failing_event_skips_since_last_success,
+		last_error = excluded.last_error, in_flight_deadline_at = excluded.in_flight_deadline_at,
+		in_flight_connection_generation = excluded.in_flight_connection_generation,
+		updated_at = excluded.updated_at`,
+		r.Name, r.ConfiguredAtOffset, r.CursorChangedAtOffset, r.ConfirmedOffset, r.Status,
+		r.Attempt, nullInt(r.NextAttemptAt), nullInt(r.FailingEventOffset), r.FailingEventAttempt,
+		r.FailingEventSkips, nullText(r.LastError), nullInt(r.InFlightDeadlineAt),
+		nullInt(r.InFlightConnectionGeneration), r.UpdatedAt)
+	if err != nil {
+		return fmt.Errorf("upsert cursor %q: %w", r.Name, err)
+	}
+	return nil
+}
+
+// CursorRows reads every cursor row.
+func (s *Stream) CursorRows(ctx context.Context) ([]CursorRow, error) {
+	rows, err := s.w.QueryContext(ctx, `select `+cursorColumns+` from subscription_cursors order by name`)
+	if err != nil {
+		return nil, fmt.Errorf("read cursors: %w", err)
+	}
+	defer rows.Close()
+	var out []CursorRow
+	for rows.Next() {
+		var r CursorRow
+		var next, failing, deadline, gen sql.NullInt64
+		var lastErr sql.NullString
+		if err := rows.Scan(&r.Name, &r.ConfiguredAtOffset, &r.CursorChangedAtOffset, &r.ConfirmedOffset, &r.Status,
+			&r.Attempt, &next, &failing, &r.FailingEventAttempt, &r.FailingEventSkips, &lastErr, &deadline, &gen,
+			&r.UpdatedAt); err != nil {
+			return nil, fmt.Errorf("read cursors: %w", err)
+		}
+		r.NextAttemptAt, r.FailingEventOffset = next.Int64, failing.Int64
+		r.InFlightDeadlineAt, r.InFlightConnectionGeneration = deadline.Int64, gen.Int64
+		r.LastError = lastErr.String
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// KV reads a value below the reduction; nil if absent.
+func (s *Stream) KV(ctx context.Context, key string) ([]byte, error) {
+	var v []byte
+	err := s.w.QueryRowContext(ctx, `select value from kv where key = ?`, key).Scan(&v)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read kv %q: %w", key, err)
+	}
+	return v, nil
+}
+

@@ -1,0 +1,297 @@
+package itx
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"math"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// The stream's own control event types, reduced by the core processor before commit.
+const (
+	TypeSubscriptionConfigured = "stream/subscription-configured"
+	TypeSubscriptionCursorSet  = "stream/subscription-cursor-set"
+	TypeSubscriptionResumed    = "stream/subscription-delivery-resumed"
+	TypeSubscriptionHalted     = "stream/subscription-delivery-halted"
+	TypeSubscriptionRemoved    = "stream/subscription-removed"
+	TypeProcessorRevived       = "stream/processor-revived"
+	TypeErrorOccurred          = "stream/error-occurred"
+	TypeWoken                  = "stream/woken"
+)
+
+// Receiver kinds: data, not schema. Adding one is one union member here plus one send adapter.
+const (
+	KindWebhookPost   = "webhook-post"
+	KindCopyToStream  = "copy-to-stream"
+	KindITXCall       = "itx-call"
+	KindProcessorWake = "processor-wake"
+)
+
+// Delivery start positions and failing-event policies.
+const (
+	StartBeginning = "beginning"
+	StartNow       = "now"
+	OnFailingHalt  = "halt"
+	OnFailingSkip  = "skip"
+)
+
+// Subscription limits and the retry ladder (DESIGN.md "Constants").
+const (
+	MaxSubscriptionNameLength     = 500
+	GeneratedNamePrefix           = "subscription:"
+	MaxSubscriptionsPerStream     = 256
+	MaxCopySubscriptionsPerTarget = 64 // from one source into one receiving stream
+	MaxInboundSourceRecords       = 1000
+	MaxDeliveryAttempts           = 15
+	FailingEventConfirmAttempts   = 3
+	MaxFailingEventSkips          = 3
+	DeliveryBatchEvents           = 1000
+	DeliveryBatchBytes            = 1 << 20
+	DeliveryTimeout               = 20 * time.Second
+	BackoffBase                   = time.Second
+	BackoffCap                    = 30 * time.Minute
+	BackoffJitter                 = 0.2
+	MaxHaltErrorLength            = 4096
+	MaxCursorErrorLength          = 2000
+	InternalKeyPrefix             = "itx-internal/"
+)
+
+// Backoff is the delay after failed attempt number attempt (1-based): 1 s x 2^(attempt-1),
+// capped at 30 min, with +-20% jitter. Pure: the caller supplies r in [0,1), which maps to a
+// jitter factor of 1 + 0.2*(2r-1).
+func Backoff(attempt int, r float64) time.Duration {
+	base := float64(BackoffBase) * math.Pow(2, float64(max(0, attempt-1)))
+	base = math.Min(base, float64(BackoffCap))
+	return time.Duration(math.Round(base * (1 + BackoffJitter*(r*2-1))))
+}
+
+// SubscriptionConfig is the payload of stream/subscription-configured, the subscription's birth
+// certificate. Its JSON form is what the log stores.
+type SubscriptionConfig struct {
+	Name        string              `json:"name,omitempty"`
+	Description string              `json:"description,omitempty"`
+	Filter      *SubscriptionFilter `json:"filter,omitempty"`
+	Receiver    Receiver            `json:"receiver"`
+}
+
+// SubscriptionFilter makes the cursor a watermark: events that do not match still advance it.
+type SubscriptionFilter struct {
+	EventTypes       []string `json:"eventTypes,omitempty"`       // "*" = all
+	JSONataCondition string   `json:"jsonataCondition,omitempty"` // must evaluate to exactly true
+}
+
+// Receiver is the union of receiver kinds, discriminated by Action.
+type Receiver struct {
+	Action string `json:"action"`
+
+	// webhook-post
+	URL     string            `json:"url,omitempty"`
+	Headers map[string]string `json:"headers,omitempty"`
+	Secret  string            `json:"secret,omitempty"` // Standard Webhooks "whsec_<base64>"
+
+	// copy-to-stream
+	ReceivingStreamPath string `json:"receivingStreamPath,omitempty"`
+
+	// itx-call
+	Capability string `json:"capability,omitempty"`
+
+	// processor-wake
+	Placement string `json:"placement,omitempty"` // "in-process" | "remote"
+
+	// push kinds
+	JSONataTransform string          `json:"jsonataTransform,omitempty"`
+	Delivery         *DeliveryPolicy `json:"delivery,omitempty"`
+}
+
+// DeliveryPolicy is a push receiver's start position and failing-event policy.
+type DeliveryPolicy struct {
+	Start          string `json:"start"`
+	OnFailingEvent string `json:"onFailingEvent"`
+}
+
+// EffectiveDelivery returns the policy with its defaults (beginning, halt).
+func (r *Receiver) EffectiveDelivery() DeliveryPolicy {
+	d := DeliveryPolicy{Start: StartBeginning, OnFailingEvent: OnFailingHalt}
+	if r.Delivery != nil {
+		if r.Delivery.Start != "" {
+			d.Start = r.Delivery.Start
+		}
+		if r.Delivery.OnFailingEvent != "" {
+			d.OnFailingEvent = r.Delivery.OnFailingEvent
+		}
+	}
+	return d
+}
+
+// ValidateSubscriptionName checks a caller-chosen name (already trimmed).
+func ValidateSubscriptionName(name string) error {
+	if name == "" {
+		return Errorf(EInvalid, "subscription name must not be empty")
+	}
+	if n := len([]rune(name)); n > MaxSubscriptionNameLength {
+		return Errorf(EInvalid, "subscription name is %d characters, at most %d", n, MaxSubscriptionNameLength)
+	}
+	return nil
+}
+
+// DecodeStrict decodes a JSON object into v, refusing unknown fields and trailing data.
+func DecodeStrict(raw []byte, v any) error {
+	d := json.NewDecoder(bytes.NewReader(raw))
+	d.DisallowUnknownFields()
+	if err := d.Decode(v); err != nil {
+		return err
+	}
+	if d.More() {
+		return fmt.Errorf("trailing data after the object")
+	}
+	return nil
+}
+
+// ParseSubscriptionConfig decodes and checks a configured payload's shape: everything that can
+// be checked without the stream's state (names against the catalog, caps and JSONata compilation
+// are the core reducer's). Strings are trimmed in place.
+func ParseSubscriptionConfig(payload []byte) (*SubscriptionConfig, error) {
+	var c SubscriptionConfig
+	if err := DecodeStrict(payload, &c); err != nil {
+		return nil, Errorf(EInvalid, "subscription config: %v", err)
+	}
+	c.Name = strings.TrimSpace(c.Name)
+	c.Description = strings.TrimSpace(c.Description)
+	if c.Name != "" {
+		if err := ValidateSubscriptionName(c.Name); err != nil {
+			return nil, err
+		}
+	}
+	if f := c.Filter; f != nil {
+		if f.EventTypes != nil && len(f.EventTypes) == 0 {
+			return nil, Errorf(EInvalid, "filter.eventTypes must list at least one type (or \"*\")")
+		}
+		for i, t := range f.EventTypes {
+			if f.EventTypes[i] = strings.TrimSpace(t); f.EventTypes[i] == "" {
+				return nil, Errorf(EInvalid, "filter.eventTypes[%d] is empty", i)
+			}
+		}
+		f.JSONataCondition = strings.TrimSpace(f.JSONataCondition)
+	}
+	r := &c.Receiver
+	r.JSONataTransform = strings.TrimSpace(r.JSONataTransform)
+	if d := r.Delivery; d != nil {
+		if d.Start != StartBeginning && d.Start != StartNow {
+			return nil, Errorf(EInvalid, "receiver.delivery.start must be %q or %q", StartBeginning, StartNow)
+		}
+		if d.OnFailingEvent != OnFailingHalt && d.OnFailingEvent != OnFailingSkip {
+			return nil, Errorf(EInvalid, "receiver.delivery.onFailingEvent must be %q or %q", OnFailingHalt, OnFailingSkip)
+		}
+	}
+	only := func(kind string, set map[string]bool) error {
+		for field, isSet := range set {
+			if isSet {
+				return Errorf(EInvalid, "receiver.%s is not a field of a %s receiver", field, kind)
+			}
+		}
+		return nil
+	}
+	switch r.Action {
+	case KindWebhookPost:
+		if err := only(r.Action, map[string]bool{"receivingStreamPath": r.ReceivingStreamPath != "", "capability": r.Capability != "", "placement": r.Placement != ""}); err != nil {
+			return nil, err
+		}
+		u, err := url.Parse(r.URL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, Errorf(EInvalid, "receiver.url must be an absolute http or https URL, got %q", r.URL)
+		}
+		if r.Secret != "" && !strings.HasPrefix(r.Secret, "whsec_") {
+			return nil, Errorf(EInvalid, "receiver.secret must be a Standard Webhooks secret (\"whsec_<base64>\")")
+		}
+		if _, err := WebhookSecretKey(r.Secret); err != nil {
+			return nil, err
+		}
+	case KindCopyToStream:
+		if err := only(r.Action, map[string]bool{"url": r.URL != "", "headers": r.Headers != nil, "secret": r.Secret != "", "capability": r.Capability != "", "placement": r.Placement != ""}); err != nil {
+			return nil, err
+		}
+		r.ReceivingStreamPath = strings.TrimSpace(r.ReceivingStreamPath)
+		if err := ValidatePath(r.ReceivingStreamPath); err != nil {
+			return nil, Errorf(EInvalid, "receiver.receivingStreamPath: %s", ErrorMessage(err))
+		}
+		if r.EffectiveDelivery().OnFailingEvent != OnFailingHalt {
+			return nil, Errorf(EInvalid, "copy-to-stream receivers always halt on a failing event: ordered receivers never skip")
+		}
+	case KindITXCall:
+		if err := only(r.Action, map[string]bool{"url": r.URL != "", "headers": r.Headers != nil, "secret": r.Secret != "", "receivingStreamPath": r.ReceivingStreamPath != "", "placement": r.Placement != ""}); err != nil {
+			return nil, err
+		}
+		if r.Capability = strings.TrimSpace(r.Capability); r.Capability == "" {
+			return nil, Errorf(EInvalid, "receiver.capability must name a mounted Receiver")
+		}
+	case KindProcessorWake:
+		if err := only(r.Action, map[string]bool{"url": r.URL != "", "headers": r.Headers != nil, "secret": r.Secret != "", "receivingStreamPath": r.ReceivingStreamPath != "", "capability": r.Capability != ""}); err != nil {
+			return nil, err
+		}
+		if r.JSONataTransform != "" {
+			return nil, Errorf(EInvalid, "processor-wake receivers take no jsonataTransform: replays must be deterministic")
+		}
+		if r.Delivery != nil {
+			return nil, Errorf(EInvalid, "processor-wake receivers take no delivery policy: the processor owns its checkpoint")
+		}
+		switch r.Placement {
+		case "", "in-process", "remote":
+		default:
+			return nil, Errorf(EInvalid, "receiver.placement must be \"in-process\" or \"remote\"")
+		}
+	case "":
+		return nil, Errorf(EInvalid, "receiver.action is required: one of %s, %s, %s, %s", KindWebhookPost, KindCopyToStream, KindITXCall, KindProcessorWake)
+	default:
+		return nil, Errorf(EInvalid, "unknown receiver action %q", r.Action)
+	}
+	return &c, nil
+}
+
+// WebhookSecretKey decodes a Standard Webhooks secret into its HMAC key (nil for none).
+func WebhookSecretKey(secret string) ([]byte, error) {
+	if secret == "" {
+		return nil, nil
+	}
+	key, err := base64Std.DecodeString(strings.TrimPrefix(secret, "whsec_"))
+	if err != nil || len(key) < 16 {
+		return nil, Errorf(EInvalid, "receiver.secret must be \"whsec_\" followed by base64 of at least 16 bytes")
+	}
+	return key, nil
+}
+
+// Payloads of the other core events.
+type (
+	// CursorSetPayload rewinds or advances a subscription: delivery resumes after AfterOffset.
+	CursorSetPayload struct {
+		Name        string `json:"name"`
+		AfterOffset int64  `json:"afterOffset"`
+	}
+	// NamePayload names a subscription (delivery-resumed).
+	NamePayload struct {
+		Name string `json:"name"`
+	}
+	// RemovedPayload removes a subscription.
+	RemovedPayload struct {
+		Name   string `json:"name"`
+		Reason string `json:"reason"` // "requested"
+	}
+	// HaltedPayload is the loud end of the retry ladder.
+	HaltedPayload struct {
+		Name        string `json:"name"`
+		Reason      string `json:"reason"` // "delivery-failed"
+		AfterOffset int64  `json:"afterOffset"`
+		Attempts    int    `json:"attempts"`
+		Error       string `json:"error,omitempty"`
+	}
+	// ErrorOccurredPayload records an error on the stream (evidence, not enforcement).
+	ErrorOccurredPayload struct {
+		Message string          `json:"message"`
+		Error   json.RawMessage `json:"error,omitempty"`
+	}
+)
+
+var base64Std = base64.StdEncoding

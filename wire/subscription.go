@@ -1,0 +1,143 @@
+package wire
+
+import (
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/schema"
+)
+
+// SubscriptionConfigFromSchema decodes a SubscriptionConfig into the configured event's payload.
+func SubscriptionConfigFromSchema(c schema.SubscriptionConfig) (itx.SubscriptionConfig, error) {
+	var cfg itx.SubscriptionConfig
+	var err error
+	if cfg.Name, err = c.Name(); err != nil {
+		return cfg, err
+	}
+	if cfg.Description, err = c.Description(); err != nil {
+		return cfg, err
+	}
+	types, err := TextList(c.FilterTypes())
+	if err != nil {
+		return cfg, err
+	}
+	cond, err := c.FilterCondition()
+	if err != nil {
+		return cfg, err
+	}
+	if len(types) > 0 || cond != "" {
+		cfg.Filter = &itx.SubscriptionFilter{EventTypes: types, JSONataCondition: cond}
+	}
+	r := &cfg.Receiver
+	if r.JSONataTransform, err = c.Transform(); err != nil {
+		return cfg, err
+	}
+	delivery := &itx.DeliveryPolicy{Start: itx.StartBeginning, OnFailingEvent: itx.OnFailingHalt}
+	if c.Start() == schema.StartPosition_now {
+		delivery.Start = itx.StartNow
+	}
+	if c.OnFailingEvent() == schema.FailingEventPolicy_skip {
+		delivery.OnFailingEvent = itx.OnFailingSkip
+	}
+	recv := c.Receiver()
+	switch recv.Which() {
+	case schema.SubscriptionConfig_receiver_Which_webhookPost:
+		w := recv.WebhookPost()
+		r.Action, r.Delivery = itx.KindWebhookPost, delivery
+		if r.URL, err = w.Url(); err != nil {
+			return cfg, err
+		}
+		if r.Secret, err = w.Secret(); err != nil {
+			return cfg, err
+		}
+		headers, err := w.Headers()
+		if err != nil {
+			return cfg, err
+		}
+		for i := 0; i < headers.Len(); i++ {
+			if r.Headers == nil {
+				r.Headers = map[string]string{}
+			}
+			name, _ := headers.At(i).Name()
+			value, _ := headers.At(i).Value()
+			r.Headers[name] = value
+		}
+	case schema.SubscriptionConfig_receiver_Which_copyToStream:
+		r.Action, r.Delivery = itx.KindCopyToStream, delivery
+		if r.ReceivingStreamPath, err = recv.CopyToStream().Path(); err != nil {
+			return cfg, err
+		}
+	case schema.SubscriptionConfig_receiver_Which_itxCall:
+		r.Action, r.Delivery = itx.KindITXCall, delivery
+		if r.Capability, err = recv.ItxCall().Capability(); err != nil {
+			return cfg, err
+		}
+	case schema.SubscriptionConfig_receiver_Which_processorWake:
+		r.Action = itx.KindProcessorWake
+		if r.Placement, err = recv.ProcessorWake().Placement(); err != nil {
+			return cfg, err
+		}
+	}
+	return cfg, nil
+}
+
+// SetSubscriptionConfig encodes a configured payload.
+func SetSubscriptionConfig(dst schema.SubscriptionConfig, cfg *itx.SubscriptionConfig) error {
+	if err := dst.SetName(cfg.Name); err != nil {
+		return err
+	}
+	if err := dst.SetDescription(cfg.Description); err != nil {
+		return err
+	}
+	if f := cfg.Filter; f != nil {
+		if err := SetTextList(f.EventTypes, dst.NewFilterTypes); err != nil {
+			return err
+		}
+		if err := dst.SetFilterCondition(f.JSONataCondition); err != nil {
+			return err
+		}
+	}
+	r := &cfg.Receiver
+	if err := dst.SetTransform(r.JSONataTransform); err != nil {
+		return err
+	}
+	d := r.EffectiveDelivery()
+	if d.Start == itx.StartNow {
+		dst.SetStart(schema.StartPosition_now)
+	}
+	if d.OnFailingEvent == itx.OnFailingSkip {
+		dst.SetOnFailingEvent(schema.FailingEventPolicy_skip)
+	}
+	recv := dst.Receiver()
+	switch r.Action {
+	case itx.KindWebhookPost:
+		recv.SetWebhookPost()
+		w := recv.WebhookPost()
+		if err := w.SetUrl(r.URL); err != nil {
+			return err
+		}
+		if err := w.SetSecret(r.Secret); err != nil {
+			return err
+		}
+		if len(r.Headers) > 0 {
+			list, err := w.NewHeaders(int32(len(r.Headers)))
+			if err != nil {
+				return err
+			}
+			i := 0
+			for k, v := range r.Headers {
+				list.At(i).SetName(k)
+				list.At(i).SetValue(v)
+				i++
+			}
+		}
+	case itx.KindCopyToStream:
+		recv.SetCopyToStream()
+		return recv.CopyToStream().SetPath(r.ReceivingStreamPath)
+	case itx.KindITXCall:
+		recv.SetItxCall()
+		return recv.ItxCall().SetCapability(r.Capability)
+	case itx.KindProcessorWake:
+		recv.SetProcessorWake()
+		return recv.ProcessorWake().SetPlacement(r.Placement)
+	}
+	return nil
+}
