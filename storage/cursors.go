@@ -114,4 +114,3 @@ func (s *Stream) KV(ctx context.Context, key string) ([]byte, error) {
 	}
 	return v, nil
 }
-
