@@ -1,0 +1,353 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/creack/pty"
+	"github.com/stretchr/testify/require"
+)
+
+// cli runs itx in-process, as a shell would, and returns its exit status and output.
+type cli struct {
+	t   *testing.T
+	env map[string]string
+}
+
+func newCLI(t *testing.T) *cli {
+	// A fresh HOME: no config file or history of the machine's user leaks in.
+	return &cli{t: t, env: map[string]string{"HOME": t.TempDir()}}
+}
+
+func (c *cli) run(stdin string, args ...string) (code int, stdout, stderr string) {
+	c.t.Helper()
+	var out, errs bytes.Buffer
+	code = run(args, environment{
+		stdin: strings.NewReader(stdin), stdout: &out, stderr: &errs,
+		getenv: func(k string) string { return c.env[k] },
+	})
+	return code, out.String(), errs.String()
+}
+
+func TestRun_Expression(t *testing.T) {
+	ts := startServer(t)
+	c := newCLI(t)
+	conn := []string{"--addr", ts.addr, "--token", ts.token}
+
+	code, out, errs := c.run("", append(conn, "--json", "-e", `project.streams.get("/e").append({type: "note", payload: {text: "hi"}})`)...)
+	require.Equal(t, exitOK, code, "stderr: %s", errs)
+	require.Empty(t, errs)
+	var res struct {
+		Offsets    []int64 `json:"offsets"`
+		HeadOffset int64   `json:"headOffset"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &res))
+	require.Equal(t, []int64{1}, res.Offsets)
+	require.Equal(t, 1, strings.Count(out, "\n"), "--json prints one document per line: %q", out)
+
+	t.Run("an error exits non-zero", func(t *testing.T) {
+		code, out, errs := c.run("", append(conn, "--json", "-e", `project.streams.get("/e").append({type: ""})`)...)
+		require.Equal(t, exitError, code)
+		require.Empty(t, out)
+		require.JSONEq(t, `{"error": {"code": "invalidArgument", "message": "event 0: type must not be empty"}}`, errs)
+
+		code, _, errs = c.run("", append(conn, "-e", `project.streams.get("/e").append({type: ""})`)...)
+		require.Equal(t, exitError, code)
+		require.Equal(t, "invalidArgument: event 0: type must not be empty\n", errs, "no color off a terminal")
+
+		code, _, errs = c.run("", append(conn, "-e", `project.streams.get("/e").describe(`)...)
+		require.Equal(t, exitError, code)
+		require.True(t, strings.HasPrefix(errs, "SyntaxError: "), errs)
+
+		code, _, errs = c.run("", append(conn, "--json", "-e", `project.streams.get("/e").waitForEvent({types: ["never"], after: 1, timeoutMs: 10})`)...)
+		require.Equal(t, exitError, code)
+		require.Contains(t, errs, `{"error":{"code":"deadlineExceeded","message":"timed out after 10ms`)
+	})
+
+	t.Run("pretty output by default", func(t *testing.T) {
+		code, out, _ := c.run("", append(conn, "-e", `project.streams.get("/e").describe()`)...)
+		require.Equal(t, exitOK, code)
+		require.Contains(t, out, "{\n  \"path\": \"/e\",\n")
+		code, out, _ = c.run("", append(conn, "--output", "table", "-e", `project.streams.list()`)...)
+		require.Equal(t, exitOK, code)
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		require.Len(t, lines, 2, out)
+		require.True(t, strings.HasPrefix(lines[0], "path  streamId"), out)
+		require.True(t, strings.HasPrefix(lines[1], "/e    "), out)
+	})
+
+	t.Run("usage errors exit 2", func(t *testing.T) {
+		code, _, _ := c.run("", append(conn, "-e", "1", "extra")...)
+		require.Equal(t, exitUsage, code)
+		code, _, _ = c.run("", append(conn, "--output", "yaml", "-e", "1")...)
+		require.Equal(t, exitUsage, code)
+		code, _, errs := c.run("", "--addr", ts.addr, "--data", t.TempDir(), "-e", "1")
+		require.Equal(t, exitUsage, code)
+		require.Contains(t, errs, "no token")
+	})
+
+	t.Run("a bad token or address is an error", func(t *testing.T) {
+		code, _, errs := c.run("", "--addr", ts.addr, "--token", "itx_wrong", "--json", "-e", "project.describe()")
+		require.Equal(t, exitError, code)
+		require.Contains(t, errs, `"code":"unauthenticated"`)
+		ln := mustClosedPort(t)
+		code, _, errs = c.run("", "--addr", ln, "--token", ts.token, "-e", "1")
+		require.Equal(t, exitError, code)
+		require.True(t, strings.HasPrefix(errs, "unavailable: "), errs)
+	})
+}
+
+// mustClosedPort returns an address nothing listens on.
+func mustClosedPort(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	l.Close()
+	return addr
+}
+
+func TestRun_Script(t *testing.T) {
+	ts := startServer(t)
+	c := newCLI(t)
+	c.env["ITX_ADDR"], c.env["ITX_TOKEN"] = ts.addr, ts.token
+	dir := t.TempDir()
+
+	script := writeFile(t, dir, "seed.js", `
+const s = project.streams.get(args[0])
+for (let i = 1; i <= 3; i++) {
+  s.append({type: "tick", payload: {i}})
+}
+const events = await s.getEvents({types: ["tick"]})
+print(events.length, events.map(e => e.payload.i).join(","))
+s.describe().headOffset
+`)
+	code, out, errs := c.run("", script, "/script")
+	require.Equal(t, exitOK, code, "stderr: %s", errs)
+	require.Equal(t, "3 1,2,3\n", out, "a script prints what it prints, not its completion value")
+
+	code, out, errs = c.run("", "--json", script, "/script")
+	require.Equal(t, exitOK, code, "stderr: %s", errs)
+	require.Equal(t, "6\n\"1,2,3,1,2,3\"\n", out, "print() writes one JSON document per argument in --json mode")
+
+	failing := writeFile(t, dir, "fail.js", `
+print("before")
+project.streams.get("/script").append({type: "x", payload: "{not json"})
+print("after")
+`)
+	code, out, errs = c.run("", failing)
+	require.Equal(t, exitError, code)
+	require.Equal(t, "before\n", out)
+	require.True(t, strings.HasPrefix(errs, "invalidArgument: "), errs)
+
+	code, out, _ = c.run(`print(project.streams.get("/script").describe().headOffset)`, "-")
+	require.Equal(t, exitOK, code)
+	require.Equal(t, "6\n", out, "- reads the script from stdin")
+	code, out, _ = c.run(`print(project.streams.list().length)`)
+	require.Equal(t, exitOK, code)
+	require.Equal(t, "1\n", out, "stdin that is not a terminal is a script")
+
+	code, _, _ = c.run("", filepath.Join(dir, "missing.js"))
+	require.Equal(t, exitUsage, code)
+}
+
+func TestRun_Config(t *testing.T) {
+	ts := startServer(t)
+	expr := []string{"--json", "-e", "project.describe().name"}
+
+	t.Run("token from the data directory", func(t *testing.T) {
+		c := newCLI(t)
+		code, out, errs := c.run("", append([]string{"--addr", ts.addr, "--data", ts.dir}, expr...)...)
+		require.Equal(t, exitOK, code, errs)
+		require.Equal(t, "\"default\"\n", out)
+		c.env["ITX_DATA"] = ts.dir
+		code, _, errs = c.run("", append([]string{"--addr", ts.addr}, expr...)...)
+		require.Equal(t, exitOK, code, errs)
+	})
+
+	t.Run("environment", func(t *testing.T) {
+		c := newCLI(t)
+		c.env["ITX_ADDR"], c.env["ITX_TOKEN"] = ts.addr, ts.token
+		code, _, errs := c.run("", expr...)
+		require.Equal(t, exitOK, code, errs)
+		c.env["ITX_TOKEN"] = "itx_wrong"
+		code, _, errs = c.run("", append([]string{"--token", ts.token}, expr...)...)
+		require.Equal(t, exitOK, code, "a flag beats the environment: %s", errs)
+	})
+
+	t.Run("config file", func(t *testing.T) {
+		c := newCLI(t)
+		c.env["XDG_CONFIG_HOME"] = t.TempDir()
+		writeFile(t, c.env["XDG_CONFIG_HOME"], "itx/config.json", `{"addr": "`+ts.addr+`", "token": "`+ts.token+`"}`)
+		code, _, errs := c.run("", expr...)
+		require.Equal(t, exitOK, code, errs)
+
+		c = newCLI(t)
+		writeFile(t, c.env["HOME"], ".config/itx/config.json", `{"addr": "`+ts.addr+`", "token": "`+ts.token+`"}`)
+		code, _, errs = c.run("", expr...)
+		require.Equal(t, exitOK, code, errs)
+
+		path := writeFile(t, t.TempDir(), "other.json", `{"addr": "`+ts.addr+`", "token": "itx_wrong"}`)
+		code, _, errs = c.run("", append([]string{"--config", path}, expr...)...)
+		require.Equal(t, exitError, code, "--config replaces the default file")
+		require.Contains(t, errs, "unauthenticated")
+
+		code, _, _ = c.run("", append([]string{"--config", filepath.Join(t.TempDir(), "none.json")}, expr...)...)
+		require.Equal(t, exitUsage, code, "a config file named explicitly must exist")
+	})
+}
+
+// The exit status reaches the shell: itx as a separate process.
+func TestMain_ExitStatus(t *testing.T) {
+	ts := startServer(t)
+	itx := func(args ...string) *exec.Cmd {
+		cmd := exec.Command(os.Args[0], args...)
+		cmd.Env = append(os.Environ(), "ITX_TEST_MAIN=1", "HOME="+t.TempDir(), "ITX_ADDR="+ts.addr, "ITX_TOKEN="+ts.token)
+		return cmd
+	}
+	out, err := itx("--json", "-e", `project.streams.get("/x").append({type: "a"}).headOffset`).Output()
+	require.NoError(t, err)
+	require.Equal(t, "1\n", string(out))
+
+	err = itx("--json", "-e", `project.streams.get("/x").append({type: ""})`).Run()
+	var exit *exec.ExitError
+	require.True(t, errors.As(err, &exit), "want an exit error, got %v", err)
+	require.Equal(t, exitError, exit.ExitCode())
+}
+
+// terminal drives itx through a pseudo-terminal, as a person at a keyboard would.
+type terminal struct {
+	t    *testing.T
+	pty  *os.File
+	out  *syncBuffer
+	mark int // expect searches output after this index
+}
+
+func (term *terminal) send(keys string) {
+	term.t.Helper()
+	_, err := term.pty.Write([]byte(keys))
+	require.NoError(term.t, err)
+}
+
+// expect waits until s appears in the output after the previous match.
+func (term *terminal) expect(s string) {
+	term.t.Helper()
+	deadline := time.After(20 * time.Second)
+	for {
+		term.out.mu.Lock()
+		all, changed := term.out.buf.String(), term.out.changed
+		term.out.mu.Unlock()
+		if i := strings.Index(all[term.mark:], s); i >= 0 {
+			term.mark += i + len(s)
+			return
+		}
+		select {
+		case <-changed:
+		case <-deadline:
+			term.t.Fatalf("timed out waiting for %q; output after the last match:\n%q", s, all[term.mark:])
+		}
+	}
+}
+
+func TestTerminal_Session(t *testing.T) {
+	ts := startServer(t)
+	home := t.TempDir()
+	history := filepath.Join(home, "state", "history")
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), "ITX_TEST_MAIN=1", "HOME="+home, "ITX_ADDR="+ts.addr, "ITX_TOKEN="+ts.token,
+		"ITX_HISTORY="+history, "XDG_CONFIG_HOME=", "NO_COLOR=", "TERM=xterm")
+	ptmx, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: 50, Cols: 200})
+	require.NoError(t, err)
+	defer ptmx.Close()
+	term := &terminal{t: t, pty: ptmx, out: newSyncBuffer()}
+	go io.Copy(term.out, ptmx)
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	defer func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+		}
+	}()
+
+	term.expect(`connected to ` + ts.addr)
+
+	// Each line is typed at a prompt, as a person does: the prompt is drawn once the terminal
+	// is back in raw mode.
+	term.expect("itx> ")
+	term.send(`let a = project.streams.get("/pty")` + "\r")
+	term.expect("itx> ")
+	term.send(`a.append({type: "note", payload: {text: "from pty"}})` + "\r")
+	term.expect(`"headOffset": 1`)
+	term.expect("itx> ")
+	term.send("a.getEvents()\r")
+	term.expect(`"text": "from pty"`)
+
+	// A typed error, in red, and the session goes on.
+	term.expect("itx> ")
+	term.send(`a.append({type: ""})` + "\r")
+	term.expect("\x1b[31minvalidArgument: event 0: type must not be empty")
+	term.expect("itx> ")
+	term.send("a.describe().headOffset + 41\r")
+	term.expect("42")
+
+	// Tab completes a method name from the schema: without it this line is a syntax error.
+	term.expect("itx> ")
+	term.send("a.waitF\t")
+	term.expect("orEvent(")
+	term.send(`{types: ["note"]})` + "\r")
+	term.expect(`"type": "note"`)
+
+	// Multi-line input.
+	term.expect("itx> ")
+	term.send("a.getEvents({\r")
+	term.expect("...  ")
+	term.send("limit: 1, types: [\"note\"]})\r")
+	term.expect(`"offset": 1`)
+
+	// A list of flat records prints as a table on a terminal.
+	term.expect("itx> ")
+	term.send("project.streams.list()\r")
+	term.expect("subscriptionCount")
+	term.expect("/pty")
+
+	// Ctrl-C at the prompt drops the line and stays.
+	term.expect("itx> ")
+	term.send("abandoned")
+	term.send("\x03")
+	term.expect("^C")
+	term.expect("itx> ")
+	term.send(`"still " + "here"` + "\r")
+	term.expect(`"still here"`)
+
+	// Ctrl-C during a call cancels it (without it the barrier waits a minute).
+	term.expect("itx> ")
+	term.send(`print("wait" + "ing"); a.waitForEvent({types: ["never"], after: 1, timeoutMs: 60000})` + "\r")
+	term.expect("waiting")
+	term.send("\x03")
+	term.expect("cancelled: ")
+	term.expect("itx> ")
+	term.send(`"ok" + "ay"` + "\r")
+	term.expect(`"okay"`)
+
+	// Ctrl-D leaves.
+	term.expect("itx> ")
+	term.send("\x04")
+	select {
+	case err := <-exited:
+		require.NoError(t, err, "itx exits 0 on Ctrl-D")
+	case <-time.After(20 * time.Second):
+		t.Fatal("itx did not exit on Ctrl-D")
+	}
+	b, err := os.ReadFile(history)
+	require.NoError(t, err)
+	require.Contains(t, string(b), `a.append({type: "note", payload: {text: "from pty"}})`+"\n")
+	require.Contains(t, string(b), `a.getEvents({ limit: 1, types: ["note"]})`+"\n", "a multi-line input is one history entry")
+}

@@ -1,0 +1,149 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+)
+
+// defaultAddr is where `make run` (and itxd without --listen) serves.
+const defaultAddr = "127.0.0.1:7878"
+
+// defaultDataDir is itxd's default data directory: `make run` then `itx` in the repository
+// logs in with the token itxd recorded there.
+const defaultDataDir = ".itx-data"
+
+// fileConfig is the config file, $XDG_CONFIG_HOME/itx/config.json (or ~/.config/itx/config.json).
+type fileConfig struct {
+	Addr  string `json:"addr"`
+	Token string `json:"token"`
+}
+
+// credentials is the part of itxd's <data>/credentials.json that itx reads. It is copied from
+// server.Credentials rather than imported, so the client does not link the server (and SQLite).
+type credentials struct {
+	ProjectToken string `json:"projectToken"`
+}
+
+// resolved is where to connect, with where each value came from (shown in the banner).
+type resolved struct {
+	addr, addrFrom   string
+	token, tokenFrom string
+}
+
+// settings are the flag values resolution starts from; empty means not given.
+type settings struct {
+	addr, token, configPath, dataDir string
+}
+
+// resolve picks the address and token: flags, then ITX_ADDR / ITX_TOKEN, then the config file,
+// then (token only) the project token of a local itxd's data directory; the address defaults
+// to itxd's default listen address.
+func resolve(st settings, getenv func(string) string) (resolved, error) {
+	var r resolved
+	pick := func(dst, from *string, candidates ...[2]string) {
+		for _, c := range candidates {
+			if c[0] != "" {
+				*dst, *from = c[0], c[1]
+				return
+			}
+		}
+	}
+	fc, path, err := readConfigFile(st.configPath, getenv)
+	if err != nil {
+		return r, err
+	}
+	pick(&r.addr, &r.addrFrom, [2]string{st.addr, "--addr"}, [2]string{getenv("ITX_ADDR"), "ITX_ADDR"},
+		[2]string{fc.Addr, path}, [2]string{defaultAddr, "default"})
+	pick(&r.token, &r.tokenFrom, [2]string{st.token, "--token"}, [2]string{getenv("ITX_TOKEN"), "ITX_TOKEN"},
+		[2]string{fc.Token, path})
+	if r.token == "" {
+		dataDir := st.dataDir
+		if dataDir == "" {
+			dataDir = getenv("ITX_DATA")
+		}
+		if dataDir == "" {
+			dataDir = defaultDataDir
+		}
+		credPath := filepath.Join(dataDir, "credentials.json")
+		b, err := os.ReadFile(credPath)
+		switch {
+		case err == nil:
+			var c credentials
+			if err := json.Unmarshal(b, &c); err != nil {
+				return r, fmt.Errorf("read %s: %w", credPath, err)
+			}
+			r.token, r.tokenFrom = c.ProjectToken, credPath
+		case !errors.Is(err, fs.ErrNotExist):
+			return r, fmt.Errorf("read %s: %w", credPath, err)
+		}
+	}
+	if r.token == "" {
+		return r, errors.New("no token: pass --token, set ITX_TOKEN, write {\"addr\", \"token\"} to " +
+			configPathHint(getenv) + ", or run itx where itxd's data directory (.itx-data, or --data) is")
+	}
+	return r, nil
+}
+
+// readConfigFile reads the config file; a missing default file is no error, a missing file
+// named by --config or ITX_CONFIG is.
+func readConfigFile(explicit string, getenv func(string) string) (fileConfig, string, error) {
+	var fc fileConfig
+	path := explicit
+	if path == "" {
+		path = getenv("ITX_CONFIG")
+	}
+	required := path != ""
+	if path == "" {
+		path = defaultConfigPath(getenv)
+		if path == "" {
+			return fc, "", nil
+		}
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		if !required && errors.Is(err, fs.ErrNotExist) {
+			return fc, path, nil
+		}
+		return fc, path, fmt.Errorf("read config: %w", err)
+	}
+	if err := json.Unmarshal(b, &fc); err != nil {
+		return fc, path, fmt.Errorf("read config %s: %w", path, err)
+	}
+	return fc, path, nil
+}
+
+func defaultConfigPath(getenv func(string) string) string {
+	if dir := getenv("XDG_CONFIG_HOME"); dir != "" {
+		return filepath.Join(dir, "itx", "config.json")
+	}
+	if home := getenv("HOME"); home != "" {
+		return filepath.Join(home, ".config", "itx", "config.json")
+	}
+	return ""
+}
+
+func configPathHint(getenv func(string) string) string {
+	if p := defaultConfigPath(getenv); p != "" {
+		return p
+	}
+	return "~/.config/itx/config.json"
+}
+
+// historyPath is the REPL's history file: ITX_HISTORY, else $XDG_STATE_HOME/itx/history (or
+// ~/.local/state/itx/history).
+func historyPath(getenv func(string) string) string {
+	if p := getenv("ITX_HISTORY"); p != "" {
+		return p
+	}
+	if dir := getenv("XDG_STATE_HOME"); dir != "" {
+		return filepath.Join(dir, "itx", "history")
+	}
+	if home := getenv("HOME"); home != "" {
+		return filepath.Join(home, ".local", "state", "itx", "history")
+	}
+	return ""
+}

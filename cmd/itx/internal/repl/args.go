@@ -1,0 +1,236 @@
+package repl
+
+import (
+	"encoding/json"
+	"math"
+	"strings"
+
+	"github.com/dop251/goja"
+	"github.com/itx-dev/itx"
+)
+
+// options reads one JavaScript options object ({after: 3, types: ["a"]}). A key it does not
+// know is refused, naming the keys it does know: a typo must not silently read the whole
+// stream.
+type options struct {
+	s      *Session
+	what   string // "getEvents" or "getEvents: event 2", for messages
+	obj    *goja.Object
+	known  []string
+	errors []string
+}
+
+// opts reads v as an options object; undefined and null read as an empty one.
+func (s *Session) opts(what string, v goja.Value, known ...string) (*options, error) {
+	o := &options{s: s, what: what, known: known}
+	if isAbsent(v) {
+		return o, nil
+	}
+	obj, ok := v.(*goja.Object)
+	if !ok || obj.ClassName() == "Array" || obj.ClassName() == "Function" {
+		return nil, itx.Errorf(itx.EInvalid, "%s: expected an options object {%s}, got %s", what, strings.Join(known, ", "), describeValue(v))
+	}
+	for _, k := range obj.Keys() {
+		if !contains(known, k) {
+			return nil, itx.Errorf(itx.EInvalid, "%s: unknown option %q (known: %s)", what, k, strings.Join(known, ", "))
+		}
+	}
+	o.obj = obj
+	return o, nil
+}
+
+func isAbsent(v goja.Value) bool {
+	return v == nil || goja.IsUndefined(v) || goja.IsNull(v)
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func describeValue(v goja.Value) string {
+	if isAbsent(v) {
+		return v.String()
+	}
+	if obj, ok := v.(*goja.Object); ok {
+		return "a " + strings.ToLower(obj.ClassName())
+	}
+	switch v.Export().(type) {
+	case string:
+		return "a string"
+	case bool:
+		return "a boolean"
+	case int64, float64:
+		return "a number"
+	}
+	return v.String()
+}
+
+func (o *options) get(key string) goja.Value {
+	if o.obj == nil {
+		return nil
+	}
+	v := o.obj.Get(key)
+	if isAbsent(v) {
+		return nil
+	}
+	return v
+}
+
+func (o *options) fail(key, format string, args ...any) {
+	o.errors = append(o.errors, key+": "+sprintf(format, args...))
+}
+
+// err reports every problem found, in one error.
+func (o *options) err() error {
+	if len(o.errors) == 0 {
+		return nil
+	}
+	return itx.Errorf(itx.EInvalid, "%s: %s", o.what, strings.Join(o.errors, "; "))
+}
+
+func (o *options) has(key string) bool { return o.get(key) != nil }
+
+// uint reads a non-negative integer (offsets, limits, timeouts).
+func (o *options) uint(key string) int64 {
+	v := o.get(key)
+	if v == nil {
+		return 0
+	}
+	n, ok := toUint(v)
+	if !ok {
+		o.fail(key, "expected a non-negative integer, got %s", v.String())
+	}
+	return n
+}
+
+func toUint(v goja.Value) (int64, bool) {
+	switch n := v.Export().(type) {
+	case int64:
+		return n, n >= 0
+	case float64:
+		if n >= 0 && n == math.Trunc(n) && n < 1<<63 {
+			return int64(n), true
+		}
+	}
+	return 0, false
+}
+
+func (o *options) str(key string) string {
+	v := o.get(key)
+	if v == nil {
+		return ""
+	}
+	s, ok := v.Export().(string)
+	if !ok {
+		o.fail(key, "expected a string, got %s", describeValue(v))
+	}
+	return s
+}
+
+func (o *options) bool(key string) bool {
+	v := o.get(key)
+	if v == nil {
+		return false
+	}
+	b, ok := v.Export().(bool)
+	if !ok {
+		o.fail(key, "expected true or false, got %s", describeValue(v))
+	}
+	return b
+}
+
+// strings reads a list of strings; a lone string reads as a list of one.
+func (o *options) strings(key string) []string {
+	v := o.get(key)
+	if v == nil {
+		return nil
+	}
+	if s, ok := v.Export().(string); ok {
+		return []string{s}
+	}
+	arr, ok := v.(*goja.Object)
+	if !ok || arr.ClassName() != "Array" {
+		o.fail(key, "expected an array of strings, got %s", describeValue(v))
+		return nil
+	}
+	var out []string
+	for _, k := range arr.Keys() {
+		s, ok := arr.Get(k).Export().(string)
+		if !ok {
+			o.fail(key, "expected an array of strings, element %s is %s", k, describeValue(arr.Get(k)))
+			return nil
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// json reads a value sent as JSON text: an object is encoded with JSON.stringify (its key
+// order kept), a string is taken to be JSON text already.
+func (o *options) json(key string) json.RawMessage {
+	v := o.get(key)
+	if v == nil {
+		return nil
+	}
+	raw, err := o.s.jsonText(v)
+	if err != nil {
+		o.fail(key, "%v", err)
+	}
+	return raw
+}
+
+// jsonText encodes v as JSON text; a string is passed through as JSON text.
+func (s *Session) jsonText(v goja.Value) (json.RawMessage, error) {
+	if str, ok := v.Export().(string); ok {
+		return json.RawMessage(str), nil
+	}
+	out, err := s.stringify(goja.Undefined(), v)
+	if err != nil {
+		return nil, err
+	}
+	if goja.IsUndefined(out) {
+		return nil, itx.Errorf(itx.EInvalid, "%s cannot be encoded as JSON", describeValue(v))
+	}
+	return json.RawMessage(out.String()), nil
+}
+
+// stringArg reads a positional string argument, or the named key of an options object:
+// remove("agent") and remove({name: "agent"}) are the same call.
+func (s *Session) stringArg(what string, args []goja.Value, i int, key string) (string, error) {
+	var v goja.Value
+	if i < len(args) {
+		v = args[i]
+	}
+	if str, ok := exportString(v); ok {
+		return str, nil
+	}
+	if obj, ok := v.(*goja.Object); ok && obj.ClassName() == "Object" {
+		o, err := s.opts(what, v, key)
+		if err != nil {
+			return "", err
+		}
+		str := o.str(key)
+		return str, o.err()
+	}
+	return "", itx.Errorf(itx.EInvalid, "%s: expected %s as a string, got %s", what, key, describeValue(v))
+}
+
+func exportString(v goja.Value) (string, bool) {
+	if isAbsent(v) {
+		return "", false
+	}
+	s, ok := v.Export().(string)
+	return s, ok
+}
+
+func arg(args []goja.Value, i int) goja.Value {
+	if i < len(args) {
+		return args[i]
+	}
+	return goja.Undefined()
+}

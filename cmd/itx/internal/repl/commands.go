@@ -1,0 +1,259 @@
+package repl
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/schema"
+)
+
+// Command is one command of the client: `.name args` at the prompt and, when CLI is set,
+// `itx name args` from a shell. A live view (tail a connection, watch a live state) is one
+// more entry here: it runs until its context is cancelled (Ctrl-C) and prints as it goes.
+type Command struct {
+	Name string
+	Args string // argument synopsis for help
+	Help string
+	CLI  bool // also runnable as `itx <name> ...`
+	Run  func(ctx context.Context, s *Session, args []string) error
+}
+
+// ErrExit is returned by .exit.
+var ErrExit = errors.New("exit")
+
+var commands = map[string]*Command{}
+
+func register(c *Command) { commands[c.Name] = c }
+
+// LookupCommand returns the command called name, if any.
+func LookupCommand(name string) (*Command, bool) {
+	c, ok := commands[name]
+	return c, ok
+}
+
+// Commands lists the commands by name.
+func Commands() []*Command {
+	out := make([]*Command, 0, len(commands))
+	for _, c := range commands {
+		out = append(out, c)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+func init() {
+	register(&Command{Name: "help", Args: "[interface]", Help: "show commands, or the methods of an interface (.help Stream)", Run: runHelp})
+	register(&Command{Name: "exit", Help: "leave (Ctrl-D does too)", Run: func(context.Context, *Session, []string) error { return ErrExit }})
+	register(&Command{Name: "output", Args: "[auto|pretty|json|table]", Help: "show or set how results print", Run: runOutput})
+	register(&Command{Name: "tail", Args: "<path> [after]", CLI: true,
+		Help: "open a connection and print events as they are appended, until Ctrl-C (default: after the head)", Run: runTail})
+	register(&Command{Name: "watch", Args: "<path>", CLI: true,
+		Help: "print a stream's live state (snapshot, then patches) until Ctrl-C", Run: runWatch})
+}
+
+// RunCommand runs the command line `name args...` (without the leading dot).
+func (s *Session) RunCommand(ctx context.Context, line string) error {
+	fields := strings.Fields(line)
+	if len(fields) == 0 {
+		return nil
+	}
+	c, ok := commands[fields[0]]
+	if !ok {
+		return itx.Errorf(itx.EInvalid, "unknown command .%s (try .help)", fields[0])
+	}
+	s.vmMu.Lock()
+	defer s.vmMu.Unlock()
+	return c.Run(ctx, s, fields[1:])
+}
+
+const helpIntro = `Expressions are JavaScript; ` + "`project`" + ` is the project you logged into. For example:
+  project.streams.get("/a").append({type: "note", payload: {text: "hi"}})
+  project.streams.get("/a").getEvents({after: 0})
+  let a = project.streams.get("/a"); a.describe()
+  project.streams.list()
+  project.streams.get("/a").subscriptions.get("agent").describe()
+Navigation (.streams, .get(path), .subscriptions, ...) is pipelined; the last call waits.
+Calls return their results directly (await is accepted and does nothing). Tab completes.
+`
+
+func runHelp(ctx context.Context, s *Session, args []string) error {
+	w := s.cfg.Out
+	if len(args) > 0 {
+		ifc, ok := s.ifcs[args[0]]
+		if !ok {
+			return itx.Errorf(itx.EInvalid, "no interface %q (%s)", args[0], strings.Join(boundInterfaces(), ", "))
+		}
+		fmt.Fprintf(w, "%s:\n", ifc.Name)
+		for _, m := range ifc.Methods {
+			fmt.Fprintf(w, "  %s\n", usage(ifc.Name, m))
+		}
+		return nil
+	}
+	fmt.Fprint(w, helpIntro)
+	fmt.Fprintln(w, "\nCommands:")
+	for _, c := range Commands() {
+		fmt.Fprintf(w, "  .%-33s %s\n", strings.TrimSpace(c.Name+" "+c.Args), c.Help)
+	}
+	fmt.Fprintf(w, "\nInterfaces (.help <name>): %s\n", strings.Join(boundInterfaces(), ", "))
+	return nil
+}
+
+// usage is how a method is called from JavaScript.
+func usage(iface string, m Method) string {
+	if b, ok := bindings[iface][m.Name]; ok {
+		return b.usage
+	}
+	if m.Property {
+		return "." + m.Name + " -> " + m.Returns
+	}
+	return m.Name + "(" + strings.Join(m.Params, ", ") + ") -> " + m.Returns
+}
+
+// boundInterfaces lists the interfaces reachable from `project`.
+func boundInterfaces() []string {
+	out := make([]string, 0, len(bindings))
+	for name := range bindings {
+		out = append(out, name)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func runOutput(ctx context.Context, s *Session, args []string) error {
+	if len(args) == 0 {
+		fmt.Fprintln(s.cfg.Out, s.cfg.Format)
+		return nil
+	}
+	f, err := ParseFormat(args[0])
+	if err != nil {
+		return itx.Errorf(itx.EInvalid, "%v", err)
+	}
+	s.cfg.Format = f
+	return nil
+}
+
+// streamArg reads a <path> argument.
+func streamArg(name string, args []string) (capPath, error) {
+	if len(args) == 0 {
+		return capPath{}, itx.Errorf(itx.EInvalid, "usage: .%s %s", name, commands[name].Args)
+	}
+	return capPath{iface: "Stream", steps: []step{{method: "streams"}, {method: "get", arg: args[0]}}}, nil
+}
+
+func runTail(ctx context.Context, s *Session, args []string) error {
+	p, err := streamArg("tail", args)
+	if err != nil {
+		return err
+	}
+	c := s.client(p)
+	defer c.Release()
+	var after int64
+	if len(args) > 1 {
+		if after, err = strconv.ParseInt(args[1], 10, 64); err != nil || after < 0 {
+			return itx.Errorf(itx.EInvalid, "tail: after must be an offset, got %q", args[1])
+		}
+	} else {
+		info, err := client.Describe(ctx, schema.Stream(c))
+		if err != nil {
+			return err
+		}
+		after = info.HeadOffset
+	}
+	conn, err := s.openConnection(ctx, c, s.toJS(map[string]any{"after": after, "openedBy": "itx tail"}))
+	if err != nil {
+		return err
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		conn.close(cctx, "itx tail ended")
+	}()
+	// A notice on stderr: stdout carries only events, one per line.
+	fmt.Fprintf(s.cfg.Err, "tailing %s after offset %d; Ctrl-C stops\n", args[0], after)
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-s.Done():
+			return itx.Errorf(itx.EUnavailable, "the connection to itxd ended")
+		case <-conn.sink.wake:
+		}
+		events, dropped, closed := conn.sink.take()
+		if dropped > 0 {
+			fmt.Fprintf(s.cfg.Err, "(%d events dropped: output too slow)\n", dropped)
+		}
+		for _, e := range eventsJS(events) {
+			s.printEventLine(e)
+		}
+		if closed != nil {
+			return closed
+		}
+	}
+}
+
+// printEventLine prints one tailed event: a JSON document in the JSON format, otherwise
+// "offset  type  payload".
+func (s *Session) printEventLine(e eventJS) {
+	if s.cfg.Format == FormatJSON {
+		b, _ := json.Marshal(e)
+		fmt.Fprintln(s.cfg.Out, string(b))
+		return
+	}
+	fmt.Fprintf(s.cfg.Out, "%d  %s  %s\n", e.Offset, e.Type, e.Payload)
+}
+
+func runWatch(ctx context.Context, s *Session, args []string) error {
+	p, err := streamArg("watch", args)
+	if err != nil {
+		return err
+	}
+	c := s.client(p)
+	defer c.Release()
+	v, err := streamLiveView(ctx, s, c)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		v.cancel(cctx)
+	}()
+	var shownSnapshot uint64
+	first := true
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-s.Done():
+			return itx.Errorf(itx.EUnavailable, "the connection to itxd ended")
+		case <-v.wake:
+		}
+		snapshot, state, patches, dropped := v.takePatches()
+		if first || snapshot != shownSnapshot || dropped > 0 {
+			// The first frame, or a new snapshot (the server resubscribed after a gap): show
+			// the whole state, then the patches that followed it.
+			fmt.Fprintf(s.cfg.Out, "snapshot at revision %d\n%s\n", snapshot, indentJSON(state))
+			first, shownSnapshot = false, snapshot
+		}
+		for _, pt := range patches {
+			fmt.Fprintf(s.cfg.Out, "revision %d: %s\n", pt.Revision, pt.Ops)
+		}
+	}
+}
+
+func indentJSON(raw json.RawMessage) string {
+	var b bytes.Buffer
+	if err := json.Indent(&b, raw, "", "  "); err != nil {
+		return string(raw)
+	}
+	return b.String()
+}

@@ -1,0 +1,374 @@
+package repl
+
+import (
+	"context"
+	"encoding/json"
+	"sync"
+
+	"capnproto.org/go/capnp/v3"
+	"github.com/dop251/goja"
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/schema"
+	"github.com/itx-dev/itx/wire"
+)
+
+// Live views: a connection (Stream.openConnection, pushed events) and a live-state
+// registration (Stream.liveState, Processor.liveState: a snapshot then patches). The server
+// calls back into capabilities this process serves, which buffer what arrives until a script
+// or a command (.tail, .watch) reads it.
+
+// liveHandle is something the session ends when it closes.
+type liveHandle interface{ release() }
+
+// maxBuffered bounds what a connection or live view keeps unread; older entries are dropped
+// (and counted) so a forgotten connection cannot grow without bound.
+const maxBuffered = 10_000
+
+// eventSink is the EventSink served for a connection opened from itx.
+type eventSink struct {
+	mu      sync.Mutex
+	events  []itx.Event
+	dropped int
+	closed  *itx.Error // the close reason, once the server closed the connection
+	wake    chan struct{}
+}
+
+func newEventSink() *eventSink { return &eventSink{wake: make(chan struct{}, 1)} }
+
+func (k *eventSink) signal() {
+	select {
+	case k.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (k *eventSink) Deliver(ctx context.Context, call schema.EventSink_deliver) error {
+	batch, err := call.Args().Batch()
+	if err != nil {
+		return err
+	}
+	list, err := batch.Events()
+	if err != nil {
+		return err
+	}
+	events, err := wire.EventsFromSchema(list)
+	if err != nil {
+		return err
+	}
+	k.mu.Lock()
+	k.events = append(k.events, events...)
+	if over := len(k.events) - maxBuffered; over > 0 {
+		k.events = append([]itx.Event(nil), k.events[over:]...)
+		k.dropped += over
+	}
+	k.mu.Unlock()
+	k.signal()
+	return nil
+}
+
+func (k *eventSink) Closed(ctx context.Context, call schema.EventSink_closed) error {
+	reason := &itx.Error{Code: itx.ECancelled, Message: "closed"}
+	if r, err := call.Args().Reason(); err == nil {
+		reason.Code = itx.Code(r.Code().String())
+		reason.Message, _ = r.Message_()
+	}
+	k.mu.Lock()
+	k.closed = reason
+	k.mu.Unlock()
+	k.signal()
+	return nil
+}
+
+// take returns and forgets what arrived since the last take.
+func (k *eventSink) take() (events []itx.Event, dropped int, closed *itx.Error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	events, dropped, closed = k.events, k.dropped, k.closed
+	k.events, k.dropped = nil, 0
+	return events, dropped, closed
+}
+
+// liveConnection is a connection opened from itx.
+type liveConnection struct {
+	s    *Session
+	conn schema.Connection
+	sink *eventSink
+	once sync.Once
+}
+
+func (c *liveConnection) release() {
+	c.once.Do(func() { c.conn.Release() })
+}
+
+// close asks the server to close the connection, then releases it.
+func (c *liveConnection) close(ctx context.Context, reason string) error {
+	defer c.s.forget(c)
+	fut, release := c.conn.Close(ctx, func(p schema.Connection_close_Params) error { return p.SetReason(reason) })
+	defer release()
+	_, err := fut.Struct()
+	return err
+}
+
+// openConnection opens a connection on the stream at p with a buffering sink.
+func (s *Session) openConnection(ctx context.Context, stream capnp.Client, v goja.Value) (*liveConnection, error) {
+	o, err := s.opts("openConnection", v, "after", "types", "maxDeliveryEvents", "maxDeliveryBytes", "noState", "openedBy")
+	if err != nil {
+		return nil, err
+	}
+	after, types := o.uint("after"), o.strings("types")
+	maxEvents, maxBytes := o.uint("maxDeliveryEvents"), o.uint("maxDeliveryBytes")
+	noState, openedBy := o.bool("noState"), o.str("openedBy")
+	if err := o.err(); err != nil {
+		return nil, err
+	}
+	if openedBy == "" {
+		openedBy = "itx"
+	}
+	sink := newEventSink()
+	fut, release := schema.Stream(stream).OpenConnection(ctx, func(p schema.Stream_openConnection_Params) error {
+		opts, err := p.NewOptions()
+		if err != nil {
+			return err
+		}
+		opts.SetAfter(uint64(after))
+		opts.SetMaxDeliveryEvents(uint32(maxEvents))
+		opts.SetMaxDeliveryBytes(uint32(maxBytes))
+		opts.SetNoState(noState)
+		if err := opts.SetOpenedBy(openedBy); err != nil {
+			return err
+		}
+		if err := wire.SetTextList(types, opts.NewTypes); err != nil {
+			return err
+		}
+		return p.SetSink(schema.EventSink_ServerToClient(sink))
+	})
+	defer release()
+	res, err := fut.Struct()
+	if err != nil {
+		return nil, err
+	}
+	c := &liveConnection{s: s, conn: res.Connection().AddRef(), sink: sink}
+	s.remember(c)
+	return c, nil
+}
+
+func streamOpenConnection(ctx context.Context, s *Session, c capnp.Client, p capPath, args []goja.Value) (any, error) {
+	conn, err := s.openConnection(ctx, c, arg(args, 0))
+	if err != nil {
+		return nil, err
+	}
+	vm := s.vm
+	obj := vm.NewObject()
+	label := "[Connection " + p.steps[len(p.steps)-1].arg + "]"
+	obj.Set("toString", func(goja.FunctionCall) goja.Value { return vm.ToValue(label) })
+	obj.Set("toJSON", func(goja.FunctionCall) goja.Value { return vm.ToValue(label) })
+	obj.Set("take", func(goja.FunctionCall) goja.Value {
+		events, dropped, closed := conn.sink.take()
+		out := struct {
+			Events  []eventJS `json:"events"`
+			Dropped int       `json:"dropped,omitempty"`
+			Closed  *Failure  `json:"closed,omitempty"`
+		}{Events: eventsJS(events), Dropped: dropped}
+		if closed != nil {
+			out.Closed = &Failure{Code: string(closed.Code), Message: closed.Message}
+		}
+		return s.toJS(out)
+	})
+	obj.Set("ping", func(goja.FunctionCall) goja.Value {
+		fut, release := conn.conn.Ping(s.ctx(), nil)
+		defer release()
+		res, err := fut.Struct()
+		if err != nil {
+			panic(s.throw(err))
+		}
+		return s.toJS(struct {
+			HeadOffset      int64 `json:"headOffset"`
+			DeliveredOffset int64 `json:"deliveredOffset"`
+		}{int64(res.HeadOffset()), int64(res.DeliveredOffset())})
+	})
+	obj.Set("close", func(call goja.FunctionCall) goja.Value {
+		reason, _ := exportString(call.Argument(0))
+		if err := conn.close(s.ctx(), reason); err != nil {
+			panic(s.throw(err))
+		}
+		return goja.Undefined()
+	})
+	return obj, nil
+}
+
+// liveView is the LiveSubscriber served for a live-state registration: it keeps the latest
+// snapshot and the patches since.
+type liveView struct {
+	mu       sync.Mutex
+	revision uint64          // the latest revision, snapshot or patch
+	snapshot uint64          // the revision of the latest snapshot
+	state    json.RawMessage // the latest snapshot's state
+	patches  []patchJS
+	dropped  int
+	wake     chan struct{}
+
+	s      *Session
+	handle schema.Handle
+	once   sync.Once
+}
+
+type patchJS struct {
+	Revision uint64          `json:"revision"`
+	Ops      json.RawMessage `json:"ops"`
+}
+
+func (v *liveView) signal() {
+	select {
+	case v.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (v *liveView) Snapshot(ctx context.Context, call schema.LiveSubscriber_snapshot) error {
+	state, err := call.Args().State()
+	if err != nil {
+		return err
+	}
+	v.mu.Lock()
+	v.revision, v.state, v.patches = call.Args().Revision(), rawJSON(state), nil
+	v.snapshot = v.revision
+	v.mu.Unlock()
+	v.signal()
+	return nil
+}
+
+func (v *liveView) Patch(ctx context.Context, call schema.LiveSubscriber_patch) error {
+	ops, err := call.Args().Ops()
+	if err != nil {
+		return err
+	}
+	v.mu.Lock()
+	v.revision = call.Args().Revision()
+	v.patches = append(v.patches, patchJS{Revision: v.revision, Ops: rawJSON(ops)})
+	if over := len(v.patches) - maxBuffered; over > 0 {
+		v.patches = append([]patchJS(nil), v.patches[over:]...)
+		v.dropped += over
+	}
+	v.mu.Unlock()
+	v.signal()
+	return nil
+}
+
+func (v *liveView) release() {
+	v.once.Do(func() {
+		if v.handle.IsValid() {
+			v.handle.Release()
+		}
+	})
+}
+
+// cancel ends the registration on the server, then releases it.
+func (v *liveView) cancel(ctx context.Context) error {
+	defer v.s.forget(v)
+	fut, release := v.handle.Cancel(ctx, nil)
+	defer release()
+	_, err := fut.Struct()
+	return err
+}
+
+// takePatches returns and forgets the patches since the last call, with the latest snapshot
+// (its revision and state).
+func (v *liveView) takePatches() (snapshot uint64, state json.RawMessage, patches []patchJS, dropped int) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	snapshot, state, patches, dropped = v.snapshot, v.state, v.patches, v.dropped
+	v.patches, v.dropped = nil, 0
+	return
+}
+
+// subscribeLive registers a live view through register, which sends the liveState call with
+// the subscriber capability it is given.
+func (s *Session) subscribeLive(register func(schema.LiveSubscriber) (schema.Handle, error)) (*liveView, error) {
+	v := &liveView{s: s, wake: make(chan struct{}, 1)}
+	h, err := register(schema.LiveSubscriber_ServerToClient(v))
+	if err != nil {
+		return nil, err
+	}
+	v.handle = h
+	s.remember(v)
+	return v, nil
+}
+
+func streamLiveView(ctx context.Context, s *Session, c capnp.Client) (*liveView, error) {
+	return s.subscribeLive(func(sub schema.LiveSubscriber) (schema.Handle, error) {
+		fut, release := schema.Stream(c).LiveState(ctx, func(p schema.Stream_liveState_Params) error { return p.SetSubscriber(sub) })
+		defer release()
+		res, err := fut.Struct()
+		if err != nil {
+			return schema.Handle{}, err
+		}
+		return res.Handle().AddRef(), nil
+	})
+}
+
+func streamLiveState(ctx context.Context, s *Session, c capnp.Client, p capPath, _ []goja.Value) (any, error) {
+	v, err := streamLiveView(ctx, s, c)
+	if err != nil {
+		return nil, err
+	}
+	return s.liveObject(v, "[LiveState "+p.steps[len(p.steps)-1].arg+"]"), nil
+}
+
+func processorLiveState(ctx context.Context, s *Session, c capnp.Client, p capPath, _ []goja.Value) (any, error) {
+	v, err := s.subscribeLive(func(sub schema.LiveSubscriber) (schema.Handle, error) {
+		fut, release := schema.Processor(c).LiveState(ctx, func(p schema.Processor_liveState_Params) error { return p.SetSubscriber(sub) })
+		defer release()
+		res, err := fut.Struct()
+		if err != nil {
+			return schema.Handle{}, err
+		}
+		return res.Handle().AddRef(), nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return s.liveObject(v, "[LiveState "+p.label()+"]"), nil
+}
+
+func (s *Session) liveObject(v *liveView, label string) *goja.Object {
+	vm := s.vm
+	obj := vm.NewObject()
+	obj.Set("toString", func(goja.FunctionCall) goja.Value { return vm.ToValue(label) })
+	obj.Set("toJSON", func(goja.FunctionCall) goja.Value { return vm.ToValue(label) })
+	obj.Set("snapshot", func(goja.FunctionCall) goja.Value {
+		v.mu.Lock()
+		defer v.mu.Unlock()
+		return s.toJS(struct {
+			Revision uint64          `json:"revision"`
+			State    json.RawMessage `json:"state"`
+		}{v.snapshot, v.state})
+	})
+	obj.Set("patches", func(goja.FunctionCall) goja.Value {
+		_, _, patches, _ := v.takePatches()
+		if patches == nil {
+			patches = []patchJS{}
+		}
+		return s.toJS(patches)
+	})
+	obj.Set("cancel", func(goja.FunctionCall) goja.Value {
+		if err := v.cancel(s.ctx()); err != nil {
+			panic(s.throw(err))
+		}
+		return goja.Undefined()
+	})
+	return obj
+}
+
+func (s *Session) remember(h liveHandle) {
+	s.liveMu.Lock()
+	s.live[h] = struct{}{}
+	s.liveMu.Unlock()
+}
+
+// forget releases h and stops tracking it.
+func (s *Session) forget(h liveHandle) {
+	s.liveMu.Lock()
+	delete(s.live, h)
+	s.liveMu.Unlock()
+	h.release()
+}

@@ -1,0 +1,280 @@
+package repl
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"regexp"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+
+	"capnproto.org/go/capnp/v3/exc"
+	"github.com/dop251/goja"
+	"github.com/itx-dev/itx"
+)
+
+func sprintf(format string, args ...any) string { return fmt.Sprintf(format, args...) }
+
+// Print prints a result in the session's format; undefined prints nothing.
+func (s *Session) Print(v goja.Value) {
+	if v == nil || goja.IsUndefined(v) {
+		return
+	}
+	fmt.Fprintln(s.cfg.Out, s.format(v, true))
+}
+
+// printValues is print() and console.log(): strings as they are (JSON documents in the JSON
+// format), everything else as a result.
+func (s *Session) printValues(values []goja.Value) {
+	if s.cfg.Format == FormatJSON {
+		for _, v := range values {
+			fmt.Fprintln(s.cfg.Out, s.format(v, true))
+		}
+		return
+	}
+	parts := make([]string, len(values))
+	for i, v := range values {
+		parts[i] = s.format(v, false)
+	}
+	fmt.Fprintln(s.cfg.Out, strings.Join(parts, " "))
+}
+
+// format renders v. A result (asResult) shows strings as JSON strings, so "1" and 1 differ; a
+// print() argument shows them bare.
+func (s *Session) format(v goja.Value, asResult bool) string {
+	if v == nil || goja.IsUndefined(v) {
+		return "undefined"
+	}
+	if p, ok := s.capabilityOf(v); ok {
+		if s.cfg.Format == FormatJSON {
+			b, _ := json.Marshal(p.label())
+			return string(b)
+		}
+		return p.label()
+	}
+	if str, ok := v.Export().(string); ok && !asResult && s.cfg.Format != FormatJSON {
+		return str
+	}
+	if obj, ok := v.(*goja.Object); ok {
+		if _, isFn := goja.AssertFunction(obj); isFn {
+			return "[Function " + obj.Get("name").String() + "]"
+		}
+	}
+	if s.cfg.Format == FormatTable || (s.cfg.Format == FormatAuto && s.cfg.TTY) {
+		if t, ok := s.table(v); ok {
+			return t
+		}
+	}
+	// JSON.stringify keeps the fields in the order the script sees them.
+	out, err := s.stringify(goja.Undefined(), v)
+	if err != nil || goja.IsUndefined(out) {
+		return v.String() // a cycle, a symbol...
+	}
+	if s.cfg.Format == FormatJSON {
+		return out.String()
+	}
+	pretty, err := prettyJSON(out.String())
+	if err != nil {
+		return out.String()
+	}
+	return pretty
+}
+
+// table renders an array of flat records (every field a string, number, boolean or null) as
+// aligned columns, in the order the fields first appear.
+func (s *Session) table(v goja.Value) (string, bool) {
+	arr, ok := v.(*goja.Object)
+	if !ok || arr.ClassName() != "Array" {
+		return "", false
+	}
+	idx := arr.Keys()
+	if len(idx) == 0 {
+		return "", false
+	}
+	var cols []string
+	seen := map[string]bool{}
+	rows := make([]*goja.Object, len(idx))
+	for i, k := range idx {
+		row, ok := arr.Get(k).(*goja.Object)
+		if !ok || row.ClassName() != "Object" {
+			return "", false
+		}
+		if _, isCap := s.capabilityOf(row); isCap {
+			return "", false
+		}
+		for _, c := range row.Keys() {
+			if _, nested := row.Get(c).(*goja.Object); nested {
+				return "", false
+			}
+			if !seen[c] {
+				seen[c] = true
+				cols = append(cols, c)
+			}
+		}
+		rows[i] = row
+	}
+	var b strings.Builder
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, strings.Join(cols, "\t"))
+	for _, row := range rows {
+		cells := make([]string, len(cols))
+		for i, c := range cols {
+			cells[i] = cell(row.Get(c))
+		}
+		fmt.Fprintln(tw, strings.Join(cells, "\t"))
+	}
+	tw.Flush()
+	return strings.TrimRight(b.String(), "\n"), true
+}
+
+func cell(v goja.Value) string {
+	if isAbsent(v) {
+		return "-"
+	}
+	switch x := v.Export().(type) {
+	case string:
+		if x == "" {
+			return "-"
+		}
+		return strings.ReplaceAll(x, "\n", " ")
+	case float64:
+		return strconv.FormatFloat(x, 'f', -1, 64)
+	}
+	return v.String()
+}
+
+// Failure is an error as itx shows it: "<code>: <message>". Code is an itx error code
+// (invalidArgument, notFound...), a transport condition (unimplemented, disconnected,
+// cancelled) or, for an error raised by the script itself, its JavaScript name (TypeError).
+type Failure struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+func (f Failure) String() string { return f.Code + ": " + f.Message }
+
+// rejection is an async function's rejected promise.
+type rejection struct{ value goja.Value }
+
+func (r *rejection) Error() string { return "rejected: " + r.value.String() }
+
+// Describe classifies any error an evaluation returns.
+func Describe(err error) Failure {
+	var interrupted *goja.InterruptedError
+	if errors.As(err, &interrupted) {
+		return Failure{Code: "cancelled", Message: "interrupted"}
+	}
+	var rej *rejection
+	if errors.As(err, &rej) {
+		return describeThrown(rej.value)
+	}
+	var ex *goja.Exception
+	if errors.As(err, &ex) {
+		if inner := ex.Unwrap(); inner != nil {
+			return describeGo(inner)
+		}
+		return describeThrown(ex.Value())
+	}
+	return describeGo(err)
+}
+
+// describeThrown describes a value a script threw: an Error object by its name and message.
+func describeThrown(v goja.Value) Failure {
+	if obj, ok := v.(*goja.Object); ok {
+		if inner := obj.Get("value"); inner != nil {
+			if err, ok := inner.Export().(error); ok {
+				return describeGo(err)
+			}
+		}
+		name, msg := obj.Get("name"), obj.Get("message")
+		if !isAbsent(name) && !isAbsent(msg) {
+			return Failure{Code: name.String(), Message: msg.String()}
+		}
+	}
+	if v == nil {
+		return Failure{Code: "Error", Message: "unknown error"}
+	}
+	return Failure{Code: "Uncaught", Message: v.String()}
+}
+
+// describeGo describes an error from Go: a call's remote exception, a cancelled context, an
+// argument refused before sending.
+func describeGo(err error) Failure {
+	var (
+		e      *itx.Error
+		syntax *goja.CompilerSyntaxError
+		ref    *goja.CompilerReferenceError
+	)
+	switch {
+	case errors.As(err, &syntax):
+		return Failure{Code: "SyntaxError", Message: syntax.Message}
+	case errors.As(err, &ref):
+		return Failure{Code: "ReferenceError", Message: ref.Message}
+	case errors.As(err, &e):
+		return Failure{Code: string(e.Code), Message: e.Message}
+	case errors.Is(err, context.Canceled):
+		return Failure{Code: string(itx.ECancelled), Message: "call cancelled"}
+	case errors.Is(err, context.DeadlineExceeded):
+		return Failure{Code: string(itx.EDeadlineExceeded), Message: "call timed out"}
+	case exc.IsType(err, exc.Unimplemented):
+		return Failure{Code: "unimplemented", Message: exceptionMessage(err)}
+	case exc.IsType(err, exc.Disconnected):
+		return Failure{Code: "disconnected", Message: exceptionMessage(err)}
+	}
+	// A remote itx error names its code in its reason; anything else is internal.
+	f := itx.AsError(err)
+	return Failure{Code: string(f.Code), Message: f.Message}
+}
+
+// callPrefixes matches the method names the RPC layer prefixes to a reason, one per pipelined
+// step it crossed ("itx.capnp:Subscriptions.list: itx.capnp:Stream.subscriptions: ...").
+var callPrefixes = regexp.MustCompile(`^([\w.]+\.capnp:\w+\.\w+: )+`)
+
+// exceptionMessage is an exception's reason without the RPC layer's prefixes.
+func exceptionMessage(err error) string {
+	msg := err.Error()
+	var x *exc.Exception
+	if errors.As(err, &x) && x.Cause != nil {
+		msg = x.Cause.Error()
+	}
+	return callPrefixes.ReplaceAllString(msg, "")
+}
+
+// throw makes a JavaScript Error from a Go error: its name is the code, so String(e) and an
+// uncaught error both read "<code>: <message>", and e.code is there for scripts that branch on it.
+func (s *Session) throw(err error) goja.Value {
+	f := describeGo(err)
+	obj := s.vm.NewGoError(err)
+	obj.Set("name", f.Code)
+	obj.Set("message", f.Message)
+	obj.Set("code", f.Code)
+	return obj
+}
+
+// PrintError prints an evaluation's error: "<code>: <message>", red on a terminal, or a JSON
+// document {"error": {code, message}} in the JSON format.
+func (s *Session) PrintError(err error) {
+	printFailure(s.cfg.Err, Describe(err), s.cfg.Format == FormatJSON, s.cfg.Color)
+}
+
+func printFailure(w io.Writer, f Failure, asJSON, color bool) {
+	switch {
+	case asJSON:
+		b, _ := json.Marshal(struct {
+			Error Failure `json:"error"`
+		}{f})
+		fmt.Fprintln(w, string(b))
+	case color:
+		fmt.Fprintf(w, "\x1b[31m%s\x1b[0m\n", f)
+	default:
+		fmt.Fprintln(w, f)
+	}
+}
+
+// PrintFailure prints an error that did not come from an evaluation (a failed connect).
+func PrintFailure(w io.Writer, err error, asJSON, color bool) {
+	printFailure(w, Describe(err), asJSON, color)
+}

@@ -1,0 +1,373 @@
+// Package repl is the engine of the itx client: a JavaScript runtime (goja) whose `project`
+// global is the itx capability graph, a printer for results and errors, the dot-command
+// registry and the interactive terminal.
+//
+// Navigation (project.streams.get("/a").subscriptions.get("agent")) sends pipelined calls and
+// never waits; only a terminal method (append, getEvents, describe...) waits for its answer, so
+// a whole chain costs one round trip. From JavaScript every call is synchronous.
+package repl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+
+	"capnproto.org/go/capnp/v3"
+	"github.com/dop251/goja"
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/schema"
+)
+
+// Format selects how results are printed.
+type Format int
+
+const (
+	// FormatAuto prints pretty JSON, and lists of flat records as tables when Config.TTY is set.
+	FormatAuto Format = iota
+	// FormatPretty prints indented JSON.
+	FormatPretty
+	// FormatJSON prints one compact JSON document per result, for machines.
+	FormatJSON
+	// FormatTable prints lists of flat records as aligned tables, everything else as FormatPretty.
+	FormatTable
+)
+
+// ParseFormat parses a --output value.
+func ParseFormat(s string) (Format, error) {
+	switch s {
+	case "auto", "":
+		return FormatAuto, nil
+	case "pretty":
+		return FormatPretty, nil
+	case "json":
+		return FormatJSON, nil
+	case "table":
+		return FormatTable, nil
+	}
+	return 0, fmt.Errorf("unknown output format %q (auto, pretty, json, table)", s)
+}
+
+func (f Format) String() string {
+	return [...]string{"auto", "pretty", "json", "table"}[f]
+}
+
+// Config says where to connect and how to print.
+type Config struct {
+	Addr  string
+	Token string
+	Out   io.Writer // results
+	Err   io.Writer // errors
+	// Format is the output format; FormatAuto uses tables only when TTY is set.
+	Format Format
+	TTY    bool // Out is a terminal
+	Color  bool // Err is a terminal: errors in red
+}
+
+// Session is one connection to itxd, logged into one project, with its JavaScript runtime.
+// It is not safe for concurrent use: one evaluation at a time.
+type Session struct {
+	cfg     Config
+	conn    *client.Conn
+	project schema.Project
+	ifcs    map[string]*Interface
+
+	vm        *goja.Runtime
+	stringify goja.Callable
+	parse     goja.Callable
+	capSym    *goja.Symbol
+
+	caps *capCache
+	// callCtx is the context of the evaluation in progress: every terminal call uses it, so
+	// cancelling it (Ctrl-C) cancels the call that is waiting.
+	callCtx context.Context
+	// sessionCtx outlives evaluations: navigation calls use it, since cancelling the context of
+	// a pipelined call would break the capability it returns for every later use.
+	sessionCtx    context.Context
+	cancelSession context.CancelFunc
+
+	declared []string // top-level names scripts declared, for completion
+	// vmMu is held while the runtime runs. readline processes keys typed ahead during a call
+	// on its own goroutine, so completion must not touch the runtime then.
+	vmMu sync.Mutex
+
+	liveMu sync.Mutex
+	live   map[liveHandle]struct{} // open connections and live-state registrations
+}
+
+// Connect dials cfg.Addr and logs in with cfg.Token. The login is pipelined: a bad token fails
+// the first call, not Connect (Session.Describe checks it).
+func Connect(ctx context.Context, cfg Config) (*Session, error) {
+	ifcs, err := Interfaces()
+	if err != nil {
+		return nil, err
+	}
+	conn, err := client.Dial(ctx, cfg.Addr)
+	if err != nil {
+		return nil, itx.Errorf(itx.EUnavailable, "%v", err)
+	}
+	sctx, cancel := context.WithCancel(context.Background())
+	s := &Session{
+		cfg: cfg, conn: conn, ifcs: ifcs,
+		caps:       newCapCache(256),
+		sessionCtx: sctx, cancelSession: cancel,
+		live: make(map[liveHandle]struct{}),
+	}
+	s.project = conn.Login(sctx, cfg.Token)
+	if err := s.initVM(); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Close ends open connections and live views, releases every capability and closes the
+// connection.
+func (s *Session) Close() error {
+	s.liveMu.Lock()
+	live := s.live
+	s.live = map[liveHandle]struct{}{}
+	s.liveMu.Unlock()
+	for h := range live {
+		h.release()
+	}
+	s.caps.releaseAll()
+	s.project.Release()
+	s.cancelSession()
+	return s.conn.Close()
+}
+
+// Done is closed when the connection ends.
+func (s *Session) Done() <-chan struct{} { return s.conn.Done() }
+
+// Format returns the output format.
+func (s *Session) Format() Format { return s.cfg.Format }
+
+// CachedCapabilities reports how many pipelined capabilities the session keeps alive.
+func (s *Session) CachedCapabilities() int { return s.caps.len() }
+
+// Describe checks the login: it answers project.describe().
+func (s *Session) Describe(ctx context.Context) (client.ProjectInfo, error) {
+	return client.DescribeProject(ctx, s.project)
+}
+
+func (s *Session) initVM() error {
+	vm := goja.New()
+	s.vm = vm
+	s.capSym = goja.NewSymbol("itx.capability")
+	j := vm.Get("JSON").ToObject(vm)
+	var ok bool
+	if s.stringify, ok = goja.AssertFunction(j.Get("stringify")); !ok {
+		return errors.New("goja: JSON.stringify is not a function")
+	}
+	if s.parse, ok = goja.AssertFunction(j.Get("parse")); !ok {
+		return errors.New("goja: JSON.parse is not a function")
+	}
+	if err := vm.Set("project", s.proxy(capPath{iface: "Project"})); err != nil {
+		return err
+	}
+	printFn := func(call goja.FunctionCall) goja.Value {
+		s.printValues(call.Arguments)
+		return goja.Undefined()
+	}
+	if err := vm.Set("print", printFn); err != nil {
+		return err
+	}
+	console := vm.NewObject()
+	for _, name := range []string{"log", "info", "debug"} {
+		console.Set(name, printFn)
+	}
+	for _, name := range []string{"error", "warn"} {
+		console.Set(name, func(call goja.FunctionCall) goja.Value {
+			parts := make([]string, len(call.Arguments))
+			for i, v := range call.Arguments {
+				parts[i] = s.format(v, false)
+			}
+			fmt.Fprintln(s.cfg.Err, strings.Join(parts, " "))
+			return goja.Undefined()
+		})
+	}
+	return vm.Set("console", console)
+}
+
+// SetArgs exposes a script's command-line arguments as the `args` global.
+func (s *Session) SetArgs(args []string) error {
+	if args == nil {
+		args = []string{}
+	}
+	return s.vm.Set("args", args)
+}
+
+// errInterrupted is what an interrupted evaluation reports.
+var errInterrupted = errors.New("interrupted")
+
+// Eval evaluates src (a REPL line, an -e expression or a whole script) and returns its
+// completion value. Cancelling ctx cancels the call in flight and interrupts the script.
+func (s *Session) Eval(ctx context.Context, name, src string) (goja.Value, error) {
+	prg, err := compile(name, src)
+	if err != nil {
+		return nil, err
+	}
+	s.vmMu.Lock()
+	defer s.vmMu.Unlock()
+	s.callCtx = ctx
+	defer func() { s.callCtx = nil }()
+	stop := make(chan struct{})
+	watcher := make(chan struct{})
+	go func() {
+		defer close(watcher)
+		select {
+		case <-ctx.Done():
+			s.vm.Interrupt(errInterrupted)
+		case <-stop:
+		}
+	}()
+	v, err := s.vm.RunProgram(prg)
+	close(stop)
+	<-watcher
+	// The watcher has exited, so no Interrupt can land after this and poison the next run.
+	s.vm.ClearInterrupt()
+	if err != nil {
+		return nil, err
+	}
+	s.noteDeclarations(src)
+	// An async function's promise has settled by now unless it waits on something that never
+	// comes (goja drains its job queue at the end of a run): show what it settled to.
+	if p, ok := v.Export().(*goja.Promise); ok {
+		switch p.State() {
+		case goja.PromiseStateFulfilled:
+			return p.Result(), nil
+		case goja.PromiseStateRejected:
+			return nil, &rejection{value: p.Result()}
+		}
+	}
+	return v, nil
+}
+
+// ctx is the context a terminal call runs under.
+func (s *Session) ctx() context.Context {
+	if s.callCtx != nil {
+		return s.callCtx
+	}
+	return s.sessionCtx
+}
+
+// capPath names a capability by how it is reached from the project: the steps of a pipelined
+// chain. It is plain data, so a JavaScript value may hold it for as long as it likes; the live
+// client behind it is owned by the session's capCache.
+type capPath struct {
+	iface string
+	steps []step
+}
+
+type step struct {
+	method string
+	arg    string // the path or name of a get; empty for properties
+}
+
+func (p capPath) key() string {
+	var b strings.Builder
+	for _, st := range p.steps {
+		b.WriteString(st.method)
+		b.WriteByte(0)
+		b.WriteString(st.arg)
+		b.WriteByte(0)
+	}
+	return b.String()
+}
+
+func (p capPath) child(iface, method, arg string) capPath {
+	steps := make([]step, len(p.steps), len(p.steps)+1)
+	copy(steps, p.steps)
+	return capPath{iface: iface, steps: append(steps, step{method: method, arg: arg})}
+}
+
+func (p capPath) parent(ifcs map[string]*Interface) capPath {
+	// The parent's interface is found by walking the steps from the project.
+	iface := "Project"
+	for _, st := range p.steps[:len(p.steps)-1] {
+		m, _ := ifcs[iface].Method(st.method)
+		iface = m.Returns
+	}
+	return capPath{iface: iface, steps: p.steps[:len(p.steps)-1]}
+}
+
+// label is how a capability prints: [Stream /a], [Subscription /a agent].
+func (p capPath) label() string {
+	parts := []string{p.iface}
+	for _, st := range p.steps {
+		if st.arg != "" {
+			parts = append(parts, st.arg)
+		}
+	}
+	return "[" + strings.Join(parts, " ") + "]"
+}
+
+// client returns a reference to the capability p names, sending the pipelined calls that reach
+// it if they were not sent already. The caller releases the reference.
+func (s *Session) client(p capPath) capnp.Client {
+	if len(p.steps) == 0 {
+		return capnp.Client(s.project).AddRef()
+	}
+	key := p.key()
+	if c, ok := s.caps.get(key); ok {
+		return c
+	}
+	parent := s.client(p.parent(s.ifcs))
+	defer parent.Release()
+	last := p.steps[len(p.steps)-1]
+	nav := navigators[p.parent(s.ifcs).iface+"."+last.method]
+	c := nav(s.sessionCtx, parent, last.arg)
+	s.caps.put(key, c)
+	return c.AddRef()
+}
+
+// navigator sends one pipelined navigation call and returns the promised capability. Each
+// future's accessor is called exactly once (go-capnp deadlocks on a second call).
+type navigator func(ctx context.Context, parent capnp.Client, arg string) capnp.Client
+
+var navigators = map[string]navigator{
+	"Project.streams": func(ctx context.Context, c capnp.Client, _ string) capnp.Client {
+		f, release := schema.Project(c).Streams(ctx, nil)
+		defer release()
+		return capnp.Client(f.Streams()).AddRef()
+	},
+	"Project.capabilities": func(ctx context.Context, c capnp.Client, _ string) capnp.Client {
+		f, release := schema.Project(c).Capabilities(ctx, nil)
+		defer release()
+		return capnp.Client(f.Capabilities()).AddRef()
+	},
+	"Project.processors": func(ctx context.Context, c capnp.Client, _ string) capnp.Client {
+		f, release := schema.Project(c).Processors(ctx, nil)
+		defer release()
+		return capnp.Client(f.Processors()).AddRef()
+	},
+	"Streams.get": func(ctx context.Context, c capnp.Client, path string) capnp.Client {
+		f, release := schema.Streams(c).Get(ctx, func(p schema.Streams_get_Params) error { return p.SetPath(path) })
+		defer release()
+		return capnp.Client(f.Stream()).AddRef()
+	},
+	"Stream.subscriptions": func(ctx context.Context, c capnp.Client, _ string) capnp.Client {
+		f, release := schema.Stream(c).Subscriptions(ctx, nil)
+		defer release()
+		return capnp.Client(f.Subscriptions()).AddRef()
+	},
+	"Stream.readers": func(ctx context.Context, c capnp.Client, _ string) capnp.Client {
+		f, release := schema.Stream(c).Readers(ctx, nil)
+		defer release()
+		return capnp.Client(f.Readers()).AddRef()
+	},
+	"Subscriptions.get": func(ctx context.Context, c capnp.Client, name string) capnp.Client {
+		f, release := schema.Subscriptions(c).Get(ctx, func(p schema.Subscriptions_get_Params) error { return p.SetName(name) })
+		defer release()
+		return capnp.Client(f.Subscription()).AddRef()
+	},
+	"Subscription.processor": func(ctx context.Context, c capnp.Client, _ string) capnp.Client {
+		f, release := schema.Subscription(c).Processor(ctx, nil)
+		defer release()
+		return capnp.Client(f.Processor()).AddRef()
+	},
+}

@@ -1,0 +1,160 @@
+package repl
+
+import (
+	"context"
+	"errors"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+
+	"github.com/chzyer/readline"
+)
+
+// TerminalConfig configures the interactive loop.
+type TerminalConfig struct {
+	HistoryFile string // empty: no history file
+	Banner      string // printed once, before the first prompt
+}
+
+const (
+	prompt         = "itx> "
+	continuePrompt = "...  "
+)
+
+// RunTerminal reads, evaluates and prints until Ctrl-D or .exit. Ctrl-C at the prompt drops
+// the line being typed; Ctrl-C while a call runs cancels that call (and interrupts the
+// script); neither ends the session, and neither does an error.
+func (s *Session) RunTerminal(cfg TerminalConfig) error {
+	if cfg.HistoryFile != "" {
+		// A history that cannot be written is not worth refusing to start over.
+		os.MkdirAll(filepath.Dir(cfg.HistoryFile), 0o700)
+	}
+	// readline's own Close does not stop a read it has in flight on stdin (its FillableStdin
+	// closes only its side pipe), so it can wait forever; closing the cancelable stdin first
+	// ends that read.
+	stdin := readline.NewCancelableStdin(os.Stdin)
+	defer stdin.Close()
+	rl, err := readline.NewEx(&readline.Config{
+		Stdin:                  stdin,
+		Prompt:                 prompt,
+		HistoryFile:            cfg.HistoryFile,
+		HistoryLimit:           5000,
+		DisableAutoSaveHistory: true,
+		HistorySearchFold:      true,
+		AutoComplete:           completer{s},
+		InterruptPrompt:        "^C",
+		EOFPrompt:              "\n",
+	})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		stdin.Close()
+		rl.Close()
+	}()
+	s.cfg.Out, s.cfg.Err = rl.Stdout(), rl.Stderr()
+	if cfg.Banner != "" {
+		io.WriteString(s.cfg.Err, cfg.Banner)
+	}
+
+	// While readline reads, the terminal is raw and Ctrl-C arrives as a key (ErrInterrupt).
+	// While a call runs, the terminal is cooked and Ctrl-C arrives as SIGINT: it cancels the
+	// evaluation's context.
+	sigint := make(chan os.Signal, 1)
+	signal.Notify(sigint, os.Interrupt)
+	defer signal.Stop(sigint)
+
+	var pending []string // lines of an unfinished multi-line input
+	for {
+		if len(pending) == 0 {
+			rl.SetPrompt(prompt)
+		} else {
+			rl.SetPrompt(continuePrompt)
+		}
+		line, err := rl.Readline()
+		switch {
+		case errors.Is(err, readline.ErrInterrupt):
+			pending = nil
+			continue
+		case errors.Is(err, io.EOF):
+			if len(pending) > 0 {
+				pending = nil
+				continue
+			}
+			return nil
+		case err != nil:
+			return err
+		}
+		if len(pending) == 0 && strings.HasPrefix(strings.TrimSpace(line), ".") {
+			rl.SaveHistory(line)
+			err := s.interruptible(sigint, func(ctx context.Context) error {
+				return s.RunCommand(ctx, strings.TrimPrefix(strings.TrimSpace(line), "."))
+			})
+			if errors.Is(err, ErrExit) {
+				return nil
+			}
+			if err != nil {
+				s.PrintError(err)
+			}
+			continue
+		}
+		pending = append(pending, line)
+		src := strings.Join(pending, "\n")
+		if Incomplete(src) {
+			continue
+		}
+		pending = nil
+		if strings.TrimSpace(src) == "" {
+			continue
+		}
+		// History keeps one entry per input; a multi-line input is recalled as one line.
+		rl.SaveHistory(strings.Join(strings.Fields(strings.ReplaceAll(src, "\n", " ")), " "))
+		err = s.interruptible(sigint, func(ctx context.Context) error {
+			v, err := s.Eval(ctx, "<repl>", src)
+			if err != nil {
+				return err
+			}
+			s.Print(v)
+			return nil
+		})
+		if err != nil {
+			s.PrintError(err)
+		}
+	}
+}
+
+// interruptible runs f with a context that SIGINT cancels.
+func (s *Session) interruptible(sigint chan os.Signal, f func(ctx context.Context) error) error {
+	// Drop an interrupt that arrived while nothing ran: it was meant for nothing.
+	select {
+	case <-sigint:
+	default:
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		select {
+		case <-sigint:
+			cancel()
+		case <-done:
+		}
+	}()
+	return f(ctx)
+}
+
+// completer adapts Session.Complete to readline.
+type completer struct{ s *Session }
+
+func (c completer) Do(line []rune, pos int) ([][]rune, int) {
+	candidates, partial := c.s.Complete(string(line[:pos]))
+	n := len([]rune(partial))
+	out := make([][]rune, len(candidates))
+	for i, cand := range candidates {
+		out[i] = []rune(cand)[n:]
+	}
+	return out, n
+}

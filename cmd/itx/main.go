@@ -1,0 +1,203 @@
+// Command itx is the interactive client of itxd: a JavaScript prompt over the capability graph.
+//
+//	itx                                  interactive session
+//	itx -e 'project.streams.list()'      evaluate one expression, print its result
+//	itx script.js [args...]              run a script (`args` holds its arguments; - reads stdin)
+//	itx tail /a                          print events as they are appended, until Ctrl-C
+//	itx watch /a                         print a stream's live state, until Ctrl-C
+//
+// Exit status: 0 on success, 1 when an evaluation or the connection fails, 2 for a usage
+// error, 130 when interrupted.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"time"
+
+	"github.com/chzyer/readline"
+	"github.com/itx-dev/itx/cmd/itx/internal/repl"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], environment{
+		stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv,
+		stdinTTY:  readline.IsTerminal(int(os.Stdin.Fd())),
+		stdoutTTY: readline.IsTerminal(int(os.Stdout.Fd())),
+		stderrTTY: readline.IsTerminal(int(os.Stderr.Fd())),
+	}))
+}
+
+// environment is what run touches of the process, so tests can run it in-process.
+type environment struct {
+	stdin                          io.Reader
+	stdout, stderr                 io.Writer
+	getenv                         func(string) string
+	stdinTTY, stdoutTTY, stderrTTY bool
+}
+
+const (
+	exitOK          = 0
+	exitError       = 1
+	exitUsage       = 2
+	exitInterrupted = 130
+)
+
+func run(args []string, env environment) int {
+	fs := flag.NewFlagSet("itx", flag.ContinueOnError)
+	fs.SetOutput(env.stderr)
+	var st settings
+	fs.StringVar(&st.addr, "addr", "", "itxd address host:port (env ITX_ADDR; default "+defaultAddr+")")
+	fs.StringVar(&st.token, "token", "", "project token (env ITX_TOKEN; default: the config file, then <data>/credentials.json)")
+	fs.StringVar(&st.configPath, "config", "", "config file {\"addr\", \"token\"} (env ITX_CONFIG; default $XDG_CONFIG_HOME/itx/config.json)")
+	fs.StringVar(&st.dataDir, "data", "", "a local itxd data directory to take the token from (env ITX_DATA; default "+defaultDataDir+")")
+	expr := fs.String("e", "", "evaluate `expression`, print its result and exit")
+	jsonOut := fs.Bool("json", false, "machine output: one compact JSON document per result, errors as {\"error\": {code, message}} on stderr")
+	output := fs.String("output", "auto", "result format: auto (tables on a terminal), pretty, json or table")
+	history := fs.String("history", "", "history file (env ITX_HISTORY; default $XDG_STATE_HOME/itx/history)")
+	noColor := fs.Bool("no-color", false, "never color errors (NO_COLOR does the same)")
+	fs.Usage = func() {
+		fmt.Fprint(env.stderr, `Usage:
+  itx [flags]                        interactive session
+  itx [flags] -e 'expression'        evaluate one expression and print its result
+  itx [flags] script.js [args...]    run a script; - reads it from stdin
+  itx [flags] tail <path> [after]    print events as they are appended, until Ctrl-C
+  itx [flags] watch <path>           print a stream's live state, until Ctrl-C
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK
+		}
+		return exitUsage
+	}
+	format, err := repl.ParseFormat(*output)
+	if err != nil {
+		fmt.Fprintln(env.stderr, "itx:", err)
+		return exitUsage
+	}
+	if *jsonOut {
+		format = repl.FormatJSON
+	}
+	asJSON := format == repl.FormatJSON
+	color := env.stderrTTY && !*noColor && env.getenv("NO_COLOR") == ""
+	fail := func(err error) int {
+		repl.PrintFailure(env.stderr, err, asJSON, color)
+		return exitError
+	}
+
+	// What to do: an expression, a command, a script, or a session.
+	var (
+		command    *repl.Command
+		scriptName string
+		script     string
+		scriptArgs []string
+	)
+	interactive := false
+	switch {
+	case *expr != "":
+		if fs.NArg() > 0 {
+			fmt.Fprintln(env.stderr, "itx: -e takes no other arguments")
+			return exitUsage
+		}
+	case fs.NArg() > 0:
+		if c, ok := repl.LookupCommand(fs.Arg(0)); ok && c.CLI {
+			command = c
+			break
+		}
+		scriptName, scriptArgs = fs.Arg(0), fs.Args()[1:]
+		var b []byte
+		if scriptName == "-" {
+			b, err = io.ReadAll(env.stdin)
+		} else {
+			b, err = os.ReadFile(scriptName)
+		}
+		if err != nil {
+			fmt.Fprintln(env.stderr, "itx:", err)
+			return exitUsage
+		}
+		script = string(b)
+	case env.stdinTTY:
+		interactive = true
+	default:
+		b, err := io.ReadAll(env.stdin)
+		if err != nil {
+			return fail(err)
+		}
+		scriptName, script = "<stdin>", string(b)
+	}
+
+	conf, err := resolve(st, env.getenv)
+	if err != nil {
+		fmt.Fprintln(env.stderr, "itx:", err)
+		return exitUsage
+	}
+	dialCtx, cancelDial := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancelDial()
+	s, err := repl.Connect(dialCtx, repl.Config{
+		Addr: conf.addr, Token: conf.token, Out: env.stdout, Err: env.stderr,
+		Format: format, TTY: env.stdoutTTY, Color: color,
+	})
+	if err != nil {
+		return fail(err)
+	}
+	defer s.Close()
+
+	if interactive {
+		info, err := s.Describe(dialCtx)
+		if err != nil {
+			return fail(err)
+		}
+		kind := "project"
+		if info.Deployment {
+			kind = "deployment root"
+		}
+		hist := *history
+		if hist == "" {
+			hist = historyPath(env.getenv)
+		}
+		banner := fmt.Sprintf("itx: connected to %s, %s %q (token from %s)\nType .help for help. Tab completes, Ctrl-C cancels a call, Ctrl-D exits.\n",
+			conf.addr, kind, info.Name, conf.tokenFrom)
+		if err := s.RunTerminal(repl.TerminalConfig{HistoryFile: hist, Banner: banner}); err != nil {
+			return fail(err)
+		}
+		return exitOK
+	}
+
+	// Non-interactive: Ctrl-C (or SIGINT) cancels the evaluation and exits 130.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	var runErr error
+	switch {
+	case command != nil:
+		runErr = s.RunCommand(ctx, strings.Join(fs.Args(), " "))
+	case *expr != "":
+		v, err := s.Eval(ctx, "<expression>", *expr)
+		if err == nil {
+			s.Print(v)
+		}
+		runErr = err
+	default:
+		if err := s.SetArgs(scriptArgs); err != nil {
+			return fail(err)
+		}
+		_, runErr = s.Eval(ctx, scriptName, script)
+	}
+	if runErr != nil {
+		s.PrintError(runErr)
+		if ctx.Err() != nil {
+			return exitInterrupted
+		}
+		return exitError
+	}
+	return exitOK
+}
