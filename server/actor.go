@@ -320,7 +320,7 @@ func (a *actor) close() {
 	}
 	a.sweepEphemeral(store)
 	ctx := context.Background()
-	if err := a.srv.dir.UpdateStreamSummary(ctx, a.streamID, a.head, a.lastAppendAt); err != nil {
+	if err := a.srv.dir.UpdateStreamSummary(ctx, a.streamID, a.head, a.lastAppendAt, len(a.core.Subscriptions)); err != nil {
 		a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Msg("stream summary not refreshed")
 	}
 	if a.alarmSet {

@@ -323,10 +323,12 @@ func (s *Server) ListStreams(ctx context.Context, projectID, prefix string) ([]S
 	}
 	s.mu.Unlock()
 	for i, e := range entries {
-		info := StreamInfo{Path: e.Path, StreamID: e.StreamID, HeadOffset: e.HeadOffset, CreatedAt: e.CreatedAt, LastAppendAt: e.LastAppendAt}
+		info := StreamInfo{Path: e.Path, StreamID: e.StreamID, HeadOffset: e.HeadOffset, CreatedAt: e.CreatedAt,
+			LastAppendAt: e.LastAppendAt, SubscriptionCount: e.SubscriptionCount}
 		if a := loaded[e.Path]; a != nil {
 			v := a.view()
 			info.HeadOffset, info.LastAppendAt, info.Loaded = v.head, v.info.lastAppendAt, true
+			info.SubscriptionCount = len(v.core.Subscriptions)
 		}
 		out[i] = info
 	}

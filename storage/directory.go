@@ -34,6 +34,8 @@ type StreamEntry struct {
 	CreatedAt    int64
 	HeadOffset   int64
 	LastAppendAt int64
+	// SubscriptionCount is refreshed with the head summary.
+	SubscriptionCount int
 }
 
 // OpenDirectory opens or creates the directory database at file.
@@ -129,10 +131,10 @@ func (d *Directory) CreateStream(ctx context.Context, e StreamEntry) error {
 	return nil
 }
 
-// UpdateStreamSummary refreshes the head summary of a stream (on actor unload).
-func (d *Directory) UpdateStreamSummary(ctx context.Context, streamID string, head, lastAppendAt int64) error {
-	_, err := d.db.ExecContext(ctx, `update streams set head_offset = ?, last_append_at = ? where stream_id = ?`,
-		head, lastAppendAt, streamID)
+// UpdateStreamSummary refreshes the summary of a stream (on actor unload).
+func (d *Directory) UpdateStreamSummary(ctx context.Context, streamID string, head, lastAppendAt int64, subscriptions int) error {
+	_, err := d.db.ExecContext(ctx, `update streams set head_offset = ?, last_append_at = ?, subscription_count = ? where stream_id = ?`,
+		head, lastAppendAt, subscriptions, streamID)
 	if err != nil {
 		return fmt.Errorf("update stream summary: %w", err)
 	}
@@ -141,8 +143,8 @@ func (d *Directory) UpdateStreamSummary(ctx context.Context, streamID string, he
 
 // ListStreams lists a project's streams whose path starts with prefix, in path order.
 func (d *Directory) ListStreams(ctx context.Context, projectID, prefix string, limit int) ([]StreamEntry, error) {
-	rows, err := d.db.QueryContext(ctx, `select stream_id, project_id, path, created_at, head_offset, last_append_at
-		from streams where project_id = ? and substr(path, 1, ?) = ? order by path limit ?`,
+	rows, err := d.db.QueryContext(ctx, `select stream_id, project_id, path, created_at, head_offset, last_append_at,
+		subscription_count from streams where project_id = ? and substr(path, 1, ?) = ? order by path limit ?`,
 		projectID, len(prefix), prefix, limit)
 	if err != nil {
 		return nil, fmt.Errorf("list streams: %w", err)
@@ -151,7 +153,7 @@ func (d *Directory) ListStreams(ctx context.Context, projectID, prefix string, l
 	var out []StreamEntry
 	for rows.Next() {
 		var e StreamEntry
-		if err := rows.Scan(&e.StreamID, &e.ProjectID, &e.Path, &e.CreatedAt, &e.HeadOffset, &e.LastAppendAt); err != nil {
+		if err := rows.Scan(&e.StreamID, &e.ProjectID, &e.Path, &e.CreatedAt, &e.HeadOffset, &e.LastAppendAt, &e.SubscriptionCount); err != nil {
 			return nil, fmt.Errorf("list streams: %w", err)
 		}
 		out = append(out, e)

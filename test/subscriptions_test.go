@@ -615,3 +615,23 @@ func TestSubscription_EgressPolicy(t *testing.T) {
 	require.Contains(t, e.describe(t, s, name).LastError, "private")
 	require.Zero(t, h.count())
 }
+
+func TestStreams_ListShowsSubscriptions(t *testing.T) {
+	e := newSubEnv(t, server.Config{IdleTimeout: time.Minute})
+	s := stream(t, e.p, "/listed")
+	for _, name := range []string{"one", "two"} {
+		e.configure(t, s, client.SubscriptionConfig{Name: name, FilterTypes: []string{"never"},
+			Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "x"}})
+	}
+	e.waitProcessed(t, s, "two", 2) // caught up by watermark: nothing pins the stream
+	list, err := client.ListStreams(e.ctx, e.p, "/listed")
+	require.NoError(t, err)
+	require.Equal(t, 2, list[0].SubscriptionCount, "live, while loaded")
+
+	e.clock.Advance(2 * time.Minute)
+	e.ts.srv.Sweep()
+	list, err = client.ListStreams(e.ctx, e.p, "/listed")
+	require.NoError(t, err)
+	require.False(t, list[0].Loaded)
+	require.Equal(t, 2, list[0].SubscriptionCount, "from the directory summary")
+}

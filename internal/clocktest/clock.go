@@ -34,11 +34,17 @@ func (c *Clock) Now() time.Time {
 	return c.now
 }
 
-// AfterFunc schedules f at Now()+d.
+// AfterFunc schedules f at Now()+d. A timer already due (d <= 0) fires at once, as with the
+// system clock, rather than waiting for the next Advance.
 func (c *Clock) AfterFunc(d time.Duration, f func()) itx.Timer {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	t := &timer{c: c, due: c.now.Add(d), f: f}
+	if d <= 0 {
+		t.stopped = true
+		go f()
+		return t
+	}
 	c.timers = append(c.timers, t)
 	return t
 }
