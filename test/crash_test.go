@@ -85,7 +85,9 @@ func TestCrash_Kill9KeepsEveryAcknowledgedAppend(t *testing.T) {
 		proc := startItxd(t, dataDir)
 		running := make(chan struct{})
 		done := make(chan [][]ack, 1)
-		go func() { done <- appendUntilFailure(t, proc.addr, proc.creds.ProjectToken, path, 8, 1500, round, running) }()
+		go func() {
+			done <- appendUntilFailure(t, proc.addr, proc.creds.ProjectToken, path, 8, 1500, round, running)
+		}()
 		<-running
 		proc.kill9(t)
 		for w, worker := range <-done {
@@ -124,7 +126,6 @@ func TestCrash_Kill9KeepsEveryAcknowledgedAppend(t *testing.T) {
 		t.Logf("round %d: %d acknowledged so far, %d events in the log", round, len(acked), len(all))
 	}
 }
-
 
 // SIGTERM during a stream of appends: in-flight appends finish, itxd exits cleanly, and every
 // acknowledged event is there after a restart.
