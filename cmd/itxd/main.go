@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -37,6 +38,9 @@ func run() error {
 	maxLoaded := flag.Int("max-loaded-streams", 1024, "unload least recently used idle streams above this many")
 	burst := flag.Int("breaker-burst", 0, "circuit breaker burst per stream, in events (0: 100000)")
 	refill := flag.Int("breaker-refill-per-minute", 0, "circuit breaker refill per stream per minute (0: 6000000)")
+	denyPrivate := flag.Bool("webhook-deny-private", false, "refuse webhook destinations on loopback, private and link-local addresses")
+	var allowHosts hostList
+	flag.Var(&allowHosts, "webhook-allow-host", "allow webhooks only to this host (repeatable; \"*.example.com\" matches subdomains)")
 	shutdownTimeout := flag.Duration("shutdown-timeout", 30*time.Second, "how long SIGTERM waits for in-flight calls")
 	flag.Parse()
 
@@ -56,6 +60,7 @@ func run() error {
 	srv, err := server.Open(ctx, server.Config{
 		DataDir: *data, Log: log, IdleTimeout: *idle, MaxLoadedStreams: *maxLoaded,
 		BreakerBurst: *burst, BreakerRefillPerMinute: *refill,
+		Egress: server.EgressPolicy{AllowHosts: allowHosts, DenyPrivate: *denyPrivate},
 	})
 	if err != nil {
 		return err
@@ -126,3 +131,9 @@ func announce(log zerolog.Logger, addr, data, metrics string) {
 	fmt.Fprintf(os.Stderr, "\nConnect with the itx REPL:\n  itx --addr %s --token %s\n"+
 		"Deployment root (global streams): --token %s\n\n", addr, creds.ProjectToken, creds.DeploymentToken)
 }
+
+// hostList is a repeatable flag.
+type hostList []string
+
+func (h *hostList) String() string     { return strings.Join(*h, ",") }
+func (h *hostList) Set(v string) error { *h = append(*h, v); return nil }
