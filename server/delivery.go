@@ -35,18 +35,23 @@ type deliverer struct {
 	pinned     bool
 }
 
+// DeliveryEnvelope says where a delivery comes from and which attempt it is.
+type DeliveryEnvelope struct {
+	ProjectID             string `json:"projectId"`
+	StreamID              string `json:"streamId"`
+	Path                  string `json:"path"`
+	Subscription          string `json:"subscription"`
+	ConfiguredAtOffset    int64  `json:"configuredAtOffset"`
+	CursorChangedAtOffset int64  `json:"cursorChangedAtOffset"`
+	DeliveryID            string `json:"deliveryId"` // stable across retries of the same range
+	Attempt               int    `json:"attempt"`
+	HeadOffset            int64  `json:"headOffset"`
+}
+
 // DeliveryBatch is what a push receiver is given: events of one stream, in offset order.
 type DeliveryBatch struct {
-	ProjectID             string      `json:"projectId"`
-	StreamID              string      `json:"streamId"`
-	Path                  string      `json:"path"`
-	Subscription          string      `json:"subscription"`
-	ConfiguredAtOffset    int64       `json:"configuredAtOffset"`
-	CursorChangedAtOffset int64       `json:"cursorChangedAtOffset"`
-	DeliveryID            string      `json:"deliveryId"`
-	Attempt               int         `json:"attempt"`
-	HeadOffset            int64       `json:"headOffset"`
-	Events                []itx.Event `json:"events"`
+	DeliveryEnvelope
+	Events []itx.Event `json:"events"`
 }
 
 // sender is one receiver kind's send adapter. It returns the offset the far side confirmed
@@ -242,11 +247,11 @@ func (d *deliverer) pass(s snapshot) {
 		through = failing.Offset - 1
 	}
 	if len(matched) > 0 {
-		batch := &DeliveryBatch{
+		batch := &DeliveryBatch{DeliveryEnvelope: DeliveryEnvelope{
 			ProjectID: d.a.ref.ProjectID, StreamID: d.a.view().streamID, Path: d.a.ref.Path, Subscription: d.name,
 			ConfiguredAtOffset: s.row.ConfiguredAtOffset, CursorChangedAtOffset: s.row.CursorChangedAtOffset,
-			Attempt: s.row.Attempt + 1, HeadOffset: s.head, Events: matched,
-		}
+			Attempt: s.row.Attempt + 1, HeadOffset: s.head,
+		}, Events: matched}
 		batch.DeliveryID = deliveryID(batch.StreamID, d.name, s.row.CursorChangedAtOffset, matched[0].Offset, through)
 		d.a.markInFlight(d, s.row)
 		confirmed, err := d.sendWithTimeout(batch)

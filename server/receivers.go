@@ -50,23 +50,14 @@ type webhookSender struct {
 func (w *webhookSender) String() string  { return "webhook" }
 func (w *webhookSender) batchLimit() int { return 1 }
 
-// WebhookBody is the JSON body of one webhook delivery.
+// WebhookBody is the JSON body of one webhook delivery: the batch's envelope with its one event.
 type WebhookBody struct {
-	ProjectID             string    `json:"projectId"`
-	StreamID              string    `json:"streamId"`
-	Path                  string    `json:"path"`
-	Subscription          string    `json:"subscription"`
-	ConfiguredAtOffset    int64     `json:"configuredAtOffset"`
-	CursorChangedAtOffset int64     `json:"cursorChangedAtOffset"`
-	DeliveryID            string    `json:"deliveryId"`
-	Attempt               int       `json:"attempt"`
-	Event                 itx.Event `json:"event"`
+	DeliveryEnvelope
+	Event itx.Event `json:"event"`
 }
 
 func (w *webhookSender) send(ctx context.Context, d *deliverer, b *DeliveryBatch) (int64, error) {
-	body, err := json.Marshal(WebhookBody{ProjectID: b.ProjectID, StreamID: b.StreamID, Path: b.Path,
-		Subscription: b.Subscription, ConfiguredAtOffset: b.ConfiguredAtOffset,
-		CursorChangedAtOffset: b.CursorChangedAtOffset, DeliveryID: b.DeliveryID, Attempt: b.Attempt, Event: b.Events[0]})
+	body, err := json.Marshal(WebhookBody{DeliveryEnvelope: b.DeliveryEnvelope, Event: b.Events[0]})
 	if err != nil {
 		return 0, err
 	}

@@ -49,32 +49,30 @@ func (s *Server) acquire(ctx context.Context, ref StreamRef) (*actor, error) {
 		select {
 		case <-prev.done:
 		case <-ctx.Done():
-			a.loadErr = itx.Errorf(itx.ECancelled, "waiting for stream %s to unload: %v", ref.Path, ctx.Err())
-			close(a.ready)
-			s.mu.Lock()
-			if s.actors[ref] == a {
-				delete(s.actors, ref)
-			}
-			s.mu.Unlock()
-			s.release(a)
-			return nil, a.loadErr
+			return nil, s.abandonLoad(a, itx.Errorf(itx.ECancelled, "waiting for stream %s to unload: %v", ref.Path, ctx.Err()))
 		}
 	}
 	if err := a.load(); err != nil {
-		a.loadErr = err
-		close(a.ready)
-		s.mu.Lock()
-		if s.actors[ref] == a {
-			delete(s.actors, ref)
-		}
-		s.mu.Unlock()
-		s.release(a)
-		return nil, err
+		return nil, s.abandonLoad(a, err)
 	}
 	s.metrics.LoadedStreams.Inc()
 	close(a.ready)
 	go a.run()
 	return a, nil
+}
+
+// abandonLoad gives up on loading a: callers waiting on it see err, and the next acquire of
+// the stream starts afresh.
+func (s *Server) abandonLoad(a *actor, err error) error {
+	a.loadErr = err
+	close(a.ready)
+	s.mu.Lock()
+	if s.actors[a.ref] == a {
+		delete(s.actors, a.ref)
+	}
+	s.mu.Unlock()
+	s.release(a)
+	return err
 }
 
 // pin takes a reference on a loaded actor for work the stream itself owes (a deliverer with
