@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/itx-dev/itx"
@@ -138,13 +139,44 @@ func (s *Server) sweep() {
 	}
 	s.mu.Unlock()
 
+	// Each unload writes the directory summary and checkpoints the stream's WAL: do several at
+	// once, or a sweep of thousands of idle streams falls behind the streams being touched.
+	work := make(chan *actor)
+	var wg sync.WaitGroup
+	for w := 0; w < min(len(victims), sweepWorkers); w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for a := range work {
+				a.unload()
+				s.mu.Lock()
+				if s.unloading[a.ref] == a {
+					delete(s.unloading, a.ref)
+				}
+				s.mu.Unlock()
+			}
+		}()
+	}
 	for _, a := range victims {
-		a.unload()
-		s.mu.Lock()
-		if s.unloading[a.ref] == a {
-			delete(s.unloading, a.ref)
-		}
-		s.mu.Unlock()
+		work <- a
+	}
+	close(work)
+	wg.Wait()
+	if len(victims) > 0 {
+		s.trimMemory()
+	}
+}
+
+// sweepWorkers is how many streams one sweep unloads at a time.
+const sweepWorkers = 8
+
+// trimMemory returns freed memory to the OS, at most once a second.
+func (s *Server) trimMemory() {
+	s.trimMu.Lock()
+	defer s.trimMu.Unlock()
+	if now := time.Now(); now.Sub(s.lastTrim) >= time.Second {
+		s.lastTrim = now
+		releaseFreedMemory()
 	}
 }
 

@@ -77,6 +77,9 @@ type Server struct {
 	recv       receivers
 	randMu     sync.Mutex
 
+	trimMu   sync.Mutex
+	lastTrim time.Time
+
 	alarmMu   sync.Mutex
 	alarmT    itx.Timer
 	alarmNext int64 // epoch ms the alarm timer is armed for; 0: none

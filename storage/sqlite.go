@@ -21,6 +21,9 @@ import (
 const driverName = "sqlite3_itx"
 
 func init() {
+	if rc := configureSQLite(); rc != 0 {
+		panic(fmt.Sprintf("sqlite3_config: error %d (a connection was opened before storage's init)", rc))
+	}
 	sql.Register(driverName, &sqlite3.SQLiteDriver{
 		ConnectHook: func(c *sqlite3.SQLiteConn) error {
 			for _, p := range []string{
@@ -43,8 +46,27 @@ func init() {
 //go:embed migrations
 var migrations embed.FS
 
-// openDB opens (creating if allowed) the SQLite file at path with the itx pragmas.
+// openDB opens (creating if allowed) the SQLite file at path with the itx pragmas, and checks
+// the durability setting on a connection it then keeps for writing.
 func openDB(path string, create bool, maxConns int) (*sql.DB, error) {
+	db, err := openPool(path, create, maxConns)
+	if err != nil {
+		return nil, err
+	}
+	var sync int
+	if err := db.QueryRow("PRAGMA synchronous").Scan(&sync); err != nil {
+		db.Close()
+		return nil, err
+	}
+	if sync != 2 {
+		db.Close()
+		return nil, fmt.Errorf("open %s: synchronous is %d, want 2 (FULL)", path, sync)
+	}
+	return db, nil
+}
+
+// openPool opens a connection pool without connecting: connections open on first use.
+func openPool(path string, create bool, maxConns int) (*sql.DB, error) {
 	mode := "rw"
 	if create {
 		mode = "rwc"
@@ -55,15 +77,6 @@ func openDB(path string, create bool, maxConns int) (*sql.DB, error) {
 	}
 	db.SetMaxOpenConns(maxConns)
 	db.SetMaxIdleConns(maxConns)
-	var sync int
-	if err := db.QueryRow("PRAGMA synchronous").Scan(&sync); err != nil {
-		db.Close()
-		return nil, err
-	}
-	if sync != 2 {
-		db.Close()
-		return nil, fmt.Errorf("open %s: synchronous is %d, want 2 (FULL)", path, sync)
-	}
 	return db, nil
 }
 

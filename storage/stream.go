@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/itx-dev/itx"
 )
@@ -29,15 +31,24 @@ type Stream struct {
 	w    *sql.DB
 	r    *sql.DB
 
-	insert      *sql.Stmt
-	setHead     *sql.Stmt
-	lookupKey   *sql.Stmt
+	insert    *sql.Stmt
+	setHead   *sql.Stmt
+	lookupKey *sql.Stmt
+
+	// Reader statements are prepared on the first read: preparing takes a connection, and a
+	// stream that is only appended to should not hold one.
+	readOnce    sync.Once
+	readErr     error
 	readAll     *sql.Stmt
 	readDurable *sql.Stmt
 }
 
-// ReaderConns is the number of read connections one stream keeps at most.
-const ReaderConns = 4
+// ReaderConns is the number of read connections one stream keeps at most; ReaderIdleTime is
+// how long an unused one stays open.
+const (
+	ReaderConns    = 4
+	ReaderIdleTime = 2 * time.Second
+)
 
 // CreateStream creates the database at file for a new stream. It fails if the file exists.
 func CreateStream(ctx context.Context, file string, meta StreamMeta) (*Stream, error) {
@@ -73,12 +84,14 @@ func openStream(ctx context.Context, file string, create bool) (*Stream, error) 
 		w.Close()
 		return nil, fmt.Errorf("open stream %s: %w", file, err)
 	}
-	r, err := openDB(file, false, ReaderConns)
+	// Readers open on demand and close after a short idle spell: every SQLite connection holds
+	// ~150 KB, and a server keeps many streams loaded that nobody is reading.
+	r, err := openPool(file, false, ReaderConns)
 	if err != nil {
 		w.Close()
 		return nil, fmt.Errorf("open stream %s: %w", file, err)
 	}
-	r.SetConnMaxIdleTime(30e9)
+	r.SetConnMaxIdleTime(ReaderIdleTime)
 	s := &Stream{file: file, w: w, r: r}
 	prep := []struct {
 		db   *sql.DB
@@ -90,10 +103,6 @@ func openStream(ctx context.Context, file string, create bool) (*Stream, error) 
 			values (?, ?, ?, ?, ?, ?, ?, ?)`},
 		{w, &s.setHead, `update stream_meta set head_offset = ?, last_append_at = ? where id = 1`},
 		{w, &s.lookupKey, `select ` + eventColumns + ` from events where idempotency_key = ?`},
-		{r, &s.readAll, `select ` + eventColumns + ` from events
-			where offset > ? and offset <= ? order by offset limit ?`},
-		{r, &s.readDurable, `select ` + eventColumns + ` from events
-			where offset > ? and offset <= ? and ephemeral = 0 order by offset limit ?`},
 	}
 	for _, p := range prep {
 		if *p.stmt, err = p.db.PrepareContext(ctx, p.q); err != nil {
@@ -211,10 +220,25 @@ type Query struct {
 	IncludeEphemeral bool
 }
 
+func (s *Stream) prepareReads(ctx context.Context) error {
+	s.readOnce.Do(func() {
+		if s.readAll, s.readErr = s.r.PrepareContext(ctx, `select `+eventColumns+` from events
+			where offset > ? and offset <= ? order by offset limit ?`); s.readErr != nil {
+			return
+		}
+		s.readDurable, s.readErr = s.r.PrepareContext(ctx, `select `+eventColumns+` from events
+			where offset > ? and offset <= ? and ephemeral = 0 order by offset limit ?`)
+	})
+	return s.readErr
+}
+
 // Events reads a page. Reads run on the reader pool beside the writer.
 func (s *Stream) Events(ctx context.Context, q Query) ([]itx.Event, error) {
 	if q.Limit <= 0 || q.After >= q.UpTo {
 		return nil, nil
+	}
+	if err := s.prepareReads(context.Background()); err != nil {
+		return nil, fmt.Errorf("read events: prepare: %w", err)
 	}
 	var rows *sql.Rows
 	var err error

@@ -1,0 +1,5 @@
+//go:build !cgo
+
+package storage
+
+func configureSQLite() int { return 0 }
