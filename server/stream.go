@@ -25,6 +25,7 @@ func (s *Server) StartAppend(ctx context.Context, ref StreamRef, inputs []itx.Ev
 		return nil, err
 	}
 	if err := validateAppend(inputs, authClient); err != nil {
+		s.metrics.AppendCalls.WithLabelValues(string(itx.ErrorCode(err))).Inc() // refused before queueing
 		return nil, err
 	}
 	return s.startAppend(ctx, ref, &appendReq{inputs: inputs, opts: opts, authority: authClient})
