@@ -129,6 +129,14 @@ func (a *actor) load() error {
 	if err := a.reconcileCursors(ctx); err != nil {
 		return fail(err)
 	}
+	if len(a.core.Subscriptions) > 0 {
+		// While loaded, the alarm reads "due now" (a crash leaves the stream owed a load); on
+		// unload it records the next retry. Whatever woke this incarnation, it owns the alarm.
+		if err := a.srv.dir.SetAlarm(ctx, entry.StreamID, itx.UnixMilli(a.srv.clock.Now())); err != nil {
+			return fail(err)
+		}
+		a.alarmSet = true
+	}
 	a.sweepEphemeral(store)
 	return nil
 }

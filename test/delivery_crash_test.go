@@ -3,6 +3,7 @@ package test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -114,4 +115,45 @@ func TestCrash_Kill9MidDelivery(t *testing.T) {
 	for i, c := range copies {
 		require.Equal(t, int64(i+3), c.Provenance[0].Offset, "copies in source order")
 	}
+}
+
+// A stream loaded by its alarm (not by a configure in the same incarnation) that fails again and
+// idles out must still record its next retry, or the retry is lost until the next append.
+func TestSubscription_RetryAlarmSurvivesRepeatedUnloads(t *testing.T) {
+	dir := t.TempDir()
+	clock := clocktest.New(time.Unix(1_700_000_000, 0))
+	var mu sync.Mutex
+	failures := 2
+	h := newHook(t, func(n int, b server.WebhookBody) int {
+		mu.Lock()
+		defer mu.Unlock()
+		if failures > 0 {
+			failures--
+			return 503
+		}
+		return 200
+	})
+	cfg := server.Config{DataDir: dir, Clock: clock, Random: func() float64 { return 0.5 }, IdleTimeout: 100 * time.Millisecond}
+	ts := startServer(t, cfg)
+	e := &subEnv{ts: ts, clock: clock, p: ts.project(t), ctx: ctxT(t)}
+	s := stream(t, e.p, "/again")
+	name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "again", Start: "now",
+		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
+	res := mustAppend(t, s, ev("job", `{}`))
+	waitUntil(t, "first failure", func() bool { return e.describe(t, s, name).Attempt == 1 })
+	closeCtx, cancel := context.WithTimeout(e.ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, ts.srv.Close(closeCtx))
+
+	// A new incarnation: nothing configures anything in it.
+	ts2 := startServer(t, cfg)
+	clock.Advance(time.Second) // retry 1 due: the alarm loads the stream, the attempt fails again
+	waitUntil(t, "second failure", func() bool { return h.count() == 2 })
+	waitUntil(t, "unloaded while backing off", func() bool {
+		clock.Advance(50 * time.Millisecond) // idle sweeps, well short of the 2 s backoff
+		return ts2.srv.LoadedStreams() == 0
+	})
+	clock.Advance(2 * time.Second) // retry 2 due: only a recorded alarm can wake the stream
+	waitUntil(t, "delivered", func() bool { return h.count() == 3 })
+	require.Equal(t, []int64{res.HeadOffset}, h.distinct())
 }
