@@ -255,7 +255,11 @@ func Describe(ctx context.Context, s schema.Stream) (StreamInfo, error) {
 func ListStreams(ctx context.Context, project schema.Project, prefix string) ([]StreamInfo, error) {
 	sf, releaseStreams := project.Streams(ctx, nil)
 	defer releaseStreams()
-	streams := sf.Streams()
+	return ListStreamsIn(ctx, sf.Streams(), prefix)
+}
+
+// ListStreamsIn lists the streams of a Streams capability already at hand under prefix.
+func ListStreamsIn(ctx context.Context, streams schema.Streams, prefix string) ([]StreamInfo, error) {
 	fut, release := streams.List(ctx, func(p schema.Streams_list_Params) error { return p.SetPrefix(prefix) })
 	defer release()
 	res, err := fut.Struct()

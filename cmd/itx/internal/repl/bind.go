@@ -259,23 +259,13 @@ func streamsList(ctx context.Context, s *Session, c capnp.Client, _ capPath, arg
 		}
 	}
 	// The pipelined Streams capability is already at hand: list on it directly.
-	fut, release := schema.Streams(c).List(ctx, func(p schema.Streams_list_Params) error { return p.SetPrefix(prefix) })
-	defer release()
-	res, err := fut.Struct()
+	list, err := client.ListStreamsIn(ctx, schema.Streams(c), prefix)
 	if err != nil {
 		return nil, err
 	}
-	list, err := res.Streams()
-	if err != nil {
-		return nil, err
-	}
-	out := make([]streamInfoJS, list.Len())
-	for i := range out {
-		si := list.At(i)
-		path, _ := si.Path()
-		id, _ := si.StreamId()
-		out[i] = streamInfoJS{Path: path, StreamID: id, HeadOffset: int64(si.HeadOffset()), CreatedAt: si.CreatedAt(),
-			LastAppendAt: si.LastAppendAt(), SubscriptionCount: int(si.SubscriptionCount()), Loaded: si.Loaded()}
+	out := make([]streamInfoJS, len(list))
+	for i, info := range list {
+		out[i] = streamInfoOf(info)
 	}
 	return out, nil
 }
