@@ -549,30 +549,22 @@ func (a *actor) lookupKeys(ctx context.Context, group []*appendReq) (map[string]
 	if a.store == nil {
 		return nil, nil
 	}
-	var found map[string]*itx.Event
+	var keys []string
+	seen := map[string]bool{}
 	for _, r := range group {
 		for i := range r.inputs {
-			key := r.inputs[i].IdempotencyKey
-			if key == "" {
-				continue
+			if key := r.inputs[i].IdempotencyKey; key != "" && !seen[key] {
+				seen[key] = true
+				keys = append(keys, key)
 			}
-			if _, seen := found[key]; seen {
-				continue
-			}
-			e, err := a.store.EventByKey(ctx, key)
-			if err != nil {
-				return nil, itx.Errorf(itx.EInternal, "append: %v", err)
-			}
-			if found == nil {
-				found = map[string]*itx.Event{}
-			}
-			found[key] = e // nil records "looked up, absent"
 		}
 	}
-	for k, e := range found {
-		if e == nil {
-			delete(found, k)
-		}
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	found, err := a.store.EventsByKeys(ctx, keys)
+	if err != nil {
+		return nil, itx.Errorf(itx.EInternal, "append: %v", err)
 	}
 	return found, nil
 }

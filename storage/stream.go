@@ -31,9 +31,8 @@ type Stream struct {
 	w    *sql.DB
 	r    *sql.DB
 
-	insert    *sql.Stmt
-	setHead   *sql.Stmt
-	lookupKey *sql.Stmt
+	insert  *sql.Stmt
+	setHead *sql.Stmt
 
 	// Reader statements are prepared on the first read: preparing takes a connection, and a
 	// stream that is only appended to should not hold one.
@@ -102,7 +101,6 @@ func openStream(ctx context.Context, file string, create bool) (*Stream, error) 
 			(offset, type, payload, metadata, idempotency_key, created_at, ephemeral, provenance)
 			values (?, ?, ?, ?, ?, ?, ?, ?)`},
 		{w, &s.setHead, `update stream_meta set head_offset = ?, last_append_at = ? where id = 1`},
-		{w, &s.lookupKey, `select ` + eventColumns + ` from events where idempotency_key = ?`},
 	}
 	for _, p := range prep {
 		if *p.stmt, err = p.db.PrepareContext(ctx, p.q); err != nil {
@@ -129,17 +127,32 @@ func (s *Stream) Meta(ctx context.Context) (StreamMeta, error) {
 	return m, nil
 }
 
-// EventByKey returns the committed event holding an idempotency key, or nil.
-func (s *Stream) EventByKey(ctx context.Context, key string) (*itx.Event, error) {
-	rows, err := s.lookupKey.QueryContext(ctx, key)
-	if err != nil {
-		return nil, fmt.Errorf("look up idempotency key: %w", err)
+// EventsByKeys returns the committed events holding any of keys, by key; absent keys are
+// missing from the map. One statement per 500 keys, not one per key: every standalone query
+// opens and closes its own read transaction.
+func (s *Stream) EventsByKeys(ctx context.Context, keys []string) (map[string]*itx.Event, error) {
+	out := map[string]*itx.Event{}
+	for len(keys) > 0 {
+		chunk := keys[:min(len(keys), 500)]
+		keys = keys[len(chunk):]
+		args := make([]any, len(chunk))
+		for i, k := range chunk {
+			args[i] = k
+		}
+		rows, err := s.w.QueryContext(ctx, `select `+eventColumns+` from events where idempotency_key in (?`+
+			strings.Repeat(`, ?`, len(chunk)-1)+`)`, args...)
+		if err != nil {
+			return nil, fmt.Errorf("look up idempotency keys: %w", err)
+		}
+		events, err := scanEvents(rows, len(chunk))
+		if err != nil {
+			return nil, err
+		}
+		for i := range events {
+			out[events[i].IdempotencyKey] = &events[i]
+		}
 	}
-	events, err := scanEvents(rows, 1)
-	if err != nil || len(events) == 0 {
-		return nil, err
-	}
-	return &events[0], nil
+	return out, nil
 }
 
 // Commit is one group commit: events with their offsets assigned, the new head, and the state
