@@ -493,15 +493,21 @@ func (s *Session) subscriptionConfig(v goja.Value) (client.SubscriptionConfig, e
 	if rv == nil {
 		return cfg, itx.Errorf(itx.EInvalid, "configure: receiver is required: {type: \"webhook-post\" | \"copy-to-stream\" | \"itx-call\" | \"processor-wake\", ...}")
 	}
-	typ := ""
+	typ, kindKey := "", "type"
 	if obj, ok := rv.(*goja.Object); ok {
 		typ, _ = exportString(obj.Get("type"))
+		if typ == "" {
+			// The configured event's own JSON names the kind "action": accept it too.
+			if typ, _ = exportString(obj.Get("action")); typ != "" {
+				kindKey = "action"
+			}
+		}
 	}
 	keys, ok := receiverKeys[typ]
 	if !ok {
 		return cfg, itx.Errorf(itx.EInvalid, "configure: receiver.type must be \"webhook-post\", \"copy-to-stream\", \"itx-call\" or \"processor-wake\", got %q", typ)
 	}
-	r, err := s.opts("configure: receiver", rv, append([]string{"type"}, keys...)...)
+	r, err := s.opts("configure: receiver", rv, append([]string{kindKey}, keys...)...)
 	if err != nil {
 		return cfg, err
 	}

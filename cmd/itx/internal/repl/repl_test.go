@@ -199,6 +199,10 @@ func TestSession_Arguments(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, client.Receiver{Kind: client.ReceiverCopyToStream, Path: "/b"}, cfg.Receiver)
 
+		cfg, err = s.subscriptionConfig(s.mustRun(t, `({receiver: {action: "itx-call", capability: "inbox"}})`))
+		require.NoError(t, err, "the configured event's own spelling of the kind")
+		require.Equal(t, client.Receiver{Kind: client.ReceiverItxCall, Capability: "inbox"}, cfg.Receiver)
+
 		_, err = s.subscriptionConfig(s.mustRun(t, `({receiver: {type: "copy-to-stream", url: "x"}})`))
 		require.ErrorContains(t, err, `unknown option "url" (known: type, path)`)
 		_, err = s.subscriptionConfig(s.mustRun(t, `({receiver: {type: "email"}})`))
