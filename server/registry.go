@@ -187,8 +187,20 @@ func (s *Server) LoadedStreams() int {
 	return len(s.actors)
 }
 
-// Sweep runs one idle sweep now (tests and operators).
-func (s *Server) Sweep() { s.sweep() }
+// Sweep runs one idle sweep now and returns once every unload under way (its own or a
+// concurrent timed sweep's) has finished (tests and operators).
+func (s *Server) Sweep() {
+	s.sweep()
+	s.mu.Lock()
+	pending := make([]*actor, 0, len(s.unloading))
+	for _, a := range s.unloading {
+		pending = append(pending, a)
+	}
+	s.mu.Unlock()
+	for _, a := range pending {
+		<-a.done
+	}
+}
 
 func isClosed(ch chan struct{}) bool {
 	select {
