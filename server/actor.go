@@ -41,6 +41,7 @@ type actor struct {
 	deliverers map[string]*deliverer
 	nextGen    int64
 	alarmSet   bool
+	lastSweep  time.Time       // of ephemeral rows
 	dctx       context.Context // deliverers' context: ends on unload or server close
 	dcancel    context.CancelFunc
 
@@ -264,7 +265,8 @@ func truncate(s string, n int) string {
 // sweepEphemeral deletes ephemeral rows past their retention, on load and on unload. Offsets are
 // not reissued: the head lives in stream_meta.
 func (a *actor) sweepEphemeral(store *storage.Stream) {
-	before := itx.UnixMilli(a.srv.clock.Now().Add(-a.srv.cfg.EphemeralRetention))
+	a.lastSweep = a.srv.clock.Now()
+	before := itx.UnixMilli(a.lastSweep.Add(-a.srv.cfg.EphemeralRetention))
 	if n, err := store.DeleteEphemeral(context.Background(), a.head, before); err != nil {
 		a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Msg("ephemeral sweep failed")
 	} else if n > 0 {
@@ -304,6 +306,10 @@ func (a *actor) run() {
 			}
 			a.commitGroup(group)
 			clear(group)
+			// A stream that stays loaded sweeps as it goes, a few times per retention period.
+			if a.store != nil && a.srv.clock.Now().Sub(a.lastSweep) >= a.srv.cfg.EphemeralRetention/4 {
+				a.sweepEphemeral(a.store)
+			}
 		case <-a.flush:
 			a.commitGroup(nil)
 		case <-a.quit:

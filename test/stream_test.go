@@ -466,3 +466,26 @@ func TestStream_MaxLoadedStreams(t *testing.T) {
 }
 
 func ctx(t *testing.T) context.Context { return ctxT(t) }
+
+// Ephemeral rows past their retention are swept while the stream stays loaded; the head, and
+// every offset, stay put.
+func TestStream_EphemeralSweep(t *testing.T) {
+	clock := clocktest.New(time.Unix(1_700_000_000, 0))
+	ts := startServer(t, server.Config{Clock: clock, EphemeralRetention: time.Hour})
+	s := stream(t, ts.project(t), "/sweep")
+	ctx := ctxT(t)
+	chunk := ev("chunk", `{"t":"x"}`)
+	chunk.Ephemeral = true
+	mustAppend(t, s, ev("a", `{}`), chunk, chunk) // 1, 2, 3
+	all, err := client.GetEvents(ctx, s, client.Query{IncludeEphemeral: true})
+	require.NoError(t, err)
+	require.Len(t, all, 3)
+
+	clock.Advance(2 * time.Hour)
+	mustAppend(t, s, ev("b", `{}`)) // 4: the commit that triggers the sweep
+	all, err = client.GetEvents(ctx, s, client.Query{IncludeEphemeral: true})
+	require.NoError(t, err)
+	require.Equal(t, []int64{1, 4}, offsetsOf(all), "the old ephemeral rows are gone, leaving a gap")
+	res := mustAppend(t, s, ev("c", `{}`))
+	require.Equal(t, []int64{5}, res.Offsets, "offsets are never reissued")
+}
