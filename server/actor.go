@@ -633,7 +633,6 @@ type view struct {
 	streamID string
 	head     int64
 	changed  <-chan struct{}
-	progress <-chan struct{}
 	info     streamTimes
 	core     *coreState
 }
@@ -647,6 +646,6 @@ func (a *actor) view() view {
 	if a.store == nil {
 		id = "" // not created yet: a planned id is not an identity until it commits
 	}
-	return view{store: a.store, streamID: id, head: a.head, changed: a.changed, progress: a.progress,
+	return view{store: a.store, streamID: id, head: a.head, changed: a.changed,
 		info: streamTimes{a.createdAt, a.lastAppendAt}, core: a.core}
 }

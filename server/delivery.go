@@ -24,7 +24,6 @@ type deliverer struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	done   chan struct{}
-	wake   chan struct{} // a presence signal: retry now
 
 	send       sender
 	condition  *jsonata.Expr
@@ -83,7 +82,7 @@ func (a *actor) restartDeliverer(name string) {
 	}
 	a.nextGen++
 	d := &deliverer{a: a, name: name, birth: entry.ConfiguredAtOffset, gen: a.nextGen,
-		done: make(chan struct{}), wake: make(chan struct{}, 1), onFailing: entry.Config.Receiver.EffectiveDelivery().OnFailingEvent}
+		done: make(chan struct{}), onFailing: entry.Config.Receiver.EffectiveDelivery().OnFailingEvent}
 	d.ctx, d.cancel = context.WithCancel(a.dctx)
 	if f := entry.Config.Filter; f != nil {
 		for _, t := range f.EventTypes {
@@ -110,11 +109,12 @@ func (a *actor) restartDeliverer(name string) {
 
 // snapshot is what one delivery pass decides on.
 type snapshot struct {
-	row     storage.CursorRow
-	entry   *catalogEntry
-	head    int64
-	store   *storage.Stream
-	changed <-chan struct{}
+	row      storage.CursorRow
+	entry    *catalogEntry
+	head     int64
+	streamID string
+	store    *storage.Stream
+	changed  <-chan struct{}
 }
 
 // snap reads the subscription's state; ok is false when this deliverer no longer serves it.
@@ -127,7 +127,7 @@ func (d *deliverer) snap() (snapshot, bool) {
 	if entry == nil || row == nil || entry.ConfiguredAtOffset != d.birth || row.ConfiguredAtOffset != d.birth {
 		return snapshot{}, false
 	}
-	return snapshot{row: *row, entry: entry, head: a.head, store: a.store, changed: a.changed}, true
+	return snapshot{row: *row, entry: entry, head: a.head, streamID: a.streamID, store: a.store, changed: a.changed}, true
 }
 
 func (d *deliverer) run() {
@@ -157,7 +157,8 @@ func (d *deliverer) run() {
 	}
 }
 
-// wait blocks until a commit, a presence signal, the timeout (0: none) or the end.
+// wait blocks until a commit or a presence signal (both close changed), the timeout (0: none)
+// or the end.
 func (d *deliverer) wait(changed <-chan struct{}, timeout time.Duration) {
 	var expired chan struct{}
 	if timeout > 0 {
@@ -168,7 +169,6 @@ func (d *deliverer) wait(changed <-chan struct{}, timeout time.Duration) {
 	select {
 	case <-changed:
 	case <-expired:
-	case <-d.wake:
 	case <-d.ctx.Done():
 	}
 }
@@ -248,7 +248,7 @@ func (d *deliverer) pass(s snapshot) {
 	}
 	if len(matched) > 0 {
 		batch := &DeliveryBatch{DeliveryEnvelope: DeliveryEnvelope{
-			ProjectID: d.a.ref.ProjectID, StreamID: d.a.view().streamID, Path: d.a.ref.Path, Subscription: d.name,
+			ProjectID: d.a.ref.ProjectID, StreamID: s.streamID, Path: d.a.ref.Path, Subscription: d.name,
 			ConfiguredAtOffset: s.row.ConfiguredAtOffset, CursorChangedAtOffset: s.row.CursorChangedAtOffset,
 			Attempt: s.row.Attempt + 1, HeadOffset: s.head,
 		}, Events: matched}

@@ -192,13 +192,6 @@ func ReadCredentials(dataDir string) (Credentials, error) {
 	return c, json.Unmarshal(b, &c)
 }
 
-// CreateProject adds a project and returns its token.
-func (s *Server) CreateProject(ctx context.Context, id, name string) (string, error) {
-	token := "itx_" + randomHex(24)
-	err := s.dir.CreateProject(ctx, storage.Project{ID: id, Name: name, CreatedAt: itx.UnixMilli(s.clock.Now())}, token)
-	return token, err
-}
-
 // Login resolves a token to its project.
 func (s *Server) Login(ctx context.Context, token string) (storage.Project, error) {
 	return s.dir.ProjectByToken(ctx, token)
