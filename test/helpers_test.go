@@ -5,17 +5,14 @@ package test
 import (
 	"context"
 	"encoding/json"
-	"net"
-	"os"
 	"testing"
 	"time"
 
 	"github.com/itx-dev/itx"
-	"github.com/itx-dev/itx/capability"
 	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/internal/itxtest"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
-	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 )
 
@@ -31,29 +28,8 @@ type testServer struct {
 // Everything is closed when the test ends.
 func startServer(t testing.TB, cfg server.Config) *testServer {
 	t.Helper()
-	if cfg.DataDir == "" {
-		cfg.DataDir = t.TempDir()
-	}
-	if os.Getenv("ITX_TEST_LOG") != "" {
-		cfg.Log = zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.DebugLevel)
-	}
-	ctx := context.Background()
-	srv, err := server.Open(ctx, cfg)
-	require.NoError(t, err)
-	creds, err := server.ReadCredentials(cfg.DataDir)
-	require.NoError(t, err)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	l := capability.NewListener(srv)
-	go l.Serve(ln)
-	t.Cleanup(func() {
-		ln.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		srv.Close(ctx)
-		l.CloseConnections(ctx)
-	})
-	return &testServer{srv: srv, addr: ln.Addr().String(), creds: creds, dir: cfg.DataDir}
+	s := itxtest.Start(t, cfg)
+	return &testServer{srv: s.Srv, addr: s.Addr, creds: s.Creds, dir: s.Dir}
 }
 
 // dial opens a client connection, closed when the test ends.

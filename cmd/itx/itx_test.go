@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,9 +12,9 @@ import (
 	"time"
 
 	"github.com/itx-dev/itx"
-	"github.com/itx-dev/itx/capability"
 	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/cmd/itx/internal/repl"
+	"github.com/itx-dev/itx/internal/itxtest"
 	"github.com/itx-dev/itx/server"
 	"github.com/stretchr/testify/require"
 )
@@ -39,23 +38,8 @@ type testServer struct {
 
 func startServer(t testing.TB) *testServer {
 	t.Helper()
-	dir := t.TempDir()
-	srv, err := server.Open(context.Background(), server.Config{DataDir: dir})
-	require.NoError(t, err)
-	creds, err := server.ReadCredentials(dir)
-	require.NoError(t, err)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	l := capability.NewListener(srv)
-	go l.Serve(ln)
-	t.Cleanup(func() {
-		ln.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		srv.Close(ctx)
-		l.CloseConnections(ctx)
-	})
-	return &testServer{addr: ln.Addr().String(), token: creds.ProjectToken, dir: dir}
+	s := itxtest.Start(t, server.Config{})
+	return &testServer{addr: s.Addr, token: s.Creds.ProjectToken, dir: s.Dir}
 }
 
 // appendDirect appends through the Go client, not through itx.
