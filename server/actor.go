@@ -262,7 +262,8 @@ func truncate(s string, n int) string {
 	return s[:n]
 }
 
-// sweepEphemeral deletes ephemeral rows past their retention, on load and on unload. Offsets are
+// sweepEphemeral deletes ephemeral rows past their retention: on load, on unload and as a loaded
+// stream commits. Offsets are
 // not reissued: the head lives in stream_meta.
 func (a *actor) sweepEphemeral(store *storage.Stream) {
 	a.lastSweep = a.srv.clock.Now()
@@ -304,12 +305,13 @@ func (a *actor) run() {
 					break drain
 				}
 			}
-			a.commitGroup(group)
-			clear(group)
-			// A stream that stays loaded sweeps as it goes, a few times per retention period.
+			// A stream that stays loaded sweeps as it goes, a few times per retention period,
+			// before the group commits: whoever sees the group acknowledged sees the sweep done.
 			if a.store != nil && a.srv.clock.Now().Sub(a.lastSweep) >= a.srv.cfg.EphemeralRetention/4 {
 				a.sweepEphemeral(a.store)
 			}
+			a.commitGroup(group)
+			clear(group)
 		case <-a.flush:
 			a.commitGroup(nil)
 		case <-a.quit:
