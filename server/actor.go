@@ -263,8 +263,7 @@ func truncate(s string, n int) string {
 }
 
 // sweepEphemeral deletes ephemeral rows past their retention: on load, on unload and as a loaded
-// stream commits. Offsets are
-// not reissued: the head lives in stream_meta.
+// stream commits. Offsets are not reissued: the head lives in stream_meta.
 func (a *actor) sweepEphemeral(store *storage.Stream) {
 	a.lastSweep = a.srv.clock.Now()
 	before := itx.UnixMilli(a.lastSweep.Add(-a.srv.cfg.EphemeralRetention))
