@@ -34,3 +34,5 @@ require (
 	golang.org/x/text v0.42.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )
+
+replace github.com/blues/jsonata-go => ./third_party/jsonata-go

@@ -18,6 +18,9 @@ const (
 	MaxPathLength   = 1024
 	MaxPathSegments = 32
 
+	// MaxJSONataLength bounds a JSONata expression (conditions, transforms, predicates).
+	MaxJSONataLength = 16 << 10
+
 	// DefaultPageLimit is the getEvents page size when none is asked for, and its maximum.
 	DefaultPageLimit = 500
 	MaxPageLimit     = 500

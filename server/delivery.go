@@ -462,7 +462,7 @@ func (a *actor) markInFlight(d *deliverer, read storage.CursorRow) {
 // type, payload and metadata replace the event's, and whatever it omits is kept. Offsets,
 // times, keys and provenance always stay the source's.
 func applyTransform(expr *jsonata.Expr, e *itx.Event) (itx.Event, error) {
-	res, err := expr.Eval(EventDocument(e))
+	res, err := evalJSONata(expr, e)
 	if err != nil {
 		return itx.Event{}, err
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"time"
 
 	jsonata "github.com/blues/jsonata-go"
 	"github.com/itx-dev/itx"
@@ -68,8 +69,26 @@ func (c *compiledPredicate) match(e *itx.Event) (bool, error) {
 	return true, nil
 }
 
-// CompileJSONata compiles a JSONata expression, refusing a bad one with EInvalid.
+// jsonataLimits bound one evaluation of a user's expression. Without them a recursive
+// expression overflows the Go stack, which ends the process (third_party/jsonata-go/PATCHES.md).
+// No condition or transform over one event comes near them.
+var jsonataLimits = jsonata.Limits{
+	MaxDepth:       2000,
+	MaxSteps:       200_000,
+	Timeout:        time.Second,
+	MaxStringBytes: itx.MaxEventBytes,
+}
+
+// evalJSONata is the one place the server evaluates a user's JSONata, always within limits.
+func evalJSONata(expr *jsonata.Expr, e *itx.Event) (any, error) {
+	return expr.EvalWithLimits(EventDocument(e), jsonataLimits)
+}
+
+// CompileJSONata compiles a JSONata expression, refusing a bad or oversized one with EInvalid.
 func CompileJSONata(src string) (*jsonata.Expr, error) {
+	if len(src) > itx.MaxJSONataLength {
+		return nil, itx.Errorf(itx.EInvalid, "JSONata expression is %d bytes; at most %d are allowed", len(src), itx.MaxJSONataLength)
+	}
 	expr, err := jsonata.Compile(src)
 	if err != nil {
 		return nil, itx.Errorf(itx.EInvalid, "invalid JSONata expression %q: %v", src, err)
@@ -100,7 +119,7 @@ func EventDocument(e *itx.Event) map[string]any {
 // EvalCondition evaluates a JSONata condition over an event: it holds only when the result is
 // exactly true (an undefined result is false, not an error).
 func EvalCondition(expr *jsonata.Expr, e *itx.Event) (bool, error) {
-	res, err := expr.Eval(EventDocument(e))
+	res, err := evalJSONata(expr, e)
 	if err == jsonata.ErrUndefined {
 		return false, nil
 	}

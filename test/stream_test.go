@@ -310,6 +310,11 @@ func TestStream_BadInput(t *testing.T) {
 		requireCode(t, err, itx.EInvalid)
 		_, err = client.WaitForEvent(ctx, s, client.Predicate{Where: "payload.("}, 0, time.Second)
 		requireCode(t, err, itx.EInvalid)
+		// A runaway predicate is the caller's error; the server lives on (unbounded, this
+		// recursion overflows the Go stack and ends the process).
+		_, err = client.WaitForEvent(ctx, s, client.Predicate{Where: `($f := function($x){ $f($x) }; $f(1))`}, 0, time.Second)
+		requireCode(t, err, itx.EInvalid)
+		require.Contains(t, err.Error(), "depth limit")
 		_, err = client.WaitForEvent(ctx, s, client.Predicate{PayloadContains: "{nope"}, 0, time.Second)
 		requireCode(t, err, itx.EInvalid)
 		_, err = client.WaitForEvent(ctx, s, client.Predicate{}, 99, time.Second)

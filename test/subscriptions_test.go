@@ -628,10 +628,32 @@ func TestStreams_ListShowsSubscriptions(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 2, list[0].SubscriptionCount, "live, while loaded")
 
-	e.clock.Advance(2 * time.Minute)
-	e.ts.srv.Sweep()
+	// A deliverer finishing its pass still pins the stream for a moment after the ack that
+	// waitProcessed saw, and its release counts as a use; a later idle period unloads it.
+	waitUntil(t, "the idle stream unloaded", func() bool {
+		e.clock.Advance(2 * time.Minute)
+		e.ts.srv.Sweep()
+		return e.ts.srv.LoadedStreams() == 0
+	})
 	list, err = client.ListStreams(e.ctx, e.p, "/listed")
 	require.NoError(t, err)
 	require.False(t, list[0].Loaded)
 	require.Equal(t, 2, list[0].SubscriptionCount, "from the directory summary")
+}
+
+// A transform that runs away is a failing delivery like any other: recorded, retried, and the
+// server keeps serving (unbounded, this recursion overflows the Go stack and ends the process,
+// and the stored subscription would end it again on every restart).
+func TestSubscription_RunawayTransformFailsTheDelivery(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	src := stream(t, e.p, "/runaway")
+	name, _ := e.configure(t, src, client.SubscriptionConfig{Name: "copy", FilterTypes: []string{"order"},
+		Transform: `($f := function($x){ $f($x) + 1 }; {"payload": {"n": $f(1)}})`,
+		Receiver:  client.Receiver{Kind: client.ReceiverCopyToStream, Path: "/runaway-copy"}})
+	mustAppend(t, src, ev("order", `{"id":1}`))
+
+	waitUntil(t, "the failure recorded", func() bool { return e.describe(t, src, name).Attempt == 1 })
+	require.Contains(t, e.describe(t, src, name).LastError, "depth limit")
+	res := mustAppend(t, src, ev("note", `{}`))
+	require.Equal(t, []int64{3}, res.Offsets, "the server still serves")
 }

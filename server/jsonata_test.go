@@ -1,0 +1,66 @@
+package server
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	jsonata "github.com/blues/jsonata-go"
+	"github.com/itx-dev/itx"
+	"github.com/stretchr/testify/require"
+)
+
+// A user's JSONata runs inside the server. Unbounded, a recursive expression overflows the Go
+// stack, a fatal error that ends the process; these must come back as errors instead.
+func TestJSONata_RunawayExpressionsStopAtTheirLimits(t *testing.T) {
+	ev := &itx.Event{Offset: 7, Type: "order", Payload: []byte(`{"total":3,"items":[1,2,3]}`)}
+	for _, tc := range []struct {
+		name, src, limit string
+	}{
+		{"self recursion", `($f := function($x){ $f($x) + 1 }; $f(1))`, "depth"},
+		{"recursion through a parameter", `($g := function($h){ $h($h) }; $g($g))`, "depth"},
+		{"recursion through a higher-order built-in", `($f := function($g){ $map([$g], $g) }; $f($f))`, "depth"},
+		{"a long loop", `$count($map([1..100000], function($i){ $map([1..100], function($j){ $j }) }))`, "step"},
+		{"a doubling string", `($d := function($s, $n){ $n = 0 ? $s : $d($s & $s, $n - 1) }; $d("x", 40))`, "string size"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			expr, err := CompileJSONata(tc.src)
+			require.NoError(t, err)
+			_, err = evalJSONata(expr, ev)
+			var lim *jsonata.LimitError
+			require.True(t, errors.As(err, &lim), "want a limit error, got %v", err)
+			if tc.limit == "step" && lim.Limit == "time" {
+				tc.limit = "time" // a slow machine (or -race) may reach the time limit first
+			}
+			require.Equal(t, tc.limit, lim.Limit)
+
+			_, err = EvalCondition(expr, ev)
+			require.Equal(t, itx.EInvalid, itx.ErrorCode(err), "a condition that runs away is the user's error: %v", err)
+			_, err = applyTransform(expr, ev)
+			require.Error(t, err)
+		})
+	}
+}
+
+func TestJSONata_OrdinaryExpressionsAreUnaffected(t *testing.T) {
+	ev := &itx.Event{Offset: 7, Type: "order", Payload: []byte(`{"total":3,"items":[1,2,3]}`)}
+	expr, err := CompileJSONata(`($sq := function($x){ $x * $x }; $sum($map(payload.items, $sq)) = 14 and offset = 7)`)
+	require.NoError(t, err)
+	ok, err := EvalCondition(expr, ev)
+	require.NoError(t, err)
+	require.True(t, ok)
+
+	// Recursion that ends is still allowed, well within the depth limit.
+	expr, err = CompileJSONata(`($tri := function($n){ $n = 0 ? 0 : $n + $tri($n - 1) }; {"payload": {"t": $tri(payload.total * 100)}})`)
+	require.NoError(t, err)
+	out, err := applyTransform(expr, ev)
+	require.NoError(t, err)
+	require.JSONEq(t, `{"t": 45150}`, string(out.Payload))
+}
+
+func TestJSONata_OversizedExpressionIsRefused(t *testing.T) {
+	_, err := CompileJSONata(`"` + strings.Repeat("x", itx.MaxJSONataLength) + `"`)
+	require.Equal(t, itx.EInvalid, itx.ErrorCode(err))
+	_, err = CompileJSONata(`"` + strings.Repeat("x", itx.MaxJSONataLength-2) + `"`)
+	require.NoError(t, err)
+}

@@ -1,0 +1,3 @@
+module github.com/blues/jsonata-go
+
+go 1.16

@@ -1,0 +1,75 @@
+// This file is an itx addition to blues/jsonata-go v1.5.4 (see PATCHES.md). It bounds one
+// evaluation, so an expression written by a user can neither overflow the Go stack (a fatal,
+// unrecoverable error that would end the whole process) nor run or grow without end.
+
+package jsonata
+
+import (
+	"fmt"
+	"reflect"
+	"time"
+)
+
+// Limits bound one evaluation. A zero field is no limit.
+type Limits struct {
+	MaxDepth       int           // nested evaluation frames, recursion included
+	MaxSteps       int64         // evaluated nodes, in total
+	Timeout        time.Duration // wall clock, checked every 256 steps
+	MaxStringBytes int           // the result of one string concatenation
+}
+
+// LimitError reports the limit an evaluation ran into.
+type LimitError struct {
+	Limit string
+	Max   int64
+}
+
+func (e *LimitError) Error() string {
+	if e.Limit == "time" {
+		return fmt.Sprintf("evaluation exceeded its time limit of %s", time.Duration(e.Max))
+	}
+	return fmt.Sprintf("evaluation exceeded its %s limit of %d", e.Limit, e.Max)
+}
+
+type budget struct {
+	limits   Limits
+	depth    int
+	steps    int64
+	deadline time.Time
+}
+
+func (b *budget) enter() error {
+	b.depth++
+	b.steps++
+	if b.limits.MaxDepth > 0 && b.depth > b.limits.MaxDepth {
+		b.depth--
+		return &LimitError{Limit: "depth", Max: int64(b.limits.MaxDepth)}
+	}
+	if b.limits.MaxSteps > 0 && b.steps > b.limits.MaxSteps {
+		b.depth--
+		return &LimitError{Limit: "step", Max: b.limits.MaxSteps}
+	}
+	if b.limits.Timeout > 0 && b.steps&255 == 0 && time.Now().After(b.deadline) {
+		b.depth--
+		return &LimitError{Limit: "time", Max: int64(b.limits.Timeout)}
+	}
+	return nil
+}
+
+func (b *budget) leave() { b.depth-- }
+
+// EvalWithLimits is Eval bounded by lim: an evaluation that exceeds a limit stops with a
+// *LimitError.
+func (e *Expr) EvalWithLimits(data interface{}, lim Limits) (interface{}, error) {
+	input, ok := data.(reflect.Value)
+	if !ok {
+		input = reflect.ValueOf(data)
+	}
+	env := e.newEnv(input)
+	env.budget = &budget{limits: lim}
+	if lim.Timeout > 0 {
+		env.budget.deadline = time.Now().Add(lim.Timeout)
+	}
+	result, err := eval(e.node, input, env)
+	return e.result(result, err)
+}
