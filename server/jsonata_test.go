@@ -64,3 +64,27 @@ func TestJSONata_OversizedExpressionIsRefused(t *testing.T) {
 	_, err = CompileJSONata(`"` + strings.Repeat("x", itx.MaxJSONataLength-2) + `"`)
 	require.NoError(t, err)
 }
+
+// Inputs on which the library itself misbehaved, found by fuzzing evalJSONata: each must be
+// answered, not hang or panic.
+func TestJSONata_LibraryDefectsFoundByFuzzing(t *testing.T) {
+	ev := &itx.Event{Offset: 7, Type: "order", Payload: []byte(`{}`)}
+
+	// The lexer panicked (slice bounds out of range): compiling is a refusal, not a crash.
+	_, err := CompileJSONata("!\u03e500000000000")
+	require.Equal(t, itx.EInvalid, itx.ErrorCode(err), "%v", err)
+
+	// $formatNumber with an exponent looped forever on zero and on negative numbers. A negative
+	// number now formats as its absolute value with a minus sign.
+	format := func(src string) string {
+		expr, err := CompileJSONata(src)
+		require.NoError(t, err)
+		got, err := evalJSONata(expr, ev)
+		require.NoError(t, err, src)
+		return got.(string)
+	}
+	require.Equal(t, "0.0e00", format(`$formatNumber(0, "#e00")`))
+	require.Equal(t, "-"+format(`$formatNumber(5, "#e00")`), format(`$formatNumber(-5, "#e00")`))
+	require.Equal(t, "-"+format(`$formatNumber(1234.5, "00.0e0")`), format(`$formatNumber(-1234.5, "00.0e0")`))
+	require.Equal(t, "12.3e2", format(`$formatNumber(1234.5, "00.0e0")`))
+}

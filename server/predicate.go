@@ -79,17 +79,29 @@ var jsonataLimits = jsonata.Limits{
 	MaxStringBytes: itx.MaxEventBytes,
 }
 
-// evalJSONata is the one place the server evaluates a user's JSONata, always within limits.
-func evalJSONata(expr *jsonata.Expr, e *itx.Event) (any, error) {
+// evalJSONata is the one place the server evaluates a user's JSONata, always within limits. A
+// panic inside the library is that expression's error, not the server's end.
+func evalJSONata(expr *jsonata.Expr, e *itx.Event) (res any, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			res, err = nil, fmt.Errorf("JSONata evaluation failed: %v", p)
+		}
+	}()
 	return expr.EvalWithLimits(EventDocument(e), jsonataLimits)
 }
 
 // CompileJSONata compiles a JSONata expression, refusing a bad or oversized one with EInvalid.
-func CompileJSONata(src string) (*jsonata.Expr, error) {
+// The library's parser panics on some malformed input; that too is a refusal.
+func CompileJSONata(src string) (expr *jsonata.Expr, err error) {
 	if len(src) > itx.MaxJSONataLength {
 		return nil, itx.Errorf(itx.EInvalid, "JSONata expression is %d bytes; at most %d are allowed", len(src), itx.MaxJSONataLength)
 	}
-	expr, err := jsonata.Compile(src)
+	defer func() {
+		if p := recover(); p != nil {
+			expr, err = nil, itx.Errorf(itx.EInvalid, "invalid JSONata expression %q: %v", src, p)
+		}
+	}()
+	expr, err = jsonata.Compile(src)
 	if err != nil {
 		return nil, itx.Errorf(itx.EInvalid, "invalid JSONata expression %q: %v", src, err)
 	}

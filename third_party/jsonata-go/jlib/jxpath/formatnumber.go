@@ -141,10 +141,13 @@ func FormatNumber(value float64, picture string, format DecimalFormat) (string, 
 	}
 
 	exponent := 0
-	if vars.MinExponentSize != 0 {
+	if vars.MinExponentSize != 0 && value != 0 { // itx patch: zero and negatives looped forever
 
 		maxMantissa := math.Pow(10, float64(vars.ScalingFactor))
 		minMantissa := math.Pow(10, float64(vars.ScalingFactor-1))
+
+		negative := value < 0
+		value = math.Abs(value)
 
 		for value < minMantissa {
 			value *= 10
@@ -154,6 +157,10 @@ func FormatNumber(value float64, picture string, format DecimalFormat) (string, 
 		for value > maxMantissa {
 			value /= 10
 			exponent++
+		}
+
+		if negative {
+			value = -value
 		}
 	}
 
