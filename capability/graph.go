@@ -35,7 +35,8 @@ func (g *gateway) Login(ctx context.Context, call schema.Gateway_login) error {
 	if err != nil {
 		return err
 	}
-	return res.SetProject(schema.Project_ServerToClient(&project{srv: g.srv, p: p}))
+	impl := &project{srv: g.srv, p: p}
+	return res.SetProject(schema.Project(guarded(g.srv.Log(), schema.Project_Methods(nil, impl), impl)))
 }
 
 func (g *gateway) Version(ctx context.Context, call schema.Gateway_version) error {
@@ -58,7 +59,8 @@ func (p *project) Streams(ctx context.Context, call schema.Project_streams) erro
 	if err != nil {
 		return err
 	}
-	return res.SetStreams(schema.Streams_ServerToClient(&streams{srv: p.srv, projectID: p.p.ID}))
+	impl := &streams{srv: p.srv, projectID: p.p.ID}
+	return res.SetStreams(schema.Streams(guarded(p.srv.Log(), schema.Streams_Methods(nil, impl), impl)))
 }
 
 func (p *project) Processors(ctx context.Context, call schema.Project_processors) error {
@@ -99,7 +101,8 @@ func (s *streams) Get(ctx context.Context, call schema.Streams_get) error {
 	if err != nil {
 		return err
 	}
-	return res.SetStream(schema.Stream_ServerToClient(&stream{srv: s.srv, ref: server.StreamRef{ProjectID: s.projectID, Path: path}}))
+	impl := &stream{srv: s.srv, ref: server.StreamRef{ProjectID: s.projectID, Path: path}}
+	return res.SetStream(schema.Stream(guarded(s.srv.Log(), schema.Stream_Methods(nil, impl), impl)))
 }
 
 func (s *streams) List(ctx context.Context, call schema.Streams_list) error {

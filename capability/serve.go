@@ -48,7 +48,8 @@ func (l *Listener) serveConn(c net.Conn) {
 		tc.SetNoDelay(true)
 		tc.SetKeepAlive(true) // a peer that vanishes without a reset is noticed
 	}
-	boot := schema.Gateway_ServerToClient(&gateway{srv: l.srv})
+	gw := &gateway{srv: l.srv}
+	boot := schema.Gateway(guarded(l.log, schema.Gateway_Methods(nil, gw), gw))
 	conn := rpc.NewConn(rpc.NewStreamTransport(c), &rpc.Options{
 		BootstrapClient: capnp.Client(boot),
 		Logger:          rpcLogger{l.log},

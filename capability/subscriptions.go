@@ -24,7 +24,8 @@ func (s *stream) Subscriptions(ctx context.Context, call schema.Stream_subscript
 	if err != nil {
 		return err
 	}
-	return res.SetSubscriptions(schema.Subscriptions_ServerToClient(&subscriptions{srv: s.srv, ref: s.ref}))
+	impl := &subscriptions{srv: s.srv, ref: s.ref}
+	return res.SetSubscriptions(schema.Subscriptions(guarded(s.srv.Log(), schema.Subscriptions_Methods(nil, impl), impl)))
 }
 
 func (s *stream) SetSubscriptionCursor(ctx context.Context, call schema.Stream_setSubscriptionCursor) error {
@@ -106,7 +107,8 @@ func (s *subscriptions) Get(ctx context.Context, call schema.Subscriptions_get) 
 		return err
 	}
 	// The name is resolved per call, so a subscription configured after this get is found.
-	return res.SetSubscription(schema.Subscription_ServerToClient(&subscription{srv: s.srv, ref: s.ref, name: name}))
+	impl := &subscription{srv: s.srv, ref: s.ref, name: name}
+	return res.SetSubscription(schema.Subscription(guarded(s.srv.Log(), schema.Subscription_Methods(nil, impl), impl)))
 }
 
 func (s *subscriptions) Configure(ctx context.Context, call schema.Subscriptions_configure) error {
@@ -247,7 +249,8 @@ func (p *project) Capabilities(ctx context.Context, call schema.Project_capabili
 	if err != nil {
 		return err
 	}
-	return res.SetCapabilities(schema.Capabilities_ServerToClient(&capabilities{srv: p.srv, projectID: p.p.ID}))
+	impl := &capabilities{srv: p.srv, projectID: p.p.ID}
+	return res.SetCapabilities(schema.Capabilities(guarded(p.srv.Log(), schema.Capabilities_Methods(nil, impl), impl)))
 }
 
 func (c *capabilities) Mount(ctx context.Context, call schema.Capabilities_mount) error {
@@ -271,7 +274,8 @@ func (c *capabilities) Mount(ctx context.Context, call schema.Capabilities_mount
 		rc.Release()
 		return err
 	}
-	return res.SetHandle(schema.Handle_ServerToClient(&mountHandle{unmount: unmount, receiver: r}))
+	h := &mountHandle{unmount: unmount, receiver: r}
+	return res.SetHandle(schema.Handle(guarded(c.srv.Log(), schema.Handle_Methods(nil, h), h)))
 }
 
 func (c *capabilities) Unmount(ctx context.Context, call schema.Capabilities_unmount) error {

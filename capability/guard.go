@@ -1,0 +1,33 @@
+package capability
+
+import (
+	"context"
+	"runtime/debug"
+
+	"capnproto.org/go/capnp/v3"
+	"capnproto.org/go/capnp/v3/server"
+	"github.com/itx-dev/itx"
+	"github.com/rs/zerolog"
+)
+
+// guarded serves impl with every one of its methods wrapped, so that a panic in a handler is
+// answered as an internal error and logged with its stack instead of ending itxd: go-capnp runs
+// handlers without a recover. Every capability this package exports is built through it.
+func guarded(log zerolog.Logger, methods []server.Method, impl any) capnp.Client {
+	for i := range methods {
+		m := &methods[i]
+		inner, name := m.Impl, m.InterfaceName+"."+m.MethodName
+		m.Impl = func(ctx context.Context, call *server.Call) (err error) {
+			defer func() {
+				if p := recover(); p != nil {
+					log.Error().Str("method", name).Interface("panic", p).Str("stack", string(debug.Stack())).
+						Msg("a capability handler panicked; the call fails, the server carries on")
+					err = fail(itx.Errorf(itx.EInternal, "%s failed inside the server", name))
+				}
+			}()
+			return inner(ctx, call)
+		}
+	}
+	sd, _ := impl.(server.Shutdowner)
+	return capnp.NewClient(server.New(methods, impl, sd))
+}
