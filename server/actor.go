@@ -41,6 +41,7 @@ type actor struct {
 	deliverers map[string]*deliverer
 	nextGen    int64
 	alarmSet   bool
+	stale      bool            // the directory summary is marked stale (see storage.StaleStreams)
 	lastSweep  time.Time       // of ephemeral rows
 	dctx       context.Context // deliverers' context: ends on unload or server close
 	dcancel    context.CancelFunc
@@ -93,6 +94,7 @@ func (a *actor) load() error {
 	if entry == nil {
 		return nil // exists from its first append
 	}
+	a.stale = entry.SummaryStale
 	file := a.srv.streamFile(entry.StreamID)
 	var store *storage.Stream
 	if _, statErr := os.Stat(file); errors.Is(statErr, os.ErrNotExist) {
@@ -466,6 +468,13 @@ func (a *actor) commitGroup(group []*appendReq) {
 
 	start := time.Now()
 	err = a.ensureCreated(ctx, now, len(plan.Events) > 0)
+	if err == nil && len(plan.Events) > 0 && !a.stale {
+		// The summary is refreshed on unload; a crash before then leaves this mark, and the
+		// restarted server refreshes the summaries so marked (refreshStaleSummaries).
+		if err = a.srv.dir.MarkSummaryStale(ctx, a.streamID); err == nil {
+			a.stale = true
+		}
+	}
 	if err == nil && newSubscriptions {
 		// While a stream with subscriptions is loaded its alarm reads "due now", so a crash at
 		// any point leaves the restarted server owing this stream a load.
@@ -599,6 +608,7 @@ func (a *actor) ensureCreated(ctx context.Context, now time.Time, withEvents boo
 	a.mu.Lock()
 	a.store, a.createdAt = store, createdAt
 	a.mu.Unlock()
+	a.stale = true // created so
 	return nil
 }
 

@@ -150,6 +150,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		dir.Close()
 		return nil, err
 	}
+	s.refreshStaleSummaries(ctx)
 	s.scheduleSweep()
 	go s.wakeDue()
 	return s, nil

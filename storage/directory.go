@@ -36,6 +36,8 @@ type StreamEntry struct {
 	LastAppendAt int64
 	// SubscriptionCount is refreshed with the head summary.
 	SubscriptionCount int
+	// SummaryStale: the stream may have moved since its summary was refreshed.
+	SummaryStale bool
 }
 
 // OpenDirectory opens or creates the directory database at file.
@@ -108,9 +110,9 @@ func (d *Directory) ProjectByToken(ctx context.Context, token string) (Project, 
 // Stream returns the directory entry of (projectID, path), or nil if the stream does not exist.
 func (d *Directory) Stream(ctx context.Context, projectID, path string) (*StreamEntry, error) {
 	var e StreamEntry
-	err := d.db.QueryRowContext(ctx, `select stream_id, project_id, path, created_at, head_offset, last_append_at
-		from streams where project_id = ? and path = ?`, projectID, path).
-		Scan(&e.StreamID, &e.ProjectID, &e.Path, &e.CreatedAt, &e.HeadOffset, &e.LastAppendAt)
+	err := d.db.QueryRowContext(ctx, `select stream_id, project_id, path, created_at, head_offset, last_append_at,
+		subscription_count, summary_stale from streams where project_id = ? and path = ?`, projectID, path).
+		Scan(&e.StreamID, &e.ProjectID, &e.Path, &e.CreatedAt, &e.HeadOffset, &e.LastAppendAt, &e.SubscriptionCount, &e.SummaryStale)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, nil
 	}
@@ -120,25 +122,54 @@ func (d *Directory) Stream(ctx context.Context, projectID, path string) (*Stream
 	return &e, nil
 }
 
-// CreateStream records a new stream. It is committed before the stream's database is created,
-// so a crash between the two leaves an entry whose database is missing, which reads as empty.
+// CreateStream records a new stream, its summary stale (its first commit follows). It is
+// committed before the stream's database is created, so a crash between the two leaves an entry
+// whose database is missing, which reads as empty.
 func (d *Directory) CreateStream(ctx context.Context, e StreamEntry) error {
-	_, err := d.db.ExecContext(ctx, `insert into streams (stream_id, project_id, path, created_at, head_offset, last_append_at)
-		values (?, ?, ?, ?, ?, ?)`, e.StreamID, e.ProjectID, e.Path, e.CreatedAt, e.HeadOffset, e.LastAppendAt)
+	_, err := d.db.ExecContext(ctx, `insert into streams (stream_id, project_id, path, created_at, head_offset, last_append_at,
+		summary_stale) values (?, ?, ?, ?, ?, ?, 1)`, e.StreamID, e.ProjectID, e.Path, e.CreatedAt, e.HeadOffset, e.LastAppendAt)
 	if err != nil {
 		return fmt.Errorf("create stream %s: %w", e.Path, err)
 	}
 	return nil
 }
 
-// UpdateStreamSummary refreshes the summary of a stream (on actor unload).
+// UpdateStreamSummary refreshes the summary of a stream (on actor unload, or after a crash) and
+// clears its stale mark.
 func (d *Directory) UpdateStreamSummary(ctx context.Context, streamID string, head, lastAppendAt int64, subscriptions int) error {
-	_, err := d.db.ExecContext(ctx, `update streams set head_offset = ?, last_append_at = ?, subscription_count = ? where stream_id = ?`,
-		head, lastAppendAt, subscriptions, streamID)
+	_, err := d.db.ExecContext(ctx, `update streams set head_offset = ?, last_append_at = ?, subscription_count = ?,
+		summary_stale = 0 where stream_id = ?`, head, lastAppendAt, subscriptions, streamID)
 	if err != nil {
 		return fmt.Errorf("update stream summary: %w", err)
 	}
 	return nil
+}
+
+// MarkSummaryStale records that a stream is about to move past its summary.
+func (d *Directory) MarkSummaryStale(ctx context.Context, streamID string) error {
+	if _, err := d.db.ExecContext(ctx, `update streams set summary_stale = 1 where stream_id = ?`, streamID); err != nil {
+		return fmt.Errorf("mark stream summary stale: %w", err)
+	}
+	return nil
+}
+
+// StaleStreams lists the streams whose summary may be behind: after a clean shutdown, none.
+func (d *Directory) StaleStreams(ctx context.Context) ([]StreamEntry, error) {
+	rows, err := d.db.QueryContext(ctx, `select stream_id, project_id, path, created_at, head_offset, last_append_at,
+		subscription_count from streams where summary_stale = 1`)
+	if err != nil {
+		return nil, fmt.Errorf("stale streams: %w", err)
+	}
+	defer rows.Close()
+	var out []StreamEntry
+	for rows.Next() {
+		e := StreamEntry{SummaryStale: true}
+		if err := rows.Scan(&e.StreamID, &e.ProjectID, &e.Path, &e.CreatedAt, &e.HeadOffset, &e.LastAppendAt, &e.SubscriptionCount); err != nil {
+			return nil, fmt.Errorf("stale streams: %w", err)
+		}
+		out = append(out, e)
+	}
+	return out, rows.Err()
 }
 
 // ListStreams lists a project's streams whose path starts with prefix, in path order.

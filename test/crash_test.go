@@ -102,11 +102,16 @@ func TestCrash_Kill9KeepsEveryAcknowledgedAppend(t *testing.T) {
 		proc = startItxd(t, dataDir)
 		ctx := ctxT(t)
 		p := dial(t, proc.addr).Login(ctx, proc.creds.ProjectToken)
+		listed, err := client.ListStreams(ctx, p, path) // before anything loads the stream
+		require.NoError(t, err)
 		s := client.Stream(ctx, p, path)
 		all, err := client.ReadAll(ctx, s, client.Query{})
 		require.NoError(t, err)
 		s.Release()
 		p.Release()
+		require.Len(t, listed, 1)
+		require.False(t, listed[0].Loaded)
+		require.Equal(t, int64(len(all)), listed[0].HeadOffset, "round %d: the listed head is the log's, not a stale summary", round)
 
 		// No gap: offsets are exactly 1..len (no ephemeral events were written).
 		for i, e := range all {
@@ -161,4 +166,46 @@ func TestShutdown_SIGTERMFinishesInFlightAppends(t *testing.T) {
 	for _, a := range acked {
 		require.JSONEq(t, a.payload, byOffset[a.offset], "offset %d", a.offset)
 	}
+}
+
+// Streams.list reads unloaded streams from summaries refreshed on unload; a kill -9 skips the
+// unload, and the restarted server must still list true heads and subscription counts.
+func TestCrash_Kill9ListsTrueSummaries(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real itxd processes")
+	}
+	dataDir := t.TempDir()
+	proc := startItxd(t, dataDir)
+	ctx := ctxT(t)
+	p := dial(t, proc.addr).Login(ctx, proc.creds.ProjectToken)
+	for i := 0; i < 3; i++ {
+		mustAppend(t, client.Stream(ctx, p, "/plain"), ev("e", `{}`))
+	}
+	watched := client.Stream(ctx, p, "/watched")
+	subs := client.Subscriptions(ctx, watched)
+	for _, name := range []string{"one", "two"} {
+		_, _, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: name, FilterTypes: []string{"never"},
+			Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "absent"}})
+		require.NoError(t, err)
+	}
+	mustAppend(t, watched, ev("e", `{}`))
+	before, err := client.ListStreams(ctx, p, "")
+	require.NoError(t, err)
+	proc.kill9(t)
+
+	proc = startItxd(t, dataDir)
+	p = dial(t, proc.addr).Login(ctx, proc.creds.ProjectToken)
+	after, err := client.ListStreams(ctx, p, "")
+	require.NoError(t, err)
+	require.Len(t, after, 2)
+	for i := range after {
+		require.Equal(t, before[i].Path, after[i].Path)
+		require.Equal(t, before[i].HeadOffset, after[i].HeadOffset, after[i].Path)
+		require.Equal(t, before[i].SubscriptionCount, after[i].SubscriptionCount, after[i].Path)
+		require.Equal(t, before[i].LastAppendAt, after[i].LastAppendAt, after[i].Path)
+	}
+	require.Equal(t, "/plain", after[0].Path)
+	require.Equal(t, int64(3), after[0].HeadOffset)
+	require.False(t, after[0].Loaded, "nothing loaded /plain: its head came from the refreshed summary")
+	require.Equal(t, 2, after[1].SubscriptionCount)
 }
