@@ -9,6 +9,7 @@ import (
 	"time"
 
 	jsonata "github.com/blues/jsonata-go"
+	"github.com/blues/jsonata-go/jlib"
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/storage"
 )
@@ -469,6 +470,10 @@ func applyTransform(expr *jsonata.Expr, e *itx.Event) (itx.Event, error) {
 	obj, ok := res.(map[string]any)
 	if !ok {
 		return itx.Event{}, errors.New("the transform must produce an object such as {\"type\": ..., \"payload\": {...}}")
+	}
+	// Refused before encoding: a result that shares itself can be exponentially large encoded.
+	if err := jlib.CheckEncodedSize(obj, 2*itx.MaxEventBytes); err != nil {
+		return itx.Event{}, err
 	}
 	out := *e
 	for k, v := range obj {

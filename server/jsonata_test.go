@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	jsonata "github.com/blues/jsonata-go"
+	"github.com/blues/jsonata-go/jlib"
 	"github.com/itx-dev/itx"
 	"github.com/stretchr/testify/require"
 )
@@ -22,17 +23,34 @@ func TestJSONata_RunawayExpressionsStopAtTheirLimits(t *testing.T) {
 		{"recursion through a higher-order built-in", `($f := function($g){ $map([$g], $g) }; $f($f))`, "depth"},
 		{"a long loop", `$count($map([1..100000], function($i){ $map([1..100], function($j){ $j }) }))`, "step"},
 		{"a doubling string", `($d := function($s, $n){ $n = 0 ? $s : $d($s & $s, $n - 1) }; $d("x", 40))`, "string size"},
+		{"a doubling join", `($d := function($s, $n){ $n = 0 ? $s : $d($join([$s, $s]), $n - 1) }; $d("x", 40))`, "string size"},
+		{"a doubling array", `($d := function($a, $n){ $n = 0 ? $a : $d($append($a, $a), $n - 1) }; $count($d([1], 40)))`, "array size"},
+		{"a huge pad", `$pad("x", 100000000)`, "string size"},
+		{"a multiplying replace", `$replace($pad("", 1000, "x"), /x/, $pad("", 100000, "y"))`, "string size"},
+		{"a multiplying plain replace", `$replace($pad("", 1000, "x"), "x", $pad("", 100000, "y"))`, "string size"},
+		{"a huge range", `$count([1..200000])`, "range"}, // upstream's own error, at our bound
+		{"a shared structure encoded", `($d := function($a, $n){ $n = 0 ? $a : $d({"l": $a, "r": $a}, $n - 1) }; $string($d([1], 60)))`, "result size"},
+		{"a shared structure walked", `($d := function($a, $n){ $n = 0 ? $a : $d({"l": $a, "r": $a}, $n - 1) }; $count($d([1], 60).**))`, "result size"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			expr, err := CompileJSONata(tc.src)
 			require.NoError(t, err)
 			_, err = evalJSONata(expr, ev)
 			var lim *jsonata.LimitError
-			require.True(t, errors.As(err, &lim), "want a limit error, got %v", err)
-			if tc.limit == "step" && lim.Limit == "time" {
-				tc.limit = "time" // a slow machine (or -race) may reach the time limit first
+			var size *jlib.SizeError
+			switch {
+			case errors.As(err, &lim):
+				if tc.limit == "step" && lim.Limit == "time" {
+					tc.limit = "time" // a slow machine (or -race) may reach the time limit first
+				}
+				require.Equal(t, tc.limit, lim.Limit)
+			case errors.As(err, &size):
+				require.Equal(t, tc.limit, size.What)
+			case tc.limit == "range":
+				require.ErrorContains(t, err, "range operator has too many items")
+			default:
+				t.Fatalf("want a limit error, got %v", err)
 			}
-			require.Equal(t, tc.limit, lim.Limit)
 
 			_, err = EvalCondition(expr, ev)
 			require.Equal(t, itx.EInvalid, itx.ErrorCode(err), "a condition that runs away is the user's error: %v", err)
@@ -40,6 +58,17 @@ func TestJSONata_RunawayExpressionsStopAtTheirLimits(t *testing.T) {
 			require.Error(t, err)
 		})
 	}
+}
+
+// A transform whose result shares itself is refused before it is encoded.
+func TestJSONata_SharedTransformResultIsRefused(t *testing.T) {
+	ev := &itx.Event{Offset: 7, Type: "order", Payload: []byte(`{}`)}
+	expr, err := CompileJSONata(`($d := function($a, $n){ $n = 0 ? $a : $d({"l": $a, "r": $a}, $n - 1) }; {"payload": $d({"x": 1}, 60)})`)
+	require.NoError(t, err)
+	_, err = applyTransform(expr, ev)
+	var size *jlib.SizeError
+	require.True(t, errors.As(err, &size), "%v", err)
+	require.Equal(t, "result size", size.What)
 }
 
 func TestJSONata_OrdinaryExpressionsAreUnaffected(t *testing.T) {
@@ -74,6 +103,12 @@ func TestJSONata_LibraryDefectsFoundByFuzzing(t *testing.T) {
 	_, err := CompileJSONata("!\u03e500000000000")
 	require.Equal(t, itx.EInvalid, itx.ErrorCode(err), "%v", err)
 
+	// $fromMillis with a long picture divided by zero: recovered, it is the expression's error.
+	expr, err := CompileJSONata(`$fromMillis(0, "[Y` + strings.Repeat("0", 130) + `]")`)
+	require.NoError(t, err)
+	_, err = evalJSONata(expr, ev)
+	require.ErrorContains(t, err, "integer divide by zero")
+
 	// $formatNumber with an exponent looped forever on zero and on negative numbers. A negative
 	// number now formats as its absolute value with a minus sign.
 	format := func(src string) string {
@@ -87,4 +122,26 @@ func TestJSONata_LibraryDefectsFoundByFuzzing(t *testing.T) {
 	require.Equal(t, "-"+format(`$formatNumber(5, "#e00")`), format(`$formatNumber(-5, "#e00")`))
 	require.Equal(t, "-"+format(`$formatNumber(1234.5, "00.0e0")`), format(`$formatNumber(-1234.5, "00.0e0")`))
 	require.Equal(t, "12.3e2", format(`$formatNumber(1234.5, "00.0e0")`))
+}
+
+// BenchmarkJSONata compares a typical transform evaluated with the limits (as the server does)
+// and with plain Eval (no depth, step or time budget): the cost of the budget.
+func BenchmarkJSONata(b *testing.B) {
+	ev := &itx.Event{Offset: 7, Type: "order", Payload: []byte(`{"total":3,"items":[1,2,3],"customer":{"id":"c1","tier":"gold"}}`)}
+	expr, err := CompileJSONata(`{"type": "copied/" & type, "payload": {"total": payload.total * 2, "n": $count(payload.items), "gold": payload.customer.tier = "gold"}}`)
+	require.NoError(b, err)
+	b.Run("limited", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := evalJSONata(expr, ev); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("unbudgeted", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := expr.Eval(EventDocument(ev)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }

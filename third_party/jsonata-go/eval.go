@@ -376,7 +376,7 @@ func evalRange(node *jparse.RangeNode, data reflect.Value, env *environment) (re
 	size := int(rhs-lhs) + 1
 	// Check for integer overflow or an array size that exceeds
 	// our upper bound.
-	if size < 0 || size > maxRangeItems {
+	if size < 0 || size > maxRangeItems || jlib.CheckArrayItems(size) != nil { // itx patch: the bound
 		return undefined, newEvalError(ErrMaxRangeItems, "..", nil)
 	}
 
@@ -575,6 +575,9 @@ func evalAssignment(node *jparse.AssignmentNode, data reflect.Value, env *enviro
 }
 
 func evalWildcard(node *jparse.WildcardNode, data reflect.Value, env *environment) (reflect.Value, error) {
+	if err := checkWalk(data); err != nil { // itx patch
+		return undefined, err
+	}
 	results := newSequence(0)
 
 	walkObjectValues(data, func(v reflect.Value) {
@@ -601,6 +604,9 @@ func appendWildcard(seq *sequence, v reflect.Value) {
 }
 
 func evalDescendent(node *jparse.DescendentNode, data reflect.Value, env *environment) (reflect.Value, error) {
+	if err := checkWalk(data); err != nil { // itx patch
+		return undefined, err
+	}
 	results := newSequence(0)
 
 	recurseDescendents(results, data)
@@ -1245,6 +1251,15 @@ func evalStringConcatenation(node *jparse.StringConcatenationNode, data reflect.
 }
 
 // Helper functions
+
+// checkWalk refuses to walk a structure past a bound (itx patch): one that shares itself, an
+// array holding the same array twice n levels deep, costs 2^n to walk.
+func checkWalk(v reflect.Value) error {
+	if jlib.MaxStringBytes <= 0 || !v.IsValid() || !v.CanInterface() {
+		return nil
+	}
+	return jlib.CheckEncodedSize(v.Interface(), 8*jlib.MaxStringBytes)
+}
 
 func walkObjectValues(v reflect.Value, fn func(reflect.Value)) {
 	switch v := jtypes.Resolve(v); {

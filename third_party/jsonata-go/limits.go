@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"reflect"
 	"time"
+
+	"github.com/blues/jsonata-go/jlib"
 )
 
 // Limits bound one evaluation. A zero field is no limit.
@@ -72,4 +74,10 @@ func (e *Expr) EvalWithLimits(data interface{}, lim Limits) (interface{}, error)
 	}
 	result, err := eval(e.node, input, env)
 	return e.result(result, err)
+}
+
+// SetSizeLimits bounds, process-wide, the strings and arrays that built-in functions, ranges and
+// walks may build (see jlib.MaxStringBytes). Call it once, before any evaluation.
+func SetSizeLimits(maxStringBytes, maxArrayItems int) {
+	jlib.MaxStringBytes, jlib.MaxArrayItems = maxStringBytes, maxArrayItems
 }

@@ -86,6 +86,9 @@ func Append(v1, v2 reflect.Value) (interface{}, error) {
 
 	len1 := v1.Len()
 	len2 := v2.Len()
+	if err := CheckArrayItems(len1 + len2); err != nil { // itx patch
+		return nil, err
+	}
 
 	results := reflect.MakeSlice(reflect.SliceOf(typeInterface), 0, len1+len2)
 

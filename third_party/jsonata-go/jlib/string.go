@@ -43,6 +43,10 @@ func String(value interface{}) (string, error) {
 		}
 	}
 
+	if err := CheckEncodedSize(value, MaxStringBytes); err != nil { // itx patch
+		return "", err
+	}
+
 	// TODO: Round numbers to 13dps to match jsonata-js.
 	b := bytes.Buffer{}
 	e := json.NewEncoder(&b)
@@ -108,16 +112,19 @@ func SubstringAfter(s, substr string) string {
 // right. If the width is less than zero, the string is padded to
 // the left. The optional third argument specifies the characters
 // used for padding. The default padding character is a space.
-func Pad(s string, width int, chars jtypes.OptionalString) string {
+func Pad(s string, width int, chars jtypes.OptionalString) (string, error) { // itx patch: the error
 
 	padlen := abs(width) - utf8.RuneCountInString(s)
 	if padlen <= 0 {
-		return s
+		return s, nil
 	}
 
 	ch := chars.String
 	if ch == "" {
 		ch = " "
+	}
+	if err := CheckStringBytes(len(s) + padlen*len(ch)); err != nil { // itx patch
+		return "", err
 	}
 
 	padding := strings.Repeat(ch, padlen)
@@ -127,10 +134,10 @@ func Pad(s string, width int, chars jtypes.OptionalString) string {
 	}
 
 	if width < 0 {
-		return padding + s
+		return padding + s, nil
 	}
 
-	return s + padding
+	return s + padding, nil
 }
 
 var reWhitespace = regexp.MustCompile(`\s+`)
@@ -219,9 +226,14 @@ func Join(values reflect.Value, separator jtypes.OptionalString) (string, error)
 	var vs []string
 	values = jtypes.Resolve(values)
 
+	size := 0
 	for i := 0; i < values.Len(); i++ {
 		s, _ := jtypes.AsString(values.Index(i))
 		vs = append(vs, s)
+		size += len(s) + len(separator.String)
+	}
+	if err := CheckStringBytes(size); err != nil { // itx patch
+		return "", err
 	}
 
 	return strings.Join(vs, separator.String), nil
@@ -316,6 +328,16 @@ func replaceString(src string, pattern string, repl StringCallable, limit int) (
 		return "", fmt.Errorf("third argument of function replace must be a string when pattern is a string")
 	}
 
+	if len(s) > len(pattern) { // itx patch: refuse an oversized result before building it
+		n := strings.Count(src, pattern)
+		if limit >= 0 && limit < n {
+			n = limit
+		}
+		if err := CheckStringBytes(len(src) + n*(len(s)-len(pattern))); err != nil {
+			return "", err
+		}
+	}
+
 	return strings.Replace(src, pattern, s, limit), nil
 }
 
@@ -340,7 +362,11 @@ func replaceMatchFunc(src string, fn jtypes.Callable, repl StringCallable, limit
 		return "", err
 	}
 
-	for i := len(matches) - 1; i >= 0; i-- {
+	// itx patch: built forward in one buffer, bounded (upstream rebuilt the whole string for
+	// every match, quadratic in the number of matches).
+	var out strings.Builder
+	last := 0
+	for i := range matches {
 
 		var repl string
 
@@ -356,10 +382,16 @@ func replaceMatchFunc(src string, fn jtypes.Callable, repl StringCallable, limit
 			}
 		}
 
-		src = src[:matches[i].indexes[0]] + repl + src[matches[i].indexes[1]:]
+		out.WriteString(src[last:matches[i].indexes[0]])
+		out.WriteString(repl)
+		last = matches[i].indexes[1]
+		if err := CheckStringBytes(out.Len() + len(src) - last); err != nil {
+			return "", err
+		}
 	}
+	out.WriteString(src[last:])
 
-	return src, nil
+	return out.String(), nil
 }
 
 var defaultDecimalFormat = jxpath.NewDecimalFormat()
