@@ -21,6 +21,10 @@ const (
 	// MaxJSONataLength bounds a JSONata expression (conditions, transforms, predicates).
 	MaxJSONataLength = 16 << 10
 
+	// EphemeralBufferBytes bounds the ephemeral events one stream holds (type, payload and
+	// metadata bytes): past it the oldest are evicted first (FIFO), before their retention ends.
+	EphemeralBufferBytes = 10 << 20
+
 	// DefaultPageLimit is the getEvents page size when none is asked for, and its maximum.
 	DefaultPageLimit = 500
 	MaxPageLimit     = 500

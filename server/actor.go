@@ -43,6 +43,7 @@ type actor struct {
 	alarmSet   bool
 	stale      bool            // the directory summary is marked stale (see storage.StaleStreams)
 	lastSweep  time.Time       // of ephemeral rows
+	ephBytes   int64           // held in ephemeral rows (see Config.EphemeralBufferBytes)
 	dctx       context.Context // deliverers' context: ends on unload or server close
 	dcancel    context.CancelFunc
 
@@ -142,6 +143,18 @@ func (a *actor) load() error {
 	}
 	a.sweepEphemeral(store)
 	return nil
+}
+
+// evictEphemeral plans the FIFO eviction that keeps the ephemeral buffer within its bound once
+// adding bytes: past the bound it frees the oldest rows down to three quarters of it, so
+// evictions are rare. It never evicts the commit's own events. It returns the offset to evict
+// through (0: none) and the bytes that frees.
+func (a *actor) evictEphemeral(ctx context.Context, adding int64) (through, freed int64, err error) {
+	limit := a.srv.cfg.EphemeralBufferBytes
+	if a.store == nil || a.ephBytes+adding <= limit {
+		return 0, 0, nil
+	}
+	return a.store.EphemeralCutoff(ctx, a.ephBytes+adding-limit*3/4)
 }
 
 // restoreCore reads the core-state checkpoint, or rebuilds it from the log.
@@ -269,7 +282,11 @@ func truncate(s string, n int) string {
 func (a *actor) sweepEphemeral(store *storage.Stream) {
 	a.lastSweep = a.srv.clock.Now()
 	before := itx.UnixMilli(a.lastSweep.Add(-a.srv.cfg.EphemeralRetention))
-	if n, err := store.DeleteEphemeral(context.Background(), a.head, before); err != nil {
+	n, err := store.DeleteEphemeral(context.Background(), a.head, before)
+	if err == nil {
+		a.ephBytes, err = store.EphemeralBytes(context.Background())
+	}
+	if err != nil {
 		a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Msg("ephemeral sweep failed")
 	} else if n > 0 {
 		a.srv.log.Debug().Int64("deleted", n).Str("path", a.ref.Path).Msg("swept ephemeral events")
@@ -465,6 +482,18 @@ func (a *actor) commitGroup(group []*appendReq) {
 		c.KV = map[string][]byte{coreStateKey: b}
 	}
 	newSubscriptions := len(plan.Effects) > 0 && !a.alarmSet && len(plan.Core.Subscriptions) > 0
+	var ephAdded, ephFreed int64
+	for i := range plan.Events {
+		if e := &plan.Events[i]; e.Ephemeral {
+			ephAdded += int64(len(e.Type) + len(e.Payload) + len(e.Metadata))
+		}
+	}
+	if ephAdded > 0 {
+		if c.EvictEphemeralThrough, ephFreed, err = a.evictEphemeral(ctx, ephAdded); err != nil {
+			a.failAll(group, itx.Errorf(itx.EInternal, "ephemeral eviction: %v", err))
+			return
+		}
+	}
 
 	start := time.Now()
 	err = a.ensureCreated(ctx, now, len(plan.Events) > 0)
@@ -497,6 +526,7 @@ func (a *actor) commitGroup(group []*appendReq) {
 	if newSubscriptions {
 		a.alarmSet = true
 	}
+	a.ephBytes += ephAdded - ephFreed
 	if len(plan.Events) > 0 {
 		m.CommitLatency.Observe(time.Since(start).Seconds())
 		m.CommitEvents.Observe(float64(len(plan.Events)))

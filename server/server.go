@@ -36,6 +36,9 @@ type Config struct {
 
 	// EphemeralRetention is how long ephemeral rows stay readable before a sweep may delete them.
 	EphemeralRetention time.Duration // default 1 h
+	// EphemeralBufferBytes bounds the ephemeral rows one stream holds (type, payload and
+	// metadata bytes); past it the oldest go first, whatever their age.
+	EphemeralBufferBytes int64 // default itx.EphemeralBufferBytes (10 MiB)
 
 	MaxSubscriptions int           // per stream; default itx.MaxSubscriptionsPerStream
 	DeliveryTimeout  time.Duration // per push attempt; default itx.DeliveryTimeout
@@ -119,6 +122,9 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	if cfg.EphemeralRetention <= 0 {
 		cfg.EphemeralRetention = time.Hour
+	}
+	if cfg.EphemeralBufferBytes <= 0 {
+		cfg.EphemeralBufferBytes = itx.EphemeralBufferBytes
 	}
 	if cfg.MaxSubscriptions <= 0 {
 		cfg.MaxSubscriptions = itx.MaxSubscriptionsPerStream

@@ -165,6 +165,9 @@ type Commit struct {
 	CursorUpserts []CursorRow
 	CursorDeletes []string
 	KV            map[string][]byte
+	// EvictEphemeralThrough, when set, deletes the ephemeral rows at or below it (the ephemeral
+	// buffer's FIFO eviction), in the same transaction.
+	EvictEphemeralThrough int64
 }
 
 // Commit writes c in one transaction. It returns only after SQLite reports the commit durable
@@ -200,6 +203,11 @@ func (s *Stream) Commit(ctx context.Context, c Commit) error {
 	if len(c.Events) > 0 {
 		if _, err := tx.StmtContext(ctx, s.setHead).ExecContext(ctx, c.HeadOffset, c.LastAppendAt); err != nil {
 			return fmt.Errorf("commit: head: %w", err)
+		}
+	}
+	if c.EvictEphemeralThrough > 0 {
+		if _, err := tx.ExecContext(ctx, `delete from events where ephemeral = 1 and offset <= ?`, c.EvictEphemeralThrough); err != nil {
+			return fmt.Errorf("commit: evict ephemeral events: %w", err)
 		}
 	}
 	for _, name := range c.CursorDeletes {
@@ -308,6 +316,38 @@ func scanEvents(rows *sql.Rows, capacity int) ([]itx.Event, error) {
 		return nil, fmt.Errorf("read events: %w", err)
 	}
 	return events, nil
+}
+
+// ephemeralSize is what one ephemeral row counts against the buffer: its type, payload and
+// metadata bytes.
+const ephemeralSize = `length(cast(type as blob)) + length(cast(payload as blob)) + coalesce(length(cast(metadata as blob)), 0)`
+
+// EphemeralBytes is the size of the ephemeral rows the stream holds.
+func (s *Stream) EphemeralBytes(ctx context.Context) (int64, error) {
+	var n int64
+	if err := s.w.QueryRowContext(ctx, `select coalesce(sum(`+ephemeralSize+`), 0) from events where ephemeral = 1`).Scan(&n); err != nil {
+		return 0, fmt.Errorf("ephemeral bytes: %w", err)
+	}
+	return n, nil
+}
+
+// EphemeralCutoff finds the oldest ephemeral rows that together hold at least need bytes: it
+// returns the offset to evict through and the bytes that frees (less than need when the stream
+// holds less).
+func (s *Stream) EphemeralCutoff(ctx context.Context, need int64) (through, freed int64, err error) {
+	rows, err := s.w.QueryContext(ctx, `select offset, `+ephemeralSize+` from events where ephemeral = 1 order by offset`)
+	if err != nil {
+		return 0, 0, fmt.Errorf("ephemeral cutoff: %w", err)
+	}
+	defer rows.Close()
+	for freed < need && rows.Next() {
+		var size int64
+		if err := rows.Scan(&through, &size); err != nil {
+			return 0, 0, fmt.Errorf("ephemeral cutoff: %w", err)
+		}
+		freed += size
+	}
+	return through, freed, rows.Err()
 }
 
 // DeleteEphemeral deletes ephemeral rows with offsets up to and including through and created

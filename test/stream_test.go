@@ -494,3 +494,58 @@ func TestStream_EphemeralSweep(t *testing.T) {
 	res := mustAppend(t, s, ev("c", `{}`))
 	require.Equal(t, []int64{5}, res.Offsets, "offsets are never reissued")
 }
+
+// The ephemeral buffer is bounded per stream: past it the oldest ephemeral rows go first (FIFO),
+// long before their retention ends; durable rows and offsets are untouched. The bound holds
+// across a restart (the buffer's size is re-read on load).
+func TestStream_EphemeralBufferIsFIFO(t *testing.T) {
+	dir := t.TempDir()
+	const limit = 1000
+	cfg := server.Config{DataDir: dir, EphemeralBufferBytes: limit}
+	ts := startServer(t, cfg)
+	ctx := ctxT(t)
+	chunk := ev("chunk", `{"t":"`+strings.Repeat("x", 80)+`"}`)
+	chunk.Ephemeral = true
+	size := len(chunk.Type) + len(`{"t":"`+strings.Repeat("x", 80)+`"}`)
+
+	check := func(s schema.Stream, durable []int64, lastEphemeral int64) {
+		t.Helper()
+		all, err := client.ReadAll(ctx, s, client.Query{IncludeEphemeral: true})
+		require.NoError(t, err)
+		var ephemeral, kept []int64
+		for _, e := range all {
+			if e.Ephemeral {
+				ephemeral = append(ephemeral, e.Offset)
+			} else {
+				kept = append(kept, e.Offset)
+			}
+		}
+		require.Equal(t, durable, kept, "durable rows are never evicted")
+		require.LessOrEqual(t, len(ephemeral)*size, limit, "the buffer holds at most its bound")
+		require.GreaterOrEqual(t, len(ephemeral)*size, limit/2, "eviction frees the oldest, not everything")
+		require.Equal(t, lastEphemeral, ephemeral[len(ephemeral)-1], "the newest is kept")
+		for i := 1; i < len(ephemeral); i++ {
+			require.Equal(t, ephemeral[i-1]+1, ephemeral[i], "what is kept is the newest run, in order")
+		}
+	}
+
+	s := stream(t, ts.project(t), "/fifo")
+	mustAppend(t, s, ev("a", `{}`)) // 1
+	for i := 0; i < 30; i++ {
+		mustAppend(t, s, chunk) // 2..31
+	}
+	mustAppend(t, s, ev("b", `{}`)) // 32
+	check(s, []int64{1, 32}, 31)
+
+	closeCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, ts.srv.Close(closeCtx))
+	ts = startServer(t, cfg)
+	s = stream(t, ts.project(t), "/fifo")
+	for i := 0; i < 10; i++ {
+		mustAppend(t, s, chunk) // 33..42
+	}
+	check(s, []int64{1, 32}, 42)
+	res := mustAppend(t, s, ev("c", `{}`))
+	require.Equal(t, []int64{43}, res.Offsets, "offsets are never reissued")
+}
