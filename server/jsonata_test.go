@@ -103,6 +103,15 @@ func TestJSONata_LibraryDefectsFoundByFuzzing(t *testing.T) {
 	_, err := CompileJSONata("!\u03e500000000000")
 	require.Equal(t, itx.EInvalid, itx.ErrorCode(err), "%v", err)
 
+	// A lone "!" in a lambda's signature made the lexer stop advancing: compiling never ended.
+	_, err = CompileJSONata("function()<000!0000")
+	require.Equal(t, itx.EInvalid, itx.ErrorCode(err), "%v", err)
+	neq, err := CompileJSONata(`payload.total != 2 and payload.total!=4`)
+	require.NoError(t, err, "!= still lexes")
+	ok, err := EvalCondition(neq, &itx.Event{Payload: []byte(`{"total":3}`)})
+	require.NoError(t, err)
+	require.True(t, ok)
+
 	// $fromMillis with a long picture divided by zero: recovered, it is the expression's error.
 	expr, err := CompileJSONata(`$fromMillis(0, "[Y` + strings.Repeat("0", 130) + `]")`)
 	require.NoError(t, err)

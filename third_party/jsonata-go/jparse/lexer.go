@@ -398,6 +398,11 @@ func (l *lexer) scanName() token {
 		}
 	}
 
+	if !isVar && l.current == l.start { // itx patch: a lone operator rune ("!") made no progress,
+		l.nextRune() // and the signature loop of a lambda asked for the next token forever
+		return l.error(ErrSyntaxError, "")
+	}
+
 	t := l.newToken(typeName)
 
 	if isVar {
