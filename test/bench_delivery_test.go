@@ -301,30 +301,36 @@ func BenchmarkDelivery(b *testing.B) {
 	})
 
 	// copy-to-stream into a fresh receiving stream: done when the copy subscription has confirmed
-	// every event, i.e. every copy is committed (fsynced) in the receiving stream.
-	b.Run("copy-to-stream/backlog", func(b *testing.B) {
-		b.StopTimer()
-		run := deliveryRun.Add(1)
-		srcPath, dstPath := fmt.Sprintf("/delivery/copy-%d", run), fmt.Sprintf("/delivery/copy-%d-dst", run)
-		src := srv.stream(b, srcPath)
-		prefill(b, src, b.N)
-		stopPerf := srv.perf(b)
-		before, cpu := srv.commitStats(b), srv.cpuMeter(b)
-		b.StartTimer()
-		start := time.Now()
-		name, birth := configure(b, src, client.SubscriptionConfig{Name: "copy",
-			Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: dstPath}})
-		awaitProcessed(b, src, name, birth, deliveryTimeout)
-		elapsed := time.Since(start)
-		b.StopTimer()
-		cpu.report(b)
-		stopPerf()
-		b.ReportMetric(float64(b.N)/elapsed.Seconds(), "events/s")
-		reportCommits(b, before, srv.commitStats(b)) // the receiving stream's commits (and the configure)
-		info, err := client.Describe(context.Background(), srv.stream(b, dstPath))
-		require.NoError(b, err)
-		require.Equal(b, int64(b.N), info.HeadOffset, "the receiving stream holds one copy per event")
-	})
+	// every event, i.e. every copy is committed (fsynced) in the receiving stream. The second
+	// variant reshapes every event with a JSONata transform on the way.
+	copyBench := func(transform string) func(b *testing.B) {
+		return func(b *testing.B) {
+			b.StopTimer()
+			run := deliveryRun.Add(1)
+			srcPath, dstPath := fmt.Sprintf("/delivery/copy-%d", run), fmt.Sprintf("/delivery/copy-%d-dst", run)
+			src := srv.stream(b, srcPath)
+			prefill(b, src, b.N)
+			stopPerf := srv.perf(b)
+			before, cpu := srv.commitStats(b), srv.cpuMeter(b)
+			b.StartTimer()
+			start := time.Now()
+			name, birth := configure(b, src, client.SubscriptionConfig{Name: "copy", Transform: transform,
+				Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: dstPath}})
+			awaitProcessed(b, src, name, birth, deliveryTimeout)
+			elapsed := time.Since(start)
+			b.StopTimer()
+			cpu.report(b)
+			stopPerf()
+			b.ReportMetric(float64(b.N)/elapsed.Seconds(), "events/s")
+			reportCommits(b, before, srv.commitStats(b)) // the receiving stream's commits (and the configure)
+			info, err := client.Describe(context.Background(), srv.stream(b, dstPath))
+			require.NoError(b, err)
+			require.Equal(b, int64(b.N), info.HeadOffset, "the receiving stream holds one copy per event")
+		}
+	}
+	b.Run("copy-to-stream/backlog", copyBench(""))
+	b.Run("copy-to-stream/transform/backlog", copyBench(
+		`{"type": "copied/" & type, "payload": {"seq": payload.seq, "who": $uppercase(payload.user), "checkout": payload.target = "button-checkout" and payload.ok}}`))
 
 	// A Receiver capability mounted by a client on its own connection; batches of up to 1,000.
 	b.Run("itx-call/backlog", func(b *testing.B) {
