@@ -164,12 +164,8 @@ func (a *actor) restoreCore(ctx context.Context) error {
 		return err
 	}
 	if raw != nil {
-		var st coreState
-		if err := json.Unmarshal(raw, &st); err == nil && st.Version == CoreStateVersion {
-			if st.Subscriptions == nil {
-				st.Subscriptions = map[string]*catalogEntry{}
-			}
-			a.core = &st
+		if st, ok := decodeCoreState(raw); ok {
+			a.core = st
 			return nil
 		}
 		a.srv.log.Warn().Str("path", a.ref.Path).Msg("core state checkpoint is from another version: re-reducing from offset 1")

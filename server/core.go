@@ -334,3 +334,16 @@ type copyStamp struct {
 	StreamID              string
 	CursorChangedAtOffset int64
 }
+
+// decodeCoreState reads a core-state checkpoint; false when there is none, it does not decode,
+// or it is from another CoreStateVersion (then the log is re-reduced).
+func decodeCoreState(raw []byte) (*coreState, bool) {
+	var st coreState
+	if raw == nil || json.Unmarshal(raw, &st) != nil || st.Version != CoreStateVersion {
+		return nil, false
+	}
+	if st.Subscriptions == nil {
+		st.Subscriptions = map[string]*catalogEntry{}
+	}
+	return &st, true
+}

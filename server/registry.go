@@ -141,34 +141,41 @@ func (s *Server) sweep() {
 
 	// Each unload writes the directory summary and checkpoints the stream's WAL: do several at
 	// once, or a sweep of thousands of idle streams falls behind the streams being touched.
-	work := make(chan *actor)
-	var wg sync.WaitGroup
-	for w := 0; w < min(len(victims), sweepWorkers); w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for a := range work {
-				a.unload()
-				s.mu.Lock()
-				if s.unloading[a.ref] == a {
-					delete(s.unloading, a.ref)
-				}
-				s.mu.Unlock()
-			}
-		}()
-	}
-	for _, a := range victims {
-		work <- a
-	}
-	close(work)
-	wg.Wait()
+	inParallel(victims, func(a *actor) {
+		a.unload()
+		s.mu.Lock()
+		if s.unloading[a.ref] == a {
+			delete(s.unloading, a.ref)
+		}
+		s.mu.Unlock()
+	})
 	if len(victims) > 0 {
 		s.trimMemory()
 	}
 }
 
-// sweepWorkers is how many streams one sweep unloads at a time.
+// sweepWorkers is how many streams one sweep unloads (or a start refreshes) at a time.
 const sweepWorkers = 8
+
+// inParallel calls fn on every item, sweepWorkers at a time, and returns when all are done.
+func inParallel[T any](items []T, fn func(T)) {
+	work := make(chan T)
+	var wg sync.WaitGroup
+	for w := 0; w < min(len(items), sweepWorkers); w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for item := range work {
+				fn(item)
+			}
+		}()
+	}
+	for _, item := range items {
+		work <- item
+	}
+	close(work)
+	wg.Wait()
+}
 
 // trimMemory returns freed memory to the OS, at most once a second.
 func (s *Server) trimMemory() {

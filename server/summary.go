@@ -2,10 +2,8 @@ package server
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"os"
-	"sync"
 
 	"github.com/itx-dev/itx/storage"
 )
@@ -20,24 +18,11 @@ func (s *Server) refreshStaleSummaries(ctx context.Context) {
 		s.log.Warn().Err(err).Msg("stale stream summaries not refreshed")
 		return
 	}
-	work := make(chan storage.StreamEntry)
-	var wg sync.WaitGroup
-	for w := 0; w < min(len(entries), sweepWorkers); w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for e := range work {
-				if err := s.refreshSummary(ctx, e); err != nil {
-					s.log.Warn().Err(err).Str("path", e.Path).Msg("stream summary not refreshed")
-				}
-			}
-		}()
-	}
-	for _, e := range entries {
-		work <- e
-	}
-	close(work)
-	wg.Wait()
+	inParallel(entries, func(e storage.StreamEntry) {
+		if err := s.refreshSummary(ctx, e); err != nil {
+			s.log.Warn().Err(err).Str("path", e.Path).Msg("stream summary not refreshed")
+		}
+	})
 	if len(entries) > 0 {
 		s.log.Info().Int("streams", len(entries)).Msg("refreshed the summaries of streams written before an unclean stop")
 	}
@@ -62,8 +47,7 @@ func (s *Server) refreshSummary(ctx context.Context, e storage.StreamEntry) erro
 	if err != nil {
 		return err
 	}
-	var st coreState
-	if raw != nil && json.Unmarshal(raw, &st) == nil && st.Version == CoreStateVersion {
+	if st, ok := decodeCoreState(raw); ok {
 		subscriptions = len(st.Subscriptions)
 	}
 	return s.dir.UpdateStreamSummary(ctx, e.StreamID, meta.HeadOffset, meta.LastAppendAt, subscriptions)
