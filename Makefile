@@ -5,7 +5,7 @@ ADDR     ?= 127.0.0.1:7878
 METRICS  ?= 127.0.0.1:7879
 CAPNP_GO := capnproto.org/go/capnp/v3
 
-.PHONY: build run test bench generate vet fmt clean
+.PHONY: build run test bench fuzz generate vet fmt clean
 
 build:
 	$(GO) build -o bin/itxd ./cmd/itxd
@@ -23,6 +23,10 @@ test:
 ## bench: the benchmarks recorded in docs/benchmarks.md (a separate itxd process, durable)
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 5s -timeout 60m ./test/
+
+## fuzz: look for JSONata inputs that hang or exhaust the server (see third_party/jsonata-go/PATCHES.md)
+fuzz:
+	$(GO) test -run '^$$' -fuzz FuzzJSONata -fuzztime 5m ./server/
 
 ## generate: remake schema/itx.capnp.go (needs Debian's capnproto package)
 generate:
