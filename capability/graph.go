@@ -106,17 +106,25 @@ func (s *streams) Get(ctx context.Context, call schema.Streams_get) error {
 }
 
 func (s *streams) List(ctx context.Context, call schema.Streams_list) error {
-	prefix, err := call.Args().Prefix()
+	args := call.Args()
+	prefix, err := args.Prefix()
 	if err != nil {
 		return badArgs("prefix", err)
 	}
+	after, err := args.After()
+	if err != nil {
+		return badArgs("after", err)
+	}
 	call.Go()
-	infos, err := s.srv.ListStreams(ctx, s.projectID, prefix)
+	infos, next, err := s.srv.ListStreams(ctx, s.projectID, prefix, after, int(args.Limit()))
 	if err != nil {
 		return fail(err)
 	}
 	res, err := call.AllocResults()
 	if err != nil {
+		return err
+	}
+	if err := res.SetNextAfter(next); err != nil {
 		return err
 	}
 	list, err := res.NewStreams(int32(len(infos)))

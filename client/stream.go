@@ -258,21 +258,47 @@ func ListStreams(ctx context.Context, project schema.Project, prefix string) ([]
 	return ListStreamsIn(ctx, sf.Streams(), prefix)
 }
 
-// ListStreamsIn lists the streams of a Streams capability already at hand under prefix.
+// ListStreamsIn lists every stream of a Streams capability already at hand under prefix, page
+// by page.
 func ListStreamsIn(ctx context.Context, streams schema.Streams, prefix string) ([]StreamInfo, error) {
-	fut, release := streams.List(ctx, func(p schema.Streams_list_Params) error { return p.SetPrefix(prefix) })
+	var all []StreamInfo
+	for after := ""; ; {
+		page, next, err := ListStreamsPage(ctx, streams, prefix, after, 0)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, page...)
+		if next == "" {
+			return all, nil
+		}
+		after = next
+	}
+}
+
+// ListStreamsPage lists one page of streams under prefix, after the path after (exclusive),
+// at most limit (0: the server's default). next is where the following page starts, empty on
+// the last page.
+func ListStreamsPage(ctx context.Context, streams schema.Streams, prefix, after string, limit int) (page []StreamInfo, next string, err error) {
+	fut, release := streams.List(ctx, func(p schema.Streams_list_Params) error {
+		if err := p.SetPrefix(prefix); err != nil {
+			return err
+		}
+		p.SetLimit(uint32(limit))
+		return p.SetAfter(after)
+	})
 	defer release()
 	res, err := fut.Struct()
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	list, err := res.Streams()
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	out := make([]StreamInfo, list.Len())
-	for i := range out {
-		out[i] = streamInfo(list.At(i))
+	page = make([]StreamInfo, list.Len())
+	for i := range page {
+		page[i] = streamInfo(list.At(i))
 	}
-	return out, nil
+	next, err = res.NextAfter()
+	return page, next, err
 }

@@ -351,7 +351,10 @@ interface Stream {
 interface Streams {
   # Pipelinable: the path is validated here, and a bad one fails every call made on the result.
   get @0 (path :Text) -> (stream :Stream);
-  list @1 (prefix :Text) -> (streams :List(StreamInfo));
+  # A page of the project's streams under prefix, in path order, after the path `after`
+  # (exclusive; empty: from the first). limit 0 means 1,000; at most 10,000. nextAfter is the
+  # last path of the page when more follow, empty on the last page.
+  list @1 (prefix :Text, after :Text, limit :UInt32) -> (streams :List(StreamInfo), nextAfter :Text);
 }
 
 interface Project {

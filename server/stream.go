@@ -301,18 +301,32 @@ func (s *Server) Describe(ctx context.Context, ref StreamRef) (StreamInfo, error
 		LastAppendAt: v.info.lastAppendAt, SubscriptionCount: len(v.core.Subscriptions), Loaded: true}, nil
 }
 
-// MaxListStreams bounds one Streams.list answer.
-const MaxListStreams = 10_000
+// DefaultListStreams and MaxListStreams bound one page of Streams.list.
+const (
+	DefaultListStreams = 1_000
+	MaxListStreams     = 10_000
+)
 
-// ListStreams lists a project's streams under a path prefix without loading them: heads of
-// loaded streams are live, the others come from the directory's summary.
-func (s *Server) ListStreams(ctx context.Context, projectID, prefix string) ([]StreamInfo, error) {
+// ListStreams lists a page of a project's streams under a path prefix, after the path after,
+// without loading them: heads of loaded streams are live, the others come from the directory's
+// summary. next is the page's last path when more follow, empty on the last page.
+func (s *Server) ListStreams(ctx context.Context, projectID, prefix, after string, limit int) (page []StreamInfo, next string, err error) {
 	if err := itx.ValidatePathPrefix(prefix); err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	entries, err := s.dir.ListStreams(ctx, projectID, prefix, MaxListStreams)
+	switch {
+	case limit == 0:
+		limit = DefaultListStreams
+	case limit < 0 || limit > MaxListStreams:
+		return nil, "", itx.Errorf(itx.EInvalid, "limit must be between 1 and %d (0: %d)", MaxListStreams, DefaultListStreams)
+	}
+	entries, err := s.dir.ListStreams(ctx, projectID, prefix, after, limit+1)
 	if err != nil {
-		return nil, itx.Errorf(itx.EInternal, "%v", err)
+		return nil, "", itx.Errorf(itx.EInternal, "%v", err)
+	}
+	if len(entries) > limit {
+		entries = entries[:limit]
+		next = entries[limit-1].Path
 	}
 	out := make([]StreamInfo, len(entries))
 	s.mu.Lock()
@@ -333,5 +347,5 @@ func (s *Server) ListStreams(ctx context.Context, projectID, prefix string) ([]S
 		}
 		out[i] = info
 	}
-	return out, nil
+	return out, next, nil
 }

@@ -172,11 +172,12 @@ func (d *Directory) StaleStreams(ctx context.Context) ([]StreamEntry, error) {
 	return out, rows.Err()
 }
 
-// ListStreams lists a project's streams whose path starts with prefix, in path order.
-func (d *Directory) ListStreams(ctx context.Context, projectID, prefix string, limit int) ([]StreamEntry, error) {
+// ListStreams lists a project's streams whose path starts with prefix and sorts after after,
+// in path order, at most limit of them.
+func (d *Directory) ListStreams(ctx context.Context, projectID, prefix, after string, limit int) ([]StreamEntry, error) {
 	rows, err := d.db.QueryContext(ctx, `select stream_id, project_id, path, created_at, head_offset, last_append_at,
-		subscription_count from streams where project_id = ? and substr(path, 1, ?) = ? order by path limit ?`,
-		projectID, len(prefix), prefix, limit)
+		subscription_count from streams where project_id = ? and substr(path, 1, ?) = ? and path > ? order by path limit ?`,
+		projectID, len(prefix), prefix, after, limit)
 	if err != nil {
 		return nil, fmt.Errorf("list streams: %w", err)
 	}

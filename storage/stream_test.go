@@ -198,13 +198,13 @@ func TestDirectory(t *testing.T) {
 	for _, path := range []string{"/a", "/a/b", "/ab", "/b"} {
 		require.NoError(t, d.CreateStream(ctx, StreamEntry{StreamID: "s" + path, ProjectID: "p1", Path: path, CreatedAt: 2}))
 	}
-	list, err := d.ListStreams(ctx, "p1", "/a", 100)
+	list, err := d.ListStreams(ctx, "p1", "/a", "", 100)
 	require.NoError(t, err)
 	require.Len(t, list, 3)
-	list, err = d.ListStreams(ctx, "p1", "/a/", 100)
+	list, err = d.ListStreams(ctx, "p1", "/a/", "", 100)
 	require.NoError(t, err)
 	require.Len(t, list, 1)
-	list, err = d.ListStreams(ctx, "other", "", 100)
+	list, err = d.ListStreams(ctx, "other", "", "", 100)
 	require.NoError(t, err)
 	require.Empty(t, list)
 	e, err := d.Stream(ctx, "p1", "/b")

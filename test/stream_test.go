@@ -549,3 +549,52 @@ func TestStream_EphemeralBufferIsFIFO(t *testing.T) {
 	res := mustAppend(t, s, ev("c", `{}`))
 	require.Equal(t, []int64{43}, res.Offsets, "offsets are never reissued")
 }
+
+// Streams.list pages in path order: nextAfter names where the next page starts and is empty on
+// the last one; the client's ListStreams walks every page.
+func TestStreams_ListPages(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	p := ts.project(t)
+	ctx := ctxT(t)
+	var want []string
+	for i := 0; i < 25; i++ {
+		path := fmt.Sprintf("/paged/%02d", i)
+		mustAppend(t, stream(t, p, path), ev("x", `{}`))
+		want = append(want, path)
+	}
+	mustAppend(t, stream(t, p, "/other"), ev("x", `{}`))
+	sf, release := p.Streams(ctx, nil)
+	defer release()
+	streams := sf.Streams()
+
+	var got []string
+	var sizes []int
+	after := ""
+	for {
+		page, next, err := client.ListStreamsPage(ctx, streams, "/paged/", after, 10)
+		require.NoError(t, err)
+		sizes = append(sizes, len(page))
+		for _, info := range page {
+			got = append(got, info.Path)
+		}
+		if next == "" {
+			break
+		}
+		require.Equal(t, page[len(page)-1].Path, next)
+		after = next
+	}
+	require.Equal(t, []int{10, 10, 5}, sizes)
+	require.Equal(t, want, got, "every stream once, in path order")
+
+	all, err := client.ListStreams(ctx, p, "/paged/")
+	require.NoError(t, err)
+	require.Len(t, all, 25)
+	page, next, err := client.ListStreamsPage(ctx, streams, "", "/paged/23", 0)
+	require.NoError(t, err)
+	require.Empty(t, next)
+	require.Len(t, page, 1)
+	require.Equal(t, "/paged/24", page[0].Path, "after is exclusive; /other sorts before it")
+
+	_, _, err = client.ListStreamsPage(ctx, streams, "", "", server.MaxListStreams+1)
+	requireCode(t, err, itx.EInvalid)
+}
