@@ -118,6 +118,12 @@ func TestJSONata_LibraryDefectsFoundByFuzzing(t *testing.T) {
 	_, err = evalJSONata(expr, ev)
 	require.ErrorContains(t, err, "integer divide by zero")
 
+	// $fromMillis with a huge width modifier padded a string of that many bytes: memory ran out.
+	expr, err = CompileJSONata(`$fromMillis(0, "[C,2000009990]")`)
+	require.NoError(t, err)
+	_, err = evalJSONata(expr, ev)
+	require.ErrorContains(t, err, "width cannot be more than 1000")
+
 	// $formatNumber with an exponent looped forever on zero and on negative numbers. A negative
 	// number now formats as its absolute value with a minus sign.
 	format := func(src string) string {

@@ -311,8 +311,15 @@ func parseWidth(s string) (int, error) {
 		return 0, fmt.Errorf("width cannot be less than 1")
 	}
 
+	if n > maxWidth { // itx patch: a width of 2,000,000,000 padded a string that large
+		return 0, fmt.Errorf("width cannot be more than %d", maxWidth)
+	}
+
 	return n, nil
 }
+
+// maxWidth bounds a width modifier (itx patch).
+const maxWidth = 1000
 
 func expandDateComponent(t time.Time, component dateComponent, marker *variableMarker) (string, error) {
 	switch component {
