@@ -36,7 +36,7 @@ func (g *gateway) Login(ctx context.Context, call schema.Gateway_login) error {
 		return err
 	}
 	impl := &project{srv: g.srv, p: p}
-	return res.SetProject(schema.Project(guarded(g.srv.Log(), schema.Project_Methods(nil, impl), impl)))
+	return res.SetProject(schema.Project(guarded(guardOf(g.srv), schema.Project_Methods(nil, impl), impl)))
 }
 
 func (g *gateway) Version(ctx context.Context, call schema.Gateway_version) error {
@@ -60,7 +60,7 @@ func (p *project) Streams(ctx context.Context, call schema.Project_streams) erro
 		return err
 	}
 	impl := &streams{srv: p.srv, projectID: p.p.ID}
-	return res.SetStreams(schema.Streams(guarded(p.srv.Log(), schema.Streams_Methods(nil, impl), impl)))
+	return res.SetStreams(schema.Streams(guarded(guardOf(p.srv), schema.Streams_Methods(nil, impl), impl)))
 }
 
 func (p *project) Processors(ctx context.Context, call schema.Project_processors) error {
@@ -102,7 +102,7 @@ func (s *streams) Get(ctx context.Context, call schema.Streams_get) error {
 		return err
 	}
 	impl := &stream{srv: s.srv, ref: server.StreamRef{ProjectID: s.projectID, Path: path}}
-	return res.SetStream(schema.Stream(guarded(s.srv.Log(), schema.Stream_Methods(nil, impl), impl)))
+	return res.SetStream(schema.Stream(guarded(guardOf(s.srv), schema.Stream_Methods(nil, impl), impl)))
 }
 
 func (s *streams) List(ctx context.Context, call schema.Streams_list) error {

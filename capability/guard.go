@@ -7,20 +7,34 @@ import (
 	"capnproto.org/go/capnp/v3"
 	"capnproto.org/go/capnp/v3/server"
 	"github.com/itx-dev/itx"
+	itxserver "github.com/itx-dev/itx/server"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 )
 
+// guard is what a recovered handler panic reports to: the log, with its stack, and a counter.
+type guard struct {
+	log    zerolog.Logger
+	panics *prometheus.CounterVec // by method
+}
+
+func guardOf(srv *itxserver.Server) guard {
+	return guard{log: srv.Log(), panics: srv.Metrics().HandlerPanics}
+}
+
 // guarded serves impl with every one of its methods wrapped, so that a panic in a handler is
-// answered as an internal error and logged with its stack instead of ending itxd: go-capnp runs
-// handlers without a recover. Every capability this package exports is built through it.
-func guarded(log zerolog.Logger, methods []server.Method, impl any) capnp.Client {
+// answered as an internal error, logged with its stack and counted, instead of ending itxd:
+// go-capnp runs handlers without a recover. Every capability this package exports is built
+// through it.
+func guarded(g guard, methods []server.Method, impl any) capnp.Client {
 	for i := range methods {
 		m := &methods[i]
 		inner, name := m.Impl, m.InterfaceName+"."+m.MethodName
 		m.Impl = func(ctx context.Context, call *server.Call) (err error) {
 			defer func() {
 				if p := recover(); p != nil {
-					log.Error().Str("method", name).Interface("panic", p).Str("stack", string(debug.Stack())).
+					g.panics.WithLabelValues(name).Inc()
+					g.log.Error().Str("method", name).Interface("panic", p).Str("stack", string(debug.Stack())).
 						Msg("a capability handler panicked; the call fails, the server carries on")
 					err = fail(itx.Errorf(itx.EInternal, "%s failed inside the server", name))
 				}

@@ -12,6 +12,8 @@ import (
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/schema"
+	itxserver "github.com/itx-dev/itx/server"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 )
@@ -34,7 +36,8 @@ func (panicky) GetEventPage(context.Context, schema.Stream_getEventPage) error {
 func TestGuarded_PanicBecomesInternalError(t *testing.T) {
 	var logs bytes.Buffer
 	impl := panicky{}
-	boot := schema.Stream(guarded(zerolog.New(&logs), schema.Stream_Methods(nil, impl), impl))
+	g := guard{log: zerolog.New(&logs), panics: itxserver.NewHandlerPanics()}
+	boot := schema.Stream(guarded(g, schema.Stream_Methods(nil, impl), impl))
 
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -64,6 +67,7 @@ func TestGuarded_PanicBecomesInternalError(t *testing.T) {
 	_, err = client.GetEventPage(ctx, s, client.Query{})
 	require.Equal(t, itx.EInvalid, itx.ErrorCode(err), "ordinary errors pass through untouched")
 
+	require.Equal(t, 2.0, testutil.ToFloat64(g.panics.WithLabelValues("itx.capnp:Stream.describe")), "each panic is counted")
 	require.Contains(t, logs.String(), "assignment to entry in nil map")
 	require.Contains(t, logs.String(), "guard_test.go", "the stack is logged")
 }

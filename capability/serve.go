@@ -49,7 +49,7 @@ func (l *Listener) serveConn(c net.Conn) {
 		tc.SetKeepAlive(true) // a peer that vanishes without a reset is noticed
 	}
 	gw := &gateway{srv: l.srv}
-	boot := schema.Gateway(guarded(l.log, schema.Gateway_Methods(nil, gw), gw))
+	boot := schema.Gateway(guarded(guardOf(l.srv), schema.Gateway_Methods(nil, gw), gw))
 	conn := rpc.NewConn(rpc.NewStreamTransport(c), &rpc.Options{
 		BootstrapClient: capnp.Client(boot),
 		Logger:          rpcLogger{l.log},

@@ -25,7 +25,7 @@ func (s *stream) Subscriptions(ctx context.Context, call schema.Stream_subscript
 		return err
 	}
 	impl := &subscriptions{srv: s.srv, ref: s.ref}
-	return res.SetSubscriptions(schema.Subscriptions(guarded(s.srv.Log(), schema.Subscriptions_Methods(nil, impl), impl)))
+	return res.SetSubscriptions(schema.Subscriptions(guarded(guardOf(s.srv), schema.Subscriptions_Methods(nil, impl), impl)))
 }
 
 func (s *stream) SetSubscriptionCursor(ctx context.Context, call schema.Stream_setSubscriptionCursor) error {
@@ -108,7 +108,7 @@ func (s *subscriptions) Get(ctx context.Context, call schema.Subscriptions_get) 
 	}
 	// The name is resolved per call, so a subscription configured after this get is found.
 	impl := &subscription{srv: s.srv, ref: s.ref, name: name}
-	return res.SetSubscription(schema.Subscription(guarded(s.srv.Log(), schema.Subscription_Methods(nil, impl), impl)))
+	return res.SetSubscription(schema.Subscription(guarded(guardOf(s.srv), schema.Subscription_Methods(nil, impl), impl)))
 }
 
 func (s *subscriptions) Configure(ctx context.Context, call schema.Subscriptions_configure) error {
@@ -250,7 +250,7 @@ func (p *project) Capabilities(ctx context.Context, call schema.Project_capabili
 		return err
 	}
 	impl := &capabilities{srv: p.srv, projectID: p.p.ID}
-	return res.SetCapabilities(schema.Capabilities(guarded(p.srv.Log(), schema.Capabilities_Methods(nil, impl), impl)))
+	return res.SetCapabilities(schema.Capabilities(guarded(guardOf(p.srv), schema.Capabilities_Methods(nil, impl), impl)))
 }
 
 func (c *capabilities) Mount(ctx context.Context, call schema.Capabilities_mount) error {
@@ -275,7 +275,7 @@ func (c *capabilities) Mount(ctx context.Context, call schema.Capabilities_mount
 		return err
 	}
 	h := &mountHandle{unmount: unmount, receiver: r}
-	return res.SetHandle(schema.Handle(guarded(c.srv.Log(), schema.Handle_Methods(nil, h), h)))
+	return res.SetHandle(schema.Handle(guarded(guardOf(c.srv), schema.Handle_Methods(nil, h), h)))
 }
 
 func (c *capabilities) Unmount(ctx context.Context, call schema.Capabilities_unmount) error {

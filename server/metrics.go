@@ -23,6 +23,14 @@ type Metrics struct {
 
 	DeliveryFailures *prometheus.CounterVec // failed push attempts by receiver kind
 	LateAcks         prometheus.Counter     // acks refused by an epoch fence
+	HandlerPanics    *prometheus.CounterVec // RPC handlers that panicked, by method
+}
+
+// NewHandlerPanics is the counter of RPC handlers that panicked (answered internal), by method.
+func NewHandlerPanics() *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "itx_rpc_handler_panics_total", Help: "RPC handlers that panicked and answered internal, by method.",
+	}, []string{"method"})
 }
 
 func newMetrics() *Metrics {
@@ -69,8 +77,9 @@ func newMetrics() *Metrics {
 		LateAcks: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "itx_late_acks_total", Help: "Delivery acknowledgements refused because the subscription's epoch moved.",
 		}),
+		HandlerPanics: NewHandlerPanics(),
 	}
-	r.MustRegister(m.DeliveryFailures, m.LateAcks, m.AppendCalls, m.AppendedEvents, m.AppendedBytes, m.AppendLatency, m.CommitLatency,
+	r.MustRegister(m.DeliveryFailures, m.LateAcks, m.HandlerPanics, m.AppendCalls, m.AppendedEvents, m.AppendedBytes, m.AppendLatency, m.CommitLatency,
 		m.CommitEvents, m.CommitCalls, m.ReadEvents, m.LoadedStreams, m.RPCConnections,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
