@@ -20,6 +20,9 @@ const (
 
 	// MaxJSONataLength bounds a JSONata expression (conditions, transforms, predicates).
 	MaxJSONataLength = 16 << 10
+	// MaxJSONataArrayItems bounds an array (or range) one JSONata built-in may build; strings are
+	// bounded by MaxEventBytes.
+	MaxJSONataArrayItems = 100_000
 
 	// EphemeralBufferBytes bounds the ephemeral events one stream holds (type, payload and
 	// metadata bytes): past it the oldest are evicted first (FIFO), before their retention ends.

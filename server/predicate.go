@@ -80,7 +80,7 @@ var jsonataLimits = jsonata.Limits{
 }
 
 // What one built-in may build: a string as large as an event, an array of 100,000 items.
-func init() { jsonata.SetSizeLimits(itx.MaxEventBytes, 100_000) }
+func init() { jsonata.SetSizeLimits(itx.MaxEventBytes, itx.MaxJSONataArrayItems) }
 
 // evalJSONata is the one place the server evaluates a user's JSONata, always within limits. A
 // panic inside the library is that expression's error, not the server's end.
