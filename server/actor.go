@@ -142,6 +142,9 @@ func (a *actor) load() error {
 		a.alarmSet = true
 	}
 	a.sweepEphemeral(store)
+	if a.ephBytes, err = store.EphemeralBytes(ctx); err != nil {
+		return fail(err)
+	}
 	return nil
 }
 
@@ -279,8 +282,8 @@ func (a *actor) sweepEphemeral(store *storage.Stream) {
 	a.lastSweep = a.srv.clock.Now()
 	before := itx.UnixMilli(a.lastSweep.Add(-a.srv.cfg.EphemeralRetention))
 	n, err := store.DeleteEphemeral(context.Background(), a.head, before)
-	if err == nil {
-		a.ephBytes, err = store.EphemeralBytes(context.Background())
+	if err == nil && n > 0 {
+		a.ephBytes, err = store.EphemeralBytes(context.Background()) // what the sweep freed
 	}
 	if err != nil {
 		a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Msg("ephemeral sweep failed")
