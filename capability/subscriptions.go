@@ -2,9 +2,11 @@ package capability
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"time"
 
+	"capnproto.org/go/capnp/v3"
 	"capnproto.org/go/capnp/v3/flowcontrol"
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/schema"
@@ -120,8 +122,12 @@ func (s *subscriptions) Configure(ctx context.Context, call schema.Subscriptions
 	if err != nil {
 		return badArgs("config", err)
 	}
+	key, err := call.Args().IdempotencyKey()
+	if err != nil {
+		return badArgs("idempotencyKey", err)
+	}
 	call.Go()
-	name, off, err := s.srv.ConfigureSubscription(ctx, s.ref, cfg)
+	name, off, err := s.srv.ConfigureSubscription(ctx, s.ref, cfg, key)
 	if err != nil {
 		return fail(err)
 	}
@@ -230,8 +236,11 @@ func (s *subscription) Processor(ctx context.Context, call schema.Subscription_p
 }
 
 func statusToSchema(status string) schema.SubscriptionStatus {
-	if status == storage.StatusHalted {
+	switch status {
+	case storage.StatusHalted:
 		return schema.SubscriptionStatus_halted
+	case storage.StatusParked:
+		return schema.SubscriptionStatus_parked
 	}
 	return schema.SubscriptionStatus_active
 }
@@ -333,6 +342,10 @@ type remoteReceiver struct {
 	client schema.Receiver
 }
 
+// Receive sends a batch. A receiver whose session is gone is absent (capabilityOffline: the
+// subscription parks until the next mount); an exception carrying an itx code keeps it (a
+// receiver that says unavailable is an outage); any other exception is the receiver refusing
+// these events (failedPrecondition).
 func (r *remoteReceiver) Receive(ctx context.Context, b *server.DeliveryBatch) (int64, error) {
 	fut, release := r.client.Receive(ctx, func(p schema.Receiver_receive_Params) error {
 		batch, err := p.NewBatch()
@@ -343,10 +356,19 @@ func (r *remoteReceiver) Receive(ctx context.Context, b *server.DeliveryBatch) (
 	})
 	defer release()
 	res, err := fut.Struct()
-	if err != nil {
-		return 0, err
+	switch {
+	case err == nil:
+		return int64(res.ConfirmedOffset()), nil
+	case capnp.IsDisconnected(err):
+		return 0, itx.Errorf(itx.ECapabilityOffline, "the mounted receiver disconnected: %v", err)
+	case ctx.Err() != nil:
+		return 0, itx.Errorf(itx.EDeadlineExceeded, "the mounted receiver did not answer: %v", err)
+	case strings.Contains(err.Error(), "itx."):
+		if e := itx.AsError(err); e.Code != itx.EInternal {
+			return 0, e
+		}
 	}
-	return int64(res.ConfirmedOffset()), nil
+	return 0, itx.Errorf(itx.EFailedPrecondition, "the receiver refused the batch: %v", err)
 }
 
 func setDeliveryBatch(dst schema.DeliveryBatch, b *server.DeliveryBatch) error {

@@ -51,13 +51,16 @@ type SubscriptionConfig struct {
 	Start           string
 	OnFailingEvent  string
 	Description     string
+	// IdempotencyKey makes a configure retry-safe; required when Name is empty (a retry with it
+	// returns the original event and generated name). Not part of the stored config.
+	IdempotencyKey string
 }
 
 // SubscriptionSummary is a row of subscriptions.list(): the catalog joined with the cursor row.
 type SubscriptionSummary struct {
 	Name               string
 	Kind               string
-	Status             string // "active" or "halted"
+	Status             string // "active", "halted" or "parked"
 	ConfirmedOffset    int64
 	Lag                int64 // head - confirmed
 	LastError          string
@@ -140,6 +143,9 @@ func ConfigureSubscription(ctx context.Context, subs schema.Subscriptions, cfg S
 	fut, release := subs.Configure(ctx, func(p schema.Subscriptions_configure_Params) error {
 		c, err := p.NewConfig()
 		if err != nil {
+			return err
+		}
+		if err := p.SetIdempotencyKey(cfg.IdempotencyKey); err != nil {
 			return err
 		}
 		return setSubscriptionConfig(c, &cfg)

@@ -170,7 +170,9 @@ struct Header {
 
 enum SubscriptionStatus {
   active @0;
-  halted @1;
+  halted @1;   # the retry ladder ended, or a failure that can never succeed; resume un-halts
+  parked @2;   # the receiver is absent (nothing mounted under its name): no attempts are burnt,
+               # and the receiver's next mount resumes delivery at once
 }
 
 # A row of subscriptions.list(): the catalog joined with the cursor row.
@@ -207,8 +209,13 @@ struct SubscriptionDescription {
 interface Subscriptions {
   list @0 () -> (subscriptions :List(SubscriptionSummary));
   get @1 (name :Text) -> (subscription :Subscription);
-  # Appends stream/subscription-configured; returns the name and the birth offset.
-  configure @2 (config :SubscriptionConfig) -> (name :Text, offset :UInt64);
+  # Appends stream/subscription-configured; returns the name and the offset of the configured
+  # event that set the config. Idempotent: the same name with the same config appends nothing
+  # and returns the original offset (the cursor, and a halt, stay as they are); a changed config
+  # appends and keeps the cursor unless it changes the receiver kind or the start position. A
+  # config without a name needs idempotencyKey, and a retry with it returns the original event
+  # and generated name.
+  configure @2 (config :SubscriptionConfig, idempotencyKey :Text) -> (name :Text, offset :UInt64);
   # Appends stream/subscription-removed.
   remove @3 (name :Text) -> (offset :UInt64);
 }

@@ -11,21 +11,23 @@ import (
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/storage"
+	"github.com/rs/zerolog"
 )
 
 // maxGroupEvents bounds one group commit; requests beyond it wait for the next commit.
 const maxGroupEvents = 20_000
 
-// actor owns one loaded stream. Its goroutine (run) is the stream's only writer: it drains every
-// queued append into one group commit, so concurrent appenders share one fsync, and the same
-// transaction carries the cursor rows and core state the appended events imply. Readers and
-// deliverers use the store's reader pool beside it and read shared state under mu.
+// actor owns one loaded stream. Its goroutine (run) is the stream's only writer: it gathers
+// queued inputs (appends, delivery outcomes, mounts, timer fires), hands them to the pure step
+// and applies the effects step returns, in their documented order. Concurrent appenders share
+// one group commit and one fsync. Readers use the store's reader pool beside it and read the
+// state the actor last published.
 type actor struct {
 	srv *Server
 	ref StreamRef
 
-	reqs  chan *appendReq
-	flush chan struct{} // a cursor flush is due
+	reqs  chan *appendReq // appends, in commit order
+	inbox chan actorMsg   // everything else
 	quit  chan struct{}
 	done  chan struct{}
 
@@ -37,149 +39,196 @@ type actor struct {
 	lastUsed time.Time
 
 	// Owned by the run goroutine.
-	bucket     *tokenBucket
-	deliverers map[string]*deliverer
-	nextGen    int64
-	alarmSet   bool
-	stale      bool            // the directory summary is marked stale (see storage.StaleStreams)
-	lastSweep  time.Time       // of ephemeral rows
-	ephBytes   int64           // held in ephemeral rows (see Config.EphemeralBufferBytes)
-	dctx       context.Context // deliverers' context: ends on unload or server close
-	dcancel    context.CancelFunc
+	st          *streamState
+	store       streamStore
+	deliverers  map[string]*deliverer
+	pushes      sync.WaitGroup
+	pending     []deliveryOutcome // outcomes of pushes that could not start
+	wakeT       itx.Timer
+	wakeAt      int64
+	flushArmed  bool
+	lastSweep   time.Time // of ephemeral rows
+	ephBytes    int64     // held in ephemeral rows (see Config.EphemeralBufferBytes)
+	loadMounted []string  // the project's mounts when loaded: the first step's presence signal
+	dctx        context.Context
+	dcancel     context.CancelFunc
 
-	mu           sync.Mutex // guards the fields below
-	store        *storage.Stream
-	streamID     string
-	createdAt    int64
-	head         int64
-	lastAppendAt int64
-	changed      chan struct{} // closed and replaced after every commit
-	progress     chan struct{} // closed and replaced whenever a cursor moves in memory
-	core         *coreState    // published: never mutated, replaced whole
-	rows         map[string]*storage.CursorRow
-	rowVer       map[string]uint64 // bumped on every in-memory change of a row
-	flushedVer   map[string]uint64 // the version last written durably
-	flushArmed   bool
+	mu      sync.Mutex // guards pub and changed
+	pub     view
+	changed chan struct{} // closed and replaced at every publish
+}
+
+// actorMsg is one non-append input.
+type actorMsg struct {
+	outcome *deliveryOutcome
+	mounted string
+	flush   bool
+	tick    bool
+	settle  chan<- int // answered after the step with the number of pushes in flight
 }
 
 func newActor(s *Server, ref StreamRef) *actor {
 	a := &actor{
 		srv: s, ref: ref,
 		reqs:       make(chan *appendReq, 1024),
-		flush:      make(chan struct{}, 1),
+		inbox:      make(chan actorMsg, 1024),
 		quit:       make(chan struct{}),
 		done:       make(chan struct{}),
 		ready:      make(chan struct{}),
 		changed:    make(chan struct{}),
-		progress:   make(chan struct{}),
-		core:       newCoreState(),
-		rows:       map[string]*storage.CursorRow{},
-		rowVer:     map[string]uint64{},
-		flushedVer: map[string]uint64{},
 		deliverers: map[string]*deliverer{},
 	}
 	a.dctx, a.dcancel = context.WithCancel(s.base)
 	return a
 }
 
-// load opens the stream's database if the stream exists, restores its core state (re-reducing
-// from offset 1 when the checkpoint's version is not this server's) and reconciles its cursor
-// rows with the catalog.
+// post hands the actor an input; it gives up once the actor has stopped.
+func (a *actor) post(m actorMsg) {
+	select {
+	case a.inbox <- m:
+	case <-a.done:
+	}
+}
+
+// load opens the stream's database if the stream exists and restores its state.
 func (a *actor) load() error {
 	ctx := context.Background()
-	a.bucket = newTokenBucket(a.srv.cfg.BreakerBurst, a.srv.cfg.BreakerRefillPerMinute, a.srv.clock.Now())
+	now := a.srv.clock.Now()
+	a.st = newStreamState(newTokenBucket(a.srv.cfg.BreakerBurst, a.srv.cfg.BreakerRefillPerMinute, now))
 	entry, err := a.srv.dir.Stream(ctx, a.ref.ProjectID, a.ref.Path)
 	if err != nil {
 		return itx.Errorf(itx.EUnavailable, "load stream %s: %v", a.ref.Path, err)
 	}
-	if entry == nil {
-		return nil // exists from its first append
-	}
-	a.stale = entry.SummaryStale
-	file := a.srv.streamFile(entry.StreamID)
-	var store *storage.Stream
-	if _, statErr := os.Stat(file); errors.Is(statErr, os.ErrNotExist) {
-		// The directory entry committed but the process died before the database was created:
-		// nothing was ever acknowledged on this stream, so it starts empty.
-		store, err = storage.CreateStream(ctx, file, storage.StreamMeta{
-			StreamID: entry.StreamID, ProjectID: entry.ProjectID, Path: entry.Path, CreatedAt: entry.CreatedAt,
-		})
-	} else {
-		store, err = storage.OpenStream(ctx, file)
-	}
-	if err != nil {
-		return itx.Errorf(itx.EUnavailable, "load stream %s: %v", a.ref.Path, err)
-	}
-	fail := func(err error) error {
-		store.Close()
-		return itx.Errorf(itx.EUnavailable, "load stream %s: %v", a.ref.Path, err)
-	}
-	meta, err := store.Meta(ctx)
-	if err != nil {
-		return fail(err)
-	}
-	a.store, a.streamID, a.createdAt, a.head, a.lastAppendAt = store, meta.StreamID, meta.CreatedAt, meta.HeadOffset, meta.LastAppendAt
-	if err := a.restoreCore(ctx); err != nil {
-		return fail(err)
-	}
-	rows, err := store.CursorRows(ctx)
-	if err != nil {
-		return fail(err)
-	}
-	for i := range rows {
-		r := rows[i]
-		a.rows[r.Name] = &r
-	}
-	if err := a.reconcileCursors(ctx); err != nil {
-		return fail(err)
-	}
-	if len(a.core.Subscriptions) > 0 {
-		// While loaded, the alarm reads "due now" (a crash leaves the stream owed a load); on
-		// unload it records the next retry. Whatever woke this incarnation, it owns the alarm.
-		if err := a.srv.dir.SetAlarm(ctx, entry.StreamID, itx.UnixMilli(a.srv.clock.Now())); err != nil {
-			return fail(err)
+	if entry != nil {
+		file := a.srv.streamFile(entry.StreamID)
+		var store *storage.Stream
+		if _, statErr := os.Stat(file); errors.Is(statErr, os.ErrNotExist) {
+			// The directory entry committed but the process died before the database was
+			// created: nothing was ever acknowledged on this stream, so it starts empty.
+			store, err = storage.CreateStream(ctx, file, storage.StreamMeta{
+				StreamID: entry.StreamID, ProjectID: entry.ProjectID, Path: entry.Path, CreatedAt: entry.CreatedAt,
+			})
+		} else {
+			store, err = storage.OpenStream(ctx, file)
 		}
-		a.alarmSet = true
+		if err != nil {
+			return itx.Errorf(itx.EUnavailable, "load stream %s: %v", a.ref.Path, err)
+		}
+		a.store = store
+		if err := a.restore(ctx); err != nil {
+			store.Close()
+			return itx.Errorf(itx.EUnavailable, "load stream %s: %v", a.ref.Path, err)
+		}
+		a.st.summaryOld = entry.SummaryStale
+		if len(a.st.core.Subscriptions) > 0 {
+			// While loaded, the alarm reads "due now" (a crash leaves the stream owed a load); on
+			// unload it records the next retry. Whatever woke this incarnation, it owns the alarm.
+			if err := a.srv.dir.SetAlarm(ctx, entry.StreamID, itx.UnixMilli(now)); err != nil {
+				store.Close()
+				return itx.Errorf(itx.EUnavailable, "load stream %s: %v", a.ref.Path, err)
+			}
+			a.st.alarmSet = true
+		}
+		a.sweepEphemeral()
+		if a.ephBytes, err = store.EphemeralBytes(ctx); err != nil {
+			store.Close()
+			return itx.Errorf(itx.EUnavailable, "load stream %s: %v", a.ref.Path, err)
+		}
 	}
-	a.sweepEphemeral(store)
-	if a.ephBytes, err = store.EphemeralBytes(ctx); err != nil {
-		return fail(err)
+	for _, m := range a.srv.Mounts(a.ref.ProjectID) {
+		a.loadMounted = append(a.loadMounted, m.Name)
 	}
+	a.publish(true)
 	return nil
 }
 
-// evictEphemeral plans the FIFO eviction that keeps the ephemeral buffer within its bound once
-// adding bytes: past the bound it frees the oldest rows down to three quarters of it, so
-// evictions are rare. It never evicts the commit's own events. It returns the offset to evict
-// through (0: none) and the bytes that frees.
-func (a *actor) evictEphemeral(ctx context.Context, adding int64) (through, freed int64, err error) {
-	limit := a.srv.cfg.EphemeralBufferBytes
-	if a.store == nil || a.ephBytes+adding <= limit {
-		return 0, 0, nil
-	}
-	return a.store.EphemeralCutoff(ctx, a.ephBytes+adding-limit*3/4)
-}
-
-// restoreCore reads the core-state checkpoint, or rebuilds it from the log.
-func (a *actor) restoreCore(ctx context.Context) error {
-	raw, err := a.store.KV(ctx, coreStateKey)
+// restore replaces the durable part of the state with what the store holds, keeping the
+// generation counter so outcomes of pushes started before are fenced. It runs on load and after
+// a failed commit (memory must never run ahead of disk).
+func (a *actor) restore(ctx context.Context) error {
+	st, err := loadState(ctx, a.store, a.reduceContext(), a.srv.clock.Now(), a.srv.log.Warn)
 	if err != nil {
 		return err
 	}
-	if raw != nil {
-		if st, ok := decodeCoreState(raw); ok {
-			a.core = st
-			return nil
-		}
-		a.srv.log.Warn().Str("path", a.ref.Path).Msg("core state checkpoint is from another version: re-reducing from offset 1")
+	prev := a.st
+	st.bucket, st.nextGen, st.alarmSet, st.summaryOld, st.created = prev.bucket, prev.nextGen, prev.alarmSet, prev.summaryOld, true
+	for name := range st.core.Subscriptions {
+		st.subs[name] = st.newRuntime()
 	}
+	a.st = st
+	return nil
+}
+
+// loadState reads a stream's state from its store: meta, core state (re-reduced from offset 1 when
+// the checkpoint is from another version, and checkpointed again) and cursor rows reconciled with
+// the catalog. The simulation uses it to "crash": drop memory, reload from disk.
+func loadState(ctx context.Context, store streamStore, rc reduceContext, now time.Time, warn func() *zerolog.Event) (*streamState, error) {
+	st := newStreamState(nil)
+	meta, err := store.Meta(ctx)
+	if err != nil {
+		return nil, err
+	}
+	st.streamID, st.head, st.lastAppendAt, st.createdAt, st.created = meta.StreamID, meta.HeadOffset, meta.LastAppendAt, meta.CreatedAt, true
+	raw, err := store.KV(ctx, coreStateKey)
+	if err != nil {
+		return nil, err
+	}
+	if core, ok := decodeCoreState(raw); ok {
+		st.core = core
+	} else {
+		if raw != nil {
+			warn().Str("path", meta.Path).Msg("core state checkpoint is from another version: re-reducing from offset 1")
+		}
+		if st.core, err = rereduce(ctx, store, rc, st.head, warn); err != nil {
+			return nil, err
+		}
+		b, _ := json.Marshal(st.core)
+		if err := store.Commit(ctx, storage.Commit{KV: map[string][]byte{coreStateKey: b}}); err != nil {
+			return nil, err
+		}
+	}
+	rows, err := store.CursorRows(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for i := range rows {
+		r := rows[i]
+		st.rows[r.Name] = &r
+	}
+	// The rows and the catalog commit together, so this only repairs a rebuilt catalog: a row
+	// per subscription at its birth epoch, no other.
+	var c storage.Commit
+	for name := range st.rows {
+		if st.core.Subscriptions[name] == nil {
+			c.CursorDeletes = append(c.CursorDeletes, name)
+			delete(st.rows, name)
+		}
+	}
+	for name, entry := range st.core.Subscriptions {
+		if r := st.rows[name]; r != nil && r.ConfiguredAtOffset == entry.ConfiguredAtOffset {
+			r.InFlightDeadlineAt, r.InFlightConnectionGeneration = 0, 0 // no push survives a load
+			continue
+		}
+		r := bornRow(entry, now)
+		st.rows[name] = r
+		c.CursorUpserts = append(c.CursorUpserts, *r)
+	}
+	if len(c.CursorDeletes) > 0 || len(c.CursorUpserts) > 0 {
+		if err := store.Commit(ctx, c); err != nil {
+			return nil, err
+		}
+	}
+	return st, nil
+}
+
+// rereduce rebuilds the core state from the log.
+func rereduce(ctx context.Context, store streamStore, rc reduceContext, head int64, warn func() *zerolog.Event) (*coreState, error) {
 	st := newCoreState()
-	rc := a.reduceContext()
 	rc.checkURL = nil // a rebuild replays history; today's egress policy does not rewrite it
-	for after := int64(0); after < a.head; {
-		page, err := a.store.Events(ctx, storage.Query{After: after, UpTo: a.head, Limit: 500})
+	for after := int64(0); after < head; {
+		page, err := store.Events(ctx, storage.Query{After: after, UpTo: head, Limit: 500})
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if len(page) == 0 {
 			break
@@ -188,39 +237,12 @@ func (a *actor) restoreCore(ctx context.Context) error {
 			e := &page[i]
 			rc.head, rc.authority = e.Offset-1, authCore // history is already accepted: replay it
 			if _, err := st.reduce(e, &rc); err != nil {
-				a.srv.log.Warn().Err(err).Int64("offset", e.Offset).Str("path", a.ref.Path).Msg("re-reduction skipped an event")
+				warn().Err(err).Int64("offset", e.Offset).Msg("re-reduction skipped an event")
 			}
 		}
 		after = page[len(page)-1].Offset
 	}
-	a.core = st
-	b, _ := json.Marshal(st)
-	return a.store.Commit(ctx, storage.Commit{KV: map[string][]byte{coreStateKey: b}})
-}
-
-// reconcileCursors makes the cursor rows agree with the catalog (they are committed together,
-// so this only repairs a rebuilt catalog): a row per subscription at its birth epoch, no other.
-func (a *actor) reconcileCursors(ctx context.Context) error {
-	var c storage.Commit
-	for name := range a.rows {
-		if a.core.Subscriptions[name] == nil {
-			c.CursorDeletes = append(c.CursorDeletes, name)
-			delete(a.rows, name)
-		}
-	}
-	now := a.srv.clock.Now()
-	for name, entry := range a.core.Subscriptions {
-		if r := a.rows[name]; r != nil && r.ConfiguredAtOffset == entry.ConfiguredAtOffset {
-			continue
-		}
-		r := bornRow(entry, now)
-		a.rows[name] = r
-		c.CursorUpserts = append(c.CursorUpserts, *r)
-	}
-	if len(c.CursorDeletes) == 0 && len(c.CursorUpserts) == 0 {
-		return nil
-	}
-	return a.store.Commit(ctx, c)
+	return st, nil
 }
 
 // bornRow is a subscription's fresh cursor row at its start position.
@@ -240,7 +262,7 @@ func bornRow(entry *catalogEntry, now time.Time) *storage.CursorRow {
 func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
 
 // applyEffect computes a cursor row after a core event.
-func applyEffect(prev *storage.CursorRow, eff cursorEffect, entry *catalogEntry, now time.Time) *storage.CursorRow {
+func applyEffect(prev *storage.CursorRow, eff cursorEffect, now time.Time) *storage.CursorRow {
 	var r storage.CursorRow
 	if prev != nil {
 		r = *prev
@@ -264,6 +286,11 @@ func applyEffect(prev *storage.CursorRow, eff cursorEffect, entry *catalogEntry,
 	case effectResume:
 		r.Status = storage.StatusActive
 		clearRetry()
+	case effectReconfigure:
+		if r.Status == storage.StatusParked {
+			r.Status = storage.StatusActive
+		}
+		clearRetry()
 	}
 	r.UpdatedAt = stamp(now)
 	return &r
@@ -278,12 +305,15 @@ func truncate(s string, n int) string {
 
 // sweepEphemeral deletes ephemeral rows past their retention: on load, on unload and as a loaded
 // stream commits. Offsets are not reissued: the head lives in stream_meta.
-func (a *actor) sweepEphemeral(store *storage.Stream) {
+func (a *actor) sweepEphemeral() {
+	if a.store == nil {
+		return
+	}
 	a.lastSweep = a.srv.clock.Now()
 	before := itx.UnixMilli(a.lastSweep.Add(-a.srv.cfg.EphemeralRetention))
-	n, err := store.DeleteEphemeral(context.Background(), a.head, before)
+	n, err := a.store.DeleteEphemeral(context.Background(), a.st.head, before)
 	if err == nil && n > 0 {
-		a.ephBytes, err = store.EphemeralBytes(context.Background()) // what the sweep freed
+		a.ephBytes, err = a.store.EphemeralBytes(context.Background()) // what the sweep freed
 	}
 	if err != nil {
 		a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Msg("ephemeral sweep failed")
@@ -292,8 +322,8 @@ func (a *actor) sweepEphemeral(store *storage.Stream) {
 	}
 }
 
-// unload stops the goroutine and closes the database. Only called with no references held:
-// no request can be queued and no deliverer is working (idle ones are cancelled here).
+// unload stops the goroutine and closes the database. Only called with no references held and
+// the deliverers' context cancelled.
 func (a *actor) unload() {
 	if a.loadErr != nil {
 		return
@@ -305,60 +335,410 @@ func (a *actor) unload() {
 
 func (a *actor) run() {
 	defer close(a.done)
-	a.startDeliverers()
-	group := make([]*appendReq, 0, 64)
+	a.apply(stepInput{mounted: a.loadMounted})
+	a.loadMounted = nil
 	for {
+		var in stepInput
 		select {
 		case r := <-a.reqs:
-			group = append(group[:0], r)
-			events := len(r.inputs)
-		drain:
-			for events < maxGroupEvents {
-				select {
-				case r := <-a.reqs:
-					group = append(group, r)
-					events += len(r.inputs)
-				default:
-					break drain
-				}
-			}
-			// A stream that stays loaded sweeps as it goes, a few times per retention period,
-			// before the group commits: whoever sees the group acknowledged sees the sweep done.
-			if a.store != nil && a.srv.clock.Now().Sub(a.lastSweep) >= a.srv.cfg.EphemeralRetention/4 {
-				a.sweepEphemeral(a.store)
-			}
-			a.commitGroup(group)
-			clear(group)
-		case <-a.flush:
-			a.commitGroup(nil)
+			in.appends = append(in.appends, r)
+		case m := <-a.inbox:
+			in.add(m)
 		case <-a.quit:
-			a.dcancel()
-			for _, d := range a.deliverers {
-				<-d.done
-			}
-			a.commitGroup(nil) // the last acks
-			a.close()
+			a.stop()
+			return
+		}
+		a.gather(&in)
+		a.apply(in)
+	}
+}
+
+// gather adds whatever else is already queued to in, up to one group commit's worth of events.
+func (a *actor) gather(in *stepInput) {
+	events := 0
+	for _, r := range in.appends {
+		events += len(r.inputs)
+	}
+	for {
+		select {
+		case m := <-a.inbox:
+			in.add(m)
+			continue
+		default:
+		}
+		if events >= maxGroupEvents {
+			return
+		}
+		select {
+		case r := <-a.reqs:
+			in.appends = append(in.appends, r)
+			events += len(r.inputs)
+		default:
 			return
 		}
 	}
 }
 
+func (in *stepInput) add(m actorMsg) {
+	switch {
+	case m.settle != nil:
+		in.settles = append(in.settles, m.settle)
+	case m.outcome != nil:
+		in.outcomes = append(in.outcomes, *m.outcome)
+	case m.mounted != "":
+		in.mounted = append(in.mounted, m.mounted)
+	case m.flush:
+		in.flush = true
+	}
+}
+
+// stop ends the actor: pushes are cancelled and their outcomes taken, the last cursor progress
+// is written, and the database closes.
+func (a *actor) stop() {
+	a.dcancel()
+	finished := make(chan struct{})
+	go func() { a.pushes.Wait(); close(finished) }()
+	in := stepInput{final: true}
+	for waiting := true; waiting; {
+		select {
+		case m := <-a.inbox:
+			in.add(m)
+		case <-finished:
+			waiting = false
+		}
+	}
+	for {
+		select {
+		case m := <-a.inbox:
+			in.add(m)
+			continue
+		default:
+		}
+		break
+	}
+	if a.wakeT != nil {
+		a.wakeT.Stop()
+	}
+	if a.store != nil {
+		a.apply(in) // the last acks
+	}
+	a.close()
+}
+
+func (a *actor) env() stepEnv {
+	return stepEnv{
+		rc: a.reduceContext(),
+		lookupKeys: func(keys []string) (map[string]*itx.Event, error) {
+			if a.store == nil || len(keys) == 0 {
+				return nil, nil
+			}
+			found, err := a.store.EventsByKeys(context.Background(), keys)
+			if err != nil {
+				return nil, itx.Errorf(itx.EInternal, "append: %v", err)
+			}
+			return found, nil
+		},
+		random:          a.srv.random,
+		flushDelay:      a.srv.cfg.CursorFlushDelay,
+		deliveryTimeout: a.srv.cfg.DeliveryTimeout,
+		batchLimits: func(name string) int {
+			if d := a.deliverers[name]; d != nil {
+				return d.send.batchLimit()
+			}
+			return 1
+		},
+	}
+}
+
+func (a *actor) reduceContext() reduceContext {
+	return reduceContext{
+		path: a.ref.Path, projectID: a.ref.ProjectID, maxSubs: a.srv.cfg.MaxSubscriptions,
+		checkURL: a.srv.egress.checkURL,
+		compile:  func(src string) error { _, err := CompileJSONata(src); return err },
+	}
+}
+
+// apply runs one step and carries out its effects in their documented order.
+func (a *actor) apply(in stepInput) {
+	ctx := context.Background()
+	now := a.srv.clock.Now()
+	m := a.srv.metrics
+	in.outcomes = append(a.pending, in.outcomes...)
+	a.pending = nil
+	if in.flush {
+		a.flushArmed = false
+	}
+	// A stream that stays loaded sweeps as it goes, a few times per retention period, before
+	// the group commits: whoever sees the group acknowledged sees the sweep done.
+	if len(in.appends) > 0 && a.store != nil && now.Sub(a.lastSweep) >= a.srv.cfg.EphemeralRetention/4 {
+		a.sweepEphemeral()
+	}
+	if a.st.streamID == "" {
+		a.st.streamID = newStreamID() // an identity once the first commit creates the stream
+	}
+	eff, err := step(a.st, in, now, a.env())
+	if err != nil {
+		a.reloadAfter(in.appends, err)
+		a.answerSettles(in.settles)
+		return
+	}
+	m.LateAcks.Add(float64(eff.lateOutcomes))
+
+	// 1-2. Directory marks, then the one commit.
+	if eff.hasWrites() {
+		var ephAdded, ephFreed int64
+		for i := range eff.commit.Events {
+			if e := &eff.commit.Events[i]; e.Ephemeral {
+				ephAdded += int64(len(e.Type) + len(e.Payload) + len(e.Metadata))
+			}
+		}
+		start := time.Now()
+		err := a.ensureCreated(ctx, eff.createStream)
+		if err == nil && ephAdded > 0 {
+			eff.commit.EvictEphemeralThrough, ephFreed, err = a.evictEphemeral(ctx, ephAdded)
+		}
+		if err == nil && eff.markStale {
+			// The summary is refreshed on unload; a crash before then leaves this mark, and the
+			// restarted server refreshes the summaries so marked (refreshStaleSummaries).
+			if err = a.srv.dir.MarkSummaryStale(ctx, a.st.streamID); err == nil {
+				a.st.summaryOld = true
+			}
+		}
+		if err == nil && eff.alarmNow {
+			// While a stream with subscriptions is loaded its alarm reads "due now", so a crash
+			// at any point leaves the restarted server owing this stream a load.
+			if err = a.srv.dir.SetAlarm(ctx, a.st.streamID, itx.UnixMilli(now)); err == nil {
+				a.st.alarmSet = true
+			}
+		}
+		if err == nil {
+			err = a.store.Commit(ctx, eff.commit)
+		}
+		if err != nil {
+			a.reloadAfter(in.appends, fmt.Errorf("commit: %w", err))
+			a.answerSettles(in.settles)
+			return
+		}
+		a.ephBytes += ephAdded - ephFreed
+		if n := len(eff.commit.Events); n > 0 {
+			m.CommitLatency.Observe(time.Since(start).Seconds())
+			m.CommitEvents.Observe(float64(n))
+			m.CommitCalls.Observe(float64(len(in.appends)))
+			m.AppendedEvents.Add(float64(n))
+			bytes := 0
+			for i := range eff.commit.Events {
+				e := &eff.commit.Events[i]
+				bytes += len(e.Type) + len(e.Payload) + len(e.Metadata) + len(e.IdempotencyKey)
+			}
+			m.AppendedBytes.Add(float64(bytes))
+		}
+	}
+
+	// 3. Publish. 4. Replies.
+	a.publish(eff.rowsChanged || len(in.outcomes) > 0 || len(in.mounted) > 0)
+	for _, rb := range eff.replies {
+		a.reply(rb.group, rb.plan.Replies, nil)
+	}
+
+	// 5. Deliverers, then pushes.
+	for _, name := range eff.rebuild {
+		a.rebuild(name)
+	}
+	for _, job := range eff.pushes {
+		a.startPush(job)
+	}
+
+	// 6. Timers.
+	a.armWake(eff.wakeAt, now)
+	if eff.flushAfter > 0 && !a.flushArmed {
+		a.flushArmed = true
+		a.srv.clock.AfterFunc(eff.flushAfter, func() { a.post(actorMsg{flush: true}) })
+	}
+	a.answerSettles(in.settles)
+}
+
+// answerSettles tells Settle callers how many pushes are still in flight.
+func (a *actor) answerSettles(settles []chan<- int) {
+	if len(settles) == 0 {
+		return
+	}
+	n := len(a.pending)
+	for _, rt := range a.st.subs {
+		if rt.inFlight {
+			n++
+		}
+	}
+	for _, ch := range settles {
+		ch <- n
+	}
+}
+
+// reloadAfter answers a step whose commit failed: every append of it fails, and the state is read
+// back from storage, so nothing the failed commit held is published or delivered.
+func (a *actor) reloadAfter(group []*appendReq, cause error) {
+	a.srv.log.Error().Err(cause).Str("path", a.ref.Path).Msg("step failed; reloading the stream's state from storage")
+	failure := itx.AsError(cause)
+	if failure.Code == itx.EInternal || failure.Code == "" {
+		failure = itx.Errorf(itx.EInternal, "append not committed: %v", cause)
+	}
+	a.reply(group, nil, failure)
+	if a.store == nil {
+		a.st = newStreamState(a.st.bucket)
+		return
+	}
+	if err := a.restore(context.Background()); err != nil {
+		a.srv.log.Error().Err(err).Str("path", a.ref.Path).Msg("reloading the stream's state failed")
+		return
+	}
+	for name := range a.deliverers {
+		a.rebuild(name)
+	}
+	for name := range a.st.core.Subscriptions {
+		if a.deliverers[name] == nil {
+			a.rebuild(name)
+		}
+	}
+	a.publish(true)
+	a.armWake(0, a.srv.clock.Now())
+	a.post0()
+}
+
+// post0 asks for a step soon without blocking the actor goroutine on its own inbox.
+func (a *actor) post0() {
+	select {
+	case a.inbox <- actorMsg{tick: true}:
+	default:
+	}
+}
+
+// reply answers a group: from replies, or every request with failure when failure is set.
+func (a *actor) reply(group []*appendReq, replies []appendReply, failure error) {
+	m := a.srv.metrics
+	for i, r := range group {
+		if r.reply == nil {
+			continue
+		}
+		reply := appendReply{err: failure}
+		if failure == nil {
+			reply = replies[i]
+		}
+		if reply.err == nil {
+			m.AppendCalls.WithLabelValues("ok").Inc()
+		} else {
+			m.AppendCalls.WithLabelValues(string(itx.ErrorCode(reply.err))).Inc()
+		}
+		m.AppendLatency.Observe(time.Since(r.queued).Seconds())
+		r.reply <- reply
+	}
+}
+
+// rebuild replaces the deliverer of name to match the catalog (none if removed). The old one's
+// context ends, so its push stops; its outcome is fenced by generation anyway.
+func (a *actor) rebuild(name string) {
+	if old := a.deliverers[name]; old != nil {
+		old.cancel()
+		delete(a.deliverers, name)
+	}
+	entry := a.st.core.Subscriptions[name]
+	if entry == nil || a.dctx.Err() != nil {
+		return
+	}
+	a.deliverers[name] = newDeliverer(a.dctx, a.srv, a.ref, entry)
+}
+
+// startPush runs a delivery try on its own goroutine; it holds a reference on the actor, so the
+// stream stays loaded while a try is in flight. A try that cannot start reports at once.
+func (a *actor) startPush(job pushJob) {
+	d := a.deliverers[job.name]
+	if d == nil {
+		a.rebuild(job.name)
+		d = a.deliverers[job.name]
+	}
+	if d == nil || !a.srv.pin(a) {
+		a.pending = append(a.pending, deliveryOutcome{name: job.name, gen: job.gen,
+			birth: job.row.ConfiguredAtOffset, seek: job.row.CursorChangedAtOffset})
+		return
+	}
+	store, streamID := a.store, a.st.streamID
+	a.pushes.Add(1)
+	go func() {
+		defer a.pushes.Done()
+		out := d.push(job, store, streamID)
+		a.post(actorMsg{outcome: &out})
+		a.srv.release(a)
+	}()
+}
+
+// armWake makes sure a step runs when the earliest retry comes due.
+func (a *actor) armWake(at int64, now time.Time) {
+	if at == a.wakeAt {
+		return
+	}
+	if a.wakeT != nil {
+		a.wakeT.Stop()
+		a.wakeT = nil
+	}
+	a.wakeAt = at
+	if at == 0 {
+		return
+	}
+	delay := time.Duration(at-itx.UnixMilli(now)) * time.Millisecond
+	a.wakeT = a.srv.clock.AfterFunc(max(delay, 0), func() { a.post(actorMsg{tick: true}) })
+}
+
+// evictEphemeral plans the FIFO eviction that keeps the ephemeral buffer within its bound once
+// adding bytes: past the bound it frees the oldest rows down to three quarters of it, so
+// evictions are rare. It never evicts the commit's own events. It returns the offset to evict
+// through (0: none) and the bytes that frees.
+func (a *actor) evictEphemeral(ctx context.Context, adding int64) (through, freed int64, err error) {
+	limit := a.srv.cfg.EphemeralBufferBytes
+	if a.store == nil || a.ephBytes+adding <= limit {
+		return 0, 0, nil
+	}
+	return a.store.EphemeralCutoff(ctx, a.ephBytes+adding-limit*3/4)
+}
+
+// ensureCreated creates the stream on its first commit with events: the directory entry first,
+// then the database (see storage.Directory.CreateStream for the crash window).
+func (a *actor) ensureCreated(ctx context.Context, create bool) error {
+	if a.store != nil {
+		return nil
+	}
+	if !create {
+		return errors.New("no stream database to write cursor state to")
+	}
+	createdAt := itx.UnixMilli(a.srv.clock.Now())
+	entry := storage.StreamEntry{StreamID: a.st.streamID, ProjectID: a.ref.ProjectID, Path: a.ref.Path, CreatedAt: createdAt}
+	if err := a.srv.dir.CreateStream(ctx, entry); err != nil {
+		return err
+	}
+	store, err := storage.CreateStream(ctx, a.srv.streamFile(a.st.streamID), storage.StreamMeta{
+		StreamID: a.st.streamID, ProjectID: a.ref.ProjectID, Path: a.ref.Path, CreatedAt: createdAt,
+	})
+	if err != nil {
+		return fmt.Errorf("create stream database: %w", err)
+	}
+	a.store, a.st.created, a.st.createdAt, a.st.summaryOld = store, true, createdAt, true // created stale
+	return nil
+}
+
 func (a *actor) close() {
-	a.mu.Lock()
 	store := a.store
-	a.store = nil
-	a.mu.Unlock()
 	if store == nil {
 		return
 	}
-	a.sweepEphemeral(store)
+	a.sweepEphemeral()
+	a.mu.Lock()
+	a.pub.store = nil
+	a.mu.Unlock()
+	a.store = nil
 	ctx := context.Background()
-	if err := a.srv.dir.UpdateStreamSummary(ctx, a.streamID, a.head, a.lastAppendAt, len(a.core.Subscriptions)); err != nil {
+	if err := a.srv.dir.UpdateStreamSummary(ctx, a.st.streamID, a.st.head, a.st.lastAppendAt, len(a.st.core.Subscriptions)); err != nil {
 		a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Msg("stream summary not refreshed")
 	}
-	if a.alarmSet {
+	if a.st.alarmSet {
 		due := a.nextAlarm()
-		if err := a.srv.dir.SetAlarm(ctx, a.streamID, due); err != nil {
+		if err := a.srv.dir.SetAlarm(ctx, a.st.streamID, due); err != nil {
 			a.srv.log.Error().Err(err).Str("path", a.ref.Path).Msg("stream alarm not recorded")
 		} else if due > 0 {
 			a.srv.alarmChanged(due)
@@ -370,12 +750,13 @@ func (a *actor) close() {
 }
 
 // nextAlarm is when this unloaded stream must be loaded again to deliver: now if an active
-// subscription is behind with no retry pending, its earliest retry otherwise, 0 for never.
+// subscription is behind with no retry pending, its earliest retry otherwise, 0 for never. A
+// parked subscription waits for its receiver, not for a time.
 func (a *actor) nextAlarm() int64 {
 	now := itx.UnixMilli(a.srv.clock.Now())
 	due := int64(0)
-	for name, r := range a.rows {
-		if r.Status != storage.StatusActive || r.ConfirmedOffset >= a.head || a.core.Subscriptions[name] == nil {
+	for name, r := range a.st.rows {
+		if r.Status != storage.StatusActive || r.ConfirmedOffset >= a.st.head || a.st.core.Subscriptions[name] == nil {
 			continue
 		}
 		at := max(r.NextAttemptAt, now)
@@ -397,295 +778,50 @@ func (a *actor) submit(ctx context.Context, r *appendReq) error {
 	}
 }
 
-func (a *actor) reduceContext() reduceContext {
-	return reduceContext{
-		path: a.ref.Path, projectID: a.ref.ProjectID, maxSubs: a.srv.cfg.MaxSubscriptions,
-		checkURL: a.srv.egress.checkURL,
-		compile:  func(src string) error { _, err := CompileJSONata(src); return err },
-	}
-}
-
-// commitGroup plans, commits and answers one group of append requests (none: a cursor flush).
-//
-// Ordering: the commit (fsync) completes before any reply is sent and before readers, barriers
-// and deliverers can see the new head or cursor state; a failed commit answers every accepted
-// request with the failure and publishes nothing.
-func (a *actor) commitGroup(group []*appendReq) {
-	ctx := context.Background()
-	now := a.srv.clock.Now()
-	m := a.srv.metrics
-
-	committed, err := a.lookupKeys(ctx, group)
-	if err != nil {
-		a.failAll(group, err)
-		return
-	}
-	if a.streamID == "" {
-		a.streamID = newStreamID() // persisted with the stream on its first commit
-	}
-	plan := planGroup(a.head, a.streamID, a.bucket, a.core, a.reduceContext(), group, committed, now)
-
-	// The cursor rows this commit writes: every row a core event changed, then every row a
-	// deliverer moved since the last flush. Each carries the version it was taken at.
-	a.mu.Lock()
-	writes := map[string]*storage.CursorRow{}
-	deleted := map[string]bool{}
-	var order []string
-	for _, eff := range plan.Effects {
-		if eff.kind == effectRemove {
-			delete(writes, eff.name)
-			deleted[eff.name] = true
-			continue
-		}
-		prev := writes[eff.name]
-		if prev == nil && !deleted[eff.name] {
-			prev = a.rows[eff.name]
-		}
-		delete(deleted, eff.name)
-		if writes[eff.name] == nil {
-			order = append(order, eff.name)
-		}
-		writes[eff.name] = applyEffect(prev, eff, plan.Core.Subscriptions[eff.name], now)
-	}
-	dirtyVer := map[string]uint64{}
-	for name, v := range a.rowVer {
-		if v != a.flushedVer[name] && writes[name] == nil && !deleted[name] && a.rows[name] != nil {
-			r := *a.rows[name]
-			writes[name] = &r
-			order = append(order, name)
-			dirtyVer[name] = v
-		}
-	}
-	a.flushArmed = false
-	a.mu.Unlock()
-
-	if len(plan.Events) == 0 && len(writes) == 0 && len(deleted) == 0 {
-		a.reply(group, plan)
-		return
-	}
-	c := storage.Commit{Events: plan.Events, HeadOffset: plan.Head, LastAppendAt: itx.UnixMilli(now)}
-	for _, name := range order {
-		if w := writes[name]; w != nil {
-			c.CursorUpserts = append(c.CursorUpserts, *w)
-		}
-	}
-	for name := range deleted {
-		c.CursorDeletes = append(c.CursorDeletes, name)
-	}
-	if plan.Core != a.core {
-		b, err := json.Marshal(plan.Core)
-		if err != nil {
-			a.failAll(group, itx.Errorf(itx.EInternal, "encode core state: %v", err))
-			return
-		}
-		c.KV = map[string][]byte{coreStateKey: b}
-	}
-	newSubscriptions := len(plan.Effects) > 0 && !a.alarmSet && len(plan.Core.Subscriptions) > 0
-	var ephAdded, ephFreed int64
-	for i := range plan.Events {
-		if e := &plan.Events[i]; e.Ephemeral {
-			ephAdded += int64(len(e.Type) + len(e.Payload) + len(e.Metadata))
-		}
-	}
-	if ephAdded > 0 {
-		if c.EvictEphemeralThrough, ephFreed, err = a.evictEphemeral(ctx, ephAdded); err != nil {
-			a.failAll(group, itx.Errorf(itx.EInternal, "ephemeral eviction: %v", err))
-			return
-		}
-	}
-
-	start := time.Now()
-	err = a.ensureCreated(ctx, now, len(plan.Events) > 0)
-	if err == nil && len(plan.Events) > 0 && !a.stale {
-		// The summary is refreshed on unload; a crash before then leaves this mark, and the
-		// restarted server refreshes the summaries so marked (refreshStaleSummaries).
-		if err = a.srv.dir.MarkSummaryStale(ctx, a.streamID); err == nil {
-			a.stale = true
-		}
-	}
-	if err == nil && newSubscriptions {
-		// While a stream with subscriptions is loaded its alarm reads "due now", so a crash at
-		// any point leaves the restarted server owing this stream a load.
-		err = a.srv.dir.SetAlarm(ctx, a.streamID, itx.UnixMilli(now))
-	}
-	if err == nil {
-		err = a.store.Commit(ctx, c)
-	}
-	if err != nil {
-		a.srv.log.Error().Err(err).Str("path", a.ref.Path).Msg("group commit failed")
-		failure := itx.Errorf(itx.EInternal, "append not committed: %v", err)
-		for i := range plan.Replies {
-			if plan.Replies[i].err == nil {
-				plan.Replies[i] = appendReply{err: failure}
-			}
-		}
-		a.reply(group, plan)
-		return
-	}
-	if newSubscriptions {
-		a.alarmSet = true
-	}
-	a.ephBytes += ephAdded - ephFreed
-	if len(plan.Events) > 0 {
-		m.CommitLatency.Observe(time.Since(start).Seconds())
-		m.CommitEvents.Observe(float64(len(plan.Events)))
-		m.CommitCalls.Observe(float64(len(group)))
-		m.AppendedEvents.Add(float64(len(plan.Events)))
-		var bytes int
-		for i := range plan.Events {
-			e := &plan.Events[i]
-			bytes += len(e.Type) + len(e.Payload) + len(e.Metadata) + len(e.IdempotencyKey)
-		}
-		m.AppendedBytes.Add(float64(bytes))
-	}
-
-	// Publish: the new head, core state and cursor rows, then wake readers and deliverers.
-	a.mu.Lock()
-	if len(plan.Events) > 0 {
-		a.head, a.lastAppendAt = plan.Head, itx.UnixMilli(now)
-	}
-	a.core = plan.Core
-	for name := range deleted {
-		delete(a.rows, name)
-		delete(a.rowVer, name)
-		delete(a.flushedVer, name)
-	}
-	for _, eff := range plan.Effects {
-		if w := writes[eff.name]; w != nil && eff.kind != effectRemove {
-			a.rows[eff.name] = w
-			a.rowVer[eff.name]++
-			a.flushedVer[eff.name] = a.rowVer[eff.name]
-		}
-	}
-	for name, v := range dirtyVer {
-		a.flushedVer[name] = v
-	}
-	close(a.changed)
-	a.changed = make(chan struct{})
-	close(a.progress)
-	a.progress = make(chan struct{})
-	a.mu.Unlock()
-
-	a.reply(group, plan)
-	for _, eff := range plan.Effects {
-		switch eff.kind {
-		case effectBorn, effectRemove:
-			a.restartDeliverer(eff.name)
-		}
-	}
-}
-
-func (a *actor) reply(group []*appendReq, plan groupPlan) {
-	m := a.srv.metrics
-	for i, r := range group {
-		reply := plan.Replies[i]
-		if reply.err == nil {
-			m.AppendCalls.WithLabelValues("ok").Inc()
-		} else {
-			m.AppendCalls.WithLabelValues(string(itx.ErrorCode(reply.err))).Inc()
-		}
-		m.AppendLatency.Observe(time.Since(r.queued).Seconds())
-		r.reply <- reply
-	}
-}
-
-// lookupKeys prefetches the committed events of every idempotency key the group uses.
-func (a *actor) lookupKeys(ctx context.Context, group []*appendReq) (map[string]*itx.Event, error) {
-	if a.store == nil {
-		return nil, nil
-	}
-	var keys []string
-	seen := map[string]bool{}
-	for _, r := range group {
-		for i := range r.inputs {
-			if key := r.inputs[i].IdempotencyKey; key != "" && !seen[key] {
-				seen[key] = true
-				keys = append(keys, key)
-			}
-		}
-	}
-	if len(keys) == 0 {
-		return nil, nil
-	}
-	found, err := a.store.EventsByKeys(ctx, keys)
-	if err != nil {
-		return nil, itx.Errorf(itx.EInternal, "append: %v", err)
-	}
-	return found, nil
-}
-
-// ensureCreated creates the stream on its first commit with events: the directory entry first,
-// then the database (see storage.Directory.CreateStream for the crash window).
-func (a *actor) ensureCreated(ctx context.Context, now time.Time, withEvents bool) error {
-	if a.store != nil {
-		return nil
-	}
-	if !withEvents {
-		return errors.New("no stream database to write cursor state to")
-	}
-	createdAt := itx.UnixMilli(now)
-	entry := storage.StreamEntry{StreamID: a.streamID, ProjectID: a.ref.ProjectID, Path: a.ref.Path, CreatedAt: createdAt}
-	if err := a.srv.dir.CreateStream(ctx, entry); err != nil {
-		return err
-	}
-	store, err := storage.CreateStream(ctx, a.srv.streamFile(a.streamID), storage.StreamMeta{
-		StreamID: a.streamID, ProjectID: a.ref.ProjectID, Path: a.ref.Path, CreatedAt: createdAt,
-	})
-	if err != nil {
-		return fmt.Errorf("create stream database: %w", err)
-	}
-	a.mu.Lock()
-	a.store, a.createdAt = store, createdAt
-	a.mu.Unlock()
-	a.stale = true // created so
-	return nil
-}
-
-func (a *actor) failAll(group []*appendReq, err error) {
-	for _, r := range group {
-		a.srv.metrics.AppendCalls.WithLabelValues(string(itx.ErrorCode(err))).Inc()
-		r.reply <- appendReply{err: err}
-	}
-}
-
-// touchRow records an in-memory change to a cursor row (a deliverer's ack or retry state) and
-// arms a flush: cursor progress rides the next group commit or, when no append comes, a flush
-// after CursorFlushDelay. Losing an unflushed ack to a crash only means redelivery, which
-// at-least-once already allows. Called with a.mu held.
-func (a *actor) touchRow(name string) {
-	a.rowVer[name]++
-	close(a.progress)
-	a.progress = make(chan struct{})
-	if !a.flushArmed {
-		a.flushArmed = true
-		a.srv.clock.AfterFunc(a.srv.cfg.CursorFlushDelay, func() {
-			select {
-			case a.flush <- struct{}{}:
-			default:
-			}
-		})
-	}
-}
-
-// view is a consistent snapshot of what readers need.
+// view is what the actor last published: a consistent, immutable snapshot for readers.
 type view struct {
-	store    *storage.Stream
-	streamID string
-	head     int64
-	changed  <-chan struct{}
-	info     streamTimes
-	core     *coreState
+	store     streamStore
+	streamID  string
+	head      int64
+	info      streamTimes
+	core      *coreState
+	rows      map[string]storage.CursorRow
+	changed   <-chan struct{}
 }
 
 type streamTimes struct{ createdAt, lastAppendAt int64 }
 
+// publish makes the state after a step visible to readers and wakes whoever waits on a change.
+// Rows are copied only when they may have changed.
+func (a *actor) publish(rowsChanged bool) {
+	st := a.st
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	v := a.pub
+	if !rowsChanged && v.rows != nil && v.head == st.head && v.core == st.core && v.store == a.store {
+		return // nothing a reader can see changed: waiters stay asleep
+	}
+	v.store, v.head, v.core = a.store, st.head, st.core
+	v.streamID = ""
+	if st.created && a.store != nil {
+		v.streamID = st.streamID // a planned id is not an identity until it commits
+	}
+	v.info = streamTimes{st.createdAt, st.lastAppendAt}
+	if rowsChanged || v.rows == nil {
+		rows := make(map[string]storage.CursorRow, len(st.rows))
+		for name, r := range st.rows {
+			rows[name] = *r
+		}
+		v.rows = rows
+	}
+	close(a.changed)
+	a.changed = make(chan struct{})
+	v.changed = a.changed
+	a.pub = v
+}
+
 func (a *actor) view() view {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	id := a.streamID
-	if a.store == nil {
-		id = "" // not created yet: a planned id is not an identity until it commits
-	}
-	return view{store: a.store, streamID: id, head: a.head, changed: a.changed,
-		info: streamTimes{a.createdAt, a.lastAppendAt}, core: a.core}
+	return a.pub
 }

@@ -36,10 +36,16 @@ type coreState struct {
 // catalogEntry is one subscription as its events define it.
 type catalogEntry struct {
 	Config             itx.SubscriptionConfig `json:"config"` // Name is the effective name
-	ConfiguredAtOffset int64                  `json:"configuredAtOffset"`
+	ConfiguredAtOffset int64                  `json:"configuredAtOffset"` // the birth epoch
 	ConfiguredAt       int64                  `json:"configuredAt"`
-	Halted             *itx.HaltedPayload     `json:"halted,omitempty"`
+	// ReconfiguredAtOffset is the configured event that set today's config when it changed the
+	// config without a new start (0: the birth event did).
+	ReconfiguredAtOffset int64              `json:"reconfiguredAtOffset,omitempty"`
+	Halted               *itx.HaltedPayload `json:"halted,omitempty"`
 }
+
+// configOffset is the offset of the configured event that set the subscription's config.
+func (e *catalogEntry) configOffset() int64 { return max(e.ConfiguredAtOffset, e.ReconfiguredAtOffset) }
 
 // Kind is the receiver kind.
 func (e *catalogEntry) Kind() string { return e.Config.Receiver.Action }
@@ -86,6 +92,7 @@ const (
 	effectHalt                     // status halted, retry state cleared
 	effectResume                   // status active
 	effectRemove                   // the row goes
+	effectReconfigure              // same birth and cursor, a new config: retry state cleared, un-parked
 )
 
 // cursorEffect is a cursor-row change the commit must write with the event that caused it.
@@ -260,17 +267,72 @@ func (st *coreState) reduceConfigured(e *itx.Event, rc *reduceContext) ([]cursor
 			return nil, itx.Errorf(itx.ELimitExceeded, "a stream may configure at most %d subscriptions copying into one receiving stream", itx.MaxCopySubscriptionsPerTarget)
 		}
 	}
-	if st.Subscriptions[name] == nil && len(st.Subscriptions) >= rc.maxSubs {
+	prev := st.Subscriptions[name]
+	if prev == nil && len(st.Subscriptions) >= rc.maxSubs {
 		return nil, itx.Errorf(itx.ELimitExceeded, "a stream may have at most %d subscriptions", rc.maxSubs)
 	}
-	// A configure for an existing name replaces it whole: a new birth epoch, a fresh cursor at
-	// the new start position, any halt cleared.
+	if prev != nil && !newStart(prev, cfg) {
+		// A changed config keeps the birth epoch and the cursor: the events still owed are
+		// delivered to the new receiver. A halt stays until resumed.
+		prev.Config, prev.ReconfiguredAtOffset = *cfg, e.Offset
+		return []cursorEffect{{kind: effectReconfigure, name: name}}, nil
+	}
+	// A new subscription, or a change that asks for a new start: a new birth epoch, a fresh
+	// cursor at the start position, any halt cleared.
 	st.Subscriptions[name] = &catalogEntry{Config: *cfg, ConfiguredAtOffset: e.Offset, ConfiguredAt: e.CreatedAt}
 	initial := int64(0)
 	if r.Action != itx.KindProcessorWake && r.EffectiveDelivery().Start == itx.StartNow {
 		initial = e.Offset
 	}
 	return []cursorEffect{{kind: effectBorn, name: name, offset: initial, epoch: e.Offset}}, nil
+}
+
+// canonicalConfig spells out the defaults, so a config that states them equals one that omits them.
+func canonicalConfig(c itx.SubscriptionConfig) itx.SubscriptionConfig {
+	d := c.Receiver.EffectiveDelivery()
+	c.Receiver.Delivery = &d
+	return c
+}
+
+// isSubscriptionControl reports the event types an operator steers subscriptions with: the
+// circuit breaker never refuses them, so a runaway subscription can always be removed.
+func isSubscriptionControl(typ string) bool {
+	switch typ {
+	case itx.TypeSubscriptionConfigured, itx.TypeSubscriptionCursorSet, itx.TypeSubscriptionResumed, itx.TypeSubscriptionRemoved:
+		return true
+	}
+	return false
+}
+
+// newStart reports whether a changed config asks for a new birth: another receiver kind, or
+// another start position.
+func newStart(prev *catalogEntry, cfg *itx.SubscriptionConfig) bool {
+	return prev.Kind() != cfg.Receiver.Action ||
+		prev.Config.Receiver.EffectiveDelivery().Start != cfg.Receiver.EffectiveDelivery().Start
+}
+
+// identicalConfigure returns the subscription an event would configure if it names an existing
+// subscription with exactly its config: such a configure appends nothing and answers with the
+// event that set that config (a service that ensures its subscription at every boot loses
+// nothing). Nil otherwise, including when the payload is invalid (reduce then says why).
+func (st *coreState) identicalConfigure(in *itx.EventInput) *catalogEntry {
+	if in.Type != itx.TypeSubscriptionConfigured || len(in.Provenance) > 0 {
+		return nil
+	}
+	cfg, err := itx.ParseSubscriptionConfig(in.Payload)
+	if err != nil || cfg.Name == "" {
+		return nil
+	}
+	entry := st.Subscriptions[cfg.Name]
+	if entry == nil {
+		return nil
+	}
+	a, err1 := json.Marshal(canonicalConfig(*cfg))
+	b, err2 := json.Marshal(canonicalConfig(entry.Config))
+	if err1 != nil || err2 != nil || string(a) != string(b) {
+		return nil
+	}
+	return entry
 }
 
 // acceptCopy checks and records a copy batch's stamp against the inbound fence of its

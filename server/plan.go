@@ -29,7 +29,7 @@ type appendReq struct {
 	authority authority
 	copy      *copyStamp // set for copy-to-stream deliveries
 	queued    time.Time
-	reply     chan appendReply // buffered: the actor never blocks on a caller that left
+	reply     chan appendReply // buffered: the actor never blocks on a caller that left; nil for the server's own records
 }
 
 type appendReply struct {
@@ -91,6 +91,14 @@ func planGroup(head int64, streamID string, bucket *tokenBucket, core *coreState
 					continue
 				}
 			}
+			cur := p.Core
+			if working != nil {
+				cur = working
+			}
+			if entry := cur.identicalConfigure(in); entry != nil {
+				res.Offsets[j], res.Duplicate[j] = entry.configOffset(), true
+				continue
+			}
 			next++
 			rows = append(rows, itx.Event{
 				Offset: next, Type: in.Type, Payload: in.Payload, CreatedAt: createdAt,
@@ -126,7 +134,13 @@ func planGroup(head int64, streamID string, bucket *tokenBucket, core *coreState
 			}
 			err = working.acceptCopy(req.copy, len(rows), createdAt)
 		}
-		if err == nil && len(rows) > 0 && !bucket.take(len(rows), now) {
+		charged := 0
+		for k := range rows {
+			if req.authority != authCore && !isSubscriptionControl(rows[k].Type) {
+				charged++
+			}
+		}
+		if err == nil && charged > 0 && !bucket.take(charged, now) {
 			err = itx.Errorf(itx.ERateLimited, "the stream's circuit breaker is open: too many events appended too fast; retry later")
 		}
 		if err != nil {

@@ -6,6 +6,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -21,18 +22,18 @@ import (
 )
 
 // senderFor builds the send adapter of a subscription's receiver kind.
-func (s *Server) senderFor(a *actor, entry *catalogEntry) sender {
+func (s *Server) senderFor(ref StreamRef, entry *catalogEntry) sender {
 	r := entry.Config.Receiver
 	switch r.Action {
 	case itx.KindWebhookPost:
 		key, _ := itx.WebhookSecretKey(r.Secret)
 		return &webhookSender{client: s.httpClient, url: r.URL, headers: r.Headers, key: key}
 	case itx.KindCopyToStream:
-		return &copySender{srv: s, target: StreamRef{ProjectID: a.ref.ProjectID, Path: r.ReceivingStreamPath}}
+		return &copySender{srv: s, target: StreamRef{ProjectID: ref.ProjectID, Path: r.ReceivingStreamPath}}
 	case itx.KindITXCall:
-		return &itxCallSender{srv: s, projectID: a.ref.ProjectID, capability: r.Capability}
+		return &itxCallSender{srv: s, projectID: ref.ProjectID, capability: r.Capability}
 	default:
-		return &processorSender{srv: s, projectID: a.ref.ProjectID}
+		return &processorSender{srv: s, projectID: ref.ProjectID}
 	}
 }
 
@@ -73,7 +74,7 @@ func (w *webhookSender) send(ctx context.Context, d *deliverer, b *DeliveryBatch
 	// Standard Webhooks: the id is stable across retries of the same delivery, so a receiver
 	// can dedupe on it as well as on (streamId, offset).
 	id := b.DeliveryID
-	ts := strconv.FormatInt(d.a.srv.clock.Now().Unix(), 10)
+	ts := strconv.FormatInt(d.srv.clock.Now().Unix(), 10)
 	req.Header.Set("webhook-id", id)
 	req.Header.Set("webhook-timestamp", ts)
 	if w.key != nil {
@@ -84,14 +85,18 @@ func (w *webhookSender) send(ctx context.Context, d *deliverer, b *DeliveryBatch
 		if ctx.Err() != nil {
 			return 0, itx.Errorf(itx.EDeadlineExceeded, "webhook: %v", err)
 		}
-		return 0, fmt.Errorf("webhook: %w", err)
+		// Refused connections, resets, DNS failures: the receiver is down, not this event.
+		return 0, withClass(classOutage, fmt.Errorf("webhook: %w", err))
 	}
 	io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	resp.Body.Close()
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return 0, fmt.Errorf("webhook responded %s", resp.Status)
+	switch {
+	case resp.StatusCode >= 200 && resp.StatusCode <= 299:
+		return 0, nil
+	case resp.StatusCode >= 500, resp.StatusCode == http.StatusTooManyRequests, resp.StatusCode == http.StatusRequestTimeout:
+		return 0, withClass(classOutage, fmt.Errorf("webhook responded %s", resp.Status))
 	}
-	return 0, nil
+	return 0, withClass(classEvent, fmt.Errorf("webhook responded %s", resp.Status))
 }
 
 // SignWebhook is the Standard Webhooks signature: "v1," + base64(HMAC-SHA256(key,
@@ -180,7 +185,9 @@ func (c *copySender) batchLimit() int { return itx.DeliveryBatchEvents }
 func (c *copySender) send(ctx context.Context, d *deliverer, b *DeliveryBatch) (int64, error) {
 	var inputs []itx.EventInput
 	var dropped []int64
-	for _, e := range b.Events {
+	var failed *expressionFailure
+	confirmed := int64(0) // 0: the whole batch
+	for i, e := range b.Events {
 		if e.Type == itx.TypeWoken || strings.HasPrefix(e.IdempotencyKey, itx.InternalKeyPrefix+"copy-drop") {
 			continue // lifecycle noise and drop audits do not travel
 		}
@@ -195,13 +202,18 @@ func (c *copySender) send(ctx context.Context, d *deliverer, b *DeliveryBatch) (
 		if d.transform != nil {
 			var err error
 			if shaped, err = applyTransform(d.transform, &e); err != nil {
-				return 0, fmt.Errorf("transform failed on offset %d: %w", e.Offset, err)
+				// Copy the healthy prefix now; the failing event waits alone for its verdict.
+				failed = &expressionFailure{e.Offset, fmt.Errorf("transform failed on offset %d: %w", e.Offset, err)}
+				if i > 0 {
+					confirmed = b.Events[i-1].Offset
+				}
+				break
 			}
 		}
 		key, _ := json.Marshal([]any{b.Subscription, b.CursorChangedAtOffset, b.ProjectID, b.Path, b.StreamID, e.Offset})
 		prov := append(append([]itx.Hop{}, e.Provenance...), hop)
 		inputs = append(inputs, itx.EventInput{Type: shaped.Type, Payload: shaped.Payload, Metadata: shaped.Metadata,
-			IdempotencyKey: itx.InternalKeyPrefix + "copy:" + string(key), Provenance: prov})
+			IdempotencyKey: internalKey("copy", key), Provenance: prov})
 	}
 	if len(dropped) > 0 {
 		// One audit record per dropped range, keyed so a redelivery does not repeat it.
@@ -211,14 +223,31 @@ func (c *copySender) send(ctx context.Context, d *deliverer, b *DeliveryBatch) (
 			"dropped %d copied event(s) from %q subscription %q (source offsets %d-%d): their copy path already contains this stream or reached %d hops",
 			len(dropped), b.Path, b.Subscription, first, last, itx.MaxProvenanceHops)})
 		inputs = append(inputs, itx.EventInput{Type: itx.TypeErrorOccurred, Payload: payload,
-			IdempotencyKey: itx.InternalKeyPrefix + "copy-drop:" + string(key)})
+			IdempotencyKey: internalKey("copy-drop", key)})
 	}
-	if len(inputs) == 0 {
-		return 0, nil
+	if len(inputs) > 0 {
+		stamp := &copyStamp{SourcePath: b.Path, Name: b.Subscription, StreamID: b.StreamID, CursorChangedAtOffset: b.CursorChangedAtOffset}
+		if _, err := c.srv.appendAs(ctx, c.target, inputs, authCopy, stamp); err != nil {
+			return 0, err
+		}
 	}
-	stamp := &copyStamp{SourcePath: b.Path, Name: b.Subscription, StreamID: b.StreamID, CursorChangedAtOffset: b.CursorChangedAtOffset}
-	_, err := c.srv.appendAs(ctx, c.target, inputs, authCopy, stamp)
-	return 0, err
+	if failed != nil {
+		return confirmed, failed
+	}
+	return 0, nil
+}
+
+// internalKey is a server-owned idempotency key of a kind over identifying JSON. A key that
+// would exceed MaxIdempotencyKeyLength (a 500-character subscription name, a deep path) is
+// hashed, so no legal name or path can make a server record impossible to write; shorter keys
+// keep their readable form, which is what earlier versions wrote.
+func internalKey(kind string, ident []byte) string {
+	key := itx.InternalKeyPrefix + kind + ":" + string(ident)
+	if len(key) <= itx.MaxIdempotencyKeyLength {
+		return key
+	}
+	sum := sha256.Sum256(ident)
+	return itx.InternalKeyPrefix + kind + "#sha256:" + hex.EncodeToString(sum[:])
 }
 
 // onChain reports whether a stream path already appears in a provenance chain.
@@ -315,7 +344,9 @@ func (s *Server) receiver(projectID, name string) Receiver {
 	return nil
 }
 
-// pokeCapability wakes the itx-call deliverers of loaded streams that target a capability.
+// pokeCapability tells every loaded stream of the project that a capability was mounted: the
+// presence signal that un-parks its itx-call subscriptions and cuts their backoff. A stream
+// loaded later learns the project's mounts when it loads.
 func (s *Server) pokeCapability(projectID, name string) {
 	s.mu.Lock()
 	var actors []*actor
@@ -326,26 +357,8 @@ func (s *Server) pokeCapability(projectID, name string) {
 	}
 	s.mu.Unlock()
 	for _, a := range actors {
-		a.mu.Lock()
-		for subName, entry := range a.core.Subscriptions {
-			if entry.Kind() == itx.KindITXCall && entry.Config.Receiver.Capability == name {
-				if r := a.rows[subName]; r != nil && r.NextAttemptAt != 0 {
-					r.NextAttemptAt = 0
-					a.touchRow(subName)
-				}
-			}
-		}
-		a.mu.Unlock()
-		a.wakeDeliverers()
+		a.post(actorMsg{mounted: name})
 	}
-}
-
-// wakeDeliverers nudges every deliverer of a loaded stream to look again.
-func (a *actor) wakeDeliverers() {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	close(a.changed)
-	a.changed = make(chan struct{})
 }
 
 type itxCallSender struct {
@@ -360,7 +373,7 @@ func (c *itxCallSender) batchLimit() int { return itx.DeliveryBatchEvents }
 func (c *itxCallSender) send(ctx context.Context, d *deliverer, b *DeliveryBatch) (int64, error) {
 	r := c.srv.receiver(c.projectID, c.capability)
 	if r == nil {
-		return 0, itx.Errorf(itx.ECapabilityOffline, "capability %q is offline: no Receiver is mounted under that name", c.capability)
+		return 0, withClass(classAbsent, itx.Errorf(itx.ECapabilityOffline, "capability %q is offline: no Receiver is mounted under that name", c.capability))
 	}
 	return r.Receive(ctx, b)
 }
@@ -368,7 +381,7 @@ func (c *itxCallSender) send(ctx context.Context, d *deliverer, b *DeliveryBatch
 // --- processor-wake ------------------------------------------------------------------------
 
 // processorSender wakes a registered processor contract. This server has no processor registry
-// yet, so every wake fails loudly with the registry's unknown-name error and climbs the ladder.
+// yet, so every wake is a terminal failure: the subscription halts at once with the exact error.
 type processorSender struct {
 	srv       *Server
 	projectID string
@@ -378,5 +391,5 @@ func (p *processorSender) String() string  { return "processor" }
 func (p *processorSender) batchLimit() int { return 1 }
 
 func (p *processorSender) send(ctx context.Context, d *deliverer, b *DeliveryBatch) (int64, error) {
-	return 0, itx.Errorf(itx.ENotFound, "no processor is registered under the name %q", b.Subscription)
+	return 0, withClass(classTerminal, itx.Errorf(itx.ENotFound, "no processor is registered under the name %q", b.Subscription))
 }

@@ -217,3 +217,34 @@ func isClosed(ch chan struct{}) bool {
 		return false
 	}
 }
+
+// Settle returns once the stream's actor has taken every input queued before the call (timer
+// fires included) and no delivery try is in flight: a barrier for tests and operators that must
+// know delivery has nothing left to do right now, rather than guess with a sleep.
+func (s *Server) Settle(ctx context.Context, ref StreamRef) error {
+	a, err := s.acquire(ctx, ref)
+	if err != nil {
+		return err
+	}
+	defer s.release(a)
+	for {
+		v := a.view()
+		answer := make(chan int, 1)
+		a.post(actorMsg{settle: answer})
+		select {
+		case n := <-answer:
+			if n == 0 {
+				return nil
+			}
+		case <-a.done:
+			return nil
+		case <-ctx.Done():
+			return itx.Errorf(itx.ECancelled, "settle: %v", ctx.Err())
+		}
+		select {
+		case <-v.changed:
+		case <-ctx.Done():
+			return itx.Errorf(itx.ECancelled, "settle: %v", ctx.Err())
+		}
+	}
+}

@@ -16,17 +16,26 @@ import (
 // path, so a raw append of the same event type is validated by exactly the same reducer.
 
 // ConfigureSubscription appends stream/subscription-configured and returns the subscription's
-// effective name and birth offset.
-func (s *Server) ConfigureSubscription(ctx context.Context, ref StreamRef, cfg itx.SubscriptionConfig) (string, int64, error) {
+// effective name and the offset of the configured event that set its config.
+//
+// It is idempotent: the same name with the same config appends nothing and returns the original
+// event's offset, leaving the cursor (and a halt) alone; a changed config appends and keeps the
+// cursor unless it asks for a new start. A subscription without a name can only be made
+// idempotent by a key, so one is required: a retry with it returns the original event and the
+// name generated from it.
+func (s *Server) ConfigureSubscription(ctx context.Context, ref StreamRef, cfg itx.SubscriptionConfig, idempotencyKey string) (string, int64, error) {
+	name := strings.TrimSpace(cfg.Name)
+	if name == "" && strings.TrimSpace(idempotencyKey) == "" {
+		return "", 0, itx.Errorf(itx.EInvalid, "a subscription without a name needs an idempotency key, so that a retry does not configure a second one")
+	}
 	payload, err := json.Marshal(cfg)
 	if err != nil {
 		return "", 0, itx.Errorf(itx.EInvalid, "subscription config: %v", err)
 	}
-	res, err := s.Append(ctx, ref, []itx.EventInput{{Type: itx.TypeSubscriptionConfigured, Payload: payload}}, AppendOptions{})
+	res, err := s.Append(ctx, ref, []itx.EventInput{{Type: itx.TypeSubscriptionConfigured, Payload: payload, IdempotencyKey: idempotencyKey}}, AppendOptions{})
 	if err != nil {
 		return "", 0, err
 	}
-	name := strings.TrimSpace(cfg.Name)
 	if name == "" {
 		name = fmt.Sprintf("%s%d", itx.GeneratedNamePrefix, res.Offsets[0])
 	}
@@ -80,8 +89,9 @@ type SubscriptionDescription struct {
 	Cursor     storage.CursorRow
 }
 
-// withSubscriptions runs f over a consistent view of the catalog and cursor rows.
-func (s *Server) withSubscriptions(ctx context.Context, ref StreamRef, f func(core *coreState, rows map[string]*storage.CursorRow, head int64) error) error {
+// withSubscriptions runs f over a consistent view of the catalog and cursor rows: the state the
+// stream's actor last published.
+func (s *Server) withSubscriptions(ctx context.Context, ref StreamRef, f func(v view) error) error {
 	if err := itx.ValidatePath(ref.Path); err != nil {
 		return err
 	}
@@ -90,21 +100,19 @@ func (s *Server) withSubscriptions(ctx context.Context, ref StreamRef, f func(co
 		return err
 	}
 	defer s.release(a)
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return f(a.core, a.rows, a.head)
+	return f(a.view())
 }
 
 // ListSubscriptions lists a stream's subscriptions by name.
 func (s *Server) ListSubscriptions(ctx context.Context, ref StreamRef) ([]SubscriptionSummary, error) {
 	var out []SubscriptionSummary
-	err := s.withSubscriptions(ctx, ref, func(core *coreState, rows map[string]*storage.CursorRow, head int64) error {
-		for name, entry := range core.Subscriptions {
+	err := s.withSubscriptions(ctx, ref, func(v view) error {
+		for name, entry := range v.core.Subscriptions {
 			sum := SubscriptionSummary{Name: name, Kind: entry.Kind(), Status: storage.StatusActive, ConfiguredAtOffset: entry.ConfiguredAtOffset}
-			if r := rows[name]; r != nil {
+			if r, ok := v.rows[name]; ok {
 				sum.Status, sum.ConfirmedOffset, sum.LastError = r.Status, r.ConfirmedOffset, r.LastError
 			}
-			sum.Lag = max(0, head-sum.ConfirmedOffset)
+			sum.Lag = max(0, v.head-sum.ConfirmedOffset)
 			out = append(out, sum)
 		}
 		return nil
@@ -116,15 +124,12 @@ func (s *Server) ListSubscriptions(ctx context.Context, ref StreamRef) ([]Subscr
 // DescribeSubscription returns a subscription's config and cursor row; ENotFound if none.
 func (s *Server) DescribeSubscription(ctx context.Context, ref StreamRef, name string) (SubscriptionDescription, error) {
 	var d SubscriptionDescription
-	err := s.withSubscriptions(ctx, ref, func(core *coreState, rows map[string]*storage.CursorRow, head int64) error {
-		entry, err := core.existing(name)
+	err := s.withSubscriptions(ctx, ref, func(v view) error {
+		entry, err := v.core.existing(name)
 		if err != nil {
 			return err
 		}
-		d = SubscriptionDescription{Config: entry.Config, Kind: entry.Kind(), HeadOffset: head}
-		if r := rows[entry.Config.Name]; r != nil {
-			d.Cursor = *r
-		}
+		d = SubscriptionDescription{Config: entry.Config, Kind: entry.Kind(), HeadOffset: v.head, Cursor: v.rows[entry.Config.Name]}
 		return nil
 	})
 	return d, err
@@ -151,16 +156,9 @@ func (s *Server) WaitUntilProcessed(ctx context.Context, ref StreamRef, name str
 	name = strings.TrimSpace(name)
 	existed := false
 	for {
-		// Copy what is needed under the lock: deliverers move rows concurrently.
-		a.mu.Lock()
-		_, exists := a.core.Subscriptions[name]
-		var confirmed int64
-		status := storage.StatusActive
-		if row := a.rows[name]; row != nil {
-			confirmed, status = row.ConfirmedOffset, row.Status
-		}
-		progress, changed := a.progress, a.changed
-		a.mu.Unlock()
+		v := a.view()
+		_, exists := v.core.Subscriptions[name]
+		row := v.rows[name]
 		switch {
 		case !exists && existed:
 			return 0, itx.Errorf(itx.ENotFound, "subscription %q was removed while waiting", name)
@@ -168,15 +166,14 @@ func (s *Server) WaitUntilProcessed(ctx context.Context, ref StreamRef, name str
 			return 0, itx.Errorf(itx.ENotFound, "subscription %q does not exist", name)
 		}
 		existed = true
-		if confirmed >= offset {
-			return confirmed, nil
+		if row.ConfirmedOffset >= offset {
+			return row.ConfirmedOffset, nil
 		}
 		select {
-		case <-progress:
-		case <-changed:
+		case <-v.changed:
 		case <-expired:
 			return 0, itx.Errorf(itx.EDeadlineExceeded, "subscription %q confirmed %d < %d after %dms (status: %s)",
-				name, confirmed, offset, timeout.Milliseconds(), status)
+				name, row.ConfirmedOffset, offset, timeout.Milliseconds(), row.Status)
 		case <-ctx.Done():
 			return 0, itx.Errorf(itx.ECancelled, "waitUntilProcessed: %v", ctx.Err())
 		case <-s.base.Done():

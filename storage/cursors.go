@@ -14,7 +14,7 @@ type CursorRow struct {
 	ConfiguredAtOffset    int64 // birth epoch
 	CursorChangedAtOffset int64 // seek epoch
 	ConfirmedOffset       int64
-	Status                string // "active" | "halted"
+	Status                string // "active" | "halted" | "parked"
 
 	Attempt             int
 	NextAttemptAt       int64 // epoch ms
@@ -32,6 +32,9 @@ type CursorRow struct {
 const (
 	StatusActive = "active"
 	StatusHalted = "halted"
+	// StatusParked: the receiver is absent (nothing mounted under its name). No attempts are
+	// burnt and no retry is scheduled; the receiver's next mount resumes delivery.
+	StatusParked = "parked"
 )
 
 func nullInt(v int64) any {

@@ -18,6 +18,7 @@ type hook struct {
 	srv     *httptest.Server
 	mu      sync.Mutex
 	bodies  []server.WebhookBody
+	raw     [][]byte // the bytes as sent, for checking signatures independently
 	headers []http.Header
 	respond func(n int, b server.WebhookBody) int // n: 0-based request count
 	changed chan struct{}
@@ -35,6 +36,7 @@ func newHook(t testing.TB, respond func(n int, b server.WebhookBody) int) *hook 
 		h.mu.Lock()
 		n := len(h.bodies)
 		h.bodies = append(h.bodies, b)
+		h.raw = append(h.raw, raw)
 		h.headers = append(h.headers, r.Header.Clone())
 		respond := h.respond
 		h.mu.Unlock()

@@ -9,17 +9,21 @@ import (
 	"github.com/itx-dev/itx"
 )
 
-// Clock is a virtual clock. AfterFunc callbacks run in their own goroutine when Advance passes
-// their due time, as with the system clock.
+// Clock is a virtual clock. Advance fires the timers it passes one after another, in due order
+// (ties in the order they were armed), on the caller's goroutine, before it returns: a test that
+// advanced the clock knows every callback that came due has run.
 type Clock struct {
 	mu     sync.Mutex
 	now    time.Time
+	seq    int
 	timers []*timer
+	fire   sync.Mutex // one Advance fires at a time, so due order holds across callers
 }
 
 type timer struct {
 	c       *Clock
 	due     time.Time
+	seq     int
 	f       func()
 	stopped bool
 }
@@ -34,12 +38,13 @@ func (c *Clock) Now() time.Time {
 	return c.now
 }
 
-// AfterFunc schedules f at Now()+d. A timer already due (d <= 0) fires at once, as with the
-// system clock, rather than waiting for the next Advance.
+// AfterFunc schedules f at Now()+d. A timer already due (d <= 0) fires at once on its own
+// goroutine, as with the system clock: its caller may hold locks f needs.
 func (c *Clock) AfterFunc(d time.Duration, f func()) itx.Timer {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	t := &timer{c: c, due: c.now.Add(d), f: f}
+	c.seq++
+	t := &timer{c: c, due: c.now.Add(d), seq: c.seq, f: f}
 	if d <= 0 {
 		t.stopped = true
 		go f()
@@ -60,28 +65,52 @@ func (t *timer) Stop() bool {
 	return true
 }
 
-// Advance moves time forward by d and fires every timer that came due, in due order.
+// Advance moves time forward by d and runs every timer that comes due, in due order. Time
+// moves to each timer's due time before it runs, so a callback that arms another timer inside
+// the advanced span sees it fire in turn.
 func (c *Clock) Advance(d time.Duration) {
+	c.fire.Lock()
+	defer c.fire.Unlock()
 	c.mu.Lock()
-	c.now = c.now.Add(d)
-	var due []*timer
+	end := c.now.Add(d)
+	c.mu.Unlock()
+	for {
+		c.mu.Lock()
+		var next *timer
+		for _, t := range c.timers {
+			if t.stopped || t.due.After(end) {
+				continue
+			}
+			if next == nil || t.due.Before(next.due) || (t.due.Equal(next.due) && t.seq < next.seq) {
+				next = t
+			}
+		}
+		if next == nil {
+			c.now = end
+			c.compact()
+			c.mu.Unlock()
+			return
+		}
+		next.stopped = true
+		if next.due.After(c.now) {
+			c.now = next.due
+		}
+		c.mu.Unlock()
+		next.f()
+	}
+}
+
+// compact drops fired and stopped timers. Called with c.mu held.
+func (c *Clock) compact() {
 	kept := c.timers[:0]
 	for _, t := range c.timers {
-		switch {
-		case t.stopped:
-		case !t.due.After(c.now):
-			t.stopped = true
-			due = append(due, t)
-		default:
+		if !t.stopped {
 			kept = append(kept, t)
 		}
 	}
+	clear(c.timers[len(kept):])
 	c.timers = kept
-	c.mu.Unlock()
-	sort.Slice(due, func(i, j int) bool { return due[i].due.Before(due[j].due) })
-	for _, t := range due {
-		go t.f()
-	}
+	sort.SliceStable(c.timers, func(i, j int) bool { return c.timers[i].seq < c.timers[j].seq })
 }
 
 // Pending reports how many timers are armed (tests wait on it instead of sleeping).

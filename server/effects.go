@@ -1,0 +1,54 @@
+package server
+
+import (
+	"time"
+
+	"github.com/itx-dev/itx/storage"
+)
+
+// effects is what one step asks of the actor. The actor applies the fields in the order they are
+// declared, and that order is the contract (as in etcd raft's Ready: persist before send):
+//
+//  1. createStream, markStale, alarmNow: directory marks that must hold before the commit, so a
+//     crash right after it leaves the restarted server owing this stream a load and a summary.
+//  2. commit: the one SQLite transaction (events, cursor rows, core checkpoint). It is durable
+//     before anything below happens. If it fails, every reply that named offsets becomes that
+//     failure, nothing below is done, and the actor reloads its state from storage.
+//  3. publish: readers, barriers and waiters see the new head, core state and rows.
+//  4. replies: appenders learn their offsets (commit before reply).
+//  5. rebuild, then pushes: deliverers are rebuilt for changed subscriptions, then the delivery
+//     tries start (commit before push: a push never reads an event that could still be lost).
+//  6. wakeAt, flushAfter: timers for the next retry and for writing dirty cursor rows.
+type effects struct {
+	createStream bool
+	markStale    bool
+	alarmNow     bool
+
+	commit      storage.Commit
+	coreChanged bool
+	flushed     bool // the commit carries every dirty row
+
+	rowsChanged bool // publish a new copy of the rows
+
+	replies []replyBatch
+
+	rebuild []string
+	pushes  []pushJob
+
+	wakeAt     int64         // epoch ms of the earliest retry due; 0: none
+	flushAfter time.Duration // write dirty rows after this if nothing else does; 0: nothing dirty
+
+	lateOutcomes int // fenced outcomes (a metric)
+}
+
+// replyBatch pairs a planned group with the requests it answers.
+type replyBatch struct {
+	group []*appendReq
+	plan  groupPlan
+}
+
+// hasWrites reports whether the step must commit.
+func (e *effects) hasWrites() bool {
+	c := &e.commit
+	return len(c.Events) > 0 || len(c.CursorUpserts) > 0 || len(c.CursorDeletes) > 0 || len(c.KV) > 0
+}

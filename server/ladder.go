@@ -1,0 +1,156 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/storage"
+)
+
+// failureClass says what a failed delivery means, and so which policy applies to it.
+type failureClass int
+
+const (
+	// classEvent: the receiver refused these events (or a filter or transform failed on one).
+	// A multi-event batch is isolated (its healthy prefix goes first, one event at a time); a
+	// single event climbs the ladder, and under onFailingEvent "skip" may be skipped.
+	classEvent failureClass = iota
+	// classOutage: the receiver is down or slow (refused connection, timeout, HTTP 5xx/429, a
+	// receiver that says it is unavailable or confirms no progress). It backs off along the
+	// ladder and never counts toward skip.
+	classOutage
+	// classAbsent: nothing is mounted to receive (an itx-call capability, a remote processor
+	// host). The subscription parks: no attempt is burnt, and the next mount resumes it.
+	classAbsent
+	// classTerminal: it can never succeed (no such processor contract, an expression that no
+	// longer compiles, an invalid receiver config). It halts at once with the exact error.
+	classTerminal
+)
+
+func (c failureClass) String() string {
+	return [...]string{"event", "outage", "absent", "terminal"}[c]
+}
+
+// classifiedError carries a sender's own judgement of a failure's class.
+type classifiedError struct {
+	class failureClass
+	err   error
+}
+
+func (e *classifiedError) Error() string { return e.err.Error() }
+func (e *classifiedError) Unwrap() error { return e.err }
+
+// withClass marks err as being of class c.
+func withClass(c failureClass, err error) error { return &classifiedError{class: c, err: err} }
+
+// classify decides a failure's class: a sender's own mark first, then the error code.
+func classify(err error) failureClass {
+	var ce *classifiedError
+	if errors.As(err, &ce) {
+		return ce.class
+	}
+	switch itx.ErrorCode(err) {
+	case itx.EDeadlineExceeded, itx.EUnavailable, itx.ERateLimited, itx.ECancelled, itx.EInternal:
+		return classOutage
+	case itx.ECapabilityOffline:
+		return classAbsent
+	}
+	return classEvent
+}
+
+// deliveryFailure is a failed delivery try as the deliverer reports it.
+type deliveryFailure struct {
+	class       failureClass
+	count       int   // events in the failed try (0: nothing was sent, e.g. a filter failure)
+	last        int64 // the last offset of the failed try
+	eventOffset int64 // the failing event when it is known (a single-event try, an expression)
+	expression  bool  // a filter or transform failed on eventOffset: recorded once as evidence
+	msg         string
+}
+
+// decisionKind is what the ladder decides after a failure.
+type decisionKind int
+
+const (
+	decideRetry   decisionKind = iota // back off: the next attempt at nextAttemptAt
+	decideIsolate                     // retry at once, one event at a time, through isolateThrough
+	decideSkip                        // give up on one event: record it and move past it
+	decideHalt                        // end delivery loudly until resumed
+	decidePark                        // wait, without attempts, for the receiver to mount
+)
+
+func (k decisionKind) String() string {
+	return [...]string{"retry", "isolate", "skip", "halt", "park"}[k]
+}
+
+// ladderDecision is the ladder's verdict and the retry block the cursor row takes with it.
+type ladderDecision struct {
+	kind           decisionKind
+	attempt        int   // the row's attempt count after this failure
+	nextAttemptAt  int64 // retry: epoch ms
+	failingOffset  int64
+	failingAttempt int
+	isolateThrough int64
+	skipOffset     int64
+	msg            string
+}
+
+// decideFailure applies the retry ladder and the failing-event policy to one failed try. It is
+// pure: row is the cursor row the try was read under, now the clock reading (epoch ms) and
+// random a number in [0,1) for the jitter.
+//
+// The rules, in order: a terminal failure halts at once; an absent receiver parks; an outage
+// backs off along the ladder and halts at MaxDeliveryAttempts, never skipping; an event-specific
+// failure of a batch isolates it first; a single failing event backs off too and, under "skip",
+// is skipped after FailingEventConfirmAttempts tries on it alone, halting once MaxFailingEventSkips
+// skips come without a success between them.
+func decideFailure(row storage.CursorRow, f deliveryFailure, policy string, now int64, random float64) ladderDecision {
+	attempt := row.Attempt + 1
+	d := ladderDecision{attempt: attempt, msg: truncate(f.msg, itx.MaxHaltErrorLength),
+		failingOffset: row.FailingEventOffset, failingAttempt: row.FailingEventAttempt}
+	backoff := func() ladderDecision {
+		if attempt >= itx.MaxDeliveryAttempts {
+			d.kind = decideHalt
+			return d
+		}
+		d.kind = decideRetry
+		d.nextAttemptAt = now + itx.Backoff(attempt, random).Milliseconds()
+		return d
+	}
+	switch f.class {
+	case classTerminal:
+		d.kind = decideHalt
+		return d
+	case classAbsent:
+		d.kind, d.attempt = decidePark, row.Attempt
+		return d
+	case classOutage:
+		return backoff()
+	}
+	if f.count > 1 && f.eventOffset == 0 {
+		// Which event failed is unknown: deliver the batch's events one at a time, so the healthy
+		// prefix goes through and the failing event ends up alone. Nothing reached a verdict on
+		// one event yet, so no attempt is burnt.
+		d.kind, d.attempt, d.isolateThrough = decideIsolate, row.Attempt, f.last
+		return d
+	}
+	offset := f.eventOffset
+	if offset == 0 {
+		offset = f.last
+	}
+	d.failingOffset, d.failingAttempt = offset, 1
+	if row.FailingEventOffset == offset {
+		d.failingAttempt = row.FailingEventAttempt + 1
+	}
+	if policy == itx.OnFailingSkip && d.failingAttempt >= itx.FailingEventConfirmAttempts {
+		if row.FailingEventSkips+1 >= itx.MaxFailingEventSkips {
+			d.kind = decideHalt
+			d.msg = truncate(fmt.Sprintf("%d events skipped without a success between them; last: %s", row.FailingEventSkips+1, f.msg), itx.MaxHaltErrorLength)
+			return d
+		}
+		d.kind, d.skipOffset = decideSkip, offset
+		return d
+	}
+	return backoff()
+}

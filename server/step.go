@@ -1,0 +1,383 @@
+package server
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/storage"
+)
+
+// streamState is everything one stream's actor decides on. Only the actor goroutine touches it,
+// and only through step: head, core state and cursor rows change nowhere else.
+type streamState struct {
+	streamID     string // planned before the first commit; an identity once created is true
+	created      bool
+	head         int64
+	createdAt    int64
+	lastAppendAt int64
+	core         *coreState
+	rows         map[string]*storage.CursorRow
+	bucket       *tokenBucket
+
+	// Not durable: rebuilt on load.
+	subs       map[string]*subRuntime
+	dirty      map[string]bool // rows changed in memory since they were last committed
+	nextGen    int64
+	alarmSet   bool // the directory alarm reads "due now" while loaded (see load)
+	summaryOld bool // the directory summary is marked stale (see storage.StaleStreams)
+}
+
+// subRuntime is a subscription's delivery state that lives only as long as the actor.
+type subRuntime struct {
+	gen            int64 // the current deliverer's generation: fences outcomes of older ones
+	inFlight       bool
+	isolateThrough int64 // deliver one event at a time until the cursor reaches this
+}
+
+func newStreamState(bucket *tokenBucket) *streamState {
+	return &streamState{core: newCoreState(), rows: map[string]*storage.CursorRow{}, bucket: bucket,
+		subs: map[string]*subRuntime{}, dirty: map[string]bool{}}
+}
+
+// stepInput is one batch of the actor's inputs, taken together in one step.
+type stepInput struct {
+	appends  []*appendReq      // client, copy and server appends, in queue order
+	outcomes []deliveryOutcome // finished delivery tries
+	mounted  []string          // capabilities mounted in the project since the last step
+	flush    bool              // the cursor flush delay passed: write dirty rows now
+	final    bool              // unloading: write dirty rows, start nothing
+	settles  []chan<- int      // not the step's: Settle callers the actor answers after it
+}
+
+// deliveryOutcome is what one push reports: how far the cursor may move and, if the try
+// failed, how. A push both advances (a healthy prefix, a filter watermark) and fails at once
+// when a later event of its batch failed.
+type deliveryOutcome struct {
+	name        string
+	gen         int64
+	birth, seek int64 // the epochs the push was read under
+	through     int64 // the cursor may move to here (0: not at all)
+	delivered   bool  // the receiver took events (a success: the skip count resets)
+	failure     *deliveryFailure
+}
+
+// pushJob is a delivery try the actor starts: read after row.ConfirmedOffset up to head, at most
+// limit events, and report a deliveryOutcome.
+type pushJob struct {
+	name  string
+	gen   int64
+	row   storage.CursorRow
+	head  int64
+	limit int
+}
+
+// stepEnv is what a step may consult besides the state: configuration, pure functions, and one
+// read-only look-up of committed idempotency keys (like raft's Storage, read inside the step).
+type stepEnv struct {
+	rc          reduceContext
+	lookupKeys  func(keys []string) (map[string]*itx.Event, error)
+	random      func() float64
+	flushDelay  time.Duration
+	deliveryTimeout time.Duration
+	batchLimits func(name string) int // the receiver kind's batch limit
+}
+
+// step applies one batch of inputs to st and returns what to do about it. It mutates st in place;
+// if the returned commit then fails, the actor drops st and reloads it from storage, as after a
+// crash, so memory never runs ahead of disk for longer than one failed step.
+func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, error) {
+	var eff effects
+	nowMs := itx.UnixMilli(now)
+
+	// 1. Appends: plan them (core events reduced inline), in queue order.
+	group := in.appends
+	committed, err := env.lookupKeys(keysOf(group))
+	if err != nil {
+		return eff, err
+	}
+	plan := planGroup(st.head, st.streamID, st.bucket, st.core, env.rc, group, committed, now)
+	eff.replies = append(eff.replies, replyBatch{group: group, plan: plan})
+	st.absorb(plan, now, &eff)
+
+	// 2. Delivery outcomes, fenced by epoch and generation; failures go through the ladder and
+	// may append server-authored records (halts, skips, expression failures).
+	var own []*appendReq
+	for i := range in.outcomes {
+		own = append(own, st.applyOutcome(&in.outcomes[i], nowMs, env, &eff)...)
+	}
+
+	// 3. Mounts un-park the itx-call subscriptions waiting for them, and cut their backoff.
+	for _, capability := range in.mounted {
+		for name, entry := range st.core.Subscriptions {
+			r := st.rows[name]
+			if r == nil || entry.Kind() != itx.KindITXCall || entry.Config.Receiver.Capability != capability {
+				continue
+			}
+			if r.Status == storage.StatusParked {
+				r.Status, r.LastError = storage.StatusActive, ""
+				st.touch(name, now)
+			} else if r.Status == storage.StatusActive && r.NextAttemptAt > nowMs {
+				r.NextAttemptAt = 0
+				st.touch(name, now)
+			}
+		}
+	}
+
+	// 4. The server's own records, planned after everything above.
+	if len(own) > 0 {
+		committed, err := env.lookupKeys(keysOf(own))
+		if err != nil {
+			return eff, err
+		}
+		ownPlan := planGroup(st.head, st.streamID, st.bucket, st.core, env.rc, own, committed, now)
+		for i, r := range ownPlan.Replies {
+			if r.err != nil {
+				return eff, fmt.Errorf("server record %s refused: %w", own[i].inputs[0].Type, r.err)
+			}
+		}
+		st.absorb(ownPlan, now, &eff)
+	}
+
+	// 5. The commit: new events, and the dirty rows when anything else is written, when the flush
+	// delay passed, or when unloading.
+	if len(eff.commit.Events) > 0 || len(eff.commit.CursorDeletes) > 0 || eff.coreChanged || in.flush || in.final {
+		eff.commit.CursorUpserts = eff.commit.CursorUpserts[:0]
+		names := make([]string, 0, len(st.dirty))
+		for name := range st.dirty {
+			if st.rows[name] != nil {
+				names = append(names, name)
+			}
+		}
+		sort.Strings(names)
+		for _, name := range names {
+			eff.commit.CursorUpserts = append(eff.commit.CursorUpserts, *st.rows[name])
+		}
+		clear(st.dirty)
+		eff.flushed = true
+	}
+	if eff.coreChanged {
+		b, err := json.Marshal(st.core)
+		if err != nil {
+			return eff, fmt.Errorf("encode core state: %w", err)
+		}
+		eff.commit.KV = map[string][]byte{coreStateKey: b}
+	}
+	if len(eff.commit.Events) > 0 {
+		eff.commit.HeadOffset, eff.commit.LastAppendAt = st.head, st.lastAppendAt
+		eff.createStream = !st.created
+		eff.markStale = !st.summaryOld
+	}
+	if eff.hasWrites() && !st.alarmSet && len(st.core.Subscriptions) > 0 {
+		eff.alarmNow = true
+	}
+	if !eff.flushed && len(st.dirty) > 0 {
+		eff.flushAfter = env.flushDelay
+	}
+	if in.final {
+		return eff, nil
+	}
+
+	// 6. Pushes: every active subscription behind the head with its retry due and nothing in flight.
+	for name := range st.core.Subscriptions {
+		r, rt := st.rows[name], st.subs[name]
+		if r == nil || rt == nil || rt.inFlight || r.Status != storage.StatusActive || r.ConfirmedOffset >= st.head {
+			continue
+		}
+		if r.NextAttemptAt > nowMs {
+			if eff.wakeAt == 0 || r.NextAttemptAt < eff.wakeAt {
+				eff.wakeAt = r.NextAttemptAt
+			}
+			continue
+		}
+		limit := env.batchLimits(name)
+		if r.ConfirmedOffset < rt.isolateThrough {
+			limit = 1
+		}
+		rt.inFlight = true
+		r.InFlightDeadlineAt = nowMs + env.deliveryTimeout.Milliseconds()
+		r.InFlightConnectionGeneration = rt.gen
+		eff.pushes = append(eff.pushes, pushJob{name: name, gen: rt.gen, row: *r, head: st.head, limit: limit})
+	}
+	sort.Slice(eff.pushes, func(i, j int) bool { return eff.pushes[i].name < eff.pushes[j].name })
+	return eff, nil
+}
+
+// keysOf lists the idempotency keys a group uses, once each.
+func keysOf(group []*appendReq) []string {
+	var keys []string
+	seen := map[string]bool{}
+	for _, r := range group {
+		for i := range r.inputs {
+			if key := r.inputs[i].IdempotencyKey; key != "" && !seen[key] {
+				seen[key] = true
+				keys = append(keys, key)
+			}
+		}
+	}
+	return keys
+}
+
+// absorb takes a planned group into the state and the pending commit: its events, the new core
+// state, and the cursor rows its core events changed.
+func (st *streamState) absorb(plan groupPlan, now time.Time, eff *effects) {
+	if len(plan.Events) == 0 && plan.Core == st.core {
+		return
+	}
+	eff.commit.Events = append(eff.commit.Events, plan.Events...)
+	if len(plan.Events) > 0 {
+		st.head, st.lastAppendAt = plan.Head, itx.UnixMilli(now)
+	}
+	if plan.Core != st.core {
+		st.core = plan.Core
+		eff.coreChanged = true
+	}
+	for _, ce := range plan.Effects {
+		name := ce.name
+		switch ce.kind {
+		case effectRemove:
+			delete(st.rows, name)
+			delete(st.dirty, name)
+			delete(st.subs, name)
+			eff.commit.CursorDeletes = append(eff.commit.CursorDeletes, name)
+			eff.rebuild = appendOnce(eff.rebuild, name)
+			continue
+		case effectBorn:
+			// A new birth epoch: outcomes of the old deliverer are fenced by it and by generation.
+			eff.commit.CursorDeletes = removeName(eff.commit.CursorDeletes, name)
+			st.subs[name] = st.newRuntime()
+			eff.rebuild = appendOnce(eff.rebuild, name)
+		case effectReconfigure:
+			// Same birth, same cursor, a new receiver: fence the old deliverer by generation.
+			if rt := st.subs[name]; rt != nil {
+				*rt = *st.newRuntime()
+			} else {
+				st.subs[name] = st.newRuntime()
+			}
+			eff.rebuild = appendOnce(eff.rebuild, name)
+		case effectSeek:
+			if rt := st.subs[name]; rt != nil {
+				rt.isolateThrough = 0
+			}
+		}
+		st.rows[name] = applyEffect(st.rows[name], ce, now)
+		st.dirty[name] = true
+	}
+	eff.rowsChanged = eff.rowsChanged || len(plan.Effects) > 0
+}
+
+func (st *streamState) newRuntime() *subRuntime {
+	st.nextGen++
+	return &subRuntime{gen: st.nextGen}
+}
+
+// touch marks a row changed in memory: it rides the next commit, or the flush after the delay.
+func (st *streamState) touch(name string, now time.Time) {
+	if r := st.rows[name]; r != nil {
+		r.UpdatedAt = stamp(now)
+		st.dirty[name] = true
+	}
+}
+
+// applyOutcome moves a cursor row for a finished push, under the fence of the epochs it was read
+// under and its deliverer's generation; a late outcome is refused. It returns the server's own
+// records the ladder's decision needs appended.
+func (st *streamState) applyOutcome(o *deliveryOutcome, nowMs int64, env stepEnv, eff *effects) []*appendReq {
+	now := time.UnixMilli(nowMs)
+	rt := st.subs[o.name]
+	if rt != nil && rt.gen == o.gen {
+		rt.inFlight = false
+	}
+	r := st.rows[o.name]
+	entry := st.core.Subscriptions[o.name]
+	if r == nil || entry == nil || rt == nil || rt.gen != o.gen || r.ConfiguredAtOffset != o.birth || r.CursorChangedAtOffset != o.seek {
+		eff.lateOutcomes++
+		return nil
+	}
+	eff.rowsChanged = true
+	r.InFlightDeadlineAt, r.InFlightConnectionGeneration = 0, 0
+	if o.through > r.ConfirmedOffset {
+		// Progress: the retry block describes the position the cursor just left.
+		r.ConfirmedOffset = o.through
+		r.Attempt, r.NextAttemptAt, r.LastError = 0, 0, ""
+		r.FailingEventOffset, r.FailingEventAttempt = 0, 0
+		if o.delivered {
+			r.FailingEventSkips = 0
+		}
+		if r.ConfirmedOffset >= rt.isolateThrough {
+			rt.isolateThrough = 0
+		}
+	}
+	st.touch(o.name, now)
+	f := o.failure
+	if f == nil {
+		return nil
+	}
+	var own []*appendReq
+	if f.expression {
+		// Evidence, once per failing event (its key makes a retry's record a duplicate).
+		own = append(own, serverRecord(itx.TypeErrorOccurred, itx.ErrorOccurredPayload{Message: fmt.Sprintf(
+			"subscription %q: %s", o.name, f.msg)}, "subscription-expression-failed", o.name, r.ConfiguredAtOffset, r.CursorChangedAtOffset, f.eventOffset))
+	}
+	policy := entry.Config.Receiver.EffectiveDelivery().OnFailingEvent
+	if entry.Kind() == itx.KindCopyToStream {
+		policy = itx.OnFailingHalt // ordered receivers never skip
+	}
+	d := decideFailure(*r, *f, policy, nowMs, env.random())
+	r.LastError = truncate(d.msg, itx.MaxCursorErrorLength)
+	switch d.kind {
+	case decideRetry:
+		r.Attempt, r.NextAttemptAt = d.attempt, d.nextAttemptAt
+		r.FailingEventOffset, r.FailingEventAttempt = d.failingOffset, d.failingAttempt
+	case decideIsolate:
+		rt.isolateThrough = d.isolateThrough
+	case decidePark:
+		r.Status, r.NextAttemptAt = storage.StatusParked, 0
+	case decideSkip:
+		own = append(own, serverRecord(itx.TypeErrorOccurred, itx.ErrorOccurredPayload{Message: fmt.Sprintf(
+			"subscription %q skipped failing event at offset %d after %d event-specific attempts: %s", o.name, d.skipOffset, d.failingAttempt, f.msg)},
+			"subscription-failing-event-skipped", o.name, r.ConfiguredAtOffset, r.CursorChangedAtOffset, d.skipOffset))
+		r.ConfirmedOffset = max(r.ConfirmedOffset, d.skipOffset)
+		r.FailingEventSkips++
+		r.Attempt, r.NextAttemptAt, r.FailingEventOffset, r.FailingEventAttempt = 0, 0, 0, 0
+	case decideHalt:
+		r.Attempt, r.FailingEventOffset, r.FailingEventAttempt = d.attempt, d.failingOffset, d.failingAttempt
+		halted := itx.HaltedPayload{Name: o.name, Reason: "delivery-failed", AfterOffset: r.ConfirmedOffset, Attempts: d.attempt, Error: d.msg}
+		own = append(own, serverRecord(itx.TypeSubscriptionHalted, halted, "", "", 0, 0, 0))
+	}
+	return own
+}
+
+// serverRecord is an append of the stream's own authority. A non-empty kind keys it by the
+// subscription's epochs and an offset, so the same record is written once whatever the retries.
+func serverRecord(typ string, payload any, kind, name string, birth, seek, offset int64) *appendReq {
+	b, _ := json.Marshal(payload)
+	in := itx.EventInput{Type: typ, Payload: b}
+	if kind != "" {
+		key, _ := json.Marshal([]any{name, birth, seek, offset})
+		in.IdempotencyKey = internalKey(kind, key)
+	}
+	_ = in.Normalize()
+	return &appendReq{inputs: []itx.EventInput{in}, authority: authCore}
+}
+
+func appendOnce(names []string, name string) []string {
+	for _, n := range names {
+		if n == name {
+			return names
+		}
+	}
+	return append(names, name)
+}
+
+func removeName(names []string, name string) []string {
+	out := names[:0]
+	for _, n := range names {
+		if n != name {
+			out = append(out, n)
+		}
+	}
+	return out
+}
