@@ -780,13 +780,13 @@ func (a *actor) submit(ctx context.Context, r *appendReq) error {
 
 // view is what the actor last published: a consistent, immutable snapshot for readers.
 type view struct {
-	store     streamStore
-	streamID  string
-	head      int64
-	info      streamTimes
-	core      *coreState
-	rows      map[string]storage.CursorRow
-	changed   <-chan struct{}
+	store    streamStore
+	streamID string
+	head     int64
+	info     streamTimes
+	core     *coreState
+	rows     map[string]storage.CursorRow
+	changed  <-chan struct{}
 }
 
 type streamTimes struct{ createdAt, lastAppendAt int64 }

@@ -35,7 +35,7 @@ type coreState struct {
 
 // catalogEntry is one subscription as its events define it.
 type catalogEntry struct {
-	Config             itx.SubscriptionConfig `json:"config"` // Name is the effective name
+	Config             itx.SubscriptionConfig `json:"config"`             // Name is the effective name
 	ConfiguredAtOffset int64                  `json:"configuredAtOffset"` // the birth epoch
 	ConfiguredAt       int64                  `json:"configuredAt"`
 	// ReconfiguredAtOffset is the configured event that set today's config when it changed the
@@ -87,12 +87,12 @@ func (st *coreState) clone() *coreState {
 type effectKind int
 
 const (
-	effectBorn   effectKind = iota // a new row at its start position (birth or same-name replace)
-	effectSeek                     // confirmed := offset, seek epoch := the cursor-set's offset
-	effectHalt                     // status halted, retry state cleared
-	effectResume                   // status active
-	effectRemove                   // the row goes
-	effectReconfigure              // same birth and cursor, a new config: retry state cleared, un-parked
+	effectBorn        effectKind = iota // a new row at its start position (birth or same-name replace)
+	effectSeek                          // confirmed := offset, seek epoch := the cursor-set's offset
+	effectHalt                          // status halted, retry state cleared
+	effectResume                        // status active
+	effectRemove                        // the row goes
+	effectReconfigure                   // same birth and cursor, a new config: retry state cleared, un-parked
 )
 
 // cursorEffect is a cursor-row change the commit must write with the event that caused it.

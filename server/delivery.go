@@ -316,4 +316,3 @@ func applyTransform(expr *jsonata.Expr, e *itx.Event) (itx.Event, error) {
 	}
 	return out, nil
 }
-

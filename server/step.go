@@ -77,12 +77,12 @@ type pushJob struct {
 // stepEnv is what a step may consult besides the state: configuration, pure functions, and one
 // read-only look-up of committed idempotency keys (like raft's Storage, read inside the step).
 type stepEnv struct {
-	rc          reduceContext
-	lookupKeys  func(keys []string) (map[string]*itx.Event, error)
-	random      func() float64
-	flushDelay  time.Duration
+	rc              reduceContext
+	lookupKeys      func(keys []string) (map[string]*itx.Event, error)
+	random          func() float64
+	flushDelay      time.Duration
 	deliveryTimeout time.Duration
-	batchLimits func(name string) int // the receiver kind's batch limit
+	batchLimits     func(name string) int // the receiver kind's batch limit
 }
 
 // step applies one batch of inputs to st and returns what to do about it. It mutates st in place;
