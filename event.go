@@ -46,9 +46,15 @@ const CoreTypePrefix = "stream/"
 // IsCoreType reports whether typ is a stream/* control event type.
 func IsCoreType(typ string) bool { return strings.HasPrefix(typ, CoreTypePrefix) }
 
-// Size is the byte count limits are measured in.
+// Size is the byte count limits are measured in: the user's bytes. A key the server derived (a
+// copy's, a server record's) and provenance do not count, so an event accepted at its source can
+// always be copied.
 func (in *EventInput) Size() int {
-	return len(in.Type) + len(in.Payload) + len(in.Metadata) + len(in.IdempotencyKey)
+	n := len(in.Type) + len(in.Payload) + len(in.Metadata)
+	if !strings.HasPrefix(in.IdempotencyKey, InternalKeyPrefix) {
+		n += len(in.IdempotencyKey)
+	}
+	return n
 }
 
 var (

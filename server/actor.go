@@ -280,8 +280,11 @@ func applyEffect(prev *storage.CursorRow, eff cursorEffect, now time.Time) *stor
 		r.ConfirmedOffset, r.CursorChangedAtOffset = eff.offset, eff.epoch
 		clearRetry()
 	case effectHalt:
+		// The retry block stays as the ladder left it, so describe shows how the halt came
+		// about; only what schedules another try goes.
 		r.Status = storage.StatusHalted
-		clearRetry()
+		r.NextAttemptAt, r.InFlightDeadlineAt, r.InFlightConnectionGeneration = 0, 0, 0
+		r.Attempt = eff.tries
 		r.LastError = truncate(eff.err, itx.MaxCursorErrorLength)
 	case effectResume:
 		r.Status = storage.StatusActive

@@ -102,6 +102,7 @@ type cursorEffect struct {
 	offset int64 // born: initial confirmed; seek: the new confirmed
 	epoch  int64 // born: birth offset; seek: the cursor-set event's offset
 	err    string
+	tries  int // halt: the attempts the halt reports
 }
 
 // reduceContext is what reduce may know besides the state: all of it pure data.
@@ -183,7 +184,7 @@ func (st *coreState) reduce(e *itx.Event, rc *reduceContext) ([]cursorEffect, er
 			return nil, nil // removed meanwhile: the halt is evidence only
 		}
 		entry.Halted = &p
-		return []cursorEffect{{kind: effectHalt, name: p.Name, err: p.Error}}, nil
+		return []cursorEffect{{kind: effectHalt, name: p.Name, err: p.Error, tries: p.Attempts}}, nil
 	case itx.TypeErrorOccurred:
 		var p itx.ErrorOccurredPayload
 		if err := itx.DecodeStrict(e.Payload, &p); err != nil {
