@@ -5,7 +5,7 @@ ADDR     ?= 127.0.0.1:7878
 METRICS  ?= 127.0.0.1:7879
 CAPNP_GO := capnproto.org/go/capnp/v3
 
-.PHONY: build run test bench fuzz generate vet fmt clean
+.PHONY: build run test bench fuzz sim generate vet fmt clean
 
 build:
 	$(GO) build -o bin/itxd ./cmd/itxd
@@ -27,6 +27,10 @@ bench:
 ## fuzz: look for JSONata inputs that hang or exhaust the server (see third_party/jsonata-go/PATCHES.md)
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzJSONata -fuzztime 5m ./server/
+
+## sim: a long run of the stream core's deterministic simulation (make test runs 12 seeds x 250 steps)
+sim:
+	$(GO) test -count=1 -run TestSimulation -timeout 60m ./server/ -sim.seeds 500 -sim.steps 2000
 
 ## generate: remake schema/itx.capnp.go (needs Debian's capnproto package)
 generate:
