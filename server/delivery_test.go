@@ -1,0 +1,86 @@
+package server
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/internal/clocktest"
+	"github.com/itx-dev/itx/storage"
+)
+
+// blockingSender ignores its context, like a write to a receiver whose connection stopped
+// reading: it returns only when the test says so.
+type blockingSender struct {
+	release chan struct{}
+	calls   atomic.Int32
+}
+
+func (b *blockingSender) send(context.Context, *deliverer, *DeliveryBatch) (int64, error) {
+	b.calls.Add(1)
+	<-b.release
+	return 0, nil
+}
+func (b *blockingSender) batchLimit() int { return 1 }
+func (b *blockingSender) String() string  { return "blocking" }
+
+func TestDeliverer_SendThatCannotBeWrittenTimesOut(t *testing.T) {
+	clock := clocktest.New(time.Unix(1_700_000_000, 0))
+	srv := &Server{cfg: Config{DeliveryTimeout: 20 * time.Second}, clock: clock}
+	bs := &blockingSender{release: make(chan struct{})}
+	d := &deliverer{srv: srv, name: "hook", send: bs, ctx: context.Background()}
+
+	errc := make(chan error, 1)
+	go func() { _, err := d.sendWithTimeout(&DeliveryBatch{}); errc <- err }()
+	for clock.Pending() == 0 {
+		time.Sleep(time.Millisecond) // the send arms its deadline timer on another goroutine
+	}
+	clock.Advance(20 * time.Second)
+	err := <-errc
+	if got, want := itx.ErrorCode(err), itx.EDeadlineExceeded; got != want {
+		t.Fatalf("got %v, want %s", err, want)
+	}
+	// The abandoned send still blocks: the next try fails at once, without a second write.
+	_, err = d.sendWithTimeout(&DeliveryBatch{})
+	if err == nil || !strings.Contains(err.Error(), "still blocked") || bs.calls.Load() != 1 {
+		t.Fatalf("got %v after %d calls, want a fast failure after 1", err, bs.calls.Load())
+	}
+	if got := classify(err); got != classOutage {
+		t.Fatalf("class %s, want outage", got)
+	}
+	close(bs.release)
+	for d.stuck != nil {
+		if _, err := d.sendWithTimeout(&DeliveryBatch{}); err == nil {
+			break
+		}
+		time.Sleep(time.Millisecond) // the abandoned send is returning
+	}
+	if bs.calls.Load() != 2 {
+		t.Fatalf("got %d calls, want the receiver written to again once it drained", bs.calls.Load())
+	}
+}
+
+func TestDeliverer_ExpressionThatNoLongerCompilesIsTerminal(t *testing.T) {
+	ctx := context.Background()
+	store, err := storage.CreateStream(ctx, filepath.Join(t.TempDir(), "s.db"), storage.StreamMeta{StreamID: "s", ProjectID: "p", Path: "/s", CreatedAt: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	srv := &Server{cfg: Config{DeliveryTimeout: time.Second}, clock: clocktest.New(time.Unix(0, 0)), recv: receivers{mounts: map[mountKey]*mount{}}}
+	entry := &catalogEntry{Config: itx.SubscriptionConfig{Name: "old", Filter: &itx.SubscriptionFilter{JSONataCondition: "payload.("},
+		Receiver: itx.Receiver{Action: itx.KindITXCall, Capability: "x"}}, ConfiguredAtOffset: 1}
+	d := newDeliverer(ctx, srv, StreamRef{ProjectID: "p", Path: "/s"}, entry)
+	out := d.push(pushJob{name: "old", gen: 1, row: storage.CursorRow{ConfiguredAtOffset: 1, CursorChangedAtOffset: 1}, head: 3, limit: 10}, store, "s")
+	if out.failure == nil || out.failure.class != classTerminal || !strings.Contains(out.failure.msg, "no longer compiles") {
+		t.Fatalf("got %+v, want a terminal failure saying the condition no longer compiles", out.failure)
+	}
+	dec := decideFailure(storage.CursorRow{}, *out.failure, itx.OnFailingSkip, 0, 0.5)
+	if dec.kind != decideHalt || dec.attempt != 1 {
+		t.Fatalf("got %s at attempt %d, want a halt at attempt 1", dec.kind, dec.attempt)
+	}
+}
