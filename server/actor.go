@@ -71,7 +71,7 @@ func newActor(s *Server, ref StreamRef) *actor {
 	a := &actor{
 		srv: s, ref: ref,
 		reqs:       make(chan *appendReq, 1024),
-		inbox:      make(chan actorMsg, 1024),
+		inbox:      make(chan actorMsg, 64),
 		quit:       make(chan struct{}),
 		done:       make(chan struct{}),
 		ready:      make(chan struct{}),
