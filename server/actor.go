@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"sync"
 	"time"
 
@@ -100,16 +99,13 @@ func (a *actor) load() error {
 		return itx.Errorf(itx.EUnavailable, "load stream %s: %v", a.ref.Path, err)
 	}
 	if entry != nil {
-		file := a.srv.streamFile(entry.StreamID)
-		var store *storage.Stream
-		if _, statErr := os.Stat(file); errors.Is(statErr, os.ErrNotExist) {
-			// The directory entry committed but the process died before the database was
-			// created: nothing was ever acknowledged on this stream, so it starts empty.
-			store, err = storage.CreateStream(ctx, file, storage.StreamMeta{
+		store, err := a.srv.backend.Open(ctx, entry.StreamID)
+		if err == nil && store == nil {
+			// The directory entry committed but the process died before the store was made:
+			// nothing was ever acknowledged on this stream, so it starts empty.
+			store, err = a.srv.backend.Create(ctx, storage.StreamMeta{
 				StreamID: entry.StreamID, ProjectID: entry.ProjectID, Path: entry.Path, CreatedAt: entry.CreatedAt,
 			})
-		} else {
-			store, err = storage.OpenStream(ctx, file)
 		}
 		if err != nil {
 			return itx.Errorf(itx.EUnavailable, "load stream %s: %v", a.ref.Path, err)
@@ -715,7 +711,7 @@ func (a *actor) ensureCreated(ctx context.Context, create bool) error {
 	if err := a.srv.dir.CreateStream(ctx, entry); err != nil {
 		return err
 	}
-	store, err := storage.CreateStream(ctx, a.srv.streamFile(a.st.streamID), storage.StreamMeta{
+	store, err := a.srv.backend.Create(ctx, storage.StreamMeta{
 		StreamID: a.st.streamID, ProjectID: a.ref.ProjectID, Path: a.ref.Path, CreatedAt: createdAt,
 	})
 	if err != nil {

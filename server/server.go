@@ -75,6 +75,7 @@ type Server struct {
 	inflight  sync.WaitGroup // one per acquired reference
 	sweepT    itx.Timer
 
+	backend    streamBackend
 	egress     EgressPolicy
 	httpClient *http.Client
 	recv       receivers
@@ -149,6 +150,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		cfg: cfg, clock: cfg.Clock, log: cfg.Log, dir: dir, metrics: newMetrics(),
 		actors: map[StreamRef]*actor{}, unloading: map[StreamRef]*actor{},
 		egress: cfg.Egress, httpClient: newHTTPClient(cfg.Egress),
+		backend: sqliteBackend{dir: filepath.Join(cfg.DataDir, "streams")},
 		recv: receivers{mounts: map[mountKey]*mount{}},
 	}
 	s.base, s.cancel = context.WithCancel(context.Background())
@@ -253,9 +255,6 @@ func (s *Server) Close(ctx context.Context) error {
 	return errors.Join(err, s.dir.Close())
 }
 
-func (s *Server) streamFile(streamID string) string {
-	return filepath.Join(s.cfg.DataDir, "streams", streamID+".db")
-}
 
 func randomHex(n int) string {
 	b := make([]byte, n)

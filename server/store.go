@@ -2,6 +2,9 @@ package server
 
 import (
 	"context"
+	"errors"
+	"os"
+	"path/filepath"
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/storage"
@@ -25,3 +28,30 @@ type streamStore interface {
 }
 
 var _ streamStore = (*storage.Stream)(nil)
+
+// streamBackend makes and opens the stores of streams: the seam a second backend (a replicated
+// log) implements. Nothing above it knows a stream is a local SQLite file.
+type streamBackend interface {
+	// Create makes the store of a new stream; it fails if one exists.
+	Create(ctx context.Context, meta storage.StreamMeta) (streamStore, error)
+	// Open opens a stream's store. It returns nil, nil when the stream's directory entry
+	// committed but its store was never made (a crash in between: nothing was acknowledged).
+	Open(ctx context.Context, streamID string) (streamStore, error)
+}
+
+// sqliteBackend keeps each stream in its own SQLite file under dir.
+type sqliteBackend struct{ dir string }
+
+func (b sqliteBackend) file(streamID string) string { return filepath.Join(b.dir, streamID+".db") }
+
+func (b sqliteBackend) Create(ctx context.Context, meta storage.StreamMeta) (streamStore, error) {
+	return storage.CreateStream(ctx, b.file(meta.StreamID), meta)
+}
+
+func (b sqliteBackend) Open(ctx context.Context, streamID string) (streamStore, error) {
+	file := b.file(streamID)
+	if _, err := os.Stat(file); errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	return storage.OpenStream(ctx, file)
+}
