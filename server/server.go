@@ -151,7 +151,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		actors: map[StreamRef]*actor{}, unloading: map[StreamRef]*actor{},
 		egress: cfg.Egress, httpClient: newHTTPClient(cfg.Egress),
 		backend: sqliteBackend{dir: filepath.Join(cfg.DataDir, "streams")},
-		recv: receivers{mounts: map[mountKey]*mount{}},
+		recv:    receivers{mounts: map[mountKey]*mount{}},
 	}
 	s.base, s.cancel = context.WithCancel(context.Background())
 	if err := s.bootstrap(ctx); err != nil {
@@ -254,7 +254,6 @@ func (s *Server) Close(ctx context.Context) error {
 	}
 	return errors.Join(err, s.dir.Close())
 }
-
 
 func randomHex(n int) string {
 	b := make([]byte, n)
