@@ -735,6 +735,24 @@ func (a *actor) close() {
 	if err := a.srv.dir.UpdateStreamSummary(ctx, a.st.streamID, a.st.head, a.st.lastAppendAt, len(a.st.core.Subscriptions)); err != nil {
 		a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Msg("stream summary not refreshed")
 	}
+	// A parked subscription waits for a mount, not a time: record what it waits for, so the
+	// mount can load this stream. Only streams with itx-call subscriptions pay for the write.
+	var parked []string
+	calls := false
+	for name, entry := range a.st.core.Subscriptions {
+		if entry.Kind() != itx.KindITXCall {
+			continue
+		}
+		calls = true
+		if r := a.st.rows[name]; r != nil && r.Status == storage.StatusParked {
+			parked = append(parked, entry.Config.Receiver.Capability)
+		}
+	}
+	if calls {
+		if err := a.srv.dir.SetParked(ctx, a.st.streamID, parked); err != nil {
+			a.srv.log.Error().Err(err).Str("path", a.ref.Path).Msg("parked subscriptions not recorded")
+		}
+	}
 	if a.st.alarmSet {
 		due := a.nextAlarm()
 		if err := a.srv.dir.SetAlarm(ctx, a.st.streamID, due); err != nil {
