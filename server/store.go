@@ -17,6 +17,7 @@ type streamStore interface {
 	Meta(ctx context.Context) (storage.StreamMeta, error)
 	KV(ctx context.Context, key string) ([]byte, error)
 	CursorRows(ctx context.Context) ([]storage.CursorRow, error)
+	Readers(ctx context.Context) ([]storage.Reader, error)
 	EventsByKeys(ctx context.Context, keys []string) (map[string]*itx.Event, error)
 	Events(ctx context.Context, q storage.Query) ([]itx.Event, error)
 	// Commit writes c in one transaction and returns once it is durable.
