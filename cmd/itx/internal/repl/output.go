@@ -220,7 +220,7 @@ func describeGo(err error) Failure {
 	case errors.Is(err, context.DeadlineExceeded):
 		return Failure{Code: string(itx.EDeadlineExceeded), Message: "call timed out"}
 	case exc.IsType(err, exc.Unimplemented):
-		return Failure{Code: "unimplemented", Message: exceptionMessage(err)}
+		return Failure{Code: "unimplemented", Message: itx.ErrorMessage(errors.New(exceptionMessage(err)))}
 	case exc.IsType(err, exc.Disconnected):
 		return Failure{Code: "disconnected", Message: exceptionMessage(err)}
 	}
