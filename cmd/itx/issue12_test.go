@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/itx-dev/itx"
 	"github.com/stretchr/testify/require"
 )
 
@@ -77,4 +79,31 @@ func TestIssue12_DataDirConnects(t *testing.T) {
 	code, out, errs := c.run("", "--data", data, "--json", "-e", "project.describe().name")
 	require.Equal(t, exitOK, code, errs)
 	require.Equal(t, "\"default\"\n", out)
+}
+
+// Point 4: integers beyond 2^53 survive, in --json and pretty output, read and written.
+func TestIssue12_BigIntegers(t *testing.T) {
+	ts := startServer(t)
+	ts.appendDirect(t, "/big", itx.EventInput{Type: "n", Payload: json.RawMessage(`{"n": 9007199254740993, "small": 7, "f": 1.5}`)})
+	c := newCLI(t)
+	conn := []string{"--addr", ts.addr, "--token", ts.token}
+
+	code, out, errs := c.run("", append(conn, "--json", "-e", `project.streams.get("/big").getEvents()[0].payload`)...)
+	require.Equal(t, exitOK, code, errs)
+	require.Equal(t, `{"n":9007199254740993,"small":7,"f":1.5}`+"\n", out)
+
+	code, out, errs = c.run("", append(conn, "-e", `project.streams.get("/big").getEvents()[0].payload`)...)
+	require.Equal(t, exitOK, code, errs)
+	require.Contains(t, out, `"n": 9007199254740993,`)
+
+	code, out, errs = c.run("", append(conn, "-e", `typeof project.streams.get("/big").getEvents()[0].payload.n`)...)
+	require.Equal(t, exitOK, code, errs)
+	require.Equal(t, "\"bigint\"\n", out, "held as a BigInt, not rounded to a double")
+
+	// A BigInt written by a script is sent as its exact digits, not refused with a Go error.
+	code, _, errs = c.run("", append(conn, "-e", `project.streams.get("/big").append({type: "n", payload: {n: 9007199254740995n}})`)...)
+	require.Equal(t, exitOK, code, errs)
+	code, out, errs = c.run("", append(conn, "--json", "-e", `project.streams.get("/big").getEvents({after: 1})[0].payload`)...)
+	require.Equal(t, exitOK, code, errs)
+	require.Equal(t, `{"n":9007199254740995}`+"\n", out)
 }

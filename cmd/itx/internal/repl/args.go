@@ -189,14 +189,14 @@ func (s *Session) jsonText(v goja.Value) (json.RawMessage, error) {
 	if str, ok := v.Export().(string); ok {
 		return json.RawMessage(str), nil
 	}
-	out, err := s.stringify(goja.Undefined(), v)
+	out, ok, err := s.encodeJSON(v)
 	if err != nil {
 		return nil, err
 	}
-	if goja.IsUndefined(out) {
+	if !ok {
 		return nil, itx.Errorf(itx.EInvalid, "%s cannot be encoded as JSON", describeValue(v))
 	}
-	return json.RawMessage(out.String()), nil
+	return json.RawMessage(out), nil
 }
 
 // stringArg reads a positional string argument, or the named key of an options object:

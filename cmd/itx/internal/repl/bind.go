@@ -150,23 +150,6 @@ func (s *Session) capabilityOf(v goja.Value) (*capPath, bool) {
 	return p, ok
 }
 
-// toJS turns a Go result into a plain JavaScript value through JSON, so results are ordinary
-// objects (with fields in declaration order) that scripts can keep, change and print.
-func (s *Session) toJS(v any) goja.Value {
-	if v == nil {
-		return goja.Undefined()
-	}
-	b, err := json.Marshal(v)
-	if err != nil {
-		panic(s.throw(err))
-	}
-	out, err := s.parse(goja.Undefined(), s.vm.ToValue(string(b)))
-	if err != nil {
-		panic(s.throw(err))
-	}
-	return out
-}
-
 // rawJSON embeds JSON text as a value; text that is not JSON becomes a string.
 func rawJSON(text string) json.RawMessage {
 	if text == "" {

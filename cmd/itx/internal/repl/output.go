@@ -68,17 +68,17 @@ func (s *Session) format(v goja.Value, asResult bool) string {
 			return t
 		}
 	}
-	// JSON.stringify keeps the fields in the order the script sees them.
-	out, err := s.stringify(goja.Undefined(), v)
-	if err != nil || goja.IsUndefined(out) {
+	// Fields print in the order the script sees them; integers beyond 2^53 (BigInts) exactly.
+	out, ok, err := s.encodeJSON(v)
+	if err != nil || !ok {
 		return v.String() // a cycle, a symbol...
 	}
 	if s.cfg.Format == FormatJSON {
-		return out.String()
+		return out
 	}
-	pretty, err := prettyJSON(out.String())
+	pretty, err := prettyJSON(out)
 	if err != nil {
-		return out.String()
+		return out
 	}
 	return pretty
 }
