@@ -2,7 +2,10 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
+	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,8 +13,12 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/creack/pty"
 	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/capability"
+	"github.com/itx-dev/itx/server"
 	"github.com/stretchr/testify/require"
 )
 
@@ -106,4 +113,94 @@ func TestIssue12_BigIntegers(t *testing.T) {
 	code, out, errs = c.run("", append(conn, "--json", "-e", `project.streams.get("/big").getEvents({after: 1})[0].payload`)...)
 	require.Equal(t, exitOK, code, errs)
 	require.Equal(t, `{"n":9007199254740995}`+"\n", out)
+}
+
+// serveAt serves an itxd on dir at addr ("127.0.0.1:0": any port) until the returned stop is
+// called (or the test ends); a second call on the same dir and address is the same server
+// restarted, as after a deploy.
+func serveAt(t *testing.T, dir, addr string) (string, func()) {
+	t.Helper()
+	ctx := context.Background()
+	srv, err := server.Open(ctx, server.Config{DataDir: dir})
+	require.NoError(t, err)
+	ln, err := net.Listen("tcp", addr)
+	require.NoError(t, err)
+	l := capability.NewListener(srv)
+	go l.Serve(ln)
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			ln.Close()
+			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			srv.Close(sctx)
+			l.CloseConnections(sctx)
+		})
+	}
+	t.Cleanup(stop)
+	return ln.Addr().String(), stop
+}
+
+// startTerminal runs itx on a pseudo-terminal of the given size with env added.
+func startTerminal(t *testing.T, cols, rows uint16, env ...string) (*terminal, chan error) {
+	t.Helper()
+	home := t.TempDir()
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(append(os.Environ(), "ITX_TEST_MAIN=1", "HOME="+home, "XDG_CONFIG_HOME=", "NO_COLOR=1",
+		"TERM=xterm", "ITX_HISTORY="+filepath.Join(home, "history"), "PAGER=", "LESS="), env...)
+	ptmx, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: rows, Cols: cols})
+	require.NoError(t, err)
+	term := &terminal{t: t, pty: ptmx, out: newSyncBuffer()}
+	go io.Copy(term.out, ptmx)
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+		}
+		ptmx.Close()
+	})
+	term.expect("itx> ")
+	return term, exited
+}
+
+// line types one line at the prompt and waits for want in what follows.
+func (term *terminal) line(src string, want ...string) {
+	term.t.Helper()
+	term.send(src + "\r")
+	for _, w := range want {
+		term.expect(w)
+	}
+	term.expect("itx> ")
+}
+
+// Point 3: after itxd restarts, itx reconnects on its own (saying so), keeps variables and
+// reaches capabilities again on their next use; .reconnect does it on demand.
+func TestIssue12_Reconnect(t *testing.T) {
+	dir := t.TempDir()
+	addr, stop := serveAt(t, dir, "127.0.0.1:0")
+	creds, err := server.ReadCredentials(dir)
+	require.NoError(t, err)
+	term, _ := startTerminal(t, 200, 50, "ITX_ADDR="+addr, "ITX_TOKEN="+creds.ProjectToken)
+
+	term.line(`let a = project.streams.get("/r"); let keep = 40`)
+	term.line(`a.append({type: "note"}).headOffset`, "1")
+
+	stop() // a deploy: itxd goes away...
+	term.expect("lost the connection to " + addr)
+	_, stop = serveAt(t, dir, addr) // ...and comes back on the same address
+	term.expect("reconnected to " + addr)
+	term.expect("itx> ")
+	term.line(`a.append({type: "note"}).headOffset + keep`, "42")
+
+	// A call made while the server is down waits for it (with backoff) instead of failing.
+	stop()
+	term.expect("lost the connection to " + addr)
+	term.send(`a.describe().headOffset + keep` + "\r")
+	_, _ = serveAt(t, dir, addr)
+	term.expect("42")
+	term.expect("itx> ")
+
+	term.line(".reconnect", "reconnected to "+addr)
+	term.line(`a.describe().headOffset + keep + 1`, "43")
 }

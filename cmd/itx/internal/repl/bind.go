@@ -92,6 +92,9 @@ func (s *Session) proxy(p capPath) *goja.Object {
 	for _, m := range ifc.Methods {
 		if b, ok := bindings[p.iface][m.Name]; ok {
 			hidden(m.Name, func(call goja.FunctionCall) goja.Value {
+				if err := s.ensureConnected(s.ctx()); err != nil {
+					panic(s.throw(err))
+				}
 				c := s.client(p)
 				defer c.Release()
 				v, err := b.call(s.ctx(), s, c, p, call.Arguments)
@@ -132,6 +135,9 @@ func (s *Session) proxy(p capPath) *goja.Object {
 
 // navigate sends the pipelined call that reaches p (nothing waits for it) and returns p's proxy.
 func (s *Session) navigate(p capPath) goja.Value {
+	if err := s.ensureConnected(s.ctx()); err != nil {
+		panic(s.throw(err))
+	}
 	s.client(p).Release()
 	return s.proxy(p)
 }

@@ -53,6 +53,7 @@ func Commands() []*Command {
 func init() {
 	register(&Command{Name: "help", Args: "[interface]", Help: "show commands, or the methods of an interface (.help Stream)", Run: runHelp})
 	register(&Command{Name: "exit", Help: "leave (Ctrl-D does too)", Run: func(context.Context, *Session, []string) error { return ErrExit }})
+	register(&Command{Name: "reconnect", Help: "drop the connection and dial itxd again (variables are kept)", Run: runReconnect})
 	register(&Command{Name: "output", Args: "[auto|pretty|json|table]", Help: "show or set how results print", Run: runOutput})
 	register(&Command{Name: "tail", Args: "<path> [after]", CLI: true,
 		Help: "open a connection and print events as they are appended, until Ctrl-C (default: after the head)", Run: runTail})
@@ -72,7 +73,16 @@ func (s *Session) RunCommand(ctx context.Context, line string) error {
 	}
 	s.vmMu.Lock()
 	defer s.vmMu.Unlock()
+	if c.Name != "reconnect" && c.Name != "exit" {
+		if err := s.ensureConnected(ctx); err != nil {
+			return err
+		}
+	}
 	return c.Run(ctx, s, fields[1:])
+}
+
+func runReconnect(ctx context.Context, s *Session, _ []string) error {
+	return s.reconnect(ctx)
 }
 
 const helpIntro = `Expressions are JavaScript; ` + "`project`" + ` is the project you logged into. For example:

@@ -62,6 +62,10 @@ func (s *Session) RunTerminal(cfg TerminalConfig) error {
 	// While readline reads, the terminal is raw and Ctrl-C arrives as a key (ErrInterrupt).
 	// While a call runs, the terminal is cooked and Ctrl-C arrives as SIGINT: it cancels the
 	// evaluation's context.
+	stopWatch := make(chan struct{})
+	defer close(stopWatch)
+	go s.watchConnection(stopWatch)
+
 	sigint := make(chan os.Signal, 1)
 	signal.Notify(sigint, os.Interrupt)
 	defer signal.Stop(sigint)
