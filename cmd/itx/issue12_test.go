@@ -18,6 +18,7 @@ import (
 	"github.com/creack/pty"
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/capability"
+	"github.com/itx-dev/itx/cmd/itx/internal/repl"
 	"github.com/itx-dev/itx/server"
 	"github.com/stretchr/testify/require"
 )
@@ -203,4 +204,73 @@ func TestIssue12_Reconnect(t *testing.T) {
 
 	term.line(".reconnect", "reconnected to "+addr)
 	term.line(`a.describe().headOffset + keep + 1`, "43")
+}
+
+// Point 5: a cut page says so and how to go on; all: true walks every page;
+// streams.list(prefix, after, limit) honours every argument.
+func TestIssue12_Paging(t *testing.T) {
+	ts := startServer(t)
+	batch := make([]itx.EventInput, 300)
+	for i := range batch {
+		batch[i] = itx.EventInput{Type: "tick"}
+	}
+	ts.appendDirect(t, "/p", batch...)
+	ts.appendDirect(t, "/p", batch...)
+	c := newCLI(t)
+	conn := []string{"--addr", ts.addr, "--token", ts.token, "--json"}
+
+	code, out, errs := c.run("", append(conn, "-e", `project.streams.get("/p").getEvents().length`)...)
+	require.Equal(t, exitOK, code, errs)
+	require.Equal(t, "500\n", out)
+	require.Equal(t, "(500 events shown, more follow: getEvents({after: 500}) for the next page, or getEvents({all: true}) for every one)\n", errs)
+
+	code, out, errs = c.run("", append(conn, "-e", `project.streams.get("/p").getEvents({all: true}).length`)...)
+	require.Equal(t, exitOK, code, errs)
+	require.Equal(t, "600\n", out)
+	require.Empty(t, errs)
+
+	code, out, errs = c.run("", append(conn, "-e", `project.streams.get("/p").getEvents(550).length`)...)
+	require.Equal(t, exitOK, code, errs)
+	require.Equal(t, "50\n", out, "the last page says nothing")
+	require.Empty(t, errs)
+
+	for _, p := range []string{"/l/a", "/l/b", "/l/c", "/m"} {
+		ts.appendDirect(t, p, itx.EventInput{Type: "x"})
+	}
+	paths := func(src string) (string, string) {
+		t.Helper()
+		code, out, errs := c.run("", append(conn, "-e", src+`.map(s => s.path).join(" ")`)...)
+		require.Equal(t, exitOK, code, errs)
+		return strings.TrimSpace(out), errs
+	}
+	got, _ := paths(`project.streams.list("/l/", "/l/a")`)
+	require.Equal(t, `"/l/b /l/c"`, got, "after is exclusive")
+	got, errs = paths(`project.streams.list("/l/", "", 1)`)
+	require.Equal(t, `"/l/a"`, got, "limit is one page")
+	require.Contains(t, errs, `more follow: list("/l/", "/l/a", 1)`)
+	got, _ = paths(`project.streams.list({prefix: "/l/", after: "/l/b"})`)
+	require.Equal(t, `"/l/c"`, got)
+}
+
+// Point 6, argument styles: every method takes its values in order or one options object.
+func TestIssue12_ArgumentStyles(t *testing.T) {
+	ts := startServer(t)
+	s := newSession(t, ts)
+	s.mustEval(t, `var st = project.streams.get("/args"); st.append([{type: "a"}, {type: "b"}])`)
+	require.Equal(t, "mirror", obj(t, s.mustEval(t, `st.subscriptions.configure("mirror", {type: "copy-to-stream", path: "/copy"}, {start: "now"})`))["name"])
+	require.Equal(t, 3.0, obj(t, s.mustEval(t, `st.subscriptions.get("mirror").waitUntilProcessed(3, 20000)`))["confirmedOffset"])
+	require.Equal(t, 4.0, obj(t, s.mustEval(t, `st.setSubscriptionCursor("mirror", 0)`))["offset"], "as the README shows it")
+	require.Equal(t, 5.0, obj(t, s.mustEval(t, `st.setSubscriptionCursor({name: "mirror", afterOffset: 0})`))["offset"])
+	require.Equal(t, "failedPrecondition", s.failure(t, `st.resumeSubscription("mirror")`).Code)
+	require.Equal(t, "failedPrecondition", s.failure(t, `st.resumeSubscription({name: "mirror"})`).Code)
+	events := arr(t, s.mustEval(t, `st.getEvents(1, 1)`))
+	require.Len(t, events, 1)
+	require.Equal(t, 2.0, obj(t, events[0])["offset"])
+	require.Equal(t, "b", obj(t, s.mustEval(t, `st.waitForEvent("b", 1, 1000)`))["type"])
+	f := s.failure(t, `st.getEvents(1, {after: 2})`)
+	require.Equal(t, repl.Failure{Code: "invalidArgument", Message: "getEvents: after is given twice, as an argument and as an option"}, f)
+
+	require.NoError(t, s.RunCommand(context.Background(), "help Stream"))
+	require.Contains(t, s.out.String(), "setSubscriptionCursor(name, afterOffset) or setSubscriptionCursor({name, afterOffset})")
+	require.Contains(t, s.out.String(), "getEvents(after?, limit?) or getEvents({after, before, limit, types, includeEphemeral, all})")
 }

@@ -234,3 +234,33 @@ func arg(args []goja.Value, i int) goja.Value {
 	}
 	return goja.Undefined()
 }
+
+// params reads a method's arguments in either of the two styles every method accepts: values in
+// the order of positional (getEvents(5, 10)), or one options object ({after: 5, limit: 10}),
+// or positional values followed by one options object for the rest (getEvents(5, {types:
+// "note"})). known lists every key the options object may hold, positional ones included.
+func (s *Session) params(what string, args []goja.Value, positional []string, known ...string) (*options, error) {
+	merged := s.vm.NewObject()
+	for i, v := range args {
+		if isAbsent(v) {
+			continue
+		}
+		if obj, ok := v.(*goja.Object); ok && obj.ClassName() == "Object" && i == len(args)-1 {
+			if _, isCap := s.capabilityOf(v); !isCap {
+				for _, k := range obj.Keys() {
+					if merged.Get(k) != nil {
+						return nil, itx.Errorf(itx.EInvalid, "%s: %s is given twice, as an argument and as an option", what, k)
+					}
+					merged.Set(k, obj.Get(k))
+				}
+				continue
+			}
+		}
+		if i >= len(positional) {
+			return nil, itx.Errorf(itx.EInvalid, "%s: too many arguments (takes %s, then an options object {%s})",
+				what, strings.Join(positional, ", "), strings.Join(known, ", "))
+		}
+		merged.Set(positional[i], v)
+	}
+	return s.opts(what, merged, known...)
+}

@@ -26,6 +26,12 @@ func (s *Session) Print(v goja.Value) {
 	fmt.Fprintln(s.cfg.Out, s.format(v, true))
 }
 
+// note tells the person something about a result (a page was cut, a list continues) on the
+// error output, in parentheses, so it never mixes with results a program reads.
+func (s *Session) note(format string, args ...any) {
+	fmt.Fprintf(s.cfg.Err, "("+format+")\n", args...)
+}
+
 // printValues is print() and console.log(): strings as they are (JSON documents in the JSON
 // format), everything else as a result.
 func (s *Session) printValues(values []goja.Value) {

@@ -175,16 +175,23 @@ func TestSession_Arguments(t *testing.T) {
 	})
 
 	t.Run("query", func(t *testing.T) {
-		q, err := s.query("getEvents", s.mustRun(t, `({after: 2, before: 10, limit: 5, types: "note", includeEphemeral: true})`))
+		q, _, err := s.query("getEvents", []goja.Value{s.mustRun(t, `({after: 2, before: 10, limit: 5, types: "note", includeEphemeral: true})`)})
 		require.NoError(t, err)
 		require.Equal(t, client.Query{After: 2, Before: 10, Limit: 5, Types: []string{"note"}, IncludeEphemeral: true}, q)
-		q, err = s.query("getEvents", goja.Undefined())
+		q, _, err = s.query("getEvents", []goja.Value{goja.Undefined()})
 		require.NoError(t, err)
 		require.Equal(t, client.Query{}, q)
-		_, err = s.query("getEvents", s.mustRun(t, `({after: 1.5})`))
+		q, _, err = s.query("getEvents", []goja.Value{s.vm.ToValue(2), s.vm.ToValue(5), s.mustRun(t, `({types: "note"})`)})
+		require.NoError(t, err)
+		require.Equal(t, client.Query{After: 2, Limit: 5, Types: []string{"note"}}, q, "positional values, then an options object")
+		_, _, err = s.query("getEvents", []goja.Value{s.mustRun(t, `({after: 1.5})`)})
 		require.ErrorContains(t, err, "after: expected a non-negative integer")
-		_, err = s.query("getEvents", s.mustRun(t, `([1])`))
-		require.ErrorContains(t, err, "expected an options object")
+		_, _, err = s.query("getEvents", []goja.Value{s.mustRun(t, `([1])`)})
+		require.ErrorContains(t, err, "after: expected a non-negative integer")
+		_, _, err = s.query("getEvents", []goja.Value{s.vm.ToValue(2), s.mustRun(t, `({after: 3})`)})
+		require.ErrorContains(t, err, "after is given twice")
+		_, _, err = s.query("getEvents", []goja.Value{s.vm.ToValue(2), s.vm.ToValue(3), s.vm.ToValue(4)})
+		require.ErrorContains(t, err, "too many arguments")
 	})
 
 	t.Run("subscription config", func(t *testing.T) {
