@@ -9,11 +9,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/creack/pty"
 	"github.com/itx-dev/itx"
@@ -144,11 +146,15 @@ func serveAt(t *testing.T, dir, addr string) (string, func()) {
 
 // startTerminal runs itx on a pseudo-terminal of the given size with env added.
 func startTerminal(t *testing.T, cols, rows uint16, env ...string) (*terminal, chan error) {
+	return startTerminalArgs(t, cols, rows, nil, env...)
+}
+
+func startTerminalArgs(t *testing.T, cols, rows uint16, args []string, env ...string) (*terminal, chan error) {
 	t.Helper()
 	home := t.TempDir()
-	cmd := exec.Command(os.Args[0])
+	cmd := exec.Command(os.Args[0], args...)
 	cmd.Env = append(append(os.Environ(), "ITX_TEST_MAIN=1", "HOME="+home, "XDG_CONFIG_HOME=", "NO_COLOR=1",
-		"TERM=xterm", "ITX_HISTORY="+filepath.Join(home, "history"), "PAGER=", "LESS="), env...)
+		"TERM=xterm", "ITX_HISTORY="+filepath.Join(home, "history"), "ITX_PAGER=cat", "PAGER=cat"), env...)
 	ptmx, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: rows, Cols: cols})
 	require.NoError(t, err)
 	term := &terminal{t: t, pty: ptmx, out: newSyncBuffer()}
@@ -273,4 +279,126 @@ func TestIssue12_ArgumentStyles(t *testing.T) {
 	require.NoError(t, s.RunCommand(context.Background(), "help Stream"))
 	require.Contains(t, s.out.String(), "setSubscriptionCursor(name, afterOffset) or setSubscriptionCursor({name, afterOffset})")
 	require.Contains(t, s.out.String(), "getEvents(after?, limit?) or getEvents({after, before, limit, types, includeEphemeral, all})")
+}
+
+var isoTime = regexp.MustCompile(`^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$`)
+
+// Point 6: output a person reads, at a terminal.
+func TestIssue12_Terminal(t *testing.T) {
+	ts := startServer(t)
+	for _, p := range []string{"/out/a", "/out/b"} {
+		ts.appendDirect(t, p, itx.EventInput{Type: "note", Payload: json.RawMessage(`{"text": "a payload long enough to need cutting on a narrow terminal, and then some more"}`)})
+	}
+	conn := []string{"ITX_ADDR=" + ts.addr, "ITX_TOKEN=" + ts.token}
+
+	t.Run("tables fit the terminal, with a row count", func(t *testing.T) {
+		term, _ := startTerminal(t, 70, 50, conn...)
+		term.line(`project.streams.list("/out/")`, "(2 rows)")
+		table := tableBefore(t, term, "(2 rows)")
+		for _, line := range table {
+			require.LessOrEqual(t, utf8.RuneCountInString(line), 70, "%q", line)
+		}
+		require.Contains(t, strings.Join(table, "\n"), "…", "cut columns end in an ellipsis")
+
+		term.line(".output wide")
+		term.line(`project.streams.list("/out/")`, "(2 rows)")
+		table = tableBefore(t, term, "(2 rows)")
+		require.Greater(t, utf8.RuneCountInString(table[1]), 70, ".output wide prints every column whole")
+		require.NotContains(t, strings.Join(table, "\n"), "…")
+	})
+
+	t.Run("--wide", func(t *testing.T) {
+		term, _ := startTerminalArgs(t, 70, 50, []string{"--wide"}, conn...)
+		term.line(`project.streams.list("/out/")`, "(2 rows)")
+		require.NotContains(t, strings.Join(tableBefore(t, term, "(2 rows)"), "\n"), "…")
+	})
+
+	t.Run("events print one to a line", func(t *testing.T) {
+		term, _ := startTerminal(t, 200, 50, conn...)
+		term.line(`project.streams.get("/out/a").getEvents()`, "(1 row)")
+		table := tableBefore(t, term, "(1 row)")
+		require.Equal(t, []string{"offset", "createdAt", "type", "payload"}, strings.Fields(table[0]))
+		cells := strings.Fields(table[1])
+		require.Equal(t, "1", cells[0])
+		require.Regexp(t, isoTime, cells[1], "times are ISO-8601")
+		require.Equal(t, "note", cells[2])
+		require.True(t, strings.HasPrefix(cells[3], `{"text":"a`), "compact payload: %q", table[1])
+
+		term.line(".time relative")
+		term.line(`project.streams.get("/out/a").getEvents()`, "(1 row)")
+		require.Contains(t, tableBefore(t, term, "(1 row)")[1], "s ago", "relative times on request")
+	})
+
+	t.Run("a pager for what is taller than the screen", func(t *testing.T) {
+		term, _ := startTerminal(t, 200, 10, append(conn, "ITX_PAGER=sed s/^/paged:/")...)
+		term.line(`Array.from({length: 30}, (_, i) => ({i}))`, "paged:(30 rows)")
+		term.line(`[{i: 1}]`, "(1 row)")
+		require.NotContains(t, term.out.String()[strings.LastIndex(term.out.String(), "[{i: 1}]"):], "paged:", "what fits is not paged")
+	})
+
+	t.Run("help, exit and quit are words", func(t *testing.T) {
+		term, exited := startTerminal(t, 200, 50, conn...)
+		term.line("help", "Commands:", ".reconnect")
+		term.send("quit\r")
+		require.NoError(t, <-exited)
+		term, exited = startTerminal(t, 200, 50, conn...)
+		term.send("exit\r")
+		require.NoError(t, <-exited)
+	})
+}
+
+// tableBefore returns the lines of the table the terminal printed just before its row count.
+func tableBefore(t *testing.T, term *terminal, count string) []string {
+	t.Helper()
+	all := strings.ReplaceAll(term.out.String()[:term.mark], "\r\n", "\n")
+	end := strings.LastIndex(all, count)
+	require.GreaterOrEqual(t, end, 0)
+	start := strings.LastIndex(all[:end], "\n"+"path ")
+	if i := strings.LastIndex(all[:end], "\n"+"offset "); i > start {
+		start = i
+	}
+	require.GreaterOrEqual(t, start, 0, "no table in %q", all)
+	return strings.Split(strings.TrimRight(all[start+1:end], "\n"), "\n")
+}
+
+// Point 6: piped input prints each result, like a session without a prompt; times are ISO-8601
+// in JSON too; errors show no Go symbols.
+func TestIssue12_PipedAndErrors(t *testing.T) {
+	ts := startServer(t)
+	ts.appendDirect(t, "/pipe", itx.EventInput{Type: "x"})
+	c := newCLI(t)
+	c.env["ITX_ADDR"], c.env["ITX_TOKEN"] = ts.addr, ts.token
+
+	code, out, errs := c.run("project.streams.list().length\nlet a = project.streams.get(\"/pipe\")\na.describe().headOffset +\n  1\nnope\n[1,\n 2]\n")
+	require.Equal(t, exitError, code, "an input failed")
+	require.Equal(t, "1\n2\n[1, 2]\n", out, "each result printed, a statement over two lines as one")
+	require.Equal(t, "ReferenceError: nope is not defined\n", errs, "and the inputs after an error still run")
+
+	code, out, errs = c.run("project.streams.list()\n")
+	require.Equal(t, exitOK, code, errs)
+	require.Contains(t, out, `"path": "/pipe"`, "echo 'project.streams.list()' | itx prints the list")
+
+	code, out, errs = c.run("1\nexit\n2\n")
+	require.Equal(t, exitOK, code, errs)
+	require.Equal(t, "1\n", out)
+
+	code, out, errs = c.run("", "--json", "-e", `project.streams.get("/pipe").getEvents()[0].createdAt`)
+	require.Equal(t, exitOK, code, errs)
+	var at string
+	require.NoError(t, json.Unmarshal([]byte(out), &at))
+	require.Regexp(t, isoTime, at)
+
+	for _, src := range []string{
+		`project.streams.get("/pipe").append({type: 1n})`,
+		`project.streams.get("/pipe").getEvents({after: 1n})`,
+		`project.streams.get("/pipe").append({type: "x", payload: Symbol("s")})`,
+		`project.streams.get(Symbol("s"))`,
+	} {
+		code, _, errs := c.run("", "-e", src)
+		require.Equal(t, exitError, code, src)
+		require.True(t, strings.HasPrefix(errs, "invalidArgument: "), "%s: %s", src, errs)
+		for _, sym := range []string{"*big.Int", "goja", "reflect", "runtime", "0xc0", "<nil>", "%!"} {
+			require.NotContains(t, errs, sym, src)
+		}
+	}
 }

@@ -224,6 +224,9 @@ func exportString(v goja.Value) (string, bool) {
 	if isAbsent(v) {
 		return "", false
 	}
+	if _, isSymbol := v.(*goja.Symbol); isSymbol {
+		return "", false // a symbol exports as its description: not a string the caller wrote
+	}
 	s, ok := v.Export().(string)
 	return s, ok
 }

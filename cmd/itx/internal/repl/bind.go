@@ -170,11 +170,41 @@ func rawJSON(text string) json.RawMessage {
 
 // --- result shapes (field order is print order) ---
 
+// msTime is a time the server sends as epoch milliseconds. itx shows every time the same way,
+// as an ISO-8601 string in UTC (2026-12-01T16:25:40.123Z), which new Date() reads back; 0
+// (not set) is null.
+type msTime int64
+
+func (t msTime) MarshalJSON() ([]byte, error) {
+	if t == 0 {
+		return []byte("null"), nil
+	}
+	return json.Marshal(isoTime(time.UnixMilli(int64(t))))
+}
+
+// textTime is a time the server sends as text (SQLite's "2006-01-02 15:04:05" or RFC 3339),
+// shown like msTime.
+type textTime string
+
+func (t textTime) MarshalJSON() ([]byte, error) {
+	if t == "" {
+		return []byte("null"), nil
+	}
+	for _, layout := range []string{time.RFC3339Nano, "2006-01-02 15:04:05.999999999", "2006-01-02T15:04:05.999999999"} {
+		if at, err := time.Parse(layout, string(t)); err == nil {
+			return json.Marshal(isoTime(at))
+		}
+	}
+	return json.Marshal(string(t))
+}
+
+func isoTime(at time.Time) string { return at.UTC().Format("2006-01-02T15:04:05.000Z07:00") }
+
 type eventJS struct {
 	Offset         int64           `json:"offset"`
 	Type           string          `json:"type"`
 	Payload        json.RawMessage `json:"payload"`
-	CreatedAt      int64           `json:"createdAt"`
+	CreatedAt      msTime          `json:"createdAt"`
 	IdempotencyKey string          `json:"idempotencyKey,omitempty"`
 	Metadata       json.RawMessage `json:"metadata,omitempty"`
 	Ephemeral      bool            `json:"ephemeral,omitempty"`
@@ -184,7 +214,7 @@ type eventJS struct {
 func eventsJS(events []itx.Event) []eventJS {
 	out := make([]eventJS, len(events))
 	for i, e := range events {
-		out[i] = eventJS{Offset: e.Offset, Type: e.Type, Payload: rawJSON(string(e.Payload)), CreatedAt: e.CreatedAt,
+		out[i] = eventJS{Offset: e.Offset, Type: e.Type, Payload: rawJSON(string(e.Payload)), CreatedAt: msTime(e.CreatedAt),
 			IdempotencyKey: e.IdempotencyKey, Metadata: rawJSON(string(e.Metadata)), Ephemeral: e.Ephemeral, Provenance: e.Provenance}
 		if out[i].Payload == nil {
 			out[i].Payload = json.RawMessage("{}")
@@ -197,15 +227,15 @@ type streamInfoJS struct {
 	Path              string `json:"path"`
 	StreamID          string `json:"streamId"`
 	HeadOffset        int64  `json:"headOffset"`
-	CreatedAt         int64  `json:"createdAt"`
-	LastAppendAt      int64  `json:"lastAppendAt"`
+	CreatedAt         msTime `json:"createdAt"`
+	LastAppendAt      msTime `json:"lastAppendAt"`
 	SubscriptionCount int    `json:"subscriptionCount"`
 	Loaded            bool   `json:"loaded"`
 }
 
 func streamInfoOf(i client.StreamInfo) streamInfoJS {
-	return streamInfoJS{Path: i.Path, StreamID: i.StreamID, HeadOffset: i.HeadOffset, CreatedAt: i.CreatedAt,
-		LastAppendAt: i.LastAppendAt, SubscriptionCount: i.SubscriptionCount, Loaded: i.Loaded}
+	return streamInfoJS{Path: i.Path, StreamID: i.StreamID, HeadOffset: i.HeadOffset, CreatedAt: msTime(i.CreatedAt),
+		LastAppendAt: msTime(i.LastAppendAt), SubscriptionCount: i.SubscriptionCount, Loaded: i.Loaded}
 }
 
 type offsetJS struct {
@@ -214,13 +244,13 @@ type offsetJS struct {
 
 type mountJS struct {
 	Name      string `json:"name"`
-	MountedAt int64  `json:"mountedAt"`
+	MountedAt msTime `json:"mountedAt"`
 }
 
 func mountsJS(ms []client.MountInfo) []mountJS {
 	out := make([]mountJS, len(ms))
 	for i, m := range ms {
-		out[i] = mountJS{Name: m.Name, MountedAt: m.MountedAt}
+		out[i] = mountJS{Name: m.Name, MountedAt: msTime(m.MountedAt)}
 	}
 	return out
 }
@@ -660,17 +690,17 @@ func subscriptionDescribe(ctx context.Context, s *Session, c capnp.Client, _ cap
 		ConfirmedOffset                   int64                `json:"confirmedOffset"`
 		HeadOffset                        int64                `json:"headOffset"`
 		Attempt                           int                  `json:"attempt"`
-		NextAttemptAt                     int64                `json:"nextAttemptAt"`
+		NextAttemptAt                     msTime               `json:"nextAttemptAt"`
 		FailingEventOffset                int64                `json:"failingEventOffset"`
 		FailingEventAttempt               int                  `json:"failingEventAttempt"`
 		FailingEventSkipsSinceLastSuccess int                  `json:"failingEventSkipsSinceLastSuccess"`
 		LastError                         string               `json:"lastError"`
-		InFlightDeadlineAt                int64                `json:"inFlightDeadlineAt"`
+		InFlightDeadlineAt                msTime               `json:"inFlightDeadlineAt"`
 		InFlightConnectionGeneration      int64                `json:"inFlightConnectionGeneration"`
-		UpdatedAt                         string               `json:"updatedAt"`
+		UpdatedAt                         textTime             `json:"updatedAt"`
 	}{configJS(d.Config), d.Kind, d.Status, d.ConfiguredAtOffset, d.CursorChangedAtOffset, d.ConfirmedOffset, d.HeadOffset,
-		d.Attempt, d.NextAttemptAt, d.FailingEventOffset, d.FailingEventAttempt, d.FailingEventSkipsSinceLastSuccess,
-		d.LastError, d.InFlightDeadlineAt, d.InFlightConnectionGeneration, d.UpdatedAt}, nil
+		d.Attempt, msTime(d.NextAttemptAt), d.FailingEventOffset, d.FailingEventAttempt, d.FailingEventSkipsSinceLastSuccess,
+		d.LastError, msTime(d.InFlightDeadlineAt), d.InFlightConnectionGeneration, textTime(d.UpdatedAt)}, nil
 }
 
 func subscriptionWaitUntilProcessed(ctx context.Context, s *Session, c capnp.Client, _ capPath, args []goja.Value) (any, error) {
@@ -747,11 +777,11 @@ func readersList(ctx context.Context, s *Session, c capnp.Client, _ capPath, _ [
 		Name       string `json:"name"`
 		Checkpoint int64  `json:"checkpoint"`
 		Lag        int64  `json:"lag"`
-		UpdatedAt  int64  `json:"updatedAt"`
+		UpdatedAt  msTime `json:"updatedAt"`
 	}
 	out := make([]readerJS, len(rs))
 	for i, r := range rs {
-		out[i] = readerJS{r.Name, r.Checkpoint, r.Lag, r.UpdatedAt}
+		out[i] = readerJS{r.Name, r.Checkpoint, r.Lag, msTime(r.UpdatedAt)}
 	}
 	return out, nil
 }

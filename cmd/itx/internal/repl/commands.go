@@ -54,7 +54,9 @@ func init() {
 	register(&Command{Name: "help", Args: "[interface]", Help: "show commands, or the methods of an interface (.help Stream)", Run: runHelp})
 	register(&Command{Name: "exit", Help: "leave (Ctrl-D does too)", Run: func(context.Context, *Session, []string) error { return ErrExit }})
 	register(&Command{Name: "reconnect", Help: "drop the connection and dial itxd again (variables are kept)", Run: runReconnect})
-	register(&Command{Name: "output", Args: "[auto|pretty|json|table]", Help: "show or set how results print", Run: runOutput})
+	register(&Command{Name: "output", Args: "[auto|pretty|json|table|wide|fit]", Help: "show or set how results print; wide: tables at full width, fit: cut to the terminal", Run: runOutput})
+	register(&Command{Name: "time", Args: "[iso|relative]", Help: "show times in tables as ISO-8601 (the default) or relative to now", Run: runTime})
+	register(&Command{Name: "quit", Help: "leave (as .exit)", Run: func(context.Context, *Session, []string) error { return ErrExit }})
 	register(&Command{Name: "tail", Args: "<path> [after]", CLI: true,
 		Help: "open a connection and print events as they are appended, until Ctrl-C (default: after the head)", Run: runTail})
 	register(&Command{Name: "watch", Args: "<path>", CLI: true,
@@ -140,7 +142,16 @@ func boundInterfaces() []string {
 
 func runOutput(ctx context.Context, s *Session, args []string) error {
 	if len(args) == 0 {
-		fmt.Fprintln(s.cfg.Out, s.cfg.Format)
+		width := "fit"
+		if s.cfg.Wide {
+			width = "wide"
+		}
+		fmt.Fprintln(s.cfg.Out, s.cfg.Format, width)
+		return nil
+	}
+	switch args[0] {
+	case "wide", "fit":
+		s.cfg.Wide = args[0] == "wide"
 		return nil
 	}
 	f, err := ParseFormat(args[0])
@@ -149,6 +160,23 @@ func runOutput(ctx context.Context, s *Session, args []string) error {
 	}
 	s.cfg.Format = f
 	return nil
+}
+
+func runTime(ctx context.Context, s *Session, args []string) error {
+	if len(args) == 0 {
+		if s.relativeTimes {
+			fmt.Fprintln(s.cfg.Out, "relative")
+		} else {
+			fmt.Fprintln(s.cfg.Out, "iso")
+		}
+		return nil
+	}
+	switch args[0] {
+	case "iso", "relative":
+		s.relativeTimes = args[0] == "relative"
+		return nil
+	}
+	return itx.Errorf(itx.EInvalid, "usage: .time iso|relative")
 }
 
 // streamArg reads a <path> argument.

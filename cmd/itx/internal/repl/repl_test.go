@@ -223,10 +223,10 @@ func TestSession_Format(t *testing.T) {
 	rows := `[{path: "/a", headOffset: 3, loaded: true, streamId: ""}, {path: "/b/c", headOffset: 12, loaded: false, extra: null}]`
 
 	s, _ := offlineSession(t, FormatTable)
-	require.Equal(t, "path  headOffset  loaded  streamId  extra\n/a    3           true    -         -\n/b/c  12          false   -         -",
+	require.Equal(t, "path  headOffset  loaded  streamId  extra\n/a    3           true    -         -\n/b/c  12          false   -         -\n(2 rows)",
 		s.format(s.mustRun(t, rows), true))
 	require.Equal(t, "{\n  \"a\": [1, 2]\n}", s.format(s.mustRun(t, `({a: [1, 2]})`), true), "not flat records: JSON")
-	require.Equal(t, "[\n  {\n    \"a\": {\n      \"b\": 1\n    }\n  }\n]", s.format(s.mustRun(t, `[{a: {b: 1}}]`), true))
+	require.Equal(t, "a\n{\"b\":1}\n(1 row)", s.format(s.mustRun(t, `[{a: {b: 1}}]`), true), "a nested value is one line of JSON in its cell")
 	require.Equal(t, "[Stream /a]", s.format(s.proxy(capPath{iface: "Stream", steps: []step{{method: "streams"}, {method: "get", arg: "/a"}}}), true))
 	require.Equal(t, `"str"`, s.format(s.mustRun(t, `"str"`), true))
 	require.Equal(t, `str`, s.format(s.mustRun(t, `"str"`), false))

@@ -66,6 +66,15 @@ type Config struct {
 	Format Format
 	TTY    bool // Out is a terminal
 	Color  bool // Err is a terminal: errors in red
+	// Size reports the terminal's columns and rows (0 when unknown): tables are fitted to the
+	// width, and results taller than the screen go through Pager.
+	Size func() (cols, rows int)
+	// Wide prints tables at their full width, never cutting a column.
+	Wide bool
+	// Pager is a shell command a result taller than the screen is piped through on a terminal
+	// (empty: none); its output goes to PagerOut, the terminal itself.
+	Pager    string
+	PagerOut io.Writer
 	// ReconnectTimeout bounds how long a call waits for a lost connection to come back
 	// (default 30 s).
 	ReconnectTimeout time.Duration
@@ -99,6 +108,8 @@ type Session struct {
 	cancelSession context.CancelFunc
 
 	declared []string // top-level names scripts declared, for completion
+	// relativeTimes shows times as "5m ago" in tables (.time relative).
+	relativeTimes bool
 	// vmMu is held while the runtime runs. readline processes keys typed ahead during a call
 	// on its own goroutine, so completion must not touch the runtime then.
 	vmMu sync.Mutex
