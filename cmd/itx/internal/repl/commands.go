@@ -239,14 +239,14 @@ func runTail(ctx context.Context, s *Session, args []string) error {
 }
 
 // printEventLine prints one tailed event: a JSON document in the JSON format, otherwise
-// "offset  type  payload".
+// "offset  time  type  payload", as events print in a table.
 func (s *Session) printEventLine(e eventJS) {
 	if s.cfg.Format == FormatJSON {
 		b, _ := json.Marshal(e)
 		fmt.Fprintln(s.cfg.Out, string(b))
 		return
 	}
-	fmt.Fprintf(s.cfg.Out, "%d  %s  %s\n", e.Offset, e.Type, e.Payload)
+	fmt.Fprintf(s.cfg.Out, "%d  %s  %s  %s\n", e.Offset, isoTime(time.UnixMilli(int64(e.CreatedAt))), e.Type, e.Payload)
 }
 
 func runWatch(ctx context.Context, s *Session, args []string) error {
