@@ -20,6 +20,7 @@ import (
 	"github.com/creack/pty"
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/capability"
+	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/cmd/itx/internal/repl"
 	"github.com/itx-dev/itx/server"
 	"github.com/stretchr/testify/require"
@@ -401,4 +402,29 @@ func TestIssue12_PipedAndErrors(t *testing.T) {
 			require.NotContains(t, errs, sym, src)
 		}
 	}
+}
+
+// Point 2: every exception's reason carries "itx.<code>: ", a method not served yet included,
+// wherever the library puts its own text; itx shows the code either way.
+func TestIssue12_ErrorCodes(t *testing.T) {
+	ts := startServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := client.Dial(ctx, ts.addr)
+	require.NoError(t, err)
+	defer c.Close()
+	p := c.Login(ctx, ts.token)
+	defer p.Release()
+	st := client.Stream(ctx, p, "/codes")
+	defer st.Release()
+	fut, release := st.Readers(ctx, nil)
+	defer release()
+	_, err = fut.Struct()
+	require.Error(t, err)
+	require.Regexp(t, `itx\.unavailable: Stream\.readers is not implemented by this server`, err.Error())
+	require.Equal(t, itx.EUnavailable, itx.ErrorCode(err))
+
+	s := newSession(t, ts)
+	require.Equal(t, repl.Failure{Code: "unimplemented", Message: "Stream.readers is not implemented by this server"},
+		s.failure(t, `project.streams.get("/codes").readers.list()`))
 }
