@@ -170,7 +170,7 @@ func (o *options) strings(key string) []string {
 	return out
 }
 
-// json reads a value sent as JSON text: an object is encoded with JSON.stringify (its key
+// json reads a value sent as JSON text: an object is encoded as JSON.stringify would (its key
 // order kept), a string is taken to be JSON text already.
 func (o *options) json(key string) json.RawMessage {
 	v := o.get(key)

@@ -94,8 +94,6 @@ type Session struct {
 	project schema.Project
 
 	vm        *goja.Runtime
-	stringify goja.Callable
-	parse     goja.Callable
 	capSym    *goja.Symbol
 
 	caps *capCache
@@ -150,6 +148,8 @@ func Connect(ctx context.Context, cfg Config) (*Session, error) {
 // Close ends open connections and live views, releases every capability and closes the
 // connection.
 func (s *Session) Close() error {
+	s.vmMu.Lock() // not during an evaluation, nor while the watcher adopts a new connection
+	defer s.vmMu.Unlock()
 	s.dropCapabilities()
 	s.cancelSession()
 	s.linkMu.Lock()
@@ -311,7 +311,8 @@ func (s *Session) connectedAfterRedial(ctx context.Context) bool {
 	}
 	s.vmMu.Lock()
 	defer s.vmMu.Unlock()
-	if s.connected() {
+	if s.connected() || ctx.Err() != nil {
+		// An evaluation reconnected first, or the session is ending.
 		project.Release()
 		conn.Close()
 		return true
@@ -335,14 +336,6 @@ func (s *Session) initVM() error {
 	vm := goja.New()
 	s.vm = vm
 	s.capSym = goja.NewSymbol("itx.capability")
-	j := vm.Get("JSON").ToObject(vm)
-	var ok bool
-	if s.stringify, ok = goja.AssertFunction(j.Get("stringify")); !ok {
-		return errors.New("goja: JSON.stringify is not a function")
-	}
-	if s.parse, ok = goja.AssertFunction(j.Get("parse")); !ok {
-		return errors.New("goja: JSON.parse is not a function")
-	}
 	if err := vm.Set("project", s.proxy(capPath{iface: "Project"})); err != nil {
 		return err
 	}
