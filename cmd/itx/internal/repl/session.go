@@ -93,8 +93,8 @@ type Session struct {
 	conn    *client.Conn
 	project schema.Project
 
-	vm        *goja.Runtime
-	capSym    *goja.Symbol
+	vm     *goja.Runtime
+	capSym *goja.Symbol
 
 	caps *capCache
 	// callCtx is the context of the evaluation in progress: every terminal call uses it, so
