@@ -95,6 +95,8 @@ const helpIntro = `Expressions are JavaScript; ` + "`project`" + ` is the projec
   project.streams.get("/a").subscriptions.get("agent").describe()
 Navigation (.streams, .get(path), .subscriptions, ...) is pipelined; the last call waits.
 Calls return their results directly (await is accepted and does nothing). Tab completes.
+Every method takes its values in order or one options object (.help Stream shows both).
+help, exit and quit work without the dot too.
 `
 
 func runHelp(ctx context.Context, s *Session, args []string) error {
