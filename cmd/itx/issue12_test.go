@@ -117,6 +117,11 @@ func TestIssue12_BigIntegers(t *testing.T) {
 	code, out, errs = c.run("", append(conn, "--json", "-e", `project.streams.get("/big").getEvents({after: 1})[0].payload`)...)
 	require.Equal(t, exitOK, code, errs)
 	require.Equal(t, `{"n":9007199254740995}`+"\n", out)
+
+	// An offset may be a BigInt too.
+	code, out, errs = c.run("", append(conn, "--json", "-e", `project.streams.get("/big").getEvents({after: 1n}).length`)...)
+	require.Equal(t, exitOK, code, errs)
+	require.Equal(t, "1\n", out)
 }
 
 // serveAt serves an itxd on dir at addr ("127.0.0.1:0": any port) until the returned stop is
@@ -391,7 +396,7 @@ func TestIssue12_PipedAndErrors(t *testing.T) {
 
 	for _, src := range []string{
 		`project.streams.get("/pipe").append({type: 1n})`,
-		`project.streams.get("/pipe").getEvents({after: 1n})`,
+		`project.streams.get("/pipe").getEvents({after: -1n})`,
 		`project.streams.get("/pipe").append({type: "x", payload: Symbol("s")})`,
 		`project.streams.get(Symbol("s"))`,
 	} {

@@ -3,6 +3,7 @@ package repl
 import (
 	"encoding/json"
 	"math"
+	"math/big"
 	"strings"
 
 	"github.com/dop251/goja"
@@ -115,6 +116,10 @@ func toUint(v goja.Value) (int64, bool) {
 	case float64:
 		if n >= 0 && n == math.Trunc(n) && n < 1<<63 {
 			return int64(n), true
+		}
+	case *big.Int: // an offset beyond 2^53, exact: getEvents({after: 9007199254740993n})
+		if n.IsInt64() && n.Sign() >= 0 {
+			return n.Int64(), true
 		}
 	}
 	return 0, false
