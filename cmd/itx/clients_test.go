@@ -1,3 +1,5 @@
+// The tests of issue 12 ("clients: any Cap'n Proto language works from the schema alone, and
+// itx a person enjoys"), one or more per point; each fails on the code before it.
 package main
 
 import (
@@ -76,7 +78,7 @@ func startItxd(t *testing.T, data string) *exec.Cmd {
 }
 
 // Point 7: itxd records where it listens, so --data alone connects, whatever the port.
-func TestIssue12_DataDirConnects(t *testing.T) {
+func TestRun_DataDirConnects(t *testing.T) {
 	data := t.TempDir()
 	startItxd(t, data)
 	b, err := os.ReadFile(filepath.Join(data, "credentials.json"))
@@ -93,7 +95,7 @@ func TestIssue12_DataDirConnects(t *testing.T) {
 }
 
 // Point 4: integers beyond 2^53 survive, in --json and pretty output, read and written.
-func TestIssue12_BigIntegers(t *testing.T) {
+func TestRun_BigIntegers(t *testing.T) {
 	ts := startServer(t)
 	ts.appendDirect(t, "/big", itx.EventInput{Type: "n", Payload: json.RawMessage(`{"n": 9007199254740993, "small": 7, "f": 1.5}`)})
 	c := newCLI(t)
@@ -189,7 +191,7 @@ func (term *terminal) line(src string, want ...string) {
 
 // Point 3: after itxd restarts, itx reconnects on its own (saying so), keeps variables and
 // reaches capabilities again on their next use; .reconnect does it on demand.
-func TestIssue12_Reconnect(t *testing.T) {
+func TestTerminal_Reconnect(t *testing.T) {
 	dir := t.TempDir()
 	addr, stop := serveAt(t, dir, "127.0.0.1:0")
 	creds, err := server.ReadCredentials(dir)
@@ -220,7 +222,7 @@ func TestIssue12_Reconnect(t *testing.T) {
 
 // Point 5: a cut page says so and how to go on; all: true walks every page;
 // streams.list(prefix, after, limit) honours every argument.
-func TestIssue12_Paging(t *testing.T) {
+func TestRun_Paging(t *testing.T) {
 	ts := startServer(t)
 	batch := make([]itx.EventInput, 300)
 	for i := range batch {
@@ -265,7 +267,7 @@ func TestIssue12_Paging(t *testing.T) {
 }
 
 // Point 6, argument styles: every method takes its values in order or one options object.
-func TestIssue12_ArgumentStyles(t *testing.T) {
+func TestEval_ArgumentStyles(t *testing.T) {
 	ts := startServer(t)
 	s := newSession(t, ts)
 	s.mustEval(t, `var st = project.streams.get("/args"); st.append([{type: "a"}, {type: "b"}])`)
@@ -290,7 +292,7 @@ func TestIssue12_ArgumentStyles(t *testing.T) {
 var isoTime = regexp.MustCompile(`^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$`)
 
 // Point 6: output a person reads, at a terminal.
-func TestIssue12_Terminal(t *testing.T) {
+func TestTerminal_Output(t *testing.T) {
 	ts := startServer(t)
 	for _, p := range []string{"/out/a", "/out/b"} {
 		ts.appendDirect(t, p, itx.EventInput{Type: "note", Payload: json.RawMessage(`{"text": "a payload long enough to need cutting on a narrow terminal, and then some more"}`)})
@@ -369,7 +371,7 @@ func tableBefore(t *testing.T, term *terminal, count string) []string {
 
 // Point 6: piped input prints each result, like a session without a prompt; times are ISO-8601
 // in JSON too; errors show no Go symbols.
-func TestIssue12_PipedAndErrors(t *testing.T) {
+func TestRun_PipedAndErrors(t *testing.T) {
 	ts := startServer(t)
 	ts.appendDirect(t, "/pipe", itx.EventInput{Type: "x"})
 	c := newCLI(t)
@@ -411,7 +413,7 @@ func TestIssue12_PipedAndErrors(t *testing.T) {
 
 // Point 2: every exception's reason carries "itx.<code>: ", a method not served yet included,
 // wherever the library puts its own text; itx shows the code either way.
-func TestIssue12_ErrorCodes(t *testing.T) {
+func TestEval_ErrorCodes(t *testing.T) {
 	ts := startServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
