@@ -3,13 +3,16 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -90,6 +93,9 @@ func run() error {
 			return err
 		}
 	}
+	if err := recordAddress(*data, addr); err != nil {
+		log.Warn().Err(err).Msg("could not record the address in credentials.json: itx --data needs --addr")
+	}
 	announce(log, addr, *data, *metricsAddr)
 
 	sig := make(chan os.Signal, 1)
@@ -130,6 +136,35 @@ func announce(log zerolog.Logger, addr, data, metrics string) {
 	}
 	fmt.Fprintf(os.Stderr, "\nConnect with the itx REPL:\n  itx --addr %s --token %s\n"+
 		"Deployment root (global streams): --token %s\n\n", addr, creds.ProjectToken, creds.DeploymentToken)
+}
+
+// recordAddress writes the bound RPC address into <data>/credentials.json as "addr", beside the
+// tokens, so `itx --data <data>` finds the server wherever `make run` put it. The file keeps
+// its other fields and mode 0600; it is replaced by a rename, so a reader never sees half of it.
+// A data directory without credentials (tokens made elsewhere) is left alone.
+func recordAddress(data, addr string) error {
+	path := filepath.Join(data, server.CredentialsFile)
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(b, &fields); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	fields["addr"], _ = json.Marshal(addr)
+	out, err := json.MarshalIndent(fields, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, append(out, '\n'), 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
 }
 
 // hostList is a repeatable flag.
