@@ -422,16 +422,14 @@ func TestEval_ErrorCodes(t *testing.T) {
 	defer c.Close()
 	p := c.Login(ctx, ts.token)
 	defer p.Release()
-	st := client.Stream(ctx, p, "/codes")
-	defer st.Release()
-	fut, release := st.Readers(ctx, nil)
+	fut, release := p.Processors(ctx, nil)
 	defer release()
 	_, err = fut.Struct()
 	require.Error(t, err)
-	require.Regexp(t, `itx\.unavailable: Stream\.readers is not implemented by this server`, err.Error())
+	require.Regexp(t, `itx\.unavailable: Project\.processors is not implemented by this server`, err.Error())
 	require.Equal(t, itx.EUnavailable, itx.ErrorCode(err))
 
 	s := newSession(t, ts)
-	require.Equal(t, repl.Failure{Code: "unimplemented", Message: "Stream.readers is not implemented by this server"},
-		s.failure(t, `project.streams.get("/codes").readers.list()`))
+	require.Equal(t, repl.Failure{Code: "unimplemented", Message: "Project.processors is not implemented by this server"},
+		s.failure(t, `project.processors.list()`))
 }

@@ -44,6 +44,8 @@ func run() error {
 	denyPrivate := flag.Bool("webhook-deny-private", false, "refuse webhook destinations on loopback, private and link-local addresses")
 	var allowHosts hostList
 	flag.Var(&allowHosts, "webhook-allow-host", "allow webhooks only to this host (repeatable; \"*.example.com\" matches subdomains)")
+	maxConns := flag.Int("max-connections-per-stream", 0, "open connections one stream serves at most (0: 16384)")
+	maxLive := flag.Int("max-live-subscribers-per-stream", 0, "live-state subscribers one stream serves at most, connections' state frames not counted (0: 1024)")
 	shutdownTimeout := flag.Duration("shutdown-timeout", 30*time.Second, "how long SIGTERM waits for in-flight calls")
 	flag.Parse()
 
@@ -63,6 +65,7 @@ func run() error {
 	srv, err := server.Open(ctx, server.Config{
 		DataDir: *data, Log: log, IdleTimeout: *idle, MaxLoadedStreams: *maxLoaded,
 		BreakerBurst: *burst, BreakerRefillPerMinute: *refill,
+		MaxConnectionsPerStream: *maxConns, MaxLiveSubscribersPerStream: *maxLive,
 		Egress: server.EgressPolicy{AllowHosts: allowHosts, DenyPrivate: *denyPrivate},
 	})
 	if err != nil {
