@@ -5,7 +5,7 @@ ADDR     ?= 127.0.0.1:7878
 METRICS  ?= 127.0.0.1:7879
 CAPNP_GO := capnproto.org/go/capnp/v3
 
-.PHONY: build run test bench fuzz sim generate vet fmt clean
+.PHONY: build run test bench compare fuzz sim generate vet fmt clean
 
 build:
 	$(GO) build -o bin/itxd ./cmd/itxd
@@ -23,6 +23,12 @@ test:
 ## bench: the benchmarks recorded in docs/benchmarks.md (a separate itxd process, durable)
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 5s -timeout 60m ./test/
+
+## compare: itxd beside NATS JetStream (sync_always, and default for reference), raw fdatasync and
+## raw SQLite on the same disk, interleaved rounds, one table of medians and ratios
+## (a nested module, bench/, keeps NATS out of the main module)
+compare:
+	cd bench && $(GO) run ./compare -rounds 3
 
 ## fuzz: look for JSONata inputs that hang or exhaust the server (see third_party/jsonata-go/PATCHES.md)
 fuzz:
