@@ -3,59 +3,35 @@ package client
 import (
 	"context"
 
+	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/schema"
+	"github.com/itx-dev/itx/wire"
 )
 
-// ProjectInfo describes the project a token logged into.
-type ProjectInfo struct {
-	ID         string
-	Name       string
-	Deployment bool // the deployment root: its streams are global
-}
-
 // DescribeProject describes a project.
-func DescribeProject(ctx context.Context, project schema.Project) (ProjectInfo, error) {
+func DescribeProject(ctx context.Context, project schema.Project) (itx.ProjectInfo, error) {
 	fut, release := project.Describe(ctx, nil)
 	defer release()
 	res, err := fut.Struct()
 	if err != nil {
-		return ProjectInfo{}, err
+		return itx.ProjectInfo{}, err
 	}
 	i, err := res.Info()
 	if err != nil {
-		return ProjectInfo{}, err
+		return itx.ProjectInfo{}, err
 	}
-	out := ProjectInfo{Deployment: i.Deployment()}
-	if out.ID, err = i.Id(); err != nil {
-		return out, err
-	}
-	out.Name, err = i.Name()
-	return out, err
+	return wire.ProjectInfoFromSchema(i)
 }
 
-// MountInfo is a capability (a Receiver or a ProcessorHost) mounted under a name in a project.
-type MountInfo struct {
-	Name      string
-	MountedAt int64 // epoch ms
-}
-
-func mountInfos(list schema.MountInfo_List, err error) ([]MountInfo, error) {
+func mountInfos(list schema.MountInfo_List, err error) ([]itx.MountInfo, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := make([]MountInfo, list.Len())
-	for i := range out {
-		m := list.At(i)
-		out[i].MountedAt = m.MountedAt()
-		if out[i].Name, err = m.Name(); err != nil {
-			return nil, err
-		}
-	}
-	return out, nil
+	return wire.MountInfosFromSchema(list)
 }
 
 // ListMounts lists the Receivers mounted in a project (project.capabilities().list()).
-func ListMounts(ctx context.Context, caps schema.Capabilities) ([]MountInfo, error) {
+func ListMounts(ctx context.Context, caps schema.Capabilities) ([]itx.MountInfo, error) {
 	fut, release := caps.List(ctx, nil)
 	defer release()
 	res, err := fut.Struct()
@@ -74,7 +50,7 @@ func Unmount(ctx context.Context, caps schema.Capabilities, name string) error {
 }
 
 // ListProcessorHosts lists the remote ProcessorHosts mounted in a project.
-func ListProcessorHosts(ctx context.Context, hosts schema.ProcessorHosts) ([]MountInfo, error) {
+func ListProcessorHosts(ctx context.Context, hosts schema.ProcessorHosts) ([]itx.MountInfo, error) {
 	fut, release := hosts.List(ctx, nil)
 	defer release()
 	res, err := fut.Struct()

@@ -206,7 +206,7 @@ func prefill(b *testing.B, s schema.Stream, n int) (first, last int64) {
 	for done := 0; done < n; {
 		k := min(itx.MaxAppendEvents, n-done)
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		res, err := client.Append(ctx, s, benchEvents(k, done), client.AppendOptions{})
+		res, err := client.Append(ctx, s, benchEvents(k, done), itx.AppendOptions{})
 		cancel()
 		require.NoError(b, err)
 		if done == 0 {
@@ -400,7 +400,7 @@ func benchDeliveryLatency(b *testing.B, srv *benchItxd, receiver func(run int64,
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		t0 := time.Now()
-		res, err := client.Append(ctx, s, events, client.AppendOptions{})
+		res, err := client.Append(ctx, s, events, itx.AppendOptions{})
 		if err != nil {
 			return err
 		}

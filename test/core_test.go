@@ -88,7 +88,7 @@ func mountScripted(t *testing.T, e *subEnv, name string, r *scriptedReceiver) fu
 
 func (e *subEnv) events(t *testing.T, s schema.Stream, types ...string) []itx.Event {
 	t.Helper()
-	evs, err := client.GetEvents(e.ctx, s, client.Query{Types: types})
+	evs, err := client.GetEvents(e.ctx, s, itx.Query{Types: types})
 	require.NoError(t, err)
 	return evs
 }
@@ -96,7 +96,7 @@ func (e *subEnv) events(t *testing.T, s schema.Stream, types ...string) []itx.Ev
 func TestCore_ConfigureIsIdempotent(t *testing.T) {
 	e := newSubEnv(t, server.Config{})
 	var down sync.Map
-	h := newHook(t, func(n int, b server.WebhookBody) int {
+	h := newHook(t, func(n int, b itx.WebhookBody) int {
 		if v, _ := down.Load("on"); v == true {
 			return 503
 		}
@@ -234,7 +234,7 @@ func TestCore_FilterFailureIsRecordedOnce(t *testing.T) {
 // Outages never count toward skip: a webhook that is down backs off, even under skip.
 func TestCore_OutageNeverSkips(t *testing.T) {
 	e := newSubEnv(t, server.Config{})
-	h := newHook(t, func(int, server.WebhookBody) int { return 503 })
+	h := newHook(t, func(int, itx.WebhookBody) int { return 503 })
 	s := stream(t, e.p, "/down")
 	name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "lenient", Start: "now", OnFailingEvent: "skip",
 		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
@@ -245,7 +245,7 @@ func TestCore_OutageNeverSkips(t *testing.T) {
 	}
 	d := e.describe(t, s, name)
 	require.Equal(t, int64(1), d.ConfirmedOffset, "nothing skipped")
-	require.Zero(t, d.FailingEventSkipsSinceLastSuccess)
+	require.Zero(t, d.FailingEventSkips)
 	require.Empty(t, e.events(t, s, itx.TypeErrorOccurred))
 	require.Equal(t, "active", d.Status)
 }
@@ -291,7 +291,7 @@ func TestCore_ControlEventsPassTheBreaker(t *testing.T) {
 	e := newSubEnv(t, server.Config{BreakerBurst: 3, BreakerRefillPerMinute: 1})
 	s := stream(t, e.p, "/runaway")
 	mustAppend(t, s, ev("a", `{}`), ev("a", `{}`), ev("a", `{}`))
-	_, err := client.Append(e.ctx, s, []itx.EventInput{ev("a", `{}`)}, client.AppendOptions{})
+	_, err := client.Append(e.ctx, s, []itx.EventInput{ev("a", `{}`)}, itx.AppendOptions{})
 	requireCode(t, err, itx.ERateLimited)
 	h := newHook(t, nil)
 	name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "ops", Start: "now", Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
@@ -303,7 +303,7 @@ func TestCore_ControlEventsPassTheBreaker(t *testing.T) {
 	require.NoError(t, err)
 }
 
-func mustDescribe(t *testing.T, s schema.Stream) client.StreamInfo {
+func mustDescribe(t *testing.T, s schema.Stream) itx.StreamInfo {
 	t.Helper()
 	info, err := client.Describe(context.Background(), s)
 	require.NoError(t, err)

@@ -214,7 +214,7 @@ type streamInfoJS struct {
 	Loaded            bool   `json:"loaded"`
 }
 
-func streamInfoOf(i client.StreamInfo) streamInfoJS {
+func streamInfoOf(i itx.StreamInfo) streamInfoJS {
 	return streamInfoJS{Path: i.Path, StreamID: i.StreamID, HeadOffset: i.HeadOffset, CreatedAt: i.CreatedAt,
 		LastAppendAt: i.LastAppendAt, SubscriptionCount: i.SubscriptionCount, Loaded: i.Loaded}
 }
@@ -228,7 +228,7 @@ type mountJS struct {
 	MountedAt int64  `json:"mountedAt"`
 }
 
-func mountsJS(ms []client.MountInfo) []mountJS {
+func mountsJS(ms []itx.MountInfo) []mountJS {
 	out := make([]mountJS, len(ms))
 	for i, m := range ms {
 		out[i] = mountJS{Name: m.Name, MountedAt: m.MountedAt}
@@ -309,7 +309,7 @@ func streamAppend(ctx context.Context, s *Session, c capnp.Client, _ capPath, ar
 	if err != nil {
 		return nil, err
 	}
-	opts := client.AppendOptions{Conditional: o.has("expectedHeadOffset") || o.bool("conditional"), ExpectedHeadOffset: o.uint("expectedHeadOffset")}
+	opts := itx.AppendOptions{Conditional: o.has("expectedHeadOffset") || o.bool("conditional"), ExpectedHeadOffset: o.uint("expectedHeadOffset")}
 	if err := o.err(); err != nil {
 		return nil, err
 	}
@@ -325,12 +325,12 @@ func streamAppend(ctx context.Context, s *Session, c capnp.Client, _ capPath, ar
 	}{res.Offsets, res.Duplicate, res.HeadOffset, res.StreamID}, nil
 }
 
-func (s *Session) query(what string, v goja.Value) (client.Query, error) {
+func (s *Session) query(what string, v goja.Value) (itx.Query, error) {
 	o, err := s.opts(what, v, "after", "before", "limit", "types", "includeEphemeral")
 	if err != nil {
-		return client.Query{}, err
+		return itx.Query{}, err
 	}
-	q := client.Query{After: o.uint("after"), Before: o.uint("before"), Limit: int(o.uint("limit")),
+	q := itx.Query{After: o.uint("after"), Before: o.uint("before"), Limit: int(o.uint("limit")),
 		Types: o.strings("types"), IncludeEphemeral: o.bool("includeEphemeral")}
 	return q, o.err()
 }
@@ -369,7 +369,7 @@ func streamWaitForEvent(ctx context.Context, s *Session, c capnp.Client, _ capPa
 	if err != nil {
 		return nil, err
 	}
-	pred := client.Predicate{Types: o.strings("types"), PayloadContains: string(o.json("payloadContains")),
+	pred := itx.Predicate{Types: o.strings("types"), PayloadContains: o.json("payloadContains"),
 		Where: o.str("where"), IncludeEphemeral: o.bool("includeEphemeral")}
 	after, timeout := o.uint("after"), time.Duration(o.uint("timeoutMs"))*time.Millisecond
 	if err := o.err(); err != nil {
@@ -616,8 +616,8 @@ func subscriptionDescribe(ctx context.Context, s *Session, c capnp.Client, _ cap
 		InFlightDeadlineAt                int64                `json:"inFlightDeadlineAt"`
 		InFlightConnectionGeneration      int64                `json:"inFlightConnectionGeneration"`
 		UpdatedAt                         string               `json:"updatedAt"`
-	}{configJS(d.Config), d.Kind, d.Status, d.ConfiguredAtOffset, d.CursorChangedAtOffset, d.ConfirmedOffset, d.HeadOffset,
-		d.Attempt, d.NextAttemptAt, d.FailingEventOffset, d.FailingEventAttempt, d.FailingEventSkipsSinceLastSuccess,
+	}{configJS(client.ConfigOf(d.Config)), d.Kind, d.Status, d.ConfiguredAtOffset, d.CursorChangedAtOffset, d.ConfirmedOffset, d.HeadOffset,
+		d.Attempt, d.NextAttemptAt, d.FailingEventOffset, d.FailingEventAttempt, d.FailingEventSkips,
 		d.LastError, d.InFlightDeadlineAt, d.InFlightConnectionGeneration, d.UpdatedAt}, nil
 }
 

@@ -177,10 +177,10 @@ func TestSession_Arguments(t *testing.T) {
 	t.Run("query", func(t *testing.T) {
 		q, err := s.query("getEvents", s.mustRun(t, `({after: 2, before: 10, limit: 5, types: "note", includeEphemeral: true})`))
 		require.NoError(t, err)
-		require.Equal(t, client.Query{After: 2, Before: 10, Limit: 5, Types: []string{"note"}, IncludeEphemeral: true}, q)
+		require.Equal(t, itx.Query{After: 2, Before: 10, Limit: 5, Types: []string{"note"}, IncludeEphemeral: true}, q)
 		q, err = s.query("getEvents", goja.Undefined())
 		require.NoError(t, err)
-		require.Equal(t, client.Query{}, q)
+		require.Equal(t, itx.Query{}, q)
 		_, err = s.query("getEvents", s.mustRun(t, `({after: 1.5})`))
 		require.ErrorContains(t, err, "after: expected a non-negative integer")
 		_, err = s.query("getEvents", s.mustRun(t, `([1])`))
