@@ -14,7 +14,6 @@ import (
 	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
-	"github.com/itx-dev/itx/wire"
 	"github.com/stretchr/testify/require"
 )
 
@@ -29,36 +28,16 @@ type scriptedReceiver struct {
 	answer  func(offsets []int64, events []itx.Event) (confirmed uint64, err error)
 }
 
-func (r *scriptedReceiver) Receive(ctx context.Context, call schema.Receiver_receive) error {
-	b, err := call.Args().Batch()
-	if err != nil {
-		return err
-	}
-	list, err := b.Events()
-	if err != nil {
-		return err
-	}
-	events, err := wire.EventsFromSchema(list)
-	if err != nil {
-		return err
-	}
+func (r *scriptedReceiver) receive(ctx context.Context, b itx.DeliveryBatch) (int64, error) {
 	var offsets []int64
-	for _, e := range events {
+	for _, e := range b.Events {
 		offsets = append(offsets, e.Offset)
 	}
 	r.mu.Lock()
 	r.batches = append(r.batches, offsets)
 	r.mu.Unlock()
-	confirmed, err := r.answer(offsets, events)
-	if err != nil {
-		return err
-	}
-	res, err := call.AllocResults()
-	if err != nil {
-		return err
-	}
-	res.SetConfirmedOffset(confirmed)
-	return nil
+	confirmed, err := r.answer(offsets, b.Events)
+	return int64(confirmed), err
 }
 
 func (r *scriptedReceiver) seen() [][]int64 {
@@ -71,18 +50,8 @@ func mountScripted(t *testing.T, e *subEnv, name string, r *scriptedReceiver) fu
 	conn := dial(t, e.ts.addr)
 	ctx := context.Background()
 	p := conn.Login(ctx, e.ts.creds.ProjectToken)
-	cf, releaseCaps := p.Capabilities(ctx, nil)
-	mf, releaseMount := cf.Capabilities().Mount(ctx, func(a schema.Capabilities_mount_Params) error {
-		if err := a.SetName(name); err != nil {
-			return err
-		}
-		return a.SetReceiver(schema.Receiver_ServerToClient(r))
-	})
-	_, err := mf.Struct()
+	handle, err := client.MountReceiver(ctx, p, name, client.ServeReceiver(r.receive))
 	require.NoError(t, err)
-	handle := mf.Handle().AddRef()
-	releaseMount()
-	releaseCaps()
 	return func() { handle.Release(); p.Release(); conn.Close() }
 }
 

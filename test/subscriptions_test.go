@@ -18,7 +18,6 @@ import (
 	"github.com/itx-dev/itx/internal/clocktest"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
-	"github.com/itx-dev/itx/wire"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 )
@@ -386,24 +385,12 @@ type receiverServer struct {
 
 func newReceiverServer() *receiverServer { return &receiverServer{seen: make(chan struct{}, 1000)} }
 
-func (r *receiverServer) Receive(ctx context.Context, call schema.Receiver_receive) error {
-	b, err := call.Args().Batch()
-	if err != nil {
-		return err
-	}
-	list, err := b.Events()
-	if err != nil {
-		return err
-	}
-	events, err := wire.EventsFromSchema(list)
-	if err != nil {
-		return err
-	}
+func (r *receiverServer) receive(ctx context.Context, b itx.DeliveryBatch) (int64, error) {
 	r.mu.Lock()
-	r.events = append(r.events, events...)
+	r.events = append(r.events, b.Events...)
 	r.mu.Unlock()
 	r.seen <- struct{}{}
-	return nil
+	return 0, nil
 }
 
 func (r *receiverServer) types() []string {
@@ -422,19 +409,8 @@ func mountReceiver(t *testing.T, addr, token, name string, r *receiverServer) (d
 	conn := dial(t, addr)
 	ctx := context.Background()
 	p := conn.Login(ctx, token)
-	cf, releaseCaps := p.Capabilities(ctx, nil)
-	caps := cf.Capabilities()
-	mf, releaseMount := caps.Mount(ctx, func(a schema.Capabilities_mount_Params) error {
-		if err := a.SetName(name); err != nil {
-			return err
-		}
-		return a.SetReceiver(schema.Receiver_ServerToClient(r))
-	})
-	_, err := mf.Struct()
+	handle, err := client.MountReceiver(ctx, p, name, client.ServeReceiver(r.receive))
 	require.NoError(t, err)
-	handle := mf.Handle().AddRef()
-	releaseMount()
-	releaseCaps()
 	return func() {
 		handle.Release()
 		p.Release()
