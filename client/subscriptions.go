@@ -200,21 +200,15 @@ func (cfg *SubscriptionConfig) Config() (itx.SubscriptionConfig, error) {
 	if len(cfg.FilterTypes) > 0 || cfg.FilterCondition != "" {
 		out.Filter = &itx.SubscriptionFilter{EventTypes: cfg.FilterTypes, JSONataCondition: cfg.FilterCondition}
 	}
-	delivery := &itx.DeliveryPolicy{Start: itx.StartBeginning, OnFailingEvent: itx.OnFailingHalt}
-	switch cfg.Start {
-	case "", itx.StartBeginning:
-	case itx.StartNow:
-		delivery.Start = itx.StartNow
-	default:
-		return out, fmt.Errorf("start %q is not beginning or now", cfg.Start)
+	start, err := oneOf("start", cfg.Start, itx.StartBeginning, itx.StartNow)
+	if err != nil {
+		return out, err
 	}
-	switch cfg.OnFailingEvent {
-	case "", itx.OnFailingHalt:
-	case itx.OnFailingSkip:
-		delivery.OnFailingEvent = itx.OnFailingSkip
-	default:
-		return out, fmt.Errorf("onFailingEvent %q is not halt or skip", cfg.OnFailingEvent)
+	onFailing, err := oneOf("onFailingEvent", cfg.OnFailingEvent, itx.OnFailingHalt, itx.OnFailingSkip)
+	if err != nil {
+		return out, err
 	}
+	delivery := &itx.DeliveryPolicy{Start: start, OnFailingEvent: onFailing}
 	r, in := &out.Receiver, cfg.Receiver
 	r.Action, r.JSONataTransform, r.Delivery = in.Kind, cfg.Transform, delivery
 	switch in.Kind {
@@ -237,6 +231,17 @@ func (cfg *SubscriptionConfig) Config() (itx.SubscriptionConfig, error) {
 			ReceiverWebhookPost, ReceiverCopyToStream, ReceiverItxCall, ReceiverProcessorWake)
 	}
 	return out, nil
+}
+
+// oneOf is v if it is def or other, def if it is empty.
+func oneOf(field, v, def, other string) (string, error) {
+	switch v {
+	case "":
+		return def, nil
+	case def, other:
+		return v, nil
+	}
+	return "", fmt.Errorf("%s %q is not %s or %s", field, v, def, other)
 }
 
 // ConfigOf is c in the client's flat form, as describe reports it: defaults are spelled out and

@@ -5,31 +5,13 @@ import (
 	"github.com/itx-dev/itx/schema"
 )
 
-// StatusToSchema encodes a subscription status; an empty one (no cursor row yet) is active.
-func StatusToSchema(status string) schema.SubscriptionStatus {
-	switch status {
-	case itx.StatusHalted:
-		return schema.SubscriptionStatus_halted
-	case itx.StatusParked:
-		return schema.SubscriptionStatus_parked
-	}
-	return schema.SubscriptionStatus_active
-}
-
-// StatusFromSchema decodes a subscription status.
-func StatusFromSchema(s schema.SubscriptionStatus) string {
-	switch s {
-	case schema.SubscriptionStatus_halted:
-		return itx.StatusHalted
-	case schema.SubscriptionStatus_parked:
-		return itx.StatusParked
-	}
-	return itx.StatusActive
-}
+// Subscription statuses cross the wire as the SubscriptionStatus enumerant of the same name
+// (wire_test.go checks that every itx status has one); an empty status, a subscription with no
+// cursor row yet, encodes as active.
 
 // SetSubscriptionSummary encodes a row of subscriptions.list().
 func SetSubscriptionSummary(dst schema.SubscriptionSummary, s itx.SubscriptionSummary) error {
-	dst.SetStatus(StatusToSchema(s.Status))
+	dst.SetStatus(schema.SubscriptionStatusFromString(s.Status))
 	dst.SetConfirmedOffset(uint64(s.ConfirmedOffset))
 	dst.SetLag(uint64(s.Lag))
 	dst.SetConfiguredAtOffset(uint64(s.ConfiguredAtOffset))
@@ -39,7 +21,7 @@ func SetSubscriptionSummary(dst schema.SubscriptionSummary, s itx.SubscriptionSu
 
 // SubscriptionSummaryFromSchema decodes a row of subscriptions.list().
 func SubscriptionSummaryFromSchema(src schema.SubscriptionSummary) (itx.SubscriptionSummary, error) {
-	out := itx.SubscriptionSummary{Status: StatusFromSchema(src.Status()), ConfirmedOffset: int64(src.ConfirmedOffset()),
+	out := itx.SubscriptionSummary{Status: src.Status().String(), ConfirmedOffset: int64(src.ConfirmedOffset()),
 		Lag: int64(src.Lag()), ConfiguredAtOffset: int64(src.ConfiguredAtOffset())}
 	var err error
 	if out.Name, err = src.Name(); err != nil {
@@ -61,7 +43,7 @@ func SetSubscriptionDescription(dst schema.SubscriptionDescription, d *itx.Subsc
 	if err := SetSubscriptionConfig(c, &d.Config); err != nil {
 		return err
 	}
-	dst.SetStatus(StatusToSchema(d.Status))
+	dst.SetStatus(schema.SubscriptionStatusFromString(d.Status))
 	dst.SetConfiguredAtOffset(uint64(d.ConfiguredAtOffset))
 	dst.SetCursorChangedAtOffset(uint64(d.CursorChangedAtOffset))
 	dst.SetConfirmedOffset(uint64(d.ConfirmedOffset))
@@ -79,7 +61,7 @@ func SetSubscriptionDescription(dst schema.SubscriptionDescription, d *itx.Subsc
 // SubscriptionDescriptionFromSchema decodes describe()'s answer.
 func SubscriptionDescriptionFromSchema(src schema.SubscriptionDescription) (itx.SubscriptionDescription, error) {
 	out := itx.SubscriptionDescription{HeadOffset: int64(src.HeadOffset()), CursorState: itx.CursorState{
-		Status:                       StatusFromSchema(src.Status()),
+		Status:                       src.Status().String(),
 		ConfiguredAtOffset:           int64(src.ConfiguredAtOffset()),
 		CursorChangedAtOffset:        int64(src.CursorChangedAtOffset()),
 		ConfirmedOffset:              int64(src.ConfirmedOffset()),
@@ -142,11 +124,7 @@ func DeliveryBatchFromSchema(src schema.DeliveryBatch) (itx.DeliveryBatch, error
 			return out, err
 		}
 	}
-	list, err := src.Events()
-	if err != nil {
-		return out, err
-	}
-	out.Events, err = EventsFromSchema(list)
+	out.Events, err = eventList(src.Events())
 	return out, err
 }
 

@@ -99,11 +99,7 @@ func PageFromSchema(src schema.EventPage) (itx.Page, error) {
 	if out.StreamID, err = src.StreamId(); err != nil {
 		return out, err
 	}
-	list, err := src.Events()
-	if err != nil {
-		return out, err
-	}
-	out.Events, err = EventsFromSchema(list)
+	out.Events, err = eventList(src.Events())
 	return out, err
 }
 
