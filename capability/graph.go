@@ -274,15 +274,3 @@ func (s *stream) Describe(ctx context.Context, call schema.Stream_describe) erro
 	}
 	return wire.SetStreamInfo(i, info)
 }
-
-func (s *stream) OpenConnection(ctx context.Context, call schema.Stream_openConnection) error {
-	return notYet("Stream.openConnection")
-}
-
-func (s *stream) Readers(ctx context.Context, call schema.Stream_readers) error {
-	return notYet("Stream.readers")
-}
-
-func (s *stream) LiveState(ctx context.Context, call schema.Stream_liveState) error {
-	return notYet("Stream.liveState")
-}

@@ -238,6 +238,21 @@ struct ConnectionOptions {
   noState @3 :Bool;             # state: false - no live-state frames on this connection
   openedBy @4 :Text;            # who opened it, shown in the stream's live state
   types @5 :List(Text);         # empty: every type
+  key @6 :Text;                 # shares the subscription name space; opening an open key
+                                # replaces that connection (closed: replaced); empty: generated
+  includeEphemeral @7 :Bool;    # catch-up includes buffered ephemeral events from before the
+                                # open (those appended while open are always delivered)
+}
+
+# Why a connection closed: a closed set to switch on.
+enum CloseReason {
+  closedByClient @0;
+  replaced @1;
+  serverShuttingDown @2;
+  streamRemoved @3;
+  slowConsumer @4;              # a batch was not accepted within the delivery timeout (20 s)
+  deliveryFailed @5;            # the sink answered a batch with an exception
+  connectionLost @6;            # the client's RPC session ended
 }
 
 struct DeliveryBatch {
@@ -252,15 +267,22 @@ struct DeliveryBatch {
   attempt @8 :UInt32;           # 1 on the first try
 }
 
-# Implemented by the client; the server pushes a connection's events into it, in order.
+# Implemented by the client; the server pushes a connection's events into it, in order. Up to 4
+# batches are in flight; returning from deliver accepts one.
 interface EventSink {
   deliver @0 (batch :DeliveryBatch) -> ();
-  closed @1 (reason :Error) -> ();
+  # The last call: the connection closed. why is the reason to switch on.
+  closed @1 (reason :Error, why :CloseReason) -> ();
+  # The stream's live state (unless noState): a snapshot, then RFC 6902 patches, one revision
+  # each; a patch whose revision is not the last plus one means frames were missed.
+  state @2 (revision :UInt64, snapshot :Bool, json :Text) -> ();
 }
 
 interface Connection {
   close @0 (reason :Text) -> ();
+  # The stream's head and the offset this connection delivered through.
   ping @1 () -> (headOffset :UInt64, deliveredOffset :UInt64);
+  key @2 () -> (key :Text);
 }
 
 # Implemented by a client and mounted under a name (Project.capabilities); itx-call subscriptions
@@ -293,9 +315,11 @@ struct ReaderInfo {
 }
 
 interface Readers {
-  # Registers or moves a named reader's checkpoint (its lag becomes visible).
+  # Registers or moves a named reader's checkpoint (at most the head; its lag becomes visible).
+  # Stored with the stream; no delivery obligation.
   register @0 (name :Text, checkpoint :UInt64) -> ();
   list @1 () -> (readers :List(ReaderInfo));
+  # notFound for a name that is not registered.
   remove @2 (name :Text) -> ();
 }
 

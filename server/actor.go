@@ -5,8 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/itx-dev/itx"
@@ -39,19 +39,25 @@ type actor struct {
 	lastUsed time.Time
 
 	// Owned by the run goroutine.
-	st          *streamState
-	store       streamStore
-	deliverers  map[string]*deliverer
-	pushes      sync.WaitGroup
-	pending     []deliveryOutcome // outcomes of pushes that could not start
-	wakeT       itx.Timer
-	wakeAt      int64
-	flushArmed  bool
-	lastSweep   time.Time // of ephemeral rows
-	ephBytes    int64     // held in ephemeral rows (see Config.EphemeralBufferBytes)
-	loadMounted []string  // the project's mounts when loaded: the first step's presence signal
-	dctx        context.Context
-	dcancel     context.CancelFunc
+	st            *streamState
+	store         streamStore
+	deliverers    map[string]*deliverer
+	pushes        sync.WaitGroup
+	pending       []deliveryOutcome // outcomes of pushes that could not start
+	failedReaders []readerOp        // the reader operations of a step whose commit failed
+	wakeT         itx.Timer
+	wakeAt        int64
+	flushArmed    bool
+	lastSweep     time.Time // of ephemeral rows
+	ephBytes      int64     // held in ephemeral rows (see Config.EphemeralBufferBytes)
+	loadMounted   []string  // the project's mounts when loaded: the first step's presence signal
+	dctx          context.Context
+	dcancel       context.CancelFunc
+
+	conns    map[string]*Connection // open connections by key
+	connSeq  int
+	connList atomic.Pointer[[]*Connection] // conns as the live engine reads them
+	liveP    atomic.Pointer[liveEngine]
 
 	mu      sync.Mutex // guards pub and changed
 	pub     view
@@ -65,18 +71,27 @@ type actorMsg struct {
 	flush   bool
 	tick    bool
 	settle  chan<- int // answered after the step with the number of pushes in flight
+	reader  *readerOp
+
+	// Connections and live state: the actor's registries, not step inputs (nothing durable).
+	openConn  *Connection
+	connReply chan<- error
+	closeConn *Connection
+	live      *liveSubscriber
+	liveGone  *liveSubscriber
 }
 
 func newActor(s *Server, ref StreamRef) *actor {
 	a := &actor{
 		srv: s, ref: ref,
 		reqs:       make(chan *appendReq, 1024),
-		inbox:      make(chan actorMsg, 1024),
+		inbox:      make(chan actorMsg, 64),
 		quit:       make(chan struct{}),
 		done:       make(chan struct{}),
 		ready:      make(chan struct{}),
 		changed:    make(chan struct{}),
 		deliverers: map[string]*deliverer{},
+		conns:      map[string]*Connection{},
 	}
 	a.dctx, a.dcancel = context.WithCancel(s.base)
 	return a
@@ -100,16 +115,13 @@ func (a *actor) load() error {
 		return itx.Errorf(itx.EUnavailable, "load stream %s: %v", a.ref.Path, err)
 	}
 	if entry != nil {
-		file := a.srv.streamFile(entry.StreamID)
-		var store *storage.Stream
-		if _, statErr := os.Stat(file); errors.Is(statErr, os.ErrNotExist) {
-			// The directory entry committed but the process died before the database was
-			// created: nothing was ever acknowledged on this stream, so it starts empty.
-			store, err = storage.CreateStream(ctx, file, storage.StreamMeta{
+		store, err := a.srv.backend.Open(ctx, entry.StreamID)
+		if err == nil && store == nil {
+			// The directory entry committed but the process died before the store was made:
+			// nothing was ever acknowledged on this stream, so it starts empty.
+			store, err = a.srv.backend.Create(ctx, storage.StreamMeta{
 				StreamID: entry.StreamID, ProjectID: entry.ProjectID, Path: entry.Path, CreatedAt: entry.CreatedAt,
 			})
-		} else {
-			store, err = storage.OpenStream(ctx, file)
 		}
 		if err != nil {
 			return itx.Errorf(itx.EUnavailable, "load stream %s: %v", a.ref.Path, err)
@@ -186,6 +198,13 @@ func loadState(ctx context.Context, store streamStore, rc reduceContext, now tim
 		if err := store.Commit(ctx, storage.Commit{KV: map[string][]byte{coreStateKey: b}}); err != nil {
 			return nil, err
 		}
+	}
+	readers, err := store.Readers(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range readers {
+		st.readers[r.Name] = r
 	}
 	rows, err := store.CursorRows(ctx)
 	if err != nil {
@@ -346,6 +365,9 @@ func (a *actor) run() {
 		case r := <-a.reqs:
 			in.appends = append(in.appends, r)
 		case m := <-a.inbox:
+			if a.handle(m) {
+				continue
+			}
 			in.add(m)
 		case <-a.quit:
 			a.stop()
@@ -365,7 +387,9 @@ func (a *actor) gather(in *stepInput) {
 	for {
 		select {
 		case m := <-a.inbox:
-			in.add(m)
+			if !a.handle(m) {
+				in.add(m)
+			}
 			continue
 		default:
 		}
@@ -382,10 +406,29 @@ func (a *actor) gather(in *stepInput) {
 	}
 }
 
+// handle takes the actor's own registry messages (connections, live state); false for a step input.
+func (a *actor) handle(m actorMsg) bool {
+	switch {
+	case m.openConn != nil:
+		m.connReply <- a.register(m.openConn)
+	case m.closeConn != nil:
+		a.unregister(m.closeConn)
+	case m.live != nil:
+		a.liveEngine().attach(m.live)
+	case m.liveGone != nil:
+		a.liveEngine().detach(m.liveGone)
+	default:
+		return false
+	}
+	return true
+}
+
 func (in *stepInput) add(m actorMsg) {
 	switch {
 	case m.settle != nil:
 		in.settles = append(in.settles, m.settle)
+	case m.reader != nil:
+		in.readers = append(in.readers, *m.reader)
 	case m.outcome != nil:
 		in.outcomes = append(in.outcomes, *m.outcome)
 	case m.mounted != "":
@@ -405,7 +448,9 @@ func (a *actor) stop() {
 	for waiting := true; waiting; {
 		select {
 		case m := <-a.inbox:
-			in.add(m)
+			if !a.handle(m) {
+				in.add(m)
+			}
 		case <-finished:
 			waiting = false
 		}
@@ -413,7 +458,9 @@ func (a *actor) stop() {
 	for {
 		select {
 		case m := <-a.inbox:
-			in.add(m)
+			if !a.handle(m) {
+				in.add(m)
+			}
 			continue
 		default:
 		}
@@ -479,6 +526,7 @@ func (a *actor) apply(in stepInput) {
 	if a.st.streamID == "" {
 		a.st.streamID = newStreamID() // an identity once the first commit creates the stream
 	}
+	a.failedReaders = in.readers // answered with the failure if this step does not commit
 	eff, err := step(a.st, in, now, a.env())
 	if err != nil {
 		a.reloadAfter(in.appends, err)
@@ -537,10 +585,19 @@ func (a *actor) apply(in stepInput) {
 		}
 	}
 
-	// 3. Publish. 4. Replies.
+	a.failedReaders = nil
+	// 3. Publish (and wake connections and live state). 4. Replies.
+	prevHead := a.view().head
 	a.publish(eff.rowsChanged || len(in.outcomes) > 0 || len(in.mounted) > 0)
+	if a.st.head != prevHead {
+		a.notifyConnections()
+	}
+	a.liveDirty()
 	for _, rb := range eff.replies {
 		a.reply(rb.group, rb.plan.Replies, nil)
+	}
+	for _, rr := range eff.readerReplies {
+		rr.op.reply <- rr.err
 	}
 
 	// 5. Deliverers, then pushes.
@@ -585,6 +642,10 @@ func (a *actor) reloadAfter(group []*appendReq, cause error) {
 		failure = itx.Errorf(itx.EInternal, "append not committed: %v", cause)
 	}
 	a.reply(group, nil, failure)
+	for _, op := range a.failedReaders {
+		op.reply <- failure
+	}
+	a.failedReaders = nil
 	if a.store == nil {
 		a.st = newStreamState(a.st.bucket)
 		return
@@ -715,7 +776,7 @@ func (a *actor) ensureCreated(ctx context.Context, create bool) error {
 	if err := a.srv.dir.CreateStream(ctx, entry); err != nil {
 		return err
 	}
-	store, err := storage.CreateStream(ctx, a.srv.streamFile(a.st.streamID), storage.StreamMeta{
+	store, err := a.srv.backend.Create(ctx, storage.StreamMeta{
 		StreamID: a.st.streamID, ProjectID: a.ref.ProjectID, Path: a.ref.Path, CreatedAt: createdAt,
 	})
 	if err != nil {
@@ -738,6 +799,24 @@ func (a *actor) close() {
 	ctx := context.Background()
 	if err := a.srv.dir.UpdateStreamSummary(ctx, a.st.streamID, a.st.head, a.st.lastAppendAt, len(a.st.core.Subscriptions)); err != nil {
 		a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Msg("stream summary not refreshed")
+	}
+	// A parked subscription waits for a mount, not a time: record what it waits for, so the
+	// mount can load this stream. Only streams with itx-call subscriptions pay for the write.
+	var parked []string
+	calls := false
+	for name, entry := range a.st.core.Subscriptions {
+		if entry.Kind() != itx.KindITXCall {
+			continue
+		}
+		calls = true
+		if r := a.st.rows[name]; r != nil && r.Status == storage.StatusParked {
+			parked = append(parked, entry.Config.Receiver.Capability)
+		}
+	}
+	if calls {
+		if err := a.srv.dir.SetParked(ctx, a.st.streamID, parked); err != nil {
+			a.srv.log.Error().Err(err).Str("path", a.ref.Path).Msg("parked subscriptions not recorded")
+		}
 	}
 	if a.st.alarmSet {
 		due := a.nextAlarm()
@@ -789,6 +868,7 @@ type view struct {
 	info     streamTimes
 	core     *coreState
 	rows     map[string]storage.CursorRow
+	readers  map[string]storage.Reader
 	changed  <-chan struct{}
 }
 
@@ -816,6 +896,11 @@ func (a *actor) publish(rowsChanged bool) {
 			rows[name] = *r
 		}
 		v.rows = rows
+		readers := make(map[string]storage.Reader, len(st.readers))
+		for name, r := range st.readers {
+			readers[name] = r
+		}
+		v.readers = readers
 	}
 	close(a.changed)
 	a.changed = make(chan struct{})

@@ -30,7 +30,8 @@ type effects struct {
 
 	rowsChanged bool // publish a new copy of the rows
 
-	replies []replyBatch
+	replies       []replyBatch
+	readerReplies []readerReply
 
 	rebuild []string
 	pushes  []pushJob
@@ -50,5 +51,6 @@ type replyBatch struct {
 // hasWrites reports whether the step must commit.
 func (e *effects) hasWrites() bool {
 	c := &e.commit
-	return len(c.Events) > 0 || len(c.CursorUpserts) > 0 || len(c.CursorDeletes) > 0 || len(c.KV) > 0
+	return len(c.Events) > 0 || len(c.CursorUpserts) > 0 || len(c.CursorDeletes) > 0 || len(c.KV) > 0 ||
+		len(c.ReaderUpserts) > 0 || len(c.ReaderDeletes) > 0
 }

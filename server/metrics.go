@@ -24,6 +24,10 @@ type Metrics struct {
 	DeliveryFailures *prometheus.CounterVec // failed push attempts by receiver kind
 	LateAcks         prometheus.Counter     // acks refused by an epoch fence
 	HandlerPanics    *prometheus.CounterVec // RPC handlers that panicked, by method
+
+	OpenConnections  prometheus.Gauge   // stream connections open
+	ConnectionEvents prometheus.Counter // events sent to connections
+	LiveSubscribers  prometheus.Gauge   // live-state subscribers attached
 }
 
 // NewHandlerPanics is the counter of RPC handlers that panicked (answered internal), by method.
@@ -78,9 +82,19 @@ func newMetrics() *Metrics {
 			Name: "itx_late_acks_total", Help: "Delivery acknowledgements refused because the subscription's epoch moved.",
 		}),
 		HandlerPanics: NewHandlerPanics(),
+		OpenConnections: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "itx_open_connections", Help: "Stream connections open.",
+		}),
+		ConnectionEvents: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "itx_connection_events_total", Help: "Events sent to stream connections.",
+		}),
+		LiveSubscribers: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "itx_live_subscribers", Help: "Live-state subscribers attached.",
+		}),
 	}
 	r.MustRegister(m.DeliveryFailures, m.LateAcks, m.HandlerPanics, m.AppendCalls, m.AppendedEvents, m.AppendedBytes, m.AppendLatency, m.CommitLatency,
 		m.CommitEvents, m.CommitCalls, m.ReadEvents, m.LoadedStreams, m.RPCConnections,
+		m.OpenConnections, m.ConnectionEvents, m.LiveSubscribers,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

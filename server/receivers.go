@@ -288,7 +288,7 @@ func (s *Server) MountReceiver(projectID, name string, r Receiver) (func(), erro
 	s.recv.mu.Lock()
 	s.recv.mounts[key] = m
 	s.recv.mu.Unlock()
-	s.pokeCapability(projectID, name)
+	go s.pokeCapability(projectID, name)
 	return func() {
 		s.recv.mu.Lock()
 		defer s.recv.mu.Unlock()
@@ -336,6 +336,17 @@ func (s *Server) receiver(projectID, name string) Receiver {
 // presence signal that un-parks its itx-call subscriptions and cuts their backoff. A stream
 // loaded later learns the project's mounts when it loads.
 func (s *Server) pokeCapability(projectID, name string) {
+	// Unloaded streams whose subscriptions parked waiting for this name load now; a loading
+	// stream learns the project's mounts, so it resumes them itself.
+	if parked, err := s.dir.ParkedOn(s.base, projectID, name); err != nil {
+		s.log.Warn().Err(err).Str("capability", name).Msg("finding streams parked on a capability")
+	} else {
+		for _, e := range parked {
+			if a, err := s.acquire(s.base, StreamRef{ProjectID: e.ProjectID, Path: e.Path}); err == nil {
+				s.release(a)
+			}
+		}
+	}
 	s.mu.Lock()
 	var actors []*actor
 	for ref, a := range s.actors {

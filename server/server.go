@@ -75,6 +75,7 @@ type Server struct {
 	inflight  sync.WaitGroup // one per acquired reference
 	sweepT    itx.Timer
 
+	backend    streamBackend
 	egress     EgressPolicy
 	httpClient *http.Client
 	recv       receivers
@@ -149,7 +150,8 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		cfg: cfg, clock: cfg.Clock, log: cfg.Log, dir: dir, metrics: newMetrics(),
 		actors: map[StreamRef]*actor{}, unloading: map[StreamRef]*actor{},
 		egress: cfg.Egress, httpClient: newHTTPClient(cfg.Egress),
-		recv: receivers{mounts: map[mountKey]*mount{}},
+		backend: sqliteBackend{dir: filepath.Join(cfg.DataDir, "streams")},
+		recv:    receivers{mounts: map[mountKey]*mount{}},
 	}
 	s.base, s.cancel = context.WithCancel(context.Background())
 	if err := s.bootstrap(ctx); err != nil {
@@ -255,10 +257,6 @@ func (s *Server) Close(ctx context.Context) error {
 		a.unload()
 	}
 	return errors.Join(err, s.dir.Close())
-}
-
-func (s *Server) streamFile(streamID string) string {
-	return filepath.Join(s.cfg.DataDir, "streams", streamID+".db")
 }
 
 func randomHex(n int) string {

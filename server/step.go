@@ -20,6 +20,7 @@ type streamState struct {
 	lastAppendAt int64
 	core         *coreState
 	rows         map[string]*storage.CursorRow
+	readers      map[string]storage.Reader
 	bucket       *tokenBucket
 
 	// Not durable: rebuilt on load.
@@ -38,7 +39,7 @@ type subRuntime struct {
 }
 
 func newStreamState(bucket *tokenBucket) *streamState {
-	return &streamState{core: newCoreState(), rows: map[string]*storage.CursorRow{}, bucket: bucket,
+	return &streamState{core: newCoreState(), rows: map[string]*storage.CursorRow{}, readers: map[string]storage.Reader{}, bucket: bucket,
 		subs: map[string]*subRuntime{}, dirty: map[string]bool{}}
 }
 
@@ -47,6 +48,7 @@ type stepInput struct {
 	appends  []*appendReq      // client, copy and server appends, in queue order
 	outcomes []deliveryOutcome // finished delivery tries
 	mounted  []string          // capabilities mounted in the project since the last step
+	readers  []readerOp        // register, move or remove registered readers
 	flush    bool              // the cursor flush delay passed: write dirty rows now
 	final    bool              // unloading: write dirty rows, start nothing
 	settles  []chan<- int      // not the step's: Settle callers the actor answers after it
@@ -141,9 +143,15 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 		st.absorb(ownPlan, now, &eff)
 	}
 
+	// 4b. Registered readers: validated against the head, written with this commit.
+	for _, op := range in.readers {
+		eff.readerReplies = append(eff.readerReplies, readerReply{op: op, err: st.applyReader(op, now, &eff)})
+	}
+
 	// 5. The commit: new events, and the dirty rows when anything else is written, when the flush
 	// delay passed, or when unloading.
-	if len(eff.commit.Events) > 0 || len(eff.commit.CursorDeletes) > 0 || eff.coreChanged || in.flush || in.final {
+	if len(eff.commit.Events) > 0 || len(eff.commit.CursorDeletes) > 0 || eff.coreChanged || in.flush || in.final ||
+		len(eff.commit.ReaderUpserts) > 0 || len(eff.commit.ReaderDeletes) > 0 {
 		eff.commit.CursorUpserts = eff.commit.CursorUpserts[:0]
 		names := make([]string, 0, len(st.dirty))
 		for name := range st.dirty {
@@ -203,6 +211,58 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 	}
 	sort.Slice(eff.pushes, func(i, j int) bool { return eff.pushes[i].name < eff.pushes[j].name })
 	return eff, nil
+}
+
+// readerOp registers (or moves) a reader's checkpoint, or removes the reader.
+type readerOp struct {
+	name       string
+	checkpoint int64
+	remove     bool
+	reply      chan error // buffered
+}
+
+type readerReply struct {
+	op  readerOp
+	err error
+}
+
+// applyReader validates one reader operation and stages its write.
+func (st *streamState) applyReader(op readerOp, now time.Time, eff *effects) error {
+	if err := itx.ValidateSubscriptionName(op.name); err != nil {
+		return itx.Errorf(itx.EInvalid, "reader name: %s", itx.ErrorMessage(err))
+	}
+	if op.remove {
+		if _, ok := st.readers[op.name]; !ok {
+			return itx.Errorf(itx.ENotFound, "reader %q is not registered", op.name)
+		}
+		delete(st.readers, op.name)
+		eff.commit.ReaderUpserts = removeReader(eff.commit.ReaderUpserts, op.name)
+		eff.commit.ReaderDeletes = append(eff.commit.ReaderDeletes, op.name)
+		eff.rowsChanged = true
+		return nil
+	}
+	if !st.created {
+		return itx.Errorf(itx.ENotFound, "the stream does not exist yet (a stream exists from its first append)")
+	}
+	if op.checkpoint < 0 || op.checkpoint > st.head {
+		return itx.Errorf(itx.EInvalid, "checkpoint %d is outside 0..%d (the stream's head)", op.checkpoint, st.head)
+	}
+	r := storage.Reader{Name: op.name, Checkpoint: op.checkpoint, UpdatedAt: itx.UnixMilli(now)}
+	st.readers[op.name] = r
+	eff.commit.ReaderDeletes = removeName(eff.commit.ReaderDeletes, op.name)
+	eff.commit.ReaderUpserts = append(removeReader(eff.commit.ReaderUpserts, op.name), r)
+	eff.rowsChanged = true
+	return nil
+}
+
+func removeReader(rs []storage.Reader, name string) []storage.Reader {
+	out := rs[:0]
+	for _, r := range rs {
+		if r.Name != name {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // keysOf lists the idempotency keys a group uses, once each.

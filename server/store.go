@@ -2,6 +2,9 @@ package server
 
 import (
 	"context"
+	"errors"
+	"os"
+	"path/filepath"
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/storage"
@@ -14,6 +17,7 @@ type streamStore interface {
 	Meta(ctx context.Context) (storage.StreamMeta, error)
 	KV(ctx context.Context, key string) ([]byte, error)
 	CursorRows(ctx context.Context) ([]storage.CursorRow, error)
+	Readers(ctx context.Context) ([]storage.Reader, error)
 	EventsByKeys(ctx context.Context, keys []string) (map[string]*itx.Event, error)
 	Events(ctx context.Context, q storage.Query) ([]itx.Event, error)
 	// Commit writes c in one transaction and returns once it is durable.
@@ -25,3 +29,30 @@ type streamStore interface {
 }
 
 var _ streamStore = (*storage.Stream)(nil)
+
+// streamBackend makes and opens the stores of streams: the seam a second backend (a replicated
+// log) implements. Nothing above it knows a stream is a local SQLite file.
+type streamBackend interface {
+	// Create makes the store of a new stream; it fails if one exists.
+	Create(ctx context.Context, meta storage.StreamMeta) (streamStore, error)
+	// Open opens a stream's store. It returns nil, nil when the stream's directory entry
+	// committed but its store was never made (a crash in between: nothing was acknowledged).
+	Open(ctx context.Context, streamID string) (streamStore, error)
+}
+
+// sqliteBackend keeps each stream in its own SQLite file under dir.
+type sqliteBackend struct{ dir string }
+
+func (b sqliteBackend) file(streamID string) string { return filepath.Join(b.dir, streamID+".db") }
+
+func (b sqliteBackend) Create(ctx context.Context, meta storage.StreamMeta) (streamStore, error) {
+	return storage.CreateStream(ctx, b.file(meta.StreamID), meta)
+}
+
+func (b sqliteBackend) Open(ctx context.Context, streamID string) (streamStore, error) {
+	file := b.file(streamID)
+	if _, err := os.Stat(file); errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	return storage.OpenStream(ctx, file)
+}

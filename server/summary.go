@@ -2,8 +2,6 @@ package server
 
 import (
 	"context"
-	"errors"
-	"os"
 
 	"github.com/itx-dev/itx/storage"
 )
@@ -29,13 +27,12 @@ func (s *Server) refreshStaleSummaries(ctx context.Context) {
 }
 
 func (s *Server) refreshSummary(ctx context.Context, e storage.StreamEntry) error {
-	file := s.streamFile(e.StreamID)
-	if _, err := os.Stat(file); errors.Is(err, os.ErrNotExist) {
-		return s.dir.UpdateStreamSummary(ctx, e.StreamID, 0, 0, 0) // created, never committed
-	}
-	store, err := storage.OpenStream(ctx, file)
+	store, err := s.backend.Open(ctx, e.StreamID)
 	if err != nil {
 		return err
+	}
+	if store == nil {
+		return s.dir.UpdateStreamSummary(ctx, e.StreamID, 0, 0, 0) // created, never committed
 	}
 	defer store.Close()
 	meta, err := store.Meta(ctx)

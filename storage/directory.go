@@ -241,3 +241,44 @@ func (d *Directory) NextAlarm(ctx context.Context, after int64) (int64, error) {
 	}
 	return due.Int64, nil
 }
+
+// SetParked records the capabilities a stream's parked subscriptions wait for, replacing what
+// was recorded (none: the stream waits for nothing).
+func (d *Directory) SetParked(ctx context.Context, streamID string, capabilities []string) error {
+	tx, err := d.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("set parked: %w", err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, `delete from parked where stream_id = ?`, streamID); err != nil {
+		return fmt.Errorf("set parked: %w", err)
+	}
+	for _, c := range capabilities {
+		if _, err := tx.ExecContext(ctx, `insert or ignore into parked (stream_id, capability) values (?, ?)`, streamID, c); err != nil {
+			return fmt.Errorf("set parked: %w", err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("set parked: %w", err)
+	}
+	return nil
+}
+
+// ParkedOn lists the streams of a project with subscriptions parked waiting for capability.
+func (d *Directory) ParkedOn(ctx context.Context, projectID, capability string) ([]StreamEntry, error) {
+	rows, err := d.db.QueryContext(ctx, `select s.stream_id, s.project_id, s.path from parked p
+		join streams s using (stream_id) where p.capability = ? and s.project_id = ? order by s.path`, capability, projectID)
+	if err != nil {
+		return nil, fmt.Errorf("parked on: %w", err)
+	}
+	defer rows.Close()
+	var out []StreamEntry
+	for rows.Next() {
+		var e StreamEntry
+		if err := rows.Scan(&e.StreamID, &e.ProjectID, &e.Path); err != nil {
+			return nil, fmt.Errorf("parked on: %w", err)
+		}
+		out = append(out, e)
+	}
+	return out, rows.Err()
+}

@@ -164,6 +164,8 @@ type Commit struct {
 	LastAppendAt  int64
 	CursorUpserts []CursorRow
 	CursorDeletes []string
+	ReaderUpserts []Reader
+	ReaderDeletes []string
 	KV            map[string][]byte
 	// EvictEphemeralThrough, when set, deletes the ephemeral rows at or below it (the ephemeral
 	// buffer's FIFO eviction), in the same transaction.
@@ -217,6 +219,16 @@ func (s *Stream) Commit(ctx context.Context, c Commit) error {
 	}
 	for i := range c.CursorUpserts {
 		if err := upsertCursor(ctx, tx, &c.CursorUpserts[i]); err != nil {
+			return fmt.Errorf("commit: %w", err)
+		}
+	}
+	for _, name := range c.ReaderDeletes {
+		if _, err := tx.ExecContext(ctx, `delete from readers where name = ?`, name); err != nil {
+			return fmt.Errorf("commit: delete reader %q: %w", name, err)
+		}
+	}
+	for i := range c.ReaderUpserts {
+		if err := upsertReader(ctx, tx, &c.ReaderUpserts[i]); err != nil {
 			return fmt.Errorf("commit: %w", err)
 		}
 	}

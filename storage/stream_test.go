@@ -148,7 +148,7 @@ func TestStream_Pragmas(t *testing.T) {
 	require.NoError(t, db.QueryRow("PRAGMA user_version").Scan(&version))
 	require.Equal(t, "wal", mode)
 	require.Equal(t, 2, sync)
-	require.Equal(t, 1, version, "migrations ran")
+	require.Equal(t, 2, version, "migrations ran")
 
 	// The seed's cursor table exists with its exact columns.
 	rows, err := db.Query("select name from pragma_table_info('subscription_cursors') order by cid")
@@ -226,4 +226,16 @@ func TestDirectory(t *testing.T) {
 	due, err = d.DueAlarms(ctx, 40)
 	require.NoError(t, err)
 	require.Len(t, due, 1)
+}
+
+func TestStream_Readers(t *testing.T) {
+	ctx := context.Background()
+	s, err := CreateStream(ctx, filepath.Join(t.TempDir(), "r.db"), StreamMeta{StreamID: "s", ProjectID: "p", Path: "/r", CreatedAt: 1})
+	require.NoError(t, err)
+	defer s.Close()
+	require.NoError(t, s.Commit(ctx, Commit{ReaderUpserts: []Reader{{Name: "mirror", Checkpoint: 3, UpdatedAt: 10}, {Name: "audit", Checkpoint: 0, UpdatedAt: 11}}}))
+	require.NoError(t, s.Commit(ctx, Commit{ReaderUpserts: []Reader{{Name: "mirror", Checkpoint: 5, UpdatedAt: 12}}, ReaderDeletes: []string{"audit"}}))
+	got, err := s.Readers(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []Reader{{Name: "mirror", Checkpoint: 5, UpdatedAt: 12}}, got)
 }

@@ -278,3 +278,33 @@ func mustDescribe(t *testing.T, s schema.Stream) itx.StreamInfo {
 	require.NoError(t, err)
 	return info
 }
+
+// A parked subscription on a stream that has since been unloaded resumes when its receiver
+// mounts: the mount alone loads the stream.
+func TestCore_MountResumesAnUnloadedParkedStream(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	s := stream(t, e.p, "/parked-away")
+	name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "app", Start: "now",
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "late-inbox"}})
+	mustAppend(t, s, ev("m", `{"n":1}`))
+	waitUntil(t, "parked", func() bool { return e.describe(t, s, name).Status == "parked" })
+	s.Release()
+	waitUntil(t, "unloaded", func() bool {
+		e.clock.Advance(2 * time.Minute)
+		e.ts.srv.Sweep()
+		return e.ts.srv.LoadedStreams() == 0
+	})
+
+	got := make(chan []int64, 1)
+	r := &scriptedReceiver{answer: func(offsets []int64, _ []itx.Event) (uint64, error) {
+		got <- offsets
+		return 0, nil
+	}}
+	defer mountScripted(t, e, "late-inbox", r)()
+	select {
+	case offsets := <-got:
+		require.Equal(t, []int64{2}, offsets)
+	case <-time.After(15 * time.Second):
+		t.Fatal("the mount did not resume the parked subscription of the unloaded stream")
+	}
+}

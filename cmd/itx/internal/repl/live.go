@@ -80,6 +80,10 @@ func (k *eventSink) Closed(ctx context.Context, call schema.EventSink_closed) er
 }
 
 // take returns and forgets what arrived since the last take.
+// State takes the stream's live-state frames; the REPL's connections ask for noState by
+// default, and .watch uses liveState, so they are accepted and dropped here.
+func (k *eventSink) State(ctx context.Context, call schema.EventSink_state) error { return nil }
+
 func (k *eventSink) take() (events []itx.Event, dropped int, closed *itx.Error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()

@@ -1,0 +1,308 @@
+package capability
+
+import (
+	"context"
+	"strings"
+	"sync"
+
+	"capnproto.org/go/capnp/v3"
+	"capnproto.org/go/capnp/v3/flowcontrol"
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/schema"
+	"github.com/itx-dev/itx/server"
+	"github.com/itx-dev/itx/wire"
+)
+
+// sinkFlowLimit bounds the bytes the server has in flight toward one EventSink or LiveSubscriber
+// (go-capnp applies no backpressure of its own).
+const sinkFlowLimit = 4 << 20
+
+// --- connections -----------------------------------------------------------------------------
+
+func (s *stream) OpenConnection(ctx context.Context, call schema.Stream_openConnection) error {
+	o, err := call.Args().Options()
+	if err != nil {
+		return badArgs("options", err)
+	}
+	opts := server.ConnectionOptions{After: int64(o.After()), MaxDeliveryEvents: int(o.MaxDeliveryEvents()),
+		MaxDeliveryBytes: int(o.MaxDeliveryBytes()), NoState: o.NoState(), IncludeEphemeral: o.IncludeEphemeral()}
+	if opts.Key, err = o.Key(); err != nil {
+		return badArgs("options.key", err)
+	}
+	if opts.OpenedBy, err = o.OpenedBy(); err != nil {
+		return badArgs("options.openedBy", err)
+	}
+	types, err := o.Types()
+	if err != nil {
+		return badArgs("options.types", err)
+	}
+	if opts.Types, err = wire.TextList(types, nil); err != nil {
+		return badArgs("options.types", err)
+	}
+	if int64(o.After()) < 0 {
+		return fail(itx.Errorf(itx.EInvalid, "after %d is out of range", o.After()))
+	}
+	// The argument is released when this method returns: keep our own reference.
+	sinkCap := call.Args().Sink().AddRef()
+	sinkCap.SetFlowLimiter(flowcontrol.NewFixedLimiter(sinkFlowLimit))
+	call.Go()
+	conn, err := s.srv.OpenConnection(ctx, s.ref, opts, &eventSink{client: sinkCap})
+	if err != nil {
+		sinkCap.Release()
+		return fail(err)
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		conn.Close(server.CloseConnectionLost, err.Error())
+		return err
+	}
+	impl := &connection{c: conn}
+	return res.SetConnection(schema.Connection(guarded(guardOf(s.srv), schema.Connection_Methods(nil, impl), impl)))
+}
+
+// connection serves a server.Connection; losing the last reference to it (the client released
+// it or its RPC session ended) closes it.
+type connection struct{ c *server.Connection }
+
+func (c *connection) Close(ctx context.Context, call schema.Connection_close) error {
+	reason, err := call.Args().Reason()
+	if err != nil {
+		return badArgs("reason", err)
+	}
+	c.c.Close(server.CloseByClient, reason)
+	return nil
+}
+
+func (c *connection) Ping(ctx context.Context, call schema.Connection_ping) error {
+	head, delivered, err := c.c.Ping()
+	if err != nil {
+		return fail(err)
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	res.SetHeadOffset(uint64(head))
+	res.SetDeliveredOffset(uint64(delivered))
+	return nil
+}
+
+func (c *connection) Key(ctx context.Context, call schema.Connection_key) error {
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	return res.SetKey(c.c.Key())
+}
+
+// Shutdown runs when the last reference is gone, including when the session died.
+func (c *connection) Shutdown() {
+	c.c.Close(server.CloseConnectionLost, "the client's reference to the connection is gone")
+}
+
+// eventSink adapts a client's EventSink capability to server.ConnectionSink.
+type eventSink struct {
+	client schema.EventSink
+	once   sync.Once
+}
+
+func (k *eventSink) Deliver(ctx context.Context, b *itx.DeliveryBatch) func() error {
+	fut, release := k.client.Deliver(ctx, func(p schema.EventSink_deliver_Params) error {
+		batch, err := p.NewBatch()
+		if err != nil {
+			return err
+		}
+		return wire.SetDeliveryBatch(batch, b)
+	})
+	return func() error {
+		defer release()
+		_, err := fut.Struct()
+		return sinkError(err)
+	}
+}
+
+func (k *eventSink) State(ctx context.Context, f server.LiveFrame) error {
+	fut, release := k.client.State(ctx, func(p schema.EventSink_state_Params) error {
+		p.SetRevision(f.Revision)
+		p.SetSnapshot(f.Snapshot)
+		return p.SetJson(string(f.JSON))
+	})
+	defer release()
+	_, err := fut.Struct()
+	return sinkError(err)
+}
+
+// closeReasons maps the server's reasons onto the schema's enum and an error code.
+var closeReasons = map[server.CloseReason]struct {
+	why  schema.CloseReason
+	code itx.Code
+}{
+	server.CloseByClient:       {schema.CloseReason_closedByClient, itx.ECancelled},
+	server.CloseReplaced:       {schema.CloseReason_replaced, itx.EFailedPrecondition},
+	server.CloseShuttingDown:   {schema.CloseReason_serverShuttingDown, itx.EUnavailable},
+	server.CloseStreamRemoved:  {schema.CloseReason_streamRemoved, itx.ENotFound},
+	server.CloseSlowConsumer:   {schema.CloseReason_slowConsumer, itx.EDeadlineExceeded},
+	server.CloseDeliveryFailed: {schema.CloseReason_deliveryFailed, itx.EInternal},
+	server.CloseConnectionLost: {schema.CloseReason_connectionLost, itx.EUnavailable},
+}
+
+func (k *eventSink) Closed(reason server.CloseReason, message string) {
+	k.once.Do(func() {
+		defer k.client.Release()
+		if reason == server.CloseConnectionLost {
+			return // nobody is listening
+		}
+		r := closeReasons[reason]
+		fut, release := k.client.Closed(context.Background(), func(p schema.EventSink_closed_Params) error {
+			p.SetWhy(r.why)
+			e, err := p.NewReason()
+			if err != nil {
+				return err
+			}
+			e.SetCode(schema.ErrorCodeFromString(string(r.code)))
+			return e.SetMessage_(string(reason) + ": " + message)
+		})
+		defer release()
+		_, _ = fut.Struct()
+	})
+}
+
+// sinkError makes a client's failure matchable: a vanished client is capabilityOffline.
+func sinkError(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case capnp.IsDisconnected(err):
+		return itx.Errorf(itx.ECapabilityOffline, "the client is gone: %v", err)
+	case strings.Contains(err.Error(), "itx."):
+		return itx.AsError(err)
+	}
+	return itx.Errorf(itx.EFailedPrecondition, "the client refused the batch: %v", err)
+}
+
+// --- readers ---------------------------------------------------------------------------------
+
+func (s *stream) Readers(ctx context.Context, call schema.Stream_readers) error {
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	impl := &readers{srv: s.srv, ref: s.ref}
+	return res.SetReaders(schema.Readers(guarded(guardOf(s.srv), schema.Readers_Methods(nil, impl), impl)))
+}
+
+type readers struct {
+	srv *server.Server
+	ref server.StreamRef
+}
+
+func (r *readers) Register(ctx context.Context, call schema.Readers_register) error {
+	name, err := call.Args().Name()
+	if err != nil {
+		return badArgs("name", err)
+	}
+	checkpoint := call.Args().Checkpoint()
+	if int64(checkpoint) < 0 {
+		return fail(itx.Errorf(itx.EInvalid, "checkpoint %d is out of range", checkpoint))
+	}
+	call.Go()
+	return fail(r.srv.RegisterReader(ctx, r.ref, name, int64(checkpoint)))
+}
+
+func (r *readers) Remove(ctx context.Context, call schema.Readers_remove) error {
+	name, err := call.Args().Name()
+	if err != nil {
+		return badArgs("name", err)
+	}
+	call.Go()
+	return fail(r.srv.RemoveReader(ctx, r.ref, name))
+}
+
+func (r *readers) List(ctx context.Context, call schema.Readers_list) error {
+	list, err := r.srv.ListReaders(ctx, r.ref)
+	if err != nil {
+		return fail(err)
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	out, err := res.NewReaders(int32(len(list)))
+	if err != nil {
+		return err
+	}
+	for i, info := range list {
+		o := out.At(i)
+		o.SetCheckpoint(uint64(info.Checkpoint))
+		o.SetLag(uint64(info.Lag))
+		o.SetUpdatedAt(info.UpdatedAt)
+		if err := o.SetName(info.Name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// --- live state ------------------------------------------------------------------------------
+
+func (s *stream) LiveState(ctx context.Context, call schema.Stream_liveState) error {
+	sub := call.Args().Subscriber().AddRef()
+	sub.SetFlowLimiter(flowcontrol.NewFixedLimiter(sinkFlowLimit))
+	call.Go()
+	cancel, err := s.srv.SubscribeLive(ctx, s.ref, &liveSubscriber{client: sub})
+	if err != nil {
+		sub.Release()
+		return fail(err)
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		cancel()
+		return err
+	}
+	h := &liveHandle{cancel: cancel, client: sub}
+	return res.SetHandle(schema.Handle(guarded(guardOf(s.srv), schema.Handle_Methods(nil, h), h)))
+}
+
+// liveSubscriber adapts a client's LiveSubscriber capability to server.LiveSink.
+type liveSubscriber struct{ client schema.LiveSubscriber }
+
+func (l *liveSubscriber) Send(ctx context.Context, f server.LiveFrame) error {
+	if f.Snapshot {
+		fut, release := l.client.Snapshot(ctx, func(p schema.LiveSubscriber_snapshot_Params) error {
+			p.SetRevision(f.Revision)
+			return p.SetState(string(f.JSON))
+		})
+		defer release()
+		_, err := fut.Struct()
+		return sinkError(err)
+	}
+	fut, release := l.client.Patch(ctx, func(p schema.LiveSubscriber_patch_Params) error {
+		p.SetRevision(f.Revision)
+		return p.SetOps(string(f.JSON))
+	})
+	defer release()
+	_, err := fut.Struct()
+	return sinkError(err)
+}
+
+// liveHandle ends a live-state registration: cancel(), or the last reference gone.
+type liveHandle struct {
+	once   sync.Once
+	cancel func()
+	client schema.LiveSubscriber
+}
+
+func (h *liveHandle) end() {
+	h.once.Do(func() {
+		h.cancel()
+		h.client.Release()
+	})
+}
+
+func (h *liveHandle) Cancel(ctx context.Context, call schema.Handle_cancel) error {
+	h.end()
+	return nil
+}
+
+// Shutdown runs when the last reference to the handle is gone.
+func (h *liveHandle) Shutdown() { h.end() }

@@ -1,0 +1,335 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/storage"
+)
+
+// CloseReason is why a connection closed: a closed set clients can switch on.
+type CloseReason string
+
+// The close reasons, in the schema's CloseReason order.
+const (
+	CloseByClient       CloseReason = "closedByClient"
+	CloseReplaced       CloseReason = "replaced"
+	CloseShuttingDown   CloseReason = "serverShuttingDown"
+	CloseStreamRemoved  CloseReason = "streamRemoved"
+	CloseSlowConsumer   CloseReason = "slowConsumer"
+	CloseDeliveryFailed CloseReason = "deliveryFailed"
+	CloseConnectionLost CloseReason = "connectionLost"
+)
+
+// Connection limits (DESIGN.md "Resource bounds"): a connection has at most
+// ConnectionWindow batches in flight, each of at most MaxConnectionBatchEvents events.
+const (
+	ConnectionWindow         = 4
+	MaxConnectionBatchEvents = 10_000
+	MaxConnectionBatchBytes  = 8 << 20
+)
+
+// ConnectionOptions are a connection's per-channel controls (seed 000: properties of the channel,
+// not of an intent).
+type ConnectionOptions struct {
+	Key               string // shares the subscription name space; empty: one is generated
+	After             int64  // deliver events with offset > After
+	MaxDeliveryEvents int    // per batch; 0: itx.DeliveryBatchEvents
+	MaxDeliveryBytes  int    // per batch; 0: itx.DeliveryBatchBytes; the first event always goes
+	NoState           bool   // no live-state frames on this connection
+	OpenedBy          string
+	Types             []string // empty: every type
+	IncludeEphemeral  bool     // catch-up includes buffered ephemeral events from before the open
+}
+
+// ConnectionSink is the client side of a connection (the capability layer adapts an EventSink).
+// Deliver starts sending a batch and returns a wait that reports the client's answer; up to
+// ConnectionWindow waits are outstanding at once. Closed is the last call.
+type ConnectionSink interface {
+	Deliver(ctx context.Context, batch *itx.DeliveryBatch) (wait func() error)
+	State(ctx context.Context, frame LiveFrame) error
+	Closed(reason CloseReason, message string)
+}
+
+// Connection is an open connection: no row, no durability, gone with its RPC session.
+type Connection struct {
+	srv      *Server
+	a        *actor
+	key      string
+	opts     ConnectionOptions
+	sink     ConnectionSink
+	openedAt int64 // the head when it opened: later ephemeral events are its to receive
+	types    map[string]bool
+
+	delivered  atomic.Int64 // every offset at or below it was delivered or passed over
+	notify     chan struct{}
+	ctx        context.Context
+	cancel     context.CancelFunc
+	once       sync.Once
+	closedWith atomic.Pointer[string] // "reason: message" once closed
+	done       chan struct{}
+}
+
+// Key is the connection's key.
+func (c *Connection) Key() string { return c.key }
+
+// Ping returns the stream's head and the offset the connection delivered through; a closed
+// connection answers failedPrecondition with its close reason.
+func (c *Connection) Ping() (head, delivered int64, err error) {
+	if r := c.closedWith.Load(); r != nil {
+		return 0, 0, itx.Errorf(itx.EFailedPrecondition, "the connection is closed: %s", *r)
+	}
+	return c.a.view().head, c.delivered.Load(), nil
+}
+
+// Close closes the connection with a reason; a closed connection receives nothing more.
+func (c *Connection) Close(reason CloseReason, message string) {
+	c.once.Do(func() {
+		why := string(reason) + ": " + message
+		c.closedWith.Store(&why)
+		c.cancel()
+		go c.a.post(actorMsg{closeConn: c}) // never blocks the actor, which may be the caller
+		go func() {
+			<-c.done // the pusher has stopped: nothing is delivered after Closed
+			c.sink.Closed(reason, message)
+		}()
+	})
+}
+
+// Done is closed once the connection has stopped delivering.
+func (c *Connection) Done() <-chan struct{} { return c.done }
+
+// OpenConnection opens a connection on a stream: it catches up from the log after opts.After and
+// then tails the stream live, with no gap and no duplicate at the seam, because it always reads
+// by its own position from the log the actor committed. Opening under a key that is open
+// replaces that connection (closed as replaced); a key that names a subscription is refused.
+func (s *Server) OpenConnection(ctx context.Context, ref StreamRef, opts ConnectionOptions, sink ConnectionSink) (*Connection, error) {
+	if err := itx.ValidatePath(ref.Path); err != nil {
+		return nil, err
+	}
+	opts.Key = strings.TrimSpace(opts.Key)
+	if opts.Key != "" {
+		if err := itx.ValidateSubscriptionName(opts.Key); err != nil {
+			return nil, itx.Errorf(itx.EInvalid, "connection key: %s", itx.ErrorMessage(err))
+		}
+	}
+	switch {
+	case opts.After < 0:
+		return nil, itx.Errorf(itx.EInvalid, "after must not be negative")
+	case opts.MaxDeliveryEvents < 0 || opts.MaxDeliveryEvents > MaxConnectionBatchEvents:
+		return nil, itx.Errorf(itx.EInvalid, "maxDeliveryEvents must be 0..%d", MaxConnectionBatchEvents)
+	case opts.MaxDeliveryBytes < 0 || opts.MaxDeliveryBytes > MaxConnectionBatchBytes:
+		return nil, itx.Errorf(itx.EInvalid, "maxDeliveryBytes must be 0..%d", MaxConnectionBatchBytes)
+	case len(opts.OpenedBy) > itx.MaxSubscriptionNameLength:
+		return nil, itx.Errorf(itx.EInvalid, "openedBy is at most %d bytes", itx.MaxSubscriptionNameLength)
+	}
+	if opts.MaxDeliveryEvents == 0 {
+		opts.MaxDeliveryEvents = itx.DeliveryBatchEvents
+	}
+	if opts.MaxDeliveryBytes == 0 {
+		opts.MaxDeliveryBytes = itx.DeliveryBatchBytes
+	}
+	a, err := s.acquire(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	c := &Connection{srv: s, a: a, key: opts.Key, opts: opts, sink: sink, notify: make(chan struct{}, 1), done: make(chan struct{})}
+	for _, t := range opts.Types {
+		if t == "*" {
+			c.types = nil
+			break
+		}
+		if c.types == nil {
+			c.types = map[string]bool{}
+		}
+		c.types[t] = true
+	}
+	c.ctx, c.cancel = context.WithCancel(s.base)
+	reply := make(chan error, 1)
+	select {
+	case a.inbox <- actorMsg{openConn: c, connReply: reply}:
+	case <-ctx.Done():
+		s.release(a)
+		return nil, itx.Errorf(itx.ECancelled, "open connection: %v", ctx.Err())
+	}
+	if err := <-reply; err != nil {
+		s.release(a)
+		return nil, err
+	}
+	s.metrics.OpenConnections.Inc()
+	if !opts.NoState {
+		// State frames: the stream's live state, pushed into the same sink.
+		if stop, err := s.SubscribeLive(ctx, ref, stateSink{c}); err == nil {
+			go func() { <-c.done; stop() }()
+		}
+	}
+	go c.run()
+	return c, nil
+}
+
+// register is the actor's half of an open: validated against the head and the subscription
+// catalog at one instant, between steps, so the position and the seam are exact.
+func (a *actor) register(c *Connection) error {
+	st := a.st
+	if c.opts.After > st.head {
+		return itx.Errorf(itx.EInvalid, "after %d is beyond the stream's head offset %d", c.opts.After, st.head)
+	}
+	if c.key == "" {
+		a.connSeq++
+		c.key = fmt.Sprintf("connection:%d", a.connSeq)
+	}
+	if st.core.Subscriptions[c.key] != nil {
+		return itx.Errorf(itx.EFailedPrecondition, "%q names a subscription of this stream: connection keys share the subscription name space", c.key)
+	}
+	if old := a.conns[c.key]; old != nil {
+		old.Close(CloseReplaced, "a new connection opened under the same key")
+	}
+	c.openedAt = st.head
+	c.delivered.Store(c.opts.After)
+	a.conns[c.key] = c
+	a.publishConns()
+	a.liveDirty()
+	return nil
+}
+
+// unregister drops a closed connection from the actor's registry (if it is still the one under
+// its key).
+func (a *actor) unregister(c *Connection) {
+	if a.conns[c.key] == c {
+		delete(a.conns, c.key)
+		a.publishConns()
+		a.liveDirty()
+	}
+}
+
+// notifyConnections wakes every connection after a commit moved the head.
+func (a *actor) notifyConnections() {
+	for _, c := range a.conns {
+		select {
+		case c.notify <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// run is the connection's pusher: it reads by position from the committed log and sends batches,
+// at most ConnectionWindow in flight. A connection that falls behind simply reads further back;
+// nothing queues in memory. A sink that does not answer a batch within the delivery timeout is
+// closed as a slow consumer; a failed delivery closes it too.
+func (c *Connection) run() {
+	s := c.srv
+	defer func() {
+		c.Close(CloseShuttingDown, "the server is shutting down") // no-op if already closed
+		close(c.done)
+		s.metrics.OpenConnections.Dec()
+		s.release(c.a)
+	}()
+	type pending struct {
+		wait    func() error
+		through int64
+	}
+	var window []pending
+	scanned := c.opts.After
+	drain := func(all bool) bool {
+		for len(window) > 0 && (all || len(window) >= ConnectionWindow) {
+			p := window[0]
+			if err := c.await(p.wait); err != nil {
+				return false
+			}
+			window = window[1:]
+			c.delivered.Store(p.through)
+			c.a.liveDirty()
+		}
+		return true
+	}
+	for c.ctx.Err() == nil {
+		v := c.a.view()
+		if scanned >= v.head || v.store == nil {
+			if !drain(true) {
+				return
+			}
+			if scanned > c.delivered.Load() {
+				c.delivered.Store(scanned)
+				c.a.liveDirty()
+			}
+			select {
+			case <-c.notify:
+			case <-c.ctx.Done():
+			}
+			continue
+		}
+		events, err := v.store.Events(c.ctx, storage.Query{After: scanned, UpTo: v.head, Limit: c.opts.MaxDeliveryEvents,
+			Types: c.opts.Types, IncludeEphemeral: true})
+		if err != nil {
+			if c.ctx.Err() == nil {
+				c.Close(CloseDeliveryFailed, "reading the log: "+err.Error())
+			}
+			return
+		}
+		through := v.head
+		if len(events) == c.opts.MaxDeliveryEvents {
+			through = events[len(events)-1].Offset
+		}
+		batch := events[:0]
+		size := 0
+		for _, e := range events {
+			if e.Ephemeral && e.Offset <= c.openedAt && !c.opts.IncludeEphemeral {
+				continue // buffered before the open, and not asked for
+			}
+			size += len(e.Type) + len(e.Payload) + len(e.Metadata) + 64
+			if size > c.opts.MaxDeliveryBytes && len(batch) > 0 {
+				through = batch[len(batch)-1].Offset
+				break
+			}
+			batch = append(batch, e)
+		}
+		scanned = through
+		if len(batch) == 0 {
+			continue
+		}
+		if !drain(false) {
+			return
+		}
+		wait := c.sink.Deliver(c.ctx, &itx.DeliveryBatch{DeliveryEnvelope: itx.DeliveryEnvelope{
+			ProjectID: c.a.ref.ProjectID, StreamID: v.streamID, Path: c.a.ref.Path, HeadOffset: v.head, Attempt: 1,
+		}, Events: append([]itx.Event(nil), batch...)})
+		window = append(window, pending{wait: wait, through: through})
+		s.metrics.ConnectionEvents.Add(float64(len(batch)))
+	}
+}
+
+// await waits for one batch's answer within the delivery timeout, closing the connection if it
+// does not come or is a failure.
+func (c *Connection) await(wait func() error) error {
+	s := c.srv
+	done := make(chan error, 1)
+	go func() { done <- wait() }()
+	expired := make(chan struct{})
+	t := s.clock.AfterFunc(s.cfg.DeliveryTimeout, func() { close(expired) })
+	defer t.Stop()
+	select {
+	case err := <-done:
+		if err != nil {
+			reason := CloseDeliveryFailed
+			if itx.ErrorCode(err) == itx.ECapabilityOffline {
+				reason = CloseConnectionLost
+			}
+			c.Close(reason, err.Error())
+		}
+		return err
+	case <-expired:
+		c.Close(CloseSlowConsumer, fmt.Sprintf("the sink did not accept a batch within %s", s.cfg.DeliveryTimeout))
+		return itx.Errorf(itx.EDeadlineExceeded, "slow consumer")
+	case <-c.ctx.Done():
+		return c.ctx.Err()
+	}
+}
+
+// stateSink sends live-state frames into a connection's sink.
+type stateSink struct{ c *Connection }
+
+func (s stateSink) Send(ctx context.Context, f LiveFrame) error { return s.c.sink.State(ctx, f) }

@@ -1,0 +1,265 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"sync"
+
+	"github.com/itx-dev/itx"
+	"github.com/wI2L/jsondiff"
+)
+
+// LiveFrame is one frame of a live-state projection: a snapshot (JSON is the whole document) or
+// a patch (JSON is an RFC 6902 array turning revision-1 into Revision). A subscriber that sees a
+// patch whose revision is not its last plus one has missed one and resubscribes.
+type LiveFrame struct {
+	Revision uint64
+	Snapshot bool
+	JSON     []byte
+}
+
+// LiveSink receives frames (the capability layer adapts a LiveSubscriber capability).
+type LiveSink interface {
+	Send(ctx context.Context, frame LiveFrame) error
+}
+
+// LiveStreamState is the stream's live state: its head, a row per subscription, the registered
+// readers and the open connections.
+type LiveStreamState struct {
+	Path          string                         `json:"path"`
+	StreamID      string                         `json:"streamId"`
+	Head          int64                          `json:"head"`
+	LastAppendAt  int64                          `json:"lastAppendAt"`
+	Subscriptions map[string]LiveSubscriptionRow `json:"subscriptions"`
+	Readers       map[string]LiveReaderRow       `json:"readers"`
+	Connections   map[string]LiveConnectionRow   `json:"connections"`
+}
+
+// LiveSubscriptionRow is a subscription as the live state shows it.
+type LiveSubscriptionRow struct {
+	Kind          string `json:"kind"`
+	Status        string `json:"status"`
+	Confirmed     int64  `json:"confirmed"`
+	Lag           int64  `json:"lag"`
+	LastError     string `json:"lastError,omitempty"`
+	NextAttemptAt int64  `json:"nextAttemptAt,omitempty"`
+}
+
+// LiveReaderRow is a registered reader as the live state shows it.
+type LiveReaderRow struct {
+	Checkpoint int64 `json:"checkpoint"`
+	Lag        int64 `json:"lag"`
+}
+
+// LiveConnectionRow is an open connection as the live state shows it.
+type LiveConnectionRow struct {
+	OpenedBy  string `json:"openedBy,omitempty"`
+	Delivered int64  `json:"delivered"`
+}
+
+// liveEngine keeps one stream's live state: it projects what the actor published (and the
+// connections' positions) into a document, and when the document changes it takes a new
+// revision with the RFC 6902 patch from the last one. It only reads; it never writes state.
+// Memory is one document and one patch, whatever the number or speed of subscribers.
+type liveEngine struct {
+	a     *actor
+	dirty chan struct{}
+
+	mu      sync.Mutex
+	rev     uint64
+	doc     []byte
+	patch   []byte // revision-1 -> revision
+	changed chan struct{}
+}
+
+// liveSubscriber is one attached LiveSink with its pusher.
+type liveSubscriber struct {
+	sink   LiveSink
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// liveEngine returns the stream's engine, starting it on first use. Actor goroutine only.
+func (a *actor) liveEngine() *liveEngine {
+	if e := a.liveP.Load(); e != nil {
+		return e
+	}
+	e := &liveEngine{a: a, dirty: make(chan struct{}, 1), changed: make(chan struct{})}
+	a.liveP.Store(e)
+	go e.run(a.dctx)
+	e.dirty <- struct{}{}
+	return e
+}
+
+// liveDirty tells the engine (if any) that the state may have changed. Never blocks.
+func (a *actor) liveDirty() {
+	if e := a.liveP.Load(); e != nil {
+		select {
+		case e.dirty <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (e *liveEngine) attach(s *liveSubscriber) {
+	e.a.srv.metrics.LiveSubscribers.Inc()
+	go e.push(s)
+}
+
+func (e *liveEngine) detach(s *liveSubscriber) { s.cancel() }
+
+// run recomputes the document whenever it is told the state may have changed; a burst of
+// changes costs one recomputation (the dirty signal holds one).
+func (e *liveEngine) run(ctx context.Context) {
+	for {
+		select {
+		case <-e.dirty:
+		case <-ctx.Done():
+			return
+		}
+		doc, err := json.Marshal(e.a.liveState())
+		if err != nil {
+			continue
+		}
+		e.mu.Lock()
+		if string(doc) != string(e.doc) {
+			var patch []byte
+			if e.doc != nil {
+				if p, err := jsondiff.CompareJSON(e.doc, doc); err == nil {
+					patch, _ = json.Marshal(p)
+				}
+			}
+			e.rev++
+			e.doc, e.patch = doc, patch
+			close(e.changed)
+			e.changed = make(chan struct{})
+		}
+		e.mu.Unlock()
+	}
+}
+
+// push sends one subscriber the snapshot, then a patch per revision while it keeps up, or a
+// fresh snapshot when it fell more than one revision behind: nothing queues for a slow one. A
+// frame not accepted within the delivery timeout detaches it.
+func (e *liveEngine) push(s *liveSubscriber) {
+	srv := e.a.srv
+	defer func() {
+		close(s.done)
+		srv.metrics.LiveSubscribers.Dec()
+	}()
+	var sent uint64
+	for s.ctx.Err() == nil {
+		e.mu.Lock()
+		rev, doc, patch, changed := e.rev, e.doc, e.patch, e.changed
+		e.mu.Unlock()
+		if rev == sent || rev == 0 {
+			select {
+			case <-changed:
+			case <-s.ctx.Done():
+			}
+			continue
+		}
+		frame := LiveFrame{Revision: rev, Snapshot: true, JSON: doc}
+		if sent != 0 && rev == sent+1 && patch != nil {
+			frame = LiveFrame{Revision: rev, JSON: patch}
+		}
+		if err := sendWithin(srv, s.ctx, func(ctx context.Context) error { return s.sink.Send(ctx, frame) }); err != nil {
+			s.cancel()
+			return
+		}
+		sent = rev
+	}
+}
+
+// sendWithin runs send, giving up after the delivery timeout without waiting for a send that
+// is stuck writing.
+func sendWithin(srv *Server, ctx context.Context, send func(context.Context) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- send(ctx) }()
+	expired := make(chan struct{})
+	t := srv.clock.AfterFunc(srv.cfg.DeliveryTimeout, func() { close(expired) })
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-expired:
+		return itx.Errorf(itx.EDeadlineExceeded, "not accepted within %s", srv.cfg.DeliveryTimeout)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// liveState projects what the actor last published.
+func (a *actor) liveState() LiveStreamState {
+	v := a.view()
+	out := LiveStreamState{Path: a.ref.Path, StreamID: v.streamID, Head: v.head, LastAppendAt: v.info.lastAppendAt,
+		Subscriptions: map[string]LiveSubscriptionRow{}, Readers: map[string]LiveReaderRow{}, Connections: map[string]LiveConnectionRow{}}
+	if v.core != nil {
+		for name, entry := range v.core.Subscriptions {
+			r := v.rows[name]
+			out.Subscriptions[name] = LiveSubscriptionRow{Kind: entry.Kind(), Status: r.Status, Confirmed: r.ConfirmedOffset,
+				Lag: max(0, v.head-r.ConfirmedOffset), LastError: r.LastError, NextAttemptAt: r.NextAttemptAt}
+		}
+	}
+	for name, r := range v.readers {
+		out.Readers[name] = LiveReaderRow{Checkpoint: r.Checkpoint, Lag: max(0, v.head-r.Checkpoint)}
+	}
+	if conns := a.connList.Load(); conns != nil {
+		for _, c := range *conns {
+			out.Connections[c.key] = LiveConnectionRow{OpenedBy: c.opts.OpenedBy, Delivered: c.delivered.Load()}
+		}
+	}
+	return out
+}
+
+// publishConns makes the connection registry visible to the live engine. Actor goroutine only.
+func (a *actor) publishConns() {
+	list := make([]*Connection, 0, len(a.conns))
+	for _, c := range a.conns {
+		list = append(list, c)
+	}
+	sort.Slice(list, func(i, j int) bool { return list[i].key < list[j].key })
+	a.connList.Store(&list)
+}
+
+// SubscribeLive attaches a sink to the stream's live state: a snapshot now, then patches. The
+// returned function detaches it; so does a frame it does not accept in time. While attached the
+// stream stays loaded.
+func (s *Server) SubscribeLive(ctx context.Context, ref StreamRef, sink LiveSink) (cancel func(), err error) {
+	if err := itx.ValidatePath(ref.Path); err != nil {
+		return nil, err
+	}
+	a, err := s.acquire(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	sub := &liveSubscriber{sink: sink, done: make(chan struct{})}
+	sub.ctx, sub.cancel = context.WithCancel(s.base)
+	select {
+	case a.inbox <- actorMsg{live: sub}:
+	case <-ctx.Done():
+		s.release(a)
+		return nil, itx.Errorf(itx.ECancelled, "live state: %v", ctx.Err())
+	}
+	go func() {
+		<-sub.ctx.Done()
+		<-sub.done
+		s.release(a)
+	}()
+	var once sync.Once
+	return func() { once.Do(sub.cancel) }, nil
+}
+
+// String describes a frame for logs and tests.
+func (f LiveFrame) String() string {
+	kind := "patch"
+	if f.Snapshot {
+		kind = "snapshot"
+	}
+	return fmt.Sprintf("%s@%d %s", kind, f.Revision, f.JSON)
+}

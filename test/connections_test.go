@@ -1,0 +1,509 @@
+package test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+
+	jsonpatch "github.com/evanphx/json-patch/v5"
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/schema"
+	"github.com/itx-dev/itx/server"
+	"github.com/itx-dev/itx/wire"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+// testSink is a client-side EventSink recording batches, state frames and the close.
+type testSink struct {
+	mu      sync.Mutex
+	batches [][]int64
+	events  []itx.Event
+	frames  []string
+	closed  *schema.CloseReason
+	closeMs string
+	changed chan struct{}
+	block   chan struct{} // when set, deliver blocks until it is closed
+}
+
+func newTestSink() *testSink { return &testSink{changed: make(chan struct{}, 1)} }
+
+func (k *testSink) signal() {
+	select {
+	case k.changed <- struct{}{}:
+	default:
+	}
+}
+
+func (k *testSink) Deliver(ctx context.Context, call schema.EventSink_deliver) error {
+	if k.block != nil {
+		<-k.block
+	}
+	b, err := call.Args().Batch()
+	if err != nil {
+		return err
+	}
+	list, err := b.Events()
+	if err != nil {
+		return err
+	}
+	events, err := wire.EventsFromSchema(list)
+	if err != nil {
+		return err
+	}
+	var offsets []int64
+	for _, e := range events {
+		offsets = append(offsets, e.Offset)
+	}
+	k.mu.Lock()
+	k.batches = append(k.batches, offsets)
+	k.events = append(k.events, events...)
+	k.mu.Unlock()
+	k.signal()
+	return nil
+}
+
+func (k *testSink) Closed(ctx context.Context, call schema.EventSink_closed) error {
+	why := call.Args().Why()
+	r, _ := call.Args().Reason()
+	msg, _ := r.Message_()
+	k.mu.Lock()
+	k.closed, k.closeMs = &why, msg
+	k.mu.Unlock()
+	k.signal()
+	return nil
+}
+
+func (k *testSink) State(ctx context.Context, call schema.EventSink_state) error {
+	j, _ := call.Args().Json()
+	k.mu.Lock()
+	kind := "patch"
+	if call.Args().Snapshot() {
+		kind = "snapshot"
+	}
+	k.frames = append(k.frames, fmt.Sprintf("%s@%d %s", kind, call.Args().Revision(), j))
+	k.mu.Unlock()
+	k.signal()
+	return nil
+}
+
+func (k *testSink) offsets() []int64 {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	out := []int64{}
+	for _, e := range k.events {
+		out = append(out, e.Offset)
+	}
+	return out
+}
+
+func (k *testSink) closeReason() *schema.CloseReason {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.closed
+}
+
+type connOpts struct {
+	key              string
+	after            uint64
+	maxEvents        uint32
+	noState          bool
+	includeEphemeral bool
+	types            []string
+}
+
+func openConn(t testing.TB, s schema.Stream, o connOpts, sink *testSink) (schema.Connection, error) {
+	t.Helper()
+	fut, release := s.OpenConnection(context.Background(), func(p schema.Stream_openConnection_Params) error {
+		opts, err := p.NewOptions()
+		if err != nil {
+			return err
+		}
+		opts.SetAfter(o.after)
+		opts.SetMaxDeliveryEvents(o.maxEvents)
+		opts.SetNoState(o.noState)
+		opts.SetIncludeEphemeral(o.includeEphemeral)
+		if err := opts.SetKey(o.key); err != nil {
+			return err
+		}
+		if err := wire.SetTextList(o.types, opts.NewTypes); err != nil {
+			return err
+		}
+		if err := opts.SetOpenedBy("test"); err != nil {
+			return err
+		}
+		return p.SetSink(schema.EventSink_ServerToClient(sink))
+	})
+	defer release()
+	res, err := fut.Struct()
+	if err != nil {
+		return schema.Connection{}, err
+	}
+	c := res.Connection().AddRef()
+	t.Cleanup(c.Release)
+	return c, nil
+}
+
+func ping(t testing.TB, c schema.Connection) (head, delivered int64, err error) {
+	fut, release := c.Ping(context.Background(), nil)
+	defer release()
+	res, err := fut.Struct()
+	if err != nil {
+		return 0, 0, err
+	}
+	return int64(res.HeadOffset()), int64(res.DeliveredOffset()), nil
+}
+
+// Connections opened at random offsets while appends race each receive exactly the events after
+// their offset, in order, once: catch-up and live tail meet with no gap and no duplicate.
+func TestConnection_RandomOffsetsWhileAppendsRace(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	p := ts.project(t)
+	s := stream(t, p, "/race")
+	mustAppend(t, s, ev("e", `{}`))
+	rng := rand.New(rand.NewPCG(7, 11))
+
+	done := make(chan struct{})
+	var total int64
+	go func() {
+		defer close(done)
+		ctx := context.Background()
+		for i := 0; i < 60; i++ {
+			n := 1 + i%7
+			var evs []itx.EventInput
+			for j := 0; j < n; j++ {
+				evs = append(evs, ev("e", fmt.Sprintf(`{"i":%d,"j":%d}`, i, j)))
+			}
+			res, err := client.Append(ctx, s, evs, itx.AppendOptions{})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			total = res.HeadOffset
+		}
+	}()
+	type opened struct {
+		after int64
+		sink  *testSink
+	}
+	var conns []opened
+	for i := 0; i < 8; i++ {
+		head := mustDescribe(t, s).HeadOffset
+		after := rng.Int64N(head + 1)
+		sink := newTestSink()
+		_, err := openConn(t, s, connOpts{after: uint64(after), maxEvents: uint32(1 + rng.IntN(20)), noState: true}, sink)
+		require.NoError(t, err)
+		conns = append(conns, opened{after, sink})
+	}
+	<-done
+	for _, c := range conns {
+		waitUntil(t, "caught up", func() bool {
+			got := c.sink.offsets()
+			return len(got) > 0 && got[len(got)-1] == total || c.after == total
+		})
+		var want []int64
+		for o := c.after + 1; o <= total; o++ {
+			want = append(want, o)
+		}
+		got := c.sink.offsets()
+		if len(want) == 0 {
+			require.Empty(t, got)
+			continue
+		}
+		require.Equal(t, want, got, "opened after %d", c.after)
+	}
+}
+
+func TestConnection_BatchCaps(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	s := stream(t, ts.project(t), "/caps")
+	sink := newTestSink()
+	c, err := openConn(t, s, connOpts{maxEvents: 2, noState: true}, sink)
+	require.NoError(t, err)
+	mustAppend(t, s, ev("a", `{}`), ev("a", `{}`), ev("a", `{}`), ev("a", `{}`), ev("a", `{}`))
+	waitUntil(t, "all five", func() bool { return len(sink.offsets()) == 5 })
+	sink.mu.Lock()
+	require.Equal(t, [][]int64{{1, 2}, {3, 4}, {5}}, sink.batches)
+	sink.mu.Unlock()
+	waitUntil(t, "pinged", func() bool {
+		head, delivered, err := ping(t, c)
+		return err == nil && head == 5 && delivered == 5
+	})
+
+	// A type filter: only matching events, and the position still passes the others.
+	typed := newTestSink()
+	_, err = openConn(t, s, connOpts{types: []string{"b"}, noState: true}, typed)
+	require.NoError(t, err)
+	mustAppend(t, s, ev("a", `{}`), ev("b", `{}`))
+	waitUntil(t, "the b", func() bool { return len(typed.offsets()) == 1 })
+	require.Equal(t, []int64{7}, typed.offsets())
+
+	_, err = openConn(t, s, connOpts{after: 1000, noState: true}, newTestSink())
+	requireCode(t, err, itx.EInvalid)
+	_, err = openConn(t, s, connOpts{maxEvents: 1_000_000, noState: true}, newTestSink())
+	requireCode(t, err, itx.EInvalid)
+}
+
+func TestConnection_ReplaceByKey(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	s := stream(t, e.p, "/keys")
+	mustAppend(t, s, ev("a", `{}`))
+	first := newTestSink()
+	c1, err := openConn(t, s, connOpts{key: "tab", noState: true}, first)
+	require.NoError(t, err)
+
+	// A refused open leaves the open connection under that key alone.
+	_, err = openConn(t, s, connOpts{key: "tab", after: 99, noState: true}, newTestSink())
+	requireCode(t, err, itx.EInvalid)
+	_, _, err = ping(t, c1)
+	require.NoError(t, err, "still open")
+
+	second := newTestSink()
+	_, err = openConn(t, s, connOpts{key: "tab", noState: true}, second)
+	require.NoError(t, err)
+	waitUntil(t, "the first closed as replaced", func() bool {
+		r := first.closeReason()
+		return r != nil && *r == schema.CloseReason_replaced
+	})
+	_, _, err = ping(t, c1)
+	requireCode(t, err, itx.EFailedPrecondition)
+	mustAppend(t, s, ev("b", `{}`))
+	waitUntil(t, "the second receives", func() bool { return len(second.offsets()) == 2 })
+	require.Equal(t, []int64{1}, first.offsets(), "a closed connection receives nothing more")
+
+	// Keys share the subscription name space.
+	e.configure(t, s, client.SubscriptionConfig{Name: "hook", Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "x"}})
+	_, err = openConn(t, s, connOpts{key: "hook", noState: true}, newTestSink())
+	requireCode(t, err, itx.EFailedPrecondition)
+}
+
+func TestConnection_EphemeralEvents(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	s := stream(t, ts.project(t), "/eph")
+	eph := ev("typing", `{}`)
+	eph.Ephemeral = true
+	mustAppend(t, s, ev("a", `{}`), eph) // 1, 2 (ephemeral, buffered)
+
+	live := newTestSink()
+	_, err := openConn(t, s, connOpts{noState: true}, live)
+	require.NoError(t, err)
+	withBuffered := newTestSink()
+	_, err = openConn(t, s, connOpts{noState: true, includeEphemeral: true}, withBuffered)
+	require.NoError(t, err)
+	mustAppend(t, s, eph, ev("b", `{}`)) // 3 (ephemeral, live), 4
+	waitUntil(t, "delivered", func() bool { return len(live.offsets()) == 3 && len(withBuffered.offsets()) == 4 })
+	require.Equal(t, []int64{1, 3, 4}, live.offsets(), "buffered ephemeral events only when asked; live ones always")
+	require.Equal(t, []int64{1, 2, 3, 4}, withBuffered.offsets())
+}
+
+// A sink that never answers is closed as a slow consumer after the delivery timeout; nothing
+// queues for it meanwhile, and the appender is never held up.
+func TestConnection_SlowConsumerClosed(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	s := stream(t, e.p, "/slow")
+	sink := newTestSink()
+	sink.block = make(chan struct{})
+	defer close(sink.block)
+	c, err := openConn(t, s, connOpts{maxEvents: 10, noState: true}, sink)
+	require.NoError(t, err)
+	timers := e.clock.Pending()
+	for i := 0; i < 200; i++ {
+		mustAppend(t, s, ev("a", `{}`)) // never blocked by the stuck sink
+	}
+	waitUntil(t, "a batch awaits its answer", func() bool { return e.clock.Pending() > timers })
+	e.clock.Advance(itx.DeliveryTimeout)
+	waitUntil(t, "closed", func() bool {
+		_, _, err := ping(t, c)
+		return err != nil
+	})
+	_, _, err = ping(t, c)
+	requireCode(t, err, itx.EFailedPrecondition)
+	require.Contains(t, err.Error(), "slowConsumer")
+	waitUntil(t, "released", func() bool { return testutil.ToFloat64(e.ts.srv.Metrics().OpenConnections) == 0 })
+}
+
+// Losing the client's session releases everything the connection held.
+func TestConnection_DisconnectReleasesEverything(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	setup := stream(t, ts.project(t), "/leak")
+	mustAppend(t, setup, ev("a", `{}`))
+	// What the loaded stream itself holds (its read pool, its live-state engine) is started
+	// first: only what the connections hold must go.
+	warm := newTestSink()
+	_, err := openConn(t, setup, connOpts{}, warm)
+	require.NoError(t, err)
+	waitUntil(t, "warm", func() bool { return len(warm.offsets()) == 1 })
+	opts := []goleak.Option{goleak.IgnoreCurrent()}
+
+	conn := dial(t, ts.addr)
+	p := conn.Login(context.Background(), ts.creds.ProjectToken)
+	s := client.Stream(context.Background(), p, "/leak")
+	for i := 0; i < 5; i++ {
+		sink := newTestSink()
+		_, err := openConn(t, s, connOpts{}, sink)
+		require.NoError(t, err)
+		waitUntil(t, "caught up", func() bool { return len(sink.offsets()) == 1 })
+	}
+	require.Equal(t, 6.0, testutil.ToFloat64(ts.srv.Metrics().OpenConnections))
+	s.Release()
+	p.Release()
+	conn.Close()
+	waitUntil(t, "connections closed", func() bool { return testutil.ToFloat64(ts.srv.Metrics().OpenConnections) == 1 })
+	waitUntil(t, "live subscribers gone", func() bool { return testutil.ToFloat64(ts.srv.Metrics().LiveSubscribers) == 1 })
+	goleak.VerifyNone(t, opts...)
+}
+
+// liveView applies live-state frames the way a client does: snapshot, then patches in revision
+// order; a gap would be a resubscribe.
+type liveView struct {
+	mu   sync.Mutex
+	rev  uint64
+	doc  []byte
+	gaps int
+}
+
+func (l *liveView) Snapshot(ctx context.Context, call schema.LiveSubscriber_snapshot) error {
+	st, _ := call.Args().State()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.rev, l.doc = call.Args().Revision(), []byte(st)
+	return nil
+}
+
+func (l *liveView) Patch(ctx context.Context, call schema.LiveSubscriber_patch) error {
+	ops, _ := call.Args().Ops()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if call.Args().Revision() != l.rev+1 {
+		l.gaps++
+		return nil
+	}
+	patch, err := jsonpatch.DecodePatch([]byte(ops))
+	if err != nil {
+		return err
+	}
+	doc, err := patch.Apply(l.doc)
+	if err != nil {
+		return err
+	}
+	l.rev, l.doc = call.Args().Revision(), doc
+	return nil
+}
+
+func (l *liveView) state() (uint64, map[string]any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var m map[string]any
+	_ = json.Unmarshal(l.doc, &m)
+	return l.rev, m
+}
+
+func subscribeLive(t *testing.T, s schema.Stream, l *liveView) schema.Handle {
+	fut, release := s.LiveState(context.Background(), func(p schema.Stream_liveState_Params) error {
+		return p.SetSubscriber(schema.LiveSubscriber_ServerToClient(l))
+	})
+	defer release()
+	res, err := fut.Struct()
+	require.NoError(t, err)
+	h := res.Handle().AddRef()
+	t.Cleanup(h.Release)
+	return h
+}
+
+// A client applying the patches reproduces the server's snapshot at every revision.
+func TestLiveState_PatchesReproduceTheSnapshot(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	s := stream(t, e.p, "/live")
+	mustAppend(t, s, ev("a", `{}`))
+	follower := &liveView{}
+	subscribeLive(t, s, follower)
+	waitUntil(t, "snapshot", func() bool { rev, _ := follower.state(); return rev > 0 })
+
+	h := newHook(t, nil)
+	e.configure(t, s, client.SubscriptionConfig{Name: "hook", Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
+	rf, releaseReaders := s.Readers(context.Background(), nil)
+	defer releaseReaders()
+	readers := rf.Readers()
+	for i := 0; i < 5; i++ {
+		mustAppend(t, s, ev("a", fmt.Sprintf(`{"i":%d}`, i)))
+		fut, release := readers.Register(context.Background(), func(p schema.Readers_register_Params) error {
+			p.SetCheckpoint(uint64(i + 1))
+			return p.SetName("mirror")
+		})
+		_, err := fut.Struct()
+		release()
+		require.NoError(t, err)
+		_, err = openConn(t, s, connOpts{key: fmt.Sprintf("c%d", i%2), noState: true}, newTestSink())
+		require.NoError(t, err)
+	}
+	head := mustDescribe(t, s).HeadOffset
+	e.waitProcessed(t, s, "hook", head)
+
+	// A fresh subscriber's snapshot is the truth; the follower must reach the same document.
+	fresh := &liveView{}
+	subscribeLive(t, s, fresh)
+	waitUntil(t, "converged", func() bool {
+		r1, d1 := follower.state()
+		r2, d2 := fresh.state()
+		return r1 > 1 && r1 == r2 && fmt.Sprint(d1) == fmt.Sprint(d2)
+	})
+	_, doc := follower.state()
+	require.Equal(t, float64(head), doc["head"])
+	sub := doc["subscriptions"].(map[string]any)["hook"].(map[string]any)
+	require.Equal(t, "active", sub["status"])
+	require.Equal(t, float64(head), sub["confirmed"])
+	require.Equal(t, float64(5), doc["readers"].(map[string]any)["mirror"].(map[string]any)["checkpoint"])
+	require.Len(t, doc["connections"].(map[string]any), 2, "replaced keys leave one row each")
+	require.Zero(t, follower.gaps)
+}
+
+func TestReaders_RegisterMoveListRemove(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	s := stream(t, ts.project(t), "/readers")
+	ctx := context.Background()
+	rf, releaseReaders := s.Readers(ctx, nil)
+	defer releaseReaders()
+	r := rf.Readers()
+	register := func(name string, checkpoint uint64) error {
+		fut, release := r.Register(ctx, func(p schema.Readers_register_Params) error {
+			p.SetCheckpoint(checkpoint)
+			return p.SetName(name)
+		})
+		defer release()
+		_, err := fut.Struct()
+		return err
+	}
+	requireCode(t, register("early", 0), itx.ENotFound) // a stream exists from its first append
+	mustAppend(t, s, ev("a", `{}`), ev("a", `{}`), ev("a", `{}`))
+	require.NoError(t, register("mirror", 1))
+	require.NoError(t, register("mirror", 2))
+	require.NoError(t, register("audit", 0))
+	requireCode(t, register("beyond", 4), itx.EInvalid)
+	requireCode(t, register(" ", 1), itx.EInvalid)
+
+	fut, release := r.List(ctx, nil)
+	res, err := fut.Struct()
+	require.NoError(t, err)
+	list, _ := res.Readers()
+	require.Equal(t, 2, list.Len())
+	a, m := list.At(0), list.At(1)
+	an, _ := a.Name()
+	mn, _ := m.Name()
+	require.Equal(t, []any{"audit", uint64(0), uint64(3)}, []any{an, a.Checkpoint(), a.Lag()})
+	require.Equal(t, []any{"mirror", uint64(2), uint64(1)}, []any{mn, m.Checkpoint(), m.Lag()})
+	release()
+
+	rm := func(name string) error {
+		fut, release := r.Remove(ctx, func(p schema.Readers_remove_Params) error { return p.SetName(name) })
+		defer release()
+		_, err := fut.Struct()
+		return err
+	}
+	require.NoError(t, rm("audit"))
+	requireCode(t, rm("audit"), itx.ENotFound)
+}
