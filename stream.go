@@ -65,3 +65,11 @@ type ProjectInfo struct {
 	Name       string
 	Deployment bool // the deployment root: its streams are global
 }
+
+// ReaderInfo is a registered reader: a named checkpoint whose lag (head - checkpoint) is visible.
+type ReaderInfo struct {
+	Name       string
+	Checkpoint int64
+	Lag        int64
+	UpdatedAt  int64 // epoch ms
+}

@@ -227,20 +227,7 @@ func (r *readers) List(ctx context.Context, call schema.Readers_list) error {
 	if err != nil {
 		return err
 	}
-	out, err := res.NewReaders(int32(len(list)))
-	if err != nil {
-		return err
-	}
-	for i, info := range list {
-		o := out.At(i)
-		o.SetCheckpoint(uint64(info.Checkpoint))
-		o.SetLag(uint64(info.Lag))
-		o.SetUpdatedAt(info.UpdatedAt)
-		if err := o.SetName(info.Name); err != nil {
-			return err
-		}
-	}
-	return nil
+	return wire.SetReaderInfos(list, res.NewReaders)
 }
 
 // --- live state ------------------------------------------------------------------------------

@@ -60,14 +60,6 @@ func ListProcessorHosts(ctx context.Context, hosts schema.ProcessorHosts) ([]itx
 	return mountInfos(res.Mounts())
 }
 
-// ReaderInfo is a registered reader: a named checkpoint whose lag is visible.
-type ReaderInfo struct {
-	Name       string
-	Checkpoint int64
-	Lag        int64
-	UpdatedAt  int64 // epoch ms
-}
-
 // RegisterReader registers a named reader or moves its checkpoint.
 func RegisterReader(ctx context.Context, readers schema.Readers, name string, checkpoint int64) error {
 	fut, release := readers.Register(ctx, func(p schema.Readers_register_Params) error {
@@ -80,7 +72,7 @@ func RegisterReader(ctx context.Context, readers schema.Readers, name string, ch
 }
 
 // ListReaders lists a stream's registered readers.
-func ListReaders(ctx context.Context, readers schema.Readers) ([]ReaderInfo, error) {
+func ListReaders(ctx context.Context, readers schema.Readers) ([]itx.ReaderInfo, error) {
 	fut, release := readers.List(ctx, nil)
 	defer release()
 	res, err := fut.Struct()
@@ -91,15 +83,7 @@ func ListReaders(ctx context.Context, readers schema.Readers) ([]ReaderInfo, err
 	if err != nil {
 		return nil, err
 	}
-	out := make([]ReaderInfo, list.Len())
-	for i := range out {
-		r := list.At(i)
-		out[i] = ReaderInfo{Checkpoint: int64(r.Checkpoint()), Lag: int64(r.Lag()), UpdatedAt: r.UpdatedAt()}
-		if out[i].Name, err = r.Name(); err != nil {
-			return nil, err
-		}
-	}
-	return out, nil
+	return wire.ReaderInfosFromSchema(list)
 }
 
 // RemoveReader removes a registered reader.

@@ -207,3 +207,35 @@ func ProjectInfoFromSchema(src schema.ProjectInfo) (itx.ProjectInfo, error) {
 	out.Name, err = src.Name()
 	return out, err
 }
+
+// SetReaderInfos encodes readers into a new list made by newList.
+func SetReaderInfos(readers []itx.ReaderInfo, newList func(int32) (schema.ReaderInfo_List, error)) error {
+	list, err := newList(int32(len(readers)))
+	if err != nil {
+		return err
+	}
+	for i, r := range readers {
+		d := list.At(i)
+		d.SetCheckpoint(uint64(r.Checkpoint))
+		d.SetLag(uint64(r.Lag))
+		d.SetUpdatedAt(r.UpdatedAt)
+		if err := d.SetName(r.Name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ReaderInfosFromSchema decodes a list of readers.
+func ReaderInfosFromSchema(list schema.ReaderInfo_List) ([]itx.ReaderInfo, error) {
+	out := make([]itx.ReaderInfo, list.Len())
+	for i := range out {
+		r := list.At(i)
+		out[i] = itx.ReaderInfo{Checkpoint: int64(r.Checkpoint()), Lag: int64(r.Lag()), UpdatedAt: r.UpdatedAt()}
+		var err error
+		if out[i].Name, err = r.Name(); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}

@@ -80,6 +80,19 @@ func TestWire_RoundTrip(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, want, got)
 	})
+	t.Run("ReaderInfo", func(t *testing.T) {
+		want := []itx.ReaderInfo{{Name: "indexer", Checkpoint: 5, Lag: 2, UpdatedAt: 7}}
+		seg := mustSegment(t)
+		var list schema.ReaderInfo_List
+		require.NoError(t, SetReaderInfos(want, func(n int32) (schema.ReaderInfo_List, error) {
+			var err error
+			list, err = schema.NewReaderInfo_List(seg, n)
+			return list, err
+		}))
+		got, err := ReaderInfosFromSchema(list)
+		require.NoError(t, err)
+		require.Equal(t, want, got)
+	})
 	t.Run("SubscriptionSummary", func(t *testing.T) {
 		for _, status := range []string{itx.StatusActive, itx.StatusHalted, itx.StatusParked} {
 			want := itx.SubscriptionSummary{Name: "s", Kind: itx.KindITXCall, Status: status, ConfirmedOffset: 3, Lag: 2, LastError: "e", ConfiguredAtOffset: 1}
