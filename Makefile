@@ -32,10 +32,13 @@ fuzz:
 sim:
 	$(GO) test -count=1 -run TestSimulation -timeout 60m ./server/ -sim.seeds 500 -sim.steps 2000
 
-## generate: remake schema/itx.capnp.go (needs Debian's capnproto package)
+## generate: remake schema/itx.capnp.go (needs Debian's capnproto package). schema/include holds
+## the go.capnp annotations, copied from the go-capnp module, so other languages compile the schema
+## without Go: capnp compile -I schema/include -oc++:out schema/itx.capnp
 generate:
 	$(GO) install $(CAPNP_GO)/capnpc-go@$$($(GO) list -m -f '{{.Version}}' $(CAPNP_GO))
-	PATH="$$PATH:$$($(GO) env GOPATH)/bin" capnp compile -I"$$($(GO) list -m -f '{{.Dir}}' $(CAPNP_GO))/std" \
+	cmp schema/include/go.capnp "$$($(GO) list -m -f '{{.Dir}}' $(CAPNP_GO))/std/go.capnp"
+	PATH="$$PATH:$$($(GO) env GOPATH)/bin" capnp compile -I schema/include \
 		-ogo:schema --src-prefix=schema schema/itx.capnp
 
 vet:

@@ -1,6 +1,9 @@
 package capability
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"testing"
 
 	"capnproto.org/go/capnp/v3/exc"
@@ -24,4 +27,28 @@ func TestFail(t *testing.T) {
 	require.Equal(t, "itx.rateLimited: slow down", err.Error())
 	require.Equal(t, exc.Failed, exc.TypeOf(fail(itx.Errorf(itx.EInvalid, "x"))))
 	require.Nil(t, fail(nil))
+}
+
+// Every exception a handler returns names an itx code in its reason, whatever made it.
+func TestCoded(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		in       error
+		wantType exc.Type
+		want     string
+	}{
+		{"made by fail", fail(itx.Errorf(itx.ERateLimited, "slow down")), exc.Overloaded, "itx.rateLimited: slow down"},
+		{"not served yet", notYet("Stream.liveState"), exc.Unimplemented, "itx.unavailable: Stream.liveState is not implemented by this server"},
+		{"a domain error without fail", fmt.Errorf("append: %w", itx.Errorf(itx.ETooLarge, "too big")), exc.Failed, "itx.tooLarge: too big"},
+		{"an encoding failure", errors.New("capnp: message too large"), exc.Failed, "itx.internal: capnp: message too large"},
+		{"an exception without a code", exc.New(exc.Disconnected, "", "connection lost"), exc.Disconnected, "itx.internal: connection lost"},
+		{"a cancelled context", fmt.Errorf("read: %w", context.Canceled), exc.Failed, "itx.cancelled: the call was cancelled"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := coded(tc.in)
+			require.Equal(t, tc.wantType, exc.TypeOf(got))
+			require.Equal(t, tc.want, got.Error())
+		})
+	}
+	require.Nil(t, coded(nil))
 }

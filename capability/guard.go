@@ -39,7 +39,7 @@ func guarded(g guard, methods []server.Method, impl any) capnp.Client {
 					err = fail(itx.Errorf(itx.EInternal, "%s failed inside the server", name))
 				}
 			}()
-			return inner(ctx, call)
+			return coded(inner(ctx, call))
 		}
 	}
 	sd, _ := impl.(server.Shutdowner)

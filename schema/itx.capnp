@@ -4,12 +4,21 @@
 # ordinal; nothing is renumbered, renamed on the wire or removed. A zero value means "not set"
 # wherever the comment says so, so an old client that never sets a new field gets the default.
 #
-# Errors. Every method fails with a Cap'n Proto exception whose reason reads
+# Compiling this file: it imports /go.capnp (annotations for the Go code generator only, ignored
+# by every other language), shipped in schema/include. From the repository root:
+#   capnp compile -I schema/include -oc++:out schema/itx.capnp
+#
+# Errors. Every method fails with a Cap'n Proto exception whose reason contains
 #   "itx.<code>: <message>"
 # where <code> is the name of an ErrorCode enumerant exactly as written below (for example
-# "itx.invalidArgument: event 0: type must not be empty"). Clients in any language match on the
-# code, never on the message. Overload (rateLimited) is sent with the exception type "overloaded",
-# the rest as "failed"; a lost session surfaces as "disconnected" from the RPC layer itself.
+# "itx.invalidArgument: event 0: type must not be empty"). RPC libraries prepend their own text
+# to the reason ("remote exception: ", "CAPNP-TS116 RPC method failed at ...: ", method names of
+# pipelined calls), so find the code as the first "itx.<code>: " anywhere in the reason, never by
+# a prefix match. Clients in any language match on the code, never on the message. Every
+# exception the server raises follows this, including methods this server does not serve yet
+# (exception type "unimplemented", code unavailable). Overload (rateLimited) is sent with the
+# exception type "overloaded", the rest as "failed"; a lost session surfaces as "disconnected"
+# from the RPC layer itself, with no itx code.
 @0xdc5dd5d2e729011e;
 
 using Go = import "/go.capnp";
@@ -127,8 +136,13 @@ struct ProjectInfo {
 
 # --- subscriptions ---------------------------------------------------------------------------
 
+# Where a new subscription's delivery starts. The default, beginning, delivers the whole log from
+# offset 1, and that includes the stream's own stream/* records (the subscription-configured
+# event that created this very subscription among them): filter with filterTypes, or skip types
+# starting with "stream/", if the receiver wants only application events. now starts after the
+# birth event.
 enum StartPosition {
-  beginning @0;               # deliver from offset 1
+  beginning @0;               # the default: deliver from offset 1, stream/* records included
   now @1;                     # deliver events appended after the birth event
 }
 
@@ -158,7 +172,7 @@ struct SubscriptionConfig {
   filterTypes @7 :List(Text);         # empty: every type
   filterCondition @8 :Text;           # JSONata; must evaluate to exactly true
   transform @9 :Text;                 # JSONata over the event; not allowed on processorWake
-  start @10 :StartPosition;
+  start @10 :StartPosition;           # default beginning: stream/* records included
   onFailingEvent @11 :FailingEventPolicy;
   description @12 :Text;
 }

@@ -54,10 +54,11 @@ type actor struct {
 	dctx          context.Context
 	dcancel       context.CancelFunc
 
-	conns    map[string]*Connection // open connections by key
-	connSeq  int
-	connList atomic.Pointer[[]*Connection] // conns as the live engine reads them
-	liveP    atomic.Pointer[liveEngine]
+	conns     map[string]*Connection // open connections by key
+	connSeq   int
+	connList  atomic.Pointer[[]*Connection] // conns as the live engine reads them
+	liveP     atomic.Pointer[liveEngine]
+	liveCount atomic.Int64 // counted live-state subscribers (Config.MaxLiveSubscribersPerStream)
 
 	mu      sync.Mutex // guards pub and changed
 	pub     view

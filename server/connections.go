@@ -163,7 +163,7 @@ func (s *Server) OpenConnection(ctx context.Context, ref StreamRef, opts Connect
 	s.metrics.OpenConnections.Inc()
 	if !opts.NoState {
 		// State frames: the stream's live state, pushed into the same sink.
-		if stop, err := s.SubscribeLive(ctx, ref, stateSink{c}); err == nil {
+		if stop, err := s.subscribeLive(ctx, ref, stateSink{c}, false); err == nil {
 			go func() { <-c.done; stop() }()
 		}
 	}
@@ -185,7 +185,11 @@ func (a *actor) register(c *Connection) error {
 	if st.core.Subscriptions[c.key] != nil {
 		return itx.Errorf(itx.EFailedPrecondition, "%q names a subscription of this stream: connection keys share the subscription name space", c.key)
 	}
-	if old := a.conns[c.key]; old != nil {
+	old := a.conns[c.key]
+	if old == nil && len(a.conns) >= a.srv.cfg.MaxConnectionsPerStream {
+		return itx.Errorf(itx.ELimitExceeded, "a stream serves at most %d open connections (--max-connections-per-stream)", a.srv.cfg.MaxConnectionsPerStream)
+	}
+	if old != nil {
 		old.Close(CloseReplaced, "a new connection opened under the same key")
 	}
 	c.openedAt = st.head

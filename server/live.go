@@ -231,6 +231,10 @@ func (a *actor) publishConns() {
 // returned function detaches it; so does a frame it does not accept in time. While attached the
 // stream stays loaded.
 func (s *Server) SubscribeLive(ctx context.Context, ref StreamRef, sink LiveSink) (cancel func(), err error) {
+	return s.subscribeLive(ctx, ref, sink, true)
+}
+
+func (s *Server) subscribeLive(ctx context.Context, ref StreamRef, sink LiveSink, counted bool) (cancel func(), err error) {
 	if err := itx.ValidatePath(ref.Path); err != nil {
 		return nil, err
 	}
@@ -238,17 +242,30 @@ func (s *Server) SubscribeLive(ctx context.Context, ref StreamRef, sink LiveSink
 	if err != nil {
 		return nil, err
 	}
+	if counted {
+		if n := a.liveCount.Add(1); n > int64(s.cfg.MaxLiveSubscribersPerStream) {
+			a.liveCount.Add(-1)
+			s.release(a)
+			return nil, itx.Errorf(itx.ELimitExceeded, "a stream serves at most %d live-state subscribers (--max-live-subscribers-per-stream)", s.cfg.MaxLiveSubscribersPerStream)
+		}
+	}
 	sub := &liveSubscriber{sink: sink, done: make(chan struct{})}
 	sub.ctx, sub.cancel = context.WithCancel(s.base)
 	select {
 	case a.inbox <- actorMsg{live: sub}:
 	case <-ctx.Done():
+		if counted {
+			a.liveCount.Add(-1)
+		}
 		s.release(a)
 		return nil, itx.Errorf(itx.ECancelled, "live state: %v", ctx.Err())
 	}
 	go func() {
 		<-sub.ctx.Done()
 		<-sub.done
+		if counted {
+			a.liveCount.Add(-1)
+		}
 		s.release(a)
 	}()
 	var once sync.Once

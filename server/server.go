@@ -46,6 +46,11 @@ type Config struct {
 	// when no append carries it; a crash inside it only causes redelivery. Default 200 ms.
 	CursorFlushDelay time.Duration
 	Egress           EgressPolicy // webhook destinations
+	// MaxConnectionsPerStream bounds the open connections of one stream; default 16,384.
+	MaxConnectionsPerStream int
+	// MaxLiveSubscribersPerStream bounds the live-state subscribers of one stream (connections'
+	// state frames aside, bounded by the connection cap); default 1,024.
+	MaxLiveSubscribersPerStream int
 	// Random returns numbers in [0,1) for retry jitter; default math/rand. Tests fix it.
 	Random func() float64
 }
@@ -135,6 +140,12 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	if cfg.CursorFlushDelay <= 0 {
 		cfg.CursorFlushDelay = 200 * time.Millisecond
+	}
+	if cfg.MaxConnectionsPerStream <= 0 {
+		cfg.MaxConnectionsPerStream = 16_384
+	}
+	if cfg.MaxLiveSubscribersPerStream <= 0 {
+		cfg.MaxLiveSubscribersPerStream = 1024
 	}
 	if cfg.Random == nil {
 		cfg.Random = mrand.Float64

@@ -507,3 +507,26 @@ func TestReaders_RegisterMoveListRemove(t *testing.T) {
 	require.NoError(t, rm("audit"))
 	requireCode(t, rm("audit"), itx.ENotFound)
 }
+
+// The number of connections and live subscribers one stream serves is bounded by flags.
+func TestConnection_PerStreamBounds(t *testing.T) {
+	ts := startServer(t, server.Config{MaxConnectionsPerStream: 2, MaxLiveSubscribersPerStream: 1})
+	s := stream(t, ts.project(t), "/bounded")
+	mustAppend(t, s, ev("a", `{}`))
+	_, err := openConn(t, s, connOpts{key: "a"}, newTestSink())
+	require.NoError(t, err)
+	_, err = openConn(t, s, connOpts{key: "b"}, newTestSink())
+	require.NoError(t, err)
+	_, err = openConn(t, s, connOpts{key: "c"}, newTestSink())
+	requireCode(t, err, itx.ELimitExceeded)
+	_, err = openConn(t, s, connOpts{key: "b"}, newTestSink())
+	require.NoError(t, err, "replacing a key does not count twice")
+
+	subscribeLive(t, s, &liveView{})
+	fut, release := s.LiveState(context.Background(), func(p schema.Stream_liveState_Params) error {
+		return p.SetSubscriber(schema.LiveSubscriber_ServerToClient(&liveView{}))
+	})
+	defer release()
+	_, err = fut.Struct()
+	requireCode(t, err, itx.ELimitExceeded)
+}

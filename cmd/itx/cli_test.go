@@ -80,9 +80,10 @@ func TestRun_Expression(t *testing.T) {
 		code, out, _ = c.run("", append(conn, "--output", "table", "-e", `project.streams.list()`)...)
 		require.Equal(t, exitOK, code)
 		lines := strings.Split(strings.TrimSpace(out), "\n")
-		require.Len(t, lines, 2, out)
+		require.Len(t, lines, 3, out)
 		require.True(t, strings.HasPrefix(lines[0], "path  streamId"), out)
 		require.True(t, strings.HasPrefix(lines[1], "/e    "), out)
+		require.Equal(t, "(1 row)", lines[2], "a row count under every table")
 	})
 
 	t.Run("usage errors exit 2", func(t *testing.T) {
@@ -288,7 +289,8 @@ func TestTerminal_Session(t *testing.T) {
 	term.expect(`"headOffset": 1`)
 	term.expect("itx> ")
 	term.send("a.getEvents()\r")
-	term.expect(`"text": "from pty"`)
+	term.expect(`note  {"text":"from pty"}`) // events print one to a line
+	term.expect("(1 row)")
 
 	// A typed error, in red, and the session goes on.
 	term.expect("itx> ")
@@ -310,7 +312,7 @@ func TestTerminal_Session(t *testing.T) {
 	term.send("a.getEvents({\r")
 	term.expect("...  ")
 	term.send("limit: 1, types: [\"note\"]})\r")
-	term.expect(`"offset": 1`)
+	term.expect("(1 row)")
 
 	// A list of flat records prints as a table on a terminal.
 	term.expect("itx> ")

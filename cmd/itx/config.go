@@ -26,6 +26,7 @@ type fileConfig struct {
 // server.Credentials rather than imported, so the client does not link the server (and SQLite).
 type credentials struct {
 	ProjectToken string `json:"projectToken"`
+	Addr         string `json:"addr"` // where itxd last listened (recorded by itxd at start)
 }
 
 // resolved is where to connect, with where each value came from (shown in the banner).
@@ -40,8 +41,9 @@ type settings struct {
 }
 
 // resolve picks the address and token: flags, then ITX_ADDR / ITX_TOKEN, then the config file,
-// then (token only) the project token of a local itxd's data directory; the address defaults
-// to itxd's default listen address.
+// then a local itxd's data directory (its credentials.json holds the project token and the
+// address itxd last listened on), then (address only) itxd's default listen address. A data
+// directory named by --data beats the environment and the config file: it says which server.
 func resolve(st settings, getenv func(string) string) (resolved, error) {
 	var r resolved
 	pick := func(dst, from *string, candidates ...[2]string) {
@@ -56,31 +58,35 @@ func resolve(st settings, getenv func(string) string) (resolved, error) {
 	if err != nil {
 		return r, err
 	}
-	pick(&r.addr, &r.addrFrom, [2]string{st.addr, "--addr"}, [2]string{getenv("ITX_ADDR"), "ITX_ADDR"},
-		[2]string{fc.Addr, path}, [2]string{defaultAddr, "default"})
-	pick(&r.token, &r.tokenFrom, [2]string{st.token, "--token"}, [2]string{getenv("ITX_TOKEN"), "ITX_TOKEN"},
-		[2]string{fc.Token, path})
-	if r.token == "" {
-		dataDir := st.dataDir
-		if dataDir == "" {
-			dataDir = getenv("ITX_DATA")
-		}
-		if dataDir == "" {
-			dataDir = defaultDataDir
-		}
-		credPath := filepath.Join(dataDir, "credentials.json")
-		b, err := os.ReadFile(credPath)
-		switch {
-		case err == nil:
-			var c credentials
-			if err := json.Unmarshal(b, &c); err != nil {
-				return r, fmt.Errorf("read %s: %w", credPath, err)
-			}
-			r.token, r.tokenFrom = c.ProjectToken, credPath
-		case !errors.Is(err, fs.ErrNotExist):
+	dataDir := st.dataDir
+	if dataDir == "" {
+		dataDir = getenv("ITX_DATA")
+	}
+	if dataDir == "" {
+		dataDir = defaultDataDir
+	}
+	credPath := filepath.Join(dataDir, "credentials.json")
+	var creds credentials
+	b, err := os.ReadFile(credPath)
+	switch {
+	case err == nil:
+		if err := json.Unmarshal(b, &creds); err != nil {
 			return r, fmt.Errorf("read %s: %w", credPath, err)
 		}
+	case !errors.Is(err, fs.ErrNotExist):
+		return r, fmt.Errorf("read %s: %w", credPath, err)
 	}
+	explicit := [2]string{}
+	if st.dataDir != "" {
+		explicit = [2]string{creds.Addr, credPath}
+	}
+	pick(&r.addr, &r.addrFrom, [2]string{st.addr, "--addr"}, explicit, [2]string{getenv("ITX_ADDR"), "ITX_ADDR"},
+		[2]string{fc.Addr, path}, [2]string{creds.Addr, credPath}, [2]string{defaultAddr, "default"})
+	if st.dataDir != "" {
+		explicit = [2]string{creds.ProjectToken, credPath}
+	}
+	pick(&r.token, &r.tokenFrom, [2]string{st.token, "--token"}, explicit, [2]string{getenv("ITX_TOKEN"), "ITX_TOKEN"},
+		[2]string{fc.Token, path}, [2]string{creds.ProjectToken, credPath})
 	if r.token == "" {
 		return r, errors.New("no token: pass --token, set ITX_TOKEN, write {\"addr\", \"token\"} to " +
 			configPathHint(getenv) + ", or run itx where itxd's data directory (.itx-data, or --data) is")

@@ -399,6 +399,7 @@ func TestEval_Session(t *testing.T) {
 	})
 
 	t.Run("a cancelled call stops waiting", func(t *testing.T) {
+		head := s.mustEval(t, `a.describe().headOffset`)
 		ctx, cancel := context.WithCancel(context.Background())
 		s.out.Reset()
 		go func() {
@@ -412,7 +413,7 @@ func TestEval_Session(t *testing.T) {
 		_, err := s.Eval(ctx, "<test>", `print("waiting"); a.waitForEvent({types: ["never"], after: 3, timeoutMs: 60000})`)
 		require.Error(t, err)
 		require.Equal(t, "cancelled", repl.Describe(err).Code)
-		require.Equal(t, 3.0, s.mustEval(t, `a.describe().headOffset`), "the session goes on")
+		require.Equal(t, head, s.mustEval(t, `a.describe().headOffset`), "the session goes on")
 	})
 
 	t.Run("a loop is interrupted", func(t *testing.T) {

@@ -17,12 +17,14 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"os/signal"
 	"strings"
 	"time"
 
 	"github.com/chzyer/readline"
 	"github.com/itx-dev/itx/cmd/itx/internal/repl"
+	"golang.org/x/term"
 )
 
 func main() {
@@ -31,6 +33,7 @@ func main() {
 		stdinTTY:  readline.IsTerminal(int(os.Stdin.Fd())),
 		stdoutTTY: readline.IsTerminal(int(os.Stdout.Fd())),
 		stderrTTY: readline.IsTerminal(int(os.Stderr.Fd())),
+		size:      terminalSize,
 	}))
 }
 
@@ -40,6 +43,31 @@ type environment struct {
 	stdout, stderr                 io.Writer
 	getenv                         func(string) string
 	stdinTTY, stdoutTTY, stderrTTY bool
+	size                           func() (cols, rows int) // the terminal's; nil off a terminal
+}
+
+// terminalSize reports the size of the terminal on stdout (0, 0 when it has none).
+func terminalSize() (int, int) {
+	cols, rows, err := term.GetSize(int(os.Stdout.Fd()))
+	if err != nil {
+		return 0, 0
+	}
+	return cols, rows
+}
+
+// pagerCommand is the pager for results taller than the screen: ITX_PAGER, then PAGER, then
+// less if it is installed (-F: no paging for what fits after all, -R: keep colors, -X: leave
+// the text on the screen). ITX_PAGER=cat turns paging off.
+func pagerCommand(getenv func(string) string) string {
+	for _, k := range []string{"ITX_PAGER", "PAGER"} {
+		if p := getenv(k); p != "" {
+			return p
+		}
+	}
+	if _, err := exec.LookPath("less"); err == nil {
+		return "less -FRX"
+	}
+	return ""
 }
 
 const (
@@ -62,11 +90,13 @@ func run(args []string, env environment) int {
 	output := fs.String("output", "auto", "result format: auto (tables on a terminal), pretty, json or table")
 	history := fs.String("history", "", "history file (env ITX_HISTORY; default $XDG_STATE_HOME/itx/history)")
 	noColor := fs.Bool("no-color", false, "never color errors (NO_COLOR does the same)")
+	wide := fs.Bool("wide", false, "print tables at full width instead of cutting columns to the terminal (.output wide)")
 	fs.Usage = func() {
 		fmt.Fprint(env.stderr, `Usage:
   itx [flags]                        interactive session
   itx [flags] -e 'expression'        evaluate one expression and print its result
   itx [flags] script.js [args...]    run a script; - reads it from stdin
+  ... | itx [flags]                  evaluate piped lines one by one, printing each result
   itx [flags] tail <path> [after]    print events as they are appended, until Ctrl-C
   itx [flags] watch <path>           print a stream's live state, until Ctrl-C
 
@@ -102,7 +132,7 @@ Flags:
 		script     string
 		scriptArgs []string
 	)
-	interactive := false
+	interactive, piped := false, false
 	switch {
 	case *expr != "":
 		if fs.NArg() > 0 {
@@ -129,11 +159,7 @@ Flags:
 	case env.stdinTTY:
 		interactive = true
 	default:
-		b, err := io.ReadAll(env.stdin)
-		if err != nil {
-			return fail(err)
-		}
-		scriptName, script = "<stdin>", string(b)
+		piped = true
 	}
 
 	conf, err := resolve(st, env.getenv)
@@ -143,10 +169,14 @@ Flags:
 	}
 	dialCtx, cancelDial := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancelDial()
-	s, err := repl.Connect(dialCtx, repl.Config{
+	cfg := repl.Config{
 		Addr: conf.addr, Token: conf.token, Out: env.stdout, Err: env.stderr,
-		Format: format, TTY: env.stdoutTTY, Color: color,
-	})
+		Format: format, TTY: env.stdoutTTY, Color: color, Wide: *wide, Size: env.size,
+	}
+	if interactive {
+		cfg.Pager, cfg.PagerOut = pagerCommand(env.getenv), env.stdout
+	}
+	s, err := repl.Connect(dialCtx, cfg)
 	if err != nil {
 		return fail(err)
 	}
@@ -186,6 +216,16 @@ Flags:
 			s.Print(v)
 		}
 		runErr = err
+	case piped:
+		// Each input is evaluated and its result printed, as at the prompt; an error is printed
+		// and the next input runs; the exit status says whether any failed.
+		if failed := s.RunLines(ctx, env.stdin); failed > 0 {
+			if ctx.Err() != nil {
+				return exitInterrupted
+			}
+			return exitError
+		}
+		return exitOK
 	default:
 		if err := s.SetArgs(scriptArgs); err != nil {
 			return fail(err)

@@ -3,13 +3,16 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -41,6 +44,8 @@ func run() error {
 	denyPrivate := flag.Bool("webhook-deny-private", false, "refuse webhook destinations on loopback, private and link-local addresses")
 	var allowHosts hostList
 	flag.Var(&allowHosts, "webhook-allow-host", "allow webhooks only to this host (repeatable; \"*.example.com\" matches subdomains)")
+	maxConns := flag.Int("max-connections-per-stream", 0, "open connections one stream serves at most (0: 16384)")
+	maxLive := flag.Int("max-live-subscribers-per-stream", 0, "live-state subscribers one stream serves at most, connections' state frames not counted (0: 1024)")
 	shutdownTimeout := flag.Duration("shutdown-timeout", 30*time.Second, "how long SIGTERM waits for in-flight calls")
 	flag.Parse()
 
@@ -60,6 +65,7 @@ func run() error {
 	srv, err := server.Open(ctx, server.Config{
 		DataDir: *data, Log: log, IdleTimeout: *idle, MaxLoadedStreams: *maxLoaded,
 		BreakerBurst: *burst, BreakerRefillPerMinute: *refill,
+		MaxConnectionsPerStream: *maxConns, MaxLiveSubscribersPerStream: *maxLive,
 		Egress: server.EgressPolicy{AllowHosts: allowHosts, DenyPrivate: *denyPrivate},
 	})
 	if err != nil {
@@ -89,6 +95,9 @@ func run() error {
 		if err := os.WriteFile(*addrFile, []byte(addr), 0o644); err != nil {
 			return err
 		}
+	}
+	if err := recordAddress(*data, addr); err != nil {
+		log.Warn().Err(err).Msg("could not record the address in credentials.json: itx --data needs --addr")
 	}
 	announce(log, addr, *data, *metricsAddr)
 
@@ -130,6 +139,35 @@ func announce(log zerolog.Logger, addr, data, metrics string) {
 	}
 	fmt.Fprintf(os.Stderr, "\nConnect with the itx REPL:\n  itx --addr %s --token %s\n"+
 		"Deployment root (global streams): --token %s\n\n", addr, creds.ProjectToken, creds.DeploymentToken)
+}
+
+// recordAddress writes the bound RPC address into <data>/credentials.json as "addr", beside the
+// tokens, so `itx --data <data>` finds the server wherever `make run` put it. The file keeps
+// its other fields and mode 0600; it is replaced by a rename, so a reader never sees half of it.
+// A data directory without credentials (tokens made elsewhere) is left alone.
+func recordAddress(data, addr string) error {
+	path := filepath.Join(data, server.CredentialsFile)
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(b, &fields); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	fields["addr"], _ = json.Marshal(addr)
+	out, err := json.MarshalIndent(fields, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, append(out, '\n'), 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
 }
 
 // hostList is a repeatable flag.

@@ -3,6 +3,7 @@ package repl
 import (
 	"encoding/json"
 	"math"
+	"math/big"
 	"strings"
 
 	"github.com/dop251/goja"
@@ -116,6 +117,10 @@ func toUint(v goja.Value) (int64, bool) {
 		if n >= 0 && n == math.Trunc(n) && n < 1<<63 {
 			return int64(n), true
 		}
+	case *big.Int: // an offset beyond 2^53, exact: getEvents({after: 9007199254740993n})
+		if n.IsInt64() && n.Sign() >= 0 {
+			return n.Int64(), true
+		}
 	}
 	return 0, false
 }
@@ -170,7 +175,7 @@ func (o *options) strings(key string) []string {
 	return out
 }
 
-// json reads a value sent as JSON text: an object is encoded with JSON.stringify (its key
+// json reads a value sent as JSON text: an object is encoded as JSON.stringify would (its key
 // order kept), a string is taken to be JSON text already.
 func (o *options) json(key string) json.RawMessage {
 	v := o.get(key)
@@ -189,14 +194,14 @@ func (s *Session) jsonText(v goja.Value) (json.RawMessage, error) {
 	if str, ok := v.Export().(string); ok {
 		return json.RawMessage(str), nil
 	}
-	out, err := s.stringify(goja.Undefined(), v)
+	out, ok, err := s.encodeJSON(v)
 	if err != nil {
 		return nil, err
 	}
-	if goja.IsUndefined(out) {
+	if !ok {
 		return nil, itx.Errorf(itx.EInvalid, "%s cannot be encoded as JSON", describeValue(v))
 	}
-	return json.RawMessage(out.String()), nil
+	return json.RawMessage(out), nil
 }
 
 // stringArg reads a positional string argument, or the named key of an options object:
@@ -224,6 +229,9 @@ func exportString(v goja.Value) (string, bool) {
 	if isAbsent(v) {
 		return "", false
 	}
+	if _, isSymbol := v.(*goja.Symbol); isSymbol {
+		return "", false // a symbol exports as its description: not a string the caller wrote
+	}
 	s, ok := v.Export().(string)
 	return s, ok
 }
@@ -233,4 +241,34 @@ func arg(args []goja.Value, i int) goja.Value {
 		return args[i]
 	}
 	return goja.Undefined()
+}
+
+// params reads a method's arguments in either of the two styles every method accepts: values in
+// the order of positional (getEvents(5, 10)), or one options object ({after: 5, limit: 10}),
+// or positional values followed by one options object for the rest (getEvents(5, {types:
+// "note"})). known lists every key the options object may hold, positional ones included.
+func (s *Session) params(what string, args []goja.Value, positional []string, known ...string) (*options, error) {
+	merged := s.vm.NewObject()
+	for i, v := range args {
+		if isAbsent(v) {
+			continue
+		}
+		if obj, ok := v.(*goja.Object); ok && obj.ClassName() == "Object" && i == len(args)-1 {
+			if _, isCap := s.capabilityOf(v); !isCap {
+				for _, k := range obj.Keys() {
+					if merged.Get(k) != nil {
+						return nil, itx.Errorf(itx.EInvalid, "%s: %s is given twice, as an argument and as an option", what, k)
+					}
+					merged.Set(k, obj.Get(k))
+				}
+				continue
+			}
+		}
+		if i >= len(positional) {
+			return nil, itx.Errorf(itx.EInvalid, "%s: too many arguments (takes %s, then an options object {%s})",
+				what, strings.Join(positional, ", "), strings.Join(known, ", "))
+		}
+		merged.Set(positional[i], v)
+	}
+	return s.opts(what, merged, known...)
 }

@@ -27,31 +27,31 @@ var bindings = map[string]map[string]binding{
 		"describe": {"describe() -> {id, name, deployment}", projectDescribe},
 	},
 	"Streams": {
-		"list": {"list(prefix?) -> [{path, streamId, headOffset, ...}]", streamsList},
+		"list": {"list(prefix?, after?, limit?) or list({prefix, after, limit}) -> [{path, streamId, headOffset, ...}] (every page unless limit is given)", streamsList},
 	},
 	"Stream": {
 		"append":                {"append(event | [events], {expectedHeadOffset}?) -> {offsets, duplicate, headOffset, streamId}", streamAppend},
-		"getEvents":             {"getEvents({after, before, limit, types, includeEphemeral}?) -> [events]", streamGetEvents},
-		"getEventPage":          {"getEventPage({after, before, limit, types, includeEphemeral}?) -> {events, streamId, streamMaxOffset, nextAfter}", streamGetEventPage},
-		"waitForEvent":          {"waitForEvent({types, payloadContains, where, after, timeoutMs, includeEphemeral}) -> event", streamWaitForEvent},
+		"getEvents":             {"getEvents(after?, limit?) or getEvents({after, before, limit, types, includeEphemeral, all}) -> [events] (one page of at most 500; all: true reads every page)", streamGetEvents},
+		"getEventPage":          {"getEventPage(after?, limit?) or getEventPage({after, before, limit, types, includeEphemeral}) -> {events, streamId, streamMaxOffset, nextAfter}", streamGetEventPage},
+		"waitForEvent":          {"waitForEvent(types?, after?, timeoutMs?) or waitForEvent({types, payloadContains, where, after, timeoutMs, includeEphemeral}) -> event", streamWaitForEvent},
 		"describe":              {"describe() -> {path, streamId, headOffset, createdAt, ...}", streamDescribe},
-		"setSubscriptionCursor": {"setSubscriptionCursor({name, afterOffset}) -> {offset}", streamSetSubscriptionCursor},
-		"resumeSubscription":    {"resumeSubscription({name}) -> {offset}", streamResumeSubscription},
-		"openConnection":        {"openConnection({after, types, maxDeliveryEvents, maxDeliveryBytes, noState, openedBy}?) -> connection {take(), ping(), close(reason)}", streamOpenConnection},
+		"setSubscriptionCursor": {"setSubscriptionCursor(name, afterOffset) or setSubscriptionCursor({name, afterOffset}) -> {offset}", streamSetSubscriptionCursor},
+		"resumeSubscription":    {"resumeSubscription(name) or resumeSubscription({name}) -> {offset}", streamResumeSubscription},
+		"openConnection":        {"openConnection(after?) or openConnection({after, types, maxDeliveryEvents, maxDeliveryBytes, noState, openedBy}) -> connection {take(), ping(), close(reason)}", streamOpenConnection},
 		"liveState":             {"liveState() -> live view {snapshot(), patches(), cancel()}", streamLiveState},
 	},
 	"Subscriptions": {
 		"list":      {"list() -> [{name, kind, status, confirmedOffset, lag, lastError, configuredAtOffset}]", subscriptionsList},
-		"configure": {"configure({name, receiver: {type: \"webhook-post\", url, ...}, filterTypes, filterCondition, transform, start, onFailingEvent, description}) -> {name, offset}", subscriptionsConfigure},
-		"remove":    {"remove(name) -> {offset}", subscriptionsRemove},
+		"configure": {"configure(name, receiver, {...}?) or configure({name, receiver: {type: \"webhook-post\", url, ...}, filterTypes, filterCondition, transform, start, onFailingEvent, description}) -> {name, offset} (start: \"beginning\", the default, includes the stream's own stream/* records)", subscriptionsConfigure},
+		"remove":    {"remove(name) or remove({name}) -> {offset}", subscriptionsRemove},
 	},
 	"Subscription": {
 		"describe":           {"describe() -> {config, kind, status, confirmedOffset, ...}", subscriptionDescribe},
-		"waitUntilProcessed": {"waitUntilProcessed({offset, timeoutMs}) -> {confirmedOffset}", subscriptionWaitUntilProcessed},
+		"waitUntilProcessed": {"waitUntilProcessed(offset, timeoutMs?) or waitUntilProcessed({offset, timeoutMs}) -> {confirmedOffset}", subscriptionWaitUntilProcessed},
 	},
 	"Capabilities": {
 		"list":    {"list() -> [{name, mountedAt}]", capabilitiesList},
-		"unmount": {"unmount(name)", capabilitiesUnmount},
+		"unmount": {"unmount(name) or unmount({name})", capabilitiesUnmount},
 		"mount":   {"mount(name, receiver): not available here (a Receiver is served by an SDK client)", mountUnavailable},
 	},
 	"ProcessorHosts": {
@@ -59,9 +59,9 @@ var bindings = map[string]map[string]binding{
 		"mount": {"mount(name, host): not available here (a ProcessorHost is served by an SDK client)", mountUnavailable},
 	},
 	"Readers": {
-		"register": {"register({name, checkpoint})", readersRegister},
+		"register": {"register(name, checkpoint) or register({name, checkpoint})", readersRegister},
 		"list":     {"list() -> [{name, checkpoint, lag, updatedAt}]", readersList},
-		"remove":   {"remove(name)", readersRemove},
+		"remove":   {"remove(name) or remove({name})", readersRemove},
 	},
 	"Processor": {
 		"snapshot":        {"snapshot() -> {state, reducedOffset, processedOffset}", processorSnapshot},
@@ -92,6 +92,9 @@ func (s *Session) proxy(p capPath) *goja.Object {
 	for _, m := range ifc.Methods {
 		if b, ok := bindings[p.iface][m.Name]; ok {
 			hidden(m.Name, func(call goja.FunctionCall) goja.Value {
+				if err := s.ensureConnected(s.ctx()); err != nil {
+					panic(s.throw(err))
+				}
 				c := s.client(p)
 				defer c.Release()
 				v, err := b.call(s.ctx(), s, c, p, call.Arguments)
@@ -132,6 +135,9 @@ func (s *Session) proxy(p capPath) *goja.Object {
 
 // navigate sends the pipelined call that reaches p (nothing waits for it) and returns p's proxy.
 func (s *Session) navigate(p capPath) goja.Value {
+	if err := s.ensureConnected(s.ctx()); err != nil {
+		panic(s.throw(err))
+	}
 	s.client(p).Release()
 	return s.proxy(p)
 }
@@ -150,23 +156,6 @@ func (s *Session) capabilityOf(v goja.Value) (*capPath, bool) {
 	return p, ok
 }
 
-// toJS turns a Go result into a plain JavaScript value through JSON, so results are ordinary
-// objects (with fields in declaration order) that scripts can keep, change and print.
-func (s *Session) toJS(v any) goja.Value {
-	if v == nil {
-		return goja.Undefined()
-	}
-	b, err := json.Marshal(v)
-	if err != nil {
-		panic(s.throw(err))
-	}
-	out, err := s.parse(goja.Undefined(), s.vm.ToValue(string(b)))
-	if err != nil {
-		panic(s.throw(err))
-	}
-	return out
-}
-
 // rawJSON embeds JSON text as a value; text that is not JSON becomes a string.
 func rawJSON(text string) json.RawMessage {
 	if text == "" {
@@ -181,11 +170,41 @@ func rawJSON(text string) json.RawMessage {
 
 // --- result shapes (field order is print order) ---
 
+// msTime is a time the server sends as epoch milliseconds. itx shows every time the same way,
+// as an ISO-8601 string in UTC (2026-12-01T16:25:40.123Z), which new Date() reads back; 0
+// (not set) is null.
+type msTime int64
+
+func (t msTime) MarshalJSON() ([]byte, error) {
+	if t == 0 {
+		return []byte("null"), nil
+	}
+	return json.Marshal(isoTime(time.UnixMilli(int64(t))))
+}
+
+// textTime is a time the server sends as text (SQLite's "2006-01-02 15:04:05" or RFC 3339),
+// shown like msTime.
+type textTime string
+
+func (t textTime) MarshalJSON() ([]byte, error) {
+	if t == "" {
+		return []byte("null"), nil
+	}
+	for _, layout := range []string{time.RFC3339Nano, "2006-01-02 15:04:05.999999999", "2006-01-02T15:04:05.999999999"} {
+		if at, err := time.Parse(layout, string(t)); err == nil {
+			return json.Marshal(isoTime(at))
+		}
+	}
+	return json.Marshal(string(t))
+}
+
+func isoTime(at time.Time) string { return at.UTC().Format("2006-01-02T15:04:05.000Z07:00") }
+
 type eventJS struct {
 	Offset         int64           `json:"offset"`
 	Type           string          `json:"type"`
 	Payload        json.RawMessage `json:"payload"`
-	CreatedAt      int64           `json:"createdAt"`
+	CreatedAt      msTime          `json:"createdAt"`
 	IdempotencyKey string          `json:"idempotencyKey,omitempty"`
 	Metadata       json.RawMessage `json:"metadata,omitempty"`
 	Ephemeral      bool            `json:"ephemeral,omitempty"`
@@ -195,7 +214,7 @@ type eventJS struct {
 func eventsJS(events []itx.Event) []eventJS {
 	out := make([]eventJS, len(events))
 	for i, e := range events {
-		out[i] = eventJS{Offset: e.Offset, Type: e.Type, Payload: rawJSON(string(e.Payload)), CreatedAt: e.CreatedAt,
+		out[i] = eventJS{Offset: e.Offset, Type: e.Type, Payload: rawJSON(string(e.Payload)), CreatedAt: msTime(e.CreatedAt),
 			IdempotencyKey: e.IdempotencyKey, Metadata: rawJSON(string(e.Metadata)), Ephemeral: e.Ephemeral, Provenance: e.Provenance}
 		if out[i].Payload == nil {
 			out[i].Payload = json.RawMessage("{}")
@@ -208,15 +227,15 @@ type streamInfoJS struct {
 	Path              string `json:"path"`
 	StreamID          string `json:"streamId"`
 	HeadOffset        int64  `json:"headOffset"`
-	CreatedAt         int64  `json:"createdAt"`
-	LastAppendAt      int64  `json:"lastAppendAt"`
+	CreatedAt         msTime `json:"createdAt"`
+	LastAppendAt      msTime `json:"lastAppendAt"`
 	SubscriptionCount int    `json:"subscriptionCount"`
 	Loaded            bool   `json:"loaded"`
 }
 
 func streamInfoOf(i itx.StreamInfo) streamInfoJS {
-	return streamInfoJS{Path: i.Path, StreamID: i.StreamID, HeadOffset: i.HeadOffset, CreatedAt: i.CreatedAt,
-		LastAppendAt: i.LastAppendAt, SubscriptionCount: i.SubscriptionCount, Loaded: i.Loaded}
+	return streamInfoJS{Path: i.Path, StreamID: i.StreamID, HeadOffset: i.HeadOffset, CreatedAt: msTime(i.CreatedAt),
+		LastAppendAt: msTime(i.LastAppendAt), SubscriptionCount: i.SubscriptionCount, Loaded: i.Loaded}
 }
 
 type offsetJS struct {
@@ -225,13 +244,13 @@ type offsetJS struct {
 
 type mountJS struct {
 	Name      string `json:"name"`
-	MountedAt int64  `json:"mountedAt"`
+	MountedAt msTime `json:"mountedAt"`
 }
 
 func mountsJS(ms []itx.MountInfo) []mountJS {
 	out := make([]mountJS, len(ms))
 	for i, m := range ms {
-		out[i] = mountJS{Name: m.Name, MountedAt: m.MountedAt}
+		out[i] = mountJS{Name: m.Name, MountedAt: msTime(m.MountedAt)}
 	}
 	return out
 }
@@ -251,17 +270,32 @@ func projectDescribe(ctx context.Context, s *Session, c capnp.Client, _ capPath,
 }
 
 func streamsList(ctx context.Context, s *Session, c capnp.Client, _ capPath, args []goja.Value) (any, error) {
-	prefix := ""
-	if v := arg(args, 0); !isAbsent(v) {
-		var err error
-		if prefix, err = s.stringArg("Streams.list", args, 0, "prefix"); err != nil {
-			return nil, err
-		}
-	}
-	// The pipelined Streams capability is already at hand: list on it directly.
-	list, err := client.ListStreamsIn(ctx, schema.Streams(c), prefix)
+	o, err := s.params("Streams.list", args, []string{"prefix", "after", "limit"}, "prefix", "after", "limit")
 	if err != nil {
 		return nil, err
+	}
+	prefix, after, limit := o.str("prefix"), o.str("after"), o.uint("limit")
+	if err := o.err(); err != nil {
+		return nil, err
+	}
+	// The pipelined Streams capability is already at hand: list on it directly. With a limit,
+	// one page; without, every page after `after`.
+	var list []itx.StreamInfo
+	for {
+		page, next, err := client.ListStreamsPage(ctx, schema.Streams(c), prefix, after, int(limit))
+		if err != nil {
+			return nil, err
+		}
+		list = append(list, page...)
+		if next == "" {
+			break
+		}
+		if limit > 0 {
+			s.note("%d streams shown; more follow: list(%q, %q, %d) for the next page, or leave out the limit for all",
+				len(list), prefix, next, limit)
+			break
+		}
+		after = next
 	}
 	out := make([]streamInfoJS, len(list))
 	for i, info := range list {
@@ -325,30 +359,60 @@ func streamAppend(ctx context.Context, s *Session, c capnp.Client, _ capPath, ar
 	}{res.Offsets, res.Duplicate, res.HeadOffset, res.StreamID}, nil
 }
 
-func (s *Session) query(what string, v goja.Value) (itx.Query, error) {
-	o, err := s.opts(what, v, "after", "before", "limit", "types", "includeEphemeral")
+var queryKeys = []string{"after", "before", "limit", "types", "includeEphemeral"}
+
+func (s *Session) query(what string, args []goja.Value, extra ...string) (itx.Query, *options, error) {
+	o, err := s.params(what, args, []string{"after", "limit"}, append(queryKeys, extra...)...)
 	if err != nil {
-		return itx.Query{}, err
+		return itx.Query{}, nil, err
 	}
 	q := itx.Query{After: o.uint("after"), Before: o.uint("before"), Limit: int(o.uint("limit")),
 		Types: o.strings("types"), IncludeEphemeral: o.bool("includeEphemeral")}
-	return q, o.err()
+	return q, o, o.err()
 }
 
+// maxAllEvents bounds getEvents({all: true}): everything it reads is held in memory at once.
+const maxAllEvents = 100_000
+
 func streamGetEvents(ctx context.Context, s *Session, c capnp.Client, _ capPath, args []goja.Value) (any, error) {
-	q, err := s.query("getEvents", arg(args, 0))
+	q, o, err := s.query("getEvents", args, "all")
 	if err != nil {
 		return nil, err
 	}
-	events, err := client.GetEvents(ctx, schema.Stream(c), q)
-	if err != nil {
+	all := o.bool("all")
+	if err := o.err(); err != nil {
 		return nil, err
+	}
+	var events []itx.Event
+	for {
+		page, err := client.GetEventPage(ctx, schema.Stream(c), q)
+		if err != nil {
+			return nil, err
+		}
+		events = append(events, page.Events...)
+		more := page.NextAfter > q.After && page.NextAfter < page.StreamMaxOffset && (q.Before == 0 || page.NextAfter < q.Before-1)
+		if !more {
+			break
+		}
+		if !all {
+			// A full page may hide the rest of the stream: say so, with how to go on.
+			if len(page.Events) > 0 {
+				s.note("%d events shown, more follow: getEvents({after: %d}) for the next page, or getEvents({all: true}) for every one",
+					len(events), page.NextAfter)
+			}
+			break
+		}
+		if len(events) >= maxAllEvents {
+			s.note("stopped after %d events; go on with getEvents({after: %d, all: true})", len(events), page.NextAfter)
+			break
+		}
+		q.After = page.NextAfter
 	}
 	return eventsJS(events), nil
 }
 
 func streamGetEventPage(ctx context.Context, s *Session, c capnp.Client, _ capPath, args []goja.Value) (any, error) {
-	q, err := s.query("getEventPage", arg(args, 0))
+	q, _, err := s.query("getEventPage", args)
 	if err != nil {
 		return nil, err
 	}
@@ -365,7 +429,7 @@ func streamGetEventPage(ctx context.Context, s *Session, c capnp.Client, _ capPa
 }
 
 func streamWaitForEvent(ctx context.Context, s *Session, c capnp.Client, _ capPath, args []goja.Value) (any, error) {
-	o, err := s.opts("waitForEvent", arg(args, 0), "types", "payloadContains", "where", "after", "timeoutMs", "includeEphemeral")
+	o, err := s.params("waitForEvent", args, []string{"types", "after", "timeoutMs"}, "types", "payloadContains", "where", "after", "timeoutMs", "includeEphemeral")
 	if err != nil {
 		return nil, err
 	}
@@ -391,7 +455,7 @@ func streamDescribe(ctx context.Context, s *Session, c capnp.Client, _ capPath, 
 }
 
 func streamSetSubscriptionCursor(ctx context.Context, s *Session, c capnp.Client, _ capPath, args []goja.Value) (any, error) {
-	o, err := s.opts("setSubscriptionCursor", arg(args, 0), "name", "afterOffset")
+	o, err := s.params("setSubscriptionCursor", args, []string{"name", "afterOffset"}, "name", "afterOffset")
 	if err != nil {
 		return nil, err
 	}
@@ -568,7 +632,25 @@ func configJS(c client.SubscriptionConfig) subscriptionConfigJS {
 }
 
 func subscriptionsConfigure(ctx context.Context, s *Session, c capnp.Client, _ capPath, args []goja.Value) (any, error) {
-	cfg, err := s.subscriptionConfig(arg(args, 0))
+	v := arg(args, 0)
+	if _, ok := exportString(v); ok {
+		// configure(name, receiver, {...}?): the receiver is an object too, so the options
+		// object can only be the third argument.
+		merged := s.vm.NewObject()
+		if extra, ok := arg(args, 2).(*goja.Object); ok {
+			for _, k := range extra.Keys() {
+				merged.Set(k, extra.Get(k))
+			}
+		} else if !isAbsent(arg(args, 2)) {
+			return nil, itx.Errorf(itx.EInvalid, "configure: the third argument must be an options object, got %s", describeValue(arg(args, 2)))
+		}
+		merged.Set("name", v)
+		if !isAbsent(arg(args, 1)) {
+			merged.Set("receiver", arg(args, 1))
+		}
+		v = merged
+	}
+	cfg, err := s.subscriptionConfig(v)
 	if err != nil {
 		return nil, err
 	}
@@ -608,35 +690,30 @@ func subscriptionDescribe(ctx context.Context, s *Session, c capnp.Client, _ cap
 		ConfirmedOffset                   int64                `json:"confirmedOffset"`
 		HeadOffset                        int64                `json:"headOffset"`
 		Attempt                           int                  `json:"attempt"`
-		NextAttemptAt                     int64                `json:"nextAttemptAt"`
+		NextAttemptAt                     msTime               `json:"nextAttemptAt"`
 		FailingEventOffset                int64                `json:"failingEventOffset"`
 		FailingEventAttempt               int                  `json:"failingEventAttempt"`
 		FailingEventSkipsSinceLastSuccess int                  `json:"failingEventSkipsSinceLastSuccess"`
 		LastError                         string               `json:"lastError"`
-		InFlightDeadlineAt                int64                `json:"inFlightDeadlineAt"`
+		InFlightDeadlineAt                msTime               `json:"inFlightDeadlineAt"`
 		InFlightConnectionGeneration      int64                `json:"inFlightConnectionGeneration"`
-		UpdatedAt                         string               `json:"updatedAt"`
+		UpdatedAt                         textTime             `json:"updatedAt"`
 	}{configJS(client.ConfigOf(d.Config)), d.Kind, d.Status, d.ConfiguredAtOffset, d.CursorChangedAtOffset, d.ConfirmedOffset, d.HeadOffset,
-		d.Attempt, d.NextAttemptAt, d.FailingEventOffset, d.FailingEventAttempt, d.FailingEventSkips,
-		d.LastError, d.InFlightDeadlineAt, d.InFlightConnectionGeneration, d.UpdatedAt}, nil
+		d.Attempt, msTime(d.NextAttemptAt), d.FailingEventOffset, d.FailingEventAttempt, d.FailingEventSkips,
+		d.LastError, msTime(d.InFlightDeadlineAt), d.InFlightConnectionGeneration, textTime(d.UpdatedAt)}, nil
 }
 
 func subscriptionWaitUntilProcessed(ctx context.Context, s *Session, c capnp.Client, _ capPath, args []goja.Value) (any, error) {
-	var offset, timeoutMs int64
-	if n, ok := toUint(arg(args, 0)); ok && !isAbsent(arg(args, 0)) {
-		offset = n // waitUntilProcessed(12)
-	} else {
-		o, err := s.opts("waitUntilProcessed", arg(args, 0), "offset", "timeoutMs")
-		if err != nil {
-			return nil, err
-		}
-		if !o.has("offset") {
-			o.fail("offset", "required")
-		}
-		offset, timeoutMs = o.uint("offset"), o.uint("timeoutMs")
-		if err := o.err(); err != nil {
-			return nil, err
-		}
+	o, err := s.params("waitUntilProcessed", args, []string{"offset", "timeoutMs"}, "offset", "timeoutMs")
+	if err != nil {
+		return nil, err
+	}
+	if !o.has("offset") {
+		o.fail("offset", "required")
+	}
+	offset, timeoutMs := o.uint("offset"), o.uint("timeoutMs")
+	if err := o.err(); err != nil {
+		return nil, err
 	}
 	confirmed, err := client.WaitUntilProcessed(ctx, schema.Subscription(c), offset, time.Duration(timeoutMs)*time.Millisecond)
 	if err != nil {
@@ -680,24 +757,13 @@ func mountUnavailable(context.Context, *Session, capnp.Client, capPath, []goja.V
 }
 
 func readersRegister(ctx context.Context, s *Session, c capnp.Client, _ capPath, args []goja.Value) (any, error) {
-	var name string
-	var checkpoint int64
-	if str, ok := exportString(arg(args, 0)); ok {
-		name = str // register("mirror", 12)
-		n, ok := toUint(arg(args, 1))
-		if !ok {
-			return nil, itx.Errorf(itx.EInvalid, "Readers.register: checkpoint: expected a non-negative integer")
-		}
-		checkpoint = n
-	} else {
-		o, err := s.opts("Readers.register", arg(args, 0), "name", "checkpoint")
-		if err != nil {
-			return nil, err
-		}
-		name, checkpoint = o.str("name"), o.uint("checkpoint")
-		if err := o.err(); err != nil {
-			return nil, err
-		}
+	o, err := s.params("Readers.register", args, []string{"name", "checkpoint"}, "name", "checkpoint")
+	if err != nil {
+		return nil, err
+	}
+	name, checkpoint := o.str("name"), o.uint("checkpoint")
+	if err := o.err(); err != nil {
+		return nil, err
 	}
 	return nil, client.RegisterReader(ctx, schema.Readers(c), name, checkpoint)
 }
@@ -711,11 +777,11 @@ func readersList(ctx context.Context, s *Session, c capnp.Client, _ capPath, _ [
 		Name       string `json:"name"`
 		Checkpoint int64  `json:"checkpoint"`
 		Lag        int64  `json:"lag"`
-		UpdatedAt  int64  `json:"updatedAt"`
+		UpdatedAt  msTime `json:"updatedAt"`
 	}
 	out := make([]readerJS, len(rs))
 	for i, r := range rs {
-		out[i] = readerJS{r.Name, r.Checkpoint, r.Lag, r.UpdatedAt}
+		out[i] = readerJS{r.Name, r.Checkpoint, r.Lag, msTime(r.UpdatedAt)}
 	}
 	return out, nil
 }

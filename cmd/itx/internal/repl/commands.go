@@ -53,7 +53,10 @@ func Commands() []*Command {
 func init() {
 	register(&Command{Name: "help", Args: "[interface]", Help: "show commands, or the methods of an interface (.help Stream)", Run: runHelp})
 	register(&Command{Name: "exit", Help: "leave (Ctrl-D does too)", Run: func(context.Context, *Session, []string) error { return ErrExit }})
-	register(&Command{Name: "output", Args: "[auto|pretty|json|table]", Help: "show or set how results print", Run: runOutput})
+	register(&Command{Name: "reconnect", Help: "drop the connection and dial itxd again (variables are kept)", Run: runReconnect})
+	register(&Command{Name: "output", Args: "[auto|pretty|json|table|wide|fit]", Help: "show or set how results print; wide: tables at full width, fit: cut to the terminal", Run: runOutput})
+	register(&Command{Name: "time", Args: "[iso|relative]", Help: "show times in tables as ISO-8601 (the default) or relative to now", Run: runTime})
+	register(&Command{Name: "quit", Help: "leave (as .exit)", Run: func(context.Context, *Session, []string) error { return ErrExit }})
 	register(&Command{Name: "tail", Args: "<path> [after]", CLI: true,
 		Help: "open a connection and print events as they are appended, until Ctrl-C (default: after the head)", Run: runTail})
 	register(&Command{Name: "watch", Args: "<path>", CLI: true,
@@ -72,7 +75,16 @@ func (s *Session) RunCommand(ctx context.Context, line string) error {
 	}
 	s.vmMu.Lock()
 	defer s.vmMu.Unlock()
+	if c.Name != "reconnect" && c.Name != "exit" {
+		if err := s.ensureConnected(ctx); err != nil {
+			return err
+		}
+	}
 	return c.Run(ctx, s, fields[1:])
+}
+
+func runReconnect(ctx context.Context, s *Session, _ []string) error {
+	return s.reconnect(ctx)
 }
 
 const helpIntro = `Expressions are JavaScript; ` + "`project`" + ` is the project you logged into. For example:
@@ -83,6 +95,8 @@ const helpIntro = `Expressions are JavaScript; ` + "`project`" + ` is the projec
   project.streams.get("/a").subscriptions.get("agent").describe()
 Navigation (.streams, .get(path), .subscriptions, ...) is pipelined; the last call waits.
 Calls return their results directly (await is accepted and does nothing). Tab completes.
+Every method takes its values in order or one options object (.help Stream shows both).
+help, exit and quit work without the dot too.
 `
 
 func runHelp(ctx context.Context, s *Session, args []string) error {
@@ -130,7 +144,16 @@ func boundInterfaces() []string {
 
 func runOutput(ctx context.Context, s *Session, args []string) error {
 	if len(args) == 0 {
-		fmt.Fprintln(s.cfg.Out, s.cfg.Format)
+		width := "fit"
+		if s.cfg.Wide {
+			width = "wide"
+		}
+		fmt.Fprintln(s.cfg.Out, s.cfg.Format, width)
+		return nil
+	}
+	switch args[0] {
+	case "wide", "fit":
+		s.cfg.Wide = args[0] == "wide"
 		return nil
 	}
 	f, err := ParseFormat(args[0])
@@ -139,6 +162,23 @@ func runOutput(ctx context.Context, s *Session, args []string) error {
 	}
 	s.cfg.Format = f
 	return nil
+}
+
+func runTime(ctx context.Context, s *Session, args []string) error {
+	if len(args) == 0 {
+		if s.relativeTimes {
+			fmt.Fprintln(s.cfg.Out, "relative")
+		} else {
+			fmt.Fprintln(s.cfg.Out, "iso")
+		}
+		return nil
+	}
+	switch args[0] {
+	case "iso", "relative":
+		s.relativeTimes = args[0] == "relative"
+		return nil
+	}
+	return itx.Errorf(itx.EInvalid, "usage: .time iso|relative")
 }
 
 // streamArg reads a <path> argument.
@@ -201,14 +241,14 @@ func runTail(ctx context.Context, s *Session, args []string) error {
 }
 
 // printEventLine prints one tailed event: a JSON document in the JSON format, otherwise
-// "offset  type  payload".
+// "offset  time  type  payload", as events print in a table.
 func (s *Session) printEventLine(e eventJS) {
 	if s.cfg.Format == FormatJSON {
 		b, _ := json.Marshal(e)
 		fmt.Fprintln(s.cfg.Out, string(b))
 		return
 	}
-	fmt.Fprintf(s.cfg.Out, "%d  %s  %s\n", e.Offset, e.Type, e.Payload)
+	fmt.Fprintf(s.cfg.Out, "%d  %s  %s  %s\n", e.Offset, isoTime(time.UnixMilli(int64(e.CreatedAt))), e.Type, e.Payload)
 }
 
 func runWatch(ctx context.Context, s *Session, args []string) error {

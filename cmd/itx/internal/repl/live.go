@@ -114,8 +114,10 @@ func (c *liveConnection) close(ctx context.Context, reason string) error {
 }
 
 // openConnection opens a connection on the stream at p with a buffering sink.
+var connectionKeys = []string{"after", "types", "maxDeliveryEvents", "maxDeliveryBytes", "noState", "openedBy"}
+
 func (s *Session) openConnection(ctx context.Context, stream capnp.Client, v goja.Value) (*liveConnection, error) {
-	o, err := s.opts("openConnection", v, "after", "types", "maxDeliveryEvents", "maxDeliveryBytes", "noState", "openedBy")
+	o, err := s.opts("openConnection", v, connectionKeys...)
 	if err != nil {
 		return nil, err
 	}
@@ -157,7 +159,11 @@ func (s *Session) openConnection(ctx context.Context, stream capnp.Client, v goj
 }
 
 func streamOpenConnection(ctx context.Context, s *Session, c capnp.Client, p capPath, args []goja.Value) (any, error) {
-	conn, err := s.openConnection(ctx, c, arg(args, 0))
+	o, err := s.params("openConnection", args, []string{"after"}, connectionKeys...)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := s.openConnection(ctx, c, o.obj)
 	if err != nil {
 		return nil, err
 	}

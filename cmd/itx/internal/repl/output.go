@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os/exec"
 	"regexp"
 	"strconv"
 	"strings"
-	"text/tabwriter"
+	"time"
+	"unicode/utf8"
 
 	"capnproto.org/go/capnp/v3/exc"
 	"github.com/dop251/goja"
@@ -23,7 +25,34 @@ func (s *Session) Print(v goja.Value) {
 	if v == nil || goja.IsUndefined(v) {
 		return
 	}
-	fmt.Fprintln(s.cfg.Out, s.format(v, true))
+	text := s.format(v, true)
+	if s.longerThanScreen(text) && s.page(text) == nil {
+		return
+	}
+	fmt.Fprintln(s.cfg.Out, text)
+}
+
+// longerThanScreen reports whether text would scroll off a terminal that has a pager.
+func (s *Session) longerThanScreen(text string) bool {
+	if s.cfg.Pager == "" || s.cfg.Size == nil || !s.cfg.TTY {
+		return false
+	}
+	_, rows := s.cfg.Size()
+	return rows > 0 && strings.Count(text, "\n")+2 > rows
+}
+
+// page shows text through the pager command (run by sh, as $PAGER is), on the terminal.
+func (s *Session) page(text string) error {
+	cmd := exec.Command("sh", "-c", s.cfg.Pager)
+	cmd.Stdin = strings.NewReader(text + "\n")
+	cmd.Stdout, cmd.Stderr = s.cfg.PagerOut, s.cfg.PagerOut
+	return cmd.Run()
+}
+
+// note tells the person something about a result (a page was cut, a list continues) on the
+// error output, in parentheses, so it never mixes with results a program reads.
+func (s *Session) note(format string, args ...any) {
+	fmt.Fprintf(s.cfg.Err, "("+format+")\n", args...)
 }
 
 // printValues is print() and console.log(): strings as they are (JSON documents in the JSON
@@ -68,23 +97,25 @@ func (s *Session) format(v goja.Value, asResult bool) string {
 			return t
 		}
 	}
-	// JSON.stringify keeps the fields in the order the script sees them.
-	out, err := s.stringify(goja.Undefined(), v)
-	if err != nil || goja.IsUndefined(out) {
+	// Fields print in the order the script sees them; integers beyond 2^53 (BigInts) exactly.
+	out, ok, err := s.encodeJSON(v)
+	if err != nil || !ok {
 		return v.String() // a cycle, a symbol...
 	}
 	if s.cfg.Format == FormatJSON {
-		return out.String()
+		return out
 	}
-	pretty, err := prettyJSON(out.String())
+	pretty, err := prettyJSON(out)
 	if err != nil {
-		return out.String()
+		return out
 	}
 	return pretty
 }
 
-// table renders an array of flat records (every field a string, number, boolean or null) as
-// aligned columns, in the order the fields first appear.
+// table renders an array of records as aligned columns, in the order the fields first appear
+// (events: offset, createdAt, type, payload first), a nested value as compact JSON on one line,
+// and a row count under it. On a terminal of known width the widest columns are cut with an
+// ellipsis until the table fits, unless the output is wide (--wide, .output wide).
 func (s *Session) table(v goja.Value) (string, bool) {
 	arr, ok := v.(*goja.Object)
 	if !ok || arr.ClassName() != "Array" {
@@ -106,9 +137,6 @@ func (s *Session) table(v goja.Value) (string, bool) {
 			return "", false
 		}
 		for _, c := range row.Keys() {
-			if _, nested := row.Get(c).(*goja.Object); nested {
-				return "", false
-			}
 			if !seen[c] {
 				seen[c] = true
 				cols = append(cols, c)
@@ -116,34 +144,149 @@ func (s *Session) table(v goja.Value) (string, bool) {
 		}
 		rows[i] = row
 	}
-	var b strings.Builder
-	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, strings.Join(cols, "\t"))
-	for _, row := range rows {
-		cells := make([]string, len(cols))
-		for i, c := range cols {
-			cells[i] = cell(row.Get(c))
-		}
-		fmt.Fprintln(tw, strings.Join(cells, "\t"))
+	if seen["offset"] && seen["type"] && seen["payload"] && seen["createdAt"] {
+		cols = append([]string{"offset", "createdAt", "type", "payload"}, without(cols, "offset", "createdAt", "type", "payload")...)
 	}
-	tw.Flush()
-	return strings.TrimRight(b.String(), "\n"), true
+	cells := make([][]string, len(rows)+1)
+	cells[0] = cols
+	for r, row := range rows {
+		cells[r+1] = make([]string, len(cols))
+		for i, c := range cols {
+			cells[r+1][i] = s.cell(c, row.Get(c))
+		}
+	}
+	widths := make([]int, len(cols))
+	for _, line := range cells {
+		for i, c := range line {
+			widths[i] = max(widths[i], utf8.RuneCountInString(c))
+		}
+	}
+	if width := s.width(); width > 0 && !s.cfg.Wide {
+		fitColumns(widths, width)
+	}
+	var b strings.Builder
+	for _, line := range cells {
+		for i, c := range line {
+			c = truncate(c, widths[i])
+			b.WriteString(c)
+			if i < len(line)-1 {
+				b.WriteString(strings.Repeat(" ", widths[i]-utf8.RuneCountInString(c)+columnGap))
+			}
+		}
+		b.WriteByte('\n')
+	}
+	if len(rows) == 1 {
+		b.WriteString("(1 row)")
+	} else {
+		fmt.Fprintf(&b, "(%d rows)", len(rows))
+	}
+	return b.String(), true
 }
 
-func cell(v goja.Value) string {
+const (
+	columnGap      = 2
+	minColumnWidth = 6 // a column is cut no narrower than this (or its natural width)
+)
+
+// fitColumns narrows the widest columns, one character at a time, until the row fits width.
+func fitColumns(widths []int, width int) {
+	total := columnGap * (len(widths) - 1)
+	for _, w := range widths {
+		total += w
+	}
+	for total > width {
+		widest := -1
+		for i, w := range widths {
+			if w > minColumnWidth && (widest < 0 || w > widths[widest]) {
+				widest = i
+			}
+		}
+		if widest < 0 {
+			return // as narrow as it goes: the terminal wraps
+		}
+		widths[widest]--
+		total--
+	}
+}
+
+// truncate cuts s to width characters, the last one an ellipsis.
+func truncate(s string, width int) string {
+	if utf8.RuneCountInString(s) <= width {
+		return s
+	}
+	r := []rune(s)
+	return string(r[:width-1]) + "…"
+}
+
+func without(list []string, drop ...string) []string {
+	var out []string
+	for _, x := range list {
+		if !contains(drop, x) {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// width is the terminal's width, 0 when unknown or not a terminal.
+func (s *Session) width() int {
+	if s.cfg.Size == nil || !s.cfg.TTY {
+		return 0
+	}
+	w, _ := s.cfg.Size()
+	return w
+}
+
+func (s *Session) cell(column string, v goja.Value) string {
 	if isAbsent(v) {
 		return "-"
+	}
+	if _, nested := v.(*goja.Object); nested {
+		text, ok, err := s.encodeJSON(v)
+		if err != nil || !ok {
+			return v.String()
+		}
+		return text
 	}
 	switch x := v.Export().(type) {
 	case string:
 		if x == "" {
 			return "-"
 		}
+		if rel, ok := s.relative(column, x); ok {
+			return rel
+		}
 		return strings.ReplaceAll(x, "\n", " ")
 	case float64:
 		return strconv.FormatFloat(x, 'f', -1, 64)
 	}
 	return v.String()
+}
+
+// relative shows a time field (a key ending in "At" holding an ISO-8601 time) relative to now
+// when .time relative is on.
+func (s *Session) relative(key, value string) (string, bool) {
+	if !s.relativeTimes || !strings.HasSuffix(key, "At") {
+		return "", false
+	}
+	at, err := time.Parse(time.RFC3339Nano, value)
+	if err != nil {
+		return "", false
+	}
+	d := time.Since(at)
+	suffix := " ago"
+	if d < 0 {
+		d, suffix = -d, " from now"
+	}
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds%s", int(d.Seconds()), suffix), true
+	case d < time.Hour:
+		return fmt.Sprintf("%dm%s", int(d.Minutes()), suffix), true
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh%s", int(d.Hours()), suffix), true
+	}
+	return fmt.Sprintf("%dd%s", int(d.Hours()/24), suffix), true
 }
 
 // Failure is an error as itx shows it: "<code>: <message>". Code is an itx error code
@@ -220,7 +363,7 @@ func describeGo(err error) Failure {
 	case errors.Is(err, context.DeadlineExceeded):
 		return Failure{Code: string(itx.EDeadlineExceeded), Message: "call timed out"}
 	case exc.IsType(err, exc.Unimplemented):
-		return Failure{Code: "unimplemented", Message: exceptionMessage(err)}
+		return Failure{Code: "unimplemented", Message: itx.ErrorMessage(errors.New(exceptionMessage(err)))}
 	case exc.IsType(err, exc.Disconnected):
 		return Failure{Code: "disconnected", Message: exceptionMessage(err)}
 	}

@@ -175,16 +175,23 @@ func TestSession_Arguments(t *testing.T) {
 	})
 
 	t.Run("query", func(t *testing.T) {
-		q, err := s.query("getEvents", s.mustRun(t, `({after: 2, before: 10, limit: 5, types: "note", includeEphemeral: true})`))
+		q, _, err := s.query("getEvents", []goja.Value{s.mustRun(t, `({after: 2, before: 10, limit: 5, types: "note", includeEphemeral: true})`)})
 		require.NoError(t, err)
 		require.Equal(t, itx.Query{After: 2, Before: 10, Limit: 5, Types: []string{"note"}, IncludeEphemeral: true}, q)
-		q, err = s.query("getEvents", goja.Undefined())
+		q, _, err = s.query("getEvents", []goja.Value{goja.Undefined()})
 		require.NoError(t, err)
 		require.Equal(t, itx.Query{}, q)
-		_, err = s.query("getEvents", s.mustRun(t, `({after: 1.5})`))
+		q, _, err = s.query("getEvents", []goja.Value{s.vm.ToValue(2), s.vm.ToValue(5), s.mustRun(t, `({types: "note"})`)})
+		require.NoError(t, err)
+		require.Equal(t, itx.Query{After: 2, Limit: 5, Types: []string{"note"}}, q, "positional values, then an options object")
+		_, _, err = s.query("getEvents", []goja.Value{s.mustRun(t, `({after: 1.5})`)})
 		require.ErrorContains(t, err, "after: expected a non-negative integer")
-		_, err = s.query("getEvents", s.mustRun(t, `([1])`))
-		require.ErrorContains(t, err, "expected an options object")
+		_, _, err = s.query("getEvents", []goja.Value{s.mustRun(t, `([1])`)})
+		require.ErrorContains(t, err, "after: expected a non-negative integer")
+		_, _, err = s.query("getEvents", []goja.Value{s.vm.ToValue(2), s.mustRun(t, `({after: 3})`)})
+		require.ErrorContains(t, err, "after is given twice")
+		_, _, err = s.query("getEvents", []goja.Value{s.vm.ToValue(2), s.vm.ToValue(3), s.vm.ToValue(4)})
+		require.ErrorContains(t, err, "too many arguments")
 	})
 
 	t.Run("subscription config", func(t *testing.T) {
@@ -216,10 +223,10 @@ func TestSession_Format(t *testing.T) {
 	rows := `[{path: "/a", headOffset: 3, loaded: true, streamId: ""}, {path: "/b/c", headOffset: 12, loaded: false, extra: null}]`
 
 	s, _ := offlineSession(t, FormatTable)
-	require.Equal(t, "path  headOffset  loaded  streamId  extra\n/a    3           true    -         -\n/b/c  12          false   -         -",
+	require.Equal(t, "path  headOffset  loaded  streamId  extra\n/a    3           true    -         -\n/b/c  12          false   -         -\n(2 rows)",
 		s.format(s.mustRun(t, rows), true))
 	require.Equal(t, "{\n  \"a\": [1, 2]\n}", s.format(s.mustRun(t, `({a: [1, 2]})`), true), "not flat records: JSON")
-	require.Equal(t, "[\n  {\n    \"a\": {\n      \"b\": 1\n    }\n  }\n]", s.format(s.mustRun(t, `[{a: {b: 1}}]`), true))
+	require.Equal(t, "a\n{\"b\":1}\n(1 row)", s.format(s.mustRun(t, `[{a: {b: 1}}]`), true), "a nested value is one line of JSON in its cell")
 	require.Equal(t, "[Stream /a]", s.format(s.proxy(capPath{iface: "Stream", steps: []step{{method: "streams"}, {method: "get", arg: "/a"}}}), true))
 	require.Equal(t, `"str"`, s.format(s.mustRun(t, `"str"`), true))
 	require.Equal(t, `str`, s.format(s.mustRun(t, `"str"`), false))

@@ -14,6 +14,7 @@ import (
 	"io"
 	"strings"
 	"sync"
+	"time"
 
 	"capnproto.org/go/capnp/v3"
 	"github.com/dop251/goja"
@@ -65,20 +66,35 @@ type Config struct {
 	Format Format
 	TTY    bool // Out is a terminal
 	Color  bool // Err is a terminal: errors in red
+	// Size reports the terminal's columns and rows (0 when unknown): tables are fitted to the
+	// width, and results taller than the screen go through Pager.
+	Size func() (cols, rows int)
+	// Wide prints tables at their full width, never cutting a column.
+	Wide bool
+	// Pager is a shell command a result taller than the screen is piped through on a terminal
+	// (empty: none); its output goes to PagerOut, the terminal itself.
+	Pager    string
+	PagerOut io.Writer
+	// ReconnectTimeout bounds how long a call waits for a lost connection to come back
+	// (default 30 s).
+	ReconnectTimeout time.Duration
 }
 
 // Session is one connection to itxd, logged into one project, with its JavaScript runtime.
 // It is not safe for concurrent use: one evaluation at a time.
 type Session struct {
-	cfg     Config
+	cfg  Config
+	ifcs map[string]*Interface
+
+	// linkMu guards conn and project, which a reconnect replaces: the terminal's watcher reads
+	// them from its own goroutine. They are replaced only while vmMu is held too, so code that
+	// runs under vmMu (every evaluation and command) reads them without linkMu.
+	linkMu  sync.Mutex
 	conn    *client.Conn
 	project schema.Project
-	ifcs    map[string]*Interface
 
-	vm        *goja.Runtime
-	stringify goja.Callable
-	parse     goja.Callable
-	capSym    *goja.Symbol
+	vm     *goja.Runtime
+	capSym *goja.Symbol
 
 	caps *capCache
 	// callCtx is the context of the evaluation in progress: every terminal call uses it, so
@@ -90,6 +106,8 @@ type Session struct {
 	cancelSession context.CancelFunc
 
 	declared []string // top-level names scripts declared, for completion
+	// relativeTimes shows times as "5m ago" in tables (.time relative).
+	relativeTimes bool
 	// vmMu is held while the runtime runs. readline processes keys typed ahead during a call
 	// on its own goroutine, so completion must not touch the runtime then.
 	vmMu sync.Mutex
@@ -109,6 +127,9 @@ func Connect(ctx context.Context, cfg Config) (*Session, error) {
 	if err != nil {
 		return nil, itx.Errorf(itx.EUnavailable, "%v", err)
 	}
+	if cfg.ReconnectTimeout == 0 {
+		cfg.ReconnectTimeout = 30 * time.Second
+	}
 	sctx, cancel := context.WithCancel(context.Background())
 	s := &Session{
 		cfg: cfg, conn: conn, ifcs: ifcs,
@@ -127,6 +148,19 @@ func Connect(ctx context.Context, cfg Config) (*Session, error) {
 // Close ends open connections and live views, releases every capability and closes the
 // connection.
 func (s *Session) Close() error {
+	s.vmMu.Lock() // not during an evaluation, nor while the watcher adopts a new connection
+	defer s.vmMu.Unlock()
+	s.dropCapabilities()
+	s.cancelSession()
+	s.linkMu.Lock()
+	defer s.linkMu.Unlock()
+	s.project.Release()
+	return s.conn.Close()
+}
+
+// dropCapabilities ends open connections and live views and releases every cached capability:
+// at the session's end, or when the connection they lived on is replaced.
+func (s *Session) dropCapabilities() {
 	s.liveMu.Lock()
 	live := s.live
 	s.live = map[liveHandle]struct{}{}
@@ -135,13 +169,157 @@ func (s *Session) Close() error {
 		h.release()
 	}
 	s.caps.releaseAll()
-	s.project.Release()
-	s.cancelSession()
-	return s.conn.Close()
 }
 
-// Done is closed when the connection ends.
-func (s *Session) Done() <-chan struct{} { return s.conn.Done() }
+// Done is closed when the current connection ends.
+func (s *Session) Done() <-chan struct{} {
+	s.linkMu.Lock()
+	defer s.linkMu.Unlock()
+	return s.conn.Done()
+}
+
+// connected reports whether the current connection is up.
+func (s *Session) connected() bool {
+	select {
+	case <-s.Done():
+		return false
+	default:
+		return true
+	}
+}
+
+// dial opens a new connection and checks the login on it (so a reconnect reports a bad token
+// instead of retrying it).
+func (s *Session) dial(ctx context.Context) (*client.Conn, schema.Project, error) {
+	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	conn, err := client.Dial(dctx, s.cfg.Addr)
+	if err != nil {
+		return nil, schema.Project{}, itx.Errorf(itx.EUnavailable, "%v", err)
+	}
+	project := conn.Login(s.sessionCtx, s.cfg.Token)
+	if _, err := client.DescribeProject(dctx, project); err != nil {
+		project.Release()
+		conn.Close()
+		return nil, schema.Project{}, err
+	}
+	return conn, project, nil
+}
+
+// adopt makes conn the session's connection. The caller holds vmMu. Variables keep working:
+// a capability in JavaScript is a path from the project, reached again on its next use.
+func (s *Session) adopt(conn *client.Conn, project schema.Project) {
+	s.dropCapabilities()
+	s.linkMu.Lock()
+	oldConn, oldProject := s.conn, s.project
+	s.conn, s.project = conn, project
+	s.linkMu.Unlock()
+	oldProject.Release()
+	oldConn.Close()
+	fmt.Fprintf(s.cfg.Err, "itx: reconnected to %s\n", s.cfg.Addr)
+}
+
+// Reconnect backoff: the first retry soon, then doubling up to a ceiling.
+const (
+	reconnectFirstDelay = 100 * time.Millisecond
+	reconnectMaxDelay   = 5 * time.Second
+)
+
+// redial dials until it gets a connection, backing off between attempts, until ctx ends. Only
+// an unreachable server is retried; a refused login is returned at once.
+func (s *Session) redial(ctx context.Context) (*client.Conn, schema.Project, error) {
+	delay := reconnectFirstDelay
+	for {
+		conn, project, err := s.dial(ctx)
+		if err == nil {
+			return conn, project, nil
+		}
+		if code := itx.ErrorCode(err); code != itx.EUnavailable && !capnp.IsDisconnected(err) {
+			return nil, schema.Project{}, err
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, schema.Project{}, itx.Errorf(itx.EUnavailable, "cannot reach itxd at %s: %v", s.cfg.Addr, itx.ErrorMessage(err))
+		case <-t.C:
+		}
+		delay = min(2*delay, reconnectMaxDelay)
+	}
+}
+
+// ensureConnected reconnects before a call if the connection was lost, waiting up to
+// Config.ReconnectTimeout (or until ctx ends: Ctrl-C). The caller holds vmMu.
+func (s *Session) ensureConnected(ctx context.Context) error {
+	if s.connected() {
+		return nil
+	}
+	fmt.Fprintf(s.cfg.Err, "itx: the connection to %s was lost; reconnecting (variables are kept)\n", s.cfg.Addr)
+	return s.reconnect(ctx)
+}
+
+func (s *Session) reconnect(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.ReconnectTimeout)
+	defer cancel()
+	conn, project, err := s.redial(ctx)
+	if err != nil {
+		return err
+	}
+	s.adopt(conn, project)
+	return nil
+}
+
+// watchConnection reconnects in the background when the connection drops while the session
+// waits at the prompt, saying so on a line of its own, until stop is closed.
+func (s *Session) watchConnection(stop <-chan struct{}) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-stop
+		cancel()
+	}()
+	for {
+		select {
+		case <-s.Done():
+		case <-stop:
+			return
+		}
+		fmt.Fprintf(s.cfg.Err, "itx: lost the connection to %s; reconnecting (variables are kept)\n", s.cfg.Addr)
+		for !s.connectedAfterRedial(ctx) {
+			if ctx.Err() != nil {
+				return
+			}
+		}
+	}
+}
+
+// connectedAfterRedial redials once (with backoff inside) and adopts the new connection unless
+// an evaluation reconnected first. It reports whether the session is connected.
+func (s *Session) connectedAfterRedial(ctx context.Context) bool {
+	conn, project, err := s.redial(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			fmt.Fprintf(s.cfg.Err, "itx: reconnect failed: %s\n", Describe(err))
+			t := time.NewTimer(reconnectMaxDelay)
+			defer t.Stop()
+			select {
+			case <-ctx.Done():
+			case <-t.C:
+			}
+		}
+		return false
+	}
+	s.vmMu.Lock()
+	defer s.vmMu.Unlock()
+	if s.connected() || ctx.Err() != nil {
+		// An evaluation reconnected first, or the session is ending.
+		project.Release()
+		conn.Close()
+		return true
+	}
+	s.adopt(conn, project)
+	return true
+}
 
 // Format returns the output format.
 func (s *Session) Format() Format { return s.cfg.Format }
@@ -158,14 +336,6 @@ func (s *Session) initVM() error {
 	vm := goja.New()
 	s.vm = vm
 	s.capSym = goja.NewSymbol("itx.capability")
-	j := vm.Get("JSON").ToObject(vm)
-	var ok bool
-	if s.stringify, ok = goja.AssertFunction(j.Get("stringify")); !ok {
-		return errors.New("goja: JSON.stringify is not a function")
-	}
-	if s.parse, ok = goja.AssertFunction(j.Get("parse")); !ok {
-		return errors.New("goja: JSON.parse is not a function")
-	}
 	if err := vm.Set("project", s.proxy(capPath{iface: "Project"})); err != nil {
 		return err
 	}

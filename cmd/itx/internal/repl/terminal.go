@@ -1,6 +1,7 @@
 package repl
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"io"
@@ -62,6 +63,10 @@ func (s *Session) RunTerminal(cfg TerminalConfig) error {
 	// While readline reads, the terminal is raw and Ctrl-C arrives as a key (ErrInterrupt).
 	// While a call runs, the terminal is cooked and Ctrl-C arrives as SIGINT: it cancels the
 	// evaluation's context.
+	stopWatch := make(chan struct{})
+	defer close(stopWatch)
+	go s.watchConnection(stopWatch)
+
 	sigint := make(chan os.Signal, 1)
 	signal.Notify(sigint, os.Interrupt)
 	defer signal.Stop(sigint)
@@ -87,10 +92,10 @@ func (s *Session) RunTerminal(cfg TerminalConfig) error {
 		case err != nil:
 			return err
 		}
-		if len(pending) == 0 && strings.HasPrefix(strings.TrimSpace(line), ".") {
+		if cmd, ok := commandLine(line); ok && len(pending) == 0 {
 			rl.SaveHistory(line)
 			err := s.interruptible(sigint, func(ctx context.Context) error {
-				return s.RunCommand(ctx, strings.TrimPrefix(strings.TrimSpace(line), "."))
+				return s.RunCommand(ctx, cmd)
 			})
 			if errors.Is(err, ErrExit) {
 				return nil
@@ -123,6 +128,77 @@ func (s *Session) RunTerminal(cfg TerminalConfig) error {
 			s.PrintError(err)
 		}
 	}
+}
+
+// commandLine reports whether line is a command rather than JavaScript: a dot-command
+// (".help Stream"), or help, exit or quit typed as a bare word, as a person would.
+func commandLine(line string) (string, bool) {
+	t := strings.TrimSpace(line)
+	switch {
+	case strings.HasPrefix(t, "."):
+		return strings.TrimPrefix(t, "."), true
+	case t == "help" || t == "exit" || t == "quit":
+		return t, true
+	}
+	return "", false
+}
+
+// RunLines evaluates src input by input (a line, or as many lines as a statement needs), as the
+// prompt does: each result is printed, an error is printed and the next input runs. It returns
+// how many inputs failed. It stops when ctx ends.
+func (s *Session) RunLines(ctx context.Context, src io.Reader) (failed int) {
+	sc := bufio.NewScanner(src)
+	sc.Buffer(make([]byte, 64*1024), 16<<20)
+	var pending []string
+	exited := false
+	run := func(input string) {
+		if cmd, ok := commandLine(input); ok {
+			err := s.RunCommand(ctx, cmd)
+			switch {
+			case errors.Is(err, ErrExit):
+				exited = true
+			case err != nil:
+				s.PrintError(err)
+				failed++
+			}
+			return
+		}
+		v, err := s.Eval(ctx, "<stdin>", input)
+		if err != nil {
+			s.PrintError(err)
+			failed++
+			return
+		}
+		s.Print(v)
+	}
+	for !exited && ctx.Err() == nil && sc.Scan() {
+		pending = append(pending, sc.Text())
+		input := strings.Join(pending, "\n")
+		if strings.TrimSpace(input) == "" {
+			pending = nil
+			continue
+		}
+		if len(pending) == 1 {
+			if _, ok := commandLine(input); ok {
+				pending = nil
+				run(input)
+				continue
+			}
+		}
+		if Incomplete(input) {
+			continue
+		}
+		pending = nil
+		run(input)
+	}
+	if len(pending) > 0 && !exited {
+		run(strings.Join(pending, "\n")) // reports the syntax error
+	}
+	if err := sc.Err(); err != nil {
+		s.PrintError(err)
+		failed++
+	}
+	return failed
 }
 
 // interruptible runs f with a context that SIGINT cancels.
