@@ -9,6 +9,7 @@ import (
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/schema"
 	"github.com/stretchr/testify/require"
 )
 
@@ -208,4 +209,56 @@ func TestCrash_Kill9ListsTrueSummaries(t *testing.T) {
 	require.Equal(t, int64(3), after[0].HeadOffset)
 	require.False(t, after[0].Loaded, "nothing loaded /plain: its head came from the refreshed summary")
 	require.Equal(t, 2, after[1].SubscriptionCount)
+}
+
+// kill -9 with open connections and registered readers: the readers' checkpoints survive; the
+// connections are simply gone (their sinks learn it from the lost session), and a new one opens.
+func TestCrash_Kill9WithConnectionsAndReaders(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real itxd processes")
+	}
+	dataDir := t.TempDir()
+	proc := startItxd(t, dataDir)
+	ctx := ctxT(t)
+	p := dial(t, proc.addr).Login(ctx, proc.creds.ProjectToken)
+	s := client.Stream(ctx, p, "/crash-live")
+	mustAppend(t, s, ev("a", `{}`), ev("a", `{}`), ev("a", `{}`))
+	rf, release := s.Readers(ctx, nil)
+	fut, rel := rf.Readers().Register(ctx, func(r schema.Readers_register_Params) error {
+		r.SetCheckpoint(2)
+		return r.SetName("mirror")
+	})
+	_, err := fut.Struct()
+	require.NoError(t, err)
+	rel()
+	release()
+	sink := newTestSink()
+	c, err := openConn(t, s, connOpts{key: "tab", noState: true}, sink)
+	require.NoError(t, err)
+	waitUntil(t, "caught up", func() bool { return len(sink.offsets()) == 3 })
+	proc.kill9(t)
+	_, _, err = ping(t, c)
+	require.Error(t, err, "the connection died with the server")
+
+	proc = startItxd(t, dataDir)
+	p = dial(t, proc.addr).Login(ctx, proc.creds.ProjectToken)
+	s = client.Stream(ctx, p, "/crash-live")
+	rf, release = s.Readers(ctx, nil)
+	defer release()
+	lf, rel := rf.Readers().List(ctx, nil)
+	defer rel()
+	res, err := lf.Struct()
+	require.NoError(t, err)
+	list, err := res.Readers()
+	require.NoError(t, err)
+	require.Equal(t, 1, list.Len())
+	name, _ := list.At(0).Name()
+	require.Equal(t, "mirror", name)
+	require.Equal(t, uint64(2), list.At(0).Checkpoint())
+	require.Equal(t, uint64(1), list.At(0).Lag())
+
+	again := newTestSink()
+	_, err = openConn(t, s, connOpts{key: "tab", after: 1, noState: true}, again)
+	require.NoError(t, err, "no connection survived to hold the key")
+	waitUntil(t, "caught up again", func() bool { return len(again.offsets()) == 2 })
 }

@@ -451,3 +451,30 @@ func TestEval_CapabilitiesAreReleased(t *testing.T) {
 	require.Equal(t, "0", out, "describe creates no stream")
 	require.LessOrEqual(t, s.CachedCapabilities(), 256)
 }
+
+// .tail prints one line per event (offset, time, type, compact payload), marks ephemeral events
+// with "~" after the offset, and --from N starts after offset N.
+func TestTail_Lines(t *testing.T) {
+	ts := startServer(t)
+	out, errs := newSyncBuffer(), newSyncBuffer()
+	cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer ccancel()
+	rs, err := repl.Connect(cctx, repl.Config{Addr: ts.addr, Token: ts.token, Out: out, Err: errs, Format: repl.FormatTable})
+	require.NoError(t, err)
+	t.Cleanup(func() { rs.Close() })
+	s := &session{Session: rs, out: out, errs: errs}
+	ts.appendDirect(t, "/tailed", itx.EventInput{Type: "first", Payload: json.RawMessage(`{"n":1}`)},
+		itx.EventInput{Type: "second", Payload: json.RawMessage(`{"n":2}`)})
+	ctx, cancel := context.WithCancel(context.Background())
+	result := make(chan error, 1)
+	go func() { result <- s.RunCommand(ctx, "tail /tailed --from 1") }()
+	require.True(t, s.out.waitFor("second"), "catch-up after offset 1: %q", s.out.String())
+	ts.appendDirect(t, "/tailed", itx.EventInput{Type: "typing", Payload: json.RawMessage(`{}`), Ephemeral: true})
+	require.True(t, s.out.waitFor("typing"), "the live ephemeral event: %q", s.out.String())
+	cancel()
+	require.NoError(t, <-result)
+	lines := strings.Split(strings.TrimSpace(s.out.String()), "\n")
+	require.Len(t, lines, 2, "offset 1 is not printed")
+	require.Regexp(t, `^2  \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z  second  \{"n":2\}$`, lines[0])
+	require.Regexp(t, `^3~  \S+  typing  \{\}$`, lines[1])
+}

@@ -57,7 +57,7 @@ func init() {
 	register(&Command{Name: "output", Args: "[auto|pretty|json|table|wide|fit]", Help: "show or set how results print; wide: tables at full width, fit: cut to the terminal", Run: runOutput})
 	register(&Command{Name: "time", Args: "[iso|relative]", Help: "show times in tables as ISO-8601 (the default) or relative to now", Run: runTime})
 	register(&Command{Name: "quit", Help: "leave (as .exit)", Run: func(context.Context, *Session, []string) error { return ErrExit }})
-	register(&Command{Name: "tail", Args: "<path> [after]", CLI: true,
+	register(&Command{Name: "tail", Args: "<path> [--from N | N]", CLI: true,
 		Help: "open a connection and print events as they are appended, until Ctrl-C (default: after the head)", Run: runTail})
 	register(&Command{Name: "watch", Args: "<path>", CLI: true,
 		Help: "print a stream's live state (snapshot, then patches) until Ctrl-C", Run: runWatch})
@@ -197,6 +197,9 @@ func runTail(ctx context.Context, s *Session, args []string) error {
 	c := s.client(p)
 	defer c.Release()
 	var after int64
+	if len(args) > 2 && args[1] == "--from" {
+		args = append(args[:1], args[2:]...) // .tail /path --from N: events after N
+	}
 	if len(args) > 1 {
 		if after, err = strconv.ParseInt(args[1], 10, 64); err != nil || after < 0 {
 			return itx.Errorf(itx.EInvalid, "tail: after must be an offset, got %q", args[1])
@@ -208,7 +211,7 @@ func runTail(ctx context.Context, s *Session, args []string) error {
 		}
 		after = info.HeadOffset
 	}
-	conn, err := s.openConnection(ctx, c, s.toJS(map[string]any{"after": after, "openedBy": "itx tail"}))
+	conn, err := s.openConnection(ctx, c, s.toJS(map[string]any{"after": after, "openedBy": "itx tail", "noState": true}))
 	if err != nil {
 		return err
 	}
@@ -241,14 +244,19 @@ func runTail(ctx context.Context, s *Session, args []string) error {
 }
 
 // printEventLine prints one tailed event: a JSON document in the JSON format, otherwise
-// "offset  time  type  payload", as events print in a table.
+// "offset  time  type  payload", as events print in a table, with "~" after the offset of an
+// ephemeral event.
 func (s *Session) printEventLine(e eventJS) {
 	if s.cfg.Format == FormatJSON {
 		b, _ := json.Marshal(e)
 		fmt.Fprintln(s.cfg.Out, string(b))
 		return
 	}
-	fmt.Fprintf(s.cfg.Out, "%d  %s  %s  %s\n", e.Offset, isoTime(time.UnixMilli(int64(e.CreatedAt))), e.Type, e.Payload)
+	mark := ""
+	if e.Ephemeral {
+		mark = "~"
+	}
+	fmt.Fprintf(s.cfg.Out, "%d%s  %s  %s  %s\n", e.Offset, mark, isoTime(time.UnixMilli(int64(e.CreatedAt))), e.Type, e.Payload)
 }
 
 func runWatch(ctx context.Context, s *Session, args []string) error {

@@ -114,7 +114,7 @@ func (c *liveConnection) close(ctx context.Context, reason string) error {
 }
 
 // openConnection opens a connection on the stream at p with a buffering sink.
-var connectionKeys = []string{"after", "types", "maxDeliveryEvents", "maxDeliveryBytes", "noState", "openedBy"}
+var connectionKeys = []string{"after", "types", "maxDeliveryEvents", "maxDeliveryBytes", "noState", "openedBy", "key", "includeEphemeral"}
 
 func (s *Session) openConnection(ctx context.Context, stream capnp.Client, v goja.Value) (*liveConnection, error) {
 	o, err := s.opts("openConnection", v, connectionKeys...)
@@ -124,6 +124,7 @@ func (s *Session) openConnection(ctx context.Context, stream capnp.Client, v goj
 	after, types := o.uint("after"), o.strings("types")
 	maxEvents, maxBytes := o.uint("maxDeliveryEvents"), o.uint("maxDeliveryBytes")
 	noState, openedBy := o.bool("noState"), o.str("openedBy")
+	key, includeEphemeral := o.str("key"), o.bool("includeEphemeral")
 	if err := o.err(); err != nil {
 		return nil, err
 	}
@@ -140,6 +141,10 @@ func (s *Session) openConnection(ctx context.Context, stream capnp.Client, v goj
 		opts.SetMaxDeliveryEvents(uint32(maxEvents))
 		opts.SetMaxDeliveryBytes(uint32(maxBytes))
 		opts.SetNoState(noState)
+		opts.SetIncludeEphemeral(includeEphemeral)
+		if err := opts.SetKey(key); err != nil {
+			return err
+		}
 		if err := opts.SetOpenedBy(openedBy); err != nil {
 			return err
 		}
