@@ -192,7 +192,8 @@ enum SubscriptionStatus {
 # A row of subscriptions.list(): the catalog joined with the cursor row.
 struct SubscriptionSummary {
   name @0 :Text;
-  kind @1 :Text;              # webhook-post | copy-to-stream | itx-call | processor-wake
+  kind @1 :Text;              # webhook-post | copy-to-stream | itx-call | processor-wake, or
+                              # reader: a registered reader (checkpoint in confirmedOffset)
   status @2 :SubscriptionStatus;
   confirmedOffset @3 :UInt64;
   lag @4 :UInt64;             # head - confirmed

@@ -84,7 +84,11 @@ func (s *Server) withSubscriptions(ctx context.Context, ref StreamRef, f func(v 
 	return f(a.view())
 }
 
-// ListSubscriptions lists a stream's subscriptions by name.
+// KindReader is the kind a registered reader shows as in Subscriptions.list.
+const KindReader = "reader"
+
+// ListSubscriptions lists a stream's subscriptions by name, and its registered readers beside
+// them (kind "reader").
 func (s *Server) ListSubscriptions(ctx context.Context, ref StreamRef) ([]itx.SubscriptionSummary, error) {
 	var out []itx.SubscriptionSummary
 	err := s.withSubscriptions(ctx, ref, func(v view) error {
@@ -95,6 +99,12 @@ func (s *Server) ListSubscriptions(ctx context.Context, ref StreamRef) ([]itx.Su
 			}
 			sum.Lag = max(0, v.head-sum.ConfirmedOffset)
 			out = append(out, sum)
+		}
+		// Registered readers stand beside the subscriptions in this lag view, as kind "reader"
+		// (their checkpoint in the confirmed column); Readers.list is their own view.
+		for _, r := range readerInfos(v) {
+			out = append(out, itx.SubscriptionSummary{Name: r.Name, Kind: KindReader, Status: itx.StatusActive,
+				ConfirmedOffset: r.Checkpoint, Lag: r.Lag})
 		}
 		return nil
 	})

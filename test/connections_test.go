@@ -506,6 +506,14 @@ func TestReaders_RegisterMoveListRemove(t *testing.T) {
 	}
 	require.NoError(t, rm("audit"))
 	requireCode(t, rm("audit"), itx.ENotFound)
+
+	// Readers stand beside subscriptions in the lag view.
+	subs := client.Subscriptions(ctx, s)
+	defer subs.Release()
+	rows, err := client.ListSubscriptions(ctx, subs)
+	require.NoError(t, err)
+	require.Len(t, rows, 1)
+	require.Equal(t, []any{"mirror", "reader", int64(2), int64(1)}, []any{rows[0].Name, rows[0].Kind, rows[0].ConfirmedOffset, rows[0].Lag})
 }
 
 // The number of connections and live subscribers one stream serves is bounded by flags.
