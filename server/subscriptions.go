@@ -84,9 +84,6 @@ func (s *Server) withSubscriptions(ctx context.Context, ref StreamRef, f func(v 
 	return f(a.view())
 }
 
-// KindReader is the kind a registered reader shows as in Subscriptions.list.
-const KindReader = "reader"
-
 // ListSubscriptions lists a stream's subscriptions by name, and its registered readers beside
 // them (kind "reader").
 func (s *Server) ListSubscriptions(ctx context.Context, ref StreamRef) ([]itx.SubscriptionSummary, error) {
@@ -103,7 +100,7 @@ func (s *Server) ListSubscriptions(ctx context.Context, ref StreamRef) ([]itx.Su
 		// Registered readers stand beside the subscriptions in this lag view, as kind "reader"
 		// (their checkpoint in the confirmed column); Readers.list is their own view.
 		for _, r := range readerInfos(v) {
-			out = append(out, itx.SubscriptionSummary{Name: r.Name, Kind: KindReader, Status: itx.StatusActive,
+			out = append(out, itx.SubscriptionSummary{Name: r.Name, Kind: itx.KindReader, Status: itx.StatusActive,
 				ConfirmedOffset: r.Checkpoint, Lag: r.Lag})
 		}
 		return nil
