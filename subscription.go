@@ -31,6 +31,10 @@ const (
 	KindProcessorWake = "processor-wake"
 )
 
+// KindReader is the kind a registered reader shows as in Subscriptions.list, beside the
+// subscriptions (its checkpoint in the confirmed offset). It is not a receiver kind.
+const KindReader = "reader"
+
 // Delivery start positions and failing-event policies.
 const (
 	StartBeginning = "beginning"

@@ -106,13 +106,13 @@ type eventSink struct {
 	once   sync.Once
 }
 
-func (k *eventSink) Deliver(ctx context.Context, b *server.DeliveryBatch) func() error {
+func (k *eventSink) Deliver(ctx context.Context, b *itx.DeliveryBatch) func() error {
 	fut, release := k.client.Deliver(ctx, func(p schema.EventSink_deliver_Params) error {
 		batch, err := p.NewBatch()
 		if err != nil {
 			return err
 		}
-		return setDeliveryBatch(batch, b)
+		return wire.SetDeliveryBatch(batch, b)
 	})
 	return func() error {
 		defer release()
@@ -227,20 +227,7 @@ func (r *readers) List(ctx context.Context, call schema.Readers_list) error {
 	if err != nil {
 		return err
 	}
-	out, err := res.NewReaders(int32(len(list)))
-	if err != nil {
-		return err
-	}
-	for i, info := range list {
-		o := out.At(i)
-		o.SetCheckpoint(uint64(info.Checkpoint))
-		o.SetLag(uint64(info.Lag))
-		o.SetUpdatedAt(info.UpdatedAt)
-		if err := o.SetName(info.Name); err != nil {
-			return err
-		}
-	}
-	return nil
+	return wire.SetReaderInfos(list, res.NewReaders)
 }
 
 // --- live state ------------------------------------------------------------------------------

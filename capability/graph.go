@@ -7,7 +7,6 @@ import (
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
-	"github.com/itx-dev/itx/storage"
 	"github.com/itx-dev/itx/wire"
 )
 
@@ -51,7 +50,7 @@ func (g *gateway) Version(ctx context.Context, call schema.Gateway_version) erro
 // project is a logged-in project root.
 type project struct {
 	srv *server.Server
-	p   storage.Project
+	p   itx.ProjectInfo
 }
 
 func (p *project) Streams(ctx context.Context, call schema.Project_streams) error {
@@ -76,11 +75,7 @@ func (p *project) Describe(ctx context.Context, call schema.Project_describe) er
 	if err != nil {
 		return err
 	}
-	info.SetDeployment(p.p.Deployment)
-	if err := info.SetId(p.p.ID); err != nil {
-		return err
-	}
-	return info.SetName(p.p.Name)
+	return wire.SetProjectInfo(info, p.p)
 }
 
 // streams is a project's stream collection.
@@ -132,7 +127,7 @@ func (s *streams) List(ctx context.Context, call schema.Streams_list) error {
 		return err
 	}
 	for i, info := range infos {
-		if err := setStreamInfo(list.At(i), info); err != nil {
+		if err := wire.SetStreamInfo(list.At(i), info); err != nil {
 			return err
 		}
 	}
@@ -156,13 +151,13 @@ func (s *stream) Append(ctx context.Context, call schema.Stream_append) error {
 	if err != nil {
 		return badArgs("events", err)
 	}
-	var opts server.AppendOptions
+	var opts itx.AppendOptions
 	if args.HasOptions() {
 		o, err := args.Options()
 		if err != nil {
 			return badArgs("options", err)
 		}
-		opts = server.AppendOptions{Conditional: o.Conditional(), ExpectedHeadOffset: int64(o.ExpectedHeadOffset())}
+		opts = wire.AppendOptionsFromSchema(o)
 	}
 	// Queue before releasing the call queue: appends sent on one capability commit in order.
 	pending, err := s.srv.StartAppend(ctx, s.ref, inputs, opts)
@@ -182,23 +177,7 @@ func (s *stream) Append(ctx context.Context, call schema.Stream_append) error {
 	if err != nil {
 		return err
 	}
-	r.SetHeadOffset(uint64(result.HeadOffset))
-	if err := r.SetStreamId(result.StreamID); err != nil {
-		return err
-	}
-	offsets, err := r.NewOffsets(int32(len(result.Offsets)))
-	if err != nil {
-		return err
-	}
-	dups, err := r.NewDuplicate(int32(len(result.Duplicate)))
-	if err != nil {
-		return err
-	}
-	for i, o := range result.Offsets {
-		offsets.Set(i, uint64(o))
-		dups.Set(i, result.Duplicate[i])
-	}
-	return nil
+	return wire.SetAppendResult(r, result)
 }
 
 func (s *stream) GetEvents(ctx context.Context, call schema.Stream_getEvents) error {
@@ -236,19 +215,14 @@ func (s *stream) GetEventPage(ctx context.Context, call schema.Stream_getEventPa
 	if err != nil {
 		return err
 	}
-	p.SetStreamMaxOffset(uint64(page.StreamMaxOffset))
-	p.SetNextAfter(uint64(page.NextAfter))
-	if err := p.SetStreamId(page.StreamID); err != nil {
-		return err
-	}
-	return wire.SetEvents(page.Events, p.NewEvents)
+	return wire.SetPage(p, page)
 }
 
-func (s *stream) query(q schema.EventQuery, err error) (server.ReadQuery, error) {
+func (s *stream) query(q schema.EventQuery, err error) (itx.Query, error) {
 	if err != nil {
-		return server.ReadQuery{}, badArgs("query", err)
+		return itx.Query{}, badArgs("query", err)
 	}
-	rq, err := readQuery(q)
+	rq, err := wire.QueryFromSchema(q)
 	if err != nil {
 		return rq, badArgs("query", err)
 	}
@@ -257,24 +231,15 @@ func (s *stream) query(q schema.EventQuery, err error) (server.ReadQuery, error)
 
 func (s *stream) WaitForEvent(ctx context.Context, call schema.Stream_waitForEvent) error {
 	args := call.Args()
-	var pred server.Predicate
+	var pred itx.Predicate
 	if args.HasPredicate() {
 		p, err := args.Predicate()
 		if err != nil {
 			return badArgs("predicate", err)
 		}
-		if pred.Types, err = wire.TextList(p.Types()); err != nil {
-			return badArgs("predicate.types", err)
+		if pred, err = wire.PredicateFromSchema(p); err != nil {
+			return badArgs("predicate", err)
 		}
-		contains, err := p.PayloadContains()
-		if err != nil {
-			return badArgs("predicate.payloadContains", err)
-		}
-		pred.PayloadContains = []byte(contains)
-		if pred.Where, err = p.Where(); err != nil {
-			return badArgs("predicate.where", err)
-		}
-		pred.IncludeEphemeral = p.IncludeEphemeral()
 	}
 	after, timeout := int64(args.After()), time.Duration(args.TimeoutMs())*time.Millisecond
 	call.Go()
@@ -307,5 +272,5 @@ func (s *stream) Describe(ctx context.Context, call schema.Stream_describe) erro
 	if err != nil {
 		return err
 	}
-	return setStreamInfo(i, info)
+	return wire.SetStreamInfo(i, info)
 }

@@ -64,7 +64,7 @@ func TestGuarded_PanicBecomesInternalError(t *testing.T) {
 		require.Equal(t, itx.EInternal, itx.ErrorCode(err), "%v", err)
 		require.Contains(t, err.Error(), "describe failed inside the server")
 	}
-	_, err = client.GetEventPage(ctx, s, client.Query{})
+	_, err = client.GetEventPage(ctx, s, itx.Query{})
 	require.Equal(t, itx.EInvalid, itx.ErrorCode(err), "ordinary errors pass through untouched")
 
 	require.Equal(t, 2.0, testutil.ToFloat64(g.panics.WithLabelValues("itx.capnp:Stream.describe")), "each panic is counted")

@@ -11,7 +11,6 @@ import (
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
-	"github.com/itx-dev/itx/storage"
 	"github.com/itx-dev/itx/wire"
 )
 
@@ -82,18 +81,8 @@ func (s *subscriptions) List(ctx context.Context, call schema.Subscriptions_list
 		return err
 	}
 	for i, sum := range list {
-		d := out.At(i)
-		d.SetStatus(statusToSchema(sum.Status))
-		d.SetConfirmedOffset(uint64(sum.ConfirmedOffset))
-		d.SetLag(uint64(sum.Lag))
-		d.SetConfiguredAtOffset(uint64(sum.ConfiguredAtOffset))
-		for _, set := range []struct {
-			f func(string) error
-			v string
-		}{{d.SetName, sum.Name}, {d.SetKind, sum.Kind}, {d.SetLastError, sum.LastError}} {
-			if err := set.f(set.v); err != nil {
-				return err
-			}
+		if err := wire.SetSubscriptionSummary(out.At(i), sum); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -178,35 +167,7 @@ func (s *subscription) Describe(ctx context.Context, call schema.Subscription_de
 	if err != nil {
 		return err
 	}
-	c, err := out.NewConfig()
-	if err != nil {
-		return err
-	}
-	if err := wire.SetSubscriptionConfig(c, &d.Config); err != nil {
-		return err
-	}
-	r := d.Cursor
-	out.SetStatus(statusToSchema(r.Status))
-	out.SetConfiguredAtOffset(uint64(r.ConfiguredAtOffset))
-	out.SetCursorChangedAtOffset(uint64(r.CursorChangedAtOffset))
-	out.SetConfirmedOffset(uint64(r.ConfirmedOffset))
-	out.SetHeadOffset(uint64(d.HeadOffset))
-	out.SetAttempt(uint32(r.Attempt))
-	out.SetNextAttemptAt(r.NextAttemptAt)
-	out.SetFailingEventOffset(uint64(r.FailingEventOffset))
-	out.SetFailingEventAttempt(uint32(r.FailingEventAttempt))
-	out.SetFailingEventSkipsSinceLastSuccess(uint32(r.FailingEventSkips))
-	out.SetInFlightDeadlineAt(r.InFlightDeadlineAt)
-	out.SetInFlightConnectionGeneration(uint64(r.InFlightConnectionGeneration))
-	for _, set := range []struct {
-		f func(string) error
-		v string
-	}{{out.SetKind, d.Kind}, {out.SetLastError, r.LastError}, {out.SetUpdatedAt, r.UpdatedAt}} {
-		if err := set.f(set.v); err != nil {
-			return err
-		}
-	}
-	return nil
+	return wire.SetSubscriptionDescription(out, &d)
 }
 
 func (s *subscription) WaitUntilProcessed(ctx context.Context, call schema.Subscription_waitUntilProcessed) error {
@@ -233,16 +194,6 @@ func (s *subscription) Processor(ctx context.Context, call schema.Subscription_p
 		return fail(itx.Errorf(itx.EFailedPrecondition, "subscription %q is a %s subscription: only processor-wake subscriptions have a processor", s.name, d.Kind))
 	}
 	return notYet("Subscription.processor")
-}
-
-func statusToSchema(status string) schema.SubscriptionStatus {
-	switch status {
-	case storage.StatusHalted:
-		return schema.SubscriptionStatus_halted
-	case storage.StatusParked:
-		return schema.SubscriptionStatus_parked
-	}
-	return schema.SubscriptionStatus_active
 }
 
 // --- mounted capabilities ------------------------------------------------------------------
@@ -301,17 +252,7 @@ func (c *capabilities) List(ctx context.Context, call schema.Capabilities_list) 
 	if err != nil {
 		return err
 	}
-	list, err := res.NewMounts(int32(len(mounts)))
-	if err != nil {
-		return err
-	}
-	for i, m := range mounts {
-		list.At(i).SetMountedAt(m.MountedAt)
-		if err := list.At(i).SetName(m.Name); err != nil {
-			return err
-		}
-	}
-	return nil
+	return wire.SetMountInfos(mounts, res.NewMounts)
 }
 
 // mountHandle is a mount's lifetime: cancel(), releasing it, or losing the connection that holds
@@ -346,13 +287,13 @@ type remoteReceiver struct {
 // subscription parks until the next mount); an exception carrying an itx code keeps it (a
 // receiver that says unavailable is an outage); any other exception is the receiver refusing
 // these events (failedPrecondition).
-func (r *remoteReceiver) Receive(ctx context.Context, b *server.DeliveryBatch) (int64, error) {
+func (r *remoteReceiver) Receive(ctx context.Context, b *itx.DeliveryBatch) (int64, error) {
 	fut, release := r.client.Receive(ctx, func(p schema.Receiver_receive_Params) error {
 		batch, err := p.NewBatch()
 		if err != nil {
 			return err
 		}
-		return setDeliveryBatch(batch, b)
+		return wire.SetDeliveryBatch(batch, b)
 	})
 	defer release()
 	res, err := fut.Struct()
@@ -369,20 +310,4 @@ func (r *remoteReceiver) Receive(ctx context.Context, b *server.DeliveryBatch) (
 		}
 	}
 	return 0, itx.Errorf(itx.EFailedPrecondition, "the receiver refused the batch: %v", err)
-}
-
-func setDeliveryBatch(dst schema.DeliveryBatch, b *server.DeliveryBatch) error {
-	dst.SetHeadOffset(uint64(b.HeadOffset))
-	dst.SetCursorChangedAtOffset(uint64(b.CursorChangedAtOffset))
-	dst.SetConfiguredAtOffset(uint64(b.ConfiguredAtOffset))
-	dst.SetAttempt(uint32(b.Attempt))
-	for _, set := range []struct {
-		f func(string) error
-		v string
-	}{{dst.SetStreamId, b.StreamID}, {dst.SetPath, b.Path}, {dst.SetSubscription, b.Subscription}, {dst.SetDeliveryId, b.DeliveryID}} {
-		if err := set.f(set.v); err != nil {
-			return err
-		}
-	}
-	return wire.SetEvents(b.Events, dst.NewEvents)
 }

@@ -3,59 +3,35 @@ package client
 import (
 	"context"
 
+	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/schema"
+	"github.com/itx-dev/itx/wire"
 )
 
-// ProjectInfo describes the project a token logged into.
-type ProjectInfo struct {
-	ID         string
-	Name       string
-	Deployment bool // the deployment root: its streams are global
-}
-
 // DescribeProject describes a project.
-func DescribeProject(ctx context.Context, project schema.Project) (ProjectInfo, error) {
+func DescribeProject(ctx context.Context, project schema.Project) (itx.ProjectInfo, error) {
 	fut, release := project.Describe(ctx, nil)
 	defer release()
 	res, err := fut.Struct()
 	if err != nil {
-		return ProjectInfo{}, err
+		return itx.ProjectInfo{}, err
 	}
 	i, err := res.Info()
 	if err != nil {
-		return ProjectInfo{}, err
+		return itx.ProjectInfo{}, err
 	}
-	out := ProjectInfo{Deployment: i.Deployment()}
-	if out.ID, err = i.Id(); err != nil {
-		return out, err
-	}
-	out.Name, err = i.Name()
-	return out, err
+	return wire.ProjectInfoFromSchema(i)
 }
 
-// MountInfo is a capability (a Receiver or a ProcessorHost) mounted under a name in a project.
-type MountInfo struct {
-	Name      string
-	MountedAt int64 // epoch ms
-}
-
-func mountInfos(list schema.MountInfo_List, err error) ([]MountInfo, error) {
+func mountInfos(list schema.MountInfo_List, err error) ([]itx.MountInfo, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := make([]MountInfo, list.Len())
-	for i := range out {
-		m := list.At(i)
-		out[i].MountedAt = m.MountedAt()
-		if out[i].Name, err = m.Name(); err != nil {
-			return nil, err
-		}
-	}
-	return out, nil
+	return wire.MountInfosFromSchema(list)
 }
 
 // ListMounts lists the Receivers mounted in a project (project.capabilities().list()).
-func ListMounts(ctx context.Context, caps schema.Capabilities) ([]MountInfo, error) {
+func ListMounts(ctx context.Context, caps schema.Capabilities) ([]itx.MountInfo, error) {
 	fut, release := caps.List(ctx, nil)
 	defer release()
 	res, err := fut.Struct()
@@ -74,7 +50,7 @@ func Unmount(ctx context.Context, caps schema.Capabilities, name string) error {
 }
 
 // ListProcessorHosts lists the remote ProcessorHosts mounted in a project.
-func ListProcessorHosts(ctx context.Context, hosts schema.ProcessorHosts) ([]MountInfo, error) {
+func ListProcessorHosts(ctx context.Context, hosts schema.ProcessorHosts) ([]itx.MountInfo, error) {
 	fut, release := hosts.List(ctx, nil)
 	defer release()
 	res, err := fut.Struct()
@@ -82,14 +58,6 @@ func ListProcessorHosts(ctx context.Context, hosts schema.ProcessorHosts) ([]Mou
 		return nil, err
 	}
 	return mountInfos(res.Mounts())
-}
-
-// ReaderInfo is a registered reader: a named checkpoint whose lag is visible.
-type ReaderInfo struct {
-	Name       string
-	Checkpoint int64
-	Lag        int64
-	UpdatedAt  int64 // epoch ms
 }
 
 // RegisterReader registers a named reader or moves its checkpoint.
@@ -104,7 +72,7 @@ func RegisterReader(ctx context.Context, readers schema.Readers, name string, ch
 }
 
 // ListReaders lists a stream's registered readers.
-func ListReaders(ctx context.Context, readers schema.Readers) ([]ReaderInfo, error) {
+func ListReaders(ctx context.Context, readers schema.Readers) ([]itx.ReaderInfo, error) {
 	fut, release := readers.List(ctx, nil)
 	defer release()
 	res, err := fut.Struct()
@@ -115,15 +83,7 @@ func ListReaders(ctx context.Context, readers schema.Readers) ([]ReaderInfo, err
 	if err != nil {
 		return nil, err
 	}
-	out := make([]ReaderInfo, list.Len())
-	for i := range out {
-		r := list.At(i)
-		out[i] = ReaderInfo{Checkpoint: int64(r.Checkpoint()), Lag: int64(r.Lag()), UpdatedAt: r.UpdatedAt()}
-		if out[i].Name, err = r.Name(); err != nil {
-			return nil, err
-		}
-	}
-	return out, nil
+	return wire.ReaderInfosFromSchema(list)
 }
 
 // RemoveReader removes a registered reader.

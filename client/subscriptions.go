@@ -3,8 +3,10 @@ package client
 import (
 	"context"
 	"fmt"
+	"sort"
 	"time"
 
+	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/wire"
 )
@@ -56,37 +58,6 @@ type SubscriptionConfig struct {
 	IdempotencyKey string
 }
 
-// SubscriptionSummary is a row of subscriptions.list(): the catalog joined with the cursor row.
-type SubscriptionSummary struct {
-	Name               string
-	Kind               string
-	Status             string // "active", "halted" or "parked"
-	ConfirmedOffset    int64
-	Lag                int64 // head - confirmed
-	LastError          string
-	ConfiguredAtOffset int64
-}
-
-// SubscriptionDescription is a subscription's config and its whole cursor row.
-type SubscriptionDescription struct {
-	Config                            SubscriptionConfig
-	Kind                              string
-	Status                            string
-	ConfiguredAtOffset                int64
-	CursorChangedAtOffset             int64
-	ConfirmedOffset                   int64
-	HeadOffset                        int64
-	Attempt                           int
-	NextAttemptAt                     int64
-	FailingEventOffset                int64
-	FailingEventAttempt               int
-	FailingEventSkipsSinceLastSuccess int
-	LastError                         string
-	InFlightDeadlineAt                int64
-	InFlightConnectionGeneration      int64
-	UpdatedAt                         string
-}
-
 // Subscriptions returns stream.subscriptions() as a pipelined capability. Release it when done.
 func Subscriptions(ctx context.Context, s schema.Stream) schema.Subscriptions {
 	fut, release := s.Subscriptions(ctx, nil)
@@ -107,7 +78,7 @@ func Subscription(ctx context.Context, s schema.Stream, name string) schema.Subs
 }
 
 // ListSubscriptions lists a stream's subscriptions.
-func ListSubscriptions(ctx context.Context, subs schema.Subscriptions) ([]SubscriptionSummary, error) {
+func ListSubscriptions(ctx context.Context, subs schema.Subscriptions) ([]itx.SubscriptionSummary, error) {
 	fut, release := subs.List(ctx, nil)
 	defer release()
 	res, err := fut.Struct()
@@ -118,21 +89,11 @@ func ListSubscriptions(ctx context.Context, subs schema.Subscriptions) ([]Subscr
 	if err != nil {
 		return nil, err
 	}
-	out := make([]SubscriptionSummary, list.Len())
+	out := make([]itx.SubscriptionSummary, list.Len())
 	for i := range out {
-		s := list.At(i)
-		row := SubscriptionSummary{Status: s.Status().String(), ConfirmedOffset: int64(s.ConfirmedOffset()),
-			Lag: int64(s.Lag()), ConfiguredAtOffset: int64(s.ConfiguredAtOffset())}
-		if row.Name, err = s.Name(); err != nil {
+		if out[i], err = wire.SubscriptionSummaryFromSchema(list.At(i)); err != nil {
 			return nil, err
 		}
-		if row.Kind, err = s.Kind(); err != nil {
-			return nil, err
-		}
-		if row.LastError, err = s.LastError(); err != nil {
-			return nil, err
-		}
-		out[i] = row
 	}
 	return out, nil
 }
@@ -148,7 +109,11 @@ func ConfigureSubscription(ctx context.Context, subs schema.Subscriptions, cfg S
 		if err := p.SetIdempotencyKey(cfg.IdempotencyKey); err != nil {
 			return err
 		}
-		return setSubscriptionConfig(c, &cfg)
+		ic, err := cfg.Config()
+		if err != nil {
+			return err
+		}
+		return wire.SetSubscriptionConfig(c, &ic)
 	})
 	defer release()
 	res, err := fut.Struct()
@@ -171,50 +136,18 @@ func RemoveSubscription(ctx context.Context, subs schema.Subscriptions, name str
 }
 
 // DescribeSubscription returns a subscription's config and cursor row.
-func DescribeSubscription(ctx context.Context, sub schema.Subscription) (SubscriptionDescription, error) {
+func DescribeSubscription(ctx context.Context, sub schema.Subscription) (itx.SubscriptionDescription, error) {
 	fut, release := sub.Describe(ctx, nil)
 	defer release()
 	res, err := fut.Struct()
 	if err != nil {
-		return SubscriptionDescription{}, err
+		return itx.SubscriptionDescription{}, err
 	}
 	d, err := res.Description()
 	if err != nil {
-		return SubscriptionDescription{}, err
+		return itx.SubscriptionDescription{}, err
 	}
-	out := SubscriptionDescription{
-		Status:                            d.Status().String(),
-		ConfiguredAtOffset:                int64(d.ConfiguredAtOffset()),
-		CursorChangedAtOffset:             int64(d.CursorChangedAtOffset()),
-		ConfirmedOffset:                   int64(d.ConfirmedOffset()),
-		HeadOffset:                        int64(d.HeadOffset()),
-		Attempt:                           int(d.Attempt()),
-		NextAttemptAt:                     d.NextAttemptAt(),
-		FailingEventOffset:                int64(d.FailingEventOffset()),
-		FailingEventAttempt:               int(d.FailingEventAttempt()),
-		FailingEventSkipsSinceLastSuccess: int(d.FailingEventSkipsSinceLastSuccess()),
-		InFlightDeadlineAt:                d.InFlightDeadlineAt(),
-		InFlightConnectionGeneration:      int64(d.InFlightConnectionGeneration()),
-	}
-	if out.Kind, err = d.Kind(); err != nil {
-		return out, err
-	}
-	if out.LastError, err = d.LastError(); err != nil {
-		return out, err
-	}
-	if out.UpdatedAt, err = d.UpdatedAt(); err != nil {
-		return out, err
-	}
-	if d.HasConfig() {
-		c, err := d.Config()
-		if err != nil {
-			return out, err
-		}
-		if out.Config, err = subscriptionConfig(c); err != nil {
-			return out, err
-		}
-	}
-	return out, nil
+	return wire.SubscriptionDescriptionFromSchema(d)
 }
 
 // WaitUntilProcessed waits until the subscription has processed through offset and returns its
@@ -260,136 +193,75 @@ func ResumeSubscription(ctx context.Context, s schema.Stream, name string) (int6
 	return int64(res.Offset()), nil
 }
 
-func setSubscriptionConfig(c schema.SubscriptionConfig, cfg *SubscriptionConfig) error {
-	if err := c.SetName(cfg.Name); err != nil {
-		return err
+// Config is cfg in the domain's form, what the configured event stores. It refuses a receiver
+// kind, start or failing-event policy it does not know; the server checks the rest.
+func (cfg *SubscriptionConfig) Config() (itx.SubscriptionConfig, error) {
+	out := itx.SubscriptionConfig{Name: cfg.Name, Description: cfg.Description}
+	if len(cfg.FilterTypes) > 0 || cfg.FilterCondition != "" {
+		out.Filter = &itx.SubscriptionFilter{EventTypes: cfg.FilterTypes, JSONataCondition: cfg.FilterCondition}
 	}
-	r := c.Receiver()
-	switch cfg.Receiver.Kind {
+	start, err := oneOf("start", cfg.Start, itx.StartBeginning, itx.StartNow)
+	if err != nil {
+		return out, err
+	}
+	onFailing, err := oneOf("onFailingEvent", cfg.OnFailingEvent, itx.OnFailingHalt, itx.OnFailingSkip)
+	if err != nil {
+		return out, err
+	}
+	delivery := &itx.DeliveryPolicy{Start: start, OnFailingEvent: onFailing}
+	r, in := &out.Receiver, cfg.Receiver
+	r.Action, r.JSONataTransform, r.Delivery = in.Kind, cfg.Transform, delivery
+	switch in.Kind {
 	case ReceiverWebhookPost:
-		r.SetWebhookPost()
-		w := r.WebhookPost()
-		if err := w.SetUrl(cfg.Receiver.URL); err != nil {
-			return err
-		}
-		if err := w.SetSecret(cfg.Receiver.Secret); err != nil {
-			return err
-		}
-		if len(cfg.Receiver.Headers) > 0 {
-			hs, err := w.NewHeaders(int32(len(cfg.Receiver.Headers)))
-			if err != nil {
-				return err
+		r.URL, r.Secret = in.URL, in.Secret
+		for _, h := range in.Headers {
+			if r.Headers == nil {
+				r.Headers = map[string]string{}
 			}
-			for i, h := range cfg.Receiver.Headers {
-				if err := hs.At(i).SetName(h.Name); err != nil {
-					return err
-				}
-				if err := hs.At(i).SetValue(h.Value); err != nil {
-					return err
-				}
-			}
+			r.Headers[h.Name] = h.Value
 		}
 	case ReceiverCopyToStream:
-		r.SetCopyToStream()
-		if err := r.CopyToStream().SetPath(cfg.Receiver.Path); err != nil {
-			return err
-		}
+		r.ReceivingStreamPath = in.Path
 	case ReceiverItxCall:
-		r.SetItxCall()
-		if err := r.ItxCall().SetCapability(cfg.Receiver.Capability); err != nil {
-			return err
-		}
+		r.Capability = in.Capability
 	case ReceiverProcessorWake:
-		r.SetProcessorWake()
-		if err := r.ProcessorWake().SetPlacement(cfg.Receiver.Placement); err != nil {
-			return err
-		}
+		r.Placement, r.Delivery = in.Placement, nil // the processor owns its checkpoint
 	default:
-		return fmt.Errorf("receiver kind %q is not one of %s, %s, %s, %s", cfg.Receiver.Kind,
+		return out, fmt.Errorf("receiver kind %q is not one of %s, %s, %s, %s", in.Kind,
 			ReceiverWebhookPost, ReceiverCopyToStream, ReceiverItxCall, ReceiverProcessorWake)
 	}
-	if err := wire.SetTextList(cfg.FilterTypes, c.NewFilterTypes); err != nil {
-		return err
-	}
-	if err := c.SetFilterCondition(cfg.FilterCondition); err != nil {
-		return err
-	}
-	if err := c.SetTransform(cfg.Transform); err != nil {
-		return err
-	}
-	switch cfg.Start {
-	case "", "beginning":
-		c.SetStart(schema.StartPosition_beginning)
-	case "now":
-		c.SetStart(schema.StartPosition_now)
-	default:
-		return fmt.Errorf("start %q is not beginning or now", cfg.Start)
-	}
-	switch cfg.OnFailingEvent {
-	case "", "halt":
-		c.SetOnFailingEvent(schema.FailingEventPolicy_halt)
-	case "skip":
-		c.SetOnFailingEvent(schema.FailingEventPolicy_skip)
-	default:
-		return fmt.Errorf("onFailingEvent %q is not halt or skip", cfg.OnFailingEvent)
-	}
-	return c.SetDescription(cfg.Description)
+	return out, nil
 }
 
-func subscriptionConfig(c schema.SubscriptionConfig) (SubscriptionConfig, error) {
-	out := SubscriptionConfig{Start: c.Start().String(), OnFailingEvent: c.OnFailingEvent().String()}
-	var err error
-	if out.Name, err = c.Name(); err != nil {
-		return out, err
+// oneOf is v if it is def or other, def if it is empty.
+func oneOf(field, v, def, other string) (string, error) {
+	switch v {
+	case "":
+		return def, nil
+	case def, other:
+		return v, nil
 	}
-	r := c.Receiver()
-	switch r.Which() {
-	case schema.SubscriptionConfig_receiver_Which_webhookPost:
-		w := r.WebhookPost()
-		out.Receiver.Kind = ReceiverWebhookPost
-		if out.Receiver.URL, err = w.Url(); err != nil {
-			return out, err
-		}
-		if out.Receiver.Secret, err = w.Secret(); err != nil {
-			return out, err
-		}
-		hs, err := w.Headers()
-		if err != nil {
-			return out, err
-		}
-		for i := 0; i < hs.Len(); i++ {
-			name, _ := hs.At(i).Name()
-			value, _ := hs.At(i).Value()
-			out.Receiver.Headers = append(out.Receiver.Headers, Header{Name: name, Value: value})
-		}
-	case schema.SubscriptionConfig_receiver_Which_copyToStream:
-		out.Receiver.Kind = ReceiverCopyToStream
-		if out.Receiver.Path, err = r.CopyToStream().Path(); err != nil {
-			return out, err
-		}
-	case schema.SubscriptionConfig_receiver_Which_itxCall:
-		out.Receiver.Kind = ReceiverItxCall
-		if out.Receiver.Capability, err = r.ItxCall().Capability(); err != nil {
-			return out, err
-		}
-	case schema.SubscriptionConfig_receiver_Which_processorWake:
-		out.Receiver.Kind = ReceiverProcessorWake
-		if out.Receiver.Placement, err = r.ProcessorWake().Placement(); err != nil {
-			return out, err
+	return "", fmt.Errorf("%s %q is not %s or %s", field, v, def, other)
+}
+
+// ConfigOf is c in the client's flat form, as describe reports it: defaults are spelled out and
+// headers are sorted by name.
+func ConfigOf(c itx.SubscriptionConfig) SubscriptionConfig {
+	d := c.Receiver.EffectiveDelivery()
+	out := SubscriptionConfig{Name: c.Name, Description: c.Description, Transform: c.Receiver.JSONataTransform,
+		Start: d.Start, OnFailingEvent: d.OnFailingEvent}
+	if f := c.Filter; f != nil {
+		out.FilterCondition = f.JSONataCondition
+		if len(f.EventTypes) > 0 { // none: every type, as in a config that never set it
+			out.FilterTypes = f.EventTypes
 		}
 	}
-	if out.FilterTypes, err = wire.TextList(c.FilterTypes()); err != nil {
-		return out, err
+	r := c.Receiver
+	out.Receiver = Receiver{Kind: r.Action, URL: r.URL, Secret: r.Secret, Path: r.ReceivingStreamPath,
+		Capability: r.Capability, Placement: r.Placement}
+	for name, value := range r.Headers {
+		out.Receiver.Headers = append(out.Receiver.Headers, Header{Name: name, Value: value})
 	}
-	if len(out.FilterTypes) == 0 {
-		out.FilterTypes = nil // every type, as in a config that never set it
-	}
-	if out.FilterCondition, err = c.FilterCondition(); err != nil {
-		return out, err
-	}
-	if out.Transform, err = c.Transform(); err != nil {
-		return out, err
-	}
-	out.Description, err = c.Description()
-	return out, err
+	sort.Slice(out.Receiver.Headers, func(i, j int) bool { return out.Receiver.Headers[i].Name < out.Receiver.Headers[j].Name })
+	return out
 }

@@ -5,11 +5,12 @@ import (
 
 	"capnproto.org/go/capnp/v3"
 	"github.com/itx-dev/itx/schema"
+	"github.com/itx-dev/itx/wire"
 	"github.com/stretchr/testify/require"
 )
 
 // A subscription config survives the trip through its Cap'n Proto struct, for every receiver
-// kind: configure() writes what describe() reads back.
+// kind: configure() writes what describe() reads back, through wire/'s one codec.
 func TestSubscriptionConfig_RoundTrip(t *testing.T) {
 	for _, cfg := range []SubscriptionConfig{
 		{Name: "hook", Receiver: Receiver{Kind: ReceiverWebhookPost, URL: "https://example.test/h", Secret: "whsec_x",
@@ -24,19 +25,25 @@ func TestSubscriptionConfig_RoundTrip(t *testing.T) {
 		require.NoError(t, err)
 		c, err := schema.NewRootSubscriptionConfig(seg)
 		require.NoError(t, err)
-		require.NoError(t, setSubscriptionConfig(c, &cfg))
-		got, err := subscriptionConfig(c)
+		ic, err := cfg.Config()
 		require.NoError(t, err)
-		require.Equal(t, cfg, got)
+		require.NoError(t, wire.SetSubscriptionConfig(c, &ic))
+		got, err := wire.SubscriptionConfigFromSchema(c)
+		require.NoError(t, err)
+		require.Equal(t, cfg, ConfigOf(got))
 	}
 }
 
 func TestSubscriptionConfig_Refused(t *testing.T) {
-	_, seg, err := capnp.NewMessage(capnp.SingleSegment(nil))
-	require.NoError(t, err)
-	c, err := schema.NewRootSubscriptionConfig(seg)
-	require.NoError(t, err)
-	require.ErrorContains(t, setSubscriptionConfig(c, &SubscriptionConfig{Receiver: Receiver{Kind: "email"}}), `receiver kind "email"`)
-	require.ErrorContains(t, setSubscriptionConfig(c, &SubscriptionConfig{Receiver: Receiver{Kind: ReceiverItxCall}, Start: "later"}), `start "later"`)
-	require.ErrorContains(t, setSubscriptionConfig(c, &SubscriptionConfig{Receiver: Receiver{Kind: ReceiverItxCall}, OnFailingEvent: "retry"}), `onFailingEvent "retry"`)
+	for _, tc := range []struct {
+		cfg  SubscriptionConfig
+		want string
+	}{
+		{SubscriptionConfig{Receiver: Receiver{Kind: "email"}}, `receiver kind "email"`},
+		{SubscriptionConfig{Receiver: Receiver{Kind: ReceiverItxCall}, Start: "later"}, `start "later"`},
+		{SubscriptionConfig{Receiver: Receiver{Kind: ReceiverItxCall}, OnFailingEvent: "retry"}, `onFailingEvent "retry"`},
+	} {
+		_, err := tc.cfg.Config()
+		require.ErrorContains(t, err, tc.want)
+	}
 }

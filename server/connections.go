@@ -50,7 +50,7 @@ type ConnectionOptions struct {
 // Deliver starts sending a batch and returns a wait that reports the client's answer; up to
 // ConnectionWindow waits are outstanding at once. Closed is the last call.
 type ConnectionSink interface {
-	Deliver(ctx context.Context, batch *DeliveryBatch) (wait func() error)
+	Deliver(ctx context.Context, batch *itx.DeliveryBatch) (wait func() error)
 	State(ctx context.Context, frame LiveFrame) error
 	Closed(reason CloseReason, message string)
 }
@@ -298,7 +298,7 @@ func (c *Connection) run() {
 		if !drain(false) {
 			return
 		}
-		wait := c.sink.Deliver(c.ctx, &DeliveryBatch{DeliveryEnvelope: DeliveryEnvelope{
+		wait := c.sink.Deliver(c.ctx, &itx.DeliveryBatch{DeliveryEnvelope: itx.DeliveryEnvelope{
 			ProjectID: c.a.ref.ProjectID, StreamID: v.streamID, Path: c.a.ref.Path, HeadOffset: v.head, Attempt: 1,
 		}, Events: append([]itx.Event(nil), batch...)})
 		window = append(window, pending{wait: wait, through: through})

@@ -12,29 +12,10 @@ import (
 	"github.com/itx-dev/itx/storage"
 )
 
-// DeliveryEnvelope says where a delivery comes from and which attempt it is.
-type DeliveryEnvelope struct {
-	ProjectID             string `json:"projectId"`
-	StreamID              string `json:"streamId"`
-	Path                  string `json:"path"`
-	Subscription          string `json:"subscription"`
-	ConfiguredAtOffset    int64  `json:"configuredAtOffset"`
-	CursorChangedAtOffset int64  `json:"cursorChangedAtOffset"`
-	DeliveryID            string `json:"deliveryId"` // stable across retries of the same range
-	Attempt               int    `json:"attempt"`
-	HeadOffset            int64  `json:"headOffset"`
-}
-
-// DeliveryBatch is what a push receiver is given: events of one stream, in offset order.
-type DeliveryBatch struct {
-	DeliveryEnvelope
-	Events []itx.Event `json:"events"`
-}
-
 // sender is one receiver kind's send adapter. It returns the offset the far side confirmed
 // through (0: the whole batch) or an error.
 type sender interface {
-	send(ctx context.Context, d *deliverer, batch *DeliveryBatch) (int64, error)
+	send(ctx context.Context, d *deliverer, batch *itx.DeliveryBatch) (int64, error)
 	batchLimit() int
 }
 
@@ -161,7 +142,7 @@ func (d *deliverer) push(job pushJob, store streamStore, streamID string) delive
 		through = failed.offset - 1
 	}
 	if len(matched) > 0 {
-		batch := &DeliveryBatch{DeliveryEnvelope: DeliveryEnvelope{
+		batch := &itx.DeliveryBatch{DeliveryEnvelope: itx.DeliveryEnvelope{
 			ProjectID: d.ref.ProjectID, StreamID: streamID, Path: d.ref.Path, Subscription: d.name,
 			ConfiguredAtOffset: job.row.ConfiguredAtOffset, CursorChangedAtOffset: job.row.CursorChangedAtOffset,
 			Attempt: job.row.Attempt + 1, HeadOffset: job.head,
@@ -232,7 +213,7 @@ func deliveryID(streamID, name string, seek, first, through int64) string {
 // return by then is abandoned, not awaited: a receiver whose connection stopped reading blocks
 // the write itself, whatever its context says. Until that send returns, the next try fails at
 // once as an outage, so at most one abandoned send exists per subscription.
-func (d *deliverer) sendWithTimeout(batch *DeliveryBatch) (int64, error) {
+func (d *deliverer) sendWithTimeout(batch *itx.DeliveryBatch) (int64, error) {
 	if d.stuck != nil {
 		select {
 		case <-d.stuck:

@@ -20,7 +20,7 @@ type blockingSender struct {
 	calls   atomic.Int32
 }
 
-func (b *blockingSender) send(context.Context, *deliverer, *DeliveryBatch) (int64, error) {
+func (b *blockingSender) send(context.Context, *deliverer, *itx.DeliveryBatch) (int64, error) {
 	b.calls.Add(1)
 	<-b.release
 	return 0, nil
@@ -35,7 +35,7 @@ func TestDeliverer_SendThatCannotBeWrittenTimesOut(t *testing.T) {
 	d := &deliverer{srv: srv, name: "hook", send: bs, ctx: context.Background()}
 
 	errc := make(chan error, 1)
-	go func() { _, err := d.sendWithTimeout(&DeliveryBatch{}); errc <- err }()
+	go func() { _, err := d.sendWithTimeout(&itx.DeliveryBatch{}); errc <- err }()
 	for clock.Pending() == 0 {
 		time.Sleep(time.Millisecond) // the send arms its deadline timer on another goroutine
 	}
@@ -45,7 +45,7 @@ func TestDeliverer_SendThatCannotBeWrittenTimesOut(t *testing.T) {
 		t.Fatalf("got %v, want %s", err, want)
 	}
 	// The abandoned send still blocks: the next try fails at once, without a second write.
-	_, err = d.sendWithTimeout(&DeliveryBatch{})
+	_, err = d.sendWithTimeout(&itx.DeliveryBatch{})
 	if err == nil || !strings.Contains(err.Error(), "still blocked") || bs.calls.Load() != 1 {
 		t.Fatalf("got %v after %d calls, want a fast failure after 1", err, bs.calls.Load())
 	}
@@ -54,7 +54,7 @@ func TestDeliverer_SendThatCannotBeWrittenTimesOut(t *testing.T) {
 	}
 	close(bs.release)
 	for d.stuck != nil {
-		if _, err := d.sendWithTimeout(&DeliveryBatch{}); err == nil {
+		if _, err := d.sendWithTimeout(&itx.DeliveryBatch{}); err == nil {
 			break
 		}
 		time.Sleep(time.Millisecond) // the abandoned send is returning

@@ -7,25 +7,10 @@ import (
 	"github.com/itx-dev/itx"
 )
 
-// AppendOptions qualify one append call.
-type AppendOptions struct {
-	// Conditional makes the call commit only if the head is ExpectedHeadOffset at commit time.
-	Conditional        bool
-	ExpectedHeadOffset int64
-}
-
-// AppendResult answers one append call.
-type AppendResult struct {
-	Offsets    []int64 // one per input event, in input order
-	Duplicate  []bool  // true where an idempotency key matched an earlier event
-	HeadOffset int64   // the head right after this call's events
-	StreamID   string
-}
-
 // appendReq is one append call queued to a stream actor. Its inputs are already normalized.
 type appendReq struct {
 	inputs    []itx.EventInput
-	opts      AppendOptions
+	opts      itx.AppendOptions
 	authority authority
 	copy      *copyStamp // set for copy-to-stream deliveries
 	queued    time.Time
@@ -33,7 +18,7 @@ type appendReq struct {
 }
 
 type appendReply struct {
-	result AppendResult
+	result itx.AppendResult
 	err    error
 }
 
@@ -60,7 +45,7 @@ func planGroup(head int64, streamID string, bucket *tokenBucket, core *coreState
 	pending := map[string]*itx.Event{} // keys taken by rows of this group
 	createdAt := itx.UnixMilli(now)
 	for i, req := range reqs {
-		res := AppendResult{
+		res := itx.AppendResult{
 			Offsets:   make([]int64, len(req.inputs)),
 			Duplicate: make([]bool, len(req.inputs)),
 			StreamID:  streamID,

@@ -19,7 +19,7 @@ func in(typ, payload, key string) itx.EventInput {
 	return e
 }
 
-func req(opts AppendOptions, inputs ...itx.EventInput) *appendReq {
+func req(opts itx.AppendOptions, inputs ...itx.EventInput) *appendReq {
 	return &appendReq{inputs: inputs, opts: opts}
 }
 
@@ -55,41 +55,41 @@ func TestPlanGroup(t *testing.T) {
 	}{
 		{
 			name: "independent requests share one commit, in order",
-			reqs: []*appendReq{req(AppendOptions{}, in("a", `{}`, "")), req(AppendOptions{}, in("a", `{}`, ""), in("b", `{}`, ""))},
+			reqs: []*appendReq{req(itx.AppendOptions{}, in("a", `{}`, "")), req(itx.AppendOptions{}, in("a", `{}`, ""), in("b", `{}`, ""))},
 			want: "head=13 rows=11,12,13\n0: offsets=[11] dup=[false] head=11\n1: offsets=[12 13] dup=[false false] head=13",
 		},
 		{
 			name: "a committed key with the same body returns the original offset",
-			reqs: []*appendReq{req(AppendOptions{}, in("a", `{"x":1}`, "k1"), in("b", `{}`, ""))},
+			reqs: []*appendReq{req(itx.AppendOptions{}, in("a", `{"x":1}`, "k1"), in("b", `{}`, ""))},
 			want: "head=11 rows=11\n0: offsets=[1 11] dup=[true false] head=11",
 		},
 		{
 			name: "a committed key with another body refuses the whole call and only it",
-			reqs: []*appendReq{req(AppendOptions{}, in("b", `{}`, ""), in("a", `{"x":2}`, "k1")), req(AppendOptions{}, in("c", `{}`, ""))},
+			reqs: []*appendReq{req(itx.AppendOptions{}, in("b", `{}`, ""), in("a", `{"x":2}`, "k1")), req(itx.AppendOptions{}, in("c", `{}`, ""))},
 			want: "head=11 rows=11\n0: idempotencyConflict\n1: offsets=[11] dup=[false] head=11",
 		},
 		{
 			name: "a key repeated inside one call",
-			reqs: []*appendReq{req(AppendOptions{}, in("a", `{"y":1}`, "k2"), in("a", `{"y":1}`, "k2"))},
+			reqs: []*appendReq{req(itx.AppendOptions{}, in("a", `{"y":1}`, "k2"), in("a", `{"y":1}`, "k2"))},
 			want: "head=11 rows=11\n0: offsets=[11 11] dup=[false true] head=11",
 		},
 		{
 			name: "a key taken earlier in the same group",
-			reqs: []*appendReq{req(AppendOptions{}, in("a", `{"y":1}`, "k2")), req(AppendOptions{}, in("a", `{"y":1}`, "k2")), req(AppendOptions{}, in("a", `{"y":2}`, "k2"))},
+			reqs: []*appendReq{req(itx.AppendOptions{}, in("a", `{"y":1}`, "k2")), req(itx.AppendOptions{}, in("a", `{"y":1}`, "k2")), req(itx.AppendOptions{}, in("a", `{"y":2}`, "k2"))},
 			want: "head=11 rows=11\n0: offsets=[11] dup=[false] head=11\n1: offsets=[11] dup=[true] head=11\n2: idempotencyConflict",
 		},
 		{
 			name: "conditional appends see the group's running head",
 			reqs: []*appendReq{
-				req(AppendOptions{Conditional: true, ExpectedHeadOffset: 10}, in("a", `{}`, "")),
-				req(AppendOptions{Conditional: true, ExpectedHeadOffset: 10}, in("a", `{}`, "")),
-				req(AppendOptions{Conditional: true, ExpectedHeadOffset: 11}, in("a", `{}`, "")),
+				req(itx.AppendOptions{Conditional: true, ExpectedHeadOffset: 10}, in("a", `{}`, "")),
+				req(itx.AppendOptions{Conditional: true, ExpectedHeadOffset: 10}, in("a", `{}`, "")),
+				req(itx.AppendOptions{Conditional: true, ExpectedHeadOffset: 11}, in("a", `{}`, "")),
 			},
 			want: "head=12 rows=11,12\n0: offsets=[11] dup=[false] head=11\n1: offsetConflict\n2: offsets=[12] dup=[false] head=12",
 		},
 		{
 			name: "a conditional retry whose events all committed is answered from the log",
-			reqs: []*appendReq{req(AppendOptions{Conditional: true, ExpectedHeadOffset: 0}, in("a", `{"x":1}`, "k1"))},
+			reqs: []*appendReq{req(itx.AppendOptions{Conditional: true, ExpectedHeadOffset: 0}, in("a", `{"x":1}`, "k1"))},
 			want: "head=10 rows=\n0: offsets=[1] dup=[true] head=10",
 		},
 	} {
@@ -108,15 +108,15 @@ func TestPlanGroup_CircuitBreaker(t *testing.T) {
 	now := time.Unix(1000, 0)
 	bucket := newTokenBucket(3, 60, now) // burst 3, one token per second
 	p := planGroup(0, "sid", bucket, newCoreState(), testRC(), []*appendReq{
-		req(AppendOptions{}, in("a", `{}`, ""), in("a", `{}`, "")),
-		req(AppendOptions{}, in("a", `{}`, ""), in("a", `{}`, "")), // would exceed: refused whole
-		req(AppendOptions{}, in("a", `{}`, "")),
+		req(itx.AppendOptions{}, in("a", `{}`, ""), in("a", `{}`, "")),
+		req(itx.AppendOptions{}, in("a", `{}`, ""), in("a", `{}`, "")), // would exceed: refused whole
+		req(itx.AppendOptions{}, in("a", `{}`, "")),
 	}, nil, now)
 	require.Equal(t, "head=3 rows=1,2,3\n0: offsets=[1 2] dup=[false false] head=2\n1: rateLimited\n2: offsets=[3] dup=[false] head=3", render(p))
 
-	p = planGroup(3, "sid", bucket, newCoreState(), testRC(), []*appendReq{req(AppendOptions{}, in("a", `{}`, ""))}, nil, now)
+	p = planGroup(3, "sid", bucket, newCoreState(), testRC(), []*appendReq{req(itx.AppendOptions{}, in("a", `{}`, ""))}, nil, now)
 	require.Equal(t, itx.ERateLimited, itx.ErrorCode(p.Replies[0].err), "empty bucket")
-	p = planGroup(3, "sid", bucket, newCoreState(), testRC(), []*appendReq{req(AppendOptions{}, in("a", `{}`, ""))}, nil, now.Add(time.Second))
+	p = planGroup(3, "sid", bucket, newCoreState(), testRC(), []*appendReq{req(itx.AppendOptions{}, in("a", `{}`, ""))}, nil, now.Add(time.Second))
 	require.NoError(t, p.Replies[0].err, "refilled after a second")
 }
 

@@ -10,21 +10,13 @@ import (
 	"github.com/itx-dev/itx"
 )
 
-// Predicate is waitForEvent's one-shot match. Every part that is set must hold.
-type Predicate struct {
-	Types            []string        // empty or containing "*": any type
-	PayloadContains  json.RawMessage // the payload must contain this JSON value
-	Where            string          // JSONata over the event; must evaluate to exactly true
-	IncludeEphemeral bool
-}
-
 type compiledPredicate struct {
 	types    map[string]bool
 	contains any
 	where    *jsonata.Expr
 }
 
-func (p Predicate) compile() (*compiledPredicate, error) {
+func compilePredicate(p itx.Predicate) (*compiledPredicate, error) {
 	c := &compiledPredicate{}
 	for _, t := range p.Types {
 		if t == "*" {

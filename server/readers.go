@@ -8,14 +8,6 @@ import (
 	"github.com/itx-dev/itx"
 )
 
-// ReaderInfo is a registered reader with its lag (head - checkpoint).
-type ReaderInfo struct {
-	Name       string
-	Checkpoint int64
-	Lag        int64
-	UpdatedAt  int64
-}
-
 // RegisterReader registers a reader under name with a declared checkpoint (at most the head), or
 // moves the checkpoint of one already registered. Written through the stream's actor, with the
 // stream's other state, so it survives restarts. A reader has no delivery obligation: registering
@@ -53,8 +45,8 @@ func (s *Server) readerOp(ctx context.Context, ref StreamRef, op readerOp) error
 }
 
 // ListReaders lists a stream's registered readers by name.
-func (s *Server) ListReaders(ctx context.Context, ref StreamRef) ([]ReaderInfo, error) {
-	var out []ReaderInfo
+func (s *Server) ListReaders(ctx context.Context, ref StreamRef) ([]itx.ReaderInfo, error) {
+	var out []itx.ReaderInfo
 	err := s.withSubscriptions(ctx, ref, func(v view) error {
 		out = readerInfos(v)
 		return nil
@@ -62,10 +54,10 @@ func (s *Server) ListReaders(ctx context.Context, ref StreamRef) ([]ReaderInfo, 
 	return out, err
 }
 
-func readerInfos(v view) []ReaderInfo {
-	out := make([]ReaderInfo, 0, len(v.readers))
+func readerInfos(v view) []itx.ReaderInfo {
+	out := make([]itx.ReaderInfo, 0, len(v.readers))
 	for _, r := range v.readers {
-		out = append(out, ReaderInfo{Name: r.Name, Checkpoint: r.Checkpoint, Lag: max(0, v.head-r.Checkpoint), UpdatedAt: r.UpdatedAt})
+		out = append(out, itx.ReaderInfo{Name: r.Name, Checkpoint: r.Checkpoint, Lag: max(0, v.head-r.Checkpoint), UpdatedAt: r.UpdatedAt})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out

@@ -51,14 +51,8 @@ type webhookSender struct {
 func (w *webhookSender) String() string  { return "webhook" }
 func (w *webhookSender) batchLimit() int { return 1 }
 
-// WebhookBody is the JSON body of one webhook delivery: the batch's envelope with its one event.
-type WebhookBody struct {
-	DeliveryEnvelope
-	Event itx.Event `json:"event"`
-}
-
-func (w *webhookSender) send(ctx context.Context, d *deliverer, b *DeliveryBatch) (int64, error) {
-	body, err := json.Marshal(WebhookBody{DeliveryEnvelope: b.DeliveryEnvelope, Event: b.Events[0]})
+func (w *webhookSender) send(ctx context.Context, d *deliverer, b *itx.DeliveryBatch) (int64, error) {
+	body, err := json.Marshal(itx.WebhookBody{DeliveryEnvelope: b.DeliveryEnvelope, Event: b.Events[0]})
 	if err != nil {
 		return 0, err
 	}
@@ -182,7 +176,7 @@ type copySender struct {
 func (c *copySender) String() string  { return "copy to " + c.target.Path }
 func (c *copySender) batchLimit() int { return itx.DeliveryBatchEvents }
 
-func (c *copySender) send(ctx context.Context, d *deliverer, b *DeliveryBatch) (int64, error) {
+func (c *copySender) send(ctx context.Context, d *deliverer, b *itx.DeliveryBatch) (int64, error) {
 	var inputs []itx.EventInput
 	var dropped []int64
 	var failed *expressionFailure
@@ -265,7 +259,7 @@ func onChain(chain []itx.Hop, path string) bool {
 // Receiver is a mounted push receiver (a client's Receiver capability, adapted by the capability
 // layer). It returns the offset it confirmed through, 0 for the whole batch.
 type Receiver interface {
-	Receive(ctx context.Context, batch *DeliveryBatch) (int64, error)
+	Receive(ctx context.Context, batch *itx.DeliveryBatch) (int64, error)
 }
 
 type mountKey struct{ projectID, name string }
@@ -316,20 +310,14 @@ func (s *Server) UnmountReceiver(projectID, name string) error {
 	return nil
 }
 
-// MountInfo describes a mounted Receiver.
-type MountInfo struct {
-	Name      string
-	MountedAt int64
-}
-
 // Mounts lists a project's mounted Receivers.
-func (s *Server) Mounts(projectID string) []MountInfo {
+func (s *Server) Mounts(projectID string) []itx.MountInfo {
 	s.recv.mu.Lock()
 	defer s.recv.mu.Unlock()
-	var out []MountInfo
+	var out []itx.MountInfo
 	for k, m := range s.recv.mounts {
 		if k.projectID == projectID {
-			out = append(out, MountInfo{Name: k.name, MountedAt: m.at})
+			out = append(out, itx.MountInfo{Name: k.name, MountedAt: m.at})
 		}
 	}
 	return out
@@ -381,7 +369,7 @@ type itxCallSender struct {
 func (c *itxCallSender) String() string  { return "itx-call " + c.capability }
 func (c *itxCallSender) batchLimit() int { return itx.DeliveryBatchEvents }
 
-func (c *itxCallSender) send(ctx context.Context, d *deliverer, b *DeliveryBatch) (int64, error) {
+func (c *itxCallSender) send(ctx context.Context, d *deliverer, b *itx.DeliveryBatch) (int64, error) {
 	r := c.srv.receiver(c.projectID, c.capability)
 	if r == nil {
 		return 0, withClass(classAbsent, itx.Errorf(itx.ECapabilityOffline, "capability %q is offline: no Receiver is mounted under that name", c.capability))
@@ -401,6 +389,6 @@ type processorSender struct {
 func (p *processorSender) String() string  { return "processor" }
 func (p *processorSender) batchLimit() int { return 1 }
 
-func (p *processorSender) send(ctx context.Context, d *deliverer, b *DeliveryBatch) (int64, error) {
+func (p *processorSender) send(ctx context.Context, d *deliverer, b *itx.DeliveryBatch) (int64, error) {
 	return 0, withClass(classTerminal, itx.Errorf(itx.ENotFound, "no processor is registered under the name %q", b.Subscription))
 }

@@ -213,8 +213,12 @@ func ReadCredentials(dataDir string) (Credentials, error) {
 }
 
 // Login resolves a token to its project.
-func (s *Server) Login(ctx context.Context, token string) (storage.Project, error) {
-	return s.dir.ProjectByToken(ctx, token)
+func (s *Server) Login(ctx context.Context, token string) (itx.ProjectInfo, error) {
+	p, err := s.dir.ProjectByToken(ctx, token)
+	if err != nil {
+		return itx.ProjectInfo{}, err
+	}
+	return itx.ProjectInfo{ID: p.ID, Name: p.Name, Deployment: p.Deployment}, nil
 }
 
 // Metrics returns the server's instruments.

@@ -56,10 +56,10 @@ func (f *faultyStore) Commit(ctx context.Context, c storage.Commit) error {
 
 // simSender is the receiver side of the simulation: it answers what the schedule tells it to.
 type simSender struct {
-	next func(b *DeliveryBatch) (int64, error)
+	next func(b *itx.DeliveryBatch) (int64, error)
 }
 
-func (s *simSender) send(_ context.Context, _ *deliverer, b *DeliveryBatch) (int64, error) {
+func (s *simSender) send(_ context.Context, _ *deliverer, b *itx.DeliveryBatch) (int64, error) {
 	return s.next(b)
 }
 func (s *simSender) batchLimit() int { return 3 }
@@ -346,7 +346,7 @@ func (s *sim) deliver() {
 	}
 	mode := s.rng.IntN(10)
 	var took []int64
-	d.send = &simSender{next: func(b *DeliveryBatch) (int64, error) {
+	d.send = &simSender{next: func(b *itx.DeliveryBatch) (int64, error) {
 		switch {
 		case mode < 5:
 			for _, e := range b.Events {

@@ -20,7 +20,7 @@ type PendingAppend struct {
 // StartAppend validates an append and queues it on the stream. Bad input is refused here, before
 // anything is queued, so it writes nothing. Appends queued on one stream commit in queue order;
 // the caller may release its RPC call queue (call.Go) only after StartAppend returns.
-func (s *Server) StartAppend(ctx context.Context, ref StreamRef, inputs []itx.EventInput, opts AppendOptions) (*PendingAppend, error) {
+func (s *Server) StartAppend(ctx context.Context, ref StreamRef, inputs []itx.EventInput, opts itx.AppendOptions) (*PendingAppend, error) {
 	if err := itx.ValidatePath(ref.Path); err != nil {
 		return nil, err
 	}
@@ -46,7 +46,7 @@ func (s *Server) startAppend(ctx context.Context, ref StreamRef, req *appendReq)
 
 // Wait blocks until the append's group commit is durable (or refused). If ctx ends first the
 // append may still commit; the caller simply never learns its offsets.
-func (p *PendingAppend) Wait(ctx context.Context) (AppendResult, error) {
+func (p *PendingAppend) Wait(ctx context.Context) (itx.AppendResult, error) {
 	select {
 	case r := <-p.req.reply:
 		p.srv.release(p.actor)
@@ -54,27 +54,27 @@ func (p *PendingAppend) Wait(ctx context.Context) (AppendResult, error) {
 	case <-ctx.Done():
 		// Keep the reference until the actor answers, so the stream is not unloaded under it.
 		go func() { <-p.req.reply; p.srv.release(p.actor) }()
-		return AppendResult{}, itx.Errorf(itx.ECancelled, "append: %v", ctx.Err())
+		return itx.AppendResult{}, itx.Errorf(itx.ECancelled, "append: %v", ctx.Err())
 	}
 }
 
 // Append validates, queues and waits: StartAppend followed by Wait.
-func (s *Server) Append(ctx context.Context, ref StreamRef, inputs []itx.EventInput, opts AppendOptions) (AppendResult, error) {
+func (s *Server) Append(ctx context.Context, ref StreamRef, inputs []itx.EventInput, opts itx.AppendOptions) (itx.AppendResult, error) {
 	p, err := s.StartAppend(ctx, ref, inputs, opts)
 	if err != nil {
-		return AppendResult{}, err
+		return itx.AppendResult{}, err
 	}
 	return p.Wait(ctx)
 }
 
 // appendAs appends with the server's own authority (halts, skip records) or as a copy.
-func (s *Server) appendAs(ctx context.Context, ref StreamRef, inputs []itx.EventInput, auth authority, stamp *copyStamp) (AppendResult, error) {
+func (s *Server) appendAs(ctx context.Context, ref StreamRef, inputs []itx.EventInput, auth authority, stamp *copyStamp) (itx.AppendResult, error) {
 	if err := validateAppend(inputs, auth); err != nil {
-		return AppendResult{}, err
+		return itx.AppendResult{}, err
 	}
 	p, err := s.startAppend(ctx, ref, &appendReq{inputs: inputs, authority: auth, copy: stamp})
 	if err != nil {
-		return AppendResult{}, err
+		return itx.AppendResult{}, err
 	}
 	return p.Wait(ctx)
 }
@@ -110,24 +110,7 @@ func validateAppend(inputs []itx.EventInput, auth authority) error {
 	return nil
 }
 
-// ReadQuery selects a page of events.
-type ReadQuery struct {
-	After            int64
-	Before           int64 // exclusive; 0 = no bound
-	Limit            int   // 0 = itx.DefaultPageLimit
-	Types            []string
-	IncludeEphemeral bool
-}
-
-// Page is the reader's envelope.
-type Page struct {
-	Events          []itx.Event
-	StreamID        string
-	StreamMaxOffset int64
-	NextAfter       int64 // pass as After to continue, past filtered-out events too
-}
-
-func (q *ReadQuery) normalize() error {
+func normalizeQuery(q *itx.Query) error {
 	switch {
 	case q.After < 0 || q.Before < 0:
 		return itx.Errorf(itx.EInvalid, "offsets must not be negative")
@@ -148,16 +131,16 @@ func (q *ReadQuery) normalize() error {
 }
 
 // ReadEvents reads a page of a stream. A stream that never had an append reads as empty.
-func (s *Server) ReadEvents(ctx context.Context, ref StreamRef, q ReadQuery) (Page, error) {
+func (s *Server) ReadEvents(ctx context.Context, ref StreamRef, q itx.Query) (itx.Page, error) {
 	if err := itx.ValidatePath(ref.Path); err != nil {
-		return Page{}, err
+		return itx.Page{}, err
 	}
-	if err := q.normalize(); err != nil {
-		return Page{}, err
+	if err := normalizeQuery(&q); err != nil {
+		return itx.Page{}, err
 	}
 	a, err := s.acquire(ctx, ref)
 	if err != nil {
-		return Page{}, err
+		return itx.Page{}, err
 	}
 	defer s.release(a)
 	return s.readPage(ctx, a.view(), q)
@@ -165,8 +148,8 @@ func (s *Server) ReadEvents(ctx context.Context, ref StreamRef, q ReadQuery) (Pa
 
 // readPage reads one page from a snapshot; the head is taken before the rows, so every returned
 // offset is at most StreamMaxOffset.
-func (s *Server) readPage(ctx context.Context, v view, q ReadQuery) (Page, error) {
-	page := Page{StreamID: v.streamID, StreamMaxOffset: v.head, NextAfter: q.After}
+func (s *Server) readPage(ctx context.Context, v view, q itx.Query) (itx.Page, error) {
+	page := itx.Page{StreamID: v.streamID, StreamMaxOffset: v.head, NextAfter: q.After}
 	upTo := v.head
 	if q.Before > 0 && q.Before-1 < upTo {
 		upTo = q.Before - 1
@@ -177,7 +160,7 @@ func (s *Server) readPage(ctx context.Context, v view, q ReadQuery) (Page, error
 	}
 	events, err := v.store.Events(ctx, storage.Query{After: q.After, UpTo: upTo, Limit: q.Limit, Types: q.Types, IncludeEphemeral: q.IncludeEphemeral})
 	if err != nil {
-		return Page{}, itx.Errorf(itx.EInternal, "%v", err)
+		return itx.Page{}, itx.Errorf(itx.EInternal, "%v", err)
 	}
 	page.Events = events
 	if len(events) < q.Limit {
@@ -191,11 +174,11 @@ func (s *Server) readPage(ctx context.Context, v view, q ReadQuery) (Page, error
 
 // WaitForEvent returns the first event after `after` that matches pred, waiting for new commits
 // until timeout (0: itx.DefaultWaitTimeout). It is a one-shot, in-memory barrier.
-func (s *Server) WaitForEvent(ctx context.Context, ref StreamRef, pred Predicate, after int64, timeout time.Duration) (itx.Event, error) {
+func (s *Server) WaitForEvent(ctx context.Context, ref StreamRef, pred itx.Predicate, after int64, timeout time.Duration) (itx.Event, error) {
 	if err := itx.ValidatePath(ref.Path); err != nil {
 		return itx.Event{}, err
 	}
-	compiled, err := pred.compile()
+	compiled, err := compilePredicate(pred)
 	if err != nil {
 		return itx.Event{}, err
 	}
@@ -218,7 +201,7 @@ func (s *Server) WaitForEvent(ctx context.Context, ref StreamRef, pred Predicate
 	timer := s.clock.AfterFunc(timeout, func() { close(expired) })
 	defer timer.Stop()
 
-	q := ReadQuery{After: after, Limit: itx.MaxPageLimit, IncludeEphemeral: pred.IncludeEphemeral}
+	q := itx.Query{After: after, Limit: itx.MaxPageLimit, IncludeEphemeral: pred.IncludeEphemeral}
 	var seen int
 	var recent []string
 	for {
@@ -275,29 +258,18 @@ func waitTimeout(d time.Duration) (time.Duration, error) {
 	return d, nil
 }
 
-// StreamInfo describes a stream.
-type StreamInfo struct {
-	Path              string
-	StreamID          string
-	HeadOffset        int64
-	CreatedAt         int64
-	LastAppendAt      int64
-	SubscriptionCount int
-	Loaded            bool
-}
-
 // Describe describes one stream (loading it).
-func (s *Server) Describe(ctx context.Context, ref StreamRef) (StreamInfo, error) {
+func (s *Server) Describe(ctx context.Context, ref StreamRef) (itx.StreamInfo, error) {
 	if err := itx.ValidatePath(ref.Path); err != nil {
-		return StreamInfo{}, err
+		return itx.StreamInfo{}, err
 	}
 	a, err := s.acquire(ctx, ref)
 	if err != nil {
-		return StreamInfo{}, err
+		return itx.StreamInfo{}, err
 	}
 	defer s.release(a)
 	v := a.view()
-	return StreamInfo{Path: ref.Path, StreamID: v.streamID, HeadOffset: v.head, CreatedAt: v.info.createdAt,
+	return itx.StreamInfo{Path: ref.Path, StreamID: v.streamID, HeadOffset: v.head, CreatedAt: v.info.createdAt,
 		LastAppendAt: v.info.lastAppendAt, SubscriptionCount: len(v.core.Subscriptions), Loaded: true}, nil
 }
 
@@ -310,7 +282,7 @@ const (
 // ListStreams lists a page of a project's streams under a path prefix, after the path after,
 // without loading them: heads of loaded streams are live, the others come from the directory's
 // summary. next is the page's last path when more follow, empty on the last page.
-func (s *Server) ListStreams(ctx context.Context, projectID, prefix, after string, limit int) (page []StreamInfo, next string, err error) {
+func (s *Server) ListStreams(ctx context.Context, projectID, prefix, after string, limit int) (page []itx.StreamInfo, next string, err error) {
 	if err := itx.ValidatePathPrefix(prefix); err != nil {
 		return nil, "", err
 	}
@@ -328,7 +300,7 @@ func (s *Server) ListStreams(ctx context.Context, projectID, prefix, after strin
 		entries = entries[:limit]
 		next = entries[limit-1].Path
 	}
-	out := make([]StreamInfo, len(entries))
+	out := make([]itx.StreamInfo, len(entries))
 	s.mu.Lock()
 	loaded := make(map[string]*actor, len(entries))
 	for _, e := range entries {
@@ -338,7 +310,7 @@ func (s *Server) ListStreams(ctx context.Context, projectID, prefix, after strin
 	}
 	s.mu.Unlock()
 	for i, e := range entries {
-		info := StreamInfo{Path: e.Path, StreamID: e.StreamID, HeadOffset: e.HeadOffset, CreatedAt: e.CreatedAt,
+		info := itx.StreamInfo{Path: e.Path, StreamID: e.StreamID, HeadOffset: e.HeadOffset, CreatedAt: e.CreatedAt,
 			LastAppendAt: e.LastAppendAt, SubscriptionCount: e.SubscriptionCount}
 		if a := loaded[e.Path]; a != nil {
 			v := a.view()

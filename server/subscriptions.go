@@ -32,7 +32,7 @@ func (s *Server) ConfigureSubscription(ctx context.Context, ref StreamRef, cfg i
 	if err != nil {
 		return "", 0, itx.Errorf(itx.EInvalid, "subscription config: %v", err)
 	}
-	res, err := s.Append(ctx, ref, []itx.EventInput{{Type: itx.TypeSubscriptionConfigured, Payload: payload, IdempotencyKey: idempotencyKey}}, AppendOptions{})
+	res, err := s.Append(ctx, ref, []itx.EventInput{{Type: itx.TypeSubscriptionConfigured, Payload: payload, IdempotencyKey: idempotencyKey}}, itx.AppendOptions{})
 	if err != nil {
 		return "", 0, err
 	}
@@ -47,7 +47,7 @@ func (s *Server) appendControl(ctx context.Context, ref StreamRef, typ string, p
 	if err != nil {
 		return 0, err
 	}
-	res, err := s.Append(ctx, ref, []itx.EventInput{{Type: typ, Payload: b}}, AppendOptions{})
+	res, err := s.Append(ctx, ref, []itx.EventInput{{Type: typ, Payload: b}}, itx.AppendOptions{})
 	if err != nil {
 		return 0, err
 	}
@@ -70,25 +70,6 @@ func (s *Server) ResumeSubscription(ctx context.Context, ref StreamRef, name str
 	return s.appendControl(ctx, ref, itx.TypeSubscriptionResumed, itx.NamePayload{Name: name})
 }
 
-// SubscriptionSummary is a row of Subscriptions.list: the catalog joined with the cursor row.
-type SubscriptionSummary struct {
-	Name               string
-	Kind               string
-	Status             string
-	ConfirmedOffset    int64
-	Lag                int64 // head - confirmed
-	LastError          string
-	ConfiguredAtOffset int64
-}
-
-// SubscriptionDescription is the config and the whole cursor row.
-type SubscriptionDescription struct {
-	Config     itx.SubscriptionConfig
-	Kind       string
-	HeadOffset int64
-	Cursor     storage.CursorRow
-}
-
 // withSubscriptions runs f over a consistent view of the catalog and cursor rows: the state the
 // stream's actor last published.
 func (s *Server) withSubscriptions(ctx context.Context, ref StreamRef, f func(v view) error) error {
@@ -103,16 +84,13 @@ func (s *Server) withSubscriptions(ctx context.Context, ref StreamRef, f func(v 
 	return f(a.view())
 }
 
-// KindReader is the kind a registered reader shows as in Subscriptions.list.
-const KindReader = "reader"
-
 // ListSubscriptions lists a stream's subscriptions by name, and its registered readers beside
 // them (kind "reader").
-func (s *Server) ListSubscriptions(ctx context.Context, ref StreamRef) ([]SubscriptionSummary, error) {
-	var out []SubscriptionSummary
+func (s *Server) ListSubscriptions(ctx context.Context, ref StreamRef) ([]itx.SubscriptionSummary, error) {
+	var out []itx.SubscriptionSummary
 	err := s.withSubscriptions(ctx, ref, func(v view) error {
 		for name, entry := range v.core.Subscriptions {
-			sum := SubscriptionSummary{Name: name, Kind: entry.Kind(), Status: storage.StatusActive, ConfiguredAtOffset: entry.ConfiguredAtOffset}
+			sum := itx.SubscriptionSummary{Name: name, Kind: entry.Kind(), Status: itx.StatusActive, ConfiguredAtOffset: entry.ConfiguredAtOffset}
 			if r, ok := v.rows[name]; ok {
 				sum.Status, sum.ConfirmedOffset, sum.LastError = r.Status, r.ConfirmedOffset, r.LastError
 			}
@@ -122,7 +100,7 @@ func (s *Server) ListSubscriptions(ctx context.Context, ref StreamRef) ([]Subscr
 		// Registered readers stand beside the subscriptions in this lag view, as kind "reader"
 		// (their checkpoint in the confirmed column); Readers.list is their own view.
 		for _, r := range readerInfos(v) {
-			out = append(out, SubscriptionSummary{Name: r.Name, Kind: KindReader, Status: storage.StatusActive,
+			out = append(out, itx.SubscriptionSummary{Name: r.Name, Kind: itx.KindReader, Status: itx.StatusActive,
 				ConfirmedOffset: r.Checkpoint, Lag: r.Lag})
 		}
 		return nil
@@ -132,14 +110,14 @@ func (s *Server) ListSubscriptions(ctx context.Context, ref StreamRef) ([]Subscr
 }
 
 // DescribeSubscription returns a subscription's config and cursor row; ENotFound if none.
-func (s *Server) DescribeSubscription(ctx context.Context, ref StreamRef, name string) (SubscriptionDescription, error) {
-	var d SubscriptionDescription
+func (s *Server) DescribeSubscription(ctx context.Context, ref StreamRef, name string) (itx.SubscriptionDescription, error) {
+	var d itx.SubscriptionDescription
 	err := s.withSubscriptions(ctx, ref, func(v view) error {
 		entry, err := v.core.existing(name)
 		if err != nil {
 			return err
 		}
-		d = SubscriptionDescription{Config: entry.Config, Kind: entry.Kind(), HeadOffset: v.head, Cursor: v.rows[entry.Config.Name]}
+		d = itx.SubscriptionDescription{Config: entry.Config, Kind: entry.Kind(), HeadOffset: v.head, CursorState: cursorState(v.rows[entry.Config.Name])}
 		return nil
 	})
 	return d, err
@@ -189,5 +167,16 @@ func (s *Server) WaitUntilProcessed(ctx context.Context, ref StreamRef, name str
 		case <-s.base.Done():
 			return 0, itx.Errorf(itx.EUnavailable, "the server is shutting down")
 		}
+	}
+}
+
+// cursorState is the part of a cursor row that describe reports.
+func cursorState(r storage.CursorRow) itx.CursorState {
+	return itx.CursorState{
+		Status: r.Status, ConfiguredAtOffset: r.ConfiguredAtOffset, CursorChangedAtOffset: r.CursorChangedAtOffset,
+		ConfirmedOffset: r.ConfirmedOffset, Attempt: r.Attempt, NextAttemptAt: r.NextAttemptAt,
+		FailingEventOffset: r.FailingEventOffset, FailingEventAttempt: r.FailingEventAttempt,
+		FailingEventSkips: r.FailingEventSkips, LastError: r.LastError, InFlightDeadlineAt: r.InFlightDeadlineAt,
+		InFlightConnectionGeneration: r.InFlightConnectionGeneration, UpdatedAt: r.UpdatedAt,
 	}
 }

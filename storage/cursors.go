@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+
+	"github.com/itx-dev/itx"
 )
 
 // CursorRow is one row of the seed's subscription_cursors table. Zero means NULL for the
@@ -28,13 +30,11 @@ type CursorRow struct {
 	UpdatedAt                    string
 }
 
-// Cursor statuses.
+// Cursor statuses: the domain's (itx.StatusActive, ...), as the cursor table stores them.
 const (
-	StatusActive = "active"
-	StatusHalted = "halted"
-	// StatusParked: the receiver is absent (nothing mounted under its name). No attempts are
-	// burnt and no retry is scheduled; the receiver's next mount resumes delivery.
-	StatusParked = "parked"
+	StatusActive = itx.StatusActive
+	StatusHalted = itx.StatusHalted
+	StatusParked = itx.StatusParked
 )
 
 func nullInt(v int64) any {

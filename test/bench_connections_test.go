@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/wire"
@@ -87,7 +88,7 @@ func BenchmarkConnection(b *testing.B) {
 		lat := make([]time.Duration, b.N)
 		deliver := func(i int) error {
 			t0 := time.Now()
-			res, err := client.Append(context.Background(), s, events, client.AppendOptions{})
+			res, err := client.Append(context.Background(), s, events, itx.AppendOptions{})
 			if err != nil {
 				return err
 			}
@@ -150,7 +151,7 @@ func BenchmarkConnection(b *testing.B) {
 			start := time.Now()
 			for i := 0; i < b.N; i++ {
 				t0 := time.Now()
-				res, err := client.Append(context.Background(), s, benchEvents(1, i), client.AppendOptions{})
+				res, err := client.Append(context.Background(), s, benchEvents(1, i), itx.AppendOptions{})
 				require.NoError(b, err)
 				for _, k := range sinks {
 					for a := range k.arrivals {
@@ -192,7 +193,7 @@ func BenchmarkConnection(b *testing.B) {
 	})
 }
 
-func mustDescribeB(b *testing.B, s schema.Stream) client.StreamInfo {
+func mustDescribeB(b *testing.B, s schema.Stream) itx.StreamInfo {
 	info, err := client.Describe(context.Background(), s)
 	require.NoError(b, err)
 	return info

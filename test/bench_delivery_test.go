@@ -38,7 +38,6 @@ import (
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/schema"
-	"github.com/itx-dev/itx/wire"
 	"github.com/stretchr/testify/require"
 )
 
@@ -148,26 +147,14 @@ func newBenchHook(b *testing.B, p *deliveryProbe) string {
 // events (as an application would) and confirms the whole batch.
 type benchReceiver struct{ p *deliveryProbe }
 
-func (r *benchReceiver) Receive(ctx context.Context, call schema.Receiver_receive) error {
-	batch, err := call.Args().Batch()
-	if err != nil {
-		return err
-	}
-	list, err := batch.Events()
-	if err != nil {
-		return err
-	}
-	events, err := wire.EventsFromSchema(list)
-	if err != nil {
-		return err
-	}
+func (r *benchReceiver) receive(ctx context.Context, b itx.DeliveryBatch) (int64, error) {
 	at := time.Now()
-	offsets := make([]int64, len(events))
-	for i := range events {
-		offsets[i] = events[i].Offset
+	offsets := make([]int64, len(b.Events))
+	for i := range b.Events {
+		offsets[i] = b.Events[i].Offset
 	}
 	r.p.record(at, offsets...)
-	return nil
+	return 0, nil
 }
 
 // mountBenchReceiver mounts a Receiver under name on a connection of its own (not the
@@ -179,19 +166,8 @@ func (s *benchItxd) mountBenchReceiver(b *testing.B, name string, r *benchReceiv
 	conn, err := client.Dial(ctx, s.addr)
 	require.NoError(b, err)
 	p := conn.Login(context.Background(), s.creds.ProjectToken)
-	cf, releaseCaps := p.Capabilities(ctx, nil)
-	caps := cf.Capabilities() // each pipelined accessor once (see the go-capnp notes)
-	mf, releaseMount := caps.Mount(ctx, func(a schema.Capabilities_mount_Params) error {
-		if err := a.SetName(name); err != nil {
-			return err
-		}
-		return a.SetReceiver(schema.Receiver_ServerToClient(r))
-	})
-	_, err = mf.Struct()
+	handle, err := client.MountReceiver(ctx, p, name, client.ServeReceiver(r.receive))
 	require.NoError(b, err)
-	handle := mf.Handle().AddRef()
-	releaseMount()
-	releaseCaps()
 	b.Cleanup(func() {
 		handle.Release()
 		p.Release()
@@ -206,7 +182,7 @@ func prefill(b *testing.B, s schema.Stream, n int) (first, last int64) {
 	for done := 0; done < n; {
 		k := min(itx.MaxAppendEvents, n-done)
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		res, err := client.Append(ctx, s, benchEvents(k, done), client.AppendOptions{})
+		res, err := client.Append(ctx, s, benchEvents(k, done), itx.AppendOptions{})
 		cancel()
 		require.NoError(b, err)
 		if done == 0 {
@@ -400,7 +376,7 @@ func benchDeliveryLatency(b *testing.B, srv *benchItxd, receiver func(run int64,
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		t0 := time.Now()
-		res, err := client.Append(ctx, s, events, client.AppendOptions{})
+		res, err := client.Append(ctx, s, events, itx.AppendOptions{})
 		if err != nil {
 			return err
 		}

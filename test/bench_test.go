@@ -237,7 +237,7 @@ func runWorkers(b *testing.B, workers int, op func(w, i int) error) time.Duratio
 func appendOnce(s schema.Stream, events []itx.EventInput) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	res, err := client.Append(ctx, s, events, client.AppendOptions{})
+	res, err := client.Append(ctx, s, events, itx.AppendOptions{})
 	if err != nil {
 		return err
 	}
@@ -371,7 +371,7 @@ func BenchmarkRead(b *testing.B) {
 			elapsed := runWorkers(b, readers, func(r, _ int) error {
 				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 				defer cancel()
-				page, err := client.GetEventPage(ctx, streams[r], client.Query{After: cursors[r], Limit: 100})
+				page, err := client.GetEventPage(ctx, streams[r], itx.Query{After: cursors[r], Limit: 100})
 				if err != nil {
 					return err
 				}

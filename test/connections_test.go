@@ -179,7 +179,7 @@ func TestConnection_RandomOffsetsWhileAppendsRace(t *testing.T) {
 			for j := 0; j < n; j++ {
 				evs = append(evs, ev("e", fmt.Sprintf(`{"i":%d,"j":%d}`, i, j)))
 			}
-			res, err := client.Append(ctx, s, evs, client.AppendOptions{})
+			res, err := client.Append(ctx, s, evs, itx.AppendOptions{})
 			if err != nil {
 				t.Error(err)
 				return

@@ -14,7 +14,6 @@ import (
 	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
-	"github.com/itx-dev/itx/wire"
 	"github.com/stretchr/testify/require"
 )
 
@@ -29,36 +28,16 @@ type scriptedReceiver struct {
 	answer  func(offsets []int64, events []itx.Event) (confirmed uint64, err error)
 }
 
-func (r *scriptedReceiver) Receive(ctx context.Context, call schema.Receiver_receive) error {
-	b, err := call.Args().Batch()
-	if err != nil {
-		return err
-	}
-	list, err := b.Events()
-	if err != nil {
-		return err
-	}
-	events, err := wire.EventsFromSchema(list)
-	if err != nil {
-		return err
-	}
+func (r *scriptedReceiver) receive(ctx context.Context, b itx.DeliveryBatch) (int64, error) {
 	var offsets []int64
-	for _, e := range events {
+	for _, e := range b.Events {
 		offsets = append(offsets, e.Offset)
 	}
 	r.mu.Lock()
 	r.batches = append(r.batches, offsets)
 	r.mu.Unlock()
-	confirmed, err := r.answer(offsets, events)
-	if err != nil {
-		return err
-	}
-	res, err := call.AllocResults()
-	if err != nil {
-		return err
-	}
-	res.SetConfirmedOffset(confirmed)
-	return nil
+	confirmed, err := r.answer(offsets, b.Events)
+	return int64(confirmed), err
 }
 
 func (r *scriptedReceiver) seen() [][]int64 {
@@ -71,24 +50,14 @@ func mountScripted(t *testing.T, e *subEnv, name string, r *scriptedReceiver) fu
 	conn := dial(t, e.ts.addr)
 	ctx := context.Background()
 	p := conn.Login(ctx, e.ts.creds.ProjectToken)
-	cf, releaseCaps := p.Capabilities(ctx, nil)
-	mf, releaseMount := cf.Capabilities().Mount(ctx, func(a schema.Capabilities_mount_Params) error {
-		if err := a.SetName(name); err != nil {
-			return err
-		}
-		return a.SetReceiver(schema.Receiver_ServerToClient(r))
-	})
-	_, err := mf.Struct()
+	handle, err := client.MountReceiver(ctx, p, name, client.ServeReceiver(r.receive))
 	require.NoError(t, err)
-	handle := mf.Handle().AddRef()
-	releaseMount()
-	releaseCaps()
 	return func() { handle.Release(); p.Release(); conn.Close() }
 }
 
 func (e *subEnv) events(t *testing.T, s schema.Stream, types ...string) []itx.Event {
 	t.Helper()
-	evs, err := client.GetEvents(e.ctx, s, client.Query{Types: types})
+	evs, err := client.GetEvents(e.ctx, s, itx.Query{Types: types})
 	require.NoError(t, err)
 	return evs
 }
@@ -96,7 +65,7 @@ func (e *subEnv) events(t *testing.T, s schema.Stream, types ...string) []itx.Ev
 func TestCore_ConfigureIsIdempotent(t *testing.T) {
 	e := newSubEnv(t, server.Config{})
 	var down sync.Map
-	h := newHook(t, func(n int, b server.WebhookBody) int {
+	h := newHook(t, func(n int, b itx.WebhookBody) int {
 		if v, _ := down.Load("on"); v == true {
 			return 503
 		}
@@ -234,7 +203,7 @@ func TestCore_FilterFailureIsRecordedOnce(t *testing.T) {
 // Outages never count toward skip: a webhook that is down backs off, even under skip.
 func TestCore_OutageNeverSkips(t *testing.T) {
 	e := newSubEnv(t, server.Config{})
-	h := newHook(t, func(int, server.WebhookBody) int { return 503 })
+	h := newHook(t, func(int, itx.WebhookBody) int { return 503 })
 	s := stream(t, e.p, "/down")
 	name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "lenient", Start: "now", OnFailingEvent: "skip",
 		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
@@ -245,7 +214,7 @@ func TestCore_OutageNeverSkips(t *testing.T) {
 	}
 	d := e.describe(t, s, name)
 	require.Equal(t, int64(1), d.ConfirmedOffset, "nothing skipped")
-	require.Zero(t, d.FailingEventSkipsSinceLastSuccess)
+	require.Zero(t, d.FailingEventSkips)
 	require.Empty(t, e.events(t, s, itx.TypeErrorOccurred))
 	require.Equal(t, "active", d.Status)
 }
@@ -291,7 +260,7 @@ func TestCore_ControlEventsPassTheBreaker(t *testing.T) {
 	e := newSubEnv(t, server.Config{BreakerBurst: 3, BreakerRefillPerMinute: 1})
 	s := stream(t, e.p, "/runaway")
 	mustAppend(t, s, ev("a", `{}`), ev("a", `{}`), ev("a", `{}`))
-	_, err := client.Append(e.ctx, s, []itx.EventInput{ev("a", `{}`)}, client.AppendOptions{})
+	_, err := client.Append(e.ctx, s, []itx.EventInput{ev("a", `{}`)}, itx.AppendOptions{})
 	requireCode(t, err, itx.ERateLimited)
 	h := newHook(t, nil)
 	name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "ops", Start: "now", Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
@@ -303,7 +272,7 @@ func TestCore_ControlEventsPassTheBreaker(t *testing.T) {
 	require.NoError(t, err)
 }
 
-func mustDescribe(t *testing.T, s schema.Stream) client.StreamInfo {
+func mustDescribe(t *testing.T, s schema.Stream) itx.StreamInfo {
 	t.Helper()
 	info, err := client.Describe(context.Background(), s)
 	require.NoError(t, err)

@@ -52,7 +52,7 @@ func appendUntilFailure(t *testing.T, addr, token, path string, workers, warm in
 						batch[j].IdempotencyKey = fmt.Sprintf("r%d-w%d-i%d", round, w, i)
 					}
 				}
-				res, err := client.Append(context.Background(), s, batch, client.AppendOptions{})
+				res, err := client.Append(context.Background(), s, batch, itx.AppendOptions{})
 				if err != nil {
 					return
 				}
@@ -106,7 +106,7 @@ func TestCrash_Kill9KeepsEveryAcknowledgedAppend(t *testing.T) {
 		listed, err := client.ListStreams(ctx, p, path) // before anything loads the stream
 		require.NoError(t, err)
 		s := client.Stream(ctx, p, path)
-		all, err := client.ReadAll(ctx, s, client.Query{})
+		all, err := client.ReadAll(ctx, s, itx.Query{})
 		require.NoError(t, err)
 		s.Release()
 		p.Release()
@@ -157,7 +157,7 @@ func TestShutdown_SIGTERMFinishesInFlightAppends(t *testing.T) {
 	defer p.Release()
 	s := client.Stream(ctx, p, "/term")
 	defer s.Release()
-	all, err := client.ReadAll(ctx, s, client.Query{})
+	all, err := client.ReadAll(ctx, s, itx.Query{})
 	require.NoError(t, err)
 	byOffset := map[int64]string{}
 	for i, e := range all {

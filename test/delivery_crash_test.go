@@ -20,7 +20,7 @@ func TestSubscription_RestartResumesPendingRetry(t *testing.T) {
 	dir := t.TempDir()
 	clock := clocktest.New(time.Unix(1_700_000_000, 0))
 	var healthy = make(chan struct{})
-	h := newHook(t, func(n int, b server.WebhookBody) int {
+	h := newHook(t, func(n int, b itx.WebhookBody) int {
 		select {
 		case <-healthy:
 			return 200
@@ -76,7 +76,7 @@ func TestCrash_Kill9MidDelivery(t *testing.T) {
 		for j := range batch {
 			batch[j] = ev("e", fmt.Sprintf(`{"i":%d}`, i+j))
 		}
-		res, err := client.Append(ctx, src, batch, client.AppendOptions{})
+		res, err := client.Append(ctx, src, batch, itx.AppendOptions{})
 		require.NoError(t, err)
 		streamID = res.StreamID
 	}
@@ -109,7 +109,7 @@ func TestCrash_Kill9MidDelivery(t *testing.T) {
 	require.NoError(t, err)
 	_, err = client.WaitUntilProcessed(ctx, sub, head.HeadOffset, 20*time.Second)
 	require.NoError(t, err)
-	copies, err := client.ReadAll(ctx, mirror, client.Query{Types: []string{"e"}})
+	copies, err := client.ReadAll(ctx, mirror, itx.Query{Types: []string{"e"}})
 	require.NoError(t, err)
 	require.Len(t, copies, n, "each source event copied exactly once")
 	for i, c := range copies {
@@ -124,7 +124,7 @@ func TestSubscription_RetryAlarmSurvivesRepeatedUnloads(t *testing.T) {
 	clock := clocktest.New(time.Unix(1_700_000_000, 0))
 	var mu sync.Mutex
 	failures := 2
-	h := newHook(t, func(n int, b server.WebhookBody) int {
+	h := newHook(t, func(n int, b itx.WebhookBody) int {
 		mu.Lock()
 		defer mu.Unlock()
 		if failures > 0 {

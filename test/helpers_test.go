@@ -70,9 +70,9 @@ func keyed(typ, payload, key string) itx.EventInput {
 }
 
 // mustAppend appends and fails the test on error.
-func mustAppend(t testing.TB, s schema.Stream, events ...itx.EventInput) client.AppendResult {
+func mustAppend(t testing.TB, s schema.Stream, events ...itx.EventInput) itx.AppendResult {
 	t.Helper()
-	res, err := client.Append(context.Background(), s, events, client.AppendOptions{})
+	res, err := client.Append(context.Background(), s, events, itx.AppendOptions{})
 	require.NoError(t, err)
 	return res
 }

@@ -8,7 +8,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/itx-dev/itx/server"
+	"github.com/itx-dev/itx"
 )
 
 // hook is a real HTTP webhook receiver on loopback. It records every delivery (duplicates
@@ -17,18 +17,18 @@ type hook struct {
 	t       testing.TB
 	srv     *httptest.Server
 	mu      sync.Mutex
-	bodies  []server.WebhookBody
+	bodies  []itx.WebhookBody
 	raw     [][]byte // the bytes as sent, for checking signatures independently
 	headers []http.Header
-	respond func(n int, b server.WebhookBody) int // n: 0-based request count
+	respond func(n int, b itx.WebhookBody) int // n: 0-based request count
 	changed chan struct{}
 }
 
-func newHook(t testing.TB, respond func(n int, b server.WebhookBody) int) *hook {
+func newHook(t testing.TB, respond func(n int, b itx.WebhookBody) int) *hook {
 	h := &hook{t: t, respond: respond, changed: make(chan struct{})}
 	h.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		raw, _ := io.ReadAll(r.Body)
-		var b server.WebhookBody
+		var b itx.WebhookBody
 		if err := json.Unmarshal(raw, &b); err != nil {
 			w.WriteHeader(400)
 			return

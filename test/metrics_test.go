@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
 	"github.com/stretchr/testify/require"
 )
@@ -27,7 +28,7 @@ func TestItxd_Metrics(t *testing.T) {
 	defer p.Release()
 	s := stream(t, p, "/metered")
 	mustAppend(t, s, ev("a", `{"x":1}`), ev("b", `{"x":2}`))
-	_, err = client.Append(ctx, s, nil, client.AppendOptions{})
+	_, err = client.Append(ctx, s, nil, itx.AppendOptions{})
 	requireCode(t, err, "invalidArgument")
 
 	var body string

@@ -27,7 +27,7 @@ func TestStream_AppendAndRead(t *testing.T) {
 	require.Equal(t, int64(2), res.HeadOffset)
 	require.NotEmpty(t, res.StreamID)
 
-	page, err := client.GetEventPage(ctx, s, client.Query{})
+	page, err := client.GetEventPage(ctx, s, itx.Query{})
 	require.NoError(t, err)
 	require.Equal(t, res.StreamID, page.StreamID)
 	require.Equal(t, int64(2), page.StreamMaxOffset)
@@ -40,23 +40,23 @@ func TestStream_AppendAndRead(t *testing.T) {
 
 	t.Run("after, limit and types", func(t *testing.T) {
 		mustAppend(t, s, ev("other", `{}`), ev("note", `{"n":4}`), ev("other", `{}`))
-		got, err := client.GetEvents(ctx, s, client.Query{After: 1, Limit: 2})
+		got, err := client.GetEvents(ctx, s, itx.Query{After: 1, Limit: 2})
 		require.NoError(t, err)
 		require.Equal(t, []int64{2, 3}, offsetsOf(got))
-		page, err := client.GetEventPage(ctx, s, client.Query{Types: []string{"note"}, After: 1})
+		page, err := client.GetEventPage(ctx, s, itx.Query{Types: []string{"note"}, After: 1})
 		require.NoError(t, err)
 		require.Equal(t, []int64{2, 4}, offsetsOf(page.Events))
 		require.Equal(t, int64(5), page.NextAfter, "a short page continues from the head it read")
-		got, err = client.GetEvents(ctx, s, client.Query{Before: 3})
+		got, err = client.GetEvents(ctx, s, itx.Query{Before: 3})
 		require.NoError(t, err)
 		require.Equal(t, []int64{1, 2}, offsetsOf(got))
-		got, err = client.GetEvents(ctx, s, client.Query{Types: []string{"*"}})
+		got, err = client.GetEvents(ctx, s, itx.Query{Types: []string{"*"}})
 		require.NoError(t, err)
 		require.Len(t, got, 5)
 	})
 
 	t.Run("a stream without appends reads as empty", func(t *testing.T) {
-		page, err := client.GetEventPage(ctx, stream(t, ts.project(t), "/never"), client.Query{})
+		page, err := client.GetEventPage(ctx, stream(t, ts.project(t), "/never"), itx.Query{})
 		require.NoError(t, err)
 		require.Empty(t, page.Events)
 		require.Empty(t, page.StreamID)
@@ -87,20 +87,20 @@ func TestStream_PipelinedChain(t *testing.T) {
 	gf, releaseGet := streams.Get(ctx, func(a schema.Streams_get_Params) error { return a.SetPath("/pipelined") })
 	defer releaseGet()
 	s := gf.Stream() // not awaited
-	res, err := client.Append(ctx, s, []itx.EventInput{ev("x", `{"a":1}`)}, client.AppendOptions{})
+	res, err := client.Append(ctx, s, []itx.EventInput{ev("x", `{"a":1}`)}, itx.AppendOptions{})
 	require.NoError(t, err)
 	require.Equal(t, []int64{1}, res.Offsets)
 
 	// A bad path fails the pipelined call with the typed error of get.
 	bad := client.Stream(ctx, p, "no-slash")
 	defer bad.Release()
-	_, err = client.Append(ctx, bad, []itx.EventInput{ev("x", `{}`)}, client.AppendOptions{})
+	_, err = client.Append(ctx, bad, []itx.EventInput{ev("x", `{}`)}, itx.AppendOptions{})
 	requireCode(t, err, itx.EInvalid)
 
 	// A bad token fails everything pipelined on the login.
 	wrong := dial(t, ts.addr).Login(ctx, "itx_wrong")
 	defer wrong.Release()
-	_, err = client.Append(ctx, stream(t, wrong, "/a"), []itx.EventInput{ev("x", `{}`)}, client.AppendOptions{})
+	_, err = client.Append(ctx, stream(t, wrong, "/a"), []itx.EventInput{ev("x", `{}`)}, itx.AppendOptions{})
 	requireCode(t, err, itx.EUnauthenticated)
 }
 
@@ -130,7 +130,7 @@ func TestStream_PipelinedAppendsKeepOrder(t *testing.T) {
 		offs, _ := r.Offsets()
 		require.Equal(t, uint64(i+1), offs.At(0), "call %d", i)
 	}
-	got, err := client.ReadAll(ctx, s, client.Query{})
+	got, err := client.ReadAll(ctx, s, itx.Query{})
 	require.NoError(t, err)
 	for i, e := range got {
 		require.JSONEq(t, fmt.Sprintf(`{"i":%d}`, i), string(e.Payload))
@@ -150,11 +150,11 @@ func TestStream_Idempotency(t *testing.T) {
 	require.Equal(t, []int64{1}, retry.Offsets, "same body (key order aside) returns the original offset")
 	require.Equal(t, []bool{true}, retry.Duplicate)
 
-	_, err := client.Append(ctx, s, []itx.EventInput{ev("fine", `{}`), keyed("order", `{"id":1,"total":6}`, "order-1")}, client.AppendOptions{})
+	_, err := client.Append(ctx, s, []itx.EventInput{ev("fine", `{}`), keyed("order", `{"id":1,"total":6}`, "order-1")}, itx.AppendOptions{})
 	requireCode(t, err, itx.EIdempotencyConflict)
 	require.Contains(t, itx.ErrorMessage(err), "offset 1")
 
-	all, err := client.ReadAll(ctx, s, client.Query{})
+	all, err := client.ReadAll(ctx, s, itx.Query{})
 	require.NoError(t, err)
 	require.Len(t, all, 2, "neither the conflict nor its batch-mate was written")
 
@@ -162,7 +162,7 @@ func TestStream_Idempotency(t *testing.T) {
 		res := mustAppend(t, s, keyed("a", `{"v":1}`, "b-1"), keyed("a", `{"v":1}`, "b-1"))
 		require.Equal(t, res.Offsets[0], res.Offsets[1])
 		require.Equal(t, []bool{false, true}, res.Duplicate)
-		_, err := client.Append(ctx, s, []itx.EventInput{keyed("a", `{"v":1}`, "b-2"), keyed("a", `{"v":2}`, "b-2")}, client.AppendOptions{})
+		_, err := client.Append(ctx, s, []itx.EventInput{keyed("a", `{"v":1}`, "b-2"), keyed("a", `{"v":2}`, "b-2")}, itx.AppendOptions{})
 		requireCode(t, err, itx.EIdempotencyConflict)
 	})
 
@@ -173,7 +173,7 @@ func TestStream_Idempotency(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				res, err := client.Append(ctx, stream(t, ts.project(t), "/idem"), []itx.EventInput{keyed("c", `{"once":true}`, "race")}, client.AppendOptions{})
+				res, err := client.Append(ctx, stream(t, ts.project(t), "/idem"), []itx.EventInput{keyed("c", `{"once":true}`, "race")}, itx.AppendOptions{})
 				if err == nil {
 					offsets[i] = res.Offsets[0]
 				}
@@ -184,7 +184,7 @@ func TestStream_Idempotency(t *testing.T) {
 			require.Equal(t, offsets[0], o)
 			require.NotZero(t, o)
 		}
-		got, err := client.ReadAll(ctx, s, client.Query{Types: []string{"c"}})
+		got, err := client.ReadAll(ctx, s, itx.Query{Types: []string{"c"}})
 		require.NoError(t, err)
 		require.Len(t, got, 1)
 	})
@@ -200,17 +200,17 @@ func TestStream_Ephemeral(t *testing.T) {
 	res := mustAppend(t, s, ev("a", `{}`), e, ev("b", `{}`))
 	require.Equal(t, []int64{1, 2, 3}, res.Offsets, "ephemeral events take an offset")
 
-	page, err := client.GetEventPage(ctx, s, client.Query{})
+	page, err := client.GetEventPage(ctx, s, itx.Query{})
 	require.NoError(t, err)
 	require.Equal(t, []int64{1, 3}, offsetsOf(page.Events), "range reads skip them")
 	require.Equal(t, int64(3), page.StreamMaxOffset, "the head counts them")
 
-	page, err = client.GetEventPage(ctx, s, client.Query{IncludeEphemeral: true})
+	page, err = client.GetEventPage(ctx, s, itx.Query{IncludeEphemeral: true})
 	require.NoError(t, err)
 	require.Equal(t, []int64{1, 2, 3}, offsetsOf(page.Events))
 	require.True(t, page.Events[1].Ephemeral)
 
-	_, err = client.Append(ctx, s, []itx.EventInput{{Type: "x", Ephemeral: true, IdempotencyKey: "k"}}, client.AppendOptions{})
+	_, err = client.Append(ctx, s, []itx.EventInput{{Type: "x", Ephemeral: true, IdempotencyKey: "k"}}, itx.AppendOptions{})
 	requireCode(t, err, itx.EInvalid)
 }
 
@@ -219,16 +219,16 @@ func TestStream_ConditionalAppend(t *testing.T) {
 	s := stream(t, ts.project(t), "/cas")
 	ctx := ctxT(t)
 
-	res, err := client.Append(ctx, s, []itx.EventInput{ev("a", `{}`)}, client.AppendOptions{Conditional: true, ExpectedHeadOffset: 0})
+	res, err := client.Append(ctx, s, []itx.EventInput{ev("a", `{}`)}, itx.AppendOptions{Conditional: true, ExpectedHeadOffset: 0})
 	require.NoError(t, err)
 	require.Equal(t, int64(1), res.HeadOffset)
 
-	_, err = client.Append(ctx, s, []itx.EventInput{ev("b", `{}`)}, client.AppendOptions{Conditional: true, ExpectedHeadOffset: 0})
+	_, err = client.Append(ctx, s, []itx.EventInput{ev("b", `{}`)}, itx.AppendOptions{Conditional: true, ExpectedHeadOffset: 0})
 	requireCode(t, err, itx.EOffsetConflict)
 
-	_, err = client.Append(ctx, s, []itx.EventInput{ev("b", `{}`)}, client.AppendOptions{Conditional: true, ExpectedHeadOffset: 1})
+	_, err = client.Append(ctx, s, []itx.EventInput{ev("b", `{}`)}, itx.AppendOptions{Conditional: true, ExpectedHeadOffset: 1})
 	require.NoError(t, err)
-	all, err := client.ReadAll(ctx, s, client.Query{})
+	all, err := client.ReadAll(ctx, s, itx.Query{})
 	require.NoError(t, err)
 	require.Equal(t, []int64{1, 2}, offsetsOf(all))
 }
@@ -245,9 +245,9 @@ func TestStream_CircuitBreaker(t *testing.T) {
 		batch[i] = ev("spam", `{}`)
 	}
 	mustAppend(t, s, batch...)
-	_, err := client.Append(ctx, s, []itx.EventInput{ev("spam", `{}`)}, client.AppendOptions{})
+	_, err := client.Append(ctx, s, []itx.EventInput{ev("spam", `{}`)}, itx.AppendOptions{})
 	requireCode(t, err, itx.ERateLimited)
-	all, err := client.ReadAll(ctx, s, client.Query{})
+	all, err := client.ReadAll(ctx, s, itx.Query{})
 	require.NoError(t, err)
 	require.Len(t, all, 10, "a refused call writes nothing")
 
@@ -288,7 +288,7 @@ func TestStream_BadInput(t *testing.T) {
 		{"too many events", tooMany, itx.ETooLarge},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := client.Append(ctx, s, tc.events, client.AppendOptions{})
+			_, err := client.Append(ctx, s, tc.events, itx.AppendOptions{})
 			requireCode(t, err, tc.code)
 			info, err := client.Describe(ctx, s)
 			require.NoError(t, err)
@@ -298,7 +298,7 @@ func TestStream_BadInput(t *testing.T) {
 
 	t.Run("bad paths", func(t *testing.T) {
 		for _, path := range []string{"", "relative", "/trailing/", "/a//b", "/../x", "/sp ace"} {
-			_, err := client.Append(ctx, stream(t, p, path), []itx.EventInput{ev("x", `{}`)}, client.AppendOptions{})
+			_, err := client.Append(ctx, stream(t, p, path), []itx.EventInput{ev("x", `{}`)}, itx.AppendOptions{})
 			requireCode(t, err, itx.EInvalid)
 		}
 		streams, err := client.ListStreams(ctx, p, "")
@@ -306,18 +306,18 @@ func TestStream_BadInput(t *testing.T) {
 		require.Len(t, streams, 1, "no stream was created")
 	})
 	t.Run("bad reads", func(t *testing.T) {
-		_, err := client.GetEvents(ctx, s, client.Query{Limit: itx.MaxPageLimit + 1})
+		_, err := client.GetEvents(ctx, s, itx.Query{Limit: itx.MaxPageLimit + 1})
 		requireCode(t, err, itx.EInvalid)
-		_, err = client.WaitForEvent(ctx, s, client.Predicate{Where: "payload.("}, 0, time.Second)
+		_, err = client.WaitForEvent(ctx, s, itx.Predicate{Where: "payload.("}, 0, time.Second)
 		requireCode(t, err, itx.EInvalid)
 		// A runaway predicate is the caller's error; the server lives on (unbounded, this
 		// recursion overflows the Go stack and ends the process).
-		_, err = client.WaitForEvent(ctx, s, client.Predicate{Where: `($f := function($x){ $f($x) }; $f(1))`}, 0, time.Second)
+		_, err = client.WaitForEvent(ctx, s, itx.Predicate{Where: `($f := function($x){ $f($x) }; $f(1))`}, 0, time.Second)
 		requireCode(t, err, itx.EInvalid)
 		require.Contains(t, err.Error(), "depth limit")
-		_, err = client.WaitForEvent(ctx, s, client.Predicate{PayloadContains: "{nope"}, 0, time.Second)
+		_, err = client.WaitForEvent(ctx, s, itx.Predicate{PayloadContains: json.RawMessage("{nope")}, 0, time.Second)
 		requireCode(t, err, itx.EInvalid)
-		_, err = client.WaitForEvent(ctx, s, client.Predicate{}, 99, time.Second)
+		_, err = client.WaitForEvent(ctx, s, itx.Predicate{}, 99, time.Second)
 		requireCode(t, err, itx.EInvalid)
 	})
 }
@@ -329,7 +329,7 @@ func TestStream_WaitForEvent(t *testing.T) {
 	mustAppend(t, s, ev("order", `{"id":1,"status":"new"}`))
 
 	t.Run("an event already in the log", func(t *testing.T) {
-		e, err := client.WaitForEvent(ctx, s, client.Predicate{Types: []string{"order"}}, 0, 5*time.Second)
+		e, err := client.WaitForEvent(ctx, s, itx.Predicate{Types: []string{"order"}}, 0, 5*time.Second)
 		require.NoError(t, err)
 		require.Equal(t, int64(1), e.Offset)
 	})
@@ -341,8 +341,8 @@ func TestStream_WaitForEvent(t *testing.T) {
 		}
 		got := make(chan result, 1)
 		go func() {
-			e, err := client.WaitForEvent(ctx, stream(t, ts.project(t), "/wait"), client.Predicate{
-				Types: []string{"order"}, PayloadContains: `{"status":"paid"}`, Where: "payload.id > 1",
+			e, err := client.WaitForEvent(ctx, stream(t, ts.project(t), "/wait"), itx.Predicate{
+				Types: []string{"order"}, PayloadContains: json.RawMessage(`{"status":"paid"}`), Where: "payload.id > 1",
 			}, 1, 20*time.Second)
 			got <- result{e, err}
 		}()
@@ -362,7 +362,7 @@ func TestStream_WaitForEvent(t *testing.T) {
 		mustAppend(t, s, ev("other", `{}`))
 		errc := make(chan error, 1)
 		go func() {
-			_, err := client.WaitForEvent(ctx, s, client.Predicate{Types: []string{"never"}}, 0, 3*time.Second)
+			_, err := client.WaitForEvent(ctx, s, itx.Predicate{Types: []string{"never"}}, 0, 3*time.Second)
 			errc <- err
 		}()
 		// Wait for the barrier's timer to be armed, then move virtual time past it.
@@ -378,7 +378,7 @@ func TestStream_WaitForEvent(t *testing.T) {
 		s := stream(t, ts.project(t), "/bye")
 		errc := make(chan error, 1)
 		go func() {
-			_, err := client.WaitForEvent(context.Background(), s, client.Predicate{Types: []string{"never"}}, 0, time.Minute)
+			_, err := client.WaitForEvent(context.Background(), s, itx.Predicate{Types: []string{"never"}}, 0, time.Minute)
 			errc <- err
 		}()
 		require.Eventually(t, func() bool { return ts.srv.LoadedStreams() == 1 }, 10*time.Second, time.Millisecond)
@@ -419,7 +419,7 @@ func TestStreams_ListAndDescribe(t *testing.T) {
 	list, err = client.ListStreams(ctx, root, "")
 	require.NoError(t, err)
 	require.Len(t, list, 1)
-	page, err := client.GetEventPage(ctx, stream(t, p, "/global"), client.Query{})
+	page, err := client.GetEventPage(ctx, stream(t, p, "/global"), itx.Query{})
 	require.NoError(t, err)
 	require.Empty(t, page.Events, "a project does not see global streams")
 }
@@ -450,7 +450,7 @@ func TestStream_UnloadAndRestart(t *testing.T) {
 
 	ts2 := startServer(t, server.Config{DataDir: dir})
 	require.Equal(t, ts.creds, ts2.creds, "the data directory keeps its projects")
-	all, err := client.ReadAll(ctx, stream(t, ts2.project(t), "/persist"), client.Query{})
+	all, err := client.ReadAll(ctx, stream(t, ts2.project(t), "/persist"), itx.Query{})
 	require.NoError(t, err)
 	require.Equal(t, []int64{1, 2, 3}, offsetsOf(all))
 	list, err := client.ListStreams(ctx, ts2.project(t), "")
@@ -465,7 +465,7 @@ func TestStream_MaxLoadedStreams(t *testing.T) {
 		mustAppend(t, stream(t, p, fmt.Sprintf("/s%d", i)), ev("x", `{}`))
 	}
 	require.Eventually(t, func() bool { return ts.srv.LoadedStreams() <= 5 }, 10*time.Second, time.Millisecond)
-	all, err := client.ReadAll(ctx(t), stream(t, p, "/s0"), client.Query{})
+	all, err := client.ReadAll(ctx(t), stream(t, p, "/s0"), itx.Query{})
 	require.NoError(t, err)
 	require.Len(t, all, 1)
 }
@@ -482,13 +482,13 @@ func TestStream_EphemeralSweep(t *testing.T) {
 	chunk := ev("chunk", `{"t":"x"}`)
 	chunk.Ephemeral = true
 	mustAppend(t, s, ev("a", `{}`), chunk, chunk) // 1, 2, 3
-	all, err := client.GetEvents(ctx, s, client.Query{IncludeEphemeral: true})
+	all, err := client.GetEvents(ctx, s, itx.Query{IncludeEphemeral: true})
 	require.NoError(t, err)
 	require.Len(t, all, 3)
 
 	clock.Advance(2 * time.Hour)
 	mustAppend(t, s, ev("b", `{}`)) // 4: the commit that triggers the sweep
-	all, err = client.GetEvents(ctx, s, client.Query{IncludeEphemeral: true})
+	all, err = client.GetEvents(ctx, s, itx.Query{IncludeEphemeral: true})
 	require.NoError(t, err)
 	require.Equal(t, []int64{1, 4}, offsetsOf(all), "the old ephemeral rows are gone, leaving a gap")
 	res := mustAppend(t, s, ev("c", `{}`))
@@ -510,7 +510,7 @@ func TestStream_EphemeralBufferIsFIFO(t *testing.T) {
 
 	check := func(s schema.Stream, durable []int64, lastEphemeral int64) {
 		t.Helper()
-		all, err := client.ReadAll(ctx, s, client.Query{IncludeEphemeral: true})
+		all, err := client.ReadAll(ctx, s, itx.Query{IncludeEphemeral: true})
 		require.NoError(t, err)
 		var ephemeral, kept []int64
 		for _, e := range all {

@@ -18,7 +18,6 @@ import (
 	"github.com/itx-dev/itx/internal/clocktest"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
-	"github.com/itx-dev/itx/wire"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 )
@@ -48,7 +47,7 @@ func (e *subEnv) configure(t *testing.T, s schema.Stream, cfg client.Subscriptio
 	return name, off
 }
 
-func (e *subEnv) describe(t *testing.T, s schema.Stream, name string) client.SubscriptionDescription {
+func (e *subEnv) describe(t *testing.T, s schema.Stream, name string) itx.SubscriptionDescription {
 	t.Helper()
 	sub := client.Subscription(e.ctx, s, name)
 	defer sub.Release()
@@ -63,7 +62,7 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 	require.Eventually(t, cond, 20*time.Second, time.Millisecond, what)
 }
 
-func (e *subEnv) list(t *testing.T, s schema.Stream) []client.SubscriptionSummary {
+func (e *subEnv) list(t *testing.T, s schema.Stream) []itx.SubscriptionSummary {
 	t.Helper()
 	subs := client.Subscriptions(e.ctx, s)
 	defer subs.Release()
@@ -96,7 +95,7 @@ func newSecret(t *testing.T) (string, []byte) {
 
 func TestSubscription_WebhookFailsThenDelivers(t *testing.T) {
 	e := newSubEnv(t, server.Config{})
-	h := newHook(t, func(n int, b server.WebhookBody) int {
+	h := newHook(t, func(n int, b itx.WebhookBody) int {
 		if n < 2 {
 			return 503
 		}
@@ -170,7 +169,7 @@ func TestSubscription_WebhookSignature(t *testing.T) {
 	require.Equal(t, "v1,"+base64.StdEncoding.EncodeToString(mac.Sum(nil)), hdr["webhook-signature"])
 	require.Equal(t, "acme", hdr["X-Tenant"])
 	require.Equal(t, "application/json", hdr["Content-Type"])
-	var body server.WebhookBody
+	var body itx.WebhookBody
 	require.NoError(t, json.Unmarshal(raw, &body))
 	require.Equal(t, int64(2), body.Event.Offset)
 	require.Equal(t, "/signed", body.Path)
@@ -181,7 +180,7 @@ func TestSubscription_LadderHaltsThenResumes(t *testing.T) {
 	e := newSubEnv(t, server.Config{})
 	var broken sync.Map
 	broken.Store("on", true)
-	h := newHook(t, func(n int, b server.WebhookBody) int {
+	h := newHook(t, func(n int, b itx.WebhookBody) int {
 		if v, _ := broken.Load("on"); v == true {
 			return 500
 		}
@@ -203,7 +202,7 @@ func TestSubscription_LadderHaltsThenResumes(t *testing.T) {
 	require.Equal(t, itx.MaxDeliveryAttempts, h.count(), "15 attempts, then the halt")
 	require.True(t, waited > 2*time.Hour && waited < 150*time.Minute, "the ladder spans about 2-2.5 h: %s", waited)
 
-	halts, err := client.GetEvents(e.ctx, s, client.Query{Types: []string{itx.TypeSubscriptionHalted}})
+	halts, err := client.GetEvents(e.ctx, s, itx.Query{Types: []string{itx.TypeSubscriptionHalted}})
 	require.NoError(t, err)
 	require.Len(t, halts, 1)
 	var halted itx.HaltedPayload
@@ -245,7 +244,7 @@ func TestSubscription_LadderHaltsThenResumes(t *testing.T) {
 
 func TestSubscription_SeekBackAndForward(t *testing.T) {
 	e := newSubEnv(t, server.Config{})
-	h := newHook(t, func(n int, b server.WebhookBody) int {
+	h := newHook(t, func(n int, b itx.WebhookBody) int {
 		if strings.Contains(string(b.Event.Payload), "skip") {
 			return 503 // stuck retrying until the seek moves past it
 		}
@@ -325,7 +324,7 @@ func TestSubscription_FilterWatermark(t *testing.T) {
 
 func TestSubscription_SkipPolicy(t *testing.T) {
 	e := newSubEnv(t, server.Config{})
-	h := newHook(t, func(n int, b server.WebhookBody) int {
+	h := newHook(t, func(n int, b itx.WebhookBody) int {
 		if strings.Contains(string(b.Event.Payload), "poison") {
 			return 422
 		}
@@ -343,7 +342,7 @@ func TestSubscription_SkipPolicy(t *testing.T) {
 	}
 	e.waitProcessed(t, s, name, 4)
 	require.Equal(t, []int64{2, 3, 3, 3, 4}, h.received())
-	errs, err := client.GetEvents(e.ctx, s, client.Query{Types: []string{itx.TypeErrorOccurred}})
+	errs, err := client.GetEvents(e.ctx, s, itx.Query{Types: []string{itx.TypeErrorOccurred}})
 	require.NoError(t, err)
 	require.Len(t, errs, 1)
 	require.Contains(t, string(errs[0].Payload), "skipped failing event at offset 3")
@@ -355,7 +354,7 @@ func TestSubscription_SkipPolicy(t *testing.T) {
 func TestSubscription_LateAckRefused(t *testing.T) {
 	e := newSubEnv(t, server.Config{})
 	release := make(chan struct{})
-	h := newHook(t, func(n int, b server.WebhookBody) int {
+	h := newHook(t, func(n int, b itx.WebhookBody) int {
 		if n == 0 {
 			<-release // the first delivery hangs until the seek has committed
 		}
@@ -386,24 +385,12 @@ type receiverServer struct {
 
 func newReceiverServer() *receiverServer { return &receiverServer{seen: make(chan struct{}, 1000)} }
 
-func (r *receiverServer) Receive(ctx context.Context, call schema.Receiver_receive) error {
-	b, err := call.Args().Batch()
-	if err != nil {
-		return err
-	}
-	list, err := b.Events()
-	if err != nil {
-		return err
-	}
-	events, err := wire.EventsFromSchema(list)
-	if err != nil {
-		return err
-	}
+func (r *receiverServer) receive(ctx context.Context, b itx.DeliveryBatch) (int64, error) {
 	r.mu.Lock()
-	r.events = append(r.events, events...)
+	r.events = append(r.events, b.Events...)
 	r.mu.Unlock()
 	r.seen <- struct{}{}
-	return nil
+	return 0, nil
 }
 
 func (r *receiverServer) types() []string {
@@ -422,19 +409,8 @@ func mountReceiver(t *testing.T, addr, token, name string, r *receiverServer) (d
 	conn := dial(t, addr)
 	ctx := context.Background()
 	p := conn.Login(ctx, token)
-	cf, releaseCaps := p.Capabilities(ctx, nil)
-	caps := cf.Capabilities()
-	mf, releaseMount := caps.Mount(ctx, func(a schema.Capabilities_mount_Params) error {
-		if err := a.SetName(name); err != nil {
-			return err
-		}
-		return a.SetReceiver(schema.Receiver_ServerToClient(r))
-	})
-	_, err := mf.Struct()
+	handle, err := client.MountReceiver(ctx, p, name, client.ServeReceiver(r.receive))
 	require.NoError(t, err)
-	handle := mf.Handle().AddRef()
-	releaseMount()
-	releaseCaps()
 	return func() {
 		handle.Release()
 		p.Release()
@@ -488,7 +464,7 @@ func TestSubscription_CopyChainWithTransform(t *testing.T) {
 	bHead, err := client.Describe(e.ctx, b)
 	require.NoError(t, err)
 	e.waitProcessed(t, b, bc, bHead.HeadOffset)
-	got, err := client.GetEvents(e.ctx, c, client.Query{})
+	got, err := client.GetEvents(e.ctx, c, itx.Query{})
 	require.NoError(t, err)
 	require.Len(t, got, 1)
 	require.Equal(t, "copied/order", got[0].Type)
@@ -501,7 +477,7 @@ func TestSubscription_CopyChainWithTransform(t *testing.T) {
 	require.Equal(t, "/b", got[0].Provenance[1].Path)
 
 	// A client cannot forge provenance or use the server's key namespace.
-	_, err = client.Append(e.ctx, c, []itx.EventInput{{Type: "x", IdempotencyKey: itx.InternalKeyPrefix + "copy:x"}}, client.AppendOptions{})
+	_, err = client.Append(e.ctx, c, []itx.EventInput{{Type: "x", IdempotencyKey: itx.InternalKeyPrefix + "copy:x"}}, itx.AppendOptions{})
 	requireCode(t, err, itx.EInvalid)
 }
 
@@ -515,7 +491,7 @@ func TestSubscription_CopyCycleSuppressed(t *testing.T) {
 	mustAppend(t, x, ev("ping", `{"n":1}`))
 
 	waitUntil(t, "the drop audited on /x", func() bool {
-		audits, err := client.GetEvents(e.ctx, x, client.Query{Types: []string{itx.TypeErrorOccurred}})
+		audits, err := client.GetEvents(e.ctx, x, itx.Query{Types: []string{itx.TypeErrorOccurred}})
 		return err == nil && len(audits) > 0
 	})
 	// Then both sides caught up, with heads that did not move while we looked: the loop ended.
@@ -527,13 +503,13 @@ func TestSubscription_CopyCycleSuppressed(t *testing.T) {
 		hy2, _ := client.Describe(e.ctx, y)
 		return hx == hx2 && hy == hy2 && dx.ConfirmedOffset == hx.HeadOffset && dy.ConfirmedOffset == hy.HeadOffset
 	})
-	ys, err := client.GetEvents(e.ctx, y, client.Query{Types: []string{"ping"}})
+	ys, err := client.GetEvents(e.ctx, y, itx.Query{Types: []string{"ping"}})
 	require.NoError(t, err)
 	require.Len(t, ys, 1, "/y got the ping once")
-	xs, err := client.GetEvents(e.ctx, x, client.Query{Types: []string{"ping"}})
+	xs, err := client.GetEvents(e.ctx, x, itx.Query{Types: []string{"ping"}})
 	require.NoError(t, err)
 	require.Len(t, xs, 1, "the copy back into /x was suppressed")
-	audits, err := client.GetEvents(e.ctx, x, client.Query{Types: []string{itx.TypeErrorOccurred}})
+	audits, err := client.GetEvents(e.ctx, x, itx.Query{Types: []string{itx.TypeErrorOccurred}})
 	require.NoError(t, err)
 	require.Len(t, audits, 1, "one audit record of the drop, on the stream that refused it")
 	require.Contains(t, string(audits[0].Payload), "already contains this stream")
@@ -579,7 +555,7 @@ func TestSubscription_ControlEventValidation(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			before, err := client.Describe(e.ctx, s)
 			require.NoError(t, err)
-			_, err = client.Append(e.ctx, s, []itx.EventInput{ev("ok", `{}`), ev(tc.typ, tc.payload)}, client.AppendOptions{})
+			_, err = client.Append(e.ctx, s, []itx.EventInput{ev("ok", `{}`), ev(tc.typ, tc.payload)}, itx.AppendOptions{})
 			requireCode(t, err, tc.code)
 			after, err := client.Describe(e.ctx, s)
 			require.NoError(t, err)
@@ -681,7 +657,7 @@ func TestSubscription_RunawayTransformFailsTheDelivery(t *testing.T) {
 	// The failure is evidence on the stream too: one stream/error-occurred at offset 3.
 	res := mustAppend(t, src, ev("note", `{}`))
 	require.Equal(t, []int64{4}, res.Offsets, "the server still serves")
-	evs, err := client.GetEvents(e.ctx, src, client.Query{})
+	evs, err := client.GetEvents(e.ctx, src, itx.Query{})
 	require.NoError(t, err)
 	require.Equal(t, "stream/error-occurred", evs[2].Type)
 	require.Contains(t, string(evs[2].Payload), "depth limit")

@@ -122,6 +122,13 @@ func EventsFromSchema(list schema.Event_List) ([]itx.Event, error) {
 	return out, nil
 }
 
+func eventList(list schema.Event_List, err error) ([]itx.Event, error) {
+	if err != nil {
+		return nil, err
+	}
+	return EventsFromSchema(list)
+}
+
 // EventInputsFromSchema copies append inputs out of the call message: the server keeps them past
 // the point where the message may be released.
 func EventInputsFromSchema(list schema.EventInput_List) ([]itx.EventInput, error) {

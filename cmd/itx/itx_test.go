@@ -43,7 +43,7 @@ func startServer(t testing.TB) *testServer {
 }
 
 // appendDirect appends through the Go client, not through itx.
-func (ts *testServer) appendDirect(t testing.TB, path string, events ...itx.EventInput) client.AppendResult {
+func (ts *testServer) appendDirect(t testing.TB, path string, events ...itx.EventInput) itx.AppendResult {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -54,7 +54,7 @@ func (ts *testServer) appendDirect(t testing.TB, path string, events ...itx.Even
 	defer p.Release()
 	s := client.Stream(ctx, p, path)
 	defer s.Release()
-	res, err := client.Append(ctx, s, events, client.AppendOptions{})
+	res, err := client.Append(ctx, s, events, itx.AppendOptions{})
 	require.NoError(t, err)
 	return res
 }

@@ -233,7 +233,7 @@ type streamInfoJS struct {
 	Loaded            bool   `json:"loaded"`
 }
 
-func streamInfoOf(i client.StreamInfo) streamInfoJS {
+func streamInfoOf(i itx.StreamInfo) streamInfoJS {
 	return streamInfoJS{Path: i.Path, StreamID: i.StreamID, HeadOffset: i.HeadOffset, CreatedAt: msTime(i.CreatedAt),
 		LastAppendAt: msTime(i.LastAppendAt), SubscriptionCount: i.SubscriptionCount, Loaded: i.Loaded}
 }
@@ -247,7 +247,7 @@ type mountJS struct {
 	MountedAt msTime `json:"mountedAt"`
 }
 
-func mountsJS(ms []client.MountInfo) []mountJS {
+func mountsJS(ms []itx.MountInfo) []mountJS {
 	out := make([]mountJS, len(ms))
 	for i, m := range ms {
 		out[i] = mountJS{Name: m.Name, MountedAt: msTime(m.MountedAt)}
@@ -280,7 +280,7 @@ func streamsList(ctx context.Context, s *Session, c capnp.Client, _ capPath, arg
 	}
 	// The pipelined Streams capability is already at hand: list on it directly. With a limit,
 	// one page; without, every page after `after`.
-	var list []client.StreamInfo
+	var list []itx.StreamInfo
 	for {
 		page, next, err := client.ListStreamsPage(ctx, schema.Streams(c), prefix, after, int(limit))
 		if err != nil {
@@ -343,7 +343,7 @@ func streamAppend(ctx context.Context, s *Session, c capnp.Client, _ capPath, ar
 	if err != nil {
 		return nil, err
 	}
-	opts := client.AppendOptions{Conditional: o.has("expectedHeadOffset") || o.bool("conditional"), ExpectedHeadOffset: o.uint("expectedHeadOffset")}
+	opts := itx.AppendOptions{Conditional: o.has("expectedHeadOffset") || o.bool("conditional"), ExpectedHeadOffset: o.uint("expectedHeadOffset")}
 	if err := o.err(); err != nil {
 		return nil, err
 	}
@@ -361,12 +361,12 @@ func streamAppend(ctx context.Context, s *Session, c capnp.Client, _ capPath, ar
 
 var queryKeys = []string{"after", "before", "limit", "types", "includeEphemeral"}
 
-func (s *Session) query(what string, args []goja.Value, extra ...string) (client.Query, *options, error) {
+func (s *Session) query(what string, args []goja.Value, extra ...string) (itx.Query, *options, error) {
 	o, err := s.params(what, args, []string{"after", "limit"}, append(queryKeys, extra...)...)
 	if err != nil {
-		return client.Query{}, nil, err
+		return itx.Query{}, nil, err
 	}
-	q := client.Query{After: o.uint("after"), Before: o.uint("before"), Limit: int(o.uint("limit")),
+	q := itx.Query{After: o.uint("after"), Before: o.uint("before"), Limit: int(o.uint("limit")),
 		Types: o.strings("types"), IncludeEphemeral: o.bool("includeEphemeral")}
 	return q, o, o.err()
 }
@@ -433,7 +433,7 @@ func streamWaitForEvent(ctx context.Context, s *Session, c capnp.Client, _ capPa
 	if err != nil {
 		return nil, err
 	}
-	pred := client.Predicate{Types: o.strings("types"), PayloadContains: string(o.json("payloadContains")),
+	pred := itx.Predicate{Types: o.strings("types"), PayloadContains: o.json("payloadContains"),
 		Where: o.str("where"), IncludeEphemeral: o.bool("includeEphemeral")}
 	after, timeout := o.uint("after"), time.Duration(o.uint("timeoutMs"))*time.Millisecond
 	if err := o.err(); err != nil {
@@ -698,8 +698,8 @@ func subscriptionDescribe(ctx context.Context, s *Session, c capnp.Client, _ cap
 		InFlightDeadlineAt                msTime               `json:"inFlightDeadlineAt"`
 		InFlightConnectionGeneration      int64                `json:"inFlightConnectionGeneration"`
 		UpdatedAt                         textTime             `json:"updatedAt"`
-	}{configJS(d.Config), d.Kind, d.Status, d.ConfiguredAtOffset, d.CursorChangedAtOffset, d.ConfirmedOffset, d.HeadOffset,
-		d.Attempt, msTime(d.NextAttemptAt), d.FailingEventOffset, d.FailingEventAttempt, d.FailingEventSkipsSinceLastSuccess,
+	}{configJS(client.ConfigOf(d.Config)), d.Kind, d.Status, d.ConfiguredAtOffset, d.CursorChangedAtOffset, d.ConfirmedOffset, d.HeadOffset,
+		d.Attempt, msTime(d.NextAttemptAt), d.FailingEventOffset, d.FailingEventAttempt, d.FailingEventSkips,
 		d.LastError, msTime(d.InFlightDeadlineAt), d.InFlightConnectionGeneration, textTime(d.UpdatedAt)}, nil
 }
 

@@ -328,7 +328,7 @@ func (s *Session) Format() Format { return s.cfg.Format }
 func (s *Session) CachedCapabilities() int { return s.caps.len() }
 
 // Describe checks the login: it answers project.describe().
-func (s *Session) Describe(ctx context.Context) (client.ProjectInfo, error) {
+func (s *Session) Describe(ctx context.Context) (itx.ProjectInfo, error) {
 	return client.DescribeProject(ctx, s.project)
 }
 

@@ -1,0 +1,59 @@
+package client
+
+import (
+	"context"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/schema"
+	"github.com/itx-dev/itx/wire"
+)
+
+// ServeReceiver returns a Receiver capability that hands each batch the server pushes to f,
+// decoded, and answers with the offset f confirmed through (0: the whole batch). An error from f
+// is the receiver refusing the batch: the server retries it along its ladder (an error carrying
+// an itx code, such as unavailable, keeps that code). Batches arrive one at a time, in order:
+// f is not called again until it has returned.
+func ServeReceiver(f func(ctx context.Context, batch itx.DeliveryBatch) (confirmedOffset int64, err error)) schema.Receiver {
+	return schema.Receiver_ServerToClient(receiverFunc(f))
+}
+
+type receiverFunc func(ctx context.Context, batch itx.DeliveryBatch) (int64, error)
+
+func (f receiverFunc) Receive(ctx context.Context, call schema.Receiver_receive) error {
+	b, err := call.Args().Batch()
+	if err != nil {
+		return err
+	}
+	batch, err := wire.DeliveryBatchFromSchema(b)
+	if err != nil {
+		return err
+	}
+	confirmed, err := f(ctx, batch)
+	if err != nil {
+		return err
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	res.SetConfirmedOffset(uint64(confirmed))
+	return nil
+}
+
+// MountReceiver mounts r under name in a project and returns the mount's handle: releasing it,
+// cancelling it or closing the connection unmounts r. It takes ownership of r.
+func MountReceiver(ctx context.Context, project schema.Project, name string, r schema.Receiver) (schema.Handle, error) {
+	cf, releaseCaps := project.Capabilities(ctx, nil)
+	defer releaseCaps()
+	mf, releaseMount := cf.Capabilities().Mount(ctx, func(a schema.Capabilities_mount_Params) error {
+		if err := a.SetName(name); err != nil {
+			return err
+		}
+		return a.SetReceiver(r)
+	})
+	defer releaseMount()
+	if _, err := mf.Struct(); err != nil {
+		return schema.Handle{}, err
+	}
+	return mf.Handle().AddRef(), nil
+}

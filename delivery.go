@@ -1,0 +1,73 @@
+package itx
+
+// Subscription statuses, as a cursor row stores them and list/describe report them.
+const (
+	StatusActive = "active"
+	StatusHalted = "halted"
+	// StatusParked: the receiver is absent (nothing mounted under its name). No attempts are
+	// burnt and no retry is scheduled; the receiver's next mount resumes delivery.
+	StatusParked = "parked"
+)
+
+// SubscriptionSummary is a row of Subscriptions.list: the catalog joined with the cursor row.
+type SubscriptionSummary struct {
+	Name               string
+	Kind               string
+	Status             string // StatusActive, StatusHalted or StatusParked
+	ConfirmedOffset    int64
+	Lag                int64 // head - confirmed
+	LastError          string
+	ConfiguredAtOffset int64
+}
+
+// CursorState is a subscription's delivery position and retry state, as describe reports it.
+type CursorState struct {
+	Status                string // StatusActive, StatusHalted or StatusParked
+	ConfiguredAtOffset    int64  // birth epoch
+	CursorChangedAtOffset int64  // seek epoch
+	ConfirmedOffset       int64
+
+	Attempt             int
+	NextAttemptAt       int64 // epoch ms
+	FailingEventOffset  int64
+	FailingEventAttempt int
+	FailingEventSkips   int // since the last success
+	LastError           string
+
+	InFlightDeadlineAt           int64 // epoch ms
+	InFlightConnectionGeneration int64
+	UpdatedAt                    string
+}
+
+// SubscriptionDescription is a subscription's config and its whole cursor state.
+type SubscriptionDescription struct {
+	Config     SubscriptionConfig
+	Kind       string
+	HeadOffset int64
+	CursorState
+}
+
+// DeliveryEnvelope says where a delivery comes from and which attempt it is.
+type DeliveryEnvelope struct {
+	ProjectID             string `json:"projectId"`
+	StreamID              string `json:"streamId"`
+	Path                  string `json:"path"`
+	Subscription          string `json:"subscription"`
+	ConfiguredAtOffset    int64  `json:"configuredAtOffset"`
+	CursorChangedAtOffset int64  `json:"cursorChangedAtOffset"`
+	DeliveryID            string `json:"deliveryId"` // stable across retries of the same range
+	Attempt               int    `json:"attempt"`
+	HeadOffset            int64  `json:"headOffset"`
+}
+
+// DeliveryBatch is what a push receiver is given: events of one stream, in offset order.
+type DeliveryBatch struct {
+	DeliveryEnvelope
+	Events []Event `json:"events"`
+}
+
+// WebhookBody is the JSON body of one webhook delivery: the batch's envelope with its one event.
+type WebhookBody struct {
+	DeliveryEnvelope
+	Event Event `json:"event"`
+}

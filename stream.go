@@ -1,0 +1,75 @@
+package itx
+
+import "encoding/json"
+
+// StreamInfo describes a stream.
+type StreamInfo struct {
+	Path              string
+	StreamID          string
+	HeadOffset        int64
+	CreatedAt         int64 // epoch ms
+	LastAppendAt      int64 // epoch ms
+	SubscriptionCount int
+	Loaded            bool
+}
+
+// AppendOptions qualify one append call; the zero value appends unconditionally.
+type AppendOptions struct {
+	// Conditional makes the call commit only if the head is ExpectedHeadOffset at commit time.
+	Conditional        bool
+	ExpectedHeadOffset int64
+}
+
+// AppendResult answers one append call.
+type AppendResult struct {
+	Offsets    []int64 // one per input event, in input order
+	Duplicate  []bool  // true where an idempotency key matched an earlier event
+	HeadOffset int64   // the head right after this call's events
+	StreamID   string
+}
+
+// Query selects a page of events.
+type Query struct {
+	After            int64
+	Before           int64 // exclusive; 0 = no bound
+	Limit            int   // 0 = DefaultPageLimit
+	Types            []string
+	IncludeEphemeral bool
+}
+
+// Page is the reader's envelope.
+type Page struct {
+	Events          []Event
+	StreamID        string
+	StreamMaxOffset int64
+	NextAfter       int64 // pass as After to continue, past filtered-out events too
+}
+
+// Predicate is waitForEvent's one-shot match. Every part that is set must hold.
+type Predicate struct {
+	Types            []string        // empty or containing "*": any type
+	PayloadContains  json.RawMessage // the payload must contain this JSON value
+	Where            string          // JSONata over the event; must evaluate to exactly true
+	IncludeEphemeral bool
+}
+
+// MountInfo is a capability (a Receiver or a ProcessorHost) mounted under a name in a project.
+type MountInfo struct {
+	Name      string
+	MountedAt int64 // epoch ms
+}
+
+// ProjectInfo describes the project a token logged into.
+type ProjectInfo struct {
+	ID         string
+	Name       string
+	Deployment bool // the deployment root: its streams are global
+}
+
+// ReaderInfo is a registered reader: a named checkpoint whose lag (head - checkpoint) is visible.
+type ReaderInfo struct {
+	Name       string
+	Checkpoint int64
+	Lag        int64
+	UpdatedAt  int64 // epoch ms
+}

@@ -1,0 +1,241 @@
+package wire
+
+import (
+	"encoding/json"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/schema"
+)
+
+// SetAppendOptions encodes append options.
+func SetAppendOptions(dst schema.AppendOptions, o itx.AppendOptions) {
+	dst.SetConditional(o.Conditional)
+	dst.SetExpectedHeadOffset(uint64(o.ExpectedHeadOffset))
+}
+
+// AppendOptionsFromSchema decodes append options.
+func AppendOptionsFromSchema(src schema.AppendOptions) itx.AppendOptions {
+	return itx.AppendOptions{Conditional: src.Conditional(), ExpectedHeadOffset: int64(src.ExpectedHeadOffset())}
+}
+
+// SetAppendResult encodes an append's answer.
+func SetAppendResult(dst schema.AppendResult, r itx.AppendResult) error {
+	dst.SetHeadOffset(uint64(r.HeadOffset))
+	if err := dst.SetStreamId(r.StreamID); err != nil {
+		return err
+	}
+	offsets, err := dst.NewOffsets(int32(len(r.Offsets)))
+	if err != nil {
+		return err
+	}
+	dups, err := dst.NewDuplicate(int32(len(r.Duplicate)))
+	if err != nil {
+		return err
+	}
+	for i, o := range r.Offsets {
+		offsets.Set(i, uint64(o))
+		dups.Set(i, r.Duplicate[i])
+	}
+	return nil
+}
+
+// AppendResultFromSchema decodes an append's answer.
+func AppendResultFromSchema(src schema.AppendResult) (itx.AppendResult, error) {
+	out := itx.AppendResult{HeadOffset: int64(src.HeadOffset())}
+	var err error
+	if out.StreamID, err = src.StreamId(); err != nil {
+		return out, err
+	}
+	offsets, err := src.Offsets()
+	if err != nil {
+		return out, err
+	}
+	dups, err := src.Duplicate()
+	if err != nil {
+		return out, err
+	}
+	for i := 0; i < offsets.Len(); i++ {
+		out.Offsets = append(out.Offsets, int64(offsets.At(i)))
+		out.Duplicate = append(out.Duplicate, i < dups.Len() && dups.At(i))
+	}
+	return out, nil
+}
+
+// SetQuery encodes a read query.
+func SetQuery(dst schema.EventQuery, q itx.Query) error {
+	dst.SetAfter(uint64(q.After))
+	dst.SetBefore(uint64(q.Before))
+	dst.SetLimit(uint32(q.Limit))
+	dst.SetIncludeEphemeral(q.IncludeEphemeral)
+	return SetTextList(q.Types, dst.NewTypes)
+}
+
+// QueryFromSchema decodes a read query.
+func QueryFromSchema(src schema.EventQuery) (itx.Query, error) {
+	types, err := TextList(src.Types())
+	if err != nil {
+		return itx.Query{}, err
+	}
+	return itx.Query{
+		After: int64(src.After()), Before: int64(src.Before()), Limit: int(src.Limit()),
+		Types: types, IncludeEphemeral: src.IncludeEphemeral(),
+	}, nil
+}
+
+// SetPage encodes a page of events with its envelope.
+func SetPage(dst schema.EventPage, p itx.Page) error {
+	dst.SetStreamMaxOffset(uint64(p.StreamMaxOffset))
+	dst.SetNextAfter(uint64(p.NextAfter))
+	if err := dst.SetStreamId(p.StreamID); err != nil {
+		return err
+	}
+	return SetEvents(p.Events, dst.NewEvents)
+}
+
+// PageFromSchema decodes a page of events with its envelope.
+func PageFromSchema(src schema.EventPage) (itx.Page, error) {
+	out := itx.Page{StreamMaxOffset: int64(src.StreamMaxOffset()), NextAfter: int64(src.NextAfter())}
+	var err error
+	if out.StreamID, err = src.StreamId(); err != nil {
+		return out, err
+	}
+	out.Events, err = eventList(src.Events())
+	return out, err
+}
+
+// SetPredicate encodes waitForEvent's predicate.
+func SetPredicate(dst schema.EventPredicate, p itx.Predicate) error {
+	dst.SetIncludeEphemeral(p.IncludeEphemeral)
+	if err := dst.SetPayloadContains(string(p.PayloadContains)); err != nil {
+		return err
+	}
+	if err := dst.SetWhere(p.Where); err != nil {
+		return err
+	}
+	return SetTextList(p.Types, dst.NewTypes)
+}
+
+// PredicateFromSchema decodes waitForEvent's predicate.
+func PredicateFromSchema(src schema.EventPredicate) (itx.Predicate, error) {
+	out := itx.Predicate{IncludeEphemeral: src.IncludeEphemeral()}
+	var err error
+	if out.Types, err = TextList(src.Types()); err != nil {
+		return out, err
+	}
+	contains, err := src.PayloadContains()
+	if err != nil {
+		return out, err
+	}
+	out.PayloadContains = json.RawMessage(contains)
+	out.Where, err = src.Where()
+	return out, err
+}
+
+// SetStreamInfo encodes a stream's description.
+func SetStreamInfo(dst schema.StreamInfo, info itx.StreamInfo) error {
+	if err := dst.SetPath(info.Path); err != nil {
+		return err
+	}
+	if err := dst.SetStreamId(info.StreamID); err != nil {
+		return err
+	}
+	dst.SetHeadOffset(uint64(info.HeadOffset))
+	dst.SetCreatedAt(info.CreatedAt)
+	dst.SetLastAppendAt(info.LastAppendAt)
+	dst.SetSubscriptionCount(uint32(info.SubscriptionCount))
+	dst.SetLoaded(info.Loaded)
+	return nil
+}
+
+// StreamInfoFromSchema decodes a stream's description.
+func StreamInfoFromSchema(src schema.StreamInfo) (itx.StreamInfo, error) {
+	out := itx.StreamInfo{HeadOffset: int64(src.HeadOffset()), CreatedAt: src.CreatedAt(),
+		LastAppendAt: src.LastAppendAt(), SubscriptionCount: int(src.SubscriptionCount()), Loaded: src.Loaded()}
+	var err error
+	if out.Path, err = src.Path(); err != nil {
+		return out, err
+	}
+	out.StreamID, err = src.StreamId()
+	return out, err
+}
+
+// SetMountInfos encodes mounts into a new list made by newList.
+func SetMountInfos(mounts []itx.MountInfo, newList func(int32) (schema.MountInfo_List, error)) error {
+	list, err := newList(int32(len(mounts)))
+	if err != nil {
+		return err
+	}
+	for i, m := range mounts {
+		list.At(i).SetMountedAt(m.MountedAt)
+		if err := list.At(i).SetName(m.Name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// MountInfosFromSchema decodes a list of mounts.
+func MountInfosFromSchema(list schema.MountInfo_List) ([]itx.MountInfo, error) {
+	out := make([]itx.MountInfo, list.Len())
+	for i := range out {
+		m := list.At(i)
+		out[i].MountedAt = m.MountedAt()
+		var err error
+		if out[i].Name, err = m.Name(); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// SetProjectInfo encodes a project's description.
+func SetProjectInfo(dst schema.ProjectInfo, p itx.ProjectInfo) error {
+	dst.SetDeployment(p.Deployment)
+	if err := dst.SetId(p.ID); err != nil {
+		return err
+	}
+	return dst.SetName(p.Name)
+}
+
+// ProjectInfoFromSchema decodes a project's description.
+func ProjectInfoFromSchema(src schema.ProjectInfo) (itx.ProjectInfo, error) {
+	out := itx.ProjectInfo{Deployment: src.Deployment()}
+	var err error
+	if out.ID, err = src.Id(); err != nil {
+		return out, err
+	}
+	out.Name, err = src.Name()
+	return out, err
+}
+
+// SetReaderInfos encodes readers into a new list made by newList.
+func SetReaderInfos(readers []itx.ReaderInfo, newList func(int32) (schema.ReaderInfo_List, error)) error {
+	list, err := newList(int32(len(readers)))
+	if err != nil {
+		return err
+	}
+	for i, r := range readers {
+		d := list.At(i)
+		d.SetCheckpoint(uint64(r.Checkpoint))
+		d.SetLag(uint64(r.Lag))
+		d.SetUpdatedAt(r.UpdatedAt)
+		if err := d.SetName(r.Name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ReaderInfosFromSchema decodes a list of readers.
+func ReaderInfosFromSchema(list schema.ReaderInfo_List) ([]itx.ReaderInfo, error) {
+	out := make([]itx.ReaderInfo, list.Len())
+	for i := range out {
+		r := list.At(i)
+		out[i] = itx.ReaderInfo{Checkpoint: int64(r.Checkpoint()), Lag: int64(r.Lag()), UpdatedAt: r.UpdatedAt()}
+		var err error
+		if out[i].Name, err = r.Name(); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
