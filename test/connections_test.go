@@ -256,6 +256,7 @@ func TestConnection_ReplaceByKey(t *testing.T) {
 	first := newTestSink()
 	c1, err := openConn(t, s, connOpts{key: "tab", noState: true}, first)
 	require.NoError(t, err)
+	waitUntil(t, "the first caught up", func() bool { return len(first.offsets()) == 1 })
 
 	// A refused open leaves the open connection under that key alone.
 	_, err = openConn(t, s, connOpts{key: "tab", after: 99, noState: true}, newTestSink())
@@ -447,10 +448,17 @@ func TestLiveState_PatchesReproduceTheSnapshot(t *testing.T) {
 	// A fresh subscriber's snapshot is the truth; the follower must reach the same document.
 	fresh := &liveView{}
 	subscribeLive(t, s, fresh)
+	// The engine projects asynchronously: wait until the fresh snapshot shows the last changes,
+	// then for the follower, which only ever applied patches, to be at that same document.
 	waitUntil(t, "converged", func() bool {
 		r1, d1 := follower.state()
 		r2, d2 := fresh.state()
-		return r1 > 1 && r1 == r2 && fmt.Sprint(d1) == fmt.Sprint(d2)
+		readers, _ := d2["readers"].(map[string]any)
+		mirror, _ := readers["mirror"].(map[string]any)
+		subs, _ := d2["subscriptions"].(map[string]any)
+		hook, _ := subs["hook"].(map[string]any)
+		return mirror["checkpoint"] == float64(5) && hook["confirmed"] == float64(head) &&
+			r1 > 1 && r1 == r2 && fmt.Sprint(d1) == fmt.Sprint(d2)
 	})
 	_, doc := follower.state()
 	require.Equal(t, float64(head), doc["head"])
