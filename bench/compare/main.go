@@ -99,6 +99,7 @@ type proc struct {
 }
 
 func (p *proc) stop() {
+	running.Delete(p)
 	p.cmd.Process.Signal(syscall.SIGTERM)
 	done := make(chan struct{})
 	go func() { p.cmd.Wait(); close(done) }()
@@ -128,11 +129,11 @@ func startItxd(bin, parent string) (*proc, string) {
 	addrFile := filepath.Join(data, "addr")
 	cmd := exec.Command(bin, "--listen", "127.0.0.1:0", "--data", data, "--addr-file", addrFile, "--log-level", "error",
 		"--breaker-burst", "1000000000", "--breaker-refill-per-minute", "1000000000")
-	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		fail(err)
 	}
 	p := &proc{cmd: cmd, dir: data}
+	track(p)
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		if b, err := os.ReadFile(addrFile); err == nil && len(b) > 0 {
 			p.addr = string(b)
@@ -177,6 +178,7 @@ func startNATS(bin, parent string, syncAlways bool) *proc {
 		fail(err)
 	}
 	p := &proc{cmd: cmd, addr: addr, dir: data}
+	track(p)
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		if c, err := net.Dial("tcp", addr); err == nil {
 			c.Close()
@@ -565,7 +567,7 @@ func runLatency(dir, itxdBin, natsBin string) []result {
 		fail(err)
 	}
 	arrivals := make(chan arrivalAt, 64)
-	sub, err := nc.Subscribe("lat.deliver", func(m *nats.Msg) {
+	sub, err := nc.Subscribe("deliver.lat", func(m *nats.Msg) {
 		meta, err := m.Metadata()
 		if err == nil {
 			select {
@@ -579,9 +581,8 @@ func runLatency(dir, itxdBin, natsBin string) []result {
 		fail(err)
 	}
 	defer sub.Unsubscribe()
-	if _, err := js.CreateOrUpdateConsumer(ctx, "LAT", jetstream.ConsumerConfig{Durable: "push", DeliverSubject: "lat.deliver",
+	if _, err := js.CreateOrUpdateConsumer(ctx, "LAT", jetstream.ConsumerConfig{Durable: "push", DeliverSubject: "deliver.lat",
 		AckPolicy: jetstream.AckExplicitPolicy, FilterSubject: "lat.events"}); err != nil {
-		// Push consumers moved to their own API in newer clients; fall back to a pull consumer.
 		fail(fmt.Errorf("push consumer: %w", err))
 	}
 	lat = lat[:0]
@@ -781,7 +782,16 @@ func run(name string, args ...string) {
 	}
 }
 
+// running is every server process started, so a failure never leaves one behind.
+var running sync.Map
+
+func track(p *proc) { running.Store(p, true) }
+
 func fail(err error) {
 	fmt.Fprintln(os.Stderr, "compare:", err)
+	running.Range(func(k, _ any) bool {
+		k.(*proc).cmd.Process.Kill()
+		return true
+	})
 	os.Exit(1)
 }
