@@ -44,6 +44,7 @@ type actor struct {
 	deliverers    map[string]*deliverer
 	pushes        sync.WaitGroup
 	pending       []deliveryOutcome // outcomes of pushes that could not start
+	recent        []itx.Event       // the last commit's events (see view.recent)
 	failedReaders []readerOp        // the reader operations of a step whose commit failed
 	wakeT         itx.Timer
 	wakeAt        int64
@@ -589,6 +590,9 @@ func (a *actor) apply(in stepInput) {
 	a.failedReaders = nil
 	// 3. Publish (and wake connections and live state). 4. Replies.
 	prevHead := a.view().head
+	if len(eff.commit.Events) > 0 {
+		a.recent = eff.commit.Events
+	}
 	a.publish(eff.rowsChanged || len(in.outcomes) > 0 || len(in.mounted) > 0)
 	if a.st.head != prevHead {
 		a.notifyConnections()
@@ -870,7 +874,10 @@ type view struct {
 	core     *coreState
 	rows     map[string]storage.CursorRow
 	readers  map[string]storage.Reader
-	changed  <-chan struct{}
+	// recent is the last commit's events (ephemeral ones included), so connections at the tail
+	// take them from memory instead of reading back what was just written. Immutable.
+	recent  []itx.Event
+	changed <-chan struct{}
 }
 
 type streamTimes struct{ createdAt, lastAppendAt int64 }
@@ -885,7 +892,7 @@ func (a *actor) publish(rowsChanged bool) {
 	if !rowsChanged && v.rows != nil && v.head == st.head && v.core == st.core && v.store == a.store {
 		return // nothing a reader can see changed: waiters stay asleep
 	}
-	v.store, v.head, v.core = a.store, st.head, st.core
+	v.store, v.head, v.core, v.recent = a.store, st.head, st.core, a.recent
 	v.streamID = ""
 	if st.created && a.store != nil {
 		v.streamID = st.streamID // a planned id is not an identity until it commits

@@ -237,6 +237,7 @@ func (c *Connection) run() {
 		through int64
 	}
 	var window []pending
+	var err error
 	scanned := c.opts.After
 	drain := func(all bool) bool {
 		for len(window) > 0 && (all || len(window) >= ConnectionWindow) {
@@ -266,13 +267,16 @@ func (c *Connection) run() {
 			}
 			continue
 		}
-		events, err := v.store.Events(c.ctx, storage.Query{After: scanned, UpTo: v.head, Limit: c.opts.MaxDeliveryEvents,
-			Types: c.opts.Types, IncludeEphemeral: true})
-		if err != nil {
-			if c.ctx.Err() == nil {
-				c.Close(CloseDeliveryFailed, "reading the log: "+err.Error())
+		events, fromMemory := c.fromRecent(v, scanned)
+		if !fromMemory {
+			events, err = v.store.Events(c.ctx, storage.Query{After: scanned, UpTo: v.head, Limit: c.opts.MaxDeliveryEvents,
+				Types: c.opts.Types, IncludeEphemeral: true})
+			if err != nil {
+				if c.ctx.Err() == nil {
+					c.Close(CloseDeliveryFailed, "reading the log: "+err.Error())
+				}
+				return
 			}
-			return
 		}
 		through := v.head
 		if len(events) == c.opts.MaxDeliveryEvents {
@@ -304,6 +308,25 @@ func (c *Connection) run() {
 		window = append(window, pending{wait: wait, through: through})
 		s.metrics.ConnectionEvents.Add(float64(len(batch)))
 	}
+}
+
+// fromRecent serves a connection at the tail from the last commit's events, when they are
+// exactly what follows its position: the same events, in the same order, as reading the log.
+func (c *Connection) fromRecent(v view, scanned int64) ([]itx.Event, bool) {
+	r := v.recent
+	if len(r) == 0 || r[0].Offset != scanned+1 || r[len(r)-1].Offset != v.head {
+		return nil, false
+	}
+	out := make([]itx.Event, 0, min(len(r), c.opts.MaxDeliveryEvents))
+	for _, e := range r {
+		if c.types == nil || c.types[e.Type] {
+			out = append(out, e)
+			if len(out) == c.opts.MaxDeliveryEvents {
+				break
+			}
+		}
+	}
+	return out, true
 }
 
 // await waits for one batch's answer within the delivery timeout, closing the connection if it
