@@ -389,9 +389,7 @@ func (a *actor) gather(in *stepInput) {
 	for {
 		select {
 		case m := <-a.inbox:
-			if !a.handle(m) {
-				in.add(m)
-			}
+			a.take(in, m)
 			continue
 		default:
 		}
@@ -425,6 +423,13 @@ func (a *actor) handle(m actorMsg) bool {
 	return true
 }
 
+// take routes one inbox message: the actor's own registries, or the step's input.
+func (a *actor) take(in *stepInput, m actorMsg) {
+	if !a.handle(m) {
+		in.add(m)
+	}
+}
+
 func (in *stepInput) add(m actorMsg) {
 	switch {
 	case m.settle != nil:
@@ -450,9 +455,7 @@ func (a *actor) stop() {
 	for waiting := true; waiting; {
 		select {
 		case m := <-a.inbox:
-			if !a.handle(m) {
-				in.add(m)
-			}
+			a.take(&in, m)
 		case <-finished:
 			waiting = false
 		}
@@ -460,9 +463,7 @@ func (a *actor) stop() {
 	for {
 		select {
 		case m := <-a.inbox:
-			if !a.handle(m) {
-				in.add(m)
-			}
+			a.take(&in, m)
 			continue
 		default:
 		}

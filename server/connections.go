@@ -137,17 +137,8 @@ func (s *Server) OpenConnection(ctx context.Context, ref StreamRef, opts Connect
 	if err != nil {
 		return nil, err
 	}
-	c := &Connection{srv: s, a: a, key: opts.Key, opts: opts, sink: sink, notify: make(chan struct{}, 1), done: make(chan struct{})}
-	for _, t := range opts.Types {
-		if t == "*" {
-			c.types = nil
-			break
-		}
-		if c.types == nil {
-			c.types = map[string]bool{}
-		}
-		c.types[t] = true
-	}
+	c := &Connection{srv: s, a: a, key: opts.Key, opts: opts, sink: sink, notify: make(chan struct{}, 1), done: make(chan struct{}),
+		types: typeSet(opts.Types)}
 	c.ctx, c.cancel = context.WithCancel(s.base)
 	reply := make(chan error, 1)
 	select {

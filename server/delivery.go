@@ -47,16 +47,7 @@ func newDeliverer(ctx context.Context, s *Server, ref StreamRef, entry *catalogE
 	d := &deliverer{srv: s, ref: ref, name: entry.Config.Name, kind: entry.Kind()}
 	d.ctx, d.cancel = context.WithCancel(ctx)
 	if f := entry.Config.Filter; f != nil {
-		for _, t := range f.EventTypes {
-			if t == "*" {
-				d.types = nil
-				break
-			}
-			if d.types == nil {
-				d.types = map[string]bool{}
-			}
-			d.types[t] = true
-		}
+		d.types = typeSet(f.EventTypes)
 		if f.JSONataCondition != "" {
 			var err error
 			if d.condition, err = CompileJSONata(f.JSONataCondition); err != nil {

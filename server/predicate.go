@@ -17,17 +17,7 @@ type compiledPredicate struct {
 }
 
 func compilePredicate(p itx.Predicate) (*compiledPredicate, error) {
-	c := &compiledPredicate{}
-	for _, t := range p.Types {
-		if t == "*" {
-			c.types = nil
-			break
-		}
-		if c.types == nil {
-			c.types = map[string]bool{}
-		}
-		c.types[t] = true
-	}
+	c := &compiledPredicate{types: typeSet(p.Types)}
 	if len(bytes.TrimSpace(p.PayloadContains)) > 0 {
 		v, err := decodeJSON(p.PayloadContains)
 		if err != nil {
@@ -210,4 +200,19 @@ func sameKind(a, b any) bool {
 		return b == nil
 	}
 	return false
+}
+
+// typeSet is a type filter as a set: nil (every type) when types is empty or holds "*".
+func typeSet(types []string) map[string]bool {
+	var set map[string]bool
+	for _, t := range types {
+		if t == "*" {
+			return nil
+		}
+		if set == nil {
+			set = map[string]bool{}
+		}
+		set[t] = true
+	}
+	return set
 }

@@ -382,40 +382,30 @@ func runAppend(dir, itxdBin, natsBin string) []result {
 			result{"sequential append, 1 event p50", sys, "us", pct(lat, 0.5), true})
 		// Async publishes with at most 256 outstanding: JetStream's way to many appenders.
 		var i int
-		rate = timed(1, func(_, _ int) error {
-			for k := 0; k < 256; k++ {
-				i++
-				if _, err := js.PublishAsync("bench.async", payload(i)); err != nil {
-					return err
-				}
-			}
-			select {
-			case <-js.PublishAsyncComplete():
-				return nil
-			case <-time.After(30 * time.Second):
-				return fmt.Errorf("async publishes not acknowledged")
-			}
-		})
+		rate = timed(1, func(_, _ int) error { return publishBurst(js, "bench.async", 256, &i) })
 		out = append(out, result{"64 concurrent appenders", sys + " (async, 256 pending)", "events/s", rate * 256, false})
-		rate = timed(1, func(_, _ int) error {
-			for k := 0; k < 100; k++ {
-				i++
-				if _, err := js.PublishAsync("bench.batch", payload(i)); err != nil {
-					return err
-				}
-			}
-			select {
-			case <-js.PublishAsyncComplete():
-				return nil
-			case <-time.After(30 * time.Second):
-				return fmt.Errorf("async publishes not acknowledged")
-			}
-		})
+		rate = timed(1, func(_, _ int) error { return publishBurst(js, "bench.batch", 100, &i) })
 		out = append(out, result{"100-event batches", sys + " (100 async)", "events/s", rate * 100, false})
 		nc.Close()
 		n.stop()
 	}
 	return out
+}
+
+// publishBurst publishes n messages asynchronously and waits until JetStream acknowledged all.
+func publishBurst(js jetstream.JetStream, subject string, n int, seq *int) error {
+	for k := 0; k < n; k++ {
+		*seq++
+		if _, err := js.PublishAsync(subject, payload(*seq)); err != nil {
+			return err
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+		return nil
+	case <-time.After(30 * time.Second):
+		return fmt.Errorf("async publishes not acknowledged")
+	}
 }
 
 func natsJS(addr string) (*nats.Conn, jetstream.JetStream) {
