@@ -304,17 +304,19 @@ const eventColumns = `offset, type, payload, metadata, idempotency_key, created_
 
 func scanEvents(rows *sql.Rows, capacity int) ([]itx.Event, error) {
 	defer rows.Close()
-	events := make([]itx.Event, 0, min(capacity, 64))
+	// Sized for the page up front (a catch-up page is 1,000 events): growing it row by row
+	// copies every event several times.
+	events := make([]itx.Event, 0, min(capacity, 1024))
 	for rows.Next() {
 		var e itx.Event
-		var payload string
-		var metadata, key, provenance sql.NullString
+		var payload, metadata []byte // scanned into fresh slices: one copy, no string detour
+		var key, provenance sql.NullString
 		if err := rows.Scan(&e.Offset, &e.Type, &payload, &metadata, &key, &e.CreatedAt, &e.Ephemeral, &provenance); err != nil {
 			return nil, fmt.Errorf("read events: %w", err)
 		}
 		e.Payload = json.RawMessage(payload)
-		if metadata.Valid {
-			e.Metadata = json.RawMessage(metadata.String)
+		if metadata != nil {
+			e.Metadata = json.RawMessage(metadata)
 		}
 		e.IdempotencyKey = key.String
 		if provenance.Valid {

@@ -102,6 +102,12 @@ func (k *testSink) offsets() []int64 {
 	return out
 }
 
+func (k *testSink) frameCount() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return len(k.frames)
+}
+
 func (k *testSink) closeReason() *schema.CloseReason {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -338,7 +344,9 @@ func TestConnection_DisconnectReleasesEverything(t *testing.T) {
 	warm := newTestSink()
 	_, err := openConn(t, setup, connOpts{}, warm)
 	require.NoError(t, err)
-	waitUntil(t, "warm", func() bool { return len(warm.offsets()) == 1 })
+	waitUntil(t, "warm", func() bool {
+		return len(warm.offsets()) == 1 && testutil.ToFloat64(ts.srv.Metrics().LiveSubscribers) == 1 && warm.frameCount() > 0
+	})
 	opts := []goleak.Option{goleak.IgnoreCurrent()}
 
 	conn := dial(t, ts.addr)
