@@ -19,7 +19,8 @@ const ProtocolVersion = 1
 
 // gateway is the bootstrap capability of one RPC connection.
 type gateway struct {
-	srv *server.Server
+	srv           *server.Server
+	authenticated func() // raises the connection's flow-control bounds; nil in tests
 }
 
 func (g *gateway) Login(ctx context.Context, call schema.Gateway_login) error {
@@ -30,6 +31,9 @@ func (g *gateway) Login(ctx context.Context, call schema.Gateway_login) error {
 	p, err := g.srv.Login(ctx, token)
 	if err != nil {
 		return fail(err)
+	}
+	if g.authenticated != nil {
+		g.authenticated()
 	}
 	res, err := call.AllocResults()
 	if err != nil {

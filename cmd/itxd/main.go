@@ -15,7 +15,9 @@ import (
 	"time"
 
 	"github.com/itx-dev/itx/capability"
+	"github.com/itx-dev/itx/internal/flowconn"
 	"github.com/itx-dev/itx/server"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
 )
@@ -41,6 +43,13 @@ func run() error {
 	denyPrivate := flag.Bool("webhook-deny-private", false, "refuse webhook destinations on loopback, private and link-local addresses")
 	var allowHosts hostList
 	flag.Var(&allowHosts, "webhook-allow-host", "allow webhooks only to this host (repeatable; \"*.example.com\" matches subdomains)")
+	var flow flowconn.Limits
+	flag.IntVar(&flow.Calls, "rpc-max-calls", flowconn.DefaultCalls, "calls in flight per logged-in connection; above it the server stops reading that connection")
+	flag.Int64Var(&flow.Bytes, "rpc-max-reply-bytes", flowconn.DefaultBytes, "reply bytes waiting to be written per logged-in connection; above it the server stops reading that connection")
+	flag.IntVar(&flow.PreAuthCalls, "rpc-preauth-max-calls", flowconn.DefaultPreAuthCalls, "calls in flight per connection before login")
+	flag.Int64Var(&flow.PreAuthBytes, "rpc-preauth-max-reply-bytes", flowconn.DefaultPreAuthBytes, "reply bytes waiting to be written per connection before login")
+	flag.IntVar(&flow.GlobalCalls, "rpc-global-max-calls", flowconn.DefaultGlobalCalls, "calls in flight over all connections")
+	flag.Int64Var(&flow.GlobalBytes, "rpc-global-max-reply-bytes", flowconn.DefaultGlobalBytes, "reply bytes waiting to be written over all connections")
 	shutdownTimeout := flag.Duration("shutdown-timeout", 30*time.Second, "how long SIGTERM waits for in-flight calls")
 	flag.Parse()
 
@@ -71,7 +80,8 @@ func run() error {
 		return err
 	}
 	addr := ln.Addr().String()
-	listener := capability.NewListener(srv)
+	listener := capability.NewListenerWithLimits(srv, flow)
+	registerFlowMetrics(srv.Metrics().Registry, listener.Flow())
 
 	if *metricsAddr != "" {
 		mux := http.NewServeMux()
@@ -137,3 +147,18 @@ type hostList []string
 
 func (h *hostList) String() string     { return strings.Join(*h, ",") }
 func (h *hostList) Set(v string) error { *h = append(*h, v); return nil }
+
+// registerFlowMetrics exports the RPC flow-control accounting.
+func registerFlowMetrics(r *prometheus.Registry, pool *flowconn.Pool) {
+	r.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "itx_rpc_calls_in_flight",
+			Help: "RPC calls read and not yet answered on the wire, over every connection."},
+			func() float64 { return float64(pool.Stats().Calls) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "itx_rpc_unwritten_bytes",
+			Help: "Encoded RPC messages queued and not yet written to their sockets, over every connection."},
+			func() float64 { return float64(pool.Stats().Bytes) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "itx_rpc_read_pauses_total",
+			Help: "Times a connection stopped being read because it, or the server, reached a flow-control bound."},
+			func() float64 { return float64(pool.Stats().Pauses) }),
+	)
+}
