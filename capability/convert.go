@@ -1,6 +1,7 @@
 package capability
 
 import (
+	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
 	"github.com/itx-dev/itx/wire"
@@ -11,8 +12,16 @@ func readQuery(q schema.EventQuery) (server.ReadQuery, error) {
 	if err != nil {
 		return server.ReadQuery{}, err
 	}
+	after, err := itx.ValidateOffset("query.after", q.After())
+	if err != nil {
+		return server.ReadQuery{}, err
+	}
+	before, err := itx.ValidateOffset("query.before", q.Before())
+	if err != nil {
+		return server.ReadQuery{}, err
+	}
 	return server.ReadQuery{
-		After: int64(q.After()), Before: int64(q.Before()), Limit: int(q.Limit()),
+		After: after, Before: before, Limit: int(q.Limit()),
 		Types: types, IncludeEphemeral: q.IncludeEphemeral(),
 	}, nil
 }

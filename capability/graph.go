@@ -166,7 +166,11 @@ func (s *stream) Append(ctx context.Context, call schema.Stream_append) error {
 		if err != nil {
 			return badArgs("options", err)
 		}
-		opts = server.AppendOptions{Conditional: o.Conditional(), ExpectedHeadOffset: int64(o.ExpectedHeadOffset())}
+		head, err := itx.ValidateOffset("options.expectedHeadOffset", o.ExpectedHeadOffset())
+		if err != nil {
+			return fail(err)
+		}
+		opts = server.AppendOptions{Conditional: o.Conditional(), ExpectedHeadOffset: head}
 	}
 	// Queue before releasing the call queue: appends sent on one capability commit in order.
 	pending, err := s.srv.StartAppend(ctx, s.ref, inputs, opts)
@@ -254,6 +258,9 @@ func (s *stream) query(q schema.EventQuery, err error) (server.ReadQuery, error)
 	}
 	rq, err := readQuery(q)
 	if err != nil {
+		if itx.ErrorCode(err) == itx.EInvalid {
+			return rq, fail(err)
+		}
 		return rq, badArgs("query", err)
 	}
 	return rq, nil
@@ -280,7 +287,11 @@ func (s *stream) WaitForEvent(ctx context.Context, call schema.Stream_waitForEve
 		}
 		pred.IncludeEphemeral = p.IncludeEphemeral()
 	}
-	after, timeout := int64(args.After()), time.Duration(args.TimeoutMs())*time.Millisecond
+	after, err := itx.ValidateOffset("after", args.After())
+	if err != nil {
+		return fail(err)
+	}
+	timeout := time.Duration(args.TimeoutMs()) * time.Millisecond
 	call.Go()
 	e, err := s.srv.WaitForEvent(ctx, s.ref, pred, after, timeout)
 	if err != nil {

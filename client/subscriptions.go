@@ -2,7 +2,7 @@ package client
 
 import (
 	"context"
-	"fmt"
+	"github.com/itx-dev/itx"
 	"time"
 
 	"github.com/itx-dev/itx/schema"
@@ -137,6 +137,11 @@ func ListSubscriptions(ctx context.Context, subs schema.Subscriptions) ([]Subscr
 // ConfigureSubscription appends the subscription's configured event and returns its name (the
 // generated one when cfg.Name is empty) and the event's offset.
 func ConfigureSubscription(ctx context.Context, subs schema.Subscriptions, cfg SubscriptionConfig) (string, int64, error) {
+	// Checked before the call: an error from building the arguments reaches the caller as
+	// go-capnp's "place arguments" failure, without its code.
+	if err := checkSubscriptionConfig(&cfg); err != nil {
+		return "", 0, err
+	}
 	fut, release := subs.Configure(ctx, func(p schema.Subscriptions_configure_Params) error {
 		c, err := p.NewConfig()
 		if err != nil {
@@ -254,6 +259,27 @@ func ResumeSubscription(ctx context.Context, s schema.Stream, name string) (int6
 	return int64(res.Offset()), nil
 }
 
+// checkSubscriptionConfig refuses the enum strings the schema has no value for, with EInvalid.
+func checkSubscriptionConfig(cfg *SubscriptionConfig) error {
+	switch cfg.Receiver.Kind {
+	case ReceiverWebhookPost, ReceiverCopyToStream, ReceiverItxCall, ReceiverProcessorWake:
+	default:
+		return itx.Errorf(itx.EInvalid, "receiver kind %q is not one of %s, %s, %s, %s", cfg.Receiver.Kind,
+			ReceiverWebhookPost, ReceiverCopyToStream, ReceiverItxCall, ReceiverProcessorWake)
+	}
+	switch cfg.Start {
+	case "", "beginning", "now":
+	default:
+		return itx.Errorf(itx.EInvalid, "start %q is not beginning or now", cfg.Start)
+	}
+	switch cfg.OnFailingEvent {
+	case "", "halt", "skip":
+	default:
+		return itx.Errorf(itx.EInvalid, "onFailingEvent %q is not halt or skip", cfg.OnFailingEvent)
+	}
+	return nil
+}
+
 func setSubscriptionConfig(c schema.SubscriptionConfig, cfg *SubscriptionConfig) error {
 	if err := c.SetName(cfg.Name); err != nil {
 		return err
@@ -299,8 +325,7 @@ func setSubscriptionConfig(c schema.SubscriptionConfig, cfg *SubscriptionConfig)
 			return err
 		}
 	default:
-		return fmt.Errorf("receiver kind %q is not one of %s, %s, %s, %s", cfg.Receiver.Kind,
-			ReceiverWebhookPost, ReceiverCopyToStream, ReceiverItxCall, ReceiverProcessorWake)
+		return checkSubscriptionConfig(cfg)
 	}
 	if err := wire.SetTextList(cfg.FilterTypes, c.NewFilterTypes); err != nil {
 		return err
@@ -317,7 +342,7 @@ func setSubscriptionConfig(c schema.SubscriptionConfig, cfg *SubscriptionConfig)
 	case "now":
 		c.SetStart(schema.StartPosition_now)
 	default:
-		return fmt.Errorf("start %q is not beginning or now", cfg.Start)
+		return checkSubscriptionConfig(cfg)
 	}
 	switch cfg.OnFailingEvent {
 	case "", "halt":
@@ -325,7 +350,7 @@ func setSubscriptionConfig(c schema.SubscriptionConfig, cfg *SubscriptionConfig)
 	case "skip":
 		c.SetOnFailingEvent(schema.FailingEventPolicy_skip)
 	default:
-		return fmt.Errorf("onFailingEvent %q is not halt or skip", cfg.OnFailingEvent)
+		return checkSubscriptionConfig(cfg)
 	}
 	return c.SetDescription(cfg.Description)
 }

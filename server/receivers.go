@@ -193,8 +193,8 @@ type receivers struct {
 // the current mount. Mounting is the presence signal: itx-call subscriptions waiting to retry
 // that capability on loaded streams retry at once.
 func (s *Server) MountReceiver(projectID, name string, r Receiver) (func(), error) {
-	if strings.TrimSpace(name) == "" {
-		return nil, itx.Errorf(itx.EInvalid, "a capability name must not be empty")
+	if err := itx.ValidateMountName(name); err != nil {
+		return nil, err
 	}
 	m := &mount{receiver: r, at: itx.UnixMilli(s.clock.Now())}
 	key := mountKey{projectID, name}
