@@ -513,7 +513,7 @@ func (a *actor) commitGroup(group []*appendReq) {
 	}
 	if err != nil {
 		a.srv.log.Error().Err(err).Str("path", a.ref.Path).Msg("group commit failed")
-		failure := itx.Errorf(itx.EInternal, "append not committed: %v", err)
+		failure := itx.Errorf(storage.ErrorCode(err), "append not committed: %v", err)
 		for i := range plan.Replies {
 			if plan.Replies[i].err == nil {
 				plan.Replies[i] = appendReply{err: failure}
