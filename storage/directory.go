@@ -241,3 +241,9 @@ func (d *Directory) NextAlarm(ctx context.Context, after int64) (int64, error) {
 	}
 	return due.Int64, nil
 }
+
+// Ping checks that the directory database answers a query.
+func (d *Directory) Ping(ctx context.Context) error {
+	var one int
+	return d.db.QueryRowContext(ctx, "select 1").Scan(&one)
+}

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -83,9 +84,12 @@ func run() error {
 	listener := capability.NewListenerWithLimits(srv, flow)
 	registerFlowMetrics(srv.Metrics().Registry, listener.Flow())
 
+	var serving atomic.Bool // the RPC listener is accepting
 	if *metricsAddr != "" {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(srv.Metrics().Registry, promhttp.HandlerOpts{}))
+		mux.Handle("/healthz", healthz())
+		mux.Handle("/readyz", readyz(srv, &serving))
 		go func() {
 			if err := http.ListenAndServe(*metricsAddr, mux); err != nil {
 				log.Error().Err(err).Msg("metrics server stopped")
@@ -94,7 +98,8 @@ func run() error {
 	}
 
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- listener.Serve(ln) }()
+	serving.Store(true)
+	go func() { serveErr <- listener.Serve(ln); serving.Store(false) }()
 	if *addrFile != "" {
 		if err := os.WriteFile(*addrFile, []byte(addr), 0o644); err != nil {
 			return err
@@ -115,6 +120,7 @@ func run() error {
 
 	// Stop accepting, let in-flight calls finish (their answers still travel on open
 	// connections), close the databases, then the connections.
+	serving.Store(false)
 	ln.Close()
 	sctx, cancel := context.WithTimeout(ctx, *shutdownTimeout)
 	defer cancel()
@@ -161,4 +167,27 @@ func registerFlowMetrics(r *prometheus.Registry, pool *flowconn.Pool) {
 			Help: "Times a connection stopped being read because it, or the server, reached a flow-control bound."},
 			func() float64 { return float64(pool.Stats().Pauses) }),
 	)
+}
+
+// healthz answers 200 while the process serves HTTP at all: a liveness probe.
+func healthz() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+}
+
+// readyz answers 200 when the directory database answers and the RPC listener accepts, 503
+// otherwise (starting, shutting down, or a directory that fails): a readiness probe.
+func readyz(srv *server.Server, serving *atomic.Bool) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !serving.Load() {
+			http.Error(w, "not ready: the RPC listener is not accepting", http.StatusServiceUnavailable)
+			return
+		}
+		if err := srv.Ready(r.Context()); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
 }
