@@ -39,8 +39,10 @@ func BenchmarkAppendUnderAbuse(b *testing.B) {
 	abused := make(chan func(), 1)
 	go func() { abused <- pipelineUnread(b, srv.addr, srv.creds.ProjectToken, "/abuse/pages", 100_000) }()
 	b.ResetTimer()
+	cpu := srv.cpuMeter(b)
 	busy := measure(b.N, idleN)
 	b.StopTimer()
+	cpu.report(b)
 	(<-abused)()
 
 	idleP99, busyP99 := percentile(idle, 0.99), percentile(busy, 0.99)
