@@ -82,7 +82,7 @@ func dialGated(t *testing.T, addr string, open chan struct{}) schema.Gateway {
 
 func waitFor(t *testing.T, pool *flowconn.Pool, what string, cond func(flowconn.Stats) bool) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if !pool.WaitFor(ctx.Done(), cond) {
 		t.Fatalf("timed out waiting for %s: %+v", what, pool.Stats())
@@ -116,6 +116,10 @@ func TestTransport_StopsReadingAtTheBound(t *testing.T) {
 				futures[i], release = gw.Version(context.Background(), nil)
 				defer release()
 			}
+			// Runs before the releases, which wait for answers the client must read, so a
+			// failing test ends instead of hanging.
+			openOnce := sync.OnceFunc(func() { close(open) })
+			defer openOnce()
 			waitFor(t, pool, "a pause", func(s flowconn.Stats) bool { return s.Pauses >= 1 && s.Calls >= tc.calls })
 			if got := pool.Stats().Calls; got != tc.calls {
 				t.Fatalf("calls in flight = %d, want %d (the bound)", got, tc.calls)
@@ -123,7 +127,7 @@ func TestTransport_StopsReadingAtTheBound(t *testing.T) {
 
 			// Once the client reads, every call is answered: the server pushed back, it did
 			// not drop anything.
-			close(open)
+			openOnce()
 			for i, f := range futures {
 				res, err := f.Struct()
 				if err != nil {
@@ -151,13 +155,15 @@ func TestTransport_ByteBound(t *testing.T) {
 		defer release()
 		futures = append(futures, f)
 	}
+	openOnce := sync.OnceFunc(func() { close(open) })
+	defer openOnce() // before the releases: see TestTransport_StopsReadingAtTheBound
 	waitFor(t, pool, "a pause", func(s flowconn.Stats) bool { return s.Pauses >= 1 && s.Bytes > 0 })
 	// Replies already in the socket buffers were written; what is queued is bounded by the calls
 	// read before the pause, not by the 2,000 sent.
 	if s := pool.Stats(); s.Calls >= 1000 {
 		t.Fatalf("calls in flight = %d: the byte bound did not stop reading", s.Calls)
 	}
-	close(open)
+	openOnce()
 	for i, f := range futures {
 		if _, err := f.Struct(); err != nil {
 			t.Fatalf("call %d: %v", i, err)
