@@ -162,3 +162,29 @@ func BenchmarkJSONata(b *testing.B) {
 		}
 	})
 }
+
+// The budget is a setting (itxd's --jsonata-max-items, --jsonata-max-bytes,
+// --jsonata-concurrency): a smaller one stops an expression the default lets through.
+func TestSetJSONataBudget(t *testing.T) {
+	t.Cleanup(func() { SetJSONataBudget(0, 0, 0) })
+	ev := &itx.Event{Offset: 1, Type: "t", Payload: []byte(`{}`)}
+	for _, tc := range []struct {
+		items, bytes int64
+		src, limit   string
+	}{
+		{1000, 0, `$count($map([1..100], function($v){[1..20]}))`, "total items"},
+		{0, 1000, `$map([1..10], function($v){$pad("", 200, "x")})`, "total string bytes"},
+	} {
+		expr, err := CompileJSONata(tc.src)
+		require.NoError(t, err)
+		SetJSONataBudget(0, 0, 0)
+		_, err = evalJSONata(expr, ev)
+		require.NoError(t, err, "within the default budget")
+		SetJSONataBudget(tc.items, tc.bytes, 1)
+		_, err = evalJSONata(expr, ev)
+		var lim *jsonata.LimitError
+		require.ErrorAs(t, err, &lim)
+		require.Equal(t, tc.limit, lim.Limit)
+	}
+	require.Equal(t, 1, cap(jsonataSlots))
+}

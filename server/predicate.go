@@ -94,12 +94,30 @@ var (
 
 const maxJSONataWaiting = 1024
 
+// SetJSONataBudget replaces, process-wide, the total one evaluation may build (maxItems array
+// items and object entries, maxBytes string bytes; 0 keeps itx.MaxJSONataItems and
+// itx.MaxJSONataBytes) and how many evaluations run at once (0: one per core). Call it before
+// any evaluation (itxd calls it from its flags before opening the server).
+func SetJSONataBudget(maxItems, maxBytes int64, concurrent int) {
+	if maxItems <= 0 {
+		maxItems = itx.MaxJSONataItems
+	}
+	if maxBytes <= 0 {
+		maxBytes = itx.MaxJSONataBytes
+	}
+	if concurrent <= 0 {
+		concurrent = runtime.GOMAXPROCS(0)
+	}
+	jsonataLimits.MaxItems, jsonataLimits.MaxBytes = maxItems, maxBytes
+	jsonataSlots = make(chan struct{}, concurrent)
+}
+
 // errJSONataBusy is what an evaluation gets when too many are waiting for a core.
 var errJSONataBusy = errors.New("too many JSONata evaluations are waiting for a core")
 
-func acquireJSONataSlot() error {
+func acquireJSONataSlot(slots chan struct{}) error {
 	select {
-	case jsonataSlots <- struct{}{}:
+	case slots <- struct{}{}:
 		return nil
 	default:
 	}
@@ -107,7 +125,7 @@ func acquireJSONataSlot() error {
 		jsonataWaiting.Add(-1)
 		return errJSONataBusy
 	}
-	jsonataSlots <- struct{}{}
+	slots <- struct{}{}
 	jsonataWaiting.Add(-1)
 	return nil
 }
@@ -118,10 +136,11 @@ func init() { jsonata.SetSizeLimits(itx.MaxEventBytes, itx.MaxJSONataArrayItems)
 // evalJSONata is the one place the server evaluates a user's JSONata, always within limits. A
 // panic inside the library is that expression's error, not the server's end.
 func evalJSONata(expr *jsonata.Expr, e *itx.Event) (res any, err error) {
-	if err := acquireJSONataSlot(); err != nil {
+	slots := jsonataSlots // a slot goes back to the channel it came from
+	if err := acquireJSONataSlot(slots); err != nil {
 		return nil, err
 	}
-	defer func() { <-jsonataSlots }()
+	defer func() { <-slots }()
 	defer func() {
 		if p := recover(); p != nil {
 			res, err = nil, fmt.Errorf("JSONata evaluation failed: %v", p)

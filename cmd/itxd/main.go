@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/capability"
 	"github.com/itx-dev/itx/internal/flowconn"
 	"github.com/itx-dev/itx/server"
@@ -51,6 +52,9 @@ func run() error {
 	flag.Int64Var(&flow.PreAuthBytes, "rpc-preauth-max-reply-bytes", flowconn.DefaultPreAuthBytes, "reply bytes waiting to be written per connection before login")
 	flag.IntVar(&flow.GlobalCalls, "rpc-global-max-calls", flowconn.DefaultGlobalCalls, "calls in flight over all connections")
 	flag.Int64Var(&flow.GlobalBytes, "rpc-global-max-reply-bytes", flowconn.DefaultGlobalBytes, "reply bytes waiting to be written over all connections")
+	jsonataItems := flag.Int64("jsonata-max-items", itx.MaxJSONataItems, "array items and object entries one JSONata evaluation may build in total")
+	jsonataBytes := flag.Int64("jsonata-max-bytes", itx.MaxJSONataBytes, "string bytes one JSONata evaluation may build in total")
+	jsonataConcurrent := flag.Int("jsonata-concurrency", 0, "JSONata evaluations running at once (0: one per core)")
 	shutdownTimeout := flag.Duration("shutdown-timeout", 30*time.Second, "how long SIGTERM waits for in-flight calls")
 	flag.Parse()
 
@@ -66,6 +70,7 @@ func run() error {
 	}
 	log = log.Level(level).With().Timestamp().Logger()
 
+	server.SetJSONataBudget(*jsonataItems, *jsonataBytes, *jsonataConcurrent)
 	ctx := context.Background()
 	srv, err := server.Open(ctx, server.Config{
 		DataDir: *data, Log: log, IdleTimeout: *idle, MaxLoadedStreams: *maxLoaded,
