@@ -27,13 +27,14 @@ const (
 	ECapabilityOffline   Code = "capabilityOffline"   // no Receiver mounted under the name
 	EFailedPrecondition  Code = "failedPrecondition"  // the target is in the wrong state
 	ECancelled           Code = "cancelled"           // the caller went away
+	EResourceExhausted   Code = "resourceExhausted"   // the disk is full; nothing was written
 )
 
 // Codes lists every code, for exhaustiveness checks against the schema.
 var Codes = []Code{
 	EInvalid, ENotFound, EIdempotencyConflict, EOffsetConflict, ERateLimited, ETooLarge,
 	EUnauthenticated, EDeadlineExceeded, EUnavailable, ELimitExceeded, EInternal,
-	ECapabilityOffline, EFailedPrecondition, ECancelled,
+	ECapabilityOffline, EFailedPrecondition, ECancelled, EResourceExhausted,
 }
 
 // Error is a domain error with a code a caller can act on and a message a person can read.

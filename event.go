@@ -72,6 +72,9 @@ func (in *EventInput) Normalize() error {
 	if len(bytes.TrimSpace(in.Payload)) == 0 {
 		in.Payload = jsonEmptyObject
 	} else {
+		if !utf8.Valid(in.Payload) {
+			return Errorf(EInvalid, "payload is not valid UTF-8")
+		}
 		p, err := compactJSON(in.Payload)
 		if err != nil {
 			return Errorf(EInvalid, "payload is not valid JSON: %v", err)
@@ -84,6 +87,9 @@ func (in *EventInput) Normalize() error {
 	if len(bytes.TrimSpace(in.Metadata)) == 0 || bytes.Equal(bytes.TrimSpace(in.Metadata), jsonNull) {
 		in.Metadata = nil
 	} else {
+		if !utf8.Valid(in.Metadata) {
+			return Errorf(EInvalid, "metadata is not valid UTF-8")
+		}
 		m, err := compactJSON(in.Metadata)
 		if err != nil {
 			return Errorf(EInvalid, "metadata is not valid JSON: %v", err)
@@ -109,6 +115,11 @@ func (in *EventInput) Normalize() error {
 	}
 	if len(in.Provenance) > MaxProvenanceHops {
 		return Errorf(EInvalid, "provenance has %d hops, at most %d", len(in.Provenance), MaxProvenanceHops)
+	}
+	for i, h := range in.Provenance {
+		if !utf8.ValidString(h.StreamID + h.Path + h.Subscription + h.Type) {
+			return Errorf(EInvalid, "provenance[%d] is not valid UTF-8", i)
+		}
 	}
 	if n := in.Size(); n > MaxEventBytes {
 		return Errorf(ETooLarge, "event is %d bytes, at most %d", n, MaxEventBytes)

@@ -23,6 +23,10 @@ const (
 	// MaxJSONataArrayItems bounds an array (or range) one JSONata built-in may build; strings are
 	// bounded by MaxEventBytes.
 	MaxJSONataArrayItems = 100_000
+	// MaxJSONataItems and MaxJSONataBytes bound everything one evaluation builds, in total: array
+	// items and object entries, and string bytes, across all intermediate values.
+	MaxJSONataItems = 500_000
+	MaxJSONataBytes = 16 << 20
 
 	// EphemeralBufferBytes bounds the ephemeral events one stream holds (type, payload and
 	// metadata bytes): past it the oldest are evicted first (FIFO), before their retention ends.

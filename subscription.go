@@ -9,6 +9,9 @@ import (
 	"net/url"
 	"strings"
 	"time"
+	"unicode/utf8"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // The stream's own control event types, reduced by the core processor before commit.
@@ -88,6 +91,13 @@ type SubscriptionFilter struct {
 	JSONataCondition string   `json:"jsonataCondition,omitempty"` // must evaluate to exactly true
 }
 
+func (f *SubscriptionFilter) condition() string {
+	if f == nil {
+		return ""
+	}
+	return f.JSONataCondition
+}
+
 // Receiver is the union of receiver kinds, discriminated by Action.
 type Receiver struct {
 	Action string `json:"action"`
@@ -132,15 +142,7 @@ func (r *Receiver) EffectiveDelivery() DeliveryPolicy {
 }
 
 // ValidateSubscriptionName checks a caller-chosen name (already trimmed).
-func ValidateSubscriptionName(name string) error {
-	if name == "" {
-		return Errorf(EInvalid, "subscription name must not be empty")
-	}
-	if n := len([]rune(name)); n > MaxSubscriptionNameLength {
-		return Errorf(EInvalid, "subscription name is %d characters, at most %d", n, MaxSubscriptionNameLength)
-	}
-	return nil
-}
+func ValidateSubscriptionName(name string) error { return ValidateName("subscription name", name) }
 
 // DecodeStrict decodes a JSON object into v, refusing unknown fields and trailing data.
 func DecodeStrict(raw []byte, v any) error {
@@ -183,6 +185,11 @@ func ParseSubscriptionConfig(payload []byte) (*SubscriptionConfig, error) {
 	}
 	r := &c.Receiver
 	r.JSONataTransform = strings.TrimSpace(r.JSONataTransform)
+	for field, src := range map[string]string{"filter.jsonataCondition": c.Filter.condition(), "receiver.jsonataTransform": r.JSONataTransform} {
+		if len(src) > MaxJSONataLength {
+			return nil, Errorf(EInvalid, "%s is %d bytes, at most %d", field, len(src), MaxJSONataLength)
+		}
+	}
 	if d := r.Delivery; d != nil {
 		if d.Start != StartBeginning && d.Start != StartNow {
 			return nil, Errorf(EInvalid, "receiver.delivery.start must be %q or %q", StartBeginning, StartNow)
@@ -214,6 +221,9 @@ func ParseSubscriptionConfig(payload []byte) (*SubscriptionConfig, error) {
 		if _, err := WebhookSecretKey(r.Secret); err != nil {
 			return nil, err
 		}
+		if err := validateHeaders(r.Headers); err != nil {
+			return nil, err
+		}
 	case KindCopyToStream:
 		if err := only(r.Action, map[string]bool{"url": r.URL != "", "headers": r.Headers != nil, "secret": r.Secret != "", "capability": r.Capability != "", "placement": r.Placement != ""}); err != nil {
 			return nil, err
@@ -231,6 +241,9 @@ func ParseSubscriptionConfig(payload []byte) (*SubscriptionConfig, error) {
 		}
 		if r.Capability = strings.TrimSpace(r.Capability); r.Capability == "" {
 			return nil, Errorf(EInvalid, "receiver.capability must name a mounted Receiver")
+		}
+		if err := ValidateMountName(r.Capability); err != nil {
+			return nil, Errorf(EInvalid, "receiver.capability: %s", ErrorMessage(err))
 		}
 	case KindProcessorWake:
 		if err := only(r.Action, map[string]bool{"url": r.URL != "", "headers": r.Headers != nil, "secret": r.Secret != "", "receivingStreamPath": r.ReceivingStreamPath != "", "capability": r.Capability != ""}); err != nil {
@@ -299,3 +312,18 @@ type (
 )
 
 var base64Std = base64.StdEncoding
+
+// validateHeaders refuses webhook headers no request could carry: a name that is not an HTTP
+// token, a value with CR, LF or another control character (every delivery would fail, or worse,
+// split the request), or a value that is not valid UTF-8.
+func validateHeaders(h map[string]string) error {
+	for name, value := range h {
+		if !httpguts.ValidHeaderFieldName(name) {
+			return Errorf(EInvalid, "receiver.headers: %q is not a valid HTTP header name", name)
+		}
+		if !httpguts.ValidHeaderFieldValue(value) || !utf8.ValidString(value) {
+			return Errorf(EInvalid, "receiver.headers[%q]: the value has a control character (CR, LF, ...) or invalid UTF-8", name)
+		}
+	}
+	return nil
+}

@@ -18,7 +18,8 @@ const ProtocolVersion = 1
 
 // gateway is the bootstrap capability of one RPC connection.
 type gateway struct {
-	srv *server.Server
+	srv           *server.Server
+	authenticated func() // raises the connection's flow-control bounds; nil in tests
 }
 
 func (g *gateway) Login(ctx context.Context, call schema.Gateway_login) error {
@@ -29,6 +30,9 @@ func (g *gateway) Login(ctx context.Context, call schema.Gateway_login) error {
 	p, err := g.srv.Login(ctx, token)
 	if err != nil {
 		return fail(err)
+	}
+	if g.authenticated != nil {
+		g.authenticated()
 	}
 	res, err := call.AllocResults()
 	if err != nil {
@@ -157,6 +161,9 @@ func (s *stream) Append(ctx context.Context, call schema.Stream_append) error {
 		if err != nil {
 			return badArgs("options", err)
 		}
+		if _, err := itx.ValidateOffset("options.expectedHeadOffset", o.ExpectedHeadOffset()); err != nil {
+			return fail(err)
+		}
 		opts = wire.AppendOptionsFromSchema(o)
 	}
 	// Queue before releasing the call queue: appends sent on one capability commit in order.
@@ -224,6 +231,9 @@ func (s *stream) query(q schema.EventQuery, err error) (itx.Query, error) {
 	}
 	rq, err := wire.QueryFromSchema(q)
 	if err != nil {
+		if itx.ErrorCode(err) == itx.EInvalid {
+			return rq, fail(err)
+		}
 		return rq, badArgs("query", err)
 	}
 	return rq, nil
@@ -241,7 +251,11 @@ func (s *stream) WaitForEvent(ctx context.Context, call schema.Stream_waitForEve
 			return badArgs("predicate", err)
 		}
 	}
-	after, timeout := int64(args.After()), time.Duration(args.TimeoutMs())*time.Millisecond
+	after, err := itx.ValidateOffset("after", args.After())
+	if err != nil {
+		return fail(err)
+	}
+	timeout := time.Duration(args.TimeoutMs()) * time.Millisecond
 	call.Go()
 	e, err := s.srv.WaitForEvent(ctx, s.ref, pred, after, timeout)
 	if err != nil {

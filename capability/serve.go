@@ -9,6 +9,7 @@ import (
 
 	"capnproto.org/go/capnp/v3"
 	"capnproto.org/go/capnp/v3/rpc"
+	"github.com/itx-dev/itx/internal/flowconn"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
 	"github.com/rs/zerolog"
@@ -16,18 +17,28 @@ import (
 
 // Listener serves the capability graph on accepted connections, one Gateway per connection.
 type Listener struct {
-	srv *server.Server
-	log zerolog.Logger
+	srv  *server.Server
+	log  zerolog.Logger
+	flow *flowconn.Pool
 
 	mu    sync.Mutex
 	conns map[*rpc.Conn]struct{}
 	wg    sync.WaitGroup
 }
 
-// NewListener returns a Listener for srv.
+// NewListener returns a Listener for srv with the default connection limits.
 func NewListener(srv *server.Server) *Listener {
-	return &Listener{srv: srv, log: srv.Log(), conns: map[*rpc.Conn]struct{}{}}
+	return NewListenerWithLimits(srv, flowconn.Limits{})
 }
+
+// NewListenerWithLimits returns a Listener for srv whose connections are flow-controlled with
+// limits (zero fields take flowconn's defaults).
+func NewListenerWithLimits(srv *server.Server, limits flowconn.Limits) *Listener {
+	return &Listener{srv: srv, log: srv.Log(), flow: flowconn.NewPool(limits), conns: map[*rpc.Conn]struct{}{}}
+}
+
+// Flow returns the accounting shared by the listener's connections.
+func (l *Listener) Flow() *flowconn.Pool { return l.flow }
 
 // Serve accepts connections on ln until it is closed.
 func (l *Listener) Serve(ln net.Listener) error {
@@ -48,9 +59,12 @@ func (l *Listener) serveConn(c net.Conn) {
 		tc.SetNoDelay(true)
 		tc.SetKeepAlive(true) // a peer that vanishes without a reset is noticed
 	}
-	gw := &gateway{srv: l.srv}
+	// Every connection is flow-controlled: past its bounds the server stops reading it (see
+	// internal/flowconn). A login lifts it from the pre-authentication bounds.
+	t := flowconn.New(c, l.flow)
+	gw := &gateway{srv: l.srv, authenticated: t.Authenticate}
 	boot := schema.Gateway(guarded(guardOf(l.srv), schema.Gateway_Methods(nil, gw), gw))
-	conn := rpc.NewConn(rpc.NewStreamTransport(c), &rpc.Options{
+	conn := rpc.NewConn(t, &rpc.Options{
 		BootstrapClient: capnp.Client(boot),
 		Logger:          rpcLogger{l.log},
 	})

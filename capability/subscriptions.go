@@ -34,7 +34,10 @@ func (s *stream) SetSubscriptionCursor(ctx context.Context, call schema.Stream_s
 	if err != nil {
 		return badArgs("name", err)
 	}
-	after := int64(call.Args().AfterOffset())
+	after, err := itx.ValidateOffset("afterOffset", call.Args().AfterOffset())
+	if err != nil {
+		return fail(err)
+	}
 	call.Go()
 	off, err := s.srv.SetSubscriptionCursor(ctx, s.ref, name, after)
 	if err != nil {
@@ -171,7 +174,11 @@ func (s *subscription) Describe(ctx context.Context, call schema.Subscription_de
 }
 
 func (s *subscription) WaitUntilProcessed(ctx context.Context, call schema.Subscription_waitUntilProcessed) error {
-	offset, timeout := int64(call.Args().Offset()), time.Duration(call.Args().TimeoutMs())*time.Millisecond
+	offset, err := itx.ValidateOffset("offset", call.Args().Offset())
+	if err != nil {
+		return fail(err)
+	}
+	timeout := time.Duration(call.Args().TimeoutMs()) * time.Millisecond
 	call.Go()
 	confirmed, err := s.srv.WaitUntilProcessed(ctx, s.ref, s.name, offset, timeout)
 	if err != nil {

@@ -2,7 +2,6 @@ package client
 
 import (
 	"context"
-	"fmt"
 	"sort"
 	"time"
 
@@ -101,16 +100,18 @@ func ListSubscriptions(ctx context.Context, subs schema.Subscriptions) ([]itx.Su
 // ConfigureSubscription appends the subscription's configured event and returns its name (the
 // generated one when cfg.Name is empty) and the event's offset.
 func ConfigureSubscription(ctx context.Context, subs schema.Subscriptions, cfg SubscriptionConfig) (string, int64, error) {
+	// Checked before the call: an error from building the arguments reaches the caller as
+	// go-capnp's "place arguments" failure, without its code.
+	ic, err := cfg.Config()
+	if err != nil {
+		return "", 0, err
+	}
 	fut, release := subs.Configure(ctx, func(p schema.Subscriptions_configure_Params) error {
 		c, err := p.NewConfig()
 		if err != nil {
 			return err
 		}
 		if err := p.SetIdempotencyKey(cfg.IdempotencyKey); err != nil {
-			return err
-		}
-		ic, err := cfg.Config()
-		if err != nil {
 			return err
 		}
 		return wire.SetSubscriptionConfig(c, &ic)
@@ -227,7 +228,7 @@ func (cfg *SubscriptionConfig) Config() (itx.SubscriptionConfig, error) {
 	case ReceiverProcessorWake:
 		r.Placement, r.Delivery = in.Placement, nil // the processor owns its checkpoint
 	default:
-		return out, fmt.Errorf("receiver kind %q is not one of %s, %s, %s, %s", in.Kind,
+		return out, itx.Errorf(itx.EInvalid, "receiver kind %q is not one of %s, %s, %s, %s", in.Kind,
 			ReceiverWebhookPost, ReceiverCopyToStream, ReceiverItxCall, ReceiverProcessorWake)
 	}
 	return out, nil
@@ -241,7 +242,7 @@ func oneOf(field, v, def, other string) (string, error) {
 	case def, other:
 		return v, nil
 	}
-	return "", fmt.Errorf("%s %q is not %s or %s", field, v, def, other)
+	return "", itx.Errorf(itx.EInvalid, "%s %q is not %s or %s", field, v, def, other)
 }
 
 // ConfigOf is c in the client's flat form, as describe reports it: defaults are spelled out and

@@ -41,6 +41,7 @@ enum ErrorCode {
   capabilityOffline @12;   # itx-call: no Receiver is mounted under that name
   failedPrecondition @13;  # the target is in the wrong state (e.g. resume of an active subscription)
   cancelled @14;           # the caller went away or closed the connection
+  resourceExhausted @15;   # the server's disk is full: nothing of the call was written; retry once space returns
 }
 
 # An error as data (a subscription's last error, a connection's close reason).

@@ -645,7 +645,9 @@ func (a *actor) reloadAfter(group []*appendReq, cause error) {
 	a.srv.log.Error().Err(cause).Str("path", a.ref.Path).Msg("step failed; reloading the stream's state from storage")
 	failure := itx.AsError(cause)
 	if failure.Code == itx.EInternal || failure.Code == "" {
-		failure = itx.Errorf(itx.EInternal, "append not committed: %v", cause)
+		// A full disk or a read-only file system says so (storage.ErrorCode); anything else
+		// that failed to commit is internal.
+		failure = itx.Errorf(storage.ErrorCode(cause), "append not committed: %v", cause)
 	}
 	a.reply(group, nil, failure)
 	for _, op := range a.failedReaders {

@@ -30,8 +30,9 @@ func FuzzJSONata(f *testing.F) {
 		`$replace("abc", /b/, "x")`,
 		`$match("abc", /b/)`,
 		`payload ~> |$|{"x":1}|`,
-		"!\u03e500000000000",      // a lexer panic
-		`$formatNumber(0,"#e00")`, // an endless loop
+		"!\u03e500000000000",                         // a lexer panic
+		`$formatNumber(0,"#e00")`,                    // an endless loop
+		`$map([1..50000], function($v){[1..50000]})`, // 566 MiB before the total budget
 	} {
 		f.Add(s)
 	}

@@ -21,7 +21,7 @@ func TestJSONata_RunawayExpressionsStopAtTheirLimits(t *testing.T) {
 		{"self recursion", `($f := function($x){ $f($x) + 1 }; $f(1))`, "depth"},
 		{"recursion through a parameter", `($g := function($h){ $h($h) }; $g($g))`, "depth"},
 		{"recursion through a higher-order built-in", `($f := function($g){ $map([$g], $g) }; $f($f))`, "depth"},
-		{"a long loop", `$count($map([1..100000], function($i){ $map([1..100], function($j){ $j }) }))`, "step"},
+		{"a long loop", `$sum($map([1..100000], function($i){ (($i * 2 + 1) * 3 - 1) / 2 }))`, "step"},
 		{"a doubling string", `($d := function($s, $n){ $n = 0 ? $s : $d($s & $s, $n - 1) }; $d("x", 40))`, "string size"},
 		{"a doubling join", `($d := function($s, $n){ $n = 0 ? $s : $d($join([$s, $s]), $n - 1) }; $d("x", 40))`, "string size"},
 		{"a doubling array", `($d := function($a, $n){ $n = 0 ? $a : $d($append($a, $a), $n - 1) }; $count($d([1], 40)))`, "array size"},
@@ -29,6 +29,8 @@ func TestJSONata_RunawayExpressionsStopAtTheirLimits(t *testing.T) {
 		{"a multiplying replace", `$replace($pad("", 1000, "x"), /x/, $pad("", 100000, "y"))`, "string size"},
 		{"a multiplying plain replace", `$replace($pad("", 1000, "x"), "x", $pad("", 100000, "y"))`, "string size"},
 		{"a huge range", `$count([1..200000])`, "range"}, // upstream's own error, at our bound
+		{"many large ranges", `$map([1..50000], function($v){[1..50000]})`, "total items"},
+		{"many large strings", `$map([1..100], function($v){$pad("", 1000000, "x")})`, "total string bytes"},
 		{"a shared structure encoded", `($d := function($a, $n){ $n = 0 ? $a : $d({"l": $a, "r": $a}, $n - 1) }; $string($d([1], 60)))`, "result size"},
 		{"a shared structure walked", `($d := function($a, $n){ $n = 0 ? $a : $d({"l": $a, "r": $a}, $n - 1) }; $count($d([1], 60).**))`, "result size"},
 	} {
@@ -159,4 +161,30 @@ func BenchmarkJSONata(b *testing.B) {
 			}
 		}
 	})
+}
+
+// The budget is a setting (itxd's --jsonata-max-items, --jsonata-max-bytes,
+// --jsonata-concurrency): a smaller one stops an expression the default lets through.
+func TestSetJSONataBudget(t *testing.T) {
+	t.Cleanup(func() { SetJSONataBudget(0, 0, 0) })
+	ev := &itx.Event{Offset: 1, Type: "t", Payload: []byte(`{}`)}
+	for _, tc := range []struct {
+		items, bytes int64
+		src, limit   string
+	}{
+		{1000, 0, `$count($map([1..100], function($v){[1..20]}))`, "total items"},
+		{0, 1000, `$map([1..10], function($v){$pad("", 200, "x")})`, "total string bytes"},
+	} {
+		expr, err := CompileJSONata(tc.src)
+		require.NoError(t, err)
+		SetJSONataBudget(0, 0, 0)
+		_, err = evalJSONata(expr, ev)
+		require.NoError(t, err, "within the default budget")
+		SetJSONataBudget(tc.items, tc.bytes, 1)
+		_, err = evalJSONata(expr, ev)
+		var lim *jsonata.LimitError
+		require.ErrorAs(t, err, &lim)
+		require.Equal(t, tc.limit, lim.Limit)
+	}
+	require.Equal(t, 1, cap(jsonataSlots))
 }

@@ -3,7 +3,10 @@ package server
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"runtime"
+	"sync/atomic"
 	"time"
 
 	jsonata "github.com/blues/jsonata-go"
@@ -59,6 +62,54 @@ var jsonataLimits = jsonata.Limits{
 	MaxSteps:       200_000,
 	Timeout:        time.Second,
 	MaxStringBytes: itx.MaxEventBytes,
+	MaxItems:       itx.MaxJSONataItems,
+	MaxBytes:       itx.MaxJSONataBytes,
+}
+
+// jsonataSlots admits at most one evaluation per core at once, so the memory all evaluations
+// hold is bounded by cores x one evaluation's budget. Evaluations past that wait (each ends
+// within its time limit); past maxJSONataWaiting waiters an evaluation is refused outright.
+var (
+	jsonataSlots   = make(chan struct{}, runtime.GOMAXPROCS(0))
+	jsonataWaiting atomic.Int64
+)
+
+const maxJSONataWaiting = 1024
+
+// SetJSONataBudget replaces, process-wide, the total one evaluation may build (maxItems array
+// items and object entries, maxBytes string bytes; 0 keeps itx.MaxJSONataItems and
+// itx.MaxJSONataBytes) and how many evaluations run at once (0: one per core). Call it before
+// any evaluation (itxd calls it from its flags before opening the server).
+func SetJSONataBudget(maxItems, maxBytes int64, concurrent int) {
+	if maxItems <= 0 {
+		maxItems = itx.MaxJSONataItems
+	}
+	if maxBytes <= 0 {
+		maxBytes = itx.MaxJSONataBytes
+	}
+	if concurrent <= 0 {
+		concurrent = runtime.GOMAXPROCS(0)
+	}
+	jsonataLimits.MaxItems, jsonataLimits.MaxBytes = maxItems, maxBytes
+	jsonataSlots = make(chan struct{}, concurrent)
+}
+
+// errJSONataBusy is what an evaluation gets when too many are waiting for a core.
+var errJSONataBusy = errors.New("too many JSONata evaluations are waiting for a core")
+
+func acquireJSONataSlot(slots chan struct{}) error {
+	select {
+	case slots <- struct{}{}:
+		return nil
+	default:
+	}
+	if jsonataWaiting.Add(1) > maxJSONataWaiting {
+		jsonataWaiting.Add(-1)
+		return errJSONataBusy
+	}
+	slots <- struct{}{}
+	jsonataWaiting.Add(-1)
+	return nil
 }
 
 // What one built-in may build: a string as large as an event, an array of 100,000 items.
@@ -67,6 +118,11 @@ func init() { jsonata.SetSizeLimits(itx.MaxEventBytes, itx.MaxJSONataArrayItems)
 // evalJSONata is the one place the server evaluates a user's JSONata, always within limits. A
 // panic inside the library is that expression's error, not the server's end.
 func evalJSONata(expr *jsonata.Expr, e *itx.Event) (res any, err error) {
+	slots := jsonataSlots // a slot goes back to the channel it came from
+	if err := acquireJSONataSlot(slots); err != nil {
+		return nil, err
+	}
+	defer func() { <-slots }()
 	defer func() {
 		if p := recover(); p != nil {
 			res, err = nil, fmt.Errorf("JSONata evaluation failed: %v", p)

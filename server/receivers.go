@@ -10,13 +10,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
-	"net/url"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 
 	"github.com/itx-dev/itx"
 )
@@ -100,67 +97,6 @@ func SignWebhook(key []byte, id, timestamp string, body []byte) string {
 	mac.Write([]byte(id + "." + timestamp + "."))
 	mac.Write(body)
 	return "v1," + base64.StdEncoding.EncodeToString(mac.Sum(nil))
-}
-
-// EgressPolicy decides which webhook destinations the server may reach. It is checked when a
-// subscription is configured (the URL's host) and again on every connection (the resolved
-// address), so DNS cannot route around it.
-type EgressPolicy struct {
-	// AllowHosts, when set, lists the only host names (or "*.suffix" patterns) reachable.
-	AllowHosts []string
-	// DenyPrivate refuses loopback, private, link-local and unspecified addresses.
-	DenyPrivate bool
-}
-
-func (p EgressPolicy) checkURL(raw string) error {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return itx.Errorf(itx.EInvalid, "webhook url: %v", err)
-	}
-	host := u.Hostname()
-	if len(p.AllowHosts) > 0 {
-		ok := false
-		for _, pat := range p.AllowHosts {
-			if pat == host || (strings.HasPrefix(pat, "*.") && strings.HasSuffix(host, pat[1:])) {
-				ok = true
-				break
-			}
-		}
-		if !ok {
-			return itx.Errorf(itx.EInvalid, "webhook host %q is not allowed by the server's egress policy", host)
-		}
-	}
-	if ip := net.ParseIP(host); ip != nil {
-		return p.checkIP(ip)
-	}
-	return nil
-}
-
-func (p EgressPolicy) checkIP(ip net.IP) error {
-	if p.DenyPrivate && (ip.IsLoopback() || ip.IsPrivate() || ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() || ip.IsUnspecified()) {
-		return itx.Errorf(itx.EInvalid, "webhook address %s is private and the egress policy denies private addresses", ip)
-	}
-	return nil
-}
-
-func newHTTPClient(p EgressPolicy) *http.Client {
-	dialer := &net.Dialer{Control: func(network, address string, _ syscall.RawConn) error {
-		host, _, err := net.SplitHostPort(address)
-		if err != nil {
-			return err
-		}
-		if ip := net.ParseIP(host); ip != nil {
-			return p.checkIP(ip)
-		}
-		return nil
-	}}
-	t := http.DefaultTransport.(*http.Transport).Clone()
-	t.DialContext = dialer.DialContext
-	t.Proxy = nil
-	t.MaxIdleConnsPerHost = 32
-	return &http.Client{Transport: t, CheckRedirect: func(*http.Request, []*http.Request) error {
-		return http.ErrUseLastResponse // a redirect is not an acknowledgement
-	}}
 }
 
 // --- copy-to-stream ------------------------------------------------------------------------
@@ -280,8 +216,8 @@ type receivers struct {
 // the current mount. Mounting is the presence signal: itx-call subscriptions waiting to retry
 // that capability on loaded streams retry at once.
 func (s *Server) MountReceiver(projectID, name string, r Receiver) (func(), error) {
-	if strings.TrimSpace(name) == "" {
-		return nil, itx.Errorf(itx.EInvalid, "a capability name must not be empty")
+	if err := itx.ValidateMountName(name); err != nil {
+		return nil, err
 	}
 	m := &mount{receiver: r, at: itx.UnixMilli(s.clock.Now())}
 	key := mountKey{projectID, name}

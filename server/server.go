@@ -150,7 +150,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.Random == nil {
 		cfg.Random = mrand.Float64
 	}
-	if err := os.MkdirAll(filepath.Join(cfg.DataDir, "streams"), 0o755); err != nil {
+	if err := prepareDataDir(cfg.DataDir, cfg.Log); err != nil {
 		return nil, fmt.Errorf("open server: %w", err)
 	}
 	dir, err := storage.OpenDirectory(ctx, filepath.Join(cfg.DataDir, "directory.db"))

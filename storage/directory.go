@@ -282,3 +282,9 @@ func (d *Directory) ParkedOn(ctx context.Context, projectID, capability string) 
 	}
 	return out, rows.Err()
 }
+
+// Ping checks that the directory database answers a query.
+func (d *Directory) Ping(ctx context.Context) error {
+	var one int
+	return d.db.QueryRowContext(ctx, "select 1").Scan(&one)
+}

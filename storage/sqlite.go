@@ -6,8 +6,10 @@ import (
 	"context"
 	"database/sql"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
+	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -70,6 +72,9 @@ func openPool(path string, create bool, maxConns int) (*sql.DB, error) {
 	mode := "rw"
 	if create {
 		mode = "rwc"
+		if err := createPrivate(path); err != nil {
+			return nil, err
+		}
 	}
 	db, err := sql.Open(driverName, "file:"+path+"?mode="+mode+"&_txlock=immediate")
 	if err != nil {
@@ -78,6 +83,22 @@ func openPool(path string, create bool, maxConns int) (*sql.DB, error) {
 	db.SetMaxOpenConns(maxConns)
 	db.SetMaxIdleConns(maxConns)
 	return db, nil
+}
+
+// FileMode is the mode of every database file itx creates. SQLite gives a database's -wal and
+// -shm files the mode of the database itself, so creating the (empty, hence valid) database file
+// here with 0600 before SQLite opens it keeps all three private whatever the umask.
+const FileMode = 0o600
+
+func createPrivate(path string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, FileMode)
+	if errors.Is(err, fs.ErrExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("create %s: %w", path, err)
+	}
+	return f.Close()
 }
 
 // migrate applies the numbered .sql files of migrations/<set> above the database's user_version,

@@ -76,8 +76,16 @@ func QueryFromSchema(src schema.EventQuery) (itx.Query, error) {
 	if err != nil {
 		return itx.Query{}, err
 	}
+	after, err := itx.ValidateOffset("query.after", src.After())
+	if err != nil {
+		return itx.Query{}, err
+	}
+	before, err := itx.ValidateOffset("query.before", src.Before())
+	if err != nil {
+		return itx.Query{}, err
+	}
 	return itx.Query{
-		After: int64(src.After()), Before: int64(src.Before()), Limit: int(src.Limit()),
+		After: after, Before: before, Limit: int(src.Limit()),
 		Types: types, IncludeEphemeral: src.IncludeEphemeral(),
 	}, nil
 }

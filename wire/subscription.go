@@ -1,6 +1,8 @@
 package wire
 
 import (
+	"unicode/utf8"
+
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/schema"
 )
@@ -76,7 +78,34 @@ func SubscriptionConfigFromSchema(c schema.SubscriptionConfig) (itx.Subscription
 			return cfg, err
 		}
 	}
-	return cfg, nil
+	return cfg, checkUTF8(&cfg)
+}
+
+// checkUTF8 refuses a config with invalid UTF-8 in any text: the configured event stores the
+// config as JSON, and encoding/json would silently replace the bad bytes with U+FFFD, so the
+// name (or header, or URL) stored would not be the one sent.
+func checkUTF8(cfg *itx.SubscriptionConfig) error {
+	r := &cfg.Receiver
+	fields := []struct{ name, v string }{
+		{"name", cfg.Name}, {"description", cfg.Description}, {"transform", r.JSONataTransform},
+		{"receiver.url", r.URL}, {"receiver.secret", r.Secret}, {"receiver.path", r.ReceivingStreamPath},
+		{"receiver.capability", r.Capability}, {"receiver.placement", r.Placement},
+	}
+	if f := cfg.Filter; f != nil {
+		fields = append(fields, struct{ name, v string }{"filterCondition", f.JSONataCondition})
+		for _, t := range f.EventTypes {
+			fields = append(fields, struct{ name, v string }{"filterTypes", t})
+		}
+	}
+	for k, v := range r.Headers {
+		fields = append(fields, struct{ name, v string }{"receiver.headers", k + v})
+	}
+	for _, f := range fields {
+		if !utf8.ValidString(f.v) {
+			return itx.Errorf(itx.EInvalid, "subscription %s is not valid UTF-8", f.name)
+		}
+	}
+	return nil
 }
 
 // SetSubscriptionConfig encodes a configured payload.

@@ -14,11 +14,15 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
+	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/capability"
+	"github.com/itx-dev/itx/internal/flowconn"
 	"github.com/itx-dev/itx/server"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
 )
@@ -46,6 +50,16 @@ func run() error {
 	flag.Var(&allowHosts, "webhook-allow-host", "allow webhooks only to this host (repeatable; \"*.example.com\" matches subdomains)")
 	maxConns := flag.Int("max-connections-per-stream", 0, "open connections one stream serves at most (0: 16384)")
 	maxLive := flag.Int("max-live-subscribers-per-stream", 0, "live-state subscribers one stream serves at most, connections' state frames not counted (0: 1024)")
+	var flow flowconn.Limits
+	flag.IntVar(&flow.Calls, "rpc-max-calls", flowconn.DefaultCalls, "calls in flight per logged-in connection; above it the server stops reading that connection")
+	flag.Int64Var(&flow.Bytes, "rpc-max-reply-bytes", flowconn.DefaultBytes, "reply bytes waiting to be written per logged-in connection; above it the server stops reading that connection")
+	flag.IntVar(&flow.PreAuthCalls, "rpc-preauth-max-calls", flowconn.DefaultPreAuthCalls, "calls in flight per connection before login")
+	flag.Int64Var(&flow.PreAuthBytes, "rpc-preauth-max-reply-bytes", flowconn.DefaultPreAuthBytes, "reply bytes waiting to be written per connection before login")
+	flag.IntVar(&flow.GlobalCalls, "rpc-global-max-calls", flowconn.DefaultGlobalCalls, "calls in flight over all connections")
+	flag.Int64Var(&flow.GlobalBytes, "rpc-global-max-reply-bytes", flowconn.DefaultGlobalBytes, "reply bytes waiting to be written over all connections")
+	jsonataItems := flag.Int64("jsonata-max-items", itx.MaxJSONataItems, "array items and object entries one JSONata evaluation may build in total")
+	jsonataBytes := flag.Int64("jsonata-max-bytes", itx.MaxJSONataBytes, "string bytes one JSONata evaluation may build in total")
+	jsonataConcurrent := flag.Int("jsonata-concurrency", 0, "JSONata evaluations running at once (0: one per core)")
 	shutdownTimeout := flag.Duration("shutdown-timeout", 30*time.Second, "how long SIGTERM waits for in-flight calls")
 	flag.Parse()
 
@@ -61,6 +75,7 @@ func run() error {
 	}
 	log = log.Level(level).With().Timestamp().Logger()
 
+	server.SetJSONataBudget(*jsonataItems, *jsonataBytes, *jsonataConcurrent)
 	ctx := context.Background()
 	srv, err := server.Open(ctx, server.Config{
 		DataDir: *data, Log: log, IdleTimeout: *idle, MaxLoadedStreams: *maxLoaded,
@@ -77,11 +92,15 @@ func run() error {
 		return err
 	}
 	addr := ln.Addr().String()
-	listener := capability.NewListener(srv)
+	listener := capability.NewListenerWithLimits(srv, flow)
+	registerFlowMetrics(srv.Metrics().Registry, listener.Flow())
 
+	var serving atomic.Bool // the RPC listener is accepting
 	if *metricsAddr != "" {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(srv.Metrics().Registry, promhttp.HandlerOpts{}))
+		mux.Handle("/healthz", healthz())
+		mux.Handle("/readyz", readyz(srv, &serving))
 		go func() {
 			if err := http.ListenAndServe(*metricsAddr, mux); err != nil {
 				log.Error().Err(err).Msg("metrics server stopped")
@@ -90,7 +109,8 @@ func run() error {
 	}
 
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- listener.Serve(ln) }()
+	serving.Store(true)
+	go func() { serveErr <- listener.Serve(ln); serving.Store(false) }()
 	if *addrFile != "" {
 		if err := os.WriteFile(*addrFile, []byte(addr), 0o644); err != nil {
 			return err
@@ -114,6 +134,7 @@ func run() error {
 
 	// Stop accepting, let in-flight calls finish (their answers still travel on open
 	// connections), close the databases, then the connections.
+	serving.Store(false)
 	ln.Close()
 	sctx, cancel := context.WithTimeout(ctx, *shutdownTimeout)
 	defer cancel()
@@ -175,3 +196,41 @@ type hostList []string
 
 func (h *hostList) String() string     { return strings.Join(*h, ",") }
 func (h *hostList) Set(v string) error { *h = append(*h, v); return nil }
+
+// registerFlowMetrics exports the RPC flow-control accounting.
+func registerFlowMetrics(r *prometheus.Registry, pool *flowconn.Pool) {
+	r.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "itx_rpc_calls_in_flight",
+			Help: "RPC calls read and not yet answered on the wire, over every connection."},
+			func() float64 { return float64(pool.Stats().Calls) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "itx_rpc_unwritten_bytes",
+			Help: "Encoded RPC messages queued and not yet written to their sockets, over every connection."},
+			func() float64 { return float64(pool.Stats().Bytes) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "itx_rpc_read_pauses_total",
+			Help: "Times a connection stopped being read because it, or the server, reached a flow-control bound."},
+			func() float64 { return float64(pool.Stats().Pauses) }),
+	)
+}
+
+// healthz answers 200 while the process serves HTTP at all: a liveness probe.
+func healthz() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+}
+
+// readyz answers 200 when the directory database answers and the RPC listener accepts, 503
+// otherwise (starting, shutting down, or a directory that fails): a readiness probe.
+func readyz(srv *server.Server, serving *atomic.Bool) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !serving.Load() {
+			http.Error(w, "not ready: the RPC listener is not accepting", http.StatusServiceUnavailable)
+			return
+		}
+		if err := srv.Ready(r.Context()); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+}

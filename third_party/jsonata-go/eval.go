@@ -103,6 +103,12 @@ func eval(node jparse.Node, input reflect.Value, env *environment) (reflect.Valu
 		v = seq.Value()
 	}
 
+	if b := env.budget; b != nil && builds(node, input) { // itx patch: the total built
+		if err := b.charge(v); err != nil {
+			return undefined, err
+		}
+	}
+
 	return v, nil
 }
 

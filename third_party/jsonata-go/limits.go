@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/blues/jsonata-go/jlib"
+	"github.com/blues/jsonata-go/jparse"
+	"github.com/blues/jsonata-go/jtypes"
 )
 
 // Limits bound one evaluation. A zero field is no limit.
@@ -18,6 +20,12 @@ type Limits struct {
 	MaxSteps       int64         // evaluated nodes, in total
 	Timeout        time.Duration // wall clock, checked every 256 steps
 	MaxStringBytes int           // the result of one string concatenation
+	// MaxItems and MaxBytes bound everything the evaluation builds, in total across all its
+	// intermediate values: array items and object entries, and string bytes. The counts are
+	// taken on the result of every node that builds a value (see charge), so a value passed up
+	// through several nodes counts more than once: the bound errs on the safe side.
+	MaxItems int64
+	MaxBytes int64
 }
 
 // LimitError reports the limit an evaluation ran into.
@@ -37,7 +45,45 @@ type budget struct {
 	limits   Limits
 	depth    int
 	steps    int64
+	items    int64
+	bytes    int64
 	deadline time.Time
+}
+
+// charge counts what a node built against the evaluation's totals.
+func (b *budget) charge(v reflect.Value) error {
+	if !v.IsValid() {
+		return nil
+	}
+	r := jtypes.Resolve(v)
+	switch r.Kind() {
+	case reflect.String:
+		b.bytes += int64(r.Len())
+		if b.limits.MaxBytes > 0 && b.bytes > b.limits.MaxBytes {
+			return &LimitError{Limit: "total string bytes", Max: b.limits.MaxBytes}
+		}
+	case reflect.Slice, reflect.Array, reflect.Map:
+		b.items += int64(r.Len())
+		if b.limits.MaxItems > 0 && b.items > b.limits.MaxItems {
+			return &LimitError{Limit: "total items", Max: b.limits.MaxItems}
+		}
+	}
+	return nil
+}
+
+// builds reports whether evaluating node may build a new value (and so is charged): literals,
+// variable references, lambdas and nodes that return one of their operands' values are not.
+// A name step builds only when it maps over an array.
+func builds(node jparse.Node, input reflect.Value) bool {
+	switch node.(type) {
+	case *jparse.StringNode, *jparse.NumberNode, *jparse.BooleanNode, *jparse.NullNode,
+		*jparse.RegexNode, *jparse.VariableNode, *jparse.LambdaNode, *jparse.TypedLambdaNode,
+		*jparse.PartialNode, *jparse.ConditionalNode, *jparse.BlockNode, *jparse.AssignmentNode:
+		return false
+	case *jparse.NameNode:
+		return jtypes.IsArray(input)
+	}
+	return true
 }
 
 func (b *budget) enter() error {

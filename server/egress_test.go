@@ -1,0 +1,120 @@
+package server
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"strings"
+	"testing"
+)
+
+func TestRefusedAddr(t *testing.T) {
+	for _, tc := range []struct {
+		addr    string
+		refused bool
+	}{
+		// IPv4 special-purpose blocks and the edges around them.
+		{"0.0.0.0", true}, {"0.1.2.3", true},
+		{"10.0.0.1", true}, {"10.255.255.255", true}, {"11.0.0.1", false},
+		{"100.63.255.255", false}, {"100.64.0.0", true}, {"100.127.255.255", true}, {"100.128.0.0", false},
+		{"127.0.0.1", true}, {"127.255.255.254", true},
+		{"169.254.169.254", true},
+		{"172.15.255.255", false}, {"172.16.0.1", true}, {"172.31.255.255", true}, {"172.32.0.0", false},
+		{"192.0.0.8", true}, {"192.0.0.170", true}, {"192.0.2.1", true},
+		{"192.88.99.1", true}, {"192.168.1.1", true},
+		{"198.17.255.255", false}, {"198.18.0.0", true}, {"198.19.255.255", true}, {"198.20.0.0", false},
+		{"198.51.100.7", true}, {"203.0.113.9", true},
+		{"224.0.0.1", true}, {"239.255.255.255", true}, {"240.0.0.1", true}, {"255.255.255.255", true},
+		{"8.8.8.8", false}, {"1.1.1.1", false}, {"93.184.216.34", false},
+		// IPv6 special-purpose blocks.
+		{"::", true}, {"::1", true}, {"::127.0.0.1", true},
+		{"64:ff9b:1::1", true}, {"100::1", true},
+		{"2001::1", true}, {"2001:2::1", true}, {"2001:db8::1", true}, {"3fff::1", true},
+		{"5f00::1", true}, {"2002:c000:0201::1", true},
+		{"fc00::1", true}, {"fd12:3456::1", true}, {"fe80::1", true}, {"fe80::1%eth0", true}, {"fec0::1", true},
+		{"ff02::1", true}, {"ff0e::1", true},
+		{"2606:4700:4700::1111", false}, {"2a00:1450::1", false},
+		// IPv4-mapped and translated forms are judged by the IPv4 address they reach.
+		{"::ffff:127.0.0.1", true}, {"::ffff:10.1.2.3", true}, {"::ffff:100.64.0.1", true},
+		{"::ffff:8.8.8.8", false},
+		{"64:ff9b::127.0.0.1", true}, {"64:ff9b::a9fe:a9fe", true}, {"64:ff9b::8.8.8.8", false},
+		{"::ffff:0:8.8.8.8", true}, {"::ffff:0:127.0.0.1", true},
+	} {
+		t.Run(tc.addr, func(t *testing.T) {
+			reason, got := refusedAddr(netip.MustParseAddr(tc.addr))
+			if got != tc.refused {
+				t.Errorf("refused = %v (%s), want %v", got, reason, tc.refused)
+			}
+		})
+	}
+}
+
+func TestNumericHost(t *testing.T) {
+	for _, tc := range []struct {
+		host string
+		want string // "" = not numeric
+	}{
+		{"127.0.0.1", "127.0.0.1"}, {"127.1", "127.0.0.1"}, {"127.0.1", "127.0.0.1"},
+		{"2130706433", "127.0.0.1"}, {"0x7f000001", "127.0.0.1"}, {"0X7F000001", "127.0.0.1"},
+		{"0177.0.0.1", "127.0.0.1"}, {"0x7f.1", "127.0.0.1"}, {"10.0x10203", "10.1.2.3"},
+		{"0", "0.0.0.0"}, {"::1", "::1"}, {"fe80::1%eth0", "fe80::1%eth0"},
+		{"4294967296", ""}, {"256.0.0.1", ""}, {"1.2.3.256", ""}, {"1.2.65536", ""}, {"1.2.3.4.5", ""},
+		{"0o177.0.0.1", ""}, {"1_0.0.0.1", ""}, {"08.0.0.1", ""}, {"0x", ""}, {"", ""}, {"1..2", ""},
+		{"example.com", ""}, {"10.example", ""}, {"+1.0.0.1", ""},
+	} {
+		t.Run(tc.host, func(t *testing.T) {
+			ip, ok := numericHost(tc.host)
+			got := ""
+			if ok {
+				got = ip.String()
+			}
+			if got != tc.want {
+				t.Errorf("got %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestEgressPolicy_CheckURL(t *testing.T) {
+	deny := EgressPolicy{DenyPrivate: true}
+	for _, tc := range []struct {
+		url     string
+		refused bool
+	}{
+		{"http://127.0.0.1:8080/", true}, {"http://127.1/", true}, {"http://2130706433/", true},
+		{"http://0x7f000001/", true}, {"http://0177.0.0.1/", true}, {"http://[::1]/", true},
+		{"http://[::ffff:127.0.0.1]/", true}, {"http://100.64.0.1/", true}, {"http://198.18.0.1/", true},
+		{"http://localhost:9000/", true}, {"http://LOCALHOST./", true}, {"http://api.localhost/", true},
+		{"http://printer.local/", true}, {"http://router.home.arpa/", true}, {"http://db.internal/", true},
+		{"http:///path", true},
+		{"https://hooks.example.com/x", false}, {"https://8.8.8.8/", false}, {"http://[2606:4700::1]/", false},
+		{"http://localhost.example.com/", false},
+	} {
+		t.Run(tc.url, func(t *testing.T) {
+			err := deny.checkURL(tc.url)
+			if (err != nil) != tc.refused {
+				t.Errorf("checkURL = %v, want refused %v", err, tc.refused)
+			}
+			if err := (EgressPolicy{}).checkURL(tc.url); err != nil {
+				t.Errorf("without DenyPrivate: %v, want nil", err)
+			}
+		})
+	}
+}
+
+// TestEgressPolicy_RefusedAtConnect: a name that passes configure but resolves to a refused
+// address is refused on the address actually dialled.
+func TestEgressPolicy_RefusedAtConnect(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer srv.Close()
+	c := newHTTPClient(EgressPolicy{DenyPrivate: true})
+	_, err := c.Post(strings.Replace(srv.URL, "127.0.0.1", "localhost", 1), "application/json", nil)
+	if err == nil || !strings.Contains(err.Error(), "loopback") {
+		t.Fatalf("got %v, want a refusal naming loopback", err)
+	}
+	resp, err := newHTTPClient(EgressPolicy{}).Post(srv.URL, "application/json", nil)
+	if err != nil {
+		t.Fatalf("without DenyPrivate: %v", err)
+	}
+	resp.Body.Close()
+}

@@ -1,0 +1,22 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+)
+
+// Ready reports whether the server takes work: it is not shutting down and its directory
+// database answers. A supervisor's readiness probe asks this (itxd's /readyz).
+func (s *Server) Ready(ctx context.Context) error {
+	s.mu.Lock()
+	closing := s.closing
+	s.mu.Unlock()
+	if closing {
+		return errors.New("shutting down")
+	}
+	if err := s.dir.Ping(ctx); err != nil {
+		return fmt.Errorf("directory: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,45 @@
+package storage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"syscall"
+
+	"github.com/itx-dev/itx"
+	sqlite3 "github.com/mattn/go-sqlite3"
+)
+
+// ErrorCode maps a storage error to the domain code a caller can act on: a full disk (SQLite's
+// SQLITE_FULL, which it reports for ENOSPC, or ENOSPC itself) is EResourceExhausted, since the
+// same call succeeds once space returns; anything else is EInternal. This is the one place
+// storage failures get a code.
+func ErrorCode(err error) itx.Code {
+	var se sqlite3.Error
+	switch {
+	case err == nil:
+		return ""
+	case errors.As(err, &se) && se.Code == sqlite3.ErrFull,
+		errors.Is(err, syscall.ENOSPC):
+		return itx.EResourceExhausted
+	}
+	return itx.EInternal
+}
+
+// LimitPages bounds the stream database to n pages (PRAGMA max_page_count; 0 lifts the bound to
+// SQLite's maximum). Past it a commit fails exactly as on a full disk, with SQLITE_FULL, and is
+// rolled back: tests use it to fill the disk deterministically and to give the space back.
+func (s *Stream) LimitPages(ctx context.Context, n int64) error {
+	if n <= 0 {
+		n = 4294967294
+	}
+	_, err := s.w.ExecContext(ctx, fmt.Sprintf("PRAGMA max_page_count=%d", n))
+	return err
+}
+
+// PageCount returns the database's current size in pages.
+func (s *Stream) PageCount(ctx context.Context) (int64, error) {
+	var n int64
+	err := s.w.QueryRowContext(ctx, "PRAGMA page_count").Scan(&n)
+	return n, err
+}

@@ -1,0 +1,154 @@
+package test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"capnproto.org/go/capnp/v3/rpc"
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/schema"
+	"github.com/stretchr/testify/require"
+)
+
+// stoppableConn is a client socket that stops reading once stop is closed: a client that
+// pipelines calls and never reads the replies.
+type stoppableConn struct {
+	net.Conn
+	stop chan struct{}
+}
+
+func (c *stoppableConn) Read(b []byte) (int, error) {
+	select {
+	case <-c.stop:
+		select {} // never read again; the socket is closed under the conn at the end
+	default:
+	}
+	return c.Conn.Read(b)
+}
+
+// kibEvents are n events of about 1 KiB of payload each.
+func kibEvents(n, base int) []itx.EventInput {
+	pad := strings.Repeat("x", 1000)
+	out := make([]itx.EventInput, n)
+	for i := range out {
+		out[i] = itx.EventInput{Type: "kib", Payload: json.RawMessage(fmt.Sprintf(`{"seq":%d,"pad":%q}`, base+i, pad))}
+	}
+	return out
+}
+
+// pipelineUnread sends n getEventPage(limit 500) calls on a connection that never reads its
+// replies, and returns once they are handed to the client's RPC layer.
+func pipelineUnread(t testing.TB, addr, token, path string, n int) (closeConn func()) {
+	c, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	stop := make(chan struct{})
+	conn := rpc.NewConn(rpc.NewStreamTransport(&stoppableConn{Conn: c, stop: stop}), nil)
+	gw := schema.Gateway(conn.Bootstrap(context.Background()))
+	login, _ := gw.Login(context.Background(), func(p schema.Gateway_login_Params) error { return p.SetToken(token) })
+	s := client.Stream(context.Background(), login.Project(), path)
+	require.NoError(t, s.Resolve(ctxT(t)))
+	close(stop)
+	for range n {
+		s.GetEventPage(context.Background(), func(p schema.Stream_getEventPage_Params) error {
+			q, err := p.NewQuery()
+			if err != nil {
+				return err
+			}
+			q.SetLimit(500)
+			return nil
+		})
+	}
+	return func() { c.Close() }
+}
+
+// scrapeMetric returns the sum of a metric's samples from an itxd /metrics endpoint.
+func scrapeMetric(t testing.TB, addr, name string) float64 {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	var sum float64
+	for _, line := range strings.Split(string(body), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 2 && (f[0] == name || strings.HasPrefix(f[0], name+"{")) {
+			v, err := strconv.ParseFloat(f[1], 64)
+			require.NoError(t, err)
+			sum += v
+		}
+	}
+	return sum
+}
+
+// procStatusMiB reads a field (VmRSS, VmHWM) of /proc/<pid>/status in MiB.
+func procStatusMiB(t testing.TB, pid int, field string) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	require.NoError(t, err)
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == field+":" {
+			kb, err := strconv.ParseFloat(f[1], 64)
+			require.NoError(t, err)
+			return kb / 1024
+		}
+	}
+	t.Fatalf("no %s in /proc/%d/status", field, pid)
+	return 0
+}
+
+// TestItxd_FlowControlBoundsMemory: a client pipelining 100,000 getEventPage(limit 500) calls on
+// 1 KiB events without reading a reply (about 50 GiB of replies) keeps itxd under 512 MiB: the
+// server stops reading that connection at its bound, and another client is still served.
+func TestItxd_FlowControlBoundsMemory(t *testing.T) {
+	if _, err := os.Stat("/proc/self/status"); err != nil {
+		t.Skip("needs /proc")
+	}
+	metrics := freeTestAddr(t)
+	p := startItxd(t, t.TempDir(), "--metrics", metrics)
+	ctx := ctxT(t)
+	conn := dial(t, p.addr)
+	proj := conn.Login(ctx, p.creds.ProjectToken)
+	defer proj.Release()
+	s := stream(t, proj, "/pages")
+	for i := range 10 {
+		_, err := client.Append(ctx, s, kibEvents(100, i*100), itx.AppendOptions{})
+		require.NoError(t, err)
+	}
+
+	closeAbuser := pipelineUnread(t, p.addr, p.creds.ProjectToken, "/pages", 100_000)
+	defer closeAbuser()
+	// Wait until the server has stopped reading the abuser at its bound (128 calls) and most of
+	// those calls' replies are queued.
+	require.Eventually(t, func() bool {
+		return scrapeMetric(t, metrics, "itx_rpc_read_pauses_total") >= 1 &&
+			scrapeMetric(t, metrics, "itx_rpc_calls_in_flight") >= 128 &&
+			scrapeMetric(t, metrics, "itx_rpc_unwritten_bytes") >= 32<<20
+	}, 2*time.Minute, 10*time.Millisecond, "itxd never paused the abusive connection")
+	require.LessOrEqual(t, scrapeMetric(t, metrics, "itx_rpc_calls_in_flight"), 128.0+8, "the abuser's calls are bounded")
+
+	// Another client is served meanwhile.
+	res, err := client.Append(ctx, s, kibEvents(1, 1000), itx.AppendOptions{})
+	require.NoError(t, err)
+	require.Equal(t, []int64{1001}, res.Offsets)
+
+	hwm := procStatusMiB(t, p.cmd.Process.Pid, "VmHWM")
+	t.Logf("itxd peak RSS %.0f MiB, unwritten reply bytes %.0f MiB", hwm, scrapeMetric(t, metrics, "itx_rpc_unwritten_bytes")/(1<<20))
+	require.Less(t, hwm, 512.0, "itxd's peak RSS (MiB)")
+	p.kill9(t)
+}
+
+func freeTestAddr(t testing.TB) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	return ln.Addr().String()
+}
