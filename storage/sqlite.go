@@ -45,6 +45,13 @@ func init() {
 	})
 }
 
+// openDriver and openDSNSuffix are what openPool opens: the itx driver, or, in the power-cut
+// test, a driver over a VFS that drops unsynced writes (powercut_test.go).
+var (
+	openDriver    = driverName
+	openDSNSuffix = ""
+)
+
 //go:embed migrations
 var migrations embed.FS
 
@@ -76,7 +83,7 @@ func openPool(path string, create bool, maxConns int) (*sql.DB, error) {
 			return nil, err
 		}
 	}
-	db, err := sql.Open(driverName, "file:"+path+"?mode="+mode+"&_txlock=immediate")
+	db, err := sql.Open(openDriver, "file:"+path+"?mode="+mode+"&_txlock=immediate"+openDSNSuffix)
 	if err != nil {
 		return nil, err
 	}
