@@ -332,11 +332,15 @@ func (r *Runner[S]) classify(e itx.Event) eventKind {
 // diagnose records a malformed event once, as stream/error-occurred keyed by the event.
 func (r *Runner[S]) diagnose(ctx context.Context, e itx.Event) error {
 	verr := r.c.Validate(e)
-	payload, _ := json.Marshal(map[string]any{
+	detail, _ := json.Marshal(map[string]any{
 		"processorSlug": r.c.Name,
 		"offset":        e.Offset,
 		"eventType":     e.Type,
-		"message":       fmt.Sprintf("processor %q skipped event %d (%s): %v", r.c.Name, e.Offset, e.Type, verr),
+		"reason":        fmt.Sprint(verr),
+	})
+	payload, _ := json.Marshal(itx.ErrorOccurredPayload{
+		Message: fmt.Sprintf("processor %q skipped malformed event %d (%s)", r.c.Name, e.Offset, e.Type),
+		Error:   detail,
 	})
 	_, err := r.appendHome(ctx, []itx.EventInput{{
 		Type:           itx.TypeErrorOccurred,
