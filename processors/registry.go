@@ -66,7 +66,7 @@ func Register[S any](ctx context.Context, reg *Registry, c Contract[S], store Pr
 	}
 	reg.mu.Unlock()
 	k := &keepalive{reg: reg, name: c.Name}
-	raw, ok, err := reg.cfg.KV.Get(ctx, keepaliveKey(c.Name))
+	raw, ok, err := reg.cfg.KV.Get(ctx, KeepaliveKey(c.Name))
 	if err != nil {
 		return nil, fmt.Errorf("register processor %q: %w", c.Name, err)
 	}
@@ -146,6 +146,7 @@ type AlarmOutcome struct {
 func (reg *Registry) HandleAlarm(ctx context.Context) ([]AlarmOutcome, error) {
 	reg.mu.Lock()
 	entries := append([]*keepalive(nil), reg.entries...)
+	reg.armed = -1 // the fire consumed the cell: always set it again below
 	reg.mu.Unlock()
 	var outcomes []AlarmOutcome
 	var errs []error
@@ -200,7 +201,8 @@ func (reg *Registry) syncAlarm(ctx context.Context) error {
 	return nil
 }
 
-func keepaliveKey(name string) string { return "processor/" + name + "/keepalive" }
+// KeepaliveKey is the KV key of a processor's keepalive record.
+func KeepaliveKey(name string) string { return "processor/" + name + "/keepalive" }
 
 // keepalive is one processor's breaker in one incarnation: the record mirrors KV, the memory dies
 // with the incarnation. Both are guarded by the registry's mu; writes to KV are ordered by wmu so
@@ -304,7 +306,7 @@ func (k *keepalive) persist(ctx context.Context) error {
 	rec := k.rec
 	k.reg.mu.Unlock()
 	raw, _ := json.Marshal(rec)
-	err := k.reg.cfg.KV.Put(ctx, keepaliveKey(k.name), raw)
+	err := k.reg.cfg.KV.Put(ctx, KeepaliveKey(k.name), raw)
 	k.wmu.Unlock()
 	if err != nil {
 		k.reg.cfg.Logf("processor %q: keepalive record not written: %v", k.name, err)
