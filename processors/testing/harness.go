@@ -40,6 +40,15 @@ type Config[S any] struct {
 	Start time.Time
 	// PageSize is the runner's read page; default 5, so paging is exercised.
 	PageSize int
+	// Substrate, if set, runs this harness over another harness's stream and clock with a fresh
+	// progress store, KV and alarm: a full replay from offset 1 (Harness.Substrate).
+	Substrate *Substrate
+}
+
+// Substrate is the part of a harness another one can share.
+type Substrate struct {
+	Stream *MemoryStream
+	Clock  *clocktest.Clock
 }
 
 // Env is what a processor incarnation gets from the harness.
@@ -85,13 +94,15 @@ const maxSettleRounds = 1000
 func Run[S any](t *testing.T, cfg Config[S], body func(t *testing.T, h *Harness[S])) {
 	t.Helper()
 	synctest.Test(t, func(t *testing.T) {
-		h := newHarness(t, cfg)
+		h := New(t, cfg)
 		defer h.close()
 		body(t, h)
 	})
 }
 
-func newHarness[S any](t *testing.T, cfg Config[S]) *Harness[S] {
+// New builds a harness; it must be called inside a synctest bubble (Run does both). Several
+// harnesses may share one bubble (a replay over another's Substrate).
+func New[S any](t *testing.T, cfg Config[S]) *Harness[S] {
 	if cfg.New == nil {
 		t.Fatal("harness: Config.New is required")
 	}
@@ -108,16 +119,33 @@ func newHarness[S any](t *testing.T, cfg Config[S]) *Harness[S] {
 		cfg.PageSize = 5
 	}
 	clock := clocktest.New(cfg.Start)
+	stream := NewMemoryStream(cfg.Path, clock)
+	if cfg.Substrate != nil {
+		clock, stream = cfg.Substrate.Clock, cfg.Substrate.Stream
+		cfg.Path = stream.Path()
+	}
 	h := &Harness[S]{
 		t: t, cfg: cfg, Clock: clock,
-		Stream:   NewMemoryStream(cfg.Path, clock),
+		Stream:   stream,
 		Progress: NewMemoryProgressStore(),
 		KV:       NewMemoryKV(),
 		Alarm:    &MemoryAlarm{},
 		deliver:  true,
 	}
 	h.incarnate()
+	t.Cleanup(h.close)
 	return h
+}
+
+// Substrate is this harness's stream and clock, for a second harness to replay over.
+func (h *Harness[S]) Substrate() *Substrate { return &Substrate{Stream: h.Stream, Clock: h.Clock} }
+
+// Wake attaches delivery and settles, without appending: the production wake lane redelivering
+// what is committed beyond the processing cursor (after Stream.Append, or after a Crash).
+func (h *Harness[S]) Wake() {
+	h.t.Helper()
+	h.deliver = true
+	h.Settle()
 }
 
 // incarnate starts the next incarnation: a fresh processor, registry and runner over the durable
@@ -148,6 +176,9 @@ func (h *Harness[S]) incarnate() {
 
 // close ends the test: the last incarnation is fenced and its goroutines released.
 func (h *Harness[S]) close() {
+	if h.fence.dead.Load() {
+		return
+	}
 	h.fence.dead.Store(true)
 	h.cancel()
 	h.registry.Close()
