@@ -41,7 +41,8 @@ type Hosted interface {
 	Consumes(typ string) bool
 	// Deliver processes one frame (a wake). It returns after the frame's progress committed.
 	Deliver(ctx context.Context, f Frame) error
-	// CatchUp reads the home stream from the processing cursor and delivers it to the head.
+	// CatchUp reads the home stream from the processing cursor and delivers it through the head
+	// it finds on its first read.
 	CatchUp(ctx context.Context) error
 	// ReprocessFrom rewinds (or moves) the processing cursor so events from offset on are
 	// processed again, with event-time state re-reduced through offset-1.
@@ -165,7 +166,8 @@ func (r *Runner[S]) Deliver(ctx context.Context, f Frame) error {
 	return err
 }
 
-// CatchUp delivers the home stream from the processing cursor to the head, page by page.
+// CatchUp delivers the home stream from the processing cursor through the head it finds on its
+// first read, page by page.
 func (r *Runner[S]) CatchUp(ctx context.Context) error {
 	if err := r.acquire(ctx); err != nil {
 		return err
@@ -177,12 +179,22 @@ func (r *Runner[S]) CatchUp(ctx context.Context) error {
 	return err
 }
 
+// catchUp delivers up to the head it finds on its first read. It does not chase the processor's
+// own appends beyond that head: they are new events, and the next wake (or CatchUp) delivers
+// them, so a processor that appends on every pass cannot spin one call forever.
 func (r *Runner[S]) catchUp(ctx context.Context) error {
+	target := int64(-1)
 	for {
 		after := r.ProcessedThrough()
+		if target >= 0 && after >= target {
+			return nil
+		}
 		page, err := r.cfg.Log.Read(ctx, after, r.cfg.PageSize)
 		if err != nil {
 			return fmt.Errorf("catch up processor %q: %w", r.c.Name, err)
+		}
+		if target < 0 {
+			target = page.Head
 		}
 		if page.ScannedThrough <= after {
 			return nil
@@ -190,9 +202,6 @@ func (r *Runner[S]) catchUp(ctx context.Context) error {
 		f := Frame{Events: page.Events, ScannedAfter: after, ScannedThrough: page.ScannedThrough, Head: page.Head}
 		if err := r.processFrame(ctx, f); err != nil {
 			return err
-		}
-		if page.ScannedThrough >= page.Head && r.ProcessedThrough() >= r.head() {
-			return nil
 		}
 	}
 }
