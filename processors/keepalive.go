@@ -11,10 +11,12 @@ const (
 	KeepaliveLead = 10 * time.Second
 	// RevivalPlateau is the crash-loop breaker's longest interval (about four wakes a day).
 	RevivalPlateau = 6 * time.Hour
-	// BusyFireCap is how many consecutive fires may find work in flight with nothing settled
-	// before the work counts as wedged (90 fires at the lead, about 15 minutes) and decays into
-	// the revival backoff.
+	// BusyFireCap is how many lead intervals in-flight work may run before it counts as wedged
+	// (90 fires at the lead, 15 minutes: past any legitimate tracked work's deadline). A wedge
+	// stops re-arming at the lead and decays along the revival backoff.
 	BusyFireCap = 90
+	// WedgedAfter is BusyFireCap lead intervals.
+	WedgedAfter = BusyFireCap * KeepaliveLead
 	// CrashLoopEvidenceAt is the revival count at which the breaker records stream evidence.
 	CrashLoopEvidenceAt = 3
 )
@@ -44,10 +46,16 @@ type KeepaliveRecord struct {
 // why a fresh incarnation's first fire revives.
 type keepaliveMemory struct {
 	inFlight   int
-	sawClean   bool // some tracked work settled cleanly since the last fire that looked
-	sawFailure bool // some tracked work failed: an obligation may be unsettled
-	reviving   bool // a revival pass is running; its backoff governs the alarm
-	busyFires  int  // consecutive fires that found work in flight and nothing settled
+	oldest     int64 // when the oldest in-flight work started (ms); the caller keeps it current
+	sawClean   bool  // some tracked work settled cleanly since the last fire that looked
+	sawFailure bool  // some tracked work failed: an obligation may be unsettled
+	reviving   bool  // a revival pass is running; its backoff governs the alarm
+}
+
+// wedged reports whether the oldest in-flight work has run past WedgedAfter: a hung call no
+// deadline owns. Short work overlapping continuously never looks wedged.
+func (m keepaliveMemory) wedged(ms int64) bool {
+	return m.inFlight > 0 && ms-m.oldest >= WedgedAfter.Milliseconds()
 }
 
 // AlarmAction is what one fire decided.
@@ -77,22 +85,14 @@ func onFire(rec KeepaliveRecord, mem keepaliveMemory, now time.Time, version str
 		// A new version (the antidote deploy) starts from a fresh budget.
 		rec = KeepaliveRecord{Version: version, ArmedAt: rec.ArmedAt}
 	}
-	if mem.inFlight > 0 || mem.reviving {
-		mem.busyFires++
-		if mem.busyFires < BusyFireCap {
-			rec.ArmedAt = ms + KeepaliveLead.Milliseconds()
-			return ActionBusyRearmed, rec, mem
-		}
-		// Wedged: nothing settled for BusyFireCap fires. Fall through to the backoff.
+	if mem.reviving || (mem.inFlight > 0 && !mem.wedged(ms)) {
+		// Still working (or a pass is running, whose own mark governs): push ahead.
+		rec.ArmedAt = ms + KeepaliveLead.Milliseconds()
+		return ActionBusyRearmed, rec, mem
 	}
-	if mem.inFlight == 0 && !mem.reviving && mem.sawClean && !mem.sawFailure {
+	if mem.inFlight == 0 && mem.sawClean && !mem.sawFailure {
 		mem.sawClean = false
 		return ActionCleanDisarm, KeepaliveRecord{Version: version}, mem
-	}
-	if mem.reviving {
-		// The revival pass itself hangs; never start a second one underneath it.
-		rec.ArmedAt = ms + RevivalPlateau.Milliseconds()
-		return ActionBackoffWait, rec, mem
 	}
 	if rec.Revivals > 0 {
 		if next := rec.LastRevivalAt + RevivalBackoff(rec.Revivals).Milliseconds(); ms < next {
@@ -118,7 +118,7 @@ func afterRevival(rec KeepaliveRecord, mem keepaliveMemory, now time.Time, passE
 		return ActionReviveFailed, rec, mem
 	}
 	mem.sawClean = true
-	if !(mem.inFlight > 0 && mem.busyFires >= BusyFireCap) {
+	if !mem.wedged(now.UnixMilli()) {
 		rec.ArmedAt = min(rec.ArmedAt, now.UnixMilli()+KeepaliveLead.Milliseconds())
 	}
 	return ActionRevived, rec, mem
@@ -141,11 +141,9 @@ func onTrack(rec KeepaliveRecord, mem keepaliveMemory, now time.Time, version st
 	return rec, mem
 }
 
-// onSettle is the policy when tracked work ends (pure). Any settlement proves the window is not
-// wedged.
+// onSettle is the policy when tracked work ends (pure). The caller updates oldest.
 func onSettle(mem keepaliveMemory, err error) keepaliveMemory {
 	mem.inFlight--
-	mem.busyFires = 0
 	if err != nil {
 		mem.sawFailure = true
 	} else {

@@ -65,7 +65,7 @@ func Register[S any](ctx context.Context, reg *Registry, c Contract[S], store Pr
 		}
 	}
 	reg.mu.Unlock()
-	k := &keepalive{reg: reg, name: c.Name}
+	k := &keepalive{reg: reg, name: c.Name, starts: map[uint64]int64{}}
 	raw, ok, err := reg.cfg.KV.Get(ctx, KeepaliveKey(c.Name))
 	if err != nil {
 		return nil, fmt.Errorf("register processor %q: %w", c.Name, err)
@@ -212,18 +212,36 @@ type keepalive struct {
 	name   string
 	runner Hosted
 
-	rec KeepaliveRecord
-	mem keepaliveMemory
+	rec    KeepaliveRecord
+	mem    keepaliveMemory
+	starts map[uint64]int64 // in-flight work by id: when it started (ms)
+	seq    uint64
 
 	wmu sync.Mutex
+}
+
+// oldest returns the start of the oldest in-flight work. Called with reg.mu held.
+func (k *keepalive) oldest() int64 {
+	var o int64
+	for _, at := range k.starts {
+		if o == 0 || at < o {
+			o = at
+		}
+	}
+	return o
 }
 
 // Track registers one unit of in-flight work (Tracker).
 func (k *keepalive) Track() func(error) {
 	reg := k.reg
+	now := reg.cfg.Clock.Now()
 	reg.mu.Lock()
 	before := k.rec
-	k.rec, k.mem = onTrack(k.rec, k.mem, reg.cfg.Clock.Now(), reg.cfg.Version)
+	k.rec, k.mem = onTrack(k.rec, k.mem, now, reg.cfg.Version)
+	k.seq++
+	id := k.seq
+	k.starts[id] = now.UnixMilli()
+	k.mem.oldest = k.oldest()
 	changed := k.rec != before
 	reg.mu.Unlock()
 	if changed {
@@ -234,6 +252,8 @@ func (k *keepalive) Track() func(error) {
 		once.Do(func() {
 			reg.mu.Lock()
 			k.mem = onSettle(k.mem, err)
+			delete(k.starts, id)
+			k.mem.oldest = k.oldest()
 			reg.mu.Unlock()
 		})
 	}
