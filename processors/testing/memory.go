@@ -25,6 +25,7 @@ type MemoryStream struct {
 	events []itx.Event
 	keys   map[string]int // idempotency key -> index in events
 	fail   func(in itx.EventInput) error
+	lose   func(in itx.EventInput) bool
 }
 
 var _ processors.StreamLog = (*MemoryStream)(nil)
@@ -43,6 +44,15 @@ func (s *MemoryStream) FailAppends(fail func(in itx.EventInput) error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.fail = fail
+}
+
+// LoseAcks injects the other fault: while set, a batch holding an event for which lose returns
+// true commits, and then the caller gets an itx.EUnavailable error as if the answer was lost.
+// nil removes the fault.
+func (s *MemoryStream) LoseAcks(lose func(in itx.EventInput) bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lose = lose
 }
 
 // Append commits events atomically (processors.StreamLog).
@@ -99,6 +109,13 @@ func (s *MemoryStream) Append(ctx context.Context, inputs []itx.EventInput) ([]i
 			s.keys[e.IdempotencyKey] = len(s.events)
 		}
 		s.events = append(s.events, e)
+	}
+	if s.lose != nil {
+		for _, in := range inputs {
+			if s.lose(in) {
+				return nil, itx.Errorf(itx.EUnavailable, "injected: the append committed but its answer was lost")
+			}
+		}
 	}
 	return out, nil
 }
