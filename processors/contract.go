@@ -110,7 +110,8 @@ func (a *Args[S]) Now() time.Time { return a.run.now() }
 // the work must be idempotent (appends with stable keys). Registrations run one after another
 // in registration order once ProcessEvent returns: a later one observes the earlier one's
 // appends. It head-of-line-blocks every later event; keep it short and say at the call site
-// which per-event consequence would be lost without it.
+// which per-event consequence would be lost without it. Call it from ProcessEvent itself:
+// registrations made after it returned are not run.
 func (a *Args[S]) BlockProcessorWhile(name string, work func(ctx context.Context) error) {
 	a.frame.blockers = append(a.frame.blockers, blocker{name: name, work: work})
 }

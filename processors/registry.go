@@ -142,7 +142,8 @@ type AlarmOutcome struct {
 // and appends one stream/processor-revived fact. That fact reaches the processors through
 // ordinary delivery (the host's wake, or CatchUp): at the head each one gets either a consumed
 // event with CaughtUp or the eventless pass. Errors are KV or alarm failures; a failed revival
-// is the breaker's business and only shows in the outcomes.
+// is the breaker's business and only shows in the outcomes. The host calls it from one goroutine
+// at a time.
 func (reg *Registry) HandleAlarm(ctx context.Context) ([]AlarmOutcome, error) {
 	reg.mu.Lock()
 	entries := append([]*keepalive(nil), reg.entries...)
@@ -269,8 +270,14 @@ func (k *keepalive) fire(ctx context.Context) (AlarmAction, error) {
 	k.rec, k.mem = rec, mem
 	reg.mu.Unlock()
 	if changed {
-		// Mark before revival: if this write fails, nothing else happens.
+		// Mark before revival: if this write fails, nothing else happens, and the next fire
+		// tries again.
 		if err := k.persist(ctx); err != nil {
+			if action == ActionRevive {
+				reg.mu.Lock()
+				action, k.rec, k.mem = afterRevival(k.rec, k.mem, now, err)
+				reg.mu.Unlock()
+			}
 			return action, err
 		}
 	}

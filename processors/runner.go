@@ -312,7 +312,7 @@ func (r *Runner[S]) dispatch(ctx context.Context, e *itx.Event, prev, state S, d
 	}
 	for _, b := range a.frame.blockers {
 		done := r.track()
-		err := b.work(ctx)
+		err := runRecovered(ctx, b.work)
 		done(err)
 		if err != nil {
 			return fmt.Errorf("processor %q: %s: blocker %q: %w", r.c.Name, describe(e), b.name, err)

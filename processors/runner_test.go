@@ -504,3 +504,36 @@ func TestRunner_Malformed(t *testing.T) {
 		}
 	})
 }
+
+func TestRunner_Panics(t *testing.T) {
+	for _, where := range []string{"reduce", "process", "blocker"} {
+		t.Run(where, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				f := newFixture()
+				f.append(t, added.Input(counted{N: 1}, ""))
+				c := counter(t, "v1", nil)
+				reduce := c.Reduce
+				c.Reduce = func(s countState, e itx.Event) countState {
+					if where == "reduce" {
+						panic("poisoned reducer")
+					}
+					return reduce(s, e)
+				}
+				c.ProcessEvent = func(ctx context.Context, a *processors.Args[countState]) error {
+					if where == "process" {
+						panic("poisoned processEvent")
+					}
+					a.BlockProcessorWhile("poison", func(ctx context.Context) error { panic("poisoned blocker") })
+					return nil
+				}
+				r := f.runner(t, c)
+				if err := r.CatchUp(context.Background()); itx.ErrorCode(err) != itx.EInternal {
+					t.Fatalf("catch-up: %v, want %s", err, itx.EInternal)
+				}
+				if got := r.ProcessedThrough(); got != 0 {
+					t.Errorf("cursor %d after a panic, want 0", got)
+				}
+			})
+		})
+	}
+}
