@@ -227,12 +227,7 @@ func TestAgent_Replay(t *testing.T) {
 func TestAgent_FailedStartedAppend(t *testing.T) {
 	v := &vendorFake{t: t}
 	agentHarness(t, v, func(t *testing.T, h *proctest.Harness[examples.AgentState]) {
-		h.Stream.FailAppends(func(in itx.EventInput) error {
-			if in.Type == string(examples.LLMStarted) {
-				return itx.Errorf(itx.EUnavailable, "injected: the stream refused started")
-			}
-			return nil
-		})
+		h.Stream.FailAppends(injectFault(string(examples.LLMStarted), "the stream refused started"))
 		h.Append(examples.MessageAdded.Input(examples.Message{Text: "hi"}, ""))
 		h.AdvanceTime(hesitation(h))
 		if n := len(h.Events(string(examples.LLMRequested))); n != 1 {
@@ -258,22 +253,12 @@ func TestAgent_CrashLoopBreaker(t *testing.T) {
 	v := &vendorFake{t: t}
 	agentHarness(t, v, func(t *testing.T, h *proctest.Harness[examples.AgentState]) {
 		// The poison shape: every attempt's started-append fails, so every revival fails again.
-		h.Stream.FailAppends(func(in itx.EventInput) error {
-			if in.Type == string(examples.LLMStarted) {
-				return itx.Errorf(itx.EUnavailable, "injected: poisoned")
-			}
-			return nil
-		})
+		h.Stream.FailAppends(injectFault(string(examples.LLMStarted), "poisoned"))
 		// A request that lives long enough to watch the breaker decay.
 		r := examples.LLMRequest{RequestID: "msg-0", Prompt: "p", ExpiresAt: h.Clock.Now().Add(48 * time.Hour).UnixMilli()}
 		h.Append(examples.LLMRequested.Input(r, "llm-request-requested@msg-0"))
 		h.AdvanceTime(7 * time.Hour)
-		revived := h.Events(itx.TypeProcessorRevived)
-		var gaps []string
-		for i := 1; i < len(revived); i++ {
-			gaps = append(gaps, (time.Duration(revived[i].CreatedAt-revived[i-1].CreatedAt) * time.Millisecond).String())
-		}
-		if got, want := strings.Join(gaps, " "), "10s 1m0s 5m0s 30m0s 6h0m0s"; got != want {
+		if got, want := revivalGaps(h.Events(itx.TypeProcessorRevived)), "10s 1m0s 5m0s 30m0s 6h0m0s"; got != want {
 			t.Errorf("gaps between revivals %q, want %q", got, want)
 		}
 		if got := h.Keepalive().Revivals; got != 6 {
@@ -314,9 +299,7 @@ func TestAgent_WedgedVendor(t *testing.T) {
 			if got := time.UnixMilli(revived[0].CreatedAt).Sub(startedAt); got < processors.WedgedAfter || got > processors.WedgedAfter+processors.KeepaliveLead {
 				t.Errorf("first revival %v after the call started, want within a lead of %v", got, processors.WedgedAfter)
 			}
-			gaps := fmt.Sprint(time.Duration(revived[1].CreatedAt-revived[0].CreatedAt)*time.Millisecond,
-				time.Duration(revived[2].CreatedAt-revived[1].CreatedAt)*time.Millisecond)
-			if want := "10s 1m0s"; gaps != want {
+			if gaps, want := revivalGaps(revived), "10s 1m0s"; gaps != want {
 				t.Errorf("gaps between wedged revivals %q, want %q", gaps, want)
 			}
 		}

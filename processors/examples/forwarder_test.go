@@ -37,12 +37,7 @@ func forwards(t *testing.T, h *proctest.Harness[examples.ForwarderState]) string
 }
 
 func refuseForwards(h *proctest.Harness[examples.ForwarderState]) {
-	h.Stream.FailAppends(func(in itx.EventInput) error {
-		if in.Type == string(examples.OutboxForwarded) {
-			return itx.Errorf(itx.EUnavailable, "injected: the outbox is down")
-		}
-		return nil
-	})
+	h.Stream.FailAppends(injectFault(string(examples.OutboxForwarded), "the outbox is down"))
 }
 
 func TestForwarder_EveryEventForwardedOnce(t *testing.T) {
@@ -104,12 +99,7 @@ func TestForwarder_CrashLoopBreaker(t *testing.T) {
 		refuseForwards(h) // the poison: every delivery of event 1 fails
 		h.Append(inbox(1))
 		h.AdvanceTime(40 * time.Minute)
-		var gaps []string
-		revived := h.Events(itx.TypeProcessorRevived)
-		for i := 1; i < len(revived); i++ {
-			gaps = append(gaps, (time.Duration(revived[i].CreatedAt-revived[i-1].CreatedAt) * time.Millisecond).String())
-		}
-		if got, want := strings.Join(gaps, " "), "10s 1m0s 5m0s 30m0s"; got != want {
+		if got, want := revivalGaps(h.Events(itx.TypeProcessorRevived)), "10s 1m0s 5m0s 30m0s"; got != want {
 			t.Errorf("gaps between revivals %q, want %q", got, want)
 		}
 		if forwards(t, h) != "" || h.Runner().ProcessedThrough() != 0 {
