@@ -148,9 +148,10 @@ func (r *Runner[S]) Open(ctx context.Context) error {
 }
 
 // Deliver processes one frame. The whole attempt is tracked by the keepalive, so an incarnation
-// that dies mid-frame is revived. When the frame leaves the cursor below the head (a filtered
-// frame whose unconsumed tail nothing else would deliver), a trailing catch-up runs in the
-// background so that tail cannot strand state-derived work.
+// that dies mid-frame is revived. When the frame leaves the cursor below the head it reported (a
+// filtered frame whose unconsumed tail the wake lane will not deliver), a trailing catch-up runs
+// in the background so that tail cannot strand state-derived work. The processor's own appends
+// are new events: the wake lane delivers them.
 func (r *Runner[S]) Deliver(ctx context.Context, f Frame) error {
 	if err := r.acquire(ctx); err != nil {
 		return err
@@ -158,7 +159,7 @@ func (r *Runner[S]) Deliver(ctx context.Context, f Frame) error {
 	done := r.track()
 	err := r.processFrame(ctx, f)
 	done(err)
-	behind := err == nil && r.ProcessedThrough() < r.head()
+	behind := err == nil && r.ProcessedThrough() < f.Head
 	r.release()
 	if behind {
 		r.background(r.CatchUp)
