@@ -53,6 +53,8 @@ type Hosted interface {
 	WaitUntilProcessed(ctx context.Context, offset int64) error
 	// SnapshotJSON is the committed reduced state and the offset it was reduced through.
 	SnapshotJSON() (int64, json.RawMessage)
+	// RuntimeState is what the runner knows beyond its progress record (getRuntimeState).
+	RuntimeState() RuntimeState
 	// Close ends the incarnation: background work's context is cancelled.
 	Close()
 }
@@ -494,6 +496,34 @@ func (r *Runner[S]) SnapshotJSON() (int64, json.RawMessage) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.progress.ReducedThrough, r.progress.State
+}
+
+// RuntimeState is a runner's view of itself: its committed cursors and what this incarnation
+// observed. It is runtime state, not durable truth.
+type RuntimeState struct {
+	Name             string `json:"name"`
+	ReducerVersion   string `json:"reducerVersion"`
+	ReducedThrough   int64  `json:"reducedThrough"`
+	ProcessedThrough int64  `json:"processedThrough"`
+	CursorRevision   int64  `json:"cursorRevision"`
+	ObservedHead     int64  `json:"observedHead"`
+	Generation       int64  `json:"generation"`
+	Fenced           string `json:"fenced,omitempty"` // why this incarnation may no longer commit
+}
+
+// RuntimeState reports the runner's cursors and observations.
+func (r *Runner[S]) RuntimeState() RuntimeState {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	rs := RuntimeState{
+		Name: r.c.Name, ReducerVersion: r.progress.ReducerVersion, ReducedThrough: r.progress.ReducedThrough,
+		ProcessedThrough: r.progress.ProcessedThrough, CursorRevision: r.progress.CursorRevision,
+		ObservedHead: max(r.observedHead, r.highestAppend), Generation: r.generation,
+	}
+	if r.fenced != nil {
+		rs.Fenced = r.fenced.Error()
+	}
+	return rs
 }
 
 // WaitUntilProcessed returns once the processing cursor reaches offset (read-your-writes: append,

@@ -439,6 +439,9 @@ func TestRunner_Open(t *testing.T) {
 			if err := stale.CatchUp(context.Background()); itx.ErrorCode(err) != itx.EFailedPrecondition {
 				t.Errorf("a fenced runner delivered again: %v", err)
 			}
+			if stale.RuntimeState().Fenced == "" {
+				t.Error("the fenced runner's runtime state does not say so")
+			}
 		})
 	})
 }
@@ -534,4 +537,40 @@ func TestRunner_Panics(t *testing.T) {
 			})
 		})
 	}
+}
+
+func TestRunner_WaitUntilProcessed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture()
+		r := f.runner(t, counter(t, "v1", nil))
+		done := make(chan error, 1)
+		go func() { done <- r.WaitUntilProcessed(context.Background(), 2) }()
+		out := f.append(t, added.Input(counted{N: 1}, ""), added.Input(counted{N: 1}, ""))
+		synctest.Wait()
+		select {
+		case err := <-done:
+			t.Fatalf("returned before the offset was processed: %v", err)
+		default:
+		}
+		if err := r.CatchUp(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+		default:
+			t.Fatalf("still waiting with the cursor at %d, past offset %d", r.ProcessedThrough(), out[1].Offset)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		if err := r.WaitUntilProcessed(ctx, 100); err == nil {
+			t.Error("a cancelled wait returned nil")
+		}
+		if rs := r.RuntimeState(); rs.ProcessedThrough < 2 || rs.Generation != 1 || rs.Fenced != "" {
+			t.Errorf("runtime state %+v", rs)
+		}
+	})
 }
