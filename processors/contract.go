@@ -1,0 +1,176 @@
+package processors
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/itx-dev/itx"
+)
+
+// Contract is a processor: what it consumes, how it reduces, what it does. Reduce must be pure
+// and deterministic (no clock, no I/O): it is re-run from offset 1 whenever ReducerVersion
+// changes, and at each event the state ProcessEvent sees is Reduce folded up to that event.
+type Contract[S any] struct {
+	// Name is the processor's slug (a processor-wake subscription's name selects it).
+	Name string
+	// ConsumedTypes lists the event types Reduce and ProcessEvent see; "*" means all.
+	ConsumedTypes []string
+	// ReducerVersion keys the reduction cache: a new value re-reduces from the start with
+	// Reduce only, never ProcessEvent.
+	ReducerVersion string
+	// InitialState returns the state before any event.
+	InitialState func() S
+	// Validate, if set, rejects a malformed consumed event: the runner skips it (no Reduce, no
+	// ProcessEvent), moves past it, and records one diagnostic after the commit.
+	Validate func(e itx.Event) error
+	// Reduce folds one consumed event into the state. It must not mutate its input state in
+	// place when that state is shared (maps, slices): return a new value or copy on write.
+	Reduce func(state S, e itx.Event) S
+	// ProcessEvent causes side effects. It runs after Reduce for each consumed event and once
+	// eventless (Args.Event nil, CaughtUp true) when a scan reaches the head without a consumed
+	// event. Returning an error fails the frame: nothing of it is committed and it is
+	// redelivered.
+	ProcessEvent func(ctx context.Context, a *Args[S]) error
+}
+
+// consumes reports whether the contract consumes events of type typ.
+func (c *Contract[S]) consumes(typ string) bool {
+	return slices.Contains(c.ConsumedTypes, "*") || slices.Contains(c.ConsumedTypes, typ)
+}
+
+func (c *Contract[S]) validate() error {
+	switch {
+	case c.Name == "":
+		return itx.Errorf(itx.EInvalid, "processor contract has no name")
+	case len(c.ConsumedTypes) == 0:
+		return itx.Errorf(itx.EInvalid, "processor %q consumes no event types", c.Name)
+	case c.ReducerVersion == "":
+		return itx.Errorf(itx.EInvalid, "processor %q has no reducer version", c.Name)
+	case c.InitialState == nil || c.Reduce == nil:
+		return itx.Errorf(itx.EInvalid, "processor %q needs InitialState and Reduce", c.Name)
+	}
+	return nil
+}
+
+// Delivery says where an event sits relative to the head the runner has observed.
+type Delivery struct {
+	// CaughtUp is true on the last consumed event of a scan that reached the observed head, and
+	// on the eventless pass. Behind the head the state is partial: state-derived effects
+	// (starting obligations) wait for CaughtUp; per-event effects (forwards) need not.
+	CaughtUp bool
+	// ObservedHead is the highest offset the runner has seen (frames and its own appends).
+	ObservedHead int64
+	// CursorRevision is the processing cursor's rewind count.
+	CursorRevision int64
+}
+
+// Args is what ProcessEvent gets for one event (or for the eventless pass).
+type Args[S any] struct {
+	// Event is the consumed event, or nil on the eventless pass at the head.
+	Event *itx.Event
+	// PreviousState is the state before Event; State the state after it (event-time state, not
+	// current truth: during a replay it is the reduction up to Event).
+	PreviousState S
+	State         S
+	Delivery      Delivery
+	// Path is the home stream's path.
+	Path string
+
+	frame *frameWork
+	run   runnerDoors
+}
+
+// runnerDoors is what Args needs from its runner, without the state type.
+type runnerDoors interface {
+	now() time.Time
+	appendHome(ctx context.Context, events []itx.EventInput) ([]itx.Event, error)
+	background(work func(ctx context.Context) error)
+}
+
+// frameWork collects one ProcessEvent call's blocking registrations, run in FIFO order after it
+// returns.
+type frameWork struct {
+	blockers []blocker
+}
+
+type blocker struct {
+	name string
+	work func(ctx context.Context) error
+}
+
+// Now is the injected clock: processors with expiry or freshness logic read time here only.
+func (a *Args[S]) Now() time.Time { return a.run.now() }
+
+// BlockProcessorWhile registers must-happen work with at-least-once semantics: the frame's
+// progress commit waits for it, a failure fails the frame, and a crash redelivers the event, so
+// the work must be idempotent (appends with stable keys). Registrations run one after another
+// in registration order once ProcessEvent returns: a later one observes the earlier one's
+// appends. It head-of-line-blocks every later event; keep it short and say at the call site
+// which per-event consequence would be lost without it. Call it from ProcessEvent itself:
+// registrations made after it returned are not run.
+func (a *Args[S]) BlockProcessorWhile(name string, work func(ctx context.Context) error) {
+	a.frame.blockers = append(a.frame.blockers, blocker{name: name, work: work})
+}
+
+// RunInBackground starts a droppable attempt with at-most-once semantics: the cursor advances
+// without waiting, and an eviction loses the closure silently. The call site must answer "what
+// recovers the outcome if this drops?" (usually: the CaughtUp branch restarts it from state).
+// The work is tracked by the keepalive, and its failure marks the keepalive window, so the next
+// alarm fire revives the processor.
+func (a *Args[S]) RunInBackground(work func(ctx context.Context) error) {
+	a.run.background(work)
+}
+
+// Append appends to the home stream (the typed door: build inputs with EventType.Input). Its
+// offsets raise the runner's observed head, so a frame queued before this append never claims
+// CaughtUp over a state that lacks it.
+func (a *Args[S]) Append(ctx context.Context, events ...itx.EventInput) ([]itx.Event, error) {
+	return a.run.appendHome(ctx, events)
+}
+
+// IdempotencyKey is the processor-owned key for an effect of event e: "<key>@<path>:<offset>",
+// so same-slug processors forwarding into one stream never collide. With a nil event (the
+// eventless pass, or an obligation keyed by its own identity) it is key unchanged.
+func (a *Args[S]) IdempotencyKey(key string, e *itx.Event) string {
+	return IdempotencyKey(key, a.Path, e)
+}
+
+// IdempotencyKey is Args.IdempotencyKey for a known path.
+func IdempotencyKey(key, path string, e *itx.Event) string {
+	if e == nil {
+		return key
+	}
+	return key + "@" + path + ":" + strconv.FormatInt(e.Offset, 10)
+}
+
+// EventType is a typed event vocabulary entry: the payload type travels with the type name, so
+// producers and the reducer agree on one shape.
+type EventType[P any] string
+
+// Input builds an event to append with payload p and idempotency key key ("" for none).
+func (t EventType[P]) Input(p P, key string) itx.EventInput {
+	raw, err := json.Marshal(p)
+	if err != nil {
+		// P is a plain data type chosen by the processor author; a payload that cannot encode
+		// is a programming error, not an input.
+		panic(fmt.Sprintf("processors: %s payload does not encode: %v", string(t), err))
+	}
+	return itx.EventInput{Type: string(t), Payload: raw, IdempotencyKey: key}
+}
+
+// Decode reads e's payload as P. It fails with itx.EInvalid when e is of another type or its
+// payload does not decode (a Contract.Validate usually calls it).
+func (t EventType[P]) Decode(e itx.Event) (P, error) {
+	var p P
+	if e.Type != string(t) {
+		return p, itx.Errorf(itx.EInvalid, "event %d is %q, not %q", e.Offset, e.Type, string(t))
+	}
+	if err := json.Unmarshal(e.Payload, &p); err != nil {
+		return p, itx.Errorf(itx.EInvalid, "event %d (%s): %v", e.Offset, e.Type, err)
+	}
+	return p, nil
+}

@@ -1,0 +1,344 @@
+package examples
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/processors"
+)
+
+// The agent's vocabulary. A message opens a hesitation window; once it passes with the message
+// still standing, the agent records an LLM request (the obligation), marks it started before the
+// vendor is dialed, and settles it exactly once.
+const (
+	MessageAdded      = processors.EventType[Message]("agent/message-added")
+	MessageRetracted  = processors.EventType[MessageRef]("agent/message-retracted")
+	HesitationElapsed = processors.EventType[MessageRef]("agent/hesitation-elapsed")
+	LLMRequested      = processors.EventType[LLMRequest]("agent/llm-request-requested")
+	LLMStarted        = processors.EventType[LLMRef]("agent/llm-request-started")
+	LLMSettled        = processors.EventType[LLMSettlement]("agent/llm-request-settled")
+)
+
+// Message is a user message to the agent.
+type Message struct {
+	Text string `json:"text"`
+}
+
+// MessageRef names a message by its offset.
+type MessageRef struct {
+	MessageOffset int64 `json:"messageOffset"`
+}
+
+// LLMRequest opens an obligation. ExpiresAt (epoch ms) bounds the whole obligation, settlement
+// included.
+type LLMRequest struct {
+	RequestID string `json:"requestId"`
+	Prompt    string `json:"prompt"`
+	ExpiresAt int64  `json:"expiresAt"`
+}
+
+// LLMRef names a request.
+type LLMRef struct {
+	RequestID string `json:"requestId"`
+}
+
+// LLMSettlement is a request's one terminal fact.
+type LLMSettlement struct {
+	RequestID string `json:"requestId"`
+	Result    Result `json:"result"`
+}
+
+// Result is how an obligation settled.
+type Result struct {
+	Kind   string `json:"kind"` // ResultSuccess, ResultFailure or ResultCancellation
+	Text   string `json:"text,omitempty"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// Result kinds and the failure reasons the agent itself produces.
+const (
+	ResultSuccess      = "success"
+	ResultFailure      = "failure"
+	ResultCancellation = "cancellation"
+
+	ReasonExpired  = "expired"
+	ReasonOrphaned = "orphaned: the attempt died with its incarnation"
+)
+
+// Request statuses.
+const (
+	StatusRequested = "requested"
+	StatusStarted   = "started"
+	StatusSettled   = "settled"
+)
+
+// AgentConfig is the agent's timing, carried in its state so tests read it from there.
+type AgentConfig struct {
+	HesitationMs int64 `json:"hesitationMs"` // wall-clock between a message and its request
+	ExpiryMs     int64 `json:"expiryMs"`     // a request's lifetime, from its message
+	ReserveMs    int64 `json:"reserveMs"`    // kept back from the vendor call to append the settlement
+}
+
+// DefaultAgentConfig is the agent's default timing.
+var DefaultAgentConfig = AgentConfig{HesitationMs: 2_000, ExpiryMs: 5 * 60_000, ReserveMs: 5_000}
+
+// Pending is a message waiting out its hesitation window.
+type Pending struct {
+	MessageOffset int64  `json:"messageOffset"`
+	Text          string `json:"text"`
+	ReadyAt       int64  `json:"readyAt"`
+	ExpiresAt     int64  `json:"expiresAt"`
+}
+
+// Request is an obligation as reduced.
+type Request struct {
+	ID        string  `json:"id"`
+	Prompt    string  `json:"prompt"`
+	ExpiresAt int64   `json:"expiresAt"`
+	Status    string  `json:"status"`
+	Result    *Result `json:"result,omitempty"`
+}
+
+// AgentState is the desired state: messages in their window and requests with their status.
+type AgentState struct {
+	Config   AgentConfig `json:"config"`
+	Pending  []Pending   `json:"pending"`
+	Requests []Request   `json:"requests"`
+}
+
+// Vendor is the LLM: one completion per request id (a real vendor receives the id as its
+// idempotency key).
+type Vendor interface {
+	Complete(ctx context.Context, requestID, prompt string) (string, error)
+}
+
+// Agent returns one incarnation of the agent processor. Its live-set (the attempts this
+// incarnation drives) is in memory and dies with it; that is the actual state the caught-up
+// pass compares with the reduced, desired state.
+func Agent(clock itx.Clock, vendor Vendor, cfg AgentConfig) processors.Contract[AgentState] {
+	a := &agent{clock: clock, vendor: vendor, live: map[string]bool{}, waiting: map[string]bool{}}
+	return processors.Contract[AgentState]{
+		Name: "agent",
+		ConsumedTypes: []string{
+			string(MessageAdded), string(MessageRetracted),
+			string(LLMRequested), string(LLMStarted), string(LLMSettled),
+		},
+		ReducerVersion: "1",
+		InitialState:   func() AgentState { return AgentState{Config: cfg} },
+		Validate:       validateAgentEvent,
+		Reduce:         reduceAgent,
+		ProcessEvent:   a.processEvent,
+	}
+}
+
+func requestID(messageOffset int64) string { return fmt.Sprintf("msg-%d", messageOffset) }
+
+func validateAgentEvent(e itx.Event) error {
+	var err error
+	switch e.Type {
+	case string(MessageAdded):
+		_, err = MessageAdded.Decode(e)
+	case string(MessageRetracted):
+		_, err = MessageRetracted.Decode(e)
+	case string(LLMRequested):
+		var r LLMRequest
+		if r, err = LLMRequested.Decode(e); err == nil && (r.RequestID == "" || r.ExpiresAt <= 0) {
+			err = errors.New("a request needs requestId and expiresAt")
+		}
+	case string(LLMStarted):
+		_, err = LLMStarted.Decode(e)
+	case string(LLMSettled):
+		_, err = LLMSettled.Decode(e)
+	}
+	return err
+}
+
+// reduceAgent is pure: deadlines come from createdAt, never a clock.
+func reduceAgent(st AgentState, e itx.Event) AgentState {
+	next := AgentState{Config: st.Config, Pending: slices.Clone(st.Pending), Requests: slices.Clone(st.Requests)}
+	find := func(id string) int {
+		return slices.IndexFunc(next.Requests, func(r Request) bool { return r.ID == id })
+	}
+	switch e.Type {
+	case string(MessageAdded):
+		m, _ := MessageAdded.Decode(e)
+		ready := e.CreatedAt + st.Config.HesitationMs
+		next.Pending = append(next.Pending, Pending{
+			MessageOffset: e.Offset, Text: m.Text, ReadyAt: ready, ExpiresAt: ready + st.Config.ExpiryMs,
+		})
+	case string(MessageRetracted):
+		ref, _ := MessageRetracted.Decode(e)
+		next.Pending = slices.DeleteFunc(next.Pending, func(p Pending) bool { return p.MessageOffset == ref.MessageOffset })
+	case string(LLMRequested):
+		r, _ := LLMRequested.Decode(e)
+		next.Pending = slices.DeleteFunc(next.Pending, func(p Pending) bool { return requestID(p.MessageOffset) == r.RequestID })
+		if find(r.RequestID) < 0 {
+			next.Requests = append(next.Requests, Request{ID: r.RequestID, Prompt: r.Prompt, ExpiresAt: r.ExpiresAt, Status: StatusRequested})
+		}
+	case string(LLMStarted):
+		ref, _ := LLMStarted.Decode(e)
+		if i := find(ref.RequestID); i >= 0 && next.Requests[i].Status == StatusRequested {
+			next.Requests[i].Status = StatusStarted
+		}
+	case string(LLMSettled):
+		s, _ := LLMSettled.Decode(e)
+		// One terminal fact per obligation: a stale second settlement changes nothing.
+		if i := find(s.RequestID); i >= 0 && next.Requests[i].Status != StatusSettled {
+			res := s.Result
+			next.Requests[i].Status, next.Requests[i].Result = StatusSettled, &res
+		}
+	}
+	return next
+}
+
+type agent struct {
+	clock  itx.Clock
+	vendor Vendor
+
+	mu      sync.Mutex
+	live    map[string]bool // requests an attempt of this incarnation is driving
+	waiting map[string]bool // messages whose hesitation timer this incarnation armed
+}
+
+// processEvent is the agent's whole side-effect half. Everything it does is derived from the
+// reduced state at the head, so it acts only when caught up: behind the head, a settlement may
+// sit in pages not yet reduced.
+func (ag *agent) processEvent(ctx context.Context, a *processors.Args[AgentState]) error {
+	if !a.Delivery.CaughtUp {
+		return nil
+	}
+	now := a.Now().UnixMilli()
+	for _, p := range a.State.Pending {
+		id := requestID(p.MessageOffset)
+		if now < p.ReadyAt {
+			ag.hesitate(a, p, time.Duration(p.ReadyAt-now)*time.Millisecond)
+			continue
+		}
+		// Blocking: the request is the durable evidence the whole obligation hangs on. Its body is
+		// a function of the reduced message, so a redelivery dedupes.
+		req := LLMRequested.Input(LLMRequest{RequestID: id, Prompt: p.Text, ExpiresAt: p.ExpiresAt}, "llm-request-requested@"+id)
+		a.BlockProcessorWhile("request "+id, func(ctx context.Context) error {
+			_, err := a.Append(ctx, req)
+			return err
+		})
+	}
+	for _, r := range a.State.Requests {
+		if r.Status == StatusSettled || ag.driving(r.ID) {
+			continue
+		}
+		switch {
+		case now >= r.ExpiresAt:
+			// Past its horizon the intent is stale: settle without dialing the vendor.
+			ag.settleBlocking(a, r.ID, Result{Kind: ResultFailure, Reason: ReasonExpired})
+		case r.Status == StatusStarted:
+			// Started and nobody drives it: the attempt died with its incarnation and may have
+			// half-run, so it fails rather than re-driving.
+			ag.settleBlocking(a, r.ID, Result{Kind: ResultFailure, Reason: ReasonOrphaned})
+		default:
+			ag.start(a, r)
+		}
+	}
+	return nil
+}
+
+func (ag *agent) driving(id string) bool {
+	ag.mu.Lock()
+	defer ag.mu.Unlock()
+	return ag.live[id]
+}
+
+// hesitate waits out a message's window once per incarnation, then appends a wake. Droppable:
+// losing the timer costs latency, never the request, because the next caught-up pass derives the
+// same intent from the reduced state (and the keepalive tracks the wait, so an eviction during
+// the window still gets a revival).
+func (ag *agent) hesitate(a *processors.Args[AgentState], p Pending, d time.Duration) {
+	ag.mu.Lock()
+	armed := ag.waiting[requestID(p.MessageOffset)]
+	ag.waiting[requestID(p.MessageOffset)] = true
+	ag.mu.Unlock()
+	if armed {
+		return
+	}
+	a.RunInBackground(func(ctx context.Context) error {
+		defer func() {
+			ag.mu.Lock()
+			delete(ag.waiting, requestID(p.MessageOffset))
+			ag.mu.Unlock()
+		}()
+		elapsed := make(chan struct{})
+		t := ag.clock.AfterFunc(d, func() { close(elapsed) })
+		defer t.Stop()
+		select {
+		case <-elapsed:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		ref := MessageRef{MessageOffset: p.MessageOffset}
+		_, err := a.Append(ctx, HesitationElapsed.Input(ref, fmt.Sprintf("hesitation-elapsed@%d", p.MessageOffset)))
+		return err
+	})
+}
+
+// start runs one attempt in the background. It enters the live-set before returning, so this
+// pass and any later one in this incarnation see the request as driven.
+//
+// What recovers it if it drops? The stream: a request without started is started again by the
+// next caught-up pass (after a revival); a started one nobody drives is settled as orphaned.
+func (ag *agent) start(a *processors.Args[AgentState], r Request) {
+	ag.mu.Lock()
+	ag.live[r.ID] = true
+	ag.mu.Unlock()
+	a.RunInBackground(func(ctx context.Context) error {
+		defer func() {
+			ag.mu.Lock()
+			delete(ag.live, r.ID)
+			ag.mu.Unlock()
+		}()
+		// The started fact lands before any external work: if it fails, nothing runs and nothing
+		// settles, the request stays requested and the failure marks the keepalive window.
+		if _, err := a.Append(ctx, LLMStarted.Input(LLMRef{RequestID: r.ID}, "llm-request-started@"+r.ID)); err != nil {
+			return fmt.Errorf("mark %s started: %w", r.ID, err)
+		}
+		// Bound the vendor call by the obligation's horizon, keeping a reserve to settle.
+		budget := time.Duration(r.ExpiresAt-a.Now().UnixMilli()-a.State.Config.ReserveMs) * time.Millisecond
+		callCtx, cancel := context.WithCancelCause(ctx)
+		defer cancel(nil)
+		timer := ag.clock.AfterFunc(budget, func() { cancel(errExpired) })
+		defer timer.Stop()
+		text, err := ag.vendor.Complete(callCtx, r.ID, r.Prompt)
+		res := Result{Kind: ResultSuccess, Text: text}
+		switch {
+		case ctx.Err() != nil:
+			return ctx.Err() // evicted: the orphan settlement is the next incarnation's job
+		case errors.Is(context.Cause(callCtx), errExpired):
+			res = Result{Kind: ResultFailure, Reason: ReasonExpired}
+		case err != nil:
+			res = Result{Kind: ResultFailure, Reason: err.Error()}
+		}
+		return settle(ctx, a, r.ID, res)
+	})
+}
+
+var errExpired = errors.New("the request expired")
+
+// settleBlocking settles at the head under the frame: the settlement must land promptly, and
+// holding the frame lets redelivery retry it.
+func (ag *agent) settleBlocking(a *processors.Args[AgentState], id string, res Result) {
+	a.BlockProcessorWhile("settle "+id, func(ctx context.Context) error { return settle(ctx, a, id, res) })
+}
+
+// settle appends the one terminal fact under the obligation's key. Bodies may differ between
+// racing attempts (vendor text); losing that race means the obligation is already settled, so a
+// key conflict is tolerated as the settlement.
+func settle(ctx context.Context, a *processors.Args[AgentState], id string, res Result) error {
+	_, err := a.Append(ctx, LLMSettled.Input(LLMSettlement{RequestID: id, Result: res}, "llm-request-settled@"+id))
+	if itx.ErrorCode(err) == itx.EIdempotencyConflict {
+		return nil
+	}
+	return err
+}

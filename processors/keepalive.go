@@ -1,0 +1,153 @@
+package processors
+
+import (
+	"time"
+)
+
+// The keepalive's constants (DESIGN.md "Constants").
+const (
+	// KeepaliveLead is how far ahead of in-flight work the alarm sits: it bounds how late a
+	// processor that died owing work is revived.
+	KeepaliveLead = 10 * time.Second
+	// RevivalPlateau is the crash-loop breaker's longest interval (about four wakes a day).
+	RevivalPlateau = 6 * time.Hour
+	// BusyFireCap is how many lead intervals in-flight work may run before it counts as wedged
+	// (90 fires at the lead, 15 minutes: past any legitimate tracked work's deadline). A wedge
+	// stops re-arming at the lead and decays along the revival backoff.
+	BusyFireCap = 90
+	// WedgedAfter is BusyFireCap lead intervals.
+	WedgedAfter = BusyFireCap * KeepaliveLead
+	// CrashLoopEvidenceAt is the revival count at which the breaker records stream evidence.
+	CrashLoopEvidenceAt = 3
+)
+
+var revivalBackoff = [...]time.Duration{10 * time.Second, time.Minute, 5 * time.Minute, 30 * time.Minute}
+
+// RevivalBackoff is the least time after the n-th consecutive revival (1-based) before the next
+// one: 10 s, 1 m, 5 m, 30 m, then RevivalPlateau forever.
+func RevivalBackoff(n int) time.Duration {
+	if n >= 1 && n <= len(revivalBackoff) {
+		return revivalBackoff[n-1]
+	}
+	return RevivalPlateau
+}
+
+// KeepaliveRecord is one processor's durable keepalive mark, stored in KV below the reduction:
+// the breaker must not depend on the reduction it protects. Times are epoch ms; ArmedAt 0 means
+// disarmed.
+type KeepaliveRecord struct {
+	Revivals      int    `json:"revivals"`      // consecutive revivals without a quiet clean fire
+	LastRevivalAt int64  `json:"lastRevivalAt"` // when the last revival was marked
+	Version       string `json:"version"`       // the host version that wrote the marks
+	ArmedAt       int64  `json:"armedAt"`       // this keepalive's alarm desire
+}
+
+// keepaliveMemory is what one incarnation knows; it dies with the incarnation, which is exactly
+// why a fresh incarnation's first fire revives.
+type keepaliveMemory struct {
+	inFlight   int
+	oldest     int64 // when the oldest in-flight work started (ms); the caller keeps it current
+	sawClean   bool  // some tracked work settled cleanly since the last fire that looked
+	sawFailure bool  // some tracked work failed: an obligation may be unsettled
+	reviving   bool  // a revival pass is running; its backoff governs the alarm
+}
+
+// wedged reports whether the oldest in-flight work has run past WedgedAfter: a hung call no
+// deadline owns. Short work overlapping continuously never looks wedged.
+func (m keepaliveMemory) wedged(ms int64) bool {
+	return m.inFlight > 0 && ms-m.oldest >= WedgedAfter.Milliseconds()
+}
+
+// AlarmAction is what one fire decided.
+type AlarmAction string
+
+// The outcomes of a keepalive fire.
+const (
+	ActionNotDue       AlarmAction = "not-due"       // not this keepalive's time
+	ActionBusyRearmed  AlarmAction = "busy-rearmed"  // work still in flight: pushed ahead
+	ActionCleanDisarm  AlarmAction = "clean-disarm"  // quiet and clean: disarmed, budget reset
+	ActionBackoffWait  AlarmAction = "backoff-wait"  // a revival is owed but the breaker says not yet
+	ActionRevive       AlarmAction = "revive"        // marked; the revival pass runs now
+	ActionRevived      AlarmAction = "revived"       // the pass appended its fact
+	ActionReviveFailed AlarmAction = "revive-failed" // the pass failed; the marked backoff retries
+)
+
+// onFire is the breaker's policy for one alarm fire at now (pure). The mark is written before the
+// revival runs: a crash anywhere after it leaves the incremented count and a retry armed at the
+// backoff, so a crash loop can only decay. Revivals are spaced by the record, not by whoever
+// armed the alarm last, so work pulling the alarm back to the lead cannot tighten the loop.
+func onFire(rec KeepaliveRecord, mem keepaliveMemory, now time.Time, version string) (AlarmAction, KeepaliveRecord, keepaliveMemory) {
+	ms := now.UnixMilli()
+	if rec.ArmedAt == 0 || ms < rec.ArmedAt {
+		return ActionNotDue, rec, mem
+	}
+	if rec.Version != version {
+		// A new version (the antidote deploy) starts from a fresh budget.
+		rec = KeepaliveRecord{Version: version, ArmedAt: rec.ArmedAt}
+	}
+	if mem.reviving || (mem.inFlight > 0 && !mem.wedged(ms)) {
+		// Still working (or a pass is running, whose own mark governs): push ahead.
+		rec.ArmedAt = ms + KeepaliveLead.Milliseconds()
+		return ActionBusyRearmed, rec, mem
+	}
+	if mem.inFlight == 0 && mem.sawClean && !mem.sawFailure {
+		mem.sawClean = false
+		return ActionCleanDisarm, KeepaliveRecord{Version: version}, mem
+	}
+	if rec.Revivals > 0 {
+		if next := rec.LastRevivalAt + RevivalBackoff(rec.Revivals).Milliseconds(); ms < next {
+			rec.ArmedAt = next
+			return ActionBackoffWait, rec, mem
+		}
+	}
+	rec.Revivals++
+	rec.LastRevivalAt = ms
+	rec.ArmedAt = ms + RevivalBackoff(rec.Revivals).Milliseconds()
+	mem.sawClean, mem.sawFailure, mem.reviving = false, false, true
+	return ActionRevive, rec, mem
+}
+
+// afterRevival is the policy once the revival pass ended (pure). A pass that appended its fact is
+// settled work: the alarm comes back to the lead for a confirmation fire, which resets the budget
+// if the window stays quiet; a wedged window keeps the backoff instead. A failed pass keeps the
+// backoff armed by the mark.
+func afterRevival(rec KeepaliveRecord, mem keepaliveMemory, now time.Time, passErr error) (AlarmAction, KeepaliveRecord, keepaliveMemory) {
+	mem.reviving = false
+	if passErr != nil {
+		mem.sawFailure = true
+		return ActionReviveFailed, rec, mem
+	}
+	mem.sawClean = true
+	if !mem.wedged(now.UnixMilli()) {
+		rec.ArmedAt = min(rec.ArmedAt, now.UnixMilli()+KeepaliveLead.Milliseconds())
+	}
+	return ActionRevived, rec, mem
+}
+
+// onTrack is the policy when work starts (pure): the alarm moves to the lead ahead of it, never
+// later, and not while a revival pass runs (its backoff must govern).
+func onTrack(rec KeepaliveRecord, mem keepaliveMemory, now time.Time, version string) (KeepaliveRecord, keepaliveMemory) {
+	mem.inFlight++
+	if mem.reviving {
+		return rec, mem
+	}
+	if rec.Version != version {
+		rec = KeepaliveRecord{Version: version, ArmedAt: rec.ArmedAt}
+	}
+	at := now.UnixMilli() + KeepaliveLead.Milliseconds()
+	if rec.ArmedAt == 0 || rec.ArmedAt > at {
+		rec.ArmedAt = at
+	}
+	return rec, mem
+}
+
+// onSettle is the policy when tracked work ends (pure). The caller updates oldest.
+func onSettle(mem keepaliveMemory, err error) keepaliveMemory {
+	mem.inFlight--
+	if err != nil {
+		mem.sawFailure = true
+	} else {
+		mem.sawClean = true
+	}
+	return mem
+}

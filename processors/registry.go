@@ -1,0 +1,343 @@
+package processors
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log"
+	"sync"
+	"time"
+
+	"github.com/itx-dev/itx"
+)
+
+// RegistryConfig wires a registry to the stream that hosts its processors.
+type RegistryConfig struct {
+	Path     string    // the stream's path
+	Log      StreamLog // the stream
+	KV       KV        // keepalive records, below the reduction
+	Alarm    AlarmCell // the processors' slice of the stream's alarm
+	Clock    itx.Clock // the only time source
+	Version  string    // the host's version: a new one resets every crash-loop budget
+	PageSize int       // passed to runners; 0 means DefaultPageSize
+	Logf     func(format string, args ...any)
+}
+
+// Registry hosts the processors of one stream in one incarnation: each registered runner gets a
+// keepalive that keeps the stream's alarm about KeepaliveLead ahead of its in-flight work, and
+// one alarm fire revives every processor that owes work. A fresh incarnation builds a fresh
+// registry; what survives is the stream, the progress records, the KV and the alarm.
+type Registry struct {
+	cfg RegistryConfig
+
+	mu      sync.Mutex // guards every keepalive's record and memory, and entries
+	entries []*keepalive
+	armed   int64 // the alarm cell's time as last set (ms), 0 when disarmed
+
+	alarmMu sync.Mutex // orders alarm cell writes so the latest desire lands last
+}
+
+// NewRegistry returns an empty registry.
+func NewRegistry(cfg RegistryConfig) (*Registry, error) {
+	if cfg.Log == nil || cfg.KV == nil || cfg.Alarm == nil || cfg.Clock == nil {
+		return nil, itx.Errorf(itx.EInvalid, "processor registry needs a log, a KV, an alarm cell and a clock")
+	}
+	if cfg.Version == "" {
+		// Required: a silent default could never take the version-reset path.
+		return nil, itx.Errorf(itx.EInvalid, "processor registry needs the host version")
+	}
+	if cfg.Logf == nil {
+		cfg.Logf = log.Printf
+	}
+	return &Registry{cfg: cfg}, nil
+}
+
+// Register builds and opens a runner for c over store, tracked by its own keepalive, and
+// re-asserts any alarm desire a previous incarnation left in KV (the boot-time reconcile: a
+// process that died owing work must still be revived).
+func Register[S any](ctx context.Context, reg *Registry, c Contract[S], store ProgressStore) (*Runner[S], error) {
+	reg.mu.Lock()
+	for _, k := range reg.entries {
+		if k.name == c.Name {
+			reg.mu.Unlock()
+			return nil, itx.Errorf(itx.EInvalid, "processor %q is already registered on %s", c.Name, reg.cfg.Path)
+		}
+	}
+	reg.mu.Unlock()
+	k := &keepalive{reg: reg, name: c.Name, starts: map[uint64]int64{}}
+	raw, ok, err := reg.cfg.KV.Get(ctx, KeepaliveKey(c.Name))
+	if err != nil {
+		return nil, fmt.Errorf("register processor %q: %w", c.Name, err)
+	}
+	if ok {
+		if err := json.Unmarshal(raw, &k.rec); err != nil {
+			reg.cfg.Logf("processor %q: discarding an unreadable keepalive record: %v", c.Name, err)
+			k.rec = KeepaliveRecord{}
+		}
+	}
+	r, err := NewRunner(c, RunnerConfig{
+		Path: reg.cfg.Path, Log: reg.cfg.Log, Progress: store, Clock: reg.cfg.Clock,
+		Tracker: k, PageSize: reg.cfg.PageSize, Logf: reg.cfg.Logf,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := r.Open(ctx); err != nil {
+		return nil, err
+	}
+	k.runner = r
+	reg.mu.Lock()
+	reg.entries = append(reg.entries, k)
+	reg.mu.Unlock()
+	if err := reg.syncAlarm(ctx); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// Runners lists the registered runners in registration order.
+func (reg *Registry) Runners() []Hosted {
+	reg.mu.Lock()
+	defer reg.mu.Unlock()
+	out := make([]Hosted, len(reg.entries))
+	for i, k := range reg.entries {
+		out[i] = k.runner
+	}
+	return out
+}
+
+// Runner returns the runner registered under name.
+func (reg *Registry) Runner(name string) (Hosted, bool) {
+	reg.mu.Lock()
+	defer reg.mu.Unlock()
+	for _, k := range reg.entries {
+		if k.name == name {
+			return k.runner, true
+		}
+	}
+	return nil, false
+}
+
+// Keepalive returns the keepalive record of name as this incarnation last wrote or read it.
+func (reg *Registry) Keepalive(name string) (KeepaliveRecord, bool) {
+	reg.mu.Lock()
+	defer reg.mu.Unlock()
+	for _, k := range reg.entries {
+		if k.name == name {
+			return k.rec, true
+		}
+	}
+	return KeepaliveRecord{}, false
+}
+
+// AlarmOutcome is what one fire did for one processor.
+type AlarmOutcome struct {
+	Name   string
+	Action AlarmAction
+}
+
+// HandleAlarm services a fire of the stream's alarm: every processor's keepalive whose time has
+// come decides, and every one that owes a revival is marked (durably, before anything else)
+// and appends one stream/processor-revived fact. That fact reaches the processors through
+// ordinary delivery (the host's wake, or CatchUp): at the head each one gets either a consumed
+// event with CaughtUp or the eventless pass. Errors are KV or alarm failures; a failed revival
+// is the breaker's business and only shows in the outcomes. The host calls it from one goroutine
+// at a time.
+func (reg *Registry) HandleAlarm(ctx context.Context) ([]AlarmOutcome, error) {
+	reg.mu.Lock()
+	entries := append([]*keepalive(nil), reg.entries...)
+	reg.armed = -1 // the fire consumed the cell: always set it again below
+	reg.mu.Unlock()
+	var outcomes []AlarmOutcome
+	var errs []error
+	for _, k := range entries {
+		action, err := k.fire(ctx)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if action != ActionNotDue {
+			outcomes = append(outcomes, AlarmOutcome{Name: k.name, Action: action})
+		}
+	}
+	if err := reg.syncAlarm(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	return outcomes, errors.Join(errs...)
+}
+
+// Close ends every runner's incarnation.
+func (reg *Registry) Close() {
+	for _, h := range reg.Runners() {
+		h.Close()
+	}
+}
+
+// syncAlarm sets the alarm cell to the earliest desire of any keepalive.
+func (reg *Registry) syncAlarm(ctx context.Context) error {
+	reg.alarmMu.Lock()
+	defer reg.alarmMu.Unlock()
+	reg.mu.Lock()
+	var at int64
+	for _, k := range reg.entries {
+		if k.rec.ArmedAt != 0 && (at == 0 || k.rec.ArmedAt < at) {
+			at = k.rec.ArmedAt
+		}
+	}
+	same := at == reg.armed
+	reg.mu.Unlock()
+	if same {
+		return nil
+	}
+	t := time.Time{}
+	if at != 0 {
+		t = time.UnixMilli(at)
+	}
+	if err := reg.cfg.Alarm.SetAlarm(ctx, t); err != nil {
+		return fmt.Errorf("arm processor alarm on %s: %w", reg.cfg.Path, err)
+	}
+	reg.mu.Lock()
+	reg.armed = at
+	reg.mu.Unlock()
+	return nil
+}
+
+// KeepaliveKey is the KV key of a processor's keepalive record.
+func KeepaliveKey(name string) string { return "processor/" + name + "/keepalive" }
+
+// keepalive is one processor's breaker in one incarnation: the record mirrors KV, the memory dies
+// with the incarnation. Both are guarded by the registry's mu; writes to KV are ordered by wmu so
+// the latest record always lands last.
+type keepalive struct {
+	reg    *Registry
+	name   string
+	runner Hosted
+
+	rec    KeepaliveRecord
+	mem    keepaliveMemory
+	starts map[uint64]int64 // in-flight work by id: when it started (ms)
+	seq    uint64
+
+	wmu sync.Mutex
+}
+
+// oldest returns the start of the oldest in-flight work. Called with reg.mu held.
+func (k *keepalive) oldest() int64 {
+	var o int64
+	for _, at := range k.starts {
+		if o == 0 || at < o {
+			o = at
+		}
+	}
+	return o
+}
+
+// Track registers one unit of in-flight work (Tracker).
+func (k *keepalive) Track() func(error) {
+	reg := k.reg
+	now := reg.cfg.Clock.Now()
+	reg.mu.Lock()
+	before := k.rec
+	k.rec, k.mem = onTrack(k.rec, k.mem, now, reg.cfg.Version)
+	k.seq++
+	id := k.seq
+	k.starts[id] = now.UnixMilli()
+	k.mem.oldest = k.oldest()
+	changed := k.rec != before
+	reg.mu.Unlock()
+	if changed {
+		k.persist(context.Background())
+	}
+	var once sync.Once
+	return func(err error) {
+		once.Do(func() {
+			reg.mu.Lock()
+			k.mem = onSettle(k.mem, err)
+			delete(k.starts, id)
+			k.mem.oldest = k.oldest()
+			reg.mu.Unlock()
+		})
+	}
+}
+
+// fire runs one alarm fire for this keepalive: decide, mark, revive, record the outcome.
+func (k *keepalive) fire(ctx context.Context) (AlarmAction, error) {
+	reg := k.reg
+	now := reg.cfg.Clock.Now()
+	reg.mu.Lock()
+	action, rec, mem := onFire(k.rec, k.mem, now, reg.cfg.Version)
+	changed := rec != k.rec
+	k.rec, k.mem = rec, mem
+	reg.mu.Unlock()
+	if changed {
+		// Mark before revival: if this write fails, nothing else happens, and the next fire
+		// tries again.
+		if err := k.persist(ctx); err != nil {
+			if action == ActionRevive {
+				reg.mu.Lock()
+				action, k.rec, k.mem = afterRevival(k.rec, k.mem, now, err)
+				reg.mu.Unlock()
+			}
+			return action, err
+		}
+	}
+	if action != ActionRevive {
+		return action, nil
+	}
+	passErr := k.revive(ctx, rec)
+	if passErr != nil {
+		reg.cfg.Logf("processor %q: revival %d failed; next attempt after %v: %v",
+			k.name, rec.Revivals, RevivalBackoff(rec.Revivals), passErr)
+	}
+	reg.mu.Lock()
+	action, k.rec, k.mem = afterRevival(k.rec, k.mem, reg.cfg.Clock.Now(), passErr)
+	reg.mu.Unlock()
+	return action, k.persist(ctx)
+}
+
+// revive appends the revival fact (stably keyed by the mark, so a retried pass of the same mark
+// dedupes) and, once the loop looks like a crash loop, the evidence of it.
+func (k *keepalive) revive(ctx context.Context, rec KeepaliveRecord) error {
+	reg := k.reg
+	payload, _ := json.Marshal(map[string]any{
+		"processorSlug": k.name,
+		"revivals":      rec.Revivals,
+		"version":       rec.Version,
+	})
+	events := []itx.EventInput{{
+		Type:           itx.TypeProcessorRevived,
+		Payload:        payload,
+		IdempotencyKey: fmt.Sprintf("processor-revived:%s@%s:%d:%d", k.name, rec.Version, rec.Revivals, rec.LastRevivalAt),
+	}}
+	if rec.Revivals == CrashLoopEvidenceAt {
+		detail, _ := json.Marshal(map[string]any{"processorSlug": k.name, "revivals": rec.Revivals, "version": rec.Version})
+		p, _ := json.Marshal(itx.ErrorOccurredPayload{
+			Message: fmt.Sprintf("processor %q revived %d times in a row on version %s; backing off up to %v. A new version resets the budget.",
+				k.name, rec.Revivals, rec.Version, RevivalPlateau),
+			Error: detail,
+		})
+		// Evidence, not enforcement: the breaker itself lives in KV.
+		events = append(events, itx.EventInput{
+			Type: itx.TypeErrorOccurred, Payload: p,
+			IdempotencyKey: fmt.Sprintf("processor-crash-loop:%s@%s", k.name, rec.Version),
+		})
+	}
+	_, err := reg.cfg.Log.Append(ctx, events)
+	return err
+}
+
+// persist writes the current record to KV and re-syncs the alarm.
+func (k *keepalive) persist(ctx context.Context) error {
+	k.wmu.Lock()
+	k.reg.mu.Lock()
+	rec := k.rec
+	k.reg.mu.Unlock()
+	raw, _ := json.Marshal(rec)
+	err := k.reg.cfg.KV.Put(ctx, KeepaliveKey(k.name), raw)
+	k.wmu.Unlock()
+	if err != nil {
+		k.reg.cfg.Logf("processor %q: keepalive record not written: %v", k.name, err)
+		return fmt.Errorf("write keepalive of processor %q: %w", k.name, err)
+	}
+	return k.reg.syncAlarm(ctx)
+}

@@ -1,0 +1,137 @@
+package processors_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+	"testing/synctest"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/processors"
+	proctest "github.com/itx-dev/itx/processors/testing"
+)
+
+// hosting is one incarnation of a stream's processors over shared durable parts.
+type hosting struct {
+	reg     *processors.Registry
+	runners []*processors.Runner[countState]
+}
+
+func host(t *testing.T, f *fixture, kv *proctest.MemoryKV, alarm *proctest.MemoryAlarm, version string, names ...string) *hosting {
+	t.Helper()
+	reg, err := processors.NewRegistry(processors.RegistryConfig{
+		Path: "/test", Log: f.stream, KV: kv, Alarm: alarm, Clock: f.clock, Version: version, Logf: t.Logf,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &hosting{reg: reg}
+	for _, name := range names {
+		c := counter(t, "v1", nil)
+		c.Name = name
+		c.ProcessEvent = func(ctx context.Context, a *processors.Args[countState]) error {
+			if a.Event != nil {
+				// A droppable attempt that never finishes in this incarnation.
+				a.RunInBackground(func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() })
+			}
+			return nil
+		}
+		r, err := processors.Register(context.Background(), reg, c, f.store)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.runners = append(h.runners, r)
+	}
+	t.Cleanup(reg.Close)
+	return h
+}
+
+func TestRegistry_HandleAlarm(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture()
+		kv, alarm := proctest.NewMemoryKV(), &proctest.MemoryAlarm{}
+		first := host(t, f, kv, alarm, "build-1", "alpha", "beta")
+		f.append(t, added.Input(counted{N: 1}, ""))
+		for _, r := range first.runners {
+			if err := r.CatchUp(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got, want := alarm.At(), t0.Add(processors.KeepaliveLead); !got.Equal(want) {
+			t.Fatalf("alarm at %v with work in flight, want %v", got, want)
+		}
+
+		// Eviction: the process dies owing work; a fresh one loads the stream's processors.
+		first.reg.Close()
+		second := host(t, f, kv, alarm, "build-1", "alpha", "beta")
+		f.clock.Advance(processors.KeepaliveLead)
+		out, err := second.reg.HandleAlarm(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := fmt.Sprint(out), "[{alpha revived} {beta revived}]"; got != want {
+			t.Errorf("one fire: %s, want %s", got, want)
+		}
+		revived := f.stream.Events(itx.TypeProcessorRevived)
+		if len(revived) != 2 {
+			t.Fatalf("revived facts %v, want one per processor", revived)
+		}
+		for i, name := range []string{"alpha", "beta"} {
+			var p struct {
+				ProcessorSlug string `json:"processorSlug"`
+				Revivals      int    `json:"revivals"`
+			}
+			if err := json.Unmarshal(revived[i].Payload, &p); err != nil || p.ProcessorSlug != name || p.Revivals != 1 {
+				t.Errorf("revived[%d] = %s, want processorSlug %q revivals 1", i, revived[i].Payload, name)
+			}
+		}
+		// The breaker is marked in KV before the revival, below the reduction.
+		raw, _, _ := kv.Get(context.Background(), processors.KeepaliveKey("alpha"))
+		var rec processors.KeepaliveRecord
+		if err := json.Unmarshal(raw, &rec); err != nil || rec.Revivals != 1 || rec.Version != "build-1" {
+			t.Errorf("alpha's keepalive record %s", raw)
+		}
+		// Ordinary delivery carries the fact to the processors: the unconsumed fact at the head
+		// gives each one its eventless pass, which settles cleanly.
+		for _, r := range second.runners {
+			if err := r.CatchUp(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if got, want := r.ProcessedThrough(), f.stream.Head(); got != want {
+				t.Errorf("%s processed through %d, want %d", r.Name(), got, want)
+			}
+		}
+		f.clock.Advance(processors.KeepaliveLead)
+		out, err = second.reg.HandleAlarm(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := fmt.Sprint(out), "[{alpha clean-disarm} {beta clean-disarm}]"; got != want {
+			t.Errorf("confirmation fire: %s, want %s", got, want)
+		}
+		if !alarm.At().IsZero() {
+			t.Errorf("alarm still armed at %v after a quiet clean fire", alarm.At())
+		}
+	})
+}
+
+func TestRegistry_Register(t *testing.T) {
+	f := newFixture()
+	reg, err := processors.NewRegistry(processors.RegistryConfig{
+		Path: "/test", Log: f.stream, KV: proctest.NewMemoryKV(), Alarm: &proctest.MemoryAlarm{}, Clock: f.clock, Version: "v",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close()
+	if _, err := processors.Register(context.Background(), reg, counter(t, "v1", nil), f.store); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := processors.Register(context.Background(), reg, counter(t, "v1", nil), f.store); itx.ErrorCode(err) != itx.EInvalid {
+		t.Errorf("second registration of one name: %v, want %s", err, itx.EInvalid)
+	}
+	if _, err := processors.NewRegistry(processors.RegistryConfig{Log: f.stream, KV: proctest.NewMemoryKV(), Alarm: &proctest.MemoryAlarm{}, Clock: f.clock}); itx.ErrorCode(err) != itx.EInvalid {
+		t.Errorf("registry without a version: %v, want %s", err, itx.EInvalid)
+	}
+}

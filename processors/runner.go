@@ -1,0 +1,604 @@
+package processors
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log"
+	"sync"
+	"time"
+
+	"github.com/itx-dev/itx"
+)
+
+// DefaultPageSize is how many events a runner reads per page when it catches up or re-reduces.
+const DefaultPageSize = 500
+
+// Tracker is told about every unit of in-flight work (a frame attempt, a blocker, a background
+// attempt): the keepalive keeps an alarm ahead of it. done reports how the work ended.
+type Tracker interface {
+	Track() (done func(err error))
+}
+
+// RunnerConfig wires a runner to its host.
+type RunnerConfig struct {
+	Path     string        // the home stream's path (idempotency keys carry it)
+	Log      StreamLog     // the home stream
+	Progress ProgressStore // the fenced progress record
+	Clock    itx.Clock     // the only time source
+	Tracker  Tracker       // nil runs untracked (no keepalive)
+	PageSize int           // 0 means DefaultPageSize
+	Logf     func(format string, args ...any)
+}
+
+// Hosted is a runner without its state type: what a registry and a host (itxd's processor-wake
+// delivery) drive.
+type Hosted interface {
+	Name() string
+	// Consumes reports whether the processor consumes events of type typ (a host may filter
+	// frames with it, keeping the scanned range).
+	Consumes(typ string) bool
+	// Deliver processes one frame (a wake). It returns after the frame's progress committed.
+	Deliver(ctx context.Context, f Frame) error
+	// CatchUp reads the home stream from the processing cursor and delivers it through the head
+	// it finds on its first read.
+	CatchUp(ctx context.Context) error
+	// ReprocessFrom rewinds (or moves) the processing cursor so events from offset on are
+	// processed again, with event-time state re-reduced through offset-1.
+	ReprocessFrom(ctx context.Context, offset int64) error
+	// ProcessedThrough is the committed processing cursor.
+	ProcessedThrough() int64
+	// WaitUntilProcessed returns once the processing cursor reaches offset.
+	WaitUntilProcessed(ctx context.Context, offset int64) error
+	// SnapshotJSON is the committed reduced state and the offset it was reduced through.
+	SnapshotJSON() (int64, json.RawMessage)
+	// RuntimeState is what the runner knows beyond its progress record (getRuntimeState).
+	RuntimeState() RuntimeState
+	// Close ends the incarnation: background work's context is cancelled.
+	Close()
+}
+
+// Runner drives one processor over its home stream: one event at a time, one fenced progress
+// commit per frame after every blocker settled. Frames, catch-ups and rewinds are serialized;
+// readers (Snapshot, ProcessedThrough) see only committed progress.
+type Runner[S any] struct {
+	c   Contract[S]
+	cfg RunnerConfig
+
+	chain chan struct{} // a one-slot semaphore: a channel, so a waiter can also watch its ctx
+
+	bgCtx    context.Context
+	bgCancel context.CancelFunc
+
+	mu            sync.Mutex
+	generation    int64
+	progress      Progress // committed
+	state         S        // committed, decoded
+	observedHead  int64
+	highestAppend int64
+	fenced        error
+	changed       chan struct{} // closed and replaced on every commit
+}
+
+var _ Hosted = (*Runner[int])(nil)
+
+// NewRunner returns a runner for c. Open must succeed before it delivers.
+func NewRunner[S any](c Contract[S], cfg RunnerConfig) (*Runner[S], error) {
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Log == nil || cfg.Progress == nil || cfg.Clock == nil {
+		return nil, itx.Errorf(itx.EInvalid, "processor %q: runner needs a log, a progress store and a clock", c.Name)
+	}
+	if cfg.PageSize <= 0 {
+		cfg.PageSize = DefaultPageSize
+	}
+	if cfg.Logf == nil {
+		cfg.Logf = log.Printf
+	}
+	r := &Runner[S]{c: c, cfg: cfg, chain: make(chan struct{}, 1), changed: make(chan struct{})}
+	r.bgCtx, r.bgCancel = context.WithCancel(context.Background())
+	return r, nil
+}
+
+// Name is the contract's name.
+func (r *Runner[S]) Name() string { return r.c.Name }
+
+// Consumes reports whether the contract consumes typ.
+func (r *Runner[S]) Consumes(typ string) bool { return r.c.consumes(typ) }
+
+// Open claims the progress record (fencing every earlier incarnation) and loads it. A reduction
+// under another reducer version, one that no longer decodes, or one that lags the processing
+// cursor is rebuilt with Reduce only through the cursor and committed: ProcessEvent never re-runs
+// for acknowledged events.
+func (r *Runner[S]) Open(ctx context.Context) error {
+	if err := r.acquire(ctx); err != nil {
+		return err
+	}
+	defer r.release()
+	rec, gen, err := r.cfg.Progress.Claim(ctx, r.c.Name)
+	if err != nil {
+		return fmt.Errorf("open processor %q: %w", r.c.Name, err)
+	}
+	r.mu.Lock()
+	r.generation = gen
+	r.mu.Unlock()
+	if rec == nil {
+		r.publish(Progress{ReducerVersion: r.c.ReducerVersion}, r.c.InitialState(), nil)
+		return nil
+	}
+	if rec.ReducerVersion == r.c.ReducerVersion && rec.ReducedThrough == rec.ProcessedThrough {
+		if st, err := r.decode(rec.State); err == nil {
+			r.publish(*rec, st, rec.State)
+			return nil
+		}
+	}
+	from, after := r.c.InitialState(), int64(0)
+	if rec.ReducerVersion == r.c.ReducerVersion && rec.ReducedThrough < rec.ProcessedThrough {
+		if st, err := r.decode(rec.State); err == nil {
+			from, after = st, rec.ReducedThrough // extend a lagging cache instead of refolding
+		}
+	}
+	st, err := r.reduceOnly(ctx, from, after, rec.ProcessedThrough)
+	if err != nil {
+		return fmt.Errorf("open processor %q: re-reduce: %w", r.c.Name, err)
+	}
+	next := *rec
+	next.ReducerVersion, next.ReducedThrough = r.c.ReducerVersion, rec.ProcessedThrough
+	return r.commit(ctx, next, st)
+}
+
+// Deliver processes one frame. The whole attempt is tracked by the keepalive, so an incarnation
+// that dies mid-frame is revived. When the frame leaves the cursor below the head it reported (a
+// filtered frame whose unconsumed tail the wake lane will not deliver), a trailing catch-up runs
+// in the background so that tail cannot strand state-derived work. The processor's own appends
+// are new events: the wake lane delivers them.
+func (r *Runner[S]) Deliver(ctx context.Context, f Frame) error {
+	if err := r.acquire(ctx); err != nil {
+		return err
+	}
+	done := r.track()
+	err := r.processFrame(ctx, f)
+	done(err)
+	behind := err == nil && r.ProcessedThrough() < f.Head
+	r.release()
+	if behind {
+		r.background(r.CatchUp)
+	}
+	return err
+}
+
+// CatchUp delivers the home stream from the processing cursor through the head it finds on its
+// first read, page by page.
+func (r *Runner[S]) CatchUp(ctx context.Context) error {
+	if err := r.acquire(ctx); err != nil {
+		return err
+	}
+	defer r.release()
+	done := r.track()
+	err := r.catchUp(ctx)
+	done(err)
+	return err
+}
+
+// catchUp delivers up to the head it finds on its first read. It does not chase the processor's
+// own appends beyond that head: they are new events, and the next wake (or CatchUp) delivers
+// them, so a processor that appends on every pass cannot spin one call forever.
+func (r *Runner[S]) catchUp(ctx context.Context) error {
+	target := int64(-1)
+	for {
+		after := r.ProcessedThrough()
+		if target >= 0 && after >= target {
+			return nil
+		}
+		page, err := r.cfg.Log.Read(ctx, after, r.cfg.PageSize)
+		if err != nil {
+			return fmt.Errorf("catch up processor %q: %w", r.c.Name, err)
+		}
+		if target < 0 {
+			target = page.Head
+		}
+		if page.ScannedThrough <= after {
+			return nil
+		}
+		f := Frame{Events: page.Events, ScannedAfter: after, ScannedThrough: page.ScannedThrough, Head: page.Head}
+		if err := r.processFrame(ctx, f); err != nil {
+			return err
+		}
+	}
+}
+
+// ReprocessFrom moves the processing cursor to offset-1 under a new cursor revision, with the
+// reduction rebuilt (Reduce only) through offset-1, so the next delivery runs ProcessEvent again
+// from offset on with event-time state. It is the operator's rewind; the host reaches it through
+// the subscription's cursor-set.
+func (r *Runner[S]) ReprocessFrom(ctx context.Context, offset int64) error {
+	if offset < 1 {
+		return itx.Errorf(itx.EInvalid, "reprocess from offset %d: offsets start at 1", offset)
+	}
+	if err := r.acquire(ctx); err != nil {
+		return err
+	}
+	defer r.release()
+	if err := r.fence(); err != nil {
+		return err
+	}
+	st, err := r.reduceOnly(ctx, r.c.InitialState(), 0, offset-1)
+	if err != nil {
+		return fmt.Errorf("reprocess processor %q from %d: %w", r.c.Name, offset, err)
+	}
+	r.mu.Lock()
+	next := r.progress
+	r.mu.Unlock()
+	next.ReducerVersion, next.ReducedThrough, next.ProcessedThrough = r.c.ReducerVersion, offset-1, offset-1
+	next.CursorRevision++
+	return r.commit(ctx, next, st)
+}
+
+// processFrame is one frame: plan, then for each new consumed event Reduce, ProcessEvent and its
+// blockers in FIFO order, then the eventless pass if owed, then one commit. Nothing is published
+// before the commit lands; on any failure the committed state is what the next attempt starts
+// from, and the frame is redelivered whole (at-least-once).
+func (r *Runner[S]) processFrame(ctx context.Context, f Frame) (err error) {
+	if err := r.fence(); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	committed := r.progress
+	observed := max(r.observedHead, r.highestAppend)
+	r.mu.Unlock()
+	plan, err := planFrame(committed.ProcessedThrough, observed, f, r.classify)
+	if err != nil {
+		return fmt.Errorf("processor %q: %w", r.c.Name, err)
+	}
+	r.mu.Lock()
+	r.observedHead = max(r.observedHead, plan.head)
+	r.mu.Unlock()
+	if !plan.commit {
+		return nil
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			err = itx.Errorf(itx.EInternal, "processor %q panicked: %v", r.c.Name, p)
+		}
+		if err != nil {
+			r.restoreCommittedState()
+		}
+	}()
+	delivery := Delivery{ObservedHead: plan.head, CursorRevision: committed.CursorRevision}
+	state := r.committedState()
+	var malformed []itx.Event
+	for i := range plan.events {
+		pe := &plan.events[i]
+		switch pe.kind {
+		case kindMalformed:
+			malformed = append(malformed, pe.event)
+		case kindDeliver:
+			next := r.c.Reduce(state, pe.event)
+			d := delivery
+			d.CaughtUp = pe.caughtUp
+			if err := r.dispatch(ctx, &pe.event, state, next, d); err != nil {
+				return err
+			}
+			state = next
+		}
+	}
+	if plan.eventless {
+		d := delivery
+		d.CaughtUp = true
+		if err := r.dispatch(ctx, nil, state, state, d); err != nil {
+			return err
+		}
+	}
+	next := committed
+	next.ReducerVersion, next.ReducedThrough, next.ProcessedThrough = r.c.ReducerVersion, plan.through, plan.through
+	if err := r.commit(ctx, next, state); err != nil {
+		return err
+	}
+	// Diagnostics follow the commit: the malformed event is already behind the cursor, so a
+	// failing diagnostic append can never fail this frame again; the key dedupes redelivery.
+	for _, e := range malformed {
+		r.background(func(ctx context.Context) error { return r.diagnose(ctx, e) })
+	}
+	return nil
+}
+
+// dispatch calls ProcessEvent and then runs its blockers one after another.
+func (r *Runner[S]) dispatch(ctx context.Context, e *itx.Event, prev, state S, d Delivery) error {
+	if r.c.ProcessEvent == nil {
+		return nil
+	}
+	a := &Args[S]{Event: e, PreviousState: prev, State: state, Delivery: d, Path: r.cfg.Path, frame: &frameWork{}, run: r}
+	if err := r.c.ProcessEvent(ctx, a); err != nil {
+		return fmt.Errorf("processor %q: %s: %w", r.c.Name, describe(e), err)
+	}
+	for _, b := range a.frame.blockers {
+		done := r.track()
+		err := runRecovered(ctx, b.work)
+		done(err)
+		if err != nil {
+			return fmt.Errorf("processor %q: %s: blocker %q: %w", r.c.Name, describe(e), b.name, err)
+		}
+	}
+	return nil
+}
+
+func describe(e *itx.Event) string {
+	if e == nil {
+		return "eventless pass"
+	}
+	return fmt.Sprintf("event %d (%s)", e.Offset, e.Type)
+}
+
+func (r *Runner[S]) classify(e itx.Event) eventKind {
+	if !r.c.consumes(e.Type) {
+		return kindSkip
+	}
+	if r.c.Validate != nil && r.c.Validate(e) != nil {
+		return kindMalformed
+	}
+	return kindDeliver
+}
+
+// diagnose records a malformed event once, as stream/error-occurred keyed by the event.
+func (r *Runner[S]) diagnose(ctx context.Context, e itx.Event) error {
+	verr := r.c.Validate(e)
+	detail, _ := json.Marshal(map[string]any{
+		"processorSlug": r.c.Name,
+		"offset":        e.Offset,
+		"eventType":     e.Type,
+		"reason":        fmt.Sprint(verr),
+	})
+	payload, _ := json.Marshal(itx.ErrorOccurredPayload{
+		Message: fmt.Sprintf("processor %q skipped malformed event %d (%s)", r.c.Name, e.Offset, e.Type),
+		Error:   detail,
+	})
+	_, err := r.appendHome(ctx, []itx.EventInput{{
+		Type:           itx.TypeErrorOccurred,
+		Payload:        payload,
+		IdempotencyKey: IdempotencyKey("event-malformed:"+r.c.Name, r.cfg.Path, &e),
+	}})
+	return err
+}
+
+// reduceOnly folds consumed, well-formed, durable events in (after, through] into from.
+func (r *Runner[S]) reduceOnly(ctx context.Context, from S, after, through int64) (S, error) {
+	st := from
+	for after < through {
+		page, err := r.cfg.Log.Read(ctx, after, r.cfg.PageSize)
+		if err != nil {
+			return st, err
+		}
+		if page.ScannedThrough <= after {
+			break
+		}
+		for _, e := range page.Events {
+			if e.Offset > through {
+				return st, nil
+			}
+			if r.classify(e) == kindDeliver && !e.Ephemeral {
+				st = r.c.Reduce(st, e)
+			}
+		}
+		after = page.ScannedThrough
+	}
+	return st, nil
+}
+
+// commit writes next with st as its state, fenced by this incarnation's generation, and
+// publishes it only once it landed. A fenced commit retires this runner for good.
+func (r *Runner[S]) commit(ctx context.Context, next Progress, st S) error {
+	raw, err := json.Marshal(st)
+	if err != nil {
+		return itx.Errorf(itx.EInternal, "processor %q: state does not encode: %v", r.c.Name, err)
+	}
+	next.State = raw
+	r.mu.Lock()
+	gen := r.generation
+	r.mu.Unlock()
+	if err := r.cfg.Progress.Commit(ctx, r.c.Name, gen, next); err != nil {
+		if itx.ErrorCode(err) == itx.EFailedPrecondition {
+			r.mu.Lock()
+			r.fenced = err
+			r.mu.Unlock()
+		}
+		return fmt.Errorf("commit processor %q: %w", r.c.Name, err)
+	}
+	r.publish(next, st, raw)
+	return nil
+}
+
+func (r *Runner[S]) publish(p Progress, st S, raw json.RawMessage) {
+	if raw == nil {
+		raw, _ = json.Marshal(st)
+	}
+	p.State = raw
+	r.mu.Lock()
+	r.progress, r.state = p, st
+	r.observedHead = max(r.observedHead, p.ProcessedThrough)
+	close(r.changed)
+	r.changed = make(chan struct{})
+	r.mu.Unlock()
+}
+
+// restoreCommittedState re-decodes the committed state after a failed frame, in case Reduce
+// mutated shared parts of it in place.
+func (r *Runner[S]) restoreCommittedState() {
+	r.mu.Lock()
+	raw := r.progress.State
+	r.mu.Unlock()
+	if st, err := r.decode(raw); err == nil {
+		r.mu.Lock()
+		r.state = st
+		r.mu.Unlock()
+	}
+}
+
+func (r *Runner[S]) decode(raw json.RawMessage) (S, error) {
+	st := r.c.InitialState()
+	if len(raw) == 0 {
+		return st, errors.New("empty state")
+	}
+	err := json.Unmarshal(raw, &st)
+	return st, err
+}
+
+func (r *Runner[S]) committedState() S {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.state
+}
+
+func (r *Runner[S]) head() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return max(r.observedHead, r.highestAppend)
+}
+
+func (r *Runner[S]) fence() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.fenced != nil {
+		return fmt.Errorf("processor %q: a newer incarnation owns the progress record: %w", r.c.Name, r.fenced)
+	}
+	return nil
+}
+
+// ProcessedThrough is the committed processing cursor.
+func (r *Runner[S]) ProcessedThrough() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.progress.ProcessedThrough
+}
+
+// Progress is the committed progress record.
+func (r *Runner[S]) Progress() Progress {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.progress
+}
+
+// Snapshot returns a copy of the committed reduced state and the offset it was reduced through.
+func (r *Runner[S]) Snapshot() (int64, S) {
+	r.mu.Lock()
+	p := r.progress
+	r.mu.Unlock()
+	st, err := r.decode(p.State)
+	if err != nil {
+		st = r.c.InitialState()
+	}
+	return p.ReducedThrough, st
+}
+
+// SnapshotJSON is Snapshot with the state in its committed JSON form.
+func (r *Runner[S]) SnapshotJSON() (int64, json.RawMessage) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.progress.ReducedThrough, r.progress.State
+}
+
+// RuntimeState is a runner's view of itself: its committed cursors and what this incarnation
+// observed. It is runtime state, not durable truth.
+type RuntimeState struct {
+	Name             string `json:"name"`
+	ReducerVersion   string `json:"reducerVersion"`
+	ReducedThrough   int64  `json:"reducedThrough"`
+	ProcessedThrough int64  `json:"processedThrough"`
+	CursorRevision   int64  `json:"cursorRevision"`
+	ObservedHead     int64  `json:"observedHead"`
+	Generation       int64  `json:"generation"`
+	Fenced           string `json:"fenced,omitempty"` // why this incarnation may no longer commit
+}
+
+// RuntimeState reports the runner's cursors and observations.
+func (r *Runner[S]) RuntimeState() RuntimeState {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	rs := RuntimeState{
+		Name: r.c.Name, ReducerVersion: r.progress.ReducerVersion, ReducedThrough: r.progress.ReducedThrough,
+		ProcessedThrough: r.progress.ProcessedThrough, CursorRevision: r.progress.CursorRevision,
+		ObservedHead: max(r.observedHead, r.highestAppend), Generation: r.generation,
+	}
+	if r.fenced != nil {
+		rs.Fenced = r.fenced.Error()
+	}
+	return rs
+}
+
+// WaitUntilProcessed returns once the processing cursor reaches offset (read-your-writes: append,
+// then wait on the returned offset), or ctx's error.
+func (r *Runner[S]) WaitUntilProcessed(ctx context.Context, offset int64) error {
+	for {
+		r.mu.Lock()
+		reached, changed := r.progress.ProcessedThrough >= offset, r.changed
+		r.mu.Unlock()
+		if reached {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// Close ends the incarnation: background attempts see their context cancelled. Progress already
+// committed stays; work in flight is simply lost, as in an eviction.
+func (r *Runner[S]) Close() { r.bgCancel() }
+
+func (r *Runner[S]) acquire(ctx context.Context) error {
+	select {
+	case r.chain <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (r *Runner[S]) release() { <-r.chain }
+
+func (r *Runner[S]) track() func(error) {
+	if r.cfg.Tracker == nil {
+		return func(error) {}
+	}
+	return r.cfg.Tracker.Track()
+}
+
+// The doors Args uses.
+
+func (r *Runner[S]) now() time.Time { return r.cfg.Clock.Now() }
+
+func (r *Runner[S]) appendHome(ctx context.Context, events []itx.EventInput) ([]itx.Event, error) {
+	out, err := r.cfg.Log.Append(ctx, events)
+	if err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	for _, e := range out {
+		r.highestAppend = max(r.highestAppend, e.Offset)
+	}
+	r.mu.Unlock()
+	return out, nil
+}
+
+func (r *Runner[S]) background(work func(ctx context.Context) error) {
+	done := r.track()
+	go func() {
+		err := runRecovered(r.bgCtx, work)
+		done(err)
+		if err != nil && r.bgCtx.Err() == nil {
+			r.cfg.Logf("processor %q: background work failed: %v", r.c.Name, err)
+		}
+	}()
+}
+
+func runRecovered(ctx context.Context, work func(ctx context.Context) error) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = itx.Errorf(itx.EInternal, "background work panicked: %v", p)
+		}
+	}()
+	return work(ctx)
+}

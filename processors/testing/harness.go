@@ -1,0 +1,337 @@
+// Package proctest (imported from processors/testing) is the processor test harness of seed 002:
+// the real runner, registry and keepalive over an in-memory stream, progress store, KV and alarm
+// cell, a virtual clock, Crash, Append, AdvanceTime and step tuples.
+//
+// Its honesty rules: runtime state comes from lifecycle only (an empty live-set is produced by
+// Crash, an in-flight attempt by a vendor fake that has not answered), so every state a test
+// exercises is reachable; the stream is the assertion surface, with the alarm cell and the
+// keepalive record (the layer below the reduction) as the only other observables; and a crashed
+// incarnation is fenced: nothing its goroutines still do lands.
+//
+// Scenarios run inside a testing/synctest bubble (Run does this): settling waits until every
+// goroutine is finished or durably blocked, a condition, never a sleep. Vendor fakes that hang
+// must block on a channel or on their context, so that a crash or the end of the test releases
+// them.
+package proctest
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/internal/clocktest"
+	"github.com/itx-dev/itx/processors"
+)
+
+// Config describes a harness.
+type Config[S any] struct {
+	// New builds the processor for one incarnation: in-memory runtime state (live-sets, vendor
+	// clients) belongs in its closures and dies with the incarnation.
+	New func(env Env) processors.Contract[S]
+	// Path is the stream's path; default "/harness/processor".
+	Path string
+	// Version is the host version; default "test-harness".
+	Version string
+	// Start is the virtual clock's start; default 2026-01-01T00:00:00Z.
+	Start time.Time
+	// PageSize is the runner's read page; default 5, so paging is exercised.
+	PageSize int
+	// Substrate, if set, runs this harness over another harness's stream and clock with a fresh
+	// progress store, KV and alarm: a full replay from offset 1 (Harness.Substrate).
+	Substrate *Substrate
+}
+
+// Substrate is the part of a harness another one can share.
+type Substrate struct {
+	Stream *MemoryStream
+	Clock  *clocktest.Clock
+}
+
+// Env is what a processor incarnation gets from the harness.
+type Env struct {
+	Clock       itx.Clock // the virtual clock
+	Incarnation int       // 1 for the first, +1 per Crash
+}
+
+// Now reads the virtual clock.
+func (e Env) Now() time.Time { return e.Clock.Now() }
+
+// Harness drives one processor through scenarios. Its methods are called from the test's
+// goroutine only.
+type Harness[S any] struct {
+	t   *testing.T
+	cfg Config[S]
+
+	// Stream is the in-memory stream; Stream.Append commits without delivering.
+	Stream *MemoryStream
+	// Clock is the virtual clock (AdvanceTime moves it).
+	Clock    *clocktest.Clock
+	Progress *MemoryProgressStore
+	KV       *MemoryKV
+	Alarm    *MemoryAlarm
+
+	name       string // the contract's name
+	n          int    // the current incarnation
+	fence      *fence // the current incarnation's right to write
+	ctx        context.Context
+	cancel     context.CancelFunc // ends the incarnation's delivery attempts
+	registry   *processors.Registry
+	runner     *processors.Runner[S]
+	deliver    bool       // delivery is attached (false after Crash until a wake)
+	delivering chan error // the delivery attempt in flight, nil when none
+	errs       []error
+	fires      []processors.AlarmOutcome
+}
+
+// maxSettleRounds bounds one Settle: a processor that appends forever is a bug the harness reports.
+const maxSettleRounds = 1000
+
+// Run runs body against a fresh harness inside a synctest bubble.
+func Run[S any](t *testing.T, cfg Config[S], body func(t *testing.T, h *Harness[S])) {
+	t.Helper()
+	synctest.Test(t, func(t *testing.T) {
+		h := New(t, cfg)
+		defer h.close()
+		body(t, h)
+	})
+}
+
+// New builds a harness; it must be called inside a synctest bubble (Run does both). Several
+// harnesses may share one bubble (a replay over another's Substrate).
+func New[S any](t *testing.T, cfg Config[S]) *Harness[S] {
+	if cfg.New == nil {
+		t.Fatal("harness: Config.New is required")
+	}
+	if cfg.Path == "" {
+		cfg.Path = "/harness/processor"
+	}
+	if cfg.Version == "" {
+		cfg.Version = "test-harness"
+	}
+	if cfg.Start.IsZero() {
+		cfg.Start = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	}
+	if cfg.PageSize == 0 {
+		cfg.PageSize = 5
+	}
+	clock := clocktest.New(cfg.Start)
+	stream := NewMemoryStream(cfg.Path, clock)
+	if cfg.Substrate != nil {
+		clock, stream = cfg.Substrate.Clock, cfg.Substrate.Stream
+		cfg.Path = stream.Path()
+	}
+	h := &Harness[S]{
+		t: t, cfg: cfg, Clock: clock,
+		Stream:   stream,
+		Progress: NewMemoryProgressStore(),
+		KV:       NewMemoryKV(),
+		Alarm:    &MemoryAlarm{},
+		deliver:  true,
+	}
+	h.incarnate()
+	t.Cleanup(h.close)
+	return h
+}
+
+// Substrate is this harness's stream and clock, for a second harness to replay over.
+func (h *Harness[S]) Substrate() *Substrate { return &Substrate{Stream: h.Stream, Clock: h.Clock} }
+
+// Wake attaches delivery and settles, without appending: the production wake lane redelivering
+// what is committed beyond the processing cursor (after Stream.Append, or after a Crash).
+func (h *Harness[S]) Wake() {
+	h.t.Helper()
+	h.deliver = true
+	h.Settle()
+}
+
+// incarnate starts the next incarnation: a fresh processor, registry and runner over the durable
+// substrate, behind a fresh fence. Opening the runner claims the progress record, which fences
+// the previous incarnation's commits too. It does not deliver.
+func (h *Harness[S]) incarnate() {
+	h.n++
+	n := h.n
+	f := &fence{}
+	reg, err := processors.NewRegistry(processors.RegistryConfig{
+		Path: h.cfg.Path, Log: fencedLog{f, h.Stream}, KV: fencedKV{f, h.KV}, Alarm: fencedAlarm{f, h.Alarm},
+		Clock: h.Clock, Version: h.cfg.Version, PageSize: h.cfg.PageSize,
+		Logf: func(format string, args ...any) {
+			h.t.Logf("[incarnation %d] %s", n, fmt.Sprintf(format, args...))
+		},
+	})
+	if err != nil {
+		h.t.Fatalf("harness: %v", err)
+	}
+	c := h.cfg.New(Env{Clock: h.Clock, Incarnation: n})
+	r, err := processors.Register(context.Background(), reg, c, fencedProgress{f, h.Progress})
+	if err != nil {
+		h.t.Fatalf("harness: register %q: %v", c.Name, err)
+	}
+	h.name, h.fence, h.registry, h.runner, h.delivering = c.Name, f, reg, r, nil
+	h.ctx, h.cancel = context.WithCancel(context.Background())
+}
+
+// close ends the test: the last incarnation is fenced and its goroutines released.
+func (h *Harness[S]) close() {
+	if h.fence.dead.Load() {
+		return
+	}
+	h.fence.dead.Store(true)
+	h.cancel()
+	h.registry.Close()
+}
+
+// Append commits events to the stream and drives delivery to a fixpoint (a wake).
+func (h *Harness[S]) Append(events ...itx.EventInput) []itx.Event {
+	h.t.Helper()
+	out, err := h.Stream.Append(context.Background(), events)
+	if err != nil {
+		h.t.Fatalf("harness: append: %v", err)
+	}
+	h.deliver = true
+	h.Settle()
+	return out
+}
+
+// AdvanceTime moves the virtual clock by d. Each time the alarm comes due on the way, the clock
+// stops there, the current incarnation's registry handles the fire (the real HandleAlarm path),
+// and delivery is driven to a fixpoint; clock timers due on the way fire in order.
+func (h *Harness[S]) AdvanceTime(d time.Duration) {
+	h.t.Helper()
+	target := h.Clock.Now().Add(d)
+	for i := 0; ; i++ {
+		at := h.Alarm.At()
+		if at.IsZero() || at.After(target) {
+			break
+		}
+		if i > maxSettleRounds {
+			h.t.Fatalf("harness: the alarm keeps firing at %v", at)
+		}
+		if now := h.Clock.Now(); at.After(now) {
+			h.Clock.Advance(at.Sub(now))
+		}
+		h.Alarm.SetAlarm(context.Background(), time.Time{}) // the fire consumes the cell
+		out, err := h.registry.HandleAlarm(context.Background())
+		if err != nil {
+			h.t.Logf("harness: alarm at %v: %v", at, err)
+		}
+		h.fires = append(h.fires, out...)
+		h.deliver = true // the revival fact is a wake
+		h.Settle()
+	}
+	if now := h.Clock.Now(); target.After(now) {
+		h.Clock.Advance(target.Sub(now))
+	}
+	h.Settle()
+}
+
+// Crash evicts the current incarnation: its runtime state and closures die (whatever they still
+// try is fenced), the stream, progress, KV, alarm and clock survive, and a successor incarnation
+// is built but not delivered to: the next append or a due alarm is its wake.
+func (h *Harness[S]) Crash() {
+	h.fence.dead.Store(true)
+	h.cancel()
+	h.registry.Close()
+	h.deliver = false
+	h.incarnate()
+}
+
+// Settle drives delivery to a fixpoint: the runner catches up to the head, background work runs
+// until it finishes or blocks, and again while that work appended. It stops at a delivery
+// failure (recorded, see DeliveryErrors) or at an attempt that is durably blocked (a vendor fake
+// that has not answered), which is a stable scenario boundary.
+func (h *Harness[S]) Settle() {
+	h.t.Helper()
+	for round := 0; round < maxSettleRounds; round++ {
+		synctest.Wait()
+		if h.delivering != nil {
+			select {
+			case err := <-h.delivering:
+				h.delivering = nil
+				if err != nil {
+					h.errs = append(h.errs, err)
+					h.t.Logf("harness: delivery failed: %v", err)
+					return
+				}
+			default:
+				return // blocked in processor code: a stable boundary
+			}
+		}
+		if !h.deliver || h.runner.ProcessedThrough() >= h.Stream.Head() {
+			return
+		}
+		done := make(chan error, 1)
+		h.delivering = done
+		r, ctx := h.runner, h.ctx
+		go func() { done <- r.CatchUp(ctx) }()
+	}
+	h.t.Fatalf("harness: no fixpoint after %d rounds (head %d)", maxSettleRounds, h.Stream.Head())
+}
+
+// Step is one scenario step for Play.
+type Step[S any] func(h *Harness[S])
+
+// Play runs steps in order; each one settles delivery before the next.
+func (h *Harness[S]) Play(steps ...Step[S]) {
+	h.t.Helper()
+	for _, s := range steps {
+		s(h)
+	}
+}
+
+// AppendStep is the step form of Harness.Append.
+func AppendStep[S any](events ...itx.EventInput) Step[S] {
+	return func(h *Harness[S]) { h.Append(events...) }
+}
+
+// AdvanceStep is the step form of Harness.AdvanceTime.
+func AdvanceStep[S any](d time.Duration) Step[S] {
+	return func(h *Harness[S]) { h.AdvanceTime(d) }
+}
+
+// CrashStep is the step form of Harness.Crash.
+func CrashStep[S any]() Step[S] { return func(h *Harness[S]) { h.Crash() } }
+
+// Do is an arbitrary step (answer a vendor fake, assert mid-scenario); delivery settles after it.
+func Do[S any](f func()) Step[S] {
+	return func(h *Harness[S]) { f(); h.Settle() }
+}
+
+// State is the current incarnation's committed reduced state (a copy).
+func (h *Harness[S]) State() S {
+	_, st := h.runner.Snapshot()
+	return st
+}
+
+// Runner is the current incarnation's runner.
+func (h *Harness[S]) Runner() *processors.Runner[S] { return h.runner }
+
+// Incarnation is the current incarnation's number (1 for the first).
+func (h *Harness[S]) Incarnation() int { return h.n }
+
+// Events returns the committed events, all or of the given types.
+func (h *Harness[S]) Events(types ...string) []itx.Event { return h.Stream.Events(types...) }
+
+// AlarmAt is the armed alarm time, zero when disarmed.
+func (h *Harness[S]) AlarmAt() time.Time { return h.Alarm.At() }
+
+// Keepalive reads the processor's keepalive record from KV (the layer below the reduction).
+func (h *Harness[S]) Keepalive() processors.KeepaliveRecord {
+	var rec processors.KeepaliveRecord
+	raw, ok, _ := h.KV.Get(context.Background(), processors.KeepaliveKey(h.name))
+	if ok {
+		if err := json.Unmarshal(raw, &rec); err != nil {
+			h.t.Fatalf("harness: keepalive record: %v", err)
+		}
+	}
+	return rec
+}
+
+// Fires lists what every alarm fire so far did.
+func (h *Harness[S]) Fires() []processors.AlarmOutcome { return h.fires }
+
+// DeliveryErrors lists the delivery attempts that failed so far.
+func (h *Harness[S]) DeliveryErrors() []error { return h.errs }

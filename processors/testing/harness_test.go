@@ -1,0 +1,103 @@
+package proctest_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/processors"
+	proctest "github.com/itx-dev/itx/processors/testing"
+)
+
+type tally struct {
+	N int `json:"n"`
+}
+
+// straggler consumes "job/queued" and starts a background attempt that waits for gate, ignoring
+// its context, then appends "job/done": a closure that outlives its incarnation.
+func straggler(gate <-chan struct{}, result chan<- error) func(proctest.Env) processors.Contract[tally] {
+	return func(env proctest.Env) processors.Contract[tally] {
+		return processors.Contract[tally]{
+			Name: "straggler", ConsumedTypes: []string{"job/queued"}, ReducerVersion: "1",
+			InitialState: func() tally { return tally{} },
+			Reduce:       func(s tally, e itx.Event) tally { return tally{N: s.N + 1} },
+			ProcessEvent: func(ctx context.Context, a *processors.Args[tally]) error {
+				if a.Event == nil {
+					return nil
+				}
+				// Droppable on purpose: this test is about what a dropped attempt can still do.
+				a.RunInBackground(func(ctx context.Context) error {
+					<-gate
+					_, err := a.Append(context.Background(), itx.EventInput{Type: "job/done", IdempotencyKey: a.IdempotencyKey("done", a.Event)})
+					result <- err
+					return err
+				})
+				return nil
+			},
+		}
+	}
+}
+
+func TestHarness_Crash(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		gate, result := make(chan struct{}), make(chan error, 1)
+		h := proctest.New(t, proctest.Config[tally]{New: straggler(gate, result)})
+		h.Append(itx.EventInput{Type: "job/queued"})
+		if h.AlarmAt().IsZero() {
+			t.Fatal("no alarm while the attempt is in flight")
+		}
+		h.Crash()
+		if got := h.Incarnation(); got != 2 {
+			t.Errorf("incarnation %d after a crash, want 2", got)
+		}
+		close(gate) // the dead incarnation's attempt wakes up and tries to append
+		synctest.Wait()
+		if err := <-result; itx.ErrorCode(err) != itx.EFailedPrecondition {
+			t.Errorf("the dead incarnation's append: %v, want it fenced (%s)", err, itx.EFailedPrecondition)
+		}
+		if got := h.Events("job/done"); len(got) != 0 {
+			t.Errorf("a dead incarnation's append landed: %v", got)
+		}
+		// The successor is not delivered to until a wake: its state comes from progress.
+		if got := h.State().N; got != 1 {
+			t.Errorf("successor state %d, want 1 (committed before the crash)", got)
+		}
+	})
+}
+
+func TestHarness_Play(t *testing.T) {
+	gateClosed := make(chan struct{})
+	close(gateClosed)
+	proctest.Run(t, proctest.Config[tally]{New: straggler(gateClosed, make(chan error, 10))}, func(t *testing.T, h *proctest.Harness[tally]) {
+		var mid int
+		start := h.Clock.Now()
+		h.Play(
+			proctest.AppendStep[tally](itx.EventInput{Type: "job/queued"}),
+			proctest.AdvanceStep[tally](time.Minute),
+			proctest.Do[tally](func() { mid = h.State().N }),
+			proctest.AppendStep[tally](itx.EventInput{Type: "job/queued"}),
+		)
+		if mid != 1 || h.State().N != 2 {
+			t.Errorf("state mid-play %d, at the end %d; want 1 and 2", mid, h.State().N)
+		}
+		if got := h.Clock.Now().Sub(start); got != time.Minute {
+			t.Errorf("clock moved %v, want 1m", got)
+		}
+		// Both attempts settled cleanly: the confirmation fire disarmed the alarm and the
+		// keepalive record shows no revival.
+		if got := len(h.Events("job/done")); got != 2 {
+			t.Errorf("%d job/done, want 2", got)
+		}
+		h.AdvanceTime(processors.KeepaliveLead)
+		if !h.AlarmAt().IsZero() || h.Keepalive().Revivals != 0 {
+			t.Errorf("alarm %v keepalive %+v, want disarmed and no revivals", h.AlarmAt(), h.Keepalive())
+		}
+		raw, _ := json.Marshal(h.Fires())
+		if string(raw) == "null" {
+			t.Errorf("no alarm fire recorded")
+		}
+	})
+}

@@ -1,0 +1,396 @@
+package proctest
+
+import (
+	"context"
+	"encoding/json"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/processors"
+)
+
+// MemoryStream is an in-memory stream with the server's append rules that matter to processors:
+// atomic batches, stored-form normalization, idempotency keys that dedupe the same body and
+// refuse another (itx.EIdempotencyConflict), ephemeral events that reads skip, and the payload
+// checks of the stream/* types processors write. Its Append is the committed-but-undelivered
+// door: it commits without driving delivery.
+type MemoryStream struct {
+	path  string
+	clock itx.Clock
+
+	mu     sync.Mutex
+	events []itx.Event
+	keys   map[string]int // idempotency key -> index in events
+	fail   func(in itx.EventInput) error
+	lose   func(in itx.EventInput) bool
+}
+
+var _ processors.StreamLog = (*MemoryStream)(nil)
+
+// NewMemoryStream returns an empty stream at path whose createdAt stamps come from clock.
+func NewMemoryStream(path string, clock itx.Clock) *MemoryStream {
+	return &MemoryStream{path: path, clock: clock, keys: map[string]int{}}
+}
+
+// Path is the stream's path.
+func (s *MemoryStream) Path() string { return s.path }
+
+// FailAppends injects a fault: while set, a batch holding an event for which fail returns an
+// error is refused whole with that error. nil removes the fault.
+func (s *MemoryStream) FailAppends(fail func(in itx.EventInput) error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.fail = fail
+}
+
+// LoseAcks injects the other fault: while set, a batch holding an event for which lose returns
+// true commits, and then the caller gets an itx.EUnavailable error as if the answer was lost.
+// nil removes the fault.
+func (s *MemoryStream) LoseAcks(lose func(in itx.EventInput) bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lose = lose
+}
+
+// Append commits events atomically (processors.StreamLog).
+func (s *MemoryStream) Append(ctx context.Context, inputs []itx.EventInput) ([]itx.Event, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	next := s.head() + 1
+	staged := map[string]itx.Event{}
+	var out, fresh []itx.Event
+	for _, in := range inputs {
+		in.Payload = slices.Clone(in.Payload)
+		in.Metadata = slices.Clone(in.Metadata)
+		if err := in.Normalize(); err != nil {
+			return nil, err
+		}
+		if err := checkCore(in); err != nil {
+			return nil, err
+		}
+		if s.fail != nil {
+			if err := s.fail(in); err != nil {
+				return nil, err
+			}
+		}
+		if in.IdempotencyKey != "" {
+			prior, ok := staged[in.IdempotencyKey]
+			if i, committed := s.keys[in.IdempotencyKey]; committed {
+				prior, ok = s.events[i], true
+			}
+			if ok {
+				if !itx.SameBody(&prior, &in) {
+					return nil, itx.Errorf(itx.EIdempotencyConflict,
+						"idempotency key %q belongs to event %d with another body", in.IdempotencyKey, prior.Offset)
+				}
+				out = append(out, prior)
+				continue
+			}
+		}
+		e := itx.Event{
+			Offset: next, Type: in.Type, Payload: in.Payload, CreatedAt: s.clock.Now().UnixMilli(),
+			IdempotencyKey: in.IdempotencyKey, Metadata: in.Metadata, Ephemeral: in.Ephemeral,
+		}
+		next++
+		if in.IdempotencyKey != "" {
+			staged[in.IdempotencyKey] = e
+		}
+		fresh = append(fresh, e)
+		out = append(out, e)
+	}
+	for _, e := range fresh {
+		if e.IdempotencyKey != "" {
+			s.keys[e.IdempotencyKey] = len(s.events)
+		}
+		s.events = append(s.events, e)
+	}
+	if s.lose != nil {
+		for _, in := range inputs {
+			if s.lose(in) {
+				return nil, itx.Errorf(itx.EUnavailable, "injected: the append committed but its answer was lost")
+			}
+		}
+	}
+	return out, nil
+}
+
+// checkCore holds the stream/* events processors write to the server's payload rules.
+func checkCore(in itx.EventInput) error {
+	switch in.Type {
+	case itx.TypeErrorOccurred:
+		var p itx.ErrorOccurredPayload
+		if err := itx.DecodeStrict(in.Payload, &p); err != nil || p.Message == "" {
+			return itx.Errorf(itx.EInvalid, "%s: payload must be {message, error?}", in.Type)
+		}
+	case itx.TypeProcessorRevived:
+		var p map[string]any
+		if err := json.Unmarshal(in.Payload, &p); err != nil {
+			return itx.Errorf(itx.EInvalid, "%s: %v", in.Type, err)
+		}
+		if _, ok := p["processorSlug"].(string); !ok {
+			return itx.Errorf(itx.EInvalid, "%s: processorSlug must be a string", in.Type)
+		}
+	}
+	return nil
+}
+
+// Read returns up to limit durable events after offset after (processors.StreamLog). Ephemeral
+// events are skipped but scanned.
+func (s *MemoryStream) Read(ctx context.Context, after int64, limit int) (processors.Page, error) {
+	if err := ctx.Err(); err != nil {
+		return processors.Page{}, err
+	}
+	if limit <= 0 {
+		limit = processors.DefaultPageSize
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	head := s.head()
+	p := processors.Page{Head: head, ScannedThrough: max(after, head)}
+	i, _ := slices.BinarySearchFunc(s.events, after+1, func(e itx.Event, off int64) int {
+		return int(e.Offset - off)
+	})
+	for ; i < len(s.events); i++ {
+		e := s.events[i]
+		if e.Ephemeral {
+			continue
+		}
+		if len(p.Events) == limit {
+			p.ScannedThrough = p.Events[len(p.Events)-1].Offset
+			break
+		}
+		p.Events = append(p.Events, e)
+	}
+	return p, nil
+}
+
+func (s *MemoryStream) head() int64 {
+	if len(s.events) == 0 {
+		return 0
+	}
+	return s.events[len(s.events)-1].Offset
+}
+
+// Head is the highest committed offset.
+func (s *MemoryStream) Head() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.head()
+}
+
+// Events returns the committed events, all of them or those of the given types.
+func (s *MemoryStream) Events(types ...string) []itx.Event {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []itx.Event
+	for _, e := range s.events {
+		if len(types) == 0 || slices.Contains(types, e.Type) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// MemoryProgressStore is an in-memory processors.ProgressStore with the generation fence.
+type MemoryProgressStore struct {
+	mu      sync.Mutex
+	records map[string]*storedProgress
+}
+
+type storedProgress struct {
+	generation int64
+	progress   *processors.Progress
+}
+
+var _ processors.ProgressStore = (*MemoryProgressStore)(nil)
+
+// NewMemoryProgressStore returns an empty store.
+func NewMemoryProgressStore() *MemoryProgressStore {
+	return &MemoryProgressStore{records: map[string]*storedProgress{}}
+}
+
+// Claim bumps name's generation and returns a copy of its record.
+func (m *MemoryProgressStore) Claim(ctx context.Context, name string) (*processors.Progress, int64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r := m.records[name]
+	if r == nil {
+		r = &storedProgress{}
+		m.records[name] = r
+	}
+	r.generation++
+	return copyProgress(r.progress), r.generation, nil
+}
+
+// Commit replaces name's record if generation is current.
+func (m *MemoryProgressStore) Commit(ctx context.Context, name string, generation int64, p processors.Progress) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r := m.records[name]
+	if r == nil || r.generation != generation {
+		current := int64(0)
+		if r != nil {
+			current = r.generation
+		}
+		return itx.Errorf(itx.EFailedPrecondition,
+			"progress of %q is owned by generation %d, not %d", name, current, generation)
+	}
+	r.progress = copyProgress(&p)
+	return nil
+}
+
+// Load returns a copy of name's record (nil when none), without claiming it.
+func (m *MemoryProgressStore) Load(name string) *processors.Progress {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if r := m.records[name]; r != nil {
+		return copyProgress(r.progress)
+	}
+	return nil
+}
+
+func copyProgress(p *processors.Progress) *processors.Progress {
+	if p == nil {
+		return nil
+	}
+	c := *p
+	c.State = slices.Clone(p.State)
+	return &c
+}
+
+// MemoryKV is an in-memory processors.KV.
+type MemoryKV struct {
+	mu sync.Mutex
+	m  map[string][]byte
+}
+
+var _ processors.KV = (*MemoryKV)(nil)
+
+// NewMemoryKV returns an empty KV.
+func NewMemoryKV() *MemoryKV { return &MemoryKV{m: map[string][]byte{}} }
+
+// Get returns a copy of the value under key.
+func (kv *MemoryKV) Get(ctx context.Context, key string) ([]byte, bool, error) {
+	kv.mu.Lock()
+	defer kv.mu.Unlock()
+	v, ok := kv.m[key]
+	return slices.Clone(v), ok, nil
+}
+
+// Put stores a copy of value under key.
+func (kv *MemoryKV) Put(ctx context.Context, key string, value []byte) error {
+	kv.mu.Lock()
+	defer kv.mu.Unlock()
+	kv.m[key] = slices.Clone(value)
+	return nil
+}
+
+// MemoryAlarm is an in-memory processors.AlarmCell.
+type MemoryAlarm struct {
+	mu sync.Mutex
+	at time.Time
+}
+
+var _ processors.AlarmCell = (*MemoryAlarm)(nil)
+
+// SetAlarm arms the cell at at (zero disarms).
+func (a *MemoryAlarm) SetAlarm(ctx context.Context, at time.Time) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.at = at
+	return nil
+}
+
+// At is the armed time, zero when disarmed.
+func (a *MemoryAlarm) At() time.Time {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.at
+}
+
+// fence is one incarnation's right to write. Crash revokes it: whatever a dead incarnation's
+// goroutines still try (a late timer, a background attempt) fails, as an evicted process cannot
+// write.
+type fence struct{ dead atomic.Bool }
+
+func (f *fence) check() error {
+	if f.dead.Load() {
+		return itx.Errorf(itx.EFailedPrecondition, "this processor incarnation was evicted")
+	}
+	return nil
+}
+
+type fencedLog struct {
+	f   *fence
+	log processors.StreamLog
+}
+
+func (l fencedLog) Read(ctx context.Context, after int64, limit int) (processors.Page, error) {
+	if err := l.f.check(); err != nil {
+		return processors.Page{}, err
+	}
+	return l.log.Read(ctx, after, limit)
+}
+
+func (l fencedLog) Append(ctx context.Context, events []itx.EventInput) ([]itx.Event, error) {
+	if err := l.f.check(); err != nil {
+		return nil, err
+	}
+	return l.log.Append(ctx, events)
+}
+
+type fencedProgress struct {
+	f *fence
+	s processors.ProgressStore
+}
+
+func (p fencedProgress) Claim(ctx context.Context, name string) (*processors.Progress, int64, error) {
+	if err := p.f.check(); err != nil {
+		return nil, 0, err
+	}
+	return p.s.Claim(ctx, name)
+}
+
+func (p fencedProgress) Commit(ctx context.Context, name string, gen int64, pr processors.Progress) error {
+	if err := p.f.check(); err != nil {
+		return err
+	}
+	return p.s.Commit(ctx, name, gen, pr)
+}
+
+type fencedKV struct {
+	f  *fence
+	kv processors.KV
+}
+
+func (k fencedKV) Get(ctx context.Context, key string) ([]byte, bool, error) {
+	if err := k.f.check(); err != nil {
+		return nil, false, err
+	}
+	return k.kv.Get(ctx, key)
+}
+
+func (k fencedKV) Put(ctx context.Context, key string, value []byte) error {
+	if err := k.f.check(); err != nil {
+		return err
+	}
+	return k.kv.Put(ctx, key, value)
+}
+
+type fencedAlarm struct {
+	f *fence
+	a processors.AlarmCell
+}
+
+func (a fencedAlarm) SetAlarm(ctx context.Context, at time.Time) error {
+	if err := a.f.check(); err != nil {
+		return err
+	}
+	return a.a.SetAlarm(ctx, at)
+}
