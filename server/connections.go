@@ -213,12 +213,21 @@ func (a *actor) notifyConnections() {
 
 // run is the connection's pusher: it reads by position from the committed log and sends batches,
 // at most ConnectionWindow in flight. A connection that falls behind simply reads further back;
-// nothing queues in memory. A sink that does not answer a batch within the delivery timeout is
-// closed as a slow consumer; a failed delivery closes it too.
+// nothing queues in memory beyond one page read ahead. A sink that does not answer a batch within
+// the delivery timeout is closed as a slow consumer; a failed delivery closes it too.
+//
+// Reading and sending overlap: read feeds pages to the sending loop through a one-page channel,
+// so the next page is read while the last one is encoded and written. A page with no events
+// marks the tail (or a stretch the filter passed over): the sender then settles every batch in
+// flight and records the position.
 func (c *Connection) run() {
 	s := c.srv
+	pages := make(chan connPage, 1)
+	go c.read(pages)
 	defer func() {
 		c.Close(CloseShuttingDown, "the server is shutting down") // no-op if already closed
+		for range pages {
+		}
 		close(c.done)
 		s.metrics.OpenConnections.Dec()
 		s.release(c.a)
@@ -228,8 +237,6 @@ func (c *Connection) run() {
 		through int64
 	}
 	var window []pending
-	var err error
-	scanned := c.opts.After
 	drain := func(all bool) bool {
 		for len(window) > 0 && (all || len(window) >= ConnectionWindow) {
 			p := window[0]
@@ -242,15 +249,50 @@ func (c *Connection) run() {
 		}
 		return true
 	}
-	for c.ctx.Err() == nil {
-		v := c.a.view()
-		if scanned >= v.head || v.store == nil {
+	for p := range pages {
+		if len(p.batch.Events) == 0 {
 			if !drain(true) {
 				return
 			}
-			if scanned > c.delivered.Load() {
-				c.delivered.Store(scanned)
+			if p.through > c.delivered.Load() {
+				c.delivered.Store(p.through)
 				c.a.liveDirty()
+			}
+			continue
+		}
+		if !drain(false) {
+			return
+		}
+		wait := c.sink.Deliver(c.ctx, p.batch)
+		window = append(window, pending{wait: wait, through: p.through})
+		s.metrics.ConnectionEvents.Add(float64(len(p.batch.Events)))
+	}
+}
+
+// connPage is one batch to send and the position it covers; no events: a marker (see run).
+type connPage struct {
+	batch   *itx.DeliveryBatch
+	through int64
+}
+
+// read produces the pages of run, from the last commit in memory or from the log, until the
+// connection ends; it closes pages when it stops.
+func (c *Connection) read(pages chan<- connPage) {
+	defer close(pages)
+	send := func(p connPage) bool {
+		select {
+		case pages <- p:
+			return true
+		case <-c.ctx.Done():
+			return false
+		}
+	}
+	scanned := c.opts.After
+	for c.ctx.Err() == nil {
+		v := c.a.view()
+		if scanned >= v.head || v.store == nil {
+			if !send(connPage{batch: &itx.DeliveryBatch{}, through: scanned}) {
+				return
 			}
 			select {
 			case <-c.notify:
@@ -260,6 +302,7 @@ func (c *Connection) run() {
 		}
 		events, fromMemory := c.fromRecent(v, scanned)
 		if !fromMemory {
+			var err error
 			events, err = v.store.Events(c.ctx, storage.Query{After: scanned, UpTo: v.head, Limit: c.opts.MaxDeliveryEvents,
 				Types: c.opts.Types, IncludeEphemeral: true})
 			if err != nil {
@@ -273,7 +316,7 @@ func (c *Connection) run() {
 		if len(events) == c.opts.MaxDeliveryEvents {
 			through = events[len(events)-1].Offset
 		}
-		batch := events[:0]
+		batch := events[:0] // events is this page's own slice: filter it in place
 		size := 0
 		for _, e := range events {
 			if e.Ephemeral && e.Offset <= c.openedAt && !c.opts.IncludeEphemeral {
@@ -290,14 +333,11 @@ func (c *Connection) run() {
 		if len(batch) == 0 {
 			continue
 		}
-		if !drain(false) {
+		if !send(connPage{batch: &itx.DeliveryBatch{DeliveryEnvelope: itx.DeliveryEnvelope{
+			ProjectID: c.a.ref.ProjectID, StreamID: v.streamID, Path: c.a.ref.Path, HeadOffset: v.head, Attempt: 1,
+		}, Events: batch}, through: through}) {
 			return
 		}
-		wait := c.sink.Deliver(c.ctx, &itx.DeliveryBatch{DeliveryEnvelope: itx.DeliveryEnvelope{
-			ProjectID: c.a.ref.ProjectID, StreamID: v.streamID, Path: c.a.ref.Path, HeadOffset: v.head, Attempt: 1,
-		}, Events: append([]itx.Event(nil), batch...)})
-		window = append(window, pending{wait: wait, through: through})
-		s.metrics.ConnectionEvents.Add(float64(len(batch)))
 	}
 }
 
