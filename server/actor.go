@@ -27,7 +27,7 @@ type actor struct {
 	ref StreamRef
 
 	reqs  chan *appendReq // appends, in commit order
-	inbox chan actorMsg   // everything else
+	inbox chan *actorMsg  // everything else (pointers: a slot costs 8 bytes, not the whole message)
 	quit  chan struct{}
 	done  chan struct{}
 
@@ -87,7 +87,7 @@ func newActor(s *Server, ref StreamRef) *actor {
 	a := &actor{
 		srv: s, ref: ref,
 		reqs:       make(chan *appendReq, 1024),
-		inbox:      make(chan actorMsg, 64),
+		inbox:      make(chan *actorMsg, 64),
 		quit:       make(chan struct{}),
 		done:       make(chan struct{}),
 		ready:      make(chan struct{}),
@@ -102,7 +102,7 @@ func newActor(s *Server, ref StreamRef) *actor {
 // post hands the actor an input; it gives up once the actor has stopped.
 func (a *actor) post(m actorMsg) {
 	select {
-	case a.inbox <- m:
+	case a.inbox <- &m:
 	case <-a.done:
 	}
 }
@@ -366,7 +366,8 @@ func (a *actor) run() {
 		select {
 		case r := <-a.reqs:
 			in.appends = append(in.appends, r)
-		case m := <-a.inbox:
+		case mp := <-a.inbox:
+			m := *mp
 			if a.handle(m) {
 				continue
 			}
@@ -388,7 +389,8 @@ func (a *actor) gather(in *stepInput) {
 	}
 	for {
 		select {
-		case m := <-a.inbox:
+		case mp := <-a.inbox:
+			m := *mp
 			a.take(in, m)
 			continue
 		default:
@@ -454,7 +456,8 @@ func (a *actor) stop() {
 	in := stepInput{final: true}
 	for waiting := true; waiting; {
 		select {
-		case m := <-a.inbox:
+		case mp := <-a.inbox:
+			m := *mp
 			a.take(&in, m)
 		case <-finished:
 			waiting = false
@@ -462,7 +465,8 @@ func (a *actor) stop() {
 	}
 	for {
 		select {
-		case m := <-a.inbox:
+		case mp := <-a.inbox:
+			m := *mp
 			a.take(&in, m)
 			continue
 		default:
@@ -678,7 +682,7 @@ func (a *actor) reloadAfter(group []*appendReq, cause error) {
 // post0 asks for a step soon without blocking the actor goroutine on its own inbox.
 func (a *actor) post0() {
 	select {
-	case a.inbox <- actorMsg{tick: true}:
+	case a.inbox <- &actorMsg{tick: true}:
 	default:
 	}
 }
@@ -732,6 +736,7 @@ func (a *actor) startPush(job pushJob) {
 		return
 	}
 	store, streamID := a.store, a.st.streamID
+	job.recent = a.recent
 	a.pushes.Add(1)
 	go func() {
 		defer a.pushes.Done()

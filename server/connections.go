@@ -142,7 +142,7 @@ func (s *Server) OpenConnection(ctx context.Context, ref StreamRef, opts Connect
 	c.ctx, c.cancel = context.WithCancel(s.base)
 	reply := make(chan error, 1)
 	select {
-	case a.inbox <- actorMsg{openConn: c, connReply: reply}:
+	case a.inbox <- &actorMsg{openConn: c, connReply: reply}:
 	case <-ctx.Done():
 		s.release(a)
 		return nil, itx.Errorf(itx.ECancelled, "open connection: %v", ctx.Err())

@@ -88,9 +88,12 @@ func (d *deliverer) push(job pushJob, store streamStore, streamID string) delive
 	if d.buildErr != nil {
 		return fail(classTerminal, 0, 0, d.buildErr)
 	}
-	events, err := store.Events(d.ctx, storage.Query{After: after, UpTo: job.head, Limit: job.limit})
-	if err != nil {
-		return fail(classOutage, 0, 0, fmt.Errorf("reading events: %w", err))
+	events, ok := durableFrom(job.recent, after, job.head, job.limit)
+	if !ok {
+		var err error
+		if events, err = store.Events(d.ctx, storage.Query{After: after, UpTo: job.head, Limit: job.limit}); err != nil {
+			return fail(classOutage, 0, 0, fmt.Errorf("reading events: %w", err))
+		}
 	}
 	// The scan covers the head unless the page filled up; everything scanned that does not
 	// match still advances the cursor (the filter makes it a watermark).
@@ -173,6 +176,24 @@ func (d *deliverer) push(job pushJob, store streamStore, streamID string) delive
 		out.failure = &deliveryFailure{class: classEvent, count: 1, last: failed.offset, eventOffset: failed.offset, expression: true, msg: failed.Error()}
 	}
 	return out
+}
+
+// durableFrom serves a push at the tail from the last commit's events when they are exactly what
+// follows the cursor, up to the head: the durable ones, at most limit, as reading the log would.
+func durableFrom(recent []itx.Event, after, head int64, limit int) ([]itx.Event, bool) {
+	if len(recent) == 0 || recent[0].Offset != after+1 || recent[len(recent)-1].Offset != head {
+		return nil, false
+	}
+	out := make([]itx.Event, 0, min(len(recent), limit))
+	for _, e := range recent {
+		if !e.Ephemeral {
+			out = append(out, e)
+			if len(out) == limit {
+				break
+			}
+		}
+	}
+	return out, true
 }
 
 func (d *deliverer) matches(e *itx.Event) bool {

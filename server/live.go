@@ -252,7 +252,7 @@ func (s *Server) subscribeLive(ctx context.Context, ref StreamRef, sink LiveSink
 	sub := &liveSubscriber{sink: sink, done: make(chan struct{})}
 	sub.ctx, sub.cancel = context.WithCancel(s.base)
 	select {
-	case a.inbox <- actorMsg{live: sub}:
+	case a.inbox <- &actorMsg{live: sub}:
 	case <-ctx.Done():
 		if counted {
 			a.liveCount.Add(-1)

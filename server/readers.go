@@ -32,7 +32,7 @@ func (s *Server) readerOp(ctx context.Context, ref StreamRef, op readerOp) error
 	defer s.release(a)
 	op.reply = make(chan error, 1)
 	select {
-	case a.inbox <- actorMsg{reader: &op}:
+	case a.inbox <- &actorMsg{reader: &op}:
 	case <-ctx.Done():
 		return itx.Errorf(itx.ECancelled, "reader: %v", ctx.Err())
 	}

@@ -69,11 +69,12 @@ type deliveryOutcome struct {
 // pushJob is a delivery try the actor starts: read after row.ConfirmedOffset up to head, at most
 // limit events, and report a deliveryOutcome.
 type pushJob struct {
-	name  string
-	gen   int64
-	row   storage.CursorRow
-	head  int64
-	limit int
+	name   string
+	gen    int64
+	row    storage.CursorRow
+	head   int64
+	limit  int
+	recent []itx.Event // the last commit's events, set by the actor (see view.recent)
 }
 
 // stepEnv is what a step may consult besides the state: configuration, pure functions, and one
