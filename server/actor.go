@@ -555,7 +555,7 @@ func (a *actor) apply(in stepInput) {
 		if err == nil && ephAdded > 0 {
 			eff.commit.EvictEphemeralThrough, ephFreed, err = a.evictEphemeral(ctx, ephAdded)
 		}
-		if err == nil && eff.markStale {
+		if err == nil && eff.markStale && !a.st.summaryOld { // ensureCreated marks a new stream stale itself
 			// The summary is refreshed on unload; a crash before then leaves this mark, and the
 			// restarted server refreshes the summaries so marked (refreshStaleSummaries).
 			if err = a.srv.dir.MarkSummaryStale(ctx, a.st.streamID); err == nil {
