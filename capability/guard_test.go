@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -34,7 +35,9 @@ func (panicky) GetEventPage(context.Context, schema.Stream_getEventPage) error {
 // A panic inside a handler, served over real TCP, becomes an internal error for that call; the
 // connection and the server carry on, and the panic is logged with its stack.
 func TestGuarded_PanicBecomesInternalError(t *testing.T) {
-	var logs bytes.Buffer
+	// The handler logs on the server's goroutine before its reply goes out; the race detector
+	// cannot see that ordering through the socket, so the buffer takes a lock.
+	var logs lockedBuffer
 	impl := panicky{}
 	g := guard{log: zerolog.New(&logs), panics: itxserver.NewHandlerPanics()}
 	boot := schema.Stream(guarded(g, schema.Stream_Methods(nil, impl), impl))
@@ -70,4 +73,22 @@ func TestGuarded_PanicBecomesInternalError(t *testing.T) {
 	require.Equal(t, 2.0, testutil.ToFloat64(g.panics.WithLabelValues("itx.capnp:Stream.describe")), "each panic is counted")
 	require.Contains(t, logs.String(), "assignment to entry in nil map")
 	require.Contains(t, logs.String(), "guard_test.go", "the stack is logged")
+}
+
+// lockedBuffer is a bytes.Buffer safe for the logger's goroutine and the test's.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
