@@ -478,3 +478,17 @@ func TestTail_Lines(t *testing.T) {
 	require.Regexp(t, `^2  \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z  second  \{"n":2\}$`, lines[0])
 	require.Regexp(t, `^3~  \S+  typing  \{\}$`, lines[1])
 }
+
+// A nameless configure needs an idempotency key, which the REPL passes through; a retry with it
+// returns the original event and generated name.
+func TestConfigure_NamelessWithKey(t *testing.T) {
+	ts := startServer(t)
+	s := newSession(t, ts)
+	f := s.failure(t, `project.streams.get("/nameless").subscriptions.configure({receiver: {type: "copy-to-stream", path: "/copy"}})`)
+	require.Equal(t, "invalidArgument", f.Code)
+	require.Contains(t, f.Message, "idempotency key")
+	first := s.mustEval(t, `JSON.stringify(project.streams.get("/nameless").subscriptions.configure({receiver: {type: "copy-to-stream", path: "/copy"}, idempotencyKey: "setup-1"}))`)
+	again := s.mustEval(t, `JSON.stringify(project.streams.get("/nameless").subscriptions.configure({receiver: {type: "copy-to-stream", path: "/copy"}, idempotencyKey: "setup-1"}))`)
+	require.Equal(t, first, again)
+	require.Contains(t, first, `"name":"subscription:1"`)
+}

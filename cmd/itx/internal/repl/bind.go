@@ -544,12 +544,12 @@ var receiverKeys = map[string][]string{
 }
 
 func (s *Session) subscriptionConfig(v goja.Value) (client.SubscriptionConfig, error) {
-	o, err := s.opts("configure", v, "name", "receiver", "filterTypes", "filterCondition", "transform", "start", "onFailingEvent", "description")
+	o, err := s.opts("configure", v, "name", "receiver", "filterTypes", "filterCondition", "transform", "start", "onFailingEvent", "description", "idempotencyKey")
 	if err != nil {
 		return client.SubscriptionConfig{}, err
 	}
 	cfg := client.SubscriptionConfig{Name: o.str("name"), FilterTypes: o.strings("filterTypes"), FilterCondition: o.str("filterCondition"),
-		Transform: o.str("transform"), Start: o.str("start"), OnFailingEvent: o.str("onFailingEvent"), Description: o.str("description")}
+		Transform: o.str("transform"), Start: o.str("start"), OnFailingEvent: o.str("onFailingEvent"), Description: o.str("description"), IdempotencyKey: o.str("idempotencyKey")}
 	if err := o.err(); err != nil {
 		return cfg, err
 	}
