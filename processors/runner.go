@@ -450,12 +450,6 @@ func (r *Runner[S]) committedState() S {
 	return r.state
 }
 
-func (r *Runner[S]) head() int64 {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return max(r.observedHead, r.highestAppend)
-}
-
 func (r *Runner[S]) fence() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
