@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -363,28 +364,17 @@ func (c *Connection) fromRecent(v view, scanned int64) ([]itx.Event, bool) {
 // await waits for one batch's answer within the delivery timeout, closing the connection if it
 // does not come or is a failure.
 func (c *Connection) await(wait func() error) error {
-	s := c.srv
-	done := make(chan error, 1)
-	go func() { done <- wait() }()
-	expired := make(chan struct{})
-	t := s.clock.AfterFunc(s.cfg.DeliveryTimeout, func() { close(expired) })
-	defer t.Stop()
-	select {
-	case err := <-done:
-		if err != nil {
-			reason := CloseDeliveryFailed
-			if itx.ErrorCode(err) == itx.ECapabilityOffline {
-				reason = CloseConnectionLost
-			}
-			c.Close(reason, err.Error())
-		}
-		return err
-	case <-expired:
-		c.Close(CloseSlowConsumer, fmt.Sprintf("the sink did not accept a batch within %s", s.cfg.DeliveryTimeout))
-		return itx.Errorf(itx.EDeadlineExceeded, "slow consumer")
-	case <-c.ctx.Done():
-		return c.ctx.Err()
+	err := sendWithin(c.srv, c.ctx, func(context.Context) error { return wait() })
+	switch {
+	case err == nil || c.ctx.Err() != nil:
+	case errors.Is(err, errNotAccepted):
+		c.Close(CloseSlowConsumer, fmt.Sprintf("the sink did not accept a batch within %s", c.srv.cfg.DeliveryTimeout))
+	case itx.ErrorCode(err) == itx.ECapabilityOffline:
+		c.Close(CloseConnectionLost, err.Error())
+	default:
+		c.Close(CloseDeliveryFailed, err.Error())
 	}
+	return err
 }
 
 // stateSink sends live-state frames into a connection's sink.

@@ -174,8 +174,11 @@ func (e *liveEngine) push(s *liveSubscriber) {
 	}
 }
 
+// errNotAccepted is sendWithin's answer when the delivery timeout passed first.
+var errNotAccepted = itx.Errorf(itx.EDeadlineExceeded, "not accepted within the delivery timeout")
+
 // sendWithin runs send, giving up after the delivery timeout without waiting for a send that
-// is stuck writing.
+// is stuck writing (connections' batches and live-state frames share it).
 func sendWithin(srv *Server, ctx context.Context, send func(context.Context) error) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -188,7 +191,7 @@ func sendWithin(srv *Server, ctx context.Context, send func(context.Context) err
 	case err := <-done:
 		return err
 	case <-expired:
-		return itx.Errorf(itx.EDeadlineExceeded, "not accepted within %s", srv.cfg.DeliveryTimeout)
+		return errNotAccepted
 	case <-ctx.Done():
 		return ctx.Err()
 	}
