@@ -429,20 +429,7 @@ type arrivalAt struct {
 }
 
 func (k *latencySink) Deliver(ctx context.Context, call schema.EventSink_deliver) error {
-	at := time.Now()
-	b, err := call.Args().Batch()
-	if err != nil {
-		return err
-	}
-	list, err := b.Events()
-	if err != nil {
-		return err
-	}
-	select {
-	case k.arrivals <- arrivalAt{int64(list.At(list.Len() - 1).Offset()), at}:
-	default:
-	}
-	return nil
+	return report(k.arrivals, time.Now(), call.Args().Batch)
 }
 func (k *latencySink) Closed(context.Context, schema.EventSink_closed) error { return nil }
 func (k *latencySink) State(context.Context, schema.EventSink_state) error   { return nil }
@@ -451,8 +438,12 @@ func (k *latencySink) State(context.Context, schema.EventSink_state) error   { r
 type latencyReceiver struct{ arrivals chan arrivalAt }
 
 func (r *latencyReceiver) Receive(ctx context.Context, call schema.Receiver_receive) error {
-	at := time.Now()
-	b, err := call.Args().Batch()
+	return report(r.arrivals, time.Now(), call.Args().Batch)
+}
+
+// report sends a batch's last offset and its arrival time, dropping it if nobody is waiting.
+func report(arrivals chan arrivalAt, at time.Time, batch func() (schema.DeliveryBatch, error)) error {
+	b, err := batch()
 	if err != nil {
 		return err
 	}
@@ -461,7 +452,7 @@ func (r *latencyReceiver) Receive(ctx context.Context, call schema.Receiver_rece
 		return err
 	}
 	select {
-	case r.arrivals <- arrivalAt{int64(list.At(list.Len() - 1).Offset()), at}:
+	case arrivals <- arrivalAt{int64(list.At(list.Len() - 1).Offset()), at}:
 	default:
 	}
 	return nil
