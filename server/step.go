@@ -250,7 +250,7 @@ func (st *streamState) applyReader(op readerOp, now time.Time, eff *effects) err
 	}
 	r := storage.Reader{Name: op.name, Checkpoint: op.checkpoint, UpdatedAt: itx.UnixMilli(now)}
 	st.readers[op.name] = r
-	eff.commit.ReaderDeletes = removeName(eff.commit.ReaderDeletes, op.name)
+	// A delete staged earlier in this step may stay: a commit deletes before it upserts.
 	eff.commit.ReaderUpserts = append(removeReader(eff.commit.ReaderUpserts, op.name), r)
 	eff.rowsChanged = true
 	return nil
@@ -307,7 +307,7 @@ func (st *streamState) absorb(plan groupPlan, now time.Time, eff *effects) {
 			continue
 		case effectBorn:
 			// A new birth epoch: outcomes of the old deliverer are fenced by it and by generation.
-			eff.commit.CursorDeletes = removeName(eff.commit.CursorDeletes, name)
+			// A delete of the old row staged in this step may stay: a commit deletes first.
 			st.subs[name] = st.newRuntime()
 			eff.rebuild = appendOnce(eff.rebuild, name)
 		case effectReconfigure:
@@ -431,14 +431,4 @@ func appendOnce(names []string, name string) []string {
 		}
 	}
 	return append(names, name)
-}
-
-func removeName(names []string, name string) []string {
-	out := names[:0]
-	for _, n := range names {
-		if n != name {
-			out = append(out, n)
-		}
-	}
-	return out
 }

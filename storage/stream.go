@@ -163,7 +163,7 @@ type Commit struct {
 	HeadOffset    int64
 	LastAppendAt  int64
 	CursorUpserts []CursorRow
-	CursorDeletes []string
+	CursorDeletes []string // run before CursorUpserts (and ReaderDeletes before ReaderUpserts)
 	ReaderUpserts []Reader
 	ReaderDeletes []string
 	KV            map[string][]byte
