@@ -554,3 +554,27 @@ func TestConnection_PerStreamBounds(t *testing.T) {
 	_, err = fut.Struct()
 	requireCode(t, err, itx.ELimitExceeded)
 }
+
+// Closing by the client: the sink hears closedByClient with the reason given, and a closed
+// connection answers ping with failedPrecondition.
+func TestConnection_CloseByClient(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	s := stream(t, ts.project(t), "/closing")
+	mustAppend(t, s, ev("a", `{}`))
+	sink := newTestSink()
+	c, err := openConn(t, s, connOpts{noState: true}, sink)
+	require.NoError(t, err)
+	waitUntil(t, "caught up", func() bool { return len(sink.offsets()) == 1 })
+	fut, release := c.Close(context.Background(), func(p schema.Connection_close_Params) error { return p.SetReason("tab closed") })
+	_, err = fut.Struct()
+	release()
+	require.NoError(t, err)
+	waitUntil(t, "closed", func() bool { r := sink.closeReason(); return r != nil && *r == schema.CloseReason_closedByClient })
+	sink.mu.Lock()
+	require.Contains(t, sink.closeMs, "tab closed")
+	sink.mu.Unlock()
+	_, _, err = ping(t, c)
+	requireCode(t, err, itx.EFailedPrecondition)
+	mustAppend(t, s, ev("b", `{}`))
+	require.Equal(t, []int64{1}, sink.offsets(), "nothing after the close")
+}
