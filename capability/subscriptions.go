@@ -200,7 +200,49 @@ func (s *subscription) Processor(ctx context.Context, call schema.Subscription_p
 	if d.Kind != itx.KindProcessorWake {
 		return fail(itx.Errorf(itx.EFailedPrecondition, "subscription %q is a %s subscription: only processor-wake subscriptions have a processor", s.name, d.Kind))
 	}
-	return notYet("Subscription.processor")
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	impl := &processor{srv: s.srv, ref: s.ref, name: s.name}
+	return res.SetProcessor(schema.Processor(guarded(guardOf(s.srv), schema.Processor_Methods(nil, impl), impl)))
+}
+
+// processor is a processor-wake subscription's processor: its committed state and its runtime.
+type processor struct {
+	srv  *server.Server
+	ref  server.StreamRef
+	name string
+}
+
+func (p *processor) Snapshot(ctx context.Context, call schema.Processor_snapshot) error {
+	state, reduced, processed, err := p.srv.ProcessorSnapshot(ctx, p.ref, p.name)
+	if err != nil {
+		return fail(err)
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	res.SetReducedOffset(uint64(reduced))
+	res.SetProcessedOffset(uint64(processed))
+	return res.SetState(string(state))
+}
+
+func (p *processor) GetRuntimeState(ctx context.Context, call schema.Processor_getRuntimeState) error {
+	state, err := p.srv.ProcessorRuntimeState(ctx, p.ref, p.name)
+	if err != nil {
+		return fail(err)
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	return res.SetState(string(state))
+}
+
+func (p *processor) LiveState(ctx context.Context, call schema.Processor_liveState) error {
+	return notYet("Processor.liveState")
 }
 
 // --- mounted capabilities ------------------------------------------------------------------

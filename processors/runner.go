@@ -32,33 +32,6 @@ type RunnerConfig struct {
 	Logf     func(format string, args ...any)
 }
 
-// Hosted is a runner without its state type: what a registry and a host (itxd's processor-wake
-// delivery) drive.
-type Hosted interface {
-	Name() string
-	// Consumes reports whether the processor consumes events of type typ (a host may filter
-	// frames with it, keeping the scanned range).
-	Consumes(typ string) bool
-	// Deliver processes one frame (a wake). It returns after the frame's progress committed.
-	Deliver(ctx context.Context, f Frame) error
-	// CatchUp reads the home stream from the processing cursor and delivers it through the head
-	// it finds on its first read.
-	CatchUp(ctx context.Context) error
-	// ReprocessFrom rewinds (or moves) the processing cursor so events from offset on are
-	// processed again, with event-time state re-reduced through offset-1.
-	ReprocessFrom(ctx context.Context, offset int64) error
-	// ProcessedThrough is the committed processing cursor.
-	ProcessedThrough() int64
-	// WaitUntilProcessed returns once the processing cursor reaches offset.
-	WaitUntilProcessed(ctx context.Context, offset int64) error
-	// SnapshotJSON is the committed reduced state and the offset it was reduced through.
-	SnapshotJSON() (int64, json.RawMessage)
-	// RuntimeState is what the runner knows beyond its progress record (getRuntimeState).
-	RuntimeState() RuntimeState
-	// Close ends the incarnation: background work's context is cancelled.
-	Close()
-}
-
 // Runner drives one processor over its home stream: one event at a time, one fenced progress
 // commit per frame after every blocker settled. Frames, catch-ups and rewinds are serialized;
 // readers (Snapshot, ProcessedThrough) see only committed progress.
@@ -490,19 +463,6 @@ func (r *Runner[S]) SnapshotJSON() (int64, json.RawMessage) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.progress.ReducedThrough, r.progress.State
-}
-
-// RuntimeState is a runner's view of itself: its committed cursors and what this incarnation
-// observed. It is runtime state, not durable truth.
-type RuntimeState struct {
-	Name             string `json:"name"`
-	ReducerVersion   string `json:"reducerVersion"`
-	ReducedThrough   int64  `json:"reducedThrough"`
-	ProcessedThrough int64  `json:"processedThrough"`
-	CursorRevision   int64  `json:"cursorRevision"`
-	ObservedHead     int64  `json:"observedHead"`
-	Generation       int64  `json:"generation"`
-	Fenced           string `json:"fenced,omitempty"` // why this incarnation may no longer commit
 }
 
 // RuntimeState reports the runner's cursors and observations.

@@ -61,6 +61,13 @@ type actor struct {
 	liveP     atomic.Pointer[liveEngine]
 	liveCount atomic.Int64 // counted live-state subscribers (Config.MaxLiveSubscribersPerStream)
 
+	// Processors, opened off the actor's goroutine on first need (see processors.go).
+	procMu     sync.Mutex
+	procs      itx.StreamProcessors
+	procClosed bool
+	procSeek   map[string]int64 // rewinds in progress: the seek epoch their commits carry
+	failedProc []procOp         // the processor writes of a step whose commit failed
+
 	mu      sync.Mutex // guards pub and changed
 	pub     view
 	changed chan struct{} // closed and replaced at every publish
@@ -74,6 +81,7 @@ type actorMsg struct {
 	tick    bool
 	settle  chan<- int // answered after the step with the number of pushes in flight
 	reader  *readerOp
+	proc    *procOp
 
 	// Connections and live state: the actor's registries, not step inputs (nothing durable).
 	openConn  *Connection
@@ -94,6 +102,7 @@ func newActor(s *Server, ref StreamRef) *actor {
 		changed:    make(chan struct{}),
 		deliverers: map[string]*deliverer{},
 		conns:      map[string]*Connection{},
+		procSeek:   map[string]int64{},
 	}
 	a.dctx, a.dcancel = context.WithCancel(s.base)
 	return a
@@ -166,6 +175,7 @@ func (a *actor) restore(ctx context.Context) error {
 	}
 	prev := a.st
 	st.bucket, st.nextGen, st.alarmSet, st.summaryOld, st.created = prev.bucket, prev.nextGen, prev.alarmSet, prev.summaryOld, true
+	st.procFiring = prev.procFiring
 	for name := range st.core.Subscriptions {
 		st.subs[name] = st.newRuntime()
 	}
@@ -200,6 +210,11 @@ func loadState(ctx context.Context, store streamStore, rc reduceContext, now tim
 		if err := store.Commit(ctx, storage.Commit{KV: map[string][]byte{coreStateKey: b}}); err != nil {
 			return nil, err
 		}
+	}
+	if raw, err := store.KV(ctx, procAlarmKey); err != nil {
+		return nil, err
+	} else if raw != nil {
+		fmt.Sscan(string(raw), &st.procAlarm)
 	}
 	readers, err := store.Readers(ctx)
 	if err != nil {
@@ -359,7 +374,7 @@ func (a *actor) unload() {
 
 func (a *actor) run() {
 	defer close(a.done)
-	a.apply(stepInput{mounted: a.loadMounted})
+	a.apply(stepInput{mounted: a.loadMounted, woken: a.wokenID()})
 	a.loadMounted = nil
 	for {
 		var in stepInput
@@ -438,6 +453,8 @@ func (in *stepInput) add(m actorMsg) {
 		in.settles = append(in.settles, m.settle)
 	case m.reader != nil:
 		in.readers = append(in.readers, *m.reader)
+	case m.proc != nil:
+		in.procOps = append(in.procOps, *m.proc)
 	case m.outcome != nil:
 		in.outcomes = append(in.outcomes, *m.outcome)
 	case m.mounted != "":
@@ -451,6 +468,7 @@ func (in *stepInput) add(m actorMsg) {
 // is written, and the database closes.
 func (a *actor) stop() {
 	a.dcancel()
+	a.closeProcessors()
 	finished := make(chan struct{})
 	go func() { a.pushes.Wait(); close(finished) }()
 	in := stepInput{final: true}
@@ -495,6 +513,12 @@ func (a *actor) env() stepEnv {
 			}
 			return found, nil
 		},
+		loadKV: func(key string) ([]byte, error) {
+			if a.store == nil {
+				return nil, nil
+			}
+			return a.store.KV(context.Background(), key)
+		},
 		random:          a.srv.random,
 		flushDelay:      a.srv.cfg.CursorFlushDelay,
 		deliveryTimeout: a.srv.cfg.DeliveryTimeout,
@@ -534,6 +558,7 @@ func (a *actor) apply(in stepInput) {
 		a.st.streamID = newStreamID() // an identity once the first commit creates the stream
 	}
 	a.failedReaders = in.readers // answered with the failure if this step does not commit
+	a.failedProc = in.procOps
 	eff, err := step(a.st, in, now, a.env())
 	if err != nil {
 		a.reloadAfter(in.appends, err)
@@ -592,7 +617,7 @@ func (a *actor) apply(in stepInput) {
 		}
 	}
 
-	a.failedReaders = nil
+	a.failedReaders, a.failedProc = nil, nil
 	// 3. Publish (and wake connections and live state). 4. Replies.
 	prevHead := a.view().head
 	if len(eff.commit.Events) > 0 {
@@ -609,6 +634,11 @@ func (a *actor) apply(in stepInput) {
 	for _, rr := range eff.readerReplies {
 		rr.op.reply <- rr.err
 	}
+	for _, pa := range eff.procAnswers {
+		if pa.op.reply != nil {
+			pa.op.reply <- pa.reply
+		}
+	}
 
 	// 5. Deliverers, then pushes.
 	for _, name := range eff.rebuild {
@@ -623,6 +653,9 @@ func (a *actor) apply(in stepInput) {
 	if eff.flushAfter > 0 && !a.flushArmed {
 		a.flushArmed = true
 		a.srv.clock.AfterFunc(eff.flushAfter, func() { a.post(actorMsg{flush: true}) })
+	}
+	if eff.fireProcAlarm {
+		a.fireProcessorAlarm()
 	}
 	a.answerSettles(in.settles)
 }
@@ -657,7 +690,12 @@ func (a *actor) reloadAfter(group []*appendReq, cause error) {
 	for _, op := range a.failedReaders {
 		op.reply <- failure
 	}
-	a.failedReaders = nil
+	for _, op := range a.failedProc {
+		if op.reply != nil {
+			op.reply <- procReply{err: failure}
+		}
+	}
+	a.failedReaders, a.failedProc = nil, nil
 	if a.store == nil {
 		a.st = newStreamState(a.st.bucket)
 		return
@@ -719,7 +757,9 @@ func (a *actor) rebuild(name string) {
 	if entry == nil || a.dctx.Err() != nil {
 		return
 	}
-	a.deliverers[name] = newDeliverer(a.dctx, a.srv, a.ref, entry)
+	d := newDeliverer(a.dctx, a.srv, a.ref, entry)
+	d.actor = a
+	a.deliverers[name] = d
 }
 
 // startPush runs a delivery try on its own goroutine; it holds a reference on the actor, so the
@@ -858,6 +898,9 @@ func (a *actor) nextAlarm() int64 {
 		if due == 0 || at < due {
 			due = at
 		}
+	}
+	if at := a.st.procAlarm; at > 0 && (due == 0 || at < due) {
+		due = at // the processors owe work (keepalive, revival): load the stream for them
 	}
 	return due
 }

@@ -136,9 +136,6 @@ func (st *coreState) reduce(e *itx.Event, rc *reduceContext) ([]cursorEffect, er
 		if err != nil {
 			return nil, err
 		}
-		if entry.Kind() == itx.KindProcessorWake {
-			return nil, itx.Errorf(itx.EInvalid, "processor-wake subscriptions own their checkpoint; their cursor cannot be set")
-		}
 		if p.AfterOffset < 0 || p.AfterOffset > rc.head {
 			return nil, itx.Errorf(itx.EInvalid, "afterOffset %d is outside 0..%d (the stream's head)", p.AfterOffset, rc.head)
 		}

@@ -40,6 +40,8 @@ type deliverer struct {
 	// blocks the write itself); until it returns, no other push goes to that receiver. Pushes
 	// of one deliverer are sequential, ordered by the actor.
 	stuck chan struct{}
+
+	actor *actor // the stream's actor: processor-wake deliverers start its processors
 }
 
 // newDeliverer builds the deliverer of a catalog entry under ctx.
@@ -87,6 +89,9 @@ func (d *deliverer) push(job pushJob, store streamStore, streamID string) delive
 	}
 	if d.buildErr != nil {
 		return fail(classTerminal, 0, 0, d.buildErr)
+	}
+	if d.kind == itx.KindProcessorWake {
+		return d.wake(job, store, out)
 	}
 	events, ok := durableFrom(job.recent, after, job.head, job.limit)
 	if !ok {

@@ -15,10 +15,12 @@ import (
 //     before anything below happens. If it fails, every reply that named offsets becomes that
 //     failure, nothing below is done, and the actor reloads its state from storage.
 //  3. publish: readers, barriers and waiters see the new head, core state and rows.
-//  4. replies: appenders learn their offsets (commit before reply).
+//  4. replies: appenders, reader and processor port writers learn their outcome (commit before
+//     reply).
 //  5. rebuild, then pushes: deliverers are rebuilt for changed subscriptions, then the delivery
 //     tries start (commit before push: a push never reads an event that could still be lost).
-//  6. wakeAt, flushAfter: timers for the next retry and for writing dirty cursor rows.
+//  6. wakeAt, flushAfter, fireProcAlarm: timers for the next retry and for writing dirty cursor
+//     rows, and the processors' alarm fire.
 type effects struct {
 	createStream bool
 	markStale    bool
@@ -32,12 +34,14 @@ type effects struct {
 
 	replies       []replyBatch
 	readerReplies []readerReply
+	procAnswers   []procAnswer
 
 	rebuild []string
 	pushes  []pushJob
 
-	wakeAt     int64         // epoch ms of the earliest retry due; 0: none
-	flushAfter time.Duration // write dirty rows after this if nothing else does; 0: nothing dirty
+	wakeAt        int64         // epoch ms of the earliest retry (or processor alarm) due; 0: none
+	fireProcAlarm bool          // the processors' alarm came due: run its fire off the actor
+	flushAfter    time.Duration // write dirty rows after this if nothing else does; 0: nothing dirty
 
 	lateOutcomes int // fenced outcomes (a metric)
 }

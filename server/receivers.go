@@ -315,16 +315,17 @@ func (c *itxCallSender) send(ctx context.Context, d *deliverer, b *itx.DeliveryB
 
 // --- processor-wake ------------------------------------------------------------------------
 
-// processorSender wakes a registered processor contract. This server has no processor registry
-// yet, so every wake is a terminal failure: the subscription halts at once with the exact error.
+// processorSender stands for processor-wake in the sender table: its batch limit sizes the
+// frames; the wake itself is the deliverer's (processors.go), which needs the scanned range a
+// batch hides.
 type processorSender struct {
 	srv       *Server
 	projectID string
 }
 
 func (p *processorSender) String() string  { return "processor" }
-func (p *processorSender) batchLimit() int { return 1 }
+func (p *processorSender) batchLimit() int { return itx.DeliveryBatchEvents }
 
 func (p *processorSender) send(ctx context.Context, d *deliverer, b *itx.DeliveryBatch) (int64, error) {
-	return 0, withClass(classTerminal, itx.Errorf(itx.ENotFound, "no processor is registered under the name %q", b.Subscription))
+	return 0, withClass(classTerminal, itx.Errorf(itx.EInternal, "processor-wake is delivered as frames, not batches"))
 }

@@ -53,6 +53,10 @@ type Config struct {
 	MaxLiveSubscribersPerStream int
 	// Random returns numbers in [0,1) for retry jitter; default math/rand. Tests fix it.
 	Random func() float64
+	// Processors are the contracts this server hosts in-process: a processor-wake subscription
+	// (placement in-process) whose name is one of them runs it on its stream. nil hosts none,
+	// and such a subscription halts at its first wake with the unknown-name error.
+	Processors itx.ProcessorHost
 }
 
 // StreamRef names a stream: a project and a path.
@@ -92,6 +96,10 @@ type Server struct {
 	alarmMu   sync.Mutex
 	alarmT    itx.Timer
 	alarmNext int64 // epoch ms the alarm timer is armed for; 0: none
+
+	// incarnation names this process: stream/woken records carry it.
+	incarnation string
+	hosted      map[string]bool // the names of Config.Processors' contracts
 }
 
 // Credentials are the tokens created on a fresh data directory.
@@ -161,8 +169,14 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		cfg: cfg, clock: cfg.Clock, log: cfg.Log, dir: dir, metrics: newMetrics(),
 		actors: map[StreamRef]*actor{}, unloading: map[StreamRef]*actor{},
 		egress: cfg.Egress, httpClient: newHTTPClient(cfg.Egress),
-		backend: sqliteBackend{dir: filepath.Join(cfg.DataDir, "streams")},
-		recv:    receivers{mounts: map[mountKey]*mount{}},
+		backend:     sqliteBackend{dir: filepath.Join(cfg.DataDir, "streams")},
+		recv:        receivers{mounts: map[mountKey]*mount{}},
+		incarnation: newStreamID(), hosted: map[string]bool{},
+	}
+	if cfg.Processors != nil {
+		for _, c := range cfg.Processors.Contracts() {
+			s.hosted[c.Name] = true
+		}
 	}
 	s.base, s.cancel = context.WithCancel(context.Background())
 	if err := s.bootstrap(ctx); err != nil {

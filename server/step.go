@@ -22,8 +22,12 @@ type streamState struct {
 	rows         map[string]*storage.CursorRow
 	readers      map[string]storage.Reader
 	bucket       *tokenBucket
+	procAlarm    int64 // the processors' alarm slice (epoch ms; 0: disarmed)
 
 	// Not durable: rebuilt on load.
+	procs      map[string]*procRecord // processor records read so far (see procRecordOf)
+	procFiring bool                   // a fire of procAlarm is being handled
+
 	subs       map[string]*subRuntime
 	dirty      map[string]bool // rows changed in memory since they were last committed
 	nextGen    int64
@@ -40,7 +44,7 @@ type subRuntime struct {
 
 func newStreamState(bucket *tokenBucket) *streamState {
 	return &streamState{core: newCoreState(), rows: map[string]*storage.CursorRow{}, readers: map[string]storage.Reader{}, bucket: bucket,
-		subs: map[string]*subRuntime{}, dirty: map[string]bool{}}
+		subs: map[string]*subRuntime{}, dirty: map[string]bool{}, procs: map[string]*procRecord{}}
 }
 
 // stepInput is one batch of the actor's inputs, taken together in one step.
@@ -51,6 +55,8 @@ type stepInput struct {
 	readers  []readerOp        // register, move or remove registered readers
 	flush    bool              // the cursor flush delay passed: write dirty rows now
 	final    bool              // unloading: write dirty rows, start nothing
+	procOps  []procOp          // processor port writes: progress, KV, alarm
+	woken    string            // an incarnation id: record stream/woken (processors are hosted here)
 	settles  []chan<- int      // not the step's: Settle callers the actor answers after it
 }
 
@@ -75,6 +81,8 @@ type pushJob struct {
 	head   int64
 	limit  int
 	recent []itx.Event // the last commit's events, set by the actor (see view.recent)
+	// procSeek is the seek epoch a processor-wake subscription's progress honors (procRecord.Seek).
+	procSeek int64
 }
 
 // stepEnv is what a step may consult besides the state: configuration, pure functions, and one
@@ -82,6 +90,7 @@ type pushJob struct {
 type stepEnv struct {
 	rc              reduceContext
 	lookupKeys      func(keys []string) (map[string]*itx.Event, error)
+	loadKV          func(key string) ([]byte, error) // a committed kv value (nil: none)
 	random          func() float64
 	flushDelay      time.Duration
 	deliveryTimeout time.Duration
@@ -129,6 +138,12 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 		}
 	}
 
+	// 3b. A new incarnation of a stream whose processors this server hosts says so once.
+	if in.woken != "" {
+		own = append(own, serverRecord(itx.TypeWoken, map[string]any{"incarnationId": in.woken, "reason": "loaded"},
+			"woken", in.woken, 0, 0, 0))
+	}
+
 	// 4. The server's own records, planned after everything above.
 	if len(own) > 0 {
 		committed, err := env.lookupKeys(keysOf(own))
@@ -149,9 +164,14 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 		eff.readerReplies = append(eff.readerReplies, readerReply{op: op, err: st.applyReader(op, now, &eff)})
 	}
 
+	// 4c. Processor port writes: progress records (fenced), KV, the alarm slice.
+	for _, op := range in.procOps {
+		eff.procAnswers = append(eff.procAnswers, procAnswer{op: op, reply: st.applyProc(op, now, env, &eff)})
+	}
+
 	// 5. The commit: new events, and the dirty rows when anything else is written, when the flush
 	// delay passed, or when unloading.
-	if len(eff.commit.Events) > 0 || len(eff.commit.CursorDeletes) > 0 || eff.coreChanged || in.flush || in.final ||
+	if len(eff.commit.Events) > 0 || len(eff.commit.KV) > 0 || len(eff.commit.CursorDeletes) > 0 || eff.coreChanged || in.flush || in.final ||
 		len(eff.commit.ReaderUpserts) > 0 || len(eff.commit.ReaderDeletes) > 0 {
 		eff.commit.CursorUpserts = eff.commit.CursorUpserts[:0]
 		names := make([]string, 0, len(st.dirty))
@@ -172,7 +192,10 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 		if err != nil {
 			return eff, fmt.Errorf("encode core state: %w", err)
 		}
-		eff.commit.KV = map[string][]byte{coreStateKey: b}
+		if eff.commit.KV == nil {
+			eff.commit.KV = map[string][]byte{}
+		}
+		eff.commit.KV[coreStateKey] = b
 	}
 	if len(eff.commit.Events) > 0 {
 		eff.commit.HeadOffset, eff.commit.LastAppendAt = st.head, st.lastAppendAt
@@ -189,7 +212,15 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 		return eff, nil
 	}
 
-	// 6. Pushes: every active subscription behind the head with its retry due and nothing in flight.
+	// 6. The processors' alarm, then pushes: every active subscription behind the head with its
+	// retry due and nothing in flight.
+	if st.procAlarm > 0 && !st.procFiring {
+		if st.procAlarm <= nowMs {
+			st.procFiring, eff.fireProcAlarm = true, true
+		} else if eff.wakeAt == 0 || st.procAlarm < eff.wakeAt {
+			eff.wakeAt = st.procAlarm
+		}
+	}
 	for name := range st.core.Subscriptions {
 		r, rt := st.rows[name], st.subs[name]
 		if r == nil || rt == nil || rt.inFlight || r.Status != storage.StatusActive || r.ConfirmedOffset >= st.head {
@@ -208,7 +239,13 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 		rt.inFlight = true
 		r.InFlightDeadlineAt = nowMs + env.deliveryTimeout.Milliseconds()
 		r.InFlightConnectionGeneration = rt.gen
-		eff.pushes = append(eff.pushes, pushJob{name: name, gen: rt.gen, row: *r, head: st.head, limit: limit})
+		job := pushJob{name: name, gen: rt.gen, row: *r, head: st.head, limit: limit}
+		if isInProcess(st.core.Subscriptions[name]) {
+			if rec, err := st.procRecordOf(name, env); err == nil {
+				job.procSeek = rec.Seek
+			}
+		}
+		eff.pushes = append(eff.pushes, job)
 	}
 	sort.Slice(eff.pushes, func(i, j int) bool { return eff.pushes[i].name < eff.pushes[j].name })
 	return eff, nil

@@ -142,6 +142,9 @@ func (s *Server) WaitUntilProcessed(ctx context.Context, ref StreamRef, name str
 	t := s.clock.AfterFunc(timeout, func() { close(expired) })
 	defer t.Stop()
 	name = strings.TrimSpace(name)
+	if v := a.view(); isInProcess(v.core.Subscriptions[name]) && s.hosted[name] {
+		return s.waitProcessed(ctx, a, name, offset, timeout, expired)
+	}
 	existed := false
 	for {
 		v := a.view()

@@ -21,6 +21,8 @@ import (
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/capability"
 	"github.com/itx-dev/itx/internal/flowconn"
+	"github.com/itx-dev/itx/processors"
+	"github.com/itx-dev/itx/processors/examples"
 	"github.com/itx-dev/itx/server"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -61,6 +63,9 @@ func run() error {
 	jsonataBytes := flag.Int64("jsonata-max-bytes", itx.MaxJSONataBytes, "string bytes one JSONata evaluation may build in total")
 	jsonataConcurrent := flag.Int("jsonata-concurrency", 0, "JSONata evaluations running at once (0: one per core)")
 	shutdownTimeout := flag.Duration("shutdown-timeout", 30*time.Second, "how long SIGTERM waits for in-flight calls")
+	procNames := flag.String("processors", strings.Join(examples.Names, ","), "reference processors hosted in-process, comma-separated (empty: none); a processor-wake subscription named after one runs it")
+	agentVendor := flag.String("agent-vendor-url", "", "the agent processor's LLM endpoint: POST {requestId, prompt} answered by {text} (empty: echo the prompt)")
+	agentHesitation := flag.Duration("agent-hesitation", time.Duration(examples.DefaultAgentConfig.HesitationMs)*time.Millisecond, "how long the agent waits after a message before it requests a completion")
 	flag.Parse()
 
 	level, err := zerolog.ParseLevel(*logLevel)
@@ -76,12 +81,23 @@ func run() error {
 	log = log.Level(level).With().Timestamp().Logger()
 
 	server.SetJSONataBudget(*jsonataItems, *jsonataBytes, *jsonataConcurrent)
+	host := processors.NewHost(capability.Version)
+	agentCfg := examples.DefaultAgentConfig
+	agentCfg.HesitationMs = agentHesitation.Milliseconds()
+	var vendor examples.Vendor = examples.EchoVendor{}
+	if *agentVendor != "" {
+		vendor = examples.HTTPVendor{URL: *agentVendor}
+	}
+	if err := examples.AddTo(host, strings.Split(*procNames, ","), examples.HostOptions{Vendor: vendor, Agent: agentCfg}); err != nil {
+		return fmt.Errorf("--processors: %w", err)
+	}
 	ctx := context.Background()
 	srv, err := server.Open(ctx, server.Config{
 		DataDir: *data, Log: log, IdleTimeout: *idle, MaxLoadedStreams: *maxLoaded,
 		BreakerBurst: *burst, BreakerRefillPerMinute: *refill,
 		MaxConnectionsPerStream: *maxConns, MaxLiveSubscribersPerStream: *maxLive,
-		Egress: server.EgressPolicy{AllowHosts: allowHosts, DenyPrivate: *denyPrivate},
+		Egress:     server.EgressPolicy{AllowHosts: allowHosts, DenyPrivate: *denyPrivate},
+		Processors: host,
 	})
 	if err != nil {
 		return err

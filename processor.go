@@ -1,0 +1,157 @@
+package itx
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+)
+
+// The processor hosting seam. A host (itxd in-process, a remote program later) gives the
+// processors of one stream these ports; the SDK (package processors) implements the runners and
+// the registry over them. Both sides name only these types, so neither imports the other.
+
+// ProcessorLog is a processor's home stream as the runner needs it.
+type ProcessorLog interface {
+	// Read returns up to limit durable events after offset after, in offset order. Ephemeral
+	// events may be omitted or included (the runner drops them); the page's ScannedThrough says
+	// how far the read looked, so a page of filtered rows still proves progress.
+	Read(ctx context.Context, after int64, limit int) (ProcessorPage, error)
+	// Append commits events atomically. A key already committed with the same body returns the
+	// committed event; with another body it fails with EIdempotencyConflict.
+	Append(ctx context.Context, events []EventInput) ([]Event, error)
+}
+
+// ProcessorPage is one read of a ProcessorLog.
+type ProcessorPage struct {
+	Events         []Event
+	ScannedThrough int64 // every offset in (after, ScannedThrough] was examined
+	Head           int64 // the stream's highest offset when the page was read
+}
+
+// ProcessorFrame is one delivery to a runner: the events of a scanned range (possibly filtered
+// to the consumed types) and where the stream's head was. The scanned range, not the events, is
+// what moves the cursor and tells the runner whether it reached the head.
+type ProcessorFrame struct {
+	Events         []Event
+	ScannedAfter   int64 // the frame covers offsets (ScannedAfter, ScannedThrough]
+	ScannedThrough int64
+	Head           int64 // the stream's highest offset when the frame was produced
+}
+
+// ProcessorProgress is a processor's durable record: the reduction (a disposable cache of Reduce
+// over the stream, keyed by ReducerVersion) and the processing cursor (authoritative: every
+// effect at or below ProcessedThrough is settled). Both are committed together, once per frame.
+type ProcessorProgress struct {
+	ReducerVersion   string          `json:"reducerVersion"`
+	ReducedThrough   int64           `json:"reducedThrough"`
+	State            json.RawMessage `json:"state"`
+	ProcessedThrough int64           `json:"processedThrough"`
+	// CursorRevision counts operator rewinds (ReprocessFrom); it is the only sanctioned way for
+	// ProcessedThrough to move backward.
+	CursorRevision int64 `json:"cursorRevision"`
+}
+
+// ProcessorProgressStore keeps one ProcessorProgress per processor name, fenced by incarnation:
+// Claim starts an incarnation and a commit from any earlier one fails. In itxd the record is
+// written through the stream's single writer.
+type ProcessorProgressStore interface {
+	// Claim bumps the name's generation and returns its record (nil when none) and the
+	// generation this incarnation's commits must carry.
+	Claim(ctx context.Context, name string) (*ProcessorProgress, int64, error)
+	// Commit replaces the record if the stored generation is still generation; otherwise it
+	// fails with EFailedPrecondition and writes nothing.
+	Commit(ctx context.Context, name string, generation int64, p ProcessorProgress) error
+}
+
+// ProcessorKV is per-stream storage below the reduction: keepalive and crash-loop records live
+// here so a poisoned reducer cannot be asked to reduce its own pause.
+type ProcessorKV interface {
+	// Get returns the value under key, or ok false.
+	Get(ctx context.Context, key string) (value []byte, ok bool, err error)
+	Put(ctx context.Context, key string, value []byte) error
+}
+
+// ProcessorAlarm is the processors' slice of the stream's alarm. The host calls the stream's
+// processors' HandleAlarm once the armed time has come, also in a fresh process after a crash.
+type ProcessorAlarm interface {
+	// SetAlarm arms the slice at at; the zero time disarms it.
+	SetAlarm(ctx context.Context, at time.Time) error
+}
+
+// ProcessorRuntimeState is a runner's view of itself: its committed cursors and what this
+// incarnation observed. It is runtime state, not durable truth.
+type ProcessorRuntimeState struct {
+	Name             string `json:"name"`
+	ReducerVersion   string `json:"reducerVersion"`
+	ReducedThrough   int64  `json:"reducedThrough"`
+	ProcessedThrough int64  `json:"processedThrough"`
+	CursorRevision   int64  `json:"cursorRevision"`
+	ObservedHead     int64  `json:"observedHead"`
+	Generation       int64  `json:"generation"`
+	Fenced           string `json:"fenced,omitempty"` // why this incarnation may no longer commit
+}
+
+// ProcessorRunner is a runner without its state type: what a host drives.
+type ProcessorRunner interface {
+	Name() string
+	// Consumes reports whether the processor consumes events of type typ (a host may filter
+	// frames with it, keeping the scanned range).
+	Consumes(typ string) bool
+	// Deliver processes one frame (a wake). It returns after the frame's progress committed.
+	Deliver(ctx context.Context, f ProcessorFrame) error
+	// CatchUp reads the home stream from the processing cursor and delivers it through the head
+	// it finds on its first read.
+	CatchUp(ctx context.Context) error
+	// ReprocessFrom rewinds (or moves) the processing cursor so events from offset on are
+	// processed again, with event-time state re-reduced through offset-1.
+	ReprocessFrom(ctx context.Context, offset int64) error
+	// ProcessedThrough is the committed processing cursor.
+	ProcessedThrough() int64
+	// WaitUntilProcessed returns once the processing cursor reaches offset.
+	WaitUntilProcessed(ctx context.Context, offset int64) error
+	// SnapshotJSON is the committed reduced state and the offset it was reduced through.
+	SnapshotJSON() (int64, json.RawMessage)
+	// RuntimeState is what the runner knows beyond its progress record (getRuntimeState).
+	RuntimeState() ProcessorRuntimeState
+	// Close ends the incarnation: background work's context is cancelled.
+	Close()
+}
+
+// ProcessorInfo is a contract as a host announces it.
+type ProcessorInfo struct {
+	Name           string   `json:"name"`
+	ReducerVersion string   `json:"reducerVersion"`
+	ConsumedTypes  []string `json:"consumedTypes"`
+}
+
+// ProcessorPorts is what a host gives the processors of one stream in one incarnation.
+type ProcessorPorts struct {
+	Path     string
+	Log      ProcessorLog
+	Progress ProcessorProgressStore
+	KV       ProcessorKV
+	Alarm    ProcessorAlarm
+	Clock    Clock
+	Logf     func(format string, args ...any)
+}
+
+// StreamProcessors is the processors of one stream in one incarnation.
+type StreamProcessors interface {
+	// Start opens the named contract on the stream (once; later calls return the same runner).
+	// An unknown name fails with ENotFound.
+	Start(ctx context.Context, name string) (ProcessorRunner, error)
+	// Runner returns the runner Start opened under name.
+	Runner(name string) (ProcessorRunner, bool)
+	// HandleAlarm services a fire of the processors' alarm slice (keepalive and revival).
+	HandleAlarm(ctx context.Context) error
+	// Close ends every runner's incarnation.
+	Close()
+}
+
+// ProcessorHost is a set of contracts a host can run on any stream.
+type ProcessorHost interface {
+	Contracts() []ProcessorInfo
+	// Open returns the processors of one stream incarnation over ports. Nothing is claimed
+	// until Start.
+	Open(ctx context.Context, ports ProcessorPorts) (StreamProcessors, error)
+}

@@ -1,0 +1,122 @@
+package processors
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+
+	"github.com/itx-dev/itx"
+)
+
+// Host is a set of contracts a host process (itxd, or a remote program) runs on any stream. It
+// implements itx.ProcessorHost: the host opens it once per stream incarnation with that
+// stream's ports, and starts the contract a processor-wake subscription names.
+type Host struct {
+	version string
+
+	mu      sync.Mutex
+	entries map[string]hostEntry
+}
+
+type hostEntry struct {
+	info  itx.ProcessorInfo
+	start func(ctx context.Context, reg *Registry, store ProgressStore) (Hosted, error)
+}
+
+var _ itx.ProcessorHost = (*Host)(nil)
+
+// NewHost returns an empty host. version is the host's build: a new one resets every crash-loop
+// budget (see RegistryConfig.Version).
+func NewHost(version string) *Host {
+	return &Host{version: version, entries: map[string]hostEntry{}}
+}
+
+// Add registers a contract. build returns a fresh contract for each stream incarnation: a
+// contract's closures may keep incarnation memory (the attempts it drives), which must die with
+// the incarnation.
+func Add[S any](h *Host, build func() Contract[S]) error {
+	c := build()
+	if err := c.validate(); err != nil {
+		return err
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, ok := h.entries[c.Name]; ok {
+		return itx.Errorf(itx.EInvalid, "processor %q is already registered", c.Name)
+	}
+	h.entries[c.Name] = hostEntry{
+		info: itx.ProcessorInfo{Name: c.Name, ReducerVersion: c.ReducerVersion, ConsumedTypes: append([]string(nil), c.ConsumedTypes...)},
+		start: func(ctx context.Context, reg *Registry, store ProgressStore) (Hosted, error) {
+			return Register(ctx, reg, build(), store)
+		},
+	}
+	return nil
+}
+
+// Contracts lists the registered contracts by name.
+func (h *Host) Contracts() []itx.ProcessorInfo {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make([]itx.ProcessorInfo, 0, len(h.entries))
+	for _, e := range h.entries {
+		out = append(out, e.info)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// Open returns the processors of one stream incarnation. Nothing is claimed until Start.
+func (h *Host) Open(ctx context.Context, ports itx.ProcessorPorts) (itx.StreamProcessors, error) {
+	if ports.Progress == nil {
+		return nil, itx.Errorf(itx.EInvalid, "processor host needs a progress store")
+	}
+	reg, err := NewRegistry(RegistryConfig{
+		Path: ports.Path, Log: ports.Log, KV: ports.KV, Alarm: ports.Alarm, Clock: ports.Clock,
+		Version: h.version, Logf: ports.Logf,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &hostedStream{host: h, reg: reg, store: ports.Progress}, nil
+}
+
+// hostedStream is one stream incarnation's processors.
+type hostedStream struct {
+	host  *Host
+	reg   *Registry
+	store ProgressStore
+
+	mu sync.Mutex // serializes Start, so a contract is registered once
+}
+
+func (s *hostedStream) Start(ctx context.Context, name string) (Hosted, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r, ok := s.reg.Runner(name); ok {
+		return r, nil
+	}
+	s.host.mu.Lock()
+	e, ok := s.host.entries[name]
+	s.host.mu.Unlock()
+	if !ok {
+		return nil, itx.Errorf(itx.ENotFound, "no processor is registered under the name %q", name)
+	}
+	r, err := e.start(ctx, s.reg, s.store)
+	if err != nil {
+		return nil, fmt.Errorf("start processor %q: %w", name, err)
+	}
+	return r, nil
+}
+
+func (s *hostedStream) Runner(name string) (Hosted, bool) { return s.reg.Runner(name) }
+
+func (s *hostedStream) HandleAlarm(ctx context.Context) error {
+	outcomes, err := s.reg.HandleAlarm(ctx)
+	for _, o := range outcomes {
+		s.reg.cfg.Logf("processor %q on %s: alarm %s", o.Name, s.reg.cfg.Path, o.Action)
+	}
+	return err
+}
+
+func (s *hostedStream) Close() { s.reg.Close() }

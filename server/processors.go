@@ -1,0 +1,631 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/storage"
+)
+
+// Hosting processors in-process. The processors of a stream live as long as its actor: the
+// actor opens them (Config.Processors) on first need, off its own goroutine, and hands them
+// ports whose writes are actor inputs, so progress records, keepalive records and the
+// processors' alarm are written by the stream's single writer, in its commits.
+
+// Keys of the stream's kv table that belong to processors.
+const (
+	procAlarmKey       = "processors.alarm"     // the processors' alarm slice (epoch ms)
+	procKVPrefix       = "processors.kv/"       // the processors' KV (keepalive records)
+	procProgressPrefix = "processors.progress/" // one procRecord per processor name
+)
+
+// procRecord is a processor's durable record: its progress and the fence around it.
+type procRecord struct {
+	// Generation counts claims: a commit carrying another generation is from a dead
+	// incarnation and is refused.
+	Generation int64 `json:"generation"`
+	// Seek is the seek epoch (the subscription's cursorChangedAtOffset) the progress honors: a
+	// cursor-set on the processor-wake subscription is a rewind the runner has not performed
+	// until its record carries that epoch.
+	Seek     int64                  `json:"seek,omitempty"`
+	Progress *itx.ProcessorProgress `json:"progress,omitempty"`
+}
+
+// procOp is one processor port write, an actor input. Exactly one of the request fields is set.
+type procOp struct {
+	claim  string      // claim the named record: bump its generation
+	commit *procCommit // replace a record, fenced by generation
+	kvKey  string      // put kvValue under kvKey
+	kvVal  []byte
+	alarm  *int64 // arm the processors' alarm slice at this epoch ms (0: disarm)
+	fired  bool   // the alarm fire's handling finished
+	reply  chan procReply
+}
+
+type procCommit struct {
+	name       string
+	generation int64
+	seek       int64
+	progress   itx.ProcessorProgress
+}
+
+type procReply struct {
+	progress   *itx.ProcessorProgress
+	generation int64
+	err        error
+}
+
+type procAnswer struct {
+	op    procOp
+	reply procReply
+}
+
+func isInProcess(entry *catalogEntry) bool {
+	if entry == nil || entry.Kind() != itx.KindProcessorWake {
+		return false
+	}
+	p := entry.Config.Receiver.Placement
+	return p == "" || p == "in-process"
+}
+
+// procRecordOf returns the record of name, read through the step's look-up when not cached.
+func (st *streamState) procRecordOf(name string, env stepEnv) (*procRecord, error) {
+	if rec := st.procs[name]; rec != nil {
+		return rec, nil
+	}
+	rec := &procRecord{}
+	raw, err := env.loadKV(procProgressPrefix + name)
+	if err != nil {
+		return nil, err
+	}
+	if raw != nil {
+		if err := json.Unmarshal(raw, rec); err != nil {
+			return nil, fmt.Errorf("processor %q: progress record does not decode: %w", name, err)
+		}
+	}
+	st.procs[name] = rec
+	return rec, nil
+}
+
+// applyProc takes one processor port write into the state and stages its write. A commit moves
+// the processor-wake subscription's cursor row with it (confirmed = processed), so list, lag and
+// barriers see processors like every other kind.
+func (st *streamState) applyProc(op procOp, now time.Time, env stepEnv, eff *effects) procReply {
+	stage := func(key string, v []byte) {
+		if eff.commit.KV == nil {
+			eff.commit.KV = map[string][]byte{}
+		}
+		eff.commit.KV[key] = v
+	}
+	switch {
+	case op.fired:
+		st.procFiring = false
+		return procReply{}
+	case op.alarm != nil:
+		st.procAlarm = *op.alarm
+		stage(procAlarmKey, []byte(fmt.Sprint(*op.alarm)))
+		return procReply{}
+	case op.kvKey != "":
+		stage(procKVPrefix+op.kvKey, append([]byte(nil), op.kvVal...))
+		return procReply{}
+	case op.claim != "":
+		rec, err := st.procRecordOf(op.claim, env)
+		if err != nil {
+			return procReply{err: err}
+		}
+		next := *rec
+		next.Generation++
+		b, _ := json.Marshal(next)
+		st.procs[op.claim] = &next
+		stage(procProgressPrefix+op.claim, b)
+		var p *itx.ProcessorProgress
+		if next.Progress != nil {
+			cp := *next.Progress
+			p = &cp
+		}
+		return procReply{progress: p, generation: next.Generation}
+	case op.commit != nil:
+		c := op.commit
+		rec, err := st.procRecordOf(c.name, env)
+		if err != nil {
+			return procReply{err: err}
+		}
+		if rec.Generation != c.generation {
+			return procReply{err: itx.Errorf(itx.EFailedPrecondition,
+				"processor %q: generation %d was claimed by a newer incarnation (the record is at %d): this commit is from a dead incarnation", c.name, c.generation, rec.Generation)}
+		}
+		var prevRevision int64
+		if rec.Progress != nil {
+			prevRevision = rec.Progress.CursorRevision
+		}
+		next := *rec
+		p := c.progress
+		next.Progress = &p
+		if c.seek != 0 {
+			next.Seek = c.seek
+		}
+		b, _ := json.Marshal(next)
+		st.procs[c.name] = &next
+		stage(procProgressPrefix+c.name, b)
+		r, entry := st.rows[c.name], st.core.Subscriptions[c.name]
+		if r != nil && isInProcess(entry) {
+			honored := r.CursorChangedAtOffset == r.ConfiguredAtOffset || next.Seek == r.CursorChangedAtOffset
+			moved := p.ProcessedThrough > r.ConfirmedOffset || (p.CursorRevision > prevRevision && p.ProcessedThrough != r.ConfirmedOffset)
+			if honored && moved && p.ProcessedThrough <= st.head {
+				r.ConfirmedOffset = p.ProcessedThrough
+				st.touch(c.name, now)
+				eff.rowsChanged = true
+			}
+		}
+		return procReply{}
+	}
+	return procReply{err: itx.Errorf(itx.EInternal, "empty processor operation")}
+}
+
+// --- the actor's side ----------------------------------------------------------------------
+
+// wokenID is the incarnation id the first step records as stream/woken, or "" when this server
+// hosts none of the stream's processors. Its key is the process's incarnation, so each process
+// records it once per stream however often the stream loads.
+func (a *actor) wokenID() string {
+	if a.store == nil {
+		return ""
+	}
+	for name, entry := range a.st.core.Subscriptions {
+		if isInProcess(entry) && a.srv.hosted[name] {
+			return a.srv.incarnation
+		}
+	}
+	return ""
+}
+
+// processors returns the stream's processors, opening them on first use. It is never called on
+// the actor's goroutine: opening and starting write through the actor.
+func (a *actor) processors(ctx context.Context) (itx.StreamProcessors, error) {
+	a.procMu.Lock()
+	defer a.procMu.Unlock()
+	if a.procs != nil {
+		return a.procs, nil
+	}
+	if a.procClosed || a.dctx.Err() != nil {
+		return nil, itx.Errorf(itx.EUnavailable, "stream %s is unloading: its processors are gone with this incarnation", a.ref.Path)
+	}
+	host := a.srv.cfg.Processors
+	if host == nil {
+		return nil, itx.Errorf(itx.ENotFound, "this server hosts no processors")
+	}
+	log := a.srv.log
+	ps, err := host.Open(ctx, itx.ProcessorPorts{
+		Path: a.ref.Path, Log: procLog{a}, Progress: procProgress{a}, KV: procKV{a}, Alarm: procAlarmCell{a},
+		Clock: a.srv.clock,
+		Logf: func(format string, args ...any) {
+			log.Info().Str("path", a.ref.Path).Msg(fmt.Sprintf(format, args...))
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	a.procs = ps
+	return ps, nil
+}
+
+// closeProcessors ends this incarnation's processors (an eviction: work in flight is lost, and
+// the keepalive's alarm revives what was owed).
+func (a *actor) closeProcessors() {
+	a.procMu.Lock()
+	ps := a.procs
+	a.procs, a.procClosed = nil, true
+	a.procMu.Unlock()
+	if ps != nil {
+		ps.Close()
+	}
+}
+
+// runner starts (or finds) the in-process processor of a processor-wake subscription.
+func (a *actor) runner(ctx context.Context, name string) (itx.ProcessorRunner, error) {
+	ps, err := a.processors(ctx)
+	if err != nil {
+		if itx.ErrorCode(err) == itx.ENotFound {
+			return nil, itx.Errorf(itx.ENotFound, "no processor is registered under the name %q", name)
+		}
+		return nil, err
+	}
+	return ps.Start(ctx, name)
+}
+
+// ask hands the actor a processor port write and waits for its commit.
+func (a *actor) ask(ctx context.Context, op procOp) procReply {
+	op.reply = make(chan procReply, 1)
+	select {
+	case a.inbox <- &actorMsg{proc: &op}:
+	case <-a.done:
+		return procReply{err: a.gone()}
+	case <-ctx.Done():
+		return procReply{err: itx.Errorf(itx.ECancelled, "processor write not queued: %v", ctx.Err())}
+	}
+	select {
+	case r := <-op.reply:
+		return r
+	case <-a.done:
+		// The final step answers what it took; a write it never took did not happen.
+		select {
+		case r := <-op.reply:
+			return r
+		default:
+			return procReply{err: a.gone()}
+		}
+	}
+}
+
+func (a *actor) gone() error {
+	return itx.Errorf(itx.EUnavailable, "stream %s was unloaded: this incarnation's processors are gone", a.ref.Path)
+}
+
+// fireProcessorAlarm runs one fire of the processors' alarm slice off the actor's goroutine:
+// every in-process processor of the stream is started (so its keepalive is registered and
+// reconciled), then the registry decides and revives. The actor hears when it finished.
+func (a *actor) fireProcessorAlarm() {
+	if !a.srv.pin(a) {
+		return
+	}
+	var names []string
+	for name, entry := range a.st.core.Subscriptions {
+		if isInProcess(entry) {
+			names = append(names, name)
+		}
+	}
+	go func() {
+		defer a.srv.release(a)
+		ctx := a.dctx
+		err := a.handleProcessorAlarm(ctx, names)
+		if err != nil && ctx.Err() == nil {
+			a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Msg("processor alarm")
+		}
+		a.ask(ctx, procOp{fired: true})
+	}()
+}
+
+func (a *actor) handleProcessorAlarm(ctx context.Context, names []string) error {
+	ps, err := a.processors(ctx)
+	if err != nil {
+		if itx.ErrorCode(err) == itx.ENotFound {
+			zero := int64(0) // nothing here can ever handle it: disarm rather than fire forever
+			a.ask(ctx, procOp{alarm: &zero})
+		}
+		return err
+	}
+	for _, name := range names {
+		if _, err := ps.Start(ctx, name); err != nil && itx.ErrorCode(err) != itx.ENotFound {
+			a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Str("processor", name).Msg("starting processor for its alarm")
+		}
+	}
+	return ps.HandleAlarm(ctx)
+}
+
+// procSeekFor is the seek epoch a rewind of name's runner carries into its commits.
+func (a *actor) procSeekFor(name string) int64 {
+	a.procMu.Lock()
+	defer a.procMu.Unlock()
+	return a.procSeek[name]
+}
+
+func (a *actor) setProcSeek(name string, seek int64) {
+	a.procMu.Lock()
+	defer a.procMu.Unlock()
+	a.procSeek[name] = seek
+}
+
+// --- the ports -----------------------------------------------------------------------------
+
+// procLog is the stream as its processors read and append it.
+type procLog struct{ a *actor }
+
+func (l procLog) Read(ctx context.Context, after int64, limit int) (itx.ProcessorPage, error) {
+	v := l.a.view()
+	if v.store == nil {
+		return itx.ProcessorPage{}, l.a.gone()
+	}
+	if limit <= 0 || limit > itx.MaxPageLimit {
+		limit = itx.MaxPageLimit
+	}
+	page := itx.ProcessorPage{ScannedThrough: max(after, v.head), Head: v.head}
+	if after >= v.head {
+		page.ScannedThrough = after
+		return page, nil
+	}
+	events, err := v.store.Events(ctx, storage.Query{After: after, UpTo: v.head, Limit: limit})
+	if err != nil {
+		return itx.ProcessorPage{}, itx.Errorf(itx.EUnavailable, "read %s: %v", l.a.ref.Path, err)
+	}
+	if len(events) == limit {
+		page.ScannedThrough = events[len(events)-1].Offset
+	}
+	page.Events = events
+	return page, nil
+}
+
+// Append commits through this incarnation's actor only: a processor of an unloaded incarnation
+// cannot load the stream again behind its successor's back.
+func (l procLog) Append(ctx context.Context, inputs []itx.EventInput) ([]itx.Event, error) {
+	a := l.a
+	if err := validateAppend(inputs, authClient); err != nil {
+		return nil, err
+	}
+	if !a.srv.pin(a) {
+		return nil, a.gone()
+	}
+	req := &appendReq{inputs: inputs, authority: authClient, queued: time.Now(), reply: make(chan appendReply, 1)}
+	if err := a.submit(ctx, req); err != nil {
+		a.srv.release(a)
+		return nil, err
+	}
+	res, err := (&PendingAppend{srv: a.srv, actor: a, req: req}).Wait(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return l.readBack(ctx, res.Offsets)
+}
+
+// readBack returns the committed events at offsets (a duplicate's offset is its original's).
+func (l procLog) readBack(ctx context.Context, offsets []int64) ([]itx.Event, error) {
+	v := l.a.view()
+	if v.store == nil {
+		return nil, l.a.gone()
+	}
+	lo, hi := offsets[0], offsets[0]
+	for _, o := range offsets {
+		lo, hi = min(lo, o), max(hi, o)
+	}
+	events, err := v.store.Events(ctx, storage.Query{After: lo - 1, UpTo: hi, Limit: int(hi - lo + 1), IncludeEphemeral: true})
+	if err != nil {
+		return nil, itx.Errorf(itx.EUnavailable, "read back appended events: %v", err)
+	}
+	byOffset := make(map[int64]itx.Event, len(events))
+	for _, e := range events {
+		byOffset[e.Offset] = e
+	}
+	out := make([]itx.Event, 0, len(offsets))
+	for _, o := range offsets {
+		e, ok := byOffset[o]
+		if !ok {
+			return nil, itx.Errorf(itx.EInternal, "appended event %d is not readable", o)
+		}
+		out = append(out, e)
+	}
+	return out, nil
+}
+
+// procProgress is the fenced progress store, in the stream's kv table.
+type procProgress struct{ a *actor }
+
+func (p procProgress) Claim(ctx context.Context, name string) (*itx.ProcessorProgress, int64, error) {
+	r := p.a.ask(ctx, procOp{claim: name})
+	return r.progress, r.generation, r.err
+}
+
+func (p procProgress) Commit(ctx context.Context, name string, generation int64, pr itx.ProcessorProgress) error {
+	return p.a.ask(ctx, procOp{commit: &procCommit{name: name, generation: generation, seek: p.a.procSeekFor(name), progress: pr}}).err
+}
+
+// procKV is the processors' KV, in the stream's kv table below every reduction.
+type procKV struct{ a *actor }
+
+func (k procKV) Get(ctx context.Context, key string) ([]byte, bool, error) {
+	v := k.a.view()
+	if v.store == nil {
+		return nil, false, k.a.gone()
+	}
+	b, err := v.store.KV(ctx, procKVPrefix+key)
+	if err != nil {
+		return nil, false, itx.Errorf(itx.EUnavailable, "read processor KV: %v", err)
+	}
+	return b, b != nil, nil
+}
+
+func (k procKV) Put(ctx context.Context, key string, value []byte) error {
+	if key == "" || strings.ContainsRune(key, 0) {
+		return itx.Errorf(itx.EInvalid, "processor KV key must be a non-empty string without NUL")
+	}
+	return k.a.ask(ctx, procOp{kvKey: key, kvVal: value}).err
+}
+
+// procAlarmCell is the processors' slice of the stream's alarm.
+type procAlarmCell struct{ a *actor }
+
+func (c procAlarmCell) SetAlarm(ctx context.Context, at time.Time) error {
+	ms := int64(0)
+	if !at.IsZero() {
+		ms = max(itx.UnixMilli(at), 1)
+	}
+	return c.a.ask(ctx, procOp{alarm: &ms}).err
+}
+
+// --- the wake ------------------------------------------------------------------------------
+
+// wake is a processor-wake push: the runner of the subscription's contract gets the frame after
+// its own processing cursor, with the scanned range (filtered rows included) so CaughtUp and the
+// eventless pass are right, and the outcome reports the cursor its commit left.
+func (d *deliverer) wake(job pushJob, store streamStore, out deliveryOutcome) deliveryOutcome {
+	fail := func(class failureClass, count int, err error) deliveryOutcome {
+		out.failure = &deliveryFailure{class: class, count: count, msg: err.Error()}
+		return out
+	}
+	entry := d.actor.catalogEntry(d.name)
+	if entry != nil && !isInProcess(entry) {
+		return fail(classAbsent, 0, itx.Errorf(itx.ECapabilityOffline, "no remote processor host is mounted for %q", d.name))
+	}
+	r, err := d.actor.runner(d.ctx, d.name)
+	switch {
+	case d.ctx.Err() != nil:
+		return out
+	case itx.ErrorCode(err) == itx.ENotFound:
+		return fail(classTerminal, 0, err)
+	case err != nil:
+		return fail(classOutage, 0, err)
+	}
+	row := job.row
+	if row.CursorChangedAtOffset != row.ConfiguredAtOffset && job.procSeek != row.CursorChangedAtOffset {
+		// The operator's rewind (a cursor-set): reprocess from the cursor it set, once.
+		d.actor.setProcSeek(d.name, row.CursorChangedAtOffset)
+		if err := r.ReprocessFrom(d.ctx, row.ConfirmedOffset+1); err != nil {
+			if d.ctx.Err() != nil {
+				return out
+			}
+			return fail(classOutage, 0, fmt.Errorf("reprocess from offset %d: %w", row.ConfirmedOffset+1, err))
+		}
+	}
+	after := r.ProcessedThrough()
+	if after >= job.head {
+		if after > row.ConfirmedOffset {
+			out.through = min(after, job.head)
+		}
+		return out
+	}
+	events, ok := durableFrom(job.recent, after, job.head, job.limit)
+	if !ok {
+		if events, err = store.Events(d.ctx, storage.Query{After: after, UpTo: job.head, Limit: job.limit}); err != nil {
+			return fail(classOutage, 0, fmt.Errorf("reading events: %w", err))
+		}
+	}
+	scanned := job.head
+	if len(events) == job.limit {
+		scanned = events[len(events)-1].Offset
+	}
+	events, scanned = capBytes(events, scanned)
+	frame := itx.ProcessorFrame{ScannedAfter: after, ScannedThrough: scanned, Head: job.head}
+	for i := range events {
+		e := &events[i]
+		if !d.matches(e) {
+			continue
+		}
+		if d.condition != nil {
+			ok, err := EvalCondition(d.condition, e)
+			if err != nil {
+				// The frame stops before the event the condition cannot judge; it waits alone.
+				frame.ScannedThrough = e.Offset - 1
+				if frame.ScannedThrough <= after {
+					return fail(classEvent, 1, fmt.Errorf("filter condition failed on offset %d: %w", e.Offset, err))
+				}
+				break
+			}
+			if !ok {
+				continue
+			}
+		}
+		frame.Events = append(frame.Events, *e)
+	}
+	if err := r.Deliver(d.ctx, frame); err != nil {
+		if d.ctx.Err() != nil {
+			return out // unloading or replaced: the frame is redelivered
+		}
+		return fail(classOutage, len(frame.Events), err)
+	}
+	if through := r.ProcessedThrough(); through > row.ConfirmedOffset {
+		out.through, out.delivered = through, true
+	}
+	return out
+}
+
+// catalogEntry is the published catalog entry of name (nil when none).
+func (a *actor) catalogEntry(name string) *catalogEntry {
+	v := a.view()
+	if v.core == nil {
+		return nil
+	}
+	return v.core.Subscriptions[name]
+}
+
+// --- barriers and inspection ---------------------------------------------------------------
+
+// waitProcessed is waitUntilProcessed on an in-process processor: the runner's own barrier,
+// its committed processing cursor.
+func (s *Server) waitProcessed(ctx context.Context, a *actor, name string, offset int64, timeout time.Duration, expired <-chan struct{}) (int64, error) {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-expired:
+		case <-s.base.Done():
+		case <-wctx.Done():
+		}
+		cancel()
+	}()
+	r, err := a.runner(wctx, name)
+	if err == nil {
+		err = r.WaitUntilProcessed(wctx, offset)
+	}
+	switch {
+	case err == nil:
+		return r.ProcessedThrough(), nil
+	case ctx.Err() != nil:
+		return 0, itx.Errorf(itx.ECancelled, "waitUntilProcessed: %v", ctx.Err())
+	case s.base.Err() != nil:
+		return 0, itx.Errorf(itx.EUnavailable, "the server is shutting down")
+	case wctx.Err() != nil:
+		processed, status := int64(0), ""
+		if r != nil {
+			processed = r.ProcessedThrough()
+		}
+		if row, ok := a.view().rows[name]; ok {
+			status = row.Status
+		}
+		return 0, itx.Errorf(itx.EDeadlineExceeded, "processor %q processed %d < %d after %dms (status: %s)",
+			name, processed, offset, timeout.Milliseconds(), status)
+	}
+	return 0, err
+}
+
+// ProcessorSnapshot is an in-process processor's committed reduced state, the offset it was
+// reduced through and its processing cursor.
+func (s *Server) ProcessorSnapshot(ctx context.Context, ref StreamRef, name string) (state json.RawMessage, reduced, processed int64, err error) {
+	err = s.withProcessor(ctx, ref, name, func(r itx.ProcessorRunner) error {
+		reduced, state = r.SnapshotJSON()
+		processed = r.ProcessedThrough()
+		return nil
+	})
+	return state, reduced, processed, err
+}
+
+// ProcessorRuntimeState is an in-process processor's view of itself, as JSON: its cursors,
+// generation and what this incarnation observed, with the subscription's placement.
+func (s *Server) ProcessorRuntimeState(ctx context.Context, ref StreamRef, name string) (json.RawMessage, error) {
+	var out json.RawMessage
+	err := s.withProcessor(ctx, ref, name, func(r itx.ProcessorRunner) error {
+		var err error
+		out, err = json.Marshal(struct {
+			itx.ProcessorRuntimeState
+			Placement string `json:"placement"`
+		}{r.RuntimeState(), "in-process"})
+		return err
+	})
+	return out, err
+}
+
+func (s *Server) withProcessor(ctx context.Context, ref StreamRef, name string, f func(itx.ProcessorRunner) error) error {
+	if err := itx.ValidatePath(ref.Path); err != nil {
+		return err
+	}
+	a, err := s.acquire(ctx, ref)
+	if err != nil {
+		return err
+	}
+	defer s.release(a)
+	entry := a.view().core.Subscriptions[name]
+	switch {
+	case entry == nil:
+		return itx.Errorf(itx.ENotFound, "subscription %q does not exist", name)
+	case entry.Kind() != itx.KindProcessorWake:
+		return itx.Errorf(itx.EFailedPrecondition, "subscription %q is a %s subscription: only processor-wake subscriptions have a processor", name, entry.Kind())
+	case !isInProcess(entry):
+		return itx.Errorf(itx.ECapabilityOffline, "no remote processor host is mounted for %q", name)
+	}
+	r, err := a.runner(ctx, name)
+	if err != nil {
+		return err
+	}
+	return f(r)
+}
