@@ -250,6 +250,10 @@ func (a *actor) ask(ctx context.Context, op procOp) procReply {
 	select {
 	case r := <-op.reply:
 		return r
+	case <-ctx.Done():
+		// Unloading waits for pushes, and a push may be waiting here: give up; the write may
+		// still land (its outcome is unknown, as for an append whose caller left).
+		return procReply{err: itx.Errorf(itx.ECancelled, "processor write: %v", ctx.Err())}
 	case <-a.done:
 		// The final step answers what it took; a write it never took did not happen.
 		select {
