@@ -36,6 +36,9 @@ type ProcessorFrame struct {
 	ScannedAfter   int64 // the frame covers offsets (ScannedAfter, ScannedThrough]
 	ScannedThrough int64
 	Head           int64 // the stream's highest offset when the frame was produced
+	// Continued says the host itself delivers (ScannedThrough, Head] in later frames (a frame cut
+	// by its size limit), so the runner need not pull that tail with a trailing catch-up.
+	Continued bool
 }
 
 // ProcessorProgress is a processor's durable record: the reduction (a disposable cache of Reduce

@@ -134,7 +134,7 @@ func (r *Runner[S]) Deliver(ctx context.Context, f Frame) error {
 	done := r.track()
 	err := r.processFrame(ctx, f)
 	done(err)
-	behind := err == nil && r.ProcessedThrough() < f.Head
+	behind := err == nil && !f.Continued && r.ProcessedThrough() < f.Head
 	r.release()
 	if behind {
 		r.background(r.CatchUp)

@@ -500,7 +500,9 @@ func (d *deliverer) wake(job pushJob, store streamStore, out deliveryOutcome) de
 		scanned = events[len(events)-1].Offset
 	}
 	events, scanned = capBytes(events, scanned)
-	frame := itx.ProcessorFrame{ScannedAfter: after, ScannedThrough: scanned, Head: job.head}
+	// The cursor row follows the runner's commit, so the wake lane itself delivers whatever
+	// lies past this frame: no trailing catch-up is needed.
+	frame := itx.ProcessorFrame{ScannedAfter: after, ScannedThrough: scanned, Head: job.head, Continued: true}
 	for i := range events {
 		e := &events[i]
 		if !d.matches(e) {
