@@ -78,6 +78,9 @@ func (st *streamState) procRecordOf(name string, env stepEnv) (*procRecord, erro
 		return rec, nil
 	}
 	rec := &procRecord{}
+	if env.loadKV == nil {
+		return rec, nil
+	}
 	raw, err := env.loadKV(procProgressPrefix + name)
 	if err != nil {
 		return nil, err
@@ -138,10 +141,6 @@ func (st *streamState) applyProc(op procOp, now time.Time, env stepEnv, eff *eff
 			return procReply{err: itx.Errorf(itx.EFailedPrecondition,
 				"processor %q: generation %d was claimed by a newer incarnation (the record is at %d): this commit is from a dead incarnation", c.name, c.generation, rec.Generation)}
 		}
-		var prevRevision int64
-		if rec.Progress != nil {
-			prevRevision = rec.Progress.CursorRevision
-		}
 		next := *rec
 		p := c.progress
 		next.Progress = &p
@@ -153,9 +152,12 @@ func (st *streamState) applyProc(op procOp, now time.Time, env stepEnv, eff *eff
 		stage(procProgressPrefix+c.name, b)
 		r, entry := st.rows[c.name], st.core.Subscriptions[c.name]
 		if r != nil && isInProcess(entry) {
+			// The row is the processing cursor (confirmed = processed) once the runner honors the
+			// latest cursor-set; until then it holds the position the operator set. It moves back
+			// with the processing cursor: on a rewind, and after a commit whose answer was lost
+			// (the runner redelivers from what it knows was committed: at-least-once).
 			honored := r.CursorChangedAtOffset == r.ConfiguredAtOffset || next.Seek == r.CursorChangedAtOffset
-			moved := p.ProcessedThrough > r.ConfirmedOffset || (p.CursorRevision > prevRevision && p.ProcessedThrough != r.ConfirmedOffset)
-			if honored && moved && p.ProcessedThrough <= st.head {
+			if honored && p.ProcessedThrough != r.ConfirmedOffset && p.ProcessedThrough <= st.head {
 				r.ConfirmedOffset = p.ProcessedThrough
 				st.touch(c.name, now)
 				eff.rowsChanged = true

@@ -95,6 +95,13 @@ type sim struct {
 	ds       map[string]*deliverer
 	stepNo   int
 	history  []string
+
+	// The processor "proc": its claims and commits are port writes the step fences.
+	procGen   int64                   // the generation last claimed and acknowledged
+	procLost  bool                    // a later claim's answer was lost: procGen may be stale
+	procAcked *procRecord             // the last commit acknowledged
+	procMaybe []itx.ProcessorProgress // the commits attempted since the last acknowledged one
+	answers   []procAnswer            // of the last step that committed
 }
 
 func TestSimulation(t *testing.T) {
@@ -179,6 +186,7 @@ func (s *sim) env() stepEnv {
 			}
 			return s.store.EventsByKeys(s.ctx, keys)
 		},
+		loadKV:          func(key string) ([]byte, error) { return s.store.KV(s.ctx, key) },
 		random:          s.rng.Float64,
 		flushDelay:      200 * time.Millisecond,
 		deliveryTimeout: 20 * time.Second,
@@ -205,6 +213,7 @@ func (s *sim) apply(in stepInput) []appendReply {
 	for _, job := range eff.pushes {
 		s.inflight[job.name] = job
 	}
+	s.answers = eff.procAnswers
 	var replies []appendReply
 	for _, rb := range eff.replies {
 		replies = append(replies, rb.plan.Replies...)
@@ -224,8 +233,10 @@ func (s *sim) act() {
 		s.configure()
 	case r < 40:
 		s.control()
-	case r < 75:
+	case r < 68:
 		s.deliver()
+	case r < 75:
+		s.proc()
 	case r < 85:
 		d := time.Duration(s.rng.IntN(5000)) * time.Millisecond
 		s.clock.Advance(d)
@@ -287,6 +298,12 @@ func (s *sim) appendEvents() {
 }
 
 func (s *sim) configure() {
+	if s.rng.IntN(4) == 0 {
+		b, _ := json.Marshal(itx.SubscriptionConfig{Name: "proc", Receiver: itx.Receiver{Action: itx.KindProcessorWake}})
+		s.history = append(s.history, "configure proc (processor-wake)")
+		s.apply(stepInput{appends: []*appendReq{{inputs: []itx.EventInput{{Type: itx.TypeSubscriptionConfigured, Payload: b}}, reply: make(chan appendReply, 1)}}})
+		return
+	}
 	name := simNames[s.rng.IntN(len(simNames))]
 	policy := []string{itx.OnFailingHalt, itx.OnFailingSkip}[s.rng.IntN(2)]
 	start := []string{itx.StartBeginning, itx.StartNow}[s.rng.IntN(2)]
@@ -298,7 +315,7 @@ func (s *sim) configure() {
 }
 
 func (s *sim) control() {
-	name := simNames[s.rng.IntN(len(simNames))]
+	name := append(simNames, "proc")[s.rng.IntN(len(simNames)+1)]
 	var typ string
 	var payload any
 	switch s.rng.IntN(4) {
@@ -378,9 +395,111 @@ func (s *sim) deliver() {
 	s.apply(stepInput{outcomes: []deliveryOutcome{out}})
 }
 
+// proc is one port write of the processor "proc", as a runner (or a dead incarnation of it)
+// makes them: a claim, a commit under the current generation, or one under a stale generation,
+// which must be refused. A commit may be an operator's rewind, carrying the seek it honors.
+func (s *sim) proc() {
+	if s.rng.IntN(4) == 0 {
+		s.history = append(s.history, "proc claim")
+		s.answers = nil
+		s.apply(stepInput{procOps: []procOp{{claim: "proc"}}})
+		if len(s.answers) == 1 && s.answers[0].reply.err == nil {
+			s.procGen, s.procLost = s.answers[0].reply.generation, false
+		} else {
+			s.procLost = true // it may have committed: a newer generation may fence procGen
+		}
+		return
+	}
+	gen, stale := s.procGen, s.procGen > 1 && s.rng.IntN(4) == 0
+	if stale {
+		gen = s.procGen - 1 - s.rng.Int64N(s.procGen-1)
+	}
+	var prev itx.ProcessorProgress
+	if s.procAcked != nil && s.procAcked.Progress != nil {
+		prev = *s.procAcked.Progress
+	}
+	p := prev
+	p.ReducerVersion = "1"
+	p.ProcessedThrough = min(s.st.head, prev.ProcessedThrough+s.rng.Int64N(4))
+	var seek int64
+	if r := s.st.rows["proc"]; r != nil && s.rng.IntN(6) == 0 {
+		p.ProcessedThrough, p.CursorRevision, seek = r.ConfirmedOffset, prev.CursorRevision+1, r.CursorChangedAtOffset
+	}
+	p.ReducedThrough = p.ProcessedThrough
+	p.State = json.RawMessage(fmt.Sprintf(`{"n":%d}`, p.ProcessedThrough))
+	s.history = append(s.history, fmt.Sprintf("proc commit gen=%d (current %d) processed=%d revision=%d seek=%d", gen, s.procGen, p.ProcessedThrough, p.CursorRevision, seek))
+	s.answers = nil
+	s.apply(stepInput{procOps: []procOp{{commit: &procCommit{name: "proc", generation: gen, seek: seek, progress: p}}}})
+	if len(s.answers) != 1 {
+		// Not acknowledged, though it may have landed: the runner goes on from what it knows
+		// was committed, so the record may move back to there (a redelivery).
+		s.procMaybe = append(s.procMaybe, p)
+		return
+	}
+	err := s.answers[0].reply.err
+	switch {
+	case gen != s.procGen && err == nil:
+		s.fail("a commit of stale generation %d was accepted (current %d)", gen, s.procGen)
+	case gen == s.procGen && s.procGen > 0 && !s.procLost && err != nil:
+		s.fail("a commit of the current generation %d was refused: %v", gen, err)
+	case err == nil:
+		s.procAcked, s.procMaybe = &procRecord{Generation: gen, Progress: &p}, nil
+	}
+}
+
+// checkProc verifies the processor's record on disk: acknowledged progress is durable and nothing
+// but the runner's own commits replace it, and the cursor row never confirms beyond it.
+func (s *sim) checkProc() {
+	raw, err := s.store.KV(s.ctx, procProgressPrefix+"proc")
+	if err != nil {
+		s.fail("read proc record: %v", err)
+	}
+	if raw == nil {
+		if s.procAcked != nil || s.procGen > 0 {
+			s.fail("the acknowledged proc record is gone")
+		}
+		return
+	}
+	var rec procRecord
+	if err := json.Unmarshal(raw, &rec); err != nil {
+		s.fail("proc record: %v", err)
+	}
+	if r := s.st.rows["proc"]; r != nil && r.CursorChangedAtOffset == r.ConfiguredAtOffset {
+		processed := int64(0)
+		if rec.Progress != nil {
+			processed = rec.Progress.ProcessedThrough
+		}
+		if r.ConfirmedOffset > processed {
+			s.fail("proc's cursor row confirms %d, beyond the processing cursor %d", r.ConfirmedOffset, processed)
+		}
+	}
+	if rec.Generation < s.procGen {
+		s.fail("proc generation %d on disk, %d was acknowledged", rec.Generation, s.procGen)
+	}
+	if a := s.procAcked; a != nil {
+		// The record is the last acknowledged commit, or one attempted after it whose answer was
+		// lost: nothing else, and nothing older.
+		if rec.Progress == nil {
+			s.fail("acknowledged proc progress is gone")
+		}
+		ok := sameProgress(*rec.Progress, *a.Progress)
+		for _, m := range s.procMaybe {
+			ok = ok || sameProgress(*rec.Progress, m)
+		}
+		if !ok {
+			s.fail("proc record %+v is neither the acknowledged %+v nor a later attempt", *rec.Progress, *a.Progress)
+		}
+	}
+}
+
+func sameProgress(a, b itx.ProcessorProgress) bool {
+	return a.ProcessedThrough == b.ProcessedThrough && a.CursorRevision == b.CursorRevision && string(a.State) == string(b.State)
+}
+
 // check verifies the invariants against what is on disk.
 func (s *sim) check() {
 	ctx := s.ctx
+	s.checkProc()
 	meta, err := s.store.Meta(ctx)
 	if err != nil {
 		s.fail("meta: %v", err)
@@ -415,6 +534,9 @@ func (s *sim) check() {
 	seen := map[string]bool{}
 	for _, r := range rows {
 		seen[r.Name] = true
+		if r.Name == "proc" {
+			continue // a processor's row mirrors its progress record: checkProc
+		}
 		sub := s.subs[r.Name]
 		if sub == nil || sub.birth != r.ConfiguredAtOffset || sub.seek != r.CursorChangedAtOffset {
 			// A new birth or an explicit cursor-set: the only ways a cursor may move back. Both
