@@ -56,7 +56,8 @@ type Predicate struct {
 // MountInfo is a capability (a Receiver or a ProcessorHost) mounted under a name in a project.
 type MountInfo struct {
 	Name      string
-	MountedAt int64 // epoch ms
+	MountedAt int64           // epoch ms
+	Contracts []ProcessorInfo // a processor host's announced contracts
 }
 
 // ProjectInfo describes the project a token logged into.

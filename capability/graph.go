@@ -67,7 +67,12 @@ func (p *project) Streams(ctx context.Context, call schema.Project_streams) erro
 }
 
 func (p *project) Processors(ctx context.Context, call schema.Project_processors) error {
-	return notYet("Project.processors")
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	impl := &processorHosts{srv: p.srv, projectID: p.p.ID}
+	return res.SetProcessors(schema.ProcessorHosts(guarded(guardOf(p.srv), schema.ProcessorHosts_Methods(nil, impl), impl)))
 }
 
 func (p *project) Describe(ctx context.Context, call schema.Project_describe) error {

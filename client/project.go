@@ -124,3 +124,4 @@ func RuntimeState(ctx context.Context, p schema.Processor) (string, error) {
 	}
 	return res.State()
 }
+

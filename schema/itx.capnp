@@ -315,6 +315,7 @@ interface Handle {
 struct MountInfo {
   name @0 :Text;
   mountedAt @1 :Int64;
+  contracts @2 :List(ProcessorContract);  # ProcessorHosts.list: the contracts the host announced
 }
 
 interface Capabilities {
@@ -351,9 +352,14 @@ struct WakeRequest {
   streamId @0 :Text;
   path @1 :Text;
   name @2 :Text;                # the subscription name = the processor contract's name
-  events @3 :List(Event);
+  events @3 :List(Event);       # unused: the host pages the stream itself
   headOffset @4 :UInt64;
-  generation @5 :UInt64;        # the connection generation fencing late reports
+  generation @5 :UInt64;        # the mount generation: ports of an earlier one refuse writes
+  stream @6 :Stream;            # the home stream: the host reads pages and appends through it
+  ports @7 :ProcessorPorts;     # the processor's progress, KV and alarm, kept on the stream
+  alarm @8 :Bool;               # an alarm fire: run the keepalive (revival), not a catch-up
+  reprocessFrom @9 :UInt64;     # an operator's rewind (a cursor-set): reprocess from this offset
+                                # first (0: none); the ports' commits then honor it
 }
 
 struct WakeReport {
@@ -361,13 +367,42 @@ struct WakeReport {
   reducedOffset @1 :UInt64;
 }
 
+# A contract a processor host announces when it mounts.
+struct ProcessorContract {
+  name @0 :Text;
+  reducerVersion @1 :Text;
+  consumedTypes @2 :List(Text);
+}
+
 # Implemented by a remote process running the processor SDK.
 interface ProcessorHost {
+  # Catch the named processor up to headOffset (or, with alarm, service its keepalive) and
+  # report its committed cursors.
   wake @0 (request :WakeRequest) -> (report :WakeReport);
+  # The processor's runtime state on this host (JSON), as getRuntimeState shows it.
+  getRuntimeState @1 (streamId :Text, path :Text, name :Text) -> (state :Text);
+}
+
+# Served by itxd to a remote host, per wake: one processor's durable records on its stream,
+# written through the stream's single writer. Fenced: after another host mounts the contract,
+# every call fails failedPrecondition.
+interface ProcessorPorts {
+  # Claim the progress record (bumping its generation); progress is its JSON, empty if none.
+  claim @0 (name :Text) -> (progress :Text, generation :UInt64);
+  # Replace the record if generation is still current.
+  commit @1 (name :Text, generation :UInt64, progress :Text) -> ();
+  kvGet @2 (key :Text) -> (value :Data, found :Bool);
+  kvPut @3 (key :Text, value :Data) -> ();
+  # The processor's alarm slice (epoch ms; 0 disarms). itxd wakes the host with alarm set then.
+  setAlarm @4 (at :Int64) -> ();
 }
 
 interface ProcessorHosts {
-  mount @0 (name :Text, host :ProcessorHost) -> (handle :Handle);
+  # Mount a host under a name, announcing its contracts; a processor-wake subscription placed
+  # remote is woken on the host that announced its name. A later mount announcing the same
+  # contract takes it over (fencing the earlier host). Keep the handle: releasing it, or
+  # disconnecting, unmounts.
+  mount @0 (name :Text, host :ProcessorHost, contracts :List(ProcessorContract)) -> (handle :Handle);
   list @1 () -> (mounts :List(MountInfo));
 }
 

@@ -6825,12 +6825,12 @@ type MountInfo capnp.Struct
 const MountInfo_TypeID = 0xe0d8a59bcd6a4407
 
 func NewMountInfo(s *capnp.Segment) (MountInfo, error) {
-	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 8, PointerCount: 1})
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 8, PointerCount: 2})
 	return MountInfo(st), err
 }
 
 func NewRootMountInfo(s *capnp.Segment) (MountInfo, error) {
-	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 8, PointerCount: 1})
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 8, PointerCount: 2})
 	return MountInfo(st), err
 }
 
@@ -6892,12 +6892,36 @@ func (s MountInfo) SetMountedAt(v int64) {
 	capnp.Struct(s).SetUint64(0, uint64(v))
 }
 
+func (s MountInfo) Contracts() (ProcessorContract_List, error) {
+	p, err := capnp.Struct(s).Ptr(1)
+	return ProcessorContract_List(p.List()), err
+}
+
+func (s MountInfo) HasContracts() bool {
+	return capnp.Struct(s).HasPtr(1)
+}
+
+func (s MountInfo) SetContracts(v ProcessorContract_List) error {
+	return capnp.Struct(s).SetPtr(1, v.ToPtr())
+}
+
+// NewContracts sets the contracts field to a newly
+// allocated ProcessorContract_List, preferring placement in s's segment.
+func (s MountInfo) NewContracts(n int32) (ProcessorContract_List, error) {
+	l, err := NewProcessorContract_List(capnp.Struct(s).Segment(), n)
+	if err != nil {
+		return ProcessorContract_List{}, err
+	}
+	err = capnp.Struct(s).SetPtr(1, l.ToPtr())
+	return l, err
+}
+
 // MountInfo_List is a list of MountInfo.
 type MountInfo_List = capnp.StructList[MountInfo]
 
 // NewMountInfo creates a new list of MountInfo.
 func NewMountInfo_List(s *capnp.Segment, sz int32) (MountInfo_List, error) {
-	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 8, PointerCount: 1}, sz)
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 8, PointerCount: 2}, sz)
 	return capnp.StructList[MountInfo](l), err
 }
 
@@ -9012,12 +9036,12 @@ type WakeRequest capnp.Struct
 const WakeRequest_TypeID = 0xba9de83f7ecdb3be
 
 func NewWakeRequest(s *capnp.Segment) (WakeRequest, error) {
-	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 16, PointerCount: 4})
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 32, PointerCount: 6})
 	return WakeRequest(st), err
 }
 
 func NewRootWakeRequest(s *capnp.Segment) (WakeRequest, error) {
-	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 16, PointerCount: 4})
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 32, PointerCount: 6})
 	return WakeRequest(st), err
 }
 
@@ -9146,12 +9170,64 @@ func (s WakeRequest) SetGeneration(v uint64) {
 	capnp.Struct(s).SetUint64(8, v)
 }
 
+func (s WakeRequest) Stream() Stream {
+	p, _ := capnp.Struct(s).Ptr(4)
+	return Stream(p.Interface().Client())
+}
+
+func (s WakeRequest) HasStream() bool {
+	return capnp.Struct(s).HasPtr(4)
+}
+
+func (s WakeRequest) SetStream(v Stream) error {
+	if !v.IsValid() {
+		return capnp.Struct(s).SetPtr(4, capnp.Ptr{})
+	}
+	seg := s.Segment()
+	in := capnp.NewInterface(seg, seg.Message().CapTable().Add(capnp.Client(v)))
+	return capnp.Struct(s).SetPtr(4, in.ToPtr())
+}
+
+func (s WakeRequest) Ports() ProcessorPorts {
+	p, _ := capnp.Struct(s).Ptr(5)
+	return ProcessorPorts(p.Interface().Client())
+}
+
+func (s WakeRequest) HasPorts() bool {
+	return capnp.Struct(s).HasPtr(5)
+}
+
+func (s WakeRequest) SetPorts(v ProcessorPorts) error {
+	if !v.IsValid() {
+		return capnp.Struct(s).SetPtr(5, capnp.Ptr{})
+	}
+	seg := s.Segment()
+	in := capnp.NewInterface(seg, seg.Message().CapTable().Add(capnp.Client(v)))
+	return capnp.Struct(s).SetPtr(5, in.ToPtr())
+}
+
+func (s WakeRequest) Alarm() bool {
+	return capnp.Struct(s).Bit(128)
+}
+
+func (s WakeRequest) SetAlarm(v bool) {
+	capnp.Struct(s).SetBit(128, v)
+}
+
+func (s WakeRequest) ReprocessFrom() uint64 {
+	return capnp.Struct(s).Uint64(24)
+}
+
+func (s WakeRequest) SetReprocessFrom(v uint64) {
+	capnp.Struct(s).SetUint64(24, v)
+}
+
 // WakeRequest_List is a list of WakeRequest.
 type WakeRequest_List = capnp.StructList[WakeRequest]
 
 // NewWakeRequest creates a new list of WakeRequest.
 func NewWakeRequest_List(s *capnp.Segment, sz int32) (WakeRequest_List, error) {
-	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 16, PointerCount: 4}, sz)
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 32, PointerCount: 6}, sz)
 	return capnp.StructList[WakeRequest](l), err
 }
 
@@ -9161,6 +9237,13 @@ type WakeRequest_Future struct{ *capnp.Future }
 func (f WakeRequest_Future) Struct() (WakeRequest, error) {
 	p, err := f.Future.Ptr()
 	return WakeRequest(p.Struct()), err
+}
+func (p WakeRequest_Future) Stream() Stream {
+	return Stream(p.Future.Field(4, nil).Client())
+}
+
+func (p WakeRequest_Future) Ports() ProcessorPorts {
+	return ProcessorPorts(p.Future.Field(5, nil).Client())
 }
 
 type WakeReport capnp.Struct
@@ -9243,6 +9326,130 @@ func (f WakeReport_Future) Struct() (WakeReport, error) {
 	return WakeReport(p.Struct()), err
 }
 
+type ProcessorContract capnp.Struct
+
+// ProcessorContract_TypeID is the unique identifier for the type ProcessorContract.
+const ProcessorContract_TypeID = 0xaf3252669ac8e62e
+
+func NewProcessorContract(s *capnp.Segment) (ProcessorContract, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 3})
+	return ProcessorContract(st), err
+}
+
+func NewRootProcessorContract(s *capnp.Segment) (ProcessorContract, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 3})
+	return ProcessorContract(st), err
+}
+
+func ReadRootProcessorContract(msg *capnp.Message) (ProcessorContract, error) {
+	root, err := msg.Root()
+	return ProcessorContract(root.Struct()), err
+}
+
+func (s ProcessorContract) String() string {
+	str, _ := text.Marshal(0xaf3252669ac8e62e, capnp.Struct(s))
+	return str
+}
+
+func (s ProcessorContract) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (ProcessorContract) DecodeFromPtr(p capnp.Ptr) ProcessorContract {
+	return ProcessorContract(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s ProcessorContract) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s ProcessorContract) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s ProcessorContract) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s ProcessorContract) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+func (s ProcessorContract) Name() (string, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.Text(), err
+}
+
+func (s ProcessorContract) HasName() bool {
+	return capnp.Struct(s).HasPtr(0)
+}
+
+func (s ProcessorContract) NameBytes() ([]byte, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.TextBytes(), err
+}
+
+func (s ProcessorContract) SetName(v string) error {
+	return capnp.Struct(s).SetText(0, v)
+}
+
+func (s ProcessorContract) ReducerVersion() (string, error) {
+	p, err := capnp.Struct(s).Ptr(1)
+	return p.Text(), err
+}
+
+func (s ProcessorContract) HasReducerVersion() bool {
+	return capnp.Struct(s).HasPtr(1)
+}
+
+func (s ProcessorContract) ReducerVersionBytes() ([]byte, error) {
+	p, err := capnp.Struct(s).Ptr(1)
+	return p.TextBytes(), err
+}
+
+func (s ProcessorContract) SetReducerVersion(v string) error {
+	return capnp.Struct(s).SetText(1, v)
+}
+
+func (s ProcessorContract) ConsumedTypes() (capnp.TextList, error) {
+	p, err := capnp.Struct(s).Ptr(2)
+	return capnp.TextList(p.List()), err
+}
+
+func (s ProcessorContract) HasConsumedTypes() bool {
+	return capnp.Struct(s).HasPtr(2)
+}
+
+func (s ProcessorContract) SetConsumedTypes(v capnp.TextList) error {
+	return capnp.Struct(s).SetPtr(2, v.ToPtr())
+}
+
+// NewConsumedTypes sets the consumedTypes field to a newly
+// allocated capnp.TextList, preferring placement in s's segment.
+func (s ProcessorContract) NewConsumedTypes(n int32) (capnp.TextList, error) {
+	l, err := capnp.NewTextList(capnp.Struct(s).Segment(), n)
+	if err != nil {
+		return capnp.TextList{}, err
+	}
+	err = capnp.Struct(s).SetPtr(2, l.ToPtr())
+	return l, err
+}
+
+// ProcessorContract_List is a list of ProcessorContract.
+type ProcessorContract_List = capnp.StructList[ProcessorContract]
+
+// NewProcessorContract creates a new list of ProcessorContract.
+func NewProcessorContract_List(s *capnp.Segment, sz int32) (ProcessorContract_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 3}, sz)
+	return capnp.StructList[ProcessorContract](l), err
+}
+
+// ProcessorContract_Future is a wrapper for a ProcessorContract promised by a client call.
+type ProcessorContract_Future struct{ *capnp.Future }
+
+func (f ProcessorContract_Future) Struct() (ProcessorContract, error) {
+	p, err := f.Future.Ptr()
+	return ProcessorContract(p.Struct()), err
+}
+
 type ProcessorHost capnp.Client
 
 // ProcessorHost_TypeID is the unique identifier for the type ProcessorHost.
@@ -9265,6 +9472,26 @@ func (c ProcessorHost) Wake(ctx context.Context, params func(ProcessorHost_wake_
 
 	ans, release := capnp.Client(c).SendCall(ctx, s)
 	return ProcessorHost_wake_Results_Future{Future: ans.Future()}, release
+
+}
+
+func (c ProcessorHost) GetRuntimeState(ctx context.Context, params func(ProcessorHost_getRuntimeState_Params) error) (ProcessorHost_getRuntimeState_Results_Future, capnp.ReleaseFunc) {
+
+	s := capnp.Send{
+		Method: capnp.Method{
+			InterfaceID:   0x983bb9ef4c8a7608,
+			MethodID:      1,
+			InterfaceName: "itx.capnp:ProcessorHost",
+			MethodName:    "getRuntimeState",
+		},
+	}
+	if params != nil {
+		s.ArgsSize = capnp.ObjectSize{DataSize: 0, PointerCount: 3}
+		s.PlaceArgs = func(s capnp.Struct) error { return params(ProcessorHost_getRuntimeState_Params(s)) }
+	}
+
+	ans, release := capnp.Client(c).SendCall(ctx, s)
+	return ProcessorHost_getRuntimeState_Results_Future{Future: ans.Future()}, release
 
 }
 
@@ -9342,6 +9569,8 @@ func (c ProcessorHost) GetFlowLimiter() fc.FlowLimiter {
 // A ProcessorHost_Server is a ProcessorHost with a local implementation.
 type ProcessorHost_Server interface {
 	Wake(context.Context, ProcessorHost_wake) error
+
+	GetRuntimeState(context.Context, ProcessorHost_getRuntimeState) error
 }
 
 // ProcessorHost_NewServer creates a new Server from an implementation of ProcessorHost_Server.
@@ -9360,7 +9589,7 @@ func ProcessorHost_ServerToClient(s ProcessorHost_Server) ProcessorHost {
 // This can be used to create a more complicated Server.
 func ProcessorHost_Methods(methods []server.Method, s ProcessorHost_Server) []server.Method {
 	if cap(methods) == 0 {
-		methods = make([]server.Method, 0, 1)
+		methods = make([]server.Method, 0, 2)
 	}
 
 	methods = append(methods, server.Method{
@@ -9372,6 +9601,18 @@ func ProcessorHost_Methods(methods []server.Method, s ProcessorHost_Server) []se
 		},
 		Impl: func(ctx context.Context, call *server.Call) error {
 			return s.Wake(ctx, ProcessorHost_wake{call})
+		},
+	})
+
+	methods = append(methods, server.Method{
+		Method: capnp.Method{
+			InterfaceID:   0x983bb9ef4c8a7608,
+			MethodID:      1,
+			InterfaceName: "itx.capnp:ProcessorHost",
+			MethodName:    "getRuntimeState",
+		},
+		Impl: func(ctx context.Context, call *server.Call) error {
+			return s.GetRuntimeState(ctx, ProcessorHost_getRuntimeState{call})
 		},
 	})
 
@@ -9393,6 +9634,23 @@ func (c ProcessorHost_wake) Args() ProcessorHost_wake_Params {
 func (c ProcessorHost_wake) AllocResults() (ProcessorHost_wake_Results, error) {
 	r, err := c.Call.AllocResults(capnp.ObjectSize{DataSize: 0, PointerCount: 1})
 	return ProcessorHost_wake_Results(r), err
+}
+
+// ProcessorHost_getRuntimeState holds the state for a server call to ProcessorHost.getRuntimeState.
+// See server.Call for documentation.
+type ProcessorHost_getRuntimeState struct {
+	*server.Call
+}
+
+// Args returns the call's arguments.
+func (c ProcessorHost_getRuntimeState) Args() ProcessorHost_getRuntimeState_Params {
+	return ProcessorHost_getRuntimeState_Params(c.Call.Args())
+}
+
+// AllocResults allocates the results struct.
+func (c ProcessorHost_getRuntimeState) AllocResults() (ProcessorHost_getRuntimeState_Results, error) {
+	r, err := c.Call.AllocResults(capnp.ObjectSize{DataSize: 0, PointerCount: 1})
+	return ProcessorHost_getRuntimeState_Results(r), err
 }
 
 // ProcessorHost_List is a list of ProcessorHost.
@@ -9586,6 +9844,1380 @@ func (p ProcessorHost_wake_Results_Future) Report() WakeReport_Future {
 	return WakeReport_Future{Future: p.Future.Field(0, nil)}
 }
 
+type ProcessorHost_getRuntimeState_Params capnp.Struct
+
+// ProcessorHost_getRuntimeState_Params_TypeID is the unique identifier for the type ProcessorHost_getRuntimeState_Params.
+const ProcessorHost_getRuntimeState_Params_TypeID = 0xde0d5d63317d3d57
+
+func NewProcessorHost_getRuntimeState_Params(s *capnp.Segment) (ProcessorHost_getRuntimeState_Params, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 3})
+	return ProcessorHost_getRuntimeState_Params(st), err
+}
+
+func NewRootProcessorHost_getRuntimeState_Params(s *capnp.Segment) (ProcessorHost_getRuntimeState_Params, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 3})
+	return ProcessorHost_getRuntimeState_Params(st), err
+}
+
+func ReadRootProcessorHost_getRuntimeState_Params(msg *capnp.Message) (ProcessorHost_getRuntimeState_Params, error) {
+	root, err := msg.Root()
+	return ProcessorHost_getRuntimeState_Params(root.Struct()), err
+}
+
+func (s ProcessorHost_getRuntimeState_Params) String() string {
+	str, _ := text.Marshal(0xde0d5d63317d3d57, capnp.Struct(s))
+	return str
+}
+
+func (s ProcessorHost_getRuntimeState_Params) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (ProcessorHost_getRuntimeState_Params) DecodeFromPtr(p capnp.Ptr) ProcessorHost_getRuntimeState_Params {
+	return ProcessorHost_getRuntimeState_Params(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s ProcessorHost_getRuntimeState_Params) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s ProcessorHost_getRuntimeState_Params) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s ProcessorHost_getRuntimeState_Params) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s ProcessorHost_getRuntimeState_Params) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+func (s ProcessorHost_getRuntimeState_Params) StreamId() (string, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.Text(), err
+}
+
+func (s ProcessorHost_getRuntimeState_Params) HasStreamId() bool {
+	return capnp.Struct(s).HasPtr(0)
+}
+
+func (s ProcessorHost_getRuntimeState_Params) StreamIdBytes() ([]byte, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.TextBytes(), err
+}
+
+func (s ProcessorHost_getRuntimeState_Params) SetStreamId(v string) error {
+	return capnp.Struct(s).SetText(0, v)
+}
+
+func (s ProcessorHost_getRuntimeState_Params) Path() (string, error) {
+	p, err := capnp.Struct(s).Ptr(1)
+	return p.Text(), err
+}
+
+func (s ProcessorHost_getRuntimeState_Params) HasPath() bool {
+	return capnp.Struct(s).HasPtr(1)
+}
+
+func (s ProcessorHost_getRuntimeState_Params) PathBytes() ([]byte, error) {
+	p, err := capnp.Struct(s).Ptr(1)
+	return p.TextBytes(), err
+}
+
+func (s ProcessorHost_getRuntimeState_Params) SetPath(v string) error {
+	return capnp.Struct(s).SetText(1, v)
+}
+
+func (s ProcessorHost_getRuntimeState_Params) Name() (string, error) {
+	p, err := capnp.Struct(s).Ptr(2)
+	return p.Text(), err
+}
+
+func (s ProcessorHost_getRuntimeState_Params) HasName() bool {
+	return capnp.Struct(s).HasPtr(2)
+}
+
+func (s ProcessorHost_getRuntimeState_Params) NameBytes() ([]byte, error) {
+	p, err := capnp.Struct(s).Ptr(2)
+	return p.TextBytes(), err
+}
+
+func (s ProcessorHost_getRuntimeState_Params) SetName(v string) error {
+	return capnp.Struct(s).SetText(2, v)
+}
+
+// ProcessorHost_getRuntimeState_Params_List is a list of ProcessorHost_getRuntimeState_Params.
+type ProcessorHost_getRuntimeState_Params_List = capnp.StructList[ProcessorHost_getRuntimeState_Params]
+
+// NewProcessorHost_getRuntimeState_Params creates a new list of ProcessorHost_getRuntimeState_Params.
+func NewProcessorHost_getRuntimeState_Params_List(s *capnp.Segment, sz int32) (ProcessorHost_getRuntimeState_Params_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 3}, sz)
+	return capnp.StructList[ProcessorHost_getRuntimeState_Params](l), err
+}
+
+// ProcessorHost_getRuntimeState_Params_Future is a wrapper for a ProcessorHost_getRuntimeState_Params promised by a client call.
+type ProcessorHost_getRuntimeState_Params_Future struct{ *capnp.Future }
+
+func (f ProcessorHost_getRuntimeState_Params_Future) Struct() (ProcessorHost_getRuntimeState_Params, error) {
+	p, err := f.Future.Ptr()
+	return ProcessorHost_getRuntimeState_Params(p.Struct()), err
+}
+
+type ProcessorHost_getRuntimeState_Results capnp.Struct
+
+// ProcessorHost_getRuntimeState_Results_TypeID is the unique identifier for the type ProcessorHost_getRuntimeState_Results.
+const ProcessorHost_getRuntimeState_Results_TypeID = 0xde6d5feb358c3277
+
+func NewProcessorHost_getRuntimeState_Results(s *capnp.Segment) (ProcessorHost_getRuntimeState_Results, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1})
+	return ProcessorHost_getRuntimeState_Results(st), err
+}
+
+func NewRootProcessorHost_getRuntimeState_Results(s *capnp.Segment) (ProcessorHost_getRuntimeState_Results, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1})
+	return ProcessorHost_getRuntimeState_Results(st), err
+}
+
+func ReadRootProcessorHost_getRuntimeState_Results(msg *capnp.Message) (ProcessorHost_getRuntimeState_Results, error) {
+	root, err := msg.Root()
+	return ProcessorHost_getRuntimeState_Results(root.Struct()), err
+}
+
+func (s ProcessorHost_getRuntimeState_Results) String() string {
+	str, _ := text.Marshal(0xde6d5feb358c3277, capnp.Struct(s))
+	return str
+}
+
+func (s ProcessorHost_getRuntimeState_Results) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (ProcessorHost_getRuntimeState_Results) DecodeFromPtr(p capnp.Ptr) ProcessorHost_getRuntimeState_Results {
+	return ProcessorHost_getRuntimeState_Results(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s ProcessorHost_getRuntimeState_Results) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s ProcessorHost_getRuntimeState_Results) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s ProcessorHost_getRuntimeState_Results) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s ProcessorHost_getRuntimeState_Results) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+func (s ProcessorHost_getRuntimeState_Results) State() (string, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.Text(), err
+}
+
+func (s ProcessorHost_getRuntimeState_Results) HasState() bool {
+	return capnp.Struct(s).HasPtr(0)
+}
+
+func (s ProcessorHost_getRuntimeState_Results) StateBytes() ([]byte, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.TextBytes(), err
+}
+
+func (s ProcessorHost_getRuntimeState_Results) SetState(v string) error {
+	return capnp.Struct(s).SetText(0, v)
+}
+
+// ProcessorHost_getRuntimeState_Results_List is a list of ProcessorHost_getRuntimeState_Results.
+type ProcessorHost_getRuntimeState_Results_List = capnp.StructList[ProcessorHost_getRuntimeState_Results]
+
+// NewProcessorHost_getRuntimeState_Results creates a new list of ProcessorHost_getRuntimeState_Results.
+func NewProcessorHost_getRuntimeState_Results_List(s *capnp.Segment, sz int32) (ProcessorHost_getRuntimeState_Results_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1}, sz)
+	return capnp.StructList[ProcessorHost_getRuntimeState_Results](l), err
+}
+
+// ProcessorHost_getRuntimeState_Results_Future is a wrapper for a ProcessorHost_getRuntimeState_Results promised by a client call.
+type ProcessorHost_getRuntimeState_Results_Future struct{ *capnp.Future }
+
+func (f ProcessorHost_getRuntimeState_Results_Future) Struct() (ProcessorHost_getRuntimeState_Results, error) {
+	p, err := f.Future.Ptr()
+	return ProcessorHost_getRuntimeState_Results(p.Struct()), err
+}
+
+type ProcessorPorts capnp.Client
+
+// ProcessorPorts_TypeID is the unique identifier for the type ProcessorPorts.
+const ProcessorPorts_TypeID = 0xda5ca3c2ff6905ad
+
+func (c ProcessorPorts) Claim(ctx context.Context, params func(ProcessorPorts_claim_Params) error) (ProcessorPorts_claim_Results_Future, capnp.ReleaseFunc) {
+
+	s := capnp.Send{
+		Method: capnp.Method{
+			InterfaceID:   0xda5ca3c2ff6905ad,
+			MethodID:      0,
+			InterfaceName: "itx.capnp:ProcessorPorts",
+			MethodName:    "claim",
+		},
+	}
+	if params != nil {
+		s.ArgsSize = capnp.ObjectSize{DataSize: 0, PointerCount: 1}
+		s.PlaceArgs = func(s capnp.Struct) error { return params(ProcessorPorts_claim_Params(s)) }
+	}
+
+	ans, release := capnp.Client(c).SendCall(ctx, s)
+	return ProcessorPorts_claim_Results_Future{Future: ans.Future()}, release
+
+}
+
+func (c ProcessorPorts) Commit(ctx context.Context, params func(ProcessorPorts_commit_Params) error) (ProcessorPorts_commit_Results_Future, capnp.ReleaseFunc) {
+
+	s := capnp.Send{
+		Method: capnp.Method{
+			InterfaceID:   0xda5ca3c2ff6905ad,
+			MethodID:      1,
+			InterfaceName: "itx.capnp:ProcessorPorts",
+			MethodName:    "commit",
+		},
+	}
+	if params != nil {
+		s.ArgsSize = capnp.ObjectSize{DataSize: 8, PointerCount: 2}
+		s.PlaceArgs = func(s capnp.Struct) error { return params(ProcessorPorts_commit_Params(s)) }
+	}
+
+	ans, release := capnp.Client(c).SendCall(ctx, s)
+	return ProcessorPorts_commit_Results_Future{Future: ans.Future()}, release
+
+}
+
+func (c ProcessorPorts) KvGet(ctx context.Context, params func(ProcessorPorts_kvGet_Params) error) (ProcessorPorts_kvGet_Results_Future, capnp.ReleaseFunc) {
+
+	s := capnp.Send{
+		Method: capnp.Method{
+			InterfaceID:   0xda5ca3c2ff6905ad,
+			MethodID:      2,
+			InterfaceName: "itx.capnp:ProcessorPorts",
+			MethodName:    "kvGet",
+		},
+	}
+	if params != nil {
+		s.ArgsSize = capnp.ObjectSize{DataSize: 0, PointerCount: 1}
+		s.PlaceArgs = func(s capnp.Struct) error { return params(ProcessorPorts_kvGet_Params(s)) }
+	}
+
+	ans, release := capnp.Client(c).SendCall(ctx, s)
+	return ProcessorPorts_kvGet_Results_Future{Future: ans.Future()}, release
+
+}
+
+func (c ProcessorPorts) KvPut(ctx context.Context, params func(ProcessorPorts_kvPut_Params) error) (ProcessorPorts_kvPut_Results_Future, capnp.ReleaseFunc) {
+
+	s := capnp.Send{
+		Method: capnp.Method{
+			InterfaceID:   0xda5ca3c2ff6905ad,
+			MethodID:      3,
+			InterfaceName: "itx.capnp:ProcessorPorts",
+			MethodName:    "kvPut",
+		},
+	}
+	if params != nil {
+		s.ArgsSize = capnp.ObjectSize{DataSize: 0, PointerCount: 2}
+		s.PlaceArgs = func(s capnp.Struct) error { return params(ProcessorPorts_kvPut_Params(s)) }
+	}
+
+	ans, release := capnp.Client(c).SendCall(ctx, s)
+	return ProcessorPorts_kvPut_Results_Future{Future: ans.Future()}, release
+
+}
+
+func (c ProcessorPorts) SetAlarm(ctx context.Context, params func(ProcessorPorts_setAlarm_Params) error) (ProcessorPorts_setAlarm_Results_Future, capnp.ReleaseFunc) {
+
+	s := capnp.Send{
+		Method: capnp.Method{
+			InterfaceID:   0xda5ca3c2ff6905ad,
+			MethodID:      4,
+			InterfaceName: "itx.capnp:ProcessorPorts",
+			MethodName:    "setAlarm",
+		},
+	}
+	if params != nil {
+		s.ArgsSize = capnp.ObjectSize{DataSize: 8, PointerCount: 0}
+		s.PlaceArgs = func(s capnp.Struct) error { return params(ProcessorPorts_setAlarm_Params(s)) }
+	}
+
+	ans, release := capnp.Client(c).SendCall(ctx, s)
+	return ProcessorPorts_setAlarm_Results_Future{Future: ans.Future()}, release
+
+}
+
+func (c ProcessorPorts) WaitStreaming() error {
+	return capnp.Client(c).WaitStreaming()
+}
+
+// String returns a string that identifies this capability for debugging
+// purposes.  Its format should not be depended on: in particular, it
+// should not be used to compare clients.  Use IsSame to compare clients
+// for equality.
+func (c ProcessorPorts) String() string {
+	return "ProcessorPorts(" + capnp.Client(c).String() + ")"
+}
+
+// AddRef creates a new Client that refers to the same capability as c.
+// If c is nil or has resolved to null, then AddRef returns nil.
+func (c ProcessorPorts) AddRef() ProcessorPorts {
+	return ProcessorPorts(capnp.Client(c).AddRef())
+}
+
+// Release releases a capability reference.  If this is the last
+// reference to the capability, then the underlying resources associated
+// with the capability will be released.
+//
+// Release will panic if c has already been released, but not if c is
+// nil or resolved to null.
+func (c ProcessorPorts) Release() {
+	capnp.Client(c).Release()
+}
+
+// Resolve blocks until the capability is fully resolved or the Context
+// expires.
+func (c ProcessorPorts) Resolve(ctx context.Context) error {
+	return capnp.Client(c).Resolve(ctx)
+}
+
+func (c ProcessorPorts) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Client(c).EncodeAsPtr(seg)
+}
+
+func (ProcessorPorts) DecodeFromPtr(p capnp.Ptr) ProcessorPorts {
+	return ProcessorPorts(capnp.Client{}.DecodeFromPtr(p))
+}
+
+// IsValid reports whether c is a valid reference to a capability.
+// A reference is invalid if it is nil, has resolved to null, or has
+// been released.
+func (c ProcessorPorts) IsValid() bool {
+	return capnp.Client(c).IsValid()
+}
+
+// IsSame reports whether c and other refer to a capability created by the
+// same call to NewClient.  This can return false negatives if c or other
+// are not fully resolved: use Resolve if this is an issue.  If either
+// c or other are released, then IsSame panics.
+func (c ProcessorPorts) IsSame(other ProcessorPorts) bool {
+	return capnp.Client(c).IsSame(capnp.Client(other))
+}
+
+// Update the flowcontrol.FlowLimiter used to manage flow control for
+// this client. This affects all future calls, but not calls already
+// waiting to send. Passing nil sets the value to flowcontrol.NopLimiter,
+// which is also the default.
+func (c ProcessorPorts) SetFlowLimiter(lim fc.FlowLimiter) {
+	capnp.Client(c).SetFlowLimiter(lim)
+}
+
+// Get the current flowcontrol.FlowLimiter used to manage flow control
+// for this client.
+func (c ProcessorPorts) GetFlowLimiter() fc.FlowLimiter {
+	return capnp.Client(c).GetFlowLimiter()
+}
+
+// A ProcessorPorts_Server is a ProcessorPorts with a local implementation.
+type ProcessorPorts_Server interface {
+	Claim(context.Context, ProcessorPorts_claim) error
+
+	Commit(context.Context, ProcessorPorts_commit) error
+
+	KvGet(context.Context, ProcessorPorts_kvGet) error
+
+	KvPut(context.Context, ProcessorPorts_kvPut) error
+
+	SetAlarm(context.Context, ProcessorPorts_setAlarm) error
+}
+
+// ProcessorPorts_NewServer creates a new Server from an implementation of ProcessorPorts_Server.
+func ProcessorPorts_NewServer(s ProcessorPorts_Server) *server.Server {
+	c, _ := s.(server.Shutdowner)
+	return server.New(ProcessorPorts_Methods(nil, s), s, c)
+}
+
+// ProcessorPorts_ServerToClient creates a new Client from an implementation of ProcessorPorts_Server.
+// The caller is responsible for calling Release on the returned Client.
+func ProcessorPorts_ServerToClient(s ProcessorPorts_Server) ProcessorPorts {
+	return ProcessorPorts(capnp.NewClient(ProcessorPorts_NewServer(s)))
+}
+
+// ProcessorPorts_Methods appends Methods to a slice that invoke the methods on s.
+// This can be used to create a more complicated Server.
+func ProcessorPorts_Methods(methods []server.Method, s ProcessorPorts_Server) []server.Method {
+	if cap(methods) == 0 {
+		methods = make([]server.Method, 0, 5)
+	}
+
+	methods = append(methods, server.Method{
+		Method: capnp.Method{
+			InterfaceID:   0xda5ca3c2ff6905ad,
+			MethodID:      0,
+			InterfaceName: "itx.capnp:ProcessorPorts",
+			MethodName:    "claim",
+		},
+		Impl: func(ctx context.Context, call *server.Call) error {
+			return s.Claim(ctx, ProcessorPorts_claim{call})
+		},
+	})
+
+	methods = append(methods, server.Method{
+		Method: capnp.Method{
+			InterfaceID:   0xda5ca3c2ff6905ad,
+			MethodID:      1,
+			InterfaceName: "itx.capnp:ProcessorPorts",
+			MethodName:    "commit",
+		},
+		Impl: func(ctx context.Context, call *server.Call) error {
+			return s.Commit(ctx, ProcessorPorts_commit{call})
+		},
+	})
+
+	methods = append(methods, server.Method{
+		Method: capnp.Method{
+			InterfaceID:   0xda5ca3c2ff6905ad,
+			MethodID:      2,
+			InterfaceName: "itx.capnp:ProcessorPorts",
+			MethodName:    "kvGet",
+		},
+		Impl: func(ctx context.Context, call *server.Call) error {
+			return s.KvGet(ctx, ProcessorPorts_kvGet{call})
+		},
+	})
+
+	methods = append(methods, server.Method{
+		Method: capnp.Method{
+			InterfaceID:   0xda5ca3c2ff6905ad,
+			MethodID:      3,
+			InterfaceName: "itx.capnp:ProcessorPorts",
+			MethodName:    "kvPut",
+		},
+		Impl: func(ctx context.Context, call *server.Call) error {
+			return s.KvPut(ctx, ProcessorPorts_kvPut{call})
+		},
+	})
+
+	methods = append(methods, server.Method{
+		Method: capnp.Method{
+			InterfaceID:   0xda5ca3c2ff6905ad,
+			MethodID:      4,
+			InterfaceName: "itx.capnp:ProcessorPorts",
+			MethodName:    "setAlarm",
+		},
+		Impl: func(ctx context.Context, call *server.Call) error {
+			return s.SetAlarm(ctx, ProcessorPorts_setAlarm{call})
+		},
+	})
+
+	return methods
+}
+
+// ProcessorPorts_claim holds the state for a server call to ProcessorPorts.claim.
+// See server.Call for documentation.
+type ProcessorPorts_claim struct {
+	*server.Call
+}
+
+// Args returns the call's arguments.
+func (c ProcessorPorts_claim) Args() ProcessorPorts_claim_Params {
+	return ProcessorPorts_claim_Params(c.Call.Args())
+}
+
+// AllocResults allocates the results struct.
+func (c ProcessorPorts_claim) AllocResults() (ProcessorPorts_claim_Results, error) {
+	r, err := c.Call.AllocResults(capnp.ObjectSize{DataSize: 8, PointerCount: 1})
+	return ProcessorPorts_claim_Results(r), err
+}
+
+// ProcessorPorts_commit holds the state for a server call to ProcessorPorts.commit.
+// See server.Call for documentation.
+type ProcessorPorts_commit struct {
+	*server.Call
+}
+
+// Args returns the call's arguments.
+func (c ProcessorPorts_commit) Args() ProcessorPorts_commit_Params {
+	return ProcessorPorts_commit_Params(c.Call.Args())
+}
+
+// AllocResults allocates the results struct.
+func (c ProcessorPorts_commit) AllocResults() (ProcessorPorts_commit_Results, error) {
+	r, err := c.Call.AllocResults(capnp.ObjectSize{DataSize: 0, PointerCount: 0})
+	return ProcessorPorts_commit_Results(r), err
+}
+
+// ProcessorPorts_kvGet holds the state for a server call to ProcessorPorts.kvGet.
+// See server.Call for documentation.
+type ProcessorPorts_kvGet struct {
+	*server.Call
+}
+
+// Args returns the call's arguments.
+func (c ProcessorPorts_kvGet) Args() ProcessorPorts_kvGet_Params {
+	return ProcessorPorts_kvGet_Params(c.Call.Args())
+}
+
+// AllocResults allocates the results struct.
+func (c ProcessorPorts_kvGet) AllocResults() (ProcessorPorts_kvGet_Results, error) {
+	r, err := c.Call.AllocResults(capnp.ObjectSize{DataSize: 8, PointerCount: 1})
+	return ProcessorPorts_kvGet_Results(r), err
+}
+
+// ProcessorPorts_kvPut holds the state for a server call to ProcessorPorts.kvPut.
+// See server.Call for documentation.
+type ProcessorPorts_kvPut struct {
+	*server.Call
+}
+
+// Args returns the call's arguments.
+func (c ProcessorPorts_kvPut) Args() ProcessorPorts_kvPut_Params {
+	return ProcessorPorts_kvPut_Params(c.Call.Args())
+}
+
+// AllocResults allocates the results struct.
+func (c ProcessorPorts_kvPut) AllocResults() (ProcessorPorts_kvPut_Results, error) {
+	r, err := c.Call.AllocResults(capnp.ObjectSize{DataSize: 0, PointerCount: 0})
+	return ProcessorPorts_kvPut_Results(r), err
+}
+
+// ProcessorPorts_setAlarm holds the state for a server call to ProcessorPorts.setAlarm.
+// See server.Call for documentation.
+type ProcessorPorts_setAlarm struct {
+	*server.Call
+}
+
+// Args returns the call's arguments.
+func (c ProcessorPorts_setAlarm) Args() ProcessorPorts_setAlarm_Params {
+	return ProcessorPorts_setAlarm_Params(c.Call.Args())
+}
+
+// AllocResults allocates the results struct.
+func (c ProcessorPorts_setAlarm) AllocResults() (ProcessorPorts_setAlarm_Results, error) {
+	r, err := c.Call.AllocResults(capnp.ObjectSize{DataSize: 0, PointerCount: 0})
+	return ProcessorPorts_setAlarm_Results(r), err
+}
+
+// ProcessorPorts_List is a list of ProcessorPorts.
+type ProcessorPorts_List = capnp.CapList[ProcessorPorts]
+
+// NewProcessorPorts_List creates a new list of ProcessorPorts.
+func NewProcessorPorts_List(s *capnp.Segment, sz int32) (ProcessorPorts_List, error) {
+	l, err := capnp.NewPointerList(s, sz)
+	return capnp.CapList[ProcessorPorts](l), err
+}
+
+type ProcessorPorts_claim_Params capnp.Struct
+
+// ProcessorPorts_claim_Params_TypeID is the unique identifier for the type ProcessorPorts_claim_Params.
+const ProcessorPorts_claim_Params_TypeID = 0xb0f4d502e7c90bcc
+
+func NewProcessorPorts_claim_Params(s *capnp.Segment) (ProcessorPorts_claim_Params, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1})
+	return ProcessorPorts_claim_Params(st), err
+}
+
+func NewRootProcessorPorts_claim_Params(s *capnp.Segment) (ProcessorPorts_claim_Params, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1})
+	return ProcessorPorts_claim_Params(st), err
+}
+
+func ReadRootProcessorPorts_claim_Params(msg *capnp.Message) (ProcessorPorts_claim_Params, error) {
+	root, err := msg.Root()
+	return ProcessorPorts_claim_Params(root.Struct()), err
+}
+
+func (s ProcessorPorts_claim_Params) String() string {
+	str, _ := text.Marshal(0xb0f4d502e7c90bcc, capnp.Struct(s))
+	return str
+}
+
+func (s ProcessorPorts_claim_Params) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (ProcessorPorts_claim_Params) DecodeFromPtr(p capnp.Ptr) ProcessorPorts_claim_Params {
+	return ProcessorPorts_claim_Params(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s ProcessorPorts_claim_Params) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s ProcessorPorts_claim_Params) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s ProcessorPorts_claim_Params) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s ProcessorPorts_claim_Params) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+func (s ProcessorPorts_claim_Params) Name() (string, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.Text(), err
+}
+
+func (s ProcessorPorts_claim_Params) HasName() bool {
+	return capnp.Struct(s).HasPtr(0)
+}
+
+func (s ProcessorPorts_claim_Params) NameBytes() ([]byte, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.TextBytes(), err
+}
+
+func (s ProcessorPorts_claim_Params) SetName(v string) error {
+	return capnp.Struct(s).SetText(0, v)
+}
+
+// ProcessorPorts_claim_Params_List is a list of ProcessorPorts_claim_Params.
+type ProcessorPorts_claim_Params_List = capnp.StructList[ProcessorPorts_claim_Params]
+
+// NewProcessorPorts_claim_Params creates a new list of ProcessorPorts_claim_Params.
+func NewProcessorPorts_claim_Params_List(s *capnp.Segment, sz int32) (ProcessorPorts_claim_Params_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1}, sz)
+	return capnp.StructList[ProcessorPorts_claim_Params](l), err
+}
+
+// ProcessorPorts_claim_Params_Future is a wrapper for a ProcessorPorts_claim_Params promised by a client call.
+type ProcessorPorts_claim_Params_Future struct{ *capnp.Future }
+
+func (f ProcessorPorts_claim_Params_Future) Struct() (ProcessorPorts_claim_Params, error) {
+	p, err := f.Future.Ptr()
+	return ProcessorPorts_claim_Params(p.Struct()), err
+}
+
+type ProcessorPorts_claim_Results capnp.Struct
+
+// ProcessorPorts_claim_Results_TypeID is the unique identifier for the type ProcessorPorts_claim_Results.
+const ProcessorPorts_claim_Results_TypeID = 0xd3e22beab2ec832a
+
+func NewProcessorPorts_claim_Results(s *capnp.Segment) (ProcessorPorts_claim_Results, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 8, PointerCount: 1})
+	return ProcessorPorts_claim_Results(st), err
+}
+
+func NewRootProcessorPorts_claim_Results(s *capnp.Segment) (ProcessorPorts_claim_Results, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 8, PointerCount: 1})
+	return ProcessorPorts_claim_Results(st), err
+}
+
+func ReadRootProcessorPorts_claim_Results(msg *capnp.Message) (ProcessorPorts_claim_Results, error) {
+	root, err := msg.Root()
+	return ProcessorPorts_claim_Results(root.Struct()), err
+}
+
+func (s ProcessorPorts_claim_Results) String() string {
+	str, _ := text.Marshal(0xd3e22beab2ec832a, capnp.Struct(s))
+	return str
+}
+
+func (s ProcessorPorts_claim_Results) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (ProcessorPorts_claim_Results) DecodeFromPtr(p capnp.Ptr) ProcessorPorts_claim_Results {
+	return ProcessorPorts_claim_Results(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s ProcessorPorts_claim_Results) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s ProcessorPorts_claim_Results) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s ProcessorPorts_claim_Results) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s ProcessorPorts_claim_Results) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+func (s ProcessorPorts_claim_Results) Progress() (string, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.Text(), err
+}
+
+func (s ProcessorPorts_claim_Results) HasProgress() bool {
+	return capnp.Struct(s).HasPtr(0)
+}
+
+func (s ProcessorPorts_claim_Results) ProgressBytes() ([]byte, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.TextBytes(), err
+}
+
+func (s ProcessorPorts_claim_Results) SetProgress(v string) error {
+	return capnp.Struct(s).SetText(0, v)
+}
+
+func (s ProcessorPorts_claim_Results) Generation() uint64 {
+	return capnp.Struct(s).Uint64(0)
+}
+
+func (s ProcessorPorts_claim_Results) SetGeneration(v uint64) {
+	capnp.Struct(s).SetUint64(0, v)
+}
+
+// ProcessorPorts_claim_Results_List is a list of ProcessorPorts_claim_Results.
+type ProcessorPorts_claim_Results_List = capnp.StructList[ProcessorPorts_claim_Results]
+
+// NewProcessorPorts_claim_Results creates a new list of ProcessorPorts_claim_Results.
+func NewProcessorPorts_claim_Results_List(s *capnp.Segment, sz int32) (ProcessorPorts_claim_Results_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 8, PointerCount: 1}, sz)
+	return capnp.StructList[ProcessorPorts_claim_Results](l), err
+}
+
+// ProcessorPorts_claim_Results_Future is a wrapper for a ProcessorPorts_claim_Results promised by a client call.
+type ProcessorPorts_claim_Results_Future struct{ *capnp.Future }
+
+func (f ProcessorPorts_claim_Results_Future) Struct() (ProcessorPorts_claim_Results, error) {
+	p, err := f.Future.Ptr()
+	return ProcessorPorts_claim_Results(p.Struct()), err
+}
+
+type ProcessorPorts_commit_Params capnp.Struct
+
+// ProcessorPorts_commit_Params_TypeID is the unique identifier for the type ProcessorPorts_commit_Params.
+const ProcessorPorts_commit_Params_TypeID = 0xfe4f28d0a175c5ea
+
+func NewProcessorPorts_commit_Params(s *capnp.Segment) (ProcessorPorts_commit_Params, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 8, PointerCount: 2})
+	return ProcessorPorts_commit_Params(st), err
+}
+
+func NewRootProcessorPorts_commit_Params(s *capnp.Segment) (ProcessorPorts_commit_Params, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 8, PointerCount: 2})
+	return ProcessorPorts_commit_Params(st), err
+}
+
+func ReadRootProcessorPorts_commit_Params(msg *capnp.Message) (ProcessorPorts_commit_Params, error) {
+	root, err := msg.Root()
+	return ProcessorPorts_commit_Params(root.Struct()), err
+}
+
+func (s ProcessorPorts_commit_Params) String() string {
+	str, _ := text.Marshal(0xfe4f28d0a175c5ea, capnp.Struct(s))
+	return str
+}
+
+func (s ProcessorPorts_commit_Params) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (ProcessorPorts_commit_Params) DecodeFromPtr(p capnp.Ptr) ProcessorPorts_commit_Params {
+	return ProcessorPorts_commit_Params(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s ProcessorPorts_commit_Params) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s ProcessorPorts_commit_Params) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s ProcessorPorts_commit_Params) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s ProcessorPorts_commit_Params) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+func (s ProcessorPorts_commit_Params) Name() (string, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.Text(), err
+}
+
+func (s ProcessorPorts_commit_Params) HasName() bool {
+	return capnp.Struct(s).HasPtr(0)
+}
+
+func (s ProcessorPorts_commit_Params) NameBytes() ([]byte, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.TextBytes(), err
+}
+
+func (s ProcessorPorts_commit_Params) SetName(v string) error {
+	return capnp.Struct(s).SetText(0, v)
+}
+
+func (s ProcessorPorts_commit_Params) Generation() uint64 {
+	return capnp.Struct(s).Uint64(0)
+}
+
+func (s ProcessorPorts_commit_Params) SetGeneration(v uint64) {
+	capnp.Struct(s).SetUint64(0, v)
+}
+
+func (s ProcessorPorts_commit_Params) Progress() (string, error) {
+	p, err := capnp.Struct(s).Ptr(1)
+	return p.Text(), err
+}
+
+func (s ProcessorPorts_commit_Params) HasProgress() bool {
+	return capnp.Struct(s).HasPtr(1)
+}
+
+func (s ProcessorPorts_commit_Params) ProgressBytes() ([]byte, error) {
+	p, err := capnp.Struct(s).Ptr(1)
+	return p.TextBytes(), err
+}
+
+func (s ProcessorPorts_commit_Params) SetProgress(v string) error {
+	return capnp.Struct(s).SetText(1, v)
+}
+
+// ProcessorPorts_commit_Params_List is a list of ProcessorPorts_commit_Params.
+type ProcessorPorts_commit_Params_List = capnp.StructList[ProcessorPorts_commit_Params]
+
+// NewProcessorPorts_commit_Params creates a new list of ProcessorPorts_commit_Params.
+func NewProcessorPorts_commit_Params_List(s *capnp.Segment, sz int32) (ProcessorPorts_commit_Params_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 8, PointerCount: 2}, sz)
+	return capnp.StructList[ProcessorPorts_commit_Params](l), err
+}
+
+// ProcessorPorts_commit_Params_Future is a wrapper for a ProcessorPorts_commit_Params promised by a client call.
+type ProcessorPorts_commit_Params_Future struct{ *capnp.Future }
+
+func (f ProcessorPorts_commit_Params_Future) Struct() (ProcessorPorts_commit_Params, error) {
+	p, err := f.Future.Ptr()
+	return ProcessorPorts_commit_Params(p.Struct()), err
+}
+
+type ProcessorPorts_commit_Results capnp.Struct
+
+// ProcessorPorts_commit_Results_TypeID is the unique identifier for the type ProcessorPorts_commit_Results.
+const ProcessorPorts_commit_Results_TypeID = 0x9c56a60b30c67afe
+
+func NewProcessorPorts_commit_Results(s *capnp.Segment) (ProcessorPorts_commit_Results, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0})
+	return ProcessorPorts_commit_Results(st), err
+}
+
+func NewRootProcessorPorts_commit_Results(s *capnp.Segment) (ProcessorPorts_commit_Results, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0})
+	return ProcessorPorts_commit_Results(st), err
+}
+
+func ReadRootProcessorPorts_commit_Results(msg *capnp.Message) (ProcessorPorts_commit_Results, error) {
+	root, err := msg.Root()
+	return ProcessorPorts_commit_Results(root.Struct()), err
+}
+
+func (s ProcessorPorts_commit_Results) String() string {
+	str, _ := text.Marshal(0x9c56a60b30c67afe, capnp.Struct(s))
+	return str
+}
+
+func (s ProcessorPorts_commit_Results) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (ProcessorPorts_commit_Results) DecodeFromPtr(p capnp.Ptr) ProcessorPorts_commit_Results {
+	return ProcessorPorts_commit_Results(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s ProcessorPorts_commit_Results) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s ProcessorPorts_commit_Results) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s ProcessorPorts_commit_Results) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s ProcessorPorts_commit_Results) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+
+// ProcessorPorts_commit_Results_List is a list of ProcessorPorts_commit_Results.
+type ProcessorPorts_commit_Results_List = capnp.StructList[ProcessorPorts_commit_Results]
+
+// NewProcessorPorts_commit_Results creates a new list of ProcessorPorts_commit_Results.
+func NewProcessorPorts_commit_Results_List(s *capnp.Segment, sz int32) (ProcessorPorts_commit_Results_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0}, sz)
+	return capnp.StructList[ProcessorPorts_commit_Results](l), err
+}
+
+// ProcessorPorts_commit_Results_Future is a wrapper for a ProcessorPorts_commit_Results promised by a client call.
+type ProcessorPorts_commit_Results_Future struct{ *capnp.Future }
+
+func (f ProcessorPorts_commit_Results_Future) Struct() (ProcessorPorts_commit_Results, error) {
+	p, err := f.Future.Ptr()
+	return ProcessorPorts_commit_Results(p.Struct()), err
+}
+
+type ProcessorPorts_kvGet_Params capnp.Struct
+
+// ProcessorPorts_kvGet_Params_TypeID is the unique identifier for the type ProcessorPorts_kvGet_Params.
+const ProcessorPorts_kvGet_Params_TypeID = 0xf882bc5c08e8e563
+
+func NewProcessorPorts_kvGet_Params(s *capnp.Segment) (ProcessorPorts_kvGet_Params, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1})
+	return ProcessorPorts_kvGet_Params(st), err
+}
+
+func NewRootProcessorPorts_kvGet_Params(s *capnp.Segment) (ProcessorPorts_kvGet_Params, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1})
+	return ProcessorPorts_kvGet_Params(st), err
+}
+
+func ReadRootProcessorPorts_kvGet_Params(msg *capnp.Message) (ProcessorPorts_kvGet_Params, error) {
+	root, err := msg.Root()
+	return ProcessorPorts_kvGet_Params(root.Struct()), err
+}
+
+func (s ProcessorPorts_kvGet_Params) String() string {
+	str, _ := text.Marshal(0xf882bc5c08e8e563, capnp.Struct(s))
+	return str
+}
+
+func (s ProcessorPorts_kvGet_Params) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (ProcessorPorts_kvGet_Params) DecodeFromPtr(p capnp.Ptr) ProcessorPorts_kvGet_Params {
+	return ProcessorPorts_kvGet_Params(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s ProcessorPorts_kvGet_Params) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s ProcessorPorts_kvGet_Params) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s ProcessorPorts_kvGet_Params) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s ProcessorPorts_kvGet_Params) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+func (s ProcessorPorts_kvGet_Params) Key() (string, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.Text(), err
+}
+
+func (s ProcessorPorts_kvGet_Params) HasKey() bool {
+	return capnp.Struct(s).HasPtr(0)
+}
+
+func (s ProcessorPorts_kvGet_Params) KeyBytes() ([]byte, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.TextBytes(), err
+}
+
+func (s ProcessorPorts_kvGet_Params) SetKey(v string) error {
+	return capnp.Struct(s).SetText(0, v)
+}
+
+// ProcessorPorts_kvGet_Params_List is a list of ProcessorPorts_kvGet_Params.
+type ProcessorPorts_kvGet_Params_List = capnp.StructList[ProcessorPorts_kvGet_Params]
+
+// NewProcessorPorts_kvGet_Params creates a new list of ProcessorPorts_kvGet_Params.
+func NewProcessorPorts_kvGet_Params_List(s *capnp.Segment, sz int32) (ProcessorPorts_kvGet_Params_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1}, sz)
+	return capnp.StructList[ProcessorPorts_kvGet_Params](l), err
+}
+
+// ProcessorPorts_kvGet_Params_Future is a wrapper for a ProcessorPorts_kvGet_Params promised by a client call.
+type ProcessorPorts_kvGet_Params_Future struct{ *capnp.Future }
+
+func (f ProcessorPorts_kvGet_Params_Future) Struct() (ProcessorPorts_kvGet_Params, error) {
+	p, err := f.Future.Ptr()
+	return ProcessorPorts_kvGet_Params(p.Struct()), err
+}
+
+type ProcessorPorts_kvGet_Results capnp.Struct
+
+// ProcessorPorts_kvGet_Results_TypeID is the unique identifier for the type ProcessorPorts_kvGet_Results.
+const ProcessorPorts_kvGet_Results_TypeID = 0xf6ece762f6daf3d5
+
+func NewProcessorPorts_kvGet_Results(s *capnp.Segment) (ProcessorPorts_kvGet_Results, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 8, PointerCount: 1})
+	return ProcessorPorts_kvGet_Results(st), err
+}
+
+func NewRootProcessorPorts_kvGet_Results(s *capnp.Segment) (ProcessorPorts_kvGet_Results, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 8, PointerCount: 1})
+	return ProcessorPorts_kvGet_Results(st), err
+}
+
+func ReadRootProcessorPorts_kvGet_Results(msg *capnp.Message) (ProcessorPorts_kvGet_Results, error) {
+	root, err := msg.Root()
+	return ProcessorPorts_kvGet_Results(root.Struct()), err
+}
+
+func (s ProcessorPorts_kvGet_Results) String() string {
+	str, _ := text.Marshal(0xf6ece762f6daf3d5, capnp.Struct(s))
+	return str
+}
+
+func (s ProcessorPorts_kvGet_Results) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (ProcessorPorts_kvGet_Results) DecodeFromPtr(p capnp.Ptr) ProcessorPorts_kvGet_Results {
+	return ProcessorPorts_kvGet_Results(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s ProcessorPorts_kvGet_Results) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s ProcessorPorts_kvGet_Results) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s ProcessorPorts_kvGet_Results) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s ProcessorPorts_kvGet_Results) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+func (s ProcessorPorts_kvGet_Results) Value() ([]byte, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return []byte(p.Data()), err
+}
+
+func (s ProcessorPorts_kvGet_Results) HasValue() bool {
+	return capnp.Struct(s).HasPtr(0)
+}
+
+func (s ProcessorPorts_kvGet_Results) SetValue(v []byte) error {
+	return capnp.Struct(s).SetData(0, v)
+}
+
+func (s ProcessorPorts_kvGet_Results) Found() bool {
+	return capnp.Struct(s).Bit(0)
+}
+
+func (s ProcessorPorts_kvGet_Results) SetFound(v bool) {
+	capnp.Struct(s).SetBit(0, v)
+}
+
+// ProcessorPorts_kvGet_Results_List is a list of ProcessorPorts_kvGet_Results.
+type ProcessorPorts_kvGet_Results_List = capnp.StructList[ProcessorPorts_kvGet_Results]
+
+// NewProcessorPorts_kvGet_Results creates a new list of ProcessorPorts_kvGet_Results.
+func NewProcessorPorts_kvGet_Results_List(s *capnp.Segment, sz int32) (ProcessorPorts_kvGet_Results_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 8, PointerCount: 1}, sz)
+	return capnp.StructList[ProcessorPorts_kvGet_Results](l), err
+}
+
+// ProcessorPorts_kvGet_Results_Future is a wrapper for a ProcessorPorts_kvGet_Results promised by a client call.
+type ProcessorPorts_kvGet_Results_Future struct{ *capnp.Future }
+
+func (f ProcessorPorts_kvGet_Results_Future) Struct() (ProcessorPorts_kvGet_Results, error) {
+	p, err := f.Future.Ptr()
+	return ProcessorPorts_kvGet_Results(p.Struct()), err
+}
+
+type ProcessorPorts_kvPut_Params capnp.Struct
+
+// ProcessorPorts_kvPut_Params_TypeID is the unique identifier for the type ProcessorPorts_kvPut_Params.
+const ProcessorPorts_kvPut_Params_TypeID = 0xe6e502b69c200e5f
+
+func NewProcessorPorts_kvPut_Params(s *capnp.Segment) (ProcessorPorts_kvPut_Params, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 2})
+	return ProcessorPorts_kvPut_Params(st), err
+}
+
+func NewRootProcessorPorts_kvPut_Params(s *capnp.Segment) (ProcessorPorts_kvPut_Params, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 2})
+	return ProcessorPorts_kvPut_Params(st), err
+}
+
+func ReadRootProcessorPorts_kvPut_Params(msg *capnp.Message) (ProcessorPorts_kvPut_Params, error) {
+	root, err := msg.Root()
+	return ProcessorPorts_kvPut_Params(root.Struct()), err
+}
+
+func (s ProcessorPorts_kvPut_Params) String() string {
+	str, _ := text.Marshal(0xe6e502b69c200e5f, capnp.Struct(s))
+	return str
+}
+
+func (s ProcessorPorts_kvPut_Params) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (ProcessorPorts_kvPut_Params) DecodeFromPtr(p capnp.Ptr) ProcessorPorts_kvPut_Params {
+	return ProcessorPorts_kvPut_Params(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s ProcessorPorts_kvPut_Params) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s ProcessorPorts_kvPut_Params) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s ProcessorPorts_kvPut_Params) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s ProcessorPorts_kvPut_Params) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+func (s ProcessorPorts_kvPut_Params) Key() (string, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.Text(), err
+}
+
+func (s ProcessorPorts_kvPut_Params) HasKey() bool {
+	return capnp.Struct(s).HasPtr(0)
+}
+
+func (s ProcessorPorts_kvPut_Params) KeyBytes() ([]byte, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.TextBytes(), err
+}
+
+func (s ProcessorPorts_kvPut_Params) SetKey(v string) error {
+	return capnp.Struct(s).SetText(0, v)
+}
+
+func (s ProcessorPorts_kvPut_Params) Value() ([]byte, error) {
+	p, err := capnp.Struct(s).Ptr(1)
+	return []byte(p.Data()), err
+}
+
+func (s ProcessorPorts_kvPut_Params) HasValue() bool {
+	return capnp.Struct(s).HasPtr(1)
+}
+
+func (s ProcessorPorts_kvPut_Params) SetValue(v []byte) error {
+	return capnp.Struct(s).SetData(1, v)
+}
+
+// ProcessorPorts_kvPut_Params_List is a list of ProcessorPorts_kvPut_Params.
+type ProcessorPorts_kvPut_Params_List = capnp.StructList[ProcessorPorts_kvPut_Params]
+
+// NewProcessorPorts_kvPut_Params creates a new list of ProcessorPorts_kvPut_Params.
+func NewProcessorPorts_kvPut_Params_List(s *capnp.Segment, sz int32) (ProcessorPorts_kvPut_Params_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 2}, sz)
+	return capnp.StructList[ProcessorPorts_kvPut_Params](l), err
+}
+
+// ProcessorPorts_kvPut_Params_Future is a wrapper for a ProcessorPorts_kvPut_Params promised by a client call.
+type ProcessorPorts_kvPut_Params_Future struct{ *capnp.Future }
+
+func (f ProcessorPorts_kvPut_Params_Future) Struct() (ProcessorPorts_kvPut_Params, error) {
+	p, err := f.Future.Ptr()
+	return ProcessorPorts_kvPut_Params(p.Struct()), err
+}
+
+type ProcessorPorts_kvPut_Results capnp.Struct
+
+// ProcessorPorts_kvPut_Results_TypeID is the unique identifier for the type ProcessorPorts_kvPut_Results.
+const ProcessorPorts_kvPut_Results_TypeID = 0x9368d80fc12375a4
+
+func NewProcessorPorts_kvPut_Results(s *capnp.Segment) (ProcessorPorts_kvPut_Results, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0})
+	return ProcessorPorts_kvPut_Results(st), err
+}
+
+func NewRootProcessorPorts_kvPut_Results(s *capnp.Segment) (ProcessorPorts_kvPut_Results, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0})
+	return ProcessorPorts_kvPut_Results(st), err
+}
+
+func ReadRootProcessorPorts_kvPut_Results(msg *capnp.Message) (ProcessorPorts_kvPut_Results, error) {
+	root, err := msg.Root()
+	return ProcessorPorts_kvPut_Results(root.Struct()), err
+}
+
+func (s ProcessorPorts_kvPut_Results) String() string {
+	str, _ := text.Marshal(0x9368d80fc12375a4, capnp.Struct(s))
+	return str
+}
+
+func (s ProcessorPorts_kvPut_Results) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (ProcessorPorts_kvPut_Results) DecodeFromPtr(p capnp.Ptr) ProcessorPorts_kvPut_Results {
+	return ProcessorPorts_kvPut_Results(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s ProcessorPorts_kvPut_Results) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s ProcessorPorts_kvPut_Results) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s ProcessorPorts_kvPut_Results) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s ProcessorPorts_kvPut_Results) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+
+// ProcessorPorts_kvPut_Results_List is a list of ProcessorPorts_kvPut_Results.
+type ProcessorPorts_kvPut_Results_List = capnp.StructList[ProcessorPorts_kvPut_Results]
+
+// NewProcessorPorts_kvPut_Results creates a new list of ProcessorPorts_kvPut_Results.
+func NewProcessorPorts_kvPut_Results_List(s *capnp.Segment, sz int32) (ProcessorPorts_kvPut_Results_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0}, sz)
+	return capnp.StructList[ProcessorPorts_kvPut_Results](l), err
+}
+
+// ProcessorPorts_kvPut_Results_Future is a wrapper for a ProcessorPorts_kvPut_Results promised by a client call.
+type ProcessorPorts_kvPut_Results_Future struct{ *capnp.Future }
+
+func (f ProcessorPorts_kvPut_Results_Future) Struct() (ProcessorPorts_kvPut_Results, error) {
+	p, err := f.Future.Ptr()
+	return ProcessorPorts_kvPut_Results(p.Struct()), err
+}
+
+type ProcessorPorts_setAlarm_Params capnp.Struct
+
+// ProcessorPorts_setAlarm_Params_TypeID is the unique identifier for the type ProcessorPorts_setAlarm_Params.
+const ProcessorPorts_setAlarm_Params_TypeID = 0xe19133e2eb05295a
+
+func NewProcessorPorts_setAlarm_Params(s *capnp.Segment) (ProcessorPorts_setAlarm_Params, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 8, PointerCount: 0})
+	return ProcessorPorts_setAlarm_Params(st), err
+}
+
+func NewRootProcessorPorts_setAlarm_Params(s *capnp.Segment) (ProcessorPorts_setAlarm_Params, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 8, PointerCount: 0})
+	return ProcessorPorts_setAlarm_Params(st), err
+}
+
+func ReadRootProcessorPorts_setAlarm_Params(msg *capnp.Message) (ProcessorPorts_setAlarm_Params, error) {
+	root, err := msg.Root()
+	return ProcessorPorts_setAlarm_Params(root.Struct()), err
+}
+
+func (s ProcessorPorts_setAlarm_Params) String() string {
+	str, _ := text.Marshal(0xe19133e2eb05295a, capnp.Struct(s))
+	return str
+}
+
+func (s ProcessorPorts_setAlarm_Params) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (ProcessorPorts_setAlarm_Params) DecodeFromPtr(p capnp.Ptr) ProcessorPorts_setAlarm_Params {
+	return ProcessorPorts_setAlarm_Params(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s ProcessorPorts_setAlarm_Params) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s ProcessorPorts_setAlarm_Params) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s ProcessorPorts_setAlarm_Params) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s ProcessorPorts_setAlarm_Params) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+func (s ProcessorPorts_setAlarm_Params) At() int64 {
+	return int64(capnp.Struct(s).Uint64(0))
+}
+
+func (s ProcessorPorts_setAlarm_Params) SetAt(v int64) {
+	capnp.Struct(s).SetUint64(0, uint64(v))
+}
+
+// ProcessorPorts_setAlarm_Params_List is a list of ProcessorPorts_setAlarm_Params.
+type ProcessorPorts_setAlarm_Params_List = capnp.StructList[ProcessorPorts_setAlarm_Params]
+
+// NewProcessorPorts_setAlarm_Params creates a new list of ProcessorPorts_setAlarm_Params.
+func NewProcessorPorts_setAlarm_Params_List(s *capnp.Segment, sz int32) (ProcessorPorts_setAlarm_Params_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 8, PointerCount: 0}, sz)
+	return capnp.StructList[ProcessorPorts_setAlarm_Params](l), err
+}
+
+// ProcessorPorts_setAlarm_Params_Future is a wrapper for a ProcessorPorts_setAlarm_Params promised by a client call.
+type ProcessorPorts_setAlarm_Params_Future struct{ *capnp.Future }
+
+func (f ProcessorPorts_setAlarm_Params_Future) Struct() (ProcessorPorts_setAlarm_Params, error) {
+	p, err := f.Future.Ptr()
+	return ProcessorPorts_setAlarm_Params(p.Struct()), err
+}
+
+type ProcessorPorts_setAlarm_Results capnp.Struct
+
+// ProcessorPorts_setAlarm_Results_TypeID is the unique identifier for the type ProcessorPorts_setAlarm_Results.
+const ProcessorPorts_setAlarm_Results_TypeID = 0x9cd2b8975b6afc53
+
+func NewProcessorPorts_setAlarm_Results(s *capnp.Segment) (ProcessorPorts_setAlarm_Results, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0})
+	return ProcessorPorts_setAlarm_Results(st), err
+}
+
+func NewRootProcessorPorts_setAlarm_Results(s *capnp.Segment) (ProcessorPorts_setAlarm_Results, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0})
+	return ProcessorPorts_setAlarm_Results(st), err
+}
+
+func ReadRootProcessorPorts_setAlarm_Results(msg *capnp.Message) (ProcessorPorts_setAlarm_Results, error) {
+	root, err := msg.Root()
+	return ProcessorPorts_setAlarm_Results(root.Struct()), err
+}
+
+func (s ProcessorPorts_setAlarm_Results) String() string {
+	str, _ := text.Marshal(0x9cd2b8975b6afc53, capnp.Struct(s))
+	return str
+}
+
+func (s ProcessorPorts_setAlarm_Results) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (ProcessorPorts_setAlarm_Results) DecodeFromPtr(p capnp.Ptr) ProcessorPorts_setAlarm_Results {
+	return ProcessorPorts_setAlarm_Results(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s ProcessorPorts_setAlarm_Results) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s ProcessorPorts_setAlarm_Results) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s ProcessorPorts_setAlarm_Results) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s ProcessorPorts_setAlarm_Results) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+
+// ProcessorPorts_setAlarm_Results_List is a list of ProcessorPorts_setAlarm_Results.
+type ProcessorPorts_setAlarm_Results_List = capnp.StructList[ProcessorPorts_setAlarm_Results]
+
+// NewProcessorPorts_setAlarm_Results creates a new list of ProcessorPorts_setAlarm_Results.
+func NewProcessorPorts_setAlarm_Results_List(s *capnp.Segment, sz int32) (ProcessorPorts_setAlarm_Results_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0}, sz)
+	return capnp.StructList[ProcessorPorts_setAlarm_Results](l), err
+}
+
+// ProcessorPorts_setAlarm_Results_Future is a wrapper for a ProcessorPorts_setAlarm_Results promised by a client call.
+type ProcessorPorts_setAlarm_Results_Future struct{ *capnp.Future }
+
+func (f ProcessorPorts_setAlarm_Results_Future) Struct() (ProcessorPorts_setAlarm_Results, error) {
+	p, err := f.Future.Ptr()
+	return ProcessorPorts_setAlarm_Results(p.Struct()), err
+}
+
 type ProcessorHosts capnp.Client
 
 // ProcessorHosts_TypeID is the unique identifier for the type ProcessorHosts.
@@ -9602,7 +11234,7 @@ func (c ProcessorHosts) Mount(ctx context.Context, params func(ProcessorHosts_mo
 		},
 	}
 	if params != nil {
-		s.ArgsSize = capnp.ObjectSize{DataSize: 0, PointerCount: 2}
+		s.ArgsSize = capnp.ObjectSize{DataSize: 0, PointerCount: 3}
 		s.PlaceArgs = func(s capnp.Struct) error { return params(ProcessorHosts_mount_Params(s)) }
 	}
 
@@ -9804,12 +11436,12 @@ type ProcessorHosts_mount_Params capnp.Struct
 const ProcessorHosts_mount_Params_TypeID = 0xd7c06786dc015472
 
 func NewProcessorHosts_mount_Params(s *capnp.Segment) (ProcessorHosts_mount_Params, error) {
-	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 2})
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 3})
 	return ProcessorHosts_mount_Params(st), err
 }
 
 func NewRootProcessorHosts_mount_Params(s *capnp.Segment) (ProcessorHosts_mount_Params, error) {
-	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 2})
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 3})
 	return ProcessorHosts_mount_Params(st), err
 }
 
@@ -9881,12 +11513,36 @@ func (s ProcessorHosts_mount_Params) SetHost(v ProcessorHost) error {
 	return capnp.Struct(s).SetPtr(1, in.ToPtr())
 }
 
+func (s ProcessorHosts_mount_Params) Contracts() (ProcessorContract_List, error) {
+	p, err := capnp.Struct(s).Ptr(2)
+	return ProcessorContract_List(p.List()), err
+}
+
+func (s ProcessorHosts_mount_Params) HasContracts() bool {
+	return capnp.Struct(s).HasPtr(2)
+}
+
+func (s ProcessorHosts_mount_Params) SetContracts(v ProcessorContract_List) error {
+	return capnp.Struct(s).SetPtr(2, v.ToPtr())
+}
+
+// NewContracts sets the contracts field to a newly
+// allocated ProcessorContract_List, preferring placement in s's segment.
+func (s ProcessorHosts_mount_Params) NewContracts(n int32) (ProcessorContract_List, error) {
+	l, err := NewProcessorContract_List(capnp.Struct(s).Segment(), n)
+	if err != nil {
+		return ProcessorContract_List{}, err
+	}
+	err = capnp.Struct(s).SetPtr(2, l.ToPtr())
+	return l, err
+}
+
 // ProcessorHosts_mount_Params_List is a list of ProcessorHosts_mount_Params.
 type ProcessorHosts_mount_Params_List = capnp.StructList[ProcessorHosts_mount_Params]
 
 // NewProcessorHosts_mount_Params creates a new list of ProcessorHosts_mount_Params.
 func NewProcessorHosts_mount_Params_List(s *capnp.Segment, sz int32) (ProcessorHosts_mount_Params_List, error) {
-	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 2}, sz)
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 3}, sz)
 	return capnp.StructList[ProcessorHosts_mount_Params](l), err
 }
 
@@ -15502,556 +17158,605 @@ func (f Gateway_version_Results_Future) Struct() (Gateway_version_Results, error
 	return Gateway_version_Results(p.Struct()), err
 }
 
-const schema_dc5dd5d2e729011e = "x\xda\xa4|{|\x14E\xb6\x7f\x9d\xee\x84\x09,0" +
-	"i;\\\x8c\x18\x13\xc2K\x02\x89$\xc0G2\x0a\x93" +
-	"\x04\x02$\xe2\x92ND\x85\x9f\xaf\xceL'\x192/" +
-	"zz\x80\xa0\x18@\x91\x85\x15\x1f\\Y\x91]uA" +
-	"]\x05\xc5\x15Vv\x17WTT.\xa2\xe0\x8a.\xbb" +
-	"r\x15/\xac\xe2\x02wQQ\xf1\x8d\xf3\xfb\x9c\xea\xa9" +
-	"\xee\x9a\x99N\xa2^\xfe\x0a\xd55\xd5\xa7N\x9d\xc7\xf7" +
-	"<\xaa\xc7L\xca\xaf\xca*\xefwg\x05\x11\x9af\x08" +
-	"\xd9\xbd\x12\x8f\xb9\xde\xca*9T\xb5\x84H} q" +
-	"\x01\x8c\xfc\xd7\x9b\x07\xaf}\x97d\x0b.B\xe4\xd2\xfc" +
-	"U\xf2\xf8|\xfc\xab<\x7f\x01\x81D\xe0\xacz\xd7\xa2" +
-	";\xde[B\xa4\x81@H6\xb8\x08\x19\xbb:\xbf\x06" +
-	"\x08\xc8k\xf3\xbd\x04\x12\xd5o\xbd\xbfd\xf8\x1b+\x97" +
-	"\x12\xe9\x1c $\x0b\x9f\xef\xc8/\x06\x92\x95x\xbew" +
-	"\xe7w\x9b~}\xc32\xf3\x89\xf9\xd3\x0d\xf9\x1e\xfc\xe9" +
-	"&\xfa\xd3H\xe9\xd9\xbb\x1b\xe7\xef\xbc\x85H\xe7Z\x13" +
-	"\xf6\xe7W\xe0\x84\x83t\xc2\xf3\x0b\x8e\xf6\xfdn\xf6\xe4" +
-	"[\x89\xd2\x07\x04\x9bR|\x89|&\x7f\xb3|\x96\x12" +
-	"\xfa5%\xf4\x8fK\xbe\x19\xf8\xdc\xda\x05\xcb\x89r\x0e" +
-	"X\xab]{\xde9\xb8\x9av\x1e\xce\xb8\xe5\xad\x81s" +
-	"\xfep\xfc\xd6\xe5D\x92p\x02nw\xec\xee\xf3(=" +
-	"\xfb\xe9\x84u{o\x1c\xb6v\xf6K\xb7%'\xd0\x15" +
-	"F\x0e\xa2\xf4\x94\x0fBzN\xc5\xff\xd1\xe2R\xde\xbd" +
-	"-\xc9\x0c\xba\x822\xa8\x18'\xcc\x1e\x84+<zC" +
-	"\xd9G\x93\x9e/^A\x94\xe1\x00\x89/:\xbf\xe9\xd3" +
-	"o\xfe%\xef\x93\x019.@\xbe\x0c\xda\x88S\xf7\xd2" +
-	"\xb5\xae?\xef\xad\xd5\xcf\x7f\xf2\xc1/\x88\xd4G\xb4\xb7" +
-	"F@>5h\x8d|f\x10.}z\x90\x0b\xe4\xfb" +
-	"\xcfw\x11\x92Xu:pM\xac\xaaf%Q\xf2\xec" +
-	"\xdd-?\x9f\xeen\xf5\xf9\xf8\xea\x9b\xbfl\x7f|\xcd" +
-	"\xcb\xbf^\x99\xb1\xde\x89\xf3\x9f\x91O\xe3\"\xf2\xa9\xf3" +
-	"\xf7\xc8\xf1\x02\\n\xd6\xed\x9f\xbd\xbe\xe3\xc4\xc1\x95D" +
-	"\x92m^\x15\x98\xbc*@\xea$\xf1\xfa\xb9{\xd7\xbd" +
-	"\xbb\x92?\x9a\xe5\x05t\xa7\xabq\xc2\xc7k=\x17\xf8" +
-	"\x8f}\xb22\xfde[\x0a\xd6\xc8\xdb\xf1\x15\xf2\xd6\x82" +
-	"\x152\\\x80/\xcb\x19^\xad-\xfd\xe0\xf3\x95x\x8a" +
-	"\xdc\xecl\x11\xa7\x9d(\xf8\xa7|\xa6\x80\xee\xb6`\x0f" +
-	"\x10H\x9c\x9ez\xe7CE\x0f_\xf4K\"\xe5Yo" +
-	">ZH\x0f\xe1D!\x92\xe6{\xee\xfa%o\x08\xdf" +
-	"\xddN\x94\x81\xc0$\xaew\xd1\x1a\x9c\x90_\x84\x13r" +
-	"\xdc\xc6/\xbf-z\xe9\x0e\xf3\x94\xe8\xf3\x89E\xe7\xa1" +
-	"D\x0e\xf8\xc5\xf8\xce;j\x8a\xef\xe2\x0fxX\x11\xdd" +
-	"v)\xfd\xe91x\xf9\xff\x8dp\xd7\xdd\xc5\x09\xf3\xe5" +
-	"E}\xf0\xa7k\xea\\\xc3\x07~\x10\xb8\x1b7\x91\x95" +
-	"\xbe\x89\xf1E\x9f\xca\xd5E\xe6\x8b\xee\xc4M\xf4\xbd\xf3" +
-	"\x85\xba1\xe7\xca\xf7p\xeb\x1c\x1c\\\x81\xeb\\v\xf6" +
-	"O\x95{\xbe\xa8\xfa\x15\x91\xfa\x08)\x9c\xdb9\xf8\xa4" +
-	"\xbcw0\xae\xb6{\xf0\xc5\x04\x12W.\xf9\xf2\xfbg" +
-	"\x17\x87~e\xd2J\x97\xd8k.\xf1\xc7\x0d\xbe\x0b\x9e" +
-	"\xa8\xfd\xdf_!)\xbc\xfeR\xb5\xd8:x\xb3\xbc\x03" +
-	"\x97\x19\xbb}p!\x92\xa2g\x8d\xa9?\xfe\xca\xe2{" +
-	"M~\xd2u\x0e\x14S\xfd\xec\xfbq\xd1\xf7M\xbb\x1f" +
-	"\xba\x97\xe7\xc6\x8eb\xaa\xda\xbb\x8a\x91\x1b\xcb\xaf\x0a." +
-	"?\xdbt0e\xc2\xb1\xe2\x12\x9cp\x8aN\xc8\x99\xbf" +
-	"j\xc6\xc7;.Y\x97!s\xfd\x86\xbc(\x0f\x18\x82" +
-	"\xf4HC\xa6\xc9\x95\xf8W\xe2\xc3\xac\xa2\xfc\x197\xae" +
-	"\xbb/\x9dl\xca\xc1\xc1C^\x95K\xe9\x0fF\x0e\xf9" +
-	"\x17\xbe\xfa\xae\x07\x1f\x9f[;p=\xb7\xfb\xfc\xa1\x02" +
-	"R\xdd\xbc\xf1\xdd%+\xae\xbe`}\xba4!u\xf2" +
-	"\xd9!\x9b\xe5\xec\xa1\xf8\x17\x0c\xc5e\xaa\x1b&\x95~" +
-	"\xba\xaea}\x06\xb7\x0f\x0f\xdd(\x1f\x1bJek\xe8" +
-	"\x0ad\xd3\xa7\xaf\xdd6\xe7Q\xff\xef\x1e`\xe6\x83\x1a" +
-	"\xc3\x01\xc3?E\xa9\x1a\xfe{\x02\x89\x9a\x0b\x86\x9d\x98" +
-	"*\xbd\xfd\x00QdK\xec\xb6\x0e?\x0f\x99\xb1c8" +
-	"2\xa3o\xc1\xdbc/xc\xff\x83\xa8\xa2\x02c\xd7" +
-	"\xe1\xe1}p\xc61\xba\xc4\xe2=\xff\xb1\xea\xdcW\x94" +
-	"\x87\x89\"YK,\x1f\xd1\x8c\x13\xee\x1e\x81K\x9c\xbb" +
-	"Q=\xb8\xa9\xbf\xf6\xbb\x0c~n\x1d\xb1F\xde1\x02" +
-	"I\xda>b\x85\x9c}!\xf2\xf3\xa2_\x1c\xdc\xfc\xe5" +
-	"\xe3'\x1f%J\xbem\x12N\x8d\xa8\xc7\xe5\xbe\x1e\x81" +
-	"&\xe1\x9d/.\xeaU\x9d\xfb\xd4ci\xe6\xd3\x14\x94" +
-	"\xd9\x17\xea\xf2\xb5\xb8\xd0\xd8\xd9\x17^\x85\x1c\xa8\x08L" +
-	"+\xdbp\xfb\x91\xc7\x9cm\xd7\xf6\x91\xebq\xe1\xdd#" +
-	"\x91\xce-\x1f\x86\xfe\xe7\xfd\xf7;6\xa5\x08\xc6H\x81" +
-	"\xea(\x9d\xf0\xc5\xd6\xf7\xf6\x17k\x9b7\x11\xe5\\\x9b" +
-	"\xb6\xde%\x8d8c@\x09\xd2\xf6\xd6o\xff\xb3\xec\x9e" +
-	"\xe5\x9b7\xf1j>\xaf\x84\xcaVG\x09.\xf1\xc9\xdc" +
-	"\x13\x15oN\xfaz\x13\xa7B\xf7\x97\x9c\x83\x12P\xe7" +
-	"\xbb\xee\xe2\x0f\x95m\x9b\xd3\x05\x89J\xc0\xf2\x92e\xf2" +
-	"\xca\x12\xf3/|\xcf\xe9>oG\xff\xfb\xa6\xe76\xf3" +
-	"\x86\xech\x095d'\xe8{\x9ez\xf1\x9d\xbf|\xd8" +
-	"\xb4\xe2\xf1\xf4\xd5\xa8\x00\xf4\x1b\xb5M\x1e0\x8a\xca\xf1" +
-	"(<\xc1O>\x0a-\x9f9l\xd4\x16~\xb5-\xa3" +
-	"(\xd5\xdbG\xe1j\x03\x8ft\xfc\xf5\xeb\xc7\xbd[\x88" +
-	"2\x00\x85\xc0\xd4\xfcQ\xd4\xc2\x1c\x1e\x85\xf4\xbc1x" +
-	"\xd05y\x9f\xad\xd9\xc2m\xabz4Z\x98\x8f\x8fz" +
-	"\x16\xdd\xb7\xef\xca'9g9r4]\xb9|4\xae" +
-	"\xfce\xd6\x07\xf1%yO>\x99!\x1b\xb3F\xbf*" +
-	"\xab\xa3\x91\xc6kG\xaf\x90\xb7\xe0_\x89\x0f\xb6\x1b\xe3" +
-	"o\xf8u\xd5\xef9\xd7+\xaf\x1d\xfd\x0d\x01\xf9>\xba" +
-	"\xd8\x03\x9d5\x05\xffQw\xd5SD\x1a`\x19\x17J" +
-	"E\x02\xb2*o\xa9\xb8\xf1\xd6\xa7\x9c\xa5`\xebhj" +
-	"gw\x8dFf|\xb8\xe0\xe1O\x7f\x99\x95\xb7\x95\x87" +
-	"\x06\x81R\xca\xday\xa5\xf8\x96\xa6;.\xbay\x996" +
-	"p+\xa7\xc4\x1bJ\xa9\x12?\xf5\xfa\x98\xebK\xb4\x9f" +
-	"m\xe3\x8c\xd2\xf2R4\xd1\xdf^\xda\xa9\x9c\xcc]\xfd" +
-	"\x07\xdbt\x87J=\xf8\x8b\xcd\x9d\x05\x8fO\x09\x94=" +
-	"mr\x9e>\x99UJ\xcd\xd8=\xfe\x8f\xee\x9a\xf8\xde" +
-	"3\x7f\xce`\xcc\xc4\xd2\x8drm)n\xbd\xbat\x8f" +
-	"\xbc\x1b\xffJ\x84\xfe8k\x9b;K\xdeA\xa4|\xfb" +
-	"\x00K\xa9w\xd9Ni\xdeWyI\xd9\xec\xdd-;" +
-	"8\xca\x8e\x95R\xb1\xdb\x9f(~\xea\x7f\x1f\xfb\xeb\x0e" +
-	"\x1e\xce\xec/\xa5\x06\xe0 \xfd\xe9s\x7f\xd8\x7f\xb3\xf7" +
-	"\xf8\xfd\xcf8\xaa\xdb\x99\xd2m\xf2Y$a\xec\xd7\xa5" +
-	"T\xdd\xeez\xfc\xbb'F|q\xf4\x19\x0e\x8d\xc8\xea" +
-	"ExD\xdaE((\xb3\xc7\xbb\xbe{\xe2J\xcf\xb3" +
-	"\xbc\xa8\x1d\xb8\x88\xbe\xee\xd0E\xe8\x81\xef(jYp" +
-	"h\xc8N\x8e\x9a\xaf/\xa2*x\x16\x1f'\xe6l\xdb" +
-	"\xf4\xe6-\xe2\xf1\x9d\x19\xa6\xaf`\xccIy\xe4\x18|" +
-	"\xdd\xb013\x09$r\xab^_\xfa\xca\xa6\xc7\x9e\xe3" +
-	"\x95\xb9r\x0c\x15\xd9\xea1\xb8\xd2\x87\xe2[S\x07\x7f" +
-	"Q\xfe\x82\xa3\xc5\xd5\xc6l\x96Cc\xe8\xd1\x8f\xa1\xfe" +
-	"\xe6\xc6?=\xfe\xdaW\x11i\x17'Zw\x97\xd3C" +
-	"\xbf\xfe\xba\x9f\xcf\xbdZ\xaey\x99\x97\x97x9\xb5W" +
-	"K\xcb\xf1E\xe3?\x0c^\xb9\xe0\xf6\xdd/s\xf2\xf2" +
-	"H9\x95\xca\x0d\x93\x8an8\xd6~\xcdn\xdeZ\xac" +
-	".\xa7\xccXK\x7f:\xe9\x95\xe2)\xd7\x1fk\xd9\xcd" +
-	"\xbdu{9\xf5\xf97}5\xfb\xc1\xebf\xdc\xb2\x9b" +
-	"C\x03\xf7\x97\xd7\xe0\x93\x19\x8a\xe7\xb5\x15\xfb\x0f'\x7f" +
-	"\x93\xc48\xe5\xd4^\xaf\xa6\x8b\xde\xd3\xb2\xeb\xdf;f" +
-	"\xfe\xe9\xbfx-\xdaR~\x12\xed1}\x9e\xb5\xa1y" +
-	"_\xee\x97\x93\xf7dH\xde\x81\xf2g\xe4C\xe58\xfd" +
-	"`\xf9\x1e\xf9\xf2\x0a\x94\xbcp`\xc8\xbdW\x9e\x9c\xb7" +
-	"\x87?\xcf\xf1\x15T\xc1'VP\xe3\x7f\xc3%\x81\xe6" +
-	"\x84\xb07\xdd\x10\xe5\xe0:\xf3*N\xca\x8bq\x9d\xb1" +
-	"\x1d\x15\x14&]2k\xdc\x1e\xcd}\xcb^\xde\x97\xd4" +
-	"\x8d[\x84\xcb\xcd\x1a\x87\xcb}:s\xf2\xce\x8b/~" +
-	"qo\x06q\xf1q\x1b\xe5\xc5\xe3p\xd1\x8eq{\xe4" +
-	"\xd3\xf8W\xa2\xe6\x89\x8fW\x8d<\xf4\xfa^\x8eI\x87" +
-	"\xc6Q\xbd;\xd8\xb8d\xc2\x83'\xf6\xbd\x8a\xef\xb1\xbc" +
-	"\xda\xaeq\x94\xee\xbd\xe3\xd0\x0c\x9c|wS\xe1\xda\xc6" +
-	"\xf7_\xe3\xb9\x14\x18\x8f\x8e34\x1e\x09\xb9D\xdev" +
-	"\xad\xef\xf0-\xaf\x9b*G\xd7^=\xbe\x11\xd7\xfe\xfb" +
-	"\xb0\xbe\xb7-}?\xf4\xd7\xa4\x97\xa0\x8f:\xc6S@" +
-	"\xbe\x94\xfe\xf4\xe8\x13w\x9e|\xd9u\xef_\xd3A\x17" +
-	"U\x96\x0d\xe37\xcb\x9b\xc6S!\x19OA\xd7\xa17" +
-	"]\xefm\xaa\xf2\x1fH\x12B'\xd5^\x8c\x1aUw" +
-	"1j\xd45/\x9eS\xda\xe0\xd9\xfdf\xf2\x04(z" +
-	"\xdfq1\x95\xbf\xddt\xc2\x13\x8f\xfefW\xef\x1b\xfe" +
-	"\xfe\x16\xa7\xfb\xc3&\xccAJ\xdb\x07\x0e\xf1<\x16\xcb" +
-	"\xfe{\x063\xa5\x09\xaf\xca\x05\x13\xf0M\xf9\x13V\xc8" +
-	"!\xfc+\xa1_\x01\xef\xde\xd6\xfa\xc2?\x926\x86\xbe" +
-	"g\xd6\x04jc\xae\x9d\x80\xefY\xf8\xcc\xa5;\x1e\xda" +
-	"\xfa\xc9?R\x80\xd7\x04*x\xbb&\xe0\xbe\xdf0\x0e" +
-	"?\xb0\xa6\xec\xa6C)\x18x\x02\x05\x0a\xa7\xe8\x84\x87" +
-	">*\xd6\xdf8p\xf7!^\x95\xfaU\xd2C\x19P" +
-	"\x89\x13\x8a\xa6\xe4\x7f\xba\xe7\xa3\xfe\xef8EN\xe3+" +
-	"_\x94'V\xe2_\x95\x95H\xceg;\x12\x15\xcb~" +
-	"_\xf2\x0eO\xce\x86JJ\xef&\xba\xd8\xd5\xa3\x0e_" +
-	"\xe2\x9d\xb9\xedpR\xd6\xcc\x19{+uj\xfa\xe8\x12" +
-	"\xdf\x96\xdf=\xf6\xe6\x13\x13\xdf\xe3e`\xbc\x07Y_" +
-	"\xe9\xc1\x15\xd6\xe5\xae}\xf2\xe7Y\xc5Gl\xcd\x96g" +
-	"{\xbe!Y\x89\xfc\x7f\x9d}\xf9\x8d\xe7\xde:\xc2\xbf" +
-	"{\xa2\x87*v-\xfd\xa5k\xca\xdc\xfd\xbf~\xe4\xed" +
-	"#\x8e\xce^\xf3l\x94C\x1e*p\x1e$c\xdfo" +
-	"~6`\xc4\xb57\x1f\xc5\xc9}\xd2,\xf0\xd8\xbd\x9e" +
-	"s@>\xe4\xa1\x1e\xd9\xb3B$\x90XV5\xe3\xf8" +
-	"\xbdk\xfa\xff\x93\xf3\xc5\x07&Q\xa3\xb1\xf0\x8a\xf1\xc5" +
-	"\xb3\x86\xfc\xeb\x9f\xbci\xd81\x89\xda\xc4]\x93(\xc0" +
-	"a\x8eQ)\x00Nug\xe5\xb8 \x0b\x0fk\x92\x19" +
-	"\xb0LB\x10Z\xb4\xaef\xd1\x05y\x8b\xdf\xe7\xf78" +
-	"\xdb;\x87\x06[^\\\xec\x8a=\x97>\xfa\xd9s\x1b" +
-	"\xdf\xcf\x90\xae\xe5\xde5\xf2j/\xeeo\xa5w\x8f\x9c" +
-	"]\x85\xd2\xd57\xff\xd1\x7f\xcc\x93\xdc\x1fd\xc6\x8d\xde" +
-	"U\xf2\x19:\xf9\xb4w\x9a\x9cO'\xe7\xfcw\xe9\x85" +
-	"9\xcf\xfcg\xe6d\xa8\xda,\xf7\xc6)rv\xd5\x1e" +
-	"y1\x9d\xbc\xf7L\xef%\xfd\xab'\x1f\xc3\xc0\x8aa" +
-	"\x17\xadj\x15\xd2\x19\xafB\xf6\xf6\xba{f\xfb\xfa\xa1" +
-	"\xd1c\x8e\x08\xfe`\xd53\xf2a\xba\xe2\xa1*\xdc\xf5" +
-	"\x81IW\xfc\xfe\xf6\xe7\xef9\x96\x12\x8f\x1f\xaa\xa6<" +
-	"<Z\x8d\xcb\xed]\xf7\xc2\xc7_<t\xf1q\x9e/" +
-	"\xd55tB]\x0d\xf2e\xc3_\xf6\xfc|\xfdyW" +
-	"\x1fOW\xfflz\xe25/\xca\xf3j(B\xa8I" +
-	"\xa0\xfa\x97>|6\xff\xfcw\"\xc7y\xff|\xff\x14" +
-	"\xea\x117L\xc1\xe5\xeem{\xe6/\x97\xbd\xf2\xf1\x89" +
-	"\x0c\x8f\xb8k\xca6y\xef\x14\x1azMA\x8bVv" +
-	"\xf2\xc4\xba?\x9f\xbd\xfbd\x0a\x92\xaf\xac\xa5\xeaU]" +
-	"\x8b3\xee\xb8\xe5\xed?\xbcTp\xefI\x9e\xf4\xa3\xb5" +
-	"\xd4r\x9d\xa8\xc5w-\x8dn\xd8{\x9d\xfa\xc0IN" +
-	"\xb4\xfaM\xa5\xae\xac\xe5\xcdO\xcf\xad\x9e\xf5\xed\xc7\x19" +
-	"Gr\xa6v\x95|\xb6\x96\xfa\xf1\xda=\x82|x\x1a" +
-	"\x9eI\xd6\xcdU/Ml\x98\xfc\x09\xbf\xa9\xdd\xd3(" +
-	"\x8f\xf6O\xc3\x17]\xba\xe8\xfa;\xef\xfa\xec\xb9O2" +
-	"6uj\xda\x8b\xf2\x99iT\x1c\xa6a<\xf9\xcbe" +
-	"7\x05=\x9f\x1d\xf8\x8c3\xc3_O\xa3&\xfe\xba\xb7" +
-	"\xee\xb9\xe4\x92\xf7\xde\xfc,\x83\xa2\xa3\xd3\xd6\xcb'\xe8" +
-	"\x12\xc7\xa6M\x93\xfbMG\x82\x0e\xfe)\xff\xca>7" +
-	"\x8e;\xc3[\x9e3\xd3\xa8\xb4\x9f\xa5\x04\xbd:\xe4\xc9" +
-	"'\x8e?5\xf9\xcbt\xb4@\x0f\xad`\xfa2y0" +
-	"\xae3\xb6`:uc\xc7_}\xb1\xe4\xe9\x86\xe6/" +
-	"9\x93\x9b]Oa\xdd_\x9e\x1b\x18=\xfe\xe8\xdf\xbf" +
-	"\xcc\x94\xf3\xba\x17\xe53u4cP\xe7\x02ym=" +
-	"\x92\xf5?\xfd\xa5\xa5C_\x8a~e\xf3[^\\\xff" +
-	")\xc9J|\xf5\xde\xf6\xfe\xfao\xbf\xfd\x8a\x07|j" +
-	"==\xa9@=\xd2\xfb\xe0\xcc\xe1U\xc3/\x9e\xf4\x8d" +
-	"3\xe0]YO\xad\xdcZ:\xf5\xf9^\xdf\xff\xd7=" +
-	"y\xd5\xdf\xa4\xd8\xedzj\xacv\xd1\x09\xab\xf2j." +
-	"\xdc\x17\xbc\xfd\x1b\x8e\xc7\xa7\xebKp7\xbb~\xf5Z" +
-	"\xc5;Gk\xbeO\xc7\x86\xd4I\x1d\xaa\xdf(\x1f\xc5" +
-	"m\xc8\x87\xebQuJ\xf7\x0dZp\xce\xa8\xdf%R" +
-	"\"\xbb\xfd\x97\x99\x89\xb1\xcb\x16\x90\xd2D\xc0XX\xe6" +
-	"S\xa3a\x88z\xa6k\xaa_\xd3\x09i\x00Pr\xc4" +
-	",B\xb2\x80\x10id\x09!\xcaP\x11\x941\x02H" +
-	"\x004i$\x95V\x10\xa2\\(\x822N\x00wX" +
-	"\x0di\xd0\x97\x08\xd0\x97@\xe1|5\x18\xb7\xfeg\xad" +
-	"\x9e\x15\xf54\xc5\x9bc>=\x105\x02\x91p\x99_" +
-	"\xc3\xbf\x9b\xb5\xa1\x8dZ,\x1e4bD\xc9\xb2^\xd8" +
-	"\xaf\x99\x10\xa5\xaf\x08\xca\xb9\x02$\xcc\x89Q\x83\xb8\x02" +
-	"\x910\xe4\xdav\x99\x00\xe4r/\x10\xa3\x9e\x06=2" +
-	"W\xf3\x19eQ=\xe2\xd3b\xb1\x88\x1e\x1b\xda\xa0\xea" +
-	".5\x14s\x9a\xe5S\xa3js \x180\x02Zl" +
-	"h\xa3\xd7$\x83\xa7b.G\x05\x9bL\xdc8\x1d$" +
-	"\x1b\xaf\x11\x00)\x95\x0c~\x9f\xb12]\x0bE\xe6k" +
-	"C\x1b\x0aU]\x0d\xa5\xac\x8fl\xcd\x11A\xc9K\xe3" +
-	" \x7f\"W\xa9\xedZ\xa3\xe6\x8eFt#\xedP\x96" +
-	"\xd9\xfc\xb7\x0e\xa5\\'D\x19#\x82r\xa9\x00\x89$" +
-	"\x174\xf0\xcfli\x89i\x06\x81\xdeD\x80\xde\x04\x12" +
-	"\xba\xe6\x8f\xfb4\xffLRH\x1fX\xe3\xdc\x1e\x1a\xa9" +
-	"$ \xf5\xad\x81\x98\xa1\xe9\xc8H5\x04\xb1.\xc4\xc2" +
-	"\x92\x8a9\x84(\xa3EP&\xa4\xef\xc9\xd7\xa6\xf9\xda" +
-	"\xa3\x91\x00\x11\xc3\x8e/l2tM\x0d\x95E\xa2Z" +
-	"xr$\x1c\xd6|\xc8\xbd\xa1\xde\x06\x93k\xdc[k" +
-	"\x9c\x84\xb1\xc4fFg\xc4d<\xe4\xda\xc9BST" +
-	"\xdc\xb1@\xb8\x1d$\x1b\xcd:\x1c\x9dI\xc5\x025`" +
-	"L\x8d\xe8\xb5\xf3\xb5\xb01\xb4Q+\xcc\x10\x8d\x0a\xfb" +
-	"\xe8\x0a5\x9c\x05\xb9\xb6\xb1\xca\x14\xcc\xc9\x9c\xa8\x95\x85" +
-	"\"\xf1\xb0\xc1\x04\xb3G5\xab\xef\x8a\xa1\xba\xe6\xd3\x02" +
-	"\xf3Q[\x09H\xb6\xddM\xdbSv\xaa8N\x8e\x84" +
-	"[\x02\xade\xec\xb7\xb6\xa6\\\xe5R\xdb5\xdca." +
-	"\xe4A/\xdcb#'\xfd\xd1\xa0\xea\xd3BZ\x98\x80" +
-	"\xe1$\xa4\xa6F\x01\x95\xd0\\1\x9b\x10+\xf7\x09\xcc" +
-	"\xe7H\xf3j\x88 i.\xb0\xf3\x99\xc0r\xfa\xd2\xec" +
-	"\xb9D\x90\x14\x17\x08V\x01\x00\x8ez\x16\xddG\xf6]" +
-	"\xf9\xa4T;\x87\x08\xd2D\x17\x88V\x12\x07X\xf0," +
-	"\x95\xd7\x13A\x1a\xe9\xea\x8c\xd1S\x8bU\xa5\xabi\x95" +
-	"\xa5\x04\x11\"\xea\xf8_fu\x08!U\xd0\x00)\x87" +
-	"DO\xbb)\x10n/\xf3\x05#1\xcd\xef$\xf2\x1e" +
-	"\x07\x91/\xb6e\xcf\xabkj\x8cZ)+\xafd\x0a" +
-	"\x83kA[\x07\xb8m\xd4@\x00\xdc\xa9<4O\xc9" +
-	"k\x1e\x132\xb2/2\x92\xa50\xb8\xd2\x89\x82\x9b\xae" +
-	"CF2\x8c\x05,\x8b-M\\O\x04\xa9\x12\x19\xc9" +
-	"\"U`\x81\xb2T\xdaH\x04i\x98+\x95\x05\x09\x94" +
-	"\xf4Ya#\x00\xc1\x06\x93S\xa2\xe6\xe7\xd9\x06z\x06" +
-	"\x9f\x1a\x99\xf0$\xa5\xc8\xe2S\x17\xfa\xd1\xac\x1a\xbe6" +
-	"\xc8\xb5\x11\x98\xa3\xe16\xc5pz$f\x94-P\xdb" +
-	"5K?\xb8Ek\xecE;um^\\\x8b\xa1\xda" +
-	"Y\x99\x92\xb4e!\xea\x99\xa6\x1a\xda\x02\x15:L\xcb" +
-	"\x89r\xc9b\x0b\xb8\xa3\xa8e\x0194d\xa7T^" +
-	"A\xd9\x026\xcc\x02\x866\xa5|\x94\xd9~\xae\xc2`" +
-	"\xa45\x10\xae\x82\xce\xf9\x9a\x1e\x0bD\xc2\xa9\x1c\x11\xa2" +
-	"\x1e\xdb`\xcd\x8c\x1a\x01W$\x1c\xc37\x16Y\x94\x1f" +
-	"@v\xec\x13Ay\x1b5[0\xe5\xe6\xe0\x1aB\x94" +
-	"\xb7EP>\x10@\x12D\x8a\x0e\xa5\xa3\xab\x08Q>" +
-	"\x10A\xf9D\x00I\\\x92\x07\"!\xd2)\xdc\xf8q" +
-	"\x11\x94\xcf\x05\x80\xac<\x0c\x0a\xa4\xd3h\x17>\x11A" +
-	"\xf9N\x00)\x1b\xf2 \x9b\x10\xe9k|\xcf\xe7\"4" +
-	"\xe5\x82\x00R/\x81j\xb2\xdc\x0f\x8a\x09i\xca\x01\x11" +
-	"\x9a\xf2p\xdc\xb54\x8f\x06<\x12\xac\"\xa4)\x0f\xc7" +
-	"\x8b@\x80B\xb5\xc5\xd0t\xcb4\x87\xd4\x85S\xb4`" +
-	"`>hz\x07\xd5\x0c\x88A\x0e\x11 '\xedYM" +
-	"\x87\xa1\xc5\x08a\xcf:\xc3\x91&C54\x00\"\x00" +
-	"\x8224\xe8\x9a\xbf\xa6\x03\xcd\x14C\x08FGT\x8b" +
-	"A\x7f\x02\x0d\"\xd0\xc1\xfe\x04\\\xedZ\x87m[\xc2" +
-	"\xbe`\xdc\xaf\xd5B\xb4M\x0bi\xba\x1a\xc4\xc3M." +
-	"\xe8$6e\xc1\xc0|\x8d\xbe\xd7\xd1Z{l\xc1\xf1" +
-	"\xb6\xa9a\x7fP\x03\xc9\x8e}\xba\xb7\x98eLC\x98" +
-	"\x82h\xfe$dI\x95\xf8e<X@+\xab\x87\x1c" +
-	"<oW>!\x18\x88Q\x97\xa0\x8a\xa9X%\xe9\x8f" +
-	"\xd2\xc0\x12t\x09#\x02\xe1\x96\x08\xe4\xda\xb9\x8e\xae1" +
-	"R\xd2f\x9a\xca\x1b#\x84\x97g~\xffM\xf1\xc2P" +
-	"H\xd5\xa9\x0e\x9do\xbdt;\xbe\xf4)\x11\x94g9" +
-	"_\xb5\x03\x07\x9f\x16AyA\x00\x94r\x14\xe8\x9d\xc8" +
-	"\xfb?\x8b\xa0\xbc\x8c\x02\x0d\xa6@\xefBf\xbd \x82" +
-	"\xb2O\x00)K0%z/\xda\xd1\x97EP\xde@" +
-	"\x89\x16L\x89\xde\xdf\xc8iN/\xd1tM\x07\xd7\xdb" +
-	"\x9a\x93\xe2\x13\xdd\xed\x81\xb0\x9f\xfd\xc7\x1b3T#\x1e" +
-	"\x03\xb7\x9d\xbdLZ\xdd.\x8f\xc7\x15T[\xad\xa3\x0a" +
-	"\xaa1\xa3V\xd7\xd1\x04\xda \x86\xba\xcf\xb8\x0e\x9a\xbf" +
-	"\xda\xc0\x1f\x8b\xce\xe8\xc9\x11b&\x11 \xcf\xe8\xa9j" +
-	" \x18\x08\xb7R\xfdj\x88\xb8\x83\x01\x9fi\xab(\xeb" +
-	"\xa4\x12*\x9a\xbdK\x08q\xb7\xa9A\xc3\x1dk\x0fD" +
-	"\x1d\x84#\xc6\xc3\xcd\x8c\xb7@\xd2\xb1\xd5\xb9\xc3\xd18" +
-	"\xf5\xd0y\xd6).\xc6\x03[(\x82r+w\x8aK" +
-	"\xd1\xda\xdc$\x82\xf2\x0b\xb4K\xc9c\\\xbe\x88\x10\xe5" +
-	"V\x11\x94\xbb\xf0\x18E\xf3\x18W\xa3\x0d\xba]\x04e" +
-	"\x9dm\x97\xd6\xe2\x81\xdd#\x82\xf2[\x01\xdc\xa8\xe7\x8c" +
-	"w\x9dQ\xb5#\x18Q\xfd\xb6\x8e\xfb\xb5P4bh" +
-	"\xc4\x1b\xf6u\\\xc6)\x7fH3T\xbfj\xa8\x9c\xc5" +
-	"HhIC@ \xe8d\x08l\xd7\xedG\xbb\xa4\xe9" +
-	"TQ\\A#\x96\x12\x7f8BL\xa7\xf8cN\xaa" +
-	"2\xd3\xa9D\x8c\x84A\xb2\xb3 ]\x82\xc7V\xcd0" +
-	"\x0fTmE7\xe6N\x87\xfd\xbco\x9c\x17\xd7\xf4\x0e" +
-	"\xc8\xb5\xd3\xe2i\x0a+\xa4\xf9F\x1a\x99eQW\xc6" +
-	"\xaa\xea\xc0\xeaH(0\x82\x94\xedr\xa3\xff\xcc\xf0Q" +
-	"&I\xba\xe6\x0f\xf8TC3C\xbc\\\x8b(\x15\x89" +
-	"\xbaF\x04e!'\x09qTSC\x04e\x09'\x09" +
-	"\x8b+l\x99\x81\xa4 ,]eK\x87\xa3qO$" +
-	"\x0f\x7f2D\xc2\x86\x1a\x08\xc7l_\xb0\xa0M\xd3\xb5" +
-	"\x1fe\xf8\xb3-N\xebf\x90\xc2l\x18\x9b\xc0\xa2\x17" +
-	"w]\xb8%\x92\xb6\xcf\x92\xe4>\xdbl\x00\xa7\xe1i" +
-	"\xfbEP\xa2\xb8M0\xb7\x19Bk\xd4&\x82b\xa0" +
-	"\xc0\x0b\xe6>\xe7\xa1pGEPn\xfa!\xd1M\x8a" +
-	"5\x89G\xfd\xaa\xa1\xf9\xab\x11Ag\x13\x01\xb2S\x91" +
-	"\x0a\x1a\x1a}\xb2+\xe2\xd7\x90\xde*J\xc2\x8e\x1a*" +
-	"c[\x97\x11\x02\x82\xb4\xa5\x9e\x10\x10\xa5M\x1b\x09\x81" +
-	",i\xd3\"B [z\xa4\x99\x10\xe8%m\xc0g" +
-	".\xe9~\x9c\x99#\xdd\xb7\x8a\x10\xe8-\xdd\x87\xcf\xfa" +
-	"HkuB\xe0g\xd2\xdd8\xa5\xaf\xb4z\x0d!\xd0" +
-	"OZ\xbd\x9e\x10\xe8/\xadn$\x04\xdc\xd2\xca5\x84" +
-	"t\xc6\xc3\xed\xe1\xc8\x82p\"\x10\x9e\xaf\x06\x03\xfej" +
-	"Ao\x8d\x87\xb4\xb0A\xc2\x11cj$\x1e\xf6\xa3\x8b" +
-	"H\xaa,\x84}\x1d\x18I\x04]\x01\x9f\x91\x88P#" +
-	":9B\xbc\xe1\x96 \x0e\xe8\xaa\xa1\xcd\x08\x84\x02\xc4" +
-	"eh\xfe\x84\x11\x89\xccP\xf5V\xc4\x9b\x89xX\x8d" +
-	"\x1bmZX4\xa8\x14\xfa\x89_S\xfd\xc1@X\xab" +
-	"]\xe8\xd34\xbf\xe67\xe7\xccW\x03A\x95\xb8\x9a\x83" +
-	"Z\"\x18\x08\x05\x8c\xda\x85>RH\x9f'\x02aC" +
-	"\xd3\xc3(\x17\xc4\x02\xfb`t\xccli\x09\x06\xc2\xa0" +
-	"%Z\xd4@P\xf37\xe8\xa0\xf9\"a\x7f\xc0\x08\x88" +
-	"\x91p\xc2\xa7\x86}Z0\xa8\x11\xf0't-\x16\x89" +
-	"\xeb>\x0dj\x17\xb6\xa9\xf1\x98\xa1\x81?\xc5\xf5\x99n" +
-	"1\xe9\x90\x931{_K~j\xd1\x9dU\x89\xa0\xcc" +
-	"\xe0\xf4\xa4\x0eUb\x8a\x08J\x83\xed\xf7.\xc7\xb1\xe9" +
-	"\"(W\x08\xe0\x8d\xeaZK`\xa1%\xf2&\xd0b" +
-	"\xff\xa3;\xb4\xa0Uw8\x9bZ*\xd1\xf8\xbf\xc1\x0e" +
-	"\xdbT\xc6(^b\xfe\x9f\xdfd\xbd\xbd\x1f\x09\xaa\xcc" +
-	"M^\x8e\x833DP\xae\xb679\x0b\xb5\xa9A\x04" +
-	"\xe5\x1a\x01\xe3\xd1\xf9\x01D\xc7h\xb6\xd9{ca5" +
-	"\x1ak\x8b\x18\xc4Vc\xf7\\\x0c\x90\x9c\xb2CL\xa7" +
-	"c\xf1\x90\xc6#\x10\xcb\x96w\x05\xe9\"\xceY\x0c`" +
-	"kB\xcc\x0e\x00X\x19\x0eX\xa5I*/f\x01\x00" +
-	"k\xdb\x00V\xfc\x91\xf2Kh\x00\xe0j\xd5\x8c*p" +
-	"\xa3L\xa4\xda\xd5\xac\xa8g\x06\"O\x93\xdafM/" +
-	"c;\xb6\xf9\xcaE\x8f\xf5v\xa4hel*\xec\xf8" +
-	"\xde\x89\x85\x85\xf4\x942\xf8E\x0a\xa3\x9e\xe9\x91(\xee" +
-	"\xeb\\k\xfd\xfbp\xfdu\"(\x0fs\xc2\xb9\x01\xcf" +
-	"\xe87\"(\x8f\xd9\xe7\xf6\x08r\xef\xb7\"(Op" +
-	"\xc6m\xd3\\B\x94\xc7DP\x9eFP\x06\xa6;\xdf" +
-	"\xba\xcd\x86tR\xb6h\x82\xb2\x9d%6\xa6K\x988" +
-	"\xb2\xce\xcfykwT5\xda,\x18\x96v:\x0c\xad" +
-	"`\x84\xce\x09\x82/\xae\xc7\"\xfa\xe46P\xc3\xad\x14" +
-	"\\\xa5\xa6\xa6R\xa0\xc4\x0fMn\xf8\"\xd1\x8e+\"" +
-	"(\x03\xa2\x1ab\xb9\x8d\xact\xc8\xcc\x13\xeb\xe0\xcd\xd5" +
-	"hT\x0b\xfb\x1dQ\x02/\x83\xba\x09\xccs\xed\xbaF" +
-	"\x9a'\xcfJ\xcf\x0b2,\xc9\x81\xfa\x1erk\x9e." +
-	"2\xae])@\x17\x11\x92\x03$\xe1\xf1N\xf2\x80\x9a" +
-	"\x89\xa8\xe9 \xd9\xd5\xcaL\xbc\xc3P\xae\x15\x9d$\x13" +
-	"\x01\x19\x8e\xad\x9b|\xb2\xb5\xb9\x1ans\xbe\x88_\x03" +
-	"\xb7\xddpe\xe2\xf6\xce\x90\x16\x8b\xa9\xad\x9a\xe3a\xa5" +
-	"\xb0\xb6U3\x1c\x8d\xc6\xdc\xccm29\x94\xec\x9e\xc7" +
-	"\xb4\x8dZ\xf9\xadB\x83\xe1\x09\xceT\x9e\xe7\xe4\x0fJ" +
-	"\x1c\xfc\xc1\x1c\xdb|\x8a\x01\x0b\x05\xa7\xa2\x08\xbf\x16\x0d" +
-	"F:B\x1aE\x11\xdd\xc5\xbbv\x9a\xa4Q\x8b\xb9\xbb" +
-	"\x0bwu-\x1a\xd1Q.\xad\xf6W\x87\xec\xa4\x05\x86" +
-	"\xcb\xa2\x81p\xab\xa3<\xceq\xca6/\xe3\xb2\xcdm" +
-	"\x9aJ\xdd\x0e\xe1C\xa2$\x1a\xef\xde#\xd9\xa9f\x9a" +
-	"(g\x9aFz\xc8\xec;\xed\x9c\x97c>\xf3\x07\x92" +
-	"\xdd\xf2\x94v\xbc\xe9\x08;\xc6\xaa\x1f\xd9\\\xf5\x1dX" +
-	"\xe5\x87K\x17\xb1\xfa\x0c\xb06 \xe6-\x0ai\x82\xd7" +
-	"\xd1_\x08\xf6n)\xc0p\xaa:\xb0,\xd7P\x9a\xe5" +
-	"\xa2\x93\x19\x9a\xce\xb5\x1b\x16\x09P\\\xdd\xcd)f\x04" +
-	"\xf6=X\xcb\x05Zs[$\xd2\xde\x10\x89\x81\x81\x12" +
-	"\x9e\x9b<\xe5\xdab^\xc4\x93\xe2\\W\x93\x14\xf1\x1b" +
-	"\x92\xc9+\xf4 \xd7\xa2\xe0]-\x82\xe2\x17\xc0\x15\xd7" +
-	"\x83V\xe8\xd7\x96\xbe\x0d\xabi\xdc\xdc\x867\xa6\xf9t" +
-	"\xcdpR\xec\xcc,Iwh`\xa8\x00^\xca}\xee" +
-	"]V\xd1?\x8de\xae\xa8g:\xcd\x05\x95\x99\xf0\xd0" +
-	"\x12<;\x8c\xc8\xc8\x083\x04\xd6\x95\xe9\xb1Ma\xb2" +
-	"p\xd1\xb5\x8db\x19\x1fWZ\xb0n\x0a\xa3+\x16\xd1" +
-	"\xad$\xb0U\xd8\x04VL\xe6\x92\xc0\xac\xcf\x04X\x9f" +
-	"\x874q\x19\x11\xa4\xf1.\x10\xac\xbeH`}\xd0\xd2" +
-	"\xc8F\"H\x83]<0\xab\x82D\xabf4\xc6\xc3" +
-	"F\x00B\xa6\x8b\xc01\xe6/\x08h\x19\x19\xe0T\x85" +
-	"a\xc7\xd2u\xde\xed\xc7\x1c\x8b\x03De\xf6\xa8[\xdf" +
-	"\xe3\x04\x8e\x1d2cV\x87ff\xb6\xd8,\xb5\x15\xd2" +
-	"\xbc\xf2\x8f\x04VVt\xfcH\x09\x8f\xac\x92z\xb1\x09" +
-	"\xf9\xf0p2/\x96\xcc\x93\xecDS\xf5\xac\x08\xca+" +
-	"\\\xfev\xf7\x1c;\x05\xd6#\xb0J\x85\x00\xb4\x08\xc5" +
-	"\xb1\x97/F!{\x1d\xcds\xab\x16\xd6t5\x99\xda" +
-	"H\xb7\xccB:\x04r\xa8\xc5\xb1rH\x15\xc7\x97\x89" +
-	"h\x1a&\x88\xa0L\x112\xc9\xb2\xda\xcdM\xb2\xb8Z" +
-	"\x9d\xd5d\x94\xe9\x9f2\x9d{2S\xfa\xa3\x8a\xa9\"" +
-	"\xab\x07t\x94\xd1|\xbe#\xa4\xe3K\x0cQS\xc4@" +
-	"\xb2\xafWd\xfa\x8e\x94T\xa9\xe1V\x8d8\x0d6\xfa" +
-	"Ri(\xf0\xd0_\x0c\xf0\xd0\x08\x1e\xd5\xc1\xab\xfa\x8c" +
-	"\xc0|\xcd\xdb\xa6\x06\x0d\xcd\xef\x8d\xaaz\xbb\xe6w@" +
-	"\x9d<Z\xcb(\xae\xfc\x04\xb4\xc6\xb2\x80\x8a;\xae\x99" +
-	"\xb9\\.\x0bX\xc1g\x01\x93\xd5\x89\xa5\x15v\x16\x90" +
-	"\x19\xfd\xe58\xb6D\x04\xe57(\xdc7\x98\xc2}\xdf" +
-	"*N\x0dX.\x97\x0f0R\xeb\x0a\xa9\xe1\xaes\xb2" +
-	"\xa8\x9b$\x90\xb7Yk\x89\xe8Z\x86\xb0\xe6\xa4\xf8\xbf" +
-	"v\xad#3'\x94b\xa7-\x1ca\xc3\x0d\x9e\xc3\x8d" +
-	"N8\x02\x90\xc1V\x83p\x97\xe9\xbfT4\x9c\x86c" +
-	"2\x13\x95\x0e\xa2\xfc#\x8bg\xdc\xc6\xa9\x9b\xca\xf4R" +
-	"9]\xee>\x83Ki\\t\xe4N\xb1M_j\xd5" +
-	"&3\x8db*\xab\xbb\xbb\xce\x07\xc7\xf8\x0b\x98\xe7\xf7" +
-	"\x9a\xae\xdf\xf6\x85\xec\xda\x14\xb0\xb6EIAHV\x8b" +
-	"\xbe\x90\xf5\x13\x01kA\x95*k\x88 \x95\xa2/d" +
-	"\x17y\x80u\x9aK\x83\x11\xae\x0d\xb0\xe0Zg<\xdc" +
-	"5psv\xdfN\x10TO\x8a\xce\x85|\x8cQh" +
-	"Z9\xcb\x0cZ\x17\x80\xd2\x9c\x9f\x90\x0e\xd1\xdc\x88\xd1" +
-	"\xd2\x8a\x89%vI\x04\xff\xd9mF\xd2AD\x05B" +
-	"\x16-\xefI\xbb\x9a\x93E\x96wQ[\xb3\xf3 \x87" +
-	"\x10\xe9\xd02\xae\xe8\x98\xd5+\x0fz\x13\"\x1dEq" +
-	"?\"\x82\xf2\xef\xa4/\xeaC\x88t\xa2\x82\xabD\xf6" +
-	"\x12\xf2\xe0g\x84H\xa7\x16\x11\xa2\xfc[\x04\xe5+\x01" +
-	"$\x97+\x0f\xfa\x12\"\x9di6\xab\x8e\x8d\xd0M\x8b" +
-	"B\xa2%\x1044\xfd\x8a\x0e\xe2r\xd0x\xf3\xe1\xe4" +
-	"\x08\xd0\x94]$l'\xfe\x0d]\x0d\xc7Z\":\x81" +
-	"\x90\x951\x8b\x19\xaan\x80\xdbnWK\xd6u\"a" +
-	"\xb3\x9eB\xbcfE\x05\xdc\xf6\x0d\xa9\xe4\x94\xd4f\xa2" +
-	"\xae\xb3P1\xcdH9\x08\x9a\x9dp\x84\xeb?,\x11" +
-	"e\xea\xbd+\x10n\xb7%\x99\xf5\xa1\x03\xbbU%)" +
-	"5L\x92\xd9\x15=`\x97\x1b\xa4J\x0f\x93dv7" +
-	"\x08\xd8\xf5\x02ip\x05\x95\xe4\xce\xa4M\xa9\x02\xaf\x89" +
-	"W\xab\x92\xe9\xa3\x0cYNA\xd5I\xb9\xb7v\xd7S" +
-	"?\x0c\xd3g.\x0an\xe4\x02\xde$\x0c\xe0\x13\xa0\x16" +
-	"<R\x1a\xb9\x84a4Y\x8c \xa0A\xae}\xa3\xcb" +
-	"4pi\xd5h#\x10\xd2\"q\xe3r\xc2U\xa1\xbb" +
-	"07=\x15\x80M\\\x05\x92\xdd<\x99f\xca\xbbI" +
-	"\xea9!Q\xc7n\xaf\x9f.)\xe6V\xac\xd2EO" +
-	"%\xd7z;\x15\xc7\xdc\xf4\xae9\\u\x95\x95\\\xf7" +
-	"\"\xe7_\x11A\xf9\x1b\xe7\xa6\x0f\xcc%Dy#i" +
-	"\"\xb2{\x99 \xf4\xd0\x1aB\x94wEP\x8e\xa3\xe2" +
-	"\x1f1K\xae\xc7<\xb6\x89H\xb5\xd8\x0e0\xd5\x19l" +
-	"\xfat-\xa3\x02\x12TcFu4\xaa\x11w\xd8_" +
-	"m\x0f3\xbb\x09\xa6\x11\x8c\x87\xc1B\x0c\xde`D\xf5" +
-	"k\xfe\x8c\xecHz\xea\xde:\x00\x87\xce\xb1\x14\xb4\x8a" +
-	"|\xb9T\x04e\xba\x00\xac\x8f\xc8\xb6\xd3|\x1d\x1d\xed" +
-	"TX[hT\xb7\x18\x1a_\x13\xfe\x01\x09>\xa7\\" +
-	"\xb0\xc7\xa9\xd9k\x91\x9d\x0c\xf6\x9a?\x87\\\xbb!\x9c" +
-	"\xb9\xfe\xae\x0a\xa7\x1c%v\xde\x8f\xc5v!\x0eO\x8a" +
-	"\xa9U\xe8Ti\xe7\xf3\x1f\xecZ \xb0{\x17\xac\xe5" +
-	"\x0a\xec\xc6R`\xcd\xc0R\x01\x9a!)-\xb8,\x8c" +
-	"\"\x82\xe9)\x84L\xf6\xc4\x15fD\x18%=t\xfb" +
-	"\xa5\xd6\xff\xdb\"1\xc4\xeb\xd6U\xd2.A\x1a\xab\x1c" +
-	":\xe2\x9b\xd4>#3u!\xd9\x8d\xf5\x99\xe6\xa2k" +
-	"n;%+xx\xe7\x9c\xddw\xee\x18\xec)\xd5\xd7" +
-	"cg\x8b\x10\xf5T\xd3Pn\xa6)\xa1\xe9i\xd9f" +
-	"\xa7\x1c\xdfzB\x94q\xa6\xd2$\x92%\xb5\x08q\x85" +
-	"U\xbb\x0e\xaf-\x8cj>C\xf3\xc3\xf4\xa4\xdaw\xd1" +
-	"\x14\xe1T\x1ew2\xd6\xa9\xe0\xb0\x15\x9d\x83\xd5\xf1\xec" +
-	"\x90T\xef\xceaw/P\x96<5w\xd5cI\x9d" +
-	"\xd0\xcc\x96\x16\xe2r\xb2\xd6BzD\xc9\"\xe4.\x0e" +
-	"\xdb\x88\xb4ka'\xb4\x9c\x9a\x87rJ\x1d\xa5G\x85" +
-	"N\xd9\x8e\x1f%\x0b\x10\xf5\\\x8eRU\xe7J:\x9a" +
-	"\x1eX\xd4\xd8\x15\x8b\xa8lvQ\xd8N\xf3\x8eS4" +
-	"\xf6'\xd0\x0e\xc7*\xf6Jy+x\x08iz\x02D" +
-	"h\xfa3\xd8\xd2'o\x87\x12B\x9a\x9e\xc2\xf1g\xc1" +
-	"\xf2p\xf2\x0e:\xfdi\x1c~\x01l''\xef\x84\xf5" +
-	"\x844\xbd\x80\xe3\xfb\xc0\xf6s\xf2^\xd8FH\xd3>" +
-	"\x1c\x7f\x1b\xecB\x96|\x10\x96\x11\xd2\xf47\x1c?B" +
-	";\xe6\xb2\xcc\x8e\xb9\xc30\x87\x90\xa6wq\xfc8\xed" +
-	"\x98\x03\xb3c\xee\x18\xd4\x10\xd2t\x04\xc7\xff\x8d\xe39" +
-	"&\xaa\x96O\x80NH\xd3q\x1c\xff\x1c\xc7{\x9b\xc0" +
-	"Z>M\xe9\xf9\x1cDh\x14\x04\x90\xfa\xf4\xa7\xd0Z" +
-	">\x0b\x1b\x09i\x14Dh\xea\x8b\xc3?sSp=" +
-	"\xb6\xb7p\x0e\x10\xd2\x94\x87\x0f\x8a\xf0A_\x81\x02l" +
-	"\xb9@h$\xa4\xe9|\x1c\xbf\x10\xc7\xfb\xe5\xe4A?" +
-	"B\xe4a\x02.\x7f!\x8e\x8f\xc3\xf1\xfe\xbd\xf3\xa0?" +
-	"!r\xb9p\x92\x90\xa6\x098>\x05\xc7\xddb\x1e\xb8" +
-	"\x09\x91\xab\xe9:U8>C\xe8\xc6\xc3\xfc\x986\xaa" +
-	"\xae\x9a\xa1z\xa8\xe7uS\xabv\x02\x0f\x9d\xaaah" +
-	"\xa1\xa8]&\xa7\x8e\xd804R\x18\x8a\x1a\x1crh" +
-	"I6T\x01Z\x98t\x9aR\x1e\xe2\xaf]\xfc\x92\xec" +
-	"\xa9H\xa1z{ \x1ak\x0a\x84}\xda\x0c5f4" +
-	"\xc5}>-\xc6AO\xa7\xde\xb0@xj0\xd0\xda" +
-	"f\xc0\x94dO\x83\xc8\xd1\xc5\x1e\x0av|=\x8d&" +
-	"\xdf\xcc\xea\x93S\x97\x88\x83S\xc8h\xcaw\xcaGg" +
-	"\xa4\x03\x1c2H\xa9\x15\"\xd5\xa9\"/vU-(" +
-	"\xa4!\x9d\x92+f\xf5M$\x00\xecK\xde\x92\xdaL" +
-	"\x84~\xf0=\x0eZ\xf7\xff\xa5\xcb\xe7\x12\xa1\x9fp\x16" +
-	"\x07\xad\xdb14,\xef'~\x87\x83\xd6WN\xa4\xc1" +
-	":\x11\x12\xac\x0aA\\\x91\x98\x91`\x15\\\xe2F\xfb" +
-	"\xd7\x190\x16NV\x83A;%S\xa8_\xa5\xb6k" +
-	"?\xac\x8b\xe0\xa7\xe4\x0c\x81\xf1\x1c\xb8\x0c\x04\xfb8\x0c" +
-	"\xb0+\x7f\\6\x9e]\x1d\x02vi^\x9aXB\x04" +
-	"\xa9\x1c\xe36v\xa7\x0c\xd8\xb5}i\x18\xc6t\xf9\xae" +
-	"\x04;O\x0a\x98\x92\xd9\x07\xaf\x19I\xa4\x02'`\xbe" +
-	"\x82p\x8d`\xec>$\xb0+\xf2\x92\xe4\xa1\x8d`^" +
-	"\xd3\xa1d,aJ\x88;\xa5\xd1\xdc\xba\xa5\x08\xec\xf6" +
-	"3\x97Wa7\xfc\x81}\x91@\xaa,a\xd1(\xbb" +
-	"\xa2\x0d\xec\x06\xb44\xb8\xd8\xcc\xabP\xe9\xab\x02w4" +
-	"\x10n\xad\xa2\x99\xa2TJ~@\xa3m\x8f\xc0Y\xc8" +
-	"tO\xe9\xb1Uw\xa1#0D\xe45\x81`Z\xb3" +
-	"X\x8dSS\\c\xb2)\xee.;\xe2Z=\xc7n" +
-	"\x84\xb4\xfa)\xd6\xd6\xdb\x9d\x90\x9d&MVd\xd1;" +
-	"\x99\xf7\xf0\xc7\xa3A\x16\x02'\x1fA\xf2\x91c\x0c\xe5" +
-	"\x14l9\xe4\xb7\x93}\xea\x8e\x85\\\xa7\x1b\x0c\xdc\x1d" +
-	"\x13oL\xd3\xe7\xdb\xddI\xa8jF\xc4\x17\x09\x12\xbb" +
-	"\xc5\xbb\x1bL\x17\xeb\xe9.\xc0\x0f\xe8w\x9cb&1" +
-	":j0n\xa0b>\xd4Z\xebT=\x97\x7fb\xe4" +
-	"\x9f)\xe1Z\xe1Y\xa6\xe1k\x0f\xd7\x0a\x9f\xecS\x94" +
-	"\xfbQ\xbf\xde\x17\xfd\xf4\xb9\x14\x1f\x88&>\x18\x00s" +
-	"\xf9NxV\x8f\x91\x0b(n(\xc2\xf1\xd1|G\xfd" +
-	"H\xea\xd7G\xe3\xf8\x04\x8a\x0f\xcc\x94\x9b<\x9e\xae?" +
-	"\x0e\xc7\xab(>\xe8e\xe2\x83\x89\x147L\xc0\xf1)" +
-	"\xf0Czf~R5\xe7\xa7u\xd6t\xef\xc6\x93\x19" +
-	"\xa5\x0e\"\xd6Y\x88 \xc3\x19w]\xcbO\xea\xef\x8f" +
-	"\xb5\xb9\x93\xd1r4\x16R\xc7D\x93 f\x0b\xc5\"" +
-	"\x0ab\xeb\xeai5\xa5v=\xed\x87\xac\xd5i?d" +
-	"\xf5\\\xda\x0f9q\x11\xed\x87\xac\\DH\xc2L\x81" +
-	"\xd5t\x10\xef\xe4`@\x0b\x1b\x09]\xa3\xd7\x98\x90\xeb" +
-	"\x09S\xca\x9b\xda n\x18\x81p\xeb\x94\x88\xb8 \x9c" +
-	"<\x96F\x04\x15\x91\xf9\x9a?\x11\x0bF\x16L\xc68" +
-	"\xc9\x1d\x0fi\xba\xcd\x0b\xefT\xdadhw\x06{#" +
-	"\xe1\x19\xe8\xae\x1c\x1bo\xf8\xe4\x91\x19\xbfq\x89\xb3\x0a" +
-	"\xbb\xb6nu\x8f\xe8|\xe2,\xd9\x8e\xaa,\xb3\x13g" +
-	"iAcW\x97\xf9\xba\xbe\xfe\xd7S\x0b\xb9S\xf2J" +
-	"wj\x9dI\xa6\xb5%\xfb~mf\xc0\x9dn\x932" +
-	"\xaa\"V\xce\xcb\xf4i\xa3\xa97b\x1f4\x01\xf6u" +
-	" Y\x01\x0f\x11\xe4Z\xa0\x17\x9f\x92\x97\xbd\x81]\xa2" +
-	"\x95+\xa1\x91\x08r9\xa0Gb_\x9a\x02\xf6-\x02" +
-	"y\x18\xcc%\x82\\\x00.\x10\xadoP\x00\xfb@\x9b" +
-	",\xd1\xa7\xbd\xc1\x05Y\xd6WC\x80}\xddK:\x8b" +
-	"\xbe\xfd\x8c\x0b\xb2\xad\x8fh\x01\xbb\xb0-\x9d\xd0\x89 " +
-	"\x1duA/\xeb\xab\x06\xc0>\xa5!\x1d\xdcF\x04\xe9" +
-	"\x80\x0b\\\xd6\x95}`\x9fl\x92v\xaf'\x82\xb4\xcb" +
-	"\x059\xd6g\xe4\x80}?K\xda\xbe\x88\x08\xd2\x16\x17" +
-	"\xf4\xb6>[\x05\xec\x13\x0f\xd2\x86\x1a\"Hk]\xd0" +
-	"\xc7\xfa\xce\x0a\xb0o\x1eH+\x1b\x89 -uy\xcd" +
-	"b\xadY\xd4\xa76\x99@\x8c\xff\x9f\x1b\xe3\xee\xe4\xc5" +
-	"\xaf\xa9\x11\xbd\x96\xb8q8\xfdj\\\xfa\x19\xe3H2" +
-	"\xc2\x06\x86\x08\x0b\xa9a\xa9B\x094\xc1\x160!\x12" +
-	"#\xe1*\xf3\xe6\x0fB\x0d\xe25\xe1h\x95\x95M\xe9" +
-	"\xb9\xbd \xe5\x8a\x8a\xd3\xa5\x17>G\xc3\xd2v\x92\xfd" +
-	"\xcd+\x87B\xad\xa1\xeaFC$f\xd6\x17\xb8[\x16" +
-	"\x8dtr\xbfbB\x12\xcdZk \x1c\x0e\x84\x09\xb4" +
-	"\xba\xc2\x91\x05<Mi\x19a\x9a\xd4\xca\xcc\x98\x03\xeb" +
-	"\xda\x155\xdd\x06h\xec\x03y\xc0>\xfb%I5\x14" +
-	"\xa0u&\x0b$?,?\xff\x13o\x10\x9b\xc7\x9eV" +
-	"C\xf2\xf05\xa4\xe4}\xb4\x12.\x19\xcc\xec\xce!\xe4" +
-	"\xf3\xdfDP\x8ep\xb9\xe4\xc3\x8d\\\x86\x98\xe5\x92\x8f" +
-	"-\xe2\xeaE\xacS4\xc5_\xf7Zb\xe6\x92\xcf4" +
-	"\xda\xf5\"\xe6:\xa5\xb3\x08\xa1\xbeK:\xe64\x08\xd7" +
-	"\xfd=\x12\xa7\xbc\xf2\xff\xf9nIT\x8f\xcc\xd7\xc2j" +
-	"\x98\x88>\xcdv\xc3\xd67\xd02{V\x1c\xec}z" +
-	"sOZq/F\xec\xeb\xb2\xec\x83T\xc0>\xec#" +
-	"\xcd+a\xd7e\xd9\xb7\x9b\x80}}L\x9a\x8d\x00\xfb" +
-	"r4u\xec+4\xc0\xbe\x91&U7\x9a7@E" +
-	"\xeb\x83\x98\xc0\xbe\x8c#\x95zh\xf3O2\xc00\x9b" +
-	"\x9a-\xf7O\x15\xd11\xe8HoZK\xbfa\xd4U" +
-	"6\xb7\xa7\x1aH\x8f9\xaa\xac\xee\x1b\xd6\x02F!\x0d" +
-	"\x07Ygov\xc6\xcd\x1dv\x19X4:\xba\xe9\xf0" +
-	"\xb5\xc1kwY\xb5\xa1B\xcf\xb0\xac\x87\x16\xa9d\xe1" +
-	",C9\x1b\\j\xab\x96\x16zx\x9cB\x8fz\xfb" +
-	">\x0e\x0b=\x16/\xe3nk1\x05]\xdeh\xdf\xc7" +
-	"\xe9\x91h\xa7\x98\xc2\x1c\xbb\\\x85\x85\xe9\xd8\x81\xaf\x80" +
-	"8\xe0\x09G3\xe9\x90\x85u\xea\x84/\xee\xbe\x13\xde" +
-	"\x15\x89\xc6\x18\x81\xff?\x00\x00\xff\xff|>K\xdf"
+const schema_dc5dd5d2e729011e = "x\xda\xa4|}|\x14\xd5\xd5\xff=3\x09\x9b \xb0" +
+	"\x19'\xfc\x14\x05\x82\x11\x14R\x12I J\x02!/" +
+	"\x10 \x14\x9a\xcc\x06Tx\xa4:\xd9\x9d$Kvw" +
+	"\x96\xd9Y T\xe5E)\x85\xaa\x15*\x15\xa8\xb6\x05" +
+	"\xb5\x1a\x14+\xb4\xb4\xc5\xd6\x17\xac\x14\xb1\xd0\x8a\x96V" +
+	"\xaa\xf8\x88\x8a\x02\x95\xfa\x8ao\x15\xf7\xf79w\xf6\xce" +
+	"\xdc\xdd\x9d$\xe8\xc3?l\xee\xdc\xb9s_\xce=\xe7" +
+	"{\xbe\xe7\xdc;\xe6\xf3\x8bk\xb2J\xfb_\x7f\x15\x11" +
+	"\x9ao\x15\xb2\xfb$\x1e\xf2\xbc\x94Ut\xa4f9\x91" +
+	"\xfaBb(\x8cz\xe7\xc5\xc3\xf3_%\xd9\x82\x87\x10" +
+	"y\xc3\xc5k\xe5{/\xc6_\x9b.^L \x11<" +
+	"\xab\xde\xb9\xf4\x8e\xd7\x96\x13\xe9\x02 $\x1b<\x84\x8c" +
+	"=sq\x1d\x10\x90\xcf^\\M Q\xfb\xd2\x9b\xcb" +
+	"/{a\xcd\x0a\"\x9d\x0f\x84d\xe1\xf3K\x06\x17\x02" +
+	"\xc9J<\x95\xbb\xec\xcb\xae\x9f\xde\xb0\xd2zb\xbd\x9a" +
+	";\xb8\x12_\x95\x06\xe3\xabz\xf1\xd9u\xbeEO\xdc" +
+	"B\xa4\x0b\xed\x0a\xe5\x83\xcb\xb0B\x15\xad\xf0\xd4\xe2c" +
+	"\xfd\xbe\x9c;\xf9V\xa2\xf4\x05\xc1\xe9)~D\x9e?" +
+	"x\x9b\xac\x0d\xc6_\xea`\xec\xe8o\x97\x7fq\xc1\x93" +
+	"\x1b\x16\xaf\"\xca\xf9`\xb7\xb6w\xf0\xf9\xd8\xdaAZ" +
+	"\xe3\x96\x97.\x98\xf7\xeb\x13\xb7\xae\"\x92\x84\x15p\xb8" +
+	"c\x8b\x87\xd0\xfe\x94\x0f\xc1\x0a\x1b\xf7\x7fo\xc4\x86\xb9" +
+	"\x7f\xfa~\xb2\x02ma\xdd\x10\xda\x9fMC\xb0?\xa7" +
+	"\xe3\xffl\xf5(\xaf~?9\x19\xb4\x85\xddC\x0a\xb1" +
+	"\xc2\x1e\xda\xc2\x837\x94\xfcg\xd2S\x85\xab\x89r\x19" +
+	"@\xe2\x93e_\xf4\xed\xbfh\xc2\x9bd`\x8e\x07p" +
+	"^\x86n\xc5\xaa\xa5C\xb1\xad\xeb/z\xe9\xf6\xa7\xde" +
+	"\x7f\xeb\x07D\xea+:C# \xcf\x19\xba^\x9e?" +
+	"\x14\x9b\x9e;\xd4\x03rv\x81\x87\x90\xc4\xda\x0f\x82\xd7" +
+	"\xc5j\xea\xd6\x10%\xdf\x19\xdd\xe9\xa1ttg\x86\xe2" +
+	"\xa7o\xfe\xb4\xe3\xe1\xf5\xcf\xfetMF{J\xc1\xe3" +
+	"\xf2\\lD\x9eS\xb0O>J\x9b\x9bs\xdbG\x7f" +
+	"\xdd}\xf2\xf0\x1a\"\xc9\xce\\\x15XsU\x80\xbd\x93" +
+	"\xc4\xeb\x17\xec\xdf\xf8\xea\x1a~iN\x17\xd0\x91\x9e\xc1" +
+	"\x0a\xefm\xa8\x1c\x1a8\xfe\xfe\x9a\xf4\x8f\x0d\x1c\xb6^" +
+	"\x1e2\x0c?6h\xd8j9\x88\xbf\x129\x97\xd5j" +
+	"+\xde\xfax\x0d\xae\"W;[\xc4j\xca\xb07\xe4" +
+	"\xf9\xc3\xe8h\x87\xed\x03\x02\x89\x0f\xa6\xfe\xe8\xbea\xf7" +
+	"_\xf1C\"\xe5\xdb_n(\xa4\x8b\xa0\x14b\xd7\xfc" +
+	"O^\xbf\xfc\x05\xe1\xcb\xdb\x88r\x010\x89[X\xb8" +
+	"\x1e+\xac\xa0\x15r\xbc\xe6\x0f\xff;\xecOwX\xab" +
+	"D\x9f?Px\x11J\xe4\xc0\x1f\x94/\xbb\xa3\xae\xf0" +
+	"N~\x81o/\xa4\xc3\xde@_=\x0e\xcf\xfe\xcf\xe5" +
+	"\xde\x86;9a\xdeU\xd8\x17_]\xdf\xe0\xb9\xec\x82" +
+	"\xb7\x82\xebp\x10Y\xe9\x83\xb8\xb7\xf0C\xb9\xab\xd0\xfa" +
+	"\xd0\x8fp\x10\xf7\xc7/\xdd\xe3}\xb9\xfd\xc7D\x1a\xc4" +
+	"\xda\xa9\x1a^\x89\xed\xf4\xfb\xd1\xd3\x0dc.\x94\xef\xe2" +
+	"\xbe0bx\x19>\xf9\xf6\xd9\xdfU\xec\xfb\xa4\xe6'" +
+	"D\xea+\xa4\xcci\xff\xe1\xa7\xe4A\xc3\xf1;\x03\x87" +
+	"_E q\xf5\xf2O\xbf\xfa\xe3M\xe1\x9fX\xa3\xa0" +
+	"M\x0c\xb2\x9a\xf8\xed\x16\xff\xd0G\xea\xff\xfd\x13\xec$" +
+	"\xbf\xb3\xe9\x86\x81\xe1\xdb\xe4\\lfl\xf6\xf0\x02\xec" +
+	"\xa4\x915f\xc6\x89\xe7n\xba\xdb\x9aik\xe7\x8e\xa0" +
+	";\xb7\xdf{\xc3\xbej\xde{\xdf\xdd\xfc<\xe5\x8e\xa0" +
+	"\x9b^\x1a\x81\xf3\xb4\xea\x9a\xd0\xaa\xb3\xcd\x87S*\x94" +
+	"\x8f(\xa2;\x97V\xc8Y\xb4v\xe6{\xbb'l\xcc" +
+	"\x90\xc6\xf9#\x9e\x91\xb5\x11t\xdb\x8eX-\xef\xc2_" +
+	"\x89\xb7\xb3\x86\x0d\x9a\xf9\xbd\x8d\x9b\xd2\xbbm\xcd\xed\x88" +
+	"\xe7\xe5.\xfa\xc2\x03#\xde\xc1O\xdf\xf9\xf3\x87\x17\xd4" +
+	"_\xb0\x99\x1b\xfd\x86\xcb\x04\xecu\xcb\xd6W\x97\xaf\xbe" +
+	"v\xe8\xe6t9\xc3\xde\xc9\x9d\x97m\x93W\\\x86\xbf" +
+	"n\xba\x0c\x9b\xa9m\x9aT\xfc\xe1\xc6\xa6\xcd\x19\xb3=" +
+	"\xf7\xf2\xad\xb2z96;\xff\xf2\xd58M_-\xfd" +
+	"\xf3\x98\xf3~y\xf5=\xdcZ\xae\x1bY\x87\x1fl\xfe" +
+	"r\xc1\xff\xdc\xfd\xfb\x17\xf9'\x9d#}\xf8\xe4\xc3\xbf" +
+	"|\x7f\xde\x83\x81_\xfe\x8c)#\xaaZ\xb5\x91\x1f\x12" +
+	"\x90\x83#\x7fE Q7t\xc4\xc9\xa9\xd2\xcb?#" +
+	"\x8al\x0b1\x8c\xba\x08'0w\x14N`\xbf!/" +
+	"\x8f\x1d\xfa\xc2\xc1\x9f\xe3\x86\x17\xd8\x14\x17\x8f\xeaK\xb5" +
+	"\xd5(l\xe2\xa6}\xffo\xed\x85\xcf)\xf7\x13E\xb2" +
+	"\x9b8<\xaa\x05+\x1c\xa3M\\\xb8U=\xdc5@" +
+	"\xfbe\xc6\x1a@\xd1z9\xb7\x08\xbb\x94]\xb4Z\x9e" +
+	"\x83\xbf\x12W\xfc\xe0\xf0\xb6O\x1f>\xf5 Q\x069" +
+	"\x0a\xa6\xaah\x066\xd7P\x84\x0a\xe6\x95O\xae\xe8S" +
+	"\x9b\xf7\xd8Ci\xca\xd8\x12\xae\xae\"C\xde\x8e\x0d\x8d" +
+	"\xed*\xba\x06g\xad,8\xadd\xcbm\xaf?\xe4\xae" +
+	"\x09\xb3Go\xc6\x86\x07\x8e\xc6~n\x7f;\xfc\xbfo" +
+	"\xbe\xd9\xd9\x95\"L\xa3\x05\xacPA+|\xb2\xe3\xb5" +
+	"\x83\x85\xda\xb6.\xa2\\\xe8\xf4m\xeeh\x1f\xd6\xd0F" +
+	"c\xdf^\xfa\xc5\x8fK\xeeZ\xb5\xad\x8bW\x1a{F" +
+	"Sy\xdcO\x9bx\x7f\xc1\xc9\xb2\x17'}\xde\xc5m" +
+	"\xbb\xd3\xa3\xcf\xc7\xa5j\xf0\x7f\xf7\xaa\xb7\x95\x9d\xdb\xd2" +
+	"\x85\x8fJ\xcd\xe1\xd1+\xe5#\xa3\xad_\xf8\x9d\x0f\xfa" +
+	"\xbe\x1c\xfd\xd7\x8dOn\xe3\xd5bi1U\x8b\x15\xc5" +
+	"\xf8\x9d\xc7\x9ey\xe5\x0fo7\xaf~8\xbd5*\x00" +
+	"\xf3\x8bw\xcaZ1\x95\xfdb\\\xc1\xf7\xff\x13^\xd5" +
+	"8\xe2[\xdb\xf9\xd6\xce\x16\xd3^g\x97`k\x17\xbc" +
+	"\xde\xf9\xb7\xcf\x1f\xae\xdeN\x94\x81(\x04\x96\xb6(\xa1" +
+	"\xfa\xaa\xb8\x04\xfb\xf3\xc2%\x17_\x97\xff\xd1\xfa\xed\xdc" +
+	"\xb0\xd6\x95\xa0\xbez\xefX\xe5\xd2M\x07\xae~\x943" +
+	"\xbd\x9d%\xb4\xe5\x15\xb4\xe5O\xb3\xde\x8a/\xcf\x7f\xf4" +
+	"\xd1\x0c\xd9x\xa0\xe4yyG\x09\xf6q{\xc9j\xf9" +
+	",\xfeJ\x94\xbc\xfd\xdc\xe6V_\xd9\xaf\xd2\xf0\x02\xdd" +
+	"\x9e\xc7K\xde\x90?\xa0\xf5O\x97\xe0\x98\xde\xdae\x96" +
+	"\xdf\xf0\xd3\x9a_qF_\xbe\xf7\x8a/\x08\xc8[\xae" +
+	"\xc0\x0f\xfflY\xdd\x90\xff\xd7p\xcdcD\x1a\xc8z" +
+	"|\xe8\x0a\xaaa!\xab\xe2\x96\xb2\xef\xdd\xfa\x98\xbb\xc4" +
+	"\xec\xbe\x82j\xf8\xfdW\xe0G\x0e\x9c\xb7\xff\x1d\xe1\xf0" +
+	"\xc7\x8fY\x1b\xcf\x1a\xde\xc21\xd4Ft\x8e\xc1\xaf\xbc" +
+	"\xbd\xf8\xfe\x0f\x7f\x98\x95\xbf\x83G-\x9b\xc6\xd0u\xda" +
+	"B+4\xdfq\xc5\xcd+\xb5\x0bvpZ\xe4\xd0\x18" +
+	"\xaaE\x1e\xfb\xeb\x98\xeb\x8b\xb4\xf3vrZq\xd7\x18" +
+	"\xb4\x1e\xff\x9d\xb8L9\x95w\xfb\xaf\x1d\xabr\xef\x18" +
+	"\xaa\xd2\xb7-\x1b\xf2\xf0\x94`\xc9o\xace\xa4OV" +
+	"\x8d\xa1z\xf4\xae\xc0\x7f\xee\xacz\xed\xf1\xdfg\xccr" +
+	"x\xccV9>\x06\xe7f\xe1\x98}\xf2\x19\xfc\x95\x08" +
+	"\xffv\xceNo\x96\xbc\x9b\x1f\xd4QkP\xc7i\x9f" +
+	"\x0fTL(\x99\xbb\xb7u7\xd7\xb3\x81\xa5T\x86\x0f" +
+	"&\x0a\x1f\xfb\xf7C\x7f\xdb\xcd#\xad\xb3c\xa86\xc9" +
+	".\xc5W\x9f\xfc\xf5\xc1\x9b\xabO\xdc\xfbx\xba\xf5\xea" +
+	"\x83]\x18Q\xbaS..\xc5wF\x95^%\x10H" +
+	"\xdc\xf9\xf0\x97\x8f\\\xfe\xc9\xb1\xc79\xa0$\xaf\x1a\x8b" +
+	"k\xb8f,J\xdd\xdcr\xcf\x97\x8f\\]\xf9G^" +
+	"n\xcf\x8c\xa5\x9f;;\x16\xc1\xc1\x1d\xc3Z\x17\x1f\xb9" +
+	"\xf4\x09\xae7C\xc6\xd1\xfd|\xc98\xec\xcd\xbc\x9d]" +
+	"/\xde\"\x9ex\"C\xf7\xd6\x8e;%\xcf\x1a\x87\x9f" +
+	"k\x18\xd7H \x91W\xf3\xd7\x15\xcfu=\xf4$\xaf" +
+	"\x19\xe6\x8f\xa3\xf2\xaf\xd1\x96\xde\x16_\x9az\xc9'\xa5" +
+	"O\xbb\xaa\xfc5\xe3\xb6\xc9\xeb\xc6Q\x1b?\x8e\x1a\xbc" +
+	"\xef\xfd\xee\xe1\xbf|\xa6K{8\xd9\xdbUN\x17\xfd" +
+	"\xfa\xef~g\xc1\xb5r\xdd\xb3)\xf2RN\x95\xdf\x03" +
+	"\xe5\xf8\xa1\xf2\xb7CW/\xbem\xef\xb3\x9c\xbc\xec/" +
+	"\xa7b\xbbe\xd2\xb0\x1b\x8ew\\\xb7\x97W=;\xca" +
+	"\xe9d\xec\xa6\xafNz\xaep\xca\xf5\xc7[\xf7r_" +
+	"=RN\xe1\xc8\x8d\x9f\xcd\xfd\xf9wg\xde\xb2\x97\x03" +
+	"*{\xca\xa9e\x99\xa9T\xfee\xf5\xc1\xa3\xc9w\xac" +
+	"F\xbb\xca\xa9\xf2\xdfA\x1b\xbd\xabu\xcf\xbb\xbb\x1b\x7f" +
+	"\xf7g~\x9b\x1d*?E@>L\x9fgmi9" +
+	"\x90\xf7\xe9\xe4}\x19\x92w\xa6\xfcq\xf9l9V\xff" +
+	"\xbc|\x9f\xbc\xf0J\x94\xbcH\xf0\xd2\xbb\xaf>\xb5p" +
+	"\x1f\xbf\x9es\xaf\xa4\xdaB\xbd\x92Z\x92\x1b&\x04[" +
+	"\x12\xc2\xfet\xad\x96C=\x86+O\xc9[\xae\xa4\xfb" +
+	"\xe1J\x8a\xe0&\xcc\x19\xb7O\xf3\xde\xb2\x9f7L\xe1" +
+	"\xf1K\xe9\xee\x1c\x8f\xcd}\xd88\xf9\x89\xab\xaezf" +
+	"\x7fF\xe76\x8d\xdf*o\x19OU\xc6\xf8}\xf2\xc0" +
+	"\x0a\xec\\\xdd#\xef\xad\x1du\xe4\xaf\xfb\xb9I:;" +
+	"\x9e\xee\xbb\xc3\xbe\xe5\xe3\x7f~\xf2\xc0\xf3\xf8\x1d\xdbD" +
+	"\x1e\x1fO\xfb}z<\xea\x89S\xafv\x15l\xf0\xbd" +
+	"\xf9\x17~\x96n\xaf@+\xbc\xae\x02;2A\xde9" +
+	"\xdf\x7f\xf4\x96\xbfr\x06|G\x055\xe0\xff\x18\xd1\xef" +
+	"\xfb+\xde\x0c\xff-ir\xac\xed^A}\x85\x07\xe8" +
+	"\xab\xc7\x1e\xf9\xd1\xa9g=w\xff-}G\xd1\xcd\xb2" +
+	"\xb7b\x9b|\xb0\x82\x0aI\x05\xc5\x83G^\xf4\xbc\xd6" +
+	"U\x138\x94\xec\x08\xad\x14\x9c\x80;*<\x01w\xd4" +
+	"u\xcf\x9c_\xdcT\xb9\xf7\xc5\xe4\x0aP\xc7\xe2\xe8\x04" +
+	"*\x7f'i\x85G\x1e\xbcgO\xee\x0d\xffx\x89\xdb" +
+	"\xfb\x0d\x13\xe7aO\x8bnyw\xe7\xa9o\xbd\xf1R" +
+	"\x8a\xe1.\x9fH\xbbZ5\x11\xdf\xed\xb8\xe0\xd2\xca\x87" +
+	"b\xd9\xff\xc8\x98\xee-\x13\x9f\x97\xb7O\xa4\xe6{\xe2" +
+	"j\xf9,\xfeJ\x18\xb3\xe1\xd5\xef\xb7=\xfd\xcf\xa4\x16" +
+	"\x12\xe9\x9cN\xa4Z\xe8\xf4D\x9c\xd3%\x8fO\xdc}" +
+	"\xdf\x8e\xf7\xff\xc9\xef\xc9MUT4\xb7T\xe1\xcc\xbc" +
+	"`\x1e\xfd\xd9\xfa\x92\x1b\x8f\xa4\xd8\xe2*\x8aK\x0e\xd2" +
+	"\x0a\xf7\xfd\xa7\xd0x\xe1\xd0\xba#\xfcf;]E\x97" +
+	"\xed\x0c\xad\xb0=;\x98x\xe6\xbe\xeb\xfe\x95\xd1\xe1\x81" +
+	"\x93\x9e\x97/\x99D\xf5\xc9\xa4i \x9f\xc4\x9f\x89a" +
+	"S\x06}\xb8\xef?\x03^qs\x12\x0fMzF>" +
+	"2\x89\xda\xefI8\x15\x1f\xedN\x94\xad\xfcU\xd1+" +
+	"|\xe7\xab\xaa\xe9\xe8\xea\xab\xf1\xd3\xd7~\xeb\xe8\x84\xea" +
+	"\xc6\x9dG\x93\xb2k\xd5\xd0\xaa\x0d\xac\xb1\xb0\x1a\x9b\xb8" +
+	"\xa6\xea\xa6R\xff\xfc\xfe\xaf%\x97\x8aN\xd0\xa1j*" +
+	"\xddG\xabq\x82\xfe[\xban\xec\xcd'\xab^\xe3\x85" +
+	"\xae\xb3\x06\xd7\xfa\xa6\x1a\xfc\xc4\xe2\xb2\xdb\xca\xff}}" +
+	"\xf85~\xb7\xdd[\xb3\x12\x1b\xe8\xa2\x156\xe6mx" +
+	"\xf4;Y\x85\xaf;\xbaF\xde_\xf3\x05\xc9J\x0cz" +
+	"\xe7\xec\xb3/<\xf9\xd2\xeb|\xef\xb7\xd7PU\xb3\x8b" +
+	"\xbe\xe9\x99\xb2\xe0\xe0O\x1fx\xf9uW\xf4q\xb8f" +
+	"\xab|\xb4\x06\x7f\x1d\xa9\xa1F\xf4\x9e\xf3\x06^>\xff" +
+	"\xe6cX\xb9o\x1a\x9e\x1b\xbb\xa6\xf6|\x907\xd5R" +
+	"t]\xbbZD\xa5=*\xfb\xdfo\x8c]w,)" +
+	"g\x16\xd6\xa8\xa7\"zo=~|e\xcd\xcc\x13w" +
+	"\xaf\x1f\xf0\x06\x87E\x9e\xa8\xa7zn\xc9\xec\xf2\xc29" +
+	"\x97\xbe\xf3\x06\xaf\xcd\x1e\xa8\xa7j|;}\xd56\xf6" +
+	"\xca\x10\xe0\xb4\xcd\x9c\x1c\x0fd\x112\xf6`=]\xa1" +
+	"\xc3\xf5\x08\xdc\x87m\xac[:4\xff\xa67\xf9I\xa8" +
+	"\x9f:\x8f\xfa\x87S\xb1\xb1\xd9\xfb&>\xf8\xd1\x93[" +
+	"\xdf\xcc\x90\x9e\x85S\xd7\xcb\x9dSq\x02\xe2S\xf7\xc9" +
+	"\x1f\xe0\xafD\xbfA\x0f\xfes\xa1\xe4}+\xa3\xf2\x91" +
+	"\xa9k\xe5c\xb4\xf2\xd1\xa9\xd3\xe4\xeci\xd4\x91\xfdW" +
+	"\xf1\xc8\x9c\xc7\x7f\x9cY\xf9\xf4\xd4m\xf2\x19Z\xf9\x83" +
+	"\xa9\xfb\xe4 \xad\xbc\xffL\xee\xf2\x01\xb5\x93\x8f\xa3\x9b" +
+	"\xca\xb0\x9b2m-U\xaa\xd3P\x90\xfa\xack\xec\xd8" +
+	"<<z\xdc\xd5\xeb\xd93\xedqy\xff4\xaaK\xa6" +
+	"\xe1\xa8\x0fM\x9a\xfd\xab\xdb\x9e\xba\xebx*\xbb1\xdd" +
+	"\xf2\xd8\xa7cs\xd7\x0f\x18v\xcfo\x85\xe3o'7" +
+	"\xae\xc5n4\xd0\x89+o\xc0\x0a\xfb7>\xfd\xde'" +
+	"\xf7]u\"\x85\xddh\xa0-lj\xc0\x89\xdb\xf2\x87" +
+	"}\xdf\xd9|\xd1\xb5'\xd2UZ6vcw\xc33" +
+	"\xf2\x9e\x06\xba\xa8\x0d\x09Ti\xc5\xf7\x9f\x1d4\xf8\x15" +
+	"\xfd\x04\x8f9N\x7f\x9bZ\xf9\x0f\xbe\x8d\xcd\xdd\xdd\xfe" +
+	"\xf8\x1f\xbe\xfd\xdc{'3\xac\xbc4s\xa7<h&" +
+	"\xf5gg\xa2 \x96\x9c:\xb9\xf1\xf7g\xd7\x9dJq" +
+	"u\xd6\xcc\xa4\x0aa\x1d\xadq\xc7-/\xff\xfaOC" +
+	"\xee>\xc5w\xbdt\x16Uq\x15\xb3\xf0[+\xa2[" +
+	"\xf6\x7fW\xfd\xd9)N\xf6\xe6\xcf\xa2\xe6\xb9\xf5\xc5\x0f" +
+	"/\xac\x9d\xf3\xdf\xf72\xd6\xac~\xd6Zy\xd6,\xaa" +
+	"Hg\xed\x13\xe4\xe2F\\\xb4\xac\x9bk\xfeT\xd54" +
+	"\xf9}~P\x03\x1b\xe9\x1c\x0di\xc4\x0fM\\z\xfd" +
+	"\x8f\xee\xfc\xe8\xc9\xf73\x06U\xd5\xf8\x8c\\\x8fm\xc8" +
+	"\xb5\x8d\xe8\xa4\xffp\xe5\x8d\xa1\xca\x8f\x0e}\xc4\x99\x96" +
+	"\x86Fj\xb6\xbe\xfb\xd2]\x13&\xbc\xf6\xe2G\x19=" +
+	"*m\xdc,W\xd0&\xca\x1b\xa7\xc9\xf3i\x87\x0e\xff" +
+	"n\xd0\xd5}\xbf7\xee\x0c\xaf+\xeb\x1b\xe9\xaa\xce\xa2" +
+	"\x1d:\xfc\xd1\xbf>iy\xe7\xddOR\xd4\x7f\xb8\x91" +
+	"\xceM\xbc\x11\xd7\xfd\xf9K\x1f}\xe4\xc4c\x93?M" +
+	"\xc7HtY\x0f5\xae\x94\x0f7R\x1d\xd6H\x8d\xf7" +
+	"\x89\xe7\x9f)\xfaMS\xcb\xa7\x9c\xa1\xd9\xadP0\xfb" +
+	"\x87'/\x88\x9ex\xf0\x1f\x9ff\x9a\x11\xe5\x19\xb9K" +
+	"\xa1\x9bZ\xf1\x80\xdc\xe0\xc3\x8e\xff\xef\x00i\xc5\xf0?" +
+	"E?sVD.\xf5}H\xb2\x12\xfe\xe3'r\xae" +
+	"\xfb\xe3\xca\xcfx\x98;\xd0GG4\xc4\x87#\xfa\xec" +
+	"\xb5]\x03\x8c_\xfc7\xa5B\x95\x8f\x0e\xa8\x9eV\xf8" +
+	"y\xe3e5\x97]5\xe9\x0bwGA\xf3Y\xca\x9a" +
+	"V}\xaa\xcfW\x7f\xbe+\xbf\xf6\x0b^p6\xf8\xa8" +
+	"\xc6\xbc\x97VX\x9b_7\xf2@\xe8\xb6/\xb8e:" +
+	"\xe8+\xc2\xe1\xee\xf9\xc9_\xca^9V\xf7U\xba\xbb" +
+	"Ku\xe9.\xdfV\xf9\x09\x1f\xdd\x17>\xdc\x9e\xa7\xf6" +
+	"\xc6\xb7\xbc0\xb2\xf1+\xb6\x0at\xf7u5\xd3N\xef" +
+	"hF\x11.>p\xf1\xe2\xf3\xbf\xf5\xcbD\xca:)" +
+	"\xb3\xe9\xb8\xe7\xce^L\x8a\x13AsI\x89_\x8dF" +
+	" Z9]S\x03\x9aAH\x13\x80\x92#f\x11\x92" +
+	"\x05\x84H\xa3\x8a\x08Q\x86\x8b\xa0\x8c\x11@\x02\xa0D" +
+	"\xa0T\\F\x882R\x04e\x9c\x00\xde\x88\x1a\xd6\xa0" +
+	"\x1f\x11\xa0\x1f\x81\x82Ej(n\xffe\xb7\x9e\x15\xad" +
+	"l\x8e\xb7\xc4\xfcF0j\x06\xf5HI@\xc3\xdf-" +
+	"\xdap\x9f\x16\x8b\x87\xcc\x18Q\xb2\xec\x0f\xf6o!D" +
+	"\xe9'\x82r\xa1\x00\x09\xabb\xd4$\x9e\xa0\x1e\x81<" +
+	"\xc7|\x10\x80<\xee\x03b\xb4\xb2\xc9\xd0\x17h~\xb3" +
+	"$j\xe8~-\x16\xd3\x8d\xd8\xf0&\xd5\xf0\xa8\xe1\x98" +
+	"[-\xbf\x1aU[\x82\xa1\xa0\x19\xd4b\xc3}\xd5V" +
+	"7\xf8^,\xe0z\xc1*\x13/V\x07\xc9\x01\xba\x04" +
+	"@J\xed\x06?\xceX\x89\xa1\x85\xf5E\xda\xf0\xa6\x02" +
+	"\xd5P\xc3)\xed\xe3\xb4\xe6\x88\xa0\xe4\xa7\xcd \xbf\"" +
+	"\xd7\xa8\x1d\x9aO\xf3Fu\xc3L[\x94\x95\xce\xfc\xdb" +
+	"\x8bRj\x10\xa2\x8c\x11A\x99(@\"9\x0b\x1a\x04" +
+	"\x1a[[c\x9aI \x97\x08\x90K ah\x81\xb8" +
+	"_\x0b4\x92\x02\xfa\xc0.\xe7\xc6\xe0\xa3\x92\x80\xbdo" +
+	"\x0b\xc6L\xcd\xc0\x89T\xc3\x10\xebF,l\xa9\x98G" +
+	"\x882Z\x04e|\xfa\x98\xfc\xed\x9a\xbf#\xaa\x07\x89" +
+	"\x18q\xfd`\xb3ihj\xb8D\x8fj\x91\xc9z$" +
+	"\xa2\xf9q\xf6\x86W7Y\xb3\xc6}\xb5\xceM\x18\x8b" +
+	"\x9c\xc9X\xa6[\x13\x0fy\x0e\x01l\x89\x8a7\x16\x8c" +
+	"t\x80\xe4\xb8\x01.Kg\xf5b\xb1\x1a4\xa7\xeaF" +
+	"\xfd\"-b\x0e\xf7i\x05\x19\xa2Q\xe6,]\x81\x86" +
+	"\xb5 \xcf\xd1w\x99\x829\x99\x13\xb5\x92\xb0\x1e\x8f\x98" +
+	"L0{\xddf3\xba\x9bPC\xf3k\xc1E\xb8[" +
+	"\x09H\x8erO\x1bSv\xaa8N\xd6#\xad\xc1\xb6" +
+	"\x12\xf6\xae\xb3S\xae\xf1\xa8\x1d\x1a\x8e0\x0f\xf2\xa1\x0f" +
+	"\x0e\xd1\xc7I\x7f4\xa4\xfa\xb5\xb0\x16!`\xba\x09\xa9" +
+	"\xb5\xa3\x80Jh\x9e\x98M\x88\xcdg\x033l\xd2\xc2" +
+	":\"H\x9a\x07\xc0f\xa2\x81\xc5i\xa4\xb9\x0b\x88 " +
+	")\x1e\x10\xec\xa0\x0e\x1c\xab\\\xba\x89\x1c\xb8\xfaQ\xa9" +
+	"~\x1e\x11\xa4*\x0f\x886\x95\x06\x8cu\x90Jg\x10" +
+	"A\x1a\xe5Y\x16\xa3\xab\x16\xabI\xdf\xa65\xf6&\xd0" +
+	"\x89h\xe0\x9fL\xeb\x10Bj\xa0\x09R\x16\x89\xaev" +
+	"s0\xd2Q\xe2\x0f\xe91-\xe0&\xf2\x95.\"_" +
+	"\xe8\xc8^\xb5\xa1\xa91\xaa\xa5lv\xcf\x12\x06\xcf\xe2" +
+	"\xf6N\xf0:\xd0\x84\x00xS\xe7\xd0Z\xa5jk\x99" +
+	"p\"\xfb\xe1D2\xee\x87\x0b\x87)8\xe8\x06\x9cH" +
+	"\x86\xf4\x80E&\xa4\xaa\xcdD\x90*p\"\x99\x8b\x0f" +
+	"\x8ca\x90\x8a}D\x90FxR\xa7 \x81\x92>'" +
+	"b\x06!\xd4d\xcd\x94\xa8\x05\xf8i\x03#c\x9e|" +
+	"Lx\x92Rd\xcfS7\xfb\xa3E5\xfd\xed\x90\xe7" +
+	"\xc0<W\xc5m\x89\xe1t=f\x96,V;4{" +
+	"\x7fp\x8d\xd69\x8d.3\xb4\x85q-\x86\xdb\xce\xa6" +
+	"\x98\xd2\x9a\x85h\xe54\xd5\xd4\x16\xab\xd0iiN\x94" +
+	"K\xe6#\xc1\x1d\xc3Z\x17\x93#\x97>!\x95\x96\xd1" +
+	"i\x01\x07\xcb\x01\xc3\xbc\xd2 \x94\xd9\xfe\x9e\x82\x90\xde" +
+	"\x16\x8c\xd4\xc0\xb2E\x9a\x11\x0b\xea\x91\xd4\x19\x11\xa2\x95" +
+	"\x8e\xc2j\x8c\x9aA\x8f\x1e\x89\xe1\x17\x87\xd9=?\x84" +
+	"\xd3q@\x04\xe5e\xdc\xd9\x82%7\x87\xd7\x13\xa2\xbc" +
+	",\x82\xf2\x96\x00\x92 R\x08*\x1d[K\x88\xf2\x96" +
+	"\x08\xca\xfb\x02H\xe2\xf2|\x10\x09\x91N\xe3\xc0O\x88" +
+	"\xa0|,\x00d\xe5\xa3k\"}\x80z\xe1}\x11\x94" +
+	"/\x05\x90\xb2!\x1f\xb2\x09\x91>\xc7\xef|,Bs" +
+	"\x1e\x08 \xf5\x11\xe8N\x96\xfbC!!\xcd9 B" +
+	"s>\x96{V\xe4S\xdfP\x82\xb5\x844\xe7c\xf9" +
+	"0\x10\xa0@m55\xc3V\xcdau\xc9\x14-\x14" +
+	"\\\x04\x9a\xd1Iw\x06\xc4 \x87\x08\x90\x93\xf6\xac\xae" +
+	"\xd3\xd4b\x84\xb0g\xcb\"z\xb3\xa9\x9a\x1a\x00\x11\x00" +
+	"q\x1d*t-P\xd7\x89j\x8a!\x04\xb33\xaa\xc5" +
+	"`\x00\x81&\x11h\xe1\x00\x02\x9e\x0e\xad\xd3\xd1-\x11" +
+	"\x7f(\x1e\xd0\xea!\xda\xae\x855C\x0d\xe1\xe2&\x1b" +
+	"t\x13\x9b\x92Pp\x91F\xbf\xeb\xaa\xad+\x1d\xc1\xa9" +
+	"nW#\x81\x90\x06\x92\xe3\x81\xf5\xac1K\xd8\x0ea" +
+	"\x1bD\x0b$!K\xaa\xc4\xaf\xe4\xc1\x02jY#\xec" +
+	"by\xbb\xb3\x09\xa1`\x8c\x9a\x04UL\xc5*I{" +
+	"\x94\x06\x96\xa0[\x18\x11\x8c\xb4\xea\x90\xe7\x90D\xddc" +
+	"\xa4\xa4\xce\xb46o\x8c\x10^\x9e\xf9\xf17\xc7\x0b\xc2" +
+	"a\xd5\xa0{h\xb0\xfd\xd1]\xf8\xd1\xc7DP\xfe\xc8" +
+	"\xd9\xaa\xddX\xf8\x1b\x11\x94\xa7\x05@)G\x81~\x02" +
+	"\xe7\xfe\xf7\"(\xcf\xa2@\x83%\xd0{p\xb2\x9e\x16" +
+	"A9 \x80\x94%X\x12\xbd\x1f\xf5\xe8\xb3\"(/" +
+	"\xa0D\x0b\x96D\x1f\xf4q;\xa7\x8fh\x99\xa6\xc3\x9b" +
+	"\x9d\x9d\x93b\x13\xbd\x1d\xc1H\x80\xfdQ\x1d3U3" +
+	"\x1e\x03\xafC\xfb&\xb5n\xb7\xcb\xe3\x09\xa9m\xf6R" +
+	"\x85\xd4\x98Yo\x18\xa8\x02\x1d\x10C\xcdg\xdc\x00-" +
+	"Pk\xe2\xcb\xa2;z\xb2\x05\xb3I7\xccXI\xc7" +
+	"\xa2\xa6\xb8iC\xcc^\xb1h\x12*\xf2+2U\x0d" +
+	"\x86\x82\x916\xba\x11\x9bto(\xe8\xb7\x94\x1a\x9dc" +
+	"\xa9\x88\xcapn\x11!\xdev5dzc\x1d\xc1\xa8" +
+	"\x8b\x14\xc5x\\\x9a\xf1\x15HZ\xc0\x06o$\x1a\xa7" +
+	"\xa6<\xdf^\xee\x9bpe\x97\x88\xa0\xdc\xca-\xf7\x0a" +
+	"TK7\x8a\xa0\xfc\x00\x15Xr\xbdW-%D\xb9" +
+	"U\x04\xe5N\\o\xd1Z\xef\xdbQY\xdd&\x82\xb2" +
+	"\xd1Q`\x1bpe\xef\x12A\xf9\x85\x00^T\x08l" +
+	"\x92\x97E\xd5\xce\x90\xae\x06\x1ce\x10\xd0\xc2Q\xdd\xd4" +
+	"Hu\xc4\xdf\xf9mNK\x845S\x0d\xa8\xa6\xca\xa9" +
+	"\x96\x84\x96\xd4\x18\x04Bn\x1a\xc3\xb1\xf1\x01T`\x9a" +
+	"Aw\x94\x87_\x95\xac\xee\xb0\xa8\x9b\xa32/u\xd7" +
+	"\xd3\xaaD\xd4# 9\xa4M\xb7(\xb3M3\xad\x05" +
+	"U\xdb\xd0\xdey\xd3\xfd\x03\xde\x88.\x8ckF'\xe4" +
+	"9\x81\x87\xb4\x9d-\xa4\x19Q\xe2\xd8<\x96R\x01," +
+	"\xec'\x95\x161\x9b\xc7HE`\xe4\xa04h%\x11" +
+	"$\xc9\xe3E#\\\x03\x896\xcd\xf4\xc5\x11\x1f\x84-" +
+	"\xfdJ2\x8c\x9f5\x04C\x0b\x04\xfd\xf8\x9cX \x90" +
+	"\x0dB\xc5A\\'\x82\xb2\x84\x93\x9c8\xee\x7fS\x04" +
+	"e9'97\x9592\x06I\xc1Y\xb1\xd6\x91&" +
+	"W\xab\x91H\x0a\xcbd\xd0#\xa6\x1a\x8c\xc4\x1c#\xb3" +
+	"\xb8]3\xb4\xafeQ\xb2\xed\x951,\xef\x87)G" +
+	"V\x81\xb9E\xde\x86H\xab\x9e6\xce\xa2\xe48\xdb\x1d" +
+	"d\xa8\xa1t\x04DP\xa28L\xb0\x86\x19F5\xd7" +
+	".\x82b\xe2\x06\x11\xacq.\xc4\xcd\x10\x15A\xb9\xf1" +
+	"\\\xdc\xa6\x145\x15\x8f\x06TS\x0b\xd4\"4\xcf&" +
+	"\x02d\xa7B \xd4`\xc6d\x8f\x1e\xd0\xb0\xbf5\xb4" +
+	"\x0b\xbb\xeb\xa8L\xeeXI\x08\x08\xd2\xf6\x19\x84\x80(" +
+	"um%\x04\xb2\xa4\xae\xa5\x84@\xb6\xf4@\x0b!\xd0" +
+	"G\xda\x82\xcf<\xd2\xbdX3G\xda\xb4\x96\x10\xc8\x95" +
+	"6\xe1\xb3\xbe\xd2\x06\x83\x108OZ\x87U\xfaI\xb7" +
+	"\xaf'\x04\xfaK\xb7o&\x04\x06H\xb7\xfb\x08\x01\xaf" +
+	"\xb4f=!\xcb\xe2\x91\x8e\x88\xbe8\x92\x08F\x16\xa9" +
+	"\xa1`\xa0V0\xda\xe2a-b\x92\x88nN\xd5\xe3" +
+	"\x91\x00\xda\x9e\xe4\x16\x87\x88\xbf\x13]\x94\x90'\xe87" +
+	"\x13:\xd5\xce\x93uR\x1di\x0da\x81\xa1\x9a\xda\xcc" +
+	"`8H<\xa6\x16H\x98\xba>S5\xda\x10\xc8&" +
+	"\xe2\x115n\xb6k\x11\xd1\xa4R\x18 \x01M\x0d\x84" +
+	"\x82\x11\xad~\x89_\xd3\x02Z\xc0\xaa\xb3H\x0d\x86T" +
+	"\xe2i\x09i\x89P0\x1c4\xeb\x97\xf8I\x01}\x9e" +
+	"\x08FL\xcd\x88\xa0\\\x10\xdb\x8b\x00\xb3\xb3\xb1\xb55" +
+	"\x14\x8c\x80\x96hU\x83!-\xd0d\x80\xe6\xd7#\x81" +
+	"\xa0\x19\x14\xf5H\xc2\xafF\xfcZ(\xa4\x11\x08$\x0c" +
+	"-\xa6\xc7\x0d\xbf\x06\xf5K\xda\xd5x\xcc\xd4 `/" +
+	"Dn\x86I\xf0\xeb\xe1p\xd0\xb4u\x8a#ai\xf5" +
+	"b\x9aY\x1bR\x8d\xb0m\xf9S\xec\xb4e\xc3\x93\xe8" +
+	"!I0\xf4\xb3e\xb2\x1emo\x8d\x08\xcaLn\xef" +
+	"5\xe06\x9b\"\x82\xd2\xe4\x18\xe9YX6]\x04e" +
+	"\xb6\x00\xd5QCk\x0d.\xb1\xb7\x91\x85\x0a\xd9_t" +
+	"\xd6l\x1c\xd8\x93S@\xfb+\x9a\xff7\x8c\xe4\xa8\xeb" +
+	"\x18\x05w\x0c\xac\xf0\x83\x9c\xe1\x8cG\x82\x1ak\x90\xb3" +
+	"\xb0p\xa6\x08\xca\xb5\xce \xe7\xe0\x0em\x12A\xb9N" +
+	"@\xe7yQ\x10\xa1<\x9a\x0e\xf6\xddXD\x8d\xc6\xda" +
+	"u\x938\xaa\xc1\xbb\x00\xbd97*\x8b\xe9\x89X<" +
+	"\xac\xf1p\xc9\xb6'\xdd\xe1O\xdd\x9dr\x01\xd6&\xc4" +
+	"\x1c\xcd\xcd\x82\xad\xc0\xe2\x89Ri!\xd3\xdc,\xd3\x07" +
+	"X\x88O\x1aTD\xbd\x15O\x9bf\xd6\x80\x17e\"" +
+	"UWgE+g\"L\xb6z\xdb\xa2\x19%l\xc4" +
+	"\xce\xbcr\xae\xee\x0c\xc7\xad\xb5\xe9\xa52\x87\x8cp\x9b" +
+	"\xc2\x02\xbaJ\x19\xf3E\x0a\xa2\x95\xd3\xf5(\x8e\xebB" +
+	"\xbb\xfdM\xd8\xfeF\x11\x94\xfb9\xe1\xdc\x82kt\x8f" +
+	"\x08\xcaC\xce\xba=\x80\xb3\xf7\x0b\x11\x94G8\x85\xd9" +
+	"\xb5\x80\x10\xe5!\x11\x94\xdf \x82\x04\x0bR\xec\xd8\xe9" +
+	"\xe0O)[\xb4\x10\xe4\x13E\x0e\x00MX\xa0\xb7!" +
+	"\xc0!\x06oT5\xdbm\xcc\x98\xb6:\x0c1\x11/" +
+	"\xae\xad\xa3\x94\xe3FL7&\xb7\x83\x1ai\xa3H0" +
+	"\x95GK\x813\xe7\xca\xc4\xf8\xf5h\xe7l\x1de@" +
+	"T\xc3\x8c\x88\xc9J\xc7\xf7|g]\x10\x85\x1a\x8dj" +
+	"\x91\x80+R\xe1e\xd0\xb0tI\x9e\x13\x0aJC\x13" +
+	"Y\xe9$&\x03\xbe\x9c\x07\xd2\x0b\x11X\xd9\x0d=\xdc" +
+	"\xdd\x06\xe8\xc6\x9ds\x81E<\xe6J.P\x0b\x115" +
+	"\x03$'\xe2\x9c\x89\xb9\x18\xd2\xb6]\xa9$k\x91a" +
+	",{ \xbf\xed\xc1\xd5q\x83\xf3\xeb\x01\x0d\xbcN^" +
+	"\x9f\xe5d,\x0bk\xb1\x98\xda\xa6\xb9.V\xca\xd4\xb6" +
+	"i\xa6\xab\xd2X\x909L&\x87\x92\x93t\x9b6P" +
+	"\x9b\x8c+0\x19F\xe1T\xe5En\xf6\xa0\xc8\xc5\x1e" +
+	"\xccs\xd4\xa7\x18\xb4\x91x*2\x09h\xd1\x90\xde\x19" +
+	"\xd6(2\xe9\xc99w8\x1d\x9f\x16\xf3\xf6\xe4\x9b\x1b" +
+	"ZT7P.\xed\xfck\x17*\xd5\x06\xe4%\xd1`" +
+	"\xa4\xcdU\x1e\xe7\xb9Q\xe3+9j\xbc]S\xa9\xd9" +
+	"!\xbc\xff\x96\xf4\x08z\xb6H\x0e/NY}\xb6\xd3" +
+	"H/a\x08\xb7\x91\xf3r\xcc\xd3\x94 9Yri" +
+	"\xcb\x9b\x8e\xf2c\x84\xc3\xf9,\x83\x02X \x8b\xe3\xb6" +
+	"X\xb8\x09X\xb2\x17\xb3\x16\x05\x94\x8dv\xb5\x17\xfc\xc7" +
+	"&\xeb\x11\xd3\xf0\xa8~3M\xa2\x8a\xdc$j\xa9\x83" +
+	"&lt\xaf\x18I\xeb\x1b\xca\xe4\xb1\x03q\xbff\\" +
+	"M\xaa-v\x8dw\xb6\xd1\xba\x06H\xc1l7\xe4\xcf" +
+	"u\x93-\x0a\xc5An\x91\x1c\xc6\x1c\x0e\xa7\xcc!\xad" +
+	"\xcc\x9a\xcbs\xd2w\x09\xa44\xec\"l\x19dI/" +
+	"J}\xb1\xd6\xd2\xae\xeb\x1dMz\x0cL\x9c\xb6\xbc\xe4" +
+	"\x14\xd5\x17\xf2\xf3\x96\x9c\xa2\x86\xba\xe4N\xbc!I\x08" +
+	"\xa2\xa1\x9b\x8f\xfb\xe3Z\x11\x94\x80\x00\x9e\xb8\x11\xb2\xbd" +
+	"\xe4\xf6\xf4a\xd8\x87+\xacaT\xc74\xbf\xa1\x99n" +
+	"\xfa'\x1d\x8a\x86\xd4`\xf8\x1b\xc5\xa7\\Y\xac\x9e\x00" +
+	"\xd0p\x01\xaa\xa9\xc0q\xfd\xb6sG\xd2\xa6\xdf\x13\xad" +
+	"\x9cN\xb9\xba\x12\x0be\xbb`\xe5\x0c\xc6\x9e\x81\xce\xee" +
+	"\xb4\xad\xa3\xfd\x93\x81\xa5\xee\xd52c\xe4<i\x1c\x89" +
+	"5y\x1e\x9c=F\xd2\xdb\xb1k`\x19\x05\x1cI\xcf" +
+	"\x12\xa8\x80\xa5'IU\xe8a\x97{@\xb0\xb3\x87\x81" +
+	"\x9d=\x90F\xf9\x88 ]\xe2\xe1\xb1\xa8\xbb\x13\x9e`" +
+	"&\x92\x80\x96\xc1\xd0\xa7\xea\x08\xb6,\xdd\xf3\xa2_g" +
+	"Y\\Py\x86k\xe2fn\xdd\xfc\x01\x17\xe6\xd2\xce" +
+	"c\xced\xf3\xadPh\x01\xe5\xfdq\xeeG\xb2\x86\xe4" +
+	"\\\x98\x91\xc2p'5\x91,A\x11!\xcd\xfd\xb0\xfc" +
+	"Bp\x94\x91<\x90\x96\xe7a\xf9`px*y\x10" +
+	"T2F|\x0c\xd8T\x95\\\x0c\xf3\x08i\x1e\x8d\xc5" +
+	"\xe3\xc1\xa1\xdb\xe5rZ>\x0e\xcbk(\xe1\x9ee\x11" +
+	"\xeeU\xb4\x99\xf1X>\x85\x12\xee\xd9\x16\xe1^\x0be" +
+	"\x844O\xc4\xf2\xe9X\x9e\xb3<\x1fr\x08\x91\xebi" +
+	"y\x0d\x96\xcf\xc4\xf2\\1\x1fr\x09\x91\x1b\xc0 \xa4" +
+	"y:\x96\xcf\x86s@\xaf\xa98\x8b\x86%\xb9\x05\xe5" +
+	"\xc3\x93\xb8\xa0\xae6\xb0M\x8bh\x86\x9a\xe4\xb0\x92\x85" +
+	"\xd5\xd6wArrZ,\xb3T\x80\xd6\x1a\xcd\x95\x9d" +
+	"7\x97,W\xd1c\xb51\x81\xa1Y\xd6\x8d\x14\xc4\xa6" +
+	"\x1az8\xc3\xaa\x0a\xe9\xf0\xd5%\xe8\xcb\xe2n5\x9c" +
+	"\x9d\xa9B}9^\x04e\x8a\x909Z\xfbD\x8a5" +
+	"Z.(l\xa7\xedeb\x8bL`\x96\xa4\xe4\xbf\xae" +
+	"V\xb4\x02O\x9d%4p\xe4\x0a\xc7\xf9XV\xd4\xda" +
+	"+ 9g\xb32\xed~\x0a'ozU3N\x1d" +
+	"\xc5~\xd4t\x0c\xa9\xa4o\x0c\xac\xa4\x8c\x0e\xee\xebj" +
+	"\xd5o\x06\x17i\xd5\xedj\xc8\xd4\x02\xd5Q\xd5\xe8\xd0" +
+	"\x02.\x1e\x03\x8f\xb43\xa2x\xdf\x00i3\x16Y\xf1" +
+	"\xc65+h\xc0\xb1\xc8e<\x8b\x9c\x0c\x83\xad(s" +
+	"Xdf\x09Wa\xd9r\x11\x94{ps\xde`Y" +
+	"\xc2Mk\x1d\xdf\xd0\x0e\x1a\xf0\xceaj\x00+\x95\xaa" +
+	"p'\x0f{ \x05\xab[\xb4V\xdd\xd02\x845'" +
+	"\x05\x14th\x9d\x99\x1ca\x8a\xc1\xb11\xa0\x03\x15\xf9" +
+	"\x19\xf6\xb9a@\xc0\x09\xb6S\xf8\xbb\xa5\x8fS=\x99" +
+	"4\x0c\x9aIt\xbb\x88\xf2\xd7\x8c\xd2r\x03\xa7\xf66" +
+	"\xd3\xdc\xe6t;\xfa\x8cYJ\x9bE\xd7\xd9)t\xfa" +
+	"\x97\x1a\x1e\xcc\xa4\xc0\xac\xcd\xea\xed\x09\xc2\xb8\xfa\xce\xc0" +
+	" L\xb5\x85a\x1c\xa3\xce\xce\\\x02K\x1b\x96\x14\x84" +
+	"\xd3\xf5h\xd4Yv\x1c\xb0$q\xa9\xa2\x8e\x08R1" +
+	"\x1auv\x0a\x10\xd8Y\x10\xe9\x12\x84\xda\x03m\xa8\xbd" +
+	",\x1e\xe9\x1et\xbb\xe3\x107\xf7\xc1H\x8a\xceH\xde" +
+	"?,\xb0\xb4\x9c\xad\x06\xed\xd3\x83iV\\H\xc7\xad" +
+	"^\x04\xaeiQ\xeb\"'\xf6\x86\xff\x9c\x8c7\xe90" +
+	"\xc2\x1b!\x8b\x9a5iOK2\x9a\xf7*\xee\xd6l" +
+	"j\xd3\xa4#+\xb9\xe8vV\x1fj\xd0\xa4c(\xee" +
+	"\xaf\x8b\xa0\xbc\x9b\xb4\xa2}\x09\x91N\x96q!\xef>" +
+	"B>\x9cG\x88t\x1a}\x88wEP>C\xfb\xe9" +
+	"\xc9\x87~\x84HgZ\xac\xf0\xb6\x0fz\xc8\x85I\xb4" +
+	"\x06C\xa6f\xcc\xee$\x1e\x97\x1do=\x9c\xac\x03\xa5" +
+	"p\xf5\x88\x1382\x0d5\x12k\xd5\x0d\x02a\x9b\xed" +
+	"\x8c\x99\xaaa\x82\xd7I\xbeL\x06\x10\xf5\x88\x15\x8f#" +
+	"\xd5VD\x0e\xbc\xce!\xcad\x95\xd4\xac\xb5\xee\x19\xc4" +
+	"\x98f\xa6,\x04e\x96\\}\x98s#\x11\xad}\xef" +
+	"\x09F:\x1cIf'E\x80\x1d\xbc\x94\x94:&\xc9" +
+	"\xec|/\xb0\xe3GRE%\x93dv\x14\x10\xd8\x01" +
+	" \xe9\x922*\xc9\xcb\x92:\xa5\x06\xaa-\xe0]\x93" +
+	"\xa4\xfe2d9\xc5=H\xca\xbdk \xd4-\xf1\x8a" +
+	"\xedg\xce\xdf\xf4qdE\x12\x06\xf0\xe4\xb5\xe3n\xfa" +
+	"8\xb27\x9a\x0cN\x11\xd0 \xcf9\xf4i)\xb8\xb4" +
+	"\xb4\x073\x18\xd6\xf4\xb89\x8bp\xe9\x0e\xdd\xa8\x9b\xde" +
+	"2\x0d\xba\x83M\xe7B\xc8\xbaAj\xd7\xb4\xc2o." +
+	")\xd6P\xecPVo\xb1\xfd\x19\x0e\x8d\xca\xcc\xf4\x9e" +
+	"y\\\x18\x9f\xc5\xf6\xf7\xe3\xcc?'\x82\xf2w\xceL" +
+	"\x1fZ@\x88\xf2BREd\xf7\xb1\x98\xd9#\xeb\x09" +
+	"Q^\x15A9\x81\x1b\xffu+\xb6\x7f\xbc\xd2Q\x11" +
+	"\xa9\x1a\xdb\x05\xfd\xbacX\xbf\xa1eD\xc4Bj\xcc" +
+	"\xac\x8dF5\xe2\x8d\x04j\x9db\xa67\xc1R\x82\xf1" +
+	"\x08\xd8\x88\xa1:\xa4\xab\x01-\x90\xc1l\xa5\x87]\xec" +
+	"\x05pIQLA\xab8/\x13EP\xa6\x0b\xc0\x12" +
+	"\xd6\x1c=\xcd'l\xa0\x9e\x8ahK\xcc\xdaVS\xe3" +
+	"\x93\x0f\xce\x81\x9cu\xe3\xf1+\xdd\xb2\x0a\x97:D~" +
+	"\xb5\xf5:\xe49\xe7\x1f\x98\xe9\xef.\xf0\xce\xf5\xc4\xe1" +
+	"l\x99\x93\x1a\xe6\xf0\xa4\x98\x91y\x9bI<\xb8M\xa0" +
+	"[\xeca^jjk\x9b\xa1\xc5b\xbc,\xb8\xb9." +
+	"\xfc\xaa\xa5n5\x9e8cG\x90\x81\x1d\xcbb\x89\x85" +
+	"\xe0\xa4O\x03\xcb\xab\x97\x86\x94\xd1\x00y\xaa\x8b^\x10" +
+	"E\xf8\xd4\x9b#\x9e\xcc\xfc\xcc\x0c\xd4\x15\xf5B\xcc\xda" +
+	"zm\x96/\xc9\xcc\xb6\xa7\xa7\xbe\xb4\xeb1\xf4 \xec" +
+	"\xf3\xefI]\xe3\xd7#\xa6\xa1\xfaM\xd4g\xb6\xb4\xd9" +
+	"\xe7j3}\xfb\xb4\x00\xb8+,K\xcd\xc3\xb3h(" +
+	"\xc99\xfe\x92\xa9\xe5\xba\x17\x127\xb2\x88G\xa5\xee\x01" +
+	"%\xf7\x8c\xda\xde\xd8\xe5^3\xbf\x84t\x09\xb5\x84$" +
+	"\x9f\x0a\x09;\xfa\x0b\xec\xdc\x9b\xb4\x0e\x05a\x15\x0a\x09" +
+	"\xcb\xc2\x07vd_\xeaD#\x1aF#\xca\x8e\x1d\x00" +
+	";0!\xa9\xf8\xde\x1c\x0f\x88\xf6\xd1\x19`\xd76H" +
+	"\x0deV\xb6k\x96}\xec\x09\xd8a\x7f&\x94\x05t" +
+	"\xdb\xa0\xe9\xa5!\xe4\x1a(\xe8X4M\xb3\xfeo\x8a" +
+	"\x9b5\x90`1\xe3\x8c$W!ZYK]\xecF" +
+	"Ks\xa4\x87:Z\xdcx\xf3\xcd\x84(\xe3,e\x96" +
+	"H\x86\xbeu\xe2\x89\xa8N~\x8d\xb6$\xaa\xf9M-" +
+	"\x00\xd3\x93\xea\xb8\x9b\xac(\xb7\xb4\x177#\x9a\x0a\xda" +
+	"\xdb\xd0h\xdb\x87\"\\\x02U=\x01)\xb6\xd7z\x89" +
+	"\xe7\xb4t\x97dM\xc1Ack+\xf1\xb8Y\xd1\xac" +
+	"\xf4(G\xbax3&\xa3\xbbp5\x830En\x10" +
+	"\xa6\xc8\x09\xc2|=\xea\x87_\xefT&\x82\xf5\xa7\x9b" +
+	"\xddf\xea\x1dZ\xc4-p\xd9\xf3(\xdd\xf8\x8d\xde7" +
+	"\xb1\x90\xce\xef\xbaQ\xb2\xe9$\x85\x1b\x8b\xf8\xb5\xf68" +
+	"D+g\xa1\xb6h\xf0d\x86\xc78-l+a\x1f" +
+	"\xbf2\x90\x06.3b\x19T\x11\xa5A\x8f\xaf\xad\x81" +
+	"9)\x9e\xa2\xb1\x9f@s\xc2kl\xcas\x07\xe5\x18" +
+	"\x1f\x01\x11\x9a\x7f\xcfS\x9e\xbb(\xb5\xf9\x18\x96\xff\x11" +
+	"l\xa8&\xef\xa6\xd5\x7f\x83\xc5O\x83\x83\xd6\xe4'`" +
+	"3!\xcdOc\xf9\x01p\x00\x9b\xbc\x1fv\x12\xd2|" +
+	"\x00\xcb_\x06'\x9a.\x1f\x86\x95\x844\xff\x1d\xcb_" +
+	"\xe7)\xcf\xa3\x94\x0a}\x15\xcbOP\xca\x13,\xca\xf3" +
+	"8\xd4\x11\xd2\xfc:\x96\xbfK)O\xcb=\x94OR" +
+	"j\xf3\x04\x96\x7fL)O\xcbC\x94?\xa0\xfd\xf9\x18" +
+	"D\xf0\x09\x02H}\x07P\x1fQ>\x0b[\x09\xf1\x09" +
+	"\"4\xf7\xc3\xe2\xf3\xbc\xd4K\x1c\x9b+\x9c\x0f\x844" +
+	"\xe7\xe3\x83a\xf8\xa0\x9f@=Ey\x88\xe0#\xa4y" +
+	"0\x96\x8f\xc4\xf2\xfe9\xf9\xd0\x9f\x10y\x84\x80\xcd\x8f" +
+	"\xc4\xf2qX> 7\x1f\x06\x10\"\x97\x0a\xa7\x08i" +
+	"\x1e\x8f\xe5S\xb0\xdc+\xe6\x83\x97\x10\xb9\x96\xb6S\x83" +
+	"\xe53\x85\x1e\xa0\xd2\xd7I<\xed.}\xb4\x97\xa4\x82" +
+	"\x1e\x12f\xdcP\xf02\xd54\xb5p\xd4\xc9\xd5\xa1\x88" +
+	"\xd245R\x10\x8e\x9a\x1c\x04nMf\x96\x02\xaa\xe4" +
+	"\xf4>\xa5<\xc4\xb7=|\x93\xec\xa9H}\xce\x8e`" +
+	"4\xd6\x1c\x8c\xf8\xb5\x99j\xccl\x8e\xfb\xfdZ\x8c\xf3" +
+	"\xa1\xdc\xb2i\x83\x91\xa9\xa1`[\xbb\x09S\x92\xc9Z" +
+	"\"\xd7/\xf6Pp\x88\xa2i\x14\xe1Y!p\xb7\xf4" +
+	"\xb7\x9e\xe0iZ6\x95\x0d\x949=r\x91\xa3GD" +
+	"53\x99\xce\xedP\x94[\xbc)\x83%s!VS" +
+	"\x83\xde\xaa[\x92\x91\xd8]d\xb1\x802\x1dJ\x9e\x98" +
+	"\xd5/\x91\x00p\xae/\x91\xd4\x16\"\xf4\x87\xaf\xb0\xd0" +
+	"\xbe\x05G\x9a\xb5\x80\x08\xfd\x85\xb3Xh\x9f_\xa4l" +
+	"U\x7f\xf1K,\xb4o\x0e\x93.1\x88\x90`\x11K" +
+	"\xe2\xd1cf\x82%\xa5\x10/\xea\xe1eAs\xc9d" +
+	"5\x14r\x98\xca\x02\xe3\x1a\xb5C;\xb7\xc4\xa8oB" +
+	"\xa5\x03\x9bs\xe0\x889v\xe1\x1a\xb0\x83\xdf\\\xb4\x8d" +
+	"\x9d\xfe\x04v\x1d\x8cTUD\x04\xa9\x14\x91\x18;8" +
+	"\x0c\xec\xf2\x1ai\x04\xa2\xb4A\x9e\x04[O\x0a\x98\x92" +
+	"\xa4\\\xb5\xe5`\xa7\x02(`6\xcbB\x86Y\xb4?" +
+	"\xec\xd8<\xb0\xbb]$\x09\xdb\xcd\xf6T[\x86-\xa3" +
+	"\x09KB\xbc)\x07}\xec\xb3\xea\xc0\xae\xed\xe0\xe8F" +
+	"vw\x0d\xb0{y\xa4\x8a\"F\xd2\xb0\xbbE\x80]" +
+	"\xdd!]Rh\xd1\x8dT\xfaj\xc0\x1b\x0dF\xdaj" +
+	"(\x81\x9a\xda\x93s8\xe8\xd0\xab?\x99$\xf1\x8b}" +
+	"\x9c?\x99F9\xf4\xc4\xa8\x00\x03\xa4\xd5\x16\x86H\xcb" +
+	"\xa9\xads\xcb\x1d\xf6%s\x87\xeft\x88\x88\xdb\xe79" +
+	"\xf9\xe5v\x8a\xd8\x86\x19N\x82\xf92\xabO\xb6\x01\xce" +
+	"M\xd2\x81\x81x4\xc4\x98\xa1\xe4#H>r\xa5\x16" +
+	"\xdc8\x08\x97\xb0O\xf2\x9c\x90kn\x8a\xdb\x092\xee" +
+	"\x8c_uL3\x169\x09\x97\xb8\xd5L\xdd\xaf\x87\x88" +
+	"s\xc4\xa6\xd7\x83\x06.\xa0\xb7\xb0\x97\x13\xbc<\xbd\x9e" +
+	"<\xc0\xdb\x9f\x08\xd0\xbfG\x00\x1f\xeb\xed\xe4\xd79$" +
+	"\xadO\xb1\x98\xc4\xce:\xf4\x9f\xe9\xa6\x1an\xb7uz" +
+	"\x06G\x02\xb3^\x9f)\xe2\x0e>1\xac\xfcy%w" +
+	"\xf0)\x99<.\xf7\xa7\x98\xc4\x89\xfef\x89\x16\xb6\x19" +
+	"\x08\x0b\xf8sOv8w\x08\xc5<\xc3\xb0|4\x7f" +
+	"~j\x14\xc5$N\xf8\xd7c\xf1\xde\x19\xe1\xdf\x9c>" +
+	"\x16\xb6\xa9\xa2\x98\xc7\x0e\xff\xf6\x9et\xf8\x8d\"\xb5\xdf" +
+	",5\xb1g\x08\x92\xa4u;\x89\xd8`\xa3\x99\x0c " +
+	"\xd1}2TR[|]\x0d?\x19\xf5\x94\xaf\x80\x9a" +
+	"A\xcaDZL\xc7R\x0a\xdd\x1bf\xd0\x90f\xfdf" +
+	"\x9a\xa4^o\xd0$\xf5\xda\x054I\xbdj)MR" +
+	"\xafXJH\xc2\xe2\xa1\xeb:I\xf5\xe4PP\x8b\x98" +
+	"\x09C\xa3\x87Vq\xd6\x13\xd6\x9ejn\x87\xb8i\x06" +
+	"#mStqq$\xb9,>\x04D\xfa\"-\x90" +
+	"\x88\x85\xf4\xc5\x93\xd1)\xf6\xc6\xc3\x9a\xe1\xccE\xf5T" +
+	"\x9a\xf9\xed\x1c\xef\xa8\xd6#3\xd18\xbaf.\xf2\x0c" +
+	"\xae\xc5Fp\x0eF\x99\x8b\x83a\xb89\x18+\x1d\xf6" +
+	":\xcd{\xea\xee\xe8v\xf7\x87\xbd{;\x07\xe4\xc6 " +
+	"\x1bn\xb9\x87\xc9\xd8\x92\xe4\\\xc8\x90\x19\x9aL\xd7\x80" +
+	"\x19\xa1I\x9bx\xb6,\xe8hj\xfb\xd8\xbd_\xc0n" +
+	"\xe4\x93\x15\xa8$\x82\\\x0f\xf4\x98k\xf2\xfe\x10`\x97" +
+	"*\xc8\x15\xe0#\x82\\\x0ah\xff\xd8\x8d\x90\xc0\xae\xd8" +
+	"\x91G\xc0\x02\"\xc8C\xc0\x03\xa2}U\x13\xb0+V" +
+	"e\x89>\xcd\x05\x0fd\xd9\x97k\x01\xbb\x9fS:\x8b" +
+	"H\xe2\x8c\x07\xb2\xed\xcb.\x81\xdd\x01\"\x9d4\x88 " +
+	"\x1d\xf3@\x1f\xfb\xb2\x1e`7NI\x87w\x12A:" +
+	"\xe4\x01\x8f}M\x0c\xb0k\x12\xa5\xbd\x9b\x89 \xed\xf1" +
+	"@\x8e}\x11,\xb0{.\xa5]K\x89 m\xf7@" +
+	"\xae}\xbd$\xb0{\x8e\xa4-uD\x906x\xa0\xaf" +
+	"}\x1d\x19\xb0\x8bx\xa45>\"H+<\xd5V\xc6" +
+	"\x84\x95\"Du2\x81\x18\xff\x97\xb7Im\xd3\x92\xc7" +
+	"|\xa7\xeaF=\xf1bq\xfaA\xe8\xf45\xb68$" +
+	"\x0a\x0e\x80\xe1\xcf\x02\xaaXjP\x02-h\x07L\x88" +
+	"D=Rc\x9d\xf3D`C\xaa-\xf0[cs\x83" +
+	"\xbd'+\xa5\x1cHt;\xe2\xc83\x8e\x8c;\x97\x9c" +
+	"{&]\xb2%L\xd50\x9b\xf4\x98\x15\xe4\xe3\x8e\xca" +
+	"\xf9h\xe5\xfe\x85\x84$Z\xb4\xb6`$\x12\x8c\x10h" +
+	"\xf3D\xf4\xc5|\x9f\xd2\xc22\x94\xdc\xcd\x0c[\x01;" +
+	"\xf6 j\x86\x03\x07\xd9\x15\xb7\xc0\xae\xda\x94\xa4:\x0a" +
+	"\x07\x97%\xa3\x94\xe7\x16$\xfb\x86\xf9x\x19\x80`\x9a" +
+	"\xe6\x1e\xa3(s\xc1!\x1c H\x05\x01\x05\xadz<" +
+	"\x92\x19\x0ba\xf1F\x92\x168\xae\xe4\x03\xc7\xc9\xd3\xce" +
+	"E\\\x04\x88\xe9\xb9#\xb8\xae\x7f\x17Ay\x9d\x0b " +
+	"\x1d\xf5qa!\x16@:\xbe\x94\x0b\x12\xb3\xd4\xfe\x14" +
+	"|\xd0g\xb9\x15@:\xe3s\x82\xc4\xccTKg\x11" +
+	" ~\x99\x04\x02i\x00\xb5\xe7\xc3\x87n\xc1\xa4\xff\xf3" +
+	"\x81\xc4\xa8\xa1/\xd2\"j\x84\x88~\xcd1\xfb\xf6=" +
+	"\xa7\x99\x9c\x90\x8b}IOML\x8b\xe8\xc7\x88s\x19" +
+	"\x03\xbb'\x12\xd8}{\xd2\xc2\"v\x19\x03\xbbR\x11" +
+	"\xd8\x0d\xa3\xd2\\t\x1ff\xa1je\x97\xc3\x01\xbb\x07" +
+	"U\xaa\xf5Y\xf7\x0b\x88\xf6\x15\xda\xc0.\xac\x93\x8a+" +
+	"i\xeab\xd2}\xb2N\xa1\xd8p\x83n|W\x97*" +
+	"=}7\xfdXjw2\xed\xb2?zK\x17\xe9." +
+	" \xd3[\x0c\xb5WR1\xab\xe7,\xe0\xa0Y@\xfd" +
+	"fv\xaa#;\xe3\xe4(\xbb\xb5B4;{8\xdd" +
+	"\xe1\xe0\xee\x9eh\xd0\xe1B\xef\x88\xb2\x97\\\xd1d\xe0" +
+	"=c\x9f7y\xd46-\xcdG\xabt\xf3\xd1f8" +
+	"\xe7;\x99\x8fv\xd3J\xee\xb40\xdb\xeb\xab|\xce\xf9" +
+	"\xce^;\xed\xe6|Ye\xb3TX\x92\x0e{\xf8\x08" +
+	"j\xef'\xb4\x93\xc7\xf1\\\xf8z7Rx\x9e\x1bf" +
+	"\x9b\xe1`\xb6T\xed\xec\x1a\x98t\x8b`\xf6f\x80\\" +
+	"\xfc:\xb7@ia\xcf\x87\xb4<z4\xc6>\xf9\xff" +
+	"\x03\x00\x00\xff\xff\xf2|\x8c\xee"
 
 func RegisterSchema(reg *schemas.Registry) {
 	reg.Register(&schemas.Schema{
@@ -16081,6 +17786,7 @@ func RegisterSchema(reg *schemas.Registry) {
 			0x9022428e7f358815,
 			0x90490f275bc401e5,
 			0x9169e41726074992,
+			0x9368d80fc12375a4,
 			0x9413183049c08f0c,
 			0x9640f6c739b7fd4b,
 			0x966d7dbcfef78056,
@@ -16093,6 +17799,8 @@ func RegisterSchema(reg *schemas.Registry) {
 			0x9a17456aab9f9085,
 			0x9a1e588780dca262,
 			0x9a5098f22d3e5041,
+			0x9c56a60b30c67afe,
+			0x9cd2b8975b6afc53,
 			0x9ea664a75a86cbf2,
 			0x9ed81146e9251e42,
 			0x9fcdd01e33d81d0c,
@@ -16113,9 +17821,11 @@ func RegisterSchema(reg *schemas.Registry) {
 			0xad92f3145c1b21d0,
 			0xae56cc00997a3ae1,
 			0xaeae148075e404f7,
+			0xaf3252669ac8e62e,
 			0xaf409b603574b5e4,
 			0xb05749161d427f9e,
 			0xb0847b3283390401,
+			0xb0f4d502e7c90bcc,
 			0xb114048bf2a477e6,
 			0xb11765827e2f8e53,
 			0xb20b652a5f30ceb0,
@@ -16154,19 +17864,24 @@ func RegisterSchema(reg *schemas.Registry) {
 			0xd16440a9de07d2d9,
 			0xd2c53a502d12c25c,
 			0xd3d66009c19ca7ac,
+			0xd3e22beab2ec832a,
 			0xd60573a83a23176b,
 			0xd7c06786dc015472,
 			0xd7f0b1a3b93cba78,
 			0xd97c2e929edd74d0,
 			0xd991d1d07222eea3,
+			0xda5ca3c2ff6905ad,
 			0xdb0eeec7f2194420,
 			0xdb2aaf8232ffb9f3,
 			0xddb24f3f3bdd2b58,
+			0xde0d5d63317d3d57,
 			0xde3de97e339131fb,
+			0xde6d5feb358c3277,
 			0xe022044eae951098,
 			0xe0d3bed0c4fde719,
 			0xe0d8a59bcd6a4407,
 			0xe17e5d27150b9ccc,
+			0xe19133e2eb05295a,
 			0xe20e9297e84c4082,
 			0xe2e7235522355478,
 			0xe33b760d0afa7ff6,
@@ -16177,6 +17892,7 @@ func RegisterSchema(reg *schemas.Registry) {
 			0xe543410e8009f5c9,
 			0xe570249a6b4f9106,
 			0xe594bf8caf543ed1,
+			0xe6e502b69c200e5f,
 			0xe837a3f6efc098c9,
 			0xe8581a9a4ec7bba1,
 			0xe86fdb1c19fda42d,
@@ -16190,15 +17906,18 @@ func RegisterSchema(reg *schemas.Registry) {
 			0xf3d1f33a6c7c828b,
 			0xf3d2de3b3b94d35e,
 			0xf5347b0a5619b7d5,
+			0xf6ece762f6daf3d5,
 			0xf743b0e8acae23ca,
 			0xf76250b42ac2cae8,
 			0xf7d6a7e87017bebb,
 			0xf870c32481110edf,
+			0xf882bc5c08e8e563,
 			0xf8fba0720eb5def8,
 			0xfa3e372640264f9f,
 			0xfa411494c6fe06bf,
 			0xfa8c6ccc2842148a,
 			0xfe42e1db32cb96c1,
+			0xfe4f28d0a175c5ea,
 			0xffa62b12771bcc2d,
 		},
 		Compressed: true,

@@ -161,6 +161,7 @@ func (a *actor) load() error {
 	for _, m := range a.srv.Mounts(a.ref.ProjectID) {
 		a.loadMounted = append(a.loadMounted, m.Name)
 	}
+	a.loadMounted = append(a.loadMounted, a.srv.processorPresence(a.ref.ProjectID)...)
 	a.publish(true)
 	return nil
 }
@@ -214,7 +215,7 @@ func loadState(ctx context.Context, store streamStore, rc reduceContext, now tim
 	if raw, err := store.KV(ctx, procAlarmKey); err != nil {
 		return nil, err
 	} else if raw != nil {
-		fmt.Sscan(string(raw), &st.procAlarm)
+		st.procAlarms = decodeProcAlarms(raw)
 	}
 	readers, err := store.Readers(ctx)
 	if err != nil {
@@ -654,8 +655,8 @@ func (a *actor) apply(in stepInput) {
 		a.flushArmed = true
 		a.srv.clock.AfterFunc(eff.flushAfter, func() { a.post(actorMsg{flush: true}) })
 	}
-	if eff.fireProcAlarm {
-		a.fireProcessorAlarm()
+	for _, owner := range eff.fireProcAlarms {
+		a.fireProcessorAlarm(owner)
 	}
 	a.answerSettles(in.settles)
 }
@@ -858,12 +859,13 @@ func (a *actor) close() {
 	var parked []string
 	calls := false
 	for name, entry := range a.st.core.Subscriptions {
-		if entry.Kind() != itx.KindITXCall {
+		token := waitsFor(entry)
+		if token == "" {
 			continue
 		}
 		calls = true
 		if r := a.st.rows[name]; r != nil && r.Status == storage.StatusParked {
-			parked = append(parked, entry.Config.Receiver.Capability)
+			parked = append(parked, token)
 		}
 	}
 	if calls {
@@ -899,8 +901,10 @@ func (a *actor) nextAlarm() int64 {
 			due = at
 		}
 	}
-	if at := a.st.procAlarm; at > 0 && (due == 0 || at < due) {
-		due = at // the processors owe work (keepalive, revival): load the stream for them
+	for _, at := range a.st.procAlarms {
+		if at > 0 && (due == 0 || at < due) {
+			due = at // the processors owe work (keepalive, revival): load the stream for them
+		}
 	}
 	return due
 }

@@ -19,7 +19,7 @@ import (
 //     reply).
 //  5. rebuild, then pushes: deliverers are rebuilt for changed subscriptions, then the delivery
 //     tries start (commit before push: a push never reads an event that could still be lost).
-//  6. wakeAt, flushAfter, fireProcAlarm: timers for the next retry and for writing dirty cursor
+//  6. wakeAt, flushAfter, fireProcAlarms: timers for the next retry and for writing dirty cursor
 //     rows, and the processors' alarm fire.
 type effects struct {
 	createStream bool
@@ -39,9 +39,9 @@ type effects struct {
 	rebuild []string
 	pushes  []pushJob
 
-	wakeAt        int64         // epoch ms of the earliest retry (or processor alarm) due; 0: none
-	fireProcAlarm bool          // the processors' alarm came due: run its fire off the actor
-	flushAfter    time.Duration // write dirty rows after this if nothing else does; 0: nothing dirty
+	wakeAt         int64         // epoch ms of the earliest retry (or processor alarm) due; 0: none
+	fireProcAlarms []string      // processor alarm slices that came due: fire each off the actor
+	flushAfter     time.Duration // write dirty rows after this if nothing else does; 0: nothing dirty
 
 	lateOutcomes int // fenced outcomes (a metric)
 }

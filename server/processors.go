@@ -18,7 +18,7 @@ import (
 
 // Keys of the stream's kv table that belong to processors.
 const (
-	procAlarmKey       = "processors.alarm"     // the processors' alarm slice (epoch ms)
+	procAlarmKey       = "processors.alarm"     // the processors' alarm slices by owner (JSON)
 	procKVPrefix       = "processors.kv/"       // the processors' KV (keepalive records)
 	procProgressPrefix = "processors.progress/" // one procRecord per processor name
 )
@@ -41,8 +41,9 @@ type procOp struct {
 	commit *procCommit // replace a record, fenced by generation
 	kvKey  string      // put kvValue under kvKey
 	kvVal  []byte
-	alarm  *int64 // arm the processors' alarm slice at this epoch ms (0: disarm)
-	fired  bool   // the alarm fire's handling finished
+	alarm  *int64 // arm the owner's alarm slice at this epoch ms (0: disarm)
+	fired  bool   // the owner's alarm fire's handling finished
+	owner  string // of an alarm slice: "" for the in-process processors, else a remote processor's name
 	reply  chan procReply
 }
 
@@ -62,6 +63,18 @@ type procReply struct {
 type procAnswer struct {
 	op    procOp
 	reply procReply
+}
+
+// decodeProcAlarms reads the stored alarm slices (a bare number is the in-process slice).
+func decodeProcAlarms(raw []byte) map[string]int64 {
+	out := map[string]int64{}
+	if err := json.Unmarshal(raw, &out); err != nil {
+		var at int64
+		if json.Unmarshal(raw, &at) == nil && at > 0 {
+			out[""] = at
+		}
+	}
+	return out
 }
 
 func isInProcess(entry *catalogEntry) bool {
@@ -106,11 +119,16 @@ func (st *streamState) applyProc(op procOp, now time.Time, env stepEnv, eff *eff
 	}
 	switch {
 	case op.fired:
-		st.procFiring = false
+		delete(st.procFiring, op.owner)
 		return procReply{}
 	case op.alarm != nil:
-		st.procAlarm = *op.alarm
-		stage(procAlarmKey, []byte(fmt.Sprint(*op.alarm)))
+		if *op.alarm > 0 {
+			st.procAlarms[op.owner] = *op.alarm
+		} else {
+			delete(st.procAlarms, op.owner)
+		}
+		b, _ := json.Marshal(st.procAlarms)
+		stage(procAlarmKey, b)
 		return procReply{}
 	case op.kvKey != "":
 		stage(procKVPrefix+op.kvKey, append([]byte(nil), op.kvVal...))
@@ -274,7 +292,11 @@ func (a *actor) gone() error {
 // fireProcessorAlarm runs one fire of the processors' alarm slice off the actor's goroutine:
 // every in-process processor of the stream is started (so its keepalive is registered and
 // reconciled), then the registry decides and revives. The actor hears when it finished.
-func (a *actor) fireProcessorAlarm() {
+func (a *actor) fireProcessorAlarm(owner string) {
+	if owner != "" {
+		a.fireRemoteAlarm(owner)
+		return
+	}
 	if !a.srv.pin(a) {
 		return
 	}
@@ -460,9 +482,8 @@ func (d *deliverer) wake(job pushJob, store streamStore, out deliveryOutcome) de
 		out.failure = &deliveryFailure{class: class, count: count, msg: err.Error()}
 		return out
 	}
-	entry := d.actor.catalogEntry(d.name)
-	if entry != nil && !isInProcess(entry) {
-		return fail(classAbsent, 0, itx.Errorf(itx.ECapabilityOffline, "no remote processor host is mounted for %q", d.name))
+	if entry := d.actor.catalogEntry(d.name); entry != nil && !isInProcess(entry) {
+		return d.wakeRemote(job, out)
 	}
 	r, err := d.actor.runner(d.ctx, d.name)
 	switch {
@@ -594,6 +615,9 @@ func (s *Server) ProcessorSnapshot(ctx context.Context, ref StreamRef, name stri
 		reduced, state = r.SnapshotJSON()
 		processed = r.ProcessedThrough()
 		return nil
+	}, func(a *actor) (err error) {
+		state, reduced, processed, err = s.remoteSnapshot(ctx, a, name)
+		return err
 	})
 	return state, reduced, processed, err
 }
@@ -609,11 +633,14 @@ func (s *Server) ProcessorRuntimeState(ctx context.Context, ref StreamRef, name 
 			Placement string `json:"placement"`
 		}{r.RuntimeState(), "in-process"})
 		return err
+	}, func(a *actor) (err error) {
+		out, err = s.remoteRuntimeState(ctx, a, name)
+		return err
 	})
 	return out, err
 }
 
-func (s *Server) withProcessor(ctx context.Context, ref StreamRef, name string, f func(itx.ProcessorRunner) error) error {
+func (s *Server) withProcessor(ctx context.Context, ref StreamRef, name string, f func(itx.ProcessorRunner) error, remote func(*actor) error) error {
 	if err := itx.ValidatePath(ref.Path); err != nil {
 		return err
 	}
@@ -629,7 +656,7 @@ func (s *Server) withProcessor(ctx context.Context, ref StreamRef, name string, 
 	case entry.Kind() != itx.KindProcessorWake:
 		return itx.Errorf(itx.EFailedPrecondition, "subscription %q is a %s subscription: only processor-wake subscriptions have a processor", name, entry.Kind())
 	case !isInProcess(entry):
-		return itx.Errorf(itx.ECapabilityOffline, "no remote processor host is mounted for %q", name)
+		return remote(a)
 	}
 	r, err := a.runner(ctx, name)
 	if err != nil {

@@ -98,6 +98,8 @@ type Server struct {
 	alarmNext int64 // epoch ms the alarm timer is armed for; 0: none
 
 	// incarnation names this process: stream/woken records carry it.
+	procHosts procHosts
+
 	incarnation string
 	hosted      map[string]bool // the names of Config.Processors' contracts
 }

@@ -22,11 +22,11 @@ type streamState struct {
 	rows         map[string]*storage.CursorRow
 	readers      map[string]storage.Reader
 	bucket       *tokenBucket
-	procAlarm    int64 // the processors' alarm slice (epoch ms; 0: disarmed)
+	procAlarms   map[string]int64 // the processors' alarm slices by owner ("": in-process; a remote processor's name)
 
 	// Not durable: rebuilt on load.
 	procs      map[string]*procRecord // processor records read so far (see procRecordOf)
-	procFiring bool                   // a fire of procAlarm is being handled
+	procFiring map[string]bool        // slices whose fire is being handled
 
 	subs       map[string]*subRuntime
 	dirty      map[string]bool // rows changed in memory since they were last committed
@@ -44,7 +44,8 @@ type subRuntime struct {
 
 func newStreamState(bucket *tokenBucket) *streamState {
 	return &streamState{core: newCoreState(), rows: map[string]*storage.CursorRow{}, readers: map[string]storage.Reader{}, bucket: bucket,
-		subs: map[string]*subRuntime{}, dirty: map[string]bool{}, procs: map[string]*procRecord{}}
+		subs: map[string]*subRuntime{}, dirty: map[string]bool{}, procs: map[string]*procRecord{},
+		procAlarms: map[string]int64{}, procFiring: map[string]bool{}}
 }
 
 // stepInput is one batch of the actor's inputs, taken together in one step.
@@ -125,7 +126,7 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 	for _, capability := range in.mounted {
 		for name, entry := range st.core.Subscriptions {
 			r := st.rows[name]
-			if r == nil || entry.Kind() != itx.KindITXCall || entry.Config.Receiver.Capability != capability {
+			if r == nil || waitsFor(entry) != capability {
 				continue
 			}
 			if r.Status == storage.StatusParked {
@@ -214,13 +215,18 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 
 	// 6. The processors' alarm, then pushes: every active subscription behind the head with its
 	// retry due and nothing in flight.
-	if st.procAlarm > 0 && !st.procFiring {
-		if st.procAlarm <= nowMs {
-			st.procFiring, eff.fireProcAlarm = true, true
-		} else if eff.wakeAt == 0 || st.procAlarm < eff.wakeAt {
-			eff.wakeAt = st.procAlarm
+	for owner, at := range st.procAlarms {
+		if at <= 0 || st.procFiring[owner] {
+			continue
+		}
+		if at <= nowMs {
+			st.procFiring[owner] = true
+			eff.fireProcAlarms = append(eff.fireProcAlarms, owner)
+		} else if eff.wakeAt == 0 || at < eff.wakeAt {
+			eff.wakeAt = at
 		}
 	}
+	sort.Strings(eff.fireProcAlarms)
 	for name := range st.core.Subscriptions {
 		r, rt := st.rows[name], st.subs[name]
 		if r == nil || rt == nil || rt.inFlight || r.Status != storage.StatusActive || r.ConfirmedOffset >= st.head {

@@ -178,8 +178,67 @@ func SetMountInfos(mounts []itx.MountInfo, newList func(int32) (schema.MountInfo
 		if err := list.At(i).SetName(m.Name); err != nil {
 			return err
 		}
+		if len(m.Contracts) > 0 {
+			cl, err := list.At(i).NewContracts(int32(len(m.Contracts)))
+			if err != nil {
+				return err
+			}
+			if err := SetProcessorContracts(cl, m.Contracts); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
+}
+
+// SetProcessorContracts encodes a processor host's announced contracts.
+func SetProcessorContracts(list schema.ProcessorContract_List, contracts []itx.ProcessorInfo) error {
+	for i, c := range contracts {
+		dst := list.At(i)
+		if err := dst.SetName(c.Name); err != nil {
+			return err
+		}
+		if err := dst.SetReducerVersion(c.ReducerVersion); err != nil {
+			return err
+		}
+		types, err := dst.NewConsumedTypes(int32(len(c.ConsumedTypes)))
+		if err != nil {
+			return err
+		}
+		for j, t := range c.ConsumedTypes {
+			if err := types.Set(j, t); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// ProcessorContractsFromSchema decodes announced contracts.
+func ProcessorContractsFromSchema(list schema.ProcessorContract_List) ([]itx.ProcessorInfo, error) {
+	out := make([]itx.ProcessorInfo, list.Len())
+	for i := range out {
+		c := list.At(i)
+		var err error
+		if out[i].Name, err = c.Name(); err != nil {
+			return nil, err
+		}
+		if out[i].ReducerVersion, err = c.ReducerVersion(); err != nil {
+			return nil, err
+		}
+		types, err := c.ConsumedTypes()
+		if err != nil {
+			return nil, err
+		}
+		for j := 0; j < types.Len(); j++ {
+			t, err := types.At(j)
+			if err != nil {
+				return nil, err
+			}
+			out[i].ConsumedTypes = append(out[i].ConsumedTypes, t)
+		}
+	}
+	return out, nil
 }
 
 // MountInfosFromSchema decodes a list of mounts.
@@ -191,6 +250,15 @@ func MountInfosFromSchema(list schema.MountInfo_List) ([]itx.MountInfo, error) {
 		var err error
 		if out[i].Name, err = m.Name(); err != nil {
 			return nil, err
+		}
+		if m.HasContracts() {
+			cl, err := m.Contracts()
+			if err != nil {
+				return nil, err
+			}
+			if out[i].Contracts, err = ProcessorContractsFromSchema(cl); err != nil {
+				return nil, err
+			}
 		}
 	}
 	return out, nil

@@ -1,0 +1,252 @@
+package capability
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"sync"
+
+	"capnproto.org/go/capnp/v3"
+	"capnproto.org/go/capnp/v3/flowcontrol"
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/schema"
+	"github.com/itx-dev/itx/server"
+	"github.com/itx-dev/itx/wire"
+)
+
+// processorHosts is a project's registry of mounted remote processor hosts.
+type processorHosts struct {
+	srv       *server.Server
+	projectID string
+}
+
+func (p *processorHosts) Mount(ctx context.Context, call schema.ProcessorHosts_mount) error {
+	name, err := call.Args().Name()
+	if err != nil {
+		return badArgs("name", err)
+	}
+	list, err := call.Args().Contracts()
+	if err != nil {
+		return badArgs("contracts", err)
+	}
+	contracts, err := wire.ProcessorContractsFromSchema(list)
+	if err != nil {
+		return badArgs("contracts", err)
+	}
+	// The argument is released when this method returns: keep our own reference.
+	hc := call.Args().Host().AddRef()
+	hc.SetFlowLimiter(flowcontrol.NewFixedLimiter(4 << 20))
+	h := &remoteHost{srv: p.srv, client: hc}
+	unmount, err := p.srv.MountProcessorHost(p.projectID, name, h, contracts)
+	if err != nil {
+		hc.Release()
+		return fail(err)
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		unmount()
+		hc.Release()
+		return err
+	}
+	handle := &hostHandle{unmount: unmount, host: h}
+	return res.SetHandle(schema.Handle(guarded(guardOf(p.srv), schema.Handle_Methods(nil, handle), handle)))
+}
+
+func (p *processorHosts) List(ctx context.Context, call schema.ProcessorHosts_list) error {
+	mounts := p.srv.ProcessorHostMounts(p.projectID)
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	return wire.SetMountInfos(mounts, res.NewMounts)
+}
+
+// hostHandle is a processor host's mount: cancel(), releasing it, or losing the connection that
+// holds it (Shutdown) unmounts the host, an eviction of its processors.
+type hostHandle struct {
+	once    sync.Once
+	unmount func()
+	host    *remoteHost
+}
+
+func (h *hostHandle) end() {
+	h.once.Do(func() {
+		h.unmount()
+		h.host.client.Release()
+	})
+}
+
+func (h *hostHandle) Cancel(ctx context.Context, call schema.Handle_cancel) error {
+	h.end()
+	return nil
+}
+
+// Shutdown runs when the last reference to the handle is gone.
+func (h *hostHandle) Shutdown() { h.end() }
+
+// remoteHost adapts a client's ProcessorHost capability to server.RemoteProcessorHost. Each wake
+// carries the home stream and the processor's ports as capabilities of this server.
+type remoteHost struct {
+	srv    *server.Server
+	client schema.ProcessorHost
+}
+
+func (h *remoteHost) Wake(ctx context.Context, w server.RemoteWake) (int64, int64, error) {
+	st := &stream{srv: h.srv, ref: w.Ref}
+	ports := &processorPorts{p: w.Ports}
+	fut, release := h.client.Wake(ctx, func(p schema.ProcessorHost_wake_Params) error {
+		req, err := p.NewRequest()
+		if err != nil {
+			return err
+		}
+		if err := req.SetStreamId(w.StreamID); err != nil {
+			return err
+		}
+		if err := req.SetPath(w.Ref.Path); err != nil {
+			return err
+		}
+		if err := req.SetName(w.Name); err != nil {
+			return err
+		}
+		req.SetHeadOffset(uint64(max(w.Head, 0)))
+		req.SetGeneration(w.Generation())
+		req.SetAlarm(w.Alarm)
+		req.SetReprocessFrom(uint64(max(w.ReprocessFrom, 0)))
+		if err := req.SetStream(schema.Stream(guarded(guardOf(h.srv), schema.Stream_Methods(nil, st), st))); err != nil {
+			return err
+		}
+		return req.SetPorts(schema.ProcessorPorts(guarded(guardOf(h.srv), schema.ProcessorPorts_Methods(nil, ports), ports)))
+	})
+	defer release()
+	res, err := fut.Struct()
+	if err != nil {
+		return 0, 0, hostError(ctx, err)
+	}
+	report, err := res.Report()
+	if err != nil {
+		return 0, 0, itx.Errorf(itx.EInvalid, "the host's wake report: %v", err)
+	}
+	return int64(report.ProcessedOffset()), int64(report.ReducedOffset()), nil
+}
+
+func (h *remoteHost) RuntimeState(ctx context.Context, streamID, path, name string) (json.RawMessage, error) {
+	fut, release := h.client.GetRuntimeState(ctx, func(p schema.ProcessorHost_getRuntimeState_Params) error {
+		if err := p.SetStreamId(streamID); err != nil {
+			return err
+		}
+		if err := p.SetPath(path); err != nil {
+			return err
+		}
+		return p.SetName(name)
+	})
+	defer release()
+	res, err := fut.Struct()
+	if err != nil {
+		return nil, hostError(ctx, err)
+	}
+	state, err := res.State()
+	if err != nil || !json.Valid([]byte(state)) {
+		return nil, itx.Errorf(itx.EInvalid, "the host's runtime state is not JSON")
+	}
+	return json.RawMessage(state), nil
+}
+
+// hostError maps a failed call on a host: a host whose session is gone is absent (its
+// subscriptions park until a host mounts the contract again); an exception carrying an itx code
+// keeps it; anything else is the host failing (an outage: back off and retry).
+func hostError(ctx context.Context, err error) error {
+	switch {
+	case capnp.IsDisconnected(err):
+		return itx.Errorf(itx.ECapabilityOffline, "the processor host disconnected: %v", err)
+	case ctx.Err() != nil:
+		return itx.Errorf(itx.EDeadlineExceeded, "the processor host did not answer: %v", err)
+	case strings.Contains(err.Error(), "itx."):
+		return itx.AsError(err)
+	}
+	return itx.Errorf(itx.EUnavailable, "the processor host failed: %v", err)
+}
+
+// processorPorts serves server.ProcessorPorts to a host.
+type processorPorts struct{ p *server.ProcessorPorts }
+
+func (pp *processorPorts) Claim(ctx context.Context, call schema.ProcessorPorts_claim) error {
+	name, err := call.Args().Name()
+	if err != nil {
+		return badArgs("name", err)
+	}
+	call.Go()
+	progress, gen, err := pp.p.Claim(ctx, name)
+	if err != nil {
+		return fail(err)
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	res.SetGeneration(uint64(gen))
+	if progress == nil {
+		return nil
+	}
+	b, err := json.Marshal(progress)
+	if err != nil {
+		return err
+	}
+	return res.SetProgress(string(b))
+}
+
+func (pp *processorPorts) Commit(ctx context.Context, call schema.ProcessorPorts_commit) error {
+	name, err := call.Args().Name()
+	if err != nil {
+		return badArgs("name", err)
+	}
+	raw, err := call.Args().Progress()
+	if err != nil {
+		return badArgs("progress", err)
+	}
+	var progress itx.ProcessorProgress
+	if err := itx.DecodeStrict([]byte(raw), &progress); err != nil {
+		return badArgs("progress", err)
+	}
+	if len(raw) > itx.MaxEventBytes {
+		return fail(itx.Errorf(itx.ETooLarge, "a processor's progress record is at most %d bytes", itx.MaxEventBytes))
+	}
+	call.Go()
+	return fail(pp.p.Commit(ctx, name, int64(call.Args().Generation()), progress))
+}
+
+func (pp *processorPorts) KvGet(ctx context.Context, call schema.ProcessorPorts_kvGet) error {
+	key, err := call.Args().Key()
+	if err != nil {
+		return badArgs("key", err)
+	}
+	call.Go()
+	value, found, err := pp.p.KVGet(ctx, key)
+	if err != nil {
+		return fail(err)
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	res.SetFound(found)
+	return res.SetValue(value)
+}
+
+func (pp *processorPorts) KvPut(ctx context.Context, call schema.ProcessorPorts_kvPut) error {
+	key, err := call.Args().Key()
+	if err != nil {
+		return badArgs("key", err)
+	}
+	value, err := call.Args().Value()
+	if err != nil {
+		return badArgs("value", err)
+	}
+	call.Go()
+	return fail(pp.p.KVPut(ctx, key, append([]byte(nil), value...)))
+}
+
+func (pp *processorPorts) SetAlarm(ctx context.Context, call schema.ProcessorPorts_setAlarm) error {
+	at := call.Args().At()
+	call.Go()
+	return fail(pp.p.SetAlarm(ctx, at))
+}

@@ -1,0 +1,525 @@
+// Package remote runs processors in a program of their own: it dials itxd, logs in, and mounts a
+// ProcessorHost announcing the contracts of a processors.Host. itxd wakes it for processor-wake
+// subscriptions placed "remote" whose name is one of those contracts; the host pages the stream
+// itself (prefetching the next page while the runner works on one), runs the same runner as
+// in-process hosting, and keeps each processor's progress, keepalive records and alarm on the
+// stream through the ports itxd serves with every wake. A host that dies or loses its connection
+// is an eviction: its subscriptions park, and the next mount of the contract (this program
+// reconnecting, or another one anywhere) resumes them from the committed cursor, reviving
+// obligations the dead incarnation owed.
+package remote
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/processors"
+	"github.com/itx-dev/itx/schema"
+	"github.com/itx-dev/itx/wire"
+)
+
+// Config says where to mount and what.
+type Config struct {
+	Addr  string           // itxd's host:port
+	Token string           // a project token
+	Name  string           // the mount name, shown by ProcessorHosts.list
+	Host  *processors.Host // the contracts to run
+	// WakeBudget bounds one wake's catch-up; the host reports its committed cursor then, and
+	// itxd wakes it again while it is behind. Default 10 s.
+	WakeBudget time.Duration
+	// MinBackoff and MaxBackoff bound the wait between reconnection attempts (doubling, with
+	// jitter). Defaults 100 ms and 5 s.
+	MinBackoff, MaxBackoff time.Duration
+	Logf                   func(format string, args ...any)
+	// Mounted, if set, is told each time a mount succeeds (tests wait on it).
+	Mounted func()
+}
+
+func (cfg *Config) defaults() {
+	if cfg.WakeBudget <= 0 {
+		cfg.WakeBudget = 10 * time.Second
+	}
+	if cfg.MinBackoff <= 0 {
+		cfg.MinBackoff = 100 * time.Millisecond
+	}
+	if cfg.MaxBackoff < cfg.MinBackoff {
+		cfg.MaxBackoff = max(5*time.Second, cfg.MinBackoff)
+	}
+	if cfg.Logf == nil {
+		cfg.Logf = log.Printf
+	}
+}
+
+// Run keeps the host mounted until ctx ends: it dials, logs in and mounts, serves wakes, and after
+// losing the connection (itxd restarting, a network partition) dials again with backoff.
+func Run(ctx context.Context, cfg Config) error {
+	cfg.defaults()
+	if cfg.Host == nil || len(cfg.Host.Contracts()) == 0 {
+		return itx.Errorf(itx.EInvalid, "remote: the host has no contracts to mount")
+	}
+	backoff := cfg.MinBackoff
+	for ctx.Err() == nil {
+		started := time.Now()
+		err := serveOnce(ctx, cfg)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if time.Since(started) > cfg.MaxBackoff {
+			backoff = cfg.MinBackoff // it was up for a while: start over
+		}
+		wait := backoff/2 + time.Duration(rand.Int64N(int64(backoff)))
+		cfg.Logf("remote host %q: %v; reconnecting in %v", cfg.Name, err, wait.Round(time.Millisecond))
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		}
+		backoff = min(2*backoff, cfg.MaxBackoff)
+	}
+	return nil
+}
+
+// serveOnce is one connection's life: mount, serve, and return why it ended.
+func serveOnce(ctx context.Context, cfg Config) error {
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	conn, err := client.Dial(dctx, cfg.Addr)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("dial %s: %w", cfg.Addr, err)
+	}
+	defer conn.Close()
+	h := newHostServer(cfg)
+	defer h.closeAll()
+	handle, err := Mount(ctx, conn.Login(ctx, cfg.Token), cfg.Name, h)
+	if err != nil {
+		return err
+	}
+	defer handle.Release()
+	cfg.Logf("remote host %q mounted on %s with %d contracts", cfg.Name, cfg.Addr, len(cfg.Host.Contracts()))
+	if cfg.Mounted != nil {
+		cfg.Mounted()
+	}
+	select {
+	case <-conn.Done():
+		return errors.New("the connection to itxd ended")
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Mount mounts h on a project under name; keep the handle (releasing it unmounts).
+func Mount(ctx context.Context, project schema.Project, name string, h *HostServer) (schema.Handle, error) {
+	contracts := h.cfg.Host.Contracts()
+	hosts, release := project.Processors(ctx, nil)
+	defer release()
+	fut, rel := hosts.Processors().Mount(ctx, func(p schema.ProcessorHosts_mount_Params) error {
+		if err := p.SetName(name); err != nil {
+			return err
+		}
+		list, err := p.NewContracts(int32(len(contracts)))
+		if err != nil {
+			return err
+		}
+		if err := wire.SetProcessorContracts(list, contracts); err != nil {
+			return err
+		}
+		return p.SetHost(schema.ProcessorHost_ServerToClient(h))
+	})
+	defer rel()
+	res, err := fut.Struct()
+	if err != nil {
+		return schema.Handle{}, fmt.Errorf("mount processor host %q: %w", name, err)
+	}
+	return res.Handle().AddRef(), nil
+}
+
+// HostServer serves ProcessorHost for one connection: a session per (stream, processor), each
+// with its own registry over ports that reach the stream through itxd.
+type HostServer struct {
+	cfg Config
+
+	mu       sync.Mutex
+	sessions map[sessionKey]*session
+	closed   bool
+}
+
+type sessionKey struct{ streamID, name string }
+
+// NewHostServer returns a host serving cfg.Host's contracts (for Mount; Run does this itself).
+func NewHostServer(cfg Config) *HostServer { return newHostServer(cfg) }
+
+func newHostServer(cfg Config) *HostServer {
+	cfg.defaults()
+	return &HostServer{cfg: cfg, sessions: map[sessionKey]*session{}}
+}
+
+// closeAll ends every session: the eviction of this connection's processors.
+func (h *HostServer) closeAll() {
+	h.mu.Lock()
+	sessions := h.sessions
+	h.sessions, h.closed = map[sessionKey]*session{}, true
+	h.mu.Unlock()
+	for _, s := range sessions {
+		s.close()
+	}
+}
+
+// Shutdown runs when itxd drops the host (the connection ended or the mount was released).
+func (h *HostServer) Shutdown() { h.closeAll() }
+
+// session is one processor on one stream for this connection.
+type session struct {
+	streamID, path, name string
+	ps                   itx.StreamProcessors
+
+	mu     sync.Mutex
+	gen    uint64
+	stream schema.Stream
+	ports  schema.ProcessorPorts
+	log    *rpcLog
+}
+
+func (s *session) close() {
+	s.ps.Close()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stream.Release()
+	s.ports.Release()
+}
+
+// refresh takes the capabilities of the latest wake (the ports carry its rewind, if any).
+func (s *session) refresh(gen uint64, stream schema.Stream, ports schema.ProcessorPorts) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stream.Release()
+	s.ports.Release()
+	s.gen, s.stream, s.ports = gen, stream, ports
+	s.log.reset()
+}
+
+func (s *session) caps() (schema.Stream, schema.ProcessorPorts) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stream, s.ports
+}
+
+func (h *HostServer) session(ctx context.Context, key sessionKey, path string, gen uint64, stream schema.Stream, ports schema.ProcessorPorts) (*session, error) {
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		stream.Release()
+		ports.Release()
+		return nil, itx.Errorf(itx.EUnavailable, "this host's connection is closing")
+	}
+	if s := h.sessions[key]; s != nil {
+		h.mu.Unlock()
+		s.refresh(gen, stream, ports)
+		return s, nil
+	}
+	s := &session{streamID: key.streamID, path: path, name: key.name, gen: gen, stream: stream, ports: ports}
+	s.log = &rpcLog{s: s}
+	ps, err := h.cfg.Host.Open(ctx, itx.ProcessorPorts{
+		Path: path, Log: s.log, Progress: rpcProgress{s}, KV: rpcKV{s}, Alarm: rpcAlarm{s},
+		Clock: itx.SystemClock{}, Logf: h.cfg.Logf,
+	})
+	if err != nil {
+		h.mu.Unlock()
+		stream.Release()
+		ports.Release()
+		return nil, err
+	}
+	s.ps = ps
+	h.sessions[key] = s
+	h.mu.Unlock()
+	return s, nil
+}
+
+// Wake catches the named processor up (or services its alarm) and reports its cursors.
+func (h *HostServer) Wake(ctx context.Context, call schema.ProcessorHost_wake) error {
+	req, err := call.Args().Request()
+	if err != nil {
+		return err
+	}
+	streamID, err := req.StreamId()
+	if err != nil {
+		return err
+	}
+	path, err := req.Path()
+	if err != nil {
+		return err
+	}
+	name, err := req.Name()
+	if err != nil {
+		return err
+	}
+	alarm, reprocessFrom := req.Alarm(), int64(req.ReprocessFrom())
+	stream, ports := req.Stream().AddRef(), req.Ports().AddRef()
+	call.Go()
+	s, err := h.session(ctx, sessionKey{streamID, name}, path, req.Generation(), stream, ports)
+	if err != nil {
+		return err
+	}
+	r, err := s.ps.Start(ctx, name)
+	if err != nil {
+		return err
+	}
+	if alarm {
+		if err := s.ps.HandleAlarm(ctx); err != nil {
+			return err
+		}
+	} else {
+		if reprocessFrom > 0 {
+			if err := r.ReprocessFrom(ctx, reprocessFrom); err != nil {
+				return err
+			}
+		}
+		wctx, cancel := context.WithTimeout(ctx, h.cfg.WakeBudget)
+		err := r.CatchUp(wctx)
+		cancel()
+		if err != nil && ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
+			return err
+		}
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	report, err := res.NewReport()
+	if err != nil {
+		return err
+	}
+	reduced, _ := r.SnapshotJSON()
+	report.SetProcessedOffset(uint64(max(r.ProcessedThrough(), 0)))
+	report.SetReducedOffset(uint64(max(reduced, 0)))
+	return nil
+}
+
+// GetRuntimeState answers for a processor this connection runs.
+func (h *HostServer) GetRuntimeState(ctx context.Context, call schema.ProcessorHost_getRuntimeState) error {
+	streamID, err := call.Args().StreamId()
+	if err != nil {
+		return err
+	}
+	name, err := call.Args().Name()
+	if err != nil {
+		return err
+	}
+	h.mu.Lock()
+	s := h.sessions[sessionKey{streamID, name}]
+	h.mu.Unlock()
+	if s == nil {
+		return itx.Errorf(itx.ENotFound, "processor %q has not been woken on this host yet", name)
+	}
+	r, ok := s.ps.Runner(name)
+	if !ok {
+		return itx.Errorf(itx.ENotFound, "processor %q is not running on this host", name)
+	}
+	b, err := json.Marshal(r.RuntimeState())
+	if err != nil {
+		return err
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	return res.SetState(string(b))
+}
+
+// --- ports over RPC ------------------------------------------------------------------------
+
+// rpcLog pages the stream through its capability, keeping the next page in flight while the
+// runner works on the current one.
+type rpcLog struct {
+	s *session
+
+	mu   sync.Mutex
+	next *prefetch
+}
+
+type prefetch struct {
+	after int64
+	limit int
+	done  chan struct{}
+	page  itx.ProcessorPage
+	err   error
+}
+
+func (l *rpcLog) reset() {
+	l.mu.Lock()
+	l.next = nil
+	l.mu.Unlock()
+}
+
+func (l *rpcLog) fetch(ctx context.Context, after int64, limit int) (itx.ProcessorPage, error) {
+	stream, _ := l.s.caps()
+	pg, err := client.GetEventPage(ctx, stream, itx.Query{After: after, Limit: limit})
+	if err != nil {
+		return itx.ProcessorPage{}, err
+	}
+	return itx.ProcessorPage{Events: pg.Events, ScannedThrough: pg.NextAfter, Head: pg.StreamMaxOffset}, nil
+}
+
+func (l *rpcLog) Read(ctx context.Context, after int64, limit int) (itx.ProcessorPage, error) {
+	limit = min(max(limit, 1), itx.MaxPageLimit)
+	l.mu.Lock()
+	p := l.next
+	l.next = nil
+	l.mu.Unlock()
+	var page itx.ProcessorPage
+	var err error
+	if p != nil && p.after == after && p.limit == limit {
+		select {
+		case <-p.done:
+			page, err = p.page, p.err
+		case <-ctx.Done():
+			return itx.ProcessorPage{}, ctx.Err()
+		}
+	} else {
+		page, err = l.fetch(ctx, after, limit)
+	}
+	if err == nil && page.ScannedThrough < page.Head && page.ScannedThrough > after {
+		n := &prefetch{after: page.ScannedThrough, limit: limit, done: make(chan struct{})}
+		l.mu.Lock()
+		l.next = n
+		l.mu.Unlock()
+		go func() {
+			defer close(n.done)
+			fctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			n.page, n.err = l.fetch(fctx, n.after, n.limit)
+		}()
+	}
+	return page, err
+}
+
+// Append commits through the stream capability and reads the committed events back.
+func (l *rpcLog) Append(ctx context.Context, inputs []itx.EventInput) ([]itx.Event, error) {
+	stream, _ := l.s.caps()
+	res, err := client.Append(ctx, stream, inputs, itx.AppendOptions{})
+	if err != nil {
+		return nil, err
+	}
+	if len(res.Offsets) == 0 {
+		return nil, nil
+	}
+	lo, hi := res.Offsets[0], res.Offsets[0]
+	for _, o := range res.Offsets {
+		lo, hi = min(lo, o), max(hi, o)
+	}
+	events, err := client.GetEvents(ctx, stream, itx.Query{After: lo - 1, Before: hi + 1, Limit: int(min(hi-lo+1, itx.MaxPageLimit)), IncludeEphemeral: true})
+	if err != nil {
+		return nil, err
+	}
+	byOffset := make(map[int64]itx.Event, len(events))
+	for _, e := range events {
+		byOffset[e.Offset] = e
+	}
+	out := make([]itx.Event, 0, len(res.Offsets))
+	for i, o := range res.Offsets {
+		e, ok := byOffset[o]
+		if !ok { // beyond one page: what was appended, at its offset
+			e = itx.Event{Offset: o, Type: inputs[i].Type, Payload: inputs[i].Payload, Metadata: inputs[i].Metadata, IdempotencyKey: inputs[i].IdempotencyKey}
+		}
+		out = append(out, e)
+	}
+	return out, nil
+}
+
+type rpcProgress struct{ s *session }
+
+func (p rpcProgress) Claim(ctx context.Context, name string) (*itx.ProcessorProgress, int64, error) {
+	_, ports := p.s.caps()
+	fut, release := ports.Claim(ctx, func(a schema.ProcessorPorts_claim_Params) error { return a.SetName(name) })
+	defer release()
+	res, err := fut.Struct()
+	if err != nil {
+		return nil, 0, err
+	}
+	raw, err := res.Progress()
+	if err != nil {
+		return nil, 0, err
+	}
+	var out *itx.ProcessorProgress
+	if raw != "" {
+		out = &itx.ProcessorProgress{}
+		if err := json.Unmarshal([]byte(raw), out); err != nil {
+			return nil, 0, fmt.Errorf("claim %q: progress does not decode: %w", name, err)
+		}
+	}
+	return out, int64(res.Generation()), nil
+}
+
+func (p rpcProgress) Commit(ctx context.Context, name string, generation int64, pr itx.ProcessorProgress) error {
+	raw, err := json.Marshal(pr)
+	if err != nil {
+		return err
+	}
+	_, ports := p.s.caps()
+	fut, release := ports.Commit(ctx, func(a schema.ProcessorPorts_commit_Params) error {
+		a.SetGeneration(uint64(generation))
+		if err := a.SetName(name); err != nil {
+			return err
+		}
+		return a.SetProgress(string(raw))
+	})
+	defer release()
+	_, err = fut.Struct()
+	if err != nil && itx.ErrorCode(err) == itx.EFailedPrecondition {
+		return itx.AsError(err) // fenced: the runner retires
+	}
+	return err
+}
+
+type rpcKV struct{ s *session }
+
+func (k rpcKV) Get(ctx context.Context, key string) ([]byte, bool, error) {
+	_, ports := k.s.caps()
+	fut, release := ports.KvGet(ctx, func(a schema.ProcessorPorts_kvGet_Params) error { return a.SetKey(key) })
+	defer release()
+	res, err := fut.Struct()
+	if err != nil {
+		return nil, false, err
+	}
+	v, err := res.Value()
+	return append([]byte(nil), v...), res.Found(), err
+}
+
+func (k rpcKV) Put(ctx context.Context, key string, value []byte) error {
+	_, ports := k.s.caps()
+	fut, release := ports.KvPut(ctx, func(a schema.ProcessorPorts_kvPut_Params) error {
+		if err := a.SetKey(key); err != nil {
+			return err
+		}
+		return a.SetValue(value)
+	})
+	defer release()
+	_, err := fut.Struct()
+	return err
+}
+
+type rpcAlarm struct{ s *session }
+
+func (a rpcAlarm) SetAlarm(ctx context.Context, at time.Time) error {
+	ms := int64(0)
+	if !at.IsZero() {
+		ms = max(at.UnixMilli(), 1)
+	}
+	_, ports := a.s.caps()
+	fut, release := ports.SetAlarm(ctx, func(p schema.ProcessorPorts_setAlarm_Params) error {
+		p.SetAt(ms)
+		return nil
+	})
+	defer release()
+	_, err := fut.Struct()
+	return err
+}

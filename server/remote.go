@@ -1,0 +1,402 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/itx-dev/itx"
+)
+
+// Remote processors: a separate program runs the processor SDK and mounts a host under a name,
+// announcing its contracts (Project.processors().mount). A processor-wake subscription placed
+// remote is woken on the host that announced its name; the host pages the stream itself and keeps
+// the processor's progress, KV and alarm on the stream through ProcessorPorts, which write through
+// the stream's single writer, exactly as in-process processors do. So a host that restarts, on
+// this machine or another, resumes from the committed cursor.
+
+// RemoteProcessorHost is a mounted host (the capability layer adapts a ProcessorHost capability).
+type RemoteProcessorHost interface {
+	// Wake asks the host to catch the processor up to w.Head (or, with w.Alarm, to service its
+	// keepalive) and returns its committed cursors. A host that is gone fails with
+	// ECapabilityOffline.
+	Wake(ctx context.Context, w RemoteWake) (processed, reduced int64, err error)
+	// RuntimeState is the processor's runtime state on the host (JSON).
+	RuntimeState(ctx context.Context, streamID, path, name string) (json.RawMessage, error)
+}
+
+// RemoteWake is one wake of a remote processor.
+type RemoteWake struct {
+	Ref      StreamRef
+	StreamID string
+	Name     string // the contract = the subscription's name
+	Head     int64
+	Alarm    bool
+	// ReprocessFrom asks for the operator's rewind first (0: none).
+	ReprocessFrom int64
+	Ports         *ProcessorPorts // the processor's records on its stream, fenced by the mount
+}
+
+// Generation is the mount generation the wake's ports are fenced by.
+func (w RemoteWake) Generation() uint64 { return w.Ports.gen }
+
+// procMount is one mounted processor host.
+type procMount struct {
+	projectID string
+	name      string
+	host      RemoteProcessorHost
+	gen       uint64
+	at        int64
+	contracts []itx.ProcessorInfo
+}
+
+// procHosts is the per-project registry of mounted processor hosts.
+type procHosts struct {
+	mu       sync.Mutex
+	gen      uint64
+	byName   map[mountKey]*procMount // the host mounted under a name
+	contract map[mountKey]*procMount // the host that announced a contract, last mount wins
+}
+
+// MaxContractsPerHost bounds what one mount may announce.
+const MaxContractsPerHost = 1000
+
+// presenceToken is what a remote processor-wake subscription waits for: the mount of a host
+// announcing its contract. (itx-call subscriptions wait for a capability's name.)
+func presenceToken(contract string) string { return "processor:" + contract }
+
+// waitsFor is the presence a parked subscription waits for, "" if it waits for none.
+func waitsFor(entry *catalogEntry) string {
+	switch {
+	case entry.Kind() == itx.KindITXCall:
+		return entry.Config.Receiver.Capability
+	case entry.Kind() == itx.KindProcessorWake && !isInProcess(entry):
+		return presenceToken(entry.Config.Name)
+	}
+	return ""
+}
+
+// MountProcessorHost mounts a remote host under name in a project, announcing contracts. A host
+// mounted earlier under the same name is replaced, and an earlier host announcing one of the
+// same contracts loses it (takeover: its ports refuse every write from now on, and its runners'
+// progress commits are fenced by the new incarnation's claim). The returned function unmounts it
+// if it is still mounted. Mounting is the presence signal: parked subscriptions resume at once.
+func (s *Server) MountProcessorHost(projectID, name string, host RemoteProcessorHost, contracts []itx.ProcessorInfo) (func(), error) {
+	if err := itx.ValidateMountName(name); err != nil {
+		return nil, err
+	}
+	if len(contracts) == 0 {
+		return nil, itx.Errorf(itx.EInvalid, "a processor host must announce at least one contract")
+	}
+	if len(contracts) > MaxContractsPerHost {
+		return nil, itx.Errorf(itx.ETooLarge, "a processor host announces at most %d contracts", MaxContractsPerHost)
+	}
+	seen := map[string]bool{}
+	for _, c := range contracts {
+		if err := itx.ValidateSubscriptionName(c.Name); err != nil {
+			return nil, itx.Errorf(itx.EInvalid, "contract name: %s", itx.ErrorMessage(err))
+		}
+		if seen[c.Name] {
+			return nil, itx.Errorf(itx.EInvalid, "contract %q is announced twice", c.Name)
+		}
+		seen[c.Name] = true
+		if c.ReducerVersion == "" || len(c.ConsumedTypes) == 0 {
+			return nil, itx.Errorf(itx.EInvalid, "contract %q needs a reducer version and consumed types", c.Name)
+		}
+	}
+	ph := &s.procHosts
+	ph.mu.Lock()
+	if ph.byName == nil {
+		ph.byName, ph.contract = map[mountKey]*procMount{}, map[mountKey]*procMount{}
+	}
+	ph.gen++
+	m := &procMount{projectID: projectID, name: name, host: host, gen: ph.gen, at: itx.UnixMilli(s.clock.Now()),
+		contracts: append([]itx.ProcessorInfo(nil), contracts...)}
+	if old := ph.byName[mountKey{projectID, name}]; old != nil {
+		ph.dropLocked(old)
+	}
+	ph.byName[mountKey{projectID, name}] = m
+	for _, c := range contracts {
+		ph.contract[mountKey{projectID, c.Name}] = m
+	}
+	ph.mu.Unlock()
+	s.log.Info().Str("host", name).Int("contracts", len(contracts)).Uint64("generation", m.gen).Msg("processor host mounted")
+	go func() {
+		for _, c := range contracts {
+			s.pokeCapability(projectID, presenceToken(c.Name))
+		}
+	}()
+	return func() {
+		ph.mu.Lock()
+		defer ph.mu.Unlock()
+		if ph.byName[mountKey{projectID, name}] == m {
+			ph.dropLocked(m)
+		}
+	}, nil
+}
+
+func (ph *procHosts) dropLocked(m *procMount) {
+	if ph.byName[mountKey{m.projectID, m.name}] == m {
+		delete(ph.byName, mountKey{m.projectID, m.name})
+	}
+	for _, c := range m.contracts {
+		if ph.contract[mountKey{m.projectID, c.Name}] == m {
+			delete(ph.contract, mountKey{m.projectID, c.Name})
+		}
+	}
+}
+
+// ProcessorHostMounts lists a project's mounted processor hosts with the contracts each holds.
+func (s *Server) ProcessorHostMounts(projectID string) []itx.MountInfo {
+	ph := &s.procHosts
+	ph.mu.Lock()
+	defer ph.mu.Unlock()
+	var out []itx.MountInfo
+	for k, m := range ph.byName {
+		if k.projectID != projectID {
+			continue
+		}
+		info := itx.MountInfo{Name: m.name, MountedAt: m.at}
+		for _, c := range m.contracts {
+			if ph.contract[mountKey{projectID, c.Name}] == m {
+				info.Contracts = append(info.Contracts, c) // still its: not taken over
+			}
+		}
+		out = append(out, info)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// remoteHost is the mount holding a contract, nil when none does.
+func (s *Server) remoteHost(projectID, contract string) *procMount {
+	ph := &s.procHosts
+	ph.mu.Lock()
+	defer ph.mu.Unlock()
+	return ph.contract[mountKey{projectID, contract}]
+}
+
+// processorPresence lists the presence tokens of every contract mounted in a project: what a
+// loading stream learns, as it learns the mounted capabilities.
+func (s *Server) processorPresence(projectID string) []string {
+	ph := &s.procHosts
+	ph.mu.Lock()
+	defer ph.mu.Unlock()
+	var out []string
+	for k := range ph.contract {
+		if k.projectID == projectID {
+			out = append(out, presenceToken(k.name))
+		}
+	}
+	return out
+}
+
+// --- ports ---------------------------------------------------------------------------------
+
+// ProcessorPorts is one remote processor's records on its stream, for the host that holds the
+// contract: served to it as a capability with every wake. Every call checks the mount first, so
+// a host that lost the contract (another mounted it, or it disconnected) writes nothing.
+type ProcessorPorts struct {
+	srv  *Server
+	ref  StreamRef
+	name string
+	gen  uint64
+	seek int64 // the seek epoch this wake's rewind honors (commits carry it)
+}
+
+func (p *ProcessorPorts) fenced() error {
+	m := p.srv.remoteHost(p.ref.ProjectID, p.name)
+	if m == nil || m.gen != p.gen {
+		return itx.Errorf(itx.EFailedPrecondition, "processor %q: this host's mount (generation %d) no longer holds the contract", p.name, p.gen)
+	}
+	return nil
+}
+
+func (p *ProcessorPorts) do(ctx context.Context, op procOp) procReply {
+	if err := p.fenced(); err != nil {
+		return procReply{err: err}
+	}
+	a, err := p.srv.acquire(ctx, p.ref)
+	if err != nil {
+		return procReply{err: err}
+	}
+	defer p.srv.release(a)
+	return a.ask(ctx, op)
+}
+
+func (p *ProcessorPorts) own(name string) error {
+	if name != p.name {
+		return itx.Errorf(itx.EInvalid, "these ports are processor %q's, not %q's", p.name, name)
+	}
+	return nil
+}
+
+// Claim bumps the processor's record generation and returns its progress (nil: none).
+func (p *ProcessorPorts) Claim(ctx context.Context, name string) (*itx.ProcessorProgress, int64, error) {
+	if err := p.own(name); err != nil {
+		return nil, 0, err
+	}
+	r := p.do(ctx, procOp{claim: name})
+	return r.progress, r.generation, r.err
+}
+
+// Commit replaces the processor's progress if generation is still current.
+func (p *ProcessorPorts) Commit(ctx context.Context, name string, generation int64, pr itx.ProcessorProgress) error {
+	if err := p.own(name); err != nil {
+		return err
+	}
+	return p.do(ctx, procOp{commit: &procCommit{name: name, generation: generation, seek: p.seek, progress: pr}}).err
+}
+
+// KVGet reads the processors' KV.
+func (p *ProcessorPorts) KVGet(ctx context.Context, key string) ([]byte, bool, error) {
+	if err := p.fenced(); err != nil {
+		return nil, false, err
+	}
+	a, err := p.srv.acquire(ctx, p.ref)
+	if err != nil {
+		return nil, false, err
+	}
+	defer p.srv.release(a)
+	return procKV{a}.Get(ctx, key)
+}
+
+// KVPut writes the processors' KV.
+func (p *ProcessorPorts) KVPut(ctx context.Context, key string, value []byte) error {
+	if key == "" || len(key) > 1024 || len(value) > 64<<10 {
+		return itx.Errorf(itx.EInvalid, "processor KV: a key of 1 to 1,024 bytes and a value of at most 64 KiB")
+	}
+	return p.do(ctx, procOp{kvKey: key, kvVal: value}).err
+}
+
+// SetAlarm arms the processor's own alarm slice (0 disarms).
+func (p *ProcessorPorts) SetAlarm(ctx context.Context, at int64) error {
+	at = max(at, 0)
+	return p.do(ctx, procOp{alarm: &at, owner: p.name}).err
+}
+
+// --- the wake ------------------------------------------------------------------------------
+
+// wakeRemote is a processor-wake push placed remote: the host that holds the contract catches up
+// to the head and reports its committed cursor. No host is an absence (the subscription parks
+// until one mounts); a host that vanishes mid-wake likewise.
+func (d *deliverer) wakeRemote(job pushJob, out deliveryOutcome) deliveryOutcome {
+	fail := func(class failureClass, err error) deliveryOutcome {
+		out.failure = &deliveryFailure{class: class, msg: err.Error()}
+		return out
+	}
+	m := d.srv.remoteHost(d.ref.ProjectID, d.name)
+	if m == nil {
+		return fail(classAbsent, itx.Errorf(itx.ECapabilityOffline, "no processor host announcing %q is mounted", d.name))
+	}
+	streamID := d.actor.view().streamID
+	ports := &ProcessorPorts{srv: d.srv, ref: d.ref, name: d.name, gen: m.gen}
+	w := RemoteWake{Ref: d.ref, StreamID: streamID, Name: d.name, Head: job.head, Ports: ports}
+	if row := job.row; row.CursorChangedAtOffset != row.ConfiguredAtOffset && job.procSeek != row.CursorChangedAtOffset {
+		w.ReprocessFrom, ports.seek = row.ConfirmedOffset+1, row.CursorChangedAtOffset
+	}
+	ctx, cancel := context.WithCancel(d.ctx)
+	defer cancel()
+	t := d.srv.clock.AfterFunc(2*d.srv.cfg.DeliveryTimeout, cancel)
+	defer t.Stop()
+	processed, _, err := m.host.Wake(ctx, w)
+	switch {
+	case d.ctx.Err() != nil:
+		return out
+	case err != nil && ctx.Err() != nil:
+		return fail(classOutage, itx.Errorf(itx.EDeadlineExceeded, "processor host %q did not answer the wake within %s", m.name, 2*d.srv.cfg.DeliveryTimeout))
+	case err != nil:
+		return fail(classify(err), fmt.Errorf("processor host %q: %w", m.name, err))
+	}
+	if processed > job.row.ConfirmedOffset {
+		out.through, out.delivered = min(processed, job.head), true
+	}
+	return out
+}
+
+// fireRemoteAlarm runs a remote processor's alarm slice: the host that holds the contract
+// services its keepalive (and revives what its dead incarnation owed). With no host mounted the
+// slice is re-armed a little later; the next mount wakes the processor anyway.
+func (a *actor) fireRemoteAlarm(name string) {
+	if !a.srv.pin(a) {
+		return
+	}
+	ref := a.ref
+	streamID := a.st.streamID
+	go func() {
+		defer a.srv.release(a)
+		ctx := a.dctx
+		var err error = itx.Errorf(itx.ECapabilityOffline, "no processor host announcing %q is mounted", name)
+		if m := a.srv.remoteHost(ref.ProjectID, name); m != nil {
+			wctx, cancel := context.WithTimeout(ctx, 2*a.srv.cfg.DeliveryTimeout)
+			_, _, err = m.host.Wake(wctx, RemoteWake{Ref: ref, StreamID: streamID, Name: name, Alarm: true,
+				Ports: &ProcessorPorts{srv: a.srv, ref: ref, name: name, gen: m.gen}})
+			cancel()
+		}
+		if err != nil && ctx.Err() == nil {
+			a.srv.log.Warn().Err(err).Str("path", ref.Path).Str("processor", name).Msg("remote processor alarm: retrying later")
+			later := itx.UnixMilli(a.srv.clock.Now().Add(remoteAlarmRetry))
+			a.ask(ctx, procOp{alarm: &later, owner: name})
+		}
+		a.ask(ctx, procOp{fired: true, owner: name})
+	}()
+}
+
+// remoteAlarmRetry is how long a remote alarm slice waits when its host could not be reached.
+const remoteAlarmRetry = 30 * time.Second
+
+// --- inspection ----------------------------------------------------------------------------
+
+// remoteSnapshot reads a processor's committed record from its stream.
+func (s *Server) remoteSnapshot(ctx context.Context, a *actor, name string) (json.RawMessage, int64, int64, error) {
+	v := a.view()
+	if v.store == nil {
+		return nil, 0, 0, a.gone()
+	}
+	raw, err := v.store.KV(ctx, procProgressPrefix+name)
+	if err != nil {
+		return nil, 0, 0, itx.Errorf(itx.EUnavailable, "read processor record: %v", err)
+	}
+	var rec procRecord
+	if raw != nil {
+		if err := json.Unmarshal(raw, &rec); err != nil {
+			return nil, 0, 0, itx.Errorf(itx.EInternal, "processor %q: record does not decode: %v", name, err)
+		}
+	}
+	if rec.Progress == nil {
+		return json.RawMessage("null"), 0, 0, nil
+	}
+	state := rec.Progress.State
+	if len(state) == 0 {
+		state = json.RawMessage("null")
+	}
+	return state, rec.Progress.ReducedThrough, rec.Progress.ProcessedThrough, nil
+}
+
+// remoteRuntimeState asks the host holding the contract; without one it says so, with the
+// committed cursors.
+func (s *Server) remoteRuntimeState(ctx context.Context, a *actor, name string) (json.RawMessage, error) {
+	if m := s.remoteHost(a.ref.ProjectID, name); m != nil {
+		st, err := m.host.RuntimeState(ctx, a.view().streamID, a.ref.Path, name)
+		if err == nil {
+			var fields map[string]any
+			if json.Unmarshal(st, &fields) == nil {
+				fields["placement"], fields["host"], fields["mountGeneration"] = "remote", m.name, m.gen
+				return json.Marshal(fields)
+			}
+			return st, nil
+		}
+		if itx.ErrorCode(err) != itx.ECapabilityOffline {
+			return nil, err
+		}
+	}
+	_, reduced, processed, err := s.remoteSnapshot(ctx, a, name)
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(map[string]any{"name": name, "placement": "remote", "mounted": false,
+		"reducedThrough": reduced, "processedThrough": processed})
+}

@@ -1,0 +1,222 @@
+package test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/processors"
+	"github.com/itx-dev/itx/processors/examples"
+	"github.com/itx-dev/itx/processors/remote"
+	"github.com/itx-dev/itx/schema"
+	"github.com/itx-dev/itx/server"
+	"github.com/itx-dev/itx/wire"
+	"github.com/stretchr/testify/require"
+)
+
+func configureRemote(t testing.TB, s schema.Stream, name string) {
+	t.Helper()
+	ctx := ctxT(t)
+	subs := client.Subscriptions(ctx, s)
+	defer subs.Release()
+	_, _, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{
+		Name: name, Receiver: client.Receiver{Kind: client.ReceiverProcessorWake, Placement: "remote"},
+	})
+	require.NoError(t, err)
+}
+
+// runRemoteHost runs a remote host in this process (its own RPC connection to addr) until the
+// test ends; mounted receives a value at each mount.
+func runRemoteHost(t testing.TB, addr, token, name string, host *processors.Host) <-chan struct{} {
+	t.Helper()
+	mounted := make(chan struct{}, 16)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = remote.Run(ctx, remote.Config{Addr: addr, Token: token, Name: name, Host: host,
+			MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
+			Logf: func(f string, a ...any) { t.Logf(f, a...) }, Mounted: func() { mounted <- struct{}{} }})
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	return mounted
+}
+
+func awaitMount(t testing.TB, mounted <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-mounted:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the remote host never mounted")
+	}
+}
+
+func listHosts(t testing.TB, p schema.Project) []itx.MountInfo {
+	t.Helper()
+	ctx := ctxT(t)
+	hosts, release := p.Processors(ctx, nil)
+	defer release()
+	list, err := client.ListProcessorHosts(ctx, hosts.Processors())
+	require.NoError(t, err)
+	return list
+}
+
+// A guestbook in a remote host over real TCP: placed remote with no host mounted, the
+// subscription parks; the host's mount resumes it at once; the host pages the stream, keeps its
+// progress on the stream through itxd, and the snapshot (read from that record) is Reduce folded
+// over the stream. ProcessorHosts.list shows the host with its contract.
+func TestRemote_GuestbookParksThenRuns(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	p := ts.project(t)
+	s := stream(t, p, "/remote/guestbook")
+	configureRemote(t, s, "guestbook")
+	var head int64
+	for i := range 40 {
+		head = mustAppend(t, s, examples.GuestbookSigned.Input(examples.Signed{Name: fmt.Sprintf("guest-%d", i), Message: "remote"}, "")).HeadOffset
+	}
+	sub, proc := processorOf(t, s, "guestbook")
+	waitUntil(t, "parked without a host", func() bool {
+		d, err := client.DescribeSubscription(ctx, sub)
+		require.NoError(t, err)
+		return d.Status == itx.StatusParked
+	})
+
+	awaitMount(t, runRemoteHost(t, ts.addr, ts.creds.ProjectToken, "worker-1", referenceHost(t, "guestbook")))
+	processed, err := client.WaitUntilProcessed(ctx, sub, head, 0)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, processed, head)
+
+	snap, err := client.Snapshot(ctx, proc)
+	require.NoError(t, err)
+	require.Equal(t, head, snap.ProcessedOffset)
+	events, err := client.ReadAll(ctx, s, itx.Query{})
+	require.NoError(t, err)
+	c := examples.Guestbook()
+	want := c.InitialState()
+	for _, e := range events {
+		if e.Type == string(examples.GuestbookSigned) {
+			want = c.Reduce(want, e)
+		}
+	}
+	wantJSON, _ := json.Marshal(want)
+	require.JSONEq(t, string(wantJSON), snap.State)
+
+	hosts := listHosts(t, p)
+	require.Len(t, hosts, 1)
+	require.Equal(t, "worker-1", hosts[0].Name)
+	require.Len(t, hosts[0].Contracts, 1)
+	require.Equal(t, "guestbook", hosts[0].Contracts[0].Name)
+	require.Equal(t, []string{string(examples.GuestbookSigned)}, hosts[0].Contracts[0].ConsumedTypes)
+
+	rs, err := client.RuntimeState(ctx, proc)
+	require.NoError(t, err)
+	var runtime map[string]any
+	require.NoError(t, json.Unmarshal([]byte(rs), &runtime))
+	require.Equal(t, "remote", runtime["placement"])
+	require.Equal(t, "worker-1", runtime["host"])
+	require.EqualValues(t, head, runtime["processedThrough"])
+}
+
+// spyHost is a ProcessorHost that keeps the ports of its first wake and reports nothing done.
+type spyHost struct {
+	mu    sync.Mutex
+	ports schema.ProcessorPorts
+	woken chan struct{}
+}
+
+func (h *spyHost) Wake(ctx context.Context, call schema.ProcessorHost_wake) error {
+	req, err := call.Args().Request()
+	if err != nil {
+		return err
+	}
+	h.mu.Lock()
+	if !h.ports.IsValid() {
+		h.ports = req.Ports().AddRef()
+		close(h.woken)
+	}
+	h.mu.Unlock()
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	_, err = res.NewReport()
+	return err
+}
+
+func (h *spyHost) GetRuntimeState(ctx context.Context, call schema.ProcessorHost_getRuntimeState) error {
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	return res.SetState(`{}`)
+}
+
+// Two hosts announcing one contract: the later mount takes it over. The earlier host's ports are
+// fenced at once (every write fails failedPrecondition), and the new host processes the stream.
+func TestRemote_SecondMountTakesOverAndFencesTheFirst(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	p := ts.project(t)
+	s := stream(t, p, "/remote/takeover")
+	configureRemote(t, s, "forwarder")
+
+	spy := &spyHost{woken: make(chan struct{})}
+	first := dial(t, ts.addr).Login(ctx, ts.creds.ProjectToken)
+	hosts, release := first.Processors(ctx, nil)
+	defer release()
+	info := []itx.ProcessorInfo{{Name: "forwarder", ReducerVersion: "1", ConsumedTypes: []string{string(examples.InboxMessage)}}}
+	fut, rel := hosts.Processors().Mount(ctx, func(m schema.ProcessorHosts_mount_Params) error {
+		if err := m.SetName("spy"); err != nil {
+			return err
+		}
+		list, err := m.NewContracts(1)
+		if err != nil {
+			return err
+		}
+		if err := wire.SetProcessorContracts(list, info); err != nil {
+			return err
+		}
+		return m.SetHost(schema.ProcessorHost_ServerToClient(spy))
+	})
+	defer rel()
+	_, err := fut.Struct()
+	require.NoError(t, err)
+	mustAppend(t, s, examples.InboxMessage.Input(json.RawMessage(`{"n":0}`), ""))
+	select {
+	case <-spy.woken:
+	case <-ctx.Done():
+		t.Fatal("the first host was never woken")
+	}
+	defer spy.ports.Release()
+	claim := func() error {
+		f, r := spy.ports.Claim(ctx, func(a schema.ProcessorPorts_claim_Params) error { return a.SetName("forwarder") })
+		defer r()
+		_, err := f.Struct()
+		return err
+	}
+	require.NoError(t, claim(), "the first host holds the contract")
+
+	awaitMount(t, runRemoteHost(t, ts.addr, ts.creds.ProjectToken, "worker-2", referenceHost(t, "forwarder")))
+	requireCode(t, claim(), itx.EFailedPrecondition)
+	list := listHosts(t, p)
+	require.Len(t, list, 2)
+	for _, h := range list {
+		if h.Name == "spy" {
+			require.Empty(t, h.Contracts, "taken over")
+		} else {
+			require.Len(t, h.Contracts, 1)
+		}
+	}
+	head := mustAppend(t, s, examples.InboxMessage.Input(json.RawMessage(`{"n":1}`), "")).HeadOffset
+	sub := client.Subscription(ctx, s, "forwarder")
+	defer sub.Release()
+	_, err = client.WaitUntilProcessed(ctx, sub, head, 0)
+	require.NoError(t, err)
+	require.Equal(t, 2, countType(t, s, string(examples.OutboxForwarded)))
+}
