@@ -124,4 +124,3 @@ func RuntimeState(ctx context.Context, p schema.Processor) (string, error) {
 	}
 	return res.State()
 }
-
