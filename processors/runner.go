@@ -122,8 +122,8 @@ func (r *Runner[S]) Open(ctx context.Context) error {
 	return r.commit(ctx, next, st)
 }
 
-// Deliver processes one frame. The whole attempt is tracked by the keepalive, so an incarnation
-// that dies mid-frame is revived. When the frame leaves the cursor below the head it reported (a
+// Deliver processes one frame. A frame with work in it is tracked by the keepalive, so an
+// incarnation that dies mid-frame is revived. When the frame leaves the cursor below the head it reported (a
 // filtered frame whose unconsumed tail the wake lane will not deliver), a trailing catch-up runs
 // in the background so that tail cannot strand state-derived work. The processor's own appends
 // are new events: the wake lane delivers them.
@@ -131,9 +131,7 @@ func (r *Runner[S]) Deliver(ctx context.Context, f Frame) error {
 	if err := r.acquire(ctx); err != nil {
 		return err
 	}
-	done := r.track()
 	err := r.processFrame(ctx, f)
-	done(err)
 	behind := err == nil && !f.Continued && r.ProcessedThrough() < f.Head
 	r.release()
 	if behind {
@@ -149,10 +147,7 @@ func (r *Runner[S]) CatchUp(ctx context.Context) error {
 		return err
 	}
 	defer r.release()
-	done := r.track()
-	err := r.catchUp(ctx)
-	done(err)
-	return err
+	return r.catchUp(ctx)
 }
 
 // catchUp delivers up to the head it finds on its first read. It does not chase the processor's
@@ -231,6 +226,9 @@ func (r *Runner[S]) processFrame(ctx context.Context, f Frame) (err error) {
 	if !plan.commit {
 		return nil
 	}
+	// Tracked from here: a frame that moves nothing is no work, and must not count as a clean
+	// settlement that would disarm the keepalive of a dead incarnation's obligations.
+	done := r.track()
 	defer func() {
 		if p := recover(); p != nil {
 			err = itx.Errorf(itx.EInternal, "processor %q panicked: %v", r.c.Name, p)
@@ -238,6 +236,7 @@ func (r *Runner[S]) processFrame(ctx context.Context, f Frame) (err error) {
 		if err != nil {
 			r.restoreCommittedState()
 		}
+		done(err)
 	}()
 	delivery := Delivery{ObservedHead: plan.head, CursorRevision: committed.CursorRevision}
 	state := r.committedState()

@@ -68,7 +68,7 @@ func startBenchItxd(b *testing.B, extra ...string) *benchItxd {
 	return &benchItxd{itxdProcess: p, metrics: metrics}
 }
 
-func freeAddr(b *testing.B) string {
+func freeAddr(b testing.TB) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(b, err)
 	defer ln.Close()

@@ -220,3 +220,11 @@ func TestRemote_SecondMountTakesOverAndFencesTheFirst(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 2, countType(t, s, string(examples.OutboxForwarded)))
 }
+
+// processorsHost hosts the agent with a vendor of the test's own.
+func processorsHost(t testing.TB, vendor examples.Vendor, cfg examples.AgentConfig) *processors.Host {
+	t.Helper()
+	h := processors.NewHost("test")
+	require.NoError(t, examples.AddTo(h, []string{"agent"}, examples.HostOptions{Vendor: vendor, Agent: cfg}))
+	return h
+}

@@ -207,10 +207,25 @@ func (s *session) refresh(gen uint64, stream schema.Stream, ports schema.Process
 	s.log.reset()
 }
 
+// caps returns references to the latest wake's capabilities; the caller releases them (a later
+// wake may replace the session's own meanwhile).
 func (s *session) caps() (schema.Stream, schema.ProcessorPorts) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.stream, s.ports
+	return s.stream.AddRef(), s.ports.AddRef()
+}
+
+// streamCap and portsCap return one reference each, released by the caller.
+func (s *session) streamCap() schema.Stream {
+	st, p := s.caps()
+	p.Release()
+	return st
+}
+
+func (s *session) portsCap() schema.ProcessorPorts {
+	st, p := s.caps()
+	st.Release()
+	return p
 }
 
 func (h *HostServer) session(ctx context.Context, key sessionKey, path string, gen uint64, stream schema.Stream, ports schema.ProcessorPorts) (*session, error) {
@@ -361,7 +376,8 @@ func (l *rpcLog) reset() {
 }
 
 func (l *rpcLog) fetch(ctx context.Context, after int64, limit int) (itx.ProcessorPage, error) {
-	stream, _ := l.s.caps()
+	stream := l.s.streamCap()
+	defer stream.Release()
 	pg, err := client.GetEventPage(ctx, stream, itx.Query{After: after, Limit: limit})
 	if err != nil {
 		return itx.ProcessorPage{}, err
@@ -404,7 +420,8 @@ func (l *rpcLog) Read(ctx context.Context, after int64, limit int) (itx.Processo
 
 // Append commits through the stream capability and reads the committed events back.
 func (l *rpcLog) Append(ctx context.Context, inputs []itx.EventInput) ([]itx.Event, error) {
-	stream, _ := l.s.caps()
+	stream := l.s.streamCap()
+	defer stream.Release()
 	res, err := client.Append(ctx, stream, inputs, itx.AppendOptions{})
 	if err != nil {
 		return nil, err
@@ -438,7 +455,8 @@ func (l *rpcLog) Append(ctx context.Context, inputs []itx.EventInput) ([]itx.Eve
 type rpcProgress struct{ s *session }
 
 func (p rpcProgress) Claim(ctx context.Context, name string) (*itx.ProcessorProgress, int64, error) {
-	_, ports := p.s.caps()
+	ports := p.s.portsCap()
+	defer ports.Release()
 	fut, release := ports.Claim(ctx, func(a schema.ProcessorPorts_claim_Params) error { return a.SetName(name) })
 	defer release()
 	res, err := fut.Struct()
@@ -464,7 +482,8 @@ func (p rpcProgress) Commit(ctx context.Context, name string, generation int64, 
 	if err != nil {
 		return err
 	}
-	_, ports := p.s.caps()
+	ports := p.s.portsCap()
+	defer ports.Release()
 	fut, release := ports.Commit(ctx, func(a schema.ProcessorPorts_commit_Params) error {
 		a.SetGeneration(uint64(generation))
 		if err := a.SetName(name); err != nil {
@@ -483,7 +502,8 @@ func (p rpcProgress) Commit(ctx context.Context, name string, generation int64, 
 type rpcKV struct{ s *session }
 
 func (k rpcKV) Get(ctx context.Context, key string) ([]byte, bool, error) {
-	_, ports := k.s.caps()
+	ports := k.s.portsCap()
+	defer ports.Release()
 	fut, release := ports.KvGet(ctx, func(a schema.ProcessorPorts_kvGet_Params) error { return a.SetKey(key) })
 	defer release()
 	res, err := fut.Struct()
@@ -495,7 +515,8 @@ func (k rpcKV) Get(ctx context.Context, key string) ([]byte, bool, error) {
 }
 
 func (k rpcKV) Put(ctx context.Context, key string, value []byte) error {
-	_, ports := k.s.caps()
+	ports := k.s.portsCap()
+	defer ports.Release()
 	fut, release := ports.KvPut(ctx, func(a schema.ProcessorPorts_kvPut_Params) error {
 		if err := a.SetKey(key); err != nil {
 			return err
@@ -514,7 +535,8 @@ func (a rpcAlarm) SetAlarm(ctx context.Context, at time.Time) error {
 	if !at.IsZero() {
 		ms = max(at.UnixMilli(), 1)
 	}
-	_, ports := a.s.caps()
+	ports := a.s.portsCap()
+	defer ports.Release()
 	fut, release := ports.SetAlarm(ctx, func(p schema.ProcessorPorts_setAlarm_Params) error {
 		p.SetAt(ms)
 		return nil
