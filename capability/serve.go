@@ -63,11 +63,12 @@ func (l *Listener) serveConn(c net.Conn) {
 	// internal/flowconn). A login lifts it from the pre-authentication bounds.
 	t := flowconn.New(c, l.flow)
 	gw := &gateway{srv: l.srv, authenticated: t.Authenticate}
-	boot := schema.Gateway(guarded(guardOf(l.srv), schema.Gateway_Methods(nil, gw), gw))
+	boot := schema.Gateway(guarded(guardOf(l.srv), access{rights: rAll}, schema.Gateway_Methods(nil, gw), gw))
 	conn := rpc.NewConn(t, &rpc.Options{
 		BootstrapClient: capnp.Client(boot),
 		Logger:          rpcLogger{l.log},
 	})
+	gw.setConn(conn)
 	m := l.srv.Metrics()
 	m.RPCConnections.Inc()
 	l.mu.Lock()
@@ -78,6 +79,7 @@ func (l *Listener) serveConn(c net.Conn) {
 	go func() {
 		defer l.wg.Done()
 		<-conn.Done()
+		gw.endSessions()
 		m.RPCConnections.Dec()
 		l.mu.Lock()
 		delete(l.conns, conn)

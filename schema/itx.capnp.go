@@ -35,6 +35,7 @@ const (
 	ErrorCode_failedPrecondition  ErrorCode = 13
 	ErrorCode_cancelled           ErrorCode = 14
 	ErrorCode_resourceExhausted   ErrorCode = 15
+	ErrorCode_permissionDenied    ErrorCode = 16
 )
 
 // String returns the enum's constant name.
@@ -72,6 +73,8 @@ func (c ErrorCode) String() string {
 		return "cancelled"
 	case ErrorCode_resourceExhausted:
 		return "resourceExhausted"
+	case ErrorCode_permissionDenied:
+		return "permissionDenied"
 
 	default:
 		return ""
@@ -114,6 +117,8 @@ func ErrorCodeFromString(c string) ErrorCode {
 		return ErrorCode_cancelled
 	case "resourceExhausted":
 		return ErrorCode_resourceExhausted
+	case "permissionDenied":
+		return ErrorCode_permissionDenied
 
 	default:
 		return 0
@@ -2603,6 +2608,14 @@ func (s SubscriptionDescription) UpdatedAtBytes() ([]byte, error) {
 
 func (s SubscriptionDescription) SetUpdatedAt(v string) error {
 	return capnp.Struct(s).SetText(3, v)
+}
+
+func (s SubscriptionDescription) SecretSet() bool {
+	return capnp.Struct(s).Bit(16)
+}
+
+func (s SubscriptionDescription) SetSecretSet(v bool) {
+	capnp.Struct(s).SetBit(16, v)
 }
 
 // SubscriptionDescription_List is a list of SubscriptionDescription.
@@ -11107,6 +11120,46 @@ func (c Stream) LiveState(ctx context.Context, params func(Stream_liveState_Para
 
 }
 
+func (c Stream) ReadOnly(ctx context.Context, params func(Stream_readOnly_Params) error) (Stream_readOnly_Results_Future, capnp.ReleaseFunc) {
+
+	s := capnp.Send{
+		Method: capnp.Method{
+			InterfaceID:   0xeffb554118f2d266,
+			MethodID:      11,
+			InterfaceName: "itx.capnp:Stream",
+			MethodName:    "readOnly",
+		},
+	}
+	if params != nil {
+		s.ArgsSize = capnp.ObjectSize{DataSize: 0, PointerCount: 0}
+		s.PlaceArgs = func(s capnp.Struct) error { return params(Stream_readOnly_Params(s)) }
+	}
+
+	ans, release := capnp.Client(c).SendCall(ctx, s)
+	return Stream_readOnly_Results_Future{Future: ans.Future()}, release
+
+}
+
+func (c Stream) AppendOnly(ctx context.Context, params func(Stream_appendOnly_Params) error) (Stream_appendOnly_Results_Future, capnp.ReleaseFunc) {
+
+	s := capnp.Send{
+		Method: capnp.Method{
+			InterfaceID:   0xeffb554118f2d266,
+			MethodID:      12,
+			InterfaceName: "itx.capnp:Stream",
+			MethodName:    "appendOnly",
+		},
+	}
+	if params != nil {
+		s.ArgsSize = capnp.ObjectSize{DataSize: 0, PointerCount: 0}
+		s.PlaceArgs = func(s capnp.Struct) error { return params(Stream_appendOnly_Params(s)) }
+	}
+
+	ans, release := capnp.Client(c).SendCall(ctx, s)
+	return Stream_appendOnly_Results_Future{Future: ans.Future()}, release
+
+}
+
 func (c Stream) WaitStreaming() error {
 	return capnp.Client(c).WaitStreaming()
 }
@@ -11201,6 +11254,10 @@ type Stream_Server interface {
 	Readers(context.Context, Stream_readers) error
 
 	LiveState(context.Context, Stream_liveState) error
+
+	ReadOnly(context.Context, Stream_readOnly) error
+
+	AppendOnly(context.Context, Stream_appendOnly) error
 }
 
 // Stream_NewServer creates a new Server from an implementation of Stream_Server.
@@ -11219,7 +11276,7 @@ func Stream_ServerToClient(s Stream_Server) Stream {
 // This can be used to create a more complicated Server.
 func Stream_Methods(methods []server.Method, s Stream_Server) []server.Method {
 	if cap(methods) == 0 {
-		methods = make([]server.Method, 0, 11)
+		methods = make([]server.Method, 0, 13)
 	}
 
 	methods = append(methods, server.Method{
@@ -11351,6 +11408,30 @@ func Stream_Methods(methods []server.Method, s Stream_Server) []server.Method {
 		},
 		Impl: func(ctx context.Context, call *server.Call) error {
 			return s.LiveState(ctx, Stream_liveState{call})
+		},
+	})
+
+	methods = append(methods, server.Method{
+		Method: capnp.Method{
+			InterfaceID:   0xeffb554118f2d266,
+			MethodID:      11,
+			InterfaceName: "itx.capnp:Stream",
+			MethodName:    "readOnly",
+		},
+		Impl: func(ctx context.Context, call *server.Call) error {
+			return s.ReadOnly(ctx, Stream_readOnly{call})
+		},
+	})
+
+	methods = append(methods, server.Method{
+		Method: capnp.Method{
+			InterfaceID:   0xeffb554118f2d266,
+			MethodID:      12,
+			InterfaceName: "itx.capnp:Stream",
+			MethodName:    "appendOnly",
+		},
+		Impl: func(ctx context.Context, call *server.Call) error {
+			return s.AppendOnly(ctx, Stream_appendOnly{call})
 		},
 	})
 
@@ -11542,6 +11623,40 @@ func (c Stream_liveState) Args() Stream_liveState_Params {
 func (c Stream_liveState) AllocResults() (Stream_liveState_Results, error) {
 	r, err := c.Call.AllocResults(capnp.ObjectSize{DataSize: 0, PointerCount: 1})
 	return Stream_liveState_Results(r), err
+}
+
+// Stream_readOnly holds the state for a server call to Stream.readOnly.
+// See server.Call for documentation.
+type Stream_readOnly struct {
+	*server.Call
+}
+
+// Args returns the call's arguments.
+func (c Stream_readOnly) Args() Stream_readOnly_Params {
+	return Stream_readOnly_Params(c.Call.Args())
+}
+
+// AllocResults allocates the results struct.
+func (c Stream_readOnly) AllocResults() (Stream_readOnly_Results, error) {
+	r, err := c.Call.AllocResults(capnp.ObjectSize{DataSize: 0, PointerCount: 1})
+	return Stream_readOnly_Results(r), err
+}
+
+// Stream_appendOnly holds the state for a server call to Stream.appendOnly.
+// See server.Call for documentation.
+type Stream_appendOnly struct {
+	*server.Call
+}
+
+// Args returns the call's arguments.
+func (c Stream_appendOnly) Args() Stream_appendOnly_Params {
+	return Stream_appendOnly_Params(c.Call.Args())
+}
+
+// AllocResults allocates the results struct.
+func (c Stream_appendOnly) AllocResults() (Stream_appendOnly_Results, error) {
+	r, err := c.Call.AllocResults(capnp.ObjectSize{DataSize: 0, PointerCount: 1})
+	return Stream_appendOnly_Results(r), err
 }
 
 // Stream_List is a list of Stream.
@@ -13456,6 +13571,306 @@ func (p Stream_liveState_Results_Future) Handle() Handle {
 	return Handle(p.Future.Field(0, nil).Client())
 }
 
+type Stream_readOnly_Params capnp.Struct
+
+// Stream_readOnly_Params_TypeID is the unique identifier for the type Stream_readOnly_Params.
+const Stream_readOnly_Params_TypeID = 0x812dd48a8e0832a5
+
+func NewStream_readOnly_Params(s *capnp.Segment) (Stream_readOnly_Params, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0})
+	return Stream_readOnly_Params(st), err
+}
+
+func NewRootStream_readOnly_Params(s *capnp.Segment) (Stream_readOnly_Params, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0})
+	return Stream_readOnly_Params(st), err
+}
+
+func ReadRootStream_readOnly_Params(msg *capnp.Message) (Stream_readOnly_Params, error) {
+	root, err := msg.Root()
+	return Stream_readOnly_Params(root.Struct()), err
+}
+
+func (s Stream_readOnly_Params) String() string {
+	str, _ := text.Marshal(0x812dd48a8e0832a5, capnp.Struct(s))
+	return str
+}
+
+func (s Stream_readOnly_Params) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (Stream_readOnly_Params) DecodeFromPtr(p capnp.Ptr) Stream_readOnly_Params {
+	return Stream_readOnly_Params(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s Stream_readOnly_Params) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s Stream_readOnly_Params) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s Stream_readOnly_Params) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s Stream_readOnly_Params) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+
+// Stream_readOnly_Params_List is a list of Stream_readOnly_Params.
+type Stream_readOnly_Params_List = capnp.StructList[Stream_readOnly_Params]
+
+// NewStream_readOnly_Params creates a new list of Stream_readOnly_Params.
+func NewStream_readOnly_Params_List(s *capnp.Segment, sz int32) (Stream_readOnly_Params_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0}, sz)
+	return capnp.StructList[Stream_readOnly_Params](l), err
+}
+
+// Stream_readOnly_Params_Future is a wrapper for a Stream_readOnly_Params promised by a client call.
+type Stream_readOnly_Params_Future struct{ *capnp.Future }
+
+func (f Stream_readOnly_Params_Future) Struct() (Stream_readOnly_Params, error) {
+	p, err := f.Future.Ptr()
+	return Stream_readOnly_Params(p.Struct()), err
+}
+
+type Stream_readOnly_Results capnp.Struct
+
+// Stream_readOnly_Results_TypeID is the unique identifier for the type Stream_readOnly_Results.
+const Stream_readOnly_Results_TypeID = 0x93cd6010081767e5
+
+func NewStream_readOnly_Results(s *capnp.Segment) (Stream_readOnly_Results, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1})
+	return Stream_readOnly_Results(st), err
+}
+
+func NewRootStream_readOnly_Results(s *capnp.Segment) (Stream_readOnly_Results, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1})
+	return Stream_readOnly_Results(st), err
+}
+
+func ReadRootStream_readOnly_Results(msg *capnp.Message) (Stream_readOnly_Results, error) {
+	root, err := msg.Root()
+	return Stream_readOnly_Results(root.Struct()), err
+}
+
+func (s Stream_readOnly_Results) String() string {
+	str, _ := text.Marshal(0x93cd6010081767e5, capnp.Struct(s))
+	return str
+}
+
+func (s Stream_readOnly_Results) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (Stream_readOnly_Results) DecodeFromPtr(p capnp.Ptr) Stream_readOnly_Results {
+	return Stream_readOnly_Results(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s Stream_readOnly_Results) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s Stream_readOnly_Results) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s Stream_readOnly_Results) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s Stream_readOnly_Results) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+func (s Stream_readOnly_Results) Stream() Stream {
+	p, _ := capnp.Struct(s).Ptr(0)
+	return Stream(p.Interface().Client())
+}
+
+func (s Stream_readOnly_Results) HasStream() bool {
+	return capnp.Struct(s).HasPtr(0)
+}
+
+func (s Stream_readOnly_Results) SetStream(v Stream) error {
+	if !v.IsValid() {
+		return capnp.Struct(s).SetPtr(0, capnp.Ptr{})
+	}
+	seg := s.Segment()
+	in := capnp.NewInterface(seg, seg.Message().CapTable().Add(capnp.Client(v)))
+	return capnp.Struct(s).SetPtr(0, in.ToPtr())
+}
+
+// Stream_readOnly_Results_List is a list of Stream_readOnly_Results.
+type Stream_readOnly_Results_List = capnp.StructList[Stream_readOnly_Results]
+
+// NewStream_readOnly_Results creates a new list of Stream_readOnly_Results.
+func NewStream_readOnly_Results_List(s *capnp.Segment, sz int32) (Stream_readOnly_Results_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1}, sz)
+	return capnp.StructList[Stream_readOnly_Results](l), err
+}
+
+// Stream_readOnly_Results_Future is a wrapper for a Stream_readOnly_Results promised by a client call.
+type Stream_readOnly_Results_Future struct{ *capnp.Future }
+
+func (f Stream_readOnly_Results_Future) Struct() (Stream_readOnly_Results, error) {
+	p, err := f.Future.Ptr()
+	return Stream_readOnly_Results(p.Struct()), err
+}
+func (p Stream_readOnly_Results_Future) Stream() Stream {
+	return Stream(p.Future.Field(0, nil).Client())
+}
+
+type Stream_appendOnly_Params capnp.Struct
+
+// Stream_appendOnly_Params_TypeID is the unique identifier for the type Stream_appendOnly_Params.
+const Stream_appendOnly_Params_TypeID = 0x8cc398004c95e856
+
+func NewStream_appendOnly_Params(s *capnp.Segment) (Stream_appendOnly_Params, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0})
+	return Stream_appendOnly_Params(st), err
+}
+
+func NewRootStream_appendOnly_Params(s *capnp.Segment) (Stream_appendOnly_Params, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0})
+	return Stream_appendOnly_Params(st), err
+}
+
+func ReadRootStream_appendOnly_Params(msg *capnp.Message) (Stream_appendOnly_Params, error) {
+	root, err := msg.Root()
+	return Stream_appendOnly_Params(root.Struct()), err
+}
+
+func (s Stream_appendOnly_Params) String() string {
+	str, _ := text.Marshal(0x8cc398004c95e856, capnp.Struct(s))
+	return str
+}
+
+func (s Stream_appendOnly_Params) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (Stream_appendOnly_Params) DecodeFromPtr(p capnp.Ptr) Stream_appendOnly_Params {
+	return Stream_appendOnly_Params(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s Stream_appendOnly_Params) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s Stream_appendOnly_Params) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s Stream_appendOnly_Params) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s Stream_appendOnly_Params) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+
+// Stream_appendOnly_Params_List is a list of Stream_appendOnly_Params.
+type Stream_appendOnly_Params_List = capnp.StructList[Stream_appendOnly_Params]
+
+// NewStream_appendOnly_Params creates a new list of Stream_appendOnly_Params.
+func NewStream_appendOnly_Params_List(s *capnp.Segment, sz int32) (Stream_appendOnly_Params_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0}, sz)
+	return capnp.StructList[Stream_appendOnly_Params](l), err
+}
+
+// Stream_appendOnly_Params_Future is a wrapper for a Stream_appendOnly_Params promised by a client call.
+type Stream_appendOnly_Params_Future struct{ *capnp.Future }
+
+func (f Stream_appendOnly_Params_Future) Struct() (Stream_appendOnly_Params, error) {
+	p, err := f.Future.Ptr()
+	return Stream_appendOnly_Params(p.Struct()), err
+}
+
+type Stream_appendOnly_Results capnp.Struct
+
+// Stream_appendOnly_Results_TypeID is the unique identifier for the type Stream_appendOnly_Results.
+const Stream_appendOnly_Results_TypeID = 0xfda5d8c2d43a93d9
+
+func NewStream_appendOnly_Results(s *capnp.Segment) (Stream_appendOnly_Results, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1})
+	return Stream_appendOnly_Results(st), err
+}
+
+func NewRootStream_appendOnly_Results(s *capnp.Segment) (Stream_appendOnly_Results, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1})
+	return Stream_appendOnly_Results(st), err
+}
+
+func ReadRootStream_appendOnly_Results(msg *capnp.Message) (Stream_appendOnly_Results, error) {
+	root, err := msg.Root()
+	return Stream_appendOnly_Results(root.Struct()), err
+}
+
+func (s Stream_appendOnly_Results) String() string {
+	str, _ := text.Marshal(0xfda5d8c2d43a93d9, capnp.Struct(s))
+	return str
+}
+
+func (s Stream_appendOnly_Results) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (Stream_appendOnly_Results) DecodeFromPtr(p capnp.Ptr) Stream_appendOnly_Results {
+	return Stream_appendOnly_Results(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s Stream_appendOnly_Results) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s Stream_appendOnly_Results) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s Stream_appendOnly_Results) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s Stream_appendOnly_Results) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+func (s Stream_appendOnly_Results) Stream() Stream {
+	p, _ := capnp.Struct(s).Ptr(0)
+	return Stream(p.Interface().Client())
+}
+
+func (s Stream_appendOnly_Results) HasStream() bool {
+	return capnp.Struct(s).HasPtr(0)
+}
+
+func (s Stream_appendOnly_Results) SetStream(v Stream) error {
+	if !v.IsValid() {
+		return capnp.Struct(s).SetPtr(0, capnp.Ptr{})
+	}
+	seg := s.Segment()
+	in := capnp.NewInterface(seg, seg.Message().CapTable().Add(capnp.Client(v)))
+	return capnp.Struct(s).SetPtr(0, in.ToPtr())
+}
+
+// Stream_appendOnly_Results_List is a list of Stream_appendOnly_Results.
+type Stream_appendOnly_Results_List = capnp.StructList[Stream_appendOnly_Results]
+
+// NewStream_appendOnly_Results creates a new list of Stream_appendOnly_Results.
+func NewStream_appendOnly_Results_List(s *capnp.Segment, sz int32) (Stream_appendOnly_Results_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1}, sz)
+	return capnp.StructList[Stream_appendOnly_Results](l), err
+}
+
+// Stream_appendOnly_Results_Future is a wrapper for a Stream_appendOnly_Results promised by a client call.
+type Stream_appendOnly_Results_Future struct{ *capnp.Future }
+
+func (f Stream_appendOnly_Results_Future) Struct() (Stream_appendOnly_Results, error) {
+	p, err := f.Future.Ptr()
+	return Stream_appendOnly_Results(p.Struct()), err
+}
+func (p Stream_appendOnly_Results_Future) Stream() Stream {
+	return Stream(p.Future.Field(0, nil).Client())
+}
+
 type Streams capnp.Client
 
 // Streams_TypeID is the unique identifier for the type Streams.
@@ -14133,6 +14548,26 @@ func (c Project) Describe(ctx context.Context, params func(Project_describe_Para
 
 }
 
+func (c Project) Admin(ctx context.Context, params func(Project_admin_Params) error) (Project_admin_Results_Future, capnp.ReleaseFunc) {
+
+	s := capnp.Send{
+		Method: capnp.Method{
+			InterfaceID:   0x88e4f0bf8dd31a5f,
+			MethodID:      4,
+			InterfaceName: "itx.capnp:Project",
+			MethodName:    "admin",
+		},
+	}
+	if params != nil {
+		s.ArgsSize = capnp.ObjectSize{DataSize: 0, PointerCount: 0}
+		s.PlaceArgs = func(s capnp.Struct) error { return params(Project_admin_Params(s)) }
+	}
+
+	ans, release := capnp.Client(c).SendCall(ctx, s)
+	return Project_admin_Results_Future{Future: ans.Future()}, release
+
+}
+
 func (c Project) WaitStreaming() error {
 	return capnp.Client(c).WaitStreaming()
 }
@@ -14213,6 +14648,8 @@ type Project_Server interface {
 	Processors(context.Context, Project_processors) error
 
 	Describe(context.Context, Project_describe) error
+
+	Admin(context.Context, Project_admin) error
 }
 
 // Project_NewServer creates a new Server from an implementation of Project_Server.
@@ -14231,7 +14668,7 @@ func Project_ServerToClient(s Project_Server) Project {
 // This can be used to create a more complicated Server.
 func Project_Methods(methods []server.Method, s Project_Server) []server.Method {
 	if cap(methods) == 0 {
-		methods = make([]server.Method, 0, 4)
+		methods = make([]server.Method, 0, 5)
 	}
 
 	methods = append(methods, server.Method{
@@ -14279,6 +14716,18 @@ func Project_Methods(methods []server.Method, s Project_Server) []server.Method 
 		},
 		Impl: func(ctx context.Context, call *server.Call) error {
 			return s.Describe(ctx, Project_describe{call})
+		},
+	})
+
+	methods = append(methods, server.Method{
+		Method: capnp.Method{
+			InterfaceID:   0x88e4f0bf8dd31a5f,
+			MethodID:      4,
+			InterfaceName: "itx.capnp:Project",
+			MethodName:    "admin",
+		},
+		Impl: func(ctx context.Context, call *server.Call) error {
+			return s.Admin(ctx, Project_admin{call})
 		},
 	})
 
@@ -14351,6 +14800,23 @@ func (c Project_describe) Args() Project_describe_Params {
 func (c Project_describe) AllocResults() (Project_describe_Results, error) {
 	r, err := c.Call.AllocResults(capnp.ObjectSize{DataSize: 0, PointerCount: 1})
 	return Project_describe_Results(r), err
+}
+
+// Project_admin holds the state for a server call to Project.admin.
+// See server.Call for documentation.
+type Project_admin struct {
+	*server.Call
+}
+
+// Args returns the call's arguments.
+func (c Project_admin) Args() Project_admin_Params {
+	return Project_admin_Params(c.Call.Args())
+}
+
+// AllocResults allocates the results struct.
+func (c Project_admin) AllocResults() (Project_admin_Results, error) {
+	r, err := c.Call.AllocResults(capnp.ObjectSize{DataSize: 0, PointerCount: 1})
+	return Project_admin_Results(r), err
 }
 
 // Project_List is a list of Project.
@@ -14968,6 +15434,2329 @@ func (p Project_describe_Results_Future) Info() ProjectInfo_Future {
 	return ProjectInfo_Future{Future: p.Future.Field(0, nil)}
 }
 
+type Project_admin_Params capnp.Struct
+
+// Project_admin_Params_TypeID is the unique identifier for the type Project_admin_Params.
+const Project_admin_Params_TypeID = 0xca528d234835bec7
+
+func NewProject_admin_Params(s *capnp.Segment) (Project_admin_Params, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0})
+	return Project_admin_Params(st), err
+}
+
+func NewRootProject_admin_Params(s *capnp.Segment) (Project_admin_Params, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0})
+	return Project_admin_Params(st), err
+}
+
+func ReadRootProject_admin_Params(msg *capnp.Message) (Project_admin_Params, error) {
+	root, err := msg.Root()
+	return Project_admin_Params(root.Struct()), err
+}
+
+func (s Project_admin_Params) String() string {
+	str, _ := text.Marshal(0xca528d234835bec7, capnp.Struct(s))
+	return str
+}
+
+func (s Project_admin_Params) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (Project_admin_Params) DecodeFromPtr(p capnp.Ptr) Project_admin_Params {
+	return Project_admin_Params(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s Project_admin_Params) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s Project_admin_Params) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s Project_admin_Params) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s Project_admin_Params) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+
+// Project_admin_Params_List is a list of Project_admin_Params.
+type Project_admin_Params_List = capnp.StructList[Project_admin_Params]
+
+// NewProject_admin_Params creates a new list of Project_admin_Params.
+func NewProject_admin_Params_List(s *capnp.Segment, sz int32) (Project_admin_Params_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0}, sz)
+	return capnp.StructList[Project_admin_Params](l), err
+}
+
+// Project_admin_Params_Future is a wrapper for a Project_admin_Params promised by a client call.
+type Project_admin_Params_Future struct{ *capnp.Future }
+
+func (f Project_admin_Params_Future) Struct() (Project_admin_Params, error) {
+	p, err := f.Future.Ptr()
+	return Project_admin_Params(p.Struct()), err
+}
+
+type Project_admin_Results capnp.Struct
+
+// Project_admin_Results_TypeID is the unique identifier for the type Project_admin_Results.
+const Project_admin_Results_TypeID = 0x82c8e08476e4c4ec
+
+func NewProject_admin_Results(s *capnp.Segment) (Project_admin_Results, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1})
+	return Project_admin_Results(st), err
+}
+
+func NewRootProject_admin_Results(s *capnp.Segment) (Project_admin_Results, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1})
+	return Project_admin_Results(st), err
+}
+
+func ReadRootProject_admin_Results(msg *capnp.Message) (Project_admin_Results, error) {
+	root, err := msg.Root()
+	return Project_admin_Results(root.Struct()), err
+}
+
+func (s Project_admin_Results) String() string {
+	str, _ := text.Marshal(0x82c8e08476e4c4ec, capnp.Struct(s))
+	return str
+}
+
+func (s Project_admin_Results) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (Project_admin_Results) DecodeFromPtr(p capnp.Ptr) Project_admin_Results {
+	return Project_admin_Results(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s Project_admin_Results) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s Project_admin_Results) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s Project_admin_Results) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s Project_admin_Results) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+func (s Project_admin_Results) Admin() Admin {
+	p, _ := capnp.Struct(s).Ptr(0)
+	return Admin(p.Interface().Client())
+}
+
+func (s Project_admin_Results) HasAdmin() bool {
+	return capnp.Struct(s).HasPtr(0)
+}
+
+func (s Project_admin_Results) SetAdmin(v Admin) error {
+	if !v.IsValid() {
+		return capnp.Struct(s).SetPtr(0, capnp.Ptr{})
+	}
+	seg := s.Segment()
+	in := capnp.NewInterface(seg, seg.Message().CapTable().Add(capnp.Client(v)))
+	return capnp.Struct(s).SetPtr(0, in.ToPtr())
+}
+
+// Project_admin_Results_List is a list of Project_admin_Results.
+type Project_admin_Results_List = capnp.StructList[Project_admin_Results]
+
+// NewProject_admin_Results creates a new list of Project_admin_Results.
+func NewProject_admin_Results_List(s *capnp.Segment, sz int32) (Project_admin_Results_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1}, sz)
+	return capnp.StructList[Project_admin_Results](l), err
+}
+
+// Project_admin_Results_Future is a wrapper for a Project_admin_Results promised by a client call.
+type Project_admin_Results_Future struct{ *capnp.Future }
+
+func (f Project_admin_Results_Future) Struct() (Project_admin_Results, error) {
+	p, err := f.Future.Ptr()
+	return Project_admin_Results(p.Struct()), err
+}
+func (p Project_admin_Results_Future) Admin() Admin {
+	return Admin(p.Future.Field(0, nil).Client())
+}
+
+type Right uint16
+
+// Right_TypeID is the unique identifier for the type Right.
+const Right_TypeID = 0xb81c92e29d839550
+
+// Values of Right.
+const (
+	Right_read      Right = 0
+	Right_append    Right = 1
+	Right_subscribe Right = 2
+	Right_admin     Right = 3
+)
+
+// String returns the enum's constant name.
+func (c Right) String() string {
+	switch c {
+	case Right_read:
+		return "read"
+	case Right_append:
+		return "append"
+	case Right_subscribe:
+		return "subscribe"
+	case Right_admin:
+		return "admin"
+
+	default:
+		return ""
+	}
+}
+
+// RightFromString returns the enum value with a name,
+// or the zero value if there's no such value.
+func RightFromString(c string) Right {
+	switch c {
+	case "read":
+		return Right_read
+	case "append":
+		return Right_append
+	case "subscribe":
+		return Right_subscribe
+	case "admin":
+		return Right_admin
+
+	default:
+		return 0
+	}
+}
+
+type Right_List = capnp.EnumList[Right]
+
+func NewRight_List(s *capnp.Segment, sz int32) (Right_List, error) {
+	return capnp.NewEnumList[Right](s, sz)
+}
+
+type TokenScope capnp.Struct
+
+// TokenScope_TypeID is the unique identifier for the type TokenScope.
+const TokenScope_TypeID = 0xc8f0eef973e12294
+
+func NewTokenScope(s *capnp.Segment) (TokenScope, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 2})
+	return TokenScope(st), err
+}
+
+func NewRootTokenScope(s *capnp.Segment) (TokenScope, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 2})
+	return TokenScope(st), err
+}
+
+func ReadRootTokenScope(msg *capnp.Message) (TokenScope, error) {
+	root, err := msg.Root()
+	return TokenScope(root.Struct()), err
+}
+
+func (s TokenScope) String() string {
+	str, _ := text.Marshal(0xc8f0eef973e12294, capnp.Struct(s))
+	return str
+}
+
+func (s TokenScope) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (TokenScope) DecodeFromPtr(p capnp.Ptr) TokenScope {
+	return TokenScope(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s TokenScope) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s TokenScope) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s TokenScope) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s TokenScope) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+func (s TokenScope) Prefix() (string, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.Text(), err
+}
+
+func (s TokenScope) HasPrefix() bool {
+	return capnp.Struct(s).HasPtr(0)
+}
+
+func (s TokenScope) PrefixBytes() ([]byte, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.TextBytes(), err
+}
+
+func (s TokenScope) SetPrefix(v string) error {
+	return capnp.Struct(s).SetText(0, v)
+}
+
+func (s TokenScope) Rights() (Right_List, error) {
+	p, err := capnp.Struct(s).Ptr(1)
+	return Right_List(p.List()), err
+}
+
+func (s TokenScope) HasRights() bool {
+	return capnp.Struct(s).HasPtr(1)
+}
+
+func (s TokenScope) SetRights(v Right_List) error {
+	return capnp.Struct(s).SetPtr(1, v.ToPtr())
+}
+
+// NewRights sets the rights field to a newly
+// allocated Right_List, preferring placement in s's segment.
+func (s TokenScope) NewRights(n int32) (Right_List, error) {
+	l, err := NewRight_List(capnp.Struct(s).Segment(), n)
+	if err != nil {
+		return Right_List{}, err
+	}
+	err = capnp.Struct(s).SetPtr(1, l.ToPtr())
+	return l, err
+}
+
+// TokenScope_List is a list of TokenScope.
+type TokenScope_List = capnp.StructList[TokenScope]
+
+// NewTokenScope creates a new list of TokenScope.
+func NewTokenScope_List(s *capnp.Segment, sz int32) (TokenScope_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 2}, sz)
+	return capnp.StructList[TokenScope](l), err
+}
+
+// TokenScope_Future is a wrapper for a TokenScope promised by a client call.
+type TokenScope_Future struct{ *capnp.Future }
+
+func (f TokenScope_Future) Struct() (TokenScope, error) {
+	p, err := f.Future.Ptr()
+	return TokenScope(p.Struct()), err
+}
+
+type TokenInfo capnp.Struct
+
+// TokenInfo_TypeID is the unique identifier for the type TokenInfo.
+const TokenInfo_TypeID = 0x9227b6c4711a6da7
+
+func NewTokenInfo(s *capnp.Segment) (TokenInfo, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 24, PointerCount: 4})
+	return TokenInfo(st), err
+}
+
+func NewRootTokenInfo(s *capnp.Segment) (TokenInfo, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 24, PointerCount: 4})
+	return TokenInfo(st), err
+}
+
+func ReadRootTokenInfo(msg *capnp.Message) (TokenInfo, error) {
+	root, err := msg.Root()
+	return TokenInfo(root.Struct()), err
+}
+
+func (s TokenInfo) String() string {
+	str, _ := text.Marshal(0x9227b6c4711a6da7, capnp.Struct(s))
+	return str
+}
+
+func (s TokenInfo) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (TokenInfo) DecodeFromPtr(p capnp.Ptr) TokenInfo {
+	return TokenInfo(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s TokenInfo) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s TokenInfo) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s TokenInfo) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s TokenInfo) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+func (s TokenInfo) Id() (string, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.Text(), err
+}
+
+func (s TokenInfo) HasId() bool {
+	return capnp.Struct(s).HasPtr(0)
+}
+
+func (s TokenInfo) IdBytes() ([]byte, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.TextBytes(), err
+}
+
+func (s TokenInfo) SetId(v string) error {
+	return capnp.Struct(s).SetText(0, v)
+}
+
+func (s TokenInfo) ProjectId() (string, error) {
+	p, err := capnp.Struct(s).Ptr(1)
+	return p.Text(), err
+}
+
+func (s TokenInfo) HasProjectId() bool {
+	return capnp.Struct(s).HasPtr(1)
+}
+
+func (s TokenInfo) ProjectIdBytes() ([]byte, error) {
+	p, err := capnp.Struct(s).Ptr(1)
+	return p.TextBytes(), err
+}
+
+func (s TokenInfo) SetProjectId(v string) error {
+	return capnp.Struct(s).SetText(1, v)
+}
+
+func (s TokenInfo) Label() (string, error) {
+	p, err := capnp.Struct(s).Ptr(2)
+	return p.Text(), err
+}
+
+func (s TokenInfo) HasLabel() bool {
+	return capnp.Struct(s).HasPtr(2)
+}
+
+func (s TokenInfo) LabelBytes() ([]byte, error) {
+	p, err := capnp.Struct(s).Ptr(2)
+	return p.TextBytes(), err
+}
+
+func (s TokenInfo) SetLabel(v string) error {
+	return capnp.Struct(s).SetText(2, v)
+}
+
+func (s TokenInfo) CreatedAt() int64 {
+	return int64(capnp.Struct(s).Uint64(0))
+}
+
+func (s TokenInfo) SetCreatedAt(v int64) {
+	capnp.Struct(s).SetUint64(0, uint64(v))
+}
+
+func (s TokenInfo) LastUsedAt() int64 {
+	return int64(capnp.Struct(s).Uint64(8))
+}
+
+func (s TokenInfo) SetLastUsedAt(v int64) {
+	capnp.Struct(s).SetUint64(8, uint64(v))
+}
+
+func (s TokenInfo) ExpiresAt() int64 {
+	return int64(capnp.Struct(s).Uint64(16))
+}
+
+func (s TokenInfo) SetExpiresAt(v int64) {
+	capnp.Struct(s).SetUint64(16, uint64(v))
+}
+
+func (s TokenInfo) Scope() (TokenScope, error) {
+	p, err := capnp.Struct(s).Ptr(3)
+	return TokenScope(p.Struct()), err
+}
+
+func (s TokenInfo) HasScope() bool {
+	return capnp.Struct(s).HasPtr(3)
+}
+
+func (s TokenInfo) SetScope(v TokenScope) error {
+	return capnp.Struct(s).SetPtr(3, capnp.Struct(v).ToPtr())
+}
+
+// NewScope sets the scope field to a newly
+// allocated TokenScope struct, preferring placement in s's segment.
+func (s TokenInfo) NewScope() (TokenScope, error) {
+	ss, err := NewTokenScope(capnp.Struct(s).Segment())
+	if err != nil {
+		return TokenScope{}, err
+	}
+	err = capnp.Struct(s).SetPtr(3, capnp.Struct(ss).ToPtr())
+	return ss, err
+}
+
+// TokenInfo_List is a list of TokenInfo.
+type TokenInfo_List = capnp.StructList[TokenInfo]
+
+// NewTokenInfo creates a new list of TokenInfo.
+func NewTokenInfo_List(s *capnp.Segment, sz int32) (TokenInfo_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 24, PointerCount: 4}, sz)
+	return capnp.StructList[TokenInfo](l), err
+}
+
+// TokenInfo_Future is a wrapper for a TokenInfo promised by a client call.
+type TokenInfo_Future struct{ *capnp.Future }
+
+func (f TokenInfo_Future) Struct() (TokenInfo, error) {
+	p, err := f.Future.Ptr()
+	return TokenInfo(p.Struct()), err
+}
+func (p TokenInfo_Future) Scope() TokenScope_Future {
+	return TokenScope_Future{Future: p.Future.Field(3, nil)}
+}
+
+type ProjectSummary capnp.Struct
+
+// ProjectSummary_TypeID is the unique identifier for the type ProjectSummary.
+const ProjectSummary_TypeID = 0xb1417a841b06ff32
+
+func NewProjectSummary(s *capnp.Segment) (ProjectSummary, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 16, PointerCount: 1})
+	return ProjectSummary(st), err
+}
+
+func NewRootProjectSummary(s *capnp.Segment) (ProjectSummary, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 16, PointerCount: 1})
+	return ProjectSummary(st), err
+}
+
+func ReadRootProjectSummary(msg *capnp.Message) (ProjectSummary, error) {
+	root, err := msg.Root()
+	return ProjectSummary(root.Struct()), err
+}
+
+func (s ProjectSummary) String() string {
+	str, _ := text.Marshal(0xb1417a841b06ff32, capnp.Struct(s))
+	return str
+}
+
+func (s ProjectSummary) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (ProjectSummary) DecodeFromPtr(p capnp.Ptr) ProjectSummary {
+	return ProjectSummary(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s ProjectSummary) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s ProjectSummary) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s ProjectSummary) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s ProjectSummary) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+func (s ProjectSummary) Info() (ProjectInfo, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return ProjectInfo(p.Struct()), err
+}
+
+func (s ProjectSummary) HasInfo() bool {
+	return capnp.Struct(s).HasPtr(0)
+}
+
+func (s ProjectSummary) SetInfo(v ProjectInfo) error {
+	return capnp.Struct(s).SetPtr(0, capnp.Struct(v).ToPtr())
+}
+
+// NewInfo sets the info field to a newly
+// allocated ProjectInfo struct, preferring placement in s's segment.
+func (s ProjectSummary) NewInfo() (ProjectInfo, error) {
+	ss, err := NewProjectInfo(capnp.Struct(s).Segment())
+	if err != nil {
+		return ProjectInfo{}, err
+	}
+	err = capnp.Struct(s).SetPtr(0, capnp.Struct(ss).ToPtr())
+	return ss, err
+}
+
+func (s ProjectSummary) CreatedAt() int64 {
+	return int64(capnp.Struct(s).Uint64(0))
+}
+
+func (s ProjectSummary) SetCreatedAt(v int64) {
+	capnp.Struct(s).SetUint64(0, uint64(v))
+}
+
+func (s ProjectSummary) StreamCount() uint32 {
+	return capnp.Struct(s).Uint32(8)
+}
+
+func (s ProjectSummary) SetStreamCount(v uint32) {
+	capnp.Struct(s).SetUint32(8, v)
+}
+
+// ProjectSummary_List is a list of ProjectSummary.
+type ProjectSummary_List = capnp.StructList[ProjectSummary]
+
+// NewProjectSummary creates a new list of ProjectSummary.
+func NewProjectSummary_List(s *capnp.Segment, sz int32) (ProjectSummary_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 16, PointerCount: 1}, sz)
+	return capnp.StructList[ProjectSummary](l), err
+}
+
+// ProjectSummary_Future is a wrapper for a ProjectSummary promised by a client call.
+type ProjectSummary_Future struct{ *capnp.Future }
+
+func (f ProjectSummary_Future) Struct() (ProjectSummary, error) {
+	p, err := f.Future.Ptr()
+	return ProjectSummary(p.Struct()), err
+}
+func (p ProjectSummary_Future) Info() ProjectInfo_Future {
+	return ProjectInfo_Future{Future: p.Future.Field(0, nil)}
+}
+
+type Admin capnp.Client
+
+// Admin_TypeID is the unique identifier for the type Admin.
+const Admin_TypeID = 0xc23adf72c98b410e
+
+func (c Admin) CreateProject(ctx context.Context, params func(Admin_createProject_Params) error) (Admin_createProject_Results_Future, capnp.ReleaseFunc) {
+
+	s := capnp.Send{
+		Method: capnp.Method{
+			InterfaceID:   0xc23adf72c98b410e,
+			MethodID:      0,
+			InterfaceName: "itx.capnp:Admin",
+			MethodName:    "createProject",
+		},
+	}
+	if params != nil {
+		s.ArgsSize = capnp.ObjectSize{DataSize: 0, PointerCount: 1}
+		s.PlaceArgs = func(s capnp.Struct) error { return params(Admin_createProject_Params(s)) }
+	}
+
+	ans, release := capnp.Client(c).SendCall(ctx, s)
+	return Admin_createProject_Results_Future{Future: ans.Future()}, release
+
+}
+
+func (c Admin) ListProjects(ctx context.Context, params func(Admin_listProjects_Params) error) (Admin_listProjects_Results_Future, capnp.ReleaseFunc) {
+
+	s := capnp.Send{
+		Method: capnp.Method{
+			InterfaceID:   0xc23adf72c98b410e,
+			MethodID:      1,
+			InterfaceName: "itx.capnp:Admin",
+			MethodName:    "listProjects",
+		},
+	}
+	if params != nil {
+		s.ArgsSize = capnp.ObjectSize{DataSize: 0, PointerCount: 0}
+		s.PlaceArgs = func(s capnp.Struct) error { return params(Admin_listProjects_Params(s)) }
+	}
+
+	ans, release := capnp.Client(c).SendCall(ctx, s)
+	return Admin_listProjects_Results_Future{Future: ans.Future()}, release
+
+}
+
+func (c Admin) RenameProject(ctx context.Context, params func(Admin_renameProject_Params) error) (Admin_renameProject_Results_Future, capnp.ReleaseFunc) {
+
+	s := capnp.Send{
+		Method: capnp.Method{
+			InterfaceID:   0xc23adf72c98b410e,
+			MethodID:      2,
+			InterfaceName: "itx.capnp:Admin",
+			MethodName:    "renameProject",
+		},
+	}
+	if params != nil {
+		s.ArgsSize = capnp.ObjectSize{DataSize: 0, PointerCount: 2}
+		s.PlaceArgs = func(s capnp.Struct) error { return params(Admin_renameProject_Params(s)) }
+	}
+
+	ans, release := capnp.Client(c).SendCall(ctx, s)
+	return Admin_renameProject_Results_Future{Future: ans.Future()}, release
+
+}
+
+func (c Admin) DeleteProject(ctx context.Context, params func(Admin_deleteProject_Params) error) (Admin_deleteProject_Results_Future, capnp.ReleaseFunc) {
+
+	s := capnp.Send{
+		Method: capnp.Method{
+			InterfaceID:   0xc23adf72c98b410e,
+			MethodID:      3,
+			InterfaceName: "itx.capnp:Admin",
+			MethodName:    "deleteProject",
+		},
+	}
+	if params != nil {
+		s.ArgsSize = capnp.ObjectSize{DataSize: 8, PointerCount: 1}
+		s.PlaceArgs = func(s capnp.Struct) error { return params(Admin_deleteProject_Params(s)) }
+	}
+
+	ans, release := capnp.Client(c).SendCall(ctx, s)
+	return Admin_deleteProject_Results_Future{Future: ans.Future()}, release
+
+}
+
+func (c Admin) CreateToken(ctx context.Context, params func(Admin_createToken_Params) error) (Admin_createToken_Results_Future, capnp.ReleaseFunc) {
+
+	s := capnp.Send{
+		Method: capnp.Method{
+			InterfaceID:   0xc23adf72c98b410e,
+			MethodID:      4,
+			InterfaceName: "itx.capnp:Admin",
+			MethodName:    "createToken",
+		},
+	}
+	if params != nil {
+		s.ArgsSize = capnp.ObjectSize{DataSize: 8, PointerCount: 3}
+		s.PlaceArgs = func(s capnp.Struct) error { return params(Admin_createToken_Params(s)) }
+	}
+
+	ans, release := capnp.Client(c).SendCall(ctx, s)
+	return Admin_createToken_Results_Future{Future: ans.Future()}, release
+
+}
+
+func (c Admin) ListTokens(ctx context.Context, params func(Admin_listTokens_Params) error) (Admin_listTokens_Results_Future, capnp.ReleaseFunc) {
+
+	s := capnp.Send{
+		Method: capnp.Method{
+			InterfaceID:   0xc23adf72c98b410e,
+			MethodID:      5,
+			InterfaceName: "itx.capnp:Admin",
+			MethodName:    "listTokens",
+		},
+	}
+	if params != nil {
+		s.ArgsSize = capnp.ObjectSize{DataSize: 0, PointerCount: 1}
+		s.PlaceArgs = func(s capnp.Struct) error { return params(Admin_listTokens_Params(s)) }
+	}
+
+	ans, release := capnp.Client(c).SendCall(ctx, s)
+	return Admin_listTokens_Results_Future{Future: ans.Future()}, release
+
+}
+
+func (c Admin) RevokeToken(ctx context.Context, params func(Admin_revokeToken_Params) error) (Admin_revokeToken_Results_Future, capnp.ReleaseFunc) {
+
+	s := capnp.Send{
+		Method: capnp.Method{
+			InterfaceID:   0xc23adf72c98b410e,
+			MethodID:      6,
+			InterfaceName: "itx.capnp:Admin",
+			MethodName:    "revokeToken",
+		},
+	}
+	if params != nil {
+		s.ArgsSize = capnp.ObjectSize{DataSize: 0, PointerCount: 2}
+		s.PlaceArgs = func(s capnp.Struct) error { return params(Admin_revokeToken_Params(s)) }
+	}
+
+	ans, release := capnp.Client(c).SendCall(ctx, s)
+	return Admin_revokeToken_Results_Future{Future: ans.Future()}, release
+
+}
+
+func (c Admin) WaitStreaming() error {
+	return capnp.Client(c).WaitStreaming()
+}
+
+// String returns a string that identifies this capability for debugging
+// purposes.  Its format should not be depended on: in particular, it
+// should not be used to compare clients.  Use IsSame to compare clients
+// for equality.
+func (c Admin) String() string {
+	return "Admin(" + capnp.Client(c).String() + ")"
+}
+
+// AddRef creates a new Client that refers to the same capability as c.
+// If c is nil or has resolved to null, then AddRef returns nil.
+func (c Admin) AddRef() Admin {
+	return Admin(capnp.Client(c).AddRef())
+}
+
+// Release releases a capability reference.  If this is the last
+// reference to the capability, then the underlying resources associated
+// with the capability will be released.
+//
+// Release will panic if c has already been released, but not if c is
+// nil or resolved to null.
+func (c Admin) Release() {
+	capnp.Client(c).Release()
+}
+
+// Resolve blocks until the capability is fully resolved or the Context
+// expires.
+func (c Admin) Resolve(ctx context.Context) error {
+	return capnp.Client(c).Resolve(ctx)
+}
+
+func (c Admin) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Client(c).EncodeAsPtr(seg)
+}
+
+func (Admin) DecodeFromPtr(p capnp.Ptr) Admin {
+	return Admin(capnp.Client{}.DecodeFromPtr(p))
+}
+
+// IsValid reports whether c is a valid reference to a capability.
+// A reference is invalid if it is nil, has resolved to null, or has
+// been released.
+func (c Admin) IsValid() bool {
+	return capnp.Client(c).IsValid()
+}
+
+// IsSame reports whether c and other refer to a capability created by the
+// same call to NewClient.  This can return false negatives if c or other
+// are not fully resolved: use Resolve if this is an issue.  If either
+// c or other are released, then IsSame panics.
+func (c Admin) IsSame(other Admin) bool {
+	return capnp.Client(c).IsSame(capnp.Client(other))
+}
+
+// Update the flowcontrol.FlowLimiter used to manage flow control for
+// this client. This affects all future calls, but not calls already
+// waiting to send. Passing nil sets the value to flowcontrol.NopLimiter,
+// which is also the default.
+func (c Admin) SetFlowLimiter(lim fc.FlowLimiter) {
+	capnp.Client(c).SetFlowLimiter(lim)
+}
+
+// Get the current flowcontrol.FlowLimiter used to manage flow control
+// for this client.
+func (c Admin) GetFlowLimiter() fc.FlowLimiter {
+	return capnp.Client(c).GetFlowLimiter()
+}
+
+// A Admin_Server is a Admin with a local implementation.
+type Admin_Server interface {
+	CreateProject(context.Context, Admin_createProject) error
+
+	ListProjects(context.Context, Admin_listProjects) error
+
+	RenameProject(context.Context, Admin_renameProject) error
+
+	DeleteProject(context.Context, Admin_deleteProject) error
+
+	CreateToken(context.Context, Admin_createToken) error
+
+	ListTokens(context.Context, Admin_listTokens) error
+
+	RevokeToken(context.Context, Admin_revokeToken) error
+}
+
+// Admin_NewServer creates a new Server from an implementation of Admin_Server.
+func Admin_NewServer(s Admin_Server) *server.Server {
+	c, _ := s.(server.Shutdowner)
+	return server.New(Admin_Methods(nil, s), s, c)
+}
+
+// Admin_ServerToClient creates a new Client from an implementation of Admin_Server.
+// The caller is responsible for calling Release on the returned Client.
+func Admin_ServerToClient(s Admin_Server) Admin {
+	return Admin(capnp.NewClient(Admin_NewServer(s)))
+}
+
+// Admin_Methods appends Methods to a slice that invoke the methods on s.
+// This can be used to create a more complicated Server.
+func Admin_Methods(methods []server.Method, s Admin_Server) []server.Method {
+	if cap(methods) == 0 {
+		methods = make([]server.Method, 0, 7)
+	}
+
+	methods = append(methods, server.Method{
+		Method: capnp.Method{
+			InterfaceID:   0xc23adf72c98b410e,
+			MethodID:      0,
+			InterfaceName: "itx.capnp:Admin",
+			MethodName:    "createProject",
+		},
+		Impl: func(ctx context.Context, call *server.Call) error {
+			return s.CreateProject(ctx, Admin_createProject{call})
+		},
+	})
+
+	methods = append(methods, server.Method{
+		Method: capnp.Method{
+			InterfaceID:   0xc23adf72c98b410e,
+			MethodID:      1,
+			InterfaceName: "itx.capnp:Admin",
+			MethodName:    "listProjects",
+		},
+		Impl: func(ctx context.Context, call *server.Call) error {
+			return s.ListProjects(ctx, Admin_listProjects{call})
+		},
+	})
+
+	methods = append(methods, server.Method{
+		Method: capnp.Method{
+			InterfaceID:   0xc23adf72c98b410e,
+			MethodID:      2,
+			InterfaceName: "itx.capnp:Admin",
+			MethodName:    "renameProject",
+		},
+		Impl: func(ctx context.Context, call *server.Call) error {
+			return s.RenameProject(ctx, Admin_renameProject{call})
+		},
+	})
+
+	methods = append(methods, server.Method{
+		Method: capnp.Method{
+			InterfaceID:   0xc23adf72c98b410e,
+			MethodID:      3,
+			InterfaceName: "itx.capnp:Admin",
+			MethodName:    "deleteProject",
+		},
+		Impl: func(ctx context.Context, call *server.Call) error {
+			return s.DeleteProject(ctx, Admin_deleteProject{call})
+		},
+	})
+
+	methods = append(methods, server.Method{
+		Method: capnp.Method{
+			InterfaceID:   0xc23adf72c98b410e,
+			MethodID:      4,
+			InterfaceName: "itx.capnp:Admin",
+			MethodName:    "createToken",
+		},
+		Impl: func(ctx context.Context, call *server.Call) error {
+			return s.CreateToken(ctx, Admin_createToken{call})
+		},
+	})
+
+	methods = append(methods, server.Method{
+		Method: capnp.Method{
+			InterfaceID:   0xc23adf72c98b410e,
+			MethodID:      5,
+			InterfaceName: "itx.capnp:Admin",
+			MethodName:    "listTokens",
+		},
+		Impl: func(ctx context.Context, call *server.Call) error {
+			return s.ListTokens(ctx, Admin_listTokens{call})
+		},
+	})
+
+	methods = append(methods, server.Method{
+		Method: capnp.Method{
+			InterfaceID:   0xc23adf72c98b410e,
+			MethodID:      6,
+			InterfaceName: "itx.capnp:Admin",
+			MethodName:    "revokeToken",
+		},
+		Impl: func(ctx context.Context, call *server.Call) error {
+			return s.RevokeToken(ctx, Admin_revokeToken{call})
+		},
+	})
+
+	return methods
+}
+
+// Admin_createProject holds the state for a server call to Admin.createProject.
+// See server.Call for documentation.
+type Admin_createProject struct {
+	*server.Call
+}
+
+// Args returns the call's arguments.
+func (c Admin_createProject) Args() Admin_createProject_Params {
+	return Admin_createProject_Params(c.Call.Args())
+}
+
+// AllocResults allocates the results struct.
+func (c Admin_createProject) AllocResults() (Admin_createProject_Results, error) {
+	r, err := c.Call.AllocResults(capnp.ObjectSize{DataSize: 0, PointerCount: 3})
+	return Admin_createProject_Results(r), err
+}
+
+// Admin_listProjects holds the state for a server call to Admin.listProjects.
+// See server.Call for documentation.
+type Admin_listProjects struct {
+	*server.Call
+}
+
+// Args returns the call's arguments.
+func (c Admin_listProjects) Args() Admin_listProjects_Params {
+	return Admin_listProjects_Params(c.Call.Args())
+}
+
+// AllocResults allocates the results struct.
+func (c Admin_listProjects) AllocResults() (Admin_listProjects_Results, error) {
+	r, err := c.Call.AllocResults(capnp.ObjectSize{DataSize: 0, PointerCount: 1})
+	return Admin_listProjects_Results(r), err
+}
+
+// Admin_renameProject holds the state for a server call to Admin.renameProject.
+// See server.Call for documentation.
+type Admin_renameProject struct {
+	*server.Call
+}
+
+// Args returns the call's arguments.
+func (c Admin_renameProject) Args() Admin_renameProject_Params {
+	return Admin_renameProject_Params(c.Call.Args())
+}
+
+// AllocResults allocates the results struct.
+func (c Admin_renameProject) AllocResults() (Admin_renameProject_Results, error) {
+	r, err := c.Call.AllocResults(capnp.ObjectSize{DataSize: 0, PointerCount: 0})
+	return Admin_renameProject_Results(r), err
+}
+
+// Admin_deleteProject holds the state for a server call to Admin.deleteProject.
+// See server.Call for documentation.
+type Admin_deleteProject struct {
+	*server.Call
+}
+
+// Args returns the call's arguments.
+func (c Admin_deleteProject) Args() Admin_deleteProject_Params {
+	return Admin_deleteProject_Params(c.Call.Args())
+}
+
+// AllocResults allocates the results struct.
+func (c Admin_deleteProject) AllocResults() (Admin_deleteProject_Results, error) {
+	r, err := c.Call.AllocResults(capnp.ObjectSize{DataSize: 0, PointerCount: 0})
+	return Admin_deleteProject_Results(r), err
+}
+
+// Admin_createToken holds the state for a server call to Admin.createToken.
+// See server.Call for documentation.
+type Admin_createToken struct {
+	*server.Call
+}
+
+// Args returns the call's arguments.
+func (c Admin_createToken) Args() Admin_createToken_Params {
+	return Admin_createToken_Params(c.Call.Args())
+}
+
+// AllocResults allocates the results struct.
+func (c Admin_createToken) AllocResults() (Admin_createToken_Results, error) {
+	r, err := c.Call.AllocResults(capnp.ObjectSize{DataSize: 0, PointerCount: 2})
+	return Admin_createToken_Results(r), err
+}
+
+// Admin_listTokens holds the state for a server call to Admin.listTokens.
+// See server.Call for documentation.
+type Admin_listTokens struct {
+	*server.Call
+}
+
+// Args returns the call's arguments.
+func (c Admin_listTokens) Args() Admin_listTokens_Params {
+	return Admin_listTokens_Params(c.Call.Args())
+}
+
+// AllocResults allocates the results struct.
+func (c Admin_listTokens) AllocResults() (Admin_listTokens_Results, error) {
+	r, err := c.Call.AllocResults(capnp.ObjectSize{DataSize: 0, PointerCount: 1})
+	return Admin_listTokens_Results(r), err
+}
+
+// Admin_revokeToken holds the state for a server call to Admin.revokeToken.
+// See server.Call for documentation.
+type Admin_revokeToken struct {
+	*server.Call
+}
+
+// Args returns the call's arguments.
+func (c Admin_revokeToken) Args() Admin_revokeToken_Params {
+	return Admin_revokeToken_Params(c.Call.Args())
+}
+
+// AllocResults allocates the results struct.
+func (c Admin_revokeToken) AllocResults() (Admin_revokeToken_Results, error) {
+	r, err := c.Call.AllocResults(capnp.ObjectSize{DataSize: 0, PointerCount: 0})
+	return Admin_revokeToken_Results(r), err
+}
+
+// Admin_List is a list of Admin.
+type Admin_List = capnp.CapList[Admin]
+
+// NewAdmin_List creates a new list of Admin.
+func NewAdmin_List(s *capnp.Segment, sz int32) (Admin_List, error) {
+	l, err := capnp.NewPointerList(s, sz)
+	return capnp.CapList[Admin](l), err
+}
+
+type Admin_createProject_Params capnp.Struct
+
+// Admin_createProject_Params_TypeID is the unique identifier for the type Admin_createProject_Params.
+const Admin_createProject_Params_TypeID = 0xf59dc4452637b484
+
+func NewAdmin_createProject_Params(s *capnp.Segment) (Admin_createProject_Params, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1})
+	return Admin_createProject_Params(st), err
+}
+
+func NewRootAdmin_createProject_Params(s *capnp.Segment) (Admin_createProject_Params, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1})
+	return Admin_createProject_Params(st), err
+}
+
+func ReadRootAdmin_createProject_Params(msg *capnp.Message) (Admin_createProject_Params, error) {
+	root, err := msg.Root()
+	return Admin_createProject_Params(root.Struct()), err
+}
+
+func (s Admin_createProject_Params) String() string {
+	str, _ := text.Marshal(0xf59dc4452637b484, capnp.Struct(s))
+	return str
+}
+
+func (s Admin_createProject_Params) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (Admin_createProject_Params) DecodeFromPtr(p capnp.Ptr) Admin_createProject_Params {
+	return Admin_createProject_Params(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s Admin_createProject_Params) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s Admin_createProject_Params) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s Admin_createProject_Params) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s Admin_createProject_Params) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+func (s Admin_createProject_Params) Name() (string, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.Text(), err
+}
+
+func (s Admin_createProject_Params) HasName() bool {
+	return capnp.Struct(s).HasPtr(0)
+}
+
+func (s Admin_createProject_Params) NameBytes() ([]byte, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.TextBytes(), err
+}
+
+func (s Admin_createProject_Params) SetName(v string) error {
+	return capnp.Struct(s).SetText(0, v)
+}
+
+// Admin_createProject_Params_List is a list of Admin_createProject_Params.
+type Admin_createProject_Params_List = capnp.StructList[Admin_createProject_Params]
+
+// NewAdmin_createProject_Params creates a new list of Admin_createProject_Params.
+func NewAdmin_createProject_Params_List(s *capnp.Segment, sz int32) (Admin_createProject_Params_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1}, sz)
+	return capnp.StructList[Admin_createProject_Params](l), err
+}
+
+// Admin_createProject_Params_Future is a wrapper for a Admin_createProject_Params promised by a client call.
+type Admin_createProject_Params_Future struct{ *capnp.Future }
+
+func (f Admin_createProject_Params_Future) Struct() (Admin_createProject_Params, error) {
+	p, err := f.Future.Ptr()
+	return Admin_createProject_Params(p.Struct()), err
+}
+
+type Admin_createProject_Results capnp.Struct
+
+// Admin_createProject_Results_TypeID is the unique identifier for the type Admin_createProject_Results.
+const Admin_createProject_Results_TypeID = 0xcf25e582389ca35c
+
+func NewAdmin_createProject_Results(s *capnp.Segment) (Admin_createProject_Results, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 3})
+	return Admin_createProject_Results(st), err
+}
+
+func NewRootAdmin_createProject_Results(s *capnp.Segment) (Admin_createProject_Results, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 3})
+	return Admin_createProject_Results(st), err
+}
+
+func ReadRootAdmin_createProject_Results(msg *capnp.Message) (Admin_createProject_Results, error) {
+	root, err := msg.Root()
+	return Admin_createProject_Results(root.Struct()), err
+}
+
+func (s Admin_createProject_Results) String() string {
+	str, _ := text.Marshal(0xcf25e582389ca35c, capnp.Struct(s))
+	return str
+}
+
+func (s Admin_createProject_Results) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (Admin_createProject_Results) DecodeFromPtr(p capnp.Ptr) Admin_createProject_Results {
+	return Admin_createProject_Results(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s Admin_createProject_Results) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s Admin_createProject_Results) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s Admin_createProject_Results) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s Admin_createProject_Results) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+func (s Admin_createProject_Results) Info() (ProjectInfo, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return ProjectInfo(p.Struct()), err
+}
+
+func (s Admin_createProject_Results) HasInfo() bool {
+	return capnp.Struct(s).HasPtr(0)
+}
+
+func (s Admin_createProject_Results) SetInfo(v ProjectInfo) error {
+	return capnp.Struct(s).SetPtr(0, capnp.Struct(v).ToPtr())
+}
+
+// NewInfo sets the info field to a newly
+// allocated ProjectInfo struct, preferring placement in s's segment.
+func (s Admin_createProject_Results) NewInfo() (ProjectInfo, error) {
+	ss, err := NewProjectInfo(capnp.Struct(s).Segment())
+	if err != nil {
+		return ProjectInfo{}, err
+	}
+	err = capnp.Struct(s).SetPtr(0, capnp.Struct(ss).ToPtr())
+	return ss, err
+}
+
+func (s Admin_createProject_Results) Token() (string, error) {
+	p, err := capnp.Struct(s).Ptr(1)
+	return p.Text(), err
+}
+
+func (s Admin_createProject_Results) HasToken() bool {
+	return capnp.Struct(s).HasPtr(1)
+}
+
+func (s Admin_createProject_Results) TokenBytes() ([]byte, error) {
+	p, err := capnp.Struct(s).Ptr(1)
+	return p.TextBytes(), err
+}
+
+func (s Admin_createProject_Results) SetToken(v string) error {
+	return capnp.Struct(s).SetText(1, v)
+}
+
+func (s Admin_createProject_Results) TokenInfo() (TokenInfo, error) {
+	p, err := capnp.Struct(s).Ptr(2)
+	return TokenInfo(p.Struct()), err
+}
+
+func (s Admin_createProject_Results) HasTokenInfo() bool {
+	return capnp.Struct(s).HasPtr(2)
+}
+
+func (s Admin_createProject_Results) SetTokenInfo(v TokenInfo) error {
+	return capnp.Struct(s).SetPtr(2, capnp.Struct(v).ToPtr())
+}
+
+// NewTokenInfo sets the tokenInfo field to a newly
+// allocated TokenInfo struct, preferring placement in s's segment.
+func (s Admin_createProject_Results) NewTokenInfo() (TokenInfo, error) {
+	ss, err := NewTokenInfo(capnp.Struct(s).Segment())
+	if err != nil {
+		return TokenInfo{}, err
+	}
+	err = capnp.Struct(s).SetPtr(2, capnp.Struct(ss).ToPtr())
+	return ss, err
+}
+
+// Admin_createProject_Results_List is a list of Admin_createProject_Results.
+type Admin_createProject_Results_List = capnp.StructList[Admin_createProject_Results]
+
+// NewAdmin_createProject_Results creates a new list of Admin_createProject_Results.
+func NewAdmin_createProject_Results_List(s *capnp.Segment, sz int32) (Admin_createProject_Results_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 3}, sz)
+	return capnp.StructList[Admin_createProject_Results](l), err
+}
+
+// Admin_createProject_Results_Future is a wrapper for a Admin_createProject_Results promised by a client call.
+type Admin_createProject_Results_Future struct{ *capnp.Future }
+
+func (f Admin_createProject_Results_Future) Struct() (Admin_createProject_Results, error) {
+	p, err := f.Future.Ptr()
+	return Admin_createProject_Results(p.Struct()), err
+}
+func (p Admin_createProject_Results_Future) Info() ProjectInfo_Future {
+	return ProjectInfo_Future{Future: p.Future.Field(0, nil)}
+}
+func (p Admin_createProject_Results_Future) TokenInfo() TokenInfo_Future {
+	return TokenInfo_Future{Future: p.Future.Field(2, nil)}
+}
+
+type Admin_listProjects_Params capnp.Struct
+
+// Admin_listProjects_Params_TypeID is the unique identifier for the type Admin_listProjects_Params.
+const Admin_listProjects_Params_TypeID = 0xa57a1ce797aa97ee
+
+func NewAdmin_listProjects_Params(s *capnp.Segment) (Admin_listProjects_Params, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0})
+	return Admin_listProjects_Params(st), err
+}
+
+func NewRootAdmin_listProjects_Params(s *capnp.Segment) (Admin_listProjects_Params, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0})
+	return Admin_listProjects_Params(st), err
+}
+
+func ReadRootAdmin_listProjects_Params(msg *capnp.Message) (Admin_listProjects_Params, error) {
+	root, err := msg.Root()
+	return Admin_listProjects_Params(root.Struct()), err
+}
+
+func (s Admin_listProjects_Params) String() string {
+	str, _ := text.Marshal(0xa57a1ce797aa97ee, capnp.Struct(s))
+	return str
+}
+
+func (s Admin_listProjects_Params) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (Admin_listProjects_Params) DecodeFromPtr(p capnp.Ptr) Admin_listProjects_Params {
+	return Admin_listProjects_Params(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s Admin_listProjects_Params) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s Admin_listProjects_Params) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s Admin_listProjects_Params) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s Admin_listProjects_Params) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+
+// Admin_listProjects_Params_List is a list of Admin_listProjects_Params.
+type Admin_listProjects_Params_List = capnp.StructList[Admin_listProjects_Params]
+
+// NewAdmin_listProjects_Params creates a new list of Admin_listProjects_Params.
+func NewAdmin_listProjects_Params_List(s *capnp.Segment, sz int32) (Admin_listProjects_Params_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0}, sz)
+	return capnp.StructList[Admin_listProjects_Params](l), err
+}
+
+// Admin_listProjects_Params_Future is a wrapper for a Admin_listProjects_Params promised by a client call.
+type Admin_listProjects_Params_Future struct{ *capnp.Future }
+
+func (f Admin_listProjects_Params_Future) Struct() (Admin_listProjects_Params, error) {
+	p, err := f.Future.Ptr()
+	return Admin_listProjects_Params(p.Struct()), err
+}
+
+type Admin_listProjects_Results capnp.Struct
+
+// Admin_listProjects_Results_TypeID is the unique identifier for the type Admin_listProjects_Results.
+const Admin_listProjects_Results_TypeID = 0x8165fb2f6923181a
+
+func NewAdmin_listProjects_Results(s *capnp.Segment) (Admin_listProjects_Results, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1})
+	return Admin_listProjects_Results(st), err
+}
+
+func NewRootAdmin_listProjects_Results(s *capnp.Segment) (Admin_listProjects_Results, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1})
+	return Admin_listProjects_Results(st), err
+}
+
+func ReadRootAdmin_listProjects_Results(msg *capnp.Message) (Admin_listProjects_Results, error) {
+	root, err := msg.Root()
+	return Admin_listProjects_Results(root.Struct()), err
+}
+
+func (s Admin_listProjects_Results) String() string {
+	str, _ := text.Marshal(0x8165fb2f6923181a, capnp.Struct(s))
+	return str
+}
+
+func (s Admin_listProjects_Results) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (Admin_listProjects_Results) DecodeFromPtr(p capnp.Ptr) Admin_listProjects_Results {
+	return Admin_listProjects_Results(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s Admin_listProjects_Results) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s Admin_listProjects_Results) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s Admin_listProjects_Results) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s Admin_listProjects_Results) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+func (s Admin_listProjects_Results) Projects() (ProjectSummary_List, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return ProjectSummary_List(p.List()), err
+}
+
+func (s Admin_listProjects_Results) HasProjects() bool {
+	return capnp.Struct(s).HasPtr(0)
+}
+
+func (s Admin_listProjects_Results) SetProjects(v ProjectSummary_List) error {
+	return capnp.Struct(s).SetPtr(0, v.ToPtr())
+}
+
+// NewProjects sets the projects field to a newly
+// allocated ProjectSummary_List, preferring placement in s's segment.
+func (s Admin_listProjects_Results) NewProjects(n int32) (ProjectSummary_List, error) {
+	l, err := NewProjectSummary_List(capnp.Struct(s).Segment(), n)
+	if err != nil {
+		return ProjectSummary_List{}, err
+	}
+	err = capnp.Struct(s).SetPtr(0, l.ToPtr())
+	return l, err
+}
+
+// Admin_listProjects_Results_List is a list of Admin_listProjects_Results.
+type Admin_listProjects_Results_List = capnp.StructList[Admin_listProjects_Results]
+
+// NewAdmin_listProjects_Results creates a new list of Admin_listProjects_Results.
+func NewAdmin_listProjects_Results_List(s *capnp.Segment, sz int32) (Admin_listProjects_Results_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1}, sz)
+	return capnp.StructList[Admin_listProjects_Results](l), err
+}
+
+// Admin_listProjects_Results_Future is a wrapper for a Admin_listProjects_Results promised by a client call.
+type Admin_listProjects_Results_Future struct{ *capnp.Future }
+
+func (f Admin_listProjects_Results_Future) Struct() (Admin_listProjects_Results, error) {
+	p, err := f.Future.Ptr()
+	return Admin_listProjects_Results(p.Struct()), err
+}
+
+type Admin_renameProject_Params capnp.Struct
+
+// Admin_renameProject_Params_TypeID is the unique identifier for the type Admin_renameProject_Params.
+const Admin_renameProject_Params_TypeID = 0x9bddf4fc93a9b695
+
+func NewAdmin_renameProject_Params(s *capnp.Segment) (Admin_renameProject_Params, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 2})
+	return Admin_renameProject_Params(st), err
+}
+
+func NewRootAdmin_renameProject_Params(s *capnp.Segment) (Admin_renameProject_Params, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 2})
+	return Admin_renameProject_Params(st), err
+}
+
+func ReadRootAdmin_renameProject_Params(msg *capnp.Message) (Admin_renameProject_Params, error) {
+	root, err := msg.Root()
+	return Admin_renameProject_Params(root.Struct()), err
+}
+
+func (s Admin_renameProject_Params) String() string {
+	str, _ := text.Marshal(0x9bddf4fc93a9b695, capnp.Struct(s))
+	return str
+}
+
+func (s Admin_renameProject_Params) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (Admin_renameProject_Params) DecodeFromPtr(p capnp.Ptr) Admin_renameProject_Params {
+	return Admin_renameProject_Params(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s Admin_renameProject_Params) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s Admin_renameProject_Params) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s Admin_renameProject_Params) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s Admin_renameProject_Params) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+func (s Admin_renameProject_Params) ProjectId() (string, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.Text(), err
+}
+
+func (s Admin_renameProject_Params) HasProjectId() bool {
+	return capnp.Struct(s).HasPtr(0)
+}
+
+func (s Admin_renameProject_Params) ProjectIdBytes() ([]byte, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.TextBytes(), err
+}
+
+func (s Admin_renameProject_Params) SetProjectId(v string) error {
+	return capnp.Struct(s).SetText(0, v)
+}
+
+func (s Admin_renameProject_Params) Name() (string, error) {
+	p, err := capnp.Struct(s).Ptr(1)
+	return p.Text(), err
+}
+
+func (s Admin_renameProject_Params) HasName() bool {
+	return capnp.Struct(s).HasPtr(1)
+}
+
+func (s Admin_renameProject_Params) NameBytes() ([]byte, error) {
+	p, err := capnp.Struct(s).Ptr(1)
+	return p.TextBytes(), err
+}
+
+func (s Admin_renameProject_Params) SetName(v string) error {
+	return capnp.Struct(s).SetText(1, v)
+}
+
+// Admin_renameProject_Params_List is a list of Admin_renameProject_Params.
+type Admin_renameProject_Params_List = capnp.StructList[Admin_renameProject_Params]
+
+// NewAdmin_renameProject_Params creates a new list of Admin_renameProject_Params.
+func NewAdmin_renameProject_Params_List(s *capnp.Segment, sz int32) (Admin_renameProject_Params_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 2}, sz)
+	return capnp.StructList[Admin_renameProject_Params](l), err
+}
+
+// Admin_renameProject_Params_Future is a wrapper for a Admin_renameProject_Params promised by a client call.
+type Admin_renameProject_Params_Future struct{ *capnp.Future }
+
+func (f Admin_renameProject_Params_Future) Struct() (Admin_renameProject_Params, error) {
+	p, err := f.Future.Ptr()
+	return Admin_renameProject_Params(p.Struct()), err
+}
+
+type Admin_renameProject_Results capnp.Struct
+
+// Admin_renameProject_Results_TypeID is the unique identifier for the type Admin_renameProject_Results.
+const Admin_renameProject_Results_TypeID = 0x9c091333d9ec101b
+
+func NewAdmin_renameProject_Results(s *capnp.Segment) (Admin_renameProject_Results, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0})
+	return Admin_renameProject_Results(st), err
+}
+
+func NewRootAdmin_renameProject_Results(s *capnp.Segment) (Admin_renameProject_Results, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0})
+	return Admin_renameProject_Results(st), err
+}
+
+func ReadRootAdmin_renameProject_Results(msg *capnp.Message) (Admin_renameProject_Results, error) {
+	root, err := msg.Root()
+	return Admin_renameProject_Results(root.Struct()), err
+}
+
+func (s Admin_renameProject_Results) String() string {
+	str, _ := text.Marshal(0x9c091333d9ec101b, capnp.Struct(s))
+	return str
+}
+
+func (s Admin_renameProject_Results) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (Admin_renameProject_Results) DecodeFromPtr(p capnp.Ptr) Admin_renameProject_Results {
+	return Admin_renameProject_Results(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s Admin_renameProject_Results) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s Admin_renameProject_Results) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s Admin_renameProject_Results) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s Admin_renameProject_Results) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+
+// Admin_renameProject_Results_List is a list of Admin_renameProject_Results.
+type Admin_renameProject_Results_List = capnp.StructList[Admin_renameProject_Results]
+
+// NewAdmin_renameProject_Results creates a new list of Admin_renameProject_Results.
+func NewAdmin_renameProject_Results_List(s *capnp.Segment, sz int32) (Admin_renameProject_Results_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0}, sz)
+	return capnp.StructList[Admin_renameProject_Results](l), err
+}
+
+// Admin_renameProject_Results_Future is a wrapper for a Admin_renameProject_Results promised by a client call.
+type Admin_renameProject_Results_Future struct{ *capnp.Future }
+
+func (f Admin_renameProject_Results_Future) Struct() (Admin_renameProject_Results, error) {
+	p, err := f.Future.Ptr()
+	return Admin_renameProject_Results(p.Struct()), err
+}
+
+type Admin_deleteProject_Params capnp.Struct
+
+// Admin_deleteProject_Params_TypeID is the unique identifier for the type Admin_deleteProject_Params.
+const Admin_deleteProject_Params_TypeID = 0x8685f5aef20cac6c
+
+func NewAdmin_deleteProject_Params(s *capnp.Segment) (Admin_deleteProject_Params, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 8, PointerCount: 1})
+	return Admin_deleteProject_Params(st), err
+}
+
+func NewRootAdmin_deleteProject_Params(s *capnp.Segment) (Admin_deleteProject_Params, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 8, PointerCount: 1})
+	return Admin_deleteProject_Params(st), err
+}
+
+func ReadRootAdmin_deleteProject_Params(msg *capnp.Message) (Admin_deleteProject_Params, error) {
+	root, err := msg.Root()
+	return Admin_deleteProject_Params(root.Struct()), err
+}
+
+func (s Admin_deleteProject_Params) String() string {
+	str, _ := text.Marshal(0x8685f5aef20cac6c, capnp.Struct(s))
+	return str
+}
+
+func (s Admin_deleteProject_Params) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (Admin_deleteProject_Params) DecodeFromPtr(p capnp.Ptr) Admin_deleteProject_Params {
+	return Admin_deleteProject_Params(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s Admin_deleteProject_Params) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s Admin_deleteProject_Params) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s Admin_deleteProject_Params) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s Admin_deleteProject_Params) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+func (s Admin_deleteProject_Params) ProjectId() (string, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.Text(), err
+}
+
+func (s Admin_deleteProject_Params) HasProjectId() bool {
+	return capnp.Struct(s).HasPtr(0)
+}
+
+func (s Admin_deleteProject_Params) ProjectIdBytes() ([]byte, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.TextBytes(), err
+}
+
+func (s Admin_deleteProject_Params) SetProjectId(v string) error {
+	return capnp.Struct(s).SetText(0, v)
+}
+
+func (s Admin_deleteProject_Params) Force() bool {
+	return capnp.Struct(s).Bit(0)
+}
+
+func (s Admin_deleteProject_Params) SetForce(v bool) {
+	capnp.Struct(s).SetBit(0, v)
+}
+
+// Admin_deleteProject_Params_List is a list of Admin_deleteProject_Params.
+type Admin_deleteProject_Params_List = capnp.StructList[Admin_deleteProject_Params]
+
+// NewAdmin_deleteProject_Params creates a new list of Admin_deleteProject_Params.
+func NewAdmin_deleteProject_Params_List(s *capnp.Segment, sz int32) (Admin_deleteProject_Params_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 8, PointerCount: 1}, sz)
+	return capnp.StructList[Admin_deleteProject_Params](l), err
+}
+
+// Admin_deleteProject_Params_Future is a wrapper for a Admin_deleteProject_Params promised by a client call.
+type Admin_deleteProject_Params_Future struct{ *capnp.Future }
+
+func (f Admin_deleteProject_Params_Future) Struct() (Admin_deleteProject_Params, error) {
+	p, err := f.Future.Ptr()
+	return Admin_deleteProject_Params(p.Struct()), err
+}
+
+type Admin_deleteProject_Results capnp.Struct
+
+// Admin_deleteProject_Results_TypeID is the unique identifier for the type Admin_deleteProject_Results.
+const Admin_deleteProject_Results_TypeID = 0xd89eee197565532a
+
+func NewAdmin_deleteProject_Results(s *capnp.Segment) (Admin_deleteProject_Results, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0})
+	return Admin_deleteProject_Results(st), err
+}
+
+func NewRootAdmin_deleteProject_Results(s *capnp.Segment) (Admin_deleteProject_Results, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0})
+	return Admin_deleteProject_Results(st), err
+}
+
+func ReadRootAdmin_deleteProject_Results(msg *capnp.Message) (Admin_deleteProject_Results, error) {
+	root, err := msg.Root()
+	return Admin_deleteProject_Results(root.Struct()), err
+}
+
+func (s Admin_deleteProject_Results) String() string {
+	str, _ := text.Marshal(0xd89eee197565532a, capnp.Struct(s))
+	return str
+}
+
+func (s Admin_deleteProject_Results) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (Admin_deleteProject_Results) DecodeFromPtr(p capnp.Ptr) Admin_deleteProject_Results {
+	return Admin_deleteProject_Results(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s Admin_deleteProject_Results) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s Admin_deleteProject_Results) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s Admin_deleteProject_Results) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s Admin_deleteProject_Results) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+
+// Admin_deleteProject_Results_List is a list of Admin_deleteProject_Results.
+type Admin_deleteProject_Results_List = capnp.StructList[Admin_deleteProject_Results]
+
+// NewAdmin_deleteProject_Results creates a new list of Admin_deleteProject_Results.
+func NewAdmin_deleteProject_Results_List(s *capnp.Segment, sz int32) (Admin_deleteProject_Results_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0}, sz)
+	return capnp.StructList[Admin_deleteProject_Results](l), err
+}
+
+// Admin_deleteProject_Results_Future is a wrapper for a Admin_deleteProject_Results promised by a client call.
+type Admin_deleteProject_Results_Future struct{ *capnp.Future }
+
+func (f Admin_deleteProject_Results_Future) Struct() (Admin_deleteProject_Results, error) {
+	p, err := f.Future.Ptr()
+	return Admin_deleteProject_Results(p.Struct()), err
+}
+
+type Admin_createToken_Params capnp.Struct
+
+// Admin_createToken_Params_TypeID is the unique identifier for the type Admin_createToken_Params.
+const Admin_createToken_Params_TypeID = 0x8c595f3d5d6ab534
+
+func NewAdmin_createToken_Params(s *capnp.Segment) (Admin_createToken_Params, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 8, PointerCount: 3})
+	return Admin_createToken_Params(st), err
+}
+
+func NewRootAdmin_createToken_Params(s *capnp.Segment) (Admin_createToken_Params, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 8, PointerCount: 3})
+	return Admin_createToken_Params(st), err
+}
+
+func ReadRootAdmin_createToken_Params(msg *capnp.Message) (Admin_createToken_Params, error) {
+	root, err := msg.Root()
+	return Admin_createToken_Params(root.Struct()), err
+}
+
+func (s Admin_createToken_Params) String() string {
+	str, _ := text.Marshal(0x8c595f3d5d6ab534, capnp.Struct(s))
+	return str
+}
+
+func (s Admin_createToken_Params) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (Admin_createToken_Params) DecodeFromPtr(p capnp.Ptr) Admin_createToken_Params {
+	return Admin_createToken_Params(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s Admin_createToken_Params) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s Admin_createToken_Params) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s Admin_createToken_Params) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s Admin_createToken_Params) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+func (s Admin_createToken_Params) ProjectId() (string, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.Text(), err
+}
+
+func (s Admin_createToken_Params) HasProjectId() bool {
+	return capnp.Struct(s).HasPtr(0)
+}
+
+func (s Admin_createToken_Params) ProjectIdBytes() ([]byte, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.TextBytes(), err
+}
+
+func (s Admin_createToken_Params) SetProjectId(v string) error {
+	return capnp.Struct(s).SetText(0, v)
+}
+
+func (s Admin_createToken_Params) Label() (string, error) {
+	p, err := capnp.Struct(s).Ptr(1)
+	return p.Text(), err
+}
+
+func (s Admin_createToken_Params) HasLabel() bool {
+	return capnp.Struct(s).HasPtr(1)
+}
+
+func (s Admin_createToken_Params) LabelBytes() ([]byte, error) {
+	p, err := capnp.Struct(s).Ptr(1)
+	return p.TextBytes(), err
+}
+
+func (s Admin_createToken_Params) SetLabel(v string) error {
+	return capnp.Struct(s).SetText(1, v)
+}
+
+func (s Admin_createToken_Params) ExpiresAt() int64 {
+	return int64(capnp.Struct(s).Uint64(0))
+}
+
+func (s Admin_createToken_Params) SetExpiresAt(v int64) {
+	capnp.Struct(s).SetUint64(0, uint64(v))
+}
+
+func (s Admin_createToken_Params) Scope() (TokenScope, error) {
+	p, err := capnp.Struct(s).Ptr(2)
+	return TokenScope(p.Struct()), err
+}
+
+func (s Admin_createToken_Params) HasScope() bool {
+	return capnp.Struct(s).HasPtr(2)
+}
+
+func (s Admin_createToken_Params) SetScope(v TokenScope) error {
+	return capnp.Struct(s).SetPtr(2, capnp.Struct(v).ToPtr())
+}
+
+// NewScope sets the scope field to a newly
+// allocated TokenScope struct, preferring placement in s's segment.
+func (s Admin_createToken_Params) NewScope() (TokenScope, error) {
+	ss, err := NewTokenScope(capnp.Struct(s).Segment())
+	if err != nil {
+		return TokenScope{}, err
+	}
+	err = capnp.Struct(s).SetPtr(2, capnp.Struct(ss).ToPtr())
+	return ss, err
+}
+
+// Admin_createToken_Params_List is a list of Admin_createToken_Params.
+type Admin_createToken_Params_List = capnp.StructList[Admin_createToken_Params]
+
+// NewAdmin_createToken_Params creates a new list of Admin_createToken_Params.
+func NewAdmin_createToken_Params_List(s *capnp.Segment, sz int32) (Admin_createToken_Params_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 8, PointerCount: 3}, sz)
+	return capnp.StructList[Admin_createToken_Params](l), err
+}
+
+// Admin_createToken_Params_Future is a wrapper for a Admin_createToken_Params promised by a client call.
+type Admin_createToken_Params_Future struct{ *capnp.Future }
+
+func (f Admin_createToken_Params_Future) Struct() (Admin_createToken_Params, error) {
+	p, err := f.Future.Ptr()
+	return Admin_createToken_Params(p.Struct()), err
+}
+func (p Admin_createToken_Params_Future) Scope() TokenScope_Future {
+	return TokenScope_Future{Future: p.Future.Field(2, nil)}
+}
+
+type Admin_createToken_Results capnp.Struct
+
+// Admin_createToken_Results_TypeID is the unique identifier for the type Admin_createToken_Results.
+const Admin_createToken_Results_TypeID = 0x98fe8087b5952f4f
+
+func NewAdmin_createToken_Results(s *capnp.Segment) (Admin_createToken_Results, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 2})
+	return Admin_createToken_Results(st), err
+}
+
+func NewRootAdmin_createToken_Results(s *capnp.Segment) (Admin_createToken_Results, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 2})
+	return Admin_createToken_Results(st), err
+}
+
+func ReadRootAdmin_createToken_Results(msg *capnp.Message) (Admin_createToken_Results, error) {
+	root, err := msg.Root()
+	return Admin_createToken_Results(root.Struct()), err
+}
+
+func (s Admin_createToken_Results) String() string {
+	str, _ := text.Marshal(0x98fe8087b5952f4f, capnp.Struct(s))
+	return str
+}
+
+func (s Admin_createToken_Results) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (Admin_createToken_Results) DecodeFromPtr(p capnp.Ptr) Admin_createToken_Results {
+	return Admin_createToken_Results(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s Admin_createToken_Results) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s Admin_createToken_Results) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s Admin_createToken_Results) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s Admin_createToken_Results) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+func (s Admin_createToken_Results) Token() (string, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.Text(), err
+}
+
+func (s Admin_createToken_Results) HasToken() bool {
+	return capnp.Struct(s).HasPtr(0)
+}
+
+func (s Admin_createToken_Results) TokenBytes() ([]byte, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.TextBytes(), err
+}
+
+func (s Admin_createToken_Results) SetToken(v string) error {
+	return capnp.Struct(s).SetText(0, v)
+}
+
+func (s Admin_createToken_Results) Info() (TokenInfo, error) {
+	p, err := capnp.Struct(s).Ptr(1)
+	return TokenInfo(p.Struct()), err
+}
+
+func (s Admin_createToken_Results) HasInfo() bool {
+	return capnp.Struct(s).HasPtr(1)
+}
+
+func (s Admin_createToken_Results) SetInfo(v TokenInfo) error {
+	return capnp.Struct(s).SetPtr(1, capnp.Struct(v).ToPtr())
+}
+
+// NewInfo sets the info field to a newly
+// allocated TokenInfo struct, preferring placement in s's segment.
+func (s Admin_createToken_Results) NewInfo() (TokenInfo, error) {
+	ss, err := NewTokenInfo(capnp.Struct(s).Segment())
+	if err != nil {
+		return TokenInfo{}, err
+	}
+	err = capnp.Struct(s).SetPtr(1, capnp.Struct(ss).ToPtr())
+	return ss, err
+}
+
+// Admin_createToken_Results_List is a list of Admin_createToken_Results.
+type Admin_createToken_Results_List = capnp.StructList[Admin_createToken_Results]
+
+// NewAdmin_createToken_Results creates a new list of Admin_createToken_Results.
+func NewAdmin_createToken_Results_List(s *capnp.Segment, sz int32) (Admin_createToken_Results_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 2}, sz)
+	return capnp.StructList[Admin_createToken_Results](l), err
+}
+
+// Admin_createToken_Results_Future is a wrapper for a Admin_createToken_Results promised by a client call.
+type Admin_createToken_Results_Future struct{ *capnp.Future }
+
+func (f Admin_createToken_Results_Future) Struct() (Admin_createToken_Results, error) {
+	p, err := f.Future.Ptr()
+	return Admin_createToken_Results(p.Struct()), err
+}
+func (p Admin_createToken_Results_Future) Info() TokenInfo_Future {
+	return TokenInfo_Future{Future: p.Future.Field(1, nil)}
+}
+
+type Admin_listTokens_Params capnp.Struct
+
+// Admin_listTokens_Params_TypeID is the unique identifier for the type Admin_listTokens_Params.
+const Admin_listTokens_Params_TypeID = 0xa99c7c4956d43aa6
+
+func NewAdmin_listTokens_Params(s *capnp.Segment) (Admin_listTokens_Params, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1})
+	return Admin_listTokens_Params(st), err
+}
+
+func NewRootAdmin_listTokens_Params(s *capnp.Segment) (Admin_listTokens_Params, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1})
+	return Admin_listTokens_Params(st), err
+}
+
+func ReadRootAdmin_listTokens_Params(msg *capnp.Message) (Admin_listTokens_Params, error) {
+	root, err := msg.Root()
+	return Admin_listTokens_Params(root.Struct()), err
+}
+
+func (s Admin_listTokens_Params) String() string {
+	str, _ := text.Marshal(0xa99c7c4956d43aa6, capnp.Struct(s))
+	return str
+}
+
+func (s Admin_listTokens_Params) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (Admin_listTokens_Params) DecodeFromPtr(p capnp.Ptr) Admin_listTokens_Params {
+	return Admin_listTokens_Params(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s Admin_listTokens_Params) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s Admin_listTokens_Params) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s Admin_listTokens_Params) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s Admin_listTokens_Params) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+func (s Admin_listTokens_Params) ProjectId() (string, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.Text(), err
+}
+
+func (s Admin_listTokens_Params) HasProjectId() bool {
+	return capnp.Struct(s).HasPtr(0)
+}
+
+func (s Admin_listTokens_Params) ProjectIdBytes() ([]byte, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.TextBytes(), err
+}
+
+func (s Admin_listTokens_Params) SetProjectId(v string) error {
+	return capnp.Struct(s).SetText(0, v)
+}
+
+// Admin_listTokens_Params_List is a list of Admin_listTokens_Params.
+type Admin_listTokens_Params_List = capnp.StructList[Admin_listTokens_Params]
+
+// NewAdmin_listTokens_Params creates a new list of Admin_listTokens_Params.
+func NewAdmin_listTokens_Params_List(s *capnp.Segment, sz int32) (Admin_listTokens_Params_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1}, sz)
+	return capnp.StructList[Admin_listTokens_Params](l), err
+}
+
+// Admin_listTokens_Params_Future is a wrapper for a Admin_listTokens_Params promised by a client call.
+type Admin_listTokens_Params_Future struct{ *capnp.Future }
+
+func (f Admin_listTokens_Params_Future) Struct() (Admin_listTokens_Params, error) {
+	p, err := f.Future.Ptr()
+	return Admin_listTokens_Params(p.Struct()), err
+}
+
+type Admin_listTokens_Results capnp.Struct
+
+// Admin_listTokens_Results_TypeID is the unique identifier for the type Admin_listTokens_Results.
+const Admin_listTokens_Results_TypeID = 0xbea098c958b32cbd
+
+func NewAdmin_listTokens_Results(s *capnp.Segment) (Admin_listTokens_Results, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1})
+	return Admin_listTokens_Results(st), err
+}
+
+func NewRootAdmin_listTokens_Results(s *capnp.Segment) (Admin_listTokens_Results, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1})
+	return Admin_listTokens_Results(st), err
+}
+
+func ReadRootAdmin_listTokens_Results(msg *capnp.Message) (Admin_listTokens_Results, error) {
+	root, err := msg.Root()
+	return Admin_listTokens_Results(root.Struct()), err
+}
+
+func (s Admin_listTokens_Results) String() string {
+	str, _ := text.Marshal(0xbea098c958b32cbd, capnp.Struct(s))
+	return str
+}
+
+func (s Admin_listTokens_Results) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (Admin_listTokens_Results) DecodeFromPtr(p capnp.Ptr) Admin_listTokens_Results {
+	return Admin_listTokens_Results(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s Admin_listTokens_Results) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s Admin_listTokens_Results) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s Admin_listTokens_Results) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s Admin_listTokens_Results) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+func (s Admin_listTokens_Results) Tokens() (TokenInfo_List, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return TokenInfo_List(p.List()), err
+}
+
+func (s Admin_listTokens_Results) HasTokens() bool {
+	return capnp.Struct(s).HasPtr(0)
+}
+
+func (s Admin_listTokens_Results) SetTokens(v TokenInfo_List) error {
+	return capnp.Struct(s).SetPtr(0, v.ToPtr())
+}
+
+// NewTokens sets the tokens field to a newly
+// allocated TokenInfo_List, preferring placement in s's segment.
+func (s Admin_listTokens_Results) NewTokens(n int32) (TokenInfo_List, error) {
+	l, err := NewTokenInfo_List(capnp.Struct(s).Segment(), n)
+	if err != nil {
+		return TokenInfo_List{}, err
+	}
+	err = capnp.Struct(s).SetPtr(0, l.ToPtr())
+	return l, err
+}
+
+// Admin_listTokens_Results_List is a list of Admin_listTokens_Results.
+type Admin_listTokens_Results_List = capnp.StructList[Admin_listTokens_Results]
+
+// NewAdmin_listTokens_Results creates a new list of Admin_listTokens_Results.
+func NewAdmin_listTokens_Results_List(s *capnp.Segment, sz int32) (Admin_listTokens_Results_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1}, sz)
+	return capnp.StructList[Admin_listTokens_Results](l), err
+}
+
+// Admin_listTokens_Results_Future is a wrapper for a Admin_listTokens_Results promised by a client call.
+type Admin_listTokens_Results_Future struct{ *capnp.Future }
+
+func (f Admin_listTokens_Results_Future) Struct() (Admin_listTokens_Results, error) {
+	p, err := f.Future.Ptr()
+	return Admin_listTokens_Results(p.Struct()), err
+}
+
+type Admin_revokeToken_Params capnp.Struct
+
+// Admin_revokeToken_Params_TypeID is the unique identifier for the type Admin_revokeToken_Params.
+const Admin_revokeToken_Params_TypeID = 0xa244670749d24ec1
+
+func NewAdmin_revokeToken_Params(s *capnp.Segment) (Admin_revokeToken_Params, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 2})
+	return Admin_revokeToken_Params(st), err
+}
+
+func NewRootAdmin_revokeToken_Params(s *capnp.Segment) (Admin_revokeToken_Params, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 2})
+	return Admin_revokeToken_Params(st), err
+}
+
+func ReadRootAdmin_revokeToken_Params(msg *capnp.Message) (Admin_revokeToken_Params, error) {
+	root, err := msg.Root()
+	return Admin_revokeToken_Params(root.Struct()), err
+}
+
+func (s Admin_revokeToken_Params) String() string {
+	str, _ := text.Marshal(0xa244670749d24ec1, capnp.Struct(s))
+	return str
+}
+
+func (s Admin_revokeToken_Params) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (Admin_revokeToken_Params) DecodeFromPtr(p capnp.Ptr) Admin_revokeToken_Params {
+	return Admin_revokeToken_Params(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s Admin_revokeToken_Params) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s Admin_revokeToken_Params) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s Admin_revokeToken_Params) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s Admin_revokeToken_Params) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+func (s Admin_revokeToken_Params) ProjectId() (string, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.Text(), err
+}
+
+func (s Admin_revokeToken_Params) HasProjectId() bool {
+	return capnp.Struct(s).HasPtr(0)
+}
+
+func (s Admin_revokeToken_Params) ProjectIdBytes() ([]byte, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.TextBytes(), err
+}
+
+func (s Admin_revokeToken_Params) SetProjectId(v string) error {
+	return capnp.Struct(s).SetText(0, v)
+}
+
+func (s Admin_revokeToken_Params) TokenId() (string, error) {
+	p, err := capnp.Struct(s).Ptr(1)
+	return p.Text(), err
+}
+
+func (s Admin_revokeToken_Params) HasTokenId() bool {
+	return capnp.Struct(s).HasPtr(1)
+}
+
+func (s Admin_revokeToken_Params) TokenIdBytes() ([]byte, error) {
+	p, err := capnp.Struct(s).Ptr(1)
+	return p.TextBytes(), err
+}
+
+func (s Admin_revokeToken_Params) SetTokenId(v string) error {
+	return capnp.Struct(s).SetText(1, v)
+}
+
+// Admin_revokeToken_Params_List is a list of Admin_revokeToken_Params.
+type Admin_revokeToken_Params_List = capnp.StructList[Admin_revokeToken_Params]
+
+// NewAdmin_revokeToken_Params creates a new list of Admin_revokeToken_Params.
+func NewAdmin_revokeToken_Params_List(s *capnp.Segment, sz int32) (Admin_revokeToken_Params_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 2}, sz)
+	return capnp.StructList[Admin_revokeToken_Params](l), err
+}
+
+// Admin_revokeToken_Params_Future is a wrapper for a Admin_revokeToken_Params promised by a client call.
+type Admin_revokeToken_Params_Future struct{ *capnp.Future }
+
+func (f Admin_revokeToken_Params_Future) Struct() (Admin_revokeToken_Params, error) {
+	p, err := f.Future.Ptr()
+	return Admin_revokeToken_Params(p.Struct()), err
+}
+
+type Admin_revokeToken_Results capnp.Struct
+
+// Admin_revokeToken_Results_TypeID is the unique identifier for the type Admin_revokeToken_Results.
+const Admin_revokeToken_Results_TypeID = 0xb2a45af6d9795706
+
+func NewAdmin_revokeToken_Results(s *capnp.Segment) (Admin_revokeToken_Results, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0})
+	return Admin_revokeToken_Results(st), err
+}
+
+func NewRootAdmin_revokeToken_Results(s *capnp.Segment) (Admin_revokeToken_Results, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0})
+	return Admin_revokeToken_Results(st), err
+}
+
+func ReadRootAdmin_revokeToken_Results(msg *capnp.Message) (Admin_revokeToken_Results, error) {
+	root, err := msg.Root()
+	return Admin_revokeToken_Results(root.Struct()), err
+}
+
+func (s Admin_revokeToken_Results) String() string {
+	str, _ := text.Marshal(0xb2a45af6d9795706, capnp.Struct(s))
+	return str
+}
+
+func (s Admin_revokeToken_Results) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (Admin_revokeToken_Results) DecodeFromPtr(p capnp.Ptr) Admin_revokeToken_Results {
+	return Admin_revokeToken_Results(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s Admin_revokeToken_Results) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s Admin_revokeToken_Results) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s Admin_revokeToken_Results) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s Admin_revokeToken_Results) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+
+// Admin_revokeToken_Results_List is a list of Admin_revokeToken_Results.
+type Admin_revokeToken_Results_List = capnp.StructList[Admin_revokeToken_Results]
+
+// NewAdmin_revokeToken_Results creates a new list of Admin_revokeToken_Results.
+func NewAdmin_revokeToken_Results_List(s *capnp.Segment, sz int32) (Admin_revokeToken_Results_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0}, sz)
+	return capnp.StructList[Admin_revokeToken_Results](l), err
+}
+
+// Admin_revokeToken_Results_Future is a wrapper for a Admin_revokeToken_Results promised by a client call.
+type Admin_revokeToken_Results_Future struct{ *capnp.Future }
+
+func (f Admin_revokeToken_Results_Future) Struct() (Admin_revokeToken_Results, error) {
+	p, err := f.Future.Ptr()
+	return Admin_revokeToken_Results(p.Struct()), err
+}
+
 type Gateway capnp.Client
 
 // Gateway_TypeID is the unique identifier for the type Gateway.
@@ -15502,556 +18291,638 @@ func (f Gateway_version_Results_Future) Struct() (Gateway_version_Results, error
 	return Gateway_version_Results(p.Struct()), err
 }
 
-const schema_dc5dd5d2e729011e = "x\xda\xa4|{|\x14E\xb6\x7f\x9d\xee\x84\x09,0" +
-	"i;\\\x8c\x18\x13\xc2K\x02\x89$\xc0G2\x0a\x93" +
-	"\x04\x02$\xe2\x92ND\x85\x9f\xaf\xceL'\x192/" +
-	"zz\x80\xa0\x18@\x91\x85\x15\x1f\\Y\x91]uA" +
-	"]\x05\xc5\x15Vv\x17WTT.\xa2\xe0\x8a.\xbb" +
-	"r\x15/\xac\xe2\x02wQQ\xf1\x8d\xf3\xfb\x9c\xea\xa9" +
-	"\xee\x9a\x99N\xa2^\xfe\x0a\xd55\xd5\xa7N\x9d\xc7\xf7" +
-	"<\xaa\xc7L\xca\xaf\xca*\xefwg\x05\x11\x9af\x08" +
-	"\xd9\xbd\x12\x8f\xb9\xde\xca*9T\xb5\x84H} q" +
-	"\x01\x8c\xfc\xd7\x9b\x07\xaf}\x97d\x0b.B\xe4\xd2\xfc" +
-	"U\xf2\xf8|\xfc\xab<\x7f\x01\x81D\xe0\xacz\xd7\xa2" +
-	";\xde[B\xa4\x81@H6\xb8\x08\x19\xbb:\xbf\x06" +
-	"\x08\xc8k\xf3\xbd\x04\x12\xd5o\xbd\xbfd\xf8\x1b+\x97" +
-	"\x12\xe9\x1c $\x0b\x9f\xef\xc8/\x06\x92\x95x\xbew" +
-	"\xe7w\x9b~}\xc32\xf3\x89\xf9\xd3\x0d\xf9\x1e\xfc\xe9" +
-	"&\xfa\xd3H\xe9\xd9\xbb\x1b\xe7\xef\xbc\x85H\xe7Z\x13" +
-	"\xf6\xe7W\xe0\x84\x83t\xc2\xf3\x0b\x8e\xf6\xfdn\xf6\xe4" +
-	"[\x89\xd2\x07\x04\x9bR|\x89|&\x7f\xb3|\x96\x12" +
-	"\xfa5%\xf4\x8fK\xbe\x19\xf8\xdc\xda\x05\xcb\x89r\x0e" +
-	"X\xab]{\xde9\xb8\x9av\x1e\xce\xb8\xe5\xad\x81s" +
-	"\xfep\xfc\xd6\xe5D\x92p\x02nw\xec\xee\xf3(=" +
-	"\xfb\xe9\x84u{o\x1c\xb6v\xf6K\xb7%'\xd0\x15" +
-	"F\x0e\xa2\xf4\x94\x0fBzN\xc5\xff\xd1\xe2R\xde\xbd" +
-	"-\xc9\x0c\xba\x822\xa8\x18'\xcc\x1e\x84+<zC" +
-	"\xd9G\x93\x9e/^A\x94\xe1\x00\x89/:\xbf\xe9\xd3" +
-	"o\xfe%\xef\x93\x019.@\xbe\x0c\xda\x88S\xf7\xd2" +
-	"\xb5\xae?\xef\xad\xd5\xcf\x7f\xf2\xc1/\x88\xd4G\xb4\xb7" +
-	"F@>5h\x8d|f\x10.}z\x90\x0b\xe4\xfb" +
-	"\xcfw\x11\x92Xu:pM\xac\xaaf%Q\xf2\xec" +
-	"\xdd-?\x9f\xeen\xf5\xf9\xf8\xea\x9b\xbfl\x7f|\xcd" +
-	"\xcb\xbf^\x99\xb1\xde\x89\xf3\x9f\x91O\xe3\"\xf2\xa9\xf3" +
-	"\xf7\xc8\xf1\x02\\n\xd6\xed\x9f\xbd\xbe\xe3\xc4\xc1\x95D" +
-	"\x92m^\x15\x98\xbc*@\xea$\xf1\xfa\xb9{\xd7\xbd" +
-	"\xbb\x92?\x9a\xe5\x05t\xa7\xabq\xc2\xc7k=\x17\xf8" +
-	"\x8f}\xb22\xfde[\x0a\xd6\xc8\xdb\xf1\x15\xf2\xd6\x82" +
-	"\x152\\\x80/\xcb\x19^\xad-\xfd\xe0\xf3\x95x\x8a" +
-	"\xdc\xecl\x11\xa7\x9d(\xf8\xa7|\xa6\x80\xee\xb6`\x0f" +
-	"\x10H\x9c\x9ez\xe7CE\x0f_\xf4K\"\xe5Yo" +
-	">ZH\x0f\xe1D!\x92\xe6{\xee\xfa%o\x08\xdf" +
-	"\xddN\x94\x81\xc0$\xaew\xd1\x1a\x9c\x90_\x84\x13r" +
-	"\xdc\xc6/\xbf-z\xe9\x0e\xf3\x94\xe8\xf3\x89E\xe7\xa1" +
-	"D\x0e\xf8\xc5\xf8\xce;j\x8a\xef\xe2\x0fxX\x11\xdd" +
-	"v)\xfd\xe91x\xf9\xff\x8dp\xd7\xdd\xc5\x09\xf3\xe5" +
-	"E}\xf0\xa7k\xea\\\xc3\x07~\x10\xb8\x1b7\x91\x95" +
-	"\xbe\x89\xf1E\x9f\xca\xd5E\xe6\x8b\xee\xc4M\xf4\xbd\xf3" +
-	"\x85\xba1\xe7\xca\xf7p\xeb\x1c\x1c\\\x81\xeb\\v\xf6" +
-	"O\x95{\xbe\xa8\xfa\x15\x91\xfa\x08)\x9c\xdb9\xf8\xa4" +
-	"\xbcw0\xae\xb6{\xf0\xc5\x04\x12W.\xf9\xf2\xfbg" +
-	"\x17\x87~e\xd2J\x97\xd8k.\xf1\xc7\x0d\xbe\x0b\x9e" +
-	"\xa8\xfd\xdf_!)\xbc\xfeR\xb5\xd8:x\xb3\xbc\x03" +
-	"\x97\x19\xbb}p!\x92\xa2g\x8d\xa9?\xfe\xca\xe2{" +
-	"M~\xd2u\x0e\x14S\xfd\xec\xfbq\xd1\xf7M\xbb\x1f" +
-	"\xba\x97\xe7\xc6\x8eb\xaa\xda\xbb\x8a\x91\x1b\xcb\xaf\x0a." +
-	"?\xdbt0e\xc2\xb1\xe2\x12\x9cp\x8aN\xc8\x99\xbf" +
-	"j\xc6\xc7;.Y\x97!s\xfd\x86\xbc(\x0f\x18\x82" +
-	"\xf4HC\xa6\xc9\x95\xf8W\xe2\xc3\xac\xa2\xfc\x197\xae" +
-	"\xbb/\x9dl\xca\xc1\xc1C^\x95K\xe9\x0fF\x0e\xf9" +
-	"\x17\xbe\xfa\xae\x07\x1f\x9f[;p=\xb7\xfb\xfc\xa1\x02" +
-	"R\xdd\xbc\xf1\xdd%+\xae\xbe`}\xba4!u\xf2" +
-	"\xd9!\x9b\xe5\xec\xa1\xf8\x17\x0c\xc5e\xaa\x1b&\x95~" +
-	"\xba\xaea}\x06\xb7\x0f\x0f\xdd(\x1f\x1bJek\xe8" +
-	"\x0ad\xd3\xa7\xaf\xdd6\xe7Q\xff\xef\x1e`\xe6\x83\x1a" +
-	"\xc3\x01\xc3?E\xa9\x1a\xfe{\x02\x89\x9a\x0b\x86\x9d\x98" +
-	"*\xbd\xfd\x00QdK\xec\xb6\x0e?\x0f\x99\xb1c8" +
-	"2\xa3o\xc1\xdbc/xc\xff\x83\xa8\xa2\x02c\xd7" +
-	"\xe1\xe1}p\xc61\xba\xc4\xe2=\xff\xb1\xea\xdcW\x94" +
-	"\x87\x89\"YK,\x1f\xd1\x8c\x13\xee\x1e\x81K\x9c\xbb" +
-	"Q=\xb8\xa9\xbf\xf6\xbb\x0c~n\x1d\xb1F\xde1\x02" +
-	"I\xda>b\x85\x9c}!\xf2\xf3\xa2_\x1c\xdc\xfc\xe5" +
-	"\xe3'\x1f%J\xbem\x12N\x8d\xa8\xc7\xe5\xbe\x1e\x81" +
-	"&\xe1\x9d/.\xeaU\x9d\xfb\xd4ci\xe6\xd3\x14\x94" +
-	"\xd9\x17\xea\xf2\xb5\xb8\xd0\xd8\xd9\x17^\x85\x1c\xa8\x08L" +
-	"+\xdbp\xfb\x91\xc7\x9cm\xd7\xf6\x91\xebq\xe1\xdd#" +
-	"\x91\xce-\x1f\x86\xfe\xe7\xfd\xf7;6\xa5\x08\xc6H\x81" +
-	"\xea(\x9d\xf0\xc5\xd6\xf7\xf6\x17k\x9b7\x11\xe5\\\x9b" +
-	"\xb6\xde%\x8d8c@\x09\xd2\xf6\xd6o\xff\xb3\xec\x9e" +
-	"\xe5\x9b7\xf1j>\xaf\x84\xcaVG\x09.\xf1\xc9\xdc" +
-	"\x13\x15oN\xfaz\x13\xa7B\xf7\x97\x9c\x83\x12P\xe7" +
-	"\xbb\xee\xe2\x0f\x95m\x9b\xd3\x05\x89J\xc0\xf2\x92e\xf2" +
-	"\xca\x12\xf3/|\xcf\xe9>oG\xff\xfb\xa6\xe76\xf3" +
-	"\x86\xech\x095d'\xe8{\x9ez\xf1\x9d\xbf|\xd8" +
-	"\xb4\xe2\xf1\xf4\xd5\xa8\x00\xf4\x1b\xb5M\x1e0\x8a\xca\xf1" +
-	"(<\xc1O>\x0a-\x9f9l\xd4\x16~\xb5-\xa3" +
-	"(\xd5\xdbG\xe1j\x03\x8ft\xfc\xf5\xeb\xc7\xbd[\x88" +
-	"2\x00\x85\xc0\xd4\xfcQ\xd4\xc2\x1c\x1e\x85\xf4\xbc1x" +
-	"\xd05y\x9f\xad\xd9\xc2m\xabz4Z\x98\x8f\x8fz" +
-	"\x16\xdd\xb7\xef\xca'9g9r4]\xb9|4\xae" +
-	"\xfce\xd6\x07\xf1%yO>\x99!\x1b\xb3F\xbf*" +
-	"\xab\xa3\x91\xc6kG\xaf\x90\xb7\xe0_\x89\x0f\xb6\x1b\xe3" +
-	"o\xf8u\xd5\xef9\xd7+\xaf\x1d\xfd\x0d\x01\xf9>\xba" +
-	"\xd8\x03\x9d5\x05\xffQw\xd5SD\x1a`\x19\x17J" +
-	"E\x02\xb2*o\xa9\xb8\xf1\xd6\xa7\x9c\xa5`\xebhj" +
-	"gw\x8dFf|\xb8\xe0\xe1O\x7f\x99\x95\xb7\x95\x87" +
-	"\x06\x81R\xca\xday\xa5\xf8\x96\xa6;.\xbay\x996" +
-	"p+\xa7\xc4\x1bJ\xa9\x12?\xf5\xfa\x98\xebK\xb4\x9f" +
-	"m\xe3\x8c\xd2\xf2R4\xd1\xdf^\xda\xa9\x9c\xcc]\xfd" +
-	"\x07\xdbt\x87J=\xf8\x8b\xcd\x9d\x05\x8fO\x09\x94=" +
-	"mr\x9e>\x99UJ\xcd\xd8=\xfe\x8f\xee\x9a\xf8\xde" +
-	"3\x7f\xce`\xcc\xc4\xd2\x8drm)n\xbd\xbat\x8f" +
-	"\xbc\x1b\xffJ\x84\xfe8k\x9b;K\xdeA\xa4|\xfb" +
-	"\x00K\xa9w\xd9Ni\xdeWyI\xd9\xec\xdd-;" +
-	"8\xca\x8e\x95R\xb1\xdb\x9f(~\xea\x7f\x1f\xfb\xeb\x0e" +
-	"\x1e\xce\xec/\xa5\x06\xe0 \xfd\xe9s\x7f\xd8\x7f\xb3\xf7" +
-	"\xf8\xfd\xcf8\xaa\xdb\x99\xd2m\xf2Y$a\xec\xd7\xa5" +
-	"T\xdd\xeez\xfc\xbb'F|q\xf4\x19\x0e\x8d\xc8\xea" +
-	"ExD\xdaE((\xb3\xc7\xbb\xbe{\xe2J\xcf\xb3" +
-	"\xbc\xa8\x1d\xb8\x88\xbe\xee\xd0E\xe8\x81\xef(jYp" +
-	"h\xc8N\x8e\x9a\xaf/\xa2*x\x16\x1f'\xe6l\xdb" +
-	"\xf4\xe6-\xe2\xf1\x9d\x19\xa6\xaf`\xccIy\xe4\x18|" +
-	"\xdd\xb013\x09$r\xab^_\xfa\xca\xa6\xc7\x9e\xe3" +
-	"\x95\xb9r\x0c\x15\xd9\xea1\xb8\xd2\x87\xe2[S\x07\x7f" +
-	"Q\xfe\x82\xa3\xc5\xd5\xc6l\x96Cc\xe8\xd1\x8f\xa1\xfe" +
-	"\xe6\xc6?=\xfe\xdaW\x11i\x17'Zw\x97\xd3C" +
-	"\xbf\xfe\xba\x9f\xcf\xbdZ\xaey\x99\x97\x97x9\xb5W" +
-	"K\xcb\xf1E\xe3?\x0c^\xb9\xe0\xf6\xdd/s\xf2\xf2" +
-	"H9\x95\xca\x0d\x93\x8an8\xd6~\xcdn\xdeZ\xac" +
-	".\xa7\xccXK\x7f:\xe9\x95\xe2)\xd7\x1fk\xd9\xcd" +
-	"\xbdu{9\xf5\xf97}5\xfb\xc1\xebf\xdc\xb2\x9b" +
-	"C\x03\xf7\x97\xd7\xe0\x93\x19\x8a\xe7\xb5\x15\xfb\x0f'\x7f" +
-	"\x93\xc48\xe5\xd4^\xaf\xa6\x8b\xde\xd3\xb2\xeb\xdf;f" +
-	"\xfe\xe9\xbfx-\xdaR~\x12\xed1}\x9e\xb5\xa1y" +
-	"_\xee\x97\x93\xf7dH\xde\x81\xf2g\xe4C\xe58\xfd" +
-	"`\xf9\x1e\xf9\xf2\x0a\x94\xbcp`\xc8\xbdW\x9e\x9c\xb7" +
-	"\x87?\xcf\xf1\x15T\xc1'VP\xe3\x7f\xc3%\x81\xe6" +
-	"\x84\xb07\xdd\x10\xe5\xe0:\xf3*N\xca\x8bq\x9d\xb1" +
-	"\x1d\x15\x14&]2k\xdc\x1e\xcd}\xcb^\xde\x97\xd4" +
-	"\x8d[\x84\xcb\xcd\x1a\x87\xcb}:s\xf2\xce\x8b/~" +
-	"qo\x06q\xf1q\x1b\xe5\xc5\xe3p\xd1\x8eq{\xe4" +
-	"\xd3\xf8W\xa2\xe6\x89\x8fW\x8d<\xf4\xfa^\x8eI\x87" +
-	"\xc6Q\xbd;\xd8\xb8d\xc2\x83'\xf6\xbd\x8a\xef\xb1\xbc" +
-	"\xda\xaeq\x94\xee\xbd\xe3\xd0\x0c\x9c|wS\xe1\xda\xc6" +
-	"\xf7_\xe3\xb9\x14\x18\x8f\x8e34\x1e\x09\xb9D\xdev" +
-	"\xad\xef\xf0-\xaf\x9b*G\xd7^=\xbe\x11\xd7\xfe\xfb" +
-	"\xb0\xbe\xb7-}?\xf4\xd7\xa4\x97\xa0\x8f:\xc6S@" +
-	"\xbe\x94\xfe\xf4\xe8\x13w\x9e|\xd9u\xef_\xd3A\x17" +
-	"U\x96\x0d\xe37\xcb\x9b\xc6S!\x19OA\xd7\xa17" +
-	"]\xefm\xaa\xf2\x1fH\x12B'\xd5^\x8c\x1aUw" +
-	"1j\xd45/\x9eS\xda\xe0\xd9\xfdf\xf2\x04(z" +
-	"\xdfq1\x95\xbf\xddt\xc2\x13\x8f\xfefW\xef\x1b\xfe" +
-	"\xfe\x16\xa7\xfb\xc3&\xccAJ\xdb\x07\x0e\xf1<\x16\xcb" +
-	"\xfe{\x063\xa5\x09\xaf\xca\x05\x13\xf0M\xf9\x13V\xc8" +
-	"!\xfc+\xa1_\x01\xef\xde\xd6\xfa\xc2?\x926\x86\xbe" +
-	"g\xd6\x04jc\xae\x9d\x80\xefY\xf8\xcc\xa5;\x1e\xda" +
-	"\xfa\xc9?R\x80\xd7\x04*x\xbb&\xe0\xbe\xdf0\x0e" +
-	"?\xb0\xa6\xec\xa6C)\x18x\x02\x05\x0a\xa7\xe8\x84\x87" +
-	">*\xd6\xdf8p\xf7!^\x95\xfaU\xd2C\x19P" +
-	"\x89\x13\x8a\xa6\xe4\x7f\xba\xe7\xa3\xfe\xef8EN\xe3+" +
-	"_\x94'V\xe2_\x95\x95H\xceg;\x12\x15\xcb~" +
-	"_\xf2\x0eO\xce\x86JJ\xef&\xba\xd8\xd5\xa3\x0e_" +
-	"\xe2\x9d\xb9\xedpR\xd6\xcc\x19{+uj\xfa\xe8\x12" +
-	"\xdf\x96\xdf=\xf6\xe6\x13\x13\xdf\xe3e`\xbc\x07Y_" +
-	"\xe9\xc1\x15\xd6\xe5\xae}\xf2\xe7Y\xc5Gl\xcd\x96g" +
-	"{\xbe!Y\x89\xfc\x7f\x9d}\xf9\x8d\xe7\xde:\xc2\xbf" +
-	"{\xa2\x87*v-\xfd\xa5k\xca\xdc\xfd\xbf~\xe4\xed" +
-	"#\x8e\xce^\xf3l\x94C\x1e*p\x1e$c\xdfo" +
-	"~6`\xc4\xb57\x1f\xc5\xc9}\xd2,\xf0\xd8\xbd\x9e" +
-	"s@>\xe4\xa1\x1e\xd9\xb3B$\x90XV5\xe3\xf8" +
-	"\xbdk\xfa\xff\x93\xf3\xc5\x07&Q\xa3\xb1\xf0\x8a\xf1\xc5" +
-	"\xb3\x86\xfc\xeb\x9f\xbci\xd81\x89\xda\xc4]\x93(\xc0" +
-	"a\x8eQ)\x00Nug\xe5\xb8 \x0b\x0fk\x92\x19" +
-	"\xb0LB\x10Z\xb4\xaef\xd1\x05y\x8b\xdf\xe7\xf78" +
-	"\xdb;\x87\x06[^\\\xec\x8a=\x97>\xfa\xd9s\x1b" +
-	"\xdf\xcf\x90\xae\xe5\xde5\xf2j/\xeeo\xa5w\x8f\x9c" +
-	"]\x85\xd2\xd57\xff\xd1\x7f\xcc\x93\xdc\x1fd\xc6\x8d\xde" +
-	"U\xf2\x19:\xf9\xb4w\x9a\x9cO'\xe7\xfcw\xe9\x85" +
-	"9\xcf\xfcg\xe6d\xa8\xda,\xf7\xc6)rv\xd5\x1e" +
-	"y1\x9d\xbc\xf7L\xef%\xfd\xab'\x1f\xc3\xc0\x8aa" +
-	"\x17\xadj\x15\xd2\x19\xafB\xf6\xf6\xba{f\xfb\xfa\xa1" +
-	"\xd1c\x8e\x08\xfe`\xd53\xf2a\xba\xe2\xa1*\xdc\xf5" +
-	"\x81IW\xfc\xfe\xf6\xe7\xef9\x96\x12\x8f\x1f\xaa\xa6<" +
-	"<Z\x8d\xcb\xed]\xf7\xc2\xc7_<t\xf1q\x9e/" +
-	"\xd55tB]\x0d\xf2e\xc3_\xf6\xfc|\xfdyW" +
-	"\x1fOW\xfflz\xe25/\xca\xf3j(B\xa8I" +
-	"\xa0\xfa\x97>|6\xff\xfcw\"\xc7y\xff|\xff\x14" +
-	"\xea\x117L\xc1\xe5\xeem{\xe6/\x97\xbd\xf2\xf1\x89" +
-	"\x0c\x8f\xb8k\xca6y\xef\x14\x1azMA\x8bVv" +
-	"\xf2\xc4\xba?\x9f\xbd\xfbd\x0a\x92\xaf\xac\xa5\xeaU]" +
-	"\x8b3\xee\xb8\xe5\xed?\xbcTp\xefI\x9e\xf4\xa3\xb5" +
-	"\xd4r\x9d\xa8\xc5w-\x8dn\xd8{\x9d\xfa\xc0IN" +
-	"\xb4\xfaM\xa5\xae\xac\xe5\xcdO\xcf\xad\x9e\xf5\xed\xc7\x19" +
-	"Gr\xa6v\x95|\xb6\x96\xfa\xf1\xda=\x82|x\x1a" +
-	"\x9eI\xd6\xcdU/Ml\x98\xfc\x09\xbf\xa9\xdd\xd3(" +
-	"\x8f\xf6O\xc3\x17]\xba\xe8\xfa;\xef\xfa\xec\xb9O2" +
-	"6uj\xda\x8b\xf2\x99iT\x1c\xa6a<\xf9\xcbe" +
-	"7\x05=\x9f\x1d\xf8\x8c3\xc3_O\xa3&\xfe\xba\xb7" +
-	"\xee\xb9\xe4\x92\xf7\xde\xfc,\x83\xa2\xa3\xd3\xd6\xcb'\xe8" +
-	"\x12\xc7\xa6M\x93\xfbMG\x82\x0e\xfe)\xff\xca>7" +
-	"\x8e;\xc3[\x9e3\xd3\xa8\xb4\x9f\xa5\x04\xbd:\xe4\xc9" +
-	"'\x8e?5\xf9\xcbt\xb4@\x0f\xad`\xfa2y0" +
-	"\xae3\xb6`:uc\xc7_}\xb1\xe4\xe9\x86\xe6/" +
-	"9\x93\x9b]Oa\xdd_\x9e\x1b\x18=\xfe\xe8\xdf\xbf" +
-	"\xcc\x94\xf3\xba\x17\xe53u4cP\xe7\x02ym=" +
-	"\x92\xf5?\xfd\xa5\xa5C_\x8a~e\xf3[^\\\xff" +
-	")\xc9J|\xf5\xde\xf6\xfe\xfao\xbf\xfd\x8a\x07|j" +
-	"==\xa9@=\xd2\xfb\xe0\xcc\xe1U\xc3/\x9e\xf4\x8d" +
-	"3\xe0]YO\xad\xdcZ:\xf5\xf9^\xdf\xff\xd7=" +
-	"y\xd5\xdf\xa4\xd8\xedzj\xacv\xd1\x09\xab\xf2j." +
-	"\xdc\x17\xbc\xfd\x1b\x8e\xc7\xa7\xebKp7\xbb~\xf5Z" +
-	"\xc5;Gk\xbeO\xc7\x86\xd4I\x1d\xaa\xdf(\x1f\xc5" +
-	"m\xc8\x87\xebQuJ\xf7\x0dZp\xce\xa8\xdf%R" +
-	"\"\xbb\xfd\x97\x99\x89\xb1\xcb\x16\x90\xd2D\xc0XX\xe6" +
-	"S\xa3a\x88z\xa6k\xaa_\xd3\x09i\x00Pr\xc4" +
-	",B\xb2\x80\x10id\x09!\xcaP\x11\x941\x02H" +
-	"\x004i$\x95V\x10\xa2\\(\x822N\x00wX" +
-	"\x0di\xd0\x97\x08\xd0\x97@\xe1|5\x18\xb7\xfeg\xad" +
-	"\x9e\x15\xf54\xc5\x9bc>=\x105\x02\x91p\x99_" +
-	"\xc3\xbf\x9b\xb5\xa1\x8dZ,\x1e4bD\xc9\xb2^\xd8" +
-	"\xaf\x99\x10\xa5\xaf\x08\xca\xb9\x02$\xcc\x89Q\x83\xb8\x02" +
-	"\x910\xe4\xdav\x99\x00\xe4r/\x10\xa3\x9e\x06=2" +
-	"W\xf3\x19eQ=\xe2\xd3b\xb1\x88\x1e\x1b\xda\xa0\xea" +
-	".5\x14s\x9a\xe5S\xa3js \x180\x02Zl" +
-	"h\xa3\xd7$\x83\xa7b.G\x05\x9bL\xdc8\x1d$" +
-	"\x1b\xaf\x11\x00)\x95\x0c~\x9f\xb12]\x0bE\xe6k" +
-	"C\x1b\x0aU]\x0d\xa5\xac\x8fl\xcd\x11A\xc9K\xe3" +
-	" \x7f\"W\xa9\xedZ\xa3\xe6\x8eFt#\xedP\x96" +
-	"\xd9\xfc\xb7\x0e\xa5\\'D\x19#\x82r\xa9\x00\x89$" +
-	"\x174\xf0\xcfli\x89i\x06\x81\xdeD\x80\xde\x04\x12" +
-	"\xba\xe6\x8f\xfb4\xffLRH\x1fX\xe3\xdc\x1e\x1a\xa9" +
-	"$ \xf5\xad\x81\x98\xa1\xe9\xc8H5\x04\xb1.\xc4\xc2" +
-	"\x92\x8a9\x84(\xa3EP&\xa4\xef\xc9\xd7\xa6\xf9\xda" +
-	"\xa3\x91\x00\x11\xc3\x8e/l2tM\x0d\x95E\xa2Z" +
-	"xr$\x1c\xd6|\xc8\xbd\xa1\xde\x06\x93k\xdc[k" +
-	"\x9c\x84\xb1\xc4fFg\xc4d<\xe4\xda\xc9BST" +
-	"\xdc\xb1@\xb8\x1d$\x1b\xcd:\x1c\x9dI\xc5\x025`" +
-	"L\x8d\xe8\xb5\xf3\xb5\xb01\xb4Q+\xcc\x10\x8d\x0a\xfb" +
-	"\xe8\x0a5\x9c\x05\xb9\xb6\xb1\xca\x14\xcc\xc9\x9c\xa8\x95\x85" +
-	"\"\xf1\xb0\xc1\x04\xb3G5\xab\xef\x8a\xa1\xba\xe6\xd3\x02" +
-	"\xf3Q[\x09H\xb6\xddM\xdbSv\xaa8N\x8e\x84" +
-	"[\x02\xade\xec\xb7\xb6\xa6\\\xe5R\xdb5\xdca." +
-	"\xe4A/\xdcb#'\xfd\xd1\xa0\xea\xd3BZ\x98\x80" +
-	"\xe1$\xa4\xa6F\x01\x95\xd0\\1\x9b\x10+\xf7\x09\xcc" +
-	"\xe7H\xf3j\x88 i.\xb0\xf3\x99\xc0r\xfa\xd2\xec" +
-	"\xb9D\x90\x14\x17\x08V\x01\x00\x8ez\x16\xddG\xf6]" +
-	"\xf9\xa4T;\x87\x08\xd2D\x17\x88V\x12\x07X\xf0," +
-	"\x95\xd7\x13A\x1a\xe9\xea\x8c\xd1S\x8bU\xa5\xabi\x95" +
-	"\xa5\x04\x11\"\xea\xf8_fu\x08!U\xd0\x00)\x87" +
-	"DO\xbb)\x10n/\xf3\x05#1\xcd\xef$\xf2\x1e" +
-	"\x07\x91/\xb6e\xcf\xabkj\x8cZ)+\xafd\x0a" +
-	"\x83kA[\x07\xb8m\xd4@\x00\xdc\xa9<4O\xc9" +
-	"k\x1e\x132\xb2/2\x92\xa50\xb8\xd2\x89\x82\x9b\xae" +
-	"CF2\x8c\x05,\x8b-M\\O\x04\xa9\x12\x19\xc9" +
-	"\"U`\x81\xb2T\xdaH\x04i\x98+\x95\x05\x09\x94" +
-	"\xf4Ya#\x00\xc1\x06\x93S\xa2\xe6\xe7\xd9\x06z\x06" +
-	"\x9f\x1a\x99\xf0$\xa5\xc8\xe2S\x17\xfa\xd1\xac\x1a\xbe6" +
-	"\xc8\xb5\x11\x98\xa3\xe16\xc5pz$f\x94-P\xdb" +
-	"5K?\xb8Ek\xecE;um^\\\x8b\xa1\xda" +
-	"Y\x99\x92\xb4e!\xea\x99\xa6\x1a\xda\x02\x15:L\xcb" +
-	"\x89r\xc9b\x0b\xb8\xa3\xa8e\x0194d\xa7T^" +
-	"A\xd9\x026\xcc\x02\x866\xa5|\x94\xd9~\xae\xc2`" +
-	"\xa45\x10\xae\x82\xce\xf9\x9a\x1e\x0bD\xc2\xa9\x1c\x11\xa2" +
-	"\x1e\xdb`\xcd\x8c\x1a\x01W$\x1c\xc37\x16Y\x94\x1f" +
-	"@v\xec\x13Ay\x1b5[0\xe5\xe6\xe0\x1aB\x94" +
-	"\xb7EP>\x10@\x12D\x8a\x0e\xa5\xa3\xab\x08Q>" +
-	"\x10A\xf9D\x00I\\\x92\x07\"!\xd2)\xdc\xf8q" +
-	"\x11\x94\xcf\x05\x80\xac<\x0c\x0a\xa4\xd3h\x17>\x11A" +
-	"\xf9N\x00)\x1b\xf2 \x9b\x10\xe9k|\xcf\xe7\"4" +
-	"\xe5\x82\x00R/\x81j\xb2\xdc\x0f\x8a\x09i\xca\x01\x11" +
-	"\x9a\xf2p\xdc\xb54\x8f\x06<\x12\xac\"\xa4)\x0f\xc7" +
-	"\x8b@\x80B\xb5\xc5\xd0t\xcb4\x87\xd4\x85S\xb4`" +
-	"`>hz\x07\xd5\x0c\x88A\x0e\x11 '\xedYM" +
-	"\x87\xa1\xc5\x08a\xcf:\xc3\x91&C54\x00\"\x00" +
-	"\x8224\xe8\x9a\xbf\xa6\x03\xcd\x14C\x08FGT\x8b" +
-	"A\x7f\x02\x0d\"\xd0\xc1\xfe\x04\\\xedZ\x87m[\xc2" +
-	"\xbe`\xdc\xaf\xd5B\xb4M\x0bi\xba\x1a\xc4\xc3M." +
-	"\xe8$6e\xc1\xc0|\x8d\xbe\xd7\xd1Z{l\xc1\xf1" +
-	"\xb6\xa9a\x7fP\x03\xc9\x8e}\xba\xb7\x98eLC\x98" +
-	"\x82h\xfe$dI\x95\xf8e<X@+\xab\x87\x1c" +
-	"<oW>!\x18\x88Q\x97\xa0\x8a\xa9X%\xe9\x8f" +
-	"\xd2\xc0\x12t\x09#\x02\xe1\x96\x08\xe4\xda\xb9\x8e\xae1" +
-	"R\xd2f\x9a\xca\x1b#\x84\x97g~\xffM\xf1\xc2P" +
-	"H\xd5\xa9\x0e\x9do\xbdt;\xbe\xf4)\x11\x94g9" +
-	"_\xb5\x03\x07\x9f\x16AyA\x00\x94r\x14\xe8\x9d\xc8" +
-	"\xfb?\x8b\xa0\xbc\x8c\x02\x0d\xa6@\xefBf\xbd \x82" +
-	"\xb2O\x00)K0%z/\xda\xd1\x97EP\xde@" +
-	"\x89\x16L\x89\xde\xdf\xc8iN/\xd1tM\x07\xd7\xdb" +
-	"\x9a\x93\xe2\x13\xdd\xed\x81\xb0\x9f\xfd\xc7\x1b3T#\x1e" +
-	"\x03\xb7\x9d\xbdLZ\xdd.\x8f\xc7\x15T[\xad\xa3\x0a" +
-	"\xaa1\xa3V\xd7\xd1\x04\xda \x86\xba\xcf\xb8\x0e\x9a\xbf" +
-	"\xda\xc0\x1f\x8b\xce\xe8\xc9\x11b&\x11 \xcf\xe8\xa9j" +
-	" \x18\x08\xb7R\xfdj\x88\xb8\x83\x01\x9fi\xab(\xeb" +
-	"\xa4\x12*\x9a\xbdK\x08q\xb7\xa9A\xc3\x1dk\x0fD" +
-	"\x1d\x84#\xc6\xc3\xcd\x8c\xb7@\xd2\xb1\xd5\xb9\xc3\xd18" +
-	"\xf5\xd0y\xd6).\xc6\x03[(\x82r+w\x8aK" +
-	"\xd1\xda\xdc$\x82\xf2\x0b\xb4K\xc9c\\\xbe\x88\x10\xe5" +
-	"V\x11\x94\xbb\xf0\x18E\xf3\x18W\xa3\x0d\xba]\x04e" +
-	"\x9dm\x97\xd6\xe2\x81\xdd#\x82\xf2[\x01\xdc\xa8\xe7\x8c" +
-	"w\x9dQ\xb5#\x18Q\xfd\xb6\x8e\xfb\xb5P4bh" +
-	"\xc4\x1b\xf6u\\\xc6)\x7fH3T\xbfj\xa8\x9c\xc5" +
-	"HhIC@ \xe8d\x08l\xd7\xedG\xbb\xa4\xe9" +
-	"TQ\\A#\x96\x12\x7f8BL\xa7\xf8cN\xaa" +
-	"2\xd3\xa9D\x8c\x84A\xb2\xb3 ]\x82\xc7V\xcd0" +
-	"\x0fTmE7\xe6N\x87\xfd\xbco\x9c\x17\xd7\xf4\x0e" +
-	"\xc8\xb5\xd3\xe2i\x0a+\xa4\xf9F\x1a\x99eQW\xc6" +
-	"\xaa\xea\xc0\xeaH(0\x82\x94\xedr\xa3\xff\xcc\xf0Q" +
-	"&I\xba\xe6\x0f\xf8TC3C\xbc\\\x8b(\x15\x89" +
-	"\xbaF\x04e!'\x09qTSC\x04e\x09'\x09" +
-	"\x8b+l\x99\x81\xa4 ,]eK\x87\xa3qO$" +
-	"\x0f\x7f2D\xc2\x86\x1a\x08\xc7l_\xb0\xa0M\xd3\xb5" +
-	"\x1fe\xf8\xb3-N\xebf\x90\xc2l\x18\x9b\xc0\xa2\x17" +
-	"w]\xb8%\x92\xb6\xcf\x92\xe4>\xdbl\x00\xa7\xe1i" +
-	"\xfbEP\xa2\xb8M0\xb7\x19Bk\xd4&\x82b\xa0" +
-	"\xc0\x0b\xe6>\xe7\xa1pGEPn\xfa!\xd1M\x8a" +
-	"5\x89G\xfd\xaa\xa1\xf9\xab\x11Ag\x13\x01\xb2S\x91" +
-	"\x0a\x1a\x1a}\xb2+\xe2\xd7\x90\xde*J\xc2\x8e\x1a*" +
-	"c[\x97\x11\x02\x82\xb4\xa5\x9e\x10\x10\xa5M\x1b\x09\x81" +
-	",i\xd3\"B [z\xa4\x99\x10\xe8%m\xc0g" +
-	".\xe9~\x9c\x99#\xdd\xb7\x8a\x10\xe8-\xdd\x87\xcf\xfa" +
-	"HkuB\xe0g\xd2\xdd8\xa5\xaf\xb4z\x0d!\xd0" +
-	"OZ\xbd\x9e\x10\xe8/\xadn$\x04\xdc\xd2\xca5\x84" +
-	"t\xc6\xc3\xed\xe1\xc8\x82p\"\x10\x9e\xaf\x06\x03\xfej" +
-	"Ao\x8d\x87\xb4\xb0A\xc2\x11cj$\x1e\xf6\xa3\x8b" +
-	"H\xaa,\x84}\x1d\x18I\x04]\x01\x9f\x91\x88P#" +
-	":9B\xbc\xe1\x96 \x0e\xe8\xaa\xa1\xcd\x08\x84\x02\xc4" +
-	"eh\xfe\x84\x11\x89\xccP\xf5V\xc4\x9b\x89xX\x8d" +
-	"\x1bmZX4\xa8\x14\xfa\x89_S\xfd\xc1@X\xab" +
-	"]\xe8\xd34\xbf\xe67\xe7\xccW\x03A\x95\xb8\x9a\x83" +
-	"Z\"\x18\x08\x05\x8c\xda\x85>RH\x9f'\x02aC" +
-	"\xd3\xc3(\x17\xc4\x02\xfb`t\xccli\x09\x06\xc2\xa0" +
-	"%Z\xd4@P\xf37\xe8\xa0\xf9\"a\x7f\xc0\x08\x88" +
-	"\x91p\xc2\xa7\x86}Z0\xa8\x11\xf0't-\x16\x89" +
-	"\xeb>\x0dj\x17\xb6\xa9\xf1\x98\xa1\x81?\xc5\xf5\x99n" +
-	"1\xe9\x90\x931{_K~j\xd1\x9dU\x89\xa0\xcc" +
-	"\xe0\xf4\xa4\x0eUb\x8a\x08J\x83\xed\xf7.\xc7\xb1\xe9" +
-	"\"(W\x08\xe0\x8d\xeaZK`\xa1%\xf2&\xd0b" +
-	"\xff\xa3;\xb4\xa0Uw8\x9bZ*\xd1\xf8\xbf\xc1\x0e" +
-	"\xdbT\xc6(^b\xfe\x9f\xdfd\xbd\xbd\x1f\x09\xaa\xcc" +
-	"M^\x8e\x833DP\xae\xb679\x0b\xb5\xa9A\x04" +
-	"\xe5\x1a\x01\xe3\xd1\xf9\x01D\xc7h\xb6\xd9{ca5" +
-	"\x1ak\x8b\x18\xc4Vc\xf7\\\x0c\x90\x9c\xb2CL\xa7" +
-	"c\xf1\x90\xc6#\x10\xcb\x96w\x05\xe9\"\xceY\x0c`" +
-	"kB\xcc\x0e\x00X\x19\x0eX\xa5I*/f\x01\x00" +
-	"k\xdb\x00V\xfc\x91\xf2Kh\x00\xe0j\xd5\x8c*p" +
-	"\xa3L\xa4\xda\xd5\xac\xa8g\x06\"O\x93\xdafM/" +
-	"c;\xb6\xf9\xcaE\x8f\xf5v\xa4hel*\xec\xf8" +
-	"\xde\x89\x85\x85\xf4\x942\xf8E\x0a\xa3\x9e\xe9\x91(\xee" +
-	"\xeb\\k\xfd\xfbp\xfdu\"(\x0fs\xc2\xb9\x01\xcf" +
-	"\xe87\"(\x8f\xd9\xe7\xf6\x08r\xef\xb7\"(Op" +
-	"\xc6m\xd3\\B\x94\xc7DP\x9eFP\x06\xa6;\xdf" +
-	"\xba\xcd\x86tR\xb6h\x82\xb2\x9d%6\xa6K\x988" +
-	"\xb2\xce\xcfykwT5\xda,\x18\x96v:\x0c\xad" +
-	"`\x84\xce\x09\x82/\xae\xc7\"\xfa\xe46P\xc3\xad\x14" +
-	"\\\xa5\xa6\xa6R\xa0\xc4\x0fMn\xf8\"\xd1\x8e+\"" +
-	"(\x03\xa2\x1ab\xb9\x8d\xact\xc8\xcc\x13\xeb\xe0\xcd\xd5" +
-	"hT\x0b\xfb\x1dQ\x02/\x83\xba\x09\xccs\xed\xbaF" +
-	"\x9a'\xcfJ\xcf\x0b2,\xc9\x81\xfa\x1erk\x9e." +
-	"2\xae])@\x17\x11\x92\x03$\xe1\xf1N\xf2\x80\x9a" +
-	"\x89\xa8\xe9 \xd9\xd5\xcaL\xbc\xc3P\xae\x15\x9d$\x13" +
-	"\x01\x19\x8e\xad\x9b|\xb2\xb5\xb9\x1ans\xbe\x88_\x03" +
-	"\xb7\xddpe\xe2\xf6\xce\x90\x16\x8b\xa9\xad\x9a\xe3a\xa5" +
-	"\xb0\xb6U3\x1c\x8d\xc6\xdc\xccm29\x94\xec\x9e\xc7" +
-	"\xb4\x8dZ\xf9\xadB\x83\xe1\x09\xceT\x9e\xe7\xe4\x0fJ" +
-	"\x1c\xfc\xc1\x1c\xdb|\x8a\x01\x0b\x05\xa7\xa2\x08\xbf\x16\x0d" +
-	"F:B\x1aE\x11\xdd\xc5\xbbv\x9a\xa4Q\x8b\xb9\xbb" +
-	"\x0bwu-\x1a\xd1Q.\xad\xf6W\x87\xec\xa4\x05\x86" +
-	"\xcb\xa2\x81p\xab\xa3<\xceq\xca6/\xe3\xb2\xcdm" +
-	"\x9aJ\xdd\x0e\xe1C\xa2$\x1a\xef\xde#\xd9\xa9f\x9a" +
-	"(g\x9aFz\xc8\xec;\xed\x9c\x97c>\xf3\x07\x92" +
-	"\xdd\xf2\x94v\xbc\xe9\x08;\xc6\xaa\x1f\xd9\\\xf5\x1dX" +
-	"\xe5\x87K\x17\xb1\xfa\x0c\xb06 \xe6-\x0ai\x82\xd7" +
-	"\xd1_\x08\xf6n)\xc0p\xaa:\xb0,\xd7P\x9a\xe5" +
-	"\xa2\x93\x19\x9a\xce\xb5\x1b\x16\x09P\\\xdd\xcd)f\x04" +
-	"\xf6=X\xcb\x05Zs[$\xd2\xde\x10\x89\x81\x81\x12" +
-	"\x9e\x9b<\xe5\xdab^\xc4\x93\xe2\\W\x93\x14\xf1\x1b" +
-	"\x92\xc9+\xf4 \xd7\xa2\xe0]-\x82\xe2\x17\xc0\x15\xd7" +
-	"\x83V\xe8\xd7\x96\xbe\x0d\xabi\xdc\xdc\x867\xa6\xf9t" +
-	"\xcdpR\xec\xcc,Iwh`\xa8\x00^\xca}\xee" +
-	"]V\xd1?\x8de\xae\xa8g:\xcd\x05\x95\x99\xf0\xd0" +
-	"\x12<;\x8c\xc8\xc8\x083\x04\xd6\x95\xe9\xb1Ma\xb2" +
-	"p\xd1\xb5\x8db\x19\x1fWZ\xb0n\x0a\xa3+\x16\xd1" +
-	"\xad$\xb0U\xd8\x04VL\xe6\x92\xc0\xac\xcf\x04X\x9f" +
-	"\x874q\x19\x11\xa4\xf1.\x10\xac\xbeH`}\xd0\xd2" +
-	"\xc8F\"H\x83]<0\xab\x82D\xabf4\xc6\xc3" +
-	"F\x00B\xa6\x8b\xc01\xe6/\x08h\x19\x19\xe0T\x85" +
-	"a\xc7\xd2u\xde\xed\xc7\x1c\x8b\x03De\xf6\xa8[\xdf" +
-	"\xe3\x04\x8e\x1d2cV\x87ff\xb6\xd8,\xb5\x15\xd2" +
-	"\xbc\xf2\x8f\x04VVt\xfcH\x09\x8f\xac\x92z\xb1\x09" +
-	"\xf9\xf0p2/\x96\xcc\x93\xecDS\xf5\xac\x08\xca+" +
-	"\\\xfev\xf7\x1c;\x05\xd6#\xb0J\x85\x00\xb4\x08\xc5" +
-	"\xb1\x97/F!{\x1d\xcds\xab\x16\xd6t5\x99\xda" +
-	"H\xb7\xccB:\x04r\xa8\xc5\xb1rH\x15\xc7\x97\x89" +
-	"h\x1a&\x88\xa0L\x112\xc9\xb2\xda\xcdM\xb2\xb8Z" +
-	"\x9d\xd5d\x94\xe9\x9f2\x9d{2S\xfa\xa3\x8a\xa9\"" +
-	"\xab\x07t\x94\xd1|\xbe#\xa4\xe3K\x0cQS\xc4@" +
-	"\xb2\xafWd\xfa\x8e\x94T\xa9\xe1V\x8d8\x0d6\xfa" +
-	"Ri(\xf0\xd0_\x0c\xf0\xd0\x08\x1e\xd5\xc1\xab\xfa\x8c" +
-	"\xc0|\xcd\xdb\xa6\x06\x0d\xcd\xef\x8d\xaaz\xbb\xe6w@" +
-	"\x9d<Z\xcb(\xae\xfc\x04\xb4\xc6\xb2\x80\x8a;\xae\x99" +
-	"\xb9\\.\x0bX\xc1g\x01\x93\xd5\x89\xa5\x15v\x16\x90" +
-	"\x19\xfd\xe58\xb6D\x04\xe57(\xdc7\x98\xc2}\xdf" +
-	"*N\x0dX.\x97\x0f0R\xeb\x0a\xa9\xe1\xaes\xb2" +
-	"\xa8\x9b$\x90\xb7Yk\x89\xe8Z\x86\xb0\xe6\xa4\xf8\xbf" +
-	"v\xad#3'\x94b\xa7-\x1ca\xc3\x0d\x9e\xc3\x8d" +
-	"N8\x02\x90\xc1V\x83p\x97\xe9\xbfT4\x9c\x86c" +
-	"2\x13\x95\x0e\xa2\xfc#\x8bg\xdc\xc6\xa9\x9b\xca\xf4R" +
-	"9]\xee>\x83Ki\\t\xe4N\xb1M_j\xd5" +
-	"&3\x8db*\xab\xbb\xbb\xce\x07\xc7\xf8\x0b\x98\xe7\xf7" +
-	"\x9a\xae\xdf\xf6\x85\xec\xda\x14\xb0\xb6EIAHV\x8b" +
-	"\xbe\x90\xf5\x13\x01kA\x95*k\x88 \x95\xa2/d" +
-	"\x17y\x80u\x9aK\x83\x11\xae\x0d\xb0\xe0Zg<\xdc" +
-	"5psv\xdfN\x10TO\x8a\xce\x85|\x8cQh" +
-	"Z9\xcb\x0cZ\x17\x80\xd2\x9c\x9f\x90\x0e\xd1\xdc\x88\xd1" +
-	"\xd2\x8a\x89%vI\x04\xff\xd9mF\xd2AD\x05B" +
-	"\x16-\xefI\xbb\x9a\x93E\x96wQ[\xb3\xf3 \x87" +
-	"\x10\xe9\xd02\xae\xe8\x98\xd5+\x0fz\x13\"\x1dEq" +
-	"?\"\x82\xf2\xef\xa4/\xeaC\x88t\xa2\x82\xabD\xf6" +
-	"\x12\xf2\xe0g\x84H\xa7\x16\x11\xa2\xfc[\x04\xe5+\x01" +
-	"$\x97+\x0f\xfa\x12\"\x9di6\xab\x8e\x8d\xd0M\x8b" +
-	"B\xa2%\x1044\xfd\x8a\x0e\xe2r\xd0x\xf3\xe1\xe4" +
-	"\x08\xd0\x94]$l'\xfe\x0d]\x0d\xc7Z\":\x81" +
-	"\x90\x951\x8b\x19\xaan\x80\xdbnWK\xd6u\"a" +
-	"\xb3\x9eB\xbcfE\x05\xdc\xf6\x0d\xa9\xe4\x94\xd4f\xa2" +
-	"\xae\xb3P1\xcdH9\x08\x9a\x9dp\x84\xeb?,\x11" +
-	"e\xea\xbd+\x10n\xb7%\x99\xf5\xa1\x03\xbbU%)" +
-	"5L\x92\xd9\x15=`\x97\x1b\xa4J\x0f\x93dv7" +
-	"\x08\xd8\xf5\x02ip\x05\x95\xe4\xce\xa4M\xa9\x02\xaf\x89" +
-	"W\xab\x92\xe9\xa3\x0cYNA\xd5I\xb9\xb7v\xd7S" +
-	"?\x0c\xd3g.\x0an\xe4\x02\xde$\x0c\xe0\x13\xa0\x16" +
-	"<R\x1a\xb9\x84a4Y\x8c \xa0A\xae}\xa3\xcb" +
-	"4pi\xd5h#\x10\xd2\"q\xe3r\xc2U\xa1\xbb" +
-	"07=\x15\x80M\\\x05\x92\xdd<\x99f\xca\xbbI" +
-	"\xea9!Q\xc7n\xaf\x9f.)\xe6V\xac\xd2EO" +
-	"%\xd7z;\x15\xc7\xdc\xf4\xae9\\u\x95\x95\\\xf7" +
-	"\"\xe7_\x11A\xf9\x1b\xe7\xa6\x0f\xcc%Dy#i" +
-	"\"\xb2{\x99 \xf4\xd0\x1aB\x94wEP\x8e\xa3\xe2" +
-	"\x1f1K\xae\xc7<\xb6\x89H\xb5\xd8\x0e0\xd5\x19l" +
-	"\xfat-\xa3\x02\x12TcFu4\xaa\x11w\xd8_" +
-	"m\x0f3\xbb\x09\xa6\x11\x8c\x87\xc1B\x0c\xde`D\xf5" +
-	"k\xfe\x8c\xecHz\xea\xde:\x00\x87\xce\xb1\x14\xb4\x8a" +
-	"|\xb9T\x04e\xba\x00\xac\x8f\xc8\xb6\xd3|\x1d\x1d\xed" +
-	"TX[hT\xb7\x18\x1a_\x13\xfe\x01\x09>\xa7\\" +
-	"\xb0\xc7\xa9\xd9k\x91\x9d\x0c\xf6\x9a?\x87\\\xbb!\x9c" +
-	"\xb9\xfe\xae\x0a\xa7\x1c%v\xde\x8f\xc5v!\x0eO\x8a" +
-	"\xa9U\xe8Ti\xe7\xf3\x1f\xecZ \xb0{\x17\xac\xe5" +
-	"\x0a\xec\xc6R`\xcd\xc0R\x01\x9a!)-\xb8,\x8c" +
-	"\"\x82\xe9)\x84L\xf6\xc4\x15fD\x18%=t\xfb" +
-	"\xa5\xd6\xff\xdb\"1\xc4\xeb\xd6U\xd2.A\x1a\xab\x1c" +
-	":\xe2\x9b\xd4>#3u!\xd9\x8d\xf5\x99\xe6\xa2k" +
-	"n;%+xx\xe7\x9c\xddw\xee\x18\xec)\xd5\xd7" +
-	"cg\x8b\x10\xf5T\xd3Pn\xa6)\xa1\xe9i\xd9f" +
-	"\xa7\x1c\xdfzB\x94q\xa6\xd2$\x92%\xb5\x08q\x85" +
-	"U\xbb\x0e\xaf-\x8cj>C\xf3\xc3\xf4\xa4\xdaw\xd1" +
-	"\x14\xe1T\x1ew2\xd6\xa9\xe0\xb0\x15\x9d\x83\xd5\xf1\xec" +
-	"\x90T\xef\xceaw/P\x96<5w\xd5cI\x9d" +
-	"\xd0\xcc\x96\x16\xe2r\xb2\xd6BzD\xc9\"\xe4.\x0e" +
-	"\xdb\x88\xb4ka'\xb4\x9c\x9a\x87rJ\x1d\xa5G\x85" +
-	"N\xd9\x8e\x1f%\x0b\x10\xf5\\\x8eRU\xe7J:\x9a" +
-	"\x1eX\xd4\xd8\x15\x8b\xa8lvQ\xd8N\xf3\x8eS4" +
-	"\xf6'\xd0\x0e\xc7*\xf6Jy+x\x08iz\x02D" +
-	"h\xfa3\xd8\xd2'o\x87\x12B\x9a\x9e\xc2\xf1g\xc1" +
-	"\xf2p\xf2\x0e:\xfdi\x1c~\x01l''\xef\x84\xf5" +
-	"\x844\xbd\x80\xe3\xfb\xc0\xf6s\xf2^\xd8FH\xd3>" +
-	"\x1c\x7f\x1b\xecB\x96|\x10\x96\x11\xd2\xf47\x1c?B" +
-	";\xe6\xb2\xcc\x8e\xb9\xc30\x87\x90\xa6wq\xfc8\xed" +
-	"\x98\x03\xb3c\xee\x18\xd4\x10\xd2t\x04\xc7\xff\x8d\xe39" +
-	"&\xaa\x96O\x80NH\xd3q\x1c\xff\x1c\xc7{\x9b\xc0" +
-	"Z>M\xe9\xf9\x1cDh\x14\x04\x90\xfa\xf4\xa7\xd0Z" +
-	">\x0b\x1b\x09i\x14Dh\xea\x8b\xc3?sSp=" +
-	"\xb6\xb7p\x0e\x10\xd2\x94\x87\x0f\x8a\xf0A_\x81\x02l" +
-	"\xb9@h$\xa4\xe9|\x1c\xbf\x10\xc7\xfb\xe5\xe4A?" +
-	"B\xe4a\x02.\x7f!\x8e\x8f\xc3\xf1\xfe\xbd\xf3\xa0?" +
-	"!r\xb9p\x92\x90\xa6\x098>\x05\xc7\xddb\x1e\xb8" +
-	"\x09\x91\xab\xe9:U8>C\xe8\xc6\xc3\xfc\x986\xaa" +
-	"\xae\x9a\xa1z\xa8\xe7uS\xabv\x02\x0f\x9d\xaaah" +
-	"\xa1\xa8]&\xa7\x8e\xd804R\x18\x8a\x1a\x1crh" +
-	"I6T\x01Z\x98t\x9aR\x1e\xe2\xaf]\xfc\x92\xec" +
-	"\xa9H\xa1z{ \x1ak\x0a\x84}\xda\x0c5f4" +
-	"\xc5}>-\xc6AO\xa7\xde\xb0@xj0\xd0\xda" +
-	"f\xc0\x94dO\x83\xc8\xd1\xc5\x1e\x0av|=\x8d&" +
-	"\xdf\xcc\xea\x93S\x97\x88\x83S\xc8h\xcaw\xcaGg" +
-	"\xa4\x03\x1c2H\xa9\x15\"\xd5\xa9\"/vU-(" +
-	"\xa4!\x9d\x92+f\xf5M$\x00\xecK\xde\x92\xdaL" +
-	"\x84~\xf0=\x0eZ\xf7\xff\xa5\xcb\xe7\x12\xa1\x9fp\x16" +
-	"\x07\xad\xdb14,\xef'~\x87\x83\xd6WN\xa4\xc1" +
-	":\x11\x12\xac\x0aA\\\x91\x98\x91`\x15\\\xe2F\xfb" +
-	"\xd7\x190\x16NV\x83A;%S\xa8_\xa5\xb6k" +
-	"?\xac\x8b\xe0\xa7\xe4\x0c\x81\xf1\x1c\xb8\x0c\x04\xfb8\x0c" +
-	"\xb0+\x7f\\6\x9e]\x1d\x02vi^\x9aXB\x04" +
-	"\xa9\x1c\xe36v\xa7\x0c\xd8\xb5}i\x18\xc6t\xf9\xae" +
-	"\x04;O\x0a\x98\x92\xd9\x07\xaf\x19I\xa4\x02'`\xbe" +
-	"\x82p\x8d`\xec>$\xb0+\xf2\x92\xe4\xa1\x8d`^" +
-	"\xd3\xa1d,aJ\x88;\xa5\xd1\xdc\xba\xa5\x08\xec\xf6" +
-	"3\x97Wa7\xfc\x81}\x91@\xaa,a\xd1(\xbb" +
-	"\xa2\x0d\xec\x06\xb44\xb8\xd8\xcc\xabP\xe9\xab\x02w4" +
-	"\x10n\xad\xa2\x99\xa2TJ~@\xa3m\x8f\xc0Y\xc8" +
-	"tO\xe9\xb1Uw\xa1#0D\xe45\x81`Z\xb3" +
-	"X\x8dSS\\c\xb2)\xee.;\xe2Z=\xc7n" +
-	"\x84\xb4\xfa)\xd6\xd6\xdb\x9d\x90\x9d&MVd\xd1;" +
-	"\x99\xf7\xf0\xc7\xa3A\x16\x02'\x1fA\xf2\x91c\x0c\xe5" +
-	"\x14l9\xe4\xb7\x93}\xea\x8e\x85\\\xa7\x1b\x0c\xdc\x1d" +
-	"\x13oL\xd3\xe7\xdb\xddI\xa8jF\xc4\x17\x09\x12\xbb" +
-	"\xc5\xbb\x1bL\x17\xeb\xe9.\xc0\x0f\xe8w\x9cb&1" +
-	":j0n\xa0b>\xd4Z\xebT=\x97\x7fb\xe4" +
-	"\x9f)\xe1Z\xe1Y\xa6\xe1k\x0f\xd7\x0a\x9f\xecS\x94" +
-	"\xfbQ\xbf\xde\x17\xfd\xf4\xb9\x14\x1f\x88&>\x18\x00s" +
-	"\xf9NxV\x8f\x91\x0b(n(\xc2\xf1\xd1|G\xfd" +
-	"H\xea\xd7G\xe3\xf8\x04\x8a\x0f\xcc\x94\x9b<\x9e\xae?" +
-	"\x0e\xc7\xab(>\xe8e\xe2\x83\x89\x147L\xc0\xf1)" +
-	"\xf0Czf~R5\xe7\xa7u\xd6t\xef\xc6\x93\x19" +
-	"\xa5\x0e\"\xd6Y\x88 \xc3\x19w]\xcbO\xea\xef\x8f" +
-	"\xb5\xb9\x93\xd1r4\x16R\xc7D\x93 f\x0b\xc5\"" +
-	"\x0ab\xeb\xeai5\xa5v=\xed\x87\xac\xd5i?d" +
-	"\xf5\\\xda\x0f9q\x11\xed\x87\xac\\DH\xc2L\x81" +
-	"\xd5t\x10\xef\xe4`@\x0b\x1b\x09]\xa3\xd7\x98\x90\xeb" +
-	"\x09S\xca\x9b\xda n\x18\x81p\xeb\x94\x88\xb8 \x9c" +
-	"<\x96F\x04\x15\x91\xf9\x9a?\x11\x0bF\x16L\xc68" +
-	"\xc9\x1d\x0fi\xba\xcd\x0b\xefT\xdadhw\x06{#" +
-	"\xe1\x19\xe8\xae\x1c\x1bo\xf8\xe4\x91\x19\xbfq\x89\xb3\x0a" +
-	"\xbb\xb6nu\x8f\xe8|\xe2,\xd9\x8e\xaa,\xb3\x13g" +
-	"iAcW\x97\xf9\xba\xbe\xfe\xd7S\x0b\xb9S\xf2J" +
-	"wj\x9dI\xa6\xb5%\xfb~mf\xc0\x9dn\x932" +
-	"\xaa\"V\xce\xcb\xf4i\xa3\xa97b\x1f4\x01\xf6u" +
-	" Y\x01\x0f\x11\xe4Z\xa0\x17\x9f\x92\x97\xbd\x81]\xa2" +
-	"\x95+\xa1\x91\x08r9\xa0Gb_\x9a\x02\xf6-\x02" +
-	"y\x18\xcc%\x82\\\x00.\x10\xadoP\x00\xfb@\x9b" +
-	",\xd1\xa7\xbd\xc1\x05Y\xd6WC\x80}\xddK:\x8b" +
-	"\xbe\xfd\x8c\x0b\xb2\xad\x8fh\x01\xbb\xb0-\x9d\xd0\x89 " +
-	"\x1duA/\xeb\xab\x06\xc0>\xa5!\x1d\xdcF\x04\xe9" +
-	"\x80\x0b\\\xd6\x95}`\x9fl\x92v\xaf'\x82\xb4\xcb" +
-	"\x059\xd6g\xe4\x80}?K\xda\xbe\x88\x08\xd2\x16\x17" +
-	"\xf4\xb6>[\x05\xec\x13\x0f\xd2\x86\x1a\"Hk]\xd0" +
-	"\xc7\xfa\xce\x0a\xb0o\x1eH+\x1b\x89 -uy\xcd" +
-	"b\xadY\xd4\xa76\x99@\x8c\xff\x9f\x1b\xe3\xee\xe4\xc5" +
-	"\xaf\xa9\x11\xbd\x96\xb8q8\xfdj\\\xfa\x19\xe3H2" +
-	"\xc2\x06\x86\x08\x0b\xa9a\xa9B\x094\xc1\x160!\x12" +
-	"#\xe1*\xf3\xe6\x0fB\x0d\xe25\xe1h\x95\x95M\xe9" +
-	"\xb9\xbd \xe5\x8a\x8a\xd3\xa5\x17>G\xc3\xd2v\x92\xfd" +
-	"\xcd+\x87B\xad\xa1\xeaFC$f\xd6\x17\xb8[\x16" +
-	"\x8dtr\xbfbB\x12\xcdZk \x1c\x0e\x84\x09\xb4" +
-	"\xba\xc2\x91\x05<Mi\x19a\x9a\xd4\xca\xcc\x98\x03\xeb" +
-	"\xda\x155\xdd\x06h\xec\x03y\xc0>\xfb%I5\x14" +
-	"\xa0u&\x0b$?,?\xff\x13o\x10\x9b\xc7\x9eV" +
-	"C\xf2\xf05\xa4\xe4}\xb4\x12.\x19\xcc\xec\xce!\xe4" +
-	"\xf3\xdfDP\x8ep\xb9\xe4\xc3\x8d\\\x86\x98\xe5\x92\x8f" +
-	"-\xe2\xeaE\xacS4\xc5_\xf7Zb\xe6\x92\xcf4" +
-	"\xda\xf5\"\xe6:\xa5\xb3\x08\xa1\xbeK:\xe64\x08\xd7" +
-	"\xfd=\x12\xa7\xbc\xf2\xff\xf9nIT\x8f\xcc\xd7\xc2j" +
-	"\x98\x88>\xcdv\xc3\xd67\xd02{V\x1c\xec}z" +
-	"sOZq/F\xec\xeb\xb2\xec\x83T\xc0>\xec#" +
-	"\xcd+a\xd7e\xd9\xb7\x9b\x80}}L\x9a\x8d\x00\xfb" +
-	"r4u\xec+4\xc0\xbe\x91&U7\x9a7@E" +
-	"\xeb\x83\x98\xc0\xbe\x8c#\x95zh\xf3O2\xc00\x9b" +
-	"\x9a-\xf7O\x15\xd11\xe8HoZK\xbfa\xd4U" +
-	"6\xb7\xa7\x1aH\x8f9\xaa\xac\xee\x1b\xd6\x02F!\x0d" +
-	"\x07Ygov\xc6\xcd\x1dv\x19X4:\xba\xe9\xf0" +
-	"\xb5\xc1kwY\xb5\xa1B\xcf\xb0\xac\x87\x16\xa9d\xe1" +
-	",C9\x1b\\j\xab\x96\x16zx\x9cB\x8fz\xfb" +
-	">\x0e\x0b=\x16/\xe3nk1\x05]\xdeh\xdf\xc7" +
-	"\xe9\x91h\xa7\x98\xc2\x1c\xbb\\\x85\x85\xe9\xd8\x81\xaf\x80" +
-	"8\xe0\x09G3\xe9\x90\x85u\xea\x84/\xee\xbe\x13\xde" +
-	"\x15\x89\xc6\x18\x81\xff?\x00\x00\xff\xff|>K\xdf"
+const schema_dc5dd5d2e729011e = "x\xda\xa4}{|\x14\xd5\xd9\xffyf\x126 \xb0" +
+	"\x19'\xbc\x805\x04\x02\xc1\x12!B\xb8\xc9B\xcc\x1d" +
+	"\x05\x83d6\x01\x84\x9fT6\xbb'\xc9\x92\xbd1;" +
+	"\x0b\x84\x8a\x01\x14-T\xacP\xa9@\xbd\x14\x94jP" +
+	"\xac\xd0\xd2\x16[P\x10^\x8c\x85VTZy\x15_" +
+	"\xa9\xa2\xc0[\x15\xb5\xa8(\xb8\xbf\xcf93g\xe6\xec" +
+	"\xeel\x82\xd6\xbf\xc2\xd93\xe7\xf2\x9c\xe7\xf2}.\xe7" +
+	"8renY\xc6\xa8^\xd7LDB\xddsBf" +
+	"\xb7\xf8S\x8e\xd73\x0a\x8f\x97-CR\x0f\x88\x0f\x80" +
+	"a\x1f\xbevl\xee\xdb(Sp $\xb7\xe6\xae\x96" +
+	"\x97\xe7\x92\xbf\x96\xe6.B\x10\xf7_\xf2<\xb0\xe4\xfe" +
+	"w\x96!\xa9/ \x94\x09\x0e\x84F\x1f\xcf\xad\x00\x04" +
+	"\xf2\xc9\xdcR\x04\xf1\xad\xc5Y\xf7\xaf~c\xc4r$" +
+	"I\x80P\x06\xf9=s@\x0f@\x19\xf1\xab\xfa\x0d\xf6" +
+	"_\xf7\x0d^\x8e\xa4l\xf3\xd3\x8fr\x0b\xc9\xa7\xe7\xe9" +
+	"\xa7\xe5\xaf\xbf\xb7l\xe8\xab\xab\x96#\xe9J\xf6\xe9\xb0" +
+	"\x01\xf9\xe4\xd3\x17\xba\xb7]l\xff\xe5\xbc\x15\xfa/\xfa" +
+	"\xa7\xd2\x00\x17\xf9\xb4\xff\x00\xf2\xe9\xbf\x0e\xbc\xbf\xf0\xee" +
+	"w_N\xe8P2@ \x1d\xcai\x87\xf0\x88Kk" +
+	"\xdd\x0b\xf7\xdc\x85\xa4~f\x07\xcf\x80b\xd2\xc1O;" +
+	"\xbc\xb0\xe8d\xcf\x8b\xb3+\xefFJ\x0f\x10,*\x90" +
+	"U\xc8\xab\x06l\x93\xd7\x0e \x7f\xad\x19@\x88\xf0\xfb" +
+	"e_\xf7\xdd\xbb~\xd1J\xa4\\\x09\xe6h\x9f\x0e\xb8" +
+	"\x92\x8cv\x81\xf6\xb8\xeb\xf5\xbes~{\xfa\xee\x95:" +
+	"\x15()G\xcf\xce\xa3\x0b\xf6\xe4\x91\x0e\x81gz~" +
+	"\xf6\xec\xf9\x95\xf7 %\xdb\x1abO\x1e\xa5\xc6A\xda" +
+	"cC\xc7\x8f\x0b\xd6\xcf~\xe9\x1ec\x08\xda\xa1` " +
+	"]\xf1\x88\x81d\xc5\x1f\xc5\xfe\xd1\xe8P\xde\xbe\xc78" +
+	"\x0a:\xc7\xb4\x81\xf9\xa4\xc3\x8c\x81d\x84'\xe7\x15}" +
+	"|\xc3\x0b\xf9\xf7\"e(@\xfc\x8b\xb6\xaf{\xf4Z" +
+	"8\xf1=\xd4'\xcb\x01\x08\x8d\xde5p\x0b\x9d\x8c\x8e" +
+	"u\xfbU\xaf\xafy\xe1\xdc\xfb?AR\x0f\xd1\xda<" +
+	"\x02\xf9\xcc\xc0u\xf2\xa7\x03\xe9Q\x0d\xbc\x11\xe4}\x83" +
+	"\x1c\x08\xc5W\x7f\xea\xbf-ZV\xb1\x0a)9\xd6\xe2" +
+	"\xdb\x07\xd1\xfd\xef\x18D\xa6\xbe\xf3\xcb\x96\xa7\xd7\x1d\xf8" +
+	"\xe5\xaa\x94\xf1z\xe5?/\xf7\xc9'\xa4\x94\xf2\x0f\xc9" +
+	"\x1b\xc9_\xf1\x19\xf7}\xfe\xd7\xddg\x8e\xadB\x92l" +
+	"\x8e\xb6<\x9f\x8e\xb6*\x9f\xacN\x12o\x9f\xdf\xb1\xe1" +
+	"\xedU\xfc\xe1\xb5\xe7\xd3\x9d\xee \x1d>Y\xef\x1a\xe0" +
+	";unU\xf2dG\xf3\xd7\xc9\xc7\xe9d\xc7\xf2\xef" +
+	"\x95\x0b\x06\x93\xc9\xb2\x86\x96\xe3\xe5\xef\xff{\x159g" +
+	"\xaew\xa6H\xba\xf5\x1a\xfcO\xb9?\xe96\xba\xcf\xe0" +
+	"C\x80 \xfe\xe9\xe4\x9f=>\xf0\x89\xeb~\x8a\xa4\x1c" +
+	"s\xe6\xcc\x02z\x08\xbd\x0a\xc8\xd2\xc6\xec\x9a?\xb7\xe4" +
+	"\xf6\xd9\xf7\xb1s$\xc3\x8c\x1eQp\x15\xe91\xb6\xe0" +
+	"C\x04\x9f\xcc<\xbd\xbef\xc3K\xf7Y\xe2 \x0d\xbd" +
+	"\x8a\xf0\xb4w\xef\xed\xcb^\x15.\xde\x87\x94\xbe\xc0~" +
+	"\xbaP\xb0\x8e|\xd8}(\x19:\xcb\xa9\xfd\xf4\x9b\x81" +
+	"/\xdd\xaf\x9f/\xfd}\x84\xfei\x9f\x9f\x8cm\xbb\xbf" +
+	"\"\xff\x01\x9e5\xfa\x0c\xa5\x04\xcb\xa5\x9f\x9e\x82\x03\xff" +
+	"\xef\x1a\xe7\x94\x078I*\x19J\x85p\xdd\x14\xc7\xd0" +
+	"\xbe\xef\xfb\xd7\x92\xedg$o\xbf`\xe8g\xf2\xa8\xa1" +
+	"\xfaD?#\xdb\x7f2x\xd5\x82\x03\xbf\xbff]2" +
+	"\xb1\xa8T\x1c\xbcf\x8b|\xe4\x1a\xd2\xbb\xe3\x1a\xda\xfb" +
+	"TS\xdf\xac\xecyG~\xce/\xcb3\x8c.\xcb?" +
+	"\x8c,\xab\xe7\xcf^\x9c2\xb2\x9f\xfc \xb7\xacU\xc3" +
+	"\x8a\xc9\xb2n\xbe\xf4\x87\x09\x87\xbe(\xfb\x05\x92z\x08" +
+	"\x09G\xb8`\xd8Yy\xe90\xaa\x89\x86\x8dG\x10\x9f" +
+	"\xb9\xec\xcbo\xff\xbc4\xf8\x0bN\xbd,\xd5\x87\xf8\xfd" +
+	"f\xef\x80g\xaa\xff\xef\x17d\xad\x90\xbcV<l\x9b" +
+	"\x1c$\xc3\x8c\xf6\x0f\xcb#kU3FN=\xfd\xf2" +
+	"\xd2\x87\xf4\x83\xa5\xe3\xac,\xa4\xba\xa6\xe7'\x03\xbf\xad" +
+	";\xf8\xf8C\xfc.\x82\x85T\xc3\xc5\x0a\xc9.V\xce" +
+	"\x0a\xac\xbcTw,\xa1\xc3\xc6B*\xb9\x9bi\x87\xac" +
+	"\x85\xabk>\xd9=qC\x0a\xf3\xef+\xdc/w\x14" +
+	"R\xda\x15\xde(\x7fD\xfe\x8aO\xbfn\xfd\xae{\x97" +
+	"}\xbb\xc1\xd0\x8aT\x8a\x8f\x15R\xde>QHD\xe9" +
+	"\x83\x8c\x81\xfdk~\xbcac\xf2\xbe\xe8\x89M\xb8\xf6" +
+	"\x15\xb9\xfaZ\xf2W\xf9\xb5\x1f\x92\xb5=\xf0\xd8\xd3\xf3" +
+	"\xab\xfbn\xe2\xc83j\xb8@\xb6\xd5\xb0\xe5\xede\xf7" +
+	"\xde:`S\xf2Q\x92\xe5\xcb}\x86o\x93s\x87\x93" +
+	"\xbf\xfa\x0f'\xc3\x94\xd7\xde0\xe2\xb3\x0d\xb5\x9bR\x8e" +
+	"\xe3\xfc\xf0-\xf2\xa5\xe1\x94U\x87?F\xe8\xb8\xfe\xf7" +
+	"\xed?\xbf\xf8\xef\x13\xbf\xe4\x97_]D\x891\xad\x88" +
+	",\xff\x07\xd9\xff:>Z\xee\xfe\xb0\xde\x81\xaeh{" +
+	"\x11=\xb0\xcf\xfer\xcf\x9c'}\xbf~\x94iQj" +
+	"o\xd6\x17}\x86@\xdeX\xf4\x1b\x04\xf1\x8a\x01\x05g" +
+	"&Ko>\x8a\x14\xd9\x94\x90Q\xd7Q\xd1\x9ap\x1d" +
+	"\xe5\xa7\xdc7G\x0fx\xf5\xc8cD\x0f\x09\xec(\xe6" +
+	"^\xd7\x83\xf4\xc0\xd7\x91!\xf6\xdd\xf2\xda\x14GS\xd5" +
+	"\x16~y\x99#\xe9\x10\xbdF\x92\xe5-=\xf4_\xab" +
+	"\xfb\xbd\xac<\x81\x14\xc9\x9c#8\xb2\x81th\x1dI" +
+	"\xe6\xf8\xf8\xa1m\x0f}x\xf5\x92\xad\xdc\xfa7\x8e\xa4" +
+	"\x8c\xd2o\x8b\xe7X{o\xfc\xeb\x94c^>r\x9d" +
+	"\xbcj$\xd9\xcd\xca\x91\xf7\xca\xc7\xc8_\xf1\xeb~r" +
+	"l\xdb\x97O\x9f}\x12)\xfd9}?r*\x99\xa8" +
+	"\x83\xae\xe4\xad/\xae\xebV\x9e\xfd\xdcSI\x06H\xe7" +
+	"\xdfa\xa3Ty\xc4(j\x11G\xcd\"t/\xf6\xdf" +
+	"X\xb4\xf9\xbew\x9f\xb2\xd7\xed+\x8b7\x91\x81\xd7\x17" +
+	"\x93\x1dl\xff \xf8\xbf\xef\xbd\xd7\xda\xce\xf3\xeb\xaeb" +
+	"j\x1bw\xd3\x0e\xbfv\xbd1s\xca\x1d\x0f\xb7\xf3\x86" +
+	"\xf9x1\x95\xdb\x93\xb4\xc3\x17;\xde9\x92\x8f\xb7\xb5" +
+	"#\xa5\x9f\xb5\xf8\xcc\xd1n\xd2C\x1aM\x16\xff\xfa\xaf" +
+	"~^\xf4\xe0\xcam\xed\xbc\x9e\x0c\x8e\xa6l\x10\x1bM" +
+	"\x8687\xffL\xf1k7\\h\xe7D\x7f\xe3\xe8+" +
+	"\x09\x19\xa7x\x7f4\xfe\x03e\xe7\xb6d\xfe\xa6\x8c\xb9" +
+	"|\xf4\x0ay\xe5h\xfd/2\xcf\xa7=\xde\x8c\xfc\xcf" +
+	"\x1d{\xb7\xf1\x96\xe0\xc4h*-\xa7\xe8<\xcf\xed\x7f" +
+	"\xebO\x1f\xd4\xdd\xfbt\xf2h\x94\xb9\xba\x8f\xd9)K" +
+	"c\xa8\xa2\x1fC\xb8\xe3\xdc\xc7\xc1\x95\xd3\x0b\xae\xdd\x9e" +
+	"`W\xc6\xd0U\xef\x18CF\xeb\xfbn\xeb\xdf.<" +
+	"]\xba\x1d)}\x08\x83\xd1e\x1f\x1dC)s|\x0c" +
+	"Y\xcf\xab\x83~p[\xce\xe7\xeb\xb6\xf3\x8av,Q" +
+	"\xb4\x9f\x9ct-\xd9xx\xe6\xb3\x1c\x1e)\x18KG" +
+	"\x1e1\x96\x8c\xfce\xc6\xfb\xb1e9\xcf>\x9b\xc2<" +
+	"\xca\xd8W\xe4\xb9c\xc9\x1ag\x8f\xbdWn'\x7f\xc5" +
+	"\xdf\xdf\xa5\x8d\x9d\xf7\xcb\xb2\xdfp\xe8F^;\xf6k" +
+	"r\xc2t\xb0G\xdb*r\xffk\xca\xac\xe7\x90\xd4\x87" +
+	"\xad\xe2 ]E\x1c2&\xdcU\xfc\xe3\xbb\x9f\xb3g" +
+	"\x93\xedc\xa9\xb9\xd93\x96\x10\xe3\x83EO|\xf6\xd3" +
+	"\x8c\x9c\x1d<\xb2\xc3\xe3(i\x83\xe3\xc8,u\xf7_" +
+	"w\xe7\x0a\xdcw\x07\xa7[\x1e\x19GuKq\xbc\xdb" +
+	"\x0f\xee^R\xbe#\x99u\xf5#\x1c\xf7\x8a\xbcf\x1c" +
+	"\x85Q\xe3\xc8<\xcf\xfdu\xe4\xed\x85\xf8\x8a\x9d\x9c\xe6" +
+	"\x1d6\x9e\x9a\xb5n\xb3Z\x8f\x7f1\xe7\x89\x9d\x9c\xa8" +
+	"I\xe3\x89\xa8}3\xa9M9\x9b\xbd\xe6\xb7\x96!\xbc" +
+	"0\xceE\xbe\xd8\xd6\x96\xfbt\x95\xbf\xe8w\xfa\x01\xd2" +
+	"_N\x8e\xa3\xc2Y\xbb\xfe\xaeG\xfe\xb9\xee\xea?\xa6" +
+	"h\xb0\x8eq+\xe4#t9\x1d\xe3\x9a\x10\xc4\x1f\xf4" +
+	"}\xfc@\xc9;\xcf\xff1\xe5 >\x1d\xb7E\xbe@" +
+	";\x9e\x1fwHn\x1dO\x0e\"\xf8\xfb\x19;\x9d\x19" +
+	"\xf2n$\xf5\xb7,\xdcx\x1dE\x8e'4:<a" +
+	"b\xd1\xec\x83\x8d\xbb\xb9\xcdm\x1cO\xd9\xfcH<\xff" +
+	"\xb9\xff{\xeao\xbby\x84\xba|<\xd5D\xab\xe8\xa7" +
+	"{\x7f{\xe4\xce\xd2\xd3\x8f<o+\xff\xed\xe3w\xca" +
+	";\xc6S\xe59\x9e\xca\xff\x03O_|\xe6\x9a/N" +
+	">\xcf\x01L\xb9\xcf\x04\xc2\x12\xfd'\x10\xc6\x9c=\xd6" +
+	"q\xf1\x99\x99\xae?\xf3\xac\xbdr\x02\x9dn\xcd\x04\x02" +
+	"\x99\xee\x1f\xd8\xb8\xe8\xf8\xe0=\xdcj\xb6O\xa0:a" +
+	"\x07\xf99>gg\xfbkw\x89\xa7\xf7\xa4\xd0\xef\xe8" +
+	"\x84\xb3\xf2\x89\x09d\xba\xe3\x13\xa6#\x88\xef\x19\xfe\xdb" +
+	"[;6\xfcjo\x02\xaa\xd7':OG\xca.\xfb" +
+	"\xeb\xf2\x97\xdb\x9f\xda\x9b\x80c]T\x86F\xb8H\x87" +
+	"\x0f\xc4\xd7'\x0f\xfab\xd4\x8b\xb6\x96Iqm\x93g" +
+	"\xbb\xc873\\\xd4p\xff\xf8\x0fO\xff\xe5\xab\xb0\xb4" +
+	"\x8f\xe3\xf5\xa5\x13)\x17\xf6.\xffi\x87\xfa\xbf\xae\xfd" +
+	")'\xe9\x99\xb8B\xc6\x13\xe9YM<\x04\xf2\xfaI" +
+	"\xe4(o\xff\xd1-\xf3o\x95+\x0e\xf0\xec\xbet\x12" +
+	"\xd5\xc7\xab&\x91e\x8d\xfd 0s\xd1}\x07\x0fp" +
+	"\xec\xbe}\x12\x15\xaa\xcd7\x0c\x9cw\xaa\xe5\xb6\x83\xbc" +
+	"\xb2[?\x89n\xf9\x11\xfa\xe9\x0d/\xe7W\xdd~\xaa" +
+	"\xf1 \xb7\xc6=\x93(\x8b\xdf\xf1\xd5\xec\xc7~Ts" +
+	"\xd7A\x0e\xd3m\x9dTA~\xa9Q\\\x7f\xb9\xf7\xc8" +
+	"\x09\xe3\x1b}\xd05\x93\xa8)[O\x07}\xb0q\xdf" +
+	"\xbfvO\xff\xc3\x7f\xf3J`\xd7\xa4\xb3D\x8b\xd3\xdf" +
+	"367\x1c\xce\xfe\xb2\xf2P\xca\xf6\x8fOz^>" +
+	"I\xf6,\x9f\x98tH\x9eQBv\x1f\xf2\x0f~h" +
+	"\xe6\xd9\x05\x87x\xf6()\xa1\xfa\xa9\xba\x84\xce\x96\x7f" +
+	"2z\xe1\xe3s/\xdb\xfa\x84%\xdb\xe4\xe5%\xd4'" +
+	",!\xbc\xd6o\xdeD\x7fC\\\xe8H\xd6\xb9Y\xa4" +
+	"\xcb\x99\x92\xb3\xf2\xf9\x12\xea \x95PH=q\xc6\x98" +
+	"C\xd8yW\x07oq\xf7\x95.!S\x1f)%S" +
+	"\x7f6\xbdr\xcf\xf8\xf1\xfb;R6\xf2Q\xe9\x16\xf9" +
+	"|)\x19\xf4\xd3\xd2C\xb2\xbf\x8cl\xa4\xe2\x99OV" +
+	"\x0f;\xfe\xd7\x0e\x8e\xa0J\x19\xd5\x0d\x87\xf6\x8e\xbdi" +
+	"\xf0\x1a\xf7+\x96j\x96'\x94}\x8d2\xe2\xc7\xdc\xcb" +
+	"\xae\x7f\xec\xcc\xe1W\xc8\x02L\xd4\x90[F7_P" +
+	"FT\xd4\xd9\xb7\xdb\xf3\xd6\xbb\xdf\xfb\x0bO\xea\x83e" +
+	"\x04\x98t\x94\x91\x15N\x94w\xce\xf5\x9e\xb8\xeb\xaf\xba" +
+	"\x1a\xa0\x93\x9e)s\x93Io{\xfc\xe1\xebW\x9c*" +
+	"\xf8\x9b!\x0d\xd4\x1b8VF\x15\xc4\x09:\xf4\xdf\x0b" +
+	"z\xde\xb3\xfc\xbd\xe0\xdf\x0cSJ\xbfm-\xa7\x8e\xe1" +
+	"\xf2r2\xf6\xc9g~v\xf6\x80\xe3\xa1\xbf%\x03t" +
+	"J\xf9\xcd\xe5\xdb\xe4\xf6r\xca5\xe5\x14r\x1f\x7f\xcd" +
+	"\xf1N{\x99\xef\xa8\xb1R\xda\xa9\xba\x92\xa8\x81)\x95" +
+	"\xe4hn\xdb\x7f\xe5\x88Z\xd7\xc1\xd7\x8cs\xa6\xf8g" +
+	"w%\xe5\xf2\x83\xb4\xc33O>\xbc\xaf\xfb\xbc\xbf\xbf" +
+	"\xce)\xac\x82\xaa9d+-}\x07\xbb\x9e\x8af\xfe" +
+	"=\xe5\x18\xa4\xaaW\xe4\xdc*\x0a\x16\xab\xee\x95\x83\xe4" +
+	"\xaf\xb8Z\x0fo\xdf\xd3\xf4\xe2?\x0c\xc5H\xe7\x99Q" +
+	"E\xf7=\xb7\x8a\xcc\xb3\xf8\xf9I\xbb\x1f\xdfq\xee\x1f" +
+	"\xbc\x16\xd8]E\xd9{_\x15\xd9wa\x1d\x8e\xf5\xff" +
+	"\xf8\xd179\xe5\x7f\xb2\x8a\xe2\xc4W\xb5\x13\x8f\xae+" +
+	"\xba\xe38/n\x1dU\x14\xa2\x1d\xa3\x9f>\xfeq\xbe" +
+	"\xfa\xea\xd1\xb5\xc7yQ>_E\xcf\xf3\x12\xed0\xb0" +
+	"\xaa\xffg\x87>\xee\xfd\x96\x9do\x9f[\xbd_.\xa8" +
+	"&\x7f\x0d\xaa&\x0b\xfd|w\xbcx\xc5o\x0a\xdf\xe2" +
+	"\x17\xba\xaa\x9a\xeedm5\x19\xec\xd6kOL,\x9d" +
+	"\xbe\xf3\x84\xc1\xbfz\x8f\x1d\xd5*\xb5\xa4t\x88oF" +
+	"\xad\x1d}\xe7\x99\x92wx\xf6\xc9\x9dL\x0ee\xd0d" +
+	"2\xc2\x86\xec\xf5\xcf\xde\x92\x91\xff\xae\xa5Y\xe4\xf2\xc9" +
+	"\x843\xfb\x7fx\xe9\xc0\xab{_\x7f7AUN\xa6" +
+	"\x8ae\x04\xfd\xd2Q5\xff\xc8/\xb7\xbe\xf9\xae-V" +
+	"\x9a6y\x8b<c2U\x9a\x93\xc92\x0e?|E" +
+	"\x9fk\xe6\xdey\x92t\xee\x91dPF\xef\x98|%" +
+	"\xc8\xfb&S\xd54\xf9\x05\x11A|EY\xcd\xe9\x87" +
+	"\xd6\xf5\xfe'\x07e.L\xa5Jkq\xfd\xd8\xfc\x19" +
+	"\x83?\xfc'\xaf\x9aNN\xa5\x1a\xfc\xccT\x8a\x0f\x19" +
+	"\xaePr\x81S\x073\xb2\x1c\x90\x81\xd0\xe8\xee7S" +
+	"\xf2I7\x13\xd7b\xe0\x86\x8a%\x03r\x96\xbe\xc7\xef" +
+	"q\xf9\xcds\xa8a\xba\x99\x0cV\x7fh\xd2\x93\x9f\xef" +
+	"\xdd\xf2^\x0a\xdfm\xbfy\x9d\xbc\xebf\xb2\xbf\x1d7" +
+	"\x1f\x92G\xd4\x10\xbe\xeb\xd9\xff\xc9\x7f,\x90\x9c\xef\xa7" +
+	"t\xeeS\xb3Z\xce\xad\xa1LZs\xa3\\N;g" +
+	"\xfd\xcf\x88\x1ff=\xff\xf3\xd4\xce\xc3j\xb6\xc9\xa3h" +
+	"\xe7\x115\x87\xe4\xad\xb4s\xc7\xf9\xee\xcbz\x97W\x9e" +
+	"\"\xee9\x83~kjVS%_C\xc8\xdbm\xed" +
+	"\xf4\x96MC\"\xa7l\xfd\xb2K5\xcf\xcb\x99\xd3\xc8" +
+	"_0\x8d\xec\xfa\xe8\x0d\xf5\xbf\xb9\xef\x85\x07O%D" +
+	"\x8c\xe0\x16J\xc3\xee\xb7\x90\xe1:6\xbc\xf8\xc9\x17\x8f" +
+	"\x8f?\xcd\xd3\xc5\xafwXp\x0b\xa1\xcb\xe6?\x1d\xba" +
+	"e\xd3U\xb7\x9eNV\x0c\x99\x14\x0d\xde\xb2_\xdex" +
+	"\x0b5D\xb7\xc4\x89b\x18\xf1\xc4\xa5\xfeW\xbf\x15>" +
+	"\xcd\xc3\x8d\x83\xb5\xd4\xc0w\xd4\x92\xe1\x1ej~\xfeO" +
+	"7\xbf\xfc\xc9\x99\x14\x03\x7f\xa6v\xa7\xfci-\x19\xf4" +
+	"\xa3Z\xa2\xb1\x8a\xce\x9e\xd9\xf0\xc7Kk\xcf&8Y" +
+	"\x1e\x85\x8a\x97_!=\xee\xbf\xeb\xcd\xdf\xbe\x94\xfb\xd0" +
+	"Y~\xe9\xdd\xddT\xa7In2\xd7\xf2\xc8\xe6\x8e\x1f" +
+	"y\x1e=\xcb\xb1\xd6X75\xa5\x8d\xaf}\xd6\xaf|" +
+	"\xc67\x9f\xa4\x1cI\xae{\xb5\\\xe0&=\x07\xb9o" +
+	"\x14\xe5\xb9\xf5\xe4L2\xee,{\xa9\xa4\xb6\xf2\x1c\xbf" +
+	"\xa9\xeazJ\xa3i\xf5d\xa2IKn\xff\xd9\x03\x9f" +
+	"\xef=\x97\xb2\xa9`\xfd~9F\xc6\x90\x17\xd4\x8fG" +
+	"\x10\xff\xe9\x8a;\x02\xae\xcf\x8f~\xcei\xf0\xd6zj" +
+	"6~\xf4\xfa\x83\x13'\xbe\xf3\xda\xe7\xa9(\xa2~\x93" +
+	"\xec\xa7C\xe0\xfa\x1b\xe55tA\xc7\xfe\xd0\x7ff\x8f" +
+	"\x1f\x8f9\xcfk\x9eX=\xe5\xf6\xa5tAw\xffn" +
+	"\xfc\xd0\xea\x03\x8f\x9c\xe7\xd1\xd1#\xf5\x94v[i\x87" +
+	"W\x06?\xfb\xcc\xe9\xe7*\xbfL\x06?\xf4T\x0f\xd6" +
+	"\xaf\x90;\xea\xe9\xd1\xd5S\xdby\xfa\x95\xfd\x85\xbf\xab" +
+	"m\xf8\x92\xd3\xd6\xdbgR\xbc\xfb\xa7\xbd}#\xa7\x9f" +
+	"\xfc\xfb\x97)\xcb^?s\xbf\xfc\xc8L\x0aDg:" +
+	"@.\x99E\xd6\xfd\xbf\xbd\xa5\xe5C^\x8a|\xc5\xd9" +
+	"\xc6\x82Y\x9f\xa1\x8c\xf8W\xef\xec\xea\xad\xfe\xea\x9b\xaf" +
+	"x\x80\xdb}\x96~\x94\xb3\xc8z\x1f\x9b>\xb4l\xe8" +
+	"\xf8\x1b\xbe\xb6w(F\xcd\xa2j\xb0\x84v}\xa1\xdb" +
+	"\xb7\xff\xfd`N\xf9\xd7\x09\xe1\xa0YT\x9b\xf9i\x87" +
+	"\xd59\x15?<\x1c\xb8\xefk\xee\x106\xce*$\xbb" +
+	"9\xfes\xd7\x1b\xfb\xdf\xdcz)AI\xcc\xa2\xbe\xc8" +
+	"*\xfa\xe9\xbe_\xfc\xa5\xf8\xad\x93\x15\xdf&\x83ej" +
+	"\x00\xdbgm\x91w\x90}\xca\xdbg\x11\xe1\x1bq\xf8" +
+	"\x07\x8b\xae\xbc\xf6\xd7\xf1\x04\xdf\xfb\x91[\xe91m\xbd" +
+	"u\x11\x1a\x11\xf7k\x8b\x8b\xbc\x9eH\x08\"\xae\x9b\xb0" +
+	"\xc7\x87U\x84j\x01\x94,1\x03\xa1\x0c@H\x1aV" +
+	"\x88\x902D\x04e\xa4\x00\x12\x00\x0d{J#\x8a\x11" +
+	"R~(\x822F\x00g\xc8\x13\xc4\xd0\x13\x09\xd0\x13" +
+	"A\xdeBO f\xfe\xcb\x1c=#\xe2\xaa\x8b5D" +
+	"\xbd\xaa?\xa2\xf9\xc3\xa1\"\x1f&\x7f7\xe0!n\x1c" +
+	"\x8d\x05\xb4(R2\xcc\x09{5 \xa4\xf4\x14A\xe9" +
+	"'@\\\xef\x18\xd1\x90\xc3\x1f\x0eA\xb6\xa5\xd9\x11@" +
+	"67\x81\x18q\xd5i*\xf6\x04\x8bT\xec\xf1M\x0f" +
+	"\x05Z\x87\xd4zTO0\x8a\x10\xdf\xa7\xdc\x17\xf4\x87" +
+	"\x8a\x02\xfe\xa8V\xab\x86\xe7c\xaf\x16%+p\x92%" +
+	"\xf0+\x98j\xac\xe0\x87\x02\xc4#FG\x84\x10\xf4F" +
+	"P+\x02d[n\x1f\x02\xd2\xc8Oa\x0c\\\x14Q" +
+	"\xc3^\x1c\x8d\x86\xd5(Y\x89\xc3\x13\x8c\xda\xf5\xf2z" +
+	"\"\x9e\x06\x7f\xc0\xaf\xf9qt\x88\xbbT\xa7\x06\xbf\x94" +
+	"\xf9\x1c1Xg\xe4$\xddA\xb2\x80/\x02\x90\xec\x97" +
+	"\xe1!;\xb6%39\xc2,\x11\x94\x1c\x01\xf2h/" +
+	"\x90,G\"u@\xfe\xfc\xa2E*\x0e\x86\x17\xe2!" +
+	"\xb5y\x94\xc8\xfc\xb0\x85\xd6\xb0\x09\x9c\xc1s\xda,O" +
+	"\x0bvcg$\xacjI\xcc\xb6\xc2\xe2+\x93\xd9F" +
+	"\xa9\x08)#EP&\xe9\xc7A\xc8\x8a\xc17\xbd\xb1" +
+	"1\x8a5\x04\xdd\x91\x00\xdd\x11\xc4U\xec\x8by\xb1o" +
+	":\xca\xa3?\x98\xed\xdc\x1e\xdc\x94\xc3\xc9\xea\x9b\xfcQ" +
+	"\x0d\xab:\x8f@4\x0d\xbb\x9b\xdc>\x07!e\xb8\x08" +
+	"\xca\xf5\xc9{\xf26coK$\xecGb\xc8vB" +
+	"\x83'\xc3\x11\x1c\xaa\x0c\x87B\xd8K\xa87\xa4Tg" +
+	"M~\xd6\x0a;!+\xb4\x88\xd1\x16\xd6\x09\x0f\xd9V" +
+	"\x18_\x17\x01g\xd4\x1fj\x01\xc9\xf2\x1dR\x8fN\xe7" +
+	"z\x1f\x0e`\x0d\x1b|1\xa4\xd6\xe3L^\x83\xdb\x9a" +
+	"\xce$}\xb1\xb5s&\x09S\x10\xf8Lqo\x0c\xab" +
+	"^\x0c\x80\x04\x00\xdb\x9d/\xf2\xf8\xb5\xc9a\xb5z!" +
+	"\x0eiC\xdc8/\x85\xbfy.\xc4\xa4\x17d[\x96" +
+	"!U\xc8+9y)\x0a\x86c!\x8dIW\x97*" +
+	"kj\xbaCT\xb1\x17\xfb\x17\x12\xcd\x87@\xb2\xac`" +
+	"\x12\x1d3\x13E\xa02\x1cj\xf47\x15\xb1o-q" +
+	"\x9f\xe5\xf0\xb4`\xb2\xc3l\xc8\x81nd\x8bnN\x84" +
+	"#\x01\x8f\x17\x07q\x08\x81f'\x18\xfa\xe9\x00\x95\x8a" +
+	"\x1c1\x13!3\x9f\x01\x0c\x01Hk+\x90 \xadt" +
+	"\x80\x95T\x00\x96$\x94Z\xe7#AZ\xe0\x00\xc1\xcc" +
+	"(\xc2I\xd7\x92\x8d\xe8\xf0\xccg%<\x07\x09\xd2\\" +
+	"\x07\x88fD\x12XdFR\xa6\"A\x9a\xe2\x00\xcb" +
+	"w\x04\x96W\x94J\x8a\x91 \x8dr\xb4E\xe9\x89F" +
+	"\xcb\x92\xf5P\x99)\x94a$\xaa\xe4\x9fL\xbb#\x84" +
+	"\xca\x0c\xddR\x06\xb5\x90p\x90\x94#\xea\xfc\xa1\x96\"" +
+	"o \x1c\xc5>;Qt\xd9\x88b\xbe\xc5\xa4\xa5*" +
+	"\xf6D\xa9U0\x03\xa9:\xc38\x165\xb7\x82\xd3\xc2" +
+	"y\x08\xc0\x99Hg\xfd$K\xf5\xa3$\xc4\xeeI\x88" +
+	"\xcd\x82m\\\xaa\x97\x11\x06LT\x0c,{%\x95l" +
+	"B\x824\x81\x10\x9b\xc56\x80\x85V\xa4\x11n$H" +
+	"\x05\x8eDR\xc4\x894\xcc\x08i~\x08\xd4\xea\x14\x13" +
+	"\xb1\x8f'\x1f\xa8)tr3\x0638\xcd\xa4S\x1a" +
+	"\x19j\xf0h\xdef\xc8\xb60s\xaa\x0c\xd52V\xbd" +
+	")\x1c\xd5\x8a\x16yZ\xb0)C\xdc\xa0\x15\xd6\xa0m" +
+	"*^\x10\xc3Q\"\x9af\xa8.iX\x88\xb8n\xf4" +
+	"hx\x91\x07Zu\x8dNx\x97y\x83p\xff\xc0\xc6" +
+	"E\xe8\xf8\xe0=D\x9f\x10\xb2\x80\x05\x8c\x81\xf9\x07R" +
+	"\x7f\xc2\xd7\xbd\x1cy\x81p\x13\xe1\x97\xb6\x85X\x8d\xfa" +
+	"\xc3I\x9c#D\\\x96\"\x9d\x1e\xd1\xfc\x8ep(J" +
+	"f\x1ch\xae\xfc(!\xc7a\x11\x947\x89\xf4\x0b:" +
+	"\xdf\x1c[\x87\x90\xf2\xa6\x08\xca\xfb\x02H\x82H\xf1\xbc" +
+	"tr5B\xca\xfb\"(\xe7\x04\x90\xc4e9 \"" +
+	"$}D6~Z\x04\xe5\xdf\x02@F\x0eq\xe3\xa4" +
+	"O\x89\xee8'\x82rQ\x00)\x13r \x13!\xe9" +
+	"\x02\x99\xe7\xdf\"\xd4e\x83\x00R7\x81J\xbb\xdc\x0b" +
+	"\xf2\x11\xaa\xcb\x02\x11\xearH\xbbcy\x0euQ%" +
+	"X\x8dP]\x0ei\x1f\x08\xc4\xe26jX5MF" +
+	"\xd0\xb3\xb8\x0a\x07\xfc\x0b\x01\xab\xadT2 \x0aYH" +
+	"\x80\xac\xa4\xdf*Z5\x1cE\x88\xfd\xd6\x16\x0a\xd7i" +
+	"\x1e\xcdR\xc0\xc4\xd0`_E+QeLEk\xad" +
+	"\x11\x1ce\xd0\x854\xf6F\xe0h\xc1\xad\x96\xfe\x09y" +
+	"\x031\x1f\xae\x86H3\x0eb\xd5\x13 \x87\x9b\xaa\xd1" +
+	"M\xb6)\x0a\xf8\x17b:\xaf\xadFwY\x8cS\xda" +
+	"\xec\x09\xf9\x02\x18$\xcb[Mg\x9d\xbc*\xf6h\xb8" +
+	">\xdc\x82C\x94\xc5\xc5`T\xc96\x07\xf5\x10\x1d:" +
+	"O\x04%\xc0it?9\x00\x9f\x08JD\x00r\xce" +
+	"\xe4H\x83\xa4c@\x04e19RA?\xd2\x18\xe9" +
+	"\x18\x11A\xb9#\x8d\x15\x0bx\x1ap\xc0\xa4\x07^\x1c" +
+	"\xf1\xab8ZNtt&\x12 \x13A^\xd4\x1b\x8e" +
+	"`\xc8\xb6\x82\x83i\xf1\xa7'\x12\xc1!\x0b\x81\x8a\x1c" +
+	"\xeeK2!EL\x1d0m\x80}\x06PK\x14\xef" +
+	"\x15<\x04$fG\x0d\xda\xc0\x9ftF\x92\x80\xdd\x94" +
+	"\x95X\xcbMB\xe2\x90\x16\xcb\xf9C\x8da\xc8\xb6\x82" +
+	"t\xb6z\x85BN\xc3P\xa4\x02p!q\xffu\xb1" +
+	"\xbc`\xd0\xa3R\x85q\xb59\xe9.2\xe9s\"(" +
+	"\x7f\xe6\x8ez7i\xfc\x9d\x08\xca\x8b\xd6Q\xef!\x8c" +
+	"\xf6G\x11\x94\x03\xe4\xa8A?\xea}\x84X/\x8a\xa0" +
+	"\x1c\x16@\xca\x10t\xf1\xed F\xe3\x80\x08\xca\xabD" +
+	"|\x05]|\x8f\xb895\xd1M\xd4m\xf5\xb1M\x96" +
+	"\x9aH\x00\x09\xce\x16\x7f\xc8\xe4\x97\xd2\xa8\xe6\xd1bQ" +
+	"pZ\xb9\x02\xc3\xc4\xa4=\x1eG\xc0\xd3d\x1eU\xc0" +
+	"\x13\xd5\xaaU\x95\xe8{\x0bIR<\x11S\x01\xfb\xca" +
+	"5\xf2\xb1h\x03a!\xe2\xa2\x122\xc5\x11j\x0c'" +
+	"\x91\xed*;\xb2\xb99\x12\x09\x06\xdd\xf6\x11i\xf8\xb3" +
+	"\x08\xca\xcb\x02\x80\xa8\x93\xed\xa0\x9b\xa3P\x06\xe8d;" +
+	"2\x87\xa3\x10#\xdb1\xd2\xf3\x0d\x11\x94w9\xb2\x9d" +
+	"(\xb6\xc8&\xfaM:]\x86\xac\xe9b\xef\xe3e\x8d" +
+	"\x92gF\x14\xfb\x90Xn5\xfegBi:\x85v" +
+	"\\\xce+,\x9dwA\xb2\xc23\xe9]\xab\x04\xdf\xcd" +
+	"\xf0\x84x^\x9f\xec\xf1\x07\xfc\xa1&\xaa\xcfk\xc3\xce" +
+	"\x80\xdf\xab\xdbFz\x0aR!\x1d\xb9{!B\xcef" +
+	"O@sF[\xfc\x11\x9b\x95Gy\xb7+e\x160" +
+	"\x80\xd4\x14g(\x123P#\xdb\xd7R\"3\x8bE" +
+	"P\xee\xe68b9\xb1nw\x88\xa0\xfc\x84\xe3\x88\x95" +
+	"K\x10R\xee\x16Ay\x80H\x92\xc1\x12k\x88\xcd\xbb" +
+	"O\x04e\x83e\x07\xd7\x93\xc3\x7fP\x04\xe5W\x028" +
+	"\x89]a\xe7\xd8\x16\xf1\xb4\x06\xc2\x1e\xeb\xe4\xfd>\x1c" +
+	"\x8c\x845\x8cJC\xde\xd6\x9b9c\x13\xc4\x9a\xc7\xe7" +
+	"\xd1<\x9c\x85\x8ac\xc3\xf0 \x08\xd8\x19\x1e\x0b*\xfa" +
+	"\x88\x1d\xc4*=EG@\x8b&\xc4\x17l]-;" +
+	"\xc7wN\xa2>\xa5]\x91\x18&\xfe\xaf\x19'\xb5\xf1" +
+	"\x7f\xf5\xf1\x9b\xb0\xa6\x1f\xa8\xa7\x09\x9bNT\x1a,\xb6" +
+	" \x86\xd5V\xc8\xb6\xd2|I\xfc)$a1\x1ay" +
+	"\xc9\xa0\xd0\x89\xd5}\x01K\xd4\x13\x86\x11\xa4L\x87\x93" +
+	"\xe0\xb5\x14\x94\x98jC\x19\x89x<]\xdc\x85\x93\x99" +
+	"\xa7\x91OM\x95gh|\xb3\x12*u\xf5:%T" +
+	"\xec\xf3{=\x1a\xd6#G\x9c\xd1&\xf3\xddf\xd8b" +
+	"6_\x8c(hM\x04e\x19\xc7\x80K\x8b-Ve" +
+	"*i\xf9j\x8b)m1L\xdc\xe0\xb9J\x08\x874" +
+	"\x8f?\x14\xb5 \xcf\xa2f\xac\xe2\xef\x84o2\x13T" +
+	"\x05VM\xeb\xc5:\xb0\xe0\x81s\x8a\xa1z\xb9}\x16" +
+	"\x1a\xfbl\xb6\xfc\x14<\xc7\xc2&\x92\x00\x068!v" +
+	"\xa8Y\x04E\xe3\xc0\xc9\x02\xb7\x05N\xba\x0e.$\xd8" +
+	"\x91X\xc4\x97\xa2<y\xcd\xa0\xaaa\xb5\xd2\x11\xf6a" +
+	"\xb2\xde*\xba\x84\x83\x15\x94\xb5\xf7\xac@\x08\x04i\xf7" +
+	"T\x84@\x94vmA\x082\xa4]K\x10\x82Li" +
+	"G\x03B\xd0M\xdaN~sH\xed\xa4g\x96\xb4u" +
+	"5B\xd0]\xdaJ~\xeb!mV\x11\x82+\xa4G" +
+	"H\x97\x9e\xd2F\xc2\x1a\xbd\xa4\x8d\x9b\x10\x82\xde\xd2F" +
+	"7B\xe0\x94\xd6\x93\xc6li\xfdj\x84\xdab\xa1\x96" +
+	"PxQ(\xee\x0f-\xf4\x04\xfc\xberAm\x8a\x05" +
+	"qHC\xa1\xb069\x1c\x0b\xf9\x08F0\x14\x06\x84" +
+	"\xbc\xad\xc4\xb7\x0e8\xfc^-\x1e\xa6V\xb42\x8cJ" +
+	"C\x8d\x01\xd2\xa0z4\\\xe3\x0f\xfa\x91C\xc3\xbe\xb8" +
+	"\x16\x0e\xd7x\xd4&\xe2]\xc5c!OLk\xc6!" +
+	"Q\xa3\xcc\xe8C>\xec\xf1\x05\xfc!\\\xbd\xd8\x8b\xb1" +
+	"\x0f\xfb\xf4>\x0b=\xfe\x80\x079\x1a\x028\x1e\xf0\x07" +
+	"\xfdZ\xf5b/\xca\xa3\xbf\xc7\xfd!\x0d\xab!\xc2\x1e" +
+	"\xc8tqAk\x9d\xde\xd8\x18\xf0\x87\x00\xc7\x1b=\xfe" +
+	"\x00\xf6\xd5\xaa\x80\xbd\xe1\x90\xcf\xaf\xf9\xc5p(\xee\xf5" +
+	"\x84\xbc8\x10\xc0\x08|q\x15G\xc31\xd5\x8b\xa1z" +
+	"q\xb3'\x16\xd50\xf8\xe2\x11\xac\x06\xfd\xd1\xa8\x1f\xc2" +
+	"\xa1*\x1c\xf2\xd3e\xa4\x08\xae\x8a\xc9\xc1_^h\xc6" +
+	"\x0a\x8b\x15v\x1e\x9b\xb1\x8f\xbe\xa5\x99\x93\x01\xf9\x04\xac" +
+	"\xa6\xe38\x03A\x1a\x91\xbe\x9e\xe6\xa2\xaa\x89\xdd,\x13" +
+	"A\xa9\xe1\x165\x85Hr\x95\x08J\xad\x05\xd4\xa6\x91" +
+	"\xb6\x9bDP\xea\x05(\x8d\xa8\xb8\xd1\xbf\xd8\x94T\xdd" +
+	"\x0d2\xb1\x019\x11\xd3\xf1\xe9\xcc\x0b\xa6z]\xd4\xfe" +
+	"3\x9cl\x19\x96(\xf5f\x18`\xe579\xd5\xda\x8f" +
+	"\x04e\xfa&\xa7\x91\xc6\x1a\x11\x94[\xadM\xce \xa7" +
+	"Q+\x82r\x9b\x00q\x15/\xf4\x13\xdf\x95\x1896" +
+	"o4\xe4\x89D\x9b\xc3\x1a\xb2\xb4\x8fs~4\x1c\xea" +
+	"\xec\x84\x16\x86[\x92\\\xa2\xaex\xa2\xa2s\x9eh\xa3" +
+	"\x1a~\x8a\xcf6@\xcf\xf4_4\x16\xc4<N\xb7l" +
+	"I\x1a\xd0\x14N\x1bp\xb5\x89\xb7'\x07\xc3\x81\xcd\x0c" +
+	"Q+r\xc0*>\x80\xd5#H\xa3\xf2Y\xe4\x80\x15" +
+	"O\x02\xab\x00\x90\xfa\x17\xd2\xc8\x81\xa3\x09ke\xe0$" +
+	"\xb3%\x1a\xc8\x8c\x88\xab\x86\xb8\xac\xfa\x9e\x1a\xb0Z\xc4" +
+	"\x0e\xc3:r\x8e\xb0S\xbb\x88\x83\xda\x9cn\x1ee\xa0" +
+	"\x14\xaa\xa2\xbc\x88\xeb\xa6p\x84\xec\xab\x9f9\xfeF2" +
+	"\xfe\x06\x11\x94'\xb8\x83\xdbL\xd8\xe7a\x11\x94\xa7," +
+	"\x96\xdaJh\xfc+\x11\x94g8s\xd1>\x1f!\xe5" +
+	")\x11\x94\xdfqH}\xc7N\xcb=\x922E\x1d\xa9" +
+	"\xef)\xb4\xc0\x7f\\\xc7\xb5S|\x1c\xecrF<Z" +
+	"\xb3\xe9\xd2$\x9d!\x83\x9d\xc8I8\xc02I15" +
+	"\x1aV+\x9b\xc1\x13j\xa2\x8eJb\xac=\x01\x13^" +
+	"n\xe4\xd4\x1b\x8e\xb4\xd6\x87\x09\x0f\x88\x9e \x0b\x9cf" +
+	"$\xbb\x9f\xfcb\xd3z\xdd\xb6p\x8f\xe7TU\x87\xff" +
+	"\xd9V\x0a;\xd5e\xb0x\x96\x8a^\xd4.\xe2\x96\x10" +
+	"\xd2M\x15\xb3ty\xafh\x11s\xf38\x7f\xbb\x8b\xdc" +
+	"\x83+M\xa6\xad\x13\xa9\xb3\x8b\xd4\xd8@U\x1e\x07\x1b" +
+	"\xe7\xdd\x80D\xac\x82dU\xc0\xa4\xf7~\xcc\xc0\x81A" +
+	"\x9e\x14\xe4\xd1I\x1e\xd1\xdc\\\x05\xb79o\xd8\x87\xc1" +
+	"i\x15`\xeb.u[\x10G\xa3\x9e&[C\x96H" +
+	"\xda&\xac\xd9j\xaa\xf9\xa9\xdbdl-Y\xb75\x92" +
+	"6j\xc6\xe2\xf34\x06\xf88\xa3p\x95\x9d\xe5+\xb4" +
+	"\xb1|s,C\xc1\xf9\xc5\x89\x96\xd9\x87#\x81pk" +
+	"\x10S\x98\xd7Y\xdc\xcd\x0a\xd7\xda\xe5,\x13\xd9<\x12" +
+	"V\x09\x9b\x9bW{l2)\xa6\x93T\x14\xf1\x87\x9a" +
+	"l\xf9q\x8e\x9d\x89Y\xc1e\xe3\x9a\x89_\xdd\xd8\x18" +
+	"E|\xb4\xc2\xf0\xd2:\xb7\xbdV*\x8e&\x12\x99\xe0" +
+	"\xa2.R\xa9v;\x9f\x93(\x8cf&\x02$\xab\xd6" +
+	"8\xe9x\x93=\xaf(\xcbzgr\x15]\xc0J\x02" +
+	"\xb8\xb05K\xdc\x03\xab\x87e\xc6'\x8f&\xa3l\xcd" +
+	"\x8f`\xed\x96B)\xbb4/\x8b\xb6\x0f\xa1\xd1v\xda" +
+	"\xd9\xca6\x9b\x17\x18R\xb3\xcd\xc9\xa7\x98\x12s\xebB" +
+	"\xf9.\xc2\x0d\xcd\xe1pKm8\x0a\x1a\xe1\xf0l\xe3" +
+	"\x94\xab\xf3y\x167\xd8yJ\x85\xc1\xe2\xf3\x8c :" +
+	"1Hs\x09\xe3\xdd*\x82\xe2\x13\xc0\x11S\xcd\xd0N" +
+	"[s\xf26\xcc\xcbv\xfa6J\xa3\xd8\xabb\xcdN" +
+	"\xb0S\x03\x98\x9dA\x90!\x02\x94R\xeass\x99\xe5" +
+	"bI$\xeb\x16q\xddDc\xd2E:p7\x19\xcf" +
+	"\xf2\xf3\x0c\xae\xab\x8b\xd1\xe0\xa4\xce\x18\x9c\xec\x17Z\x84" +
+	"1E\xdfm\x01\\\xd3\xa7U\x1a,@\xc8\\i\xb3" +
+	"D\xdf\x10G\xbb\xe8\x97n\xa9+\xc3\xc8\x11\x0b\xd9b" +
+	"\xe1\x94\xcc\x19\xc3\xc2\x9d#\xc8\x94\x98\x89\x98\xae&\xc3" +
+	"HO\xa7\xd7\xb4,\xa4\x9c\x8c\xe3\xdc\xfe\xa6f=\x88" +
+	"\x91MI0L\x8fq\x0drQg\xb3\xbf\x9b:\x9b" +
+	"}\x8a\x11r\x12\x16/\xd5m\xb6ez\x00\xeb\xb9\xc2" +
+	"$%\xec\xc5QG4\xac\x9aY:\xb3\x14\x08X}" +
+	"\x16\x97\xa5cE\x9d\xc0J'\xa5\x92\x15H\x90\xc6:" +
+	"@0oj\x00\xbb\xdaF0\xb4 \x0dr\xf0\xd8\xbc" +
+	"\x0c\xe2MXs\xc7B\x9a\x1f\x82\xba\xed$m\xcc\x90" +
+	"\"H\x0d\xbe$j\x12\xc6\xaf\xe9\x13#\xdf\x85_m" +
+	"\xbc\x14\xa6\xa8;5\xcav\xfe\x91M4?\x99!S" +
+	"j4\xf2h\xe2\xef;\x02XS\x06\xb6\x16\xf2\x08\xd6" +
+	"P\x18\xed\x84\x0eO\x18\xb1|#\xb0\xb8g\x8e\x15\x93" +
+	"6\x13l\x07\xe7XA\xe9.\x01l\"6\xa2\x95\x04" +
+	"\x1cy\xf9\x8a\x02B^[\xbb\xd5\x84CX\xf5\x18\xb1" +
+	"\xc0d\x93%$CM\x9b\"\x0e\x96\xaf.\xe3\xe8R" +
+	"Bt\xe6\xf5\"(UB\xea\xb2\xcc\x8b{\xfa\xb2\xb8" +
+	"\"\x0f\xb3n\xd7&\xa4\x9d\x82z\x98s\xf8]\xaap" +
+	"D\x96\xb0m-\xa2\x09W[\xe8\xcc\xe7\x80\x0d\x98\x0b" +
+	"\x92uc6\xd5\xa8&\xa4w4\xa7G\x8bQ\xa7\xae" +
+	"'\xe5\x86\\\x17\xfd\xa2\x8f\xae\x0e\x888\x94z\xbc\x9a" +
+	"\x7f!.m\xf6\x044\xec+\x8dx\xd4\x16\xec\xeb\x14" +
+	"\x8b\xdb\xf15/W\xd4\xbf\xe5(\xcc\x07/{\xdbz" +
+	"\x0e<DN\xc1\xf9\xdf\x03\"\xb3\x90\xbc\xe2\x8ca=" +
+	"\xb7\xc5\x85\xe4\x8b\xf9\x90\xbc\x91\x9a^^l\x85\xe4\x99" +
+	"\xa5]I\xda\x96\x89\xa0<L\x04g\x9e.8\x1bW" +
+	"s\"\xc6r[\xbc\x93\x98\x98TN\x8c\xa6\xd8\x87P" +
+	";\x09\x8d\x966\xe0\xc6\xb0\x8aS\x04!3\x01t\xb4" +
+	"\xe0\xd6\xd4H)=5\xa4\xe7\xa7\x88\xc2f\xa5\xa0\xc0" +
+	"\xee\x08HGU$H\x1dDa\xb3K\x86\xc0\xee\xc8" +
+	"K{\xe6#A\xdaE\x146\xbba\x09\xec&\xa5\xd4" +
+	"N\xbe\xdb\xec\x00\xd1\xbcE\x0e\xacz^ZO~[" +
+	"\xe3\x80\x0c\xf3f2\xb0\x1b\xa6\xd2\xf2\x06$H\xad\x0e" +
+	"\xc84o\xfc\x01\xbb\xbd#\x05\xe7 A\xc2\x0e\xe8f" +
+	"^\x99\x04v\x1dK\x9aM\xbeS\x1c\x86\xa1\xaeUQ" +
+	"\x1e\x15\x02j\x10\xf4\x98\x06rb\xaf\x16-\x838\x8b" +
+	"\xa7Y]X\xc1\x95\xd5\xc2\x02\xf4\xc8\xd1\x82C\xc6 " +
+	"\x84\xb1\x91\x18\xd2\x87\xd0\xcd\xb5\xf1sR\x08#\xc1X" +
+	"\x9b\x90\xd8B\xce\x9d\xf8\xa7\xac\xba\x04$\xeb\xd2W\xda" +
+	"\x0cG\xa2c\x97\x04\xc9Ss16\xca\xe7;\xd6\xa3" +
+	"p\xecD\x11M*\xa0\xc9J\xbb\xfb\x14\xdeK\xe2M" +
+	"[\xea\xe4[\xebK,\x84H\x8d}\xea\xea\xd5\xd9Y" +
+	"\x91\xa3md\x02\x18\x88-\xd5Q\xac\x85^\xd8\xdb\x05" +
+	"\xc0\xeenH\x0a\xf1.\xaa\x890\xb0\xa2j`w{" +
+	"\xa4\x09\x15H\x90F\x10a`w\xe2\x81\xddV\x94\x06" +
+	"\x11\xcf\xa3\x8f\xe9y\xb4\xc5B\xe9}\x10{\x0cg\xe7" +
+	"M\xa9\\\xed\xab\xe9.\xe7\xe9v\xc9T\xab\xe6]\xfa" +
+	"$\xb5\xca\x12\xd4uNo8\x82\x93\x02\x00.\xbb\xf4" +
+	"\x13\x0boT\xa5\xc4\x86KU\x02'\xcdI\x9d\xd6\xc5" +
+	"\xc6\xa4I\x85d\x17\xc7I|\x9c\xa4\xa2\xa0B+\x97" +
+	"M\xfe\xb3\xea\xb7\xa5c\x04<\x0a\x19\xb4LG\xda\xd7" +
+	"`\xd4\x0f\xbcM\x14of\x0ed!$\x1d_\xc1\x15" +
+	"\x0fet\xcb\x81\xee\x08I'\x89\x8c\xbd+\x82\xf2/" +
+	"\x03\xb2\xf4@H:S\xccU\x14u\x13r\xe0\x0a\x84" +
+	"\xa4\x8f\x96 \xa4\xfcK\x04\xe5+\x01$\x87#\x07z" +
+	"\"$\x9do\xd0\xab\x87\xdc\xd0I9b\xbc\xd1\x1f\xd0" +
+	"\xb0Z\xdf\x8a\x1c6\xca[\xff\xb12\x0c4\x19\x11\x0e" +
+	"Y\x09UM\xf5\x84\xa2\x8da\x15A\xd0\x8c\xadG5" +
+	"\x8f\xaa\x81\xd3\xba(`\x94,\x84Cz\x9e\x1a\x95\xea" +
+	"\x99jpZO\x12\x18]\x12\x8b\xb0\xd3\x87\x8e\xa3X" +
+	"K8\x08\x1a,\xb4uw/#z\xcc\xech\x9d\xc3" +
+	"\x1fj\xb1\xc4\x87\xdd@\x04\xf6\x8c\x81\xa4T0\xf1a" +
+	"\x8fs\x00\xbbh+Mp1\xf1a\x17\xe6\x81\xddS" +
+	"\x95\x06\x15S\xf1i3\x14Y\x19\x94\xea\xfeT\x99\x11" +
+	"\xcdM\x11\xa0\x04\xaf\xd4\x106swI\xa1\x05\xae\xf6" +
+	"\xda\xce\x9d\xb2)\x8eeZ\x86s5\xdd\\D\xc9\x90" +
+	"\x17>\x97b\xb9\x9an.\xf7\x101\xd2\xb1\x080d" +
+	"[O(\xe8j7\xa9\xecL\xf3\x07q8\xa6MC" +
+	"\\\xb9Y\x1a%\xd8U\xa5W\x97\x85\x13\x9d\x04\xe1\xed" +
+	"<\x1a>\xa3\x9d\x9c\xa4J\xe3\x8e\xdb&\xa1L\"M" +
+	"s[\xb1\xb84\xeeOb\xfe;\xae\xe7JB\x8d\x08" +
+	":K\x83\xa7+\x8d\xff\xfel\xaf\x93\xddL4wU" +
+	"\x1a5\xd5\x0a\xf33\xf8\xb8o\x0eW\x05\xc5J\xa3:" +
+	"\x08\x01^\x16Ay\x83\x83\x8fG\xe7#\xa4\xbcj\xe8" +
+	"\xbb\xccn\xba\xe3u|\x1dB\xca\xdb\"(\xa7\x89\x16" +
+	"{W\xaf\xf19\xe5\xb2\xf4]\xa2\xcd\xb3q\xcd\xec\x1d" +
+	"\xact\xc5>\xe5\x91\x08F\xce\x90\x8f+\xf7a\x96\x07" +
+	"t\x8d\x1e\x0b\x81\x89dK\x03a\x8f\x0f\xfbRB\xa5" +
+	"\xc9\x19K\xf3\x00l\xca\xec\x13<4B\x97I\"(" +
+	"7\x09\xc0\x8a\x9c-K\xc7\xd7\xbb\x11\xa5\x1b\xc2\x8b\xb5" +
+	"\xf2F\x0d\xf3\xb5[\x97\x11\xed\xb7\xcb3\xd9\xda\xc3%" +
+	"V\xa2\xa9T\xff\x1c\xb2\xad{\x85\x8c\xf7\xd2U\xd7p" +
+	"+\xb1\x92\x00,\x9e\x11\xe4\xfc\x1c1\xb1T)Q2" +
+	"\xf9`({\xbd\x03\xd8\xcd_i\x14\xb1\x97\xc3\x88\xbe" +
+	"e\xb7\x8b\x80\xdd)\x93r\x89N\x95\x92\x02*y\x11" +
+	"\x82\x01\xbb\x0a\x9b\x18\xc5\xfcy)^ua\x17U+" +
+	"\x89uz\xcd\xe1(\xf1Q\xcd\x87h\xd2\xc2\\V\xe7" +
+	"a\x8b\x10\x13\x8b\x9f\xf58\xa6d\xdd\xcf\xbc\xbc+\x16" +
+	")9\xf5NO\xc5.\xc2\xc9\x03i\xfb\x0c\xa3\xfd\x95" +
+	"\x88\xae\xf2\x03]\x96\xe5\x0a\x11W\xb9^\xc7\xaasr" +
+	"r.\xa7\xc1.1\xb0\x09!e\x8c.\\q\xa3B" +
+	"\"\x8c\x1c!\x8fU\xd4\x85\x17G\xb0W\xc3>\xb8\xc9" +
+	"P\x0f\"\xee\xec\xdaLB\xad\x95\x9d\x01J\x84\xe1M" +
+	"\xc4\xe0\x99\xd7\xe3\x92\xd4tW(\xa5s\xc63\xf9\xae" +
+	"!\xdd%\x12jX\xa776\"\x87\x9dV\x17\x92\xa3" +
+	"-,z\x94\xe6\xb0\x13\x0d\x117Jb\xf0:=\xb4" +
+	"\xe0K\xb4\xd3GL.\x8b\x17 \xe2\x9aF\xb8\xca," +
+	":\xed\x82D\xeet$\xa2\xbc\x99\xa6\\)\xc9\x8aV" +
+	"a\xf6'\xd0\xeb\x19UlJ\xf9\x08\xb8\x10\xaa{\x19" +
+	"D\xa8{\x03,\xee\x93\x8fB!Bu\x87I\xfb\x9b" +
+	"`ZB\xf9\x18\xed\xfe*i~\x1b,c(\x1f\x87" +
+	"M\x08\xd5\xbdM\xdaO\x83e\x0f\xe5S\xb0\x13\xa1\xba" +
+	"\xd3\xa4\xfd\xdf`%\xd3\xe5Oa\x05Bu\xe7H\xfb" +
+	"EZ\xee\x9f\xa1\x97\xfb_\x809\x08\xd5}E\xda3" +
+	"\x04\x02\xefA/\xf7\x07\xa1\x02\xa1\xba\x8b\xa4=\x8b\xb4" +
+	"g\xe9\xae\x84\x9c)\xa8\x08\xd5e\x08\"\xd4e\x93\xf6" +
+	"\xee\xba7!\xf7\x12\xc8z\xb2I\xfb\xd5\xa4\xbdGo" +
+	"\xeaP\xc8\xfd\x85-\x08\xd5]M\xda\x7fH\xda\xafp" +
+	"R\x9fbt\x81p% T7\x92\xfc0\x89\xfc\xd0" +
+	"S\xa0~\x85<Ap#Tw=i\xaf\"\xed\xbd" +
+	"\xb2r\xa0\x17Br9\x9d\xa0\x8a\xb4\xd7\x92\xf6\xde\xdd" +
+	"s\xa07B\xf24\xe1,Bu\xf5\xa4}\x1eiw" +
+	"\x8a9\xe0DH\x9eK\xc7\xb9\x8d\xb47\x93\xf6\xec\xec" +
+	"\x1c\xc8FH\xc6\xb4\xddG\xda#B'6\xea\xbb\x14" +
+	"L\xa7+{\xee\xa2\xda\xa0\x93\"\x1f;\xf8\xd1\xe6\xd1" +
+	"4\x1c\x8cX9\x15j\xca5\x0d\xa3\xbc`D\xe3\xb0" +
+	"G\xa3Q\xb7\x0bD\xf7$\xaf)\xe1G\xf2\xb5\x83\x1f" +
+	"\x92\xfd*R\xcf\xa5\xc5\x1f\x89\xd6\xf9C^\\\xe3\x89" +
+	"ju1\xaf\x17G9\xa0mW\x05\xee\x0fM\x0e\x10" +
+	"\xaf\x17\xaa\x8c\xe25\xbe\x04\x9a\xfd(X1\x8e\x1bi" +
+	"\xc8ZOf\xdbU\x05\x9a\x10\x8d\xa6\xda\xea0i\xb3" +
+	"I1\xa7\xdc\x8b\xb4K)\xa5\x84il\xe2\xa5\x89I" +
+	"hO\x9a\xf2&\xfb\x84d\x1e\xf5z\x95l1\xa3g" +
+	"<\x0e`=\xe0$y\x1a\x90\xd0\x0b\xbe%\x8d\xe6\xe3" +
+	"_\xd2\xb4\xf9H\xe8%\\\"\x8d\xe6\xcdl\x1a.\xe9" +
+	"%^$\x8d\xe6\x13\x90\xd2 \x15\x09q\x96\xe8D\x8e" +
+	"pT\x8b\xb3\x9a\x13\x9a\x89\x0a\xb6\xf9\xb5\xc5\x95\x9e@" +
+	"\xc0\x0a\x95\xe5\xa9\xb3<-\xf8\xf2\xaa\xa3\xbeO\xf4\x1d" +
+	"\x18\xcd\x81\x8b\x0c\xb1\xb75\x81\xbdG\xc1\xe5\xb5\xd8\xb5" +
+	"u`\x0fbI%\x85\xf4Z\x1e\x08\xe6\x83\x07\xc0\x9e" +
+	"\xe4\x92\x0a\x88\xdb\xdb\xdf\x11g\xe7Ia\x98\x11\x15*" +
+	"\xd5\xfd\x93D8\x06\xcc\xb2 \xae\x06\x99=\xd6\x01\xec" +
+	"\xf9+Ir\xd1\x1a\xe4R\xdd\xfc\xa4\x0c\xa1s\x883" +
+	"\xe1N\x9d\xf9\x84\x06\xb0\xa7\x81\xb8x\x17{\xbd\x0b\xd8" +
+	"kc\xd2\x84B\xe6\xb0\xb3\xd7\x8e\x80=\x0f$\x0d\xca" +
+	"\xd7\xe3]\x94\xfb\xca\xc0\x19\xf1\x87\x9a\xcah\x04/q" +
+	"%\x97q\xcd\xa6K8.\xa4\x1a\xb3d\x8f\xad3\xe7" +
+	"\x19\x18~*\xd5\xe1eR\xc1p\x85]a\xb4\xdb(" +
+	"\x8c~\xc0\xf2\xe3\xd6\xcc\xb1j\xf0\xcd\x0a\xb0\xf5S\xad" +
+	"\"\xfc6}M\xa6\xbf\xd2\xdd\x08\x0d\xf9b\x91\x00\x0b" +
+	"\x02\x18?\x81\xf1\x93\xadgf\xe7\xc2\xd9d\x8a\x8c+" +
+	"y\xb6\xb5\"v\x975\xb9+\xb7\xa5Q\xac.\xb4J" +
+	"=\x89\xa8iao8\x80\xac\xdbl\x9d \xc0hW" +
+	"\xd7\x1e/\xa3\xd4\xbeJ\x8f\xf3\xb4V\x10o\x84\xb2\xf9" +
+	"\x10s\xac\x8f\xa6r!:\xb6\xfc\xf3\x85\xdc\xad?\x16" +
+	"F\xb8\xe0\xe2n\xfd\x19\xb5\xear/\x8a\x02z\x12k" +
+	"\xdf\x8f\xa2\x09QG\x13}`>\x7f\xe9\x8fe6\xe5" +
+	"\\\x8a2\x06\x92\xf6\xe1\xfc\xe5\xc1a\x14\x95\x0c'\xed" +
+	"\xd7\xd3\xcb\x83zTR\x1eK\xc7\x1fC\xda\xcbH{" +
+	"V7\x1dM\x94\x00A\x19\xd7\x93\xf6*\xb8\x9c*\xbf" +
+	"\xef\x95\x17\xfd~\xb5\x80\x9d\x9bv#\xe8\xd6\x8aD\xab" +
+	"\x185\xc5@\xa7/\x172\xe4\xf7\xbb\xea\xdcJ\xa29" +
+	"\xdcy\xd40\xd1\xd0\x8a\x1e\x19ZB!\xef\x94\xa94" +
+	"/Y\xbd\x89\x96)T\xab\xb4&\xbe|>\xad\x89/" +
+	"YBk\xe2',A(\xaeG\x09+ZQie" +
+	"\xc0\x8fCZ\\\xc5\xf4V7\xa1z\\\xe7\xf2\xbaf" +
+	"\x88i\x9a?\xd4T\x15\x16\x17\x85\x8ccq\x13\xa0\x11" +
+	"^\x88}\xf1h \xbc\xa8\x92xU\xceX\x10\xab\x16" +
+	"-J'\xd3\x0as\xebRJi8TC\xcc\x95m" +
+	"m\x1f\x1f>s&\x87\xc5\x8am\xaaTT>th" +
+	"\\IPVX\xa1\xc3$\x173\xdd{\x0a\xe9_`" +
+	"\xe8\xea\xf6\x92]HL\xb5\xab\xce3\xd2\x0d\x92\xf5\xb6" +
+	"K\xaa\xc7\x9d\xac\x93R\xb2Uf$M\xb7ic\xa8" +
+	"5b\x8f\x07\x02{\x1aT^\x0b.$\xc8+\x81\xde" +
+	"\xf16^\"\x02\xf6\x80\x8b\xdc\x0an$\xc8\x0b\x80X" +
+	"$\xf6\xfa-\xb0\x87\xb2d\x0c\xf3\x91 \xcf\x05\x07\x88" +
+	"\xe6\xdbj\xc0^\xaf\x96\x15\xfa\xeb\x14p@\x86\xf9\xa4" +
+	"\x1e\xb0\x07\x8c\xe5\x12\x98\x8a\x04y,8 \xd3|\xda" +
+	"\x17\xd8{B\xf20P\x91 \x0f\x02\x07t3\x9f\xdd" +
+	"\x02\xf6~\x9c\xdc\x07v\"A\x96\xc0\x01\x0e\xf3U)" +
+	"`\xef\xb9\xca\x99\xb0\x09\x092\x80\x03\xb2\xcc\xd7\xb8\x81" +
+	"\xbd\xed+\x9d_\x82\x04\xe9#\x07t7_\xcc\x05\xf6" +
+	"B\x99t\xb2\x02\x09\xd21\x07\xf40\x9f.\x04\xf60" +
+	"\x97\xd4\xe1F\x82\xb4\xcf\x01W\x98\xef\x9c\x03{\xf5X" +
+	"\xdaEp\xcav\x07\xf4dO>s\xcf\xd8l\x9e\x83" +
+	"\x04i\xa3\xc3\xa8\xf6\xd1\xcbk\xa8NG\x10\xe5\xff\xe5" +
+	"$^\xbeqG~rX\xadFN\xd2\x9c\xfc\x9a@" +
+	"2\x8f\x90\x16\xc3\x9f\x07\x86(\xf3\xa8b\xa2\xf9T\x1d" +
+	"\xac\x01cB1\x1c*\xd3/I\x13\xa8\x82Ju8" +
+	"[f\xc6x\x92\x0b}\xe2\xec\xde\xa0>7\xbb\xda\x8b" +
+	"\xc4@\xab]8+\xe1\xf6\xab\xddMC>\xac\xc4\"" +
+	"\x8d\x92\xf5\x9a\xaeM=\x85\xe6Q\xb5\xdapT\xcf\xef" +
+	"p\xb7\x07\xdd\xb4s\xaf|\x84\xe2\x0d\xb8\xc9\x1f\x0a\xf9" +
+	"C\x08\x9a\x1c\xa1\xf0\"~MI\x01w\x1a\x87K\xcd" +
+	"X\x00\xbb_!b\xd5B\x7f\xecir`o\x11K" +
+	"R\x05E\x7fmF\x82\xea\xf2\xf2#\xdf\xe7\x85\x984" +
+	"\xe1\xff.\xf2\xb0\xe9\x94\xbe\xce^I\xe9@\x17\x9f\x0e" +
+	"4\x9e\x08(\xe4B\xe1L?\x1e\xaf\xe0\xae\xbb\xb2H" +
+	"\xfa\x097\x17\x1fg\x91\xf4SK\xb8\xd4\x1f\xab\xc1O" +
+	"\xc0\x15\xdd\x96\xe9\x91\xf4\xf3n+\xf5\xc7L\xbct\x89" +
+	"@\xbd\x8b\x06\x80H\x82\x9a\x9d_\xb5\xb4\x8b\xaa\xff\xc7" +
+	"\xd7/#jx!\x0eyBH\xf4b\x0b.\x98\x0f" +
+	"5\xdb>{\x94l\x97\x92+\x04\x93\xf2\xb4Q\xe3\xba" +
+	" a6\xf6\x9a-\xb0\xd79\xa5\x05\x85zU\x86\xf5" +
+	"\x9e+\xb0\x17\x90\xa5\xd9\xc4\x11\x98FT2{\xe4\x11" +
+	"\xd8;\xcdR\xb9[\x7f\x94C4\xff\xbf\x07\xc0\x1e\x9e" +
+	"\x94F\xb8h\xb9\x9f\xe1\x08\xe9\xd7EL\x98B\x05\xde" +
+	"\xd69J\xae\xdfM\xbe\x84\x9b.\x96\xddU\x06\xa8\xcb" +
+	"\xc8[F\xe7\xb5\xbb~-\x8f\xba\xad\xec\xceDf\xca" +
+	"\xe5V\xf6N\x8b\xa8\xb5vrw\xc2\x02\xd9]UW" +
+	"u\x05\x1f\xbb(\x8a4\x04\xb8\xf3G\x13\xba\xbal\xd4" +
+	"e\xa2\x91\x89|\xad\xc3\xd3\x84\x93\x1c/\x97\x9d\xe35" +
+	"\xd5\xba\x91\xca\x1c\xaf\xa5+\xb8k\xd2L\xecW\xba\xad" +
+	"\x1b\xa9]\x92\xc2\xce\xa3\xd2\xdb\xa6y`q2r\xe2" +
+	"\xb3J6h\xcaV\x8f\xdbD\xac\xedn.\xe5w~" +
+	"s\xc9\x11\x8eD\xd9\x02\xff\x7f\x00\x00\x00\xff\xffF\xe0" +
+	"'1"
 
 func RegisterSchema(reg *schemas.Registry) {
 	reg.Register(&schemas.Schema{
@@ -16059,12 +18930,16 @@ func RegisterSchema(reg *schemas.Registry) {
 		Nodes: []uint64{
 			0x8040d92a04d307a8,
 			0x80de8e7a9061fd69,
+			0x812dd48a8e0832a5,
+			0x8165fb2f6923181a,
 			0x8189d02680e3d341,
 			0x82609ba9fc7f09bf,
+			0x82c8e08476e4c4ec,
 			0x83bd765291fd2d6f,
 			0x844359fc0ce177bf,
 			0x857795be17fa80b6,
 			0x8584e8b35a17d383,
+			0x8685f5aef20cac6c,
 			0x86c35995257bc998,
 			0x86dc510766d775ed,
 			0x8722bf3eee2e60a7,
@@ -16076,11 +18951,15 @@ func RegisterSchema(reg *schemas.Registry) {
 			0x89f0e500641e3a95,
 			0x89f4e48165412608,
 			0x8b2fa420a38f46f1,
+			0x8c595f3d5d6ab534,
+			0x8cc398004c95e856,
 			0x8cfc02d0805fbe63,
 			0x8ec320fb8b740f08,
 			0x9022428e7f358815,
 			0x90490f275bc401e5,
 			0x9169e41726074992,
+			0x9227b6c4711a6da7,
+			0x93cd6010081767e5,
 			0x9413183049c08f0c,
 			0x9640f6c739b7fd4b,
 			0x966d7dbcfef78056,
@@ -16089,19 +18968,25 @@ func RegisterSchema(reg *schemas.Registry) {
 			0x97a3c553fe20ef0c,
 			0x97d553fd856c5785,
 			0x983bb9ef4c8a7608,
+			0x98fe8087b5952f4f,
 			0x99987b4c192004e6,
 			0x9a17456aab9f9085,
 			0x9a1e588780dca262,
 			0x9a5098f22d3e5041,
+			0x9bddf4fc93a9b695,
+			0x9c091333d9ec101b,
 			0x9ea664a75a86cbf2,
 			0x9ed81146e9251e42,
 			0x9fcdd01e33d81d0c,
+			0xa244670749d24ec1,
 			0xa451c8188a16c77d,
+			0xa57a1ce797aa97ee,
 			0xa6650ea9d561a218,
 			0xa7eaabf7aad5882f,
 			0xa8b01041062ff6db,
 			0xa8e08ca12e476932,
 			0xa979e3e3df6de6ad,
+			0xa99c7c4956d43aa6,
 			0xa9aa6522cddeb1f6,
 			0xa9aa85942e93a0d3,
 			0xa9f93ed232e96af0,
@@ -16118,9 +19003,12 @@ func RegisterSchema(reg *schemas.Registry) {
 			0xb0847b3283390401,
 			0xb114048bf2a477e6,
 			0xb11765827e2f8e53,
+			0xb1417a841b06ff32,
 			0xb20b652a5f30ceb0,
+			0xb2a45af6d9795706,
 			0xb38d10ea51007f3c,
 			0xb42e6944ab1d7faa,
+			0xb81c92e29d839550,
 			0xb8bade3d90ee6494,
 			0xb913040fb255b66d,
 			0xb966c5592e3b39cc,
@@ -16130,9 +19018,11 @@ func RegisterSchema(reg *schemas.Registry) {
 			0xbc3a56acfc073559,
 			0xbd23d9007766208e,
 			0xbde80383d2a9b25a,
+			0xbea098c958b32cbd,
 			0xbea8a9c881ce4010,
 			0xc031f62146d303e6,
 			0xc1116ff8cbabb77b,
+			0xc23adf72c98b410e,
 			0xc44213586a4e5e5f,
 			0xc4c58c77566ce635,
 			0xc55c6be560203ea1,
@@ -16142,13 +19032,16 @@ func RegisterSchema(reg *schemas.Registry) {
 			0xc6b74fb9ecc16694,
 			0xc743f710cc62a104,
 			0xc771ea569723696e,
+			0xc8f0eef973e12294,
 			0xc902ff62693b6018,
 			0xc9830f65c734553b,
 			0xc9c23737bd434ff2,
 			0xc9ced9298aefac42,
+			0xca528d234835bec7,
 			0xcacce99f388052d5,
 			0xcbe352951fa9dcea,
 			0xce83dd635db2133b,
+			0xcf25e582389ca35c,
 			0xcf6de381860c25d6,
 			0xcf9707c4ea8face1,
 			0xd16440a9de07d2d9,
@@ -16157,6 +19050,7 @@ func RegisterSchema(reg *schemas.Registry) {
 			0xd60573a83a23176b,
 			0xd7c06786dc015472,
 			0xd7f0b1a3b93cba78,
+			0xd89eee197565532a,
 			0xd97c2e929edd74d0,
 			0xd991d1d07222eea3,
 			0xdb0eeec7f2194420,
@@ -16190,6 +19084,7 @@ func RegisterSchema(reg *schemas.Registry) {
 			0xf3d1f33a6c7c828b,
 			0xf3d2de3b3b94d35e,
 			0xf5347b0a5619b7d5,
+			0xf59dc4452637b484,
 			0xf743b0e8acae23ca,
 			0xf76250b42ac2cae8,
 			0xf7d6a7e87017bebb,
@@ -16198,6 +19093,7 @@ func RegisterSchema(reg *schemas.Registry) {
 			0xfa3e372640264f9f,
 			0xfa411494c6fe06bf,
 			0xfa8c6ccc2842148a,
+			0xfda5d8c2d43a93d9,
 			0xfe42e1db32cb96c1,
 			0xffa62b12771bcc2d,
 		},

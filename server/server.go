@@ -92,6 +92,8 @@ type Server struct {
 	alarmMu   sync.Mutex
 	alarmT    itx.Timer
 	alarmNext int64 // epoch ms the alarm timer is armed for; 0: none
+
+	acc *accessState // sessions by token, deleted projects, webhook secrets
 }
 
 // Credentials are the tokens created on a fresh data directory.
@@ -163,11 +165,16 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		egress: cfg.Egress, httpClient: newHTTPClient(cfg.Egress),
 		backend: sqliteBackend{dir: filepath.Join(cfg.DataDir, "streams")},
 		recv:    receivers{mounts: map[mountKey]*mount{}},
+		acc:     newAccessState(),
 	}
 	s.base, s.cancel = context.WithCancel(context.Background())
 	if err := s.bootstrap(ctx); err != nil {
 		dir.Close()
 		return nil, err
+	}
+	if err := s.loadAccess(ctx); err != nil {
+		dir.Close()
+		return nil, fmt.Errorf("open server: %w", err)
 	}
 	s.refreshStaleSummaries(ctx)
 	s.scheduleSweep()
@@ -189,10 +196,12 @@ func (s *Server) bootstrap(ctx context.Context) error {
 	if err := writeFileSync(filepath.Join(s.cfg.DataDir, CredentialsFile), append(b, '\n')); err != nil {
 		return fmt.Errorf("bootstrap: %w", err)
 	}
-	if err := s.dir.CreateProject(ctx, storage.Project{ID: DeploymentProjectID, Name: "deployment", Deployment: true, CreatedAt: now}, creds.DeploymentToken); err != nil {
+	if err := s.dir.CreateProjectWithToken(ctx, storage.Project{ID: DeploymentProjectID, Name: "deployment", Deployment: true, CreatedAt: now},
+		storage.Token{ID: "tok_" + DeploymentProjectID, ProjectID: DeploymentProjectID, Label: "initial", CreatedAt: now}, creds.DeploymentToken); err != nil {
 		return fmt.Errorf("bootstrap: %w", err)
 	}
-	if err := s.dir.CreateProject(ctx, storage.Project{ID: creds.ProjectID, Name: "default", CreatedAt: now}, creds.ProjectToken); err != nil {
+	if err := s.dir.CreateProjectWithToken(ctx, storage.Project{ID: creds.ProjectID, Name: "default", CreatedAt: now},
+		storage.Token{ID: "tok_" + creds.ProjectID, ProjectID: creds.ProjectID, Label: "initial", CreatedAt: now}, creds.ProjectToken); err != nil {
 		return fmt.Errorf("bootstrap: %w", err)
 	}
 	s.log.Info().Str("project", creds.ProjectID).Msg("initialized an empty data directory")
@@ -212,11 +221,15 @@ func ReadCredentials(dataDir string) (Credentials, error) {
 	return c, json.Unmarshal(b, &c)
 }
 
-// Login resolves a token to its project.
+// Login resolves a token to its project (OpenSession also keeps track of the login, so that a
+// revocation reaches it).
 func (s *Server) Login(ctx context.Context, token string) (itx.ProjectInfo, error) {
-	p, err := s.dir.ProjectByToken(ctx, token)
+	t, p, err := s.dir.TokenByHash(ctx, token, itx.UnixMilli(s.clock.Now()))
 	if err != nil {
 		return itx.ProjectInfo{}, err
+	}
+	if s.projectDeleted(t.ProjectID) {
+		return itx.ProjectInfo{}, itx.Errorf(itx.EUnauthenticated, "unknown token")
 	}
 	return itx.ProjectInfo{ID: p.ID, Name: p.Name, Deployment: p.Deployment}, nil
 }
