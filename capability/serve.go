@@ -2,6 +2,7 @@ package capability
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -55,7 +56,11 @@ func (l *Listener) Serve(ln net.Listener) error {
 }
 
 func (l *Listener) serveConn(c net.Conn) {
-	if tc, ok := c.(*net.TCPConn); ok {
+	nc := c
+	if tc, ok := c.(*tls.Conn); ok { // the handshake runs on the RPC connection's first read
+		nc = tc.NetConn()
+	}
+	if tc, ok := nc.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 		tc.SetKeepAlive(true) // a peer that vanishes without a reset is noticed
 	}
