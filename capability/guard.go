@@ -2,8 +2,8 @@ package capability
 
 import (
 	"context"
-	"strings"
 	"runtime/debug"
+	"strings"
 
 	"capnproto.org/go/capnp/v3"
 	"capnproto.org/go/capnp/v3/server"

@@ -7,8 +7,8 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
-	"os"
 	"net"
+	"os"
 	"time"
 
 	"capnproto.org/go/capnp/v3/rpc"

@@ -27,7 +27,7 @@ type fileConfig struct {
 type credentials struct {
 	ProjectToken    string `json:"projectToken"`
 	DeploymentToken string `json:"deploymentToken"` // itx admin uses it when no token is given
-	Addr         string `json:"addr"` // where itxd last listened (recorded by itxd at start)
+	Addr            string `json:"addr"`            // where itxd last listened (recorded by itxd at start)
 }
 
 // resolved is where to connect, with where each value came from (shown in the banner).

@@ -63,8 +63,8 @@ type Config struct {
 	Token string
 	// TLS, when set, connects over TLS with this configuration.
 	TLS *tls.Config
-	Out   io.Writer // results
-	Err   io.Writer // errors
+	Out io.Writer // results
+	Err io.Writer // errors
 	// Format is the output format; FormatAuto uses tables only when TTY is set.
 	Format Format
 	TTY    bool // Out is a terminal
