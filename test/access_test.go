@@ -167,7 +167,10 @@ func withAdmin(f func(ctx context.Context, a schema.Admin) error) func(ctx conte
 // methodCases covers every method itxd serves; TestAccess_ScopeEveryMethod fails for a schema
 // method missing here.
 var methodCases = map[string]methodCase{
-	"Gateway.login":   {call: func(ctx context.Context, p schema.Project, _ string) error { _, err := client.DescribeProject(ctx, p); return err }},
+	"Gateway.login": {call: func(ctx context.Context, p schema.Project, _ string) error {
+		_, err := client.DescribeProject(ctx, p)
+		return err
+	}},
 	"Gateway.version": {call: func(context.Context, schema.Project, string) error { return nil }}, // called before login below
 
 	"Project.streams": {call: func(ctx context.Context, p schema.Project, _ string) error {
@@ -182,7 +185,10 @@ var methodCases = map[string]methodCase{
 		fut, release := p.Processors(ctx, nil)
 		return struct0[schema.Project_processors_Results](fut, release)
 	}},
-	"Project.describe": {call: func(ctx context.Context, p schema.Project, _ string) error { _, err := client.DescribeProject(ctx, p); return err }},
+	"Project.describe": {call: func(ctx context.Context, p schema.Project, _ string) error {
+		_, err := client.DescribeProject(ctx, p)
+		return err
+	}},
 	"Project.admin": {right: itx.RightAdmin, call: func(ctx context.Context, p schema.Project, _ string) error {
 		fut, release := p.Admin(ctx, nil)
 		return struct0[schema.Project_admin_Results](fut, release)
