@@ -99,6 +99,10 @@ type TokenOptions struct {
 // CreateToken creates another token for a project ("" is the caller's own) and returns it (shown
 // only now) with its description.
 func CreateToken(ctx context.Context, a schema.Admin, projectID string, o TokenOptions) (string, itx.TokenInfo, error) {
+	// An unknown right has no enumerant to send: refuse it here, typed, before calling.
+	if err := o.Scope.Validate(); err != nil {
+		return "", itx.TokenInfo{}, err
+	}
 	fut, release := a.CreateToken(ctx, func(p schema.Admin_createToken_Params) error {
 		if !o.Expires.IsZero() {
 			p.SetExpiresAt(o.Expires.UnixMilli())

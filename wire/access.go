@@ -5,7 +5,7 @@ import (
 	"github.com/itx-dev/itx/schema"
 )
 
-// SetScope encodes a token scope.
+// SetScope encodes a token scope (its rights must be known: see itx.Scope.Validate).
 func SetScope(dst schema.TokenScope, s itx.Scope) error {
 	if err := dst.SetPrefix(s.Prefix); err != nil {
 		return err
