@@ -109,14 +109,25 @@ func (s *Server) OpenSession(ctx context.Context, token string, onRevoke func())
 	x := &Session{srv: s, Project: itx.ProjectInfo{ID: p.ID, Name: p.Name, Deployment: p.Deployment}, Token: tokenInfo(t), onRevoke: onRevoke}
 	a := s.acc
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	if a.deleted[p.ID] {
+		a.mu.Unlock()
 		return nil, itx.Errorf(itx.EUnauthenticated, "unknown token")
 	}
 	if a.sessions[t.ID] == nil {
 		a.sessions[t.ID] = map[*Session]struct{}{}
 	}
 	a.sessions[t.ID][x] = struct{}{}
+	a.mu.Unlock()
+	// A revocation deletes the token, then revokes its registered sessions. Checking that the
+	// token still exists after registering closes the window between the lookup above and the
+	// registration: either the revocation sees this session, or this check sees the deletion.
+	if ok, err := s.dir.TokenExists(ctx, t.ID); err != nil || !ok {
+		x.Close()
+		if err != nil {
+			return nil, err
+		}
+		return nil, itx.Errorf(itx.EUnauthenticated, "the token was revoked")
+	}
 	return x, nil
 }
 

@@ -96,7 +96,7 @@ func (d *Directory) Project(ctx context.Context, id string) (Project, error) {
 	return p, nil
 }
 
-// TokenByHash finds the token whose hash is hash and the project it logs into, recording now as
+// TokenByHash finds the token whose hash is that of token and the project it logs into, recording now as
 // its last use; EUnauthenticated if there is none or it expired.
 func (d *Directory) TokenByHash(ctx context.Context, token string, now int64) (Token, Project, error) {
 	t, err := scanToken(d.db.QueryRowContext(ctx, `select `+tokenColumns+` from tokens where token_hash = ?`, HashToken(token)))
@@ -118,6 +118,15 @@ func (d *Directory) TokenByHash(ctx context.Context, token string, now int64) (T
 	}
 	t.LastUsedAt = now
 	return t, p, nil
+}
+
+// TokenExists reports whether a token (by id) is still recorded: not revoked.
+func (d *Directory) TokenExists(ctx context.Context, id string) (bool, error) {
+	var n int
+	if err := d.db.QueryRowContext(ctx, `select count(*) from tokens where id = ?`, id).Scan(&n); err != nil {
+		return false, fmt.Errorf("log in: %w", err)
+	}
+	return n > 0, nil
 }
 
 // Tokens lists a project's tokens, oldest first.
