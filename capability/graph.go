@@ -2,6 +2,8 @@ package capability
 
 import (
 	"context"
+	"encoding/json"
+	"strings"
 	"sync"
 	"time"
 
@@ -262,6 +264,12 @@ func (s *stream) Append(ctx context.Context, call schema.Stream_append) error {
 		}
 		opts = wire.AppendOptionsFromSchema(o)
 	}
+	if err := s.controlEvents(inputs); err != nil {
+		return fail(err)
+	}
+	if err := s.srv.KeepSecretsApart(ctx, s.ref.ProjectID, inputs); err != nil {
+		return fail(err)
+	}
 	// Queue before releasing the call queue: appends sent on one capability commit in order.
 	pending, err := s.srv.StartAppend(ctx, s.ref, inputs, opts)
 	if err != nil {
@@ -281,6 +289,30 @@ func (s *stream) Append(ctx context.Context, call schema.Stream_append) error {
 		return err
 	}
 	return wire.SetAppendResult(r, result)
+}
+
+// controlEvents holds a raw append of the stream's own control events (stream/*: configure,
+// remove, cursor-set, resume) to what the verbs need: the subscribe right, and for a
+// copy-to-stream configuration a target inside the prefix.
+func (s *stream) controlEvents(inputs []itx.EventInput) error {
+	for i, in := range inputs {
+		if !itx.IsCoreType(in.Type) {
+			continue
+		}
+		if s.acc.rights&rSubscribe == 0 {
+			return itx.Errorf(itx.EPermissionDenied, "event %d: appending %s needs the subscribe right", i, in.Type)
+		}
+		if in.Type != itx.TypeSubscriptionConfigured {
+			continue
+		}
+		var cfg itx.SubscriptionConfig
+		if json.Unmarshal(in.Payload, &cfg) == nil && cfg.Receiver.Action == itx.KindCopyToStream {
+			if err := s.acc.reaches(strings.TrimSpace(cfg.Receiver.ReceivingStreamPath)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 func (s *stream) GetEvents(ctx context.Context, call schema.Stream_getEvents) error {

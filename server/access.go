@@ -447,3 +447,41 @@ func (s *Server) secret(projectID, field string) (string, bool) {
 	v, ok := s.acc.secrets[[2]string{projectID, field}]
 	return v, ok
 }
+
+// KeepSecretsApart rewrites the raw stream/subscription-configured events of an append whose
+// webhook secret is written out, so that the log records its reference, exactly as
+// ConfigureSubscription does; a payload it cannot read is left for the append's validation to
+// refuse. Other events are untouched.
+func (s *Server) KeepSecretsApart(ctx context.Context, projectID string, inputs []itx.EventInput) error {
+	for i := range inputs {
+		in := &inputs[i]
+		if in.Type != itx.TypeSubscriptionConfigured {
+			continue
+		}
+		dec := json.NewDecoder(strings.NewReader(string(in.Payload)))
+		dec.UseNumber()
+		var cfg map[string]any
+		if dec.Decode(&cfg) != nil {
+			continue
+		}
+		r, _ := cfg["receiver"].(map[string]any)
+		secret, _ := r["secret"].(string)
+		if secret == "" || itx.IsSecretRef(secret) {
+			continue
+		}
+		if _, err := itx.ParseSubscriptionConfig(in.Payload); err != nil {
+			continue // refused by the append's validation, with nothing stored
+		}
+		ref, err := s.storeSecret(ctx, projectID, secret)
+		if err != nil {
+			return fmt.Errorf("event %d: %w", i, err)
+		}
+		r["secret"] = ref
+		b, err := json.Marshal(cfg)
+		if err != nil {
+			return itx.Errorf(itx.EInvalid, "event %d: %v", i, err)
+		}
+		in.Payload = b
+	}
+	return nil
+}

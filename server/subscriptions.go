@@ -30,7 +30,14 @@ func (s *Server) ConfigureSubscription(ctx context.Context, ref StreamRef, cfg i
 	}
 	// A webhook's signing secret is stored apart from the log; the configured event records its
 	// reference, the same for the same secret, so configure stays idempotent.
+	// (A config that is refused for its shape stores nothing; one the stream's state refuses, such
+	// as the subscription cap, may leave its secret stored, unused.)
 	if r := &cfg.Receiver; r.Action == itx.KindWebhookPost && r.Secret != "" && !itx.IsSecretRef(r.Secret) {
+		if b, err := json.Marshal(cfg); err != nil {
+			return "", 0, itx.Errorf(itx.EInvalid, "subscription config: %v", err)
+		} else if _, err := itx.ParseSubscriptionConfig(b); err != nil {
+			return "", 0, err
+		}
 		ref, err := s.storeSecret(ctx, ref.ProjectID, r.Secret)
 		if err != nil {
 			return "", 0, err

@@ -12,7 +12,6 @@ import (
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/internal/clocktest"
-	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
 	"github.com/stretchr/testify/require"
 )
@@ -311,10 +310,23 @@ func TestAccess_WebhookSecretKeptApart(t *testing.T) {
 	require.True(t, d.SecretSet)
 	require.True(t, itx.IsSecretRef(d.Config.Receiver.Secret), "describe shows the reference: %q", d.Config.Receiver.Secret)
 
-	// A reference this project does not hold is refused at configure... by the raw path it is
-	// stored as written, and never signs with anything else (the delivery fails instead).
+	// A raw append of a configured event keeps the secret out of the log too.
+	raw, err := json.Marshal(map[string]any{"name": "raw", "receiver": map[string]any{"action": "webhook-post",
+		"url": "http://127.0.0.1:1/raw", "secret": secret}, "description": "raw"})
+	require.NoError(t, err)
+	mustAppend(t, s, itx.EventInput{Type: itx.TypeSubscriptionConfigured, Payload: raw})
+	events, err = client.GetEvents(ctx, s, itx.Query{})
+	require.NoError(t, err)
+	for _, e := range events {
+		require.NotContains(t, string(e.Payload), "whsec_")
+	}
+	rawSub := client.Subscription(ctx, s, "raw")
+	defer rawSub.Release()
+	d, err = client.DescribeSubscription(ctx, rawSub)
+	require.NoError(t, err)
+	require.True(t, d.SecretSet)
+
 	_, _, err = client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "bad",
 		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: "http://127.0.0.1:1/", Secret: "whsec_short"}})
 	requireCode(t, err, itx.EInvalid)
-	_ = schema.ErrorCode_permissionDenied
 }

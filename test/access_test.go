@@ -545,6 +545,20 @@ func TestAccess_ScopeEveryMethod(t *testing.T) {
 			Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: "/out/s"}})
 		requireCode(t, err, itx.EPermissionDenied)
 	})
+	t.Run("raw control events need what the verbs need", func(t *testing.T) {
+		removed := itx.EventInput{Type: itx.TypeSubscriptionRemoved, Payload: []byte(`{"name": "sub"}`)}
+		_, err := client.Append(ctx, stream(t, byRight[itx.RightAppend], "/in/s"), []itx.EventInput{ev("note", `{}`), removed}, itx.AppendOptions{})
+		requireCode(t, err, itx.EPermissionDenied)
+		copyOut := itx.EventInput{Type: itx.TypeSubscriptionConfigured,
+			Payload: []byte(`{"name": "leak", "receiver": {"action": "copy-to-stream", "receivingStreamPath": "/out/s"}}`)}
+		_, err = client.Append(ctx, stream(t, in, "/in/s"), []itx.EventInput{copyOut}, itx.AppendOptions{})
+		requireCode(t, err, itx.EPermissionDenied)
+		subs, err := client.ListSubscriptions(ctx, client.Subscriptions(ctx, stream(t, full, "/in/s")))
+		require.NoError(t, err)
+		for _, sub := range subs {
+			require.NotEqual(t, "leak", sub.Name, "a refused append writes nothing")
+		}
+	})
 	t.Run("a token cannot create a wider one", func(t *testing.T) {
 		tok, _ := ts.token(t, itx.Scope{Prefix: "/in", Rights: []itx.Right{itx.RightAdmin, itx.RightRead}})
 		a := client.Admin(ctx, ts.login(t, tok))
