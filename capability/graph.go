@@ -18,7 +18,8 @@ import (
 var Version = "itxd (development build)"
 
 // ProtocolVersion increases when the schema gains something a client may need to check for.
-const ProtocolVersion = 1
+// 2: Project.admin, scoped tokens (permissionDenied), Stream.readOnly/appendOnly, secretSet.
+const ProtocolVersion = 2
 
 // gateway is the bootstrap capability of one RPC connection. It keeps the connection's
 // sessions (one per login): a revoked token ends its sessions at once, and when every session of

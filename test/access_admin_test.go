@@ -68,6 +68,26 @@ func TestAccess_RevokeTakesEffectAtOnce(t *testing.T) {
 		_, err := client.DescribeProject(ctx, ts.project(t))
 		require.NoError(t, err)
 	})
+
+	t.Run("the audit stream records creations and revocations", func(t *testing.T) {
+		events, err := client.GetEvents(ctx, stream(t, ts.deployment(t), server.AuditPath), itx.Query{})
+		require.NoError(t, err)
+		var got []string
+		for _, e := range events {
+			var p struct {
+				TokenID string `json:"tokenId"`
+				By      struct {
+					TokenID string `json:"tokenId"`
+				} `json:"by"`
+			}
+			require.NoError(t, json.Unmarshal(e.Payload, &p))
+			require.Equal(t, "tok_deployment", p.By.TokenID, "who asked")
+			got = append(got, e.Type+" "+p.TokenID)
+			require.NotContains(t, string(e.Payload), tok)
+		}
+		require.Equal(t, []string{server.AuditTokenCreated + " " + info.ID, server.AuditTokenRevoked + " " + info.ID}, got[:2])
+		require.Len(t, got, 4)
+	})
 }
 
 func TestAccess_TokenExpires(t *testing.T) {
