@@ -231,5 +231,18 @@ func (a *admin) RevokeToken(ctx context.Context, call schema.Admin_revokeToken) 
 		return badArgs("tokenId", err)
 	}
 	call.Go()
+	// A scoped admin revokes only tokens inside its own scope: never a wider one (the project's
+	// whole-project token among them).
+	if id == a.p.ID && !a.acc.scope().Whole() {
+		list, err := a.srv.ListTokens(ctx, id)
+		if err != nil {
+			return fail(err)
+		}
+		for _, t := range list {
+			if t.ID == tokenID && !t.Scope.Within(a.acc.scope()) {
+				return fail(itx.Errorf(itx.EPermissionDenied, "token %s reaches more than this token: only a wider admin may revoke it", tokenID))
+			}
+		}
+	}
 	return fail(a.srv.RevokeToken(ctx, a.by(), id, tokenID))
 }

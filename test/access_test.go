@@ -567,7 +567,12 @@ func TestAccess_ScopeEveryMethod(t *testing.T) {
 			_, _, err := client.CreateToken(ctx, a, "", client.TokenOptions{Label: "wider", Scope: sc})
 			requireCode(t, err, itx.EPermissionDenied)
 		}
-		_, _, err := client.CreateToken(ctx, a, "", client.TokenOptions{Label: "narrower", Scope: itx.Scope{Prefix: "/in/s", Rights: []itx.Right{itx.RightRead}}})
+		_, narrow, err := client.CreateToken(ctx, a, "", client.TokenOptions{Label: "narrower", Scope: itx.Scope{Prefix: "/in/s", Rights: []itx.Right{itx.RightRead}}})
+		require.NoError(t, err)
+		// Nor revoke a wider one (the whole-project token), only its own kind.
+		requireCode(t, client.RevokeToken(ctx, a, "", "tok_default"), itx.EPermissionDenied)
+		require.NoError(t, client.RevokeToken(ctx, a, "", narrow.ID))
+		_, err = client.DescribeProject(ctx, full)
 		require.NoError(t, err)
 	})
 }
