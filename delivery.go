@@ -44,6 +44,8 @@ type SubscriptionDescription struct {
 	Config     SubscriptionConfig
 	Kind       string
 	HeadOffset int64
+	// SecretSet: a webhook signing secret is set (Config holds only its reference).
+	SecretSet bool
 	CursorState
 }
 

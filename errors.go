@@ -28,13 +28,14 @@ const (
 	EFailedPrecondition  Code = "failedPrecondition"  // the target is in the wrong state
 	ECancelled           Code = "cancelled"           // the caller went away
 	EResourceExhausted   Code = "resourceExhausted"   // the disk is full; nothing was written
+	EPermissionDenied    Code = "permissionDenied"    // the token's scope or an attenuated capability does not allow it
 )
 
 // Codes lists every code, for exhaustiveness checks against the schema.
 var Codes = []Code{
 	EInvalid, ENotFound, EIdempotencyConflict, EOffsetConflict, ERateLimited, ETooLarge,
 	EUnauthenticated, EDeadlineExceeded, EUnavailable, ELimitExceeded, EInternal,
-	ECapabilityOffline, EFailedPrecondition, ECancelled, EResourceExhausted,
+	ECapabilityOffline, EFailedPrecondition, ECancelled, EResourceExhausted, EPermissionDenied,
 }
 
 // Error is a domain error with a code a caller can act on and a message a person can read.

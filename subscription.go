@@ -215,11 +215,14 @@ func ParseSubscriptionConfig(payload []byte) (*SubscriptionConfig, error) {
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			return nil, Errorf(EInvalid, "receiver.url must be an absolute http or https URL, got %q", r.URL)
 		}
-		if r.Secret != "" && !strings.HasPrefix(r.Secret, "whsec_") {
-			return nil, Errorf(EInvalid, "receiver.secret must be a Standard Webhooks secret (\"whsec_<base64>\")")
-		}
-		if _, err := WebhookSecretKey(r.Secret); err != nil {
-			return nil, err
+		// A reference stands for a secret the server stored apart from the log (validated then).
+		if !IsSecretRef(r.Secret) {
+			if r.Secret != "" && !strings.HasPrefix(r.Secret, "whsec_") {
+				return nil, Errorf(EInvalid, "receiver.secret must be a Standard Webhooks secret (\"whsec_<base64>\")")
+			}
+			if _, err := WebhookSecretKey(r.Secret); err != nil {
+				return nil, err
+			}
 		}
 		if err := validateHeaders(r.Headers); err != nil {
 			return nil, err
@@ -266,6 +269,24 @@ func ParseSubscriptionConfig(payload []byte) (*SubscriptionConfig, error) {
 		return nil, Errorf(EInvalid, "unknown receiver action %q", r.Action)
 	}
 	return &c, nil
+}
+
+// SecretRefPrefix starts the reference a subscription's config holds in place of its webhook
+// signing secret: the secret itself is stored apart from the log (see the server's secrets).
+const SecretRefPrefix = "itxsecret:"
+
+// IsSecretRef reports whether s is a secret reference ("itxsecret:" and 32 hex digits).
+func IsSecretRef(s string) bool {
+	h, ok := strings.CutPrefix(s, SecretRefPrefix)
+	if !ok || len(h) != 32 {
+		return false
+	}
+	for _, c := range h {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // WebhookSecretKey decodes a Standard Webhooks secret into its HMAC key (nil for none).

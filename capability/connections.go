@@ -57,7 +57,7 @@ func (s *stream) OpenConnection(ctx context.Context, call schema.Stream_openConn
 		return err
 	}
 	impl := &connection{c: conn}
-	return res.SetConnection(schema.Connection(guarded(guardOf(s.srv), schema.Connection_Methods(nil, impl), impl)))
+	return res.SetConnection(schema.Connection(guarded(guardOf(s.srv), s.acc, schema.Connection_Methods(nil, impl), impl)))
 }
 
 // connection serves a server.Connection; losing the last reference to it (the client released
@@ -188,7 +188,7 @@ func (s *stream) Readers(ctx context.Context, call schema.Stream_readers) error 
 		return err
 	}
 	impl := &readers{srv: s.srv, ref: s.ref}
-	return res.SetReaders(schema.Readers(guarded(guardOf(s.srv), schema.Readers_Methods(nil, impl), impl)))
+	return res.SetReaders(schema.Readers(guarded(guardOf(s.srv), s.acc, schema.Readers_Methods(nil, impl), impl)))
 }
 
 type readers struct {
@@ -247,7 +247,7 @@ func (s *stream) LiveState(ctx context.Context, call schema.Stream_liveState) er
 		return err
 	}
 	h := &liveHandle{cancel: cancel, client: sub}
-	return res.SetHandle(schema.Handle(guarded(guardOf(s.srv), schema.Handle_Methods(nil, h), h)))
+	return res.SetHandle(schema.Handle(guarded(guardOf(s.srv), s.acc, schema.Handle_Methods(nil, h), h)))
 }
 
 // liveSubscriber adapts a client's LiveSubscriber capability to server.LiveSink.

@@ -2,8 +2,12 @@ package capability
 
 import (
 	"context"
+	"encoding/json"
+	"strings"
+	"sync"
 	"time"
 
+	"capnproto.org/go/capnp/v3/rpc"
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
@@ -14,12 +18,26 @@ import (
 var Version = "itxd (development build)"
 
 // ProtocolVersion increases when the schema gains something a client may need to check for.
-const ProtocolVersion = 1
+// 2: Project.admin, scoped tokens (permissionDenied), Stream.readOnly/appendOnly, secretSet.
+const ProtocolVersion = 2
 
-// gateway is the bootstrap capability of one RPC connection.
+// gateway is the bootstrap capability of one RPC connection. It keeps the connection's
+// sessions (one per login): a revoked token ends its sessions at once, and when every session of
+// the connection is revoked the connection is closed.
 type gateway struct {
 	srv           *server.Server
 	authenticated func() // raises the connection's flow-control bounds; nil in tests
+
+	mu       sync.Mutex
+	conn     *rpc.Conn // nil in tests
+	sessions []*server.Session
+	ended    bool
+}
+
+func (g *gateway) setConn(c *rpc.Conn) {
+	g.mu.Lock()
+	g.conn = c
+	g.mu.Unlock()
 }
 
 func (g *gateway) Login(ctx context.Context, call schema.Gateway_login) error {
@@ -27,10 +45,18 @@ func (g *gateway) Login(ctx context.Context, call schema.Gateway_login) error {
 	if err != nil {
 		return badArgs("token", err)
 	}
-	p, err := g.srv.Login(ctx, token)
+	x, err := g.srv.OpenSession(ctx, token, g.revoked)
 	if err != nil {
 		return fail(err)
 	}
+	g.mu.Lock()
+	if g.ended { // the connection ended while logging in
+		g.mu.Unlock()
+		x.Close()
+		return fail(itx.Errorf(itx.ECancelled, "the connection ended"))
+	}
+	g.sessions = append(g.sessions, x)
+	g.mu.Unlock()
 	if g.authenticated != nil {
 		g.authenticated()
 	}
@@ -38,8 +64,35 @@ func (g *gateway) Login(ctx context.Context, call schema.Gateway_login) error {
 	if err != nil {
 		return err
 	}
-	impl := &project{srv: g.srv, p: p}
-	return res.SetProject(schema.Project(guarded(guardOf(g.srv), schema.Project_Methods(nil, impl), impl)))
+	impl := &project{srv: g.srv, p: x.Project, acc: accessOf(x)}
+	return res.SetProject(schema.Project(guarded(guardOf(g.srv), impl.acc, schema.Project_Methods(nil, impl), impl)))
+}
+
+// revoked runs when one of the connection's sessions is revoked: once none is left valid, the
+// connection is closed, so nothing more is pushed to it (connections, live state, receivers).
+func (g *gateway) revoked() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, x := range g.sessions {
+		if !x.Revoked() {
+			return
+		}
+	}
+	if c := g.conn; c != nil {
+		go c.Close() // not under a handler of this connection
+	}
+}
+
+// endSessions forgets the connection's sessions once it has ended.
+func (g *gateway) endSessions() {
+	g.mu.Lock()
+	g.ended = true
+	sessions := g.sessions
+	g.sessions = nil
+	g.mu.Unlock()
+	for _, x := range sessions {
+		x.Close()
+	}
 }
 
 func (g *gateway) Version(ctx context.Context, call schema.Gateway_version) error {
@@ -55,6 +108,7 @@ func (g *gateway) Version(ctx context.Context, call schema.Gateway_version) erro
 type project struct {
 	srv *server.Server
 	p   itx.ProjectInfo
+	acc access
 }
 
 func (p *project) Streams(ctx context.Context, call schema.Project_streams) error {
@@ -62,8 +116,8 @@ func (p *project) Streams(ctx context.Context, call schema.Project_streams) erro
 	if err != nil {
 		return err
 	}
-	impl := &streams{srv: p.srv, projectID: p.p.ID}
-	return res.SetStreams(schema.Streams(guarded(guardOf(p.srv), schema.Streams_Methods(nil, impl), impl)))
+	impl := &streams{srv: p.srv, projectID: p.p.ID, acc: p.acc}
+	return res.SetStreams(schema.Streams(guarded(guardOf(p.srv), impl.acc, schema.Streams_Methods(nil, impl), impl)))
 }
 
 func (p *project) Processors(ctx context.Context, call schema.Project_processors) error {
@@ -71,8 +125,8 @@ func (p *project) Processors(ctx context.Context, call schema.Project_processors
 	if err != nil {
 		return err
 	}
-	impl := &processorHosts{srv: p.srv, projectID: p.p.ID}
-	return res.SetProcessors(schema.ProcessorHosts(guarded(guardOf(p.srv), schema.ProcessorHosts_Methods(nil, impl), impl)))
+	impl := &processorHosts{srv: p.srv, projectID: p.p.ID, acc: p.acc}
+	return res.SetProcessors(schema.ProcessorHosts(guarded(guardOf(p.srv), impl.acc, schema.ProcessorHosts_Methods(nil, impl), impl)))
 }
 
 func (p *project) Describe(ctx context.Context, call schema.Project_describe) error {
@@ -91,6 +145,7 @@ func (p *project) Describe(ctx context.Context, call schema.Project_describe) er
 type streams struct {
 	srv       *server.Server
 	projectID string
+	acc       access
 }
 
 func (s *streams) Get(ctx context.Context, call schema.Streams_get) error {
@@ -101,12 +156,15 @@ func (s *streams) Get(ctx context.Context, call schema.Streams_get) error {
 	if err := itx.ValidatePath(path); err != nil {
 		return fail(err)
 	}
+	if err := s.acc.reaches(path); err != nil {
+		return fail(err)
+	}
 	res, err := call.AllocResults()
 	if err != nil {
 		return err
 	}
-	impl := &stream{srv: s.srv, ref: server.StreamRef{ProjectID: s.projectID, Path: path}}
-	return res.SetStream(schema.Stream(guarded(guardOf(s.srv), schema.Stream_Methods(nil, impl), impl)))
+	impl := &stream{srv: s.srv, ref: server.StreamRef{ProjectID: s.projectID, Path: path}, acc: s.acc}
+	return res.SetStream(schema.Stream(guarded(guardOf(s.srv), impl.acc, schema.Stream_Methods(nil, impl), impl)))
 }
 
 func (s *streams) List(ctx context.Context, call schema.Streams_list) error {
@@ -119,10 +177,25 @@ func (s *streams) List(ctx context.Context, call schema.Streams_list) error {
 	if err != nil {
 		return badArgs("after", err)
 	}
-	call.Go()
-	infos, next, err := s.srv.ListStreams(ctx, s.projectID, prefix, after, int(args.Limit()))
-	if err != nil {
+	if err := itx.ValidatePathPrefix(prefix); err != nil {
 		return fail(err)
+	}
+	// A scoped capability lists only under its prefix (and never names a stream outside it).
+	prefix, overlaps := s.acc.listPrefix(prefix)
+	var infos []itx.StreamInfo
+	var next string
+	if overlaps {
+		call.Go()
+		if infos, next, err = s.srv.ListStreams(ctx, s.projectID, prefix, after, int(args.Limit())); err != nil {
+			return fail(err)
+		}
+		kept := infos[:0]
+		for _, info := range infos {
+			if s.acc.reaches(info.Path) == nil {
+				kept = append(kept, info)
+			}
+		}
+		infos = kept
 	}
 	res, err := call.AllocResults()
 	if err != nil {
@@ -148,6 +221,32 @@ func (s *streams) List(ctx context.Context, call schema.Streams_list) error {
 type stream struct {
 	srv *server.Server
 	ref server.StreamRef
+	acc access
+}
+
+// ReadOnly mints a capability to the same stream that only reads.
+func (s *stream) ReadOnly(ctx context.Context, call schema.Stream_readOnly) error {
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	return res.SetStream(s.narrowed(rRead))
+}
+
+// AppendOnly mints a capability to the same stream that only appends.
+func (s *stream) AppendOnly(ctx context.Context, call schema.Stream_appendOnly) error {
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	return res.SetStream(s.narrowed(rAppend))
+}
+
+// narrowed is this stream limited to keep: the same session (it dies with it), at most this
+// capability's rights, and no new token.
+func (s *stream) narrowed(keep rightSet) schema.Stream {
+	impl := &stream{srv: s.srv, ref: s.ref, acc: s.acc.narrow(keep)}
+	return schema.Stream(guarded(guardOf(s.srv), impl.acc, schema.Stream_Methods(nil, impl), impl))
 }
 
 func (s *stream) Append(ctx context.Context, call schema.Stream_append) error {
@@ -171,6 +270,12 @@ func (s *stream) Append(ctx context.Context, call schema.Stream_append) error {
 		}
 		opts = wire.AppendOptionsFromSchema(o)
 	}
+	if err := s.controlEvents(inputs); err != nil {
+		return fail(err)
+	}
+	if err := s.srv.KeepSecretsApart(ctx, s.ref.ProjectID, inputs); err != nil {
+		return fail(err)
+	}
 	// Queue before releasing the call queue: appends sent on one capability commit in order.
 	pending, err := s.srv.StartAppend(ctx, s.ref, inputs, opts)
 	if err != nil {
@@ -190,6 +295,30 @@ func (s *stream) Append(ctx context.Context, call schema.Stream_append) error {
 		return err
 	}
 	return wire.SetAppendResult(r, result)
+}
+
+// controlEvents holds a raw append of the stream's own control events (stream/*: configure,
+// remove, cursor-set, resume) to what the verbs need: the subscribe right, and for a
+// copy-to-stream configuration a target inside the prefix.
+func (s *stream) controlEvents(inputs []itx.EventInput) error {
+	for i, in := range inputs {
+		if !itx.IsCoreType(in.Type) {
+			continue
+		}
+		if s.acc.rights&rSubscribe == 0 {
+			return itx.Errorf(itx.EPermissionDenied, "event %d: appending %s needs the subscribe right", i, in.Type)
+		}
+		if in.Type != itx.TypeSubscriptionConfigured {
+			continue
+		}
+		var cfg itx.SubscriptionConfig
+		if json.Unmarshal(in.Payload, &cfg) == nil && cfg.Receiver.Action == itx.KindCopyToStream {
+			if err := s.acc.reaches(strings.TrimSpace(cfg.Receiver.ReceivingStreamPath)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 func (s *stream) GetEvents(ctx context.Context, call schema.Stream_getEvents) error {

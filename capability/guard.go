@@ -3,6 +3,7 @@ package capability
 import (
 	"context"
 	"runtime/debug"
+	"strings"
 
 	"capnproto.org/go/capnp/v3"
 	"capnproto.org/go/capnp/v3/server"
@@ -22,15 +23,20 @@ func guardOf(srv *itxserver.Server) guard {
 	return guard{log: srv.Log(), panics: srv.Metrics().HandlerPanics}
 }
 
-// guarded serves impl with every one of its methods wrapped, so that a panic in a handler is
-// answered as an internal error, logged with its stack and counted, instead of ending itxd:
-// go-capnp runs handlers without a recover. Every capability this package exports is built
-// through it.
-func guarded(g guard, methods []server.Method, impl any) capnp.Client {
+// guarded serves impl with every one of its methods wrapped: first the access check (the
+// session's token still valid, the method's right carried: see methodRights), then the handler,
+// so that a panic in a handler is answered as an internal error, logged with its stack and
+// counted, instead of ending itxd: go-capnp runs handlers without a recover. Every capability
+// this package exports is built through it.
+func guarded(g guard, a access, methods []server.Method, impl any) capnp.Client {
 	for i := range methods {
 		m := &methods[i]
 		inner, name := m.Impl, m.InterfaceName+"."+m.MethodName
+		rule := ruleName(m.InterfaceName, m.MethodName)
 		m.Impl = func(ctx context.Context, call *server.Call) (err error) {
+			if err := a.check(rule); err != nil {
+				return fail(err)
+			}
 			defer func() {
 				if p := recover(); p != nil {
 					g.panics.WithLabelValues(name).Inc()
@@ -44,4 +50,13 @@ func guarded(g guard, methods []server.Method, impl any) capnp.Client {
 	}
 	sd, _ := impl.(server.Shutdowner)
 	return capnp.NewClient(server.New(methods, impl, sd))
+}
+
+// ruleName is a method's key in methodRights: "Interface.method", without the schema file the
+// generated code puts in front of the interface ("itx.capnp:Stream").
+func ruleName(iface, method string) string {
+	if i := strings.LastIndexByte(iface, ':'); i >= 0 {
+		iface = iface[i+1:]
+	}
+	return iface + "." + method
 }

@@ -40,7 +40,7 @@ func TestGuarded_PanicBecomesInternalError(t *testing.T) {
 	var logs lockedBuffer
 	impl := panicky{}
 	g := guard{log: zerolog.New(&logs), panics: itxserver.NewHandlerPanics()}
-	boot := schema.Stream(guarded(g, schema.Stream_Methods(nil, impl), impl))
+	boot := schema.Stream(guarded(g, access{rights: rAll}, schema.Stream_Methods(nil, impl), impl))
 
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)

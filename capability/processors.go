@@ -18,9 +18,14 @@ import (
 type processorHosts struct {
 	srv       *server.Server
 	projectID string
+	acc       access
 }
 
 func (p *processorHosts) Mount(ctx context.Context, call schema.ProcessorHosts_mount) error {
+	// A host is woken with capabilities to any stream of the project that subscribes it.
+	if p.acc.prefix != "" && p.acc.prefix != "/" {
+		return fail(itx.Errorf(itx.EPermissionDenied, "a processor host reaches every stream of the project: this capability is limited to streams under %s", p.acc.prefix))
+	}
 	name, err := call.Args().Name()
 	if err != nil {
 		return badArgs("name", err)
@@ -36,7 +41,7 @@ func (p *processorHosts) Mount(ctx context.Context, call schema.ProcessorHosts_m
 	// The argument is released when this method returns: keep our own reference.
 	hc := call.Args().Host().AddRef()
 	hc.SetFlowLimiter(flowcontrol.NewFixedLimiter(4 << 20))
-	h := &remoteHost{srv: p.srv, client: hc}
+	h := &remoteHost{srv: p.srv, client: hc, acc: p.acc}
 	unmount, err := p.srv.MountProcessorHost(p.projectID, name, h, contracts)
 	if err != nil {
 		hc.Release()
@@ -49,7 +54,7 @@ func (p *processorHosts) Mount(ctx context.Context, call schema.ProcessorHosts_m
 		return err
 	}
 	handle := &hostHandle{unmount: unmount, host: h}
-	return res.SetHandle(schema.Handle(guarded(guardOf(p.srv), schema.Handle_Methods(nil, handle), handle)))
+	return res.SetHandle(schema.Handle(guarded(guardOf(p.srv), p.acc, schema.Handle_Methods(nil, handle), handle)))
 }
 
 func (p *processorHosts) List(ctx context.Context, call schema.ProcessorHosts_list) error {
@@ -89,10 +94,11 @@ func (h *hostHandle) Shutdown() { h.end() }
 type remoteHost struct {
 	srv    *server.Server
 	client schema.ProcessorHost
+	acc    access // the mounting session's: the stream and ports it is handed carry no more
 }
 
 func (h *remoteHost) Wake(ctx context.Context, w server.RemoteWake) (int64, int64, error) {
-	st := &stream{srv: h.srv, ref: w.Ref}
+	st := &stream{srv: h.srv, ref: w.Ref, acc: h.acc}
 	ports := &processorPorts{p: w.Ports}
 	fut, release := h.client.Wake(ctx, func(p schema.ProcessorHost_wake_Params) error {
 		req, err := p.NewRequest()
@@ -112,10 +118,10 @@ func (h *remoteHost) Wake(ctx context.Context, w server.RemoteWake) (int64, int6
 		req.SetGeneration(w.Generation())
 		req.SetAlarm(w.Alarm)
 		req.SetReprocessFrom(uint64(max(w.ReprocessFrom, 0)))
-		if err := req.SetStream(schema.Stream(guarded(guardOf(h.srv), schema.Stream_Methods(nil, st), st))); err != nil {
+		if err := req.SetStream(schema.Stream(guarded(guardOf(h.srv), h.acc, schema.Stream_Methods(nil, st), st))); err != nil {
 			return err
 		}
-		return req.SetPorts(schema.ProcessorPorts(guarded(guardOf(h.srv), schema.ProcessorPorts_Methods(nil, ports), ports)))
+		return req.SetPorts(schema.ProcessorPorts(guarded(guardOf(h.srv), h.acc, schema.ProcessorPorts_Methods(nil, ports), ports)))
 	})
 	defer release()
 	res, err := fut.Struct()

@@ -2,6 +2,7 @@ package capability
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -55,7 +56,11 @@ func (l *Listener) Serve(ln net.Listener) error {
 }
 
 func (l *Listener) serveConn(c net.Conn) {
-	if tc, ok := c.(*net.TCPConn); ok {
+	nc := c
+	if tc, ok := c.(*tls.Conn); ok { // the handshake runs on the RPC connection's first read
+		nc = tc.NetConn()
+	}
+	if tc, ok := nc.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 		tc.SetKeepAlive(true) // a peer that vanishes without a reset is noticed
 	}
@@ -63,11 +68,12 @@ func (l *Listener) serveConn(c net.Conn) {
 	// internal/flowconn). A login lifts it from the pre-authentication bounds.
 	t := flowconn.New(c, l.flow)
 	gw := &gateway{srv: l.srv, authenticated: t.Authenticate}
-	boot := schema.Gateway(guarded(guardOf(l.srv), schema.Gateway_Methods(nil, gw), gw))
+	boot := schema.Gateway(guarded(guardOf(l.srv), access{rights: rAll}, schema.Gateway_Methods(nil, gw), gw))
 	conn := rpc.NewConn(t, &rpc.Options{
 		BootstrapClient: capnp.Client(boot),
 		Logger:          rpcLogger{l.log},
 	})
+	gw.setConn(conn)
 	m := l.srv.Metrics()
 	m.RPCConnections.Inc()
 	l.mu.Lock()
@@ -78,6 +84,7 @@ func (l *Listener) serveConn(c net.Conn) {
 	go func() {
 		defer l.wg.Done()
 		<-conn.Done()
+		gw.endSessions()
 		m.RPCConnections.Dec()
 		l.mu.Lock()
 		delete(l.conns, conn)

@@ -18,6 +18,7 @@ import (
 type subscriptions struct {
 	srv *server.Server
 	ref server.StreamRef
+	acc access
 }
 
 func (s *stream) Subscriptions(ctx context.Context, call schema.Stream_subscriptions) error {
@@ -25,8 +26,8 @@ func (s *stream) Subscriptions(ctx context.Context, call schema.Stream_subscript
 	if err != nil {
 		return err
 	}
-	impl := &subscriptions{srv: s.srv, ref: s.ref}
-	return res.SetSubscriptions(schema.Subscriptions(guarded(guardOf(s.srv), schema.Subscriptions_Methods(nil, impl), impl)))
+	impl := &subscriptions{srv: s.srv, ref: s.ref, acc: s.acc}
+	return res.SetSubscriptions(schema.Subscriptions(guarded(guardOf(s.srv), impl.acc, schema.Subscriptions_Methods(nil, impl), impl)))
 }
 
 func (s *stream) SetSubscriptionCursor(ctx context.Context, call schema.Stream_setSubscriptionCursor) error {
@@ -101,8 +102,8 @@ func (s *subscriptions) Get(ctx context.Context, call schema.Subscriptions_get) 
 		return err
 	}
 	// The name is resolved per call, so a subscription configured after this get is found.
-	impl := &subscription{srv: s.srv, ref: s.ref, name: name}
-	return res.SetSubscription(schema.Subscription(guarded(guardOf(s.srv), schema.Subscription_Methods(nil, impl), impl)))
+	impl := &subscription{srv: s.srv, ref: s.ref, name: name, acc: s.acc}
+	return res.SetSubscription(schema.Subscription(guarded(guardOf(s.srv), impl.acc, schema.Subscription_Methods(nil, impl), impl)))
 }
 
 func (s *subscriptions) Configure(ctx context.Context, call schema.Subscriptions_configure) error {
@@ -113,6 +114,12 @@ func (s *subscriptions) Configure(ctx context.Context, call schema.Subscriptions
 	cfg, err := wire.SubscriptionConfigFromSchema(c)
 	if err != nil {
 		return badArgs("config", err)
+	}
+	// A copy writes into another stream: that one must be inside the scope too.
+	if cfg.Receiver.Action == itx.KindCopyToStream {
+		if err := s.acc.reaches(strings.TrimSpace(cfg.Receiver.ReceivingStreamPath)); err != nil {
+			return fail(err)
+		}
 	}
 	key, err := call.Args().IdempotencyKey()
 	if err != nil {
@@ -154,6 +161,7 @@ type subscription struct {
 	srv  *server.Server
 	ref  server.StreamRef
 	name string
+	acc  access
 }
 
 func (s *subscription) Describe(ctx context.Context, call schema.Subscription_describe) error {
@@ -205,7 +213,7 @@ func (s *subscription) Processor(ctx context.Context, call schema.Subscription_p
 		return err
 	}
 	impl := &processor{srv: s.srv, ref: s.ref, name: s.name}
-	return res.SetProcessor(schema.Processor(guarded(guardOf(s.srv), schema.Processor_Methods(nil, impl), impl)))
+	return res.SetProcessor(schema.Processor(guarded(guardOf(s.srv), s.acc, schema.Processor_Methods(nil, impl), impl)))
 }
 
 // processor is a processor-wake subscription's processor: its committed state and its runtime.
@@ -251,6 +259,7 @@ func (p *processor) LiveState(ctx context.Context, call schema.Processor_liveSta
 type capabilities struct {
 	srv       *server.Server
 	projectID string
+	acc       access
 }
 
 func (p *project) Capabilities(ctx context.Context, call schema.Project_capabilities) error {
@@ -258,11 +267,14 @@ func (p *project) Capabilities(ctx context.Context, call schema.Project_capabili
 	if err != nil {
 		return err
 	}
-	impl := &capabilities{srv: p.srv, projectID: p.p.ID}
-	return res.SetCapabilities(schema.Capabilities(guarded(guardOf(p.srv), schema.Capabilities_Methods(nil, impl), impl)))
+	impl := &capabilities{srv: p.srv, projectID: p.p.ID, acc: p.acc}
+	return res.SetCapabilities(schema.Capabilities(guarded(guardOf(p.srv), impl.acc, schema.Capabilities_Methods(nil, impl), impl)))
 }
 
 func (c *capabilities) Mount(ctx context.Context, call schema.Capabilities_mount) error {
+	if err := c.wholeProject("mount"); err != nil {
+		return fail(err)
+	}
 	name, err := call.Args().Name()
 	if err != nil {
 		return badArgs("name", err)
@@ -284,10 +296,22 @@ func (c *capabilities) Mount(ctx context.Context, call schema.Capabilities_mount
 		return err
 	}
 	h := &mountHandle{unmount: unmount, receiver: r}
-	return res.SetHandle(schema.Handle(guarded(guardOf(c.srv), schema.Handle_Methods(nil, h), h)))
+	return res.SetHandle(schema.Handle(guarded(guardOf(c.srv), c.acc, schema.Handle_Methods(nil, h), h)))
+}
+
+// wholeProject refuses a capability limited to a path prefix: a mounted Receiver is named
+// project-wide, so any stream's itx-call subscription could deliver to it.
+func (c *capabilities) wholeProject(what string) error {
+	if c.acc.prefix != "" && c.acc.prefix != "/" {
+		return itx.Errorf(itx.EPermissionDenied, "%s reaches every stream of the project: this capability is limited to streams under %s", what, c.acc.prefix)
+	}
+	return nil
 }
 
 func (c *capabilities) Unmount(ctx context.Context, call schema.Capabilities_unmount) error {
+	if err := c.wholeProject("unmount"); err != nil {
+		return fail(err)
+	}
 	name, err := call.Args().Name()
 	if err != nil {
 		return badArgs("name", err)

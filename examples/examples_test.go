@@ -61,7 +61,7 @@ func TestExamples_CPlusPlus(t *testing.T) {
 	root, err := filepath.Abs("..")
 	require.NoError(t, err)
 	out := t.TempDir()
-	flags := strings.Fields(run(t, ctx, root, "pkg-config", "--cflags", "--libs", "capnp-rpc"))
+	flags := strings.Fields(run(t, ctx, root, "pkg-config", "--cflags", "--libs", "capnp-rpc", "kj-tls"))
 	// The README's two lines: the schema compiles with nothing but schema/include.
 	run(t, ctx, root, "capnp", "compile", "-I", "schema/include", "-oc++:"+out, "--src-prefix=schema", "schema/itx.capnp")
 	bin := filepath.Join(out, "itx-example")
@@ -71,6 +71,13 @@ func TestExamples_CPlusPlus(t *testing.T) {
 	srv := itxtest.Start(t, server.Config{})
 	got := run(t, ctx, root, bin, srv.Addr, srv.Creds.ProjectToken)
 	require.Equal(t, wantOutput("/examples/cpp"), got)
+
+	t.Run("over TLS", func(t *testing.T) {
+		ca, cfg := itxtest.SelfSigned(t, t.TempDir())
+		srv := itxtest.StartTLS(t, server.Config{}, cfg)
+		got := run(t, ctx, root, bin, srv.Addr, srv.Creds.ProjectToken, ca, "localhost")
+		require.Equal(t, wantOutput("/examples/cpp"), got)
+	})
 }
 
 func TestExamples_JavaScript(t *testing.T) {
@@ -86,4 +93,16 @@ func TestExamples_JavaScript(t *testing.T) {
 	srv := itxtest.Start(t, server.Config{})
 	got := run(t, ctx, dir, "node", "client.mjs", srv.Addr, srv.Creds.ProjectToken)
 	require.Equal(t, wantOutput("/examples/js"), got)
+
+	t.Run("over TLS", func(t *testing.T) {
+		ca, cfg := itxtest.SelfSigned(t, t.TempDir())
+		srv := itxtest.StartTLS(t, server.Config{}, cfg)
+		other, _ := itxtest.SelfSigned(t, t.TempDir())
+		cmd := exec.CommandContext(ctx, "node", "client.mjs", srv.Addr, srv.Creds.ProjectToken, other)
+		cmd.Dir = dir
+		out, err := cmd.CombinedOutput()
+		require.Error(t, err, "a certificate from another CA is refused: %s", out)
+		got := run(t, ctx, dir, "node", "client.mjs", srv.Addr, srv.Creds.ProjectToken, ca)
+		require.Equal(t, wantOutput("/examples/js"), got)
+	})
 }

@@ -42,6 +42,7 @@ enum ErrorCode {
   failedPrecondition @13;  # the target is in the wrong state (e.g. resume of an active subscription)
   cancelled @14;           # the caller went away or closed the connection
   resourceExhausted @15;   # the server's disk is full: nothing of the call was written; retry once space returns
+  permissionDenied @16;    # the token's scope (path prefix, rights) or an attenuated capability does not allow it
 }
 
 # An error as data (a subscription's last error, a connection's close reason).
@@ -220,6 +221,9 @@ struct SubscriptionDescription {
   inFlightDeadlineAt @13 :Int64;
   inFlightConnectionGeneration @14 :UInt64;
   updatedAt @15 :Text;
+  # A webhook's signing secret is kept apart from the log: config.receiver.secret holds only its
+  # reference ("itxsecret:<fingerprint>"), never the secret. secretSet says whether one is set.
+  secretSet @16 :Bool;
 }
 
 interface Subscriptions {
@@ -428,6 +432,13 @@ interface Stream {
   openConnection @8 (options :ConnectionOptions, sink :EventSink) -> (connection :Connection);
   readers @9 () -> (readers :Readers);
   liveState @10 (subscriber :LiveSubscriber) -> (handle :Handle);
+  # Attenuation: a narrower capability to this stream, to hand to someone else over RPC without a
+  # new token. readOnly serves only reads (getEvents, getEventPage, waitForEvent, describe,
+  # openConnection, liveState, listings); appendOnly only append. Both keep the holder's own
+  # limits (never more than this capability), and die with the session that minted them or when
+  # released. Calls they do not allow fail with permissionDenied.
+  readOnly @11 () -> (stream :Stream);
+  appendOnly @12 () -> (stream :Stream);
 }
 
 interface Streams {
@@ -444,6 +455,57 @@ interface Project {
   capabilities @1 () -> (capabilities :Capabilities);
   processors @2 () -> (processors :ProcessorHosts);
   describe @3 () -> (info :ProjectInfo);
+  # Administration: from the deployment root, every project; from a project token with the admin
+  # right, that project's tokens. permissionDenied otherwise.
+  admin @4 () -> (admin :Admin);
+}
+
+# --- access ----------------------------------------------------------------------------------
+
+enum Right {
+  read @0;       # getEvents, getEventPage, waitForEvent, describe, connections, live state, listings
+  append @1;     # append
+  subscribe @2;  # subscriptions: configure, remove, cursor-set, resume; mount receivers
+  admin @3;      # Project.admin: the project's tokens (the deployment root: every project)
+}
+
+# What a token may do. A zero scope (no prefix, no rights) is the whole project.
+struct TokenScope {
+  prefix @0 :Text;          # a stream path prefix, by segments ("/a" holds "/a" and "/a/b", not "/ab"); empty: every path
+  rights @1 :List(Right);   # empty: every right
+}
+
+# A token as listings show it: never its secret.
+struct TokenInfo {
+  id @0 :Text;
+  projectId @1 :Text;
+  label @2 :Text;
+  createdAt @3 :Int64;      # epoch ms
+  lastUsedAt @4 :Int64;     # epoch ms of its last login; 0: never
+  expiresAt @5 :Int64;      # epoch ms; 0: never
+  scope @6 :TokenScope;
+}
+
+struct ProjectSummary {
+  info @0 :ProjectInfo;
+  createdAt @1 :Int64;
+  streamCount @2 :UInt32;
+}
+
+# Administration of projects and tokens. Tokens are returned once, at creation, and kept only
+# hashed. Every change is recorded in the deployment's /audit stream.
+interface Admin {
+  createProject @0 (name :Text) -> (info :ProjectInfo, token :Text, tokenInfo :TokenInfo);
+  listProjects @1 () -> (projects :List(ProjectSummary));
+  renameProject @2 (projectId :Text, name :Text) -> ();
+  # failedPrecondition while the project has streams, unless force: then its streams and their
+  # files are deleted too. Its tokens stop working at once.
+  deleteProject @3 (projectId :Text, force :Bool) -> ();
+  # expiresAt 0: never. A scope narrower than the caller's own is required from a scoped caller.
+  createToken @4 (projectId :Text, label :Text, expiresAt :Int64, scope :TokenScope) -> (token :Text, info :TokenInfo);
+  listTokens @5 (projectId :Text) -> (tokens :List(TokenInfo));
+  # At once: sessions logged in with it are disconnected.
+  revokeToken @6 (projectId :Text, tokenId :Text) -> ();
 }
 
 # The bootstrap capability.

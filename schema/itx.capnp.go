@@ -35,6 +35,7 @@ const (
 	ErrorCode_failedPrecondition  ErrorCode = 13
 	ErrorCode_cancelled           ErrorCode = 14
 	ErrorCode_resourceExhausted   ErrorCode = 15
+	ErrorCode_permissionDenied    ErrorCode = 16
 )
 
 // String returns the enum's constant name.
@@ -72,6 +73,8 @@ func (c ErrorCode) String() string {
 		return "cancelled"
 	case ErrorCode_resourceExhausted:
 		return "resourceExhausted"
+	case ErrorCode_permissionDenied:
+		return "permissionDenied"
 
 	default:
 		return ""
@@ -114,6 +117,8 @@ func ErrorCodeFromString(c string) ErrorCode {
 		return ErrorCode_cancelled
 	case "resourceExhausted":
 		return ErrorCode_resourceExhausted
+	case "permissionDenied":
+		return ErrorCode_permissionDenied
 
 	default:
 		return 0
@@ -2603,6 +2608,14 @@ func (s SubscriptionDescription) UpdatedAtBytes() ([]byte, error) {
 
 func (s SubscriptionDescription) SetUpdatedAt(v string) error {
 	return capnp.Struct(s).SetText(3, v)
+}
+
+func (s SubscriptionDescription) SecretSet() bool {
+	return capnp.Struct(s).Bit(16)
+}
+
+func (s SubscriptionDescription) SetSecretSet(v bool) {
+	capnp.Struct(s).SetBit(16, v)
 }
 
 // SubscriptionDescription_List is a list of SubscriptionDescription.
@@ -12763,6 +12776,46 @@ func (c Stream) LiveState(ctx context.Context, params func(Stream_liveState_Para
 
 }
 
+func (c Stream) ReadOnly(ctx context.Context, params func(Stream_readOnly_Params) error) (Stream_readOnly_Results_Future, capnp.ReleaseFunc) {
+
+	s := capnp.Send{
+		Method: capnp.Method{
+			InterfaceID:   0xeffb554118f2d266,
+			MethodID:      11,
+			InterfaceName: "itx.capnp:Stream",
+			MethodName:    "readOnly",
+		},
+	}
+	if params != nil {
+		s.ArgsSize = capnp.ObjectSize{DataSize: 0, PointerCount: 0}
+		s.PlaceArgs = func(s capnp.Struct) error { return params(Stream_readOnly_Params(s)) }
+	}
+
+	ans, release := capnp.Client(c).SendCall(ctx, s)
+	return Stream_readOnly_Results_Future{Future: ans.Future()}, release
+
+}
+
+func (c Stream) AppendOnly(ctx context.Context, params func(Stream_appendOnly_Params) error) (Stream_appendOnly_Results_Future, capnp.ReleaseFunc) {
+
+	s := capnp.Send{
+		Method: capnp.Method{
+			InterfaceID:   0xeffb554118f2d266,
+			MethodID:      12,
+			InterfaceName: "itx.capnp:Stream",
+			MethodName:    "appendOnly",
+		},
+	}
+	if params != nil {
+		s.ArgsSize = capnp.ObjectSize{DataSize: 0, PointerCount: 0}
+		s.PlaceArgs = func(s capnp.Struct) error { return params(Stream_appendOnly_Params(s)) }
+	}
+
+	ans, release := capnp.Client(c).SendCall(ctx, s)
+	return Stream_appendOnly_Results_Future{Future: ans.Future()}, release
+
+}
+
 func (c Stream) WaitStreaming() error {
 	return capnp.Client(c).WaitStreaming()
 }
@@ -12857,6 +12910,10 @@ type Stream_Server interface {
 	Readers(context.Context, Stream_readers) error
 
 	LiveState(context.Context, Stream_liveState) error
+
+	ReadOnly(context.Context, Stream_readOnly) error
+
+	AppendOnly(context.Context, Stream_appendOnly) error
 }
 
 // Stream_NewServer creates a new Server from an implementation of Stream_Server.
@@ -12875,7 +12932,7 @@ func Stream_ServerToClient(s Stream_Server) Stream {
 // This can be used to create a more complicated Server.
 func Stream_Methods(methods []server.Method, s Stream_Server) []server.Method {
 	if cap(methods) == 0 {
-		methods = make([]server.Method, 0, 11)
+		methods = make([]server.Method, 0, 13)
 	}
 
 	methods = append(methods, server.Method{
@@ -13007,6 +13064,30 @@ func Stream_Methods(methods []server.Method, s Stream_Server) []server.Method {
 		},
 		Impl: func(ctx context.Context, call *server.Call) error {
 			return s.LiveState(ctx, Stream_liveState{call})
+		},
+	})
+
+	methods = append(methods, server.Method{
+		Method: capnp.Method{
+			InterfaceID:   0xeffb554118f2d266,
+			MethodID:      11,
+			InterfaceName: "itx.capnp:Stream",
+			MethodName:    "readOnly",
+		},
+		Impl: func(ctx context.Context, call *server.Call) error {
+			return s.ReadOnly(ctx, Stream_readOnly{call})
+		},
+	})
+
+	methods = append(methods, server.Method{
+		Method: capnp.Method{
+			InterfaceID:   0xeffb554118f2d266,
+			MethodID:      12,
+			InterfaceName: "itx.capnp:Stream",
+			MethodName:    "appendOnly",
+		},
+		Impl: func(ctx context.Context, call *server.Call) error {
+			return s.AppendOnly(ctx, Stream_appendOnly{call})
 		},
 	})
 
@@ -13198,6 +13279,40 @@ func (c Stream_liveState) Args() Stream_liveState_Params {
 func (c Stream_liveState) AllocResults() (Stream_liveState_Results, error) {
 	r, err := c.Call.AllocResults(capnp.ObjectSize{DataSize: 0, PointerCount: 1})
 	return Stream_liveState_Results(r), err
+}
+
+// Stream_readOnly holds the state for a server call to Stream.readOnly.
+// See server.Call for documentation.
+type Stream_readOnly struct {
+	*server.Call
+}
+
+// Args returns the call's arguments.
+func (c Stream_readOnly) Args() Stream_readOnly_Params {
+	return Stream_readOnly_Params(c.Call.Args())
+}
+
+// AllocResults allocates the results struct.
+func (c Stream_readOnly) AllocResults() (Stream_readOnly_Results, error) {
+	r, err := c.Call.AllocResults(capnp.ObjectSize{DataSize: 0, PointerCount: 1})
+	return Stream_readOnly_Results(r), err
+}
+
+// Stream_appendOnly holds the state for a server call to Stream.appendOnly.
+// See server.Call for documentation.
+type Stream_appendOnly struct {
+	*server.Call
+}
+
+// Args returns the call's arguments.
+func (c Stream_appendOnly) Args() Stream_appendOnly_Params {
+	return Stream_appendOnly_Params(c.Call.Args())
+}
+
+// AllocResults allocates the results struct.
+func (c Stream_appendOnly) AllocResults() (Stream_appendOnly_Results, error) {
+	r, err := c.Call.AllocResults(capnp.ObjectSize{DataSize: 0, PointerCount: 1})
+	return Stream_appendOnly_Results(r), err
 }
 
 // Stream_List is a list of Stream.
@@ -15112,6 +15227,306 @@ func (p Stream_liveState_Results_Future) Handle() Handle {
 	return Handle(p.Future.Field(0, nil).Client())
 }
 
+type Stream_readOnly_Params capnp.Struct
+
+// Stream_readOnly_Params_TypeID is the unique identifier for the type Stream_readOnly_Params.
+const Stream_readOnly_Params_TypeID = 0x812dd48a8e0832a5
+
+func NewStream_readOnly_Params(s *capnp.Segment) (Stream_readOnly_Params, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0})
+	return Stream_readOnly_Params(st), err
+}
+
+func NewRootStream_readOnly_Params(s *capnp.Segment) (Stream_readOnly_Params, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0})
+	return Stream_readOnly_Params(st), err
+}
+
+func ReadRootStream_readOnly_Params(msg *capnp.Message) (Stream_readOnly_Params, error) {
+	root, err := msg.Root()
+	return Stream_readOnly_Params(root.Struct()), err
+}
+
+func (s Stream_readOnly_Params) String() string {
+	str, _ := text.Marshal(0x812dd48a8e0832a5, capnp.Struct(s))
+	return str
+}
+
+func (s Stream_readOnly_Params) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (Stream_readOnly_Params) DecodeFromPtr(p capnp.Ptr) Stream_readOnly_Params {
+	return Stream_readOnly_Params(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s Stream_readOnly_Params) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s Stream_readOnly_Params) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s Stream_readOnly_Params) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s Stream_readOnly_Params) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+
+// Stream_readOnly_Params_List is a list of Stream_readOnly_Params.
+type Stream_readOnly_Params_List = capnp.StructList[Stream_readOnly_Params]
+
+// NewStream_readOnly_Params creates a new list of Stream_readOnly_Params.
+func NewStream_readOnly_Params_List(s *capnp.Segment, sz int32) (Stream_readOnly_Params_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0}, sz)
+	return capnp.StructList[Stream_readOnly_Params](l), err
+}
+
+// Stream_readOnly_Params_Future is a wrapper for a Stream_readOnly_Params promised by a client call.
+type Stream_readOnly_Params_Future struct{ *capnp.Future }
+
+func (f Stream_readOnly_Params_Future) Struct() (Stream_readOnly_Params, error) {
+	p, err := f.Future.Ptr()
+	return Stream_readOnly_Params(p.Struct()), err
+}
+
+type Stream_readOnly_Results capnp.Struct
+
+// Stream_readOnly_Results_TypeID is the unique identifier for the type Stream_readOnly_Results.
+const Stream_readOnly_Results_TypeID = 0x93cd6010081767e5
+
+func NewStream_readOnly_Results(s *capnp.Segment) (Stream_readOnly_Results, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1})
+	return Stream_readOnly_Results(st), err
+}
+
+func NewRootStream_readOnly_Results(s *capnp.Segment) (Stream_readOnly_Results, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1})
+	return Stream_readOnly_Results(st), err
+}
+
+func ReadRootStream_readOnly_Results(msg *capnp.Message) (Stream_readOnly_Results, error) {
+	root, err := msg.Root()
+	return Stream_readOnly_Results(root.Struct()), err
+}
+
+func (s Stream_readOnly_Results) String() string {
+	str, _ := text.Marshal(0x93cd6010081767e5, capnp.Struct(s))
+	return str
+}
+
+func (s Stream_readOnly_Results) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (Stream_readOnly_Results) DecodeFromPtr(p capnp.Ptr) Stream_readOnly_Results {
+	return Stream_readOnly_Results(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s Stream_readOnly_Results) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s Stream_readOnly_Results) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s Stream_readOnly_Results) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s Stream_readOnly_Results) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+func (s Stream_readOnly_Results) Stream() Stream {
+	p, _ := capnp.Struct(s).Ptr(0)
+	return Stream(p.Interface().Client())
+}
+
+func (s Stream_readOnly_Results) HasStream() bool {
+	return capnp.Struct(s).HasPtr(0)
+}
+
+func (s Stream_readOnly_Results) SetStream(v Stream) error {
+	if !v.IsValid() {
+		return capnp.Struct(s).SetPtr(0, capnp.Ptr{})
+	}
+	seg := s.Segment()
+	in := capnp.NewInterface(seg, seg.Message().CapTable().Add(capnp.Client(v)))
+	return capnp.Struct(s).SetPtr(0, in.ToPtr())
+}
+
+// Stream_readOnly_Results_List is a list of Stream_readOnly_Results.
+type Stream_readOnly_Results_List = capnp.StructList[Stream_readOnly_Results]
+
+// NewStream_readOnly_Results creates a new list of Stream_readOnly_Results.
+func NewStream_readOnly_Results_List(s *capnp.Segment, sz int32) (Stream_readOnly_Results_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1}, sz)
+	return capnp.StructList[Stream_readOnly_Results](l), err
+}
+
+// Stream_readOnly_Results_Future is a wrapper for a Stream_readOnly_Results promised by a client call.
+type Stream_readOnly_Results_Future struct{ *capnp.Future }
+
+func (f Stream_readOnly_Results_Future) Struct() (Stream_readOnly_Results, error) {
+	p, err := f.Future.Ptr()
+	return Stream_readOnly_Results(p.Struct()), err
+}
+func (p Stream_readOnly_Results_Future) Stream() Stream {
+	return Stream(p.Future.Field(0, nil).Client())
+}
+
+type Stream_appendOnly_Params capnp.Struct
+
+// Stream_appendOnly_Params_TypeID is the unique identifier for the type Stream_appendOnly_Params.
+const Stream_appendOnly_Params_TypeID = 0x8cc398004c95e856
+
+func NewStream_appendOnly_Params(s *capnp.Segment) (Stream_appendOnly_Params, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0})
+	return Stream_appendOnly_Params(st), err
+}
+
+func NewRootStream_appendOnly_Params(s *capnp.Segment) (Stream_appendOnly_Params, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0})
+	return Stream_appendOnly_Params(st), err
+}
+
+func ReadRootStream_appendOnly_Params(msg *capnp.Message) (Stream_appendOnly_Params, error) {
+	root, err := msg.Root()
+	return Stream_appendOnly_Params(root.Struct()), err
+}
+
+func (s Stream_appendOnly_Params) String() string {
+	str, _ := text.Marshal(0x8cc398004c95e856, capnp.Struct(s))
+	return str
+}
+
+func (s Stream_appendOnly_Params) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (Stream_appendOnly_Params) DecodeFromPtr(p capnp.Ptr) Stream_appendOnly_Params {
+	return Stream_appendOnly_Params(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s Stream_appendOnly_Params) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s Stream_appendOnly_Params) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s Stream_appendOnly_Params) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s Stream_appendOnly_Params) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+
+// Stream_appendOnly_Params_List is a list of Stream_appendOnly_Params.
+type Stream_appendOnly_Params_List = capnp.StructList[Stream_appendOnly_Params]
+
+// NewStream_appendOnly_Params creates a new list of Stream_appendOnly_Params.
+func NewStream_appendOnly_Params_List(s *capnp.Segment, sz int32) (Stream_appendOnly_Params_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0}, sz)
+	return capnp.StructList[Stream_appendOnly_Params](l), err
+}
+
+// Stream_appendOnly_Params_Future is a wrapper for a Stream_appendOnly_Params promised by a client call.
+type Stream_appendOnly_Params_Future struct{ *capnp.Future }
+
+func (f Stream_appendOnly_Params_Future) Struct() (Stream_appendOnly_Params, error) {
+	p, err := f.Future.Ptr()
+	return Stream_appendOnly_Params(p.Struct()), err
+}
+
+type Stream_appendOnly_Results capnp.Struct
+
+// Stream_appendOnly_Results_TypeID is the unique identifier for the type Stream_appendOnly_Results.
+const Stream_appendOnly_Results_TypeID = 0xfda5d8c2d43a93d9
+
+func NewStream_appendOnly_Results(s *capnp.Segment) (Stream_appendOnly_Results, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1})
+	return Stream_appendOnly_Results(st), err
+}
+
+func NewRootStream_appendOnly_Results(s *capnp.Segment) (Stream_appendOnly_Results, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1})
+	return Stream_appendOnly_Results(st), err
+}
+
+func ReadRootStream_appendOnly_Results(msg *capnp.Message) (Stream_appendOnly_Results, error) {
+	root, err := msg.Root()
+	return Stream_appendOnly_Results(root.Struct()), err
+}
+
+func (s Stream_appendOnly_Results) String() string {
+	str, _ := text.Marshal(0xfda5d8c2d43a93d9, capnp.Struct(s))
+	return str
+}
+
+func (s Stream_appendOnly_Results) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (Stream_appendOnly_Results) DecodeFromPtr(p capnp.Ptr) Stream_appendOnly_Results {
+	return Stream_appendOnly_Results(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s Stream_appendOnly_Results) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s Stream_appendOnly_Results) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s Stream_appendOnly_Results) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s Stream_appendOnly_Results) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+func (s Stream_appendOnly_Results) Stream() Stream {
+	p, _ := capnp.Struct(s).Ptr(0)
+	return Stream(p.Interface().Client())
+}
+
+func (s Stream_appendOnly_Results) HasStream() bool {
+	return capnp.Struct(s).HasPtr(0)
+}
+
+func (s Stream_appendOnly_Results) SetStream(v Stream) error {
+	if !v.IsValid() {
+		return capnp.Struct(s).SetPtr(0, capnp.Ptr{})
+	}
+	seg := s.Segment()
+	in := capnp.NewInterface(seg, seg.Message().CapTable().Add(capnp.Client(v)))
+	return capnp.Struct(s).SetPtr(0, in.ToPtr())
+}
+
+// Stream_appendOnly_Results_List is a list of Stream_appendOnly_Results.
+type Stream_appendOnly_Results_List = capnp.StructList[Stream_appendOnly_Results]
+
+// NewStream_appendOnly_Results creates a new list of Stream_appendOnly_Results.
+func NewStream_appendOnly_Results_List(s *capnp.Segment, sz int32) (Stream_appendOnly_Results_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1}, sz)
+	return capnp.StructList[Stream_appendOnly_Results](l), err
+}
+
+// Stream_appendOnly_Results_Future is a wrapper for a Stream_appendOnly_Results promised by a client call.
+type Stream_appendOnly_Results_Future struct{ *capnp.Future }
+
+func (f Stream_appendOnly_Results_Future) Struct() (Stream_appendOnly_Results, error) {
+	p, err := f.Future.Ptr()
+	return Stream_appendOnly_Results(p.Struct()), err
+}
+func (p Stream_appendOnly_Results_Future) Stream() Stream {
+	return Stream(p.Future.Field(0, nil).Client())
+}
+
 type Streams capnp.Client
 
 // Streams_TypeID is the unique identifier for the type Streams.
@@ -15789,6 +16204,26 @@ func (c Project) Describe(ctx context.Context, params func(Project_describe_Para
 
 }
 
+func (c Project) Admin(ctx context.Context, params func(Project_admin_Params) error) (Project_admin_Results_Future, capnp.ReleaseFunc) {
+
+	s := capnp.Send{
+		Method: capnp.Method{
+			InterfaceID:   0x88e4f0bf8dd31a5f,
+			MethodID:      4,
+			InterfaceName: "itx.capnp:Project",
+			MethodName:    "admin",
+		},
+	}
+	if params != nil {
+		s.ArgsSize = capnp.ObjectSize{DataSize: 0, PointerCount: 0}
+		s.PlaceArgs = func(s capnp.Struct) error { return params(Project_admin_Params(s)) }
+	}
+
+	ans, release := capnp.Client(c).SendCall(ctx, s)
+	return Project_admin_Results_Future{Future: ans.Future()}, release
+
+}
+
 func (c Project) WaitStreaming() error {
 	return capnp.Client(c).WaitStreaming()
 }
@@ -15869,6 +16304,8 @@ type Project_Server interface {
 	Processors(context.Context, Project_processors) error
 
 	Describe(context.Context, Project_describe) error
+
+	Admin(context.Context, Project_admin) error
 }
 
 // Project_NewServer creates a new Server from an implementation of Project_Server.
@@ -15887,7 +16324,7 @@ func Project_ServerToClient(s Project_Server) Project {
 // This can be used to create a more complicated Server.
 func Project_Methods(methods []server.Method, s Project_Server) []server.Method {
 	if cap(methods) == 0 {
-		methods = make([]server.Method, 0, 4)
+		methods = make([]server.Method, 0, 5)
 	}
 
 	methods = append(methods, server.Method{
@@ -15935,6 +16372,18 @@ func Project_Methods(methods []server.Method, s Project_Server) []server.Method 
 		},
 		Impl: func(ctx context.Context, call *server.Call) error {
 			return s.Describe(ctx, Project_describe{call})
+		},
+	})
+
+	methods = append(methods, server.Method{
+		Method: capnp.Method{
+			InterfaceID:   0x88e4f0bf8dd31a5f,
+			MethodID:      4,
+			InterfaceName: "itx.capnp:Project",
+			MethodName:    "admin",
+		},
+		Impl: func(ctx context.Context, call *server.Call) error {
+			return s.Admin(ctx, Project_admin{call})
 		},
 	})
 
@@ -16007,6 +16456,23 @@ func (c Project_describe) Args() Project_describe_Params {
 func (c Project_describe) AllocResults() (Project_describe_Results, error) {
 	r, err := c.Call.AllocResults(capnp.ObjectSize{DataSize: 0, PointerCount: 1})
 	return Project_describe_Results(r), err
+}
+
+// Project_admin holds the state for a server call to Project.admin.
+// See server.Call for documentation.
+type Project_admin struct {
+	*server.Call
+}
+
+// Args returns the call's arguments.
+func (c Project_admin) Args() Project_admin_Params {
+	return Project_admin_Params(c.Call.Args())
+}
+
+// AllocResults allocates the results struct.
+func (c Project_admin) AllocResults() (Project_admin_Results, error) {
+	r, err := c.Call.AllocResults(capnp.ObjectSize{DataSize: 0, PointerCount: 1})
+	return Project_admin_Results(r), err
 }
 
 // Project_List is a list of Project.
@@ -16624,6 +17090,2329 @@ func (p Project_describe_Results_Future) Info() ProjectInfo_Future {
 	return ProjectInfo_Future{Future: p.Future.Field(0, nil)}
 }
 
+type Project_admin_Params capnp.Struct
+
+// Project_admin_Params_TypeID is the unique identifier for the type Project_admin_Params.
+const Project_admin_Params_TypeID = 0xca528d234835bec7
+
+func NewProject_admin_Params(s *capnp.Segment) (Project_admin_Params, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0})
+	return Project_admin_Params(st), err
+}
+
+func NewRootProject_admin_Params(s *capnp.Segment) (Project_admin_Params, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0})
+	return Project_admin_Params(st), err
+}
+
+func ReadRootProject_admin_Params(msg *capnp.Message) (Project_admin_Params, error) {
+	root, err := msg.Root()
+	return Project_admin_Params(root.Struct()), err
+}
+
+func (s Project_admin_Params) String() string {
+	str, _ := text.Marshal(0xca528d234835bec7, capnp.Struct(s))
+	return str
+}
+
+func (s Project_admin_Params) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (Project_admin_Params) DecodeFromPtr(p capnp.Ptr) Project_admin_Params {
+	return Project_admin_Params(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s Project_admin_Params) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s Project_admin_Params) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s Project_admin_Params) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s Project_admin_Params) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+
+// Project_admin_Params_List is a list of Project_admin_Params.
+type Project_admin_Params_List = capnp.StructList[Project_admin_Params]
+
+// NewProject_admin_Params creates a new list of Project_admin_Params.
+func NewProject_admin_Params_List(s *capnp.Segment, sz int32) (Project_admin_Params_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0}, sz)
+	return capnp.StructList[Project_admin_Params](l), err
+}
+
+// Project_admin_Params_Future is a wrapper for a Project_admin_Params promised by a client call.
+type Project_admin_Params_Future struct{ *capnp.Future }
+
+func (f Project_admin_Params_Future) Struct() (Project_admin_Params, error) {
+	p, err := f.Future.Ptr()
+	return Project_admin_Params(p.Struct()), err
+}
+
+type Project_admin_Results capnp.Struct
+
+// Project_admin_Results_TypeID is the unique identifier for the type Project_admin_Results.
+const Project_admin_Results_TypeID = 0x82c8e08476e4c4ec
+
+func NewProject_admin_Results(s *capnp.Segment) (Project_admin_Results, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1})
+	return Project_admin_Results(st), err
+}
+
+func NewRootProject_admin_Results(s *capnp.Segment) (Project_admin_Results, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1})
+	return Project_admin_Results(st), err
+}
+
+func ReadRootProject_admin_Results(msg *capnp.Message) (Project_admin_Results, error) {
+	root, err := msg.Root()
+	return Project_admin_Results(root.Struct()), err
+}
+
+func (s Project_admin_Results) String() string {
+	str, _ := text.Marshal(0x82c8e08476e4c4ec, capnp.Struct(s))
+	return str
+}
+
+func (s Project_admin_Results) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (Project_admin_Results) DecodeFromPtr(p capnp.Ptr) Project_admin_Results {
+	return Project_admin_Results(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s Project_admin_Results) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s Project_admin_Results) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s Project_admin_Results) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s Project_admin_Results) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+func (s Project_admin_Results) Admin() Admin {
+	p, _ := capnp.Struct(s).Ptr(0)
+	return Admin(p.Interface().Client())
+}
+
+func (s Project_admin_Results) HasAdmin() bool {
+	return capnp.Struct(s).HasPtr(0)
+}
+
+func (s Project_admin_Results) SetAdmin(v Admin) error {
+	if !v.IsValid() {
+		return capnp.Struct(s).SetPtr(0, capnp.Ptr{})
+	}
+	seg := s.Segment()
+	in := capnp.NewInterface(seg, seg.Message().CapTable().Add(capnp.Client(v)))
+	return capnp.Struct(s).SetPtr(0, in.ToPtr())
+}
+
+// Project_admin_Results_List is a list of Project_admin_Results.
+type Project_admin_Results_List = capnp.StructList[Project_admin_Results]
+
+// NewProject_admin_Results creates a new list of Project_admin_Results.
+func NewProject_admin_Results_List(s *capnp.Segment, sz int32) (Project_admin_Results_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1}, sz)
+	return capnp.StructList[Project_admin_Results](l), err
+}
+
+// Project_admin_Results_Future is a wrapper for a Project_admin_Results promised by a client call.
+type Project_admin_Results_Future struct{ *capnp.Future }
+
+func (f Project_admin_Results_Future) Struct() (Project_admin_Results, error) {
+	p, err := f.Future.Ptr()
+	return Project_admin_Results(p.Struct()), err
+}
+func (p Project_admin_Results_Future) Admin() Admin {
+	return Admin(p.Future.Field(0, nil).Client())
+}
+
+type Right uint16
+
+// Right_TypeID is the unique identifier for the type Right.
+const Right_TypeID = 0xb81c92e29d839550
+
+// Values of Right.
+const (
+	Right_read      Right = 0
+	Right_append    Right = 1
+	Right_subscribe Right = 2
+	Right_admin     Right = 3
+)
+
+// String returns the enum's constant name.
+func (c Right) String() string {
+	switch c {
+	case Right_read:
+		return "read"
+	case Right_append:
+		return "append"
+	case Right_subscribe:
+		return "subscribe"
+	case Right_admin:
+		return "admin"
+
+	default:
+		return ""
+	}
+}
+
+// RightFromString returns the enum value with a name,
+// or the zero value if there's no such value.
+func RightFromString(c string) Right {
+	switch c {
+	case "read":
+		return Right_read
+	case "append":
+		return Right_append
+	case "subscribe":
+		return Right_subscribe
+	case "admin":
+		return Right_admin
+
+	default:
+		return 0
+	}
+}
+
+type Right_List = capnp.EnumList[Right]
+
+func NewRight_List(s *capnp.Segment, sz int32) (Right_List, error) {
+	return capnp.NewEnumList[Right](s, sz)
+}
+
+type TokenScope capnp.Struct
+
+// TokenScope_TypeID is the unique identifier for the type TokenScope.
+const TokenScope_TypeID = 0xc8f0eef973e12294
+
+func NewTokenScope(s *capnp.Segment) (TokenScope, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 2})
+	return TokenScope(st), err
+}
+
+func NewRootTokenScope(s *capnp.Segment) (TokenScope, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 2})
+	return TokenScope(st), err
+}
+
+func ReadRootTokenScope(msg *capnp.Message) (TokenScope, error) {
+	root, err := msg.Root()
+	return TokenScope(root.Struct()), err
+}
+
+func (s TokenScope) String() string {
+	str, _ := text.Marshal(0xc8f0eef973e12294, capnp.Struct(s))
+	return str
+}
+
+func (s TokenScope) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (TokenScope) DecodeFromPtr(p capnp.Ptr) TokenScope {
+	return TokenScope(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s TokenScope) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s TokenScope) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s TokenScope) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s TokenScope) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+func (s TokenScope) Prefix() (string, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.Text(), err
+}
+
+func (s TokenScope) HasPrefix() bool {
+	return capnp.Struct(s).HasPtr(0)
+}
+
+func (s TokenScope) PrefixBytes() ([]byte, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.TextBytes(), err
+}
+
+func (s TokenScope) SetPrefix(v string) error {
+	return capnp.Struct(s).SetText(0, v)
+}
+
+func (s TokenScope) Rights() (Right_List, error) {
+	p, err := capnp.Struct(s).Ptr(1)
+	return Right_List(p.List()), err
+}
+
+func (s TokenScope) HasRights() bool {
+	return capnp.Struct(s).HasPtr(1)
+}
+
+func (s TokenScope) SetRights(v Right_List) error {
+	return capnp.Struct(s).SetPtr(1, v.ToPtr())
+}
+
+// NewRights sets the rights field to a newly
+// allocated Right_List, preferring placement in s's segment.
+func (s TokenScope) NewRights(n int32) (Right_List, error) {
+	l, err := NewRight_List(capnp.Struct(s).Segment(), n)
+	if err != nil {
+		return Right_List{}, err
+	}
+	err = capnp.Struct(s).SetPtr(1, l.ToPtr())
+	return l, err
+}
+
+// TokenScope_List is a list of TokenScope.
+type TokenScope_List = capnp.StructList[TokenScope]
+
+// NewTokenScope creates a new list of TokenScope.
+func NewTokenScope_List(s *capnp.Segment, sz int32) (TokenScope_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 2}, sz)
+	return capnp.StructList[TokenScope](l), err
+}
+
+// TokenScope_Future is a wrapper for a TokenScope promised by a client call.
+type TokenScope_Future struct{ *capnp.Future }
+
+func (f TokenScope_Future) Struct() (TokenScope, error) {
+	p, err := f.Future.Ptr()
+	return TokenScope(p.Struct()), err
+}
+
+type TokenInfo capnp.Struct
+
+// TokenInfo_TypeID is the unique identifier for the type TokenInfo.
+const TokenInfo_TypeID = 0x9227b6c4711a6da7
+
+func NewTokenInfo(s *capnp.Segment) (TokenInfo, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 24, PointerCount: 4})
+	return TokenInfo(st), err
+}
+
+func NewRootTokenInfo(s *capnp.Segment) (TokenInfo, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 24, PointerCount: 4})
+	return TokenInfo(st), err
+}
+
+func ReadRootTokenInfo(msg *capnp.Message) (TokenInfo, error) {
+	root, err := msg.Root()
+	return TokenInfo(root.Struct()), err
+}
+
+func (s TokenInfo) String() string {
+	str, _ := text.Marshal(0x9227b6c4711a6da7, capnp.Struct(s))
+	return str
+}
+
+func (s TokenInfo) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (TokenInfo) DecodeFromPtr(p capnp.Ptr) TokenInfo {
+	return TokenInfo(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s TokenInfo) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s TokenInfo) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s TokenInfo) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s TokenInfo) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+func (s TokenInfo) Id() (string, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.Text(), err
+}
+
+func (s TokenInfo) HasId() bool {
+	return capnp.Struct(s).HasPtr(0)
+}
+
+func (s TokenInfo) IdBytes() ([]byte, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.TextBytes(), err
+}
+
+func (s TokenInfo) SetId(v string) error {
+	return capnp.Struct(s).SetText(0, v)
+}
+
+func (s TokenInfo) ProjectId() (string, error) {
+	p, err := capnp.Struct(s).Ptr(1)
+	return p.Text(), err
+}
+
+func (s TokenInfo) HasProjectId() bool {
+	return capnp.Struct(s).HasPtr(1)
+}
+
+func (s TokenInfo) ProjectIdBytes() ([]byte, error) {
+	p, err := capnp.Struct(s).Ptr(1)
+	return p.TextBytes(), err
+}
+
+func (s TokenInfo) SetProjectId(v string) error {
+	return capnp.Struct(s).SetText(1, v)
+}
+
+func (s TokenInfo) Label() (string, error) {
+	p, err := capnp.Struct(s).Ptr(2)
+	return p.Text(), err
+}
+
+func (s TokenInfo) HasLabel() bool {
+	return capnp.Struct(s).HasPtr(2)
+}
+
+func (s TokenInfo) LabelBytes() ([]byte, error) {
+	p, err := capnp.Struct(s).Ptr(2)
+	return p.TextBytes(), err
+}
+
+func (s TokenInfo) SetLabel(v string) error {
+	return capnp.Struct(s).SetText(2, v)
+}
+
+func (s TokenInfo) CreatedAt() int64 {
+	return int64(capnp.Struct(s).Uint64(0))
+}
+
+func (s TokenInfo) SetCreatedAt(v int64) {
+	capnp.Struct(s).SetUint64(0, uint64(v))
+}
+
+func (s TokenInfo) LastUsedAt() int64 {
+	return int64(capnp.Struct(s).Uint64(8))
+}
+
+func (s TokenInfo) SetLastUsedAt(v int64) {
+	capnp.Struct(s).SetUint64(8, uint64(v))
+}
+
+func (s TokenInfo) ExpiresAt() int64 {
+	return int64(capnp.Struct(s).Uint64(16))
+}
+
+func (s TokenInfo) SetExpiresAt(v int64) {
+	capnp.Struct(s).SetUint64(16, uint64(v))
+}
+
+func (s TokenInfo) Scope() (TokenScope, error) {
+	p, err := capnp.Struct(s).Ptr(3)
+	return TokenScope(p.Struct()), err
+}
+
+func (s TokenInfo) HasScope() bool {
+	return capnp.Struct(s).HasPtr(3)
+}
+
+func (s TokenInfo) SetScope(v TokenScope) error {
+	return capnp.Struct(s).SetPtr(3, capnp.Struct(v).ToPtr())
+}
+
+// NewScope sets the scope field to a newly
+// allocated TokenScope struct, preferring placement in s's segment.
+func (s TokenInfo) NewScope() (TokenScope, error) {
+	ss, err := NewTokenScope(capnp.Struct(s).Segment())
+	if err != nil {
+		return TokenScope{}, err
+	}
+	err = capnp.Struct(s).SetPtr(3, capnp.Struct(ss).ToPtr())
+	return ss, err
+}
+
+// TokenInfo_List is a list of TokenInfo.
+type TokenInfo_List = capnp.StructList[TokenInfo]
+
+// NewTokenInfo creates a new list of TokenInfo.
+func NewTokenInfo_List(s *capnp.Segment, sz int32) (TokenInfo_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 24, PointerCount: 4}, sz)
+	return capnp.StructList[TokenInfo](l), err
+}
+
+// TokenInfo_Future is a wrapper for a TokenInfo promised by a client call.
+type TokenInfo_Future struct{ *capnp.Future }
+
+func (f TokenInfo_Future) Struct() (TokenInfo, error) {
+	p, err := f.Future.Ptr()
+	return TokenInfo(p.Struct()), err
+}
+func (p TokenInfo_Future) Scope() TokenScope_Future {
+	return TokenScope_Future{Future: p.Future.Field(3, nil)}
+}
+
+type ProjectSummary capnp.Struct
+
+// ProjectSummary_TypeID is the unique identifier for the type ProjectSummary.
+const ProjectSummary_TypeID = 0xb1417a841b06ff32
+
+func NewProjectSummary(s *capnp.Segment) (ProjectSummary, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 16, PointerCount: 1})
+	return ProjectSummary(st), err
+}
+
+func NewRootProjectSummary(s *capnp.Segment) (ProjectSummary, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 16, PointerCount: 1})
+	return ProjectSummary(st), err
+}
+
+func ReadRootProjectSummary(msg *capnp.Message) (ProjectSummary, error) {
+	root, err := msg.Root()
+	return ProjectSummary(root.Struct()), err
+}
+
+func (s ProjectSummary) String() string {
+	str, _ := text.Marshal(0xb1417a841b06ff32, capnp.Struct(s))
+	return str
+}
+
+func (s ProjectSummary) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (ProjectSummary) DecodeFromPtr(p capnp.Ptr) ProjectSummary {
+	return ProjectSummary(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s ProjectSummary) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s ProjectSummary) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s ProjectSummary) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s ProjectSummary) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+func (s ProjectSummary) Info() (ProjectInfo, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return ProjectInfo(p.Struct()), err
+}
+
+func (s ProjectSummary) HasInfo() bool {
+	return capnp.Struct(s).HasPtr(0)
+}
+
+func (s ProjectSummary) SetInfo(v ProjectInfo) error {
+	return capnp.Struct(s).SetPtr(0, capnp.Struct(v).ToPtr())
+}
+
+// NewInfo sets the info field to a newly
+// allocated ProjectInfo struct, preferring placement in s's segment.
+func (s ProjectSummary) NewInfo() (ProjectInfo, error) {
+	ss, err := NewProjectInfo(capnp.Struct(s).Segment())
+	if err != nil {
+		return ProjectInfo{}, err
+	}
+	err = capnp.Struct(s).SetPtr(0, capnp.Struct(ss).ToPtr())
+	return ss, err
+}
+
+func (s ProjectSummary) CreatedAt() int64 {
+	return int64(capnp.Struct(s).Uint64(0))
+}
+
+func (s ProjectSummary) SetCreatedAt(v int64) {
+	capnp.Struct(s).SetUint64(0, uint64(v))
+}
+
+func (s ProjectSummary) StreamCount() uint32 {
+	return capnp.Struct(s).Uint32(8)
+}
+
+func (s ProjectSummary) SetStreamCount(v uint32) {
+	capnp.Struct(s).SetUint32(8, v)
+}
+
+// ProjectSummary_List is a list of ProjectSummary.
+type ProjectSummary_List = capnp.StructList[ProjectSummary]
+
+// NewProjectSummary creates a new list of ProjectSummary.
+func NewProjectSummary_List(s *capnp.Segment, sz int32) (ProjectSummary_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 16, PointerCount: 1}, sz)
+	return capnp.StructList[ProjectSummary](l), err
+}
+
+// ProjectSummary_Future is a wrapper for a ProjectSummary promised by a client call.
+type ProjectSummary_Future struct{ *capnp.Future }
+
+func (f ProjectSummary_Future) Struct() (ProjectSummary, error) {
+	p, err := f.Future.Ptr()
+	return ProjectSummary(p.Struct()), err
+}
+func (p ProjectSummary_Future) Info() ProjectInfo_Future {
+	return ProjectInfo_Future{Future: p.Future.Field(0, nil)}
+}
+
+type Admin capnp.Client
+
+// Admin_TypeID is the unique identifier for the type Admin.
+const Admin_TypeID = 0xc23adf72c98b410e
+
+func (c Admin) CreateProject(ctx context.Context, params func(Admin_createProject_Params) error) (Admin_createProject_Results_Future, capnp.ReleaseFunc) {
+
+	s := capnp.Send{
+		Method: capnp.Method{
+			InterfaceID:   0xc23adf72c98b410e,
+			MethodID:      0,
+			InterfaceName: "itx.capnp:Admin",
+			MethodName:    "createProject",
+		},
+	}
+	if params != nil {
+		s.ArgsSize = capnp.ObjectSize{DataSize: 0, PointerCount: 1}
+		s.PlaceArgs = func(s capnp.Struct) error { return params(Admin_createProject_Params(s)) }
+	}
+
+	ans, release := capnp.Client(c).SendCall(ctx, s)
+	return Admin_createProject_Results_Future{Future: ans.Future()}, release
+
+}
+
+func (c Admin) ListProjects(ctx context.Context, params func(Admin_listProjects_Params) error) (Admin_listProjects_Results_Future, capnp.ReleaseFunc) {
+
+	s := capnp.Send{
+		Method: capnp.Method{
+			InterfaceID:   0xc23adf72c98b410e,
+			MethodID:      1,
+			InterfaceName: "itx.capnp:Admin",
+			MethodName:    "listProjects",
+		},
+	}
+	if params != nil {
+		s.ArgsSize = capnp.ObjectSize{DataSize: 0, PointerCount: 0}
+		s.PlaceArgs = func(s capnp.Struct) error { return params(Admin_listProjects_Params(s)) }
+	}
+
+	ans, release := capnp.Client(c).SendCall(ctx, s)
+	return Admin_listProjects_Results_Future{Future: ans.Future()}, release
+
+}
+
+func (c Admin) RenameProject(ctx context.Context, params func(Admin_renameProject_Params) error) (Admin_renameProject_Results_Future, capnp.ReleaseFunc) {
+
+	s := capnp.Send{
+		Method: capnp.Method{
+			InterfaceID:   0xc23adf72c98b410e,
+			MethodID:      2,
+			InterfaceName: "itx.capnp:Admin",
+			MethodName:    "renameProject",
+		},
+	}
+	if params != nil {
+		s.ArgsSize = capnp.ObjectSize{DataSize: 0, PointerCount: 2}
+		s.PlaceArgs = func(s capnp.Struct) error { return params(Admin_renameProject_Params(s)) }
+	}
+
+	ans, release := capnp.Client(c).SendCall(ctx, s)
+	return Admin_renameProject_Results_Future{Future: ans.Future()}, release
+
+}
+
+func (c Admin) DeleteProject(ctx context.Context, params func(Admin_deleteProject_Params) error) (Admin_deleteProject_Results_Future, capnp.ReleaseFunc) {
+
+	s := capnp.Send{
+		Method: capnp.Method{
+			InterfaceID:   0xc23adf72c98b410e,
+			MethodID:      3,
+			InterfaceName: "itx.capnp:Admin",
+			MethodName:    "deleteProject",
+		},
+	}
+	if params != nil {
+		s.ArgsSize = capnp.ObjectSize{DataSize: 8, PointerCount: 1}
+		s.PlaceArgs = func(s capnp.Struct) error { return params(Admin_deleteProject_Params(s)) }
+	}
+
+	ans, release := capnp.Client(c).SendCall(ctx, s)
+	return Admin_deleteProject_Results_Future{Future: ans.Future()}, release
+
+}
+
+func (c Admin) CreateToken(ctx context.Context, params func(Admin_createToken_Params) error) (Admin_createToken_Results_Future, capnp.ReleaseFunc) {
+
+	s := capnp.Send{
+		Method: capnp.Method{
+			InterfaceID:   0xc23adf72c98b410e,
+			MethodID:      4,
+			InterfaceName: "itx.capnp:Admin",
+			MethodName:    "createToken",
+		},
+	}
+	if params != nil {
+		s.ArgsSize = capnp.ObjectSize{DataSize: 8, PointerCount: 3}
+		s.PlaceArgs = func(s capnp.Struct) error { return params(Admin_createToken_Params(s)) }
+	}
+
+	ans, release := capnp.Client(c).SendCall(ctx, s)
+	return Admin_createToken_Results_Future{Future: ans.Future()}, release
+
+}
+
+func (c Admin) ListTokens(ctx context.Context, params func(Admin_listTokens_Params) error) (Admin_listTokens_Results_Future, capnp.ReleaseFunc) {
+
+	s := capnp.Send{
+		Method: capnp.Method{
+			InterfaceID:   0xc23adf72c98b410e,
+			MethodID:      5,
+			InterfaceName: "itx.capnp:Admin",
+			MethodName:    "listTokens",
+		},
+	}
+	if params != nil {
+		s.ArgsSize = capnp.ObjectSize{DataSize: 0, PointerCount: 1}
+		s.PlaceArgs = func(s capnp.Struct) error { return params(Admin_listTokens_Params(s)) }
+	}
+
+	ans, release := capnp.Client(c).SendCall(ctx, s)
+	return Admin_listTokens_Results_Future{Future: ans.Future()}, release
+
+}
+
+func (c Admin) RevokeToken(ctx context.Context, params func(Admin_revokeToken_Params) error) (Admin_revokeToken_Results_Future, capnp.ReleaseFunc) {
+
+	s := capnp.Send{
+		Method: capnp.Method{
+			InterfaceID:   0xc23adf72c98b410e,
+			MethodID:      6,
+			InterfaceName: "itx.capnp:Admin",
+			MethodName:    "revokeToken",
+		},
+	}
+	if params != nil {
+		s.ArgsSize = capnp.ObjectSize{DataSize: 0, PointerCount: 2}
+		s.PlaceArgs = func(s capnp.Struct) error { return params(Admin_revokeToken_Params(s)) }
+	}
+
+	ans, release := capnp.Client(c).SendCall(ctx, s)
+	return Admin_revokeToken_Results_Future{Future: ans.Future()}, release
+
+}
+
+func (c Admin) WaitStreaming() error {
+	return capnp.Client(c).WaitStreaming()
+}
+
+// String returns a string that identifies this capability for debugging
+// purposes.  Its format should not be depended on: in particular, it
+// should not be used to compare clients.  Use IsSame to compare clients
+// for equality.
+func (c Admin) String() string {
+	return "Admin(" + capnp.Client(c).String() + ")"
+}
+
+// AddRef creates a new Client that refers to the same capability as c.
+// If c is nil or has resolved to null, then AddRef returns nil.
+func (c Admin) AddRef() Admin {
+	return Admin(capnp.Client(c).AddRef())
+}
+
+// Release releases a capability reference.  If this is the last
+// reference to the capability, then the underlying resources associated
+// with the capability will be released.
+//
+// Release will panic if c has already been released, but not if c is
+// nil or resolved to null.
+func (c Admin) Release() {
+	capnp.Client(c).Release()
+}
+
+// Resolve blocks until the capability is fully resolved or the Context
+// expires.
+func (c Admin) Resolve(ctx context.Context) error {
+	return capnp.Client(c).Resolve(ctx)
+}
+
+func (c Admin) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Client(c).EncodeAsPtr(seg)
+}
+
+func (Admin) DecodeFromPtr(p capnp.Ptr) Admin {
+	return Admin(capnp.Client{}.DecodeFromPtr(p))
+}
+
+// IsValid reports whether c is a valid reference to a capability.
+// A reference is invalid if it is nil, has resolved to null, or has
+// been released.
+func (c Admin) IsValid() bool {
+	return capnp.Client(c).IsValid()
+}
+
+// IsSame reports whether c and other refer to a capability created by the
+// same call to NewClient.  This can return false negatives if c or other
+// are not fully resolved: use Resolve if this is an issue.  If either
+// c or other are released, then IsSame panics.
+func (c Admin) IsSame(other Admin) bool {
+	return capnp.Client(c).IsSame(capnp.Client(other))
+}
+
+// Update the flowcontrol.FlowLimiter used to manage flow control for
+// this client. This affects all future calls, but not calls already
+// waiting to send. Passing nil sets the value to flowcontrol.NopLimiter,
+// which is also the default.
+func (c Admin) SetFlowLimiter(lim fc.FlowLimiter) {
+	capnp.Client(c).SetFlowLimiter(lim)
+}
+
+// Get the current flowcontrol.FlowLimiter used to manage flow control
+// for this client.
+func (c Admin) GetFlowLimiter() fc.FlowLimiter {
+	return capnp.Client(c).GetFlowLimiter()
+}
+
+// A Admin_Server is a Admin with a local implementation.
+type Admin_Server interface {
+	CreateProject(context.Context, Admin_createProject) error
+
+	ListProjects(context.Context, Admin_listProjects) error
+
+	RenameProject(context.Context, Admin_renameProject) error
+
+	DeleteProject(context.Context, Admin_deleteProject) error
+
+	CreateToken(context.Context, Admin_createToken) error
+
+	ListTokens(context.Context, Admin_listTokens) error
+
+	RevokeToken(context.Context, Admin_revokeToken) error
+}
+
+// Admin_NewServer creates a new Server from an implementation of Admin_Server.
+func Admin_NewServer(s Admin_Server) *server.Server {
+	c, _ := s.(server.Shutdowner)
+	return server.New(Admin_Methods(nil, s), s, c)
+}
+
+// Admin_ServerToClient creates a new Client from an implementation of Admin_Server.
+// The caller is responsible for calling Release on the returned Client.
+func Admin_ServerToClient(s Admin_Server) Admin {
+	return Admin(capnp.NewClient(Admin_NewServer(s)))
+}
+
+// Admin_Methods appends Methods to a slice that invoke the methods on s.
+// This can be used to create a more complicated Server.
+func Admin_Methods(methods []server.Method, s Admin_Server) []server.Method {
+	if cap(methods) == 0 {
+		methods = make([]server.Method, 0, 7)
+	}
+
+	methods = append(methods, server.Method{
+		Method: capnp.Method{
+			InterfaceID:   0xc23adf72c98b410e,
+			MethodID:      0,
+			InterfaceName: "itx.capnp:Admin",
+			MethodName:    "createProject",
+		},
+		Impl: func(ctx context.Context, call *server.Call) error {
+			return s.CreateProject(ctx, Admin_createProject{call})
+		},
+	})
+
+	methods = append(methods, server.Method{
+		Method: capnp.Method{
+			InterfaceID:   0xc23adf72c98b410e,
+			MethodID:      1,
+			InterfaceName: "itx.capnp:Admin",
+			MethodName:    "listProjects",
+		},
+		Impl: func(ctx context.Context, call *server.Call) error {
+			return s.ListProjects(ctx, Admin_listProjects{call})
+		},
+	})
+
+	methods = append(methods, server.Method{
+		Method: capnp.Method{
+			InterfaceID:   0xc23adf72c98b410e,
+			MethodID:      2,
+			InterfaceName: "itx.capnp:Admin",
+			MethodName:    "renameProject",
+		},
+		Impl: func(ctx context.Context, call *server.Call) error {
+			return s.RenameProject(ctx, Admin_renameProject{call})
+		},
+	})
+
+	methods = append(methods, server.Method{
+		Method: capnp.Method{
+			InterfaceID:   0xc23adf72c98b410e,
+			MethodID:      3,
+			InterfaceName: "itx.capnp:Admin",
+			MethodName:    "deleteProject",
+		},
+		Impl: func(ctx context.Context, call *server.Call) error {
+			return s.DeleteProject(ctx, Admin_deleteProject{call})
+		},
+	})
+
+	methods = append(methods, server.Method{
+		Method: capnp.Method{
+			InterfaceID:   0xc23adf72c98b410e,
+			MethodID:      4,
+			InterfaceName: "itx.capnp:Admin",
+			MethodName:    "createToken",
+		},
+		Impl: func(ctx context.Context, call *server.Call) error {
+			return s.CreateToken(ctx, Admin_createToken{call})
+		},
+	})
+
+	methods = append(methods, server.Method{
+		Method: capnp.Method{
+			InterfaceID:   0xc23adf72c98b410e,
+			MethodID:      5,
+			InterfaceName: "itx.capnp:Admin",
+			MethodName:    "listTokens",
+		},
+		Impl: func(ctx context.Context, call *server.Call) error {
+			return s.ListTokens(ctx, Admin_listTokens{call})
+		},
+	})
+
+	methods = append(methods, server.Method{
+		Method: capnp.Method{
+			InterfaceID:   0xc23adf72c98b410e,
+			MethodID:      6,
+			InterfaceName: "itx.capnp:Admin",
+			MethodName:    "revokeToken",
+		},
+		Impl: func(ctx context.Context, call *server.Call) error {
+			return s.RevokeToken(ctx, Admin_revokeToken{call})
+		},
+	})
+
+	return methods
+}
+
+// Admin_createProject holds the state for a server call to Admin.createProject.
+// See server.Call for documentation.
+type Admin_createProject struct {
+	*server.Call
+}
+
+// Args returns the call's arguments.
+func (c Admin_createProject) Args() Admin_createProject_Params {
+	return Admin_createProject_Params(c.Call.Args())
+}
+
+// AllocResults allocates the results struct.
+func (c Admin_createProject) AllocResults() (Admin_createProject_Results, error) {
+	r, err := c.Call.AllocResults(capnp.ObjectSize{DataSize: 0, PointerCount: 3})
+	return Admin_createProject_Results(r), err
+}
+
+// Admin_listProjects holds the state for a server call to Admin.listProjects.
+// See server.Call for documentation.
+type Admin_listProjects struct {
+	*server.Call
+}
+
+// Args returns the call's arguments.
+func (c Admin_listProjects) Args() Admin_listProjects_Params {
+	return Admin_listProjects_Params(c.Call.Args())
+}
+
+// AllocResults allocates the results struct.
+func (c Admin_listProjects) AllocResults() (Admin_listProjects_Results, error) {
+	r, err := c.Call.AllocResults(capnp.ObjectSize{DataSize: 0, PointerCount: 1})
+	return Admin_listProjects_Results(r), err
+}
+
+// Admin_renameProject holds the state for a server call to Admin.renameProject.
+// See server.Call for documentation.
+type Admin_renameProject struct {
+	*server.Call
+}
+
+// Args returns the call's arguments.
+func (c Admin_renameProject) Args() Admin_renameProject_Params {
+	return Admin_renameProject_Params(c.Call.Args())
+}
+
+// AllocResults allocates the results struct.
+func (c Admin_renameProject) AllocResults() (Admin_renameProject_Results, error) {
+	r, err := c.Call.AllocResults(capnp.ObjectSize{DataSize: 0, PointerCount: 0})
+	return Admin_renameProject_Results(r), err
+}
+
+// Admin_deleteProject holds the state for a server call to Admin.deleteProject.
+// See server.Call for documentation.
+type Admin_deleteProject struct {
+	*server.Call
+}
+
+// Args returns the call's arguments.
+func (c Admin_deleteProject) Args() Admin_deleteProject_Params {
+	return Admin_deleteProject_Params(c.Call.Args())
+}
+
+// AllocResults allocates the results struct.
+func (c Admin_deleteProject) AllocResults() (Admin_deleteProject_Results, error) {
+	r, err := c.Call.AllocResults(capnp.ObjectSize{DataSize: 0, PointerCount: 0})
+	return Admin_deleteProject_Results(r), err
+}
+
+// Admin_createToken holds the state for a server call to Admin.createToken.
+// See server.Call for documentation.
+type Admin_createToken struct {
+	*server.Call
+}
+
+// Args returns the call's arguments.
+func (c Admin_createToken) Args() Admin_createToken_Params {
+	return Admin_createToken_Params(c.Call.Args())
+}
+
+// AllocResults allocates the results struct.
+func (c Admin_createToken) AllocResults() (Admin_createToken_Results, error) {
+	r, err := c.Call.AllocResults(capnp.ObjectSize{DataSize: 0, PointerCount: 2})
+	return Admin_createToken_Results(r), err
+}
+
+// Admin_listTokens holds the state for a server call to Admin.listTokens.
+// See server.Call for documentation.
+type Admin_listTokens struct {
+	*server.Call
+}
+
+// Args returns the call's arguments.
+func (c Admin_listTokens) Args() Admin_listTokens_Params {
+	return Admin_listTokens_Params(c.Call.Args())
+}
+
+// AllocResults allocates the results struct.
+func (c Admin_listTokens) AllocResults() (Admin_listTokens_Results, error) {
+	r, err := c.Call.AllocResults(capnp.ObjectSize{DataSize: 0, PointerCount: 1})
+	return Admin_listTokens_Results(r), err
+}
+
+// Admin_revokeToken holds the state for a server call to Admin.revokeToken.
+// See server.Call for documentation.
+type Admin_revokeToken struct {
+	*server.Call
+}
+
+// Args returns the call's arguments.
+func (c Admin_revokeToken) Args() Admin_revokeToken_Params {
+	return Admin_revokeToken_Params(c.Call.Args())
+}
+
+// AllocResults allocates the results struct.
+func (c Admin_revokeToken) AllocResults() (Admin_revokeToken_Results, error) {
+	r, err := c.Call.AllocResults(capnp.ObjectSize{DataSize: 0, PointerCount: 0})
+	return Admin_revokeToken_Results(r), err
+}
+
+// Admin_List is a list of Admin.
+type Admin_List = capnp.CapList[Admin]
+
+// NewAdmin_List creates a new list of Admin.
+func NewAdmin_List(s *capnp.Segment, sz int32) (Admin_List, error) {
+	l, err := capnp.NewPointerList(s, sz)
+	return capnp.CapList[Admin](l), err
+}
+
+type Admin_createProject_Params capnp.Struct
+
+// Admin_createProject_Params_TypeID is the unique identifier for the type Admin_createProject_Params.
+const Admin_createProject_Params_TypeID = 0xf59dc4452637b484
+
+func NewAdmin_createProject_Params(s *capnp.Segment) (Admin_createProject_Params, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1})
+	return Admin_createProject_Params(st), err
+}
+
+func NewRootAdmin_createProject_Params(s *capnp.Segment) (Admin_createProject_Params, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1})
+	return Admin_createProject_Params(st), err
+}
+
+func ReadRootAdmin_createProject_Params(msg *capnp.Message) (Admin_createProject_Params, error) {
+	root, err := msg.Root()
+	return Admin_createProject_Params(root.Struct()), err
+}
+
+func (s Admin_createProject_Params) String() string {
+	str, _ := text.Marshal(0xf59dc4452637b484, capnp.Struct(s))
+	return str
+}
+
+func (s Admin_createProject_Params) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (Admin_createProject_Params) DecodeFromPtr(p capnp.Ptr) Admin_createProject_Params {
+	return Admin_createProject_Params(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s Admin_createProject_Params) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s Admin_createProject_Params) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s Admin_createProject_Params) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s Admin_createProject_Params) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+func (s Admin_createProject_Params) Name() (string, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.Text(), err
+}
+
+func (s Admin_createProject_Params) HasName() bool {
+	return capnp.Struct(s).HasPtr(0)
+}
+
+func (s Admin_createProject_Params) NameBytes() ([]byte, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.TextBytes(), err
+}
+
+func (s Admin_createProject_Params) SetName(v string) error {
+	return capnp.Struct(s).SetText(0, v)
+}
+
+// Admin_createProject_Params_List is a list of Admin_createProject_Params.
+type Admin_createProject_Params_List = capnp.StructList[Admin_createProject_Params]
+
+// NewAdmin_createProject_Params creates a new list of Admin_createProject_Params.
+func NewAdmin_createProject_Params_List(s *capnp.Segment, sz int32) (Admin_createProject_Params_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1}, sz)
+	return capnp.StructList[Admin_createProject_Params](l), err
+}
+
+// Admin_createProject_Params_Future is a wrapper for a Admin_createProject_Params promised by a client call.
+type Admin_createProject_Params_Future struct{ *capnp.Future }
+
+func (f Admin_createProject_Params_Future) Struct() (Admin_createProject_Params, error) {
+	p, err := f.Future.Ptr()
+	return Admin_createProject_Params(p.Struct()), err
+}
+
+type Admin_createProject_Results capnp.Struct
+
+// Admin_createProject_Results_TypeID is the unique identifier for the type Admin_createProject_Results.
+const Admin_createProject_Results_TypeID = 0xcf25e582389ca35c
+
+func NewAdmin_createProject_Results(s *capnp.Segment) (Admin_createProject_Results, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 3})
+	return Admin_createProject_Results(st), err
+}
+
+func NewRootAdmin_createProject_Results(s *capnp.Segment) (Admin_createProject_Results, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 3})
+	return Admin_createProject_Results(st), err
+}
+
+func ReadRootAdmin_createProject_Results(msg *capnp.Message) (Admin_createProject_Results, error) {
+	root, err := msg.Root()
+	return Admin_createProject_Results(root.Struct()), err
+}
+
+func (s Admin_createProject_Results) String() string {
+	str, _ := text.Marshal(0xcf25e582389ca35c, capnp.Struct(s))
+	return str
+}
+
+func (s Admin_createProject_Results) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (Admin_createProject_Results) DecodeFromPtr(p capnp.Ptr) Admin_createProject_Results {
+	return Admin_createProject_Results(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s Admin_createProject_Results) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s Admin_createProject_Results) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s Admin_createProject_Results) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s Admin_createProject_Results) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+func (s Admin_createProject_Results) Info() (ProjectInfo, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return ProjectInfo(p.Struct()), err
+}
+
+func (s Admin_createProject_Results) HasInfo() bool {
+	return capnp.Struct(s).HasPtr(0)
+}
+
+func (s Admin_createProject_Results) SetInfo(v ProjectInfo) error {
+	return capnp.Struct(s).SetPtr(0, capnp.Struct(v).ToPtr())
+}
+
+// NewInfo sets the info field to a newly
+// allocated ProjectInfo struct, preferring placement in s's segment.
+func (s Admin_createProject_Results) NewInfo() (ProjectInfo, error) {
+	ss, err := NewProjectInfo(capnp.Struct(s).Segment())
+	if err != nil {
+		return ProjectInfo{}, err
+	}
+	err = capnp.Struct(s).SetPtr(0, capnp.Struct(ss).ToPtr())
+	return ss, err
+}
+
+func (s Admin_createProject_Results) Token() (string, error) {
+	p, err := capnp.Struct(s).Ptr(1)
+	return p.Text(), err
+}
+
+func (s Admin_createProject_Results) HasToken() bool {
+	return capnp.Struct(s).HasPtr(1)
+}
+
+func (s Admin_createProject_Results) TokenBytes() ([]byte, error) {
+	p, err := capnp.Struct(s).Ptr(1)
+	return p.TextBytes(), err
+}
+
+func (s Admin_createProject_Results) SetToken(v string) error {
+	return capnp.Struct(s).SetText(1, v)
+}
+
+func (s Admin_createProject_Results) TokenInfo() (TokenInfo, error) {
+	p, err := capnp.Struct(s).Ptr(2)
+	return TokenInfo(p.Struct()), err
+}
+
+func (s Admin_createProject_Results) HasTokenInfo() bool {
+	return capnp.Struct(s).HasPtr(2)
+}
+
+func (s Admin_createProject_Results) SetTokenInfo(v TokenInfo) error {
+	return capnp.Struct(s).SetPtr(2, capnp.Struct(v).ToPtr())
+}
+
+// NewTokenInfo sets the tokenInfo field to a newly
+// allocated TokenInfo struct, preferring placement in s's segment.
+func (s Admin_createProject_Results) NewTokenInfo() (TokenInfo, error) {
+	ss, err := NewTokenInfo(capnp.Struct(s).Segment())
+	if err != nil {
+		return TokenInfo{}, err
+	}
+	err = capnp.Struct(s).SetPtr(2, capnp.Struct(ss).ToPtr())
+	return ss, err
+}
+
+// Admin_createProject_Results_List is a list of Admin_createProject_Results.
+type Admin_createProject_Results_List = capnp.StructList[Admin_createProject_Results]
+
+// NewAdmin_createProject_Results creates a new list of Admin_createProject_Results.
+func NewAdmin_createProject_Results_List(s *capnp.Segment, sz int32) (Admin_createProject_Results_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 3}, sz)
+	return capnp.StructList[Admin_createProject_Results](l), err
+}
+
+// Admin_createProject_Results_Future is a wrapper for a Admin_createProject_Results promised by a client call.
+type Admin_createProject_Results_Future struct{ *capnp.Future }
+
+func (f Admin_createProject_Results_Future) Struct() (Admin_createProject_Results, error) {
+	p, err := f.Future.Ptr()
+	return Admin_createProject_Results(p.Struct()), err
+}
+func (p Admin_createProject_Results_Future) Info() ProjectInfo_Future {
+	return ProjectInfo_Future{Future: p.Future.Field(0, nil)}
+}
+func (p Admin_createProject_Results_Future) TokenInfo() TokenInfo_Future {
+	return TokenInfo_Future{Future: p.Future.Field(2, nil)}
+}
+
+type Admin_listProjects_Params capnp.Struct
+
+// Admin_listProjects_Params_TypeID is the unique identifier for the type Admin_listProjects_Params.
+const Admin_listProjects_Params_TypeID = 0xa57a1ce797aa97ee
+
+func NewAdmin_listProjects_Params(s *capnp.Segment) (Admin_listProjects_Params, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0})
+	return Admin_listProjects_Params(st), err
+}
+
+func NewRootAdmin_listProjects_Params(s *capnp.Segment) (Admin_listProjects_Params, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0})
+	return Admin_listProjects_Params(st), err
+}
+
+func ReadRootAdmin_listProjects_Params(msg *capnp.Message) (Admin_listProjects_Params, error) {
+	root, err := msg.Root()
+	return Admin_listProjects_Params(root.Struct()), err
+}
+
+func (s Admin_listProjects_Params) String() string {
+	str, _ := text.Marshal(0xa57a1ce797aa97ee, capnp.Struct(s))
+	return str
+}
+
+func (s Admin_listProjects_Params) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (Admin_listProjects_Params) DecodeFromPtr(p capnp.Ptr) Admin_listProjects_Params {
+	return Admin_listProjects_Params(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s Admin_listProjects_Params) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s Admin_listProjects_Params) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s Admin_listProjects_Params) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s Admin_listProjects_Params) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+
+// Admin_listProjects_Params_List is a list of Admin_listProjects_Params.
+type Admin_listProjects_Params_List = capnp.StructList[Admin_listProjects_Params]
+
+// NewAdmin_listProjects_Params creates a new list of Admin_listProjects_Params.
+func NewAdmin_listProjects_Params_List(s *capnp.Segment, sz int32) (Admin_listProjects_Params_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0}, sz)
+	return capnp.StructList[Admin_listProjects_Params](l), err
+}
+
+// Admin_listProjects_Params_Future is a wrapper for a Admin_listProjects_Params promised by a client call.
+type Admin_listProjects_Params_Future struct{ *capnp.Future }
+
+func (f Admin_listProjects_Params_Future) Struct() (Admin_listProjects_Params, error) {
+	p, err := f.Future.Ptr()
+	return Admin_listProjects_Params(p.Struct()), err
+}
+
+type Admin_listProjects_Results capnp.Struct
+
+// Admin_listProjects_Results_TypeID is the unique identifier for the type Admin_listProjects_Results.
+const Admin_listProjects_Results_TypeID = 0x8165fb2f6923181a
+
+func NewAdmin_listProjects_Results(s *capnp.Segment) (Admin_listProjects_Results, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1})
+	return Admin_listProjects_Results(st), err
+}
+
+func NewRootAdmin_listProjects_Results(s *capnp.Segment) (Admin_listProjects_Results, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1})
+	return Admin_listProjects_Results(st), err
+}
+
+func ReadRootAdmin_listProjects_Results(msg *capnp.Message) (Admin_listProjects_Results, error) {
+	root, err := msg.Root()
+	return Admin_listProjects_Results(root.Struct()), err
+}
+
+func (s Admin_listProjects_Results) String() string {
+	str, _ := text.Marshal(0x8165fb2f6923181a, capnp.Struct(s))
+	return str
+}
+
+func (s Admin_listProjects_Results) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (Admin_listProjects_Results) DecodeFromPtr(p capnp.Ptr) Admin_listProjects_Results {
+	return Admin_listProjects_Results(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s Admin_listProjects_Results) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s Admin_listProjects_Results) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s Admin_listProjects_Results) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s Admin_listProjects_Results) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+func (s Admin_listProjects_Results) Projects() (ProjectSummary_List, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return ProjectSummary_List(p.List()), err
+}
+
+func (s Admin_listProjects_Results) HasProjects() bool {
+	return capnp.Struct(s).HasPtr(0)
+}
+
+func (s Admin_listProjects_Results) SetProjects(v ProjectSummary_List) error {
+	return capnp.Struct(s).SetPtr(0, v.ToPtr())
+}
+
+// NewProjects sets the projects field to a newly
+// allocated ProjectSummary_List, preferring placement in s's segment.
+func (s Admin_listProjects_Results) NewProjects(n int32) (ProjectSummary_List, error) {
+	l, err := NewProjectSummary_List(capnp.Struct(s).Segment(), n)
+	if err != nil {
+		return ProjectSummary_List{}, err
+	}
+	err = capnp.Struct(s).SetPtr(0, l.ToPtr())
+	return l, err
+}
+
+// Admin_listProjects_Results_List is a list of Admin_listProjects_Results.
+type Admin_listProjects_Results_List = capnp.StructList[Admin_listProjects_Results]
+
+// NewAdmin_listProjects_Results creates a new list of Admin_listProjects_Results.
+func NewAdmin_listProjects_Results_List(s *capnp.Segment, sz int32) (Admin_listProjects_Results_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1}, sz)
+	return capnp.StructList[Admin_listProjects_Results](l), err
+}
+
+// Admin_listProjects_Results_Future is a wrapper for a Admin_listProjects_Results promised by a client call.
+type Admin_listProjects_Results_Future struct{ *capnp.Future }
+
+func (f Admin_listProjects_Results_Future) Struct() (Admin_listProjects_Results, error) {
+	p, err := f.Future.Ptr()
+	return Admin_listProjects_Results(p.Struct()), err
+}
+
+type Admin_renameProject_Params capnp.Struct
+
+// Admin_renameProject_Params_TypeID is the unique identifier for the type Admin_renameProject_Params.
+const Admin_renameProject_Params_TypeID = 0x9bddf4fc93a9b695
+
+func NewAdmin_renameProject_Params(s *capnp.Segment) (Admin_renameProject_Params, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 2})
+	return Admin_renameProject_Params(st), err
+}
+
+func NewRootAdmin_renameProject_Params(s *capnp.Segment) (Admin_renameProject_Params, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 2})
+	return Admin_renameProject_Params(st), err
+}
+
+func ReadRootAdmin_renameProject_Params(msg *capnp.Message) (Admin_renameProject_Params, error) {
+	root, err := msg.Root()
+	return Admin_renameProject_Params(root.Struct()), err
+}
+
+func (s Admin_renameProject_Params) String() string {
+	str, _ := text.Marshal(0x9bddf4fc93a9b695, capnp.Struct(s))
+	return str
+}
+
+func (s Admin_renameProject_Params) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (Admin_renameProject_Params) DecodeFromPtr(p capnp.Ptr) Admin_renameProject_Params {
+	return Admin_renameProject_Params(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s Admin_renameProject_Params) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s Admin_renameProject_Params) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s Admin_renameProject_Params) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s Admin_renameProject_Params) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+func (s Admin_renameProject_Params) ProjectId() (string, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.Text(), err
+}
+
+func (s Admin_renameProject_Params) HasProjectId() bool {
+	return capnp.Struct(s).HasPtr(0)
+}
+
+func (s Admin_renameProject_Params) ProjectIdBytes() ([]byte, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.TextBytes(), err
+}
+
+func (s Admin_renameProject_Params) SetProjectId(v string) error {
+	return capnp.Struct(s).SetText(0, v)
+}
+
+func (s Admin_renameProject_Params) Name() (string, error) {
+	p, err := capnp.Struct(s).Ptr(1)
+	return p.Text(), err
+}
+
+func (s Admin_renameProject_Params) HasName() bool {
+	return capnp.Struct(s).HasPtr(1)
+}
+
+func (s Admin_renameProject_Params) NameBytes() ([]byte, error) {
+	p, err := capnp.Struct(s).Ptr(1)
+	return p.TextBytes(), err
+}
+
+func (s Admin_renameProject_Params) SetName(v string) error {
+	return capnp.Struct(s).SetText(1, v)
+}
+
+// Admin_renameProject_Params_List is a list of Admin_renameProject_Params.
+type Admin_renameProject_Params_List = capnp.StructList[Admin_renameProject_Params]
+
+// NewAdmin_renameProject_Params creates a new list of Admin_renameProject_Params.
+func NewAdmin_renameProject_Params_List(s *capnp.Segment, sz int32) (Admin_renameProject_Params_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 2}, sz)
+	return capnp.StructList[Admin_renameProject_Params](l), err
+}
+
+// Admin_renameProject_Params_Future is a wrapper for a Admin_renameProject_Params promised by a client call.
+type Admin_renameProject_Params_Future struct{ *capnp.Future }
+
+func (f Admin_renameProject_Params_Future) Struct() (Admin_renameProject_Params, error) {
+	p, err := f.Future.Ptr()
+	return Admin_renameProject_Params(p.Struct()), err
+}
+
+type Admin_renameProject_Results capnp.Struct
+
+// Admin_renameProject_Results_TypeID is the unique identifier for the type Admin_renameProject_Results.
+const Admin_renameProject_Results_TypeID = 0x9c091333d9ec101b
+
+func NewAdmin_renameProject_Results(s *capnp.Segment) (Admin_renameProject_Results, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0})
+	return Admin_renameProject_Results(st), err
+}
+
+func NewRootAdmin_renameProject_Results(s *capnp.Segment) (Admin_renameProject_Results, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0})
+	return Admin_renameProject_Results(st), err
+}
+
+func ReadRootAdmin_renameProject_Results(msg *capnp.Message) (Admin_renameProject_Results, error) {
+	root, err := msg.Root()
+	return Admin_renameProject_Results(root.Struct()), err
+}
+
+func (s Admin_renameProject_Results) String() string {
+	str, _ := text.Marshal(0x9c091333d9ec101b, capnp.Struct(s))
+	return str
+}
+
+func (s Admin_renameProject_Results) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (Admin_renameProject_Results) DecodeFromPtr(p capnp.Ptr) Admin_renameProject_Results {
+	return Admin_renameProject_Results(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s Admin_renameProject_Results) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s Admin_renameProject_Results) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s Admin_renameProject_Results) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s Admin_renameProject_Results) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+
+// Admin_renameProject_Results_List is a list of Admin_renameProject_Results.
+type Admin_renameProject_Results_List = capnp.StructList[Admin_renameProject_Results]
+
+// NewAdmin_renameProject_Results creates a new list of Admin_renameProject_Results.
+func NewAdmin_renameProject_Results_List(s *capnp.Segment, sz int32) (Admin_renameProject_Results_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0}, sz)
+	return capnp.StructList[Admin_renameProject_Results](l), err
+}
+
+// Admin_renameProject_Results_Future is a wrapper for a Admin_renameProject_Results promised by a client call.
+type Admin_renameProject_Results_Future struct{ *capnp.Future }
+
+func (f Admin_renameProject_Results_Future) Struct() (Admin_renameProject_Results, error) {
+	p, err := f.Future.Ptr()
+	return Admin_renameProject_Results(p.Struct()), err
+}
+
+type Admin_deleteProject_Params capnp.Struct
+
+// Admin_deleteProject_Params_TypeID is the unique identifier for the type Admin_deleteProject_Params.
+const Admin_deleteProject_Params_TypeID = 0x8685f5aef20cac6c
+
+func NewAdmin_deleteProject_Params(s *capnp.Segment) (Admin_deleteProject_Params, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 8, PointerCount: 1})
+	return Admin_deleteProject_Params(st), err
+}
+
+func NewRootAdmin_deleteProject_Params(s *capnp.Segment) (Admin_deleteProject_Params, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 8, PointerCount: 1})
+	return Admin_deleteProject_Params(st), err
+}
+
+func ReadRootAdmin_deleteProject_Params(msg *capnp.Message) (Admin_deleteProject_Params, error) {
+	root, err := msg.Root()
+	return Admin_deleteProject_Params(root.Struct()), err
+}
+
+func (s Admin_deleteProject_Params) String() string {
+	str, _ := text.Marshal(0x8685f5aef20cac6c, capnp.Struct(s))
+	return str
+}
+
+func (s Admin_deleteProject_Params) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (Admin_deleteProject_Params) DecodeFromPtr(p capnp.Ptr) Admin_deleteProject_Params {
+	return Admin_deleteProject_Params(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s Admin_deleteProject_Params) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s Admin_deleteProject_Params) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s Admin_deleteProject_Params) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s Admin_deleteProject_Params) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+func (s Admin_deleteProject_Params) ProjectId() (string, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.Text(), err
+}
+
+func (s Admin_deleteProject_Params) HasProjectId() bool {
+	return capnp.Struct(s).HasPtr(0)
+}
+
+func (s Admin_deleteProject_Params) ProjectIdBytes() ([]byte, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.TextBytes(), err
+}
+
+func (s Admin_deleteProject_Params) SetProjectId(v string) error {
+	return capnp.Struct(s).SetText(0, v)
+}
+
+func (s Admin_deleteProject_Params) Force() bool {
+	return capnp.Struct(s).Bit(0)
+}
+
+func (s Admin_deleteProject_Params) SetForce(v bool) {
+	capnp.Struct(s).SetBit(0, v)
+}
+
+// Admin_deleteProject_Params_List is a list of Admin_deleteProject_Params.
+type Admin_deleteProject_Params_List = capnp.StructList[Admin_deleteProject_Params]
+
+// NewAdmin_deleteProject_Params creates a new list of Admin_deleteProject_Params.
+func NewAdmin_deleteProject_Params_List(s *capnp.Segment, sz int32) (Admin_deleteProject_Params_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 8, PointerCount: 1}, sz)
+	return capnp.StructList[Admin_deleteProject_Params](l), err
+}
+
+// Admin_deleteProject_Params_Future is a wrapper for a Admin_deleteProject_Params promised by a client call.
+type Admin_deleteProject_Params_Future struct{ *capnp.Future }
+
+func (f Admin_deleteProject_Params_Future) Struct() (Admin_deleteProject_Params, error) {
+	p, err := f.Future.Ptr()
+	return Admin_deleteProject_Params(p.Struct()), err
+}
+
+type Admin_deleteProject_Results capnp.Struct
+
+// Admin_deleteProject_Results_TypeID is the unique identifier for the type Admin_deleteProject_Results.
+const Admin_deleteProject_Results_TypeID = 0xd89eee197565532a
+
+func NewAdmin_deleteProject_Results(s *capnp.Segment) (Admin_deleteProject_Results, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0})
+	return Admin_deleteProject_Results(st), err
+}
+
+func NewRootAdmin_deleteProject_Results(s *capnp.Segment) (Admin_deleteProject_Results, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0})
+	return Admin_deleteProject_Results(st), err
+}
+
+func ReadRootAdmin_deleteProject_Results(msg *capnp.Message) (Admin_deleteProject_Results, error) {
+	root, err := msg.Root()
+	return Admin_deleteProject_Results(root.Struct()), err
+}
+
+func (s Admin_deleteProject_Results) String() string {
+	str, _ := text.Marshal(0xd89eee197565532a, capnp.Struct(s))
+	return str
+}
+
+func (s Admin_deleteProject_Results) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (Admin_deleteProject_Results) DecodeFromPtr(p capnp.Ptr) Admin_deleteProject_Results {
+	return Admin_deleteProject_Results(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s Admin_deleteProject_Results) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s Admin_deleteProject_Results) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s Admin_deleteProject_Results) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s Admin_deleteProject_Results) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+
+// Admin_deleteProject_Results_List is a list of Admin_deleteProject_Results.
+type Admin_deleteProject_Results_List = capnp.StructList[Admin_deleteProject_Results]
+
+// NewAdmin_deleteProject_Results creates a new list of Admin_deleteProject_Results.
+func NewAdmin_deleteProject_Results_List(s *capnp.Segment, sz int32) (Admin_deleteProject_Results_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0}, sz)
+	return capnp.StructList[Admin_deleteProject_Results](l), err
+}
+
+// Admin_deleteProject_Results_Future is a wrapper for a Admin_deleteProject_Results promised by a client call.
+type Admin_deleteProject_Results_Future struct{ *capnp.Future }
+
+func (f Admin_deleteProject_Results_Future) Struct() (Admin_deleteProject_Results, error) {
+	p, err := f.Future.Ptr()
+	return Admin_deleteProject_Results(p.Struct()), err
+}
+
+type Admin_createToken_Params capnp.Struct
+
+// Admin_createToken_Params_TypeID is the unique identifier for the type Admin_createToken_Params.
+const Admin_createToken_Params_TypeID = 0x8c595f3d5d6ab534
+
+func NewAdmin_createToken_Params(s *capnp.Segment) (Admin_createToken_Params, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 8, PointerCount: 3})
+	return Admin_createToken_Params(st), err
+}
+
+func NewRootAdmin_createToken_Params(s *capnp.Segment) (Admin_createToken_Params, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 8, PointerCount: 3})
+	return Admin_createToken_Params(st), err
+}
+
+func ReadRootAdmin_createToken_Params(msg *capnp.Message) (Admin_createToken_Params, error) {
+	root, err := msg.Root()
+	return Admin_createToken_Params(root.Struct()), err
+}
+
+func (s Admin_createToken_Params) String() string {
+	str, _ := text.Marshal(0x8c595f3d5d6ab534, capnp.Struct(s))
+	return str
+}
+
+func (s Admin_createToken_Params) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (Admin_createToken_Params) DecodeFromPtr(p capnp.Ptr) Admin_createToken_Params {
+	return Admin_createToken_Params(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s Admin_createToken_Params) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s Admin_createToken_Params) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s Admin_createToken_Params) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s Admin_createToken_Params) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+func (s Admin_createToken_Params) ProjectId() (string, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.Text(), err
+}
+
+func (s Admin_createToken_Params) HasProjectId() bool {
+	return capnp.Struct(s).HasPtr(0)
+}
+
+func (s Admin_createToken_Params) ProjectIdBytes() ([]byte, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.TextBytes(), err
+}
+
+func (s Admin_createToken_Params) SetProjectId(v string) error {
+	return capnp.Struct(s).SetText(0, v)
+}
+
+func (s Admin_createToken_Params) Label() (string, error) {
+	p, err := capnp.Struct(s).Ptr(1)
+	return p.Text(), err
+}
+
+func (s Admin_createToken_Params) HasLabel() bool {
+	return capnp.Struct(s).HasPtr(1)
+}
+
+func (s Admin_createToken_Params) LabelBytes() ([]byte, error) {
+	p, err := capnp.Struct(s).Ptr(1)
+	return p.TextBytes(), err
+}
+
+func (s Admin_createToken_Params) SetLabel(v string) error {
+	return capnp.Struct(s).SetText(1, v)
+}
+
+func (s Admin_createToken_Params) ExpiresAt() int64 {
+	return int64(capnp.Struct(s).Uint64(0))
+}
+
+func (s Admin_createToken_Params) SetExpiresAt(v int64) {
+	capnp.Struct(s).SetUint64(0, uint64(v))
+}
+
+func (s Admin_createToken_Params) Scope() (TokenScope, error) {
+	p, err := capnp.Struct(s).Ptr(2)
+	return TokenScope(p.Struct()), err
+}
+
+func (s Admin_createToken_Params) HasScope() bool {
+	return capnp.Struct(s).HasPtr(2)
+}
+
+func (s Admin_createToken_Params) SetScope(v TokenScope) error {
+	return capnp.Struct(s).SetPtr(2, capnp.Struct(v).ToPtr())
+}
+
+// NewScope sets the scope field to a newly
+// allocated TokenScope struct, preferring placement in s's segment.
+func (s Admin_createToken_Params) NewScope() (TokenScope, error) {
+	ss, err := NewTokenScope(capnp.Struct(s).Segment())
+	if err != nil {
+		return TokenScope{}, err
+	}
+	err = capnp.Struct(s).SetPtr(2, capnp.Struct(ss).ToPtr())
+	return ss, err
+}
+
+// Admin_createToken_Params_List is a list of Admin_createToken_Params.
+type Admin_createToken_Params_List = capnp.StructList[Admin_createToken_Params]
+
+// NewAdmin_createToken_Params creates a new list of Admin_createToken_Params.
+func NewAdmin_createToken_Params_List(s *capnp.Segment, sz int32) (Admin_createToken_Params_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 8, PointerCount: 3}, sz)
+	return capnp.StructList[Admin_createToken_Params](l), err
+}
+
+// Admin_createToken_Params_Future is a wrapper for a Admin_createToken_Params promised by a client call.
+type Admin_createToken_Params_Future struct{ *capnp.Future }
+
+func (f Admin_createToken_Params_Future) Struct() (Admin_createToken_Params, error) {
+	p, err := f.Future.Ptr()
+	return Admin_createToken_Params(p.Struct()), err
+}
+func (p Admin_createToken_Params_Future) Scope() TokenScope_Future {
+	return TokenScope_Future{Future: p.Future.Field(2, nil)}
+}
+
+type Admin_createToken_Results capnp.Struct
+
+// Admin_createToken_Results_TypeID is the unique identifier for the type Admin_createToken_Results.
+const Admin_createToken_Results_TypeID = 0x98fe8087b5952f4f
+
+func NewAdmin_createToken_Results(s *capnp.Segment) (Admin_createToken_Results, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 2})
+	return Admin_createToken_Results(st), err
+}
+
+func NewRootAdmin_createToken_Results(s *capnp.Segment) (Admin_createToken_Results, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 2})
+	return Admin_createToken_Results(st), err
+}
+
+func ReadRootAdmin_createToken_Results(msg *capnp.Message) (Admin_createToken_Results, error) {
+	root, err := msg.Root()
+	return Admin_createToken_Results(root.Struct()), err
+}
+
+func (s Admin_createToken_Results) String() string {
+	str, _ := text.Marshal(0x98fe8087b5952f4f, capnp.Struct(s))
+	return str
+}
+
+func (s Admin_createToken_Results) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (Admin_createToken_Results) DecodeFromPtr(p capnp.Ptr) Admin_createToken_Results {
+	return Admin_createToken_Results(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s Admin_createToken_Results) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s Admin_createToken_Results) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s Admin_createToken_Results) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s Admin_createToken_Results) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+func (s Admin_createToken_Results) Token() (string, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.Text(), err
+}
+
+func (s Admin_createToken_Results) HasToken() bool {
+	return capnp.Struct(s).HasPtr(0)
+}
+
+func (s Admin_createToken_Results) TokenBytes() ([]byte, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.TextBytes(), err
+}
+
+func (s Admin_createToken_Results) SetToken(v string) error {
+	return capnp.Struct(s).SetText(0, v)
+}
+
+func (s Admin_createToken_Results) Info() (TokenInfo, error) {
+	p, err := capnp.Struct(s).Ptr(1)
+	return TokenInfo(p.Struct()), err
+}
+
+func (s Admin_createToken_Results) HasInfo() bool {
+	return capnp.Struct(s).HasPtr(1)
+}
+
+func (s Admin_createToken_Results) SetInfo(v TokenInfo) error {
+	return capnp.Struct(s).SetPtr(1, capnp.Struct(v).ToPtr())
+}
+
+// NewInfo sets the info field to a newly
+// allocated TokenInfo struct, preferring placement in s's segment.
+func (s Admin_createToken_Results) NewInfo() (TokenInfo, error) {
+	ss, err := NewTokenInfo(capnp.Struct(s).Segment())
+	if err != nil {
+		return TokenInfo{}, err
+	}
+	err = capnp.Struct(s).SetPtr(1, capnp.Struct(ss).ToPtr())
+	return ss, err
+}
+
+// Admin_createToken_Results_List is a list of Admin_createToken_Results.
+type Admin_createToken_Results_List = capnp.StructList[Admin_createToken_Results]
+
+// NewAdmin_createToken_Results creates a new list of Admin_createToken_Results.
+func NewAdmin_createToken_Results_List(s *capnp.Segment, sz int32) (Admin_createToken_Results_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 2}, sz)
+	return capnp.StructList[Admin_createToken_Results](l), err
+}
+
+// Admin_createToken_Results_Future is a wrapper for a Admin_createToken_Results promised by a client call.
+type Admin_createToken_Results_Future struct{ *capnp.Future }
+
+func (f Admin_createToken_Results_Future) Struct() (Admin_createToken_Results, error) {
+	p, err := f.Future.Ptr()
+	return Admin_createToken_Results(p.Struct()), err
+}
+func (p Admin_createToken_Results_Future) Info() TokenInfo_Future {
+	return TokenInfo_Future{Future: p.Future.Field(1, nil)}
+}
+
+type Admin_listTokens_Params capnp.Struct
+
+// Admin_listTokens_Params_TypeID is the unique identifier for the type Admin_listTokens_Params.
+const Admin_listTokens_Params_TypeID = 0xa99c7c4956d43aa6
+
+func NewAdmin_listTokens_Params(s *capnp.Segment) (Admin_listTokens_Params, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1})
+	return Admin_listTokens_Params(st), err
+}
+
+func NewRootAdmin_listTokens_Params(s *capnp.Segment) (Admin_listTokens_Params, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1})
+	return Admin_listTokens_Params(st), err
+}
+
+func ReadRootAdmin_listTokens_Params(msg *capnp.Message) (Admin_listTokens_Params, error) {
+	root, err := msg.Root()
+	return Admin_listTokens_Params(root.Struct()), err
+}
+
+func (s Admin_listTokens_Params) String() string {
+	str, _ := text.Marshal(0xa99c7c4956d43aa6, capnp.Struct(s))
+	return str
+}
+
+func (s Admin_listTokens_Params) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (Admin_listTokens_Params) DecodeFromPtr(p capnp.Ptr) Admin_listTokens_Params {
+	return Admin_listTokens_Params(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s Admin_listTokens_Params) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s Admin_listTokens_Params) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s Admin_listTokens_Params) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s Admin_listTokens_Params) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+func (s Admin_listTokens_Params) ProjectId() (string, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.Text(), err
+}
+
+func (s Admin_listTokens_Params) HasProjectId() bool {
+	return capnp.Struct(s).HasPtr(0)
+}
+
+func (s Admin_listTokens_Params) ProjectIdBytes() ([]byte, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.TextBytes(), err
+}
+
+func (s Admin_listTokens_Params) SetProjectId(v string) error {
+	return capnp.Struct(s).SetText(0, v)
+}
+
+// Admin_listTokens_Params_List is a list of Admin_listTokens_Params.
+type Admin_listTokens_Params_List = capnp.StructList[Admin_listTokens_Params]
+
+// NewAdmin_listTokens_Params creates a new list of Admin_listTokens_Params.
+func NewAdmin_listTokens_Params_List(s *capnp.Segment, sz int32) (Admin_listTokens_Params_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1}, sz)
+	return capnp.StructList[Admin_listTokens_Params](l), err
+}
+
+// Admin_listTokens_Params_Future is a wrapper for a Admin_listTokens_Params promised by a client call.
+type Admin_listTokens_Params_Future struct{ *capnp.Future }
+
+func (f Admin_listTokens_Params_Future) Struct() (Admin_listTokens_Params, error) {
+	p, err := f.Future.Ptr()
+	return Admin_listTokens_Params(p.Struct()), err
+}
+
+type Admin_listTokens_Results capnp.Struct
+
+// Admin_listTokens_Results_TypeID is the unique identifier for the type Admin_listTokens_Results.
+const Admin_listTokens_Results_TypeID = 0xbea098c958b32cbd
+
+func NewAdmin_listTokens_Results(s *capnp.Segment) (Admin_listTokens_Results, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1})
+	return Admin_listTokens_Results(st), err
+}
+
+func NewRootAdmin_listTokens_Results(s *capnp.Segment) (Admin_listTokens_Results, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1})
+	return Admin_listTokens_Results(st), err
+}
+
+func ReadRootAdmin_listTokens_Results(msg *capnp.Message) (Admin_listTokens_Results, error) {
+	root, err := msg.Root()
+	return Admin_listTokens_Results(root.Struct()), err
+}
+
+func (s Admin_listTokens_Results) String() string {
+	str, _ := text.Marshal(0xbea098c958b32cbd, capnp.Struct(s))
+	return str
+}
+
+func (s Admin_listTokens_Results) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (Admin_listTokens_Results) DecodeFromPtr(p capnp.Ptr) Admin_listTokens_Results {
+	return Admin_listTokens_Results(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s Admin_listTokens_Results) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s Admin_listTokens_Results) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s Admin_listTokens_Results) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s Admin_listTokens_Results) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+func (s Admin_listTokens_Results) Tokens() (TokenInfo_List, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return TokenInfo_List(p.List()), err
+}
+
+func (s Admin_listTokens_Results) HasTokens() bool {
+	return capnp.Struct(s).HasPtr(0)
+}
+
+func (s Admin_listTokens_Results) SetTokens(v TokenInfo_List) error {
+	return capnp.Struct(s).SetPtr(0, v.ToPtr())
+}
+
+// NewTokens sets the tokens field to a newly
+// allocated TokenInfo_List, preferring placement in s's segment.
+func (s Admin_listTokens_Results) NewTokens(n int32) (TokenInfo_List, error) {
+	l, err := NewTokenInfo_List(capnp.Struct(s).Segment(), n)
+	if err != nil {
+		return TokenInfo_List{}, err
+	}
+	err = capnp.Struct(s).SetPtr(0, l.ToPtr())
+	return l, err
+}
+
+// Admin_listTokens_Results_List is a list of Admin_listTokens_Results.
+type Admin_listTokens_Results_List = capnp.StructList[Admin_listTokens_Results]
+
+// NewAdmin_listTokens_Results creates a new list of Admin_listTokens_Results.
+func NewAdmin_listTokens_Results_List(s *capnp.Segment, sz int32) (Admin_listTokens_Results_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1}, sz)
+	return capnp.StructList[Admin_listTokens_Results](l), err
+}
+
+// Admin_listTokens_Results_Future is a wrapper for a Admin_listTokens_Results promised by a client call.
+type Admin_listTokens_Results_Future struct{ *capnp.Future }
+
+func (f Admin_listTokens_Results_Future) Struct() (Admin_listTokens_Results, error) {
+	p, err := f.Future.Ptr()
+	return Admin_listTokens_Results(p.Struct()), err
+}
+
+type Admin_revokeToken_Params capnp.Struct
+
+// Admin_revokeToken_Params_TypeID is the unique identifier for the type Admin_revokeToken_Params.
+const Admin_revokeToken_Params_TypeID = 0xa244670749d24ec1
+
+func NewAdmin_revokeToken_Params(s *capnp.Segment) (Admin_revokeToken_Params, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 2})
+	return Admin_revokeToken_Params(st), err
+}
+
+func NewRootAdmin_revokeToken_Params(s *capnp.Segment) (Admin_revokeToken_Params, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 2})
+	return Admin_revokeToken_Params(st), err
+}
+
+func ReadRootAdmin_revokeToken_Params(msg *capnp.Message) (Admin_revokeToken_Params, error) {
+	root, err := msg.Root()
+	return Admin_revokeToken_Params(root.Struct()), err
+}
+
+func (s Admin_revokeToken_Params) String() string {
+	str, _ := text.Marshal(0xa244670749d24ec1, capnp.Struct(s))
+	return str
+}
+
+func (s Admin_revokeToken_Params) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (Admin_revokeToken_Params) DecodeFromPtr(p capnp.Ptr) Admin_revokeToken_Params {
+	return Admin_revokeToken_Params(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s Admin_revokeToken_Params) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s Admin_revokeToken_Params) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s Admin_revokeToken_Params) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s Admin_revokeToken_Params) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+func (s Admin_revokeToken_Params) ProjectId() (string, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.Text(), err
+}
+
+func (s Admin_revokeToken_Params) HasProjectId() bool {
+	return capnp.Struct(s).HasPtr(0)
+}
+
+func (s Admin_revokeToken_Params) ProjectIdBytes() ([]byte, error) {
+	p, err := capnp.Struct(s).Ptr(0)
+	return p.TextBytes(), err
+}
+
+func (s Admin_revokeToken_Params) SetProjectId(v string) error {
+	return capnp.Struct(s).SetText(0, v)
+}
+
+func (s Admin_revokeToken_Params) TokenId() (string, error) {
+	p, err := capnp.Struct(s).Ptr(1)
+	return p.Text(), err
+}
+
+func (s Admin_revokeToken_Params) HasTokenId() bool {
+	return capnp.Struct(s).HasPtr(1)
+}
+
+func (s Admin_revokeToken_Params) TokenIdBytes() ([]byte, error) {
+	p, err := capnp.Struct(s).Ptr(1)
+	return p.TextBytes(), err
+}
+
+func (s Admin_revokeToken_Params) SetTokenId(v string) error {
+	return capnp.Struct(s).SetText(1, v)
+}
+
+// Admin_revokeToken_Params_List is a list of Admin_revokeToken_Params.
+type Admin_revokeToken_Params_List = capnp.StructList[Admin_revokeToken_Params]
+
+// NewAdmin_revokeToken_Params creates a new list of Admin_revokeToken_Params.
+func NewAdmin_revokeToken_Params_List(s *capnp.Segment, sz int32) (Admin_revokeToken_Params_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 2}, sz)
+	return capnp.StructList[Admin_revokeToken_Params](l), err
+}
+
+// Admin_revokeToken_Params_Future is a wrapper for a Admin_revokeToken_Params promised by a client call.
+type Admin_revokeToken_Params_Future struct{ *capnp.Future }
+
+func (f Admin_revokeToken_Params_Future) Struct() (Admin_revokeToken_Params, error) {
+	p, err := f.Future.Ptr()
+	return Admin_revokeToken_Params(p.Struct()), err
+}
+
+type Admin_revokeToken_Results capnp.Struct
+
+// Admin_revokeToken_Results_TypeID is the unique identifier for the type Admin_revokeToken_Results.
+const Admin_revokeToken_Results_TypeID = 0xb2a45af6d9795706
+
+func NewAdmin_revokeToken_Results(s *capnp.Segment) (Admin_revokeToken_Results, error) {
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0})
+	return Admin_revokeToken_Results(st), err
+}
+
+func NewRootAdmin_revokeToken_Results(s *capnp.Segment) (Admin_revokeToken_Results, error) {
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0})
+	return Admin_revokeToken_Results(st), err
+}
+
+func ReadRootAdmin_revokeToken_Results(msg *capnp.Message) (Admin_revokeToken_Results, error) {
+	root, err := msg.Root()
+	return Admin_revokeToken_Results(root.Struct()), err
+}
+
+func (s Admin_revokeToken_Results) String() string {
+	str, _ := text.Marshal(0xb2a45af6d9795706, capnp.Struct(s))
+	return str
+}
+
+func (s Admin_revokeToken_Results) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
+	return capnp.Struct(s).EncodeAsPtr(seg)
+}
+
+func (Admin_revokeToken_Results) DecodeFromPtr(p capnp.Ptr) Admin_revokeToken_Results {
+	return Admin_revokeToken_Results(capnp.Struct{}.DecodeFromPtr(p))
+}
+
+func (s Admin_revokeToken_Results) ToPtr() capnp.Ptr {
+	return capnp.Struct(s).ToPtr()
+}
+func (s Admin_revokeToken_Results) IsValid() bool {
+	return capnp.Struct(s).IsValid()
+}
+
+func (s Admin_revokeToken_Results) Message() *capnp.Message {
+	return capnp.Struct(s).Message()
+}
+
+func (s Admin_revokeToken_Results) Segment() *capnp.Segment {
+	return capnp.Struct(s).Segment()
+}
+
+// Admin_revokeToken_Results_List is a list of Admin_revokeToken_Results.
+type Admin_revokeToken_Results_List = capnp.StructList[Admin_revokeToken_Results]
+
+// NewAdmin_revokeToken_Results creates a new list of Admin_revokeToken_Results.
+func NewAdmin_revokeToken_Results_List(s *capnp.Segment, sz int32) (Admin_revokeToken_Results_List, error) {
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 0}, sz)
+	return capnp.StructList[Admin_revokeToken_Results](l), err
+}
+
+// Admin_revokeToken_Results_Future is a wrapper for a Admin_revokeToken_Results promised by a client call.
+type Admin_revokeToken_Results_Future struct{ *capnp.Future }
+
+func (f Admin_revokeToken_Results_Future) Struct() (Admin_revokeToken_Results, error) {
+	p, err := f.Future.Ptr()
+	return Admin_revokeToken_Results(p.Struct()), err
+}
+
 type Gateway capnp.Client
 
 // Gateway_TypeID is the unique identifier for the type Gateway.
@@ -17158,605 +19947,686 @@ func (f Gateway_version_Results_Future) Struct() (Gateway_version_Results, error
 	return Gateway_version_Results(p.Struct()), err
 }
 
-const schema_dc5dd5d2e729011e = "x\xda\xa4|}|\x14\xd5\xd5\xff=3\x09\x9b \xb0" +
-	"\x19'\xfc\x14\x05\x82\x11\x14R\x12I J\x02!/" +
-	"\x10 \x14\x9a\xcc\x06Tx\xa4:\xd9\x9d$Kvw" +
-	"\x96\xd9Y T\xe5E)\x85\xaa\x15*\x15\xa8\xb6\x05" +
-	"\xb5\x1a\x14+\xb4\xb4\xc5\xd6\x17\xac\x14\xb1\xd0\x8a\x96V" +
-	"\xaa\xf8\x88\x8a\x02\x95\xfa\x8ao\x15\xf7\xf79w\xf6\xce" +
-	"\xdc\xdd\x9d$\xe8\xc3?l\xee\xdc\xb9s_\xce=\xe7" +
-	"{\xbe\xe7\xdc;\xe6\xf3\x8bk\xb2J\xfb_\x7f\x15\x11" +
-	"\x9ao\x15\xb2\xfb$\x1e\xf2\xbc\x94Ut\xa4f9\x91" +
-	"\xfaBb(\x8cz\xe7\xc5\xc3\xf3_%\xd9\x82\x87\x10" +
-	"y\xc3\xc5k\xe5{/\xc6_\x9b.^L \x11<" +
-	"\xab\xde\xb9\xf4\x8e\xd7\x96\x13\xe9\x02 $\x1b<\x84\x8c" +
-	"=sq\x1d\x10\x90\xcf^\\M Q\xfb\xd2\x9b\xcb" +
-	"/{a\xcd\x0a\"\x9d\x0f\x84d\xe1\xf3K\x06\x17\x02" +
-	"\xc9J<\x95\xbb\xec\xcb\xae\x9f\xde\xb0\xd2zb\xbd\x9a" +
-	";\xb8\x12_\x95\x06\xe3\xabz\xf1\xd9u\xbeEO\xdc" +
-	"B\xa4\x0b\xed\x0a\xe5\x83\xcb\xb0B\x15\xad\xf0\xd4\xe2c" +
-	"\xfd\xbe\x9c;\xf9V\xa2\xf4\x05\xc1\xe9)~D\x9e?" +
-	"x\x9b\xac\x0d\xc6_\xea`\xec\xe8o\x97\x7fq\xc1\x93" +
-	"\x1b\x16\xaf\"\xca\xf9`\xb7\xb6w\xf0\xf9\xd8\xdaAZ" +
-	"\xe3\x96\x97.\x98\xf7\xeb\x13\xb7\xae\"\x92\x84\x15p\xb8" +
-	"c\x8b\x87\xd0\xfe\x94\x0f\xc1\x0a\x1b\xf7\x7fo\xc4\x86\xb9" +
-	"\x7f\xfa~\xb2\x02ma\xdd\x10\xda\x9fMC\xb0?\xa7" +
-	"\xe3\xffl\xf5(\xaf~?9\x19\xb4\x85\xddC\x0a\xb1" +
-	"\xc2\x1e\xda\xc2\x837\x94\xfcg\xd2S\x85\xab\x89r\x19" +
-	"@\xe2\x93e_\xf4\xed\xbfh\xc2\x9bd`\x8e\x07p" +
-	"^\x86n\xc5\xaa\xa5C\xb1\xad\xeb/z\xe9\xf6\xa7\xde" +
-	"\x7f\xeb\x07D\xea+:C# \xcf\x19\xba^\x9e?" +
-	"\x14\x9b\x9e;\xd4\x03rv\x81\x87\x90\xc4\xda\x0f\x82\xd7" +
-	"\xc5j\xea\xd6\x10%\xdf\x19\xdd\xe9\xa1ttg\x86\xe2" +
-	"\xa7o\xfe\xb4\xe3\xe1\xf5\xcf\xfetMF{J\xc1\xe3" +
-	"\xf2\\lD\x9eS\xb0O>J\x9b\x9bs\xdbG\x7f" +
-	"\xdd}\xf2\xf0\x1a\"\xc9\xce\\\x15XsU\x80\xbd\x93" +
-	"\xc4\xeb\x17\xec\xdf\xf8\xea\x1a~iN\x17\xd0\x91\x9e\xc1" +
-	"\x0a\xefm\xa8\x1c\x1a8\xfe\xfe\x9a\xf4\x8f\x0d\x1c\xb6^" +
-	"\x1e2\x0c?6h\xd8j9\x88\xbf\x129\x97\xd5j" +
-	"+\xde\xfax\x0d\xae\"W;[\xc4j\xca\xb07\xe4" +
-	"\xf9\xc3\xe8h\x87\xed\x03\x02\x89\x0f\xa6\xfe\xe8\xbea\xf7" +
-	"_\xf1C\"\xe5\xdb_n(\xa4\x8b\xa0\x14b\xd7\xfc" +
-	"O^\xbf\xfc\x05\xe1\xcb\xdb\x88r\x010\x89[X\xb8" +
-	"\x1e+\xac\xa0\x15r\xbc\xe6\x0f\xff;\xecOwX\xab" +
-	"D\x9f?Px\x11J\xe4\xc0\x1f\x94/\xbb\xa3\xae\xf0" +
-	"N~\x81o/\xa4\xc3\xde@_=\x0e\xcf\xfe\xcf\xe5" +
-	"\xde\x86;9a\xdeU\xd8\x17_]\xdf\xe0\xb9\xec\x82" +
-	"\xb7\x82\xebp\x10Y\xe9\x83\xb8\xb7\xf0C\xb9\xab\xd0\xfa" +
-	"\xd0\x8fp\x10\xf7\xc7/\xdd\xe3}\xb9\xfd\xc7D\x1a\xc4" +
-	"\xda\xa9\x1a^\x89\xed\xf4\xfb\xd1\xd3\x0dc.\x94\xef\xe2" +
-	"\xbe0bx\x19>\xf9\xf6\xd9\xdfU\xec\xfb\xa4\xe6'" +
-	"D\xea+\xa4\xcci\xff\xe1\xa7\xe4A\xc3\xf1;\x03\x87" +
-	"_E q\xf5\xf2O\xbf\xfa\xe3M\xe1\x9fX\xa3\xa0" +
-	"M\x0c\xb2\x9a\xf8\xed\x16\xff\xd0G\xea\xff\xfd\x13\xec$" +
-	"\xbf\xb3\xe9\x86\x81\xe1\xdb\xe4\\lfl\xf6\xf0\x02\xec" +
-	"\xa4\x915f\xc6\x89\xe7n\xba\xdb\x9aik\xe7\x8e\xa0" +
-	";\xb7\xdf{\xc3\xbej\xde{\xdf\xdd\xfc<\xe5\x8e\xa0" +
-	"\x9b^\x1a\x81\xf3\xb4\xea\x9a\xd0\xaa\xb3\xcd\x87S*\x94" +
-	"\x8f(\xa2;\x97V\xc8Y\xb4v\xe6{\xbb'l\xcc" +
-	"\x90\xc6\xf9#\x9e\x91\xb5\x11t\xdb\x8eX-\xef\xc2_" +
-	"\x89\xb7\xb3\x86\x0d\x9a\xf9\xbd\x8d\x9b\xd2\xbbm\xcd\xed\x88" +
-	"\xe7\xe5.\xfa\xc2\x03#\xde\xc1O\xdf\xf9\xf3\x87\x17\xd4" +
-	"_\xb0\x99\x1b\xfd\x86\xcb\x04\xecu\xcb\xd6W\x97\xaf\xbe" +
-	"v\xe8\xe6t9\xc3\xde\xc9\x9d\x97m\x93W\\\x86\xbf" +
-	"n\xba\x0c\x9b\xa9m\x9aT\xfc\xe1\xc6\xa6\xcd\x19\xb3=" +
-	"\xf7\xf2\xad\xb2z96;\xff\xf2\xd58M_-\xfd" +
-	"\xf3\x98\xf3~y\xf5=\xdcZ\xae\x1bY\x87\x1fl\xfe" +
-	"r\xc1\xff\xdc\xfd\xfb\x17\xf9'\x9d#}\xf8\xe4\xc3\xbf" +
-	"|\x7f\xde\x83\x81_\xfe\x8c)#\xaaZ\xb5\x91\x1f\x12" +
-	"\x90\x83#\x7fE Q7t\xc4\xc9\xa9\xd2\xcb?#" +
-	"\x8al\x0b1\x8c\xba\x08'0w\x14N`\xbf!/" +
-	"\x8f\x1d\xfa\xc2\xc1\x9f\xe3\x86\x17\xd8\x14\x17\x8f\xeaK\xb5" +
-	"\xd5(l\xe2\xa6}\xffo\xed\x85\xcf)\xf7\x13E\xb2" +
-	"\x9b8<\xaa\x05+\x1c\xa3M\\\xb8U=\xdc5@" +
-	"\xfbe\xc6\x1a@\xd1z9\xb7\x08\xbb\x94]\xb4Z\x9e" +
-	"\x83\xbf\x12W\xfc\xe0\xf0\xb6O\x1f>\xf5 Q\x069" +
-	"\x0a\xa6\xaah\x066\xd7P\x84\x0a\xe6\x95O\xae\xe8S" +
-	"\x9b\xf7\xd8Ci\xca\xd8\x12\xae\xae\"C\xde\x8e\x0d\x8d" +
-	"\xed*\xba\x06g\xad,8\xadd\xcbm\xaf?\xe4\xae" +
-	"\x09\xb3Go\xc6\x86\x07\x8e\xc6~n\x7f;\xfc\xbfo" +
-	"\xbe\xd9\xd9\x95\"L\xa3\x05\xacPA+|\xb2\xe3\xb5" +
-	"\x83\x85\xda\xb6.\xa2\\\xe8\xf4m\xeeh\x1f\xd6\xd0F" +
-	"c\xdf^\xfa\xc5\x8fK\xeeZ\xb5\xad\x8bW\x1a{F" +
-	"Sy\xdcO\x9bx\x7f\xc1\xc9\xb2\x17'}\xde\xc5m" +
-	"\xbb\xd3\xa3\xcf\xc7\xa5j\xf0\x7f\xf7\xaa\xb7\x95\x9d\xdb\xd2" +
-	"\x85\x8fJ\xcd\xe1\xd1+\xe5#\xa3\xad_\xf8\x9d\x0f\xfa" +
-	"\xbe\x1c\xfd\xd7\x8dOn\xe3\xd5bi1U\x8b\x15\xc5" +
-	"\xf8\x9d\xc7\x9ey\xe5\x0fo7\xaf~8\xbd5*\x00" +
-	"\xf3\x8bw\xcaZ1\x95\xfdb\\\xc1\xf7\xff\x13^\xd5" +
-	"8\xe2[\xdb\xf9\xd6\xce\x16\xd3^g\x97`k\x17\xbc" +
-	"\xde\xf9\xb7\xcf\x1f\xae\xdeN\x94\x81(\x04\x96\xb6(\xa1" +
-	"\xfa\xaa\xb8\x04\xfb\xf3\xc2%\x17_\x97\xff\xd1\xfa\xed\xdc" +
-	"\xb0\xd6\x95\xa0\xbez\xefX\xe5\xd2M\x07\xae~\x943" +
-	"\xbd\x9d%\xb4\xe5\x15\xb4\xe5O\xb3\xde\x8a/\xcf\x7f\xf4" +
-	"\xd1\x0c\xd9x\xa0\xe4yyG\x09\xf6q{\xc9j\xf9" +
-	",\xfeJ\x94\xbc\xfd\xdc\xe6V_\xd9\xaf\xd2\xf0\x02\xdd" +
-	"\x9e\xc7K\xde\x90?\xa0\xf5O\x97\xe0\x98\xde\xdae\x96" +
-	"\xdf\xf0\xd3\x9a_qF_\xbe\xf7\x8a/\x08\xc8[\xae" +
-	"\xc0\x0f\xfflY\xdd\x90\xff\xd7p\xcdcD\x1a\xc8z" +
-	"|\xe8\x0a\xaaa!\xab\xe2\x96\xb2\xef\xdd\xfa\x98\xbb\xc4" +
-	"\xec\xbe\x82j\xf8\xfdW\xe0G\x0e\x9c\xb7\xff\x1d\xe1\xf0" +
-	"\xc7\x8fY\x1b\xcf\x1a\xde\xc21\xd4Ft\x8e\xc1\xaf\xbc" +
-	"\xbd\xf8\xfe\x0f\x7f\x98\x95\xbf\x83G-\x9b\xc6\xd0u\xda" +
-	"B+4\xdfq\xc5\xcd+\xb5\x0bvpZ\xe4\xd0\x18" +
-	"\xaaE\x1e\xfb\xeb\x98\xeb\x8b\xb4\xf3vrZq\xd7\x18" +
-	"\xb4\x1e\xff\x9d\xb8L9\x95w\xfb\xaf\x1d\xabr\xef\x18" +
-	"\xaa\xd2\xb7-\x1b\xf2\xf0\x94`\xc9o\xace\xa4OV" +
-	"\x8d\xa1z\xf4\xae\xc0\x7f\xee\xacz\xed\xf1\xdfg\xccr" +
-	"x\xccV9>\x06\xe7f\xe1\x98}\xf2\x19\xfc\x95\x08" +
-	"\xffv\xceNo\x96\xbc\x9b\x1f\xd4QkP\xc7i\x9f" +
-	"\x0fTL(\x99\xbb\xb7u7\xd7\xb3\x81\xa5T\x86\x0f" +
-	"&\x0a\x1f\xfb\xf7C\x7f\xdb\xcd#\xad\xb3c\xa86\xc9" +
-	".\xc5W\x9f\xfc\xf5\xc1\x9b\xabO\xdc\xfbx\xba\xf5\xea" +
-	"\x83]\x18Q\xbaS..\xc5wF\x95^%\x10H" +
-	"\xdc\xf9\xf0\x97\x8f\\\xfe\xc9\xb1\xc79\xa0$\xaf\x1a\x8b" +
-	"k\xb8f,J\xdd\xdcr\xcf\x97\x8f\\]\xf9G^" +
-	"n\xcf\x8c\xa5\x9f;;\x16\xc1\xc1\x1d\xc3Z\x17\x1f\xb9" +
-	"\xf4\x09\xae7C\xc6\xd1\xfd|\xc98\xec\xcd\xbc\x9d]" +
-	"/\xde\"\x9ex\"C\xf7\xd6\x8e;%\xcf\x1a\x87\x9f" +
-	"k\x18\xd7H \x91W\xf3\xd7\x15\xcfu=\xf4$\xaf" +
-	"\x19\xe6\x8f\xa3\xf2\xaf\xd1\x96\xde\x16_\x9az\xc9'\xa5" +
-	"O\xbb\xaa\xfc5\xe3\xb6\xc9\xeb\xc6Q\x1b?\x8e\x1a\xbc" +
-	"\xef\xfd\xee\xe1\xbf|\xa6K{8\xd9\xdbUN\x17\xfd" +
-	"\xfa\xef~g\xc1\xb5r\xdd\xb3)\xf2RN\x95\xdf\x03" +
-	"\xe5\xf8\xa1\xf2\xb7CW/\xbem\xef\xb3\x9c\xbc\xec/" +
-	"\xa7b\xbbe\xd2\xb0\x1b\x8ew\\\xb7\x97W=;\xca" +
-	"\xe9d\xec\xa6\xafNz\xaep\xca\xf5\xc7[\xf7r_" +
-	"=RN\xe1\xc8\x8d\x9f\xcd\xfd\xf9wg\xde\xb2\x97\x03" +
-	"*{\xca\xa9e\x99\xa9T\xfee\xf5\xc1\xa3\xc9w\xac" +
-	"F\xbb\xca\xa9\xf2\xdfA\x1b\xbd\xabu\xcf\xbb\xbb\x1b\x7f" +
-	"\xf7g~\x9b\x1d*?E@>L\x9fgmi9" +
-	"\x90\xf7\xe9\xe4}\x19\x92w\xa6\xfcq\xf9l9V\xff" +
-	"\xbc|\x9f\xbc\xf0J\x94\xbcH\xf0\xd2\xbb\xaf>\xb5p" +
-	"\x1f\xbf\x9es\xaf\xa4\xdaB\xbd\x92Z\x92\x1b&\x04[" +
-	"\x12\xc2\xfet\xad\x96C=\x86+O\xc9[\xae\xa4\xfb" +
-	"\xe1J\x8a\xe0&\xcc\x19\xb7O\xf3\xde\xb2\x9f7L\xe1" +
-	"\xf1K\xe9\xee\x1c\x8f\xcd}\xd88\xf9\x89\xab\xaezf" +
-	"\x7fF\xe76\x8d\xdf*o\x19OU\xc6\xf8}\xf2\xc0" +
-	"\x0a\xec\\\xdd#\xef\xad\x1du\xe4\xaf\xfb\xb9I:;" +
-	"\x9e\xee\xbb\xc3\xbe\xe5\xe3\x7f~\xf2\xc0\xf3\xf8\x1d\xdbD" +
-	"\x1e\x1fO\xfb}z<\xea\x89S\xafv\x15l\xf0\xbd" +
-	"\xf9\x17~\x96n\xaf@+\xbc\xae\x02;2A\xde9" +
-	"\xdf\x7f\xf4\x96\xbfr\x06|G\x055\xe0\xff\x18\xd1\xef" +
-	"\xfb+\xde\x0c\xff-ir\xac\xed^A}\x85\x07\xe8" +
-	"\xab\xc7\x1e\xf9\xd1\xa9g=w\xff-}G\xd1\xcd\xb2" +
-	"\xb7b\x9b|\xb0\x82\x0aI\x05\xc5\x83G^\xf4\xbc\xd6" +
-	"U\x138\x94\xec\x08\xad\x14\x9c\x80;*<\x01w\xd4" +
-	"u\xcf\x9c_\xdcT\xb9\xf7\xc5\xe4\x0aP\xc7\xe2\xe8\x04" +
-	"*\x7f'i\x85G\x1e\xbcgO\xee\x0d\xffx\x89\xdb" +
-	"\xfb\x0d\x13\xe7aO\x8bnyw\xe7\xa9o\xbd\xf1R" +
-	"\x8a\xe1.\x9fH\xbbZ5\x11\xdf\xed\xb8\xe0\xd2\xca\x87" +
-	"b\xd9\xff\xc8\x98\xee-\x13\x9f\x97\xb7O\xa4\xe6{\xe2" +
-	"j\xf9,\xfeJ\x18\xb3\xe1\xd5\xef\xb7=\xfd\xcf\xa4\x16" +
-	"\x12\xe9\x9cN\xa4Z\xe8\xf4D\x9c\xd3%\x8fO\xdc}" +
-	"\xdf\x8e\xf7\xff\xc9\xef\xc9MUT4\xb7T\xe1\xcc\xbc" +
-	"`\x1e\xfd\xd9\xfa\x92\x1b\x8f\xa4\xd8\xe2*\x8aK\x0e\xd2" +
-	"\x0a\xf7\xfd\xa7\xd0x\xe1\xd0\xba#\xfcf;]E\x97" +
-	"\xed\x0c\xad\xb0=;\x98x\xe6\xbe\xeb\xfe\x95\xd1\xe1\x81" +
-	"\x93\x9e\x97/\x99D\xf5\xc9\xa4i \x9f\xc4\x9f\x89a" +
-	"S\x06}\xb8\xef?\x03^qs\x12\x0fMzF>" +
-	"2\x89\xda\xefI8\x15\x1f\xedN\x94\xad\xfcU\xd1+" +
-	"|\xe7\xab\xaa\xe9\xe8\xea\xab\xf1\xd3\xd7~\xeb\xe8\x84\xea" +
-	"\xc6\x9dG\x93\xb2k\xd5\xd0\xaa\x0d\xac\xb1\xb0\x1a\x9b\xb8" +
-	"\xa6\xea\xa6R\xff\xfc\xfe\xaf%\x97\x8aN\xd0\xa1j*" +
-	"\xddG\xabq\x82\xfe[\xban\xec\xcd'\xab^\xe3\x85" +
-	"\xae\xb3\x06\xd7\xfa\xa6\x1a\xfc\xc4\xe2\xb2\xdb\xca\xff}}" +
-	"\xf85~\xb7\xdd[\xb3\x12\x1b\xe8\xa2\x156\xe6mx" +
-	"\xf4;Y\x85\xaf;\xbaF\xde_\xf3\x05\xc9J\x0cz" +
-	"\xe7\xec\xb3/<\xf9\xd2\xeb|\xef\xb7\xd7PU\xb3\x8b" +
-	"\xbe\xe9\x99\xb2\xe0\xe0O\x1fx\xf9uW\xf4q\xb8f" +
-	"\xab|\xb4\x06\x7f\x1d\xa9\xa1F\xf4\x9e\xf3\x06^>\xff" +
-	"\xe6cX\xb9o\x1a\x9e\x1b\xbb\xa6\xf6|\x907\xd5R" +
-	"t]\xbbZD\xa5=*\xfb\xdfo\x8c]w,)" +
-	"g\x16\xd6\xa8\xa7\"zo=~|e\xcd\xcc\x13w" +
-	"\xaf\x1f\xf0\x06\x87E\x9e\xa8\xa7zn\xc9\xec\xf2\xc29" +
-	"\x97\xbe\xf3\x06\xaf\xcd\x1e\xa8\xa7j|;}\xd56\xf6" +
-	"\xca\x10\xe0\xb4\xcd\x9c\x1c\x0fd\x112\xf6`=]\xa1" +
-	"\xc3\xf5\x08\xdc\x87m\xac[:4\xff\xa67\xf9I\xa8" +
-	"\x9f:\x8f\xfa\x87S\xb1\xb1\xd9\xfb&>\xf8\xd1\x93[" +
-	"\xdf\xcc\x90\x9e\x85S\xd7\xcb\x9dSq\x02\xe2S\xf7\xc9" +
-	"\x1f\xe0\xafD\xbfA\x0f\xfes\xa1\xe4}+\xa3\xf2\x91" +
-	"\xa9k\xe5c\xb4\xf2\xd1\xa9\xd3\xe4\xeci\xd4\x91\xfdW" +
-	"\xf1\xc8\x9c\xc7\x7f\x9cY\xf9\xf4\xd4m\xf2\x19Z\xf9\x83" +
-	"\xa9\xfb\xe4 \xad\xbc\xffL\xee\xf2\x01\xb5\x93\x8f\xa3\x9b" +
-	"\xca\xb0\x9b2m-U\xaa\xd3P\x90\xfa\xack\xec\xd8" +
-	"<<z\xdc\xd5\xeb\xd93\xedqy\xff4\xaaK\xa6" +
-	"\xe1\xa8\x0fM\x9a\xfd\xab\xdb\x9e\xba\xebx*\xbb1\xdd" +
-	"\xf2\xd8\xa7cs\xd7\x0f\x18v\xcfo\x85\xe3o'7" +
-	"\xae\xc5n4\xd0\x89+o\xc0\x0a\xfb7>\xfd\xde'" +
-	"\xf7]u\"\x85\xddh\xa0-lj\xc0\x89\xdb\xf2\x87" +
-	"}\xdf\xd9|\xd1\xb5'\xd2UZ6vcw\xc33" +
-	"\xf2\x9e\x06\xba\xa8\x0d\x09Ti\xc5\xf7\x9f\x1d4\xf8\x15" +
-	"\xfd\x04\x8f9N\x7f\x9bZ\xf9\x0f\xbe\x8d\xcd\xdd\xdd\xfe" +
-	"\xf8\x1f\xbe\xfd\xdc{'3\xac\xbc4s\xa7<h&" +
-	"\xf5gg\xa2 \x96\x9c:\xb9\xf1\xf7g\xd7\x9dJq" +
-	"u\xd6\xcc\xa4\x0aa\x1d\xadq\xc7-/\xff\xfaOC" +
-	"\xee>\xc5w\xbdt\x16Uq\x15\xb3\xf0[+\xa2[" +
-	"\xf6\x7fW\xfd\xd9)N\xf6\xe6\xcf\xa2\xe6\xb9\xf5\xc5\x0f" +
-	"/\xac\x9d\xf3\xdf\xf72\xd6\xac~\xd6Zy\xd6,\xaa" +
-	"Hg\xed\x13\xe4\xe2F\\\xb4\xac\x9bk\xfeT\xd54" +
-	"\xf9}~P\x03\x1b\xe9\x1c\x0di\xc4\x0fM\\z\xfd" +
-	"\x8f\xee\xfc\xe8\xc9\xf73\x06U\xd5\xf8\x8c\\\x8fm\xc8" +
-	"\xb5\x8d\xe8\xa4\xffp\xe5\x8d\xa1\xca\x8f\x0e}\xc4\x99\x96" +
-	"\x86Fj\xb6\xbe\xfb\xd2]\x13&\xbc\xf6\xe2G\x19=" +
-	"*m\xdc,W\xd0&\xca\x1b\xa7\xc9\xf3i\x87\x0e\xff" +
-	"n\xd0\xd5}\xbf7\xee\x0c\xaf+\xeb\x1b\xe9\xaa\xce\xa2" +
-	"\x1d:\xfc\xd1\xbf>iy\xe7\xddOR\xd4\x7f\xb8\x91" +
-	"\xceM\xbc\x11\xd7\xfd\xf9K\x1f}\xe4\xc4c\x93?M" +
-	"\xc7HtY\x0f5\xae\x94\x0f7R\x1d\xd6H\x8d\xf7" +
-	"\x89\xe7\x9f)\xfaMS\xcb\xa7\x9c\xa1\xd9\xadP0\xfb" +
-	"\x87'/\x88\x9ex\xf0\x1f\x9ff\x9a\x11\xe5\x19\xb9K" +
-	"\xa1\x9bZ\xf1\x80\xdc\xe0\xc3\x8e\xff\xef\x00i\xc5\xf0?" +
-	"E?sVD.\xf5}H\xb2\x12\xfe\xe3'r\xae" +
-	"\xfb\xe3\xca\xcfx\x98;\xd0GG4\xc4\x87#\xfa\xec" +
-	"\xb5]\x03\x8c_\xfc7\xa5B\x95\x8f\x0e\xa8\x9eV\xf8" +
-	"y\xe3e5\x97]5\xe9\x0bwGA\xf3Y\xca\x9a" +
-	"V}\xaa\xcfW\x7f\xbe+\xbf\xf6\x0b^p6\xf8\xa8" +
-	"\xc6\xbc\x97VX\x9b_7\xf2@\xe8\xb6/\xb8e:" +
-	"\xe8+\xc2\xe1\xee\xf9\xc9_\xca^9V\xf7U\xba\xbb" +
-	"Ku\xe9.\xdfV\xf9\x09\x1f\xdd\x17>\xdc\x9e\xa7\xf6" +
-	"\xc6\xb7\xbc0\xb2\xf1+\xb6\x0at\xf7u5\xd3N\xef" +
-	"hF\x11.>p\xf1\xe2\xf3\xbf\xf5\xcbD\xca:)" +
-	"\xb3\xe9\xb8\xe7\xce^L\x8a\x13AsI\x89_\x8dF" +
-	" Z9]S\x03\x9aAH\x13\x80\x92#f\x11\x92" +
-	"\x05\x84H\xa3\x8a\x08Q\x86\x8b\xa0\x8c\x11@\x02\xa0D" +
-	"\xa0T\\F\x882R\x04e\x9c\x00\xde\x88\x1a\xd6\xa0" +
-	"\x1f\x11\xa0\x1f\x81\x82Ej(n\xffe\xb7\x9e\x15\xad" +
-	"l\x8e\xb7\xc4\xfcF0j\x06\xf5HI@\xc3\xdf-" +
-	"\xdap\x9f\x16\x8b\x87\xcc\x18Q\xb2\xec\x0f\xf6o!D" +
-	"\xe9'\x82r\xa1\x00\x09\xabb\xd4$\x9e\xa0\x1e\x81<" +
-	"\xc7|\x10\x80<\xee\x03b\xb4\xb2\xc9\xd0\x17h~\xb3" +
-	"$j\xe8~-\x16\xd3\x8d\xd8\xf0&\xd5\xf0\xa8\xe1\x98" +
-	"[-\xbf\x1aU[\x82\xa1\xa0\x19\xd4b\xc3}\xd5V" +
-	"7\xf8^,\xe0z\xc1*\x13/V\x07\xc9\x01\xba\x04" +
-	"@J\xed\x06?\xceX\x89\xa1\x85\xf5E\xda\xf0\xa6\x02" +
-	"\xd5P\xc3)\xed\xe3\xb4\xe6\x88\xa0\xe4\xa7\xcd \xbf\"" +
-	"\xd7\xa8\x1d\x9aO\xf3Fu\xc3L[\x94\x95\xce\xfc\xdb" +
-	"\x8bRj\x10\xa2\x8c\x11A\x99(@\"9\x0b\x1a\x04" +
-	"\x1a[[c\x9aI \x97\x08\x90K ah\x81\xb8" +
-	"_\x0b4\x92\x02\xfa\xc0.\xe7\xc6\xe0\xa3\x92\x80\xbdo" +
-	"\x0b\xc6L\xcd\xc0\x89T\xc3\x10\xebF,l\xa9\x98G" +
-	"\x882Z\x04e|\xfa\x98\xfc\xed\x9a\xbf#\xaa\x07\x89" +
-	"\x18q\xfd`\xb3ihj\xb8D\x8fj\x91\xc9z$" +
-	"\xa2\xf9q\xf6\x86W7Y\xb3\xc6}\xb5\xceM\x18\x8b" +
-	"\x9c\xc9X\xa6[\x13\x0fy\x0e\x01l\x89\x8a7\x16\x8c" +
-	"t\x80\xe4\xb8\x01.Kg\xf5b\xb1\x1a4\xa7\xeaF" +
-	"\xfd\"-b\x0e\xf7i\x05\x19\xa2Q\xe6,]\x81\x86" +
-	"\xb5 \xcf\xd1w\x99\x829\x99\x13\xb5\x92\xb0\x1e\x8f\x98" +
-	"L0{\xddf3\xba\x9bPC\xf3k\xc1E\xb8[" +
-	"\x09H\x8erO\x1bSv\xaa8N\xd6#\xad\xc1\xb6" +
-	"\x12\xf6\xae\xb3S\xae\xf1\xa8\x1d\x1a\x8e0\x0f\xf2\xa1\x0f" +
-	"\x0e\xd1\xc7I\x7f4\xa4\xfa\xb5\xb0\x16!`\xba\x09\xa9" +
-	"\xb5\xa3\x80Jh\x9e\x98M\x88\xcdg\x033l\xd2\xc2" +
-	":\"H\x9a\x07\xc0f\xa2\x81\xc5i\xa4\xb9\x0b\x88 " +
-	")\x1e\x10\xec\xa0\x0e\x1c\xab\\\xba\x89\x1c\xb8\xfaQ\xa9" +
-	"~\x1e\x11\xa4*\x0f\x886\x95\x06\x8cu\x90Jg\x10" +
-	"A\x1a\xe5Y\x16\xa3\xab\x16\xabI\xdf\xa65\xf6&\xd0" +
-	"\x89h\xe0\x9fL\xeb\x10Bj\xa0\x09R\x16\x89\xaev" +
-	"s0\xd2Q\xe2\x0f\xe91-\xe0&\xf2\x95.\"_" +
-	"\xe8\xc8^\xb5\xa1\xa91\xaa\xa5lv\xcf\x12\x06\xcf\xe2" +
-	"\xf6N\xf0:\xd0\x84\x00xS\xe7\xd0Z\xa5jk\x99" +
-	"p\"\xfb\xe1D2\xee\x87\x0b\x87)8\xe8\x06\x9cH" +
-	"\x86\xf4\x80E&\xa4\xaa\xcdD\x90*p\"\x99\x8b\x0f" +
-	"\x8ca\x90\x8a}D\x90FxR\xa7 \x81\x92>'" +
-	"b\x06!\xd4d\xcd\x94\xa8\x05\xf8i\x03#c\x9e|" +
-	"Lx\x92Rd\xcfS7\xfb\xa3E5\xfd\xed\x90\xe7" +
-	"\xc0<W\xc5m\x89\xe1t=f\x96,V;4{" +
-	"\x7fp\x8d\xd69\x8d.3\xb4\x85q-\x86\xdb\xce\xa6" +
-	"\x98\xd2\x9a\x85h\xe54\xd5\xd4\x16\xab\xd0iiN\x94" +
-	"K\xe6#\xc1\x1d\xc3Z\x17\x93#\x97>!\x95\x96\xd1" +
-	"i\x01\x07\xcb\x01\xc3\xbc\xd2 \x94\xd9\xfe\x9e\x82\x90\xde" +
-	"\x16\x8c\xd4\xc0\xb2E\x9a\x11\x0b\xea\x91\xd4\x19\x11\xa2\x95" +
-	"\x8e\xc2j\x8c\x9aA\x8f\x1e\x89\xe1\x17\x87\xd9=?\x84" +
-	"\xd3q@\x04\xe5e\xdc\xd9\x82%7\x87\xd7\x13\xa2\xbc" +
-	",\x82\xf2\x96\x00\x92 R\x08*\x1d[K\x88\xf2\x96" +
-	"\x08\xca\xfb\x02H\xe2\xf2|\x10\x09\x91N\xe3\xc0O\x88" +
-	"\xa0|,\x00d\xe5\xa3k\"}\x80z\xe1}\x11\x94" +
-	"/\x05\x90\xb2!\x1f\xb2\x09\x91>\xc7\xef|,Bs" +
-	"\x1e\x08 \xf5\x11\xe8N\x96\xfbC!!\xcd9 B" +
-	"s>\x96{V\xe4S\xdfP\x82\xb5\x844\xe7c\xf9" +
-	"0\x10\xa0@m55\xc3V\xcdau\xc9\x14-\x14" +
-	"\\\x04\x9a\xd1Iw\x06\xc4 \x87\x08\x90\x93\xf6\xac\xae" +
-	"\xd3\xd4b\x84\xb0g\xcb\"z\xb3\xa9\x9a\x1a\x00\x11\x00" +
-	"q\x1d*t-P\xd7\x89j\x8a!\x04\xb33\xaa\xc5" +
-	"`\x00\x81&\x11h\xe1\x00\x02\x9e\x0e\xad\xd3\xd1-\x11" +
-	"\x7f(\x1e\xd0\xea!\xda\xae\x855C\x0d\xe1\xe2&\x1b" +
-	"t\x13\x9b\x92Pp\x91F\xbf\xeb\xaa\xad+\x1d\xc1\xa9" +
-	"nW#\x81\x90\x06\x92\xe3\x81\xf5\xac1K\xd8\x0ea" +
-	"\x1bD\x0b$!K\xaa\xc4\xaf\xe4\xc1\x02jY#\xec" +
-	"by\xbb\xb3\x09\xa1`\x8c\x9a\x04UL\xc5*I{" +
-	"\x94\x06\x96\xa0[\x18\x11\x8c\xb4\xea\x90\xe7\x90D\xddc" +
-	"\xa4\xa4\xce\xb46o\x8c\x10^\x9e\xf9\xf17\xc7\x0b\xc2" +
-	"a\xd5\xa0{h\xb0\xfd\xd1]\xf8\xd1\xc7DP\xfe\xc8" +
-	"\xd9\xaa\xddX\xf8\x1b\x11\x94\xa7\x05@)G\x81~\x02" +
-	"\xe7\xfe\xf7\"(\xcf\xa2@\x83%\xd0{p\xb2\x9e\x16" +
-	"A9 \x80\x94%X\x12\xbd\x1f\xf5\xe8\xb3\"(/" +
-	"\xa0D\x0b\x96D\x1f\xf4q;\xa7\x8fh\x99\xa6\xc3\x9b" +
-	"\x9d\x9d\x93b\x13\xbd\x1d\xc1H\x80\xfdQ\x1d3U3" +
-	"\x1e\x03\xafC\xfb&\xb5n\xb7\xcb\xe3\x09\xa9m\xf6R" +
-	"\x85\xd4\x98Yo\x18\xa8\x02\x1d\x10C\xcdg\xdc\x00-" +
-	"Pk\xe2\xcb\xa2;z\xb2\x05\xb3I7\xccXI\xc7" +
-	"\xa2\xa6\xb8iC\xcc^\xb1h\x12*\xf2+2U\x0d" +
-	"\x86\x82\x916\xba\x11\x9bto(\xe8\xb7\x94\x1a\x9dc" +
-	"\xa9\x88\xcapn\x11!\xdev5dzc\x1d\xc1\xa8" +
-	"\x8b\x14\xc5x\\\x9a\xf1\x15HZ\xc0\x06o$\x1a\xa7" +
-	"\xa6<\xdf^\xee\x9bpe\x97\x88\xa0\xdc\xca-\xf7\x0a" +
-	"TK7\x8a\xa0\xfc\x00\x15Xr\xbdW-%D\xb9" +
-	"U\x04\xe5N\\o\xd1Z\xef\xdbQY\xdd&\x82\xb2" +
-	"\xd1Q`\x1bpe\xef\x12A\xf9\x85\x00^T\x08l" +
-	"\x92\x97E\xd5\xce\x90\xae\x06\x1ce\x10\xd0\xc2Q\xdd\xd4" +
-	"Hu\xc4\xdf\xf9mNK\x845S\x0d\xa8\xa6\xca\xa9" +
-	"\x96\x84\x96\xd4\x18\x04Bn\x1a\xc3\xb1\xf1\x01T`\x9a" +
-	"Aw\x94\x87_\x95\xac\xee\xb0\xa8\x9b\xa32/u\xd7" +
-	"\xd3\xaaD\xd4# 9\xa4M\xb7(\xb3M3\xad\x05" +
-	"U\xdb\xd0\xdey\xd3\xfd\x03\xde\x88.\x8ckF'\xe4" +
-	"9\x81\x87\xb4\x9d-\xa4\x19Q\xe2\xd8<\x96R\x01," +
-	"\xec'\x95\x161\x9b\xc7HE`\xe4\xa04h%\x11" +
-	"$\xc9\xe3E#\\\x03\x896\xcd\xf4\xc5\x11\x1f\x84-" +
-	"\xfdJ2\x8c\x9f5\x04C\x0b\x04\xfd\xf8\x9cX \x90" +
-	"\x0dB\xc5A\\'\x82\xb2\x84\x93\x9c8\xee\x7fS\x04" +
-	"e9'97\x9592\x06I\xc1Y\xb1\xd6\x91&" +
-	"W\xab\x91H\x0a\xcbd\xd0#\xa6\x1a\x8c\xc4\x1c#\xb3" +
-	"\xb8]3\xb4\xafeQ\xb2\xed\x951,\xef\x87)G" +
-	"V\x81\xb9E\xde\x86H\xab\x9e6\xce\xa2\xe48\xdb\x1d" +
-	"d\xa8\xa1t\x04DP\xa28L\xb0\x86\x19F5\xd7" +
-	".\x82b\xe2\x06\x11\xacq.\xc4\xcd\x10\x15A\xb9\xf1" +
-	"\\\xdc\xa6\x145\x15\x8f\x06TS\x0b\xd4\"4\xcf&" +
-	"\x02d\xa7B \xd4`\xc6d\x8f\x1e\xd0\xb0\xbf5\xb4" +
-	"\x0b\xbb\xeb\xa8L\xeeXI\x08\x08\xd2\xf6\x19\x84\x80(" +
-	"um%\x04\xb2\xa4\xae\xa5\x84@\xb6\xf4@\x0b!\xd0" +
-	"G\xda\x82\xcf<\xd2\xbdX3G\xda\xb4\x96\x10\xc8\x95" +
-	"6\xe1\xb3\xbe\xd2\x06\x83\x108OZ\x87U\xfaI\xb7" +
-	"\xaf'\x04\xfaK\xb7o&\x04\x06H\xb7\xfb\x08\x01\xaf" +
-	"\xb4f=!\xcb\xe2\x91\x8e\x88\xbe8\x92\x08F\x16\xa9" +
-	"\xa1`\xa0V0\xda\xe2a-b\x92\x88nN\xd5\xe3" +
-	"\x91\x00\xda\x9e\xe4\x16\x87\x88\xbf\x13]\x94\x90'\xe87" +
-	"\x13:\xd5\xce\x93uR\x1di\x0da\x81\xa1\x9a\xda\xcc" +
-	"`8H<\xa6\x16H\x98\xba>S5\xda\x10\xc8&" +
-	"\xe2\x115n\xb6k\x11\xd1\xa4R\x18 \x01M\x0d\x84" +
-	"\x82\x11\xad~\x89_\xd3\x02Z\xc0\xaa\xb3H\x0d\x86T" +
-	"\xe2i\x09i\x89P0\x1c4\xeb\x97\xf8I\x01}\x9e" +
-	"\x08FL\xcd\x88\xa0\\\x10\xdb\x8b\x00\xb3\xb3\xb1\xb55" +
-	"\x14\x8c\x80\x96hU\x83!-\xd0d\x80\xe6\xd7#\x81" +
-	"\xa0\x19\x14\xf5H\xc2\xafF\xfcZ(\xa4\x11\x08$\x0c" +
-	"-\xa6\xc7\x0d\xbf\x06\xf5K\xda\xd5x\xcc\xd4 `/" +
-	"Dn\x86I\xf0\xeb\xe1p\xd0\xb4u\x8a#ai\xf5" +
-	"b\x9aY\x1bR\x8d\xb0m\xf9S\xec\xb4e\xc3\x93\xe8" +
-	"!I0\xf4\xb3e\xb2\x1emo\x8d\x08\xcaLn\xef" +
-	"5\xe06\x9b\"\x82\xd2\xe4\x18\xe9YX6]\x04e" +
-	"\xb6\x00\xd5QCk\x0d.\xb1\xb7\x91\x85\x0a\xd9_t" +
-	"\xd6l\x1c\xd8\x93S@\xfb+\x9a\xff7\x8c\xe4\xa8\xeb" +
-	"\x18\x05w\x0c\xac\xf0\x83\x9c\xe1\x8cG\x82\x1ak\x90\xb3" +
-	"\xb0p\xa6\x08\xca\xb5\xce \xe7\xe0\x0em\x12A\xb9N" +
-	"@\xe7yQ\x10\xa1<\x9a\x0e\xf6\xddXD\x8d\xc6\xda" +
-	"u\x938\xaa\xc1\xbb\x00\xbd97*\x8b\xe9\x89X<" +
-	"\xac\xf1p\xc9\xb6'\xdd\xe1O\xdd\x9dr\x01\xd6&\xc4" +
-	"\x1c\xcd\xcd\x82\xad\xc0\xe2\x89Ri!\xd3\xdc,\xd3\x07" +
-	"X\x88O\x1aTD\xbd\x15O\x9bf\xd6\x80\x17e\"" +
-	"UWgE+g\"L\xb6z\xdb\xa2\x19%l\xc4" +
-	"\xce\xbcr\xae\xee\x0c\xc7\xad\xb5\xe9\xa52\x87\x8cp\x9b" +
-	"\xc2\x02\xbaJ\x19\xf3E\x0a\xa2\x95\xd3\xf5(\x8e\xebB" +
-	"\xbb\xfdM\xd8\xfeF\x11\x94\xfb9\xe1\xdc\x82kt\x8f" +
-	"\x08\xcaC\xce\xba=\x80\xb3\xf7\x0b\x11\x94G8\x85\xd9" +
-	"\xb5\x80\x10\xe5!\x11\x94\xdf \x82\x04\x0bR\xec\xd8\xe9" +
-	"\xe0O)[\xb4\x10\xe4\x13E\x0e\x00MX\xa0\xb7!" +
-	"\xc0!\x06oT5\xdbm\xcc\x98\xb6:\x0c1\x11/" +
-	"\xae\xad\xa3\x94\xe3FL7&\xb7\x83\x1ai\xa3H0" +
-	"\x95GK\x813\xe7\xca\xc4\xf8\xf5h\xe7l\x1de@" +
-	"T\xc3\x8c\x88\xc9J\xc7\xf7|g]\x10\x85\x1a\x8dj" +
-	"\x91\x80+R\xe1e\xd0\xb0tI\x9e\x13\x0aJC\x13" +
-	"Y\xe9$&\x03\xbe\x9c\x07\xd2\x0b\x11X\xd9\x0d=\xdc" +
-	"\xdd\x06\xe8\xc6\x9ds\x81E<\xe6J.P\x0b\x115" +
-	"\x03$'\xe2\x9c\x89\xb9\x18\xd2\xb6]\xa9$k\x91a" +
-	",{ \xbf\xed\xc1\xd5q\x83\xf3\xeb\x01\x0d\xbcN^" +
-	"\x9f\xe5d,\x0bk\xb1\x98\xda\xa6\xb9.V\xca\xd4\xb6" +
-	"i\xa6\xab\xd2X\x909L&\x87\x92\x93t\x9b6P" +
-	"\x9b\x8c+0\x19F\xe1T\xe5En\xf6\xa0\xc8\xc5\x1e" +
-	"\xccs\xd4\xa7\x18\xb4\x91x*2\x09h\xd1\x90\xde\x19" +
-	"\xd6(2\xe9\xc99w8\x1d\x9f\x16\xf3\xf6\xe4\x9b\x1b" +
-	"ZT7P.\xed\xfck\x17*\xd5\x06\xe4%\xd1`" +
-	"\xa4\xcdU\x1e\xe7\xb9Q\xe3+9j\xbc]S\xa9\xd9" +
-	"!\xbc\xff\x96\xf4\x08z\xb6H\x0e/NY}\xb6\xd3" +
-	"H/a\x08\xb7\x91\xf3r\xcc\xd3\x94 9Yri" +
-	"\xcb\x9b\x8e\xf2c\x84\xc3\xf9,\x83\x02X \x8b\xe3\xb6" +
-	"X\xb8\x09X\xb2\x17\xb3\x16\x05\x94\x8dv\xb5\x17\xfc\xc7" +
-	"&\xeb\x11\xd3\xf0\xa8~3M\xa2\x8a\xdc$j\xa9\x83" +
-	"&lt\xaf\x18I\xeb\x1b\xca\xe4\xb1\x03q\xbff\\" +
-	"M\xaa-v\x8dw\xb6\xd1\xba\x06H\xc1l7\xe4\xcf" +
-	"u\x93-\x0a\xc5An\x91\x1c\xc6\x1c\x0e\xa7\xcc!\xad" +
-	"\xcc\x9a\xcbs\xd2w\x09\xa44\xec\"l\x19dI/" +
-	"J}\xb1\xd6\xd2\xae\xeb\x1dMz\x0cL\x9c\xb6\xbc\xe4" +
-	"\x14\xd5\x17\xf2\xf3\x96\x9c\xa2\x86\xba\xe4N\xbc!I\x08" +
-	"\xa2\xa1\x9b\x8f\xfb\xe3Z\x11\x94\x80\x00\x9e\xb8\x11\xb2\xbd" +
-	"\xe4\xf6\xf4a\xd8\x87+\xacaT\xc74\xbf\xa1\x99n" +
-	"\xfa'\x1d\x8a\x86\xd4`\xf8\x1b\xc5\xa7\\Y\xac\x9e\x00" +
-	"\xd0p\x01\xaa\xa9\xc0q\xfd\xb6sG\xd2\xa6\xdf\x13\xad" +
-	"\x9cN\xb9\xba\x12\x0be\xbb`\xe5\x0c\xc6\x9e\x81\xce\xee" +
-	"\xb4\xad\xa3\xfd\x93\x81\xa5\xee\xd52c\xe4<i\x1c\x89" +
-	"5y\x1e\x9c=F\xd2\xdb\xb1k`\x19\x05\x1cI\xcf" +
-	"\x12\xa8\x80\xa5'IU\xe8a\x97{@\xb0\xb3\x87\x81" +
-	"\x9d=\x90F\xf9\x88 ]\xe2\xe1\xb1\xa8\xbb\x13\x9e`" +
-	"&\x92\x80\x96\xc1\xd0\xa7\xea\x08\xb6,\xdd\xf3\xa2_g" +
-	"Y\\Py\x86k\xe2fn\xdd\xfc\x01\x17\xe6\xd2\xce" +
-	"c\xced\xf3\xadPh\x01\xe5\xfdq\xeeG\xb2\x86\xe4" +
-	"\\\x98\x91\xc2p'5\x91,A\x11!\xcd\xfd\xb0\xfc" +
-	"Bp\x94\x91<\x90\x96\xe7a\xf9`px*y\x10" +
-	"T2F|\x0c\xd8T\x95\\\x0c\xf3\x08i\x1e\x8d\xc5" +
-	"\xe3\xc1\xa1\xdb\xe5rZ>\x0e\xcbk(\xe1\x9ee\x11" +
-	"\xeeU\xb4\x99\xf1X>\x85\x12\xee\xd9\x16\xe1^\x0be" +
-	"\x844O\xc4\xf2\xe9X\x9e\xb3<\x1fr\x08\x91\xebi" +
-	"y\x0d\x96\xcf\xc4\xf2\\1\x1fr\x09\x91\x1b\xc0 \xa4" +
-	"y:\x96\xcf\x86s@\xaf\xa98\x8b\x86%\xb9\x05\xe5" +
-	"\xc3\x93\xb8\xa0\xae6\xb0M\x8bh\x86\x9a\xe4\xb0\x92\x85" +
-	"\xd5\xd6wArrZ,\xb3T\x80\xd6\x1a\xcd\x95\x9d" +
-	"7\x97,W\xd1c\xb51\x81\xa1Y\xd6\x8d\x14\xc4\xa6" +
-	"\x1az8\xc3\xaa\x0a\xe9\xf0\xd5%\xe8\xcb\xe2n5\x9c" +
-	"\x9d\xa9B}9^\x04e\x8a\x909Z\xfbD\x8a5" +
-	"Z.(l\xa7\xedeb\x8bL`\x96\xa4\xe4\xbf\xae" +
-	"V\xb4\x02O\x9d%4p\xe4\x0a\xc7\xf9XV\xd4\xda" +
-	"+ 9g\xb32\xed~\x0a'ozU3N\x1d" +
-	"\xc5~\xd4t\x0c\xa9\xa4o\x0c\xac\xa4\x8c\x0e\xee\xebj" +
-	"\xd5o\x06\x17i\xd5\xedj\xc8\xd4\x02\xd5Q\xd5\xe8\xd0" +
-	"\x02.\x1e\x03\x8f\xb43\xa2x\xdf\x00i3\x16Y\xf1" +
-	"\xc65+h\xc0\xb1\xc8e<\x8b\x9c\x0c\x83\xad(s" +
-	"Xdf\x09Wa\xd9r\x11\x94{ps\xde`Y" +
-	"\xc2Mk\x1d\xdf\xd0\x0e\x1a\xf0\xceaj\x00+\x95\xaa" +
-	"p'\x0f{ \x05\xab[\xb4V\xdd\xd02\x845'" +
-	"\x05\x14th\x9d\x99\x1ca\x8a\xc1\xb11\xa0\x03\x15\xf9" +
-	"\x19\xf6\xb9a@\xc0\x09\xb6S\xf8\xbb\xa5\x8fS=\x99" +
-	"4\x0c\x9aIt\xbb\x88\xf2\xd7\x8c\xd2r\x03\xa7\xf66" +
-	"\xd3\xdc\xe6t;\xfa\x8cYJ\x9bE\xd7\xd9)t\xfa" +
-	"\x97\x1a\x1e\xcc\xa4\xc0\xac\xcd\xea\xed\x09\xc2\xb8\xfa\xce\xc0" +
-	" L\xb5\x85a\x1c\xa3\xce\xce\\\x02K\x1b\x96\x14\x84" +
-	"\xd3\xf5h\xd4Yv\x1c\xb0$q\xa9\xa2\x8e\x08R1" +
-	"\x1auv\x0a\x10\xd8Y\x10\xe9\x12\x84\xda\x03m\xa8\xbd" +
-	",\x1e\xe9\x1et\xbb\xe3\x107\xf7\xc1H\x8a\xceH\xde" +
-	"?,\xb0\xb4\x9c\xad\x06\xed\xd3\x83iV\\H\xc7\xad" +
-	"^\x04\xaeiQ\xeb\"'\xf6\x86\xff\x9c\x8c7\xe90" +
-	"\xc2\x1b!\x8b\x9a5iOK2\x9a\xf7*\xee\xd6l" +
-	"j\xd3\xa4#+\xb9\xe8vV\x1fj\xd0\xa4c(\xee" +
-	"\xaf\x8b\xa0\xbc\x9b\xb4\xa2}\x09\x91N\x96q!\xef>" +
-	"B>\x9cG\x88t\x1a}\x88wEP>C\xfb\xe9" +
-	"\xc9\x87~\x84HgZ\xac\xf0\xb6\x0fz\xc8\x85I\xb4" +
-	"\x06C\xa6f\xcc\xee$\x1e\x97\x1do=\x9c\xac\x03\xa5" +
-	"p\xf5\x88\x1382\x0d5\x12k\xd5\x0d\x02a\x9b\xed" +
-	"\x8c\x99\xaaa\x82\xd7I\xbeL\x06\x10\xf5\x88\x15\x8f#" +
-	"\xd5VD\x0e\xbc\xce!\xcad\x95\xd4\xac\xb5\xee\x19\xc4" +
-	"\x98f\xa6,\x04e\x96\\}\x98s#\x11\xad}\xef" +
-	"\x09F:\x1cIf'E\x80\x1d\xbc\x94\x94:&\xc9" +
-	"\xec|/\xb0\xe3GRE%\x93dv\x14\x10\xd8\x01" +
-	" \xe9\x922*\xc9\xcb\x92:\xa5\x06\xaa-\xe0]\x93" +
-	"\xa4\xfe2d9\xc5=H\xca\xbdk \xd4-\xf1\x8a" +
-	"\xedg\xce\xdf\xf4qdE\x12\x06\xf0\xe4\xb5\xe3n\xfa" +
-	"8\xb27\x9a\x0cN\x11\xd0 \xcf9\xf4i)\xb8\xb4" +
-	"\xb4\x073\x18\xd6\xf4\xb89\x8bp\xe9\x0e\xdd\xa8\x9b\xde" +
-	"2\x0d\xba\x83M\xe7B\xc8\xbaAj\xd7\xb4\xc2o." +
-	")\xd6P\xecPVo\xb1\xfd\x19\x0e\x8d\xca\xcc\xf4\x9e" +
-	"y\\\x18\x9f\xc5\xf6\xf7\xe3\xcc?'\x82\xf2w\xceL" +
-	"\x1fZ@\x88\xf2BREd\xf7\xb1\x98\xd9#\xeb\x09" +
-	"Q^\x15A9\x81\x1b\xffu+\xb6\x7f\xbc\xd2Q\x11" +
-	"\xa9\x1a\xdb\x05\xfd\xbacX\xbf\xa1eD\xc4Bj\xcc" +
-	"\xac\x8dF5\xe2\x8d\x04j\x9db\xa67\xc1R\x82\xf1" +
-	"\x08\xd8\x88\xa1:\xa4\xab\x01-\x90\xc1l\xa5\x87]\xec" +
-	"\x05pIQLA\xab8/\x13EP\xa6\x0b\xc0\x12" +
-	"\xd6\x1c=\xcd'l\xa0\x9e\x8ahK\xcc\xdaVS\xe3" +
-	"\x93\x0f\xce\x81\x9cu\xe3\xf1+\xdd\xb2\x0a\x97:D~" +
-	"\xb5\xf5:\xe49\xe7\x1f\x98\xe9\xef.\xf0\xce\xf5\xc4\xe1" +
-	"l\x99\x93\x1a\xe6\xf0\xa4\x98\x91y\x9bI<\xb8M\xa0" +
-	"[\xeca^jjk\x9b\xa1\xc5b\xbc,\xb8\xb9." +
-	"\xfc\xaa\xa5n5\x9e8cG\x90\x81\x1d\xcbb\x89\x85" +
-	"\xe0\xa4O\x03\xcb\xab\x97\x86\x94\xd1\x00y\xaa\x8b^\x10" +
-	"E\xf8\xd4\x9b#\x9e\xcc\xfc\xcc\x0c\xd4\x15\xf5B\xcc\xda" +
-	"zm\x96/\xc9\xcc\xb6\xa7\xa7\xbe\xb4\xeb1\xf4 \xec" +
-	"\xf3\xefI]\xe3\xd7#\xa6\xa1\xfaM\xd4g\xb6\xb4\xd9" +
-	"\xe7j3}\xfb\xb4\x00\xb8+,K\xcd\xc3\xb3h(" +
-	"\xc99\xfe\x92\xa9\xe5\xba\x17\x127\xb2\x88G\xa5\xee\x01" +
-	"%\xf7\x8c\xda\xde\xd8\xe5^3\xbf\x84t\x09\xb5\x84$" +
-	"\x9f\x0a\x09;\xfa\x0b\xec\xdc\x9b\xb4\x0e\x05a\x15\x0a\x09" +
-	"\xcb\xc2\x07vd_\xeaD#\x1aF#\xca\x8e\x1d\x00" +
-	";0!\xa9\xf8\xde\x1c\x0f\x88\xf6\xd1\x19`\xd76H" +
-	"\x0deV\xb6k\x96}\xec\x09\xd8a\x7f&\x94\x05t" +
-	"\xdb\xa0\xe9\xa5!\xe4\x1a(\xe8X4M\xb3\xfeo\x8a" +
-	"\x9b5\x90`1\xe3\x8c$W!ZYK]\xecF" +
-	"Ks\xa4\x87:Z\xdcx\xf3\xcd\x84(\xe3,e\x96" +
-	"H\x86\xbeu\xe2\x89\xa8N~\x8d\xb6$\xaa\xf9M-" +
-	"\x00\xd3\x93\xea\xb8\x9b\xac(\xb7\xb4\x177#\x9a\x0a\xda" +
-	"\xdb\xd0h\xdb\x87\"\\\x02U=\x01)\xb6\xd7z\x89" +
-	"\xe7\xb4t\x97dM\xc1Ack+\xf1\xb8Y\xd1\xac" +
-	"\xf4(G\xbax3&\xa3\xbbp5\x830En\x10" +
-	"\xa6\xc8\x09\xc2|=\xea\x87_\xefT&\x82\xf5\xa7\x9b" +
-	"\xddf\xea\x1dZ\xc4-p\xd9\xf3(\xdd\xf8\x8d\xde7" +
-	"\xb1\x90\xce\xef\xbaQ\xb2\xe9$\x85\x1b\x8b\xf8\xb5\xf68" +
-	"D+g\xa1\xb6h\xf0d\x86\xc78-l+a\x1f" +
-	"\xbf2\x90\x06.3b\x19T\x11\xa5A\x8f\xaf\xad\x81" +
-	"9)\x9e\xa2\xb1\x9f@s\xc2kl\xcas\x07\xe5\x18" +
-	"\x1f\x01\x11\x9a\x7f\xcfS\x9e\xbb(\xb5\xf9\x18\x96\xff\x11" +
-	"l\xa8&\xef\xa6\xd5\x7f\x83\xc5O\x83\x83\xd6\xe4'`" +
-	"3!\xcdOc\xf9\x01p\x00\x9b\xbc\x1fv\x12\xd2|" +
-	"\x00\xcb_\x06'\x9a.\x1f\x86\x95\x844\xff\x1d\xcb_" +
-	"\xe7)\xcf\xa3\x94\x0a}\x15\xcbOP\xca\x13,\xca\xf3" +
-	"8\xd4\x11\xd2\xfc:\x96\xbfK)O\xcb=\x94OR" +
-	"j\xf3\x04\x96\x7fL)O\xcbC\x94?\xa0\xfd\xf9\x18" +
-	"D\xf0\x09\x02H}\x07P\x1fQ>\x0b[\x09\xf1\x09" +
-	"\"4\xf7\xc3\xe2\xf3\xbc\xd4K\x1c\x9b+\x9c\x0f\x844" +
-	"\xe7\xe3\x83a\xf8\xa0\x9f@=Ey\x88\xe0#\xa4y" +
-	"0\x96\x8f\xc4\xf2\xfe9\xf9\xd0\x9f\x10y\x84\x80\xcd\x8f" +
-	"\xc4\xf2qX> 7\x1f\x06\x10\"\x97\x0a\xa7\x08i" +
-	"\x1e\x8f\xe5S\xb0\xdc+\xe6\x83\x97\x10\xb9\x96\xb6S\x83" +
-	"\xe53\x85\x1e\xa0\xd2\xd7I<\xed.}\xb4\x97\xa4\x82" +
-	"\x1e\x12f\xdcP\xf02\xd54\xb5p\xd4\xc9\xd5\xa1\x88" +
-	"\xd245R\x10\x8e\x9a\x1c\x04nMf\x96\x02\xaa\xe4" +
-	"\xf4>\xa5<\xc4\xb7=|\x93\xec\xa9H}\xce\x8e`" +
-	"4\xd6\x1c\x8c\xf8\xb5\x99j\xccl\x8e\xfb\xfdZ\x8c\xf3" +
-	"\xa1\xdc\xb2i\x83\x91\xa9\xa1`[\xbb\x09S\x92\xc9Z" +
-	"\"\xd7/\xf6Pp\x88\xa2i\x14\xe1Y!p\xb7\xf4" +
-	"\xb7\x9e\xe0iZ6\x95\x0d\x949=r\x91\xa3GD" +
-	"53\x99\xce\xedP\x94[\xbc)\x83%s!VS" +
-	"\x83\xde\xaa[\x92\x91\xd8]d\xb1\x802\x1dJ\x9e\x98" +
-	"\xd5/\x91\x00p\xae/\x91\xd4\x16\"\xf4\x87\xaf\xb0\xd0" +
-	"\xbe\x05G\x9a\xb5\x80\x08\xfd\x85\xb3Xh\x9f_\xa4l" +
-	"U\x7f\xf1K,\xb4o\x0e\x93.1\x88\x90`\x11K" +
-	"\xe2\xd1cf\x82%\xa5\x10/\xea\xe1eAs\xc9d" +
-	"5\x14r\x98\xca\x02\xe3\x1a\xb5C;\xb7\xc4\xa8oB" +
-	"\xa5\x03\x9bs\xe0\x889v\xe1\x1a\xb0\x83\xdf\\\xb4\x8d" +
-	"\x9d\xfe\x04v\x1d\x8cTUD\x04\xa9\x14\x91\x18;8" +
-	"\x0c\xec\xf2\x1ai\x04\xa2\xb4A\x9e\x04[O\x0a\x98\x92" +
-	"\xa4\\\xb5\xe5`\xa7\x02(`6\xcbB\x86Y\xb4?" +
-	"\xec\xd8<\xb0\xbb]$\x09\xdb\xcd\xf6T[\x86-\xa3" +
-	"\x09KB\xbc)\x07}\xec\xb3\xea\xc0\xae\xed\xe0\xe8F" +
-	"vw\x0d\xb0{y\xa4\x8a\"F\xd2\xb0\xbbE\x80]" +
-	"\xdd!]Rh\xd1\x8dT\xfaj\xc0\x1b\x0dF\xdaj" +
-	"(\x81\x9a\xda\x93s8\xe8\xd0\xab?\x99$\xf1\x8b}" +
-	"\x9c?\x99F9\xf4\xc4\xa8\x00\x03\xa4\xd5\x16\x86H\xcb" +
-	"\xa9\xads\xcb\x1d\xf6%s\x87\xeft\x88\x88\xdb\xe79" +
-	"\xf9\xe5v\x8a\xd8\x86\x19N\x82\xf92\xabO\xb6\x01\xce" +
-	"M\xd2\x81\x81x4\xc4\x98\xa1\xe4#H>r\xa5\x16" +
-	"\xdc8\x08\x97\xb0O\xf2\x9c\x90kn\x8a\xdb\x092\xee" +
-	"\x8c_uL3\x169\x09\x97\xb8\xd5L\xdd\xaf\x87\x88" +
-	"s\xc4\xa6\xd7\x83\x06.\xa0\xb7\xb0\x97\x13\xbc<\xbd\x9e" +
-	"<\xc0\xdb\x9f\x08\xd0\xbfG\x00\x1f\xeb\xed\xe4\xd79$" +
-	"\xadO\xb1\x98\xc4\xce:\xf4\x9f\xe9\xa6\x1an\xb7uz" +
-	"\x06G\x02\xb3^\x9f)\xe2\x0e>1\xac\xfcy%w" +
-	"\xf0)\x99<.\xf7\xa7\x98\xc4\x89\xfef\x89\x16\xb6\x19" +
-	"\x08\x0b\xf8sOv8w\x08\xc5<\xc3\xb0|4\x7f" +
-	"~j\x14\xc5$N\xf8\xd7c\xf1\xde\x19\xe1\xdf\x9c>" +
-	"\x16\xb6\xa9\xa2\x98\xc7\x0e\xff\xf6\x9et\xf8\x8d\"\xb5\xdf" +
-	",5\xb1g\x08\x92\xa4u;\x89\xd8`\xa3\x99\x0c " +
-	"\xd1}2TR[|]\x0d?\x19\xf5\x94\xaf\x80\x9a" +
-	"A\xcaDZL\xc7R\x0a\xdd\x1bf\xd0\x90f\xfdf" +
-	"\x9a\xa4^o\xd0$\xf5\xda\x054I\xbdj)MR" +
-	"\xafXJH\xc2\xe2\xa1\xeb:I\xf5\xe4PP\x8b\x98" +
-	"\x09C\xa3\x87Vq\xd6\x13\xd6\x9ejn\x87\xb8i\x06" +
-	"#mStqq$\xb9,>\x04D\xfa\"-\x90" +
-	"\x88\x85\xf4\xc5\x93\xd1)\xf6\xc6\xc3\x9a\xe1\xccE\xf5T" +
-	"\x9a\xf9\xed\x1c\xef\xa8\xd6#3\xd18\xbaf.\xf2\x0c" +
-	"\xae\xc5Fp\x0eF\x99\x8b\x83a\xb89\x18+\x1d\xf6" +
-	":\xcd{\xea\xee\xe8v\xf7\x87\xbd{;\x07\xe4\xc6 " +
-	"\x1bn\xb9\x87\xc9\xd8\x92\xe4\\\xc8\x90\x19\x9aL\xd7\x80" +
-	"\x19\xa1I\x9bx\xb6,\xe8hj\xfb\xd8\xbd_\xc0n" +
-	"\xe4\x93\x15\xa8$\x82\\\x0f\xf4\x98k\xf2\xfe\x10`\x97" +
-	"*\xc8\x15\xe0#\x82\\\x0ah\xff\xd8\x8d\x90\xc0\xae\xd8" +
-	"\x91G\xc0\x02\"\xc8C\xc0\x03\xa2}U\x13\xb0+V" +
-	"e\x89>\xcd\x05\x0fd\xd9\x97k\x01\xbb\x9fS:\x8b" +
-	"H\xe2\x8c\x07\xb2\xed\xcb.\x81\xdd\x01\"\x9d4\x88 " +
-	"\x1d\xf3@\x1f\xfb\xb2\x1e`7NI\x87w\x12A:" +
-	"\xe4\x01\x8f}M\x0c\xb0k\x12\xa5\xbd\x9b\x89 \xed\xf1" +
-	"@\x8e}\x11,\xb0{.\xa5]K\x89 m\xf7@" +
-	"\xae}\xbd$\xb0{\x8e\xa4-uD\x906x\xa0\xaf" +
-	"}\x1d\x19\xb0\x8bx\xa45>\"H+<\xd5V\xc6" +
-	"\x84\x95\"Du2\x81\x18\xff\x97\xb7Im\xd3\x92\xc7" +
-	"|\xa7\xeaF=\xf1bq\xfaA\xe8\xf45\xb68$" +
-	"\x0a\x0e\x80\xe1\xcf\x02\xaaXjP\x02-h\x07L\x88" +
-	"D=Rc\x9d\xf3D`C\xaa-\xf0[cs\x83" +
-	"\xbd'+\xa5\x1cHt;\xe2\xc83\x8e\x8c;\x97\x9c" +
-	"{&]\xb2%L\xd50\x9b\xf4\x98\x15\xe4\xe3\x8e\xca" +
-	"\xf9h\xe5\xfe\x85\x84$Z\xb4\xb6`$\x12\x8c\x10h" +
-	"\xf3D\xf4\xc5|\x9f\xd2\xc22\x94\xdc\xcd\x0c[\x01;" +
-	"\xf6 j\x86\x03\x07\xd9\x15\xb7\xc0\xae\xda\x94\xa4:\x0a" +
-	"\x07\x97%\xa3\x94\xe7\x16$\xfb\x86\xf9x\x19\x80`\x9a" +
-	"\xe6\x1e\xa3(s\xc1!\x1c H\x05\x01\x05\xadz<" +
-	"\x92\x19\x0ba\xf1F\x92\x168\xae\xe4\x03\xc7\xc9\xd3\xce" +
-	"E\\\x04\x88\xe9\xb9#\xb8\xae\x7f\x17Ay\x9d\x0b " +
-	"\x1d\xf5qa!\x16@:\xbe\x94\x0b\x12\xb3\xd4\xfe\x14" +
-	"|\xd0g\xb9\x15@:\xe3s\x82\xc4\xccTKg\x11" +
-	" ~\x99\x04\x02i\x00\xb5\xe7\xc3\x87n\xc1\xa4\xff\xf3" +
-	"\x81\xc4\xa8\xa1/\xd2\"j\x84\x88~\xcd1\xfb\xf6=" +
-	"\xa7\x99\x9c\x90\x8b}IOML\x8b\xe8\xc7\x88s\x19" +
-	"\x03\xbb'\x12\xd8}{\xd2\xc2\"v\x19\x03\xbbR\x11" +
-	"\xd8\x0d\xa3\xd2\\t\x1ff\xa1je\x97\xc3\x01\xbb\x07" +
-	"U\xaa\xf5Y\xf7\x0b\x88\xf6\x15\xda\xc0.\xac\x93\x8a+" +
-	"i\xeab\xd2}\xb2N\xa1\xd8p\x83n|W\x97*" +
-	"=}7\xfdXjw2\xed\xb2?zK\x17\xe9." +
-	" \xd3[\x0c\xb5WR1\xab\xe7,\xe0\xa0Y@\xfd" +
-	"fv\xaa#;\xe3\xe4(\xbb\xb5B4;{8\xdd" +
-	"\xe1\xe0\xee\x9eh\xd0\xe1B\xef\x88\xb2\x97\\\xd1d\xe0" +
-	"=c\x9f7y\xd46-\xcdG\xabt\xf3\xd1f8" +
-	"\xe7;\x99\x8fv\xd3J\xee\xb40\xdb\xeb\xab|\xce\xf9" +
-	"\xce^;\xed\xe6|Ye\xb3TX\x92\x0e{\xf8\x08" +
-	"j\xef'\xb4\x93\xc7\xf1\\\xf8z7Rx\x9e\x1bf" +
-	"\x9b\xe1`\xb6T\xed\xec\x1a\x98t\x8b`\xf6f\x80\\" +
-	"\xfc:\xb7@ia\xcf\x87\xb4<z4\xc6>\xf9\xff" +
-	"\x03\x00\x00\xff\xff\xf2|\x8c\xee"
+const schema_dc5dd5d2e729011e = "x\xda\xa4}{|\x14\xd5\xd9\xffyf\x126 \xb0" +
+	"\x19'\xfc0VM\x08\xa0\x10L\x84 \x05VC." +
+	"$B\x10J&\x01\xe5\x0e\x93\xddI\xb2do\xcc\xce" +
+	"\x02\xa1R.J\xadT\xacP\xa9@\xb5-\xa8UP" +
+	"\xac\xd0\xd2\x16[l\xa1\xf2\"VZ\xd1\xd2J+\xbe" +
+	"\xa2\xa2@\xc5;*\x0a\xee\xef\xf3\x9c\x993svw" +
+	"\x92\xa0\xaf\xff\xb8\x9c9s\xe6\\\x9e\xcb\xf7\xb9\x9d\x0c" +
+	"\xad,\xac\xcc\x1a\xd6\xeb\xb3\x0a\"4\x9e\x14\xb2\xbb%" +
+	"\x1f\xf3\xbc\x9cU|\xb4r9\x91z@\xf2*\x18\xfc" +
+	"\xceKGf\xbfJ\xb2\x05\x0f!\xf2\xf1\x82\xd5\xf2\xa9" +
+	"\x02\xfcu\xa2`\x11\x81d\xf0\x82z\xef\x92{^[" +
+	"N\xa4\xbe@H6x\x08\x19^UX\x0d\x04\xe4\xba" +
+	"\xc2\x0a\x02\xc9G\xcar\xeeY\xfd\x8f\x92\x15D\x92\x80" +
+	"\x90,|\x1e.\xec\x01$+y\xf9e\xfd\x83\xd7}" +
+	"\xa9\xad R\xae\xfd\xea\xd4\xc2b|u6}\xb5\xea" +
+	"\xe57\x97_\xfd\xe2]+\x88t){uma\x11" +
+	"\xbe\xfa\xa7\xee\xcb\xceo\xfd\xe9\xbc\x95\xe6\x13\xf3\xd5\xf6" +
+	"B\x1f\xbe\xba\x82\xbe\xfa\xee\xb3o-\xbc\xe3\xf5\xe7R" +
+	":<R(`\x87\xad\xb4C\xb4\xe4\xc2\xda\x86\x85{" +
+	"n'\xd2ev\x87\x83\x85e\xd8\xe10\xed\xf0\xa7E" +
+	"\xc7{\x9e\x9f>\xf6\x0e\xa2\xf4\x00\xc1\xd9\x05\x9c\x85\xfc" +
+	"a\xe16\xf9\\!\xfe:[\x88\x9b\xf0\xdb\xe5_\xf4" +
+	"}f\xfd\xa2UD\xb9\x14\xec\xd1\xa6\xf7\xbb\x14GS" +
+	"\xfba\x8f\xdb_\xee;\xe3\xd7'\xefXe\xee\x02\xdd" +
+	"\xca\xe1{\xfb\xd1\x09\x1f\xa4\x1dBO\xf4\xfc\xe8\xc9\xb3" +
+	"\xab\xbeO\x94\\g\x88\x81Et7J\x8a\xb0\xc7\x86" +
+	"\x83\xdf\x1d\xb8~\xfa_\xbeo\x0dA;\xac)\xa23" +
+	"^_\x843>\x93\xf8W\xb3Gy\xf5\xfb\xd6Q\xd0" +
+	"o\xec**\xc2\x0e{\xe8\x08\x8f\xce+}o\xcc\x9f" +
+	"\x8a\xee$\xca\xd5\x00\xc9O\x97}\xd1\xa3\xd7\xc2\x1b\xde" +
+	"$}r<@\xc8\xf0+\xfbo\xa1\x1f\xeb\x8fc\xcd" +
+	"\xbd\xfc\xe55\x7f\xfa\xe0\xad\x1f\x10\xa9\x87\xe8,\x9e\x80" +
+	"\xac\xf4_'O\xefO\x8f\xaa\xff8\x90\x07\x0f\xf0\x10" +
+	"\x92\\\xfdapV\xbc\xb2\xfa.\xa2\xe49\x93\x97\x06" +
+	"\xd0\xf5\xe7\x0f\xc0O\x7f\xef\xb3\xb6\xc7\xd7=\xfb\xd3\xbb" +
+	"2\xc6K\x0cxZ^\x8a\x83\xc8\xed\x03\x0e\xc80\x10" +
+	"\x87\x9bz\xf7\xc7\x7f\xdb}\xea\xc8]D\x92\xed\xd1N" +
+	"\x99\xa3}8\x00g'\x89s\xe7\x1f\xdc\xf0\xea]\xfc" +
+	"\xe1I\x03\xe9J\xf3\x07V\x10x\x7f\xbd\xef\xaa\xc0\x89" +
+	"\x0f\xeeJ\xff\xd8\xe8\x81\xeb\xe4*\xfc\x84\\>\xf0N" +
+	"y\x0d\xfdX\xce\xd5U\xda\x8a\xb7>\xb9\x0b\xcf\x99\xeb" +
+	"\x9d-b\xb7\xc4\xc07\xe4\x15\xd8m\xf8\xd2\x81\x07\x80" +
+	"@\xf2\xc3\x9b~\xf4P\xe1\xc3\xd7\xfd\x90Hy\xf6\x97" +
+	"\xc3\xd7\xd0CH\\\x83S\xbb~\xd7\xfc\xd9\xe5s\xa7" +
+	"\xdf\xcd\xce\x11\x87\x19\xbe\xfe\x9a\xcb\xb1\xc7\x83\xd7\xbcC" +
+	"\xe0\xfd[N\xae\x9f\xb8\xe1/w;\xec\xd0>\xe8r" +
+	"\xa4i\xff3s\x97\xbf(\x9c\xbf\x9b(}\x81=R" +
+	"\x07\xad\xc3\x17\x17\x0c\xc2\xa1s\xbc\xc6\x0f\xbf,\xfc\xcb" +
+	"=\xe6\xf9\xd2\xe7\xeb\xcdW\xfb\xfc`\xc4\xb2{\xaa\x8b" +
+	"\xee\xe5Ic\xe9 \xbaa\xab\xe8\xab'\xe0\xd9\x99\xd7" +
+	"x\xeb\xee\xe58\xe9\x91A\x94\x09\xd7\xd5y\xae\xee\xfb" +
+	"Vp-.?+}\xf9k\x06}$o\x1cd~" +
+	"\xe8G\xb8\xfcG\xc3\x97/x\xf6\xb7\xd7\xacK\xdf," +
+	"\xca\x15%\xc5[\xe4\x11\xc5\xd8{X1\xed\xfdp\xa2" +
+	"\xff^\xef+\xad?&R>\xfb\xea\xc1!>\xfc\xea" +
+	"\x89\x96\xbe9\xb9\xf3\x0e\xfd\x98\x9f\xf0\x8e!t\xc2\xbb" +
+	"\x87\xe0\x84{\xfe\xe8\xcfuC/\x93\xef\xe3&|t" +
+	"H\x19\xbez\xf3\x85\xdf\x8d>\xf0i\xe5O\x88\xd4C" +
+	"H9\xdc\xbdCN\xcb\x87\x86\xe0D\x0e\x0e\x19I " +
+	"y\xcb\xf2\xcf\xbe\xfa\xe3\xd2\xf0O8\xc1s\xc8\x1c\xe2" +
+	"\xb7\x9b\xfdW=Q\xfb\xdf\x9f\xe0* }\x15\xbb\x86" +
+	"l\x93\xf7\xe00\xc3w\x0f)\xc0U\xe8YC'\x9c" +
+	"|n\xe9\xfd\xe6\x91\xd3q\x8e\\K\xa5P\xcf\xf7\x0b" +
+	"\xbfj\xdc\xff\xd0\xfd\xfc*\xf6\\Ke\xdf\xfekq" +
+	"\x15\xabn\x0d\xad\xba\xd0x$\xa5\xc3\xa9k)O\x7f" +
+	"H;\xe4,\\=\xf1\xfd\xdd7l\xc8`\x0b\xa9d" +
+	"\x9f\x9c_\x82\xf3\xe9Sr\xa7\x1c\xc4_\xc9\xc9\xd7\xad" +
+	"\xdfu\xe7\xf2\xaf6X\xf2\x92\xf2\xb7RB\xa9~z" +
+	"\x092\xd9\xdbY\x85\xf9\x13\xbf\xbbac\xfa\xba\xe8Y" +
+	"\xee*y^\xdeKG\xdcS\xf2\x0e\xce\xed\xde\x9f?" +
+	">\xbf\xb6\xef&n{\xb6\x97\x0a\xb8\xac\xa6-\xaf." +
+	"\xbfs\xdaU\x9b\xd2\x0f\x19\xa7/\xaf-\xdd&o," +
+	"\xc5_\xebKq\x98\xaa\xfa1%\x1fm\xa8\xdf\x94q" +
+	"\x1c\x0b\xae\xdb\"\xb7_\x87\xc3&\xae\xfb9\xee\xe3\xfa" +
+	"\xdfn\xfd\xf1\xf9O\x8e\xfd\x94\x9f\xfe\xde\xa1t3\x0e" +
+	"\x0e\xc5\xe9\x7f+\xf7\xdd\xa3\xc3\xe5\xee\x0f\x98\x1d\xe8\x8c" +
+	"\x06\x0f\xa3\x07\xf6\xd5\x92\xff\x19z\xc9/oy\x80#" +
+	"$iX5>i<?\x7f\xe6\xfd\xbf\x7f\x89\x7fr" +
+	"nh\x03>\xf9\xe8\xaf\xdf\x9f\xf1h\xe0\x97?c2" +
+	"\x99j\xaf\x13C?\" \x9f\x1a\xfa+\x02\xc9\xea\xab" +
+	"\x06\x9e\xbaIz\xe5gD\x91m~[1\x8c2\xea" +
+	"]\xc3(\x0d^\xf9\xca\xf0\xab^<\xf4s\x94j\x02" +
+	";\xbe\xed\xc3z`\x8f]\xc3p\x88\xbd\xdfy\xa9\xce" +
+	"\xd3R\xb3\x85_\xd2\xd42:\xc4\xec2\\\xd2\xd2\x03" +
+	"\xffo\xf5e\xcf)\x0f\x13E\xb2\xbf\xb1\xa7\xac\x89\xae" +
+	"\xb9\x0c\xbf\xf1\xde\xfd\xdb\xee\x7f\xe7\x8a%\x8fpk>" +
+	"UF\x89\xeb\xb2-\xea\x91\xad\xbd\xb5_f\x90\xc6\xe1" +
+	"\xb2u\xf2\xd12\\\xcd\x91\xb2;\xe5\x81\xc3\x914\xae" +
+	"\xfb\xc1\x91m\x9f=~\xfaQ\xa2\xe4;\x02\xb8\xd7\xf0" +
+	"\x09T\"\x0e\xc7\x99\xfc\xe7\xd3\xeb\xbaU\xe5>\xf5X" +
+	"\x9a:3i\xbe}\xb8./\x1dNe\xd1\xf0[\xf1" +
+	"\xac\xca\x82\xe3J7\xdf\xfd\xfac\xee\x9a\xe2\xc8\xf5\x9b" +
+	"p\xe0\x13\xd7\xe3\x0a\xb6\xbf\x1d\xfe\xdf7\xdfl\xdf\xca" +
+	"\xd3x\xf6\x08\xaai\xbb\x8f\xc0\x0e\xbf\xf4\xfd\xe3\x96\xba" +
+	"\xdb\x1e\xd8\xca\xab\xf9\xc1#(\xaf\x0f\xa3\x1d>\xdd\xf1" +
+	"\xda\xa1\"m\xdbV\xa2\\\xe6L~\xea\x88\x06\xaa=" +
+	"G\xe0\xe4_\xfe\xc5\x8fK\xef[\xb5m+/u\xf7" +
+	"\x8c\xa0\xa4\xb3\x9f\x0e\xf1\xc1\xfcSe/\x8d9\xb7\x95" +
+	"\x13\x17\xa7\xf0\x13Y\xc9:\xff\x9c\x91o+;\xb7\xa5" +
+	"\xf3\x04%\xe6\xc3#V\xcaGF\x98\xbf\xf0;\x1f\xf6" +
+	"x%\xf6\xef\xdb\x9e\xd9\xc6\xeb\x95\x92oS\x0e\x1b\xf1" +
+	"m\xfc\xceS\xfb\xfe\xf3\x87\xb7\x1b\xef|<}4J" +
+	"\\\xd3\xbf\xbdSV\xbf\x8d\xbff\x7f\x1b\xa9\xe3\x83\xf7" +
+	"\xc2\xab&\x0f\x1c\xb2\x9d\x1f\xed\xdc\xb7\xe9\xaca$\x8e" +
+	"\xd6\xf7\xf5\xf6\xbf\x9f{\xbcb;Q\xfa \x81\xd1i" +
+	"\xf7\x1bIwf\xf0H\x9c\xcf\x8b\xfd\xbe5+\xef\xe3" +
+	"u\xdb\xb9e\xad\x19\x89b\xfb\xfd\xe3\xbe%\x1b_\xb8" +
+	"\xe5I\x0e\xdd$F\xd2\x91\x97\xd2\x91?\xcbz+\xb1" +
+	"<\xef\xc9'3\x88g\xf3\xc8\xe7\xe5\xed#q\x8e[" +
+	"G\xde)\x9f\xc3_\xc9\xd2\xb7\x9f\xdb\xd4\xdcP\xf6\xab" +
+	"4\xb8G\xa5\xc6\xf1\x91o\xc8gh\xffS#qM" +
+	"o\xed2F\xcc\xfbi\xe5\xaf8\\%o\x1c\xf5\x05" +
+	"*\xb7Q\xf8\xe1\x9f-\xab\xbe\xf2\xff\xd5\xdd\xfa\x14\x91" +
+	"\xfa\xd8Bw\x14U4\x905\xfa\xf6\xb2\xef\xde\xf1\x94" +
+	";I\xed\x1aE\x15\xdd\xfeQ\xf8\x91\x17.9\xf8\x8e" +
+	"p\xe4\x93\xa7L\xa6\xb6\x94\xechS\xc9\x8e\xc6\xaf\xbc" +
+	"\xbd\xe8\xe1\x8f~\x98\x95\xb7\x83\x07\x9d\xebG\xd3sz" +
+	"\x90vh\xbc\xe7\xba\xef\xad\xd4\xfa\xee\xe0e\xffh*" +
+	"\xdc\xca\x92\xdd\xbeu\xc7\x92\xaa\x1d\xe9|@W\xb2c" +
+	"\xf4\xf3\xf2\x9e\xd1\xf8k\xf7h\x9c\xc8S\x7f\x1b:\xb7" +
+	"X\xbbd''\xfa\xa7\xfb\xa8\xc6\xedvk\xfb\xd1O" +
+	"g<\xbc\x93\xe3\xdb*\x1f\xf2\xed\x977.SN\xe7" +
+	"\xae\xf9\xb5\xa3\xa3\x07\xfb\xa8\xca\xdb\xb6\xec\xca\xc7k\x82" +
+	"\xa5\xbf1\xa9\xc1\x94a\xf4\x8dd\xfd\xfa\xdb\x1f|c" +
+	"\xdd\x15\xbf\xcf\x10\xa1\xe7F\xaf\x94/\xd0\xe9\x9c\x1b\xdd" +
+	"B y_\xe0\xbd{\xcb_{\xfa\xf7\x19\xa7\xda\xcf" +
+	"\xb7E\x1e\xec\xc3\x8e\x03}\x07\xe4\xad\xf8+\x19\xfe\xed" +
+	"\xd4\x9d\xde,y7\xbf\x89k}t\x137\xfap\x8f" +
+	"^\x18}C\xe9\xf4\xfd\xcd\xbb\xb9\xc5\x1d\xf4Q\x9e9" +
+	"\x94,z\xea\xbf\x8f\xfd}7\x0f\x9ew\xf8\xa8X\xdb" +
+	"M_}\xe6\xd7\x87\xbeWq\xf2\xc1\xa7\xd3AC7" +
+	"\x9c\xc2Q\xdfN\xf98Na\xf81\xdfH\x81@\xf2" +
+	"\xde\xc7\xcf?q\xcd\xa7\xc7\x9f\xe6\xb0\xaf<\xba\x1ci" +
+	"\xa6\xbc\x1c\xa9|\xfa\x08\xcf\xf9'n\xf1\xfd\x91\xe7\x93" +
+	"\xad\xe5\xf4s;\xca\x11\xcd\xddS\xd8\xbc\xe8h\xff=" +
+	"\xdcl\x0e\x97S\x01s\x04\x1f'g\xec\xdc\xfa\xd2\xed" +
+	"\xe2\xc9=\x19\xfbw\xb6\xfc\xb4\x0cc\xf0s\x17\xca'" +
+	"\x13H\xee\xb9\xf6\xd7\xd3\x0en\xf8\xc53\xbc$\x92\xc6" +
+	"\xd0\x0f\xe5\x8f\xc1\x91r+\xff\xb6\xe2\xb9\xad\x8f=\xc3" +
+	"\xcb\xb2\xba1\x94!\x15\xda\xe1m\xf1\xe5\x9b\xfa}:" +
+	"\xec\xcf\xae\xaa11f\x9b\xbct\x0c\x95\xa2c(r" +
+	"\xf8\xee\xef\x1e\xff\xeb\xe7Qi/\xc7\x0c\x9b+(\x15" +
+	"\xf6\xae\xfa\xe1A\xfd\x7f}\xfb2NrU\xc5J\xf9" +
+	"\xae\x0a\xec\xb9\xaa\xe2\x00\xc8\xbb+\xf1(\xe7\xce\xf9\xce" +
+	"\xfcir\xf5\xb3<\xb9o\xae\xa4\xc2}{%Nk" +
+	"\xc4\xdb\xa1[\x16\xdd\xbd\xffY\x8e\xdc\x0fWR\xae\xdb" +
+	"<\xa6p\xde\x89\xb6Y\xfby\xc9\xb9\xbb\x92.y/" +
+	"}u\xccsE5sO4\xef\xe7\xe6x\xbc\x92\x92" +
+	"\xf8m\x9fO\xff\xf9\x9c\x89\xb7\xef\xe7\xe0\xe6\xc1J\xaa" +
+	"t'*\xbe\xbf\xdey\xe8\x98\xf5\x8eE\x1f\x95T/" +
+	"\xee\xa6\x83\xde\xd7\xbc\xf7\xdd\xdd\x93\x7f\xf7?\xbc\x948" +
+	"Zy\x9a\x80|\x8c>\xcf\xda\xdc\xf4B\xeegc\x0f" +
+	"d,\xffB\xe5\xd3rv\x15v\x87\xaa\x03r;\xfe" +
+	"JF\x82\xfd\xef\xbf\xe5\xf4\x82\x03<y\xa8UT\xd8" +
+	"\x05\xab\xe8\xd7\x8a\x8e\xc7\xcf\xbd\xf7\xc1sn\xe6\xea\x83" +
+	"U\xdb\xe4G\xe8\x80\x9b\xab\x90\xd6.\x9bwC\xb0)" +
+	")\x1cL\x17\xe09\xd8\xa5W\xf5i9\xbf\x1a\xc7\xef" +
+	"SM\xd1\xfe\x0dS\xaf?\xa0yo?\xc8\xab\xef\x13" +
+	"c\x97P\xfc6\x16?\xfd\xd1\xe4\xb1{F\x8e\xdcw" +
+	"0\x13\xbf\xd5l\x91\xf3k(~\xab9 \xaf\xc1_" +
+	"\xc9\xea'\xde_=\xf8\xe8\xdf\x0er\x1b\x9a\xa8\xa1\xb2" +
+	"\xe1\xc03#\xc6\xf7_\xd3\xf0\xbc#\xe7\xe5\xd95_" +
+	"\x90\xac\xe4\x91\x86\xe5\xa3~~\xea\x85\xe7q\x026\x04" +
+	"\xa9\xaa\xa1\x8b\xaf\xabA\x11u\xfa\xd5\xad\x05\xeb\x1b\xde" +
+	"\xfc+\xbf\xd5\xa7j\x10\xe5\x9c\xa9\xc1\x19\xde \xef\x9c" +
+	"\xed?v\xfb\xdf8\x80\xd4\xab\x96\x02\xa4Y\x0f=0" +
+	"j\xe5\x89\x81\x7f\xb7\xb8\x81\x1a*\xe7j\xa8\x80\x80Z" +
+	"\x1c\xfa\x9f\x03{~\x7f\xc5\x9b\xe1\xbf[z\x99\xbe\xfb" +
+	"`-\xb5Y\x1f\xa9\xc5\xb1\x8f?\xf1\xa3\xd3\xcfz\xee" +
+	"\xff{\xba\x18\xa0;\xbf\xbfv\x9b|\xa8\x96RM-" +
+	"\xb5\x06\x8e\xbe\xe4ymke\xe0\xb05S\xda)8" +
+	"\x0e\xc5@x\x1c\x1e\xcd\xac}\x97\x96\xd4\xfb\xf6\xbfd" +
+	"\x9d3\x05S\xc7\xc6Q*?E;<\xf1\xe8\x03{" +
+	"\xbb\xcf\xfb\xe7\xcb\x9c\xc0\xaa\x1b?\x03\x97R|\xfb\xbb" +
+	";O\x0fy\xe3\xe5\x14\xf83b<\x9dj\xf9x|" +
+	"\xb7\xado\x7f\xdfc\xf1\xec\x7ff*\xc4\xf1\xcf\xcb\xdb" +
+	"\xc7S\x858\xfeN\xf9\x02\xfeJ\xeaS\xe0\xd5\xef\xb7" +
+	"\xfc\xf9_\x96\xe8\xa4;sb<\xdd\x993\xe3qg" +
+	"\x16?}\xe3\xee\x87v|\xf0/^Nl\xac\xa3\x0c" +
+	"\xb0\xb9\x0ew\xa6\xb8QK\xe4\xbf\xf7\xb3W8\xf5\xb0" +
+	"\xb7\x8eB\xd9\x17\x8dc?[Wz\xdbQ\x9e!\xb7" +
+	"\xd6QD\xb8\x8b\xbe\xfa\xd0{E\xfa\x8b\x87\xd7\x1e\xe5" +
+	"\x99\xfdH\x1d=\xf1c\xb4\xc3\xf6\xec`r\xdfC\xb3" +
+	"\xfe\x9d\xc9<u\xcf\xcb\xdd'P\xfc5a\x1c\xc8\x87" +
+	"\xf1g\xb2\xb0&\xff\xa3\x03\xef\xf5\xfe\x8f\x9b\x1bc\xf7" +
+	"\x84}\xf2\xde\x09\xd4$\x98\x80\x9b\xf4\xf1\xeed\xd9\xca" +
+	"_\x15\xff\x87_\xd6\xc0\x9b\xe9\xbaKn\xc6OO\x1b" +
+	"r\xec\x86\x8a\xc9;\x8fY\xfc`\xf6\x98t\xb3NM" +
+	"\x90\x9bq\x88[\xcb\x97\x0e\xf3\xcf\xee\xf5\x9au\x88t" +
+	"\xebv\xdfL9f\xff\xcd\xb8u_\x0e[;\xfc{" +
+	"\xa7\xca_\xe3\xe9U\x9d\x88T\xa0M\xc4O,*\xbb" +
+	"{\xc4\x7f\xe7\x86_\xe3\xb9}\xd5\xc4\x958\xc0Z\xda" +
+	"aC\xee\xfa'\xbf\x93U\xf4\xba#\xeb\xe4\x1d\x13\x91" +
+	"W\xf2\xdf\xb9\xf0\xec\x8b\xcf\xbc\xfc:?\xfb\xf5\x13M" +
+	"\xc3\x9b\xbe\xe9\xa9\x99\x7f\xe8\xa7\x8f\xbc\xf2\xba+x\xdb" +
+	"3q\x8b\xbc\x7f\"\xfe\xda;\x91b\x90\x07.\xe9s" +
+	"\xcd\xec\xef\x1d\xc7\xce=\xd2\xf0\xf2\xf0\x05\x93.\x05y" +
+	"\xc5$jfO\xfa\x93\x88:hp\xf6\x7f\xdf\x18\xbe" +
+	"\xf6\xb8E\x81\xb4\xd7n\x85\x12\xef~\x05?\xbe\xb2r" +
+	"\xe2\xc9\xfb\xd7\xf5~\x83\x83r'\x14*g\x17O\x19" +
+	"Q4\xb5\xff;o\xf0\xd2\xf4\x90B\x95\xce\x11\xfa\xaa" +
+	"\x8d\x95\x94+\x81\x93`Ss<\x90E\xc8\xf0\xb3\x0a" +
+	"=\xa1\x0b\x0a\x9ac\x85\x1b\xaa\x97\\\x95\xb7\xf4M~" +
+	"\x13\xc2\x0d3\xb0C{\x03\x0e6\xe5\xc0\x8d\x8f~\xfc" +
+	"\xcc\x9673\xa8gc\xc3:ys\x03\x95\x99\x0d\x07" +
+	"\xe4\xfcF$\x9e\x9e\xf9\x8f\xfek\x81\xe4}+\xa33" +
+	"4\xae\x96\xbbc\x179\xbbq\x9c\\B;\xe7\xfc\xbb" +
+	"dP\xce\xd3?\xce\xec\xdc\xa7q\x9b|%\xed\x9c\xdf" +
+	"x@^K;\x1f<\xdb}y\xef\xaa\xb1'\x88\xd2" +
+	"\xd7\x86\xbe\xed\x8d\xab\xa9\xf1\xd5\x88\x84\xd4m\xed\xe4\xb6" +
+	"M\x03b'\\m\xd9S\x8dO\xcb\x1f\xd2\x11\xcf4" +
+	"\xe2\xaa\x0f\x8f\x99\xf2\xab\xbb\xfft\xdf\x89\x14\xff\xdb\x99" +
+	")t\x0f\xcfN\xc1\xe1\xe6\xf6.|\xe0\xb7\xc2\x89\xb7" +
+	"-\x966-\xb5\xa9t\xe3fO\xc5\x0e\x077\xfc\xf9" +
+	"\xfdO\x1f\x1ay\x92\xdf\xb8\xddS\xe9\x08{\xa7\xe2\xc6" +
+	"m\xfe\xc3\x81\xefl\xba|\xda\xc9ta\x97Ma\xf2" +
+	"\xd4}\xf2\xa9\xa9\xf4P\xa7&Q\xd8\x95<|!\xff" +
+	"\x8a\xffDO\xf2\x10\xaa\xcf4\x0aZ\xf2\xa7\xe1p\xf7" +
+	"\xb7>\xfd\x87\x9b\x9f{\xffT\x06h\x19=m\xa7\\" +
+	"5\x8d\xfa\xa8\xa6!!\x96\x9e>\xb5\xe1\xf7\x17\xd6\x9e" +
+	"N\xb1BwL\xa3\x02a7\xedq\xcf\xed\xaf\xfc\xfa" +
+	"/W\xde\x7f\x9a\x9f\xfa\xf4\xe9T\xf8\xa9\xd3\xf1[+" +
+	"b\x9b\x0f\xceQ\x7fv\x9a\xa3\xbdU\xd3)<h~" +
+	"\xe9\xa3\xcb\xaa\xa6~\xf9~\xc6\x99\x85\xa7\xaf\x96\x13\xd3" +
+	")\xadO\x1f'\xca\xdbg\xe2\xa1e}\xaf\xf2/\xe5" +
+	"\xf5c?\xe0\x17\xb5~&\xdd\xa3\x07g\xe2\x87n\\" +
+	"2\xf7G\xf7~\xfc\xcc\x07\x19\x8b\xda3s\x9f\xbc\x7f" +
+	"&\xe5\xae\x99#\x09$\x7f\xb8\xf2\xb6\x90\xef\xe3\xc3\x1f" +
+	"\xf3\x9e\xa1\x99T\x15\xcey\xf9\xbe\x1bnx\xed\xa5\x8f" +
+	"3f\xb4c\xe6&y7\x1db\xd7\xccq\xf21:" +
+	"\xa1#\xbf\xcb\xbf\xa5\xc7w\xaf?\xcb\xcb\xca\xfd3\xe9" +
+	"\xa9\x1e\xa2\x13\xba\xe37#\xaf\xae}\xf6\xc1\xb3<\xe2" +
+	";3\x93\xee\xddY\xda\xe1\xc8\xc7\xff\xfe\xb4\xe9\x9dw" +
+	"?M\xd1\x1c}f\xd1\xcd\xbbr\x16\x12\xc6\xf3\xfd\x9f" +
+	"|\xe2\xe4Sc?K\x87|\xf4\xdc\xdbg\xad\x94\x97" +
+	"\xce\xa2\xc4;\x8b\"\x86\x93\xcf\xef+\xfeM}\xd3g" +
+	"\x9c\x8eR\xe7P\x94\xff\x87g\xfa\xc6N>\xfa\xcf\xcf" +
+	"2\x16V7g\x9f\xac\xcc\xa1\x92t\x8e\x07\xe4\x0f\xf1" +
+	"g\xf2\x7f{K+\x06\xfc%\xf69\x87\x08\x8e\xce\xf9" +
+	"\x88d%\xfd'N\xe6\xcc\xfa\xe3\xca\xcfyX\xbfg" +
+	"\x0e]\xf2\xfe9\xb8\xa2\xcf_\xdb\xd5[\xff\xc5\x97)" +
+	"\x1dN\xcc\xa1\x0b:C;\xfc|\xf2\xd5\x95W\x8f\x1c" +
+	"\xf3\x85\xbb!\xd6k.\x95\xe6\xf9s\xa9\x0f\xbc\xdbW" +
+	"\xffs_^\xd5\x17<e\x95\xcf\xa5\"\xb5\x96vX" +
+	"\x9dW=\xe8\x85\xd0\xdd_p\xe7\x98\x98[\x8c\xcb=" +
+	"\xfac\xdf?\xf6\xbd\xf2\xc8\x05\xfe\xd5\xd9s\xa9\x89\xa6" +
+	"\xd1W\xf7\xfe\xe4\xafe\xff9^\xfdU\xba!F\xa5" +
+	"\xf1\xaa\xb9[\xe45s\xf1\xd7]s\x91\xc1O\xefO" +
+	"l~q\xd0\xe4\xaf\xd81Q\xfem\x9fg:\xfc\xe7" +
+	"!\x13\x94\xbc\xf0\xadE\x97\x0e\xf9e2\xe5 \xfb\xa9" +
+	"tc\x06\xab\x8bHI2h,.\xf5\xab\xb1\x08\xc4" +
+	"|\xe355\xa0\xe9\x84\xd4\x03(9b\x16!Y@" +
+	"\x884\xb8\x98\x10e\x80\x08\xcaP\x01$\x00\xea\xca\x96" +
+	"J\xca\x08Q\x06\x89\xa0\\/\x807\xa2\x865\xe8I" +
+	"\x04\xe8I\xa0`\xa1\x1aJ\xd8\xff\xb2G\xcf\x8a\xf9\x1a" +
+	"\x13Mq\xbf\x1e\x8c\x19\xc1h\xa44\xa0\xe1\xef&m" +
+	"@\x83\x16O\x84\x8c8Q\xb2\xec\x0f\xf6j\"D\xe9" +
+	")\x82r\x99\x00I\xb3c\xcc \x9e`4\x02\xb9\x8e" +
+	"\x02\"\x00\xb9\xdc\x07\xc4\x98\xaf\xd1\xd055\\\xaak" +
+	"j`r$\xd4>\xa0^\xd5\xd5p\x9c\x10\xbeOU" +
+	" \x1c\x8c\x94\x86\x82q\xa3^\x8f\xce\xd7\xfcF\x1cg" +
+	"\xe0\xc5)\xf03\x98`\xcd`\x90\x00\xc9\x98\xd5\x91\x10" +
+	"\x02\xbd\x09\xd4\x8b\x00\xb9\x8e\xbdL\x00\x1b\xf9OX\x03" +
+	"\x97\xc6\xf4\xa8_\x8b\xc7\xa3z\x1cg\xe2Q\xc3q\xb7" +
+	"^~5\xa66\x05CA#\xa8\xc5\x074T\x98\xbb" +
+	"\xc1Oe>\xb7\x19\xac3\xf1bw\x90\x1c\x8b\x81\x00" +
+	"H\xee\xd3Pq\xc5\xae\xdb\x8cG\x98#\x82\x92'@" +
+	"\x01\xed\x05\x92c\x81e\x0e\xc8\x9f_\xbcT\xd7\xc2\xd1" +
+	"\x85\xda\x80\xfa\x02\xba\xc9\xfc\xb0\xc5\xce\xb0)\x94\xc1S" +
+	"\xda\xadj\x9b\xd6\xa0ycQ\xddH#\xb6\x95\x0e]" +
+	"\xd9\xc46L'D\x19*\x82r\xa3y\x1c\xb8\xad\x1a" +
+	"\x04&77\xc75\x83@w\"@w\x02I]\x0b" +
+	"$\xfcZ`2)\xa0\x0f\xecvn\x0d\x0d\x94\xc2q" +
+	"\xf6-\xc1\xb8\xa1\xe9&\x8d@\xbc\x03r\xb7\xa9}\x06" +
+	"!\xca\xb5\"(\xa3\xd2\xd7\xe4o\xd5\xfcm\xb1h\x90" +
+	"\x88\x11\xd7\x0fZ4\x19\x8di\x91\xb1\xd1HD\xf3\xe3" +
+	"\xee\x0d\xa80I\x93\xffj\xb5\x1b\x93\x15;\x9b\xb1," +
+	"jn<\xe4:\xa1\x19\x93\x05\xbc\xf1`\xa4\x0d$\xc7" +
+	"\xe8\xca<:\x93\xea\x03ZH34\x8b.\x06\xd4\xab" +
+	"\xde\xf4948\x9f\xb3\xb7\xbe\xccY9\xe3\x84:\x02" +
+	"\x01\x9b\xdd\x9b\xa3\xba_\x03 \x02\x80\xeb\xca\x17\xa9A" +
+	"\xe3\xa6\xa8^\xbbP\x8b\x18\x03\x1a\xb4\x82\x0c\xfa\xe6\xa9" +
+	"P\xc3^\x90\xeb(\x97L&\x1f\xcb\xf1Ki8\x9a" +
+	"\x88\x18\x8c\xbb\xba\x14Y\x13::D]\xf3k\xc1\x85" +
+	"(\xf9\x08H\x8e\xaaM\xdb\xc7\xecT\x16\x18\x1b\x8d4" +
+	"\x07[J\xd9\xbb\x0e\xbb\xdf\xeaQ\xdb4\\a.\xe4" +
+	"A7\\b\x03\xc7\xc2\xb1\x90\xea\xd7\xc2Z\x84\x80\xe1" +
+	"\xc6\x18\xe6\xe9\x00\xe5\x8a<1\x9b\x10;F\x05\x0cf" +
+	"Hk\xab\x89 \xad\xf2\x80\x13\x0e\x02\x16\xf8\x95\xda\xe7" +
+	"\x13AZ\xe0\x01\xc1\x8e\x12\xc3q\xdf\x92\x8d\xe4\x85[" +
+	"\x9e\x94\xb4\x19D\x90f{@\xb4\xfd\xc2\xc0\\Z\x92" +
+	"2\x81\x08R\x9d\x07\x1c\xa3\x1bX\xacX*/#\x82" +
+	"4\xcc\xb3,NO4^\x99.\x87*m\xa6\x8c\x12" +
+	"Q\xc7\x7f2\xe9N\x08\xa9\xb4dK%\xd4C\xcaA" +
+	"R\x8ah\x0cF\xdaJ\xfd\xa1h\\\x0b\xb8\xb1\xa2\xcf" +
+	"\x85\x15\x8b\x1c\"\xad\xd055N\xb5\x82\xed\xce6\x09" +
+	"\xc6\xb3\xa8\xb5\x1d\xbc\x0e\x98$\x00\xde\xd4}6O\xb2" +
+	"\xc2<J\xdc\xec\x9e\xb8\xd9\xccK\xc9\x85\xef\xd9\xc6\x80" +
+	"\x8d\xcd\x81E$\xa5\xf2MD\x90F\xe3f3\xa7\x10" +
+	"0\x9f\x94T\xd2@\x04i\xa0'u+\x92\xc8\x0dS" +
+	"#F\x10B\xf5\xe6\x8e\x89Z\x80\xdf>\xd03\xf6\xa9" +
+	"\x81\x11\x98Ei\xf6>u\xc0CM\xaa\xe1o\x85\\" +
+	"\x07\x98g\xf2P=#\xd5\xf1\xd1\xb8Q\xbaHm\xd3" +
+	"l\x1e\xe2\x06\xadv\x06]\xa6k\x0b\x12Z\x1cY\xd3" +
+	"\xf6q\xa6\x0d\x0b1\xdf8\xd5\xd0\x16\xa9\xd0nJt" +
+	"\xa4]f\xd5\xc2=\x85\xcd\x8b\xc8\xd1\xfe{P\x9e\xe0" +
+	"\xb6\x80\x83\xbe\x81Y)R>\xd2u/OA(\xda" +
+	"\x82\xf4\xb2l\xa1\xa6\xc7\x83\xd14\xca\x11b>G\x90" +
+	"N\x8e\x19AO4\x12\xc7/\x16\xda3?\x8c\xdb\xf1" +
+	"\x82\x08\xca+\xc8\xfd\x82I7G\xd6\x11\xa2\xbc\"\x82" +
+	"\xf2\x96\x00\x92 R\xa3A:\xbe\x9a\x10\xe5-\x11\x94" +
+	"\x0f\x04\x90\xc4\xe5y \x12\"\x9d\xc1\x85\x9f\x14A\xf9" +
+	"D\x00\xc8\xcaCcR\xfa\x10e\xc7\x07\"(\xe7\x05" +
+	"\x90\xb2!\x0f\xb2\x09\x91\xce\xe1w>\x11\xa11\x17\x04" +
+	"\x90\xba\x09\x94\xdb\xe5^PDHc\x0e\x88\xd0\x98\x87" +
+	"\xed\x9e\x15y\xd4\x9a\x97`5!\x8dy\xd8^\x08\xa8" +
+	"q\x9b\x0dM\xb7UFX]\\\xa3\x85\x82\x0bA\xd3" +
+	"\xdb)g@\x1cr\x88\x009i\xcf\xaa\xdb\x0d-N" +
+	"\x08{\xb6,\x12m4T\xc3\x11\xc0\xa8h\xb4@u" +
+	";\x8a2&\xa2\x8d\xf6\x98\x16g\xd0\x05\x1b{\x13\xf0" +
+	"\xb4i\xed\x8e\xfc\x89\xf8C\x89\x80V\x0b\xb1V-\xac" +
+	"\xe9j\x08\x0f7S\xa2\xdbdS\x1a\x0a.\xd4\xe8w" +
+	"]%\xba\xcf!\x9c\x8aV5\x12\x08i 96s" +
+	"G\xda\xc9\xafk\xaa\xa1M\x89\xb6i\x11J\xe2b8" +
+	"\xae\xe4\xda\x83\xaa(C\xe7\x89\xa0\x848\x89\x1e\xc4\x03" +
+	"\x08\x88\xa0\xc4\x04\xc0s\xc6#\x0dc\xc7\x90\x08\xcab" +
+	"<R\xc1<\xd2\x04v\x8c\x89\xa0\xdc\xd6\x81\x16\x0b\xa9" +
+	"MZ\xc8\xde\x0fmq,\xa8k\xf1*\x94\xd1\xd9D" +
+	"\x80l\x02\x05q\x7f4\xa6A\xae\xe3U\xed\x10\x7f\xaa" +
+	"\xb1\x98\x16q\x10\xa8\xc8\xe1\xbe4\x15R\xca\xc4\x01\x93" +
+	"\x06Z\xc0\x02j\xa9\xec\xbd\x92\x87\x80\xa8v\xf4\xb0\x0b" +
+	"\xfc\xe9HI\"\xd8\xcd\x98\x893\xdd4$\x0e\x1db" +
+	"\xb9`\xa49\x0a\xb9\x8ew\xd3U\xaeP\xc8i)\x8a" +
+	"L\x00.\xa4\xae\xbf1Q\x10\x0e\xab:\x15\x18W\xd8" +
+	"\x1f\xdd\x85\x1f}J\x04\xe5\x8f\xdcQ\xef\xc6\xc6\xdf\x88" +
+	"\xa0\xfc\xd99\xea=Hh\xbf\x17Ay\x16\x8f\x1a\xcc" +
+	"\xa3\xde\x8b\x9b\xf5g\x11\x94\x17\x04\x90\xb2\x04\x93}\x0f" +
+	"\xa2\xd2xV\x04\xe5Ed_\xc1d\xdfC\x0d\x9c\x98" +
+	"\xe8&\x9a\xba\xfa\xc8&GL\xa4\x80\x04o[0b" +
+	"\xd3KE\xdcP\x8dD\x1c\xbcN\x90\xc5R1\x1d\x1e" +
+	"\x8f'\xa4\xb6\xd8G\x15R\xe3F\xad\xae\xa3\xbcw\x90" +
+	"$\xc5\x13\x09\x1d\xb4@\x95\x81/\x8b.\x10\x16b>" +
+	"\xca!u\x9eHs4m\xdb.w\xdb\xb6\x06n\x8b" +
+	"\x04k\xdf\xf6\"7\xfcQ\x04\xe59\x01@4\xb7m" +
+	"\x7f\x03\xb7CY`n\xdb\xa1\x19\xdc\x0e\xb1m;\x82" +
+	"=\xff!\x82\xf2:\xb7m\xc7\xca\x9cm\x13\x83\xf6>" +
+	"]\x04\xaf\x99l\x1f\xe0y\x8dn\xcf\xd4\xb8\x16 b" +
+	"\x95\xd3\xf8\x0d\x99\xd2\x16Z\xf5Q\xdd\x88\x97\xb6-\xac" +
+	"O\x18\xb6\x9d\xd5\x99\xf5\xe8\xc6\x0e\xbcd3\x89\x1c$" +
+	"\xc7Y\xd4\xb1\x0d\x96b\xe4Y&\x13\xcf\x147\xa9\xc1" +
+	"P0\xd2B\x05\x7f}\xd4\x1b\x0a\xfaM%J\x8fK" +
+	"*\xa6#w/&\xc4\xdb\xaa\x86\x0co\xbc-\x18s" +
+	"\x99y\x9c\xb7\xcf2\xbe\x02\x16\xe2\xaa\xf3Fb\x09\x0b" +
+	"^\xb2u-E\xe6Z,\x82r\x07G:+P\x0d" +
+	"\xde&\x82\xf2\x03\x8etV-!D\xb9C\x04\xe5^" +
+	"d9\x8bv\xd6\xa0r\xbc[\x04e\x83\xa30\xd7#" +
+	"\x95\xdc'\x82\xf2\x0b\x01\xbc\xa8\x80\xd8\x81/\x8b\xa9\xed" +
+	"\xa1\xa8\xea\x90H0\xa0\x85cQC#\x15\x11\x7f\xfb" +
+	"\xcd\x9cV\x0ak\x86\x1aP\x0d\x95SeI\xcd\xd2P" +
+	"\x04Bn\x1a\xca\xc1\x94\x01T\x98\x9aNO\xd1\xc3\x9f" +
+	"tVG6\x99\x9b\x85<#U\xf0\xd2\xaeD\x8c\xa2" +
+	"\xa1l\xbbu]\x0ces\xfc\x16\xcd0\x0fTm\xd1" +
+	"lk\xab\x03\xd0\xb6 \xa1\xe9\xed\x90\xeb\x04R\xd3\x08" +
+	"YH\x03m\xc4\xc1X,\xe9\x0fX^\x854\xac\x98" +
+	"a,\x16v\x00\x16>\x90\xf2W\x12A\x92<^\x04" +
+	"}\x95\x90l\xd1\x8c\x86\x04\xe2\xd1\xb0\xa9\xcfI\x06\xfc" +
+	"\xccT\xcelKy\xa0^\xd6\x85\xf5Z`\xe0\xab\xb6" +
+	",\xb5T\x89\x9d6\x97\xb9Zs\xe7t-\x10\xf4\xe3" +
+	"\xb4\xe8z94\x80\xdf\x9be)y\xf6\xbd\x04J~" +
+	"C\x04e9G\xb0K\xcb\x1c\xd2f\xb2n\xc5j\x87" +
+	"\x88]\xc1Q\xd2\xa2\xd1\xb1\x10\x8d\x18j0\x12w\xb0" +
+	"\xd4\xa2VM\xd7\xbe\x16p\xcaN\x11-\x9an\xabE" +
+	"\xd6\x81y%\xbcu\x96L\xe7\xd6Yl\xad\xb3\xd51" +
+	"\x80\xb4\x19\x0e\xe8\x91\x04\xb0P\x0f*\xb8V\x11\x14\x83" +
+	"C=\x0b\x1a\x1c\xd4\xd3\xb5\xd7\"EA%b\x81\x0c" +
+	"\xa9\xccK\x12]\x8f\xeac=\xd1\x80\x86\xf3\xad\xa1S" +
+	"\xd8_MYa\xcfJB@\x90vO \x04Di" +
+	"\xd7\x16B K\xda\xb5\x84\x10\xc8\x96v4\x11\x02\xdd" +
+	"\xa4\xed\xf8\xcc#m\xc5\x9e9\xd2#\xab\x09\x81\xee\xd2" +
+	"#\xf8\xac\x87\xb4Y'\x04.\x91\x1e\xc4.=\xa5\x8d" +
+	"H\x1a\xbd\xa4\x8d\x9b\x08\x81\xde\xd2\xc6\x06B\xc0+\xad" +
+	"\xc7\xc6\\i\xfdjB\x96%\"m\x91\xe8\xa2H2" +
+	"\x18Y\xa8\x86\x82\x81*AoI\x84\xb5\x88A\"Q" +
+	"\xe3\xa6h\"\x12@\xf0a\x09\x18\x88\xf8\xdb\xd1h\x0f" +
+	"y\x82~#\x19\xa5\xeayl\x94TD\x9aC\xd8\xa0" +
+	"\xab\x8661\x18\x0e\x12\x8f\xa1\x05\x92F4:Q\xd5" +
+	"[\xd0lK&\"j\xc2h\xd5\"\xa2A\x891@" +
+	"\x02\x9a\x1a\x08\x05#Z\xedb\xbf\xa6\x05\xb4\x80\xd9g" +
+	"\xa1\x1a\x0c\xa9\xc4\xd3\x14\xd2\x92\xa1`8h\xd4.\xf6" +
+	"\x93\x02\xfa<\x19\x8c\x18\x9a\x1eA\xf2 \xb6\xed\x0cF" +
+	"\xfb\xe4\xe6\xe6P0\x02Z\xb2Y\x0d\x86\xb4@\xbd\x0e" +
+	"\x9a?\x1a\x09\x04\x8d\xa0\x18\x8d$\xfdj\xc4\xaf\x85B" +
+	"\x1a\x81@R\xd7\xe2\xd1\x84\xee\xd7\xa0vq\xab\x9a\x88" +
+	"\x1b\x1a\x04\x921M\x0f\x07\xe3\xf1 D#5Z$" +
+	"H\xa7\x91\xc1\xb8\xba\x86\x07\x7fq>\x1f\xc7\xdfV\xdc" +
+	"\xb9\xd3\xc7\xdd\xad\xd7\xc17\x99\x85`\xf7\xeb\x9e\xa1\x94" +
+	"\xfd\xd1p8h\xd8\x12\xd8a\x8c\xb4~q\xcd\xa8\x0a" +
+	"\xa9z\xd8\xd6\xcd)\xc0\xd2\x04\x9d\x16\xdc\xb5\xdc\x92=" +
+	"\xed\x85\xd6\xa2\xee\xae\x14A\x99\xc8-\xb4\x0e\xa5C\x8d" +
+	"\x08J\xbd\x83*'a\xdbx\x11\x94)\x02T\xc4t" +
+	"\xad9\xb8\xd8\xe6~\xd3f\xb3\x81\x0c\x9e\xb2m\xa5u" +
+	"f\xb2\xd3\xf9\x8a\xc6\xff\x0d\xd4;\xca-NM/\x86" +
+	"\xae\xf9ENp\xd6#A\xa5\xb9\xc8I\xd88Q\x04" +
+	"e\x9a\xb3\xc8\xa9x\xc2\xf5\"(\xb3\x04H\xea\xda\xc2" +
+	" \x1a\xda\xa8h\xd9w\xe3\x115\x16o\x8d\x1a\xc4\x91" +
+	"h\xde\xf9\xf1h\xa4\xb3S_\x18mK\xb3\xdf\xba\xa2" +
+	"\xb3\xea\xce\xe9l\x19\xd5\x1au\x01\xd7h\x02\x93\xa9\xf1" +
+	"DX\xe3\x8d\x0aG?u\x00\xdc\xa2\x1dz\x87]\x82" +
+	"\x03\xe9\x9e{`_\x86\xb8\xa3\x82Y^\x0f\xb0\xac\x13" +
+	"iX\x11S\xc1,\xdf\x16X\x9e\x87\x94_L\xdd\x1c" +
+	"\x9e\x16\xcd\xa8\x04/~-U\xe9f\xc5|\x13\xd1\xbe" +
+	"6\xd7\xd4\xa4\xe9\xa5\xec0\x9c#\xe76vB\x17N" +
+	"[\x97\xd3-\xa0\x04\x94\xb1\xab\xa4 \xe6\x1b\x1f\x8d\xe1" +
+	"\xba.\xb3\xc7\xdf\x88\xe3o\x10Ay\x98;\xb8\xcdH" +
+	">\x0f\x88\xa0<\xe6\x90\xd4#\xb8\xc7\xbf\x10Ay\x82" +
+	"SA[\xe7\x13\xa2<&\x82\xf2\x1b\xce\xac\xd8\xb1\xd3" +
+	"\xb1\xe5\xa4l\xd14+\xf6\x14;\x96J\xd2\xc4\xd6u" +
+	"\x01\x0e\xfayc\xaa\xd1j\xdb_ig\xc8\xa0/\xf1" +
+	"\"\x058j.\xa1\xc7\xa3\xfa\xd8VP#-\xd4\xaa" +
+	"J\x0d\x0c\xa4\xe0\xd2\x8bu\xf3\xfa\xa3\xb1\xf6)Q\xa4" +
+	"\x01Q\x0d3/oV\xba\xad\xccO\xb6C\x17\x81+" +
+	"\xe4\xe4)U7\xc5\\\xae\x13\xf5\xcf\xb4o\x1c\x9a\xa5" +
+	"\xac\x17ws\x0f\xa6\xf8\x9f3\xd9\xac\xa3 \x1d\x0af" +
+	"\xd3&\xe5\x9c\x03]\x04J|\x1d\x84\x05;\xe1:7" +
+	"\xb7\x92\x0b\\\xe6\xb1\xb8u\xdeMD\xd4t\x90\x9c," +
+	"\xa6\x8e-0\xdb\xcbamO\x06\x9a\xe9$\xe8i/" +
+	"\xae\x9a[\x9c?\x1a\xd0\xc0\xeb\xe4\xf9\x9b\xf6\xff\xb2\xb0" +
+	"\x16\x8f\xab-\xae\xca1uk[4\xc3UR\xcd\xcf" +
+	"\\&#k\xc9)\x17J[\xa8\x1d8(0\x18\x88" +
+	"\xe4\x94\xc2\xe5n\x9a\xaf\xd8E\xf3\xcdp\x14\x05g\xc4" +
+	"\xa7j\xfb\x80\x16\x0bE\xdb\xc3\x1a\x85\x8e\x9d9\x09\x1d" +
+	"\xdf\xb2[\x805\x95\xcccQ\x1d\xc9\xdc\xae-s\x09" +
+	"\xfb\xd8\x86Zi,\x18iq\xa5\xc7\x19n*f%" +
+	"\x17:lE\xdb\xbe\xb99Nx\xd7\x8ae)v\xae" +
+	"{\x9d\xb8!\x8dz2\xc6%]\xc4}\xddV>#" +
+	"\x95\x19\xed\xb0\x09HNzz\xda\xf1\xa6[\x7fq\xc2" +
+	"\xd9\x7f,+\x0fX\x86\x03\xe7cgy\x08\xc0\xb2\x9e" +
+	"\x99\xf2)\xa0\x913W\xf5\xc3\x7fll4b\xe8\x1e" +
+	"\xd5o\xa4QT\xb1\x1bE-qp\x93m~)\xba" +
+	"\x853B\x991\xb7@\xc2\xaf\xe9\xb7\x90\x0a\xd3\xcb\xcf" +
+	"\xfb\xc1P\xa5\x07H\xc1\x147\xd3\x8c\x9b&;\x14\x8a" +
+	"\xf8\xdcB\xe7,\x821\x80F0hg'\x82o\x97" +
+	"\xf3dF\xf0\xd3\x89-\xc3\x8f\xd9\x85\x8eX\xa45\xb5" +
+	"F\xa3m\xf5\xd18\x18\xb8m\xb9\xd6\x16\xd5\x16\xf1\xfb" +
+	"fmQ]\xb5\xc5\x89\xf3\xac\xc0\x04\xea\xcd\xd9\xc8\x1f" +
+	"\xd3DP\x02\x02x\x12\xba\xed.[\xd6\x9a\xbe\x0c\xbb" +
+	"(\xd5\\FE\\\xf3\xeb\x9a\xe1&\x7f\xd2AwH" +
+	"\x0d\x86\xbfQ\xfc\xde\xd5\xc1\xdc\x19\xea\x1a @\x05%" +
+	"8n\xdev\xd6a\xda\xf6w\x8b\xf9\xc6\xd3\x98A\xa9" +
+	"i\xff\xb8[\x05\xc8h\x8d\x09\xea<6y\xc1\x9d8" +
+	"m\xdalp\xa3\xcd&\x07\x033\x8f\x84]\xc8bI" +
+	" 7\xef\xa4\x09N\xc6F\x89'\x11q\x85\xff\x19\x91" +
+	"M\x06\xff;\x07\xcd\x19\xae*\xb1\xa3\x9c\x19+}\xa0" +
+	"c\xe5\xc2\\\xfe\xe9\xd0\xb5!\xd8\xd2j\xfa\x8er\xe9" +
+	"\x16\x0c6]\x8b\xfd|\xd4f\xcfo\xa06{\x9f2" +
+	"B\xbc\xc8.\x15&Lq\xb4-hf,7M\xef" +
+	"\xf8\xb5\xb8\x07\xc9\x8aEQ\xedl/`Iz\\\x14" +
+	"\x95e+\x03\xcb\xf8\x95\xcaW\x12A\x1a\xe1\x01\xc1\xae" +
+	"g\x02VN\x8af\x83 \xf5\xf3\xf0\xe6\x88\xbb\xd7*" +
+	"\xc9\xb0\x03\x01-\xc3\x87\x95*<\x19\xbdv\x1c\xb8\xfa" +
+	":\xf4\xeab\x98eX\xa7n8\xc4\xcd$t\x89\xb6" +
+	"\xa4\x13dF\x0eM\x01\x0d\xcc\xe2\xde\x0fb\x03\xc9\xdd" +
+	"aBJ\x08\xd2b\x03Y\x82bB\x1a{b\xfbe" +
+	"\xe0p\x82\xdc\x87\xb6\xe7b\xfb\x15\xe08v\xe5|\xf0" +
+	"\xb1\x90\xe5P\xb0}\xbbr\x09\xcc \xa4\xf1Zl\x1e" +
+	"\x05N<T\x1eA\xdb\xaf\xc7\xf6J\x1a\x11\xcd2#" +
+	"\xa2\xe5t\x98Q\xd8^C#\xa2\xd9fD\xb4\x0a\xca" +
+	"\x08i\xbc\x11\xdb\xc7c{\xce\xf2<\xc8!D\xae\xa5" +
+	"\xed\x95\xd8>\x11\xdb\xbb\x8by\xd0\x9d\x10\xb9\x0etB" +
+	"\x1a\xc7c\xfb\x14\xb8\x08+!\x15\x80\xd2\xdc\x12\xee@" +
+	"\xf9\x1c\x13<PWp\xd0\xa2E4]\xb5\x9c\xbeV" +
+	"c\x87\x9e\xff\x02\x841\xa8\xc7\xedTt\xab]\x0d\xa9" +
+	"z\xd8\x06K\xbaf\xaa}R\x10\xbfI\x8f\x863\xe0" +
+	"\x86\x90n&\xb8d\x0b\xb1\xc4\x88JN\x01\x97\xa3\"" +
+	"\x19%\x82R#d\xae\xd6\xae\xed5W\xcbe\x13\xd9" +
+	"\x99\xf0.\x01\xcd\x0c\xc4\xca\x0c\xfb\xaf\xa9.\xcc\xcc\x80" +
+	"\xf6R\x1a\xd9w5{\xf8d\x03\xcbD\x01\xc9)\xb7" +
+	"\xcf\x04D)qD\xc3\xab\x1a\x09j\x90\xf7\xa4r\xed" +
+	"J\x1f}\xa3\x8f)\xd7\x90\xaf+T\xbf\x11\\\xa8U" +
+	"\xb4\xaa!C\x0bT\xc4T\xbdM\x0btjG\xb91" +
+	"(/ \xa8o\x82\xdba\xde\x99\xdd\xdb\xd5\xea\xe3\xcd" +
+	"\x9b\x0c\x1b\xed\x1b\x987,\xa4\xa3x\x13\x9a\x19D\xe5" +
+	"B:e|H\xc7\xca\x81XQ\xe6\x84t\x18\xfcX" +
+	"\x85m\xcbEP\x1e@\xc6\x9fg\xc2\x8f\x8d\xab\x1d\xfb" +
+	"\xde\x0e\xa2\xf2\x06~j\xf6B\xaa'\xcc\xdd\xa5\xde\x89" +
+	"\xab\xbc\xa2Ik\x8e\xeaZ\x06#d\xa7 \xb16\xad" +
+	"=\xd3sNO\x8d\x98\x81P\xd4<,\xb1\x19X\x15" +
+	"\x8ftX'\x82t\x105\x0f\xab)\x06v\xc1\x86\xb4" +
+	"g>\x11\xa4]\xa8yX\x116\xb0bki+\xbe" +
+	"\xb7\xd9\x03\xa2}\x05\x05\xb0\xea\x15i=>[\xe3\x81" +
+	",\xfbZ\x03`E\xe8\xd2\x8a&\"H\xed\x1e\xc8\xb6" +
+	"\x0b|\x81\xd5\xd7I\xe1\x19D\x904\x0ft\xb3+\xa4" +
+	"\x81\x15LJ\xd3\xf1=\xc5c!\x8ez\x9d\x14P&" +
+	"\xa0\x9a\xcd\xf4G\x11\xaf\xe67\xe2\x95(@L\xff\xaa" +
+	"\xd3\x85e\xf69-,`C<mZ\xc4\x1a\x04\x09" +
+	"\x9b\x88\x11s\x08\x13wX\x8f\xd3\xdcO)\xa8\xc36" +
+	"g\x1c\xab\xa7\x13\xdf\x02Kc\x02\xc9)\xcb\xec0B" +
+	"\x96j\x94\xa7\x99S\x99\xb1<\x17\xe1\xf35\x13\x9f8" +
+	"r\xa2\xd0,\x13\x99\xe5t\xb8\xfa\x0c\xdaK\xa3M\xd7" +
+	"\xdd)r\xe6\x97\x9aq\x93\xe9\xb76\xc5\xab\xb734" +
+	"\xee\xeaU\x02\x86\xc6+L8\xee\xc00v\xf1\x09\xb0" +
+	"\xda)IA\xcb\xb0\x16\x99\x81\x95\x08\x00\xab\xbe\x93F" +
+	"W\x13A*Af`\x17j\x00\xab'\x96\xfa\xa1\xd5" +
+	"\xd8\xc7\xb6\x1a\x97%\"\x1d\xdb\x8f\xee`\xd4\xcd\x12\xd6" +
+	"\xb9$k\xdb\xd5Q`\xea%[\xac\xda\x17q\xa4\x89" +
+	"U\x96\x09\xd1\xe8\xf5GcZ\x9a\xf3\xc6\xe7\x16\x8ed" +
+	"\xae\xa9\x9a\x0c\xbf~\x85\x8e\xb8\xd8\xfe\xa8\xd7)=N" +
+	"\xfb\xa8\x90n\xf7y\xd1\xf0K\xcb>+v\x92&\xf0" +
+	"?\xa7\x94@:\x82(X\xc8\xa2\xe8G\xda\xdbd%" +
+	"\xaa\xbc\x8a\x827\x9bB\x1f\xe9\xe8J.K-\xab\x1b" +
+	"\xc5=\xd2q\xe4\xb1\xd7EP\xde\xb5\xc0V\x0fB\xa4" +
+	"Se\\\xeaZ7!\x0f.!D:\x836\xf8\xbb" +
+	"\"(\x9f#\xcc\xf2\xe4AOB\xa4\xb3Mf\x9aZ" +
+	"\x03t\x92\xf7\x9al\x0e\x86\x0cM\x9f\xd2N<.\xc2" +
+	"\xdb|86\x0a48\x15\x8d8\x01yCW#\xf1" +
+	"\xe6\xa8N l\xc7E\xe2\x86\xaa\x1b\xe0u\xca^\xac" +
+	"\xdc\x98h\xc4\xccs \x15f\xa6\x03x\x9d[K\xac" +
+	".\xa9\xd9\xfe\x1d\xbb\xfd\xe3\x9a\x91r\x10\xd4\xd1\xeb\xea" +
+	"\x03\xb8\x08\xcf?\xd3\xa3\x8d\x9e`\xa4\xcda\x1fV#" +
+	"\x0c\xec\xa6\x13I\xa9f\xec\xc3n\xf6\x01V\x0a/\x8d" +
+	"\xf61\xf6a\xf7c\x00\xab$\x97\xfa\x95Q\xf6Yf" +
+	"\x09\xb2J\xa80\x0d\xc3J\xcb\x13\x9f\xc1@)\xe6\xb5" +
+	"\xc5l\x99I+Bz\x92\xbf\x9b]\xe8\x92\x85\xcd\xa4" +
+	"\x0cg37p\xde@\x8b_\xf88\x98c37p" +
+	"q\xa3\x98\x15\x9e'\xa0A\xaes\xcb\x8a)v\xd3\xf2" +
+	"\x1b\x8d`X\x8b&\x8cI\x84\xcbk\xec@\x08v\x95" +
+	"R\xd8e\xe2M'\x01\x147\xd3\x8c\xcfpH\x0fZ" +
+	"v\xe9\xf4\xe2\x02\x88\xf6&Mjp\xfc\xa8\x1d\xd8q" +
+	"\xa9\xf9\x10I3\xce\x15i&\xd0YZDG5\x18" +
+	"\xdf\x9c\xec\xcdm\xb7\x13\x0f\xba\xca\xc1\x9b\xe0\x84h\x18" +
+	"|\xdc;\x83K\xb7c9x\x07q\x03\x9e\x13A\xf9" +
+	"\x07\x07\x1f\x0f\xcf'Dy\xd1\x92w\xd9\xdd\xcc\xa8\xcf" +
+	"\xd1u\x84(\xaf\x8a\xa0\x9cD)\xf6\xba\x99Lv\xc2" +
+	"\xe7\xc8\xbbT\x9d\xe7b\xf1\xb9\xdbm\x1de\x95U\xc5" +
+	"b\x1a\xf1F\x02\\^\x19\xd3<`J\xf4D\x04l" +
+	"$[\x11\x8a\xaa\x01-\x90\xe1\xe6N\x8f6\xdb\x07\xe0" +
+	"R\xcf\x91b\xa1\xe1\xbe\xdc(\x822^\x00\x96M\xef" +
+	"h:>\xb1\x12\x85nD[lT5\x1b\x1a\x9f$" +
+	"x\x11\x91\x1a\xb7\x18\xa1\xab>\\\xe2\x04\x09+\xcc\xd7" +
+	"!\xd7)\xa3e\xb4\xd7Qv\x167\x13'\x80\xc3\x1c" +
+	"3a\xce\xce\x113\xea\x9e2\xbd\x90n\x1b\xe8\x16\xd7" +
+	"\x9c\x91Z\x07\xd4\xa2k\xf18O\x0bn\xe6:\x7fj" +
+	"\xa9b\x81\xf7\xa2\xb3\x9b\x82\x80]\x0c \x0dCe=" +
+	"\x18\x85=\xab\xa1\x03V\x9e)]YF\xb3\xa8R\xdd" +
+	"R\x051\x04\xa0]9\x9f\xac\x92\x95\xcc\xfc\x84\xe2." +
+	"\xa24\x99\xe2\xa55=E\xb55\x1aG\xab\xd9\xbe=" +
+	"\xcb\x92\x8b\xfeh\xc4\xd0U\xbf\x81\xb2\xd7\xa66\xfbv" +
+	"\x9b\x0e\xcdU\x96\xae\xe4\x0alS\x8b\x03L\x9f\xb4\xe4" +
+	"TQ_\\\x09RFjH\xa7\xc4\xe4\xe6a\xe6\xf1" +
+	"\xbf{P\xdb\xbdd\xa8\xab\x90T\x97i\xebB:%" +
+	"\x9b\xc4d\x96\xec\xb0\x8bz\x80]\xc0 \xad-c%" +
+	";\xacd\x13\xd8\xe5]R;\"\x870\"\x07V\xc4" +
+	"\x0a\xac\xfcVR\xf1\xbd\xa9h\x85\xb2Jm`\xb7\xc7" +
+	"\xa1\xee\x11\xa4r\xb4BY\x95=\xb0k\xbf\x18\xf1\x16" +
+	"P\xf6B\xbcA3l*\xa1\xa0m\xe18\xcd\xfc\x7f" +
+	"}\x02\xedD\x96RC)8-\x0cTe&\xb2\x9b" +
+	"\x12&=>\xda\xe4\x16l\xdbD\x88r\xbd)\xf4\x92" +
+	"V&S\x94x\"\xaa\x93\xac\xa9-\x8ei~C\x0b" +
+	"\xc0xKl\x8bZgus)9\x94n\xc0 \xd5" +
+	"<jA bW\xd0\xa6\xa9\xcf\xae\xd0#\xe3\xc9." +
+	"\x82\xc0M\x1dU\x91Q\xc03\xb9\xb9\x99x\xdc\xb4m" +
+	"Vzh4\x9d\xbc\x99\x97\xaf\xa3l\x1e\x06\xcb\x8a\xdd" +
+	"`Y\xb1\x838\xbe\x9e[\x94?\xefT/\x1d\x9bO" +
+	"\x07\xdc\x96\x0a`8\x97M\xe7\xab\xec\xaa\x0e\xd5\x9d\x89" +
+	"\x85\xf4\xa0P\xc7H\x97/M\xe9\xd8\x81wQ<\x0e" +
+	"1\xdf$\x94\x16v\xb2\xfd\xd7\x092A\x1a`\xce\x08" +
+	"\x80RA\x94\x06Q\xbe\xb6\xa4\xe6\xa8\xb8Fc?\x81" +
+	"\x16\xb4\xd5\xd8\xe1\x80C\xd4\xff\xfe\x1c\x88\xd0\xf8\x0f>" +
+	"\x1cp\x98\xba\xfd_\xc0\xf6W\xc0\x86t\xf2\x11\xda\xfd" +
+	"El~\x15\x1cT'\x1f\x85M\x844\xbe\x8a\xed'" +
+	"\xc1\x01v\xf2\x09\xd8IH\xe3Il\xff\x04\x9c\x8c\x1e" +
+	"\xf9CXIH\xe3\x07\xd8~\x9e\x0f\x07\x9c\xa3a\x82" +
+	"\xcf\xb1=K@;\x15\xccp\x00\x08\xd5\x844\x9e\xc7" +
+	"\xf6\x1cl\xcf1mb9[\xd0\x09i\xcc\x12Dh" +
+	"\xcc\xc5\xf6\xee\xa6Y,\xf7\x12p>\xb9\xd8~\x05\xb6" +
+	"\xf7\xe8M-c9_\xd8BH\xe3\x15\xd8>\x08\xdb" +
+	"/\xf1R\xe3x\xf8@\xe1R \xa4q(>\xb8\x11" +
+	"\x1f\xf4\x14\xa8\x81,\x8f\x16\x1a\x08i\x1c\x85\xed5\xd8" +
+	"\xde+'\x0fz\x11\"W\xd1\x0f\xd4`{=\xb6\xf7" +
+	"\xee\x9e\x07\xbd\x09\x91'\x09\xa7\x09i\x9c\x82\xed\xf3\xb0" +
+	"\xdd+\xe6\x81\x97\x10y6\x1dg\x16\xb6\xb7b{n" +
+	"n\x1e\xe4\x12\"k\xb4=\x80\xed1\xa1\x13\xb0\xf5u" +
+	"JL:*\x14\xe9\"\xe5\xa9\x93LC7\x1c\xbdL" +
+	"5\x0c-\x1cs\xa2\x9c\x14\x93\x1a\x86F\x0a\xc21\x83" +
+	"\x03\xd1\xcdV\x01\x03\xa0\xb0N\x9fS\xcaC|\xdb\xc3" +
+	"\x0f\xc9\x9e\x8a\xd4\x04o\x0b\xc6\xe2\x8d\xc1\x88_\x9b\xa8" +
+	"\xc6\x8d\xc6\x84\xdf\xaf\xc59\x8b\xd1\xadn&\x18\xb9)" +
+	"\x14li5\xa0\xc6\xca\xca\xe5\x8bF\xd8C\xc1q\xd6" +
+	"\x8d\xa3\x18\xd1\xcc\xa8qKw\xb6m\x0d\x1aHo\xd4" +
+	"\xb0-\xdd\x00\xc8\xea85\xd5\x86\xdf\x9c\xd4\xb9\xdc\x91" +
+	":\xa2\x9a\x99P\xedV\x97\xee\x162\xce\xf0^\xba\x84" +
+	"\x11R\xf3j\xd4\x0e26\xdd\x93\x17\x0a\xa83H\xc9" +
+	"\x15\xb3z&\x93\x00\xce\xd5\x84\x92\xdaD\x84^\xf0\x15" +
+	"6\xdaW`J\x93\xe6\x13\xa1\x97p\x01\x1b\xed\xbb3" +
+	"\xa8\x17\xb1\x97x\x1e\x1b\xedk\x95\xa5~:\x11\x92," +
+	")\x82x\xa2q#\xc9\xd2\xe8h\xa49\xbc,h," +
+	"\x1e\xab\x86B\x8e\x07\xb9@\xbfUm\xd3..\xe1\xf3" +
+	"\x9b\x04\xa5\x80\xed9p\x0eSv_5\xb0[\x89\xb8" +
+	"\xb85\xbby\x04\xd8U\x8fRy1-\x8b\x06\xc1\xbe" +
+	"\xd5\x06\xd8\xc5\x94\xd2@\xc4t\xf9\x9e$;O\x0a\xaf" +
+	",gi\x85i\xb6\xa7\xc2-`\x1a\xce\xc4\x91Yt" +
+	">\xecN'`\xf76J\x12\x8e\x9b\xed\xa90\xd5`" +
+	"\xc6\x10&\x85xSj\x9a\xed\x8b\x94\x80\xddi\xc7\xb9" +
+	"\x81\xd9\xbd\x94\xc0\xee\xdc\x94F\x173?\x16\xbb\xa6\x0f" +
+	"\xd8\xbdvR\xbf\"\xd3\x0dL\xa9\xaf\x12\xbc\xb1`\xa4" +
+	"\xa5\x92:\xb6Sgr\x11e\x8e]Z\xa9V\xc8\xaa" +
+	"\xa4\x81\xb3R\xd3\x1c\x19\x9d\xf9\x94\x80\xc1\xd7\x0a\x13q" +
+	"\xa4\xd5UT\xbb\xd5\x8f4X\xf5#\xf7:\xee\x8d5" +
+	"3\x9c\xd2&;\xa9u\xfd\x04\xa7\xb6i\x999'[" +
+	"]w\xb7<\xa6\x81D,\xc4|c\xd6#\xb0\x1e\xb9" +
+	":,\xdc<\x1b.\x01T\xab$\xda5\xfd\xcd\xadX" +
+	"\x9e\xbb\xf2\xa0\"\xae\xe9\x0b\x9d\xecud5#\xea\x8f" +
+	"\x86\x88SM\xdce\xdd\x9c\x0bD.\xea\xe2r\x18>" +
+	"\xeca\xdd\x0d\xd3\x8b\x08\xd0\xabS\xb8\x1f\xef\xaa\xc8\xfd" +
+	"\"\xea\xa5jLgk{5Z\xe5\x94\xa9\x06\xd8c" +
+	"\x9d\x99\xc0\xf9\xc9\xd9\xac\xcf\x16s5\xde\x0cY\x9f\xf3" +
+	"q5\xdeV\x01\x91\xdc\x8b\"\x18'\x8f\"K4\x91" +
+	"P\x1f\x98\xcf\x97x\xdb\x89\x11WR\x84T\x88\xed\xd7" +
+	"\xf2\xa5\xe2\x83)\xa2r\x12)<fh #\x91\"" +
+	"\xa7\x9b\x89\x84\xca\xa1\x9aO\xa4\xe8:M\xfa\x1b\xe5<" +
+	"|\xb3d\xea\xcea\x89\xe5\xf9n'\xa2\x93\xcd\x9f\x01" +
+	".:\xce\xb7\xb4\xa4\xc5\xd7\x95\xf0cQN5\x14P" +
+	"5H\xfd\x9b\xa6\xffd\x09\x05\xfau\x13hr@\xed" +
+	"&\x9a\xf4T\xab\xd3B\xa5\xaa\xf9\xb4P\xa9|\x09-" +
+	"T\x1a\xbd\x84\x90\xa4\xe9\xaa\xafn'\x15cCA-" +
+	"b$u\x8d\xde\xe1\x81\xbb\x9e4y\xaa\xb1\x15\x12\x86" +
+	"\x11\x8c\xb4\xd4D\xc5E\x11\xebX\x1a\x10$E\x17j" +
+	"\x81d<\x14]4\x16Mho\"\xac\xe9\xce^T" +
+	"\xdcD\xcb~\x9c\xca\xc2\x8ahd\"*G\xd7\xe4h" +
+	"\xde\x87\xedM\xf7M\x97\xb9\x98#\xba\x9b9\xb2\xd2\xf1" +
+	"\xdf\xa7\xd9Z\x1d\xdd\x9e\xd3\xf1};]\x95\xa0\xba\xf9" +
+	"\xa5u\xb7\xf4f+\xe6'9\x97\x81e\xfa\x8f\xd2%" +
+	"`F\xc8\xd8vg\x9b\x1a\xf4z\xaa\xfb\xd8\x1d\xbb\xc0" +
+	"\xae\xe3\x96\xd7\x82\x8f\x08\xf2*\xa07zX\x97\xdb\x01" +
+	"\xbb\xd0Kn\x87\x06\"\xc8\x0b\x00\xf5\x1f\xbb\xa5\x1e\xd8" +
+	"\xfd\x8f\xb2\x06\xf3\x89 \xcf\x06\x0f\x88\xf6\x15\xa4\xc0\xfe" +
+	"\xfe\x84\xac\xd0\xa7u\xe0\x81,\xfb\xe6Y`\x7f\x82@" +
+	".\x87\x09D\x90G\x80\x07\xb2\xed+\xf8\x81]Q'" +
+	"\x0f\x06\x9d\x08r?\xf0@7\xfb6I`\xd7\xac\xca" +
+	"}`'\x11d\x09<\xe0\xb1o2\x04v\x87\xba\x9c" +
+	"\x0d\x9b\x88 \x03x \xc7\xfe{\x1a\xc0\xee\xe0\x97\xce" +
+	".!\x82t\xc6\x03\xdd\xed\x9b\xed\x81]\xd3)\x1d\xaf" +
+	"&\x82t\xc4\x03=\xec\x1b~\x81\xdd\x16)\x1dl " +
+	"\x82\xb4\xd7\x03\x97\xd8\x7f\xa9\x04\xd8_'\x90v!*" +
+	"\xda\xee\x81\x9e\xec\x8f6p\xd7\x9am\x9eA\x04i\xa3" +
+	"\xc7\xca\x1d4\x93\xf5\xa8L'\x10\xe7\xff\xe5\xadW[" +
+	"4\xebF\x94\x9b\xa2z-\xf1bs\xfa\xdd1\xe94" +
+	"bz\xac(\xb8\x00\x86_\x0b\xa8`\xa2I\x0d&4" +
+	"\x04F\x84b4Ri^\x89\x81\xc0\x88T\x98\xe0\xb9" +
+	"\xd2\xf6X\xa6\xa7\x0d&Y\xf1\xb7\xf9mv\x91\x03\x11" +
+	"C\xednn\xdd\x94\xbb\x0e\xdc\xca\xc5y')s\xf7" +
+	"K\xce\x0d\xf6.IM\x86\xaa\x1b\xf5\xd1\xb8\x19d\xe5" +
+	"J\xc0\x1bh\xe7^E\x84$\x9b\xb4\x96`$\x12\x8c" +
+	"\x10h\xf1D\xa2\x8b\xf89\xa5E\xbd\xa8?:3l" +
+	"\x08\xac@M\xd4t\x07k\xb2?.\x02\xec\xfe\x7fI" +
+	"\xaa\xa6Xs\x99\x15%\xbe\xb8 \xe57\xcc'v\x8b" +
+	"\xc1u\x91\x0c\xd1\xd1P\x19\xc0e\x9c\xe6\x1e\xa1)s" +
+	"\xc1K\x1cpI\x05+\x05\xcd\xd1D$3\x12\xc4B" +
+	"\xc7$-\x07\xc0\xc7\xe7\x00X\x17\xd0\x14s\xf1/&" +
+	"\x8f\x8fVs\x97)\xb0\xf0\xd9\xb1\x06.(\xc6\xc2g" +
+	"'\x96p\xf1~V4\x95\x82c\xba-7\xc3gg" +
+	"\x1b\x9cx?\x83\x14\xd2\x05\x04\xb2\xe7-\xc0\x92\x06\xa4" +
+	";\xaf\xcfw\x0b\xa5\xfd\x9fk\xf6czt\xa1\x16Q" +
+	"#D\xf4k\x0e<\xb1\xff\x18\x83\xeb\xa5z\xe9z0" +
+	"=\xbf9-9#n\xd5\x8c#q\xb3K\xe6\x81]" +
+	"\x9a--(6S\xb1\x9ck\xd6\x81\xfd\x95\x03i:" +
+	"\x9a9\x93P\x05\xb0\xbb\x97\x81\xfd-\x06\xa9\xaa\xc1\xbc" +
+	"\xf2I\xb4\xffR\x12\xb0\xfb\xa0\xa5\x12\x1fMV\xb6\xcc" +
+	"<\xb3\xbe\xcf\x86ET\xc0\xb8\x9a~\xe9\x95\x0c\xe97" +
+	"7tD\xd3.\xac\xd6U\xbaQG\xe1\xa8\xae\"\xc8" +
+	"]\xbaJ\xb3:/\x88\x08\x1a\x05\xd4\xbeg\xf5r\xd9" +
+	"\x19\x97+\xb0\x0b\xc5D\xa3\xbd\x93\xba9\xc7>\xe8*" +
+	";\xb3+\xe4\xdbEv\xb8%{:\xbf\xdd\xa7\xabB" +
+	"\xd3.\x13\x15\x98\xf4\xa8\xf7\xa8-Z\x9a\x85\xeas\xb3" +
+	"P'87\x1c0\x0bu\xe9J\xee\x9a\x0e&AV" +
+	"587\x1ct\xb9\x15n\xa6\xa7\xd96I\x85\xc5\xe9" +
+	"\xa0\x8f\x8fJwV\xcc\x97R\xd9\xed\x12\xdbps\xa0" +
+	"\xcfpC\xac\x13\xb8*\x8d\x14\x99\xef\x1a\xecu\x8b\x0a" +
+	"w\xa5!]\xacZ\xb7\xe0sQ\xe7E\xb5\x9eh," +
+	"\xce>\xf9\xff\x03\x00\x00\xff\xff\xa8\xb2\x8b\xb3"
 
 func RegisterSchema(reg *schemas.Registry) {
 	reg.Register(&schemas.Schema{
@@ -17764,12 +20634,16 @@ func RegisterSchema(reg *schemas.Registry) {
 		Nodes: []uint64{
 			0x8040d92a04d307a8,
 			0x80de8e7a9061fd69,
+			0x812dd48a8e0832a5,
+			0x8165fb2f6923181a,
 			0x8189d02680e3d341,
 			0x82609ba9fc7f09bf,
+			0x82c8e08476e4c4ec,
 			0x83bd765291fd2d6f,
 			0x844359fc0ce177bf,
 			0x857795be17fa80b6,
 			0x8584e8b35a17d383,
+			0x8685f5aef20cac6c,
 			0x86c35995257bc998,
 			0x86dc510766d775ed,
 			0x8722bf3eee2e60a7,
@@ -17781,12 +20655,16 @@ func RegisterSchema(reg *schemas.Registry) {
 			0x89f0e500641e3a95,
 			0x89f4e48165412608,
 			0x8b2fa420a38f46f1,
+			0x8c595f3d5d6ab534,
+			0x8cc398004c95e856,
 			0x8cfc02d0805fbe63,
 			0x8ec320fb8b740f08,
 			0x9022428e7f358815,
 			0x90490f275bc401e5,
 			0x9169e41726074992,
+			0x9227b6c4711a6da7,
 			0x9368d80fc12375a4,
+			0x93cd6010081767e5,
 			0x9413183049c08f0c,
 			0x9640f6c739b7fd4b,
 			0x966d7dbcfef78056,
@@ -17795,21 +20673,27 @@ func RegisterSchema(reg *schemas.Registry) {
 			0x97a3c553fe20ef0c,
 			0x97d553fd856c5785,
 			0x983bb9ef4c8a7608,
+			0x98fe8087b5952f4f,
 			0x99987b4c192004e6,
 			0x9a17456aab9f9085,
 			0x9a1e588780dca262,
 			0x9a5098f22d3e5041,
+			0x9bddf4fc93a9b695,
+			0x9c091333d9ec101b,
 			0x9c56a60b30c67afe,
 			0x9cd2b8975b6afc53,
 			0x9ea664a75a86cbf2,
 			0x9ed81146e9251e42,
 			0x9fcdd01e33d81d0c,
+			0xa244670749d24ec1,
 			0xa451c8188a16c77d,
+			0xa57a1ce797aa97ee,
 			0xa6650ea9d561a218,
 			0xa7eaabf7aad5882f,
 			0xa8b01041062ff6db,
 			0xa8e08ca12e476932,
 			0xa979e3e3df6de6ad,
+			0xa99c7c4956d43aa6,
 			0xa9aa6522cddeb1f6,
 			0xa9aa85942e93a0d3,
 			0xa9f93ed232e96af0,
@@ -17828,9 +20712,12 @@ func RegisterSchema(reg *schemas.Registry) {
 			0xb0f4d502e7c90bcc,
 			0xb114048bf2a477e6,
 			0xb11765827e2f8e53,
+			0xb1417a841b06ff32,
 			0xb20b652a5f30ceb0,
+			0xb2a45af6d9795706,
 			0xb38d10ea51007f3c,
 			0xb42e6944ab1d7faa,
+			0xb81c92e29d839550,
 			0xb8bade3d90ee6494,
 			0xb913040fb255b66d,
 			0xb966c5592e3b39cc,
@@ -17840,9 +20727,11 @@ func RegisterSchema(reg *schemas.Registry) {
 			0xbc3a56acfc073559,
 			0xbd23d9007766208e,
 			0xbde80383d2a9b25a,
+			0xbea098c958b32cbd,
 			0xbea8a9c881ce4010,
 			0xc031f62146d303e6,
 			0xc1116ff8cbabb77b,
+			0xc23adf72c98b410e,
 			0xc44213586a4e5e5f,
 			0xc4c58c77566ce635,
 			0xc55c6be560203ea1,
@@ -17852,13 +20741,16 @@ func RegisterSchema(reg *schemas.Registry) {
 			0xc6b74fb9ecc16694,
 			0xc743f710cc62a104,
 			0xc771ea569723696e,
+			0xc8f0eef973e12294,
 			0xc902ff62693b6018,
 			0xc9830f65c734553b,
 			0xc9c23737bd434ff2,
 			0xc9ced9298aefac42,
+			0xca528d234835bec7,
 			0xcacce99f388052d5,
 			0xcbe352951fa9dcea,
 			0xce83dd635db2133b,
+			0xcf25e582389ca35c,
 			0xcf6de381860c25d6,
 			0xcf9707c4ea8face1,
 			0xd16440a9de07d2d9,
@@ -17868,6 +20760,7 @@ func RegisterSchema(reg *schemas.Registry) {
 			0xd60573a83a23176b,
 			0xd7c06786dc015472,
 			0xd7f0b1a3b93cba78,
+			0xd89eee197565532a,
 			0xd97c2e929edd74d0,
 			0xd991d1d07222eea3,
 			0xda5ca3c2ff6905ad,
@@ -17906,6 +20799,7 @@ func RegisterSchema(reg *schemas.Registry) {
 			0xf3d1f33a6c7c828b,
 			0xf3d2de3b3b94d35e,
 			0xf5347b0a5619b7d5,
+			0xf59dc4452637b484,
 			0xf6ece762f6daf3d5,
 			0xf743b0e8acae23ca,
 			0xf76250b42ac2cae8,
@@ -17916,6 +20810,7 @@ func RegisterSchema(reg *schemas.Registry) {
 			0xfa3e372640264f9f,
 			0xfa411494c6fe06bf,
 			0xfa8c6ccc2842148a,
+			0xfda5d8c2d43a93d9,
 			0xfe42e1db32cb96c1,
 			0xfe4f28d0a175c5ea,
 			0xffa62b12771bcc2d,

@@ -207,9 +207,12 @@ func loadState(ctx context.Context, store streamStore, rc reduceContext, now tim
 		if st.core, err = rereduce(ctx, store, rc, st.head, warn); err != nil {
 			return nil, err
 		}
+		// The checkpoint only saves the next load this replay: failing to write it (a full disk)
+		// must not fail the load, or a restore after a failed commit would leave memory ahead of
+		// the disk.
 		b, _ := json.Marshal(st.core)
 		if err := store.Commit(ctx, storage.Commit{KV: map[string][]byte{coreStateKey: b}}); err != nil {
-			return nil, err
+			warn().Err(err).Str("path", meta.Path).Msg("could not write the core state checkpoint: the next load re-reduces")
 		}
 	}
 	if raw, err := store.KV(ctx, procAlarmKey); err != nil {

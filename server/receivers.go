@@ -23,8 +23,9 @@ func (s *Server) senderFor(ref StreamRef, entry *catalogEntry) sender {
 	r := entry.Config.Receiver
 	switch r.Action {
 	case itx.KindWebhookPost:
-		key, _ := itx.WebhookSecretKey(r.Secret)
-		return &webhookSender{client: s.httpClient, url: r.URL, headers: r.Headers, key: key}
+		secret, known := s.secret(ref.ProjectID, r.Secret)
+		key, _ := itx.WebhookSecretKey(secret)
+		return &webhookSender{client: s.httpClient, url: r.URL, headers: r.Headers, key: key, unknownSecret: !known}
 	case itx.KindCopyToStream:
 		return &copySender{srv: s, target: StreamRef{ProjectID: ref.ProjectID, Path: r.ReceivingStreamPath}}
 	case itx.KindITXCall:
@@ -43,12 +44,18 @@ type webhookSender struct {
 	url     string
 	headers map[string]string
 	key     []byte
+	// unknownSecret: the config names a secret reference this project does not hold (a raw
+	// append of a configured event): nothing is sent unsigned in its place.
+	unknownSecret bool
 }
 
 func (w *webhookSender) String() string  { return "webhook" }
 func (w *webhookSender) batchLimit() int { return 1 }
 
 func (w *webhookSender) send(ctx context.Context, d *deliverer, b *itx.DeliveryBatch) (int64, error) {
+	if w.unknownSecret {
+		return 0, itx.Errorf(itx.EFailedPrecondition, "the webhook's secret reference is not one this project holds: configure the subscription with its secret")
+	}
 	body, err := json.Marshal(itx.WebhookBody{DeliveryEnvelope: b.DeliveryEnvelope, Event: b.Events[0]})
 	if err != nil {
 		return 0, err

@@ -17,6 +17,10 @@ func (s *Server) acquire(ctx context.Context, ref StreamRef) (*actor, error) {
 		s.mu.Unlock()
 		return nil, itx.Errorf(itx.EUnavailable, "the server is shutting down")
 	}
+	if s.projectDeleted(ref.ProjectID) {
+		s.mu.Unlock()
+		return nil, itx.Errorf(itx.ENotFound, "the project of stream %s was deleted", ref.Path)
+	}
 	s.inflight.Add(1)
 	a := s.actors[ref]
 	if a != nil {

@@ -97,9 +97,11 @@ type Server struct {
 	alarmT    itx.Timer
 	alarmNext int64 // epoch ms the alarm timer is armed for; 0: none
 
-	// incarnation names this process: stream/woken records carry it.
+	acc *accessState // sessions by token, deleted projects, webhook secrets
+
 	procHosts procHosts
 
+	// incarnation names this process: stream/woken records carry it.
 	incarnation string
 	hosted      map[string]bool // the names of Config.Processors' contracts
 }
@@ -173,6 +175,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		egress: cfg.Egress, httpClient: newHTTPClient(cfg.Egress),
 		backend:     sqliteBackend{dir: filepath.Join(cfg.DataDir, "streams")},
 		recv:        receivers{mounts: map[mountKey]*mount{}},
+		acc:         newAccessState(),
 		incarnation: newStreamID(), hosted: map[string]bool{},
 	}
 	if cfg.Processors != nil {
@@ -184,6 +187,10 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	if err := s.bootstrap(ctx); err != nil {
 		dir.Close()
 		return nil, err
+	}
+	if err := s.loadAccess(ctx); err != nil {
+		dir.Close()
+		return nil, fmt.Errorf("open server: %w", err)
 	}
 	s.refreshStaleSummaries(ctx)
 	s.scheduleSweep()
@@ -205,10 +212,12 @@ func (s *Server) bootstrap(ctx context.Context) error {
 	if err := writeFileSync(filepath.Join(s.cfg.DataDir, CredentialsFile), append(b, '\n')); err != nil {
 		return fmt.Errorf("bootstrap: %w", err)
 	}
-	if err := s.dir.CreateProject(ctx, storage.Project{ID: DeploymentProjectID, Name: "deployment", Deployment: true, CreatedAt: now}, creds.DeploymentToken); err != nil {
+	if err := s.dir.CreateProjectWithToken(ctx, storage.Project{ID: DeploymentProjectID, Name: "deployment", Deployment: true, CreatedAt: now},
+		storage.Token{ID: "tok_" + DeploymentProjectID, ProjectID: DeploymentProjectID, Label: "initial", CreatedAt: now}, creds.DeploymentToken); err != nil {
 		return fmt.Errorf("bootstrap: %w", err)
 	}
-	if err := s.dir.CreateProject(ctx, storage.Project{ID: creds.ProjectID, Name: "default", CreatedAt: now}, creds.ProjectToken); err != nil {
+	if err := s.dir.CreateProjectWithToken(ctx, storage.Project{ID: creds.ProjectID, Name: "default", CreatedAt: now},
+		storage.Token{ID: "tok_" + creds.ProjectID, ProjectID: creds.ProjectID, Label: "initial", CreatedAt: now}, creds.ProjectToken); err != nil {
 		return fmt.Errorf("bootstrap: %w", err)
 	}
 	s.log.Info().Str("project", creds.ProjectID).Msg("initialized an empty data directory")
@@ -228,11 +237,15 @@ func ReadCredentials(dataDir string) (Credentials, error) {
 	return c, json.Unmarshal(b, &c)
 }
 
-// Login resolves a token to its project.
+// Login resolves a token to its project (OpenSession also keeps track of the login, so that a
+// revocation reaches it).
 func (s *Server) Login(ctx context.Context, token string) (itx.ProjectInfo, error) {
-	p, err := s.dir.ProjectByToken(ctx, token)
+	t, p, err := s.dir.TokenByHash(ctx, token, itx.UnixMilli(s.clock.Now()))
 	if err != nil {
 		return itx.ProjectInfo{}, err
+	}
+	if s.projectDeleted(t.ProjectID) {
+		return itx.ProjectInfo{}, itx.Errorf(itx.EUnauthenticated, "unknown token")
 	}
 	return itx.ProjectInfo{ID: p.ID, Name: p.Name, Deployment: p.Deployment}, nil
 }

@@ -28,6 +28,22 @@ func (s *Server) ConfigureSubscription(ctx context.Context, ref StreamRef, cfg i
 	if name == "" && strings.TrimSpace(idempotencyKey) == "" {
 		return "", 0, itx.Errorf(itx.EInvalid, "a subscription without a name needs an idempotency key, so that a retry does not configure a second one")
 	}
+	// A webhook's signing secret is stored apart from the log; the configured event records its
+	// reference, the same for the same secret, so configure stays idempotent.
+	// (A config that is refused for its shape stores nothing; one the stream's state refuses, such
+	// as the subscription cap, may leave its secret stored, unused.)
+	if r := &cfg.Receiver; r.Action == itx.KindWebhookPost && r.Secret != "" && !itx.IsSecretRef(r.Secret) {
+		if b, err := json.Marshal(cfg); err != nil {
+			return "", 0, itx.Errorf(itx.EInvalid, "subscription config: %v", err)
+		} else if _, err := itx.ParseSubscriptionConfig(b); err != nil {
+			return "", 0, err
+		}
+		ref, err := s.storeSecret(ctx, ref.ProjectID, r.Secret)
+		if err != nil {
+			return "", 0, err
+		}
+		r.Secret = ref
+	}
 	payload, err := json.Marshal(cfg)
 	if err != nil {
 		return "", 0, itx.Errorf(itx.EInvalid, "subscription config: %v", err)
@@ -118,6 +134,12 @@ func (s *Server) DescribeSubscription(ctx context.Context, ref StreamRef, name s
 			return err
 		}
 		d = itx.SubscriptionDescription{Config: entry.Config, Kind: entry.Kind(), HeadOffset: v.head, CursorState: cursorState(v.rows[entry.Config.Name])}
+		// The secret itself never leaves the server: a config holds its reference, and one
+		// configured before secrets were kept apart is shown as its fingerprint.
+		d.SecretSet = d.Config.Receiver.Secret != ""
+		if d.SecretSet && !itx.IsSecretRef(d.Config.Receiver.Secret) {
+			d.Config.Receiver.Secret = s.acc.fingerprint(ref.ProjectID, d.Config.Receiver.Secret)
+		}
 		return nil
 	})
 	return d, err

@@ -7,9 +7,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"strings"
-
-	"github.com/itx-dev/itx"
 )
 
 // Directory is the server-level database: projects and their tokens, the streams that exist,
@@ -62,19 +59,6 @@ func HashToken(token string) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// CreateProject records a project that logs in with token.
-func (d *Directory) CreateProject(ctx context.Context, p Project, token string) error {
-	_, err := d.db.ExecContext(ctx, `insert into projects (id, name, token_hash, deployment, created_at)
-		values (?, ?, ?, ?, ?)`, p.ID, p.Name, HashToken(token), p.Deployment, p.CreatedAt)
-	if err != nil {
-		if strings.Contains(err.Error(), "UNIQUE") {
-			return itx.Errorf(itx.EInvalid, "project %q or its token already exists", p.Name)
-		}
-		return fmt.Errorf("create project: %w", err)
-	}
-	return nil
-}
-
 // Projects lists every project.
 func (d *Directory) Projects(ctx context.Context) ([]Project, error) {
 	rows, err := d.db.QueryContext(ctx, `select id, name, deployment, created_at from projects order by created_at, id`)
@@ -91,20 +75,6 @@ func (d *Directory) Projects(ctx context.Context) ([]Project, error) {
 		out = append(out, p)
 	}
 	return out, rows.Err()
-}
-
-// ProjectByToken finds the project a token logs into; EUnauthenticated if none.
-func (d *Directory) ProjectByToken(ctx context.Context, token string) (Project, error) {
-	var p Project
-	err := d.db.QueryRowContext(ctx, `select id, name, deployment, created_at from projects where token_hash = ?`,
-		HashToken(token)).Scan(&p.ID, &p.Name, &p.Deployment, &p.CreatedAt)
-	if errors.Is(err, sql.ErrNoRows) {
-		return p, itx.Errorf(itx.EUnauthenticated, "unknown token")
-	}
-	if err != nil {
-		return p, fmt.Errorf("log in: %w", err)
-	}
-	return p, nil
 }
 
 // Stream returns the directory entry of (projectID, path), or nil if the stream does not exist.

@@ -186,14 +186,26 @@ func TestDirectory(t *testing.T) {
 	require.NoError(t, err)
 	defer d.Close()
 
-	require.NoError(t, d.CreateProject(ctx, Project{ID: "p1", Name: "one", CreatedAt: 1}, "tok1"))
-	err = d.CreateProject(ctx, Project{ID: "p2", Name: "two", CreatedAt: 1}, "tok1")
-	require.Equal(t, itx.EInvalid, itx.ErrorCode(err), "a token is unique")
-	p, err := d.ProjectByToken(ctx, "tok1")
+	require.NoError(t, d.CreateProjectWithToken(ctx, Project{ID: "p1", Name: "one", CreatedAt: 1}, Token{ID: "t1", ProjectID: "p1", Label: "l", CreatedAt: 1}, "tok1"))
+	err = d.CreateProjectWithToken(ctx, Project{ID: "p2", Name: "one", CreatedAt: 1}, Token{ID: "t2", ProjectID: "p2", Label: "l", CreatedAt: 1}, "tok2")
+	require.Equal(t, itx.EInvalid, itx.ErrorCode(err), "a name is unique")
+	_, err = d.Project(ctx, "p2")
+	require.Equal(t, itx.ENotFound, itx.ErrorCode(err), "a refused project writes nothing")
+	tok, p, err := d.TokenByHash(ctx, "tok1", 5)
 	require.NoError(t, err)
 	require.Equal(t, "p1", p.ID)
-	_, err = d.ProjectByToken(ctx, "nope")
+	require.Equal(t, int64(5), tok.LastUsedAt)
+	_, _, err = d.TokenByHash(ctx, "nope", 5)
 	require.Equal(t, itx.EUnauthenticated, itx.ErrorCode(err))
+	require.NoError(t, d.CreateToken(ctx, Token{ID: "t3", ProjectID: "p1", Label: "x", Prefix: "/a", Rights: []string{"read"}, CreatedAt: 2, ExpiresAt: 10}, "tok3"))
+	_, _, err = d.TokenByHash(ctx, "tok3", 10)
+	require.Equal(t, itx.EUnauthenticated, itx.ErrorCode(err), "expired")
+	tokens, err := d.Tokens(ctx, "p1")
+	require.NoError(t, err)
+	require.Len(t, tokens, 2)
+	require.Equal(t, []string{"read"}, tokens[1].Rights)
+	require.NoError(t, d.DeleteToken(ctx, "p1", "t3"))
+	require.Equal(t, itx.ENotFound, itx.ErrorCode(d.DeleteToken(ctx, "p1", "t3")))
 
 	for _, path := range []string{"/a", "/a/b", "/ab", "/b"} {
 		require.NoError(t, d.CreateStream(ctx, StreamEntry{StreamID: "s" + path, ProjectID: "p1", Path: path, CreatedAt: 2}))
@@ -238,4 +250,30 @@ func TestStream_Readers(t *testing.T) {
 	got, err := s.Readers(ctx)
 	require.NoError(t, err)
 	require.Equal(t, []Reader{{Name: "mirror", Checkpoint: 5, UpdatedAt: 12}}, got)
+}
+
+// A directory from before tokens had their own table keeps logging in with its projects' tokens:
+// migration 005 makes each project's token its "initial" token.
+func TestDirectory_MigratesProjectTokens(t *testing.T) {
+	ctx := context.Background()
+	db, err := openDB(filepath.Join(t.TempDir(), "dir.db"), true, 1)
+	require.NoError(t, err)
+	defer db.Close()
+	for _, name := range []string{"001_init.sql", "002_subscription_count.sql", "003_summary_stale.sql", "004_parked.sql"} {
+		body, err := migrations.ReadFile("migrations/directory/" + name)
+		require.NoError(t, err)
+		_, err = db.ExecContext(ctx, string(body))
+		require.NoError(t, err)
+	}
+	_, err = db.ExecContext(ctx, `PRAGMA user_version = 4`)
+	require.NoError(t, err)
+	_, err = db.ExecContext(ctx, `insert into projects (id, name, token_hash, deployment, created_at) values ('default', 'default', ?, 0, 7)`, HashToken("itx_old"))
+	require.NoError(t, err)
+
+	require.NoError(t, migrate(ctx, db, "directory"))
+	d := &Directory{db: db}
+	tok, p, err := d.TokenByHash(ctx, "itx_old", 9)
+	require.NoError(t, err)
+	require.Equal(t, "default", p.ID)
+	require.Equal(t, Token{ID: "tok_default", ProjectID: "default", Label: "initial", CreatedAt: 7, LastUsedAt: 9}, tok)
 }

@@ -55,12 +55,13 @@ func SetSubscriptionDescription(dst schema.SubscriptionDescription, d *itx.Subsc
 	dst.SetFailingEventSkipsSinceLastSuccess(uint32(d.FailingEventSkips))
 	dst.SetInFlightDeadlineAt(d.InFlightDeadlineAt)
 	dst.SetInFlightConnectionGeneration(uint64(d.InFlightConnectionGeneration))
+	dst.SetSecretSet(d.SecretSet)
 	return setTexts(field{dst.SetKind, d.Kind}, field{dst.SetLastError, d.LastError}, field{dst.SetUpdatedAt, d.UpdatedAt})
 }
 
 // SubscriptionDescriptionFromSchema decodes describe()'s answer.
 func SubscriptionDescriptionFromSchema(src schema.SubscriptionDescription) (itx.SubscriptionDescription, error) {
-	out := itx.SubscriptionDescription{HeadOffset: int64(src.HeadOffset()), CursorState: itx.CursorState{
+	out := itx.SubscriptionDescription{HeadOffset: int64(src.HeadOffset()), SecretSet: src.SecretSet(), CursorState: itx.CursorState{
 		Status:                       src.Status().String(),
 		ConfiguredAtOffset:           int64(src.ConfiguredAtOffset()),
 		CursorChangedAtOffset:        int64(src.CursorChangedAtOffset()),

@@ -105,7 +105,7 @@ func TestWire_RoundTrip(t *testing.T) {
 				Filter: &itx.SubscriptionFilter{EventTypes: []string{"note"}, JSONataCondition: "true"},
 				Receiver: itx.Receiver{Action: itx.KindCopyToStream, ReceivingStreamPath: "/b", JSONataTransform: "$",
 					Delivery: &itx.DeliveryPolicy{Start: itx.StartNow, OnFailingEvent: itx.OnFailingHalt}}},
-			Kind: itx.KindCopyToStream, HeadOffset: 9,
+			Kind: itx.KindCopyToStream, HeadOffset: 9, SecretSet: true,
 			CursorState: itx.CursorState{Status: itx.StatusHalted, ConfiguredAtOffset: 1, CursorChangedAtOffset: 2, ConfirmedOffset: 3,
 				Attempt: 4, NextAttemptAt: 5, FailingEventOffset: 6, FailingEventAttempt: 7, FailingEventSkips: 8, LastError: "boom",
 				InFlightDeadlineAt: 10, InFlightConnectionGeneration: 11, UpdatedAt: "2026-12-01T00:00:00Z"},

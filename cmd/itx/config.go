@@ -25,14 +25,18 @@ type fileConfig struct {
 // credentials is the part of itxd's <data>/credentials.json that itx reads. It is copied from
 // server.Credentials rather than imported, so the client does not link the server (and SQLite).
 type credentials struct {
-	ProjectToken string `json:"projectToken"`
-	Addr         string `json:"addr"` // where itxd last listened (recorded by itxd at start)
+	ProjectToken    string `json:"projectToken"`
+	DeploymentToken string `json:"deploymentToken"` // itx admin uses it when no token is given
+	Addr            string `json:"addr"`            // where itxd last listened (recorded by itxd at start)
 }
 
 // resolved is where to connect, with where each value came from (shown in the banner).
 type resolved struct {
 	addr, addrFrom   string
 	token, tokenFrom string
+	// deploymentToken is the local data directory's deployment root token (itx admin), when
+	// the token was taken from that directory too.
+	deploymentToken string
 }
 
 // settings are the flag values resolution starts from; empty means not given.
@@ -87,6 +91,9 @@ func resolve(st settings, getenv func(string) string) (resolved, error) {
 	}
 	pick(&r.token, &r.tokenFrom, [2]string{st.token, "--token"}, explicit, [2]string{getenv("ITX_TOKEN"), "ITX_TOKEN"},
 		[2]string{fc.Token, path}, [2]string{creds.ProjectToken, credPath})
+	if r.tokenFrom == credPath {
+		r.deploymentToken = creds.DeploymentToken
+	}
 	if r.token == "" {
 		return r, errors.New("no token: pass --token, set ITX_TOKEN, write {\"addr\", \"token\"} to " +
 			configPathHint(getenv) + ", or run itx where itxd's data directory (.itx-data, or --data) is")

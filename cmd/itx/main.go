@@ -12,6 +12,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -23,6 +24,7 @@ import (
 	"time"
 
 	"github.com/chzyer/readline"
+	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/cmd/itx/internal/repl"
 	"golang.org/x/term"
 )
@@ -85,6 +87,10 @@ func run(args []string, env environment) int {
 	fs.StringVar(&st.token, "token", "", "project token (env ITX_TOKEN; default: the config file, then <data>/credentials.json)")
 	fs.StringVar(&st.configPath, "config", "", "config file {\"addr\", \"token\"} (env ITX_CONFIG; default $XDG_CONFIG_HOME/itx/config.json)")
 	fs.StringVar(&st.dataDir, "data", "", "a local itxd data directory to take the token from (env ITX_DATA; default "+defaultDataDir+")")
+	useTLS := fs.Bool("tls", false, "connect over TLS (implied by --ca)")
+	caFile := fs.String("ca", "", "TLS: trust only the CA certificates in this PEM file (default: the system's roots)")
+	certFile := fs.String("cert", "", "TLS: present this client certificate (PEM; for a server with --tls-client-ca)")
+	keyFile := fs.String("key", "", "TLS: the client certificate's private key (PEM)")
 	expr := fs.String("e", "", "evaluate `expression`, print its result and exit")
 	jsonOut := fs.Bool("json", false, "machine output: one compact JSON document per result, errors as {\"error\": {code, message}} on stderr")
 	output := fs.String("output", "auto", "result format: auto (tables on a terminal), pretty, json or table")
@@ -99,6 +105,7 @@ func run(args []string, env environment) int {
   ... | itx [flags]                  evaluate piped lines one by one, printing each result
   itx [flags] tail <path> [after]    print events as they are appended, until Ctrl-C
   itx [flags] watch <path>           print a stream's live state, until Ctrl-C
+  itx [flags] admin <command> ...    projects and tokens (itx admin help)
 
 Flags:
 `)
@@ -131,6 +138,7 @@ Flags:
 		scriptName string
 		script     string
 		scriptArgs []string
+		adminArgs  []string
 	)
 	interactive, piped := false, false
 	switch {
@@ -139,6 +147,8 @@ Flags:
 			fmt.Fprintln(env.stderr, "itx: -e takes no other arguments")
 			return exitUsage
 		}
+	case fs.NArg() > 0 && fs.Arg(0) == "admin":
+		adminArgs = fs.Args()[1:]
 	case fs.NArg() > 0:
 		if c, ok := repl.LookupCommand(fs.Arg(0)); ok && c.CLI {
 			command = c
@@ -167,10 +177,20 @@ Flags:
 		fmt.Fprintln(env.stderr, "itx:", err)
 		return exitUsage
 	}
+	var tlsConfig *tls.Config
+	if *useTLS || *caFile != "" || *certFile != "" || *keyFile != "" {
+		if tlsConfig, err = client.TLSConfig(*caFile, *certFile, *keyFile); err != nil {
+			fmt.Fprintln(env.stderr, "itx:", err)
+			return exitUsage
+		}
+	}
+	if adminArgs != nil {
+		return runAdmin(adminArgs, conf, tlsConfig, env)
+	}
 	dialCtx, cancelDial := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancelDial()
 	cfg := repl.Config{
-		Addr: conf.addr, Token: conf.token, Out: env.stdout, Err: env.stderr,
+		Addr: conf.addr, Token: conf.token, TLS: tlsConfig, Out: env.stdout, Err: env.stderr,
 		Format: format, TTY: env.stdoutTTY, Color: color, Wide: *wide, Size: env.size,
 	}
 	if interactive {

@@ -3,6 +3,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -62,11 +63,33 @@ func run() error {
 	jsonataItems := flag.Int64("jsonata-max-items", itx.MaxJSONataItems, "array items and object entries one JSONata evaluation may build in total")
 	jsonataBytes := flag.Int64("jsonata-max-bytes", itx.MaxJSONataBytes, "string bytes one JSONata evaluation may build in total")
 	jsonataConcurrent := flag.Int("jsonata-concurrency", 0, "JSONata evaluations running at once (0: one per core)")
+	tlsCert := flag.String("tls-cert", "", "serve RPC over TLS with this certificate (PEM; with --tls-key)")
+	tlsKey := flag.String("tls-key", "", "the TLS certificate's private key (PEM)")
+	tlsClientCA := flag.String("tls-client-ca", "", "mutual TLS: require client certificates signed by a CA in this PEM file")
+	insecure := flag.Bool("insecure", false, "allow plaintext RPC on a non-loopback address (tokens cross the network in clear)")
 	shutdownTimeout := flag.Duration("shutdown-timeout", 30*time.Second, "how long SIGTERM waits for in-flight calls")
 	procNames := flag.String("processors", strings.Join(examples.Names, ","), "reference processors hosted in-process, comma-separated (empty: none); a processor-wake subscription named after one runs it")
 	agentVendor := flag.String("agent-vendor-url", "", "the agent processor's LLM endpoint: POST {requestId, prompt} answered by {text} (empty: echo the prompt)")
 	agentHesitation := flag.Duration("agent-hesitation", time.Duration(examples.DefaultAgentConfig.HesitationMs)*time.Millisecond, "how long the agent waits after a message before it requests a completion")
 	flag.Parse()
+
+	var tlsConfig *tls.Config
+	switch {
+	case *tlsCert != "" || *tlsKey != "":
+		if *tlsCert == "" || *tlsKey == "" {
+			return errors.New("--tls-cert and --tls-key go together")
+		}
+		cfg, err := capability.ServerTLSConfig(*tlsCert, *tlsKey, *tlsClientCA)
+		if err != nil {
+			return err
+		}
+		tlsConfig = cfg
+	case *tlsClientCA != "":
+		return errors.New("--tls-client-ca needs --tls-cert and --tls-key")
+	case !capability.IsLoopback(*listen) && !*insecure:
+		return fmt.Errorf("refusing to serve plaintext RPC on %s, which is not a loopback address: tokens would cross the network in clear; "+
+			"give --tls-cert and --tls-key, or --insecure", *listen)
+	}
 
 	level, err := zerolog.ParseLevel(*logLevel)
 	if err != nil {
@@ -108,6 +131,9 @@ func run() error {
 		return err
 	}
 	addr := ln.Addr().String()
+	if tlsConfig != nil {
+		ln = tls.NewListener(ln, tlsConfig)
+	}
 	listener := capability.NewListenerWithLimits(srv, flow)
 	registerFlowMetrics(srv.Metrics().Registry, listener.Flow())
 
@@ -135,7 +161,7 @@ func run() error {
 	if err := recordAddress(*data, addr); err != nil {
 		log.Warn().Err(err).Msg("could not record the address in credentials.json: itx --data needs --addr")
 	}
-	announce(log, addr, *data, *metricsAddr)
+	announce(log, addr, *data, *metricsAddr, tlsConfig != nil)
 
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
@@ -163,8 +189,8 @@ func run() error {
 	return err
 }
 
-func announce(log zerolog.Logger, addr, data, metrics string) {
-	ev := log.Info().Str("addr", addr).Str("data", data)
+func announce(log zerolog.Logger, addr, data, metrics string, withTLS bool) {
+	ev := log.Info().Str("addr", addr).Str("data", data).Bool("tls", withTLS)
 	if metrics != "" {
 		ev = ev.Str("metrics", "http://"+metrics+"/metrics")
 	}
@@ -174,8 +200,12 @@ func announce(log zerolog.Logger, addr, data, metrics string) {
 		log.Warn().Err(err).Msg("no credentials file: log in with the tokens you created")
 		return
 	}
-	fmt.Fprintf(os.Stderr, "\nConnect with the itx REPL:\n  itx --addr %s --token %s\n"+
-		"Deployment root (global streams): --token %s\n\n", addr, creds.ProjectToken, creds.DeploymentToken)
+	tlsFlag := ""
+	if withTLS {
+		tlsFlag = " --tls --ca <the CA's certificate>"
+	}
+	fmt.Fprintf(os.Stderr, "\nConnect with the itx REPL:\n  itx --addr %s%s --token %s\n"+
+		"Deployment root (global streams, administration): --token %s\n\n", addr, tlsFlag, creds.ProjectToken, creds.DeploymentToken)
 }
 
 // recordAddress writes the bound RPC address into <data>/credentials.json as "addr", beside the

@@ -1,18 +1,25 @@
-// A C++ client of itxd written from schema/itx.capnp alone, on Debian's libcapnp-dev
-// (capnp::EzRpcClient). It logs in, appends a batch through one pipelined chain, pages through
-// the stream, matches an error by its code, and mounts a Receiver that an itx-call subscription
-// delivers to. Build (from the repository root):
+// A C++ client of itxd written from schema/itx.capnp alone, on Debian's libcapnp-dev (a
+// capnp::TwoPartyClient over a kj stream, TLS from kj-tls when given a CA). It logs in, appends a
+// batch through one pipelined chain, pages through the stream, matches an error by its code, and
+// mounts a Receiver that an itx-call subscription delivers to. Build (from the repository root):
 //
 //   capnp compile -I schema/include -oc++:out --src-prefix=schema schema/itx.capnp
-//   g++ -std=c++17 -Iout examples/cpp/client.c++ out/itx.capnp.c++ $(pkg-config --cflags --libs capnp-rpc) -o itx-example
+//   g++ -std=c++17 -Iout examples/cpp/client.c++ out/itx.capnp.c++ $(pkg-config --cflags --libs capnp-rpc kj-tls) -o itx-example
 //   ./itx-example 127.0.0.1:7878 itx_...
-#include <capnp/ez-rpc.h>
+//   ./itx-example 127.0.0.1:7878 itx_... itxd.crt localhost   # over TLS, trusting that CA,
+//                                                             # the certificate naming localhost
+// (kj-tls in capnp 0.9 checks the certificate against a DNS name, never an IP address: name the
+// server as its certificate does when dialing an IP.)
+#include <capnp/rpc-twoparty.h>
 #include <kj/async-io.h>
 #include <kj/async.h>
+#include <kj/compat/tls.h>
 #include <kj/debug.h>
 
 #include <cctype>
+#include <fstream>
 #include <iostream>
+#include <sstream>
 #include <string>
 
 #include "itx.capnp.h"
@@ -53,16 +60,40 @@ class Inbox final : public Receiver::Server {
   kj::Own<kj::PromiseFulfiller<std::string>> got;
 };
 
+std::string readFile(const char* name) {
+  std::ifstream in(name);
+  KJ_REQUIRE(in.good(), "cannot read the CA file", name);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    std::cerr << "usage: " << argv[0] << " <host:port> <token>" << std::endl;
+  if (argc < 3 || argc > 5) {
+    std::cerr << "usage: " << argv[0] << " <host:port> <token> [ca.pem [server-name]]" << std::endl;
     return 2;
   }
-  capnp::EzRpcClient client(argv[1]);
-  auto& ws = client.getWaitScope();
-  auto gateway = client.getMain<Gateway>();
+  auto io = kj::setupAsyncIo();
+  auto& ws = io.waitScope;
+  kj::Maybe<kj::Own<kj::TlsContext>> tls;  // declared first: it outlives the socket it wraps
+  auto socket = io.provider->getNetwork().parseAddress(argv[1]).wait(ws)->connect().wait(ws);
+  if (argc >= 4) {
+    // Trust only the given CA; the certificate must name the host (or IP) dialed.
+    auto pem = readFile(argv[3]);
+    kj::TlsCertificate ca(kj::StringPtr(pem.c_str()));
+    kj::TlsContext::Options options;
+    options.useSystemTrustStore = false;
+    options.trustedCertificates = kj::arrayPtr(&ca, 1);
+    auto context = kj::heap<kj::TlsContext>(kj::mv(options));
+    std::string host(argv[1]);
+    host = argc == 5 ? std::string(argv[4]) : host.substr(0, host.rfind(':'));
+    socket = context->wrapClient(kj::mv(socket), host.c_str()).wait(ws);
+    tls = kj::mv(context);
+  }
+  capnp::TwoPartyClient client(*socket);
+  auto gateway = client.bootstrap().castAs<Gateway>();
 
   // login -> streams() -> get(path): three pipelined calls, nothing awaited yet.
   auto login = gateway.loginRequest();
@@ -124,7 +155,7 @@ int main(int argc, char** argv) {
   ping.initEvents(1)[0].setType("example/ping");
   ping.send().wait(ws);
 
-  auto timeout = client.getIoProvider().getTimer().afterDelay(20 * kj::SECONDS).then([]() -> std::string {
+  auto timeout = io.provider->getTimer().afterDelay(20 * kj::SECONDS).then([]() -> std::string {
     return "receiver: timed out";
   });
   std::cout << paf.promise.exclusiveJoin(kj::mv(timeout)).wait(ws) << std::endl;

@@ -4,6 +4,8 @@
 //
 //   npm install && npm run generate        # gen/itx.js (+ .d.ts) from the schema; needs `capnp`
 //   node client.mjs 127.0.0.1:7878 itx_...
+//   node client.mjs 127.0.0.1:7878 itx_... itxd.crt   # over TLS, trusting that CA certificate
+import { readFileSync } from "node:fs";
 import { Conn } from "capnp-es";
 import { Gateway, Receiver, StartPosition } from "./gen/itx.js";
 import { TcpTransport } from "./tcp-transport.mjs";
@@ -15,12 +17,12 @@ export function errorCode(err) {
   return m ? m[1] : "";
 }
 
-async function main([address, token]) {
+async function main([address, token, caFile]) {
   if (!address || !token) {
-    console.error("usage: node client.mjs <host:port> <token>");
+    console.error("usage: node client.mjs <host:port> <token> [ca.pem]");
     process.exit(2);
   }
-  const transport = await TcpTransport.connect(address);
+  const transport = await TcpTransport.connect(address, caFile ? { ca: readFileSync(caFile) } : {});
   const conn = new Conn(transport);
   const gateway = conn.bootstrap(Gateway);
 

@@ -3,6 +3,7 @@
 // capnp-es ships the RPC protocol but no network transport, so this is the one piece a Node
 // client adds.
 import net from "node:net";
+import tls from "node:tls";
 import { Message } from "capnp-es";
 import { Message as RpcMessage } from "capnp-es/capnp/rpc";
 
@@ -19,13 +20,21 @@ export class TcpTransport {
     socket.on("close", () => this.fail(new Error("disconnected: the connection to itxd closed")));
   }
 
-  /** Connects to host:port and resolves once the socket is open. */
-  static connect(address) {
+  /**
+   * Connects to host:port and resolves once the socket is open. With options.ca (PEM text of the
+   * CA to trust), the connection is TLS and resolves once the handshake verified the server.
+   */
+  static connect(address, options = {}) {
     const at = address.lastIndexOf(":");
-    const socket = net.connect({ host: address.slice(0, at), port: Number(address.slice(at + 1)) });
+    const host = address.slice(0, at);
+    const port = Number(address.slice(at + 1));
+    const secure = options.ca !== undefined;
+    const socket = secure
+      ? tls.connect({ host, port, ca: options.ca, servername: net.isIP(host) ? undefined : host })
+      : net.connect({ host, port });
     socket.setNoDelay(true);
     return new Promise((resolve, reject) => {
-      socket.once("connect", () => resolve(new TcpTransport(socket)));
+      socket.once(secure ? "secureConnect" : "connect", () => resolve(new TcpTransport(socket)));
       socket.once("error", reject);
     });
   }

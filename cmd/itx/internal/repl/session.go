@@ -9,6 +9,7 @@ package repl
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -60,8 +61,10 @@ func (f Format) String() string {
 type Config struct {
 	Addr  string
 	Token string
-	Out   io.Writer // results
-	Err   io.Writer // errors
+	// TLS, when set, connects over TLS with this configuration.
+	TLS *tls.Config
+	Out io.Writer // results
+	Err io.Writer // errors
 	// Format is the output format; FormatAuto uses tables only when TTY is set.
 	Format Format
 	TTY    bool // Out is a terminal
@@ -123,7 +126,7 @@ func Connect(ctx context.Context, cfg Config) (*Session, error) {
 	if err != nil {
 		return nil, err
 	}
-	conn, err := client.Dial(ctx, cfg.Addr)
+	conn, err := client.DialWith(ctx, cfg.Addr, client.Options{TLS: cfg.TLS})
 	if err != nil {
 		return nil, itx.Errorf(itx.EUnavailable, "%v", err)
 	}
@@ -193,7 +196,7 @@ func (s *Session) connected() bool {
 func (s *Session) dial(ctx context.Context) (*client.Conn, schema.Project, error) {
 	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	conn, err := client.Dial(dctx, s.cfg.Addr)
+	conn, err := client.DialWith(dctx, s.cfg.Addr, client.Options{TLS: s.cfg.TLS})
 	if err != nil {
 		return nil, schema.Project{}, itx.Errorf(itx.EUnavailable, "%v", err)
 	}

@@ -1,0 +1,198 @@
+package capability
+
+import (
+	"strings"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/server"
+)
+
+// rightSet is a set of itx rights: what a capability may do.
+type rightSet uint8
+
+const (
+	rRead rightSet = 1 << iota
+	rAppend
+	rSubscribe
+	rAdmin
+
+	rAll  = rRead | rAppend | rSubscribe | rAdmin
+	rNone = rightSet(0)
+)
+
+var rightBits = map[itx.Right]rightSet{itx.RightRead: rRead, itx.RightAppend: rAppend, itx.RightSubscribe: rSubscribe, itx.RightAdmin: rAdmin}
+
+func rightsOf(s itx.Scope) rightSet {
+	if len(s.Rights) == 0 {
+		return rAll
+	}
+	var out rightSet
+	for _, r := range s.Rights {
+		out |= rightBits[r]
+	}
+	return out
+}
+
+func (r rightSet) names() []itx.Right {
+	var out []itx.Right
+	for _, name := range itx.Rights {
+		if r&rightBits[name] != 0 {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// access is what one capability allows: the session it descends from (whose token may be
+// revoked or expire), the stream paths it reaches and its rights. A capability derived from
+// another (navigation, or an attenuation such as Stream.readOnly) carries at most its parent's.
+type access struct {
+	session *server.Session // nil: before login (the Gateway)
+	prefix  string          // "" or "/": every path
+	rights  rightSet
+}
+
+// accessOf is the access a login yields: the token's scope.
+func accessOf(x *server.Session) access {
+	return access{session: x, prefix: x.Token.Scope.Prefix, rights: rightsOf(x.Token.Scope)}
+}
+
+// narrow keeps only the rights in keep.
+func (a access) narrow(keep rightSet) access {
+	a.rights &= keep
+	return a
+}
+
+// scope is the access as an itx.Scope (a token created by this caller must fit inside it).
+func (a access) scope() itx.Scope {
+	s := itx.Scope{Prefix: a.prefix}
+	if a.rights != rAll {
+		s.Rights = a.rights.names() // never empty here: Admin calls need the admin right
+	}
+	return s
+}
+
+// reaches checks that path is inside the access's prefix. The refusal names the scope, never a
+// stream outside it.
+func (a access) reaches(path string) error {
+	if !itx.PathUnder(path, a.prefix) {
+		return itx.Errorf(itx.EPermissionDenied, "this capability is limited to streams under %s", a.prefix)
+	}
+	return nil
+}
+
+// listPrefix intersects a Streams.list prefix with the access's: ok is false when the two
+// share no path (the listing is empty).
+func (a access) listPrefix(prefix string) (string, bool) {
+	if a.prefix == "" || a.prefix == "/" {
+		return prefix, true
+	}
+	switch {
+	case strings.HasPrefix(a.prefix, prefix): // the request is wider: list the scope
+		return a.prefix, true
+	case strings.HasPrefix(prefix, a.prefix):
+		return prefix, true
+	}
+	return "", false
+}
+
+// methodRights is the scope rule of every method the server serves, by "Interface.method": the
+// right a call needs (rNone: navigation, or a method of something the holder already opened).
+// Paths are checked where a method names one (Streams.get, Streams.list, a copy-to-stream
+// target). guarded refuses a method missing here, and TestMethodRights_CoverSchema fails for a
+// schema method without a rule: a new method is denied until someone decides its right.
+var methodRights = map[string]rightSet{
+	"Gateway.login":   rNone,
+	"Gateway.version": rNone,
+
+	"Project.streams":      rNone,
+	"Project.capabilities": rNone,
+	"Project.processors":   rNone,
+	"Project.describe":     rNone,
+	"Project.admin":        rAdmin,
+
+	"Streams.get":  rNone, // the path must be inside the prefix
+	"Streams.list": rRead, // filtered to the prefix
+
+	"Stream.append":                rAppend,
+	"Stream.getEvents":             rRead,
+	"Stream.getEventPage":          rRead,
+	"Stream.waitForEvent":          rRead,
+	"Stream.describe":              rRead,
+	"Stream.subscriptions":         rNone,
+	"Stream.setSubscriptionCursor": rSubscribe,
+	"Stream.resumeSubscription":    rSubscribe,
+	"Stream.openConnection":        rRead,
+	"Stream.readers":               rNone,
+	"Stream.liveState":             rRead,
+	"Stream.readOnly":              rNone, // attenuation: never more than the holder has
+	"Stream.appendOnly":            rNone,
+
+	"Subscriptions.list":      rRead,
+	"Subscriptions.get":       rNone,
+	"Subscriptions.configure": rSubscribe,
+	"Subscriptions.remove":    rSubscribe,
+
+	"Subscription.describe":           rRead,
+	"Subscription.waitUntilProcessed": rRead,
+	"Subscription.processor":          rRead,
+
+	"Connection.close": rNone,
+	"Connection.ping":  rNone,
+	"Connection.key":   rNone,
+
+	"Handle.cancel": rNone,
+
+	"Capabilities.mount":   rSubscribe,
+	"Capabilities.unmount": rSubscribe,
+	"Capabilities.list":    rRead,
+
+	// A reader's checkpoint is the reader's own bookkeeping beside its reads.
+	"Readers.register": rRead,
+	"Readers.list":     rRead,
+	"Readers.remove":   rRead,
+
+	"ProcessorHosts.mount": rSubscribe,
+	"ProcessorHosts.list":  rRead,
+
+	// A remote host's ports (served with each wake): the processor's own records on the stream,
+	// under the mounting session's rights.
+	"ProcessorPorts.claim":    rSubscribe,
+	"ProcessorPorts.commit":   rSubscribe,
+	"ProcessorPorts.kvGet":    rSubscribe,
+	"ProcessorPorts.kvPut":    rSubscribe,
+	"ProcessorPorts.setAlarm": rSubscribe,
+
+	"Processor.snapshot":        rRead,
+	"Processor.getRuntimeState": rRead,
+	"Processor.liveState":       rRead,
+
+	"Admin.createProject": rAdmin,
+	"Admin.listProjects":  rAdmin,
+	"Admin.renameProject": rAdmin,
+	"Admin.deleteProject": rAdmin,
+	"Admin.createToken":   rAdmin,
+	"Admin.listTokens":    rAdmin,
+	"Admin.revokeToken":   rAdmin,
+}
+
+// clientServed lists the interfaces a client implements and the server only calls: they have no
+// scope rule because itxd never serves them.
+var clientServed = map[string]bool{"EventSink": true, "Receiver": true, "LiveSubscriber": true, "ProcessorHost": true}
+
+// check decides one call: the session still valid, then the method's right.
+func (a access) check(method string) error {
+	need, ok := methodRights[method]
+	if !ok {
+		return itx.Errorf(itx.EPermissionDenied, "%s has no access rule on this server", method)
+	}
+	if a.session != nil {
+		if err := a.session.Check(); err != nil {
+			return err
+		}
+	}
+	if a.rights&need != need {
+		return itx.Errorf(itx.EPermissionDenied, "%s needs the %s right, which this capability does not carry", method, need.names()[0])
+	}
+	return nil
+}

@@ -1,0 +1,185 @@
+package client
+
+import (
+	"context"
+	"time"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/schema"
+	"github.com/itx-dev/itx/wire"
+)
+
+// Admin returns project.admin(), pipelined: the deployment root administers every project, a
+// project token with the admin right its own project's tokens.
+func Admin(ctx context.Context, project schema.Project) schema.Admin {
+	fut, _ := project.Admin(ctx, nil)
+	return fut.Admin()
+}
+
+// CreateProject creates a project and returns it with its first token (shown only now).
+func CreateProject(ctx context.Context, a schema.Admin, name string) (itx.ProjectInfo, string, itx.TokenInfo, error) {
+	fut, release := a.CreateProject(ctx, func(p schema.Admin_createProject_Params) error { return p.SetName(name) })
+	defer release()
+	res, err := fut.Struct()
+	if err != nil {
+		return itx.ProjectInfo{}, "", itx.TokenInfo{}, err
+	}
+	info, err := res.Info()
+	if err != nil {
+		return itx.ProjectInfo{}, "", itx.TokenInfo{}, err
+	}
+	p, err := wire.ProjectInfoFromSchema(info)
+	if err != nil {
+		return p, "", itx.TokenInfo{}, err
+	}
+	token, err := res.Token()
+	if err != nil {
+		return p, "", itx.TokenInfo{}, err
+	}
+	ti, err := res.TokenInfo()
+	if err != nil {
+		return p, token, itx.TokenInfo{}, err
+	}
+	t, err := wire.TokenInfoFromSchema(ti)
+	return p, token, t, err
+}
+
+// ListProjects lists the projects the caller administers, with their stream counts.
+func ListProjects(ctx context.Context, a schema.Admin) ([]itx.ProjectSummary, error) {
+	fut, release := a.ListProjects(ctx, nil)
+	defer release()
+	res, err := fut.Struct()
+	if err != nil {
+		return nil, err
+	}
+	list, err := res.Projects()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]itx.ProjectSummary, list.Len())
+	for i := range out {
+		if out[i], err = wire.ProjectSummaryFromSchema(list.At(i)); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// RenameProject renames a project.
+func RenameProject(ctx context.Context, a schema.Admin, projectID, name string) error {
+	fut, release := a.RenameProject(ctx, func(p schema.Admin_renameProject_Params) error {
+		if err := p.SetProjectId(projectID); err != nil {
+			return err
+		}
+		return p.SetName(name)
+	})
+	defer release()
+	_, err := fut.Struct()
+	return err
+}
+
+// DeleteProject deletes a project; one with streams only with force (its streams go too).
+func DeleteProject(ctx context.Context, a schema.Admin, projectID string, force bool) error {
+	fut, release := a.DeleteProject(ctx, func(p schema.Admin_deleteProject_Params) error {
+		p.SetForce(force)
+		return p.SetProjectId(projectID)
+	})
+	defer release()
+	_, err := fut.Struct()
+	return err
+}
+
+// TokenOptions describe a new token: its label, scope and optional expiry.
+type TokenOptions struct {
+	Label   string
+	Scope   itx.Scope // zero: the whole project
+	Expires time.Time // zero: never
+}
+
+// CreateToken creates another token for a project ("" is the caller's own) and returns it (shown
+// only now) with its description.
+func CreateToken(ctx context.Context, a schema.Admin, projectID string, o TokenOptions) (string, itx.TokenInfo, error) {
+	// An unknown right has no enumerant to send: refuse it here, typed, before calling.
+	if err := o.Scope.Validate(); err != nil {
+		return "", itx.TokenInfo{}, err
+	}
+	fut, release := a.CreateToken(ctx, func(p schema.Admin_createToken_Params) error {
+		if !o.Expires.IsZero() {
+			p.SetExpiresAt(o.Expires.UnixMilli())
+		}
+		if err := p.SetProjectId(projectID); err != nil {
+			return err
+		}
+		if err := p.SetLabel(o.Label); err != nil {
+			return err
+		}
+		sc, err := p.NewScope()
+		if err != nil {
+			return err
+		}
+		return wire.SetScope(sc, o.Scope)
+	})
+	defer release()
+	res, err := fut.Struct()
+	if err != nil {
+		return "", itx.TokenInfo{}, err
+	}
+	token, err := res.Token()
+	if err != nil {
+		return "", itx.TokenInfo{}, err
+	}
+	info, err := res.Info()
+	if err != nil {
+		return token, itx.TokenInfo{}, err
+	}
+	t, err := wire.TokenInfoFromSchema(info)
+	return token, t, err
+}
+
+// ListTokens lists a project's tokens ("" is the caller's own project): never the tokens.
+func ListTokens(ctx context.Context, a schema.Admin, projectID string) ([]itx.TokenInfo, error) {
+	fut, release := a.ListTokens(ctx, func(p schema.Admin_listTokens_Params) error { return p.SetProjectId(projectID) })
+	defer release()
+	res, err := fut.Struct()
+	if err != nil {
+		return nil, err
+	}
+	list, err := res.Tokens()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]itx.TokenInfo, list.Len())
+	for i := range out {
+		if out[i], err = wire.TokenInfoFromSchema(list.At(i)); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// RevokeToken revokes a token at once ("" is the caller's own project).
+func RevokeToken(ctx context.Context, a schema.Admin, projectID, tokenID string) error {
+	fut, release := a.RevokeToken(ctx, func(p schema.Admin_revokeToken_Params) error {
+		if err := p.SetProjectId(projectID); err != nil {
+			return err
+		}
+		return p.SetTokenId(tokenID)
+	})
+	defer release()
+	_, err := fut.Struct()
+	return err
+}
+
+// ReadOnly returns s.readOnly(), pipelined: a capability to the same stream that only reads,
+// to hand to someone else.
+func ReadOnly(ctx context.Context, s schema.Stream) schema.Stream {
+	fut, _ := s.ReadOnly(ctx, nil)
+	return fut.Stream()
+}
+
+// AppendOnly returns s.appendOnly(), pipelined: a capability to the same stream that only
+// appends.
+func AppendOnly(ctx context.Context, s schema.Stream) schema.Stream {
+	fut, _ := s.AppendOnly(ctx, nil)
+	return fut.Stream()
+}

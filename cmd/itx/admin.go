@@ -1,0 +1,161 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"time"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/cmd/itx/internal/repl"
+)
+
+const adminUsage = `Usage: itx [flags] admin <command> [arguments]
+
+Projects (the deployment root's token):
+  projects                                   list projects
+  create-project <name>                      create a project; prints its first token (shown once)
+  rename-project <project-id> <name>
+  delete-project [--force] <project-id>      --force: also delete its streams and their files
+
+Tokens (the deployment root's token, or a project token with the admin right for its own project):
+  tokens [--project ID]                      list tokens (never the secret)
+  create-token [--project ID] --label L [--prefix /path] [--rights read,append,subscribe,admin] [--expires 720h]
+                                             prints the new token (shown once)
+  revoke-token [--project ID] <token-id>     revoke at once
+
+Without --token, itx admin uses the deployment token of the local data directory (--data).
+`
+
+// runAdmin runs `itx admin ...`: one administrative call, its result printed as JSON.
+func runAdmin(args []string, conf resolved, tlsConfig *tls.Config, env environment) int {
+	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+		fmt.Fprint(env.stderr, adminUsage)
+		if len(args) == 0 {
+			return exitUsage
+		}
+		return exitOK
+	}
+	token := conf.token
+	if conf.deploymentToken != "" {
+		token = conf.deploymentToken
+	}
+	fs := flag.NewFlagSet("itx admin "+args[0], flag.ContinueOnError)
+	fs.SetOutput(env.stderr)
+	project := fs.String("project", "", "the project (default: the token's own)")
+	label := fs.String("label", "", "the token's label")
+	prefix := fs.String("prefix", "", "limit the token to streams under this path")
+	rights := fs.String("rights", "", "limit the token to these rights (comma-separated: read, append, subscribe, admin)")
+	expires := fs.Duration("expires", 0, "the token expires after this long (0: never)")
+	force := fs.Bool("force", false, "delete-project: delete the project's streams and their files too")
+	if err := fs.Parse(args[1:]); err != nil {
+		return exitUsage
+	}
+	rest := fs.Args()
+	need := func(n int) bool {
+		if len(rest) != n {
+			fmt.Fprintf(env.stderr, "itx admin %s: want %d argument(s), got %d\n\n%s", args[0], n, len(rest), adminUsage)
+			return false
+		}
+		return true
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := client.DialWith(dctx, conf.addr, client.Options{TLS: tlsConfig})
+	if err != nil {
+		repl.PrintFailure(env.stderr, itx.Errorf(itx.EUnavailable, "%v", err), false, false)
+		return exitError
+	}
+	defer conn.Close()
+	p := conn.Login(ctx, token)
+	defer p.Release()
+	a := client.Admin(ctx, p)
+	defer a.Release()
+
+	var out any
+	switch args[0] {
+	case "projects":
+		if !need(0) {
+			return exitUsage
+		}
+		var list []itx.ProjectSummary
+		if list, err = client.ListProjects(ctx, a); err == nil {
+			rows := make([]repl.ProjectJS, len(list))
+			for i, p := range list {
+				rows[i] = repl.ProjectOf(p)
+			}
+			out = rows
+		}
+	case "create-project":
+		if !need(1) {
+			return exitUsage
+		}
+		info, tok, t, e := client.CreateProject(ctx, a, rest[0])
+		err, out = e, repl.CreatedProjectJS{ID: info.ID, Name: info.Name, Token: tok, TokenInfo: repl.TokenOf(t)}
+	case "rename-project":
+		if !need(2) {
+			return exitUsage
+		}
+		err = client.RenameProject(ctx, a, rest[0], rest[1])
+	case "delete-project":
+		if !need(1) {
+			return exitUsage
+		}
+		err = client.DeleteProject(ctx, a, rest[0], *force)
+	case "tokens":
+		if !need(0) {
+			return exitUsage
+		}
+		var list []itx.TokenInfo
+		if list, err = client.ListTokens(ctx, a, *project); err == nil {
+			rows := make([]repl.TokenJS, len(list))
+			for i, t := range list {
+				rows[i] = repl.TokenOf(t)
+			}
+			out = rows
+		}
+	case "create-token":
+		if !need(0) {
+			return exitUsage
+		}
+		o := client.TokenOptions{Label: *label, Scope: itx.Scope{Prefix: *prefix}}
+		if *rights != "" {
+			for _, r := range strings.Split(*rights, ",") {
+				o.Scope.Rights = append(o.Scope.Rights, itx.Right(strings.TrimSpace(r)))
+			}
+		}
+		if *expires > 0 {
+			o.Expires = time.Now().Add(*expires)
+		}
+		tok, t, e := client.CreateToken(ctx, a, *project, o)
+		err, out = e, repl.CreatedTokenJS{Token: tok, Info: repl.TokenOf(t)}
+	case "revoke-token":
+		if !need(1) {
+			return exitUsage
+		}
+		err = client.RevokeToken(ctx, a, *project, rest[0])
+	default:
+		fmt.Fprintf(env.stderr, "itx admin: unknown command %q\n\n%s", args[0], adminUsage)
+		return exitUsage
+	}
+	if err != nil {
+		repl.PrintFailure(env.stderr, err, false, false)
+		return exitError
+	}
+	if out != nil {
+		b, _ := json.MarshalIndent(out, "", "  ")
+		fmt.Fprintln(env.stdout, string(b))
+	} else {
+		fmt.Fprintln(env.stdout, "ok")
+	}
+	return exitOK
+}

@@ -1,0 +1,487 @@
+package server
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/storage"
+)
+
+// AuditPath is the deployment stream that records token creation and revocation and every
+// project change: the log is the product, so the audit trail is a stream like any other.
+const AuditPath = "/audit"
+
+// Audit event types appended to the deployment's AuditPath.
+const (
+	AuditProjectCreated = "admin/project-created"
+	AuditProjectRenamed = "admin/project-renamed"
+	AuditProjectDeleted = "admin/project-deleted"
+	AuditTokenCreated   = "admin/token-created"
+	AuditTokenRevoked   = "admin/token-revoked"
+)
+
+// accessState is the server's record of who is logged in with which token, so that a
+// revocation reaches the sessions at once, and of the projects being or having been deleted,
+// whose streams must not load again.
+type accessState struct {
+	mu       sync.Mutex
+	sessions map[string]map[*Session]struct{} // by token id
+	deleted  map[string]bool                  // project ids: deleting or deleted
+
+	secretKey []byte
+	secretMu  sync.RWMutex
+	secrets   map[[2]string]string // (project id, reference) -> secret
+}
+
+func newAccessState() *accessState {
+	return &accessState{sessions: map[string]map[*Session]struct{}{}, deleted: map[string]bool{}, secrets: map[[2]string]string{}}
+}
+
+// loadAccess reads what access needs into memory: the key of secret references and the secrets.
+func (s *Server) loadAccess(ctx context.Context) error {
+	key, err := s.dir.SettingKey(ctx, "secret-ref-key", 32)
+	if err != nil {
+		return err
+	}
+	secrets, err := s.dir.Secrets(ctx)
+	if err != nil {
+		return err
+	}
+	s.acc.secretKey, s.acc.secrets = key, secrets
+	return nil
+}
+
+// Session is one login: the project and the token it used. Every call made through the
+// capabilities it yields checks it first, so a revoked or expired token stops at once.
+type Session struct {
+	srv     *Server
+	Project itx.ProjectInfo
+	Token   itx.TokenInfo
+
+	revoked  atomic.Bool
+	onRevoke func()
+}
+
+// Check fails with EUnauthenticated once the session's token was revoked or has expired.
+func (x *Session) Check() error {
+	if x.revoked.Load() {
+		return itx.Errorf(itx.EUnauthenticated, "the token was revoked")
+	}
+	if x.Token.ExpiresAt != 0 && itx.UnixMilli(x.srv.clock.Now()) >= x.Token.ExpiresAt {
+		return itx.Errorf(itx.EUnauthenticated, "the token expired")
+	}
+	return nil
+}
+
+// Revoked reports whether the session's token was revoked.
+func (x *Session) Revoked() bool { return x.revoked.Load() }
+
+// Close forgets the session (its RPC connection ended).
+func (x *Session) Close() {
+	a := x.srv.acc
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if m := a.sessions[x.Token.ID]; m != nil {
+		delete(m, x)
+		if len(m) == 0 {
+			delete(a.sessions, x.Token.ID)
+		}
+	}
+}
+
+// OpenSession logs in with token. onRevoke (may be nil) runs once if the token is revoked while
+// the session is open; it must not block.
+func (s *Server) OpenSession(ctx context.Context, token string, onRevoke func()) (*Session, error) {
+	t, p, err := s.dir.TokenByHash(ctx, token, itx.UnixMilli(s.clock.Now()))
+	if err != nil {
+		return nil, err
+	}
+	x := &Session{srv: s, Project: itx.ProjectInfo{ID: p.ID, Name: p.Name, Deployment: p.Deployment}, Token: tokenInfo(t), onRevoke: onRevoke}
+	a := s.acc
+	a.mu.Lock()
+	if a.deleted[p.ID] {
+		a.mu.Unlock()
+		return nil, itx.Errorf(itx.EUnauthenticated, "unknown token")
+	}
+	if a.sessions[t.ID] == nil {
+		a.sessions[t.ID] = map[*Session]struct{}{}
+	}
+	a.sessions[t.ID][x] = struct{}{}
+	a.mu.Unlock()
+	// A revocation deletes the token, then revokes its registered sessions. Checking that the
+	// token still exists after registering closes the window between the lookup above and the
+	// registration: either the revocation sees this session, or this check sees the deletion.
+	if ok, err := s.dir.TokenExists(ctx, t.ID); err != nil || !ok {
+		x.Close()
+		if err != nil {
+			return nil, err
+		}
+		return nil, itx.Errorf(itx.EUnauthenticated, "the token was revoked")
+	}
+	return x, nil
+}
+
+// revokeSessions marks every open session of the tokens ids revoked and tells their owners.
+func (s *Server) revokeSessions(ids ...string) {
+	a := s.acc
+	a.mu.Lock()
+	var hit []*Session
+	for _, id := range ids {
+		for x := range a.sessions[id] {
+			hit = append(hit, x)
+		}
+		delete(a.sessions, id)
+	}
+	a.mu.Unlock()
+	for _, x := range hit {
+		if x.revoked.CompareAndSwap(false, true) && x.onRevoke != nil {
+			x.onRevoke()
+		}
+	}
+}
+
+func tokenInfo(t storage.Token) itx.TokenInfo {
+	info := itx.TokenInfo{ID: t.ID, ProjectID: t.ProjectID, Label: t.Label, CreatedAt: t.CreatedAt,
+		LastUsedAt: t.LastUsedAt, ExpiresAt: t.ExpiresAt, Scope: itx.Scope{Prefix: t.Prefix}}
+	for _, r := range t.Rights {
+		info.Scope.Rights = append(info.Scope.Rights, itx.Right(r))
+	}
+	return info
+}
+
+// --- administration --------------------------------------------------------------------------
+
+// Admin is who asks for an administrative change, for the audit record.
+type Admin struct {
+	TokenID   string
+	ProjectID string
+}
+
+// CreateProject makes a project and its first token (whole-project scope), returned once.
+func (s *Server) CreateProject(ctx context.Context, by Admin, name string) (itx.ProjectInfo, string, itx.TokenInfo, error) {
+	if err := itx.ValidateName("project name", name); err != nil {
+		return itx.ProjectInfo{}, "", itx.TokenInfo{}, err
+	}
+	now := itx.UnixMilli(s.clock.Now())
+	p := storage.Project{ID: "prj_" + randomHex(8), Name: name, CreatedAt: now}
+	token := newToken()
+	t := storage.Token{ID: newTokenID(), ProjectID: p.ID, Label: "initial", CreatedAt: now}
+	if err := s.dir.CreateProjectWithToken(ctx, p, t, token); err != nil {
+		return itx.ProjectInfo{}, "", itx.TokenInfo{}, err
+	}
+	info := itx.ProjectInfo{ID: p.ID, Name: p.Name}
+	s.audit(ctx, by, AuditProjectCreated, map[string]any{"projectId": p.ID, "name": p.Name, "tokenId": t.ID})
+	return info, token, tokenInfo(t), nil
+}
+
+// ListProjects lists every project with its stream count.
+func (s *Server) ListProjects(ctx context.Context) ([]itx.ProjectSummary, error) {
+	ps, err := s.dir.Projects(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]itx.ProjectSummary, 0, len(ps))
+	for _, p := range ps {
+		n, err := s.dir.CountStreams(ctx, p.ID)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, itx.ProjectSummary{Info: itx.ProjectInfo{ID: p.ID, Name: p.Name, Deployment: p.Deployment}, CreatedAt: p.CreatedAt, StreamCount: n})
+	}
+	return out, nil
+}
+
+// RenameProject renames a project.
+func (s *Server) RenameProject(ctx context.Context, by Admin, id, name string) error {
+	if err := itx.ValidateName("project name", name); err != nil {
+		return err
+	}
+	if err := s.dir.RenameProject(ctx, id, name); err != nil {
+		return err
+	}
+	s.audit(ctx, by, AuditProjectRenamed, map[string]any{"projectId": id, "name": name})
+	return nil
+}
+
+// DeleteProject deletes a project: refused (EFailedPrecondition) while it has streams unless
+// force, and never for the deployment root. Its tokens stop working first, then its streams
+// are unloaded, its directory entries deleted in one transaction and its streams' files removed.
+func (s *Server) DeleteProject(ctx context.Context, by Admin, id string, force bool) error {
+	p, err := s.dir.Project(ctx, id)
+	if err != nil {
+		return err
+	}
+	if p.Deployment {
+		return itx.Errorf(itx.EFailedPrecondition, "the deployment root cannot be deleted")
+	}
+	n, err := s.dir.CountStreams(ctx, id)
+	if err != nil {
+		return err
+	}
+	if n > 0 && !force {
+		return itx.Errorf(itx.EFailedPrecondition, "project %q has %d streams: delete them with it by forcing", p.Name, n)
+	}
+	tokens, err := s.dir.Tokens(ctx, id)
+	if err != nil {
+		return err
+	}
+	// From here no stream of the project loads and no token of it logs in.
+	s.acc.mu.Lock()
+	s.acc.deleted[id] = true
+	s.acc.mu.Unlock()
+	ids := make([]string, len(tokens))
+	for i, t := range tokens {
+		ids[i] = t.ID
+	}
+	s.revokeSessions(ids...)
+	if err := s.unloadProject(id); err != nil {
+		s.acc.mu.Lock()
+		delete(s.acc.deleted, id)
+		s.acc.mu.Unlock()
+		return err
+	}
+	entries, err := s.dir.ListStreams(ctx, id, "", "", 1<<30)
+	if err != nil {
+		return err
+	}
+	if err := s.dir.DeleteProject(ctx, id); err != nil {
+		return err
+	}
+	var errs []error
+	if sb, ok := s.backend.(sqliteBackend); ok {
+		for _, e := range entries {
+			f := sb.file(e.StreamID)
+			for _, name := range []string{f, f + "-wal", f + "-shm"} {
+				if err := os.Remove(name); err != nil && !errors.Is(err, os.ErrNotExist) {
+					errs = append(errs, err)
+				}
+			}
+		}
+	}
+	s.acc.secretMu.Lock()
+	for k := range s.acc.secrets {
+		if k[0] == id {
+			delete(s.acc.secrets, k)
+		}
+	}
+	s.acc.secretMu.Unlock()
+	s.audit(ctx, by, AuditProjectDeleted, map[string]any{"projectId": id, "name": p.Name, "streams": len(entries)})
+	if len(errs) > 0 {
+		return fmt.Errorf("delete project %s: %w", id, errors.Join(errs...))
+	}
+	return nil
+}
+
+// unloadProject unloads every loaded stream of a project that is being deleted. A stream still
+// held by a call or a delivery fails it with EFailedPrecondition (retry: the project's sessions
+// were revoked, so its calls end).
+func (s *Server) unloadProject(id string) error {
+	s.mu.Lock()
+	var victims []*actor
+	for ref, a := range s.actors {
+		if ref.ProjectID != id {
+			continue
+		}
+		if a.refs > 0 {
+			s.mu.Unlock()
+			return itx.Errorf(itx.EFailedPrecondition, "stream %s is in use; retry the delete", ref.Path)
+		}
+	}
+	for ref, a := range s.actors {
+		if ref.ProjectID == id {
+			delete(s.actors, ref)
+			s.unloading[ref] = a
+			a.dcancel()
+			victims = append(victims, a)
+		}
+	}
+	var pending []*actor
+	for ref, a := range s.unloading {
+		if ref.ProjectID == id {
+			pending = append(pending, a)
+		}
+	}
+	s.mu.Unlock()
+	for _, a := range victims {
+		<-a.ready
+		a.unload()
+		s.mu.Lock()
+		if s.unloading[a.ref] == a {
+			delete(s.unloading, a.ref)
+		}
+		s.mu.Unlock()
+	}
+	for _, a := range pending {
+		if a.loadErr == nil {
+			<-a.done
+		}
+	}
+	return nil
+}
+
+// projectDeleted reports whether a project is being or has been deleted: its streams stay
+// unloaded.
+func (s *Server) projectDeleted(id string) bool {
+	s.acc.mu.Lock()
+	defer s.acc.mu.Unlock()
+	return s.acc.deleted[id]
+}
+
+// CreateToken makes another token for a project, limited to scope (validated by the caller
+// against its own), with an optional expiry (epoch ms; 0: never). The token is returned once.
+func (s *Server) CreateToken(ctx context.Context, by Admin, projectID, label string, expiresAt int64, scope itx.Scope) (string, itx.TokenInfo, error) {
+	if err := itx.ValidateName("token label", label); err != nil {
+		return "", itx.TokenInfo{}, err
+	}
+	if err := scope.Validate(); err != nil {
+		return "", itx.TokenInfo{}, err
+	}
+	now := itx.UnixMilli(s.clock.Now())
+	if expiresAt < 0 || (expiresAt != 0 && expiresAt <= now) {
+		return "", itx.TokenInfo{}, itx.Errorf(itx.EInvalid, "expiresAt %d is not in the future", expiresAt)
+	}
+	t := storage.Token{ID: newTokenID(), ProjectID: projectID, Label: label, Prefix: scope.Prefix, CreatedAt: now, ExpiresAt: expiresAt}
+	for _, r := range scope.Rights {
+		t.Rights = append(t.Rights, string(r))
+	}
+	token := newToken()
+	if err := s.dir.CreateToken(ctx, t, token); err != nil {
+		return "", itx.TokenInfo{}, err
+	}
+	info := tokenInfo(t)
+	s.audit(ctx, by, AuditTokenCreated, map[string]any{"projectId": projectID, "tokenId": t.ID, "label": label,
+		"expiresAt": expiresAt, "prefix": scope.Prefix, "rights": scope.Rights})
+	return token, info, nil
+}
+
+// ListTokens lists a project's tokens (never the tokens themselves).
+func (s *Server) ListTokens(ctx context.Context, projectID string) ([]itx.TokenInfo, error) {
+	if _, err := s.dir.Project(ctx, projectID); err != nil {
+		return nil, err
+	}
+	ts, err := s.dir.Tokens(ctx, projectID)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]itx.TokenInfo, len(ts))
+	for i, t := range ts {
+		out[i] = tokenInfo(t)
+	}
+	return out, nil
+}
+
+// RevokeToken deletes a token; sessions logged in with it are revoked at once.
+func (s *Server) RevokeToken(ctx context.Context, by Admin, projectID, tokenID string) error {
+	if err := s.dir.DeleteToken(ctx, projectID, tokenID); err != nil {
+		return err
+	}
+	s.revokeSessions(tokenID)
+	s.audit(ctx, by, AuditTokenRevoked, map[string]any{"projectId": projectID, "tokenId": tokenID})
+	return nil
+}
+
+// audit appends an administrative record to the deployment's audit stream. The change it
+// records has already committed; a failed record is logged, not returned.
+func (s *Server) audit(ctx context.Context, by Admin, typ string, fields map[string]any) {
+	fields["by"] = map[string]string{"tokenId": by.TokenID, "projectId": by.ProjectID}
+	payload, err := json.Marshal(fields)
+	if err == nil {
+		_, err = s.Append(ctx, StreamRef{ProjectID: DeploymentProjectID, Path: AuditPath},
+			[]itx.EventInput{{Type: typ, Payload: payload}}, itx.AppendOptions{})
+	}
+	if err != nil {
+		s.log.Error().Err(err).Str("type", typ).Msg("could not record an audit event")
+	}
+}
+
+func newToken() string   { return "itx_" + randomHex(24) }
+func newTokenID() string { return "tok_" + randomHex(8) }
+
+// --- webhook secrets ---------------------------------------------------------------------------
+
+// storeSecret keeps a webhook signing secret apart from the log and returns the reference a
+// subscription's config records instead: an HMAC of the secret under the server's key, the same
+// for the same secret (so configure stays idempotent), and useless to a reader.
+func (s *Server) storeSecret(ctx context.Context, projectID, secret string) (string, error) {
+	if _, err := itx.WebhookSecretKey(secret); err != nil || !strings.HasPrefix(secret, "whsec_") {
+		return "", itx.Errorf(itx.EInvalid, "receiver.secret must be a Standard Webhooks secret (\"whsec_\" followed by base64 of at least 16 bytes)")
+	}
+	ref := s.acc.fingerprint(projectID, secret)
+	if err := s.dir.StoreSecret(ctx, projectID, ref, secret, itx.UnixMilli(s.clock.Now())); err != nil {
+		return "", err
+	}
+	s.acc.secretMu.Lock()
+	s.acc.secrets[[2]string{projectID, ref}] = secret
+	s.acc.secretMu.Unlock()
+	return ref, nil
+}
+
+// fingerprint is the reference of a secret in a project.
+func (a *accessState) fingerprint(projectID, secret string) string {
+	m := hmac.New(sha256.New, a.secretKey)
+	m.Write([]byte(projectID))
+	m.Write([]byte{0})
+	m.Write([]byte(secret))
+	return itx.SecretRefPrefix + hex.EncodeToString(m.Sum(nil))[:32]
+}
+
+// secret resolves a subscription's secret field: a reference to the stored secret, or a secret
+// written into the log before secrets were kept apart (or by a raw append). ok is false for a
+// reference this project does not hold.
+func (s *Server) secret(projectID, field string) (string, bool) {
+	if !itx.IsSecretRef(field) {
+		return field, true
+	}
+	s.acc.secretMu.RLock()
+	defer s.acc.secretMu.RUnlock()
+	v, ok := s.acc.secrets[[2]string{projectID, field}]
+	return v, ok
+}
+
+// KeepSecretsApart rewrites the raw stream/subscription-configured events of an append whose
+// webhook secret is written out, so that the log records its reference, exactly as
+// ConfigureSubscription does; a payload it cannot read is left for the append's validation to
+// refuse. Other events are untouched.
+func (s *Server) KeepSecretsApart(ctx context.Context, projectID string, inputs []itx.EventInput) error {
+	for i := range inputs {
+		in := &inputs[i]
+		if in.Type != itx.TypeSubscriptionConfigured {
+			continue
+		}
+		dec := json.NewDecoder(strings.NewReader(string(in.Payload)))
+		dec.UseNumber()
+		var cfg map[string]any
+		if dec.Decode(&cfg) != nil {
+			continue
+		}
+		r, _ := cfg["receiver"].(map[string]any)
+		secret, _ := r["secret"].(string)
+		if secret == "" || itx.IsSecretRef(secret) {
+			continue
+		}
+		if _, err := itx.ParseSubscriptionConfig(in.Payload); err != nil {
+			continue // refused by the append's validation, with nothing stored
+		}
+		ref, err := s.storeSecret(ctx, projectID, secret)
+		if err != nil {
+			return fmt.Errorf("event %d: %w", i, err)
+		}
+		r["secret"] = ref
+		b, err := json.Marshal(cfg)
+		if err != nil {
+			return itx.Errorf(itx.EInvalid, "event %d: %v", i, err)
+		}
+		in.Payload = b
+	}
+	return nil
+}

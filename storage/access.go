@@ -1,0 +1,263 @@
+package storage
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/itx-dev/itx"
+)
+
+// Token is a project's login credential as stored: its hash, never the token.
+type Token struct {
+	ID         string
+	ProjectID  string
+	Label      string
+	Prefix     string   // a stream path prefix; "": every path
+	Rights     []string // empty: every right
+	CreatedAt  int64
+	LastUsedAt int64
+	ExpiresAt  int64 // 0: never
+}
+
+const tokenColumns = `id, project_id, label, prefix, rights, created_at, last_used_at, expires_at`
+
+func scanToken(row interface{ Scan(...any) error }) (Token, error) {
+	var t Token
+	var rights string
+	err := row.Scan(&t.ID, &t.ProjectID, &t.Label, &t.Prefix, &rights, &t.CreatedAt, &t.LastUsedAt, &t.ExpiresAt)
+	if rights != "" {
+		t.Rights = strings.Split(rights, ",")
+	}
+	return t, err
+}
+
+// CreateProjectWithToken records a project and its first token in one transaction.
+func (d *Directory) CreateProjectWithToken(ctx context.Context, p Project, t Token, token string) error {
+	tx, err := d.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("create project: %w", err)
+	}
+	defer tx.Rollback()
+	// projects.token_hash is unique and not null from the first schema; it holds the first
+	// token's hash, which login no longer reads (the tokens table is authoritative).
+	if _, err := tx.ExecContext(ctx, `insert into projects (id, name, token_hash, deployment, created_at)
+		values (?, ?, ?, ?, ?)`, p.ID, p.Name, HashToken(token), p.Deployment, p.CreatedAt); err != nil {
+		if strings.Contains(err.Error(), "UNIQUE") {
+			return itx.Errorf(itx.EInvalid, "a project named %q already exists", p.Name)
+		}
+		return fmt.Errorf("create project: %w", err)
+	}
+	if err := insertToken(ctx, tx, t, token); err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("create project: %w", err)
+	}
+	return nil
+}
+
+// CreateToken records a token of an existing project; ENotFound if there is none.
+func (d *Directory) CreateToken(ctx context.Context, t Token, token string) error {
+	if _, err := d.Project(ctx, t.ProjectID); err != nil {
+		return err
+	}
+	return insertToken(ctx, d.db, t, token)
+}
+
+type execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+func insertToken(ctx context.Context, db execer, t Token, token string) error {
+	_, err := db.ExecContext(ctx, `insert into tokens (id, project_id, label, token_hash, prefix, rights, created_at, expires_at)
+		values (?, ?, ?, ?, ?, ?, ?, ?)`, t.ID, t.ProjectID, t.Label, HashToken(token), t.Prefix,
+		strings.Join(t.Rights, ","), t.CreatedAt, t.ExpiresAt)
+	if err != nil {
+		return fmt.Errorf("create token: %w", err)
+	}
+	return nil
+}
+
+// Project returns one project; ENotFound if there is none.
+func (d *Directory) Project(ctx context.Context, id string) (Project, error) {
+	var p Project
+	err := d.db.QueryRowContext(ctx, `select id, name, deployment, created_at from projects where id = ?`, id).
+		Scan(&p.ID, &p.Name, &p.Deployment, &p.CreatedAt)
+	if errors.Is(err, sql.ErrNoRows) {
+		return p, itx.Errorf(itx.ENotFound, "no project %q", id)
+	}
+	if err != nil {
+		return p, fmt.Errorf("look up project: %w", err)
+	}
+	return p, nil
+}
+
+// TokenByHash finds the token whose hash is that of token and the project it logs into, recording now as
+// its last use; EUnauthenticated if there is none or it expired.
+func (d *Directory) TokenByHash(ctx context.Context, token string, now int64) (Token, Project, error) {
+	t, err := scanToken(d.db.QueryRowContext(ctx, `select `+tokenColumns+` from tokens where token_hash = ?`, HashToken(token)))
+	if errors.Is(err, sql.ErrNoRows) {
+		return t, Project{}, itx.Errorf(itx.EUnauthenticated, "unknown token")
+	}
+	if err != nil {
+		return t, Project{}, fmt.Errorf("log in: %w", err)
+	}
+	if t.ExpiresAt != 0 && now >= t.ExpiresAt {
+		return t, Project{}, itx.Errorf(itx.EUnauthenticated, "the token expired")
+	}
+	p, err := d.Project(ctx, t.ProjectID)
+	if err != nil {
+		return t, p, fmt.Errorf("log in: %w", err)
+	}
+	if _, err := d.db.ExecContext(ctx, `update tokens set last_used_at = ? where id = ?`, now, t.ID); err != nil {
+		return t, p, fmt.Errorf("log in: %w", err)
+	}
+	t.LastUsedAt = now
+	return t, p, nil
+}
+
+// TokenExists reports whether a token (by id) is still recorded: not revoked.
+func (d *Directory) TokenExists(ctx context.Context, id string) (bool, error) {
+	var n int
+	if err := d.db.QueryRowContext(ctx, `select count(*) from tokens where id = ?`, id).Scan(&n); err != nil {
+		return false, fmt.Errorf("log in: %w", err)
+	}
+	return n > 0, nil
+}
+
+// Tokens lists a project's tokens, oldest first.
+func (d *Directory) Tokens(ctx context.Context, projectID string) ([]Token, error) {
+	rows, err := d.db.QueryContext(ctx, `select `+tokenColumns+` from tokens where project_id = ? order by created_at, id`, projectID)
+	if err != nil {
+		return nil, fmt.Errorf("list tokens: %w", err)
+	}
+	defer rows.Close()
+	var out []Token
+	for rows.Next() {
+		t, err := scanToken(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list tokens: %w", err)
+		}
+		out = append(out, t)
+	}
+	return out, rows.Err()
+}
+
+// DeleteToken removes a project's token; ENotFound if it has none by that id.
+func (d *Directory) DeleteToken(ctx context.Context, projectID, id string) error {
+	res, err := d.db.ExecContext(ctx, `delete from tokens where project_id = ? and id = ?`, projectID, id)
+	if err != nil {
+		return fmt.Errorf("revoke token: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return itx.Errorf(itx.ENotFound, "project %q has no token %q", projectID, id)
+	}
+	return nil
+}
+
+// RenameProject renames a project; ENotFound if there is none, EInvalid if the name is taken.
+func (d *Directory) RenameProject(ctx context.Context, id, name string) error {
+	res, err := d.db.ExecContext(ctx, `update projects set name = ? where id = ?`, name, id)
+	if err != nil {
+		if strings.Contains(err.Error(), "UNIQUE") {
+			return itx.Errorf(itx.EInvalid, "a project named %q already exists", name)
+		}
+		return fmt.Errorf("rename project: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return itx.Errorf(itx.ENotFound, "no project %q", id)
+	}
+	return nil
+}
+
+// CountStreams counts a project's streams.
+func (d *Directory) CountStreams(ctx context.Context, projectID string) (int, error) {
+	var n int
+	if err := d.db.QueryRowContext(ctx, `select count(*) from streams where project_id = ?`, projectID).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count streams: %w", err)
+	}
+	return n, nil
+}
+
+// DeleteProject removes a project with its tokens, secrets and the directory entries of its
+// streams (their alarms and parked marks too), in one transaction. The streams' files are the
+// caller's to remove, after this commits.
+func (d *Directory) DeleteProject(ctx context.Context, id string) error {
+	tx, err := d.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("delete project: %w", err)
+	}
+	defer tx.Rollback()
+	for _, q := range []string{
+		`delete from alarms where stream_id in (select stream_id from streams where project_id = ?)`,
+		`delete from parked where stream_id in (select stream_id from streams where project_id = ?)`,
+		`delete from streams where project_id = ?`,
+		`delete from secrets where project_id = ?`,
+		`delete from tokens where project_id = ?`,
+	} {
+		if _, err := tx.ExecContext(ctx, q, id); err != nil {
+			return fmt.Errorf("delete project: %w", err)
+		}
+	}
+	res, err := tx.ExecContext(ctx, `delete from projects where id = ?`, id)
+	if err != nil {
+		return fmt.Errorf("delete project: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return itx.Errorf(itx.ENotFound, "no project %q", id)
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("delete project: %w", err)
+	}
+	return nil
+}
+
+// StoreSecret records a project's webhook secret under its reference (the same secret, the same
+// reference: storing it again changes nothing).
+func (d *Directory) StoreSecret(ctx context.Context, projectID, ref, secret string, now int64) error {
+	_, err := d.db.ExecContext(ctx, `insert into secrets (project_id, ref, secret, created_at) values (?, ?, ?, ?)
+		on conflict (project_id, ref) do nothing`, projectID, ref, secret, now)
+	if err != nil {
+		return fmt.Errorf("store secret: %w", err)
+	}
+	return nil
+}
+
+// Secrets returns every stored secret by project and reference.
+func (d *Directory) Secrets(ctx context.Context) (map[[2]string]string, error) {
+	rows, err := d.db.QueryContext(ctx, `select project_id, ref, secret from secrets`)
+	if err != nil {
+		return nil, fmt.Errorf("load secrets: %w", err)
+	}
+	defer rows.Close()
+	out := map[[2]string]string{}
+	for rows.Next() {
+		var p, r, s string
+		if err := rows.Scan(&p, &r, &s); err != nil {
+			return nil, fmt.Errorf("load secrets: %w", err)
+		}
+		out[[2]string{p, r}] = s
+	}
+	return out, rows.Err()
+}
+
+// SettingKey returns the server-wide random key named name, creating it (n random bytes) on
+// first use.
+func (d *Directory) SettingKey(ctx context.Context, name string, n int) ([]byte, error) {
+	fresh := make([]byte, n)
+	if _, err := rand.Read(fresh); err != nil {
+		return nil, err
+	}
+	if _, err := d.db.ExecContext(ctx, `insert into settings (key, value) values (?, ?) on conflict (key) do nothing`, name, fresh); err != nil {
+		return nil, fmt.Errorf("setting %s: %w", name, err)
+	}
+	var v []byte
+	if err := d.db.QueryRowContext(ctx, `select value from settings where key = ?`, name).Scan(&v); err != nil {
+		return nil, fmt.Errorf("setting %s: %w", name, err)
+	}
+	return v, nil
+}
