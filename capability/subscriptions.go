@@ -212,7 +212,7 @@ func (s *subscription) Processor(ctx context.Context, call schema.Subscription_p
 	if err != nil {
 		return err
 	}
-	impl := &processor{srv: s.srv, ref: s.ref, name: s.name}
+	impl := &processor{srv: s.srv, ref: s.ref, name: s.name, acc: s.acc}
 	return res.SetProcessor(schema.Processor(guarded(guardOf(s.srv), s.acc, schema.Processor_Methods(nil, impl), impl)))
 }
 
@@ -221,6 +221,7 @@ type processor struct {
 	srv  *server.Server
 	ref  server.StreamRef
 	name string
+	acc  access
 }
 
 func (p *processor) Snapshot(ctx context.Context, call schema.Processor_snapshot) error {
@@ -250,7 +251,21 @@ func (p *processor) GetRuntimeState(ctx context.Context, call schema.Processor_g
 }
 
 func (p *processor) LiveState(ctx context.Context, call schema.Processor_liveState) error {
-	return notYet("Processor.liveState")
+	sub := call.Args().Subscriber().AddRef()
+	sub.SetFlowLimiter(flowcontrol.NewFixedLimiter(sinkFlowLimit))
+	call.Go()
+	cancel, err := p.srv.SubscribeProcessorLive(ctx, p.ref, p.name, &liveSubscriber{client: sub})
+	if err != nil {
+		sub.Release()
+		return fail(err)
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		cancel()
+		return err
+	}
+	h := &liveHandle{cancel: cancel, client: sub}
+	return res.SetHandle(schema.Handle(guarded(guardOf(p.srv), p.acc, schema.Handle_Methods(nil, h), h)))
 }
 
 // --- mounted capabilities ------------------------------------------------------------------

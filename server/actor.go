@@ -55,11 +55,13 @@ type actor struct {
 	dctx          context.Context
 	dcancel       context.CancelFunc
 
-	conns     map[string]*Connection // open connections by key
-	connSeq   int
-	connList  atomic.Pointer[[]*Connection] // conns as the live engine reads them
-	liveP     atomic.Pointer[liveEngine]
-	liveCount atomic.Int64 // counted live-state subscribers (Config.MaxLiveSubscribersPerStream)
+	conns      map[string]*Connection // open connections by key
+	connSeq    int
+	connList   atomic.Pointer[[]*Connection] // conns as the live engine reads them
+	liveP      atomic.Pointer[liveEngine]
+	liveCount  atomic.Int64 // counted live-state subscribers (Config.MaxLiveSubscribersPerStream)
+	procLiveMu sync.Mutex   // creates processor live engines (procLiveP)
+	procLiveP  atomic.Pointer[map[string]*liveEngine]
 
 	// Processors, opened off the actor's goroutine on first need (see processors.go).
 	procMu     sync.Mutex
@@ -434,10 +436,12 @@ func (a *actor) handle(m actorMsg) bool {
 		m.connReply <- a.register(m.openConn)
 	case m.closeConn != nil:
 		a.unregister(m.closeConn)
+	case m.live != nil && m.live.engine != nil:
+		m.live.engine.attach(m.live)
 	case m.live != nil:
 		a.liveEngine().attach(m.live)
 	case m.liveGone != nil:
-		a.liveEngine().detach(m.liveGone)
+		m.liveGone.cancel()
 	default:
 		return false
 	}
@@ -934,7 +938,9 @@ type view struct {
 	readers  map[string]storage.Reader
 	// recent is the last commit's events (ephemeral ones included), so connections at the tail
 	// take them from memory instead of reading back what was just written. Immutable.
-	recent  []itx.Event
+	recent []itx.Event
+	// procs is the processor records this incarnation has read or written (immutable values).
+	procs   map[string]*procRecord
 	changed <-chan struct{}
 }
 
@@ -947,6 +953,14 @@ func (a *actor) publish(rowsChanged bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	v := a.pub
+	if st.procsDirty {
+		procs := make(map[string]*procRecord, len(st.procs))
+		for name, r := range st.procs {
+			procs[name] = r
+		}
+		v.procs, st.procsDirty = procs, false
+		rowsChanged = true // wake waiters: a processor's record changed
+	}
 	if !rowsChanged && v.rows != nil && v.head == st.head && v.core == st.core && v.store == a.store {
 		return // nothing a reader can see changed: waiters stay asleep
 	}

@@ -64,8 +64,9 @@ type LiveConnectionRow struct {
 // revision with the RFC 6902 patch from the last one. It only reads; it never writes state.
 // Memory is one document and one patch, whatever the number or speed of subscribers.
 type liveEngine struct {
-	a     *actor
-	dirty chan struct{}
+	a       *actor
+	project func() any // the document: the stream's live state, or one processor's
+	dirty   chan struct{}
 
 	mu      sync.Mutex
 	rev     uint64
@@ -76,6 +77,7 @@ type liveEngine struct {
 
 // liveSubscriber is one attached LiveSink with its pusher.
 type liveSubscriber struct {
+	engine *liveEngine // a processor's; nil: the stream's
 	sink   LiveSink
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -87,7 +89,7 @@ func (a *actor) liveEngine() *liveEngine {
 	if e := a.liveP.Load(); e != nil {
 		return e
 	}
-	e := &liveEngine{a: a, dirty: make(chan struct{}, 1), changed: make(chan struct{})}
+	e := &liveEngine{a: a, project: func() any { return a.liveState() }, dirty: make(chan struct{}, 1), changed: make(chan struct{})}
 	a.liveP.Store(e)
 	go e.run(a.dctx)
 	e.dirty <- struct{}{}
@@ -97,10 +99,19 @@ func (a *actor) liveEngine() *liveEngine {
 // liveDirty tells the engine (if any) that the state may have changed. Never blocks.
 func (a *actor) liveDirty() {
 	if e := a.liveP.Load(); e != nil {
-		select {
-		case e.dirty <- struct{}{}:
-		default:
+		e.poke()
+	}
+	if m := a.procLiveP.Load(); m != nil {
+		for _, e := range *m {
+			e.poke()
 		}
+	}
+}
+
+func (e *liveEngine) poke() {
+	select {
+	case e.dirty <- struct{}{}:
+	default:
 	}
 }
 
@@ -120,7 +131,7 @@ func (e *liveEngine) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		}
-		doc, err := json.Marshal(e.a.liveState())
+		doc, err := json.Marshal(e.project())
 		if err != nil {
 			continue
 		}
@@ -238,6 +249,12 @@ func (s *Server) SubscribeLive(ctx context.Context, ref StreamRef, sink LiveSink
 }
 
 func (s *Server) subscribeLive(ctx context.Context, ref StreamRef, sink LiveSink, counted bool) (cancel func(), err error) {
+	return s.attachLive(ctx, ref, sink, counted, nil)
+}
+
+// attachLive attaches sink to the stream's live state, or, when engine is set, to the engine it
+// returns for the loaded actor (a processor's).
+func (s *Server) attachLive(ctx context.Context, ref StreamRef, sink LiveSink, counted bool, engine func(a *actor) (*liveEngine, error)) (cancel func(), err error) {
 	if err := itx.ValidatePath(ref.Path); err != nil {
 		return nil, err
 	}
@@ -253,6 +270,15 @@ func (s *Server) subscribeLive(ctx context.Context, ref StreamRef, sink LiveSink
 		}
 	}
 	sub := &liveSubscriber{sink: sink, done: make(chan struct{})}
+	if engine != nil {
+		if sub.engine, err = engine(a); err != nil {
+			if counted {
+				a.liveCount.Add(-1)
+			}
+			s.release(a)
+			return nil, err
+		}
+	}
 	sub.ctx, sub.cancel = context.WithCancel(s.base)
 	select {
 	case a.inbox <- &actorMsg{live: sub}:

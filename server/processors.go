@@ -141,7 +141,7 @@ func (st *streamState) applyProc(op procOp, now time.Time, env stepEnv, eff *eff
 		next := *rec
 		next.Generation++
 		b, _ := json.Marshal(next)
-		st.procs[op.claim] = &next
+		st.procs[op.claim], st.procsDirty = &next, true
 		stage(procProgressPrefix+op.claim, b)
 		var p *itx.ProcessorProgress
 		if next.Progress != nil {
@@ -166,7 +166,7 @@ func (st *streamState) applyProc(op procOp, now time.Time, env stepEnv, eff *eff
 			next.Seek = c.seek
 		}
 		b, _ := json.Marshal(next)
-		st.procs[c.name] = &next
+		st.procs[c.name], st.procsDirty = &next, true
 		stage(procProgressPrefix+c.name, b)
 		r, entry := st.rows[c.name], st.core.Subscriptions[c.name]
 		if r != nil && isInProcess(entry) {

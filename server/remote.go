@@ -400,3 +400,75 @@ func (s *Server) remoteRuntimeState(ctx context.Context, a *actor, name string) 
 	return json.Marshal(map[string]any{"name": name, "placement": "remote", "mounted": false,
 		"reducedThrough": reduced, "processedThrough": processed})
 }
+
+// --- live state ----------------------------------------------------------------------------
+
+// ProcessorLiveState is a processor's live state: its committed reduced state and cursors.
+type ProcessorLiveState struct {
+	Name            string          `json:"name"`
+	ReducedOffset   int64           `json:"reducedOffset"`
+	ProcessedOffset int64           `json:"processedOffset"`
+	State           json.RawMessage `json:"state"`
+}
+
+// processorLiveEngine returns the live engine of a processor's committed record, starting it on
+// first use. Its document changes with every progress commit, wherever the processor runs.
+func (a *actor) processorLiveEngine(name string) *liveEngine {
+	a.procLiveMu.Lock()
+	defer a.procLiveMu.Unlock()
+	old := map[string]*liveEngine{}
+	if m := a.procLiveP.Load(); m != nil {
+		old = *m
+	}
+	if e := old[name]; e != nil {
+		return e
+	}
+	e := &liveEngine{a: a, dirty: make(chan struct{}, 1), changed: make(chan struct{})}
+	e.project = func() any { return a.processorLiveState(name) }
+	next := make(map[string]*liveEngine, len(old)+1)
+	for k, v := range old {
+		next[k] = v
+	}
+	next[name] = e
+	a.procLiveP.Store(&next)
+	go e.run(a.dctx)
+	e.poke()
+	return e
+}
+
+func (a *actor) processorLiveState(name string) ProcessorLiveState {
+	out := ProcessorLiveState{Name: name, State: json.RawMessage("null")}
+	v := a.view()
+	rec := v.procs[name]
+	if rec == nil && v.store != nil {
+		if raw, err := v.store.KV(context.Background(), procProgressPrefix+name); err == nil && raw != nil {
+			rec = &procRecord{}
+			if json.Unmarshal(raw, rec) != nil {
+				rec = nil
+			}
+		}
+	}
+	if rec != nil && rec.Progress != nil {
+		out.ReducedOffset, out.ProcessedOffset = rec.Progress.ReducedThrough, rec.Progress.ProcessedThrough
+		if len(rec.Progress.State) > 0 {
+			out.State = rec.Progress.State
+		}
+	}
+	return out
+}
+
+// SubscribeProcessorLive attaches a sink to a processor's live state (a processor-wake
+// subscription's, in-process or remote): a snapshot of its committed record, then a patch per
+// commit. It counts against the stream's live-state subscribers.
+func (s *Server) SubscribeProcessorLive(ctx context.Context, ref StreamRef, name string, sink LiveSink) (cancel func(), err error) {
+	return s.attachLive(ctx, ref, sink, true, func(a *actor) (*liveEngine, error) {
+		entry := a.view().core.Subscriptions[name]
+		switch {
+		case entry == nil:
+			return nil, itx.Errorf(itx.ENotFound, "subscription %q does not exist", name)
+		case entry.Kind() != itx.KindProcessorWake:
+			return nil, itx.Errorf(itx.EFailedPrecondition, "subscription %q is a %s subscription: only processor-wake subscriptions have a processor", name, entry.Kind())
+		}
+		return a.processorLiveEngine(name), nil
+	})
+}

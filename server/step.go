@@ -27,6 +27,7 @@ type streamState struct {
 	// Not durable: rebuilt on load.
 	procs      map[string]*procRecord // processor records read so far (see procRecordOf)
 	procFiring map[string]bool        // slices whose fire is being handled
+	procsDirty bool                   // procs changed since the last publish
 
 	subs       map[string]*subRuntime
 	dirty      map[string]bool // rows changed in memory since they were last committed

@@ -365,7 +365,7 @@ var methodCases = map[string]methodCase{
 		_, err := client.RuntimeState(ctx, pr)
 		return err
 	})},
-	"Processor.liveState": {unserved: true, call: withProcessor(func(ctx context.Context, pr schema.Processor) error {
+	"Processor.liveState": {right: itx.RightRead, pathed: true, call: withProcessor(func(ctx context.Context, pr schema.Processor) error {
 		fut, release := pr.LiveState(ctx, nil)
 		return struct0[schema.Processor_liveState_Results](fut, release)
 	})},

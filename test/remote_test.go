@@ -114,6 +114,28 @@ func TestRemote_GuestbookParksThenRuns(t *testing.T) {
 	require.Equal(t, "guestbook", hosts[0].Contracts[0].Name)
 	require.Equal(t, []string{string(examples.GuestbookSigned)}, hosts[0].Contracts[0].ConsumedTypes)
 
+	// Live state: the committed record, then a patch per commit (the remote host's included).
+	view := &liveView{}
+	fut, release := proc.LiveState(ctx, func(p schema.Processor_liveState_Params) error {
+		return p.SetSubscriber(schema.LiveSubscriber_ServerToClient(view))
+	})
+	res, err := fut.Struct()
+	require.NoError(t, err)
+	handle := res.Handle().AddRef()
+	release()
+	defer handle.Release()
+	waitUntil(t, "the live snapshot", func() bool {
+		_, doc := view.state()
+		return doc != nil && doc["processedOffset"] == float64(head)
+	})
+	head = mustAppend(t, s, examples.GuestbookSigned.Input(examples.Signed{Name: "late", Message: "live"}, "")).HeadOffset
+	waitUntil(t, "a patch for the next commit", func() bool {
+		_, doc := view.state()
+		st, _ := doc["state"].(map[string]any)
+		return doc["processedOffset"] == float64(head) && st != nil && st["count"] == float64(41)
+	})
+	require.Zero(t, view.gaps)
+
 	rs, err := client.RuntimeState(ctx, proc)
 	require.NoError(t, err)
 	var runtime map[string]any

@@ -55,7 +55,7 @@ var bindings = map[string]map[string]binding{
 		"mount":   {"mount(name, receiver): not available here (a Receiver is served by an SDK client)", mountUnavailable},
 	},
 	"ProcessorHosts": {
-		"list":  {"list() -> [{name, mountedAt}]", processorHostsList},
+		"list":  {"list() -> [{name, mountedAt, contracts: [{name, reducerVersion, consumedTypes}]}]", processorHostsList},
 		"mount": {"mount(name, host): not available here (a ProcessorHost is served by an SDK client)", mountUnavailable},
 	},
 	"Readers": {
@@ -243,14 +243,15 @@ type offsetJS struct {
 }
 
 type mountJS struct {
-	Name      string `json:"name"`
-	MountedAt msTime `json:"mountedAt"`
+	Name      string              `json:"name"`
+	MountedAt msTime              `json:"mountedAt"`
+	Contracts []itx.ProcessorInfo `json:"contracts,omitempty"` // a processor host's
 }
 
 func mountsJS(ms []itx.MountInfo) []mountJS {
 	out := make([]mountJS, len(ms))
 	for i, m := range ms {
-		out[i] = mountJS{Name: m.Name, MountedAt: msTime(m.MountedAt)}
+		out[i] = mountJS{Name: m.Name, MountedAt: msTime(m.MountedAt), Contracts: m.Contracts}
 	}
 	return out
 }
