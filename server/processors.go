@@ -553,9 +553,11 @@ func (d *deliverer) wake(job pushJob, store streamStore, out deliveryOutcome) de
 		}
 		return fail(classOutage, len(frame.Events), err)
 	}
-	if through := r.ProcessedThrough(); through > row.ConfirmedOffset {
-		out.through, out.delivered = through, true
+	through := r.ProcessedThrough()
+	if through <= row.ConfirmedOffset {
+		return fail(classOutage, 0, itx.Errorf(itx.EUnavailable, "processor %q processed through %d, no progress past the cursor at %d", d.name, through, row.ConfirmedOffset))
 	}
+	out.through, out.delivered = through, true
 	return out
 }
 

@@ -311,9 +311,13 @@ func (d *deliverer) wakeRemote(job pushJob, out deliveryOutcome) deliveryOutcome
 	case err != nil:
 		return fail(classify(err), fmt.Errorf("processor host %q: %w", m.name, err))
 	}
-	if processed > job.row.ConfirmedOffset {
-		out.through, out.delivered = min(processed, job.head), true
+	if processed <= job.row.ConfirmedOffset {
+		// A host that answers without moving past the cursor would be woken again at once,
+		// forever: it is an outage, and backs off along the ladder.
+		return fail(classOutage, itx.Errorf(itx.EUnavailable, "processor host %q reported processed through %d, no progress past the cursor at %d (head %d)",
+			m.name, processed, job.row.ConfirmedOffset, job.head))
 	}
+	out.through, out.delivered = min(processed, job.head), true
 	return out
 }
 

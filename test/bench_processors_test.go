@@ -3,12 +3,15 @@ package test
 // Processor benchmarks recorded in docs/benchmarks.md ("Processors in itxd"): an in-process
 // server (loopback TCP for the client's appends and barriers) hosting processors.
 //
-//	go test -run '^$' -bench 'Processor' -benchtime 200000x ./test/
+//	go test -run '^$' -bench 'ProcessorBacklog' -benchtime 200000x ./test/
+//	go test -run '^$' -bench 'ProcessorWakeLatency' -benchtime 2000x ./test/
 //
 // Backlog (BenchmarkProcessorBacklog): b.N guestbook/signed events are appended first (not
 // timed), then the guestbook's processor-wake subscription is configured and the clock runs until
 // waitUntilProcessed(head) answers: every event reduced, its progress committed. ns/op is per
-// event.
+// event. "remote" runs the guestbook in a remote host (processors/remote) in this test process,
+// on its own RPC connection over loopback: it pages the stream itself and commits its progress
+// through the ports itxd serves.
 //
 // Latency (BenchmarkProcessorWakeLatency): one event at a time on an idle stream: append, wait
 // until the processor's ProcessEvent runs for it. b.N counts events.
@@ -32,7 +35,15 @@ import (
 var processorRun atomic.Int64
 
 func BenchmarkProcessorBacklog(b *testing.B) {
+	b.Run("in-process", func(b *testing.B) { benchProcessorBacklog(b, false) })
+	b.Run("remote", func(b *testing.B) { benchProcessorBacklog(b, true) })
+}
+
+func benchProcessorBacklog(b *testing.B, remote bool) {
 	ts := startServer(b, server.Config{Processors: referenceHost(b, "guestbook")})
+	if remote {
+		awaitMount(b, runRemoteHost(b, ts.addr, ts.creds.ProjectToken, "bench", referenceHost(b, "guestbook")))
+	}
 	ctx := context.Background()
 	s := stream(b, ts.project(b), fmt.Sprintf("/bench/guestbook-%d", processorRun.Add(1)))
 	batch := make([]itx.EventInput, 0, 1000)
@@ -46,7 +57,11 @@ func BenchmarkProcessorBacklog(b *testing.B) {
 	}
 	b.ResetTimer()
 	start := time.Now()
-	configureProcessor(b, s, "guestbook")
+	if remote {
+		configureRemote(b, s, "guestbook")
+	} else {
+		configureProcessor(b, s, "guestbook")
+	}
 	sub := client.Subscription(ctx, s, "guestbook")
 	defer sub.Release()
 	_, err := client.WaitUntilProcessed(ctx, sub, head, 10*time.Minute)
@@ -57,6 +72,11 @@ func BenchmarkProcessorBacklog(b *testing.B) {
 }
 
 func BenchmarkProcessorWakeLatency(b *testing.B) {
+	b.Run("in-process", func(b *testing.B) { benchProcessorWakeLatency(b, false) })
+	b.Run("remote", func(b *testing.B) { benchProcessorWakeLatency(b, true) })
+}
+
+func benchProcessorWakeLatency(b *testing.B, remote bool) {
 	seen := make(chan int64, 1)
 	host := processors.NewHost("bench")
 	require.NoError(b, processors.Add(host, func() processors.Contract[int] {
@@ -77,7 +97,12 @@ func BenchmarkProcessorWakeLatency(b *testing.B) {
 	}))
 	ts := startServer(b, server.Config{Processors: host})
 	s := stream(b, ts.project(b), fmt.Sprintf("/bench/probe-%d", processorRun.Add(1)))
-	configureProcessor(b, s, "probe")
+	if remote {
+		awaitMount(b, runRemoteHost(b, ts.addr, ts.creds.ProjectToken, "bench", host))
+		configureRemote(b, s, "probe")
+	} else {
+		configureProcessor(b, s, "probe")
+	}
 	lat := make([]time.Duration, 0, b.N)
 	b.ResetTimer()
 	for range b.N {
