@@ -46,7 +46,7 @@ func Append(ctx context.Context, s schema.Stream, events []itx.EventInput, opts 
 		return nil
 	})
 	defer release()
-	res, err := fut.Struct()
+	res, err := await(ctx, fut)
 	if err != nil {
 		return itx.AppendResult{}, err
 	}
@@ -67,7 +67,7 @@ func GetEventPage(ctx context.Context, s schema.Stream, query itx.Query) (itx.Pa
 		return wire.SetQuery(q, query)
 	})
 	defer release()
-	res, err := fut.Struct()
+	res, err := await(ctx, fut)
 	if err != nil {
 		return itx.Page{}, err
 	}
@@ -88,7 +88,7 @@ func GetEvents(ctx context.Context, s schema.Stream, query itx.Query) ([]itx.Eve
 		return wire.SetQuery(q, query)
 	})
 	defer release()
-	res, err := fut.Struct()
+	res, err := await(ctx, fut)
 	if err != nil {
 		return nil, err
 	}
@@ -205,4 +205,19 @@ func ListStreamsPage(ctx context.Context, streams schema.Streams, prefix, after 
 	}
 	next, err = res.NextAfter()
 	return page, next, err
+}
+
+// await waits for a call's answer, or for ctx to end: go-capnp's Struct() does not watch the
+// context, and a caller that must give up (a host shutting down mid-call) would wait forever.
+func await[T any](ctx context.Context, fut interface {
+	Done() <-chan struct{}
+	Struct() (T, error)
+}) (T, error) {
+	select {
+	case <-fut.Done():
+	case <-ctx.Done():
+		var zero T
+		return zero, itx.Errorf(itx.ECancelled, "%v", ctx.Err())
+	}
+	return fut.Struct()
 }

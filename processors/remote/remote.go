@@ -136,7 +136,7 @@ func Mount(ctx context.Context, project schema.Project, name string, h *HostServ
 		return p.SetHost(schema.ProcessorHost_ServerToClient(h))
 	})
 	defer rel()
-	res, err := fut.Struct()
+	res, err := await(ctx, fut)
 	if err != nil {
 		return schema.Handle{}, fmt.Errorf("mount processor host %q: %w", name, err)
 	}
@@ -147,6 +147,11 @@ func Mount(ctx context.Context, project schema.Project, name string, h *HostServ
 // with its own registry over ports that reach the stream through itxd.
 type HostServer struct {
 	cfg Config
+
+	// ctx ends when the host closes: wakes in progress give up their calls, so the connection
+	// can close (go-capnp waits for them).
+	ctx    context.Context
+	cancel context.CancelFunc
 
 	mu       sync.Mutex
 	sessions map[sessionKey]*session
@@ -160,11 +165,14 @@ func NewHostServer(cfg Config) *HostServer { return newHostServer(cfg) }
 
 func newHostServer(cfg Config) *HostServer {
 	cfg.defaults()
-	return &HostServer{cfg: cfg, sessions: map[sessionKey]*session{}}
+	h := &HostServer{cfg: cfg, sessions: map[sessionKey]*session{}}
+	h.ctx, h.cancel = context.WithCancel(context.Background())
+	return h
 }
 
 // closeAll ends every session: the eviction of this connection's processors.
 func (h *HostServer) closeAll() {
+	h.cancel()
 	h.mu.Lock()
 	sessions := h.sessions
 	h.sessions, h.closed = map[sessionKey]*session{}, true
@@ -181,6 +189,7 @@ func (h *HostServer) Shutdown() { h.closeAll() }
 type session struct {
 	streamID, path, name string
 	ps                   itx.StreamProcessors
+	hostCtx              context.Context // ends with the host
 
 	mu     sync.Mutex
 	gen    uint64
@@ -241,7 +250,7 @@ func (h *HostServer) session(ctx context.Context, key sessionKey, path string, g
 		s.refresh(gen, stream, ports)
 		return s, nil
 	}
-	s := &session{streamID: key.streamID, path: path, name: key.name, gen: gen, stream: stream, ports: ports}
+	s := &session{streamID: key.streamID, path: path, name: key.name, gen: gen, stream: stream, ports: ports, hostCtx: h.ctx}
 	s.log = &rpcLog{s: s}
 	ps, err := h.cfg.Host.Open(ctx, itx.ProcessorPorts{
 		Path: path, Log: s.log, Progress: rpcProgress{s}, KV: rpcKV{s}, Alarm: rpcAlarm{s},
@@ -280,6 +289,10 @@ func (h *HostServer) Wake(ctx context.Context, call schema.ProcessorHost_wake) e
 	alarm, reprocessFrom := req.Alarm(), int64(req.ReprocessFrom())
 	stream, ports := req.Stream().AddRef(), req.Ports().AddRef()
 	call.Go()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(h.ctx, cancel)
+	defer stop()
 	s, err := h.session(ctx, sessionKey{streamID, name}, path, req.Generation(), stream, ports)
 	if err != nil {
 		return err
@@ -410,7 +423,7 @@ func (l *rpcLog) Read(ctx context.Context, after int64, limit int) (itx.Processo
 		l.mu.Unlock()
 		go func() {
 			defer close(n.done)
-			fctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			fctx, cancel := context.WithTimeout(l.s.hostCtx, 30*time.Second)
 			defer cancel()
 			n.page, n.err = l.fetch(fctx, n.after, n.limit)
 		}()
@@ -459,7 +472,7 @@ func (p rpcProgress) Claim(ctx context.Context, name string) (*itx.ProcessorProg
 	defer ports.Release()
 	fut, release := ports.Claim(ctx, func(a schema.ProcessorPorts_claim_Params) error { return a.SetName(name) })
 	defer release()
-	res, err := fut.Struct()
+	res, err := await(ctx, fut)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -492,7 +505,7 @@ func (p rpcProgress) Commit(ctx context.Context, name string, generation int64, 
 		return a.SetProgress(string(raw))
 	})
 	defer release()
-	_, err = fut.Struct()
+	_, err = await(ctx, fut)
 	if err != nil && itx.ErrorCode(err) == itx.EFailedPrecondition {
 		return itx.AsError(err) // fenced: the runner retires
 	}
@@ -506,7 +519,7 @@ func (k rpcKV) Get(ctx context.Context, key string) ([]byte, bool, error) {
 	defer ports.Release()
 	fut, release := ports.KvGet(ctx, func(a schema.ProcessorPorts_kvGet_Params) error { return a.SetKey(key) })
 	defer release()
-	res, err := fut.Struct()
+	res, err := await(ctx, fut)
 	if err != nil {
 		return nil, false, err
 	}
@@ -524,7 +537,7 @@ func (k rpcKV) Put(ctx context.Context, key string, value []byte) error {
 		return a.SetValue(value)
 	})
 	defer release()
-	_, err := fut.Struct()
+	_, err := await(ctx, fut)
 	return err
 }
 
@@ -542,6 +555,20 @@ func (a rpcAlarm) SetAlarm(ctx context.Context, at time.Time) error {
 		return nil
 	})
 	defer release()
-	_, err := fut.Struct()
+	_, err := await(ctx, fut)
 	return err
+}
+
+// await waits for a call's answer, or for ctx to end (go-capnp's Struct does not watch it).
+func await[T any](ctx context.Context, fut interface {
+	Done() <-chan struct{}
+	Struct() (T, error)
+}) (T, error) {
+	select {
+	case <-fut.Done():
+	case <-ctx.Done():
+		var zero T
+		return zero, itx.Errorf(itx.ECancelled, "%v", ctx.Err())
+	}
+	return fut.Struct()
 }
