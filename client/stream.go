@@ -45,7 +45,7 @@ func Append(ctx context.Context, s schema.Stream, events []itx.EventInput, opts 
 		}
 		return nil
 	})
-	defer release()
+	defer releaseAfter(ctx, release)
 	res, err := await(ctx, fut)
 	if err != nil {
 		return itx.AppendResult{}, err
@@ -66,7 +66,7 @@ func GetEventPage(ctx context.Context, s schema.Stream, query itx.Query) (itx.Pa
 		}
 		return wire.SetQuery(q, query)
 	})
-	defer release()
+	defer releaseAfter(ctx, release)
 	res, err := await(ctx, fut)
 	if err != nil {
 		return itx.Page{}, err
@@ -87,7 +87,7 @@ func GetEvents(ctx context.Context, s schema.Stream, query itx.Query) ([]itx.Eve
 		}
 		return wire.SetQuery(q, query)
 	})
-	defer release()
+	defer releaseAfter(ctx, release)
 	res, err := await(ctx, fut)
 	if err != nil {
 		return nil, err
@@ -205,6 +205,16 @@ func ListStreamsPage(ctx context.Context, streams schema.Streams, prefix, after 
 	}
 	next, err = res.NextAfter()
 	return page, next, err
+}
+
+// releaseAfter releases a call's answer; when ctx ended first, off this goroutine: go-capnp's
+// release waits for the answer, which a closing connection gives only once its callers let go.
+func releaseAfter(ctx context.Context, release func()) {
+	if ctx.Err() != nil {
+		go release()
+		return
+	}
+	release()
 }
 
 // await waits for a call's answer, or for ctx to end: go-capnp's Struct() does not watch the

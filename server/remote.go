@@ -311,6 +311,13 @@ func (d *deliverer) wakeRemote(job pushJob, out deliveryOutcome) deliveryOutcome
 	case err != nil:
 		return fail(classify(err), fmt.Errorf("processor host %q: %w", m.name, err))
 	}
+	if cur := d.srv.remoteHost(d.ref.ProjectID, d.name); cur == nil || cur.gen != m.gen {
+		// A late report from a mount that lost the contract meanwhile: refused. What it committed
+		// through its ports before then stands (the row followed those commits); the new holder
+		// is woken next.
+		d.srv.metrics.LateAcks.Inc()
+		return out
+	}
 	if processed <= job.row.ConfirmedOffset {
 		// A host that answers without moving past the cursor would be woken again at once,
 		// forever: it is an outage, and backs off along the ladder.

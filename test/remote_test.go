@@ -16,6 +16,7 @@ import (
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
 	"github.com/itx-dev/itx/wire"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 )
 
@@ -150,6 +151,8 @@ type spyHost struct {
 	mu    sync.Mutex
 	ports schema.ProcessorPorts
 	woken chan struct{}
+	// hold, if set, keeps the first wake until closed, then reports processed = its headOffset.
+	hold chan struct{}
 }
 
 func (h *spyHost) Wake(ctx context.Context, call schema.ProcessorHost_wake) error {
@@ -158,16 +161,25 @@ func (h *spyHost) Wake(ctx context.Context, call schema.ProcessorHost_wake) erro
 		return err
 	}
 	h.mu.Lock()
-	if !h.ports.IsValid() {
+	first := !h.ports.IsValid()
+	if first {
 		h.ports = req.Ports().AddRef()
 		close(h.woken)
 	}
 	h.mu.Unlock()
+	head := req.HeadOffset()
+	if first && h.hold != nil {
+		call.Go()
+		<-h.hold
+	}
 	res, err := call.AllocResults()
 	if err != nil {
 		return err
 	}
-	_, err = res.NewReport()
+	report, err := res.NewReport()
+	if first && h.hold != nil {
+		report.SetProcessedOffset(head) // a claim it never committed
+	}
 	return err
 }
 
@@ -189,26 +201,7 @@ func TestRemote_SecondMountTakesOverAndFencesTheFirst(t *testing.T) {
 	configureRemote(t, s, "forwarder")
 
 	spy := &spyHost{woken: make(chan struct{})}
-	first := dial(t, ts.addr).Login(ctx, ts.creds.ProjectToken)
-	hosts, release := first.Processors(ctx, nil)
-	defer release()
-	info := []itx.ProcessorInfo{{Name: "forwarder", ReducerVersion: "1", ConsumedTypes: []string{string(examples.InboxMessage)}}}
-	fut, rel := hosts.Processors().Mount(ctx, func(m schema.ProcessorHosts_mount_Params) error {
-		if err := m.SetName("spy"); err != nil {
-			return err
-		}
-		list, err := m.NewContracts(1)
-		if err != nil {
-			return err
-		}
-		if err := wire.SetProcessorContracts(list, info); err != nil {
-			return err
-		}
-		return m.SetHost(schema.ProcessorHost_ServerToClient(spy))
-	})
-	defer rel()
-	_, err := fut.Struct()
-	require.NoError(t, err)
+	mountSpy(t, ts, spy)
 	mustAppend(t, s, examples.InboxMessage.Input(json.RawMessage(`{"n":0}`), ""))
 	select {
 	case <-spy.woken:
@@ -238,9 +231,64 @@ func TestRemote_SecondMountTakesOverAndFencesTheFirst(t *testing.T) {
 	head := mustAppend(t, s, examples.InboxMessage.Input(json.RawMessage(`{"n":1}`), "")).HeadOffset
 	sub := client.Subscription(ctx, s, "forwarder")
 	defer sub.Release()
-	_, err = client.WaitUntilProcessed(ctx, sub, head, 0)
+	_, err := client.WaitUntilProcessed(ctx, sub, head, 0)
 	require.NoError(t, err)
 	require.Equal(t, 2, countType(t, s, string(examples.OutboxForwarded)))
+}
+
+// A wake report that arrives after its host lost the contract is refused: the spy claims the
+// whole stream processed without committing anything, after a second host took the contract;
+// the cursor does not take its word, and the new holder forwards every message.
+func TestRemote_LateReportFromALostMountIsRefused(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	p := ts.project(t)
+	s := stream(t, p, "/remote/late")
+	configureRemote(t, s, "forwarder")
+	spy := &spyHost{woken: make(chan struct{}), hold: make(chan struct{})}
+	mountSpy(t, ts, spy)
+	head := mustAppend(t, s, examples.InboxMessage.Input(json.RawMessage(`{"n":0}`), "")).HeadOffset
+	select {
+	case <-spy.woken:
+	case <-ctx.Done():
+		t.Fatal("the first host was never woken")
+	}
+	defer spy.ports.Release()
+	awaitMount(t, runRemoteHost(t, ts.addr, ts.creds.ProjectToken, "worker-2", referenceHost(t, "forwarder")))
+	late := testutil.ToFloat64(ts.srv.Metrics().LateAcks)
+	close(spy.hold)
+	waitUntil(t, "the late report refused", func() bool { return testutil.ToFloat64(ts.srv.Metrics().LateAcks) > late })
+	sub := client.Subscription(ctx, s, "forwarder")
+	defer sub.Release()
+	_, err := client.WaitUntilProcessed(ctx, sub, head, 0)
+	require.NoError(t, err)
+	require.Equal(t, 1, countType(t, s, string(examples.OutboxForwarded)), "the new holder did the work the spy claimed")
+}
+
+// mountSpy mounts a spy host announcing the forwarder over its own connection.
+func mountSpy(t *testing.T, ts *testServer, spy *spyHost) {
+	t.Helper()
+	ctx := ctxT(t)
+	first := dial(t, ts.addr).Login(ctx, ts.creds.ProjectToken)
+	hosts, release := first.Processors(ctx, nil)
+	defer release()
+	info := []itx.ProcessorInfo{{Name: "forwarder", ReducerVersion: "1", ConsumedTypes: []string{string(examples.InboxMessage)}}}
+	fut, rel := hosts.Processors().Mount(ctx, func(m schema.ProcessorHosts_mount_Params) error {
+		if err := m.SetName("spy"); err != nil {
+			return err
+		}
+		list, err := m.NewContracts(1)
+		if err != nil {
+			return err
+		}
+		if err := wire.SetProcessorContracts(list, info); err != nil {
+			return err
+		}
+		return m.SetHost(schema.ProcessorHost_ServerToClient(spy))
+	})
+	_, err := fut.Struct()
+	require.NoError(t, err)
+	t.Cleanup(rel)
 }
 
 // processorsHost hosts the agent with a vendor of the test's own.
