@@ -411,8 +411,8 @@ func TestRun_PipedAndErrors(t *testing.T) {
 	}
 }
 
-// Point 2: every exception's reason carries "itx.<code>: ", a method not served yet included,
-// wherever the library puts its own text; itx shows the code either way.
+// Point 2: every exception's reason carries "itx.<code>: ", wherever the library puts its own
+// text; itx shows the code either way.
 func TestEval_ErrorCodes(t *testing.T) {
 	ts := startServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -422,14 +422,17 @@ func TestEval_ErrorCodes(t *testing.T) {
 	defer c.Close()
 	p := c.Login(ctx, ts.token)
 	defer p.Release()
-	fut, release := p.Processors(ctx, nil)
-	defer release()
-	_, err = fut.Struct()
+	s := client.Stream(ctx, p, "/codes")
+	defer s.Release()
+	sub := client.Subscription(ctx, s, "nobody")
+	defer sub.Release()
+	_, err = client.DescribeSubscription(ctx, sub)
 	require.Error(t, err)
-	require.Regexp(t, `itx\.unavailable: Project\.processors is not implemented by this server`, err.Error())
-	require.Equal(t, itx.EUnavailable, itx.ErrorCode(err))
+	require.Regexp(t, `itx\.notFound: subscription "nobody" does not exist`, err.Error())
+	require.Equal(t, itx.ENotFound, itx.ErrorCode(err))
 
-	s := newSession(t, ts)
-	require.Equal(t, repl.Failure{Code: "unimplemented", Message: "Project.processors is not implemented by this server"},
-		s.failure(t, `project.processors.list()`))
+	sess := newSession(t, ts)
+	f := sess.failure(t, `project.streams.get("/codes").subscriptions.get("nobody").describe()`)
+	require.Equal(t, "notFound", f.Code)
+	require.Contains(t, f.Message, `subscription "nobody" does not exist`)
 }
