@@ -3,6 +3,7 @@
 package wire
 
 import (
+	"bytes"
 	"encoding/json"
 
 	"capnproto.org/go/capnp/v3"
@@ -157,20 +158,22 @@ func EventInputsFromSchema(list schema.EventInput_List) ([]itx.EventInput, error
 		if in.Type, err = src.Type(); err != nil {
 			return nil, err
 		}
-		p, err := src.Payload()
+		// One copy out of the message (which is released when the call returns), not two
+		// through a string.
+		p, err := src.PayloadBytes()
 		if err != nil {
 			return nil, err
 		}
-		in.Payload = json.RawMessage(p)
+		in.Payload = append(json.RawMessage{}, p...)
 		if in.IdempotencyKey, err = src.IdempotencyKey(); err != nil {
 			return nil, err
 		}
-		m, err := src.Metadata()
+		m, err := src.MetadataBytes()
 		if err != nil {
 			return nil, err
 		}
-		if m != "" {
-			in.Metadata = json.RawMessage(m)
+		if len(m) > 0 {
+			in.Metadata = bytes.Clone(m)
 		}
 		in.Ephemeral = src.Ephemeral()
 	}
