@@ -99,6 +99,7 @@ static int itx_scan(sqlite3_stmt* st, itx_i64 after, itx_i64 upto, int limit,
 import "C"
 
 import (
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -275,10 +276,12 @@ func decodeScan(events []itx.Event, buf []byte, rows int) ([]itx.Event, error) {
 	return events, nil
 }
 
-// scanPool holds a stream's idle scanners, at most ReaderConns, and closes any left unused for
-// ReaderIdleTime: every SQLite connection holds memory, and most loaded streams are not read.
+// scanPool holds a stream's scanners: at most ReaderConns open at once (a reader beyond that waits
+// for one, as database/sql's pool made it wait), and any left unused for ReaderIdleTime closed:
+// every SQLite connection holds memory, and most loaded streams are not read.
 type scanPool struct {
 	file  string
+	slots chan struct{} // one per scanner in use
 	mu    sync.Mutex
 	idle  []*scanner
 	sweep *time.Timer
@@ -288,10 +291,18 @@ type scanPool struct {
 	bytesPerRow int
 }
 
-func newScanPool(file string) *scanPool { return &scanPool{file: file, bytesPerRow: 256} }
+func newScanPool(file string) *scanPool {
+	return &scanPool{file: file, slots: make(chan struct{}, ReaderConns), bytesPerRow: 256}
+}
 
 // events reads a page on an idle scanner, or on a new one.
-func (p *scanPool) events(q Query) ([]itx.Event, error) {
+func (p *scanPool) events(ctx context.Context, q Query) ([]itx.Event, error) {
+	select {
+	case p.slots <- struct{}{}:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("read events: %w", ctx.Err())
+	}
+	defer func() { <-p.slots }()
 	p.mu.Lock()
 	if p.shut {
 		p.mu.Unlock()

@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/itx-dev/itx"
 	"github.com/stretchr/testify/require"
@@ -45,7 +47,7 @@ func TestStream_Events_ScanMatchesDatabaseSQL(t *testing.T) {
 			{After: 290, UpTo: 300, Limit: 100},
 		} {
 			s.scan.bytesPerRow = hint
-			got, err := s.scan.events(q)
+			got, err := s.scan.events(ctx, q)
 			require.NoError(t, err)
 			want := viaSQL(q)
 			require.Equal(t, len(want), len(got), "query %+v, hint %d", q, hint)
@@ -72,4 +74,42 @@ func TestStream_Close_ClosesScanners(t *testing.T) {
 	require.Empty(t, s.scan.idle)
 	_, err = s.Events(ctx, Query{After: 0, UpTo: 10, Limit: 10})
 	require.Error(t, err)
+}
+
+// TestStream_Events_ScannersBounded checks that concurrent readers share at most ReaderConns
+// scanners, and that a reader waiting for one gives up with its context.
+func TestStream_Events_ScannersBounded(t *testing.T) {
+	ctx := context.Background()
+	s, _ := mustCreateStream(t)
+	if s.scan == nil {
+		t.Skip("no direct scanner in this build")
+	}
+	require.NoError(t, s.Commit(ctx, Commit{Events: events(1, 100, 0), HeadOffset: 100}))
+	var wg sync.WaitGroup
+	for range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 20 {
+				got, err := s.Events(ctx, Query{After: 0, UpTo: 100, Limit: 100})
+				if err != nil || len(got) != 100 {
+					t.Errorf("got %d events, %v", len(got), err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	require.LessOrEqual(t, len(s.scan.idle), ReaderConns)
+
+	for range ReaderConns { // every slot taken: the next reader waits until its context ends
+		s.scan.slots <- struct{}{}
+	}
+	cctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	defer cancel()
+	_, err := s.Events(cctx, Query{After: 0, UpTo: 100, Limit: 100})
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	for range ReaderConns {
+		<-s.scan.slots
+	}
 }

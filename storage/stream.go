@@ -282,7 +282,7 @@ func (s *Stream) Events(ctx context.Context, q Query) ([]itx.Event, error) {
 		if err := ctx.Err(); err != nil {
 			return nil, fmt.Errorf("read events: %w", err)
 		}
-		return s.scan.events(q)
+		return s.scan.events(ctx, q)
 	}
 	if err := s.prepareReads(context.Background()); err != nil {
 		return nil, fmt.Errorf("read events: prepare: %w", err)
