@@ -92,21 +92,21 @@ func EventFromSchema(src schema.Event) (itx.Event, error) {
 	if e.Type, err = src.Type(); err != nil {
 		return e, err
 	}
-	payload, err := src.Payload()
+	payload, err := src.PayloadBytes() // copied once, not twice through a string
 	if err != nil {
 		return e, err
 	}
-	e.Payload = json.RawMessage(payload)
+	e.Payload = append(json.RawMessage{}, payload...)
 	if e.IdempotencyKey, err = src.IdempotencyKey(); err != nil {
 		return e, err
 	}
 	if src.HasMetadata() {
-		m, err := src.Metadata()
+		m, err := src.MetadataBytes()
 		if err != nil {
 			return e, err
 		}
-		if m != "" {
-			e.Metadata = json.RawMessage(m)
+		if len(m) > 0 {
+			e.Metadata = bytes.Clone(m)
 		}
 	}
 	if src.HasProvenance() {
