@@ -83,7 +83,11 @@ func openPool(path string, create bool, maxConns int) (*sql.DB, error) {
 			return nil, err
 		}
 	}
-	db, err := sql.Open(openDriver, "file:"+path+"?mode="+mode+"&_txlock=immediate"+openDSNSuffix)
+	// _mutex=no opens the connection without SQLite's per-connection mutex (SQLITE_OPEN_NOMUTEX):
+	// database/sql hands a connection to one goroutine at a time and locks it around every driver
+	// call, so the mutex only cost a lock and unlock per sqlite3_step and per column read (10% of
+	// a catch-up scan's CPU, measured with perf).
+	db, err := sql.Open(openDriver, "file:"+path+"?mode="+mode+"&_txlock=immediate&_mutex=no"+openDSNSuffix)
 	if err != nil {
 		return nil, err
 	}

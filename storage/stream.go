@@ -40,6 +40,10 @@ type Stream struct {
 	readErr     error
 	readAll     *sql.Stmt
 	readDurable *sql.Stmt
+
+	// scan reads pages without a type filter, the catch-up path, on its own connections
+	// (scan_cgo.go); nil where it is not available, and reads then use r.
+	scan *scanPool
 }
 
 // ReaderConns is the number of read connections one stream keeps at most; ReaderIdleTime is
@@ -92,6 +96,9 @@ func openStream(ctx context.Context, file string, create bool) (*Stream, error) 
 	}
 	r.SetConnMaxIdleTime(ReaderIdleTime)
 	s := &Stream{file: file, w: w, r: r}
+	if openDSNSuffix == "" { // the power-cut test's VFS takes an exclusive lock: r only there
+		s.scan = newScanPool(file)
+	}
 	prep := []struct {
 		db   *sql.DB
 		stmt **sql.Stmt
@@ -113,6 +120,9 @@ func openStream(ctx context.Context, file string, create bool) (*Stream, error) 
 
 // Close closes both connection pools.
 func (s *Stream) Close() error {
+	if s.scan != nil {
+		s.scan.close()
+	}
 	return errors.Join(s.w.Close(), s.r.Close())
 }
 
@@ -255,12 +265,10 @@ type Query struct {
 
 func (s *Stream) prepareReads(ctx context.Context) error {
 	s.readOnce.Do(func() {
-		if s.readAll, s.readErr = s.r.PrepareContext(ctx, `select `+eventColumns+` from events
-			where offset > ? and offset <= ? order by offset limit ?`); s.readErr != nil {
+		if s.readAll, s.readErr = s.r.PrepareContext(ctx, readAllQuery); s.readErr != nil {
 			return
 		}
-		s.readDurable, s.readErr = s.r.PrepareContext(ctx, `select `+eventColumns+` from events
-			where offset > ? and offset <= ? and ephemeral = 0 order by offset limit ?`)
+		s.readDurable, s.readErr = s.r.PrepareContext(ctx, readDurableQuery)
 	})
 	return s.readErr
 }
@@ -269,6 +277,12 @@ func (s *Stream) prepareReads(ctx context.Context) error {
 func (s *Stream) Events(ctx context.Context, q Query) ([]itx.Event, error) {
 	if q.Limit <= 0 || q.After >= q.UpTo {
 		return nil, nil
+	}
+	if s.scan != nil && len(q.Types) == 0 {
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("read events: %w", err)
+		}
+		return s.scan.events(ctx, q)
 	}
 	if err := s.prepareReads(context.Background()); err != nil {
 		return nil, fmt.Errorf("read events: prepare: %w", err)
@@ -301,6 +315,12 @@ func (s *Stream) Events(ctx context.Context, q Query) ([]itx.Event, error) {
 }
 
 const eventColumns = `offset, type, payload, metadata, idempotency_key, created_at, ephemeral, provenance`
+
+// The page queries without a type filter; scan_cgo.go reads their columns by position.
+const (
+	readAllQuery     = `select ` + eventColumns + ` from events where offset > ? and offset <= ? order by offset limit ?`
+	readDurableQuery = `select ` + eventColumns + ` from events where offset > ? and offset <= ? and ephemeral = 0 order by offset limit ?`
+)
 
 func scanEvents(rows *sql.Rows, capacity int) ([]itx.Event, error) {
 	defer rows.Close()

@@ -38,6 +38,7 @@ var (
 	samples  = flag.Int("samples", 2000, "latency samples per round")
 	workDir  = flag.String("dir", "", "working directory for data and binaries (default: a temp dir on the same disk)")
 	only     = flag.String("only", "", "run only workloads whose name contains this")
+	itxdFlag = flag.String("itxd", "", "an itxd binary to measure instead of building one from the main module (to compare two builds)")
 )
 
 // payload is the ~85-byte JSON event both systems carry.
@@ -62,7 +63,11 @@ func main() {
 		defer os.RemoveAll(dir)
 	}
 	itxdBin, natsBin := filepath.Join(dir, "itxd"), filepath.Join(dir, "nats-server")
-	run("go", "-C", "..", "build", "-o", itxdBin, "./cmd/itxd") // from the main module, as users build it
+	if *itxdFlag != "" {
+		itxdBin = *itxdFlag
+	} else {
+		run("go", "-C", "..", "build", "-o", itxdBin, "./cmd/itxd") // from the main module, as users build it
+	}
 	run("go", "build", "-o", natsBin, "github.com/nats-io/nats-server/v2")
 
 	var all []result
