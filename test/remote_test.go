@@ -137,13 +137,18 @@ func TestRemote_GuestbookParksThenRuns(t *testing.T) {
 	})
 	require.Zero(t, view.gaps)
 
-	rs, err := client.RuntimeState(ctx, proc)
-	require.NoError(t, err)
+	// The host's runner publishes its cursor once its commit through the ports returned, a moment
+	// after the record itself committed.
 	var runtime map[string]any
-	require.NoError(t, json.Unmarshal([]byte(rs), &runtime))
+	waitUntil(t, "the host's runtime state at the head", func() bool {
+		rs, err := client.RuntimeState(ctx, proc)
+		require.NoError(t, err)
+		runtime = nil
+		require.NoError(t, json.Unmarshal([]byte(rs), &runtime))
+		return runtime["processedThrough"] == float64(head)
+	})
 	require.Equal(t, "remote", runtime["placement"])
 	require.Equal(t, "worker-1", runtime["host"])
-	require.EqualValues(t, head, runtime["processedThrough"])
 }
 
 // spyHost is a ProcessorHost that keeps the ports of its first wake and reports nothing done.
