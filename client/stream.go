@@ -45,8 +45,8 @@ func Append(ctx context.Context, s schema.Stream, events []itx.EventInput, opts 
 		}
 		return nil
 	})
-	defer releaseAfter(ctx, release)
-	res, err := await(ctx, fut)
+	defer ReleaseAfter(ctx, release)
+	res, err := Await(ctx, fut)
 	if err != nil {
 		return itx.AppendResult{}, err
 	}
@@ -66,8 +66,8 @@ func GetEventPage(ctx context.Context, s schema.Stream, query itx.Query) (itx.Pa
 		}
 		return wire.SetQuery(q, query)
 	})
-	defer releaseAfter(ctx, release)
-	res, err := await(ctx, fut)
+	defer ReleaseAfter(ctx, release)
+	res, err := Await(ctx, fut)
 	if err != nil {
 		return itx.Page{}, err
 	}
@@ -87,8 +87,8 @@ func GetEvents(ctx context.Context, s schema.Stream, query itx.Query) ([]itx.Eve
 		}
 		return wire.SetQuery(q, query)
 	})
-	defer releaseAfter(ctx, release)
-	res, err := await(ctx, fut)
+	defer ReleaseAfter(ctx, release)
+	res, err := Await(ctx, fut)
 	if err != nil {
 		return nil, err
 	}
@@ -207,9 +207,9 @@ func ListStreamsPage(ctx context.Context, streams schema.Streams, prefix, after 
 	return page, next, err
 }
 
-// releaseAfter releases a call's answer; when ctx ended first, off this goroutine: go-capnp's
+// ReleaseAfter releases a call's answer; when ctx ended first, off this goroutine: go-capnp's
 // release waits for the answer, which a closing connection gives only once its callers let go.
-func releaseAfter(ctx context.Context, release func()) {
+func ReleaseAfter(ctx context.Context, release func()) {
 	if ctx.Err() != nil {
 		go release()
 		return
@@ -217,9 +217,10 @@ func releaseAfter(ctx context.Context, release func()) {
 	release()
 }
 
-// await waits for a call's answer, or for ctx to end: go-capnp's Struct() does not watch the
+// Await waits for a call's answer, or for ctx to end: go-capnp's Struct() does not watch the
 // context, and a caller that must give up (a host shutting down mid-call) would wait forever.
-func await[T any](ctx context.Context, fut interface {
+// Pair it with ReleaseAfter.
+func Await[T any](ctx context.Context, fut interface {
 	Done() <-chan struct{}
 	Struct() (T, error)
 }) (T, error) {

@@ -135,8 +135,8 @@ func Mount(ctx context.Context, project schema.Project, name string, h *HostServ
 		}
 		return p.SetHost(schema.ProcessorHost_ServerToClient(h))
 	})
-	defer releaseAfter(ctx, rel)
-	res, err := await(ctx, fut)
+	defer client.ReleaseAfter(ctx, rel)
+	res, err := client.Await(ctx, fut)
 	if err != nil {
 		return schema.Handle{}, fmt.Errorf("mount processor host %q: %w", name, err)
 	}
@@ -471,8 +471,8 @@ func (p rpcProgress) Claim(ctx context.Context, name string) (*itx.ProcessorProg
 	ports := p.s.portsCap()
 	defer ports.Release()
 	fut, release := ports.Claim(ctx, func(a schema.ProcessorPorts_claim_Params) error { return a.SetName(name) })
-	defer releaseAfter(ctx, release)
-	res, err := await(ctx, fut)
+	defer client.ReleaseAfter(ctx, release)
+	res, err := client.Await(ctx, fut)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -504,8 +504,8 @@ func (p rpcProgress) Commit(ctx context.Context, name string, generation int64, 
 		}
 		return a.SetProgress(string(raw))
 	})
-	defer releaseAfter(ctx, release)
-	_, err = await(ctx, fut)
+	defer client.ReleaseAfter(ctx, release)
+	_, err = client.Await(ctx, fut)
 	if err != nil && itx.ErrorCode(err) == itx.EFailedPrecondition {
 		return itx.AsError(err) // fenced: the runner retires
 	}
@@ -518,8 +518,8 @@ func (k rpcKV) Get(ctx context.Context, key string) ([]byte, bool, error) {
 	ports := k.s.portsCap()
 	defer ports.Release()
 	fut, release := ports.KvGet(ctx, func(a schema.ProcessorPorts_kvGet_Params) error { return a.SetKey(key) })
-	defer releaseAfter(ctx, release)
-	res, err := await(ctx, fut)
+	defer client.ReleaseAfter(ctx, release)
+	res, err := client.Await(ctx, fut)
 	if err != nil {
 		return nil, false, err
 	}
@@ -536,8 +536,8 @@ func (k rpcKV) Put(ctx context.Context, key string, value []byte) error {
 		}
 		return a.SetValue(value)
 	})
-	defer releaseAfter(ctx, release)
-	_, err := await(ctx, fut)
+	defer client.ReleaseAfter(ctx, release)
+	_, err := client.Await(ctx, fut)
 	return err
 }
 
@@ -554,31 +554,7 @@ func (a rpcAlarm) SetAlarm(ctx context.Context, at time.Time) error {
 		p.SetAt(ms)
 		return nil
 	})
-	defer releaseAfter(ctx, release)
-	_, err := await(ctx, fut)
+	defer client.ReleaseAfter(ctx, release)
+	_, err := client.Await(ctx, fut)
 	return err
-}
-
-// await waits for a call's answer, or for ctx to end (go-capnp's Struct does not watch it).
-func await[T any](ctx context.Context, fut interface {
-	Done() <-chan struct{}
-	Struct() (T, error)
-}) (T, error) {
-	select {
-	case <-fut.Done():
-	case <-ctx.Done():
-		var zero T
-		return zero, itx.Errorf(itx.ECancelled, "%v", ctx.Err())
-	}
-	return fut.Struct()
-}
-
-// releaseAfter releases a call's answer, off this goroutine when ctx ended first (go-capnp's
-// release waits for the answer, which a closing connection gives only once its callers let go).
-func releaseAfter(ctx context.Context, release func()) {
-	if ctx.Err() != nil {
-		go release()
-		return
-	}
-	release()
 }
