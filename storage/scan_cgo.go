@@ -192,6 +192,9 @@ func (sc *scanner) close() {
 	*sc = scanner{}
 }
 
+// maxScanBuffer bounds a scan buffer's size before the rows show they need more.
+const maxScanBuffer = 4 << 20
+
 // events reads the page q names (q.Types empty); bytesPerRow sizes the buffer.
 func (sc *scanner) events(q Query, bytesPerRow int) ([]itx.Event, error) {
 	st := sc.durable
@@ -199,7 +202,10 @@ func (sc *scanner) events(q Query, bytesPerRow int) ([]itx.Event, error) {
 		st = sc.all
 	}
 	limit := min(q.Limit, 1<<30)
-	buf := make([]byte, max(limit*bytesPerRow, 4096))
+	// Size the first buffer for the rows the range can hold, not the limit asked for (a caller
+	// reading "everything" passes a huge one), and at most maxScanBuffer: it grows as needed.
+	rows := int(min(int64(limit), max(q.UpTo-q.After, 0)))
+	buf := make([]byte, min(max(rows*bytesPerRow, 4096), maxScanBuffer))
 	var events []itx.Event
 	after := q.After
 	for {
@@ -225,7 +231,7 @@ func (sc *scanner) events(q Query, bytesPerRow int) ([]itx.Event, error) {
 		if len(events) > 0 {
 			after = events[len(events)-1].Offset
 		}
-		buf = make([]byte, max(int(need)-int(used), limit*bytesPerRow, 2*len(buf)))
+		buf = make([]byte, max(int(need)-int(used), min(limit*bytesPerRow, maxScanBuffer), 2*len(buf)))
 	}
 }
 

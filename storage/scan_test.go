@@ -3,6 +3,7 @@ package storage
 import (
 	"context"
 	"encoding/json"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -112,4 +113,19 @@ func TestStream_Events_ScannersBounded(t *testing.T) {
 	for range ReaderConns {
 		<-s.scan.slots
 	}
+}
+
+// A read asking for "everything" (a huge limit) over a short range allocates for the rows the
+// range holds, not for the limit: it once allocated 256 bytes per requested row up front.
+func TestStream_Events_HugeLimitAllocatesForTheRange(t *testing.T) {
+	ctx := context.Background()
+	s, _ := mustCreateStream(t)
+	require.NoError(t, s.Commit(ctx, Commit{Events: events(1, 10, 7), HeadOffset: 10}))
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	got, err := s.Events(ctx, Query{After: 0, UpTo: 10, Limit: 1 << 20, IncludeEphemeral: true})
+	runtime.ReadMemStats(&after)
+	require.NoError(t, err)
+	require.Len(t, got, 10)
+	require.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(8<<20), "bytes allocated for a 10-row read")
 }
