@@ -233,21 +233,33 @@ func (r *readers) List(ctx context.Context, call schema.Readers_list) error {
 // --- live state ------------------------------------------------------------------------------
 
 func (s *stream) LiveState(ctx context.Context, call schema.Stream_liveState) error {
-	sub := call.Args().Subscriber().AddRef()
-	sub.SetFlowLimiter(flowcontrol.NewFixedLimiter(sinkFlowLimit))
+	sub := call.Args().Subscriber().AddRef() // the argument is released when this returns
 	call.Go()
-	cancel, err := s.srv.SubscribeLive(ctx, s.ref, &liveSubscriber{client: sub})
+	h, err := attachLive(s.srv, s.acc, sub, func(sink server.LiveSink) (func(), error) {
+		return s.srv.SubscribeLive(ctx, s.ref, sink)
+	})
 	if err != nil {
-		sub.Release()
-		return fail(err)
+		return err
 	}
 	res, err := call.AllocResults()
 	if err != nil {
-		cancel()
+		h.Release()
 		return err
 	}
-	h := &liveHandle{cancel: cancel, client: sub}
-	return res.SetHandle(schema.Handle(guarded(guardOf(s.srv), s.acc, schema.Handle_Methods(nil, h), h)))
+	return res.SetHandle(h)
+}
+
+// attachLive subscribes a client's LiveSubscriber (its own reference, which it takes over), with
+// a bound on the bytes in flight toward it, and returns the Handle that detaches it. The caller
+// has called call.Go: frames are pushed while the call is still answering.
+func attachLive(srv *server.Server, acc access, sub schema.LiveSubscriber, subscribe func(server.LiveSink) (func(), error)) (schema.Handle, error) {
+	sub.SetFlowLimiter(flowcontrol.NewFixedLimiter(sinkFlowLimit))
+	cancel, err := subscribe(&liveSubscriber{client: sub})
+	if err != nil {
+		sub.Release()
+		return schema.Handle{}, fail(err)
+	}
+	return newEndHandle(srv, acc, func() { cancel(); sub.Release() }), nil
 }
 
 // liveSubscriber adapts a client's LiveSubscriber capability to server.LiveSink.
@@ -271,25 +283,3 @@ func (l *liveSubscriber) Send(ctx context.Context, f server.LiveFrame) error {
 	_, err := fut.Struct()
 	return sinkError(err)
 }
-
-// liveHandle ends a live-state registration: cancel(), or the last reference gone.
-type liveHandle struct {
-	once   sync.Once
-	cancel func()
-	client schema.LiveSubscriber
-}
-
-func (h *liveHandle) end() {
-	h.once.Do(func() {
-		h.cancel()
-		h.client.Release()
-	})
-}
-
-func (h *liveHandle) Cancel(ctx context.Context, call schema.Handle_cancel) error {
-	h.end()
-	return nil
-}
-
-// Shutdown runs when the last reference to the handle is gone.
-func (h *liveHandle) Shutdown() { h.end() }

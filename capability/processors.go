@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"strings"
-	"sync"
 
 	"capnproto.org/go/capnp/v3"
 	"capnproto.org/go/capnp/v3/flowcontrol"
@@ -53,8 +52,7 @@ func (p *processorHosts) Mount(ctx context.Context, call schema.ProcessorHosts_m
 		hc.Release()
 		return err
 	}
-	handle := &hostHandle{unmount: unmount, host: h}
-	return res.SetHandle(schema.Handle(guarded(guardOf(p.srv), p.acc, schema.Handle_Methods(nil, handle), handle)))
+	return res.SetHandle(newEndHandle(p.srv, p.acc, func() { unmount(); hc.Release() }))
 }
 
 func (p *processorHosts) List(ctx context.Context, call schema.ProcessorHosts_list) error {
@@ -65,29 +63,6 @@ func (p *processorHosts) List(ctx context.Context, call schema.ProcessorHosts_li
 	}
 	return wire.SetMountInfos(mounts, res.NewMounts)
 }
-
-// hostHandle is a processor host's mount: cancel(), releasing it, or losing the connection that
-// holds it (Shutdown) unmounts the host, an eviction of its processors.
-type hostHandle struct {
-	once    sync.Once
-	unmount func()
-	host    *remoteHost
-}
-
-func (h *hostHandle) end() {
-	h.once.Do(func() {
-		h.unmount()
-		h.host.client.Release()
-	})
-}
-
-func (h *hostHandle) Cancel(ctx context.Context, call schema.Handle_cancel) error {
-	h.end()
-	return nil
-}
-
-// Shutdown runs when the last reference to the handle is gone.
-func (h *hostHandle) Shutdown() { h.end() }
 
 // remoteHost adapts a client's ProcessorHost capability to server.RemoteProcessorHost. Each wake
 // carries the home stream and the processor's ports as capabilities of this server.

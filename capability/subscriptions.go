@@ -251,21 +251,20 @@ func (p *processor) GetRuntimeState(ctx context.Context, call schema.Processor_g
 }
 
 func (p *processor) LiveState(ctx context.Context, call schema.Processor_liveState) error {
-	sub := call.Args().Subscriber().AddRef()
-	sub.SetFlowLimiter(flowcontrol.NewFixedLimiter(sinkFlowLimit))
+	sub := call.Args().Subscriber().AddRef() // the argument is released when this returns
 	call.Go()
-	cancel, err := p.srv.SubscribeProcessorLive(ctx, p.ref, p.name, &liveSubscriber{client: sub})
+	h, err := attachLive(p.srv, p.acc, sub, func(sink server.LiveSink) (func(), error) {
+		return p.srv.SubscribeProcessorLive(ctx, p.ref, p.name, sink)
+	})
 	if err != nil {
-		sub.Release()
-		return fail(err)
+		return err
 	}
 	res, err := call.AllocResults()
 	if err != nil {
-		cancel()
+		h.Release()
 		return err
 	}
-	h := &liveHandle{cancel: cancel, client: sub}
-	return res.SetHandle(schema.Handle(guarded(guardOf(p.srv), p.acc, schema.Handle_Methods(nil, h), h)))
+	return res.SetHandle(h)
 }
 
 // --- mounted capabilities ------------------------------------------------------------------
@@ -310,8 +309,7 @@ func (c *capabilities) Mount(ctx context.Context, call schema.Capabilities_mount
 		rc.Release()
 		return err
 	}
-	h := &mountHandle{unmount: unmount, receiver: r}
-	return res.SetHandle(schema.Handle(guarded(guardOf(c.srv), c.acc, schema.Handle_Methods(nil, h), h)))
+	return res.SetHandle(newEndHandle(c.srv, c.acc, func() { unmount(); rc.Release() }))
 }
 
 // wholeProject refuses a capability limited to a path prefix: a mounted Receiver is named
@@ -343,28 +341,27 @@ func (c *capabilities) List(ctx context.Context, call schema.Capabilities_list) 
 	return wire.SetMountInfos(mounts, res.NewMounts)
 }
 
-// mountHandle is a mount's lifetime: cancel(), releasing it, or losing the connection that holds
-// it (Shutdown) unmounts the Receiver.
-type mountHandle struct {
-	once     sync.Once
-	unmount  func()
-	receiver *remoteReceiver
+// endHandle is a Handle whose end runs once: on cancel(), on releasing it, or on losing the
+// connection that holds it (Shutdown). Mounts unmount with it (a Receiver, a processor host:
+// an eviction of its processors); live-state subscriptions detach.
+type endHandle struct {
+	once sync.Once
+	end  func()
 }
 
-func (h *mountHandle) end() {
-	h.once.Do(func() {
-		h.unmount()
-		h.receiver.client.Release()
-	})
-}
-
-func (h *mountHandle) Cancel(ctx context.Context, call schema.Handle_cancel) error {
-	h.end()
+func (h *endHandle) Cancel(ctx context.Context, call schema.Handle_cancel) error {
+	h.once.Do(h.end)
 	return nil
 }
 
 // Shutdown runs when the last reference to the handle is gone.
-func (h *mountHandle) Shutdown() { h.end() }
+func (h *endHandle) Shutdown() { h.once.Do(h.end) }
+
+// newEndHandle serves a Handle that runs end once, under acc.
+func newEndHandle(srv *server.Server, acc access, end func()) schema.Handle {
+	h := &endHandle{end: end}
+	return schema.Handle(guarded(guardOf(srv), acc, schema.Handle_Methods(nil, h), h))
+}
 
 // remoteReceiver adapts a client's Receiver capability to server.Receiver.
 type remoteReceiver struct {

@@ -93,20 +93,10 @@ func (d *deliverer) push(job pushJob, store streamStore, streamID string) delive
 	if d.kind == itx.KindProcessorWake {
 		return d.wake(job, store, out)
 	}
-	events, ok := durableFrom(job.recent, after, job.head, job.limit)
-	if !ok {
-		var err error
-		if events, err = store.Events(d.ctx, storage.Query{After: after, UpTo: job.head, Limit: job.limit}); err != nil {
-			return fail(classOutage, 0, 0, fmt.Errorf("reading events: %w", err))
-		}
+	events, scanned, err := d.scan(job, store, after)
+	if err != nil {
+		return fail(classOutage, 0, 0, err)
 	}
-	// The scan covers the head unless the page filled up; everything scanned that does not
-	// match still advances the cursor (the filter makes it a watermark).
-	scanned := job.head
-	if len(events) == job.limit {
-		scanned = events[len(events)-1].Offset
-	}
-	events, scanned = capBytes(events, scanned)
 
 	var matched []itx.Event
 	var failed *expressionFailure
@@ -181,6 +171,26 @@ func (d *deliverer) push(job pushJob, store streamStore, streamID string) delive
 		out.failure = &deliveryFailure{class: classEvent, count: 1, last: failed.offset, eventOffset: failed.offset, expression: true, msg: failed.Error()}
 	}
 	return out
+}
+
+// scan reads a push's durable events after after, up to the head, at most the job's limit and
+// DeliveryBatchBytes, and returns the offset the read covers: the head unless the page filled
+// up. Everything scanned that does not match still advances the cursor (the filter makes it a
+// watermark). At the tail it serves the last commit's events from memory.
+func (d *deliverer) scan(job pushJob, store streamStore, after int64) ([]itx.Event, int64, error) {
+	events, ok := durableFrom(job.recent, after, job.head, job.limit)
+	if !ok {
+		var err error
+		if events, err = store.Events(d.ctx, storage.Query{After: after, UpTo: job.head, Limit: job.limit}); err != nil {
+			return nil, 0, fmt.Errorf("reading events: %w", err)
+		}
+	}
+	scanned := job.head
+	if len(events) == job.limit {
+		scanned = events[len(events)-1].Offset
+	}
+	events, scanned = capBytes(events, scanned)
+	return events, scanned, nil
 }
 
 // durableFrom serves a push at the tail from the last commit's events when they are exactly what

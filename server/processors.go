@@ -512,17 +512,10 @@ func (d *deliverer) wake(job pushJob, store streamStore, out deliveryOutcome) de
 		}
 		return out
 	}
-	events, ok := durableFrom(job.recent, after, job.head, job.limit)
-	if !ok {
-		if events, err = store.Events(d.ctx, storage.Query{After: after, UpTo: job.head, Limit: job.limit}); err != nil {
-			return fail(classOutage, 0, fmt.Errorf("reading events: %w", err))
-		}
+	events, scanned, err := d.scan(job, store, after)
+	if err != nil {
+		return fail(classOutage, 0, err)
 	}
-	scanned := job.head
-	if len(events) == job.limit {
-		scanned = events[len(events)-1].Offset
-	}
-	events, scanned = capBytes(events, scanned)
 	// The cursor row follows the runner's commit, so the wake lane itself delivers whatever
 	// lies past this frame: no trailing catch-up is needed.
 	frame := itx.ProcessorFrame{ScannedAfter: after, ScannedThrough: scanned, Head: job.head, Continued: true}
