@@ -46,3 +46,5 @@ require (
 )
 
 replace github.com/blues/jsonata-go => ./third_party/jsonata-go
+
+replace capnproto.org/go/capnp/v3 => ./third_party/go-capnp

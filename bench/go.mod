@@ -29,3 +29,5 @@ require (
 	golang.org/x/sys v0.50.0 // indirect
 	golang.org/x/time v0.16.0 // indirect
 )
+
+replace capnproto.org/go/capnp/v3 => ../third_party/go-capnp

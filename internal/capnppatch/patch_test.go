@@ -1,0 +1,126 @@
+// Package capnppatch holds the regression tests of itx's patches to go-capnp
+// (third_party/go-capnp, see its PATCHES.md): the module's own tests are not part of `make test`.
+package capnppatch
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"capnproto.org/go/capnp/v3"
+	"github.com/itx-dev/itx/schema"
+	"github.com/stretchr/testify/require"
+)
+
+// handle counts cancel calls.
+type handle struct{ calls chan struct{} }
+
+func (h handle) Cancel(context.Context, schema.Handle_cancel) error {
+	h.calls <- struct{}{}
+	return nil
+}
+
+// result builds a one-pointer result struct holding c, in a message of its own (as a server's
+// Return message holds its results), and returns it with its message.
+func result(t *testing.T, c capnp.Client) (capnp.Struct, *capnp.Message) {
+	t.Helper()
+	msg, seg := capnp.NewSingleSegmentMessage(nil)
+	st, err := capnp.NewRootStruct(seg, capnp.ObjectSize{PointerCount: 1})
+	require.NoError(t, err)
+	id := msg.CapTable().Add(c)
+	require.NoError(t, st.SetPtr(0, capnp.NewInterface(seg, id).ToPtr()))
+	return st, msg
+}
+
+// lateCall pipelines Handle.cancel on field 0 of aq's answer, as a call chained through this
+// answer in another answer's queue reaches it once that queue drains.
+func lateCall(ctx context.Context, aq *capnp.AnswerQueue) error {
+	p := capnp.NewPromise(capnp.Method{}, aq, nil)
+	target := schema.Handle(p.Answer().Field(0, nil).Client())
+	fut, release := target.Cancel(ctx, nil)
+	defer release()
+	_, err := fut.Struct()
+	return err
+}
+
+// A call that reaches an answer queue after the result it was fulfilled with was released (the
+// RPC layer releases a Return message once the caller sends Finish) is delivered to the
+// capability the result named. Unpatched, Transform read the freed message and the server
+// panicked (seen in CI: the C++ and JavaScript examples pipeline login -> streams -> get).
+func TestAnswerQueue_CallAfterResultReleased(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	h := handle{calls: make(chan struct{}, 1)}
+	c := capnp.Client(schema.Handle_ServerToClient(h))
+	defer c.Release()
+
+	st, msg := result(t, c.AddRef())
+	aq := capnp.NewAnswerQueue(capnp.Method{})
+	aq.Fulfill(st.ToPtr())
+	msg.Release()
+
+	require.NoError(t, lateCall(ctx, aq))
+	require.Len(t, h.calls, 1, "the late call reached the capability")
+}
+
+// Once every holder released the capability, a late call fails as disconnected instead of
+// reaching it: the answer queue keeps nothing alive.
+func TestAnswerQueue_CallAfterCapabilityReleased(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	h := handle{calls: make(chan struct{}, 1)}
+	c := capnp.Client(schema.Handle_ServerToClient(h))
+
+	st, msg := result(t, c)
+	aq := capnp.NewAnswerQueue(capnp.Method{})
+	aq.Fulfill(st.ToPtr())
+	msg.Release() // the last reference
+
+	err := lateCall(ctx, aq)
+	require.Error(t, err)
+	require.True(t, capnp.IsDisconnected(err), "%v", err)
+	require.Len(t, h.calls, 0)
+}
+
+// A call pipelined on a result without capabilities fails as a call on a null capability, as
+// before the patch, without reading the released message.
+func TestAnswerQueue_CallOnResultWithoutCapabilities(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	msg, seg := capnp.NewSingleSegmentMessage(nil)
+	st, err := capnp.NewRootStruct(seg, capnp.ObjectSize{PointerCount: 1})
+	require.NoError(t, err)
+	aq := capnp.NewAnswerQueue(capnp.Method{})
+	aq.Fulfill(st.ToPtr())
+	msg.Release()
+
+	err = lateCall(ctx, aq)
+	require.ErrorContains(t, err, "null client")
+}
+
+// A queued call that is rejected on delivery (here: on a null capability) leaves calls chained on
+// it rejected, not a nil pipeline caller that panicked the draining goroutine (upstream #617).
+func TestAnswerQueue_ChainedOnRejectedCall(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	msg, seg := capnp.NewSingleSegmentMessage(nil)
+	st, err := capnp.NewRootStruct(seg, capnp.ObjectSize{PointerCount: 1})
+	require.NoError(t, err)
+	defer msg.Release()
+
+	aq := capnp.NewAnswerQueue(capnp.Method{})
+	p := capnp.NewPromise(capnp.Method{}, aq, nil)
+	first := schema.Handle(p.Answer().Field(0, nil).Client())
+	// A Handle.cancel result has no capability; chain a second call on "its" field 0 anyway.
+	fut, release := first.Cancel(ctx, nil)
+	defer release()
+	second := schema.Handle(fut.Field(0, nil).Client())
+	fut2, release2 := second.Cancel(ctx, nil)
+	defer release2()
+
+	aq.Fulfill(st.ToPtr())
+	_, err = fut.Struct()
+	require.ErrorContains(t, err, "null client")
+	_, err = fut2.Struct()
+	require.Error(t, err)
+}

@@ -1,0 +1,3 @@
+package capnp
+
+//go:generate go run internal/gen/gen.go

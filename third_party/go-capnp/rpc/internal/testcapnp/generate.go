@@ -1,0 +1,3 @@
+package testcapnp
+
+//go:generate capnp compile -I ../../../std -ogo test.capnp

@@ -1,0 +1,3 @@
+package testnetwork
+
+//go:generate capnp compile -I ../../../std -ogo testnetwork.capnp
