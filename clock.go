@@ -24,5 +24,18 @@ func (SystemClock) Now() time.Time { return time.Now() }
 // AfterFunc wraps time.AfterFunc.
 func (SystemClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }
 
+// AfterFuncAt calls f in its own goroutine once c reads at or later. A clock that can arm a timer
+// at an instant (a virtual clock, whose time jumps) does so in one step; otherwise the delay is
+// taken from c.Now() at once. A delay computed from an earlier reading would fire late by however
+// far the clock moved in between.
+func AfterFuncAt(c Clock, at time.Time, f func()) Timer {
+	if ac, ok := c.(interface {
+		AfterFuncAt(at time.Time, f func()) Timer
+	}); ok {
+		return ac.AfterFuncAt(at, f)
+	}
+	return c.AfterFunc(max(at.Sub(c.Now()), 0), f)
+}
+
 // UnixMilli is the epoch-milliseconds form used for createdAt and every stored time.
 func UnixMilli(t time.Time) int64 { return t.UnixMilli() }

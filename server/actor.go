@@ -657,7 +657,7 @@ func (a *actor) apply(in stepInput) {
 	}
 
 	// 6. Timers.
-	a.armWake(eff.wakeAt, now)
+	a.armWake(eff.wakeAt)
 	if eff.flushAfter > 0 && !a.flushArmed {
 		a.flushArmed = true
 		a.srv.clock.AfterFunc(eff.flushAfter, func() { a.post(actorMsg{flush: true}) })
@@ -721,7 +721,7 @@ func (a *actor) reloadAfter(group []*appendReq, cause error) {
 		}
 	}
 	a.publish(true)
-	a.armWake(0, a.srv.clock.Now())
+	a.armWake(0)
 	a.post0()
 }
 
@@ -795,7 +795,7 @@ func (a *actor) startPush(job pushJob) {
 }
 
 // armWake makes sure a step runs when the earliest retry comes due.
-func (a *actor) armWake(at int64, now time.Time) {
+func (a *actor) armWake(at int64) {
 	if at == a.wakeAt {
 		return
 	}
@@ -807,8 +807,8 @@ func (a *actor) armWake(at int64, now time.Time) {
 	if at == 0 {
 		return
 	}
-	delay := time.Duration(at-itx.UnixMilli(now)) * time.Millisecond
-	a.wakeT = a.srv.clock.AfterFunc(max(delay, 0), func() { a.post(actorMsg{tick: true}) })
+	// An instant, not a delay from the step's now: the clock may have moved while the step ran.
+	a.wakeT = itx.AfterFuncAt(a.srv.clock, time.UnixMilli(at), func() { a.post(actorMsg{tick: true}) })
 }
 
 // evictEphemeral plans the FIFO eviction that keeps the ephemeral buffer within its bound once

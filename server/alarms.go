@@ -49,8 +49,7 @@ func (s *Server) alarmChanged(due int64) {
 		s.alarmT.Stop()
 	}
 	s.alarmNext = due
-	delay := time.Duration(due-itx.UnixMilli(s.clock.Now())) * time.Millisecond
-	s.alarmT = s.clock.AfterFunc(max(delay, 0), func() {
+	s.alarmT = itx.AfterFuncAt(s.clock, time.UnixMilli(due), func() {
 		s.alarmMu.Lock()
 		s.alarmNext = 0
 		s.alarmMu.Unlock()

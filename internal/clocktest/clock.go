@@ -43,9 +43,22 @@ func (c *Clock) Now() time.Time {
 func (c *Clock) AfterFunc(d time.Duration, f func()) itx.Timer {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.arm(c.now.Add(d), f)
+}
+
+// AfterFuncAt schedules f at the instant at, read against the clock in the same step that arms
+// the timer (see itx.AfterFuncAt); an instant already passed fires at once.
+func (c *Clock) AfterFuncAt(at time.Time, f func()) itx.Timer {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.arm(at, f)
+}
+
+// arm adds a timer due at due. Called with c.mu held.
+func (c *Clock) arm(due time.Time, f func()) itx.Timer {
 	c.seq++
-	t := &timer{c: c, due: c.now.Add(d), seq: c.seq, f: f}
-	if d <= 0 {
+	t := &timer{c: c, due: due, seq: c.seq, f: f}
+	if !due.After(c.now) {
 		t.stopped = true
 		go f()
 		return t

@@ -1,0 +1,50 @@
+package clocktest
+
+import (
+	"testing"
+	"time"
+
+	"github.com/itx-dev/itx"
+	"github.com/stretchr/testify/require"
+)
+
+// A timer armed at an instant fires when the clock reaches it, however far the clock moved
+// between the caller reading it and arming: a delay computed from the earlier reading would
+// have been late by the move.
+func TestAfterFuncAt_FiresAtTheInstant(t *testing.T) {
+	start := time.Unix(1_700_000_000, 0)
+	c := New(start)
+	due := start.Add(time.Second)
+	c.Advance(400 * time.Millisecond) // the clock moves after the caller computed due
+	fired := make(chan time.Time, 1)
+	itx.AfterFuncAt(c, due, func() { fired <- c.Now() })
+	c.Advance(600 * time.Millisecond)
+	require.Len(t, fired, 1, "fired at the instant, not 400 ms later")
+	require.Equal(t, due, <-fired)
+}
+
+// An instant already passed fires at once, on its own goroutine.
+func TestAfterFuncAt_PassedInstantFiresAtOnce(t *testing.T) {
+	start := time.Unix(1_700_000_000, 0)
+	c := New(start)
+	c.Advance(time.Second)
+	fired := make(chan struct{})
+	itx.AfterFuncAt(c, start, func() { close(fired) })
+	select {
+	case <-fired:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a passed instant did not fire")
+	}
+	require.Equal(t, 0, c.Pending())
+}
+
+// The system clock takes the delay from its own reading.
+func TestAfterFuncAt_SystemClock(t *testing.T) {
+	fired := make(chan struct{})
+	itx.AfterFuncAt(itx.SystemClock{}, time.Now().Add(-time.Second), func() { close(fired) })
+	select {
+	case <-fired:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a passed instant did not fire")
+	}
+}
