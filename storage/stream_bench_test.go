@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/itx-dev/itx"
 )
@@ -88,6 +90,40 @@ func BenchmarkStream_Commit(b *testing.B) {
 				}
 			}
 			b.ReportMetric(float64(b.N*len(batch))/b.Elapsed().Seconds(), "events/s")
+		})
+	}
+}
+
+// BenchmarkStream_CommitAfterIdle commits one event per transaction, back to back and after an
+// idle gap like the one an RPC round trip leaves between two sequential appends, and reports the
+// commit's median and 90th percentile. On this kind of VM the same fsync takes longer when the
+// process was idle before it (see docs/benchmarks.md, "Where a sequential append's time goes").
+func BenchmarkStream_CommitAfterIdle(b *testing.B) {
+	for _, gap := range []time.Duration{0, 300 * time.Microsecond} {
+		b.Run(fmt.Sprintf("gap=%v", gap), func(b *testing.B) {
+			ctx := context.Background()
+			s, err := CreateStream(ctx, filepath.Join(b.TempDir(), "s.db"), StreamMeta{StreamID: "sid", ProjectID: "p", Path: "/a"})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			lat := make([]time.Duration, 0, b.N)
+			for i := 0; i < b.N; i++ {
+				head := int64(i + 1)
+				ev := []itx.Event{{Offset: head, Type: "bench.event", CreatedAt: 1_700_000_000_000 + head,
+					Payload: json.RawMessage(`{"seq":1,"user":"u-0001","action":"clicked","target":"button-checkout","ok":true}`)}}
+				if gap > 0 {
+					time.Sleep(gap) // the workload: an idle process between commits
+				}
+				t0 := time.Now()
+				if err := s.Commit(ctx, Commit{Events: ev, HeadOffset: head}); err != nil {
+					b.Fatal(err)
+				}
+				lat = append(lat, time.Since(t0))
+			}
+			slices.Sort(lat)
+			b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-us")
+			b.ReportMetric(float64(lat[len(lat)*9/10].Microseconds()), "p90-us")
 		})
 	}
 }
