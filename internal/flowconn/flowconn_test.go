@@ -17,8 +17,13 @@ import (
 // bigReply is the version string every call answers: large, so replies fill the socket buffers.
 var bigReply = strings.Repeat("v", 64<<10)
 
-// gateway answers version() with bigReply and login() by lifting its connection's bounds.
-type gateway struct{ t *flowconn.Transport }
+// gateway answers version() with bigReply and login() by lifting its connection's bounds. With
+// hold set, version() waits for it to close first; answered gets one value per version answered.
+type gateway struct {
+	t        *flowconn.Transport
+	hold     <-chan struct{}
+	answered chan<- struct{}
+}
 
 func (g *gateway) Login(ctx context.Context, call schema.Gateway_login) error {
 	g.t.Authenticate()
@@ -26,6 +31,16 @@ func (g *gateway) Login(ctx context.Context, call schema.Gateway_login) error {
 }
 
 func (g *gateway) Version(ctx context.Context, call schema.Gateway_version) error {
+	if g.hold != nil {
+		select {
+		case <-g.hold:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	if g.answered != nil {
+		defer func() { g.answered <- struct{}{} }()
+	}
 	res, err := call.AllocResults()
 	if err != nil {
 		return err
@@ -34,7 +49,10 @@ func (g *gateway) Version(ctx context.Context, call schema.Gateway_version) erro
 }
 
 // serve accepts connections on a real loopback listener, each flow-controlled against pool.
-func serve(t *testing.T, pool *flowconn.Pool) string {
+func serve(t *testing.T, pool *flowconn.Pool) string { return serveHeld(t, pool, nil, nil) }
+
+// serveHeld is serve whose version() calls wait for hold and report on answered.
+func serveHeld(t *testing.T, pool *flowconn.Pool, hold <-chan struct{}, answered chan<- struct{}) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -48,7 +66,7 @@ func serve(t *testing.T, pool *flowconn.Pool) string {
 				return
 			}
 			tr := flowconn.New(c, pool)
-			conn := rpc.NewConn(tr, &rpc.Options{BootstrapClient: capnp.Client(schema.Gateway_ServerToClient(&gateway{t: tr}))})
+			conn := rpc.NewConn(tr, &rpc.Options{BootstrapClient: capnp.Client(schema.Gateway_ServerToClient(&gateway{t: tr, hold: hold, answered: answered}))})
 			conns.Add(1)
 			go func() { defer conns.Done(); <-conn.Done() }()
 			t.Cleanup(func() { conn.Close() })
@@ -143,25 +161,53 @@ func TestTransport_StopsReadingAtTheBound(t *testing.T) {
 }
 
 func TestTransport_ByteBound(t *testing.T) {
-	// One reply of 64 KiB is over the bound: after the first call is answered (and stuck in the
-	// client's unread socket), nothing more is read until the peer reads.
-	pool := flowconn.NewPool(flowconn.Limits{PreAuthCalls: 1000, PreAuthBytes: 1})
-	addr := serve(t, pool)
+	// Replies of 64 KiB to a client that reads nothing: once the socket buffers are full they
+	// queue, and from then on the connection reads no more calls until the peer reads. Calls read
+	// before any reply queued are bounded by the call bound, not this one, so the test first lets
+	// 300 calls in with their answers held (19 MiB of replies, more than loopback's socket
+	// buffers take), releases the answers, and only then sends the calls the bound must leave
+	// unread.
+	pool := flowconn.NewPool(flowconn.Limits{PreAuthCalls: 2000, PreAuthBytes: 1})
+	hold := make(chan struct{})
+	answered := make(chan struct{}, 2000)
+	addr := serveHeld(t, pool, hold, answered)
 	open := make(chan struct{})
 	gw := dialGated(t, addr, open)
 	var futures []schema.Gateway_version_Results_Future
-	for range 1000 { // 64 MiB of replies if nothing pushed back
-		f, release := gw.Version(context.Background(), nil)
-		defer release()
-		futures = append(futures, f)
-	}
+	var releases []capnp.ReleaseFunc
 	openOnce := sync.OnceFunc(func() { close(open) })
-	defer openOnce() // before the releases: see TestTransport_StopsReadingAtTheBound
-	waitFor(t, pool, "a pause", func(s flowconn.Stats) bool { return s.Pauses >= 1 && s.Bytes > 0 })
-	// Replies already in the socket buffers were written; what is queued is bounded by the calls
-	// read before the pause, not by the 2,000 sent.
-	if s := pool.Stats(); s.Calls >= 1000 {
-		t.Fatalf("calls in flight = %d: the byte bound did not stop reading", s.Calls)
+	releaseHold := sync.OnceFunc(func() { close(hold) })
+	defer func() {
+		releaseHold()
+		openOnce() // before the releases: see TestTransport_StopsReadingAtTheBound
+		for _, release := range releases {
+			release()
+		}
+	}()
+	call := func(n int) {
+		for range n {
+			f, release := gw.Version(context.Background(), nil)
+			releases = append(releases, release)
+			futures = append(futures, f)
+		}
+	}
+	call(300)
+	waitFor(t, pool, "the first calls read", func(s flowconn.Stats) bool { return s.Calls == 300 })
+	releaseHold()
+	for i := range 300 {
+		select {
+		case <-answered:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%d of the first 300 calls answered", i)
+		}
+	}
+	waitFor(t, pool, "their replies queued", func(s flowconn.Stats) bool { return s.Bytes > 0 })
+	read := pool.Stats().Calls
+	call(1000) // 64 MiB more if nothing pushed back
+	waitFor(t, pool, "a pause", func(s flowconn.Stats) bool { return s.Pauses >= 1 })
+	// At most the call the reader was already waiting for got in after the replies queued.
+	if s := pool.Stats(); s.Calls > read+1 {
+		t.Fatalf("calls in flight = %d, %d before the second step: the byte bound did not stop reading", s.Calls, read)
 	}
 	openOnce()
 	for i, f := range futures {
