@@ -214,8 +214,31 @@ type mount struct {
 
 // receivers is the per-project registry of mounted Receivers.
 type receivers struct {
-	mu     sync.Mutex
-	mounts map[mountKey]*mount
+	mu        sync.Mutex
+	mounts    map[mountKey]*mount
+	byProject map[string]int // mounts per project, for Config.MaxMountsPerProject
+}
+
+// putLocked sets key's mount, counting a new name against the project.
+func (r *receivers) putLocked(key mountKey, m *mount) {
+	if r.mounts[key] == nil {
+		if r.byProject == nil {
+			r.byProject = map[string]int{}
+		}
+		r.byProject[key.projectID]++
+	}
+	r.mounts[key] = m
+}
+
+// deleteLocked removes key's mount.
+func (r *receivers) deleteLocked(key mountKey) {
+	if r.mounts[key] == nil {
+		return
+	}
+	delete(r.mounts, key)
+	if r.byProject[key.projectID]--; r.byProject[key.projectID] <= 0 {
+		delete(r.byProject, key.projectID)
+	}
 }
 
 // MountReceiver mounts r under name in a project, replacing any earlier mount of that name (a
@@ -229,14 +252,18 @@ func (s *Server) MountReceiver(projectID, name string, r Receiver) (func(), erro
 	m := &mount{receiver: r, at: itx.UnixMilli(s.clock.Now())}
 	key := mountKey{projectID, name}
 	s.recv.mu.Lock()
-	s.recv.mounts[key] = m
+	if s.recv.mounts[key] == nil && s.recv.byProject[projectID] >= s.cfg.MaxMountsPerProject {
+		s.recv.mu.Unlock()
+		return nil, itx.Errorf(itx.ELimitExceeded, "a project holds at most %d mounted capabilities (--max-mounts-per-project)", s.cfg.MaxMountsPerProject)
+	}
+	s.recv.putLocked(key, m)
 	s.recv.mu.Unlock()
 	go s.pokeCapability(projectID, name)
 	return func() {
 		s.recv.mu.Lock()
 		defer s.recv.mu.Unlock()
 		if s.recv.mounts[key] == m {
-			delete(s.recv.mounts, key)
+			s.recv.deleteLocked(key)
 		}
 	}, nil
 }
@@ -249,7 +276,7 @@ func (s *Server) UnmountReceiver(projectID, name string) error {
 	if s.recv.mounts[key] == nil {
 		return itx.Errorf(itx.ENotFound, "no capability is mounted under %q", name)
 	}
-	delete(s.recv.mounts, key)
+	s.recv.deleteLocked(key)
 	return nil
 }
 

@@ -55,10 +55,11 @@ type procMount struct {
 
 // procHosts is the per-project registry of mounted processor hosts.
 type procHosts struct {
-	mu       sync.Mutex
-	gen      uint64
-	byName   map[mountKey]*procMount // the host mounted under a name
-	contract map[mountKey]*procMount // the host that announced a contract, last mount wins
+	mu        sync.Mutex
+	gen       uint64
+	byName    map[mountKey]*procMount // the host mounted under a name
+	contract  map[mountKey]*procMount // the host that announced a contract, last mount wins
+	byProject map[string]int          // hosts per project, for Config.MaxMountsPerProject
 }
 
 // MaxContractsPerHost bounds what one mount may announce.
@@ -110,7 +111,11 @@ func (s *Server) MountProcessorHost(projectID, name string, host RemoteProcessor
 	ph := &s.procHosts
 	ph.mu.Lock()
 	if ph.byName == nil {
-		ph.byName, ph.contract = map[mountKey]*procMount{}, map[mountKey]*procMount{}
+		ph.byName, ph.contract, ph.byProject = map[mountKey]*procMount{}, map[mountKey]*procMount{}, map[string]int{}
+	}
+	if ph.byName[mountKey{projectID, name}] == nil && ph.byProject[projectID] >= s.cfg.MaxMountsPerProject {
+		ph.mu.Unlock()
+		return nil, itx.Errorf(itx.ELimitExceeded, "a project holds at most %d processor hosts (--max-mounts-per-project)", s.cfg.MaxMountsPerProject)
 	}
 	ph.gen++
 	m := &procMount{projectID: projectID, name: name, host: host, gen: ph.gen, at: itx.UnixMilli(s.clock.Now()),
@@ -119,6 +124,7 @@ func (s *Server) MountProcessorHost(projectID, name string, host RemoteProcessor
 		ph.dropLocked(old)
 	}
 	ph.byName[mountKey{projectID, name}] = m
+	ph.byProject[projectID]++
 	for _, c := range contracts {
 		ph.contract[mountKey{projectID, c.Name}] = m
 	}
@@ -141,6 +147,9 @@ func (s *Server) MountProcessorHost(projectID, name string, host RemoteProcessor
 func (ph *procHosts) dropLocked(m *procMount) {
 	if ph.byName[mountKey{m.projectID, m.name}] == m {
 		delete(ph.byName, mountKey{m.projectID, m.name})
+		if ph.byProject[m.projectID]--; ph.byProject[m.projectID] <= 0 {
+			delete(ph.byProject, m.projectID)
+		}
 	}
 	for _, c := range m.contracts {
 		if ph.contract[mountKey{m.projectID, c.Name}] == m {

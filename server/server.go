@@ -51,6 +51,10 @@ type Config struct {
 	// MaxLiveSubscribersPerStream bounds the live-state subscribers of one stream (connections'
 	// state frames aside, bounded by the connection cap); default 1,024.
 	MaxLiveSubscribersPerStream int
+	// MaxMountsPerProject bounds the capabilities mounted under names in one project, and
+	// separately the processor hosts mounted in it (a name already mounted can be replaced);
+	// default 4,096.
+	MaxMountsPerProject int
 	// Random returns numbers in [0,1) for retry jitter; default math/rand. Tests fix it.
 	Random func() float64
 	// Processors are the contracts this server hosts in-process: a processor-wake subscription
@@ -152,6 +156,9 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	if cfg.CursorFlushDelay <= 0 {
 		cfg.CursorFlushDelay = 200 * time.Millisecond
+	}
+	if cfg.MaxMountsPerProject <= 0 {
+		cfg.MaxMountsPerProject = 4096
 	}
 	if cfg.MaxConnectionsPerStream <= 0 {
 		cfg.MaxConnectionsPerStream = 16_384
