@@ -542,8 +542,9 @@ func (a *actor) env() stepEnv {
 func (a *actor) reduceContext() reduceContext {
 	return reduceContext{
 		path: a.ref.Path, projectID: a.ref.ProjectID, maxSubs: a.srv.cfg.MaxSubscriptions,
-		checkURL: a.srv.egress.checkURL,
-		compile:  func(src string) error { _, err := CompileJSONata(src); return err },
+		maxReaders: a.srv.cfg.MaxReadersPerStream,
+		checkURL:   a.srv.egress.checkURL,
+		compile:    func(src string) error { _, err := CompileJSONata(src); return err },
 	}
 }
 

@@ -112,6 +112,7 @@ type reduceContext struct {
 	head       int64                  // the head before this event
 	checkURL   func(url string) error // the webhook egress policy
 	maxSubs    int
+	maxReaders int                    // registered readers per stream; 0: no bound (step tests)
 	compile    func(src string) error // JSONata compilation
 	authority  authority
 	receivedAt int64

@@ -40,8 +40,10 @@ type Config struct {
 	// metadata bytes); past it the oldest go first, whatever their age.
 	EphemeralBufferBytes int64 // default itx.EphemeralBufferBytes (10 MiB)
 
-	MaxSubscriptions int           // per stream; default itx.MaxSubscriptionsPerStream
-	DeliveryTimeout  time.Duration // per push attempt; default itx.DeliveryTimeout
+	MaxSubscriptions int // per stream; default itx.MaxSubscriptionsPerStream
+	// MaxReadersPerStream bounds the registered readers of one stream; default 1,024.
+	MaxReadersPerStream int
+	DeliveryTimeout     time.Duration // per push attempt; default itx.DeliveryTimeout
 	// CursorFlushDelay bounds how long delivery progress may sit in memory before it is written
 	// when no append carries it; a crash inside it only causes redelivery. Default 200 ms.
 	CursorFlushDelay time.Duration
@@ -156,6 +158,9 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	if cfg.CursorFlushDelay <= 0 {
 		cfg.CursorFlushDelay = 200 * time.Millisecond
+	}
+	if cfg.MaxReadersPerStream <= 0 {
+		cfg.MaxReadersPerStream = 1024
 	}
 	if cfg.MaxMountsPerProject <= 0 {
 		cfg.MaxMountsPerProject = 4096

@@ -163,7 +163,7 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 
 	// 4b. Registered readers: validated against the head, written with this commit.
 	for _, op := range in.readers {
-		eff.readerReplies = append(eff.readerReplies, readerReply{op: op, err: st.applyReader(op, now, &eff)})
+		eff.readerReplies = append(eff.readerReplies, readerReply{op: op, err: st.applyReader(op, now, env.rc, &eff)})
 	}
 
 	// 4c. Processor port writes: progress records (fenced), KV, the alarm slice.
@@ -272,7 +272,7 @@ type readerReply struct {
 }
 
 // applyReader validates one reader operation and stages its write.
-func (st *streamState) applyReader(op readerOp, now time.Time, eff *effects) error {
+func (st *streamState) applyReader(op readerOp, now time.Time, rc reduceContext, eff *effects) error {
 	if err := itx.ValidateSubscriptionName(op.name); err != nil {
 		return itx.Errorf(itx.EInvalid, "reader name: %s", itx.ErrorMessage(err))
 	}
@@ -291,6 +291,9 @@ func (st *streamState) applyReader(op readerOp, now time.Time, eff *effects) err
 	}
 	if op.checkpoint < 0 || op.checkpoint > st.head {
 		return itx.Errorf(itx.EInvalid, "checkpoint %d is outside 0..%d (the stream's head)", op.checkpoint, st.head)
+	}
+	if _, ok := st.readers[op.name]; !ok && rc.maxReaders > 0 && len(st.readers) >= rc.maxReaders {
+		return itx.Errorf(itx.ELimitExceeded, "a stream may have at most %d registered readers (--max-readers-per-stream)", rc.maxReaders)
 	}
 	r := storage.Reader{Name: op.name, Checkpoint: op.checkpoint, UpdatedAt: itx.UnixMilli(now)}
 	st.readers[op.name] = r

@@ -52,6 +52,7 @@ func run() error {
 	var allowHosts hostList
 	flag.Var(&allowHosts, "webhook-allow-host", "allow webhooks only to this host (repeatable; \"*.example.com\" matches subdomains)")
 	maxConns := flag.Int("max-connections-per-stream", 0, "open connections one stream serves at most (0: 16384)")
+	maxReaders := flag.Int("max-readers-per-stream", 0, "registered readers one stream holds at most (0: 1024)")
 	maxMounts := flag.Int("max-mounts-per-project", 0, "capabilities one project may have mounted under names, and separately processor hosts (0: 4096)")
 	maxLive := flag.Int("max-live-subscribers-per-stream", 0, "live-state subscribers one stream serves at most, connections' state frames not counted (0: 1024)")
 	var flow flowconn.Limits
@@ -119,7 +120,7 @@ func run() error {
 	srv, err := server.Open(ctx, server.Config{
 		DataDir: *data, Log: log, IdleTimeout: *idle, MaxLoadedStreams: *maxLoaded,
 		BreakerBurst: *burst, BreakerRefillPerMinute: *refill,
-		MaxConnectionsPerStream: *maxConns, MaxLiveSubscribersPerStream: *maxLive, MaxMountsPerProject: *maxMounts,
+		MaxConnectionsPerStream: *maxConns, MaxLiveSubscribersPerStream: *maxLive, MaxMountsPerProject: *maxMounts, MaxReadersPerStream: *maxReaders,
 		Egress:     server.EgressPolicy{AllowHosts: allowHosts, DenyPrivate: *denyPrivate},
 		Processors: host,
 	})

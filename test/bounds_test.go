@@ -119,3 +119,30 @@ func TestMounts_BoundedPerProject(t *testing.T) {
 		})
 	}
 }
+
+// A stream holds at most MaxReadersPerStream registered readers: one more name is refused with
+// limitExceeded and stored nothing; a registered one still moves; a removed one frees its place.
+func TestReaders_BoundedPerStream(t *testing.T) {
+	const max = 3
+	ts := startServer(t, server.Config{MaxReadersPerStream: max})
+	ctx := ctxT(t)
+	s := stream(t, ts.project(t), "/readers/bounded")
+	mustAppend(t, s, ev("a", `{}`), ev("a", `{}`))
+	rf, releaseReaders := s.Readers(ctx, nil)
+	defer releaseReaders()
+	r := rf.Readers()
+	for i := range max {
+		require.NoError(t, client.RegisterReader(ctx, r, fmt.Sprintf("r-%d", i), 1))
+	}
+	requireCode(t, client.RegisterReader(ctx, r, "one-more", 1), itx.ELimitExceeded)
+	list, err := client.ListReaders(ctx, r)
+	require.NoError(t, err)
+	require.Len(t, list, max, "the refused reader stored nothing")
+	require.NoError(t, client.RegisterReader(ctx, r, "r-0", 2), "a registered reader still moves")
+
+	fut, release := r.Remove(ctx, func(p schema.Readers_remove_Params) error { return p.SetName("r-1") })
+	_, err = fut.Struct()
+	release()
+	require.NoError(t, err)
+	require.NoError(t, client.RegisterReader(ctx, r, "one-more", 1))
+}
