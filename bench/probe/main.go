@@ -54,6 +54,7 @@ func main() {
 	batch := flag.Int("batch", 1, "events per append")
 	dir := flag.String("dir", ".", "where the data directory goes (the disk under test)")
 	metricsAddr := flag.String("metrics", "127.0.0.1:7931", "itxd's metrics address")
+	serverProcs := flag.String("server-gomaxprocs", "", "GOMAXPROCS for itxd only (empty: inherited)")
 	flag.Parse()
 	data, err := os.MkdirTemp(*dir, "probe-data")
 	if err != nil {
@@ -62,6 +63,9 @@ func main() {
 	defer os.RemoveAll(data)
 	addrFile := filepath.Join(data, "addr")
 	cmd := exec.Command(*bin, "--listen", "127.0.0.1:0", "--data", data, "--addr-file", addrFile, "--log-level", "error", "--metrics", *metricsAddr)
+	if *serverProcs != "" {
+		cmd.Env = append(os.Environ(), "GOMAXPROCS="+*serverProcs)
+	}
 	if err := cmd.Start(); err != nil {
 		panic(err)
 	}
