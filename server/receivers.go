@@ -216,16 +216,29 @@ type mount struct {
 type receivers struct {
 	mu        sync.Mutex
 	mounts    map[mountKey]*mount
-	byProject map[string]int // mounts per project, for Config.MaxMountsPerProject
+	byProject projectCounts // mounts per project, for Config.MaxMountsPerProject
+}
+
+// projectCounts counts a registry's names per project (the zero value is ready to use).
+type projectCounts map[string]int
+
+func (pc *projectCounts) add(projectID string) {
+	if *pc == nil {
+		*pc = projectCounts{}
+	}
+	(*pc)[projectID]++
+}
+
+func (pc projectCounts) remove(projectID string) {
+	if pc[projectID]--; pc[projectID] <= 0 {
+		delete(pc, projectID)
+	}
 }
 
 // putLocked sets key's mount, counting a new name against the project.
 func (r *receivers) putLocked(key mountKey, m *mount) {
 	if r.mounts[key] == nil {
-		if r.byProject == nil {
-			r.byProject = map[string]int{}
-		}
-		r.byProject[key.projectID]++
+		r.byProject.add(key.projectID)
 	}
 	r.mounts[key] = m
 }
@@ -236,9 +249,7 @@ func (r *receivers) deleteLocked(key mountKey) {
 		return
 	}
 	delete(r.mounts, key)
-	if r.byProject[key.projectID]--; r.byProject[key.projectID] <= 0 {
-		delete(r.byProject, key.projectID)
-	}
+	r.byProject.remove(key.projectID)
 }
 
 // MountReceiver mounts r under name in a project, replacing any earlier mount of that name (a

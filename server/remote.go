@@ -59,7 +59,7 @@ type procHosts struct {
 	gen       uint64
 	byName    map[mountKey]*procMount // the host mounted under a name
 	contract  map[mountKey]*procMount // the host that announced a contract, last mount wins
-	byProject map[string]int          // hosts per project, for Config.MaxMountsPerProject
+	byProject projectCounts           // hosts per project, for Config.MaxMountsPerProject
 }
 
 // MaxContractsPerHost bounds what one mount may announce.
@@ -111,7 +111,7 @@ func (s *Server) MountProcessorHost(projectID, name string, host RemoteProcessor
 	ph := &s.procHosts
 	ph.mu.Lock()
 	if ph.byName == nil {
-		ph.byName, ph.contract, ph.byProject = map[mountKey]*procMount{}, map[mountKey]*procMount{}, map[string]int{}
+		ph.byName, ph.contract = map[mountKey]*procMount{}, map[mountKey]*procMount{}
 	}
 	if ph.byName[mountKey{projectID, name}] == nil && ph.byProject[projectID] >= s.cfg.MaxMountsPerProject {
 		ph.mu.Unlock()
@@ -124,7 +124,7 @@ func (s *Server) MountProcessorHost(projectID, name string, host RemoteProcessor
 		ph.dropLocked(old)
 	}
 	ph.byName[mountKey{projectID, name}] = m
-	ph.byProject[projectID]++
+	ph.byProject.add(projectID)
 	for _, c := range contracts {
 		ph.contract[mountKey{projectID, c.Name}] = m
 	}
@@ -147,9 +147,7 @@ func (s *Server) MountProcessorHost(projectID, name string, host RemoteProcessor
 func (ph *procHosts) dropLocked(m *procMount) {
 	if ph.byName[mountKey{m.projectID, m.name}] == m {
 		delete(ph.byName, mountKey{m.projectID, m.name})
-		if ph.byProject[m.projectID]--; ph.byProject[m.projectID] <= 0 {
-			delete(ph.byProject, m.projectID)
-		}
+		ph.byProject.remove(m.projectID)
 	}
 	for _, c := range m.contracts {
 		if ph.contract[mountKey{m.projectID, c.Name}] == m {

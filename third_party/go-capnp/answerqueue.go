@@ -129,6 +129,12 @@ func rejectPipelineCall(_ context.Context, _ []PipelineOp, r Recv) PipelineCalle
 	return nil
 }
 
+// nullPipelineCall answers a call pipelined on a result without capabilities, as a call on a null
+// client (itx patch).
+func nullPipelineCall(ctx context.Context, _ []PipelineOp, r Recv) PipelineCaller {
+	return Client{}.RecvCall(ctx, r)
+}
+
 // detachedRecv returns a pipeline receiver for the result ptr that stays valid after ptr's
 // message is released (itx patch). A result without capabilities needs nothing from the
 // message: any pipelined call on it is a call on a null client. Otherwise the result is copied
@@ -138,9 +144,7 @@ func rejectPipelineCall(_ context.Context, _ []PipelineOp, r Recv) PipelineCalle
 func detachedRecv(m Method, ptr Ptr) func(context.Context, []PipelineOp, Recv) PipelineCaller {
 	msg := ptr.Message()
 	if msg == nil || msg.CapTable().Len() == 0 {
-		return func(ctx context.Context, _ []PipelineOp, r Recv) PipelineCaller {
-			return Client{}.RecvCall(ctx, r)
-		}
+		return nullPipelineCall // no allocation on the common path (results without capabilities)
 	}
 	copied, _, err := NewMessage(SingleSegment(nil))
 	if err == nil {
