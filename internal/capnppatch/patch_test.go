@@ -4,6 +4,7 @@ package capnppatch
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -123,4 +124,93 @@ func TestAnswerQueue_ChainedOnRejectedCall(t *testing.T) {
 	require.ErrorContains(t, err, "null client")
 	_, err = fut2.Struct()
 	require.Error(t, err)
+}
+
+// shutHandle is a handle that reports its shutdown (the release of its last reference).
+type shutHandle struct {
+	handle
+	shut chan struct{}
+}
+
+func (h shutHandle) Shutdown() { close(h.shut) }
+
+// pausedHook is a capability whose delivery waits until told to go on, then hands the call's
+// pipeline to next: it stands for a drain that is preempted between two deliveries while the
+// call it delivered runs, returns and is finished.
+type pausedHook struct {
+	delivered chan struct{}
+	proceed   chan struct{}
+	next      capnp.PipelineCaller
+}
+
+func (h *pausedHook) Send(_ context.Context, s capnp.Send) (*capnp.Answer, capnp.ReleaseFunc) {
+	return capnp.ErrorAnswer(s.Method, errors.New("pausedHook: send")), func() {}
+}
+
+func (h *pausedHook) Recv(_ context.Context, r capnp.Recv) capnp.PipelineCaller {
+	close(h.delivered)
+	<-h.proceed
+	r.Reject(errors.New("pausedHook: its results are next's"))
+	return h.next
+}
+
+func (h *pausedHook) Brand() capnp.Brand { return capnp.Brand{} }
+func (h *pausedHook) Shutdown()          {}
+func (h *pausedHook) String() string     { return "pausedHook" }
+
+// The race CI hit after the first patch (the C++ example failed with "pipeline call has no
+// pipeline caller"): login's queue delivers streams() and then get(), chained on streams(); in
+// between, streams() runs, returns, and its caller finishes it, releasing the result and the
+// only reference to the Streams capability. get() must still reach that capability: the drain
+// delivering it was running when streams() was fulfilled, so the result's capabilities are held
+// until that drain ends, and let go then.
+func TestAnswerQueue_ChainedCallDeliveredAfterTargetFinished(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	// streams(): its queue, fulfilled with the only reference to the capability get() targets.
+	h := shutHandle{handle: handle{calls: make(chan struct{}, 1)}, shut: make(chan struct{})}
+	streams := capnp.NewAnswerQueue(capnp.Method{})
+
+	// login(): its queue holds streams() (on the paused capability) and get() chained on it.
+	paused := &pausedHook{delivered: make(chan struct{}), proceed: make(chan struct{}), next: streams}
+	pausedClient := capnp.NewClient(paused)
+	defer pausedClient.Release()
+	loginResult, loginMsg := result(t, pausedClient.AddRef())
+	defer loginMsg.Release()
+	login := capnp.NewAnswerQueue(capnp.Method{})
+	p := capnp.NewPromise(capnp.Method{}, login, nil)
+	first := schema.Handle(p.Answer().Field(0, nil).Client())
+	fut, release := first.Cancel(ctx, nil)
+	defer release()
+	chained := schema.Handle(fut.Field(0, nil).Client())
+	fut2, release2 := chained.Cancel(ctx, nil)
+	defer release2()
+
+	drained := make(chan struct{})
+	go func() {
+		defer close(drained)
+		login.Fulfill(loginResult.ToPtr())
+	}()
+	<-paused.delivered // the drain delivered streams() and is paused before get()
+
+	st, msg := result(t, capnp.Client(schema.Handle_ServerToClient(h)))
+	streams.Fulfill(st.ToPtr())
+	msg.Release() // streams() returned and was finished: the result held the last reference
+	select {
+	case <-h.shut:
+		t.Fatal("the capability was shut down while a drain that can reach it was running")
+	default:
+	}
+
+	close(paused.proceed)
+	<-drained
+	_, err := fut2.Struct()
+	require.NoError(t, err, "get() reached the capability streams() returned")
+	require.Len(t, h.calls, 1)
+	select {
+	case <-h.shut: // the hold ended with the drain
+	case <-ctx.Done():
+		t.Fatal("the result's capabilities were never let go")
+	}
 }

@@ -98,10 +98,21 @@ func (aq *AnswerQueue) Fulfill(ptr Ptr) {
 	// a call delivered here (login().project.streams().get(): the third call
 	// is delivered to the second call's queue by the first call's drain),
 	// and Transform then read freed memory: the server panicked. Those late
-	// calls resolve through a copy taken now, while ptr is alive.
-	late := detachedRecv(aq.method, ptr)
+	// calls resolve through a copy taken now, while ptr is alive, and the
+	// copy holds the result's capabilities until every drain running now
+	// has finished (only such a drain can still deliver a call chained
+	// through this result; see drainTracker).
+	late, release := detachedRecv(aq.method, ptr)
 	close(aq.draining)
 	aq.mu.Unlock()
+	if release != nil {
+		drains.hold(release)
+	}
+	if len(q) > 0 {
+		// Deferred after close(ready), so it runs first: the drains waiting on
+		// ready are running drains of their own.
+		defer drains.end(drains.start())
+	}
 
 	// Drain queue.
 	for i := range q {
@@ -122,6 +133,81 @@ func (aq *AnswerQueue) Fulfill(ptr Ptr) {
 	aq.bases[0].recv = late
 }
 
+// drains tracks the answer queue drains running in this process (itx patch).
+//
+// A call chained through a result can reach that result's queue after the
+// caller released the result: the queue of an earlier call delivers the
+// chained call's target call and then the chained call itself, and the
+// target call can run, return and be finished in between. Only a drain
+// that was running when the target's queue was fulfilled can do that, since
+// the drain delivering the target call started before the call ran. So a
+// fulfilled queue holds its result's capabilities until every drain running
+// at that moment has finished, and then lets them go (a later call reaches
+// them only through a holder that still has them, see detachedRecv).
+// Drains only deliver calls (they enqueue them or send them), so the wait
+// is short.
+var drains drainTracker
+
+type drainTracker struct {
+	mu     sync.Mutex
+	last   uint64              // the id of the newest drain started
+	active map[uint64]struct{} // the drains running
+	holds  []drainHold         // in order of after
+}
+
+// drainHold is a release to run once no drain with an id up to after is running.
+type drainHold struct {
+	after   uint64
+	release func()
+}
+
+// start records a drain that begins now and returns its id.
+func (t *drainTracker) start() uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.active == nil {
+		t.active = make(map[uint64]struct{})
+	}
+	t.last++
+	t.active[t.last] = struct{}{}
+	return t.last
+}
+
+// end records that the drain id finished, and runs the holds it was the last to keep.
+func (t *drainTracker) end(id uint64) {
+	t.mu.Lock()
+	delete(t.active, id)
+	oldest := t.last + 1
+	for a := range t.active {
+		if a < oldest {
+			oldest = a
+		}
+	}
+	n := 0
+	for n < len(t.holds) && t.holds[n].after < oldest {
+		n++
+	}
+	due := make([]drainHold, n)
+	copy(due, t.holds[:n])
+	t.holds = append(t.holds[:0], t.holds[n:]...)
+	t.mu.Unlock()
+	for _, h := range due {
+		h.release()
+	}
+}
+
+// hold runs release once every drain running now has finished: at once when none is running.
+func (t *drainTracker) hold(release func()) {
+	t.mu.Lock()
+	if len(t.active) == 0 {
+		t.mu.Unlock()
+		release()
+		return
+	}
+	t.holds = append(t.holds, drainHold{after: t.last, release: release})
+	t.mu.Unlock()
+}
+
 // rejectPipelineCall answers a call pipelined on a call that was rejected on delivery (itx patch,
 // upstream PR #617).
 func rejectPipelineCall(_ context.Context, _ []PipelineOp, r Recv) PipelineCaller {
@@ -136,15 +222,16 @@ func nullPipelineCall(ctx context.Context, _ []PipelineOp, r Recv) PipelineCalle
 }
 
 // detachedRecv returns a pipeline receiver for the result ptr that stays valid after ptr's
-// message is released (itx patch). A result without capabilities needs nothing from the
-// message: any pipelined call on it is a call on a null client. Otherwise the result is copied
-// into a message of its own whose capabilities are held weakly, so the copy keeps nothing alive
-// that the caller has let go: a call whose target every holder has released fails as
-// disconnected instead of reaching a shut-down capability.
-func detachedRecv(m Method, ptr Ptr) func(context.Context, []PipelineOp, Recv) PipelineCaller {
+// message is released, and a release for the strong references it took, if any (itx patch). A
+// result without capabilities needs nothing from the message: any pipelined call on it is a call
+// on a null client. Otherwise the result is copied into a message of its own; the copy holds its
+// capabilities strongly until release (Fulfill hands it to drains) and weakly after that, so it
+// keeps nothing alive that the caller has let go: a call whose target every holder has released
+// fails as disconnected instead of reaching a shut-down capability.
+func detachedRecv(m Method, ptr Ptr) (func(context.Context, []PipelineOp, Recv) PipelineCaller, func()) {
 	msg := ptr.Message()
 	if msg == nil || msg.CapTable().Len() == 0 {
-		return nullPipelineCall // no allocation on the common path (results without capabilities)
+		return nullPipelineCall, nil // no allocation on the common path (results without capabilities)
 	}
 	copied, _, err := NewMessage(SingleSegment(nil))
 	if err == nil {
@@ -155,20 +242,31 @@ func detachedRecv(m Method, ptr Ptr) func(context.Context, []PipelineOp, Recv) P
 		root, err = copied.Root()
 	}
 	if err != nil {
+		copied.Release()
 		err = exc.WrapError("detach pipelined result", err)
 		return func(ctx context.Context, _ []PipelineOp, r Recv) PipelineCaller {
 			r.Reject(err)
 			return nil
-		}
+		}, nil
 	}
 	table := copied.CapTable()
 	weak := make([]WeakClient, table.Len())
+	var strong []Client
 	for i := range weak {
 		if c := table.At(i); c.IsValid() {
 			weak[i] = c.WeakRef()
+			strong = append(strong, c.AddRef())
 		}
 	}
-	table.Reset() // the copy's strong references go; the weak ones stay
+	table.Reset() // the copy's own references go; strong is released by the caller
+	var release func()
+	if len(strong) > 0 {
+		release = func() {
+			for _, c := range strong {
+				c.Release()
+			}
+		}
+	}
 	return func(ctx context.Context, transform []PipelineOp, r Recv) PipelineCaller {
 		p, err := Transform(root, transform)
 		if err != nil {
@@ -186,7 +284,7 @@ func detachedRecv(m Method, ptr Ptr) func(context.Context, []PipelineOp, Recv) P
 		}
 		defer c.Release()
 		return c.RecvCall(ctx, r)
-	}
+	}, release
 }
 
 // Reject empties the queue, returning errors on all the method calls.
