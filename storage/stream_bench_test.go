@@ -124,6 +124,8 @@ func BenchmarkStream_CommitAfterIdle(b *testing.B) {
 			slices.Sort(lat)
 			b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-us")
 			b.ReportMetric(float64(lat[len(lat)*9/10].Microseconds()), "p90-us")
+			b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-us")
+			b.ReportMetric(float64(lat[len(lat)*999/1000].Microseconds()), "p99.9-us")
 		})
 	}
 }
