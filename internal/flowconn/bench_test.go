@@ -3,6 +3,7 @@ package flowconn_test
 import (
 	"context"
 	"net"
+	"runtime/metrics"
 	"sync"
 	"syscall"
 	"testing"
@@ -16,7 +17,8 @@ import (
 
 // BenchmarkTransport_Calls makes small calls to a flow-controlled server over loopback TCP, one
 // at a time and 64 in flight, and reports the CPU both ends spend per call (cpu-us/call, from
-// getrusage: less sensitive than ns/op to whatever else the machine runs).
+// getrusage: less sensitive than ns/op to whatever else the machine runs), and the goroutines
+// both ends start per call.
 func BenchmarkTransport_Calls(b *testing.B) {
 	for _, inFlight := range []int{1, 64} {
 		b.Run(map[int]string{1: "sequential", 64: "64-in-flight"}[inFlight], func(b *testing.B) {
@@ -52,7 +54,7 @@ func BenchmarkTransport_Calls(b *testing.B) {
 			if err := call(); err != nil {
 				b.Fatal(err)
 			}
-			cpu0 := cpuTime()
+			cpu0, created0 := cpuTime(), goroutinesCreated()
 			b.ResetTimer()
 			var wg sync.WaitGroup
 			for w := 0; w < inFlight; w++ {
@@ -70,8 +72,16 @@ func BenchmarkTransport_Calls(b *testing.B) {
 			wg.Wait()
 			b.StopTimer()
 			b.ReportMetric(float64((cpuTime()-cpu0).Microseconds())/float64(b.N), "cpu-us/call")
+			b.ReportMetric(float64(goroutinesCreated()-created0)/float64(b.N), "goroutines/call")
 		})
 	}
+}
+
+// goroutinesCreated is the number of goroutines the process has started (both ends run here).
+func goroutinesCreated() uint64 {
+	s := []metrics.Sample{{Name: "/sched/goroutines-created:goroutines"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
 }
 
 func cpuTime() time.Duration {
