@@ -187,6 +187,10 @@ func (t *drainTracker) end(id uint64) {
 	for n < len(t.holds) && t.holds[n].after < oldest {
 		n++
 	}
+	if n == 0 {
+		t.mu.Unlock()
+		return
+	}
 	due := make([]drainHold, n)
 	copy(due, t.holds[:n])
 	t.holds = append(t.holds[:0], t.holds[n:]...)
