@@ -1,7 +1,8 @@
 // Command floor measures what this machine gives any server before its own code runs: an fsync
 // after an idle gap against one back to back (overwriting a file, as SQLite's WAL does once it
-// wraps, and appending, as the harness's raw loop and JetStream's block files do), and a loopback
-// TCP round trip between two processes. docs/benchmarks.md ("The machine's floor") reads it.
+// wraps, and appending, as the harness's raw loop and JetStream's block files do), a loopback
+// TCP round trip between two processes, and a null system call. docs/benchmarks.md ("The
+// machine's floor") reads it.
 //
 //	cd bench && go run ./floor -dir /path/on/the/disk/under/test
 package main
