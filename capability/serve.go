@@ -65,8 +65,13 @@ func (l *Listener) serveConn(c net.Conn) {
 		tc.SetKeepAlive(true) // a peer that vanishes without a reset is noticed
 	}
 	// Every connection is flow-controlled: past its bounds the server stops reading it (see
-	// internal/flowconn). A login lifts it from the pre-authentication bounds.
-	t := flowconn.New(c, l.flow)
+	// internal/flowconn). A login lifts it from the pre-authentication bounds. Past the pool's
+	// connection count it is refused with an Abort saying so.
+	t, err := l.flow.Open(c)
+	if err != nil {
+		l.log.Debug().Str("remote", c.RemoteAddr().String()).Err(err).Msg("rpc connection refused")
+		return
+	}
 	gw := &gateway{srv: l.srv, authenticated: t.Authenticate}
 	boot := schema.Gateway(guarded(guardOf(l.srv), access{rights: rAll}, schema.Gateway_Methods(nil, gw), gw))
 	conn := rpc.NewConn(t, &rpc.Options{
@@ -74,6 +79,7 @@ func (l *Listener) serveConn(c net.Conn) {
 		Logger:          rpcLogger{l.log},
 	})
 	gw.setConn(conn)
+	t.CountCapabilities(conn.ExportCount)
 	m := l.srv.Metrics()
 	m.RPCConnections.Inc()
 	l.mu.Lock()

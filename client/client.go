@@ -6,9 +6,12 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"net"
 	"os"
+	"strings"
+	"sync"
 	"time"
 
 	"capnproto.org/go/capnp/v3/rpc"
@@ -19,7 +22,30 @@ import (
 type Conn struct {
 	rpc     *rpc.Conn
 	gateway schema.Gateway
+	abort   *abortRecorder
 }
+
+// abortRecorder keeps the reason of the Abort the server ended the connection with, which
+// go-capnp only reports to its logger (its calls fail "connection closed").
+type abortRecorder struct {
+	mu     sync.Mutex
+	reason string
+}
+
+const abortPrefix = "rpc: remote abort: "
+
+func (a *abortRecorder) Error(msg string, args ...any) {
+	if r, ok := strings.CutPrefix(msg, abortPrefix); ok {
+		a.mu.Lock()
+		if a.reason == "" {
+			a.reason = r
+		}
+		a.mu.Unlock()
+	}
+}
+func (a *abortRecorder) Debug(string, ...any) {}
+func (a *abortRecorder) Info(string, ...any)  {}
+func (a *abortRecorder) Warn(string, ...any)  {}
 
 // Options configure DialWith.
 type Options struct {
@@ -57,10 +83,11 @@ func DialWith(ctx context.Context, addr string, o Options) (*Conn, error) {
 		}
 		nc = tc
 	}
-	conn := rpc.NewConn(rpc.NewStreamTransport(nc), nil)
+	abort := &abortRecorder{}
+	conn := rpc.NewConn(rpc.NewStreamTransport(nc), &rpc.Options{Logger: abort})
 	// The bootstrap capability lives as long as the connection, not as long as the dial's ctx:
 	// cancelling the context of a Bootstrap call breaks the capability it returns.
-	return &Conn{rpc: conn, gateway: schema.Gateway(conn.Bootstrap(context.Background()))}, nil
+	return &Conn{rpc: conn, gateway: schema.Gateway(conn.Bootstrap(context.Background())), abort: abort}, nil
 }
 
 // Gateway is the bootstrap capability.
@@ -75,6 +102,24 @@ func (c *Conn) Login(ctx context.Context, token string) schema.Project {
 
 // Done is closed when the connection ends.
 func (c *Conn) Done() <-chan struct{} { return c.rpc.Done() }
+
+// Err reports why the server ended the connection, once Done is closed and if it said: the
+// reason of its Abort, such as "itx.limitExceeded: ... (--rpc-max-capabilities) ..." for a
+// client past one of its bounds (itx.ErrorCode reads the code from it). It is nil while the
+// connection is open, and when no Abort came (closed by this side, or lost).
+func (c *Conn) Err() error {
+	select {
+	case <-c.rpc.Done():
+	default:
+		return nil
+	}
+	c.abort.mu.Lock()
+	defer c.abort.mu.Unlock()
+	if c.abort.reason == "" {
+		return nil
+	}
+	return errors.New("itxd aborted the connection: " + c.abort.reason)
+}
 
 // Close releases the bootstrap capability and closes the connection.
 func (c *Conn) Close() error {

@@ -62,6 +62,13 @@ func run() error {
 	flag.Int64Var(&flow.PreAuthBytes, "rpc-preauth-max-reply-bytes", flowconn.DefaultPreAuthBytes, "reply bytes waiting to be written per connection before login")
 	flag.IntVar(&flow.GlobalCalls, "rpc-global-max-calls", flowconn.DefaultGlobalCalls, "calls in flight over all connections")
 	flag.Int64Var(&flow.GlobalBytes, "rpc-global-max-reply-bytes", flowconn.DefaultGlobalBytes, "reply bytes waiting to be written over all connections")
+	flag.IntVar(&flow.Unfinished, "rpc-max-unfinished-replies", flowconn.DefaultUnfinished, "replies a logged-in client has not finished (Cap'n Proto Finish); above it the connection is aborted with limitExceeded")
+	flag.Int64Var(&flow.UnfinishedBytes, "rpc-max-unfinished-reply-bytes", flowconn.DefaultUnfinishedBytes, "encoded bytes of the replies a logged-in client has not finished; above it the connection is aborted")
+	flag.IntVar(&flow.PreAuthUnfinished, "rpc-preauth-max-unfinished-replies", flowconn.DefaultPreAuthUnfinished, "replies a client has not finished, before login")
+	flag.Int64Var(&flow.PreAuthUnfinishedBytes, "rpc-preauth-max-unfinished-reply-bytes", flowconn.DefaultPreAuthUnfinishedBytes, "bytes of the replies a client has not finished, before login")
+	flag.IntVar(&flow.Capabilities, "rpc-max-capabilities", flowconn.DefaultCapabilities, "capabilities one connection's client holds without releasing them; above it the connection is aborted")
+	flag.IntVar(&flow.Connections, "rpc-max-connections", flowconn.DefaultConnections, "RPC connections open at once; one more is refused with an Abort saying so")
+	flag.DurationVar(&flow.LoginTimeout, "rpc-login-timeout", flowconn.DefaultLoginTimeout, "a connection that has not logged in by then is aborted")
 	jsonataItems := flag.Int64("jsonata-max-items", itx.MaxJSONataItems, "array items and object entries one JSONata evaluation may build in total")
 	jsonataBytes := flag.Int64("jsonata-max-bytes", itx.MaxJSONataBytes, "string bytes one JSONata evaluation may build in total")
 	jsonataConcurrent := flag.Int("jsonata-concurrency", 0, "JSONata evaluations running at once (0: one per core)")
@@ -257,6 +264,18 @@ func registerFlowMetrics(r *prometheus.Registry, pool *flowconn.Pool) {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "itx_rpc_read_pauses_total",
 			Help: "Times a connection stopped being read because it, or the server, reached a flow-control bound."},
 			func() float64 { return float64(pool.Stats().Pauses) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "itx_rpc_unfinished_replies",
+			Help: "Replies written whose Finish has not arrived (go-capnp keeps each until then), over every connection."},
+			func() float64 { return float64(pool.Stats().Unfinished) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "itx_rpc_unfinished_reply_bytes",
+			Help: "Encoded bytes of the replies whose Finish has not arrived, over every connection."},
+			func() float64 { return float64(pool.Stats().UnfinishedBytes) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "itx_rpc_connections_aborted_total",
+			Help: "RPC connections aborted for a bound: unfinished replies, capabilities held, no login in time."},
+			func() float64 { return float64(pool.Stats().Aborts) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "itx_rpc_connections_refused_total",
+			Help: "RPC connections refused because --rpc-max-connections were open."},
+			func() float64 { return float64(pool.Stats().Refused) }),
 	)
 }
 

@@ -258,3 +258,60 @@ func TestRPC_ReturnLeavesNoGoroutineForTheFinishDelay(t *testing.T) {
 	after := runtime.NumGoroutine()
 	require.Less(t, after-before, calls/4, "goroutines left behind by %d calls", calls)
 }
+
+// streamsServer answers Streams.get with a new capability each call (a Handle standing in for a
+// Stream: the export table does not look at the interface).
+type streamsServer struct{ schema.Streams_Server }
+
+func (streamsServer) Get(_ context.Context, call schema.Streams_get) error {
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	h := schema.Handle_ServerToClient(handle{calls: make(chan struct{}, 1)})
+	return res.SetStream(schema.Stream(capnp.Client(h)))
+}
+
+// Conn.ExportCount (a patch) counts the capabilities the peer holds: one per returned
+// capability it keeps, none once it releases them.
+func TestRPC_ExportCount(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	served := make(chan *rpc.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		conn := rpc.NewConn(rpc.NewStreamTransport(c), &rpc.Options{BootstrapClient: capnp.Client(schema.Streams_ServerToClient(streamsServer{}))})
+		served <- conn
+		<-conn.Done()
+	}()
+	nc, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	conn := rpc.NewConn(rpc.NewStreamTransport(nc), nil)
+	defer conn.Close()
+	streams := schema.Streams(conn.Bootstrap(ctx))
+	defer streams.Release()
+	require.NoError(t, streams.Resolve(ctx))
+	server := <-served
+	require.Equal(t, 1, server.ExportCount(), "the bootstrap capability")
+
+	var held []schema.Stream
+	for range 5 {
+		fut, release := streams.Get(ctx, nil)
+		s := fut.Stream().AddRef()
+		require.NoError(t, s.Resolve(ctx))
+		release()
+		held = append(held, s)
+	}
+	require.Equal(t, 6, server.ExportCount())
+	for _, s := range held {
+		s.Release()
+	}
+	require.Eventually(t, func() bool { return server.ExportCount() == 1 }, 10*time.Second, time.Millisecond,
+		"the released capabilities leave the table (count %d)", server.ExportCount())
+}

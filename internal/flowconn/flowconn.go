@@ -8,16 +8,24 @@
 // outgoing bytes, enforced by not reading. The wrapper sees every message: a Call or Bootstrap
 // read from the peer opens a call, the Return written for it closes the call, and every
 // outgoing message counts its encoded size until the socket has taken it.
+//
+// Some of what a client holds cannot be bounded by not reading, because what frees it arrives
+// behind the next calls: a Return stays in go-capnp's answer table (results and all) until the
+// client's Finish, and an exported capability until the client's Release. A connection whose
+// client holds more than its bound of either is aborted with limitExceeded, as is one that has
+// not logged in within LoginTimeout, and the pool refuses connections past its count.
 package flowconn
 
 import (
 	"errors"
+	"io"
 	"net"
 	"sync"
 	"time"
 
 	"capnproto.org/go/capnp/v3/rpc/transport"
 	rpccp "capnproto.org/go/capnp/v3/std/capnp/rpc"
+	"github.com/itx-dev/itx"
 )
 
 // Limits are the bounds of a Pool. Zero fields take the defaults below.
@@ -38,6 +46,24 @@ type Limits struct {
 	// DrainTimeout bounds how long Close waits for queued messages (an Abort, last returns) to
 	// reach a peer that may have stopped reading.
 	DrainTimeout time.Duration
+
+	// Unfinished and UnfinishedBytes bound the replies a connection's client has not finished
+	// (count, and their encoded bytes): go-capnp keeps each Return until the client's Finish,
+	// and Go clients send it 250 ms after the Return, so a fast legitimate client holds its
+	// last quarter second of replies. PreAuthUnfinished(Bytes) apply before login.
+	Unfinished             int
+	UnfinishedBytes        int64
+	PreAuthUnfinished      int
+	PreAuthUnfinishedBytes int64
+	// Capabilities bounds the capabilities one connection has handed its client and the client
+	// has not released (go-capnp's export table), checked before each message is read.
+	Capabilities int
+	// Connections bounds the pool's open connections; Open refuses one past it.
+	Connections int
+	// LoginTimeout is how long a connection may stay unauthenticated before it is aborted,
+	// on Clock (nil: the system clock).
+	LoginTimeout time.Duration
+	Clock        itx.Clock
 }
 
 // The defaults: about 128 unanswered calls per client, 16 MiB of unwritten replies (a
@@ -52,6 +78,14 @@ const (
 	DefaultGlobalBytes  = 256 << 20
 	DefaultReserveCalls = 4
 	DefaultDrainTimeout = time.Second
+
+	DefaultUnfinished             = 16384
+	DefaultUnfinishedBytes        = 256 << 20
+	DefaultPreAuthUnfinished      = 64
+	DefaultPreAuthUnfinishedBytes = 1 << 20
+	DefaultCapabilities           = 65536
+	DefaultConnections            = 4096
+	DefaultLoginTimeout           = 30 * time.Second
 )
 
 func (l Limits) withDefaults() Limits {
@@ -75,6 +109,18 @@ func (l Limits) withDefaults() Limits {
 	if l.DrainTimeout <= 0 {
 		l.DrainTimeout = DefaultDrainTimeout
 	}
+	set(&l.Unfinished, DefaultUnfinished)
+	set64(&l.UnfinishedBytes, DefaultUnfinishedBytes)
+	set(&l.PreAuthUnfinished, DefaultPreAuthUnfinished)
+	set64(&l.PreAuthUnfinishedBytes, DefaultPreAuthUnfinishedBytes)
+	set(&l.Capabilities, DefaultCapabilities)
+	set(&l.Connections, DefaultConnections)
+	if l.LoginTimeout <= 0 {
+		l.LoginTimeout = DefaultLoginTimeout
+	}
+	if l.Clock == nil {
+		l.Clock = itx.SystemClock{}
+	}
 	return l
 }
 
@@ -82,11 +128,18 @@ func (l Limits) withDefaults() Limits {
 type Pool struct {
 	limits Limits
 
-	mu     sync.Mutex
-	cond   *sync.Cond // readers paused on a bound wait here; every release broadcasts
-	calls  int
-	bytes  int64
-	pauses uint64
+	mu       sync.Mutex
+	cond     *sync.Cond // readers paused on a bound wait here; every release broadcasts
+	calls    int
+	bytes    int64
+	pauses   uint64
+	conns    int
+	aborts   uint64
+	refused  uint64
+	refusing int
+
+	unfinished      int
+	unfinishedBytes int64
 }
 
 // NewPool returns a Pool with limits (zero fields take the defaults).
@@ -101,16 +154,91 @@ func (p *Pool) Limits() Limits { return p.limits }
 
 // Stats is a snapshot of a pool's use.
 type Stats struct {
-	Calls  int    // calls read and not yet answered on the wire, over every connection
-	Bytes  int64  // encoded bytes queued and not yet written, over every connection
-	Pauses uint64 // times a connection stopped reading because of a bound
+	Calls           int    // calls read and not yet answered on the wire, over every connection
+	Bytes           int64  // encoded bytes queued and not yet written, over every connection
+	Pauses          uint64 // times a connection stopped reading because of a bound
+	Conns           int    // open connections
+	Aborts          uint64 // connections aborted for a bound (unfinished replies, capabilities, login)
+	Refused         uint64 // connections refused because Connections were open
+	Unfinished      int    // replies written whose Finish has not arrived, over every connection
+	UnfinishedBytes int64  // their encoded bytes
 }
 
 // Stats returns the pool's current use.
 func (p *Pool) Stats() Stats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return Stats{Calls: p.calls, Bytes: p.bytes, Pauses: p.pauses}
+	return p.stats()
+}
+
+func (p *Pool) stats() Stats {
+	return Stats{Calls: p.calls, Bytes: p.bytes, Pauses: p.pauses, Conns: p.conns, Aborts: p.aborts,
+		Refused: p.refused, Unfinished: p.unfinished, UnfinishedBytes: p.unfinishedBytes}
+}
+
+// errTooMany is Open's refusal.
+func (p *Pool) errTooMany() error {
+	return itx.Errorf(itx.ELimitExceeded, "itxd serves at most %d connections at once (--rpc-max-connections)", p.limits.Connections)
+}
+
+// Open wraps conn in a flow-controlled transport, or, with Connections already open, writes an
+// Abort saying so to conn (within DrainTimeout), closes it and returns the refusal.
+func (p *Pool) Open(conn net.Conn) (*Transport, error) {
+	p.mu.Lock()
+	if p.conns >= p.limits.Connections {
+		p.refused++
+		p.cond.Broadcast()
+		p.mu.Unlock()
+		err := p.errTooMany()
+		p.refuse(conn, err)
+		return nil, err
+	}
+	p.conns++
+	p.cond.Broadcast()
+	p.mu.Unlock()
+	return newTransport(conn, p), nil
+}
+
+// maxRefusing bounds the refused connections whose Abort is still being delivered; past it a
+// refused connection is closed at once.
+const maxRefusing = 64
+
+// refuse writes an Abort carrying err to a connection that is not served and closes it, in a
+// goroutine of its own (at most maxRefusing at once, each for at most DrainTimeout).
+func (p *Pool) refuse(conn net.Conn, err error) {
+	p.mu.Lock()
+	if p.refusing >= maxRefusing {
+		p.mu.Unlock()
+		conn.Close()
+		return
+	}
+	p.refusing++
+	p.mu.Unlock()
+	go func() {
+		refuse(conn, err, p.limits.DrainTimeout)
+		p.mu.Lock()
+		p.refusing--
+		p.mu.Unlock()
+	}()
+}
+
+func refuse(conn net.Conn, err error, timeout time.Duration) {
+	defer conn.Close()
+	tr := transport.NewStream(conn)
+	m, merr := tr.NewMessage()
+	if merr != nil {
+		return
+	}
+	defer m.Release()
+	a, merr := m.Message().NewAbort()
+	if merr != nil || a.SetReason(err.Error()) != nil {
+		return
+	}
+	a.SetType(rpccp.Exception_Type_overloaded)
+	conn.SetWriteDeadline(time.Now().Add(timeout)) // a wall-clock deadline: the kernel's clock
+	if m.Send() == nil {
+		linger(conn, timeout)
+	}
 }
 
 // WaitFor blocks until cond holds for the pool's use or done is closed, and reports whether cond
@@ -130,7 +258,7 @@ func (p *Pool) WaitFor(done <-chan struct{}, cond func(Stats) bool) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for {
-		if cond(Stats{Calls: p.calls, Bytes: p.bytes, Pauses: p.pauses}) {
+		if cond(p.stats()) {
 			return true
 		}
 		select {
@@ -160,24 +288,86 @@ type Transport struct {
 	torndown  bool // the writer has stopped and returned this connection's use to the pool
 	writeErr  error
 	wasPaused bool
+	abortErr  error // set by abort: RecvMessage returns it, and go-capnp aborts with it
+
+	// Answers the client has not finished. open holds the ids of calls (and bootstraps) read
+	// and not yet returned, finishedEarly those of them the client finished before their
+	// Return, unfinished the returned ones with their Return's encoded size.
+	open            map[uint32]struct{}
+	finishedEarly   map[uint32]struct{}
+	unfinished      map[uint32]int64
+	unfinishedBytes int64
+
+	exports    func() int // the capabilities the client holds (go-capnp's export table)
+	loginTimer itx.Timer
 
 	writerDone chan struct{}
 }
 
-// New wraps conn in a go-capnp stream transport whose use is counted against pool.
+// New wraps conn in a go-capnp stream transport whose use is counted against pool, whatever
+// the pool's connection count (Open is New with the count checked).
 func New(conn net.Conn, pool *Pool) *Transport {
-	t := &Transport{pool: pool, inner: transport.NewStream(conn), conn: conn, writerDone: make(chan struct{})}
+	pool.mu.Lock()
+	pool.conns++
+	pool.mu.Unlock()
+	return newTransport(conn, pool)
+}
+
+func newTransport(conn net.Conn, pool *Pool) *Transport {
+	t := &Transport{pool: pool, inner: transport.NewStream(conn), conn: conn, writerDone: make(chan struct{}),
+		open: map[uint32]struct{}{}, finishedEarly: map[uint32]struct{}{}, unfinished: map[uint32]int64{}}
 	t.wcond = sync.NewCond(&pool.mu)
+	d := pool.limits.LoginTimeout
+	t.loginTimer = pool.limits.Clock.AfterFunc(d, func() {
+		t.abort(itx.Errorf(itx.EDeadlineExceeded, "no login within %s (--rpc-login-timeout)", d), true)
+	})
 	go t.write()
 	return t
 }
 
-// Authenticate raises the connection's bounds from the pre-authentication ones.
+// Authenticate raises the connection's bounds from the pre-authentication ones and ends its
+// login deadline.
 func (t *Transport) Authenticate() {
+	t.loginTimer.Stop()
 	t.pool.mu.Lock()
 	t.authed = true
 	t.pool.cond.Broadcast()
 	t.pool.mu.Unlock()
+}
+
+// CountCapabilities installs how to count the capabilities the client holds (rpc.Conn's
+// ExportCount, for the Conn built on this transport). Before each message is read, a count
+// above Limits.Capabilities aborts the connection: every capability it exports comes from a
+// call the client sent.
+func (t *Transport) CountCapabilities(count func() int) {
+	t.pool.mu.Lock()
+	t.exports = count
+	t.pool.mu.Unlock()
+}
+
+// abort ends the connection with err: the reader stops (a blocked read is cut short by a past
+// deadline), RecvMessage returns err, and go-capnp sends it to the client as an Abort. With
+// onlyUnauthed, a connection that has logged in meanwhile is left alone.
+func (t *Transport) abort(err error, onlyUnauthed bool) {
+	p := t.pool
+	p.mu.Lock()
+	if t.abortErr != nil || t.closed || (onlyUnauthed && t.authed) {
+		p.mu.Unlock()
+		return
+	}
+	t.abortErr = err
+	p.aborts++
+	p.cond.Broadcast()
+	p.mu.Unlock()
+	t.conn.SetReadDeadline(time.Now()) // a past deadline: the kernel's clock
+}
+
+// unfinishedBounds returns the connection's bounds on unfinished replies. pool.mu held.
+func (t *Transport) unfinishedBounds() (int, int64) {
+	if t.authed {
+		return t.pool.limits.Unfinished, t.pool.limits.UnfinishedBytes
+	}
+	return t.pool.limits.PreAuthUnfinished, t.pool.limits.PreAuthUnfinishedBytes
 }
 
 // mayRead reports whether the connection may read another message. Called with pool.mu held.
@@ -201,7 +391,7 @@ func (t *Transport) mayRead() bool {
 func (t *Transport) RecvMessage() (transport.IncomingMessage, error) {
 	p := t.pool
 	p.mu.Lock()
-	for !t.closed && !t.mayRead() {
+	for !t.closed && t.abortErr == nil && !t.mayRead() {
 		if !t.wasPaused {
 			t.wasPaused = true
 			p.pauses++
@@ -210,21 +400,62 @@ func (t *Transport) RecvMessage() (transport.IncomingMessage, error) {
 		p.cond.Wait()
 	}
 	t.wasPaused = false
+	exports, abortErr := t.exports, t.abortErr
 	p.mu.Unlock()
+	if abortErr != nil {
+		return nil, abortErr
+	}
+	if exports != nil {
+		if n, max := exports(), p.limits.Capabilities; n > max {
+			err := itx.Errorf(itx.ELimitExceeded, "the client holds %d capabilities of this connection, above its bound of %d (--rpc-max-capabilities): release the ones it no longer uses", n, max)
+			t.abort(err, false)
+			return nil, err
+		}
+	}
 
 	in, err := t.inner.RecvMessage()
 	if err != nil {
+		p.mu.Lock()
+		abortErr := t.abortErr
+		p.mu.Unlock()
+		if abortErr != nil {
+			return nil, abortErr
+		}
 		return nil, err
 	}
-	switch in.Message().Which() {
+	msg := in.Message()
+	switch msg.Which() {
 	case rpccp.Message_Which_call, rpccp.Message_Which_bootstrap:
 		// Each is answered by exactly one Return; the call is open until that is written.
+		var id uint32
+		if msg.Which() == rpccp.Message_Which_call {
+			c, _ := msg.Call()
+			id = c.QuestionId()
+		} else {
+			b, _ := msg.Bootstrap()
+			id = b.QuestionId()
+		}
 		p.mu.Lock()
 		if !t.torndown {
 			t.calls++
 			p.calls++
+			t.open[id] = struct{}{}
 			p.cond.Broadcast()
 		}
+		p.mu.Unlock()
+	case rpccp.Message_Which_finish:
+		f, _ := msg.Finish()
+		id := f.QuestionId()
+		p.mu.Lock()
+		if size, ok := t.unfinished[id]; ok {
+			delete(t.unfinished, id)
+			t.unfinishedBytes -= size
+			p.unfinished--
+			p.unfinishedBytes -= size
+			p.cond.Broadcast()
+		} else if _, ok := t.open[id]; ok {
+			t.finishedEarly[id] = struct{}{}
+		} // an unknown id: go-capnp aborts the connection for it
 		p.mu.Unlock()
 	}
 	return in, nil
@@ -255,7 +486,26 @@ func (t *Transport) Close() error {
 	// A write deadline is wall-clock time by nature: the kernel compares it to the real clock.
 	t.conn.SetWriteDeadline(time.Now().Add(p.limits.DrainTimeout))
 	<-t.writerDone
+	p.mu.Lock()
+	aborted := t.abortErr != nil
+	p.mu.Unlock()
+	if aborted {
+		// Nothing reads this socket any more: closing it with the client's calls unread would
+		// reset it, and the client's kernel could drop the Abort saying why before it is read.
+		linger(t.conn, p.limits.DrainTimeout)
+	}
 	return t.inner.Close()
+}
+
+// linger half-closes conn after what was written and discards what the peer still sends, until
+// it closes too, d passes or 1 MiB was discarded, so that the last message written (an Abort)
+// reaches the peer instead of a reset.
+func linger(conn net.Conn, d time.Duration) {
+	if cw, ok := conn.(interface{ CloseWrite() error }); ok {
+		cw.CloseWrite()
+	}
+	conn.SetReadDeadline(time.Now().Add(d)) // the kernel's clock
+	io.CopyN(io.Discard, conn, 1<<20)
 }
 
 // write is the writer goroutine: it writes queued messages in order and returns their bytes
@@ -313,6 +563,11 @@ func (t *Transport) teardown() {
 	p.bytes -= t.bytes
 	t.calls, t.bytes = 0, 0
 	t.torndown = true
+	p.conns--
+	t.loginTimer.Stop()
+	p.unfinished -= len(t.unfinished)
+	p.unfinishedBytes -= t.unfinishedBytes
+	t.open, t.finishedEarly, t.unfinished, t.unfinishedBytes = nil, nil, nil, 0
 	for _, m := range t.queue {
 		m.written = true
 		if m.released {
@@ -359,6 +614,25 @@ func (m *outgoing) Send() error {
 	t.bytes += m.size
 	p.bytes += m.size
 	t.wcond.Signal()
+	if m.isReturn {
+		// go-capnp keeps the answer (this message) until the client's Finish.
+		r, _ := msg.Return()
+		id := r.AnswerId()
+		delete(t.open, id)
+		if _, ok := t.finishedEarly[id]; ok {
+			delete(t.finishedEarly, id)
+		} else if _, ok := t.unfinished[id]; !ok {
+			t.unfinished[id] = m.size
+			t.unfinishedBytes += m.size
+			p.unfinished++
+			p.unfinishedBytes += m.size
+			if n, b := t.unfinishedBounds(); len(t.unfinished) > n || t.unfinishedBytes > b {
+				err := itx.Errorf(itx.ELimitExceeded, "the client holds %d replies (%d bytes) it has not finished, above this connection's bound of %d replies or %d bytes (--rpc-max-unfinished-replies, --rpc-max-unfinished-reply-bytes): a Cap'n Proto client sends Finish for every Return once it is done with the results",
+					len(t.unfinished), t.unfinishedBytes, n, b)
+				go t.abort(err, false) // abort takes pool.mu, held here
+			}
+		}
+	}
 	return nil
 }
 

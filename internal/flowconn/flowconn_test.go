@@ -65,7 +65,10 @@ func serveHeld(t *testing.T, pool *flowconn.Pool, hold <-chan struct{}, answered
 			if err != nil {
 				return
 			}
-			tr := flowconn.New(c, pool)
+			tr, err := pool.Open(c)
+			if err != nil {
+				continue // refused: the client got an Abort saying why
+			}
 			conn := rpc.NewConn(tr, &rpc.Options{BootstrapClient: capnp.Client(schema.Gateway_ServerToClient(&gateway{t: tr, hold: hold, answered: answered}))})
 			conns.Add(1)
 			go func() { defer conns.Done(); <-conn.Done() }()
@@ -117,7 +120,7 @@ func TestTransport_StopsReadingAtTheBound(t *testing.T) {
 		{"after login", true, 32},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			pool := flowconn.NewPool(flowconn.Limits{PreAuthCalls: 4, PreAuthBytes: 1 << 30, Calls: 32, Bytes: 1 << 30})
+			pool := flowconn.NewPool(flowconn.Limits{PreAuthCalls: 4, PreAuthBytes: 1 << 30, Calls: 32, Bytes: 1 << 30, PreAuthUnfinished: 1 << 20, PreAuthUnfinishedBytes: 1 << 40})
 			addr := serve(t, pool)
 			open := make(chan struct{})
 			gw := dialGated(t, addr, open)
@@ -167,7 +170,7 @@ func TestTransport_ByteBound(t *testing.T) {
 	// 300 calls in with their answers held (19 MiB of replies, more than loopback's socket
 	// buffers take), releases the answers, and only then sends the calls the bound must leave
 	// unread.
-	pool := flowconn.NewPool(flowconn.Limits{PreAuthCalls: 2000, PreAuthBytes: 1})
+	pool := flowconn.NewPool(flowconn.Limits{PreAuthCalls: 2000, PreAuthBytes: 1, PreAuthUnfinished: 1 << 20, PreAuthUnfinishedBytes: 1 << 40})
 	hold := make(chan struct{})
 	answered := make(chan struct{}, 2000)
 	addr := serveHeld(t, pool, hold, answered)
@@ -218,7 +221,7 @@ func TestTransport_ByteBound(t *testing.T) {
 }
 
 func TestTransport_GlobalBoundKeepsAReserve(t *testing.T) {
-	pool := flowconn.NewPool(flowconn.Limits{PreAuthCalls: 100, PreAuthBytes: 1 << 30,
+	pool := flowconn.NewPool(flowconn.Limits{PreAuthCalls: 100, PreAuthBytes: 1 << 30, PreAuthUnfinished: 1 << 20, PreAuthUnfinishedBytes: 1 << 40,
 		GlobalCalls: 10, GlobalBytes: 1 << 30, ReserveCalls: 2})
 	addr := serve(t, pool)
 	gate := make(chan struct{})

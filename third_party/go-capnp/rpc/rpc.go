@@ -128,9 +128,11 @@ type Conn struct {
 		answers    map[answerID]*ansent
 		exports    []*expent
 		exportID   idgen[exportID]
-		imports    map[importID]*impent
-		embargoes  []*embargo
-		embargoID  idgen[embargoID]
+		// itx patch: the number of live entries in exports, for ExportCount.
+		liveExports int
+		imports     map[importID]*impent
+		embargoes   []*embargo
+		embargoID   idgen[embargoID]
 	}
 }
 
@@ -377,6 +379,17 @@ func (c *Conn) Close() error {
 	})
 }
 
+// ExportCount returns the number of capabilities this connection has
+// exported to the remote vat and the remote vat has not released.
+//
+// itx patch: a server bounds what one client may hold with it (a client
+// that never releases would otherwise grow the export table until the
+// export ID generator panics on overflow).
+func (c *Conn) ExportCount() (n int) {
+	c.withLocked(func(c *lockedConn) { n = c.lk.liveExports })
+	return n
+}
+
 // Done returns a channel that is closed after the connection is
 // shut down.
 func (c *Conn) Done() <-chan struct{} {
@@ -459,6 +472,7 @@ func (c *lockedConn) release(dq *deferred.Queue) {
 	questions := c.lk.questions
 	c.lk.imports = nil
 	c.lk.exports = nil
+	c.lk.liveExports = 0 // itx patch: see Conn.ExportCount
 	c.lk.embargoes = nil
 	c.lk.questions = nil
 	c.lk.answers = nil

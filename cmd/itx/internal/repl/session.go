@@ -181,6 +181,17 @@ func (s *Session) Done() <-chan struct{} {
 	return s.conn.Done()
 }
 
+// lostBecause is " (itxd aborted the connection: <reason>)" when the server ended the current
+// connection with a reason (a bound the session crossed), or "".
+func (s *Session) lostBecause() string {
+	s.linkMu.Lock()
+	defer s.linkMu.Unlock()
+	if err := s.conn.Err(); err != nil {
+		return " (" + err.Error() + ")"
+	}
+	return ""
+}
+
 // connected reports whether the current connection is up.
 func (s *Session) connected() bool {
 	select {
@@ -257,7 +268,7 @@ func (s *Session) ensureConnected(ctx context.Context) error {
 	if s.connected() {
 		return nil
 	}
-	fmt.Fprintf(s.cfg.Err, "itx: the connection to %s was lost; reconnecting (variables are kept)\n", s.cfg.Addr)
+	fmt.Fprintf(s.cfg.Err, "itx: the connection to %s was lost%s; reconnecting (variables are kept)\n", s.cfg.Addr, s.lostBecause())
 	return s.reconnect(ctx)
 }
 
@@ -287,7 +298,7 @@ func (s *Session) watchConnection(stop <-chan struct{}) {
 		case <-stop:
 			return
 		}
-		fmt.Fprintf(s.cfg.Err, "itx: lost the connection to %s; reconnecting (variables are kept)\n", s.cfg.Addr)
+		fmt.Fprintf(s.cfg.Err, "itx: lost the connection to %s%s; reconnecting (variables are kept)\n", s.cfg.Addr, s.lostBecause())
 		for !s.connectedAfterRedial(ctx) {
 			if ctx.Err() != nil {
 				return

@@ -1,0 +1,183 @@
+package flowconn_test
+
+import (
+	"context"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"capnproto.org/go/capnp/v3/rpc"
+	"github.com/itx-dev/itx/internal/clocktest"
+	"github.com/itx-dev/itx/internal/flowconn"
+	"github.com/itx-dev/itx/internal/itxtest"
+	"github.com/itx-dev/itx/schema"
+)
+
+// A client that never sends Finish keeps every reply in go-capnp's answer table; past the
+// bound its connection is aborted with limitExceeded, and everything it held is returned.
+func TestTransport_AbortsAClientThatNeverFinishes(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		limits flowconn.Limits
+	}{
+		{"count", flowconn.Limits{PreAuthUnfinished: 8, PreAuthUnfinishedBytes: 1 << 30}},
+		// Each version reply carries bigReply (64 KiB): the fifth crosses 300,000 bytes.
+		{"bytes", flowconn.Limits{PreAuthUnfinished: 1 << 20, PreAuthUnfinishedBytes: 300_000}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pool := flowconn.NewPool(tc.limits)
+			r := itxtest.DialRaw(t, serve(t, pool))
+			r.Bootstrap(0)
+			const calls = 40
+			for q := uint32(1); q <= calls; q++ {
+				r.Version(q, 0)
+			}
+			returns, reason := r.UntilAbort()
+			if !strings.Contains(reason, "itx.limitExceeded: ") || !strings.Contains(reason, "not finished") {
+				t.Fatalf("abort reason %q, want limitExceeded about unfinished replies", reason)
+			}
+			if returns >= calls+1 {
+				t.Fatalf("all %d calls were answered before the abort", returns)
+			}
+			waitFor(t, pool, "the connection's use returned", func(s flowconn.Stats) bool {
+				return s.Conns == 0 && s.Unfinished == 0 && s.UnfinishedBytes == 0 && s.Calls == 0 && s.Aborts == 1
+			})
+		})
+	}
+}
+
+// Replies the client finishes are not held against it, also when the Finish comes before the
+// Return (a cancelled call): a client finishing each reply makes many more calls than the bound.
+func TestTransport_FinishedRepliesAreNotHeld(t *testing.T) {
+	hold := make(chan struct{})
+	pool := flowconn.NewPool(flowconn.Limits{PreAuthUnfinished: 4, PreAuthUnfinishedBytes: 1 << 30})
+	addr := serveHeld(t, pool, hold, nil)
+	r := itxtest.DialRaw(t, addr)
+	r.Bootstrap(0)
+	r.UntilReturn(0)
+
+	// Finished before its Return: the server cancels it, and its Return is not counted.
+	r.Version(1, 0)
+	waitFor(t, pool, "the call read", func(s flowconn.Stats) bool { return s.Calls == 1 })
+	r.Finish(1)
+	r.UntilReturn(1)
+	close(hold)
+
+	for q := uint32(2); q < 100; q++ {
+		r.Version(q, 0)
+		r.UntilReturn(q)
+		r.Finish(q)
+	}
+	r.Finish(0)
+	waitFor(t, pool, "every reply finished", func(s flowconn.Stats) bool {
+		return s.Unfinished == 0 && s.UnfinishedBytes == 0 && s.Calls == 0
+	})
+	if s := pool.Stats(); s.Aborts != 0 || s.Conns != 1 {
+		t.Fatalf("a client finishing its replies was cut off: %+v", s)
+	}
+}
+
+// go-capnp clients finish every reply (250 ms after it): their replies are all released.
+func TestTransport_GoClientsFinishTheirReplies(t *testing.T) {
+	pool := flowconn.NewPool(flowconn.Limits{})
+	c, err := net.Dial("tcp", serve(t, pool))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := rpc.NewConn(rpc.NewStreamTransport(c), nil)
+	defer conn.Close()
+	gw := schema.Gateway(conn.Bootstrap(context.Background()))
+	login, release := gw.Login(context.Background(), nil)
+	if _, err := login.Struct(); err != nil {
+		t.Fatal(err)
+	}
+	release()
+	for range 50 {
+		f, release := gw.Version(context.Background(), nil)
+		if _, err := f.Struct(); err != nil {
+			t.Fatal(err)
+		}
+		release()
+	}
+	waitFor(t, pool, "50 replies held", func(s flowconn.Stats) bool { return s.Unfinished > 0 })
+	gw.Release()
+	waitFor(t, pool, "every reply finished", func(s flowconn.Stats) bool { return s.Unfinished == 0 && s.UnfinishedBytes == 0 })
+}
+
+// A connection that has not logged in within LoginTimeout is aborted; one that has, is not.
+func TestTransport_LoginTimeout(t *testing.T) {
+	clk := clocktest.New(time.Unix(1_800_000_000, 0))
+	pool := flowconn.NewPool(flowconn.Limits{LoginTimeout: 30 * time.Second, Clock: clk})
+	addr := serve(t, pool)
+
+	r := itxtest.DialRaw(t, addr)
+	r.Bootstrap(0)
+	r.UntilReturn(0) // the transport (and its login deadline) exists
+
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := rpc.NewConn(rpc.NewStreamTransport(c), nil)
+	defer conn.Close()
+	gw := schema.Gateway(conn.Bootstrap(context.Background()))
+	login, release := gw.Login(context.Background(), nil)
+	if _, err := login.Struct(); err != nil {
+		t.Fatal(err)
+	}
+	release()
+	if n := clk.Pending(); n != 1 {
+		t.Fatalf("%d login deadlines armed, want 1 (the logged-in connection's is stopped)", n)
+	}
+
+	clk.Advance(30 * time.Second)
+	_, reason := r.UntilAbort()
+	if !strings.Contains(reason, "itx.deadlineExceeded: no login within 30s") {
+		t.Fatalf("abort reason %q", reason)
+	}
+	f, release := gw.Version(context.Background(), nil)
+	defer release()
+	if _, err := f.Struct(); err != nil {
+		t.Fatalf("the logged-in connection: %v", err)
+	}
+	waitFor(t, pool, "one connection left", func(s flowconn.Stats) bool { return s.Conns == 1 && s.Aborts == 1 })
+}
+
+// Past Connections, a new connection gets an Abort saying so and is closed; once one closes,
+// the next is served.
+func TestPool_RefusesConnectionsPastTheBound(t *testing.T) {
+	pool := flowconn.NewPool(flowconn.Limits{Connections: 2})
+	addr := serve(t, pool)
+	var conns []*rpc.Conn
+	for range 2 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn := rpc.NewConn(rpc.NewStreamTransport(c), nil)
+		defer conn.Close()
+		gw := schema.Gateway(conn.Bootstrap(context.Background()))
+		f, release := gw.Version(context.Background(), nil)
+		if _, err := f.Struct(); err != nil {
+			t.Fatal(err)
+		}
+		release()
+		conns = append(conns, conn)
+	}
+
+	r := itxtest.DialRaw(t, addr)
+	_, reason := r.UntilAbort()
+	if !strings.Contains(reason, "itx.limitExceeded: itxd serves at most 2 connections") {
+		t.Fatalf("abort reason %q", reason)
+	}
+	if s := pool.Stats(); s.Refused != 1 || s.Conns != 2 {
+		t.Fatalf("stats %+v, want 1 refused and 2 open", s)
+	}
+
+	conns[0].Close()
+	waitFor(t, pool, "a connection closed", func(s flowconn.Stats) bool { return s.Conns == 1 })
+	r = itxtest.DialRaw(t, addr)
+	r.Bootstrap(0)
+	r.UntilReturn(0)
+}

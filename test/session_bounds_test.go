@@ -1,0 +1,118 @@
+package test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"capnproto.org/go/capnp/v3"
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/internal/itxtest"
+	"github.com/itx-dev/itx/schema"
+	"github.com/stretchr/testify/require"
+)
+
+// What one RPC client holds on itxd without sending anything big is bounded too: replies it never
+// finishes, capabilities it never releases, connections, and time before login. Each bound
+// aborts (or refuses) the connection with an Abort whose reason says which bound and which flag.
+func TestItxd_SessionBounds(t *testing.T) {
+	metrics := freeTestAddr(t)
+	p := startItxd(t, t.TempDir(), "--metrics", metrics,
+		"--rpc-preauth-max-unfinished-replies", "10", "--rpc-max-capabilities", "20",
+		"--rpc-max-connections", "3", "--rpc-login-timeout", "300ms")
+	ctx := ctxT(t)
+
+	t.Run("unfinished replies", func(t *testing.T) {
+		r := itxtest.DialRaw(t, p.addr)
+		r.Bootstrap(0)
+		for q := uint32(1); q <= 30; q++ {
+			r.Version(q, 0) // never finished
+		}
+		returns, reason := r.UntilAbort()
+		require.Contains(t, reason, "itx.limitExceeded: ")
+		require.Contains(t, reason, "--rpc-max-unfinished-replies")
+		require.Less(t, returns, 31, "the abort came before every call was answered")
+	})
+
+	t.Run("capabilities", func(t *testing.T) {
+		// A client that releases what it gets is never cut off, however many it asks for.
+		conn := dial(t, p.addr)
+		proj := conn.Login(ctx, p.creds.ProjectToken)
+		defer proj.Release()
+		for i := range 100 {
+			s := client.Stream(ctx, proj, fmt.Sprintf("/caps/%d", i))
+			require.NoError(t, s.Resolve(ctx))
+			s.Release()
+		}
+		_, err := client.Append(ctx, client.Stream(ctx, proj, "/caps/ok"), []itx.EventInput{ev("t", `{}`)}, itx.AppendOptions{})
+		require.NoError(t, err)
+
+		// One that keeps them all is aborted past the bound.
+		leaky := dial(t, p.addr)
+		lproj := leaky.Login(ctx, p.creds.ProjectToken)
+		var held []schema.Stream
+		defer func() {
+			for _, s := range held {
+				s.Release()
+			}
+		}()
+		var last error
+		for i := range 100 {
+			s := client.Stream(ctx, lproj, fmt.Sprintf("/caps/%d", i))
+			held = append(held, s)
+			if last = s.Resolve(ctx); last == nil {
+				f, release := s.Describe(ctx, nil)
+				_, last = f.Struct()
+				release()
+			}
+			if last != nil {
+				break
+			}
+		}
+		require.Error(t, last, "a client holding 100 capabilities was not cut off at 20")
+		require.LessOrEqual(t, len(held), 25)
+		select {
+		case <-leaky.Done():
+		case <-ctx.Done():
+			t.Fatal("the leaky connection is still open")
+		}
+		// The client learns why from the server's Abort.
+		require.Equal(t, itx.ELimitExceeded, itx.ErrorCode(leaky.Err()), "%v", leaky.Err())
+		require.Contains(t, leaky.Err().Error(), "--rpc-max-capabilities")
+		require.NoError(t, conn.Err(), "the well-behaved connection is open")
+	})
+
+	t.Run("login timeout", func(t *testing.T) {
+		r := itxtest.DialRaw(t, p.addr)
+		_, reason := r.UntilAbort() // sends nothing: aborted after 300 ms
+		require.Contains(t, reason, "itx.deadlineExceeded: no login within 300ms")
+	})
+
+	t.Run("connections", func(t *testing.T) {
+		require.Eventually(t, func() bool { return scrapeMetric(t, metrics, "itx_rpc_connections") == 0 },
+			10*time.Second, 5*time.Millisecond, "the earlier connections are gone")
+		var open []capnp.Client
+		for range 3 {
+			c := dial(t, p.addr)
+			proj := c.Login(ctx, p.creds.ProjectToken)
+			require.NoError(t, proj.Resolve(ctx))
+			open = append(open, capnp.Client(proj))
+		}
+		defer func() {
+			for _, c := range open {
+				c.Release()
+			}
+		}()
+		r := itxtest.DialRaw(t, p.addr)
+		r.Bootstrap(0)
+		_, reason := r.UntilAbort()
+		require.Contains(t, reason, "itx.limitExceeded: itxd serves at most 3 connections")
+	})
+
+	for _, m := range []string{"itx_rpc_connections_aborted_total", "itx_rpc_connections_refused_total"} {
+		require.GreaterOrEqual(t, scrapeMetric(t, metrics, m), 1.0, m)
+	}
+	require.True(t, strings.HasPrefix(p.addr, "127.0.0.1:"))
+}
