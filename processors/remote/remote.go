@@ -111,6 +111,9 @@ func serveOnce(ctx context.Context, cfg Config) error {
 	}
 	select {
 	case <-conn.Done():
+		if err := conn.Err(); err != nil {
+			return fmt.Errorf("the connection to itxd ended: %w", err)
+		}
 		return errors.New("the connection to itxd ended")
 	case <-ctx.Done():
 		return ctx.Err()
