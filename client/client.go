@@ -118,7 +118,8 @@ func (c *Conn) Err() error {
 	if c.abort.reason == "" {
 		return nil
 	}
-	return errors.New("itxd aborted the connection: " + c.abort.reason)
+	// go-capnp prefixes an error from reading the connection with "reader: ".
+	return errors.New("itxd aborted the connection: " + strings.TrimPrefix(c.abort.reason, "reader: "))
 }
 
 // Close releases the bootstrap capability and closes the connection.

@@ -24,6 +24,7 @@ import (
 	"github.com/itx-dev/itx/capability"
 	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/cmd/itx/internal/repl"
+	"github.com/itx-dev/itx/internal/flowconn"
 	"github.com/itx-dev/itx/server"
 	"github.com/stretchr/testify/require"
 )
@@ -130,13 +131,18 @@ func TestRun_BigIntegers(t *testing.T) {
 // called (or the test ends); a second call on the same dir and address is the same server
 // restarted, as after a deploy.
 func serveAt(t *testing.T, dir, addr string) (string, func()) {
+	return serveAtLimits(t, dir, addr, flowconn.Limits{})
+}
+
+// serveAtLimits is serveAt with the RPC connections' bounds given (zero fields: the defaults).
+func serveAtLimits(t *testing.T, dir, addr string, limits flowconn.Limits) (string, func()) {
 	t.Helper()
 	ctx := context.Background()
 	srv, err := server.Open(ctx, server.Config{DataDir: dir})
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", addr)
 	require.NoError(t, err)
-	l := capability.NewListener(srv)
+	l := capability.NewListenerWithLimits(srv, limits)
 	go l.Serve(ln)
 	var once sync.Once
 	stop := func() {
@@ -218,6 +224,22 @@ func TestTerminal_Reconnect(t *testing.T) {
 
 	term.line(".reconnect", "reconnected to "+addr)
 	term.line(`a.describe().headOffset + keep + 1`, "43")
+}
+
+// When itxd aborts the connection for a bound the session crossed, itx says which, then
+// reconnects as after any loss.
+func TestTerminal_SaysWhyItxdAbortedTheConnection(t *testing.T) {
+	dir := t.TempDir()
+	addr, _ := serveAtLimits(t, dir, "127.0.0.1:0", flowconn.Limits{Capabilities: 8})
+	creds, err := server.ReadCredentials(dir)
+	require.NoError(t, err)
+	term, _ := startTerminal(t, 200, 50, "ITX_ADDR="+addr, "ITX_TOKEN="+creds.ProjectToken)
+
+	term.send(`let held = []; for (let i = 0; i < 20; i++) { held.push(project.streams.get("/c" + i)); held[i].describe() }` + "\r")
+	term.expect("lost the connection to " + addr + " (itxd aborted the connection: itx.limitExceeded: ")
+	term.expect("--rpc-max-capabilities")
+	term.expect("reconnected to " + addr)
+	term.line(`project.streams.get("/after").append({type: "note"}).headOffset`, "1")
 }
 
 // Point 5: a cut page says so and how to go on; all: true walks every page;
