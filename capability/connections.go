@@ -6,16 +6,11 @@ import (
 	"sync"
 
 	"capnproto.org/go/capnp/v3"
-	"capnproto.org/go/capnp/v3/flowcontrol"
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
 	"github.com/itx-dev/itx/wire"
 )
-
-// sinkFlowLimit bounds the bytes the server has in flight toward one EventSink or LiveSubscriber
-// (go-capnp applies no backpressure of its own).
-const sinkFlowLimit = 4 << 20
 
 // --- connections -----------------------------------------------------------------------------
 
@@ -44,7 +39,7 @@ func (s *stream) OpenConnection(ctx context.Context, call schema.Stream_openConn
 	}
 	// The argument is released when this method returns: keep our own reference.
 	sinkCap := call.Args().Sink().AddRef()
-	sinkCap.SetFlowLimiter(flowcontrol.NewFixedLimiter(sinkFlowLimit))
+	sinkCap.SetFlowLimiter(newPushLimiter())
 	call.Go()
 	conn, err := s.srv.OpenConnection(ctx, s.ref, opts, &eventSink{client: sinkCap})
 	if err != nil {
@@ -253,7 +248,7 @@ func (s *stream) LiveState(ctx context.Context, call schema.Stream_liveState) er
 // a bound on the bytes in flight toward it, and returns the Handle that detaches it. The caller
 // has called call.Go: frames are pushed while the call is still answering.
 func attachLive(srv *server.Server, acc access, sub schema.LiveSubscriber, subscribe func(server.LiveSink) (func(), error)) (schema.Handle, error) {
-	sub.SetFlowLimiter(flowcontrol.NewFixedLimiter(sinkFlowLimit))
+	sub.SetFlowLimiter(newPushLimiter())
 	cancel, err := subscribe(&liveSubscriber{client: sub})
 	if err != nil {
 		sub.Release()

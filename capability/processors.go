@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	"capnproto.org/go/capnp/v3"
-	"capnproto.org/go/capnp/v3/flowcontrol"
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
@@ -39,7 +38,7 @@ func (p *processorHosts) Mount(ctx context.Context, call schema.ProcessorHosts_m
 	}
 	// The argument is released when this method returns: keep our own reference.
 	hc := call.Args().Host().AddRef()
-	hc.SetFlowLimiter(flowcontrol.NewFixedLimiter(4 << 20))
+	hc.SetFlowLimiter(newPushLimiter())
 	h := &remoteHost{srv: p.srv, client: hc, acc: p.acc}
 	unmount, err := p.srv.MountProcessorHost(p.projectID, name, h, contracts)
 	if err != nil {

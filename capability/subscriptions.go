@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"capnproto.org/go/capnp/v3"
-	"capnproto.org/go/capnp/v3/flowcontrol"
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
@@ -296,7 +295,7 @@ func (c *capabilities) Mount(ctx context.Context, call schema.Capabilities_mount
 	// The argument is released when this method returns: keep our own reference.
 	rc := call.Args().Receiver().AddRef()
 	// Bound what the server queues toward one receiver (go-capnp has no backpressure by default).
-	rc.SetFlowLimiter(flowcontrol.NewFixedLimiter(4 << 20))
+	rc.SetFlowLimiter(newPushLimiter())
 	r := &remoteReceiver{client: rc}
 	unmount, err := c.srv.MountReceiver(c.projectID, name, r)
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 
@@ -118,6 +119,7 @@ type connOpts struct {
 	key              string
 	after            uint64
 	maxEvents        uint32
+	maxBytes         uint32
 	noState          bool
 	includeEphemeral bool
 	types            []string
@@ -132,6 +134,7 @@ func openConn(t testing.TB, s schema.Stream, o connOpts, sink *testSink) (schema
 		}
 		opts.SetAfter(o.after)
 		opts.SetMaxDeliveryEvents(o.maxEvents)
+		opts.SetMaxDeliveryBytes(o.maxBytes)
 		opts.SetNoState(o.noState)
 		opts.SetIncludeEphemeral(o.includeEphemeral)
 		if err := opts.SetKey(o.key); err != nil {
@@ -253,6 +256,37 @@ func TestConnection_BatchCaps(t *testing.T) {
 	requireCode(t, err, itx.EInvalid)
 	_, err = openConn(t, s, connOpts{maxEvents: 1_000_000, noState: true}, newTestSink())
 	requireCode(t, err, itx.EInvalid)
+}
+
+// A connection allowed the largest batches (maxDeliveryBytes 8 MiB) over the largest events
+// (1 MiB) gets every event: a batch bigger than the bytes the server lets be in flight toward
+// one sink waits until the sink has answered the others, then goes alone. (It used to panic
+// itxd: go-capnp's flow limiter panics on a message larger than its whole allowance.) Live-state
+// frames and subscriptions' pushes to mounted receivers go through the same limiter.
+func TestConnection_BatchLargerThanTheFlowLimit(t *testing.T) {
+	p := startItxd(t, t.TempDir())
+	ctx := ctxT(t)
+	conn := dial(t, p.addr)
+	proj := conn.Login(ctx, p.creds.ProjectToken)
+	defer proj.Release()
+	s := stream(t, proj, "/big")
+	big := strings.Repeat("x", itx.MaxEventBytes-200)
+	for range 2 {
+		events := make([]itx.EventInput, 7)
+		for i := range events {
+			events[i] = ev("big", fmt.Sprintf(`{"x":%q}`, big))
+		}
+		mustAppend(t, s, events...)
+	}
+	sink := newTestSink()
+	_, err := openConn(t, s, connOpts{maxBytes: 8 << 20, noState: true}, sink)
+	require.NoError(t, err)
+	waitUntil(t, "all 14 events", func() bool { return len(sink.offsets()) == 14 })
+	sink.mu.Lock()
+	require.Greater(t, len(sink.batches[0]), 4, "the first batch is over 4 MiB")
+	sink.mu.Unlock()
+	res := mustAppend(t, s, ev("small", `{}`))
+	require.Equal(t, []int64{15}, res.Offsets, "itxd is still up")
 }
 
 func TestConnection_ReplaceByKey(t *testing.T) {

@@ -35,6 +35,7 @@ func BenchmarkTransport_Calls(b *testing.B) {
 				}
 				tr := flowconn.New(c, pool)
 				conn := rpc.NewConn(tr, &rpc.Options{BootstrapClient: capnp.Client(schema.Gateway_ServerToClient(&gateway{t: tr}))})
+				tr.CountCapabilities(conn.ExportCount) // as itxd serves a connection
 				<-conn.Done()
 			}()
 			nc, err := net.Dial("tcp", ln.Addr().String())

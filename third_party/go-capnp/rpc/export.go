@@ -71,7 +71,7 @@ func (c *lockedConn) releaseExport(dq *deferred.Queue, id exportID, count uint32
 		snapshot := ent.snapshot
 		c.lk.exports[id] = nil
 		c.lk.exportID.remove(id)
-		c.lk.liveExports-- // itx patch: see Conn.ExportCount
+		c.liveExports.Add(-1) // itx patch: see Conn.ExportCount
 		metadata := snapshot.Metadata()
 		if metadata != nil {
 			syncutil.With(metadata, func() {
@@ -162,7 +162,7 @@ func (c *lockedConn) sendCap(d rpccp.CapDescriptor, snapshot capnp.ClientSnapsho
 			cancel:   func() {},
 		}
 		id = c.lk.exportID.next()
-		c.lk.liveExports++ // itx patch: see Conn.ExportCount
+		c.liveExports.Add(1) // itx patch: see Conn.ExportCount
 		if int64(id) == int64(len(c.lk.exports)) {
 			c.lk.exports = append(c.lk.exports, ee)
 		} else {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -107,6 +108,10 @@ type Conn struct {
 	// touch this.
 	sendRx *spsc.Rx[asyncSend]
 
+	// itx patch: the number of live entries in lk.exports, changed with
+	// lk held, read by ExportCount without it.
+	liveExports atomic.Int64
+
 	// lk contains all the fields that need to be protected by a mutex.
 	// this makes it easy to tell at call sites whether you should or
 	// should not be holding the lock. Methods that access fields within
@@ -128,11 +133,9 @@ type Conn struct {
 		answers    map[answerID]*ansent
 		exports    []*expent
 		exportID   idgen[exportID]
-		// itx patch: the number of live entries in exports, for ExportCount.
-		liveExports int
-		imports     map[importID]*impent
-		embargoes   []*embargo
-		embargoID   idgen[embargoID]
+		imports    map[importID]*impent
+		embargoes  []*embargo
+		embargoID  idgen[embargoID]
 	}
 }
 
@@ -385,9 +388,8 @@ func (c *Conn) Close() error {
 // itx patch: a server bounds what one client may hold with it (a client
 // that never releases would otherwise grow the export table until the
 // export ID generator panics on overflow).
-func (c *Conn) ExportCount() (n int) {
-	c.withLocked(func(c *lockedConn) { n = c.lk.liveExports })
-	return n
+func (c *Conn) ExportCount() int {
+	return int(c.liveExports.Load())
 }
 
 // Done returns a channel that is closed after the connection is
@@ -472,7 +474,7 @@ func (c *lockedConn) release(dq *deferred.Queue) {
 	questions := c.lk.questions
 	c.lk.imports = nil
 	c.lk.exports = nil
-	c.lk.liveExports = 0 // itx patch: see Conn.ExportCount
+	c.liveExports.Store(0) // itx patch: see Conn.ExportCount
 	c.lk.embargoes = nil
 	c.lk.questions = nil
 	c.lk.answers = nil
