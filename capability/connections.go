@@ -141,14 +141,14 @@ var closeReasons = map[server.CloseReason]struct {
 	server.CloseConnectionLost: {schema.CloseReason_connectionLost, itx.EUnavailable},
 }
 
-func (k *eventSink) Closed(reason server.CloseReason, message string) {
+func (k *eventSink) Closed(ctx context.Context, reason server.CloseReason, message string) {
 	k.once.Do(func() {
 		defer k.client.Release()
 		if reason == server.CloseConnectionLost {
 			return // nobody is listening
 		}
 		r := closeReasons[reason]
-		fut, release := k.client.Closed(context.Background(), func(p schema.EventSink_closed_Params) error {
+		fut, release := k.client.Closed(ctx, func(p schema.EventSink_closed_Params) error {
 			p.SetWhy(r.why)
 			e, err := p.NewReason()
 			if err != nil {

@@ -49,11 +49,12 @@ type ConnectionOptions struct {
 
 // ConnectionSink is the client side of a connection (the capability layer adapts an EventSink).
 // Deliver starts sending a batch and returns a wait that reports the client's answer; up to
-// ConnectionWindow waits are outstanding at once. Closed is the last call.
+// ConnectionWindow waits are outstanding at once. Closed is the last call; its ctx ends after
+// the delivery timeout, so a client that never answers it holds nothing.
 type ConnectionSink interface {
 	Deliver(ctx context.Context, batch *itx.DeliveryBatch) (wait func() error)
 	State(ctx context.Context, frame LiveFrame) error
-	Closed(reason CloseReason, message string)
+	Closed(ctx context.Context, reason CloseReason, message string)
 }
 
 // Connection is an open connection: no row, no durability, gone with its RPC session.
@@ -96,7 +97,11 @@ func (c *Connection) Close(reason CloseReason, message string) {
 		go c.a.post(actorMsg{closeConn: c}) // never blocks the actor, which may be the caller
 		go func() {
 			<-c.done // the pusher has stopped: nothing is delivered after Closed
-			c.sink.Closed(reason, message)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			t := c.srv.clock.AfterFunc(c.srv.cfg.DeliveryTimeout, cancel)
+			defer t.Stop()
+			c.sink.Closed(ctx, reason, message)
 		}()
 	})
 }

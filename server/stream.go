@@ -226,25 +226,42 @@ func (s *Server) WaitForEvent(ctx context.Context, ref StreamRef, pred itx.Predi
 			}
 		}
 		q.After = page.NextAfter
+		// Catching up on the log (the next page is already there) is bounded by the same
+		// timeout as waiting for new events: a long log and an expensive predicate must not
+		// keep one call scanning for longer than it asked to wait.
+		var more chan struct{}
 		if q.After < v.head {
-			continue
+			more = closedChan
 		}
 		select {
-		case <-v.changed:
-		case <-expired:
-			types := strings.Join(recent, ", ")
-			if types == "" {
-				types = "none"
+		case <-more:
+			select { // a page is ready, but time may be up
+			case <-expired:
+			case <-ctx.Done():
+			default:
+				continue
 			}
-			return itx.Event{}, itx.Errorf(itx.EDeadlineExceeded,
-				"timed out after %dms waiting for a matching event (saw %d events; recent types: %s)", timeout.Milliseconds(), seen, types)
+		case <-v.changed:
+			continue
+		case <-expired:
 		case <-ctx.Done():
-			return itx.Event{}, itx.Errorf(itx.ECancelled, "waitForEvent: %v", ctx.Err())
 		case <-s.base.Done():
 			return itx.Event{}, itx.Errorf(itx.EUnavailable, "the server is shutting down")
 		}
+		if ctx.Err() != nil {
+			return itx.Event{}, itx.Errorf(itx.ECancelled, "waitForEvent: %v", ctx.Err())
+		}
+		types := strings.Join(recent, ", ")
+		if types == "" {
+			types = "none"
+		}
+		return itx.Event{}, itx.Errorf(itx.EDeadlineExceeded,
+			"timed out after %dms waiting for a matching event (saw %d events; recent types: %s)", timeout.Milliseconds(), seen, types)
 	}
 }
+
+// closedChan is always ready.
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
 func waitTimeout(d time.Duration) (time.Duration, error) {
 	switch {

@@ -30,6 +30,10 @@ type testSink struct {
 	closeMs string
 	changed chan struct{}
 	block   chan struct{} // when set, deliver blocks until it is closed
+	// when set, closed() never answers on its own: it waits for the server to give up on the
+	// call, and then closes gaveUp
+	holdClosed bool
+	gaveUp     chan struct{}
 }
 
 func newTestSink() *testSink { return &testSink{changed: make(chan struct{}, 1)} }
@@ -70,6 +74,11 @@ func (k *testSink) Deliver(ctx context.Context, call schema.EventSink_deliver) e
 }
 
 func (k *testSink) Closed(ctx context.Context, call schema.EventSink_closed) error {
+	if k.holdClosed {
+		<-ctx.Done()
+		close(k.gaveUp)
+		return ctx.Err()
+	}
 	why := call.Args().Why()
 	r, _ := call.Args().Reason()
 	msg, _ := r.Message_()
@@ -366,6 +375,27 @@ func TestConnection_SlowConsumerClosed(t *testing.T) {
 	requireCode(t, err, itx.EFailedPrecondition)
 	require.Contains(t, err.Error(), "slowConsumer")
 	waitUntil(t, "released", func() bool { return testutil.ToFloat64(e.ts.srv.Metrics().OpenConnections) == 0 })
+}
+
+// A client that never answers closed() holds nothing on the server past the delivery timeout:
+// replacing a connection over and over must not leave a call (and its goroutines) per old one.
+func TestConnection_ClosedNoticeIsBounded(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	s := stream(t, e.p, "/closing")
+	mute := newTestSink()
+	mute.holdClosed, mute.gaveUp = true, make(chan struct{})
+	_, err := openConn(t, s, connOpts{key: "k", noState: true}, mute)
+	require.NoError(t, err)
+	timers := e.clock.Pending()
+	_, err = openConn(t, s, connOpts{key: "k", noState: true}, newTestSink()) // replaces it
+	require.NoError(t, err)
+	waitUntil(t, "the closed() notice's timer", func() bool { return e.clock.Pending() > timers })
+	e.clock.Advance(itx.DeliveryTimeout)
+	select {
+	case <-mute.gaveUp:
+	case <-ctxT(t).Done():
+		t.Fatal("the server never gave up on the closed() call")
+	}
 }
 
 // Losing the client's session releases everything the connection held.

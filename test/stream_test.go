@@ -373,6 +373,33 @@ func TestStream_WaitForEvent(t *testing.T) {
 		require.Contains(t, itx.ErrorMessage(err), "recent types: other")
 	})
 
+	t.Run("the timeout also bounds catching up on a long log", func(t *testing.T) {
+		clock := clocktest.New(time.Unix(1_700_000_000, 0))
+		ts := startServer(t, server.Config{Clock: clock})
+		s := stream(t, ts.project(t), "/long")
+		const n = 50_000
+		batch := make([]itx.EventInput, 1000)
+		for i := range batch {
+			batch[i] = ev("tick", `{"n":1}`)
+		}
+		for range n / len(batch) {
+			mustAppend(t, s, batch...)
+		}
+		errc := make(chan error, 1)
+		go func() {
+			_, err := client.WaitForEvent(ctx, s, itx.Predicate{Where: "payload.n > 1 and $count($keys(payload)) > 5"}, 0, 3*time.Second)
+			errc <- err
+		}()
+		require.Eventually(t, func() bool { return clock.Pending() >= 2 }, 10*time.Second, time.Millisecond)
+		clock.Advance(3 * time.Second) // while it is still scanning the 50,000 events
+		err := <-errc
+		requireCode(t, err, itx.EDeadlineExceeded)
+		var seen int
+		_, scanErr := fmt.Sscanf(itx.ErrorMessage(err)[strings.Index(itx.ErrorMessage(err), "(saw "):], "(saw %d events", &seen)
+		require.NoError(t, scanErr, itx.ErrorMessage(err))
+		require.Less(t, seen, n, "the call stopped scanning when its time was up")
+	})
+
 	t.Run("the server shutting down ends a barrier at once", func(t *testing.T) {
 		ts := startServer(t, server.Config{})
 		s := stream(t, ts.project(t), "/bye")
