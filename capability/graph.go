@@ -2,6 +2,7 @@ package capability
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"strings"
 	"sync"
@@ -31,8 +32,13 @@ type gateway struct {
 	mu       sync.Mutex
 	conn     *rpc.Conn // nil in tests
 	sessions []*server.Session
+	byToken  map[[32]byte]*server.Session // SHA-256 of the token: a login again reuses its session
 	ended    bool
 }
+
+// maxSessionsPerConn bounds the distinct tokens one connection logs in with (a login with a
+// token already logged in reuses its session, so logging in per request stays bounded).
+const maxSessionsPerConn = 64
 
 func (g *gateway) setConn(c *rpc.Conn) {
 	g.mu.Lock()
@@ -45,18 +51,35 @@ func (g *gateway) Login(ctx context.Context, call schema.Gateway_login) error {
 	if err != nil {
 		return badArgs("token", err)
 	}
-	x, err := g.srv.OpenSession(ctx, token, g.revoked)
-	if err != nil {
-		return fail(err)
-	}
+	key := sha256.Sum256([]byte(token))
 	g.mu.Lock()
-	if g.ended { // the connection ended while logging in
-		g.mu.Unlock()
-		x.Close()
-		return fail(itx.Errorf(itx.ECancelled, "the connection ended"))
+	x := g.byToken[key]
+	if x != nil && x.Check() != nil {
+		x = nil // revoked or expired: the login below says which
 	}
-	g.sessions = append(g.sessions, x)
+	if x == nil && len(g.sessions) >= maxSessionsPerConn {
+		g.mu.Unlock()
+		return fail(itx.Errorf(itx.ELimitExceeded, "a connection logs in with at most %d tokens; log in again with one of them (its project is shared) or open another connection", maxSessionsPerConn))
+	}
 	g.mu.Unlock()
+	if x == nil {
+		var err error
+		if x, err = g.srv.OpenSession(ctx, token, g.revoked); err != nil {
+			return fail(err)
+		}
+		g.mu.Lock()
+		if g.ended { // the connection ended while logging in
+			g.mu.Unlock()
+			x.Close()
+			return fail(itx.Errorf(itx.ECancelled, "the connection ended"))
+		}
+		if g.byToken == nil {
+			g.byToken = map[[32]byte]*server.Session{}
+		}
+		g.byToken[key] = x
+		g.sessions = append(g.sessions, x)
+		g.mu.Unlock()
+	}
 	if g.authenticated != nil {
 		g.authenticated()
 	}
@@ -88,7 +111,7 @@ func (g *gateway) endSessions() {
 	g.mu.Lock()
 	g.ended = true
 	sessions := g.sessions
-	g.sessions = nil
+	g.sessions, g.byToken = nil, nil
 	g.mu.Unlock()
 	for _, x := range sessions {
 		x.Close()

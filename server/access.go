@@ -92,6 +92,9 @@ func (x *Session) Close() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if m := a.sessions[x.Token.ID]; m != nil {
+		if _, ok := m[x]; ok {
+			x.srv.metrics.Sessions.Dec()
+		}
 		delete(m, x)
 		if len(m) == 0 {
 			delete(a.sessions, x.Token.ID)
@@ -117,6 +120,7 @@ func (s *Server) OpenSession(ctx context.Context, token string, onRevoke func())
 		a.sessions[t.ID] = map[*Session]struct{}{}
 	}
 	a.sessions[t.ID][x] = struct{}{}
+	s.metrics.Sessions.Inc()
 	a.mu.Unlock()
 	// A revocation deletes the token, then revokes its registered sessions. Checking that the
 	// token still exists after registering closes the window between the lookup above and the
@@ -142,6 +146,7 @@ func (s *Server) revokeSessions(ids ...string) {
 		}
 		delete(a.sessions, id)
 	}
+	s.metrics.Sessions.Sub(float64(len(hit)))
 	a.mu.Unlock()
 	for _, x := range hit {
 		if x.revoked.CompareAndSwap(false, true) && x.onRevoke != nil {

@@ -26,6 +26,7 @@ type Metrics struct {
 	HandlerPanics    *prometheus.CounterVec // RPC handlers that panicked, by method
 
 	OpenConnections  prometheus.Gauge   // stream connections open
+	Sessions         prometheus.Gauge   // logins held by open RPC connections
 	ConnectionEvents prometheus.Counter // events sent to connections
 	LiveSubscribers  prometheus.Gauge   // live-state subscribers attached
 }
@@ -85,6 +86,9 @@ func newMetrics() *Metrics {
 		OpenConnections: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "itx_open_connections", Help: "Stream connections open.",
 		}),
+		Sessions: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "itx_sessions", Help: "Logins held by open RPC connections (a login again with the same token on a connection shares one).",
+		}),
 		ConnectionEvents: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "itx_connection_events_total", Help: "Events sent to stream connections.",
 		}),
@@ -94,7 +98,7 @@ func newMetrics() *Metrics {
 	}
 	r.MustRegister(m.DeliveryFailures, m.LateAcks, m.HandlerPanics, m.AppendCalls, m.AppendedEvents, m.AppendedBytes, m.AppendLatency, m.CommitLatency,
 		m.CommitEvents, m.CommitCalls, m.ReadEvents, m.LoadedStreams, m.RPCConnections,
-		m.OpenConnections, m.ConnectionEvents, m.LiveSubscribers,
+		m.OpenConnections, m.Sessions, m.ConnectionEvents, m.LiveSubscribers,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -11,6 +11,8 @@ import (
 	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/internal/itxtest"
 	"github.com/itx-dev/itx/schema"
+	"github.com/itx-dev/itx/server"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 )
 
@@ -115,4 +117,55 @@ func TestItxd_SessionBounds(t *testing.T) {
 		require.GreaterOrEqual(t, scrapeMetric(t, metrics, m), 1.0, m)
 	}
 	require.True(t, strings.HasPrefix(p.addr, "127.0.0.1:"))
+}
+
+// Logging in again on a connection with the same token shares its session (no new session, no
+// directory write), so an application that logs in per request stays bounded; a connection
+// logs in with at most 64 distinct tokens. A revoked token still ends every project of it.
+func TestGateway_LoginsPerConnectionAreBounded(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	sessions := func() float64 { return testutil.ToFloat64(ts.srv.Metrics().Sessions) }
+	base := sessions()
+	conn := dial(t, ts.addr)
+	var projects []schema.Project
+	for range 200 {
+		p := conn.Login(ctx, ts.creds.ProjectToken)
+		_, err := client.DescribeProject(ctx, p)
+		require.NoError(t, err)
+		projects = append(projects, p)
+	}
+	require.Equal(t, base+1, sessions(), "200 logins with one token hold one session")
+
+	tokens := make([]string, 64)
+	for i := range tokens {
+		tokens[i], _ = ts.token(t, itx.Scope{})
+	}
+	for i, tok := range tokens[:63] { // with the project token: 64 distinct
+		_, err := client.DescribeProject(ctx, conn.Login(ctx, tok))
+		require.NoError(t, err, "token %d", i)
+	}
+	_, err := client.DescribeProject(ctx, conn.Login(ctx, tokens[63]))
+	requireCode(t, err, itx.ELimitExceeded)
+	_, err = client.DescribeProject(ctx, conn.Login(ctx, tokens[0]))
+	require.NoError(t, err, "a token already logged in still logs in")
+	_, err = client.DescribeProject(ctx, dial(t, ts.addr).Login(ctx, tokens[63]))
+	require.NoError(t, err, "on another connection")
+
+	// Revoking a token ends every project its logins returned, shared session and all.
+	tok, info := ts.token(t, itx.Scope{})
+	other := dial(t, ts.addr)
+	a, b := other.Login(ctx, tok), other.Login(ctx, tok)
+	_, err = client.DescribeProject(ctx, a)
+	require.NoError(t, err)
+	admin := client.Admin(ctx, ts.deployment(t))
+	defer admin.Release()
+	require.NoError(t, client.RevokeToken(ctx, admin, "default", info.ID))
+	for _, p := range []schema.Project{a, b} {
+		_, err = client.DescribeProject(ctx, p)
+		requireRevoked(t, err)
+	}
+	for _, p := range projects {
+		p.Release()
+	}
 }
