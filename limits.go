@@ -32,6 +32,12 @@ const (
 	// metadata bytes): past it the oldest are evicted first (FIFO), before their retention ends.
 	EphemeralBufferBytes = 10 << 20
 
+	// MaxWebhookSecretBytes bounds a webhook signing key (Standard Webhooks keys are 24 to 64
+	// bytes); MaxSecretsPerProject the distinct secrets a project keeps (each stored apart from
+	// the log, in the directory and in memory).
+	MaxWebhookSecretBytes = 64
+	MaxSecretsPerProject  = 10_000
+
 	// DefaultPageLimit is the getEvents page size when none is asked for, and its maximum.
 	DefaultPageLimit = 500
 	MaxPageLimit     = 500

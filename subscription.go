@@ -294,9 +294,12 @@ func WebhookSecretKey(secret string) ([]byte, error) {
 	if secret == "" {
 		return nil, nil
 	}
+	if len(secret) > len("whsec_")+base64Std.EncodedLen(MaxWebhookSecretBytes) {
+		return nil, Errorf(EInvalid, "receiver.secret must be \"whsec_\" followed by base64 of 16 to %d bytes", MaxWebhookSecretBytes)
+	}
 	key, err := base64Std.DecodeString(strings.TrimPrefix(secret, "whsec_"))
-	if err != nil || len(key) < 16 {
-		return nil, Errorf(EInvalid, "receiver.secret must be \"whsec_\" followed by base64 of at least 16 bytes")
+	if err != nil || len(key) < 16 || len(key) > MaxWebhookSecretBytes {
+		return nil, Errorf(EInvalid, "receiver.secret must be \"whsec_\" followed by base64 of 16 to %d bytes", MaxWebhookSecretBytes)
 	}
 	return key, nil
 }

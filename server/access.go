@@ -38,13 +38,15 @@ type accessState struct {
 	sessions map[string]map[*Session]struct{} // by token id
 	deleted  map[string]bool                  // project ids: deleting or deleted
 
-	secretKey []byte
-	secretMu  sync.RWMutex
-	secrets   map[[2]string]string // (project id, reference) -> secret
+	secretKey    []byte
+	secretMu     sync.RWMutex
+	secrets      map[[2]string]string // (project id, reference) -> secret
+	secretCounts map[string]int       // project id -> len of its secrets
 }
 
 func newAccessState() *accessState {
-	return &accessState{sessions: map[string]map[*Session]struct{}{}, deleted: map[string]bool{}, secrets: map[[2]string]string{}}
+	return &accessState{sessions: map[string]map[*Session]struct{}{}, deleted: map[string]bool{},
+		secrets: map[[2]string]string{}, secretCounts: map[string]int{}}
 }
 
 // loadAccess reads what access needs into memory: the key of secret references and the secrets.
@@ -58,6 +60,9 @@ func (s *Server) loadAccess(ctx context.Context) error {
 		return err
 	}
 	s.acc.secretKey, s.acc.secrets = key, secrets
+	for k := range secrets {
+		s.acc.secretCounts[k[0]]++
+	}
 	return nil
 }
 
@@ -279,6 +284,7 @@ func (s *Server) DeleteProject(ctx context.Context, by Admin, id string, force b
 			delete(s.acc.secrets, k)
 		}
 	}
+	delete(s.acc.secretCounts, id)
 	s.acc.secretMu.Unlock()
 	s.audit(ctx, by, AuditProjectDeleted, map[string]any{"projectId": id, "name": p.Name, "streams": len(entries)})
 	if len(errs) > 0 {
@@ -422,11 +428,25 @@ func (s *Server) storeSecret(ctx context.Context, projectID, secret string) (str
 		return "", itx.Errorf(itx.EInvalid, "receiver.secret must be a Standard Webhooks secret (\"whsec_\" followed by base64 of at least 16 bytes)")
 	}
 	ref := s.acc.fingerprint(projectID, secret)
+	key := [2]string{projectID, ref}
+	s.acc.secretMu.RLock()
+	_, known := s.acc.secrets[key]
+	full := s.acc.secretCounts[projectID] >= s.cfg.MaxSecretsPerProject
+	s.acc.secretMu.RUnlock()
+	if known {
+		return ref, nil
+	}
+	if full {
+		return "", itx.Errorf(itx.ELimitExceeded, "the project holds %d webhook secrets, its most (each distinct secret is kept)", s.cfg.MaxSecretsPerProject)
+	}
 	if err := s.dir.StoreSecret(ctx, projectID, ref, secret, itx.UnixMilli(s.clock.Now())); err != nil {
 		return "", err
 	}
 	s.acc.secretMu.Lock()
-	s.acc.secrets[[2]string{projectID, ref}] = secret
+	if _, ok := s.acc.secrets[key]; !ok {
+		s.acc.secrets[key] = secret
+		s.acc.secretCounts[projectID]++
+	}
 	s.acc.secretMu.Unlock()
 	return ref, nil
 }

@@ -57,6 +57,9 @@ type Config struct {
 	// separately the processor hosts mounted in it (a name already mounted can be replaced);
 	// default 4,096.
 	MaxMountsPerProject int
+	// MaxSecretsPerProject bounds the distinct webhook secrets one project keeps; default
+	// itx.MaxSecretsPerProject.
+	MaxSecretsPerProject int
 	// Random returns numbers in [0,1) for retry jitter; default math/rand. Tests fix it.
 	Random func() float64
 	// Processors are the contracts this server hosts in-process: a processor-wake subscription
@@ -164,6 +167,9 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	if cfg.MaxMountsPerProject <= 0 {
 		cfg.MaxMountsPerProject = 4096
+	}
+	if cfg.MaxSecretsPerProject <= 0 {
+		cfg.MaxSecretsPerProject = itx.MaxSecretsPerProject
 	}
 	if cfg.MaxConnectionsPerStream <= 0 {
 		cfg.MaxConnectionsPerStream = 16_384

@@ -1,8 +1,10 @@
 package test
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -355,4 +357,38 @@ func TestAccess_WebhookSecretKeptApart(t *testing.T) {
 	_, _, err = client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "bad",
 		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: "http://127.0.0.1:1/", Secret: "whsec_short"}})
 	requireCode(t, err, itx.EInvalid)
+	long := "whsec_" + base64.StdEncoding.EncodeToString(make([]byte, itx.MaxWebhookSecretBytes+1))
+	_, _, err = client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "bad",
+		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: "http://127.0.0.1:1/", Secret: long}})
+	requireCode(t, err, itx.EInvalid)
+}
+
+// Every distinct webhook secret is kept (apart from the log): a project keeps a bounded number,
+// and one more is refused with limitExceeded, writing nothing; a secret already kept is reused.
+func TestAccess_WebhookSecretsPerProjectBounded(t *testing.T) {
+	ts := startServer(t, server.Config{MaxSecretsPerProject: 3})
+	ctx := ctxT(t)
+	s := stream(t, ts.project(t), "/secrets")
+	subs := client.Subscriptions(ctx, s)
+	defer subs.Release()
+	configure := func(name, secret string) error {
+		_, _, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: name, Start: "now",
+			Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: "http://127.0.0.1:1/" + name, Secret: secret}})
+		return err
+	}
+	var secrets []string
+	for i := range 4 {
+		secret, _ := newSecret(t)
+		secrets = append(secrets, secret)
+		if i < 3 {
+			require.NoError(t, configure(fmt.Sprintf("s%d", i), secret))
+		}
+	}
+	head, err := client.Describe(ctx, s)
+	require.NoError(t, err)
+	requireCode(t, configure("s3", secrets[3]), itx.ELimitExceeded)
+	after, err := client.Describe(ctx, s)
+	require.NoError(t, err)
+	require.Equal(t, head.HeadOffset, after.HeadOffset, "the refused configure wrote nothing")
+	require.NoError(t, configure("s3", secrets[0]), "a kept secret is reused")
 }
