@@ -38,6 +38,12 @@ func (s *Server) acquire(ctx context.Context, ref StreamRef) (*actor, error) {
 		}
 		return a, nil
 	}
+	if len(s.actors) >= s.cfg.MaxHeldStreams && !s.anyIdleLocked() {
+		n := len(s.actors)
+		s.mu.Unlock()
+		s.inflight.Done()
+		return nil, itx.Errorf(itx.ELimitExceeded, "itxd has %d streams loaded, every one in use (--max-held-streams), so %s cannot be loaded now: release connections, live-state handles or calls held on other streams", n, ref.Path)
+	}
 	a = newActor(s, ref)
 	a.refs = 1
 	s.actors[ref] = a
@@ -64,6 +70,17 @@ func (s *Server) acquire(ctx context.Context, ref StreamRef) (*actor, error) {
 	close(a.ready)
 	go a.run()
 	return a, nil
+}
+
+// anyIdleLocked reports whether a loaded stream is held by nobody (so a sweep can unload it).
+// Called with s.mu held, only when a stream is to be loaded past MaxHeldStreams.
+func (s *Server) anyIdleLocked() bool {
+	for _, a := range s.actors {
+		if a.refs == 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // abandonLoad gives up on loading a: callers waiting on it see err, and the next acquire of

@@ -30,6 +30,11 @@ type Config struct {
 
 	IdleTimeout      time.Duration // unload an unused stream after this; default itx.IdleActorTeardown
 	MaxLoadedStreams int           // unload least recently used idle streams above this; default 1024
+	// MaxHeldStreams bounds the streams loaded at once, idle or not: a call (or a connection, a
+	// live-state handle, a delivery) that needs one more while that many are loaded and none is
+	// idle fails with limitExceeded. Each costs goroutines and SQLite file descriptors, so itxd
+	// derives its default from the open-file limit; default here 4,096.
+	MaxHeldStreams int
 
 	BreakerBurst           int // default itx.BreakerBurst
 	BreakerRefillPerMinute int // default itx.BreakerRefillPerMinute
@@ -140,6 +145,9 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	if cfg.MaxLoadedStreams <= 0 {
 		cfg.MaxLoadedStreams = 1024
+	}
+	if cfg.MaxHeldStreams <= 0 {
+		cfg.MaxHeldStreams = 4096
 	}
 	if cfg.BreakerBurst <= 0 {
 		cfg.BreakerBurst = itx.BreakerBurst

@@ -169,3 +169,36 @@ func TestGateway_LoginsPerConnectionAreBounded(t *testing.T) {
 		p.Release()
 	}
 }
+
+// Streams held in use (here by open connections) are bounded: past MaxHeldStreams, a call that
+// needs one more stream loaded fails with limitExceeded, writing nothing; once one is released
+// the call goes through. Idle loaded streams never count against it (they are unloaded).
+func TestServer_HeldStreamsBounded(t *testing.T) {
+	ts := startServer(t, server.Config{MaxHeldStreams: 3})
+	p := ts.project(t)
+	ctx := ctxT(t)
+	var conns []schema.Connection
+	for i := range 3 {
+		c, err := openConn(t, stream(t, p, fmt.Sprintf("/held/%d", i)), connOpts{noState: true}, newTestSink())
+		require.NoError(t, err)
+		conns = append(conns, c)
+	}
+	fourth := stream(t, p, "/held/3")
+	_, err := client.Append(ctx, fourth, []itx.EventInput{ev("x", `{}`)}, itx.AppendOptions{})
+	requireCode(t, err, itx.ELimitExceeded)
+	require.Contains(t, itx.ErrorMessage(err), "--max-held-streams")
+	_, err = openConn(t, fourth, connOpts{noState: true}, newTestSink())
+	requireCode(t, err, itx.ELimitExceeded)
+
+	fut, release := conns[0].Close(ctx, nil)
+	_, err = fut.Struct()
+	release()
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		_, err := client.Append(ctx, fourth, []itx.EventInput{ev("x", `{}`)}, itx.AppendOptions{})
+		return err == nil
+	}, 10*time.Second, 5*time.Millisecond, "a released stream makes room")
+	events, err := client.GetEvents(ctx, fourth, itx.Query{})
+	require.NoError(t, err)
+	require.Len(t, events, 1, "the refused appends wrote nothing")
+}

@@ -46,6 +46,7 @@ func run() error {
 	addrFile := flag.String("addr-file", "", "write the bound RPC address here once listening")
 	idle := flag.Duration("idle-timeout", 5*time.Minute, "unload a stream nobody has used for this long")
 	maxLoaded := flag.Int("max-loaded-streams", 1024, "unload least recently used idle streams above this many")
+	maxHeld := flag.Int("max-held-streams", 0, "streams loaded at once, in use or not; a call needing one more fails with limitExceeded (0: from the open-file limit, (RLIMIT_NOFILE - 1024) / 8, between 256 and 16384)")
 	burst := flag.Int("breaker-burst", 0, "circuit breaker burst per stream, in events (0: 100000)")
 	refill := flag.Int("breaker-refill-per-minute", 0, "circuit breaker refill per stream per minute (0: 6000000)")
 	denyPrivate := flag.Bool("webhook-deny-private", false, "refuse webhook destinations on loopback, private and link-local addresses")
@@ -125,7 +126,7 @@ func run() error {
 	}
 	ctx := context.Background()
 	srv, err := server.Open(ctx, server.Config{
-		DataDir: *data, Log: log, IdleTimeout: *idle, MaxLoadedStreams: *maxLoaded,
+		DataDir: *data, Log: log, IdleTimeout: *idle, MaxLoadedStreams: *maxLoaded, MaxHeldStreams: heldStreams(*maxHeld),
 		BreakerBurst: *burst, BreakerRefillPerMinute: *refill,
 		MaxConnectionsPerStream: *maxConns, MaxLiveSubscribersPerStream: *maxLive, MaxMountsPerProject: *maxMounts, MaxReadersPerStream: *maxReaders,
 		Egress:     server.EgressPolicy{AllowHosts: allowHosts, DenyPrivate: *denyPrivate},
@@ -244,6 +245,20 @@ func recordAddress(data, addr string) error {
 		return err
 	}
 	return os.Rename(tmp, path)
+}
+
+// heldStreams is --max-held-streams, or when 0 what the process's open-file limit allows: a
+// loaded stream holds a SQLite writer and readers (three descriptors each), so 8 per stream,
+// with 1,024 left for sockets.
+func heldStreams(flagValue int) int {
+	if flagValue > 0 {
+		return flagValue
+	}
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		return 4096
+	}
+	return int(min(max((int64(lim.Cur)-1024)/8, 256), 16384))
 }
 
 // hostList is a repeatable flag.
