@@ -249,6 +249,17 @@ func (d *deliverer) sendWithTimeout(batch *itx.DeliveryBatch) (int64, error) {
 			return 0, itx.Errorf(itx.EDeadlineExceeded, "%s %q: the previous push is still blocked writing to the receiver", d.send, d.name)
 		}
 	}
+	if _, ok := d.send.(*webhookSender); ok {
+		// Every webhook request holds a socket: at most MaxWebhooksInFlight are open over all
+		// subscriptions. A delivery waits for a slot before its timeout starts (waiting holds
+		// no socket, and at most one waits per subscription).
+		select {
+		case d.srv.webhooks <- struct{}{}:
+			defer func() { <-d.srv.webhooks }()
+		case <-d.ctx.Done():
+			return 0, itx.Errorf(itx.ECancelled, "%s %q: %v", d.send, d.name, d.ctx.Err())
+		}
+	}
 	ctx, cancel := context.WithCancel(d.ctx)
 	timedOut := make(chan struct{})
 	t := d.srv.clock.AfterFunc(d.srv.cfg.DeliveryTimeout, func() { close(timedOut); cancel() })

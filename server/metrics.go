@@ -27,6 +27,7 @@ type Metrics struct {
 
 	OpenConnections  prometheus.Gauge   // stream connections open
 	Sessions         prometheus.Gauge   // logins held by open RPC connections
+	WebhooksInFlight prometheus.Gauge   // webhook requests open
 	ConnectionEvents prometheus.Counter // events sent to connections
 	LiveSubscribers  prometheus.Gauge   // live-state subscribers attached
 }
@@ -86,6 +87,9 @@ func newMetrics() *Metrics {
 		OpenConnections: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "itx_open_connections", Help: "Stream connections open.",
 		}),
+		WebhooksInFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "itx_webhooks_in_flight", Help: "Webhook requests open (at most --webhook-max-in-flight).",
+		}),
 		Sessions: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "itx_sessions", Help: "Logins held by open RPC connections (a login again with the same token on a connection shares one).",
 		}),
@@ -98,7 +102,7 @@ func newMetrics() *Metrics {
 	}
 	r.MustRegister(m.DeliveryFailures, m.LateAcks, m.HandlerPanics, m.AppendCalls, m.AppendedEvents, m.AppendedBytes, m.AppendLatency, m.CommitLatency,
 		m.CommitEvents, m.CommitCalls, m.ReadEvents, m.LoadedStreams, m.RPCConnections,
-		m.OpenConnections, m.Sessions, m.ConnectionEvents, m.LiveSubscribers,
+		m.OpenConnections, m.Sessions, m.WebhooksInFlight, m.ConnectionEvents, m.LiveSubscribers,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

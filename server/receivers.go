@@ -78,6 +78,8 @@ func (w *webhookSender) send(ctx context.Context, d *deliverer, b *itx.DeliveryB
 	if w.key != nil {
 		req.Header.Set("webhook-signature", SignWebhook(w.key, id, ts, body))
 	}
+	d.srv.metrics.WebhooksInFlight.Inc()
+	defer d.srv.metrics.WebhooksInFlight.Dec()
 	resp, err := w.client.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {

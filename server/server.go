@@ -65,6 +65,10 @@ type Config struct {
 	// MaxSecretsPerProject bounds the distinct webhook secrets one project keeps; default
 	// itx.MaxSecretsPerProject.
 	MaxSecretsPerProject int
+	// MaxWebhooksInFlight bounds the webhook requests itxd has open at once, over every
+	// subscription (each holds a socket); a delivery waits for a slot within its delivery
+	// timeout. Default 1,024.
+	MaxWebhooksInFlight int
 	// Random returns numbers in [0,1) for retry jitter; default math/rand. Tests fix it.
 	Random func() float64
 	// Processors are the contracts this server hosts in-process: a processor-wake subscription
@@ -101,6 +105,7 @@ type Server struct {
 	backend    streamBackend
 	egress     EgressPolicy
 	httpClient *http.Client
+	webhooks   chan struct{} // one slot per webhook request in flight (MaxWebhooksInFlight)
 	recv       receivers
 	randMu     sync.Mutex
 
@@ -176,6 +181,9 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.MaxMountsPerProject <= 0 {
 		cfg.MaxMountsPerProject = 4096
 	}
+	if cfg.MaxWebhooksInFlight <= 0 {
+		cfg.MaxWebhooksInFlight = 1024
+	}
 	if cfg.MaxSecretsPerProject <= 0 {
 		cfg.MaxSecretsPerProject = itx.MaxSecretsPerProject
 	}
@@ -198,7 +206,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	s := &Server{
 		cfg: cfg, clock: cfg.Clock, log: cfg.Log, dir: dir, metrics: newMetrics(),
 		actors: map[StreamRef]*actor{}, unloading: map[StreamRef]*actor{},
-		egress: cfg.Egress, httpClient: newHTTPClient(cfg.Egress),
+		egress: cfg.Egress, httpClient: newHTTPClient(cfg.Egress), webhooks: make(chan struct{}, cfg.MaxWebhooksInFlight),
 		backend:     sqliteBackend{dir: filepath.Join(cfg.DataDir, "streams")},
 		recv:        receivers{mounts: map[mountKey]*mount{}},
 		acc:         newAccessState(),

@@ -8,6 +8,8 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -661,4 +663,50 @@ func TestSubscription_RunawayTransformFailsTheDelivery(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "stream/error-occurred", evs[2].Type)
 	require.Contains(t, string(evs[2].Payload), "depth limit")
+}
+
+// Webhook requests open at once are bounded over every subscription (each holds a socket): with
+// room for 2, the other deliveries wait for a slot, holding no socket and losing nothing.
+func TestSubscription_WebhooksInFlightBounded(t *testing.T) {
+	e := newSubEnv(t, server.Config{MaxWebhooksInFlight: 2})
+	var mu sync.Mutex
+	inFlight, most := 0, 0
+	hold := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		inFlight++
+		most = max(most, inFlight)
+		mu.Unlock()
+		defer func() { mu.Lock(); inFlight--; mu.Unlock() }()
+		select {
+		case <-hold:
+		case <-r.Context().Done():
+		}
+	}))
+	defer srv.Close()
+	var streams []schema.Stream
+	for i := range 4 {
+		s := stream(t, e.p, fmt.Sprintf("/hooks/%d", i))
+		e.configure(t, s, client.SubscriptionConfig{Name: "hook", Start: "now",
+			Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: srv.URL}})
+		streams = append(streams, s)
+	}
+	timers := e.clock.Pending()
+	for _, s := range streams {
+		mustAppend(t, s, ev("x", `{}`))
+	}
+	waitUntil(t, "two requests open", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return inFlight == 2
+	})
+	require.Equal(t, 2.0, testutil.ToFloat64(e.ts.srv.Metrics().WebhooksInFlight))
+	require.Equal(t, timers+2, e.clock.Pending(), "only the two sent have a delivery timeout running")
+	close(hold)
+	for _, s := range streams {
+		e.waitProcessed(t, s, "hook", 2)
+	}
+	mu.Lock()
+	require.Equal(t, 2, most, "requests open at once")
+	mu.Unlock()
 }

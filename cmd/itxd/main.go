@@ -46,6 +46,7 @@ func run() error {
 	addrFile := flag.String("addr-file", "", "write the bound RPC address here once listening")
 	idle := flag.Duration("idle-timeout", 5*time.Minute, "unload a stream nobody has used for this long")
 	maxLoaded := flag.Int("max-loaded-streams", 1024, "unload least recently used idle streams above this many")
+	maxWebhooks := flag.Int("webhook-max-in-flight", 1024, "webhook requests open at once over all subscriptions; a delivery waits for one within its delivery timeout")
 	maxHeld := flag.Int("max-held-streams", 0, "streams loaded at once, in use or not; a call needing one more fails with limitExceeded (0: from the open-file limit, (RLIMIT_NOFILE - 1024) / 8, between 256 and 16384)")
 	burst := flag.Int("breaker-burst", 0, "circuit breaker burst per stream, in events (0: 100000)")
 	refill := flag.Int("breaker-refill-per-minute", 0, "circuit breaker refill per stream per minute (0: 6000000)")
@@ -126,7 +127,7 @@ func run() error {
 	}
 	ctx := context.Background()
 	srv, err := server.Open(ctx, server.Config{
-		DataDir: *data, Log: log, IdleTimeout: *idle, MaxLoadedStreams: *maxLoaded, MaxHeldStreams: heldStreams(*maxHeld),
+		DataDir: *data, Log: log, IdleTimeout: *idle, MaxLoadedStreams: *maxLoaded, MaxHeldStreams: heldStreams(*maxHeld), MaxWebhooksInFlight: *maxWebhooks,
 		BreakerBurst: *burst, BreakerRefillPerMinute: *refill,
 		MaxConnectionsPerStream: *maxConns, MaxLiveSubscribersPerStream: *maxLive, MaxMountsPerProject: *maxMounts, MaxReadersPerStream: *maxReaders,
 		Egress:     server.EgressPolicy{AllowHosts: allowHosts, DenyPrivate: *denyPrivate},
