@@ -219,3 +219,56 @@ func TestRemote_ForwarderOverLargeEvents(t *testing.T) {
 	require.NoError(t, err)
 	require.JSONEq(t, fmt.Sprintf(`{"forwarded":%d}`, len(want)), snap.State)
 }
+
+// appendKeyed appends n events of type "keyed" whose idempotency keys (of the longest length) are
+// most of their size, and returns their offsets. A read bounded by size counts keys (Event.Size);
+// a delivery batch's own byte cap does not, so a read of these is cut by its size bound long
+// before the batch's cap would cut it: what follows must still be read, not skipped.
+func appendKeyed(t *testing.T, s schema.Stream, n int, payload string) []int64 {
+	t.Helper()
+	var offsets []int64
+	for len(offsets) < n {
+		var batch []itx.EventInput
+		for i := len(offsets); i < n && len(batch) < itx.MaxAppendEvents; i++ {
+			key := fmt.Sprintf("%06d-", i)
+			batch = append(batch, keyed("keyed", payload, key+strings.Repeat("k", itx.MaxIdempotencyKeyLength-len(key))))
+		}
+		offsets = append(offsets, mustAppend(t, s, batch...).Offsets...)
+	}
+	return offsets
+}
+
+// A connection whose catch-up reads are cut by size (keys and all) well before its batch's byte
+// cap receives every event, in order, once.
+func TestConnection_CatchUpCutByKeyBytes(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	s := stream(t, ts.project(t), "/keyed-conn")
+	want := appendKeyed(t, s, 3000, `{}`) // about 1.5 MiB of keys, 40 KiB of the rest
+	sink := newTestSink()
+	_, err := openConn(t, s, connOpts{maxEvents: server.MaxConnectionBatchEvents, noState: true}, sink)
+	require.NoError(t, err)
+	waitUntil(t, "every event", func() bool { return len(sink.offsets()) >= len(want) })
+	require.Equal(t, want, sink.offsets())
+}
+
+// A push whose reads are cut by size (keys and all) before DeliveryBatchBytes would cut its batch
+// delivers every event, in order, once.
+func TestSubscription_CopyCutByKeyBytes(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	src, dst := stream(t, e.p, "/keyed-src"), stream(t, e.p, "/keyed-dst")
+	// About 1,100 bytes an event by Event.Size, 700 by the batch's measure: 1,000 events (a
+	// batch's count) pass 1 MiB by the first and not by the second.
+	want := appendKeyed(t, src, 1000, `{"p":"`+strings.Repeat("x", 600)+`"}`)
+	name, _ := e.configure(t, src, client.SubscriptionConfig{Name: "copy", FilterTypes: []string{"keyed"},
+		Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: "/keyed-dst"}})
+	head, err := client.Describe(e.ctx, src)
+	require.NoError(t, err)
+	e.waitProcessed(t, src, name, head.HeadOffset)
+	got, err := client.ReadAll(e.ctx, dst, itx.Query{Types: []string{"keyed"}})
+	require.NoError(t, err)
+	sources := []int64{}
+	for _, c := range got {
+		sources = append(sources, c.Provenance[0].Offset)
+	}
+	require.Equal(t, want, sources)
+}
