@@ -63,13 +63,13 @@ func requireLarge(t *testing.T, want []int64, got []itx.Event) {
 func TestStream_LargeEventPages(t *testing.T) {
 	ts := startServer(t, server.Config{})
 	s := stream(t, ts.project(t), "/large")
-	ctx := ctxT(t)
 	const n = 80
 	want := appendLarge(t, s, n)
 	small := mustAppend(t, s, ev("small", `{}`), ev("small", `{}`))
 	head := small.HeadOffset
 
 	t.Run("getEventPage follows nextAfter", func(t *testing.T) {
+		ctx := ctxT(t) // each its own: under -race one read of them all takes seconds
 		var got []itx.Event
 		q := itx.Query{Limit: itx.MaxPageLimit, Types: []string{"big"}}
 		for pages := 0; ; pages++ {
@@ -90,6 +90,7 @@ func TestStream_LargeEventPages(t *testing.T) {
 		requireLarge(t, want, got)
 	})
 	t.Run("getEvents continues after the last offset", func(t *testing.T) {
+		ctx := ctxT(t)
 		var got []itx.Event
 		for after := int64(0); ; {
 			page, err := client.GetEvents(ctx, s, itx.Query{After: after, Limit: itx.MaxPageLimit})
@@ -105,17 +106,20 @@ func TestStream_LargeEventPages(t *testing.T) {
 		requireLarge(t, want, got[:n])
 	})
 	t.Run("the client's ReadAll", func(t *testing.T) {
+		ctx := ctxT(t)
 		got, err := client.ReadAll(ctx, s, itx.Query{Types: []string{"big"}})
 		require.NoError(t, err)
 		requireLarge(t, want, got)
 	})
 	t.Run("a page of small events past the large ones reaches the head", func(t *testing.T) {
+		ctx := ctxT(t)
 		page, err := client.GetEventPage(ctx, s, itx.Query{After: want[n-1]})
 		require.NoError(t, err)
 		require.Equal(t, small.Offsets, offsetsOf(page.Events))
 		require.Equal(t, head, page.NextAfter)
 	})
 	t.Run("waitForEvent pages through them", func(t *testing.T) {
+		ctx := ctxT(t)
 		e, err := client.WaitForEvent(ctx, s, itx.Predicate{Types: []string{"small"}}, 0, 0)
 		require.NoError(t, err)
 		require.Equal(t, small.Offsets[0], e.Offset)
