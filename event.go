@@ -20,6 +20,13 @@ type Event struct {
 	Provenance     []Hop           `json:"provenance,omitempty"` // set on copies, oldest first
 }
 
+// Size is the bytes a read measures an event by (pages are bounded by it): type, payload,
+// metadata and idempotency key. Unlike EventInput.Size it counts a key the server derived too:
+// those bytes travel with the event all the same.
+func (e *Event) Size() int {
+	return len(e.Type) + len(e.Payload) + len(e.Metadata) + len(e.IdempotencyKey)
+}
+
 // Hop is one step of a copied event's provenance.
 type Hop struct {
 	StreamID              string `json:"streamId"`

@@ -41,6 +41,10 @@ const (
 	// DefaultPageLimit is the getEvents page size when none is asked for, and its maximum.
 	DefaultPageLimit = 500
 	MaxPageLimit     = 500
+	// MaxPageBytes bounds a getEvents page by size as well (Event.Size): it ends after the event
+	// that brings it to MaxPageBytes or more, so a page holds at most MaxPageBytes plus one event
+	// (the first event always goes). NextAfter then says where to continue.
+	MaxPageBytes = 4 << 20
 
 	// DefaultWaitTimeout applies to waitForEvent and waitUntilProcessed when none is given.
 	DefaultWaitTimeout = 20 * time.Second

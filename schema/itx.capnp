@@ -98,7 +98,10 @@ struct AppendResult {
 
 struct EventQuery {
   after @0 :UInt64;           # events with offset > after; 0 = from the start
-  limit @1 :UInt32;           # 0 = the default page (500); capped at 500
+  limit @1 :UInt32;           # 0 = the default page (500); capped at 500. A page also ends
+                              # after the event that brings it to 4 MiB (the first always
+                              # goes): one shorter than limit is not the end, nextAfter says
+                              # where to continue
   types @2 :List(Text);       # empty (or containing "*") = every type
   includeEphemeral @3 :Bool;  # ephemeral events are skipped unless set
   before @4 :UInt64;          # events with offset < before; 0 = no upper bound

@@ -268,7 +268,7 @@ func rereduce(ctx context.Context, store streamStore, rc reduceContext, head int
 	st := newCoreState()
 	rc.checkURL = nil // a rebuild replays history; today's egress policy does not rewrite it
 	for after := int64(0); after < head; {
-		page, err := store.Events(ctx, storage.Query{After: after, UpTo: head, Limit: 500})
+		page, err := store.Events(ctx, storage.Query{After: after, UpTo: head, Limit: itx.MaxPageLimit, MaxBytes: itx.MaxPageBytes})
 		if err != nil {
 			return nil, err
 		}

@@ -306,21 +306,26 @@ func (c *Connection) read(pages chan<- connPage) {
 			}
 			continue
 		}
+		through := v.head
 		events, fromMemory := c.fromRecent(v, scanned)
-		if !fromMemory {
+		if fromMemory {
+			if len(events) == c.opts.MaxDeliveryEvents {
+				through = events[len(events)-1].Offset
+			}
+		} else {
+			// Bounded by the batch's bytes too: the loop below keeps no more than those.
+			q := storage.Query{After: scanned, UpTo: v.head, Limit: c.opts.MaxDeliveryEvents,
+				MaxBytes: c.opts.MaxDeliveryBytes, Types: c.opts.Types, IncludeEphemeral: true}
 			var err error
-			events, err = v.store.Events(c.ctx, storage.Query{After: scanned, UpTo: v.head, Limit: c.opts.MaxDeliveryEvents,
-				Types: c.opts.Types, IncludeEphemeral: true})
-			if err != nil {
+			if events, err = v.store.Events(c.ctx, q); err != nil {
 				if c.ctx.Err() == nil {
 					c.Close(CloseDeliveryFailed, "reading the log: "+err.Error())
 				}
 				return
 			}
-		}
-		through := v.head
-		if len(events) == c.opts.MaxDeliveryEvents {
-			through = events[len(events)-1].Offset
+			if q.Cut(events) {
+				through = events[len(events)-1].Offset
+			}
 		}
 		batch := events[:0] // events is this page's own slice: filter it in place
 		size := 0

@@ -178,16 +178,22 @@ func (d *deliverer) push(job pushJob, store streamStore, streamID string) delive
 // up. Everything scanned that does not match still advances the cursor (the filter makes it a
 // watermark). At the tail it serves the last commit's events from memory.
 func (d *deliverer) scan(job pushJob, store streamStore, after int64) ([]itx.Event, int64, error) {
+	scanned := job.head
 	events, ok := durableFrom(job.recent, after, job.head, job.limit)
-	if !ok {
+	if ok {
+		if len(events) == job.limit {
+			scanned = events[len(events)-1].Offset
+		}
+	} else {
+		// Bounded by DeliveryBatchBytes too: capBytes keeps no more than that.
+		q := storage.Query{After: after, UpTo: job.head, Limit: job.limit, MaxBytes: itx.DeliveryBatchBytes}
 		var err error
-		if events, err = store.Events(d.ctx, storage.Query{After: after, UpTo: job.head, Limit: job.limit}); err != nil {
+		if events, err = store.Events(d.ctx, q); err != nil {
 			return nil, 0, fmt.Errorf("reading events: %w", err)
 		}
-	}
-	scanned := job.head
-	if len(events) == job.limit {
-		scanned = events[len(events)-1].Offset
+		if q.Cut(events) {
+			scanned = events[len(events)-1].Offset
+		}
 	}
 	events, scanned = capBytes(events, scanned)
 	return events, scanned, nil

@@ -365,11 +365,12 @@ func (l procLog) Read(ctx context.Context, after int64, limit int) (itx.Processo
 		page.ScannedThrough = after
 		return page, nil
 	}
-	events, err := v.store.Events(ctx, storage.Query{After: after, UpTo: v.head, Limit: limit})
+	q := storage.Query{After: after, UpTo: v.head, Limit: limit, MaxBytes: itx.MaxPageBytes}
+	events, err := v.store.Events(ctx, q)
 	if err != nil {
 		return itx.ProcessorPage{}, itx.Errorf(itx.EUnavailable, "read %s: %v", l.a.ref.Path, err)
 	}
-	if len(events) == limit {
+	if q.Cut(events) { // full, or cut by size: the scan covers through its last event
 		page.ScannedThrough = events[len(events)-1].Offset
 	}
 	page.Events = events

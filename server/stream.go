@@ -158,15 +158,16 @@ func (s *Server) readPage(ctx context.Context, v view, q itx.Query) (itx.Page, e
 		page.NextAfter = max(q.After, upTo)
 		return page, nil
 	}
-	events, err := v.store.Events(ctx, storage.Query{After: q.After, UpTo: upTo, Limit: q.Limit, Types: q.Types, IncludeEphemeral: q.IncludeEphemeral})
+	sq := storage.Query{After: q.After, UpTo: upTo, Limit: q.Limit, MaxBytes: itx.MaxPageBytes, Types: q.Types, IncludeEphemeral: q.IncludeEphemeral}
+	events, err := v.store.Events(ctx, sq)
 	if err != nil {
 		return itx.Page{}, itx.Errorf(itx.EInternal, "%v", err)
 	}
 	page.Events = events
-	if len(events) < q.Limit {
-		page.NextAfter = upTo
-	} else {
+	if sq.Cut(events) { // full, or cut by size: the next page starts after its last event
 		page.NextAfter = events[len(events)-1].Offset
+	} else {
+		page.NextAfter = upTo
 	}
 	s.metrics.ReadEvents.Add(float64(len(events)))
 	return page, nil

@@ -35,18 +35,22 @@ extern const char* sqlite3_errstr(int);
 // itx_scan runs a prepared range query (offset > ?1 and offset <= ?2 ... limit ?3, the columns
 // of eventColumns) to its end or to limit rows in one C call, packing each row into buf:
 // offset, created_at (int64), ephemeral, then the byte lengths of type, payload, metadata,
-// idempotency_key and provenance (int32, -1 for NULL), then those bytes. The statement is reset
-// before it returns, which ends the read transaction. When the next row does not fit it returns
-// ITX_FULL with *need set to what buf would need to hold it too; the rows before it are whole.
-static int itx_scan(sqlite3_stmt* st, itx_i64 after, itx_i64 upto, int limit,
-		unsigned char* buf, int cap, int* used, int* rows, int* need) {
+// idempotency_key and provenance (int32, -1 for NULL), then those bytes. With maxbytes > 0 it
+// also stops after the row that brings the size of the rows it packed (type, payload, metadata
+// and key: itx.Event.Size) to maxbytes or more, without stepping to the next. The statement is
+// reset before it returns, which ends the read transaction. When the next row does not fit it
+// returns ITX_FULL with *need set to what buf would need to hold it too; the rows before it are
+// whole, and *size is their size.
+static int itx_scan(sqlite3_stmt* st, itx_i64 after, itx_i64 upto, int limit, itx_i64 maxbytes,
+		unsigned char* buf, int cap, int* used, int* rows, int* need, itx_i64* size) {
 	static const int textCols[5] = {1, 2, 3, 4, 7};
 	int rc = 0, n = 0, off = 0;
+	itx_i64 total = 0;
 	sqlite3_reset(st);
 	sqlite3_bind_int64(st, 1, after);
 	sqlite3_bind_int64(st, 2, upto);
 	sqlite3_bind_int64(st, 3, limit);
-	while (n < limit) {
+	while (n < limit && (maxbytes <= 0 || total < maxbytes)) {
 		const unsigned char* ptr[5];
 		int len[5], size = ITX_ROW_HEADER, i;
 		itx_i64 v[2];
@@ -85,6 +89,9 @@ static int itx_scan(sqlite3_stmt* st, itx_i64 after, itx_i64 upto, int limit,
 			if (len[i] > 0) {
 				memcpy(buf + off, ptr[i], len[i]);
 				off += len[i];
+				if (i < 4) {
+					total += len[i];
+				}
 			}
 		}
 		n++;
@@ -93,6 +100,7 @@ static int itx_scan(sqlite3_stmt* st, itx_i64 after, itx_i64 upto, int limit,
 	sqlite3_reset(st);
 	*used = off;
 	*rows = n;
+	*size = total;
 	return rc;
 }
 */
@@ -203,15 +211,23 @@ func (sc *scanner) events(q Query, bytesPerRow int) ([]itx.Event, error) {
 	}
 	limit := min(q.Limit, 1<<30)
 	// Size the first buffer for the rows the range can hold, not the limit asked for (a caller
-	// reading "everything" passes a huge one), and at most maxScanBuffer: it grows as needed.
+	// reading "everything" passes a huge one), and at most maxScanBuffer, or for a page bounded
+	// by size what the bound lets it hold (its bytes and one more row, with slack): it grows as
+	// needed, but a page of large events is then usually read in one call.
 	rows := int(min(int64(limit), max(q.UpTo-q.After, 0)))
-	buf := make([]byte, min(max(rows*bytesPerRow, 4096), maxScanBuffer))
+	ceiling := maxScanBuffer
+	if q.MaxBytes > 0 {
+		ceiling = min(q.MaxBytes, maxScanBuffer) + 2*bytesPerRow
+	}
+	buf := make([]byte, min(max(rows*bytesPerRow, 4096), ceiling))
 	var events []itx.Event
 	after := q.After
+	maxBytes := int64(q.MaxBytes) // what the page may still take; 0: no bound
 	for {
 		var used, rows, need C.int
-		rc := C.itx_scan(st, C.itx_i64(after), C.itx_i64(q.UpTo), C.int(limit),
-			(*C.uchar)(unsafe.Pointer(&buf[0])), C.int(len(buf)), &used, &rows, &need)
+		var size C.itx_i64
+		rc := C.itx_scan(st, C.itx_i64(after), C.itx_i64(q.UpTo), C.int(limit), C.itx_i64(maxBytes),
+			(*C.uchar)(unsafe.Pointer(&buf[0])), C.int(len(buf)), &used, &rows, &need, &size)
 		if rc != 0 && rc != -1 {
 			return nil, sc.err("read events", rc)
 		}
@@ -226,8 +242,12 @@ func (sc *scanner) events(q Query, bytesPerRow int) ([]itx.Event, error) {
 			return events, nil
 		}
 		// The buffer filled: read the rest of the page into a new one, large enough for at
-		// least the row that did not fit. The events so far keep the old buffer.
+		// least the row that did not fit. The events so far keep the old buffer, and count
+		// against the page's size bound (it is not reached: the scan stops there).
 		limit -= int(rows)
+		if maxBytes > 0 {
+			maxBytes -= int64(size)
+		}
 		if len(events) > 0 {
 			after = events[len(events)-1].Offset
 		}
@@ -334,12 +354,13 @@ func (p *scanPool) events(ctx context.Context, q Query) ([]itx.Event, error) {
 func (p *scanPool) put(sc *scanner, events []itx.Event) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if len(events) >= 16 {
-		size := 0
-		for i := range events {
-			size += len(events[i].Type) + len(events[i].Payload) + len(events[i].Metadata) + len(events[i].IdempotencyKey)
+	// A page of a few events says little about the next, unless they are large: a page bounded
+	// by size holds only a few of those.
+	if len(events) > 0 {
+		size := pageBytes(events)
+		if len(events) >= 16 || size >= 1<<20 {
+			p.bytesPerRow = scanRowHeader + size/len(events) + 32
 		}
-		p.bytesPerRow = scanRowHeader + size/len(events) + 32
 	}
 	if p.shut || len(p.idle) >= ReaderConns {
 		sc.close()

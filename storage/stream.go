@@ -154,7 +154,7 @@ func (s *Stream) EventsByKeys(ctx context.Context, keys []string) (map[string]*i
 		if err != nil {
 			return nil, fmt.Errorf("look up idempotency keys: %w", err)
 		}
-		events, err := scanEvents(rows, len(chunk))
+		events, err := scanEvents(rows, len(chunk), 0)
 		if err != nil {
 			return nil, err
 		}
@@ -254,13 +254,38 @@ func (s *Stream) Commit(ctx context.Context, c Commit) error {
 	return nil
 }
 
-// Query selects a page of events: offsets in (After, UpTo], at most Limit rows.
+// Query selects a page of events: offsets in (After, UpTo], at most Limit rows, and, when
+// MaxBytes is set, ending after the row that brings the page's size (itx.Event.Size) to MaxBytes
+// or more: the first row always goes.
 type Query struct {
 	After            int64
 	UpTo             int64
 	Limit            int
+	MaxBytes         int // 0: no size bound
 	Types            []string
 	IncludeEphemeral bool
+}
+
+// Cut reports whether page, read for q, may have stopped before q.UpTo: it holds Limit events or
+// reached MaxBytes. The reader then continues after its last event; otherwise the page covered
+// all of (After, UpTo]. A page that reached a bound exactly at the end of the range counts as cut:
+// the next read is then merely empty.
+func (q Query) Cut(page []itx.Event) bool {
+	if len(page) == 0 {
+		return false
+	}
+	if len(page) >= q.Limit {
+		return true
+	}
+	return q.MaxBytes > 0 && pageBytes(page) >= q.MaxBytes
+}
+
+func pageBytes(page []itx.Event) int {
+	n := 0
+	for i := range page {
+		n += page[i].Size()
+	}
+	return n
 }
 
 func (s *Stream) prepareReads(ctx context.Context) error {
@@ -311,7 +336,7 @@ func (s *Stream) Events(ctx context.Context, q Query) ([]itx.Event, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read events: %w", err)
 	}
-	return scanEvents(rows, q.Limit)
+	return scanEvents(rows, q.Limit, q.MaxBytes)
 }
 
 const eventColumns = `offset, type, payload, metadata, idempotency_key, created_at, ephemeral, provenance`
@@ -322,12 +347,15 @@ const (
 	readDurableQuery = `select ` + eventColumns + ` from events where offset > ? and offset <= ? and ephemeral = 0 order by offset limit ?`
 )
 
-func scanEvents(rows *sql.Rows, capacity int) ([]itx.Event, error) {
+// scanEvents reads rows into events, stopping after the row that brings their size to maxBytes
+// or more (0: no bound); closing rows then leaves the rest of them unread.
+func scanEvents(rows *sql.Rows, capacity, maxBytes int) ([]itx.Event, error) {
 	defer rows.Close()
 	// Sized for the page up front (a catch-up page is 1,000 events): growing it row by row
 	// copies every event several times.
 	events := make([]itx.Event, 0, min(capacity, 1024))
-	for rows.Next() {
+	size := 0
+	for (maxBytes <= 0 || size < maxBytes) && rows.Next() {
 		var e itx.Event
 		var payload, metadata []byte // scanned into fresh slices: one copy, no string detour
 		var key, provenance sql.NullString
@@ -344,6 +372,7 @@ func scanEvents(rows *sql.Rows, capacity int) ([]itx.Event, error) {
 				return nil, fmt.Errorf("read events: offset %d provenance: %w", e.Offset, err)
 			}
 		}
+		size += e.Size()
 		events = append(events, e)
 	}
 	if err := rows.Err(); err != nil {

@@ -449,18 +449,26 @@ func (l *rpcLog) Append(ctx context.Context, inputs []itx.EventInput) ([]itx.Eve
 	for _, o := range res.Offsets {
 		lo, hi = min(lo, o), max(hi, o)
 	}
-	events, err := client.GetEvents(ctx, stream, itx.Query{After: lo - 1, Before: hi + 1, Limit: int(min(hi-lo+1, itx.MaxPageLimit)), IncludeEphemeral: true})
-	if err != nil {
-		return nil, err
-	}
-	byOffset := make(map[int64]itx.Event, len(events))
-	for _, e := range events {
-		byOffset[e.Offset] = e
+	// The offsets up to itx.MaxPageLimit past lo (a duplicate's may lie far below the rest), page by
+	// page: a page also ends at itx.MaxPageBytes, so an append of large events takes several.
+	byOffset := make(map[int64]itx.Event, len(res.Offsets))
+	for after, end := lo-1, min(hi, lo-1+itx.MaxPageLimit); after < end; {
+		page, err := client.GetEventPage(ctx, stream, itx.Query{After: after, Before: end + 1, Limit: int(end - after), IncludeEphemeral: true})
+		if err != nil {
+			return nil, err
+		}
+		for _, e := range page.Events {
+			byOffset[e.Offset] = e
+		}
+		if page.NextAfter <= after {
+			break
+		}
+		after = page.NextAfter
 	}
 	out := make([]itx.Event, 0, len(res.Offsets))
 	for i, o := range res.Offsets {
 		e, ok := byOffset[o]
-		if !ok { // beyond one page: what was appended, at its offset
+		if !ok { // beyond what was read: what was appended, at its offset
 			e = itx.Event{Offset: o, Type: inputs[i].Type, Payload: inputs[i].Payload, Metadata: inputs[i].Metadata, IdempotencyKey: inputs[i].IdempotencyKey}
 		}
 		out = append(out, e)

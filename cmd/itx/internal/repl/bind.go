@@ -31,7 +31,7 @@ var bindings = map[string]map[string]binding{
 	},
 	"Stream": {
 		"append":                {"append(event | [events], {expectedHeadOffset}?) -> {offsets, duplicate, headOffset, streamId}", streamAppend},
-		"getEvents":             {"getEvents(after?, limit?) or getEvents({after, before, limit, types, includeEphemeral, all}) -> [events] (one page of at most 500; all: true reads every page)", streamGetEvents},
+		"getEvents":             {"getEvents(after?, limit?) or getEvents({after, before, limit, types, includeEphemeral, all}) -> [events] (one page of at most 500 events or 4 MiB; all: true reads every page)", streamGetEvents},
 		"getEventPage":          {"getEventPage(after?, limit?) or getEventPage({after, before, limit, types, includeEphemeral}) -> {events, streamId, streamMaxOffset, nextAfter}", streamGetEventPage},
 		"waitForEvent":          {"waitForEvent(types?, after?, timeoutMs?) or waitForEvent({types, payloadContains, where, after, timeoutMs, includeEphemeral}) -> event", streamWaitForEvent},
 		"describe":              {"describe() -> {path, streamId, headOffset, createdAt, ...}", streamDescribe},
