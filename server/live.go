@@ -34,8 +34,15 @@ type LiveStreamState struct {
 	LastAppendAt  int64                          `json:"lastAppendAt"`
 	Subscriptions map[string]LiveSubscriptionRow `json:"subscriptions"`
 	Readers       map[string]LiveReaderRow       `json:"readers"`
-	Connections   map[string]LiveConnectionRow   `json:"connections"`
+	// Connections lists the open connections, the first MaxLiveConnectionRows by key;
+	// ConnectionsOpen counts them all. (Every open connection may receive this document: listing
+	// all of them would make its size, and each append's patch, grow with their number.)
+	Connections     map[string]LiveConnectionRow `json:"connections"`
+	ConnectionsOpen int                          `json:"connectionsOpen"`
 }
+
+// MaxLiveConnectionRows bounds the connections a stream's live state lists.
+const MaxLiveConnectionRows = 256
 
 // LiveSubscriptionRow is a subscription as the live state shows it.
 type LiveSubscriptionRow struct {
@@ -224,7 +231,8 @@ func (a *actor) liveState() LiveStreamState {
 		out.Readers[name] = LiveReaderRow{Checkpoint: r.Checkpoint, Lag: max(0, v.head-r.Checkpoint)}
 	}
 	if conns := a.connList.Load(); conns != nil {
-		for _, c := range *conns {
+		out.ConnectionsOpen = len(*conns)
+		for _, c := range (*conns)[:min(len(*conns), MaxLiveConnectionRows)] { // sorted by key
 			out.Connections[c.key] = LiveConnectionRow{OpenedBy: c.opts.OpenedBy, Delivered: c.delivered.Load()}
 		}
 	}

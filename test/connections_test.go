@@ -642,3 +642,27 @@ func TestConnection_CloseByClient(t *testing.T) {
 	mustAppend(t, s, ev("b", `{}`))
 	require.Equal(t, []int64{1}, sink.offsets(), "nothing after the close")
 }
+
+// The live state lists at most MaxLiveConnectionRows connections (the first by key) and counts
+// them all: every connection may receive the document, so it must not grow with their number.
+func TestLiveState_ConnectionRowsBounded(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	s := stream(t, ts.project(t), "/crowd")
+	n := server.MaxLiveConnectionRows + 44
+	for i := range n {
+		_, err := openConn(t, s, connOpts{key: fmt.Sprintf("c%04d", i), noState: true}, newTestSink())
+		require.NoError(t, err)
+	}
+	view := &liveView{}
+	subscribeLive(t, s, view)
+	waitUntil(t, "every connection counted", func() bool {
+		_, doc := view.state()
+		open, _ := doc["connectionsOpen"].(float64)
+		return int(open) == n
+	})
+	_, doc := view.state()
+	rows, _ := doc["connections"].(map[string]any)
+	require.Len(t, rows, server.MaxLiveConnectionRows)
+	require.Contains(t, rows, "c0000")
+	require.NotContains(t, rows, fmt.Sprintf("c%04d", n-1), "the first by key are listed")
+}
