@@ -219,6 +219,11 @@ type receivers struct {
 	mu        sync.Mutex
 	mounts    map[mountKey]*mount
 	byProject projectCounts // mounts per project, for Config.MaxMountsPerProject
+
+	// pokes are the presence signals running (see schedulePoke): a name is in the map while
+	// its poke runs, true when another was asked for meanwhile.
+	pokeMu sync.Mutex
+	pokes  map[mountKey]bool
 }
 
 // projectCounts counts a registry's names per project (the zero value is ready to use).
@@ -271,7 +276,7 @@ func (s *Server) MountReceiver(projectID, name string, r Receiver) (func(), erro
 	}
 	s.recv.putLocked(key, m)
 	s.recv.mu.Unlock()
-	go s.pokeCapability(projectID, name)
+	s.schedulePoke(projectID, name)
 	return func() {
 		s.recv.mu.Lock()
 		defer s.recv.mu.Unlock()
@@ -318,6 +323,38 @@ func (s *Server) receiver(projectID, name string) Receiver {
 // pokeCapability tells every loaded stream of the project that a capability was mounted: the
 // presence signal that un-parks its itx-call subscriptions and cuts their backoff. A stream
 // loaded later learns the project's mounts when it loads.
+// schedulePoke runs pokeCapability for a name in the background, one run at a time per name:
+// a mount while one runs asks for one more run after it, however many mounts come meanwhile,
+// so a client mounting and unmounting in a loop starts no more than one goroutine per name.
+func (s *Server) schedulePoke(projectID, name string) {
+	key := mountKey{projectID, name}
+	r := &s.recv
+	r.pokeMu.Lock()
+	if _, running := r.pokes[key]; running {
+		r.pokes[key] = true
+		r.pokeMu.Unlock()
+		return
+	}
+	if r.pokes == nil {
+		r.pokes = map[mountKey]bool{}
+	}
+	r.pokes[key] = false
+	r.pokeMu.Unlock()
+	go func() {
+		for {
+			s.pokeCapability(projectID, name)
+			r.pokeMu.Lock()
+			if !r.pokes[key] {
+				delete(r.pokes, key)
+				r.pokeMu.Unlock()
+				return
+			}
+			r.pokes[key] = false
+			r.pokeMu.Unlock()
+		}
+	}()
+}
+
 func (s *Server) pokeCapability(projectID, name string) {
 	// Unloaded streams whose subscriptions parked waiting for this name load now; a loading
 	// stream learns the project's mounts, so it resumes them itself.

@@ -130,11 +130,9 @@ func (s *Server) MountProcessorHost(projectID, name string, host RemoteProcessor
 	}
 	ph.mu.Unlock()
 	s.log.Info().Str("host", name).Int("contracts", len(contracts)).Uint64("generation", m.gen).Msg("processor host mounted")
-	go func() {
-		for _, c := range contracts {
-			s.pokeCapability(projectID, presenceToken(c.Name))
-		}
-	}()
+	for _, c := range contracts {
+		s.schedulePoke(projectID, presenceToken(c.Name))
+	}
 	return func() {
 		ph.mu.Lock()
 		defer ph.mu.Unlock()
