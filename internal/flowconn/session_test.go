@@ -14,6 +14,28 @@ import (
 	"github.com/itx-dev/itx/schema"
 )
 
+// dialGateway opens a go-capnp client connection to addr, closed when the test ends, and
+// returns it with its bootstrap Gateway.
+func dialGateway(t *testing.T, addr string) (*rpc.Conn, schema.Gateway) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := rpc.NewConn(rpc.NewStreamTransport(c), nil)
+	t.Cleanup(func() { conn.Close() })
+	return conn, schema.Gateway(conn.Bootstrap(context.Background()))
+}
+
+// call makes one call and fails the test if it fails.
+func call[R any](t *testing.T, f interface{ Struct() (R, error) }, release func()) {
+	t.Helper()
+	defer release()
+	if _, err := f.Struct(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // A client that never sends Finish keeps every reply in go-capnp's answer table; past the
 // bound its connection is aborted with limitExceeded, and everything it held is returned.
 func TestTransport_AbortsAClientThatNeverFinishes(t *testing.T) {
@@ -81,24 +103,12 @@ func TestTransport_FinishedRepliesAreNotHeld(t *testing.T) {
 // go-capnp clients finish every reply (250 ms after it): their replies are all released.
 func TestTransport_GoClientsFinishTheirReplies(t *testing.T) {
 	pool := flowconn.NewPool(flowconn.Limits{})
-	c, err := net.Dial("tcp", serve(t, pool))
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn := rpc.NewConn(rpc.NewStreamTransport(c), nil)
-	defer conn.Close()
-	gw := schema.Gateway(conn.Bootstrap(context.Background()))
+	_, gw := dialGateway(t, serve(t, pool))
 	login, release := gw.Login(context.Background(), nil)
-	if _, err := login.Struct(); err != nil {
-		t.Fatal(err)
-	}
-	release()
+	call(t, login, release)
 	for range 50 {
 		f, release := gw.Version(context.Background(), nil)
-		if _, err := f.Struct(); err != nil {
-			t.Fatal(err)
-		}
-		release()
+		call(t, f, release)
 	}
 	waitFor(t, pool, "50 replies held", func(s flowconn.Stats) bool { return s.Unfinished > 0 })
 	gw.Release()
@@ -115,18 +125,9 @@ func TestTransport_LoginTimeout(t *testing.T) {
 	r.Bootstrap(0)
 	r.UntilReturn(0) // the transport (and its login deadline) exists
 
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn := rpc.NewConn(rpc.NewStreamTransport(c), nil)
-	defer conn.Close()
-	gw := schema.Gateway(conn.Bootstrap(context.Background()))
+	_, gw := dialGateway(t, addr)
 	login, release := gw.Login(context.Background(), nil)
-	if _, err := login.Struct(); err != nil {
-		t.Fatal(err)
-	}
-	release()
+	call(t, login, release)
 	if n := clk.Pending(); n != 1 {
 		t.Fatalf("%d login deadlines armed, want 1 (the logged-in connection's is stopped)", n)
 	}
@@ -137,10 +138,7 @@ func TestTransport_LoginTimeout(t *testing.T) {
 		t.Fatalf("abort reason %q", reason)
 	}
 	f, release := gw.Version(context.Background(), nil)
-	defer release()
-	if _, err := f.Struct(); err != nil {
-		t.Fatalf("the logged-in connection: %v", err)
-	}
+	call(t, f, release) // the logged-in connection is served
 	waitFor(t, pool, "one connection left", func(s flowconn.Stats) bool { return s.Conns == 1 && s.Aborts == 1 })
 }
 
@@ -151,18 +149,9 @@ func TestPool_RefusesConnectionsPastTheBound(t *testing.T) {
 	addr := serve(t, pool)
 	var conns []*rpc.Conn
 	for range 2 {
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		conn := rpc.NewConn(rpc.NewStreamTransport(c), nil)
-		defer conn.Close()
-		gw := schema.Gateway(conn.Bootstrap(context.Background()))
+		conn, gw := dialGateway(t, addr)
 		f, release := gw.Version(context.Background(), nil)
-		if _, err := f.Struct(); err != nil {
-			t.Fatal(err)
-		}
-		release()
+		call(t, f, release)
 		conns = append(conns, conn)
 	}
 
