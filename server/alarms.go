@@ -19,15 +19,25 @@ func (s *Server) wakeDue() {
 		}
 		return
 	}
+	deferred := 0
 	for _, d := range due {
 		a, err := s.acquire(ctx, StreamRef{ProjectID: d.ProjectID, Path: d.Path})
 		if err != nil {
+			if itx.ErrorCode(err) == itx.ELimitExceeded {
+				deferred++ // --max-held-streams: try again shortly, when streams are released
+				continue
+			}
 			if ctx.Err() == nil {
 				s.log.Error().Err(err).Str("path", d.Path).Msg("waking a stream for its alarm")
 			}
 			continue
 		}
 		s.release(a)
+	}
+	if deferred > 0 {
+		s.log.Warn().Int("streams", deferred).Int("maxHeldStreams", s.cfg.MaxHeldStreams).
+			Msg("streams with work due wait: every loaded stream is in use (--max-held-streams); retrying in a second")
+		s.alarmChanged(now + alarmRetryMs)
 	}
 	next, err := s.dir.NextAlarm(ctx, now)
 	if err != nil {
@@ -37,6 +47,9 @@ func (s *Server) wakeDue() {
 		s.alarmChanged(next)
 	}
 }
+
+// alarmRetryMs is how soon wakeDue tries again for due streams it could not load.
+const alarmRetryMs = 1000
 
 // alarmChanged makes sure the alarm timer fires no later than due (epoch ms).
 func (s *Server) alarmChanged(due int64) {
