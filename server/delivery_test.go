@@ -84,3 +84,19 @@ func TestDeliverer_ExpressionThatNoLongerCompilesIsTerminal(t *testing.T) {
 		t.Fatalf("got %s at attempt %d, want a halt at attempt 1", dec.kind, dec.attempt)
 	}
 }
+
+// A failure of the receiving side as a whole (the server's loaded-stream bound, a full disk) is
+// an outage: retried with backoff, never counted against the events (a skip policy must not
+// drop events because a target stream could not be loaded).
+func TestClassify_ServerBoundsAreOutages(t *testing.T) {
+	for _, code := range []itx.Code{itx.ELimitExceeded, itx.EResourceExhausted, itx.EDeadlineExceeded, itx.EUnavailable} {
+		if got := classify(itx.Errorf(code, "x")); got != classOutage {
+			t.Errorf("%s: class %s, want outage", code, got)
+		}
+	}
+	for _, code := range []itx.Code{itx.EInvalid, itx.ETooLarge, itx.EFailedPrecondition} {
+		if got := classify(itx.Errorf(code, "x")); got != classEvent {
+			t.Errorf("%s: class %s, want event", code, got)
+		}
+	}
+}

@@ -51,7 +51,10 @@ func classify(err error) failureClass {
 		return ce.class
 	}
 	switch itx.ErrorCode(err) {
-	case itx.EDeadlineExceeded, itx.EUnavailable, itx.ERateLimited, itx.ECancelled, itx.EInternal:
+	case itx.EDeadlineExceeded, itx.EUnavailable, itx.ERateLimited, itx.ECancelled, itx.EInternal,
+		// the server's own bounds (--max-held-streams) and a full disk: the receiving side
+		// cannot take anything now, whatever the events
+		itx.ELimitExceeded, itx.EResourceExhausted:
 		return classOutage
 	case itx.ECapabilityOffline:
 		return classAbsent
