@@ -34,7 +34,7 @@ func TestItxd_SessionBounds(t *testing.T) {
 		}
 		returns, reason := r.UntilAbort()
 		require.Contains(t, reason, "itx.limitExceeded: ")
-		require.Contains(t, reason, "--rpc-max-unfinished-replies")
+		require.Contains(t, reason, "--rpc-preauth-max-unfinished-replies")
 		require.Less(t, returns, 31, "the abort came before every call was answered")
 	})
 

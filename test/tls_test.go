@@ -20,6 +20,7 @@ import (
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/internal/itxtest"
 	"github.com/stretchr/testify/require"
 )
 
@@ -108,6 +109,18 @@ func TestTLS_RealHandshake(t *testing.T) {
 		sys, err := client.TLSConfig("", "", "")
 		require.NoError(t, err)
 		require.Error(t, describeOverTLS(ctx, p.addr, p.creds.ProjectToken, sys))
+	})
+	t.Run("a session bound aborts a TLS connection with its reason", func(t *testing.T) {
+		tc, err := tls.Dial("tcp", p.addr, cfg)
+		require.NoError(t, err)
+		r := itxtest.NewRawClient(t, tc)
+		r.Bootstrap(0)
+		for q := uint32(1); q <= 100; q++ {
+			r.Version(q, 0) // never finished: past --rpc-preauth-max-unfinished-replies (64)
+		}
+		_, reason := r.UntilAbort()
+		require.Contains(t, reason, "itx.limitExceeded: ")
+		require.Contains(t, reason, "--rpc-preauth-max-unfinished-replies")
 	})
 	t.Run("plaintext gets no answer", func(t *testing.T) {
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)

@@ -351,16 +351,32 @@ func (t *Transport) CountCapabilities(count func() int) {
 func (t *Transport) abort(err error, onlyUnauthed bool) {
 	p := t.pool
 	p.mu.Lock()
-	if t.abortErr != nil || t.closed || (onlyUnauthed && t.authed) {
+	if onlyUnauthed && t.authed {
 		p.mu.Unlock()
 		return
 	}
-	t.abortErr = err
-	p.aborts++
-	p.cond.Broadcast()
+	cut := t.abortLocked(err)
 	p.mu.Unlock()
-	t.conn.SetReadDeadline(time.Now()) // a past deadline: the kernel's clock
+	if cut {
+		t.cutRead()
+	}
 }
+
+// abortLocked records err as the reason the connection ends, so that RecvMessage reads nothing
+// more, and reports whether the caller must then cut a blocked read short (cutRead, without
+// pool.mu). Called with pool.mu held.
+func (t *Transport) abortLocked(err error) bool {
+	if t.abortErr != nil || t.closed {
+		return false
+	}
+	t.abortErr = err
+	t.pool.aborts++
+	t.pool.cond.Broadcast()
+	return true
+}
+
+// cutRead ends a read in progress with a past deadline (the kernel's clock).
+func (t *Transport) cutRead() { t.conn.SetReadDeadline(time.Now()) }
 
 // unfinishedBounds returns the connection's bounds on unfinished replies. pool.mu held.
 func (t *Transport) unfinishedBounds() (int, int64) {
@@ -602,6 +618,12 @@ func (m *outgoing) Send() error {
 		return err
 	}
 	t, p := m.t, m.t.pool
+	cut := false
+	defer func() {
+		if cut {
+			t.cutRead()
+		}
+	}()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if t.torndown || t.writeErr != nil {
@@ -627,9 +649,13 @@ func (m *outgoing) Send() error {
 			p.unfinished++
 			p.unfinishedBytes += m.size
 			if n, b := t.unfinishedBounds(); len(t.unfinished) > n || t.unfinishedBytes > b {
-				err := itx.Errorf(itx.ELimitExceeded, "the client holds %d replies (%d bytes) it has not finished, above this connection's bound of %d replies or %d bytes (--rpc-max-unfinished-replies, --rpc-max-unfinished-reply-bytes): a Cap'n Proto client sends Finish for every Return once it is done with the results",
-					len(t.unfinished), t.unfinishedBytes, n, b)
-				go t.abort(err, false) // abort takes pool.mu, held here
+				flags := "--rpc-max-unfinished-replies, --rpc-max-unfinished-reply-bytes"
+				if !t.authed {
+					flags = "before login: --rpc-preauth-max-unfinished-replies, --rpc-preauth-max-unfinished-reply-bytes"
+				}
+				err := itx.Errorf(itx.ELimitExceeded, "the client holds %d replies (%d bytes) it has not finished, above this connection's bound of %d replies or %d bytes (%s): a Cap'n Proto client sends Finish for every Return once it is done with the results",
+					len(t.unfinished), t.unfinishedBytes, n, b, flags)
+				cut = t.abortLocked(err) // from now on nothing more is read
 			}
 		}
 	}

@@ -59,13 +59,33 @@ func TestTransport_AbortsAClientThatNeverFinishes(t *testing.T) {
 			if !strings.Contains(reason, "itx.limitExceeded: ") || !strings.Contains(reason, "not finished") {
 				t.Fatalf("abort reason %q, want limitExceeded about unfinished replies", reason)
 			}
-			if returns >= calls+1 {
-				t.Fatalf("all %d calls were answered before the abort", returns)
+			// the bootstrap, at most 8 replies held, the one that crossed, the calls read by then
+			if max := 1 + 8 + 1 + flowconn.DefaultPreAuthCalls; returns > max {
+				t.Fatalf("%d returns before the abort (at most %d): the connection kept reading calls past the bound", returns, max)
 			}
 			waitFor(t, pool, "the connection's use returned", func(s flowconn.Stats) bool {
 				return s.Conns == 0 && s.Unfinished == 0 && s.UnfinishedBytes == 0 && s.Calls == 0 && s.Aborts == 1
 			})
 		})
+	}
+}
+
+// After login the connection's own bounds apply, and the abort names their flags.
+func TestTransport_AbortsAClientThatNeverFinishes_AfterLogin(t *testing.T) {
+	pool := flowconn.NewPool(flowconn.Limits{Unfinished: 8, UnfinishedBytes: 1 << 30, Calls: 4})
+	r := itxtest.DialRaw(t, serve(t, pool))
+	r.Bootstrap(0)
+	r.Login(1, 0)
+	r.UntilReturn(1)
+	for q := uint32(2); q <= 40; q++ {
+		r.Version(q, 0)
+	}
+	returns, reason := r.UntilAbort()
+	if !strings.Contains(reason, "itx.limitExceeded: ") || !strings.Contains(reason, "(--rpc-max-unfinished-replies,") {
+		t.Fatalf("abort reason %q, want limitExceeded naming the logged-in bound", reason)
+	}
+	if returns > 1+8+1+4 { // the login, the bound, the one that crossed it, the calls read by then
+		t.Fatalf("%d returns before the abort: the connection kept reading calls past the bound", returns)
 	}
 }
 

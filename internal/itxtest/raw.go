@@ -23,7 +23,13 @@ func DialRaw(t testing.TB, addr string) *RawClient {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr := transport.NewStream(c)
+	return NewRawClient(t, c)
+}
+
+// NewRawClient speaks the RPC protocol by hand over conn (a TLS connection, say), closed when
+// the test ends.
+func NewRawClient(t testing.TB, conn net.Conn) *RawClient {
+	tr := transport.NewStream(conn)
 	t.Cleanup(func() { tr.Close() })
 	return &RawClient{t: t, tr: tr}
 }
@@ -54,7 +60,12 @@ func (r *RawClient) Bootstrap(q uint32) {
 }
 
 // Version calls Gateway.version as question q on the answer to question on (the bootstrap).
-func (r *RawClient) Version(q, on uint32) {
+func (r *RawClient) Version(q, on uint32) { r.callGateway(q, on, 1) }
+
+// Login calls Gateway.login, with no token, as question q on the answer to question on.
+func (r *RawClient) Login(q, on uint32) { r.callGateway(q, on, 0) }
+
+func (r *RawClient) callGateway(q, on uint32, method uint16) {
 	r.Send(func(m rpccp.Message) error {
 		c, err := m.NewCall()
 		if err != nil {
@@ -62,7 +73,7 @@ func (r *RawClient) Version(q, on uint32) {
 		}
 		c.SetQuestionId(q)
 		c.SetInterfaceId(schema.Gateway_TypeID)
-		c.SetMethodId(1)
+		c.SetMethodId(method)
 		tgt, err := c.NewTarget()
 		if err != nil {
 			return err
@@ -76,7 +87,7 @@ func (r *RawClient) Version(q, on uint32) {
 		if err != nil {
 			return err
 		}
-		s, err := capnp.NewStruct(params.Segment(), capnp.ObjectSize{})
+		s, err := capnp.NewStruct(params.Segment(), capnp.ObjectSize{PointerCount: 1})
 		if err != nil {
 			return err
 		}
