@@ -126,8 +126,9 @@ func run() error {
 		return fmt.Errorf("--processors: %w", err)
 	}
 	ctx := context.Background()
+	held := heldStreams(*maxHeld)
 	srv, err := server.Open(ctx, server.Config{
-		DataDir: *data, Log: log, IdleTimeout: *idle, MaxLoadedStreams: *maxLoaded, MaxHeldStreams: heldStreams(*maxHeld), MaxWebhooksInFlight: *maxWebhooks,
+		DataDir: *data, Log: log, IdleTimeout: *idle, MaxLoadedStreams: *maxLoaded, MaxHeldStreams: held, MaxWebhooksInFlight: *maxWebhooks,
 		BreakerBurst: *burst, BreakerRefillPerMinute: *refill,
 		MaxConnectionsPerStream: *maxConns, MaxLiveSubscribersPerStream: *maxLive, MaxMountsPerProject: *maxMounts, MaxReadersPerStream: *maxReaders,
 		Egress:     server.EgressPolicy{AllowHosts: allowHosts, DenyPrivate: *denyPrivate},
@@ -172,7 +173,7 @@ func run() error {
 	if err := recordAddress(*data, addr); err != nil {
 		log.Warn().Err(err).Msg("could not record the address in credentials.json: itx --data needs --addr")
 	}
-	announce(log, addr, *data, *metricsAddr, tlsConfig != nil)
+	announce(log, addr, *data, *metricsAddr, tlsConfig != nil, held)
 
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
@@ -200,8 +201,8 @@ func run() error {
 	return err
 }
 
-func announce(log zerolog.Logger, addr, data, metrics string, withTLS bool) {
-	ev := log.Info().Str("addr", addr).Str("data", data).Bool("tls", withTLS)
+func announce(log zerolog.Logger, addr, data, metrics string, withTLS bool, maxHeldStreams int) {
+	ev := log.Info().Str("addr", addr).Str("data", data).Bool("tls", withTLS).Int("maxHeldStreams", maxHeldStreams)
 	if metrics != "" {
 		ev = ev.Str("metrics", "http://"+metrics+"/metrics")
 	}
