@@ -246,6 +246,9 @@ func deliveryID(streamID, name string, seek, first, through int64) string {
 // return by then is abandoned, not awaited: a receiver whose connection stopped reading blocks
 // the write itself, whatever its context says. Until that send returns, the next try fails at
 // once as an outage, so at most one abandoned send exists per subscription.
+// bounded is a sender whose sends take a slot of a channel shared across subscriptions.
+type bounded interface{ inFlight() chan struct{} }
+
 func (d *deliverer) sendWithTimeout(batch *itx.DeliveryBatch) (int64, error) {
 	if d.stuck != nil {
 		select {
@@ -255,13 +258,14 @@ func (d *deliverer) sendWithTimeout(batch *itx.DeliveryBatch) (int64, error) {
 			return 0, itx.Errorf(itx.EDeadlineExceeded, "%s %q: the previous push is still blocked writing to the receiver", d.send, d.name)
 		}
 	}
-	if _, ok := d.send.(*webhookSender); ok {
-		// Every webhook request holds a socket: at most MaxWebhooksInFlight are open over all
-		// subscriptions. A delivery waits for a slot before its timeout starts (waiting holds
-		// no socket, and at most one waits per subscription).
+	if b, ok := d.send.(bounded); ok {
+		// A sender whose every request holds a socket (webhooks) takes a slot of a bound shared
+		// by all subscriptions. A delivery waits for one before its timeout starts (waiting
+		// holds no socket, and at most one waits per subscription).
+		slots := b.inFlight()
 		select {
-		case d.srv.webhooks <- struct{}{}:
-			defer func() { <-d.srv.webhooks }()
+		case slots <- struct{}{}:
+			defer func() { <-slots }()
 		case <-d.ctx.Done():
 			return 0, itx.Errorf(itx.ECancelled, "%s %q: %v", d.send, d.name, d.ctx.Err())
 		}

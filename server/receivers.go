@@ -25,7 +25,7 @@ func (s *Server) senderFor(ref StreamRef, entry *catalogEntry) sender {
 	case itx.KindWebhookPost:
 		secret, known := s.secret(ref.ProjectID, r.Secret)
 		key, _ := itx.WebhookSecretKey(secret)
-		return &webhookSender{client: s.httpClient, url: r.URL, headers: r.Headers, key: key, unknownSecret: !known}
+		return &webhookSender{client: s.httpClient, slots: s.webhooks, url: r.URL, headers: r.Headers, key: key, unknownSecret: !known}
 	case itx.KindCopyToStream:
 		return &copySender{srv: s, target: StreamRef{ProjectID: ref.ProjectID, Path: r.ReceivingStreamPath}}
 	case itx.KindITXCall:
@@ -41,6 +41,7 @@ func (s *Server) senderFor(ref StreamRef, entry *catalogEntry) sender {
 // Requests are signed the Standard Webhooks way when the subscription has a secret.
 type webhookSender struct {
 	client  *http.Client
+	slots   chan struct{} // the server's webhook requests in flight (MaxWebhooksInFlight)
 	url     string
 	headers map[string]string
 	key     []byte
@@ -49,8 +50,9 @@ type webhookSender struct {
 	unknownSecret bool
 }
 
-func (w *webhookSender) String() string  { return "webhook" }
-func (w *webhookSender) batchLimit() int { return 1 }
+func (w *webhookSender) String() string          { return "webhook" }
+func (w *webhookSender) inFlight() chan struct{} { return w.slots }
+func (w *webhookSender) batchLimit() int         { return 1 }
 
 func (w *webhookSender) send(ctx context.Context, d *deliverer, b *itx.DeliveryBatch) (int64, error) {
 	if w.unknownSecret {

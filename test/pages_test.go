@@ -146,13 +146,7 @@ func TestSubscription_CopyOverLargeEvents(t *testing.T) {
 	e := newSubEnv(t, server.Config{})
 	src, dst := stream(t, e.p, "/large-src"), stream(t, e.p, "/large-dst")
 	want := appendLarge(t, src, 24)
-	name, _ := e.configure(t, src, client.SubscriptionConfig{Name: "copy", FilterTypes: []string{"big"},
-		Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: "/large-dst"}})
-	head, err := client.Describe(e.ctx, src)
-	require.NoError(t, err)
-	e.waitProcessed(t, src, name, head.HeadOffset)
-	got, err := client.ReadAll(e.ctx, dst, itx.Query{Types: []string{"big"}})
-	require.NoError(t, err)
+	got := copyAll(t, e, src, dst, "/large-dst", "big")
 	require.Len(t, got, len(want))
 	for i := range got {
 		require.Equal(t, want[i], got[i].Provenance[0].Offset)
@@ -193,13 +187,7 @@ func TestProcessors_ForwarderOverLargeEvents(t *testing.T) {
 
 	at, err := client.SetSubscriptionCursor(ctx, s, "forwarder", want[len(want)/2])
 	require.NoError(t, err)
-	waitUntil(t, "the rewind is reprocessed", func() bool {
-		rs, err := client.RuntimeState(ctx, proc)
-		require.NoError(t, err)
-		var r itx.ProcessorRuntimeState
-		require.NoError(t, json.Unmarshal([]byte(rs), &r))
-		return r.CursorRevision == 1 && r.ProcessedThrough >= at
-	})
+	waitRewound(t, ctx, proc, at)
 	snap, err := client.Snapshot(ctx, proc)
 	require.NoError(t, err)
 	require.JSONEq(t, fmt.Sprintf(`{"forwarded":%d}`, len(want)), snap.State)
@@ -263,16 +251,24 @@ func TestSubscription_CopyCutByKeyBytes(t *testing.T) {
 	// About 1,100 bytes an event by Event.Size, 700 by the batch's measure: 1,000 events (a
 	// batch's count) pass 1 MiB by the first and not by the second.
 	want := appendKeyed(t, src, 1000, `{"p":"`+strings.Repeat("x", 600)+`"}`)
-	name, _ := e.configure(t, src, client.SubscriptionConfig{Name: "copy", FilterTypes: []string{"keyed"},
-		Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: "/keyed-dst"}})
-	head, err := client.Describe(e.ctx, src)
-	require.NoError(t, err)
-	e.waitProcessed(t, src, name, head.HeadOffset)
-	got, err := client.ReadAll(e.ctx, dst, itx.Query{Types: []string{"keyed"}})
-	require.NoError(t, err)
+	got := copyAll(t, e, src, dst, "/keyed-dst", "keyed")
 	sources := []int64{}
 	for _, c := range got {
 		sources = append(sources, c.Provenance[0].Offset)
 	}
 	require.Equal(t, want, sources)
+}
+
+// copyAll configures a copy-to-stream subscription of src's events of type typ into dst (at
+// dstPath), waits until it has copied through src's head, and returns what dst holds of typ.
+func copyAll(t *testing.T, e *subEnv, src, dst schema.Stream, dstPath, typ string) []itx.Event {
+	t.Helper()
+	name, _ := e.configure(t, src, client.SubscriptionConfig{Name: "copy", FilterTypes: []string{typ},
+		Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: dstPath}})
+	head, err := client.Describe(e.ctx, src)
+	require.NoError(t, err)
+	e.waitProcessed(t, src, name, head.HeadOffset)
+	got, err := client.ReadAll(e.ctx, dst, itx.Query{Types: []string{typ}})
+	require.NoError(t, err)
+	return got
 }

@@ -170,13 +170,7 @@ func TestProcessors_ForwarderRewindAndRestart(t *testing.T) {
 	// Rewind: reprocess everything from offset 1.
 	at, err := client.SetSubscriptionCursor(ctx, s, "forwarder", 0)
 	require.NoError(t, err)
-	waitUntil(t, "the rewind is reprocessed", func() bool {
-		rs, err := client.RuntimeState(ctx, proc)
-		require.NoError(t, err)
-		var r itx.ProcessorRuntimeState
-		require.NoError(t, json.Unmarshal([]byte(rs), &r))
-		return r.CursorRevision == 1 && r.ProcessedThrough >= at
-	})
+	waitRewound(t, ctx, proc, at)
 	require.Equal(t, 5, countType(t, s, string(examples.OutboxForwarded)), "replayed forwards dedupe on their keys")
 	snap, err := client.Snapshot(ctx, proc)
 	require.NoError(t, err)
@@ -364,4 +358,16 @@ func TestProcessors_EvictionRevivedByAlarm(t *testing.T) {
 	require.NoError(t, json.Unmarshal(events[0].Payload, &settled))
 	require.Equal(t, examples.ReasonOrphaned, settled.Result.Reason)
 	require.Equal(t, int64(1), vendor.calls.Load())
+}
+
+// waitRewound waits until a processor has taken its first rewind and processed through at.
+func waitRewound(t *testing.T, ctx context.Context, proc schema.Processor, at int64) {
+	t.Helper()
+	waitUntil(t, "the rewind is reprocessed", func() bool {
+		rs, err := client.RuntimeState(ctx, proc)
+		require.NoError(t, err)
+		var r itx.ProcessorRuntimeState
+		require.NoError(t, json.Unmarshal([]byte(rs), &r))
+		return r.CursorRevision == 1 && r.ProcessedThrough >= at
+	})
 }
