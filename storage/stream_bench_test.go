@@ -71,7 +71,13 @@ func BenchmarkStream_Commit(b *testing.B) {
 		}
 		b.Run(name, func(b *testing.B) {
 			ctx := context.Background()
-			s, err := CreateStream(ctx, filepath.Join(dir, fmt.Sprintf("s-%d.db", b.N)), StreamMeta{StreamID: "sid", ProjectID: "p", Path: "/a"})
+			f, err := os.CreateTemp(dir, "s-*.db") // a fresh file per run, also under -count
+			if err != nil {
+				b.Fatal(err)
+			}
+			f.Close()
+			os.Remove(f.Name())
+			s, err := CreateStream(ctx, f.Name(), StreamMeta{StreamID: "sid", ProjectID: "p", Path: "/a"})
 			if err != nil {
 				b.Fatal(err)
 			}
