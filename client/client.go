@@ -118,7 +118,8 @@ func (c *Conn) Err() error {
 	if c.abort.reason == "" {
 		return nil
 	}
-	// go-capnp prefixes an error from reading the connection with "reader: ".
+	// itxd's bounds send their reason as it is; an itxd before that (go-capnp unpatched) put
+	// "reader: " before it.
 	return errors.New("itxd aborted the connection: " + strings.TrimPrefix(c.abort.reason, "reader: "))
 }
 

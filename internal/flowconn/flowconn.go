@@ -369,11 +369,18 @@ func (t *Transport) abortLocked(err error) bool {
 	if t.abortErr != nil || t.closed {
 		return false
 	}
-	t.abortErr = err
+	t.abortErr = verbatimAbort{err}
 	t.pool.aborts++
 	t.pool.cond.Broadcast()
 	return true
 }
+
+// verbatimAbort marks a session bound's error: go-capnp (patched) sends it as the Abort's reason
+// as it is, without the "reader: " it puts before other errors from reading the connection.
+type verbatimAbort struct{ error }
+
+func (verbatimAbort) AbortVerbatim()  {}
+func (e verbatimAbort) Unwrap() error { return e.error }
 
 // cutRead ends a read in progress with a past deadline (the kernel's clock).
 func (t *Transport) cutRead() { t.conn.SetReadDeadline(time.Now()) }

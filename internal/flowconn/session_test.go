@@ -56,7 +56,7 @@ func TestTransport_AbortsAClientThatNeverFinishes(t *testing.T) {
 				r.Version(q, 0)
 			}
 			returns, reason := r.UntilAbort()
-			if !strings.Contains(reason, "itx.limitExceeded: ") || !strings.Contains(reason, "not finished") {
+			if !strings.HasPrefix(reason, "itx.limitExceeded: ") || !strings.Contains(reason, "not finished") {
 				t.Fatalf("abort reason %q, want limitExceeded about unfinished replies", reason)
 			}
 			// the bootstrap, at most 8 replies held, the one that crossed, the calls read by then
@@ -81,7 +81,7 @@ func TestTransport_AbortsAClientThatNeverFinishes_AfterLogin(t *testing.T) {
 		r.Version(q, 0)
 	}
 	returns, reason := r.UntilAbort()
-	if !strings.Contains(reason, "itx.limitExceeded: ") || !strings.Contains(reason, "(--rpc-max-unfinished-replies,") {
+	if !strings.HasPrefix(reason, "itx.limitExceeded: ") || !strings.Contains(reason, "(--rpc-max-unfinished-replies,") {
 		t.Fatalf("abort reason %q, want limitExceeded naming the logged-in bound", reason)
 	}
 	if returns > 1+8+1+4 { // the login, the bound, the one that crossed it, the calls read by then
@@ -154,7 +154,7 @@ func TestTransport_LoginTimeout(t *testing.T) {
 
 	clk.Advance(30 * time.Second)
 	_, reason := r.UntilAbort()
-	if !strings.Contains(reason, "itx.deadlineExceeded: no login within 30s") {
+	if !strings.HasPrefix(reason, "itx.deadlineExceeded: no login within 30s") {
 		t.Fatalf("abort reason %q", reason)
 	}
 	f, release := gw.Version(context.Background(), nil)
@@ -177,7 +177,7 @@ func TestPool_RefusesConnectionsPastTheBound(t *testing.T) {
 
 	r := itxtest.DialRaw(t, addr)
 	_, reason := r.UntilAbort()
-	if !strings.Contains(reason, "itx.limitExceeded: itxd serves at most 2 connections") {
+	if !strings.HasPrefix(reason, "itx.limitExceeded: itxd serves at most 2 connections") {
 		t.Fatalf("abort reason %q", reason)
 	}
 	if s := pool.Stats(); s.Refused != 1 || s.Conns != 2 {

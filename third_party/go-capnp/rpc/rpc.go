@@ -595,6 +595,12 @@ func (c *Conn) receive(ctx context.Context) func() error {
 			case inMsg := <-incoming:
 				// reader error?
 				if inMsg.err != nil {
+					// itx patch: a transport that ends the connection on purpose (a session
+					// bound) gives the reason the peer is to read, verbatim.
+					var verbatim interface{ AbortVerbatim() }
+					if errors.As(inMsg.err, &verbatim) {
+						return inMsg.err
+					}
 					return fmt.Errorf("reader: %w", inMsg.err)
 				}
 				in = inMsg.IncomingMessage
