@@ -835,7 +835,7 @@ func (a *actor) ensureCreated(ctx context.Context, create bool) error {
 	}
 	createdAt := itx.UnixMilli(a.srv.clock.Now())
 	entry := storage.StreamEntry{StreamID: a.st.streamID, ProjectID: a.ref.ProjectID, Path: a.ref.Path, CreatedAt: createdAt}
-	if err := a.srv.dir.CreateStream(ctx, entry); err != nil {
+	if err := a.srv.dir.CreateStream(ctx, entry, 0); err != nil {
 		return err
 	}
 	store, err := a.srv.backend.Create(ctx, storage.StreamMeta{
