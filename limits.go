@@ -38,6 +38,10 @@ const (
 	MaxWebhookSecretBytes = 64
 	MaxSecretsPerProject  = 10_000
 
+	// MaxStreamsPerProject bounds the streams one project holds, each its own SQLite file and
+	// directory entry (--max-streams-per-project).
+	MaxStreamsPerProject = 100_000
+
 	// DefaultPageLimit is the getEvents page size when none is asked for, and its maximum.
 	DefaultPageLimit = 500
 	MaxPageLimit     = 500

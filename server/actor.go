@@ -688,13 +688,17 @@ func (a *actor) answerSettles(settles []chan<- int) {
 // reloadAfter answers a step whose commit failed: every append of it fails, and the state is read
 // back from storage, so nothing the failed commit held is published or delivered.
 func (a *actor) reloadAfter(group []*appendReq, cause error) {
-	a.srv.log.Error().Err(cause).Str("path", a.ref.Path).Msg("step failed; reloading the stream's state from storage")
 	failure := itx.AsError(cause)
 	if failure.Code == itx.EInternal || failure.Code == "" {
 		// A full disk or a read-only file system says so (storage.ErrorCode); anything else
 		// that failed to commit is internal.
 		failure = itx.Errorf(storage.ErrorCode(cause), "append not committed: %v", cause)
 	}
+	logged := a.srv.log.Error()
+	if failure.Code == itx.ELimitExceeded {
+		logged = a.srv.log.Warn() // a bound a client reached (a project's streams), not a fault
+	}
+	logged.Err(cause).Str("path", a.ref.Path).Msg("step failed; reloading the stream's state from storage")
 	a.reply(group, nil, failure)
 	for _, op := range a.failedReaders {
 		op.reply <- failure
@@ -825,7 +829,8 @@ func (a *actor) evictEphemeral(ctx context.Context, adding int64) (through, free
 }
 
 // ensureCreated creates the stream on its first commit with events: the directory entry first,
-// then the database (see storage.Directory.CreateStream for the crash window).
+// then the database (see storage.Directory.CreateStream for the crash window). A project at
+// Config.MaxStreamsPerProject gets neither: the directory refuses the entry before any file exists.
 func (a *actor) ensureCreated(ctx context.Context, create bool) error {
 	if a.store != nil {
 		return nil
@@ -835,7 +840,10 @@ func (a *actor) ensureCreated(ctx context.Context, create bool) error {
 	}
 	createdAt := itx.UnixMilli(a.srv.clock.Now())
 	entry := storage.StreamEntry{StreamID: a.st.streamID, ProjectID: a.ref.ProjectID, Path: a.ref.Path, CreatedAt: createdAt}
-	if err := a.srv.dir.CreateStream(ctx, entry); err != nil {
+	if err := a.srv.dir.CreateStream(ctx, entry, a.srv.cfg.MaxStreamsPerProject); err != nil {
+		if itx.ErrorCode(err) == itx.ELimitExceeded {
+			return itx.Errorf(itx.ELimitExceeded, "%s (--max-streams-per-project): %s is not created", itx.ErrorMessage(err), a.ref.Path)
+		}
 		return err
 	}
 	store, err := a.srv.backend.Create(ctx, storage.StreamMeta{

@@ -65,6 +65,10 @@ type Config struct {
 	// MaxSecretsPerProject bounds the distinct webhook secrets one project keeps; default
 	// itx.MaxSecretsPerProject.
 	MaxSecretsPerProject int
+	// MaxStreamsPerProject bounds the streams one project holds (each its own database file and
+	// directory entry): the append that would create one more fails with limitExceeded and
+	// writes nothing. Default itx.MaxStreamsPerProject.
+	MaxStreamsPerProject int
 	// MaxWebhooksInFlight bounds the webhook requests itxd has open at once, over every
 	// subscription (each holds a socket); a delivery waits for a slot within its delivery
 	// timeout. Default 1,024.
@@ -186,6 +190,9 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	if cfg.MaxSecretsPerProject <= 0 {
 		cfg.MaxSecretsPerProject = itx.MaxSecretsPerProject
+	}
+	if cfg.MaxStreamsPerProject <= 0 {
+		cfg.MaxStreamsPerProject = itx.MaxStreamsPerProject
 	}
 	if cfg.MaxConnectionsPerStream <= 0 {
 		cfg.MaxConnectionsPerStream = 16_384

@@ -176,11 +176,25 @@ func (d *Directory) RenameProject(ctx context.Context, id, name string) error {
 
 // CountStreams counts a project's streams.
 func (d *Directory) CountStreams(ctx context.Context, projectID string) (int, error) {
-	var n int
-	if err := d.db.QueryRowContext(ctx, `select count(*) from streams where project_id = ?`, projectID).Scan(&n); err != nil {
+	n, err := countStreams(ctx, d.db, projectID)
+	if err != nil {
 		return 0, fmt.Errorf("count streams: %w", err)
 	}
 	return n, nil
+}
+
+type queryer interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// countStreams reads a project's stream count from stream_counts (no row: none).
+func countStreams(ctx context.Context, db queryer, projectID string) (int, error) {
+	var n int
+	err := db.QueryRowContext(ctx, `select streams from stream_counts where project_id = ?`, projectID).Scan(&n)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, nil
+	}
+	return n, err
 }
 
 // DeleteProject removes a project with its tokens, secrets and the directory entries of its

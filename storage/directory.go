@@ -7,6 +7,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+
+	"github.com/itx-dev/itx"
 )
 
 // Directory is the server-level database: projects and their tokens, the streams that exist,
@@ -95,10 +97,32 @@ func (d *Directory) Stream(ctx context.Context, projectID, path string) (*Stream
 // CreateStream records a new stream, its summary stale (its first commit follows). It is
 // committed before the stream's database is created, so a crash between the two leaves an entry
 // whose database is missing, which reads as empty.
-func (d *Directory) CreateStream(ctx context.Context, e StreamEntry) error {
-	_, err := d.db.ExecContext(ctx, `insert into streams (stream_id, project_id, path, created_at, head_offset, last_append_at,
+//
+// A project holding max streams already (max > 0) is refused with ELimitExceeded, writing
+// nothing. The count and the insert are one transaction, begun with the write lock held
+// (_txlock=immediate), so two creations racing for a project's last place cannot both pass. The
+// count is the project's stream_counts row, which triggers keep in step with the streams table.
+func (d *Directory) CreateStream(ctx context.Context, e StreamEntry, max int) error {
+	tx, err := d.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("create stream %s: %w", e.Path, err)
+	}
+	defer tx.Rollback()
+	if max > 0 {
+		n, err := countStreams(ctx, tx, e.ProjectID)
+		if err != nil {
+			return fmt.Errorf("create stream %s: %w", e.Path, err)
+		}
+		if n >= max {
+			return itx.Errorf(itx.ELimitExceeded, "the project holds %d streams, its most", n)
+		}
+	}
+	_, err = tx.ExecContext(ctx, `insert into streams (stream_id, project_id, path, created_at, head_offset, last_append_at,
 		summary_stale) values (?, ?, ?, ?, ?, ?, 1)`, e.StreamID, e.ProjectID, e.Path, e.CreatedAt, e.HeadOffset, e.LastAppendAt)
 	if err != nil {
+		return fmt.Errorf("create stream %s: %w", e.Path, err)
+	}
+	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("create stream %s: %w", e.Path, err)
 	}
 	return nil

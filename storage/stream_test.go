@@ -208,7 +208,7 @@ func TestDirectory(t *testing.T) {
 	require.Equal(t, itx.ENotFound, itx.ErrorCode(d.DeleteToken(ctx, "p1", "t3")))
 
 	for _, path := range []string{"/a", "/a/b", "/ab", "/b"} {
-		require.NoError(t, d.CreateStream(ctx, StreamEntry{StreamID: "s" + path, ProjectID: "p1", Path: path, CreatedAt: 2}))
+		require.NoError(t, d.CreateStream(ctx, StreamEntry{StreamID: "s" + path, ProjectID: "p1", Path: path, CreatedAt: 2}, 0))
 	}
 	list, err := d.ListStreams(ctx, "p1", "/a", "", 100)
 	require.NoError(t, err)
@@ -276,4 +276,118 @@ func TestDirectory_MigratesProjectTokens(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "default", p.ID)
 	require.Equal(t, Token{ID: "tok_default", ProjectID: "default", Label: "initial", CreatedAt: 7, LastUsedAt: 9}, tok)
+}
+
+// CreateStream refuses a project's stream past its bound with ELimitExceeded and writes nothing;
+// each project is counted apart; creations racing for the last place cannot both pass; the
+// count follows deletions and survives reopening the directory.
+func TestDirectory_CreateStreamBounded(t *testing.T) {
+	ctx := context.Background()
+	file := filepath.Join(t.TempDir(), "dir.db")
+	d, err := OpenDirectory(ctx, file)
+	require.NoError(t, err)
+	defer func() { d.Close() }()
+	for _, p := range []string{"p1", "p2", "p3"} {
+		require.NoError(t, d.CreateProjectWithToken(ctx, Project{ID: p, Name: p, CreatedAt: 1}, Token{ID: "t" + p, ProjectID: p, Label: "l", CreatedAt: 1}, "tok"+p))
+	}
+	create := func(project, path string, max int) error {
+		return d.CreateStream(ctx, StreamEntry{StreamID: project + path, ProjectID: project, Path: path, CreatedAt: 2}, max)
+	}
+	// requireCount checks the kept count against the table itself.
+	requireCount := func(t *testing.T, project string, want int) {
+		t.Helper()
+		got, err := d.CountStreams(ctx, project)
+		require.NoError(t, err)
+		require.Equal(t, want, got, "kept count of %s", project)
+		require.NoError(t, d.db.QueryRowContext(ctx, `select count(*) from streams where project_id = ?`, project).Scan(&got))
+		require.Equal(t, want, got, "entries of %s", project)
+	}
+
+	t.Run("refused past the bound, writing nothing", func(t *testing.T) {
+		require.NoError(t, create("p1", "/a", 2))
+		require.NoError(t, create("p1", "/b", 2))
+		err := create("p1", "/c", 2)
+		require.Equal(t, itx.ELimitExceeded, itx.ErrorCode(err), "%v", err)
+		require.Contains(t, itx.ErrorMessage(err), "holds 2 streams")
+		e, err := d.Stream(ctx, "p1", "/c")
+		require.NoError(t, err)
+		require.Nil(t, e, "no entry for the refused stream")
+		requireCount(t, "p1", 2)
+		require.NoError(t, create("p2", "/a", 2), "another project is counted apart")
+		requireCount(t, "p2", 1)
+		require.NoError(t, create("p1", "/c", 0), "0: no bound")
+		requireCount(t, "p1", 3)
+	})
+
+	t.Run("racing creations take exactly the free places", func(t *testing.T) {
+		const max, racers = 3, 16
+		errs := make(chan error, racers)
+		for i := range racers {
+			go func() { errs <- create("p3", "/r"+itoa(int64(i)), max) }()
+		}
+		created := 0
+		for range racers {
+			err := <-errs
+			if err == nil {
+				created++
+				continue
+			}
+			require.Equal(t, itx.ELimitExceeded, itx.ErrorCode(err), "%v", err)
+		}
+		require.Equal(t, max, created)
+		requireCount(t, "p3", max)
+	})
+
+	t.Run("the count survives reopening", func(t *testing.T) {
+		require.NoError(t, d.Close())
+		d, err = OpenDirectory(ctx, file)
+		require.NoError(t, err)
+		requireCount(t, "p3", 3)
+		require.Equal(t, itx.ELimitExceeded, itx.ErrorCode(create("p3", "/more", 3)))
+	})
+
+	t.Run("deleting a project drops its count", func(t *testing.T) {
+		require.NoError(t, d.DeleteProject(ctx, "p1"))
+		requireCount(t, "p1", 0)
+		var rows int
+		require.NoError(t, d.db.QueryRowContext(ctx, `select count(*) from stream_counts where project_id = 'p1'`).Scan(&rows))
+		require.Zero(t, rows, "the count row goes with its project")
+		requireCount(t, "p2", 1)
+	})
+}
+
+// A directory from before stream_counts counts the streams it already holds: migration 006
+// backfills the counts, and the bound applies to them at once.
+func TestDirectory_MigratesStreamCounts(t *testing.T) {
+	ctx := context.Background()
+	db, err := openDB(filepath.Join(t.TempDir(), "dir.db"), true, 1)
+	require.NoError(t, err)
+	defer db.Close()
+	for _, name := range []string{"001_init.sql", "002_subscription_count.sql", "003_summary_stale.sql", "004_parked.sql", "005_access.sql"} {
+		body, err := migrations.ReadFile("migrations/directory/" + name)
+		require.NoError(t, err)
+		_, err = db.ExecContext(ctx, string(body))
+		require.NoError(t, err)
+	}
+	_, err = db.ExecContext(ctx, `PRAGMA user_version = 5`)
+	require.NoError(t, err)
+	for _, p := range []string{"p1", "p2"} {
+		_, err = db.ExecContext(ctx, `insert into projects (id, name, token_hash, created_at) values (?, ?, ?, 1)`, p, p, HashToken(p))
+		require.NoError(t, err)
+	}
+	for _, path := range []string{"/a", "/b"} {
+		_, err = db.ExecContext(ctx, `insert into streams (stream_id, project_id, path, created_at) values (?, 'p1', ?, 1)`, "s"+path, path)
+		require.NoError(t, err)
+	}
+
+	require.NoError(t, migrate(ctx, db, "directory"))
+	d := &Directory{db: db}
+	for project, want := range map[string]int{"p1": 2, "p2": 0} {
+		got, err := d.CountStreams(ctx, project)
+		require.NoError(t, err)
+		require.Equal(t, want, got, project)
+	}
+	err = d.CreateStream(ctx, StreamEntry{StreamID: "s/c", ProjectID: "p1", Path: "/c", CreatedAt: 2}, 2)
+	require.Equal(t, itx.ELimitExceeded, itx.ErrorCode(err), "%v", err)
+	require.NoError(t, d.CreateStream(ctx, StreamEntry{StreamID: "t/c", ProjectID: "p2", Path: "/c", CreatedAt: 2}, 2))
 }

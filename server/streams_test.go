@@ -1,0 +1,73 @@
+package server
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/itx-dev/itx"
+	"github.com/stretchr/testify/require"
+)
+
+// A project holds at most MaxStreamsPerProject streams: the append that would create one more
+// fails with limitExceeded naming the flag, and creates no directory entry and no file; the
+// stream's actor stays healthy, the existing streams keep taking appends, and a copy-to-stream
+// delivery refused the same way is an outage (retried), not a failure of its events.
+func TestServer_StreamsBoundedPerProject(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	s, err := Open(ctx, Config{DataDir: dir, MaxStreamsPerProject: 2})
+	require.NoError(t, err)
+	defer func() {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		s.Close(cctx)
+	}()
+	creds, err := ReadCredentials(dir)
+	require.NoError(t, err)
+	proj, err := s.Login(ctx, creds.ProjectToken)
+	require.NoError(t, err)
+	ref := func(path string) StreamRef { return StreamRef{ProjectID: proj.ID, Path: path} }
+	appendTo := func(path string) error {
+		_, err := s.Append(ctx, ref(path), []itx.EventInput{{Type: "x"}}, itx.AppendOptions{})
+		return err
+	}
+	databases := func() []string {
+		entries, err := os.ReadDir(filepath.Join(dir, "streams"))
+		require.NoError(t, err)
+		var out []string
+		for _, e := range entries {
+			if strings.HasSuffix(e.Name(), ".db") {
+				out = append(out, e.Name())
+			}
+		}
+		return out
+	}
+
+	require.NoError(t, appendTo("/a"))
+	require.NoError(t, appendTo("/b"))
+	before := databases()
+	require.Len(t, before, 2)
+	for range 2 { // the refused actor is left healthy: refused again the same way, not "internal"
+		err = appendTo("/c")
+		require.Equal(t, itx.ELimitExceeded, itx.ErrorCode(err), "%v", err)
+		require.Contains(t, itx.ErrorMessage(err), "holds 2 streams")
+		require.Contains(t, itx.ErrorMessage(err), "--max-streams-per-project")
+	}
+	entry, err := s.dir.Stream(ctx, proj.ID, "/c")
+	require.NoError(t, err)
+	require.Nil(t, entry, "no directory entry for the refused stream")
+	require.Equal(t, before, databases(), "no database file for the refused stream")
+	require.NoError(t, appendTo("/a"), "an existing stream still takes appends")
+
+	copyTo := &copySender{srv: s, target: ref("/c")}
+	batch := &itx.DeliveryBatch{Events: []itx.Event{{Offset: 1, Type: "x", Payload: []byte(`{}`)}}}
+	batch.Path, batch.Subscription = "/a", "to-c"
+	_, err = copyTo.send(ctx, &deliverer{srv: s}, batch)
+	require.Equal(t, itx.ELimitExceeded, itx.ErrorCode(err), "%v", err)
+	require.Equal(t, classOutage, classify(err), "the receiving side is full, whatever the events")
+	require.Equal(t, before, databases())
+}
