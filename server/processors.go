@@ -131,7 +131,7 @@ func (st *streamState) applyProc(op procOp, now time.Time, env stepEnv, eff *eff
 		stage(procAlarmKey, b)
 		return procReply{}
 	case op.kvKey != "":
-		stage(procKVPrefix+op.kvKey, append([]byte(nil), op.kvVal...))
+		stage(procKVPrefix+op.kvKey, append([]byte{}, op.kvVal...)) // never nil: the kv column is not null
 		return procReply{}
 	case op.claim != "":
 		rec, err := st.procRecordOf(op.claim, env)
