@@ -269,9 +269,20 @@ func (p *ProcessorPorts) KVGet(ctx context.Context, key string) ([]byte, bool, e
 	return procKV{a}.Get(ctx, key)
 }
 
+// Bounds of the processors' KV: one key and one value a remote host writes, and one stream's KV
+// in all (Config.MaxProcessorKVKeys, Config.MaxProcessorKVBytes: keys and values counted
+// together). The SDK keeps one keepalive record per processor there, so the stream bounds are
+// far above any use but a host writing keys without end.
+const (
+	MaxProcessorKVKeyBytes     = 1 << 10
+	MaxProcessorKVValueBytes   = 64 << 10
+	DefaultMaxProcessorKVKeys  = 10_000
+	DefaultMaxProcessorKVBytes = 64 << 20
+)
+
 // KVPut writes the processors' KV.
 func (p *ProcessorPorts) KVPut(ctx context.Context, key string, value []byte) error {
-	if key == "" || len(key) > 1024 || len(value) > 64<<10 {
+	if key == "" || len(key) > MaxProcessorKVKeyBytes || len(value) > MaxProcessorKVValueBytes {
 		return itx.Errorf(itx.EInvalid, "processor KV: a key of 1 to 1,024 bytes and a value of at most 64 KiB")
 	}
 	return p.do(ctx, procOp{kvKey: key, kvVal: value}).err
