@@ -768,6 +768,9 @@ func (a *actor) rebuild(name string) {
 		delete(a.deliverers, name)
 	}
 	entry := a.st.core.Subscriptions[name]
+	if entry == nil || entry.Kind() != itx.KindProcessorWake {
+		a.pruneProcessorLive(name)
+	}
 	if entry == nil || a.dctx.Err() != nil {
 		return
 	}

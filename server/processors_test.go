@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
@@ -97,4 +98,77 @@ func TestProcessorKV_Bounds(t *testing.T) {
 		require.NoError(t, err)
 		require.Len(t, v, 17, "the refused put wrote nothing")
 	})
+}
+
+// chanSink is a LiveSink handing every frame to the test.
+type chanSink chan LiveFrame
+
+func (c chanSink) Send(ctx context.Context, f LiveFrame) error {
+	select {
+	case c <- f:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// awaitClosed waits for ch to close, failing the test after 10 s.
+func awaitClosed(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: not after 10s", what)
+	}
+}
+
+// A processor's live engine ends with its subscription: the goroutine exits, the engine leaves
+// the stream's map and its subscribers are detached (their count given back), so creating,
+// watching and removing subscriptions under new names grows nothing while the stream stays
+// loaded. A removed name has no processor to watch.
+func TestSubscribeProcessorLive_EngineEndsWithItsSubscription(t *testing.T) {
+	ctx := context.Background()
+	s, projectID := mustOpen(t, Config{DataDir: t.TempDir()})
+	ref := StreamRef{ProjectID: projectID, Path: "/live"}
+	_, err := s.Append(ctx, ref, []itx.EventInput{{Type: "x"}}, itx.AppendOptions{})
+	require.NoError(t, err)
+	a, err := s.acquire(ctx, ref) // loaded throughout
+	require.NoError(t, err)
+	defer s.release(a)
+	engines := func() map[string]*liveEngine {
+		if m := a.procLiveP.Load(); m != nil {
+			return *m
+		}
+		return nil
+	}
+
+	for i := range 20 {
+		name := fmt.Sprintf("proc-%d", i)
+		_, _, err := s.ConfigureSubscription(ctx, ref, itx.SubscriptionConfig{Name: name,
+			Receiver: itx.Receiver{Action: itx.KindProcessorWake, Placement: "remote"}}, "")
+		require.NoError(t, err)
+		sink := make(chanSink, 16)
+		cancel, err := s.SubscribeProcessorLive(ctx, ref, name, sink)
+		require.NoError(t, err)
+		defer cancel()
+		select {
+		case f := <-sink:
+			require.True(t, f.Snapshot, "got %s", f)
+		case <-time.After(10 * time.Second):
+			t.Fatal("no snapshot")
+		}
+		e := engines()[name]
+		require.NotNil(t, e)
+		require.Equal(t, int64(1), a.liveCount.Load())
+
+		_, err = s.RemoveSubscription(ctx, ref, name)
+		require.NoError(t, err)
+		awaitClosed(t, e.exited, name+"'s engine exits")
+		require.NotContains(t, engines(), name)
+		require.Eventually(t, func() bool { return a.liveCount.Load() == 0 }, 10*time.Second, time.Millisecond,
+			"the subscriber is detached")
+		_, err = s.SubscribeProcessorLive(ctx, ref, name, sink)
+		require.Equal(t, itx.ENotFound, itx.ErrorCode(err), "got %v", err)
+	}
+	require.Empty(t, engines())
 }
