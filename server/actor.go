@@ -222,6 +222,9 @@ func loadState(ctx context.Context, store streamStore, rc reduceContext, now tim
 	} else if raw != nil {
 		st.procAlarms = decodeProcAlarms(raw)
 	}
+	if st.procKVKeys, st.procKVBytes, err = store.KVUsage(ctx, procKVPrefix); err != nil {
+		return nil, err
+	}
 	readers, err := store.Readers(ctx)
 	if err != nil {
 		return nil, err
@@ -527,6 +530,8 @@ func (a *actor) env() stepEnv {
 			}
 			return a.store.KV(context.Background(), key)
 		},
+		maxProcKVKeys:   a.srv.cfg.MaxProcessorKVKeys,
+		maxProcKVBytes:  a.srv.cfg.MaxProcessorKVBytes,
 		random:          a.srv.random,
 		flushDelay:      a.srv.cfg.CursorFlushDelay,
 		deliveryTimeout: a.srv.cfg.DeliveryTimeout,
@@ -767,6 +772,9 @@ func (a *actor) rebuild(name string) {
 		delete(a.deliverers, name)
 	}
 	entry := a.st.core.Subscriptions[name]
+	if entry == nil || entry.Kind() != itx.KindProcessorWake {
+		a.pruneProcessorLive(name)
+	}
 	if entry == nil || a.dctx.Err() != nil {
 		return
 	}

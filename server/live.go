@@ -74,6 +74,11 @@ type liveEngine struct {
 	a       *actor
 	project func() any // the document: the stream's live state, or one processor's
 	dirty   chan struct{}
+	// ctx is the engine's life: the stream's load, or, for a processor's, its subscription's
+	// within it (stop ends it when the subscription goes). Its subscribers are detached with it.
+	ctx    context.Context
+	stop   context.CancelFunc
+	exited chan struct{} // closed when run has returned
 
 	mu      sync.Mutex
 	rev     uint64
@@ -96,10 +101,16 @@ func (a *actor) liveEngine() *liveEngine {
 	if e := a.liveP.Load(); e != nil {
 		return e
 	}
-	e := &liveEngine{a: a, project: func() any { return a.liveState() }, dirty: make(chan struct{}, 1), changed: make(chan struct{})}
+	e := newLiveEngine(a, func() any { return a.liveState() })
 	a.liveP.Store(e)
-	go e.run(a.dctx)
+	go e.run()
 	e.dirty <- struct{}{}
+	return e
+}
+
+func newLiveEngine(a *actor, project func() any) *liveEngine {
+	e := &liveEngine{a: a, project: project, dirty: make(chan struct{}, 1), changed: make(chan struct{}), exited: make(chan struct{})}
+	e.ctx, e.stop = context.WithCancel(a.dctx)
 	return e
 }
 
@@ -131,11 +142,12 @@ func (e *liveEngine) detach(s *liveSubscriber) { s.cancel() }
 
 // run recomputes the document whenever it is told the state may have changed; a burst of
 // changes costs one recomputation (the dirty signal holds one).
-func (e *liveEngine) run(ctx context.Context) {
+func (e *liveEngine) run() {
+	defer close(e.exited)
 	for {
 		select {
 		case <-e.dirty:
-		case <-ctx.Done():
+		case <-e.ctx.Done():
 			return
 		}
 		doc, err := json.Marshal(e.project())
@@ -161,15 +173,16 @@ func (e *liveEngine) run(ctx context.Context) {
 
 // push sends one subscriber the snapshot, then a patch per revision while it keeps up, or a
 // fresh snapshot when it fell more than one revision behind: nothing queues for a slow one. A
-// frame not accepted within the delivery timeout detaches it.
+// frame not accepted within the delivery timeout detaches it, and so does the engine's end.
 func (e *liveEngine) push(s *liveSubscriber) {
 	srv := e.a.srv
 	defer func() {
+		s.cancel()
 		close(s.done)
 		srv.metrics.LiveSubscribers.Dec()
 	}()
 	var sent uint64
-	for s.ctx.Err() == nil {
+	for s.ctx.Err() == nil && e.ctx.Err() == nil {
 		e.mu.Lock()
 		rev, doc, patch, changed := e.rev, e.doc, e.patch, e.changed
 		e.mu.Unlock()
@@ -177,6 +190,7 @@ func (e *liveEngine) push(s *liveSubscriber) {
 			select {
 			case <-changed:
 			case <-s.ctx.Done():
+			case <-e.ctx.Done():
 			}
 			continue
 		}
@@ -185,7 +199,6 @@ func (e *liveEngine) push(s *liveSubscriber) {
 			frame = LiveFrame{Revision: rev, JSON: patch}
 		}
 		if err := sendWithin(srv, s.ctx, func(ctx context.Context) error { return s.sink.Send(ctx, frame) }); err != nil {
-			s.cancel()
 			return
 		}
 		sent = rev

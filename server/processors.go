@@ -131,8 +131,7 @@ func (st *streamState) applyProc(op procOp, now time.Time, env stepEnv, eff *eff
 		stage(procAlarmKey, b)
 		return procReply{}
 	case op.kvKey != "":
-		stage(procKVPrefix+op.kvKey, append([]byte(nil), op.kvVal...))
-		return procReply{}
+		return st.putProcKV(op, env, eff)
 	case op.claim != "":
 		rec, err := st.procRecordOf(op.claim, env)
 		if err != nil {
@@ -184,6 +183,43 @@ func (st *streamState) applyProc(op procOp, now time.Time, env stepEnv, eff *eff
 		return procReply{}
 	}
 	return procReply{err: itx.Errorf(itx.EInternal, "empty processor operation")}
+}
+
+// putProcKV stages a processor KV write within the stream's bounds. It looks up only the value it
+// replaces (staged earlier in this step, or committed), so an overwrite counts its difference; a
+// put that would grow a total past its bound is refused and writes nothing. One that does not grow
+// it is taken even over the bound, so a stream holding more than a lowered bound can still shrink.
+func (st *streamState) putProcKV(op procOp, env stepEnv, eff *effects) procReply {
+	key := procKVPrefix + op.kvKey
+	prev, found := eff.commit.KV[key]
+	if !found && env.loadKV != nil {
+		var err error
+		if prev, err = env.loadKV(key); err != nil {
+			return procReply{err: itx.Errorf(itx.EUnavailable, "read processor KV: %v", err)}
+		}
+		found = prev != nil
+	}
+	keys, bytes := st.procKVKeys, st.procKVBytes+int64(len(op.kvKey)+len(op.kvVal))
+	if found {
+		bytes -= int64(len(op.kvKey) + len(prev))
+	} else {
+		keys++
+	}
+	if !found && env.maxProcKVKeys > 0 && keys > env.maxProcKVKeys {
+		return procReply{err: itx.Errorf(itx.ELimitExceeded,
+			"the processors' KV of a stream holds at most %d keys: %q would be one more", env.maxProcKVKeys, op.kvKey)}
+	}
+	if bytes > st.procKVBytes && env.maxProcKVBytes > 0 && bytes > env.maxProcKVBytes {
+		return procReply{err: itx.Errorf(itx.ELimitExceeded,
+			"the processors' KV of a stream holds at most %d bytes of keys and values: writing %q would bring it to %d", env.maxProcKVBytes, op.kvKey, bytes)}
+	}
+	st.procKVKeys, st.procKVBytes = keys, bytes
+	if eff.commit.KV == nil {
+		eff.commit.KV = map[string][]byte{}
+	}
+	// Never nil: the kv column is not null, and an empty value is a value.
+	eff.commit.KV[key] = append([]byte{}, op.kvVal...)
+	return procReply{}
 }
 
 // --- the actor's side ----------------------------------------------------------------------

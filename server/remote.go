@@ -269,9 +269,20 @@ func (p *ProcessorPorts) KVGet(ctx context.Context, key string) ([]byte, bool, e
 	return procKV{a}.Get(ctx, key)
 }
 
+// Bounds of the processors' KV: one key and one value a remote host writes, and one stream's KV
+// in all (Config.MaxProcessorKVKeys, Config.MaxProcessorKVBytes: keys and values counted
+// together). The SDK keeps one keepalive record per processor there, so the stream bounds are
+// far above any use but a host writing keys without end.
+const (
+	MaxProcessorKVKeyBytes     = 1 << 10
+	MaxProcessorKVValueBytes   = 64 << 10
+	DefaultMaxProcessorKVKeys  = 10_000
+	DefaultMaxProcessorKVBytes = 64 << 20
+)
+
 // KVPut writes the processors' KV.
 func (p *ProcessorPorts) KVPut(ctx context.Context, key string, value []byte) error {
-	if key == "" || len(key) > 1024 || len(value) > 64<<10 {
+	if key == "" || len(key) > MaxProcessorKVKeyBytes || len(value) > MaxProcessorKVValueBytes {
 		return itx.Errorf(itx.EInvalid, "processor KV: a key of 1 to 1,024 bytes and a value of at most 64 KiB")
 	}
 	return p.do(ctx, procOp{kvKey: key, kvVal: value}).err
@@ -427,29 +438,61 @@ type ProcessorLiveState struct {
 	State           json.RawMessage `json:"state"`
 }
 
-// processorLiveEngine returns the live engine of a processor's committed record, starting it on
-// first use. Its document changes with every progress commit, wherever the processor runs.
-func (a *actor) processorLiveEngine(name string) *liveEngine {
+// processorLiveEngine returns the live engine of a processor-wake subscription's committed
+// record, starting it on first use. Its document changes with every progress commit, wherever the
+// processor runs. The catalog is read under procLiveMu: the actor publishes a removal before it
+// prunes the engine (pruneProcessorLive, under the same lock), so no engine is started for a
+// subscription already pruned.
+func (a *actor) processorLiveEngine(name string) (*liveEngine, error) {
 	a.procLiveMu.Lock()
 	defer a.procLiveMu.Unlock()
+	entry := a.view().core.Subscriptions[name]
+	switch {
+	case entry == nil:
+		return nil, itx.Errorf(itx.ENotFound, "subscription %q does not exist", name)
+	case entry.Kind() != itx.KindProcessorWake:
+		return nil, itx.Errorf(itx.EFailedPrecondition, "subscription %q is a %s subscription: only processor-wake subscriptions have a processor", name, entry.Kind())
+	}
 	old := map[string]*liveEngine{}
 	if m := a.procLiveP.Load(); m != nil {
 		old = *m
 	}
 	if e := old[name]; e != nil {
-		return e
+		return e, nil
 	}
-	e := &liveEngine{a: a, dirty: make(chan struct{}, 1), changed: make(chan struct{})}
-	e.project = func() any { return a.processorLiveState(name) }
+	e := newLiveEngine(a, func() any { return a.processorLiveState(name) })
 	next := make(map[string]*liveEngine, len(old)+1)
 	for k, v := range old {
 		next[k] = v
 	}
 	next[name] = e
 	a.procLiveP.Store(&next)
-	go e.run(a.dctx)
+	go e.run()
 	e.poke()
-	return e
+	return e, nil
+}
+
+// pruneProcessorLive ends the live engine of a subscription that no longer has a processor (it
+// was removed, or reconfigured to another kind): its goroutine exits and its subscribers are
+// detached, as when the stream closes. Engines otherwise live as long as the stream's load, so a
+// client creating, watching and removing subscriptions under new names would grow goroutines
+// without bound. Actor goroutine, after the publish that removed the subscription.
+func (a *actor) pruneProcessorLive(name string) {
+	a.procLiveMu.Lock()
+	defer a.procLiveMu.Unlock()
+	m := a.procLiveP.Load()
+	if m == nil || (*m)[name] == nil {
+		return
+	}
+	e := (*m)[name]
+	next := make(map[string]*liveEngine, len(*m)-1)
+	for k, v := range *m {
+		if k != name {
+			next[k] = v
+		}
+	}
+	a.procLiveP.Store(&next)
+	e.stop()
 }
 
 func (a *actor) processorLiveState(name string) ProcessorLiveState {
@@ -478,13 +521,6 @@ func (a *actor) processorLiveState(name string) ProcessorLiveState {
 // commit. It counts against the stream's live-state subscribers.
 func (s *Server) SubscribeProcessorLive(ctx context.Context, ref StreamRef, name string, sink LiveSink) (cancel func(), err error) {
 	return s.attachLive(ctx, ref, sink, true, func(a *actor) (*liveEngine, error) {
-		entry := a.view().core.Subscriptions[name]
-		switch {
-		case entry == nil:
-			return nil, itx.Errorf(itx.ENotFound, "subscription %q does not exist", name)
-		case entry.Kind() != itx.KindProcessorWake:
-			return nil, itx.Errorf(itx.EFailedPrecondition, "subscription %q is a %s subscription: only processor-wake subscriptions have a processor", name, entry.Kind())
-		}
-		return a.processorLiveEngine(name), nil
+		return a.processorLiveEngine(name)
 	})
 }

@@ -48,6 +48,11 @@ type Config struct {
 	MaxSubscriptions int // per stream; default itx.MaxSubscriptionsPerStream
 	// MaxReadersPerStream bounds the registered readers of one stream; default 1,024.
 	MaxReadersPerStream int
+	// MaxProcessorKVKeys and MaxProcessorKVBytes bound the processors' KV of one stream (in-process
+	// and remote processors together): its keys, and the bytes of its keys and values; defaults
+	// DefaultMaxProcessorKVKeys and DefaultMaxProcessorKVBytes.
+	MaxProcessorKVKeys  int
+	MaxProcessorKVBytes int64
 	DeliveryTimeout     time.Duration // per push attempt; default itx.DeliveryTimeout
 	// CursorFlushDelay bounds how long delivery progress may sit in memory before it is written
 	// when no append carries it; a crash inside it only causes redelivery. Default 200 ms.
@@ -181,6 +186,12 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	if cfg.MaxReadersPerStream <= 0 {
 		cfg.MaxReadersPerStream = 1024
+	}
+	if cfg.MaxProcessorKVKeys <= 0 {
+		cfg.MaxProcessorKVKeys = DefaultMaxProcessorKVKeys
+	}
+	if cfg.MaxProcessorKVBytes <= 0 {
+		cfg.MaxProcessorKVBytes = DefaultMaxProcessorKVBytes
 	}
 	if cfg.MaxMountsPerProject <= 0 {
 		cfg.MaxMountsPerProject = 4096

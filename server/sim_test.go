@@ -187,6 +187,8 @@ func (s *sim) env() stepEnv {
 			return s.store.EventsByKeys(s.ctx, keys)
 		},
 		loadKV:          func(key string) ([]byte, error) { return s.store.KV(s.ctx, key) },
+		maxProcKVKeys:   3,
+		maxProcKVBytes:  40,
 		random:          s.rng.Float64,
 		flushDelay:      200 * time.Millisecond,
 		deliveryTimeout: 20 * time.Second,
@@ -400,6 +402,10 @@ func (s *sim) deliver() {
 // which must be refused. A commit may be an operator's rewind, carrying the seek it honors.
 func (s *sim) proc() {
 	if s.rng.IntN(4) == 0 {
+		s.procKV()
+		return
+	}
+	if s.rng.IntN(4) == 0 {
 		s.history = append(s.history, "proc claim")
 		s.answers = nil
 		s.apply(stepInput{procOps: []procOp{{claim: "proc"}}})
@@ -444,6 +450,31 @@ func (s *sim) proc() {
 		s.fail("a commit of the current generation %d was refused: %v", gen, err)
 	case err == nil:
 		s.procAcked, s.procMaybe = &procRecord{Generation: gen, Progress: &p}, nil
+	}
+}
+
+// procKV is a burst of processor KV puts in one step: keys from a small set, values of random size,
+// so puts overwrite, repeat a key within the step and cross the sim's bounds (3 keys, 40 bytes).
+func (s *sim) procKV() {
+	var ops []procOp
+	for range 1 + s.rng.IntN(3) {
+		ops = append(ops, procOp{kvKey: fmt.Sprintf("k%d", s.rng.IntN(5)), kvVal: make([]byte, s.rng.IntN(20))})
+	}
+	s.history = append(s.history, fmt.Sprintf("proc kv puts %d", len(ops)))
+	s.apply(stepInput{procOps: ops})
+}
+
+// checkProcKV verifies the processors' KV totals the state keeps against the disk, and the bounds.
+func (s *sim) checkProcKV() {
+	keys, bytes, err := s.store.KVUsage(s.ctx, procKVPrefix)
+	if err != nil {
+		s.fail("kv usage: %v", err)
+	}
+	if keys != s.st.procKVKeys || bytes != s.st.procKVBytes {
+		s.fail("processor KV: disk holds %d keys, %d bytes; memory counts %d, %d", keys, bytes, s.st.procKVKeys, s.st.procKVBytes)
+	}
+	if keys > 3 || bytes > 40 {
+		s.fail("processor KV past its bounds: %d keys, %d bytes", keys, bytes)
 	}
 }
 
@@ -500,6 +531,7 @@ func sameProgress(a, b itx.ProcessorProgress) bool {
 func (s *sim) check() {
 	ctx := s.ctx
 	s.checkProc()
+	s.checkProcKV()
 	meta, err := s.store.Meta(ctx)
 	if err != nil {
 		s.fail("meta: %v", err)

@@ -23,6 +23,10 @@ type streamState struct {
 	readers      map[string]storage.Reader
 	bucket       *tokenBucket
 	procAlarms   map[string]int64 // the processors' alarm slices by owner ("": in-process; a remote processor's name)
+	// The processors' KV in all: its keys, and their bytes with their values'. Counted at load,
+	// kept by every put, so the bounds cost no scan.
+	procKVKeys  int
+	procKVBytes int64
 
 	// Not durable: rebuilt on load.
 	procs      map[string]*procRecord // processor records read so far (see procRecordOf)
@@ -93,6 +97,8 @@ type stepEnv struct {
 	rc              reduceContext
 	lookupKeys      func(keys []string) (map[string]*itx.Event, error)
 	loadKV          func(key string) ([]byte, error) // a committed kv value (nil: none)
+	maxProcKVKeys   int                              // the processors' KV bounds (0: none)
+	maxProcKVBytes  int64
 	random          func() float64
 	flushDelay      time.Duration
 	deliveryTimeout time.Duration

@@ -27,6 +27,7 @@ type stepScript struct {
 	log    []itx.Event // every committed event
 	pushes map[string]pushJob
 	limits map[string]int
+	kv     map[string][]byte // every committed kv value
 	out    strings.Builder
 }
 
@@ -34,7 +35,7 @@ func newStepScript(t *testing.T) *stepScript {
 	now := time.Unix(1_700_000_000, 0)
 	st := newStreamState(newTokenBucket(itx.BreakerBurst, itx.BreakerRefillPerMinute, now))
 	st.streamID, st.created = "stream-1", true
-	return &stepScript{t: t, st: st, now: now, pushes: map[string]pushJob{}, limits: map[string]int{}}
+	return &stepScript{t: t, st: st, now: now, pushes: map[string]pushJob{}, limits: map[string]int{}, kv: map[string][]byte{}}
 }
 
 func (s *stepScript) env() stepEnv {
@@ -52,6 +53,9 @@ func (s *stepScript) env() stepEnv {
 			}
 			return found, nil
 		},
+		loadKV:          func(key string) ([]byte, error) { return s.kv[key], nil },
+		maxProcKVKeys:   3,
+		maxProcKVBytes:  40,
 		random:          func() float64 { return 0.5 },
 		flushDelay:      200 * time.Millisecond,
 		deliveryTimeout: 20 * time.Second,
@@ -160,6 +164,13 @@ func (s *stepScript) run(line string) {
 		s.now = s.now.Add(d)
 	case "flush":
 		in.flush = true
+	case "kv":
+		// Processor KV puts, one step, in line order: key=value-length.
+		for _, f := range fields[1:] {
+			k, n, _ := strings.Cut(f, "=")
+			size, _ := strconv.Atoi(n)
+			in.procOps = append(in.procOps, procOp{kvKey: k, kvVal: []byte(strings.Repeat("v", size))})
+		}
 	default:
 		s.t.Fatalf("unknown script command %q", fields[0])
 	}
@@ -170,6 +181,17 @@ func (s *stepScript) run(line string) {
 		return
 	}
 	s.log = append(s.log, eff.commit.Events...)
+	for k, v := range eff.commit.KV {
+		s.kv[k] = v
+	}
+	for _, a := range eff.procAnswers {
+		if a.reply.err != nil {
+			fmt.Fprintf(&s.out, "  kv %s refused: %v\n", a.op.kvKey, a.reply.err)
+		}
+	}
+	if len(in.procOps) > 0 {
+		fmt.Fprintf(&s.out, "  kv holds %d keys, %d bytes\n", s.st.procKVKeys, s.st.procKVBytes)
+	}
 	for _, rb := range eff.replies {
 		for i, r := range rb.plan.Replies {
 			if r.err != nil {

@@ -16,6 +16,8 @@ import (
 type streamStore interface {
 	Meta(ctx context.Context) (storage.StreamMeta, error)
 	KV(ctx context.Context, key string) ([]byte, error)
+	// KVUsage counts the kv rows under a key prefix and their bytes (keys after the prefix, values).
+	KVUsage(ctx context.Context, prefix string) (keys int, bytes int64, err error)
 	CursorRows(ctx context.Context) ([]storage.CursorRow, error)
 	Readers(ctx context.Context) ([]storage.Reader, error)
 	EventsByKeys(ctx context.Context, keys []string) (map[string]*itx.Event, error)

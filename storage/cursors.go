@@ -117,3 +117,35 @@ func (s *Stream) KV(ctx context.Context, key string) ([]byte, error) {
 	}
 	return v, nil
 }
+
+// KVUsage counts the kv rows whose key starts with prefix and their bytes: each key after the
+// prefix plus its value. One range scan of the primary key, so a caller can keep the totals
+// up to date from there instead of scanning per write.
+func (s *Stream) KVUsage(ctx context.Context, prefix string) (keys int, bytes int64, err error) {
+	q := `select count(*), coalesce(sum(length(cast(key as blob)) + length(cast(value as blob))), 0) from kv where key >= ?`
+	args := []any{prefix}
+	if end, ok := prefixEnd(prefix); ok {
+		q += ` and key < ?`
+		args = append(args, end)
+	} else {
+		q += ` and substr(cast(key as blob), 1, ?) = cast(? as blob)`
+		args = append(args, len(prefix), prefix)
+	}
+	if err := s.w.QueryRowContext(ctx, q, args...).Scan(&keys, &bytes); err != nil {
+		return 0, 0, fmt.Errorf("kv usage %q: %w", prefix, err)
+	}
+	return keys, bytes - int64(keys)*int64(len(prefix)), nil
+}
+
+// prefixEnd is the least string above every string starting with prefix (keys compare
+// bytewise); false when there is none (prefix is empty or all 0xff bytes).
+func prefixEnd(prefix string) (string, bool) {
+	b := []byte(prefix)
+	for i := len(b) - 1; i >= 0; i-- {
+		if b[i] < 0xff {
+			b[i]++
+			return string(b[:i+1]), true
+		}
+	}
+	return "", false
+}

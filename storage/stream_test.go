@@ -391,3 +391,37 @@ func TestDirectory_MigratesStreamCounts(t *testing.T) {
 	require.Equal(t, itx.ELimitExceeded, itx.ErrorCode(err), "%v", err)
 	require.NoError(t, d.CreateStream(ctx, StreamEntry{StreamID: "t/c", ProjectID: "p2", Path: "/c", CreatedAt: 2}, 2))
 }
+
+func TestStream_KVUsage(t *testing.T) {
+	ctx := context.Background()
+	s, _ := mustCreateStream(t)
+	count := func(prefix string) (int, int64) {
+		t.Helper()
+		keys, bytes, err := s.KVUsage(ctx, prefix)
+		require.NoError(t, err)
+		return keys, bytes
+	}
+	keys, bytes := count("p/")
+	require.Equal(t, 0, keys)
+	require.Equal(t, int64(0), bytes)
+
+	require.NoError(t, s.Commit(ctx, Commit{KV: map[string][]byte{
+		"p/a": []byte("123"), "p/bé": {}, "p0": []byte("outside"), "p": []byte("outside"), "o/z": []byte("outside"),
+	}}))
+	keys, bytes = count("p/")
+	require.Equal(t, 2, keys)
+	require.Equal(t, int64(len("a")+3+len("bé")), bytes, "bytes of keys after the prefix and values")
+
+	require.NoError(t, s.Commit(ctx, Commit{KV: map[string][]byte{"p/a": []byte("1")}}))
+	_, bytes = count("p/")
+	require.Equal(t, int64(len("a")+1+len("bé")), bytes, "an overwrite counts its new value")
+
+	t.Run("a prefix with no end", func(t *testing.T) {
+		require.NoError(t, s.Commit(ctx, Commit{KV: map[string][]byte{"\xff\xffk": []byte("v")}}))
+		keys, bytes := count("\xff\xff")
+		require.Equal(t, 1, keys)
+		require.Equal(t, int64(2), bytes)
+		keys, _ = count("")
+		require.Equal(t, 6, keys)
+	})
+}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/processors/examples"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
 	"github.com/stretchr/testify/require"
@@ -145,4 +146,66 @@ func TestReaders_BoundedPerStream(t *testing.T) {
 	release()
 	require.NoError(t, err)
 	require.NoError(t, client.RegisterReader(ctx, r, "one-more", 1))
+}
+
+// A stream's processors' KV holds at most MaxProcessorKVKeys keys and MaxProcessorKVBytes bytes
+// of keys and values, whatever a processor host sends through its ports: a put of one more key,
+// or one growing the bytes past the bound, is refused with limitExceeded and writes nothing;
+// overwrites within the bound are taken, and one that shrinks a value makes room.
+func TestProcessorKV_BoundedPerStream(t *testing.T) {
+	ts := startServer(t, server.Config{MaxProcessorKVKeys: 3, MaxProcessorKVBytes: 64})
+	ctx := ctxT(t)
+	s := stream(t, ts.project(t), "/kv/bounded")
+	configureRemote(t, s, "forwarder")
+	spy := &spyHost{woken: make(chan struct{})}
+	mountSpy(t, ts, spy)
+	mustAppend(t, s, ev(string(examples.InboxMessage), `{"n":0}`))
+	select {
+	case <-spy.woken:
+	case <-ctx.Done():
+		t.Fatal("the host was never woken")
+	}
+	defer spy.ports.Release()
+	put := func(key string, size int) error {
+		fut, release := spy.ports.KvPut(ctx, func(p schema.ProcessorPorts_kvPut_Params) error {
+			if err := p.SetKey(key); err != nil {
+				return err
+			}
+			return p.SetValue(make([]byte, size))
+		})
+		defer release()
+		_, err := fut.Struct()
+		return err
+	}
+	get := func(key string) (int, bool) {
+		fut, release := spy.ports.KvGet(ctx, func(p schema.ProcessorPorts_kvGet_Params) error { return p.SetKey(key) })
+		defer release()
+		res, err := fut.Struct()
+		require.NoError(t, err)
+		v, err := res.Value()
+		require.NoError(t, err)
+		return len(v), res.Found()
+	}
+
+	require.NoError(t, put("a", 10))
+	require.NoError(t, put("b", 10))
+	require.NoError(t, put("c", 0), "an empty value is a value")
+	n, found := get("c")
+	require.True(t, found)
+	require.Equal(t, 0, n)
+	err := put("d", 1)
+	requireCode(t, err, itx.ELimitExceeded)
+	require.Contains(t, err.Error(), "at most 3 keys")
+	_, found = get("d")
+	require.False(t, found, "the refused put wrote nothing")
+	require.NoError(t, put("a", 20), "an overwrite adds no key")
+
+	// 1+20 + 1+10 + 1+0 = 33 bytes: 32 more would pass 64.
+	err = put("c", 32)
+	requireCode(t, err, itx.ELimitExceeded)
+	require.Contains(t, err.Error(), "at most 64 bytes")
+	n, _ = get("c")
+	require.Equal(t, 0, n, "the refused put wrote nothing")
+	require.NoError(t, put("a", 0), "a smaller value makes room")
+	require.NoError(t, put("c", 32))
 }

@@ -1,0 +1,174 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/itx-dev/itx"
+	"github.com/stretchr/testify/require"
+)
+
+// idleRemoteHost is a mounted processor host these tests never need woken.
+type idleRemoteHost struct{}
+
+func (idleRemoteHost) Wake(context.Context, RemoteWake) (int64, int64, error) {
+	return 0, 0, itx.Errorf(itx.ECapabilityOffline, "idle test host")
+}
+
+func (idleRemoteHost) RuntimeState(context.Context, string, string, string) (json.RawMessage, error) {
+	return json.RawMessage(`{}`), nil
+}
+
+// mustOpen opens a server on cfg.DataDir, closed when the test ends (or earlier by the test),
+// and logs into its project.
+func mustOpen(t *testing.T, cfg Config) (*Server, string) {
+	t.Helper()
+	ctx := context.Background()
+	s, err := Open(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { mustClose(t, s) })
+	creds, err := ReadCredentials(cfg.DataDir)
+	require.NoError(t, err)
+	proj, err := s.Login(ctx, creds.ProjectToken)
+	require.NoError(t, err)
+	return s, proj.ID
+}
+
+func mustClose(t *testing.T, s *Server) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, s.Close(ctx))
+}
+
+// mustRemotePorts mounts a host announcing name and returns the ports a wake would hand it.
+func mustRemotePorts(t *testing.T, s *Server, ref StreamRef, name string) *ProcessorPorts {
+	t.Helper()
+	info := []itx.ProcessorInfo{{Name: name, ReducerVersion: "1", ConsumedTypes: []string{"x"}}}
+	unmount, err := s.MountProcessorHost(ref.ProjectID, "host", idleRemoteHost{}, info)
+	require.NoError(t, err)
+	t.Cleanup(unmount)
+	return &ProcessorPorts{srv: s, ref: ref, name: name, gen: s.remoteHost(ref.ProjectID, name).gen}
+}
+
+// The processors' KV of a stream is bounded in keys and in bytes, for remote hosts and
+// in-process processors together, and the totals are the stream's: a restart counts them again
+// from the kv table, to the byte.
+func TestProcessorKV_Bounds(t *testing.T) {
+	ctx := context.Background()
+	t.Run("defaults", func(t *testing.T) {
+		s, _ := mustOpen(t, Config{DataDir: t.TempDir()})
+		require.Equal(t, 10_000, s.cfg.MaxProcessorKVKeys)
+		require.Equal(t, int64(64<<20), s.cfg.MaxProcessorKVBytes)
+	})
+
+	t.Run("survive a restart", func(t *testing.T) {
+		cfg := Config{DataDir: t.TempDir(), MaxProcessorKVKeys: 3, MaxProcessorKVBytes: 100}
+		s, projectID := mustOpen(t, cfg)
+		ref := StreamRef{ProjectID: projectID, Path: "/kv"}
+		_, err := s.Append(ctx, ref, []itx.EventInput{{Type: "x"}}, itx.AppendOptions{})
+		require.NoError(t, err)
+		ports := mustRemotePorts(t, s, ref, "proc")
+		require.NoError(t, ports.KVPut(ctx, "a", make([]byte, 40)))
+		require.NoError(t, ports.KVPut(ctx, "b", make([]byte, 40)))
+		a, err := s.acquire(ctx, ref)
+		require.NoError(t, err)
+		require.NoError(t, procKV{a}.Put(ctx, "c", make([]byte, 10)), "in-process")
+		err = procKV{a}.Put(ctx, "d", nil)
+		require.Equal(t, itx.ELimitExceeded, itx.ErrorCode(err), "in-process processors share the bound: %v", err)
+		s.release(a)
+		mustClose(t, s) // 3 keys, 41 + 41 + 11 = 93 bytes
+
+		s, _ = mustOpen(t, cfg)
+		ports = mustRemotePorts(t, s, ref, "proc")
+		err = ports.KVPut(ctx, "d", nil)
+		require.Equal(t, itx.ELimitExceeded, itx.ErrorCode(err), "got %v", err)
+		require.Contains(t, itx.ErrorMessage(err), "at most 3 keys")
+		_, found, err := ports.KVGet(ctx, "d")
+		require.NoError(t, err)
+		require.False(t, found, "the refused put wrote nothing")
+		require.NoError(t, ports.KVPut(ctx, "c", make([]byte, 17)), "93 - 11 + 18 = 100 bytes: at the bound")
+		err = ports.KVPut(ctx, "c", make([]byte, 18))
+		require.Equal(t, itx.ELimitExceeded, itx.ErrorCode(err), "101 bytes: got %v", err)
+		require.Contains(t, itx.ErrorMessage(err), "at most 100 bytes")
+		v, _, err := ports.KVGet(ctx, "c")
+		require.NoError(t, err)
+		require.Len(t, v, 17, "the refused put wrote nothing")
+	})
+}
+
+// chanSink is a LiveSink handing every frame to the test.
+type chanSink chan LiveFrame
+
+func (c chanSink) Send(ctx context.Context, f LiveFrame) error {
+	select {
+	case c <- f:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// awaitClosed waits for ch to close, failing the test after 10 s.
+func awaitClosed(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: not after 10s", what)
+	}
+}
+
+// A processor's live engine ends with its subscription: the goroutine exits, the engine leaves
+// the stream's map and its subscribers are detached (their count given back), so creating,
+// watching and removing subscriptions under new names grows nothing while the stream stays
+// loaded. A removed name has no processor to watch.
+func TestSubscribeProcessorLive_EngineEndsWithItsSubscription(t *testing.T) {
+	ctx := context.Background()
+	s, projectID := mustOpen(t, Config{DataDir: t.TempDir()})
+	ref := StreamRef{ProjectID: projectID, Path: "/live"}
+	_, err := s.Append(ctx, ref, []itx.EventInput{{Type: "x"}}, itx.AppendOptions{})
+	require.NoError(t, err)
+	a, err := s.acquire(ctx, ref) // loaded throughout
+	require.NoError(t, err)
+	defer s.release(a)
+	engines := func() map[string]*liveEngine {
+		if m := a.procLiveP.Load(); m != nil {
+			return *m
+		}
+		return nil
+	}
+
+	for i := range 20 {
+		name := fmt.Sprintf("proc-%d", i)
+		_, _, err := s.ConfigureSubscription(ctx, ref, itx.SubscriptionConfig{Name: name,
+			Receiver: itx.Receiver{Action: itx.KindProcessorWake, Placement: "remote"}}, "")
+		require.NoError(t, err)
+		sink := make(chanSink, 16)
+		cancel, err := s.SubscribeProcessorLive(ctx, ref, name, sink)
+		require.NoError(t, err)
+		defer cancel()
+		select {
+		case f := <-sink:
+			require.True(t, f.Snapshot, "got %s", f)
+		case <-time.After(10 * time.Second):
+			t.Fatal("no snapshot")
+		}
+		e := engines()[name]
+		require.NotNil(t, e)
+		require.Equal(t, int64(1), a.liveCount.Load())
+
+		_, err = s.RemoveSubscription(ctx, ref, name)
+		require.NoError(t, err)
+		awaitClosed(t, e.exited, name+"'s engine exits")
+		require.NotContains(t, engines(), name)
+		require.Eventually(t, func() bool { return a.liveCount.Load() == 0 }, 10*time.Second, time.Millisecond,
+			"the subscriber is detached")
+		_, err = s.SubscribeProcessorLive(ctx, ref, name, sink)
+		require.Equal(t, itx.ENotFound, itx.ErrorCode(err), "got %v", err)
+	}
+	require.Empty(t, engines())
+}
