@@ -632,6 +632,7 @@ func (a *actor) apply(in stepInput) {
 	}
 
 	a.failedReaders, a.failedProc = nil, nil
+	a.reportLadder(eff.ladder)
 	// 3. Publish (and wake connections and live state). 4. Replies.
 	prevHead := a.view().head
 	if len(eff.commit.Events) > 0 {
@@ -672,6 +673,31 @@ func (a *actor) apply(in stepInput) {
 		a.fireProcessorAlarm(owner)
 	}
 	a.answerSettles(in.settles)
+}
+
+// reportLadder logs and counts the retry ladder's loud decisions of a committed step: a halt
+// stops a subscription until someone resumes it, so the operator must hear of it without reading
+// the stream (where the step also recorded it).
+func (a *actor) reportLadder(notes []ladderNote) {
+	m := a.srv.metrics
+	for _, n := range notes {
+		var ev *zerolog.Event
+		var msg string
+		switch n.decision {
+		case decideHalt:
+			m.SubscriptionHalts.Inc()
+			ev, msg = a.srv.log.Warn().Int64("confirmedOffset", n.offset), "subscription halted: delivery stops until resumeSubscription"
+		case decideSkip:
+			m.SkippedEvents.Inc()
+			ev, msg = a.srv.log.Warn().Int64("skippedOffset", n.offset), "subscription skipped a failing event (onFailingEvent: skip)"
+		case decidePark:
+			m.SubscriptionParks.Inc()
+			ev, msg = a.srv.log.Info().Int64("confirmedOffset", n.offset), "subscription parked: its receiver is absent; delivery resumes when it returns"
+		default:
+			continue
+		}
+		ev.Str("path", a.ref.Path).Str("subscription", n.name).Int("attempts", n.attempts).Str("error", n.msg).Msg(msg)
+	}
 }
 
 // answerSettles tells Settle callers how many pushes are still in flight.

@@ -44,6 +44,18 @@ type effects struct {
 	flushAfter     time.Duration // write dirty rows after this if nothing else does; 0: nothing dirty
 
 	lateOutcomes int // fenced outcomes (a metric)
+	// ladder is the retry ladder's loud decisions (halt, skip, park), logged and counted once
+	// the step has committed: a decision whose commit fails is made again after the reload.
+	ladder []ladderNote
+}
+
+// ladderNote is one loud ladder decision, for the operator's log and metrics.
+type ladderNote struct {
+	name     string
+	decision decisionKind
+	offset   int64 // the skipped event; for a halt, the confirmed offset delivery stops after
+	attempts int
+	msg      string
 }
 
 // replyBatch pairs a planned group with the requests it answers.

@@ -23,7 +23,11 @@ type Metrics struct {
 
 	DeliveryFailures *prometheus.CounterVec // failed push attempts by receiver kind
 	LateAcks         prometheus.Counter     // acks refused by an epoch fence
-	HandlerPanics    *prometheus.CounterVec // RPC handlers that panicked, by method
+	// The ladder's loud outcomes, counted once committed: what an operator alerts on.
+	SubscriptionHalts prometheus.Counter     // subscriptions halted (delivery stops until resumed)
+	SkippedEvents     prometheus.Counter     // failing events skipped under onFailingEvent: skip
+	SubscriptionParks prometheus.Counter     // subscriptions parked (their receiver is absent)
+	HandlerPanics     *prometheus.CounterVec // RPC handlers that panicked, by method
 
 	OpenConnections  prometheus.Gauge   // stream connections open
 	Sessions         prometheus.Gauge   // logins held by open RPC connections
@@ -83,6 +87,15 @@ func newMetrics() *Metrics {
 		LateAcks: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "itx_late_acks_total", Help: "Delivery acknowledgements refused because the subscription's epoch moved.",
 		}),
+		SubscriptionHalts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "itx_subscription_halts_total", Help: "Subscriptions halted by the retry ladder (delivery stops until resumeSubscription).",
+		}),
+		SkippedEvents: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "itx_subscription_skipped_events_total", Help: "Failing events skipped by subscriptions whose policy is skip.",
+		}),
+		SubscriptionParks: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "itx_subscription_parks_total", Help: "Subscriptions parked because their receiver is absent (resumed when it returns).",
+		}),
 		HandlerPanics: NewHandlerPanics(),
 		OpenConnections: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "itx_open_connections", Help: "Stream connections open.",
@@ -100,7 +113,7 @@ func newMetrics() *Metrics {
 			Name: "itx_live_subscribers", Help: "Live-state subscribers attached.",
 		}),
 	}
-	r.MustRegister(m.DeliveryFailures, m.LateAcks, m.HandlerPanics, m.AppendCalls, m.AppendedEvents, m.AppendedBytes, m.AppendLatency, m.CommitLatency,
+	r.MustRegister(m.DeliveryFailures, m.LateAcks, m.SubscriptionHalts, m.SkippedEvents, m.SubscriptionParks, m.HandlerPanics, m.AppendCalls, m.AppendedEvents, m.AppendedBytes, m.AppendLatency, m.CommitLatency,
 		m.CommitEvents, m.CommitCalls, m.ReadEvents, m.LoadedStreams, m.RPCConnections,
 		m.OpenConnections, m.Sessions, m.WebhooksInFlight, m.ConnectionEvents, m.LiveSubscribers,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

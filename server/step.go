@@ -449,7 +449,9 @@ func (st *streamState) applyOutcome(o *deliveryOutcome, nowMs int64, env stepEnv
 		rt.isolateThrough = d.isolateThrough
 	case decidePark:
 		r.Status, r.NextAttemptAt = storage.StatusParked, 0
+		eff.ladder = append(eff.ladder, ladderNote{name: o.name, decision: decidePark, offset: r.ConfirmedOffset, attempts: d.attempt, msg: d.msg})
 	case decideSkip:
+		eff.ladder = append(eff.ladder, ladderNote{name: o.name, decision: decideSkip, offset: d.skipOffset, attempts: d.failingAttempt, msg: f.msg})
 		own = append(own, serverRecord(itx.TypeErrorOccurred, itx.ErrorOccurredPayload{Message: fmt.Sprintf(
 			"subscription %q skipped failing event at offset %d after %d event-specific attempts: %s", o.name, d.skipOffset, d.failingAttempt, f.msg)},
 			"subscription-failing-event-skipped", o.name, r.ConfiguredAtOffset, r.CursorChangedAtOffset, d.skipOffset))
@@ -460,6 +462,7 @@ func (st *streamState) applyOutcome(o *deliveryOutcome, nowMs int64, env stepEnv
 		r.Attempt, r.FailingEventOffset, r.FailingEventAttempt = d.attempt, d.failingOffset, d.failingAttempt
 		halted := itx.HaltedPayload{Name: o.name, Reason: "delivery-failed", AfterOffset: r.ConfirmedOffset, Attempts: d.attempt, Error: d.msg}
 		own = append(own, serverRecord(itx.TypeSubscriptionHalted, halted, "", "", 0, 0, 0))
+		eff.ladder = append(eff.ladder, ladderNote{name: o.name, decision: decideHalt, offset: r.ConfirmedOffset, attempts: d.attempt, msg: d.msg})
 	}
 	return own
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 )
 
@@ -288,6 +289,8 @@ func TestCore_MountResumesAnUnloadedParkedStream(t *testing.T) {
 		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "late-inbox"}})
 	mustAppend(t, s, ev("m", `{"n":1}`))
 	waitUntil(t, "parked", func() bool { return e.describe(t, s, name).Status == "parked" })
+	require.Equal(t, 1.0, testutil.ToFloat64(e.ts.srv.Metrics().SubscriptionParks), "the park is counted for the operator")
+	require.Zero(t, testutil.ToFloat64(e.ts.srv.Metrics().SubscriptionHalts), "an absent receiver does not halt")
 	s.Release()
 	waitUntil(t, "unloaded", func() bool {
 		e.clock.Advance(2 * time.Minute)

@@ -202,6 +202,7 @@ func TestSubscription_LadderHaltsThenResumes(t *testing.T) {
 	}
 	waitUntil(t, "halted", func() bool { return e.describe(t, s, name).Status == "halted" })
 	require.Equal(t, itx.MaxDeliveryAttempts, h.count(), "15 attempts, then the halt")
+	require.Equal(t, 1.0, testutil.ToFloat64(e.ts.srv.Metrics().SubscriptionHalts), "the halt is counted for the operator")
 	require.True(t, waited > 2*time.Hour && waited < 150*time.Minute, "the ladder spans about 2-2.5 h: %s", waited)
 
 	halts, err := client.GetEvents(e.ctx, s, itx.Query{Types: []string{itx.TypeSubscriptionHalted}})
@@ -349,6 +350,8 @@ func TestSubscription_SkipPolicy(t *testing.T) {
 	require.Len(t, errs, 1)
 	require.Contains(t, string(errs[0].Payload), "skipped failing event at offset 3")
 	require.Equal(t, "active", e.describe(t, s, name).Status)
+	require.Equal(t, 1.0, testutil.ToFloat64(e.ts.srv.Metrics().SkippedEvents), "the skip is counted for the operator")
+	require.Zero(t, testutil.ToFloat64(e.ts.srv.Metrics().SubscriptionHalts))
 }
 
 // A late acknowledgement from an older epoch is refused: the receiver answers 200 for a
