@@ -10,7 +10,12 @@ type StreamInfo struct {
 	CreatedAt         int64 // epoch ms
 	LastAppendAt      int64 // epoch ms
 	SubscriptionCount int
-	Loaded            bool
+	// HaltedSubscriptions and MaxLag say where the stream's consumers stand: subscriptions the
+	// retry ladder halted, and the largest lag (head - confirmed) of a subscription or registered
+	// reader. For a stream not loaded they are as of its last unload.
+	HaltedSubscriptions int
+	MaxLag              int64
+	Loaded              bool
 }
 
 // AppendOptions qualify one append call; the zero value appends unconditionally.

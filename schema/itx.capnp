@@ -131,6 +131,9 @@ struct StreamInfo {
   lastAppendAt @4 :Int64;
   subscriptionCount @5 :UInt32;
   loaded @6 :Bool;            # an actor currently holds the stream's database open
+  haltedSubscriptions @7 :UInt32;  # subscriptions the retry ladder halted
+  maxLag @8 :UInt64;          # the largest head - confirmed of a subscription or registered reader
+                              # (both as of the last unload when the stream is not loaded)
 }
 
 struct ProjectInfo {

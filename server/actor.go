@@ -901,7 +901,8 @@ func (a *actor) close() {
 	a.mu.Unlock()
 	a.store = nil
 	ctx := context.Background()
-	if err := a.srv.dir.UpdateStreamSummary(ctx, a.st.streamID, a.st.head, a.st.lastAppendAt, len(a.st.core.Subscriptions)); err != nil {
+	sum := summaryOf(a.st.head, a.st.lastAppendAt, a.st.core, pointerRow(a.st.rows), a.st.readers)
+	if err := a.srv.dir.UpdateStreamSummary(ctx, a.st.streamID, sum); err != nil {
 		a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Msg("stream summary not refreshed")
 	}
 	// A parked subscription waits for a mount, not a time: record what it waits for, so the

@@ -287,8 +287,10 @@ func (s *Server) Describe(ctx context.Context, ref StreamRef) (itx.StreamInfo, e
 	}
 	defer s.release(a)
 	v := a.view()
-	return itx.StreamInfo{Path: ref.Path, StreamID: v.streamID, HeadOffset: v.head, CreatedAt: v.info.createdAt,
-		LastAppendAt: v.info.lastAppendAt, SubscriptionCount: len(v.core.Subscriptions), Loaded: true}, nil
+	info := itx.StreamInfo{Path: ref.Path, StreamID: v.streamID, HeadOffset: v.head, CreatedAt: v.info.createdAt,
+		LastAppendAt: v.info.lastAppendAt, SubscriptionCount: len(v.core.Subscriptions), Loaded: true}
+	info.HaltedSubscriptions, info.MaxLag = standing(v.head, v.core.Subscriptions, valueRow(v.rows), v.readers)
+	return info, nil
 }
 
 // DefaultListStreams and MaxListStreams bound one page of Streams.list.
@@ -329,11 +331,13 @@ func (s *Server) ListStreams(ctx context.Context, projectID, prefix, after strin
 	s.mu.Unlock()
 	for i, e := range entries {
 		info := itx.StreamInfo{Path: e.Path, StreamID: e.StreamID, HeadOffset: e.HeadOffset, CreatedAt: e.CreatedAt,
-			LastAppendAt: e.LastAppendAt, SubscriptionCount: e.SubscriptionCount}
+			LastAppendAt: e.LastAppendAt, SubscriptionCount: e.SubscriptionCount,
+			HaltedSubscriptions: e.HaltedSubscriptions, MaxLag: e.MaxLag}
 		if a := loaded[e.Path]; a != nil {
 			v := a.view()
 			info.HeadOffset, info.LastAppendAt, info.Loaded = v.head, v.info.lastAppendAt, true
 			info.SubscriptionCount = len(v.core.Subscriptions)
+			info.HaltedSubscriptions, info.MaxLag = standing(v.head, v.core.Subscriptions, valueRow(v.rows), v.readers)
 		}
 		out[i] = info
 	}

@@ -32,20 +32,85 @@ func (s *Server) refreshSummary(ctx context.Context, e storage.StreamEntry) erro
 		return err
 	}
 	if store == nil {
-		return s.dir.UpdateStreamSummary(ctx, e.StreamID, 0, 0, 0) // created, never committed
+		return s.dir.UpdateStreamSummary(ctx, e.StreamID, storage.StreamSummary{}) // created, never committed
 	}
 	defer store.Close()
 	meta, err := store.Meta(ctx)
 	if err != nil {
 		return err
 	}
-	subscriptions := e.SubscriptionCount
 	raw, err := store.KV(ctx, coreStateKey)
 	if err != nil {
 		return err
 	}
-	if st, ok := decodeCoreState(raw); ok {
-		subscriptions = len(st.Subscriptions)
+	st, ok := decodeCoreState(raw)
+	cursors, err := store.CursorRows(ctx)
+	if err != nil {
+		return err
 	}
-	return s.dir.UpdateStreamSummary(ctx, e.StreamID, meta.HeadOffset, meta.LastAppendAt, subscriptions)
+	rows := make(map[string]storage.CursorRow, len(cursors))
+	for _, r := range cursors {
+		rows[r.Name] = r
+	}
+	list, err := store.Readers(ctx)
+	if err != nil {
+		return err
+	}
+	readers := make(map[string]storage.Reader, len(list))
+	for _, r := range list {
+		readers[r.Name] = r
+	}
+	sum := summaryOf(meta.HeadOffset, meta.LastAppendAt, st, valueRow(rows), readers)
+	if !ok && raw != nil {
+		// A catalog this server cannot read: keep the subscription counts the directory had.
+		sum.Subscriptions, sum.HaltedSubscriptions = e.SubscriptionCount, e.HaltedSubscriptions
+		sum.MaxLag = max(sum.MaxLag, e.MaxLag)
+	}
+	return s.dir.UpdateStreamSummary(ctx, e.StreamID, sum)
+}
+
+// standing is where a stream's consumers stand, for its summary: subscriptions halted, and the
+// largest lag (head - confirmed) of a subscription or a registered reader, as their own lists
+// compute it. A subscription without a cursor row yet counts as active at offset 0.
+func standing(head int64, subs map[string]*catalogEntry, row func(name string) (storage.CursorRow, bool), readers map[string]storage.Reader) (halted int, maxLag int64) {
+	for name := range subs {
+		var confirmed int64
+		if r, ok := row(name); ok {
+			confirmed = r.ConfirmedOffset
+			if r.Status == storage.StatusHalted {
+				halted++
+			}
+		}
+		maxLag = max(maxLag, head-confirmed)
+	}
+	for _, r := range readers {
+		maxLag = max(maxLag, head-r.Checkpoint)
+	}
+	return halted, maxLag
+}
+
+// summaryOf is the directory summary of a stream's state.
+func summaryOf(head, lastAppendAt int64, core *coreState, row func(name string) (storage.CursorRow, bool), readers map[string]storage.Reader) storage.StreamSummary {
+	sum := storage.StreamSummary{HeadOffset: head, LastAppendAt: lastAppendAt}
+	var subs map[string]*catalogEntry // no catalog stored: no subscriptions
+	if core != nil {
+		subs = core.Subscriptions
+	}
+	sum.Subscriptions = len(subs)
+	sum.HaltedSubscriptions, sum.MaxLag = standing(head, subs, row, readers)
+	return sum
+}
+
+// valueRow and pointerRow look a cursor row up in the view's copy and in the actor's own state.
+func valueRow(rows map[string]storage.CursorRow) func(string) (storage.CursorRow, bool) {
+	return func(name string) (storage.CursorRow, bool) { r, ok := rows[name]; return r, ok }
+}
+
+func pointerRow(rows map[string]*storage.CursorRow) func(string) (storage.CursorRow, bool) {
+	return func(name string) (storage.CursorRow, bool) {
+		if r := rows[name]; r != nil {
+			return *r, true
+		}
+		return storage.CursorRow{}, false
+	}
 }

@@ -33,8 +33,10 @@ type StreamEntry struct {
 	CreatedAt    int64
 	HeadOffset   int64
 	LastAppendAt int64
-	// SubscriptionCount is refreshed with the head summary.
-	SubscriptionCount int
+	// SubscriptionCount, HaltedSubscriptions and MaxLag are refreshed with the head summary.
+	SubscriptionCount   int
+	HaltedSubscriptions int
+	MaxLag              int64 // the largest lag of a subscription or registered reader
 	// SummaryStale: the stream may have moved since its summary was refreshed.
 	SummaryStale bool
 }
@@ -83,8 +85,8 @@ func (d *Directory) Projects(ctx context.Context) ([]Project, error) {
 func (d *Directory) Stream(ctx context.Context, projectID, path string) (*StreamEntry, error) {
 	var e StreamEntry
 	err := d.db.QueryRowContext(ctx, `select stream_id, project_id, path, created_at, head_offset, last_append_at,
-		subscription_count, summary_stale from streams where project_id = ? and path = ?`, projectID, path).
-		Scan(&e.StreamID, &e.ProjectID, &e.Path, &e.CreatedAt, &e.HeadOffset, &e.LastAppendAt, &e.SubscriptionCount, &e.SummaryStale)
+		subscription_count, halted_subscriptions, max_lag, summary_stale from streams where project_id = ? and path = ?`, projectID, path).
+		Scan(&e.StreamID, &e.ProjectID, &e.Path, &e.CreatedAt, &e.HeadOffset, &e.LastAppendAt, &e.SubscriptionCount, &e.HaltedSubscriptions, &e.MaxLag, &e.SummaryStale)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, nil
 	}
@@ -128,11 +130,21 @@ func (d *Directory) CreateStream(ctx context.Context, e StreamEntry, max int) er
 	return nil
 }
 
+// StreamSummary is what the directory keeps of a stream's state for listing it unloaded.
+type StreamSummary struct {
+	HeadOffset          int64
+	LastAppendAt        int64
+	Subscriptions       int
+	HaltedSubscriptions int
+	MaxLag              int64
+}
+
 // UpdateStreamSummary refreshes the summary of a stream (on actor unload, or after a crash) and
 // clears its stale mark.
-func (d *Directory) UpdateStreamSummary(ctx context.Context, streamID string, head, lastAppendAt int64, subscriptions int) error {
+func (d *Directory) UpdateStreamSummary(ctx context.Context, streamID string, sum StreamSummary) error {
 	_, err := d.db.ExecContext(ctx, `update streams set head_offset = ?, last_append_at = ?, subscription_count = ?,
-		summary_stale = 0 where stream_id = ?`, head, lastAppendAt, subscriptions, streamID)
+		halted_subscriptions = ?, max_lag = ?, summary_stale = 0 where stream_id = ?`,
+		sum.HeadOffset, sum.LastAppendAt, sum.Subscriptions, sum.HaltedSubscriptions, sum.MaxLag, streamID)
 	if err != nil {
 		return fmt.Errorf("update stream summary: %w", err)
 	}
@@ -150,7 +162,7 @@ func (d *Directory) MarkSummaryStale(ctx context.Context, streamID string) error
 // StaleStreams lists the streams whose summary may be behind: after a clean shutdown, none.
 func (d *Directory) StaleStreams(ctx context.Context) ([]StreamEntry, error) {
 	rows, err := d.db.QueryContext(ctx, `select stream_id, project_id, path, created_at, head_offset, last_append_at,
-		subscription_count from streams where summary_stale = 1`)
+		subscription_count, halted_subscriptions, max_lag from streams where summary_stale = 1`)
 	if err != nil {
 		return nil, fmt.Errorf("stale streams: %w", err)
 	}
@@ -158,7 +170,7 @@ func (d *Directory) StaleStreams(ctx context.Context) ([]StreamEntry, error) {
 	var out []StreamEntry
 	for rows.Next() {
 		e := StreamEntry{SummaryStale: true}
-		if err := rows.Scan(&e.StreamID, &e.ProjectID, &e.Path, &e.CreatedAt, &e.HeadOffset, &e.LastAppendAt, &e.SubscriptionCount); err != nil {
+		if err := rows.Scan(&e.StreamID, &e.ProjectID, &e.Path, &e.CreatedAt, &e.HeadOffset, &e.LastAppendAt, &e.SubscriptionCount, &e.HaltedSubscriptions, &e.MaxLag); err != nil {
 			return nil, fmt.Errorf("stale streams: %w", err)
 		}
 		out = append(out, e)
@@ -170,7 +182,7 @@ func (d *Directory) StaleStreams(ctx context.Context) ([]StreamEntry, error) {
 // in path order, at most limit of them.
 func (d *Directory) ListStreams(ctx context.Context, projectID, prefix, after string, limit int) ([]StreamEntry, error) {
 	rows, err := d.db.QueryContext(ctx, `select stream_id, project_id, path, created_at, head_offset, last_append_at,
-		subscription_count from streams where project_id = ? and substr(path, 1, ?) = ? and path > ? order by path limit ?`,
+		subscription_count, halted_subscriptions, max_lag from streams where project_id = ? and substr(path, 1, ?) = ? and path > ? order by path limit ?`,
 		projectID, len(prefix), prefix, after, limit)
 	if err != nil {
 		return nil, fmt.Errorf("list streams: %w", err)
@@ -179,7 +191,7 @@ func (d *Directory) ListStreams(ctx context.Context, projectID, prefix, after st
 	var out []StreamEntry
 	for rows.Next() {
 		var e StreamEntry
-		if err := rows.Scan(&e.StreamID, &e.ProjectID, &e.Path, &e.CreatedAt, &e.HeadOffset, &e.LastAppendAt, &e.SubscriptionCount); err != nil {
+		if err := rows.Scan(&e.StreamID, &e.ProjectID, &e.Path, &e.CreatedAt, &e.HeadOffset, &e.LastAppendAt, &e.SubscriptionCount, &e.HaltedSubscriptions, &e.MaxLag); err != nil {
 			return nil, fmt.Errorf("list streams: %w", err)
 		}
 		out = append(out, e)

@@ -151,6 +151,8 @@ func SetStreamInfo(dst schema.StreamInfo, info itx.StreamInfo) error {
 	dst.SetCreatedAt(info.CreatedAt)
 	dst.SetLastAppendAt(info.LastAppendAt)
 	dst.SetSubscriptionCount(uint32(info.SubscriptionCount))
+	dst.SetHaltedSubscriptions(uint32(info.HaltedSubscriptions))
+	dst.SetMaxLag(uint64(info.MaxLag))
 	dst.SetLoaded(info.Loaded)
 	return nil
 }
@@ -158,7 +160,8 @@ func SetStreamInfo(dst schema.StreamInfo, info itx.StreamInfo) error {
 // StreamInfoFromSchema decodes a stream's description.
 func StreamInfoFromSchema(src schema.StreamInfo) (itx.StreamInfo, error) {
 	out := itx.StreamInfo{HeadOffset: int64(src.HeadOffset()), CreatedAt: src.CreatedAt(),
-		LastAppendAt: src.LastAppendAt(), SubscriptionCount: int(src.SubscriptionCount()), Loaded: src.Loaded()}
+		LastAppendAt: src.LastAppendAt(), SubscriptionCount: int(src.SubscriptionCount()), Loaded: src.Loaded(),
+		HaltedSubscriptions: int(src.HaltedSubscriptions()), MaxLag: int64(src.MaxLag())}
 	var err error
 	if out.Path, err = src.Path(); err != nil {
 		return out, err

@@ -230,12 +230,16 @@ type streamInfoJS struct {
 	CreatedAt         msTime `json:"createdAt"`
 	LastAppendAt      msTime `json:"lastAppendAt"`
 	SubscriptionCount int    `json:"subscriptionCount"`
-	Loaded            bool   `json:"loaded"`
+	// Where the stream's consumers stand (as of its last unload when not loaded).
+	HaltedSubscriptions int   `json:"haltedSubscriptions"`
+	MaxLag              int64 `json:"maxLag"`
+	Loaded              bool  `json:"loaded"`
 }
 
 func streamInfoOf(i itx.StreamInfo) streamInfoJS {
 	return streamInfoJS{Path: i.Path, StreamID: i.StreamID, HeadOffset: i.HeadOffset, CreatedAt: msTime(i.CreatedAt),
-		LastAppendAt: msTime(i.LastAppendAt), SubscriptionCount: i.SubscriptionCount, Loaded: i.Loaded}
+		LastAppendAt: msTime(i.LastAppendAt), SubscriptionCount: i.SubscriptionCount,
+		HaltedSubscriptions: i.HaltedSubscriptions, MaxLag: i.MaxLag, Loaded: i.Loaded}
 }
 
 type offsetJS struct {
