@@ -208,6 +208,10 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 	if len(eff.commit.Events) > 0 {
 		eff.commit.HeadOffset, eff.commit.LastAppendAt = st.head, st.lastAppendAt
 		eff.createStream = !st.created
+	}
+	if eff.hasWrites() {
+		// Any commit can move what the directory summarizes: the head, and where consumers
+		// stand (cursor rows, readers). Marked once per load; refreshed on unload or restart.
 		eff.markStale = !st.summaryOld
 	}
 	if eff.hasWrites() && !st.alarmSet && len(st.core.Subscriptions) > 0 {

@@ -119,4 +119,17 @@ func TestStreams_StandingSurvivesAKill9(t *testing.T) {
 	require.Equal(t, int64(5), got.HeadOffset)
 	require.Equal(t, int64(3), got.MaxLag, "refreshed from the stream's database after the crash")
 	require.Zero(t, got.HaltedSubscriptions)
+
+	// A commit without events (the reader moving) marks the summary stale too: after another
+	// crash the list shows where the reader stands now, not where it stood at the last refresh.
+	s = client.Stream(ctx, p, "/standing/crash")
+	registerReader(t, s, "laggard", 4)
+	s.Release()
+	proc.kill9(t)
+	proc = startItxd(t, dataDir)
+	p2 := dial(t, proc.addr).Login(ctx, proc.creds.ProjectToken)
+	defer p2.Release()
+	got = listedStream(t, p2, "/standing/crash")
+	require.False(t, got.Loaded)
+	require.Equal(t, int64(1), got.MaxLag, "the reader's move reached the summary")
 }
