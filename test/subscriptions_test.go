@@ -169,6 +169,25 @@ func TestSubscription_WebhookSignature(t *testing.T) {
 	mac.Write([]byte(hdr["webhook-id"] + "." + hdr["webhook-timestamp"] + "."))
 	mac.Write(raw)
 	require.Equal(t, "v1,"+base64.StdEncoding.EncodeToString(mac.Sum(nil)), hdr["webhook-signature"])
+
+	// client.VerifyWebhook, what a Go receiver calls, accepts exactly this delivery.
+	header := http.Header{}
+	for k, v := range hdr {
+		header.Set(k, v)
+	}
+	now := e.clock.Now()
+	require.NoError(t, client.VerifyWebhook(secret, header, raw, now))
+	requireCode(t, client.VerifyWebhook(secret, header, append(append([]byte(nil), raw...), ' '), now), itx.EUnauthenticated)
+	other, _ := newSecret(t)
+	requireCode(t, client.VerifyWebhook(other, header, raw, now), itx.EUnauthenticated)
+	requireCode(t, client.VerifyWebhook(secret, header, raw, now.Add(client.WebhookTolerance+time.Second)), itx.EInvalid)
+	rotated := header.Clone() // several signatures (a key rotation): any one matching is enough
+	rotated.Set("webhook-signature", "v1,"+base64.StdEncoding.EncodeToString([]byte("not this one"))+" "+hdr["webhook-signature"])
+	require.NoError(t, client.VerifyWebhook(secret, rotated, raw, now))
+	unsigned := header.Clone()
+	unsigned.Del("webhook-signature")
+	requireCode(t, client.VerifyWebhook(secret, unsigned, raw, now), itx.EUnauthenticated)
+
 	require.Equal(t, "acme", hdr["X-Tenant"])
 	require.Equal(t, "application/json", hdr["Content-Type"])
 	var body itx.WebhookBody
