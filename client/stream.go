@@ -26,7 +26,15 @@ func Stream(ctx context.Context, project schema.Project, path string) schema.Str
 
 // Append appends events atomically and returns once they are durable.
 func Append(ctx context.Context, s schema.Stream, events []itx.EventInput, opts itx.AppendOptions) (itx.AppendResult, error) {
-	fut, release := s.Append(ctx, func(p schema.Stream_append_Params) error {
+	fut, release := sendAppend(ctx, s, events, opts)
+	defer ReleaseAfter(ctx, release)
+	return awaitAppend(ctx, fut)
+}
+
+// sendAppend sends an append call without waiting for its answer: calls on one capability reach
+// itxd in the order they are sent, and itxd commits them in that order.
+func sendAppend(ctx context.Context, s schema.Stream, events []itx.EventInput, opts itx.AppendOptions) (schema.Stream_append_Results_Future, func()) {
+	return s.Append(ctx, func(p schema.Stream_append_Params) error {
 		list, err := p.NewEvents(int32(len(events)))
 		if err != nil {
 			return err
@@ -45,7 +53,9 @@ func Append(ctx context.Context, s schema.Stream, events []itx.EventInput, opts 
 		}
 		return nil
 	})
-	defer ReleaseAfter(ctx, release)
+}
+
+func awaitAppend(ctx context.Context, fut schema.Stream_append_Results_Future) (itx.AppendResult, error) {
 	res, err := Await(ctx, fut)
 	if err != nil {
 		return itx.AppendResult{}, err

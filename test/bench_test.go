@@ -283,6 +283,27 @@ func BenchmarkAppend(b *testing.B) {
 		reportCommits(b, before, srv.commitStats(b))
 	})
 
+	// One producer, one event per call, 64 calls in flight on one capability (client.Appender):
+	// the calls share group commits and still land in order.
+	b.Run("pipelined-64/1-event", func(b *testing.B) {
+		s := srv.stream(b, "/bench/pipelined")
+		events := benchEvents(1, 0)
+		require.NoError(b, appendOnce(s, events))
+		a := client.NewAppender(s, 64)
+		ctx := context.Background()
+		before, cpu := srv.commitStats(b), srv.cpuMeter(b)
+		start := time.Now()
+		runWorkers(b, 1, func(_, _ int) error {
+			_, err := a.Append(ctx, events, itx.AppendOptions{})
+			return err
+		})
+		require.NoError(b, a.Flush(ctx)) // the last answers are part of the run
+		elapsed := time.Since(start)
+		b.ReportMetric(float64(b.N)/elapsed.Seconds(), "events/s")
+		cpu.report(b)
+		reportCommits(b, before, srv.commitStats(b))
+	})
+
 	// 64 independent appenders, one event per call: each has its own TCP connection, login and
 	// stream capability, like 64 client processes or services writing to one stream.
 	b.Run("concurrent-64-conns/1-event", func(b *testing.B) {

@@ -26,6 +26,8 @@ import (
 	"time"
 
 	"capnproto.org/go/capnp/v3/rpc"
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/schema"
 	_ "github.com/mattn/go-sqlite3"
 	"github.com/nats-io/nats.go"
@@ -361,6 +363,22 @@ func runAppend(dir, itxdBin, natsBin string) []result {
 	}
 	out = append(out, result{"64 concurrent appenders", "itx", "events/s", rate, false})
 
+	// One producer with up to 256 appends unanswered on one capability (client.Appender), in
+	// bursts of 256 then a flush: the same shape as JetStream's async publish below.
+	pl := client.NewAppender(c.stream("/compare/pipelined"), 256)
+	var seq int
+	rate = timed(1, func(_, _ int) error {
+		ctx := context.Background()
+		for k := 0; k < 256; k++ {
+			seq++
+			if _, err := pl.Append(ctx, []itx.EventInput{{Type: "bench.event", Payload: payload(seq)}}, itx.AppendOptions{}); err != nil {
+				return err
+			}
+		}
+		return pl.Flush(ctx)
+	})
+	out = append(out, result{"1 producer, 256 in flight", "itx", "events/s", rate * 256, false})
+
 	b := c.stream("/compare/batch")
 	rate = timed(1, func(_, i int) error { _, err := itxAppend(b, 100, i*100); return err })
 	out = append(out, result{"100-event batches", "itx", "events/s", rate * 100, false})
@@ -388,7 +406,8 @@ func runAppend(dir, itxdBin, natsBin string) []result {
 		// Async publishes with at most 256 outstanding: JetStream's way to many appenders.
 		var i int
 		rate = timed(1, func(_, _ int) error { return publishBurst(js, "bench.async", 256, &i) })
-		out = append(out, result{"64 concurrent appenders", sys + " (async, 256 pending)", "events/s", rate * 256, false})
+		out = append(out, result{"64 concurrent appenders", sys + " (async, 256 pending)", "events/s", rate * 256, false},
+			result{"1 producer, 256 in flight", sys + " (async, 256 pending)", "events/s", rate * 256, false})
 		rate = timed(1, func(_, _ int) error { return publishBurst(js, "bench.batch", 100, &i) })
 		out = append(out, result{"100-event batches", sys + " (100 async)", "events/s", rate * 100, false})
 		nc.Close()
