@@ -15,29 +15,18 @@ import (
 func TestWakeDue_RetriesStreamsItCouldNotLoad(t *testing.T) {
 	ctx := context.Background()
 	clk := clocktest.New(time.Unix(1_800_000_000, 0))
-	dir := t.TempDir()
-	s, err := Open(ctx, Config{DataDir: dir, Clock: clk, MaxHeldStreams: 2})
+	s, projectID := mustOpen(t, Config{DataDir: t.TempDir(), Clock: clk, MaxHeldStreams: 2})
+	due := StreamRef{ProjectID: projectID, Path: "/due"}
+	_, err := s.Append(ctx, due, []itx.EventInput{{Type: "x"}}, itx.AppendOptions{})
 	require.NoError(t, err)
-	defer func() {
-		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		s.Close(cctx)
-	}()
-	creds, err := ReadCredentials(dir)
-	require.NoError(t, err)
-	proj, err := s.Login(ctx, creds.ProjectToken)
-	require.NoError(t, err)
-	due := StreamRef{ProjectID: proj.ID, Path: "/due"}
-	_, err = s.Append(ctx, due, []itx.EventInput{{Type: "x"}}, itx.AppendOptions{})
-	require.NoError(t, err)
-	entry, err := s.dir.Stream(ctx, proj.ID, "/due")
+	entry, err := s.dir.Stream(ctx, projectID, "/due")
 	require.NoError(t, err)
 	clk.Advance(s.cfg.IdleTimeout) // unloads /due
 	require.Eventually(t, func() bool { return s.LoadedStreams() == 0 }, 10*time.Second, time.Millisecond)
 
 	var held []*actor
 	for _, p := range []string{"/a", "/b"} {
-		a, err := s.acquire(ctx, StreamRef{ProjectID: proj.ID, Path: p})
+		a, err := s.acquire(ctx, StreamRef{ProjectID: projectID, Path: p})
 		require.NoError(t, err)
 		held = append(held, a)
 	}

@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/itx-dev/itx"
 	"github.com/stretchr/testify/require"
@@ -19,23 +18,13 @@ import (
 func TestServer_StreamsBoundedPerProject(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
-	s, err := Open(ctx, Config{DataDir: dir, MaxStreamsPerProject: 2})
-	require.NoError(t, err)
-	defer func() {
-		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		s.Close(cctx)
-	}()
-	creds, err := ReadCredentials(dir)
-	require.NoError(t, err)
-	proj, err := s.Login(ctx, creds.ProjectToken)
-	require.NoError(t, err)
-	ref := func(path string) StreamRef { return StreamRef{ProjectID: proj.ID, Path: path} }
+	s, projectID := mustOpen(t, Config{DataDir: dir, MaxStreamsPerProject: 2})
+	ref := func(path string) StreamRef { return StreamRef{ProjectID: projectID, Path: path} }
 	appendTo := func(path string) error {
 		_, err := s.Append(ctx, ref(path), []itx.EventInput{{Type: "x"}}, itx.AppendOptions{})
 		return err
 	}
-	databases := func() []string {
+	databases := func() []string { // the stream database files (itxtest.StreamDatabases: itxtest imports server)
 		entries, err := os.ReadDir(filepath.Join(dir, "streams"))
 		require.NoError(t, err)
 		var out []string
@@ -52,12 +41,12 @@ func TestServer_StreamsBoundedPerProject(t *testing.T) {
 	before := databases()
 	require.Len(t, before, 2)
 	for range 2 { // the refused actor is left healthy: refused again the same way, not "internal"
-		err = appendTo("/c")
+		err := appendTo("/c")
 		require.Equal(t, itx.ELimitExceeded, itx.ErrorCode(err), "%v", err)
 		require.Contains(t, itx.ErrorMessage(err), "holds 2 streams")
 		require.Contains(t, itx.ErrorMessage(err), "--max-streams-per-project")
 	}
-	entry, err := s.dir.Stream(ctx, proj.ID, "/c")
+	entry, err := s.dir.Stream(ctx, projectID, "/c")
 	require.NoError(t, err)
 	require.Nil(t, entry, "no directory entry for the refused stream")
 	require.Equal(t, before, databases(), "no database file for the refused stream")

@@ -2,32 +2,15 @@ package test
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/internal/itxtest"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
 	"github.com/stretchr/testify/require"
 )
-
-// streamDatabases lists the stream database files of a data directory (not their -wal or -shm,
-// which come and go as streams load and unload).
-func streamDatabases(t *testing.T, dataDir string) []string {
-	t.Helper()
-	entries, err := os.ReadDir(filepath.Join(dataDir, "streams"))
-	require.NoError(t, err)
-	var out []string
-	for _, e := range entries {
-		if strings.HasSuffix(e.Name(), ".db") {
-			out = append(out, e.Name())
-		}
-	}
-	return out
-}
 
 // A real itxd with --max-streams-per-project 3: the append that would create a 4th stream fails
 // with limitExceeded and creates no file, the 3 streams keep taking appends, another project is
@@ -65,10 +48,10 @@ func TestStreams_BoundedPerProject(t *testing.T) {
 	for i := range 3 {
 		require.NoError(t, appendTo(p, fmt.Sprintf("/s%d", i)))
 	}
-	files := streamDatabases(t, dataDir)
+	files := itxtest.StreamDatabases(t, dataDir)
 	requireRefused(p, "/s3")
 	requireRefused(p, "/s3") // the refused stream's actor is healthy: the same answer again
-	require.Equal(t, files, streamDatabases(t, dataDir), "the refused stream created no file")
+	require.Equal(t, files, itxtest.StreamDatabases(t, dataDir), "the refused stream created no file")
 	for i := range 3 {
 		require.NoError(t, appendTo(p, fmt.Sprintf("/s%d", i)), "existing streams still take appends")
 	}
@@ -85,21 +68,21 @@ func TestStreams_BoundedPerProject(t *testing.T) {
 		require.NoError(t, appendTo(other, fmt.Sprintf("/s%d", i)), "another project has its own 3 places")
 	}
 	requireRefused(other, "/s3")
-	files = streamDatabases(t, dataDir)
+	files = itxtest.StreamDatabases(t, dataDir)
 
 	proc.kill9(t)
 	proc = startItxd(t, dataDir, bounded...)
 	p, other = login(proc.creds.ProjectToken), login(otherToken)
 	requireRefused(p, "/s3")
 	requireRefused(other, "/s3")
-	require.Equal(t, files, streamDatabases(t, dataDir), "no file for either refused stream after the restart")
+	require.Equal(t, files, itxtest.StreamDatabases(t, dataDir), "no file for either refused stream after the restart")
 	require.NoError(t, appendTo(p, "/s0"))
 	require.NoError(t, appendTo(other, "/s0"))
 
 	require.NoError(t, proc.stop(t))
 	proc = startItxd(t, dataDir) // the default bound, 100,000
 	require.NoError(t, appendTo(login(proc.creds.ProjectToken), "/s3"))
-	require.Len(t, streamDatabases(t, dataDir), len(files)+1)
+	require.Len(t, itxtest.StreamDatabases(t, dataDir), len(files)+1)
 }
 
 // A copy-to-stream subscription whose receiving stream cannot be created (its project holds its

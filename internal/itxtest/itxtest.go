@@ -15,6 +15,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -87,4 +88,21 @@ func SelfSigned(t testing.TB, dir string) (caFile string, cfg *tls.Config) {
 	require.NoError(t, os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600))
 	cert := tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 	return caFile, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+}
+
+// StreamDatabases lists the stream database files of a data directory (not their -wal or -shm,
+// which come and go as streams load and unload).
+func StreamDatabases(t testing.TB, dataDir string) []string {
+	t.Helper()
+	entries, err := os.ReadDir(filepath.Join(dataDir, "streams"))
+	if err != nil {
+		t.Fatalf("read %s/streams: %v", dataDir, err)
+	}
+	var out []string
+	for _, e := range entries {
+		if strings.HasSuffix(e.Name(), ".db") {
+			out = append(out, e.Name())
+		}
+	}
+	return out
 }
