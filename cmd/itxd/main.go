@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -43,6 +44,7 @@ func run() error {
 	logLevel := flag.String("log-level", "info", "log level: debug, info, warn, error")
 	logFormat := flag.String("log-format", "console", "log format: console or json")
 	metricsAddr := flag.String("metrics", "", "address for Prometheus /metrics over HTTP (empty: off)")
+	pprofOn := flag.Bool("pprof", false, "also serve Go's profiler at /debug/pprof/ on the --metrics address (keep that address private)")
 	addrFile := flag.String("addr-file", "", "write the bound RPC address here once listening")
 	idle := flag.Duration("idle-timeout", 5*time.Minute, "unload a stream nobody has used for this long")
 	maxLoaded := flag.Int("max-loaded-streams", 1024, "unload least recently used idle streams above this many")
@@ -84,6 +86,9 @@ func run() error {
 	agentVendor := flag.String("agent-vendor-url", "", "the agent processor's LLM endpoint: POST {requestId, prompt} answered by {text} (empty: echo the prompt)")
 	agentHesitation := flag.Duration("agent-hesitation", time.Duration(examples.DefaultAgentConfig.HesitationMs)*time.Millisecond, "how long the agent waits after a message before it requests a completion")
 	flag.Parse()
+	if *pprofOn && *metricsAddr == "" {
+		return errors.New("--pprof serves on the --metrics address: set --metrics too")
+	}
 
 	var tlsConfig *tls.Config
 	switch {
@@ -157,8 +162,20 @@ func run() error {
 		mux.Handle("/metrics", promhttp.HandlerFor(srv.Metrics().Registry, promhttp.HandlerOpts{}))
 		mux.Handle("/healthz", healthz())
 		mux.Handle("/readyz", readyz(srv, &serving))
+		if *pprofOn {
+			mux.HandleFunc("/debug/pprof/", pprof.Index)
+			mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+			mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+			mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		}
+		// Bound before the RPC address is announced: whoever reads the address file can scrape.
+		mln, err := net.Listen("tcp", *metricsAddr)
+		if err != nil {
+			return fmt.Errorf("--metrics: %w", err)
+		}
 		go func() {
-			if err := http.ListenAndServe(*metricsAddr, mux); err != nil {
+			if err := http.Serve(mln, mux); err != nil {
 				log.Error().Err(err).Msg("metrics server stopped")
 			}
 		}()
