@@ -104,6 +104,7 @@ func run(args []string, env environment) int {
   itx [flags] script.js [args...]    run a script; - reads it from stdin
   ... | itx [flags]                  evaluate piped lines one by one, printing each result
   itx [flags] tail <path> [after]    print events as they are appended, until Ctrl-C
+  itx [flags] import <path> [file]   append newline-delimited JSON events (stdin without a file)
   itx [flags] watch <path>           print a stream's live state, until Ctrl-C
   itx [flags] admin <command> ...    projects and tokens (itx admin help)
 
@@ -195,6 +196,9 @@ Flags:
 	}
 	if interactive {
 		cfg.Pager, cfg.PagerOut = pagerCommand(env.getenv), env.stdout
+	}
+	if command != nil {
+		cfg.In = env.stdin // itx import <path> with no file reads standard input
 	}
 	s, err := repl.Connect(dialCtx, cfg)
 	if err != nil {

@@ -59,6 +59,8 @@ func init() {
 	register(&Command{Name: "quit", Help: "leave (as .exit)", Run: func(context.Context, *Session, []string) error { return ErrExit }})
 	register(&Command{Name: "tail", Args: "<path> [--from N | N]", CLI: true,
 		Help: "open a connection and print events as they are appended, until Ctrl-C (default: after the head)", Run: runTail})
+	register(&Command{Name: "import", Args: "<path> [file.ndjson | -]", CLI: true,
+		Help: "append events from newline-delimited JSON ({type, payload, idempotencyKey, metadata} a line), pipelined in batches; - or no file: standard input (itx import only)", Run: runImport})
 	register(&Command{Name: "watch", Args: "<path>", CLI: true,
 		Help: "print a stream's live state (snapshot, then patches) until Ctrl-C", Run: runWatch})
 }

@@ -81,6 +81,8 @@ type Config struct {
 	// ReconnectTimeout bounds how long a call waits for a lost connection to come back
 	// (default 30 s).
 	ReconnectTimeout time.Duration
+	// In is what `itx import <path>` reads when given no file (standard input); nil: none.
+	In io.Reader
 }
 
 // Session is one connection to itxd, logged into one project, with its JavaScript runtime.

@@ -1,0 +1,57 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// itx import appends newline-delimited JSON events in order, from standard input or a file;
+// run again with idempotency keys it appends nothing; a line that does not parse stops it and
+// the message says how far it got, the batches before it committed.
+func TestRun_Import(t *testing.T) {
+	ts := startServer(t)
+	c := newCLI(t)
+	conn := []string{"--addr", ts.addr, "--token", ts.token}
+	var lines []string
+	for i := range 250 {
+		lines = append(lines, fmt.Sprintf(`{"type": "order/placed", "payload": {"i": %d}, "idempotencyKey": "o-%d"}`, i, i))
+	}
+	input := strings.Join(lines[:100], "\n") + "\n\n" + strings.Join(lines[100:], "\n") + "\n" // a blank line is skipped
+
+	code, _, errs := c.run(input, append(conn, "import", "/imported")...)
+	require.Equal(t, exitOK, code, "stderr: %s", errs)
+	require.Contains(t, errs, "imported 250 events into /imported (250 new, 0 already there")
+	code, out, errs := c.run("", append(conn, "--json", "-e", `project.streams.get("/imported").getEvents({after: 0, limit: 500}).map(e => e.payload.i)`)...)
+	require.Equal(t, exitOK, code, "stderr: %s", errs)
+	var order []int
+	require.NoError(t, json.Unmarshal([]byte(out), &order))
+	require.Len(t, order, 250)
+	for i, v := range order {
+		require.Equal(t, i, v, "offset %d", i+1)
+	}
+
+	file := filepath.Join(t.TempDir(), "events.ndjson")
+	require.NoError(t, os.WriteFile(file, []byte(input), 0o600))
+	code, _, errs = c.run("", append(conn, "import", "/imported", file)...)
+	require.Equal(t, exitOK, code, "stderr: %s", errs)
+	require.Contains(t, errs, "(0 new, 250 already there by idempotency key); head 250")
+
+	broken := strings.Join(lines[:150], "\n") + "\n{not json\n" + strings.Join(lines[150:], "\n")
+	code, _, errs = c.run(broken, append(conn, "import", "/broken")...)
+	require.Equal(t, exitError, code)
+	require.Contains(t, errs, "line 151 is not an event")
+	require.Contains(t, errs, "100 events before it imported")
+	code, out, _ = c.run("", append(conn, "--json", "-e", `project.streams.get("/broken").describe().headOffset`)...)
+	require.Equal(t, exitOK, code)
+	require.Equal(t, "100", strings.TrimSpace(out), "the first batch committed; nothing after the bad line")
+
+	code, _, errs = c.run(`{"type": "", "payload": {}}`, append(conn, "import", "/refused")...)
+	require.Equal(t, exitError, code)
+	require.Contains(t, errs, "invalidArgument: import: lines 1-1 refused")
+}

@@ -1,0 +1,143 @@
+package repl
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/schema"
+)
+
+// Batches of an import: each is one atomic append call, and importInFlight calls are pipelined
+// on the stream's capability (they commit in order, sharing group commits).
+const (
+	importBatchEvents = 100
+	importBatchBytes  = 1 << 20
+	importInFlight    = 16
+	importMaxLine     = itx.MaxEventBytes + 64<<10 // one event at its largest, with its JSON around it
+)
+
+// runImport appends the events of a newline-delimited JSON file, one EventInput a line (blank
+// lines skipped), in order. It stops at the first line that does not parse or the first batch
+// itxd refuses, and says how many events went in before it: with idempotency keys, running the
+// same import again appends only what is missing.
+func runImport(ctx context.Context, s *Session, args []string) error {
+	p, err := streamArg("import", args)
+	if err != nil {
+		return err
+	}
+	if len(args) > 2 {
+		return itx.Errorf(itx.EInvalid, "usage: .import %s", commands["import"].Args)
+	}
+	var in io.Reader
+	switch {
+	case len(args) == 2 && args[1] != "-":
+		f, err := os.Open(args[1])
+		if err != nil {
+			return itx.Errorf(itx.EInvalid, "import: %v", err)
+		}
+		defer f.Close()
+		in = f
+	case s.cfg.In != nil:
+		in = s.cfg.In
+	default:
+		return itx.Errorf(itx.EInvalid, "import: name a file to read (standard input is only read by `itx import <path>`)")
+	}
+	c := s.client(p)
+	defer c.Release()
+	a := client.NewAppender(schema.Stream(c), importInFlight)
+
+	type sentBatch struct {
+		answer      *client.AppendFuture
+		first, last int // its lines
+	}
+	var (
+		batch             []itx.EventInput
+		batchBytes        int
+		first, last, line int
+		sent              []sentBatch
+	)
+	send := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		f, err := a.Append(ctx, batch, itx.AppendOptions{})
+		if err != nil {
+			return err
+		}
+		sent = append(sent, sentBatch{f, first, last})
+		batch, batchBytes = nil, 0
+		return nil
+	}
+	// settle waits for every batch sent: how many events went in (new, and duplicates of an
+	// idempotency key already there), and the first batch refused, named by its lines.
+	var head int64
+	var added, duplicates int
+	settle := func() error {
+		for _, b := range sent {
+			res, err := b.answer.Wait(ctx)
+			if err != nil {
+				return itx.Errorf(itx.ErrorCode(err), "import: lines %d-%d refused (%s); %d events imported before them",
+					b.first, b.last, itx.ErrorMessage(err), added+duplicates)
+			}
+			for _, dup := range res.Duplicate {
+				if dup {
+					duplicates++
+				} else {
+					added++
+				}
+			}
+			head = res.HeadOffset
+		}
+		sent = nil
+		return nil
+	}
+
+	sc := bufio.NewScanner(in)
+	sc.Buffer(make([]byte, 64<<10), importMaxLine)
+	for sc.Scan() {
+		line++
+		raw := bytes.TrimSpace(sc.Bytes())
+		if len(raw) == 0 {
+			continue
+		}
+		var e itx.EventInput
+		if err := json.Unmarshal(raw, &e); err != nil {
+			if serr := settle(); serr != nil {
+				return serr
+			}
+			return itx.Errorf(itx.EInvalid, "import: line %d is not an event ({type, payload, ...}): %v; %d events before it imported", line, err, added+duplicates)
+		}
+		if len(batch) == 0 {
+			first = line
+		}
+		batch, last = append(batch, e), line
+		batchBytes += len(raw)
+		if len(batch) >= importBatchEvents || batchBytes >= importBatchBytes {
+			if err := send(); err != nil {
+				return err
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		if serr := settle(); serr != nil {
+			return serr
+		}
+		return itx.Errorf(itx.EInvalid, "import: after line %d: %v; %d events before it imported", line, err, added+duplicates)
+	}
+	if err := send(); err != nil {
+		return err
+	}
+	if err := settle(); err != nil {
+		return err
+	}
+	fmt.Fprintf(s.cfg.Err, "imported %d events into %s (%d new, %d already there by idempotency key); head %d\n",
+		added+duplicates, args[0], added, duplicates, head)
+	return nil
+}
