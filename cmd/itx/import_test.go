@@ -51,6 +51,25 @@ func TestRun_Import(t *testing.T) {
 	require.Equal(t, exitOK, code)
 	require.Equal(t, "100", strings.TrimSpace(out), "the first batch committed; nothing after the bad line")
 
+	// export writes what import reads: a copy through the pair holds the same events in order.
+	code, exported, errs := c.run("", append(conn, "export", "/imported")...)
+	require.Equal(t, exitOK, code, "stderr: %s", errs)
+	require.Contains(t, errs, "exported 250 events of /imported through offset 250")
+	require.Len(t, strings.Split(strings.TrimSpace(exported), "\n"), 250)
+	code, _, errs = c.run(exported, append(conn, "import", "/copy")...)
+	require.Equal(t, exitOK, code, "stderr: %s", errs)
+	code, out, errs = c.run("", append(conn, "--json", "-e", `project.streams.get("/copy").getEvents({after: 0, limit: 500}).map(e => e.idempotencyKey + ":" + e.payload.i)`)...)
+	require.Equal(t, exitOK, code, "stderr: %s", errs)
+	var copied []string
+	require.NoError(t, json.Unmarshal([]byte(out), &copied))
+	require.Len(t, copied, 250)
+	for i, v := range copied {
+		require.Equal(t, fmt.Sprintf("o-%d:%d", i, i), v)
+	}
+	code, tail, _ := c.run("", append(conn, "export", "/imported", "200")...)
+	require.Equal(t, exitOK, code)
+	require.Len(t, strings.Split(strings.TrimSpace(tail), "\n"), 50, "after offset 200")
+
 	code, _, errs = c.run(`{"type": "", "payload": {}}`, append(conn, "import", "/refused")...)
 	require.Equal(t, exitError, code)
 	require.Contains(t, errs, "invalidArgument: import: lines 1-1 refused")

@@ -105,6 +105,7 @@ func run(args []string, env environment) int {
   ... | itx [flags]                  evaluate piped lines one by one, printing each result
   itx [flags] tail <path> [after]    print events as they are appended, until Ctrl-C
   itx [flags] import <path> [file]   append newline-delimited JSON events (stdin without a file)
+  itx [flags] export <path> [after]  print a stream's events as newline-delimited JSON
   itx [flags] watch <path>           print a stream's live state, until Ctrl-C
   itx [flags] admin <command> ...    projects and tokens (itx admin help)
 

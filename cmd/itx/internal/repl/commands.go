@@ -61,6 +61,8 @@ func init() {
 		Help: "open a connection and print events as they are appended, until Ctrl-C (default: after the head)", Run: runTail})
 	register(&Command{Name: "import", Args: "<path> [file.ndjson | -]", CLI: true,
 		Help: "append events from newline-delimited JSON ({type, payload, idempotencyKey, metadata} a line), pipelined in batches; - or no file: standard input (itx import only)", Run: runImport})
+	register(&Command{Name: "export", Args: "<path> [after]", CLI: true,
+		Help: "print a stream's events after an offset (default 0) up to its head, one JSON event a line: what import reads", Run: runExport})
 	register(&Command{Name: "watch", Args: "<path>", CLI: true,
 		Help: "print a stream's live state (snapshot, then patches) until Ctrl-C", Run: runWatch})
 }

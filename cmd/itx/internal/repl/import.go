@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
@@ -114,6 +115,7 @@ func runImport(ctx context.Context, s *Session, args []string) error {
 			}
 			return itx.Errorf(itx.EInvalid, "import: line %d is not an event ({type, payload, ...}): %v; %d events before it imported", line, err, added+duplicates)
 		}
+		e.Provenance = nil // only copy-to-stream sets it; an exported copy's hops stay behind
 		if len(batch) == 0 {
 			first = line
 		}
@@ -139,5 +141,57 @@ func runImport(ctx context.Context, s *Session, args []string) error {
 	}
 	fmt.Fprintf(s.cfg.Err, "imported %d events into %s (%d new, %d already there by idempotency key); head %d\n",
 		added+duplicates, args[0], added, duplicates, head)
+	return nil
+}
+
+// runExport writes a stream's durable events after an offset (default 0) up to its head when
+// the export starts, one JSON event a line, page by page: what `itx import` reads back (which
+// keeps type, payload, metadata and idempotency key; the offsets and times are the new stream's).
+func runExport(ctx context.Context, s *Session, args []string) error {
+	p, err := streamArg("export", args)
+	if err != nil {
+		return err
+	}
+	var after int64
+	switch {
+	case len(args) > 2:
+		return itx.Errorf(itx.EInvalid, "usage: .export %s", commands["export"].Args)
+	case len(args) == 2:
+		if after, err = strconv.ParseInt(args[1], 10, 64); err != nil || after < 0 {
+			return itx.Errorf(itx.EInvalid, "export: after must be an offset, got %q", args[1])
+		}
+	}
+	c := s.client(p)
+	defer c.Release()
+	st := schema.Stream(c)
+	info, err := client.Describe(ctx, st)
+	if err != nil {
+		return err
+	}
+	w := bufio.NewWriter(s.cfg.Out)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	n := 0
+	for after < info.HeadOffset {
+		page, err := client.GetEventPage(ctx, st, itx.Query{After: after, Before: info.HeadOffset + 1, Limit: 500})
+		if err != nil {
+			w.Flush()
+			return itx.Errorf(itx.ErrorCode(err), "export: after offset %d: %s; %d events written", after, itx.ErrorMessage(err), n)
+		}
+		for i := range page.Events {
+			if err := enc.Encode(&page.Events[i]); err != nil {
+				return err
+			}
+			n++
+		}
+		if page.NextAfter <= after {
+			break // nothing more to read below the head (ephemeral rows swept)
+		}
+		after = page.NextAfter
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(s.cfg.Err, "exported %d events of %s through offset %d\n", n, args[0], info.HeadOffset)
 	return nil
 }
