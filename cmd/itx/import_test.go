@@ -73,4 +73,25 @@ func TestRun_Import(t *testing.T) {
 	code, _, errs = c.run(`{"type": "", "payload": {}}`, append(conn, "import", "/refused")...)
 	require.Equal(t, exitError, code)
 	require.Contains(t, errs, "invalidArgument: import: lines 1-1 refused")
+
+	// A refused batch stops the import: the batches already in flight may commit, no more are
+	// sent, and the message counts both.
+	var many []string
+	for i := range 5000 {
+		typ := "order/placed"
+		if i == 3 {
+			typ = "" // refused: batch 1 (lines 1-100)
+		}
+		many = append(many, fmt.Sprintf(`{"type": %q, "payload": {"i": %d}}`, typ, i))
+	}
+	code, _, errs = c.run(strings.Join(many, "\n"), append(conn, "import", "/stopped")...)
+	require.Equal(t, exitError, code)
+	require.Contains(t, errs, "lines 1-100 refused")
+	require.Contains(t, errs, "0 events imported before them")
+	code, out, _ = c.run("", append(conn, "--json", "-e", `project.streams.get("/stopped").describe().headOffset`)...)
+	require.Equal(t, exitOK, code)
+	var head int
+	require.NoError(t, json.Unmarshal([]byte(strings.TrimSpace(out)), &head))
+	require.Less(t, head, 4900, "the import stopped sending after the refusal")
+	require.Contains(t, errs, fmt.Sprintf("%d in the batches already sent after them", head))
 }

@@ -64,9 +64,58 @@ func runImport(ctx context.Context, s *Session, args []string) error {
 		first, last, line int
 		sent              []sentBatch
 	)
+	// take records the answers at the front of the queue, in order: every one when wait is set,
+	// else those already arrived. The queue thus holds only batches in flight (importInFlight at
+	// most), however long the file. At the first refusal it waits for the batches sent after it,
+	// which may still commit, and names the refused lines.
+	var head int64
+	var added, duplicates int
+	count := func(res itx.AppendResult) {
+		for _, dup := range res.Duplicate {
+			if dup {
+				duplicates++
+			} else {
+				added++
+			}
+		}
+		head = max(head, res.HeadOffset)
+	}
+	take := func(wait bool) error {
+		for len(sent) > 0 {
+			b := sent[0]
+			if !wait {
+				select {
+				case <-b.answer.Done():
+				default:
+					return nil
+				}
+			}
+			res, err := b.answer.Wait(ctx)
+			sent = sent[1:]
+			if err == nil {
+				count(res)
+				continue
+			}
+			before := added + duplicates
+			_ = a.Flush(ctx) // the batches after it: committed or not, each answered
+			for _, later := range sent {
+				if res, lerr := later.answer.Wait(ctx); lerr == nil {
+					count(res)
+				}
+			}
+			sent = nil
+			return itx.Errorf(itx.ErrorCode(err), "import: lines %d-%d refused (%s); %d events imported before them, %d in the batches already sent after them",
+				b.first, b.last, itx.ErrorMessage(err), before, added+duplicates-before)
+		}
+		return nil
+	}
+	settle := func() error { return take(true) }
 	send := func() error {
 		if len(batch) == 0 {
 			return nil
+		}
+		if err := take(false); err != nil { // a refusal stops the import before the next batch
+			return err
 		}
 		f, err := a.Append(ctx, batch, itx.AppendOptions{})
 		if err != nil {
@@ -74,29 +123,6 @@ func runImport(ctx context.Context, s *Session, args []string) error {
 		}
 		sent = append(sent, sentBatch{f, first, last})
 		batch, batchBytes = nil, 0
-		return nil
-	}
-	// settle waits for every batch sent: how many events went in (new, and duplicates of an
-	// idempotency key already there), and the first batch refused, named by its lines.
-	var head int64
-	var added, duplicates int
-	settle := func() error {
-		for _, b := range sent {
-			res, err := b.answer.Wait(ctx)
-			if err != nil {
-				return itx.Errorf(itx.ErrorCode(err), "import: lines %d-%d refused (%s); %d events imported before them",
-					b.first, b.last, itx.ErrorMessage(err), added+duplicates)
-			}
-			for _, dup := range res.Duplicate {
-				if dup {
-					duplicates++
-				} else {
-					added++
-				}
-			}
-			head = res.HeadOffset
-		}
-		sent = nil
 		return nil
 	}
 
