@@ -33,6 +33,7 @@ type gateway struct {
 	conn     *rpc.Conn // nil in tests
 	sessions []*server.Session
 	byToken  map[[32]byte]*server.Session // SHA-256 of the token: a login again reuses its session
+	logins   int                          // logins in progress: a revocation does not close the connection under them
 	ended    bool
 }
 
@@ -61,13 +62,20 @@ func (g *gateway) Login(ctx context.Context, call schema.Gateway_login) error {
 		g.mu.Unlock()
 		return fail(itx.Errorf(itx.ELimitExceeded, "a connection logs in with at most %d tokens; log in again with one of them (its project is shared) or open another connection", maxSessionsPerConn))
 	}
+	if x == nil {
+		g.logins++
+	}
 	g.mu.Unlock()
 	if x == nil {
 		var err error
-		if x, err = g.srv.OpenSession(ctx, token, g.revoked); err != nil {
+		x, err = g.srv.OpenSession(ctx, token, g.revoked)
+		g.mu.Lock()
+		g.logins--
+		if err != nil {
+			g.closeIfAllRevoked()
+			g.mu.Unlock()
 			return fail(err)
 		}
-		g.mu.Lock()
 		if g.ended { // the connection ended while logging in
 			g.mu.Unlock()
 			x.Close()
@@ -96,14 +104,33 @@ func (g *gateway) Login(ctx context.Context, call schema.Gateway_login) error {
 func (g *gateway) revoked() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	for _, x := range g.sessions {
-		if !x.Revoked() {
-			return
-		}
+	g.closeIfAllRevoked()
+}
+
+// closeIfAllRevoked closes the connection when it had sessions, all of them are revoked, and no
+// login is in progress (a second login racing the revocation of the first keeps the connection).
+// g.mu is held.
+func (g *gateway) closeIfAllRevoked() {
+	if !g.allRevoked() {
+		return
 	}
 	if c := g.conn; c != nil {
 		go c.Close() // not under a handler of this connection
 	}
+}
+
+// allRevoked reports whether the connection is left with nothing valid: it had sessions, every
+// one of them is revoked, and no login is in progress. g.mu is held.
+func (g *gateway) allRevoked() bool {
+	if len(g.sessions) == 0 || g.logins > 0 || g.ended {
+		return false
+	}
+	for _, x := range g.sessions {
+		if !x.Revoked() {
+			return false
+		}
+	}
+	return true
 }
 
 // endSessions forgets the connection's sessions once it has ended.
