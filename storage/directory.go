@@ -116,7 +116,11 @@ func (d *Directory) CreateStream(ctx context.Context, e StreamEntry, max int) er
 			return fmt.Errorf("create stream %s: %w", e.Path, err)
 		}
 		if n >= max {
-			return itx.Errorf(itx.ELimitExceeded, "the project holds %d streams, its most", n)
+			noun := "streams"
+			if n == 1 {
+				noun = "stream"
+			}
+			return itx.Errorf(itx.ELimitExceeded, "the project holds %d %s, its most", n, noun)
 		}
 	}
 	_, err = tx.ExecContext(ctx, `insert into streams (stream_id, project_id, path, created_at, head_offset, last_append_at,

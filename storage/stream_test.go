@@ -315,6 +315,7 @@ func TestDirectory_CreateStreamBounded(t *testing.T) {
 		requireCount(t, "p1", 2)
 		require.NoError(t, create("p2", "/a", 2), "another project is counted apart")
 		requireCount(t, "p2", 1)
+		require.Contains(t, itx.ErrorMessage(create("p2", "/b", 1)), "holds 1 stream,")
 		require.NoError(t, create("p1", "/c", 0), "0: no bound")
 		requireCount(t, "p1", 3)
 	})
