@@ -389,7 +389,13 @@ func (r *remoteReceiver) Receive(ctx context.Context, b *itx.DeliveryBatch) (int
 	case ctx.Err() != nil:
 		return 0, itx.Errorf(itx.EDeadlineExceeded, "the mounted receiver did not answer: %v", err)
 	case strings.Contains(err.Error(), "itx."):
-		if e := itx.AsError(err); e.Code != itx.EInternal {
+		e := itx.AsError(err)
+		if e.Code == itx.ECapabilityOffline {
+			// Parking waits for the next mount; this receiver is mounted and answering, so
+			// its "offline" is an outage: back off and try again.
+			return 0, itx.Errorf(itx.EUnavailable, "the mounted receiver says it is offline: %s", e.Message)
+		}
+		if e.Code != itx.EInternal {
 			return 0, e
 		}
 	}

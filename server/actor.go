@@ -269,7 +269,9 @@ func loadState(ctx context.Context, store streamStore, rc reduceContext, now tim
 // rereduce rebuilds the core state from the log.
 func rereduce(ctx context.Context, store streamStore, rc reduceContext, head int64, warn func() *zerolog.Event) (*coreState, error) {
 	st := newCoreState()
-	rc.checkURL = nil // a rebuild replays history; today's egress policy does not rewrite it
+	rc.checkURL = nil  // a rebuild replays history; today's egress policy does not rewrite it
+	rc.nameTaken = nil // nor do today's connections and readers
+	rc.parked = func(string) bool { return true }
 	for after := int64(0); after < head; {
 		page, err := store.Events(ctx, storage.Query{After: after, UpTo: head, Limit: itx.MaxPageLimit, MaxBytes: itx.MaxPageBytes})
 		if err != nil {
@@ -335,9 +337,8 @@ func applyEffect(prev *storage.CursorRow, eff cursorEffect, now time.Time) *stor
 		r.Status = storage.StatusActive
 		clearRetry()
 	case effectReconfigure:
-		if r.Status == storage.StatusParked {
-			r.Status = storage.StatusActive
-		}
+		r.ConfiguredAtOffset, r.CursorChangedAtOffset = eff.epoch, eff.epoch
+		r.Status = storage.StatusActive
 		clearRetry()
 	}
 	r.UpdatedAt = stamp(now)
@@ -550,7 +551,26 @@ func (a *actor) reduceContext() reduceContext {
 		maxReaders: a.srv.cfg.MaxReadersPerStream,
 		checkURL:   a.srv.egress.checkURL,
 		compile:    func(src string) error { _, err := CompileJSONata(src); return err },
+		nameTaken:  a.nameTaken,
+		parked: func(name string) bool {
+			r := a.st.rows[name]
+			return r != nil && r.Status == storage.StatusParked
+		},
 	}
+}
+
+// nameTaken says what other than a subscription holds name on this stream: an open connection
+// or a registered reader. It runs on the actor's goroutine (inside a step).
+func (a *actor) nameTaken(name string) string {
+	if a.conns[name] != nil {
+		return "an open connection"
+	}
+	if a.st != nil {
+		if _, ok := a.st.readers[name]; ok {
+			return "a registered reader"
+		}
+	}
+	return ""
 }
 
 // apply runs one step and carries out its effects in their documented order.

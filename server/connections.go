@@ -175,9 +175,13 @@ func (a *actor) register(c *Connection) error {
 	if c.opts.After > st.head {
 		return itx.Errorf(itx.EInvalid, "after %d is beyond the stream's head offset %d", c.opts.After, st.head)
 	}
-	if c.key == "" {
+	for c.key == "" {
+		// A generated key never takes a name already in use (a caller may open
+		// "connection:1" itself, or name a subscription so).
 		a.connSeq++
-		c.key = fmt.Sprintf("connection:%d", a.connSeq)
+		if k := fmt.Sprintf("connection:%d", a.connSeq); a.conns[k] == nil && st.core.Subscriptions[k] == nil {
+			c.key = k
+		}
 	}
 	if st.core.Subscriptions[c.key] != nil {
 		return itx.Errorf(itx.EFailedPrecondition, "%q names a subscription of this stream: connection keys share the subscription name space", c.key)
@@ -391,3 +395,7 @@ func (c *Connection) await(wait func() error) error {
 type stateSink struct{ c *Connection }
 
 func (s stateSink) Send(ctx context.Context, f LiveFrame) error { return s.c.sink.State(ctx, f) }
+
+func (s stateSink) slow() {
+	s.c.Close(CloseSlowConsumer, "a live-state frame was not accepted within the delivery timeout")
+}

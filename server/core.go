@@ -92,7 +92,7 @@ const (
 	effectHalt                          // status halted, retry state cleared
 	effectResume                        // status active
 	effectRemove                        // the row goes
-	effectReconfigure                   // same birth and cursor, a new config: retry state cleared, un-parked
+	effectReconfigure                   // a new config keeping the cursor: new birth and seek epoch, active, retry state cleared
 )
 
 // cursorEffect is a cursor-row change the commit must write with the event that caused it.
@@ -114,6 +114,12 @@ type reduceContext struct {
 	maxSubs    int
 	maxReaders int                    // registered readers per stream; 0: no bound (step tests)
 	compile    func(src string) error // JSONata compilation
+	// nameTaken says what else holds a name in the stream's one name space ("an open
+	// connection"), or "" if nothing; nil: nothing is checked (replays, step tests).
+	nameTaken func(name string) string
+	// parked says whether a subscription's row is parked (a resume un-parks it too); nil:
+	// every resume in a replayed history is taken as it was accepted.
+	parked     func(name string) bool
 	authority  authority
 	receivedAt int64
 }
@@ -150,8 +156,8 @@ func (st *coreState) reduce(e *itx.Event, rc *reduceContext) ([]cursorEffect, er
 		if err != nil {
 			return nil, err
 		}
-		if entry.Halted == nil {
-			return nil, itx.Errorf(itx.EFailedPrecondition, "subscription %q is not halted", entry.Config.Name)
+		if entry.Halted == nil && (rc.parked == nil || !rc.parked(entry.Config.Name)) {
+			return nil, itx.Errorf(itx.EFailedPrecondition, "subscription %q is neither halted nor parked", entry.Config.Name)
 		}
 		entry.Halted = nil
 		return []cursorEffect{{kind: effectResume, name: entry.Config.Name}}, nil
@@ -267,14 +273,22 @@ func (st *coreState) reduceConfigured(e *itx.Event, rc *reduceContext) ([]cursor
 		}
 	}
 	prev := st.Subscriptions[name]
+	if prev == nil && rc.nameTaken != nil {
+		if what := rc.nameTaken(name); what != "" {
+			return nil, itx.Errorf(itx.EFailedPrecondition, "%q names %s of this stream: subscriptions, connection keys and reader names share one name space", name, what)
+		}
+	}
 	if prev == nil && len(st.Subscriptions) >= rc.maxSubs {
 		return nil, itx.Errorf(itx.ELimitExceeded, "a stream may have at most %d subscriptions", rc.maxSubs)
 	}
 	if prev != nil && !newStart(prev, cfg) {
-		// A changed config keeps the birth epoch and the cursor: the events still owed are
-		// delivered to the new receiver. A halt stays until resumed.
+		// A changed config is a new occupant of the name: a new birth (and seek) epoch, so
+		// nothing the old receiver still acknowledges lands; a halt or a park is cleared (a
+		// fresh configure is, besides resume, the way back) and the retry state starts over.
+		// The cursor stays: the events still owed go to the new receiver, none twice by design.
 		prev.Config, prev.ReconfiguredAtOffset = *cfg, e.Offset
-		return []cursorEffect{{kind: effectReconfigure, name: name}}, nil
+		prev.ConfiguredAtOffset, prev.ConfiguredAt, prev.Halted = e.Offset, e.CreatedAt, nil
+		return []cursorEffect{{kind: effectReconfigure, name: name, epoch: e.Offset}}, nil
 	}
 	// A new subscription, or a change that asks for a new start: a new birth epoch, a fresh
 	// cursor at the start position, any halt cleared.

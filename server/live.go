@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sort"
 	"sync"
@@ -198,10 +199,42 @@ func (e *liveEngine) push(s *liveSubscriber) {
 		if sent != 0 && rev == sent+1 && patch != nil {
 			frame = LiveFrame{Revision: rev, JSON: patch}
 		}
-		if err := sendWithin(srv, s.ctx, func(ctx context.Context) error { return s.sink.Send(ctx, frame) }); err != nil {
+		send := func(ctx context.Context) error { return s.sink.Send(ctx, frame) }
+		if slow, ok := s.sink.(slowSink); ok {
+			// A connection's state frames: not accepted in time closes the connection as a
+			// slow consumer, as for its batches.
+			if err := sendWithin(srv, s.ctx, send); err != nil {
+				if errors.Is(err, errNotAccepted) {
+					slow.slow()
+				}
+				return
+			}
+		} else if err := sendUntil(s.ctx, e.ctx, send); err != nil {
+			// A LiveSubscriber that answers slowly is waited for (one frame in flight at a
+			// time), then gets what changed meanwhile coalesced: the next revision's patch, or
+			// a fresh snapshot when it is further behind. Only a failed call ends it.
 			return
 		}
 		sent = rev
+	}
+}
+
+// slowSink is a sink that ends itself when a frame is not accepted within the delivery timeout.
+type slowSink interface{ slow() }
+
+// sendUntil runs send until it answers, or ctx or the engine's stop ends it (without waiting
+// for a send that is stuck writing).
+func sendUntil(ctx, stop context.Context, send func(context.Context) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(stop, cancel)()
+	done := make(chan error, 1)
+	go func() { done <- send(ctx) }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 

@@ -302,6 +302,9 @@ func (st *streamState) applyReader(op readerOp, now time.Time, rc reduceContext,
 	if op.checkpoint < 0 || op.checkpoint > st.head {
 		return itx.Errorf(itx.EInvalid, "checkpoint %d is outside 0..%d (the stream's head)", op.checkpoint, st.head)
 	}
+	if st.core.Subscriptions[op.name] != nil {
+		return itx.Errorf(itx.EFailedPrecondition, "%q names a subscription of this stream: reader names share the subscription name space", op.name)
+	}
 	if _, ok := st.readers[op.name]; !ok && rc.maxReaders > 0 && len(st.readers) >= rc.maxReaders {
 		return itx.Errorf(itx.ELimitExceeded, "a stream may have at most %d registered readers (--max-readers-per-stream)", rc.maxReaders)
 	}
@@ -368,7 +371,7 @@ func (st *streamState) absorb(plan groupPlan, now time.Time, eff *effects) {
 			st.subs[name] = st.newRuntime()
 			eff.rebuild = appendOnce(eff.rebuild, name)
 		case effectReconfigure:
-			// Same birth, same cursor, a new receiver: fence the old deliverer by generation.
+			// A new birth epoch and a new receiver, the cursor kept: fence the old deliverer (epoch, generation).
 			if rt := st.subs[name]; rt != nil {
 				*rt = *st.newRuntime()
 			} else {
