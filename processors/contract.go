@@ -80,6 +80,7 @@ type Args[S any] struct {
 	// Path is the home stream's path.
 	Path string
 
+	name  string // the processor's name, the owner of its idempotency keys
 	frame *frameWork
 	run   runnerDoors
 }
@@ -132,15 +133,19 @@ func (a *Args[S]) Append(ctx context.Context, events ...itx.EventInput) ([]itx.E
 	return a.run.appendHome(ctx, events)
 }
 
-// IdempotencyKey is the processor-owned key for an effect of event e: "<key>@<path>:<offset>",
-// so same-slug processors forwarding into one stream never collide. With a nil event (the
-// eventless pass, or an obligation keyed by its own identity) it is key unchanged.
+// IdempotencyKey is the processor-owned key for an effect: "<name>/<key>@<path>:<offset>" for an
+// effect of event e, where name is the processor's (its subscription name), so two processors
+// using one key word never collide, nor do same-name processors forwarding into one stream. With
+// a nil event (the eventless pass, or an obligation keyed by its own identity, embedded by hand
+// after an @: "settle@<identity>") it is "<name>/<key>". A raw key, not built here, is for
+// deliberate convergence across processors; say so at the call site.
 func (a *Args[S]) IdempotencyKey(key string, e *itx.Event) string {
-	return IdempotencyKey(key, a.Path, e)
+	return IdempotencyKey(a.name, key, a.Path, e)
 }
 
-// IdempotencyKey is Args.IdempotencyKey for a known path.
-func IdempotencyKey(key, path string, e *itx.Event) string {
+// IdempotencyKey is Args.IdempotencyKey for a known processor name and path.
+func IdempotencyKey(name, key, path string, e *itx.Event) string {
+	key = name + "/" + key
 	if e == nil {
 		return key
 	}

@@ -213,10 +213,11 @@ type keepalive struct {
 	name   string
 	runner Hosted
 
-	rec    KeepaliveRecord
-	mem    keepaliveMemory
-	starts map[uint64]int64 // in-flight work by id: when it started (ms)
-	seq    uint64
+	rec     KeepaliveRecord
+	mem     keepaliveMemory
+	unsaved bool             // the last KV write of rec failed
+	starts  map[uint64]int64 // in-flight work by id: when it started (ms)
+	seq     uint64
 
 	wmu sync.Mutex
 }
@@ -243,10 +244,14 @@ func (k *keepalive) Track() func(error) {
 	id := k.seq
 	k.starts[id] = now.UnixMilli()
 	k.mem.oldest = k.oldest()
-	changed := k.rec != before
+	changed := k.rec != before || k.unsaved
 	reg.mu.Unlock()
 	if changed {
 		k.persist(context.Background())
+	} else {
+		// The record is in KV, but an earlier alarm write may have failed: every tracked
+		// attempt re-asserts the alarm (a no-op when it is already armed where it should be).
+		reg.syncAlarm(context.Background())
 	}
 	var once sync.Once
 	return func(err error) {
@@ -319,7 +324,7 @@ func (k *keepalive) revive(ctx context.Context, rec KeepaliveRecord) error {
 		// Evidence, not enforcement: the breaker itself lives in KV.
 		events = append(events, itx.EventInput{
 			Type: itx.TypeErrorOccurred, Payload: p,
-			IdempotencyKey: fmt.Sprintf("processor-crash-loop:%s@%s", k.name, rec.Version),
+			IdempotencyKey: fmt.Sprintf("processor-host-crash-loop:%s/%s", rec.Version, k.name),
 		})
 	}
 	_, err := reg.cfg.Log.Append(ctx, events)
@@ -334,6 +339,9 @@ func (k *keepalive) persist(ctx context.Context) error {
 	k.reg.mu.Unlock()
 	raw, _ := json.Marshal(rec)
 	err := k.reg.cfg.KV.Put(ctx, KeepaliveKey(k.name), raw)
+	k.reg.mu.Lock()
+	k.unsaved = err != nil // the next tracked attempt writes it again
+	k.reg.mu.Unlock()
 	k.wmu.Unlock()
 	if err != nil {
 		k.reg.cfg.Logf("processor %q: keepalive record not written: %v", k.name, err)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"strconv"
 	"sync"
 	"time"
 
@@ -281,7 +282,7 @@ func (r *Runner[S]) dispatch(ctx context.Context, e *itx.Event, prev, state S, d
 	if r.c.ProcessEvent == nil {
 		return nil
 	}
-	a := &Args[S]{Event: e, PreviousState: prev, State: state, Delivery: d, Path: r.cfg.Path, frame: &frameWork{}, run: r}
+	a := &Args[S]{Event: e, PreviousState: prev, State: state, Delivery: d, Path: r.cfg.Path, name: r.c.Name, frame: &frameWork{}, run: r}
 	if err := r.c.ProcessEvent(ctx, a); err != nil {
 		return fmt.Errorf("processor %q: %s: %w", r.c.Name, describe(e), err)
 	}
@@ -329,7 +330,7 @@ func (r *Runner[S]) diagnose(ctx context.Context, e itx.Event) error {
 	_, err := r.appendHome(ctx, []itx.EventInput{{
 		Type:           itx.TypeErrorOccurred,
 		Payload:        payload,
-		IdempotencyKey: IdempotencyKey("event-malformed:"+r.c.Name, r.cfg.Path, &e),
+		IdempotencyKey: "event-malformed:" + r.c.Name + "@" + r.cfg.Path + ":" + strconv.FormatInt(e.Offset, 10),
 	}})
 	return err
 }

@@ -221,7 +221,7 @@ func (ag *agent) processEvent(ctx context.Context, a *processors.Args[AgentState
 		}
 		// Blocking: the request is the durable evidence the whole obligation hangs on. Its body is
 		// a function of the reduced message, so a redelivery dedupes.
-		req := LLMRequested.Input(LLMRequest{RequestID: id, Prompt: p.Text, ExpiresAt: p.ExpiresAt}, "llm-request-requested@"+id)
+		req := LLMRequested.Input(LLMRequest{RequestID: id, Prompt: p.Text, ExpiresAt: p.ExpiresAt}, a.IdempotencyKey("llm-request-requested@"+id, nil))
 		a.BlockProcessorWhile("request "+id, func(ctx context.Context) error {
 			_, err := a.Append(ctx, req)
 			return err
@@ -279,7 +279,7 @@ func (ag *agent) hesitate(a *processors.Args[AgentState], p Pending, d time.Dura
 			return ctx.Err()
 		}
 		ref := MessageRef{MessageOffset: p.MessageOffset}
-		_, err := a.Append(ctx, HesitationElapsed.Input(ref, fmt.Sprintf("hesitation-elapsed@%d", p.MessageOffset)))
+		_, err := a.Append(ctx, HesitationElapsed.Input(ref, a.IdempotencyKey(fmt.Sprintf("hesitation-elapsed@%d", p.MessageOffset), nil)))
 		return err
 	})
 }
@@ -301,7 +301,7 @@ func (ag *agent) start(a *processors.Args[AgentState], r Request) {
 		}()
 		// The started fact lands before any external work: if it fails, nothing runs and nothing
 		// settles, the request stays requested and the failure marks the keepalive window.
-		if _, err := a.Append(ctx, LLMStarted.Input(LLMRef{RequestID: r.ID}, "llm-request-started@"+r.ID)); err != nil {
+		if _, err := a.Append(ctx, LLMStarted.Input(LLMRef{RequestID: r.ID}, a.IdempotencyKey("llm-request-started@"+r.ID, nil))); err != nil {
 			return fmt.Errorf("mark %s started: %w", r.ID, err)
 		}
 		// Bound the vendor call by the obligation's horizon, keeping a reserve to settle.
@@ -336,7 +336,7 @@ func (ag *agent) settleBlocking(a *processors.Args[AgentState], id string, res R
 // racing attempts (vendor text); losing that race means the obligation is already settled, so a
 // key conflict is tolerated as the settlement.
 func settle(ctx context.Context, a *processors.Args[AgentState], id string, res Result) error {
-	_, err := a.Append(ctx, LLMSettled.Input(LLMSettlement{RequestID: id, Result: res}, "llm-request-settled@"+id))
+	_, err := a.Append(ctx, LLMSettled.Input(LLMSettlement{RequestID: id, Result: res}, a.IdempotencyKey("llm-request-settled@"+id, nil)))
 	if itx.ErrorCode(err) == itx.EIdempotencyConflict {
 		return nil
 	}

@@ -161,7 +161,7 @@ func TestAgent_EvictionMidAttempt(t *testing.T) {
 func requestNow(t *testing.T, h *proctest.Harness[examples.AgentState], expiresIn time.Duration) {
 	t.Helper()
 	r := examples.LLMRequest{RequestID: "msg-0", Prompt: "late", ExpiresAt: h.Clock.Now().Add(expiresIn).UnixMilli()}
-	if _, err := h.Stream.Append(context.Background(), []itx.EventInput{examples.LLMRequested.Input(r, "llm-request-requested@msg-0")}); err != nil {
+	if _, err := h.Stream.Append(context.Background(), []itx.EventInput{examples.LLMRequested.Input(r, "agent/llm-request-requested@msg-0")}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -256,7 +256,7 @@ func TestAgent_CrashLoopBreaker(t *testing.T) {
 		h.Stream.FailAppends(injectFault(string(examples.LLMStarted), "poisoned"))
 		// A request that lives long enough to watch the breaker decay.
 		r := examples.LLMRequest{RequestID: "msg-0", Prompt: "p", ExpiresAt: h.Clock.Now().Add(48 * time.Hour).UnixMilli()}
-		h.Append(examples.LLMRequested.Input(r, "llm-request-requested@msg-0"))
+		h.Append(examples.LLMRequested.Input(r, "agent/llm-request-requested@msg-0"))
 		h.AdvanceTime(7 * time.Hour)
 		if got, want := revivalGaps(h.Events(itx.TypeProcessorRevived)), "10s 1m0s 5m0s 30m0s 6h0m0s"; got != want {
 			t.Errorf("gaps between revivals %q, want %q", got, want)

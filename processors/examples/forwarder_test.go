@@ -47,8 +47,8 @@ func TestForwarder_EveryEventForwardedOnce(t *testing.T) {
 		if got, want := forwards(t, h), "1 2 5"; got != want { // 3 and 4 are the first forwards
 			t.Errorf("forwards %q, want %q", got, want)
 		}
-		if got := h.Events(string(examples.OutboxForwarded))[0].IdempotencyKey; got != "forward@/inbox:1" {
-			t.Errorf("forward key %q, want forward@/inbox:1", got)
+		if got := h.Events(string(examples.OutboxForwarded))[0].IdempotencyKey; got != "forwarder/forward@/inbox:1" {
+			t.Errorf("forward key %q, want forwarder/forward@/inbox:1", got)
 		}
 	})
 }
