@@ -336,6 +336,10 @@ func applyEffect(prev *storage.CursorRow, eff cursorEffect, now time.Time) *stor
 	case effectResume:
 		r.Status = storage.StatusActive
 		clearRetry()
+	case effectRevive:
+		r.Status = storage.StatusActive
+		r.Attempt, r.NextAttemptAt = 0, 0
+		r.FailingEventOffset, r.FailingEventAttempt = 0, 0
 	case effectReconfigure:
 		r.ConfiguredAtOffset, r.CursorChangedAtOffset = eff.epoch, eff.epoch
 		r.Status = storage.StatusActive
@@ -658,7 +662,7 @@ func (a *actor) apply(in stepInput) {
 	if len(eff.commit.Events) > 0 {
 		a.recent = eff.commit.Events
 	}
-	a.publish(eff.rowsChanged || len(in.outcomes) > 0 || len(in.mounted) > 0)
+	a.publish(eff.rowsChanged || len(in.outcomes) > 0 || len(in.mounted) > 0 || firedIn(in.procOps)) // a fire's end wakes Settle
 	if a.st.head != prevHead {
 		a.notifyConnections()
 	}
@@ -720,12 +724,13 @@ func (a *actor) reportLadder(notes []ladderNote) {
 	}
 }
 
-// answerSettles tells Settle callers how many pushes are still in flight.
+// answerSettles tells Settle callers how many pushes (and processor alarm fires) are still in
+// flight.
 func (a *actor) answerSettles(settles []chan<- int) {
 	if len(settles) == 0 {
 		return
 	}
-	n := len(a.pending)
+	n := len(a.pending) + len(a.st.procFiring)
 	for _, rt := range a.st.subs {
 		if rt.inFlight {
 			n++
@@ -1050,6 +1055,16 @@ func (a *actor) publish(rowsChanged bool) {
 	a.changed = make(chan struct{})
 	v.changed = a.changed
 	a.pub = v
+}
+
+// firedIn reports whether a processor alarm fire's handling ended in ops.
+func firedIn(ops []procOp) bool {
+	for _, op := range ops {
+		if op.fired {
+			return true
+		}
+	}
+	return false
 }
 
 func (a *actor) view() view {

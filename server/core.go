@@ -93,6 +93,7 @@ const (
 	effectResume                        // status active
 	effectRemove                        // the row goes
 	effectReconfigure                   // a new config keeping the cursor: new birth and seek epoch, active, retry state cleared
+	effectRevive                        // a processor's revival: active, due now (the in-flight block stays)
 )
 
 // cursorEffect is a cursor-row change the commit must write with the event that caused it.
@@ -203,8 +204,16 @@ func (st *coreState) reduce(e *itx.Event, rc *reduceContext) ([]cursorEffect, er
 		if err := json.Unmarshal(e.Payload, &p); err != nil {
 			return nil, itx.Errorf(itx.EInvalid, "%s: %v", e.Type, err)
 		}
-		if _, ok := p["processorSlug"].(string); !ok {
+		slug, ok := p["processorSlug"].(string)
+		if !ok {
 			return nil, itx.Errorf(itx.EInvalid, "%s: processorSlug must be a string", e.Type)
+		}
+		// A revival is the keepalive's attempt (its breaker owns the long backoff): the
+		// processor's subscription is delivered to now, even if the ladder halted it or is
+		// waiting out a backoff, so the revived incarnation's outcome is seen at once.
+		if entry := st.Subscriptions[slug]; entry != nil && entry.Kind() == itx.KindProcessorWake {
+			entry.Halted = nil
+			return []cursorEffect{{kind: effectRevive, name: slug}}, nil
 		}
 		return nil, nil
 	case itx.TypeWoken:

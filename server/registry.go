@@ -240,7 +240,7 @@ func isClosed(ch chan struct{}) bool {
 }
 
 // Settle returns once the stream's actor has taken every input queued before the call (timer
-// fires included) and no delivery try is in flight: a barrier for tests and operators that must
+// fires included) and no delivery try nor processor alarm fire is in flight: a barrier for tests and operators that must
 // know delivery has nothing left to do right now, rather than guess with a sleep.
 func (s *Server) Settle(ctx context.Context, ref StreamRef) error {
 	a, err := s.acquire(ctx, ref)

@@ -122,7 +122,7 @@ func (s *stepScript) run(line string) {
 		in.appends = []*appendReq{{inputs: inputs, reply: make(chan appendReply, 1)}}
 	case "control":
 		var payload any
-		typ := map[string]string{"cursor-set": itx.TypeSubscriptionCursorSet, "resume": itx.TypeSubscriptionResumed, "remove": itx.TypeSubscriptionRemoved}[args["op"]]
+		typ := map[string]string{"cursor-set": itx.TypeSubscriptionCursorSet, "resume": itx.TypeSubscriptionResumed, "remove": itx.TypeSubscriptionRemoved, "revive": itx.TypeProcessorRevived}[args["op"]]
 		switch args["op"] {
 		case "cursor-set":
 			payload = itx.CursorSetPayload{Name: sub, AfterOffset: num("after")}
@@ -130,6 +130,8 @@ func (s *stepScript) run(line string) {
 			payload = itx.NamePayload{Name: sub}
 		case "remove":
 			payload = itx.RemovedPayload{Name: sub, Reason: "requested"}
+		case "revive":
+			payload = map[string]any{"processorSlug": sub, "revivals": 1, "version": "v1"}
 		}
 		b, _ := json.Marshal(payload)
 		in.appends = []*appendReq{{inputs: []itx.EventInput{{Type: typ, Payload: b}}, reply: make(chan appendReply, 1)}}

@@ -371,3 +371,30 @@ func waitRewound(t *testing.T, ctx context.Context, proc schema.Processor, at in
 		return r.CursorRevision == 1 && r.ProcessedThrough >= at
 	})
 }
+
+// A revival (stream/processor-revived naming a processor, what its keepalive appends) is an
+// attempt of the keepalive's: it clears a halt of the processor's wake subscription and delivers
+// to it at once, so the crash-loop breaker, not the retry ladder, owns the long backoff, and a
+// fix deployed after a halt is still reached. Other subscriptions of the name are not touched.
+func TestProcessors_RevivalResumesAHaltedWake(t *testing.T) {
+	ts := startServer(t, server.Config{Processors: referenceHost(t, "guestbook")})
+	ctx := ctxT(t)
+	s := stream(t, ts.project(t), "/processors/revive")
+	configureProcessor(t, s, "ghost") // no such contract: its first wake halts it
+	sub := client.Subscription(ctx, s, "ghost")
+	defer sub.Release()
+	describe := func() itx.SubscriptionDescription {
+		d, err := client.DescribeSubscription(ctx, sub)
+		require.NoError(t, err)
+		return d
+	}
+	waitUntil(t, "halted", func() bool { return describe().Status == itx.StatusHalted })
+	halts := countType(t, s, itx.TypeSubscriptionHalted)
+	require.Equal(t, 1, halts)
+
+	mustAppend(t, s, itx.EventInput{Type: itx.TypeProcessorRevived, Payload: []byte(`{"processorSlug":"ghost","revivals":1}`)})
+	waitUntil(t, "tried again at once, and halted again", func() bool {
+		return countType(t, s, itx.TypeSubscriptionHalted) == halts+1
+	})
+	require.Equal(t, itx.StatusHalted, describe().Status)
+}

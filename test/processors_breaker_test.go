@@ -1,0 +1,112 @@
+package test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/internal/clocktest"
+	"github.com/itx-dev/itx/processors"
+	"github.com/itx-dev/itx/server"
+	"github.com/stretchr/testify/require"
+)
+
+// poisonContract fails every frame holding an crash/poison event while broken is set.
+func poisonContract(broken *atomic.Bool) processors.Contract[int] {
+	return processors.Contract[int]{
+		Name: "poison", ConsumedTypes: []string{"crash/poison"}, ReducerVersion: "1",
+		InitialState: func() int { return 0 },
+		Reduce:       func(n int, e itx.Event) int { return n + 1 },
+		ProcessEvent: func(ctx context.Context, a *processors.Args[int]) error {
+			if a.Event != nil && broken.Load() {
+				return errors.New("poisoned")
+			}
+			return nil
+		},
+	}
+}
+
+// A processor whose frame always fails crash-loops: its keepalive revives it along the breaker's
+// backoff (10s, 1m, 5m, 30m, then 6h forever), each revival delivered at once (so the failure is
+// seen and the budget never resets while the loop lasts), the revivals go on after the retry
+// ladder halts the wake subscription, and the fix deployed as a new version gets it through.
+func TestProcessors_CrashLoopBackoffOwnedByTheBreaker(t *testing.T) {
+	clock := clocktest.New(time.Unix(1_700_000_000, 0))
+	var broken atomic.Bool
+	broken.Store(true)
+	host := func(version string) *processors.Host {
+		h := processors.NewHost(version)
+		require.NoError(t, processors.Add(h, func() processors.Contract[int] { return poisonContract(&broken) }))
+		return h
+	}
+	dir := t.TempDir()
+	cfg := server.Config{DataDir: dir, Clock: clock, Processors: host("v1")}
+	ts := startServer(t, cfg)
+	ctx := ctxT(t)
+	s := stream(t, ts.project(t), "/processors/crash-loop")
+	configureProcessor(t, s, "poison")
+	poison := mustAppend(t, s, ev("crash/poison", `{}`)).HeadOffset
+	sub := client.Subscription(ctx, s, "poison")
+	defer sub.Release()
+	step := func(d time.Duration) {
+		clock.Advance(d)
+		require.NoError(t, ts.srv.Settle(ctx, server.StreamRef{ProjectID: "default", Path: "/processors/crash-loop"}))
+	}
+	var halted time.Duration
+	for i := 0; ; i++ {
+		d, err := client.DescribeSubscription(ctx, sub)
+		require.NoError(t, err)
+		if d.Status == itx.StatusHalted {
+			halted = time.Duration(i) * 10 * time.Second
+			break
+		}
+		require.Less(t, i, 3600, "never halted")
+		step(10 * time.Second)
+	}
+	revivedAtHalt := countType(t, s, itx.TypeProcessorRevived)
+	evs, err := client.ReadAll(ctx, s, itx.Query{Types: []string{itx.TypeProcessorRevived}})
+	require.NoError(t, err)
+	{
+		prev := 0
+		for _, e := range evs {
+			var p struct{ Revivals int }
+			_ = json.Unmarshal(e.Payload, &p)
+			if p.Revivals < prev {
+				t.Errorf("BUDGET RESET during an unbroken crash loop: revivals %d after %d (the poison frame never succeeded)", p.Revivals, prev)
+			}
+			prev = p.Revivals
+		}
+	}
+	require.GreaterOrEqual(t, revivedAtHalt, 4, "the breaker revived along its backoff before the ladder halted (after %v)", halted)
+	for range 24 * 6 {
+		step(10 * time.Minute)
+	}
+	revivedDayLater := countType(t, s, itx.TypeProcessorRevived)
+	if revivedDayLater-revivedAtHalt < 3 {
+		t.Errorf("in the 24h after the halt the breaker revived %d times; the seed's plateau is about 4 wakes/day forever", revivedDayLater-revivedAtHalt)
+	}
+
+	// The antidote deploy: the bug is fixed and itxd restarts on a new version.
+	broken.Store(false)
+	closeCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, ts.srv.Close(closeCtx))
+	cfg.Processors = host("v2")
+	ts = startServer(t, cfg)
+	s = stream(t, ts.project(t), "/processors/crash-loop")
+	sub2 := client.Subscription(ctx, s, "poison")
+	defer sub2.Release()
+	for range 7 * 6 {
+		step(10 * time.Minute)
+	}
+	d, err := client.DescribeSubscription(ctx, sub2)
+	require.NoError(t, err)
+	if d.ConfirmedOffset < poison {
+		t.Errorf("7h after the antidote deploy the processor is still stuck: confirmed %d < poison %d, status %s", d.ConfirmedOffset, poison, d.Status)
+	}
+}
