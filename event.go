@@ -3,6 +3,7 @@ package itx
 import (
 	"bytes"
 	"encoding/json"
+	"strconv"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -164,8 +165,9 @@ func compactJSON(raw []byte) (json.RawMessage, error) {
 }
 
 // SameBody reports whether a retried append of in matches the committed event e: the test an
-// idempotency key uses. Payload and metadata compare as JSON values, so key order and
-// whitespace do not matter; numbers compare by their exact text.
+// idempotency key uses. Payload and metadata compare as JSON values, so key order, whitespace
+// and a number's spelling (1, 1.0, 1e0) do not matter: numbers compare by value, as in
+// JavaScript, so a client whose serializer writes a float differently on a retry is not refused.
 func SameBody(e *Event, in *EventInput) bool {
 	return e.Type == in.Type && jsonEqual(e.Payload, in.Payload) && jsonEqual(e.Metadata, in.Metadata)
 }
@@ -177,18 +179,58 @@ func jsonEqual(a, b json.RawMessage) bool {
 	if len(a) == 0 || len(b) == 0 {
 		return false
 	}
-	ca, errA := Canonical(a)
-	cb, errB := Canonical(b)
-	return errA == nil && errB == nil && bytes.Equal(ca, cb)
+	va, errA := decodeNumbers(a)
+	vb, errB := decodeNumbers(b)
+	return errA == nil && errB == nil && sameValue(va, vb)
 }
 
-// Canonical re-encodes JSON with object keys sorted and numbers kept as written.
-func Canonical(raw json.RawMessage) ([]byte, error) {
+func decodeNumbers(raw json.RawMessage) (any, error) {
 	d := json.NewDecoder(bytes.NewReader(raw))
 	d.UseNumber()
 	var v any
-	if err := d.Decode(&v); err != nil {
-		return nil, err
-	}
-	return json.Marshal(v)
+	err := d.Decode(&v)
+	return v, err
 }
+
+// sameValue compares decoded JSON values; numbers by their text, then by their float64 value.
+func sameValue(a, b any) bool {
+	switch x := a.(type) {
+	case map[string]any:
+		y, ok := b.(map[string]any)
+		if !ok || len(x) != len(y) {
+			return false
+		}
+		for k, v := range x {
+			w, ok := y[k]
+			if !ok || !sameValue(v, w) {
+				return false
+			}
+		}
+		return true
+	case []any:
+		y, ok := b.([]any)
+		if !ok || len(x) != len(y) {
+			return false
+		}
+		for i := range x {
+			if !sameValue(x[i], y[i]) {
+				return false
+			}
+		}
+		return true
+	case json.Number:
+		y, ok := b.(json.Number)
+		if !ok {
+			return false
+		}
+		if x == y {
+			return true
+		}
+		fx, err1 := strconv.ParseFloat(string(x), 64)
+		fy, err2 := strconv.ParseFloat(string(y), 64)
+		return err1 == nil && err2 == nil && fx == fy
+	default: // string, bool, nil
+		return a == b
+	}
+}
+

@@ -71,6 +71,10 @@ func TestSameBody(t *testing.T) {
 		{"array order", itx.EventInput{Type: "t", Payload: json.RawMessage(`{"a":1,"b":[2,1]}`), Metadata: json.RawMessage(`{"m":true}`)}, false},
 		{"missing metadata", itx.EventInput{Type: "t", Payload: json.RawMessage(`{"a":1,"b":[1,2]}`)}, false},
 		{"other number", itx.EventInput{Type: "t", Payload: json.RawMessage(`{"a":2,"b":[1,2]}`), Metadata: json.RawMessage(`{"m":true}`)}, false},
+		{"number spelled otherwise", itx.EventInput{Type: "t", Payload: json.RawMessage(`{"a":1.0,"b":[1e0,2.00]}`), Metadata: json.RawMessage(`{"m":true}`)}, true},
+		{"number as a string", itx.EventInput{Type: "t", Payload: json.RawMessage(`{"a":"1","b":[1,2]}`), Metadata: json.RawMessage(`{"m":true}`)}, false},
+		{"extra key", itx.EventInput{Type: "t", Payload: json.RawMessage(`{"a":1,"b":[1,2],"c":null}`), Metadata: json.RawMessage(`{"m":true}`)}, false},
+		{"null for a value", itx.EventInput{Type: "t", Payload: json.RawMessage(`{"a":null,"b":[1,2]}`), Metadata: json.RawMessage(`{"m":true}`)}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			require.Equal(t, tc.want, itx.SameBody(committed, &tc.in))

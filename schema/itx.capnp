@@ -120,7 +120,8 @@ struct EventPredicate {
   types @0 :List(Text);       # empty = any type
   payloadContains @1 :Text;   # JSON: the payload must contain this value (objects by subset)
   where @2 :Text;             # JSONata over the event; must evaluate to exactly true
-  includeEphemeral @3 :Bool;
+  includeEphemeral @3 :Bool;  # ephemeral events appended while waiting always match; this adds
+                              # the ones buffered before the call
 }
 
 struct StreamInfo {

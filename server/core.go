@@ -282,6 +282,11 @@ func (st *coreState) reduceConfigured(e *itx.Event, rc *reduceContext) ([]cursor
 		}
 	}
 	prev := st.Subscriptions[name]
+	if prev != nil && sameConfig(*cfg, prev.Config) {
+		// The same config again, written because it came with a new idempotency key (the key
+		// must be kept): nothing changes, not the epoch, not the cursor, not a halt.
+		return nil, nil
+	}
 	if prev == nil && rc.nameTaken != nil {
 		if what := rc.nameTaken(name); what != "" {
 			return nil, itx.Errorf(itx.EFailedPrecondition, "%q names %s of this stream: subscriptions, connection keys and reader names share one name space", name, what)
@@ -336,7 +341,9 @@ func newStart(prev *catalogEntry, cfg *itx.SubscriptionConfig) bool {
 // identicalConfigure returns the subscription an event would configure if it names an existing
 // subscription with exactly its config: such a configure appends nothing and answers with the
 // event that set that config (a service that ensures its subscription at every boot loses
-// nothing). Nil otherwise, including when the payload is invalid (reduce then says why).
+// nothing). Nil otherwise, including when the payload is invalid (reduce then says why). The
+// planner asks only for a configure without an idempotency key: a keyed one is written (inert),
+// so its key is kept and a later event cannot take it.
 func (st *coreState) identicalConfigure(in *itx.EventInput) *catalogEntry {
 	if in.Type != itx.TypeSubscriptionConfigured || len(in.Provenance) > 0 {
 		return nil
@@ -349,12 +356,17 @@ func (st *coreState) identicalConfigure(in *itx.EventInput) *catalogEntry {
 	if entry == nil {
 		return nil
 	}
-	a, err1 := json.Marshal(canonicalConfig(*cfg))
-	b, err2 := json.Marshal(canonicalConfig(entry.Config))
-	if err1 != nil || err2 != nil || string(a) != string(b) {
+	if !sameConfig(*cfg, entry.Config) {
 		return nil
 	}
 	return entry
+}
+
+// sameConfig reports whether two configs say the same once their defaults are spelled out.
+func sameConfig(x, y itx.SubscriptionConfig) bool {
+	a, err1 := json.Marshal(canonicalConfig(x))
+	b, err2 := json.Marshal(canonicalConfig(y))
+	return err1 == nil && err2 == nil && string(a) == string(b)
 }
 
 // acceptCopy checks and records a copy batch's stamp against the inbound fence of its

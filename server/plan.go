@@ -80,7 +80,7 @@ func planGroup(head int64, streamID string, bucket *tokenBucket, core *coreState
 			if working != nil {
 				cur = working
 			}
-			if entry := cur.identicalConfigure(in); entry != nil {
+			if entry := cur.identicalConfigure(in); entry != nil && in.IdempotencyKey == "" {
 				res.Offsets[j], res.Duplicate[j] = entry.configOffset(), true
 				continue
 			}

@@ -194,15 +194,18 @@ func (s *Server) WaitForEvent(ctx context.Context, ref StreamRef, pred itx.Predi
 		return itx.Event{}, err
 	}
 	defer s.release(a)
-	if head := a.view().head; after > head {
-		return itx.Event{}, itx.Errorf(itx.EInvalid, "after %d is beyond the stream's head offset %d", after, head)
+	headAtCall := a.view().head
+	if after > headAtCall {
+		return itx.Event{}, itx.Errorf(itx.EInvalid, "after %d is beyond the stream's head offset %d", after, headAtCall)
 	}
 
 	expired := make(chan struct{})
 	timer := s.clock.AfterFunc(timeout, func() { close(expired) })
 	defer timer.Stop()
 
-	q := itx.Query{After: after, Limit: itx.MaxPageLimit, IncludeEphemeral: pred.IncludeEphemeral}
+	// Ephemeral events appended while the call waits always match, as on a live connection;
+	// includeEphemeral asks for the ones already buffered when it started too.
+	q := itx.Query{After: after, Limit: itx.MaxPageLimit, IncludeEphemeral: true}
 	var seen int
 	var recent []string
 	for {
@@ -214,6 +217,9 @@ func (s *Server) WaitForEvent(ctx context.Context, ref StreamRef, pred itx.Predi
 			return itx.Event{}, err
 		}
 		for _, e := range page.Events {
+			if e.Ephemeral && e.Offset <= headAtCall && !pred.IncludeEphemeral {
+				continue
+			}
 			ok, err := compiled.match(&e)
 			if err != nil {
 				return itx.Event{}, err

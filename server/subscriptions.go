@@ -50,7 +50,7 @@ func (s *Server) ConfigureSubscription(ctx context.Context, ref StreamRef, cfg i
 	}
 	res, err := s.Append(ctx, ref, []itx.EventInput{{Type: itx.TypeSubscriptionConfigured, Payload: payload, IdempotencyKey: idempotencyKey}}, itx.AppendOptions{})
 	if err != nil {
-		return "", 0, err
+		return "", 0, verbError(err)
 	}
 	if name == "" {
 		name = fmt.Sprintf("%s%d", itx.GeneratedNamePrefix, res.Offsets[0])
@@ -65,9 +65,19 @@ func (s *Server) appendControl(ctx context.Context, ref StreamRef, typ string, p
 	}
 	res, err := s.Append(ctx, ref, []itx.EventInput{{Type: typ, Payload: b}}, itx.AppendOptions{})
 	if err != nil {
-		return 0, err
+		return 0, verbError(err)
 	}
 	return res.Offsets[0], nil
+}
+
+// verbError drops the "event 0: " an append puts before a refusal: a verb's caller sent no
+// events, the control event is the server's own.
+func verbError(err error) error {
+	e := itx.AsError(err)
+	if msg, ok := strings.CutPrefix(e.Message, "event 0: "); ok {
+		return &itx.Error{Code: e.Code, Message: msg}
+	}
+	return err
 }
 
 // RemoveSubscription appends stream/subscription-removed.

@@ -1,0 +1,123 @@
+package test
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/server"
+	"github.com/stretchr/testify/require"
+)
+
+// An unchanged subscription configure sent with an idempotency key is written (inert: nothing
+// about the subscription changes), so its key is kept: a later event, in the same call or
+// another, cannot take the key, and a retry of the configure returns its own offset.
+func TestIdempotency_KeyOfAnUnchangedConfigureIsKept(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	s := stream(t, ts.project(t), "/idem/configure")
+	subs := client.Subscriptions(ctx, s)
+	defer subs.Release()
+	_, birth, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "c",
+		Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: "/idem/configure-dst"}})
+	require.NoError(t, err)
+	all, err := client.ReadAll(ctx, s, itx.Query{})
+	require.NoError(t, err)
+	cfg := all[0].Payload
+
+	_, err = client.Append(ctx, s, []itx.EventInput{
+		{Type: itx.TypeSubscriptionConfigured, Payload: cfg, IdempotencyKey: "K"},
+		{Type: "x", Payload: json.RawMessage(`{}`), IdempotencyKey: "K"},
+	}, itx.AppendOptions{})
+	requireCode(t, err, itx.EIdempotencyConflict)
+
+	call := []itx.EventInput{{Type: itx.TypeSubscriptionConfigured, Payload: cfg, IdempotencyKey: "K2"}}
+	first, err := client.Append(ctx, s, call, itx.AppendOptions{})
+	require.NoError(t, err)
+	_, err = client.Append(ctx, s, []itx.EventInput{keyed("x", `{}`, "K2")}, itx.AppendOptions{})
+	requireCode(t, err, itx.EIdempotencyConflict)
+	again, err := client.Append(ctx, s, call, itx.AppendOptions{})
+	require.NoError(t, err)
+	require.Equal(t, first.Offsets, again.Offsets)
+	require.Equal(t, []bool{true}, again.Duplicate)
+
+	sub := client.Subscription(ctx, s, "c")
+	defer sub.Release()
+	d, err := client.DescribeSubscription(ctx, sub)
+	require.NoError(t, err)
+	require.Equal(t, birth, d.ConfiguredAtOffset, "the unchanged configure changed nothing")
+}
+
+// An idempotency key compares bodies as JSON values: a number spelled otherwise (1 and 1.0, as
+// another serializer writes it on a retry) is the same body; another value is a conflict.
+func TestIdempotency_NumbersCompareByValue(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	s := stream(t, ts.project(t), "/idem/numbers")
+	first := mustAppend(t, s, keyed("n", `{"v":1,"w":[100]}`, "k"))
+	res, err := client.Append(ctx, s, []itx.EventInput{keyed("n", `{"w":[1e2],"v":1.0}`, "k")}, itx.AppendOptions{})
+	require.NoError(t, err)
+	require.Equal(t, first.Offsets, res.Offsets)
+	_, err = client.Append(ctx, s, []itx.EventInput{keyed("n", `{"v":1.5,"w":[100]}`, "k")}, itx.AppendOptions{})
+	requireCode(t, err, itx.EIdempotencyConflict)
+}
+
+// waitForEvent matches an ephemeral event appended while it waits, as a live connection would;
+// one buffered before the call matches only with includeEphemeral.
+func TestWaitForEvent_EphemeralWhileWaiting(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	p := ts.project(t)
+	s := stream(t, p, "/wait/ephemeral")
+	buffered := ev("tick", `{"n":1}`)
+	buffered.Ephemeral = true
+	mustAppend(t, s, ev("a", `{}`), buffered)
+
+	type answer struct {
+		e   itx.Event
+		err error
+	}
+	got := make(chan answer, 1)
+	go func() {
+		e, err := client.WaitForEvent(ctx, stream(t, p, "/wait/ephemeral"), itx.Predicate{Types: []string{"tick"}}, 0, 15*time.Second)
+		got <- answer{e, err}
+	}()
+	// Nothing shows when the call is in, so live ticks go until it answers: the first one
+	// appended after it started must match (before the fix none ever did).
+	var a answer
+	var appended []int64
+	for done := false; !done; {
+		live := ev("tick", `{"n":2}`)
+		live.Ephemeral = true
+		appended = append(appended, mustAppend(t, s, live).HeadOffset)
+		select {
+		case a = <-got:
+			done = true
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	require.NoError(t, a.err)
+	require.Contains(t, appended, a.e.Offset, "a live one, not the buffered one (offset 2)")
+
+	e, err := client.WaitForEvent(ctx, s, itx.Predicate{Types: []string{"tick"}, IncludeEphemeral: true}, 0, 5*time.Second)
+	require.NoError(t, err)
+	require.Equal(t, int64(2), e.Offset, "includeEphemeral: the buffered one")
+}
+
+// The subscription verbs' refusals name no event: the caller sent none (the control event is the
+// server's own).
+func TestSubscriptionVerbs_ErrorsNameNoEvent(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	s := stream(t, e.p, "/verbs/errors")
+	h := newHook(t, nil)
+	name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "fine", Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
+	_, err := client.ResumeSubscription(e.ctx, s, name)
+	requireCode(t, err, itx.EFailedPrecondition)
+	require.False(t, strings.Contains(itx.ErrorMessage(err), "event 0"), "%v", err)
+	_, err = client.SetSubscriptionCursor(e.ctx, s, "nope", 0)
+	requireCode(t, err, itx.ENotFound)
+	require.False(t, strings.Contains(itx.ErrorMessage(err), "event 0"), "%v", err)
+}
