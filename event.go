@@ -233,4 +233,3 @@ func sameValue(a, b any) bool {
 		return a == b
 	}
 }
-
