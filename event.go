@@ -156,6 +156,27 @@ func ValidateType(typ string) error {
 	return nil
 }
 
+// MaxTypeFilter bounds a list of event types a client filters by (a read, a connection, a
+// waitForEvent predicate, a processor contract's consumed types).
+const MaxTypeFilter = 1000
+
+// ValidateTypeFilter checks a type filter: at most MaxTypeFilter entries, each "*" or a valid
+// event type. field names the list in the error.
+func ValidateTypeFilter(field string, types []string) error {
+	if len(types) > MaxTypeFilter {
+		return Errorf(EInvalid, "%s lists %d types, at most %d", field, len(types), MaxTypeFilter)
+	}
+	for i, t := range types {
+		if t == "*" {
+			continue
+		}
+		if err := ValidateType(t); err != nil {
+			return Errorf(EInvalid, "%s[%d]: %s", field, i, ErrorMessage(err))
+		}
+	}
+	return nil
+}
+
 func compactJSON(raw []byte) (json.RawMessage, error) {
 	var buf bytes.Buffer
 	if err := json.Compact(&buf, raw); err != nil {

@@ -42,6 +42,10 @@ const (
 	// directory entry (--max-streams-per-project).
 	MaxStreamsPerProject = 100_000
 
+	// MaxTokensPerProject bounds the tokens one project holds (each a directory row, an audit
+	// event, a row of every listTokens reply) (--max-tokens-per-project).
+	MaxTokensPerProject = 10_000
+
 	// DefaultPageLimit is the getEvents page size when none is asked for, and its maximum.
 	DefaultPageLimit = 500
 	MaxPageLimit     = 500

@@ -130,7 +130,7 @@ var methodRights = map[string]rightSet{
 
 	"Subscriptions.list":      rRead,
 	"Subscriptions.get":       rNone,
-	"Subscriptions.configure": rSubscribe,
+	"Subscriptions.configure": rSubscribe | rRead, // a subscription delivers the stream: reading it
 	"Subscriptions.remove":    rSubscribe,
 
 	"Subscription.describe":           rRead,
@@ -143,7 +143,7 @@ var methodRights = map[string]rightSet{
 
 	"Handle.cancel": rNone,
 
-	"Capabilities.mount":   rSubscribe,
+	"Capabilities.mount":   rSubscribe | rRead, // a mounted receiver is handed events
 	"Capabilities.unmount": rSubscribe,
 	"Capabilities.list":    rRead,
 
@@ -152,7 +152,7 @@ var methodRights = map[string]rightSet{
 	"Readers.list":     rRead,
 	"Readers.remove":   rRead,
 
-	"ProcessorHosts.mount": rSubscribe,
+	"ProcessorHosts.mount": rSubscribe | rRead, // a host reads the streams it is woken for
 	"ProcessorHosts.list":  rRead,
 
 	// A remote host's ports (served with each wake): the processor's own records on the stream,
@@ -192,7 +192,11 @@ func (a access) check(method string) error {
 		}
 	}
 	if a.rights&need != need {
-		return itx.Errorf(itx.EPermissionDenied, "%s needs the %s right, which this capability does not carry", method, need.names()[0])
+		var missing []string
+		for _, r := range (need &^ a.rights).names() {
+			missing = append(missing, string(r))
+		}
+		return itx.Errorf(itx.EPermissionDenied, "%s needs the %s right, which this capability does not carry", method, strings.Join(missing, " and "))
 	}
 	return nil
 }

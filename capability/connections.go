@@ -51,6 +51,12 @@ func (s *stream) OpenConnection(ctx context.Context, call schema.Stream_openConn
 		conn.Close(server.CloseConnectionLost, err.Error())
 		return err
 	}
+	if x := s.acc.session; x != nil {
+		// The connection ends with the session that opened it (revoked or expired), even if
+		// another login keeps the RPC connection.
+		forget := x.OnEnd(func() { conn.Close(server.CloseAccessEnded, "the token that opened it was revoked or expired") })
+		go func() { <-conn.Done(); forget() }()
+	}
 	impl := &connection{c: conn}
 	return res.SetConnection(schema.Connection(guarded(guardOf(s.srv), s.acc, schema.Connection_Methods(nil, impl), impl)))
 }
@@ -139,6 +145,7 @@ var closeReasons = map[server.CloseReason]struct {
 	server.CloseSlowConsumer:   {schema.CloseReason_slowConsumer, itx.EDeadlineExceeded},
 	server.CloseDeliveryFailed: {schema.CloseReason_deliveryFailed, itx.EInternal},
 	server.CloseConnectionLost: {schema.CloseReason_connectionLost, itx.EUnavailable},
+	server.CloseAccessEnded:    {schema.CloseReason_accessEnded, itx.EUnauthenticated},
 }
 
 func (k *eventSink) Closed(ctx context.Context, reason server.CloseReason, message string) {

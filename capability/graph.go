@@ -236,16 +236,15 @@ func (s *streams) List(ctx context.Context, call schema.Streams_list) error {
 	var next string
 	if overlaps {
 		call.Go()
-		if infos, next, err = s.srv.ListStreams(ctx, s.projectID, prefix, after, int(args.Limit())); err != nil {
+		// The directory reads only the scope's streams, so nextAfter never names another.
+		if infos, next, err = s.srv.ListStreamsUnder(ctx, s.projectID, s.acc.prefix, prefix, after, int(args.Limit())); err != nil {
 			return fail(err)
 		}
-		kept := infos[:0]
 		for _, info := range infos {
-			if s.acc.reaches(info.Path) == nil {
-				kept = append(kept, info)
+			if err := s.acc.reaches(info.Path); err != nil {
+				return fail(itx.Errorf(itx.EInternal, "list: %s is outside the scope", info.Path))
 			}
 		}
-		infos = kept
 	}
 	res, err := call.AllocResults()
 	if err != nil {
@@ -360,6 +359,9 @@ func (s *stream) controlEvents(inputs []itx.EventInput) error {
 		}
 		if in.Type != itx.TypeSubscriptionConfigured {
 			continue
+		}
+		if s.acc.rights&rRead == 0 {
+			return itx.Errorf(itx.EPermissionDenied, "event %d: configuring a subscription needs the read right as well: it delivers the stream's events", i)
 		}
 		var cfg itx.SubscriptionConfig
 		if json.Unmarshal(in.Payload, &cfg) == nil && cfg.Receiver.Action == itx.KindCopyToStream {

@@ -356,9 +356,27 @@ func (h *endHandle) Cancel(ctx context.Context, call schema.Handle_cancel) error
 // Shutdown runs when the last reference to the handle is gone.
 func (h *endHandle) Shutdown() { h.once.Do(h.end) }
 
-// newEndHandle serves a Handle that runs end once, under acc.
+// newEndHandle serves a Handle that runs end once, under acc: when it is cancelled or released,
+// or when acc's session ends (its token revoked or expired), whichever comes first.
 func newEndHandle(srv *server.Server, acc access, end func()) schema.Handle {
-	h := &endHandle{end: end}
+	h := &endHandle{}
+	var mu sync.Mutex
+	var forget func()
+	h.end = func() {
+		end()
+		mu.Lock()
+		f := forget
+		mu.Unlock()
+		if f != nil {
+			f()
+		}
+	}
+	if acc.session != nil {
+		f := acc.session.OnEnd(func() { h.once.Do(h.end) })
+		mu.Lock()
+		forget = f
+		mu.Unlock()
+	}
 	return schema.Handle(guarded(guardOf(srv), acc, schema.Handle_Methods(nil, h), h))
 }
 

@@ -280,6 +280,8 @@ enum CloseReason {
   slowConsumer @4;              # a batch was not accepted within the delivery timeout (20 s)
   deliveryFailed @5;            # the sink answered a batch with an exception
   connectionLost @6;            # the client's RPC session ended
+  accessEnded @7;               # the token that opened it was revoked or expired (another login
+                                # may keep the RPC session)
 }
 
 struct DeliveryBatch {

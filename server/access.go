@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/storage"
@@ -74,7 +75,14 @@ type Session struct {
 	Token   itx.TokenInfo
 
 	revoked  atomic.Bool
+	expired  atomic.Bool
 	onRevoke func()
+
+	endMu  sync.Mutex
+	ends   map[uint64]func() // what the session opened that must end with it
+	endSeq uint64
+	ended  bool
+	expiry itx.Timer // fires at the token's expiry; nil: it does not expire
 }
 
 // Check fails with EUnauthenticated once the session's token was revoked or has expired.
@@ -82,17 +90,67 @@ func (x *Session) Check() error {
 	if x.revoked.Load() {
 		return itx.Errorf(itx.EUnauthenticated, "the token was revoked")
 	}
+	if x.expired.Load() {
+		return itx.Errorf(itx.EUnauthenticated, "the token expired")
+	}
 	if x.Token.ExpiresAt != 0 && itx.UnixMilli(x.srv.clock.Now()) >= x.Token.ExpiresAt {
 		return itx.Errorf(itx.EUnauthenticated, "the token expired")
 	}
 	return nil
 }
 
-// Revoked reports whether the session's token was revoked.
-func (x *Session) Revoked() bool { return x.revoked.Load() }
+// Revoked reports whether the session's token is no longer valid: revoked, or expired.
+func (x *Session) Revoked() bool { return x.revoked.Load() || x.expired.Load() }
+
+// OnEnd registers f to run once when the session's token is revoked or expires: the pushes it
+// opened (connections, live state, mounts) end with it, whatever else the RPC connection still
+// holds. The returned cancel forgets f (call it when the thing f ends is gone first). f must not
+// block.
+func (x *Session) OnEnd(f func()) (cancel func()) {
+	x.endMu.Lock()
+	if x.ended {
+		x.endMu.Unlock()
+		f()
+		return func() {}
+	}
+	if x.ends == nil {
+		x.ends = map[uint64]func(){}
+	}
+	x.endSeq++
+	id := x.endSeq
+	x.ends[id] = f
+	x.endMu.Unlock()
+	return func() {
+		x.endMu.Lock()
+		delete(x.ends, id)
+		x.endMu.Unlock()
+	}
+}
+
+// end runs the registered ends once.
+func (x *Session) end() {
+	x.endMu.Lock()
+	if x.ended {
+		x.endMu.Unlock()
+		return
+	}
+	x.ended = true
+	ends := x.ends
+	x.ends = nil
+	x.endMu.Unlock()
+	for _, f := range ends {
+		f()
+	}
+}
 
 // Close forgets the session (its RPC connection ended).
 func (x *Session) Close() {
+	if x.expiry != nil {
+		x.expiry.Stop()
+	}
+	x.endMu.Lock()
+	x.ended, x.ends = true, nil // the connection's end releases what it held
+	x.endMu.Unlock()
 	a := x.srv.acc
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -137,7 +195,21 @@ func (s *Server) OpenSession(ctx context.Context, token string, onRevoke func())
 		}
 		return nil, itx.Errorf(itx.EUnauthenticated, "the token was revoked")
 	}
+	if t.ExpiresAt != 0 {
+		// Expiry ends the session like a revocation: not only its next call fails, what it
+		// opened stops pushing at the instant.
+		x.expiry = s.clock.AfterFunc(time.UnixMilli(t.ExpiresAt).Sub(s.clock.Now()), func() { s.expireSession(x) })
+	}
 	return x, nil
+}
+
+// expireSession ends a session whose token expired.
+func (s *Server) expireSession(x *Session) {
+	x.expired.Store(true)
+	x.end()
+	if x.onRevoke != nil {
+		x.onRevoke()
+	}
 }
 
 // revokeSessions marks every open session of the tokens ids revoked and tells their owners.
@@ -154,8 +226,11 @@ func (s *Server) revokeSessions(ids ...string) {
 	s.metrics.Sessions.Sub(float64(len(hit)))
 	a.mu.Unlock()
 	for _, x := range hit {
-		if x.revoked.CompareAndSwap(false, true) && x.onRevoke != nil {
-			x.onRevoke()
+		if x.revoked.CompareAndSwap(false, true) {
+			x.end()
+			if x.onRevoke != nil {
+				x.onRevoke()
+			}
 		}
 	}
 }
@@ -366,7 +441,7 @@ func (s *Server) CreateToken(ctx context.Context, by Admin, projectID, label str
 		t.Rights = append(t.Rights, string(r))
 	}
 	token := newToken()
-	if err := s.dir.CreateToken(ctx, t, token); err != nil {
+	if err := s.dir.CreateTokenBounded(ctx, t, token, s.cfg.MaxTokensPerProject); err != nil {
 		return "", itx.TokenInfo{}, err
 	}
 	info := tokenInfo(t)

@@ -24,6 +24,7 @@ const (
 	CloseSlowConsumer   CloseReason = "slowConsumer"
 	CloseDeliveryFailed CloseReason = "deliveryFailed"
 	CloseConnectionLost CloseReason = "connectionLost"
+	CloseAccessEnded    CloseReason = "accessEnded" // the opening token was revoked or expired
 )
 
 // Connection limits (DESIGN.md "Resource bounds"): a connection has at most
@@ -132,6 +133,9 @@ func (s *Server) OpenConnection(ctx context.Context, ref StreamRef, opts Connect
 		return nil, itx.Errorf(itx.EInvalid, "maxDeliveryBytes must be 0..%d", MaxConnectionBatchBytes)
 	case len(opts.OpenedBy) > itx.MaxSubscriptionNameLength:
 		return nil, itx.Errorf(itx.EInvalid, "openedBy is at most %d bytes", itx.MaxSubscriptionNameLength)
+	}
+	if err := itx.ValidateTypeFilter("types", opts.Types); err != nil {
+		return nil, err // kept for the connection's life: bounded and valid
 	}
 	if opts.MaxDeliveryEvents == 0 {
 		opts.MaxDeliveryEvents = itx.DeliveryBatchEvents

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"runtime"
 	"sync/atomic"
 	"time"
@@ -20,8 +21,14 @@ type compiledPredicate struct {
 }
 
 func compilePredicate(p itx.Predicate) (*compiledPredicate, error) {
+	if err := itx.ValidateTypeFilter("types", p.Types); err != nil {
+		return nil, err
+	}
 	c := &compiledPredicate{types: typeSet(p.Types)}
 	if len(bytes.TrimSpace(p.PayloadContains)) > 0 {
+		if len(p.PayloadContains) > itx.MaxJSONataLength {
+			return nil, itx.Errorf(itx.ETooLarge, "payloadContains is %d bytes, at most %d", len(p.PayloadContains), itx.MaxJSONataLength)
+		}
 		v, err := decodeJSON(p.PayloadContains)
 		if err != nil {
 			return nil, itx.Errorf(itx.EInvalid, "payloadContains is not valid JSON: %v", err)
@@ -44,7 +51,15 @@ func (c *compiledPredicate) match(e *itx.Event) (bool, error) {
 	}
 	if c.contains != nil {
 		payload, err := decodeJSON(e.Payload)
-		if err != nil || !containsJSON(payload, c.contains) {
+		if err != nil {
+			return false, nil
+		}
+		budget := MaxContainsSteps
+		ok := containsWithin(payload, c.contains, &budget)
+		if budget < 0 {
+			return false, itx.Errorf(itx.ELimitExceeded, "payloadContains took more than %d comparisons on offset %d; narrow the pattern (or use types or where)", MaxContainsSteps, e.Offset)
+		}
+		if !ok {
 			return false, nil
 		}
 	}
@@ -196,7 +211,24 @@ func decodeJSON(raw []byte) (any, error) {
 // containsJSON reports whether v contains pattern: objects by key subset (recursively), arrays
 // when every pattern element is contained in some element, scalars by equality (numbers by
 // value).
+// MaxContainsSteps bounds one payloadContains match against one event: comparisons of a
+// pattern's arrays against a payload's arrays multiply, so a pattern of kilobytes could otherwise
+// hold a core for minutes.
+const MaxContainsSteps = 100_000
+
+// containsJSON reports whether v contains pattern (objects by subset, arrays by each pattern
+// element matching some element), without a budget (tests).
 func containsJSON(v, pattern any) bool {
+	budget := math.MaxInt
+	return containsWithin(v, pattern, &budget)
+}
+
+// containsWithin is containsJSON counting each comparison against *budget; once it goes below
+// zero the answer is false and the caller reports the budget spent.
+func containsWithin(v, pattern any, budget *int) bool {
+	if *budget--; *budget < 0 {
+		return false
+	}
 	switch p := pattern.(type) {
 	case map[string]any:
 		o, ok := v.(map[string]any)
@@ -205,7 +237,7 @@ func containsJSON(v, pattern any) bool {
 		}
 		for k, pv := range p {
 			ov, ok := o[k]
-			if !ok || !containsJSON(ov, pv) {
+			if !ok || !containsWithin(ov, pv, budget) {
 				return false
 			}
 		}
@@ -218,7 +250,7 @@ func containsJSON(v, pattern any) bool {
 		for _, pe := range p {
 			found := false
 			for _, ae := range a {
-				if containsJSON(ae, pe) {
+				if containsWithin(ae, pe, budget) {
 					found = true
 					break
 				}

@@ -107,6 +107,12 @@ func (s *Server) MountProcessorHost(projectID, name string, host RemoteProcessor
 		if c.ReducerVersion == "" || len(c.ConsumedTypes) == 0 {
 			return nil, itx.Errorf(itx.EInvalid, "contract %q needs a reducer version and consumed types", c.Name)
 		}
+		if len(c.ReducerVersion) > itx.MaxSubscriptionNameLength {
+			return nil, itx.Errorf(itx.EInvalid, "contract %q: reducerVersion is at most %d bytes", c.Name, itx.MaxSubscriptionNameLength)
+		}
+		if err := itx.ValidateTypeFilter(fmt.Sprintf("contract %q consumedTypes", c.Name), c.ConsumedTypes); err != nil {
+			return nil, err // kept for the mount's life
+		}
 	}
 	ph := &s.procHosts
 	ph.mu.Lock()

@@ -74,6 +74,9 @@ type Config struct {
 	// directory entry): the append that would create one more fails with limitExceeded and
 	// writes nothing. Default itx.MaxStreamsPerProject.
 	MaxStreamsPerProject int
+	// MaxTokensPerProject bounds the tokens one project holds; creating one more fails with
+	// limitExceeded and writes nothing. Default itx.MaxTokensPerProject.
+	MaxTokensPerProject int
 	// MaxWebhooksInFlight bounds the webhook requests itxd has open at once, over every
 	// subscription (each holds a socket); a delivery waits for a slot within its delivery
 	// timeout. Default 1,024.
@@ -201,6 +204,9 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	if cfg.MaxSecretsPerProject <= 0 {
 		cfg.MaxSecretsPerProject = itx.MaxSecretsPerProject
+	}
+	if cfg.MaxTokensPerProject <= 0 {
+		cfg.MaxTokensPerProject = itx.MaxTokensPerProject
 	}
 	if cfg.MaxStreamsPerProject <= 0 {
 		cfg.MaxStreamsPerProject = itx.MaxStreamsPerProject

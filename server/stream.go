@@ -121,6 +121,9 @@ func normalizeQuery(q *itx.Query) error {
 	case q.Limit == 0:
 		q.Limit = itx.DefaultPageLimit
 	}
+	if err := itx.ValidateTypeFilter("types", q.Types); err != nil {
+		return err
+	}
 	for _, t := range q.Types {
 		if t == "*" {
 			q.Types = nil
@@ -217,6 +220,15 @@ func (s *Server) WaitForEvent(ctx context.Context, ref StreamRef, pred itx.Predi
 			return itx.Event{}, err
 		}
 		for _, e := range page.Events {
+			// Each match may cost up to a JSONata evaluation: the deadline holds per event,
+			// not per page of 500.
+			select {
+			case <-expired:
+				return itx.Event{}, itx.Errorf(itx.EDeadlineExceeded, "timed out after %dms scanning for a matching event (saw %d events)", timeout.Milliseconds(), seen)
+			case <-ctx.Done():
+				return itx.Event{}, itx.Errorf(itx.ECancelled, "waitForEvent: %v", ctx.Err())
+			default:
+			}
 			if e.Ephemeral && e.Offset <= headAtCall && !pred.IncludeEphemeral {
 				continue
 			}
@@ -309,6 +321,12 @@ const (
 // without loading them: heads of loaded streams are live, the others come from the directory's
 // summary. next is the page's last path when more follow, empty on the last page.
 func (s *Server) ListStreams(ctx context.Context, projectID, prefix, after string, limit int) (page []itx.StreamInfo, next string, err error) {
+	return s.ListStreamsUnder(ctx, projectID, "", prefix, after, limit)
+}
+
+// ListStreamsUnder is ListStreams for a capability scoped to the path scope: only streams at or
+// under it are read, so neither the page nor its nextAfter names one outside it.
+func (s *Server) ListStreamsUnder(ctx context.Context, projectID, scope, prefix, after string, limit int) (page []itx.StreamInfo, next string, err error) {
 	if err := itx.ValidatePathPrefix(prefix); err != nil {
 		return nil, "", err
 	}
@@ -318,7 +336,7 @@ func (s *Server) ListStreams(ctx context.Context, projectID, prefix, after strin
 	case limit < 0 || limit > MaxListStreams:
 		return nil, "", itx.Errorf(itx.EInvalid, "limit must be between 1 and %d (0: %d)", MaxListStreams, DefaultListStreams)
 	}
-	entries, err := s.dir.ListStreams(ctx, projectID, prefix, after, limit+1)
+	entries, err := s.dir.ListStreamsUnder(ctx, projectID, scope, prefix, after, limit+1)
 	if err != nil {
 		return nil, "", itx.Errorf(itx.EInternal, "%v", err)
 	}

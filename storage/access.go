@@ -62,10 +62,37 @@ func (d *Directory) CreateProjectWithToken(ctx context.Context, p Project, t Tok
 
 // CreateToken records a token of an existing project; ENotFound if there is none.
 func (d *Directory) CreateToken(ctx context.Context, t Token, token string) error {
+	return d.CreateTokenBounded(ctx, t, token, 0)
+}
+
+// CreateTokenBounded is CreateToken refusing with limitExceeded when the project already holds
+// max tokens (0: no bound). The count and the insert share one write transaction, so racing
+// creations cannot share the last place.
+func (d *Directory) CreateTokenBounded(ctx context.Context, t Token, token string, max int) error {
 	if _, err := d.Project(ctx, t.ProjectID); err != nil {
 		return err
 	}
-	return insertToken(ctx, d.db, t, token)
+	tx, err := d.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("create token: %w", err)
+	}
+	defer tx.Rollback()
+	if max > 0 {
+		var n int
+		if err := tx.QueryRowContext(ctx, `select count(*) from tokens where project_id = ?`, t.ProjectID).Scan(&n); err != nil {
+			return fmt.Errorf("create token: %w", err)
+		}
+		if n >= max {
+			return itx.Errorf(itx.ELimitExceeded, "the project holds %d tokens, its most (--max-tokens-per-project); revoke one first", n)
+		}
+	}
+	if err := insertToken(ctx, tx, t, token); err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("create token: %w", err)
+	}
+	return nil
 }
 
 type execer interface {

@@ -185,9 +185,19 @@ func (d *Directory) StaleStreams(ctx context.Context) ([]StreamEntry, error) {
 // ListStreams lists a project's streams whose path starts with prefix and sorts after after,
 // in path order, at most limit of them.
 func (d *Directory) ListStreams(ctx context.Context, projectID, prefix, after string, limit int) ([]StreamEntry, error) {
+	return d.ListStreamsUnder(ctx, projectID, "", prefix, after, limit)
+}
+
+// ListStreamsUnder is ListStreams limited to the streams at or under the path scope (by path
+// segment: /in holds /in and /in/x, not /in-x); "" or "/" is no limit.
+func (d *Directory) ListStreamsUnder(ctx context.Context, projectID, scope, prefix, after string, limit int) ([]StreamEntry, error) {
+	if scope == "/" {
+		scope = ""
+	}
 	rows, err := d.db.QueryContext(ctx, `select stream_id, project_id, path, created_at, head_offset, last_append_at,
-		subscription_count, halted_subscriptions, max_lag from streams where project_id = ? and substr(path, 1, ?) = ? and path > ? order by path limit ?`,
-		projectID, len(prefix), prefix, after, limit)
+		subscription_count, halted_subscriptions, max_lag from streams where project_id = ? and substr(path, 1, ?) = ? and path > ?
+		and (? = '' or path = ? or substr(path, 1, ?) = ?) order by path limit ?`,
+		projectID, len(prefix), prefix, after, scope, scope, len(scope)+1, scope+"/", limit)
 	if err != nil {
 		return nil, fmt.Errorf("list streams: %w", err)
 	}

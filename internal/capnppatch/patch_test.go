@@ -315,3 +315,39 @@ func TestRPC_ExportCount(t *testing.T) {
 	require.Eventually(t, func() bool { return server.ExportCount() == 1 }, 10*time.Second, time.Millisecond,
 		"the released capabilities leave the table (count %d)", server.ExportCount())
 }
+
+// Asking an unresolved answer's pipelined field for its client twice, then resolving it, then
+// calling through it: unpatched, the second Client() returned holding the promise's lock, and
+// the resolution (and every call) hung.
+func TestFuture_ClientTwiceBeforeResolution(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	h := handle{calls: make(chan struct{}, 1)}
+	c := capnp.Client(schema.Handle_ServerToClient(h))
+	defer c.Release()
+	aq := capnp.NewAnswerQueue(capnp.Method{})
+	p := capnp.NewPromise(capnp.Method{}, aq, nil)
+	first := p.Answer().Field(0, nil).Client()
+	second := p.Answer().Field(0, nil).Client()
+	require.True(t, first.IsSame(second), "one client per pipelined path")
+
+	st, msg := result(t, c.AddRef())
+	defer msg.Release()
+	resolved := make(chan struct{})
+	go func() {
+		aq.Fulfill(st.ToPtr())
+		p.Fulfill(st.ToPtr())
+		close(resolved)
+	}()
+	select {
+	case <-resolved:
+	case <-ctx.Done():
+		t.Fatal("resolving the promise hung: the promise's lock was left held")
+	}
+	fut, release := schema.Handle(second).Cancel(ctx, nil)
+	defer release()
+	_, err := fut.Struct()
+	require.NoError(t, err)
+	<-h.calls
+	p.ReleaseClients()
+}

@@ -439,6 +439,7 @@ func (f *Future) Client() Client {
 		ft := f.transform()
 		cpath := clientPathFromTransform(ft)
 		if cp := l.Value().clients[cpath]; cp != nil {
+			l.Unlock() // itx patch: upstream returned holding the promise's lock
 			return cp.client
 		}
 		c, pr := newPromisedClient(PipelineClient{

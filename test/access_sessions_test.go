@@ -1,0 +1,149 @@
+package test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/internal/clocktest"
+	"github.com/itx-dev/itx/schema"
+	"github.com/itx-dev/itx/server"
+	"github.com/stretchr/testify/require"
+)
+
+// A prefix-scoped Streams.list never names a stream outside its prefix, not in a page and not
+// in nextAfter: /in holds /in/a, not /in-secret-plans.
+func TestAccess_ScopedListNamesNothingOutside(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	full := ts.project(t)
+	mustAppend(t, stream(t, full, "/in-secret-plans"), ev("note", `{}`))
+	mustAppend(t, stream(t, full, "/in/a"), ev("note", `{}`))
+	mustAppend(t, stream(t, full, "/in/b"), ev("note", `{}`))
+	tok, _ := ts.token(t, itx.Scope{Prefix: "/in"})
+	in := ts.login(t, tok)
+	fut, release := in.Streams(ctx, nil)
+	defer release()
+	var seen []string
+	after := ""
+	for {
+		page, next, err := client.ListStreamsPage(ctx, fut.Streams(), "", after, 1)
+		require.NoError(t, err)
+		require.True(t, next == "" || itx.PathUnder(next, "/in"), "nextAfter names a stream outside /in: %q", next)
+		for _, s := range page {
+			seen = append(seen, s.Path)
+		}
+		if next == "" {
+			break
+		}
+		after = next
+	}
+	require.Equal(t, []string{"/in/a", "/in/b"}, seen)
+	page, next, err := client.ListStreamsPage(ctx, fut.Streams(), "/in-", "", 10)
+	require.NoError(t, err)
+	require.Empty(t, page)
+	require.Empty(t, next)
+}
+
+// An expired token ends like a revoked one, at the instant: its next call fails, and the
+// connections it opened are closed (accessEnded), not only refused new calls, while another
+// login on the same RPC session carries on.
+func TestAccess_ExpiryEndsWhatTheSessionOpened(t *testing.T) {
+	clock := clocktest.New(time.Unix(1_700_000_000, 0))
+	ts := startServer(t, server.Config{Clock: clock})
+	ctx := ctxT(t)
+	a := client.Admin(ctx, ts.deployment(t))
+	defer a.Release()
+	tok, _, err := client.CreateToken(ctx, a, "default", client.TokenOptions{Label: "second",
+		Expires: clock.Now().Add(time.Second), Scope: itx.Scope{Rights: []itx.Right{itx.RightRead}}})
+	require.NoError(t, err)
+	writer := stream(t, ts.project(t), "/exp")
+	mustAppend(t, writer, ev("note", `{"n":1}`))
+
+	conn := dial(t, ts.addr)
+	p := conn.Login(ctx, tok)
+	defer p.Release()
+	kept := conn.Login(ctx, ts.creds.ProjectToken) // keeps the RPC session open
+	defer kept.Release()
+	_, err = client.DescribeProject(ctx, kept)
+	require.NoError(t, err)
+	sink := newTestSink()
+	_, err = openConn(t, stream(t, p, "/exp"), connOpts{noState: true}, sink)
+	require.NoError(t, err)
+	waitUntil(t, "event 1 delivered", func() bool { return len(sink.offsets()) == 1 })
+
+	clock.Advance(2 * time.Second)
+	waitUntil(t, "the connection closed", func() bool { return sink.closeReason() != nil })
+	require.Equal(t, schema.CloseReason_accessEnded, *sink.closeReason())
+	_, err = client.DescribeProject(ctx, p)
+	requireCode(t, err, itx.EUnauthenticated)
+	_, err = client.DescribeProject(ctx, kept)
+	require.NoError(t, err, "the other login carries on")
+	mustAppend(t, writer, ev("note", `{"secret":"after expiry"}`))
+	require.Equal(t, []int64{1}, sink.offsets(), "nothing after the close")
+}
+
+// A revoked session's connections, live views and mounts end at once, even while another login
+// on the same RPC connection keeps it open; that login's own carry on.
+func TestAccess_RevocationEndsWhatTheSessionOpened(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	a := client.Admin(ctx, ts.deployment(t))
+	defer a.Release()
+	tok, info, err := client.CreateToken(ctx, a, "default", client.TokenOptions{Label: "gone"})
+	require.NoError(t, err)
+	writer := stream(t, ts.project(t), "/rev")
+	mustAppend(t, writer, ev("note", `{"n":1}`))
+
+	conn := dial(t, ts.addr)
+	revoked := conn.Login(ctx, tok)
+	defer revoked.Release()
+	kept := conn.Login(ctx, ts.creds.ProjectToken)
+	defer kept.Release()
+	_, err = client.DescribeProject(ctx, kept)
+	require.NoError(t, err)
+	rs := client.Stream(ctx, revoked, "/rev")
+	defer rs.Release()
+	ks := client.Stream(ctx, kept, "/rev")
+	defer ks.Release()
+	gone, stays := newTestSink(), newTestSink()
+	_, err = openConn(t, rs, connOpts{key: "gone", noState: true}, gone)
+	require.NoError(t, err)
+	_, err = openConn(t, ks, connOpts{key: "stays", noState: true}, stays)
+	require.NoError(t, err)
+	waitUntil(t, "event 1 delivered to both", func() bool { return len(gone.offsets()) == 1 && len(stays.offsets()) == 1 })
+
+	require.NoError(t, client.RevokeToken(ctx, a, "default", info.ID))
+	waitUntil(t, "the revoked session's connection closed", func() bool { return gone.closeReason() != nil })
+	require.Equal(t, schema.CloseReason_accessEnded, *gone.closeReason())
+	res := mustAppend(t, writer, ev("note", `{"secret":"after revocation"}`))
+	waitUntil(t, "the other login's connection carries on", func() bool { return len(stays.offsets()) == 2 })
+	require.Nil(t, stays.closeReason())
+	require.Equal(t, []int64{1}, gone.offsets(), "nothing after the close (offset %d)", res.HeadOffset)
+}
+
+// A token without the read right cannot read a stream through a subscription: configuring one
+// (by the verb or by a raw stream/subscription-configured append) and mounting a receiver or a
+// processor host need read as well as subscribe. Cursor moves and resumes need subscribe only.
+func TestAccess_SubscribingNeedsRead(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	mustAppend(t, stream(t, ts.project(t), "/secret"), ev("note", `{"secret":"s3cr3t"}`))
+	tok, _ := ts.token(t, itx.Scope{Rights: []itx.Right{itx.RightSubscribe, itx.RightAppend}})
+	p := ts.login(t, tok)
+	s := stream(t, p, "/secret")
+	subs := client.Subscriptions(ctx, s)
+	defer subs.Release()
+	_, _, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "out",
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "mine"}})
+	requireCode(t, err, itx.EPermissionDenied)
+	require.Contains(t, itx.ErrorMessage(err), "read")
+	raw, _ := json.Marshal(map[string]any{"name": "out", "receiver": map[string]any{"action": itx.KindITXCall, "capability": "mine"}})
+	_, err = client.Append(ctx, s, []itx.EventInput{{Type: itx.TypeSubscriptionConfigured, Payload: raw}}, itx.AppendOptions{})
+	requireCode(t, err, itx.EPermissionDenied)
+	_, err = client.MountReceiver(ctx, p, "mine", client.ServeReceiver(func(context.Context, itx.DeliveryBatch) (int64, error) { return 0, nil }))
+	requireCode(t, err, itx.EPermissionDenied)
+}
