@@ -3,6 +3,7 @@ package repl
 import (
 	"context"
 	"encoding/json"
+	"runtime"
 	"time"
 
 	"capnproto.org/go/capnp/v3"
@@ -18,6 +19,21 @@ import (
 type binding struct {
 	usage string // how to call it from JavaScript, for .help
 	call  func(ctx context.Context, s *Session, c capnp.Client, p capPath, args []goja.Value) (any, error)
+}
+
+// run calls the binding. A Go runtime fault in it (a nil dereference, an index out of range:
+// a bug) becomes an internal error the script can catch, instead of unwinding through the
+// JavaScript runtime; a thrown JavaScript value passes through.
+func (b binding) run(ctx context.Context, s *Session, c capnp.Client, p capPath, args []goja.Value) (v any, err error) {
+	defer func() {
+		if x := recover(); x != nil {
+			if _, fault := x.(runtime.Error); !fault {
+				panic(x)
+			}
+			v, err = nil, panicError(x)
+		}
+	}()
+	return b.call(ctx, s, c, p, args)
 }
 
 // bindings covers every method of the bound interfaces that is not a navigation step; a test
@@ -97,7 +113,7 @@ func (s *Session) proxy(p capPath) *goja.Object {
 				}
 				c := s.client(p)
 				defer c.Release()
-				v, err := b.call(s.ctx(), s, c, p, call.Arguments)
+				v, err := b.run(s.ctx(), s, c, p, call.Arguments)
 				if err != nil {
 					panic(s.throw(err))
 				}

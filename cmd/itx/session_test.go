@@ -1,0 +1,36 @@
+package main
+
+import (
+	"testing"
+
+	"github.com/itx-dev/itx"
+	"github.com/stretchr/testify/require"
+)
+
+// A method that takes a name or path, called without it (or with undefined or null), answers
+// invalidArgument naming the parameter, before anything is sent; the session goes on.
+func TestEval_MissingStringArgumentIsInvalid(t *testing.T) {
+	ts := startServer(t)
+	ts.appendDirect(t, "/a", itx.EventInput{Type: "note"})
+	s := newSession(t, ts)
+	for src, param := range map[string]string{
+		`project.streams.get()`:                                "Streams.get: path is required",
+		`project.streams.get(undefined)`:                       "Streams.get: path is required",
+		`project.streams.get(null)`:                            "Streams.get: path is required",
+		`project.streams.get({})`:                              "Streams.get: path is required",
+		`project.streams.get("/a").subscriptions.get()`:        "Subscriptions.get: name is required",
+		`project.streams.get("/a").resumeSubscription()`:       "resumeSubscription: name is required",
+		`project.streams.get("/a").subscriptions.remove()`:     "Subscriptions.remove: name is required",
+		`project.streams.get("/a").readers.remove(null)`:       "Readers.remove: name is required",
+		`project.capabilities.unmount()`:                       "Capabilities.unmount: name is required",
+		`project.admin.createProject()`:                        "Admin.createProject: name is required",
+		`project.streams.get("/a").subscriptions.get(42)`:      "Subscriptions.get: expected name as a string, got a number",
+		`project.streams.get("/a").resumeSubscription({})`:     "resumeSubscription: name is required",
+		`project.streams.get("/a").readers.remove({nme: "x"})`: `Readers.remove: unknown option "nme"`,
+	} {
+		f := s.failure(t, src)
+		require.Equal(t, "invalidArgument", f.Code, "%s: %s", src, f.Message)
+		require.Contains(t, f.Message, param, src)
+	}
+	require.Equal(t, 1.0, s.mustEval(t, `project.streams.get("/a").describe().headOffset`), "the session goes on")
+}
