@@ -34,3 +34,24 @@ func TestEval_MissingStringArgumentIsInvalid(t *testing.T) {
 	}
 	require.Equal(t, 1.0, s.mustEval(t, `project.streams.get("/a").describe().headOffset`), "the session goes on")
 }
+
+// liveState() returns once the first snapshot has arrived: snapshot() right after it shows the
+// state, never an empty revision 0 (the snapshot frame races the liveState answer, so each
+// view is opened several times).
+func TestEval_LiveStateHasItsFirstSnapshot(t *testing.T) {
+	ts := startServer(t)
+	ts.appendDirect(t, "/a", itx.EventInput{Type: "note"})
+	s := newSession(t, ts)
+	s.mustEval(t, `project.streams.get("/a").subscriptions.configure({name: "proc", receiver: {type: "processor-wake", placement: "remote"}})`)
+	for i := range 20 {
+		v := obj(t, s.mustEval(t, `var lv = project.streams.get("/a").liveState(); lv.snapshot()`))
+		require.NotZero(t, v["revision"], "try %d: %v", i, v)
+		require.Equal(t, "/a", obj(t, v["state"])["path"], "try %d: %v", i, v)
+		s.mustEval(t, `lv.cancel()`)
+
+		v = obj(t, s.mustEval(t, `var pv = project.streams.get("/a").subscriptions.get("proc").processor.liveState(); pv.snapshot()`))
+		require.NotZero(t, v["revision"], "processor, try %d: %v", i, v)
+		require.NotNil(t, v["state"], "processor, try %d: %v", i, v)
+		s.mustEval(t, `pv.cancel()`)
+	}
+}

@@ -54,7 +54,7 @@ var bindings = map[string]map[string]binding{
 		"setSubscriptionCursor": {"setSubscriptionCursor(name, afterOffset) or setSubscriptionCursor({name, afterOffset}) -> {offset}", streamSetSubscriptionCursor},
 		"resumeSubscription":    {"resumeSubscription(name) or resumeSubscription({name}) -> {offset}", streamResumeSubscription},
 		"openConnection":        {"openConnection(after?) or openConnection({after, types, maxDeliveryEvents, maxDeliveryBytes, noState, openedBy}) -> connection {take(), ping(), close(reason)}", streamOpenConnection},
-		"liveState":             {"liveState() -> live view {snapshot(), patches(), cancel()}", streamLiveState},
+		"liveState":             {"liveState() -> live view {snapshot(), patches(), cancel()} (returns once the first snapshot is in)", streamLiveState},
 	},
 	"Subscriptions": {
 		"list":      {"list() -> [{name, kind, status, confirmedOffset, lag, lastError, configuredAtOffset}]", subscriptionsList},
@@ -82,7 +82,7 @@ var bindings = map[string]map[string]binding{
 	"Processor": {
 		"snapshot":        {"snapshot() -> {state, reducedOffset, processedOffset}", processorSnapshot},
 		"getRuntimeState": {"getRuntimeState() -> state", processorRuntimeState},
-		"liveState":       {"liveState() -> live view {snapshot(), patches(), cancel()}", processorLiveState},
+		"liveState":       {"liveState() -> live view {snapshot(), patches(), cancel()} (returns once the first snapshot is in)", processorLiveState},
 	},
 }
 

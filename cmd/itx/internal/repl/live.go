@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"sync"
+	"time"
 
 	"capnproto.org/go/capnp/v3"
 	"github.com/dop251/goja"
@@ -221,6 +222,9 @@ type liveView struct {
 	patches  []patchJS
 	dropped  int
 	wake     chan struct{}
+	// first is closed when the first snapshot has arrived.
+	first     chan struct{}
+	firstOnce sync.Once
 
 	s      *Session
 	handle schema.Handle
@@ -248,8 +252,34 @@ func (v *liveView) Snapshot(ctx context.Context, call schema.LiveSubscriber_snap
 	v.revision, v.state, v.patches = call.Args().Revision(), rawJSON(state), nil
 	v.snapshot = v.revision
 	v.mu.Unlock()
+	v.firstOnce.Do(func() { close(v.first) })
 	v.signal()
 	return nil
+}
+
+// firstSnapshotWait bounds how long liveState() waits for the server's first snapshot (the
+// server sends it as soon as it has computed the document, normally at once).
+const firstSnapshotWait = 10 * time.Second
+
+// waitFirstSnapshot waits until the first snapshot has arrived, so that snapshot() right after
+// liveState() shows the state, not an empty revision 0. If it does not come in time (or ctx
+// ends first: Ctrl-C) the registration is cancelled and the error says why.
+func (v *liveView) waitFirstSnapshot(ctx context.Context) error {
+	t := time.NewTimer(firstSnapshotWait)
+	defer t.Stop()
+	var err error
+	select {
+	case <-v.first:
+		return nil
+	case <-ctx.Done():
+		err = ctx.Err()
+	case <-t.C:
+		err = itx.Errorf(itx.EDeadlineExceeded, "liveState: no snapshot arrived within %s", firstSnapshotWait)
+	}
+	cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	v.cancel(cctx)
+	return err
 }
 
 func (v *liveView) Patch(ctx context.Context, call schema.LiveSubscriber_patch) error {
@@ -299,7 +329,7 @@ func (v *liveView) takePatches() (snapshot uint64, state json.RawMessage, patche
 // subscribeLive registers a live view through register, which sends the liveState call with
 // the subscriber capability it is given.
 func (s *Session) subscribeLive(register func(schema.LiveSubscriber) (schema.Handle, error)) (*liveView, error) {
-	v := &liveView{s: s, wake: make(chan struct{}, 1)}
+	v := &liveView{s: s, wake: make(chan struct{}, 1), first: make(chan struct{})}
 	h, err := register(schema.LiveSubscriber_ServerToClient(v))
 	if err != nil {
 		return nil, err
@@ -326,6 +356,9 @@ func streamLiveState(ctx context.Context, s *Session, c capnp.Client, p capPath,
 	if err != nil {
 		return nil, err
 	}
+	if err := v.waitFirstSnapshot(ctx); err != nil {
+		return nil, err
+	}
 	return s.liveObject(v, "[LiveState "+p.steps[len(p.steps)-1].arg+"]"), nil
 }
 
@@ -340,6 +373,9 @@ func processorLiveState(ctx context.Context, s *Session, c capnp.Client, p capPa
 		return res.Handle().AddRef(), nil
 	})
 	if err != nil {
+		return nil, err
+	}
+	if err := v.waitFirstSnapshot(ctx); err != nil {
 		return nil, err
 	}
 	return s.liveObject(v, "[LiveState "+p.label()+"]"), nil
