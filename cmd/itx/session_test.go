@@ -1,9 +1,11 @@
 package main
 
 import (
+	"context"
 	"testing"
 
 	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/cmd/itx/internal/repl"
 	"github.com/stretchr/testify/require"
 )
 
@@ -54,4 +56,32 @@ func TestEval_LiveStateHasItsFirstSnapshot(t *testing.T) {
 		require.NotNil(t, v["state"], "processor, try %d: %v", i, v)
 		s.mustEval(t, `pv.cancel()`)
 	}
+}
+
+// A connection closed from itx (or dropped with the connection to itxd it lived on) answers
+// failedPrecondition, not an internal error from a released client; closing it again and
+// cancelling a live view again do nothing.
+func TestEval_CallsAfterCloseAreFailedPrecondition(t *testing.T) {
+	ts := startServer(t)
+	ts.appendDirect(t, "/a", itx.EventInput{Type: "note"})
+	s := newSession(t, ts)
+	closed := repl.Failure{Code: "failedPrecondition", Message: "the connection is closed"}
+
+	s.mustEval(t, `var c = project.streams.get("/a").openConnection(0); c.ping()`)
+	s.mustEval(t, `c.close("done")`)
+	require.Equal(t, closed, s.failure(t, `c.ping()`))
+	s.mustEval(t, `c.close("again")`)
+	require.Equal(t, "failedPrecondition", s.mustEval(t, `try { c.ping(); "no error" } catch (e) { e.code }`), "scripts can branch on it")
+	s.mustEval(t, `c.take()`)
+
+	s.mustEval(t, `var lv = project.streams.get("/a").liveState(); lv.cancel()`)
+	s.mustEval(t, `lv.cancel()`)
+	require.Equal(t, "/a", obj(t, obj(t, s.mustEval(t, `lv.snapshot()`))["state"])["path"], "the last snapshot stays readable")
+
+	// A reconnect replaces the connection to itxd: what lived on the old one is closed.
+	s.mustEval(t, `var c2 = project.streams.get("/a").openConnection(0); var lv2 = project.streams.get("/a").liveState()`)
+	require.NoError(t, s.RunCommand(context.Background(), "reconnect"))
+	require.Equal(t, closed, s.failure(t, `c2.ping()`))
+	s.mustEval(t, `c2.close(); lv2.cancel()`)
+	require.Equal(t, 1.0, s.mustEval(t, `project.streams.get("/a").describe().headOffset`), "the session goes on")
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"capnproto.org/go/capnp/v3"
@@ -99,14 +100,28 @@ type liveConnection struct {
 	conn schema.Connection
 	sink *eventSink
 	once sync.Once
+	// released is set once the connection is closed or released (with the session, or when
+	// a reconnect replaced the connection to itxd it lived on): calls on it answer
+	// failedPrecondition instead of reaching a released client.
+	released atomic.Bool
 }
 
 func (c *liveConnection) release() {
-	c.once.Do(func() { c.conn.Release() })
+	c.once.Do(func() {
+		c.released.Store(true)
+		c.conn.Release()
+	})
 }
 
-// close asks the server to close the connection, then releases it.
+// errConnectionClosed answers a call on a connection closed or released before.
+var errConnectionClosed = itx.Errorf(itx.EFailedPrecondition, "the connection is closed")
+
+// close asks the server to close the connection, then releases it. Closing it again does
+// nothing.
 func (c *liveConnection) close(ctx context.Context, reason string) error {
+	if c.released.Load() {
+		return nil
+	}
 	defer c.s.forget(c)
 	fut, release := c.conn.Close(ctx, func(p schema.Connection_close_Params) error { return p.SetReason(reason) })
 	defer release()
@@ -191,6 +206,9 @@ func streamOpenConnection(ctx context.Context, s *Session, c capnp.Client, p cap
 		return s.toJS(out)
 	})
 	obj.Set("ping", func(goja.FunctionCall) goja.Value {
+		if conn.released.Load() {
+			panic(s.throw(errConnectionClosed))
+		}
 		fut, release := conn.conn.Ping(s.ctx(), nil)
 		defer release()
 		res, err := fut.Struct()
@@ -226,9 +244,10 @@ type liveView struct {
 	first     chan struct{}
 	firstOnce sync.Once
 
-	s      *Session
-	handle schema.Handle
-	once   sync.Once
+	s        *Session
+	handle   schema.Handle
+	once     sync.Once
+	released atomic.Bool // cancelled, or released with the session or a replaced connection
 }
 
 type patchJS struct {
@@ -301,14 +320,19 @@ func (v *liveView) Patch(ctx context.Context, call schema.LiveSubscriber_patch) 
 
 func (v *liveView) release() {
 	v.once.Do(func() {
+		v.released.Store(true)
 		if v.handle.IsValid() {
 			v.handle.Release()
 		}
 	})
 }
 
-// cancel ends the registration on the server, then releases it.
+// cancel ends the registration on the server, then releases it. Cancelling it again does
+// nothing.
 func (v *liveView) cancel(ctx context.Context) error {
+	if v.released.Load() {
+		return nil
+	}
 	defer v.s.forget(v)
 	fut, release := v.handle.Cancel(ctx, nil)
 	defer release()
