@@ -85,3 +85,23 @@ func TestEval_CallsAfterCloseAreFailedPrecondition(t *testing.T) {
 	s.mustEval(t, `c2.close(); lv2.cancel()`)
 	require.Equal(t, 1.0, s.mustEval(t, `project.streams.get("/a").describe().headOffset`), "the session goes on")
 }
+
+// A subscription's describe() says whether a webhook secret is set, as the server reports it;
+// the secret itself never comes back.
+func TestEval_DescribeSaysSecretSet(t *testing.T) {
+	ts := startServer(t)
+	ts.appendDirect(t, "/a", itx.EventInput{Type: "note"})
+	s := newSession(t, ts)
+	const secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+	s.mustEval(t, `var subs = project.streams.get("/a").subscriptions`)
+	s.mustEval(t, `subs.configure({name: "wh", receiver: {type: "webhook-post", url: "http://127.0.0.1:1/x", secret: "`+secret+`"}})`)
+	s.mustEval(t, `subs.configure({name: "plain", receiver: {type: "webhook-post", url: "http://127.0.0.1:1/x"}})`)
+
+	out, err := s.eval(t, `subs.get("wh").describe()`)
+	require.NoError(t, err)
+	require.NotContains(t, out, secret)
+	d := obj(t, s.mustEval(t, `subs.get("wh").describe()`))
+	require.Equal(t, true, d["secretSet"])
+	d = obj(t, s.mustEval(t, `subs.get("plain").describe()`))
+	require.Equal(t, false, d["secretSet"])
+}

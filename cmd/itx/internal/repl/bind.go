@@ -62,7 +62,7 @@ var bindings = map[string]map[string]binding{
 		"remove":    {"remove(name) or remove({name}) -> {offset}", subscriptionsRemove},
 	},
 	"Subscription": {
-		"describe":           {"describe() -> {config, kind, status, confirmedOffset, ...}", subscriptionDescribe},
+		"describe":           {"describe() -> {config, secretSet, kind, status, confirmedOffset, ...}", subscriptionDescribe},
 		"waitUntilProcessed": {"waitUntilProcessed(offset, timeoutMs?) or waitUntilProcessed({offset, timeoutMs}) -> {confirmedOffset}", subscriptionWaitUntilProcessed},
 	},
 	"Capabilities": {
@@ -704,6 +704,7 @@ func subscriptionDescribe(ctx context.Context, s *Session, c capnp.Client, _ cap
 	}
 	return struct {
 		Config                            subscriptionConfigJS `json:"config"`
+		SecretSet                         bool                 `json:"secretSet"` // a webhook secret is set (config shows only its reference)
 		Kind                              string               `json:"kind"`
 		Status                            string               `json:"status"`
 		ConfiguredAtOffset                int64                `json:"configuredAtOffset"`
@@ -719,7 +720,7 @@ func subscriptionDescribe(ctx context.Context, s *Session, c capnp.Client, _ cap
 		InFlightDeadlineAt                msTime               `json:"inFlightDeadlineAt"`
 		InFlightConnectionGeneration      int64                `json:"inFlightConnectionGeneration"`
 		UpdatedAt                         textTime             `json:"updatedAt"`
-	}{configJS(client.ConfigOf(d.Config)), d.Kind, d.Status, d.ConfiguredAtOffset, d.CursorChangedAtOffset, d.ConfirmedOffset, d.HeadOffset,
+	}{configJS(client.ConfigOf(d.Config)), d.SecretSet, d.Kind, d.Status, d.ConfiguredAtOffset, d.CursorChangedAtOffset, d.ConfirmedOffset, d.HeadOffset,
 		d.Attempt, msTime(d.NextAttemptAt), d.FailingEventOffset, d.FailingEventAttempt, d.FailingEventSkips,
 		d.LastError, msTime(d.InFlightDeadlineAt), d.InFlightConnectionGeneration, textTime(d.UpdatedAt)}, nil
 }
