@@ -105,3 +105,28 @@ func TestEval_DescribeSaysSecretSet(t *testing.T) {
 	d = obj(t, s.mustEval(t, `subs.get("plain").describe()`))
 	require.Equal(t, false, d["secretSet"])
 }
+
+// getEvents' "more follow" hint repeats the query's options with the next after, so following
+// it goes on reading what the first call read (here only notes); it counts in words that agree.
+func TestEval_GetEventsHintKeepsTheQuery(t *testing.T) {
+	ts := startServer(t)
+	ts.appendDirect(t, "/a", itx.EventInput{Type: "note"}, itx.EventInput{Type: "other"}, itx.EventInput{Type: "note"},
+		itx.EventInput{Type: "other"}, itx.EventInput{Type: "note"})
+	s := newSession(t, ts)
+	s.errs.Reset()
+	require.Equal(t, []any{1.0}, s.mustEval(t, `project.streams.get("/a").getEvents({after: 0, limit: 1, types: ["note"]}).map(e => e.offset)`))
+	require.Equal(t, `(1 event shown, more follow: getEvents({after: 1, limit: 1, types: ["note"]}) for the next page, `+
+		`or getEvents({types: ["note"], all: true}) for every one)`+"\n", s.errs.String())
+
+	s.errs.Reset()
+	require.Equal(t, []any{3.0}, s.mustEval(t, `project.streams.get("/a").getEvents({after: 1, limit: 1, types: ["note"]}).map(e => e.offset)`),
+		"the hint's next page is the next note")
+	require.Contains(t, s.errs.String(), `getEvents({after: 3, limit: 1, types: ["note"]})`)
+	require.Equal(t, []any{1.0, 3.0, 5.0}, s.mustEval(t, `project.streams.get("/a").getEvents({types: ["note"], all: true}).map(e => e.offset)`),
+		"the hint's every-one call")
+
+	s.errs.Reset()
+	s.mustEval(t, `project.streams.get("/a").getEvents(0, 2, {includeEphemeral: true, before: 5})`)
+	require.Equal(t, `(2 events shown, more follow: getEvents({after: 2, before: 5, limit: 2, includeEphemeral: true}) for the next page, `+
+		`or getEvents({before: 5, includeEphemeral: true, all: true}) for every one)`+"\n", s.errs.String())
+}

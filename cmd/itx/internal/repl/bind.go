@@ -3,7 +3,9 @@ package repl
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"runtime"
+	"strings"
 	"time"
 
 	"capnproto.org/go/capnp/v3"
@@ -312,8 +314,8 @@ func streamsList(ctx context.Context, s *Session, c capnp.Client, _ capPath, arg
 			break
 		}
 		if limit > 0 {
-			s.note("%d streams shown; more follow: list(%q, %q, %d) for the next page, or leave out the limit for all",
-				len(list), prefix, next, limit)
+			s.note("%s shown; more follow: list(%q, %q, %d) for the next page, or leave out the limit for all",
+				plural(len(list), "stream"), prefix, next, limit)
 			break
 		}
 		after = next
@@ -392,6 +394,41 @@ func (s *Session) query(what string, args []goja.Value, extra ...string) (itx.Qu
 	return q, o, o.err()
 }
 
+// queryJS writes q as the options object of a getEvents call ({after: 5, types: ["note"]}),
+// for a hint the caller can paste: every option of the query is repeated, so following it reads
+// what the original call would have read next.
+func queryJS(q itx.Query, all bool) string {
+	var parts []string
+	if q.After > 0 {
+		parts = append(parts, fmt.Sprintf("after: %d", q.After))
+	}
+	if q.Before > 0 {
+		parts = append(parts, fmt.Sprintf("before: %d", q.Before))
+	}
+	if q.Limit > 0 {
+		parts = append(parts, fmt.Sprintf("limit: %d", q.Limit))
+	}
+	if len(q.Types) > 0 {
+		types, _ := json.Marshal(q.Types)
+		parts = append(parts, "types: "+string(types))
+	}
+	if q.IncludeEphemeral {
+		parts = append(parts, "includeEphemeral: true")
+	}
+	if all {
+		parts = append(parts, "all: true")
+	}
+	return "{" + strings.Join(parts, ", ") + "}"
+}
+
+// plural is "1 event", "2 events".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
+}
+
 // maxAllEvents bounds getEvents({all: true}): everything it reads is held in memory at once.
 const maxAllEvents = 100_000
 
@@ -418,13 +455,18 @@ func streamGetEvents(ctx context.Context, s *Session, c capnp.Client, _ capPath,
 		if !all {
 			// A full page may hide the rest of the stream: say so, with how to go on.
 			if len(page.Events) > 0 {
-				s.note("%d events shown, more follow: getEvents({after: %d}) for the next page, or getEvents({all: true}) for every one",
-					len(events), page.NextAfter)
+				next, every := q, q
+				next.After = page.NextAfter
+				every.Limit = 0
+				s.note("%s shown, more follow: getEvents(%s) for the next page, or getEvents(%s) for every one",
+					plural(len(events), "event"), queryJS(next, false), queryJS(every, true))
 			}
 			break
 		}
 		if len(events) >= maxAllEvents {
-			s.note("stopped after %d events; go on with getEvents({after: %d, all: true})", len(events), page.NextAfter)
+			next := q
+			next.After = page.NextAfter
+			s.note("stopped after %s; go on with getEvents(%s)", plural(len(events), "event"), queryJS(next, true))
 			break
 		}
 		q.After = page.NextAfter
