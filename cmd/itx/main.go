@@ -104,8 +104,12 @@ func run(args []string, env environment) int {
   itx [flags] script.js [args...]    run a script; - reads it from stdin
   ... | itx [flags]                  evaluate piped lines one by one, printing each result
   itx [flags] tail <path> [after]    print events as they are appended, until Ctrl-C
-  itx [flags] import <path> [file]   append newline-delimited JSON events (stdin without a file)
-  itx [flags] export <path> [after]  print a stream's events as newline-delimited JSON
+  itx [flags] import <path> [file] [--with-control]
+                                     append newline-delimited JSON events (stdin without a file);
+                                     stream/* control records are skipped without --with-control
+  itx [flags] export <path> [after] [--with-control]
+                                     print a stream's events as newline-delimited JSON;
+                                     stream/* control records are left out without --with-control
   itx [flags] watch <path>           print a stream's live state, until Ctrl-C
   itx [flags] admin <command> ...    projects and tokens (itx admin help)
 

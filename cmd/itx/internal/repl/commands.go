@@ -59,10 +59,10 @@ func init() {
 	register(&Command{Name: "quit", Help: "leave (as .exit)", Run: func(context.Context, *Session, []string) error { return ErrExit }})
 	register(&Command{Name: "tail", Args: "<path> [--from N | N]", CLI: true,
 		Help: "open a connection and print events as they are appended, until Ctrl-C (default: after the head)", Run: runTail})
-	register(&Command{Name: "import", Args: "<path> [file.ndjson | -]", CLI: true,
-		Help: "append events from newline-delimited JSON ({type, payload, idempotencyKey, metadata} a line), pipelined in batches; - or no file: standard input (itx import only)", Run: runImport})
-	register(&Command{Name: "export", Args: "<path> [after]", CLI: true,
-		Help: "print a stream's events after an offset (default 0) up to its head, one JSON event a line: what import reads", Run: runExport})
+	register(&Command{Name: "import", Args: "<path> [file.ndjson | -] [--with-control]", CLI: true,
+		Help: "append events from newline-delimited JSON ({type, payload, idempotencyKey, metadata} a line), pipelined in batches; - or no file: standard input (itx import only); stream/* control records are skipped unless --with-control", Run: runImport})
+	register(&Command{Name: "export", Args: "<path> [after] [--with-control]", CLI: true,
+		Help: "print a stream's events after an offset (default 0) up to its head, one JSON event a line: what import reads; stream/* control records are left out unless --with-control", Run: runExport})
 	register(&Command{Name: "watch", Args: "<path>", CLI: true,
 		Help: "print a stream's live state (snapshot, then patches) until Ctrl-C", Run: runWatch})
 }
