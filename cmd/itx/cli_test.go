@@ -353,3 +353,40 @@ func TestTerminal_Session(t *testing.T) {
 	require.Contains(t, string(b), `a.append({type: "note", payload: {text: "from pty"}})`+"\n")
 	require.Contains(t, string(b), `a.getEvents({ limit: 1, types: ["note"]})`+"\n", "a multi-line input is one history entry")
 }
+
+// Piped input interrupted during a .tail or .watch (which end without an error on Ctrl-C)
+// exits 130, as an interrupted call does, and the rest of the input is not run.
+func TestMain_PipedLiveViewInterruptedExits130(t *testing.T) {
+	ts := startServer(t)
+	for _, command := range []string{".tail /t", ".watch /t"} {
+		t.Run(command, func(t *testing.T) {
+			cmd := exec.Command(os.Args[0])
+			cmd.Env = append(os.Environ(), "ITX_TEST_MAIN=1", "HOME="+t.TempDir(), "ITX_ADDR="+ts.addr, "ITX_TOKEN="+ts.token)
+			cmd.Stdin = strings.NewReader(command + "\n" + `project.streams.get("/t").append({type: "after-interrupt"})` + "\n")
+			stdout, stderr := newSyncBuffer(), newSyncBuffer()
+			cmd.Stdout, cmd.Stderr = stdout, stderr
+			require.NoError(t, cmd.Start())
+			exited := make(chan error, 1)
+			go func() { exited <- cmd.Wait() }()
+			// The live view is running once it has said so (.tail on stderr) or printed its first
+			// snapshot (.watch).
+			started := make(chan bool, 2)
+			go func() { started <- stderr.waitFor("tailing /t") }()
+			go func() { started <- stdout.waitFor("snapshot at revision") }()
+			select {
+			case ok := <-started:
+				require.True(t, ok, "stdout %q, stderr %q", stdout.String(), stderr.String())
+			case err := <-exited:
+				t.Fatalf("itx exited before the live view ran: %v; stderr %q", err, stderr.String())
+			}
+			require.NoError(t, cmd.Process.Signal(os.Interrupt))
+			err := <-exited
+			var exit *exec.ExitError
+			require.True(t, errors.As(err, &exit), "want exit status 130, got %v; stderr %q", err, stderr.String())
+			require.Equal(t, exitInterrupted, exit.ExitCode(), "stderr %q", stderr.String())
+			require.NotContains(t, stdout.String(), "headOffset", "the input after the interrupt did not run")
+		})
+	}
+	s := newSession(t, ts)
+	require.Nil(t, s.mustEval(t, `project.streams.get("/t").getEvents().find(e => e.type == "after-interrupt")`))
+}

@@ -247,11 +247,14 @@ Flags:
 		runErr = err
 	case piped:
 		// Each input is evaluated and its result printed, as at the prompt; an error is printed
-		// and the next input runs; the exit status says whether any failed.
-		if failed := s.RunLines(ctx, env.stdin); failed > 0 {
-			if ctx.Err() != nil {
-				return exitInterrupted
-			}
+		// and the next input runs; the exit status says whether any failed. An interrupt stops
+		// the input where it is, whether it cancelled a call or ended a .tail or .watch (which
+		// end without an error): the status says the rest was not run.
+		failed := s.RunLines(ctx, env.stdin)
+		if ctx.Err() != nil {
+			return exitInterrupted
+		}
+		if failed > 0 {
 			return exitError
 		}
 		return exitOK
