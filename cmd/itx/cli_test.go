@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/creack/pty"
+	"github.com/itx-dev/itx/cmd/itx/internal/repl"
 	"github.com/stretchr/testify/require"
 )
 
@@ -389,4 +391,46 @@ func TestMain_PipedLiveViewInterruptedExits130(t *testing.T) {
 	}
 	s := newSession(t, ts)
 	require.Nil(t, s.mustEval(t, `project.streams.get("/t").getEvents().find(e => e.type == "after-interrupt")`))
+}
+
+// A command run from the shell with arguments it does not take prints its shell usage and
+// exits 2, before connecting (no itxd listens here); at the prompt the same mistake is an
+// invalidArgument error that shows the prompt's syntax.
+func TestRun_CommandUsageErrors(t *testing.T) {
+	c := newCLI(t)
+	conn := []string{"--addr", mustClosedPort(t), "--token", "itx_unused"}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"tail"}, "usage: itx tail <path> [--from N | N]\n"},
+		{[]string{"tail", "/t", "--from"}, "itx tail: --from needs an offset\nusage: itx tail <path> [--from N | N]\n"},
+		{[]string{"tail", "/t", "--from", "x"}, "itx tail: after must be an offset, got \"x\"\nusage: itx tail <path> [--from N | N]\n"},
+		{[]string{"tail", "/t", "1", "2"}, "itx tail: too many arguments\nusage: itx tail <path> [--from N | N]\n"},
+		{[]string{"tail", "--from", "3"}, "itx tail: the stream's path comes first, got \"--from\"\nusage: itx tail <path> [--from N | N]\n"},
+		{[]string{"watch"}, "usage: itx watch <path>\n"},
+		{[]string{"watch", "/a", "/b"}, "itx watch: too many arguments\nusage: itx watch <path>\n"},
+		{[]string{"export"}, "usage: itx export <path> [after] [--with-control]\n"},
+		{[]string{"export", "/a", "-1"}, "itx export: after must be an offset, got \"-1\"\nusage: itx export <path> [after] [--with-control]\n"},
+		{[]string{"import"}, "usage: itx import <path> [file.ndjson | -] [--with-control]\n"},
+		{[]string{"import", "/a", "--with-contrl"}, "itx import: unknown flag \"--with-contrl\"\nusage: itx import <path> [file.ndjson | -] [--with-control]\n"},
+	} {
+		code, out, errs := c.run("", append(conn, tc.args...)...)
+		require.Equal(t, exitUsage, code, "%v: %s", tc.args, errs)
+		require.Empty(t, out, "%v", tc.args)
+		require.Equal(t, tc.want, errs, "%v", tc.args)
+	}
+
+	ts := startServer(t)
+	s := newSession(t, ts)
+	for line, want := range map[string]string{
+		"tail":               "usage: .tail <path> [--from N | N]",
+		"tail /t --from":     "tail: --from needs an offset; usage: .tail <path> [--from N | N]",
+		"export /t nope":     `export: after must be an offset, got "nope"; usage: .export <path> [after] [--with-control]`,
+		"watch":              "usage: .watch <path>",
+		"import /t a.json b": "import: too many arguments; usage: .import <path> [file.ndjson | -] [--with-control]",
+	} {
+		err := s.RunCommand(context.Background(), line)
+		require.Equal(t, repl.Failure{Code: "invalidArgument", Message: want}, repl.Describe(err), line)
+	}
 }

@@ -103,7 +103,7 @@ func run(args []string, env environment) int {
   itx [flags] -e 'expression'        evaluate one expression and print its result
   itx [flags] script.js [args...]    run a script; - reads it from stdin
   ... | itx [flags]                  evaluate piped lines one by one, printing each result
-  itx [flags] tail <path> [after]    print events as they are appended, until Ctrl-C
+  itx [flags] tail <path> [--from N] print events as they are appended, until Ctrl-C
   itx [flags] import <path> [file] [--with-control]
                                      append newline-delimited JSON events (stdin without a file);
                                      stream/* control records are skipped without --with-control
@@ -157,6 +157,13 @@ Flags:
 		adminArgs = fs.Args()[1:]
 	case fs.NArg() > 0:
 		if c, ok := repl.LookupCommand(fs.Arg(0)); ok && c.CLI {
+			// Its arguments are checked before connecting: a usage error is one whether
+			// or not itxd is up.
+			if c.Check != nil {
+				if err := c.Check(fs.Args()[1:]); err != nil {
+					return usageFailure(env.stderr, err)
+				}
+			}
 			command = c
 			break
 		}
@@ -265,6 +272,10 @@ Flags:
 		_, runErr = s.Eval(ctx, scriptName, script)
 	}
 	if runErr != nil {
+		var usage *repl.UsageError
+		if errors.As(runErr, &usage) {
+			return usageFailure(env.stderr, runErr)
+		}
 		s.PrintError(runErr)
 		if ctx.Err() != nil {
 			return exitInterrupted
@@ -272,4 +283,16 @@ Flags:
 		return exitError
 	}
 	return exitOK
+}
+
+// usageFailure reports a command's usage error as a shell shows it ("usage: itx tail <path>
+// ..."), with the status of a usage error.
+func usageFailure(stderr io.Writer, err error) int {
+	var usage *repl.UsageError
+	if errors.As(err, &usage) {
+		fmt.Fprintln(stderr, usage.CLIUsage())
+	} else {
+		fmt.Fprintln(stderr, "itx:", repl.Describe(err))
+	}
+	return exitUsage
 }

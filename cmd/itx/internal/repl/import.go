@@ -8,7 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strconv"
+	"strings"
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
@@ -48,19 +48,39 @@ func takeFlag(args []string, flag string) ([]string, bool) {
 // itxd refuses, and says how many events went in before it: with idempotency keys, running the
 // same import again appends only what is missing. stream/* control records are skipped (and
 // counted) unless --with-control is given.
-func runImport(ctx context.Context, s *Session, args []string) error {
+// importArgs are .import's arguments: <path> [file | -] [--with-control].
+type importArgs struct {
+	path, file  string // file: "" or "-" for standard input
+	withControl bool
+}
+
+func parseImport(args []string) (importArgs, error) {
 	args, withControl := takeFlag(args, withControlFlag)
-	p, err := streamArg("import", args)
+	if _, err := streamArg("import", args); err != nil {
+		return importArgs{}, err
+	}
+	a := importArgs{path: args[0], withControl: withControl}
+	switch {
+	case len(args) > 2:
+		return a, usageError("import", "too many arguments")
+	case len(args) == 2 && args[1] != "-" && strings.HasPrefix(args[1], "-"):
+		return a, usageError("import", "unknown flag %q", args[1])
+	case len(args) == 2:
+		a.file = args[1]
+	}
+	return a, nil
+}
+
+func runImport(ctx context.Context, s *Session, args []string) error {
+	ia, err := parseImport(args)
 	if err != nil {
 		return err
 	}
-	if len(args) > 2 {
-		return itx.Errorf(itx.EInvalid, "usage: .import %s", commands["import"].Args)
-	}
+	p, withControl := streamPath(ia.path), ia.withControl
 	var in io.Reader
 	switch {
-	case len(args) == 2 && args[1] != "-":
-		f, err := os.Open(args[1])
+	case ia.file != "" && ia.file != "-":
+		f, err := os.Open(ia.file)
 		if err != nil {
 			return itx.Errorf(itx.EInvalid, "import: %v", err)
 		}
@@ -202,7 +222,7 @@ func runImport(ctx context.Context, s *Session, args []string) error {
 	if err := settle(); err != nil {
 		return err
 	}
-	fmt.Fprintf(s.cfg.Err, "imported %s into %s (%d new, %d already there by idempotency key", plural(total(), "event"), args[0], added, duplicates)
+	fmt.Fprintf(s.cfg.Err, "imported %s into %s (%d new, %d already there by idempotency key", plural(total(), "event"), ia.path, added, duplicates)
 	if ignored > 0 {
 		fmt.Fprintf(s.cfg.Err, ", %d ignored by itxd as unchanged", ignored)
 	}
@@ -218,22 +238,39 @@ func runImport(ctx context.Context, s *Session, args []string) error {
 // keeps type, payload, metadata and idempotency key; the offsets and times are the new stream's).
 // The stream's stream/* control records are left out (and counted) unless --with-control is
 // given.
-func runExport(ctx context.Context, s *Session, args []string) error {
+// exportArgs are .export's arguments: <path> [after] [--with-control].
+type exportArgs struct {
+	path        string
+	after       int64
+	withControl bool
+}
+
+func parseExport(args []string) (exportArgs, error) {
 	args, withControl := takeFlag(args, withControlFlag)
-	p, err := streamArg("export", args)
+	if _, err := streamArg("export", args); err != nil {
+		return exportArgs{}, err
+	}
+	e := exportArgs{path: args[0], withControl: withControl}
+	switch {
+	case len(args) > 2:
+		return e, usageError("export", "too many arguments")
+	case len(args) == 2:
+		after, err := offsetArg("export", args[1])
+		if err != nil {
+			return e, err
+		}
+		e.after = after
+	}
+	return e, nil
+}
+
+func runExport(ctx context.Context, s *Session, args []string) error {
+	ea, err := parseExport(args)
 	if err != nil {
 		return err
 	}
-	var after int64
-	switch {
-	case len(args) > 2:
-		return itx.Errorf(itx.EInvalid, "usage: .export %s", commands["export"].Args)
-	case len(args) == 2:
-		if after, err = strconv.ParseInt(args[1], 10, 64); err != nil || after < 0 {
-			return itx.Errorf(itx.EInvalid, "export: after must be an offset, got %q", args[1])
-		}
-	}
-	c := s.client(p)
+	after, withControl := ea.after, ea.withControl
+	c := s.client(streamPath(ea.path))
 	defer c.Release()
 	st := schema.Stream(c)
 	info, err := client.Describe(ctx, st)
@@ -268,7 +305,7 @@ func runExport(ctx context.Context, s *Session, args []string) error {
 	if err := w.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(s.cfg.Err, "exported %s of %s through offset %d\n", plural(n, "event"), args[0], info.HeadOffset)
+	fmt.Fprintf(s.cfg.Err, "exported %s of %s through offset %d\n", plural(n, "event"), ea.path, info.HeadOffset)
 	if skipped > 0 {
 		fmt.Fprintf(s.cfg.Err, "skipped %s (%s includes them)\n", plural(skipped, "stream/* control record"), withControlFlag)
 	}
