@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/creack/pty"
+	"github.com/itx-dev/itx/cmd/itx/internal/repl"
 	"github.com/stretchr/testify/require"
 )
 
@@ -352,4 +354,83 @@ func TestTerminal_Session(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, string(b), `a.append({type: "note", payload: {text: "from pty"}})`+"\n")
 	require.Contains(t, string(b), `a.getEvents({ limit: 1, types: ["note"]})`+"\n", "a multi-line input is one history entry")
+}
+
+// Piped input interrupted during a .tail or .watch (which end without an error on Ctrl-C)
+// exits 130, as an interrupted call does, and the rest of the input is not run.
+func TestMain_PipedLiveViewInterruptedExits130(t *testing.T) {
+	ts := startServer(t)
+	for _, command := range []string{".tail /t", ".watch /t"} {
+		t.Run(command, func(t *testing.T) {
+			cmd := exec.Command(os.Args[0])
+			cmd.Env = append(os.Environ(), "ITX_TEST_MAIN=1", "HOME="+t.TempDir(), "ITX_ADDR="+ts.addr, "ITX_TOKEN="+ts.token)
+			cmd.Stdin = strings.NewReader(command + "\n" + `project.streams.get("/t").append({type: "after-interrupt"})` + "\n")
+			stdout, stderr := newSyncBuffer(), newSyncBuffer()
+			cmd.Stdout, cmd.Stderr = stdout, stderr
+			require.NoError(t, cmd.Start())
+			exited := make(chan error, 1)
+			go func() { exited <- cmd.Wait() }()
+			// The live view is running once it has said so (.tail on stderr) or printed its first
+			// snapshot (.watch).
+			started := make(chan bool, 2)
+			go func() { started <- stderr.waitFor("tailing /t") }()
+			go func() { started <- stdout.waitFor("snapshot at revision") }()
+			select {
+			case ok := <-started:
+				require.True(t, ok, "stdout %q, stderr %q", stdout.String(), stderr.String())
+			case err := <-exited:
+				t.Fatalf("itx exited before the live view ran: %v; stderr %q", err, stderr.String())
+			}
+			require.NoError(t, cmd.Process.Signal(os.Interrupt))
+			err := <-exited
+			var exit *exec.ExitError
+			require.True(t, errors.As(err, &exit), "want exit status 130, got %v; stderr %q", err, stderr.String())
+			require.Equal(t, exitInterrupted, exit.ExitCode(), "stderr %q", stderr.String())
+			require.NotContains(t, stdout.String(), "headOffset", "the input after the interrupt did not run")
+		})
+	}
+	s := newSession(t, ts)
+	require.Nil(t, s.mustEval(t, `project.streams.get("/t").getEvents().find(e => e.type == "after-interrupt")`))
+}
+
+// A command run from the shell with arguments it does not take prints its shell usage and
+// exits 2, before connecting (no itxd listens here); at the prompt the same mistake is an
+// invalidArgument error that shows the prompt's syntax.
+func TestRun_CommandUsageErrors(t *testing.T) {
+	c := newCLI(t)
+	conn := []string{"--addr", mustClosedPort(t), "--token", "itx_unused"}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"tail"}, "usage: itx tail <path> [--from N | N]\n"},
+		{[]string{"tail", "/t", "--from"}, "itx tail: --from needs an offset\nusage: itx tail <path> [--from N | N]\n"},
+		{[]string{"tail", "/t", "--from", "x"}, "itx tail: after must be an offset, got \"x\"\nusage: itx tail <path> [--from N | N]\n"},
+		{[]string{"tail", "/t", "1", "2"}, "itx tail: too many arguments\nusage: itx tail <path> [--from N | N]\n"},
+		{[]string{"tail", "--from", "3"}, "itx tail: the stream's path comes first, got \"--from\"\nusage: itx tail <path> [--from N | N]\n"},
+		{[]string{"watch"}, "usage: itx watch <path>\n"},
+		{[]string{"watch", "/a", "/b"}, "itx watch: too many arguments\nusage: itx watch <path>\n"},
+		{[]string{"export"}, "usage: itx export <path> [after] [--with-control]\n"},
+		{[]string{"export", "/a", "-1"}, "itx export: after must be an offset, got \"-1\"\nusage: itx export <path> [after] [--with-control]\n"},
+		{[]string{"import"}, "usage: itx import <path> [file.ndjson | -] [--with-control]\n"},
+		{[]string{"import", "/a", "--with-contrl"}, "itx import: unknown flag \"--with-contrl\"\nusage: itx import <path> [file.ndjson | -] [--with-control]\n"},
+	} {
+		code, out, errs := c.run("", append(conn, tc.args...)...)
+		require.Equal(t, exitUsage, code, "%v: %s", tc.args, errs)
+		require.Empty(t, out, "%v", tc.args)
+		require.Equal(t, tc.want, errs, "%v", tc.args)
+	}
+
+	ts := startServer(t)
+	s := newSession(t, ts)
+	for line, want := range map[string]string{
+		"tail":               "usage: .tail <path> [--from N | N]",
+		"tail /t --from":     "tail: --from needs an offset; usage: .tail <path> [--from N | N]",
+		"export /t nope":     `export: after must be an offset, got "nope"; usage: .export <path> [after] [--with-control]`,
+		"watch":              "usage: .watch <path>",
+		"import /t a.json b": "import: too many arguments; usage: .import <path> [file.ndjson | -] [--with-control]",
+	} {
+		err := s.RunCommand(context.Background(), line)
+		require.Equal(t, repl.Failure{Code: "invalidArgument", Message: want}, repl.Describe(err), line)
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/itx-dev/itx"
 	"github.com/stretchr/testify/require"
 )
 
@@ -94,4 +95,69 @@ func TestRun_Import(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(strings.TrimSpace(out)), &head))
 	require.Less(t, head, 4900, "the import stopped sending after the refusal")
 	require.Contains(t, errs, fmt.Sprintf("%d in the batches already sent after them", head))
+}
+
+// itx export leaves out the stream's own stream/* control records (saying how many) unless
+// --with-control is given, and itx import skips them unless --with-control is given: a copy
+// through the pair does not give the copy the source's subscriptions. With --with-control, a
+// configure replayed unchanged is counted as ignored, not as a duplicate by idempotency key.
+func TestRun_ExportImportLeaveControlRecordsBehind(t *testing.T) {
+	ts := startServer(t)
+	c := newCLI(t)
+	conn := []string{"--addr", ts.addr, "--token", ts.token}
+	ts.appendDirect(t, "/a", itx.EventInput{Type: "note"})
+	code, _, errs := c.run("", append(conn, "-e", `project.streams.get("/a").subscriptions.configure({name: "m", receiver: {type: "copy-to-stream", path: "/m"}})`)...)
+	require.Equal(t, exitOK, code, errs)
+	subscriptions := func(path string) string {
+		t.Helper()
+		code, out, errs := c.run("", append(conn, "--json", "-e", `project.streams.get("`+path+`").subscriptions.list().map(s => s.name).join(",")`)...)
+		require.Equal(t, exitOK, code, errs)
+		return strings.TrimSpace(out)
+	}
+	controlLines := func(ndjson string) int {
+		n := 0
+		for _, line := range strings.Split(strings.TrimSpace(ndjson), "\n") {
+			var e itx.Event
+			require.NoError(t, json.Unmarshal([]byte(line), &e))
+			if itx.IsCoreType(e.Type) {
+				n++
+			}
+		}
+		return n
+	}
+
+	code, full, errs := c.run("", append(conn, "export", "/a", "--with-control")...)
+	require.Equal(t, exitOK, code, errs)
+	control := controlLines(full)
+	require.Positive(t, control, "the configure is on /a's log: %s", full)
+	require.NotContains(t, errs, "skipped")
+
+	code, exported, errs := c.run("", append(conn, "export", "/a")...)
+	require.Equal(t, exitOK, code, errs)
+	require.Zero(t, controlLines(exported), exported)
+	require.Contains(t, errs, fmt.Sprintf("skipped %d stream/* control record", control))
+	require.Contains(t, errs, "(--with-control includes them)")
+
+	for range 2 {
+		code, _, errs = c.run(exported, append(conn, "import", "/b")...)
+		require.Equal(t, exitOK, code, errs)
+		require.Contains(t, errs, "imported 1 event into /b (1 new, 0 already there by idempotency key)")
+	}
+	require.Equal(t, `""`, subscriptions("/b"), "the copy has none of /a's subscriptions")
+
+	// An export made with the control records is skipped over by a plain import too.
+	code, _, errs = c.run(full, append(conn, "import", "/b")...)
+	require.Equal(t, exitOK, code, errs)
+	require.Contains(t, errs, fmt.Sprintf("skipped %d stream/* control record", control))
+	require.Contains(t, errs, "(--with-control appends them)")
+	require.Equal(t, `""`, subscriptions("/b"))
+
+	// Asked for, they are replayed; the second run's unchanged configure is ignored by itxd, and
+	// said so, not counted as a duplicate by a key it does not have.
+	code, _, errs = c.run(full, append(conn, "import", "/c", "--with-control")...)
+	require.Equal(t, exitOK, code, errs)
+	require.Equal(t, `"m"`, subscriptions("/c"))
+	code, _, errs = c.run(full, append(conn, "import", "/c", "-", "--with-control")...)
+	require.Equal(t, exitOK, code, errs)
+	require.Contains(t, errs, "0 already there by idempotency key, 1 ignored by itxd as unchanged)", errs)
 }

@@ -103,9 +103,13 @@ func run(args []string, env environment) int {
   itx [flags] -e 'expression'        evaluate one expression and print its result
   itx [flags] script.js [args...]    run a script; - reads it from stdin
   ... | itx [flags]                  evaluate piped lines one by one, printing each result
-  itx [flags] tail <path> [after]    print events as they are appended, until Ctrl-C
-  itx [flags] import <path> [file]   append newline-delimited JSON events (stdin without a file)
-  itx [flags] export <path> [after]  print a stream's events as newline-delimited JSON
+  itx [flags] tail <path> [--from N] print events as they are appended, until Ctrl-C
+  itx [flags] import <path> [file] [--with-control]
+                                     append newline-delimited JSON events (stdin without a file);
+                                     stream/* control records are skipped without --with-control
+  itx [flags] export <path> [after] [--with-control]
+                                     print a stream's events as newline-delimited JSON;
+                                     stream/* control records are left out without --with-control
   itx [flags] watch <path>           print a stream's live state, until Ctrl-C
   itx [flags] admin <command> ...    projects and tokens (itx admin help)
 
@@ -153,6 +157,13 @@ Flags:
 		adminArgs = fs.Args()[1:]
 	case fs.NArg() > 0:
 		if c, ok := repl.LookupCommand(fs.Arg(0)); ok && c.CLI {
+			// Its arguments are checked before connecting: a usage error is one whether
+			// or not itxd is up.
+			if c.Check != nil {
+				if err := c.Check(fs.Args()[1:]); err != nil {
+					return usageFailure(env.stderr, err)
+				}
+			}
 			command = c
 			break
 		}
@@ -243,11 +254,14 @@ Flags:
 		runErr = err
 	case piped:
 		// Each input is evaluated and its result printed, as at the prompt; an error is printed
-		// and the next input runs; the exit status says whether any failed.
-		if failed := s.RunLines(ctx, env.stdin); failed > 0 {
-			if ctx.Err() != nil {
-				return exitInterrupted
-			}
+		// and the next input runs; the exit status says whether any failed. An interrupt stops
+		// the input where it is, whether it cancelled a call or ended a .tail or .watch (which
+		// end without an error): the status says the rest was not run.
+		failed := s.RunLines(ctx, env.stdin)
+		if ctx.Err() != nil {
+			return exitInterrupted
+		}
+		if failed > 0 {
 			return exitError
 		}
 		return exitOK
@@ -258,6 +272,10 @@ Flags:
 		_, runErr = s.Eval(ctx, scriptName, script)
 	}
 	if runErr != nil {
+		var usage *repl.UsageError
+		if errors.As(runErr, &usage) {
+			return usageFailure(env.stderr, runErr)
+		}
 		s.PrintError(runErr)
 		if ctx.Err() != nil {
 			return exitInterrupted
@@ -265,4 +283,16 @@ Flags:
 		return exitError
 	}
 	return exitOK
+}
+
+// usageFailure reports a command's usage error as a shell shows it ("usage: itx tail <path>
+// ..."), with the status of a usage error.
+func usageFailure(stderr io.Writer, err error) int {
+	var usage *repl.UsageError
+	if errors.As(err, &usage) {
+		fmt.Fprintln(stderr, usage.CLIUsage())
+	} else {
+		fmt.Fprintln(stderr, "itx:", repl.Describe(err))
+	}
+	return exitUsage
 }

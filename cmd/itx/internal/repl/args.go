@@ -54,6 +54,9 @@ func contains(list []string, s string) bool {
 }
 
 func describeValue(v goja.Value) string {
+	if v == nil {
+		return "undefined" // an argument the caller left out
+	}
 	if isAbsent(v) {
 		return v.String()
 	}
@@ -214,10 +217,16 @@ func (s *Session) stringArg(what string, args []goja.Value, i int, key string) (
 	if str, ok := exportString(v); ok {
 		return str, nil
 	}
+	if isAbsent(v) {
+		return "", itx.Errorf(itx.EInvalid, "%s: %s is required (a string), got %s", what, key, describeValue(v))
+	}
 	if obj, ok := v.(*goja.Object); ok && obj.ClassName() == "Object" {
 		o, err := s.opts(what, v, key)
 		if err != nil {
 			return "", err
+		}
+		if !o.has(key) {
+			return "", itx.Errorf(itx.EInvalid, "%s: %s is required (a string)", what, key)
 		}
 		str := o.str(key)
 		return str, o.err()

@@ -3,6 +3,9 @@ package repl
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"runtime"
+	"strings"
 	"time"
 
 	"capnproto.org/go/capnp/v3"
@@ -18,6 +21,21 @@ import (
 type binding struct {
 	usage string // how to call it from JavaScript, for .help
 	call  func(ctx context.Context, s *Session, c capnp.Client, p capPath, args []goja.Value) (any, error)
+}
+
+// run calls the binding. A Go runtime fault in it (a nil dereference, an index out of range:
+// a bug) becomes an internal error the script can catch, instead of unwinding through the
+// JavaScript runtime; a thrown JavaScript value passes through.
+func (b binding) run(ctx context.Context, s *Session, c capnp.Client, p capPath, args []goja.Value) (v any, err error) {
+	defer func() {
+		if x := recover(); x != nil {
+			if _, fault := x.(runtime.Error); !fault {
+				panic(x)
+			}
+			v, err = nil, panicError(x)
+		}
+	}()
+	return b.call(ctx, s, c, p, args)
 }
 
 // bindings covers every method of the bound interfaces that is not a navigation step; a test
@@ -38,7 +56,7 @@ var bindings = map[string]map[string]binding{
 		"setSubscriptionCursor": {"setSubscriptionCursor(name, afterOffset) or setSubscriptionCursor({name, afterOffset}) -> {offset}", streamSetSubscriptionCursor},
 		"resumeSubscription":    {"resumeSubscription(name) or resumeSubscription({name}) -> {offset}", streamResumeSubscription},
 		"openConnection":        {"openConnection(after?) or openConnection({after, types, maxDeliveryEvents, maxDeliveryBytes, noState, openedBy}) -> connection {take(), ping(), close(reason)}", streamOpenConnection},
-		"liveState":             {"liveState() -> live view {snapshot(), patches(), cancel()}", streamLiveState},
+		"liveState":             {"liveState() -> live view {snapshot(), patches(), cancel()} (returns once the first snapshot is in)", streamLiveState},
 	},
 	"Subscriptions": {
 		"list":      {"list() -> [{name, kind, status, confirmedOffset, lag, lastError, configuredAtOffset}]", subscriptionsList},
@@ -46,7 +64,7 @@ var bindings = map[string]map[string]binding{
 		"remove":    {"remove(name) or remove({name}) -> {offset}", subscriptionsRemove},
 	},
 	"Subscription": {
-		"describe":           {"describe() -> {config, kind, status, confirmedOffset, ...}", subscriptionDescribe},
+		"describe":           {"describe() -> {config, secretSet, kind, status, confirmedOffset, ...}", subscriptionDescribe},
 		"waitUntilProcessed": {"waitUntilProcessed(offset, timeoutMs?) or waitUntilProcessed({offset, timeoutMs}) -> {confirmedOffset}", subscriptionWaitUntilProcessed},
 	},
 	"Capabilities": {
@@ -66,7 +84,7 @@ var bindings = map[string]map[string]binding{
 	"Processor": {
 		"snapshot":        {"snapshot() -> {state, reducedOffset, processedOffset}", processorSnapshot},
 		"getRuntimeState": {"getRuntimeState() -> state", processorRuntimeState},
-		"liveState":       {"liveState() -> live view {snapshot(), patches(), cancel()}", processorLiveState},
+		"liveState":       {"liveState() -> live view {snapshot(), patches(), cancel()} (returns once the first snapshot is in)", processorLiveState},
 	},
 }
 
@@ -97,7 +115,7 @@ func (s *Session) proxy(p capPath) *goja.Object {
 				}
 				c := s.client(p)
 				defer c.Release()
-				v, err := b.call(s.ctx(), s, c, p, call.Arguments)
+				v, err := b.run(s.ctx(), s, c, p, call.Arguments)
 				if err != nil {
 					panic(s.throw(err))
 				}
@@ -296,8 +314,8 @@ func streamsList(ctx context.Context, s *Session, c capnp.Client, _ capPath, arg
 			break
 		}
 		if limit > 0 {
-			s.note("%d streams shown; more follow: list(%q, %q, %d) for the next page, or leave out the limit for all",
-				len(list), prefix, next, limit)
+			s.note("%s shown; more follow: list(%q, %q, %d) for the next page, or leave out the limit for all",
+				plural(len(list), "stream"), prefix, next, limit)
 			break
 		}
 		after = next
@@ -376,6 +394,41 @@ func (s *Session) query(what string, args []goja.Value, extra ...string) (itx.Qu
 	return q, o, o.err()
 }
 
+// queryJS writes q as the options object of a getEvents call ({after: 5, types: ["note"]}),
+// for a hint the caller can paste: every option of the query is repeated, so following it reads
+// what the original call would have read next.
+func queryJS(q itx.Query, all bool) string {
+	var parts []string
+	if q.After > 0 {
+		parts = append(parts, fmt.Sprintf("after: %d", q.After))
+	}
+	if q.Before > 0 {
+		parts = append(parts, fmt.Sprintf("before: %d", q.Before))
+	}
+	if q.Limit > 0 {
+		parts = append(parts, fmt.Sprintf("limit: %d", q.Limit))
+	}
+	if len(q.Types) > 0 {
+		types, _ := json.Marshal(q.Types)
+		parts = append(parts, "types: "+string(types))
+	}
+	if q.IncludeEphemeral {
+		parts = append(parts, "includeEphemeral: true")
+	}
+	if all {
+		parts = append(parts, "all: true")
+	}
+	return "{" + strings.Join(parts, ", ") + "}"
+}
+
+// plural is "1 event", "2 events".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
+}
+
 // maxAllEvents bounds getEvents({all: true}): everything it reads is held in memory at once.
 const maxAllEvents = 100_000
 
@@ -402,13 +455,18 @@ func streamGetEvents(ctx context.Context, s *Session, c capnp.Client, _ capPath,
 		if !all {
 			// A full page may hide the rest of the stream: say so, with how to go on.
 			if len(page.Events) > 0 {
-				s.note("%d events shown, more follow: getEvents({after: %d}) for the next page, or getEvents({all: true}) for every one",
-					len(events), page.NextAfter)
+				next, every := q, q
+				next.After = page.NextAfter
+				every.Limit = 0
+				s.note("%s shown, more follow: getEvents(%s) for the next page, or getEvents(%s) for every one",
+					plural(len(events), "event"), queryJS(next, false), queryJS(every, true))
 			}
 			break
 		}
 		if len(events) >= maxAllEvents {
-			s.note("stopped after %d events; go on with getEvents({after: %d, all: true})", len(events), page.NextAfter)
+			next := q
+			next.After = page.NextAfter
+			s.note("stopped after %s; go on with getEvents(%s)", plural(len(events), "event"), queryJS(next, true))
 			break
 		}
 		q.After = page.NextAfter
@@ -688,6 +746,7 @@ func subscriptionDescribe(ctx context.Context, s *Session, c capnp.Client, _ cap
 	}
 	return struct {
 		Config                            subscriptionConfigJS `json:"config"`
+		SecretSet                         bool                 `json:"secretSet"` // a webhook secret is set (config shows only its reference)
 		Kind                              string               `json:"kind"`
 		Status                            string               `json:"status"`
 		ConfiguredAtOffset                int64                `json:"configuredAtOffset"`
@@ -703,7 +762,7 @@ func subscriptionDescribe(ctx context.Context, s *Session, c capnp.Client, _ cap
 		InFlightDeadlineAt                msTime               `json:"inFlightDeadlineAt"`
 		InFlightConnectionGeneration      int64                `json:"inFlightConnectionGeneration"`
 		UpdatedAt                         textTime             `json:"updatedAt"`
-	}{configJS(client.ConfigOf(d.Config)), d.Kind, d.Status, d.ConfiguredAtOffset, d.CursorChangedAtOffset, d.ConfirmedOffset, d.HeadOffset,
+	}{configJS(client.ConfigOf(d.Config)), d.SecretSet, d.Kind, d.Status, d.ConfiguredAtOffset, d.CursorChangedAtOffset, d.ConfirmedOffset, d.HeadOffset,
 		d.Attempt, msTime(d.NextAttemptAt), d.FailingEventOffset, d.FailingEventAttempt, d.FailingEventSkips,
 		d.LastError, msTime(d.InFlightDeadlineAt), d.InFlightConnectionGeneration, textTime(d.UpdatedAt)}, nil
 }

@@ -25,6 +25,40 @@ type Command struct {
 	Help string
 	CLI  bool // also runnable as `itx <name> ...`
 	Run  func(ctx context.Context, s *Session, args []string) error
+	// Check, when set, reads the arguments without running anything: itx checks them before
+	// it connects, so a usage error is one whether or not itxd is up. Run checks them too.
+	Check func(args []string) error
+}
+
+// UsageError is a command given arguments it does not take. At the prompt it reads as
+// invalidArgument: "usage: .tail <path> [--from N | N]"; itx <command> prints CLIUsage and exits
+// 2.
+type UsageError struct {
+	Command string
+	Problem string // what was wrong, or empty
+	err     *itx.Error
+}
+
+func usageError(name, format string, args ...any) *UsageError {
+	e := &UsageError{Command: name, Problem: fmt.Sprintf(format, args...)}
+	msg := "usage: ." + name + " " + commands[name].Args
+	if e.Problem != "" {
+		msg = name + ": " + e.Problem + "; " + msg
+	}
+	e.err = &itx.Error{Code: itx.EInvalid, Message: msg}
+	return e
+}
+
+func (e *UsageError) Error() string { return e.err.Error() }
+func (e *UsageError) Unwrap() error { return e.err }
+
+// CLIUsage is how the error reads from a shell: the problem, then "usage: itx tail <path> ...".
+func (e *UsageError) CLIUsage() string {
+	usage := "usage: itx " + e.Command + " " + commands[e.Command].Args
+	if e.Problem == "" {
+		return usage
+	}
+	return "itx " + e.Command + ": " + e.Problem + "\n" + usage
 }
 
 // ErrExit is returned by .exit.
@@ -58,13 +92,17 @@ func init() {
 	register(&Command{Name: "time", Args: "[iso|relative]", Help: "show times in tables as ISO-8601 (the default) or relative to now", Run: runTime})
 	register(&Command{Name: "quit", Help: "leave (as .exit)", Run: func(context.Context, *Session, []string) error { return ErrExit }})
 	register(&Command{Name: "tail", Args: "<path> [--from N | N]", CLI: true,
-		Help: "open a connection and print events as they are appended, until Ctrl-C (default: after the head)", Run: runTail})
-	register(&Command{Name: "import", Args: "<path> [file.ndjson | -]", CLI: true,
-		Help: "append events from newline-delimited JSON ({type, payload, idempotencyKey, metadata} a line), pipelined in batches; - or no file: standard input (itx import only)", Run: runImport})
-	register(&Command{Name: "export", Args: "<path> [after]", CLI: true,
-		Help: "print a stream's events after an offset (default 0) up to its head, one JSON event a line: what import reads", Run: runExport})
+		Help: "open a connection and print events as they are appended, until Ctrl-C (default: after the head)", Run: runTail,
+		Check: func(args []string) error { _, err := parseTail(args); return err }})
+	register(&Command{Name: "import", Args: "<path> [file.ndjson | -] [--with-control]", CLI: true,
+		Help: "append events from newline-delimited JSON ({type, payload, idempotencyKey, metadata} a line), pipelined in batches; - or no file: standard input (itx import only); stream/* control records are skipped unless --with-control", Run: runImport,
+		Check: func(args []string) error { _, err := parseImport(args); return err }})
+	register(&Command{Name: "export", Args: "<path> [after] [--with-control]", CLI: true,
+		Help: "print a stream's events after an offset (default 0) up to its head, one JSON event a line: what import reads; stream/* control records are left out unless --with-control", Run: runExport,
+		Check: func(args []string) error { _, err := parseExport(args); return err }})
 	register(&Command{Name: "watch", Args: "<path>", CLI: true,
-		Help: "print a stream's live state (snapshot, then patches) until Ctrl-C", Run: runWatch})
+		Help: "print a stream's live state (snapshot, then patches) until Ctrl-C", Run: runWatch,
+		Check: func(args []string) error { _, err := parseWatch(args); return err }})
 }
 
 // RunCommand runs the command line `name args...` (without the leading dot).
@@ -185,30 +223,81 @@ func runTime(ctx context.Context, s *Session, args []string) error {
 	return itx.Errorf(itx.EInvalid, "usage: .time iso|relative")
 }
 
-// streamArg reads a <path> argument.
+// streamArg reads the <path> argument of a command: the first, which is not a flag.
 func streamArg(name string, args []string) (capPath, error) {
 	if len(args) == 0 {
-		return capPath{}, itx.Errorf(itx.EInvalid, "usage: .%s %s", name, commands[name].Args)
+		return capPath{}, usageError(name, "")
 	}
-	return capPath{iface: "Stream", steps: []step{{method: "streams"}, {method: "get", arg: args[0]}}}, nil
+	if strings.HasPrefix(args[0], "-") {
+		return capPath{}, usageError(name, "the stream's path comes first, got %q", args[0])
+	}
+	return streamPath(args[0]), nil
+}
+
+func streamPath(path string) capPath {
+	return capPath{iface: "Stream", steps: []step{{method: "streams"}, {method: "get", arg: path}}}
+}
+
+// offsetArg reads an offset argument.
+func offsetArg(name, arg string) (int64, error) {
+	n, err := strconv.ParseInt(arg, 10, 64)
+	if err != nil || n < 0 {
+		return 0, usageError(name, "after must be an offset, got %q", arg)
+	}
+	return n, nil
+}
+
+// tailArgs are .tail's arguments: <path> [--from N | N].
+type tailArgs struct {
+	path     string
+	after    int64
+	fromHead bool // no offset given: after the head
+}
+
+func parseTail(args []string) (tailArgs, error) {
+	if _, err := streamArg("tail", args); err != nil {
+		return tailArgs{}, err
+	}
+	t := tailArgs{path: args[0], fromHead: true}
+	rest := args[1:]
+	switch {
+	case len(rest) == 0:
+		return t, nil
+	case rest[0] == "--from" && len(rest) == 1:
+		return t, usageError("tail", "--from needs an offset")
+	case rest[0] == "--from":
+		rest = rest[1:] // .tail /path --from N: events after N
+	case strings.HasPrefix(rest[0], "--from="):
+		rest = append([]string{strings.TrimPrefix(rest[0], "--from=")}, rest[1:]...)
+	}
+	if len(rest) > 1 {
+		return t, usageError("tail", "too many arguments")
+	}
+	after, err := offsetArg("tail", rest[0])
+	if err != nil {
+		return t, err
+	}
+	t.after, t.fromHead = after, false
+	return t, nil
+}
+
+func parseWatch(args []string) (capPath, error) {
+	p, err := streamArg("watch", args)
+	if err == nil && len(args) > 1 {
+		err = usageError("watch", "too many arguments")
+	}
+	return p, err
 }
 
 func runTail(ctx context.Context, s *Session, args []string) error {
-	p, err := streamArg("tail", args)
+	ta, err := parseTail(args)
 	if err != nil {
 		return err
 	}
-	c := s.client(p)
+	c := s.client(streamPath(ta.path))
 	defer c.Release()
-	var after int64
-	if len(args) > 2 && args[1] == "--from" {
-		args = append(args[:1], args[2:]...) // .tail /path --from N: events after N
-	}
-	if len(args) > 1 {
-		if after, err = strconv.ParseInt(args[1], 10, 64); err != nil || after < 0 {
-			return itx.Errorf(itx.EInvalid, "tail: after must be an offset, got %q", args[1])
-		}
-	} else {
+	after := ta.after
+	if ta.fromHead {
 		info, err := client.Describe(ctx, schema.Stream(c))
 		if err != nil {
 			return err
@@ -225,7 +314,7 @@ func runTail(ctx context.Context, s *Session, args []string) error {
 		conn.close(cctx, "itx tail ended")
 	}()
 	// A notice on stderr: stdout carries only events, one per line.
-	fmt.Fprintf(s.cfg.Err, "tailing %s after offset %d; Ctrl-C stops\n", args[0], after)
+	fmt.Fprintf(s.cfg.Err, "tailing %s after offset %d; Ctrl-C stops\n", ta.path, after)
 	for {
 		select {
 		case <-ctx.Done():
@@ -264,7 +353,7 @@ func (s *Session) printEventLine(e eventJS) {
 }
 
 func runWatch(ctx context.Context, s *Session, args []string) error {
-	p, err := streamArg("watch", args)
+	p, err := parseWatch(args)
 	if err != nil {
 		return err
 	}

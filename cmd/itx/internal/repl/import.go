@@ -8,7 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strconv"
+	"strings"
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
@@ -24,22 +24,63 @@ const (
 	importMaxLine     = itx.MaxEventBytes + 64<<10 // one event at its largest, with its JSON around it
 )
 
+// withControlFlag is the flag of import and export that carries the stream's own stream/*
+// control records (subscription-configured, cursor changes, ...) too. They are left out by
+// default: replayed into another stream they would configure /a's subscriptions on it.
+const withControlFlag = "--with-control"
+
+// takeFlag removes flag from args, reporting whether it was there.
+func takeFlag(args []string, flag string) ([]string, bool) {
+	out := make([]string, 0, len(args))
+	found := false
+	for _, a := range args {
+		if a == flag {
+			found = true
+			continue
+		}
+		out = append(out, a)
+	}
+	return out, found
+}
+
 // runImport appends the events of a newline-delimited JSON file, one EventInput a line (blank
 // lines skipped), in order. It stops at the first line that does not parse or the first batch
 // itxd refuses, and says how many events went in before it: with idempotency keys, running the
-// same import again appends only what is missing.
+// same import again appends only what is missing. stream/* control records are skipped (and
+// counted) unless --with-control is given.
+// importArgs are .import's arguments: <path> [file | -] [--with-control].
+type importArgs struct {
+	path, file  string // file: "" or "-" for standard input
+	withControl bool
+}
+
+func parseImport(args []string) (importArgs, error) {
+	args, withControl := takeFlag(args, withControlFlag)
+	if _, err := streamArg("import", args); err != nil {
+		return importArgs{}, err
+	}
+	a := importArgs{path: args[0], withControl: withControl}
+	switch {
+	case len(args) > 2:
+		return a, usageError("import", "too many arguments")
+	case len(args) == 2 && args[1] != "-" && strings.HasPrefix(args[1], "-"):
+		return a, usageError("import", "unknown flag %q", args[1])
+	case len(args) == 2:
+		a.file = args[1]
+	}
+	return a, nil
+}
+
 func runImport(ctx context.Context, s *Session, args []string) error {
-	p, err := streamArg("import", args)
+	ia, err := parseImport(args)
 	if err != nil {
 		return err
 	}
-	if len(args) > 2 {
-		return itx.Errorf(itx.EInvalid, "usage: .import %s", commands["import"].Args)
-	}
+	p, withControl := streamPath(ia.path), ia.withControl
 	var in io.Reader
 	switch {
-	case len(args) == 2 && args[1] != "-":
-		f, err := os.Open(args[1])
+	case ia.file != "" && ia.file != "-":
+		f, err := os.Open(ia.file)
 		if err != nil {
 			return itx.Errorf(itx.EInvalid, "import: %v", err)
 		}
@@ -56,30 +97,38 @@ func runImport(ctx context.Context, s *Session, args []string) error {
 
 	type sentBatch struct {
 		answer      *client.AppendFuture
-		first, last int // its lines
+		first, last int    // its lines
+		keyed       []bool // which of its events carry an idempotency key
 	}
 	var (
 		batch             []itx.EventInput
 		batchBytes        int
 		first, last, line int
 		sent              []sentBatch
+		skipped           int // stream/* lines left out
 	)
 	// take records the answers at the front of the queue, in order: every one when wait is set,
 	// else those already arrived. The queue thus holds only batches in flight (importInFlight at
 	// most), however long the file. At the first refusal it waits for the batches sent after it,
 	// which may still commit, and names the refused lines.
 	var head int64
-	var added, duplicates int
-	count := func(res itx.AppendResult) {
-		for _, dup := range res.Duplicate {
-			if dup {
-				duplicates++
-			} else {
+	// A duplicate is an event already there by its idempotency key, or, for one without a key
+	// (a stream/* record), one itxd ignored: an unchanged subscription configure.
+	var added, duplicates, ignored int
+	count := func(b sentBatch, res itx.AppendResult) {
+		for i, dup := range res.Duplicate {
+			switch {
+			case !dup:
 				added++
+			case i < len(b.keyed) && b.keyed[i]:
+				duplicates++
+			default:
+				ignored++
 			}
 		}
 		head = max(head, res.HeadOffset)
 	}
+	total := func() int { return added + duplicates + ignored }
 	take := func(wait bool) error {
 		for len(sent) > 0 {
 			b := sent[0]
@@ -93,19 +142,19 @@ func runImport(ctx context.Context, s *Session, args []string) error {
 			res, err := b.answer.Wait(ctx)
 			sent = sent[1:]
 			if err == nil {
-				count(res)
+				count(b, res)
 				continue
 			}
-			before := added + duplicates
+			before := total()
 			_ = a.Flush(ctx) // the batches after it: committed or not, each answered
 			for _, later := range sent {
 				if res, lerr := later.answer.Wait(ctx); lerr == nil {
-					count(res)
+					count(later, res)
 				}
 			}
 			sent = nil
 			return itx.Errorf(itx.ErrorCode(err), "import: lines %d-%d refused (%s); %d events imported before them, %d in the batches already sent after them",
-				b.first, b.last, itx.ErrorMessage(err), before, added+duplicates-before)
+				b.first, b.last, itx.ErrorMessage(err), before, total()-before)
 		}
 		return nil
 	}
@@ -121,7 +170,11 @@ func runImport(ctx context.Context, s *Session, args []string) error {
 		if err != nil {
 			return err
 		}
-		sent = append(sent, sentBatch{f, first, last})
+		keyed := make([]bool, len(batch))
+		for i, e := range batch {
+			keyed[i] = e.IdempotencyKey != ""
+		}
+		sent = append(sent, sentBatch{f, first, last, keyed})
 		batch, batchBytes = nil, 0
 		return nil
 	}
@@ -139,7 +192,11 @@ func runImport(ctx context.Context, s *Session, args []string) error {
 			if serr := settle(); serr != nil {
 				return serr
 			}
-			return itx.Errorf(itx.EInvalid, "import: line %d is not an event ({type, payload, ...}): %v; %d events before it imported", line, err, added+duplicates)
+			return itx.Errorf(itx.EInvalid, "import: line %d is not an event ({type, payload, ...}): %v; %d events before it imported", line, err, total())
+		}
+		if itx.IsCoreType(e.Type) && !withControl {
+			skipped++
+			continue
 		}
 		e.Provenance = nil // only copy-to-stream sets it; an exported copy's hops stay behind
 		if len(batch) == 0 {
@@ -157,7 +214,7 @@ func runImport(ctx context.Context, s *Session, args []string) error {
 		if serr := settle(); serr != nil {
 			return serr
 		}
-		return itx.Errorf(itx.EInvalid, "import: after line %d: %v; %d events before it imported", line, err, added+duplicates)
+		return itx.Errorf(itx.EInvalid, "import: after line %d: %v; %d events before it imported", line, err, total())
 	}
 	if err := send(); err != nil {
 		return err
@@ -165,29 +222,55 @@ func runImport(ctx context.Context, s *Session, args []string) error {
 	if err := settle(); err != nil {
 		return err
 	}
-	fmt.Fprintf(s.cfg.Err, "imported %d events into %s (%d new, %d already there by idempotency key); head %d\n",
-		added+duplicates, args[0], added, duplicates, head)
+	fmt.Fprintf(s.cfg.Err, "imported %s into %s (%d new, %d already there by idempotency key", plural(total(), "event"), ia.path, added, duplicates)
+	if ignored > 0 {
+		fmt.Fprintf(s.cfg.Err, ", %d ignored by itxd as unchanged", ignored)
+	}
+	fmt.Fprintf(s.cfg.Err, "); head %d\n", head)
+	if skipped > 0 {
+		fmt.Fprintf(s.cfg.Err, "skipped %s (%s appends them)\n", plural(skipped, "stream/* control record"), withControlFlag)
+	}
 	return nil
 }
 
 // runExport writes a stream's durable events after an offset (default 0) up to its head when
 // the export starts, one JSON event a line, page by page: what `itx import` reads back (which
 // keeps type, payload, metadata and idempotency key; the offsets and times are the new stream's).
+// The stream's stream/* control records are left out (and counted) unless --with-control is
+// given.
+// exportArgs are .export's arguments: <path> [after] [--with-control].
+type exportArgs struct {
+	path        string
+	after       int64
+	withControl bool
+}
+
+func parseExport(args []string) (exportArgs, error) {
+	args, withControl := takeFlag(args, withControlFlag)
+	if _, err := streamArg("export", args); err != nil {
+		return exportArgs{}, err
+	}
+	e := exportArgs{path: args[0], withControl: withControl}
+	switch {
+	case len(args) > 2:
+		return e, usageError("export", "too many arguments")
+	case len(args) == 2:
+		after, err := offsetArg("export", args[1])
+		if err != nil {
+			return e, err
+		}
+		e.after = after
+	}
+	return e, nil
+}
+
 func runExport(ctx context.Context, s *Session, args []string) error {
-	p, err := streamArg("export", args)
+	ea, err := parseExport(args)
 	if err != nil {
 		return err
 	}
-	var after int64
-	switch {
-	case len(args) > 2:
-		return itx.Errorf(itx.EInvalid, "usage: .export %s", commands["export"].Args)
-	case len(args) == 2:
-		if after, err = strconv.ParseInt(args[1], 10, 64); err != nil || after < 0 {
-			return itx.Errorf(itx.EInvalid, "export: after must be an offset, got %q", args[1])
-		}
-	}
-	c := s.client(p)
+	after, withControl := ea.after, ea.withControl
+	c := s.client(streamPath(ea.path))
 	defer c.Release()
 	st := schema.Stream(c)
 	info, err := client.Describe(ctx, st)
@@ -197,7 +280,7 @@ func runExport(ctx context.Context, s *Session, args []string) error {
 	w := bufio.NewWriter(s.cfg.Out)
 	enc := json.NewEncoder(w)
 	enc.SetEscapeHTML(false)
-	n := 0
+	n, skipped := 0, 0
 	for after < info.HeadOffset {
 		page, err := client.GetEventPage(ctx, st, itx.Query{After: after, Before: info.HeadOffset + 1, Limit: 500})
 		if err != nil {
@@ -205,6 +288,10 @@ func runExport(ctx context.Context, s *Session, args []string) error {
 			return itx.Errorf(itx.ErrorCode(err), "export: after offset %d: %s; %d events written", after, itx.ErrorMessage(err), n)
 		}
 		for i := range page.Events {
+			if itx.IsCoreType(page.Events[i].Type) && !withControl {
+				skipped++
+				continue
+			}
 			if err := enc.Encode(&page.Events[i]); err != nil {
 				return err
 			}
@@ -218,6 +305,9 @@ func runExport(ctx context.Context, s *Session, args []string) error {
 	if err := w.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(s.cfg.Err, "exported %d events of %s through offset %d\n", n, args[0], info.HeadOffset)
+	fmt.Fprintf(s.cfg.Err, "exported %s of %s through offset %d\n", plural(n, "event"), ea.path, info.HeadOffset)
+	if skipped > 0 {
+		fmt.Fprintf(s.cfg.Err, "skipped %s (%s includes them)\n", plural(skipped, "stream/* control record"), withControlFlag)
+	}
 	return nil
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"capnproto.org/go/capnp/v3"
 	"github.com/dop251/goja"
@@ -98,14 +100,28 @@ type liveConnection struct {
 	conn schema.Connection
 	sink *eventSink
 	once sync.Once
+	// released is set once the connection is closed or released (with the session, or when
+	// a reconnect replaced the connection to itxd it lived on): calls on it answer
+	// failedPrecondition instead of reaching a released client.
+	released atomic.Bool
 }
 
 func (c *liveConnection) release() {
-	c.once.Do(func() { c.conn.Release() })
+	c.once.Do(func() {
+		c.released.Store(true)
+		c.conn.Release()
+	})
 }
 
-// close asks the server to close the connection, then releases it.
+// errConnectionClosed answers a call on a connection closed or released before.
+var errConnectionClosed = itx.Errorf(itx.EFailedPrecondition, "the connection is closed")
+
+// close asks the server to close the connection, then releases it. Closing it again does
+// nothing.
 func (c *liveConnection) close(ctx context.Context, reason string) error {
+	if c.released.Load() {
+		return nil
+	}
 	defer c.s.forget(c)
 	fut, release := c.conn.Close(ctx, func(p schema.Connection_close_Params) error { return p.SetReason(reason) })
 	defer release()
@@ -190,6 +206,9 @@ func streamOpenConnection(ctx context.Context, s *Session, c capnp.Client, p cap
 		return s.toJS(out)
 	})
 	obj.Set("ping", func(goja.FunctionCall) goja.Value {
+		if conn.released.Load() {
+			panic(s.throw(errConnectionClosed))
+		}
 		fut, release := conn.conn.Ping(s.ctx(), nil)
 		defer release()
 		res, err := fut.Struct()
@@ -221,10 +240,14 @@ type liveView struct {
 	patches  []patchJS
 	dropped  int
 	wake     chan struct{}
+	// first is closed when the first snapshot has arrived.
+	first     chan struct{}
+	firstOnce sync.Once
 
-	s      *Session
-	handle schema.Handle
-	once   sync.Once
+	s        *Session
+	handle   schema.Handle
+	once     sync.Once
+	released atomic.Bool // cancelled, or released with the session or a replaced connection
 }
 
 type patchJS struct {
@@ -248,8 +271,34 @@ func (v *liveView) Snapshot(ctx context.Context, call schema.LiveSubscriber_snap
 	v.revision, v.state, v.patches = call.Args().Revision(), rawJSON(state), nil
 	v.snapshot = v.revision
 	v.mu.Unlock()
+	v.firstOnce.Do(func() { close(v.first) })
 	v.signal()
 	return nil
+}
+
+// firstSnapshotWait bounds how long liveState() waits for the server's first snapshot (the
+// server sends it as soon as it has computed the document, normally at once).
+const firstSnapshotWait = 10 * time.Second
+
+// waitFirstSnapshot waits until the first snapshot has arrived, so that snapshot() right after
+// liveState() shows the state, not an empty revision 0. If it does not come in time (or ctx
+// ends first: Ctrl-C) the registration is cancelled and the error says why.
+func (v *liveView) waitFirstSnapshot(ctx context.Context) error {
+	t := time.NewTimer(firstSnapshotWait)
+	defer t.Stop()
+	var err error
+	select {
+	case <-v.first:
+		return nil
+	case <-ctx.Done():
+		err = ctx.Err()
+	case <-t.C:
+		err = itx.Errorf(itx.EDeadlineExceeded, "liveState: no snapshot arrived within %s", firstSnapshotWait)
+	}
+	cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	v.cancel(cctx)
+	return err
 }
 
 func (v *liveView) Patch(ctx context.Context, call schema.LiveSubscriber_patch) error {
@@ -271,14 +320,19 @@ func (v *liveView) Patch(ctx context.Context, call schema.LiveSubscriber_patch) 
 
 func (v *liveView) release() {
 	v.once.Do(func() {
+		v.released.Store(true)
 		if v.handle.IsValid() {
 			v.handle.Release()
 		}
 	})
 }
 
-// cancel ends the registration on the server, then releases it.
+// cancel ends the registration on the server, then releases it. Cancelling it again does
+// nothing.
 func (v *liveView) cancel(ctx context.Context) error {
+	if v.released.Load() {
+		return nil
+	}
 	defer v.s.forget(v)
 	fut, release := v.handle.Cancel(ctx, nil)
 	defer release()
@@ -299,7 +353,7 @@ func (v *liveView) takePatches() (snapshot uint64, state json.RawMessage, patche
 // subscribeLive registers a live view through register, which sends the liveState call with
 // the subscriber capability it is given.
 func (s *Session) subscribeLive(register func(schema.LiveSubscriber) (schema.Handle, error)) (*liveView, error) {
-	v := &liveView{s: s, wake: make(chan struct{}, 1)}
+	v := &liveView{s: s, wake: make(chan struct{}, 1), first: make(chan struct{})}
 	h, err := register(schema.LiveSubscriber_ServerToClient(v))
 	if err != nil {
 		return nil, err
@@ -326,6 +380,9 @@ func streamLiveState(ctx context.Context, s *Session, c capnp.Client, p capPath,
 	if err != nil {
 		return nil, err
 	}
+	if err := v.waitFirstSnapshot(ctx); err != nil {
+		return nil, err
+	}
 	return s.liveObject(v, "[LiveState "+p.steps[len(p.steps)-1].arg+"]"), nil
 }
 
@@ -340,6 +397,9 @@ func processorLiveState(ctx context.Context, s *Session, c capnp.Client, p capPa
 		return res.Handle().AddRef(), nil
 	})
 	if err != nil {
+		return nil, err
+	}
+	if err := v.waitFirstSnapshot(ctx); err != nil {
 		return nil, err
 	}
 	return s.liveObject(v, "[LiveState "+p.label()+"]"), nil

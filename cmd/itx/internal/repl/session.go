@@ -411,7 +411,7 @@ func (s *Session) Eval(ctx context.Context, name, src string) (goja.Value, error
 		case <-stop:
 		}
 	}()
-	v, err := s.vm.RunProgram(prg)
+	v, err := s.runProgram(prg)
 	close(stop)
 	<-watcher
 	// The watcher has exited, so no Interrupt can land after this and poison the next run.
@@ -431,6 +431,23 @@ func (s *Session) Eval(ctx context.Context, name, src string) (goja.Value, error
 		}
 	}
 	return v, nil
+}
+
+// runProgram runs prg. A Go panic that escapes the runtime (a bug in a binding, not a thrown
+// JavaScript value: goja turns those into errors) is answered as an internal error, so the
+// session survives it.
+func (s *Session) runProgram(prg *goja.Program) (v goja.Value, err error) {
+	defer func() {
+		if x := recover(); x != nil {
+			v, err = nil, panicError(x)
+		}
+	}()
+	return s.vm.RunProgram(prg)
+}
+
+// panicError describes a recovered Go panic as an internal error.
+func panicError(x any) error {
+	return itx.Errorf(itx.EInternal, "itx bug: %v (the session goes on)", x)
 }
 
 // ctx is the context a terminal call runs under.

@@ -1,0 +1,132 @@
+package main
+
+import (
+	"context"
+	"testing"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/cmd/itx/internal/repl"
+	"github.com/stretchr/testify/require"
+)
+
+// A method that takes a name or path, called without it (or with undefined or null), answers
+// invalidArgument naming the parameter, before anything is sent; the session goes on.
+func TestEval_MissingStringArgumentIsInvalid(t *testing.T) {
+	ts := startServer(t)
+	ts.appendDirect(t, "/a", itx.EventInput{Type: "note"})
+	s := newSession(t, ts)
+	for src, param := range map[string]string{
+		`project.streams.get()`:                                "Streams.get: path is required",
+		`project.streams.get(undefined)`:                       "Streams.get: path is required",
+		`project.streams.get(null)`:                            "Streams.get: path is required",
+		`project.streams.get({})`:                              "Streams.get: path is required",
+		`project.streams.get("/a").subscriptions.get()`:        "Subscriptions.get: name is required",
+		`project.streams.get("/a").resumeSubscription()`:       "resumeSubscription: name is required",
+		`project.streams.get("/a").subscriptions.remove()`:     "Subscriptions.remove: name is required",
+		`project.streams.get("/a").readers.remove(null)`:       "Readers.remove: name is required",
+		`project.capabilities.unmount()`:                       "Capabilities.unmount: name is required",
+		`project.admin.createProject()`:                        "Admin.createProject: name is required",
+		`project.streams.get("/a").subscriptions.get(42)`:      "Subscriptions.get: expected name as a string, got a number",
+		`project.streams.get("/a").resumeSubscription({})`:     "resumeSubscription: name is required",
+		`project.streams.get("/a").readers.remove({nme: "x"})`: `Readers.remove: unknown option "nme"`,
+	} {
+		f := s.failure(t, src)
+		require.Equal(t, "invalidArgument", f.Code, "%s: %s", src, f.Message)
+		require.Contains(t, f.Message, param, src)
+	}
+	require.Equal(t, 1.0, s.mustEval(t, `project.streams.get("/a").describe().headOffset`), "the session goes on")
+}
+
+// liveState() returns once the first snapshot has arrived: snapshot() right after it shows the
+// state, never an empty revision 0 (the snapshot frame races the liveState answer, so each
+// view is opened several times).
+func TestEval_LiveStateHasItsFirstSnapshot(t *testing.T) {
+	ts := startServer(t)
+	ts.appendDirect(t, "/a", itx.EventInput{Type: "note"})
+	s := newSession(t, ts)
+	s.mustEval(t, `project.streams.get("/a").subscriptions.configure({name: "proc", receiver: {type: "processor-wake", placement: "remote"}})`)
+	for i := range 20 {
+		v := obj(t, s.mustEval(t, `var lv = project.streams.get("/a").liveState(); lv.snapshot()`))
+		require.NotZero(t, v["revision"], "try %d: %v", i, v)
+		require.Equal(t, "/a", obj(t, v["state"])["path"], "try %d: %v", i, v)
+		s.mustEval(t, `lv.cancel()`)
+
+		v = obj(t, s.mustEval(t, `var pv = project.streams.get("/a").subscriptions.get("proc").processor.liveState(); pv.snapshot()`))
+		require.NotZero(t, v["revision"], "processor, try %d: %v", i, v)
+		require.NotNil(t, v["state"], "processor, try %d: %v", i, v)
+		s.mustEval(t, `pv.cancel()`)
+	}
+}
+
+// A connection closed from itx (or dropped with the connection to itxd it lived on) answers
+// failedPrecondition, not an internal error from a released client; closing it again and
+// cancelling a live view again do nothing.
+func TestEval_CallsAfterCloseAreFailedPrecondition(t *testing.T) {
+	ts := startServer(t)
+	ts.appendDirect(t, "/a", itx.EventInput{Type: "note"})
+	s := newSession(t, ts)
+	closed := repl.Failure{Code: "failedPrecondition", Message: "the connection is closed"}
+
+	s.mustEval(t, `var c = project.streams.get("/a").openConnection(0); c.ping()`)
+	s.mustEval(t, `c.close("done")`)
+	require.Equal(t, closed, s.failure(t, `c.ping()`))
+	s.mustEval(t, `c.close("again")`)
+	require.Equal(t, "failedPrecondition", s.mustEval(t, `try { c.ping(); "no error" } catch (e) { e.code }`), "scripts can branch on it")
+	s.mustEval(t, `c.take()`)
+
+	s.mustEval(t, `var lv = project.streams.get("/a").liveState(); lv.cancel()`)
+	s.mustEval(t, `lv.cancel()`)
+	require.Equal(t, "/a", obj(t, obj(t, s.mustEval(t, `lv.snapshot()`))["state"])["path"], "the last snapshot stays readable")
+
+	// A reconnect replaces the connection to itxd: what lived on the old one is closed.
+	s.mustEval(t, `var c2 = project.streams.get("/a").openConnection(0); var lv2 = project.streams.get("/a").liveState()`)
+	require.NoError(t, s.RunCommand(context.Background(), "reconnect"))
+	require.Equal(t, closed, s.failure(t, `c2.ping()`))
+	s.mustEval(t, `c2.close(); lv2.cancel()`)
+	require.Equal(t, 1.0, s.mustEval(t, `project.streams.get("/a").describe().headOffset`), "the session goes on")
+}
+
+// A subscription's describe() says whether a webhook secret is set, as the server reports it;
+// the secret itself never comes back.
+func TestEval_DescribeSaysSecretSet(t *testing.T) {
+	ts := startServer(t)
+	ts.appendDirect(t, "/a", itx.EventInput{Type: "note"})
+	s := newSession(t, ts)
+	const secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+	s.mustEval(t, `var subs = project.streams.get("/a").subscriptions`)
+	s.mustEval(t, `subs.configure({name: "wh", receiver: {type: "webhook-post", url: "http://127.0.0.1:1/x", secret: "`+secret+`"}})`)
+	s.mustEval(t, `subs.configure({name: "plain", receiver: {type: "webhook-post", url: "http://127.0.0.1:1/x"}})`)
+
+	out, err := s.eval(t, `subs.get("wh").describe()`)
+	require.NoError(t, err)
+	require.NotContains(t, out, secret)
+	d := obj(t, s.mustEval(t, `subs.get("wh").describe()`))
+	require.Equal(t, true, d["secretSet"])
+	d = obj(t, s.mustEval(t, `subs.get("plain").describe()`))
+	require.Equal(t, false, d["secretSet"])
+}
+
+// getEvents' "more follow" hint repeats the query's options with the next after, so following
+// it goes on reading what the first call read (here only notes); it counts in words that agree.
+func TestEval_GetEventsHintKeepsTheQuery(t *testing.T) {
+	ts := startServer(t)
+	ts.appendDirect(t, "/a", itx.EventInput{Type: "note"}, itx.EventInput{Type: "other"}, itx.EventInput{Type: "note"},
+		itx.EventInput{Type: "other"}, itx.EventInput{Type: "note"})
+	s := newSession(t, ts)
+	s.errs.Reset()
+	require.Equal(t, []any{1.0}, s.mustEval(t, `project.streams.get("/a").getEvents({after: 0, limit: 1, types: ["note"]}).map(e => e.offset)`))
+	require.Equal(t, `(1 event shown, more follow: getEvents({after: 1, limit: 1, types: ["note"]}) for the next page, `+
+		`or getEvents({types: ["note"], all: true}) for every one)`+"\n", s.errs.String())
+
+	s.errs.Reset()
+	require.Equal(t, []any{3.0}, s.mustEval(t, `project.streams.get("/a").getEvents({after: 1, limit: 1, types: ["note"]}).map(e => e.offset)`),
+		"the hint's next page is the next note")
+	require.Contains(t, s.errs.String(), `getEvents({after: 3, limit: 1, types: ["note"]})`)
+	require.Equal(t, []any{1.0, 3.0, 5.0}, s.mustEval(t, `project.streams.get("/a").getEvents({types: ["note"], all: true}).map(e => e.offset)`),
+		"the hint's every-one call")
+
+	s.errs.Reset()
+	s.mustEval(t, `project.streams.get("/a").getEvents(0, 2, {includeEphemeral: true, before: 5})`)
+	require.Equal(t, `(2 events shown, more follow: getEvents({after: 2, before: 5, limit: 2, includeEphemeral: true}) for the next page, `+
+		`or getEvents({before: 5, includeEphemeral: true, all: true}) for every one)`+"\n", s.errs.String())
+}
