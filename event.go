@@ -187,8 +187,9 @@ func compactJSON(raw []byte) (json.RawMessage, error) {
 
 // SameBody reports whether a retried append of in matches the committed event e: the test an
 // idempotency key uses. Payload and metadata compare as JSON values, so key order, whitespace
-// and a number's spelling (1, 1.0, 1e0) do not matter: numbers compare by value, as in
-// JavaScript, so a client whose serializer writes a float differently on a retry is not refused.
+// and a number's spelling (1, 1.0, 1e0) do not matter: numbers compare by exact decimal value,
+// so a client whose serializer writes a float differently on a retry is not refused, while two
+// large integers that one float64 would confuse stay apart.
 func SameBody(e *Event, in *EventInput) bool {
 	return e.Type == in.Type && jsonEqual(e.Payload, in.Payload) && jsonEqual(e.Metadata, in.Metadata)
 }
@@ -247,10 +248,38 @@ func sameValue(a, b any) bool {
 		if x == y {
 			return true
 		}
-		fx, err1 := strconv.ParseFloat(string(x), 64)
-		fy, err2 := strconv.ParseFloat(string(y), 64)
-		return err1 == nil && err2 == nil && fx == fy
+		// Exact decimal values: 1, 1.0 and 1e0 are one number; two integers past 2^53 that
+		// round to one float64 are not.
+		return decimalKey(string(x)) == decimalKey(string(y))
 	default: // string, bool, nil
 		return a == b
 	}
+}
+
+// decimalKey is a JSON number's exact value as sign, significant digits and power of ten
+// ("-1.50e1" and "-15" give "-15e0"), computed on the text without arithmetic, so an exponent of
+// any size costs nothing. A number it cannot read keeps its text.
+func decimalKey(num string) string {
+	neg := strings.HasPrefix(num, "-")
+	mant, exp := strings.TrimPrefix(num, "-"), 0
+	if i := strings.IndexAny(mant, "eE"); i >= 0 {
+		e, err := strconv.Atoi(strings.TrimPrefix(mant[i+1:], "+"))
+		if err != nil {
+			return num
+		}
+		mant, exp = mant[:i], e
+	}
+	intPart, frac, _ := strings.Cut(mant, ".")
+	digits := strings.TrimLeft(intPart+frac, "0")
+	exp -= len(frac)
+	if digits == "" {
+		return "0"
+	}
+	trimmed := strings.TrimRight(digits, "0")
+	exp += len(digits) - len(trimmed)
+	sign := ""
+	if neg {
+		sign = "-"
+	}
+	return sign + trimmed + "e" + strconv.Itoa(exp)
 }

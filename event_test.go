@@ -58,6 +58,23 @@ func TestEventInput_Normalize(t *testing.T) {
 	})
 }
 
+// Numbers compare by exact value on their text, whatever the exponent's size.
+func TestSameBody_Numbers(t *testing.T) {
+	for _, tc := range []struct {
+		a, b string
+		want bool
+	}{
+		{"1", "1.0", true}, {"100", "1e2", true}, {"1.5e1", "15", true}, {"-0", "0", true},
+		{"0.001", "1e-3", true}, {"-15", "-1.50e+1", true}, {"1e999999999", "1e999999999", true},
+		{"9007199254740993", "9007199254740992", false}, {"1", "-1", false}, {"1e999999999", "1e999999998", false},
+		{"1e99999999999999999999", "1e99999999999999999998", false},
+	} {
+		e := &itx.Event{Type: "t", Payload: json.RawMessage(`{"n":` + tc.a + `}`)}
+		in := &itx.EventInput{Type: "t", Payload: json.RawMessage(`{"n":` + tc.b + `}`)}
+		require.Equal(t, tc.want, itx.SameBody(e, in), "%s vs %s", tc.a, tc.b)
+	}
+}
+
 func TestSameBody(t *testing.T) {
 	committed := &itx.Event{Type: "t", Payload: json.RawMessage(`{"a":1,"b":[1,2]}`), Metadata: json.RawMessage(`{"m":true}`)}
 	for _, tc := range []struct {
@@ -72,6 +89,7 @@ func TestSameBody(t *testing.T) {
 		{"missing metadata", itx.EventInput{Type: "t", Payload: json.RawMessage(`{"a":1,"b":[1,2]}`)}, false},
 		{"other number", itx.EventInput{Type: "t", Payload: json.RawMessage(`{"a":2,"b":[1,2]}`), Metadata: json.RawMessage(`{"m":true}`)}, false},
 		{"number spelled otherwise", itx.EventInput{Type: "t", Payload: json.RawMessage(`{"a":1.0,"b":[1e0,2.00]}`), Metadata: json.RawMessage(`{"m":true}`)}, true},
+		{"another large integer", itx.EventInput{Type: "t", Payload: json.RawMessage(`{"a":9007199254740993,"b":[1,2]}`), Metadata: json.RawMessage(`{"m":true}`)}, false},
 		{"number as a string", itx.EventInput{Type: "t", Payload: json.RawMessage(`{"a":"1","b":[1,2]}`), Metadata: json.RawMessage(`{"m":true}`)}, false},
 		{"extra key", itx.EventInput{Type: "t", Payload: json.RawMessage(`{"a":1,"b":[1,2],"c":null}`), Metadata: json.RawMessage(`{"m":true}`)}, false},
 		{"null for a value", itx.EventInput{Type: "t", Payload: json.RawMessage(`{"a":null,"b":[1,2]}`), Metadata: json.RawMessage(`{"m":true}`)}, false},

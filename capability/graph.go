@@ -86,6 +86,13 @@ func (g *gateway) Login(ctx context.Context, call schema.Gateway_login) error {
 		}
 		g.byToken[key] = x
 		g.sessions = append(g.sessions, x)
+		if err := x.Check(); err != nil {
+			// Revoked or expired while logging in: its revocation found a login in progress
+			// and left the connection; decide now.
+			g.closeIfAllRevoked()
+			g.mu.Unlock()
+			return fail(err)
+		}
 		g.mu.Unlock()
 	}
 	if g.authenticated != nil {

@@ -254,6 +254,14 @@ func loadState(ctx context.Context, store streamStore, rc reduceContext, now tim
 			r.InFlightDeadlineAt, r.InFlightConnectionGeneration = 0, 0 // no push survives a load
 			continue
 		}
+		if r := st.rows[name]; r != nil && entry.ReconfiguredAtOffset != 0 && r.ConfiguredAtOffset < entry.ConfiguredAtOffset {
+			// A changed config keeps the cursor under a new epoch; a row written before the
+			// catalog learned that (an older binary) keeps its cursor and takes the epoch.
+			r.ConfiguredAtOffset, r.CursorChangedAtOffset = entry.ConfiguredAtOffset, entry.ConfiguredAtOffset
+			r.InFlightDeadlineAt, r.InFlightConnectionGeneration = 0, 0
+			c.CursorUpserts = append(c.CursorUpserts, *r)
+			continue
+		}
 		r := bornRow(entry, now)
 		st.rows[name] = r
 		c.CursorUpserts = append(c.CursorUpserts, *r)

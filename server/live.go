@@ -296,8 +296,9 @@ func (a *actor) publishConns() {
 }
 
 // SubscribeLive attaches a sink to the stream's live state: a snapshot now, then patches. The
-// returned function detaches it; so does a frame it does not accept in time. While attached the
-// stream stays loaded.
+// returned function detaches it; so does a frame it fails. A slow sink is waited for, one frame
+// in flight, and then gets what changed meanwhile coalesced. While attached the stream stays
+// loaded.
 func (s *Server) SubscribeLive(ctx context.Context, ref StreamRef, sink LiveSink) (cancel func(), err error) {
 	return s.subscribeLive(ctx, ref, sink, true)
 }

@@ -83,6 +83,16 @@ func (d *Directory) CreateTokenBounded(ctx context.Context, t Token, token strin
 			return fmt.Errorf("create token: %w", err)
 		}
 		if n >= max {
+			// Full: expired tokens open nothing any more, so they make room first (t.CreatedAt
+			// is now). The audit stream keeps their record.
+			res, err := tx.ExecContext(ctx, `delete from tokens where project_id = ? and expires_at != 0 and expires_at <= ?`, t.ProjectID, t.CreatedAt)
+			if err != nil {
+				return fmt.Errorf("create token: %w", err)
+			}
+			freed, _ := res.RowsAffected()
+			n -= int(freed)
+		}
+		if n >= max {
 			return itx.Errorf(itx.ELimitExceeded, "the project holds %d tokens, its most (--max-tokens-per-project); revoke one first", n)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/internal/clocktest"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
 	"github.com/stretchr/testify/require"
@@ -125,4 +126,28 @@ func TestTokens_BoundedPerProject(t *testing.T) {
 	require.NoError(t, client.RevokeToken(ctx, a, "", last.ID))
 	_, _, err = client.CreateToken(ctx, a, "", client.TokenOptions{Label: "room-again"})
 	require.NoError(t, err)
+}
+
+// Expired tokens open nothing: at the bound they make room for a new one (the audit stream keeps
+// their record), so a project living on short-lived tokens is not locked out.
+func TestTokens_ExpiredMakeRoom(t *testing.T) {
+	clock := clocktest.New(time.Unix(1_700_000_000, 0))
+	ts := startServer(t, server.Config{MaxTokensPerProject: 3, Clock: clock})
+	ctx := ctxT(t)
+	a := client.Admin(ctx, ts.project(t))
+	defer a.Release()
+	list, err := client.ListTokens(ctx, a, "")
+	require.NoError(t, err)
+	for i := len(list); i < 3; i++ {
+		_, _, err = client.CreateToken(ctx, a, "", client.TokenOptions{Label: "short" + itoa(i), Expires: clock.Now().Add(time.Minute)})
+		require.NoError(t, err)
+	}
+	_, _, err = client.CreateToken(ctx, a, "", client.TokenOptions{Label: "refused"})
+	requireCode(t, err, itx.ELimitExceeded)
+	clock.Advance(time.Hour)
+	_, _, err = client.CreateToken(ctx, a, "", client.TokenOptions{Label: "after-expiry"})
+	require.NoError(t, err)
+	list, err = client.ListTokens(ctx, a, "")
+	require.NoError(t, err)
+	require.LessOrEqual(t, len(list), 3)
 }
