@@ -134,7 +134,7 @@ type connOpts struct {
 	types            []string
 }
 
-func openConn(t testing.TB, s schema.Stream, o connOpts, sink *testSink) (schema.Connection, error) {
+func openConn(t testing.TB, s schema.Stream, o connOpts, sink schema.EventSink_Server) (schema.Connection, error) {
 	t.Helper()
 	fut, release := s.OpenConnection(context.Background(), func(p schema.Stream_openConnection_Params) error {
 		opts, err := p.NewOptions()

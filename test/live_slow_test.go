@@ -67,32 +67,6 @@ func (k *orderedSink) snapshot() (log []string, closed *schema.CloseReason) {
 	return append([]string(nil), k.log...), k.closed
 }
 
-func openOrdered(t *testing.T, s schema.Stream, key string, noState bool, sink *orderedSink) (schema.Connection, error) {
-	t.Helper()
-	fut, release := s.OpenConnection(context.Background(), func(p schema.Stream_openConnection_Params) error {
-		opts, err := p.NewOptions()
-		if err != nil {
-			return err
-		}
-		opts.SetNoState(noState)
-		if err := opts.SetKey(key); err != nil {
-			return err
-		}
-		if err := opts.SetOpenedBy("test"); err != nil {
-			return err
-		}
-		return p.SetSink(schema.EventSink_ServerToClient(sink))
-	})
-	defer release()
-	res, err := fut.Struct()
-	if err != nil {
-		return schema.Connection{}, err
-	}
-	c := res.Connection().AddRef()
-	t.Cleanup(c.Release)
-	return c, nil
-}
-
 // slowLive is a LiveSubscriber whose first frame is answered late (after the delivery timeout).
 type slowLive struct {
 	liveView
@@ -172,7 +146,7 @@ func TestConnection_SlowStateFrameClosesAsSlowConsumer(t *testing.T) {
 	s := stream(t, e.p, "/slow-state")
 	mustAppend(t, s, ev("a", `{}`))
 	sink := &orderedSink{blockState: make(chan struct{})}
-	c, err := openOrdered(t, s, "tab", false, sink)
+	c, err := openConn(t, s, connOpts{key: "tab"}, sink)
 	require.NoError(t, err)
 	waitUntil(t, "a state frame awaits its answer", func() bool {
 		sink.mu.Lock()
