@@ -170,8 +170,13 @@ func (a *admin) CreateToken(ctx context.Context, call schema.Admin_createToken) 
 	if id == a.p.ID && !scope.Within(a.acc.scope()) {
 		return fail(itx.Errorf(itx.EPermissionDenied, "the new token's scope must fit inside this token's (prefix %q, rights %v)", a.acc.prefix, a.acc.rights.names()))
 	}
+	// Nor does it outlive the caller's token: a token made by one that expires expires no later.
+	expiresAt := args.ExpiresAt()
+	if x := a.acc.session; x != nil && x.Token.ExpiresAt != 0 && (expiresAt == 0 || expiresAt > x.Token.ExpiresAt) {
+		return fail(itx.Errorf(itx.EPermissionDenied, "this token expires at %d: a token it creates must expire by then (expiresAt %d)", x.Token.ExpiresAt, expiresAt))
+	}
 	call.Go()
-	token, info, err := a.srv.CreateToken(ctx, a.by(), id, label, args.ExpiresAt(), scope)
+	token, info, err := a.srv.CreateToken(ctx, a.by(), id, label, expiresAt, scope)
 	if err != nil {
 		return fail(err)
 	}
@@ -201,6 +206,16 @@ func (a *admin) ListTokens(ctx context.Context, call schema.Admin_listTokens) er
 	list, err := a.srv.ListTokens(ctx, id)
 	if err != nil {
 		return fail(err)
+	}
+	if id == a.p.ID {
+		// A scoped admin sees the tokens it could have made (and may revoke), not the rest.
+		kept := list[:0]
+		for _, t := range list {
+			if t.Scope.Within(a.acc.scope()) {
+				kept = append(kept, t)
+			}
+		}
+		list = kept
 	}
 	res, err := call.AllocResults()
 	if err != nil {

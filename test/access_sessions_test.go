@@ -147,3 +147,38 @@ func TestAccess_SubscribingNeedsRead(t *testing.T) {
 	_, err = client.MountReceiver(ctx, p, "mine", client.ServeReceiver(func(context.Context, itx.DeliveryBatch) (int64, error) { return 0, nil }))
 	requireCode(t, err, itx.EPermissionDenied)
 }
+
+// A scoped admin sees the tokens that fit its own scope (the ones it could make and revoke),
+// and a token made by one that expires expires no later.
+func TestAccess_ScopedAdminTokens(t *testing.T) {
+	clock := clocktest.New(time.Unix(1_700_000_000, 0))
+	ts := startServer(t, server.Config{Clock: clock})
+	ctx := ctxT(t)
+	root := client.Admin(ctx, ts.project(t))
+	defer root.Release()
+	_, wide, err := client.CreateToken(ctx, root, "", client.TokenOptions{Label: "everything"})
+	require.NoError(t, err)
+	_, other, err := client.CreateToken(ctx, root, "", client.TokenOptions{Label: "team-b", Scope: itx.Scope{Prefix: "/team-b"}})
+	require.NoError(t, err)
+	teamTok, team, err := client.CreateToken(ctx, root, "", client.TokenOptions{Label: "team-a admin",
+		Expires: clock.Now().Add(time.Hour), Scope: itx.Scope{Prefix: "/team-a", Rights: []itx.Right{itx.RightAdmin, itx.RightRead}}})
+	require.NoError(t, err)
+	a := client.Admin(ctx, ts.login(t, teamTok))
+	defer a.Release()
+	_, mine, err := client.CreateToken(ctx, a, "", client.TokenOptions{Label: "team-a reader",
+		Expires: clock.Now().Add(30 * time.Minute), Scope: itx.Scope{Prefix: "/team-a/x", Rights: []itx.Right{itx.RightRead}}})
+	require.NoError(t, err)
+	list, err := client.ListTokens(ctx, a, "")
+	require.NoError(t, err)
+	var ids []string
+	for _, info := range list {
+		ids = append(ids, info.ID)
+	}
+	require.ElementsMatch(t, []string{team.ID, mine.ID}, ids, "not %s nor %s", wide.ID, other.ID)
+
+	_, _, err = client.CreateToken(ctx, a, "", client.TokenOptions{Label: "forever", Scope: itx.Scope{Prefix: "/team-a", Rights: []itx.Right{itx.RightRead}}})
+	requireCode(t, err, itx.EPermissionDenied)
+	_, _, err = client.CreateToken(ctx, a, "", client.TokenOptions{Label: "too late", Expires: clock.Now().Add(2 * time.Hour),
+		Scope: itx.Scope{Prefix: "/team-a", Rights: []itx.Right{itx.RightRead}}})
+	requireCode(t, err, itx.EPermissionDenied)
+}
