@@ -245,16 +245,16 @@ func sameValue(a, b any) bool {
 		if !ok {
 			return false
 		}
-		if x == y {
-			return true
-		}
-		// Exact decimal values: 1, 1.0 and 1e0 are one number; two integers past 2^53 that
-		// round to one float64 are not.
-		return decimalKey(string(x)) == decimalKey(string(y))
+		return SameNumber(string(x), string(y))
 	default: // string, bool, nil
 		return a == b
 	}
 }
+
+// SameNumber reports whether two JSON number texts are one exact decimal value: 1, 1.0 and 1e0
+// are; two integers past 2^53 that round to one float64 are not. Idempotent bodies and
+// waitForEvent's payloadContains compare numbers with it.
+func SameNumber(a, b string) bool { return a == b || decimalKey(a) == decimalKey(b) }
 
 // decimalKey is a JSON number's exact value as sign, significant digits and power of ten
 // ("-1.50e1" and "-15" give "-15e0"), computed on the text without arithmetic, so an exponent of

@@ -265,12 +265,7 @@ func containsWithin(v, pattern any, budget *int) bool {
 		if !ok {
 			return false
 		}
-		if n == p {
-			return true
-		}
-		a, errA := n.Float64()
-		b, errB := p.Float64()
-		return errA == nil && errB == nil && a == b
+		return itx.SameNumber(string(n), string(p))
 	default:
 		return fmt.Sprint(v) == fmt.Sprint(pattern) && sameKind(v, pattern)
 	}

@@ -9,7 +9,6 @@ import (
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/internal/clocktest"
-	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
 	"github.com/stretchr/testify/require"
 )
@@ -61,40 +60,11 @@ func TestTypeFilters_AreValidatedAndBounded(t *testing.T) {
 	_, err := openConn(t, s, connOpts{noState: true, types: []string{"note", "*"}}, newTestSink())
 	require.NoError(t, err, "valid types and * are fine")
 
-	hf, releaseHosts := p.Processors(ctx, nil)
-	defer releaseHosts()
 	mount := func(version string, types []string) error {
-		mf, release := hf.Processors().Mount(ctx, func(a schema.ProcessorHosts_mount_Params) error {
-			if err := a.SetName("host"); err != nil {
-				return err
-			}
-			if err := a.SetHost(schema.ProcessorHost_ServerToClient(idleHost{})); err != nil {
-				return err
-			}
-			list, err := a.NewContracts(1)
-			if err != nil {
-				return err
-			}
-			c := list.At(0)
-			if err := c.SetName("proc"); err != nil {
-				return err
-			}
-			if err := c.SetReducerVersion(version); err != nil {
-				return err
-			}
-			tl, err := c.NewConsumedTypes(int32(len(types)))
-			if err != nil {
-				return err
-			}
-			for i, typ := range types {
-				if err := tl.Set(i, typ); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-		defer release()
-		_, err := mf.Struct()
+		h, err := mountHostContract(ctx, p, "host", "proc", version, types)
+		if err == nil {
+			h.Release()
+		}
 		return err
 	}
 	requireCode(t, mount(strings.Repeat("v", 4<<10), []string{"note"}), itx.EInvalid)

@@ -27,6 +27,11 @@ func (idleHost) GetRuntimeState(context.Context, schema.ProcessorHost_getRuntime
 
 // mountHost mounts an idleHost under name announcing one contract of the same name.
 func mountHost(ctx context.Context, p schema.Project, name string) (schema.Handle, error) {
+	return mountHostContract(ctx, p, name, name, "1", []string{"t"})
+}
+
+// mountHostContract mounts an idleHost under name announcing one contract as given.
+func mountHostContract(ctx context.Context, p schema.Project, name, contract, version string, consumed []string) (schema.Handle, error) {
 	hf, releaseHosts := p.Processors(ctx, nil)
 	defer releaseHosts()
 	mf, release := hf.Processors().Mount(ctx, func(a schema.ProcessorHosts_mount_Params) error {
@@ -41,17 +46,22 @@ func mountHost(ctx context.Context, p schema.Project, name string) (schema.Handl
 			return err
 		}
 		c := list.At(0)
-		if err := c.SetName(name); err != nil {
+		if err := c.SetName(contract); err != nil {
 			return err
 		}
-		if err := c.SetReducerVersion("1"); err != nil {
+		if err := c.SetReducerVersion(version); err != nil {
 			return err
 		}
-		types, err := c.NewConsumedTypes(1)
+		types, err := c.NewConsumedTypes(int32(len(consumed)))
 		if err != nil {
 			return err
 		}
-		return types.Set(0, "t")
+		for i, typ := range consumed {
+			if err := types.Set(i, typ); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
 	defer release()
 	res, err := mf.Struct()
