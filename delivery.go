@@ -73,3 +73,8 @@ type WebhookBody struct {
 	DeliveryEnvelope
 	Event Event `json:"event"`
 }
+
+// WebhookBatchBody is the body of a webhook subscription that asked for more than one event per
+// delivery (maxDeliveryEvents above 1): the envelope and the delivery's events, in offset order.
+// A 2xx acknowledges them all.
+type WebhookBatchBody = DeliveryBatch

@@ -83,7 +83,34 @@ type SubscriptionConfig struct {
 	Description string              `json:"description,omitempty"`
 	Filter      *SubscriptionFilter `json:"filter,omitempty"`
 	Receiver    Receiver            `json:"receiver"`
+	// Per-subscription delivery controls (0: the kind's default, see BatchLimits): events and
+	// bytes per delivery, narrowing the push batch limits (a webhook's default of one event may
+	// widen up to DeliveryBatchEvents).
+	MaxDeliveryEvents int `json:"maxDeliveryEvents,omitempty"`
+	MaxDeliveryBytes  int `json:"maxDeliveryBytes,omitempty"`
 }
+
+// BatchLimits is the most one delivery of this subscription carries: MaxDeliveryEvents (default
+// DeliveryBatchEvents, one for webhook-post) and MaxDeliveryBytes (default DeliveryBatchBytes).
+func (c *SubscriptionConfig) BatchLimits() (events, bytes int) {
+	events, bytes = DeliveryBatchEvents, DeliveryBatchBytes
+	if c.Receiver.Action == KindWebhookPost {
+		events = 1
+	}
+	if c.MaxDeliveryEvents > 0 {
+		events = c.MaxDeliveryEvents
+	}
+	if c.MaxDeliveryBytes > 0 {
+		bytes = c.MaxDeliveryBytes
+	}
+	return events, bytes
+}
+
+// WebhookBatches reports whether a webhook-post subscription's body carries an "events" array
+// (WebhookBatchBody) rather than one "event" (WebhookBody): when it asked for more than one
+// event per delivery. The shape depends on the config alone, never on how many events a
+// delivery happens to hold.
+func (c *SubscriptionConfig) WebhookBatches() bool { return c.MaxDeliveryEvents > 1 }
 
 // SubscriptionFilter makes the cursor a watermark: events that do not match still advance it.
 type SubscriptionFilter struct {
@@ -183,6 +210,12 @@ func ParseSubscriptionConfig(payload []byte) (*SubscriptionConfig, error) {
 		}
 		f.JSONataCondition = strings.TrimSpace(f.JSONataCondition)
 	}
+	if c.MaxDeliveryEvents < 0 || c.MaxDeliveryEvents > DeliveryBatchEvents {
+		return nil, Errorf(EInvalid, "maxDeliveryEvents must be 1..%d (0: the receiver kind's default), got %d", DeliveryBatchEvents, c.MaxDeliveryEvents)
+	}
+	if c.MaxDeliveryBytes < 0 || c.MaxDeliveryBytes > DeliveryBatchBytes {
+		return nil, Errorf(EInvalid, "maxDeliveryBytes must be 1..%d (0: the default, %d), got %d", DeliveryBatchBytes, DeliveryBatchBytes, c.MaxDeliveryBytes)
+	}
 	r := &c.Receiver
 	r.JSONataTransform = strings.TrimSpace(r.JSONataTransform)
 	for field, src := range map[string]string{"filter.jsonataCondition": c.Filter.condition(), "receiver.jsonataTransform": r.JSONataTransform} {
@@ -257,6 +290,9 @@ func ParseSubscriptionConfig(payload []byte) (*SubscriptionConfig, error) {
 		}
 		if r.Delivery != nil {
 			return nil, Errorf(EInvalid, "processor-wake receivers take no delivery policy: the processor owns its checkpoint")
+		}
+		if c.MaxDeliveryEvents != 0 || c.MaxDeliveryBytes != 0 {
+			return nil, Errorf(EInvalid, "processor-wake receivers take no maxDeliveryEvents or maxDeliveryBytes: the processor reads its own frames")
 		}
 		switch r.Placement {
 		case "", "in-process", "remote":

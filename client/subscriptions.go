@@ -52,6 +52,11 @@ type SubscriptionConfig struct {
 	Start           string
 	OnFailingEvent  string
 	Description     string
+	// MaxDeliveryEvents and MaxDeliveryBytes narrow each delivery (0: the kind's default: 1,000
+	// events, one for webhook-post; 1 MiB). A webhook asking for more than one event gets them
+	// as an "events" array (itx.WebhookBatchBody).
+	MaxDeliveryEvents int
+	MaxDeliveryBytes  int
 	// IdempotencyKey makes a configure retry-safe; required when Name is empty (a retry with it
 	// returns the original event and generated name). Not part of the stored config.
 	IdempotencyKey string
@@ -197,7 +202,8 @@ func ResumeSubscription(ctx context.Context, s schema.Stream, name string) (int6
 // Config is cfg in the domain's form, what the configured event stores. It refuses a receiver
 // kind, start or failing-event policy it does not know; the server checks the rest.
 func (cfg *SubscriptionConfig) Config() (itx.SubscriptionConfig, error) {
-	out := itx.SubscriptionConfig{Name: cfg.Name, Description: cfg.Description}
+	out := itx.SubscriptionConfig{Name: cfg.Name, Description: cfg.Description,
+		MaxDeliveryEvents: cfg.MaxDeliveryEvents, MaxDeliveryBytes: cfg.MaxDeliveryBytes}
 	if len(cfg.FilterTypes) > 0 || cfg.FilterCondition != "" {
 		out.Filter = &itx.SubscriptionFilter{EventTypes: cfg.FilterTypes, JSONataCondition: cfg.FilterCondition}
 	}
@@ -250,7 +256,7 @@ func oneOf(field, v, def, other string) (string, error) {
 func ConfigOf(c itx.SubscriptionConfig) SubscriptionConfig {
 	d := c.Receiver.EffectiveDelivery()
 	out := SubscriptionConfig{Name: c.Name, Description: c.Description, Transform: c.Receiver.JSONataTransform,
-		Start: d.Start, OnFailingEvent: d.OnFailingEvent}
+		Start: d.Start, OnFailingEvent: d.OnFailingEvent, MaxDeliveryEvents: c.MaxDeliveryEvents, MaxDeliveryBytes: c.MaxDeliveryBytes}
 	if f := c.Filter; f != nil {
 		out.FilterCondition = f.JSONataCondition
 		if len(f.EventTypes) > 0 { // none: every type, as in a config that never set it

@@ -184,6 +184,12 @@ struct SubscriptionConfig {
   start @10 :StartPosition;           # default beginning: stream/* records included
   onFailingEvent @11 :FailingEventPolicy;
   description @12 :Text;
+  # Per-subscription delivery controls (0: the kind's default). maxDeliveryEvents: events per
+  # delivery, 1..1000 (default 1,000; webhook-post 1, and above 1 a webhook's body carries an
+  # "events" array). maxDeliveryBytes: bytes per delivery, 1..1 MiB (default 1 MiB); the first
+  # event of a delivery always goes.
+  maxDeliveryEvents @13 :UInt32;
+  maxDeliveryBytes @14 :UInt32;
 }
 
 struct Header {

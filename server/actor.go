@@ -549,8 +549,9 @@ func (a *actor) env() stepEnv {
 		flushDelay:      a.srv.cfg.CursorFlushDelay,
 		deliveryTimeout: a.srv.cfg.DeliveryTimeout,
 		batchLimits: func(name string) int {
-			if d := a.deliverers[name]; d != nil {
-				return d.send.batchLimit()
+			if e := a.st.core.Subscriptions[name]; e != nil {
+				n, _ := e.Config.BatchLimits()
+				return n
 			}
 			return 1
 		},

@@ -16,7 +16,6 @@ import (
 // through (0: the whole batch) or an error.
 type sender interface {
 	send(ctx context.Context, d *deliverer, batch *itx.DeliveryBatch) (int64, error)
-	batchLimit() int
 }
 
 // deliverer does one subscription's delivery I/O: it reads a batch after the cursor, filters
@@ -174,7 +173,7 @@ func (d *deliverer) push(job pushJob, store streamStore, streamID string) delive
 }
 
 // scan reads a push's durable events after after, up to the head, at most the job's limit and
-// DeliveryBatchBytes, and returns the offset the read covers: the head unless the page filled
+// its bytes, and returns the offset the read covers: the head unless the page filled
 // up. Everything scanned that does not match still advances the cursor (the filter makes it a
 // watermark). At the tail it serves the last commit's events from memory.
 func (d *deliverer) scan(job pushJob, store streamStore, after int64) ([]itx.Event, int64, error) {
@@ -185,8 +184,8 @@ func (d *deliverer) scan(job pushJob, store streamStore, after int64) ([]itx.Eve
 			scanned = events[len(events)-1].Offset
 		}
 	} else {
-		// Bounded by DeliveryBatchBytes too: capBytes keeps no more than that.
-		q := storage.Query{After: after, UpTo: job.head, Limit: job.limit, MaxBytes: itx.DeliveryBatchBytes}
+		// Bounded by the job's bytes too: capBytes keeps no more than that.
+		q := storage.Query{After: after, UpTo: job.head, Limit: job.limit, MaxBytes: job.maxBytes}
 		var err error
 		if events, err = store.Events(d.ctx, q); err != nil {
 			return nil, 0, fmt.Errorf("reading events: %w", err)
@@ -195,7 +194,7 @@ func (d *deliverer) scan(job pushJob, store streamStore, after int64) ([]itx.Eve
 			scanned = events[len(events)-1].Offset
 		}
 	}
-	events, scanned = capBytes(events, scanned)
+	events, scanned = capBytes(events, scanned, job.maxBytes)
 	return events, scanned, nil
 }
 
@@ -224,13 +223,13 @@ func (d *deliverer) matches(e *itx.Event) bool {
 	return true
 }
 
-// capBytes keeps a batch within DeliveryBatchBytes (the first event always goes) and returns the
-// offset the kept part covers.
-func capBytes(events []itx.Event, scanned int64) ([]itx.Event, int64) {
+// capBytes keeps a batch within maxBytes (the first event always goes) and returns the offset
+// the kept part covers.
+func capBytes(events []itx.Event, scanned int64, maxBytes int) ([]itx.Event, int64) {
 	total := 0
 	for i := range events {
 		total += len(events[i].Payload) + len(events[i].Metadata) + len(events[i].Type) + 64
-		if total > itx.DeliveryBatchBytes && i > 0 {
+		if total > maxBytes && i > 0 {
 			return events[:i], events[i-1].Offset
 		}
 	}

@@ -25,8 +25,7 @@ func (b *blockingSender) send(context.Context, *deliverer, *itx.DeliveryBatch) (
 	<-b.release
 	return 0, nil
 }
-func (b *blockingSender) batchLimit() int { return 1 }
-func (b *blockingSender) String() string  { return "blocking" }
+func (b *blockingSender) String() string { return "blocking" }
 
 func TestDeliverer_SendThatCannotBeWrittenTimesOut(t *testing.T) {
 	clock := clocktest.New(time.Unix(1_700_000_000, 0))
@@ -75,7 +74,7 @@ func TestDeliverer_ExpressionThatNoLongerCompilesIsTerminal(t *testing.T) {
 	entry := &catalogEntry{Config: itx.SubscriptionConfig{Name: "old", Filter: &itx.SubscriptionFilter{JSONataCondition: "payload.("},
 		Receiver: itx.Receiver{Action: itx.KindITXCall, Capability: "x"}}, ConfiguredAtOffset: 1}
 	d := newDeliverer(ctx, srv, StreamRef{ProjectID: "p", Path: "/s"}, entry)
-	out := d.push(pushJob{name: "old", gen: 1, row: storage.CursorRow{ConfiguredAtOffset: 1, CursorChangedAtOffset: 1}, head: 3, limit: 10}, store, "s")
+	out := d.push(pushJob{name: "old", gen: 1, row: storage.CursorRow{ConfiguredAtOffset: 1, CursorChangedAtOffset: 1}, head: 3, limit: 10, maxBytes: itx.DeliveryBatchBytes}, store, "s")
 	if out.failure == nil || out.failure.class != classTerminal || !strings.Contains(out.failure.msg, "no longer compiles") {
 		t.Fatalf("got %+v, want a terminal failure saying the condition no longer compiles", out.failure)
 	}

@@ -25,7 +25,8 @@ func (s *Server) senderFor(ref StreamRef, entry *catalogEntry) sender {
 	case itx.KindWebhookPost:
 		secret, known := s.secret(ref.ProjectID, r.Secret)
 		key, _ := itx.WebhookSecretKey(secret)
-		return &webhookSender{client: s.httpClient, slots: s.webhooks, url: r.URL, headers: r.Headers, key: key, unknownSecret: !known}
+		return &webhookSender{client: s.httpClient, slots: s.webhooks, url: r.URL, headers: r.Headers, key: key,
+			unknownSecret: !known, batches: entry.Config.WebhookBatches()}
 	case itx.KindCopyToStream:
 		return &copySender{srv: s, target: StreamRef{ProjectID: ref.ProjectID, Path: r.ReceivingStreamPath}}
 	case itx.KindITXCall:
@@ -37,8 +38,9 @@ func (s *Server) senderFor(ref StreamRef, entry *catalogEntry) sender {
 
 // --- webhook-post --------------------------------------------------------------------------
 
-// webhookSender POSTs one event per request; a 2xx acknowledges it and the body is discarded.
-// Requests are signed the Standard Webhooks way when the subscription has a secret.
+// webhookSender POSTs one event per request (or, when the subscription asked for more, one
+// delivery's events); a 2xx acknowledges them and the body is discarded. Requests are signed the
+// Standard Webhooks way when the subscription has a secret.
 type webhookSender struct {
 	client  *http.Client
 	slots   chan struct{} // the server's webhook requests in flight (MaxWebhooksInFlight)
@@ -48,17 +50,24 @@ type webhookSender struct {
 	// unknownSecret: the config names a secret reference this project does not hold (a raw
 	// append of a configured event): nothing is sent unsigned in its place.
 	unknownSecret bool
+	// batches: the body is an itx.WebhookBatchBody (maxDeliveryEvents above 1), not a WebhookBody.
+	batches bool
 }
 
 func (w *webhookSender) String() string          { return "webhook" }
 func (w *webhookSender) inFlight() chan struct{} { return w.slots }
-func (w *webhookSender) batchLimit() int         { return 1 }
 
 func (w *webhookSender) send(ctx context.Context, d *deliverer, b *itx.DeliveryBatch) (int64, error) {
 	if w.unknownSecret {
 		return 0, itx.Errorf(itx.EFailedPrecondition, "the webhook's secret reference is not one this project holds: configure the subscription with its secret")
 	}
-	body, err := json.Marshal(itx.WebhookBody{DeliveryEnvelope: b.DeliveryEnvelope, Event: b.Events[0]})
+	var body []byte
+	var err error
+	if w.batches {
+		body, err = json.Marshal((*itx.WebhookBatchBody)(b))
+	} else {
+		body, err = json.Marshal(itx.WebhookBody{DeliveryEnvelope: b.DeliveryEnvelope, Event: b.Events[0]})
+	}
 	if err != nil {
 		return 0, err
 	}
@@ -120,8 +129,7 @@ type copySender struct {
 	target StreamRef
 }
 
-func (c *copySender) String() string  { return "copy to " + c.target.Path }
-func (c *copySender) batchLimit() int { return itx.DeliveryBatchEvents }
+func (c *copySender) String() string { return "copy to " + c.target.Path }
 
 func (c *copySender) send(ctx context.Context, d *deliverer, b *itx.DeliveryBatch) (int64, error) {
 	var inputs []itx.EventInput
@@ -388,8 +396,7 @@ type itxCallSender struct {
 	capability string
 }
 
-func (c *itxCallSender) String() string  { return "itx-call " + c.capability }
-func (c *itxCallSender) batchLimit() int { return itx.DeliveryBatchEvents }
+func (c *itxCallSender) String() string { return "itx-call " + c.capability }
 
 func (c *itxCallSender) send(ctx context.Context, d *deliverer, b *itx.DeliveryBatch) (int64, error) {
 	r := c.srv.receiver(c.projectID, c.capability)
@@ -409,8 +416,7 @@ type processorSender struct {
 	projectID string
 }
 
-func (p *processorSender) String() string  { return "processor" }
-func (p *processorSender) batchLimit() int { return itx.DeliveryBatchEvents }
+func (p *processorSender) String() string { return "processor" }
 
 func (p *processorSender) send(ctx context.Context, d *deliverer, b *itx.DeliveryBatch) (int64, error) {
 	return 0, withClass(classTerminal, itx.Errorf(itx.EInternal, "processor-wake is delivered as frames, not batches"))

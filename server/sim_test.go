@@ -62,8 +62,7 @@ type simSender struct {
 func (s *simSender) send(_ context.Context, _ *deliverer, b *itx.DeliveryBatch) (int64, error) {
 	return s.next(b)
 }
-func (s *simSender) batchLimit() int { return 3 }
-func (s *simSender) String() string  { return "sim" }
+func (s *simSender) String() string { return "sim" }
 
 type acked struct {
 	typ     string

@@ -81,12 +81,14 @@ type deliveryOutcome struct {
 // pushJob is a delivery try the actor starts: read after row.ConfirmedOffset up to head, at most
 // limit events, and report a deliveryOutcome.
 type pushJob struct {
-	name   string
-	gen    int64
-	row    storage.CursorRow
-	head   int64
-	limit  int
-	recent []itx.Event // the last commit's events, set by the actor (see view.recent)
+	name  string
+	gen   int64
+	row   storage.CursorRow
+	head  int64
+	limit int // events per delivery (the subscription's maxDeliveryEvents, or 1 while isolating)
+	// maxBytes: bytes per delivery (the subscription's maxDeliveryBytes); the first event always goes.
+	maxBytes int
+	recent   []itx.Event // the last commit's events, set by the actor (see view.recent)
 	// procSeek is the seek epoch a processor-wake subscription's progress honors (procRecord.Seek).
 	procSeek int64
 }
@@ -102,7 +104,7 @@ type stepEnv struct {
 	random          func() float64
 	flushDelay      time.Duration
 	deliveryTimeout time.Duration
-	batchLimits     func(name string) int // the receiver kind's batch limit
+	batchLimits     func(name string) int // events per delivery: the config's BatchLimits
 }
 
 // step applies one batch of inputs to st and returns what to do about it. It mutates st in place;
@@ -257,6 +259,7 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 		r.InFlightDeadlineAt = nowMs + env.deliveryTimeout.Milliseconds()
 		r.InFlightConnectionGeneration = rt.gen
 		job := pushJob{name: name, gen: rt.gen, row: *r, head: st.head, limit: limit}
+		_, job.maxBytes = st.core.Subscriptions[name].Config.BatchLimits()
 		if isInProcess(st.core.Subscriptions[name]) {
 			if rec, err := st.procRecordOf(name, env); err == nil {
 				job.procSeek = rec.Seek

@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"math"
 	"unicode/utf8"
 
 	"github.com/itx-dev/itx"
@@ -28,6 +29,7 @@ func SubscriptionConfigFromSchema(c schema.SubscriptionConfig) (itx.Subscription
 	if len(types) > 0 || cond != "" {
 		cfg.Filter = &itx.SubscriptionFilter{EventTypes: types, JSONataCondition: cond}
 	}
+	cfg.MaxDeliveryEvents, cfg.MaxDeliveryBytes = int(c.MaxDeliveryEvents()), int(c.MaxDeliveryBytes())
 	r := &cfg.Receiver
 	if r.JSONataTransform, err = c.Transform(); err != nil {
 		return cfg, err
@@ -124,6 +126,8 @@ func SetSubscriptionConfig(dst schema.SubscriptionConfig, cfg *itx.SubscriptionC
 			return err
 		}
 	}
+	dst.SetMaxDeliveryEvents(uint32(max(0, min(cfg.MaxDeliveryEvents, math.MaxUint32))))
+	dst.SetMaxDeliveryBytes(uint32(max(0, min(cfg.MaxDeliveryBytes, math.MaxUint32))))
 	r := &cfg.Receiver
 	if err := dst.SetTransform(r.JSONataTransform); err != nil {
 		return err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"runtime"
 	"strings"
 	"time"
@@ -596,6 +597,9 @@ type subscriptionConfigJS struct {
 	Start           string     `json:"start"`
 	OnFailingEvent  string     `json:"onFailingEvent"`
 	Description     string     `json:"description"`
+	// The delivery controls show only when set (0: the kind's default).
+	MaxDeliveryEvents int `json:"maxDeliveryEvents,omitempty"`
+	MaxDeliveryBytes  int `json:"maxDeliveryBytes,omitempty"`
 }
 
 // receiverKeys are the keys each receiver type takes besides type.
@@ -607,12 +611,13 @@ var receiverKeys = map[string][]string{
 }
 
 func (s *Session) subscriptionConfig(v goja.Value) (client.SubscriptionConfig, error) {
-	o, err := s.opts("configure", v, "name", "receiver", "filterTypes", "filterCondition", "transform", "start", "onFailingEvent", "description", "idempotencyKey")
+	o, err := s.opts("configure", v, "name", "receiver", "filterTypes", "filterCondition", "transform", "start", "onFailingEvent", "description", "idempotencyKey", "maxDeliveryEvents", "maxDeliveryBytes")
 	if err != nil {
 		return client.SubscriptionConfig{}, err
 	}
 	cfg := client.SubscriptionConfig{Name: o.str("name"), FilterTypes: o.strings("filterTypes"), FilterCondition: o.str("filterCondition"),
-		Transform: o.str("transform"), Start: o.str("start"), OnFailingEvent: o.str("onFailingEvent"), Description: o.str("description"), IdempotencyKey: o.str("idempotencyKey")}
+		Transform: o.str("transform"), Start: o.str("start"), OnFailingEvent: o.str("onFailingEvent"), Description: o.str("description"), IdempotencyKey: o.str("idempotencyKey"),
+		MaxDeliveryEvents: int(min(o.uint("maxDeliveryEvents"), math.MaxInt32)), MaxDeliveryBytes: int(min(o.uint("maxDeliveryBytes"), math.MaxInt32))}
 	if err := o.err(); err != nil {
 		return cfg, err
 	}
@@ -683,6 +688,7 @@ func (s *Session) headers(v goja.Value) ([]client.Header, error) {
 func configJS(c client.SubscriptionConfig) subscriptionConfigJS {
 	out := subscriptionConfigJS{Name: c.Name, FilterTypes: c.FilterTypes, FilterCondition: c.FilterCondition,
 		Transform: c.Transform, Start: c.Start, OnFailingEvent: c.OnFailingEvent, Description: c.Description,
+		MaxDeliveryEvents: c.MaxDeliveryEvents, MaxDeliveryBytes: c.MaxDeliveryBytes,
 		Receiver: receiverJS{Type: c.Receiver.Kind, URL: c.Receiver.URL, Secret: c.Receiver.Secret, Path: c.Receiver.Path,
 			Capability: c.Receiver.Capability, Placement: c.Receiver.Placement}}
 	if out.FilterTypes == nil {

@@ -202,6 +202,14 @@ func TestSession_Arguments(t *testing.T) {
 			URL: "https://h.test/", Headers: []client.Header{{Name: "X-A", Value: "1"}}, Secret: "whsec_x"},
 			FilterTypes: []string{"note"}, FilterCondition: "payload.n > 1", Start: "now", OnFailingEvent: "skip", Description: "d"}, cfg)
 
+		cfg, err = s.subscriptionConfig(s.mustRun(t, `({receiver: {type: "itx-call", capability: "in"}, maxDeliveryEvents: 10, maxDeliveryBytes: 4096})`))
+		require.NoError(t, err)
+		require.Equal(t, 10, cfg.MaxDeliveryEvents)
+		require.Equal(t, 4096, cfg.MaxDeliveryBytes)
+		require.Equal(t, 10, configJS(cfg).MaxDeliveryEvents, "describe shows the controls")
+		_, err = s.subscriptionConfig(s.mustRun(t, `({receiver: {type: "itx-call", capability: "in"}, maxDeliveryEvents: -1})`))
+		require.ErrorContains(t, err, "maxDeliveryEvents: expected a non-negative integer")
+
 		cfg, err = s.subscriptionConfig(s.mustRun(t, `({receiver: {type: "copy-to-stream", path: "/b"}})`))
 		require.NoError(t, err)
 		require.Equal(t, client.Receiver{Kind: client.ReceiverCopyToStream, Path: "/b"}, cfg.Receiver)

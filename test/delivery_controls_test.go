@@ -1,0 +1,158 @@
+package test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/server"
+	"github.com/stretchr/testify/require"
+)
+
+// batchRecorder is a Receiver that records each delivery's offsets.
+type batchRecorder struct {
+	mu      sync.Mutex
+	batches [][]int64
+}
+
+func (r *batchRecorder) receive(_ context.Context, b itx.DeliveryBatch) (int64, error) {
+	var offs []int64
+	for _, e := range b.Events {
+		offs = append(offs, e.Offset)
+	}
+	r.mu.Lock()
+	r.batches = append(r.batches, offs)
+	r.mu.Unlock()
+	return 0, nil
+}
+
+func (r *batchRecorder) got() [][]int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([][]int64(nil), r.batches...)
+}
+
+// Per-subscription delivery controls narrow each delivery: maxDeliveryEvents caps the events,
+// maxDeliveryBytes the bytes (the first event always goes); describe reports them, and the same
+// config configured again is unchanged.
+func TestSubscription_DeliveryControls_ITXCall(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	events := &batchRecorder{}
+	h, err := client.MountReceiver(e.ctx, e.p, "by-two", client.ServeReceiver(events.receive))
+	require.NoError(t, err)
+	defer h.Release()
+	sized := &batchRecorder{}
+	h2, err := client.MountReceiver(e.ctx, e.p, "by-bytes", client.ServeReceiver(sized.receive))
+	require.NoError(t, err)
+	defer h2.Release()
+
+	s, s2 := stream(t, e.p, "/controls"), stream(t, e.p, "/controls-bytes")
+	cfg := client.SubscriptionConfig{Name: "two", Start: "now", MaxDeliveryEvents: 2,
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "by-two"}}
+	_, birth := e.configure(t, s, cfg)
+	_, birth2 := e.configure(t, s2, client.SubscriptionConfig{Name: "bytes", Start: "now", MaxDeliveryBytes: 800,
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "by-bytes"}})
+	// 5 events of ~300 bytes in one append: at most 2 per delivery by count; by bytes (800) at
+	// most 2 as well, since a third would pass the bound.
+	big := `{"p":"` + strings.Repeat("x", 300) + `"}`
+	five := []itx.EventInput{ev("a", big), ev("a", big), ev("a", big), ev("a", big), ev("a", big)}
+	e.waitProcessed(t, s, "two", mustAppend(t, s, five...).HeadOffset)
+	e.waitProcessed(t, s2, "bytes", mustAppend(t, s2, five...).HeadOffset)
+
+	f, f2 := birth+1, birth2+1
+	require.Equal(t, [][]int64{{f, f + 1}, {f + 2, f + 3}, {f + 4}}, events.got())
+	require.Equal(t, [][]int64{{f2, f2 + 1}, {f2 + 2, f2 + 3}, {f2 + 4}}, sized.got())
+
+	d := e.describe(t, s, "two")
+	require.Equal(t, 2, d.Config.MaxDeliveryEvents)
+	require.Zero(t, d.Config.MaxDeliveryBytes)
+	require.Equal(t, 800, e.describe(t, s2, "bytes").Config.MaxDeliveryBytes)
+
+	// Configured again, the same: nothing appended, the original offset returned.
+	_, again := e.configure(t, s, cfg)
+	require.Equal(t, birth, again)
+}
+
+// A webhook asking for more than one event per delivery gets them as an "events" array, one
+// request per delivery, signed over the exact bytes; without the control it gets one "event".
+func TestSubscription_DeliveryControls_WebhookBatches(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	var mu sync.Mutex
+	var bodies []map[string]json.RawMessage
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		raw, _ := io.ReadAll(r.Body)
+		var b map[string]json.RawMessage
+		if json.Unmarshal(raw, &b) != nil {
+			w.WriteHeader(400)
+			return
+		}
+		mu.Lock()
+		bodies = append(bodies, b)
+		mu.Unlock()
+	}))
+	defer srv.Close()
+
+	s := stream(t, e.p, "/hooked")
+	e.configure(t, s, client.SubscriptionConfig{Name: "batched", Start: "now", MaxDeliveryEvents: 3,
+		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: srv.URL + "/batched"}})
+	var in []itx.EventInput
+	for i := range 7 {
+		in = append(in, ev("order", fmt.Sprintf(`{"n":%d}`, i)))
+	}
+	res := mustAppend(t, s, in...)
+	head := res.HeadOffset
+	e.waitProcessed(t, s, "batched", head)
+
+	mu.Lock()
+	defer mu.Unlock()
+	var offsets []int64
+	for _, b := range bodies {
+		require.NotContains(t, b, "event", "a batched webhook body carries events, not event")
+		var events []itx.Event
+		require.NoError(t, json.Unmarshal(b["events"], &events))
+		require.NotEmpty(t, events)
+		require.LessOrEqual(t, len(events), 3)
+		for _, ev := range events {
+			offsets = append(offsets, ev.Offset)
+		}
+		var sub string
+		require.NoError(t, json.Unmarshal(b["subscription"], &sub))
+		require.Equal(t, "batched", sub)
+	}
+	require.Len(t, bodies, 3, "7 events in deliveries of at most 3")
+	var want []int64
+	for o := res.Offsets[0]; o <= head; o++ {
+		want = append(want, o)
+	}
+	require.Equal(t, want, offsets, "every event once, in order")
+}
+
+// Delivery controls out of range, or on a processor-wake subscription, are refused with
+// invalidArgument and nothing is written.
+func TestSubscription_DeliveryControls_Refused(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	s := stream(t, e.p, "/refused")
+	mustAppend(t, s, ev("a", `{}`))
+	subs := client.Subscriptions(e.ctx, s)
+	defer subs.Release()
+	rcv := client.Receiver{Kind: client.ReceiverItxCall, Capability: "x"}
+	for _, cfg := range []client.SubscriptionConfig{
+		{Name: "many", MaxDeliveryEvents: itx.DeliveryBatchEvents + 1, Receiver: rcv},
+		{Name: "huge", MaxDeliveryBytes: itx.DeliveryBatchBytes + 1, Receiver: rcv},
+		{Name: "proc", MaxDeliveryEvents: 10, Receiver: client.Receiver{Kind: client.ReceiverProcessorWake}},
+	} {
+		_, _, err := client.ConfigureSubscription(e.ctx, subs, cfg)
+		requireCode(t, err, itx.EInvalid)
+	}
+	page, err := client.GetEventPage(e.ctx, s, itx.Query{})
+	require.NoError(t, err)
+	require.Len(t, page.Events, 1, "nothing written")
+}
