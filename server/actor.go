@@ -365,14 +365,17 @@ func truncate(s string, n int) string {
 }
 
 // sweepEphemeral deletes ephemeral rows past their retention: on load, on unload and as a loaded
-// stream commits. Offsets are not reissued: the head lives in stream_meta.
+// stream commits. Offsets are not reissued: the head lives in stream_meta. The retention floor
+// is the lowest registered reader's checkpoint: rows after it stay until that reader moves past
+// them (or the ephemeral buffer's bound evicts them, oldest first). Subscriptions do not count:
+// they never receive ephemeral events, their cursors pass them as watermarks.
 func (a *actor) sweepEphemeral() {
 	if a.store == nil {
 		return
 	}
 	a.lastSweep = a.srv.clock.Now()
 	before := itx.UnixMilli(a.lastSweep.Add(-a.srv.cfg.EphemeralRetention))
-	n, err := a.store.DeleteEphemeral(context.Background(), a.st.head, before)
+	n, err := a.store.DeleteEphemeral(context.Background(), a.st.retentionFloor(), before)
 	if err == nil && n > 0 {
 		a.ephBytes, err = a.store.EphemeralBytes(context.Background()) // what the sweep freed
 	}
@@ -381,6 +384,16 @@ func (a *actor) sweepEphemeral() {
 	} else if n > 0 {
 		a.srv.log.Debug().Int64("deleted", n).Str("path", a.ref.Path).Msg("swept ephemeral events")
 	}
+}
+
+// retentionFloor is the offset through which expired ephemeral rows may be swept: the head, or
+// the lowest registered reader's checkpoint below it.
+func (st *streamState) retentionFloor() int64 {
+	floor := st.head
+	for _, r := range st.readers {
+		floor = min(floor, r.Checkpoint)
+	}
+	return floor
 }
 
 // unload stops the goroutine and closes the database. Only called with no references held and

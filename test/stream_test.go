@@ -522,6 +522,41 @@ func TestStream_EphemeralSweep(t *testing.T) {
 	require.Equal(t, []int64{5}, res.Offsets, "offsets are never reissued")
 }
 
+// A registered reader is the ephemeral sweep's floor: expired ephemeral rows after its checkpoint
+// stay until it moves past them (or it is removed); the ones before go as usual.
+func TestStream_EphemeralSweepKeepsWhatAReaderHasNotRead(t *testing.T) {
+	clock := clocktest.New(time.Unix(1_700_000_000, 0))
+	ts := startServer(t, server.Config{Clock: clock, EphemeralRetention: time.Hour})
+	s := stream(t, ts.project(t), "/floor")
+	ctx := ctxT(t)
+	chunk := ev("chunk", `{"t":"x"}`)
+	chunk.Ephemeral = true
+	mustAppend(t, s, chunk, ev("a", `{}`), chunk, chunk) // 1 (eph), 2, 3 and 4 (eph)
+	fut, release := s.Readers(ctx, nil)
+	defer release()
+	readers := fut.Readers()
+	require.NoError(t, client.RegisterReader(ctx, readers, "mirror", 2))
+	read := func() []int64 {
+		all, err := client.GetEvents(ctx, s, itx.Query{IncludeEphemeral: true})
+		require.NoError(t, err)
+		return offsetsOf(all)
+	}
+
+	clock.Advance(2 * time.Hour)
+	mustAppend(t, s, ev("b", `{}`)) // 5: the commit that triggers the sweep
+	require.Equal(t, []int64{2, 3, 4, 5}, read(), "1 is before the reader's checkpoint; 3 and 4 wait for it")
+
+	require.NoError(t, client.RegisterReader(ctx, readers, "mirror", 3))
+	clock.Advance(time.Hour)
+	mustAppend(t, s, ev("c", `{}`)) // 6
+	require.Equal(t, []int64{2, 4, 5, 6}, read(), "the reader moved past 3")
+
+	require.NoError(t, client.RemoveReader(ctx, readers, "mirror"))
+	clock.Advance(time.Hour)
+	mustAppend(t, s, ev("d", `{}`)) // 7
+	require.Equal(t, []int64{2, 5, 6, 7}, read(), "no reader left: every expired row goes")
+}
+
 // The ephemeral buffer is bounded per stream: past it the oldest ephemeral rows go first (FIFO),
 // long before their retention ends; durable rows and offsets are untouched. The bound holds
 // across a restart (the buffer's size is re-read on load).
