@@ -140,9 +140,11 @@ type ProcessorPorts struct {
 
 // StreamProcessors is the processors of one stream in one incarnation.
 type StreamProcessors interface {
-	// Start opens the named contract on the stream (once; later calls return the same runner).
-	// An unknown name fails with ENotFound.
-	Start(ctx context.Context, name string) (ProcessorRunner, error)
+	// Start opens the processor instance name, running the registered contract (empty: the
+	// contract called name), on the stream (once; later calls return the same runner). Every
+	// record of the instance (progress, keepalive, idempotency keys) is keyed by name. An unknown
+	// contract fails with ENotFound.
+	Start(ctx context.Context, name, contract string) (ProcessorRunner, error)
 	// Runner returns the runner Start opened under name.
 	Runner(name string) (ProcessorRunner, bool)
 	// HandleAlarm services a fire of the processors' alarm slice (keepalive and revival).

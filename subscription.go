@@ -106,6 +106,15 @@ func (c *SubscriptionConfig) BatchLimits() (events, bytes int) {
 	return events, bytes
 }
 
+// ProcessorContract is the registered contract a processor-wake subscription runs: its
+// receiver's Processor, or its name.
+func (c *SubscriptionConfig) ProcessorContract() string {
+	if c.Receiver.Processor != "" {
+		return c.Receiver.Processor
+	}
+	return c.Name
+}
+
 // WebhookBatches reports whether a webhook-post subscription's body carries an "events" array
 // (WebhookBatchBody) rather than one "event" (WebhookBody): when it asked for more than one
 // event per delivery. The shape depends on the config alone, never on how many events a
@@ -142,6 +151,10 @@ type Receiver struct {
 
 	// processor-wake
 	Placement string `json:"placement,omitempty"` // "in-process" | "remote"
+	// Processor is the registered contract this instance runs; empty: the subscription's name
+	// (the seed's name == slug). Two subscriptions may run one contract under two names, each
+	// with its own progress, keepalive and cursor, all keyed by the subscription's name.
+	Processor string `json:"processor,omitempty"`
 
 	// push kinds
 	JSONataTransform string          `json:"jsonataTransform,omitempty"`
@@ -241,7 +254,7 @@ func ParseSubscriptionConfig(payload []byte) (*SubscriptionConfig, error) {
 	}
 	switch r.Action {
 	case KindWebhookPost:
-		if err := only(r.Action, map[string]bool{"receivingStreamPath": r.ReceivingStreamPath != "", "capability": r.Capability != "", "placement": r.Placement != ""}); err != nil {
+		if err := only(r.Action, map[string]bool{"receivingStreamPath": r.ReceivingStreamPath != "", "capability": r.Capability != "", "placement": r.Placement != "", "processor": r.Processor != ""}); err != nil {
 			return nil, err
 		}
 		u, err := url.Parse(r.URL)
@@ -261,7 +274,7 @@ func ParseSubscriptionConfig(payload []byte) (*SubscriptionConfig, error) {
 			return nil, err
 		}
 	case KindCopyToStream:
-		if err := only(r.Action, map[string]bool{"url": r.URL != "", "headers": r.Headers != nil, "secret": r.Secret != "", "capability": r.Capability != "", "placement": r.Placement != ""}); err != nil {
+		if err := only(r.Action, map[string]bool{"url": r.URL != "", "headers": r.Headers != nil, "secret": r.Secret != "", "capability": r.Capability != "", "placement": r.Placement != "", "processor": r.Processor != ""}); err != nil {
 			return nil, err
 		}
 		r.ReceivingStreamPath = strings.TrimSpace(r.ReceivingStreamPath)
@@ -272,7 +285,7 @@ func ParseSubscriptionConfig(payload []byte) (*SubscriptionConfig, error) {
 			return nil, Errorf(EInvalid, "copy-to-stream receivers always halt on a failing event: ordered receivers never skip")
 		}
 	case KindITXCall:
-		if err := only(r.Action, map[string]bool{"url": r.URL != "", "headers": r.Headers != nil, "secret": r.Secret != "", "receivingStreamPath": r.ReceivingStreamPath != "", "placement": r.Placement != ""}); err != nil {
+		if err := only(r.Action, map[string]bool{"url": r.URL != "", "headers": r.Headers != nil, "secret": r.Secret != "", "receivingStreamPath": r.ReceivingStreamPath != "", "placement": r.Placement != "", "processor": r.Processor != ""}); err != nil {
 			return nil, err
 		}
 		if r.Capability = strings.TrimSpace(r.Capability); r.Capability == "" {
@@ -298,6 +311,11 @@ func ParseSubscriptionConfig(payload []byte) (*SubscriptionConfig, error) {
 		case "", "in-process", "remote":
 		default:
 			return nil, Errorf(EInvalid, "receiver.placement must be \"in-process\" or \"remote\"")
+		}
+		if r.Processor = strings.TrimSpace(r.Processor); r.Processor != "" {
+			if err := ValidateName("receiver.processor", r.Processor); err != nil {
+				return nil, err
+			}
 		}
 	case "":
 		return nil, Errorf(EInvalid, "receiver.action is required: one of %s, %s, %s, %s", KindWebhookPost, KindCopyToStream, KindITXCall, KindProcessorWake)

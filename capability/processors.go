@@ -88,6 +88,11 @@ func (h *remoteHost) Wake(ctx context.Context, w server.RemoteWake) (int64, int6
 		if err := req.SetName(w.Name); err != nil {
 			return err
 		}
+		if w.Processor != w.Name { // empty: the instance runs the contract of its own name
+			if err := req.SetProcessor(w.Processor); err != nil {
+				return err
+			}
+		}
 		req.SetHeadOffset(uint64(max(w.Head, 0)))
 		req.SetGeneration(w.Generation())
 		req.SetAlarm(w.Alarm)

@@ -32,6 +32,9 @@ type Receiver struct {
 	Capability string // itx-call: the name a Receiver is mounted under
 
 	Placement string // processor-wake: "in-process" (default) or "remote"
+	// Processor (processor-wake): the registered contract this instance runs; empty: the
+	// subscription's name. Two names may run one contract, each with its own progress.
+	Processor string
 }
 
 // Header is one HTTP header of a webhook-post receiver.
@@ -217,6 +220,9 @@ func (cfg *SubscriptionConfig) Config() (itx.SubscriptionConfig, error) {
 	}
 	delivery := &itx.DeliveryPolicy{Start: start, OnFailingEvent: onFailing}
 	r, in := &out.Receiver, cfg.Receiver
+	if in.Processor != "" && in.Kind != ReceiverProcessorWake {
+		return out, itx.Errorf(itx.EInvalid, "receiver.processor is a field of a %s receiver, not of %s", ReceiverProcessorWake, in.Kind)
+	}
 	r.Action, r.JSONataTransform, r.Delivery = in.Kind, cfg.Transform, delivery
 	switch in.Kind {
 	case ReceiverWebhookPost:
@@ -232,7 +238,7 @@ func (cfg *SubscriptionConfig) Config() (itx.SubscriptionConfig, error) {
 	case ReceiverItxCall:
 		r.Capability = in.Capability
 	case ReceiverProcessorWake:
-		r.Placement, r.Delivery = in.Placement, nil // the processor owns its checkpoint
+		r.Placement, r.Processor, r.Delivery = in.Placement, in.Processor, nil // the processor owns its checkpoint
 	default:
 		return out, itx.Errorf(itx.EInvalid, "receiver kind %q is not one of %s, %s, %s, %s", in.Kind,
 			ReceiverWebhookPost, ReceiverCopyToStream, ReceiverItxCall, ReceiverProcessorWake)
@@ -265,7 +271,7 @@ func ConfigOf(c itx.SubscriptionConfig) SubscriptionConfig {
 	}
 	r := c.Receiver
 	out.Receiver = Receiver{Kind: r.Action, URL: r.URL, Secret: r.Secret, Path: r.ReceivingStreamPath,
-		Capability: r.Capability, Placement: r.Placement}
+		Capability: r.Capability, Placement: r.Placement, Processor: r.Processor}
 	for name, value := range r.Headers {
 		out.Receiver.Headers = append(out.Receiver.Headers, Header{Name: name, Value: value})
 	}

@@ -21,7 +21,8 @@ type Host struct {
 
 type hostEntry struct {
 	info  itx.ProcessorInfo
-	start func(ctx context.Context, reg *Registry, store ProgressStore) (Hosted, error)
+	// start registers a fresh copy of the contract on reg as the instance name.
+	start func(ctx context.Context, reg *Registry, store ProgressStore, name string) (Hosted, error)
 }
 
 var _ itx.ProcessorHost = (*Host)(nil)
@@ -47,8 +48,10 @@ func Add[S any](h *Host, build func() Contract[S]) error {
 	}
 	h.entries[c.Name] = hostEntry{
 		info: itx.ProcessorInfo{Name: c.Name, ReducerVersion: c.ReducerVersion, ConsumedTypes: append([]string(nil), c.ConsumedTypes...)},
-		start: func(ctx context.Context, reg *Registry, store ProgressStore) (Hosted, error) {
-			return Register(ctx, reg, build(), store)
+		start: func(ctx context.Context, reg *Registry, store ProgressStore, name string) (Hosted, error) {
+			c := build()
+			c.Name = name // the instance: one contract may run under several subscription names
+			return Register(ctx, reg, c, store)
 		},
 	}
 	return nil
@@ -78,7 +81,7 @@ func (h *Host) Open(ctx context.Context, ports itx.ProcessorPorts) (itx.StreamPr
 	if err != nil {
 		return nil, err
 	}
-	return &hostedStream{host: h, reg: reg, store: ports.Progress}, nil
+	return &hostedStream{host: h, reg: reg, store: ports.Progress, contracts: map[string]string{}}, nil
 }
 
 // hostedStream is one stream incarnation's processors.
@@ -87,25 +90,36 @@ type hostedStream struct {
 	reg   *Registry
 	store ProgressStore
 
-	mu sync.Mutex // serializes Start, so a contract is registered once
+	mu        sync.Mutex        // serializes Start, so an instance is registered once
+	contracts map[string]string // instance name -> the contract it runs
 }
 
-func (s *hostedStream) Start(ctx context.Context, name string) (Hosted, error) {
+func (s *hostedStream) Start(ctx context.Context, name, contract string) (Hosted, error) {
+	if contract == "" {
+		contract = name
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if r, ok := s.reg.Runner(name); ok {
-		return r, nil
-	}
 	s.host.mu.Lock()
-	e, ok := s.host.entries[name]
+	e, ok := s.host.entries[contract]
 	s.host.mu.Unlock()
 	if !ok {
-		return nil, itx.Errorf(itx.ENotFound, "no processor is registered under the name %q", name)
+		return nil, itx.Errorf(itx.ENotFound, "no processor is registered under the name %q", contract)
 	}
-	r, err := e.start(ctx, s.reg, s.store)
+	if r, ok := s.reg.Runner(name); ok {
+		if s.contracts[name] != contract {
+			// The subscription was reconfigured to another contract: this incarnation keeps the
+			// one it started; the next incarnation (the stream reloads) runs the new one. Until
+			// then the wake is an outage, retried.
+			return nil, itx.Errorf(itx.EUnavailable, "processor %q runs contract %q in this incarnation, not %q: it takes the new contract when the stream next loads", name, s.contracts[name], contract)
+		}
+		return r, nil
+	}
+	r, err := e.start(ctx, s.reg, s.store, name)
 	if err != nil {
 		return nil, fmt.Errorf("start processor %q: %w", name, err)
 	}
+	s.contracts[name] = contract
 	return r, nil
 }
 

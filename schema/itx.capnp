@@ -176,6 +176,8 @@ struct SubscriptionConfig {
     }
     processorWake :group {
       placement @6 :Text;     # "in-process" (default) or "remote"
+      processor @15 :Text;    # the registered contract this instance runs; empty: the
+                              # subscription's name (two names may run one contract)
     }
   }
   filterTypes @7 :List(Text);         # empty: every type
@@ -370,7 +372,7 @@ interface LiveSubscriber {
 struct WakeRequest {
   streamId @0 :Text;
   path @1 :Text;
-  name @2 :Text;                # the subscription name = the processor contract's name
+  name @2 :Text;                # the subscription name: the processor instance
   events @3 :List(Event);       # unused: the host pages the stream itself
   headOffset @4 :UInt64;
   generation @5 :UInt64;        # the mount generation: ports of an earlier one refuse writes
@@ -379,6 +381,7 @@ struct WakeRequest {
   alarm @8 :Bool;               # an alarm fire: run the keepalive (revival), not a catch-up
   reprocessFrom @9 :UInt64;     # an operator's rewind (a cursor-set): reprocess from this offset
                                 # first (0: none); the ports' commits then honor it
+  processor @10 :Text;          # the contract the instance `name` runs (empty: name itself)
 }
 
 struct WakeReport {

@@ -231,8 +231,8 @@ func (a *actor) wokenID() string {
 	if a.store == nil {
 		return ""
 	}
-	for name, entry := range a.st.core.Subscriptions {
-		if isInProcess(entry) && a.srv.hosted[name] {
+	for _, entry := range a.st.core.Subscriptions {
+		if isInProcess(entry) && a.srv.hosted[entry.Config.ProcessorContract()] {
 			return a.srv.incarnation
 		}
 	}
@@ -281,16 +281,18 @@ func (a *actor) closeProcessors() {
 	}
 }
 
-// runner starts (or finds) the in-process processor of a processor-wake subscription.
+// runner starts (or finds) the in-process processor of a processor-wake subscription: the
+// instance name, running the contract its config names.
 func (a *actor) runner(ctx context.Context, name string) (itx.ProcessorRunner, error) {
+	contract := a.contractOf(name)
 	ps, err := a.processors(ctx)
 	if err != nil {
 		if itx.ErrorCode(err) == itx.ENotFound {
-			return nil, itx.Errorf(itx.ENotFound, "no processor is registered under the name %q", name)
+			return nil, itx.Errorf(itx.ENotFound, "no processor is registered under the name %q", contract)
 		}
 		return nil, err
 	}
-	return ps.Start(ctx, name)
+	return ps.Start(ctx, name, contract)
 }
 
 // ask hands the actor a processor port write and waits for its commit.
@@ -336,10 +338,10 @@ func (a *actor) fireProcessorAlarm(owner string) {
 	if !a.srv.pin(a) {
 		return
 	}
-	var names []string
+	names := map[string]string{} // instance -> contract
 	for name, entry := range a.st.core.Subscriptions {
 		if isInProcess(entry) {
-			names = append(names, name)
+			names[name] = entry.Config.ProcessorContract()
 		}
 	}
 	go func() {
@@ -353,7 +355,7 @@ func (a *actor) fireProcessorAlarm(owner string) {
 	}()
 }
 
-func (a *actor) handleProcessorAlarm(ctx context.Context, names []string) error {
+func (a *actor) handleProcessorAlarm(ctx context.Context, names map[string]string) error {
 	ps, err := a.processors(ctx)
 	if err != nil {
 		if itx.ErrorCode(err) == itx.ENotFound {
@@ -362,8 +364,8 @@ func (a *actor) handleProcessorAlarm(ctx context.Context, names []string) error 
 		}
 		return err
 	}
-	for _, name := range names {
-		if _, err := ps.Start(ctx, name); err != nil && itx.ErrorCode(err) != itx.ENotFound {
+	for name, contract := range names {
+		if _, err := ps.Start(ctx, name, contract); err != nil && itx.ErrorCode(err) != itx.ENotFound {
 			a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Str("processor", name).Msg("starting processor for its alarm")
 		}
 	}
@@ -592,6 +594,15 @@ func (d *deliverer) wake(job pushJob, store streamStore, out deliveryOutcome) de
 }
 
 // catalogEntry is the published catalog entry of name (nil when none).
+// contractOf is the contract the processor-wake subscription name runs (name itself when it is
+// not one).
+func (a *actor) contractOf(name string) string {
+	if entry := a.catalogEntry(name); entry != nil {
+		return entry.Config.ProcessorContract()
+	}
+	return name
+}
+
 func (a *actor) catalogEntry(name string) *catalogEntry {
 	v := a.view()
 	if v.core == nil {

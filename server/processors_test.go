@@ -29,7 +29,7 @@ func mustRemotePorts(t *testing.T, s *Server, ref StreamRef, name string) *Proce
 	unmount, err := s.MountProcessorHost(ref.ProjectID, "host", idleRemoteHost{}, info)
 	require.NoError(t, err)
 	t.Cleanup(unmount)
-	return &ProcessorPorts{srv: s, ref: ref, name: name, gen: s.remoteHost(ref.ProjectID, name).gen}
+	return &ProcessorPorts{srv: s, ref: ref, name: name, contract: name, gen: s.remoteHost(ref.ProjectID, name).gen}
 }
 
 // The processors' KV of a stream is bounded in keys and in bytes, for remote hosts and

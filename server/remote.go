@@ -32,7 +32,10 @@ type RemoteProcessorHost interface {
 type RemoteWake struct {
 	Ref      StreamRef
 	StreamID string
-	Name     string // the contract = the subscription's name
+	Name     string // the subscription's name: the processor instance
+	// Processor is the contract the instance runs (the subscription's name unless its config
+	// names another).
+	Processor string
 	Head     int64
 	Alarm    bool
 	// ReprocessFrom asks for the operator's rewind first (0: none).
@@ -75,7 +78,7 @@ func waitsFor(entry *catalogEntry) string {
 	case entry.Kind() == itx.KindITXCall:
 		return entry.Config.Receiver.Capability
 	case entry.Kind() == itx.KindProcessorWake && !isInProcess(entry):
-		return presenceToken(entry.Config.Name)
+		return presenceToken(entry.Config.ProcessorContract())
 	}
 	return ""
 }
@@ -211,15 +214,16 @@ func (s *Server) processorPresence(projectID string) []string {
 // contract: served to it as a capability with every wake. Every call checks the mount first, so
 // a host that lost the contract (another mounted it, or it disconnected) writes nothing.
 type ProcessorPorts struct {
-	srv  *Server
-	ref  StreamRef
-	name string
-	gen  uint64
-	seek int64 // the seek epoch this wake's rewind honors (commits carry it)
+	srv      *Server
+	ref      StreamRef
+	name     string // the instance: its records are keyed by it
+	contract string // the contract the instance runs: its host's mount fences the ports
+	gen      uint64
+	seek     int64 // the seek epoch this wake's rewind honors (commits carry it)
 }
 
 func (p *ProcessorPorts) fenced() error {
-	m := p.srv.remoteHost(p.ref.ProjectID, p.name)
+	m := p.srv.remoteHost(p.ref.ProjectID, p.contract)
 	if m == nil || m.gen != p.gen {
 		return itx.Errorf(itx.EFailedPrecondition, "processor %q: this host's mount (generation %d) no longer holds the contract", p.name, p.gen)
 	}
@@ -310,13 +314,14 @@ func (d *deliverer) wakeRemote(job pushJob, out deliveryOutcome) deliveryOutcome
 		out.failure = &deliveryFailure{class: class, msg: err.Error()}
 		return out
 	}
-	m := d.srv.remoteHost(d.ref.ProjectID, d.name)
+	contract := d.actor.contractOf(d.name)
+	m := d.srv.remoteHost(d.ref.ProjectID, contract)
 	if m == nil {
-		return fail(classAbsent, itx.Errorf(itx.ECapabilityOffline, "no processor host announcing %q is mounted", d.name))
+		return fail(classAbsent, itx.Errorf(itx.ECapabilityOffline, "no processor host announcing %q is mounted", contract))
 	}
 	streamID := d.actor.view().streamID
-	ports := &ProcessorPorts{srv: d.srv, ref: d.ref, name: d.name, gen: m.gen}
-	w := RemoteWake{Ref: d.ref, StreamID: streamID, Name: d.name, Head: job.head, Ports: ports}
+	ports := &ProcessorPorts{srv: d.srv, ref: d.ref, name: d.name, contract: contract, gen: m.gen}
+	w := RemoteWake{Ref: d.ref, StreamID: streamID, Name: d.name, Processor: contract, Head: job.head, Ports: ports}
 	if row := job.row; row.CursorChangedAtOffset != row.ConfiguredAtOffset && job.procSeek != row.CursorChangedAtOffset {
 		w.ReprocessFrom, ports.seek = row.ConfirmedOffset+1, row.CursorChangedAtOffset
 	}
@@ -333,7 +338,7 @@ func (d *deliverer) wakeRemote(job pushJob, out deliveryOutcome) deliveryOutcome
 	case err != nil:
 		return fail(classify(err), fmt.Errorf("processor host %q: %w", m.name, err))
 	}
-	if cur := d.srv.remoteHost(d.ref.ProjectID, d.name); cur == nil || cur.gen != m.gen {
+	if cur := d.srv.remoteHost(d.ref.ProjectID, contract); cur == nil || cur.gen != m.gen {
 		// A late report from a mount that lost the contract meanwhile: refused. What it committed
 		// through its ports before then stands (the row followed those commits); the new holder
 		// is woken next.
@@ -359,14 +364,18 @@ func (a *actor) fireRemoteAlarm(name string) {
 	}
 	ref := a.ref
 	streamID := a.st.streamID
+	contract := name
+	if entry := a.st.core.Subscriptions[name]; entry != nil {
+		contract = entry.Config.ProcessorContract()
+	}
 	go func() {
 		defer a.srv.release(a)
 		ctx := a.dctx
-		var err error = itx.Errorf(itx.ECapabilityOffline, "no processor host announcing %q is mounted", name)
-		if m := a.srv.remoteHost(ref.ProjectID, name); m != nil {
+		var err error = itx.Errorf(itx.ECapabilityOffline, "no processor host announcing %q is mounted", contract)
+		if m := a.srv.remoteHost(ref.ProjectID, contract); m != nil {
 			wctx, cancel := context.WithTimeout(ctx, 2*a.srv.cfg.DeliveryTimeout)
-			_, _, err = m.host.Wake(wctx, RemoteWake{Ref: ref, StreamID: streamID, Name: name, Alarm: true,
-				Ports: &ProcessorPorts{srv: a.srv, ref: ref, name: name, gen: m.gen}})
+			_, _, err = m.host.Wake(wctx, RemoteWake{Ref: ref, StreamID: streamID, Name: name, Processor: contract, Alarm: true,
+				Ports: &ProcessorPorts{srv: a.srv, ref: ref, name: name, contract: contract, gen: m.gen}})
 			cancel()
 		}
 		if err != nil && ctx.Err() == nil {
@@ -412,7 +421,7 @@ func (s *Server) remoteSnapshot(ctx context.Context, a *actor, name string) (jso
 // remoteRuntimeState asks the host holding the contract; without one it says so, with the
 // committed cursors.
 func (s *Server) remoteRuntimeState(ctx context.Context, a *actor, name string) (json.RawMessage, error) {
-	if m := s.remoteHost(a.ref.ProjectID, name); m != nil {
+	if m := s.remoteHost(a.ref.ProjectID, a.contractOf(name)); m != nil {
 		st, err := m.host.RuntimeState(ctx, a.view().streamID, a.ref.Path, name)
 		if err == nil {
 			var fields map[string]any

@@ -174,7 +174,7 @@ func (s *Server) WaitUntilProcessed(ctx context.Context, ref StreamRef, name str
 	t := s.clock.AfterFunc(timeout, func() { close(expired) })
 	defer t.Stop()
 	name = strings.TrimSpace(name)
-	if v := a.view(); isInProcess(v.core.Subscriptions[name]) && s.hosted[name] {
+	if e := a.view().core.Subscriptions[name]; isInProcess(e) && s.hosted[e.Config.ProcessorContract()] {
 		return s.waitProcessed(ctx, a, name, offset, timeout, expired)
 	}
 	existed := false

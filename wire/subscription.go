@@ -79,6 +79,9 @@ func SubscriptionConfigFromSchema(c schema.SubscriptionConfig) (itx.Subscription
 		if r.Placement, err = recv.ProcessorWake().Placement(); err != nil {
 			return cfg, err
 		}
+		if r.Processor, err = recv.ProcessorWake().Processor(); err != nil {
+			return cfg, err
+		}
 	}
 	return cfg, checkUTF8(&cfg)
 }
@@ -92,6 +95,7 @@ func checkUTF8(cfg *itx.SubscriptionConfig) error {
 		{"name", cfg.Name}, {"description", cfg.Description}, {"transform", r.JSONataTransform},
 		{"receiver.url", r.URL}, {"receiver.secret", r.Secret}, {"receiver.path", r.ReceivingStreamPath},
 		{"receiver.capability", r.Capability}, {"receiver.placement", r.Placement},
+		{"receiver.processor", r.Processor},
 	}
 	if f := cfg.Filter; f != nil {
 		fields = append(fields, struct{ name, v string }{"filterCondition", f.JSONataCondition})
@@ -170,6 +174,9 @@ func SetSubscriptionConfig(dst schema.SubscriptionConfig, cfg *itx.SubscriptionC
 		return recv.ItxCall().SetCapability(r.Capability)
 	case itx.KindProcessorWake:
 		recv.SetProcessorWake()
+		if err := recv.ProcessorWake().SetProcessor(r.Processor); err != nil {
+			return err
+		}
 		return recv.ProcessorWake().SetPlacement(r.Placement)
 	}
 	return nil

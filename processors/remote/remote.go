@@ -289,6 +289,10 @@ func (h *HostServer) Wake(ctx context.Context, call schema.ProcessorHost_wake) e
 	if err != nil {
 		return err
 	}
+	contract, err := req.Processor() // empty: the contract of the instance's own name
+	if err != nil {
+		return err
+	}
 	alarm, reprocessFrom := req.Alarm(), int64(req.ReprocessFrom())
 	stream, ports := req.Stream().AddRef(), req.Ports().AddRef()
 	call.Go()
@@ -300,7 +304,7 @@ func (h *HostServer) Wake(ctx context.Context, call schema.ProcessorHost_wake) e
 	if err != nil {
 		return err
 	}
-	r, err := s.ps.Start(ctx, name)
+	r, err := s.ps.Start(ctx, name, contract)
 	if err != nil {
 		return err
 	}

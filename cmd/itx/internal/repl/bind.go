@@ -581,6 +581,7 @@ type receiverJS struct {
 	Path       string     `json:"path,omitempty"`
 	Capability string     `json:"capability,omitempty"`
 	Placement  string     `json:"placement,omitempty"`
+	Processor  string     `json:"processor,omitempty"`
 }
 
 type headerJS struct {
@@ -607,7 +608,7 @@ var receiverKeys = map[string][]string{
 	client.ReceiverWebhookPost:   {"url", "headers", "secret"},
 	client.ReceiverCopyToStream:  {"path"},
 	client.ReceiverItxCall:       {"capability"},
-	client.ReceiverProcessorWake: {"placement"},
+	client.ReceiverProcessorWake: {"placement", "processor"},
 }
 
 func (s *Session) subscriptionConfig(v goja.Value) (client.SubscriptionConfig, error) {
@@ -644,7 +645,7 @@ func (s *Session) subscriptionConfig(v goja.Value) (client.SubscriptionConfig, e
 		return cfg, err
 	}
 	cfg.Receiver = client.Receiver{Kind: typ, URL: r.str("url"), Secret: r.str("secret"), Path: r.str("path"),
-		Capability: r.str("capability"), Placement: r.str("placement")}
+		Capability: r.str("capability"), Placement: r.str("placement"), Processor: r.str("processor")}
 	if hv := r.get("headers"); hv != nil {
 		headers, err := s.headers(hv)
 		if err != nil {
@@ -690,7 +691,7 @@ func configJS(c client.SubscriptionConfig) subscriptionConfigJS {
 		Transform: c.Transform, Start: c.Start, OnFailingEvent: c.OnFailingEvent, Description: c.Description,
 		MaxDeliveryEvents: c.MaxDeliveryEvents, MaxDeliveryBytes: c.MaxDeliveryBytes,
 		Receiver: receiverJS{Type: c.Receiver.Kind, URL: c.Receiver.URL, Secret: c.Receiver.Secret, Path: c.Receiver.Path,
-			Capability: c.Receiver.Capability, Placement: c.Receiver.Placement}}
+			Capability: c.Receiver.Capability, Placement: c.Receiver.Placement, Processor: c.Receiver.Processor}}
 	if out.FilterTypes == nil {
 		out.FilterTypes = []string{}
 	}

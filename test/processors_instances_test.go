@@ -1,0 +1,120 @@
+package test
+
+import (
+	"encoding/json"
+	"fmt"
+	"testing"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/processors/examples"
+	"github.com/itx-dev/itx/schema"
+	"github.com/itx-dev/itx/server"
+	"github.com/stretchr/testify/require"
+)
+
+// configureInstance configures a processor-wake subscription name running contract.
+func configureInstance(t testing.TB, s schema.Stream, name, contract, placement string) {
+	t.Helper()
+	ctx := ctxT(t)
+	subs := client.Subscriptions(ctx, s)
+	defer subs.Release()
+	_, _, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{
+		Name: name, Receiver: client.Receiver{Kind: client.ReceiverProcessorWake, Processor: contract, Placement: placement},
+	})
+	require.NoError(t, err)
+}
+
+// twoGuestbooks runs the guestbook contract under two names on one stream, placed where
+// placement says, and checks each instance is a processor of its own: each folds the whole
+// stream, and rewinding one leaves the other's cursor and generation alone.
+func twoGuestbooks(t *testing.T, ts *testServer, s schema.Stream, placement string) {
+	ctx := ctxT(t)
+	configureProcessorAt := func(name, contract string) { configureInstance(t, s, name, contract, placement) }
+	configureProcessorAt("guestbook", "")
+	configureProcessorAt("guestbook-replica", "guestbook")
+	var head int64
+	for i := range 20 {
+		head = mustAppend(t, s, examples.GuestbookSigned.Input(examples.Signed{Name: fmt.Sprintf("g-%d", i), Message: "hi"}, "")).HeadOffset
+	}
+	want := guestbookFold(t, s)
+	for _, name := range []string{"guestbook", "guestbook-replica"} {
+		sub, proc := processorOf(t, s, name)
+		_, err := client.WaitUntilProcessed(ctx, sub, head, 0)
+		require.NoError(t, err, name)
+		snap, err := client.Snapshot(ctx, proc)
+		require.NoError(t, err, name)
+		require.JSONEq(t, want, snap.State, name)
+		require.Equal(t, head, snap.ProcessedOffset, name)
+		rs, err := client.RuntimeState(ctx, proc)
+		require.NoError(t, err, name)
+		var runtime struct {
+			Name string `json:"name"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(rs), &runtime))
+		require.Equal(t, name, runtime.Name, "the instance runs under its subscription's name")
+	}
+	sub, _ := processorOf(t, s, "guestbook-replica")
+	d, err := client.DescribeSubscription(ctx, sub)
+	require.NoError(t, err)
+	require.Equal(t, "guestbook", d.Config.Receiver.Processor, "describe shows the contract")
+
+	// Rewind the replica only: it reprocesses; the original's cursor stays where it was.
+	subs := client.Subscriptions(ctx, s)
+	defer subs.Release()
+	_, err = client.SetSubscriptionCursor(ctx, s, "guestbook-replica", 0)
+	require.NoError(t, err)
+	head = mustAppend(t, s, examples.GuestbookSigned.Input(examples.Signed{Name: "late", Message: "hi"}, "")).HeadOffset
+	for _, name := range []string{"guestbook", "guestbook-replica"} {
+		sub, proc := processorOf(t, s, name)
+		_, err := client.WaitUntilProcessed(ctx, sub, head, 0)
+		require.NoError(t, err, name)
+		snap, err := client.Snapshot(ctx, proc)
+		require.NoError(t, err, name)
+		require.JSONEq(t, guestbookFold(t, s), snap.State, name)
+	}
+	list, err := client.ListSubscriptions(ctx, subs)
+	require.NoError(t, err)
+	for _, row := range list {
+		require.Equal(t, itx.StatusActive, row.Status, row.Name)
+		require.Equal(t, head, row.ConfirmedOffset, row.Name)
+	}
+}
+
+// Two instances of one contract under two names (DESIGN "Beyond the seeds"), in itxd.
+func TestProcessors_TwoInstancesOfOneContract(t *testing.T) {
+	ts := startServer(t, server.Config{Processors: referenceHost(t, "guestbook")})
+	twoGuestbooks(t, ts, stream(t, ts.project(t), "/processors/two"), "")
+}
+
+// The same on a remote host: one mounted contract serves both instances.
+func TestRemote_TwoInstancesOfOneContract(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	awaitMount(t, runRemoteHost(t, ts.addr, ts.creds.ProjectToken, "worker", referenceHost(t, "guestbook")))
+	twoGuestbooks(t, ts, stream(t, ts.project(t), "/remote/two"), "remote")
+}
+
+// A processor field names a registered contract: an unknown one halts at the first wake with
+// the registry's error naming the contract; on another receiver kind it is refused.
+func TestProcessors_InstanceOfAnUnknownContract(t *testing.T) {
+	ts := startServer(t, server.Config{Processors: referenceHost(t, "guestbook")})
+	ctx := ctxT(t)
+	s := stream(t, ts.project(t), "/processors/unknown-contract")
+	mustAppend(t, s, ev("a", `{}`))
+	configureInstance(t, s, "mine", "no-such-contract", "")
+	sub, _ := processorOf(t, s, "mine")
+	var d itx.SubscriptionDescription
+	waitUntil(t, "halted", func() bool {
+		var err error
+		d, err = client.DescribeSubscription(ctx, sub)
+		require.NoError(t, err)
+		return d.Status == itx.StatusHalted
+	})
+	require.Equal(t, `itx.notFound: no processor is registered under the name "no-such-contract"`, d.LastError)
+
+	subs := client.Subscriptions(ctx, s)
+	defer subs.Release()
+	_, _, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "hook",
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "x", Processor: "guestbook"}})
+	requireCode(t, err, itx.EInvalid)
+}
