@@ -107,13 +107,13 @@ func (s *hostedStream) Start(ctx context.Context, name, contract string) (Hosted
 		return nil, itx.Errorf(itx.ENotFound, "no processor is registered under the name %q", contract)
 	}
 	if r, ok := s.reg.Runner(name); ok {
-		if s.contracts[name] != contract {
-			// The subscription was reconfigured to another contract: this incarnation keeps the
-			// one it started; the next incarnation (the stream reloads) runs the new one. Until
-			// then the wake is an outage, retried.
-			return nil, itx.Errorf(itx.EUnavailable, "processor %q runs contract %q in this incarnation, not %q: it takes the new contract when the stream next loads", name, s.contracts[name], contract)
+		if s.contracts[name] == contract {
+			return r, nil
 		}
-		return r, nil
+		// The subscription was reconfigured to run another contract: the old runner's
+		// incarnation ends here (as in an eviction), and the new contract starts from the
+		// instance's records.
+		s.reg.Remove(name)
 	}
 	r, err := e.start(ctx, s.reg, s.store, name)
 	if err != nil {

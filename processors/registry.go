@@ -166,6 +166,26 @@ func (reg *Registry) HandleAlarm(ctx context.Context) ([]AlarmOutcome, error) {
 	return outcomes, errors.Join(errs...)
 }
 
+// Remove ends the incarnation of the runner registered under name and forgets it, so name can
+// be registered again (with another contract): what survives is what survives any eviction, the
+// progress record (whose next claim fences this runner's late commits) and the keepalive
+// record, which the next registration reads back.
+func (reg *Registry) Remove(name string) {
+	reg.mu.Lock()
+	var gone *keepalive
+	for i, k := range reg.entries {
+		if k.name == name {
+			gone = k
+			reg.entries = append(reg.entries[:i:i], reg.entries[i+1:]...)
+			break
+		}
+	}
+	reg.mu.Unlock()
+	if gone != nil {
+		gone.runner.Close()
+	}
+}
+
 // Close ends every runner's incarnation.
 func (reg *Registry) Close() {
 	for _, h := range reg.Runners() {

@@ -118,3 +118,30 @@ func TestProcessors_InstanceOfAnUnknownContract(t *testing.T) {
 		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "x", Processor: "guestbook"}})
 	requireCode(t, err, itx.EInvalid)
 }
+
+// An instance reconfigured to run another contract ends the old runner's incarnation and runs the
+// new contract from its processing cursor: events already processed are not processed again, the
+// ones after it go to the new contract, and its appends are keyed by the instance.
+func TestProcessors_InstanceSwitchesContract(t *testing.T) {
+	ts := startServer(t, server.Config{Processors: referenceHost(t, "guestbook", "forwarder")})
+	ctx := ctxT(t)
+	s := stream(t, ts.project(t), "/processors/switch")
+	configureInstance(t, s, "worker", "forwarder", "")
+	sub, proc := processorOf(t, s, "worker")
+	head := mustAppend(t, s, examples.InboxMessage.Input(json.RawMessage(`{"n":1}`), "")).HeadOffset
+	_, err := client.WaitUntilProcessed(ctx, sub, head, 0)
+	require.NoError(t, err)
+	require.Equal(t, 1, countType(t, s, string(examples.OutboxForwarded)))
+
+	configureInstance(t, s, "worker", "guestbook", "")
+	head = mustAppend(t, s,
+		examples.InboxMessage.Input(json.RawMessage(`{"n":2}`), ""),
+		examples.GuestbookSigned.Input(examples.Signed{Name: "ada", Message: "hi"}, "")).HeadOffset
+	_, err = client.WaitUntilProcessed(ctx, sub, head, 0)
+	require.NoError(t, err)
+	require.Equal(t, 1, countType(t, s, string(examples.OutboxForwarded)), "the forwarder no longer runs")
+	snap, err := client.Snapshot(ctx, proc)
+	require.NoError(t, err)
+	require.JSONEq(t, guestbookFold(t, s), snap.State, "the guestbook contract reduced the stream")
+	require.Equal(t, head, snap.ProcessedOffset)
+}
