@@ -20,7 +20,7 @@ type Host struct {
 }
 
 type hostEntry struct {
-	info  itx.ProcessorInfo
+	info itx.ProcessorInfo
 	// start registers a fresh copy of the contract on reg as the instance name.
 	start func(ctx context.Context, reg *Registry, store ProgressStore, name string) (Hosted, error)
 }
