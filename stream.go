@@ -33,6 +33,13 @@ type AppendResult struct {
 	StreamID   string
 }
 
+// ScheduledEvent is a pending scheduled append: Event (named by its IdempotencyKey) is appended
+// to the stream at DueAt (epoch ms), exactly once.
+type ScheduledEvent struct {
+	DueAt int64
+	Event EventInput
+}
+
 // Query selects a page of events.
 type Query struct {
 	After            int64

@@ -127,6 +127,9 @@ var methodRights = map[string]rightSet{
 	"Stream.liveState":             rRead,
 	"Stream.readOnly":              rNone, // attenuation: never more than the holder has
 	"Stream.appendOnly":            rNone,
+	"Stream.schedule":              rAppend,
+	"Stream.cancelScheduled":       rAppend,
+	"Stream.listScheduled":         rRead,
 
 	"Subscriptions.list":      rRead,
 	"Subscriptions.get":       rNone,

@@ -419,3 +419,75 @@ func (r *remoteReceiver) Receive(ctx context.Context, b *itx.DeliveryBatch) (int
 	}
 	return 0, itx.Errorf(itx.EFailedPrecondition, "the receiver refused the batch: %v", err)
 }
+
+// --- scheduled appends (durable timers) ---------------------------------------------------
+
+func (s *stream) Schedule(ctx context.Context, call schema.Stream_schedule) error {
+	src, err := call.Args().Event()
+	if err != nil {
+		return badArgs("event", err)
+	}
+	in, err := wire.EventInputFromSchema(src)
+	if err != nil {
+		return badArgs("event", err)
+	}
+	dueAt := call.Args().DueAt()
+	call.Go()
+	due, appended, err := s.srv.Schedule(ctx, s.ref, in, dueAt)
+	if err != nil {
+		return fail(err)
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	res.SetDueAt(due)
+	res.SetAppendedOffset(uint64(appended))
+	return nil
+}
+
+func (s *stream) CancelScheduled(ctx context.Context, call schema.Stream_cancelScheduled) error {
+	key, err := call.Args().Key()
+	if err != nil {
+		return badArgs("key", err)
+	}
+	call.Go()
+	found, err := s.srv.CancelScheduled(ctx, s.ref, key)
+	if err != nil {
+		return fail(err)
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	res.SetCancelled(found)
+	return nil
+}
+
+func (s *stream) ListScheduled(ctx context.Context, call schema.Stream_listScheduled) error {
+	call.Go()
+	list, err := s.srv.ListScheduled(ctx, s.ref)
+	if err != nil {
+		return fail(err)
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	out, err := res.NewScheduled(int32(len(list)))
+	if err != nil {
+		return err
+	}
+	for i := range list {
+		item := out.At(i)
+		item.SetDueAt(list[i].DueAt)
+		ev, err := item.NewEvent()
+		if err != nil {
+			return err
+		}
+		if err := wire.SetEventInput(ev, &list[i].Event); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -242,3 +242,61 @@ func Await[T any](ctx context.Context, fut interface {
 	}
 	return fut.Struct()
 }
+
+// Schedule asks the stream to append in at dueAt (a time past means at once), exactly once and
+// surviving restarts: a durable timer. in.IdempotencyKey names it; scheduling the key again
+// moves it. When the key is already in the log nothing is scheduled and appended is its offset.
+func Schedule(ctx context.Context, s schema.Stream, in itx.EventInput, dueAt time.Time) (due time.Time, appended int64, err error) {
+	fut, release := s.Schedule(ctx, func(p schema.Stream_schedule_Params) error {
+		ev, err := p.NewEvent()
+		if err != nil {
+			return err
+		}
+		p.SetDueAt(dueAt.UnixMilli())
+		return wire.SetEventInput(ev, &in)
+	})
+	defer release()
+	res, err := fut.Struct()
+	if err != nil {
+		return time.Time{}, 0, err
+	}
+	return time.UnixMilli(res.DueAt()), int64(res.AppendedOffset()), nil
+}
+
+// CancelScheduled drops the scheduled append named key and reports whether there was one.
+func CancelScheduled(ctx context.Context, s schema.Stream, key string) (bool, error) {
+	fut, release := s.CancelScheduled(ctx, func(p schema.Stream_cancelScheduled_Params) error { return p.SetKey(key) })
+	defer release()
+	res, err := fut.Struct()
+	if err != nil {
+		return false, err
+	}
+	return res.Cancelled(), nil
+}
+
+// ListScheduled lists the stream's pending scheduled appends in due order.
+func ListScheduled(ctx context.Context, s schema.Stream) ([]itx.ScheduledEvent, error) {
+	fut, release := s.ListScheduled(ctx, nil)
+	defer release()
+	res, err := fut.Struct()
+	if err != nil {
+		return nil, err
+	}
+	list, err := res.Scheduled()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]itx.ScheduledEvent, list.Len())
+	for i := range out {
+		item := list.At(i)
+		ev, err := item.Event()
+		if err != nil {
+			return nil, err
+		}
+		if out[i].Event, err = wire.EventInputFromSchema(ev); err != nil {
+			return nil, err
+		}
+		out[i].DueAt = item.DueAt()
+	}
+	return out, nil
+}

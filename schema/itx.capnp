@@ -457,6 +457,19 @@ interface Stream {
   # released. Calls they do not allow fail with permissionDenied.
   readOnly @11 () -> (stream :Stream);
   appendOnly @12 () -> (stream :Stream);
+  # Durable timers: append event at dueAt (epoch ms; a time past means at once), exactly once,
+  # surviving unloads, crashes and restarts. Its idempotencyKey (required) names it: scheduling
+  # the key again moves it; a key already in the log schedules nothing and returns its offset in
+  # appendedOffset. Needs the append right; listScheduled needs read.
+  schedule @13 (event :EventInput, dueAt :Int64) -> (dueAt :Int64, appendedOffset :UInt64);
+  cancelScheduled @14 (key :Text) -> (cancelled :Bool);
+  listScheduled @15 () -> (scheduled :List(ScheduledEvent));
+}
+
+# A pending scheduled append (Stream.schedule).
+struct ScheduledEvent {
+  event @0 :EventInput;   # named by its idempotencyKey
+  dueAt @1 :Int64;        # epoch ms
 }
 
 interface Streams {

@@ -39,21 +39,22 @@ type actor struct {
 	lastUsed time.Time
 
 	// Owned by the run goroutine.
-	st            *streamState
-	store         streamStore
-	deliverers    map[string]*deliverer
-	pushes        sync.WaitGroup
-	pending       []deliveryOutcome // outcomes of pushes that could not start
-	recent        []itx.Event       // the last commit's events (see view.recent)
-	failedReaders []readerOp        // the reader operations of a step whose commit failed
-	wakeT         itx.Timer
-	wakeAt        int64
-	flushArmed    bool
-	lastSweep     time.Time // of ephemeral rows
-	ephBytes      int64     // held in ephemeral rows (see Config.EphemeralBufferBytes)
-	loadMounted   []string  // the project's mounts when loaded: the first step's presence signal
-	dctx          context.Context
-	dcancel       context.CancelFunc
+	st              *streamState
+	store           streamStore
+	deliverers      map[string]*deliverer
+	pushes          sync.WaitGroup
+	pending         []deliveryOutcome // outcomes of pushes that could not start
+	recent          []itx.Event       // the last commit's events (see view.recent)
+	failedReaders   []readerOp        // the reader operations of a step whose commit failed
+	failedSchedules []scheduleOp      // the schedule operations of a step whose commit failed
+	wakeT           itx.Timer
+	wakeAt          int64
+	flushArmed      bool
+	lastSweep       time.Time // of ephemeral rows
+	ephBytes        int64     // held in ephemeral rows (see Config.EphemeralBufferBytes)
+	loadMounted     []string  // the project's mounts when loaded: the first step's presence signal
+	dctx            context.Context
+	dcancel         context.CancelFunc
 
 	conns      map[string]*Connection // open connections by key
 	connSeq    int
@@ -77,13 +78,14 @@ type actor struct {
 
 // actorMsg is one non-append input.
 type actorMsg struct {
-	outcome *deliveryOutcome
-	mounted string
-	flush   bool
-	tick    bool
-	settle  chan<- int // answered after the step with the number of pushes in flight
-	reader  *readerOp
-	proc    *procOp
+	outcome  *deliveryOutcome
+	mounted  string
+	flush    bool
+	tick     bool
+	settle   chan<- int // answered after the step with the number of pushes in flight
+	reader   *readerOp
+	proc     *procOp
+	schedule *scheduleOp
 
 	// Connections and live state: the actor's registries, not step inputs (nothing durable).
 	openConn  *Connection
@@ -145,7 +147,7 @@ func (a *actor) load() error {
 			return itx.Errorf(itx.EUnavailable, "load stream %s: %v", a.ref.Path, err)
 		}
 		a.st.summaryOld = entry.SummaryStale
-		if len(a.st.core.Subscriptions) > 0 {
+		if len(a.st.core.Subscriptions) > 0 || len(a.st.scheduled) > 0 {
 			// While loaded, the alarm reads "due now" (a crash leaves the stream owed a load); on
 			// unload it records the next retry. Whatever woke this incarnation, it owns the alarm.
 			if err := a.srv.dir.SetAlarm(ctx, entry.StreamID, itx.UnixMilli(now)); err != nil {
@@ -227,6 +229,9 @@ func loadState(ctx context.Context, store streamStore, rc reduceContext, now tim
 	}
 	readers, err := store.Readers(ctx)
 	if err != nil {
+		return nil, err
+	}
+	if err := loadScheduled(ctx, store, st); err != nil {
 		return nil, err
 	}
 	for _, r := range readers {
@@ -492,6 +497,8 @@ func (in *stepInput) add(m actorMsg) {
 		in.readers = append(in.readers, *m.reader)
 	case m.proc != nil:
 		in.procOps = append(in.procOps, *m.proc)
+	case m.schedule != nil:
+		in.schedules = append(in.schedules, *m.schedule)
 	case m.outcome != nil:
 		in.outcomes = append(in.outcomes, *m.outcome)
 	case m.mounted != "":
@@ -557,6 +564,7 @@ func (a *actor) env() stepEnv {
 			return a.store.KV(context.Background(), key)
 		},
 		maxProcKVKeys:   a.srv.cfg.MaxProcessorKVKeys,
+		maxScheduled:    a.srv.cfg.MaxScheduledPerStream,
 		maxProcKVBytes:  a.srv.cfg.MaxProcessorKVBytes,
 		random:          a.srv.random,
 		flushDelay:      a.srv.cfg.CursorFlushDelay,
@@ -619,6 +627,7 @@ func (a *actor) apply(in stepInput) {
 	}
 	a.failedReaders = in.readers // answered with the failure if this step does not commit
 	a.failedProc = in.procOps
+	a.failedSchedules = in.schedules
 	eff, err := step(a.st, in, now, a.env())
 	if err != nil {
 		a.reloadAfter(in.appends, err)
@@ -677,7 +686,7 @@ func (a *actor) apply(in stepInput) {
 		}
 	}
 
-	a.failedReaders, a.failedProc = nil, nil
+	a.failedReaders, a.failedProc, a.failedSchedules = nil, nil, nil
 	a.reportLadder(eff.ladder)
 	// 3. Publish (and wake connections and live state). 4. Replies.
 	prevHead := a.view().head
@@ -694,6 +703,9 @@ func (a *actor) apply(in stepInput) {
 	}
 	for _, rr := range eff.readerReplies {
 		rr.op.reply <- rr.err
+	}
+	for _, sa := range eff.scheduleAnswers {
+		sa.op.reply <- sa.reply
 	}
 	for _, pa := range eff.procAnswers {
 		if pa.op.reply != nil {
@@ -781,12 +793,15 @@ func (a *actor) reloadAfter(group []*appendReq, cause error) {
 	for _, op := range a.failedReaders {
 		op.reply <- failure
 	}
+	for _, op := range a.failedSchedules {
+		op.reply <- scheduleReply{err: failure}
+	}
 	for _, op := range a.failedProc {
 		if op.reply != nil {
 			op.reply <- procReply{err: failure}
 		}
 	}
-	a.failedReaders, a.failedProc = nil, nil
+	a.failedReaders, a.failedProc, a.failedSchedules = nil, nil, nil
 	if a.store == nil {
 		a.st = newStreamState(a.st.bucket)
 		return
@@ -1004,6 +1019,11 @@ func (a *actor) nextAlarm() int64 {
 			due = at // the processors owe work (keepalive, revival): load the stream for them
 		}
 	}
+	if pending, next := a.st.dueScheduled(now); len(pending) > 0 {
+		due = now // a scheduled append is due (the breaker held it back)
+	} else if next > 0 && (due == 0 || next < due) {
+		due = next
+	}
 	return due
 }
 
@@ -1027,6 +1047,8 @@ type view struct {
 	core     *coreState
 	rows     map[string]storage.CursorRow
 	readers  map[string]storage.Reader
+	// scheduled is the pending scheduled appends (each immutable once made).
+	scheduled map[string]*scheduled
 	// recent is the last commit's events (ephemeral ones included), so connections at the tail
 	// take them from memory instead of reading back what was just written. Immutable.
 	recent []itx.Event
@@ -1072,6 +1094,11 @@ func (a *actor) publish(rowsChanged bool) {
 			readers[name] = r
 		}
 		v.readers = readers
+		sched := make(map[string]*scheduled, len(st.scheduled))
+		for key, sc := range st.scheduled {
+			sched[key] = sc
+		}
+		v.scheduled = sched
 	}
 	close(a.changed)
 	a.changed = make(chan struct{})

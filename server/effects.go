@@ -35,6 +35,8 @@ type effects struct {
 	replies       []replyBatch
 	readerReplies []readerReply
 	procAnswers   []procAnswer
+	// scheduleAnswers answer schedule and cancel calls, after the commit.
+	scheduleAnswers []scheduleAnswer
 
 	rebuild []string
 	pushes  []pushJob
@@ -58,6 +60,11 @@ type ladderNote struct {
 	msg      string
 }
 
+type scheduleAnswer struct {
+	op    scheduleOp
+	reply scheduleReply
+}
+
 // replyBatch pairs a planned group with the requests it answers.
 type replyBatch struct {
 	group []*appendReq
@@ -68,5 +75,5 @@ type replyBatch struct {
 func (e *effects) hasWrites() bool {
 	c := &e.commit
 	return len(c.Events) > 0 || len(c.CursorUpserts) > 0 || len(c.CursorDeletes) > 0 || len(c.KV) > 0 ||
-		len(c.ReaderUpserts) > 0 || len(c.ReaderDeletes) > 0
+		len(c.ReaderUpserts) > 0 || len(c.ReaderDeletes) > 0 || len(c.ScheduledUpserts) > 0 || len(c.ScheduledDeletes) > 0
 }

@@ -36,8 +36,8 @@ type RemoteWake struct {
 	// Processor is the contract the instance runs (the subscription's name unless its config
 	// names another).
 	Processor string
-	Head     int64
-	Alarm    bool
+	Head      int64
+	Alarm     bool
 	// ReprocessFrom asks for the operator's rewind first (0: none).
 	ReprocessFrom int64
 	Ports         *ProcessorPorts // the processor's records on its stream, fenced by the mount

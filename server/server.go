@@ -48,6 +48,8 @@ type Config struct {
 	MaxSubscriptions int // per stream; default itx.MaxSubscriptionsPerStream
 	// MaxReadersPerStream bounds the registered readers of one stream; default 1,024.
 	MaxReadersPerStream int
+	// MaxScheduledPerStream bounds the pending scheduled appends of one stream; default 10,000.
+	MaxScheduledPerStream int
 	// MaxProcessorKVKeys and MaxProcessorKVBytes bound the processors' KV of one stream (in-process
 	// and remote processors together): its keys, and the bytes of its keys and values; defaults
 	// DefaultMaxProcessorKVKeys and DefaultMaxProcessorKVBytes.
@@ -186,6 +188,9 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	if cfg.CursorFlushDelay <= 0 {
 		cfg.CursorFlushDelay = 200 * time.Millisecond
+	}
+	if cfg.MaxScheduledPerStream <= 0 {
+		cfg.MaxScheduledPerStream = DefaultMaxScheduledPerStream
 	}
 	if cfg.MaxReadersPerStream <= 0 {
 		cfg.MaxReadersPerStream = 1024

@@ -27,6 +27,7 @@ type streamState struct {
 	// kept by every put, so the bounds cost no scan.
 	procKVKeys  int
 	procKVBytes int64
+	scheduled   map[string]*scheduled // pending scheduled appends by key
 
 	// Not durable: rebuilt on load.
 	procs      map[string]*procRecord // processor records read so far (see procRecordOf)
@@ -50,20 +51,21 @@ type subRuntime struct {
 func newStreamState(bucket *tokenBucket) *streamState {
 	return &streamState{core: newCoreState(), rows: map[string]*storage.CursorRow{}, readers: map[string]storage.Reader{}, bucket: bucket,
 		subs: map[string]*subRuntime{}, dirty: map[string]bool{}, procs: map[string]*procRecord{},
-		procAlarms: map[string]int64{}, procFiring: map[string]bool{}}
+		procAlarms: map[string]int64{}, procFiring: map[string]bool{}, scheduled: map[string]*scheduled{}}
 }
 
 // stepInput is one batch of the actor's inputs, taken together in one step.
 type stepInput struct {
-	appends  []*appendReq      // client, copy and server appends, in queue order
-	outcomes []deliveryOutcome // finished delivery tries
-	mounted  []string          // capabilities mounted in the project since the last step
-	readers  []readerOp        // register, move or remove registered readers
-	flush    bool              // the cursor flush delay passed: write dirty rows now
-	final    bool              // unloading: write dirty rows, start nothing
-	procOps  []procOp          // processor port writes: progress, KV, alarm
-	woken    string            // an incarnation id: record stream/woken (processors are hosted here)
-	settles  []chan<- int      // not the step's: Settle callers the actor answers after it
+	appends   []*appendReq      // client, copy and server appends, in queue order
+	outcomes  []deliveryOutcome // finished delivery tries
+	mounted   []string          // capabilities mounted in the project since the last step
+	readers   []readerOp        // register, move or remove registered readers
+	flush     bool              // the cursor flush delay passed: write dirty rows now
+	final     bool              // unloading: write dirty rows, start nothing
+	procOps   []procOp          // processor port writes: progress, KV, alarm
+	schedules []scheduleOp      // schedule or cancel scheduled appends
+	woken     string            // an incarnation id: record stream/woken (processors are hosted here)
+	settles   []chan<- int      // not the step's: Settle callers the actor answers after it
 }
 
 // deliveryOutcome is what one push reports: how far the cursor may move and, if the try
@@ -105,6 +107,7 @@ type stepEnv struct {
 	flushDelay      time.Duration
 	deliveryTimeout time.Duration
 	batchLimits     func(name string) int // events per delivery: the config's BatchLimits
+	maxScheduled    int                   // scheduled appends per stream (0: none)
 }
 
 // step applies one batch of inputs to st and returns what to do about it. It mutates st in place;
@@ -114,8 +117,16 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 	var eff effects
 	nowMs := itx.UnixMilli(now)
 
-	// 1. Appends: plan them (core events reduced inline), in queue order.
+	// 1. Appends: plan them (core events reduced inline), in queue order, then the scheduled
+	// appends that are due (each alone: one refused never holds back another).
 	group := in.appends
+	var due []*scheduled
+	if !in.final {
+		due, _ = st.dueScheduled(nowMs)
+		for _, sc := range due {
+			group = append(group, &appendReq{inputs: []itx.EventInput{sc.input}, authority: authClient})
+		}
+	}
 	committed, err := env.lookupKeys(keysOf(group))
 	if err != nil {
 		return eff, err
@@ -123,10 +134,25 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 	plan := planGroup(st.head, st.streamID, st.bucket, st.core, env.rc, group, committed, now)
 	eff.replies = append(eff.replies, replyBatch{group: group, plan: plan})
 	st.absorb(plan, now, &eff)
+	var own []*appendReq
+	for i, sc := range due {
+		r := plan.Replies[len(in.appends)+i]
+		if itx.ErrorCode(r.err) == itx.ERateLimited {
+			continue // the breaker is open: it stays, and is tried again (see wakeAt below)
+		}
+		// Appended, a duplicate of what its key already holds, or refused for good (its key
+		// taken by another body): either way it is done, and a refusal is recorded.
+		delete(st.scheduled, sc.Key)
+		eff.commit.ScheduledDeletes = append(eff.commit.ScheduledDeletes, sc.Key)
+		if r.err != nil {
+			own = append(own, serverRecord(itx.TypeErrorOccurred, itx.ErrorOccurredPayload{
+				Message: fmt.Sprintf("scheduled event %q was not appended: %s", sc.Key, itx.ErrorMessage(r.err))},
+				"scheduled", sc.Key, sc.DueAt, 0, 0))
+		}
+	}
 
 	// 2. Delivery outcomes, fenced by epoch and generation; failures go through the ladder and
 	// may append server-authored records (halts, skips, expression failures).
-	var own []*appendReq
 	for i := range in.outcomes {
 		own = append(own, st.applyOutcome(&in.outcomes[i], nowMs, env, &eff)...)
 	}
@@ -179,10 +205,20 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 		eff.procAnswers = append(eff.procAnswers, procAnswer{op: op, reply: st.applyProc(op, now, env, &eff)})
 	}
 
+	// 4d. Scheduled appends: schedule, move or cancel.
+	for _, op := range in.schedules {
+		eff.scheduleAnswers = append(eff.scheduleAnswers, scheduleAnswer{op: op, reply: st.applySchedule(op, env, &eff)})
+	}
+
+	if len(eff.commit.ScheduledUpserts) > 0 || len(eff.commit.ScheduledDeletes) > 0 {
+		eff.rowsChanged = true // publish the new list
+	}
+
 	// 5. The commit: new events, and the dirty rows when anything else is written, when the flush
 	// delay passed, or when unloading.
 	if len(eff.commit.Events) > 0 || len(eff.commit.KV) > 0 || len(eff.commit.CursorDeletes) > 0 || eff.coreChanged || in.flush || in.final ||
-		len(eff.commit.ReaderUpserts) > 0 || len(eff.commit.ReaderDeletes) > 0 {
+		len(eff.commit.ReaderUpserts) > 0 || len(eff.commit.ReaderDeletes) > 0 ||
+		len(eff.commit.ScheduledUpserts) > 0 || len(eff.commit.ScheduledDeletes) > 0 {
 		eff.commit.CursorUpserts = eff.commit.CursorUpserts[:0]
 		names := make([]string, 0, len(st.dirty))
 		for name := range st.dirty {
@@ -216,7 +252,7 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 		// stand (cursor rows, readers). Marked once per load; refreshed on unload or restart.
 		eff.markStale = !st.summaryOld
 	}
-	if eff.hasWrites() && !st.alarmSet && len(st.core.Subscriptions) > 0 {
+	if eff.hasWrites() && !st.alarmSet && (len(st.core.Subscriptions) > 0 || len(st.scheduled) > 0) {
 		eff.alarmNow = true
 	}
 	if !eff.flushed && len(st.dirty) > 0 {
@@ -224,6 +260,17 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 	}
 	if in.final {
 		return eff, nil
+	}
+
+	// 5b. The next scheduled append comes due then; one the breaker refused is tried a second on.
+	if due, next := st.dueScheduled(nowMs); len(due) > 0 || next > 0 {
+		at := next
+		if len(due) > 0 {
+			at = nowMs + scheduledRetry.Milliseconds()
+		}
+		if eff.wakeAt == 0 || at < eff.wakeAt {
+			eff.wakeAt = at
+		}
 	}
 
 	// 6. The processors' alarm, then pushes: every active subscription behind the head with its

@@ -20,6 +20,7 @@ type streamStore interface {
 	KVUsage(ctx context.Context, prefix string) (keys int, bytes int64, err error)
 	CursorRows(ctx context.Context) ([]storage.CursorRow, error)
 	Readers(ctx context.Context) ([]storage.Reader, error)
+	ScheduledEvents(ctx context.Context) ([]storage.Scheduled, error)
 	EventsByKeys(ctx context.Context, keys []string) (map[string]*itx.Event, error)
 	Events(ctx context.Context, q storage.Query) ([]itx.Event, error)
 	// Commit writes c in one transaction and returns once it is durable.

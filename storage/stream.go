@@ -177,6 +177,9 @@ type Commit struct {
 	ReaderUpserts []Reader
 	ReaderDeletes []string
 	KV            map[string][]byte
+	// Scheduled appends: deletes (landed or cancelled) run before upserts.
+	ScheduledUpserts []Scheduled
+	ScheduledDeletes []string
 	// EvictEphemeralThrough, when set, deletes the ephemeral rows at or below it (the ephemeral
 	// buffer's FIFO eviction), in the same transaction.
 	EvictEphemeralThrough int64
@@ -239,6 +242,16 @@ func (s *Stream) Commit(ctx context.Context, c Commit) error {
 	}
 	for i := range c.ReaderUpserts {
 		if err := upsertReader(ctx, tx, &c.ReaderUpserts[i]); err != nil {
+			return fmt.Errorf("commit: %w", err)
+		}
+	}
+	for _, key := range c.ScheduledDeletes {
+		if _, err := tx.ExecContext(ctx, `delete from scheduled_events where key = ?`, key); err != nil {
+			return fmt.Errorf("commit: delete scheduled event %q: %w", key, err)
+		}
+	}
+	for i := range c.ScheduledUpserts {
+		if err := upsertScheduled(ctx, tx, &c.ScheduledUpserts[i]); err != nil {
 			return fmt.Errorf("commit: %w", err)
 		}
 	}

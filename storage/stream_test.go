@@ -148,7 +148,7 @@ func TestStream_Pragmas(t *testing.T) {
 	require.NoError(t, db.QueryRow("PRAGMA user_version").Scan(&version))
 	require.Equal(t, "wal", mode)
 	require.Equal(t, 2, sync)
-	require.Equal(t, 2, version, "migrations ran")
+	require.Equal(t, 3, version, "migrations ran")
 
 	// The seed's cursor table exists with its exact columns.
 	rows, err := db.Query("select name from pragma_table_info('subscription_cursors') order by cid")

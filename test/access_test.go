@@ -4,6 +4,7 @@ import (
 	"context"
 	"sort"
 	"testing"
+	"time"
 
 	"capnproto.org/go/capnp/v3"
 	"capnproto.org/go/capnp/v3/schemas"
@@ -213,6 +214,18 @@ var methodCases = map[string]methodCase{
 
 	"Stream.append": {right: itx.RightAppend, pathed: true, call: withStream(func(ctx context.Context, s schema.Stream) error {
 		_, err := client.Append(ctx, s, []itx.EventInput{ev("note", `{}`)}, itx.AppendOptions{})
+		return err
+	})},
+	"Stream.schedule": {right: itx.RightAppend, pathed: true, call: withStream(func(ctx context.Context, s schema.Stream) error {
+		_, _, err := client.Schedule(ctx, s, keyed("note", `{}`, "later"), time.Now().Add(time.Hour))
+		return err
+	})},
+	"Stream.cancelScheduled": {right: itx.RightAppend, pathed: true, call: withStream(func(ctx context.Context, s schema.Stream) error {
+		_, err := client.CancelScheduled(ctx, s, "later")
+		return err
+	})},
+	"Stream.listScheduled": {right: itx.RightRead, pathed: true, call: withStream(func(ctx context.Context, s schema.Stream) error {
+		_, err := client.ListScheduled(ctx, s)
 		return err
 	})},
 	"Stream.getEvents": {right: itx.RightRead, pathed: true, call: withStream(func(ctx context.Context, s schema.Stream) error {

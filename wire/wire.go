@@ -152,32 +152,44 @@ func eventList(list schema.Event_List, err error) ([]itx.Event, error) {
 func EventInputsFromSchema(list schema.EventInput_List) ([]itx.EventInput, error) {
 	out := make([]itx.EventInput, list.Len())
 	for i := range out {
-		src := list.At(i)
-		in := &out[i]
-		var err error
-		if in.Type, err = src.Type(); err != nil {
+		if err := eventInputFrom(&out[i], list.At(i)); err != nil {
 			return nil, err
 		}
-		// One copy out of the message (which is released when the call returns), not two
-		// through a string.
-		p, err := src.PayloadBytes()
-		if err != nil {
-			return nil, err
-		}
-		in.Payload = append(json.RawMessage{}, p...)
-		if in.IdempotencyKey, err = src.IdempotencyKey(); err != nil {
-			return nil, err
-		}
-		m, err := src.MetadataBytes()
-		if err != nil {
-			return nil, err
-		}
-		if len(m) > 0 {
-			in.Metadata = bytes.Clone(m)
-		}
-		in.Ephemeral = src.Ephemeral()
 	}
 	return out, nil
+}
+
+// EventInputFromSchema copies one event input out of its message.
+func EventInputFromSchema(src schema.EventInput) (itx.EventInput, error) {
+	var in itx.EventInput
+	err := eventInputFrom(&in, src)
+	return in, err
+}
+
+func eventInputFrom(in *itx.EventInput, src schema.EventInput) error {
+	var err error
+	if in.Type, err = src.Type(); err != nil {
+		return err
+	}
+	// One copy out of the message (which is released when the call returns), not two
+	// through a string.
+	p, err := src.PayloadBytes()
+	if err != nil {
+		return err
+	}
+	in.Payload = append(json.RawMessage{}, p...)
+	if in.IdempotencyKey, err = src.IdempotencyKey(); err != nil {
+		return err
+	}
+	m, err := src.MetadataBytes()
+	if err != nil {
+		return err
+	}
+	if len(m) > 0 {
+		in.Metadata = bytes.Clone(m)
+	}
+	in.Ephemeral = src.Ephemeral()
+	return nil
 }
 
 func TextList(list capnp.TextList, err error) ([]string, error) {

@@ -57,6 +57,7 @@ func run() error {
 	flag.Var(&allowHosts, "webhook-allow-host", "allow webhooks only to this host (repeatable; \"*.example.com\" matches subdomains)")
 	maxConns := flag.Int("max-connections-per-stream", 0, "open connections one stream serves at most (0: 16384)")
 	maxReaders := flag.Int("max-readers-per-stream", 0, "registered readers one stream holds at most (0: 1024)")
+	maxScheduled := flag.Int("max-scheduled-per-stream", 0, "pending scheduled appends (Stream.schedule) one stream holds at most (0: 10000)")
 	maxMounts := flag.Int("max-mounts-per-project", 0, "capabilities one project may have mounted under names, and separately processor hosts (0: 4096)")
 	maxTokens := flag.Int("max-tokens-per-project", 0, "tokens one project may hold; creating one more fails with limitExceeded (0: 10000)")
 	maxStreams := flag.Int("max-streams-per-project", 0, "streams one project may hold (each a database file); the append that would create one more fails with limitExceeded (0: 100000)")
@@ -137,7 +138,7 @@ func run() error {
 	srv, err := server.Open(ctx, server.Config{
 		DataDir: *data, Log: log, IdleTimeout: *idle, MaxLoadedStreams: *maxLoaded, MaxHeldStreams: held, MaxWebhooksInFlight: *maxWebhooks,
 		BreakerBurst: *burst, BreakerRefillPerMinute: *refill,
-		MaxConnectionsPerStream: *maxConns, MaxLiveSubscribersPerStream: *maxLive, MaxMountsPerProject: *maxMounts, MaxReadersPerStream: *maxReaders,
+		MaxConnectionsPerStream: *maxConns, MaxLiveSubscribersPerStream: *maxLive, MaxMountsPerProject: *maxMounts, MaxReadersPerStream: *maxReaders, MaxScheduledPerStream: *maxScheduled,
 		MaxStreamsPerProject: *maxStreams,
 		MaxTokensPerProject:  *maxTokens,
 		Egress:               server.EgressPolicy{AllowHosts: allowHosts, DenyPrivate: *denyPrivate},

@@ -58,6 +58,9 @@ var bindings = map[string]map[string]binding{
 		"resumeSubscription":    {"resumeSubscription(name) or resumeSubscription({name}) -> {offset}", streamResumeSubscription},
 		"openConnection":        {"openConnection(after?) or openConnection({after, types, maxDeliveryEvents, maxDeliveryBytes, noState, openedBy}) -> connection {take(), ping(), close(reason)}", streamOpenConnection},
 		"liveState":             {"liveState() -> live view {snapshot(), patches(), cancel()} (returns once the first snapshot is in)", streamLiveState},
+		"schedule":              {"schedule(event, dueAt) or schedule({event, dueAt}) -> {dueAt, appendedOffset?} (a durable timer: event, with its idempotencyKey, is appended at dueAt: a Date, an ISO-8601 time, epoch ms or a duration from now like \"10m\")", streamSchedule},
+		"cancelScheduled":       {"cancelScheduled(key) or cancelScheduled({key}) -> {cancelled}", streamCancelScheduled},
+		"listScheduled":         {"listScheduled() -> [{dueAt, type, idempotencyKey, payload}]", streamListScheduled},
 	},
 	"Subscriptions": {
 		"list":      {"list() -> [{name, kind, status, confirmedOffset, lag, lastError, configuredAtOffset}]", subscriptionsList},
@@ -883,4 +886,95 @@ func processorRuntimeState(ctx context.Context, s *Session, c capnp.Client, _ ca
 		return nil, err
 	}
 	return rawJSON(state), nil
+}
+
+// --- scheduled appends ---
+
+type scheduledJS struct {
+	DueAt          msTime          `json:"dueAt"`
+	Type           string          `json:"type"`
+	IdempotencyKey string          `json:"idempotencyKey"`
+	Payload        json.RawMessage `json:"payload"`
+	Metadata       json.RawMessage `json:"metadata,omitempty"`
+}
+
+// timeArg reads a time: a Date, an ISO-8601 string, epoch milliseconds, or a duration from now
+// ("90s", "10m", "2h").
+func (s *Session) timeArg(what string, v goja.Value) (time.Time, error) {
+	if isAbsent(v) {
+		return time.Time{}, itx.Errorf(itx.EInvalid, "%s is required: a Date, an ISO-8601 time, epoch milliseconds or a duration from now (\"10m\")", what)
+	}
+	switch x := v.Export().(type) {
+	case time.Time:
+		return x, nil
+	case int64:
+		return time.UnixMilli(x), nil
+	case float64:
+		return time.UnixMilli(int64(x)), nil
+	case string:
+		if at, err := time.Parse(time.RFC3339Nano, x); err == nil {
+			return at, nil
+		}
+		if d, err := time.ParseDuration(x); err == nil {
+			return time.Now().Add(d), nil
+		}
+	}
+	return time.Time{}, itx.Errorf(itx.EInvalid, "%s: expected a Date, an ISO-8601 time, epoch milliseconds or a duration from now (\"10m\"), got %s", what, describeValue(v))
+}
+
+func streamSchedule(ctx context.Context, s *Session, c capnp.Client, _ capPath, args []goja.Value) (any, error) {
+	evV, dueV := arg(args, 0), arg(args, 1)
+	if obj, ok := evV.(*goja.Object); ok && len(args) == 1 && obj.Get("event") != nil {
+		o, err := s.opts("schedule", evV, "event", "dueAt")
+		if err != nil {
+			return nil, err
+		}
+		evV, dueV = o.get("event"), o.get("dueAt")
+	}
+	in, err := s.eventInput("schedule: event", evV)
+	if err != nil {
+		return nil, err
+	}
+	at, err := s.timeArg("schedule: dueAt", dueV)
+	if err != nil {
+		return nil, err
+	}
+	due, appended, err := client.Schedule(ctx, schema.Stream(c), in, at)
+	if err != nil {
+		return nil, err
+	}
+	return struct {
+		DueAt          msTime `json:"dueAt"`
+		AppendedOffset int64  `json:"appendedOffset,omitempty"`
+	}{msTime(due.UnixMilli()), appended}, nil
+}
+
+func streamCancelScheduled(ctx context.Context, s *Session, c capnp.Client, _ capPath, args []goja.Value) (any, error) {
+	key, err := s.stringArg("cancelScheduled", args, 0, "key")
+	if err != nil {
+		return nil, err
+	}
+	found, err := client.CancelScheduled(ctx, schema.Stream(c), key)
+	if err != nil {
+		return nil, err
+	}
+	return struct {
+		Cancelled bool `json:"cancelled"`
+	}{found}, nil
+}
+
+func streamListScheduled(ctx context.Context, s *Session, c capnp.Client, _ capPath, args []goja.Value) (any, error) {
+	if len(args) > 0 {
+		return nil, itx.Errorf(itx.EInvalid, "listScheduled takes no arguments")
+	}
+	list, err := client.ListScheduled(ctx, schema.Stream(c))
+	if err != nil {
+		return nil, err
+	}
+	out := make([]scheduledJS, len(list))
+	for i, sc := range list {
+		out[i] = scheduledJS{DueAt: msTime(sc.DueAt), Type: sc.Event.Type, IdempotencyKey: sc.Event.IdempotencyKey,
+			Payload: sc.Event.Payload, Metadata: sc.Event.Metadata}
+	}
+	return out, nil
 }

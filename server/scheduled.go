@@ -1,0 +1,186 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/storage"
+)
+
+// Scheduled appends (durable timers): an event a caller hands the stream now for it to append
+// at a later time. Each is named by its idempotency key and kept with the stream's state, so it
+// survives unloads, crashes and restarts; the commit that appends it deletes its row, and the
+// key dedupes the event itself, so it lands exactly once. The directory alarm loads an unloaded
+// stream when one is due.
+
+// DefaultMaxScheduledPerStream bounds the scheduled appends one stream holds.
+const DefaultMaxScheduledPerStream = 10_000
+
+// scheduleOp schedules (or reschedules) an event, or cancels one by key.
+type scheduleOp struct {
+	key    string
+	input  *itx.EventInput // nil: cancel key
+	dueAt  int64           // epoch ms
+	reply  chan scheduleReply
+	queued time.Time
+}
+
+type scheduleReply struct {
+	dueAt    int64 // when it will be appended
+	appended int64 // the key is already in the log at this offset: nothing was scheduled
+	found    bool  // a cancel found the key
+	err      error
+}
+
+// scheduled is one pending scheduled append in memory.
+type scheduled struct {
+	storage.Scheduled
+	input itx.EventInput
+}
+
+// Schedule asks the stream to append input at dueAt (epoch ms; a time already past means at
+// once). The input's idempotency key names it: scheduling the key again moves it (its time and
+// event); a key already in the log schedules nothing and returns its offset.
+func (s *Server) Schedule(ctx context.Context, ref StreamRef, input itx.EventInput, dueAt int64) (due, appended int64, err error) {
+	in := []itx.EventInput{input}
+	if err := validateAppend(in, authClient); err != nil {
+		return 0, 0, itx.Errorf(itx.AsError(err).Code, "%s", strings.TrimPrefix(itx.ErrorMessage(err), "event 0: "))
+	}
+	input = in[0] // normalized
+	switch {
+	case input.IdempotencyKey == "":
+		return 0, 0, itx.Errorf(itx.EInvalid, "a scheduled event needs an idempotencyKey: it names the schedule, and makes its append exactly once")
+	case input.Ephemeral:
+		return 0, 0, itx.Errorf(itx.EInvalid, "a scheduled event cannot be ephemeral")
+	case itx.IsCoreType(input.Type):
+		return 0, 0, itx.Errorf(itx.EInvalid, "a scheduled event cannot be a stream/* record")
+	case dueAt < 0:
+		return 0, 0, itx.Errorf(itx.EInvalid, "dueAt must be an epoch time in milliseconds")
+	}
+	r, err := s.scheduleOp(ctx, ref, scheduleOp{key: input.IdempotencyKey, input: &input, dueAt: dueAt})
+	return r.dueAt, r.appended, err
+}
+
+// CancelScheduled drops the scheduled append named key, reporting whether there was one.
+func (s *Server) CancelScheduled(ctx context.Context, ref StreamRef, key string) (bool, error) {
+	if key == "" {
+		return false, itx.Errorf(itx.EInvalid, "cancelScheduled needs the event's idempotencyKey")
+	}
+	r, err := s.scheduleOp(ctx, ref, scheduleOp{key: key})
+	return r.found, err
+}
+
+func (s *Server) scheduleOp(ctx context.Context, ref StreamRef, op scheduleOp) (scheduleReply, error) {
+	if err := itx.ValidatePath(ref.Path); err != nil {
+		return scheduleReply{}, err
+	}
+	a, err := s.acquire(ctx, ref)
+	if err != nil {
+		return scheduleReply{}, err
+	}
+	defer s.release(a)
+	op.reply, op.queued = make(chan scheduleReply, 1), time.Now()
+	select {
+	case a.inbox <- &actorMsg{schedule: &op}:
+	case <-ctx.Done():
+		return scheduleReply{}, itx.Errorf(itx.ECancelled, "schedule: %v", ctx.Err())
+	}
+	select {
+	case r := <-op.reply:
+		return r, r.err
+	case <-ctx.Done():
+		return scheduleReply{}, itx.Errorf(itx.ECancelled, "schedule: %v", ctx.Err())
+	}
+}
+
+// ListScheduled lists a stream's pending scheduled appends in due order.
+func (s *Server) ListScheduled(ctx context.Context, ref StreamRef) ([]itx.ScheduledEvent, error) {
+	var out []itx.ScheduledEvent
+	err := s.withSubscriptions(ctx, ref, func(v view) error {
+		out = make([]itx.ScheduledEvent, 0, len(v.scheduled))
+		for _, sc := range v.scheduled {
+			out = append(out, itx.ScheduledEvent{DueAt: sc.DueAt, Event: sc.input})
+		}
+		return nil
+	})
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].DueAt != out[j].DueAt {
+			return out[i].DueAt < out[j].DueAt
+		}
+		return out[i].Event.IdempotencyKey < out[j].Event.IdempotencyKey
+	})
+	return out, err
+}
+
+// applySchedule takes one schedule or cancel into the state and stages its write.
+func (st *streamState) applySchedule(op scheduleOp, env stepEnv, eff *effects) scheduleReply {
+	if op.input == nil {
+		if _, ok := st.scheduled[op.key]; !ok {
+			return scheduleReply{}
+		}
+		delete(st.scheduled, op.key)
+		eff.commit.ScheduledDeletes = append(eff.commit.ScheduledDeletes, op.key)
+		return scheduleReply{found: true}
+	}
+	if !st.created {
+		return scheduleReply{err: itx.Errorf(itx.ENotFound, "the stream does not exist yet (a stream exists from its first append)")}
+	}
+	committed, err := env.lookupKeys([]string{op.key})
+	if err != nil {
+		return scheduleReply{err: itx.Errorf(itx.EUnavailable, "schedule: %v", err)}
+	}
+	if prior := committed[op.key]; prior != nil {
+		return scheduleReply{appended: prior.Offset}
+	}
+	if _, ok := st.scheduled[op.key]; !ok && env.maxScheduled > 0 && len(st.scheduled) >= env.maxScheduled {
+		return scheduleReply{err: itx.Errorf(itx.ELimitExceeded,
+			"a stream holds at most %d scheduled events (--max-scheduled-per-stream)", env.maxScheduled)}
+	}
+	raw, _ := json.Marshal(op.input)
+	sc := &scheduled{Scheduled: storage.Scheduled{Key: op.key, DueAt: op.dueAt, Event: raw}, input: *op.input}
+	st.scheduled[op.key] = sc
+	eff.commit.ScheduledUpserts = append(eff.commit.ScheduledUpserts, sc.Scheduled)
+	return scheduleReply{dueAt: op.dueAt}
+}
+
+// dueScheduled returns the scheduled appends due at nowMs, in due order, as append requests
+// (one per event, so each stands alone), and the earliest time of those not due (0: none).
+func (st *streamState) dueScheduled(nowMs int64) (due []*scheduled, next int64) {
+	for _, sc := range st.scheduled {
+		if sc.DueAt <= nowMs {
+			due = append(due, sc)
+		} else if next == 0 || sc.DueAt < next {
+			next = sc.DueAt
+		}
+	}
+	sort.Slice(due, func(i, j int) bool {
+		if due[i].DueAt != due[j].DueAt {
+			return due[i].DueAt < due[j].DueAt
+		}
+		return due[i].Key < due[j].Key
+	})
+	return due, next
+}
+
+// scheduledRetry is how long a due scheduled append the circuit breaker refused waits.
+const scheduledRetry = time.Second
+
+// loadScheduled reads the pending scheduled appends into st.
+func loadScheduled(ctx context.Context, store streamStore, st *streamState) error {
+	rows, err := store.ScheduledEvents(ctx)
+	if err != nil {
+		return err
+	}
+	for _, r := range rows {
+		sc := &scheduled{Scheduled: r}
+		if err := json.Unmarshal(r.Event, &sc.input); err != nil {
+			return itx.Errorf(itx.EInternal, "scheduled event %q does not decode: %v", r.Key, err)
+		}
+		st.scheduled[r.Key] = sc
+	}
+	return nil
+}
