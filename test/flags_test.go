@@ -41,6 +41,7 @@ func TestItxd_RefusesBadFlagValues(t *testing.T) {
 		{[]string{"--jsonata-max-items", "0"}, "--jsonata-max-items"},
 		{[]string{"--jsonata-concurrency", "-2"}, "--jsonata-concurrency"},
 		{[]string{"--shutdown-timeout", "-1s"}, "--shutdown-timeout"},
+		{[]string{"--shutdown-timeout", "0s"}, "--shutdown-timeout"},
 		{[]string{"--pprof"}, "--metrics"},
 		{[]string{"--tls-cert", "x.pem"}, "--tls-key"},
 		{[]string{"serve"}, `"serve"`},

@@ -50,14 +50,15 @@ func (e usageError) Error() string { return e.msg }
 
 func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
 
-// zeroMeansDefault are the numeric flags whose 0 stands for a default their help names; the
-// durations that may be 0 mean "do not wait". Every other number and duration must be positive:
-// a bound of 0 or less would otherwise be replaced by its default in silence.
+// zeroMeansDefault are the numeric flags whose 0 stands for a default their help names, and
+// --agent-hesitation, whose 0 means "do not wait". Every other number and duration must be
+// positive: a bound of 0 or less would otherwise be replaced by its default in silence (and a
+// --shutdown-timeout of 0 would race the drain it bounds).
 var zeroMeansDefault = map[string]bool{
 	"max-held-streams": true, "breaker-burst": true, "breaker-refill-per-minute": true,
 	"max-connections-per-stream": true, "max-readers-per-stream": true, "max-mounts-per-project": true,
 	"max-tokens-per-project": true, "max-streams-per-project": true, "max-live-subscribers-per-stream": true,
-	"jsonata-concurrency": true, "shutdown-timeout": true, "agent-hesitation": true,
+	"jsonata-concurrency": true, "agent-hesitation": true,
 }
 
 // checkFlags refuses values no flag means: a bound below its range, extra arguments.
