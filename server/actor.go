@@ -635,6 +635,9 @@ func (a *actor) apply(in stepInput) {
 		return
 	}
 	m.LateAcks.Add(float64(eff.lateOutcomes))
+	for _, kind := range eff.failedKinds {
+		m.DeliveryFailures.WithLabelValues(kind).Inc()
+	}
 
 	// 1-2. Directory marks, then the one commit.
 	if eff.hasWrites() {

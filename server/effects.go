@@ -46,6 +46,9 @@ type effects struct {
 	flushAfter     time.Duration // write dirty rows after this if nothing else does; 0: nothing dirty
 
 	lateOutcomes int // fenced outcomes (a metric)
+	// failedKinds is the receiver kind of each failed delivery try the step took (a metric,
+	// counted whether or not the step commits: the try failed either way).
+	failedKinds []string
 	// ladder is the retry ladder's loud decisions (halt, skip, park), logged and counted once
 	// the step has committed: a decision whose commit fails is made again after the reload.
 	ladder []ladderNote

@@ -486,6 +486,7 @@ func (st *streamState) applyOutcome(o *deliveryOutcome, nowMs int64, env stepEnv
 	if f == nil {
 		return nil
 	}
+	eff.failedKinds = append(eff.failedKinds, entry.Kind())
 	var own []*appendReq
 	if f.expression {
 		// Evidence, once per failing event (its key makes a retry's record a duplicate).

@@ -6,9 +6,12 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/server"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 )
 
@@ -56,4 +59,39 @@ func TestItxd_Metrics(t *testing.T) {
 	} {
 		require.True(t, strings.Contains(body, want), "metrics lack %q", want)
 	}
+}
+
+// itx_delivery_failures_total counts failed delivery tries by receiver kind, as the README
+// promises: a webhook answering 503 twice is two webhook-post failures, an itx-call with nothing
+// mounted one itx-call failure (its park), and a delivery that succeeds counts nothing.
+func TestMetrics_DeliveryFailuresByKind(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	failures := func(kind string) float64 {
+		return testutil.ToFloat64(e.ts.srv.Metrics().DeliveryFailures.WithLabelValues(kind))
+	}
+	h := newHook(t, func(n int, b itx.WebhookBody) int {
+		if n < 2 {
+			return 503
+		}
+		return 200
+	})
+	s := stream(t, e.p, "/failing")
+	hook, _ := e.configure(t, s, client.SubscriptionConfig{Name: "hook", Start: "now",
+		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
+	call, _ := e.configure(t, s, client.SubscriptionConfig{Name: "call", Start: "now",
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "nobody-home"}})
+	res := mustAppend(t, s, ev("job", `{}`))
+
+	waitUntil(t, "first failure recorded", func() bool { return e.describe(t, s, hook).Attempt == 1 })
+	require.Equal(t, 1.0, failures("webhook-post"))
+	e.clock.Advance(time.Second)
+	waitUntil(t, "second failure recorded", func() bool { return e.describe(t, s, hook).Attempt == 2 })
+	e.clock.Advance(2 * time.Second)
+	e.waitProcessed(t, s, hook, res.HeadOffset)
+	waitUntil(t, "parked", func() bool { return e.describe(t, s, call).Status == "parked" })
+	e.settle(t, "/failing")
+
+	require.Equal(t, 2.0, failures("webhook-post"), "two 503s; the success is not a failure")
+	require.Equal(t, 1.0, failures("itx-call"), "the absent receiver's one try")
+	require.Zero(t, failures("copy-to-stream"))
 }

@@ -2,7 +2,10 @@ package main
 
 import (
 	"context"
+	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/cmd/itx/internal/repl"
@@ -129,4 +132,49 @@ func TestEval_GetEventsHintKeepsTheQuery(t *testing.T) {
 	s.mustEval(t, `project.streams.get("/a").getEvents(0, 2, {includeEphemeral: true, before: 5})`)
 	require.Equal(t, `(2 events shown, more follow: getEvents({after: 2, before: 5, limit: 2, includeEphemeral: true}) for the next page, `+
 		`or getEvents({before: 5, includeEphemeral: true, all: true}) for every one)`+"\n", s.errs.String())
+}
+
+// A stream's live state shows its times as itx shows every time, ISO-8601 strings in UTC: in
+// the snapshot and in the patches that follow (applied to the snapshot, they still reproduce
+// the state). Offsets and lags stay numbers.
+func TestEval_LiveStateTimesAreISO(t *testing.T) {
+	ts := startServer(t)
+	ts.appendDirect(t, "/a", itx.EventInput{Type: "note"})
+	s := newSession(t, ts)
+	s.mustEval(t, `var lv = project.streams.get("/a").liveState()`)
+	state := obj(t, obj(t, s.mustEval(t, `lv.snapshot()`))["state"])
+	at, ok := state["lastAppendAt"].(string)
+	require.True(t, ok, "lastAppendAt %v (%T) is not a time string", state["lastAppendAt"], state["lastAppendAt"])
+	_, err := time.Parse(time.RFC3339Nano, at)
+	require.NoError(t, err)
+	require.Equal(t, 1.0, state["head"])
+
+	// A webhook that cannot connect retries: its nextAttemptAt and the append's lastAppendAt
+	// arrive as patches.
+	s.mustEval(t, `project.streams.get("/a").subscriptions.configure({name: "hook", start: "now", receiver: {type: "webhook-post", url: "http://127.0.0.1:1/x"}})`)
+	s.mustEval(t, `project.streams.get("/a").append({type: "note"})`)
+	var times []string
+	require.Eventually(t, func() bool {
+		patches, _ := s.mustEval(t, `lv.patches()`).([]any)
+		for _, p := range patches {
+			for _, op := range obj(t, p)["ops"].([]any) {
+				o := obj(t, op)
+				path, _ := o["path"].(string)
+				if strings.HasSuffix(path, "At") {
+					v, ok := o["value"].(string)
+					require.True(t, ok, "%s patched to %v (%T), not a time string", path, o["value"], o["value"])
+					times = append(times, path)
+					_, err := time.Parse(time.RFC3339Nano, v)
+					require.NoError(t, err)
+				}
+				if sub, ok := o["value"].(map[string]any); ok && sub["nextAttemptAt"] != nil {
+					_, isText := sub["nextAttemptAt"].(string)
+					require.True(t, isText, "nextAttemptAt %v", sub["nextAttemptAt"])
+					times = append(times, path+"/nextAttemptAt")
+				}
+			}
+		}
+		return slices.ContainsFunc(times, func(p string) bool { return strings.HasSuffix(p, "nextAttemptAt") })
+	}, 20*time.Second, 10*time.Millisecond)
+	require.Contains(t, times, "/lastAppendAt")
 }

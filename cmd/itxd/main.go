@@ -34,8 +34,63 @@ import (
 func main() {
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "itxd:", err)
+		var usage usageError
+		if errors.As(err, &usage) {
+			fmt.Fprintln(os.Stderr, "run itxd --help for the flags")
+			os.Exit(2) // as the flag package exits for a flag that does not parse
+		}
 		os.Exit(1)
 	}
+}
+
+// usageError is a flag value or combination itxd refuses before it starts anything.
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
+
+// zeroMeansDefault are the numeric flags whose 0 stands for a default their help names, and
+// --agent-hesitation, whose 0 means "do not wait". Every other number and duration must be
+// positive: a bound of 0 or less would otherwise be replaced by its default in silence (and a
+// --shutdown-timeout of 0 would race the drain it bounds).
+var zeroMeansDefault = map[string]bool{
+	"max-held-streams": true, "breaker-burst": true, "breaker-refill-per-minute": true,
+	"max-connections-per-stream": true, "max-readers-per-stream": true, "max-mounts-per-project": true,
+	"max-tokens-per-project": true, "max-streams-per-project": true, "max-live-subscribers-per-stream": true,
+	"jsonata-concurrency": true, "agent-hesitation": true,
+}
+
+// checkFlags refuses values no flag means: a bound below its range, extra arguments.
+func checkFlags(fs *flag.FlagSet) error {
+	if fs.NArg() > 0 {
+		return usagef("unexpected argument %q: itxd takes only flags", fs.Arg(0))
+	}
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		g, ok := f.Value.(flag.Getter)
+		if !ok || err != nil {
+			return
+		}
+		var n int64
+		switch v := g.Get().(type) {
+		case int:
+			n = int64(v)
+		case int64:
+			n = v
+		case time.Duration:
+			n = int64(v)
+		default:
+			return
+		}
+		switch {
+		case zeroMeansDefault[f.Name] && n < 0:
+			err = usagef("--%s must not be negative (got %s)", f.Name, f.Value)
+		case !zeroMeansDefault[f.Name] && n <= 0:
+			err = usagef("--%s must be positive (got %s)", f.Name, f.Value)
+		}
+	})
+	return err
 }
 
 func run() error {
@@ -88,15 +143,25 @@ func run() error {
 	agentVendor := flag.String("agent-vendor-url", "", "the agent processor's LLM endpoint: POST {requestId, prompt} answered by {text} (empty: echo the prompt)")
 	agentHesitation := flag.Duration("agent-hesitation", time.Duration(examples.DefaultAgentConfig.HesitationMs)*time.Millisecond, "how long the agent waits after a message before it requests a completion")
 	flag.Parse()
+	if err := checkFlags(flag.CommandLine); err != nil {
+		return err
+	}
 	if *pprofOn && *metricsAddr == "" {
-		return errors.New("--pprof serves on the --metrics address: set --metrics too")
+		return usagef("--pprof serves on the --metrics address: set --metrics too")
+	}
+	if *logFormat != "console" && *logFormat != "json" {
+		return usagef("--log-format must be console or json (got %q)", *logFormat)
+	}
+	level, err := zerolog.ParseLevel(*logLevel)
+	if err != nil {
+		return usagef("--log-level %q: want debug, info, warn or error", *logLevel)
 	}
 
 	var tlsConfig *tls.Config
 	switch {
 	case *tlsCert != "" || *tlsKey != "":
 		if *tlsCert == "" || *tlsKey == "" {
-			return errors.New("--tls-cert and --tls-key go together")
+			return usagef("--tls-cert and --tls-key go together")
 		}
 		cfg, err := capability.ServerTLSConfig(*tlsCert, *tlsKey, *tlsClientCA)
 		if err != nil {
@@ -104,16 +169,12 @@ func run() error {
 		}
 		tlsConfig = cfg
 	case *tlsClientCA != "":
-		return errors.New("--tls-client-ca needs --tls-cert and --tls-key")
+		return usagef("--tls-client-ca needs --tls-cert and --tls-key")
 	case !capability.IsLoopback(*listen) && !*insecure:
 		return fmt.Errorf("refusing to serve plaintext RPC on %s, which is not a loopback address: tokens would cross the network in clear; "+
 			"give --tls-cert and --tls-key, or --insecure", *listen)
 	}
 
-	level, err := zerolog.ParseLevel(*logLevel)
-	if err != nil {
-		return fmt.Errorf("--log-level: %w", err)
-	}
 	var log zerolog.Logger
 	if *logFormat == "json" {
 		log = zerolog.New(os.Stderr)

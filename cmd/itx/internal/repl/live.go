@@ -1,8 +1,11 @@
 package repl
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"io"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -248,6 +251,11 @@ type liveView struct {
 	handle   schema.Handle
 	once     sync.Once
 	released atomic.Bool // cancelled, or released with the session or a replaced connection
+
+	// times: the document is a stream's live state, whose times (epoch ms on the wire) are
+	// shown as ISO-8601 strings, as itx shows every time. A processor's state is the
+	// processor's own data and is shown as it is.
+	times bool
 }
 
 type patchJS struct {
@@ -267,8 +275,12 @@ func (v *liveView) Snapshot(ctx context.Context, call schema.LiveSubscriber_snap
 	if err != nil {
 		return err
 	}
+	raw := rawJSON(state)
+	if v.times {
+		raw = isoTimes(raw, "")
+	}
 	v.mu.Lock()
-	v.revision, v.state, v.patches = call.Args().Revision(), rawJSON(state), nil
+	v.revision, v.state, v.patches = call.Args().Revision(), raw, nil
 	v.snapshot = v.revision
 	v.mu.Unlock()
 	v.firstOnce.Do(func() { close(v.first) })
@@ -306,9 +318,13 @@ func (v *liveView) Patch(ctx context.Context, call schema.LiveSubscriber_patch) 
 	if err != nil {
 		return err
 	}
+	raw := rawJSON(ops)
+	if v.times {
+		raw = isoTimesInPatch(raw)
+	}
 	v.mu.Lock()
 	v.revision = call.Args().Revision()
-	v.patches = append(v.patches, patchJS{Revision: v.revision, Ops: rawJSON(ops)})
+	v.patches = append(v.patches, patchJS{Revision: v.revision, Ops: raw})
 	if over := len(v.patches) - maxBuffered; over > 0 {
 		v.patches = append([]patchJS(nil), v.patches[over:]...)
 		v.dropped += over
@@ -351,9 +367,9 @@ func (v *liveView) takePatches() (snapshot uint64, state json.RawMessage, patche
 }
 
 // subscribeLive registers a live view through register, which sends the liveState call with
-// the subscriber capability it is given.
-func (s *Session) subscribeLive(register func(schema.LiveSubscriber) (schema.Handle, error)) (*liveView, error) {
-	v := &liveView{s: s, wake: make(chan struct{}, 1), first: make(chan struct{})}
+// the subscriber capability it is given. times says the document is a stream's live state.
+func (s *Session) subscribeLive(times bool, register func(schema.LiveSubscriber) (schema.Handle, error)) (*liveView, error) {
+	v := &liveView{s: s, wake: make(chan struct{}, 1), first: make(chan struct{}), times: times}
 	h, err := register(schema.LiveSubscriber_ServerToClient(v))
 	if err != nil {
 		return nil, err
@@ -364,7 +380,7 @@ func (s *Session) subscribeLive(register func(schema.LiveSubscriber) (schema.Han
 }
 
 func streamLiveView(ctx context.Context, s *Session, c capnp.Client) (*liveView, error) {
-	return s.subscribeLive(func(sub schema.LiveSubscriber) (schema.Handle, error) {
+	return s.subscribeLive(true, func(sub schema.LiveSubscriber) (schema.Handle, error) {
 		fut, release := schema.Stream(c).LiveState(ctx, func(p schema.Stream_liveState_Params) error { return p.SetSubscriber(sub) })
 		defer release()
 		res, err := fut.Struct()
@@ -387,7 +403,7 @@ func streamLiveState(ctx context.Context, s *Session, c capnp.Client, p capPath,
 }
 
 func processorLiveState(ctx context.Context, s *Session, c capnp.Client, p capPath, _ []goja.Value) (any, error) {
-	v, err := s.subscribeLive(func(sub schema.LiveSubscriber) (schema.Handle, error) {
+	v, err := s.subscribeLive(false, func(sub schema.LiveSubscriber) (schema.Handle, error) {
 		fut, release := schema.Processor(c).LiveState(ctx, func(p schema.Processor_liveState_Params) error { return p.SetSubscriber(sub) })
 		defer release()
 		res, err := fut.Struct()
@@ -446,4 +462,102 @@ func (s *Session) forget(h liveHandle) {
 	delete(s.live, h)
 	s.liveMu.Unlock()
 	h.release()
+}
+
+// isoTimes rewrites, in a stream's live state, every number under a key ending in "At"
+// (lastAppendAt, nextAttemptAt) as an ISO-8601 time; key order and every other value stay as
+// sent (offsets beyond 2^53 too). key is the key the document itself sits under: "" for a
+// snapshot, the last segment of a patch operation's path for its value. The rewrite is the
+// same for the snapshot and the patches, so the patches still apply to the snapshot.
+func isoTimes(raw json.RawMessage, key string) json.RawMessage {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	type level struct {
+		object bool
+		n      int    // values written at this level
+		key    string // in an object: the key of the value that comes next
+		keyed  bool   // in an object: that key was read
+	}
+	var out bytes.Buffer
+	var stack []level
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			return out.Bytes()
+		}
+		if err != nil {
+			return raw
+		}
+		if d, ok := tok.(json.Delim); ok && (d == '}' || d == ']') {
+			out.WriteByte(byte(d))
+			stack = stack[:len(stack)-1]
+			continue
+		}
+		under := key
+		if len(stack) > 0 {
+			top := &stack[len(stack)-1]
+			if top.object && !top.keyed {
+				if top.n > 0 {
+					out.WriteByte(',')
+				}
+				k, _ := tok.(string)
+				out.Write(marshalText(k))
+				out.WriteByte(':')
+				top.key, top.keyed = k, true
+				continue
+			}
+			if !top.object && top.n > 0 {
+				out.WriteByte(',')
+			}
+			top.n++
+			under = ""
+			if top.object {
+				under, top.keyed = top.key, false
+			}
+		}
+		switch v := tok.(type) {
+		case json.Delim:
+			out.WriteByte(byte(v))
+			stack = append(stack, level{object: v == '{'})
+		case json.Number:
+			ms, err := v.Int64()
+			if strings.HasSuffix(under, "At") && err == nil {
+				out.Write(marshalText(msTime(ms)))
+			} else {
+				out.WriteString(v.String())
+			}
+		default:
+			out.Write(marshalText(v))
+		}
+	}
+}
+
+// marshalText encodes v as JSON without escaping <, > and & (an error message stays readable).
+func marshalText(v any) []byte {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(v)
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n"))
+}
+
+// isoTimesInPatch rewrites the values of an RFC 6902 patch of a stream's live state as
+// isoTimes does its snapshot.
+func isoTimesInPatch(raw json.RawMessage) json.RawMessage {
+	var ops []map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &ops); err != nil {
+		return raw
+	}
+	for _, op := range ops {
+		value, ok := op["value"]
+		if !ok {
+			continue
+		}
+		var path string
+		_ = json.Unmarshal(op["path"], &path)
+		key := path[strings.LastIndexByte(path, '/')+1:]
+		key = strings.NewReplacer("~1", "/", "~0", "~").Replace(key)
+		op["value"] = isoTimes(value, key)
+	}
+	return marshalText(ops)
 }

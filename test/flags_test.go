@@ -1,0 +1,64 @@
+package test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// itxd refuses a flag value it cannot honor before it starts anything: a clear message naming
+// the flag, exit status 2 (as for a flag that does not parse), and no data directory made. A
+// bound given as 0 or less used to be replaced by its default in silence, and an unknown
+// --log-format by the console format.
+func TestItxd_RefusesBadFlagValues(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the itxd binary")
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--idle-timeout", "abc"}, "-idle-timeout"}, // does not parse (the flag package)
+		{[]string{"--log-format", "xml"}, "--log-format"},
+		{[]string{"--log-level", "loud"}, "--log-level"},
+		{[]string{"--idle-timeout", "-1s"}, "--idle-timeout"},
+		{[]string{"--idle-timeout", "0"}, "--idle-timeout"},
+		{[]string{"--max-loaded-streams", "-5"}, "--max-loaded-streams"},
+		{[]string{"--max-loaded-streams", "0"}, "--max-loaded-streams"},
+		{[]string{"--webhook-max-in-flight", "0"}, "--webhook-max-in-flight"},
+		{[]string{"--rpc-max-calls", "-1"}, "--rpc-max-calls"},
+		{[]string{"--rpc-max-reply-bytes", "0"}, "--rpc-max-reply-bytes"},
+		{[]string{"--rpc-login-timeout", "0s"}, "--rpc-login-timeout"},
+		{[]string{"--max-readers-per-stream", "-1"}, "--max-readers-per-stream"},
+		{[]string{"--breaker-burst", "-1"}, "--breaker-burst"},
+		{[]string{"--jsonata-max-items", "0"}, "--jsonata-max-items"},
+		{[]string{"--jsonata-concurrency", "-2"}, "--jsonata-concurrency"},
+		{[]string{"--shutdown-timeout", "-1s"}, "--shutdown-timeout"},
+		{[]string{"--shutdown-timeout", "0s"}, "--shutdown-timeout"},
+		{[]string{"--pprof"}, "--metrics"},
+		{[]string{"--tls-cert", "x.pem"}, "--tls-key"},
+		{[]string{"serve"}, `"serve"`},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			data := filepath.Join(t.TempDir(), "data")
+			// A value accepted by mistake starts a server: the context ends it.
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, itxdBin, append([]string{"--listen", "127.0.0.1:0", "--data", data}, tc.args...)...)
+			out, err := cmd.CombinedOutput()
+			var exit *exec.ExitError
+			require.True(t, errors.As(err, &exit), "itxd must refuse %v; it ran: %v\n%s", tc.args, err, out)
+			require.Equal(t, 2, exit.ExitCode(), "output:\n%s", out)
+			require.Contains(t, string(out), tc.want)
+			_, err = os.Stat(data)
+			require.True(t, errors.Is(err, os.ErrNotExist), "nothing is written: %v", err)
+		})
+	}
+}
