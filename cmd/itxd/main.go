@@ -58,7 +58,7 @@ var zeroMeansDefault = map[string]bool{
 	"max-held-streams": true, "breaker-burst": true, "breaker-refill-per-minute": true,
 	"max-connections-per-stream": true, "max-readers-per-stream": true, "max-mounts-per-project": true,
 	"max-tokens-per-project": true, "max-streams-per-project": true, "max-live-subscribers-per-stream": true,
-	"jsonata-concurrency": true, "agent-hesitation": true,
+	"jsonata-concurrency": true, "agent-hesitation": true, "max-scheduled-per-stream": true,
 }
 
 // checkFlags refuses values no flag means: a bound below its range, extra arguments.
