@@ -332,13 +332,15 @@ func (s *Server) Close(ctx context.Context) error {
 	if s.sweepT != nil {
 		s.sweepT.Stop()
 	}
+	// Cancelled under mu: acquire (closing) and pin (the actors' contexts) check and count an
+	// in-flight use under mu too, so none can be added once the wait below starts.
+	s.cancel()
 	s.mu.Unlock()
 	s.alarmMu.Lock()
 	if s.alarmT != nil {
 		s.alarmT.Stop()
 	}
 	s.alarmMu.Unlock()
-	s.cancel()
 
 	drained := make(chan struct{})
 	go func() { s.inflight.Wait(); close(drained) }()
