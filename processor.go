@@ -19,6 +19,10 @@ type ProcessorLog interface {
 	// Append commits events atomically. A key already committed with the same body returns the
 	// committed event; with another body it fails with EIdempotencyConflict.
 	Append(ctx context.Context, events []EventInput) ([]Event, error)
+	// Schedule has the stream append event at at, exactly once, surviving restarts (a durable
+	// timer; the stream's Stream.schedule). Its idempotency key names it: scheduling the key
+	// again moves it; a key already in the log schedules nothing.
+	Schedule(ctx context.Context, event EventInput, at time.Time) error
 }
 
 // ProcessorPage is one read of a ProcessorLog.

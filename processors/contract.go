@@ -89,6 +89,7 @@ type Args[S any] struct {
 type runnerDoors interface {
 	now() time.Time
 	appendHome(ctx context.Context, events []itx.EventInput) ([]itx.Event, error)
+	scheduleHome(ctx context.Context, event itx.EventInput, at time.Time) error
 	background(work func(ctx context.Context) error)
 }
 
@@ -131,6 +132,20 @@ func (a *Args[S]) RunInBackground(work func(ctx context.Context) error) {
 // CaughtUp over a state that lacks it.
 func (a *Args[S]) Append(ctx context.Context, events ...itx.EventInput) ([]itx.Event, error) {
 	return a.run.appendHome(ctx, events)
+}
+
+// ScheduleAppend is a durable timer: the home stream appends event at at, exactly once, even if
+// this processor is evicted, the process dies or the stream unloads meanwhile; the processor sees
+// it as any consumed event when it lands (a reminder, a timeout of an obligation, a retry later).
+// event.IdempotencyKey is required and names the timer (build it with IdempotencyKey, keyed by
+// the event that set it, so a replay schedules the same timer): scheduling the key again moves
+// it, and once the event has landed scheduling it again does nothing. Cancel it by landing
+// nothing: the reducer decides, when the event arrives, whether it still matters.
+func (a *Args[S]) ScheduleAppend(ctx context.Context, at time.Time, event itx.EventInput) error {
+	if event.IdempotencyKey == "" {
+		return itx.Errorf(itx.EInvalid, "ScheduleAppend needs an idempotency key (Args.IdempotencyKey)")
+	}
+	return a.run.scheduleHome(ctx, event, at)
 }
 
 // IdempotencyKey is the processor-owned key for an effect: "<name>/<key>@<path>:<offset>" for an

@@ -537,6 +537,10 @@ func (r *Runner[S]) appendHome(ctx context.Context, events []itx.EventInput) ([]
 	return out, nil
 }
 
+func (r *Runner[S]) scheduleHome(ctx context.Context, event itx.EventInput, at time.Time) error {
+	return r.cfg.Log.Schedule(ctx, event, at)
+}
+
 func (r *Runner[S]) background(work func(ctx context.Context) error) {
 	done := r.track()
 	go func() {

@@ -437,6 +437,21 @@ func (l procLog) Append(ctx context.Context, inputs []itx.EventInput) ([]itx.Eve
 	return l.readBack(ctx, res.Offsets)
 }
 
+// Schedule schedules through this incarnation's actor only, like Append.
+func (l procLog) Schedule(ctx context.Context, input itx.EventInput, at time.Time) error {
+	a := l.a
+	op, err := newScheduleOp(input, at.UnixMilli())
+	if err != nil {
+		return err
+	}
+	if !a.srv.pin(a) {
+		return a.gone()
+	}
+	defer a.srv.release(a)
+	_, err = a.schedule(ctx, op)
+	return err
+}
+
 // readBack returns the committed events at offsets (a duplicate's offset is its original's).
 func (l procLog) readBack(ctx context.Context, offsets []int64) ([]itx.Event, error) {
 	v := l.a.view()

@@ -46,23 +46,33 @@ type scheduled struct {
 // once). The input's idempotency key names it: scheduling the key again moves it (its time and
 // event); a key already in the log schedules nothing and returns its offset.
 func (s *Server) Schedule(ctx context.Context, ref StreamRef, input itx.EventInput, dueAt int64) (due, appended int64, err error) {
+	op, err := newScheduleOp(input, dueAt)
+	if err != nil {
+		return 0, 0, err
+	}
+	r, err := s.scheduleOp(ctx, ref, op)
+	return r.dueAt, r.appended, err
+}
+
+// newScheduleOp checks a scheduled event as an append is checked, and more: it needs a key, and
+// cannot be ephemeral or a stream/* record.
+func newScheduleOp(input itx.EventInput, dueAt int64) (scheduleOp, error) {
 	in := []itx.EventInput{input}
 	if err := validateAppend(in, authClient); err != nil {
-		return 0, 0, itx.Errorf(itx.AsError(err).Code, "%s", strings.TrimPrefix(itx.ErrorMessage(err), "event 0: "))
+		return scheduleOp{}, itx.Errorf(itx.AsError(err).Code, "%s", strings.TrimPrefix(itx.ErrorMessage(err), "event 0: "))
 	}
 	input = in[0] // normalized
 	switch {
 	case input.IdempotencyKey == "":
-		return 0, 0, itx.Errorf(itx.EInvalid, "a scheduled event needs an idempotencyKey: it names the schedule, and makes its append exactly once")
+		return scheduleOp{}, itx.Errorf(itx.EInvalid, "a scheduled event needs an idempotencyKey: it names the schedule, and makes its append exactly once")
 	case input.Ephemeral:
-		return 0, 0, itx.Errorf(itx.EInvalid, "a scheduled event cannot be ephemeral")
+		return scheduleOp{}, itx.Errorf(itx.EInvalid, "a scheduled event cannot be ephemeral")
 	case itx.IsCoreType(input.Type):
-		return 0, 0, itx.Errorf(itx.EInvalid, "a scheduled event cannot be a stream/* record")
+		return scheduleOp{}, itx.Errorf(itx.EInvalid, "a scheduled event cannot be a stream/* record")
 	case dueAt < 0:
-		return 0, 0, itx.Errorf(itx.EInvalid, "dueAt must be an epoch time in milliseconds")
+		return scheduleOp{}, itx.Errorf(itx.EInvalid, "dueAt must be an epoch time in milliseconds")
 	}
-	r, err := s.scheduleOp(ctx, ref, scheduleOp{key: input.IdempotencyKey, input: &input, dueAt: dueAt})
-	return r.dueAt, r.appended, err
+	return scheduleOp{key: input.IdempotencyKey, input: &input, dueAt: dueAt}, nil
 }
 
 // CancelScheduled drops the scheduled append named key, reporting whether there was one.
@@ -83,6 +93,11 @@ func (s *Server) scheduleOp(ctx context.Context, ref StreamRef, op scheduleOp) (
 		return scheduleReply{}, err
 	}
 	defer s.release(a)
+	return a.schedule(ctx, op)
+}
+
+// schedule hands the actor a schedule operation and waits for its commit.
+func (a *actor) schedule(ctx context.Context, op scheduleOp) (scheduleReply, error) {
 	op.reply, op.queued = make(chan scheduleReply, 1), time.Now()
 	select {
 	case a.inbox <- &actorMsg{schedule: &op}:

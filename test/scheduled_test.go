@@ -1,12 +1,14 @@
 package test
 
 import (
+	"context"
 	"testing"
 	"time"
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/internal/clocktest"
+	"github.com/itx-dev/itx/processors"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
 	"github.com/stretchr/testify/require"
@@ -171,4 +173,54 @@ func TestScheduled_Refused(t *testing.T) {
 	list, err := client.ListScheduled(ctx, ro)
 	require.NoError(t, err)
 	require.Len(t, list, 2)
+}
+
+type timeoutCount struct {
+	N int `json:"n"`
+}
+
+// A processor's durable timer (Args.ScheduleAppend) in itxd: the timeout lands at its time on the
+// server's clock, once, and the processor reduces it.
+func TestScheduled_ProcessorTimer(t *testing.T) {
+	clock := clocktest.New(time.Unix(1_700_000_000, 0))
+	host := processors.NewHost("test")
+	require.NoError(t, processors.Add(host, func() processors.Contract[timeoutCount] {
+		return processors.Contract[timeoutCount]{
+			Name: "timeouts", ConsumedTypes: []string{"task/opened", "task/timed-out"}, ReducerVersion: "1",
+			InitialState: func() timeoutCount { return timeoutCount{} },
+			Reduce: func(s timeoutCount, e itx.Event) timeoutCount {
+				if e.Type == "task/timed-out" {
+					s.N++
+				}
+				return s
+			},
+			ProcessEvent: func(ctx context.Context, a *processors.Args[timeoutCount]) error {
+				if a.Event == nil || a.Event.Type != "task/opened" {
+					return nil
+				}
+				return a.ScheduleAppend(ctx, time.UnixMilli(a.Event.CreatedAt).Add(10*time.Minute),
+					itx.EventInput{Type: "task/timed-out", IdempotencyKey: a.IdempotencyKey("timeout", a.Event)})
+			},
+		}
+	}))
+	ts := startServer(t, server.Config{Clock: clock, Processors: host})
+	ctx := ctxT(t)
+	s := stream(t, ts.project(t), "/tasks")
+	configureProcessor(t, s, "timeouts")
+	head := mustAppend(t, s, ev("task/opened", `{}`)).HeadOffset
+	sub, proc := processorOf(t, s, "timeouts")
+	_, err := client.WaitUntilProcessed(ctx, sub, head, 0)
+	require.NoError(t, err)
+	list, err := client.ListScheduled(ctx, s)
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+	require.Equal(t, clock.Now().Add(10*time.Minute).UnixMilli(), list[0].DueAt)
+
+	clock.Advance(10 * time.Minute)
+	waitUntil(t, "the timeout landed and was processed", func() bool {
+		snap, err := client.Snapshot(ctx, proc)
+		require.NoError(t, err)
+		return snap.State == `{"n":1}`
+	})
+	require.Len(t, eventsOfType(t, s, "task/timed-out"), 1)
 }

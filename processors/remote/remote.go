@@ -438,6 +438,14 @@ func (l *rpcLog) Read(ctx context.Context, after int64, limit int) (itx.Processo
 	return page, err
 }
 
+// Schedule schedules through the stream capability (Stream.schedule).
+func (l *rpcLog) Schedule(ctx context.Context, event itx.EventInput, at time.Time) error {
+	stream := l.s.streamCap()
+	defer stream.Release()
+	_, _, err := client.Schedule(ctx, stream, event, at)
+	return err
+}
+
 // Append commits through the stream capability and reads the committed events back.
 func (l *rpcLog) Append(ctx context.Context, inputs []itx.EventInput) ([]itx.Event, error) {
 	stream := l.s.streamCap()

@@ -196,14 +196,21 @@ func (h *Harness[S]) Append(events ...itx.EventInput) []itx.Event {
 	return out
 }
 
-// AdvanceTime moves the virtual clock by d. Each time the alarm comes due on the way, the clock
-// stops there, the current incarnation's registry handles the fire (the real HandleAlarm path),
-// and delivery is driven to a fixpoint; clock timers due on the way fire in order.
+// AdvanceTime moves the virtual clock by d. Each time the alarm or a scheduled append
+// (Args.ScheduleAppend) comes due on the way, the clock stops there: due scheduled appends land
+// and are delivered, the current incarnation's registry handles the alarm's fire (the real
+// HandleAlarm path), and delivery is driven to a fixpoint; clock timers due on the way fire in
+// order.
 func (h *Harness[S]) AdvanceTime(d time.Duration) {
 	h.t.Helper()
 	target := h.Clock.Now().Add(d)
 	for i := 0; ; i++ {
 		at := h.Alarm.At()
+		if next := h.Stream.Scheduled(); len(next) > 0 {
+			if due := time.UnixMilli(next[0].DueAt); at.IsZero() || due.Before(at) {
+				at = due
+			}
+		}
 		if at.IsZero() || at.After(target) {
 			break
 		}
@@ -212,6 +219,13 @@ func (h *Harness[S]) AdvanceTime(d time.Duration) {
 		}
 		if now := h.Clock.Now(); at.After(now) {
 			h.Clock.Advance(at.Sub(now))
+		}
+		if h.Stream.Land(h.Clock.Now()) > 0 {
+			h.deliver = true
+			h.Settle()
+		}
+		if a := h.Alarm.At(); a.IsZero() || a.After(h.Clock.Now()) {
+			continue
 		}
 		h.Alarm.SetAlarm(context.Background(), time.Time{}) // the fire consumes the cell
 		out, err := h.registry.HandleAlarm(context.Background())

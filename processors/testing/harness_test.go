@@ -101,3 +101,51 @@ func TestHarness_Play(t *testing.T) {
 		}
 	})
 }
+
+// timeouts opens a task on "task/opened" and schedules its "task/timed-out" ten minutes later
+// (a durable timer); the state counts the timeouts that landed.
+func timeouts(env proctest.Env) processors.Contract[tally] {
+	return processors.Contract[tally]{
+		Name: "timeouts", ConsumedTypes: []string{"task/opened", "task/timed-out"}, ReducerVersion: "1",
+		InitialState: func() tally { return tally{} },
+		Reduce: func(s tally, e itx.Event) tally {
+			if e.Type == "task/timed-out" {
+				s.N++
+			}
+			return s
+		},
+		ProcessEvent: func(ctx context.Context, a *processors.Args[tally]) error {
+			if a.Event == nil || a.Event.Type != "task/opened" {
+				return nil
+			}
+			return a.ScheduleAppend(ctx, time.UnixMilli(a.Event.CreatedAt).Add(10*time.Minute),
+				itx.EventInput{Type: "task/timed-out", IdempotencyKey: a.IdempotencyKey("timeout", a.Event)})
+		},
+	}
+}
+
+// A scheduled append lands at its time on the virtual clock, once, across a crash in between.
+func TestHarness_ScheduledAppendSurvivesACrash(t *testing.T) {
+	proctest.Run(t, proctest.Config[tally]{New: timeouts}, func(t *testing.T, h *proctest.Harness[tally]) {
+		h.Append(itx.EventInput{Type: "task/opened"})
+		if got := len(h.Stream.Scheduled()); got != 1 {
+			t.Fatalf("%d scheduled, want 1", got)
+		}
+		h.AdvanceTime(9 * time.Minute)
+		h.Crash()
+		if got := h.Events("task/timed-out"); len(got) != 0 {
+			t.Fatalf("timed out early: %v", got)
+		}
+		h.AdvanceTime(time.Minute)
+		if got := h.Events("task/timed-out"); len(got) != 1 {
+			t.Fatalf("%d timeouts after ten minutes, want 1", len(got))
+		}
+		if got := h.State().N; got != 1 {
+			t.Errorf("state %d, want the landed timeout reduced", got)
+		}
+		h.AdvanceTime(time.Hour)
+		if got := h.Events("task/timed-out"); len(got) != 1 {
+			t.Errorf("%d timeouts, want exactly one", len(got))
+		}
+	})
+}

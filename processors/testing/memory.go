@@ -1,9 +1,11 @@
 package proctest
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,13 +28,15 @@ type MemoryStream struct {
 	keys   map[string]int // idempotency key -> index in events
 	fail   func(in itx.EventInput) error
 	lose   func(in itx.EventInput) bool
+	// scheduled appends by key, landed by Land (the harness's AdvanceTime calls it)
+	scheduled map[string]itx.ScheduledEvent
 }
 
 var _ processors.StreamLog = (*MemoryStream)(nil)
 
 // NewMemoryStream returns an empty stream at path whose createdAt stamps come from clock.
 func NewMemoryStream(path string, clock itx.Clock) *MemoryStream {
-	return &MemoryStream{path: path, clock: clock, keys: map[string]int{}}
+	return &MemoryStream{path: path, clock: clock, keys: map[string]int{}, scheduled: map[string]itx.ScheduledEvent{}}
 }
 
 // Path is the stream's path.
@@ -53,6 +57,64 @@ func (s *MemoryStream) LoseAcks(lose func(in itx.EventInput) bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.lose = lose
+}
+
+// Schedule keeps event to append at at (processors.StreamLog), as itxd's Stream.schedule does:
+// the key names it, scheduling it again moves it, and a key already in the log schedules nothing.
+// Scheduled events land when Land is called at or after their time.
+func (s *MemoryStream) Schedule(ctx context.Context, event itx.EventInput, at time.Time) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if event.IdempotencyKey == "" || event.Ephemeral || itx.IsCoreType(event.Type) {
+		return itx.Errorf(itx.EInvalid, "a scheduled event needs an idempotency key, and cannot be ephemeral or a stream/* record")
+	}
+	if err := event.Normalize(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, landed := s.keys[event.IdempotencyKey]; landed {
+		return nil
+	}
+	event.Payload, event.Metadata = slices.Clone(event.Payload), slices.Clone(event.Metadata)
+	s.scheduled[event.IdempotencyKey] = itx.ScheduledEvent{DueAt: at.UnixMilli(), Event: event}
+	return nil
+}
+
+// Scheduled lists the pending scheduled appends in due order.
+func (s *MemoryStream) Scheduled() []itx.ScheduledEvent {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]itx.ScheduledEvent, 0, len(s.scheduled))
+	for _, sc := range s.scheduled {
+		out = append(out, sc)
+	}
+	slices.SortFunc(out, func(a, b itx.ScheduledEvent) int {
+		if a.DueAt != b.DueAt {
+			return cmp.Compare(a.DueAt, b.DueAt)
+		}
+		return strings.Compare(a.Event.IdempotencyKey, b.Event.IdempotencyKey)
+	})
+	return out
+}
+
+// Land appends the scheduled events due at now, in due order, each alone (one refused is dropped,
+// as itxd drops it with a stream/error-occurred record), and reports how many landed.
+func (s *MemoryStream) Land(now time.Time) int {
+	n := 0
+	for _, sc := range s.Scheduled() {
+		if sc.DueAt > now.UnixMilli() {
+			break
+		}
+		s.mu.Lock()
+		delete(s.scheduled, sc.Event.IdempotencyKey)
+		s.mu.Unlock()
+		if _, err := s.Append(context.Background(), []itx.EventInput{sc.Event}); err == nil {
+			n++
+		}
+	}
+	return n
 }
 
 // Append commits events atomically (processors.StreamLog).
@@ -336,6 +398,13 @@ func (l fencedLog) Read(ctx context.Context, after int64, limit int) (processors
 		return processors.Page{}, err
 	}
 	return l.log.Read(ctx, after, limit)
+}
+
+func (l fencedLog) Schedule(ctx context.Context, event itx.EventInput, at time.Time) error {
+	if err := l.f.check(); err != nil {
+		return err
+	}
+	return l.log.Schedule(ctx, event, at)
 }
 
 func (l fencedLog) Append(ctx context.Context, events []itx.EventInput) ([]itx.Event, error) {
