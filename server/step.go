@@ -153,8 +153,10 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 
 	// 2. Delivery outcomes, fenced by epoch and generation; failures go through the ladder and
 	// may append server-authored records (halts, skips, expression failures).
+	failed := false
 	for i := range in.outcomes {
 		own = append(own, st.applyOutcome(&in.outcomes[i], nowMs, env, &eff)...)
+		failed = failed || in.outcomes[i].failure != nil
 	}
 
 	// 3. Mounts un-park the itx-call subscriptions waiting for them, and cut their backoff.
@@ -215,9 +217,13 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 	}
 
 	// 5. The commit: new events, and the dirty rows when anything else is written, when the flush
-	// delay passed, or when unloading.
+	// delay passed, when unloading, or when a try failed. Progress alone may wait for the delay (a
+	// crash only redelivers), but the retry state a failure decided (attempt, next attempt time,
+	// last error, a park) is written at once, so a restart goes on along the ladder instead of
+	// starting it over with a try before its time. Tries are spaced by the backoff, so this costs
+	// at most one commit per failed try.
 	if len(eff.commit.Events) > 0 || len(eff.commit.KV) > 0 || len(eff.commit.CursorDeletes) > 0 || eff.coreChanged || in.flush || in.final ||
-		len(eff.commit.ReaderUpserts) > 0 || len(eff.commit.ReaderDeletes) > 0 ||
+		failed || len(eff.commit.ReaderUpserts) > 0 || len(eff.commit.ReaderDeletes) > 0 ||
 		len(eff.commit.ScheduledUpserts) > 0 || len(eff.commit.ScheduledDeletes) > 0 {
 		eff.commit.CursorUpserts = eff.commit.CursorUpserts[:0]
 		names := make([]string, 0, len(st.dirty))

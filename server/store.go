@@ -39,7 +39,8 @@ type streamBackend interface {
 	// Create makes the store of a new stream; it fails if one exists.
 	Create(ctx context.Context, meta storage.StreamMeta) (streamStore, error)
 	// Open opens a stream's store. It returns nil, nil when the stream's directory entry
-	// committed but its store was never made (a crash in between: nothing was acknowledged).
+	// committed but its store was never made, or never finished (a crash in between: nothing
+	// was acknowledged); Create then makes it.
 	Open(ctx context.Context, streamID string) (streamStore, error)
 }
 
@@ -57,5 +58,12 @@ func (b sqliteBackend) Open(ctx context.Context, streamID string) (streamStore, 
 	if _, err := os.Stat(file); errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
-	return storage.OpenStream(ctx, file)
+	s, err := storage.OpenStream(ctx, file)
+	if err != nil {
+		if errors.Is(err, storage.ErrNotCreated) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	return s, nil
 }

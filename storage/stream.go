@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"sync"
 	"time"
@@ -53,19 +52,31 @@ const (
 	ReaderIdleTime = 2 * time.Second
 )
 
-// CreateStream creates the database at file for a new stream. It fails if the file exists.
+// ErrNotCreated is what OpenStream says of a file whose creation never finished: a crash after
+// the file was made but before its stream_meta row committed. Nothing was ever committed to such
+// a file (events commit only after the row), so it is a stream that does not exist yet, and
+// CreateStream finishes it.
+var ErrNotCreated = errors.New("the stream database was never finished (no stream_meta row)")
+
+// CreateStream creates the database at file for a new stream. It fails if the file holds a
+// stream; a file left by a creation that crashed before its stream_meta row (ErrNotCreated) is
+// finished instead.
 func CreateStream(ctx context.Context, file string, meta StreamMeta) (*Stream, error) {
-	if _, err := os.Stat(file); err == nil {
-		return nil, fmt.Errorf("create stream %s: file exists", file)
-	}
 	s, err := openStream(ctx, file, true)
 	if err != nil {
 		return nil, err
 	}
-	_, err = s.w.ExecContext(ctx, `insert into stream_meta
+	res, err := s.w.ExecContext(ctx, `insert into stream_meta
 		(id, stream_id, project_id, path, created_at, head_offset, last_append_at)
-		values (1, ?, ?, ?, ?, ?, ?)`,
+		values (1, ?, ?, ?, ?, ?, ?) on conflict (id) do nothing`,
 		meta.StreamID, meta.ProjectID, meta.Path, meta.CreatedAt, meta.HeadOffset, meta.LastAppendAt)
+	var n int64
+	if err == nil {
+		n, err = res.RowsAffected()
+	}
+	if err == nil && n == 0 {
+		err = errors.New("file exists")
+	}
 	if err != nil {
 		s.Close()
 		return nil, fmt.Errorf("create stream %s: %w", file, err)
@@ -73,9 +84,23 @@ func CreateStream(ctx context.Context, file string, meta StreamMeta) (*Stream, e
 	return s, nil
 }
 
-// OpenStream opens an existing stream database, applying pending migrations.
+// OpenStream opens an existing stream database, applying pending migrations. A file whose
+// creation never finished fails with ErrNotCreated.
 func OpenStream(ctx context.Context, file string) (*Stream, error) {
-	return openStream(ctx, file, false)
+	s, err := openStream(ctx, file, false)
+	if err != nil {
+		return nil, err
+	}
+	var n int
+	if err := s.w.QueryRowContext(ctx, `select count(*) from stream_meta`).Scan(&n); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("open stream %s: %w", file, err)
+	}
+	if n == 0 {
+		s.Close()
+		return nil, fmt.Errorf("open stream %s: %w", file, ErrNotCreated)
+	}
+	return s, nil
 }
 
 func openStream(ctx context.Context, file string, create bool) (*Stream, error) {

@@ -171,6 +171,47 @@ func TestCreateStream_RefusesExistingFile(t *testing.T) {
 	require.Error(t, err)
 }
 
+// A crash while a stream is created can leave its file without the stream_meta row: empty (made,
+// never opened by SQLite) or migrated. Such a file holds nothing ever committed: OpenStream says
+// ErrNotCreated, and CreateStream finishes it instead of refusing the stream's path forever.
+func TestCreateStream_FinishesACreationCutShort(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name string
+		make func(t *testing.T, file string)
+	}{
+		{"empty file", func(t *testing.T, file string) { require.NoError(t, createPrivate(file)) }},
+		{"migrated, no meta row", func(t *testing.T, file string) {
+			s, err := openStream(ctx, file, true)
+			require.NoError(t, err)
+			require.NoError(t, s.Close())
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			file := filepath.Join(t.TempDir(), "s.db")
+			tc.make(t, file)
+			_, err := OpenStream(ctx, file)
+			require.ErrorIs(t, err, ErrNotCreated)
+
+			meta := StreamMeta{StreamID: "sid", ProjectID: "p", Path: "/a", CreatedAt: 1}
+			s, err := CreateStream(ctx, file, meta)
+			require.NoError(t, err)
+			require.NoError(t, s.Commit(ctx, Commit{Events: events(1, 1, 0), HeadOffset: 1, LastAppendAt: 2}))
+			require.NoError(t, s.Close())
+
+			s, err = OpenStream(ctx, file)
+			require.NoError(t, err)
+			defer s.Close()
+			got, err := s.Meta(ctx)
+			require.NoError(t, err)
+			meta.HeadOffset, meta.LastAppendAt = 1, 2
+			require.Equal(t, meta, got)
+			_, err = CreateStream(ctx, file, StreamMeta{StreamID: "other"})
+			require.Error(t, err, "a finished stream is never created over")
+		})
+	}
+}
+
 func TestMigrate_Idempotent(t *testing.T) {
 	_, file := mustCreateStream(t)
 	db, err := sql.Open(driverName, "file:"+file)

@@ -262,3 +262,76 @@ func TestCrash_Kill9WithConnectionsAndReaders(t *testing.T) {
 	require.NoError(t, err, "no connection survived to hold the key")
 	waitUntil(t, "caught up again", func() bool { return len(again.offsets()) == 2 })
 }
+
+// kill -9 while streams are being created: a creation cut short (the directory entry, or the
+// database file, made; its first commit not) must leave a stream that reads as empty and takes
+// its first append after the restart, never a path refused forever; every acknowledged stream is
+// listed with its true head.
+func TestCrash_Kill9DuringStreamCreation(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real itxd processes")
+	}
+	dataDir := t.TempDir()
+	proc := startItxd(t, dataDir)
+	ctx := ctxT(t)
+	var mu sync.Mutex
+	acked := map[string]bool{}
+	started := make(chan struct{})
+	var once sync.Once
+	var wg sync.WaitGroup
+	for w := 0; w < 6; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			conn, err := client.Dial(ctx, proc.addr)
+			if err != nil {
+				return
+			}
+			defer conn.Close()
+			p := conn.Login(ctx, proc.creds.ProjectToken)
+			for i := 0; ; i++ {
+				path := fmt.Sprintf("/c/w%d-%d", w, i)
+				s := client.Stream(ctx, p, path)
+				_, err := client.Append(ctx, s, []itx.EventInput{ev("x", `{}`)}, itx.AppendOptions{})
+				s.Release()
+				if err != nil {
+					return
+				}
+				mu.Lock()
+				acked[path] = true
+				if len(acked) >= 30 {
+					once.Do(func() { close(started) })
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	<-started
+	proc.kill9(t)
+	wg.Wait()
+
+	proc = startItxd(t, dataDir)
+	p := dial(t, proc.addr).Login(ctx, proc.creds.ProjectToken)
+	defer p.Release()
+	listed, err := client.ListStreams(ctx, p, "/c")
+	require.NoError(t, err)
+	heads := map[string]int64{}
+	for _, info := range listed {
+		heads[info.Path] = info.HeadOffset
+	}
+	for path := range acked {
+		require.Equal(t, int64(1), heads[path], "%s: acknowledged, listed with head %d", path, heads[path])
+	}
+	cut := 0
+	for _, info := range listed {
+		if !acked[info.Path] {
+			cut++
+		}
+		s := client.Stream(ctx, p, info.Path)
+		res, err := client.Append(ctx, s, []itx.EventInput{ev("x", `{}`)}, itx.AppendOptions{})
+		s.Release()
+		require.NoError(t, err, "%s (listed with head %d) takes an append after the restart", info.Path, info.HeadOffset)
+		require.Equal(t, info.HeadOffset+1, res.HeadOffset, info.Path)
+	}
+	t.Logf("%d streams acknowledged, %d listed, %d creations cut short by the kill", len(acked), len(listed), cut)
+}

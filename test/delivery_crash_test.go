@@ -157,3 +157,57 @@ func TestSubscription_RetryAlarmSurvivesRepeatedUnloads(t *testing.T) {
 	waitUntil(t, "delivered", func() bool { return h.count() == 3 })
 	require.Equal(t, []int64{res.HeadOffset}, h.distinct())
 }
+
+// kill -9 right after a delivery failed: the retry state the ladder just decided (attempt, next
+// attempt time, last error) is what the restarted itxd shows and goes by, not a fresh ladder;
+// the pending retry fires with nothing appended.
+func TestCrash_Kill9KeepsRetryState(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real itxd processes")
+	}
+	const failures = 2
+	hang := make(chan struct{})
+	h := newHook(t, func(n int, b itx.WebhookBody) int {
+		if n < failures {
+			return 503
+		}
+		<-hang // the retry after the restart: in flight until the test ends
+		return 200
+	})
+	t.Cleanup(func() { close(hang) }) // before the hook's server closes
+	dataDir := t.TempDir()
+	proc := startItxd(t, dataDir)
+	ctx := ctxT(t)
+	p := dial(t, proc.addr).Login(ctx, proc.creds.ProjectToken)
+	s := client.Stream(ctx, p, "/retry-kill")
+	subs := client.Subscriptions(ctx, s)
+	_, _, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "hook", Start: "now",
+		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
+	require.NoError(t, err)
+	subs.Release()
+	mustAppend(t, s, ev("job", `{}`))
+	sub := client.Subscription(ctx, s, "hook")
+	var before itx.SubscriptionDescription
+	waitUntil(t, "the second failure", func() bool {
+		before, err = client.DescribeSubscription(ctx, sub)
+		require.NoError(t, err)
+		return before.Attempt == failures
+	})
+	proc.kill9(t) // at once: before any later write of the row could happen
+	sub.Release()
+	s.Release()
+	p.Release()
+
+	proc = startItxd(t, dataDir)
+	p = dial(t, proc.addr).Login(ctx, proc.creds.ProjectToken)
+	defer p.Release()
+	sub = client.Subscription(ctx, stream(t, p, "/retry-kill"), "hook")
+	defer sub.Release()
+	after, err := client.DescribeSubscription(ctx, sub)
+	require.NoError(t, err)
+	require.Equal(t, before.Attempt, after.Attempt, "attempt")
+	require.Equal(t, before.NextAttemptAt, after.NextAttemptAt, "next attempt time")
+	require.Equal(t, before.LastError, after.LastError, "last error")
+	require.Equal(t, before.ConfirmedOffset, after.ConfirmedOffset)
+	waitUntil(t, "the pending retry fires after the restart", func() bool { return h.count() == failures+1 })
+}
