@@ -138,6 +138,7 @@ func (st *streamState) applySchedule(op scheduleOp, env stepEnv, eff *effects) s
 			return scheduleReply{}
 		}
 		delete(st.scheduled, op.key)
+		st.firstDue = -1
 		eff.commit.ScheduledDeletes = append(eff.commit.ScheduledDeletes, op.key)
 		return scheduleReply{found: true}
 	}
@@ -158,6 +159,7 @@ func (st *streamState) applySchedule(op scheduleOp, env stepEnv, eff *effects) s
 	raw, _ := json.Marshal(op.input)
 	sc := &scheduled{Scheduled: storage.Scheduled{Key: op.key, DueAt: op.dueAt, Event: raw}, input: *op.input}
 	st.scheduled[op.key] = sc
+	st.firstDue = -1
 	eff.commit.ScheduledUpserts = append(eff.commit.ScheduledUpserts, sc.Scheduled)
 	return scheduleReply{dueAt: op.dueAt}
 }
@@ -197,5 +199,21 @@ func loadScheduled(ctx context.Context, store streamStore, st *streamState) erro
 		}
 		st.scheduled[r.Key] = sc
 	}
+	st.firstDue = -1
 	return nil
+}
+
+// earliestDue is the earliest DueAt of the pending scheduled appends (0: none), recomputed only
+// after they changed, so a step of a stream holding many costs nothing until one is due.
+func (st *streamState) earliestDue() int64 {
+	if st.firstDue >= 0 {
+		return st.firstDue
+	}
+	st.firstDue = 0
+	for _, sc := range st.scheduled {
+		if st.firstDue == 0 || sc.DueAt < st.firstDue {
+			st.firstDue = sc.DueAt
+		}
+	}
+	return st.firstDue
 }

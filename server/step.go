@@ -28,6 +28,7 @@ type streamState struct {
 	procKVKeys  int
 	procKVBytes int64
 	scheduled   map[string]*scheduled // pending scheduled appends by key
+	firstDue    int64                 // the earliest DueAt of scheduled (see earliestDue); -1: recompute
 
 	// Not durable: rebuilt on load.
 	procs      map[string]*procRecord // processor records read so far (see procRecordOf)
@@ -121,7 +122,7 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 	// appends that are due (each alone: one refused never holds back another).
 	group := in.appends
 	var due []*scheduled
-	if !in.final {
+	if !in.final && len(st.scheduled) > 0 && st.earliestDue() <= nowMs {
 		due, _ = st.dueScheduled(nowMs)
 		for _, sc := range due {
 			group = append(group, &appendReq{inputs: []itx.EventInput{sc.input}, authority: authClient})
@@ -143,6 +144,7 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 		// Appended, a duplicate of what its key already holds, or refused for good (its key
 		// taken by another body): either way it is done, and a refusal is recorded.
 		delete(st.scheduled, sc.Key)
+		st.firstDue = -1
 		eff.commit.ScheduledDeletes = append(eff.commit.ScheduledDeletes, sc.Key)
 		if r.err != nil {
 			own = append(own, serverRecord(itx.TypeErrorOccurred, itx.ErrorOccurredPayload{
@@ -269,9 +271,9 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 	}
 
 	// 5b. The next scheduled append comes due then; one the breaker refused is tried a second on.
-	if due, next := st.dueScheduled(nowMs); len(due) > 0 || next > 0 {
-		at := next
-		if len(due) > 0 {
+	if len(st.scheduled) > 0 {
+		at := st.earliestDue()
+		if at <= nowMs {
 			at = nowMs + scheduledRetry.Milliseconds()
 		}
 		if eff.wakeAt == 0 || at < eff.wakeAt {
