@@ -563,8 +563,14 @@ func (a *actor) env() stepEnv {
 			}
 			return a.store.KV(context.Background(), key)
 		},
-		maxProcKVKeys:   a.srv.cfg.MaxProcessorKVKeys,
-		maxScheduled:    a.srv.cfg.MaxScheduledPerStream,
+		maxProcKVKeys: a.srv.cfg.MaxProcessorKVKeys,
+		maxScheduled:  a.srv.cfg.MaxScheduledPerStream,
+		loadScheduled: func(keys []string) (map[string][]byte, error) {
+			if a.store == nil {
+				return nil, nil
+			}
+			return a.store.ScheduledByKeys(context.Background(), keys)
+		},
 		maxProcKVBytes:  a.srv.cfg.MaxProcessorKVBytes,
 		random:          a.srv.random,
 		flushDelay:      a.srv.cfg.CursorFlushDelay,

@@ -36,10 +36,11 @@ type scheduleReply struct {
 	err      error
 }
 
-// scheduled is one pending scheduled append in memory.
+// scheduled is one pending scheduled append as memory keeps it: its key and time. Its event
+// stays on disk until it lands (ten thousand of up to 1 MiB each would not fit in memory).
 type scheduled struct {
-	storage.Scheduled
-	input itx.EventInput
+	Key   string
+	DueAt int64
 }
 
 // Schedule asks the stream to append input at dueAt (epoch ms; a time already past means at
@@ -112,21 +113,26 @@ func (a *actor) schedule(ctx context.Context, op scheduleOp) (scheduleReply, err
 	}
 }
 
-// ListScheduled lists a stream's pending scheduled appends in due order.
+// ListScheduled lists a stream's pending scheduled appends in due order: the first
+// itx.MaxPageLimit, ending after the one that brings their events to itx.MaxPageBytes.
 func (s *Server) ListScheduled(ctx context.Context, ref StreamRef) ([]itx.ScheduledEvent, error) {
 	var out []itx.ScheduledEvent
 	err := s.withSubscriptions(ctx, ref, func(v view) error {
-		out = make([]itx.ScheduledEvent, 0, len(v.scheduled))
-		for _, sc := range v.scheduled {
-			out = append(out, itx.ScheduledEvent{DueAt: sc.DueAt, Event: sc.input})
+		if v.store == nil || len(v.scheduled) == 0 {
+			return nil
+		}
+		rows, err := v.store.ScheduledEvents(ctx, itx.MaxPageLimit, itx.MaxPageBytes)
+		if err != nil {
+			return itx.Errorf(itx.EUnavailable, "list scheduled events: %v", err)
+		}
+		for _, r := range rows {
+			sc := itx.ScheduledEvent{DueAt: r.DueAt}
+			if err := json.Unmarshal(r.Event, &sc.Event); err != nil {
+				return itx.Errorf(itx.EInternal, "scheduled event %q does not decode: %v", r.Key, err)
+			}
+			out = append(out, sc)
 		}
 		return nil
-	})
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].DueAt != out[j].DueAt {
-			return out[i].DueAt < out[j].DueAt
-		}
-		return out[i].Event.IdempotencyKey < out[j].Event.IdempotencyKey
 	})
 	return out, err
 }
@@ -157,15 +163,14 @@ func (st *streamState) applySchedule(op scheduleOp, env stepEnv, eff *effects) s
 			"a stream holds at most %d scheduled events (--max-scheduled-per-stream)", env.maxScheduled)}
 	}
 	raw, _ := json.Marshal(op.input)
-	sc := &scheduled{Scheduled: storage.Scheduled{Key: op.key, DueAt: op.dueAt, Event: raw}, input: *op.input}
-	st.scheduled[op.key] = sc
+	st.scheduled[op.key] = &scheduled{Key: op.key, DueAt: op.dueAt}
 	st.firstDue = -1
-	eff.commit.ScheduledUpserts = append(eff.commit.ScheduledUpserts, sc.Scheduled)
+	eff.commit.ScheduledUpserts = append(eff.commit.ScheduledUpserts, storage.Scheduled{Key: op.key, DueAt: op.dueAt, Event: raw})
 	return scheduleReply{dueAt: op.dueAt}
 }
 
-// dueScheduled returns the scheduled appends due at nowMs, in due order, as append requests
-// (one per event, so each stands alone), and the earliest time of those not due (0: none).
+// dueScheduled returns the scheduled appends due at nowMs, in due order, and the earliest time
+// of those not due (0: none).
 func (st *streamState) dueScheduled(nowMs int64) (due []*scheduled, next int64) {
 	for _, sc := range st.scheduled {
 		if sc.DueAt <= nowMs {
@@ -186,18 +191,14 @@ func (st *streamState) dueScheduled(nowMs int64) (due []*scheduled, next int64) 
 // scheduledRetry is how long a due scheduled append the circuit breaker refused waits.
 const scheduledRetry = time.Second
 
-// loadScheduled reads the pending scheduled appends into st.
+// loadScheduled reads the pending scheduled appends' keys and times into st.
 func loadScheduled(ctx context.Context, store streamStore, st *streamState) error {
-	rows, err := store.ScheduledEvents(ctx)
+	rows, err := store.ScheduledDue(ctx)
 	if err != nil {
 		return err
 	}
 	for _, r := range rows {
-		sc := &scheduled{Scheduled: r}
-		if err := json.Unmarshal(r.Event, &sc.input); err != nil {
-			return itx.Errorf(itx.EInternal, "scheduled event %q does not decode: %v", r.Key, err)
-		}
-		st.scheduled[r.Key] = sc
+		st.scheduled[r.Key] = &scheduled{Key: r.Key, DueAt: r.DueAt}
 	}
 	st.firstDue = -1
 	return nil
@@ -216,4 +217,12 @@ func (st *streamState) earliestDue() int64 {
 		}
 	}
 	return st.firstDue
+}
+
+func scheduledKeys(list []*scheduled) []string {
+	out := make([]string, len(list))
+	for i, sc := range list {
+		out[i] = sc.Key
+	}
+	return out
 }

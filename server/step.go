@@ -108,7 +108,9 @@ type stepEnv struct {
 	flushDelay      time.Duration
 	deliveryTimeout time.Duration
 	batchLimits     func(name string) int // events per delivery: the config's BatchLimits
-	maxScheduled    int                   // scheduled appends per stream (0: none)
+	// loadScheduled reads the events of scheduled appends by key (committed ones only).
+	loadScheduled func(keys []string) (map[string][]byte, error)
+	maxScheduled  int // scheduled appends per stream (0: none)
 }
 
 // step applies one batch of inputs to st and returns what to do about it. It mutates st in place;
@@ -124,8 +126,17 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 	var due []*scheduled
 	if !in.final && len(st.scheduled) > 0 && st.earliestDue() <= nowMs {
 		due, _ = st.dueScheduled(nowMs)
+		due = due[:min(len(due), itx.MaxAppendEvents)] // the rest in the next step
+		raw, err := env.loadScheduled(scheduledKeys(due))
+		if err != nil {
+			return eff, err
+		}
 		for _, sc := range due {
-			group = append(group, &appendReq{inputs: []itx.EventInput{sc.input}, authority: authClient})
+			var input itx.EventInput
+			if err := json.Unmarshal(raw[sc.Key], &input); err != nil {
+				return eff, fmt.Errorf("scheduled event %q does not decode: %w", sc.Key, err)
+			}
+			group = append(group, &appendReq{inputs: []itx.EventInput{input}, authority: authClient})
 		}
 	}
 	committed, err := env.lookupKeys(keysOf(group))

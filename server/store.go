@@ -20,7 +20,10 @@ type streamStore interface {
 	KVUsage(ctx context.Context, prefix string) (keys int, bytes int64, err error)
 	CursorRows(ctx context.Context) ([]storage.CursorRow, error)
 	Readers(ctx context.Context) ([]storage.Reader, error)
-	ScheduledEvents(ctx context.Context) ([]storage.Scheduled, error)
+	// Scheduled appends: keys and times (what memory keeps), events by key, a bounded listing.
+	ScheduledDue(ctx context.Context) ([]storage.Scheduled, error)
+	ScheduledByKeys(ctx context.Context, keys []string) (map[string][]byte, error)
+	ScheduledEvents(ctx context.Context, limit, maxBytes int) ([]storage.Scheduled, error)
 	EventsByKeys(ctx context.Context, keys []string) (map[string]*itx.Event, error)
 	Events(ctx context.Context, q storage.Query) ([]itx.Event, error)
 	// Commit writes c in one transaction and returns once it is durable.
