@@ -439,8 +439,8 @@ func (st *streamState) applyOutcome(o *deliveryOutcome, nowMs int64, env stepEnv
 	var own []*appendReq
 	if f.expression {
 		// Evidence, once per failing event (its key makes a retry's record a duplicate).
-		own = append(own, serverRecord(itx.TypeErrorOccurred, itx.ErrorOccurredPayload{Message: fmt.Sprintf(
-			"subscription %q: %s", o.name, f.msg)}, "subscription-expression-failed", o.name, r.ConfiguredAtOffset, r.CursorChangedAtOffset, f.eventOffset))
+		own = append(own, serverRecord(itx.TypeErrorOccurred, itx.ErrorOccurredPayload{Message: truncate(fmt.Sprintf(
+			"subscription %q: %s", o.name, f.msg), itx.MaxHaltErrorLength)}, "subscription-expression-failed", o.name, r.ConfiguredAtOffset, r.CursorChangedAtOffset, f.eventOffset))
 	}
 	policy := entry.Config.Receiver.EffectiveDelivery().OnFailingEvent
 	if entry.Kind() == itx.KindCopyToStream {
@@ -458,9 +458,9 @@ func (st *streamState) applyOutcome(o *deliveryOutcome, nowMs int64, env stepEnv
 		r.Status, r.NextAttemptAt = storage.StatusParked, 0
 		eff.ladder = append(eff.ladder, ladderNote{name: o.name, decision: decidePark, offset: r.ConfirmedOffset, attempts: d.attempt, msg: d.msg})
 	case decideSkip:
-		eff.ladder = append(eff.ladder, ladderNote{name: o.name, decision: decideSkip, offset: d.skipOffset, attempts: d.failingAttempt, msg: f.msg})
-		own = append(own, serverRecord(itx.TypeErrorOccurred, itx.ErrorOccurredPayload{Message: fmt.Sprintf(
-			"subscription %q skipped failing event at offset %d after %d event-specific attempts: %s", o.name, d.skipOffset, d.failingAttempt, f.msg)},
+		eff.ladder = append(eff.ladder, ladderNote{name: o.name, decision: decideSkip, offset: d.skipOffset, attempts: d.failingAttempt, msg: d.msg})
+		own = append(own, serverRecord(itx.TypeErrorOccurred, itx.ErrorOccurredPayload{Message: truncate(fmt.Sprintf(
+			"subscription %q skipped failing event at offset %d after %d event-specific attempts: %s", o.name, d.skipOffset, d.failingAttempt, f.msg), itx.MaxHaltErrorLength)},
 			"subscription-failing-event-skipped", o.name, r.ConfiguredAtOffset, r.CursorChangedAtOffset, d.skipOffset))
 		r.ConfirmedOffset = max(r.ConfirmedOffset, d.skipOffset)
 		r.FailingEventSkips++

@@ -1,0 +1,69 @@
+package test
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/server"
+	"github.com/stretchr/testify/require"
+)
+
+// Edge cases of push delivery, each stated from the README's "Subscriptions" section.
+
+// A filter condition whose error text is huge (JSONata's $error takes any string up to 1 MiB)
+// is an event-specific failure like any other: recorded once as stream/error-occurred, with its
+// text bounded, and retried along the ladder. The record must never be too large to write, or
+// the stream could never record the failure and would retry at once, forever.
+func TestDelivery_HugeExpressionErrorIsBounded(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	h := newHook(t, nil)
+	s := stream(t, e.p, "/huge-error")
+	name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "picky", Start: "now",
+		FilterCondition: `payload.bad ? $error($pad("", 1048570, "x")) : true`,
+		Receiver:        client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
+	mustAppend(t, s, ev("m", `{"bad":false}`), ev("m", `{"bad":true}`)) // 2, 3
+
+	waitUntil(t, "the failure recorded", func() bool { return e.describe(t, s, name).Attempt == 1 })
+	d := e.describe(t, s, name)
+	require.Equal(t, int64(2), d.ConfirmedOffset, "the healthy prefix went through")
+	require.LessOrEqual(t, len(d.LastError), itx.MaxCursorErrorLength)
+	require.Contains(t, d.LastError, "filter condition failed on offset 3")
+
+	errs := e.events(t, s, itx.TypeErrorOccurred)
+	require.Len(t, errs, 1)
+	var rec itx.ErrorOccurredPayload
+	require.NoError(t, json.Unmarshal(errs[0].Payload, &rec))
+	require.LessOrEqual(t, len(rec.Message), itx.MaxHaltErrorLength)
+	require.True(t, strings.HasPrefix(rec.Message, `subscription "picky": filter condition failed on offset 3`), rec.Message[:80])
+	require.Equal(t, []int64{2}, h.received())
+}
+
+// The same bound holds for the record of a skipped event: a receiver's refusal can say anything
+// at any length, and the skip record carries at most MaxHaltErrorLength of it.
+func TestDelivery_HugeRefusalIsBoundedInTheSkipRecord(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	huge := strings.Repeat("x", 2<<20)
+	r := &scriptedReceiver{answer: func([]int64, []itx.Event) (uint64, error) {
+		return 0, errors.New(huge)
+	}}
+	defer mountScripted(t, e, "refuser", r)()
+	s := stream(t, e.p, "/huge-refusal")
+	name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "lenient", Start: "now", OnFailingEvent: "skip",
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "refuser"}})
+	res := mustAppend(t, s, ev("m", `{}`))
+	for attempt := 1; attempt < itx.FailingEventConfirmAttempts; attempt++ {
+		waitUntil(t, "refused", func() bool { return e.describe(t, s, name).FailingEventAttempt == attempt })
+		e.clock.Advance(itx.Backoff(attempt, 0.5))
+	}
+	e.waitProcessed(t, s, name, res.HeadOffset)
+	errs := e.events(t, s, itx.TypeErrorOccurred)
+	require.Len(t, errs, 1)
+	var rec itx.ErrorOccurredPayload
+	require.NoError(t, json.Unmarshal(errs[0].Payload, &rec))
+	require.Contains(t, rec.Message, "skipped failing event at offset 2")
+	require.LessOrEqual(t, len(rec.Message), itx.MaxHaltErrorLength)
+}
