@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
@@ -66,4 +67,36 @@ func TestDelivery_HugeRefusalIsBoundedInTheSkipRecord(t *testing.T) {
 	require.NoError(t, json.Unmarshal(errs[0].Payload, &rec))
 	require.Contains(t, rec.Message, "skipped failing event at offset 2")
 	require.LessOrEqual(t, len(rec.Message), itx.MaxHaltErrorLength)
+}
+
+// Error texts are cut to their bounds on a character boundary: last_error and the records stay
+// valid UTF-8 (and keep no replacement character) whatever the receiver's language. Three
+// subscriptions shift the text by one byte each, so one of them has a 3-byte character
+// straddling every bound.
+func TestDelivery_ErrorTextCutOnACharacter(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	h := newHook(t, nil)
+	s := stream(t, e.p, "/utf8-errors")
+	var names []string
+	for i, pad := range []string{"", "a", "aa"} {
+		name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "s" + strings.Repeat("-", i), Start: "now",
+			FilterCondition: `$error("` + pad + `" & $pad("", 3000, "€"))`,
+			Receiver:        client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
+		names = append(names, name)
+	}
+	mustAppend(t, s, ev("m", `{}`))
+	for _, name := range names {
+		waitUntil(t, "the failure recorded", func() bool { return e.describe(t, s, name).Attempt == 1 })
+		d := e.describe(t, s, name)
+		require.True(t, utf8.ValidString(d.LastError), "%s: last error cut inside a character: %q", name, d.LastError[len(d.LastError)-4:])
+		require.Greater(t, len(d.LastError), itx.MaxCursorErrorLength-4, "cut at the bound, not before")
+	}
+	errs := e.events(t, s, itx.TypeErrorOccurred)
+	require.Len(t, errs, len(names))
+	for _, rec := range errs {
+		var p itx.ErrorOccurredPayload
+		require.NoError(t, json.Unmarshal(rec.Payload, &p))
+		require.NotContains(t, p.Message, "\uFFFD", "the record's text was cut inside a character")
+		require.LessOrEqual(t, len(p.Message), itx.MaxHaltErrorLength)
+	}
 }
