@@ -56,7 +56,8 @@ func (w *webhookSender) batchLimit() int         { return 1 }
 
 func (w *webhookSender) send(ctx context.Context, d *deliverer, b *itx.DeliveryBatch) (int64, error) {
 	if w.unknownSecret {
-		return 0, itx.Errorf(itx.EFailedPrecondition, "the webhook's secret reference is not one this project holds: configure the subscription with its secret")
+		// The config, not the event, is at fault, and no retry can fix it: terminal.
+		return 0, withClass(classTerminal, itx.Errorf(itx.EFailedPrecondition, "the webhook's secret reference is not one this project holds: configure the subscription with its secret"))
 	}
 	body, err := json.Marshal(itx.WebhookBody{DeliveryEnvelope: b.DeliveryEnvelope, Event: b.Events[0]})
 	if err != nil {

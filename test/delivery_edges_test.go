@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"github.com/itx-dev/itx"
@@ -99,4 +100,63 @@ func TestDelivery_ErrorTextCutOnACharacter(t *testing.T) {
 		require.NotContains(t, p.Message, "\uFFFD", "the record's text was cut inside a character")
 		require.LessOrEqual(t, len(p.Message), itx.MaxHaltErrorLength)
 	}
+}
+
+// A webhook that accepts the request and never answers is an outage once the delivery timeout
+// passes on the server's clock: the ladder backs off from there, and the same event (same
+// webhook-id) goes again.
+func TestDelivery_HangingWebhookTimesOut(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	release := make(chan struct{})
+	h := newHook(t, func(n int, b itx.WebhookBody) int {
+		if n == 0 {
+			<-release
+		}
+		return 200
+	})
+	defer close(release)
+	s := stream(t, e.p, "/hangs")
+	name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "slow", Start: "now",
+		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
+	res := mustAppend(t, s, ev("m", `{}`))
+	waitUntil(t, "the request open", func() bool { return h.count() == 1 })
+	e.clock.Advance(itx.DeliveryTimeout)
+	waitUntil(t, "the timeout recorded", func() bool { return e.describe(t, s, name).Attempt == 1 })
+	d := e.describe(t, s, name)
+	require.Contains(t, d.LastError, "timed out")
+	require.Equal(t, e.clock.Now().Add(time.Second).UnixMilli(), d.NextAttemptAt, "an outage: the ladder's first step")
+	require.Zero(t, d.FailingEventAttempt, "an outage is not held against the event")
+	e.clock.Advance(time.Second)
+	e.waitProcessed(t, s, name, res.HeadOffset)
+	require.Equal(t, []int64{2, 2}, h.received())
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	require.Equal(t, h.headers[0].Get("webhook-id"), h.headers[1].Get("webhook-id"))
+}
+
+// A configured event naming a webhook secret reference this project does not hold (a raw append,
+// an import from another server with --with-control) can never deliver: nothing is sent
+// unsigned in its place, and it is a terminal failure, halting at once with the exact error. It
+// is not the event's fault, so under "skip" it must not skip events one after another.
+func TestDelivery_UnknownSecretReferenceIsTerminal(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	h := newHook(t, nil)
+	s := stream(t, e.p, "/foreign-secret")
+	raw, err := json.Marshal(map[string]any{"name": "imported", "receiver": map[string]any{"action": "webhook-post",
+		"url": h.url(), "secret": itx.SecretRefPrefix + strings.Repeat("ab", 16),
+		"delivery": map[string]any{"start": "now", "onFailingEvent": "skip"}}})
+	require.NoError(t, err)
+	mustAppend(t, s, itx.EventInput{Type: itx.TypeSubscriptionConfigured, Payload: raw})
+	mustAppend(t, s, ev("m", `{"n":1}`), ev("m", `{"n":2}`)) // 2, 3
+
+	waitUntil(t, "halted", func() bool { return e.describe(t, s, "imported").Status == "halted" })
+	d := e.describe(t, s, "imported")
+	require.Equal(t, 1, d.Attempt, "halted at attempt 1")
+	require.Equal(t, int64(1), d.ConfirmedOffset, "nothing skipped")
+	require.Contains(t, d.LastError, "secret reference")
+	require.Empty(t, e.events(t, s, itx.TypeErrorOccurred), "no skip records")
+	halts := e.events(t, s, itx.TypeSubscriptionHalted)
+	require.Len(t, halts, 1)
+	require.Contains(t, string(halts[0].Payload), "secret reference")
+	require.Zero(t, h.count(), "nothing sent unsigned")
 }
