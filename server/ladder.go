@@ -16,7 +16,7 @@ const (
 	// A multi-event batch is isolated (its healthy prefix goes first, one event at a time); a
 	// single event climbs the ladder, and under onFailingEvent "skip" may be skipped.
 	classEvent failureClass = iota
-	// classOutage: the receiver is down or slow (refused connection, timeout, HTTP 5xx/429, a
+	// classOutage: the receiver is down or slow (refused connection, timeout, HTTP 5xx/429/408/3xx, a
 	// receiver that says it is unavailable or confirms no progress). It backs off along the
 	// ladder and never counts toward skip.
 	classOutage

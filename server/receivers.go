@@ -98,6 +98,10 @@ func (w *webhookSender) send(ctx context.Context, d *deliverer, b *itx.DeliveryB
 		return 0, nil
 	case resp.StatusCode >= 500, resp.StatusCode == http.StatusTooManyRequests, resp.StatusCode == http.StatusRequestTimeout:
 		return 0, withClass(classOutage, fmt.Errorf("webhook responded %s", resp.Status))
+	case resp.StatusCode >= 300 && resp.StatusCode <= 399:
+		// The endpoint moved, which says nothing against this event: skipping events would
+		// not bring them to it.
+		return 0, withClass(classOutage, fmt.Errorf("webhook responded %s (redirects are not followed: configure the new URL)", resp.Status))
 	}
 	return 0, withClass(classEvent, fmt.Errorf("webhook responded %s", resp.Status))
 }

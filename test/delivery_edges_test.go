@@ -3,6 +3,9 @@ package test
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -159,4 +162,31 @@ func TestDelivery_UnknownSecretReferenceIsTerminal(t *testing.T) {
 	require.Len(t, halts, 1)
 	require.Contains(t, string(halts[0].Payload), "secret reference")
 	require.Zero(t, h.count(), "nothing sent unsigned")
+}
+
+// A redirect is not followed (the 2xx alone acknowledges, and the egress policy judged this
+// URL), and it says nothing against the event: it is an outage, backing off along the ladder,
+// so under "skip" a moved endpoint does not cost events.
+func TestDelivery_RedirectIsAnOutage(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	target := newHook(t, nil)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, target.url(), http.StatusTemporaryRedirect)
+	}))
+	t.Cleanup(srv.Close)
+	s := stream(t, e.p, "/moved")
+	name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "lenient", Start: "now", OnFailingEvent: "skip",
+		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: srv.URL + "/old"}})
+	mustAppend(t, s, ev("m", `{}`))
+	for attempt := 1; attempt <= itx.FailingEventConfirmAttempts+1; attempt++ {
+		waitUntil(t, fmt.Sprintf("attempt %d", attempt), func() bool { return e.describe(t, s, name).Attempt == attempt })
+		d := e.describe(t, s, name)
+		require.Contains(t, d.LastError, "307")
+		require.Zero(t, d.FailingEventAttempt, "not held against the event")
+		require.Equal(t, e.clock.Now().Add(itx.Backoff(attempt, 0.5)).UnixMilli(), d.NextAttemptAt)
+		e.clock.Advance(itx.Backoff(attempt, 0.5))
+	}
+	require.Equal(t, int64(1), e.describe(t, s, name).ConfirmedOffset, "nothing skipped")
+	require.Empty(t, e.events(t, s, itx.TypeErrorOccurred))
+	require.Zero(t, target.count(), "the redirect is not followed")
 }
