@@ -560,6 +560,10 @@ func (a *actor) env() stepEnv {
 			}
 			return 1
 		},
+		mounted: func(capability string) uint64 {
+			_, seq := a.srv.receiver(a.ref.ProjectID, capability)
+			return seq
+		},
 	}
 }
 

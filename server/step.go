@@ -103,6 +103,8 @@ type stepEnv struct {
 	flushDelay      time.Duration
 	deliveryTimeout time.Duration
 	batchLimits     func(name string) int // the receiver kind's batch limit
+	// mounted is the number of the mount under a capability name now (0: none; nil: never).
+	mounted func(capability string) uint64
 }
 
 // step applies one batch of inputs to st and returns what to do about it. It mutates st in place;
@@ -455,6 +457,15 @@ func (st *streamState) applyOutcome(o *deliveryOutcome, nowMs int64, env stepEnv
 	case decideIsolate:
 		rt.isolateThrough = d.isolateThrough
 	case decidePark:
+		if env.mounted != nil && entry.Kind() == itx.KindITXCall {
+			if cur := env.mounted(entry.Config.Receiver.Capability); cur != 0 && cur != f.mount {
+				// A Receiver was mounted after the one this try found absent (a provider that
+				// reconnected before its old session was seen to end): it is present, and its
+				// mount's presence signal may have come before this outcome. Try it at once.
+				r.NextAttemptAt = 0
+				break
+			}
+		}
 		r.Status, r.NextAttemptAt = storage.StatusParked, 0
 		eff.ladder = append(eff.ladder, ladderNote{name: o.name, decision: decidePark, offset: r.ConfirmedOffset, attempts: d.attempt, msg: d.msg})
 	case decideSkip:

@@ -1,6 +1,7 @@
 package test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -189,4 +190,40 @@ func TestDelivery_RedirectIsAnOutage(t *testing.T) {
 	require.Equal(t, int64(1), e.describe(t, s, name).ConfirmedOffset, "nothing skipped")
 	require.Empty(t, e.events(t, s, itx.TypeErrorOccurred))
 	require.Zero(t, target.count(), "the redirect is not followed")
+}
+
+// A provider that reconnects mounts its Receiver again before its old session is seen to end:
+// the batch in flight to the old session then fails as absent, but a Receiver is mounted, so the
+// subscription must not park (no later mount would come to resume it): it goes to the new one.
+func TestDelivery_AbsentOutcomeAfterARemountDoesNotPark(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	s := stream(t, e.p, "/remount")
+	name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "app", Start: "now",
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "inbox"}})
+
+	got := make(chan struct{}, 1)
+	conn := dial(t, e.ts.addr)
+	p := conn.Login(e.ctx, e.ts.creds.ProjectToken)
+	handle, err := client.MountReceiver(e.ctx, p, "inbox", client.ServeReceiver(func(ctx context.Context, _ itx.DeliveryBatch) (int64, error) {
+		got <- struct{}{}
+		<-ctx.Done() // the old session never answers: it ends under the call
+		return 0, ctx.Err()
+	}))
+	require.NoError(t, err)
+	dropOld := func() { handle.Release(); p.Release(); conn.Close() }
+	res := mustAppend(t, s, ev("msg", `{}`))
+	<-got
+
+	second := newReceiverServer()
+	defer mountReceiver(t, e.ts.addr, e.ts.creds.ProjectToken, "inbox", second)()
+	dropOld() // the call in flight to the old session fails: disconnected
+
+	waitUntil(t, "delivered to the new session, or parked", func() bool {
+		d := e.describe(t, s, name)
+		return d.Status == "parked" || d.ConfirmedOffset == res.HeadOffset
+	})
+	d := e.describe(t, s, name)
+	require.Equal(t, "active", d.Status, "parked with a Receiver mounted: %s", d.LastError)
+	require.Zero(t, d.Attempt, "no attempt burnt")
+	require.Equal(t, []string{"msg"}, second.types())
 }
