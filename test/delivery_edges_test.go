@@ -227,3 +227,45 @@ func TestDelivery_AbsentOutcomeAfterARemountDoesNotPark(t *testing.T) {
 	require.Zero(t, d.Attempt, "no attempt burnt")
 	require.Equal(t, []string{"msg"}, second.types())
 }
+
+// The webhook body is documented field by field (README): a receiver in any language dedupes on
+// streamId and event.offset, and deliveryId is the webhook-id header.
+func TestDelivery_WebhookBodyAsDocumented(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	h := newHook(t, func(n int, _ itx.WebhookBody) int {
+		if n == 0 {
+			return 503
+		}
+		return 200
+	})
+	s := stream(t, e.p, "/documented")
+	name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "hook", Start: "now",
+		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
+	in := keyed("order", `{"id":7}`, "order-7")
+	in.Metadata = json.RawMessage(`{"by":"test"}`)
+	res := mustAppend(t, s, in)
+	waitUntil(t, "the first try failed", func() bool { return e.describe(t, s, name).Attempt == 1 })
+	e.clock.Advance(time.Second)
+	e.waitProcessed(t, s, name, res.HeadOffset)
+
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	require.Len(t, h.raw, 2)
+	for i, raw := range h.raw {
+		var body map[string]json.RawMessage
+		require.NoError(t, json.Unmarshal(raw, &body))
+		var keys []string
+		for k := range body {
+			keys = append(keys, k)
+		}
+		require.ElementsMatch(t, []string{"projectId", "streamId", "path", "subscription", "configuredAtOffset",
+			"cursorChangedAtOffset", "deliveryId", "attempt", "headOffset", "event"}, keys)
+		require.JSONEq(t, fmt.Sprintf(`{"offset":%d,"type":"order","payload":{"id":7},"createdAt":%d,"idempotencyKey":"order-7","metadata":{"by":"test"}}`,
+			res.HeadOffset, e.clock.Now().Add(-time.Second).UnixMilli()), string(body["event"]))
+		require.JSONEq(t, fmt.Sprintf("%q", res.StreamID), string(body["streamId"]))
+		require.JSONEq(t, fmt.Sprint(i+1), string(body["attempt"]), "the attempt counts the tries")
+		var id string
+		require.NoError(t, json.Unmarshal(body["deliveryId"], &id))
+		require.Equal(t, id, h.headers[i].Get("webhook-id"))
+	}
+}
