@@ -269,3 +269,57 @@ func TestDelivery_WebhookBodyAsDocumented(t *testing.T) {
 		require.Equal(t, id, h.headers[i].Get("webhook-id"))
 	}
 }
+
+// Copies carry their provenance for at most MaxProvenanceHops hops: an event copied down a chain
+// arrives with 32 hops, and the next copy is dropped with an audit record instead.
+func TestDelivery_CopyProvenanceEndsAt32Hops(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	path := func(i int) string { return fmt.Sprintf("/hop/%d", i) }
+	hops := itx.MaxProvenanceHops
+	for i := 0; i <= hops; i++ {
+		e.configure(t, stream(t, e.p, path(i)), client.SubscriptionConfig{Name: "next", FilterTypes: []string{"x"},
+			Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: path(i + 1)}})
+	}
+	mustAppend(t, stream(t, e.p, path(0)), ev("x", `{"n":1}`))
+
+	last := stream(t, e.p, path(hops))
+	waitUntil(t, "the copy down the chain", func() bool { return len(e.events(t, last, "x")) == 1 })
+	got := e.events(t, last, "x")[0]
+	require.Len(t, got.Provenance, hops)
+	require.Equal(t, path(0), got.Provenance[0].Path)
+	require.Equal(t, path(hops-1), got.Provenance[hops-1].Path)
+
+	beyond := stream(t, e.p, path(hops+1))
+	waitUntil(t, "the drop audited", func() bool { return len(e.events(t, beyond, itx.TypeErrorOccurred)) == 1 })
+	require.Contains(t, string(e.events(t, beyond, itx.TypeErrorOccurred)[0].Payload), fmt.Sprintf("reached %d hops", hops))
+	require.Empty(t, e.events(t, beyond, "x"))
+	head, err := client.Describe(e.ctx, last)
+	require.NoError(t, err)
+	e.waitProcessed(t, last, "next", head.HeadOffset)
+}
+
+// One source may copy into one receiving stream through at most 64 subscriptions; the 65th is
+// refused with limitExceeded and writes nothing, and other receiving streams are unaffected.
+func TestDelivery_CopiesIntoOneStreamBounded(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	s := stream(t, e.p, "/fan")
+	for i := 0; i < itx.MaxCopySubscriptionsPerTarget; i++ {
+		e.configure(t, s, client.SubscriptionConfig{Name: fmt.Sprintf("c%d", i), FilterTypes: []string{"never"},
+			Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: "/fan-in"}})
+	}
+	before, err := client.Describe(e.ctx, s)
+	require.NoError(t, err)
+	subs := client.Subscriptions(e.ctx, s)
+	defer subs.Release()
+	_, _, err = client.ConfigureSubscription(e.ctx, subs, client.SubscriptionConfig{Name: "one-more",
+		Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: "/fan-in"}})
+	requireCode(t, err, itx.ELimitExceeded)
+	after, err := client.Describe(e.ctx, s)
+	require.NoError(t, err)
+	require.Equal(t, before.HeadOffset, after.HeadOffset, "nothing written")
+	// A reconfigure of one of them is not one more; another receiving stream is not counted.
+	e.configure(t, s, client.SubscriptionConfig{Name: "c0", FilterTypes: []string{"still-never"},
+		Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: "/fan-in"}})
+	e.configure(t, s, client.SubscriptionConfig{Name: "elsewhere",
+		Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: "/other"}})
+}
