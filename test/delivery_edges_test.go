@@ -323,3 +323,23 @@ func TestDelivery_CopiesIntoOneStreamBounded(t *testing.T) {
 	e.configure(t, s, client.SubscriptionConfig{Name: "elsewhere",
 		Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: "/other"}})
 }
+
+// A copy's transform that fails on an event is an event-specific failure, recorded and retried
+// along the ladder, also when the events before it in the batch did not match the filter (the
+// watermark passes them): it must not leave the cursor where it was with nothing to show.
+func TestDelivery_CopyTransformFailsAfterFilteredEvents(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	s := stream(t, e.p, "/shaped")
+	name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "copy", FilterTypes: []string{"x"},
+		Transform: `{"type": payload.t}`,
+		Receiver:  client.Receiver{Kind: client.ReceiverCopyToStream, Path: "/shaped-copy"}})
+	mustAppend(t, s, ev("y", `{}`), ev("x", `{"t":"not a type"}`), ev("x", `{"t":"fine"}`)) // 2, 3, 4
+
+	waitUntil(t, "the failure recorded", func() bool { return e.describe(t, s, name).Attempt == 1 })
+	d := e.describe(t, s, name)
+	require.Equal(t, int64(2), d.ConfirmedOffset, "the watermark passed what did not match")
+	require.Equal(t, int64(3), d.FailingEventOffset)
+	require.Contains(t, d.LastError, "transform failed on offset 3")
+	require.Len(t, e.events(t, s, itx.TypeErrorOccurred), 1)
+	require.Empty(t, e.events(t, stream(t, e.p, "/shaped-copy")), "nothing copied past the cursor")
+}
