@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/storage"
@@ -362,9 +363,14 @@ func applyEffect(prev *storage.CursorRow, eff cursorEffect, now time.Time) *stor
 	return &r
 }
 
+// truncate cuts s to at most n bytes, on a character boundary: a cut inside a multi-byte
+// character would leave invalid UTF-8 in a cursor row or a record.
 func truncate(s string, n int) string {
 	if len(s) <= n {
 		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
 	}
 	return s[:n]
 }
@@ -581,6 +587,10 @@ func (a *actor) env() stepEnv {
 				return n
 			}
 			return 1
+		},
+		mounted: func(capability string) uint64 {
+			_, seq := a.srv.receiver(a.ref.ProjectID, capability)
+			return seq
 		},
 	}
 }

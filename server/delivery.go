@@ -140,17 +140,19 @@ func (d *deliverer) push(job pushJob, store streamStore, streamID string) delive
 		var ef *expressionFailure
 		switch {
 		case errors.As(err, &ef):
-			// The receiver's own shaping failed on one event; what it confirmed before it stands.
-			failed, through = ef, max(confirmed, after)
+			// The receiver's own shaping failed on one event after taking every event of the
+			// batch before it (confirmed, when there were any): the cursor may move to just
+			// before it, over what the filter passed too, and the failure is that event's.
+			failed, through = ef, ef.offset-1
 			if through > after {
-				out.through, out.delivered = through, true
+				out.through, out.delivered = through, confirmed > after
 			}
 		case err != nil:
 			if d.ctx.Err() != nil {
 				return out // unloading or replaced: the outcome is unknown, so the events redeliver
 			}
 			last := matched[len(matched)-1].Offset
-			out.failure = &deliveryFailure{class: classify(err), count: len(matched), last: last, msg: err.Error()}
+			out.failure = &deliveryFailure{class: classify(err), mount: absentMount(err), count: len(matched), last: last, msg: err.Error()}
 			if len(matched) == 1 {
 				out.failure.eventOffset = last
 			}

@@ -16,7 +16,7 @@ const (
 	// A multi-event batch is isolated (its healthy prefix goes first, one event at a time); a
 	// single event climbs the ladder, and under onFailingEvent "skip" may be skipped.
 	classEvent failureClass = iota
-	// classOutage: the receiver is down or slow (refused connection, timeout, HTTP 5xx/429, a
+	// classOutage: the receiver is down or slow (refused connection, timeout, HTTP 5xx/429/408/3xx, a
 	// receiver that says it is unavailable or confirms no progress). It backs off along the
 	// ladder and never counts toward skip.
 	classOutage
@@ -36,6 +36,9 @@ func (c failureClass) String() string {
 type classifiedError struct {
 	class failureClass
 	err   error
+	// mount, for classAbsent from itx-call: the number of the mount found absent (0: none was
+	// mounted). A later mount means a Receiver is present after all (see applyOutcome).
+	mount uint64
 }
 
 func (e *classifiedError) Error() string { return e.err.Error() }
@@ -62,13 +65,23 @@ func classify(err error) failureClass {
 	return classEvent
 }
 
+// absentMount returns the mount an absent failure found absent (0: none, or not absent).
+func absentMount(err error) uint64 {
+	var ce *classifiedError
+	if errors.As(err, &ce) && ce.class == classAbsent {
+		return ce.mount
+	}
+	return 0
+}
+
 // deliveryFailure is a failed delivery try as the deliverer reports it.
 type deliveryFailure struct {
 	class       failureClass
-	count       int   // events in the failed try (0: nothing was sent, e.g. a filter failure)
-	last        int64 // the last offset of the failed try
-	eventOffset int64 // the failing event when it is known (a single-event try, an expression)
-	expression  bool  // a filter or transform failed on eventOffset: recorded once as evidence
+	mount       uint64 // classAbsent: the mount found absent (see classifiedError.mount)
+	count       int    // events in the failed try (0: nothing was sent, e.g. a filter failure)
+	last        int64  // the last offset of the failed try
+	eventOffset int64  // the failing event when it is known (a single-event try, an expression)
+	expression  bool   // a filter or transform failed on eventOffset: recorded once as evidence
 	msg         string
 }
 

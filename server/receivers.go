@@ -59,7 +59,8 @@ func (w *webhookSender) inFlight() chan struct{} { return w.slots }
 
 func (w *webhookSender) send(ctx context.Context, d *deliverer, b *itx.DeliveryBatch) (int64, error) {
 	if w.unknownSecret {
-		return 0, itx.Errorf(itx.EFailedPrecondition, "the webhook's secret reference is not one this project holds: configure the subscription with its secret")
+		// The config, not the event, is at fault, and no retry can fix it: terminal.
+		return 0, withClass(classTerminal, itx.Errorf(itx.EFailedPrecondition, "the webhook's secret reference is not one this project holds: configure the subscription with its secret"))
 	}
 	var body []byte
 	var err error
@@ -106,6 +107,10 @@ func (w *webhookSender) send(ctx context.Context, d *deliverer, b *itx.DeliveryB
 		return 0, nil
 	case resp.StatusCode >= 500, resp.StatusCode == http.StatusTooManyRequests, resp.StatusCode == http.StatusRequestTimeout:
 		return 0, withClass(classOutage, fmt.Errorf("webhook responded %s", resp.Status))
+	case resp.StatusCode >= 300 && resp.StatusCode <= 399:
+		// The endpoint moved, which says nothing against this event: skipping events would
+		// not bring them to it.
+		return 0, withClass(classOutage, fmt.Errorf("webhook responded %s (redirects are not followed: configure the new URL)", resp.Status))
 	}
 	return 0, withClass(classEvent, fmt.Errorf("webhook responded %s", resp.Status))
 }
@@ -222,6 +227,7 @@ type mountKey struct{ projectID, name string }
 type mount struct {
 	receiver Receiver
 	at       int64
+	seq      uint64 // this mount's number: a later mount of the name has a larger one
 }
 
 // receivers is the per-project registry of mounted Receivers.
@@ -229,6 +235,7 @@ type receivers struct {
 	mu        sync.Mutex
 	mounts    map[mountKey]*mount
 	byProject projectCounts // mounts per project, for Config.MaxMountsPerProject
+	seq       uint64        // the last mount's number
 
 	// pokes are the presence signals running (see schedulePoke): a name is in the map while
 	// its poke runs, true when another was asked for meanwhile.
@@ -284,6 +291,8 @@ func (s *Server) MountReceiver(projectID, name string, r Receiver) (func(), erro
 		s.recv.mu.Unlock()
 		return nil, itx.Errorf(itx.ELimitExceeded, "a project holds at most %d mounted capabilities (--max-mounts-per-project)", s.cfg.MaxMountsPerProject)
 	}
+	s.recv.seq++
+	m.seq = s.recv.seq
 	s.recv.putLocked(key, m)
 	s.recv.mu.Unlock()
 	s.schedulePoke(projectID, name)
@@ -321,13 +330,14 @@ func (s *Server) Mounts(projectID string) []itx.MountInfo {
 	return out
 }
 
-func (s *Server) receiver(projectID, name string) Receiver {
+// receiver returns what is mounted under name and the mount's number (nil and 0: nothing).
+func (s *Server) receiver(projectID, name string) (Receiver, uint64) {
 	s.recv.mu.Lock()
 	defer s.recv.mu.Unlock()
 	if m := s.recv.mounts[mountKey{projectID, name}]; m != nil {
-		return m.receiver
+		return m.receiver, m.seq
 	}
-	return nil
+	return nil, 0
 }
 
 // pokeCapability tells every loaded stream of the project that a capability was mounted: the
@@ -399,11 +409,17 @@ type itxCallSender struct {
 func (c *itxCallSender) String() string { return "itx-call " + c.capability }
 
 func (c *itxCallSender) send(ctx context.Context, d *deliverer, b *itx.DeliveryBatch) (int64, error) {
-	r := c.srv.receiver(c.projectID, c.capability)
+	r, seq := c.srv.receiver(c.projectID, c.capability)
 	if r == nil {
-		return 0, withClass(classAbsent, itx.Errorf(itx.ECapabilityOffline, "capability %q is offline: no Receiver is mounted under that name", c.capability))
+		return 0, &classifiedError{class: classAbsent,
+			err: itx.Errorf(itx.ECapabilityOffline, "capability %q is offline: no Receiver is mounted under that name", c.capability)}
 	}
-	return r.Receive(ctx, b)
+	confirmed, err := r.Receive(ctx, b)
+	if err != nil && classify(err) == classAbsent {
+		// Its session ended under the call; it says which mount was found absent, as above.
+		return 0, &classifiedError{class: classAbsent, mount: seq, err: err}
+	}
+	return confirmed, err
 }
 
 // --- processor-wake ------------------------------------------------------------------------

@@ -111,6 +111,8 @@ type stepEnv struct {
 	// loadScheduled reads the events of scheduled appends by key (committed ones only).
 	loadScheduled func(keys []string) (map[string][]byte, error)
 	maxScheduled  int // scheduled appends per stream (0: none)
+	// mounted is the number of the mount under a capability name now (0: none; nil: never).
+	mounted func(capability string) uint64
 }
 
 // step applies one batch of inputs to st and returns what to do about it. It mutates st in place;
@@ -509,8 +511,8 @@ func (st *streamState) applyOutcome(o *deliveryOutcome, nowMs int64, env stepEnv
 	var own []*appendReq
 	if f.expression {
 		// Evidence, once per failing event (its key makes a retry's record a duplicate).
-		own = append(own, serverRecord(itx.TypeErrorOccurred, itx.ErrorOccurredPayload{Message: fmt.Sprintf(
-			"subscription %q: %s", o.name, f.msg)}, "subscription-expression-failed", o.name, r.ConfiguredAtOffset, r.CursorChangedAtOffset, f.eventOffset))
+		own = append(own, serverRecord(itx.TypeErrorOccurred, itx.ErrorOccurredPayload{Message: truncate(fmt.Sprintf(
+			"subscription %q: %s", o.name, f.msg), itx.MaxHaltErrorLength)}, "subscription-expression-failed", o.name, r.ConfiguredAtOffset, r.CursorChangedAtOffset, f.eventOffset))
 	}
 	policy := entry.Config.Receiver.EffectiveDelivery().OnFailingEvent
 	if entry.Kind() == itx.KindCopyToStream {
@@ -525,12 +527,21 @@ func (st *streamState) applyOutcome(o *deliveryOutcome, nowMs int64, env stepEnv
 	case decideIsolate:
 		rt.isolateThrough = d.isolateThrough
 	case decidePark:
+		if env.mounted != nil && entry.Kind() == itx.KindITXCall {
+			if cur := env.mounted(entry.Config.Receiver.Capability); cur != 0 && cur != f.mount {
+				// A Receiver was mounted after the one this try found absent (a provider that
+				// reconnected before its old session was seen to end): it is present, and its
+				// mount's presence signal may have come before this outcome. Try it at once.
+				r.NextAttemptAt = 0
+				break
+			}
+		}
 		r.Status, r.NextAttemptAt = storage.StatusParked, 0
 		eff.ladder = append(eff.ladder, ladderNote{name: o.name, decision: decidePark, offset: r.ConfirmedOffset, attempts: d.attempt, msg: d.msg})
 	case decideSkip:
-		eff.ladder = append(eff.ladder, ladderNote{name: o.name, decision: decideSkip, offset: d.skipOffset, attempts: d.failingAttempt, msg: f.msg})
-		own = append(own, serverRecord(itx.TypeErrorOccurred, itx.ErrorOccurredPayload{Message: fmt.Sprintf(
-			"subscription %q skipped failing event at offset %d after %d event-specific attempts: %s", o.name, d.skipOffset, d.failingAttempt, f.msg)},
+		eff.ladder = append(eff.ladder, ladderNote{name: o.name, decision: decideSkip, offset: d.skipOffset, attempts: d.failingAttempt, msg: d.msg})
+		own = append(own, serverRecord(itx.TypeErrorOccurred, itx.ErrorOccurredPayload{Message: truncate(fmt.Sprintf(
+			"subscription %q skipped failing event at offset %d after %d event-specific attempts: %s", o.name, d.skipOffset, d.failingAttempt, f.msg), itx.MaxHaltErrorLength)},
 			"subscription-failing-event-skipped", o.name, r.ConfiguredAtOffset, r.CursorChangedAtOffset, d.skipOffset))
 		r.ConfirmedOffset = max(r.ConfirmedOffset, d.skipOffset)
 		r.FailingEventSkips++
