@@ -588,6 +588,12 @@ func (a *actor) env() stepEnv {
 			}
 			return 1
 		},
+		hostMounted: func(contract string) uint64 {
+			if m := a.srv.remoteHost(a.ref.ProjectID, contract); m != nil {
+				return m.gen
+			}
+			return 0
+		},
 		mounted: func(capability string) uint64 {
 			_, seq := a.srv.receiver(a.ref.ProjectID, capability)
 			return seq

@@ -111,8 +111,10 @@ type stepEnv struct {
 	// loadScheduled reads the events of scheduled appends by key (committed ones only).
 	loadScheduled func(keys []string) (map[string][]byte, error)
 	maxScheduled  int // scheduled appends per stream (0: none)
-	// mounted is the number of the mount under a capability name now (0: none; nil: never).
-	mounted func(capability string) uint64
+	// mounted is the number of the mount under a capability name now (0: none; nil: never);
+	// hostMounted the same for the processor host announcing a contract.
+	mounted     func(capability string) uint64
+	hostMounted func(contract string) uint64
 }
 
 // step applies one batch of inputs to st and returns what to do about it. It mutates st in place;
@@ -527,14 +529,19 @@ func (st *streamState) applyOutcome(o *deliveryOutcome, nowMs int64, env stepEnv
 	case decideIsolate:
 		rt.isolateThrough = d.isolateThrough
 	case decidePark:
-		if env.mounted != nil && entry.Kind() == itx.KindITXCall {
-			if cur := env.mounted(entry.Config.Receiver.Capability); cur != 0 && cur != f.mount {
-				// A Receiver was mounted after the one this try found absent (a provider that
-				// reconnected before its old session was seen to end): it is present, and its
-				// mount's presence signal may have come before this outcome. Try it at once.
-				r.NextAttemptAt = 0
-				break
-			}
+		var cur uint64
+		switch {
+		case env.mounted != nil && entry.Kind() == itx.KindITXCall:
+			cur = env.mounted(entry.Config.Receiver.Capability)
+		case env.hostMounted != nil && entry.Kind() == itx.KindProcessorWake && !isInProcess(entry):
+			cur = env.hostMounted(entry.Config.ProcessorContract())
+		}
+		if cur != 0 && cur != f.mount {
+			// A Receiver (or processor host) was mounted after the one this try found absent (a
+			// provider that reconnected before its old session was seen to end): it is present,
+			// and its mount's presence signal may have come before this outcome. Try it at once.
+			r.NextAttemptAt = 0
+			break
 		}
 		r.Status, r.NextAttemptAt = storage.StatusParked, 0
 		eff.ladder = append(eff.ladder, ladderNote{name: o.name, decision: decidePark, offset: r.ConfirmedOffset, attempts: d.attempt, msg: d.msg})

@@ -29,6 +29,7 @@ type stepScript struct {
 	limits map[string]int
 	kv     map[string][]byte // every committed kv value
 	out    strings.Builder
+	mount  uint64 // the number of the mount under every name now (0: none), for env.mounted
 }
 
 func newStepScript(t *testing.T) *stepScript {
@@ -59,6 +60,8 @@ func (s *stepScript) env() stepEnv {
 		random:          func() float64 { return 0.5 },
 		flushDelay:      200 * time.Millisecond,
 		deliveryTimeout: 20 * time.Second,
+		mounted:         func(string) uint64 { return s.mount },
+		hostMounted:     func(string) uint64 { return s.mount },
 		batchLimits: func(name string) int {
 			if n := s.limits[name]; n > 0 {
 				return n
@@ -98,6 +101,8 @@ func (s *stepScript) run(line string) {
 			r.Capability = "inbox"
 		case itx.KindCopyToStream:
 			r.ReceivingStreamPath = "/copy"
+		case itx.KindProcessorWake:
+			r.Placement = args["placement"]
 		}
 		if args["policy"] != "" || args["start"] != "" {
 			r.Delivery = &itx.DeliveryPolicy{Start: itx.StartBeginning, OnFailingEvent: itx.OnFailingHalt}
@@ -152,12 +157,16 @@ func (s *stepScript) run(line string) {
 		}
 		if fields[0] == "fail" {
 			class := map[string]failureClass{"event": classEvent, "outage": classOutage, "absent": classAbsent, "terminal": classTerminal}[args["class"]]
-			f := &deliveryFailure{class: class, count: int(num("count")), last: num("last"), eventOffset: num("offset"), expression: args["expr"] != "", msg: args["class"] + " failure"}
+			f := &deliveryFailure{class: class, count: int(num("count")), last: num("last"), eventOffset: num("offset"), expression: args["expr"] != "", msg: args["class"] + " failure",
+				mount: uint64(num("mount"))}
 			o.failure = f
 		}
 		in.outcomes = []deliveryOutcome{o}
 	case "mount":
 		in.mounted = []string{"inbox"}
+		if args["n"] != "" {
+			s.mount = uint64(num("n")) // the mount's number, as env.mounted reports it
+		}
 	case "advance":
 		d, err := time.ParseDuration(args["by"])
 		if err != nil {
