@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/itx-dev/itx"
 )
@@ -100,7 +101,12 @@ func (w *webhookSender) send(ctx context.Context, d *deliverer, b *itx.DeliveryB
 		// Refused connections, resets, DNS failures: the receiver is down, not this event.
 		return 0, withClass(classOutage, fmt.Errorf("webhook: %w", err))
 	}
+	// The status decides. The body is discarded, drained (so the connection is reused) for at
+	// most webhookDrainTime: a receiver that answers 2xx and then keeps its body open has
+	// acknowledged, and must not be redelivered after the delivery timeout.
+	drain := d.srv.clock.AfterFunc(webhookDrainTime, func() { resp.Body.Close() })
 	io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	drain.Stop()
 	resp.Body.Close()
 	switch {
 	case resp.StatusCode >= 200 && resp.StatusCode <= 299:
@@ -114,6 +120,9 @@ func (w *webhookSender) send(ctx context.Context, d *deliverer, b *itx.DeliveryB
 	}
 	return 0, withClass(classEvent, fmt.Errorf("webhook responded %s", resp.Status))
 }
+
+// webhookDrainTime bounds how long a webhook's response body is read after its status arrived.
+const webhookDrainTime = time.Second
 
 // SignWebhook is the Standard Webhooks signature: "v1," + base64(HMAC-SHA256(key,
 // id + "." + timestamp + "." + body)).

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
@@ -155,4 +156,45 @@ func TestSubscription_DeliveryControls_Refused(t *testing.T) {
 	page, err := client.GetEventPage(e.ctx, s, itx.Query{})
 	require.NoError(t, err)
 	require.Len(t, page.Events, 1, "nothing written")
+}
+
+// A webhook that answers 2xx and then keeps its body open has acknowledged: the delivery is done
+// once its status arrives (the body is drained for a second at most), not redelivered after the
+// 20 s delivery timeout as an outage.
+func TestSubscription_WebhookAckedThenHangingBody(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	release := make(chan struct{})
+	var mu sync.Mutex
+	requests := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		mu.Lock()
+		requests++
+		mu.Unlock()
+		w.WriteHeader(200)
+		w.Write([]byte("working on it"))
+		w.(http.Flusher).Flush()
+		select { // the body never ends (until the test does)
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	defer func() { close(release); srv.Close() }() // release the handler first: Close waits for it
+	s := stream(t, e.p, "/hanging-body")
+	e.configure(t, s, client.SubscriptionConfig{Name: "hook", Start: "now",
+		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: srv.URL}})
+	head := mustAppend(t, s, ev("a", `{}`)).HeadOffset
+	require.Eventually(t, func() bool {
+		if e.describe(t, s, "hook").ConfirmedOffset == head {
+			return true
+		}
+		e.clock.Advance(100 * time.Millisecond) // the drain bound, well short of the 20 s timeout
+		return false
+	}, 15*time.Second, 20*time.Millisecond)
+	d := e.describe(t, s, "hook")
+	require.Zero(t, d.Attempt)
+	require.Empty(t, d.LastError)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, 1, requests, "delivered once")
 }
