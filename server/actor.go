@@ -748,6 +748,9 @@ func (a *actor) apply(in stepInput) {
 
 	// 6. Timers.
 	a.armWake(eff.wakeAt)
+	if eff.stepAgain {
+		a.post0()
+	}
 	if eff.flushAfter > 0 && !a.flushArmed {
 		a.flushArmed = true
 		a.srv.clock.AfterFunc(eff.flushAfter, func() { a.post(actorMsg{flush: true}) })
