@@ -118,7 +118,7 @@ func (a *actor) schedule(ctx context.Context, op scheduleOp) (scheduleReply, err
 func (s *Server) ListScheduled(ctx context.Context, ref StreamRef) ([]itx.ScheduledEvent, error) {
 	var out []itx.ScheduledEvent
 	err := s.withSubscriptions(ctx, ref, func(v view) error {
-		if v.store == nil || len(v.scheduled) == 0 {
+		if v.store == nil || v.scheduled == 0 {
 			return nil
 		}
 		rows, err := v.store.ScheduledEvents(ctx, itx.MaxPageLimit, itx.MaxPageBytes)
