@@ -748,6 +748,9 @@ func (a *actor) apply(in stepInput) {
 
 	// 6. Timers.
 	a.armWake(eff.wakeAt)
+	if eff.stepAgain {
+		a.post0()
+	}
 	if eff.flushAfter > 0 && !a.flushArmed {
 		a.flushArmed = true
 		a.srv.clock.AfterFunc(eff.flushAfter, func() { a.post(actorMsg{flush: true}) })
@@ -1072,8 +1075,9 @@ type view struct {
 	core     *coreState
 	rows     map[string]storage.CursorRow
 	readers  map[string]storage.Reader
-	// scheduled is the pending scheduled appends (each immutable once made).
-	scheduled map[string]*scheduled
+	// scheduled is how many scheduled appends are pending (their list is read from the store:
+	// copying up to 10,000 keys on every publish would make each delivery pay for them).
+	scheduled int
 	// recent is the last commit's events (ephemeral ones included), so connections at the tail
 	// take them from memory instead of reading back what was just written. Immutable.
 	recent []itx.Event
@@ -1119,11 +1123,7 @@ func (a *actor) publish(rowsChanged bool) {
 			readers[name] = r
 		}
 		v.readers = readers
-		sched := make(map[string]*scheduled, len(st.scheduled))
-		for key, sc := range st.scheduled {
-			sched[key] = sc
-		}
-		v.scheduled = sched
+		v.scheduled = len(st.scheduled)
 	}
 	close(a.changed)
 	a.changed = make(chan struct{})

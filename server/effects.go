@@ -19,8 +19,8 @@ import (
 //     reply).
 //  5. rebuild, then pushes: deliverers are rebuilt for changed subscriptions, then the delivery
 //     tries start (commit before push: a push never reads an event that could still be lost).
-//  6. wakeAt, flushAfter, fireProcAlarms: timers for the next retry and for writing dirty cursor
-//     rows, and the processors' alarm fire.
+//  6. wakeAt, flushAfter, fireProcAlarms, stepAgain: timers for the next retry and for writing
+//     dirty cursor rows, the processors' alarm fire, and another step at once.
 type effects struct {
 	createStream bool
 	markStale    bool
@@ -44,6 +44,7 @@ type effects struct {
 	wakeAt         int64         // epoch ms of the earliest retry (or processor alarm) due; 0: none
 	fireProcAlarms []string      // processor alarm slices that came due: fire each off the actor
 	flushAfter     time.Duration // write dirty rows after this if nothing else does; 0: nothing dirty
+	stepAgain      bool          // take another step at once (scheduled appends due that this one left)
 
 	lateOutcomes int // fenced outcomes (a metric)
 	// failedKinds is the receiver kind of each failed delivery try the step took (a metric,

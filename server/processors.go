@@ -608,7 +608,6 @@ func (d *deliverer) wake(job pushJob, store streamStore, out deliveryOutcome) de
 	return out
 }
 
-// catalogEntry is the published catalog entry of name (nil when none).
 // contractOf is the contract the processor-wake subscription name runs (name itself when it is
 // not one).
 func (a *actor) contractOf(name string) string {
@@ -618,6 +617,7 @@ func (a *actor) contractOf(name string) string {
 	return name
 }
 
+// catalogEntry is the published catalog entry of name (nil when none).
 func (a *actor) catalogEntry(name string) *catalogEntry {
 	v := a.view()
 	if v.core == nil {

@@ -118,7 +118,7 @@ func (a *actor) schedule(ctx context.Context, op scheduleOp) (scheduleReply, err
 func (s *Server) ListScheduled(ctx context.Context, ref StreamRef) ([]itx.ScheduledEvent, error) {
 	var out []itx.ScheduledEvent
 	err := s.withSubscriptions(ctx, ref, func(v view) error {
-		if v.store == nil || len(v.scheduled) == 0 {
+		if v.store == nil || v.scheduled == 0 {
 			return nil
 		}
 		rows, err := v.store.ScheduledEvents(ctx, itx.MaxPageLimit, itx.MaxPageBytes)
@@ -157,6 +157,13 @@ func (st *streamState) applySchedule(op scheduleOp, env stepEnv, eff *effects) s
 	}
 	if prior := committed[op.key]; prior != nil {
 		return scheduleReply{appended: prior.Offset}
+	}
+	// This step's own events are not committed yet: the key may be landing in this very step (it
+	// came due as the call arrived), or be appended by a call taken with it.
+	for i := range eff.commit.Events {
+		if e := &eff.commit.Events[i]; e.IdempotencyKey == op.key {
+			return scheduleReply{appended: e.Offset}
+		}
 	}
 	if _, ok := st.scheduled[op.key]; !ok && env.maxScheduled > 0 && len(st.scheduled) >= env.maxScheduled {
 		return scheduleReply{err: itx.Errorf(itx.ELimitExceeded,

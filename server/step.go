@@ -151,9 +151,11 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 	eff.replies = append(eff.replies, replyBatch{group: group, plan: plan})
 	st.absorb(plan, now, &eff)
 	var own []*appendReq
+	heldBack := false // the breaker refused a due one: the due ones wait scheduledRetry
 	for i, sc := range due {
 		r := plan.Replies[len(in.appends)+i]
 		if itx.ErrorCode(r.err) == itx.ERateLimited {
+			heldBack = true
 			continue // the breaker is open: it stays, and is tried again (see wakeAt below)
 		}
 		// Appended, a duplicate of what its key already holds, or refused for good (its key
@@ -286,13 +288,19 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 	}
 
 	// 5b. The next scheduled append comes due then; one the breaker refused is tried a second on.
+	// One due now that this step did not try (scheduled for a time already past, or past the
+	// 1,000 a step lands) is landed by another step at once.
 	if len(st.scheduled) > 0 {
 		at := st.earliestDue()
-		if at <= nowMs {
-			at = nowMs + scheduledRetry.Milliseconds()
-		}
-		if eff.wakeAt == 0 || at < eff.wakeAt {
-			eff.wakeAt = at
+		if at <= nowMs && !heldBack {
+			eff.stepAgain = true
+		} else {
+			if at <= nowMs {
+				at = nowMs + scheduledRetry.Milliseconds()
+			}
+			if eff.wakeAt == 0 || at < eff.wakeAt {
+				eff.wakeAt = at
+			}
 		}
 	}
 

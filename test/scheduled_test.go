@@ -2,6 +2,7 @@ package test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -223,4 +224,51 @@ func TestScheduled_ProcessorTimer(t *testing.T) {
 		return snap.State == `{"n":1}`
 	})
 	require.Len(t, eventsOfType(t, s, "task/timed-out"), 1)
+}
+
+// A scheduled append whose time has come lands at once, not a breaker's retry (a second) later:
+// one scheduled for a time already past, and the ones past a step's worth (1,000) when more come
+// due together. The clock does not move after the time, so only a step taken at once lands them.
+func TestScheduled_DueLandsAtOnce(t *testing.T) {
+	t.Run("a time already past", func(t *testing.T) {
+		clock := clocktest.New(time.Unix(1_700_000_000, 0))
+		ts := startServer(t, server.Config{Clock: clock})
+		ctx := ctxT(t)
+		s := stream(t, ts.project(t), "/timers-past")
+		mustAppend(t, s, ev("a", `{}`))
+		_, _, err := client.Schedule(ctx, s, keyed("late", `{}`, "late-1"), clock.Now().Add(-time.Minute))
+		require.NoError(t, err)
+		waitUntil(t, "the past-due event landed", func() bool { return len(eventsOfType(t, s, "late")) == 1 })
+	})
+	t.Run("more than a step's worth", func(t *testing.T) {
+		clock := clocktest.New(time.Unix(1_700_000_000, 0))
+		ts := startServer(t, server.Config{Clock: clock})
+		ctx := ctxT(t)
+		s := stream(t, ts.project(t), "/timers-many")
+		mustAppend(t, s, ev("a", `{}`))
+		at := clock.Now().Add(time.Minute)
+		n := itx.MaxAppendEvents + 1
+		keys := make(chan int)
+		errs := make(chan error, n)
+		for range 32 {
+			go func() {
+				for i := range keys {
+					_, _, err := client.Schedule(ctx, s, keyed("tick", `{}`, fmt.Sprintf("tick-%d", i)), at)
+					errs <- err
+				}
+			}()
+		}
+		for i := range n {
+			keys <- i
+		}
+		close(keys)
+		for range n {
+			require.NoError(t, <-errs)
+		}
+		clock.Advance(time.Minute)
+		waitUntil(t, "every due event landed", func() bool { return len(eventsOfType(t, s, "tick")) == n })
+		list, err := client.ListScheduled(ctx, s)
+		require.NoError(t, err)
+		require.Empty(t, list)
+	})
 }
