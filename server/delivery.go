@@ -135,7 +135,9 @@ func (d *deliverer) push(job pushJob, store streamStore, streamID string) delive
 			ConfiguredAtOffset: job.row.ConfiguredAtOffset, CursorChangedAtOffset: job.row.CursorChangedAtOffset,
 			Attempt: job.row.Attempt + 1, HeadOffset: job.head,
 		}, Events: matched}
-		batch.DeliveryID = deliveryID(batch.StreamID, d.name, job.row.CursorChangedAtOffset, matched[0].Offset, through)
+		// Named by the events it carries, not by how far the scan read: a retry of the same events
+		// keeps its id (webhook-id) even when events the filter passes over were appended since.
+		batch.DeliveryID = deliveryID(batch.StreamID, d.name, job.row.CursorChangedAtOffset, matched[0].Offset, matched[len(matched)-1].Offset)
 		confirmed, err := d.sendWithTimeout(batch)
 		var ef *expressionFailure
 		switch {

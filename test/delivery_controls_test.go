@@ -198,3 +198,35 @@ func TestSubscription_WebhookAckedThenHangingBody(t *testing.T) {
 	defer mu.Unlock()
 	require.Equal(t, 1, requests, "delivered once")
 }
+
+// A retry of the same events keeps its delivery id (the webhook-id of a webhook), even when
+// events the filter passes over were appended in between: the id names the events delivered,
+// not how far the scan read.
+func TestSubscription_RetryKeepsItsDeliveryIDPastFilteredAppends(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	var mu sync.Mutex
+	var ids []string
+	h, err := client.MountReceiver(e.ctx, e.p, "ids", client.ServeReceiver(func(_ context.Context, b itx.DeliveryBatch) (int64, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		ids = append(ids, b.DeliveryID)
+		if len(ids) == 1 {
+			return 0, itx.Errorf(itx.EUnavailable, "not now")
+		}
+		return 0, nil
+	}))
+	require.NoError(t, err)
+	defer h.Release()
+	s := stream(t, e.p, "/retry-ids")
+	e.configure(t, s, client.SubscriptionConfig{Name: "only-a", Start: "now", FilterTypes: []string{"a"},
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "ids"}})
+	mustAppend(t, s, ev("a", `{}`), ev("a", `{}`))
+	waitUntil(t, "the first try failed", func() bool { return e.describe(t, s, "only-a").Attempt == 1 })
+	head := mustAppend(t, s, ev("b", `{}`), ev("b", `{}`)).HeadOffset // passed over by the filter
+	e.clock.Advance(time.Second)
+	e.waitProcessed(t, s, "only-a", head)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, ids, 2)
+	require.Equal(t, ids[0], ids[1], "the retry of the same two events keeps its id")
+}

@@ -149,3 +149,21 @@ func TestHarness_ScheduledAppendSurvivesACrash(t *testing.T) {
 		}
 	})
 }
+
+// A scheduled append whose time has already passed lands at the next settle, as in itxd, without
+// the test moving the clock.
+func TestHarness_PastDueScheduledAppendLandsAtOnce(t *testing.T) {
+	proctest.Run(t, proctest.Config[tally]{New: timeouts}, func(t *testing.T, h *proctest.Harness[tally]) {
+		past := h.Clock.Now().Add(-time.Minute)
+		if err := h.Stream.Schedule(context.Background(), itx.EventInput{Type: "task/timed-out", IdempotencyKey: "late"}, past); err != nil {
+			t.Fatal(err)
+		}
+		h.Append(itx.EventInput{Type: "unrelated"})
+		if got := len(h.Events("task/timed-out")); got != 1 {
+			t.Fatalf("%d landed, want the past-due one", got)
+		}
+		if got := h.State().N; got != 1 {
+			t.Errorf("state %d, want the landed event reduced", got)
+		}
+	})
+}

@@ -66,8 +66,8 @@ func (s *MemoryStream) Schedule(ctx context.Context, event itx.EventInput, at ti
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if event.IdempotencyKey == "" || event.Ephemeral || itx.IsCoreType(event.Type) {
-		return itx.Errorf(itx.EInvalid, "a scheduled event needs an idempotency key, and cannot be ephemeral or a stream/* record")
+	if event.IdempotencyKey == "" || event.Ephemeral || itx.IsCoreType(event.Type) || at.UnixMilli() < 0 {
+		return itx.Errorf(itx.EInvalid, "a scheduled event needs an idempotency key and a time after 1970, and cannot be ephemeral or a stream/* record")
 	}
 	if err := event.Normalize(); err != nil {
 		return err

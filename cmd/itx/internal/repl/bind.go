@@ -910,7 +910,9 @@ func (s *Session) timeArg(what string, v goja.Value) (time.Time, error) {
 	case int64:
 		return time.UnixMilli(x), nil
 	case float64:
-		return time.UnixMilli(int64(x)), nil
+		if !math.IsNaN(x) && !math.IsInf(x, 0) {
+			return time.UnixMilli(int64(x)), nil
+		}
 	case string:
 		if at, err := time.Parse(time.RFC3339Nano, x); err == nil {
 			return at, nil
