@@ -554,7 +554,25 @@ func (a *actor) env() stepEnv {
 			}
 			return 1
 		},
+		mountedNow: a.mountedNow,
 	}
+}
+
+// mountedNow is the generation of what an itx-call or remote processor-wake subscription's
+// receiver is mounted as now (0: nothing). A mount is registered before its presence signal is
+// sent, so a step that reads 0 here is followed by that signal.
+func (a *actor) mountedNow(entry *catalogEntry) uint64 {
+	switch {
+	case entry.Kind() == itx.KindITXCall:
+		if m := a.srv.receiver(a.ref.ProjectID, entry.Config.Receiver.Capability); m != nil {
+			return m.gen
+		}
+	case entry.Kind() == itx.KindProcessorWake && !isInProcess(entry):
+		if m := a.srv.remoteHost(a.ref.ProjectID, entry.Config.Name); m != nil {
+			return m.gen
+		}
+	}
+	return 0
 }
 
 func (a *actor) reduceContext() reduceContext {

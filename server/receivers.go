@@ -214,6 +214,7 @@ type mountKey struct{ projectID, name string }
 type mount struct {
 	receiver Receiver
 	at       int64
+	gen      uint64 // tells this mount from a later one under the same name
 }
 
 // receivers is the per-project registry of mounted Receivers.
@@ -221,6 +222,7 @@ type receivers struct {
 	mu        sync.Mutex
 	mounts    map[mountKey]*mount
 	byProject projectCounts // mounts per project, for Config.MaxMountsPerProject
+	gen       uint64        // the last mount's generation
 
 	// pokes are the presence signals running (see schedulePoke): a name is in the map while
 	// its poke runs, true when another was asked for meanwhile.
@@ -276,6 +278,8 @@ func (s *Server) MountReceiver(projectID, name string, r Receiver) (func(), erro
 		s.recv.mu.Unlock()
 		return nil, itx.Errorf(itx.ELimitExceeded, "a project holds at most %d mounted capabilities (--max-mounts-per-project)", s.cfg.MaxMountsPerProject)
 	}
+	s.recv.gen++
+	m.gen = s.recv.gen
 	s.recv.putLocked(key, m)
 	s.recv.mu.Unlock()
 	s.schedulePoke(projectID, name)
@@ -313,13 +317,11 @@ func (s *Server) Mounts(projectID string) []itx.MountInfo {
 	return out
 }
 
-func (s *Server) receiver(projectID, name string) Receiver {
+// receiver is the mount under name in a project, nil when none.
+func (s *Server) receiver(projectID, name string) *mount {
 	s.recv.mu.Lock()
 	defer s.recv.mu.Unlock()
-	if m := s.recv.mounts[mountKey{projectID, name}]; m != nil {
-		return m.receiver
-	}
-	return nil
+	return s.recv.mounts[mountKey{projectID, name}]
 }
 
 // pokeCapability tells every loaded stream of the project that a capability was mounted: the
@@ -392,11 +394,12 @@ func (c *itxCallSender) String() string  { return "itx-call " + c.capability }
 func (c *itxCallSender) batchLimit() int { return itx.DeliveryBatchEvents }
 
 func (c *itxCallSender) send(ctx context.Context, d *deliverer, b *itx.DeliveryBatch) (int64, error) {
-	r := c.srv.receiver(c.projectID, c.capability)
-	if r == nil {
+	m := c.srv.receiver(c.projectID, c.capability)
+	if m == nil {
 		return 0, withClass(classAbsent, itx.Errorf(itx.ECapabilityOffline, "capability %q is offline: no Receiver is mounted under that name", c.capability))
 	}
-	return r.Receive(ctx, b)
+	confirmed, err := m.receiver.Receive(ctx, b)
+	return confirmed, vanished(m.gen, err)
 }
 
 // --- processor-wake ------------------------------------------------------------------------

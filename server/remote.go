@@ -331,7 +331,10 @@ func (d *deliverer) wakeRemote(job pushJob, out deliveryOutcome) deliveryOutcome
 	case err != nil && ctx.Err() != nil:
 		return fail(classOutage, itx.Errorf(itx.EDeadlineExceeded, "processor host %q did not answer the wake within %s", m.name, 2*d.srv.cfg.DeliveryTimeout))
 	case err != nil:
-		return fail(classify(err), fmt.Errorf("processor host %q: %w", m.name, err))
+		err = vanished(m.gen, err)
+		out = fail(classify(err), fmt.Errorf("processor host %q: %w", m.name, err))
+		out.failure.mount = vanishedMount(err)
+		return out
 	}
 	if cur := d.srv.remoteHost(d.ref.ProjectID, d.name); cur == nil || cur.gen != m.gen {
 		// A late report from a mount that lost the contract meanwhile: refused. What it committed

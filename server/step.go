@@ -103,6 +103,10 @@ type stepEnv struct {
 	flushDelay      time.Duration
 	deliveryTimeout time.Duration
 	batchLimits     func(name string) int // the receiver kind's batch limit
+	// mountedNow is the generation of the mount a subscription's receiver is reached through
+	// now (an itx-call capability, a remote processor host), 0 when none: an absent failure
+	// parks only while nothing other than the receiver that vanished is mounted. nil: none.
+	mountedNow func(entry *catalogEntry) uint64
 }
 
 // step applies one batch of inputs to st and returns what to do about it. It mutates st in place;
@@ -455,6 +459,16 @@ func (st *streamState) applyOutcome(o *deliveryOutcome, nowMs int64, env stepEnv
 	case decideIsolate:
 		rt.isolateThrough = d.isolateThrough
 	case decidePark:
+		if env.mountedNow != nil {
+			if g := env.mountedNow(entry); g != 0 && g != f.mount {
+				// The receiver the try reached is gone, but another was mounted under its
+				// name meanwhile (a provider that reconnected took over before its old session
+				// died): no absence. Its mount's presence signal may already have been taken,
+				// so parking would wait for the next mount; deliver to it now instead.
+				r.NextAttemptAt = 0
+				break
+			}
+		}
 		r.Status, r.NextAttemptAt = storage.StatusParked, 0
 		eff.ladder = append(eff.ladder, ladderNote{name: o.name, decision: decidePark, offset: r.ConfirmedOffset, attempts: d.attempt, msg: d.msg})
 	case decideSkip:

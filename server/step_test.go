@@ -28,6 +28,7 @@ type stepScript struct {
 	pushes map[string]pushJob
 	limits map[string]int
 	kv     map[string][]byte // every committed kv value
+	mount  uint64            // the generation of the receiver mounted now (0: none)
 	out    strings.Builder
 }
 
@@ -65,6 +66,7 @@ func (s *stepScript) env() stepEnv {
 			}
 			return itx.DeliveryBatchEvents
 		},
+		mountedNow: func(*catalogEntry) uint64 { return s.mount },
 	}
 }
 
@@ -152,12 +154,16 @@ func (s *stepScript) run(line string) {
 		}
 		if fields[0] == "fail" {
 			class := map[string]failureClass{"event": classEvent, "outage": classOutage, "absent": classAbsent, "terminal": classTerminal}[args["class"]]
-			f := &deliveryFailure{class: class, count: int(num("count")), last: num("last"), eventOffset: num("offset"), expression: args["expr"] != "", msg: args["class"] + " failure"}
+			f := &deliveryFailure{class: class, count: int(num("count")), last: num("last"), eventOffset: num("offset"), expression: args["expr"] != "", msg: args["class"] + " failure",
+				mount: uint64(num("mount"))}
 			o.failure = f
 		}
 		in.outcomes = []deliveryOutcome{o}
 	case "mount":
 		in.mounted = []string{"inbox"}
+		if args["gen"] != "" {
+			s.mount = uint64(num("gen"))
+		}
 	case "advance":
 		d, err := time.ParseDuration(args["by"])
 		if err != nil {

@@ -1,0 +1,63 @@
+package test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/server"
+	"github.com/stretchr/testify/require"
+)
+
+// The capability graph's lifecycle: what the server holds for a client's capabilities, and what
+// happens to it when they are released, replaced or lost.
+
+// A provider that re-mounts its Receiver from a new session while the server is still calling
+// the old one (a reconnect racing the old session's death): the old one's disconnection is not
+// an absence, since a receiver is mounted under the name. The subscription must not park with a
+// receiver mounted; it delivers to the new one.
+func TestSubscription_ReceiverReplacedWhileCalledDoesNotPark(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	s := stream(t, e.p, "/replaced")
+	xStarted := make(chan struct{}, 1)
+	oldConn := dial(t, e.ts.addr)
+	op := oldConn.Login(e.ctx, e.ts.creds.ProjectToken)
+	oldHandle, err := client.MountReceiver(e.ctx, op, "inbox", client.ServeReceiver(func(ctx context.Context, b itx.DeliveryBatch) (int64, error) {
+		if b.Subscription == "y" {
+			return 0, itx.Errorf(itx.EUnavailable, "not now") // an outage: y waits out a backoff
+		}
+		select {
+		case xStarted <- struct{}{}:
+		default:
+		}
+		<-ctx.Done() // x: never answered, until the connection dies
+		return 0, ctx.Err()
+	}))
+	require.NoError(t, err)
+	e.configure(t, s, client.SubscriptionConfig{Name: "y", FilterTypes: []string{"y"}, Start: "now",
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "inbox"}})
+	mustAppend(t, s, ev("y", `{}`))
+	waitUntil(t, "y backs off", func() bool { return e.describe(t, s, "y").NextAttemptAt != 0 })
+	e.configure(t, s, client.SubscriptionConfig{Name: "x", FilterTypes: []string{"x"}, Start: "now",
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "inbox"}})
+	mustAppend(t, s, ev("x", `{}`))
+	select {
+	case <-xStarted:
+	case <-e.ctx.Done():
+		t.Fatal("x's batch never reached the first receiver")
+	}
+
+	// The provider re-mounts from a new session; y's backoff is cut by the mount (the virtual
+	// clock does not move), which shows the stream has taken the presence signal.
+	fresh := newReceiverServer()
+	defer mountReceiver(t, e.ts.addr, e.ts.creds.ProjectToken, "inbox", fresh)()
+	e.waitProcessed(t, s, "y", 4)
+	// Now the old session dies with x's batch in flight.
+	oldHandle.Release()
+	op.Release()
+	oldConn.Close()
+	waitUntil(t, "x delivered to the receiver mounted now", func() bool { return len(fresh.types()) == 2 })
+	require.Equal(t, []string{"y", "x"}, fresh.types())
+	require.Equal(t, "active", e.describe(t, s, "x").Status)
+}
