@@ -37,6 +37,7 @@ type actor struct {
 	// Registry fields, guarded by srv.mu.
 	refs     int
 	lastUsed time.Time
+	drained  chan struct{} // set while a removal waits for refs to reach 0 (see release)
 
 	// Owned by the run goroutine.
 	st            *streamState
@@ -91,6 +92,7 @@ type actorMsg struct {
 	closeConn *Connection
 	live      *liveSubscriber
 	liveGone  *liveSubscriber
+	removed   bool // the stream is being deleted: close its connections as streamRemoved
 }
 
 func newActor(s *Server, ref StreamRef) *actor {
@@ -116,6 +118,16 @@ func (a *actor) post(m actorMsg) {
 	case a.inbox <- &m:
 	case <-a.done:
 	}
+}
+
+// ended is why a call holding this incarnation must stop once its deliverers' context ended
+// while the call still held it: the server shutting down, or the stream being deleted (an
+// idle unload never takes a stream that is held).
+func (a *actor) ended() error {
+	if a.srv.base.Err() != nil {
+		return itx.Errorf(itx.EUnavailable, "the server is shutting down")
+	}
+	return itx.Errorf(itx.ENotFound, "stream %s was deleted", a.ref.Path)
 }
 
 // load opens the stream's database if the stream exists and restores its state.
@@ -458,6 +470,10 @@ func (a *actor) handle(m actorMsg) bool {
 		a.liveEngine().attach(m.live)
 	case m.liveGone != nil:
 		m.liveGone.cancel()
+	case m.removed:
+		for _, c := range a.conns {
+			c.Close(CloseStreamRemoved, "the stream was deleted with its project")
+		}
 	default:
 		return false
 	}

@@ -175,6 +175,9 @@ func (s *Server) OpenConnection(ctx context.Context, ref StreamRef, opts Connect
 // register is the actor's half of an open: validated against the head and the subscription
 // catalog at one instant, between steps, so the position and the seam are exact.
 func (a *actor) register(c *Connection) error {
+	if a.dctx.Err() != nil {
+		return a.ended() // deleted (its connections were closed) or shutting down
+	}
 	st := a.st
 	if c.opts.After > st.head {
 		return itx.Errorf(itx.EInvalid, "after %d is beyond the stream's head offset %d", c.opts.After, st.head)

@@ -3,10 +3,14 @@ package test
 import (
 	"context"
 	"testing"
+	"time"
 
+	"capnproto.org/go/capnp/v3"
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
+	"github.com/itx-dev/itx/wire"
 	"github.com/stretchr/testify/require"
 )
 
@@ -60,4 +64,57 @@ func TestSubscription_ReceiverReplacedWhileCalledDoesNotPark(t *testing.T) {
 	waitUntil(t, "x delivered to the receiver mounted now", func() bool { return len(fresh.types()) == 2 })
 	require.Equal(t, []string{"y", "x"}, fresh.types())
 	require.Equal(t, "active", e.describe(t, s, "x").Status)
+}
+
+// A forced delete of a project whose stream is in use (an open connection, a live view, a
+// barrier waiting) deletes it at the first try: the connection is closed as streamRemoved (its
+// client keeps its RPC connection through another login, so it hears why), the barrier ends
+// notFound, and the stream unloads. (It failed "in use; retry the delete", having already ended
+// the project's sessions, and the connection heard accessEnded at best.)
+func TestAdmin_DeleteProjectEndsWhatItsStreamsServe(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	a := client.Admin(ctx, ts.deployment(t))
+	defer a.Release()
+	info, tok, _, err := client.CreateProject(ctx, a, "team-a")
+	require.NoError(t, err)
+	conn := dial(t, ts.addr)
+	keep := conn.Login(ctx, ts.creds.ProjectToken) // keeps the RPC connection
+	require.NoError(t, capnp.Client(keep).Resolve(ctx))
+	p := conn.Login(ctx, tok)
+	s := client.Stream(ctx, p, "/orders")
+	mustAppend(t, s, ev("a", `{}`))
+	sink := newTestSink()
+	_, err = openConn(t, s, connOpts{noState: true}, sink)
+	require.NoError(t, err)
+	waitUntil(t, "caught up", func() bool { return len(sink.offsets()) == 1 })
+	// Sent before the live view on the same capability, so it is under way when the view is.
+	wf, release := s.WaitForEvent(ctx, func(p schema.Stream_waitForEvent_Params) error {
+		p.SetTimeoutMs(uint32(time.Minute.Milliseconds()))
+		pr, err := p.NewPredicate()
+		if err != nil {
+			return err
+		}
+		return wire.SetPredicate(pr, itx.Predicate{Types: []string{"never"}})
+	})
+	defer release()
+	waited := make(chan error, 1)
+	go func() {
+		_, err := wf.Struct()
+		waited <- err
+	}()
+	view := &liveView{}
+	subscribeLive(t, s, view)
+	waitUntil(t, "live", func() bool { rev, _ := view.state(); return rev > 0 })
+	require.NoError(t, client.DeleteProject(ctx, a, info.ID, true))
+	waitUntil(t, "told", func() bool { return sink.closeReason() != nil })
+	require.Equal(t, schema.CloseReason_streamRemoved, *sink.closeReason(), sink.closeMs)
+	select {
+	case err := <-waited:
+		requireCode(t, err, itx.ENotFound)
+	case <-ctx.Done():
+		t.Fatal("waitForEvent still waits")
+	}
+	_, err = client.DescribeProject(ctx, p)
+	requireCode(t, err, itx.EUnauthenticated) // the project's session ended after its streams
 }
