@@ -2,11 +2,13 @@ package test
 
 import (
 	"context"
+	"net"
 	"testing"
 	"time"
 
 	"capnproto.org/go/capnp/v3"
 	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/capability"
 	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
@@ -117,4 +119,70 @@ func TestAdmin_DeleteProjectEndsWhatItsStreamsServe(t *testing.T) {
 	}
 	_, err = client.DescribeProject(ctx, p)
 	requireCode(t, err, itx.EUnauthenticated) // the project's session ended after its streams
+}
+
+// Closing the server (itxd's SIGTERM: Server.Close, then the RPC connections) tells what its
+// streams serve: a connection hears serverShuttingDown, barriers waiting fail unavailable at
+// once instead of running out their timeout. A connection opened through a pipelined chain on
+// a stream with no append yet is served like any other.
+func TestServer_CloseEndsWhatStreamsServe(t *testing.T) {
+	dir := t.TempDir()
+	srv, err := server.Open(context.Background(), server.Config{DataDir: dir})
+	require.NoError(t, err)
+	creds, err := server.ReadCredentials(dir)
+	require.NoError(t, err)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	l := capability.NewListener(srv)
+	go l.Serve(ln)
+	ctx := ctxT(t)
+	p := dial(t, ln.Addr().String()).Login(ctx, creds.ProjectToken)
+	s := client.Stream(ctx, p, "/a")
+	defer s.Release()
+	mustAppend(t, s, ev("a", `{}`))
+	subs := client.Subscriptions(ctx, s)
+	defer subs.Release()
+	_, _, err = client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "app", Start: "now",
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "inbox"}})
+	require.NoError(t, err)
+	// Both barriers are sent before the calls below, which reach itxd after them.
+	wf, releaseWF := s.WaitForEvent(ctx, func(p schema.Stream_waitForEvent_Params) error {
+		p.SetTimeoutMs(uint32(time.Minute.Milliseconds()))
+		pr, err := p.NewPredicate()
+		if err != nil {
+			return err
+		}
+		return wire.SetPredicate(pr, itx.Predicate{Types: []string{"never"}})
+	})
+	defer releaseWF()
+	sub := client.Subscription(ctx, s, "app")
+	defer sub.Release()
+	wp, releaseWP := sub.WaitUntilProcessed(ctx, func(p schema.Subscription_waitUntilProcessed_Params) error {
+		p.SetOffset(100)
+		p.SetTimeoutMs(uint32(time.Minute.Milliseconds()))
+		return nil
+	})
+	defer releaseWP()
+	barriers := make(chan error, 2)
+	go func() { _, err := wf.Struct(); barriers <- err }()
+	go func() { _, err := wp.Struct(); barriers <- err }()
+	fresh := client.Stream(ctx, p, "/fresh")
+	defer fresh.Release()
+	sink := newTestSink()
+	_, err = openConn(t, fresh, connOpts{noState: true}, sink)
+	require.NoError(t, err)
+	mustAppend(t, fresh, ev("first", `{}`))
+	waitUntil(t, "delivered", func() bool { return len(sink.offsets()) == 1 })
+
+	ln.Close()
+	cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, srv.Close(cctx))
+	l.CloseConnections(cctx)
+	for range 2 {
+		requireCode(t, <-barriers, itx.EUnavailable)
+	}
+	r := sink.closeReason()
+	require.NotNil(t, r, "the sink was told before the connections closed")
+	require.Equal(t, schema.CloseReason_serverShuttingDown, *r)
 }
