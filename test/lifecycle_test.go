@@ -10,6 +10,7 @@ import (
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/capability"
 	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/internal/flowconn"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
 	"github.com/itx-dev/itx/wire"
@@ -185,4 +186,53 @@ func TestServer_CloseEndsWhatStreamsServe(t *testing.T) {
 	r := sink.closeReason()
 	require.NotNil(t, r, "the sink was told before the connections closed")
 	require.Equal(t, schema.CloseReason_serverShuttingDown, *r)
+}
+
+// The Go client's pipelined helpers release the answers they ask for, so a capability the caller
+// releases is released by itxd too: a client that logs in, opens admin or narrows a stream over
+// and over, releasing each, stays far below --rpc-max-capabilities. (Conn.Login, Admin,
+// ReadOnly and AppendOnly dropped their answer's release, so each call kept one capability
+// exported for the life of the connection, and the 31st aborted it here.)
+func TestClient_PipelinedHelpersReleaseTheirCapabilities(t *testing.T) {
+	dir := t.TempDir()
+	srv, err := server.Open(context.Background(), server.Config{DataDir: dir})
+	require.NoError(t, err)
+	creds, err := server.ReadCredentials(dir)
+	require.NoError(t, err)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	l := capability.NewListenerWithLimits(srv, flowconn.Limits{Capabilities: 30})
+	go l.Serve(ln)
+	t.Cleanup(func() {
+		ln.Close()
+		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		srv.Close(cctx)
+		l.CloseConnections(cctx)
+	})
+	ctx := ctxT(t)
+	conn := dial(t, ln.Addr().String())
+	s := client.Stream(ctx, conn.Login(ctx, creds.ProjectToken), "/narrowed")
+	defer s.Release()
+	mustAppend(t, s, ev("a", `{}`))
+	for i := range 100 {
+		p := conn.Login(ctx, creds.ProjectToken) // the same token: the session is shared
+		_, err := client.DescribeProject(ctx, p)
+		require.NoError(t, err, "round %d: %v", i, conn.Err())
+		a := client.Admin(ctx, p)
+		_, err = client.ListTokens(ctx, a, creds.ProjectID)
+		require.NoError(t, err, "round %d: %v", i, conn.Err())
+		a.Release()
+		p.Release()
+
+		ro := client.ReadOnly(ctx, s)
+		_, err = client.GetEvents(ctx, ro, itx.Query{})
+		require.NoError(t, err, "round %d: %v", i, conn.Err())
+		ro.Release()
+		ao := client.AppendOnly(ctx, s)
+		_, err = client.GetEvents(ctx, ao, itx.Query{})
+		requireCode(t, err, itx.EPermissionDenied)
+		ao.Release()
+	}
+	require.NoError(t, conn.Err())
 }
