@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/internal/clocktest"
 	"github.com/itx-dev/itx/storage"
 	"github.com/stretchr/testify/require"
 )
@@ -116,4 +117,76 @@ func TestDelivery_VanishedMountStillMountedParks(t *testing.T) {
 			require.Equal(t, storage.StatusParked, d.Status, d.LastError)
 		})
 	}
+}
+
+// recordingReceiver is a mounted Receiver that says which offsets it was given.
+type recordingReceiver struct{ got chan []int64 }
+
+func (r recordingReceiver) Receive(_ context.Context, b *itx.DeliveryBatch) (int64, error) {
+	var offsets []int64
+	for _, e := range b.Events {
+		offsets = append(offsets, e.Offset)
+	}
+	r.got <- offsets
+	return 0, nil
+}
+
+// A mount's presence signal that cannot load a parked, unloaded stream now (every stream itxd
+// may hold is in use: --max-held-streams) is not lost: the stream is loaded as soon as there
+// is room, and its subscription resumes. (It was dropped: the subscription stayed parked, with
+// its receiver mounted, until the next mount of that name.)
+func TestMount_PresenceSignalWaitsForRoom(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	clock := clocktest.New(time.Unix(1_800_000_000, 0))
+	s, projectID := mustOpen(t, Config{DataDir: t.TempDir(), Clock: clock, MaxHeldStreams: 2, IdleTimeout: time.Minute})
+	ref := StreamRef{ProjectID: projectID, Path: "/parked"}
+	_, _, err := s.ConfigureSubscription(ctx, ref, itx.SubscriptionConfig{Name: "app",
+		Receiver: itx.Receiver{Action: itx.KindITXCall, Capability: "inbox",
+			Delivery: &itx.DeliveryPolicy{Start: itx.StartNow, OnFailingEvent: itx.OnFailingHalt}}}, "")
+	require.NoError(t, err)
+	res, err := s.Append(ctx, ref, []itx.EventInput{{Type: "x"}}, itx.AppendOptions{})
+	require.NoError(t, err)
+	require.NoError(t, s.Settle(ctx, ref))
+	d, err := s.DescribeSubscription(ctx, ref, "app")
+	require.NoError(t, err)
+	require.Equal(t, storage.StatusParked, d.Status)
+	clock.Advance(2 * time.Minute)
+	s.Sweep()
+	require.Equal(t, 0, s.LoadedStreams())
+
+	var held []*actor
+	for _, path := range []string{"/held/0", "/held/1"} {
+		a, err := s.acquire(ctx, StreamRef{ProjectID: projectID, Path: path})
+		require.NoError(t, err)
+		held = append(held, a)
+	}
+	defer func() {
+		for _, a := range held {
+			s.release(a)
+		}
+	}()
+	// The mount, and its presence signal run to the end here (MountReceiver runs it in the
+	// background), while no stream can be loaded.
+	recv := recordingReceiver{got: make(chan []int64, 4)}
+	s.recv.mu.Lock()
+	s.recv.gen++
+	s.recv.putLocked(mountKey{projectID, "inbox"}, &mount{receiver: recv, gen: s.recv.gen})
+	s.recv.mu.Unlock()
+	s.pokeCapability(projectID, "inbox")
+	require.Equal(t, 2, s.LoadedStreams(), "no room for the parked stream")
+
+	s.release(held[0]) // room again
+	held = held[1:]
+	var offsets []int64
+	require.Eventually(t, func() bool {
+		select {
+		case offsets = <-recv.got:
+			return true
+		default:
+			clock.Advance(time.Second) // the retry of a load that found no room is timed
+			return false
+		}
+	}, 10*time.Second, time.Millisecond, "the parked subscription resumed")
+	require.Equal(t, []int64{res.HeadOffset}, offsets)
 }

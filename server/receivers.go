@@ -366,8 +366,21 @@ func (s *Server) pokeCapability(projectID, name string) {
 		s.log.Warn().Err(err).Str("capability", name).Msg("finding streams parked on a capability")
 	} else {
 		for _, e := range parked {
-			if a, err := s.acquire(s.base, StreamRef{ProjectID: e.ProjectID, Path: e.Path}); err == nil {
+			a, err := s.acquire(s.base, StreamRef{ProjectID: e.ProjectID, Path: e.Path})
+			if err == nil {
 				s.release(a)
+				continue
+			}
+			if itx.ErrorCode(err) == itx.ELimitExceeded {
+				// No room now (--max-held-streams): the stream's alarm loads it as soon as
+				// there is, and it learns the mounts as it loads. Dropped, the signal would
+				// leave it parked until the next mount.
+				now := itx.UnixMilli(s.clock.Now())
+				if err := s.dir.SetAlarm(s.base, e.StreamID, now); err != nil {
+					s.log.Error().Err(err).Str("path", e.Path).Msg("parked stream alarm not recorded")
+					continue
+				}
+				s.alarmChanged(now)
 			}
 		}
 	}
