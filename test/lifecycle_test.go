@@ -236,3 +236,82 @@ func TestClient_PipelinedHelpersReleaseTheirCapabilities(t *testing.T) {
 	}
 	require.NoError(t, conn.Err())
 }
+
+// unansweringHost is a ProcessorHost that never answers a wake while its connection lives.
+type unansweringHost struct{ woken chan struct{} }
+
+func (h *unansweringHost) Wake(ctx context.Context, call schema.ProcessorHost_wake) error {
+	call.Go()
+	select {
+	case h.woken <- struct{}{}:
+	default:
+	}
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+func (h *unansweringHost) GetRuntimeState(ctx context.Context, call schema.ProcessorHost_getRuntimeState) error {
+	return nil
+}
+
+// silentStateHost is a ProcessorHost that answers neither a wake nor getRuntimeState.
+type silentStateHost struct {
+	unansweringHost
+	asked chan struct{}
+}
+
+func (h *silentStateHost) GetRuntimeState(ctx context.Context, call schema.ProcessorHost_getRuntimeState) error {
+	call.Go()
+	select {
+	case h.asked <- struct{}{}:
+	default:
+	}
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// A remote processor's runtime state is asked of its host within the delivery timeout: a host
+// that never answers fails the call deadlineExceeded instead of holding it (and the stream
+// loaded) for as long as the caller waits.
+func TestRemote_RuntimeStateOfASilentHostIsBounded(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	s := stream(t, e.p, "/remote/silent")
+	configureRemote(t, s, "forwarder")
+	spy := &silentStateHost{unansweringHost: unansweringHost{woken: make(chan struct{}, 1)}, asked: make(chan struct{}, 1)}
+	hosts, release := e.p.Processors(e.ctx, nil)
+	defer release()
+	info := []itx.ProcessorInfo{{Name: "forwarder", ReducerVersion: "1", ConsumedTypes: []string{"inbox/message"}}}
+	fut, rel := hosts.Processors().Mount(e.ctx, func(m schema.ProcessorHosts_mount_Params) error {
+		if err := m.SetName("spy"); err != nil {
+			return err
+		}
+		list, err := m.NewContracts(1)
+		if err != nil {
+			return err
+		}
+		if err := wire.SetProcessorContracts(list, info); err != nil {
+			return err
+		}
+		return m.SetHost(schema.ProcessorHost_ServerToClient(spy))
+	})
+	defer rel()
+	_, err := fut.Struct()
+	require.NoError(t, err)
+	sub := client.Subscription(e.ctx, s, "forwarder")
+	defer sub.Release()
+	pf, prel := sub.Processor(e.ctx, nil)
+	defer prel()
+	proc := pf.Processor()
+	timers := e.clock.Pending()
+	got := make(chan error, 1)
+	go func() { _, err := client.RuntimeState(e.ctx, proc); got <- err }()
+	<-spy.asked
+	waitUntil(t, "a watchdog armed", func() bool { return e.clock.Pending() > timers })
+	e.clock.Advance(itx.DeliveryTimeout)
+	select {
+	case err := <-got:
+		requireCode(t, err, itx.EDeadlineExceeded)
+	case <-time.After(10 * time.Second):
+		t.Fatal("getRuntimeState still waits for the silent host")
+	}
+}
