@@ -190,3 +190,54 @@ func TestMount_PresenceSignalWaitsForRoom(t *testing.T) {
 	}, 10*time.Second, time.Millisecond, "the parked subscription resumed")
 	require.Equal(t, []int64{res.HeadOffset}, offsets)
 }
+
+// A mount whose presence signal runs while a parked stream is being unloaded (the idle sweep
+// chose it a moment before) is not lost: the stream records its parked subscription as it
+// unloads, and the signal, which waits for that, loads it again. (The signal found the stream
+// neither loaded nor yet recorded as parked, and the subscription stayed parked with its
+// receiver mounted until the next mount of that name.)
+func TestMount_PresenceSignalDuringAnUnload(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	s, projectID := mustOpen(t, Config{DataDir: t.TempDir()})
+	ref := StreamRef{ProjectID: projectID, Path: "/leaving"}
+	_, _, err := s.ConfigureSubscription(ctx, ref, itx.SubscriptionConfig{Name: "app",
+		Receiver: itx.Receiver{Action: itx.KindITXCall, Capability: "inbox",
+			Delivery: &itx.DeliveryPolicy{Start: itx.StartNow, OnFailingEvent: itx.OnFailingHalt}}}, "")
+	require.NoError(t, err)
+	res, err := s.Append(ctx, ref, []itx.EventInput{{Type: "x"}}, itx.AppendOptions{})
+	require.NoError(t, err)
+	require.NoError(t, s.Settle(ctx, ref))
+	d, err := s.DescribeSubscription(ctx, ref, "app")
+	require.NoError(t, err)
+	require.Equal(t, storage.StatusParked, d.Status)
+
+	// The sweep's choice, as Server.sweep makes it.
+	s.mu.Lock()
+	a := s.actors[ref]
+	require.Zero(t, a.refs)
+	delete(s.actors, ref)
+	s.unloading[ref] = a
+	a.dcancel()
+	s.mu.Unlock()
+
+	recv := recordingReceiver{got: make(chan []int64, 4)}
+	s.recv.mu.Lock()
+	s.recv.gen++
+	s.recv.putLocked(mountKey{projectID, "inbox"}, &mount{receiver: recv, gen: s.recv.gen})
+	s.recv.mu.Unlock()
+	poked := make(chan struct{})
+	go func() { s.pokeCapability(projectID, "inbox"); close(poked) }()
+
+	a.unload()
+	s.mu.Lock()
+	delete(s.unloading, ref)
+	s.mu.Unlock()
+	<-poked
+	select {
+	case offsets := <-recv.got:
+		require.Equal(t, []int64{res.HeadOffset}, offsets)
+	case <-ctx.Done():
+		t.Fatal("the parked subscription never resumed")
+	}
+}

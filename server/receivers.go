@@ -324,9 +324,6 @@ func (s *Server) receiver(projectID, name string) *mount {
 	return s.recv.mounts[mountKey{projectID, name}]
 }
 
-// pokeCapability tells every loaded stream of the project that a capability was mounted: the
-// presence signal that un-parks its itx-call subscriptions and cuts their backoff. A stream
-// loaded later learns the project's mounts when it loads.
 // schedulePoke runs pokeCapability for a name in the background, one run at a time per name:
 // a mount while one runs asks for one more run after it, however many mounts come meanwhile,
 // so a client mounting and unmounting in a loop starts no more than one goroutine per name.
@@ -359,41 +356,62 @@ func (s *Server) schedulePoke(projectID, name string) {
 	}()
 }
 
+// pokeCapability tells every stream of the project that a capability was mounted: the presence
+// signal that un-parks its itx-call subscriptions and cuts their backoff. Loaded streams take it
+// as an input; unloaded ones parked on the name are loaded, and a stream learns the project's
+// mounts when it loads.
 func (s *Server) pokeCapability(projectID, name string) {
-	// Unloaded streams whose subscriptions parked waiting for this name load now; a loading
-	// stream learns the project's mounts, so it resumes them itself.
-	if parked, err := s.dir.ParkedOn(s.base, projectID, name); err != nil {
-		s.log.Warn().Err(err).Str("capability", name).Msg("finding streams parked on a capability")
-	} else {
-		for _, e := range parked {
-			a, err := s.acquire(s.base, StreamRef{ProjectID: e.ProjectID, Path: e.Path})
-			if err == nil {
-				s.release(a)
-				continue
-			}
-			if itx.ErrorCode(err) == itx.ELimitExceeded {
-				// No room now (--max-held-streams): the stream's alarm loads it as soon as
-				// there is, and it learns the mounts as it loads. Dropped, the signal would
-				// leave it parked until the next mount.
-				now := itx.UnixMilli(s.clock.Now())
-				if err := s.dir.SetAlarm(s.base, e.StreamID, now); err != nil {
-					s.log.Error().Err(err).Str("path", e.Path).Msg("parked stream alarm not recorded")
-					continue
-				}
-				s.alarmChanged(now)
-			}
-		}
-	}
+	// Loaded streams take the signal as an input. One chosen for unloading meanwhile either takes
+	// it in its last step or records its parked subscriptions as it closes: wait for that, so the
+	// look-up below sees them (a stream between the two would otherwise miss the signal).
 	s.mu.Lock()
-	var actors []*actor
+	var actors, leaving []*actor
 	for ref, a := range s.actors {
 		if ref.ProjectID == projectID && isClosed(a.ready) && a.loadErr == nil {
 			actors = append(actors, a)
 		}
 	}
+	for ref, a := range s.unloading {
+		if ref.ProjectID == projectID {
+			leaving = append(leaving, a)
+		}
+	}
 	s.mu.Unlock()
 	for _, a := range actors {
 		a.post(actorMsg{mounted: name})
+		if a.dctx.Err() != nil { // chosen for unloading (under s.mu, with dcancel) since
+			leaving = append(leaving, a)
+		}
+	}
+	for _, a := range leaving {
+		if <-a.ready; a.loadErr == nil {
+			<-a.done
+		}
+	}
+	// Unloaded streams whose subscriptions parked waiting for this name load now; a loading
+	// stream learns the project's mounts, so it resumes them itself.
+	parked, err := s.dir.ParkedOn(s.base, projectID, name)
+	if err != nil {
+		s.log.Warn().Err(err).Str("capability", name).Msg("finding streams parked on a capability")
+		return
+	}
+	for _, e := range parked {
+		a, err := s.acquire(s.base, StreamRef{ProjectID: e.ProjectID, Path: e.Path})
+		if err == nil {
+			s.release(a)
+			continue
+		}
+		if itx.ErrorCode(err) == itx.ELimitExceeded {
+			// No room now (--max-held-streams): the stream's alarm loads it as soon as there
+			// is, and it learns the mounts as it loads. Dropped, the signal would leave it
+			// parked until the next mount.
+			now := itx.UnixMilli(s.clock.Now())
+			if err := s.dir.SetAlarm(s.base, e.StreamID, now); err != nil {
+				s.log.Error().Err(err).Str("path", e.Path).Msg("parked stream alarm not recorded")
+				continue
+			}
+			s.alarmChanged(now)
+		}
 	}
 }
 
