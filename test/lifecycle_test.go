@@ -2,19 +2,24 @@ package test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"testing"
 	"time"
 
 	"capnproto.org/go/capnp/v3"
+	"capnproto.org/go/capnp/v3/rpc"
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/capability"
 	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/internal/clocktest"
 	"github.com/itx-dev/itx/internal/flowconn"
+	"github.com/itx-dev/itx/internal/itxtest"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
 	"github.com/itx-dev/itx/wire"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 )
 
 // The capability graph's lifecycle: what the server holds for a client's capabilities, and what
@@ -314,4 +319,206 @@ func TestRemote_RuntimeStateOfASilentHostIsBounded(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("getRuntimeState still waits for the silent host")
 	}
+}
+
+// describeChain sends a whole chain to a subscription's describe, awaiting only the end.
+func describeChain(ctx context.Context, conn *client.Conn, token, path, name string) error {
+	p := conn.Login(ctx, token)
+	defer p.Release()
+	sf, r1 := p.Streams(ctx, nil)
+	defer r1()
+	gf, r2 := sf.Streams().Get(ctx, func(a schema.Streams_get_Params) error { return a.SetPath(path) })
+	defer r2()
+	subsf, r3 := gf.Stream().Subscriptions(ctx, nil)
+	defer r3()
+	subf, r4 := subsf.Subscriptions().Get(ctx, func(a schema.Subscriptions_get_Params) error { return a.SetName(name) })
+	defer r4()
+	df, r5 := subf.Subscription().Describe(ctx, nil)
+	defer r5()
+	_, err := df.Struct()
+	return err
+}
+
+// A long chain sent in one go (login -> streams -> get(path) -> subscriptions -> get(name) ->
+// describe) answers a failure anywhere along it with that step's typed error at its end, and
+// creates nothing: a bad token, a bad path, a path outside the token's scope, a stream with no
+// append yet, an unknown subscription.
+func TestPipelining_LongChainErrorsArriveTyped(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	scoped, _ := ts.token(t, itx.Scope{Prefix: "/a", Rights: []itx.Right{itx.RightRead}})
+	conn := dial(t, ts.addr)
+	before := itxtest.StreamDatabases(t, ts.dir) // the audit stream of the token's creation
+	requireCode(t, describeChain(ctx, conn, "itx_wrong", "/a", "x"), itx.EUnauthenticated)
+	requireCode(t, describeChain(ctx, conn, ts.creds.ProjectToken, "//bad", "x"), itx.EInvalid)
+	requireCode(t, describeChain(ctx, conn, scoped, "/b", "x"), itx.EPermissionDenied)
+	requireCode(t, describeChain(ctx, conn, scoped, "/a", "x"), itx.ENotFound)
+	requireCode(t, describeChain(ctx, conn, ts.creds.ProjectToken, "/not-yet", "x"), itx.ENotFound)
+	require.Equal(t, before, itxtest.StreamDatabases(t, ts.dir), "no stream was created")
+	mustAppend(t, stream(t, ts.project(t), "/a"), ev("a", `{}`))
+	requireCode(t, describeChain(ctx, conn, scoped, "/a", "x"), itx.ENotFound)
+}
+
+// rawDial connects over TCP that the test can cut without the RPC layer saying goodbye.
+func rawDial(t *testing.T, addr string) (schema.Gateway, net.Conn, *rpc.Conn) {
+	nc, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	conn := rpc.NewConn(rpc.NewStreamTransport(nc), nil)
+	t.Cleanup(func() { conn.Close() })
+	return schema.Gateway(conn.Bootstrap(context.Background())), nc, conn
+}
+
+// A client whose TCP connection is cut (no Abort, no Finish) releases everything it held on a
+// stream: its connection, live view, barriers and mounted receiver end, the stream unloads at
+// the idle timeout, and no goroutine is left.
+func TestConnection_CutReleasesTheStream(t *testing.T) {
+	clock := clocktest.New(time.Unix(1_700_000_000, 0))
+	ts := startServer(t, server.Config{Clock: clock, IdleTimeout: time.Minute})
+	ctx := ctxT(t)
+	setup := stream(t, ts.project(t), "/held")
+	mustAppend(t, setup, ev("a", `{}`))
+	subs := client.Subscriptions(ctx, setup)
+	_, _, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "app", Start: "now",
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "inbox"}})
+	require.NoError(t, err)
+	subs.Release()
+	setup.Release()
+	waitUntil(t, "unloaded", func() bool {
+		clock.Advance(2 * time.Minute)
+		ts.srv.Sweep()
+		return ts.srv.LoadedStreams() == 0
+	})
+	opts := []goleak.Option{goleak.IgnoreCurrent()}
+
+	gw, nc, rc := rawDial(t, ts.addr)
+	lf, _ := gw.Login(ctx, func(p schema.Gateway_login_Params) error { return p.SetToken(ts.creds.ProjectToken) })
+	p := lf.Project()
+	s := client.Stream(ctx, p, "/held")
+	sink := newTestSink()
+	_, err = openConn(t, s, connOpts{}, sink)
+	require.NoError(t, err)
+	subscribeLive(t, s, &liveView{})
+	barriers := make(chan error, 2)
+	go func() {
+		_, err := client.WaitForEvent(context.Background(), s, itx.Predicate{Types: []string{"never"}}, 0, 9*time.Minute)
+		barriers <- err
+	}()
+	go func() {
+		_, err := client.WaitUntilProcessed(context.Background(), client.Subscription(ctx, s, "app"), 100, 9*time.Minute)
+		barriers <- err
+	}()
+	delivering := make(chan struct{}, 1)
+	_, err = client.MountReceiver(ctx, p, "inbox", client.ServeReceiver(func(ctx context.Context, b itx.DeliveryBatch) (int64, error) {
+		select {
+		case delivering <- struct{}{}:
+		default:
+		}
+		<-ctx.Done()
+		return 0, ctx.Err()
+	}))
+	require.NoError(t, err)
+	mustAppend(t, s, ev("b", `{}`))
+	<-delivering
+	waitUntil(t, "sink caught up", func() bool { return len(sink.offsets()) == 3 })
+
+	nc.Close()
+	<-rc.Done()
+	for range 2 {
+		require.Error(t, <-barriers)
+	}
+	waitUntil(t, "unloaded at the idle timeout", func() bool {
+		clock.Advance(2 * time.Minute)
+		ts.srv.Sweep()
+		return ts.srv.LoadedStreams() == 0
+	})
+	require.Empty(t, ts.srv.Mounts("default"), "the receiver is unmounted")
+	goleak.VerifyNone(t, opts...)
+}
+
+// The same for a processor host cut mid-wake with a processor's live view open: the host is
+// dropped, the stream unloads, and no goroutine is left.
+func TestRemote_CutHostReleasesTheStream(t *testing.T) {
+	clock := clocktest.New(time.Unix(1_700_000_000, 0))
+	ts := startServer(t, server.Config{Clock: clock, IdleTimeout: time.Minute})
+	ctx := ctxT(t)
+	setup := stream(t, ts.project(t), "/remote/held")
+	configureRemote(t, setup, "forwarder")
+	mustAppend(t, setup, ev("x", `{}`))
+	setup.Release()
+	waitUntil(t, "unloaded", func() bool {
+		clock.Advance(2 * time.Minute)
+		ts.srv.Sweep()
+		return ts.srv.LoadedStreams() == 0
+	})
+	opts := []goleak.Option{goleak.IgnoreCurrent()}
+
+	gw, nc, rc := rawDial(t, ts.addr)
+	lf, _ := gw.Login(ctx, func(p schema.Gateway_login_Params) error { return p.SetToken(ts.creds.ProjectToken) })
+	p := lf.Project()
+	hosts, release := p.Processors(ctx, nil)
+	defer release()
+	spy := &unansweringHost{woken: make(chan struct{}, 1)}
+	info := []itx.ProcessorInfo{{Name: "forwarder", ReducerVersion: "1", ConsumedTypes: []string{"inbox/message"}}}
+	fut, rel := hosts.Processors().Mount(ctx, func(m schema.ProcessorHosts_mount_Params) error {
+		if err := m.SetName("spy"); err != nil {
+			return err
+		}
+		list, err := m.NewContracts(1)
+		if err != nil {
+			return err
+		}
+		if err := wire.SetProcessorContracts(list, info); err != nil {
+			return err
+		}
+		return m.SetHost(schema.ProcessorHost_ServerToClient(spy))
+	})
+	defer rel()
+	_, err := fut.Struct()
+	require.NoError(t, err)
+	s := client.Stream(ctx, p, "/remote/held")
+	mustAppend(t, s, ev("inbox/message", `{}`))
+	<-spy.woken
+	sub := client.Subscription(ctx, s, "forwarder")
+	pf, prel := sub.Processor(ctx, nil)
+	defer prel()
+	lv, lrel := pf.Processor().LiveState(ctx, func(a schema.Processor_liveState_Params) error {
+		return a.SetSubscriber(schema.LiveSubscriber_ServerToClient(&liveView{}))
+	})
+	defer lrel()
+	_, err = lv.Struct()
+	require.NoError(t, err)
+
+	nc.Close()
+	<-rc.Done()
+	waitUntil(t, "unloadable", func() bool {
+		clock.Advance(2 * time.Minute)
+		ts.srv.Sweep()
+		return ts.srv.LoadedStreams() == 0
+	})
+	waitUntil(t, "host gone", func() bool { return len(ts.srv.ProcessorHostMounts("default")) == 0 })
+	goleak.VerifyNone(t, opts...)
+}
+
+// A barrier and a live view on a stream with no append yet wait for it: the append that creates
+// the stream answers them.
+func TestStream_BarriersBeforeTheStreamExists(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	p := ts.project(t)
+	s := stream(t, p, "/later")
+	got := make(chan error, 1)
+	go func() {
+		e, err := client.WaitForEvent(ctx, s, itx.Predicate{Types: []string{"b"}}, 0, 20*time.Second)
+		if err == nil && e.Offset != 2 {
+			err = fmt.Errorf("offset %d", e.Offset)
+		}
+		got <- err
+	}()
+	view := &liveView{}
+	subscribeLive(t, s, view)
+	waitUntil(t, "empty snapshot", func() bool { rev, _ := view.state(); return rev > 0 })
+	w := client.Stream(ctx, p, "/later")
+	mustAppend(t, w, ev("a", `{}`), ev("b", `{}`))
+	require.NoError(t, <-got)
+	waitUntil(t, "head in live state", func() bool { _, doc := view.state(); h, _ := doc["head"].(float64); return h == 2 })
 }
