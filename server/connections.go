@@ -96,7 +96,13 @@ func (c *Connection) Close(reason CloseReason, message string) {
 		c.closedWith.Store(&why)
 		c.cancel()
 		go c.a.post(actorMsg{closeConn: c}) // never blocks the actor, which may be the caller
+		// Server.Close waits for the notice (bounded by the delivery timeout), so that itxd
+		// tells serverShuttingDown before it closes the RPC connections. The pusher still holds
+		// its reference here (the first Close always comes before it lets go), so the count is
+		// above zero.
+		c.srv.inflight.Add(1)
 		go func() {
+			defer c.srv.inflight.Done()
 			<-c.done // the pusher has stopped: nothing is delivered after Closed
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
