@@ -522,3 +522,31 @@ func TestStream_BarriersBeforeTheStreamExists(t *testing.T) {
 	require.NoError(t, <-got)
 	waitUntil(t, "head in live state", func() bool { _, doc := view.state(); h, _ := doc["head"].(float64); return h == 2 })
 }
+
+// throwingSink is an EventSink whose deliver fails with err; the rest is testSink's.
+type throwingSink struct {
+	*testSink
+	err error
+}
+
+func (k throwingSink) Deliver(ctx context.Context, call schema.EventSink_deliver) error { return k.err }
+
+// An EventSink that answers a batch with an exception is told deliveryFailed, whatever the
+// exception says, even one that carries itx.capabilityOffline: its session is alive and hears
+// the notice. (A thrown capabilityOffline was taken for a lost session: closed as
+// connectionLost, and no notice sent.)
+func TestConnection_SinkThatThrowsHearsDeliveryFailed(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	s := stream(t, ts.project(t), "/throwing")
+	mustAppend(t, s, ev("a", `{}`))
+	for _, thrown := range []error{
+		itx.Errorf(itx.EInvalid, "not this one"),
+		itx.Errorf(itx.ECapabilityOffline, "my own backend is offline"),
+	} {
+		sink := throwingSink{testSink: newTestSink(), err: thrown}
+		_, err := openConn(t, s, connOpts{noState: true}, sink)
+		require.NoError(t, err)
+		waitUntil(t, "told", func() bool { return sink.closeReason() != nil })
+		require.Equal(t, schema.CloseReason_deliveryFailed, *sink.closeReason(), "%v: %s", thrown, sink.closeMs)
+	}
+}
