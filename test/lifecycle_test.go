@@ -550,3 +550,44 @@ func TestConnection_SinkThatThrowsHearsDeliveryFailed(t *testing.T) {
 		require.Equal(t, schema.CloseReason_deliveryFailed, *sink.closeReason(), "%v: %s", thrown, sink.closeMs)
 	}
 }
+
+// offlineSayingHost is a ProcessorHost that answers every wake with itx.capabilityOffline.
+type offlineSayingHost struct{ unansweringHost }
+
+func (h *offlineSayingHost) Wake(ctx context.Context, call schema.ProcessorHost_wake) error {
+	return itx.Errorf(itx.ECapabilityOffline, "my own backend is offline")
+}
+
+// A mounted processor host that answers a wake with itx.capabilityOffline is there: an outage
+// (the ladder backs off), not an absence that parks the subscription until the next mount, as
+// for a mounted Receiver saying so.
+func TestRemote_MountedHostSayingOfflineIsAnOutage(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	s := stream(t, e.p, "/remote/offline")
+	configureRemote(t, s, "forwarder")
+	hosts, release := e.p.Processors(e.ctx, nil)
+	defer release()
+	info := []itx.ProcessorInfo{{Name: "forwarder", ReducerVersion: "1", ConsumedTypes: []string{"inbox/message"}}}
+	fut, rel := hosts.Processors().Mount(e.ctx, func(m schema.ProcessorHosts_mount_Params) error {
+		if err := m.SetName("says-offline"); err != nil {
+			return err
+		}
+		list, err := m.NewContracts(1)
+		if err != nil {
+			return err
+		}
+		if err := wire.SetProcessorContracts(list, info); err != nil {
+			return err
+		}
+		return m.SetHost(schema.ProcessorHost_ServerToClient(&offlineSayingHost{}))
+	})
+	defer rel()
+	_, err := fut.Struct()
+	require.NoError(t, err)
+	mustAppend(t, s, ev("inbox/message", `{}`))
+	waitUntil(t, "the failure recorded", func() bool { return e.describe(t, s, "forwarder").LastError != "" })
+	d := e.describe(t, s, "forwarder")
+	require.Equal(t, "active", d.Status, d.LastError)
+	require.Equal(t, 1, d.Attempt, "an outage backs off along the ladder")
+	require.Contains(t, d.LastError, "offline")
+}
