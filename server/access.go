@@ -403,29 +403,30 @@ func (s *Server) unloadProject(ctx context.Context, id string) error {
 		}
 		s.mu.Unlock()
 	}
-	var held error
-	for _, a := range victims {
+	// A load in progress finishes (or fails) first; then a held stream closes its connections,
+	// even if the wait below gives up (they would hold it for good).
+	drained := make([]chan struct{}, len(victims))
+	for i, a := range victims {
+		<-a.ready
 		s.mu.Lock()
-		drained := a.drained
+		drained[i] = a.drained
 		s.mu.Unlock()
-		if drained == nil {
-			<-a.ready // held by nobody: loaded (or failed to load) already
-			unload(a)
+		if drained[i] != nil && a.loadErr == nil {
+			a.post(actorMsg{removed: true})
+		}
+	}
+	var held error
+	for i, a := range victims {
+		if drained[i] == nil {
+			unload(a) // held by nobody
 			continue
 		}
 		select {
-		case <-a.ready:
-			if a.loadErr == nil {
-				a.post(actorMsg{removed: true})
-			}
-		case <-ctx.Done():
-		}
-		select {
-		case <-drained:
+		case <-drained[i]:
 			unload(a)
 		case <-ctx.Done():
 			held = itx.Errorf(itx.EFailedPrecondition, "stream %s is still in use; retry the delete", a.ref.Path)
-			go func() { <-drained; unload(a) }()
+			go func() { <-drained[i]; unload(a) }()
 		}
 	}
 	if held != nil {
