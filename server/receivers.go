@@ -361,13 +361,14 @@ func (s *Server) schedulePoke(projectID, name string) {
 // as an input; unloaded ones parked on the name are loaded, and a stream learns the project's
 // mounts when it loads.
 func (s *Server) pokeCapability(projectID, name string) {
-	// Loaded streams take the signal as an input. One chosen for unloading meanwhile either takes
-	// it in its last step or records its parked subscriptions as it closes: wait for that, so the
+	// Loaded streams take the signal as an input; so does one loading now, which may have read
+	// the project's mounts before this one. One chosen for unloading meanwhile either takes it
+	// in its last step or records its parked subscriptions as it closes: wait for that, so the
 	// look-up below sees them (a stream between the two would otherwise miss the signal).
 	s.mu.Lock()
 	var actors, leaving []*actor
 	for ref, a := range s.actors {
-		if ref.ProjectID == projectID && isClosed(a.ready) && a.loadErr == nil {
+		if ref.ProjectID == projectID {
 			actors = append(actors, a)
 		}
 	}
@@ -378,6 +379,9 @@ func (s *Server) pokeCapability(projectID, name string) {
 	}
 	s.mu.Unlock()
 	for _, a := range actors {
+		if <-a.ready; a.loadErr != nil {
+			continue
+		}
 		a.post(actorMsg{mounted: name})
 		if a.dctx.Err() != nil { // chosen for unloading (under s.mu, with dcancel) since
 			leaving = append(leaving, a)
