@@ -169,7 +169,9 @@ func (k *eventSink) Closed(ctx context.Context, reason server.CloseReason, messa
 	})
 }
 
-// sinkError makes a client's failure matchable: a vanished client is capabilityOffline.
+// sinkError makes a client's failure matchable: a vanished client is capabilityOffline. An
+// exception the client threw keeps its code, except capabilityOffline: a client that answers is
+// there, so its exception is a refusal, not its session ending.
 func sinkError(err error) error {
 	switch {
 	case err == nil:
@@ -177,7 +179,9 @@ func sinkError(err error) error {
 	case capnp.IsDisconnected(err):
 		return itx.Errorf(itx.ECapabilityOffline, "the client is gone: %v", err)
 	case strings.Contains(err.Error(), "itx."):
-		return itx.AsError(err)
+		if e := itx.AsError(err); e.Code != itx.ECapabilityOffline {
+			return e
+		}
 	}
 	return itx.Errorf(itx.EFailedPrecondition, "the client refused the batch: %v", err)
 }

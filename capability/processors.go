@@ -138,7 +138,9 @@ func (h *remoteHost) RuntimeState(ctx context.Context, streamID, path, name stri
 
 // hostError maps a failed call on a host: a host whose session is gone is absent (its
 // subscriptions park until a host mounts the contract again); an exception carrying an itx code
-// keeps it; anything else is the host failing (an outage: back off and retry).
+// keeps it, except capabilityOffline (a host that answers is mounted: its "offline" is an
+// outage, as for a mounted Receiver); anything else is the host failing (an outage: back off
+// and retry).
 func hostError(ctx context.Context, err error) error {
 	switch {
 	case capnp.IsDisconnected(err):
@@ -146,7 +148,11 @@ func hostError(ctx context.Context, err error) error {
 	case ctx.Err() != nil:
 		return itx.Errorf(itx.EDeadlineExceeded, "the processor host did not answer: %v", err)
 	case strings.Contains(err.Error(), "itx."):
-		return itx.AsError(err)
+		e := itx.AsError(err)
+		if e.Code == itx.ECapabilityOffline {
+			return itx.Errorf(itx.EUnavailable, "the processor host says it is offline: %s", e.Message)
+		}
+		return e
 	}
 	return itx.Errorf(itx.EUnavailable, "the processor host failed: %v", err)
 }

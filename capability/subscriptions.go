@@ -238,6 +238,7 @@ func (p *processor) Snapshot(ctx context.Context, call schema.Processor_snapshot
 }
 
 func (p *processor) GetRuntimeState(ctx context.Context, call schema.Processor_getRuntimeState) error {
+	call.Go() // a remote processor's host is asked: the capability's other calls do not wait
 	state, err := p.srv.ProcessorRuntimeState(ctx, p.ref, p.name)
 	if err != nil {
 		return fail(err)

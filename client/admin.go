@@ -12,8 +12,10 @@ import (
 // Admin returns project.admin(), pipelined: the deployment root administers every project, a
 // project token with the admin right its own project's tokens.
 func Admin(ctx context.Context, project schema.Project) schema.Admin {
-	fut, _ := project.Admin(ctx, nil)
-	return fut.Admin()
+	fut, release := project.Admin(ctx, nil)
+	a := fut.Admin().AddRef() // see Conn.Login: the answer is released, the capability kept
+	release()
+	return a
 }
 
 // CreateProject creates a project and returns it with its first token (shown only now).
@@ -173,13 +175,17 @@ func RevokeToken(ctx context.Context, a schema.Admin, projectID, tokenID string)
 // ReadOnly returns s.readOnly(), pipelined: a capability to the same stream that only reads,
 // to hand to someone else.
 func ReadOnly(ctx context.Context, s schema.Stream) schema.Stream {
-	fut, _ := s.ReadOnly(ctx, nil)
-	return fut.Stream()
+	fut, release := s.ReadOnly(ctx, nil)
+	ro := fut.Stream().AddRef() // see Conn.Login: the answer is released, the capability kept
+	release()
+	return ro
 }
 
 // AppendOnly returns s.appendOnly(), pipelined: a capability to the same stream that only
 // appends.
 func AppendOnly(ctx context.Context, s schema.Stream) schema.Stream {
-	fut, _ := s.AppendOnly(ctx, nil)
-	return fut.Stream()
+	fut, release := s.AppendOnly(ctx, nil)
+	ao := fut.Stream().AddRef() // see Conn.Login: the answer is released, the capability kept
+	release()
+	return ao
 }

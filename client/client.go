@@ -96,8 +96,12 @@ func (c *Conn) Gateway() schema.Gateway { return c.gateway }
 // Login returns the project a token logs into, as a promise: calls on it are pipelined behind
 // the login, so no round trip is spent waiting for it. A bad token fails those calls.
 func (c *Conn) Login(ctx context.Context, token string) schema.Project {
-	fut, _ := c.gateway.Login(ctx, func(p schema.Gateway_login_Params) error { return p.SetToken(token) })
-	return fut.Project()
+	fut, release := c.gateway.Login(ctx, func(p schema.Gateway_login_Params) error { return p.SetToken(token) })
+	// Our own reference, then the answer released: an answer never released holds its result,
+	// and so keeps the project exported by itxd however often the caller releases it.
+	p := fut.Project().AddRef()
+	release()
+	return p
 }
 
 // Done is closed when the connection ends.

@@ -320,21 +320,22 @@ func (s *Server) DeleteProject(ctx context.Context, by Admin, id string, force b
 	if err != nil {
 		return err
 	}
-	// From here no stream of the project loads and no token of it logs in.
+	// From here no stream of the project loads and no token of it logs in. Its streams go
+	// first, so their connections hear streamRemoved, then its sessions end.
 	s.acc.mu.Lock()
 	s.acc.deleted[id] = true
 	s.acc.mu.Unlock()
-	ids := make([]string, len(tokens))
-	for i, t := range tokens {
-		ids[i] = t.ID
-	}
-	s.revokeSessions(ids...)
-	if err := s.unloadProject(id); err != nil {
+	if err := s.unloadProject(ctx, id); err != nil {
 		s.acc.mu.Lock()
 		delete(s.acc.deleted, id)
 		s.acc.mu.Unlock()
 		return err
 	}
+	ids := make([]string, len(tokens))
+	for i, t := range tokens {
+		ids[i] = t.ID
+	}
+	s.revokeSessions(ids...)
 	entries, err := s.dir.ListStreams(ctx, id, "", "", 1<<30)
 	if err != nil {
 		return err
@@ -368,26 +369,22 @@ func (s *Server) DeleteProject(ctx context.Context, by Admin, id string, force b
 	return nil
 }
 
-// unloadProject unloads every loaded stream of a project that is being deleted. A stream still
-// held by a call or a delivery fails it with EFailedPrecondition (retry: the project's sessions
-// were revoked, so its calls end).
-func (s *Server) unloadProject(id string) error {
+// unloadProject unloads every loaded stream of a project that is being deleted, whoever holds
+// it: its connections are closed as streamRemoved, its live views and barriers end, its
+// deliveries and processors stop (their context is cancelled), and each stream unloads once
+// its last holder let go. ctx bounds that wait; a stream still held then unloads when it is
+// released, and the delete fails with EFailedPrecondition (retry it).
+func (s *Server) unloadProject(ctx context.Context, id string) error {
 	s.mu.Lock()
 	var victims []*actor
-	for ref, a := range s.actors {
-		if ref.ProjectID != id {
-			continue
-		}
-		if a.refs > 0 {
-			s.mu.Unlock()
-			return itx.Errorf(itx.EFailedPrecondition, "stream %s is in use; retry the delete", ref.Path)
-		}
-	}
 	for ref, a := range s.actors {
 		if ref.ProjectID == id {
 			delete(s.actors, ref)
 			s.unloading[ref] = a
-			a.dcancel()
+			a.dcancel() // under s.mu: nothing pins it from here on
+			if a.refs > 0 {
+				a.drained = make(chan struct{})
+			}
 			victims = append(victims, a)
 		}
 	}
@@ -398,14 +395,42 @@ func (s *Server) unloadProject(id string) error {
 		}
 	}
 	s.mu.Unlock()
-	for _, a := range victims {
-		<-a.ready
+	unload := func(a *actor) {
 		a.unload()
 		s.mu.Lock()
 		if s.unloading[a.ref] == a {
 			delete(s.unloading, a.ref)
 		}
 		s.mu.Unlock()
+	}
+	// A load in progress finishes (or fails) first; then a held stream closes its connections,
+	// even if the wait below gives up (they would hold it for good).
+	drained := make([]chan struct{}, len(victims))
+	for i, a := range victims {
+		<-a.ready
+		s.mu.Lock()
+		drained[i] = a.drained
+		s.mu.Unlock()
+		if drained[i] != nil && a.loadErr == nil {
+			a.post(actorMsg{removed: true})
+		}
+	}
+	var held error
+	for i, a := range victims {
+		if drained[i] == nil {
+			unload(a) // held by nobody
+			continue
+		}
+		select {
+		case <-drained[i]:
+			unload(a)
+		case <-ctx.Done():
+			held = itx.Errorf(itx.EFailedPrecondition, "stream %s is still in use; retry the delete", a.ref.Path)
+			go func() { <-drained[i]; unload(a) }()
+		}
+	}
+	if held != nil {
+		return held
 	}
 	for _, a := range pending {
 		if a.loadErr == nil {

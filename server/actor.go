@@ -38,6 +38,7 @@ type actor struct {
 	// Registry fields, guarded by srv.mu.
 	refs     int
 	lastUsed time.Time
+	drained  chan struct{} // set while a removal waits for refs to reach 0 (see release)
 
 	// Owned by the run goroutine.
 	st              *streamState
@@ -94,6 +95,7 @@ type actorMsg struct {
 	closeConn *Connection
 	live      *liveSubscriber
 	liveGone  *liveSubscriber
+	removed   bool // the stream is being deleted: close its connections as streamRemoved
 }
 
 func newActor(s *Server, ref StreamRef) *actor {
@@ -119,6 +121,16 @@ func (a *actor) post(m actorMsg) {
 	case a.inbox <- &m:
 	case <-a.done:
 	}
+}
+
+// ended is why a call holding this incarnation must stop once its deliverers' context ended
+// while the call still held it: the server shutting down, or the stream being deleted (an
+// idle unload never takes a stream that is held).
+func (a *actor) ended() error {
+	if a.srv.base.Err() != nil {
+		return itx.Errorf(itx.EUnavailable, "the server is shutting down")
+	}
+	return itx.Errorf(itx.ENotFound, "stream %s was deleted", a.ref.Path)
 }
 
 // load opens the stream's database if the stream exists and restores its state.
@@ -482,6 +494,10 @@ func (a *actor) handle(m actorMsg) bool {
 		a.liveEngine().attach(m.live)
 	case m.liveGone != nil:
 		m.liveGone.cancel()
+	case m.removed:
+		for _, c := range a.conns {
+			c.Close(CloseStreamRemoved, "the stream was deleted with its project")
+		}
 	default:
 		return false
 	}
@@ -588,17 +604,25 @@ func (a *actor) env() stepEnv {
 			}
 			return 1
 		},
-		hostMounted: func(contract string) uint64 {
-			if m := a.srv.remoteHost(a.ref.ProjectID, contract); m != nil {
-				return m.gen
-			}
-			return 0
-		},
-		mounted: func(capability string) uint64 {
-			_, seq := a.srv.receiver(a.ref.ProjectID, capability)
-			return seq
-		},
+		mountedNow: a.mountedNow,
 	}
+}
+
+// mountedNow is the generation of what an itx-call or remote processor-wake subscription's
+// receiver is mounted as now (0: nothing). A mount is registered before its presence signal is
+// sent, so a step that reads 0 here is followed by that signal.
+func (a *actor) mountedNow(entry *catalogEntry) uint64 {
+	switch {
+	case entry.Kind() == itx.KindITXCall:
+		if m := a.srv.receiver(a.ref.ProjectID, entry.Config.Receiver.Capability); m != nil {
+			return m.gen
+		}
+	case entry.Kind() == itx.KindProcessorWake && !isInProcess(entry):
+		if m := a.srv.remoteHost(a.ref.ProjectID, entry.Config.ProcessorContract()); m != nil {
+			return m.gen
+		}
+	}
+	return 0
 }
 
 func (a *actor) reduceContext() reduceContext {

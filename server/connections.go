@@ -96,7 +96,13 @@ func (c *Connection) Close(reason CloseReason, message string) {
 		c.closedWith.Store(&why)
 		c.cancel()
 		go c.a.post(actorMsg{closeConn: c}) // never blocks the actor, which may be the caller
+		// Server.Close waits for the notice (bounded by the delivery timeout), so that itxd
+		// tells serverShuttingDown before it closes the RPC connections. The pusher still holds
+		// its reference here (the first Close always comes before it lets go), so the count is
+		// above zero.
+		c.srv.inflight.Add(1)
 		go func() {
+			defer c.srv.inflight.Done()
 			<-c.done // the pusher has stopped: nothing is delivered after Closed
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
@@ -175,6 +181,9 @@ func (s *Server) OpenConnection(ctx context.Context, ref StreamRef, opts Connect
 // register is the actor's half of an open: validated against the head and the subscription
 // catalog at one instant, between steps, so the position and the seam are exact.
 func (a *actor) register(c *Connection) error {
+	if a.dctx.Err() != nil {
+		return a.ended() // deleted (its connections were closed) or shutting down
+	}
 	st := a.st
 	if c.opts.After > st.head {
 		return itx.Errorf(itx.EInvalid, "after %d is beyond the stream's head offset %d", c.opts.After, st.head)

@@ -35,10 +35,8 @@ func (c failureClass) String() string {
 // classifiedError carries a sender's own judgement of a failure's class.
 type classifiedError struct {
 	class failureClass
+	mount uint64 // classAbsent: the mount generation the try reached, which vanished (0: none)
 	err   error
-	// mount, for classAbsent from itx-call: the number of the mount found absent (0: none was
-	// mounted). A later mount means a Receiver is present after all (see applyOutcome).
-	mount uint64
 }
 
 func (e *classifiedError) Error() string { return e.err.Error() }
@@ -46,6 +44,25 @@ func (e *classifiedError) Unwrap() error { return e.err }
 
 // withClass marks err as being of class c.
 func withClass(c failureClass, err error) error { return &classifiedError{class: c, err: err} }
+
+// vanished marks err, a failure of the receiver mounted under generation mount, as that
+// receiver being gone when it is (its session died): an absence, unless another has been
+// mounted meanwhile (see stepEnv.mountedNow).
+func vanished(mount uint64, err error) error {
+	if err == nil || classify(err) != classAbsent {
+		return err
+	}
+	return &classifiedError{class: classAbsent, mount: mount, err: err}
+}
+
+// vanishedMount is the mount generation an absent failure reached (0: none was mounted).
+func vanishedMount(err error) uint64 {
+	var ce *classifiedError
+	if errors.As(err, &ce) && ce.class == classAbsent {
+		return ce.mount
+	}
+	return 0
+}
 
 // classify decides a failure's class: a sender's own mark first, then the error code.
 func classify(err error) failureClass {
@@ -65,24 +82,17 @@ func classify(err error) failureClass {
 	return classEvent
 }
 
-// absentMount returns the mount an absent failure found absent (0: none, or not absent).
-func absentMount(err error) uint64 {
-	var ce *classifiedError
-	if errors.As(err, &ce) && ce.class == classAbsent {
-		return ce.mount
-	}
-	return 0
-}
-
 // deliveryFailure is a failed delivery try as the deliverer reports it.
 type deliveryFailure struct {
 	class       failureClass
-	mount       uint64 // classAbsent: the mount found absent (see classifiedError.mount)
-	count       int    // events in the failed try (0: nothing was sent, e.g. a filter failure)
-	last        int64  // the last offset of the failed try
-	eventOffset int64  // the failing event when it is known (a single-event try, an expression)
-	expression  bool   // a filter or transform failed on eventOffset: recorded once as evidence
+	count       int   // events in the failed try (0: nothing was sent, e.g. a filter failure)
+	last        int64 // the last offset of the failed try
+	eventOffset int64 // the failing event when it is known (a single-event try, an expression)
+	expression  bool  // a filter or transform failed on eventOffset: recorded once as evidence
 	msg         string
+	// mount is, for an absent receiver, the mount generation the try reached (0: nothing was
+	// mounted): when another is mounted by the time the step sees the failure, it is no absence.
+	mount uint64
 }
 
 // decisionKind is what the ladder decides after a failure.

@@ -636,7 +636,7 @@ func (s *Server) waitProcessed(ctx context.Context, a *actor, name string, offse
 	go func() {
 		select {
 		case <-expired:
-		case <-s.base.Done():
+		case <-a.dctx.Done():
 		case <-wctx.Done():
 		}
 		cancel()
@@ -650,8 +650,8 @@ func (s *Server) waitProcessed(ctx context.Context, a *actor, name string, offse
 		return r.ProcessedThrough(), nil
 	case ctx.Err() != nil:
 		return 0, itx.Errorf(itx.ECancelled, "waitUntilProcessed: %v", ctx.Err())
-	case s.base.Err() != nil:
-		return 0, itx.Errorf(itx.EUnavailable, "the server is shutting down")
+	case a.dctx.Err() != nil:
+		return 0, a.ended()
 	case wctx.Err() != nil:
 		processed, status := int64(0), ""
 		if r != nil {

@@ -236,7 +236,7 @@ type mountKey struct{ projectID, name string }
 type mount struct {
 	receiver Receiver
 	at       int64
-	seq      uint64 // this mount's number: a later mount of the name has a larger one
+	gen      uint64 // tells this mount from a later one under the same name
 }
 
 // receivers is the per-project registry of mounted Receivers.
@@ -244,7 +244,7 @@ type receivers struct {
 	mu        sync.Mutex
 	mounts    map[mountKey]*mount
 	byProject projectCounts // mounts per project, for Config.MaxMountsPerProject
-	seq       uint64        // the last mount's number
+	gen       uint64        // the last mount's generation
 
 	// pokes are the presence signals running (see schedulePoke): a name is in the map while
 	// its poke runs, true when another was asked for meanwhile.
@@ -300,8 +300,8 @@ func (s *Server) MountReceiver(projectID, name string, r Receiver) (func(), erro
 		s.recv.mu.Unlock()
 		return nil, itx.Errorf(itx.ELimitExceeded, "a project holds at most %d mounted capabilities (--max-mounts-per-project)", s.cfg.MaxMountsPerProject)
 	}
-	s.recv.seq++
-	m.seq = s.recv.seq
+	s.recv.gen++
+	m.gen = s.recv.gen
 	s.recv.putLocked(key, m)
 	s.recv.mu.Unlock()
 	s.schedulePoke(projectID, name)
@@ -339,19 +339,13 @@ func (s *Server) Mounts(projectID string) []itx.MountInfo {
 	return out
 }
 
-// receiver returns what is mounted under name and the mount's number (nil and 0: nothing).
-func (s *Server) receiver(projectID, name string) (Receiver, uint64) {
+// receiver is the mount under name in a project, nil when none.
+func (s *Server) receiver(projectID, name string) *mount {
 	s.recv.mu.Lock()
 	defer s.recv.mu.Unlock()
-	if m := s.recv.mounts[mountKey{projectID, name}]; m != nil {
-		return m.receiver, m.seq
-	}
-	return nil, 0
+	return s.recv.mounts[mountKey{projectID, name}]
 }
 
-// pokeCapability tells every loaded stream of the project that a capability was mounted: the
-// presence signal that un-parks its itx-call subscriptions and cuts their backoff. A stream
-// loaded later learns the project's mounts when it loads.
 // schedulePoke runs pokeCapability for a name in the background, one run at a time per name:
 // a mount while one runs asks for one more run after it, however many mounts come meanwhile,
 // so a client mounting and unmounting in a loop starts no more than one goroutine per name.
@@ -384,28 +378,66 @@ func (s *Server) schedulePoke(projectID, name string) {
 	}()
 }
 
+// pokeCapability tells every stream of the project that a capability was mounted: the presence
+// signal that un-parks its itx-call subscriptions and cuts their backoff. Loaded streams take it
+// as an input; unloaded ones parked on the name are loaded, and a stream learns the project's
+// mounts when it loads.
 func (s *Server) pokeCapability(projectID, name string) {
-	// Unloaded streams whose subscriptions parked waiting for this name load now; a loading
-	// stream learns the project's mounts, so it resumes them itself.
-	if parked, err := s.dir.ParkedOn(s.base, projectID, name); err != nil {
-		s.log.Warn().Err(err).Str("capability", name).Msg("finding streams parked on a capability")
-	} else {
-		for _, e := range parked {
-			if a, err := s.acquire(s.base, StreamRef{ProjectID: e.ProjectID, Path: e.Path}); err == nil {
-				s.release(a)
-			}
+	// Loaded streams take the signal as an input; so does one loading now, which may have read
+	// the project's mounts before this one. One chosen for unloading meanwhile either takes it
+	// in its last step or records its parked subscriptions as it closes: wait for that, so the
+	// look-up below sees them (a stream between the two would otherwise miss the signal).
+	s.mu.Lock()
+	var actors, leaving []*actor
+	for ref, a := range s.actors {
+		if ref.ProjectID == projectID {
+			actors = append(actors, a)
 		}
 	}
-	s.mu.Lock()
-	var actors []*actor
-	for ref, a := range s.actors {
-		if ref.ProjectID == projectID && isClosed(a.ready) && a.loadErr == nil {
-			actors = append(actors, a)
+	for ref, a := range s.unloading {
+		if ref.ProjectID == projectID {
+			leaving = append(leaving, a)
 		}
 	}
 	s.mu.Unlock()
 	for _, a := range actors {
+		if <-a.ready; a.loadErr != nil {
+			continue
+		}
 		a.post(actorMsg{mounted: name})
+		if a.dctx.Err() != nil { // chosen for unloading (under s.mu, with dcancel) since
+			leaving = append(leaving, a)
+		}
+	}
+	for _, a := range leaving {
+		if <-a.ready; a.loadErr == nil {
+			<-a.done
+		}
+	}
+	// Unloaded streams whose subscriptions parked waiting for this name load now; a loading
+	// stream learns the project's mounts, so it resumes them itself.
+	parked, err := s.dir.ParkedOn(s.base, projectID, name)
+	if err != nil {
+		s.log.Warn().Err(err).Str("capability", name).Msg("finding streams parked on a capability")
+		return
+	}
+	for _, e := range parked {
+		a, err := s.acquire(s.base, StreamRef{ProjectID: e.ProjectID, Path: e.Path})
+		if err == nil {
+			s.release(a)
+			continue
+		}
+		if itx.ErrorCode(err) == itx.ELimitExceeded {
+			// No room now (--max-held-streams): the stream's alarm loads it as soon as there
+			// is, and it learns the mounts as it loads. Dropped, the signal would leave it
+			// parked until the next mount.
+			now := itx.UnixMilli(s.clock.Now())
+			if err := s.dir.SetAlarm(s.base, e.StreamID, now); err != nil {
+				s.log.Error().Err(err).Str("path", e.Path).Msg("parked stream alarm not recorded")
+				continue
+			}
+			s.alarmChanged(now)
+		}
 	}
 }
 
@@ -418,17 +450,12 @@ type itxCallSender struct {
 func (c *itxCallSender) String() string { return "itx-call " + c.capability }
 
 func (c *itxCallSender) send(ctx context.Context, d *deliverer, b *itx.DeliveryBatch) (int64, error) {
-	r, seq := c.srv.receiver(c.projectID, c.capability)
-	if r == nil {
-		return 0, &classifiedError{class: classAbsent,
-			err: itx.Errorf(itx.ECapabilityOffline, "capability %q is offline: no Receiver is mounted under that name", c.capability)}
+	m := c.srv.receiver(c.projectID, c.capability)
+	if m == nil {
+		return 0, withClass(classAbsent, itx.Errorf(itx.ECapabilityOffline, "capability %q is offline: no Receiver is mounted under that name", c.capability))
 	}
-	confirmed, err := r.Receive(ctx, b)
-	if err != nil && classify(err) == classAbsent {
-		// Its session ended under the call; it says which mount was found absent, as above.
-		return 0, &classifiedError{class: classAbsent, mount: seq, err: err}
-	}
-	return confirmed, err
+	confirmed, err := m.receiver.Receive(ctx, b)
+	return confirmed, vanished(m.gen, err)
 }
 
 // --- processor-wake ------------------------------------------------------------------------

@@ -117,6 +117,10 @@ func (s *Server) release(a *actor) {
 	s.mu.Lock()
 	a.refs--
 	a.lastUsed = s.clock.Now()
+	if a.refs == 0 && a.drained != nil {
+		close(a.drained)
+		a.drained = nil
+	}
 	s.mu.Unlock()
 	s.inflight.Done()
 }

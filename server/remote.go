@@ -336,8 +336,9 @@ func (d *deliverer) wakeRemote(job pushJob, out deliveryOutcome) deliveryOutcome
 	case err != nil && ctx.Err() != nil:
 		return fail(classOutage, itx.Errorf(itx.EDeadlineExceeded, "processor host %q did not answer the wake within %s", m.name, 2*d.srv.cfg.DeliveryTimeout))
 	case err != nil:
+		err = vanished(m.gen, err)
 		out = fail(classify(err), fmt.Errorf("processor host %q: %w", m.name, err))
-		out.failure.mount = m.gen // absent: this mount vanished; a later one is present after all
+		out.failure.mount = vanishedMount(err)
 		return out
 	}
 	if cur := d.srv.remoteHost(d.ref.ProjectID, contract); cur == nil || cur.gen != m.gen {
@@ -420,11 +421,19 @@ func (s *Server) remoteSnapshot(ctx context.Context, a *actor, name string) (jso
 	return state, rec.Progress.ReducedThrough, rec.Progress.ProcessedThrough, nil
 }
 
-// remoteRuntimeState asks the host holding the contract; without one it says so, with the
-// committed cursors.
+// remoteRuntimeState asks the host holding the contract, within the delivery timeout (a host
+// that never answers must not hold the call, and the stream, for as long as the caller waits);
+// without a host it says so, with the committed cursors.
 func (s *Server) remoteRuntimeState(ctx context.Context, a *actor, name string) (json.RawMessage, error) {
 	if m := s.remoteHost(a.ref.ProjectID, a.contractOf(name)); m != nil {
-		st, err := m.host.RuntimeState(ctx, a.view().streamID, a.ref.Path, name)
+		hctx, cancel := context.WithCancel(ctx)
+		t := s.clock.AfterFunc(s.cfg.DeliveryTimeout, cancel)
+		st, err := m.host.RuntimeState(hctx, a.view().streamID, a.ref.Path, name)
+		t.Stop()
+		cancel()
+		if err != nil && ctx.Err() == nil && hctx.Err() != nil {
+			return nil, itx.Errorf(itx.EDeadlineExceeded, "processor host %q did not answer getRuntimeState within %s", m.name, s.cfg.DeliveryTimeout)
+		}
 		if err == nil {
 			var fields map[string]any
 			if json.Unmarshal(st, &fields) == nil {

@@ -111,10 +111,10 @@ type stepEnv struct {
 	// loadScheduled reads the events of scheduled appends by key (committed ones only).
 	loadScheduled func(keys []string) (map[string][]byte, error)
 	maxScheduled  int // scheduled appends per stream (0: none)
-	// mounted is the number of the mount under a capability name now (0: none; nil: never);
-	// hostMounted the same for the processor host announcing a contract.
-	mounted     func(capability string) uint64
-	hostMounted func(contract string) uint64
+	// mountedNow is the generation of the mount a subscription's receiver is reached through
+	// now (an itx-call capability, a remote processor host), 0 when none: an absent failure
+	// parks only while nothing other than the receiver that vanished is mounted. nil: none.
+	mountedNow func(entry *catalogEntry) uint64
 }
 
 // step applies one batch of inputs to st and returns what to do about it. It mutates st in place;
@@ -537,19 +537,15 @@ func (st *streamState) applyOutcome(o *deliveryOutcome, nowMs int64, env stepEnv
 	case decideIsolate:
 		rt.isolateThrough = d.isolateThrough
 	case decidePark:
-		var cur uint64
-		switch {
-		case env.mounted != nil && entry.Kind() == itx.KindITXCall:
-			cur = env.mounted(entry.Config.Receiver.Capability)
-		case env.hostMounted != nil && entry.Kind() == itx.KindProcessorWake && !isInProcess(entry):
-			cur = env.hostMounted(entry.Config.ProcessorContract())
-		}
-		if cur != 0 && cur != f.mount {
-			// A Receiver (or processor host) was mounted after the one this try found absent (a
-			// provider that reconnected before its old session was seen to end): it is present,
-			// and its mount's presence signal may have come before this outcome. Try it at once.
-			r.NextAttemptAt = 0
-			break
+		if env.mountedNow != nil {
+			if g := env.mountedNow(entry); g != 0 && g != f.mount {
+				// The receiver the try reached is gone, but another was mounted under its
+				// name meanwhile (a provider that reconnected took over before its old session
+				// died): no absence. Its mount's presence signal may already have been taken,
+				// so parking would wait for the next mount; deliver to it now instead.
+				r.NextAttemptAt = 0
+				break
+			}
 		}
 		r.Status, r.NextAttemptAt = storage.StatusParked, 0
 		eff.ladder = append(eff.ladder, ladderNote{name: o.name, decision: decidePark, offset: r.ConfirmedOffset, attempts: d.attempt, msg: d.msg})

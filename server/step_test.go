@@ -28,8 +28,8 @@ type stepScript struct {
 	pushes map[string]pushJob
 	limits map[string]int
 	kv     map[string][]byte // every committed kv value
+	mount  uint64            // the generation of the receiver mounted now (0: none)
 	out    strings.Builder
-	mount  uint64 // the number of the mount under every name now (0: none), for env.mounted
 }
 
 func newStepScript(t *testing.T) *stepScript {
@@ -60,14 +60,13 @@ func (s *stepScript) env() stepEnv {
 		random:          func() float64 { return 0.5 },
 		flushDelay:      200 * time.Millisecond,
 		deliveryTimeout: 20 * time.Second,
-		mounted:         func(string) uint64 { return s.mount },
-		hostMounted:     func(string) uint64 { return s.mount },
 		batchLimits: func(name string) int {
 			if n := s.limits[name]; n > 0 {
 				return n
 			}
 			return itx.DeliveryBatchEvents
 		},
+		mountedNow: func(*catalogEntry) uint64 { return s.mount },
 	}
 }
 
@@ -164,8 +163,8 @@ func (s *stepScript) run(line string) {
 		in.outcomes = []deliveryOutcome{o}
 	case "mount":
 		in.mounted = []string{"inbox"}
-		if args["n"] != "" {
-			s.mount = uint64(num("n")) // the mount's number, as env.mounted reports it
+		if args["gen"] != "" {
+			s.mount = uint64(num("gen"))
 		}
 	case "advance":
 		d, err := time.ParseDuration(args["by"])

@@ -264,8 +264,8 @@ func (s *Server) WaitForEvent(ctx context.Context, ref StreamRef, pred itx.Predi
 			continue
 		case <-expired:
 		case <-ctx.Done():
-		case <-s.base.Done():
-			return itx.Event{}, itx.Errorf(itx.EUnavailable, "the server is shutting down")
+		case <-a.dctx.Done():
+			return itx.Event{}, a.ended()
 		}
 		if ctx.Err() != nil {
 			return itx.Event{}, itx.Errorf(itx.ECancelled, "waitForEvent: %v", ctx.Err())

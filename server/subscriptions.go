@@ -199,8 +199,8 @@ func (s *Server) WaitUntilProcessed(ctx context.Context, ref StreamRef, name str
 				name, row.ConfirmedOffset, offset, timeout.Milliseconds(), row.Status)
 		case <-ctx.Done():
 			return 0, itx.Errorf(itx.ECancelled, "waitUntilProcessed: %v", ctx.Err())
-		case <-s.base.Done():
-			return 0, itx.Errorf(itx.EUnavailable, "the server is shutting down")
+		case <-a.dctx.Done():
+			return 0, a.ended()
 		}
 	}
 }
