@@ -1,6 +1,7 @@
 package server
 
 import (
+	"github.com/itx-dev/itx"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
@@ -117,5 +118,10 @@ func newMetrics() *Metrics {
 		m.CommitEvents, m.CommitCalls, m.ReadEvents, m.LoadedStreams, m.RPCConnections,
 		m.OpenConnections, m.Sessions, m.WebhooksInFlight, m.ConnectionEvents, m.LiveSubscribers,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// Every receiver kind's failure count exists from the start, at 0, so an alert on its rate
+	// sees 0 rather than no data until the first failure.
+	for _, kind := range []string{itx.KindWebhookPost, itx.KindCopyToStream, itx.KindITXCall, itx.KindProcessorWake} {
+		m.DeliveryFailures.WithLabelValues(kind)
+	}
 	return m
 }

@@ -95,3 +95,11 @@ func TestMetrics_DeliveryFailuresByKind(t *testing.T) {
 	require.Equal(t, 1.0, failures("itx-call"), "the absent receiver's one try")
 	require.Zero(t, failures("copy-to-stream"))
 }
+
+// The failed-deliveries counter has a series for every receiver kind from the start, at 0, so an
+// alert on its rate sees 0 rather than no data before the first failure.
+func TestMetrics_DeliveryFailuresStartAtZero(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	require.Equal(t, 4, testutil.CollectAndCount(ts.srv.Metrics().DeliveryFailures))
+	require.Zero(t, testutil.ToFloat64(ts.srv.Metrics().DeliveryFailures.WithLabelValues("processor-wake")))
+}
