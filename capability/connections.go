@@ -138,14 +138,15 @@ var closeReasons = map[server.CloseReason]struct {
 	why  schema.CloseReason
 	code itx.Code
 }{
-	server.CloseByClient:       {schema.CloseReason_closedByClient, itx.ECancelled},
-	server.CloseReplaced:       {schema.CloseReason_replaced, itx.EFailedPrecondition},
-	server.CloseShuttingDown:   {schema.CloseReason_serverShuttingDown, itx.EUnavailable},
-	server.CloseStreamRemoved:  {schema.CloseReason_streamRemoved, itx.ENotFound},
-	server.CloseSlowConsumer:   {schema.CloseReason_slowConsumer, itx.EDeadlineExceeded},
-	server.CloseDeliveryFailed: {schema.CloseReason_deliveryFailed, itx.EInternal},
-	server.CloseConnectionLost: {schema.CloseReason_connectionLost, itx.EUnavailable},
-	server.CloseAccessEnded:    {schema.CloseReason_accessEnded, itx.EUnauthenticated},
+	server.CloseByClient:            {schema.CloseReason_closedByClient, itx.ECancelled},
+	server.CloseReplaced:            {schema.CloseReason_replaced, itx.EFailedPrecondition},
+	server.CloseShuttingDown:        {schema.CloseReason_serverShuttingDown, itx.EUnavailable},
+	server.CloseStreamRemoved:       {schema.CloseReason_streamRemoved, itx.ENotFound},
+	server.CloseSlowConsumer:        {schema.CloseReason_slowConsumer, itx.EDeadlineExceeded},
+	server.CloseDeliveryFailed:      {schema.CloseReason_deliveryFailed, itx.EInternal},
+	server.CloseConnectionLost:      {schema.CloseReason_connectionLost, itx.EUnavailable},
+	server.CloseAccessEnded:         {schema.CloseReason_accessEnded, itx.EUnauthenticated},
+	server.CloseSubscriptionRemoved: {schema.CloseReason_subscriptionRemoved, itx.ENotFound},
 }
 
 func (k *eventSink) Closed(ctx context.Context, reason server.CloseReason, message string) {
@@ -265,7 +266,12 @@ func attachLive(srv *server.Server, acc access, sub schema.LiveSubscriber, subsc
 		sub.Release()
 		return schema.Handle{}, fail(err)
 	}
-	return newEndHandle(srv, acc, func() { cancel(); sub.Release() }), nil
+	return newEndHandle(srv, acc, func() { cancel(); sub.Release() }, func() {
+		// The session that opened it ended (revoked or expired): say so, bounded.
+		ctx, stop := context.WithTimeout(context.Background(), itx.DeliveryTimeout)
+		defer stop()
+		(&liveSubscriber{client: sub}).Closed(ctx, server.CloseAccessEnded, "the token that opened this live view was revoked or expired")
+	}), nil
 }
 
 // liveSubscriber adapts a client's LiveSubscriber capability to server.LiveSink.
@@ -288,4 +294,20 @@ func (l *liveSubscriber) Send(ctx context.Context, f server.LiveFrame) error {
 	defer release()
 	_, err := fut.Struct()
 	return sinkError(err)
+}
+
+// Closed tells the subscriber why the server ended its view (server.LiveCloser).
+func (l *liveSubscriber) Closed(ctx context.Context, reason server.CloseReason, message string) {
+	r := closeReasons[reason]
+	fut, release := l.client.Closed(ctx, func(p schema.LiveSubscriber_closed_Params) error {
+		p.SetWhy(r.why)
+		e, err := p.NewReason()
+		if err != nil {
+			return err
+		}
+		e.SetCode(schema.ErrorCodeFromString(string(r.code)))
+		return e.SetMessage_(string(reason) + ": " + message)
+	})
+	defer release()
+	_, _ = fut.Struct()
 }

@@ -358,8 +358,9 @@ func (h *endHandle) Cancel(ctx context.Context, call schema.Handle_cancel) error
 func (h *endHandle) Shutdown() { h.once.Do(h.end) }
 
 // newEndHandle serves a Handle that runs end once, under acc: when it is cancelled or released,
-// or when acc's session ends (its token revoked or expired), whichever comes first.
-func newEndHandle(srv *server.Server, acc access, end func()) schema.Handle {
+// or when acc's session ends (its token revoked or expired), whichever comes first; in that last
+// case accessEnded (if given) first tells the other side why.
+func newEndHandle(srv *server.Server, acc access, end func(), accessEnded ...func()) schema.Handle {
 	h := &endHandle{}
 	var mu sync.Mutex
 	var forget func()
@@ -373,7 +374,14 @@ func newEndHandle(srv *server.Server, acc access, end func()) schema.Handle {
 		}
 	}
 	if acc.session != nil {
-		f := acc.session.OnEnd(func() { h.once.Do(h.end) })
+		f := acc.session.OnEnd(func() {
+			h.once.Do(func() {
+				for _, tell := range accessEnded {
+					tell()
+				}
+				h.end()
+			})
+		})
 		mu.Lock()
 		forget = f
 		mu.Unlock()

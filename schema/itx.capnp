@@ -290,6 +290,7 @@ enum CloseReason {
   connectionLost @6;            # the client's RPC session ended
   accessEnded @7;               # the token that opened it was revoked or expired (another login
                                 # may keep the RPC session)
+  subscriptionRemoved @8;       # a processor's live view: its subscription was removed
 }
 
 struct DeliveryBatch {
@@ -365,6 +366,9 @@ interface Readers {
 interface LiveSubscriber {
   snapshot @0 (revision :UInt64, state :Text) -> ();
   patch @1 (revision :UInt64, ops :Text) -> ();
+  # The last call when the server ends the view (not after the client's own cancel): why is the
+  # reason to switch on (serverShuttingDown, streamRemoved, accessEnded, subscriptionRemoved).
+  closed @2 (reason :Error, why :CloseReason) -> ();
 }
 
 # --- processors ------------------------------------------------------------------------------

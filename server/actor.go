@@ -63,6 +63,7 @@ type actor struct {
 	connList   atomic.Pointer[[]*Connection] // conns as the live engine reads them
 	liveP      atomic.Pointer[liveEngine]
 	liveCount  atomic.Int64 // counted live-state subscribers (Config.MaxLiveSubscribersPerStream)
+	deleted    atomic.Bool  // the stream is being deleted with its project
 	procLiveMu sync.Mutex   // creates processor live engines (procLiveP)
 	procLiveP  atomic.Pointer[map[string]*liveEngine]
 
@@ -495,6 +496,7 @@ func (a *actor) handle(m actorMsg) bool {
 	case m.liveGone != nil:
 		m.liveGone.cancel()
 	case m.removed:
+		a.deleted.Store(true) // its live views hear streamRemoved as they end
 		for _, c := range a.conns {
 			c.Close(CloseStreamRemoved, "the stream was deleted with its project")
 		}

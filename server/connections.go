@@ -25,6 +25,8 @@ const (
 	CloseDeliveryFailed CloseReason = "deliveryFailed"
 	CloseConnectionLost CloseReason = "connectionLost"
 	CloseAccessEnded    CloseReason = "accessEnded" // the opening token was revoked or expired
+	// CloseSubscriptionRemoved ends a processor's live view: its subscription was removed.
+	CloseSubscriptionRemoved CloseReason = "subscriptionRemoved"
 )
 
 // Connection limits (DESIGN.md "Resource bounds"): a connection has at most

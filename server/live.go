@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"sync/atomic"
 
 	"github.com/itx-dev/itx"
 	"github.com/wI2L/jsondiff"
@@ -24,6 +25,12 @@ type LiveFrame struct {
 // LiveSink receives frames (the capability layer adapts a LiveSubscriber capability).
 type LiveSink interface {
 	Send(ctx context.Context, frame LiveFrame) error
+}
+
+// LiveCloser is a LiveSink that hears why the server ended its view (not after the client's own
+// cancel): the server shutting down, the stream removed, a processor's subscription removed.
+type LiveCloser interface {
+	Closed(ctx context.Context, reason CloseReason, message string)
 }
 
 // LiveStreamState is the stream's live state: its head, a row per subscription, the registered
@@ -80,6 +87,9 @@ type liveEngine struct {
 	ctx    context.Context
 	stop   context.CancelFunc
 	exited chan struct{} // closed when run has returned
+	// ended says why the engine was stopped, for its subscribers' notice (nil: the stream's
+	// load ended, a shutdown or a removal; see endReason).
+	ended atomic.Pointer[liveEnd]
 
 	mu      sync.Mutex
 	rev     uint64
@@ -90,11 +100,30 @@ type liveEngine struct {
 
 // liveSubscriber is one attached LiveSink with its pusher.
 type liveSubscriber struct {
-	engine *liveEngine // a processor's; nil: the stream's
-	sink   LiveSink
-	ctx    context.Context
-	cancel context.CancelFunc
-	done   chan struct{}
+	engine   *liveEngine // a processor's; nil: the stream's
+	sink     LiveSink
+	ctx      context.Context
+	cancel   context.CancelFunc
+	done     chan struct{}
+	byClient atomic.Bool // the client cancelled it: no notice
+}
+
+// liveEnd is why a live engine stopped.
+type liveEnd struct {
+	reason  CloseReason
+	message string
+}
+
+// endReason is why the engine's subscribers are being detached: what stopped it, or else the
+// stream's end (a project delete, a shutdown).
+func (e *liveEngine) endReason() liveEnd {
+	if end := e.ended.Load(); end != nil {
+		return *end
+	}
+	if e.a.deleted.Load() {
+		return liveEnd{CloseStreamRemoved, "the stream was deleted with its project"}
+	}
+	return liveEnd{CloseShuttingDown, "the server is shutting down"}
 }
 
 // liveEngine returns the stream's engine, starting it on first use. Actor goroutine only.
@@ -178,6 +207,15 @@ func (e *liveEngine) run() {
 func (e *liveEngine) push(s *liveSubscriber) {
 	srv := e.a.srv
 	defer func() {
+		if closer, ok := s.sink.(LiveCloser); ok && e.ctx.Err() != nil && !s.byClient.Load() {
+			// The server ended the view: say why, within the delivery timeout (whoever is
+			// shutting down does not wait longer for a listener).
+			end := e.endReason()
+			sendWithin(srv, context.Background(), func(ctx context.Context) error {
+				closer.Closed(ctx, end.reason, end.message)
+				return nil
+			})
+		}
 		s.cancel()
 		close(s.done)
 		srv.metrics.LiveSubscribers.Dec()
@@ -353,7 +391,7 @@ func (s *Server) attachLive(ctx context.Context, ref StreamRef, sink LiveSink, c
 		s.release(a)
 	}()
 	var once sync.Once
-	return func() { once.Do(sub.cancel) }, nil
+	return func() { once.Do(func() { sub.byClient.Store(true); sub.cancel() }) }, nil
 }
 
 // String describes a frame for logs and tests.

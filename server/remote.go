@@ -518,6 +518,7 @@ func (a *actor) pruneProcessorLive(name string) {
 		}
 	}
 	a.procLiveP.Store(&next)
+	e.ended.Store(&liveEnd{CloseSubscriptionRemoved, fmt.Sprintf("subscription %q no longer runs a processor", name)})
 	e.stop()
 }
 

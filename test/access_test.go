@@ -22,10 +22,13 @@ type quietSink struct{}
 func (quietSink) Deliver(context.Context, schema.EventSink_deliver) error { return nil }
 func (quietSink) Closed(context.Context, schema.EventSink_closed) error   { return nil }
 func (quietSink) State(context.Context, schema.EventSink_state) error     { return nil }
-func (quietSink) Snapshot(context.Context, schema.LiveSubscriber_snapshot) error {
-	return nil
-}
-func (quietSink) Patch(context.Context, schema.LiveSubscriber_patch) error { return nil }
+
+// quietLive is a LiveSubscriber that takes every frame and says nothing.
+type quietLive struct{}
+
+func (quietLive) Snapshot(context.Context, schema.LiveSubscriber_snapshot) error { return nil }
+func (quietLive) Patch(context.Context, schema.LiveSubscriber_patch) error       { return nil }
+func (quietLive) Closed(context.Context, schema.LiveSubscriber_closed) error     { return nil }
 
 // struct0 waits for a call's answer, keeping only its error.
 func struct0[T any](fut interface{ Struct() (T, error) }, release capnp.ReleaseFunc) error {
@@ -263,7 +266,7 @@ var methodCases = map[string]methodCase{
 	})},
 	"Stream.liveState": {right: itx.RightRead, pathed: true, call: withStream(func(ctx context.Context, s schema.Stream) error {
 		fut, release := s.LiveState(ctx, func(p schema.Stream_liveState_Params) error {
-			return p.SetSubscriber(schema.LiveSubscriber_ServerToClient(quietSink{}))
+			return p.SetSubscriber(schema.LiveSubscriber_ServerToClient(quietLive{}))
 		})
 		return struct0[schema.Stream_liveState_Results](fut, release)
 	})},
@@ -328,7 +331,7 @@ var methodCases = map[string]methodCase{
 
 	"Handle.cancel": {right: itx.RightRead, pathed: true, call: withStream(func(ctx context.Context, s schema.Stream) error {
 		fut, release := s.LiveState(ctx, func(p schema.Stream_liveState_Params) error {
-			return p.SetSubscriber(schema.LiveSubscriber_ServerToClient(quietSink{}))
+			return p.SetSubscriber(schema.LiveSubscriber_ServerToClient(quietLive{}))
 		})
 		defer release()
 		c, rel := fut.Handle().Cancel(ctx, nil)

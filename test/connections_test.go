@@ -434,10 +434,26 @@ func TestConnection_DisconnectReleasesEverything(t *testing.T) {
 // liveView applies live-state frames the way a client does: snapshot, then patches in revision
 // order; a gap would be a resubscribe.
 type liveView struct {
-	mu   sync.Mutex
-	rev  uint64
-	doc  []byte
-	gaps int
+	mu     sync.Mutex
+	rev    uint64
+	doc    []byte
+	gaps   int
+	closed schema.CloseReason // why the server ended the view
+	ended  bool
+}
+
+func (l *liveView) Closed(ctx context.Context, call schema.LiveSubscriber_closed) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.closed, l.ended = call.Args().Why(), true
+	return nil
+}
+
+// endedWith is why the server ended the view, and whether it did.
+func (l *liveView) endedWith() (schema.CloseReason, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.closed, l.ended
 }
 
 func (l *liveView) Snapshot(ctx context.Context, call schema.LiveSubscriber_snapshot) error {

@@ -94,6 +94,8 @@ func (l *slowLive) Snapshot(ctx context.Context, call schema.LiveSubscriber_snap
 	return l.liveView.Snapshot(ctx, call)
 }
 
+func (l *slowLive) Closed(context.Context, schema.LiveSubscriber_closed) error { return nil }
+
 func (l *slowLive) Patch(ctx context.Context, call schema.LiveSubscriber_patch) error {
 	l.wait()
 	l.mu2.Lock()

@@ -388,6 +388,9 @@ func runWatch(ctx context.Context, s *Session, args []string) error {
 		for _, pt := range patches {
 			fmt.Fprintf(s.cfg.Out, "revision %d: %s\n", pt.Revision, pt.Ops)
 		}
+		if why := v.endedWith(); why != "" {
+			return itx.Errorf(itx.EUnavailable, "the live view ended: %s", why)
+		}
 	}
 }
 

@@ -246,6 +246,8 @@ type liveView struct {
 	// first is closed when the first snapshot has arrived.
 	first     chan struct{}
 	firstOnce sync.Once
+	// ended is why the server ended the view ("" while it runs): its closed call.
+	ended string
 
 	s        *Session
 	handle   schema.Handle
@@ -311,6 +313,28 @@ func (v *liveView) waitFirstSnapshot(ctx context.Context) error {
 	defer cancel()
 	v.cancel(cctx)
 	return err
+}
+
+// Closed records why the server ended the view (the last call it makes).
+func (v *liveView) Closed(ctx context.Context, call schema.LiveSubscriber_closed) error {
+	reason, err := call.Args().Reason()
+	if err != nil {
+		return err
+	}
+	msg, _ := reason.Message_()
+	v.mu.Lock()
+	v.ended = msg
+	v.mu.Unlock()
+	v.firstOnce.Do(func() { close(v.first) })
+	v.signal()
+	return nil
+}
+
+// endedWith is why the server ended the view, "" while it runs.
+func (v *liveView) endedWith() string {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.ended
 }
 
 func (v *liveView) Patch(ctx context.Context, call schema.LiveSubscriber_patch) error {

@@ -1,0 +1,92 @@
+package test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/schema"
+	"github.com/itx-dev/itx/server"
+	"github.com/stretchr/testify/require"
+)
+
+// watchLive attaches a liveView to a stream's live state and returns it with its handle.
+func watchLive(t *testing.T, s schema.Stream) (*liveView, schema.Handle) {
+	t.Helper()
+	ctx := ctxT(t)
+	view := &liveView{}
+	fut, release := s.LiveState(ctx, func(p schema.Stream_liveState_Params) error {
+		return p.SetSubscriber(schema.LiveSubscriber_ServerToClient(view))
+	})
+	defer release()
+	res, err := fut.Struct()
+	require.NoError(t, err)
+	h := res.Handle().AddRef()
+	t.Cleanup(h.Release)
+	waitUntil(t, "the first snapshot", func() bool { rev, _ := view.state(); return rev > 0 })
+	return view, h
+}
+
+// A live view the server ends hears why, as a connection does (LiveSubscriber.closed): the
+// session that opened it revoked (accessEnded), a processor's subscription removed
+// (subscriptionRemoved), the server shutting down (serverShuttingDown). One the client cancels
+// hears nothing.
+func TestLive_ServerEndedViewsHearWhy(t *testing.T) {
+	ts := startServer(t, server.Config{Processors: referenceHost(t, "guestbook")})
+	ctx := ctxT(t)
+	p := ts.project(t)
+	s := stream(t, p, "/live-ends")
+	mustAppend(t, s, ev("a", `{}`))
+
+	// Cancelled by the client: no notice.
+	mine, h := watchLive(t, s)
+	fut, release := h.Cancel(ctx, nil)
+	_, err := fut.Struct()
+	release()
+	require.NoError(t, err)
+
+	// Revoked.
+	a := client.Admin(ctx, ts.deployment(t))
+	defer a.Release()
+	tok, info, err := client.CreateToken(ctx, a, "default", client.TokenOptions{Label: "watcher"})
+	require.NoError(t, err)
+	other := dial(t, ts.addr).Login(ctx, tok)
+	defer other.Release()
+	revoked, _ := watchLive(t, client.Stream(ctx, other, "/live-ends"))
+	require.NoError(t, client.RevokeToken(ctx, a, "default", info.ID))
+	waitUntil(t, "the revoked view heard why", func() bool { _, ended := revoked.endedWith(); return ended })
+	why, _ := revoked.endedWith()
+	require.Equal(t, schema.CloseReason_accessEnded, why)
+
+	// A processor's view whose subscription is removed.
+	configureProcessor(t, s, "guestbook")
+	_, proc := processorOf(t, s, "guestbook")
+	pview := &liveView{}
+	pf, prel := proc.LiveState(ctx, func(p schema.Processor_liveState_Params) error {
+		return p.SetSubscriber(schema.LiveSubscriber_ServerToClient(pview))
+	})
+	_, err = pf.Struct()
+	prel()
+	require.NoError(t, err)
+	waitUntil(t, "the processor's first snapshot", func() bool { rev, _ := pview.state(); return rev > 0 })
+	subs := client.Subscriptions(ctx, s)
+	defer subs.Release()
+	_, err = client.RemoveSubscription(ctx, subs, "guestbook")
+	require.NoError(t, err)
+	waitUntil(t, "the processor's view heard why", func() bool { _, ended := pview.endedWith(); return ended })
+	why, _ = pview.endedWith()
+	require.Equal(t, schema.CloseReason_subscriptionRemoved, why)
+
+	// Shutdown.
+	stays, _ := watchLive(t, s)
+	closeCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	require.NoError(t, ts.srv.Close(closeCtx))
+	waitUntil(t, "the view heard the shutdown", func() bool { _, ended := stays.endedWith(); return ended })
+	why, _ = stays.endedWith()
+	require.Equal(t, schema.CloseReason_serverShuttingDown, why)
+
+	_, ended := mine.endedWith()
+	require.False(t, ended, "a view the client cancelled hears nothing")
+}
