@@ -154,7 +154,8 @@ func (d *deliverer) push(job pushJob, store streamStore, streamID string) delive
 				return out // unloading or replaced: the outcome is unknown, so the events redeliver
 			}
 			last := matched[len(matched)-1].Offset
-			out.failure = &deliveryFailure{class: classify(err), count: len(matched), last: last, msg: err.Error(), mount: vanishedMount(err)}
+			out.failure = &deliveryFailure{class: classify(err), count: len(matched), last: last, msg: err.Error(), mount: vanishedMount(err),
+				retryAfter: retryAfterOf(err)}
 			if len(matched) == 1 {
 				out.failure.eventOffset = last
 			}

@@ -3,6 +3,7 @@ package server
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/storage"
@@ -36,7 +37,18 @@ func (c failureClass) String() string {
 type classifiedError struct {
 	class failureClass
 	mount uint64 // classAbsent: the mount generation the try reached, which vanished (0: none)
-	err   error
+	// retryAfter: an outage whose receiver said when to try again (HTTP Retry-After).
+	retryAfter time.Duration
+	err        error
+}
+
+// retryAfterOf is the wait an outage's receiver asked for (0: none).
+func retryAfterOf(err error) time.Duration {
+	var ce *classifiedError
+	if errors.As(err, &ce) && ce.class == classOutage {
+		return ce.retryAfter
+	}
+	return 0
 }
 
 func (e *classifiedError) Error() string { return e.err.Error() }
@@ -90,6 +102,7 @@ type deliveryFailure struct {
 	eventOffset int64 // the failing event when it is known (a single-event try, an expression)
 	expression  bool  // a filter or transform failed on eventOffset: recorded once as evidence
 	msg         string
+	retryAfter  time.Duration // an outage: the receiver asked to wait at least this long
 	// mount is, for an absent receiver, the mount generation the try reached (0: nothing was
 	// mounted): when another is mounted by the time the step sees the failure, it is no absence.
 	mount uint64
@@ -141,7 +154,11 @@ func decideFailure(row storage.CursorRow, f deliveryFailure, policy string, now 
 			return d
 		}
 		d.kind = decideRetry
-		d.nextAttemptAt = now + itx.Backoff(attempt, random).Milliseconds()
+		wait := itx.Backoff(attempt, random)
+		if f.retryAfter > wait {
+			wait = min(f.retryAfter, itx.BackoffCap) // the receiver asked for longer (Retry-After)
+		}
+		d.nextAttemptAt = now + wait.Milliseconds()
 		return d
 	}
 	switch f.class {

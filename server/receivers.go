@@ -112,13 +112,36 @@ func (w *webhookSender) send(ctx context.Context, d *deliverer, b *itx.DeliveryB
 	case resp.StatusCode >= 200 && resp.StatusCode <= 299:
 		return 0, nil
 	case resp.StatusCode >= 500, resp.StatusCode == http.StatusTooManyRequests, resp.StatusCode == http.StatusRequestTimeout:
-		return 0, withClass(classOutage, fmt.Errorf("webhook responded %s", resp.Status))
+		err := &classifiedError{class: classOutage, err: fmt.Errorf("webhook responded %s", resp.Status),
+			retryAfter: retryAfter(resp.Header.Get("Retry-After"), d.srv.clock.Now())}
+		if err.retryAfter > 0 {
+			err.err = fmt.Errorf("webhook responded %s (Retry-After %s)", resp.Status, err.retryAfter)
+		}
+		return 0, err
 	case resp.StatusCode >= 300 && resp.StatusCode <= 399:
 		// The endpoint moved, which says nothing against this event: skipping events would
 		// not bring them to it.
 		return 0, withClass(classOutage, fmt.Errorf("webhook responded %s (redirects are not followed: configure the new URL)", resp.Status))
 	}
 	return 0, withClass(classEvent, fmt.Errorf("webhook responded %s", resp.Status))
+}
+
+// retryAfter reads an HTTP Retry-After value, seconds or an HTTP date, as a wait from now (0:
+// none, unreadable, or past).
+func retryAfter(v string, now time.Time) time.Duration {
+	if v == "" {
+		return 0
+	}
+	if n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil {
+		if n <= 0 {
+			return 0
+		}
+		return time.Duration(min(n, int64(itx.BackoffCap/time.Second))) * time.Second
+	}
+	if at, err := http.ParseTime(v); err == nil && at.After(now) {
+		return at.Sub(now)
+	}
+	return 0
 }
 
 // webhookDrainTime bounds how long a webhook's response body is read after its status arrived.

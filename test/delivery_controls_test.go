@@ -230,3 +230,43 @@ func TestSubscription_RetryKeepsItsDeliveryIDPastFilteredAppends(t *testing.T) {
 	require.Len(t, ids, 2)
 	require.Equal(t, ids[0], ids[1], "the retry of the same two events keeps its id")
 }
+
+// A webhook answering 429 or 503 with Retry-After is retried no sooner than it asked (seconds or
+// an HTTP date), capped at the ladder's 30 min; without it, the ladder's backoff applies.
+func TestSubscription_WebhookRetryAfter(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	var mu sync.Mutex
+	header := "120"
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		mu.Lock()
+		if header != "" {
+			w.Header().Set("Retry-After", header)
+		}
+		mu.Unlock()
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	defer srv.Close()
+	s := stream(t, e.p, "/retry-after")
+	e.configure(t, s, client.SubscriptionConfig{Name: "hook", Start: "now",
+		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: srv.URL}})
+	mustAppend(t, s, ev("a", `{}`))
+	waitUntil(t, "first failure", func() bool { return e.describe(t, s, "hook").Attempt == 1 })
+	d := e.describe(t, s, "hook")
+	require.Equal(t, e.clock.Now().Add(120*time.Second).UnixMilli(), d.NextAttemptAt, "Retry-After: 120")
+	require.Contains(t, d.LastError, "Retry-After")
+
+	mu.Lock()
+	header = e.clock.Now().Add(time.Hour).UTC().Format(http.TimeFormat) // past the 30 min cap
+	mu.Unlock()
+	e.clock.Advance(120 * time.Second)
+	waitUntil(t, "second failure", func() bool { return e.describe(t, s, "hook").Attempt == 2 })
+	require.Equal(t, e.clock.Now().Add(30*time.Minute).UnixMilli(), e.describe(t, s, "hook").NextAttemptAt, "an HTTP date, capped")
+
+	mu.Lock()
+	header = ""
+	mu.Unlock()
+	e.clock.Advance(30 * time.Minute)
+	waitUntil(t, "third failure", func() bool { return e.describe(t, s, "hook").Attempt == 3 })
+	require.Equal(t, e.clock.Now().Add(4*time.Second).UnixMilli(), e.describe(t, s, "hook").NextAttemptAt, "no header: the ladder's 4 s")
+}
