@@ -149,21 +149,33 @@ var closeReasons = map[server.CloseReason]struct {
 	server.CloseSubscriptionRemoved: {schema.CloseReason_subscriptionRemoved, itx.ENotFound},
 }
 
+// closedParams are the arguments of a closed call (an EventSink's, a LiveSubscriber's).
+type closedParams interface {
+	SetWhy(schema.CloseReason)
+	NewReason() (schema.Error, error)
+}
+
+// setClosed fills a closed call's arguments: the reason to switch on, and an error whose code
+// and message say the same for a human.
+func setClosed(p closedParams, reason server.CloseReason, message string) error {
+	r := closeReasons[reason]
+	p.SetWhy(r.why)
+	e, err := p.NewReason()
+	if err != nil {
+		return err
+	}
+	e.SetCode(schema.ErrorCodeFromString(string(r.code)))
+	return e.SetMessage_(string(reason) + ": " + message)
+}
+
 func (k *eventSink) Closed(ctx context.Context, reason server.CloseReason, message string) {
 	k.once.Do(func() {
 		defer k.client.Release()
 		if reason == server.CloseConnectionLost {
 			return // nobody is listening
 		}
-		r := closeReasons[reason]
 		fut, release := k.client.Closed(ctx, func(p schema.EventSink_closed_Params) error {
-			p.SetWhy(r.why)
-			e, err := p.NewReason()
-			if err != nil {
-				return err
-			}
-			e.SetCode(schema.ErrorCodeFromString(string(r.code)))
-			return e.SetMessage_(string(reason) + ": " + message)
+			return setClosed(p, reason, message)
 		})
 		defer release()
 		_, _ = fut.Struct()
@@ -298,15 +310,8 @@ func (l *liveSubscriber) Send(ctx context.Context, f server.LiveFrame) error {
 
 // Closed tells the subscriber why the server ended its view (server.LiveCloser).
 func (l *liveSubscriber) Closed(ctx context.Context, reason server.CloseReason, message string) {
-	r := closeReasons[reason]
 	fut, release := l.client.Closed(ctx, func(p schema.LiveSubscriber_closed_Params) error {
-		p.SetWhy(r.why)
-		e, err := p.NewReason()
-		if err != nil {
-			return err
-		}
-		e.SetCode(schema.ErrorCodeFromString(string(r.code)))
-		return e.SetMessage_(string(reason) + ": " + message)
+		return setClosed(p, reason, message)
 	})
 	defer release()
 	_, _ = fut.Struct()
