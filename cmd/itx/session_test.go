@@ -178,3 +178,45 @@ func TestEval_LiveStateTimesAreISO(t *testing.T) {
 	}, 20*time.Second, 10*time.Millisecond)
 	require.Contains(t, times, "/lastAppendAt")
 }
+
+// .help shows every option a method takes: the options a call names as known when given an
+// unknown one are all in the method's line of .help (the delivery controls maxDeliveryEvents
+// and maxDeliveryBytes of configure among them). createProject's line names the fields its
+// answer has.
+func TestHelp_NamesEveryOption(t *testing.T) {
+	ts := startServer(t)
+	ts.appendDirect(t, "/a", itx.EventInput{Type: "note"})
+	s := newSession(t, ts)
+	help := func(iface string) string {
+		s.out.Reset()
+		require.NoError(t, s.RunCommand(context.Background(), "help "+iface))
+		return s.out.String()
+	}
+	line := func(iface, method string) string {
+		for _, l := range strings.Split(help(iface), "\n") {
+			if strings.HasPrefix(strings.TrimSpace(l), method+"(") {
+				return l
+			}
+		}
+		t.Fatalf(".help %s has no line for %s", iface, method)
+		return ""
+	}
+	for _, c := range []struct{ iface, method, call string }{
+		{"Subscriptions", "configure", `project.streams.get("/a").subscriptions.configure({bogus: 1})`},
+		{"Stream", "openConnection", `project.streams.get("/a").openConnection({bogus: 1})`},
+		{"Stream", "getEvents", `project.streams.get("/a").getEvents({bogus: 1})`},
+		{"Stream", "waitForEvent", `project.streams.get("/a").waitForEvent({bogus: 1})`},
+		{"Stream", "schedule", `project.streams.get("/a").schedule({event: {}, bogus: 1})`},
+		{"Admin", "createToken", `project.admin.createToken({bogus: 1})`},
+	} {
+		f := s.failure(t, c.call)
+		require.Equal(t, "invalidArgument", f.Code, c.call)
+		_, known, ok := strings.Cut(f.Message, "(known: ")
+		require.True(t, ok, "%s: %s", c.call, f.Message)
+		usage := line(c.iface, c.method)
+		for _, k := range strings.Split(strings.TrimSuffix(known, ")"), ", ") {
+			require.Contains(t, usage, k, ".help %s: %s takes %s, which its help does not show", c.iface, c.method, k)
+		}
+	}
+	require.Contains(t, line("Admin", "createProject"), "{id, name, token, tokenInfo}", "the fields createProject answers")
+}

@@ -15,7 +15,7 @@ import (
 // The Admin interface (project.admin) at the prompt: projects and tokens.
 func init() {
 	bindings["Admin"] = map[string]binding{
-		"createProject": {"createProject(name) -> {project, token, tokenInfo} (the token is shown only now)", adminCreateProject},
+		"createProject": {"createProject(name) -> {id, name, token, tokenInfo} (the token is shown only now)", adminCreateProject},
 		"listProjects":  {"listProjects() -> [{id, name, deployment, createdAt, streamCount}]", adminListProjects},
 		"renameProject": {"renameProject(projectId, name)", adminRenameProject},
 		"deleteProject": {"deleteProject(projectId, force?) (force: delete its streams and their files too)", adminDeleteProject},
