@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -219,4 +220,22 @@ func TestHelp_NamesEveryOption(t *testing.T) {
 		}
 	}
 	require.Contains(t, line("Admin", "createProject"), "{id, name, token, tokenInfo}", "the fields createProject answers")
+}
+
+// createToken's expiresInMs is counted in milliseconds from now however far it reaches: 2e13 ms
+// (about 634 years) once overflowed a time.Duration and made a token expiring in 2076, and 1e13
+// one refused as "expiresAt -6650552864872 is not in the future".
+func TestEval_CreateTokenFarExpiry(t *testing.T) {
+	ts := startServer(t)
+	s := newSession(t, ts)
+	for _, ms := range []int64{10_000_000_000_000, 20_000_000_000_000} {
+		before := time.Now()
+		v := s.mustEval(t, fmt.Sprintf(`project.admin.createToken({label: "far", expiresInMs: %d}).info.expiresAt`, ms))
+		at, err := time.Parse(time.RFC3339Nano, v.(string))
+		require.NoError(t, err, "%v", v)
+		want := time.UnixMilli(before.UnixMilli() + ms)
+		require.WithinDuration(t, want, at, time.Minute, "expiresInMs %d", ms)
+	}
+	f := s.failure(t, `project.admin.createToken({label: "far", expiresInMs: 9223372036854775807n})`)
+	require.Equal(t, "invalidArgument", f.Code, f.Message)
 }
