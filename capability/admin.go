@@ -30,10 +30,20 @@ func (a *admin) by() server.Admin {
 	return server.Admin{TokenID: a.acc.session.Token.ID, ProjectID: a.p.ID}
 }
 
+// root reports whether this admin administers every project: a deployment token without a
+// path prefix. A deployment token limited to a prefix is a project admin of the deployment
+// project like any other: another project reaches streams outside its prefix.
+func (a *admin) root() bool {
+	return a.p.Deployment && (a.acc.prefix == "" || a.acc.prefix == "/")
+}
+
 // deployment refuses what only the deployment root may do.
 func (a *admin) deployment(what string) error {
 	if !a.p.Deployment {
 		return itx.Errorf(itx.EPermissionDenied, "%s needs the deployment root's token", what)
+	}
+	if !a.root() {
+		return itx.Errorf(itx.EPermissionDenied, "%s reaches every project: this token is limited to streams under %s", what, a.acc.prefix)
 	}
 	return nil
 }
@@ -92,7 +102,7 @@ func (a *admin) ListProjects(ctx context.Context, call schema.Admin_listProjects
 	}
 	var list []itx.ProjectSummary
 	for _, p := range all {
-		if a.p.Deployment || p.Info.ID == a.p.ID { // a project's admin sees its own project only
+		if a.root() || p.Info.ID == a.p.ID { // a project's admin sees its own project only
 			list = append(list, p)
 		}
 	}

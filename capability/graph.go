@@ -187,6 +187,11 @@ func (p *project) Processors(ctx context.Context, call schema.Project_processors
 }
 
 func (p *project) Describe(ctx context.Context, call schema.Project_describe) error {
+	call.Go()
+	now, err := p.srv.Project(ctx, p.p.ID)
+	if err != nil {
+		return fail(err)
+	}
 	res, err := call.AllocResults()
 	if err != nil {
 		return err
@@ -195,7 +200,7 @@ func (p *project) Describe(ctx context.Context, call schema.Project_describe) er
 	if err != nil {
 		return err
 	}
-	return wire.SetProjectInfo(info, p.p)
+	return wire.SetProjectInfo(info, now)
 }
 
 // streams is a project's stream collection.

@@ -286,6 +286,16 @@ func (s *Server) ListProjects(ctx context.Context) ([]itx.ProjectSummary, error)
 	return out, nil
 }
 
+// Project describes a project as it is now: a session's Project is as it was at login, and a
+// rename since changed its name.
+func (s *Server) Project(ctx context.Context, id string) (itx.ProjectInfo, error) {
+	p, err := s.dir.Project(ctx, id)
+	if err != nil {
+		return itx.ProjectInfo{}, err
+	}
+	return itx.ProjectInfo{ID: p.ID, Name: p.Name, Deployment: p.Deployment}, nil
+}
+
 // RenameProject renames a project.
 func (s *Server) RenameProject(ctx context.Context, by Admin, id, name string) error {
 	if err := itx.ValidateName("project name", name); err != nil {

@@ -211,19 +211,22 @@ func loadScheduled(ctx context.Context, store streamStore, st *streamState) erro
 	return nil
 }
 
-// earliestDue is the earliest DueAt of the pending scheduled appends (0: none), recomputed only
-// after they changed, so a step of a stream holding many costs nothing until one is due.
+// earliestDue is the earliest DueAt of the pending scheduled appends (0 when there are none;
+// callers check len(st.scheduled) first, since 0, the epoch, is also a time one may be due at),
+// recomputed only after they changed, so a step of a stream holding many costs nothing until
+// one is due.
 func (st *streamState) earliestDue() int64 {
 	if st.firstDue >= 0 {
 		return st.firstDue
 	}
-	st.firstDue = 0
+	first, seen := int64(0), false
 	for _, sc := range st.scheduled {
-		if st.firstDue == 0 || sc.DueAt < st.firstDue {
-			st.firstDue = sc.DueAt
+		if !seen || sc.DueAt < first {
+			first, seen = sc.DueAt, true
 		}
 	}
-	return st.firstDue
+	st.firstDue = first
+	return first
 }
 
 func scheduledKeys(list []*scheduled) []string {

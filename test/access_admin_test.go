@@ -215,6 +215,9 @@ func TestAccess_AdminProjectsAndAudit(t *testing.T) {
 	require.Len(t, own, 1)
 
 	require.NoError(t, client.RenameProject(ctx, a, info.ID, "team-b"))
+	got, err = client.DescribeProject(ctx, p)
+	require.NoError(t, err)
+	require.Equal(t, "team-b", got.Name, "a session logged in before the rename describes the project as it is")
 	list, err := client.ListProjects(ctx, a)
 	require.NoError(t, err)
 	names := map[string]int{}

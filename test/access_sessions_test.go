@@ -182,3 +182,50 @@ func TestAccess_ScopedAdminTokens(t *testing.T) {
 		Scope: itx.Scope{Prefix: "/team-a", Rights: []itx.Right{itx.RightRead}}})
 	requireCode(t, err, itx.EPermissionDenied)
 }
+
+// A deployment token limited to a path prefix administers only what is under it: the deployment
+// project's tokens inside its scope, never another project (creating, renaming or deleting one,
+// or its tokens: those reach every stream of it) nor the list of projects. A deployment token
+// with no prefix and only the admin right still administers every project.
+func TestAccess_PrefixedDeploymentTokenStaysInside(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	root := client.Admin(ctx, ts.deployment(t))
+	defer root.Release()
+	auditorTok, _, err := client.CreateToken(ctx, root, "", client.TokenOptions{Label: "auditor",
+		Scope: itx.Scope{Prefix: server.AuditPath, Rights: []itx.Right{itx.RightRead, itx.RightAdmin}}})
+	require.NoError(t, err)
+	a := client.Admin(ctx, ts.login(t, auditorTok))
+	defer a.Release()
+
+	_, _, _, err = client.CreateProject(ctx, a, "sneaky")
+	requireCode(t, err, itx.EPermissionDenied)
+	requireCode(t, client.RenameProject(ctx, a, "default", "taken"), itx.EPermissionDenied)
+	requireCode(t, client.DeleteProject(ctx, a, "default", true), itx.EPermissionDenied)
+	_, _, err = client.CreateToken(ctx, a, "default", client.TokenOptions{Label: "everything"})
+	requireCode(t, err, itx.EPermissionDenied)
+	_, err = client.ListTokens(ctx, a, "default")
+	requireCode(t, err, itx.EPermissionDenied)
+	requireCode(t, client.RevokeToken(ctx, a, "default", "tok_default"), itx.EPermissionDenied)
+	projects, err := client.ListProjects(ctx, a)
+	require.NoError(t, err)
+	require.Len(t, projects, 1, "%v", projects)
+	require.Equal(t, "deployment", projects[0].Info.ID)
+	// Nothing was written: the default project is as it was, with its token.
+	p, err := client.DescribeProject(ctx, ts.project(t))
+	require.NoError(t, err)
+	require.Equal(t, "default", p.Name)
+
+	// Inside its own scope it administers as a project's admin does.
+	_, _, err = client.CreateToken(ctx, a, "", client.TokenOptions{Label: "audit reader",
+		Scope: itx.Scope{Prefix: server.AuditPath, Rights: []itx.Right{itx.RightRead}}})
+	require.NoError(t, err)
+
+	adminTok, _, err := client.CreateToken(ctx, root, "", client.TokenOptions{Label: "provisioner",
+		Scope: itx.Scope{Rights: []itx.Right{itx.RightAdmin}}})
+	require.NoError(t, err)
+	prov := client.Admin(ctx, ts.login(t, adminTok))
+	defer prov.Release()
+	_, _, _, err = client.CreateProject(ctx, prov, "provisioned")
+	require.NoError(t, err)
+}

@@ -240,6 +240,25 @@ func TestScheduled_DueLandsAtOnce(t *testing.T) {
 		require.NoError(t, err)
 		waitUntil(t, "the past-due event landed", func() bool { return len(eventsOfType(t, s, "late")) == 1 })
 	})
+	// dueAt 0 (the epoch, as `itx` sends a Date or epoch ms of 0) is a time past like any other,
+	// also beside later ones: the earliest time pending is 0, not "none".
+	t.Run("the epoch, beside later ones", func(t *testing.T) {
+		clock := clocktest.New(time.Unix(1_700_000_000, 0))
+		ts := startServer(t, server.Config{Clock: clock})
+		ctx := ctxT(t)
+		s := stream(t, ts.project(t), "/timers-epoch")
+		mustAppend(t, s, ev("a", `{}`))
+		for i := range 8 {
+			_, _, err := client.Schedule(ctx, s, keyed("later", `{}`, fmt.Sprintf("later-%d", i)), clock.Now().Add(time.Hour))
+			require.NoError(t, err)
+		}
+		_, _, err := client.Schedule(ctx, s, keyed("epoch", `{}`, "epoch-1"), time.UnixMilli(0))
+		require.NoError(t, err)
+		waitUntil(t, "the epoch-due event landed", func() bool { return len(eventsOfType(t, s, "epoch")) == 1 })
+		list, err := client.ListScheduled(ctx, s)
+		require.NoError(t, err)
+		require.Len(t, list, 8, "the later ones wait for their time")
+	})
 	t.Run("more than a step's worth", func(t *testing.T) {
 		clock := clocktest.New(time.Unix(1_700_000_000, 0))
 		ts := startServer(t, server.Config{Clock: clock})

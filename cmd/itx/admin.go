@@ -57,6 +57,11 @@ func runAdmin(args []string, conf resolved, tlsConfig *tls.Config, env environme
 	if err := fs.Parse(args[1:]); err != nil {
 		return exitUsage
 	}
+	if *expires < 0 {
+		// Read as "no expiry" (0), it would make a token that never expires.
+		fmt.Fprintf(env.stderr, "itx admin %s: --expires %s: want a duration from now (0: never)\n", args[0], *expires)
+		return exitUsage
+	}
 	rest := fs.Args()
 	need := func(n int) bool {
 		if len(rest) != n {

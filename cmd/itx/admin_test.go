@@ -72,3 +72,38 @@ func TestRun_Admin(t *testing.T) {
 	require.Equal(t, exitError, code)
 	require.Contains(t, errs, "permissionDenied: ")
 }
+
+// itx admin create-token with a negative --expires is a usage error that creates nothing: "-5h"
+// once made a token that never expires (the opposite of what was asked; 0 is "never").
+func TestRun_AdminCreateTokenExpiresMustBePositive(t *testing.T) {
+	s := itxtest.Start(t, server.Config{})
+	c := newCLI(t)
+	admin := func(args ...string) (int, string, string) {
+		return c.run("", append([]string{"--data", s.Dir, "--addr", s.Addr, "admin"}, args...)...)
+	}
+	ids := func() []string {
+		code, out, errs := admin("tokens")
+		require.Equal(t, exitOK, code, "stderr: %s", errs)
+		var list []struct {
+			ID string `json:"id"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(out), &list))
+		var ids []string
+		for _, tk := range list {
+			ids = append(ids, tk.ID)
+		}
+		return ids
+	}
+	before := ids()
+	for _, expires := range []string{"-5h", "-1ms"} {
+		code, out, errs := admin("create-token", "--label", "short", "--expires", expires)
+		require.Equal(t, exitUsage, code, "--expires %s: stdout %s stderr %s", expires, out, errs)
+		require.Contains(t, errs, "--expires", expires)
+		require.Empty(t, out, "--expires %s printed a token", expires)
+	}
+	require.Equal(t, before, ids(), "a refused create-token writes nothing")
+
+	code, out, errs := admin("create-token", "--label", "later", "--expires", "1h")
+	require.Equal(t, exitOK, code, "stderr: %s", errs)
+	require.Contains(t, out, `"expiresAt": "`)
+}

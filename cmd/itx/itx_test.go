@@ -492,3 +492,50 @@ func TestConfigure_NamelessWithKey(t *testing.T) {
 	require.Equal(t, first, again)
 	require.Contains(t, first, `"name":"subscription:1"`)
 }
+
+// .watch under --json prints one JSON document a frame, as .tail prints one an event: the
+// snapshot as {revision, state}, each patch as {revision, ops} (the shapes of a live view's
+// snapshot() and patches()). When the server ends the view (here its project is deleted), it
+// stops and says why.
+func TestWatch_JSONFramesAndServerEnd(t *testing.T) {
+	srv := itxtest.Start(t, server.Config{})
+	ctx := context.Background()
+	info, token, _, err := srv.Srv.CreateProject(ctx, server.Admin{}, "watched")
+	require.NoError(t, err)
+	ts := &testServer{addr: srv.Addr, token: token, dir: srv.Dir}
+	ts.appendDirect(t, "/w", itx.EventInput{Type: "first"})
+	s := newSession(t, ts) // --json
+
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	result := make(chan error, 1)
+	go func() { result <- s.RunCommand(wctx, "watch /w") }()
+	require.True(t, s.out.waitFor(`"head":1`), "the snapshot: %q", s.out.String())
+	ts.appendDirect(t, "/w", itx.EventInput{Type: "second"})
+	require.True(t, s.out.waitFor(`"ops":`), "a patch: %q", s.out.String())
+
+	require.NoError(t, srv.Srv.DeleteProject(ctx, server.Admin{}, info.ID, true))
+	select {
+	case err := <-result:
+		require.Error(t, err, "the view ended by the server ends .watch")
+		require.Contains(t, err.Error(), "streamRemoved")
+	case <-time.After(20 * time.Second):
+		t.Fatal(".watch went on after the server ended its view")
+	}
+	lines := strings.Split(strings.TrimSpace(s.out.String()), "\n")
+	var snapshot struct {
+		Revision uint64         `json:"revision"`
+		State    map[string]any `json:"state"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(lines[0]), &snapshot), "line 1 %q is not a JSON document", lines[0])
+	require.Equal(t, "/w", snapshot.State["path"])
+	for _, l := range lines[1:] {
+		var patch struct {
+			Revision uint64            `json:"revision"`
+			Ops      []json.RawMessage `json:"ops"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(l), &patch), "line %q is not a JSON document", l)
+		require.Greater(t, patch.Revision, snapshot.Revision)
+		require.NotEmpty(t, patch.Ops)
+	}
+}

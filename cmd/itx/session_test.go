@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -177,4 +178,64 @@ func TestEval_LiveStateTimesAreISO(t *testing.T) {
 		return slices.ContainsFunc(times, func(p string) bool { return strings.HasSuffix(p, "nextAttemptAt") })
 	}, 20*time.Second, 10*time.Millisecond)
 	require.Contains(t, times, "/lastAppendAt")
+}
+
+// .help shows every option a method takes: the options a call names as known when given an
+// unknown one are all in the method's line of .help (the delivery controls maxDeliveryEvents
+// and maxDeliveryBytes of configure among them). createProject's line names the fields its
+// answer has.
+func TestHelp_NamesEveryOption(t *testing.T) {
+	ts := startServer(t)
+	ts.appendDirect(t, "/a", itx.EventInput{Type: "note"})
+	s := newSession(t, ts)
+	help := func(iface string) string {
+		s.out.Reset()
+		require.NoError(t, s.RunCommand(context.Background(), "help "+iface))
+		return s.out.String()
+	}
+	line := func(iface, method string) string {
+		for _, l := range strings.Split(help(iface), "\n") {
+			if strings.HasPrefix(strings.TrimSpace(l), method+"(") {
+				return l
+			}
+		}
+		t.Fatalf(".help %s has no line for %s", iface, method)
+		return ""
+	}
+	for _, c := range []struct{ iface, method, call string }{
+		{"Subscriptions", "configure", `project.streams.get("/a").subscriptions.configure({bogus: 1})`},
+		{"Stream", "openConnection", `project.streams.get("/a").openConnection({bogus: 1})`},
+		{"Stream", "getEvents", `project.streams.get("/a").getEvents({bogus: 1})`},
+		{"Stream", "waitForEvent", `project.streams.get("/a").waitForEvent({bogus: 1})`},
+		{"Stream", "schedule", `project.streams.get("/a").schedule({event: {}, bogus: 1})`},
+		{"Admin", "createToken", `project.admin.createToken({bogus: 1})`},
+	} {
+		f := s.failure(t, c.call)
+		require.Equal(t, "invalidArgument", f.Code, c.call)
+		_, known, ok := strings.Cut(f.Message, "(known: ")
+		require.True(t, ok, "%s: %s", c.call, f.Message)
+		usage := line(c.iface, c.method)
+		for _, k := range strings.Split(strings.TrimSuffix(known, ")"), ", ") {
+			require.Contains(t, usage, k, ".help %s: %s takes %s, which its help does not show", c.iface, c.method, k)
+		}
+	}
+	require.Contains(t, line("Admin", "createProject"), "{id, name, token, tokenInfo}", "the fields createProject answers")
+}
+
+// createToken's expiresInMs is counted in milliseconds from now however far it reaches: 2e13 ms
+// (about 634 years) once overflowed a time.Duration and made a token expiring in 2076, and 1e13
+// one refused as "expiresAt -6650552864872 is not in the future".
+func TestEval_CreateTokenFarExpiry(t *testing.T) {
+	ts := startServer(t)
+	s := newSession(t, ts)
+	for _, ms := range []int64{10_000_000_000_000, 20_000_000_000_000} {
+		before := time.Now()
+		v := s.mustEval(t, fmt.Sprintf(`project.admin.createToken({label: "far", expiresInMs: %d}).info.expiresAt`, ms))
+		at, err := time.Parse(time.RFC3339Nano, v.(string))
+		require.NoError(t, err, "%v", v)
+		want := time.UnixMilli(before.UnixMilli() + ms)
+		require.WithinDuration(t, want, at, time.Minute, "expiresInMs %d", ms)
+	}
+	f := s.failure(t, `project.admin.createToken({label: "far", expiresInMs: 9223372036854775807n})`)
+	require.Equal(t, "invalidArgument", f.Code, f.Message)
 }

@@ -2,6 +2,7 @@ package repl
 
 import (
 	"context"
+	"math"
 	"strings"
 	"time"
 
@@ -15,7 +16,7 @@ import (
 // The Admin interface (project.admin) at the prompt: projects and tokens.
 func init() {
 	bindings["Admin"] = map[string]binding{
-		"createProject": {"createProject(name) -> {project, token, tokenInfo} (the token is shown only now)", adminCreateProject},
+		"createProject": {"createProject(name) -> {id, name, token, tokenInfo} (the token is shown only now)", adminCreateProject},
 		"listProjects":  {"listProjects() -> [{id, name, deployment, createdAt, streamCount}]", adminListProjects},
 		"renameProject": {"renameProject(projectId, name)", adminRenameProject},
 		"deleteProject": {"deleteProject(projectId, force?) (force: delete its streams and their files too)", adminDeleteProject},
@@ -150,8 +151,14 @@ func adminCreateToken(ctx context.Context, s *Session, c capnp.Client, _ capPath
 	for _, r := range o.strings("rights") {
 		opts.Scope.Rights = append(opts.Scope.Rights, itx.Right(strings.TrimSpace(r)))
 	}
+	// Counted in milliseconds, not as a time.Duration: one of more than about 292 years
+	// overflows a Duration (and wrapped to another expiry).
 	if ms := o.uint("expiresInMs"); ms > 0 {
-		opts.Expires = time.Now().Add(time.Duration(ms) * time.Millisecond)
+		now := time.Now().UnixMilli()
+		if ms > math.MaxInt64-now {
+			return nil, itx.Errorf(itx.EInvalid, "Admin.createToken: expiresInMs %d reaches past the last time there is", ms)
+		}
+		opts.Expires = time.UnixMilli(now + ms)
 	}
 	id := o.str("projectId")
 	if err := o.err(); err != nil {

@@ -56,7 +56,7 @@ var bindings = map[string]map[string]binding{
 		"describe":              {"describe() -> {path, streamId, headOffset, createdAt, ...}", streamDescribe},
 		"setSubscriptionCursor": {"setSubscriptionCursor(name, afterOffset) or setSubscriptionCursor({name, afterOffset}) -> {offset}", streamSetSubscriptionCursor},
 		"resumeSubscription":    {"resumeSubscription(name) or resumeSubscription({name}) -> {offset}", streamResumeSubscription},
-		"openConnection":        {"openConnection(after?) or openConnection({after, types, maxDeliveryEvents, maxDeliveryBytes, noState, openedBy}) -> connection {take(), ping(), close(reason)}", streamOpenConnection},
+		"openConnection":        {"openConnection(after?) or openConnection({after, types, maxDeliveryEvents, maxDeliveryBytes, noState, openedBy, key, includeEphemeral}) -> connection {take(), ping(), close(reason)}", streamOpenConnection},
 		"liveState":             {"liveState() -> live view {snapshot(), patches(), cancel()} (returns once the first snapshot is in)", streamLiveState},
 		"schedule":              {"schedule(event, dueAt) or schedule({event, dueAt}) -> {dueAt, appendedOffset?} (a durable timer: event, with its idempotencyKey, is appended at dueAt: a Date, an ISO-8601 time, epoch ms or a duration from now like \"10m\")", streamSchedule},
 		"cancelScheduled":       {"cancelScheduled(key) or cancelScheduled({key}) -> {cancelled}", streamCancelScheduled},
@@ -64,7 +64,7 @@ var bindings = map[string]map[string]binding{
 	},
 	"Subscriptions": {
 		"list":      {"list() -> [{name, kind, status, confirmedOffset, lag, lastError, configuredAtOffset}]", subscriptionsList},
-		"configure": {"configure(name, receiver, {...}?) or configure({name, receiver: {type: \"webhook-post\", url, ...}, filterTypes, filterCondition, transform, start, onFailingEvent, description}) -> {name, offset} (start: \"beginning\", the default, includes the stream's own stream/* records)", subscriptionsConfigure},
+		"configure": {"configure(name, receiver, {...}?) or configure({name, receiver: {type: \"webhook-post\", url, ...}, filterTypes, filterCondition, transform, start, onFailingEvent, description, idempotencyKey, maxDeliveryEvents, maxDeliveryBytes}) -> {name, offset} (start: \"beginning\", the default, includes the stream's own stream/* records; a nameless configure needs an idempotencyKey; maxDeliveryEvents/maxDeliveryBytes narrow each delivery of a push receiver; receiver {type: \"processor-wake\", processor} runs another contract under this name)", subscriptionsConfigure},
 		"remove":    {"remove(name) or remove({name}) -> {offset}", subscriptionsRemove},
 	},
 	"Subscription": {

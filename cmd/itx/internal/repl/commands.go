@@ -382,16 +382,35 @@ func runWatch(ctx context.Context, s *Session, args []string) error {
 		if first || snapshot != shownSnapshot || dropped > 0 {
 			// The first frame, or a new snapshot (the server resubscribed after a gap): show
 			// the whole state, then the patches that followed it.
-			fmt.Fprintf(s.cfg.Out, "snapshot at revision %d\n%s\n", snapshot, indentJSON(state))
+			s.printWatchFrame(snapshotJS{Revision: snapshot, State: state},
+				fmt.Sprintf("snapshot at revision %d\n%s", snapshot, indentJSON(state)))
 			first, shownSnapshot = false, snapshot
 		}
 		for _, pt := range patches {
-			fmt.Fprintf(s.cfg.Out, "revision %d: %s\n", pt.Revision, pt.Ops)
+			s.printWatchFrame(pt, fmt.Sprintf("revision %d: %s", pt.Revision, pt.Ops))
 		}
 		if why := v.endedWith(); why != "" {
 			return itx.Errorf(itx.EUnavailable, "the live view ended: %s", why)
 		}
 	}
+}
+
+// snapshotJS is a live view's snapshot as .watch prints it under --json (the shape of
+// snapshot()); a patch prints as patchJS, the shape of patches()' items.
+type snapshotJS struct {
+	Revision uint64          `json:"revision"`
+	State    json.RawMessage `json:"state"`
+}
+
+// printWatchFrame prints one frame of .watch: a JSON document a line in the JSON format (as
+// .tail prints events), otherwise text.
+func (s *Session) printWatchFrame(frame any, text string) {
+	if s.cfg.Format == FormatJSON {
+		b, _ := json.Marshal(frame)
+		fmt.Fprintln(s.cfg.Out, string(b))
+		return
+	}
+	fmt.Fprintln(s.cfg.Out, text)
 }
 
 func indentJSON(raw json.RawMessage) string {
