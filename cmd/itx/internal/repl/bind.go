@@ -910,7 +910,9 @@ func (s *Session) timeArg(what string, v goja.Value) (time.Time, error) {
 	case int64:
 		return time.UnixMilli(x), nil
 	case float64:
-		if !math.IsNaN(x) && !math.IsInf(x, 0) {
+		// Within what a time holds (about ±292 million years): int64(x) of anything larger is
+		// not defined.
+		if !math.IsNaN(x) && math.Abs(x) < 9e18 {
 			return time.UnixMilli(int64(x)), nil
 		}
 	case string:
