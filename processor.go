@@ -49,7 +49,11 @@ type ProcessorFrame struct {
 // over the stream, keyed by ReducerVersion) and the processing cursor (authoritative: every
 // effect at or below ProcessedThrough is settled). Both are committed together, once per frame.
 type ProcessorProgress struct {
-	ReducerVersion   string          `json:"reducerVersion"`
+	ReducerVersion string `json:"reducerVersion"`
+	// Contract is the contract whose Reduce built State: an instance reconfigured to run another
+	// contract re-reduces even when the two ReducerVersions are spelled alike. Empty in records
+	// written before it was kept.
+	Contract         string          `json:"contract,omitempty"`
 	ReducedThrough   int64           `json:"reducedThrough"`
 	State            json.RawMessage `json:"state"`
 	ProcessedThrough int64           `json:"processedThrough"`

@@ -50,7 +50,8 @@ func Add[S any](h *Host, build func() Contract[S]) error {
 		info: itx.ProcessorInfo{Name: c.Name, ReducerVersion: c.ReducerVersion, ConsumedTypes: append([]string(nil), c.ConsumedTypes...)},
 		start: func(ctx context.Context, reg *Registry, store ProgressStore, name string) (Hosted, error) {
 			c := build()
-			c.Name = name // the instance: one contract may run under several subscription names
+			// The instance: one contract may run under several subscription names.
+			c.contract, c.Name = c.Name, name
 			return Register(ctx, reg, c, store)
 		},
 	}

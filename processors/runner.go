@@ -99,17 +99,17 @@ func (r *Runner[S]) Open(ctx context.Context) error {
 	r.generation = gen
 	r.mu.Unlock()
 	if rec == nil {
-		r.publish(Progress{ReducerVersion: r.c.ReducerVersion}, r.c.InitialState(), nil)
+		r.publish(Progress{ReducerVersion: r.c.ReducerVersion, Contract: r.c.contractName()}, r.c.InitialState(), nil)
 		return nil
 	}
-	if rec.ReducerVersion == r.c.ReducerVersion && rec.ReducedThrough == rec.ProcessedThrough {
+	if r.c.reducedBy(rec) && rec.ReducedThrough == rec.ProcessedThrough {
 		if st, err := r.decode(rec.State); err == nil {
 			r.publish(*rec, st, rec.State)
 			return nil
 		}
 	}
 	from, after := r.c.InitialState(), int64(0)
-	if rec.ReducerVersion == r.c.ReducerVersion && rec.ReducedThrough < rec.ProcessedThrough {
+	if r.c.reducedBy(rec) && rec.ReducedThrough < rec.ProcessedThrough {
 		if st, err := r.decode(rec.State); err == nil {
 			from, after = st, rec.ReducedThrough // extend a lagging cache instead of refolding
 		}
@@ -366,7 +366,7 @@ func (r *Runner[S]) commit(ctx context.Context, next Progress, st S) error {
 	if err != nil {
 		return itx.Errorf(itx.EInternal, "processor %q: state does not encode: %v", r.c.Name, err)
 	}
-	next.State = raw
+	next.State, next.Contract = raw, r.c.contractName()
 	r.mu.Lock()
 	gen := r.generation
 	r.mu.Unlock()

@@ -147,6 +147,31 @@ func TestProcessors_InstanceSwitchesContract(t *testing.T) {
 	require.Equal(t, head, snap.ProcessedOffset)
 }
 
+// An instance switched to a contract whose ReducerVersion happens to equal the old one's ("1"
+// both) still gets its state re-reduced under the new contract: the record's state is the old
+// contract's (a forwarder's count), and decoding it as the new contract's state would drop the
+// guestbook signatures the forwarder passed over before the switch.
+func TestProcessors_InstanceSwitchesContractReReduces(t *testing.T) {
+	ts := startServer(t, server.Config{Processors: referenceHost(t, "guestbook", "forwarder")})
+	ctx := ctxT(t)
+	s := stream(t, ts.project(t), "/processors/switch-rereduce")
+	configureInstance(t, s, "worker", "forwarder", "")
+	sub, proc := processorOf(t, s, "worker")
+	head := mustAppend(t, s,
+		examples.GuestbookSigned.Input(examples.Signed{Name: "before", Message: "hi"}, ""),
+		examples.InboxMessage.Input(json.RawMessage(`{"n":1}`), "")).HeadOffset
+	_, err := client.WaitUntilProcessed(ctx, sub, head, 0)
+	require.NoError(t, err)
+
+	configureInstance(t, s, "worker", "guestbook", "")
+	head = mustAppend(t, s, examples.GuestbookSigned.Input(examples.Signed{Name: "after", Message: "hi"}, "")).HeadOffset
+	_, err = client.WaitUntilProcessed(ctx, sub, head, 0)
+	require.NoError(t, err)
+	snap, err := client.Snapshot(ctx, proc)
+	require.NoError(t, err)
+	require.JSONEq(t, guestbookFold(t, s), snap.State, "the guestbook contract's state covers the signature before the switch")
+}
+
 // A replay check over stored history read through itxd: the guestbook's Reduce replays the
 // stream without a panic or nondeterminism, appends nothing, and its state equals the live
 // processor's snapshot (same reducer version, so a difference would mean Reduce changed
