@@ -155,6 +155,11 @@ type StreamProcessors interface {
 	Start(ctx context.Context, name, contract string) (ProcessorRunner, error)
 	// Runner returns the runner Start opened under name.
 	Runner(name string) (ProcessorRunner, bool)
+	// Stop ends the incarnation of r, if it is still the runner Start opened for its name, as an
+	// eviction would (work in flight is lost; the records stay): the next Start opens a fresh one
+	// from the instance's records. A host stops a runner whose record another incarnation has
+	// claimed since (the instance ran elsewhere meanwhile): its commits would all be refused.
+	Stop(r ProcessorRunner)
 	// HandleAlarm services a fire of the processors' alarm slice (keepalive and revival).
 	HandleAlarm(ctx context.Context) error
 	// Close ends every runner's incarnation.

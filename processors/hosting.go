@@ -108,11 +108,12 @@ func (s *hostedStream) Start(ctx context.Context, name, contract string) (Hosted
 		return nil, itx.Errorf(itx.ENotFound, "no processor is registered under the name %q", contract)
 	}
 	if r, ok := s.reg.Runner(name); ok {
-		if s.contracts[name] == contract {
+		if s.contracts[name] == contract && r.RuntimeState().Fenced == "" {
 			return r, nil
 		}
-		// The subscription was reconfigured to run another contract: the old runner's
-		// incarnation ends here (as in an eviction), and the new contract starts from the
+		// The subscription was reconfigured to run another contract, or a newer incarnation
+		// elsewhere fenced this runner (its commits are refused for good): the old runner's
+		// incarnation ends here (as in an eviction), and a fresh one starts from the
 		// instance's records.
 		s.reg.Remove(name)
 	}
@@ -125,6 +126,15 @@ func (s *hostedStream) Start(ctx context.Context, name, contract string) (Hosted
 }
 
 func (s *hostedStream) Runner(name string) (Hosted, bool) { return s.reg.Runner(name) }
+
+func (s *hostedStream) Stop(r Hosted) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if cur, ok := s.reg.Runner(r.Name()); ok && cur == r {
+		s.reg.Remove(r.Name())
+		delete(s.contracts, r.Name())
+	}
+}
 
 func (s *hostedStream) HandleAlarm(ctx context.Context) error {
 	outcomes, err := s.reg.HandleAlarm(ctx)

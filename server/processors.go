@@ -292,7 +292,24 @@ func (a *actor) runner(ctx context.Context, name string) (itx.ProcessorRunner, e
 		}
 		return nil, err
 	}
-	return ps.Start(ctx, name, contract)
+	return a.startRunner(ctx, ps, name, contract)
+}
+
+// startRunner starts (or finds) the instance name running contract on ps, replacing a runner
+// that another incarnation fenced.
+func (a *actor) startRunner(ctx context.Context, ps itx.StreamProcessors, name, contract string) (itx.ProcessorRunner, error) {
+	r, err := ps.Start(ctx, name, contract)
+	if err != nil {
+		return nil, err
+	}
+	if rec := a.view().procs[name]; rec != nil && rec.Generation > r.RuntimeState().Generation {
+		// Another incarnation claimed the record since this runner did (the subscription was
+		// placed on a remote host meanwhile): every commit of this runner would be refused, so
+		// its incarnation ends and a fresh one claims the record back.
+		ps.Stop(r)
+		return ps.Start(ctx, name, contract)
+	}
+	return r, nil
 }
 
 // ask hands the actor a processor port write and waits for its commit.
@@ -365,7 +382,7 @@ func (a *actor) handleProcessorAlarm(ctx context.Context, names map[string]strin
 		return err
 	}
 	for name, contract := range names {
-		if _, err := ps.Start(ctx, name, contract); err != nil && itx.ErrorCode(err) != itx.ENotFound {
+		if _, err := a.startRunner(ctx, ps, name, contract); err != nil && itx.ErrorCode(err) != itx.ENotFound {
 			a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Str("processor", name).Msg("starting processor for its alarm")
 		}
 	}

@@ -201,3 +201,43 @@ func TestProcessors_ReplayCheckAgainstStoredHistory(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, page.Events, "a replay check appends nothing")
 }
+
+// An instance moved from in-process to a remote host and back runs in-process again: the remote
+// incarnation's claim fenced the in-process runner of the first placement, which must not be
+// reused (every commit of it is refused), so the move back starts a fresh incarnation from the
+// committed record.
+func TestProcessors_InstanceMovesToARemoteHostAndBack(t *testing.T) {
+	ts := startServer(t, server.Config{Processors: referenceHost(t, "forwarder")})
+	awaitMount(t, runRemoteHost(t, ts.addr, ts.creds.ProjectToken, "worker", referenceHost(t, "forwarder")))
+	ctx := ctxT(t)
+	s := stream(t, ts.project(t), "/processors/move")
+	sub, _ := processorOf(t, s, "forwarder")
+	for i, placement := range []string{"", "remote", ""} {
+		configureInstance(t, s, "forwarder", "", placement)
+		head := mustAppend(t, s, examples.InboxMessage.Input(json.RawMessage(fmt.Sprintf(`{"n":%d}`, i)), "")).HeadOffset
+		_, err := client.WaitUntilProcessed(ctx, sub, head, 0)
+		require.NoError(t, err, "placement %q (step %d)", placement, i)
+		require.Equal(t, i+1, countType(t, s, string(examples.OutboxForwarded)), "placement %q (step %d)", placement, i)
+	}
+}
+
+// The same on remote hosts: an instance moved from a contract on one host to a contract on
+// another and back is run again by the first host, whose runner of the first contract the second
+// host's claim fenced meanwhile: that host starts a fresh incarnation once the fenced one's commit
+// is refused, instead of retrying the fenced one for as long as its connection lasts. (The host
+// learns of the fence only at that commit, so the fenced runner's one frame may repeat effects
+// of events the other contract processed: stable-keyed appends of its own, not asserted here.)
+func TestRemote_InstanceMovesToAnotherHostAndBack(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	awaitMount(t, runRemoteHost(t, ts.addr, ts.creds.ProjectToken, "host-a", referenceHost(t, "forwarder")))
+	awaitMount(t, runRemoteHost(t, ts.addr, ts.creds.ProjectToken, "host-b", referenceHost(t, "guestbook")))
+	ctx := ctxT(t)
+	s := stream(t, ts.project(t), "/remote/move")
+	sub, _ := processorOf(t, s, "worker")
+	for i, contract := range []string{"forwarder", "guestbook", "forwarder"} {
+		configureInstance(t, s, "worker", contract, "remote")
+		head := mustAppend(t, s, examples.InboxMessage.Input(json.RawMessage(fmt.Sprintf(`{"n":%d}`, i)), "")).HeadOffset
+		_, err := client.WaitUntilProcessed(ctx, sub, head, 0)
+		require.NoError(t, err, "contract %q (step %d)", contract, i)
+	}
+}
