@@ -408,13 +408,19 @@ func (r *Runner[S]) restoreCommittedState() {
 	}
 }
 
+// decode reads a committed state. It decodes into a zero S, not over InitialState: laid over a
+// non-empty initial state, JSON would bring back what Reduce removed (a map's deleted keys, an
+// omitempty field's initial value), so the state would no longer be Reduce folded over the stream
+// (ReplayCheck's round trip decodes the same way). On failure it returns InitialState.
 func (r *Runner[S]) decode(raw json.RawMessage) (S, error) {
-	st := r.c.InitialState()
 	if len(raw) == 0 {
-		return st, errors.New("empty state")
+		return r.c.InitialState(), errors.New("empty state")
 	}
-	err := json.Unmarshal(raw, &st)
-	return st, err
+	var st S
+	if err := json.Unmarshal(raw, &st); err != nil {
+		return r.c.InitialState(), err
+	}
+	return st, nil
 }
 
 func (r *Runner[S]) committedState() S {

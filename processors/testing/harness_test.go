@@ -167,3 +167,44 @@ func TestHarness_PastDueScheduledAppendLandsAtOnce(t *testing.T) {
 		}
 	})
 }
+
+// doors is a state whose InitialState is not empty: one door, "front", open until closed. A
+// closed door is deleted from the map (copy on write).
+func doors(env proctest.Env) processors.Contract[map[string]bool] {
+	return processors.Contract[map[string]bool]{
+		Name: "doors", ConsumedTypes: []string{"door/closed"}, ReducerVersion: "1",
+		InitialState: func() map[string]bool { return map[string]bool{"front": true} },
+		Reduce: func(s map[string]bool, e itx.Event) map[string]bool {
+			var closed struct{ Door string }
+			_ = json.Unmarshal(e.Payload, &closed)
+			next := map[string]bool{}
+			for k, v := range s {
+				if k != closed.Door {
+					next[k] = v
+				}
+			}
+			return next
+		},
+	}
+}
+
+// A successor incarnation's state is the committed one, not the committed one laid over
+// InitialState: the door closed before the crash stays closed (its key deleted from the map), as
+// Reduce folded over the stream says.
+func TestHarness_CrashKeepsTheCommittedState(t *testing.T) {
+	proctest.Run(t, proctest.Config[map[string]bool]{New: doors}, func(t *testing.T, h *proctest.Harness[map[string]bool]) {
+		h.Append(itx.EventInput{Type: "door/closed", Payload: json.RawMessage(`{"door":"front"}`)})
+		if got := h.State(); len(got) != 0 {
+			t.Fatalf("state %v before the crash, want no open door", got)
+		}
+		h.Crash()
+		h.Wake()
+		if got := h.State(); len(got) != 0 {
+			t.Errorf("state %v after the crash, want no open door", got)
+		}
+		h.Append(itx.EventInput{Type: "unrelated"})
+		if got := h.State(); len(got) != 0 {
+			t.Errorf("state %v after the successor's first frame, want no open door", got)
+		}
+	})
+}
