@@ -308,15 +308,29 @@ func (r *Runner[S]) classify(e itx.Event) eventKind {
 	if !r.c.consumes(e.Type) {
 		return kindSkip
 	}
-	if r.c.Validate != nil && r.c.Validate(e) != nil {
+	if r.invalid(e) != nil {
 		return kindMalformed
 	}
 	return kindDeliver
 }
 
+// invalid is Validate's verdict on e; a Validate that panics rejects e (planning a frame runs
+// outside the frame's own recovery, and a panic there would take the host process down).
+func (r *Runner[S]) invalid(e itx.Event) (err error) {
+	if r.c.Validate == nil {
+		return nil
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("Validate panicked: %v", p)
+		}
+	}()
+	return r.c.Validate(e)
+}
+
 // diagnose records a malformed event once, as stream/error-occurred keyed by the event.
 func (r *Runner[S]) diagnose(ctx context.Context, e itx.Event) error {
-	verr := r.c.Validate(e)
+	verr := r.invalid(e)
 	detail, _ := json.Marshal(map[string]any{
 		"processorSlug": r.c.Name,
 		"offset":        e.Offset,
@@ -335,9 +349,17 @@ func (r *Runner[S]) diagnose(ctx context.Context, e itx.Event) error {
 	return err
 }
 
-// reduceOnly folds consumed, well-formed, durable events in (after, through] into from.
-func (r *Runner[S]) reduceOnly(ctx context.Context, from S, after, through int64) (S, error) {
-	st := from
+// reduceOnly folds consumed, well-formed, durable events in (after, through] into from. A Reduce
+// that panics fails it with EInternal naming the event, as in a frame: a poisoned reducer must
+// not take the host process down at every load.
+func (r *Runner[S]) reduceOnly(ctx context.Context, from S, after, through int64) (st S, err error) {
+	st = from
+	var at *itx.Event
+	defer func() {
+		if p := recover(); p != nil {
+			err = itx.Errorf(itx.EInternal, "processor %q: Reduce panicked on %s: %v", r.c.Name, describe(at), p)
+		}
+	}()
 	for after < through {
 		page, err := r.cfg.Log.Read(ctx, after, r.cfg.PageSize)
 		if err != nil {
@@ -351,6 +373,7 @@ func (r *Runner[S]) reduceOnly(ctx context.Context, from S, after, through int64
 				return st, nil
 			}
 			if r.classify(e) == kindDeliver && !e.Ephemeral {
+				at = &e
 				st = r.c.Reduce(st, e)
 			}
 		}
