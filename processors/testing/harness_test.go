@@ -208,3 +208,26 @@ func TestHarness_CrashKeepsTheCommittedState(t *testing.T) {
 		}
 	})
 }
+
+// A scheduled append refused when it comes due (its key was taken meanwhile by another body) is
+// done, and leaves its evidence on the stream, one stream/error-occurred, as in itxd.
+func TestHarness_RefusedScheduledAppendIsRecorded(t *testing.T) {
+	proctest.Run(t, proctest.Config[tally]{New: timeouts}, func(t *testing.T, h *proctest.Harness[tally]) {
+		h.Append(itx.EventInput{Type: "task/opened"})
+		pending := h.Stream.Scheduled()
+		if len(pending) != 1 {
+			t.Fatalf("%d scheduled, want 1", len(pending))
+		}
+		h.Append(itx.EventInput{Type: "task/timed-out", Payload: json.RawMessage(`{"early":true}`), IdempotencyKey: pending[0].Event.IdempotencyKey})
+		h.AdvanceTime(time.Hour)
+		if got := len(h.Stream.Scheduled()); got != 0 {
+			t.Errorf("%d still scheduled, want none", got)
+		}
+		if got := len(h.Events("task/timed-out")); got != 1 {
+			t.Errorf("%d timeouts, want the early one only", got)
+		}
+		if got := h.Events(itx.TypeErrorOccurred); len(got) != 1 {
+			t.Errorf("%d error records (%v), want 1 for the refused scheduled append", len(got), got)
+		}
+	})
+}
