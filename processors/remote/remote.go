@@ -35,6 +35,10 @@ type Config struct {
 	// WakeBudget bounds one wake's catch-up; the host reports its committed cursor then, and
 	// itxd wakes it again while it is behind. Default 10 s.
 	WakeBudget time.Duration
+	// MountTimeout bounds logging in and mounting over a fresh connection: a connection that
+	// accepted but does not answer (a stalled proxy in front of itxd) is given up and dialed
+	// again. Default 10 s.
+	MountTimeout time.Duration
 	// MinBackoff and MaxBackoff bound the wait between reconnection attempts (doubling, with
 	// jitter). Defaults 100 ms and 5 s.
 	MinBackoff, MaxBackoff time.Duration
@@ -46,6 +50,9 @@ type Config struct {
 func (cfg *Config) defaults() {
 	if cfg.WakeBudget <= 0 {
 		cfg.WakeBudget = 10 * time.Second
+	}
+	if cfg.MountTimeout <= 0 {
+		cfg.MountTimeout = 10 * time.Second
 	}
 	if cfg.MinBackoff <= 0 {
 		cfg.MinBackoff = 100 * time.Millisecond
@@ -100,7 +107,13 @@ func serveOnce(ctx context.Context, cfg Config) error {
 	defer conn.Close()
 	h := newHostServer(cfg)
 	defer h.closeAll()
-	handle, err := Mount(ctx, conn.Login(ctx, cfg.Token), cfg.Name, h)
+	// Bounded: a connection that accepted but never answers would otherwise hold this host
+	// unmounted, and not reconnecting, for as long as it runs.
+	mctx, cancel := context.WithTimeout(ctx, cfg.MountTimeout)
+	project := conn.Login(mctx, cfg.Token)
+	handle, err := Mount(mctx, project, cfg.Name, h)
+	project.Release()
+	cancel()
 	if err != nil {
 		return err
 	}
