@@ -281,6 +281,22 @@ func (a *actor) closeProcessors() {
 	}
 }
 
+// stopRunner ends the incarnation of the in-process runner of name, if one runs: its
+// subscription was removed or placed elsewhere, so its keepalive must not revive it, nor its
+// background work go on. Off the actor's goroutine: a Start in progress holds the processors'
+// lock while it waits for the actor.
+func (a *actor) stopRunner(name string) {
+	a.procMu.Lock()
+	ps := a.procs
+	a.procMu.Unlock()
+	if ps == nil {
+		return
+	}
+	if r, ok := ps.Runner(name); ok {
+		go ps.Stop(r)
+	}
+}
+
 // runner starts (or finds) the in-process processor of a processor-wake subscription: the
 // instance name, running the contract its config names.
 func (a *actor) runner(ctx context.Context, name string) (itx.ProcessorRunner, error) {
