@@ -367,10 +367,19 @@ func (a *actor) fireRemoteAlarm(name string) {
 	}
 	ref := a.ref
 	streamID := a.st.streamID
-	contract := name
-	if entry := a.st.core.Subscriptions[name]; entry != nil {
-		contract = entry.Config.ProcessorContract()
+	entry := a.st.core.Subscriptions[name]
+	if entry == nil || entry.Kind() != itx.KindProcessorWake || isInProcess(entry) {
+		// The processor is gone from here (removed, or placed in-process): nothing remote owes
+		// it a revival, and re-arming would fire for it forever.
+		go func() {
+			defer a.srv.release(a)
+			zero := int64(0)
+			a.ask(a.dctx, procOp{alarm: &zero, owner: name})
+			a.ask(a.dctx, procOp{fired: true, owner: name})
+		}()
+		return
 	}
+	contract := entry.Config.ProcessorContract()
 	go func() {
 		defer a.srv.release(a)
 		ctx := a.dctx
