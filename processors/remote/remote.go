@@ -32,8 +32,9 @@ type Config struct {
 	Token string           // a project token
 	Name  string           // the mount name, shown by ProcessorHosts.list
 	Host  *processors.Host // the contracts to run
-	// WakeBudget bounds one wake's catch-up; the host reports its committed cursor then, and
-	// itxd wakes it again while it is behind. Default 10 s.
+	// WakeBudget bounds one wake's catch-up, checked between frames (a frame in progress always
+	// finishes); the host reports its committed cursor then, and itxd wakes it again while it is
+	// behind. Default 10 s.
 	WakeBudget time.Duration
 	// MountTimeout bounds logging in and mounting over a fresh connection: a connection that
 	// accepted but does not answer (a stalled proxy in front of itxd) is given up and dialed
@@ -331,10 +332,7 @@ func (h *HostServer) Wake(ctx context.Context, call schema.ProcessorHost_wake) e
 				return err
 			}
 		}
-		wctx, cancel := context.WithTimeout(ctx, h.cfg.WakeBudget)
-		err := r.CatchUp(wctx)
-		cancel()
-		if err != nil && ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
+		if err := catchUpFor(ctx, s.log, r, h.cfg.WakeBudget); err != nil && ctx.Err() == nil {
 			return err
 		}
 	}
@@ -350,6 +348,35 @@ func (h *HostServer) Wake(ctx context.Context, call schema.ProcessorHost_wake) e
 	report.SetProcessedOffset(uint64(max(r.ProcessedThrough(), 0)))
 	report.SetReducedOffset(uint64(max(reduced, 0)))
 	return nil
+}
+
+// catchUpFor delivers the stream to r from its processing cursor, frame by frame, through the
+// head of its first read, and stops between frames once budget has passed: a frame in progress
+// always finishes (cut, it would be redelivered whole at every wake, so a page slower than the
+// budget would never commit). itxd bounds the whole wake anyway.
+func catchUpFor(ctx context.Context, log itx.ProcessorLog, r itx.ProcessorRunner, budget time.Duration) error {
+	deadline := time.Now().Add(budget)
+	target := int64(-1)
+	for {
+		after := r.ProcessedThrough()
+		if target >= 0 && (after >= target || time.Now().After(deadline)) {
+			return nil
+		}
+		page, err := log.Read(ctx, after, processors.DefaultPageSize)
+		if err != nil {
+			return err
+		}
+		if target < 0 {
+			target = page.Head
+		}
+		if page.ScannedThrough <= after {
+			return nil
+		}
+		f := itx.ProcessorFrame{Events: page.Events, ScannedAfter: after, ScannedThrough: page.ScannedThrough, Head: page.Head, Continued: true}
+		if err := r.Deliver(ctx, f); err != nil {
+			return err
+		}
+	}
 }
 
 // GetRuntimeState answers for a processor this connection runs.
