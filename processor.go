@@ -49,7 +49,11 @@ type ProcessorFrame struct {
 // over the stream, keyed by ReducerVersion) and the processing cursor (authoritative: every
 // effect at or below ProcessedThrough is settled). Both are committed together, once per frame.
 type ProcessorProgress struct {
-	ReducerVersion   string          `json:"reducerVersion"`
+	ReducerVersion string `json:"reducerVersion"`
+	// Contract is the contract whose Reduce built State: an instance reconfigured to run another
+	// contract re-reduces even when the two ReducerVersions are spelled alike. Empty in records
+	// written before it was kept.
+	Contract         string          `json:"contract,omitempty"`
 	ReducedThrough   int64           `json:"reducedThrough"`
 	State            json.RawMessage `json:"state"`
 	ProcessedThrough int64           `json:"processedThrough"`
@@ -151,6 +155,11 @@ type StreamProcessors interface {
 	Start(ctx context.Context, name, contract string) (ProcessorRunner, error)
 	// Runner returns the runner Start opened under name.
 	Runner(name string) (ProcessorRunner, bool)
+	// Stop ends the incarnation of r, if it is still the runner Start opened for its name, as an
+	// eviction would (work in flight is lost; the records stay): the next Start opens a fresh one
+	// from the instance's records. A host stops a runner whose record another incarnation has
+	// claimed since (the instance ran elsewhere meanwhile): its commits would all be refused.
+	Stop(r ProcessorRunner)
 	// HandleAlarm services a fire of the processors' alarm slice (keepalive and revival).
 	HandleAlarm(ctx context.Context) error
 	// Close ends every runner's incarnation.

@@ -127,10 +127,13 @@ func (c *Conn) Err() error {
 	return errors.New("itxd aborted the connection: " + strings.TrimPrefix(c.abort.reason, "reader: "))
 }
 
-// Close releases the bootstrap capability and closes the connection.
+// Close closes the connection and releases the bootstrap capability. In that order: releasing
+// a bootstrap the server never answered (a peer that accepted and went silent) waits for its
+// answer, which only the closed connection gives.
 func (c *Conn) Close() error {
+	err := c.rpc.Close()
 	c.gateway.Release()
-	return c.rpc.Close()
+	return err
 }
 
 // TLSConfig is the client side of TLS to itxd: the server's certificate is checked against the

@@ -35,6 +35,24 @@ type Contract[S any] struct {
 	// event. Returning an error fails the frame: nothing of it is committed and it is
 	// redelivered.
 	ProcessEvent func(ctx context.Context, a *Args[S]) error
+
+	// contract is the registered contract's name when Name is an instance's (Host.Add sets it):
+	// it keys the reduction with ReducerVersion.
+	contract string
+}
+
+// contractName is the name of the contract itself, whatever instance runs it.
+func (c *Contract[S]) contractName() string {
+	if c.contract != "" {
+		return c.contract
+	}
+	return c.Name
+}
+
+// reducedBy reports whether p's reduction is this contract's Reduce under this ReducerVersion
+// (a record that does not name its contract is taken to be this one's).
+func (c *Contract[S]) reducedBy(p *itx.ProcessorProgress) bool {
+	return p.ReducerVersion == c.ReducerVersion && (p.Contract == "" || p.Contract == c.contractName())
 }
 
 // consumes reports whether the contract consumes events of type typ.

@@ -50,7 +50,8 @@ func Add[S any](h *Host, build func() Contract[S]) error {
 		info: itx.ProcessorInfo{Name: c.Name, ReducerVersion: c.ReducerVersion, ConsumedTypes: append([]string(nil), c.ConsumedTypes...)},
 		start: func(ctx context.Context, reg *Registry, store ProgressStore, name string) (Hosted, error) {
 			c := build()
-			c.Name = name // the instance: one contract may run under several subscription names
+			// The instance: one contract may run under several subscription names.
+			c.contract, c.Name = c.Name, name
 			return Register(ctx, reg, c, store)
 		},
 	}
@@ -107,11 +108,12 @@ func (s *hostedStream) Start(ctx context.Context, name, contract string) (Hosted
 		return nil, itx.Errorf(itx.ENotFound, "no processor is registered under the name %q", contract)
 	}
 	if r, ok := s.reg.Runner(name); ok {
-		if s.contracts[name] == contract {
+		if s.contracts[name] == contract && r.RuntimeState().Fenced == "" {
 			return r, nil
 		}
-		// The subscription was reconfigured to run another contract: the old runner's
-		// incarnation ends here (as in an eviction), and the new contract starts from the
+		// The subscription was reconfigured to run another contract, or a newer incarnation
+		// elsewhere fenced this runner (its commits are refused for good): the old runner's
+		// incarnation ends here (as in an eviction), and a fresh one starts from the
 		// instance's records.
 		s.reg.Remove(name)
 	}
@@ -124,6 +126,15 @@ func (s *hostedStream) Start(ctx context.Context, name, contract string) (Hosted
 }
 
 func (s *hostedStream) Runner(name string) (Hosted, bool) { return s.reg.Runner(name) }
+
+func (s *hostedStream) Stop(r Hosted) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if cur, ok := s.reg.Runner(r.Name()); ok && cur == r {
+		s.reg.Remove(r.Name())
+		delete(s.contracts, r.Name())
+	}
+}
 
 func (s *hostedStream) HandleAlarm(ctx context.Context) error {
 	outcomes, err := s.reg.HandleAlarm(ctx)

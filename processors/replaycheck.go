@@ -55,7 +55,11 @@ func ReplayCheck[S any](ctx context.Context, c Contract[S], log itx.ProcessorLog
 			if e.Offset > head || e.Ephemeral || !c.consumes(e.Type) {
 				continue
 			}
-			if c.Validate != nil && c.Validate(e) != nil {
+			rejected, err := validateChecked(&c, e)
+			if err != nil {
+				return rep, err
+			}
+			if rejected {
 				rep.Skipped++
 				continue
 			}
@@ -113,7 +117,31 @@ func reduceChecked[S any](c *Contract[S], state S, e itx.Event) (next S, err err
 	if !bytes.Equal(a, b) {
 		return next, fmt.Errorf("replay check of %q: Reduce is not deterministic: offset %d (%s) folded into the same state gave %s, then %s", c.Name, e.Offset, e.Type, a, b)
 	}
+	// The runner may commit after any event (batches are transport, not semantics), and its
+	// successor resumes from that record: every state on the way must survive it, not only the
+	// last one.
+	var back S
+	if err := json.Unmarshal(a, &back); err != nil {
+		return next, fmt.Errorf("replay check of %q: the state after offset %d does not decode: %w", c.Name, e.Offset, err)
+	}
+	if again, _ := json.Marshal(back); !bytes.Equal(again, a) {
+		return next, fmt.Errorf("replay check of %q: the state after offset %d does not survive its progress record: %s decodes and encodes as %s", c.Name, e.Offset, a, again)
+	}
 	return next, nil
+}
+
+// validateChecked is Validate's verdict on e, failing the check if Validate panics (the runner
+// would take that for a rejection, silently skipping events a sound Validate would keep).
+func validateChecked[S any](c *Contract[S], e itx.Event) (rejected bool, err error) {
+	if c.Validate == nil {
+		return false, nil
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("replay check of %q: Validate panicked on offset %d (%s): %v", c.Name, e.Offset, e.Type, p)
+		}
+	}()
+	return c.Validate(e) != nil, nil
 }
 
 // SameState reports whether the replayed state equals a live processor's state (as JSON values,

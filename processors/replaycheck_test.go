@@ -83,10 +83,30 @@ func TestReplayCheck_Refuses(t *testing.T) {
 			c.Seen = map[string]any{"big": int64(1<<60 + 1)}
 			return c
 		}},
+		// The runner may commit after any event (batches are transport), so a state mid-history
+		// must survive its record too, even when the final state does.
+		{"big numbers mid-history", "the state after offset 4 does not survive its progress record", func(c replayState, e itx.Event) replayState {
+			c.Seen = nil
+			if e.Offset == 4 {
+				c.Seen = map[string]any{"big": int64(1<<60 + 1)}
+			}
+			return c
+		}},
 	} {
 		_, err := processors.ReplayCheck(context.Background(), checkedContract(tc.reduce), s)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
 		}
+	}
+	// A Validate that panics is named by offset too (the runner takes it for a rejection).
+	c := checkedContract(func(c replayState, e itx.Event) replayState { return c })
+	c.Validate = func(e itx.Event) error {
+		if e.Offset == 7 {
+			panic("poisoned validate")
+		}
+		return nil
+	}
+	if _, err := processors.ReplayCheck(context.Background(), c, s); err == nil || !strings.Contains(err.Error(), "Validate panicked on offset 7 (tick)") {
+		t.Errorf("validate panic: %v", err)
 	}
 }

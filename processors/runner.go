@@ -99,17 +99,17 @@ func (r *Runner[S]) Open(ctx context.Context) error {
 	r.generation = gen
 	r.mu.Unlock()
 	if rec == nil {
-		r.publish(Progress{ReducerVersion: r.c.ReducerVersion}, r.c.InitialState(), nil)
+		r.publish(Progress{ReducerVersion: r.c.ReducerVersion, Contract: r.c.contractName()}, r.c.InitialState(), nil)
 		return nil
 	}
-	if rec.ReducerVersion == r.c.ReducerVersion && rec.ReducedThrough == rec.ProcessedThrough {
+	if r.c.reducedBy(rec) && rec.ReducedThrough == rec.ProcessedThrough {
 		if st, err := r.decode(rec.State); err == nil {
 			r.publish(*rec, st, rec.State)
 			return nil
 		}
 	}
 	from, after := r.c.InitialState(), int64(0)
-	if rec.ReducerVersion == r.c.ReducerVersion && rec.ReducedThrough < rec.ProcessedThrough {
+	if r.c.reducedBy(rec) && rec.ReducedThrough < rec.ProcessedThrough {
 		if st, err := r.decode(rec.State); err == nil {
 			from, after = st, rec.ReducedThrough // extend a lagging cache instead of refolding
 		}
@@ -308,15 +308,29 @@ func (r *Runner[S]) classify(e itx.Event) eventKind {
 	if !r.c.consumes(e.Type) {
 		return kindSkip
 	}
-	if r.c.Validate != nil && r.c.Validate(e) != nil {
+	if r.invalid(e) != nil {
 		return kindMalformed
 	}
 	return kindDeliver
 }
 
+// invalid is Validate's verdict on e; a Validate that panics rejects e (planning a frame runs
+// outside the frame's own recovery, and a panic there would take the host process down).
+func (r *Runner[S]) invalid(e itx.Event) (err error) {
+	if r.c.Validate == nil {
+		return nil
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("Validate panicked: %v", p)
+		}
+	}()
+	return r.c.Validate(e)
+}
+
 // diagnose records a malformed event once, as stream/error-occurred keyed by the event.
 func (r *Runner[S]) diagnose(ctx context.Context, e itx.Event) error {
-	verr := r.c.Validate(e)
+	verr := r.invalid(e)
 	detail, _ := json.Marshal(map[string]any{
 		"processorSlug": r.c.Name,
 		"offset":        e.Offset,
@@ -335,9 +349,17 @@ func (r *Runner[S]) diagnose(ctx context.Context, e itx.Event) error {
 	return err
 }
 
-// reduceOnly folds consumed, well-formed, durable events in (after, through] into from.
-func (r *Runner[S]) reduceOnly(ctx context.Context, from S, after, through int64) (S, error) {
-	st := from
+// reduceOnly folds consumed, well-formed, durable events in (after, through] into from. A Reduce
+// that panics fails it with EInternal naming the event, as in a frame: a poisoned reducer must
+// not take the host process down at every load.
+func (r *Runner[S]) reduceOnly(ctx context.Context, from S, after, through int64) (st S, err error) {
+	st = from
+	var at *itx.Event
+	defer func() {
+		if p := recover(); p != nil {
+			err = itx.Errorf(itx.EInternal, "processor %q: Reduce panicked on %s: %v", r.c.Name, describe(at), p)
+		}
+	}()
 	for after < through {
 		page, err := r.cfg.Log.Read(ctx, after, r.cfg.PageSize)
 		if err != nil {
@@ -351,6 +373,7 @@ func (r *Runner[S]) reduceOnly(ctx context.Context, from S, after, through int64
 				return st, nil
 			}
 			if r.classify(e) == kindDeliver && !e.Ephemeral {
+				at = &e
 				st = r.c.Reduce(st, e)
 			}
 		}
@@ -366,7 +389,7 @@ func (r *Runner[S]) commit(ctx context.Context, next Progress, st S) error {
 	if err != nil {
 		return itx.Errorf(itx.EInternal, "processor %q: state does not encode: %v", r.c.Name, err)
 	}
-	next.State = raw
+	next.State, next.Contract = raw, r.c.contractName()
 	r.mu.Lock()
 	gen := r.generation
 	r.mu.Unlock()
@@ -408,13 +431,19 @@ func (r *Runner[S]) restoreCommittedState() {
 	}
 }
 
+// decode reads a committed state. It decodes into a zero S, not over InitialState: laid over a
+// non-empty initial state, JSON would bring back what Reduce removed (a map's deleted keys, an
+// omitempty field's initial value), so the state would no longer be Reduce folded over the stream
+// (ReplayCheck's round trip decodes the same way). On failure it returns InitialState.
 func (r *Runner[S]) decode(raw json.RawMessage) (S, error) {
-	st := r.c.InitialState()
 	if len(raw) == 0 {
-		return st, errors.New("empty state")
+		return r.c.InitialState(), errors.New("empty state")
 	}
-	err := json.Unmarshal(raw, &st)
-	return st, err
+	var st S
+	if err := json.Unmarshal(raw, &st); err != nil {
+		return r.c.InitialState(), err
+	}
+	return st, nil
 }
 
 func (r *Runner[S]) committedState() S {

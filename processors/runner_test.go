@@ -574,3 +574,60 @@ func TestRunner_WaitUntilProcessed(t *testing.T) {
 		}
 	})
 }
+
+// A Reduce that panics while the runner re-reduces with Reduce only (Open under a new reducer
+// version, an operator's rewind) fails that call with EInternal, as a panic in a frame does: it
+// must not take the host process down with it (itxd, or a remote host, on every load).
+func TestRunner_PanicsWhileReReducing(t *testing.T) {
+	poisoned := func(t *testing.T, version string) processors.Contract[countState] {
+		c := counter(t, version, nil)
+		c.Reduce = func(countState, itx.Event) countState { panic("poisoned reducer") }
+		return c
+	}
+	t.Run("open under a new reducer version", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			f := newFixture()
+			f.append(t, added.Input(counted{N: 1}, ""))
+			drain(t, f, f.runner(t, counter(t, "v1", nil)))
+			r, err := processors.NewRunner(poisoned(t, "v2"), processors.RunnerConfig{
+				Path: "/test", Log: f.stream, Progress: f.store, Clock: f.clock, Logf: t.Logf,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer r.Close()
+			if err := r.Open(context.Background()); itx.ErrorCode(err) != itx.EInternal {
+				t.Fatalf("open: %v, want %s", err, itx.EInternal)
+			}
+			if p := f.store.Load("counter"); p.ReducerVersion != "v1" {
+				t.Errorf("stored progress %+v, want v1's untouched", p)
+			}
+		})
+	})
+	t.Run("a Validate that panics rejects the event", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			f := newFixture()
+			f.append(t, added.Input(counted{N: 1}, ""))
+			c := counter(t, "v1", nil)
+			c.Validate = func(itx.Event) error { panic("poisoned validate") }
+			r := f.runner(t, c)
+			if err := r.CatchUp(context.Background()); err != nil {
+				t.Fatalf("catch-up: %v, want the event skipped as malformed", err)
+			}
+			synctest.Wait()
+			if got := len(f.stream.Events(itx.TypeErrorOccurred)); got != 1 {
+				t.Errorf("%d diagnostics, want 1", got)
+			}
+		})
+	})
+	t.Run("reprocess from", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			f := newFixture()
+			f.append(t, added.Input(counted{N: 1}, ""), added.Input(counted{N: 2}, ""))
+			r := f.runner(t, poisoned(t, "v1")) // nothing to reduce yet at open
+			if err := r.ReprocessFrom(context.Background(), 2); itx.ErrorCode(err) != itx.EInternal {
+				t.Fatalf("reprocess: %v, want %s", err, itx.EInternal)
+			}
+		})
+	})
+}

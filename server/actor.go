@@ -917,6 +917,9 @@ func (a *actor) rebuild(name string) {
 	if entry == nil || entry.Kind() != itx.KindProcessorWake {
 		a.pruneProcessorLive(name)
 	}
+	if !isInProcess(entry) {
+		a.stopRunner(name)
+	}
 	if entry == nil || a.dctx.Err() != nil {
 		return
 	}

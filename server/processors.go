@@ -281,6 +281,22 @@ func (a *actor) closeProcessors() {
 	}
 }
 
+// stopRunner ends the incarnation of the in-process runner of name, if one runs: its
+// subscription was removed or placed elsewhere, so its keepalive must not revive it, nor its
+// background work go on. Off the actor's goroutine: a Start in progress holds the processors'
+// lock while it waits for the actor.
+func (a *actor) stopRunner(name string) {
+	a.procMu.Lock()
+	ps := a.procs
+	a.procMu.Unlock()
+	if ps == nil {
+		return
+	}
+	if r, ok := ps.Runner(name); ok {
+		go ps.Stop(r)
+	}
+}
+
 // runner starts (or finds) the in-process processor of a processor-wake subscription: the
 // instance name, running the contract its config names.
 func (a *actor) runner(ctx context.Context, name string) (itx.ProcessorRunner, error) {
@@ -292,7 +308,24 @@ func (a *actor) runner(ctx context.Context, name string) (itx.ProcessorRunner, e
 		}
 		return nil, err
 	}
-	return ps.Start(ctx, name, contract)
+	return a.startRunner(ctx, ps, name, contract)
+}
+
+// startRunner starts (or finds) the instance name running contract on ps, replacing a runner
+// that another incarnation fenced.
+func (a *actor) startRunner(ctx context.Context, ps itx.StreamProcessors, name, contract string) (itx.ProcessorRunner, error) {
+	r, err := ps.Start(ctx, name, contract)
+	if err != nil {
+		return nil, err
+	}
+	if rec := a.view().procs[name]; rec != nil && rec.Generation > r.RuntimeState().Generation {
+		// Another incarnation claimed the record since this runner did (the subscription was
+		// placed on a remote host meanwhile): every commit of this runner would be refused, so
+		// its incarnation ends and a fresh one claims the record back.
+		ps.Stop(r)
+		return ps.Start(ctx, name, contract)
+	}
+	return r, nil
 }
 
 // ask hands the actor a processor port write and waits for its commit.
@@ -365,7 +398,7 @@ func (a *actor) handleProcessorAlarm(ctx context.Context, names map[string]strin
 		return err
 	}
 	for name, contract := range names {
-		if _, err := ps.Start(ctx, name, contract); err != nil && itx.ErrorCode(err) != itx.ENotFound {
+		if _, err := a.startRunner(ctx, ps, name, contract); err != nil && itx.ErrorCode(err) != itx.ENotFound {
 			a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Str("processor", name).Msg("starting processor for its alarm")
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/internal/clocktest"
 	"github.com/stretchr/testify/require"
 )
 
@@ -149,4 +150,36 @@ func TestSubscribeProcessorLive_EngineEndsWithItsSubscription(t *testing.T) {
 		require.Equal(t, itx.ENotFound, itx.ErrorCode(err), "got %v", err)
 	}
 	require.Empty(t, engines())
+}
+
+// A remote processor's alarm slice whose subscription was removed is disarmed when it fires,
+// not re-armed every remoteAlarmRetry for as long as no host holds a contract of that name (it
+// would load the stream every 30 s, forever, for a processor that no longer exists).
+func TestRemoteAlarm_RemovedSubscriptionDisarms(t *testing.T) {
+	ctx := context.Background()
+	clock := clocktest.New(time.Unix(1_800_000_000, 0))
+	s, projectID := mustOpen(t, Config{DataDir: t.TempDir(), Clock: clock})
+	ref := StreamRef{ProjectID: projectID, Path: "/remote-alarm"}
+	_, err := s.Append(ctx, ref, []itx.EventInput{{Type: "x"}}, itx.AppendOptions{})
+	require.NoError(t, err)
+	_, _, err = s.ConfigureSubscription(ctx, ref, itx.SubscriptionConfig{Name: "proc",
+		Receiver: itx.Receiver{Action: itx.KindProcessorWake, Placement: "remote"}}, "")
+	require.NoError(t, err)
+	ports := mustRemotePorts(t, s, ref, "proc")
+	require.NoError(t, ports.SetAlarm(ctx, itx.UnixMilli(clock.Now().Add(time.Second))))
+	_, err = s.RemoveSubscription(ctx, ref, "proc")
+	require.NoError(t, err)
+	slices := func() map[string]int64 {
+		a, err := s.acquire(ctx, ref)
+		require.NoError(t, err)
+		defer s.release(a)
+		raw, err := a.view().store.KV(ctx, procAlarmKey)
+		require.NoError(t, err)
+		return decodeProcAlarms(raw)
+	}
+	for range 4 {
+		clock.Advance(remoteAlarmRetry)
+		require.NoError(t, s.Settle(ctx, ref))
+	}
+	require.Empty(t, slices(), "the removed processor's alarm slice")
 }

@@ -367,10 +367,19 @@ func (a *actor) fireRemoteAlarm(name string) {
 	}
 	ref := a.ref
 	streamID := a.st.streamID
-	contract := name
-	if entry := a.st.core.Subscriptions[name]; entry != nil {
-		contract = entry.Config.ProcessorContract()
+	entry := a.st.core.Subscriptions[name]
+	if entry == nil || entry.Kind() != itx.KindProcessorWake || isInProcess(entry) {
+		// The processor is gone from here (removed, or placed in-process): nothing remote owes
+		// it a revival, and re-arming would fire for it forever.
+		go func() {
+			defer a.srv.release(a)
+			zero := int64(0)
+			a.ask(a.dctx, procOp{alarm: &zero, owner: name})
+			a.ask(a.dctx, procOp{fired: true, owner: name})
+		}()
+		return
 	}
+	contract := entry.Config.ProcessorContract()
 	go func() {
 		defer a.srv.release(a)
 		ctx := a.dctx
@@ -430,8 +439,10 @@ func (s *Server) remoteRuntimeState(ctx context.Context, a *actor, name string) 
 		t := s.clock.AfterFunc(s.cfg.DeliveryTimeout, cancel)
 		st, err := m.host.RuntimeState(hctx, a.view().streamID, a.ref.Path, name)
 		t.Stop()
+		// Read before cancel below: only the watchdog (or the caller) ends hctx before then.
+		expired := hctx.Err() != nil
 		cancel()
-		if err != nil && ctx.Err() == nil && hctx.Err() != nil {
+		if err != nil && ctx.Err() == nil && expired {
 			return nil, itx.Errorf(itx.EDeadlineExceeded, "processor host %q did not answer getRuntimeState within %s", m.name, s.cfg.DeliveryTimeout)
 		}
 		if err == nil {
@@ -442,16 +453,31 @@ func (s *Server) remoteRuntimeState(ctx context.Context, a *actor, name string) 
 			}
 			return st, nil
 		}
-		if itx.ErrorCode(err) != itx.ECapabilityOffline {
+		switch itx.ErrorCode(err) {
+		case itx.ENotFound:
+			// The host holds the contract but has not run this instance since it mounted (no
+			// wake reached it yet): what there is to say is the committed record.
+			return s.remoteCommittedState(ctx, a, name, map[string]any{"mounted": true, "host": m.name, "mountGeneration": m.gen})
+		case itx.ECapabilityOffline:
+		default:
 			return nil, err
 		}
 	}
+	return s.remoteCommittedState(ctx, a, name, map[string]any{"mounted": false})
+}
+
+// remoteCommittedState is a remote processor's runtime state from its committed record alone,
+// with extra fields.
+func (s *Server) remoteCommittedState(ctx context.Context, a *actor, name string, extra map[string]any) (json.RawMessage, error) {
 	_, reduced, processed, err := s.remoteSnapshot(ctx, a, name)
 	if err != nil {
 		return nil, err
 	}
-	return json.Marshal(map[string]any{"name": name, "placement": "remote", "mounted": false,
-		"reducedThrough": reduced, "processedThrough": processed})
+	out := map[string]any{"name": name, "placement": "remote", "reducedThrough": reduced, "processedThrough": processed}
+	for k, v := range extra {
+		out[k] = v
+	}
+	return json.Marshal(out)
 }
 
 // --- live state ----------------------------------------------------------------------------

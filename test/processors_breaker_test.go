@@ -110,3 +110,36 @@ func TestProcessors_CrashLoopBackoffOwnedByTheBreaker(t *testing.T) {
 		t.Errorf("7h after the antidote deploy the processor is still stuck: confirmed %d < poison %d, status %s", d.ConfirmedOffset, poison, d.Status)
 	}
 }
+
+// A crash-looping processor whose subscription the operator removes is gone: its incarnation ends
+// with the subscription, so its keepalive no longer revives it (no stream/processor-revived for a
+// processor that no longer exists, however long the stream stays loaded).
+func TestProcessors_RemovedProcessorIsNotRevived(t *testing.T) {
+	clock := clocktest.New(time.Unix(1_700_000_000, 0))
+	var broken atomic.Bool
+	broken.Store(true)
+	host := processors.NewHost("v1")
+	require.NoError(t, processors.Add(host, func() processors.Contract[int] { return poisonContract(&broken) }))
+	ts := startServer(t, server.Config{Clock: clock, Processors: host})
+	ctx := ctxT(t)
+	ref := server.StreamRef{ProjectID: "default", Path: "/processors/removed"}
+	s := stream(t, ts.project(t), ref.Path)
+	configureProcessor(t, s, "poison")
+	mustAppend(t, s, ev("crash/poison", `{}`))
+	sub := client.Subscription(ctx, s, "poison")
+	defer sub.Release()
+	waitUntil(t, "a failed frame", func() bool {
+		d, err := client.DescribeSubscription(ctx, sub)
+		require.NoError(t, err)
+		return d.LastError != ""
+	})
+	subs := client.Subscriptions(ctx, s)
+	defer subs.Release()
+	_, err := client.RemoveSubscription(ctx, subs, "poison")
+	require.NoError(t, err)
+	for range 12 {
+		clock.Advance(processors.KeepaliveLead)
+		require.NoError(t, ts.srv.Settle(ctx, ref))
+	}
+	require.Zero(t, countType(t, s, itx.TypeProcessorRevived), "revived after its subscription was removed")
+}

@@ -147,6 +147,31 @@ func TestProcessors_InstanceSwitchesContract(t *testing.T) {
 	require.Equal(t, head, snap.ProcessedOffset)
 }
 
+// An instance switched to a contract whose ReducerVersion happens to equal the old one's ("1"
+// both) still gets its state re-reduced under the new contract: the record's state is the old
+// contract's (a forwarder's count), and decoding it as the new contract's state would drop the
+// guestbook signatures the forwarder passed over before the switch.
+func TestProcessors_InstanceSwitchesContractReReduces(t *testing.T) {
+	ts := startServer(t, server.Config{Processors: referenceHost(t, "guestbook", "forwarder")})
+	ctx := ctxT(t)
+	s := stream(t, ts.project(t), "/processors/switch-rereduce")
+	configureInstance(t, s, "worker", "forwarder", "")
+	sub, proc := processorOf(t, s, "worker")
+	head := mustAppend(t, s,
+		examples.GuestbookSigned.Input(examples.Signed{Name: "before", Message: "hi"}, ""),
+		examples.InboxMessage.Input(json.RawMessage(`{"n":1}`), "")).HeadOffset
+	_, err := client.WaitUntilProcessed(ctx, sub, head, 0)
+	require.NoError(t, err)
+
+	configureInstance(t, s, "worker", "guestbook", "")
+	head = mustAppend(t, s, examples.GuestbookSigned.Input(examples.Signed{Name: "after", Message: "hi"}, "")).HeadOffset
+	_, err = client.WaitUntilProcessed(ctx, sub, head, 0)
+	require.NoError(t, err)
+	snap, err := client.Snapshot(ctx, proc)
+	require.NoError(t, err)
+	require.JSONEq(t, guestbookFold(t, s), snap.State, "the guestbook contract's state covers the signature before the switch")
+}
+
 // A replay check over stored history read through itxd: the guestbook's Reduce replays the
 // stream without a panic or nondeterminism, appends nothing, and its state equals the live
 // processor's snapshot (same reducer version, so a difference would mean Reduce changed
@@ -175,4 +200,44 @@ func TestProcessors_ReplayCheckAgainstStoredHistory(t *testing.T) {
 	page, err := client.GetEventPage(ctx, s, itx.Query{After: head})
 	require.NoError(t, err)
 	require.Empty(t, page.Events, "a replay check appends nothing")
+}
+
+// An instance moved from in-process to a remote host and back runs in-process again: the remote
+// incarnation's claim fenced the in-process runner of the first placement, which must not be
+// reused (every commit of it is refused), so the move back starts a fresh incarnation from the
+// committed record.
+func TestProcessors_InstanceMovesToARemoteHostAndBack(t *testing.T) {
+	ts := startServer(t, server.Config{Processors: referenceHost(t, "forwarder")})
+	awaitMount(t, runRemoteHost(t, ts.addr, ts.creds.ProjectToken, "worker", referenceHost(t, "forwarder")))
+	ctx := ctxT(t)
+	s := stream(t, ts.project(t), "/processors/move")
+	sub, _ := processorOf(t, s, "forwarder")
+	for i, placement := range []string{"", "remote", ""} {
+		configureInstance(t, s, "forwarder", "", placement)
+		head := mustAppend(t, s, examples.InboxMessage.Input(json.RawMessage(fmt.Sprintf(`{"n":%d}`, i)), "")).HeadOffset
+		_, err := client.WaitUntilProcessed(ctx, sub, head, 0)
+		require.NoError(t, err, "placement %q (step %d)", placement, i)
+		require.Equal(t, i+1, countType(t, s, string(examples.OutboxForwarded)), "placement %q (step %d)", placement, i)
+	}
+}
+
+// The same on remote hosts: an instance moved from a contract on one host to a contract on
+// another and back is run again by the first host, whose runner of the first contract the second
+// host's claim fenced meanwhile: that host starts a fresh incarnation once the fenced one's commit
+// is refused, instead of retrying the fenced one for as long as its connection lasts. (The host
+// learns of the fence only at that commit, so the fenced runner's one frame may repeat effects
+// of events the other contract processed: stable-keyed appends of its own, not asserted here.)
+func TestRemote_InstanceMovesToAnotherHostAndBack(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	awaitMount(t, runRemoteHost(t, ts.addr, ts.creds.ProjectToken, "host-a", referenceHost(t, "forwarder")))
+	awaitMount(t, runRemoteHost(t, ts.addr, ts.creds.ProjectToken, "host-b", referenceHost(t, "guestbook")))
+	ctx := ctxT(t)
+	s := stream(t, ts.project(t), "/remote/move")
+	sub, _ := processorOf(t, s, "worker")
+	for i, contract := range []string{"forwarder", "guestbook", "forwarder"} {
+		configureInstance(t, s, "worker", contract, "remote")
+		head := mustAppend(t, s, examples.InboxMessage.Input(json.RawMessage(fmt.Sprintf(`{"n":%d}`, i)), "")).HeadOffset
+		_, err := client.WaitUntilProcessed(ctx, sub, head, 0)
+		require.NoError(t, err, "contract %q (step %d)", contract, i)
+	}
 }

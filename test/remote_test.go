@@ -293,3 +293,22 @@ func processorsHost(t testing.TB, vendor examples.Vendor, cfg examples.AgentConf
 	require.NoError(t, examples.AddTo(h, []string{"agent"}, examples.HostOptions{Vendor: vendor, Agent: cfg}))
 	return h
 }
+
+// A remote processor's runtime state, asked of a mounted host that has not run the instance yet
+// (it holds the contract, but no wake reached it since it mounted): the host's notFound is not a
+// timeout, and the answer is the committed cursors with the host named.
+func TestRemote_RuntimeStateBeforeTheHostRanIt(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	awaitMount(t, runRemoteHost(t, ts.addr, ts.creds.ProjectToken, "worker", referenceHost(t, "guestbook")))
+	s := stream(t, ts.project(t), "/remote/runtime-before-wake")
+	mustAppend(t, s, ev("unrelated", `{}`))
+	configureInstance(t, s, "guestbook", "", "remote")
+	_, proc := processorOf(t, s, "guestbook")
+	rs, err := client.RuntimeState(ctxT(t), proc)
+	require.NoError(t, err)
+	var runtime map[string]any
+	require.NoError(t, json.Unmarshal([]byte(rs), &runtime))
+	require.Equal(t, "remote", runtime["placement"])
+	require.Equal(t, "worker", runtime["host"])
+	require.Equal(t, "guestbook", runtime["name"])
+}

@@ -32,9 +32,14 @@ type Config struct {
 	Token string           // a project token
 	Name  string           // the mount name, shown by ProcessorHosts.list
 	Host  *processors.Host // the contracts to run
-	// WakeBudget bounds one wake's catch-up; the host reports its committed cursor then, and
-	// itxd wakes it again while it is behind. Default 10 s.
+	// WakeBudget bounds one wake's catch-up, checked between frames (a frame in progress always
+	// finishes); the host reports its committed cursor then, and itxd wakes it again while it is
+	// behind. Default 10 s.
 	WakeBudget time.Duration
+	// MountTimeout bounds logging in and mounting over a fresh connection: a connection that
+	// accepted but does not answer (a stalled proxy in front of itxd) is given up and dialed
+	// again. Default 10 s.
+	MountTimeout time.Duration
 	// MinBackoff and MaxBackoff bound the wait between reconnection attempts (doubling, with
 	// jitter). Defaults 100 ms and 5 s.
 	MinBackoff, MaxBackoff time.Duration
@@ -46,6 +51,9 @@ type Config struct {
 func (cfg *Config) defaults() {
 	if cfg.WakeBudget <= 0 {
 		cfg.WakeBudget = 10 * time.Second
+	}
+	if cfg.MountTimeout <= 0 {
+		cfg.MountTimeout = 10 * time.Second
 	}
 	if cfg.MinBackoff <= 0 {
 		cfg.MinBackoff = 100 * time.Millisecond
@@ -100,7 +108,13 @@ func serveOnce(ctx context.Context, cfg Config) error {
 	defer conn.Close()
 	h := newHostServer(cfg)
 	defer h.closeAll()
-	handle, err := Mount(ctx, conn.Login(ctx, cfg.Token), cfg.Name, h)
+	// Bounded: a connection that accepted but never answers would otherwise hold this host
+	// unmounted, and not reconnecting, for as long as it runs.
+	mctx, cancel := context.WithTimeout(ctx, cfg.MountTimeout)
+	project := conn.Login(mctx, cfg.Token)
+	handle, err := Mount(mctx, project, cfg.Name, h)
+	project.Release()
+	cancel()
 	if err != nil {
 		return err
 	}
@@ -318,10 +332,7 @@ func (h *HostServer) Wake(ctx context.Context, call schema.ProcessorHost_wake) e
 				return err
 			}
 		}
-		wctx, cancel := context.WithTimeout(ctx, h.cfg.WakeBudget)
-		err := r.CatchUp(wctx)
-		cancel()
-		if err != nil && ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
+		if err := catchUpFor(ctx, s.log, r, h.cfg.WakeBudget); err != nil && ctx.Err() == nil {
 			return err
 		}
 	}
@@ -337,6 +348,35 @@ func (h *HostServer) Wake(ctx context.Context, call schema.ProcessorHost_wake) e
 	report.SetProcessedOffset(uint64(max(r.ProcessedThrough(), 0)))
 	report.SetReducedOffset(uint64(max(reduced, 0)))
 	return nil
+}
+
+// catchUpFor delivers the stream to r from its processing cursor, frame by frame, through the
+// head of its first read, and stops between frames once budget has passed: a frame in progress
+// always finishes (cut, it would be redelivered whole at every wake, so a page slower than the
+// budget would never commit). itxd bounds the whole wake anyway.
+func catchUpFor(ctx context.Context, log itx.ProcessorLog, r itx.ProcessorRunner, budget time.Duration) error {
+	deadline := time.Now().Add(budget)
+	target := int64(-1)
+	for {
+		after := r.ProcessedThrough()
+		if target >= 0 && (after >= target || time.Now().After(deadline)) {
+			return nil
+		}
+		page, err := log.Read(ctx, after, processors.DefaultPageSize)
+		if err != nil {
+			return err
+		}
+		if target < 0 {
+			target = page.Head
+		}
+		if page.ScannedThrough <= after {
+			return nil
+		}
+		f := itx.ProcessorFrame{Events: page.Events, ScannedAfter: after, ScannedThrough: page.ScannedThrough, Head: page.Head, Continued: true}
+		if err := r.Deliver(ctx, f); err != nil {
+			return err
+		}
+	}
 }
 
 // GetRuntimeState answers for a processor this connection runs.

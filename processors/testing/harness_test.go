@@ -167,3 +167,67 @@ func TestHarness_PastDueScheduledAppendLandsAtOnce(t *testing.T) {
 		}
 	})
 }
+
+// doors is a state whose InitialState is not empty: one door, "front", open until closed. A
+// closed door is deleted from the map (copy on write).
+func doors(env proctest.Env) processors.Contract[map[string]bool] {
+	return processors.Contract[map[string]bool]{
+		Name: "doors", ConsumedTypes: []string{"door/closed"}, ReducerVersion: "1",
+		InitialState: func() map[string]bool { return map[string]bool{"front": true} },
+		Reduce: func(s map[string]bool, e itx.Event) map[string]bool {
+			var closed struct{ Door string }
+			_ = json.Unmarshal(e.Payload, &closed)
+			next := map[string]bool{}
+			for k, v := range s {
+				if k != closed.Door {
+					next[k] = v
+				}
+			}
+			return next
+		},
+	}
+}
+
+// A successor incarnation's state is the committed one, not the committed one laid over
+// InitialState: the door closed before the crash stays closed (its key deleted from the map), as
+// Reduce folded over the stream says.
+func TestHarness_CrashKeepsTheCommittedState(t *testing.T) {
+	proctest.Run(t, proctest.Config[map[string]bool]{New: doors}, func(t *testing.T, h *proctest.Harness[map[string]bool]) {
+		h.Append(itx.EventInput{Type: "door/closed", Payload: json.RawMessage(`{"door":"front"}`)})
+		if got := h.State(); len(got) != 0 {
+			t.Fatalf("state %v before the crash, want no open door", got)
+		}
+		h.Crash()
+		h.Wake()
+		if got := h.State(); len(got) != 0 {
+			t.Errorf("state %v after the crash, want no open door", got)
+		}
+		h.Append(itx.EventInput{Type: "unrelated"})
+		if got := h.State(); len(got) != 0 {
+			t.Errorf("state %v after the successor's first frame, want no open door", got)
+		}
+	})
+}
+
+// A scheduled append refused when it comes due (its key was taken meanwhile by another body) is
+// done, and leaves its evidence on the stream, one stream/error-occurred, as in itxd.
+func TestHarness_RefusedScheduledAppendIsRecorded(t *testing.T) {
+	proctest.Run(t, proctest.Config[tally]{New: timeouts}, func(t *testing.T, h *proctest.Harness[tally]) {
+		h.Append(itx.EventInput{Type: "task/opened"})
+		pending := h.Stream.Scheduled()
+		if len(pending) != 1 {
+			t.Fatalf("%d scheduled, want 1", len(pending))
+		}
+		h.Append(itx.EventInput{Type: "task/timed-out", Payload: json.RawMessage(`{"early":true}`), IdempotencyKey: pending[0].Event.IdempotencyKey})
+		h.AdvanceTime(time.Hour)
+		if got := len(h.Stream.Scheduled()); got != 0 {
+			t.Errorf("%d still scheduled, want none", got)
+		}
+		if got := len(h.Events("task/timed-out")); got != 1 {
+			t.Errorf("%d timeouts, want the early one only", got)
+		}
+		if got := h.Events(itx.TypeErrorOccurred); len(got) != 1 {
+			t.Errorf("%d error records (%v), want 1 for the refused scheduled append", len(got), got)
+		}
+	})
+}

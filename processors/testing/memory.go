@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -99,8 +100,9 @@ func (s *MemoryStream) Scheduled() []itx.ScheduledEvent {
 	return out
 }
 
-// Land appends the scheduled events due at now, in due order, each alone (one refused is dropped,
-// as itxd drops it with a stream/error-occurred record), and reports how many landed.
+// Land appends the scheduled events due at now, in due order, each alone, and reports how many
+// landed. One refused (its key taken meanwhile by another body) is done, with a
+// stream/error-occurred record saying so, as in itxd.
 func (s *MemoryStream) Land(now time.Time) int {
 	n := 0
 	for _, sc := range s.Scheduled() {
@@ -110,7 +112,17 @@ func (s *MemoryStream) Land(now time.Time) int {
 		s.mu.Lock()
 		delete(s.scheduled, sc.Event.IdempotencyKey)
 		s.mu.Unlock()
-		if _, err := s.Append(context.Background(), []itx.EventInput{sc.Event}); err == nil {
+		_, err := s.Append(context.Background(), []itx.EventInput{sc.Event})
+		if err != nil {
+			payload, _ := json.Marshal(itx.ErrorOccurredPayload{
+				Message: fmt.Sprintf("scheduled event %q was not appended: %s", sc.Event.IdempotencyKey, itx.ErrorMessage(err)),
+			})
+			_, err = s.Append(context.Background(), []itx.EventInput{{
+				Type: itx.TypeErrorOccurred, Payload: payload,
+				IdempotencyKey: fmt.Sprintf("scheduled-refused:%s@%d", sc.Event.IdempotencyKey, sc.DueAt),
+			}})
+		}
+		if err == nil {
 			n++
 		}
 	}
