@@ -480,6 +480,8 @@ func (l *rpcLog) Read(ctx context.Context, after int64, limit int) (itx.Processo
 
 // Schedule schedules through the stream capability (Stream.schedule).
 func (l *rpcLog) Schedule(ctx context.Context, event itx.EventInput, at time.Time) error {
+	ctx, done := l.s.bound(ctx)
+	defer done()
 	stream := l.s.streamCap()
 	defer stream.Release()
 	_, _, err := client.Schedule(ctx, stream, event, at)
@@ -488,6 +490,8 @@ func (l *rpcLog) Schedule(ctx context.Context, event itx.EventInput, at time.Tim
 
 // Append commits through the stream capability and reads the committed events back.
 func (l *rpcLog) Append(ctx context.Context, inputs []itx.EventInput) ([]itx.Event, error) {
+	ctx, done := l.s.bound(ctx)
+	defer done()
 	stream := l.s.streamCap()
 	defer stream.Release()
 	res, err := client.Append(ctx, stream, inputs, itx.AppendOptions{})
@@ -531,6 +535,8 @@ func (l *rpcLog) Append(ctx context.Context, inputs []itx.EventInput) ([]itx.Eve
 type rpcProgress struct{ s *session }
 
 func (p rpcProgress) Claim(ctx context.Context, name string) (*itx.ProcessorProgress, int64, error) {
+	ctx, done := p.s.bound(ctx)
+	defer done()
 	ports := p.s.portsCap()
 	defer ports.Release()
 	fut, release := ports.Claim(ctx, func(a schema.ProcessorPorts_claim_Params) error { return a.SetName(name) })
@@ -554,6 +560,8 @@ func (p rpcProgress) Claim(ctx context.Context, name string) (*itx.ProcessorProg
 }
 
 func (p rpcProgress) Commit(ctx context.Context, name string, generation int64, pr itx.ProcessorProgress) error {
+	ctx, done := p.s.bound(ctx)
+	defer done()
 	raw, err := json.Marshal(pr)
 	if err != nil {
 		return err
@@ -575,9 +583,20 @@ func (p rpcProgress) Commit(ctx context.Context, name string, generation int64, 
 	return err
 }
 
+// bound ends ctx with the host as well: a call to itxd made from the keepalive (which has no
+// context of its own) or from a wake must not outlive the host, whose connection's close waits
+// for the calls it serves.
+func (s *session) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(s.hostCtx, cancel)
+	return ctx, func() { stop(); cancel() }
+}
+
 type rpcKV struct{ s *session }
 
 func (k rpcKV) Get(ctx context.Context, key string) ([]byte, bool, error) {
+	ctx, done := k.s.bound(ctx)
+	defer done()
 	ports := k.s.portsCap()
 	defer ports.Release()
 	fut, release := ports.KvGet(ctx, func(a schema.ProcessorPorts_kvGet_Params) error { return a.SetKey(key) })
@@ -591,6 +610,8 @@ func (k rpcKV) Get(ctx context.Context, key string) ([]byte, bool, error) {
 }
 
 func (k rpcKV) Put(ctx context.Context, key string, value []byte) error {
+	ctx, done := k.s.bound(ctx)
+	defer done()
 	ports := k.s.portsCap()
 	defer ports.Release()
 	fut, release := ports.KvPut(ctx, func(a schema.ProcessorPorts_kvPut_Params) error {
@@ -607,6 +628,8 @@ func (k rpcKV) Put(ctx context.Context, key string, value []byte) error {
 type rpcAlarm struct{ s *session }
 
 func (a rpcAlarm) SetAlarm(ctx context.Context, at time.Time) error {
+	ctx, done := a.s.bound(ctx)
+	defer done()
 	ms := int64(0)
 	if !at.IsZero() {
 		ms = max(at.UnixMilli(), 1)
