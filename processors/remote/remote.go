@@ -221,6 +221,9 @@ func (s *session) close() {
 	defer s.mu.Unlock()
 	s.stream.Release()
 	s.ports.Release()
+	// A wake still running (it stops at its next check of the host's end) gets null
+	// capabilities, whose calls fail, not released ones, whose AddRef panics.
+	s.stream, s.ports = schema.Stream{}, schema.ProcessorPorts{}
 }
 
 // refresh takes the capabilities of the latest wake (the ports carry its rewind, if any).
