@@ -898,8 +898,8 @@ type scheduledJS struct {
 	Metadata       json.RawMessage `json:"metadata,omitempty"`
 }
 
-// timeArg reads a time: a Date, an ISO-8601 string, epoch milliseconds, or a duration from now
-// ("90s", "10m", "2h").
+// timeArg reads a time: a Date, an ISO-8601 string (UTC when it names no zone), epoch
+// milliseconds, or a duration from now ("90s", "10m", "2h").
 func (s *Session) timeArg(what string, v goja.Value) (time.Time, error) {
 	if isAbsent(v) {
 		return time.Time{}, itx.Errorf(itx.EInvalid, "%s is required: a Date, an ISO-8601 time, epoch milliseconds or a duration from now (\"10m\")", what)
@@ -916,8 +916,11 @@ func (s *Session) timeArg(what string, v goja.Value) (time.Time, error) {
 			return time.UnixMilli(int64(x)), nil
 		}
 	case string:
-		if at, err := time.Parse(time.RFC3339Nano, x); err == nil {
-			return at, nil
+		// ISO-8601 with a zone, or without one (UTC, as itx shows every time), or a date alone.
+		for _, layout := range []string{time.RFC3339Nano, "2006-01-02T15:04:05.999999999", "2006-01-02"} {
+			if at, err := time.ParseInLocation(layout, x, time.UTC); err == nil {
+				return at, nil
+			}
 		}
 		if d, err := time.ParseDuration(x); err == nil {
 			return time.Now().Add(d), nil

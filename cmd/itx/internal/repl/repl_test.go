@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/dop251/goja"
 	"github.com/itx-dev/itx"
@@ -249,4 +250,26 @@ func TestSession_Format(t *testing.T) {
 		s.format(s.mustRun(t, rows), true))
 	s.mustRun(t, `print("a", {b: 1}); console.log([1])`)
 	require.Equal(t, "\"a\"\n{\"b\":1}\n[1]\n", out.String(), "in JSON, every printed value is a document")
+}
+
+// schedule's dueAt: a Date, ISO-8601 with or without a zone (UTC then, as itx shows times) or a
+// date alone, epoch ms, or a duration from now; anything else is refused.
+func TestSession_TimeArg(t *testing.T) {
+	s, _ := offlineSession(t, FormatTable)
+	want := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	for _, src := range []string{`"2030-01-02T03:04:05Z"`, `"2030-01-02T04:04:05+01:00"`, `"2030-01-02T03:04:05"`, `new Date("2030-01-02T03:04:05Z")`, `1893553445000`} {
+		at, err := s.timeArg("dueAt", s.mustRun(t, src))
+		require.NoError(t, err, src)
+		require.True(t, want.Equal(at), "%s: %v", src, at)
+	}
+	at, err := s.timeArg("dueAt", s.mustRun(t, `"2030-01-02"`))
+	require.NoError(t, err)
+	require.True(t, time.Date(2030, 1, 2, 0, 0, 0, 0, time.UTC).Equal(at))
+	at, err = s.timeArg("dueAt", s.mustRun(t, `"10m"`))
+	require.NoError(t, err)
+	require.WithinDuration(t, time.Now().Add(10*time.Minute), at, time.Minute)
+	for _, src := range []string{`"tomorrow"`, `NaN`, `1e300`, `({})`} {
+		_, err := s.timeArg("dueAt", s.mustRun(t, src))
+		require.ErrorContains(t, err, "dueAt: expected", src)
+	}
 }
