@@ -11,6 +11,7 @@ import (
 	"github.com/itx-dev/itx/processors/examples"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
+	"github.com/itx-dev/itx/wire"
 	"github.com/stretchr/testify/require"
 )
 
@@ -32,36 +33,26 @@ func mountHost(ctx context.Context, p schema.Project, name string) (schema.Handl
 
 // mountHostContract mounts an idleHost under name announcing one contract as given.
 func mountHostContract(ctx context.Context, p schema.Project, name, contract, version string, consumed []string) (schema.Handle, error) {
+	return mountHostServing(ctx, p, name, idleHost{}, []itx.ProcessorInfo{{Name: contract, ReducerVersion: version, ConsumedTypes: consumed}})
+}
+
+// mountHostServing mounts host under name in p, announcing contracts, and returns its handle (releasing
+// it unmounts).
+func mountHostServing(ctx context.Context, p schema.Project, name string, host schema.ProcessorHost_Server, contracts []itx.ProcessorInfo) (schema.Handle, error) {
 	hf, releaseHosts := p.Processors(ctx, nil)
 	defer releaseHosts()
 	mf, release := hf.Processors().Mount(ctx, func(a schema.ProcessorHosts_mount_Params) error {
 		if err := a.SetName(name); err != nil {
 			return err
 		}
-		if err := a.SetHost(schema.ProcessorHost_ServerToClient(idleHost{})); err != nil {
-			return err
-		}
-		list, err := a.NewContracts(1)
+		list, err := a.NewContracts(int32(len(contracts)))
 		if err != nil {
 			return err
 		}
-		c := list.At(0)
-		if err := c.SetName(contract); err != nil {
+		if err := wire.SetProcessorContracts(list, contracts); err != nil {
 			return err
 		}
-		if err := c.SetReducerVersion(version); err != nil {
-			return err
-		}
-		types, err := c.NewConsumedTypes(int32(len(consumed)))
-		if err != nil {
-			return err
-		}
-		for i, typ := range consumed {
-			if err := types.Set(i, typ); err != nil {
-				return err
-			}
-		}
-		return nil
+		return a.SetHost(schema.ProcessorHost_ServerToClient(host))
 	})
 	defer release()
 	res, err := mf.Struct()

@@ -283,25 +283,9 @@ func TestRemote_RuntimeStateOfASilentHostIsBounded(t *testing.T) {
 	s := stream(t, e.p, "/remote/silent")
 	configureRemote(t, s, "forwarder")
 	spy := &silentStateHost{unansweringHost: unansweringHost{woken: make(chan struct{}, 1)}, asked: make(chan struct{}, 1)}
-	hosts, release := e.p.Processors(e.ctx, nil)
-	defer release()
-	info := []itx.ProcessorInfo{{Name: "forwarder", ReducerVersion: "1", ConsumedTypes: []string{"inbox/message"}}}
-	fut, rel := hosts.Processors().Mount(e.ctx, func(m schema.ProcessorHosts_mount_Params) error {
-		if err := m.SetName("spy"); err != nil {
-			return err
-		}
-		list, err := m.NewContracts(1)
-		if err != nil {
-			return err
-		}
-		if err := wire.SetProcessorContracts(list, info); err != nil {
-			return err
-		}
-		return m.SetHost(schema.ProcessorHost_ServerToClient(spy))
-	})
-	defer rel()
-	_, err := fut.Struct()
+	h, err := mountHostServing(e.ctx, e.p, "spy", spy, []itx.ProcessorInfo{{Name: "forwarder", ReducerVersion: "1", ConsumedTypes: []string{"inbox/message"}}})
 	require.NoError(t, err)
+	defer h.Release()
 	sub := client.Subscription(e.ctx, s, "forwarder")
 	defer sub.Release()
 	pf, prel := sub.Processor(e.ctx, nil)
@@ -565,25 +549,9 @@ func TestRemote_MountedHostSayingOfflineIsAnOutage(t *testing.T) {
 	e := newSubEnv(t, server.Config{})
 	s := stream(t, e.p, "/remote/offline")
 	configureRemote(t, s, "forwarder")
-	hosts, release := e.p.Processors(e.ctx, nil)
-	defer release()
-	info := []itx.ProcessorInfo{{Name: "forwarder", ReducerVersion: "1", ConsumedTypes: []string{"inbox/message"}}}
-	fut, rel := hosts.Processors().Mount(e.ctx, func(m schema.ProcessorHosts_mount_Params) error {
-		if err := m.SetName("says-offline"); err != nil {
-			return err
-		}
-		list, err := m.NewContracts(1)
-		if err != nil {
-			return err
-		}
-		if err := wire.SetProcessorContracts(list, info); err != nil {
-			return err
-		}
-		return m.SetHost(schema.ProcessorHost_ServerToClient(&offlineSayingHost{}))
-	})
-	defer rel()
-	_, err := fut.Struct()
+	h, err := mountHostServing(e.ctx, e.p, "says-offline", &offlineSayingHost{}, []itx.ProcessorInfo{{Name: "forwarder", ReducerVersion: "1", ConsumedTypes: []string{"inbox/message"}}})
 	require.NoError(t, err)
+	defer h.Release()
 	mustAppend(t, s, ev("inbox/message", `{}`))
 	waitUntil(t, "the failure recorded", func() bool { return e.describe(t, s, "forwarder").LastError != "" })
 	d := e.describe(t, s, "forwarder")

@@ -15,7 +15,6 @@ import (
 	"github.com/itx-dev/itx/processors/remote"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
-	"github.com/itx-dev/itx/wire"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 )
@@ -265,25 +264,9 @@ func mountSpy(t *testing.T, ts *testServer, spy *spyHost) {
 	t.Helper()
 	ctx := ctxT(t)
 	first := dial(t, ts.addr).Login(ctx, ts.creds.ProjectToken)
-	hosts, release := first.Processors(ctx, nil)
-	defer release()
-	info := []itx.ProcessorInfo{{Name: "forwarder", ReducerVersion: "1", ConsumedTypes: []string{string(examples.InboxMessage)}}}
-	fut, rel := hosts.Processors().Mount(ctx, func(m schema.ProcessorHosts_mount_Params) error {
-		if err := m.SetName("spy"); err != nil {
-			return err
-		}
-		list, err := m.NewContracts(1)
-		if err != nil {
-			return err
-		}
-		if err := wire.SetProcessorContracts(list, info); err != nil {
-			return err
-		}
-		return m.SetHost(schema.ProcessorHost_ServerToClient(spy))
-	})
-	_, err := fut.Struct()
+	h, err := mountHostServing(ctx, first, "spy", spy, []itx.ProcessorInfo{{Name: "forwarder", ReducerVersion: "1", ConsumedTypes: []string{string(examples.InboxMessage)}}})
 	require.NoError(t, err)
-	t.Cleanup(rel)
+	t.Cleanup(h.Release)
 }
 
 // processorsHost hosts the agent with a vendor of the test's own.
