@@ -141,16 +141,7 @@ func TestMount_PresenceSignalWaitsForRoom(t *testing.T) {
 	clock := clocktest.New(time.Unix(1_800_000_000, 0))
 	s, projectID := mustOpen(t, Config{DataDir: t.TempDir(), Clock: clock, MaxHeldStreams: 2, IdleTimeout: time.Minute})
 	ref := StreamRef{ProjectID: projectID, Path: "/parked"}
-	_, _, err := s.ConfigureSubscription(ctx, ref, itx.SubscriptionConfig{Name: "app",
-		Receiver: itx.Receiver{Action: itx.KindITXCall, Capability: "inbox",
-			Delivery: &itx.DeliveryPolicy{Start: itx.StartNow, OnFailingEvent: itx.OnFailingHalt}}}, "")
-	require.NoError(t, err)
-	res, err := s.Append(ctx, ref, []itx.EventInput{{Type: "x"}}, itx.AppendOptions{})
-	require.NoError(t, err)
-	require.NoError(t, s.Settle(ctx, ref))
-	d, err := s.DescribeSubscription(ctx, ref, "app")
-	require.NoError(t, err)
-	require.Equal(t, storage.StatusParked, d.Status)
+	res := parkedApp(ctx, t, s, ref)
 	clock.Advance(2 * time.Minute)
 	s.Sweep()
 	require.Equal(t, 0, s.LoadedStreams())
@@ -201,16 +192,7 @@ func TestMount_PresenceSignalDuringAnUnload(t *testing.T) {
 	defer cancel()
 	s, projectID := mustOpen(t, Config{DataDir: t.TempDir()})
 	ref := StreamRef{ProjectID: projectID, Path: "/leaving"}
-	_, _, err := s.ConfigureSubscription(ctx, ref, itx.SubscriptionConfig{Name: "app",
-		Receiver: itx.Receiver{Action: itx.KindITXCall, Capability: "inbox",
-			Delivery: &itx.DeliveryPolicy{Start: itx.StartNow, OnFailingEvent: itx.OnFailingHalt}}}, "")
-	require.NoError(t, err)
-	res, err := s.Append(ctx, ref, []itx.EventInput{{Type: "x"}}, itx.AppendOptions{})
-	require.NoError(t, err)
-	require.NoError(t, s.Settle(ctx, ref))
-	d, err := s.DescribeSubscription(ctx, ref, "app")
-	require.NoError(t, err)
-	require.Equal(t, storage.StatusParked, d.Status)
+	res := parkedApp(ctx, t, s, ref)
 
 	// The sweep's choice, as Server.sweep makes it.
 	s.mu.Lock()
@@ -240,4 +222,21 @@ func TestMount_PresenceSignalDuringAnUnload(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the parked subscription never resumed")
 	}
+}
+
+// parkedApp configures an itx-call subscription "app" on ref (to "inbox", which nothing mounts),
+// appends one event and returns once the subscription has parked, with the append's result.
+func parkedApp(ctx context.Context, t *testing.T, s *Server, ref StreamRef) itx.AppendResult {
+	t.Helper()
+	_, _, err := s.ConfigureSubscription(ctx, ref, itx.SubscriptionConfig{Name: "app",
+		Receiver: itx.Receiver{Action: itx.KindITXCall, Capability: "inbox",
+			Delivery: &itx.DeliveryPolicy{Start: itx.StartNow, OnFailingEvent: itx.OnFailingHalt}}}, "")
+	require.NoError(t, err)
+	res, err := s.Append(ctx, ref, []itx.EventInput{{Type: "x"}}, itx.AppendOptions{})
+	require.NoError(t, err)
+	require.NoError(t, s.Settle(ctx, ref))
+	d, err := s.DescribeSubscription(ctx, ref, "app")
+	require.NoError(t, err)
+	require.Equal(t, storage.StatusParked, d.Status)
+	return res
 }
