@@ -26,6 +26,28 @@ const (
 	TypeWoken                  = "stream/woken"
 )
 
+// TypeDeadLetter is the type of the event a skipped event becomes in its subscription's
+// dead-letter stream (DeliveryPolicy.DeadLetterPath); its payload is a DeadLetterPayload.
+const TypeDeadLetter = "itx.dead-letter"
+
+// DeadLetterPayload is a dead letter: the skipped event whole, where it came from, and why it
+// was skipped. Replaying it means delivering Event again (see the README, "Dead letters").
+type DeadLetterPayload struct {
+	ProjectID             string `json:"projectId"`
+	StreamID              string `json:"streamId"`
+	Path                  string `json:"path"`
+	Subscription          string `json:"subscription"`
+	ConfiguredAtOffset    int64  `json:"configuredAtOffset"`
+	CursorChangedAtOffset int64  `json:"cursorChangedAtOffset"`
+	Offset                int64  `json:"offset"`   // the skipped event's offset in Path
+	Attempts              int    `json:"attempts"` // event-specific attempts before the skip
+	Error                 string `json:"error"`    // the last failure, as lastError showed it
+	Event                 Event  `json:"event"`    // the skipped event, as stored
+	// EventOmitted: the event was too large to travel inside its dead letter, so Event keeps
+	// only its offset, type and time; read it at Offset in Path.
+	EventOmitted bool `json:"eventOmitted,omitempty"`
+}
+
 // Receiver kinds: data, not schema. Adding one is one union member here plus one send adapter.
 const (
 	KindWebhookPost   = "webhook-post"
@@ -165,6 +187,9 @@ type Receiver struct {
 type DeliveryPolicy struct {
 	Start          string `json:"start"`
 	OnFailingEvent string `json:"onFailingEvent"`
+	// DeadLetterPath (skip only) is a stream of the same project where each skipped event lands
+	// once, whole, as a TypeDeadLetter event with its error, before the cursor moves past it.
+	DeadLetterPath string `json:"deadLetterPath,omitempty"`
 }
 
 // EffectiveDelivery returns the policy with its defaults (beginning, halt).
@@ -177,6 +202,7 @@ func (r *Receiver) EffectiveDelivery() DeliveryPolicy {
 		if r.Delivery.OnFailingEvent != "" {
 			d.OnFailingEvent = r.Delivery.OnFailingEvent
 		}
+		d.DeadLetterPath = r.Delivery.DeadLetterPath
 	}
 	return d
 }
@@ -242,6 +268,14 @@ func ParseSubscriptionConfig(payload []byte) (*SubscriptionConfig, error) {
 		}
 		if d.OnFailingEvent != OnFailingHalt && d.OnFailingEvent != OnFailingSkip {
 			return nil, Errorf(EInvalid, "receiver.delivery.onFailingEvent must be %q or %q", OnFailingHalt, OnFailingSkip)
+		}
+		if d.DeadLetterPath = strings.TrimSpace(d.DeadLetterPath); d.DeadLetterPath != "" {
+			if d.OnFailingEvent != OnFailingSkip {
+				return nil, Errorf(EInvalid, "receiver.delivery.deadLetterPath needs onFailingEvent %q: only skipped events are dead-lettered", OnFailingSkip)
+			}
+			if err := ValidatePath(d.DeadLetterPath); err != nil {
+				return nil, Errorf(EInvalid, "receiver.delivery.deadLetterPath: %s", ErrorMessage(err))
+			}
 		}
 	}
 	only := func(kind string, set map[string]bool) error {

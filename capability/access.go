@@ -74,6 +74,20 @@ func (a access) scope() itx.Scope {
 
 // reaches checks that path is inside the access's prefix. The refusal names the scope, never a
 // stream outside it.
+// reachesTargets checks that the other streams a subscription config writes into (a copy's
+// receiving stream, the dead-letter stream) are inside the scope.
+func (a access) reachesTargets(cfg *itx.SubscriptionConfig) error {
+	if cfg.Receiver.Action == itx.KindCopyToStream {
+		if err := a.reaches(strings.TrimSpace(cfg.Receiver.ReceivingStreamPath)); err != nil {
+			return err
+		}
+	}
+	if p := strings.TrimSpace(cfg.Receiver.EffectiveDelivery().DeadLetterPath); p != "" {
+		return a.reaches(p)
+	}
+	return nil
+}
+
 func (a access) reaches(path string) error {
 	if !itx.PathUnder(path, a.prefix) {
 		return itx.Errorf(itx.EPermissionDenied, "this capability is limited to streams under %s", a.prefix)

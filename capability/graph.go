@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
-	"strings"
 	"sync"
 	"time"
 
@@ -376,8 +375,8 @@ func (s *stream) controlEvents(inputs []itx.EventInput) error {
 			return itx.Errorf(itx.EPermissionDenied, "event %d: configuring a subscription needs the read right as well: it delivers the stream's events", i)
 		}
 		var cfg itx.SubscriptionConfig
-		if json.Unmarshal(in.Payload, &cfg) == nil && cfg.Receiver.Action == itx.KindCopyToStream {
-			if err := s.acc.reaches(strings.TrimSpace(cfg.Receiver.ReceivingStreamPath)); err != nil {
+		if json.Unmarshal(in.Payload, &cfg) == nil {
+			if err := s.acc.reachesTargets(&cfg); err != nil {
 				return err
 			}
 		}

@@ -114,11 +114,9 @@ func (s *subscriptions) Configure(ctx context.Context, call schema.Subscriptions
 	if err != nil {
 		return badArgs("config", err)
 	}
-	// A copy writes into another stream: that one must be inside the scope too.
-	if cfg.Receiver.Action == itx.KindCopyToStream {
-		if err := s.acc.reaches(strings.TrimSpace(cfg.Receiver.ReceivingStreamPath)); err != nil {
-			return fail(err)
-		}
+	// A copy or a dead letter writes into another stream: that one must be inside the scope too.
+	if err := s.acc.reachesTargets(&cfg); err != nil {
+		return fail(err)
 	}
 	key, err := call.Args().IdempotencyKey()
 	if err != nil {

@@ -54,7 +54,10 @@ type SubscriptionConfig struct {
 	Transform       string // JSONata over the event
 	Start           string
 	OnFailingEvent  string
-	Description     string
+	// DeadLetterPath (OnFailingEvent "skip" only) is a stream of the project where each skipped
+	// event lands, once, as an itx.TypeDeadLetter event, before the cursor moves past it.
+	DeadLetterPath string
+	Description    string
 	// MaxDeliveryEvents and MaxDeliveryBytes narrow each delivery (0: the kind's default: 1,000
 	// events, one for webhook-post; 1 MiB). A webhook asking for more than one event gets them
 	// as an "events" array (itx.WebhookBatchBody).
@@ -218,7 +221,7 @@ func (cfg *SubscriptionConfig) Config() (itx.SubscriptionConfig, error) {
 	if err != nil {
 		return out, err
 	}
-	delivery := &itx.DeliveryPolicy{Start: start, OnFailingEvent: onFailing}
+	delivery := &itx.DeliveryPolicy{Start: start, OnFailingEvent: onFailing, DeadLetterPath: cfg.DeadLetterPath}
 	r, in := &out.Receiver, cfg.Receiver
 	if in.Processor != "" && in.Kind != ReceiverProcessorWake {
 		return out, itx.Errorf(itx.EInvalid, "receiver.processor is a field of a %s receiver, not of %s", ReceiverProcessorWake, in.Kind)
@@ -238,6 +241,9 @@ func (cfg *SubscriptionConfig) Config() (itx.SubscriptionConfig, error) {
 	case ReceiverItxCall:
 		r.Capability = in.Capability
 	case ReceiverProcessorWake:
+		if cfg.DeadLetterPath != "" {
+			return out, itx.Errorf(itx.EInvalid, "deadLetterPath is not for %s receivers: the processor owns its checkpoint", in.Kind)
+		}
 		r.Placement, r.Processor, r.Delivery = in.Placement, in.Processor, nil // the processor owns its checkpoint
 	default:
 		return out, itx.Errorf(itx.EInvalid, "receiver kind %q is not one of %s, %s, %s, %s", in.Kind,
@@ -262,7 +268,7 @@ func oneOf(field, v, def, other string) (string, error) {
 func ConfigOf(c itx.SubscriptionConfig) SubscriptionConfig {
 	d := c.Receiver.EffectiveDelivery()
 	out := SubscriptionConfig{Name: c.Name, Description: c.Description, Transform: c.Receiver.JSONataTransform,
-		Start: d.Start, OnFailingEvent: d.OnFailingEvent, MaxDeliveryEvents: c.MaxDeliveryEvents, MaxDeliveryBytes: c.MaxDeliveryBytes}
+		Start: d.Start, OnFailingEvent: d.OnFailingEvent, DeadLetterPath: d.DeadLetterPath, MaxDeliveryEvents: c.MaxDeliveryEvents, MaxDeliveryBytes: c.MaxDeliveryBytes}
 	if f := c.Filter; f != nil {
 		out.FilterCondition = f.JSONataCondition
 		if len(f.EventTypes) > 0 { // none: every type, as in a config that never set it

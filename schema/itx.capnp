@@ -192,6 +192,10 @@ struct SubscriptionConfig {
   # event of a delivery always goes.
   maxDeliveryEvents @13 :UInt32;
   maxDeliveryBytes @14 :UInt32;
+  # onFailingEvent skip only: a stream of the same project (created if absent) where each skipped
+  # event lands, once, as an "itx.dead-letter" event carrying it whole with its error; the skip
+  # waits until it has landed. Empty: skipped events leave only a stream/error-occurred record.
+  deadLetterPath @16 :Text;
 }
 
 struct Header {

@@ -260,6 +260,9 @@ func (st *coreState) reduceConfigured(e *itx.Event, rc *reduceContext) ([]cursor
 			return nil, err
 		}
 	}
+	if r.EffectiveDelivery().DeadLetterPath == rc.path {
+		return nil, itx.Errorf(itx.EInvalid, "a subscription cannot dead-letter into its own stream")
+	}
 	switch r.Action {
 	case itx.KindWebhookPost:
 		if rc.checkURL != nil {

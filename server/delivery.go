@@ -41,6 +41,10 @@ type deliverer struct {
 	stuck chan struct{}
 
 	actor *actor // the stream's actor: processor-wake deliverers start its processors
+
+	// deadLetter is where this subscription's skipped events land (receiver.delivery.
+	// deadLetterPath; empty Path: none). A skip waits until its dead letter has landed.
+	deadLetter StreamRef
 }
 
 // newDeliverer builds the deliverer of a catalog entry under ctx.
@@ -63,6 +67,9 @@ func newDeliverer(ctx context.Context, s *Server, ref StreamRef, entry *catalogE
 		}
 	}
 	d.send = s.senderFor(ref, entry)
+	if p := entry.Config.Receiver.EffectiveDelivery().DeadLetterPath; p != "" && entry.Kind() != itx.KindProcessorWake && entry.Kind() != itx.KindCopyToStream {
+		d.deadLetter = StreamRef{ProjectID: ref.ProjectID, Path: p}
+	}
 	return d
 }
 
@@ -75,8 +82,76 @@ type expressionFailure struct {
 func (e *expressionFailure) Error() string { return e.err.Error() }
 
 // push makes one delivery try and reports what happened. Its ordering: the events it reads
-// were committed before the actor started it (commit before push).
+// were committed before the actor started it (commit before push). A failure the ladder will
+// answer with a skip first lands the event in the dead-letter stream, when there is one.
 func (d *deliverer) push(job pushJob, store streamStore, streamID string) deliveryOutcome {
+	out := d.try(job, store, streamID)
+	if d.deadLetter.Path != "" && out.failure != nil && out.failure.class == classEvent && out.failure.eventOffset > 0 {
+		d.deadLetterSkip(job, store, streamID, &out)
+	}
+	return out
+}
+
+// deadLetterSkip appends the failing event of out to the dead-letter stream when the ladder,
+// deciding from the same cursor row, will skip it: exactly once (its idempotency key names the
+// subscription's epochs and the offset, so a repeat after a crash is a duplicate), and before
+// the skip, which the actor takes only from an outcome marked deadLettered. When it cannot land,
+// the failure becomes an outage of the dead-letter stream: the cursor stays, and the ladder
+// retries.
+func (d *deliverer) deadLetterSkip(job pushJob, store streamStore, streamID string, out *deliveryOutcome) {
+	f := out.failure
+	dec := decideFailure(job.row, *f, itx.OnFailingSkip, 0, 0)
+	if dec.kind != decideSkip {
+		return
+	}
+	letter, err := d.deadLetterOf(job, store, streamID, f, dec.failingAttempt)
+	if err == nil {
+		_, err = d.srv.appendAs(d.ctx, d.deadLetter, []itx.EventInput{letter}, authCopy, nil)
+	}
+	if err != nil {
+		if d.ctx.Err() != nil {
+			*out = deliveryOutcome{name: out.name, gen: out.gen, birth: out.birth, seek: out.seek} // unknown: redeliver
+			return
+		}
+		out.failure = &deliveryFailure{class: classOutage, count: 1, last: f.eventOffset, msg: truncate(fmt.Sprintf(
+			"dead-letter stream %q: %s (the failing event at offset %d waits for it: %s)", d.deadLetter.Path, itx.ErrorMessage(err), f.eventOffset, f.msg), itx.MaxHaltErrorLength)}
+		return
+	}
+	f.deadLettered = true
+}
+
+// deadLetterOf builds the dead letter of failure f: the event as stored, with its error. An
+// event too large to travel inside one keeps only its offset, type and time (it stays readable
+// at its offset in the source stream).
+func (d *deliverer) deadLetterOf(job pushJob, store streamStore, streamID string, f *deliveryFailure, attempts int) (itx.EventInput, error) {
+	events, err := store.Events(d.ctx, storage.Query{After: f.eventOffset - 1, UpTo: f.eventOffset, Limit: 1})
+	if err != nil {
+		return itx.EventInput{}, fmt.Errorf("reading the failing event: %w", err)
+	}
+	if len(events) != 1 || events[0].Offset != f.eventOffset {
+		return itx.EventInput{}, fmt.Errorf("the failing event at offset %d is not in the log", f.eventOffset)
+	}
+	p := itx.DeadLetterPayload{ProjectID: d.ref.ProjectID, StreamID: streamID, Path: d.ref.Path, Subscription: d.name,
+		ConfiguredAtOffset: job.row.ConfiguredAtOffset, CursorChangedAtOffset: job.row.CursorChangedAtOffset,
+		Offset: f.eventOffset, Attempts: attempts, Error: truncate(f.msg, itx.MaxCursorErrorLength), Event: events[0]}
+	body, err := json.Marshal(p)
+	if err != nil {
+		return itx.EventInput{}, err
+	}
+	key, _ := json.Marshal([]any{d.ref.ProjectID, d.ref.Path, streamID, d.name, job.row.ConfiguredAtOffset, job.row.CursorChangedAtOffset, f.eventOffset})
+	in := itx.EventInput{Type: itx.TypeDeadLetter, Payload: body, IdempotencyKey: internalKey("dead-letter", key)}
+	if in.Size() > itx.MaxEventBytes-1024 {
+		e := &p.Event
+		e.Payload, e.Metadata, e.IdempotencyKey, e.Provenance, p.EventOmitted = json.RawMessage(`{}`), nil, "", nil, true
+		if in.Payload, err = json.Marshal(p); err != nil {
+			return itx.EventInput{}, err
+		}
+	}
+	return in, nil
+}
+
+// try is one delivery try, without the dead letter.
+func (d *deliverer) try(job pushJob, store streamStore, streamID string) deliveryOutcome {
 	out := deliveryOutcome{name: job.name, gen: job.gen, birth: job.row.ConfiguredAtOffset, seek: job.row.CursorChangedAtOffset}
 	after := job.row.ConfirmedOffset
 	fail := func(class failureClass, count int, last int64, err error) deliveryOutcome {

@@ -106,6 +106,9 @@ type deliveryFailure struct {
 	// mount is, for an absent receiver, the mount generation the try reached (0: nothing was
 	// mounted): when another is mounted by the time the step sees the failure, it is no absence.
 	mount uint64
+	// deadLettered: the failing event has landed in the subscription's dead-letter stream, so
+	// the ladder may skip it.
+	deadLettered bool
 }
 
 // decisionKind is what the ladder decides after a failure.

@@ -577,6 +577,18 @@ func TestAccess_ScopeEveryMethod(t *testing.T) {
 			Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: "/out/s"}})
 		requireCode(t, err, itx.EPermissionDenied)
 	})
+	t.Run("a dead-letter stream outside the prefix is refused", func(t *testing.T) {
+		s := stream(t, in, "/in/s")
+		subs := client.Subscriptions(ctx, s)
+		defer subs.Release()
+		_, _, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "dead", OnFailingEvent: "skip",
+			DeadLetterPath: "/out/dead", Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: "http://127.0.0.1:1/hook"}})
+		requireCode(t, err, itx.EPermissionDenied)
+		raw := itx.EventInput{Type: itx.TypeSubscriptionConfigured, Payload: []byte(`{"name": "dead", "receiver": {"action": "webhook-post",
+			"url": "http://127.0.0.1:1/hook", "delivery": {"start": "now", "onFailingEvent": "skip", "deadLetterPath": "/out/dead"}}}`)}
+		_, err = client.Append(ctx, s, []itx.EventInput{raw}, itx.AppendOptions{})
+		requireCode(t, err, itx.EPermissionDenied)
+	})
 	t.Run("raw control events need what the verbs need", func(t *testing.T) {
 		removed := itx.EventInput{Type: itx.TypeSubscriptionRemoved, Payload: []byte(`{"name": "sub"}`)}
 		_, err := client.Append(ctx, stream(t, byRight[itx.RightAppend], "/in/s"), []itx.EventInput{ev("note", `{}`), removed}, itx.AppendOptions{})

@@ -41,6 +41,9 @@ func SubscriptionConfigFromSchema(c schema.SubscriptionConfig) (itx.Subscription
 	if c.OnFailingEvent() == schema.FailingEventPolicy_skip {
 		delivery.OnFailingEvent = itx.OnFailingSkip
 	}
+	if delivery.DeadLetterPath, err = c.DeadLetterPath(); err != nil {
+		return cfg, err
+	}
 	recv := c.Receiver()
 	switch recv.Which() {
 	case schema.SubscriptionConfig_receiver_Which_webhookPost:
@@ -76,6 +79,9 @@ func SubscriptionConfigFromSchema(c schema.SubscriptionConfig) (itx.Subscription
 		}
 	case schema.SubscriptionConfig_receiver_Which_processorWake:
 		r.Action = itx.KindProcessorWake
+		if delivery.DeadLetterPath != "" {
+			return cfg, itx.Errorf(itx.EInvalid, "processor-wake receivers take no deadLetterPath: the processor owns its checkpoint")
+		}
 		if r.Placement, err = recv.ProcessorWake().Placement(); err != nil {
 			return cfg, err
 		}
@@ -96,6 +102,9 @@ func checkUTF8(cfg *itx.SubscriptionConfig) error {
 		{"receiver.url", r.URL}, {"receiver.secret", r.Secret}, {"receiver.path", r.ReceivingStreamPath},
 		{"receiver.capability", r.Capability}, {"receiver.placement", r.Placement},
 		{"receiver.processor", r.Processor},
+	}
+	if r.Delivery != nil {
+		fields = append(fields, struct{ name, v string }{"deadLetterPath", r.Delivery.DeadLetterPath})
 	}
 	if f := cfg.Filter; f != nil {
 		fields = append(fields, struct{ name, v string }{"filterCondition", f.JSONataCondition})
@@ -142,6 +151,9 @@ func SetSubscriptionConfig(dst schema.SubscriptionConfig, cfg *itx.SubscriptionC
 	}
 	if d.OnFailingEvent == itx.OnFailingSkip {
 		dst.SetOnFailingEvent(schema.FailingEventPolicy_skip)
+	}
+	if err := dst.SetDeadLetterPath(d.DeadLetterPath); err != nil {
+		return err
 	}
 	recv := dst.Receiver()
 	switch r.Action {

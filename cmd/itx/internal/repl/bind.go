@@ -64,7 +64,7 @@ var bindings = map[string]map[string]binding{
 	},
 	"Subscriptions": {
 		"list":      {"list() -> [{name, kind, status, confirmedOffset, lag, lastError, configuredAtOffset}]", subscriptionsList},
-		"configure": {"configure(name, receiver, {...}?) or configure({name, receiver: {type: \"webhook-post\", url, ...}, filterTypes, filterCondition, transform, start, onFailingEvent, description, idempotencyKey, maxDeliveryEvents, maxDeliveryBytes}) -> {name, offset} (start: \"beginning\", the default, includes the stream's own stream/* records; a nameless configure needs an idempotencyKey; maxDeliveryEvents/maxDeliveryBytes narrow each delivery of a push receiver; receiver {type: \"processor-wake\", processor} runs another contract under this name)", subscriptionsConfigure},
+		"configure": {"configure(name, receiver, {...}?) or configure({name, receiver: {type: \"webhook-post\", url, ...}, filterTypes, filterCondition, transform, start, onFailingEvent, deadLetterPath, description, idempotencyKey, maxDeliveryEvents, maxDeliveryBytes}) -> {name, offset} (start: \"beginning\", the default, includes the stream's own stream/* records; deadLetterPath (onFailingEvent \"skip\") lands each skipped event in that stream as an itx.dead-letter event; a nameless configure needs an idempotencyKey; maxDeliveryEvents/maxDeliveryBytes narrow each delivery of a push receiver; receiver {type: \"processor-wake\", processor} runs another contract under this name)", subscriptionsConfigure},
 		"remove":    {"remove(name) or remove({name}) -> {offset}", subscriptionsRemove},
 	},
 	"Subscription": {
@@ -602,8 +602,9 @@ type subscriptionConfigJS struct {
 	OnFailingEvent  string     `json:"onFailingEvent"`
 	Description     string     `json:"description"`
 	// The delivery controls show only when set (0: the kind's default).
-	MaxDeliveryEvents int `json:"maxDeliveryEvents,omitempty"`
-	MaxDeliveryBytes  int `json:"maxDeliveryBytes,omitempty"`
+	MaxDeliveryEvents int    `json:"maxDeliveryEvents,omitempty"`
+	MaxDeliveryBytes  int    `json:"maxDeliveryBytes,omitempty"`
+	DeadLetterPath    string `json:"deadLetterPath,omitempty"`
 }
 
 // receiverKeys are the keys each receiver type takes besides type.
@@ -615,12 +616,12 @@ var receiverKeys = map[string][]string{
 }
 
 func (s *Session) subscriptionConfig(v goja.Value) (client.SubscriptionConfig, error) {
-	o, err := s.opts("configure", v, "name", "receiver", "filterTypes", "filterCondition", "transform", "start", "onFailingEvent", "description", "idempotencyKey", "maxDeliveryEvents", "maxDeliveryBytes")
+	o, err := s.opts("configure", v, "name", "receiver", "filterTypes", "filterCondition", "transform", "start", "onFailingEvent", "description", "idempotencyKey", "maxDeliveryEvents", "maxDeliveryBytes", "deadLetterPath")
 	if err != nil {
 		return client.SubscriptionConfig{}, err
 	}
 	cfg := client.SubscriptionConfig{Name: o.str("name"), FilterTypes: o.strings("filterTypes"), FilterCondition: o.str("filterCondition"),
-		Transform: o.str("transform"), Start: o.str("start"), OnFailingEvent: o.str("onFailingEvent"), Description: o.str("description"), IdempotencyKey: o.str("idempotencyKey"),
+		Transform: o.str("transform"), Start: o.str("start"), OnFailingEvent: o.str("onFailingEvent"), DeadLetterPath: o.str("deadLetterPath"), Description: o.str("description"), IdempotencyKey: o.str("idempotencyKey"),
 		MaxDeliveryEvents: int(min(o.uint("maxDeliveryEvents"), math.MaxInt32)), MaxDeliveryBytes: int(min(o.uint("maxDeliveryBytes"), math.MaxInt32))}
 	if err := o.err(); err != nil {
 		return cfg, err
@@ -692,7 +693,7 @@ func (s *Session) headers(v goja.Value) ([]client.Header, error) {
 func configJS(c client.SubscriptionConfig) subscriptionConfigJS {
 	out := subscriptionConfigJS{Name: c.Name, FilterTypes: c.FilterTypes, FilterCondition: c.FilterCondition,
 		Transform: c.Transform, Start: c.Start, OnFailingEvent: c.OnFailingEvent, Description: c.Description,
-		MaxDeliveryEvents: c.MaxDeliveryEvents, MaxDeliveryBytes: c.MaxDeliveryBytes,
+		MaxDeliveryEvents: c.MaxDeliveryEvents, MaxDeliveryBytes: c.MaxDeliveryBytes, DeadLetterPath: c.DeadLetterPath,
 		Receiver: receiverJS{Type: c.Receiver.Kind, URL: c.Receiver.URL, Secret: c.Receiver.Secret, Path: c.Receiver.Path,
 			Capability: c.Receiver.Capability, Placement: c.Receiver.Placement, Processor: c.Receiver.Processor}}
 	if out.FilterTypes == nil {

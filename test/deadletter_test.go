@@ -1,0 +1,183 @@
+package test
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/server"
+	"github.com/stretchr/testify/require"
+)
+
+// deadLetters reads the dead letters of a dead-letter stream.
+func (e *subEnv) deadLetters(t *testing.T, path string) []itx.DeadLetterPayload {
+	t.Helper()
+	var out []itx.DeadLetterPayload
+	for _, d := range e.events(t, stream(t, e.p, path), itx.TypeDeadLetter) {
+		var p itx.DeadLetterPayload
+		require.NoError(t, json.Unmarshal(d.Payload, &p))
+		out = append(out, p)
+	}
+	return out
+}
+
+// refuseUntilSkipped walks a failing event of subscription name up the ladder until it is
+// skipped: each event-specific failure after the first waits for its backoff.
+func (e *subEnv) refuseUntilSkipped(t *testing.T, path, name string, offset int64) {
+	t.Helper()
+	s := stream(t, e.p, path)
+	for attempt := 1; attempt < itx.FailingEventConfirmAttempts; attempt++ {
+		waitUntil(t, "refused", func() bool { return e.describe(t, s, name).FailingEventAttempt == attempt })
+		e.clock.Advance(itx.Backoff(attempt, 0.5))
+	}
+	e.waitProcessed(t, s, name, offset)
+}
+
+// A skipped event lands once, whole, in the dead-letter stream with its error, and the healthy
+// events around it are delivered. The dead letters can be replayed to the receiver once it is
+// fixed: a subscription on the dead-letter stream that reshapes each letter into its event.
+func TestDeadLetter_SkippedEventLandsOnceAndReplays(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	var fixed atomic.Bool
+	h := newHook(t, func(_ int, b itx.WebhookBody) int {
+		if !fixed.Load() && strings.Contains(string(b.Event.Payload), "poison") {
+			return 422
+		}
+		return 200
+	})
+	s := stream(t, e.p, "/orders")
+	name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "mailer", Start: "now", OnFailingEvent: "skip", FilterTypes: []string{"order.placed"},
+		DeadLetterPath: "/orders/dead", Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
+	poison := itx.EventInput{Type: "order.placed", Payload: json.RawMessage(`{"poison":true,"id":7}`),
+		Metadata: json.RawMessage(`{"trace":"t-7"}`), IdempotencyKey: "order-7"}
+	res := mustAppend(t, s, ev("order.placed", `{"id":6}`), poison, ev("order.placed", `{"id":8}`)) // 2, 3, 4
+	e.refuseUntilSkipped(t, "/orders", name, res.HeadOffset)
+
+	letters := e.deadLetters(t, "/orders/dead")
+	require.Len(t, letters, 1)
+	l := letters[0]
+	require.Equal(t, "/orders", l.Path)
+	require.Equal(t, name, l.Subscription)
+	require.Equal(t, int64(3), l.Offset)
+	require.Equal(t, itx.FailingEventConfirmAttempts, l.Attempts)
+	require.Contains(t, l.Error, "422")
+	require.False(t, l.EventOmitted)
+	require.Equal(t, int64(3), l.Event.Offset)
+	require.Equal(t, "order.placed", l.Event.Type)
+	require.JSONEq(t, `{"poison":true,"id":7}`, string(l.Event.Payload))
+	require.JSONEq(t, `{"trace":"t-7"}`, string(l.Event.Metadata))
+	require.Equal(t, "order-7", l.Event.IdempotencyKey)
+	require.NotEmpty(t, l.StreamID)
+
+	d := e.describe(t, s, name)
+	require.GreaterOrEqual(t, d.ConfirmedOffset, res.HeadOffset)
+	require.Equal(t, "active", d.Status)
+	require.Len(t, e.events(t, s, itx.TypeErrorOccurred), 1, "the skip is still recorded at the source")
+	require.Equal(t, []int64{2, 3, 3, 3, 4}, h.received())
+
+	// Replay: the receiver is fixed; a subscription on the dead-letter stream gives it each
+	// skipped event again, reshaped from its letter.
+	fixed.Store(true)
+	dead := stream(t, e.p, "/orders/dead")
+	replay, _ := e.configure(t, dead, client.SubscriptionConfig{Name: "replay", FilterTypes: []string{itx.TypeDeadLetter},
+		Transform: `{"type": payload.event.type, "payload": payload.event.payload, "metadata": payload.event.metadata}`,
+		Receiver:  client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
+	head := e.events(t, dead)
+	e.waitProcessed(t, dead, replay, head[len(head)-1].Offset)
+	last := h.bodies[len(h.bodies)-1]
+	require.Equal(t, "order.placed", last.Event.Type)
+	require.JSONEq(t, `{"poison":true,"id":7}`, string(last.Event.Payload))
+	require.JSONEq(t, `{"trace":"t-7"}`, string(last.Event.Metadata))
+}
+
+// The skip waits for its dead letter: while the dead-letter stream refuses appends (here its
+// circuit breaker is open), the failing event is not skipped, the cursor stays before it and
+// lastError says why; once the breaker has refilled the letter lands and the skip follows.
+func TestDeadLetter_SkipWaitsForTheDeadLetterStream(t *testing.T) {
+	e := newSubEnv(t, server.Config{BreakerBurst: 5, BreakerRefillPerMinute: 1})
+	h := newHook(t, func(_ int, b itx.WebhookBody) int {
+		if strings.Contains(string(b.Event.Payload), "poison") {
+			return 400
+		}
+		return 200
+	})
+	s := stream(t, e.p, "/in")
+	name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "lenient", Start: "now", OnFailingEvent: "skip",
+		DeadLetterPath: "/in-dead", Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
+	dead := stream(t, e.p, "/in-dead")
+	for i := 0; i < 5; i++ {
+		mustAppend(t, dead, ev("m", `{}`)) // the dead-letter stream's whole burst
+	}
+	res := mustAppend(t, s, ev("m", `{"poison":1}`))
+	for attempt := 1; attempt < itx.FailingEventConfirmAttempts; attempt++ {
+		waitUntil(t, "refused", func() bool { return e.describe(t, s, name).FailingEventAttempt == attempt })
+		e.clock.Advance(itx.Backoff(attempt, 0.5))
+	}
+	waitUntil(t, "the dead letter refused", func() bool {
+		return strings.Contains(e.describe(t, s, name).LastError, `dead-letter stream "/in-dead"`)
+	})
+	d := e.describe(t, s, name)
+	require.Equal(t, res.HeadOffset-1, d.ConfirmedOffset, "not skipped without its dead letter")
+	require.Zero(t, d.FailingEventSkips)
+	require.Empty(t, e.events(t, s, itx.TypeErrorOccurred))
+	require.Empty(t, e.deadLetters(t, "/in-dead"))
+
+	e.clock.Advance(2 * time.Minute) // the breaker refills, and the retry is due
+	e.waitProcessed(t, s, name, res.HeadOffset)
+	letters := e.deadLetters(t, "/in-dead")
+	require.Len(t, letters, 1)
+	require.Equal(t, res.HeadOffset, letters[0].Offset)
+	require.Len(t, e.events(t, s, itx.TypeErrorOccurred), 1)
+}
+
+// An event too large to travel inside its letter keeps its offset, type and time; the letter
+// says so, and the event stays readable at its offset.
+func TestDeadLetter_LargeEventIsNamedNotCopied(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	r := &scriptedReceiver{answer: func([]int64, []itx.Event) (uint64, error) { return 0, errors.New("refused") }}
+	defer mountScripted(t, e, "refuser", r)()
+	s := stream(t, e.p, "/big-in")
+	name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "lenient", Start: "now", OnFailingEvent: "skip",
+		DeadLetterPath: "/big-dead", Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "refuser"}})
+	filler := strings.Repeat("x", itx.MaxEventBytes-len("big")-len(`{"f":""}`))
+	res := mustAppend(t, s, ev("big", `{"f":"`+filler+`"}`))
+	e.refuseUntilSkipped(t, "/big-in", name, res.HeadOffset)
+	letters := e.deadLetters(t, "/big-dead")
+	require.Len(t, letters, 1)
+	require.True(t, letters[0].EventOmitted)
+	require.Equal(t, "big", letters[0].Event.Type)
+	require.Equal(t, res.HeadOffset, letters[0].Event.Offset)
+}
+
+// A dead-letter path is refused, writing nothing, where it cannot work: without the skip
+// policy, into the subscription's own stream, on a processor-wake or copy-to-stream receiver,
+// or not a path.
+func TestDeadLetter_ConfigRefused(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	h := newHook(t, nil)
+	s := stream(t, e.p, "/refusals")
+	hook := client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}
+	for what, cfg := range map[string]client.SubscriptionConfig{
+		"halt policy":    {Name: "a", DeadLetterPath: "/dead", Receiver: hook},
+		"own stream":     {Name: "b", OnFailingEvent: "skip", DeadLetterPath: "/refusals", Receiver: hook},
+		"not a path":     {Name: "c", OnFailingEvent: "skip", DeadLetterPath: "dead", Receiver: hook},
+		"copy-to-stream": {Name: "d", DeadLetterPath: "/dead", Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: "/elsewhere"}},
+	} {
+		subs := client.Subscriptions(e.ctx, s)
+		_, _, err := client.ConfigureSubscription(e.ctx, subs, cfg)
+		subs.Release()
+		require.Error(t, err, what)
+		require.Equal(t, itx.EInvalid, itx.AsError(err).Code, "%s: %v", what, err)
+	}
+	_, err := (&client.SubscriptionConfig{Name: "p", DeadLetterPath: "/dead",
+		Receiver: client.Receiver{Kind: client.ReceiverProcessorWake}}).Config()
+	require.Equal(t, itx.EInvalid, itx.AsError(err).Code)
+	subs, err := client.ListSubscriptions(e.ctx, client.Subscriptions(e.ctx, s))
+	require.NoError(t, err)
+	require.Empty(t, subs, "nothing was configured")
+}
