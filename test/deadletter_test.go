@@ -181,3 +181,57 @@ func TestDeadLetter_ConfigRefused(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, subs, "nothing was configured")
 }
+
+// kill -9 as soon as the dead letter is visible, which is between the letter's commit and the
+// skip's or just after both: the restarted itxd ends with exactly one letter, one skip record,
+// and the cursor past the event, wherever the kill landed.
+func TestCrash_Kill9AroundADeadLetter(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real itxd processes")
+	}
+	h := newHook(t, func(_ int, b itx.WebhookBody) int {
+		if strings.Contains(string(b.Event.Payload), "poison") {
+			return 400
+		}
+		return 200
+	})
+	dataDir := t.TempDir()
+	proc := startItxd(t, dataDir)
+	ctx := ctxT(t)
+	p := dial(t, proc.addr).Login(ctx, proc.creds.ProjectToken)
+	s := client.Stream(ctx, p, "/dl-kill")
+	subs := client.Subscriptions(ctx, s)
+	_, _, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "hook", Start: "now", OnFailingEvent: "skip",
+		FilterTypes: []string{"job"}, DeadLetterPath: "/dl-kill/dead", Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
+	require.NoError(t, err)
+	subs.Release()
+	res := mustAppend(t, s, ev("job", `{"poison":true}`))
+	dead := client.Stream(ctx, p, "/dl-kill/dead")
+	waitUntil(t, "the dead letter", func() bool {
+		evs, err := client.GetEvents(ctx, dead, itx.Query{Types: []string{itx.TypeDeadLetter}})
+		require.NoError(t, err)
+		return len(evs) == 1
+	})
+	proc.kill9(t)
+	dead.Release()
+	s.Release()
+	p.Release()
+
+	proc = startItxd(t, dataDir)
+	p = dial(t, proc.addr).Login(ctx, proc.creds.ProjectToken)
+	defer p.Release()
+	s = stream(t, p, "/dl-kill")
+	sub := client.Subscription(ctx, s, "hook")
+	defer sub.Release()
+	waitUntil(t, "the skip after the restart", func() bool {
+		d, err := client.DescribeSubscription(ctx, sub)
+		require.NoError(t, err)
+		return d.ConfirmedOffset >= res.HeadOffset
+	})
+	letters, err := client.GetEvents(ctx, stream(t, p, "/dl-kill/dead"), itx.Query{Types: []string{itx.TypeDeadLetter}})
+	require.NoError(t, err)
+	require.Len(t, letters, 1, "one letter, wherever the kill landed")
+	skips, err := client.GetEvents(ctx, s, itx.Query{Types: []string{itx.TypeErrorOccurred}})
+	require.NoError(t, err)
+	require.Len(t, skips, 1)
+}
