@@ -808,6 +808,9 @@ func (a *actor) reportLadder(notes []ladderNote) {
 		default:
 			continue
 		}
+		if n.deadLetter != "" {
+			ev = ev.Str("deadLetterPath", n.deadLetter)
+		}
 		ev.Str("path", a.ref.Path).Str("subscription", n.name).Int("attempts", n.attempts).Str("error", n.msg).Msg(msg)
 	}
 }

@@ -62,6 +62,8 @@ type ladderNote struct {
 	offset   int64 // the skipped event; for a halt, the confirmed offset delivery stops after
 	attempts int
 	msg      string
+	// deadLetter is, for a skip, the stream its dead letter landed in (empty: none).
+	deadLetter string
 }
 
 type scheduleAnswer struct {

@@ -550,15 +550,20 @@ func (st *streamState) applyOutcome(o *deliveryOutcome, nowMs int64, env stepEnv
 		r.Status, r.NextAttemptAt = storage.StatusParked, 0
 		eff.ladder = append(eff.ladder, ladderNote{name: o.name, decision: decidePark, offset: r.ConfirmedOffset, attempts: d.attempt, msg: d.msg})
 	case decideSkip:
-		if entry.Config.Receiver.EffectiveDelivery().DeadLetterPath != "" && !f.deadLettered {
+		deadLetter := entry.Config.Receiver.EffectiveDelivery().DeadLetterPath
+		if deadLetter != "" && !f.deadLettered {
 			// The try was read under an older row, so its deliverer did not land the dead letter
 			// the skip waits for: try again at once, from this row.
 			r.NextAttemptAt = 0
 			break
 		}
-		eff.ladder = append(eff.ladder, ladderNote{name: o.name, decision: decideSkip, offset: d.skipOffset, attempts: d.failingAttempt, msg: d.msg})
+		eff.ladder = append(eff.ladder, ladderNote{name: o.name, decision: decideSkip, offset: d.skipOffset, attempts: d.failingAttempt, msg: d.msg, deadLetter: deadLetter})
+		where := ""
+		if deadLetter != "" {
+			where = fmt.Sprintf(" (its dead letter is in %q)", deadLetter)
+		}
 		own = append(own, serverRecord(itx.TypeErrorOccurred, itx.ErrorOccurredPayload{Message: truncate(fmt.Sprintf(
-			"subscription %q skipped failing event at offset %d after %d event-specific attempts: %s", o.name, d.skipOffset, d.failingAttempt, f.msg), itx.MaxHaltErrorLength)},
+			"subscription %q skipped failing event at offset %d after %d event-specific attempts%s: %s", o.name, d.skipOffset, d.failingAttempt, where, f.msg), itx.MaxHaltErrorLength)},
 			"subscription-failing-event-skipped", o.name, r.ConfiguredAtOffset, r.CursorChangedAtOffset, d.skipOffset))
 		r.ConfirmedOffset = max(r.ConfirmedOffset, d.skipOffset)
 		r.FailingEventSkips++

@@ -77,7 +77,9 @@ func TestDeadLetter_SkippedEventLandsOnceAndReplays(t *testing.T) {
 	d := e.describe(t, s, name)
 	require.GreaterOrEqual(t, d.ConfirmedOffset, res.HeadOffset)
 	require.Equal(t, "active", d.Status)
-	require.Len(t, e.events(t, s, itx.TypeErrorOccurred), 1, "the skip is still recorded at the source")
+	skips := e.events(t, s, itx.TypeErrorOccurred)
+	require.Len(t, skips, 1, "the skip is still recorded at the source")
+	require.Contains(t, string(skips[0].Payload), `its dead letter is in \"/orders/dead\"`)
 	require.Equal(t, []int64{2, 3, 3, 3, 4}, h.received())
 
 	// Replay: the receiver is fixed; a subscription on the dead-letter stream gives it each
