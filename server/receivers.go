@@ -101,16 +101,16 @@ func (w *webhookSender) send(ctx context.Context, d *deliverer, b *itx.DeliveryB
 		// Refused connections, resets, DNS failures: the receiver is down, not this event.
 		return 0, withClass(classOutage, fmt.Errorf("webhook: %w", err))
 	}
-	// The status decides. The body is discarded, drained (so the connection is reused) for at
-	// most webhookDrainTime: a receiver that answers 2xx and then keeps its body open has
-	// acknowledged, and must not be redelivered after the delivery timeout.
+	// The status decides. The body is read (so the connection is reused) for at most
+	// webhookDrainTime and webhookBodyBytes: a receiver that answers 2xx and then keeps its body
+	// open has acknowledged, and must not be redelivered after the delivery timeout.
 	drain := d.srv.clock.AfterFunc(webhookDrainTime, func() { resp.Body.Close() })
-	io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	answer, _ := io.ReadAll(io.LimitReader(resp.Body, webhookBodyBytes))
 	drain.Stop()
 	resp.Body.Close()
 	switch {
 	case resp.StatusCode >= 200 && resp.StatusCode <= 299:
-		return 0, nil
+		return confirmedIn(answer), nil
 	case resp.StatusCode >= 500, resp.StatusCode == http.StatusTooManyRequests, resp.StatusCode == http.StatusRequestTimeout:
 		err := &classifiedError{class: classOutage, err: fmt.Errorf("webhook responded %s", resp.Status),
 			retryAfter: retryAfter(resp.Header.Get("Retry-After"), d.srv.clock.Now())}
@@ -124,6 +124,31 @@ func (w *webhookSender) send(ctx context.Context, d *deliverer, b *itx.DeliveryB
 		return 0, withClass(classOutage, fmt.Errorf("webhook responded %s (redirects are not followed: configure the new URL)", resp.Status))
 	}
 	return 0, withClass(classEvent, fmt.Errorf("webhook responded %s", resp.Status))
+}
+
+// webhookBodyBytes bounds what is read of a webhook's answer.
+const webhookBodyBytes = 64 << 10
+
+// confirmedIn reads an offset-acking webhook's answer: a 2xx whose body is a JSON object with a
+// non-negative integer confirmedOffset confirms through that offset, as an itx-call Receiver's
+// return does (the events after it are delivered again); any other body acknowledges the whole
+// delivery (0).
+func confirmedIn(body []byte) int64 {
+	body = bytes.TrimSpace(body)
+	if len(body) == 0 || body[0] != '{' {
+		return 0
+	}
+	var a struct {
+		ConfirmedOffset *json.Number `json:"confirmedOffset"`
+	}
+	if json.Unmarshal(body, &a) != nil || a.ConfirmedOffset == nil {
+		return 0
+	}
+	n, err := strconv.ParseInt(a.ConfirmedOffset.String(), 10, 64)
+	if err != nil || n < 0 {
+		return 0
+	}
+	return n
 }
 
 // retryAfter reads an HTTP Retry-After value, seconds or an HTTP date, as a wait from now (0:

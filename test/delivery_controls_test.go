@@ -270,3 +270,46 @@ func TestSubscription_WebhookRetryAfter(t *testing.T) {
 	waitUntil(t, "third failure", func() bool { return e.describe(t, s, "hook").Attempt == 3 })
 	require.Equal(t, e.clock.Now().Add(4*time.Second).UnixMilli(), e.describe(t, s, "hook").NextAttemptAt, "no header: the ladder's 4 s")
 }
+
+// An offset-acking webhook: a 2xx whose body is {"confirmedOffset": N} confirms through N, as an
+// itx-call Receiver's return does, and the events after N are delivered again at once; a body
+// without it (or not JSON) acknowledges the whole delivery.
+func TestDeliveryControls_WebhookConfirmsPartOfABatch(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	var mu sync.Mutex
+	var batches [][]int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var b itx.WebhookBatchBody
+		if json.NewDecoder(r.Body).Decode(&b) != nil {
+			w.WriteHeader(400)
+			return
+		}
+		var offs []int64
+		for _, e := range b.Events {
+			offs = append(offs, e.Offset)
+		}
+		mu.Lock()
+		batches = append(batches, offs)
+		first := len(batches) == 1
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		if first { // take the first two of the batch only
+			fmt.Fprintf(w, `{"confirmedOffset": %d}`, offs[1])
+			return
+		}
+		w.Write([]byte(`{"ok": true}`))
+	}))
+	defer srv.Close()
+	s := stream(t, e.p, "/acking")
+	e.configure(t, s, client.SubscriptionConfig{Name: "acking", Start: "now", MaxDeliveryEvents: 5,
+		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: srv.URL}})
+	var in []itx.EventInput
+	for i := range 5 {
+		in = append(in, ev("order", fmt.Sprintf(`{"n":%d}`, i)))
+	}
+	res := mustAppend(t, s, in...) // 2..6
+	e.waitProcessed(t, s, "acking", res.HeadOffset)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, [][]int64{{2, 3, 4, 5, 6}, {4, 5, 6}}, batches)
+}
