@@ -121,7 +121,7 @@ func main() {
 			a = append(a, time.Since(t))
 		}
 		c1, s1 := metric(*metricsAddr, "itx_commit_latency_seconds_count"), metric(*metricsAddr, "itx_commit_latency_seconds_sum")
-		fmt.Printf("describe p50 %v p90 %v | append p50 %v p90 %v | commit mean %.0fus over %v\n",
-			pct(d, .5), pct(d, .9), pct(a, .5), pct(a, .9), (s1-s0)/(c1-c0)*1e6, c1-c0)
+		fmt.Printf("describe p50 %v p90 %v p99 %v | append p50 %v p90 %v p99 %v | commit mean %.0fus over %v\n",
+			pct(d, .5), pct(d, .9), pct(d, .99), pct(a, .5), pct(a, .9), pct(a, .99), (s1-s0)/(c1-c0)*1e6, c1-c0)
 	}
 }
