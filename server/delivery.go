@@ -139,7 +139,13 @@ func (d *deliverer) deadLetterOf(job pushJob, store streamStore, streamID string
 		return itx.EventInput{}, err
 	}
 	key, _ := json.Marshal([]any{d.ref.ProjectID, d.ref.Path, streamID, d.name, job.row.ConfiguredAtOffset, job.row.CursorChangedAtOffset, f.eventOffset})
-	in := itx.EventInput{Type: itx.TypeDeadLetter, Payload: body, IdempotencyKey: internalKey("dead-letter", key)}
+	// The letter comes from this stream as a copy does: a copy of it back here is a cycle, dropped.
+	prov := events[0].Provenance
+	if len(prov) < itx.MaxProvenanceHops {
+		prov = append(append([]itx.Hop{}, prov...), itx.Hop{StreamID: streamID, Path: d.ref.Path, Offset: f.eventOffset,
+			Subscription: d.name, CursorChangedAtOffset: job.row.CursorChangedAtOffset, Type: events[0].Type})
+	}
+	in := itx.EventInput{Type: itx.TypeDeadLetter, Payload: body, IdempotencyKey: internalKey("dead-letter", key), Provenance: prov}
 	if in.Size() > itx.MaxEventBytes-1024 {
 		e := &p.Event
 		e.Payload, e.Metadata, e.IdempotencyKey, e.Provenance, p.EventOmitted = json.RawMessage(`{}`), nil, "", nil, true

@@ -73,6 +73,10 @@ func TestDeadLetter_SkippedEventLandsOnceAndReplays(t *testing.T) {
 	require.JSONEq(t, `{"trace":"t-7"}`, string(l.Event.Metadata))
 	require.Equal(t, "order-7", l.Event.IdempotencyKey)
 	require.NotEmpty(t, l.StreamID)
+	raw := e.events(t, stream(t, e.p, "/orders/dead"), itx.TypeDeadLetter)[0]
+	require.Len(t, raw.Provenance, 1, "a letter comes from its stream as a copy does")
+	require.Equal(t, "/orders", raw.Provenance[0].Path)
+	require.Equal(t, int64(3), raw.Provenance[0].Offset)
 
 	d := e.describe(t, s, name)
 	require.GreaterOrEqual(t, d.ConfirmedOffset, res.HeadOffset)
