@@ -1,0 +1,70 @@
+package test
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/internal/clocktest"
+	"github.com/itx-dev/itx/server"
+	"github.com/stretchr/testify/require"
+)
+
+// A webhook destination the egress policy refuses when delivery runs is a misconfiguration, not
+// an outage: waiting does not make a refused address allowed, so it halts at once, at attempt 1,
+// with an error naming the policy, instead of climbing the ~2 h ladder. The subscriptions here
+// were configured before the operator restarted itxd with --webhook-deny-private: one names the
+// private address literally, one by a name reserved for local use; both are refused before
+// anything is dialled. (A public name that resolves to a refused address is refused on the
+// address dialled, and halts the same way: server's TestWebhookSender_RefusedAtConnectIsTerminal.)
+func TestDelivery_WebhookRefusedByEgressPolicyHalts(t *testing.T) {
+	dir := t.TempDir()
+	clock := clocktest.New(time.Unix(1_700_000_000, 0))
+	h := newHook(t, nil)
+	ts := startServer(t, server.Config{DataDir: dir, Clock: clock, Random: func() float64 { return 0.5 }})
+	e := &subEnv{ts: ts, clock: clock, p: ts.project(t), ctx: ctxT(t)}
+	s := stream(t, e.p, "/egress-later")
+	byName := strings.Replace(h.url(), "127.0.0.1", "localhost", 1)
+	for name, url := range map[string]string{"literal": h.url(), "by-name": byName} {
+		e.configure(t, s, client.SubscriptionConfig{Name: name, Start: "now", OnFailingEvent: "skip",
+			Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: url}})
+	}
+	closeCtx, cancel := context.WithTimeout(e.ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, ts.srv.Close(closeCtx))
+
+	ts2 := startServer(t, server.Config{DataDir: dir, Clock: clock, Random: func() float64 { return 0.5 },
+		Egress: server.EgressPolicy{DenyPrivate: true}})
+	e = &subEnv{ts: ts2, clock: clock, p: ts2.project(t), ctx: ctxT(t)}
+	s = stream(t, e.p, "/egress-later")
+	head := mustAppend(t, s, ev("m", `{}`)).HeadOffset
+	for _, name := range []string{"literal", "by-name"} {
+		waitUntil(t, name+": the first try ended", func() bool {
+			d := e.describe(t, s, name)
+			return d.Attempt >= 1 || d.Status == "halted"
+		})
+		d := e.describe(t, s, name)
+		require.Equal(t, "halted", d.Status, "%s: a refused destination halts at once (last error %q)", name, d.LastError)
+		require.Equal(t, 1, d.Attempt, name)
+		require.Zero(t, d.NextAttemptAt, "%s: no retry scheduled", name)
+		require.Contains(t, d.LastError, "--webhook-deny-private", name)
+	}
+	require.Contains(t, e.describe(t, s, "literal").LastError, "loopback")
+	require.Contains(t, e.describe(t, s, "by-name").LastError, "reserved for local use")
+	for _, name := range []string{"literal", "by-name"} {
+		require.Less(t, e.describe(t, s, name).ConfirmedOffset, head, "%s: nothing skipped", name)
+	}
+	halts := e.events(t, s, itx.TypeSubscriptionHalted)
+	require.Len(t, halts, 2)
+	for _, rec := range halts {
+		var p itx.HaltedPayload
+		require.NoError(t, json.Unmarshal(rec.Payload, &p))
+		require.Contains(t, p.Error, "egress policy", p.Name)
+	}
+	require.Empty(t, e.events(t, s, itx.TypeErrorOccurred), "not the event's fault: nothing skipped")
+	require.Zero(t, h.count(), "nothing reached the refused address")
+}
