@@ -68,3 +68,58 @@ func TestDelivery_WebhookRefusedByEgressPolicyHalts(t *testing.T) {
 	require.Empty(t, e.events(t, s, itx.TypeErrorOccurred), "not the event's fault: nothing skipped")
 	require.Zero(t, h.count(), "nothing reached the refused address")
 }
+
+// maxDeliveryEvents and maxDeliveryBytes bound what a delivery carries, not what was read to
+// make it: events the filter passes over use up neither, and the bytes counted are those of
+// the events as delivered, after the transform (the first event of a delivery always goes).
+func TestDelivery_ControlsCountWhatIsDelivered(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	mount := func(name string) *batchRecorder {
+		r := &batchRecorder{}
+		h, err := client.MountReceiver(e.ctx, e.p, name, client.ServeReceiver(r.receive))
+		require.NoError(t, err)
+		t.Cleanup(h.Release)
+		return r
+	}
+	big := `{"p":"` + strings.Repeat("x", 700) + `"}`
+
+	t.Run("filtered events do not count toward maxDeliveryEvents", func(t *testing.T) {
+		got := mount("two-a")
+		s := stream(t, e.p, "/controls-filtered")
+		_, birth := e.configure(t, s, client.SubscriptionConfig{Name: "two-a", Start: "now", MaxDeliveryEvents: 2,
+			FilterTypes: []string{"a"}, Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "two-a"}})
+		e.waitProcessed(t, s, "two-a", mustAppend(t, s,
+			ev("a", `{}`), ev("b", `{}`), ev("b", `{}`), ev("b", `{}`), ev("a", `{}`), ev("a", `{}`)).HeadOffset)
+		f := birth + 1
+		require.Equal(t, [][]int64{{f, f + 4}, {f + 5}}, got.got())
+	})
+
+	t.Run("filtered events do not count toward maxDeliveryBytes", func(t *testing.T) {
+		got := mount("small-a")
+		s := stream(t, e.p, "/controls-filtered-bytes")
+		_, birth := e.configure(t, s, client.SubscriptionConfig{Name: "small-a", Start: "now", MaxDeliveryBytes: 400,
+			FilterTypes: []string{"a"}, Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "small-a"}})
+		e.waitProcessed(t, s, "small-a", mustAppend(t, s,
+			ev("a", `{}`), ev("b", big), ev("a", `{}`), ev("a", `{}`)).HeadOffset)
+		f := birth + 1
+		require.Equal(t, [][]int64{{f, f + 2, f + 3}}, got.got())
+	})
+
+	t.Run("maxDeliveryBytes counts the transformed events", func(t *testing.T) {
+		grown, shrunk := mount("grown"), mount("shrunk")
+		s, s2 := stream(t, e.p, "/controls-grown"), stream(t, e.p, "/controls-shrunk")
+		// Small events made big: at most one per delivery under 800 bytes.
+		_, birth := e.configure(t, s, client.SubscriptionConfig{Name: "grown", Start: "now", MaxDeliveryBytes: 800,
+			Transform: `{"payload": {"p": $pad("", 700, "x")}}`,
+			Receiver:  client.Receiver{Kind: client.ReceiverItxCall, Capability: "grown"}})
+		// Big events made small: all of them in one delivery.
+		_, birth2 := e.configure(t, s2, client.SubscriptionConfig{Name: "shrunk", Start: "now", MaxDeliveryBytes: 800,
+			Transform: `{"payload": {}}`,
+			Receiver:  client.Receiver{Kind: client.ReceiverItxCall, Capability: "shrunk"}})
+		e.waitProcessed(t, s, "grown", mustAppend(t, s, ev("a", `{}`), ev("a", `{}`), ev("a", `{}`)).HeadOffset)
+		e.waitProcessed(t, s2, "shrunk", mustAppend(t, s2, ev("a", big), ev("a", big), ev("a", big)).HeadOffset)
+		f, f2 := birth+1, birth2+1
+		require.Equal(t, [][]int64{{f}, {f + 1}, {f + 2}}, grown.got())
+		require.Equal(t, [][]int64{{f2, f2 + 1, f2 + 2}}, shrunk.got())
+	})
+}
