@@ -3,6 +3,7 @@ package test
 import (
 	"context"
 	"encoding/json"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -122,4 +123,44 @@ func TestDelivery_ControlsCountWhatIsDelivered(t *testing.T) {
 		require.Equal(t, [][]int64{{f}, {f + 1}, {f + 2}}, grown.got())
 		require.Equal(t, [][]int64{{f2, f2 + 1, f2 + 2}}, shrunk.got())
 	})
+}
+
+// reset ends every relayed connection with a TCP reset instead of a FIN: to itxd, as when
+// its keepalive or user timeout gives up on a peer that vanished, the connection fails under
+// its reads rather than being closed by the peer.
+func (px *proxy) reset() {
+	px.mu.Lock()
+	defer px.mu.Unlock()
+	for _, c := range px.conns {
+		if tc, ok := c.(*net.TCPConn); ok {
+			tc.SetLinger(0)
+		}
+		c.Close()
+	}
+	px.conns = nil
+}
+
+// A mounted Receiver whose connection fails (a reset, as when --rpc-keepalive's probes or the
+// user timeout give up on a vanished machine) is unmounted as if it had closed: presence no
+// longer shows it, and the next delivery parks the subscription without burning an attempt.
+func TestDelivery_MountEndsWithAFailedConnection(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	s := stream(t, e.p, "/vanishing")
+	name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "app", Start: "now", FilterTypes: []string{"msg"},
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "inbox"}})
+	px := newProxy(t, e.ts.addr)
+	r := newReceiverServer()
+	mountReceiver(t, px.addr(), e.ts.creds.ProjectToken, "inbox", r) // never released: the machine vanishes
+	e.waitProcessed(t, s, name, mustAppend(t, s, ev("msg", `{}`)).HeadOffset)
+	require.Len(t, e.ts.srv.Mounts("default"), 1)
+
+	px.reset()
+	waitUntil(t, "unmounted", func() bool { return len(e.ts.srv.Mounts("default")) == 0 })
+	confirmed := e.describe(t, s, name).ConfirmedOffset
+	mustAppend(t, s, ev("msg", `{}`))
+	waitUntil(t, "parked", func() bool { return e.describe(t, s, name).Status == "parked" })
+	d := e.describe(t, s, name)
+	require.Zero(t, d.Attempt, "parking burns no attempt")
+	require.Equal(t, confirmed, d.ConfirmedOffset)
+	require.Equal(t, []string{"msg"}, r.types(), "the vanished receiver got only the first")
 }
