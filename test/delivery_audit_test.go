@@ -3,8 +3,11 @@ package test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
+	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -163,4 +166,129 @@ func TestDelivery_MountEndsWithAFailedConnection(t *testing.T) {
 	require.Zero(t, d.Attempt, "parking burns no attempt")
 	require.Equal(t, confirmed, d.ConfirmedOffset)
 	require.Equal(t, []string{"msg"}, r.types(), "the vanished receiver got only the first")
+}
+
+// attempts returns the envelope's attempt of every request so far, in arrival order.
+func (h *hook) attempts() []int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := []int{}
+	for _, b := range h.bodies {
+		out = append(out, b.Attempt)
+	}
+	return out
+}
+
+// The retry ladder end to end (seed 000): every failed try counts one attempt, shown in describe
+// with the time of the next one and carried in the envelope; the count survives a restart; the
+// 15th consecutive failure halts, loudly; a resume starts the count over (a receiver still
+// failing is at attempt 1 again, backing off 1 s, not halted at once as a 16th), and a success
+// resets it.
+func TestDelivery_LadderCountsAttemptsEndToEnd(t *testing.T) {
+	dir := t.TempDir()
+	clock := clocktest.New(time.Unix(1_700_000_000, 0))
+	var mu sync.Mutex
+	status := 503
+	h := newHook(t, func(int, itx.WebhookBody) int { mu.Lock(); defer mu.Unlock(); return status })
+	setStatus := func(s int) { mu.Lock(); status = s; mu.Unlock() }
+	cfg := server.Config{DataDir: dir, Clock: clock, Random: func() float64 { return 0.5 }}
+	ts := startServer(t, cfg)
+	e := &subEnv{ts: ts, clock: clock, p: ts.project(t), ctx: ctxT(t)}
+	s := stream(t, e.p, "/ladder-e2e")
+	name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "hook", Start: "now", FilterTypes: []string{"job"},
+		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
+	first := mustAppend(t, s, ev("job", `{}`)).HeadOffset
+
+	failed := func(attempt int) {
+		t.Helper()
+		waitUntil(t, fmt.Sprintf("attempt %d failed", attempt), func() bool { return e.describe(t, s, name).Attempt == attempt })
+		d := e.describe(t, s, name)
+		require.Equal(t, "active", d.Status)
+		require.Equal(t, clock.Now().Add(itx.Backoff(attempt, 0.5)).UnixMilli(), d.NextAttemptAt, "attempt %d: the next attempt's time", attempt)
+		require.Contains(t, d.LastError, "503")
+		require.Equal(t, first-1, d.ConfirmedOffset)
+	}
+	for attempt := 1; attempt <= 3; attempt++ {
+		failed(attempt)
+		if attempt < 3 {
+			clock.Advance(itx.Backoff(attempt, 0.5))
+		}
+	}
+	closeCtx, cancel := context.WithTimeout(e.ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, ts.srv.Close(closeCtx))
+
+	ts = startServer(t, cfg)
+	e = &subEnv{ts: ts, clock: clock, p: ts.project(t), ctx: ctxT(t)}
+	s = stream(t, e.p, "/ladder-e2e")
+	require.Equal(t, 3, e.describe(t, s, name).Attempt, "the count survives a restart")
+	clock.Advance(itx.Backoff(3, 0.5))
+	for attempt := 4; attempt < itx.MaxDeliveryAttempts; attempt++ {
+		failed(attempt)
+		clock.Advance(itx.Backoff(attempt, 0.5))
+	}
+	waitUntil(t, "halted", func() bool { return e.describe(t, s, name).Status == "halted" })
+	d := e.describe(t, s, name)
+	require.Equal(t, itx.MaxDeliveryAttempts, d.Attempt)
+	require.Zero(t, d.NextAttemptAt, "halted: nothing scheduled")
+	want := []int{}
+	for a := 1; a <= itx.MaxDeliveryAttempts; a++ {
+		want = append(want, a)
+	}
+	require.Equal(t, want, h.attempts(), "the envelope carries the attempt")
+	halts := e.events(t, s, itx.TypeSubscriptionHalted)
+	require.Len(t, halts, 1)
+	var halted itx.HaltedPayload
+	require.NoError(t, json.Unmarshal(halts[0].Payload, &halted))
+	require.Equal(t, itx.MaxDeliveryAttempts, halted.Attempts)
+	require.Equal(t, first-1, halted.AfterOffset)
+
+	// Resumed with the receiver still failing: attempt 1 again, not a 16th that halts at once.
+	_, err := client.ResumeSubscription(e.ctx, s, name)
+	require.NoError(t, err)
+	failed(1)
+	require.Equal(t, 1, h.attempts()[len(h.attempts())-1])
+
+	// A success resets the count: the next event's first try is attempt 1.
+	setStatus(200)
+	clock.Advance(itx.Backoff(1, 0.5))
+	e.waitProcessed(t, s, name, first)
+	d = e.describe(t, s, name)
+	require.Zero(t, d.Attempt)
+	require.Zero(t, d.NextAttemptAt)
+	require.Empty(t, d.LastError)
+	require.Equal(t, 2, h.attempts()[len(h.attempts())-1], "the resumed delivery's second try")
+	head := mustAppend(t, s, ev("job", `{}`)).HeadOffset
+	e.waitProcessed(t, s, name, head)
+	require.Equal(t, 1, h.attempts()[len(h.attempts())-1], "a new delivery after a success starts at 1")
+}
+
+// An event the receiver refuses (HTTP 4xx) under the default onFailingEvent "halt" climbs the
+// same ladder as an outage, counted against the event too (failingEventAttempt), and halts at
+// the 15th try with the refusal; the cursor never passes it and nothing is skipped.
+func TestDelivery_RefusedEventHaltsAtTheLadderTop(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	h := newHook(t, func(int, itx.WebhookBody) int { return http.StatusUnprocessableEntity })
+	s := stream(t, e.p, "/refused-event")
+	name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "strict", Start: "now", FilterTypes: []string{"job"},
+		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
+	off := mustAppend(t, s, ev("job", `{}`)).HeadOffset
+	for attempt := 1; attempt < itx.MaxDeliveryAttempts; attempt++ {
+		waitUntil(t, fmt.Sprintf("attempt %d", attempt), func() bool { return e.describe(t, s, name).Attempt == attempt })
+		d := e.describe(t, s, name)
+		require.Equal(t, attempt, d.FailingEventAttempt)
+		require.Equal(t, off, d.FailingEventOffset)
+		require.Equal(t, e.clock.Now().Add(itx.Backoff(attempt, 0.5)).UnixMilli(), d.NextAttemptAt)
+		e.clock.Advance(itx.Backoff(attempt, 0.5))
+	}
+	waitUntil(t, "halted", func() bool { return e.describe(t, s, name).Status == "halted" })
+	d := e.describe(t, s, name)
+	require.Equal(t, itx.MaxDeliveryAttempts, d.Attempt)
+	require.Equal(t, off-1, d.ConfirmedOffset, "the cursor never passes it")
+	require.Contains(t, d.LastError, "422")
+	require.Equal(t, itx.MaxDeliveryAttempts, h.count())
+	require.Empty(t, e.events(t, s, itx.TypeErrorOccurred), "nothing skipped")
+	halts := e.events(t, s, itx.TypeSubscriptionHalted)
+	require.Len(t, halts, 1)
+	require.Contains(t, string(halts[0].Payload), "422")
 }
