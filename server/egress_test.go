@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -147,5 +148,25 @@ func TestWebhookSender_RefusedAtConnectIsTerminal(t *testing.T) {
 	w.client = newHTTPClient(EgressPolicy{})
 	if _, err := w.send(context.Background(), d, batch); err != nil {
 		t.Fatalf("without the policy: %v", err)
+	}
+}
+
+// TestWebhookSender_URLRefusedBeforeDialIsTerminal: a URL configured before the policy that now
+// refuses it (--webhook-allow-host tightened here) is refused before anything is dialled, and
+// halts at once.
+func TestWebhookSender_URLRefusedBeforeDialIsTerminal(t *testing.T) {
+	var requests atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { requests.Add(1) }))
+	defer srv.Close()
+	s := &Server{clock: clocktest.New(time.Unix(1_700_000_000, 0)), metrics: newMetrics()}
+	d := &deliverer{srv: s, name: "hook"}
+	batch := &itx.DeliveryBatch{Events: []itx.Event{{Offset: 1, Type: "a", Payload: []byte(`{}`)}}}
+	w := &webhookSender{client: newHTTPClient(EgressPolicy{}), egress: EgressPolicy{AllowHosts: []string{"hooks.example.com"}}, url: srv.URL}
+	_, err := w.send(context.Background(), d, batch)
+	if got := classify(err); got != classTerminal || !strings.Contains(err.Error(), "--webhook-allow-host") {
+		t.Fatalf("got %v (class %s), want a terminal refusal naming --webhook-allow-host", err, got)
+	}
+	if n := requests.Load(); n != 0 {
+		t.Fatalf("got %d requests, want none", n)
 	}
 }
