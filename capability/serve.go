@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"time"
 
 	"capnproto.org/go/capnp/v3"
 	"capnproto.org/go/capnp/v3/rpc"
@@ -18,9 +19,10 @@ import (
 
 // Listener serves the capability graph on accepted connections, one Gateway per connection.
 type Listener struct {
-	srv  *server.Server
-	log  zerolog.Logger
-	flow *flowconn.Pool
+	srv       *server.Server
+	log       zerolog.Logger
+	flow      *flowconn.Pool
+	keepAlive time.Duration // see tuneTCP
 
 	mu    sync.Mutex
 	conns map[*rpc.Conn]struct{}
@@ -35,8 +37,13 @@ func NewListener(srv *server.Server) *Listener {
 // NewListenerWithLimits returns a Listener for srv whose connections are flow-controlled with
 // limits (zero fields take flowconn's defaults).
 func NewListenerWithLimits(srv *server.Server, limits flowconn.Limits) *Listener {
-	return &Listener{srv: srv, log: srv.Log(), flow: flowconn.NewPool(limits), conns: map[*rpc.Conn]struct{}{}}
+	return &Listener{srv: srv, log: srv.Log(), flow: flowconn.NewPool(limits), keepAlive: DefaultKeepAlive,
+		conns: map[*rpc.Conn]struct{}{}}
 }
+
+// SetKeepAlive sets the TCP keepalive of the connections accepted from now on (itxd
+// --rpc-keepalive; see tuneTCP). Call it before Serve.
+func (l *Listener) SetKeepAlive(d time.Duration) { l.keepAlive = d }
 
 // Flow returns the accounting shared by the listener's connections.
 func (l *Listener) Flow() *flowconn.Pool { return l.flow }
@@ -61,8 +68,9 @@ func (l *Listener) serveConn(c net.Conn) {
 		nc = tc.NetConn()
 	}
 	if tc, ok := nc.(*net.TCPConn); ok {
-		tc.SetNoDelay(true)
-		tc.SetKeepAlive(true) // a peer that vanishes without a reset is noticed
+		if err := tuneTCP(tc, l.keepAlive); err != nil {
+			l.log.Warn().Str("remote", c.RemoteAddr().String()).Err(err).Msg("rpc connection: setting TCP keepalive failed")
+		}
 	}
 	// Every connection is flow-controlled: past its bounds the server stops reading it (see
 	// internal/flowconn). A login lifts it from the pre-authentication bounds. Past the pool's

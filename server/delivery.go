@@ -173,13 +173,21 @@ func (d *deliverer) try(job pushJob, store streamStore, streamID string) deliver
 	if d.kind == itx.KindProcessorWake {
 		return d.wake(job, store, out)
 	}
-	events, scanned, err := d.scan(job, store, after)
+	// The subscription's controls bound what is delivered, so a filter or a transform reads a
+	// wider page: events the filter passes over use up neither bound, and the bytes counted are
+	// the transformed events'. Without either, what is read is what is delivered.
+	limit, maxBytes := job.limit, job.maxBytes
+	if d.types != nil || d.condition != nil || d.transform != nil {
+		limit, maxBytes = max(limit, itx.DeliveryBatchEvents), max(maxBytes, itx.DeliveryBatchBytes)
+	}
+	events, scanned, err := d.scan(job, store, after, limit, maxBytes)
 	if err != nil {
 		return fail(classOutage, 0, 0, err)
 	}
 
 	var matched []itx.Event
 	var failed *expressionFailure
+	through, size := scanned, 0
 	for i := range events {
 		e := &events[i]
 		if !d.matches(e) {
@@ -195,18 +203,31 @@ func (d *deliverer) try(job pushJob, store streamStore, streamID string) deliver
 				continue
 			}
 		}
-		if d.transform != nil && d.kind != itx.KindCopyToStream { // a copy shapes its own
+		delivered, measured := *e, *e
+		if d.transform != nil {
 			shaped, err := applyTransform(d.transform, e)
 			if err != nil {
 				failed = &expressionFailure{e.Offset, fmt.Errorf("transform failed on offset %d: %w", e.Offset, err)}
 				break
 			}
-			matched = append(matched, shaped)
-			continue
+			// A copy shapes its own again (its hop records the source event), but is measured
+			// as it will be delivered: by this same shaping.
+			if measured = shaped; d.kind != itx.KindCopyToStream {
+				delivered = shaped
+			}
 		}
-		matched = append(matched, *e)
+		n := deliveredSize(&measured)
+		if len(matched) > 0 && size+n > job.maxBytes { // the first event always goes
+			through = e.Offset - 1
+			break
+		}
+		size += n
+		matched = append(matched, delivered)
+		if len(matched) == job.limit {
+			through = e.Offset
+			break
+		}
 	}
-	through := scanned
 	if failed != nil {
 		through = failed.offset - 1
 	}
@@ -258,20 +279,20 @@ func (d *deliverer) try(job pushJob, store streamStore, streamID string) deliver
 	return out
 }
 
-// scan reads a push's durable events after after, up to the head, at most the job's limit and
-// its bytes, and returns the offset the read covers: the head unless the page filled
+// scan reads a push's durable events after after, up to the head, at most limit events and
+// maxBytes, and returns the offset the read covers: the head unless the page filled
 // up. Everything scanned that does not match still advances the cursor (the filter makes it a
 // watermark). At the tail it serves the last commit's events from memory.
-func (d *deliverer) scan(job pushJob, store streamStore, after int64) ([]itx.Event, int64, error) {
+func (d *deliverer) scan(job pushJob, store streamStore, after int64, limit, maxBytes int) ([]itx.Event, int64, error) {
 	scanned := job.head
-	events, ok := durableFrom(job.recent, after, job.head, job.limit)
+	events, ok := durableFrom(job.recent, after, job.head, limit)
 	if ok {
-		if len(events) == job.limit {
+		if len(events) == limit {
 			scanned = events[len(events)-1].Offset
 		}
 	} else {
-		// Bounded by the job's bytes too: capBytes keeps no more than that.
-		q := storage.Query{After: after, UpTo: job.head, Limit: job.limit, MaxBytes: job.maxBytes}
+		// Bounded by bytes too: capBytes keeps no more than that.
+		q := storage.Query{After: after, UpTo: job.head, Limit: limit, MaxBytes: maxBytes}
 		var err error
 		if events, err = store.Events(d.ctx, q); err != nil {
 			return nil, 0, fmt.Errorf("reading events: %w", err)
@@ -280,7 +301,7 @@ func (d *deliverer) scan(job pushJob, store streamStore, after int64) ([]itx.Eve
 			scanned = events[len(events)-1].Offset
 		}
 	}
-	events, scanned = capBytes(events, scanned, job.maxBytes)
+	events, scanned = capBytes(events, scanned, maxBytes)
 	return events, scanned, nil
 }
 
@@ -309,12 +330,16 @@ func (d *deliverer) matches(e *itx.Event) bool {
 	return true
 }
 
+// deliveredSize is what an event counts toward maxDeliveryBytes: its type, payload and metadata
+// plus a fixed allowance for the envelope fields.
+func deliveredSize(e *itx.Event) int { return len(e.Payload) + len(e.Metadata) + len(e.Type) + 64 }
+
 // capBytes keeps a batch within maxBytes (the first event always goes) and returns the offset
 // the kept part covers.
 func capBytes(events []itx.Event, scanned int64, maxBytes int) ([]itx.Event, int64) {
 	total := 0
 	for i := range events {
-		total += len(events[i].Payload) + len(events[i].Metadata) + len(events[i].Type) + 64
+		total += deliveredSize(&events[i])
 		if total > maxBytes && i > 0 {
 			return events[:i], events[i-1].Offset
 		}

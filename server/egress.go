@@ -39,7 +39,7 @@ func (p EgressPolicy) checkURL(raw string) error {
 			}
 		}
 		if !ok {
-			return itx.Errorf(itx.EInvalid, "webhook host %q is not allowed by the server's egress policy", host)
+			return itx.Errorf(itx.EInvalid, "webhook host %q is not allowed by the server's egress policy (--webhook-allow-host)", host)
 		}
 	}
 	if !p.DenyPrivate {
@@ -49,7 +49,7 @@ func (p EgressPolicy) checkURL(raw string) error {
 		return p.checkAddr(ip)
 	}
 	if reason, refused := localName(host); refused {
-		return itx.Errorf(itx.EInvalid, "webhook host %q is %s and the egress policy denies private addresses", host, reason)
+		return itx.Errorf(itx.EInvalid, "webhook host %q is %s and the egress policy denies private addresses (--webhook-deny-private)", host, reason)
 	}
 	return nil
 }
@@ -59,9 +59,30 @@ func (p EgressPolicy) checkAddr(ip netip.Addr) error {
 		return nil
 	}
 	if reason, refused := refusedAddr(ip); refused {
-		return itx.Errorf(itx.EInvalid, "webhook address %s is %s and the egress policy denies private addresses", ip, reason)
+		return itx.Errorf(itx.EInvalid, "webhook address %s is %s and the egress policy denies private addresses (--webhook-deny-private)", ip, reason)
 	}
 	return nil
+}
+
+// egressRefusal is a webhook destination the egress policy refuses when delivery runs: the
+// URL (a subscription configured before the policy, or replayed from the log) or the address
+// its name resolved to. It marks the error through net's and net/http's wrapping, so the sender
+// can tell it from a receiver that is down.
+type egressRefusal struct{ err error }
+
+func (e *egressRefusal) Error() string { return e.err.Error() }
+func (e *egressRefusal) Unwrap() error { return e.err }
+
+// refusedAtSend is the terminal failure of a delivery the egress policy refused. Waiting does
+// not make a refused destination allowed (the operator's policy and the subscription's URL are
+// both configuration), so it halts at once rather than climbing the ladder. A name that resolves
+// to a refused address halts too, though DNS could answer otherwise later: a public name that
+// resolves to a private address is a misconfiguration or a rebinding attempt, the halt says so
+// loudly, and resumeSubscription (or a corrected URL) is the way back.
+func refusedAtSend(err error) error {
+	return withClass(classTerminal, itx.Errorf(itx.EFailedPrecondition,
+		"webhook refused by the server's egress policy: %s; waiting will not change that: configure an allowed URL, or resume once the policy allows it",
+		itx.ErrorMessage(err)))
 }
 
 func newHTTPClient(p EgressPolicy) *http.Client {
@@ -71,7 +92,10 @@ func newHTTPClient(p EgressPolicy) *http.Client {
 		if err != nil {
 			return itx.Errorf(itx.EInvalid, "webhook address %q: %v", address, err)
 		}
-		return p.checkAddr(ap.Addr())
+		if err := p.checkAddr(ap.Addr()); err != nil {
+			return &egressRefusal{err}
+		}
+		return nil
 	}}
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.DialContext = dialer.DialContext

@@ -1,11 +1,17 @@
 package server
 
 import (
+	"context"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/internal/clocktest"
 )
 
 func TestRefusedAddr(t *testing.T) {
@@ -117,4 +123,50 @@ func TestEgressPolicy_RefusedAtConnect(t *testing.T) {
 		t.Fatalf("without DenyPrivate: %v", err)
 	}
 	resp.Body.Close()
+}
+
+// TestWebhookSender_RefusedAtConnectIsTerminal: a name whose resolved address the policy refuses
+// is a terminal failure naming the policy (it halts at once), not an outage that climbs the
+// ladder for hours; without the policy the same request goes through.
+func TestWebhookSender_RefusedAtConnectIsTerminal(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer srv.Close()
+	s := &Server{clock: clocktest.New(time.Unix(1_700_000_000, 0)), metrics: newMetrics()}
+	d := &deliverer{srv: s, name: "hook"}
+	batch := &itx.DeliveryBatch{Events: []itx.Event{{Offset: 1, Type: "a", Payload: []byte(`{}`)}}}
+	// The URL passes the configure-time check (egress unset here, as for a name that resolves
+	// elsewhere at configure); the dialer's check on the resolved address refuses it.
+	url := strings.Replace(srv.URL, "127.0.0.1", "localhost", 1)
+	w := &webhookSender{client: newHTTPClient(EgressPolicy{DenyPrivate: true}), url: url}
+	_, err := w.send(context.Background(), d, batch)
+	if got := classify(err); got != classTerminal {
+		t.Fatalf("class %s (%v), want terminal", got, err)
+	}
+	if msg := err.Error(); !strings.Contains(msg, "egress policy") || !strings.Contains(msg, "--webhook-deny-private") || !strings.Contains(msg, "loopback") {
+		t.Fatalf("got %q, want the policy and the refused address named", msg)
+	}
+	w.client = newHTTPClient(EgressPolicy{})
+	if _, err := w.send(context.Background(), d, batch); err != nil {
+		t.Fatalf("without the policy: %v", err)
+	}
+}
+
+// TestWebhookSender_URLRefusedBeforeDialIsTerminal: a URL configured before the policy that now
+// refuses it (--webhook-allow-host tightened here) is refused before anything is dialled, and
+// halts at once.
+func TestWebhookSender_URLRefusedBeforeDialIsTerminal(t *testing.T) {
+	var requests atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { requests.Add(1) }))
+	defer srv.Close()
+	s := &Server{clock: clocktest.New(time.Unix(1_700_000_000, 0)), metrics: newMetrics()}
+	d := &deliverer{srv: s, name: "hook"}
+	batch := &itx.DeliveryBatch{Events: []itx.Event{{Offset: 1, Type: "a", Payload: []byte(`{}`)}}}
+	w := &webhookSender{client: newHTTPClient(EgressPolicy{}), egress: EgressPolicy{AllowHosts: []string{"hooks.example.com"}}, url: srv.URL}
+	_, err := w.send(context.Background(), d, batch)
+	if got := classify(err); got != classTerminal || !strings.Contains(err.Error(), "--webhook-allow-host") {
+		t.Fatalf("got %v (class %s), want a terminal refusal naming --webhook-allow-host", err, got)
+	}
+	if n := requests.Load(); n != 0 {
+		t.Fatalf("got %d requests, want none", n)
+	}
 }

@@ -599,7 +599,7 @@ func (d *deliverer) wake(job pushJob, store streamStore, out deliveryOutcome) de
 		}
 		return out
 	}
-	events, scanned, err := d.scan(job, store, after)
+	events, scanned, err := d.scan(job, store, after, job.limit, job.maxBytes)
 	if err != nil {
 		return fail(classOutage, 0, err)
 	}

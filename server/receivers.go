@@ -8,6 +8,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -26,7 +27,7 @@ func (s *Server) senderFor(ref StreamRef, entry *catalogEntry) sender {
 	case itx.KindWebhookPost:
 		secret, known := s.secret(ref.ProjectID, r.Secret)
 		key, _ := itx.WebhookSecretKey(secret)
-		return &webhookSender{client: s.httpClient, slots: s.webhooks, url: r.URL, headers: r.Headers, key: key,
+		return &webhookSender{client: s.httpClient, slots: s.webhooks, egress: s.egress, url: r.URL, headers: r.Headers, key: key,
 			unknownSecret: !known, batches: entry.Config.WebhookBatches()}
 	case itx.KindCopyToStream:
 		return &copySender{srv: s, target: StreamRef{ProjectID: ref.ProjectID, Path: r.ReceivingStreamPath}}
@@ -45,6 +46,7 @@ func (s *Server) senderFor(ref StreamRef, entry *catalogEntry) sender {
 type webhookSender struct {
 	client  *http.Client
 	slots   chan struct{} // the server's webhook requests in flight (MaxWebhooksInFlight)
+	egress  EgressPolicy  // checked again before each request: the URL may predate the policy
 	url     string
 	headers map[string]string
 	key     []byte
@@ -62,6 +64,9 @@ func (w *webhookSender) send(ctx context.Context, d *deliverer, b *itx.DeliveryB
 	if w.unknownSecret {
 		// The config, not the event, is at fault, and no retry can fix it: terminal.
 		return 0, withClass(classTerminal, itx.Errorf(itx.EFailedPrecondition, "the webhook's secret reference is not one this project holds: configure the subscription with its secret"))
+	}
+	if err := w.egress.checkURL(w.url); err != nil {
+		return 0, refusedAtSend(err) // configured before the policy (or replayed): nothing is dialled
 	}
 	var body []byte
 	var err error
@@ -97,6 +102,10 @@ func (w *webhookSender) send(ctx context.Context, d *deliverer, b *itx.DeliveryB
 	if err != nil {
 		if ctx.Err() != nil {
 			return 0, itx.Errorf(itx.EDeadlineExceeded, "webhook: %v", err)
+		}
+		var refusal *egressRefusal
+		if errors.As(err, &refusal) {
+			return 0, refusedAtSend(refusal.err) // the name resolved to a refused address
 		}
 		// Refused connections, resets, DNS failures: the receiver is down, not this event.
 		return 0, withClass(classOutage, fmt.Errorf("webhook: %w", err))

@@ -131,6 +131,7 @@ func run() error {
 	flag.IntVar(&flow.Capabilities, "rpc-max-capabilities", flowconn.DefaultCapabilities, "capabilities one connection's client holds without releasing them; above it the connection is aborted")
 	flag.IntVar(&flow.Connections, "rpc-max-connections", flowconn.DefaultConnections, "RPC connections open at once; one more is refused with an Abort saying so")
 	flag.DurationVar(&flow.LoginTimeout, "rpc-login-timeout", flowconn.DefaultLoginTimeout, "a connection that has not logged in by then is aborted")
+	keepAlive := flag.Duration("rpc-keepalive", capability.DefaultKeepAlive, "TCP keepalive of RPC connections: a silent connection is probed after this long and then this often; 3 unanswered probes, or writes unacknowledged for 4x this long, end it (and its mounts); at least 1s")
 	jsonataItems := flag.Int64("jsonata-max-items", itx.MaxJSONataItems, "array items and object entries one JSONata evaluation may build in total")
 	jsonataBytes := flag.Int64("jsonata-max-bytes", itx.MaxJSONataBytes, "string bytes one JSONata evaluation may build in total")
 	jsonataConcurrent := flag.Int("jsonata-concurrency", 0, "JSONata evaluations running at once (0: one per core)")
@@ -145,6 +146,9 @@ func run() error {
 	flag.Parse()
 	if err := checkFlags(flag.CommandLine); err != nil {
 		return err
+	}
+	if *keepAlive < time.Second {
+		return usagef("--rpc-keepalive must be at least 1s, the kernel's granularity (got %s)", *keepAlive)
 	}
 	if *pprofOn && *metricsAddr == "" {
 		return usagef("--pprof serves on the --metrics address: set --metrics too")
@@ -218,6 +222,7 @@ func run() error {
 		ln = tls.NewListener(ln, tlsConfig)
 	}
 	listener := capability.NewListenerWithLimits(srv, flow)
+	listener.SetKeepAlive(*keepAlive)
 	registerFlowMetrics(srv.Metrics().Registry, listener.Flow())
 
 	var serving atomic.Bool // the RPC listener is accepting
