@@ -3,14 +3,13 @@ package capability
 import (
 	"net"
 	"time"
+
+	"github.com/itx-dev/itx/internal/tcpopt"
 )
 
 // DefaultKeepAlive is how long an RPC connection may be silent before the kernel starts probing
 // it, and the interval between probes (itxd --rpc-keepalive).
-const DefaultKeepAlive = 15 * time.Second
-
-// keepAliveProbes is how many probes may go unanswered before the kernel ends a connection.
-const keepAliveProbes = 3
+const DefaultKeepAlive = tcpopt.Default
 
 // tuneTCP sets an accepted RPC connection's socket options. A peer whose machine vanished
 // behind a silent partition (no FIN, no RST) would otherwise hold its mounts, and show them
@@ -22,9 +21,8 @@ func tuneTCP(tc *net.TCPConn, keepAlive time.Duration) error {
 	if err := tc.SetNoDelay(true); err != nil {
 		return err
 	}
-	err := tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: keepAlive, Interval: keepAlive, Count: keepAliveProbes})
-	if err != nil {
+	if err := tc.SetKeepAliveConfig(tcpopt.KeepAlive(keepAlive)); err != nil {
 		return err
 	}
-	return setUserTimeout(tc, (1+keepAliveProbes)*keepAlive)
+	return tcpopt.SetUserTimeout(tc, tcpopt.UserTimeout(keepAlive))
 }

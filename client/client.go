@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"capnproto.org/go/capnp/v3/rpc"
+	"github.com/itx-dev/itx/internal/tcpopt"
 	"github.com/itx-dev/itx/schema"
 )
 
@@ -52,7 +53,15 @@ type Options struct {
 	// TLS, when set, runs the connection over TLS with this configuration (its ServerName
 	// defaults to addr's host). Tokens cross the wire in the login call: use TLS off loopback.
 	TLS *tls.Config
+	// KeepAlive is how long the connection may be silent before the kernel probes itxd, and the
+	// interval between probes (0: DefaultKeepAlive). After 3 unanswered probes, or writes
+	// unacknowledged for 4x this (Linux), the connection ends: a host or Receiver whose itxd
+	// vanished behind a silent partition learns it, and can redial, instead of waiting forever.
+	KeepAlive time.Duration
 }
+
+// DefaultKeepAlive is Options.KeepAlive's default, itxd's --rpc-keepalive default too.
+const DefaultKeepAlive = tcpopt.Default
 
 // Dial connects to addr (host:port) over plain TCP.
 func Dial(ctx context.Context, addr string) (*Conn, error) {
@@ -61,14 +70,11 @@ func Dial(ctx context.Context, addr string) (*Conn, error) {
 
 // DialWith connects to addr (host:port) over TCP, or TLS when o.TLS is set.
 func DialWith(ctx context.Context, addr string, o Options) (*Conn, error) {
-	d := net.Dialer{KeepAlive: 15 * time.Second}
-	nc, err := d.DialContext(ctx, "tcp", addr)
+	tcp, err := dialTCP(ctx, addr, o.KeepAlive)
 	if err != nil {
 		return nil, fmt.Errorf("dial itxd at %s: %w", addr, err)
 	}
-	if tc, ok := nc.(*net.TCPConn); ok {
-		tc.SetNoDelay(true)
-	}
+	var nc net.Conn = tcp
 	if o.TLS != nil {
 		cfg := o.TLS.Clone()
 		if cfg.ServerName == "" {
@@ -88,6 +94,29 @@ func DialWith(ctx context.Context, addr string, o Options) (*Conn, error) {
 	// The bootstrap capability lives as long as the connection, not as long as the dial's ctx:
 	// cancelling the context of a Bootstrap call breaks the capability it returns.
 	return &Conn{rpc: conn, gateway: schema.Gateway(conn.Bootstrap(context.Background())), abort: abort}, nil
+}
+
+// dialTCP opens the TCP connection under an RPC connection, with no delay and the keepalive and
+// user timeout of keepAlive (0: DefaultKeepAlive).
+func dialTCP(ctx context.Context, addr string, keepAlive time.Duration) (*net.TCPConn, error) {
+	if keepAlive <= 0 {
+		keepAlive = DefaultKeepAlive
+	}
+	d := net.Dialer{KeepAliveConfig: tcpopt.KeepAlive(keepAlive)}
+	nc, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	tc := nc.(*net.TCPConn)
+	if err := tc.SetNoDelay(true); err != nil {
+		tc.Close()
+		return nil, err
+	}
+	if err := tcpopt.SetUserTimeout(tc, tcpopt.UserTimeout(keepAlive)); err != nil {
+		tc.Close()
+		return nil, err
+	}
+	return tc, nil
 }
 
 // Gateway is the bootstrap capability.

@@ -1,4 +1,4 @@
-package capability
+package tcpopt
 
 import (
 	"net"
@@ -7,9 +7,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// setUserTimeout sets TCP_USER_TIMEOUT: data written and not acknowledged for d ends the
+// SetUserTimeout sets TCP_USER_TIMEOUT: data written and not acknowledged for d ends the
 // connection (with keepalive on, it also bounds the probing).
-func setUserTimeout(tc *net.TCPConn, d time.Duration) error {
+func SetUserTimeout(tc *net.TCPConn, d time.Duration) error {
 	raw, err := tc.SyscallConn()
 	if err != nil {
 		return err
