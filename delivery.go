@@ -18,6 +18,8 @@ type SubscriptionSummary struct {
 	Lag                int64 // head - confirmed
 	LastError          string
 	ConfiguredAtOffset int64
+	Attempt            int   // failed attempts in a row (0: none)
+	NextAttemptAt      int64 // epoch ms of the next retry (0: none due)
 }
 
 // CursorState is a subscription's delivery position and retry state, as describe reports it.

@@ -220,6 +220,8 @@ struct SubscriptionSummary {
   lag @4 :UInt64;             # head - confirmed
   lastError @5 :Text;
   configuredAtOffset @6 :UInt64;
+  attempt @7 :UInt32;         # failed attempts in a row (the retry ladder's rung; 0: none)
+  nextAttemptAt @8 :Int64;    # epoch ms of the next retry; 0: none due
 }
 
 # describe(): the config and the whole cursor row.

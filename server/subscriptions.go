@@ -119,6 +119,7 @@ func (s *Server) ListSubscriptions(ctx context.Context, ref StreamRef) ([]itx.Su
 			sum := itx.SubscriptionSummary{Name: name, Kind: entry.Kind(), Status: itx.StatusActive, ConfiguredAtOffset: entry.ConfiguredAtOffset}
 			if r, ok := v.rows[name]; ok {
 				sum.Status, sum.ConfirmedOffset, sum.LastError = r.Status, r.ConfirmedOffset, r.LastError
+				sum.Attempt, sum.NextAttemptAt = r.Attempt, r.NextAttemptAt
 			}
 			sum.Lag = max(0, v.head-sum.ConfirmedOffset)
 			out = append(out, sum)

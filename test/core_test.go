@@ -216,6 +216,15 @@ func TestCore_OutageNeverSkips(t *testing.T) {
 	d := e.describe(t, s, name)
 	require.Equal(t, int64(1), d.ConfirmedOffset, "nothing skipped")
 	require.Zero(t, d.FailingEventSkips)
+	// The listing shows where the ladder stands too, beside describe.
+	subs := client.Subscriptions(e.ctx, s)
+	defer subs.Release()
+	rows, err := client.ListSubscriptions(e.ctx, subs)
+	require.NoError(t, err)
+	require.Len(t, rows, 1)
+	require.Equal(t, d.Attempt, rows[0].Attempt)
+	require.Equal(t, d.NextAttemptAt, rows[0].NextAttemptAt)
+	require.NotZero(t, rows[0].NextAttemptAt)
 	require.Empty(t, e.events(t, s, itx.TypeErrorOccurred))
 	require.Equal(t, "active", d.Status)
 }

@@ -15,6 +15,8 @@ func SetSubscriptionSummary(dst schema.SubscriptionSummary, s itx.SubscriptionSu
 	dst.SetConfirmedOffset(uint64(s.ConfirmedOffset))
 	dst.SetLag(uint64(s.Lag))
 	dst.SetConfiguredAtOffset(uint64(s.ConfiguredAtOffset))
+	dst.SetAttempt(uint32(max(0, s.Attempt)))
+	dst.SetNextAttemptAt(s.NextAttemptAt)
 	return setTexts(
 		field{dst.SetName, s.Name}, field{dst.SetKind, s.Kind}, field{dst.SetLastError, s.LastError})
 }
@@ -22,7 +24,7 @@ func SetSubscriptionSummary(dst schema.SubscriptionSummary, s itx.SubscriptionSu
 // SubscriptionSummaryFromSchema decodes a row of subscriptions.list().
 func SubscriptionSummaryFromSchema(src schema.SubscriptionSummary) (itx.SubscriptionSummary, error) {
 	out := itx.SubscriptionSummary{Status: src.Status().String(), ConfirmedOffset: int64(src.ConfirmedOffset()),
-		Lag: int64(src.Lag()), ConfiguredAtOffset: int64(src.ConfiguredAtOffset())}
+		Lag: int64(src.Lag()), ConfiguredAtOffset: int64(src.ConfiguredAtOffset()), Attempt: int(src.Attempt()), NextAttemptAt: src.NextAttemptAt()}
 	var err error
 	if out.Name, err = src.Name(); err != nil {
 		return out, err

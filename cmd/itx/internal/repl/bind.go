@@ -562,6 +562,8 @@ type subscriptionRowJS struct {
 	Lag                int64  `json:"lag"`
 	LastError          string `json:"lastError"`
 	ConfiguredAtOffset int64  `json:"configuredAtOffset"`
+	Attempt            int    `json:"attempt"`
+	NextAttemptAt      msTime `json:"nextAttemptAt"`
 }
 
 func subscriptionsList(ctx context.Context, s *Session, c capnp.Client, _ capPath, _ []goja.Value) (any, error) {
@@ -571,7 +573,7 @@ func subscriptionsList(ctx context.Context, s *Session, c capnp.Client, _ capPat
 	}
 	out := make([]subscriptionRowJS, len(rows))
 	for i, r := range rows {
-		out[i] = subscriptionRowJS{r.Name, r.Kind, r.Status, r.ConfirmedOffset, r.Lag, r.LastError, r.ConfiguredAtOffset}
+		out[i] = subscriptionRowJS{r.Name, r.Kind, r.Status, r.ConfirmedOffset, r.Lag, r.LastError, r.ConfiguredAtOffset, r.Attempt, msTime(r.NextAttemptAt)}
 	}
 	return out, nil
 }
