@@ -435,6 +435,7 @@ func TestRemote_CutHostReleasesTheStream(t *testing.T) {
 		ts.srv.Sweep()
 		return ts.srv.LoadedStreams() == 0
 	})
+	watcher := ts.project(t) // its connection's goroutines predate the check
 	opts := []goleak.Option{goleak.IgnoreCurrent()}
 
 	gw, nc, rc := rawDial(t, ts.addr)
@@ -475,6 +476,17 @@ func TestRemote_CutHostReleasesTheStream(t *testing.T) {
 
 	nc.Close()
 	<-rc.Done()
+	// The wake in flight fails with the host's session: the subscription parks (no retry is
+	// scheduled, so no alarm loads the stream again once it has unloaded).
+	waitUntil(t, "parked", func() bool {
+		held := client.Stream(ctx, watcher, "/remote/held")
+		defer held.Release()
+		sub := client.Subscription(ctx, held, "forwarder")
+		defer sub.Release()
+		d, err := client.DescribeSubscription(ctx, sub)
+		require.NoError(t, err)
+		return d.Status == itx.StatusParked
+	})
 	waitUntil(t, "unloadable", func() bool {
 		clock.Advance(2 * time.Minute)
 		ts.srv.Sweep()
