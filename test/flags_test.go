@@ -36,6 +36,8 @@ func TestItxd_RefusesBadFlagValues(t *testing.T) {
 		{[]string{"--rpc-max-calls", "-1"}, "--rpc-max-calls"},
 		{[]string{"--rpc-max-reply-bytes", "0"}, "--rpc-max-reply-bytes"},
 		{[]string{"--rpc-login-timeout", "0s"}, "--rpc-login-timeout"},
+		{[]string{"--rpc-max-message-bytes", "0"}, "--rpc-max-message-bytes"},
+		{[]string{"--rpc-max-call-bytes", "-1"}, "--rpc-max-call-bytes"},
 		{[]string{"--max-readers-per-stream", "-1"}, "--max-readers-per-stream"},
 		{[]string{"--breaker-burst", "-1"}, "--breaker-burst"},
 		{[]string{"--jsonata-max-items", "0"}, "--jsonata-max-items"},

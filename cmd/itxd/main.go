@@ -124,6 +124,10 @@ func run() error {
 	flag.Int64Var(&flow.PreAuthBytes, "rpc-preauth-max-reply-bytes", flowconn.DefaultPreAuthBytes, "reply bytes waiting to be written per connection before login")
 	flag.IntVar(&flow.GlobalCalls, "rpc-global-max-calls", flowconn.DefaultGlobalCalls, "calls in flight over all connections")
 	flag.Int64Var(&flow.GlobalBytes, "rpc-global-max-reply-bytes", flowconn.DefaultGlobalBytes, "reply bytes waiting to be written over all connections")
+	flag.Int64Var(&flow.MaxMessage, "rpc-max-message-bytes", flowconn.DefaultMaxMessage, "largest message a logged-in connection may send; a larger one aborts the connection with limitExceeded before it is read")
+	flag.Int64Var(&flow.PreAuthMaxMessage, "rpc-preauth-max-message-bytes", flowconn.DefaultPreAuthMaxMessage, "largest message a connection may send before login")
+	flag.Int64Var(&flow.CallBytes, "rpc-max-call-bytes", flowconn.DefaultCallBytes, "encoded bytes of the calls a logged-in connection has in flight (read, not yet answered); above it the server stops reading that connection")
+	flag.Int64Var(&flow.GlobalCallBytes, "rpc-global-max-call-bytes", flowconn.DefaultGlobalCallBytes, "encoded bytes of the calls in flight over all connections")
 	flag.IntVar(&flow.Unfinished, "rpc-max-unfinished-replies", flowconn.DefaultUnfinished, "replies a logged-in client has not finished (Cap'n Proto Finish); above it the connection is aborted with limitExceeded")
 	flag.Int64Var(&flow.UnfinishedBytes, "rpc-max-unfinished-reply-bytes", flowconn.DefaultUnfinishedBytes, "encoded bytes of the replies a logged-in client has not finished; above it the connection is aborted")
 	flag.IntVar(&flow.PreAuthUnfinished, "rpc-preauth-max-unfinished-replies", flowconn.DefaultPreAuthUnfinished, "replies a client has not finished, before login")
@@ -361,6 +365,9 @@ func registerFlowMetrics(r *prometheus.Registry, pool *flowconn.Pool) {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "itx_rpc_unwritten_bytes",
 			Help: "Encoded RPC messages queued and not yet written to their sockets, over every connection."},
 			func() float64 { return float64(pool.Stats().Bytes) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "itx_rpc_call_bytes_in_flight",
+			Help: "Encoded bytes of the RPC calls read and not yet answered, over every connection."},
+			func() float64 { return float64(pool.Stats().CallBytes) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "itx_rpc_read_pauses_total",
 			Help: "Times a connection stopped being read because it, or the server, reached a flow-control bound."},
 			func() float64 { return float64(pool.Stats().Pauses) }),
