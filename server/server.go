@@ -46,6 +46,9 @@ type Config struct {
 	EphemeralBufferBytes int64 // default itx.EphemeralBufferBytes (10 MiB)
 
 	MaxSubscriptions int // per stream; default itx.MaxSubscriptionsPerStream
+	// MaxSubscriptionConfigBytes bounds one subscription's config (the configured event's
+	// payload); default itx.MaxSubscriptionConfigBytes.
+	MaxSubscriptionConfigBytes int
 	// MaxReadersPerStream bounds the registered readers of one stream; default 1,024.
 	MaxReadersPerStream int
 	// MaxScheduledPerStream bounds the pending scheduled appends of one stream; default 10,000.
@@ -182,6 +185,9 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	if cfg.MaxSubscriptions <= 0 {
 		cfg.MaxSubscriptions = itx.MaxSubscriptionsPerStream
+	}
+	if cfg.MaxSubscriptionConfigBytes <= 0 {
+		cfg.MaxSubscriptionConfigBytes = itx.MaxSubscriptionConfigBytes
 	}
 	if cfg.DeliveryTimeout <= 0 {
 		cfg.DeliveryTimeout = itx.DeliveryTimeout

@@ -38,6 +38,7 @@ func TestItxd_RefusesBadFlagValues(t *testing.T) {
 		{[]string{"--rpc-login-timeout", "0s"}, "--rpc-login-timeout"},
 		{[]string{"--rpc-max-message-bytes", "0"}, "--rpc-max-message-bytes"},
 		{[]string{"--rpc-max-call-bytes", "-1"}, "--rpc-max-call-bytes"},
+		{[]string{"--max-subscription-config-bytes", "0"}, "--max-subscription-config-bytes"},
 		{[]string{"--max-readers-per-stream", "-1"}, "--max-readers-per-stream"},
 		{[]string{"--breaker-burst", "-1"}, "--breaker-burst"},
 		{[]string{"--jsonata-max-items", "0"}, "--jsonata-max-items"},

@@ -116,6 +116,7 @@ func run() error {
 	maxMounts := flag.Int("max-mounts-per-project", 0, "capabilities one project may have mounted under names, and separately processor hosts (0: 4096)")
 	maxTokens := flag.Int("max-tokens-per-project", 0, "tokens one project may hold; creating one more fails with limitExceeded (0: 10000)")
 	maxStreams := flag.Int("max-streams-per-project", 0, "streams one project may hold (each a database file); the append that would create one more fails with limitExceeded (0: 100000)")
+	maxConfig := flag.Int("max-subscription-config-bytes", itx.MaxSubscriptionConfigBytes, "bytes of one subscription's config (its configured event's payload), kept in memory while its stream is loaded; a larger one is refused with tooLarge")
 	maxLive := flag.Int("max-live-subscribers-per-stream", 0, "live-state subscribers one stream serves at most, connections' state frames not counted (0: 1024)")
 	var flow flowconn.Limits
 	flag.IntVar(&flow.Calls, "rpc-max-calls", flowconn.DefaultCalls, "calls in flight per logged-in connection; above it the server stops reading that connection")
@@ -203,7 +204,7 @@ func run() error {
 	srv, err := server.Open(ctx, server.Config{
 		DataDir: *data, Log: log, IdleTimeout: *idle, MaxLoadedStreams: *maxLoaded, MaxHeldStreams: held, MaxWebhooksInFlight: *maxWebhooks,
 		BreakerBurst: *burst, BreakerRefillPerMinute: *refill,
-		MaxConnectionsPerStream: *maxConns, MaxLiveSubscribersPerStream: *maxLive, MaxMountsPerProject: *maxMounts, MaxReadersPerStream: *maxReaders, MaxScheduledPerStream: *maxScheduled,
+		MaxConnectionsPerStream: *maxConns, MaxLiveSubscribersPerStream: *maxLive, MaxSubscriptionConfigBytes: *maxConfig, MaxMountsPerProject: *maxMounts, MaxReadersPerStream: *maxReaders, MaxScheduledPerStream: *maxScheduled,
 		MaxStreamsPerProject: *maxStreams,
 		MaxTokensPerProject:  *maxTokens,
 		Egress:               server.EgressPolicy{AllowHosts: allowHosts, DenyPrivate: *denyPrivate},
