@@ -65,8 +65,13 @@ type procHosts struct {
 	byProject projectCounts           // hosts per project, for Config.MaxMountsPerProject
 }
 
-// MaxContractsPerHost bounds what one mount may announce.
-const MaxContractsPerHost = 1000
+// MaxContractsPerHost and MaxHostContractBytes bound what one mount may announce: it is kept for
+// the mount's life, and a project holds up to Config.MaxMountsPerProject hosts. The bytes count
+// every contract's name, reducer version and consumed types.
+const (
+	MaxContractsPerHost  = 1000
+	MaxHostContractBytes = 256 << 10
+)
 
 // presenceToken is what a remote processor-wake subscription waits for: the mount of a host
 // announcing its contract. (itx-call subscriptions wait for a capability's name.)
@@ -97,6 +102,16 @@ func (s *Server) MountProcessorHost(projectID, name string, host RemoteProcessor
 	}
 	if len(contracts) > MaxContractsPerHost {
 		return nil, itx.Errorf(itx.ETooLarge, "a processor host announces at most %d contracts", MaxContractsPerHost)
+	}
+	size := 0
+	for _, c := range contracts {
+		size += len(c.Name) + len(c.ReducerVersion)
+		for _, t := range c.ConsumedTypes {
+			size += len(t)
+		}
+	}
+	if size > MaxHostContractBytes {
+		return nil, itx.Errorf(itx.ETooLarge, "a processor host announces at most %d bytes of contracts (names, versions, consumed types), this one %d", MaxHostContractBytes, size)
 	}
 	seen := map[string]bool{}
 	for _, c := range contracts {
