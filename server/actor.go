@@ -739,6 +739,9 @@ func (a *actor) apply(in stepInput) {
 	}
 
 	a.failedReaders, a.failedProc, a.failedSchedules = nil, nil, nil
+	if len(in.procOps) > 0 || eff.coreChanged {
+		a.st.forgetRemovedProcs() // after the commit: what is forgotten is on disk
+	}
 	a.reportLadder(eff.ladder)
 	// 3. Publish (and wake connections and live state). 4. Replies.
 	prevHead := a.view().head
