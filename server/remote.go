@@ -65,12 +65,13 @@ type procHosts struct {
 	byProject projectCounts           // hosts per project, for Config.MaxMountsPerProject
 }
 
-// MaxContractsPerHost and MaxHostContractBytes bound what one mount may announce: it is kept for
-// the mount's life, and a project holds up to Config.MaxMountsPerProject hosts. The bytes count
-// every contract's name, reducer version and consumed types.
+// MaxContractsPerHost and DefaultMaxHostContractBytes (Config.MaxHostContractBytes) bound what
+// one mount may announce: it is kept for the mount's life, and a project holds up to
+// Config.MaxMountsPerProject hosts. The bytes count every contract's name, reducer version and
+// consumed types.
 const (
-	MaxContractsPerHost  = 1000
-	MaxHostContractBytes = 256 << 10
+	MaxContractsPerHost         = 1000
+	DefaultMaxHostContractBytes = 256 << 10
 )
 
 // presenceToken is what a remote processor-wake subscription waits for: the mount of a host
@@ -110,8 +111,8 @@ func (s *Server) MountProcessorHost(projectID, name string, host RemoteProcessor
 			size += len(t)
 		}
 	}
-	if size > MaxHostContractBytes {
-		return nil, itx.Errorf(itx.ETooLarge, "a processor host announces at most %d bytes of contracts (names, versions, consumed types), this one %d", MaxHostContractBytes, size)
+	if size > s.cfg.MaxHostContractBytes {
+		return nil, itx.Errorf(itx.ETooLarge, "a processor host announces at most %d bytes of contracts (names, versions, consumed types; --max-host-contract-bytes), this one %d", s.cfg.MaxHostContractBytes, size)
 	}
 	seen := map[string]bool{}
 	for _, c := range contracts {

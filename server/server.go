@@ -72,6 +72,9 @@ type Config struct {
 	// separately the processor hosts mounted in it (a name already mounted can be replaced);
 	// default 4,096.
 	MaxMountsPerProject int
+	// MaxHostContractBytes bounds the contracts one processor host announces (names, reducer
+	// versions, consumed types), kept for its mount's life; default DefaultMaxHostContractBytes.
+	MaxHostContractBytes int
 	// MaxSecretsPerProject bounds the distinct webhook secrets one project keeps; default
 	// itx.MaxSecretsPerProject.
 	MaxSecretsPerProject int
@@ -209,6 +212,9 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	if cfg.MaxMountsPerProject <= 0 {
 		cfg.MaxMountsPerProject = 4096
+	}
+	if cfg.MaxHostContractBytes <= 0 {
+		cfg.MaxHostContractBytes = DefaultMaxHostContractBytes
 	}
 	if cfg.MaxWebhooksInFlight <= 0 {
 		cfg.MaxWebhooksInFlight = 1024

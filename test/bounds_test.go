@@ -230,6 +230,7 @@ func TestProcessorHosts_AnnouncedContractsAreBounded(t *testing.T) {
 	}
 	_, err := mountHostServing(ctx, p, "big", idleHost{}, contracts)
 	requireCode(t, err, itx.ETooLarge)
+	require.Contains(t, itx.ErrorMessage(err), "--max-host-contract-bytes")
 	require.Empty(t, listHosts(t, p), "the refused mount mounted nothing")
 
 	h, err := mountHostServing(ctx, p, "fits", idleHost{}, contracts[:20]) // about 200 KiB

@@ -39,6 +39,7 @@ func TestItxd_RefusesBadFlagValues(t *testing.T) {
 		{[]string{"--rpc-max-message-bytes", "0"}, "--rpc-max-message-bytes"},
 		{[]string{"--rpc-max-call-bytes", "-1"}, "--rpc-max-call-bytes"},
 		{[]string{"--max-subscription-config-bytes", "0"}, "--max-subscription-config-bytes"},
+		{[]string{"--max-host-contract-bytes", "-1"}, "--max-host-contract-bytes"},
 		{[]string{"--max-readers-per-stream", "-1"}, "--max-readers-per-stream"},
 		{[]string{"--breaker-burst", "-1"}, "--breaker-burst"},
 		{[]string{"--jsonata-max-items", "0"}, "--jsonata-max-items"},
