@@ -446,6 +446,12 @@ func (s *Server) remoteSnapshot(ctx context.Context, a *actor, name string) (jso
 	return state, rec.Progress.ReducedThrough, rec.Progress.ProcessedThrough, nil
 }
 
+// MaxRemoteRuntimeStateBytes bounds the runtime state a host answers (its cursors and
+// observations; the reduced state is read from the committed record): it is decoded to add
+// itxd's fields, and a host answering megabytes of small members would make every call build
+// them all.
+const MaxRemoteRuntimeStateBytes = 64 << 10
+
 // remoteRuntimeState asks the host holding the contract, within the delivery timeout (a host
 // that never answers must not hold the call, and the stream, for as long as the caller waits);
 // without a host it says so, with the committed cursors.
@@ -460,6 +466,9 @@ func (s *Server) remoteRuntimeState(ctx context.Context, a *actor, name string) 
 		cancel()
 		if err != nil && ctx.Err() == nil && expired {
 			return nil, itx.Errorf(itx.EDeadlineExceeded, "processor host %q did not answer getRuntimeState within %s", m.name, s.cfg.DeliveryTimeout)
+		}
+		if err == nil && len(st) > MaxRemoteRuntimeStateBytes {
+			return nil, itx.Errorf(itx.ETooLarge, "processor host %q answered a runtime state of %d bytes, at most %d", m.name, len(st), MaxRemoteRuntimeStateBytes)
 		}
 		if err == nil {
 			var fields map[string]any
