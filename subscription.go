@@ -70,9 +70,13 @@ const (
 
 // Subscription limits and the retry ladder (DESIGN.md "Constants").
 const (
-	MaxSubscriptionNameLength     = 500
-	GeneratedNamePrefix           = "subscription:"
-	MaxSubscriptionsPerStream     = 256
+	MaxSubscriptionNameLength = 500
+	GeneratedNamePrefix       = "subscription:"
+	MaxSubscriptionsPerStream = 256
+	// MaxSubscriptionConfigBytes bounds one subscription's config (its configured event's
+	// payload): the catalog keeps every config in memory while the stream is loaded and in the
+	// core-state checkpoint (--max-subscription-config-bytes).
+	MaxSubscriptionConfigBytes    = 64 << 10
 	MaxCopySubscriptionsPerTarget = 64 // from one source into one receiving stream
 	MaxInboundSourceRecords       = 1000
 	MaxDeliveryAttempts           = 15

@@ -296,8 +296,9 @@ func loadState(ctx context.Context, store streamStore, rc reduceContext, now tim
 // rereduce rebuilds the core state from the log.
 func rereduce(ctx context.Context, store streamStore, rc reduceContext, head int64, warn func() *zerolog.Event) (*coreState, error) {
 	st := newCoreState()
-	rc.checkURL = nil  // a rebuild replays history; today's egress policy does not rewrite it
-	rc.nameTaken = nil // nor do today's connections and readers
+	rc.checkURL = nil     // a rebuild replays history; today's egress policy does not rewrite it
+	rc.nameTaken = nil    // nor do today's connections and readers
+	rc.maxConfigBytes = 0 // nor today's bound on a config's size
 	rc.parked = func(string) bool { return true }
 	for after := int64(0); after < head; {
 		page, err := store.Events(ctx, storage.Query{After: after, UpTo: head, Limit: itx.MaxPageLimit, MaxBytes: itx.MaxPageBytes})
@@ -630,10 +631,10 @@ func (a *actor) mountedNow(entry *catalogEntry) uint64 {
 func (a *actor) reduceContext() reduceContext {
 	return reduceContext{
 		path: a.ref.Path, projectID: a.ref.ProjectID, maxSubs: a.srv.cfg.MaxSubscriptions,
-		maxReaders: a.srv.cfg.MaxReadersPerStream,
-		checkURL:   a.srv.egress.checkURL,
-		compile:    func(src string) error { _, err := CompileJSONata(src); return err },
-		nameTaken:  a.nameTaken,
+		maxReaders: a.srv.cfg.MaxReadersPerStream, maxConfigBytes: a.srv.cfg.MaxSubscriptionConfigBytes,
+		checkURL:  a.srv.egress.checkURL,
+		compile:   func(src string) error { _, err := CompileJSONata(src); return err },
+		nameTaken: a.nameTaken,
 		parked: func(name string) bool {
 			r := a.st.rows[name]
 			return r != nil && r.Status == storage.StatusParked
@@ -738,6 +739,9 @@ func (a *actor) apply(in stepInput) {
 	}
 
 	a.failedReaders, a.failedProc, a.failedSchedules = nil, nil, nil
+	if len(in.procOps) > 0 || eff.coreChanged {
+		a.st.forgetRemovedProcs() // after the commit: what is forgotten is on disk
+	}
 	a.reportLadder(eff.ladder)
 	// 3. Publish (and wake connections and live state). 4. Replies.
 	prevHead := a.view().head

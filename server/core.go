@@ -108,13 +108,16 @@ type cursorEffect struct {
 
 // reduceContext is what reduce may know besides the state: all of it pure data.
 type reduceContext struct {
-	path       string
-	projectID  string
-	head       int64                  // the head before this event
-	checkURL   func(url string) error // the webhook egress policy
-	maxSubs    int
-	maxReaders int                    // registered readers per stream; 0: no bound (step tests)
-	compile    func(src string) error // JSONata compilation
+	path      string
+	projectID string
+	head      int64                  // the head before this event
+	checkURL  func(url string) error // the webhook egress policy
+	maxSubs   int
+	// maxConfigBytes bounds the payload of a configured event that changes the catalog; 0: no
+	// bound (replays keep what was accepted under another bound, step tests).
+	maxConfigBytes int
+	maxReaders     int                    // registered readers per stream; 0: no bound (step tests)
+	compile        func(src string) error // JSONata compilation
 	// nameTaken says what else holds a name in the stream's one name space ("an open
 	// connection"), or "" if nothing; nil: nothing is checked (replays, step tests).
 	nameTaken func(name string) string
@@ -289,6 +292,9 @@ func (st *coreState) reduceConfigured(e *itx.Event, rc *reduceContext) ([]cursor
 		// The same config again, written because it came with a new idempotency key (the key
 		// must be kept): nothing changes, not the epoch, not the cursor, not a halt.
 		return nil, nil
+	}
+	if rc.maxConfigBytes > 0 && len(e.Payload) > rc.maxConfigBytes {
+		return nil, itx.Errorf(itx.ETooLarge, "a subscription's config is at most %d bytes (--max-subscription-config-bytes), this one is %d", rc.maxConfigBytes, len(e.Payload))
 	}
 	if prev == nil && rc.nameTaken != nil {
 		if what := rc.nameTaken(name); what != "" {

@@ -107,6 +107,21 @@ func (st *streamState) procRecordOf(name string, env stepEnv) (*procRecord, erro
 	return rec, nil
 }
 
+// forgetRemovedProcs drops from memory the records of names that are no processor-wake
+// subscription (removed, or reconfigured to another kind): each may hold a state of up to 1 MiB,
+// and a client configuring and removing processors under new names would otherwise grow the
+// cache for as long as the stream stays loaded. The record stays on disk (its generation keeps
+// fencing a late incarnation) and procRecordOf reads it again if the name comes back. Call it
+// only once the step's writes are committed, so a record read back is the one last written.
+func (st *streamState) forgetRemovedProcs() {
+	for name := range st.procs {
+		if e := st.core.Subscriptions[name]; e == nil || e.Kind() != itx.KindProcessorWake {
+			delete(st.procs, name)
+			st.procsDirty = true
+		}
+	}
+}
+
 // applyProc takes one processor port write into the state and stages its write. A commit moves
 // the processor-wake subscription's cursor row with it (confirmed = processed), so list, lag and
 // barriers see processors like every other kind.

@@ -65,8 +65,14 @@ type procHosts struct {
 	byProject projectCounts           // hosts per project, for Config.MaxMountsPerProject
 }
 
-// MaxContractsPerHost bounds what one mount may announce.
-const MaxContractsPerHost = 1000
+// MaxContractsPerHost and DefaultMaxHostContractBytes (Config.MaxHostContractBytes) bound what
+// one mount may announce: it is kept for the mount's life, and a project holds up to
+// Config.MaxMountsPerProject hosts. The bytes count every contract's name, reducer version and
+// consumed types.
+const (
+	MaxContractsPerHost         = 1000
+	DefaultMaxHostContractBytes = 256 << 10
+)
 
 // presenceToken is what a remote processor-wake subscription waits for: the mount of a host
 // announcing its contract. (itx-call subscriptions wait for a capability's name.)
@@ -97,6 +103,16 @@ func (s *Server) MountProcessorHost(projectID, name string, host RemoteProcessor
 	}
 	if len(contracts) > MaxContractsPerHost {
 		return nil, itx.Errorf(itx.ETooLarge, "a processor host announces at most %d contracts", MaxContractsPerHost)
+	}
+	size := 0
+	for _, c := range contracts {
+		size += len(c.Name) + len(c.ReducerVersion)
+		for _, t := range c.ConsumedTypes {
+			size += len(t)
+		}
+	}
+	if size > s.cfg.MaxHostContractBytes {
+		return nil, itx.Errorf(itx.ETooLarge, "a processor host announces at most %d bytes of contracts (names, versions, consumed types; --max-host-contract-bytes), this one %d", s.cfg.MaxHostContractBytes, size)
 	}
 	seen := map[string]bool{}
 	for _, c := range contracts {
@@ -430,6 +446,12 @@ func (s *Server) remoteSnapshot(ctx context.Context, a *actor, name string) (jso
 	return state, rec.Progress.ReducedThrough, rec.Progress.ProcessedThrough, nil
 }
 
+// MaxRemoteRuntimeStateBytes bounds the runtime state a host answers (its cursors and
+// observations; the reduced state is read from the committed record): it is decoded to add
+// itxd's fields, and a host answering megabytes of small members would make every call build
+// them all.
+const MaxRemoteRuntimeStateBytes = 64 << 10
+
 // remoteRuntimeState asks the host holding the contract, within the delivery timeout (a host
 // that never answers must not hold the call, and the stream, for as long as the caller waits);
 // without a host it says so, with the committed cursors.
@@ -444,6 +466,9 @@ func (s *Server) remoteRuntimeState(ctx context.Context, a *actor, name string) 
 		cancel()
 		if err != nil && ctx.Err() == nil && expired {
 			return nil, itx.Errorf(itx.EDeadlineExceeded, "processor host %q did not answer getRuntimeState within %s", m.name, s.cfg.DeliveryTimeout)
+		}
+		if err == nil && len(st) > MaxRemoteRuntimeStateBytes {
+			return nil, itx.Errorf(itx.ETooLarge, "processor host %q answered a runtime state of %d bytes, at most %d", m.name, len(st), MaxRemoteRuntimeStateBytes)
 		}
 		if err == nil {
 			var fields map[string]any

@@ -46,6 +46,9 @@ type Config struct {
 	EphemeralBufferBytes int64 // default itx.EphemeralBufferBytes (10 MiB)
 
 	MaxSubscriptions int // per stream; default itx.MaxSubscriptionsPerStream
+	// MaxSubscriptionConfigBytes bounds one subscription's config (the configured event's
+	// payload); default itx.MaxSubscriptionConfigBytes.
+	MaxSubscriptionConfigBytes int
 	// MaxReadersPerStream bounds the registered readers of one stream; default 1,024.
 	MaxReadersPerStream int
 	// MaxScheduledPerStream bounds the pending scheduled appends of one stream; default 10,000.
@@ -69,6 +72,9 @@ type Config struct {
 	// separately the processor hosts mounted in it (a name already mounted can be replaced);
 	// default 4,096.
 	MaxMountsPerProject int
+	// MaxHostContractBytes bounds the contracts one processor host announces (names, reducer
+	// versions, consumed types), kept for its mount's life; default DefaultMaxHostContractBytes.
+	MaxHostContractBytes int
 	// MaxSecretsPerProject bounds the distinct webhook secrets one project keeps; default
 	// itx.MaxSecretsPerProject.
 	MaxSecretsPerProject int
@@ -183,6 +189,9 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.MaxSubscriptions <= 0 {
 		cfg.MaxSubscriptions = itx.MaxSubscriptionsPerStream
 	}
+	if cfg.MaxSubscriptionConfigBytes <= 0 {
+		cfg.MaxSubscriptionConfigBytes = itx.MaxSubscriptionConfigBytes
+	}
 	if cfg.DeliveryTimeout <= 0 {
 		cfg.DeliveryTimeout = itx.DeliveryTimeout
 	}
@@ -203,6 +212,9 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	if cfg.MaxMountsPerProject <= 0 {
 		cfg.MaxMountsPerProject = 4096
+	}
+	if cfg.MaxHostContractBytes <= 0 {
+		cfg.MaxHostContractBytes = DefaultMaxHostContractBytes
 	}
 	if cfg.MaxWebhooksInFlight <= 0 {
 		cfg.MaxWebhooksInFlight = 1024

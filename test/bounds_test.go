@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/itx-dev/itx"
@@ -209,4 +210,31 @@ func TestProcessorKV_BoundedPerStream(t *testing.T) {
 	require.Equal(t, 0, n, "the refused put wrote nothing")
 	require.NoError(t, put("a", 0), "a smaller value makes room")
 	require.NoError(t, put("c", 32))
+}
+
+// What one processor host announces is kept for its mount's life, and a project may hold
+// --max-mounts-per-project hosts: 1,000 contracts of 1,000 consumed types made up to 16 MiB
+// (the message bound) per host. A mount announcing more than 256 KiB of contracts (names,
+// versions, types) is refused with tooLarge and mounts nothing.
+func TestProcessorHosts_AnnouncedContractsAreBounded(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	p := ts.project(t)
+	types := make([]string, 100)
+	for i := range types {
+		types[i] = fmt.Sprintf("t%03d.%s", i, strings.Repeat("x", 90))
+	}
+	var contracts []itx.ProcessorInfo
+	for i := range 100 { // about 1 MiB
+		contracts = append(contracts, itx.ProcessorInfo{Name: fmt.Sprintf("c%d", i), ReducerVersion: "1", ConsumedTypes: types})
+	}
+	_, err := mountHostServing(ctx, p, "big", idleHost{}, contracts)
+	requireCode(t, err, itx.ETooLarge)
+	require.Contains(t, itx.ErrorMessage(err), "--max-host-contract-bytes")
+	require.Empty(t, listHosts(t, p), "the refused mount mounted nothing")
+
+	h, err := mountHostServing(ctx, p, "fits", idleHost{}, contracts[:20]) // about 200 KiB
+	require.NoError(t, err)
+	defer h.Release()
+	require.Len(t, listHosts(t, p), 1)
 }

@@ -575,3 +575,45 @@ func TestRemote_MountedHostSayingOfflineIsAnOutage(t *testing.T) {
 	require.Equal(t, "active", d.Status, d.LastError)
 	require.Equal(t, 1, d.Attempt, "an outage backs off along the ladder")
 }
+
+// bulkyStateHost is a ProcessorHost that answers getRuntimeState with a JSON object of about
+// 2 MiB: 100,000 tiny members, each a map entry once parsed.
+type bulkyStateHost struct{ unansweringHost }
+
+func (h *bulkyStateHost) GetRuntimeState(ctx context.Context, call schema.ProcessorHost_getRuntimeState) error {
+	var b strings.Builder
+	b.WriteString("{")
+	for i := range 100_000 {
+		if i > 0 {
+			b.WriteString(",")
+		}
+		fmt.Fprintf(&b, `"k%d":{}`, i)
+	}
+	b.WriteString("}")
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	return res.SetState(b.String())
+}
+
+// A remote processor's runtime state comes from its host, which itxd decodes to add its own
+// fields: a host answering megabytes of small members made every getRuntimeState call build
+// them all as Go maps (about ten times their size), 128 calls at once per client. A runtime state
+// (cursors and observations; the reduced state is the snapshot's, from the committed record) is
+// at most 64 KiB: a larger one fails the call with tooLarge.
+func TestRemote_RuntimeStateOfABulkyHostIsBounded(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	s := stream(t, e.p, "/remote/bulky")
+	configureRemote(t, s, "forwarder")
+	host := &bulkyStateHost{unansweringHost{woken: make(chan struct{}, 1)}}
+	h, err := mountHostServing(e.ctx, e.p, "bulky", host, []itx.ProcessorInfo{{Name: "forwarder", ReducerVersion: "1", ConsumedTypes: []string{"inbox/message"}}})
+	require.NoError(t, err)
+	defer h.Release()
+	sub := client.Subscription(e.ctx, s, "forwarder")
+	defer sub.Release()
+	pf, prel := sub.Processor(e.ctx, nil)
+	defer prel()
+	_, err = client.RuntimeState(e.ctx, pf.Processor())
+	requireCode(t, err, itx.ETooLarge)
+}

@@ -114,8 +114,10 @@ func run() error {
 	maxReaders := flag.Int("max-readers-per-stream", 0, "registered readers one stream holds at most (0: 1024)")
 	maxScheduled := flag.Int("max-scheduled-per-stream", 0, "pending scheduled appends (Stream.schedule) one stream holds at most (0: 10000)")
 	maxMounts := flag.Int("max-mounts-per-project", 0, "capabilities one project may have mounted under names, and separately processor hosts (0: 4096)")
+	maxHostContracts := flag.Int("max-host-contract-bytes", server.DefaultMaxHostContractBytes, "bytes of the contracts one processor host announces (names, reducer versions, consumed types), kept for its mount's life; more is refused with tooLarge")
 	maxTokens := flag.Int("max-tokens-per-project", 0, "tokens one project may hold; creating one more fails with limitExceeded (0: 10000)")
 	maxStreams := flag.Int("max-streams-per-project", 0, "streams one project may hold (each a database file); the append that would create one more fails with limitExceeded (0: 100000)")
+	maxConfig := flag.Int("max-subscription-config-bytes", itx.MaxSubscriptionConfigBytes, "bytes of one subscription's config (its configured event's payload), kept in memory while its stream is loaded; a larger one is refused with tooLarge")
 	maxLive := flag.Int("max-live-subscribers-per-stream", 0, "live-state subscribers one stream serves at most, connections' state frames not counted (0: 1024)")
 	var flow flowconn.Limits
 	flag.IntVar(&flow.Calls, "rpc-max-calls", flowconn.DefaultCalls, "calls in flight per logged-in connection; above it the server stops reading that connection")
@@ -124,6 +126,10 @@ func run() error {
 	flag.Int64Var(&flow.PreAuthBytes, "rpc-preauth-max-reply-bytes", flowconn.DefaultPreAuthBytes, "reply bytes waiting to be written per connection before login")
 	flag.IntVar(&flow.GlobalCalls, "rpc-global-max-calls", flowconn.DefaultGlobalCalls, "calls in flight over all connections")
 	flag.Int64Var(&flow.GlobalBytes, "rpc-global-max-reply-bytes", flowconn.DefaultGlobalBytes, "reply bytes waiting to be written over all connections")
+	flag.Int64Var(&flow.MaxMessage, "rpc-max-message-bytes", flowconn.DefaultMaxMessage, "largest message a logged-in connection may send; a larger one aborts the connection with limitExceeded before it is read")
+	flag.Int64Var(&flow.PreAuthMaxMessage, "rpc-preauth-max-message-bytes", flowconn.DefaultPreAuthMaxMessage, "largest message a connection may send before login")
+	flag.Int64Var(&flow.CallBytes, "rpc-max-call-bytes", flowconn.DefaultCallBytes, "encoded bytes of the calls a logged-in connection has in flight (read, not yet answered); above it the server stops reading that connection")
+	flag.Int64Var(&flow.GlobalCallBytes, "rpc-global-max-call-bytes", flowconn.DefaultGlobalCallBytes, "encoded bytes of the calls in flight over all connections")
 	flag.IntVar(&flow.Unfinished, "rpc-max-unfinished-replies", flowconn.DefaultUnfinished, "replies a logged-in client has not finished (Cap'n Proto Finish); above it the connection is aborted with limitExceeded")
 	flag.Int64Var(&flow.UnfinishedBytes, "rpc-max-unfinished-reply-bytes", flowconn.DefaultUnfinishedBytes, "encoded bytes of the replies a logged-in client has not finished; above it the connection is aborted")
 	flag.IntVar(&flow.PreAuthUnfinished, "rpc-preauth-max-unfinished-replies", flowconn.DefaultPreAuthUnfinished, "replies a client has not finished, before login")
@@ -203,7 +209,7 @@ func run() error {
 	srv, err := server.Open(ctx, server.Config{
 		DataDir: *data, Log: log, IdleTimeout: *idle, MaxLoadedStreams: *maxLoaded, MaxHeldStreams: held, MaxWebhooksInFlight: *maxWebhooks,
 		BreakerBurst: *burst, BreakerRefillPerMinute: *refill,
-		MaxConnectionsPerStream: *maxConns, MaxLiveSubscribersPerStream: *maxLive, MaxMountsPerProject: *maxMounts, MaxReadersPerStream: *maxReaders, MaxScheduledPerStream: *maxScheduled,
+		MaxConnectionsPerStream: *maxConns, MaxLiveSubscribersPerStream: *maxLive, MaxSubscriptionConfigBytes: *maxConfig, MaxHostContractBytes: *maxHostContracts, MaxMountsPerProject: *maxMounts, MaxReadersPerStream: *maxReaders, MaxScheduledPerStream: *maxScheduled,
 		MaxStreamsPerProject: *maxStreams,
 		MaxTokensPerProject:  *maxTokens,
 		Egress:               server.EgressPolicy{AllowHosts: allowHosts, DenyPrivate: *denyPrivate},
@@ -366,6 +372,9 @@ func registerFlowMetrics(r *prometheus.Registry, pool *flowconn.Pool) {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "itx_rpc_unwritten_bytes",
 			Help: "Encoded RPC messages queued and not yet written to their sockets, over every connection."},
 			func() float64 { return float64(pool.Stats().Bytes) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "itx_rpc_call_bytes_in_flight",
+			Help: "Encoded bytes of the RPC calls read and not yet answered, over every connection."},
+			func() float64 { return float64(pool.Stats().CallBytes) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "itx_rpc_read_pauses_total",
 			Help: "Times a connection stopped being read because it, or the server, reached a flow-control bound."},
 			func() float64 { return float64(pool.Stats().Pauses) }),

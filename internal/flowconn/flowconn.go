@@ -20,9 +20,11 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"time"
 
+	"capnproto.org/go/capnp/v3"
 	"capnproto.org/go/capnp/v3/rpc/transport"
 	rpccp "capnproto.org/go/capnp/v3/std/capnp/rpc"
 	"github.com/itx-dev/itx"
@@ -43,6 +45,15 @@ type Limits struct {
 	GlobalCalls  int
 	GlobalBytes  int64
 	ReserveCalls int
+	// MaxMessage bounds one message read from a logged-in connection (PreAuthMaxMessage before
+	// login): a larger one aborts the connection with limitExceeded before its body is read.
+	// CallBytes bounds the encoded bytes of the calls one logged-in connection has in flight
+	// (read, not yet answered on the wire: go-capnp holds each call's message until then), and
+	// GlobalCallBytes their sum over every connection (with the ReserveCalls exemption).
+	MaxMessage        int64
+	PreAuthMaxMessage int64
+	CallBytes         int64
+	GlobalCallBytes   int64
 	// DrainTimeout bounds how long Close waits for queued messages (an Abort, last returns) to
 	// reach a peer that may have stopped reading.
 	DrainTimeout time.Duration
@@ -79,6 +90,13 @@ const (
 	DefaultReserveCalls = 4
 	DefaultDrainTimeout = time.Second
 
+	// One append is at most 8 MiB of events (itx.MaxAppendBytes) plus its encoding; a login is
+	// a token. 64 MiB of calls in flight is 128 calls of 512 KiB, or 4 of the largest appends.
+	DefaultMaxMessage        = 16 << 20
+	DefaultPreAuthMaxMessage = 64 << 10
+	DefaultCallBytes         = 64 << 20
+	DefaultGlobalCallBytes   = 1 << 30
+
 	DefaultUnfinished             = 16384
 	DefaultUnfinishedBytes        = 256 << 20
 	DefaultPreAuthUnfinished      = 64
@@ -106,6 +124,10 @@ func (l Limits) withDefaults() Limits {
 	set(&l.GlobalCalls, DefaultGlobalCalls)
 	set64(&l.GlobalBytes, DefaultGlobalBytes)
 	set(&l.ReserveCalls, DefaultReserveCalls)
+	set64(&l.MaxMessage, DefaultMaxMessage)
+	set64(&l.PreAuthMaxMessage, DefaultPreAuthMaxMessage)
+	set64(&l.CallBytes, DefaultCallBytes)
+	set64(&l.GlobalCallBytes, DefaultGlobalCallBytes)
 	if l.DrainTimeout <= 0 {
 		l.DrainTimeout = DefaultDrainTimeout
 	}
@@ -128,15 +150,16 @@ func (l Limits) withDefaults() Limits {
 type Pool struct {
 	limits Limits
 
-	mu       sync.Mutex
-	cond     *sync.Cond // readers paused on a bound wait here; every release broadcasts
-	calls    int
-	bytes    int64
-	pauses   uint64
-	conns    int
-	aborts   uint64
-	refused  uint64
-	refusing int
+	mu        sync.Mutex
+	cond      *sync.Cond // readers paused on a bound wait here; every release broadcasts
+	calls     int
+	bytes     int64
+	callBytes int64
+	pauses    uint64
+	conns     int
+	aborts    uint64
+	refused   uint64
+	refusing  int
 
 	unfinished      int
 	unfinishedBytes int64
@@ -156,6 +179,7 @@ func (p *Pool) Limits() Limits { return p.limits }
 type Stats struct {
 	Calls           int    // calls read and not yet answered on the wire, over every connection
 	Bytes           int64  // encoded bytes queued and not yet written, over every connection
+	CallBytes       int64  // encoded bytes of the calls read and not yet answered, over every connection
 	Pauses          uint64 // times a connection stopped reading because of a bound
 	Conns           int    // open connections
 	Aborts          uint64 // connections aborted for a bound (unfinished replies, capabilities, login)
@@ -172,7 +196,7 @@ func (p *Pool) Stats() Stats {
 }
 
 func (p *Pool) stats() Stats {
-	return Stats{Calls: p.calls, Bytes: p.bytes, Pauses: p.pauses, Conns: p.conns, Aborts: p.aborts,
+	return Stats{Calls: p.calls, Bytes: p.bytes, CallBytes: p.callBytes, Pauses: p.pauses, Conns: p.conns, Aborts: p.aborts,
 		Refused: p.refused, Unfinished: p.unfinished, UnfinishedBytes: p.unfinishedBytes}
 }
 
@@ -277,12 +301,14 @@ type Transport struct {
 	pool  *Pool
 	inner transport.Transport
 	conn  net.Conn
+	dec   *capnp.Decoder // inner's: its MaxMessageSize is set before each read
 
 	// guarded by pool.mu
 	wcond     *sync.Cond // the writer waits here for work
 	queue     []*outgoing
 	calls     int
 	bytes     int64
+	callBytes int64 // of the calls in open
 	authed    bool
 	closed    bool // Close was called: read no more, write what is queued, then stop
 	torndown  bool // the writer has stopped and returned this connection's use to the pool
@@ -291,9 +317,10 @@ type Transport struct {
 	abortErr  error // set by abort: RecvMessage returns it, and go-capnp aborts with it
 
 	// Answers the client has not finished. open holds the ids of calls (and bootstraps) read
-	// and not yet returned, finishedEarly those of them the client finished before their
-	// Return, unfinished the returned ones with their Return's encoded size.
-	open            map[uint32]struct{}
+	// and not yet returned with their message's encoded size, finishedEarly those of them the
+	// client finished before their Return, unfinished the returned ones with their Return's
+	// encoded size.
+	open            map[uint32]int64
 	finishedEarly   map[uint32]struct{}
 	unfinished      map[uint32]int64
 	unfinishedBytes int64
@@ -314,8 +341,9 @@ func New(conn net.Conn, pool *Pool) *Transport {
 }
 
 func newTransport(conn net.Conn, pool *Pool) *Transport {
-	t := &Transport{pool: pool, inner: transport.NewStream(conn), conn: conn, writerDone: make(chan struct{}),
-		open: map[uint32]struct{}{}, finishedEarly: map[uint32]struct{}{}, unfinished: map[uint32]int64{}}
+	codec := &streamCodec{Decoder: capnp.NewDecoder(conn), Encoder: capnp.NewEncoder(conn), Closer: conn}
+	t := &Transport{pool: pool, inner: transport.New(codec), conn: conn, dec: codec.Decoder, writerDone: make(chan struct{}),
+		open: map[uint32]int64{}, finishedEarly: map[uint32]struct{}{}, unfinished: map[uint32]int64{}}
 	t.wcond = sync.NewCond(&pool.mu)
 	d := pool.limits.LoginTimeout
 	t.loginTimer = pool.limits.Clock.AfterFunc(d, func() {
@@ -400,13 +428,22 @@ func (t *Transport) mayRead() bool {
 	if t.authed {
 		calls, bytes = l.Calls, l.Bytes
 	}
-	if t.calls >= calls || t.bytes >= bytes {
+	if t.calls >= calls || t.bytes >= bytes || (t.authed && t.callBytes >= l.CallBytes) {
 		return false
 	}
 	if t.calls < l.ReserveCalls {
 		return true
 	}
-	return t.pool.calls < l.GlobalCalls && t.pool.bytes < l.GlobalBytes
+	return t.pool.calls < l.GlobalCalls && t.pool.bytes < l.GlobalBytes && t.pool.callBytes < l.GlobalCallBytes
+}
+
+// maxMessage is the largest message the connection may read next, with the flag naming it.
+// Called with pool.mu held.
+func (t *Transport) maxMessage() (int64, string) {
+	if t.authed {
+		return t.pool.limits.MaxMessage, "--rpc-max-message-bytes"
+	}
+	return t.pool.limits.PreAuthMaxMessage, "--rpc-preauth-max-message-bytes"
 }
 
 // RecvMessage reads the next message once the connection is within its bounds. While it waits,
@@ -424,6 +461,7 @@ func (t *Transport) RecvMessage() (transport.IncomingMessage, error) {
 	}
 	t.wasPaused = false
 	exports, abortErr := t.exports, t.abortErr
+	maxMsg, maxFlag := t.maxMessage()
 	p.mu.Unlock()
 	if abortErr != nil {
 		return nil, abortErr
@@ -436,9 +474,16 @@ func (t *Transport) RecvMessage() (transport.IncomingMessage, error) {
 		}
 	}
 
+	// The decoder refuses a message whose header says it is larger before it reads the body,
+	// so a client cannot make the server hold more than the bound by declaring it. Only this
+	// goroutine reads, so setting the bound here is not racy.
+	t.dec.MaxMessageSize = uint64(maxMsg)
 	in, err := t.inner.RecvMessage()
 	if err != nil {
 		p.mu.Lock()
+		if t.abortErr == nil && !t.closed && strings.Contains(err.Error(), "message too large") {
+			t.abortLocked(itx.Errorf(itx.ELimitExceeded, "the client sent a message larger than this connection's bound of %d bytes (%s)", maxMsg, maxFlag))
+		}
 		abortErr := t.abortErr
 		p.mu.Unlock()
 		if abortErr != nil {
@@ -458,11 +503,18 @@ func (t *Transport) RecvMessage() (transport.IncomingMessage, error) {
 			b, _ := msg.Bootstrap()
 			id = b.QuestionId()
 		}
+		size, _ := msg.Message().TotalSize()
 		p.mu.Lock()
 		if !t.torndown {
 			t.calls++
 			p.calls++
-			t.open[id] = struct{}{}
+			if old, dup := t.open[id]; dup { // a reused id: go-capnp aborts the connection for it
+				t.callBytes -= old
+				p.callBytes -= old
+			}
+			t.open[id] = int64(size)
+			t.callBytes += int64(size)
+			p.callBytes += int64(size)
 			p.cond.Broadcast()
 		}
 		p.mu.Unlock()
@@ -584,7 +636,8 @@ func (t *Transport) teardown() {
 	p := t.pool
 	p.calls -= t.calls
 	p.bytes -= t.bytes
-	t.calls, t.bytes = 0, 0
+	p.callBytes -= t.callBytes
+	t.calls, t.bytes, t.callBytes = 0, 0, 0
 	t.torndown = true
 	p.conns--
 	t.loginTimer.Stop()
@@ -647,7 +700,12 @@ func (m *outgoing) Send() error {
 		// go-capnp keeps the answer (this message) until the client's Finish.
 		r, _ := msg.Return()
 		id := r.AnswerId()
-		delete(t.open, id)
+		if size, ok := t.open[id]; ok {
+			// go-capnp released the call's message (its arguments) when the method returned.
+			t.callBytes -= size
+			p.callBytes -= size
+			delete(t.open, id)
+		}
 		if _, ok := t.finishedEarly[id]; ok {
 			delete(t.finishedEarly, id)
 		} else if _, ok := t.unfinished[id]; !ok {
@@ -684,4 +742,12 @@ func (m *outgoing) Release() {
 	if now {
 		m.inner.Release()
 	}
+}
+
+// streamCodec is go-capnp's stream codec (transport.NewStream's) with its decoder in reach, so
+// the transport can bound the size of the next message it reads.
+type streamCodec struct {
+	*capnp.Decoder
+	*capnp.Encoder
+	io.Closer
 }

@@ -1,0 +1,146 @@
+package test
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"capnproto.org/go/capnp/v3"
+	rpccp "capnproto.org/go/capnp/v3/std/capnp/rpc"
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/internal/itxtest"
+	"github.com/itx-dev/itx/schema"
+	"github.com/stretchr/testify/require"
+)
+
+// padded allocates n bytes in seg that nothing points to: a Cap'n Proto message may carry data
+// its root never references, and the server reads (and holds) the whole message all the same.
+func padded(seg *capnp.Segment, n int) error {
+	_, err := capnp.NewData(seg, make([]byte, n))
+	return err
+}
+
+// TestItxd_InboundCallBytesAreBounded: what a client sends is bounded before it is read, not
+// only what itxd answers. One message is at most --rpc-max-message-bytes (16 MiB; 64 KiB before
+// login), or the connection is aborted with limitExceeded naming the flag; and the calls one
+// connection has in flight hold at most --rpc-max-call-bytes (64 MiB) of messages, above which
+// itxd stops reading that socket. Without these, blocking calls padded with data nobody reads
+// (128 calls in flight of 64 MiB each) grew itxd by gigabytes.
+func TestItxd_InboundCallBytesAreBounded(t *testing.T) {
+	if _, err := os.Stat("/proc/self/status"); err != nil {
+		t.Skip("needs /proc")
+	}
+	metrics := freeTestAddr(t)
+	p := startItxd(t, t.TempDir(), "--metrics", metrics, "--rpc-login-timeout", "5s")
+
+	t.Run("one message before login", func(t *testing.T) {
+		r := itxtest.DialRaw(t, p.addr)
+		r.Bootstrap(0)
+		r.Send(func(m rpccp.Message) error {
+			c, err := m.NewCall()
+			if err != nil {
+				return err
+			}
+			c.SetQuestionId(1)
+			c.SetInterfaceId(schema.Gateway_TypeID)
+			c.SetMethodId(1) // version
+			tgt, err := c.NewTarget()
+			if err != nil {
+				return err
+			}
+			pa, err := tgt.NewPromisedAnswer()
+			if err != nil {
+				return err
+			}
+			pa.SetQuestionId(0)
+			params, err := c.NewParams()
+			if err != nil {
+				return err
+			}
+			s, err := capnp.NewStruct(params.Segment(), capnp.ObjectSize{})
+			if err != nil {
+				return err
+			}
+			if err := params.SetContent(s.ToPtr()); err != nil {
+				return err
+			}
+			return padded(m.Segment(), 512<<10)
+		})
+		_, reason := r.UntilAbort()
+		require.True(t, strings.HasPrefix(reason, "itx.limitExceeded: "), "abort reason %q", reason)
+		require.Contains(t, reason, "--rpc-preauth-max-message-bytes")
+	})
+
+	t.Run("one message after login", func(t *testing.T) {
+		ctx := ctxT(t)
+		conn := dial(t, p.addr)
+		proj := conn.Login(ctx, p.creds.ProjectToken)
+		defer proj.Release()
+		s := stream(t, proj, "/big")
+		mustAppend(t, s, ev("a", `{}`))
+		fut, release := s.Describe(ctx, func(p schema.Stream_describe_Params) error {
+			return padded(p.Segment(), 20<<20)
+		})
+		defer release()
+		_, err := fut.Struct()
+		require.Error(t, err, "a 20 MiB message was served")
+		select {
+		case <-conn.Done():
+		case <-ctx.Done():
+			t.Fatal("the connection is still open")
+		}
+		require.Equal(t, itx.ELimitExceeded, itx.ErrorCode(conn.Err()), "%v", conn.Err())
+		require.Contains(t, conn.Err().Error(), "--rpc-max-message-bytes")
+	})
+
+	t.Run("calls in flight", func(t *testing.T) {
+		ctx := ctxT(t)
+		conn := dial(t, p.addr)
+		proj := conn.Login(ctx, p.creds.ProjectToken)
+		defer proj.Release()
+		s := stream(t, proj, "/waits")
+		mustAppend(t, s, ev("a", `{}`))
+		// 40 barriers that wait a minute for an event that never comes, each carrying 12 MiB:
+		// 480 MiB if every one were read.
+		wctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		for range 40 {
+			_, release := s.WaitForEvent(wctx, func(p schema.Stream_waitForEvent_Params) error {
+				pred, err := p.NewPredicate()
+				if err != nil {
+					return err
+				}
+				types, err := pred.NewTypes(1)
+				if err != nil {
+					return err
+				}
+				if err := types.Set(0, "never"); err != nil {
+					return err
+				}
+				p.SetAfter(1)
+				p.SetTimeoutMs(60_000)
+				return padded(p.Segment(), 12<<20)
+			})
+			defer release()
+		}
+		require.Eventually(t, func() bool {
+			// Paused at its bound, or (without one) every call read.
+			return scrapeMetric(t, metrics, "itx_rpc_read_pauses_total") >= 1 &&
+				scrapeMetric(t, metrics, "itx_rpc_call_bytes_in_flight") >= 60<<20 ||
+				scrapeMetric(t, metrics, "itx_rpc_calls_in_flight") >= 40
+		}, time.Minute, 10*time.Millisecond, "itxd neither paused the connection nor read every call")
+		inFlight := scrapeMetric(t, metrics, "itx_rpc_calls_in_flight")
+		require.LessOrEqual(t, inFlight, 7.0, "calls read: 64 MiB of 12 MiB calls, plus the one that crossed it")
+		hwm := procStatusMiB(t, p.cmd.Process.Pid, "VmHWM")
+		t.Logf("itxd peak RSS %.0f MiB with %.0f calls in flight", hwm, inFlight)
+		require.Less(t, hwm, 256.0, "itxd's peak RSS (MiB)")
+
+		// Another connection is served meanwhile; the event it appends ends every barrier.
+		other := dial(t, p.addr)
+		op := other.Login(ctx, p.creds.ProjectToken)
+		defer op.Release()
+		mustAppend(t, stream(t, op, "/waits"), ev("never", `{}`))
+	})
+}
