@@ -334,14 +334,17 @@ func (s *stream) Append(ctx context.Context, call schema.Stream_append) error {
 	if err := s.controlEvents(inputs); err != nil {
 		return fail(err)
 	}
-	if err := s.srv.KeepSecretsApart(ctx, s.ref.ProjectID, inputs); err != nil {
+	release, err := s.srv.KeepSecretsApart(ctx, s.ref.ProjectID, inputs)
+	if err != nil {
 		return fail(err)
 	}
 	// Queue before releasing the call queue: appends sent on one capability commit in order.
 	pending, err := s.srv.StartAppend(ctx, s.ref, inputs, opts)
 	if err != nil {
+		release()
 		return fail(err)
 	}
+	pending.AfterAnswer(release) // committed (its catalog references the secrets) or refused
 	call.Go()
 	result, err := pending.Wait(ctx)
 	if err != nil {

@@ -15,6 +15,19 @@ type PendingAppend struct {
 	srv   *Server
 	actor *actor
 	req   *appendReq
+	after func()
+}
+
+// AfterAnswer runs f once the stream has answered the append (committed or refused), even when
+// Wait gave up first: what must outlive the append's outcome, such as the hold on a webhook
+// secret it references, is let go only then. Call it before Wait.
+func (p *PendingAppend) AfterAnswer(f func()) { p.after = f }
+
+func (p *PendingAppend) answered() {
+	p.srv.release(p.actor)
+	if p.after != nil {
+		p.after()
+	}
 }
 
 // StartAppend validates an append and queues it on the stream. Bad input is refused here, before
@@ -49,11 +62,11 @@ func (s *Server) startAppend(ctx context.Context, ref StreamRef, req *appendReq)
 func (p *PendingAppend) Wait(ctx context.Context) (itx.AppendResult, error) {
 	select {
 	case r := <-p.req.reply:
-		p.srv.release(p.actor)
+		p.answered()
 		return r.result, r.err
 	case <-ctx.Done():
 		// Keep the reference until the actor answers, so the stream is not unloaded under it.
-		go func() { <-p.req.reply; p.srv.release(p.actor) }()
+		go func() { <-p.req.reply; p.answered() }()
 		return itx.AppendResult{}, itx.Errorf(itx.ECancelled, "append: %v", ctx.Err())
 	}
 }
