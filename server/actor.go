@@ -1168,8 +1168,10 @@ func (a *actor) publish(rowsChanged bool) {
 	}
 	v.store, v.head, v.core, v.recent = a.store, st.head, st.core, a.recent
 	v.streamID = ""
-	if st.created && a.store != nil {
-		v.streamID = st.streamID // a planned id is not an identity until it commits
+	if st.created && a.store != nil && st.head > 0 {
+		// A planned id is not an identity until the first commit lands: a store made by a
+		// creation whose first commit failed (or that a crash cut short) holds no stream yet.
+		v.streamID = st.streamID
 	}
 	v.info = streamTimes{st.createdAt, st.lastAppendAt}
 	if rowsChanged || v.rows == nil {

@@ -318,6 +318,9 @@ func (s *Server) Describe(ctx context.Context, ref StreamRef) (itx.StreamInfo, e
 	}
 	defer s.release(a)
 	v := a.view()
+	if v.streamID == "" {
+		return itx.StreamInfo{Path: ref.Path, Loaded: true}, nil // no first commit yet: no stream
+	}
 	info := itx.StreamInfo{Path: ref.Path, StreamID: v.streamID, HeadOffset: v.head, CreatedAt: v.info.createdAt,
 		LastAppendAt: v.info.lastAppendAt, SubscriptionCount: len(v.core.Subscriptions), Loaded: true}
 	info.HaltedSubscriptions, info.MaxLag = standing(v.head, v.core.Subscriptions, valueRow(v.rows), v.readers)
@@ -357,7 +360,7 @@ func (s *Server) ListStreamsUnder(ctx context.Context, projectID, scope, prefix,
 		entries = entries[:limit]
 		next = entries[limit-1].Path
 	}
-	out := make([]itx.StreamInfo, len(entries))
+	out := make([]itx.StreamInfo, 0, len(entries))
 	s.mu.Lock()
 	loaded := make(map[string]*actor, len(entries))
 	for _, e := range entries {
@@ -366,7 +369,7 @@ func (s *Server) ListStreamsUnder(ctx context.Context, projectID, scope, prefix,
 		}
 	}
 	s.mu.Unlock()
-	for i, e := range entries {
+	for _, e := range entries {
 		info := itx.StreamInfo{Path: e.Path, StreamID: e.StreamID, HeadOffset: e.HeadOffset, CreatedAt: e.CreatedAt,
 			LastAppendAt: e.LastAppendAt, SubscriptionCount: e.SubscriptionCount,
 			HaltedSubscriptions: e.HaltedSubscriptions, MaxLag: e.MaxLag}
@@ -376,7 +379,12 @@ func (s *Server) ListStreamsUnder(ctx context.Context, projectID, scope, prefix,
 			info.SubscriptionCount = len(v.core.Subscriptions)
 			info.HaltedSubscriptions, info.MaxLag = standing(v.head, v.core.Subscriptions, valueRow(v.rows), v.readers)
 		}
-		out[i] = info
+		if info.HeadOffset == 0 {
+			// A creation whose first commit has not landed (in flight, or failed): the stream
+			// does not exist yet, as describe says.
+			continue
+		}
+		out = append(out, info)
 	}
 	return out, next, nil
 }

@@ -2,7 +2,9 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
 	"sync"
 
 	"github.com/itx-dev/itx/storage"
@@ -42,16 +44,18 @@ func (s *Server) refreshSummary(ctx context.Context, e storage.StreamEntry) erro
 		return err
 	}
 	if store == nil {
-		if err := s.dir.SetSecretUses(ctx, e.ProjectID, e.StreamID, nil); err != nil {
-			return err
-		}
-		return s.dir.UpdateStreamSummary(ctx, e.StreamID, storage.StreamSummary{}) // created, never committed
+		return s.dropUnfinished(e)
 	}
-	defer store.Close()
 	meta, err := store.Meta(ctx)
 	if err != nil {
+		store.Close()
 		return err
 	}
+	if meta.HeadOffset == 0 {
+		store.Close()
+		return s.dropUnfinished(e)
+	}
+	defer store.Close()
 	raw, err := store.KV(ctx, coreStateKey)
 	if err != nil {
 		return err
@@ -93,6 +97,26 @@ func (s *Server) refreshSummary(ctx context.Context, e storage.StreamEntry) erro
 		return err
 	}
 	return s.dir.UpdateStreamSummary(ctx, e.StreamID, sum)
+}
+
+// dropUnfinished deletes a stream whose creation a crash cut short before its first commit
+// (its database missing, unfinished or holding no event): nothing was ever acknowledged on it, so
+// it does not exist. Its file goes first: a crash before the entry's delete leaves the entry,
+// whose missing database the next start drops again.
+func (s *Server) dropUnfinished(e storage.StreamEntry) error {
+	if sb, ok := s.backend.(sqliteBackend); ok {
+		f := sb.file(e.StreamID)
+		for _, name := range []string{f, f + "-wal", f + "-shm"} {
+			if err := os.Remove(name); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return fmt.Errorf("drop the unfinished stream %s: %w", e.Path, err)
+			}
+		}
+	}
+	if err := s.dir.DeleteUnfinishedStream(context.Background(), e.StreamID); err != nil {
+		return err
+	}
+	s.log.Info().Str("path", e.Path).Msg("dropped a stream whose creation an unclean stop cut short (nothing was committed to it)")
+	return nil
 }
 
 // standing is where a stream's consumers stand, for its summary: subscriptions halted, and the
