@@ -402,7 +402,7 @@ func (s *stream) GetEvents(ctx context.Context, call schema.Stream_getEvents) er
 	if err != nil {
 		return err
 	}
-	return wire.SetEvents(page.Events, res.NewEvents)
+	return wire.SetEvents(s.acc.redactEvents(page.Events), res.NewEvents)
 }
 
 func (s *stream) GetEventPage(ctx context.Context, call schema.Stream_getEventPage) error {
@@ -423,6 +423,7 @@ func (s *stream) GetEventPage(ctx context.Context, call schema.Stream_getEventPa
 	if err != nil {
 		return err
 	}
+	page.Events = s.acc.redactEvents(page.Events)
 	return wire.SetPage(p, page)
 }
 
@@ -462,6 +463,7 @@ func (s *stream) WaitForEvent(ctx context.Context, call schema.Stream_waitForEve
 	if err != nil {
 		return fail(err)
 	}
+	e, _ = s.acc.redactEvent(e)
 	res, err := call.AllocResults()
 	if err != nil {
 		return err

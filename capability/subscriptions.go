@@ -169,6 +169,9 @@ func (s *subscription) Describe(ctx context.Context, call schema.Subscription_de
 	if err != nil {
 		return fail(err)
 	}
+	// A copy into a stream outside this capability's prefix (configured by a wider token) is
+	// shown without the stream's path.
+	d.Config.Receiver.ReceivingStreamPath = s.acc.shown(d.Config.Receiver.ReceivingStreamPath)
 	res, err := call.AllocResults()
 	if err != nil {
 		return err

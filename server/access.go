@@ -288,6 +288,12 @@ func (s *Server) ListProjects(ctx context.Context) ([]itx.ProjectSummary, error)
 	return out, nil
 }
 
+// CountStreamsUnder counts a project's streams at or under the path scope: what a session
+// limited to that prefix can list.
+func (s *Server) CountStreamsUnder(ctx context.Context, projectID, scope string) (int, error) {
+	return s.dir.CountStreamsUnder(ctx, projectID, scope)
+}
+
 // Project describes a project as it is now: a session's Project is as it was at login, and a
 // rename since changed its name.
 func (s *Server) Project(ctx context.Context, id string) (itx.ProjectInfo, error) {

@@ -220,6 +220,21 @@ func (d *Directory) CountStreams(ctx context.Context, projectID string) (int, er
 	return n, nil
 }
 
+// CountStreamsUnder counts a project's streams at or under the path scope (by segment, as
+// ListStreamsUnder reads them); "" or "/" counts them all.
+func (d *Directory) CountStreamsUnder(ctx context.Context, projectID, scope string) (int, error) {
+	if scope == "" || scope == "/" {
+		return d.CountStreams(ctx, projectID)
+	}
+	var n int
+	err := d.db.QueryRowContext(ctx, `select count(*) from streams where project_id = ? and (path = ? or substr(path, 1, ?) = ?)`,
+		projectID, scope, len(scope)+1, scope+"/").Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("count streams: %w", err)
+	}
+	return n, nil
+}
+
 type queryer interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
