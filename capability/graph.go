@@ -459,11 +459,12 @@ func (s *stream) WaitForEvent(ctx context.Context, call schema.Stream_waitForEve
 	}
 	timeout := time.Duration(args.TimeoutMs()) * time.Millisecond
 	call.Go()
-	e, err := s.srv.WaitForEvent(ctx, s.ref, pred, after, timeout)
+	// The predicate sees the events as this capability reads them: matching cannot find a path
+	// the reads hide.
+	e, err := s.srv.WaitForEventAs(ctx, s.ref, pred, after, timeout, s.acc.viewEvent())
 	if err != nil {
 		return fail(err)
 	}
-	e, _ = s.acc.redactEvent(e)
 	res, err := call.AllocResults()
 	if err != nil {
 		return err

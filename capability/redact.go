@@ -41,6 +41,14 @@ func (a access) redactEvents(events []itx.Event) []itx.Event {
 	return out
 }
 
+// viewEvent is how this access reads one event, nil when it reads events as stored.
+func (a access) viewEvent() func(itx.Event) itx.Event {
+	if a.prefix == "" || a.prefix == "/" {
+		return nil
+	}
+	return func(e itx.Event) itx.Event { e, _ = a.redactEvent(e); return e }
+}
+
 // redactEvent is one event as this access may read it, and whether that differs.
 func (a access) redactEvent(e itx.Event) (itx.Event, bool) {
 	changed := false

@@ -192,6 +192,13 @@ func (s *Server) readPage(ctx context.Context, v view, q itx.Query) (itx.Page, e
 // WaitForEvent returns the first event after `after` that matches pred, waiting for new commits
 // until timeout (0: itx.DefaultWaitTimeout). It is a one-shot, in-memory barrier.
 func (s *Server) WaitForEvent(ctx context.Context, ref StreamRef, pred itx.Predicate, after int64, timeout time.Duration) (itx.Event, error) {
+	return s.WaitForEventAs(ctx, ref, pred, after, timeout, nil)
+}
+
+// WaitForEventAs is WaitForEvent for a caller that reads events through view (nil: as stored):
+// the predicate is matched against, and the event returned as, what view makes of each event,
+// so a predicate cannot find what the caller would not be shown.
+func (s *Server) WaitForEventAs(ctx context.Context, ref StreamRef, pred itx.Predicate, after int64, timeout time.Duration, view func(itx.Event) itx.Event) (itx.Event, error) {
 	if err := itx.ValidatePath(ref.Path); err != nil {
 		return itx.Event{}, err
 	}
@@ -244,6 +251,9 @@ func (s *Server) WaitForEvent(ctx context.Context, ref StreamRef, pred itx.Predi
 			}
 			if e.Ephemeral && e.Offset <= headAtCall && !pred.IncludeEphemeral {
 				continue
+			}
+			if view != nil {
+				e = view(e)
 			}
 			ok, err := compiled.match(&e)
 			if err != nil {

@@ -101,6 +101,16 @@ func TestAccess_PrefixedSessionLearnsNothingOutside(t *testing.T) {
 	require.NoError(t, err)
 	require.NotEmpty(t, copied.Provenance)
 	seen["waitForEvent"] = copied
+	// Nor can a predicate find what the reads hide: matching sees the events as read.
+	for _, probe := range []itx.Predicate{
+		{Types: []string{itx.TypeSubscriptionConfigured}, PayloadContains: json.RawMessage(`{"receiver": {"receivingStreamPath": "/out/new"}}`)},
+		{Where: `$contains(idempotencyKey, "/out/src")`},
+	} {
+		_, err := client.WaitForEvent(ctx, s, probe, 0, 300*time.Millisecond)
+		assert.Equal(t, itx.EDeadlineExceeded, itx.ErrorCode(err), "probe %s%s: %v", probe.PayloadContains, probe.Where, err)
+		_, err = client.WaitForEvent(ctx, in, probe, 0, 5*time.Second)
+		require.NoError(t, err, "the whole-project token's probe %s%s matches", probe.PayloadContains, probe.Where)
+	}
 
 	sink := newTestSink()
 	_, err = openConn(t, s, connOpts{}, sink)
