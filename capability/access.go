@@ -81,17 +81,12 @@ func (a access) reaches(path string) error {
 	return nil
 }
 
-// OutsideScope stands in for a stream path outside a capability's prefix wherever the server
-// would otherwise show one (a copy-to-stream target, a copied event's source): a session limited
-// to a prefix learns nothing of the streams outside it. It is not a valid path.
-const OutsideScope = "(outside this token's scope)"
-
 // shown is path as this access may see it: itself when inside the prefix, OutsideScope when not.
 func (a access) shown(path string) string {
 	if path == "" || itx.PathUnder(path, a.prefix) {
 		return path
 	}
-	return OutsideScope
+	return itx.OutsideScope
 }
 
 // listPrefix intersects a Streams.list prefix with the access's: ok is false when the two
