@@ -1,6 +1,7 @@
 package capability
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
@@ -383,6 +384,21 @@ func (s *stream) controlEvents(inputs []itx.EventInput) error {
 			if err := s.acc.reaches(strings.TrimSpace(cfg.Receiver.ReceivingStreamPath)); err != nil {
 				return err
 			}
+		}
+		// The subscription reads the stream as this capability does, whatever the event says.
+		if scope := s.acc.subscriptionScope(); scope != "" {
+			dec := json.NewDecoder(bytes.NewReader(in.Payload))
+			dec.UseNumber()
+			var m map[string]any
+			if dec.Decode(&m) != nil {
+				continue // refused by the append's validation
+			}
+			m["scope"] = scope
+			b, err := json.Marshal(m)
+			if err != nil {
+				return itx.Errorf(itx.EInvalid, "event %d: %v", i, err)
+			}
+			inputs[i].Payload = b
 		}
 	}
 	return nil

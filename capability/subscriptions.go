@@ -114,6 +114,8 @@ func (s *subscriptions) Configure(ctx context.Context, call schema.Subscriptions
 	if err != nil {
 		return badArgs("config", err)
 	}
+	// The subscription reads the stream as this capability does.
+	cfg.Scope = s.acc.subscriptionScope()
 	// A copy writes into another stream: that one must be inside the scope too.
 	if cfg.Receiver.Action == itx.KindCopyToStream {
 		if err := s.acc.reaches(strings.TrimSpace(cfg.Receiver.ReceivingStreamPath)); err != nil {

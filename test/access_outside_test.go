@@ -135,6 +135,41 @@ func TestAccess_PrefixedSessionLearnsNothingOutside(t *testing.T) {
 	for what, v := range seen {
 		assert.NotContains(t, dump(t, v), "/out", "%s names a stream outside /in", what)
 	}
+
+	// A subscription the scoped token configures reads the stream as the token does: its webhook
+	// is sent no path outside the prefix, and its filter cannot find one.
+	peek, probe := newHook(t, nil), newHook(t, nil)
+	for _, c := range []client.SubscriptionConfig{
+		{Name: "peek", Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: peek.url()}},
+		{Name: "probe", FilterCondition: `$contains(idempotencyKey, "/ou" & "t/src")`, // spelt apart: its own configured event is delivered too
+			Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: probe.url()}},
+	} {
+		_, _, err := client.ConfigureSubscription(ctx, subs, c)
+		require.NoError(t, err)
+	}
+	// A raw configured event cannot claim a wider scope.
+	rawPeek := newHook(t, nil)
+	raw, err := json.Marshal(map[string]any{"name": "raw-peek", "scope": "/",
+		"receiver": map[string]any{"action": "webhook-post", "url": rawPeek.url()}})
+	require.NoError(t, err)
+	mustAppend(t, s, itx.EventInput{Type: itx.TypeSubscriptionConfigured, Payload: raw})
+	head2, err := client.Describe(ctx, s)
+	require.NoError(t, err)
+	for _, name := range []string{"peek", "probe", "raw-peek"} {
+		sub := client.Subscription(ctx, s, name)
+		_, err := client.WaitUntilProcessed(ctx, sub, head2.HeadOffset, 15*time.Second)
+		sub.Release()
+		require.NoError(t, err, name)
+	}
+	for _, h := range []*hook{peek, rawPeek} {
+		h.mu.Lock()
+		require.NotEmpty(t, h.raw)
+		for _, raw := range h.raw {
+			assert.NotContains(t, strings.ReplaceAll(string(raw), `\"`, `"`), "/out", "a webhook of the scoped token's subscription")
+		}
+		h.mu.Unlock()
+	}
+	assert.Zero(t, probe.count(), "the scoped token's filter found a path outside its prefix")
 }
 
 func dump(t *testing.T, v any) string {
