@@ -114,6 +114,11 @@ type SubscriptionConfig struct {
 	// widen up to DeliveryBatchEvents).
 	MaxDeliveryEvents int `json:"maxDeliveryEvents,omitempty"`
 	MaxDeliveryBytes  int `json:"maxDeliveryBytes,omitempty"`
+	// Scope is the path prefix of the token that configured the subscription ("": the whole
+	// project). Its receiver reads the stream as that token does (ScopedEvent): filter,
+	// transform and the events delivered never show a stream outside the prefix. The server
+	// sets it from the configuring token; it is not a field of the wire schema.
+	Scope string `json:"scope,omitempty"`
 }
 
 // BatchLimits is the most one delivery of this subscription carries: MaxDeliveryEvents (default
@@ -252,6 +257,11 @@ func ParseSubscriptionConfig(payload []byte) (*SubscriptionConfig, error) {
 			}
 		}
 		f.JSONataCondition = strings.TrimSpace(f.JSONataCondition)
+	}
+	if c.Scope != "" {
+		if err := ValidatePath(c.Scope); err != nil {
+			return nil, Errorf(EInvalid, "scope: %s", ErrorMessage(err))
+		}
 	}
 	if c.MaxDeliveryEvents < 0 || c.MaxDeliveryEvents > DeliveryBatchEvents {
 		return nil, Errorf(EInvalid, "maxDeliveryEvents must be 1..%d (0: the receiver kind's default), got %d", DeliveryBatchEvents, c.MaxDeliveryEvents)

@@ -95,6 +95,23 @@ func (a access) reaches(path string) error {
 	return nil
 }
 
+// shown is path as this access may see it: itself when inside the prefix, OutsideScope when not.
+func (a access) shown(path string) string {
+	if path == "" || itx.PathUnder(path, a.prefix) {
+		return path
+	}
+	return itx.OutsideScope
+}
+
+// subscriptionScope is the Scope a subscription this access configures records: its prefix,
+// or "" for the whole project.
+func (a access) subscriptionScope() string {
+	if a.prefix == "/" {
+		return ""
+	}
+	return a.prefix
+}
+
 // listPrefix intersects a Streams.list prefix with the access's: ok is false when the two
 // share no path (the listing is empty).
 func (a access) listPrefix(prefix string) (string, bool) {

@@ -106,6 +106,14 @@ func (a *admin) ListProjects(ctx context.Context, call schema.Admin_listProjects
 			list = append(list, p)
 		}
 	}
+	if a.acc.prefix != "" && a.acc.prefix != "/" {
+		// A token limited to a prefix counts the streams it can list, never the others.
+		for i := range list {
+			if list[i].StreamCount, err = a.srv.CountStreamsUnder(ctx, a.p.ID, a.acc.prefix); err != nil {
+				return fail(err)
+			}
+		}
+	}
 	res, err := call.AllocResults()
 	if err != nil {
 		return err

@@ -41,7 +41,7 @@ func (s *stream) OpenConnection(ctx context.Context, call schema.Stream_openConn
 	sinkCap := call.Args().Sink().AddRef()
 	sinkCap.SetFlowLimiter(newPushLimiter())
 	call.Go()
-	conn, err := s.srv.OpenConnection(ctx, s.ref, opts, &eventSink{client: sinkCap})
+	conn, err := s.srv.OpenConnection(ctx, s.ref, opts, &eventSink{client: sinkCap, acc: s.acc})
 	if err != nil {
 		sinkCap.Release()
 		return fail(err)
@@ -104,10 +104,16 @@ func (c *connection) Shutdown() {
 // eventSink adapts a client's EventSink capability to server.ConnectionSink.
 type eventSink struct {
 	client schema.EventSink
+	acc    access // the opening capability's: the events are read as it may read them
 	once   sync.Once
 }
 
 func (k *eventSink) Deliver(ctx context.Context, b *itx.DeliveryBatch) func() error {
+	if events := k.acc.redactEvents(b.Events); len(events) > 0 && &events[0] != &b.Events[0] {
+		c := *b // the batch is the connection's own; only its events slice is replaced
+		c.Events = events
+		b = &c
+	}
 	fut, release := k.client.Deliver(ctx, func(p schema.EventSink_deliver_Params) error {
 		batch, err := p.NewBatch()
 		if err != nil {

@@ -1,6 +1,7 @@
 package capability
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
@@ -333,14 +334,17 @@ func (s *stream) Append(ctx context.Context, call schema.Stream_append) error {
 	if err := s.controlEvents(inputs); err != nil {
 		return fail(err)
 	}
-	if err := s.srv.KeepSecretsApart(ctx, s.ref.ProjectID, inputs); err != nil {
+	release, err := s.srv.KeepSecretsApart(ctx, s.ref.ProjectID, inputs)
+	if err != nil {
 		return fail(err)
 	}
 	// Queue before releasing the call queue: appends sent on one capability commit in order.
 	pending, err := s.srv.StartAppend(ctx, s.ref, inputs, opts)
 	if err != nil {
+		release()
 		return fail(err)
 	}
+	pending.AfterAnswer(release) // committed (its catalog references the secrets) or refused
 	call.Go()
 	result, err := pending.Wait(ctx)
 	if err != nil {
@@ -380,6 +384,21 @@ func (s *stream) controlEvents(inputs []itx.EventInput) error {
 				return err
 			}
 		}
+		// The subscription reads the stream as this capability does, whatever the event says.
+		if scope := s.acc.subscriptionScope(); scope != "" {
+			dec := json.NewDecoder(bytes.NewReader(in.Payload))
+			dec.UseNumber()
+			var m map[string]any
+			if dec.Decode(&m) != nil {
+				continue // refused by the append's validation
+			}
+			m["scope"] = scope
+			b, err := json.Marshal(m)
+			if err != nil {
+				return itx.Errorf(itx.EInvalid, "event %d: %v", i, err)
+			}
+			inputs[i].Payload = b
+		}
 	}
 	return nil
 }
@@ -398,7 +417,7 @@ func (s *stream) GetEvents(ctx context.Context, call schema.Stream_getEvents) er
 	if err != nil {
 		return err
 	}
-	return wire.SetEvents(page.Events, res.NewEvents)
+	return wire.SetEvents(s.acc.redactEvents(page.Events), res.NewEvents)
 }
 
 func (s *stream) GetEventPage(ctx context.Context, call schema.Stream_getEventPage) error {
@@ -419,6 +438,7 @@ func (s *stream) GetEventPage(ctx context.Context, call schema.Stream_getEventPa
 	if err != nil {
 		return err
 	}
+	page.Events = s.acc.redactEvents(page.Events)
 	return wire.SetPage(p, page)
 }
 
@@ -454,7 +474,9 @@ func (s *stream) WaitForEvent(ctx context.Context, call schema.Stream_waitForEve
 	}
 	timeout := time.Duration(args.TimeoutMs()) * time.Millisecond
 	call.Go()
-	e, err := s.srv.WaitForEvent(ctx, s.ref, pred, after, timeout)
+	// The predicate sees the events as this capability reads them: matching cannot find a path
+	// the reads hide.
+	e, err := s.srv.WaitForEventAs(ctx, s.ref, pred, after, timeout, s.acc.viewEvent())
 	if err != nil {
 		return fail(err)
 	}

@@ -114,6 +114,8 @@ func (s *subscriptions) Configure(ctx context.Context, call schema.Subscriptions
 	if err != nil {
 		return badArgs("config", err)
 	}
+	// The subscription reads the stream as this capability does.
+	cfg.Scope = s.acc.subscriptionScope()
 	// A copy or a dead letter writes into another stream: that one must be inside the scope too.
 	if err := s.acc.reachesTargets(&cfg); err != nil {
 		return fail(err)
@@ -167,6 +169,9 @@ func (s *subscription) Describe(ctx context.Context, call schema.Subscription_de
 	if err != nil {
 		return fail(err)
 	}
+	// A copy into a stream outside this capability's prefix (configured by a wider token) is
+	// shown without the stream's path.
+	d.Config.Receiver.ReceivingStreamPath = s.acc.shown(d.Config.Receiver.ReceivingStreamPath)
 	res, err := call.AllocResults()
 	if err != nil {
 		return err

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -43,11 +44,12 @@ type accessState struct {
 	secretMu     sync.RWMutex
 	secrets      map[[2]string]string // (project id, reference) -> secret
 	secretCounts map[string]int       // project id -> len of its secrets
+	secretHolds  map[[2]string]int    // configures between storing a secret and their answer
 }
 
 func newAccessState() *accessState {
 	return &accessState{sessions: map[string]map[*Session]struct{}{}, deleted: map[string]bool{},
-		secrets: map[[2]string]string{}, secretCounts: map[string]int{}}
+		secrets: map[[2]string]string{}, secretCounts: map[string]int{}, secretHolds: map[[2]string]int{}}
 }
 
 // loadAccess reads what access needs into memory: the key of secret references and the secrets.
@@ -284,6 +286,12 @@ func (s *Server) ListProjects(ctx context.Context) ([]itx.ProjectSummary, error)
 		out = append(out, itx.ProjectSummary{Info: itx.ProjectInfo{ID: p.ID, Name: p.Name, Deployment: p.Deployment}, CreatedAt: p.CreatedAt, StreamCount: n})
 	}
 	return out, nil
+}
+
+// CountStreamsUnder counts a project's streams at or under the path scope: what a session
+// limited to that prefix can list.
+func (s *Server) CountStreamsUnder(ctx context.Context, projectID, scope string) (int, error) {
+	return s.dir.CountStreamsUnder(ctx, projectID, scope)
 }
 
 // Project describes a project as it is now: a session's Project is as it was at login, and a
@@ -533,32 +541,131 @@ func newTokenID() string { return "tok_" + randomHex(8) }
 // storeSecret keeps a webhook signing secret apart from the log and returns the reference a
 // subscription's config records instead: an HMAC of the secret under the server's key, the same
 // for the same secret (so configure stays idempotent), and useless to a reader.
-func (s *Server) storeSecret(ctx context.Context, projectID, secret string) (string, error) {
+//
+// The secret is held for the caller until it calls release, once the append that references it
+// has been answered (committed or refused): until then nothing collects it, though no stream's
+// catalog references it yet. release collects it if by then none does (a refused configure).
+func (s *Server) storeSecret(ctx context.Context, projectID, secret string) (ref string, release func(), err error) {
 	if _, err := itx.WebhookSecretKey(secret); err != nil || !strings.HasPrefix(secret, "whsec_") {
-		return "", itx.Errorf(itx.EInvalid, "receiver.secret must be a Standard Webhooks secret (\"whsec_\" followed by base64 of at least 16 bytes)")
+		return "", nil, itx.Errorf(itx.EInvalid, "receiver.secret must be a Standard Webhooks secret (\"whsec_\" followed by base64 of at least 16 bytes)")
 	}
-	ref := s.acc.fingerprint(projectID, secret)
+	ref = s.acc.fingerprint(projectID, secret)
 	key := [2]string{projectID, ref}
-	s.acc.secretMu.RLock()
-	_, known := s.acc.secrets[key]
-	full := s.acc.secretCounts[projectID] >= s.cfg.MaxSecretsPerProject
-	s.acc.secretMu.RUnlock()
-	if known {
-		return ref, nil
+	a := s.acc
+	// Held first, under the lock the collector takes: a secret being collected is either
+	// deleted before this hold (and stored again below) or sees it and stays.
+	a.secretMu.Lock()
+	_, known := a.secrets[key]
+	if !known && a.secretCounts[projectID] >= s.cfg.MaxSecretsPerProject {
+		a.secretMu.Unlock()
+		return "", nil, itx.Errorf(itx.ELimitExceeded, "the project holds %d webhook secrets, its most (each distinct secret a subscription references is kept)", s.cfg.MaxSecretsPerProject)
 	}
-	if full {
-		return "", itx.Errorf(itx.ELimitExceeded, "the project holds %d webhook secrets, its most (each distinct secret is kept)", s.cfg.MaxSecretsPerProject)
+	a.secretHolds[key]++
+	a.secretMu.Unlock()
+	release = func() {
+		a.secretMu.Lock()
+		if a.secretHolds[key]--; a.secretHolds[key] <= 0 {
+			delete(a.secretHolds, key)
+		}
+		a.secretMu.Unlock()
+		s.collectSecrets(context.Background(), projectID, []string{ref})
+	}
+	if known {
+		return ref, release, nil
 	}
 	if err := s.dir.StoreSecret(ctx, projectID, ref, secret, itx.UnixMilli(s.clock.Now())); err != nil {
-		return "", err
+		release()
+		return "", nil, err
 	}
-	s.acc.secretMu.Lock()
-	if _, ok := s.acc.secrets[key]; !ok {
-		s.acc.secrets[key] = secret
-		s.acc.secretCounts[projectID]++
+	a.secretMu.Lock()
+	if _, ok := a.secrets[key]; !ok {
+		a.secrets[key] = secret
+		a.secretCounts[projectID]++
 	}
-	s.acc.secretMu.Unlock()
-	return ref, nil
+	a.secretMu.Unlock()
+	return ref, release, nil
+}
+
+// collectSecrets deletes those of a project's secrets refs that no stream's catalog references
+// (the directory's secret_uses) and no configure in progress holds. A committed catalog's
+// references always have their rows (added before the commit), so this never deletes a secret a
+// subscription uses; a failure leaves the secret for the start-up sweep.
+func (s *Server) collectSecrets(ctx context.Context, projectID string, refs []string) {
+	a := s.acc
+	a.secretMu.Lock()
+	defer a.secretMu.Unlock()
+	for _, ref := range refs {
+		key := [2]string{projectID, ref}
+		if _, ok := a.secrets[key]; !ok || a.secretHolds[key] > 0 {
+			continue
+		}
+		deleted, err := s.dir.DeleteSecretIfUnused(ctx, projectID, ref)
+		if err != nil {
+			s.log.Warn().Err(err).Str("project", projectID).Msg("webhook secret not collected")
+			continue
+		}
+		if deleted {
+			delete(a.secrets, key)
+			a.secretCounts[projectID]--
+		}
+	}
+}
+
+// sweepSecrets deletes every secret no stream's catalog references, except in the projects
+// listed unsure (a stream whose references could not be read). It runs at start-up, after the
+// stale streams' references were rewritten from their catalogs and before any call is served:
+// what a crash between storing a secret and its configure's commit left behind.
+func (s *Server) sweepSecrets(ctx context.Context, unsure map[string]bool) {
+	unused, err := s.dir.UnusedSecrets(ctx)
+	if err != nil {
+		s.log.Warn().Err(err).Msg("unused webhook secrets not swept")
+		return
+	}
+	byProject := map[string][]string{}
+	for _, k := range unused {
+		if !unsure[k[0]] {
+			byProject[k[0]] = append(byProject[k[0]], k[1])
+		}
+	}
+	for p, refs := range byProject {
+		s.collectSecrets(ctx, p, refs)
+	}
+}
+
+// secretRefsOf lists the secret references a catalog's subscriptions hold.
+func secretRefsOf(core *coreState) map[string]bool {
+	out := map[string]bool{}
+	if core == nil {
+		return out
+	}
+	for _, e := range core.Subscriptions {
+		if r := e.Config.Receiver.Secret; itx.IsSecretRef(r) {
+			out[r] = true
+		}
+	}
+	return out
+}
+
+// refDiff lists the references in a and not in b, sorted.
+func refDiff(a, b map[string]bool) []string {
+	var out []string
+	for r := range a {
+		if !b[r] {
+			out = append(out, r)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// refList is a set of references as a sorted list.
+func refList(set map[string]bool) []string {
+	out := make([]string, 0, len(set))
+	for r := range set {
+		out = append(out, r)
+	}
+	sort.Strings(out)
+	return out
 }
 
 // fingerprint is the reference of a secret in a project.
@@ -586,8 +693,15 @@ func (s *Server) secret(projectID, field string) (string, bool) {
 // KeepSecretsApart rewrites the raw stream/subscription-configured events of an append whose
 // webhook secret is written out, so that the log records its reference, exactly as
 // ConfigureSubscription does; a payload it cannot read is left for the append's validation to
-// refuse. Other events are untouched.
-func (s *Server) KeepSecretsApart(ctx context.Context, projectID string, inputs []itx.EventInput) error {
+// refuse. Other events are untouched. Call release once the append is answered (see
+// storeSecret); it is never nil.
+func (s *Server) KeepSecretsApart(ctx context.Context, projectID string, inputs []itx.EventInput) (release func(), err error) {
+	var releases []func()
+	release = func() {
+		for _, r := range releases {
+			r()
+		}
+	}
 	for i := range inputs {
 		in := &inputs[i]
 		if in.Type != itx.TypeSubscriptionConfigured {
@@ -607,16 +721,19 @@ func (s *Server) KeepSecretsApart(ctx context.Context, projectID string, inputs 
 		if _, err := itx.ParseSubscriptionConfig(in.Payload); err != nil {
 			continue // refused by the append's validation, with nothing stored
 		}
-		ref, err := s.storeSecret(ctx, projectID, secret)
+		ref, rel, err := s.storeSecret(ctx, projectID, secret)
 		if err != nil {
-			return fmt.Errorf("event %d: %w", i, err)
+			release()
+			return func() {}, fmt.Errorf("event %d: %w", i, err)
 		}
+		releases = append(releases, rel)
 		r["secret"] = ref
 		b, err := json.Marshal(cfg)
 		if err != nil {
-			return itx.Errorf(itx.EInvalid, "event %d: %v", i, err)
+			release()
+			return func() {}, itx.Errorf(itx.EInvalid, "event %d: %v", i, err)
 		}
 		in.Payload = b
 	}
-	return nil
+	return release, nil
 }

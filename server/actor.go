@@ -55,8 +55,11 @@ type actor struct {
 	lastSweep       time.Time // of ephemeral rows
 	ephBytes        int64     // held in ephemeral rows (see Config.EphemeralBufferBytes)
 	loadMounted     []string  // the project's mounts when loaded: the first step's presence signal
-	dctx            context.Context
-	dcancel         context.CancelFunc
+	// secretRefs is the webhook secret references of the committed catalog: the directory's
+	// secret_uses rows of this stream hold at least these (see apply).
+	secretRefs map[string]bool
+	dctx       context.Context
+	dcancel    context.CancelFunc
 
 	conns      map[string]*Connection // open connections by key
 	connSeq    int
@@ -161,6 +164,7 @@ func (a *actor) load() error {
 			return itx.Errorf(itx.EUnavailable, "load stream %s: %v", a.ref.Path, err)
 		}
 		a.st.summaryOld = entry.SummaryStale
+		a.secretRefs = secretRefsOf(a.st.core)
 		if len(a.st.core.Subscriptions) > 0 || len(a.st.scheduled) > 0 {
 			// While loaded, the alarm reads "due now" (a crash leaves the stream owed a load); on
 			// unload it records the next retry. Whatever woke this incarnation, it owns the alarm.
@@ -698,6 +702,15 @@ func (a *actor) apply(in stepInput) {
 		}
 		start := time.Now()
 		err := a.ensureCreated(ctx, eff.createStream)
+		// A secret this commit's catalog references is recorded as used before the commit, so
+		// no committed reference is ever without its row (see collectSecrets).
+		var refs map[string]bool
+		if eff.coreChanged {
+			refs = secretRefsOf(a.st.core)
+			if added := refDiff(refs, a.secretRefs); err == nil && len(added) > 0 {
+				err = a.srv.dir.AddSecretUses(ctx, a.ref.ProjectID, a.st.streamID, added)
+			}
+		}
 		if err == nil && ephAdded > 0 {
 			eff.commit.EvictEphemeralThrough, ephFreed, err = a.evictEphemeral(ctx, ephAdded)
 		}
@@ -724,6 +737,20 @@ func (a *actor) apply(in stepInput) {
 			return
 		}
 		a.ephBytes += ephAdded - ephFreed
+		if eff.coreChanged {
+			// After the commit: a secret the catalog no longer references (its subscription
+			// removed, or reconfigured without it) loses this stream's row, and is deleted if no
+			// other stream references it. A crash before this leaves the row, and the restarted
+			// server rewrites this (stale) stream's rows from its catalog.
+			if dropped := refDiff(a.secretRefs, refs); len(dropped) > 0 {
+				if err := a.srv.dir.RemoveSecretUses(ctx, a.st.streamID, dropped); err != nil {
+					a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Msg("webhook secret uses not removed")
+				} else {
+					a.srv.collectSecrets(ctx, a.ref.ProjectID, dropped)
+				}
+			}
+			a.secretRefs = refs
+		}
 		if n := len(eff.commit.Events); n > 0 {
 			m.CommitLatency.Observe(time.Since(start).Seconds())
 			m.CommitEvents.Observe(float64(n))
@@ -1027,8 +1054,12 @@ func (a *actor) close() {
 	a.mu.Unlock()
 	a.store = nil
 	ctx := context.Background()
+	// The secret uses are made exact before the summary clears the stream's stale mark: while
+	// it is marked, a restart rewrites them from the catalog.
 	sum := summaryOf(a.st.head, a.st.lastAppendAt, a.st.core, pointerRow(a.st.rows), a.st.readers)
-	if err := a.srv.dir.UpdateStreamSummary(ctx, a.st.streamID, sum); err != nil {
+	if err := a.srv.dir.SetSecretUses(ctx, a.ref.ProjectID, a.st.streamID, refList(secretRefsOf(a.st.core))); err != nil {
+		a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Msg("webhook secret uses not rewritten: the summary stays stale")
+	} else if err := a.srv.dir.UpdateStreamSummary(ctx, a.st.streamID, sum); err != nil {
 		a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Msg("stream summary not refreshed")
 	}
 	// A parked subscription waits for a mount, not a time: record what it waits for, so the
@@ -1144,8 +1175,10 @@ func (a *actor) publish(rowsChanged bool) {
 	}
 	v.store, v.head, v.core, v.recent = a.store, st.head, st.core, a.recent
 	v.streamID = ""
-	if st.created && a.store != nil {
-		v.streamID = st.streamID // a planned id is not an identity until it commits
+	if st.created && a.store != nil && st.head > 0 {
+		// A planned id is not an identity until the first commit lands: a store made by a
+		// creation whose first commit failed (or that a crash cut short) holds no stream yet.
+		v.streamID = st.streamID
 	}
 	v.info = streamTimes{st.createdAt, st.lastAppendAt}
 	if rowsChanged || v.rows == nil {

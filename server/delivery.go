@@ -33,7 +33,8 @@ type deliverer struct {
 	condition *jsonata.Expr
 	transform *jsonata.Expr
 	types     map[string]bool
-	buildErr  error // a stored expression that no longer compiles: a terminal failure
+	scope     string // the configuring token's prefix: events are read under it ("": as stored)
+	buildErr  error  // a stored expression that no longer compiles: a terminal failure
 
 	// stuck is the send that outlived its deadline (a receiver that stopped reading its socket
 	// blocks the write itself); until it returns, no other push goes to that receiver. Pushes
@@ -49,7 +50,7 @@ type deliverer struct {
 
 // newDeliverer builds the deliverer of a catalog entry under ctx.
 func newDeliverer(ctx context.Context, s *Server, ref StreamRef, entry *catalogEntry) *deliverer {
-	d := &deliverer{srv: s, ref: ref, name: entry.Config.Name, kind: entry.Kind()}
+	d := &deliverer{srv: s, ref: ref, name: entry.Config.Name, kind: entry.Kind(), scope: entry.Config.Scope}
 	d.ctx, d.cancel = context.WithCancel(ctx)
 	if f := entry.Config.Filter; f != nil {
 		d.types = typeSet(f.EventTypes)
@@ -190,6 +191,17 @@ func (d *deliverer) try(job pushJob, store streamStore, streamID string) deliver
 	through, size := scanned, 0
 	for i := range events {
 		e := &events[i]
+		if d.scope != "" {
+			// Configured by a token limited to a prefix: the receiver reads what that token
+			// reads. A copy keeps its true provenance (the copy's own readers read it under
+			// their scope, and cycles are found by it); events may be shared: never written.
+			if v, changed := itx.ScopedEvent(d.scope, *e); changed {
+				if d.kind == itx.KindCopyToStream {
+					v.Provenance = e.Provenance
+				}
+				e = &v
+			}
+		}
 		if !d.matches(e) {
 			continue
 		}

@@ -248,13 +248,26 @@ func (c *copySender) send(ctx context.Context, d *deliverer, b *itx.DeliveryBatc
 	if len(inputs) > 0 {
 		stamp := &copyStamp{SourcePath: b.Path, Name: b.Subscription, StreamID: b.StreamID, CursorChangedAtOffset: b.CursorChangedAtOffset}
 		if _, err := c.srv.appendAs(ctx, c.target, inputs, authCopy, stamp); err != nil {
-			return 0, err
+			return 0, c.unnamed(err)
 		}
 	}
 	if failed != nil {
 		return confirmed, failed
 	}
 	return 0, nil
+}
+
+// unnamed is an error of the receiving stream without its path, which the subscription's config
+// already names: a subscription's lastError, live state row and halt record are read by every
+// reader of the source stream, among them sessions limited to a prefix that does not hold the
+// receiving stream. The code (and so the failure's class) is kept.
+func (c *copySender) unnamed(err error) error {
+	var ce *classifiedError
+	if c.target.Path == "/" || errors.As(err, &ce) || !strings.Contains(err.Error(), c.target.Path) {
+		return err
+	}
+	e := itx.AsError(err)
+	return &itx.Error{Code: e.Code, Message: strings.ReplaceAll(e.Message, c.target.Path, "the receiving stream")}
 }
 
 // internalKey is a server-owned idempotency key of a kind over identifying JSON. A key that

@@ -15,6 +15,19 @@ type PendingAppend struct {
 	srv   *Server
 	actor *actor
 	req   *appendReq
+	after func()
+}
+
+// AfterAnswer runs f once the stream has answered the append (committed or refused), even when
+// Wait gave up first: what must outlive the append's outcome, such as the hold on a webhook
+// secret it references, is let go only then. Call it before Wait.
+func (p *PendingAppend) AfterAnswer(f func()) { p.after = f }
+
+func (p *PendingAppend) answered() {
+	p.srv.release(p.actor)
+	if p.after != nil {
+		p.after()
+	}
 }
 
 // StartAppend validates an append and queues it on the stream. Bad input is refused here, before
@@ -49,11 +62,11 @@ func (s *Server) startAppend(ctx context.Context, ref StreamRef, req *appendReq)
 func (p *PendingAppend) Wait(ctx context.Context) (itx.AppendResult, error) {
 	select {
 	case r := <-p.req.reply:
-		p.srv.release(p.actor)
+		p.answered()
 		return r.result, r.err
 	case <-ctx.Done():
 		// Keep the reference until the actor answers, so the stream is not unloaded under it.
-		go func() { <-p.req.reply; p.srv.release(p.actor) }()
+		go func() { <-p.req.reply; p.answered() }()
 		return itx.AppendResult{}, itx.Errorf(itx.ECancelled, "append: %v", ctx.Err())
 	}
 }
@@ -179,6 +192,13 @@ func (s *Server) readPage(ctx context.Context, v view, q itx.Query) (itx.Page, e
 // WaitForEvent returns the first event after `after` that matches pred, waiting for new commits
 // until timeout (0: itx.DefaultWaitTimeout). It is a one-shot, in-memory barrier.
 func (s *Server) WaitForEvent(ctx context.Context, ref StreamRef, pred itx.Predicate, after int64, timeout time.Duration) (itx.Event, error) {
+	return s.WaitForEventAs(ctx, ref, pred, after, timeout, nil)
+}
+
+// WaitForEventAs is WaitForEvent for a caller that reads events through view (nil: as stored):
+// the predicate is matched against, and the event returned as, what view makes of each event,
+// so a predicate cannot find what the caller would not be shown.
+func (s *Server) WaitForEventAs(ctx context.Context, ref StreamRef, pred itx.Predicate, after int64, timeout time.Duration, view func(itx.Event) itx.Event) (itx.Event, error) {
 	if err := itx.ValidatePath(ref.Path); err != nil {
 		return itx.Event{}, err
 	}
@@ -231,6 +251,9 @@ func (s *Server) WaitForEvent(ctx context.Context, ref StreamRef, pred itx.Predi
 			}
 			if e.Ephemeral && e.Offset <= headAtCall && !pred.IncludeEphemeral {
 				continue
+			}
+			if view != nil {
+				e = view(e)
 			}
 			ok, err := compiled.match(&e)
 			if err != nil {
@@ -305,6 +328,9 @@ func (s *Server) Describe(ctx context.Context, ref StreamRef) (itx.StreamInfo, e
 	}
 	defer s.release(a)
 	v := a.view()
+	if v.streamID == "" {
+		return itx.StreamInfo{Path: ref.Path, Loaded: true}, nil // no first commit yet: no stream
+	}
 	info := itx.StreamInfo{Path: ref.Path, StreamID: v.streamID, HeadOffset: v.head, CreatedAt: v.info.createdAt,
 		LastAppendAt: v.info.lastAppendAt, SubscriptionCount: len(v.core.Subscriptions), Loaded: true}
 	info.HaltedSubscriptions, info.MaxLag = standing(v.head, v.core.Subscriptions, valueRow(v.rows), v.readers)
@@ -344,7 +370,7 @@ func (s *Server) ListStreamsUnder(ctx context.Context, projectID, scope, prefix,
 		entries = entries[:limit]
 		next = entries[limit-1].Path
 	}
-	out := make([]itx.StreamInfo, len(entries))
+	out := make([]itx.StreamInfo, 0, len(entries))
 	s.mu.Lock()
 	loaded := make(map[string]*actor, len(entries))
 	for _, e := range entries {
@@ -353,7 +379,7 @@ func (s *Server) ListStreamsUnder(ctx context.Context, projectID, scope, prefix,
 		}
 	}
 	s.mu.Unlock()
-	for i, e := range entries {
+	for _, e := range entries {
 		info := itx.StreamInfo{Path: e.Path, StreamID: e.StreamID, HeadOffset: e.HeadOffset, CreatedAt: e.CreatedAt,
 			LastAppendAt: e.LastAppendAt, SubscriptionCount: e.SubscriptionCount,
 			HaltedSubscriptions: e.HaltedSubscriptions, MaxLag: e.MaxLag}
@@ -363,7 +389,12 @@ func (s *Server) ListStreamsUnder(ctx context.Context, projectID, scope, prefix,
 			info.SubscriptionCount = len(v.core.Subscriptions)
 			info.HaltedSubscriptions, info.MaxLag = standing(v.head, v.core.Subscriptions, valueRow(v.rows), v.readers)
 		}
-		out[i] = info
+		if info.HeadOffset == 0 {
+			// A creation whose first commit has not landed (in flight, or failed): the stream
+			// does not exist yet, as describe says.
+			continue
+		}
+		out = append(out, info)
 	}
 	return out, next, nil
 }

@@ -28,27 +28,36 @@ func (s *Server) ConfigureSubscription(ctx context.Context, ref StreamRef, cfg i
 	if name == "" && strings.TrimSpace(idempotencyKey) == "" {
 		return "", 0, itx.Errorf(itx.EInvalid, "a subscription without a name needs an idempotency key, so that a retry does not configure a second one")
 	}
+	release := func() {}
 	// A webhook's signing secret is stored apart from the log; the configured event records its
 	// reference, the same for the same secret, so configure stays idempotent.
-	// (A config that is refused for its shape stores nothing; one the stream's state refuses, such
-	// as the subscription cap, may leave its secret stored, unused.)
+	// (A config refused for its shape stores nothing; one the stream's state refuses, such as the
+	// subscription cap, has its secret collected when answered, unless something references it.)
 	if r := &cfg.Receiver; r.Action == itx.KindWebhookPost && r.Secret != "" && !itx.IsSecretRef(r.Secret) {
 		if b, err := json.Marshal(cfg); err != nil {
 			return "", 0, itx.Errorf(itx.EInvalid, "subscription config: %v", err)
 		} else if _, err := itx.ParseSubscriptionConfig(b); err != nil {
 			return "", 0, err
 		}
-		ref, err := s.storeSecret(ctx, ref.ProjectID, r.Secret)
+		sref, rel, err := s.storeSecret(ctx, ref.ProjectID, r.Secret)
 		if err != nil {
 			return "", 0, err
 		}
-		r.Secret = ref
+		release = rel
+		r.Secret = sref
 	}
 	payload, err := json.Marshal(cfg)
 	if err != nil {
+		release()
 		return "", 0, itx.Errorf(itx.EInvalid, "subscription config: %v", err)
 	}
-	res, err := s.Append(ctx, ref, []itx.EventInput{{Type: itx.TypeSubscriptionConfigured, Payload: payload, IdempotencyKey: idempotencyKey}}, itx.AppendOptions{})
+	p, err := s.StartAppend(ctx, ref, []itx.EventInput{{Type: itx.TypeSubscriptionConfigured, Payload: payload, IdempotencyKey: idempotencyKey}}, itx.AppendOptions{})
+	if err != nil {
+		release()
+		return "", 0, verbError(err)
+	}
+	p.AfterAnswer(release)
+	res, err := p.Wait(ctx)
 	if err != nil {
 		return "", 0, verbError(err)
 	}

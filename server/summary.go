@@ -2,6 +2,10 @@ package server
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
 
 	"github.com/itx-dev/itx/storage"
 )
@@ -16,14 +20,22 @@ func (s *Server) refreshStaleSummaries(ctx context.Context) {
 		s.log.Warn().Err(err).Msg("stale stream summaries not refreshed")
 		return
 	}
+	// A project one of whose stale streams could not be read keeps its unused secrets: that
+	// stream's catalog may reference them.
+	var mu sync.Mutex
+	unsure := map[string]bool{}
 	inParallel(entries, func(e storage.StreamEntry) {
 		if err := s.refreshSummary(ctx, e); err != nil {
 			s.log.Warn().Err(err).Str("path", e.Path).Msg("stream summary not refreshed")
+			mu.Lock()
+			unsure[e.ProjectID] = true
+			mu.Unlock()
 		}
 	})
 	if len(entries) > 0 {
 		s.log.Info().Int("streams", len(entries)).Msg("refreshed the summaries of streams written before an unclean stop")
 	}
+	s.sweepSecrets(ctx, unsure)
 }
 
 func (s *Server) refreshSummary(ctx context.Context, e storage.StreamEntry) error {
@@ -32,13 +44,18 @@ func (s *Server) refreshSummary(ctx context.Context, e storage.StreamEntry) erro
 		return err
 	}
 	if store == nil {
-		return s.dir.UpdateStreamSummary(ctx, e.StreamID, storage.StreamSummary{}) // created, never committed
+		return s.dropUnfinished(e)
 	}
-	defer store.Close()
 	meta, err := store.Meta(ctx)
 	if err != nil {
+		store.Close()
 		return err
 	}
+	if meta.HeadOffset == 0 {
+		store.Close()
+		return s.dropUnfinished(e)
+	}
+	defer store.Close()
 	raw, err := store.KV(ctx, coreStateKey)
 	if err != nil {
 		return err
@@ -62,11 +79,44 @@ func (s *Server) refreshSummary(ctx context.Context, e storage.StreamEntry) erro
 	}
 	sum := summaryOf(meta.HeadOffset, meta.LastAppendAt, st, valueRow(rows), readers)
 	if !ok && raw != nil {
-		// A catalog this server cannot read: keep the subscription counts the directory had.
+		// A catalog this server cannot read: keep the subscription counts the directory had,
+		// and the stream's secret uses (an error: its project's secrets are not swept).
 		sum.Subscriptions, sum.HaltedSubscriptions = e.SubscriptionCount, e.HaltedSubscriptions
 		sum.MaxLag = max(sum.MaxLag, e.MaxLag)
+		// It stays marked stale, so every start reads it again until a load checkpoints a
+		// catalog this server reads (and its unload rewrites the uses).
+		if err := s.dir.UpdateStreamSummary(ctx, e.StreamID, sum); err != nil {
+			return err
+		}
+		if err := s.dir.MarkSummaryStale(ctx, e.StreamID); err != nil {
+			return err
+		}
+		return fmt.Errorf("the catalog of %s is from another version: its webhook secret uses are kept as they are", e.Path)
+	}
+	if err := s.dir.SetSecretUses(ctx, e.ProjectID, e.StreamID, refList(secretRefsOf(st))); err != nil {
+		return err
 	}
 	return s.dir.UpdateStreamSummary(ctx, e.StreamID, sum)
+}
+
+// dropUnfinished deletes a stream whose creation a crash cut short before its first commit
+// (its database missing, unfinished or holding no event): nothing was ever acknowledged on it, so
+// it does not exist. Its file goes first: a crash before the entry's delete leaves the entry,
+// whose missing database the next start drops again.
+func (s *Server) dropUnfinished(e storage.StreamEntry) error {
+	if sb, ok := s.backend.(sqliteBackend); ok {
+		f := sb.file(e.StreamID)
+		for _, name := range []string{f, f + "-wal", f + "-shm"} {
+			if err := os.Remove(name); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return fmt.Errorf("drop the unfinished stream %s: %w", e.Path, err)
+			}
+		}
+	}
+	if err := s.dir.DeleteUnfinishedStream(context.Background(), e.StreamID); err != nil {
+		return err
+	}
+	s.log.Info().Str("path", e.Path).Msg("dropped a stream whose creation an unclean stop cut short (nothing was committed to it)")
+	return nil
 }
 
 // standing is where a stream's consumers stand, for its summary: subscriptions halted, and the

@@ -220,6 +220,21 @@ func (d *Directory) CountStreams(ctx context.Context, projectID string) (int, er
 	return n, nil
 }
 
+// CountStreamsUnder counts a project's streams at or under the path scope (by segment, as
+// ListStreamsUnder reads them); "" or "/" counts them all.
+func (d *Directory) CountStreamsUnder(ctx context.Context, projectID, scope string) (int, error) {
+	if scope == "" || scope == "/" {
+		return d.CountStreams(ctx, projectID)
+	}
+	var n int
+	err := d.db.QueryRowContext(ctx, `select count(*) from streams where project_id = ? and (path = ? or substr(path, 1, ?) = ?)`,
+		projectID, scope, len(scope)+1, scope+"/").Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("count streams: %w", err)
+	}
+	return n, nil
+}
+
 type queryer interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
@@ -247,6 +262,7 @@ func (d *Directory) DeleteProject(ctx context.Context, id string) error {
 		`delete from alarms where stream_id in (select stream_id from streams where project_id = ?)`,
 		`delete from parked where stream_id in (select stream_id from streams where project_id = ?)`,
 		`delete from streams where project_id = ?`,
+		`delete from secret_uses where project_id = ?`,
 		`delete from secrets where project_id = ?`,
 		`delete from tokens where project_id = ?`,
 	} {
@@ -276,6 +292,103 @@ func (d *Directory) StoreSecret(ctx context.Context, projectID, ref, secret stri
 		return fmt.Errorf("store secret: %w", err)
 	}
 	return nil
+}
+
+// AddSecretUses records that the catalog of stream streamID (of projectID) references refs. It
+// runs before the commit that makes the reference, so a committed reference always has its row.
+func (d *Directory) AddSecretUses(ctx context.Context, projectID, streamID string, refs []string) error {
+	tx, err := d.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("add secret uses: %w", err)
+	}
+	defer tx.Rollback()
+	for _, ref := range refs {
+		if _, err := tx.ExecContext(ctx, `insert or ignore into secret_uses (stream_id, project_id, ref) values (?, ?, ?)`,
+			streamID, projectID, ref); err != nil {
+			return fmt.Errorf("add secret uses: %w", err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("add secret uses: %w", err)
+	}
+	return nil
+}
+
+// RemoveSecretUses forgets that stream streamID references refs: after the commit that dropped
+// them from its catalog.
+func (d *Directory) RemoveSecretUses(ctx context.Context, streamID string, refs []string) error {
+	tx, err := d.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("remove secret uses: %w", err)
+	}
+	defer tx.Rollback()
+	for _, ref := range refs {
+		if _, err := tx.ExecContext(ctx, `delete from secret_uses where stream_id = ? and ref = ?`, streamID, ref); err != nil {
+			return fmt.Errorf("remove secret uses: %w", err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("remove secret uses: %w", err)
+	}
+	return nil
+}
+
+// SetSecretUses replaces the references recorded for stream streamID with refs, the references
+// of its committed catalog (read when it unloads, or at start-up for a stream marked stale).
+func (d *Directory) SetSecretUses(ctx context.Context, projectID, streamID string, refs []string) error {
+	tx, err := d.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("set secret uses: %w", err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, `delete from secret_uses where stream_id = ?`, streamID); err != nil {
+		return fmt.Errorf("set secret uses: %w", err)
+	}
+	for _, ref := range refs {
+		if _, err := tx.ExecContext(ctx, `insert or ignore into secret_uses (stream_id, project_id, ref) values (?, ?, ?)`,
+			streamID, projectID, ref); err != nil {
+			return fmt.Errorf("set secret uses: %w", err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("set secret uses: %w", err)
+	}
+	return nil
+}
+
+// DeleteSecretIfUnused deletes a project's secret when no stream's catalog references it, in
+// one statement (the check and the delete cannot be split by another writer). deleted says
+// whether it did.
+func (d *Directory) DeleteSecretIfUnused(ctx context.Context, projectID, ref string) (deleted bool, err error) {
+	res, err := d.db.ExecContext(ctx, `delete from secrets where project_id = ? and ref = ?
+		and not exists (select 1 from secret_uses where project_id = ? and ref = ?)`, projectID, ref, projectID, ref)
+	if err != nil {
+		return false, fmt.Errorf("delete secret: %w", err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, fmt.Errorf("delete secret: %w", err)
+	}
+	return n > 0, nil
+}
+
+// UnusedSecrets lists the secrets (project id, reference) no stream's catalog references.
+func (d *Directory) UnusedSecrets(ctx context.Context) ([][2]string, error) {
+	rows, err := d.db.QueryContext(ctx, `select project_id, ref from secrets s where not exists
+		(select 1 from secret_uses u where u.project_id = s.project_id and u.ref = s.ref)`)
+	if err != nil {
+		return nil, fmt.Errorf("unused secrets: %w", err)
+	}
+	defer rows.Close()
+	var out [][2]string
+	for rows.Next() {
+		var k [2]string
+		if err := rows.Scan(&k[0], &k[1]); err != nil {
+			return nil, fmt.Errorf("unused secrets: %w", err)
+		}
+		out = append(out, k)
+	}
+	return out, rows.Err()
 }
 
 // Secrets returns every stored secret by project and reference.

@@ -97,8 +97,9 @@ func (d *Directory) Stream(ctx context.Context, projectID, path string) (*Stream
 }
 
 // CreateStream records a new stream, its summary stale (its first commit follows). It is
-// committed before the stream's database is created, so a crash between the two leaves an entry
-// whose database is missing, which reads as empty.
+// committed before the stream's database is created, so a crash before the stream's first commit
+// leaves an entry whose database is missing, unfinished or empty: the stream does not exist yet
+// (it is not listed), and the next start deletes the entry (DeleteUnfinishedStream).
 //
 // A project holding max streams already (max > 0) is refused with ELimitExceeded, writing
 // nothing. The count and the insert are one transaction, begun with the write lock held
@@ -130,6 +131,31 @@ func (d *Directory) CreateStream(ctx context.Context, e StreamEntry, max int) er
 	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("create stream %s: %w", e.Path, err)
+	}
+	return nil
+}
+
+// DeleteUnfinishedStream deletes the entry of a stream whose creation never finished (nothing
+// committed: the caller checked, and removed its file first), with its alarm, parked marks and
+// secret uses, in one transaction. It no longer counts toward the project's streams.
+func (d *Directory) DeleteUnfinishedStream(ctx context.Context, streamID string) error {
+	tx, err := d.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("delete unfinished stream: %w", err)
+	}
+	defer tx.Rollback()
+	for _, q := range []string{
+		`delete from alarms where stream_id = ?`,
+		`delete from parked where stream_id = ?`,
+		`delete from secret_uses where stream_id = ?`,
+		`delete from streams where stream_id = ?`,
+	} {
+		if _, err := tx.ExecContext(ctx, q, streamID); err != nil {
+			return fmt.Errorf("delete unfinished stream: %w", err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("delete unfinished stream: %w", err)
 	}
 	return nil
 }

@@ -57,7 +57,7 @@ func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(fo
 var zeroMeansDefault = map[string]bool{
 	"max-held-streams": true, "breaker-burst": true, "breaker-refill-per-minute": true,
 	"max-connections-per-stream": true, "max-readers-per-stream": true, "max-mounts-per-project": true,
-	"max-tokens-per-project": true, "max-streams-per-project": true, "max-live-subscribers-per-stream": true,
+	"max-tokens-per-project": true, "max-secrets-per-project": true, "max-streams-per-project": true, "max-live-subscribers-per-stream": true,
 	"jsonata-concurrency": true, "agent-hesitation": true, "max-scheduled-per-stream": true,
 }
 
@@ -116,6 +116,7 @@ func run() error {
 	maxMounts := flag.Int("max-mounts-per-project", 0, "capabilities one project may have mounted under names, and separately processor hosts (0: 4096)")
 	maxHostContracts := flag.Int("max-host-contract-bytes", server.DefaultMaxHostContractBytes, "bytes of the contracts one processor host announces (names, reducer versions, consumed types), kept for its mount's life; more is refused with tooLarge")
 	maxTokens := flag.Int("max-tokens-per-project", 0, "tokens one project may hold; creating one more fails with limitExceeded (0: 10000)")
+	maxSecrets := flag.Int("max-secrets-per-project", 0, "distinct webhook secrets one project's subscriptions may reference; configuring one more fails with limitExceeded (0: 10000)")
 	maxStreams := flag.Int("max-streams-per-project", 0, "streams one project may hold (each a database file); the append that would create one more fails with limitExceeded (0: 100000)")
 	maxConfig := flag.Int("max-subscription-config-bytes", itx.MaxSubscriptionConfigBytes, "bytes of one subscription's config (its configured event's payload), kept in memory while its stream is loaded; a larger one is refused with tooLarge")
 	maxLive := flag.Int("max-live-subscribers-per-stream", 0, "live-state subscribers one stream serves at most, connections' state frames not counted (0: 1024)")
@@ -212,6 +213,7 @@ func run() error {
 		MaxConnectionsPerStream: *maxConns, MaxLiveSubscribersPerStream: *maxLive, MaxSubscriptionConfigBytes: *maxConfig, MaxHostContractBytes: *maxHostContracts, MaxMountsPerProject: *maxMounts, MaxReadersPerStream: *maxReaders, MaxScheduledPerStream: *maxScheduled,
 		MaxStreamsPerProject: *maxStreams,
 		MaxTokensPerProject:  *maxTokens,
+		MaxSecretsPerProject: *maxSecrets,
 		Egress:               server.EgressPolicy{AllowHosts: allowHosts, DenyPrivate: *denyPrivate},
 		Processors:           host,
 	})
