@@ -132,9 +132,15 @@ func (d *deliverer) deadLetterOf(job pushJob, store streamStore, streamID string
 	if len(events) != 1 || events[0].Offset != f.eventOffset {
 		return itx.EventInput{}, fmt.Errorf("the failing event at offset %d is not in the log", f.eventOffset)
 	}
+	// The letter carries the event as the configuring token reads it; its own provenance (below)
+	// stays true, as a copy's does, so cycles are found by it.
+	shown := events[0]
+	if v, changed := itx.ScopedEvent(d.scope, shown); changed {
+		shown = v
+	}
 	p := itx.DeadLetterPayload{ProjectID: d.ref.ProjectID, StreamID: streamID, Path: d.ref.Path, Subscription: d.name,
 		ConfiguredAtOffset: job.row.ConfiguredAtOffset, CursorChangedAtOffset: job.row.CursorChangedAtOffset,
-		Offset: f.eventOffset, Attempts: attempts, Error: truncate(f.msg, itx.MaxCursorErrorLength), Event: events[0]}
+		Offset: f.eventOffset, Attempts: attempts, Error: truncate(f.msg, itx.MaxCursorErrorLength), Event: shown}
 	body, err := json.Marshal(p)
 	if err != nil {
 		return itx.EventInput{}, err

@@ -241,3 +241,40 @@ func TestCrash_Kill9AroundADeadLetter(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, skips, 1)
 }
+
+// A letter carries the skipped event as the configuring token reads it: a subscription a token
+// limited to /in configured does not learn, through its dead letters, the paths outside /in that
+// a copied event's provenance names.
+func TestDeadLetter_ScopedSubscriptionLearnsNothingOutside(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	full := ts.project(t)
+	out := stream(t, full, "/out/src")
+	subs := client.Subscriptions(ctx, out)
+	_, _, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "feed", Start: "now",
+		Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: "/in/a"}})
+	subs.Release()
+	require.NoError(t, err)
+
+	tok, _ := ts.token(t, itx.Scope{Prefix: "/in"})
+	in := stream(t, ts.login(t, tok), "/in/a")
+	h := newHook(t, func(int, itx.WebhookBody) int { return 400 })
+	subs = client.Subscriptions(ctx, in)
+	_, _, err = client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "lenient", Start: "now", OnFailingEvent: "skip",
+		FilterTypes: []string{"secret/thing"}, DeadLetterPath: "/in/dead", Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
+	subs.Release()
+	require.NoError(t, err)
+	mustAppend(t, out, ev("secret/thing", `{"n": 1}`))
+	dead := stream(t, full, "/in/dead")
+	waitUntil(t, "the letter", func() bool {
+		evs, err := client.GetEvents(ctx, dead, itx.Query{Types: []string{itx.TypeDeadLetter}})
+		require.NoError(t, err)
+		return len(evs) == 1
+	})
+	evs, err := client.GetEvents(ctx, dead, itx.Query{Types: []string{itx.TypeDeadLetter}}) // read as stored
+	require.NoError(t, err)
+	var l itx.DeadLetterPayload
+	require.NoError(t, json.Unmarshal(evs[0].Payload, &l))
+	require.Len(t, l.Event.Provenance, 1, "the copied event's hop")
+	require.NotContains(t, string(evs[0].Payload), "/out/", "the letter names nothing outside the configuring token's scope")
+}
