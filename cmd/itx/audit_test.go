@@ -42,3 +42,31 @@ func TestRun_ScheduledAtTheEpochShowsItsTime(t *testing.T) {
 	require.Equal(t, exitOK, code, errs)
 	require.JSONEq(t, `{"dueAt": null, "appendedOffset": 1}`, out)
 }
+
+// A usage error in piped input (a command given arguments it does not take, or no command of
+// that name) exits 2, as the same mistake does from the shell (itx tail without a path); the
+// inputs after it still run, as after any error, and it outranks a failed evaluation (1).
+func TestRun_PipedUsageErrorsExit2(t *testing.T) {
+	ts := startServer(t)
+	c := newCLI(t)
+	c.env["ITX_ADDR"], c.env["ITX_TOKEN"] = ts.addr, ts.token
+	for _, tc := range []struct{ input, errs string }{
+		{".tail\n", "invalidArgument: usage: .tail <path> [--from N | N]\n"},
+		{".tail /t --from x\n", "invalidArgument: tail: after must be an offset, got \"x\"; usage: .tail <path> [--from N | N]\n"},
+		{".watch /a /b\n", "invalidArgument: watch: too many arguments; usage: .watch <path>\n"},
+		{".export\n", "invalidArgument: usage: .export <path> [after] [--with-control]\n"},
+		{".import /a --with-contrl\n", "invalidArgument: import: unknown flag \"--with-contrl\"; usage: .import <path> [file.ndjson | -] [--with-control]\n"},
+		{".nope\n", "invalidArgument: unknown command .nope (try .help)\n"},
+		{".time bogus\n", "invalidArgument: usage: .time [iso|relative]\n"},
+		{".output yaml\n", "invalidArgument: output: unknown output format \"yaml\" (auto, pretty, json, table); usage: .output [auto|pretty|json|table|wide|fit]\n"},
+		{".help Nope\n", "invalidArgument: help: no interface \"Nope\""},
+		{"nope\n.tail\n", "ReferenceError: nope is not defined\ninvalidArgument: usage: .tail <path> [--from N | N]\n"},
+	} {
+		code, out, errs := c.run(tc.input + "1 + 1\n")
+		require.Equal(t, exitUsage, code, "%q: %s", tc.input, errs)
+		require.Equal(t, "2\n", out, "%q: the inputs after a usage error still run", tc.input)
+		require.Contains(t, errs, tc.errs, "%q", tc.input)
+	}
+	code, _, errs := c.run("nope\n1\n")
+	require.Equal(t, exitError, code, "an evaluation error alone exits 1: %s", errs)
+}

@@ -256,10 +256,14 @@ Flags:
 		// Each input is evaluated and its result printed, as at the prompt; an error is printed
 		// and the next input runs; the exit status says whether any failed. An interrupt stops
 		// the input where it is, whether it cancelled a call or ended a .tail or .watch (which
-		// end without an error): the status says the rest was not run.
-		failed := s.RunLines(ctx, env.stdin)
+		// end without an error): the status says the rest was not run. A usage error (.tail
+		// without a path) exits 2, as the same mistake does from the shell, even after others.
+		failed, usage := s.RunLines(ctx, env.stdin)
 		if ctx.Err() != nil {
 			return exitInterrupted
+		}
+		if usage > 0 {
+			return exitUsage
 		}
 		if failed > 0 {
 			return exitError

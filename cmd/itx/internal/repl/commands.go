@@ -52,9 +52,18 @@ func usageError(name, format string, args ...any) *UsageError {
 func (e *UsageError) Error() string { return e.err.Error() }
 func (e *UsageError) Unwrap() error { return e.err }
 
+// unknownCommand is a command line naming no command: a usage error too.
+func unknownCommand(name string) *UsageError {
+	return &UsageError{Command: name, err: itx.Errorf(itx.EInvalid, "unknown command .%s (try .help)", name)}
+}
+
 // CLIUsage is how the error reads from a shell: the problem, then "usage: itx tail <path> ...".
 func (e *UsageError) CLIUsage() string {
-	usage := "usage: itx " + e.Command + " " + commands[e.Command].Args
+	c, ok := commands[e.Command]
+	if !ok {
+		return "itx: " + e.err.Message
+	}
+	usage := "usage: itx " + e.Command + " " + c.Args
 	if e.Problem == "" {
 		return usage
 	}
@@ -113,7 +122,7 @@ func (s *Session) RunCommand(ctx context.Context, line string) error {
 	}
 	c, ok := commands[fields[0]]
 	if !ok {
-		return itx.Errorf(itx.EInvalid, "unknown command .%s (try .help)", fields[0])
+		return unknownCommand(fields[0])
 	}
 	s.vmMu.Lock()
 	defer s.vmMu.Unlock()
@@ -146,7 +155,7 @@ func runHelp(ctx context.Context, s *Session, args []string) error {
 	if len(args) > 0 {
 		ifc, ok := s.ifcs[args[0]]
 		if !ok {
-			return itx.Errorf(itx.EInvalid, "no interface %q (%s)", args[0], strings.Join(boundInterfaces(), ", "))
+			return usageError("help", "no interface %q (%s)", args[0], strings.Join(boundInterfaces(), ", "))
 		}
 		fmt.Fprintf(w, "%s:\n", ifc.Name)
 		for _, m := range ifc.Methods {
@@ -200,7 +209,7 @@ func runOutput(ctx context.Context, s *Session, args []string) error {
 	}
 	f, err := ParseFormat(args[0])
 	if err != nil {
-		return itx.Errorf(itx.EInvalid, "%v", err)
+		return usageError("output", "%v", err)
 	}
 	s.cfg.Format = f
 	return nil
@@ -220,7 +229,7 @@ func runTime(ctx context.Context, s *Session, args []string) error {
 		s.relativeTimes = args[0] == "relative"
 		return nil
 	}
-	return itx.Errorf(itx.EInvalid, "usage: .time iso|relative")
+	return usageError("time", "")
 }
 
 // streamArg reads the <path> argument of a command: the first, which is not a flag.
