@@ -2,7 +2,13 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
 	"testing"
+
+	"github.com/creack/pty"
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/internal/itxtest"
@@ -69,4 +75,65 @@ func TestRun_PipedUsageErrorsExit2(t *testing.T) {
 	}
 	code, _, errs := c.run("nope\n1\n")
 	require.Equal(t, exitError, code, "an evaluation error alone exits 1: %s", errs)
+}
+
+// itx tail and itx watch run until Ctrl-C, and then exit 130 like the rest of the CLI when
+// interrupted (piped input stopped during a .tail, a call cancelled by Ctrl-C), whether the
+// SIGINT is sent to the process or typed at the terminal it runs on. They exited 0. Each waits
+// for its first line of output (the event after offset 0, the snapshot) before the interrupt.
+func TestMain_LiveViewCommandInterruptedExits130(t *testing.T) {
+	ts := startServer(t)
+	ts.appendDirect(t, "/live", itx.EventInput{Type: "first-event"})
+	for _, tc := range []struct {
+		args  []string
+		first string
+	}{
+		{[]string{"tail", "/live", "--from", "0"}, "first-event"},
+		{[]string{"watch", "/live"}, "snapshot at revision"},
+	} {
+		for _, how := range []string{"signal", "terminal"} {
+			t.Run(tc.args[0]+" "+how, func(t *testing.T) {
+				cmd := exec.Command(os.Args[0], tc.args...)
+				cmd.Env = append(os.Environ(), "ITX_TEST_MAIN=1", "HOME="+t.TempDir(), "ITX_ADDR="+ts.addr,
+					"ITX_TOKEN="+ts.token, "NO_COLOR=1", "TERM=xterm")
+				out := newSyncBuffer()
+				var ptmx *os.File
+				if how == "terminal" {
+					var err error
+					ptmx, err = pty.Start(cmd)
+					require.NoError(t, err)
+					defer ptmx.Close()
+					go io.Copy(out, ptmx)
+				} else {
+					cmd.Stdout, cmd.Stderr = out, io.Discard
+					require.NoError(t, cmd.Start())
+				}
+				exited := make(chan error, 1)
+				go func() { exited <- cmd.Wait() }()
+				defer func() {
+					if cmd.ProcessState == nil {
+						cmd.Process.Kill()
+					}
+				}()
+				started := make(chan bool, 1)
+				go func() { started <- out.waitFor(tc.first) }()
+				select {
+				case ok := <-started:
+					require.True(t, ok, "no first line: %q", out.String())
+				case err := <-exited:
+					t.Fatalf("itx exited before its first line: %v; output %q", err, out.String())
+				}
+				if how == "terminal" {
+					_, err := ptmx.Write([]byte{3}) // Ctrl-C: the terminal sends SIGINT
+					require.NoError(t, err)
+				} else {
+					require.NoError(t, cmd.Process.Signal(os.Interrupt))
+				}
+				err := <-exited
+				var exit *exec.ExitError
+				require.True(t, errors.As(err, &exit), "want exit status 130, got %v; output %q", err, out.String())
+				require.Equal(t, exitInterrupted, exit.ExitCode(), "output %q", out.String())
+			})
+		}
+	}
 }

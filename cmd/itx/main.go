@@ -275,6 +275,11 @@ Flags:
 		}
 		_, runErr = s.Eval(ctx, scriptName, script)
 	}
+	if runErr == nil && ctx.Err() != nil {
+		// itx tail and itx watch run until Ctrl-C and then end without an error: the status
+		// says they were interrupted, as for an interrupted call or piped input.
+		return exitInterrupted
+	}
 	if runErr != nil {
 		var usage *repl.UsageError
 		if errors.As(runErr, &usage) {
