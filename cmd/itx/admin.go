@@ -30,6 +30,7 @@ Tokens (the deployment root's token, or a project token with the admin right for
                                              prints the new token (shown once)
   revoke-token [--project ID] <token-id>     revoke at once
 
+Flags may come before or after the arguments; after --, everything is an argument.
 Without --token, itx admin uses the deployment token of the local data directory (--data).
 `
 
@@ -54,7 +55,8 @@ func runAdmin(args []string, conf resolved, tlsConfig *tls.Config, env environme
 	rights := fs.String("rights", "", "limit the token to these rights (comma-separated: read, append, subscribe, admin)")
 	expires := fs.Duration("expires", 0, "the token expires after this long (0: never)")
 	force := fs.Bool("force", false, "delete-project: delete the project's streams and their files too")
-	if err := fs.Parse(args[1:]); err != nil {
+	rest, err := parseInterleaved(fs, args[1:])
+	if err != nil {
 		return exitUsage
 	}
 	if *expires < 0 {
@@ -62,7 +64,6 @@ func runAdmin(args []string, conf resolved, tlsConfig *tls.Config, env environme
 		fmt.Fprintf(env.stderr, "itx admin %s: --expires %s: want a duration from now (0: never)\n", args[0], *expires)
 		return exitUsage
 	}
-	rest := fs.Args()
 	need := func(n int) bool {
 		if len(rest) != n {
 			fmt.Fprintf(env.stderr, "itx admin %s: want %d argument(s), got %d\n\n%s", args[0], n, len(rest), adminUsage)
@@ -163,4 +164,49 @@ func runAdmin(args []string, conf resolved, tlsConfig *tls.Config, env environme
 		fmt.Fprintln(env.stdout, "ok")
 	}
 	return exitOK
+}
+
+// parseInterleaved parses args as fs's flags, wherever they stand among the positional
+// arguments ("revoke-token tok_... --project prj_..." as well as "revoke-token --project prj_...
+// tok_..."): Go's flag package stops at the first argument that is not a flag. After "--",
+// everything is an argument. It returns the arguments in order.
+func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		consumed := args[:len(args)-len(rest)]
+		if n := len(consumed); n > 0 && consumed[n-1] == "--" && !flagValue(fs, consumed[:n-1]) {
+			// Parse stopped at "--", the end of the flags.
+			return append(positional, rest...), nil
+		}
+		if len(rest) == 0 {
+			return positional, nil
+		}
+		positional = append(positional, rest[0])
+		args = rest[1:]
+	}
+}
+
+// flagValue reports whether the argument after consumed is the value of consumed's last flag
+// ("--label --": the label is "--"): that flag takes a value and was given without "=".
+func flagValue(fs *flag.FlagSet, consumed []string) bool {
+	if len(consumed) == 0 {
+		return false
+	}
+	last := consumed[len(consumed)-1]
+	name := strings.TrimLeft(last, "-")
+	if !strings.HasPrefix(last, "-") || name == "" || strings.Contains(name, "=") {
+		return false
+	}
+	f := fs.Lookup(name)
+	if f == nil {
+		return false
+	}
+	if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+		return false
+	}
+	return !flagValue(fs, consumed[:len(consumed)-1])
 }

@@ -2,6 +2,8 @@ package main
 
 import (
 	"encoding/json"
+	"flag"
+	"strings"
 	"testing"
 
 	"github.com/itx-dev/itx/internal/itxtest"
@@ -106,4 +108,77 @@ func TestRun_AdminCreateTokenExpiresMustBePositive(t *testing.T) {
 	code, out, errs := admin("create-token", "--label", "later", "--expires", "1h")
 	require.Equal(t, exitOK, code, "stderr: %s", errs)
 	require.Contains(t, out, `"expiresAt": "`)
+}
+
+// itx admin takes its flags before, between or after its arguments, as users write them
+// (Go's flag package alone stops at the first argument: "revoke-token tok_... --project prj_..."
+// was "want 1 argument(s), got 3"); after "--" everything is an argument.
+func TestRun_AdminFlagsAnywhere(t *testing.T) {
+	s := itxtest.Start(t, server.Config{})
+	c := newCLI(t)
+	admin := func(args ...string) (int, string, string) {
+		return c.run("", append([]string{"--data", s.Dir, "--addr", s.Addr, "admin"}, args...)...)
+	}
+	code, out, errs := admin("create-project", "team-flags")
+	require.Equal(t, exitOK, code, "stderr: %s", errs)
+	var created struct {
+		ID    string `json:"id"`
+		Token string `json:"token"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &created))
+
+	code, out, errs = admin("create-token", "--label", "ci", "--project", created.ID, "--rights=read")
+	require.Equal(t, exitOK, code, "stderr: %s", errs)
+	var tok struct {
+		Info struct {
+			ID string `json:"id"`
+		} `json:"info"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &tok))
+
+	code, out, errs = admin("revoke-token", tok.Info.ID, "--project", created.ID)
+	require.Equal(t, exitOK, code, "a flag after the argument: %s", errs)
+	require.Equal(t, "ok\n", out)
+
+	code, _, errs = admin("rename-project", created.ID, "--", "-team-dash")
+	require.Equal(t, exitOK, code, "after --, an argument that looks like a flag: %s", errs)
+
+	// A stream in the project: deleting it needs --force, given last.
+	code, _, errs = c.run("", "--addr", s.Addr, "--token", created.Token, "-e", `project.streams.get("/x").append({type: "x"})`)
+	require.Equal(t, exitOK, code, "stderr: %s", errs)
+	code, _, errs = admin("delete-project", created.ID, "--force")
+	require.Equal(t, exitOK, code, "--force after the project id: %s", errs)
+	code, out, _ = admin("projects")
+	require.Equal(t, exitOK, code)
+	require.NotContains(t, out, created.ID)
+
+	code, _, errs = admin("revoke-token", "tok_x", "--bogus")
+	require.Equal(t, exitUsage, code, "an unknown flag anywhere is a usage error: %s", errs)
+	require.Contains(t, errs, "flag provided but not defined: -bogus")
+	code, _, errs = admin("rename-project", created.ID)
+	require.Equal(t, exitUsage, code)
+	require.Contains(t, errs, "want 2 argument(s), got 1")
+}
+
+func TestParseInterleaved(t *testing.T) {
+	for _, tc := range []struct {
+		args        []string
+		label, rest string
+		force       bool
+	}{
+		{[]string{"a", "--label", "l", "b"}, "l", "a b", false},
+		{[]string{"--force", "a", "--label=l"}, "l", "a", true},
+		{[]string{"a", "--", "--force", "-b"}, "", "a --force -b", false},
+		{[]string{"--label", "--", "a", "--force"}, "--", "a", true},
+		{[]string{"--label", "--", "--", "--force"}, "--", "--force", false},
+	} {
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		label := fs.String("label", "", "")
+		force := fs.Bool("force", false, "")
+		rest, err := parseInterleaved(fs, tc.args)
+		require.NoError(t, err, "%q", tc.args)
+		require.Equal(t, tc.rest, strings.Join(rest, " "), "%q", tc.args)
+		require.Equal(t, tc.label, *label, "%q", tc.args)
+		require.Equal(t, tc.force, *force, "%q", tc.args)
+	}
 }
