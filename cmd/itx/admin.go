@@ -34,8 +34,9 @@ Flags may come before or after the arguments; after --, everything is an argumen
 Without --token, itx admin uses the deployment token of the local data directory (--data).
 `
 
-// runAdmin runs `itx admin ...`: one administrative call, its result printed as JSON.
-func runAdmin(args []string, conf resolved, tlsConfig *tls.Config, env environment) int {
+// runAdmin runs `itx admin ...`: one administrative call, its result printed as JSON (indented,
+// or under --json one compact document, and nothing for a call without a result, as -e prints).
+func runAdmin(args []string, conf resolved, tlsConfig *tls.Config, env environment, asJSON, color bool) int {
 	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
 		fmt.Fprint(env.stderr, adminUsage)
 		if len(args) == 0 {
@@ -78,7 +79,7 @@ func runAdmin(args []string, conf resolved, tlsConfig *tls.Config, env environme
 	defer cancel()
 	conn, err := client.DialWith(dctx, conf.addr, client.Options{TLS: tlsConfig})
 	if err != nil {
-		repl.PrintFailure(env.stderr, itx.Errorf(itx.EUnavailable, "%v", err), false, false)
+		repl.PrintFailure(env.stderr, itx.Errorf(itx.EUnavailable, "%v", err), asJSON, color)
 		return exitError
 	}
 	defer conn.Close()
@@ -154,13 +155,17 @@ func runAdmin(args []string, conf resolved, tlsConfig *tls.Config, env environme
 		return exitUsage
 	}
 	if err != nil {
-		repl.PrintFailure(env.stderr, err, false, false)
+		repl.PrintFailure(env.stderr, err, asJSON, color)
 		return exitError
 	}
-	if out != nil {
+	switch {
+	case out != nil && asJSON:
+		b, _ := json.Marshal(out)
+		fmt.Fprintln(env.stdout, string(b))
+	case out != nil:
 		b, _ := json.MarshalIndent(out, "", "  ")
 		fmt.Fprintln(env.stdout, string(b))
-	} else {
+	case !asJSON:
 		fmt.Fprintln(env.stdout, "ok")
 	}
 	return exitOK

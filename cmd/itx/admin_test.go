@@ -182,3 +182,47 @@ func TestParseInterleaved(t *testing.T) {
 		require.Equal(t, tc.force, *force, "%q", tc.args)
 	}
 }
+
+// itx --json admin prints as every other --json command: one compact JSON document a result,
+// nothing for a call without one (it printed "ok", which is not JSON), and errors as
+// {"error": {code, message}} on stderr (they printed as text).
+func TestRun_AdminJSON(t *testing.T) {
+	s := itxtest.Start(t, server.Config{})
+	c := newCLI(t)
+	admin := func(args ...string) (int, string, string) {
+		return c.run("", append([]string{"--data", s.Dir, "--addr", s.Addr, "--json", "admin"}, args...)...)
+	}
+	code, out, errs := admin("create-project", "team-json")
+	require.Equal(t, exitOK, code, "stderr: %s", errs)
+	require.Equal(t, 1, strings.Count(out, "\n"), "one compact document: %q", out)
+	var created struct {
+		ID string `json:"id"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &created))
+
+	code, out, errs = admin("projects")
+	require.Equal(t, exitOK, code, "stderr: %s", errs)
+	require.Equal(t, 1, strings.Count(out, "\n"), "one compact document: %q", out)
+	require.True(t, json.Valid([]byte(out)), out)
+
+	code, out, errs = admin("rename-project", created.ID, "team-json-2")
+	require.Equal(t, exitOK, code, "stderr: %s", errs)
+	require.Empty(t, out, "no result, no document")
+
+	code, out, errs = admin("rename-project", "prj_nope", "x")
+	require.Equal(t, exitError, code)
+	require.Empty(t, out)
+	var failure struct {
+		Error struct{ Code, Message string } `json:"error"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(errs), &failure), "stderr %q", errs)
+	require.Equal(t, "notFound", failure.Error.Code)
+
+	// Without --json: indented JSON, "ok", and "<code>: <message>".
+	code, out, _ = c.run("", "--data", s.Dir, "--addr", s.Addr, "admin", "rename-project", created.ID, "team-json-3")
+	require.Equal(t, exitOK, code)
+	require.Equal(t, "ok\n", out)
+	code, _, errs = c.run("", "--data", s.Dir, "--addr", s.Addr, "admin", "rename-project", "prj_nope", "x")
+	require.Equal(t, exitError, code)
+	require.True(t, strings.HasPrefix(errs, "notFound: "), errs)
+}

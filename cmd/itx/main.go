@@ -198,7 +198,7 @@ Flags:
 		}
 	}
 	if adminArgs != nil {
-		return runAdmin(adminArgs, conf, tlsConfig, env)
+		return runAdmin(adminArgs, conf, tlsConfig, env, asJSON, color)
 	}
 	dialCtx, cancelDial := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancelDial()
