@@ -117,7 +117,7 @@ func TestRun_ExportImportLeaveControlRecordsBehind(t *testing.T) {
 	controlLines := func(ndjson string) int {
 		n := 0
 		for _, line := range strings.Split(strings.TrimSpace(ndjson), "\n") {
-			var e itx.Event
+			var e struct{ Type string }
 			require.NoError(t, json.Unmarshal([]byte(line), &e))
 			if itx.IsCoreType(e.Type) {
 				n++
@@ -160,4 +160,26 @@ func TestRun_ExportImportLeaveControlRecordsBehind(t *testing.T) {
 	code, _, errs = c.run(full, append(conn, "import", "/c", "-", "--with-control")...)
 	require.Equal(t, exitOK, code, errs)
 	require.Contains(t, errs, "0 already there by idempotency key, 1 ignored by itxd as unchanged)", errs)
+}
+
+// itx export prints each event as itx prints events everywhere else (.tail --json, getEvents):
+// createdAt an ISO-8601 time in UTC, not epoch milliseconds; import still reads it back.
+func TestRun_ExportTimesAreISO(t *testing.T) {
+	ts := startServer(t)
+	ts.appendDirect(t, "/times", itx.EventInput{Type: "a", Payload: json.RawMessage(`{"n": 12345678901234567890}`)})
+	c := newCLI(t)
+	conn := []string{"--addr", ts.addr, "--token", ts.token}
+	code, exported, errs := c.run("", append(conn, "export", "/times")...)
+	require.Equal(t, exitOK, code, errs)
+	var e map[string]any
+	require.NoError(t, json.Unmarshal([]byte(exported), &e), exported)
+	require.Regexp(t, isoTime, e["createdAt"])
+	require.Contains(t, exported, `{"n":12345678901234567890}`, "big integers stay exact")
+
+	code, at, errs := c.run("", append(conn, "--json", "-e", `project.streams.get("/times").getEvents()[0].createdAt`)...)
+	require.Equal(t, exitOK, code, errs)
+	require.Contains(t, exported, `"createdAt":`+strings.TrimSpace(at), "the time getEvents shows")
+
+	code, _, errs = c.run(exported, append(conn, "import", "/times-copy")...)
+	require.Equal(t, exitOK, code, errs)
 }
