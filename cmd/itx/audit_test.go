@@ -137,3 +137,19 @@ func TestMain_LiveViewCommandInterruptedExits130(t *testing.T) {
 		}
 	}
 }
+
+// A script that recurses without end is stopped with a RangeError, as in node, and the session
+// goes on; it grew goja's call stack until the machine ran out of memory.
+func TestRun_UnboundedRecursionIsARangeError(t *testing.T) {
+	ts := startServer(t)
+	c := newCLI(t)
+	c.env["ITX_ADDR"], c.env["ITX_TOKEN"] = ts.addr, ts.token
+	code, out, errs := c.run("function f(n) { return f(n + 1) + 1 }\nf(0)\n1 + 1\n")
+	require.Equal(t, exitError, code, errs)
+	require.Equal(t, "RangeError: Maximum call stack size exceeded\n", errs)
+	require.Equal(t, "2\n", out, "the session goes on")
+	// Recursion a script means is not cut short.
+	code, out, errs = c.run("", "-e", "function d(n) { return n == 0 ? 0 : 1 + d(n - 1) }; d(5000)")
+	require.Equal(t, exitOK, code, errs)
+	require.Equal(t, "5000\n", out)
+}

@@ -310,6 +310,10 @@ func Describe(err error) Failure {
 	if errors.As(err, &interrupted) {
 		return Failure{Code: "cancelled", Message: "interrupted"}
 	}
+	var overflow *goja.StackOverflowError
+	if errors.As(err, &overflow) {
+		return Failure{Code: "RangeError", Message: "Maximum call stack size exceeded"}
+	}
 	var rej *rejection
 	if errors.As(err, &rej) {
 		return describeThrown(rej.value)
