@@ -62,6 +62,7 @@ func TestRun_PipedUsageErrorsExit2(t *testing.T) {
 		{".watch /a /b\n", "invalidArgument: watch: too many arguments; usage: .watch <path>\n"},
 		{".export\n", "invalidArgument: usage: .export <path> [after] [--with-control]\n"},
 		{".import /a --with-contrl\n", "invalidArgument: import: unknown flag \"--with-contrl\"; usage: .import <path> [file.ndjson | -] [--with-control]\n"},
+		{".import /a\n", "invalidArgument: import: name a file to read (standard input is only read by `itx import <path>`); usage: .import <path> [file.ndjson | -] [--with-control]\n"},
 		{".nope\n", "invalidArgument: unknown command .nope (try .help)\n"},
 		{".time bogus\n", "invalidArgument: usage: .time [iso|relative]\n"},
 		{".output yaml\n", "invalidArgument: output: unknown output format \"yaml\" (auto, pretty, json, table); usage: .output [auto|pretty|json|table|wide|fit]\n"},

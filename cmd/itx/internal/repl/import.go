@@ -89,7 +89,7 @@ func runImport(ctx context.Context, s *Session, args []string) error {
 	case s.cfg.In != nil:
 		in = s.cfg.In
 	default:
-		return itx.Errorf(itx.EInvalid, "import: name a file to read (standard input is only read by `itx import <path>`)")
+		return usageError("import", "name a file to read (standard input is only read by `itx import <path>`)")
 	}
 	c := s.client(p)
 	defer c.Release()
