@@ -183,3 +183,23 @@ func TestRun_ExportTimesAreISO(t *testing.T) {
 	code, _, errs = c.run(exported, append(conn, "import", "/times-copy")...)
 	require.Equal(t, exitOK, code, errs)
 }
+
+// itx <command> passes its arguments as the shell split them: a file name with a space is one
+// argument (the command line was joined with spaces and split again, so "my events.ndjson" was
+// two arguments, "too many arguments"), and a stream path with a space reaches itxd, which
+// refuses it, instead of being read as a path and an offset.
+func TestRun_CommandArgumentsKeepTheirSpaces(t *testing.T) {
+	ts := startServer(t)
+	c := newCLI(t)
+	conn := []string{"--addr", ts.addr, "--token", ts.token}
+	file := writeFile(t, t.TempDir(), "my events.ndjson", `{"type": "a"}`+"\n")
+	code, _, errs := c.run("", append(conn, "import", "/spaced", file)...)
+	require.Equal(t, exitOK, code, errs)
+	require.Contains(t, errs, "imported 1 event into /spaced")
+
+	code, out, errs := c.run("", append(conn, "export", "/bad path")...)
+	require.Equal(t, exitError, code, errs)
+	require.Empty(t, out)
+	require.True(t, strings.HasPrefix(errs, "invalidArgument: "), errs)
+	require.Contains(t, errs, "/bad path")
+}

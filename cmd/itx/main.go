@@ -20,7 +20,6 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"strings"
 	"time"
 
 	"github.com/chzyer/readline"
@@ -245,7 +244,7 @@ Flags:
 	var runErr error
 	switch {
 	case command != nil:
-		runErr = s.RunCommand(ctx, strings.Join(fs.Args(), " "))
+		runErr = s.RunCommandArgs(ctx, fs.Arg(0), fs.Args()[1:])
 	case *expr != "":
 		v, err := s.Eval(ctx, "<expression>", *expr)
 		if err == nil {

@@ -114,15 +114,22 @@ func init() {
 		Check: func(args []string) error { _, err := parseWatch(args); return err }})
 }
 
-// RunCommand runs the command line `name args...` (without the leading dot).
+// RunCommand runs the command line `name args...` (without the leading dot), its words split
+// at spaces.
 func (s *Session) RunCommand(ctx context.Context, line string) error {
 	fields := strings.Fields(line)
 	if len(fields) == 0 {
 		return nil
 	}
-	c, ok := commands[fields[0]]
+	return s.RunCommandArgs(ctx, fields[0], fields[1:])
+}
+
+// RunCommandArgs runs the command name with args as they are (itx <command> from a shell,
+// whose arguments may hold spaces).
+func (s *Session) RunCommandArgs(ctx context.Context, name string, args []string) error {
+	c, ok := commands[name]
 	if !ok {
-		return unknownCommand(fields[0])
+		return unknownCommand(name)
 	}
 	s.vmMu.Lock()
 	defer s.vmMu.Unlock()
@@ -131,7 +138,7 @@ func (s *Session) RunCommand(ctx context.Context, line string) error {
 			return err
 		}
 	}
-	return c.Run(ctx, s, fields[1:])
+	return c.Run(ctx, s, args)
 }
 
 func runReconnect(ctx context.Context, s *Session, _ []string) error {
