@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"strings"
 	"testing"
 
 	"github.com/creack/pty"
@@ -153,4 +154,31 @@ func TestRun_UnboundedRecursionIsARangeError(t *testing.T) {
 	code, out, errs = c.run("", "-e", "function d(n) { return n == 0 ? 0 : 1 + d(n - 1) }; d(5000)")
 	require.Equal(t, exitOK, code, errs)
 	require.Equal(t, "5000\n", out)
+}
+
+// Under --json every result is a JSON document, also one JSON cannot encode: a function prints
+// as its label and a value that refers to itself as what it reads as, both as JSON strings
+// (they printed bare: [Function f], [object Object]).
+func TestRun_JSONResultsAreAlwaysJSON(t *testing.T) {
+	ts := startServer(t)
+	c := newCLI(t)
+	c.env["ITX_ADDR"], c.env["ITX_TOKEN"] = ts.addr, ts.token
+	for src, want := range map[string]string{
+		`(function f() {})`:                 `"[Function f]"`,
+		`let o = {}; o.self = o; o`:         `"[object Object]"`,
+		`print(function g() {}); undefined`: `"[Function g]"`,
+		`[function() {}, 1]`:                `[null,1]`,
+		`project.streams.get("/a")`:         `"[Stream /a]"`,
+		`let p = {}; p.p = p; print(p); 1`:  "\"[object Object]\"\n1",
+	} {
+		code, out, errs := c.run("", "--json", "-e", src)
+		require.Equal(t, exitOK, code, "%s: %s", src, errs)
+		require.Equal(t, want+"\n", out, src)
+		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+			require.True(t, json.Valid([]byte(line)), "%s: %q", src, line)
+		}
+	}
+	code, out, _ := c.run("", "-e", `(function f() {})`)
+	require.Equal(t, exitOK, code)
+	require.Equal(t, "[Function f]\n", out, "as it was, off --json")
 }
