@@ -226,3 +226,31 @@ func TestRun_AdminJSON(t *testing.T) {
 	require.Equal(t, exitError, code)
 	require.True(t, strings.HasPrefix(errs, "notFound: "), errs)
 }
+
+// itx's own flags (--json, --addr, --token, --data, ...) may follow a command too, as the flags
+// of itx admin and itx tail may: "itx admin projects --json", "itx export /a --addr ...". They
+// were the command's arguments ("flag provided but not defined: -json"; "after must be an
+// offset"). A command flag's value is never taken for one of them.
+func TestRun_GlobalFlagsAfterTheCommand(t *testing.T) {
+	s := itxtest.Start(t, server.Config{})
+	c := newCLI(t)
+	code, out, errs := c.run("", "admin", "projects", "--json", "--addr", s.Addr, "--token", s.Creds.DeploymentToken)
+	require.Equal(t, exitOK, code, "stderr: %s", errs)
+	require.Equal(t, 1, strings.Count(out, "\n"), "--json after the command: one compact document: %q", out)
+
+	code, out, errs = c.run("", "admin", "create-token", "--label", "--json", "--data", s.Dir, "--addr", s.Addr)
+	require.Equal(t, exitOK, code, "stderr: %s", errs)
+	require.Contains(t, out, `"label": "--json"`, "the value of --label, not itx's --json")
+
+	code, _, errs = c.run("", "--addr", s.Addr, "--token", s.Creds.ProjectToken, "-e", `project.streams.get("/g").append({type: "x"})`)
+	require.Equal(t, exitOK, code, "stderr: %s", errs)
+	code, out, errs = c.run("", "export", "/g", "0", "--addr", s.Addr, "--token="+s.Creds.ProjectToken, "--with-control")
+	require.Equal(t, exitOK, code, "stderr: %s", errs)
+	require.Contains(t, out, `"type":"x"`)
+
+	code, _, errs = c.run("", "export", "/g", "--addr")
+	require.Equal(t, exitUsage, code)
+	require.Contains(t, errs, "flag needs an argument: -addr")
+	code, _, errs = c.run("", "export", "/g", "-e", "1", "--addr", s.Addr, "--token", s.Creds.ProjectToken)
+	require.Equal(t, exitUsage, code, "-e is not a command's flag: %s", errs)
+}

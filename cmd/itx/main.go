@@ -20,6 +20,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"strings"
 	"time"
 
 	"github.com/chzyer/readline"
@@ -112,6 +113,8 @@ func run(args []string, env environment) int {
   itx [flags] watch <path>           print a stream's live state, until Ctrl-C
   itx [flags] admin <command> ...    projects and tokens (itx admin help)
 
+The flags may also follow a command (itx tail /a --json).
+
 Flags:
 `)
 		fs.PrintDefaults()
@@ -121,6 +124,19 @@ Flags:
 			return exitOK
 		}
 		return exitUsage
+	}
+	// A command (itx admin, itx tail, ...) may be followed by itx's own flags too.
+	var sub string
+	var subArgs []string
+	if fs.NArg() > 0 && *expr == "" {
+		if c, ok := repl.LookupCommand(fs.Arg(0)); fs.Arg(0) == "admin" || ok && c.CLI {
+			sub = fs.Arg(0)
+			var err error
+			if subArgs, err = takeGlobalFlags(fs, fs.Args()[1:], commandValueFlags[sub]); err != nil {
+				fmt.Fprintln(env.stderr, "itx:", err)
+				return exitUsage
+			}
+		}
 	}
 	format, err := repl.ParseFormat(*output)
 	if err != nil {
@@ -152,14 +168,14 @@ Flags:
 			fmt.Fprintln(env.stderr, "itx: -e takes no other arguments")
 			return exitUsage
 		}
-	case fs.NArg() > 0 && fs.Arg(0) == "admin":
-		adminArgs = fs.Args()[1:]
+	case sub == "admin":
+		adminArgs = subArgs
 	case fs.NArg() > 0:
-		if c, ok := repl.LookupCommand(fs.Arg(0)); ok && c.CLI {
+		if c, ok := repl.LookupCommand(sub); ok {
 			// Its arguments are checked before connecting: a usage error is one whether
 			// or not itxd is up.
 			if c.Check != nil {
-				if err := c.Check(fs.Args()[1:]); err != nil {
+				if err := c.Check(subArgs); err != nil {
 					return usageFailure(env.stderr, err)
 				}
 			}
@@ -244,7 +260,7 @@ Flags:
 	var runErr error
 	switch {
 	case command != nil:
-		runErr = s.RunCommandArgs(ctx, fs.Arg(0), fs.Args()[1:])
+		runErr = s.RunCommandArgs(ctx, sub, subArgs)
 	case *expr != "":
 		v, err := s.Eval(ctx, "<expression>", *expr)
 		if err == nil {
@@ -291,6 +307,54 @@ Flags:
 		return exitError
 	}
 	return exitOK
+}
+
+// commandValueFlags are the flags of a command that take a value as the next argument
+// ("--label ci"): that value is the command's, whatever it looks like.
+var commandValueFlags = map[string]map[string]bool{
+	"admin": {"project": true, "label": true, "prefix": true, "rights": true, "expires": true},
+	"tail":  {"from": true},
+}
+
+// takeGlobalFlags sets the flags of fs (itx's own, but -e) found among a command's arguments
+// and returns the arguments without them, in order: "itx admin projects --json" as "itx --json
+// admin projects". The value of one of the command's own flags (valueFlags) is left to it, and
+// after "--" nothing is taken.
+func takeGlobalFlags(fs *flag.FlagSet, args []string, valueFlags map[string]bool) ([]string, error) {
+	var rest []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			return append(rest, args[i:]...), nil
+		}
+		name, value, hasValue := strings.Cut(strings.TrimPrefix(strings.TrimPrefix(a, "-"), "-"), "=")
+		f := fs.Lookup(name)
+		switch {
+		case !strings.HasPrefix(a, "-") || a == "-" || name == "":
+			rest = append(rest, a)
+		case f == nil || name == "e":
+			rest = append(rest, a)
+			if valueFlags[name] && !hasValue && i+1 < len(args) {
+				i++
+				rest = append(rest, args[i])
+			}
+		default:
+			if b, ok := f.Value.(interface{ IsBoolFlag() bool }); !hasValue && ok && b.IsBoolFlag() {
+				value, hasValue = "true", true
+			}
+			if !hasValue {
+				if i+1 == len(args) {
+					return nil, fmt.Errorf("flag needs an argument: -%s", name)
+				}
+				i++
+				value = args[i]
+			}
+			if err := fs.Set(name, value); err != nil {
+				return nil, fmt.Errorf("invalid value %q for flag -%s: %v", value, name, err)
+			}
+		}
+	}
+	return rest, nil
 }
 
 // usageFailure reports a command's usage error as a shell shows it ("usage: itx tail <path>
