@@ -248,6 +248,10 @@ func TestRun_GlobalFlagsAfterTheCommand(t *testing.T) {
 	require.Equal(t, exitOK, code, "stderr: %s", errs)
 	require.Contains(t, out, `"type":"x"`)
 
+	code, _, errs = c.run("", "admin", "--data", s.Dir)
+	require.Equal(t, exitUsage, code, "itx admin alone shows its usage: %s", errs)
+	require.Contains(t, errs, "Usage: itx [flags] admin <command>")
+
 	code, _, errs = c.run("", "export", "/g", "--addr")
 	require.Equal(t, exitUsage, code)
 	require.Contains(t, errs, "flag needs an argument: -addr")

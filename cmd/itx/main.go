@@ -321,7 +321,7 @@ var commandValueFlags = map[string]map[string]bool{
 // admin projects". The value of one of the command's own flags (valueFlags) is left to it, and
 // after "--" nothing is taken.
 func takeGlobalFlags(fs *flag.FlagSet, args []string, valueFlags map[string]bool) ([]string, error) {
-	var rest []string
+	rest := []string{} // not nil: "itx admin" alone is still itx admin
 	for i := 0; i < len(args); i++ {
 		a := args[i]
 		if a == "--" {
