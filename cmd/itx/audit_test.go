@@ -182,3 +182,16 @@ func TestRun_JSONResultsAreAlwaysJSON(t *testing.T) {
 	require.Equal(t, exitOK, code)
 	require.Equal(t, "[Function f]\n", out, "as it was, off --json")
 }
+
+// A connection opened at the prompt answers key() (Connection.key in the schema): the key it
+// was opened under, or the one itxd gave it; .help Stream lists it.
+func TestEval_ConnectionKey(t *testing.T) {
+	ts := startServer(t)
+	ts.appendDirect(t, "/keyed", itx.EventInput{Type: "a"})
+	s := newSession(t, ts)
+	require.Equal(t, "mine", s.mustEval(t, `project.streams.get("/keyed").openConnection({key: "mine"}).key()`))
+	generated := s.mustEval(t, `project.streams.get("/keyed").openConnection().key()`)
+	require.NotEmpty(t, generated)
+	require.NoError(t, s.RunCommand(t.Context(), "help Stream"))
+	require.Contains(t, s.out.String(), "{take(), ping(), key(), close(reason)}")
+}
