@@ -103,7 +103,9 @@ func run(args []string, env environment) int {
   itx [flags] -e 'expression'        evaluate one expression and print its result
   itx [flags] script.js [args...]    run a script; - reads it from stdin
   ... | itx [flags]                  evaluate piped lines one by one, printing each result
-  itx [flags] tail <path> [--from N] print events as they are appended, until Ctrl-C
+  itx [flags] tail <path> [--from N | N]
+                                     print events after offset N (default: the head) as they
+                                     are appended, until Ctrl-C
   itx [flags] import <path> [file] [--with-control]
                                      append newline-delimited JSON events (stdin without a file);
                                      stream/* control records are skipped without --with-control
