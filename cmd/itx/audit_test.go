@@ -195,3 +195,32 @@ func TestEval_ConnectionKey(t *testing.T) {
 	require.NoError(t, s.RunCommand(t.Context(), "help Stream"))
 	require.Contains(t, s.out.String(), "{take(), ping(), key(), close(reason)}")
 }
+
+// Under --json a usage error is an error like any other: {"error": {code, message}} on stderr,
+// invalidArgument with a one-line message, and exit status 2 (it printed the shell's text).
+func TestRun_JSONUsageErrors(t *testing.T) {
+	c := newCLI(t)
+	conn := []string{"--addr", mustClosedPort(t), "--token", "itx_unused", "--json"}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"tail"}, "usage: itx tail <path> [--from N | N]"},
+		{[]string{"tail", "/t", "1", "2"}, "itx tail: too many arguments; usage: itx tail <path> [--from N | N]"},
+		{[]string{"-e", "1", "extra"}, "itx: -e takes no other arguments"},
+		{[]string{"missing-script.js"}, "itx: open missing-script.js: no such file or directory"},
+	} {
+		code, out, errs := c.run("", append(conn, tc.args...)...)
+		require.Equal(t, exitUsage, code, "%v: %s", tc.args, errs)
+		require.Empty(t, out)
+		var failure struct {
+			Error struct{ Code, Message string } `json:"error"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(errs), &failure), "%v: stderr %q", tc.args, errs)
+		require.Equal(t, "invalidArgument", failure.Error.Code, "%v", tc.args)
+		require.Equal(t, tc.want, failure.Error.Message, "%v", tc.args)
+	}
+	code, _, errs := c.run("", "--addr", mustClosedPort(t), "--token", "itx_unused", "tail")
+	require.Equal(t, exitUsage, code)
+	require.Equal(t, "usage: itx tail <path> [--from N | N]\n", errs, "text without --json, as before")
+}

@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/chzyer/readline"
+	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/cmd/itx/internal/repl"
 	"golang.org/x/term"
@@ -167,8 +168,7 @@ Flags:
 	switch {
 	case *expr != "":
 		if fs.NArg() > 0 {
-			fmt.Fprintln(env.stderr, "itx: -e takes no other arguments")
-			return exitUsage
+			return usageText(env.stderr, "itx: -e takes no other arguments", asJSON)
 		}
 	case sub == "admin":
 		adminArgs = subArgs
@@ -178,7 +178,7 @@ Flags:
 			// or not itxd is up.
 			if c.Check != nil {
 				if err := c.Check(subArgs); err != nil {
-					return usageFailure(env.stderr, err)
+					return usageFailure(env.stderr, err, asJSON)
 				}
 			}
 			command = c
@@ -192,8 +192,7 @@ Flags:
 			b, err = os.ReadFile(scriptName)
 		}
 		if err != nil {
-			fmt.Fprintln(env.stderr, "itx:", err)
-			return exitUsage
+			return usageText(env.stderr, "itx: "+err.Error(), asJSON)
 		}
 		script = string(b)
 	case env.stdinTTY:
@@ -204,14 +203,12 @@ Flags:
 
 	conf, err := resolve(st, env.getenv)
 	if err != nil {
-		fmt.Fprintln(env.stderr, "itx:", err)
-		return exitUsage
+		return usageText(env.stderr, "itx: "+err.Error(), asJSON)
 	}
 	var tlsConfig *tls.Config
 	if *useTLS || *caFile != "" || *certFile != "" || *keyFile != "" {
 		if tlsConfig, err = client.TLSConfig(*caFile, *certFile, *keyFile); err != nil {
-			fmt.Fprintln(env.stderr, "itx:", err)
-			return exitUsage
+			return usageText(env.stderr, "itx: "+err.Error(), asJSON)
 		}
 	}
 	if adminArgs != nil {
@@ -300,7 +297,7 @@ Flags:
 	if runErr != nil {
 		var usage *repl.UsageError
 		if errors.As(runErr, &usage) {
-			return usageFailure(env.stderr, runErr)
+			return usageFailure(env.stderr, runErr, asJSON)
 		}
 		s.PrintError(runErr)
 		if ctx.Err() != nil {
@@ -360,13 +357,27 @@ func takeGlobalFlags(fs *flag.FlagSet, args []string, valueFlags map[string]bool
 }
 
 // usageFailure reports a command's usage error as a shell shows it ("usage: itx tail <path>
-// ..."), with the status of a usage error.
-func usageFailure(stderr io.Writer, err error) int {
+// ..."), or under --json as an invalidArgument error on one line, with the status of a usage
+// error.
+func usageFailure(stderr io.Writer, err error, asJSON bool) int {
 	var usage *repl.UsageError
-	if errors.As(err, &usage) {
+	switch {
+	case errors.As(err, &usage) && asJSON:
+		return usageText(stderr, strings.ReplaceAll(usage.CLIUsage(), "\n", "; "), true)
+	case errors.As(err, &usage):
 		fmt.Fprintln(stderr, usage.CLIUsage())
+		return exitUsage
+	}
+	return usageText(stderr, "itx: "+repl.Describe(err).String(), asJSON)
+}
+
+// usageText reports a usage error: its text, or under --json {"error": {"code":
+// "invalidArgument", "message": text}}, as every error prints there.
+func usageText(stderr io.Writer, text string, asJSON bool) int {
+	if asJSON {
+		repl.PrintFailure(stderr, itx.Errorf(itx.EInvalid, "%s", text), true, false)
 	} else {
-		fmt.Fprintln(stderr, "itx:", repl.Describe(err))
+		fmt.Fprintln(stderr, text)
 	}
 	return exitUsage
 }
