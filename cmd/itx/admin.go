@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"strings"
@@ -34,15 +35,43 @@ Flags may come before or after the arguments; after --, everything is an argumen
 Without --token, itx admin uses the deployment token of the local data directory (--data).
 `
 
+// adminArgCounts is how many arguments (besides flags) each admin command takes.
+var adminArgCounts = map[string]int{
+	"projects": 0, "create-project": 1, "rename-project": 2, "delete-project": 1,
+	"tokens": 0, "create-token": 0, "revoke-token": 1,
+}
+
 // runAdmin runs `itx admin ...`: one administrative call, its result printed as JSON (indented,
 // or under --json one compact document, and nothing for a call without a result, as -e prints).
 func runAdmin(args []string, conf resolved, tlsConfig *tls.Config, env environment, asJSON, color bool) int {
-	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
-		fmt.Fprint(env.stderr, adminUsage)
-		if len(args) == 0 {
-			return exitUsage
+	// usage reports a usage error, found before connecting: its line, then the commands (but
+	// for short, a problem with a value), or under --json the line as an error document.
+	usage := func(short bool, format string, a ...any) int {
+		msg := fmt.Sprintf(format, a...)
+		switch {
+		case asJSON:
+			return usageText(env.stderr, msg, true)
+		case short:
+			fmt.Fprintln(env.stderr, msg)
+		default:
+			fmt.Fprintf(env.stderr, "%s\n\n%s", msg, adminUsage)
 		}
+		return exitUsage
+	}
+	if len(args) == 0 && !asJSON {
+		fmt.Fprint(env.stderr, adminUsage)
+		return exitUsage
+	}
+	if len(args) == 0 {
+		return usage(true, "itx admin: want a command (itx admin help)")
+	}
+	if args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+		fmt.Fprint(env.stderr, adminUsage)
 		return exitOK
+	}
+	want, known := adminArgCounts[args[0]]
+	if !known {
+		return usage(false, "itx admin: unknown command %q", args[0])
 	}
 	token := conf.token
 	if conf.deploymentToken != "" {
@@ -50,6 +79,9 @@ func runAdmin(args []string, conf resolved, tlsConfig *tls.Config, env environme
 	}
 	fs := flag.NewFlagSet("itx admin "+args[0], flag.ContinueOnError)
 	fs.SetOutput(env.stderr)
+	if asJSON {
+		fs.SetOutput(io.Discard) // the error is reported below, as JSON
+	}
 	project := fs.String("project", "", "the project (default: the token's own)")
 	label := fs.String("label", "", "the token's label")
 	prefix := fs.String("prefix", "", "limit the token to streams under this path")
@@ -58,19 +90,17 @@ func runAdmin(args []string, conf resolved, tlsConfig *tls.Config, env environme
 	force := fs.Bool("force", false, "delete-project: delete the project's streams and their files too")
 	rest, err := parseInterleaved(fs, args[1:])
 	if err != nil {
-		return exitUsage
+		if asJSON {
+			return usage(true, "itx admin %s: %v", args[0], err)
+		}
+		return exitUsage // the flag package said why
 	}
 	if *expires < 0 {
 		// Read as "no expiry" (0), it would make a token that never expires.
-		fmt.Fprintf(env.stderr, "itx admin %s: --expires %s: want a duration from now (0: never)\n", args[0], *expires)
-		return exitUsage
+		return usage(true, "itx admin %s: --expires %s: want a duration from now (0: never)", args[0], *expires)
 	}
-	need := func(n int) bool {
-		if len(rest) != n {
-			fmt.Fprintf(env.stderr, "itx admin %s: want %d argument(s), got %d\n\n%s", args[0], n, len(rest), adminUsage)
-			return false
-		}
-		return true
+	if len(rest) != want {
+		return usage(false, "itx admin %s: want %d argument(s), got %d", args[0], want, len(rest))
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
@@ -91,9 +121,6 @@ func runAdmin(args []string, conf resolved, tlsConfig *tls.Config, env environme
 	var out any
 	switch args[0] {
 	case "projects":
-		if !need(0) {
-			return exitUsage
-		}
 		var list []itx.ProjectSummary
 		if list, err = client.ListProjects(ctx, a); err == nil {
 			rows := make([]repl.ProjectJS, len(list))
@@ -103,25 +130,13 @@ func runAdmin(args []string, conf resolved, tlsConfig *tls.Config, env environme
 			out = rows
 		}
 	case "create-project":
-		if !need(1) {
-			return exitUsage
-		}
 		info, tok, t, e := client.CreateProject(ctx, a, rest[0])
 		err, out = e, repl.CreatedProjectJS{ID: info.ID, Name: info.Name, Token: tok, TokenInfo: repl.TokenOf(t)}
 	case "rename-project":
-		if !need(2) {
-			return exitUsage
-		}
 		err = client.RenameProject(ctx, a, rest[0], rest[1])
 	case "delete-project":
-		if !need(1) {
-			return exitUsage
-		}
 		err = client.DeleteProject(ctx, a, rest[0], *force)
 	case "tokens":
-		if !need(0) {
-			return exitUsage
-		}
 		var list []itx.TokenInfo
 		if list, err = client.ListTokens(ctx, a, *project); err == nil {
 			rows := make([]repl.TokenJS, len(list))
@@ -131,9 +146,6 @@ func runAdmin(args []string, conf resolved, tlsConfig *tls.Config, env environme
 			out = rows
 		}
 	case "create-token":
-		if !need(0) {
-			return exitUsage
-		}
 		o := client.TokenOptions{Label: *label, Scope: itx.Scope{Prefix: *prefix}}
 		if *rights != "" {
 			for _, r := range strings.Split(*rights, ",") {
@@ -146,13 +158,7 @@ func runAdmin(args []string, conf resolved, tlsConfig *tls.Config, env environme
 		tok, t, e := client.CreateToken(ctx, a, *project, o)
 		err, out = e, repl.CreatedTokenJS{Token: tok, Info: repl.TokenOf(t)}
 	case "revoke-token":
-		if !need(1) {
-			return exitUsage
-		}
 		err = client.RevokeToken(ctx, a, *project, rest[0])
-	default:
-		fmt.Fprintf(env.stderr, "itx admin: unknown command %q\n\n%s", args[0], adminUsage)
-		return exitUsage
 	}
 	if err != nil {
 		repl.PrintFailure(env.stderr, err, asJSON, color)

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/itx-dev/itx/cmd/itx/internal/repl"
 	"github.com/itx-dev/itx/internal/itxtest"
 	"github.com/itx-dev/itx/server"
 	"github.com/stretchr/testify/require"
@@ -257,4 +258,43 @@ func TestRun_GlobalFlagsAfterTheCommand(t *testing.T) {
 	require.Contains(t, errs, "flag needs an argument: -addr")
 	code, _, errs = c.run("", "export", "/g", "-e", "1", "--addr", s.Addr, "--token", s.Creds.ProjectToken)
 	require.Equal(t, exitUsage, code, "-e is not a command's flag: %s", errs)
+}
+
+// itx admin's usage errors are found before it connects, so they are usage errors (2) whether
+// or not itxd is up (an unknown command or a wrong argument count was found after dialing: with
+// itxd down, "unavailable", 1), and under --json they print as {"error": ...} like every error.
+func TestRun_AdminUsageErrorsBeforeConnecting(t *testing.T) {
+	c := newCLI(t)
+	conn := []string{"--addr", mustClosedPort(t), "--token", "itxd_unused"}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"frobnicate"}, `itx admin: unknown command "frobnicate"`},
+		{[]string{"rename-project", "prj_x"}, "itx admin rename-project: want 2 argument(s), got 1"},
+		{[]string{"projects", "extra"}, "itx admin projects: want 0 argument(s), got 1"},
+		{[]string{"create-token", "--label", "x", "--expires", "-1h"}, "itx admin create-token: --expires -1h0m0s: want a duration from now (0: never)"},
+		{[]string{"tokens", "--bogus"}, "itx admin tokens: flag provided but not defined: -bogus"},
+		{nil, "itx admin: want a command (itx admin help)"},
+	} {
+		args := append(append([]string{}, conn...), "admin")
+		code, out, errs := c.run("", append(args, tc.args...)...)
+		require.Equal(t, exitUsage, code, "%v: %s", tc.args, errs)
+		require.Empty(t, out)
+		if tc.args == nil {
+			require.Contains(t, errs, "Usage: itx [flags] admin <command>")
+		} else {
+			_, problem, _ := strings.Cut(tc.want, ": ")
+			require.Contains(t, errs, problem, "%v", tc.args)
+		}
+
+		code, out, errs = c.run("", append(append([]string{"--json"}, args...), tc.args...)...)
+		require.Equal(t, exitUsage, code, "--json %v: %s", tc.args, errs)
+		require.Empty(t, out)
+		var failure struct {
+			Error struct{ Code, Message string } `json:"error"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(errs), &failure), "--json %v: stderr %q", tc.args, errs)
+		require.Equal(t, repl.Failure{Code: "invalidArgument", Message: tc.want}, repl.Failure{Code: failure.Error.Code, Message: failure.Error.Message}, "%v", tc.args)
+	}
 }
