@@ -203,3 +203,24 @@ func TestRun_CommandArgumentsKeepTheirSpaces(t *testing.T) {
 	require.True(t, strings.HasPrefix(errs, "invalidArgument: "), errs)
 	require.Contains(t, errs, "/bad path")
 }
+
+// At the prompt (and in piped input) a command's argument may be quoted, as in a shell: a file
+// name with a space is one argument. It was split at the space ("too many arguments").
+func TestSession_CommandArgumentsMayBeQuoted(t *testing.T) {
+	ts := startServer(t)
+	s := newSession(t, ts)
+	dir := t.TempDir()
+	file := writeFile(t, dir, "my events.ndjson", `{"type": "a"}`+"\n"+`{"type": "b"}`+"\n")
+	require.NoError(t, s.RunCommand(t.Context(), `import /quoted "`+file+`"`))
+	require.Contains(t, s.errs.String(), "imported 2 events into /quoted")
+	require.NoError(t, s.RunCommand(t.Context(), `import /quoted2 '`+file+`'`))
+	require.Contains(t, s.errs.String(), "imported 2 events into /quoted2")
+
+	err := s.RunCommand(t.Context(), `import /quoted "`+file)
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "unterminated quote")
+	c := newCLI(t)
+	c.env["ITX_ADDR"], c.env["ITX_TOKEN"] = ts.addr, ts.token
+	code, _, errs := c.run(`.import /quoted3 "` + file + `"` + "\n")
+	require.Equal(t, exitOK, code, errs)
+}

@@ -115,13 +115,67 @@ func init() {
 }
 
 // RunCommand runs the command line `name args...` (without the leading dot), its words split
-// at spaces.
+// at spaces as a shell splits them: 'single' or "double" quotes keep a word's spaces.
 func (s *Session) RunCommand(ctx context.Context, line string) error {
-	fields := strings.Fields(line)
+	fields, err := splitWords(line)
+	if err != nil {
+		return err
+	}
 	if len(fields) == 0 {
 		return nil
 	}
 	return s.RunCommandArgs(ctx, fields[0], fields[1:])
+}
+
+// splitWords splits a command line into words at unquoted spaces. Quotes group (and are
+// dropped): within '...' every character is itself; within "...", \" and \\ stand for " and \.
+func splitWords(line string) ([]string, error) {
+	var (
+		words []string
+		word  strings.Builder
+		in    bool // a word has begun (it may be empty: "")
+		quote rune
+	)
+	runes := []rune(line)
+	for i := 0; i < len(runes); i++ {
+		r := runes[i]
+		switch {
+		case quote == '\'':
+			if r == '\'' {
+				quote = 0
+			} else {
+				word.WriteRune(r)
+			}
+		case quote == '"':
+			switch {
+			case r == '"':
+				quote = 0
+			case r == '\\' && i+1 < len(runes) && (runes[i+1] == '"' || runes[i+1] == '\\'):
+				i++
+				word.WriteRune(runes[i])
+			default:
+				word.WriteRune(r)
+			}
+		case r == '\'' || r == '"':
+			quote, in = r, true
+		case r == ' ' || r == '\t':
+			if in {
+				words = append(words, word.String())
+				word.Reset()
+				in = false
+			}
+		default:
+			word.WriteRune(r)
+			in = true
+		}
+	}
+	if quote != 0 {
+		return nil, &UsageError{err: itx.Errorf(itx.EInvalid, "unterminated quote (%c) in %q", quote, line)}
+	}
+	if in {
+		words = append(words, word.String())
+	}
+	return words, nil
 }
 
 // RunCommandArgs runs the command name with args as they are (itx <command> from a shell,
