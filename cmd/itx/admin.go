@@ -35,6 +35,33 @@ Flags may come before or after the arguments; after --, everything is an argumen
 Without --token, itx admin uses the deployment token of the local data directory (--data).
 `
 
+// adminOptions are the flags of itx admin's commands.
+type adminOptions struct {
+	project, label, prefix, rights string
+	expires                        time.Duration
+	force                          bool
+}
+
+// adminFlags is the flag set of an itx admin command.
+func adminFlags(name string) (*flag.FlagSet, *adminOptions) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	o := &adminOptions{}
+	fs.StringVar(&o.project, "project", "", "the project (default: the token's own)")
+	fs.StringVar(&o.label, "label", "", "the token's label")
+	fs.StringVar(&o.prefix, "prefix", "", "limit the token to streams under this path")
+	fs.StringVar(&o.rights, "rights", "", "limit the token to these rights (comma-separated: read, append, subscribe, admin)")
+	fs.DurationVar(&o.expires, "expires", 0, "the token expires after this long (0: never)")
+	fs.BoolVar(&o.force, "force", false, "delete-project: delete the project's streams and their files too")
+	return fs, o
+}
+
+// adminValueFlags names the admin flags that take a value: itx leaves that value to them when
+// it takes its own flags from among a command's arguments.
+func adminValueFlags() map[string]bool {
+	fs, _ := adminFlags("itx admin")
+	return valueFlags(fs)
+}
+
 // adminArgCounts is how many arguments (besides flags) each admin command takes.
 var adminArgCounts = map[string]int{
 	"projects": 0, "create-project": 1, "rename-project": 2, "delete-project": 1,
@@ -77,17 +104,11 @@ func runAdmin(args []string, conf resolved, tlsConfig *tls.Config, env environme
 	if conf.deploymentToken != "" {
 		token = conf.deploymentToken
 	}
-	fs := flag.NewFlagSet("itx admin "+args[0], flag.ContinueOnError)
+	fs, o := adminFlags("itx admin " + args[0])
 	fs.SetOutput(env.stderr)
 	if asJSON {
 		fs.SetOutput(io.Discard) // the error is reported below, as JSON
 	}
-	project := fs.String("project", "", "the project (default: the token's own)")
-	label := fs.String("label", "", "the token's label")
-	prefix := fs.String("prefix", "", "limit the token to streams under this path")
-	rights := fs.String("rights", "", "limit the token to these rights (comma-separated: read, append, subscribe, admin)")
-	expires := fs.Duration("expires", 0, "the token expires after this long (0: never)")
-	force := fs.Bool("force", false, "delete-project: delete the project's streams and their files too")
 	rest, err := parseInterleaved(fs, args[1:])
 	if err != nil {
 		if asJSON {
@@ -95,9 +116,9 @@ func runAdmin(args []string, conf resolved, tlsConfig *tls.Config, env environme
 		}
 		return exitUsage // the flag package said why
 	}
-	if *expires < 0 {
+	if o.expires < 0 {
 		// Read as "no expiry" (0), it would make a token that never expires.
-		return usage(true, "itx admin %s: --expires %s: want a duration from now (0: never)", args[0], *expires)
+		return usage(true, "itx admin %s: --expires %s: want a duration from now (0: never)", args[0], o.expires)
 	}
 	if len(rest) != want {
 		return usage(false, "itx admin %s: want %d argument(s), got %d", args[0], want, len(rest))
@@ -135,10 +156,10 @@ func runAdmin(args []string, conf resolved, tlsConfig *tls.Config, env environme
 	case "rename-project":
 		err = client.RenameProject(ctx, a, rest[0], rest[1])
 	case "delete-project":
-		err = client.DeleteProject(ctx, a, rest[0], *force)
+		err = client.DeleteProject(ctx, a, rest[0], o.force)
 	case "tokens":
 		var list []itx.TokenInfo
-		if list, err = client.ListTokens(ctx, a, *project); err == nil {
+		if list, err = client.ListTokens(ctx, a, o.project); err == nil {
 			rows := make([]repl.TokenJS, len(list))
 			for i, t := range list {
 				rows[i] = repl.TokenOf(t)
@@ -146,19 +167,19 @@ func runAdmin(args []string, conf resolved, tlsConfig *tls.Config, env environme
 			out = rows
 		}
 	case "create-token":
-		o := client.TokenOptions{Label: *label, Scope: itx.Scope{Prefix: *prefix}}
-		if *rights != "" {
-			for _, r := range strings.Split(*rights, ",") {
-				o.Scope.Rights = append(o.Scope.Rights, itx.Right(strings.TrimSpace(r)))
+		to := client.TokenOptions{Label: o.label, Scope: itx.Scope{Prefix: o.prefix}}
+		if o.rights != "" {
+			for _, r := range strings.Split(o.rights, ",") {
+				to.Scope.Rights = append(to.Scope.Rights, itx.Right(strings.TrimSpace(r)))
 			}
 		}
-		if *expires > 0 {
-			o.Expires = time.Now().Add(*expires)
+		if o.expires > 0 {
+			to.Expires = time.Now().Add(o.expires)
 		}
-		tok, t, e := client.CreateToken(ctx, a, *project, o)
+		tok, t, e := client.CreateToken(ctx, a, o.project, to)
 		err, out = e, repl.CreatedTokenJS{Token: tok, Info: repl.TokenOf(t)}
 	case "revoke-token":
-		err = client.RevokeToken(ctx, a, *project, rest[0])
+		err = client.RevokeToken(ctx, a, o.project, rest[0])
 	}
 	if err != nil {
 		repl.PrintFailure(env.stderr, err, asJSON, color)

@@ -311,8 +311,19 @@ Flags:
 // commandValueFlags are the flags of a command that take a value as the next argument
 // ("--label ci"): that value is the command's, whatever it looks like.
 var commandValueFlags = map[string]map[string]bool{
-	"admin": {"project": true, "label": true, "prefix": true, "rights": true, "expires": true},
+	"admin": adminValueFlags(),
 	"tail":  {"from": true},
+}
+
+// valueFlags names the flags of fs that take a value (all but the booleans).
+func valueFlags(fs *flag.FlagSet) map[string]bool {
+	out := map[string]bool{}
+	fs.VisitAll(func(f *flag.Flag) {
+		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); !ok || !b.IsBoolFlag() {
+			out[f.Name] = true
+		}
+	})
+	return out
 }
 
 // takeGlobalFlags sets the flags of fs (itx's own, but -e) found among a command's arguments
