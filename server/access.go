@@ -399,6 +399,10 @@ func (s *Server) unloadProject(ctx context.Context, id string) error {
 		if ref.ProjectID == id {
 			delete(s.actors, ref)
 			s.unloading[ref] = a
+			// Before the cancel, which ends its live views (their engine runs under dctx): they
+			// hear streamRemoved, not serverShuttingDown (the removed message posted below
+			// came too late for a view that ended first).
+			a.deleted.Store(true)
 			a.dcancel() // under s.mu: nothing pins it from here on
 			if a.refs > 0 {
 				a.drained = make(chan struct{})

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"strings"
@@ -30,45 +31,97 @@ Tokens (the deployment root's token, or a project token with the admin right for
                                              prints the new token (shown once)
   revoke-token [--project ID] <token-id>     revoke at once
 
+Flags may come before or after the arguments; after --, everything is an argument.
 Without --token, itx admin uses the deployment token of the local data directory (--data).
 `
 
-// runAdmin runs `itx admin ...`: one administrative call, its result printed as JSON.
-func runAdmin(args []string, conf resolved, tlsConfig *tls.Config, env environment) int {
-	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
-		fmt.Fprint(env.stderr, adminUsage)
-		if len(args) == 0 {
-			return exitUsage
+// adminOptions are the flags of itx admin's commands.
+type adminOptions struct {
+	project, label, prefix, rights string
+	expires                        time.Duration
+	force                          bool
+}
+
+// adminFlags is the flag set of an itx admin command.
+func adminFlags(name string) (*flag.FlagSet, *adminOptions) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	o := &adminOptions{}
+	fs.StringVar(&o.project, "project", "", "the project (default: the token's own)")
+	fs.StringVar(&o.label, "label", "", "the token's label")
+	fs.StringVar(&o.prefix, "prefix", "", "limit the token to streams under this path")
+	fs.StringVar(&o.rights, "rights", "", "limit the token to these rights (comma-separated: read, append, subscribe, admin)")
+	fs.DurationVar(&o.expires, "expires", 0, "the token expires after this long (0: never)")
+	fs.BoolVar(&o.force, "force", false, "delete-project: delete the project's streams and their files too")
+	return fs, o
+}
+
+// adminValueFlags names the admin flags that take a value: itx leaves that value to them when
+// it takes its own flags from among a command's arguments.
+func adminValueFlags() map[string]bool {
+	fs, _ := adminFlags("itx admin")
+	return valueFlags(fs)
+}
+
+// adminArgCounts is how many arguments (besides flags) each admin command takes.
+var adminArgCounts = map[string]int{
+	"projects": 0, "create-project": 1, "rename-project": 2, "delete-project": 1,
+	"tokens": 0, "create-token": 0, "revoke-token": 1,
+}
+
+// runAdmin runs `itx admin ...`: one administrative call, its result printed as JSON (indented,
+// or under --json one compact document, and nothing for a call without a result, as -e prints).
+func runAdmin(args []string, conf resolved, tlsConfig *tls.Config, env environment, asJSON, color bool) int {
+	// usage reports a usage error, found before connecting: its line, then the commands (but
+	// for short, a problem with a value), or under --json the line as an error document.
+	usage := func(short bool, format string, a ...any) int {
+		msg := fmt.Sprintf(format, a...)
+		switch {
+		case asJSON:
+			return usageText(env.stderr, msg, true)
+		case short:
+			fmt.Fprintln(env.stderr, msg)
+		default:
+			fmt.Fprintf(env.stderr, "%s\n\n%s", msg, adminUsage)
 		}
+		return exitUsage
+	}
+	if len(args) == 0 && !asJSON {
+		fmt.Fprint(env.stderr, adminUsage)
+		return exitUsage
+	}
+	if len(args) == 0 {
+		return usage(true, "itx admin: want a command (itx admin help)")
+	}
+	if args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+		fmt.Fprint(env.stderr, adminUsage)
 		return exitOK
+	}
+	want, known := adminArgCounts[args[0]]
+	if !known {
+		return usage(false, "itx admin: unknown command %q", args[0])
 	}
 	token := conf.token
 	if conf.deploymentToken != "" {
 		token = conf.deploymentToken
 	}
-	fs := flag.NewFlagSet("itx admin "+args[0], flag.ContinueOnError)
+	fs, o := adminFlags("itx admin " + args[0])
 	fs.SetOutput(env.stderr)
-	project := fs.String("project", "", "the project (default: the token's own)")
-	label := fs.String("label", "", "the token's label")
-	prefix := fs.String("prefix", "", "limit the token to streams under this path")
-	rights := fs.String("rights", "", "limit the token to these rights (comma-separated: read, append, subscribe, admin)")
-	expires := fs.Duration("expires", 0, "the token expires after this long (0: never)")
-	force := fs.Bool("force", false, "delete-project: delete the project's streams and their files too")
-	if err := fs.Parse(args[1:]); err != nil {
-		return exitUsage
+	if asJSON {
+		fs.SetOutput(io.Discard) // the error is reported below, as JSON
 	}
-	if *expires < 0 {
-		// Read as "no expiry" (0), it would make a token that never expires.
-		fmt.Fprintf(env.stderr, "itx admin %s: --expires %s: want a duration from now (0: never)\n", args[0], *expires)
-		return exitUsage
-	}
-	rest := fs.Args()
-	need := func(n int) bool {
-		if len(rest) != n {
-			fmt.Fprintf(env.stderr, "itx admin %s: want %d argument(s), got %d\n\n%s", args[0], n, len(rest), adminUsage)
-			return false
+	rest, err := parseInterleaved(fs, args[1:])
+	if err != nil {
+		if asJSON {
+			return usage(true, "itx admin %s: %v", args[0], err)
 		}
-		return true
+		return exitUsage // the flag package said why
+	}
+	if o.expires < 0 {
+		// Read as "no expiry" (0), it would make a token that never expires.
+		return usage(true, "itx admin %s: --expires %s: want a duration from now (0: never)", args[0], o.expires)
+	}
+	if len(rest) != want {
+		return usage(false, "itx admin %s: want %d argument(s), got %d", args[0], want, len(rest))
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
@@ -77,7 +130,7 @@ func runAdmin(args []string, conf resolved, tlsConfig *tls.Config, env environme
 	defer cancel()
 	conn, err := client.DialWith(dctx, conf.addr, client.Options{TLS: tlsConfig})
 	if err != nil {
-		repl.PrintFailure(env.stderr, itx.Errorf(itx.EUnavailable, "%v", err), false, false)
+		repl.PrintFailure(env.stderr, itx.Errorf(itx.EUnavailable, "%v", err), asJSON, color)
 		return exitError
 	}
 	defer conn.Close()
@@ -89,9 +142,6 @@ func runAdmin(args []string, conf resolved, tlsConfig *tls.Config, env environme
 	var out any
 	switch args[0] {
 	case "projects":
-		if !need(0) {
-			return exitUsage
-		}
 		var list []itx.ProjectSummary
 		if list, err = client.ListProjects(ctx, a); err == nil {
 			rows := make([]repl.ProjectJS, len(list))
@@ -101,27 +151,15 @@ func runAdmin(args []string, conf resolved, tlsConfig *tls.Config, env environme
 			out = rows
 		}
 	case "create-project":
-		if !need(1) {
-			return exitUsage
-		}
 		info, tok, t, e := client.CreateProject(ctx, a, rest[0])
 		err, out = e, repl.CreatedProjectJS{ID: info.ID, Name: info.Name, Token: tok, TokenInfo: repl.TokenOf(t)}
 	case "rename-project":
-		if !need(2) {
-			return exitUsage
-		}
 		err = client.RenameProject(ctx, a, rest[0], rest[1])
 	case "delete-project":
-		if !need(1) {
-			return exitUsage
-		}
-		err = client.DeleteProject(ctx, a, rest[0], *force)
+		err = client.DeleteProject(ctx, a, rest[0], o.force)
 	case "tokens":
-		if !need(0) {
-			return exitUsage
-		}
 		var list []itx.TokenInfo
-		if list, err = client.ListTokens(ctx, a, *project); err == nil {
+		if list, err = client.ListTokens(ctx, a, o.project); err == nil {
 			rows := make([]repl.TokenJS, len(list))
 			for i, t := range list {
 				rows[i] = repl.TokenOf(t)
@@ -129,38 +167,78 @@ func runAdmin(args []string, conf resolved, tlsConfig *tls.Config, env environme
 			out = rows
 		}
 	case "create-token":
-		if !need(0) {
-			return exitUsage
-		}
-		o := client.TokenOptions{Label: *label, Scope: itx.Scope{Prefix: *prefix}}
-		if *rights != "" {
-			for _, r := range strings.Split(*rights, ",") {
-				o.Scope.Rights = append(o.Scope.Rights, itx.Right(strings.TrimSpace(r)))
+		to := client.TokenOptions{Label: o.label, Scope: itx.Scope{Prefix: o.prefix}}
+		if o.rights != "" {
+			for _, r := range strings.Split(o.rights, ",") {
+				to.Scope.Rights = append(to.Scope.Rights, itx.Right(strings.TrimSpace(r)))
 			}
 		}
-		if *expires > 0 {
-			o.Expires = time.Now().Add(*expires)
+		if o.expires > 0 {
+			to.Expires = time.Now().Add(o.expires)
 		}
-		tok, t, e := client.CreateToken(ctx, a, *project, o)
+		tok, t, e := client.CreateToken(ctx, a, o.project, to)
 		err, out = e, repl.CreatedTokenJS{Token: tok, Info: repl.TokenOf(t)}
 	case "revoke-token":
-		if !need(1) {
-			return exitUsage
-		}
-		err = client.RevokeToken(ctx, a, *project, rest[0])
-	default:
-		fmt.Fprintf(env.stderr, "itx admin: unknown command %q\n\n%s", args[0], adminUsage)
-		return exitUsage
+		err = client.RevokeToken(ctx, a, o.project, rest[0])
 	}
 	if err != nil {
-		repl.PrintFailure(env.stderr, err, false, false)
+		repl.PrintFailure(env.stderr, err, asJSON, color)
 		return exitError
 	}
-	if out != nil {
+	switch {
+	case out != nil && asJSON:
+		b, _ := json.Marshal(out)
+		fmt.Fprintln(env.stdout, string(b))
+	case out != nil:
 		b, _ := json.MarshalIndent(out, "", "  ")
 		fmt.Fprintln(env.stdout, string(b))
-	} else {
+	case !asJSON:
 		fmt.Fprintln(env.stdout, "ok")
 	}
 	return exitOK
+}
+
+// parseInterleaved parses args as fs's flags, wherever they stand among the positional
+// arguments ("revoke-token tok_... --project prj_..." as well as "revoke-token --project prj_...
+// tok_..."): Go's flag package stops at the first argument that is not a flag. After "--",
+// everything is an argument. It returns the arguments in order.
+func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		consumed := args[:len(args)-len(rest)]
+		if n := len(consumed); n > 0 && consumed[n-1] == "--" && !flagValue(fs, consumed[:n-1]) {
+			// Parse stopped at "--", the end of the flags.
+			return append(positional, rest...), nil
+		}
+		if len(rest) == 0 {
+			return positional, nil
+		}
+		positional = append(positional, rest[0])
+		args = rest[1:]
+	}
+}
+
+// flagValue reports whether the argument after consumed is the value of consumed's last flag
+// ("--label --": the label is "--"): that flag takes a value and was given without "=".
+func flagValue(fs *flag.FlagSet, consumed []string) bool {
+	if len(consumed) == 0 {
+		return false
+	}
+	last := consumed[len(consumed)-1]
+	name := strings.TrimLeft(last, "-")
+	if !strings.HasPrefix(last, "-") || name == "" || strings.Contains(name, "=") {
+		return false
+	}
+	f := fs.Lookup(name)
+	if f == nil {
+		return false
+	}
+	if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+		return false
+	}
+	return !flagValue(fs, consumed[:len(consumed)-1])
 }

@@ -2,8 +2,11 @@ package main
 
 import (
 	"encoding/json"
+	"flag"
+	"strings"
 	"testing"
 
+	"github.com/itx-dev/itx/cmd/itx/internal/repl"
 	"github.com/itx-dev/itx/internal/itxtest"
 	"github.com/itx-dev/itx/server"
 	"github.com/stretchr/testify/require"
@@ -106,4 +109,192 @@ func TestRun_AdminCreateTokenExpiresMustBePositive(t *testing.T) {
 	code, out, errs := admin("create-token", "--label", "later", "--expires", "1h")
 	require.Equal(t, exitOK, code, "stderr: %s", errs)
 	require.Contains(t, out, `"expiresAt": "`)
+}
+
+// itx admin takes its flags before, between or after its arguments, as users write them
+// (Go's flag package alone stops at the first argument: "revoke-token tok_... --project prj_..."
+// was "want 1 argument(s), got 3"); after "--" everything is an argument.
+func TestRun_AdminFlagsAnywhere(t *testing.T) {
+	s := itxtest.Start(t, server.Config{})
+	c := newCLI(t)
+	admin := func(args ...string) (int, string, string) {
+		return c.run("", append([]string{"--data", s.Dir, "--addr", s.Addr, "admin"}, args...)...)
+	}
+	code, out, errs := admin("create-project", "team-flags")
+	require.Equal(t, exitOK, code, "stderr: %s", errs)
+	var created struct {
+		ID    string `json:"id"`
+		Token string `json:"token"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &created))
+
+	code, out, errs = admin("create-token", "--label", "ci", "--project", created.ID, "--rights=read")
+	require.Equal(t, exitOK, code, "stderr: %s", errs)
+	var tok struct {
+		Info struct {
+			ID string `json:"id"`
+		} `json:"info"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &tok))
+
+	code, out, errs = admin("revoke-token", tok.Info.ID, "--project", created.ID)
+	require.Equal(t, exitOK, code, "a flag after the argument: %s", errs)
+	require.Equal(t, "ok\n", out)
+
+	code, _, errs = admin("rename-project", created.ID, "--", "-team-dash")
+	require.Equal(t, exitOK, code, "after --, an argument that looks like a flag: %s", errs)
+
+	// A stream in the project: deleting it needs --force, given last.
+	code, _, errs = c.run("", "--addr", s.Addr, "--token", created.Token, "-e", `project.streams.get("/x").append({type: "x"})`)
+	require.Equal(t, exitOK, code, "stderr: %s", errs)
+	code, _, errs = admin("delete-project", created.ID, "--force")
+	require.Equal(t, exitOK, code, "--force after the project id: %s", errs)
+	code, out, _ = admin("projects")
+	require.Equal(t, exitOK, code)
+	require.NotContains(t, out, created.ID)
+
+	code, _, errs = admin("revoke-token", "tok_x", "--bogus")
+	require.Equal(t, exitUsage, code, "an unknown flag anywhere is a usage error: %s", errs)
+	require.Contains(t, errs, "flag provided but not defined: -bogus")
+	code, _, errs = admin("rename-project", created.ID)
+	require.Equal(t, exitUsage, code)
+	require.Contains(t, errs, "want 2 argument(s), got 1")
+}
+
+func TestParseInterleaved(t *testing.T) {
+	for _, tc := range []struct {
+		args        []string
+		label, rest string
+		force       bool
+	}{
+		{[]string{"a", "--label", "l", "b"}, "l", "a b", false},
+		{[]string{"--force", "a", "--label=l"}, "l", "a", true},
+		{[]string{"a", "--", "--force", "-b"}, "", "a --force -b", false},
+		{[]string{"--label", "--", "a", "--force"}, "--", "a", true},
+		{[]string{"--label", "--", "--", "--force"}, "--", "--force", false},
+	} {
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		label := fs.String("label", "", "")
+		force := fs.Bool("force", false, "")
+		rest, err := parseInterleaved(fs, tc.args)
+		require.NoError(t, err, "%q", tc.args)
+		require.Equal(t, tc.rest, strings.Join(rest, " "), "%q", tc.args)
+		require.Equal(t, tc.label, *label, "%q", tc.args)
+		require.Equal(t, tc.force, *force, "%q", tc.args)
+	}
+}
+
+// itx --json admin prints as every other --json command: one compact JSON document a result,
+// nothing for a call without one (it printed "ok", which is not JSON), and errors as
+// {"error": {code, message}} on stderr (they printed as text).
+func TestRun_AdminJSON(t *testing.T) {
+	s := itxtest.Start(t, server.Config{})
+	c := newCLI(t)
+	admin := func(args ...string) (int, string, string) {
+		return c.run("", append([]string{"--data", s.Dir, "--addr", s.Addr, "--json", "admin"}, args...)...)
+	}
+	code, out, errs := admin("create-project", "team-json")
+	require.Equal(t, exitOK, code, "stderr: %s", errs)
+	require.Equal(t, 1, strings.Count(out, "\n"), "one compact document: %q", out)
+	var created struct {
+		ID string `json:"id"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &created))
+
+	code, out, errs = admin("projects")
+	require.Equal(t, exitOK, code, "stderr: %s", errs)
+	require.Equal(t, 1, strings.Count(out, "\n"), "one compact document: %q", out)
+	require.True(t, json.Valid([]byte(out)), out)
+
+	code, out, errs = admin("rename-project", created.ID, "team-json-2")
+	require.Equal(t, exitOK, code, "stderr: %s", errs)
+	require.Empty(t, out, "no result, no document")
+
+	code, out, errs = admin("rename-project", "prj_nope", "x")
+	require.Equal(t, exitError, code)
+	require.Empty(t, out)
+	var failure struct {
+		Error struct{ Code, Message string } `json:"error"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(errs), &failure), "stderr %q", errs)
+	require.Equal(t, "notFound", failure.Error.Code)
+
+	// Without --json: indented JSON, "ok", and "<code>: <message>".
+	code, out, _ = c.run("", "--data", s.Dir, "--addr", s.Addr, "admin", "rename-project", created.ID, "team-json-3")
+	require.Equal(t, exitOK, code)
+	require.Equal(t, "ok\n", out)
+	code, _, errs = c.run("", "--data", s.Dir, "--addr", s.Addr, "admin", "rename-project", "prj_nope", "x")
+	require.Equal(t, exitError, code)
+	require.True(t, strings.HasPrefix(errs, "notFound: "), errs)
+}
+
+// itx's own flags (--json, --addr, --token, --data, ...) may follow a command too, as the flags
+// of itx admin and itx tail may: "itx admin projects --json", "itx export /a --addr ...". They
+// were the command's arguments ("flag provided but not defined: -json"; "after must be an
+// offset"). A command flag's value is never taken for one of them.
+func TestRun_GlobalFlagsAfterTheCommand(t *testing.T) {
+	s := itxtest.Start(t, server.Config{})
+	c := newCLI(t)
+	code, out, errs := c.run("", "admin", "projects", "--json", "--addr", s.Addr, "--token", s.Creds.DeploymentToken)
+	require.Equal(t, exitOK, code, "stderr: %s", errs)
+	require.Equal(t, 1, strings.Count(out, "\n"), "--json after the command: one compact document: %q", out)
+
+	code, out, errs = c.run("", "admin", "create-token", "--label", "--json", "--data", s.Dir, "--addr", s.Addr)
+	require.Equal(t, exitOK, code, "stderr: %s", errs)
+	require.Contains(t, out, `"label": "--json"`, "the value of --label, not itx's --json")
+
+	code, _, errs = c.run("", "--addr", s.Addr, "--token", s.Creds.ProjectToken, "-e", `project.streams.get("/g").append({type: "x"})`)
+	require.Equal(t, exitOK, code, "stderr: %s", errs)
+	code, out, errs = c.run("", "export", "/g", "0", "--addr", s.Addr, "--token="+s.Creds.ProjectToken, "--with-control")
+	require.Equal(t, exitOK, code, "stderr: %s", errs)
+	require.Contains(t, out, `"type":"x"`)
+
+	code, _, errs = c.run("", "admin", "--data", s.Dir)
+	require.Equal(t, exitUsage, code, "itx admin alone shows its usage: %s", errs)
+	require.Contains(t, errs, "Usage: itx [flags] admin <command>")
+
+	code, _, errs = c.run("", "export", "/g", "--addr")
+	require.Equal(t, exitUsage, code)
+	require.Contains(t, errs, "flag needs an argument: -addr")
+	code, _, errs = c.run("", "export", "/g", "-e", "1", "--addr", s.Addr, "--token", s.Creds.ProjectToken)
+	require.Equal(t, exitUsage, code, "-e is not a command's flag: %s", errs)
+}
+
+// itx admin's usage errors are found before it connects, so they are usage errors (2) whether
+// or not itxd is up (an unknown command or a wrong argument count was found after dialing: with
+// itxd down, "unavailable", 1), and under --json they print as {"error": ...} like every error.
+func TestRun_AdminUsageErrorsBeforeConnecting(t *testing.T) {
+	c := newCLI(t)
+	conn := []string{"--addr", mustClosedPort(t), "--token", "itxd_unused"}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"frobnicate"}, `itx admin: unknown command "frobnicate"`},
+		{[]string{"rename-project", "prj_x"}, "itx admin rename-project: want 2 argument(s), got 1"},
+		{[]string{"projects", "extra"}, "itx admin projects: want 0 argument(s), got 1"},
+		{[]string{"create-token", "--label", "x", "--expires", "-1h"}, "itx admin create-token: --expires -1h0m0s: want a duration from now (0: never)"},
+		{[]string{"tokens", "--bogus"}, "itx admin tokens: flag provided but not defined: -bogus"},
+		{nil, "itx admin: want a command (itx admin help)"},
+	} {
+		args := append(append([]string{}, conn...), "admin")
+		code, out, errs := c.run("", append(args, tc.args...)...)
+		require.Equal(t, exitUsage, code, "%v: %s", tc.args, errs)
+		require.Empty(t, out)
+		if tc.args == nil {
+			require.Contains(t, errs, "Usage: itx [flags] admin <command>")
+		} else {
+			_, problem, _ := strings.Cut(tc.want, ": ")
+			require.Contains(t, errs, problem, "%v", tc.args)
+		}
+
+		code, out, errs = c.run("", append(append([]string{"--json"}, args...), tc.args...)...)
+		require.Equal(t, exitUsage, code, "--json %v: %s", tc.args, errs)
+		require.Empty(t, out)
+		var failure struct {
+			Error struct{ Code, Message string } `json:"error"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(errs), &failure), "--json %v: stderr %q", tc.args, errs)
+		require.Equal(t, repl.Failure{Code: "invalidArgument", Message: tc.want}, repl.Failure{Code: failure.Error.Code, Message: failure.Error.Message}, "%v", tc.args)
+	}
 }

@@ -117,7 +117,7 @@ func TestRun_ExportImportLeaveControlRecordsBehind(t *testing.T) {
 	controlLines := func(ndjson string) int {
 		n := 0
 		for _, line := range strings.Split(strings.TrimSpace(ndjson), "\n") {
-			var e itx.Event
+			var e struct{ Type string }
 			require.NoError(t, json.Unmarshal([]byte(line), &e))
 			if itx.IsCoreType(e.Type) {
 				n++
@@ -160,4 +160,67 @@ func TestRun_ExportImportLeaveControlRecordsBehind(t *testing.T) {
 	code, _, errs = c.run(full, append(conn, "import", "/c", "-", "--with-control")...)
 	require.Equal(t, exitOK, code, errs)
 	require.Contains(t, errs, "0 already there by idempotency key, 1 ignored by itxd as unchanged)", errs)
+}
+
+// itx export prints each event as itx prints events everywhere else (.tail --json, getEvents):
+// createdAt an ISO-8601 time in UTC, not epoch milliseconds; import still reads it back.
+func TestRun_ExportTimesAreISO(t *testing.T) {
+	ts := startServer(t)
+	ts.appendDirect(t, "/times", itx.EventInput{Type: "a", Payload: json.RawMessage(`{"n": 12345678901234567890}`)})
+	c := newCLI(t)
+	conn := []string{"--addr", ts.addr, "--token", ts.token}
+	code, exported, errs := c.run("", append(conn, "export", "/times")...)
+	require.Equal(t, exitOK, code, errs)
+	var e map[string]any
+	require.NoError(t, json.Unmarshal([]byte(exported), &e), exported)
+	require.Regexp(t, isoTime, e["createdAt"])
+	require.Contains(t, exported, `{"n":12345678901234567890}`, "big integers stay exact")
+
+	code, at, errs := c.run("", append(conn, "--json", "-e", `project.streams.get("/times").getEvents()[0].createdAt`)...)
+	require.Equal(t, exitOK, code, errs)
+	require.Contains(t, exported, `"createdAt":`+strings.TrimSpace(at), "the time getEvents shows")
+
+	code, _, errs = c.run(exported, append(conn, "import", "/times-copy")...)
+	require.Equal(t, exitOK, code, errs)
+}
+
+// itx <command> passes its arguments as the shell split them: a file name with a space is one
+// argument (the command line was joined with spaces and split again, so "my events.ndjson" was
+// two arguments, "too many arguments"), and a stream path with a space reaches itxd, which
+// refuses it, instead of being read as a path and an offset.
+func TestRun_CommandArgumentsKeepTheirSpaces(t *testing.T) {
+	ts := startServer(t)
+	c := newCLI(t)
+	conn := []string{"--addr", ts.addr, "--token", ts.token}
+	file := writeFile(t, t.TempDir(), "my events.ndjson", `{"type": "a"}`+"\n")
+	code, _, errs := c.run("", append(conn, "import", "/spaced", file)...)
+	require.Equal(t, exitOK, code, errs)
+	require.Contains(t, errs, "imported 1 event into /spaced")
+
+	code, out, errs := c.run("", append(conn, "export", "/bad path")...)
+	require.Equal(t, exitError, code, errs)
+	require.Empty(t, out)
+	require.True(t, strings.HasPrefix(errs, "invalidArgument: "), errs)
+	require.Contains(t, errs, "/bad path")
+}
+
+// At the prompt (and in piped input) a command's argument may be quoted, as in a shell: a file
+// name with a space is one argument. It was split at the space ("too many arguments").
+func TestSession_CommandArgumentsMayBeQuoted(t *testing.T) {
+	ts := startServer(t)
+	s := newSession(t, ts)
+	dir := t.TempDir()
+	file := writeFile(t, dir, "my events.ndjson", `{"type": "a"}`+"\n"+`{"type": "b"}`+"\n")
+	require.NoError(t, s.RunCommand(t.Context(), `import /quoted "`+file+`"`))
+	require.Contains(t, s.errs.String(), "imported 2 events into /quoted")
+	require.NoError(t, s.RunCommand(t.Context(), `import /quoted2 '`+file+`'`))
+	require.Contains(t, s.errs.String(), "imported 2 events into /quoted2")
+
+	err := s.RunCommand(t.Context(), `import /quoted "`+file)
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "unterminated quote")
+	c := newCLI(t)
+	c.env["ITX_ADDR"], c.env["ITX_TOKEN"] = ts.addr, ts.token
+	code, _, errs := c.run(`.import /quoted3 "` + file + `"` + "\n")
+	require.Equal(t, exitOK, code, errs)
 }

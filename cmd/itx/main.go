@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/chzyer/readline"
+	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/cmd/itx/internal/repl"
 	"golang.org/x/term"
@@ -103,7 +104,9 @@ func run(args []string, env environment) int {
   itx [flags] -e 'expression'        evaluate one expression and print its result
   itx [flags] script.js [args...]    run a script; - reads it from stdin
   ... | itx [flags]                  evaluate piped lines one by one, printing each result
-  itx [flags] tail <path> [--from N] print events as they are appended, until Ctrl-C
+  itx [flags] tail <path> [--from N | N]
+                                     print events after offset N (default: the head) as they
+                                     are appended, until Ctrl-C
   itx [flags] import <path> [file] [--with-control]
                                      append newline-delimited JSON events (stdin without a file);
                                      stream/* control records are skipped without --with-control
@@ -112,6 +115,8 @@ func run(args []string, env environment) int {
                                      stream/* control records are left out without --with-control
   itx [flags] watch <path>           print a stream's live state, until Ctrl-C
   itx [flags] admin <command> ...    projects and tokens (itx admin help)
+
+The flags may also follow a command (itx tail /a --json).
 
 Flags:
 `)
@@ -122,6 +127,19 @@ Flags:
 			return exitOK
 		}
 		return exitUsage
+	}
+	// A command (itx admin, itx tail, ...) may be followed by itx's own flags too.
+	var sub string
+	var subArgs []string
+	if fs.NArg() > 0 && *expr == "" {
+		if c, ok := repl.LookupCommand(fs.Arg(0)); fs.Arg(0) == "admin" || ok && c.CLI {
+			sub = fs.Arg(0)
+			var err error
+			if subArgs, err = takeGlobalFlags(fs, fs.Args()[1:], commandValueFlags[sub]); err != nil {
+				fmt.Fprintln(env.stderr, "itx:", err)
+				return exitUsage
+			}
+		}
 	}
 	format, err := repl.ParseFormat(*output)
 	if err != nil {
@@ -150,18 +168,17 @@ Flags:
 	switch {
 	case *expr != "":
 		if fs.NArg() > 0 {
-			fmt.Fprintln(env.stderr, "itx: -e takes no other arguments")
-			return exitUsage
+			return usageText(env.stderr, "itx: -e takes no other arguments", asJSON)
 		}
-	case fs.NArg() > 0 && fs.Arg(0) == "admin":
-		adminArgs = fs.Args()[1:]
+	case sub == "admin":
+		adminArgs = subArgs
 	case fs.NArg() > 0:
-		if c, ok := repl.LookupCommand(fs.Arg(0)); ok && c.CLI {
+		if c, ok := repl.LookupCommand(sub); ok {
 			// Its arguments are checked before connecting: a usage error is one whether
 			// or not itxd is up.
 			if c.Check != nil {
-				if err := c.Check(fs.Args()[1:]); err != nil {
-					return usageFailure(env.stderr, err)
+				if err := c.Check(subArgs); err != nil {
+					return usageFailure(env.stderr, err, asJSON)
 				}
 			}
 			command = c
@@ -175,8 +192,7 @@ Flags:
 			b, err = os.ReadFile(scriptName)
 		}
 		if err != nil {
-			fmt.Fprintln(env.stderr, "itx:", err)
-			return exitUsage
+			return usageText(env.stderr, "itx: "+err.Error(), asJSON)
 		}
 		script = string(b)
 	case env.stdinTTY:
@@ -187,18 +203,16 @@ Flags:
 
 	conf, err := resolve(st, env.getenv)
 	if err != nil {
-		fmt.Fprintln(env.stderr, "itx:", err)
-		return exitUsage
+		return usageText(env.stderr, "itx: "+err.Error(), asJSON)
 	}
 	var tlsConfig *tls.Config
 	if *useTLS || *caFile != "" || *certFile != "" || *keyFile != "" {
 		if tlsConfig, err = client.TLSConfig(*caFile, *certFile, *keyFile); err != nil {
-			fmt.Fprintln(env.stderr, "itx:", err)
-			return exitUsage
+			return usageText(env.stderr, "itx: "+err.Error(), asJSON)
 		}
 	}
 	if adminArgs != nil {
-		return runAdmin(adminArgs, conf, tlsConfig, env)
+		return runAdmin(adminArgs, conf, tlsConfig, env, asJSON, color)
 	}
 	dialCtx, cancelDial := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancelDial()
@@ -245,7 +259,7 @@ Flags:
 	var runErr error
 	switch {
 	case command != nil:
-		runErr = s.RunCommand(ctx, strings.Join(fs.Args(), " "))
+		runErr = s.RunCommandArgs(ctx, sub, subArgs)
 	case *expr != "":
 		v, err := s.Eval(ctx, "<expression>", *expr)
 		if err == nil {
@@ -256,10 +270,14 @@ Flags:
 		// Each input is evaluated and its result printed, as at the prompt; an error is printed
 		// and the next input runs; the exit status says whether any failed. An interrupt stops
 		// the input where it is, whether it cancelled a call or ended a .tail or .watch (which
-		// end without an error): the status says the rest was not run.
-		failed := s.RunLines(ctx, env.stdin)
+		// end without an error): the status says the rest was not run. A usage error (.tail
+		// without a path) exits 2, as the same mistake does from the shell, even after others.
+		failed, usage := s.RunLines(ctx, env.stdin)
 		if ctx.Err() != nil {
 			return exitInterrupted
+		}
+		if usage > 0 {
+			return exitUsage
 		}
 		if failed > 0 {
 			return exitError
@@ -271,10 +289,15 @@ Flags:
 		}
 		_, runErr = s.Eval(ctx, scriptName, script)
 	}
+	if runErr == nil && ctx.Err() != nil {
+		// itx tail and itx watch run until Ctrl-C and then end without an error: the status
+		// says they were interrupted, as for an interrupted call or piped input.
+		return exitInterrupted
+	}
 	if runErr != nil {
 		var usage *repl.UsageError
 		if errors.As(runErr, &usage) {
-			return usageFailure(env.stderr, runErr)
+			return usageFailure(env.stderr, runErr, asJSON)
 		}
 		s.PrintError(runErr)
 		if ctx.Err() != nil {
@@ -285,14 +308,87 @@ Flags:
 	return exitOK
 }
 
+// commandValueFlags are the flags of a command that take a value as the next argument
+// ("--label ci"): that value is the command's, whatever it looks like.
+var commandValueFlags = map[string]map[string]bool{
+	"admin": adminValueFlags(),
+	"tail":  {"from": true},
+}
+
+// valueFlags names the flags of fs that take a value (all but the booleans).
+func valueFlags(fs *flag.FlagSet) map[string]bool {
+	out := map[string]bool{}
+	fs.VisitAll(func(f *flag.Flag) {
+		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); !ok || !b.IsBoolFlag() {
+			out[f.Name] = true
+		}
+	})
+	return out
+}
+
+// takeGlobalFlags sets the flags of fs (itx's own, but -e) found among a command's arguments
+// and returns the arguments without them, in order: "itx admin projects --json" as "itx --json
+// admin projects". The value of one of the command's own flags (valueFlags) is left to it, and
+// after "--" nothing is taken.
+func takeGlobalFlags(fs *flag.FlagSet, args []string, valueFlags map[string]bool) ([]string, error) {
+	rest := []string{} // not nil: "itx admin" alone is still itx admin
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			return append(rest, args[i:]...), nil
+		}
+		name, value, hasValue := strings.Cut(strings.TrimPrefix(strings.TrimPrefix(a, "-"), "-"), "=")
+		f := fs.Lookup(name)
+		switch {
+		case !strings.HasPrefix(a, "-") || a == "-" || name == "":
+			rest = append(rest, a)
+		case f == nil || name == "e":
+			rest = append(rest, a)
+			if valueFlags[name] && !hasValue && i+1 < len(args) {
+				i++
+				rest = append(rest, args[i])
+			}
+		default:
+			if b, ok := f.Value.(interface{ IsBoolFlag() bool }); !hasValue && ok && b.IsBoolFlag() {
+				value, hasValue = "true", true
+			}
+			if !hasValue {
+				if i+1 == len(args) {
+					return nil, fmt.Errorf("flag needs an argument: -%s", name)
+				}
+				i++
+				value = args[i]
+			}
+			if err := fs.Set(name, value); err != nil {
+				return nil, fmt.Errorf("invalid value %q for flag -%s: %v", value, name, err)
+			}
+		}
+	}
+	return rest, nil
+}
+
 // usageFailure reports a command's usage error as a shell shows it ("usage: itx tail <path>
-// ..."), with the status of a usage error.
-func usageFailure(stderr io.Writer, err error) int {
+// ..."), or under --json as an invalidArgument error on one line, with the status of a usage
+// error.
+func usageFailure(stderr io.Writer, err error, asJSON bool) int {
 	var usage *repl.UsageError
-	if errors.As(err, &usage) {
+	switch {
+	case errors.As(err, &usage) && asJSON:
+		return usageText(stderr, strings.ReplaceAll(usage.CLIUsage(), "\n", "; "), true)
+	case errors.As(err, &usage):
 		fmt.Fprintln(stderr, usage.CLIUsage())
+		return exitUsage
+	}
+	return usageText(stderr, "itx: "+repl.Describe(err).String(), asJSON)
+}
+
+// usageText reports a usage error: its text, or under --json {"error": {"code":
+// "invalidArgument", "message": text}}, as every error prints there.
+func usageText(stderr io.Writer, text string, asJSON bool) int {
+	if asJSON {
+		repl.PrintFailure(stderr, itx.Errorf(itx.EInvalid, "%s", text), true, false)
 	} else {
-		fmt.Fprintln(stderr, "itx:", repl.Describe(err))
+		fmt.Fprintln(stderr, text)
 	}
 	return exitUsage
 }

@@ -56,9 +56,9 @@ var bindings = map[string]map[string]binding{
 		"describe":              {"describe() -> {path, streamId, headOffset, createdAt, ...}", streamDescribe},
 		"setSubscriptionCursor": {"setSubscriptionCursor(name, afterOffset) or setSubscriptionCursor({name, afterOffset}) -> {offset}", streamSetSubscriptionCursor},
 		"resumeSubscription":    {"resumeSubscription(name) or resumeSubscription({name}) -> {offset}", streamResumeSubscription},
-		"openConnection":        {"openConnection(after?) or openConnection({after, types, maxDeliveryEvents, maxDeliveryBytes, noState, openedBy, key, includeEphemeral}) -> connection {take(), ping(), close(reason)}", streamOpenConnection},
+		"openConnection":        {"openConnection(after?) or openConnection({after, types, maxDeliveryEvents, maxDeliveryBytes, noState, openedBy, key, includeEphemeral}) -> connection {take(), ping(), key(), close(reason)}", streamOpenConnection},
 		"liveState":             {"liveState() -> live view {snapshot(), patches(), cancel()} (returns once the first snapshot is in)", streamLiveState},
-		"schedule":              {"schedule(event, dueAt) or schedule({event, dueAt}) -> {dueAt, appendedOffset?} (a durable timer: event, with its idempotencyKey, is appended at dueAt: a Date, an ISO-8601 time, epoch ms or a duration from now like \"10m\")", streamSchedule},
+		"schedule":              {"schedule(event, dueAt) or schedule({event, dueAt}) -> {dueAt, appendedOffset?} (dueAt null when the key is already in the log at appendedOffset; a durable timer: event, with its idempotencyKey, is appended at dueAt: a Date, an ISO-8601 time, epoch ms or a duration from now like \"10m\")", streamSchedule},
 		"cancelScheduled":       {"cancelScheduled(key) or cancelScheduled({key}) -> {cancelled}", streamCancelScheduled},
 		"listScheduled":         {"listScheduled() -> [{dueAt, type, idempotencyKey, payload}]", streamListScheduled},
 	},
@@ -201,6 +201,14 @@ func (t msTime) MarshalJSON() ([]byte, error) {
 	if t == 0 {
 		return []byte("null"), nil
 	}
+	return json.Marshal(isoTime(time.UnixMilli(int64(t))))
+}
+
+// dueTime is a time that is always one, as a scheduled append's dueAt: 0 is the epoch, not
+// "none" as for msTime.
+type dueTime int64
+
+func (t dueTime) MarshalJSON() ([]byte, error) {
 	return json.Marshal(isoTime(time.UnixMilli(int64(t))))
 }
 
@@ -894,7 +902,7 @@ func processorRuntimeState(ctx context.Context, s *Session, c capnp.Client, _ ca
 // --- scheduled appends ---
 
 type scheduledJS struct {
-	DueAt          msTime          `json:"dueAt"`
+	DueAt          dueTime         `json:"dueAt"`
 	Type           string          `json:"type"`
 	IdempotencyKey string          `json:"idempotencyKey"`
 	Payload        json.RawMessage `json:"payload"`
@@ -953,10 +961,16 @@ func streamSchedule(ctx context.Context, s *Session, c capnp.Client, _ capPath, 
 	if err != nil {
 		return nil, err
 	}
+	// A key already in the log schedules nothing: no time (null), its offset.
+	var dueAt *dueTime
+	if appended == 0 {
+		d := dueTime(due.UnixMilli())
+		dueAt = &d
+	}
 	return struct {
-		DueAt          msTime `json:"dueAt"`
-		AppendedOffset int64  `json:"appendedOffset,omitempty"`
-	}{msTime(due.UnixMilli()), appended}, nil
+		DueAt          *dueTime `json:"dueAt"`
+		AppendedOffset int64    `json:"appendedOffset,omitempty"`
+	}{dueAt, appended}, nil
 }
 
 func streamCancelScheduled(ctx context.Context, s *Session, c capnp.Client, _ capPath, args []goja.Value) (any, error) {
@@ -983,7 +997,7 @@ func streamListScheduled(ctx context.Context, s *Session, c capnp.Client, _ capP
 	}
 	out := make([]scheduledJS, len(list))
 	for i, sc := range list {
-		out[i] = scheduledJS{DueAt: msTime(sc.DueAt), Type: sc.Event.Type, IdempotencyKey: sc.Event.IdempotencyKey,
+		out[i] = scheduledJS{DueAt: dueTime(sc.DueAt), Type: sc.Event.Type, IdempotencyKey: sc.Event.IdempotencyKey,
 			Payload: sc.Event.Payload, Metadata: sc.Event.Metadata}
 	}
 	return out, nil

@@ -52,9 +52,18 @@ func usageError(name, format string, args ...any) *UsageError {
 func (e *UsageError) Error() string { return e.err.Error() }
 func (e *UsageError) Unwrap() error { return e.err }
 
+// unknownCommand is a command line naming no command: a usage error too.
+func unknownCommand(name string) *UsageError {
+	return &UsageError{Command: name, err: itx.Errorf(itx.EInvalid, "unknown command .%s (try .help)", name)}
+}
+
 // CLIUsage is how the error reads from a shell: the problem, then "usage: itx tail <path> ...".
 func (e *UsageError) CLIUsage() string {
-	usage := "usage: itx " + e.Command + " " + commands[e.Command].Args
+	c, ok := commands[e.Command]
+	if !ok {
+		return "itx: " + e.err.Message
+	}
+	usage := "usage: itx " + e.Command + " " + c.Args
 	if e.Problem == "" {
 		return usage
 	}
@@ -105,15 +114,76 @@ func init() {
 		Check: func(args []string) error { _, err := parseWatch(args); return err }})
 }
 
-// RunCommand runs the command line `name args...` (without the leading dot).
+// RunCommand runs the command line `name args...` (without the leading dot), its words split
+// at spaces as a shell splits them: 'single' or "double" quotes keep a word's spaces.
 func (s *Session) RunCommand(ctx context.Context, line string) error {
-	fields := strings.Fields(line)
+	fields, err := splitWords(line)
+	if err != nil {
+		return err
+	}
 	if len(fields) == 0 {
 		return nil
 	}
-	c, ok := commands[fields[0]]
+	return s.RunCommandArgs(ctx, fields[0], fields[1:])
+}
+
+// splitWords splits a command line into words at unquoted spaces. Quotes group (and are
+// dropped): within '...' every character is itself; within "...", \" and \\ stand for " and \.
+func splitWords(line string) ([]string, error) {
+	var (
+		words []string
+		word  strings.Builder
+		in    bool // a word has begun (it may be empty: "")
+		quote rune
+	)
+	runes := []rune(line)
+	for i := 0; i < len(runes); i++ {
+		r := runes[i]
+		switch {
+		case quote == '\'':
+			if r == '\'' {
+				quote = 0
+			} else {
+				word.WriteRune(r)
+			}
+		case quote == '"':
+			switch {
+			case r == '"':
+				quote = 0
+			case r == '\\' && i+1 < len(runes) && (runes[i+1] == '"' || runes[i+1] == '\\'):
+				i++
+				word.WriteRune(runes[i])
+			default:
+				word.WriteRune(r)
+			}
+		case r == '\'' || r == '"':
+			quote, in = r, true
+		case r == ' ' || r == '\t':
+			if in {
+				words = append(words, word.String())
+				word.Reset()
+				in = false
+			}
+		default:
+			word.WriteRune(r)
+			in = true
+		}
+	}
+	if quote != 0 {
+		return nil, &UsageError{err: itx.Errorf(itx.EInvalid, "unterminated quote (%c) in %q", quote, line)}
+	}
+	if in {
+		words = append(words, word.String())
+	}
+	return words, nil
+}
+
+// RunCommandArgs runs the command name with args as they are (itx <command> from a shell,
+// whose arguments may hold spaces).
+func (s *Session) RunCommandArgs(ctx context.Context, name string, args []string) error {
+	c, ok := commands[name]
 	if !ok {
-		return itx.Errorf(itx.EInvalid, "unknown command .%s (try .help)", fields[0])
+		return unknownCommand(name)
 	}
 	s.vmMu.Lock()
 	defer s.vmMu.Unlock()
@@ -122,7 +192,7 @@ func (s *Session) RunCommand(ctx context.Context, line string) error {
 			return err
 		}
 	}
-	return c.Run(ctx, s, fields[1:])
+	return c.Run(ctx, s, args)
 }
 
 func runReconnect(ctx context.Context, s *Session, _ []string) error {
@@ -146,7 +216,7 @@ func runHelp(ctx context.Context, s *Session, args []string) error {
 	if len(args) > 0 {
 		ifc, ok := s.ifcs[args[0]]
 		if !ok {
-			return itx.Errorf(itx.EInvalid, "no interface %q (%s)", args[0], strings.Join(boundInterfaces(), ", "))
+			return usageError("help", "no interface %q (%s)", args[0], strings.Join(boundInterfaces(), ", "))
 		}
 		fmt.Fprintf(w, "%s:\n", ifc.Name)
 		for _, m := range ifc.Methods {
@@ -200,7 +270,7 @@ func runOutput(ctx context.Context, s *Session, args []string) error {
 	}
 	f, err := ParseFormat(args[0])
 	if err != nil {
-		return itx.Errorf(itx.EInvalid, "%v", err)
+		return usageError("output", "%v", err)
 	}
 	s.cfg.Format = f
 	return nil
@@ -220,7 +290,7 @@ func runTime(ctx context.Context, s *Session, args []string) error {
 		s.relativeTimes = args[0] == "relative"
 		return nil
 	}
-	return itx.Errorf(itx.EInvalid, "usage: .time iso|relative")
+	return usageError("time", "")
 }
 
 // streamArg reads the <path> argument of a command: the first, which is not a flag.

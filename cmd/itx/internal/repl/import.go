@@ -89,7 +89,7 @@ func runImport(ctx context.Context, s *Session, args []string) error {
 	case s.cfg.In != nil:
 		in = s.cfg.In
 	default:
-		return itx.Errorf(itx.EInvalid, "import: name a file to read (standard input is only read by `itx import <path>`)")
+		return usageError("import", "name a file to read (standard input is only read by `itx import <path>`)")
 	}
 	c := s.client(p)
 	defer c.Release()
@@ -287,12 +287,12 @@ func runExport(ctx context.Context, s *Session, args []string) error {
 			w.Flush()
 			return itx.Errorf(itx.ErrorCode(err), "export: after offset %d: %s; %d events written", after, itx.ErrorMessage(err), n)
 		}
-		for i := range page.Events {
-			if itx.IsCoreType(page.Events[i].Type) && !withControl {
+		for _, e := range eventsJS(page.Events) { // as itx prints events: times in ISO-8601
+			if itx.IsCoreType(e.Type) && !withControl {
 				skipped++
 				continue
 			}
-			if err := enc.Encode(&page.Events[i]); err != nil {
+			if err := enc.Encode(e); err != nil {
 				return err
 			}
 			n++

@@ -223,6 +223,22 @@ func streamOpenConnection(ctx context.Context, s *Session, c capnp.Client, p cap
 			DeliveredOffset int64 `json:"deliveredOffset"`
 		}{int64(res.HeadOffset()), int64(res.DeliveredOffset())})
 	})
+	obj.Set("key", func(goja.FunctionCall) goja.Value {
+		if conn.released.Load() {
+			panic(s.throw(errConnectionClosed))
+		}
+		fut, release := conn.conn.Key(s.ctx(), nil)
+		defer release()
+		res, err := fut.Struct()
+		if err != nil {
+			panic(s.throw(err))
+		}
+		key, err := res.Key()
+		if err != nil {
+			panic(s.throw(err))
+		}
+		return vm.ToValue(key)
+	})
 	obj.Set("close", func(call goja.FunctionCall) goja.Value {
 		reason, _ := exportString(call.Argument(0))
 		if err := conn.close(s.ctx(), reason); err != nil {

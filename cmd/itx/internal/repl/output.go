@@ -73,6 +73,16 @@ func (s *Session) printValues(values []goja.Value) {
 
 // format renders v. A result (asResult) shows strings as JSON strings, so "1" and 1 differ; a
 // print() argument shows them bare.
+// asJSONString is text standing for a value JSON cannot encode (a function, a cycle): a JSON
+// string in the JSON format, where every result is a JSON document, the text elsewhere.
+func (s *Session) asJSONString(text string) string {
+	if s.cfg.Format == FormatJSON {
+		b, _ := json.Marshal(text)
+		return string(b)
+	}
+	return text
+}
+
 func (s *Session) format(v goja.Value, asResult bool) string {
 	if v == nil || goja.IsUndefined(v) {
 		return "undefined"
@@ -89,7 +99,7 @@ func (s *Session) format(v goja.Value, asResult bool) string {
 	}
 	if obj, ok := v.(*goja.Object); ok {
 		if _, isFn := goja.AssertFunction(obj); isFn {
-			return "[Function " + obj.Get("name").String() + "]"
+			return s.asJSONString("[Function " + obj.Get("name").String() + "]")
 		}
 	}
 	if s.cfg.Format == FormatTable || (s.cfg.Format == FormatAuto && s.cfg.TTY) {
@@ -100,7 +110,7 @@ func (s *Session) format(v goja.Value, asResult bool) string {
 	// Fields print in the order the script sees them; integers beyond 2^53 (BigInts) exactly.
 	out, ok, err := s.encodeJSON(v)
 	if err != nil || !ok {
-		return v.String() // a cycle, a symbol...
+		return s.asJSONString(v.String()) // a cycle, a symbol...
 	}
 	if s.cfg.Format == FormatJSON {
 		return out
@@ -309,6 +319,10 @@ func Describe(err error) Failure {
 	var interrupted *goja.InterruptedError
 	if errors.As(err, &interrupted) {
 		return Failure{Code: "cancelled", Message: "interrupted"}
+	}
+	var overflow *goja.StackOverflowError
+	if errors.As(err, &overflow) {
+		return Failure{Code: "RangeError", Message: "Maximum call stack size exceeded"}
 	}
 	var rej *rejection
 	if errors.As(err, &rej) {

@@ -273,3 +273,25 @@ func TestSession_TimeArg(t *testing.T) {
 		require.ErrorContains(t, err, "dueAt: expected", src)
 	}
 }
+
+func TestSplitWords(t *testing.T) {
+	for line, want := range map[string][]string{
+		`import /a b.ndjson`:           {"import", "/a", "b.ndjson"},
+		`  tail   /a  `:                {"tail", "/a"},
+		`import /a "my file.ndjson"`:   {"import", "/a", "my file.ndjson"},
+		`import /a 'it"s here'`:        {"import", "/a", `it"s here`},
+		`import /a "say \"hi\" \\ \n"`: {"import", "/a", `say "hi" \ \n`},
+		`import /a ""`:                 {"import", "/a", ""},
+		`import /a x"y z"w`:            {"import", "/a", "xy zw"},
+		``:                             nil,
+	} {
+		got, err := splitWords(line)
+		require.NoError(t, err, line)
+		require.Equal(t, want, got, line)
+	}
+	for _, line := range []string{`import "/a`, `import '/a`} {
+		_, err := splitWords(line)
+		var usage *UsageError
+		require.ErrorAs(t, err, &usage, line)
+	}
+}

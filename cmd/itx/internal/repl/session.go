@@ -348,8 +348,15 @@ func (s *Session) Describe(ctx context.Context) (itx.ProjectInfo, error) {
 	return client.DescribeProject(ctx, s.project)
 }
 
+// maxCallStackSize bounds JavaScript's call depth (node's default stack holds about 11,000
+// frames of a small function).
+const maxCallStackSize = 10_000
+
 func (s *Session) initVM() error {
 	vm := goja.New()
+	// A recursion without end throws a RangeError (as node does, near the same depth) instead
+	// of growing the call stack until memory runs out.
+	vm.SetMaxCallStackSize(maxCallStackSize)
 	s.vm = vm
 	s.capSym = goja.NewSymbol("itx.capability")
 	if err := vm.Set("project", s.proxy(capPath{iface: "Project"})); err != nil {

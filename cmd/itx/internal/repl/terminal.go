@@ -145,8 +145,9 @@ func commandLine(line string) (string, bool) {
 
 // RunLines evaluates src input by input (a line, or as many lines as a statement needs), as the
 // prompt does: each result is printed, an error is printed and the next input runs. It returns
-// how many inputs failed. It stops when ctx ends.
-func (s *Session) RunLines(ctx context.Context, src io.Reader) (failed int) {
+// how many inputs failed, and how many of those were usage errors (a command given arguments
+// it does not take, or no command of that name). It stops when ctx ends.
+func (s *Session) RunLines(ctx context.Context, src io.Reader) (failed, usage int) {
 	sc := bufio.NewScanner(src)
 	sc.Buffer(make([]byte, 64*1024), 16<<20)
 	var pending []string
@@ -160,6 +161,10 @@ func (s *Session) RunLines(ctx context.Context, src io.Reader) (failed int) {
 			case err != nil:
 				s.PrintError(err)
 				failed++
+				var u *UsageError
+				if errors.As(err, &u) {
+					usage++
+				}
 			}
 			return
 		}
@@ -198,7 +203,7 @@ func (s *Session) RunLines(ctx context.Context, src io.Reader) (failed int) {
 		s.PrintError(err)
 		failed++
 	}
-	return failed
+	return failed, usage
 }
 
 // interruptible runs f with a context that SIGINT cancels.
