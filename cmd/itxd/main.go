@@ -234,6 +234,7 @@ func run() error {
 	registerFlowMetrics(srv.Metrics().Registry, listener.Flow())
 
 	var serving atomic.Bool // the RPC listener is accepting
+	metricsBound := "" // the address /metrics is served on (a :0 port resolved)
 	if *metricsAddr != "" {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(srv.Metrics().Registry, promhttp.HandlerOpts{}))
@@ -251,6 +252,7 @@ func run() error {
 		if err != nil {
 			return fmt.Errorf("--metrics: %w", err)
 		}
+		metricsBound = mln.Addr().String()
 		go func() {
 			if err := http.Serve(mln, mux); err != nil {
 				log.Error().Err(err).Msg("metrics server stopped")
@@ -266,10 +268,10 @@ func run() error {
 			return err
 		}
 	}
-	if err := recordAddress(*data, addr); err != nil {
+	if err := recordAddress(*data, dialable(addr)); err != nil {
 		log.Warn().Err(err).Msg("could not record the address in credentials.json: itx --data needs --addr")
 	}
-	announce(log, addr, *data, *metricsAddr, tlsConfig != nil, held)
+	announce(log, addr, *data, metricsBound, tlsConfig != nil, held)
 
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
@@ -313,7 +315,20 @@ func announce(log zerolog.Logger, addr, data, metrics string, withTLS bool, maxH
 		tlsFlag = " --tls --ca <the CA's certificate>"
 	}
 	fmt.Fprintf(os.Stderr, "\nConnect with the itx REPL:\n  itx --addr %s%s --token %s\n"+
-		"Deployment root (global streams, administration): --token %s\n\n", addr, tlsFlag, creds.ProjectToken, creds.DeploymentToken)
+		"Deployment root (global streams, administration): --token %s\n\n", dialable(addr), tlsFlag, creds.ProjectToken, creds.DeploymentToken)
+}
+
+// dialable is the bound address addr as a client on this machine dials it: a wildcard host
+// (0.0.0.0, [::]) becomes loopback.
+func dialable(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		return net.JoinHostPort("127.0.0.1", port)
+	}
+	return addr
 }
 
 // recordAddress writes the bound RPC address into <data>/credentials.json as "addr", beside the
