@@ -407,7 +407,8 @@ func (a *actor) fireRemoteAlarm(name string) {
 			cancel()
 		}
 		if err != nil && ctx.Err() == nil {
-			a.srv.log.Warn().Err(err).Str("path", ref.Path).Str("processor", name).Msg("remote processor alarm: retrying later")
+			// The host's error text is the peer's: logged within the bound of a cursor's error.
+			a.srv.log.Warn().Str("error", truncate(err.Error(), itx.MaxCursorErrorLength)).Str("path", ref.Path).Str("processor", name).Msg("remote processor alarm: retrying later")
 			later := itx.UnixMilli(a.srv.clock.Now().Add(remoteAlarmRetry))
 			a.ask(ctx, procOp{alarm: &later, owner: name})
 		}
