@@ -223,7 +223,7 @@ func (reg *Registry) syncAlarm(ctx context.Context) error {
 }
 
 // KeepaliveKey is the KV key of a processor's keepalive record.
-func KeepaliveKey(name string) string { return "processor/" + name + "/keepalive" }
+func KeepaliveKey(name string) string { return itx.ProcessorKVPrefix(name) + "keepalive" }
 
 // keepalive is one processor's breaker in one incarnation: the record mirrors KV, the memory dies
 // with the incarnation. Both are guarded by the registry's mu; writes to KV are ordered by wmu so

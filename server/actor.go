@@ -738,6 +738,11 @@ func (a *actor) apply(in stepInput) {
 	}
 
 	a.failedReaders, a.failedProc, a.failedSchedules = nil, nil, nil
+	if eff.recountProcKV && a.store != nil {
+		if keys, bytes, err := a.store.KVUsage(ctx, procKVPrefix); err == nil {
+			a.st.procKVKeys, a.st.procKVBytes = keys, bytes
+		}
+	}
 	a.reportLadder(eff.ladder)
 	// 3. Publish (and wake connections and live state). 4. Replies.
 	prevHead := a.view().head
@@ -909,11 +914,17 @@ func (a *actor) reply(group []*appendReq, replies []appendReply, failure error) 
 // rebuild replaces the deliverer of name to match the catalog (none if removed). The old one's
 // context ends, so its push stops; its outcome is fenced by generation anyway.
 func (a *actor) rebuild(name string) {
+	entry := a.st.core.Subscriptions[name]
 	if old := a.deliverers[name]; old != nil {
 		old.cancel()
 		delete(a.deliverers, name)
+		if c := old.remoteContract; c != "" && (entry == nil || isInProcess(entry) || entry.Config.ProcessorContract() != c) {
+			a.stopRemote(c, name)
+		}
 	}
-	entry := a.st.core.Subscriptions[name]
+	if entry == nil {
+		a.setProcSeek(name, 0) // a subscription created anew under the name has no rewind to honor
+	}
 	if entry == nil || entry.Kind() != itx.KindProcessorWake {
 		a.pruneProcessorLive(name)
 	}

@@ -221,7 +221,11 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 		eff.readerReplies = append(eff.readerReplies, readerReply{op: op, err: st.applyReader(op, now, env.rc, &eff)})
 	}
 
-	// 4c. Processor port writes: progress records (fenced), KV, the alarm slice.
+	// 4c. Processor port writes: progress records (fenced), KV, the alarm slice; first, the
+	// records of removed processors are forgotten, so a write of theirs in this step is fenced.
+	for _, name := range eff.forgetProcs {
+		st.forgetProc(name, env, &eff)
+	}
 	for _, op := range in.procOps {
 		eff.procAnswers = append(eff.procAnswers, procAnswer{op: op, reply: st.applyProc(op, now, env, &eff)})
 	}
@@ -241,7 +245,7 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 	// last error, a park) is written at once, so a restart goes on along the ladder instead of
 	// starting it over with a try before its time. Tries are spaced by the backoff, so this costs
 	// at most one commit per failed try.
-	if len(eff.commit.Events) > 0 || len(eff.commit.KV) > 0 || len(eff.commit.CursorDeletes) > 0 || eff.coreChanged || in.flush || in.final ||
+	if len(eff.commit.Events) > 0 || len(eff.commit.KV) > 0 || len(eff.commit.KVDeletes) > 0 || len(eff.commit.CursorDeletes) > 0 || eff.coreChanged || in.flush || in.final ||
 		failed || len(eff.commit.ReaderUpserts) > 0 || len(eff.commit.ReaderDeletes) > 0 ||
 		len(eff.commit.ScheduledUpserts) > 0 || len(eff.commit.ScheduledDeletes) > 0 {
 		eff.commit.CursorUpserts = eff.commit.CursorUpserts[:0]
@@ -440,6 +444,7 @@ func (st *streamState) absorb(plan groupPlan, now time.Time, eff *effects) {
 		name := ce.name
 		switch ce.kind {
 		case effectRemove:
+			eff.forgetProcs = appendOnce(eff.forgetProcs, name)
 			delete(st.rows, name)
 			delete(st.dirty, name)
 			delete(st.subs, name)
