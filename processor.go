@@ -181,6 +181,9 @@ type StreamProcessors interface {
 // ProcessorHost is a set of contracts a host can run on any stream.
 type ProcessorHost interface {
 	Contracts() []ProcessorInfo
+	// Version is the host's build: a new one resets every crash-loop budget, and its processors
+	// owing a revival are retried at once (the antidote deploy).
+	Version() string
 	// Open returns the processors of one stream incarnation over ports. Nothing is claimed
 	// until Start.
 	Open(ctx context.Context, ports ProcessorPorts) (StreamProcessors, error)

@@ -433,7 +433,7 @@ func (a *actor) unload() {
 
 func (a *actor) run() {
 	defer close(a.done)
-	a.apply(stepInput{mounted: a.loadMounted, woken: a.wokenID()})
+	a.apply(stepInput{mounted: a.loadMounted, woken: a.wokenID(), newVersion: a.srv.procVersionChanged && a.store != nil})
 	a.loadMounted = nil
 	for {
 		var in stepInput
@@ -1046,6 +1046,10 @@ func (a *actor) close() {
 		}
 		calls = true
 		if r := a.st.rows[name]; r != nil && r.Status == storage.StatusParked {
+			parked = append(parked, token)
+		} else if entry.Kind() == itx.KindProcessorWake && a.st.procAlarms[name] > 0 {
+			// Backing off, its alarm slice armed: a mount of its contract (maybe a new build)
+			// loads the stream and fires the slice early.
 			parked = append(parked, token)
 		}
 	}

@@ -204,6 +204,15 @@ func (st *streamState) applyProc(op procOp, now time.Time, env stepEnv, eff *eff
 	return procReply{err: itx.Errorf(itx.EInternal, "empty processor operation")}
 }
 
+// fireEarly fires the alarm slice of owner now if it is armed later (a version change may make
+// the wait it keeps moot; the keepalive tolerates an early fire).
+func (st *streamState) fireEarly(owner string, nowMs int64, eff *effects) {
+	if at := st.procAlarms[owner]; at > nowMs && !st.procFiring[owner] {
+		st.procFiring[owner] = true
+		eff.fireProcAlarms = append(eff.fireProcAlarms, owner)
+	}
+}
+
 // forgetProc resets the processor records of a removed subscription name, so a subscription
 // created anew under that name starts as a new processor (as its cursor row starts anew): its
 // progress record keeps only a bumped generation (which fences every runner of the removed one at

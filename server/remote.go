@@ -409,6 +409,9 @@ func (a *actor) fireRemoteAlarm(name string) {
 		return
 	}
 	contract := entry.Config.ProcessorContract()
+	// An early fire (a mount of the contract) that cannot reach a host leaves the slice where
+	// the keepalive armed it, rather than moving a long backoff to the retry.
+	early := a.st.procAlarms[name] > itx.UnixMilli(a.srv.clock.Now())
 	go func() {
 		defer a.srv.release(a)
 		ctx := a.dctx
@@ -422,7 +425,7 @@ func (a *actor) fireRemoteAlarm(name string) {
 			}
 			cancel()
 		}
-		if err != nil && ctx.Err() == nil {
+		if err != nil && ctx.Err() == nil && !early {
 			a.srv.log.Warn().Err(err).Str("path", ref.Path).Str("processor", name).Msg("remote processor alarm: retrying later")
 			later := itx.UnixMilli(a.srv.clock.Now().Add(remoteAlarmRetry))
 			a.ask(ctx, procOp{alarm: &later, owner: name})

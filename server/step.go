@@ -66,7 +66,11 @@ type stepInput struct {
 	procOps   []procOp          // processor port writes: progress, KV, alarm
 	schedules []scheduleOp      // schedule or cancel scheduled appends
 	woken     string            // an incarnation id: record stream/woken (processors are hosted here)
-	settles   []chan<- int      // not the step's: Settle callers the actor answers after it
+	// newVersion: this process hosts processors under another version than the one before it
+	// (the antidote deploy): the in-process alarm slice fires now, however far its backoff set it,
+	// so the registry resets the crash-loop budget and revives at once.
+	newVersion bool
+	settles    []chan<- int // not the step's: Settle callers the actor answers after it
 }
 
 // deliveryOutcome is what one push reports: how far the cursor may move and, if the try
@@ -193,6 +197,21 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 				st.touch(name, now)
 			}
 		}
+	}
+
+	// 3a. A remote processor backing off (its alarm slice armed ahead) is woken when a host
+	// announcing its contract mounts: a new build there (the antidote deploy) resets its
+	// breaker's budget and revives it at once; the same build finds it not due and re-arms it
+	// where it was. Likewise the in-process slice when this process runs a new version.
+	for _, capability := range in.mounted {
+		for name, entry := range st.core.Subscriptions {
+			if entry.Kind() == itx.KindProcessorWake && waitsFor(entry) == capability {
+				st.fireEarly(name, nowMs, &eff)
+			}
+		}
+	}
+	if in.newVersion {
+		st.fireEarly("", nowMs, &eff)
 	}
 
 	// 3b. A new incarnation of a stream whose processors this server hosts says so once.
