@@ -72,6 +72,11 @@ type ProcessorProgressStore interface {
 	// Commit replaces the record if the stored generation is still generation; otherwise it
 	// fails with EFailedPrecondition and writes nothing.
 	Commit(ctx context.Context, name string, generation int64, p ProcessorProgress) error
+	// Check fails with EFailedPrecondition, as Commit would, when generation is no longer the
+	// name's current one (another incarnation claimed the record, or the host lost the right to
+	// write it). The runner asks before a frame's effects, not only at its commit: a fenced
+	// incarnation must not run the effects its successor runs too.
+	Check(ctx context.Context, name string, generation int64) error
 }
 
 // ProcessorKV is per-stream storage below the reduction: keepalive and crash-loop records live
@@ -80,7 +85,14 @@ type ProcessorKV interface {
 	// Get returns the value under key, or ok false.
 	Get(ctx context.Context, key string) (value []byte, ok bool, err error)
 	Put(ctx context.Context, key string, value []byte) error
+	// Delete removes key; deleting a key that is not there is no error.
+	Delete(ctx context.Context, key string) error
 }
+
+// ProcessorKVPrefix is the part of the processors' KV that belongs to the processor instance
+// name (its keepalive record, say): a host deletes it with the instance's subscription, so a
+// subscription created anew under that name starts without the removed one's records.
+func ProcessorKVPrefix(name string) string { return "processor/" + name + "/" }
 
 // ProcessorAlarm is the processors' slice of the stream's alarm. The host calls the stream's
 // processors' HandleAlarm once the armed time has come, also in a fresh process after a crash.
@@ -169,6 +181,9 @@ type StreamProcessors interface {
 // ProcessorHost is a set of contracts a host can run on any stream.
 type ProcessorHost interface {
 	Contracts() []ProcessorInfo
+	// Version is the host's build: a new one resets every crash-loop budget, and its processors
+	// owing a revival are retried at once (the antidote deploy).
+	Version() string
 	// Open returns the processors of one stream incarnation over ports. Nothing is claimed
 	// until Start.
 	Open(ctx context.Context, ports ProcessorPorts) (StreamProcessors, error)

@@ -196,6 +196,8 @@ var methodRights = map[string]rightSet{
 	"ProcessorPorts.kvGet":    rSubscribe,
 	"ProcessorPorts.kvPut":    rSubscribe,
 	"ProcessorPorts.setAlarm": rSubscribe,
+	"ProcessorPorts.check":    rSubscribe,
+	"ProcessorPorts.kvDelete": rSubscribe,
 
 	"Processor.snapshot":        rRead,
 	"Processor.getRuntimeState": rRead,

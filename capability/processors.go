@@ -97,6 +97,7 @@ func (h *remoteHost) Wake(ctx context.Context, w server.RemoteWake) (int64, int6
 		req.SetGeneration(w.Generation())
 		req.SetAlarm(w.Alarm)
 		req.SetReprocessFrom(uint64(max(w.ReprocessFrom, 0)))
+		req.SetProgressGeneration(uint64(max(w.ProgressGeneration, 0)))
 		if err := req.SetStream(schema.Stream(guarded(guardOf(h.srv), h.acc, schema.Stream_Methods(nil, st), st))); err != nil {
 			return err
 		}
@@ -134,6 +135,20 @@ func (h *remoteHost) RuntimeState(ctx context.Context, streamID, path, name stri
 		return nil, itx.Errorf(itx.EInvalid, "the host's runtime state is not JSON")
 	}
 	return json.RawMessage(state), nil
+}
+
+func (h *remoteHost) Stop(ctx context.Context, streamID, name string) error {
+	fut, release := h.client.Stop(ctx, func(p schema.ProcessorHost_stop_Params) error {
+		if err := p.SetStreamId(streamID); err != nil {
+			return err
+		}
+		return p.SetName(name)
+	})
+	defer release()
+	if _, err := fut.Struct(); err != nil {
+		return hostError(ctx, err)
+	}
+	return nil
 }
 
 // hostError maps a failed call on a host: a host whose session is gone is absent (its
@@ -240,4 +255,22 @@ func (pp *processorPorts) SetAlarm(ctx context.Context, call schema.ProcessorPor
 	at := call.Args().At()
 	call.Go()
 	return fail(pp.p.SetAlarm(ctx, at))
+}
+
+func (pp *processorPorts) Check(ctx context.Context, call schema.ProcessorPorts_check) error {
+	name, err := call.Args().Name()
+	if err != nil {
+		return badArgs("name", err)
+	}
+	call.Go()
+	return fail(pp.p.Check(ctx, name, int64(call.Args().Generation())))
+}
+
+func (pp *processorPorts) KvDelete(ctx context.Context, call schema.ProcessorPorts_kvDelete) error {
+	key, err := call.Args().Key()
+	if err != nil {
+		return badArgs("key", err)
+	}
+	call.Go()
+	return fail(pp.p.KVDelete(ctx, key))
 }

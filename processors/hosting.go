@@ -58,6 +58,9 @@ func Add[S any](h *Host, build func() Contract[S]) error {
 	return nil
 }
 
+// Version is the host's build, as given to NewHost.
+func (h *Host) Version() string { return h.version }
+
 // Contracts lists the registered contracts by name.
 func (h *Host) Contracts() []itx.ProcessorInfo {
 	h.mu.Lock()

@@ -76,6 +76,14 @@ func Register[S any](ctx context.Context, reg *Registry, c Contract[S], store Pr
 			k.rec = KeepaliveRecord{}
 		}
 	}
+	reset := false
+	if k.rec.ArmedAt != 0 && k.rec.Version != reg.cfg.Version {
+		// The antidote deploy retries immediately: a revival owed (or a crash loop backing off,
+		// up to the plateau) under another version is due now, with a fresh budget, rather than
+		// at the time the old version's backoff armed.
+		k.rec = KeepaliveRecord{Version: reg.cfg.Version, ArmedAt: reg.cfg.Clock.Now().UnixMilli()}
+		reset = true
+	}
 	r, err := NewRunner(c, RunnerConfig{
 		Path: reg.cfg.Path, Log: reg.cfg.Log, Progress: store, Clock: reg.cfg.Clock,
 		Tracker: k, PageSize: reg.cfg.PageSize, Logf: reg.cfg.Logf,
@@ -90,6 +98,12 @@ func Register[S any](ctx context.Context, reg *Registry, c Contract[S], store Pr
 	reg.mu.Lock()
 	reg.entries = append(reg.entries, k)
 	reg.mu.Unlock()
+	if reset {
+		reg.cfg.Logf("processor %q: a new version (%s): its crash-loop budget is reset and its revival is due now", c.Name, reg.cfg.Version)
+		// A failed write is retried by the next tracked work (unsaved); the runner stays.
+		_ = k.persist(ctx)
+		return r, nil
+	}
 	if err := reg.syncAlarm(ctx); err != nil {
 		return nil, err
 	}
@@ -223,7 +237,7 @@ func (reg *Registry) syncAlarm(ctx context.Context) error {
 }
 
 // KeepaliveKey is the KV key of a processor's keepalive record.
-func KeepaliveKey(name string) string { return "processor/" + name + "/keepalive" }
+func KeepaliveKey(name string) string { return itx.ProcessorKVPrefix(name) + "keepalive" }
 
 // keepalive is one processor's breaker in one incarnation: the record mirrors KV, the memory dies
 // with the incarnation. Both are guarded by the registry's mu; writes to KV are ordered by wmu so

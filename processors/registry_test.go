@@ -135,3 +135,39 @@ func TestRegistry_Register(t *testing.T) {
 		t.Errorf("registry without a version: %v, want %s", err, itx.EInvalid)
 	}
 }
+
+// Registering under a new version a processor whose keepalive record holds the old version's
+// backoff arms its revival now with a fresh budget (the antidote deploy retries immediately): a
+// remote host's new build does it on its first wake, itxd on its first fire after a restart.
+func TestRegistry_NewVersionRevivesAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture()
+		kv, alarm := proctest.NewMemoryKV(), &proctest.MemoryAlarm{}
+		plateau := f.clock.Now().Add(processors.RevivalPlateau).UnixMilli()
+		raw, _ := json.Marshal(processors.KeepaliveRecord{Revivals: 7, LastRevivalAt: f.clock.Now().UnixMilli(), Version: "build-1", ArmedAt: plateau})
+		if err := kv.Put(context.Background(), processors.KeepaliveKey("alpha"), raw); err != nil {
+			t.Fatal(err)
+		}
+		same := host(t, f, kv, alarm, "build-1", "alpha")
+		if got := alarm.At().UnixMilli(); got != plateau {
+			t.Fatalf("same build: alarm at %d, want the plateau %d", got, plateau)
+		}
+		same.reg.Close()
+		same.reg.Remove("alpha")
+
+		next := host(t, f, kv, alarm, "build-2", "alpha")
+		if at := alarm.At(); at.After(f.clock.Now()) {
+			t.Fatalf("new build: alarm at %v, want now (%v)", at, f.clock.Now())
+		}
+		out, err := next.reg.HandleAlarm(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(out) != 1 || out[0].Action != processors.ActionRevived {
+			t.Fatalf("new build's first fire: %+v, want alpha revived", out)
+		}
+		if rec, _ := next.reg.Keepalive("alpha"); rec.Revivals != 1 || rec.Version != "build-2" {
+			t.Errorf("record %+v, want a fresh budget under build-2 (revivals 1)", rec)
+		}
+	})
+}

@@ -227,6 +227,14 @@ func (r *Runner[S]) processFrame(ctx context.Context, f Frame) (err error) {
 	if !plan.commit {
 		return nil
 	}
+	if r.c.ProcessEvent != nil {
+		// The fence is checked before the effects, not only at the commit: an incarnation
+		// fenced since its last frame (another one claimed the record, on this host or another)
+		// would otherwise run this frame's effects, which its successor runs too.
+		if err := r.checkFence(ctx); err != nil {
+			return err
+		}
+	}
 	// Tracked from here: a frame that moves nothing is no work, and must not count as a clean
 	// settlement that would disarm the keepalive of a dead incarnation's obligations.
 	done := r.track()
@@ -450,6 +458,24 @@ func (r *Runner[S]) committedState() S {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.state
+}
+
+// checkFence asks the progress store whether this incarnation's generation is still current,
+// and retires the runner for good when it is not.
+func (r *Runner[S]) checkFence(ctx context.Context) error {
+	r.mu.Lock()
+	gen := r.generation
+	r.mu.Unlock()
+	if err := r.cfg.Progress.Check(ctx, r.c.Name, gen); err != nil {
+		if itx.ErrorCode(err) == itx.EFailedPrecondition {
+			r.mu.Lock()
+			r.fenced = err
+			r.mu.Unlock()
+			return r.fence()
+		}
+		return fmt.Errorf("processor %q: check its fence: %w", r.c.Name, err)
+	}
+	return nil
 }
 
 func (r *Runner[S]) fence() error {

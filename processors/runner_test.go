@@ -444,6 +444,29 @@ func TestRunner_Open(t *testing.T) {
 			}
 		})
 	})
+	t.Run("a stale incarnation runs no effects", func(t *testing.T) {
+		// Fenced since its last frame, it learns so before ProcessEvent, not at its commit:
+		// the effects of the frame are its successor's to run, once.
+		synctest.Test(t, func(t *testing.T) {
+			f := newFixture()
+			f.append(t, added.Input(counted{N: 2}, ""))
+			var staleCalls calls
+			stale := f.runner(t, counter(t, "v1", &staleCalls))
+			drain(t, f, stale)
+			staleCalls = calls{}
+			f.runner(t, counter(t, "v1", nil)) // claims the record
+			head := f.stream.Head()
+			f.append(t, added.Input(counted{N: 3}, ""))
+			err := stale.CatchUp(context.Background())
+			if itx.ErrorCode(err) != itx.EFailedPrecondition {
+				t.Fatalf("stale catch-up: %v, want %s", err, itx.EFailedPrecondition)
+			}
+			if len(staleCalls.events) != 0 || f.stream.Head() != head+1 {
+				t.Errorf("the fenced runner ran ProcessEvent for %v (head %d, want %d): its successor runs those effects too",
+					staleCalls.events, f.stream.Head(), head+1)
+			}
+		})
+	})
 }
 
 func TestRunner_ReprocessFrom(t *testing.T) {

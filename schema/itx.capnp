@@ -392,6 +392,9 @@ struct WakeRequest {
   reprocessFrom @9 :UInt64;     # an operator's rewind (a cursor-set): reprocess from this offset
                                 # first (0: none); the ports' commits then honor it
   processor @10 :Text;          # the contract the instance `name` runs (empty: name itself)
+  progressGeneration @11 :UInt64; # the generation of the instance's progress record when itxd
+                                # woke the host: a runner holding an older one was fenced since
+                                # (claimed elsewhere) and must not run effects
 }
 
 struct WakeReport {
@@ -413,6 +416,10 @@ interface ProcessorHost {
   wake @0 (request :WakeRequest) -> (report :WakeReport);
   # The processor's runtime state on this host (JSON), as getRuntimeState shows it.
   getRuntimeState @1 (streamId :Text, path :Text, name :Text) -> (state :Text);
+  # The processor-wake subscription `name` on the stream was removed (or placed elsewhere):
+  # end the host's session of it. Best effort: a host that does not implement it keeps the
+  # session until its connection ends.
+  stop @2 (streamId :Text, name :Text) -> ();
 }
 
 # Served by itxd to a remote host, per wake: one processor's durable records on its stream,
@@ -427,6 +434,11 @@ interface ProcessorPorts {
   kvPut @3 (key :Text, value :Data) -> ();
   # The processor's alarm slice (epoch ms; 0 disarms). itxd wakes the host with alarm set then.
   setAlarm @4 (at :Int64) -> ();
+  # Fail failedPrecondition, as commit would, if generation is no longer the record's current
+  # one: the runner asks before a frame's effects.
+  check @5 (name :Text, generation :UInt64) -> ();
+  # Delete a key (absent: no error).
+  kvDelete @6 (key :Text) -> ();
 }
 
 interface ProcessorHosts {

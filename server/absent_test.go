@@ -240,3 +240,5 @@ func parkedApp(ctx context.Context, t *testing.T, s *Server, ref StreamRef) itx.
 	require.Equal(t, storage.StatusParked, d.Status)
 	return res
 }
+
+func (scriptedRemoteHost) Stop(context.Context, string, string) error { return nil }

@@ -438,7 +438,7 @@ func (a *actor) unload() {
 
 func (a *actor) run() {
 	defer close(a.done)
-	a.apply(stepInput{mounted: a.loadMounted, woken: a.wokenID()})
+	a.apply(stepInput{mounted: a.loadMounted, woken: a.wokenID(), newVersion: a.srv.procVersionChanged && a.store != nil})
 	a.loadMounted = nil
 	for {
 		var in stepInput
@@ -769,6 +769,11 @@ func (a *actor) apply(in stepInput) {
 	if len(in.procOps) > 0 || eff.coreChanged {
 		a.st.forgetRemovedProcs() // after the commit: what is forgotten is on disk
 	}
+	if eff.recountProcKV && a.store != nil {
+		if keys, bytes, err := a.store.KVUsage(ctx, procKVPrefix); err == nil {
+			a.st.procKVKeys, a.st.procKVBytes = keys, bytes
+		}
+	}
 	a.reportLadder(eff.ladder)
 	// 3. Publish (and wake connections and live state). 4. Replies.
 	prevHead := a.view().head
@@ -943,11 +948,17 @@ func (a *actor) reply(group []*appendReq, replies []appendReply, failure error) 
 // rebuild replaces the deliverer of name to match the catalog (none if removed). The old one's
 // context ends, so its push stops; its outcome is fenced by generation anyway.
 func (a *actor) rebuild(name string) {
+	entry := a.st.core.Subscriptions[name]
 	if old := a.deliverers[name]; old != nil {
 		old.cancel()
 		delete(a.deliverers, name)
+		if c := old.remoteContract; c != "" && (entry == nil || isInProcess(entry) || entry.Config.ProcessorContract() != c) {
+			a.stopRemote(c, name)
+		}
 	}
-	entry := a.st.core.Subscriptions[name]
+	if entry == nil {
+		a.setProcSeek(name, 0) // a subscription created anew under the name has no rewind to honor
+	}
 	if entry == nil || entry.Kind() != itx.KindProcessorWake {
 		a.pruneProcessorLive(name)
 	}
@@ -1073,6 +1084,10 @@ func (a *actor) close() {
 		}
 		calls = true
 		if r := a.st.rows[name]; r != nil && r.Status == storage.StatusParked {
+			parked = append(parked, token)
+		} else if entry.Kind() == itx.KindProcessorWake && a.st.procAlarms[name] > 0 {
+			// Backing off, its alarm slice armed: a mount of its contract (maybe a new build)
+			// loads the stream and fires the slice early.
 			parked = append(parked, token)
 		}
 	}

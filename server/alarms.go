@@ -1,6 +1,8 @@
 package server
 
 import (
+	"context"
+	"math"
 	"time"
 
 	"github.com/itx-dev/itx"
@@ -68,4 +70,49 @@ func (s *Server) alarmChanged(due int64) {
 		s.alarmMu.Unlock()
 		s.wakeDue()
 	})
+}
+
+// procVersionSetting is the directory setting holding the version of the processors the last
+// process hosted.
+const procVersionSetting = "processors.version"
+
+// checkProcessorsVersion compares the hosted processors' version with the last process's. On a
+// new one (the antidote deploy), every stream with an alarm armed is loaded now, whenever it is
+// due: its first step fires its in-process alarm slice early, so a processor backing off (up to
+// the breaker's 6 h plateau) under the old version is revived at once with a fresh budget. The
+// version is recorded once every such stream was loaded: a crash before then does it again.
+func (s *Server) checkProcessorsVersion(ctx context.Context) error {
+	version := s.cfg.Processors.Version()
+	prev, err := s.dir.Setting(ctx, procVersionSetting)
+	if err != nil {
+		return err
+	}
+	if prev != nil && string(prev) == version {
+		return nil
+	}
+	s.procVersionChanged = true
+	return nil
+}
+
+// loadForNewVersion loads every stream with an alarm armed (see checkProcessorsVersion), then
+// records version.
+func (s *Server) loadForNewVersion(version string) {
+	ctx := s.base
+	armed, err := s.dir.DueAlarms(ctx, math.MaxInt64)
+	if err != nil {
+		return
+	}
+	for _, d := range armed {
+		a, err := s.acquire(ctx, StreamRef{ProjectID: d.ProjectID, Path: d.Path})
+		if err != nil {
+			if ctx.Err() == nil {
+				s.log.Warn().Err(err).Str("path", d.Path).Msg("loading a stream for the processors' new version")
+			}
+			continue
+		}
+		s.release(a)
+	}
+	if err := s.dir.SetSetting(ctx, procVersionSetting, []byte(version)); err != nil && ctx.Err() == nil {
+		s.log.Error().Err(err).Msg("recording the processors' version")
+	}
 }

@@ -46,12 +46,18 @@ type deliverer struct {
 	// deadLetter is where this subscription's skipped events land (receiver.delivery.
 	// deadLetterPath; empty Path: none). A skip waits until its dead letter has landed.
 	deadLetter StreamRef
+	// remoteContract is the contract of a processor-wake subscription placed remote ("" for any
+	// other): the host holding it is told when the subscription stops running there.
+	remoteContract string
 }
 
 // newDeliverer builds the deliverer of a catalog entry under ctx.
 func newDeliverer(ctx context.Context, s *Server, ref StreamRef, entry *catalogEntry) *deliverer {
 	d := &deliverer{srv: s, ref: ref, name: entry.Config.Name, kind: entry.Kind(), scope: entry.Config.Scope}
 	d.ctx, d.cancel = context.WithCancel(ctx)
+	if entry.Kind() == itx.KindProcessorWake && !isInProcess(entry) {
+		d.remoteContract = entry.Config.ProcessorContract()
+	}
 	if f := entry.Config.Filter; f != nil {
 		d.types = typeSet(f.EventTypes)
 		if f.JSONataCondition != "" {

@@ -40,6 +40,12 @@ type effects struct {
 
 	rebuild []string
 	pushes  []pushJob
+	// forgetProcs are the processor-wake subscriptions removed in this step: their processor
+	// records (progress, KV, alarm slice) are reset in the same commit.
+	forgetProcs []string
+	// recountProcKV asks the actor to recount the processors' KV after the commit (a prefix was
+	// deleted: the step cannot size it).
+	recountProcKV bool
 
 	wakeAt         int64         // epoch ms of the earliest retry (or processor alarm) due; 0: none
 	fireProcAlarms []string      // processor alarm slices that came due: fire each off the actor
@@ -81,5 +87,6 @@ type replyBatch struct {
 func (e *effects) hasWrites() bool {
 	c := &e.commit
 	return len(c.Events) > 0 || len(c.CursorUpserts) > 0 || len(c.CursorDeletes) > 0 || len(c.KV) > 0 ||
+		len(c.KVDeletes) > 0 || len(c.KVDeletePrefixes) > 0 ||
 		len(c.ReaderUpserts) > 0 || len(c.ReaderDeletes) > 0 || len(c.ScheduledUpserts) > 0 || len(c.ScheduledDeletes) > 0
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -35,15 +36,26 @@ type procRecord struct {
 	Progress *itx.ProcessorProgress `json:"progress,omitempty"`
 }
 
+// fence refuses generation unless it is the record's current one.
+func (rec *procRecord) fence(name string, generation int64) error {
+	if rec.Generation != generation {
+		return itx.Errorf(itx.EFailedPrecondition,
+			"processor %q: generation %d was claimed by a newer incarnation (the record is at %d): this incarnation is dead", name, generation, rec.Generation)
+	}
+	return nil
+}
+
 // procOp is one processor port write, an actor input. Exactly one of the request fields is set.
 type procOp struct {
 	claim  string      // claim the named record: bump its generation
 	commit *procCommit // replace a record, fenced by generation
-	kvKey  string      // put kvValue under kvKey
+	kvKey  string      // put kvValue under kvKey (with kvDel: delete kvKey)
 	kvVal  []byte
-	alarm  *int64 // arm the owner's alarm slice at this epoch ms (0: disarm)
-	fired  bool   // the owner's alarm fire's handling finished
-	owner  string // of an alarm slice: "" for the in-process processors, else a remote processor's name
+	kvDel  bool
+	check  *procCommit // fail as a commit of this generation would, writing nothing
+	alarm  *int64      // arm the owner's alarm slice at this epoch ms (0: disarm)
+	fired  bool        // the owner's alarm fire's handling finished
+	owner  string      // of an alarm slice: "" for the in-process processors, else a remote processor's name
 	reply  chan procReply
 }
 
@@ -145,8 +157,16 @@ func (st *streamState) applyProc(op procOp, now time.Time, env stepEnv, eff *eff
 		b, _ := json.Marshal(st.procAlarms)
 		stage(procAlarmKey, b)
 		return procReply{}
+	case op.kvKey != "" && op.kvDel:
+		return st.deleteProcKV(op, env, eff)
 	case op.kvKey != "":
 		return st.putProcKV(op, env, eff)
+	case op.check != nil:
+		rec, err := st.procRecordOf(op.check.name, env)
+		if err != nil {
+			return procReply{err: err}
+		}
+		return procReply{err: rec.fence(op.check.name, op.check.generation)}
 	case op.claim != "":
 		rec, err := st.procRecordOf(op.claim, env)
 		if err != nil {
@@ -169,9 +189,8 @@ func (st *streamState) applyProc(op procOp, now time.Time, env stepEnv, eff *eff
 		if err != nil {
 			return procReply{err: err}
 		}
-		if rec.Generation != c.generation {
-			return procReply{err: itx.Errorf(itx.EFailedPrecondition,
-				"processor %q: generation %d was claimed by a newer incarnation (the record is at %d): this commit is from a dead incarnation", c.name, c.generation, rec.Generation)}
+		if err := rec.fence(c.name, c.generation); err != nil {
+			return procReply{err: err}
 		}
 		next := *rec
 		p := c.progress
@@ -200,6 +219,88 @@ func (st *streamState) applyProc(op procOp, now time.Time, env stepEnv, eff *eff
 	return procReply{err: itx.Errorf(itx.EInternal, "empty processor operation")}
 }
 
+// fireEarly fires the alarm slice of owner now if it is armed later (a version change may make
+// the wait it keeps moot; the keepalive tolerates an early fire).
+func (st *streamState) fireEarly(owner string, nowMs int64, eff *effects) {
+	if at := st.procAlarms[owner]; at > nowMs && !st.procFiring[owner] {
+		st.procFiring[owner] = true
+		eff.fireProcAlarms = append(eff.fireProcAlarms, owner)
+	}
+}
+
+// forgetProc resets the processor records of a removed subscription name, so a subscription
+// created anew under that name starts as a new processor (as its cursor row starts anew): its
+// progress record keeps only a bumped generation (which fences every runner of the removed one at
+// its next check or commit), the processors' KV under the instance's prefix (keepalive record,
+// crash-loop counters) is deleted, and its remote alarm slice is disarmed.
+func (st *streamState) forgetProc(name string, env stepEnv, eff *effects) {
+	rec, err := st.procRecordOf(name, env)
+	if err != nil {
+		rec = &procRecord{} // unreadable: forgotten all the same
+	}
+	if rec.Generation > 0 || rec.Progress != nil {
+		next := &procRecord{Generation: rec.Generation + 1}
+		b, _ := json.Marshal(next)
+		st.procs[name], st.procsDirty = next, true
+		if eff.commit.KV == nil {
+			eff.commit.KV = map[string][]byte{}
+		}
+		eff.commit.KV[procProgressPrefix+name] = b
+	}
+	prefix := procKVPrefix + itx.ProcessorKVPrefix(name)
+	for k := range eff.commit.KV {
+		if strings.HasPrefix(k, prefix) {
+			delete(eff.commit.KV, k)
+		}
+	}
+	eff.commit.KVDeletePrefixes = append(eff.commit.KVDeletePrefixes, prefix)
+	eff.recountProcKV = true
+	if _, ok := st.procAlarms[name]; ok {
+		delete(st.procAlarms, name)
+		b, _ := json.Marshal(st.procAlarms)
+		if eff.commit.KV == nil {
+			eff.commit.KV = map[string][]byte{}
+		}
+		eff.commit.KV[procAlarmKey] = b
+	}
+}
+
+// deleteProcKV stages the delete of one key of the processors' KV, counting what it frees: the
+// value the totals hold for it is the one staged earlier in this step, else the committed one.
+func (st *streamState) deleteProcKV(op procOp, env stepEnv, eff *effects) procReply {
+	key := procKVPrefix + op.kvKey
+	cur, staged := eff.commit.KV[key]
+	committed, err := st.committedProcKV(key, env, eff)
+	if err != nil {
+		return procReply{err: err}
+	}
+	if !staged {
+		cur = committed
+	}
+	if staged || committed != nil {
+		st.procKVKeys--
+		st.procKVBytes -= int64(len(op.kvKey) + len(cur))
+	}
+	delete(eff.commit.KV, key)
+	if committed != nil {
+		eff.commit.KVDeletes = append(eff.commit.KVDeletes, key)
+	}
+	return procReply{}
+}
+
+// committedProcKV is the committed value of a processors' KV key as this step leaves it: nil
+// once a delete of it is staged.
+func (st *streamState) committedProcKV(key string, env stepEnv, eff *effects) ([]byte, error) {
+	if slices.Contains(eff.commit.KVDeletes, key) || env.loadKV == nil {
+		return nil, nil
+	}
+	v, err := env.loadKV(key)
+	if err != nil {
+		return nil, itx.Errorf(itx.EUnavailable, "read processor KV: %v", err)
+	}
+	return v, nil
+}
+
 // putProcKV stages a processor KV write within the stream's bounds. It looks up only the value it
 // replaces (staged earlier in this step, or committed), so an overwrite counts its difference; a
 // put that would grow a total past its bound is refused and writes nothing. One that does not grow
@@ -207,10 +308,10 @@ func (st *streamState) applyProc(op procOp, now time.Time, env stepEnv, eff *eff
 func (st *streamState) putProcKV(op procOp, env stepEnv, eff *effects) procReply {
 	key := procKVPrefix + op.kvKey
 	prev, found := eff.commit.KV[key]
-	if !found && env.loadKV != nil {
+	if !found {
 		var err error
-		if prev, err = env.loadKV(key); err != nil {
-			return procReply{err: itx.Errorf(itx.EUnavailable, "read processor KV: %v", err)}
+		if prev, err = st.committedProcKV(key, env, eff); err != nil {
+			return procReply{err: err}
 		}
 		found = prev != nil
 	}
@@ -537,6 +638,10 @@ func (p procProgress) Claim(ctx context.Context, name string) (*itx.ProcessorPro
 	return r.progress, r.generation, r.err
 }
 
+func (p procProgress) Check(ctx context.Context, name string, generation int64) error {
+	return p.a.ask(ctx, procOp{check: &procCommit{name: name, generation: generation}}).err
+}
+
 func (p procProgress) Commit(ctx context.Context, name string, generation int64, pr itx.ProcessorProgress) error {
 	return p.a.ask(ctx, procOp{commit: &procCommit{name: name, generation: generation, seek: p.a.procSeekFor(name), progress: pr}}).err
 }
@@ -561,6 +666,13 @@ func (k procKV) Put(ctx context.Context, key string, value []byte) error {
 		return itx.Errorf(itx.EInvalid, "processor KV key must be a non-empty string without NUL")
 	}
 	return k.a.ask(ctx, procOp{kvKey: key, kvVal: value}).err
+}
+
+func (k procKV) Delete(ctx context.Context, key string) error {
+	if key == "" || strings.ContainsRune(key, 0) {
+		return itx.Errorf(itx.EInvalid, "processor KV key must be a non-empty string without NUL")
+	}
+	return k.a.ask(ctx, procOp{kvKey: key, kvDel: true}).err
 }
 
 // procAlarmCell is the processors' slice of the stream's alarm.
@@ -675,44 +787,6 @@ func (a *actor) catalogEntry(name string) *catalogEntry {
 }
 
 // --- barriers and inspection ---------------------------------------------------------------
-
-// waitProcessed is waitUntilProcessed on an in-process processor: the runner's own barrier,
-// its committed processing cursor.
-func (s *Server) waitProcessed(ctx context.Context, a *actor, name string, offset int64, timeout time.Duration, expired <-chan struct{}) (int64, error) {
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() {
-		select {
-		case <-expired:
-		case <-a.dctx.Done():
-		case <-wctx.Done():
-		}
-		cancel()
-	}()
-	r, err := a.runner(wctx, name)
-	if err == nil {
-		err = r.WaitUntilProcessed(wctx, offset)
-	}
-	switch {
-	case err == nil:
-		return r.ProcessedThrough(), nil
-	case ctx.Err() != nil:
-		return 0, itx.Errorf(itx.ECancelled, "waitUntilProcessed: %v", ctx.Err())
-	case a.dctx.Err() != nil:
-		return 0, a.ended()
-	case wctx.Err() != nil:
-		processed, status := int64(0), ""
-		if r != nil {
-			processed = r.ProcessedThrough()
-		}
-		if row, ok := a.view().rows[name]; ok {
-			status = row.Status
-		}
-		return 0, itx.Errorf(itx.EDeadlineExceeded, "processor %q processed %d < %d after %dms (status: %s)",
-			name, processed, offset, timeout.Milliseconds(), status)
-	}
-	return 0, err
-}
 
 // ProcessorSnapshot is an in-process processor's committed reduced state, the offset it was
 // reduced through and its processing cursor.

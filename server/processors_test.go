@@ -183,3 +183,5 @@ func TestRemoteAlarm_RemovedSubscriptionDisarms(t *testing.T) {
 	}
 	require.Empty(t, slices(), "the removed processor's alarm slice")
 }
+
+func (idleRemoteHost) Stop(context.Context, string, string) error { return nil }

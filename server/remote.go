@@ -26,6 +26,9 @@ type RemoteProcessorHost interface {
 	Wake(ctx context.Context, w RemoteWake) (processed, reduced int64, err error)
 	// RuntimeState is the processor's runtime state on the host (JSON).
 	RuntimeState(ctx context.Context, streamID, path, name string) (json.RawMessage, error)
+	// Stop tells the host the processor no longer runs there (its subscription was removed,
+	// placed in-process, or set to run another contract): the host ends its session of it.
+	Stop(ctx context.Context, streamID, name string) error
 }
 
 // RemoteWake is one wake of a remote processor.
@@ -40,7 +43,11 @@ type RemoteWake struct {
 	Alarm     bool
 	// ReprocessFrom asks for the operator's rewind first (0: none).
 	ReprocessFrom int64
-	Ports         *ProcessorPorts // the processor's records on its stream, fenced by the mount
+	// ProgressGeneration is the generation of the processor's progress record when the wake
+	// was sent: a runner on the host holding an older one was fenced since (the record was
+	// claimed elsewhere), and must claim it again before it runs anything.
+	ProgressGeneration int64
+	Ports              *ProcessorPorts // the processor's records on its stream, fenced by the mount
 }
 
 // Generation is the mount generation the wake's ports are fenced by.
@@ -314,6 +321,23 @@ func (p *ProcessorPorts) KVPut(ctx context.Context, key string, value []byte) er
 	return p.do(ctx, procOp{kvKey: key, kvVal: value}).err
 }
 
+// Check fails as a commit of generation would (the mount lost the contract, or another
+// incarnation claimed the record), writing nothing.
+func (p *ProcessorPorts) Check(ctx context.Context, name string, generation int64) error {
+	if err := p.own(name); err != nil {
+		return err
+	}
+	return p.do(ctx, procOp{check: &procCommit{name: name, generation: generation}}).err
+}
+
+// KVDelete deletes a key of the processors' KV.
+func (p *ProcessorPorts) KVDelete(ctx context.Context, key string) error {
+	if key == "" || len(key) > MaxProcessorKVKeyBytes {
+		return itx.Errorf(itx.EInvalid, "processor KV: a key of 1 to 1,024 bytes")
+	}
+	return p.do(ctx, procOp{kvKey: key, kvDel: true}).err
+}
+
 // SetAlarm arms the processor's own alarm slice (0 disarms).
 func (p *ProcessorPorts) SetAlarm(ctx context.Context, at int64) error {
 	at = max(at, 0)
@@ -341,6 +365,11 @@ func (d *deliverer) wakeRemote(job pushJob, out deliveryOutcome) deliveryOutcome
 	if row := job.row; row.CursorChangedAtOffset != row.ConfiguredAtOffset && job.procSeek != row.CursorChangedAtOffset {
 		w.ReprocessFrom, ports.seek = row.ConfirmedOffset+1, row.CursorChangedAtOffset
 	}
+	gen, err := d.actor.procGeneration(d.ctx, d.name)
+	if err != nil {
+		return fail(classOutage, err)
+	}
+	w.ProgressGeneration = gen
 	ctx, cancel := context.WithCancel(d.ctx)
 	defer cancel()
 	t := d.srv.clock.AfterFunc(2*d.srv.cfg.DeliveryTimeout, cancel)
@@ -396,23 +425,71 @@ func (a *actor) fireRemoteAlarm(name string) {
 		return
 	}
 	contract := entry.Config.ProcessorContract()
+	// An early fire (a mount of the contract) that cannot reach a host leaves the slice where
+	// the keepalive armed it, rather than moving a long backoff to the retry.
+	early := a.st.procAlarms[name] > itx.UnixMilli(a.srv.clock.Now())
 	go func() {
 		defer a.srv.release(a)
 		ctx := a.dctx
 		var err error = itx.Errorf(itx.ECapabilityOffline, "no processor host announcing %q is mounted", contract)
 		if m := a.srv.remoteHost(ref.ProjectID, contract); m != nil {
 			wctx, cancel := context.WithTimeout(ctx, 2*a.srv.cfg.DeliveryTimeout)
-			_, _, err = m.host.Wake(wctx, RemoteWake{Ref: ref, StreamID: streamID, Name: name, Processor: contract, Alarm: true,
-				Ports: &ProcessorPorts{srv: a.srv, ref: ref, name: name, contract: contract, gen: m.gen}})
+			var gen int64
+			if gen, err = a.procGeneration(wctx, name); err == nil {
+				_, _, err = m.host.Wake(wctx, RemoteWake{Ref: ref, StreamID: streamID, Name: name, Processor: contract, Alarm: true,
+					ProgressGeneration: gen, Ports: &ProcessorPorts{srv: a.srv, ref: ref, name: name, contract: contract, gen: m.gen}})
+			}
 			cancel()
 		}
-		if err != nil && ctx.Err() == nil {
+		if err != nil && ctx.Err() == nil && !early {
 			// The host's error text is the peer's: logged within the bound of a cursor's error.
 			a.srv.log.Warn().Str("error", truncate(err.Error(), itx.MaxCursorErrorLength)).Str("path", ref.Path).Str("processor", name).Msg("remote processor alarm: retrying later")
 			later := itx.UnixMilli(a.srv.clock.Now().Add(remoteAlarmRetry))
 			a.ask(ctx, procOp{alarm: &later, owner: name})
 		}
 		a.ask(ctx, procOp{fired: true, owner: name})
+	}()
+}
+
+// procGeneration is the generation of name's progress record (0: never claimed).
+func (a *actor) procGeneration(ctx context.Context, name string) (int64, error) {
+	v := a.view()
+	if rec := v.procs[name]; rec != nil {
+		return rec.Generation, nil
+	}
+	if v.store == nil {
+		return 0, a.gone()
+	}
+	raw, err := v.store.KV(ctx, procProgressPrefix+name)
+	if err != nil || raw == nil {
+		if err != nil {
+			err = itx.Errorf(itx.EUnavailable, "read processor record: %v", err)
+		}
+		return 0, err
+	}
+	var rec procRecord
+	if err := json.Unmarshal(raw, &rec); err != nil {
+		return 0, itx.Errorf(itx.EInternal, "processor %q: record does not decode: %v", name, err)
+	}
+	return rec.Generation, nil
+}
+
+// stopRemote tells the host holding contract that the processor name of this stream no longer
+// runs there, so the host ends its session of it now rather than when its connection ends.
+// Best effort, off the actor's goroutine, within the delivery timeout: a host that misses it is
+// fenced anyway (the ports refuse a removed processor's writes once its record moved on).
+func (a *actor) stopRemote(contract, name string) {
+	m := a.srv.remoteHost(a.ref.ProjectID, contract)
+	if m == nil || a.st.streamID == "" {
+		return
+	}
+	streamID, log := a.st.streamID, a.srv.log
+	go func() {
+		ctx, cancel := context.WithTimeout(a.srv.base, a.srv.cfg.DeliveryTimeout)
+		defer cancel()
+		if err := m.host.Stop(ctx, streamID, name); err != nil {
+			log.Debug().Err(err).Str("path", a.ref.Path).Str("processor", name).Str("host", m.name).Msg("stopping a remote processor's session")
+		}
 	}()
 }
 

@@ -143,6 +143,9 @@ type Server struct {
 	// incarnation names this process: stream/woken records carry it.
 	incarnation string
 	hosted      map[string]bool // the names of Config.Processors' contracts
+	// procVersionChanged: Config.Processors runs another version than the last process did (the
+	// antidote deploy); each stream's in-process alarm slice fires at its first step.
+	procVersionChanged bool
 }
 
 // Credentials are the tokens created on a fresh data directory.
@@ -267,9 +270,18 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		dir.Close()
 		return nil, fmt.Errorf("open server: %w", err)
 	}
+	if cfg.Processors != nil {
+		// Before any stream loads: their first steps read what it decides.
+		if err := s.checkProcessorsVersion(ctx); err != nil {
+			s.log.Error().Err(err).Msg("reading the processors' version")
+		}
+	}
 	s.refreshStaleSummaries(ctx)
 	s.scheduleSweep()
 	go s.wakeDue()
+	if s.procVersionChanged {
+		go s.loadForNewVersion(cfg.Processors.Version())
+	}
 	return s, nil
 }
 

@@ -100,7 +100,9 @@ type sim struct {
 	procLost  bool                    // a later claim's answer was lost: procGen may be stale
 	procAcked *procRecord             // the last commit acknowledged
 	procMaybe []itx.ProcessorProgress // the commits attempted since the last acknowledged one
-	answers   []procAnswer            // of the last step that committed
+	// procForgotMaybe: a removal of proc whose answer was lost may have forgotten its record.
+	procForgotMaybe bool
+	answers         []procAnswer // of the last step that committed
 }
 
 func TestSimulation(t *testing.T) {
@@ -334,7 +336,22 @@ func (s *sim) control() {
 	}
 	b, _ := json.Marshal(payload)
 	s.history = append(s.history, fmt.Sprintf("%s %s", typ, b))
-	s.apply(stepInput{appends: []*appendReq{{inputs: []itx.EventInput{{Type: typ, Payload: b}}, reply: make(chan appendReply, 1)}}})
+	req := &appendReq{inputs: []itx.EventInput{{Type: typ, Payload: b}}, reply: make(chan appendReply, 1)}
+	existed := s.st.core.Subscriptions[name] != nil
+	s.apply(stepInput{appends: []*appendReq{req}})
+	if typ == itx.TypeSubscriptionRemoved && name == "proc" && existed {
+		// Removal forgets the processor's record (a bumped generation, no progress): whatever
+		// was acknowledged is gone, and procGen is fenced. Unanswered, it may have landed.
+		s.procLost = true
+		select {
+		case r := <-req.reply:
+			if r.err == nil {
+				s.procAcked, s.procMaybe, s.procForgotMaybe = nil, nil, false
+			}
+		default:
+			s.procForgotMaybe = true
+		}
+	}
 }
 
 // deliver completes one in-flight push through the real deliverer, with a receiver that
@@ -448,7 +465,7 @@ func (s *sim) proc() {
 	case gen == s.procGen && s.procGen > 0 && !s.procLost && err != nil:
 		s.fail("a commit of the current generation %d was refused: %v", gen, err)
 	case err == nil:
-		s.procAcked, s.procMaybe = &procRecord{Generation: gen, Progress: &p}, nil
+		s.procAcked, s.procMaybe, s.procForgotMaybe = &procRecord{Generation: gen, Progress: &p}, nil, false
 	}
 }
 
@@ -506,7 +523,7 @@ func (s *sim) checkProc() {
 	if rec.Generation < s.procGen {
 		s.fail("proc generation %d on disk, %d was acknowledged", rec.Generation, s.procGen)
 	}
-	if a := s.procAcked; a != nil {
+	if a := s.procAcked; a != nil && !(s.procForgotMaybe && rec.Progress == nil) {
 		// The record is the last acknowledged commit, or one attempted after it whose answer was
 		// lost: nothing else, and nothing older.
 		if rec.Progress == nil {

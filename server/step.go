@@ -66,7 +66,11 @@ type stepInput struct {
 	procOps   []procOp          // processor port writes: progress, KV, alarm
 	schedules []scheduleOp      // schedule or cancel scheduled appends
 	woken     string            // an incarnation id: record stream/woken (processors are hosted here)
-	settles   []chan<- int      // not the step's: Settle callers the actor answers after it
+	// newVersion: this process hosts processors under another version than the one before it
+	// (the antidote deploy): the in-process alarm slice fires now, however far its backoff set it,
+	// so the registry resets the crash-loop budget and revives at once.
+	newVersion bool
+	settles    []chan<- int // not the step's: Settle callers the actor answers after it
 }
 
 // deliveryOutcome is what one push reports: how far the cursor may move and, if the try
@@ -195,6 +199,21 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 		}
 	}
 
+	// 3a. A remote processor backing off (its alarm slice armed ahead) is woken when a host
+	// announcing its contract mounts: a new build there (the antidote deploy) resets its
+	// breaker's budget and revives it at once; the same build finds it not due and re-arms it
+	// where it was. Likewise the in-process slice when this process runs a new version.
+	for _, capability := range in.mounted {
+		for name, entry := range st.core.Subscriptions {
+			if entry.Kind() == itx.KindProcessorWake && waitsFor(entry) == capability {
+				st.fireEarly(name, nowMs, &eff)
+			}
+		}
+	}
+	if in.newVersion {
+		st.fireEarly("", nowMs, &eff)
+	}
+
 	// 3b. A new incarnation of a stream whose processors this server hosts says so once.
 	if in.woken != "" {
 		own = append(own, serverRecord(itx.TypeWoken, map[string]any{"incarnationId": in.woken, "reason": "loaded"},
@@ -221,7 +240,11 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 		eff.readerReplies = append(eff.readerReplies, readerReply{op: op, err: st.applyReader(op, now, env.rc, &eff)})
 	}
 
-	// 4c. Processor port writes: progress records (fenced), KV, the alarm slice.
+	// 4c. Processor port writes: progress records (fenced), KV, the alarm slice; first, the
+	// records of removed processors are forgotten, so a write of theirs in this step is fenced.
+	for _, name := range eff.forgetProcs {
+		st.forgetProc(name, env, &eff)
+	}
 	for _, op := range in.procOps {
 		eff.procAnswers = append(eff.procAnswers, procAnswer{op: op, reply: st.applyProc(op, now, env, &eff)})
 	}
@@ -241,7 +264,7 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 	// last error, a park) is written at once, so a restart goes on along the ladder instead of
 	// starting it over with a try before its time. Tries are spaced by the backoff, so this costs
 	// at most one commit per failed try.
-	if len(eff.commit.Events) > 0 || len(eff.commit.KV) > 0 || len(eff.commit.CursorDeletes) > 0 || eff.coreChanged || in.flush || in.final ||
+	if len(eff.commit.Events) > 0 || len(eff.commit.KV) > 0 || len(eff.commit.KVDeletes) > 0 || len(eff.commit.CursorDeletes) > 0 || eff.coreChanged || in.flush || in.final ||
 		failed || len(eff.commit.ReaderUpserts) > 0 || len(eff.commit.ReaderDeletes) > 0 ||
 		len(eff.commit.ScheduledUpserts) > 0 || len(eff.commit.ScheduledDeletes) > 0 {
 		eff.commit.CursorUpserts = eff.commit.CursorUpserts[:0]
@@ -440,6 +463,7 @@ func (st *streamState) absorb(plan groupPlan, now time.Time, eff *effects) {
 		name := ce.name
 		switch ce.kind {
 		case effectRemove:
+			eff.forgetProcs = appendOnce(eff.forgetProcs, name)
 			delete(st.rows, name)
 			delete(st.dirty, name)
 			delete(st.subs, name)

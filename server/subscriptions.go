@@ -184,9 +184,11 @@ func (s *Server) WaitUntilProcessed(ctx context.Context, ref StreamRef, name str
 	t := s.clock.AfterFunc(timeout, func() { close(expired) })
 	defer t.Stop()
 	name = strings.TrimSpace(name)
-	if e := a.view().core.Subscriptions[name]; isInProcess(e) && s.hosted[e.Config.ProcessorContract()] {
-		return s.waitProcessed(ctx, a, name, offset, timeout, expired)
-	}
+	// Every kind waits on the cursor row. For a processor-wake subscription the row is the
+	// processing cursor, moved by the commits of whichever runner holds the record (in-process)
+	// or by the wakes of whichever host does (remote), so the barrier follows the processor
+	// through a replaced runner, a new contract or a new placement; a wait on the runner found at
+	// the start would never see its successor's progress.
 	existed := false
 	for {
 		v := a.view()

@@ -409,6 +409,28 @@ func (d *Directory) Secrets(ctx context.Context) (map[[2]string]string, error) {
 	return out, rows.Err()
 }
 
+// Setting returns the server-wide setting name, nil when it was never set.
+func (d *Directory) Setting(ctx context.Context, name string) ([]byte, error) {
+	var v []byte
+	err := d.db.QueryRowContext(ctx, `select value from settings where key = ?`, name).Scan(&v)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("setting %s: %w", name, err)
+	}
+	return v, nil
+}
+
+// SetSetting writes the server-wide setting name.
+func (d *Directory) SetSetting(ctx context.Context, name string, value []byte) error {
+	if _, err := d.db.ExecContext(ctx, `insert into settings (key, value) values (?, ?)
+		on conflict (key) do update set value = excluded.value`, name, value); err != nil {
+		return fmt.Errorf("setting %s: %w", name, err)
+	}
+	return nil
+}
+
 // SettingKey returns the server-wide random key named name, creating it (n random bytes) on
 // first use.
 func (d *Directory) SettingKey(ctx context.Context, name string, n int) ([]byte, error) {

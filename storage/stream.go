@@ -202,6 +202,9 @@ type Commit struct {
 	ReaderUpserts []Reader
 	ReaderDeletes []string
 	KV            map[string][]byte
+	// KVDeletes and KVDeletePrefixes (every key starting with one) run before the KV upserts.
+	KVDeletes        []string
+	KVDeletePrefixes []string
 	// Scheduled appends: deletes (landed or cancelled) run before upserts.
 	ScheduledUpserts []Scheduled
 	ScheduledDeletes []string
@@ -278,6 +281,22 @@ func (s *Stream) Commit(ctx context.Context, c Commit) error {
 	for i := range c.ScheduledUpserts {
 		if err := upsertScheduled(ctx, tx, &c.ScheduledUpserts[i]); err != nil {
 			return fmt.Errorf("commit: %w", err)
+		}
+	}
+	for _, k := range c.KVDeletes {
+		if _, err := tx.ExecContext(ctx, `delete from kv where key = ?`, k); err != nil {
+			return fmt.Errorf("commit: delete kv %q: %w", k, err)
+		}
+	}
+	for _, prefix := range c.KVDeletePrefixes {
+		q, args := `delete from kv where key >= ?`, []any{prefix}
+		if end, ok := prefixEnd(prefix); ok {
+			q, args = q+` and key < ?`, append(args, end)
+		} else {
+			q, args = q+` and substr(cast(key as blob), 1, ?) = cast(? as blob)`, append(args, len(prefix), prefix)
+		}
+		if _, err := tx.ExecContext(ctx, q, args...); err != nil {
+			return fmt.Errorf("commit: delete kv under %q: %w", prefix, err)
 		}
 	}
 	for k, v := range c.KV {

@@ -393,6 +393,8 @@ var methodCases = map[string]methodCase{
 	"ProcessorPorts.kvGet":    {viaWake: true},
 	"ProcessorPorts.kvPut":    {viaWake: true},
 	"ProcessorPorts.setAlarm": {viaWake: true},
+	"ProcessorPorts.check":    {viaWake: true},
+	"ProcessorPorts.kvDelete": {viaWake: true},
 
 	"Admin.createProject": {right: itx.RightAdmin, deploymentOnly: true, call: withAdmin(func(ctx context.Context, a schema.Admin) error {
 		_, _, _, err := client.CreateProject(ctx, a, "scope-test-"+randomName())

@@ -210,6 +210,21 @@ func TestProcessorKV_BoundedPerStream(t *testing.T) {
 	require.Equal(t, 0, n, "the refused put wrote nothing")
 	require.NoError(t, put("a", 0), "a smaller value makes room")
 	require.NoError(t, put("c", 32))
+
+	// A delete frees its key and its bytes (kvDelete); deleting an absent key is no error.
+	del := func(key string) error {
+		fut, release := spy.ports.KvDelete(ctx, func(p schema.ProcessorPorts_kvDelete_Params) error { return p.SetKey(key) })
+		defer release()
+		_, err := fut.Struct()
+		return err
+	}
+	requireCode(t, put("d", 1), itx.ELimitExceeded)
+	require.NoError(t, del("c"))
+	_, found = get("c")
+	require.False(t, found, "deleted")
+	require.NoError(t, del("c"), "deleting an absent key")
+	require.NoError(t, put("d", 40), "the deleted key's room is free: 3 keys, 1+0 + 1+10 + 1+40 bytes")
+	requireCode(t, put("e", 0), itx.ELimitExceeded)
 }
 
 // What one processor host announces is kept for its mount's life, and a project may hold
@@ -238,3 +253,5 @@ func TestProcessorHosts_AnnouncedContractsAreBounded(t *testing.T) {
 	defer h.Release()
 	require.Len(t, listHosts(t, p), 1)
 }
+
+func (idleHost) Stop(context.Context, schema.ProcessorHost_stop) error { return nil }

@@ -260,6 +260,8 @@ func (h *unansweringHost) GetRuntimeState(ctx context.Context, call schema.Proce
 	return nil
 }
 
+func (h *unansweringHost) Stop(context.Context, schema.ProcessorHost_stop) error { return nil }
+
 // silentStateHost is a ProcessorHost that answers neither a wake nor getRuntimeState.
 type silentStateHost struct {
 	unansweringHost

@@ -65,6 +65,8 @@ func (h bigStateHost) Wake(ctx context.Context, call schema.ProcessorHost_wake) 
 	return nil
 }
 
+func (bigStateHost) Stop(context.Context, schema.ProcessorHost_stop) error { return nil }
+
 func (bigStateHost) GetRuntimeState(context.Context, schema.ProcessorHost_getRuntimeState) error {
 	return fmt.Errorf("not kept")
 }

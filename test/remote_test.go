@@ -295,3 +295,5 @@ func TestRemote_RuntimeStateBeforeTheHostRanIt(t *testing.T) {
 	require.Equal(t, "worker", runtime["host"])
 	require.Equal(t, "guestbook", runtime["name"])
 }
+
+func (h *spyHost) Stop(context.Context, schema.ProcessorHost_stop) error { return nil }

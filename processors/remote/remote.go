@@ -325,6 +325,15 @@ func (h *HostServer) Wake(ctx context.Context, call schema.ProcessorHost_wake) e
 	if err != nil {
 		return err
 	}
+	if pg := int64(req.ProgressGeneration()); pg > r.RuntimeState().Generation {
+		// The record was claimed elsewhere since this runner claimed it (the instance ran
+		// in-process, or on another host, meanwhile): this runner is fenced, though it has not
+		// learned it yet. It ends before it runs anything, and a fresh one claims the record.
+		s.ps.Stop(r)
+		if r, err = s.ps.Start(ctx, name, contract); err != nil {
+			return err
+		}
+	}
 	if alarm {
 		if err := s.ps.HandleAlarm(ctx); err != nil {
 			return err
@@ -380,6 +389,35 @@ func catchUpFor(ctx context.Context, log itx.ProcessorLog, r itx.ProcessorRunner
 			return err
 		}
 	}
+}
+
+// Stop ends this connection's session of a processor whose subscription no longer runs here
+// (removed, placed in-process, or running another contract): its runners' incarnation ends, as in
+// an eviction, and its capabilities are released. A later wake opens a fresh session.
+func (h *HostServer) Stop(ctx context.Context, call schema.ProcessorHost_stop) error {
+	streamID, err := call.Args().StreamId()
+	if err != nil {
+		return err
+	}
+	name, err := call.Args().Name()
+	if err != nil {
+		return err
+	}
+	h.mu.Lock()
+	s := h.sessions[sessionKey{streamID, name}]
+	delete(h.sessions, sessionKey{streamID, name})
+	h.mu.Unlock()
+	if s != nil {
+		s.close()
+	}
+	return nil
+}
+
+// Sessions is how many (stream, processor) sessions this connection holds.
+func (h *HostServer) Sessions() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.sessions)
 }
 
 // GetRuntimeState answers for a processor this connection runs.
@@ -595,7 +633,35 @@ func (s *session) bound(ctx context.Context) (context.Context, context.CancelFun
 	return ctx, func() { stop(); cancel() }
 }
 
+func (p rpcProgress) Check(ctx context.Context, name string, generation int64) error {
+	ctx, done := p.s.bound(ctx)
+	defer done()
+	ports := p.s.portsCap()
+	defer ports.Release()
+	fut, release := ports.Check(ctx, func(a schema.ProcessorPorts_check_Params) error {
+		a.SetGeneration(uint64(generation))
+		return a.SetName(name)
+	})
+	defer client.ReleaseAfter(ctx, release)
+	_, err := client.Await(ctx, fut)
+	if err != nil && itx.ErrorCode(err) == itx.EFailedPrecondition {
+		return itx.AsError(err) // fenced: the runner retires
+	}
+	return err
+}
+
 type rpcKV struct{ s *session }
+
+func (k rpcKV) Delete(ctx context.Context, key string) error {
+	ctx, done := k.s.bound(ctx)
+	defer done()
+	ports := k.s.portsCap()
+	defer ports.Release()
+	fut, release := ports.KvDelete(ctx, func(a schema.ProcessorPorts_kvDelete_Params) error { return a.SetKey(key) })
+	defer client.ReleaseAfter(ctx, release)
+	_, err := client.Await(ctx, fut)
+	return err
+}
 
 func (k rpcKV) Get(ctx context.Context, key string) ([]byte, bool, error) {
 	ctx, done := k.s.bound(ctx)

@@ -231,3 +231,21 @@ func TestHarness_RefusedScheduledAppendIsRecorded(t *testing.T) {
 		}
 	})
 }
+
+// MemoryKV's Delete removes a key, and deleting an absent key is no error (processors.KV).
+func TestMemoryKV_Delete(t *testing.T) {
+	ctx := context.Background()
+	kv := proctest.NewMemoryKV()
+	if err := kv.Put(ctx, "k", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	if err := kv.Delete(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, _ := kv.Get(ctx, "k"); ok {
+		t.Error("got the deleted key back")
+	}
+	if err := kv.Delete(ctx, "k"); err != nil {
+		t.Errorf("deleting an absent key: %v", err)
+	}
+}

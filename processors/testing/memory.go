@@ -319,6 +319,21 @@ func (m *MemoryProgressStore) Commit(ctx context.Context, name string, generatio
 	return nil
 }
 
+// Check fails as Commit would when generation is no longer name's current one.
+func (m *MemoryProgressStore) Check(ctx context.Context, name string, generation int64) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if r := m.records[name]; r == nil || r.generation != generation {
+		current := int64(0)
+		if r != nil {
+			current = r.generation
+		}
+		return itx.Errorf(itx.EFailedPrecondition,
+			"progress of %q is owned by generation %d, not %d", name, current, generation)
+	}
+	return nil
+}
+
 // Load returns a copy of name's record (nil when none), without claiming it.
 func (m *MemoryProgressStore) Load(name string) *processors.Progress {
 	m.mu.Lock()
@@ -362,6 +377,14 @@ func (kv *MemoryKV) Put(ctx context.Context, key string, value []byte) error {
 	kv.mu.Lock()
 	defer kv.mu.Unlock()
 	kv.m[key] = slices.Clone(value)
+	return nil
+}
+
+// Delete removes key (a key that is not there is no error).
+func (kv *MemoryKV) Delete(ctx context.Context, key string) error {
+	kv.mu.Lock()
+	defer kv.mu.Unlock()
+	delete(kv.m, key)
 	return nil
 }
 
@@ -445,6 +468,13 @@ func (p fencedProgress) Commit(ctx context.Context, name string, gen int64, pr p
 	return p.s.Commit(ctx, name, gen, pr)
 }
 
+func (p fencedProgress) Check(ctx context.Context, name string, gen int64) error {
+	if err := p.f.check(); err != nil {
+		return err
+	}
+	return p.s.Check(ctx, name, gen)
+}
+
 type fencedKV struct {
 	f  *fence
 	kv processors.KV
@@ -462,6 +492,13 @@ func (k fencedKV) Put(ctx context.Context, key string, value []byte) error {
 		return err
 	}
 	return k.kv.Put(ctx, key, value)
+}
+
+func (k fencedKV) Delete(ctx context.Context, key string) error {
+	if err := k.f.check(); err != nil {
+		return err
+	}
+	return k.kv.Delete(ctx, key)
 }
 
 type fencedAlarm struct {
