@@ -145,6 +145,11 @@ func (s *Server) OpenConnection(ctx context.Context, ref StreamRef, opts Connect
 	if err := itx.ValidateTypeFilter("types", opts.Types); err != nil {
 		return nil, err // kept for the connection's life: bounded and valid
 	}
+	if typeSet(opts.Types) == nil {
+		// Empty, or holding "*": every type, on the log's catch-up as on the live tail (the
+		// log's query would take "*" for a type name).
+		opts.Types = nil
+	}
 	if opts.MaxDeliveryEvents == 0 {
 		opts.MaxDeliveryEvents = itx.DeliveryBatchEvents
 	}
