@@ -224,8 +224,13 @@ func (r *readers) Register(ctx context.Context, call schema.Readers_register) er
 	if int64(checkpoint) < 0 {
 		return fail(itx.Errorf(itx.EInvalid, "checkpoint %d is out of range", checkpoint))
 	}
+	// Queued before the call queue is released: calls on one Readers apply in the order sent.
+	pending, err := r.srv.StartRegisterReader(ctx, r.ref, name, int64(checkpoint))
+	if err != nil {
+		return fail(err)
+	}
 	call.Go()
-	return fail(r.srv.RegisterReader(ctx, r.ref, name, int64(checkpoint)))
+	return fail(pending.Wait(ctx))
 }
 
 func (r *readers) Remove(ctx context.Context, call schema.Readers_remove) error {
@@ -233,8 +238,12 @@ func (r *readers) Remove(ctx context.Context, call schema.Readers_remove) error 
 	if err != nil {
 		return badArgs("name", err)
 	}
+	pending, err := r.srv.StartRemoveReader(ctx, r.ref, name)
+	if err != nil {
+		return fail(err)
+	}
 	call.Go()
-	return fail(r.srv.RemoveReader(ctx, r.ref, name))
+	return fail(pending.Wait(ctx))
 }
 
 func (r *readers) List(ctx context.Context, call schema.Readers_list) error {
