@@ -451,3 +451,44 @@ func TestAudit_LivePatchesReproduceTheSnapshotAcrossALife(t *testing.T) {
 	defer follower.mu.Unlock()
 	require.Zero(t, follower.gaps)
 }
+
+// envelopeSink records each batch's envelope.
+type envelopeSink struct {
+	testSink
+	emu  sync.Mutex
+	envs []itx.DeliveryEnvelope
+}
+
+func (k *envelopeSink) Deliver(ctx context.Context, call schema.EventSink_deliver) error {
+	b, err := call.Args().Batch()
+	if err != nil {
+		return err
+	}
+	id, _ := b.StreamId()
+	path, _ := b.Path()
+	k.emu.Lock()
+	k.envs = append(k.envs, itx.DeliveryEnvelope{StreamID: id, Path: path, HeadOffset: int64(b.HeadOffset())})
+	k.emu.Unlock()
+	return k.testSink.Deliver(ctx, call)
+}
+
+// A connection's batches name the stream (its id, the one appends return, and its path) so a
+// client dedupes by (streamId, offset), and carry the head, at or past their last event; from a
+// connection opened before the stream's first append too.
+func TestAudit_ConnectionBatchEnvelope(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	s := stream(t, ts.project(t), "/audit/envelope")
+	sink := &envelopeSink{testSink: testSink{changed: make(chan struct{}, 1)}}
+	_, err := openConn(t, s, connOpts{maxEvents: 1, noState: true}, sink)
+	require.NoError(t, err)
+	res := mustAppend(t, s, ev("a", `{}`), ev("a", `{}`))
+	require.NotEmpty(t, res.StreamID)
+	waitUntil(t, "both", func() bool { return len(sink.offsets()) == 2 })
+	sink.emu.Lock()
+	defer sink.emu.Unlock()
+	for i, env := range sink.envs {
+		require.Equal(t, res.StreamID, env.StreamID)
+		require.Equal(t, "/audit/envelope", env.Path)
+		require.GreaterOrEqual(t, env.HeadOffset, int64(i+1))
+	}
+}
