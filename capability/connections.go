@@ -40,8 +40,15 @@ func (s *stream) OpenConnection(ctx context.Context, call schema.Stream_openConn
 	// The argument is released when this method returns: keep our own reference.
 	sinkCap := call.Args().Sink().AddRef()
 	sinkCap.SetFlowLimiter(newPushLimiter())
+	// Queued before the call queue is released: opens sent on one capability are decided in the
+	// order sent (of two under one key, the later replaces the earlier).
+	pending, err := s.srv.StartOpenConnection(ctx, s.ref, opts, &eventSink{client: sinkCap})
+	if err != nil {
+		sinkCap.Release()
+		return fail(err)
+	}
 	call.Go()
-	conn, err := s.srv.OpenConnection(ctx, s.ref, opts, &eventSink{client: sinkCap})
+	conn, err := pending.Wait(ctx)
 	if err != nil {
 		sinkCap.Release()
 		return fail(err)

@@ -123,6 +123,25 @@ func (c *Connection) Done() <-chan struct{} { return c.done }
 // by its own position from the log the actor committed. Opening under a key that is open
 // replaces that connection (closed as replaced); a key that names a subscription is refused.
 func (s *Server) OpenConnection(ctx context.Context, ref StreamRef, opts ConnectionOptions, sink ConnectionSink) (*Connection, error) {
+	p, err := s.StartOpenConnection(ctx, ref, opts, sink)
+	if err != nil {
+		return nil, err
+	}
+	return p.Wait(ctx)
+}
+
+// PendingOpen is an open queued on its stream's actor. Opens queued on one stream are decided
+// in queue order (the later of two under one key replaces the earlier): the caller may release
+// its RPC call queue (call.Go) only after StartOpenConnection returns.
+type PendingOpen struct {
+	srv   *Server
+	ref   StreamRef
+	c     *Connection
+	reply chan error
+}
+
+// StartOpenConnection validates an open and queues it on the stream (see OpenConnection).
+func (s *Server) StartOpenConnection(ctx context.Context, ref StreamRef, opts ConnectionOptions, sink ConnectionSink) (*PendingOpen, error) {
 	if err := itx.ValidatePath(ref.Path); err != nil {
 		return nil, err
 	}
@@ -170,14 +189,20 @@ func (s *Server) OpenConnection(ctx context.Context, ref StreamRef, opts Connect
 		s.release(a)
 		return nil, itx.Errorf(itx.ECancelled, "open connection: %v", ctx.Err())
 	}
-	if err := <-reply; err != nil {
-		s.release(a)
+	return &PendingOpen{srv: s, ref: ref, c: c, reply: reply}, nil
+}
+
+// Wait waits for the actor's decision and, once registered, starts the connection.
+func (p *PendingOpen) Wait(ctx context.Context) (*Connection, error) {
+	s, c := p.srv, p.c
+	if err := <-p.reply; err != nil {
+		s.release(c.a)
 		return nil, err
 	}
 	s.metrics.OpenConnections.Inc()
-	if !opts.NoState {
+	if !c.opts.NoState {
 		// State frames: the stream's live state, pushed into the same sink.
-		if stop, err := s.subscribeLive(ctx, ref, stateSink{c}, false); err == nil {
+		if stop, err := s.subscribeLive(ctx, p.ref, stateSink{c}, false); err == nil {
 			go func() { <-c.done; stop() }()
 		}
 	}
