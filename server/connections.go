@@ -231,6 +231,9 @@ func (a *actor) register(c *Connection) error {
 	if st.core.Subscriptions[c.key] != nil {
 		return itx.Errorf(itx.EFailedPrecondition, "%q names a subscription of this stream: connection keys share the subscription name space", c.key)
 	}
+	if err := notGenerated("connection key", c.key); err != nil {
+		return err
+	}
 	old := a.conns[c.key]
 	if old == nil && len(a.conns) >= a.srv.cfg.MaxConnectionsPerStream {
 		return itx.Errorf(itx.ELimitExceeded, "a stream serves at most %d open connections (--max-connections-per-stream)", a.srv.cfg.MaxConnectionsPerStream)
