@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
@@ -491,4 +492,43 @@ func TestAudit_ConnectionBatchEnvelope(t *testing.T) {
 		require.Equal(t, "/audit/envelope", env.Path)
 		require.GreaterOrEqual(t, env.HeadOffset, int64(i+1))
 	}
+}
+
+// Flow control: a sink that answers late but within the delivery timeout is not closed (only one
+// that does not answer within it is a slow consumer), and while it is stuck another connection on
+// the stream, the stream's live state and appends go on.
+func TestAudit_LateSinkWithinTheTimeoutStaysOpen(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	s := stream(t, e.p, "/audit/late-sink")
+	mustAppend(t, s, ev("a", `{}`))
+	timers := e.clock.Pending()
+	late := newTestSink()
+	late.block = make(chan struct{})
+	var unblock sync.Once
+	release := func() { unblock.Do(func() { close(late.block) }) }
+	defer release() // a failure must not leave the server's calls into the sink hanging
+	c, err := openConn(t, s, connOpts{maxEvents: 5, noState: true}, late)
+	require.NoError(t, err)
+	healthy := newTestSink()
+	_, err = openConn(t, s, connOpts{maxEvents: 5, noState: true}, healthy)
+	require.NoError(t, err)
+	view, _ := watchLive(t, s)
+	for range 40 {
+		mustAppend(t, s, ev("a", `{}`))
+	}
+	waitUntil(t, "the healthy connection has everything", func() bool { return len(healthy.offsets()) == 41 })
+	waitUntil(t, "the live state goes on", func() bool { _, doc := view.state(); return doc["head"] == float64(41) })
+	waitUntil(t, "a batch awaits its answer", func() bool { return e.clock.Pending() > timers })
+	e.clock.Advance(itx.DeliveryTimeout - time.Second)
+	release()
+	waitUntil(t, "the late sink has everything", func() bool { return len(late.offsets()) == 41 })
+	_, d, err := ping(t, c)
+	require.NoError(t, err, "answered within the timeout: still open")
+	require.Nil(t, late.closeReason())
+	want := make([]int64, 41)
+	for i := range want {
+		want[i] = int64(i + 1)
+	}
+	require.Equal(t, want, late.offsets())
+	waitUntil(t, "delivered through the head", func() bool { _, d, err = ping(t, c); return err == nil && d == 41 })
 }
