@@ -458,9 +458,14 @@ func (s *stream) Schedule(ctx context.Context, call schema.Stream_schedule) erro
 	if err != nil {
 		return badArgs("event", err)
 	}
-	dueAt := call.Args().DueAt()
+	// Queued before the call queue is released: schedules and cancels sent on one capability
+	// apply in the order sent.
+	pending, err := s.srv.StartSchedule(ctx, s.ref, in, call.Args().DueAt())
+	if err != nil {
+		return fail(err)
+	}
 	call.Go()
-	due, appended, err := s.srv.Schedule(ctx, s.ref, in, dueAt)
+	due, appended, err := pending.WaitSchedule(ctx)
 	if err != nil {
 		return fail(err)
 	}
@@ -478,8 +483,12 @@ func (s *stream) CancelScheduled(ctx context.Context, call schema.Stream_cancelS
 	if err != nil {
 		return badArgs("key", err)
 	}
+	pending, err := s.srv.StartCancelScheduled(ctx, s.ref, key)
+	if err != nil {
+		return fail(err)
+	}
 	call.Go()
-	found, err := s.srv.CancelScheduled(ctx, s.ref, key)
+	found, err := pending.WaitCancel(ctx)
 	if err != nil {
 		return fail(err)
 	}
