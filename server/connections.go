@@ -442,7 +442,13 @@ func (c *Connection) await(wait func() error) error {
 // stateSink sends live-state frames into a connection's sink.
 type stateSink struct{ c *Connection }
 
-func (s stateSink) Send(ctx context.Context, f LiveFrame) error { return s.c.sink.State(ctx, f) }
+func (s stateSink) Send(ctx context.Context, f LiveFrame) error {
+	if s.c.ctx.Err() != nil {
+		// Closed: it receives nothing more (the frame saying it left is not its own to hear).
+		return itx.Errorf(itx.EFailedPrecondition, "the connection is closed")
+	}
+	return s.c.sink.State(ctx, f)
+}
 
 func (s stateSink) slow() {
 	s.c.Close(CloseSlowConsumer, "a live-state frame was not accepted within the delivery timeout")
