@@ -40,8 +40,15 @@ func (s *stream) OpenConnection(ctx context.Context, call schema.Stream_openConn
 	// The argument is released when this method returns: keep our own reference.
 	sinkCap := call.Args().Sink().AddRef()
 	sinkCap.SetFlowLimiter(newPushLimiter())
+	// Queued before the call queue is released: opens sent on one capability are decided in the
+	// order sent (of two under one key, the later replaces the earlier).
+	pending, err := s.srv.StartOpenConnection(ctx, s.ref, opts, &eventSink{client: sinkCap, acc: s.acc})
+	if err != nil {
+		sinkCap.Release()
+		return fail(err)
+	}
 	call.Go()
-	conn, err := s.srv.OpenConnection(ctx, s.ref, opts, &eventSink{client: sinkCap, acc: s.acc})
+	conn, err := pending.Wait(ctx)
 	if err != nil {
 		sinkCap.Release()
 		return fail(err)
@@ -230,8 +237,13 @@ func (r *readers) Register(ctx context.Context, call schema.Readers_register) er
 	if int64(checkpoint) < 0 {
 		return fail(itx.Errorf(itx.EInvalid, "checkpoint %d is out of range", checkpoint))
 	}
+	// Queued before the call queue is released: calls on one Readers apply in the order sent.
+	pending, err := r.srv.StartRegisterReader(ctx, r.ref, name, int64(checkpoint))
+	if err != nil {
+		return fail(err)
+	}
 	call.Go()
-	return fail(r.srv.RegisterReader(ctx, r.ref, name, int64(checkpoint)))
+	return fail(pending.Wait(ctx))
 }
 
 func (r *readers) Remove(ctx context.Context, call schema.Readers_remove) error {
@@ -239,8 +251,12 @@ func (r *readers) Remove(ctx context.Context, call schema.Readers_remove) error 
 	if err != nil {
 		return badArgs("name", err)
 	}
+	pending, err := r.srv.StartRemoveReader(ctx, r.ref, name)
+	if err != nil {
+		return fail(err)
+	}
 	call.Go()
-	return fail(r.srv.RemoveReader(ctx, r.ref, name))
+	return fail(pending.Wait(ctx))
 }
 
 func (r *readers) List(ctx context.Context, call schema.Readers_list) error {

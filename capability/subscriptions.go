@@ -38,8 +38,14 @@ func (s *stream) SetSubscriptionCursor(ctx context.Context, call schema.Stream_s
 	if err != nil {
 		return fail(err)
 	}
+	// Queued before the call queue is released: verbs (and appends) sent on one capability
+	// commit in the order sent.
+	pending, err := s.srv.StartSetSubscriptionCursor(ctx, s.ref, name, after)
+	if err != nil {
+		return fail(err)
+	}
 	call.Go()
-	off, err := s.srv.SetSubscriptionCursor(ctx, s.ref, name, after)
+	_, off, err := pending.Wait(ctx)
 	if err != nil {
 		return fail(err)
 	}
@@ -56,8 +62,12 @@ func (s *stream) ResumeSubscription(ctx context.Context, call schema.Stream_resu
 	if err != nil {
 		return badArgs("name", err)
 	}
+	pending, err := s.srv.StartResumeSubscription(ctx, s.ref, name)
+	if err != nil {
+		return fail(err)
+	}
 	call.Go()
-	off, err := s.srv.ResumeSubscription(ctx, s.ref, name)
+	_, off, err := pending.Wait(ctx)
 	if err != nil {
 		return fail(err)
 	}
@@ -124,8 +134,12 @@ func (s *subscriptions) Configure(ctx context.Context, call schema.Subscriptions
 	if err != nil {
 		return badArgs("idempotencyKey", err)
 	}
+	pending, err := s.srv.StartConfigureSubscription(ctx, s.ref, cfg, key)
+	if err != nil {
+		return fail(err)
+	}
 	call.Go()
-	name, off, err := s.srv.ConfigureSubscription(ctx, s.ref, cfg, key)
+	name, off, err := pending.Wait(ctx)
 	if err != nil {
 		return fail(err)
 	}
@@ -142,8 +156,12 @@ func (s *subscriptions) Remove(ctx context.Context, call schema.Subscriptions_re
 	if err != nil {
 		return badArgs("name", err)
 	}
+	pending, err := s.srv.StartRemoveSubscription(ctx, s.ref, name)
+	if err != nil {
+		return fail(err)
+	}
 	call.Go()
-	off, err := s.srv.RemoveSubscription(ctx, s.ref, name)
+	_, off, err := pending.Wait(ctx)
 	if err != nil {
 		return fail(err)
 	}
@@ -443,9 +461,14 @@ func (s *stream) Schedule(ctx context.Context, call schema.Stream_schedule) erro
 	if err != nil {
 		return badArgs("event", err)
 	}
-	dueAt := call.Args().DueAt()
+	// Queued before the call queue is released: schedules and cancels sent on one capability
+	// apply in the order sent.
+	pending, err := s.srv.StartSchedule(ctx, s.ref, in, call.Args().DueAt())
+	if err != nil {
+		return fail(err)
+	}
 	call.Go()
-	due, appended, err := s.srv.Schedule(ctx, s.ref, in, dueAt)
+	due, appended, err := pending.WaitSchedule(ctx)
 	if err != nil {
 		return fail(err)
 	}
@@ -463,8 +486,12 @@ func (s *stream) CancelScheduled(ctx context.Context, call schema.Stream_cancelS
 	if err != nil {
 		return badArgs("key", err)
 	}
+	pending, err := s.srv.StartCancelScheduled(ctx, s.ref, key)
+	if err != nil {
+		return fail(err)
+	}
 	call.Go()
-	found, err := s.srv.CancelScheduled(ctx, s.ref, key)
+	found, err := pending.WaitCancel(ctx)
 	if err != nil {
 		return fail(err)
 	}

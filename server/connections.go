@@ -123,6 +123,25 @@ func (c *Connection) Done() <-chan struct{} { return c.done }
 // by its own position from the log the actor committed. Opening under a key that is open
 // replaces that connection (closed as replaced); a key that names a subscription is refused.
 func (s *Server) OpenConnection(ctx context.Context, ref StreamRef, opts ConnectionOptions, sink ConnectionSink) (*Connection, error) {
+	p, err := s.StartOpenConnection(ctx, ref, opts, sink)
+	if err != nil {
+		return nil, err
+	}
+	return p.Wait(ctx)
+}
+
+// PendingOpen is an open queued on its stream's actor. Opens queued on one stream are decided
+// in queue order (the later of two under one key replaces the earlier): the caller may release
+// its RPC call queue (call.Go) only after StartOpenConnection returns.
+type PendingOpen struct {
+	srv   *Server
+	ref   StreamRef
+	c     *Connection
+	reply chan error
+}
+
+// StartOpenConnection validates an open and queues it on the stream (see OpenConnection).
+func (s *Server) StartOpenConnection(ctx context.Context, ref StreamRef, opts ConnectionOptions, sink ConnectionSink) (*PendingOpen, error) {
 	if err := itx.ValidatePath(ref.Path); err != nil {
 		return nil, err
 	}
@@ -145,6 +164,11 @@ func (s *Server) OpenConnection(ctx context.Context, ref StreamRef, opts Connect
 	if err := itx.ValidateTypeFilter("types", opts.Types); err != nil {
 		return nil, err // kept for the connection's life: bounded and valid
 	}
+	if typeSet(opts.Types) == nil {
+		// Empty, or holding "*": every type, on the log's catch-up as on the live tail (the
+		// log's query would take "*" for a type name).
+		opts.Types = nil
+	}
 	if opts.MaxDeliveryEvents == 0 {
 		opts.MaxDeliveryEvents = itx.DeliveryBatchEvents
 	}
@@ -165,14 +189,20 @@ func (s *Server) OpenConnection(ctx context.Context, ref StreamRef, opts Connect
 		s.release(a)
 		return nil, itx.Errorf(itx.ECancelled, "open connection: %v", ctx.Err())
 	}
-	if err := <-reply; err != nil {
-		s.release(a)
+	return &PendingOpen{srv: s, ref: ref, c: c, reply: reply}, nil
+}
+
+// Wait waits for the actor's decision and, once registered, starts the connection.
+func (p *PendingOpen) Wait(ctx context.Context) (*Connection, error) {
+	s, c := p.srv, p.c
+	if err := <-p.reply; err != nil {
+		s.release(c.a)
 		return nil, err
 	}
 	s.metrics.OpenConnections.Inc()
-	if !opts.NoState {
+	if !c.opts.NoState {
 		// State frames: the stream's live state, pushed into the same sink.
-		if stop, err := s.subscribeLive(ctx, ref, stateSink{c}, false); err == nil {
+		if stop, err := s.subscribeLive(ctx, p.ref, stateSink{c}, false); err == nil {
 			go func() { <-c.done; stop() }()
 		}
 	}
@@ -200,6 +230,9 @@ func (a *actor) register(c *Connection) error {
 	}
 	if st.core.Subscriptions[c.key] != nil {
 		return itx.Errorf(itx.EFailedPrecondition, "%q names a subscription of this stream: connection keys share the subscription name space", c.key)
+	}
+	if err := notGenerated("connection key", c.key); err != nil {
+		return err
 	}
 	old := a.conns[c.key]
 	if old == nil && len(a.conns) >= a.srv.cfg.MaxConnectionsPerStream {
@@ -409,7 +442,13 @@ func (c *Connection) await(wait func() error) error {
 // stateSink sends live-state frames into a connection's sink.
 type stateSink struct{ c *Connection }
 
-func (s stateSink) Send(ctx context.Context, f LiveFrame) error { return s.c.sink.State(ctx, f) }
+func (s stateSink) Send(ctx context.Context, f LiveFrame) error {
+	if s.c.ctx.Err() != nil {
+		// Closed: it receives nothing more (the frame saying it left is not its own to hear).
+		return itx.Errorf(itx.EFailedPrecondition, "the connection is closed")
+	}
+	return s.c.sink.State(ctx, f)
+}
 
 func (s stateSink) slow() {
 	s.c.Close(CloseSlowConsumer, "a live-state frame was not accepted within the delivery timeout")

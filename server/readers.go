@@ -13,34 +13,72 @@ import (
 // stream's other state, so it survives restarts. A reader has no delivery obligation: registering
 // makes its lag visible.
 func (s *Server) RegisterReader(ctx context.Context, ref StreamRef, name string, checkpoint int64) error {
-	return s.readerOp(ctx, ref, readerOp{name: strings.TrimSpace(name), checkpoint: checkpoint})
+	return waitReader(ctx)(s.StartRegisterReader(ctx, ref, name, checkpoint))
 }
 
 // RemoveReader removes a registered reader; ENotFound if there is none of that name.
 func (s *Server) RemoveReader(ctx context.Context, ref StreamRef, name string) error {
-	return s.readerOp(ctx, ref, readerOp{name: strings.TrimSpace(name), remove: true})
+	return waitReader(ctx)(s.StartRemoveReader(ctx, ref, name))
 }
 
-func (s *Server) readerOp(ctx context.Context, ref StreamRef, op readerOp) error {
+// StartRegisterReader queues a register (or move) on the stream and returns its pending answer.
+// Reader operations queued on one stream apply in queue order: the caller may release its RPC
+// call queue (call.Go) only after this returns, so calls sent on one Readers capability apply in
+// the order sent (a checkpoint never moves back because two of them raced to the actor).
+func (s *Server) StartRegisterReader(ctx context.Context, ref StreamRef, name string, checkpoint int64) (*PendingReader, error) {
+	return s.startReaderOp(ctx, ref, readerOp{name: strings.TrimSpace(name), checkpoint: checkpoint})
+}
+
+// StartRemoveReader queues a remove on the stream, as StartRegisterReader does a register.
+func (s *Server) StartRemoveReader(ctx context.Context, ref StreamRef, name string) (*PendingReader, error) {
+	return s.startReaderOp(ctx, ref, readerOp{name: strings.TrimSpace(name), remove: true})
+}
+
+// PendingReader is a reader operation queued on its stream's actor.
+type PendingReader struct {
+	srv *Server
+	a   *actor
+	op  *readerOp
+}
+
+func (s *Server) startReaderOp(ctx context.Context, ref StreamRef, op readerOp) (*PendingReader, error) {
 	if err := itx.ValidatePath(ref.Path); err != nil {
-		return err
+		return nil, err
 	}
 	a, err := s.acquire(ctx, ref)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer s.release(a)
 	op.reply = make(chan error, 1)
 	select {
 	case a.inbox <- &actorMsg{reader: &op}:
 	case <-ctx.Done():
-		return itx.Errorf(itx.ECancelled, "reader: %v", ctx.Err())
+		s.release(a)
+		return nil, itx.Errorf(itx.ECancelled, "reader: %v", ctx.Err())
 	}
+	return &PendingReader{srv: s, a: a, op: &op}, nil
+}
+
+// Wait blocks until the actor has applied the operation (committed or refused it).
+func (p *PendingReader) Wait(ctx context.Context) error {
 	select {
-	case err := <-op.reply:
+	case err := <-p.op.reply:
+		p.srv.release(p.a)
 		return err
 	case <-ctx.Done():
+		// Keep the reference until the actor answers, so the stream is not unloaded under it.
+		go func() { <-p.op.reply; p.srv.release(p.a) }()
 		return itx.Errorf(itx.ECancelled, "reader: %v", ctx.Err())
+	}
+}
+
+// waitReader waits for a reader operation started with ctx.
+func waitReader(ctx context.Context) func(p *PendingReader, err error) error {
+	return func(p *PendingReader, err error) error {
+		if err != nil {
+			return err
+		}
+		return p.Wait(ctx)
 	}
 }
 

@@ -47,12 +47,23 @@ type scheduled struct {
 // once). The input's idempotency key names it: scheduling the key again moves it (its time and
 // event); a key already in the log schedules nothing and returns its offset.
 func (s *Server) Schedule(ctx context.Context, ref StreamRef, input itx.EventInput, dueAt int64) (due, appended int64, err error) {
-	op, err := newScheduleOp(input, dueAt)
+	p, err := s.StartSchedule(ctx, ref, input, dueAt)
 	if err != nil {
 		return 0, 0, err
 	}
-	r, err := s.scheduleOp(ctx, ref, op)
-	return r.dueAt, r.appended, err
+	return p.WaitSchedule(ctx)
+}
+
+// StartSchedule validates a schedule and queues it on the stream (see Schedule). Schedule and
+// cancel operations queued on one stream apply in queue order: the caller may release its RPC
+// call queue (call.Go) only after this returns, so a key scheduled twice in a row is moved to
+// the later time, and a cancel sent after a schedule cancels it.
+func (s *Server) StartSchedule(ctx context.Context, ref StreamRef, input itx.EventInput, dueAt int64) (*PendingSchedule, error) {
+	op, err := newScheduleOp(input, dueAt)
+	if err != nil {
+		return nil, err
+	}
+	return s.startScheduleOp(ctx, ref, op)
 }
 
 // newScheduleOp checks a scheduled event as an append is checked, and more: it needs a key, and
@@ -78,26 +89,72 @@ func newScheduleOp(input itx.EventInput, dueAt int64) (scheduleOp, error) {
 
 // CancelScheduled drops the scheduled append named key, reporting whether there was one.
 func (s *Server) CancelScheduled(ctx context.Context, ref StreamRef, key string) (bool, error) {
-	if key == "" {
-		return false, itx.Errorf(itx.EInvalid, "cancelScheduled needs the event's idempotencyKey")
+	p, err := s.StartCancelScheduled(ctx, ref, key)
+	if err != nil {
+		return false, err
 	}
-	r, err := s.scheduleOp(ctx, ref, scheduleOp{key: key})
-	return r.found, err
+	return p.WaitCancel(ctx)
 }
 
-func (s *Server) scheduleOp(ctx context.Context, ref StreamRef, op scheduleOp) (scheduleReply, error) {
+// StartCancelScheduled queues a cancel on the stream, as StartSchedule does a schedule.
+func (s *Server) StartCancelScheduled(ctx context.Context, ref StreamRef, key string) (*PendingSchedule, error) {
+	if key == "" {
+		return nil, itx.Errorf(itx.EInvalid, "cancelScheduled needs the event's idempotencyKey")
+	}
+	return s.startScheduleOp(ctx, ref, scheduleOp{key: key})
+}
+
+// PendingSchedule is a schedule or cancel queued on its stream's actor.
+type PendingSchedule struct {
+	srv *Server
+	a   *actor
+	op  *scheduleOp
+}
+
+func (s *Server) startScheduleOp(ctx context.Context, ref StreamRef, op scheduleOp) (*PendingSchedule, error) {
 	if err := itx.ValidatePath(ref.Path); err != nil {
-		return scheduleReply{}, err
+		return nil, err
 	}
 	a, err := s.acquire(ctx, ref)
 	if err != nil {
-		return scheduleReply{}, err
+		return nil, err
 	}
-	defer s.release(a)
-	return a.schedule(ctx, op)
+	op.reply, op.queued = make(chan scheduleReply, 1), time.Now()
+	select {
+	case a.inbox <- &actorMsg{schedule: &op}:
+	case <-ctx.Done():
+		s.release(a)
+		return nil, itx.Errorf(itx.ECancelled, "schedule: %v", ctx.Err())
+	}
+	return &PendingSchedule{srv: s, a: a, op: &op}, nil
 }
 
-// schedule hands the actor a schedule operation and waits for its commit.
+func (p *PendingSchedule) wait(ctx context.Context) (scheduleReply, error) {
+	select {
+	case r := <-p.op.reply:
+		p.srv.release(p.a)
+		return r, r.err
+	case <-ctx.Done():
+		// Keep the reference until the actor answers, so the stream is not unloaded under it.
+		go func() { <-p.op.reply; p.srv.release(p.a) }()
+		return scheduleReply{}, itx.Errorf(itx.ECancelled, "schedule: %v", ctx.Err())
+	}
+}
+
+// WaitSchedule waits for a schedule's commit: its due time, or the offset its key already holds.
+func (p *PendingSchedule) WaitSchedule(ctx context.Context) (due, appended int64, err error) {
+	r, err := p.wait(ctx)
+	return r.dueAt, r.appended, err
+}
+
+// WaitCancel waits for a cancel's commit: whether there was a scheduled append to cancel.
+func (p *PendingSchedule) WaitCancel(ctx context.Context) (bool, error) {
+	r, err := p.wait(ctx)
+	return r.found, err
+}
+
+// schedule hands the actor a schedule operation and waits for its commit (the caller holds the
+// actor).
 func (a *actor) schedule(ctx context.Context, op scheduleOp) (scheduleReply, error) {
 	op.reply, op.queued = make(chan scheduleReply, 1), time.Now()
 	select {
@@ -145,6 +202,9 @@ func (st *streamState) applySchedule(op scheduleOp, env stepEnv, eff *effects) s
 		}
 		delete(st.scheduled, op.key)
 		st.firstDue = -1
+		// A commit deletes before it upserts: a schedule of this key staged earlier in this
+		// step must go too, or the cancelled append would stay on disk (and land after a reload).
+		eff.commit.ScheduledUpserts = dropScheduled(eff.commit.ScheduledUpserts, op.key)
 		eff.commit.ScheduledDeletes = append(eff.commit.ScheduledDeletes, op.key)
 		return scheduleReply{found: true}
 	}
@@ -172,8 +232,19 @@ func (st *streamState) applySchedule(op scheduleOp, env stepEnv, eff *effects) s
 	raw, _ := json.Marshal(op.input)
 	st.scheduled[op.key] = &scheduled{Key: op.key, DueAt: op.dueAt}
 	st.firstDue = -1
-	eff.commit.ScheduledUpserts = append(eff.commit.ScheduledUpserts, storage.Scheduled{Key: op.key, DueAt: op.dueAt, Event: raw})
+	eff.commit.ScheduledUpserts = append(dropScheduled(eff.commit.ScheduledUpserts, op.key), storage.Scheduled{Key: op.key, DueAt: op.dueAt, Event: raw})
 	return scheduleReply{dueAt: op.dueAt}
+}
+
+// dropScheduled removes the staged upserts of key.
+func dropScheduled(ups []storage.Scheduled, key string) []storage.Scheduled {
+	out := ups[:0]
+	for _, u := range ups {
+		if u.Key != key {
+			out = append(out, u)
+		}
+	}
+	return out
 }
 
 // dueScheduled returns the scheduled appends due at nowMs, in due order, and the earliest time

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/itx-dev/itx"
@@ -409,6 +410,9 @@ func (st *streamState) applyReader(op readerOp, now time.Time, rc reduceContext,
 	if st.core.Subscriptions[op.name] != nil {
 		return itx.Errorf(itx.EFailedPrecondition, "%q names a subscription of this stream: reader names share the subscription name space", op.name)
 	}
+	if err := notGenerated("reader name", op.name); err != nil {
+		return err
+	}
 	if _, ok := st.readers[op.name]; !ok && rc.maxReaders > 0 && len(st.readers) >= rc.maxReaders {
 		return itx.Errorf(itx.ELimitExceeded, "a stream may have at most %d registered readers (--max-readers-per-stream)", rc.maxReaders)
 	}
@@ -417,6 +421,17 @@ func (st *streamState) applyReader(op readerOp, now time.Time, rc reduceContext,
 	// A delete staged earlier in this step may stay: a commit deletes before it upserts.
 	eff.commit.ReaderUpserts = append(removeReader(eff.commit.ReaderUpserts, op.name), r)
 	eff.rowsChanged = true
+	return nil
+}
+
+// notGenerated refuses a connection key or reader name in the prefix of generated subscription
+// names (seed 000: "one reserved prefix survives: auto-generated names are subscription:<offset>"):
+// in the one name space they share, a configure without a name must never find its generated
+// name taken.
+func notGenerated(what, name string) error {
+	if strings.HasPrefix(name, itx.GeneratedNamePrefix) {
+		return itx.Errorf(itx.EInvalid, "%s %q: names beginning %q are reserved for subscriptions configured without a name", what, name, itx.GeneratedNamePrefix)
+	}
 	return nil
 }
 

@@ -24,9 +24,46 @@ import (
 // idempotent by a key, so one is required: a retry with it returns the original event and the
 // name generated from it.
 func (s *Server) ConfigureSubscription(ctx context.Context, ref StreamRef, cfg itx.SubscriptionConfig, idempotencyKey string) (string, int64, error) {
+	return waitVerb(ctx)(s.StartConfigureSubscription(ctx, ref, cfg, idempotencyKey))
+}
+
+// PendingVerb is a subscription verb's control event, queued on its stream. The verbs queue
+// their event as appends do, so verbs (and appends) queued on one stream commit in queue order:
+// the caller may release its RPC call queue (call.Go) only after the Start call returns.
+type PendingVerb struct {
+	p    *PendingAppend
+	name string // the configured name; empty: generated from the configured event's offset
+}
+
+// Wait blocks until the verb's event is committed (or refused); it returns the subscription's
+// name and the offset of the event that answers the verb.
+func (v *PendingVerb) Wait(ctx context.Context) (string, int64, error) {
+	res, err := v.p.Wait(ctx)
+	if err != nil {
+		return "", 0, verbError(err)
+	}
+	name := v.name
+	if name == "" {
+		name = fmt.Sprintf("%s%d", itx.GeneratedNamePrefix, res.Offsets[0])
+	}
+	return name, res.Offsets[0], nil
+}
+
+// waitVerb waits for a verb started with ctx.
+func waitVerb(ctx context.Context) func(*PendingVerb, error) (string, int64, error) {
+	return func(v *PendingVerb, err error) (string, int64, error) {
+		if err != nil {
+			return "", 0, err
+		}
+		return v.Wait(ctx)
+	}
+}
+
+// StartConfigureSubscription queues ConfigureSubscription's event (see PendingVerb).
+func (s *Server) StartConfigureSubscription(ctx context.Context, ref StreamRef, cfg itx.SubscriptionConfig, idempotencyKey string) (*PendingVerb, error) {
 	name := strings.TrimSpace(cfg.Name)
 	if name == "" && strings.TrimSpace(idempotencyKey) == "" {
-		return "", 0, itx.Errorf(itx.EInvalid, "a subscription without a name needs an idempotency key, so that a retry does not configure a second one")
+		return nil, itx.Errorf(itx.EInvalid, "a subscription without a name needs an idempotency key, so that a retry does not configure a second one")
 	}
 	release := func() {}
 	// A webhook's signing secret is stored apart from the log; the configured event records its
@@ -35,13 +72,13 @@ func (s *Server) ConfigureSubscription(ctx context.Context, ref StreamRef, cfg i
 	// subscription cap, has its secret collected when answered, unless something references it.)
 	if r := &cfg.Receiver; r.Action == itx.KindWebhookPost && r.Secret != "" && !itx.IsSecretRef(r.Secret) {
 		if b, err := json.Marshal(cfg); err != nil {
-			return "", 0, itx.Errorf(itx.EInvalid, "subscription config: %v", err)
+			return nil, itx.Errorf(itx.EInvalid, "subscription config: %v", err)
 		} else if _, err := itx.ParseSubscriptionConfig(b); err != nil {
-			return "", 0, err
+			return nil, err
 		}
 		sref, rel, err := s.storeSecret(ctx, ref.ProjectID, r.Secret)
 		if err != nil {
-			return "", 0, err
+			return nil, err
 		}
 		release = rel
 		r.Secret = sref
@@ -49,34 +86,28 @@ func (s *Server) ConfigureSubscription(ctx context.Context, ref StreamRef, cfg i
 	payload, err := json.Marshal(cfg)
 	if err != nil {
 		release()
-		return "", 0, itx.Errorf(itx.EInvalid, "subscription config: %v", err)
+		return nil, itx.Errorf(itx.EInvalid, "subscription config: %v", err)
 	}
 	p, err := s.StartAppend(ctx, ref, []itx.EventInput{{Type: itx.TypeSubscriptionConfigured, Payload: payload, IdempotencyKey: idempotencyKey}}, itx.AppendOptions{})
 	if err != nil {
 		release()
-		return "", 0, verbError(err)
+		return nil, verbError(err)
 	}
-	p.AfterAnswer(release)
-	res, err := p.Wait(ctx)
-	if err != nil {
-		return "", 0, verbError(err)
-	}
-	if name == "" {
-		name = fmt.Sprintf("%s%d", itx.GeneratedNamePrefix, res.Offsets[0])
-	}
-	return name, res.Offsets[0], nil
+	p.AfterAnswer(release) // the secret is held until the stream answers, waited for or not
+	return &PendingVerb{p: p, name: name}, nil
 }
 
-func (s *Server) appendControl(ctx context.Context, ref StreamRef, typ string, payload any) (int64, error) {
+// startControl queues a verb's control event for the subscription name.
+func (s *Server) startControl(ctx context.Context, ref StreamRef, name, typ string, payload any) (*PendingVerb, error) {
 	b, err := json.Marshal(payload)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	res, err := s.Append(ctx, ref, []itx.EventInput{{Type: typ, Payload: b}}, itx.AppendOptions{})
+	p, err := s.StartAppend(ctx, ref, []itx.EventInput{{Type: typ, Payload: b}}, itx.AppendOptions{})
 	if err != nil {
-		return 0, verbError(err)
+		return nil, verbError(err)
 	}
-	return res.Offsets[0], nil
+	return &PendingVerb{p: p, name: strings.TrimSpace(name)}, nil
 }
 
 // verbError drops the "event 0: " an append puts before a refusal: a verb's caller sent no
@@ -89,20 +120,38 @@ func verbError(err error) error {
 	return err
 }
 
+// offsetOf is a verb's answer without the name.
+func offsetOf(_ string, offset int64, err error) (int64, error) { return offset, err }
+
 // RemoveSubscription appends stream/subscription-removed.
 func (s *Server) RemoveSubscription(ctx context.Context, ref StreamRef, name string) (int64, error) {
-	return s.appendControl(ctx, ref, itx.TypeSubscriptionRemoved, itx.RemovedPayload{Name: name, Reason: "requested"})
+	return offsetOf(waitVerb(ctx)(s.StartRemoveSubscription(ctx, ref, name)))
+}
+
+// StartRemoveSubscription queues RemoveSubscription's event (see PendingVerb).
+func (s *Server) StartRemoveSubscription(ctx context.Context, ref StreamRef, name string) (*PendingVerb, error) {
+	return s.startControl(ctx, ref, name, itx.TypeSubscriptionRemoved, itx.RemovedPayload{Name: name, Reason: "requested"})
 }
 
 // SetSubscriptionCursor appends stream/subscription-cursor-set: delivery resumes after afterOffset
 // under a new seek epoch (acks of deliveries read before it are refused).
 func (s *Server) SetSubscriptionCursor(ctx context.Context, ref StreamRef, name string, afterOffset int64) (int64, error) {
-	return s.appendControl(ctx, ref, itx.TypeSubscriptionCursorSet, itx.CursorSetPayload{Name: name, AfterOffset: afterOffset})
+	return offsetOf(waitVerb(ctx)(s.StartSetSubscriptionCursor(ctx, ref, name, afterOffset)))
+}
+
+// StartSetSubscriptionCursor queues SetSubscriptionCursor's event (see PendingVerb).
+func (s *Server) StartSetSubscriptionCursor(ctx context.Context, ref StreamRef, name string, afterOffset int64) (*PendingVerb, error) {
+	return s.startControl(ctx, ref, name, itx.TypeSubscriptionCursorSet, itx.CursorSetPayload{Name: name, AfterOffset: afterOffset})
 }
 
 // ResumeSubscription appends stream/subscription-delivery-resumed for a halted subscription.
 func (s *Server) ResumeSubscription(ctx context.Context, ref StreamRef, name string) (int64, error) {
-	return s.appendControl(ctx, ref, itx.TypeSubscriptionResumed, itx.NamePayload{Name: name})
+	return offsetOf(waitVerb(ctx)(s.StartResumeSubscription(ctx, ref, name)))
+}
+
+// StartResumeSubscription queues ResumeSubscription's event (see PendingVerb).
+func (s *Server) StartResumeSubscription(ctx context.Context, ref StreamRef, name string) (*PendingVerb, error) {
+	return s.startControl(ctx, ref, name, itx.TypeSubscriptionResumed, itx.NamePayload{Name: name})
 }
 
 // withSubscriptions runs f over a consistent view of the catalog and cursor rows: the state the
