@@ -213,6 +213,8 @@ func TestCore_OutageNeverSkips(t *testing.T) {
 		waitUntil(t, fmt.Sprintf("attempt %d", attempt), func() bool { return e.describe(t, s, name).Attempt == attempt })
 		e.clock.Advance(itx.Backoff(attempt, 0.5))
 	}
+	// The seventh attempt is due after the last advance; after it nothing moves until the clock does.
+	waitUntil(t, "attempt 7", func() bool { return e.describe(t, s, name).Attempt == 7 })
 	d := e.describe(t, s, name)
 	require.Equal(t, int64(1), d.ConfirmedOffset, "nothing skipped")
 	require.Zero(t, d.FailingEventSkips)
