@@ -113,7 +113,13 @@ func (d *deliverer) deadLetterSkip(job pushJob, store streamStore, streamID stri
 	}
 	letter, err := d.deadLetterOf(job, store, streamID, f, dec.failingAttempt)
 	if err == nil {
-		_, err = d.srv.appendAs(d.ctx, d.deadLetter, []itx.EventInput{letter}, authCopy, nil)
+		// Bounded as a delivery is (on the server's clock): a dead-letter stream that does not
+		// answer is an outage.
+		ctx, cancel := context.WithCancel(d.ctx)
+		t := d.srv.clock.AfterFunc(d.srv.cfg.DeliveryTimeout, cancel)
+		_, err = d.srv.appendAs(ctx, d.deadLetter, []itx.EventInput{letter}, authCopy, nil)
+		t.Stop()
+		cancel()
 	}
 	if err != nil {
 		if d.ctx.Err() != nil {
