@@ -118,7 +118,8 @@ func (v scopeView) key(key string) (string, bool) {
 	return InternalKeyPrefix + kind + "#sha256:" + hex.EncodeToString(sum[:]), true
 }
 
-// configured hides a copy-to-stream target outside the prefix in a configured event.
+// configured hides a copy-to-stream target and a dead-letter stream outside the prefix in a
+// configured event.
 func (v scopeView) configured(payload json.RawMessage) (json.RawMessage, bool) {
 	var cfg map[string]any
 	dec := json.NewDecoder(strings.NewReader(string(payload)))
@@ -127,11 +128,20 @@ func (v scopeView) configured(payload json.RawMessage) (json.RawMessage, bool) {
 		return payload, false
 	}
 	r, _ := cfg["receiver"].(map[string]any)
+	changed := false
 	path, _ := r["receivingStreamPath"].(string)
-	if path = strings.TrimSpace(path); path == "" || v.shown(path) == path {
+	if path = strings.TrimSpace(path); path != "" && v.shown(path) != path {
+		r["receivingStreamPath"], changed = OutsideScope, true
+	}
+	// A dead-letter stream is written into as a copy's target is.
+	d, _ := r["delivery"].(map[string]any)
+	path, _ = d["deadLetterPath"].(string)
+	if path = strings.TrimSpace(path); path != "" && v.shown(path) != path {
+		d["deadLetterPath"], changed = OutsideScope, true
+	}
+	if !changed {
 		return payload, false
 	}
-	r["receivingStreamPath"] = OutsideScope
 	b, err := json.Marshal(cfg)
 	if err != nil {
 		return payload, false

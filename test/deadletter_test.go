@@ -11,6 +11,7 @@ import (
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/server"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -125,7 +126,7 @@ func TestDeadLetter_SkipWaitsForTheDeadLetterStream(t *testing.T) {
 		e.clock.Advance(itx.Backoff(attempt, 0.5))
 	}
 	waitUntil(t, "the dead letter refused", func() bool {
-		return strings.Contains(e.describe(t, s, name).LastError, `dead-letter stream "/in-dead"`)
+		return strings.Contains(e.describe(t, s, name).LastError, "the dead-letter stream refused")
 	})
 	d := e.describe(t, s, name)
 	require.Equal(t, res.HeadOffset-1, d.ConfirmedOffset, "not skipped without its dead letter")
@@ -277,4 +278,38 @@ func TestDeadLetter_ScopedSubscriptionLearnsNothingOutside(t *testing.T) {
 	require.NoError(t, json.Unmarshal(evs[0].Payload, &l))
 	require.Len(t, l.Event.Provenance, 1, "the copied event's hop")
 	require.NotContains(t, string(evs[0].Payload), "/out/", "the letter names nothing outside the configuring token's scope")
+}
+
+// A session limited to a prefix learns nothing of a dead-letter stream outside it that a wider
+// token's subscription names: not from the subscription's describe, its lastError while that
+// stream refuses the letter, subscriptions.list, nor its configured event in the log.
+func TestDeadLetter_ScopedSessionLearnsNothingOfAWiderDeadLetterStream(t *testing.T) {
+	e := newSubEnv(t, server.Config{MaxStreamsPerProject: 1}) // /out/dead cannot be created
+	h := newHook(t, func(_ int, b itx.WebhookBody) int {
+		if strings.Contains(string(b.Event.Payload), "poison") {
+			return 400
+		}
+		return 200
+	})
+	s := stream(t, e.p, "/in/a")
+	name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "lenient", Start: "now", OnFailingEvent: "skip",
+		DeadLetterPath: "/out/dead", Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
+	mustAppend(t, s, ev("m", `{"poison":1}`))
+	for attempt := 1; attempt < itx.FailingEventConfirmAttempts; attempt++ {
+		waitUntil(t, "refused", func() bool { return e.describe(t, s, name).FailingEventAttempt == attempt })
+		e.clock.Advance(itx.Backoff(attempt, 0.5))
+	}
+	waitUntil(t, "the dead letter refused", func() bool {
+		return strings.Contains(e.describe(t, s, name).LastError, "dead-letter stream")
+	})
+
+	tok, _ := e.ts.token(t, itx.Scope{Prefix: "/in"})
+	scoped := stream(t, e.ts.login(t, tok), "/in/a")
+	seen := map[string]any{"describe": e.describe(t, scoped, name), "list": e.list(t, scoped)}
+	events, err := client.GetEvents(e.ctx, scoped, itx.Query{})
+	require.NoError(t, err)
+	seen["getEvents"] = events
+	for what, v := range seen {
+		assert.NotContains(t, dump(t, v), "/out", "%s names a stream outside /in", what)
+	}
 }
