@@ -313,3 +313,31 @@ func TestDeadLetter_ScopedSessionLearnsNothingOfAWiderDeadLetterStream(t *testin
 		assert.NotContains(t, dump(t, v), "/out", "%s names a stream outside /in", what)
 	}
 }
+
+// A session limited to a prefix that holds a dead-letter stream, fed by a wider token's
+// subscription on a stream outside the prefix, reads the letters as it reads a copy: the skipped
+// event whole, but no path outside the prefix (the letter's source, the event's provenance).
+func TestDeadLetter_ScopedReaderOfTheDeadLetterStreamLearnsNothingOutside(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	h := newHook(t, func(_ int, b itx.WebhookBody) int {
+		if strings.Contains(string(b.Event.Payload), "poison") {
+			return 400
+		}
+		return 200
+	})
+	src := stream(t, e.p, "/out/src")
+	name, _ := e.configure(t, src, client.SubscriptionConfig{Name: "lenient", Start: "now", OnFailingEvent: "skip",
+		DeadLetterPath: "/in/dead", Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
+	res := mustAppend(t, src, ev("m", `{"poison":1}`))
+	e.refuseUntilSkipped(t, "/out/src", name, res.HeadOffset)
+	letters := e.deadLetters(t, "/in/dead")
+	require.Len(t, letters, 1)
+	require.Equal(t, "/out/src", letters[0].Path, "the whole-project token reads the letter as stored")
+
+	tok, _ := e.ts.token(t, itx.Scope{Prefix: "/in"})
+	events, err := client.GetEvents(e.ctx, stream(t, e.ts.login(t, tok), "/in/dead"), itx.Query{})
+	require.NoError(t, err)
+	require.Len(t, events, 1)
+	require.Contains(t, string(events[0].Payload), "poison", "the letter still carries the event")
+	assert.NotContains(t, dump(t, events), "/out", "the scoped session's read of the dead-letter stream")
+}
