@@ -234,7 +234,7 @@ func run() error {
 	registerFlowMetrics(srv.Metrics().Registry, listener.Flow())
 
 	var serving atomic.Bool // the RPC listener is accepting
-	metricsBound := "" // the address /metrics is served on (a :0 port resolved)
+	metricsBound := ""      // the address /metrics is served on (a :0 port resolved)
 	if *metricsAddr != "" {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(srv.Metrics().Registry, promhttp.HandlerOpts{}))
