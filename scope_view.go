@@ -131,17 +131,22 @@ func (v scopeView) configured(payload json.RawMessage) (json.RawMessage, bool) {
 	if dec.Decode(&cfg) != nil {
 		return payload, false
 	}
-	r, _ := cfg["receiver"].(map[string]any)
+	// Fields match case-insensitively when a config is decoded: every spelling is hidden.
 	changed := false
-	path, _ := r["receivingStreamPath"].(string)
-	if path = strings.TrimSpace(path); path != "" && v.shown(path) != path {
-		r["receivingStreamPath"], changed = OutsideScope, true
+	hide := func(m map[string]any, field string) {
+		for k, val := range m {
+			path, _ := val.(string)
+			if path = strings.TrimSpace(path); strings.EqualFold(k, field) && path != "" && v.shown(path) != path {
+				m[k], changed = OutsideScope, true
+			}
+		}
 	}
-	// A dead-letter stream is written into as a copy's target is.
-	d, _ := r["delivery"].(map[string]any)
-	path, _ = d["deadLetterPath"].(string)
-	if path = strings.TrimSpace(path); path != "" && v.shown(path) != path {
-		d["deadLetterPath"], changed = OutsideScope, true
+	for _, r := range foldedObjects(cfg, "receiver") {
+		hide(r, "receivingStreamPath")
+		// A dead-letter stream is written into as a copy's target is.
+		for _, d := range foldedObjects(r, "delivery") {
+			hide(d, "deadLetterPath")
+		}
 	}
 	if !changed {
 		return payload, false
@@ -151,6 +156,17 @@ func (v scopeView) configured(payload json.RawMessage) (json.RawMessage, bool) {
 		return payload, false
 	}
 	return b, true
+}
+
+// foldedObjects are the object values of m under every spelling of field.
+func foldedObjects(m map[string]any, field string) []map[string]any {
+	var out []map[string]any
+	for k, val := range m {
+		if o, ok := val.(map[string]any); ok && strings.EqualFold(k, field) {
+			out = append(out, o)
+		}
+	}
+	return out
 }
 
 // message hides the quoted paths outside the prefix in a stream/error-occurred message (a

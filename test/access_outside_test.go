@@ -213,3 +213,22 @@ func TestAccess_ScopedRawConfigureCannotSmuggleATarget(t *testing.T) {
 			"%s dead-letters into %s", c.name, r.EffectiveDelivery().DeadLetterPath)
 	}
 }
+
+// A configured event a wider token wrote with its fields in another case (they match
+// case-insensitively) is read under a prefix as the usual spelling is: its targets outside the
+// prefix are hidden.
+func TestAccess_ScopedReadHidesCaseVariantTargets(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	full := ts.project(t)
+	in := stream(t, full, "/in/a")
+	h := newHook(t, nil)
+	mustAppend(t, in, itx.EventInput{Type: itx.TypeSubscriptionConfigured, Payload: json.RawMessage(
+		`{"name": "cp", "Receiver": {"action": "copy-to-stream", "ReceivingStreamPath": "/out/x"}}`)})
+	mustAppend(t, in, itx.EventInput{Type: itx.TypeSubscriptionConfigured, Payload: json.RawMessage(
+		`{"name": "dl", "receiver": {"action": "webhook-post", "url": "` + h.url() + `", "Delivery": {"start": "now", "onFailingEvent": "skip", "DeadLetterPath": "/out/dead"}}}`)})
+	tok, _ := ts.token(t, itx.Scope{Prefix: "/in"})
+	events, err := client.GetEvents(ctx, stream(t, ts.login(t, tok), "/in/a"), itx.Query{})
+	require.NoError(t, err)
+	assert.NotContains(t, dump(t, events), "/out", "the scoped session's read")
+}
