@@ -73,6 +73,10 @@ func ScopedEvent(prefix string, e Event) (Event, bool) {
 		if p, ok := v.message(e.Payload); ok {
 			e.Payload, changed = p, true
 		}
+	case TypeDeadLetter:
+		if p, ok := v.deadLetter(e.Payload); ok {
+			e.Payload, changed = p, true
+		}
 	}
 	return e, changed
 }
@@ -118,7 +122,8 @@ func (v scopeView) key(key string) (string, bool) {
 	return InternalKeyPrefix + kind + "#sha256:" + hex.EncodeToString(sum[:]), true
 }
 
-// configured hides a copy-to-stream target outside the prefix in a configured event.
+// configured hides a copy-to-stream target and a dead-letter stream outside the prefix in a
+// configured event.
 func (v scopeView) configured(payload json.RawMessage) (json.RawMessage, bool) {
 	var cfg map[string]any
 	dec := json.NewDecoder(strings.NewReader(string(payload)))
@@ -126,17 +131,42 @@ func (v scopeView) configured(payload json.RawMessage) (json.RawMessage, bool) {
 	if dec.Decode(&cfg) != nil {
 		return payload, false
 	}
-	r, _ := cfg["receiver"].(map[string]any)
-	path, _ := r["receivingStreamPath"].(string)
-	if path = strings.TrimSpace(path); path == "" || v.shown(path) == path {
+	// Fields match case-insensitively when a config is decoded: every spelling is hidden.
+	changed := false
+	hide := func(m map[string]any, field string) {
+		for k, val := range m {
+			path, _ := val.(string)
+			if path = strings.TrimSpace(path); strings.EqualFold(k, field) && path != "" && v.shown(path) != path {
+				m[k], changed = OutsideScope, true
+			}
+		}
+	}
+	for _, r := range foldedObjects(cfg, "receiver") {
+		hide(r, "receivingStreamPath")
+		// A dead-letter stream is written into as a copy's target is.
+		for _, d := range foldedObjects(r, "delivery") {
+			hide(d, "deadLetterPath")
+		}
+	}
+	if !changed {
 		return payload, false
 	}
-	r["receivingStreamPath"] = OutsideScope
 	b, err := json.Marshal(cfg)
 	if err != nil {
 		return payload, false
 	}
 	return b, true
+}
+
+// foldedObjects are the object values of m under every spelling of field.
+func foldedObjects(m map[string]any, field string) []map[string]any {
+	var out []map[string]any
+	for k, val := range m {
+		if o, ok := val.(map[string]any); ok && strings.EqualFold(k, field) {
+			out = append(out, o)
+		}
+	}
+	return out
 }
 
 // message hides the quoted paths outside the prefix in a stream/error-occurred message (a
@@ -152,13 +182,56 @@ func (v scopeView) message(payload json.RawMessage) (json.RawMessage, bool) {
 		return payload, false
 	}
 	msg, _ := m["message"].(string)
-	m["message"] = quotedPath.ReplaceAllStringFunc(msg, func(q string) string {
+	m["message"] = v.text(msg)
+	b, err := json.Marshal(m)
+	if err != nil {
+		return payload, false
+	}
+	return b, true
+}
+
+// text is a server-written text with its quoted paths outside the prefix replaced.
+func (v scopeView) text(msg string) string {
+	return quotedPath.ReplaceAllStringFunc(msg, func(q string) string {
 		sub := quotedPath.FindStringSubmatch(q)
 		if ValidatePath(sub[2]) == nil && v.shown(sub[2]) != sub[2] {
 			return sub[1] + OutsideScope + sub[3]
 		}
 		return q
 	})
+}
+
+// deadLetter hides what names a stream outside the prefix in a dead letter (DeadLetterPayload):
+// a source stream outside it (its path and id), the skipped event as read under the prefix, and
+// quoted paths in its error. A wider token's subscription outside the prefix may dead-letter
+// into a stream inside it; the letter then reads as a copy from outside does.
+func (v scopeView) deadLetter(payload json.RawMessage) (json.RawMessage, bool) {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(payload, &m) != nil {
+		return payload, false
+	}
+	changed := false
+	var path, msg string
+	if json.Unmarshal(m["path"], &path) == nil && path != "" && v.shown(path) != path {
+		m["path"], _ = json.Marshal(OutsideScope)
+		delete(m, "streamId")
+		changed = true
+	}
+	var event Event
+	if raw, ok := m["event"]; ok && json.Unmarshal(raw, &event) == nil {
+		if shown, c := ScopedEvent(string(v), event); c {
+			if b, err := json.Marshal(shown); err == nil {
+				m["event"], changed = b, true
+			}
+		}
+	}
+	if json.Unmarshal(m["error"], &msg) == nil && v.hides(msg) {
+		m["error"], _ = json.Marshal(v.text(msg))
+		changed = true
+	}
+	if !changed {
+		return payload, false
+	}
 	b, err := json.Marshal(m)
 	if err != nil {
 		return payload, false

@@ -378,12 +378,6 @@ func (s *stream) controlEvents(inputs []itx.EventInput) error {
 		if s.acc.rights&rRead == 0 {
 			return itx.Errorf(itx.EPermissionDenied, "event %d: configuring a subscription needs the read right as well: it delivers the stream's events", i)
 		}
-		var cfg itx.SubscriptionConfig
-		if json.Unmarshal(in.Payload, &cfg) == nil {
-			if err := s.acc.reachesTargets(&cfg); err != nil {
-				return err
-			}
-		}
 		// The subscription reads the stream as this capability does, whatever the event says.
 		if scope := s.acc.subscriptionScope(); scope != "" {
 			dec := json.NewDecoder(bytes.NewReader(in.Payload))
@@ -398,6 +392,15 @@ func (s *stream) controlEvents(inputs []itx.EventInput) error {
 				return itx.Errorf(itx.EInvalid, "event %d: %v", i, err)
 			}
 			inputs[i].Payload = b
+		}
+		// The targets are checked in the payload as it will be stored: the rewrite above orders
+		// keys anew, and keys match case-insensitively with the last one winning, so a field
+		// spelt twice could name one target to a check before it and another after.
+		var cfg itx.SubscriptionConfig
+		if json.Unmarshal(inputs[i].Payload, &cfg) == nil {
+			if err := s.acc.reachesTargets(&cfg); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

@@ -190,6 +190,12 @@ func (s *subscription) Describe(ctx context.Context, call schema.Subscription_de
 	// A copy into a stream outside this capability's prefix (configured by a wider token) is
 	// shown without the stream's path.
 	d.Config.Receiver.ReceivingStreamPath = s.acc.shown(d.Config.Receiver.ReceivingStreamPath)
+	// So is a dead-letter stream (the policy is copied: the catalog's config may be shared).
+	if dl := d.Config.Receiver.Delivery; dl != nil && dl.DeadLetterPath != "" {
+		shown := *dl
+		shown.DeadLetterPath = s.acc.shown(dl.DeadLetterPath)
+		d.Config.Receiver.Delivery = &shown
+	}
 	res, err := call.AllocResults()
 	if err != nil {
 		return err

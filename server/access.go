@@ -636,6 +636,25 @@ func (s *Server) sweepSecrets(ctx context.Context, unsure map[string]bool) {
 	}
 }
 
+// foldKey is the key of m that JSON decoding matches to the field name (case-insensitively):
+// name itself when absent. Two spellings are refused: which one decoding takes depends on their
+// order, which m no longer holds.
+func foldKey(m map[string]any, name string, event int) (string, error) {
+	found := ""
+	for k := range m {
+		if strings.EqualFold(k, name) {
+			if found != "" {
+				return "", itx.Errorf(itx.EInvalid, "event %d: the field %q is spelt twice (%q, %q): field names match case-insensitively", event, name, found, k)
+			}
+			found = k
+		}
+	}
+	if found == "" {
+		return name, nil
+	}
+	return found, nil
+}
+
 // secretRefsOf lists the secret references a catalog's subscriptions hold.
 func secretRefsOf(core *coreState) map[string]bool {
 	out := map[string]bool{}
@@ -717,8 +736,20 @@ func (s *Server) KeepSecretsApart(ctx context.Context, projectID string, inputs 
 		if dec.Decode(&cfg) != nil {
 			continue
 		}
-		r, _ := cfg["receiver"].(map[string]any)
-		secret, _ := r["secret"].(string)
+		// Fields match case-insensitively in the config's decoding: "Secret" (or a "Receiver"
+		// holding it) is the secret as much as "secret", and must not stay in the log.
+		rk, err := foldKey(cfg, "receiver", i)
+		if err != nil {
+			release()
+			return func() {}, err
+		}
+		r, _ := cfg[rk].(map[string]any)
+		sk, err := foldKey(r, "secret", i)
+		if err != nil {
+			release()
+			return func() {}, err
+		}
+		secret, _ := r[sk].(string)
 		if secret == "" || itx.IsSecretRef(secret) {
 			continue
 		}
@@ -731,6 +762,7 @@ func (s *Server) KeepSecretsApart(ctx context.Context, projectID string, inputs 
 			return func() {}, fmt.Errorf("event %d: %w", i, err)
 		}
 		releases = append(releases, rel)
+		delete(r, sk)
 		r["secret"] = ref
 		b, err := json.Marshal(cfg)
 		if err != nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 
 	jsonata "github.com/blues/jsonata-go"
 	"github.com/blues/jsonata-go/jlib"
@@ -126,8 +127,14 @@ func (d *deliverer) deadLetterSkip(job pushJob, store streamStore, streamID stri
 			*out = deliveryOutcome{name: out.name, gen: out.gen, birth: out.birth, seek: out.seek} // unknown: redeliver
 			return
 		}
+		// lastError is read by every reader of this stream, among them sessions limited to a
+		// prefix that may not hold the dead-letter stream: the config names it, this does not.
+		msg := itx.ErrorMessage(err)
+		if d.deadLetter.Path != "/" {
+			msg = strings.ReplaceAll(msg, d.deadLetter.Path, "the dead-letter stream")
+		}
 		out.failure = &deliveryFailure{class: classOutage, count: 1, last: f.eventOffset, msg: truncate(fmt.Sprintf(
-			"dead-letter stream %q: %s (the failing event at offset %d waits for it: %s)", d.deadLetter.Path, itx.ErrorMessage(err), f.eventOffset, f.msg), itx.MaxHaltErrorLength)}
+			"the dead-letter stream refused the letter: %s (the failing event at offset %d waits for it: %s)", msg, f.eventOffset, f.msg), itx.MaxHaltErrorLength)}
 		return
 	}
 	f.deadLettered = true

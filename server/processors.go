@@ -288,6 +288,23 @@ func (st *streamState) deleteProcKV(op procOp, env stepEnv, eff *effects) procRe
 	return procReply{}
 }
 
+// kvOwned refuses a put under the KV prefix of a processor instance (itx.ProcessorKVPrefix) that
+// no processor-wake subscription of the catalog is: a removed processor's prefix is deleted with
+// it (forgetProc), and a late write of one of its runners (a remote host that kept its ports, an
+// in-process keepalive racing the removal) would otherwise hand its records to a subscription
+// created anew under the name. Checked in the step, after this step's removals.
+func (st *streamState) kvOwned(key string) error {
+	if !strings.HasPrefix(key, "processor/") {
+		return nil
+	}
+	for name, e := range st.core.Subscriptions {
+		if e.Kind() == itx.KindProcessorWake && strings.HasPrefix(key, itx.ProcessorKVPrefix(name)) {
+			return nil
+		}
+	}
+	return itx.Errorf(itx.EFailedPrecondition, "processor KV key %q: no processor-wake subscription of this stream holds it (removed): this runner is dead", key)
+}
+
 // committedProcKV is the committed value of a processors' KV key as this step leaves it: nil
 // once a delete of it is staged.
 func (st *streamState) committedProcKV(key string, env stepEnv, eff *effects) ([]byte, error) {
@@ -306,6 +323,9 @@ func (st *streamState) committedProcKV(key string, env stepEnv, eff *effects) ([
 // put that would grow a total past its bound is refused and writes nothing. One that does not grow
 // it is taken even over the bound, so a stream holding more than a lowered bound can still shrink.
 func (st *streamState) putProcKV(op procOp, env stepEnv, eff *effects) procReply {
+	if err := st.kvOwned(op.kvKey); err != nil {
+		return procReply{err: err}
+	}
 	key := procKVPrefix + op.kvKey
 	prev, found := eff.commit.KV[key]
 	if !found {

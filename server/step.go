@@ -410,10 +410,14 @@ func (st *streamState) applyReader(op readerOp, now time.Time, rc reduceContext,
 	if st.core.Subscriptions[op.name] != nil {
 		return itx.Errorf(itx.EFailedPrecondition, "%q names a subscription of this stream: reader names share the subscription name space", op.name)
 	}
-	if err := notGenerated("reader name", op.name); err != nil {
-		return err
+	_, registered := st.readers[op.name]
+	if !registered {
+		// New names only: a reader registered before the prefix was reserved still moves.
+		if err := notGenerated("reader name", op.name); err != nil {
+			return err
+		}
 	}
-	if _, ok := st.readers[op.name]; !ok && rc.maxReaders > 0 && len(st.readers) >= rc.maxReaders {
+	if !registered && rc.maxReaders > 0 && len(st.readers) >= rc.maxReaders {
 		return itx.Errorf(itx.ELimitExceeded, "a stream may have at most %d registered readers (--max-readers-per-stream)", rc.maxReaders)
 	}
 	r := storage.Reader{Name: op.name, Checkpoint: op.checkpoint, UpdatedAt: itx.UnixMilli(now)}

@@ -178,3 +178,57 @@ func dump(t *testing.T, v any) string {
 	require.NoError(t, err)
 	return strings.ReplaceAll(string(b), `\"`, `"`)
 }
+
+// A raw configured event from a session limited to a prefix cannot aim a copy or a dead letter
+// outside it by spelling a field twice (JSON keys match case-insensitively, the last one
+// winning): the target checked is the one the stored config holds. The server rewrites such an
+// event (its scope) before it is stored, and the rewrite reorders keys.
+func TestAccess_ScopedRawConfigureCannotSmuggleATarget(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	full := ts.project(t)
+	mustAppend(t, stream(t, full, "/in/a"), ev("note", `{}`))
+	tok, _ := ts.token(t, itx.Scope{Prefix: "/in"})
+	s := stream(t, ts.login(t, tok), "/in/a")
+	h := newHook(t, nil)
+	for _, c := range []struct{ name, payload string }{
+		{"smuggle", `{"name": "smuggle", "receiver": {"action": "copy-to-stream",
+			"receivingstreampath": "/out/y", "receivingStreamPath": "/in/x"}}`},
+		{"smuggle-dead", `{"name": "smuggle-dead", "receiver": {"action": "webhook-post", "url": "` + h.url() + `",
+			"delivery": {"start": "now", "onFailingEvent": "skip", "deadletterpath": "/out/dead", "deadLetterPath": "/in/dead"}}}`},
+	} {
+		_, err := client.Append(ctx, s, []itx.EventInput{{Type: itx.TypeSubscriptionConfigured, Payload: json.RawMessage(c.payload)}}, itx.AppendOptions{})
+		if err != nil {
+			assert.Equal(t, itx.EPermissionDenied, itx.ErrorCode(err), "%s: %v", c.name, err)
+			continue
+		}
+		// Accepted: what it stored must be inside the prefix.
+		sub := client.Subscription(ctx, stream(t, full, "/in/a"), c.name)
+		d, err := client.DescribeSubscription(ctx, sub)
+		sub.Release()
+		require.NoError(t, err)
+		r := d.Config.Receiver
+		assert.True(t, itx.PathUnder(r.ReceivingStreamPath, "/in") || r.ReceivingStreamPath == "", "%s copies into %s", c.name, r.ReceivingStreamPath)
+		assert.True(t, itx.PathUnder(r.EffectiveDelivery().DeadLetterPath, "/in") || r.EffectiveDelivery().DeadLetterPath == "",
+			"%s dead-letters into %s", c.name, r.EffectiveDelivery().DeadLetterPath)
+	}
+}
+
+// A configured event a wider token wrote with its fields in another case (they match
+// case-insensitively) is read under a prefix as the usual spelling is: its targets outside the
+// prefix are hidden.
+func TestAccess_ScopedReadHidesCaseVariantTargets(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	full := ts.project(t)
+	in := stream(t, full, "/in/a")
+	h := newHook(t, nil)
+	mustAppend(t, in, itx.EventInput{Type: itx.TypeSubscriptionConfigured, Payload: json.RawMessage(
+		`{"name": "cp", "Receiver": {"action": "copy-to-stream", "ReceivingStreamPath": "/out/x"}}`)})
+	mustAppend(t, in, itx.EventInput{Type: itx.TypeSubscriptionConfigured, Payload: json.RawMessage(
+		`{"name": "dl", "receiver": {"action": "webhook-post", "url": "` + h.url() + `", "Delivery": {"start": "now", "onFailingEvent": "skip", "DeadLetterPath": "/out/dead"}}}`)})
+	tok, _ := ts.token(t, itx.Scope{Prefix: "/in"})
+	events, err := client.GetEvents(ctx, stream(t, ts.login(t, tok), "/in/a"), itx.Query{})
+	require.NoError(t, err)
+	assert.NotContains(t, dump(t, events), "/out", "the scoped session's read")
+}

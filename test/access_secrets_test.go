@@ -143,3 +143,28 @@ func storeOrphanSecret(t *testing.T, dataDir, projectID, secret string) {
 	defer d.Close()
 	require.NoError(t, d.StoreSecret(ctx, projectID, itx.SecretRefPrefix+strings.Repeat("0f", 16), secret, 1))
 }
+
+// A raw configured event cannot keep its webhook secret in the log by spelling the field in
+// another case ("Secret", a "Receiver" object): JSON fields match case-insensitively, so the
+// subscription would sign with it while every reader of the stream read it. The secret is kept
+// apart, or the event refused; either way the log does not hold it.
+func TestAccess_RawConfigureKeepsACaseVariantSecretOutOfTheLog(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	s := stream(t, ts.project(t), "/secrets/case")
+	secret, _ := newSecret(t)
+	for i, payload := range []map[string]any{
+		{"name": "upper-field", "receiver": map[string]any{"action": "webhook-post", "url": "http://127.0.0.1:1/a", "Secret": secret}},
+		{"name": "upper-receiver", "Receiver": map[string]any{"action": "webhook-post", "url": "http://127.0.0.1:1/b", "secret": secret}},
+	} {
+		raw, err := json.Marshal(payload)
+		require.NoError(t, err)
+		_, err = client.Append(ctx, s, []itx.EventInput{{Type: itx.TypeSubscriptionConfigured, Payload: raw}}, itx.AppendOptions{})
+		t.Logf("payload %d: %v", i, err)
+	}
+	events, err := client.GetEvents(ctx, s, itx.Query{})
+	require.NoError(t, err)
+	for _, e := range events {
+		require.NotContains(t, string(e.Payload), "whsec_", "the log holds a webhook secret")
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/server"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -125,7 +126,7 @@ func TestDeadLetter_SkipWaitsForTheDeadLetterStream(t *testing.T) {
 		e.clock.Advance(itx.Backoff(attempt, 0.5))
 	}
 	waitUntil(t, "the dead letter refused", func() bool {
-		return strings.Contains(e.describe(t, s, name).LastError, `dead-letter stream "/in-dead"`)
+		return strings.Contains(e.describe(t, s, name).LastError, "the dead-letter stream refused")
 	})
 	d := e.describe(t, s, name)
 	require.Equal(t, res.HeadOffset-1, d.ConfirmedOffset, "not skipped without its dead letter")
@@ -277,4 +278,66 @@ func TestDeadLetter_ScopedSubscriptionLearnsNothingOutside(t *testing.T) {
 	require.NoError(t, json.Unmarshal(evs[0].Payload, &l))
 	require.Len(t, l.Event.Provenance, 1, "the copied event's hop")
 	require.NotContains(t, string(evs[0].Payload), "/out/", "the letter names nothing outside the configuring token's scope")
+}
+
+// A session limited to a prefix learns nothing of a dead-letter stream outside it that a wider
+// token's subscription names: not from the subscription's describe, its lastError while that
+// stream refuses the letter, subscriptions.list, nor its configured event in the log.
+func TestDeadLetter_ScopedSessionLearnsNothingOfAWiderDeadLetterStream(t *testing.T) {
+	e := newSubEnv(t, server.Config{MaxStreamsPerProject: 1}) // /out/dead cannot be created
+	h := newHook(t, func(_ int, b itx.WebhookBody) int {
+		if strings.Contains(string(b.Event.Payload), "poison") {
+			return 400
+		}
+		return 200
+	})
+	s := stream(t, e.p, "/in/a")
+	name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "lenient", Start: "now", OnFailingEvent: "skip",
+		DeadLetterPath: "/out/dead", Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
+	mustAppend(t, s, ev("m", `{"poison":1}`))
+	for attempt := 1; attempt < itx.FailingEventConfirmAttempts; attempt++ {
+		waitUntil(t, "refused", func() bool { return e.describe(t, s, name).FailingEventAttempt == attempt })
+		e.clock.Advance(itx.Backoff(attempt, 0.5))
+	}
+	waitUntil(t, "the dead letter refused", func() bool {
+		return strings.Contains(e.describe(t, s, name).LastError, "dead-letter stream")
+	})
+
+	tok, _ := e.ts.token(t, itx.Scope{Prefix: "/in"})
+	scoped := stream(t, e.ts.login(t, tok), "/in/a")
+	seen := map[string]any{"describe": e.describe(t, scoped, name), "list": e.list(t, scoped)}
+	events, err := client.GetEvents(e.ctx, scoped, itx.Query{})
+	require.NoError(t, err)
+	seen["getEvents"] = events
+	for what, v := range seen {
+		assert.NotContains(t, dump(t, v), "/out", "%s names a stream outside /in", what)
+	}
+}
+
+// A session limited to a prefix that holds a dead-letter stream, fed by a wider token's
+// subscription on a stream outside the prefix, reads the letters as it reads a copy: the skipped
+// event whole, but no path outside the prefix (the letter's source, the event's provenance).
+func TestDeadLetter_ScopedReaderOfTheDeadLetterStreamLearnsNothingOutside(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	h := newHook(t, func(_ int, b itx.WebhookBody) int {
+		if strings.Contains(string(b.Event.Payload), "poison") {
+			return 400
+		}
+		return 200
+	})
+	src := stream(t, e.p, "/out/src")
+	name, _ := e.configure(t, src, client.SubscriptionConfig{Name: "lenient", Start: "now", OnFailingEvent: "skip",
+		DeadLetterPath: "/in/dead", Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
+	res := mustAppend(t, src, ev("m", `{"poison":1}`))
+	e.refuseUntilSkipped(t, "/out/src", name, res.HeadOffset)
+	letters := e.deadLetters(t, "/in/dead")
+	require.Len(t, letters, 1)
+	require.Equal(t, "/out/src", letters[0].Path, "the whole-project token reads the letter as stored")
+
+	tok, _ := e.ts.token(t, itx.Scope{Prefix: "/in"})
+	events, err := client.GetEvents(e.ctx, stream(t, e.ts.login(t, tok), "/in/dead"), itx.Query{})
+	require.NoError(t, err)
+	require.Len(t, events, 1)
+	require.Contains(t, string(events[0].Payload), "poison", "the letter still carries the event")
+	assert.NotContains(t, dump(t, events), "/out", "the scoped session's read of the dead-letter stream")
 }

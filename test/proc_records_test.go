@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/itx-dev/itx"
@@ -124,4 +125,73 @@ func TestProcessors_RemovedRecordsLeaveMemory(t *testing.T) {
 	defer sub.Release()
 	_, err = client.WaitUntilProcessed(ctx, sub, at, 0)
 	require.NoError(t, err)
+}
+
+// portsKeeper is bigStateHost keeping the ports of each wake, as a host whose session of a
+// processor outlives it (a stop it missed) may.
+type portsKeeper struct {
+	bigStateHost
+	mu    sync.Mutex
+	ports []schema.ProcessorPorts
+}
+
+func (h *portsKeeper) Wake(ctx context.Context, call schema.ProcessorHost_wake) error {
+	req, err := call.Args().Request()
+	if err != nil {
+		return err
+	}
+	h.mu.Lock()
+	h.ports = append(h.ports, req.Ports().AddRef())
+	h.mu.Unlock()
+	return h.bigStateHost.Wake(ctx, call)
+}
+
+func (h *portsKeeper) last() schema.ProcessorPorts {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.ports[len(h.ports)-1]
+}
+
+// A removed processor's KV (itx.ProcessorKVPrefix) is not written by its late runners: a host
+// that kept the ports of the removed processor's wake is refused, so a subscription created anew
+// under the name starts without the removed one's records, as the reset at removal means.
+func TestProcessors_RemovedProcessorsKVIsNotWrittenLate(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	p := ts.project(t)
+	host := &portsKeeper{bigStateHost: bigStateHost{stateBytes: 1}}
+	h, err := mountHostServing(ctx, p, "keeper", host, []itx.ProcessorInfo{{Name: "c", ReducerVersion: "1", ConsumedTypes: []string{"*"}}})
+	require.NoError(t, err)
+	defer h.Release()
+	s := stream(t, p, "/late-kv")
+	mustAppend(t, s, ev("a", `{}`))
+	run := func() {
+		t.Helper()
+		configureInstance(t, s, "a", "c", "remote")
+		head := mustAppend(t, s, ev("a", `{}`)).HeadOffset
+		sub := client.Subscription(ctx, s, "a")
+		defer sub.Release()
+		_, err := client.WaitUntilProcessed(ctx, sub, head, 0)
+		require.NoError(t, err)
+	}
+	key := itx.ProcessorKVPrefix("a") + "breaker"
+	run()
+	removeSubscription(t, s, "a")
+	put, release := host.last().KvPut(ctx, func(a schema.ProcessorPorts_kvPut_Params) error {
+		if err := a.SetKey(key); err != nil {
+			return err
+		}
+		return a.SetValue([]byte("the removed processor's"))
+	})
+	_, err = put.Struct()
+	release()
+	t.Logf("the late put: %v", err)
+
+	run()
+	get, release := host.last().KvGet(ctx, func(a schema.ProcessorPorts_kvGet_Params) error { return a.SetKey(key) })
+	defer release()
+	got, err := get.Struct()
+	require.NoError(t, err)
+	v, _ := got.Value()
+	require.False(t, got.Found(), "the new processor reads the removed one's record %q", v)
 }
