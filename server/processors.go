@@ -808,6 +808,36 @@ func (a *actor) catalogEntry(name string) *catalogEntry {
 
 // --- barriers and inspection ---------------------------------------------------------------
 
+// waitRunner waits until the current in-process runner of name has processed through offset
+// (its cursor row already has), or expired.
+func (s *Server) waitRunner(ctx context.Context, a *actor, name string, offset int64, expired <-chan struct{}) error {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-expired:
+		case <-a.dctx.Done():
+		case <-wctx.Done():
+		}
+		cancel()
+	}()
+	r, err := a.runner(wctx, name)
+	if err == nil {
+		err = r.WaitUntilProcessed(wctx, offset)
+	}
+	switch {
+	case err == nil:
+		return nil
+	case ctx.Err() != nil:
+		return itx.Errorf(itx.ECancelled, "waitUntilProcessed: %v", ctx.Err())
+	case a.dctx.Err() != nil:
+		return a.ended()
+	case wctx.Err() != nil:
+		return itx.Errorf(itx.EDeadlineExceeded, "processor %q committed through %d but its runner has not caught up", name, offset)
+	}
+	return err
+}
+
 // ProcessorSnapshot is an in-process processor's committed reduced state, the offset it was
 // reduced through and its processing cursor.
 func (s *Server) ProcessorSnapshot(ctx context.Context, ref StreamRef, name string) (state json.RawMessage, reduced, processed int64, err error) {

@@ -251,6 +251,13 @@ func (s *Server) WaitUntilProcessed(ctx context.Context, ref StreamRef, name str
 		}
 		existed = true
 		if row.ConfirmedOffset >= offset {
+			if e := v.core.Subscriptions[name]; isInProcess(e) && s.hosted[e.Config.ProcessorContract()] {
+				// Read-your-writes: the runner learns of its commit when the commit answers it,
+				// just after the row moved; a snapshot taken after this wait includes offset.
+				if err := s.waitRunner(ctx, a, name, offset, expired); err != nil {
+					return 0, err
+				}
+			}
 			return row.ConfirmedOffset, nil
 		}
 		select {
