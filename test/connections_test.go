@@ -33,6 +33,7 @@ type testSink struct {
 	// when set, closed() never answers on its own: it waits for the server to give up on the
 	// call, and then closes gaveUp
 	holdClosed bool
+	held       chan struct{} // closed when closed() arrives (with holdClosed)
 	gaveUp     chan struct{}
 }
 
@@ -75,6 +76,7 @@ func (k *testSink) Deliver(ctx context.Context, call schema.EventSink_deliver) e
 
 func (k *testSink) Closed(ctx context.Context, call schema.EventSink_closed) error {
 	if k.holdClosed {
+		close(k.held)
 		<-ctx.Done()
 		close(k.gaveUp)
 		return ctx.Err()
@@ -383,14 +385,20 @@ func TestConnection_ClosedNoticeIsBounded(t *testing.T) {
 	e := newSubEnv(t, server.Config{})
 	s := stream(t, e.p, "/closing")
 	mute := newTestSink()
-	mute.holdClosed, mute.gaveUp = true, make(chan struct{})
+	mute.holdClosed, mute.held, mute.gaveUp = true, make(chan struct{}), make(chan struct{})
 	_, err := openConn(t, s, connOpts{key: "k", noState: true}, mute)
 	require.NoError(t, err)
 	_, err = openConn(t, s, connOpts{key: "k", noState: true}, newTestSink()) // replaces it
 	require.NoError(t, err)
-	// The notice's timer is armed when the server calls closed(), which the test cannot see;
-	// other timers come and go meanwhile. Advance the server's clock by the delivery timeout
-	// until the server gives up: it never does if the call is unbounded.
+	// The server arms the notice's timer before it calls closed(): once the call has reached
+	// the sink, advance the server's clock by the delivery timeout until the server gives up
+	// (it never does if the call is unbounded). Advancing earlier could cancel the call before
+	// it reached the sink, which then never hears it.
+	select {
+	case <-mute.held:
+	case <-ctxT(t).Done():
+		t.Fatal("closed() never reached the replaced connection's sink")
+	}
 	waitUntil(t, "the server gave up on the closed() call", func() bool {
 		e.clock.Advance(itx.DeliveryTimeout)
 		select {
