@@ -40,6 +40,9 @@ func TestDelivery_WebhookRefusedByEgressPolicyHalts(t *testing.T) {
 	closeCtx, cancel := context.WithTimeout(e.ctx, 10*time.Second)
 	defer cancel()
 	require.NoError(t, ts.srv.Close(closeCtx))
+	// The first itxd, under no policy, may have delivered one subscription's configured event
+	// to the other's webhook; only what the second sends counts.
+	before := h.count()
 
 	ts2 := startServer(t, server.Config{DataDir: dir, Clock: clock, Random: func() float64 { return 0.5 },
 		Egress: server.EgressPolicy{DenyPrivate: true}})
@@ -70,7 +73,7 @@ func TestDelivery_WebhookRefusedByEgressPolicyHalts(t *testing.T) {
 		require.Contains(t, p.Error, "egress policy", p.Name)
 	}
 	require.Empty(t, e.events(t, s, itx.TypeErrorOccurred), "not the event's fault: nothing skipped")
-	require.Zero(t, h.count(), "nothing reached the refused address")
+	require.Equal(t, before, h.count(), "nothing reached the refused address")
 }
 
 // maxDeliveryEvents and maxDeliveryBytes bound what a delivery carries, not what was read to
