@@ -375,6 +375,7 @@ func TestConnection_CutReleasesTheStream(t *testing.T) {
 		ts.srv.Sweep()
 		return ts.srv.LoadedStreams() == 0
 	})
+	watcher := ts.project(t) // its connection's goroutines predate the check
 	opts := []goleak.Option{goleak.IgnoreCurrent()}
 
 	gw, nc, rc := rawDial(t, ts.addr)
@@ -413,6 +414,17 @@ func TestConnection_CutReleasesTheStream(t *testing.T) {
 	for range 2 {
 		require.Error(t, <-barriers)
 	}
+	// The delivery in flight fails with the receiver's session: the subscription parks (no
+	// retry is scheduled, so no alarm loads the stream again once it has unloaded).
+	waitUntil(t, "parked", func() bool {
+		held := client.Stream(ctx, watcher, "/held")
+		defer held.Release()
+		sub := client.Subscription(ctx, held, "app")
+		defer sub.Release()
+		d, err := client.DescribeSubscription(ctx, sub)
+		require.NoError(t, err)
+		return d.Status == itx.StatusParked
+	})
 	waitUntil(t, "unloaded at the idle timeout", func() bool {
 		clock.Advance(2 * time.Minute)
 		ts.srv.Sweep()
