@@ -107,12 +107,7 @@ func TestDeadLetter_SkippedEventLandsOnceAndReplays(t *testing.T) {
 // lastError says why; once the breaker has refilled the letter lands and the skip follows.
 func TestDeadLetter_SkipWaitsForTheDeadLetterStream(t *testing.T) {
 	e := newSubEnv(t, server.Config{BreakerBurst: 5, BreakerRefillPerMinute: 1})
-	h := newHook(t, func(_ int, b itx.WebhookBody) int {
-		if strings.Contains(string(b.Event.Payload), "poison") {
-			return 400
-		}
-		return 200
-	})
+	h := poisonHook(t)
 	s := stream(t, e.p, "/in")
 	name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "lenient", Start: "now", OnFailingEvent: "skip",
 		DeadLetterPath: "/in-dead", Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
@@ -196,12 +191,7 @@ func TestCrash_Kill9AroundADeadLetter(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts real itxd processes")
 	}
-	h := newHook(t, func(_ int, b itx.WebhookBody) int {
-		if strings.Contains(string(b.Event.Payload), "poison") {
-			return 400
-		}
-		return 200
-	})
+	h := poisonHook(t)
 	dataDir := t.TempDir()
 	proc := startItxd(t, dataDir)
 	ctx := ctxT(t)
@@ -285,12 +275,7 @@ func TestDeadLetter_ScopedSubscriptionLearnsNothingOutside(t *testing.T) {
 // stream refuses the letter, subscriptions.list, nor its configured event in the log.
 func TestDeadLetter_ScopedSessionLearnsNothingOfAWiderDeadLetterStream(t *testing.T) {
 	e := newSubEnv(t, server.Config{MaxStreamsPerProject: 1}) // /out/dead cannot be created
-	h := newHook(t, func(_ int, b itx.WebhookBody) int {
-		if strings.Contains(string(b.Event.Payload), "poison") {
-			return 400
-		}
-		return 200
-	})
+	h := poisonHook(t)
 	s := stream(t, e.p, "/in/a")
 	name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "lenient", Start: "now", OnFailingEvent: "skip",
 		DeadLetterPath: "/out/dead", Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
@@ -319,12 +304,7 @@ func TestDeadLetter_ScopedSessionLearnsNothingOfAWiderDeadLetterStream(t *testin
 // event whole, but no path outside the prefix (the letter's source, the event's provenance).
 func TestDeadLetter_ScopedReaderOfTheDeadLetterStreamLearnsNothingOutside(t *testing.T) {
 	e := newSubEnv(t, server.Config{})
-	h := newHook(t, func(_ int, b itx.WebhookBody) int {
-		if strings.Contains(string(b.Event.Payload), "poison") {
-			return 400
-		}
-		return 200
-	})
+	h := poisonHook(t)
 	src := stream(t, e.p, "/out/src")
 	name, _ := e.configure(t, src, client.SubscriptionConfig{Name: "lenient", Start: "now", OnFailingEvent: "skip",
 		DeadLetterPath: "/in/dead", Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
@@ -340,4 +320,14 @@ func TestDeadLetter_ScopedReaderOfTheDeadLetterStreamLearnsNothingOutside(t *tes
 	require.Len(t, events, 1)
 	require.Contains(t, string(events[0].Payload), "poison", "the letter still carries the event")
 	assert.NotContains(t, dump(t, events), "/out", "the scoped session's read of the dead-letter stream")
+}
+
+// poisonHook is a webhook that refuses (400) every event whose payload mentions "poison".
+func poisonHook(t *testing.T) *hook {
+	return newHook(t, func(_ int, b itx.WebhookBody) int {
+		if strings.Contains(string(b.Event.Payload), "poison") {
+			return 400
+		}
+		return 200
+	})
 }

@@ -416,15 +416,7 @@ func TestConnection_CutReleasesTheStream(t *testing.T) {
 	}
 	// The delivery in flight fails with the receiver's session: the subscription parks (no
 	// retry is scheduled, so no alarm loads the stream again once it has unloaded).
-	waitUntil(t, "parked", func() bool {
-		held := client.Stream(ctx, watcher, "/held")
-		defer held.Release()
-		sub := client.Subscription(ctx, held, "app")
-		defer sub.Release()
-		d, err := client.DescribeSubscription(ctx, sub)
-		require.NoError(t, err)
-		return d.Status == itx.StatusParked
-	})
+	waitParked(t, watcher, "/held", "app")
 	waitUntil(t, "unloaded at the idle timeout", func() bool {
 		clock.Advance(2 * time.Minute)
 		ts.srv.Sweep()
@@ -492,15 +484,7 @@ func TestRemote_CutHostReleasesTheStream(t *testing.T) {
 	<-rc.Done()
 	// The wake in flight fails with the host's session: the subscription parks (no retry is
 	// scheduled, so no alarm loads the stream again once it has unloaded).
-	waitUntil(t, "parked", func() bool {
-		held := client.Stream(ctx, watcher, "/remote/held")
-		defer held.Release()
-		sub := client.Subscription(ctx, held, "forwarder")
-		defer sub.Release()
-		d, err := client.DescribeSubscription(ctx, sub)
-		require.NoError(t, err)
-		return d.Status == itx.StatusParked
-	})
+	waitParked(t, watcher, "/remote/held", "forwarder")
 	waitUntil(t, "unloadable", func() bool {
 		clock.Advance(2 * time.Minute)
 		ts.srv.Sweep()
@@ -630,4 +614,20 @@ func TestRemote_RuntimeStateOfABulkyHostIsBounded(t *testing.T) {
 	defer prel()
 	_, err = client.RuntimeState(e.ctx, pf.Processor())
 	requireCode(t, err, itx.ETooLarge)
+}
+
+// waitParked waits until subscription name of the stream at path is parked, looking through p
+// (a project whose connection predates any goroutine-leak check).
+func waitParked(t *testing.T, p schema.Project, path, name string) {
+	t.Helper()
+	ctx := ctxT(t)
+	waitUntil(t, name+" parked", func() bool {
+		s := client.Stream(ctx, p, path)
+		defer s.Release()
+		sub := client.Subscription(ctx, s, name)
+		defer sub.Release()
+		d, err := client.DescribeSubscription(ctx, sub)
+		require.NoError(t, err)
+		return d.Status == itx.StatusParked
+	})
 }
