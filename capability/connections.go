@@ -39,10 +39,11 @@ func (s *stream) OpenConnection(ctx context.Context, call schema.Stream_openConn
 	}
 	// The argument is released when this method returns: keep our own reference.
 	sinkCap := call.Args().Sink().AddRef()
-	sinkCap.SetFlowLimiter(newPushLimiter())
+	limiter := newPushLimiter()
+	sinkCap.SetFlowLimiter(limiter)
 	// Queued before the call queue is released: opens sent on one capability are decided in the
 	// order sent (of two under one key, the later replaces the earlier).
-	pending, err := s.srv.StartOpenConnection(ctx, s.ref, opts, &eventSink{client: sinkCap, acc: s.acc})
+	pending, err := s.srv.StartOpenConnection(ctx, s.ref, opts, &eventSink{client: sinkCap, limiter: limiter, acc: s.acc})
 	if err != nil {
 		sinkCap.Release()
 		return fail(err)
@@ -110,9 +111,25 @@ func (c *connection) Shutdown() {
 
 // eventSink adapts a client's EventSink capability to server.ConnectionSink.
 type eventSink struct {
-	client schema.EventSink
-	acc    access // the opening capability's: the events are read as it may read them
-	once   sync.Once
+	client  schema.EventSink
+	limiter *pushLimiter // client's
+	acc     access       // the opening capability's: the events are read as it may read them
+	once    sync.Once
+}
+
+// TryDeliver is Deliver for a caller that must not wait: it sends only if the bytes in flight
+// toward the sink leave room for the batch.
+func (k *eventSink) TryDeliver(ctx context.Context, b *itx.DeliveryBatch) (func() error, bool) {
+	size := 256
+	for i := range b.Events {
+		e := &b.Events[i]
+		size += len(e.Type) + len(e.Payload) + len(e.Metadata) + len(e.IdempotencyKey) + 128
+	}
+	ctx, ok := k.limiter.tryReserve(ctx, size)
+	if !ok {
+		return nil, false
+	}
+	return k.Deliver(ctx, b), true
 }
 
 func (k *eventSink) Deliver(ctx context.Context, b *itx.DeliveryBatch) func() error {

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"capnproto.org/go/capnp/v3/flowcontrol"
+	"golang.org/x/sync/semaphore"
 )
 
 // pushFlowLimit bounds the bytes the server has in flight toward one capability a client handed
@@ -11,21 +12,50 @@ import (
 // no backpressure of its own.
 const pushFlowLimit = 4 << 20
 
-// newPushLimiter is go-capnp's fixed flow limiter of pushFlowLimit bytes, except that a message
-// larger than the whole allowance (a connection's batch may be up to 8 MiB plus an event)
-// waits until nothing else is in flight toward that capability and then goes alone: the fixed
-// limiter panics on it instead, in the sending goroutine, which ended itxd.
-func newPushLimiter() flowcontrol.FlowLimiter {
-	return clampedLimiter{inner: flowcontrol.NewFixedLimiter(pushFlowLimit), max: pushFlowLimit}
+// newPushLimiter is a fixed flow limiter of pushFlowLimit bytes, as go-capnp's, except that a
+// message larger than the whole allowance (a connection's batch may be up to 8 MiB plus an event)
+// waits until nothing else is in flight toward that capability and then goes alone (go-capnp's
+// fixed limiter panics on it instead, in the sending goroutine, which ended itxd), and that a
+// sender that must not wait can reserve room first (tryReserve).
+func newPushLimiter() *pushLimiter {
+	return &pushLimiter{sem: semaphore.NewWeighted(pushFlowLimit), max: pushFlowLimit}
 }
 
-type clampedLimiter struct {
-	inner flowcontrol.FlowLimiter
-	max   uint64
+var _ flowcontrol.FlowLimiter = (*pushLimiter)(nil)
+
+type pushLimiter struct {
+	sem *semaphore.Weighted
+	max int64
 }
 
-func (l clampedLimiter) StartMessage(ctx context.Context, size uint64) (func(), error) {
-	return l.inner.StartMessage(ctx, min(size, l.max))
+// reservation is room taken by tryReserve, carried in the call's context to StartMessage.
+type reservation struct {
+	l *pushLimiter
+	n int64
 }
 
-func (l clampedLimiter) Release() { l.inner.Release() }
+type reservationKey struct{}
+
+// tryReserve takes room for a message of about size bytes without waiting; ok is false when
+// there is none. The returned context is for the one call that uses the room: go-capnp asks the
+// limiter after sending it, and the limiter then waits for nothing.
+func (l *pushLimiter) tryReserve(ctx context.Context, size int) (context.Context, bool) {
+	n := min(int64(size), l.max)
+	if !l.sem.TryAcquire(n) {
+		return ctx, false
+	}
+	return context.WithValue(ctx, reservationKey{}, &reservation{l: l, n: n}), true
+}
+
+func (l *pushLimiter) StartMessage(ctx context.Context, size uint64) (func(), error) {
+	if r, ok := ctx.Value(reservationKey{}).(*reservation); ok && r.l == l {
+		return func() { l.sem.Release(r.n) }, nil
+	}
+	n := min(int64(size), l.max)
+	if err := l.sem.Acquire(ctx, n); err != nil {
+		return nil, err
+	}
+	return func() { l.sem.Release(n) }, nil
+}
+
+func (l *pushLimiter) Release() {}

@@ -56,6 +56,9 @@ type ConnectionOptions struct {
 // the delivery timeout, so a client that never answers it holds nothing.
 type ConnectionSink interface {
 	Deliver(ctx context.Context, batch *itx.DeliveryBatch) (wait func() error)
+	// TryDeliver is Deliver without ever waiting: false (nothing sent) when the sink's flow
+	// limit leaves no room for the batch.
+	TryDeliver(ctx context.Context, batch *itx.DeliveryBatch) (wait func() error, ok bool)
 	State(ctx context.Context, frame LiveFrame) error
 	Closed(ctx context.Context, reason CloseReason, message string)
 }
@@ -70,8 +73,20 @@ type Connection struct {
 	openedAt int64 // the head when it opened: later ephemeral events are its to receive
 	types    map[string]bool
 
-	delivered  atomic.Int64 // every offset at or below it was delivered or passed over
-	notify     chan struct{}
+	delivered atomic.Int64 // every offset at or below it was delivered or passed over
+	notify    chan struct{}
+
+	// The tail's short path (pushDirect): the actor hands a commit's events to the sink itself
+	// when the reader waits at the tail and every page it made is in the sink's hands, instead
+	// of waking the reader, which wakes the sender (two goroutine hand-offs per commit).
+	mu       sync.Mutex
+	scanned  int64 // the reader's position (guarded by mu)
+	parked   bool  // the reader waits at the tail for a commit (guarded by mu)
+	produced int64 // pages the reader has made, markers included (guarded by mu)
+	consumed atomic.Int64
+	inflight atomic.Int32  // batches handed to the sink and not yet answered
+	direct   chan connPage // batches the actor handed to the sink, for run to await; cap ConnectionWindow
+
 	ctx        context.Context
 	cancel     context.CancelFunc
 	once       sync.Once
@@ -180,7 +195,7 @@ func (s *Server) StartOpenConnection(ctx context.Context, ref StreamRef, opts Co
 		return nil, err
 	}
 	c := &Connection{srv: s, a: a, key: opts.Key, opts: opts, sink: sink, notify: make(chan struct{}, 1), done: make(chan struct{}),
-		types: typeSet(opts.Types)}
+		types: typeSet(opts.Types), scanned: opts.After, direct: make(chan connPage, ConnectionWindow)}
 	c.ctx, c.cancel = context.WithCancel(s.base)
 	reply := make(chan error, 1)
 	select {
@@ -259,14 +274,102 @@ func (a *actor) unregister(c *Connection) {
 	}
 }
 
-// notifyConnections wakes every connection after a commit moved the head.
+// notifyConnections hands a commit's events to every connection at the tail (pushDirect) and
+// wakes the others, after a commit moved the head.
 func (a *actor) notifyConnections() {
+	var v view
+	if len(a.conns) > 0 {
+		v = a.view()
+	}
 	for _, c := range a.conns {
+		if c.pushDirect(v) {
+			continue
+		}
 		select {
 		case c.notify <- struct{}{}:
 		default:
 		}
 	}
+}
+
+// pushDirect is the tail's short path, run by the actor right after a commit: when the reader
+// waits at the tail, run has handed every page it made to the sink, the window has room and the
+// commit's events fit in one batch, the actor sends that batch itself and gives run its answer
+// to await. The batch is exactly the one the reader would have made (the same filter and caps);
+// otherwise it returns false and the reader is woken. It never blocks: the sink's Deliver only
+// queues the call (TryDeliver sends only into room under the sink's flow limit), and direct
+// holds a slot for every batch in flight.
+func (c *Connection) pushDirect(v view) bool {
+	if !c.mu.TryLock() {
+		return false // the reader is at work
+	}
+	defer c.mu.Unlock()
+	if !c.parked || c.ctx.Err() != nil || c.produced != c.consumed.Load() || c.inflight.Load() >= ConnectionWindow {
+		return false
+	}
+	events, ok := c.fromRecent(v, c.scanned)
+	if !ok {
+		return false
+	}
+	through := v.head
+	if len(events) == c.opts.MaxDeliveryEvents {
+		through = events[len(events)-1].Offset
+	}
+	batch, through := c.cut(events, through)
+	if len(batch) == 0 || through != v.head || batchBytes(batch) > directMaxBytes {
+		return false // nothing to send, more than one batch or a large one: the reader's work
+	}
+	wait, ok := c.sink.TryDeliver(c.ctx, c.batch(v, batch))
+	if !ok {
+		return false // the sink's flow limit is taken: the reader waits for room
+	}
+	c.scanned = through
+	c.inflight.Add(1)
+	c.srv.metrics.ConnectionDirect.Inc()
+	select {
+	case c.direct <- connPage{through: through, wait: wait, events: len(batch)}:
+	default: // cannot happen (inflight < ConnectionWindow); the answer is then not awaited
+	}
+	return true
+}
+
+// directMaxBytes is the largest batch the actor encodes itself (pushDirect); a larger commit
+// goes through the reader.
+const directMaxBytes = 64 << 10
+
+func batchBytes(events []itx.Event) int {
+	n := 0
+	for i := range events {
+		n += len(events[i].Type) + len(events[i].Payload) + len(events[i].Metadata)
+	}
+	return n
+}
+
+// batch wraps a page's events for the sink.
+func (c *Connection) batch(v view, events []itx.Event) *itx.DeliveryBatch {
+	return &itx.DeliveryBatch{DeliveryEnvelope: itx.DeliveryEnvelope{
+		ProjectID: c.a.ref.ProjectID, StreamID: v.streamID, Path: c.a.ref.Path, HeadOffset: v.head, Attempt: 1,
+	}, Events: events}
+}
+
+// cut filters a page in place (ephemeral events buffered before the open, unless asked for) and
+// cuts it at the batch's bytes (the first event always goes), returning the batch and the
+// position it covers.
+func (c *Connection) cut(events []itx.Event, through int64) ([]itx.Event, int64) {
+	batch := events[:0] // events is this page's own slice: filter it in place
+	size := 0
+	for _, e := range events {
+		if e.Ephemeral && e.Offset <= c.openedAt && !c.opts.IncludeEphemeral {
+			continue // buffered before the open, and not asked for
+		}
+		size += len(e.Type) + len(e.Payload) + len(e.Metadata) + 64
+		if size > c.opts.MaxDeliveryBytes && len(batch) > 0 {
+			through = batch[len(batch)-1].Offset
+			break
+		}
+		batch = append(batch, e)
+	}
+	return batch, through
 }
 
 // run is the connection's pusher: it reads by position from the committed log and sends batches,
@@ -284,6 +387,10 @@ func (c *Connection) run() {
 	go c.read(pages)
 	defer func() {
 		c.Close(CloseShuttingDown, "the server is shutting down") // no-op if already closed
+		// The context is cancelled now: a pushDirect that saw it live has queued its batch
+		// once the lock is free, so the Closed notice (after done) comes after that batch.
+		c.mu.Lock()
+		c.mu.Unlock() //nolint:staticcheck // an empty critical section: a barrier
 		for range pages {
 		}
 		close(c.done)
@@ -295,6 +402,12 @@ func (c *Connection) run() {
 		through int64
 	}
 	var window []pending
+	settled := func(through int64) {
+		if through > c.delivered.Load() {
+			c.delivered.Store(through)
+			c.a.liveDirty()
+		}
+	}
 	drain := func(all bool) bool {
 		for len(window) > 0 && (all || len(window) >= ConnectionWindow) {
 			p := window[0]
@@ -302,39 +415,82 @@ func (c *Connection) run() {
 				return false
 			}
 			window = window[1:]
-			c.delivered.Store(p.through)
-			c.a.liveDirty()
+			c.inflight.Add(-1)
+			settled(p.through)
 		}
 		return true
 	}
-	for p := range pages {
-		if len(p.batch.Events) == 0 {
+	// takeDirect moves the batches the actor sent (pushDirect) into the window. Each is older
+	// than any page or marker the reader makes after it (it is in direct before the reader can
+	// move on), and newer than every batch in the window (the actor sends only once run has
+	// handed every page to the sink), so taking them before each page keeps the window in order.
+	takeDirect := func() {
+		for {
+			select {
+			case p := <-c.direct:
+				window = append(window, pending{wait: p.wait, through: p.through})
+				s.metrics.ConnectionEvents.Add(float64(p.events))
+			default:
+				return
+			}
+		}
+	}
+	for {
+		var p connPage
+		select {
+		case p = <-c.direct: // see takeDirect
+
+		default:
+			var ok bool
+			select {
+			case p = <-c.direct:
+			case p, ok = <-pages:
+				if !ok {
+					return
+				}
+			}
+		}
+		switch {
+		case p.wait != nil: // sent by the actor at the tail: await it, as after a marker
+			window = append(window, pending{wait: p.wait, through: p.through})
+			s.metrics.ConnectionEvents.Add(float64(p.events))
+			takeDirect()
 			if !drain(true) {
 				return
 			}
-			if p.through > c.delivered.Load() {
-				c.delivered.Store(p.through)
-				c.a.liveDirty()
+		case len(p.batch.Events) == 0: // a marker: the tail, or a stretch the filter passed over
+			takeDirect()
+			c.consumed.Add(1)
+			if !drain(true) {
+				return
 			}
-			continue
+			settled(p.through)
+		default:
+			takeDirect()
+			if !drain(false) {
+				return
+			}
+			c.inflight.Add(1)
+			wait := c.sink.Deliver(c.ctx, p.batch)
+			window = append(window, pending{wait: wait, through: p.through})
+			c.consumed.Add(1)
+			s.metrics.ConnectionEvents.Add(float64(len(p.batch.Events)))
 		}
-		if !drain(false) {
-			return
-		}
-		wait := c.sink.Deliver(c.ctx, p.batch)
-		window = append(window, pending{wait: wait, through: p.through})
-		s.metrics.ConnectionEvents.Add(float64(len(p.batch.Events)))
 	}
 }
 
-// connPage is one batch to send and the position it covers; no events: a marker (see run).
+// connPage is one batch to send and the position it covers; no events: a marker (see run). A
+// page with wait was sent by the actor (pushDirect): run only awaits it.
 type connPage struct {
 	batch   *itx.DeliveryBatch
 	through int64
+	wait    func() error
+	events  int
 }
 
 // read produces the pages of run, from the last commit in memory or from the log, until the
-// connection ends; it closes pages when it stops.
+// connection ends; it closes pages when it stops. Its position is c.scanned, which the actor
+// moves too while the reader is parked at the tail (pushDirect).
 func (c *Connection) read(pages chan<- connPage) {
 	defer close(pages)
 	send := func(p connPage) bool {
@@ -345,19 +501,29 @@ func (c *Connection) read(pages chan<- connPage) {
 			return false
 		}
 	}
-	scanned := c.opts.After
 	for c.ctx.Err() == nil {
 		v := c.a.view()
+		c.mu.Lock()
+		scanned := c.scanned
 		if scanned >= v.head || v.store == nil {
+			c.produced++
+			c.mu.Unlock()
 			if !send(connPage{batch: &itx.DeliveryBatch{}, through: scanned}) {
 				return
 			}
+			c.mu.Lock()
+			c.parked = true
+			c.mu.Unlock()
 			select {
 			case <-c.notify:
 			case <-c.ctx.Done():
 			}
+			c.mu.Lock()
+			c.parked = false
+			c.mu.Unlock()
 			continue
 		}
+		c.mu.Unlock()
 		through := v.head
 		events, fromMemory := c.fromRecent(v, scanned)
 		if fromMemory {
@@ -365,7 +531,7 @@ func (c *Connection) read(pages chan<- connPage) {
 				through = events[len(events)-1].Offset
 			}
 		} else {
-			// Bounded by the batch's bytes too: the loop below keeps no more than those.
+			// Bounded by the batch's bytes too: cut keeps no more than those.
 			q := storage.Query{After: scanned, UpTo: v.head, Limit: c.opts.MaxDeliveryEvents,
 				MaxBytes: c.opts.MaxDeliveryBytes, Types: c.opts.Types, IncludeEphemeral: true}
 			var err error
@@ -379,26 +545,17 @@ func (c *Connection) read(pages chan<- connPage) {
 				through = events[len(events)-1].Offset
 			}
 		}
-		batch := events[:0] // events is this page's own slice: filter it in place
-		size := 0
-		for _, e := range events {
-			if e.Ephemeral && e.Offset <= c.openedAt && !c.opts.IncludeEphemeral {
-				continue // buffered before the open, and not asked for
-			}
-			size += len(e.Type) + len(e.Payload) + len(e.Metadata) + 64
-			if size > c.opts.MaxDeliveryBytes && len(batch) > 0 {
-				through = batch[len(batch)-1].Offset
-				break
-			}
-			batch = append(batch, e)
+		batch, through := c.cut(events, through)
+		c.mu.Lock()
+		c.scanned = through
+		if len(batch) > 0 {
+			c.produced++
 		}
-		scanned = through
+		c.mu.Unlock()
 		if len(batch) == 0 {
 			continue
 		}
-		if !send(connPage{batch: &itx.DeliveryBatch{DeliveryEnvelope: itx.DeliveryEnvelope{
-			ProjectID: c.a.ref.ProjectID, StreamID: v.streamID, Path: c.a.ref.Path, HeadOffset: v.head, Attempt: 1,
-		}, Events: batch}, through: through}) {
+		if !send(connPage{batch: c.batch(v, batch), through: through}) {
 			return
 		}
 	}

@@ -34,6 +34,7 @@ type Metrics struct {
 	Sessions         prometheus.Gauge   // logins held by open RPC connections
 	WebhooksInFlight prometheus.Gauge   // webhook requests open
 	ConnectionEvents prometheus.Counter // events sent to connections
+	ConnectionDirect prometheus.Counter // batches the actor sent itself (pushDirect)
 	LiveSubscribers  prometheus.Gauge   // live-state subscribers attached
 }
 
@@ -110,13 +111,16 @@ func newMetrics() *Metrics {
 		ConnectionEvents: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "itx_connection_events_total", Help: "Events sent to stream connections.",
 		}),
+		ConnectionDirect: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "itx_connection_direct_batches_total", Help: "Batches sent to connections at the tail by the stream's writer right after the commit, not through the connection's reader.",
+		}),
 		LiveSubscribers: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "itx_live_subscribers", Help: "Live-state subscribers attached.",
 		}),
 	}
 	r.MustRegister(m.DeliveryFailures, m.LateAcks, m.SubscriptionHalts, m.SkippedEvents, m.SubscriptionParks, m.HandlerPanics, m.AppendCalls, m.AppendedEvents, m.AppendedBytes, m.AppendLatency, m.CommitLatency,
 		m.CommitEvents, m.CommitCalls, m.ReadEvents, m.LoadedStreams, m.RPCConnections,
-		m.OpenConnections, m.Sessions, m.WebhooksInFlight, m.ConnectionEvents, m.LiveSubscribers,
+		m.OpenConnections, m.Sessions, m.WebhooksInFlight, m.ConnectionEvents, m.ConnectionDirect, m.LiveSubscribers,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Every receiver kind's failure count exists from the start, at 0, so an alert on its rate
 	// sees 0 rather than no data until the first failure.

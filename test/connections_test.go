@@ -179,6 +179,44 @@ func ping(t testing.TB, c schema.Connection) (head, delivered int64, err error) 
 	return int64(res.HeadOffset()), int64(res.DeliveredOffset()), nil
 }
 
+// A connection waiting at the tail gets each commit straight from the stream's writer
+// (pushDirect), one batch per commit, in order, with ping's delivered offset following; a commit
+// larger than one batch still goes through the connection's reader, split by the caps.
+func TestConnection_TailBatchesGoStraightFromTheCommit(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	s := stream(t, ts.project(t), "/tail")
+	mustAppend(t, s, ev("e", `{}`))
+	sink := newTestSink()
+	c, err := openConn(t, s, connOpts{maxEvents: 3, noState: true}, sink)
+	require.NoError(t, err)
+	waitUntil(t, "the first event", func() bool { return len(sink.offsets()) == 1 })
+	direct := func() float64 { return testutil.ToFloat64(ts.srv.Metrics().ConnectionDirect) }
+	before := direct()
+	const n = 20
+	for i := 2; i <= n+1; i++ {
+		mustAppend(t, s, ev("e", fmt.Sprintf(`{"i":%d}`, i)))
+		waitUntil(t, "delivered and settled", func() bool {
+			_, delivered, err := ping(t, c)
+			return err == nil && delivered == int64(i) && len(sink.offsets()) == i
+		})
+	}
+	// The reader parks a moment after it settles, so an append may find it not yet parked
+	// and wake it instead; most must have gone straight.
+	require.GreaterOrEqual(t, direct()-before, float64(n/2), "batches sent by the writer at the tail")
+	before = direct()
+	mustAppend(t, s, ev("e", `{}`), ev("e", `{}`), ev("e", `{}`), ev("e", `{}`), ev("e", `{}`))
+	waitUntil(t, "all", func() bool { return len(sink.offsets()) == n+6 })
+	require.Equal(t, before, direct(), "five events under a cap of three are the reader's to split")
+	var want [][]int64
+	for o := int64(1); o <= n+1; o++ {
+		want = append(want, []int64{o})
+	}
+	want = append(want, []int64{n + 2, n + 3, n + 4}, []int64{n + 5, n + 6})
+	sink.mu.Lock()
+	defer sink.mu.Unlock()
+	require.Equal(t, want, sink.batches)
+}
+
 // Connections opened at random offsets while appends race each receive exactly the events after
 // their offset, in order, once: catch-up and live tail meet with no gap and no duplicate.
 func TestConnection_RandomOffsetsWhileAppendsRace(t *testing.T) {

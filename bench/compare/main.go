@@ -38,9 +38,12 @@ var (
 	rounds   = flag.Int("rounds", 3, "interleaved rounds; the table shows medians")
 	duration = flag.Duration("duration", 3*time.Second, "how long each throughput workload runs")
 	samples  = flag.Int("samples", 2000, "latency samples per round")
+	spread   = flag.Bool("spread", false, "also print each latency workload's p90, p95, p99.5 and max (stderr)")
 	workDir  = flag.String("dir", "", "working directory for data and binaries (default: a temp dir on the same disk)")
 	only     = flag.String("only", "", "run only workloads whose name contains this")
 	itxdFlag = flag.String("itxd", "", "an itxd binary to measure instead of building one from the main module (to compare two builds)")
+	itxdB    = flag.String("itxd-b", "", "with -only ab: a second itxd binary, measured sample by sample against the first")
+	abSplit  = flag.Bool("ab-split", false, "with -only ab: the consumer on an RPC connection of its own")
 )
 
 // payload is the ~85-byte JSON event both systems carry.
@@ -76,7 +79,7 @@ func main() {
 	for r := 1; r <= *rounds; r++ {
 		fmt.Fprintf(os.Stderr, "round %d of %d\n", r, *rounds)
 		for _, w := range workloads {
-			if *only != "" && !strings.Contains(w.name, *only) {
+			if w.name == "ab" && *only != "ab" || *only != "" && !strings.Contains(w.name, *only) {
 				continue
 			}
 			all = append(all, w.run(dir, itxdBin, natsBin)...)
@@ -95,6 +98,7 @@ var workloads = []workload{
 	{"append", runAppend},
 	{"latency", runLatency},
 	{"catch-up", runCatchUp},
+	{"ab", runAB},
 }
 
 // --- processes -------------------------------------------------------------------------------
@@ -526,6 +530,7 @@ func runLatency(dir, itxdBin, natsBin string) []result {
 	}
 	lat := measure(s, sink.arrivals)
 	release()
+	printSpread("itx connection", lat)
 	out = append(out, result{"append -> consumer p50", "itx connection", "us", pct(lat, 0.5), true},
 		result{"append -> consumer p99", "itx connection", "us", pct(lat, 0.99), true})
 
@@ -560,6 +565,7 @@ func runLatency(dir, itxdBin, natsBin string) []result {
 		fail(err)
 	}
 	lat = measure(s2, recv.arrivals)
+	printSpread("itx itx-call subscription", lat)
 	out = append(out, result{"append -> consumer p50", "itx itx-call subscription", "us", pct(lat, 0.5), true},
 		result{"append -> consumer p99", "itx itx-call subscription", "us", pct(lat, 0.99), true})
 
@@ -606,8 +612,86 @@ func runLatency(dir, itxdBin, natsBin string) []result {
 			}
 		}
 	}
+	printSpread("JetStream push consumer", lat)
 	out = append(out, result{"append -> consumer p50", "JetStream sync_always push consumer", "us", pct(lat, 0.5), true},
 		result{"append -> consumer p99", "JetStream sync_always push consumer", "us", pct(lat, 0.99), true})
+	return out
+}
+
+// runAB measures append -> connection latency on two itxd builds at once (-itxd and -itxd-b),
+// alternating sample by sample, so that the machine's drift between rounds falls on both alike.
+func runAB(dir, itxdBin, natsBin string) []result {
+	if *itxdB == "" {
+		fail(fmt.Errorf("-only ab needs -itxd-b"))
+	}
+	ctx := context.Background()
+	type side struct {
+		name    string
+		s       schema.Stream
+		sink    *latencySink
+		lat     []time.Duration
+		ret     []time.Duration // the append's own round trip
+		after   []time.Duration // arrival after the append returned (0 if before)
+		release func()
+	}
+	var sides []*side
+	for _, bin := range []string{itxdBin, *itxdB} {
+		p, token := startItxd(bin, dir)
+		defer p.stop()
+		c := dialItx(p.addr, token)
+		defer c.close()
+		sd := &side{name: bin, s: c.stream("/compare/ab"), sink: &latencySink{arrivals: make(chan arrivalAt, 64)}}
+		consumer := sd.s
+		if *abSplit {
+			// The consumer on an RPC connection of its own, as a separate process would be.
+			c2 := dialItx(p.addr, token)
+			defer c2.close()
+			consumer = c2.stream("/compare/ab")
+		}
+		cf, release := consumer.OpenConnection(ctx, func(p schema.Stream_openConnection_Params) error {
+			o, err := p.NewOptions()
+			if err != nil {
+				return err
+			}
+			o.SetNoState(true)
+			return p.SetSink(schema.EventSink_ServerToClient(sd.sink))
+		})
+		if _, err := cf.Struct(); err != nil {
+			fail(err)
+		}
+		defer release()
+		sides = append(sides, sd)
+	}
+	for i := 0; i < *samples+20; i++ {
+		for k := range sides {
+			sd := sides[(i+k)%2]
+			t0 := time.Now()
+			head, err := itxAppend(sd.s, 1, i)
+			if err != nil {
+				fail(err)
+			}
+			t1 := time.Now()
+			for a := range sd.sink.arrivals {
+				if a.offset >= head {
+					if i >= 20 {
+						sd.lat = append(sd.lat, a.at.Sub(t0))
+						sd.ret = append(sd.ret, t1.Sub(t0))
+						sd.after = append(sd.after, max(0, a.at.Sub(t1)))
+					}
+					break
+				}
+			}
+		}
+	}
+	var out []result
+	for k, sd := range sides {
+		name := fmt.Sprintf("itx connection, %c (%s)", 'A'+k, filepath.Base(sd.name))
+		printSpread(name, sd.lat)
+		printSpread(name+", append returned", sd.ret)
+		printSpread(name+", arrival after the return", sd.after)
+		out = append(out, result{"append -> consumer p50", name, "us", pct(sd.lat, 0.5), true},
+			result{"append -> consumer p99", name, "us", pct(sd.lat, 0.99), true})
+	}
 	return out
 }
 
@@ -726,6 +810,14 @@ func (k *countSink) Closed(context.Context, schema.EventSink_closed) error { ret
 func (k *countSink) State(context.Context, schema.EventSink_state) error   { return nil }
 
 // --- output ----------------------------------------------------------------------------------
+
+// printSpread prints a latency workload's tail to stderr (-spread).
+func printSpread(name string, lat []time.Duration) {
+	if *spread {
+		fmt.Fprintf(os.Stderr, "%s: p50 %.0f p90 %.0f p95 %.0f p99 %.0f p99.5 %.0f max %.0f us\n", name,
+			pct(lat, .5), pct(lat, .9), pct(lat, .95), pct(lat, .99), pct(lat, .995), pct(lat, 1))
+	}
+}
 
 func pct(lat []time.Duration, p float64) float64 {
 	if len(lat) == 0 {
