@@ -2,12 +2,14 @@ package test
 
 import (
 	"context"
+	"net"
 	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"capnproto.org/go/capnp/v3"
+	"capnproto.org/go/capnp/v3/rpc"
 	rpccp "capnproto.org/go/capnp/v3/std/capnp/rpc"
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/internal/itxtest"
@@ -142,5 +144,55 @@ func TestItxd_InboundCallBytesAreBounded(t *testing.T) {
 		op := other.Login(ctx, p.creds.ProjectToken)
 		defer op.Release()
 		mustAppend(t, stream(t, op, "/waits"), ev("never", `{}`))
+	})
+}
+
+// A client may pipeline a large call behind its login, as promise pipelining invites (login ->
+// streams -> get -> append, sent at once, the append 200 KiB): itxd reads the append only once
+// the login is answered, under the logged-in bound, instead of aborting the connection for a
+// message above the 64 KiB pre-login bound. Behind a login that fails, the same message still
+// ends the connection with limitExceeded naming the pre-login flag.
+func TestItxd_LargeCallPipelinedBehindTheLogin(t *testing.T) {
+	p := startItxd(t, t.TempDir())
+	big := strings.Repeat("x", 200<<10)
+	pipelined := func(t *testing.T, token string) (schema.Stream_append_Results_Future, *rpc.Conn) {
+		nc, err := net.Dial("tcp", p.addr)
+		require.NoError(t, err)
+		conn := rpc.NewConn(rpc.NewStreamTransport(nc), nil)
+		t.Cleanup(func() { conn.Close() })
+		ctx := ctxT(t)
+		g := schema.Gateway(conn.Bootstrap(ctx))
+		lf, _ := g.Login(ctx, func(p schema.Gateway_login_Params) error { return p.SetToken(token) })
+		sf, _ := lf.Project().Streams(ctx, nil)
+		gf, _ := sf.Streams().Get(ctx, func(p schema.Streams_get_Params) error { return p.SetPath("/pipelined") })
+		af, _ := gf.Stream().Append(ctx, func(p schema.Stream_append_Params) error {
+			l, err := p.NewEvents(1)
+			if err != nil {
+				return err
+			}
+			l.At(0).SetType("big")
+			return l.At(0).SetPayload(`{"x":"` + big + `"}`)
+		})
+		return af, conn
+	}
+
+	t.Run("after a login that succeeds", func(t *testing.T) {
+		af, _ := pipelined(t, p.creds.ProjectToken)
+		res, err := af.Struct()
+		require.NoError(t, err)
+		r, err := res.Result()
+		require.NoError(t, err)
+		require.Equal(t, uint64(1), r.HeadOffset())
+	})
+
+	t.Run("after a login that fails", func(t *testing.T) {
+		af, conn := pipelined(t, "not-a-token")
+		_, err := af.Struct()
+		require.Error(t, err)
+		select {
+		case <-conn.Done():
+		case <-ctxT(t).Done():
+			t.Fatal("the connection stayed open")
+		}
 	})
 }

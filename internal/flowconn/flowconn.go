@@ -17,6 +17,7 @@
 package flowconn
 
 import (
+	"encoding/binary"
 	"errors"
 	"io"
 	"net"
@@ -302,6 +303,7 @@ type Transport struct {
 	inner transport.Transport
 	conn  net.Conn
 	dec   *capnp.Decoder // inner's: its MaxMessageSize is set before each read
+	hr    *headerReader  // dec's source: before login, RecvMessage reads the header first
 
 	// guarded by pool.mu
 	wcond     *sync.Cond // the writer waits here for work
@@ -341,8 +343,9 @@ func New(conn net.Conn, pool *Pool) *Transport {
 }
 
 func newTransport(conn net.Conn, pool *Pool) *Transport {
-	codec := &streamCodec{Decoder: capnp.NewDecoder(conn), Encoder: capnp.NewEncoder(conn), Closer: conn}
-	t := &Transport{pool: pool, inner: transport.New(codec), conn: conn, dec: codec.Decoder, writerDone: make(chan struct{}),
+	hr := &headerReader{conn: conn}
+	codec := &streamCodec{Decoder: capnp.NewDecoder(hr), Encoder: capnp.NewEncoder(conn), Closer: conn}
+	t := &Transport{pool: pool, inner: transport.New(codec), conn: conn, hr: hr, dec: codec.Decoder, writerDone: make(chan struct{}),
 		open: map[uint32]int64{}, finishedEarly: map[uint32]struct{}{}, unfinished: map[uint32]int64{}}
 	t.wcond = sync.NewCond(&pool.mu)
 	d := pool.limits.LoginTimeout
@@ -471,6 +474,35 @@ func (t *Transport) RecvMessage() (transport.IncomingMessage, error) {
 			err := itx.Errorf(itx.ELimitExceeded, "the client holds %d capabilities of this connection, above its bound of %d (--rpc-max-capabilities): release the ones it no longer uses", n, max)
 			t.abort(err, false)
 			return nil, err
+		}
+	}
+
+	if maxMsg < p.limits.MaxMessage {
+		// Before login: a client may pipeline a large call behind its login (login ->
+		// streams -> get -> append, sent at once), which is read before the login is
+		// answered. A message above the pre-login bound waits, unread, while a call it may
+		// follow is open; once the connection logs in, the logged-in bound applies.
+		size, err := t.hr.peek()
+		if err != nil {
+			p.mu.Lock()
+			abortErr := t.abortErr
+			p.mu.Unlock()
+			if abortErr != nil {
+				return nil, abortErr
+			}
+			return nil, err
+		}
+		if size > maxMsg {
+			p.mu.Lock()
+			for !t.authed && t.calls > 0 && !t.closed && t.abortErr == nil {
+				p.cond.Wait()
+			}
+			maxMsg, maxFlag = t.maxMessage()
+			abortErr := t.abortErr
+			p.mu.Unlock()
+			if abortErr != nil {
+				return nil, abortErr
+			}
 		}
 	}
 
@@ -742,6 +774,53 @@ func (m *outgoing) Release() {
 	if now {
 		m.inner.Release()
 	}
+}
+
+// headerReader is the decoder's source: the socket, after any header bytes peek has read.
+type headerReader struct {
+	conn io.Reader
+	pre  []byte // read by peek, not yet by the decoder
+	buf  [8 + 4*maxPeekSegments]byte
+}
+
+// maxPeekSegments bounds the segment table peek reads; a message with more segments is left to
+// the decoder (which refuses what it must) with its size taken as unknown (0).
+const maxPeekSegments = 64
+
+func (h *headerReader) Read(b []byte) (int, error) {
+	if len(h.pre) > 0 {
+		n := copy(b, h.pre)
+		h.pre = h.pre[n:]
+		return n, nil
+	}
+	return h.conn.Read(b)
+}
+
+// peek reads the next message's stream header (the segment count and sizes) and returns the
+// size it declares, keeping the bytes for the decoder.
+func (h *headerReader) peek() (int64, error) {
+	if len(h.pre) > 0 {
+		return 0, nil // already peeked (cannot happen: each peek is followed by a decode)
+	}
+	if _, err := io.ReadFull(h.conn, h.buf[:4]); err != nil {
+		return 0, err
+	}
+	segs := int64(binary.LittleEndian.Uint32(h.buf[:4])) + 1
+	if segs > maxPeekSegments {
+		h.pre = h.buf[:4]
+		return 0, nil
+	}
+	n := 4 + 4*int(segs)
+	n += n % 8 // padded to a word
+	if _, err := io.ReadFull(h.conn, h.buf[4:n]); err != nil {
+		return 0, err
+	}
+	size := int64(n)
+	for i := range int(segs) {
+		size += 8 * int64(binary.LittleEndian.Uint32(h.buf[4+4*i:]))
+	}
+	h.pre = h.buf[:n]
+	return size, nil
 }
 
 // streamCodec is go-capnp's stream codec (transport.NewStream's) with its decoder in reach, so
