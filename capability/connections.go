@@ -37,6 +37,10 @@ func (s *stream) OpenConnection(ctx context.Context, call schema.Stream_openConn
 	if int64(o.After()) < 0 {
 		return fail(itx.Errorf(itx.EInvalid, "after %d is out of range", o.After()))
 	}
+	untake, err := takeLive(s.acc)
+	if err != nil {
+		return fail(err)
+	}
 	// The argument is released when this method returns: keep our own reference.
 	sinkCap := call.Args().Sink().AddRef()
 	limiter := newPushLimiter()
@@ -45,25 +49,28 @@ func (s *stream) OpenConnection(ctx context.Context, call schema.Stream_openConn
 	// order sent (of two under one key, the later replaces the earlier).
 	pending, err := s.srv.StartOpenConnection(ctx, s.ref, opts, &eventSink{client: sinkCap, limiter: limiter, acc: s.acc})
 	if err != nil {
+		untake()
 		sinkCap.Release()
 		return fail(err)
 	}
 	call.Go()
 	conn, err := pending.Wait(ctx)
 	if err != nil {
+		untake()
 		sinkCap.Release()
 		return fail(err)
 	}
+	forget := func() {}
+	if x := s.acc.session; x != nil {
+		// The connection ends with the session that opened it (revoked or expired), even if
+		// another login keeps the RPC connection.
+		forget = x.OnEnd(func() { conn.Close(server.CloseAccessEnded, "the token that opened it was revoked or expired") })
+	}
+	go func() { <-conn.Done(); forget(); untake() }()
 	res, err := call.AllocResults()
 	if err != nil {
 		conn.Close(server.CloseConnectionLost, err.Error())
 		return err
-	}
-	if x := s.acc.session; x != nil {
-		// The connection ends with the session that opened it (revoked or expired), even if
-		// another login keeps the RPC connection.
-		forget := x.OnEnd(func() { conn.Close(server.CloseAccessEnded, "the token that opened it was revoked or expired") })
-		go func() { <-conn.Done(); forget() }()
 	}
 	impl := &connection{c: conn}
 	return res.SetConnection(schema.Connection(guarded(guardOf(s.srv), s.acc, schema.Connection_Methods(nil, impl), impl)))
@@ -311,18 +318,33 @@ func (s *stream) LiveState(ctx context.Context, call schema.Stream_liveState) er
 // a bound on the bytes in flight toward it, and returns the Handle that detaches it. The caller
 // has called call.Go: frames are pushed while the call is still answering.
 func attachLive(srv *server.Server, acc access, sub schema.LiveSubscriber, subscribe func(server.LiveSink) (func(), error)) (schema.Handle, error) {
-	sub.SetFlowLimiter(newPushLimiter())
-	cancel, err := subscribe(&liveSubscriber{client: sub})
+	untake, err := takeLive(acc)
 	if err != nil {
 		sub.Release()
 		return schema.Handle{}, fail(err)
 	}
-	return newEndHandle(srv, acc, func() { cancel(); sub.Release() }, func() {
+	sub.SetFlowLimiter(newPushLimiter())
+	cancel, err := subscribe(&liveSubscriber{client: sub})
+	if err != nil {
+		untake()
+		sub.Release()
+		return schema.Handle{}, fail(err)
+	}
+	return newEndHandle(srv, acc, func() { cancel(); sub.Release(); untake() }, func() {
 		// The session that opened it ended (revoked or expired): say so, bounded.
 		ctx, stop := context.WithTimeout(context.Background(), itx.DeliveryTimeout)
 		defer stop()
 		(&liveSubscriber{client: sub}).Closed(ctx, server.CloseAccessEnded, "the token that opened this live view was revoked or expired")
 	}), nil
+}
+
+// takeLive counts a live connection or view against the login that opens it (see
+// server.Session.TakeLive); the returned func gives it back, once.
+func takeLive(acc access) (func(), error) {
+	if acc.session == nil {
+		return func() {}, nil
+	}
+	return acc.session.TakeLive()
 }
 
 // liveSubscriber adapts a client's LiveSubscriber capability to server.LiveSink.

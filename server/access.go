@@ -80,6 +80,8 @@ type Session struct {
 	expired  atomic.Bool
 	onRevoke func()
 
+	live atomic.Int64 // live connections and live-state views open under this login
+
 	endMu  sync.Mutex
 	ends   map[uint64]func() // what the session opened that must end with it
 	endSeq uint64
@@ -99,6 +101,18 @@ func (x *Session) Check() error {
 		return itx.Errorf(itx.EUnauthenticated, "the token expired")
 	}
 	return nil
+}
+
+// TakeLive counts a live connection or live-state view opening under the session, refused with
+// ELimitExceeded past Config.MaxLivePerSession; its release runs once (the end of what opened).
+func (x *Session) TakeLive() (release func(), err error) {
+	limit := int64(x.srv.cfg.MaxLivePerSession)
+	if n := x.live.Add(1); n > limit {
+		x.live.Add(-1)
+		return nil, itx.Errorf(itx.ELimitExceeded, "a login holds at most %d live connections and live-state views open (--max-live-per-login): close some first", limit)
+	}
+	var once sync.Once
+	return func() { once.Do(func() { x.live.Add(-1) }) }, nil
 }
 
 // Revoked reports whether the session's token is no longer valid: revoked, or expired.

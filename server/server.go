@@ -68,6 +68,9 @@ type Config struct {
 	// MaxLiveSubscribersPerStream bounds the live-state subscribers of one stream (connections'
 	// state frames aside, bounded by the connection cap); default 1,024.
 	MaxLiveSubscribersPerStream int
+	// MaxLivePerSession bounds the live connections and live-state views one login holds open,
+	// on any streams (each holds goroutines and buffers while it lasts); default 1,024.
+	MaxLivePerSession int
 	// MaxMountsPerProject bounds the capabilities mounted under names in one project, and
 	// separately the processor hosts mounted in it (a name already mounted can be replaced);
 	// default 4,096.
@@ -233,6 +236,9 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	if cfg.MaxConnectionsPerStream <= 0 {
 		cfg.MaxConnectionsPerStream = 16_384
+	}
+	if cfg.MaxLivePerSession <= 0 {
+		cfg.MaxLivePerSession = 1024
 	}
 	if cfg.MaxLiveSubscribersPerStream <= 0 {
 		cfg.MaxLiveSubscribersPerStream = 1024

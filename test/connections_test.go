@@ -685,6 +685,45 @@ func TestConnection_PerStreamBounds(t *testing.T) {
 	requireCode(t, err, itx.ELimitExceeded)
 }
 
+// One login holds at most --max-live-per-login live connections and live-state views, on any
+// streams together: past it an open is refused with limitExceeded naming the flag, another
+// login counts its own, and closing one makes room again.
+func TestConnection_PerLoginBound(t *testing.T) {
+	ts := startServer(t, server.Config{MaxLivePerSession: 3})
+	p := ts.project(t)
+	a, b := stream(t, p, "/a"), stream(t, p, "/b")
+	mustAppend(t, a, ev("e", `{}`))
+	mustAppend(t, b, ev("e", `{}`))
+	first, err := openConn(t, a, connOpts{noState: true}, newTestSink())
+	require.NoError(t, err)
+	_, err = openConn(t, b, connOpts{noState: true}, newTestSink())
+	require.NoError(t, err)
+	subscribeLive(t, a, &liveView{})
+
+	_, err = openConn(t, b, connOpts{noState: true}, newTestSink())
+	requireCode(t, err, itx.ELimitExceeded)
+	require.Contains(t, err.Error(), "--max-live-per-login")
+	fut, release := b.LiveState(context.Background(), func(p schema.Stream_liveState_Params) error {
+		return p.SetSubscriber(schema.LiveSubscriber_ServerToClient(&liveView{}))
+	})
+	_, err = fut.Struct()
+	release()
+	requireCode(t, err, itx.ELimitExceeded)
+
+	other := stream(t, ts.project(t), "/b")
+	_, err = openConn(t, other, connOpts{noState: true}, newTestSink())
+	require.NoError(t, err, "another login counts its own")
+
+	cf, release := first.Close(context.Background(), func(p schema.Connection_close_Params) error { return p.SetReason("done") })
+	_, err = cf.Struct()
+	release()
+	require.NoError(t, err)
+	waitUntil(t, "room again", func() bool {
+		_, err := openConn(t, b, connOpts{noState: true}, newTestSink())
+		return err == nil
+	})
+}
+
 // Closing by the client: the sink hears closedByClient with the reason given, and a closed
 // connection answers ping with failedPrecondition.
 func TestConnection_CloseByClient(t *testing.T) {
