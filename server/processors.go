@@ -56,7 +56,11 @@ type procOp struct {
 	alarm  *int64      // arm the owner's alarm slice at this epoch ms (0: disarm)
 	fired  bool        // the owner's alarm fire's handling finished
 	owner  string      // of an alarm slice: "" for the in-process processors, else a remote processor's name
-	reply  chan procReply
+	// kvFor fences a remote host's KV write (its ports): the key must be under that processor's
+	// prefix, and the subscription the same incarnation (born at kvBirth) as the wake's.
+	kvFor   string
+	kvBirth int64
+	reply   chan procReply
 }
 
 type procCommit struct {
@@ -158,8 +162,14 @@ func (st *streamState) applyProc(op procOp, now time.Time, env stepEnv, eff *eff
 		stage(procAlarmKey, b)
 		return procReply{}
 	case op.kvKey != "" && op.kvDel:
+		if err := st.kvIncarnation(op); err != nil {
+			return procReply{err: err}
+		}
 		return st.deleteProcKV(op, env, eff)
 	case op.kvKey != "":
+		if err := st.kvIncarnation(op); err != nil {
+			return procReply{err: err}
+		}
 		return st.putProcKV(op, env, eff)
 	case op.check != nil:
 		rec, err := st.procRecordOf(op.check.name, env)
@@ -303,6 +313,25 @@ func (st *streamState) kvOwned(key string) error {
 		}
 	}
 	return itx.Errorf(itx.EFailedPrecondition, "processor KV key %q: no processor-wake subscription of this stream holds it (removed): this runner is dead", key)
+}
+
+// kvIncarnation fences a remote host's KV write under the processors' records
+// (itx.ProcessorKVPrefix): its ports write there only under their own processor's prefix, and
+// only while the subscription is the incarnation their wake was for. A removed subscription
+// created anew under the same name is born at a later offset: the removed one's ports (a host
+// that kept them) write nothing into the new one's records. Keys outside "processor/" are the
+// stream's shared KV.
+func (st *streamState) kvIncarnation(op procOp) error {
+	if op.kvFor == "" || !strings.HasPrefix(op.kvKey, "processor/") {
+		return nil
+	}
+	if prefix := itx.ProcessorKVPrefix(op.kvFor); !strings.HasPrefix(op.kvKey, prefix) {
+		return itx.Errorf(itx.EPermissionDenied, "processor KV key %q: processor %q's ports write only under %q", op.kvKey, op.kvFor, prefix)
+	}
+	if row := st.rows[op.kvFor]; row == nil || row.ConfiguredAtOffset != op.kvBirth {
+		return itx.Errorf(itx.EFailedPrecondition, "processor %q: the subscription these ports were given for (configured at offset %d) was removed: this runner is dead", op.kvFor, op.kvBirth)
+	}
+	return nil
 }
 
 // committedProcKV is the committed value of a processors' KV key as this step leaves it: nil

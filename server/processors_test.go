@@ -50,9 +50,12 @@ func TestProcessorKV_Bounds(t *testing.T) {
 		ref := StreamRef{ProjectID: projectID, Path: "/kv"}
 		_, err := s.Append(ctx, ref, []itx.EventInput{{Type: "x"}}, itx.AppendOptions{})
 		require.NoError(t, err)
+		birth := mustRemoteProcessor(t, s, ref, "proc")
 		ports := mustRemotePorts(t, s, ref, "proc")
-		require.NoError(t, ports.KVPut(ctx, "a", make([]byte, 40)))
-		require.NoError(t, ports.KVPut(ctx, "b", make([]byte, 40)))
+		ports.birth = birth
+		k := itx.ProcessorKVPrefix("proc") // 15 bytes
+		require.NoError(t, ports.KVPut(ctx, k+"a", make([]byte, 25)))
+		require.NoError(t, ports.KVPut(ctx, k+"b", make([]byte, 25)))
 		a, err := s.acquire(ctx, ref)
 		require.NoError(t, err)
 		require.NoError(t, procKV{a}.Put(ctx, "c", make([]byte, 10)), "in-process")
@@ -63,20 +66,67 @@ func TestProcessorKV_Bounds(t *testing.T) {
 
 		s, _ = mustOpen(t, cfg)
 		ports = mustRemotePorts(t, s, ref, "proc")
-		err = ports.KVPut(ctx, "d", nil)
+		ports.birth = birth
+		err = ports.KVPut(ctx, k+"d", nil)
 		require.Equal(t, itx.ELimitExceeded, itx.ErrorCode(err), "got %v", err)
 		require.Contains(t, itx.ErrorMessage(err), "at most 3 keys")
-		_, found, err := ports.KVGet(ctx, "d")
+		_, found, err := ports.KVGet(ctx, k+"d")
 		require.NoError(t, err)
 		require.False(t, found, "the refused put wrote nothing")
-		require.NoError(t, ports.KVPut(ctx, "c", make([]byte, 17)), "93 - 11 + 18 = 100 bytes: at the bound")
-		err = ports.KVPut(ctx, "c", make([]byte, 18))
+		require.NoError(t, ports.KVPut(ctx, k+"b", make([]byte, 32)), "93 - 41 + 48 = 100 bytes: at the bound")
+		err = ports.KVPut(ctx, k+"b", make([]byte, 33))
 		require.Equal(t, itx.ELimitExceeded, itx.ErrorCode(err), "101 bytes: got %v", err)
 		require.Contains(t, itx.ErrorMessage(err), "at most 100 bytes")
-		v, _, err := ports.KVGet(ctx, "c")
+		v, _, err := ports.KVGet(ctx, k+"b")
 		require.NoError(t, err)
-		require.Len(t, v, 17, "the refused put wrote nothing")
+		require.Len(t, v, 32, "the refused put wrote nothing")
 	})
+}
+
+// mustRemoteProcessor configures a remote processor-wake subscription and returns its birth
+// epoch (the offset of its configured event).
+func mustRemoteProcessor(t *testing.T, s *Server, ref StreamRef, name string) int64 {
+	t.Helper()
+	_, birth, err := s.ConfigureSubscription(context.Background(), ref, itx.SubscriptionConfig{Name: name,
+		Receiver: itx.Receiver{Action: itx.KindProcessorWake, Placement: "remote"}}, "")
+	require.NoError(t, err)
+	return birth
+}
+
+// A remote host's ports write the processors' records in the KV only under their own processor's
+// prefix (other keys are the stream's shared KV), and only while the
+// subscription is the incarnation they were handed for: the ports of a removed processor (a
+// host that kept them) write nothing into a subscription created anew under the same name.
+func TestProcessorKV_PortsAreFencedByIncarnation(t *testing.T) {
+	ctx := context.Background()
+	s, projectID := mustOpen(t, Config{DataDir: t.TempDir()})
+	ref := StreamRef{ProjectID: projectID, Path: "/kv-fence"}
+	_, err := s.Append(ctx, ref, []itx.EventInput{{Type: "x"}}, itx.AppendOptions{})
+	require.NoError(t, err)
+	mustRemoteProcessor(t, s, ref, "other")
+	old := mustRemotePorts(t, s, ref, "proc")
+	old.birth = mustRemoteProcessor(t, s, ref, "proc")
+	k := itx.ProcessorKVPrefix("proc") + "keepalive"
+	require.NoError(t, old.KVPut(ctx, k, []byte(`1`)))
+
+	err = old.KVPut(ctx, itx.ProcessorKVPrefix("other")+"keepalive", []byte(`1`))
+	require.Equal(t, itx.EPermissionDenied, itx.ErrorCode(err), "another processor's prefix: %v", err)
+	require.NoError(t, old.KVPut(ctx, "shared", []byte(`1`)), "outside the processors' records")
+
+	_, err = s.RemoveSubscription(ctx, ref, "proc")
+	require.NoError(t, err)
+	born := mustRemoteProcessor(t, s, ref, "proc")
+	require.Greater(t, born, old.birth)
+	err = old.KVPut(ctx, k, []byte(`2`))
+	require.Equal(t, itx.EFailedPrecondition, itx.ErrorCode(err), "the removed incarnation's ports: %v", err)
+	require.Equal(t, itx.EFailedPrecondition, itx.ErrorCode(old.KVDelete(ctx, k)))
+	_, found, err := old.KVGet(ctx, k)
+	require.NoError(t, err)
+	require.False(t, found, "the new incarnation starts with no records")
+
+	fresh := mustRemotePorts(t, s, ref, "proc")
+	fresh.birth = born
+	require.NoError(t, fresh.KVPut(ctx, k, []byte(`3`)))
 }
 
 // chanSink is a LiveSink handing every frame to the test.

@@ -243,6 +243,7 @@ type ProcessorPorts struct {
 	contract string // the contract the instance runs: its host's mount fences the ports
 	gen      uint64
 	seek     int64 // the seek epoch this wake's rewind honors (commits carry it)
+	birth    int64 // the subscription's birth epoch at the wake: KV writes are fenced by it
 }
 
 func (p *ProcessorPorts) fenced() error {
@@ -318,7 +319,7 @@ func (p *ProcessorPorts) KVPut(ctx context.Context, key string, value []byte) er
 	if key == "" || len(key) > MaxProcessorKVKeyBytes || len(value) > MaxProcessorKVValueBytes {
 		return itx.Errorf(itx.EInvalid, "processor KV: a key of 1 to 1,024 bytes and a value of at most 64 KiB")
 	}
-	return p.do(ctx, procOp{kvKey: key, kvVal: value}).err
+	return p.do(ctx, procOp{kvKey: key, kvVal: value, kvFor: p.name, kvBirth: p.birth}).err
 }
 
 // Check fails as a commit of generation would (the mount lost the contract, or another
@@ -335,7 +336,7 @@ func (p *ProcessorPorts) KVDelete(ctx context.Context, key string) error {
 	if key == "" || len(key) > MaxProcessorKVKeyBytes {
 		return itx.Errorf(itx.EInvalid, "processor KV: a key of 1 to 1,024 bytes")
 	}
-	return p.do(ctx, procOp{kvKey: key, kvDel: true}).err
+	return p.do(ctx, procOp{kvKey: key, kvDel: true, kvFor: p.name, kvBirth: p.birth}).err
 }
 
 // SetAlarm arms the processor's own alarm slice (0 disarms).
@@ -360,7 +361,7 @@ func (d *deliverer) wakeRemote(job pushJob, out deliveryOutcome) deliveryOutcome
 		return fail(classAbsent, itx.Errorf(itx.ECapabilityOffline, "no processor host announcing %q is mounted", contract))
 	}
 	streamID := d.actor.view().streamID
-	ports := &ProcessorPorts{srv: d.srv, ref: d.ref, name: d.name, contract: contract, gen: m.gen}
+	ports := &ProcessorPorts{srv: d.srv, ref: d.ref, name: d.name, contract: contract, gen: m.gen, birth: job.row.ConfiguredAtOffset}
 	w := RemoteWake{Ref: d.ref, StreamID: streamID, Name: d.name, Processor: contract, Head: job.head, Ports: ports}
 	if row := job.row; row.CursorChangedAtOffset != row.ConfiguredAtOffset && job.procSeek != row.CursorChangedAtOffset {
 		w.ReprocessFrom, ports.seek = row.ConfirmedOffset+1, row.CursorChangedAtOffset
@@ -425,6 +426,10 @@ func (a *actor) fireRemoteAlarm(name string) {
 		return
 	}
 	contract := entry.Config.ProcessorContract()
+	var birth int64
+	if row := a.st.rows[name]; row != nil {
+		birth = row.ConfiguredAtOffset
+	}
 	// An early fire (a mount of the contract) that cannot reach a host leaves the slice where
 	// the keepalive armed it, rather than moving a long backoff to the retry.
 	early := a.st.procAlarms[name] > itx.UnixMilli(a.srv.clock.Now())
@@ -437,7 +442,7 @@ func (a *actor) fireRemoteAlarm(name string) {
 			var gen int64
 			if gen, err = a.procGeneration(wctx, name); err == nil {
 				_, _, err = m.host.Wake(wctx, RemoteWake{Ref: ref, StreamID: streamID, Name: name, Processor: contract, Alarm: true,
-					ProgressGeneration: gen, Ports: &ProcessorPorts{srv: a.srv, ref: ref, name: name, contract: contract, gen: m.gen}})
+					ProgressGeneration: gen, Ports: &ProcessorPorts{srv: a.srv, ref: ref, name: name, contract: contract, gen: m.gen, birth: birth}})
 			}
 			cancel()
 		}
