@@ -208,9 +208,8 @@ func setClosed(p closedParams, reason server.CloseReason, message string) error 
 func (k *eventSink) Closed(ctx context.Context, reason server.CloseReason, message string) {
 	k.once.Do(func() {
 		defer k.client.Release()
-		if reason == server.CloseConnectionLost {
-			return // nobody is listening
-		}
+		// Also for connectionLost: a client that released the Connection capability but kept
+		// its session hears it; on a session that died the call fails at once.
 		fut, release := k.client.Closed(ctx, func(p schema.EventSink_closed_Params) error {
 			return setClosed(p, reason, message)
 		})

@@ -724,6 +724,26 @@ func TestConnection_PerLoginBound(t *testing.T) {
 	})
 }
 
+// A client that lets go of the Connection capability while its session lives ends the
+// connection, and its sink, which it still serves, hears connectionLost saying why.
+func TestConnection_ReleasedCapabilityTellsTheSink(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	s := stream(t, ts.project(t), "/released")
+	mustAppend(t, s, ev("a", `{}`))
+	sink := newTestSink()
+	c, err := openConn(t, s, connOpts{noState: true}, sink)
+	require.NoError(t, err)
+	waitUntil(t, "caught up", func() bool { return len(sink.offsets()) == 1 })
+	c.Release()
+	waitUntil(t, "told", func() bool { return sink.closeReason() != nil })
+	require.Equal(t, schema.CloseReason_connectionLost, *sink.closeReason())
+	sink.mu.Lock()
+	require.Contains(t, sink.closeMs, "reference to the connection is gone")
+	sink.mu.Unlock()
+	mustAppend(t, s, ev("a", `{}`))
+	require.Equal(t, []int64{1}, sink.offsets(), "a closed connection receives nothing more")
+}
+
 // Closing by the client: the sink hears closedByClient with the reason given, and a closed
 // connection answers ping with failedPrecondition.
 func TestConnection_CloseByClient(t *testing.T) {
