@@ -45,11 +45,14 @@ type accessState struct {
 	secrets      map[[2]string]string // (project id, reference) -> secret
 	secretCounts map[string]int       // project id -> len of its secrets
 	secretHolds  map[[2]string]int    // configures between storing a secret and their answer
+	// secretsStoring counts a project's secrets being stored (not yet in secrets): the bound
+	// counts them, so concurrent configures with distinct secrets cannot pass it together.
+	secretsStoring map[string]int
 }
 
 func newAccessState() *accessState {
 	return &accessState{sessions: map[string]map[*Session]struct{}{}, deleted: map[string]bool{},
-		secrets: map[[2]string]string{}, secretCounts: map[string]int{}, secretHolds: map[[2]string]int{}}
+		secrets: map[[2]string]string{}, secretCounts: map[string]int{}, secretHolds: map[[2]string]int{}, secretsStoring: map[string]int{}}
 }
 
 // loadAccess reads what access needs into memory: the key of secret references and the secrets.
@@ -574,11 +577,14 @@ func (s *Server) storeSecret(ctx context.Context, projectID, secret string) (ref
 	// deleted before this hold (and stored again below) or sees it and stays.
 	a.secretMu.Lock()
 	_, known := a.secrets[key]
-	if !known && a.secretCounts[projectID] >= s.cfg.MaxSecretsPerProject {
+	if !known && a.secretCounts[projectID]+a.secretsStoring[projectID] >= s.cfg.MaxSecretsPerProject {
 		a.secretMu.Unlock()
 		return "", nil, itx.Errorf(itx.ELimitExceeded, "the project holds %d webhook secrets, its most (each distinct secret a subscription references is kept)", s.cfg.MaxSecretsPerProject)
 	}
 	a.secretHolds[key]++
+	if !known {
+		a.secretsStoring[projectID]++
+	}
 	a.secretMu.Unlock()
 	release = func() {
 		a.secretMu.Lock()
@@ -591,7 +597,13 @@ func (s *Server) storeSecret(ctx context.Context, projectID, secret string) (ref
 	if known {
 		return ref, release, nil
 	}
-	if err := s.dir.StoreSecret(ctx, projectID, ref, secret, itx.UnixMilli(s.clock.Now())); err != nil {
+	err = s.dir.StoreSecret(ctx, projectID, ref, secret, itx.UnixMilli(s.clock.Now()))
+	a.secretMu.Lock()
+	if a.secretsStoring[projectID]--; a.secretsStoring[projectID] <= 0 {
+		delete(a.secretsStoring, projectID)
+	}
+	a.secretMu.Unlock()
+	if err != nil {
 		release()
 		return "", nil, err
 	}
