@@ -69,7 +69,7 @@ type Config struct {
 	// state frames aside, bounded by the connection cap); default 1,024.
 	MaxLiveSubscribersPerStream int
 	// MaxLivePerSession bounds the live connections and live-state views one login holds open,
-	// on any streams (each holds goroutines and buffers while it lasts); default 1,024.
+	// on any streams (each holds goroutines and buffers while it lasts); default 4,096.
 	MaxLivePerSession int
 	// MaxMountsPerProject bounds the capabilities mounted under names in one project, and
 	// separately the processor hosts mounted in it (a name already mounted can be replaced);
@@ -238,7 +238,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		cfg.MaxConnectionsPerStream = 16_384
 	}
 	if cfg.MaxLivePerSession <= 0 {
-		cfg.MaxLivePerSession = 1024
+		cfg.MaxLivePerSession = 4096
 	}
 	if cfg.MaxLiveSubscribersPerStream <= 0 {
 		cfg.MaxLiveSubscribersPerStream = 1024

@@ -120,7 +120,7 @@ func run() error {
 	maxStreams := flag.Int("max-streams-per-project", 0, "streams one project may hold (each a database file); the append that would create one more fails with limitExceeded (0: 100000)")
 	maxConfig := flag.Int("max-subscription-config-bytes", itx.MaxSubscriptionConfigBytes, "bytes of one subscription's config (its configured event's payload), kept in memory while its stream is loaded; a larger one is refused with tooLarge")
 	maxLive := flag.Int("max-live-subscribers-per-stream", 0, "live-state subscribers one stream serves at most, connections' state frames not counted (0: 1024)")
-	maxLivePerLogin := flag.Int("max-live-per-login", 0, "live connections and live-state views one login holds open, on any streams (0: 1024)")
+	maxLivePerLogin := flag.Int("max-live-per-login", 0, "live connections and live-state views one login holds open, on any streams (0: 4096)")
 	var flow flowconn.Limits
 	flag.IntVar(&flow.Calls, "rpc-max-calls", flowconn.DefaultCalls, "calls in flight per logged-in connection; above it the server stops reading that connection")
 	flag.Int64Var(&flow.Bytes, "rpc-max-reply-bytes", flowconn.DefaultBytes, "reply bytes waiting to be written per logged-in connection; above it the server stops reading that connection")
