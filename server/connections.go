@@ -274,15 +274,21 @@ func (a *actor) unregister(c *Connection) {
 	}
 }
 
-// notifyConnections hands a commit's events to every connection at the tail (pushDirect) and
-// wakes the others, after a commit moved the head.
+// directMaxConns is the most connections a stream may have for the actor to send a commit's
+// events to them itself (pushDirect): it encodes one batch per connection, so with many of them
+// it would hold up the next commit, and the connections' own goroutines encode in parallel.
+var directMaxConns = 8
+
+// notifyConnections hands a commit's events to every connection at the tail (pushDirect) when
+// the stream has few, and wakes the others, after a commit moved the head.
 func (a *actor) notifyConnections() {
+	direct := len(a.conns) <= directMaxConns
 	var v view
-	if len(a.conns) > 0 {
+	if direct && len(a.conns) > 0 {
 		v = a.view()
 	}
 	for _, c := range a.conns {
-		if c.pushDirect(v) {
+		if direct && c.pushDirect(v) {
 			continue
 		}
 		select {
