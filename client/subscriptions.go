@@ -244,6 +244,11 @@ func (cfg *SubscriptionConfig) Config() (itx.SubscriptionConfig, error) {
 		if cfg.DeadLetterPath != "" {
 			return out, itx.Errorf(itx.EInvalid, "deadLetterPath is not for %s receivers: the processor owns its checkpoint", in.Kind)
 		}
+		// Dropped here, a start or skip would go unheard: the processor would run from its own
+		// checkpoint (the beginning) and never skip.
+		if start != itx.StartBeginning || onFailing != itx.OnFailingHalt {
+			return out, itx.Errorf(itx.EInvalid, "%s receivers take no start or onFailingEvent: the processor owns its checkpoint", in.Kind)
+		}
 		r.Placement, r.Processor, r.Delivery = in.Placement, in.Processor, nil // the processor owns its checkpoint
 	default:
 		return out, itx.Errorf(itx.EInvalid, "receiver kind %q is not one of %s, %s, %s, %s", in.Kind,
