@@ -357,7 +357,14 @@ func applyEffect(prev *storage.CursorRow, eff cursorEffect, now time.Time) *stor
 			ConfirmedOffset: eff.offset, Status: storage.StatusActive}
 	case effectSeek:
 		r.ConfirmedOffset, r.CursorChangedAtOffset = eff.offset, eff.epoch
-		clearRetry()
+		if r.Status == storage.StatusActive {
+			clearRetry()
+		} else {
+			// A seek neither un-halts nor un-parks (resume and a mount do): the row goes on
+			// saying why it waits, as the halt left it; only the try in flight (fenced by the
+			// new seek epoch) is forgotten.
+			r.NextAttemptAt, r.InFlightDeadlineAt, r.InFlightConnectionGeneration = 0, 0, 0
+		}
 	case effectHalt:
 		// The retry block stays as the ladder left it, so describe shows how the halt came
 		// about; only what schedules another try goes.

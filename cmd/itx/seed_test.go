@@ -29,3 +29,25 @@ func TestEval_ProcessorWakeRefusesADeliveryPolicy(t *testing.T) {
 	born := obj(t, s.mustEval(t, `pw.subscriptions.configure({name: "guestbook", receiver: {type: "processor-wake"}, start: "beginning", onFailingEvent: "halt"})`))
 	require.Equal(t, 2.0, born["offset"])
 }
+
+// A rewind (setSubscriptionCursor) moves a halted subscription's cursor but does not un-halt it
+// (resumeSubscription does): list and describe go on saying why it is halted, as the seed's
+// list row (status, lag, lastError) and describe (retry state) promise.
+func TestEval_RewindKeepsWhyHalted(t *testing.T) {
+	ts := startServer(t)
+	s := newSession(t, ts)
+	// No processor is hosted: a processor-wake subscription halts at once, loudly.
+	s.mustEval(t, `var h = project.streams.get("/halted"); h.append([{type: "note"}, {type: "note"}])`)
+	s.mustEval(t, `h.subscriptions.configure({name: "nobody", receiver: {type: "processor-wake"}})`)
+	s.mustEval(t, `h.waitForEvent({types: ["stream/subscription-delivery-halted"], timeoutMs: 20000})`)
+
+	require.Equal(t, 5.0, obj(t, s.mustEval(t, `h.setSubscriptionCursor("nobody", 1)`))["offset"])
+	row := obj(t, arr(t, s.mustEval(t, `h.subscriptions.list()`))[0])
+	require.Equal(t, "halted", row["status"])
+	require.Equal(t, 1.0, row["confirmedOffset"], "the rewind moved the cursor")
+	require.Contains(t, row["lastError"], "no processor is registered", "list says why it is halted")
+	d := obj(t, s.mustEval(t, `h.subscriptions.get("nobody").describe()`))
+	require.Equal(t, "halted", d["status"])
+	require.Equal(t, 5.0, d["cursorChangedAtOffset"])
+	require.Contains(t, d["lastError"], "no processor is registered", "describe says why it is halted")
+}
