@@ -51,3 +51,24 @@ func TestEval_RewindKeepsWhyHalted(t *testing.T) {
 	require.Equal(t, 5.0, d["cursorChangedAtOffset"])
 	require.Contains(t, d["lastError"], "no processor is registered", "describe says why it is halted")
 }
+
+// A registered reader is a name plus a declared checkpoint. register without the checkpoint is
+// refused as setSubscriptionCursor without afterOffset is, instead of declaring 0: that moved
+// an existing reader back to the start (its lag the whole stream, the ephemeral sweep's floor
+// lowered with it).
+func TestEval_ReaderRegisterNeedsACheckpoint(t *testing.T) {
+	ts := startServer(t)
+	s := newSession(t, ts)
+	s.mustEval(t, `var r = project.streams.get("/readers"); r.append([{type: "note"}, {type: "note"}, {type: "note"}])`)
+	s.mustEval(t, `r.readers.register("mirror", 3)`)
+	for _, src := range []string{`r.readers.register("mirror")`, `r.readers.register({name: "mirror"})`, `r.readers.register("fresh")`} {
+		f := s.failure(t, src)
+		require.Equal(t, "invalidArgument", f.Code, src)
+		require.Contains(t, f.Message, "checkpoint", src)
+	}
+	rows := arr(t, s.mustEval(t, `r.readers.list()`))
+	require.Len(t, rows, 1, "nothing registered")
+	require.Equal(t, 3.0, obj(t, rows[0])["checkpoint"], "the checkpoint stays where it was declared")
+	s.mustEval(t, `r.readers.register({name: "fresh", checkpoint: 0})`)
+	require.Len(t, arr(t, s.mustEval(t, `r.readers.list()`)), 2)
+}

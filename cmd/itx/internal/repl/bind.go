@@ -847,6 +847,9 @@ func readersRegister(ctx context.Context, s *Session, c capnp.Client, _ capPath,
 		return nil, err
 	}
 	name, checkpoint := o.str("name"), o.uint("checkpoint")
+	if !o.has("checkpoint") {
+		o.fail("checkpoint", "required") // 0 would move a registered reader back to the start
+	}
 	if err := o.err(); err != nil {
 		return nil, err
 	}
