@@ -125,11 +125,31 @@ func ReadAll(ctx context.Context, s schema.Stream, query itx.Query) ([]itx.Event
 	}
 }
 
-// WaitForEvent waits for the first event after `after` matching pred.
+// barrierTimeoutMs is a barrier's timeout as the wire carries it (0: the server's default). One
+// the server would refuse is refused here, before its milliseconds wrap in 32 bits into another
+// timeout; a positive one under a millisecond waits one.
+func barrierTimeoutMs(timeout time.Duration) (uint32, error) {
+	switch {
+	case timeout < 0:
+		return 0, itx.Errorf(itx.EInvalid, "timeout must not be negative")
+	case timeout > itx.MaxWaitTimeout:
+		return 0, itx.Errorf(itx.EInvalid, "timeout must be at most %s", itx.MaxWaitTimeout)
+	case timeout > 0 && timeout < time.Millisecond:
+		return 1, nil
+	}
+	return uint32(timeout.Milliseconds()), nil
+}
+
+// WaitForEvent waits for the first event after `after` matching pred; a zero timeout is the
+// server's default (20 s).
 func WaitForEvent(ctx context.Context, s schema.Stream, pred itx.Predicate, after int64, timeout time.Duration) (itx.Event, error) {
+	ms, err := barrierTimeoutMs(timeout)
+	if err != nil {
+		return itx.Event{}, err
+	}
 	fut, release := s.WaitForEvent(ctx, func(p schema.Stream_waitForEvent_Params) error {
 		p.SetAfter(uint64(after))
-		p.SetTimeoutMs(uint32(timeout.Milliseconds()))
+		p.SetTimeoutMs(ms)
 		pr, err := p.NewPredicate()
 		if err != nil {
 			return err

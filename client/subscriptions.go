@@ -165,9 +165,13 @@ func DescribeSubscription(ctx context.Context, sub schema.Subscription) (itx.Sub
 // WaitUntilProcessed waits until the subscription has processed through offset and returns its
 // confirmed offset; a zero timeout is the server's default (20 s).
 func WaitUntilProcessed(ctx context.Context, sub schema.Subscription, offset int64, timeout time.Duration) (int64, error) {
+	ms, err := barrierTimeoutMs(timeout)
+	if err != nil {
+		return 0, err
+	}
 	fut, release := sub.WaitUntilProcessed(ctx, func(p schema.Subscription_waitUntilProcessed_Params) error {
 		p.SetOffset(uint64(offset))
-		p.SetTimeoutMs(uint32(timeout.Milliseconds()))
+		p.SetTimeoutMs(ms)
 		return nil
 	})
 	defer release()

@@ -72,3 +72,24 @@ func TestEval_ReaderRegisterNeedsACheckpoint(t *testing.T) {
 	s.mustEval(t, `r.readers.register({name: "fresh", checkpoint: 0})`)
 	require.Len(t, arr(t, s.mustEval(t, `r.readers.list()`)), 2)
 }
+
+// A barrier's timeout beyond its bound (10 minutes) is refused with invalidArgument whatever
+// its size: one past 2^32 ms wrapped on the way to the wire's 32 bits and waited a fraction of
+// a second (2^32 + 100 ms: 100 ms) or the 20 s default instead.
+func TestEval_BarrierTimeoutsBeyondTheBoundAreRefused(t *testing.T) {
+	ts := startServer(t)
+	s := newSession(t, ts)
+	s.mustEval(t, `var b = project.streams.get("/barrier"); b.append({type: "note"})`)
+	s.mustEval(t, `b.subscriptions.configure({name: "mirror", receiver: {type: "copy-to-stream", path: "/barrier-mirror"}})`)
+	for _, src := range []string{
+		`b.subscriptions.get("mirror").waitUntilProcessed(99, 600001)`,
+		`b.subscriptions.get("mirror").waitUntilProcessed(99, 4294967396)`,
+		`b.subscriptions.get("mirror").waitUntilProcessed({offset: 99, timeoutMs: 1e17})`,
+		`b.waitForEvent({types: ["never"], timeoutMs: 4294967396})`,
+		`b.waitForEvent({types: ["never"], timeoutMs: 1e17})`,
+	} {
+		f := s.failure(t, src)
+		require.Equal(t, "invalidArgument", f.Code, "%s: %s", src, f.Message)
+		require.Contains(t, f.Message, "at most 10m", src)
+	}
+}
