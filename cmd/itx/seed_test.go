@@ -93,3 +93,19 @@ func TestEval_BarrierTimeoutsBeyondTheBoundAreRefused(t *testing.T) {
 		require.Contains(t, f.Message, "at most 10m", src)
 	}
 }
+
+// A connection's delivery controls (the seed's per-connection maxDeliveryEvents and
+// maxDeliveryBytes) out of range are refused, however large: past 2^32 they wrapped on the way to
+// the wire's 32 bits into another, valid, value (2^32 + 1 events: batches of one).
+func TestEval_ConnectionControlsOutOfRangeAreRefused(t *testing.T) {
+	ts := startServer(t)
+	s := newSession(t, ts)
+	s.mustEval(t, `var oc = project.streams.get("/controls"); oc.append({type: "note"})`)
+	for _, src := range []string{
+		`oc.openConnection({maxDeliveryEvents: 4294967297})`,
+		`oc.openConnection({maxDeliveryBytes: 4294967297})`,
+	} {
+		f := s.failure(t, src)
+		require.Equal(t, "invalidArgument", f.Code, "%s: %s", src, f.Message)
+	}
+}
