@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"math"
 	"time"
 
 	"github.com/itx-dev/itx"
@@ -215,7 +216,7 @@ func ListStreamsPage(ctx context.Context, streams schema.Streams, prefix, after 
 		if err := p.SetPrefix(prefix); err != nil {
 			return err
 		}
-		p.SetLimit(uint32(limit))
+		p.SetLimit(uint32(min(max(limit, 0), math.MaxUint32))) // past 32 bits: refused, not wrapped
 		return p.SetAfter(after)
 	})
 	defer release()

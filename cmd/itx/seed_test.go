@@ -109,3 +109,15 @@ func TestEval_ConnectionControlsOutOfRangeAreRefused(t *testing.T) {
 		require.Equal(t, "invalidArgument", f.Code, "%s: %s", src, f.Message)
 	}
 }
+
+// A reader's page limit past 32 bits is refused as any limit past the bound (500) is, instead of
+// wrapping into a small one (2^32 + 1: a page of one event).
+func TestEval_PageLimitPast32BitsIsRefused(t *testing.T) {
+	ts := startServer(t)
+	s := newSession(t, ts)
+	s.mustEval(t, `var pl = project.streams.get("/limits"); pl.append([{type: "note"}, {type: "note"}, {type: "note"}])`)
+	for _, src := range []string{`pl.getEventPage({after: 0, limit: 501})`, `pl.getEventPage({after: 0, limit: 4294967297})`, `pl.getEvents({limit: 4294967297})`, `project.streams.list("", "", 10001)`, `project.streams.list("", "", 4294967297)`} {
+		f := s.failure(t, src)
+		require.Equal(t, "invalidArgument", f.Code, "%s: %s", src, f.Message)
+	}
+}
