@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"math"
 	"time"
 
 	"github.com/itx-dev/itx"
@@ -125,11 +126,31 @@ func ReadAll(ctx context.Context, s schema.Stream, query itx.Query) ([]itx.Event
 	}
 }
 
-// WaitForEvent waits for the first event after `after` matching pred.
+// barrierTimeoutMs is a barrier's timeout as the wire carries it (0: the server's default). One
+// the server would refuse is refused here, before its milliseconds wrap in 32 bits into another
+// timeout; a positive one under a millisecond waits one.
+func barrierTimeoutMs(timeout time.Duration) (uint32, error) {
+	switch {
+	case timeout < 0:
+		return 0, itx.Errorf(itx.EInvalid, "timeout must not be negative")
+	case timeout > itx.MaxWaitTimeout:
+		return 0, itx.Errorf(itx.EInvalid, "timeout must be at most %s", itx.MaxWaitTimeout)
+	case timeout > 0 && timeout < time.Millisecond:
+		return 1, nil
+	}
+	return uint32(timeout.Milliseconds()), nil
+}
+
+// WaitForEvent waits for the first event after `after` matching pred; a zero timeout is the
+// server's default (20 s).
 func WaitForEvent(ctx context.Context, s schema.Stream, pred itx.Predicate, after int64, timeout time.Duration) (itx.Event, error) {
+	ms, err := barrierTimeoutMs(timeout)
+	if err != nil {
+		return itx.Event{}, err
+	}
 	fut, release := s.WaitForEvent(ctx, func(p schema.Stream_waitForEvent_Params) error {
 		p.SetAfter(uint64(after))
-		p.SetTimeoutMs(uint32(timeout.Milliseconds()))
+		p.SetTimeoutMs(ms)
 		pr, err := p.NewPredicate()
 		if err != nil {
 			return err
@@ -195,7 +216,7 @@ func ListStreamsPage(ctx context.Context, streams schema.Streams, prefix, after 
 		if err := p.SetPrefix(prefix); err != nil {
 			return err
 		}
-		p.SetLimit(uint32(limit))
+		p.SetLimit(uint32(min(max(limit, 0), math.MaxUint32))) // past 32 bits: refused, not wrapped
 		return p.SetAfter(after)
 	})
 	defer release()

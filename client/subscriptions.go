@@ -165,9 +165,13 @@ func DescribeSubscription(ctx context.Context, sub schema.Subscription) (itx.Sub
 // WaitUntilProcessed waits until the subscription has processed through offset and returns its
 // confirmed offset; a zero timeout is the server's default (20 s).
 func WaitUntilProcessed(ctx context.Context, sub schema.Subscription, offset int64, timeout time.Duration) (int64, error) {
+	ms, err := barrierTimeoutMs(timeout)
+	if err != nil {
+		return 0, err
+	}
 	fut, release := sub.WaitUntilProcessed(ctx, func(p schema.Subscription_waitUntilProcessed_Params) error {
 		p.SetOffset(uint64(offset))
-		p.SetTimeoutMs(uint32(timeout.Milliseconds()))
+		p.SetTimeoutMs(ms)
 		return nil
 	})
 	defer release()
@@ -243,6 +247,11 @@ func (cfg *SubscriptionConfig) Config() (itx.SubscriptionConfig, error) {
 	case ReceiverProcessorWake:
 		if cfg.DeadLetterPath != "" {
 			return out, itx.Errorf(itx.EInvalid, "deadLetterPath is not for %s receivers: the processor owns its checkpoint", in.Kind)
+		}
+		// Dropped here, a start or skip would go unheard: the processor would run from its own
+		// checkpoint (the beginning) and never skip.
+		if start != itx.StartBeginning || onFailing != itx.OnFailingHalt {
+			return out, itx.Errorf(itx.EInvalid, "%s receivers take no start or onFailingEvent: the processor owns its checkpoint", in.Kind)
 		}
 		r.Placement, r.Processor, r.Delivery = in.Placement, in.Processor, nil // the processor owns its checkpoint
 	default:

@@ -1,9 +1,12 @@
 package client
 
 import (
+	"context"
 	"testing"
+	"time"
 
 	"capnproto.org/go/capnp/v3"
+	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/wire"
 	"github.com/stretchr/testify/require"
@@ -45,5 +48,20 @@ func TestSubscriptionConfig_Refused(t *testing.T) {
 	} {
 		_, err := tc.cfg.Config()
 		require.ErrorContains(t, err, tc.want)
+	}
+}
+
+// A timeout the wire's 32 bits of milliseconds cannot carry, or past the server's bound, is
+// refused before the call instead of wrapping to another timeout.
+func TestWaitUntilProcessed_TimeoutBeyondTheBound(t *testing.T) {
+	for _, d := range []time.Duration{-time.Second, itx.MaxWaitTimeout + time.Millisecond, (1<<32 + 100) * time.Millisecond} {
+		_, err := WaitUntilProcessed(context.Background(), schema.Subscription{}, 1, d)
+		if got := itx.ErrorCode(err); got != itx.EInvalid {
+			t.Errorf("timeout %s: got %v (%q), want %s", d, got, err, itx.EInvalid)
+		}
+		_, err = WaitForEvent(context.Background(), schema.Stream{}, itx.Predicate{}, 0, d)
+		if got := itx.ErrorCode(err); got != itx.EInvalid {
+			t.Errorf("waitForEvent timeout %s: got %v (%q), want %s", d, got, err, itx.EInvalid)
+		}
 	}
 }

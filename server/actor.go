@@ -357,7 +357,19 @@ func applyEffect(prev *storage.CursorRow, eff cursorEffect, now time.Time) *stor
 			ConfirmedOffset: eff.offset, Status: storage.StatusActive}
 	case effectSeek:
 		r.ConfirmedOffset, r.CursorChangedAtOffset = eff.offset, eff.epoch
+		// A seek neither un-halts nor un-parks (resume and a mount do): the row goes on saying
+		// why it waits. A halted row keeps the retry block as the halt left it (only the try in
+		// flight, fenced by the new seek epoch, is forgotten); a parked one starts its ladder
+		// over, as an active one does.
+		if r.Status == storage.StatusHalted {
+			r.NextAttemptAt, r.InFlightDeadlineAt, r.InFlightConnectionGeneration = 0, 0, 0
+			break
+		}
+		why := r.LastError
 		clearRetry()
+		if r.Status == storage.StatusParked {
+			r.LastError = why
+		}
 	case effectHalt:
 		// The retry block stays as the ladder left it, so describe shows how the halt came
 		// about; only what schedules another try goes.

@@ -2,6 +2,7 @@ package wire
 
 import (
 	"encoding/json"
+	"math"
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/schema"
@@ -65,7 +66,7 @@ func AppendResultFromSchema(src schema.AppendResult) (itx.AppendResult, error) {
 func SetQuery(dst schema.EventQuery, q itx.Query) error {
 	dst.SetAfter(uint64(q.After))
 	dst.SetBefore(uint64(q.Before))
-	dst.SetLimit(uint32(q.Limit))
+	dst.SetLimit(uint32(min(max(q.Limit, 0), math.MaxUint32))) // past 32 bits: a full page, not a wrapped limit
 	dst.SetIncludeEphemeral(q.IncludeEphemeral)
 	return SetTextList(q.Types, dst.NewTypes)
 }

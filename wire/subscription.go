@@ -82,6 +82,11 @@ func SubscriptionConfigFromSchema(c schema.SubscriptionConfig) (itx.Subscription
 		if delivery.DeadLetterPath != "" {
 			return cfg, itx.Errorf(itx.EInvalid, "processor-wake receivers take no deadLetterPath: the processor owns its checkpoint")
 		}
+		// The processorWake arm carries no delivery policy: a start or skip sent with one would be
+		// dropped unheard (the enums' defaults are the processor's own behavior).
+		if delivery.Start != itx.StartBeginning || delivery.OnFailingEvent != itx.OnFailingHalt {
+			return cfg, itx.Errorf(itx.EInvalid, "processor-wake receivers take no start or onFailingEvent: the processor owns its checkpoint")
+		}
 		if r.Placement, err = recv.ProcessorWake().Placement(); err != nil {
 			return cfg, err
 		}

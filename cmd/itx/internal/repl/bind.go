@@ -510,7 +510,7 @@ func streamWaitForEvent(ctx context.Context, s *Session, c capnp.Client, _ capPa
 	}
 	pred := itx.Predicate{Types: o.strings("types"), PayloadContains: o.json("payloadContains"),
 		Where: o.str("where"), IncludeEphemeral: o.bool("includeEphemeral")}
-	after, timeout := o.uint("after"), time.Duration(o.uint("timeoutMs"))*time.Millisecond
+	after, timeout := o.uint("after"), msDuration(o.uint("timeoutMs"))
 	if err := o.err(); err != nil {
 		return nil, err
 	}
@@ -558,6 +558,15 @@ func streamResumeSubscription(ctx context.Context, s *Session, c capnp.Client, _
 		return nil, err
 	}
 	return offsetJS{off}, nil
+}
+
+// msDuration is a count of milliseconds as a duration; one too large for a duration is the
+// largest, which the barriers refuse as past their bound (the product would wrap).
+func msDuration(ms int64) time.Duration {
+	if ms > math.MaxInt64/int64(time.Millisecond) {
+		return math.MaxInt64
+	}
+	return time.Duration(ms) * time.Millisecond
 }
 
 // --- Subscriptions, Subscription ---
@@ -800,7 +809,7 @@ func subscriptionWaitUntilProcessed(ctx context.Context, s *Session, c capnp.Cli
 	if err := o.err(); err != nil {
 		return nil, err
 	}
-	confirmed, err := client.WaitUntilProcessed(ctx, schema.Subscription(c), offset, time.Duration(timeoutMs)*time.Millisecond)
+	confirmed, err := client.WaitUntilProcessed(ctx, schema.Subscription(c), offset, msDuration(timeoutMs))
 	if err != nil {
 		return nil, err
 	}
@@ -847,6 +856,9 @@ func readersRegister(ctx context.Context, s *Session, c capnp.Client, _ capPath,
 		return nil, err
 	}
 	name, checkpoint := o.str("name"), o.uint("checkpoint")
+	if !o.has("checkpoint") {
+		o.fail("checkpoint", "required") // 0 would move a registered reader back to the start
+	}
 	if err := o.err(); err != nil {
 		return nil, err
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -157,8 +158,10 @@ func (s *Session) openConnection(ctx context.Context, stream capnp.Client, v goj
 			return err
 		}
 		opts.SetAfter(uint64(after))
-		opts.SetMaxDeliveryEvents(uint32(maxEvents))
-		opts.SetMaxDeliveryBytes(uint32(maxBytes))
+		// Past 32 bits a value is sent as the largest, which the server refuses as out of
+		// range, instead of wrapping into another.
+		opts.SetMaxDeliveryEvents(uint32(min(maxEvents, math.MaxUint32)))
+		opts.SetMaxDeliveryBytes(uint32(min(maxBytes, math.MaxUint32)))
 		opts.SetNoState(noState)
 		opts.SetIncludeEphemeral(includeEphemeral)
 		if err := opts.SetKey(key); err != nil {

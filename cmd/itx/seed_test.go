@@ -1,0 +1,123 @@
+package main
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// A processor-wake subscription owns no delivery policy: the processor keeps its own checkpoint
+// (the seed's receiver union has no delivery field on that arm). A start or failing-event policy
+// asked of one is refused, writing nothing, instead of being dropped on the way: a processor
+// asked to start "now" would otherwise run every effect over the whole history.
+func TestEval_ProcessorWakeRefusesADeliveryPolicy(t *testing.T) {
+	ts := startServer(t)
+	s := newSession(t, ts)
+	s.mustEval(t, `var pw = project.streams.get("/pw"); pw.append({type: "note"})`)
+	for _, src := range []string{
+		`pw.subscriptions.configure({name: "guestbook", receiver: {type: "processor-wake"}, start: "now"})`,
+		`pw.subscriptions.configure({name: "guestbook", receiver: {type: "processor-wake"}, onFailingEvent: "skip"})`,
+	} {
+		f := s.failure(t, src)
+		require.Equal(t, "invalidArgument", f.Code, "%s: %s", src, f.Message)
+		require.Contains(t, f.Message, "processor-wake", src)
+	}
+	require.Equal(t, 1.0, s.mustEval(t, `pw.describe().headOffset`), "a refused configure writes nothing")
+	require.Empty(t, arr(t, s.mustEval(t, `pw.subscriptions.list()`)))
+
+	// The defaults, spelled out, are what a processor does anyway.
+	born := obj(t, s.mustEval(t, `pw.subscriptions.configure({name: "guestbook", receiver: {type: "processor-wake"}, start: "beginning", onFailingEvent: "halt"})`))
+	require.Equal(t, 2.0, born["offset"])
+}
+
+// A rewind (setSubscriptionCursor) moves a halted subscription's cursor but does not un-halt it
+// (resumeSubscription does): list and describe go on saying why it is halted, as the seed's
+// list row (status, lag, lastError) and describe (retry state) promise.
+func TestEval_RewindKeepsWhyHalted(t *testing.T) {
+	ts := startServer(t)
+	s := newSession(t, ts)
+	// No processor is hosted: a processor-wake subscription halts at once, loudly.
+	s.mustEval(t, `var h = project.streams.get("/halted"); h.append([{type: "note"}, {type: "note"}])`)
+	s.mustEval(t, `h.subscriptions.configure({name: "nobody", receiver: {type: "processor-wake"}})`)
+	s.mustEval(t, `h.waitForEvent({types: ["stream/subscription-delivery-halted"], timeoutMs: 20000})`)
+
+	require.Equal(t, 5.0, obj(t, s.mustEval(t, `h.setSubscriptionCursor("nobody", 1)`))["offset"])
+	row := obj(t, arr(t, s.mustEval(t, `h.subscriptions.list()`))[0])
+	require.Equal(t, "halted", row["status"])
+	require.Equal(t, 1.0, row["confirmedOffset"], "the rewind moved the cursor")
+	require.Contains(t, row["lastError"], "no processor is registered", "list says why it is halted")
+	d := obj(t, s.mustEval(t, `h.subscriptions.get("nobody").describe()`))
+	require.Equal(t, "halted", d["status"])
+	require.Equal(t, 5.0, d["cursorChangedAtOffset"])
+	require.Contains(t, d["lastError"], "no processor is registered", "describe says why it is halted")
+}
+
+// A registered reader is a name plus a declared checkpoint. register without the checkpoint is
+// refused as setSubscriptionCursor without afterOffset is, instead of declaring 0: that moved
+// an existing reader back to the start (its lag the whole stream, the ephemeral sweep's floor
+// lowered with it).
+func TestEval_ReaderRegisterNeedsACheckpoint(t *testing.T) {
+	ts := startServer(t)
+	s := newSession(t, ts)
+	s.mustEval(t, `var r = project.streams.get("/readers"); r.append([{type: "note"}, {type: "note"}, {type: "note"}])`)
+	s.mustEval(t, `r.readers.register("mirror", 3)`)
+	for _, src := range []string{`r.readers.register("mirror")`, `r.readers.register({name: "mirror"})`, `r.readers.register("fresh")`} {
+		f := s.failure(t, src)
+		require.Equal(t, "invalidArgument", f.Code, src)
+		require.Contains(t, f.Message, "checkpoint", src)
+	}
+	rows := arr(t, s.mustEval(t, `r.readers.list()`))
+	require.Len(t, rows, 1, "nothing registered")
+	require.Equal(t, 3.0, obj(t, rows[0])["checkpoint"], "the checkpoint stays where it was declared")
+	s.mustEval(t, `r.readers.register({name: "fresh", checkpoint: 0})`)
+	require.Len(t, arr(t, s.mustEval(t, `r.readers.list()`)), 2)
+}
+
+// A barrier's timeout beyond its bound (10 minutes) is refused with invalidArgument whatever
+// its size: one past 2^32 ms wrapped on the way to the wire's 32 bits and waited a fraction of
+// a second (2^32 + 100 ms: 100 ms) or the 20 s default instead.
+func TestEval_BarrierTimeoutsBeyondTheBoundAreRefused(t *testing.T) {
+	ts := startServer(t)
+	s := newSession(t, ts)
+	s.mustEval(t, `var b = project.streams.get("/barrier"); b.append({type: "note"})`)
+	s.mustEval(t, `b.subscriptions.configure({name: "mirror", receiver: {type: "copy-to-stream", path: "/barrier-mirror"}})`)
+	for _, src := range []string{
+		`b.subscriptions.get("mirror").waitUntilProcessed(99, 600001)`,
+		`b.subscriptions.get("mirror").waitUntilProcessed(99, 4294967396)`,
+		`b.subscriptions.get("mirror").waitUntilProcessed({offset: 99, timeoutMs: 1e17})`,
+		`b.waitForEvent({types: ["never"], timeoutMs: 4294967396})`,
+		`b.waitForEvent({types: ["never"], timeoutMs: 1e17})`,
+	} {
+		f := s.failure(t, src)
+		require.Equal(t, "invalidArgument", f.Code, "%s: %s", src, f.Message)
+		require.Contains(t, f.Message, "at most 10m", src)
+	}
+}
+
+// A connection's delivery controls (the seed's per-connection maxDeliveryEvents and
+// maxDeliveryBytes) out of range are refused, however large: past 2^32 they wrapped on the way to
+// the wire's 32 bits into another, valid, value (2^32 + 1 events: batches of one).
+func TestEval_ConnectionControlsOutOfRangeAreRefused(t *testing.T) {
+	ts := startServer(t)
+	s := newSession(t, ts)
+	s.mustEval(t, `var oc = project.streams.get("/controls"); oc.append({type: "note"})`)
+	for _, src := range []string{
+		`oc.openConnection({maxDeliveryEvents: 4294967297})`,
+		`oc.openConnection({maxDeliveryBytes: 4294967297})`,
+	} {
+		f := s.failure(t, src)
+		require.Equal(t, "invalidArgument", f.Code, "%s: %s", src, f.Message)
+	}
+}
+
+// A reader's page limit past 32 bits is refused as any limit past the bound (500) is, instead of
+// wrapping into a small one (2^32 + 1: a page of one event).
+func TestEval_PageLimitPast32BitsIsRefused(t *testing.T) {
+	ts := startServer(t)
+	s := newSession(t, ts)
+	s.mustEval(t, `var pl = project.streams.get("/limits"); pl.append([{type: "note"}, {type: "note"}, {type: "note"}])`)
+	for _, src := range []string{`pl.getEventPage({after: 0, limit: 501})`, `pl.getEventPage({after: 0, limit: 4294967297})`, `pl.getEvents({limit: 4294967297})`, `project.streams.list("", "", 10001)`, `project.streams.list("", "", 4294967297)`} {
+		f := s.failure(t, src)
+		require.Equal(t, "invalidArgument", f.Code, "%s: %s", src, f.Message)
+	}
+}
