@@ -45,14 +45,17 @@ type accessState struct {
 	secrets      map[[2]string]string // (project id, reference) -> secret
 	secretCounts map[string]int       // project id -> len of its secrets
 	secretHolds  map[[2]string]int    // configures between storing a secret and their answer
-	// secretsStoring counts a project's secrets being stored (not yet in secrets): the bound
-	// counts them, so concurrent configures with distinct secrets cannot pass it together.
+	// secretsStoring counts a project's distinct secrets being stored (not yet in secrets): the
+	// bound counts them, so concurrent configures with distinct secrets cannot pass it together.
+	// secretStores counts the stores in progress of each one: the same secret stored twice at
+	// once is one more secret, not two.
 	secretsStoring map[string]int
+	secretStores   map[[2]string]int
 }
 
 func newAccessState() *accessState {
 	return &accessState{sessions: map[string]map[*Session]struct{}{}, deleted: map[string]bool{},
-		secrets: map[[2]string]string{}, secretCounts: map[string]int{}, secretHolds: map[[2]string]int{}, secretsStoring: map[string]int{}}
+		secrets: map[[2]string]string{}, secretCounts: map[string]int{}, secretHolds: map[[2]string]int{}, secretsStoring: map[string]int{}, secretStores: map[[2]string]int{}}
 }
 
 // loadAccess reads what access needs into memory: the key of secret references and the secrets.
@@ -566,6 +569,9 @@ func newTokenID() string { return "tok_" + randomHex(8) }
 // The secret is held for the caller until it calls release, once the append that references it
 // has been answered (committed or refused): until then nothing collects it, though no stream's
 // catalog references it yet. release collects it if by then none does (a refused configure).
+// storeSecretHook, when set (tests), runs in storeSecret while the secret is being stored.
+var storeSecretHook func()
+
 func (s *Server) storeSecret(ctx context.Context, projectID, secret string) (ref string, release func(), err error) {
 	if _, err := itx.WebhookSecretKey(secret); err != nil || !strings.HasPrefix(secret, "whsec_") {
 		return "", nil, itx.Errorf(itx.EInvalid, "receiver.secret must be a Standard Webhooks secret (\"whsec_\" followed by base64 of at least 16 bytes)")
@@ -577,13 +583,15 @@ func (s *Server) storeSecret(ctx context.Context, projectID, secret string) (ref
 	// deleted before this hold (and stored again below) or sees it and stays.
 	a.secretMu.Lock()
 	_, known := a.secrets[key]
-	if !known && a.secretCounts[projectID]+a.secretsStoring[projectID] >= s.cfg.MaxSecretsPerProject {
+	if !known && a.secretStores[key] == 0 && a.secretCounts[projectID]+a.secretsStoring[projectID] >= s.cfg.MaxSecretsPerProject {
 		a.secretMu.Unlock()
 		return "", nil, itx.Errorf(itx.ELimitExceeded, "the project holds %d webhook secrets, its most (each distinct secret a subscription references is kept)", s.cfg.MaxSecretsPerProject)
 	}
 	a.secretHolds[key]++
 	if !known {
-		a.secretsStoring[projectID]++
+		if a.secretStores[key]++; a.secretStores[key] == 1 {
+			a.secretsStoring[projectID]++
+		}
 	}
 	a.secretMu.Unlock()
 	release = func() {
@@ -597,22 +605,30 @@ func (s *Server) storeSecret(ctx context.Context, projectID, secret string) (ref
 	if known {
 		return ref, release, nil
 	}
+	if storeSecretHook != nil {
+		storeSecretHook()
+	}
 	err = s.dir.StoreSecret(ctx, projectID, ref, secret, itx.UnixMilli(s.clock.Now()))
 	a.secretMu.Lock()
-	if a.secretsStoring[projectID]--; a.secretsStoring[projectID] <= 0 {
-		delete(a.secretsStoring, projectID)
+	if err == nil {
+		if _, ok := a.secrets[key]; !ok {
+			a.secrets[key] = secret
+			a.secretCounts[projectID]++
+		}
+	}
+	// Kept (or failed) in the same critical section: the bound never sees the secret in
+	// neither count, nor in both.
+	if a.secretStores[key]--; a.secretStores[key] <= 0 {
+		delete(a.secretStores, key)
+		if a.secretsStoring[projectID]--; a.secretsStoring[projectID] <= 0 {
+			delete(a.secretsStoring, projectID)
+		}
 	}
 	a.secretMu.Unlock()
 	if err != nil {
 		release()
 		return "", nil, err
 	}
-	a.secretMu.Lock()
-	if _, ok := a.secrets[key]; !ok {
-		a.secrets[key] = secret
-		a.secretCounts[projectID]++
-	}
-	a.secretMu.Unlock()
 	return ref, release, nil
 }
 

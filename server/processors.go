@@ -328,6 +328,12 @@ func (st *streamState) kvIncarnation(op procOp) error {
 	if prefix := itx.ProcessorKVPrefix(op.kvFor); !strings.HasPrefix(op.kvKey, prefix) {
 		return itx.Errorf(itx.EPermissionDenied, "processor KV key %q: processor %q's ports write only under %q", op.kvKey, op.kvFor, prefix)
 	}
+	// Names may hold "/": "processor/a/" is also the start of processor "a/b"'s prefix.
+	for name, e := range st.core.Subscriptions {
+		if name != op.kvFor && e.Kind() == itx.KindProcessorWake && strings.HasPrefix(op.kvKey, itx.ProcessorKVPrefix(name)) {
+			return itx.Errorf(itx.EPermissionDenied, "processor KV key %q is processor %q's: processor %q's ports do not write it", op.kvKey, name, op.kvFor)
+		}
+	}
 	if row := st.rows[op.kvFor]; row == nil || row.ConfiguredAtOffset != op.kvBirth {
 		return itx.Errorf(itx.EFailedPrecondition, "processor %q: the subscription these ports were given for (configured at offset %d) was removed: this runner is dead", op.kvFor, op.kvBirth)
 	}

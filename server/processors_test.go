@@ -129,6 +129,27 @@ func TestProcessorKV_PortsAreFencedByIncarnation(t *testing.T) {
 	require.NoError(t, fresh.KVPut(ctx, k, []byte(`3`)))
 }
 
+// Processor names may hold "/": processor "a"'s prefix ("processor/a/") is a prefix of processor
+// "a/b"'s. The ports of "a" still write only "a"'s records, not "a/b"'s keepalive.
+func TestProcessorKV_PortsDoNotWriteANestedProcessorsRecords(t *testing.T) {
+	ctx := context.Background()
+	s, projectID := mustOpen(t, Config{DataDir: t.TempDir()})
+	ref := StreamRef{ProjectID: projectID, Path: "/kv-nested"}
+	_, err := s.Append(ctx, ref, []itx.EventInput{{Type: "x"}}, itx.AppendOptions{})
+	require.NoError(t, err)
+	mustRemoteProcessor(t, s, ref, "a/b")
+	ports := mustRemotePorts(t, s, ref, "a")
+	ports.birth = mustRemoteProcessor(t, s, ref, "a")
+	require.NoError(t, ports.KVPut(ctx, itx.ProcessorKVPrefix("a")+"keepalive", []byte(`1`)), "its own record")
+	nested := itx.ProcessorKVPrefix("a/b") + "keepalive"
+	err = ports.KVPut(ctx, nested, []byte(`1`))
+	require.Equal(t, itx.EPermissionDenied, itx.ErrorCode(err), "processor a/b's record: %v", err)
+	require.Equal(t, itx.EPermissionDenied, itx.ErrorCode(ports.KVDelete(ctx, nested)))
+	_, found, err := ports.KVGet(ctx, nested)
+	require.NoError(t, err)
+	require.False(t, found, "nothing written into a/b's records")
+}
+
 // chanSink is a LiveSink handing every frame to the test.
 type chanSink chan LiveFrame
 

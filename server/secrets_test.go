@@ -55,3 +55,33 @@ func TestStoreSecret_BoundHoldsUnderConcurrency(t *testing.T) {
 	require.Equal(t, bound, s.acc.secretCounts[projectID])
 	require.Empty(t, s.acc.secretsStoring)
 }
+
+// Two configures storing the same new secret at once keep one secret: the second is not refused
+// as if it added another (a bound of 3 with 2 kept leaves room for it).
+func TestStoreSecret_SameSecretStoredConcurrentlyCountsOnce(t *testing.T) {
+	const bound = 3
+	s, projectID := mustOpen(t, Config{DataDir: t.TempDir(), MaxSecretsPerProject: bound})
+	newSecret := func() string {
+		b := make([]byte, 24)
+		rand.Read(b)
+		return "whsec_" + base64.StdEncoding.EncodeToString(b)
+	}
+	ctx := context.Background()
+	for range bound - 1 {
+		_, _, err := s.storeSecret(ctx, projectID, newSecret())
+		require.NoError(t, err)
+	}
+	secret := newSecret()
+	var nested error
+	storeSecretHook = func() {
+		storeSecretHook = nil // only the first store: the second runs while it is being stored
+		_, _, nested = s.storeSecret(ctx, projectID, secret)
+	}
+	t.Cleanup(func() { storeSecretHook = nil })
+	_, _, err := s.storeSecret(ctx, projectID, secret)
+	require.NoError(t, err)
+	require.NoError(t, nested, "the same secret, stored while it is being stored")
+	s.acc.secretMu.RLock()
+	defer s.acc.secretMu.RUnlock()
+	require.Equal(t, bound, s.acc.secretCounts[projectID])
+}
