@@ -57,9 +57,9 @@ type procOp struct {
 	fired  bool        // the owner's alarm fire's handling finished
 	owner  string      // of an alarm slice: "" for the in-process processors, else a remote processor's name
 	// kvFor fences a remote host's KV write (its ports): the key must be under that processor's
-	// prefix, and the subscription the same incarnation (born at kvBirth) as the wake's.
-	kvFor   string
-	kvBirth int64
+	// prefix, and its progress record still at kvGen (the generation the ports' runner holds).
+	kvFor string
+	kvGen int64
 	reply   chan procReply
 }
 
@@ -162,12 +162,12 @@ func (st *streamState) applyProc(op procOp, now time.Time, env stepEnv, eff *eff
 		stage(procAlarmKey, b)
 		return procReply{}
 	case op.kvKey != "" && op.kvDel:
-		if err := st.kvIncarnation(op); err != nil {
+		if err := st.kvIncarnation(op, env); err != nil {
 			return procReply{err: err}
 		}
 		return st.deleteProcKV(op, env, eff)
 	case op.kvKey != "":
-		if err := st.kvIncarnation(op); err != nil {
+		if err := st.kvIncarnation(op, env); err != nil {
 			return procReply{err: err}
 		}
 		return st.putProcKV(op, env, eff)
@@ -317,11 +317,12 @@ func (st *streamState) kvOwned(key string) error {
 
 // kvIncarnation fences a remote host's KV write under the processors' records
 // (itx.ProcessorKVPrefix): its ports write there only under their own processor's prefix, and
-// only while the subscription is the incarnation their wake was for. A removed subscription
-// created anew under the same name is born at a later offset: the removed one's ports (a host
-// that kept them) write nothing into the new one's records. Keys outside "processor/" are the
-// stream's shared KV.
-func (st *streamState) kvIncarnation(op procOp) error {
+// only while the processor's progress record is at the generation their runner holds (claimed
+// through them, else the record's at the wake), as a commit is fenced. A removal bumps the
+// generation, so the removed processor's ports (a host that kept them) write nothing into one
+// configured anew under its name; a newer wake's claim fences a stale runner's writes too. A
+// reconfigure keeps the generation. Keys outside "processor/" are the stream's shared KV.
+func (st *streamState) kvIncarnation(op procOp, env stepEnv) error {
 	if op.kvFor == "" || !strings.HasPrefix(op.kvKey, "processor/") {
 		return nil
 	}
@@ -334,10 +335,11 @@ func (st *streamState) kvIncarnation(op procOp) error {
 			return itx.Errorf(itx.EPermissionDenied, "processor KV key %q is processor %q's: processor %q's ports do not write it", op.kvKey, name, op.kvFor)
 		}
 	}
-	if row := st.rows[op.kvFor]; row == nil || row.ConfiguredAtOffset != op.kvBirth {
-		return itx.Errorf(itx.EFailedPrecondition, "processor %q: the subscription these ports were given for (configured at offset %d) was removed: this runner is dead", op.kvFor, op.kvBirth)
+	rec, err := st.procRecordOf(op.kvFor, env)
+	if err != nil {
+		return err
 	}
-	return nil
+	return rec.fence(op.kvFor, op.kvGen)
 }
 
 // committedProcKV is the committed value of a processors' KV key as this step leaves it: nil

@@ -50,9 +50,8 @@ func TestProcessorKV_Bounds(t *testing.T) {
 		ref := StreamRef{ProjectID: projectID, Path: "/kv"}
 		_, err := s.Append(ctx, ref, []itx.EventInput{{Type: "x"}}, itx.AppendOptions{})
 		require.NoError(t, err)
-		birth := mustRemoteProcessor(t, s, ref, "proc")
+		mustRemoteProcessor(t, s, ref, "proc")
 		ports := mustRemotePorts(t, s, ref, "proc")
-		ports.birth = birth
 		k := itx.ProcessorKVPrefix("proc") // 15 bytes
 		require.NoError(t, ports.KVPut(ctx, k+"a", make([]byte, 25)))
 		require.NoError(t, ports.KVPut(ctx, k+"b", make([]byte, 25)))
@@ -66,7 +65,6 @@ func TestProcessorKV_Bounds(t *testing.T) {
 
 		s, _ = mustOpen(t, cfg)
 		ports = mustRemotePorts(t, s, ref, "proc")
-		ports.birth = birth
 		err = ports.KVPut(ctx, k+"d", nil)
 		require.Equal(t, itx.ELimitExceeded, itx.ErrorCode(err), "got %v", err)
 		require.Contains(t, itx.ErrorMessage(err), "at most 3 keys")
@@ -94,18 +92,21 @@ func mustRemoteProcessor(t *testing.T, s *Server, ref StreamRef, name string) in
 }
 
 // A remote host's ports write the processors' records in the KV only under their own processor's
-// prefix (other keys are the stream's shared KV), and only while the
-// subscription is the incarnation they were handed for: the ports of a removed processor (a
-// host that kept them) write nothing into a subscription created anew under the same name.
-func TestProcessorKV_PortsAreFencedByIncarnation(t *testing.T) {
+// prefix (other keys are the stream's shared KV), and only while the processor's progress record
+// is at the generation their runner holds, as commits: a reconfigure keeps them writing, while
+// the ports of a removed processor (a host that kept them) write nothing into one configured
+// anew under the same name, and a newer runner's claim fences a stale one's.
+func TestProcessorKV_PortsAreFencedByGeneration(t *testing.T) {
 	ctx := context.Background()
 	s, projectID := mustOpen(t, Config{DataDir: t.TempDir()})
 	ref := StreamRef{ProjectID: projectID, Path: "/kv-fence"}
 	_, err := s.Append(ctx, ref, []itx.EventInput{{Type: "x"}}, itx.AppendOptions{})
 	require.NoError(t, err)
 	mustRemoteProcessor(t, s, ref, "other")
+	mustRemoteProcessor(t, s, ref, "proc")
 	old := mustRemotePorts(t, s, ref, "proc")
-	old.birth = mustRemoteProcessor(t, s, ref, "proc")
+	_, _, err = old.Claim(ctx, "proc")
+	require.NoError(t, err)
 	k := itx.ProcessorKVPrefix("proc") + "keepalive"
 	require.NoError(t, old.KVPut(ctx, k, []byte(`1`)))
 
@@ -113,20 +114,44 @@ func TestProcessorKV_PortsAreFencedByIncarnation(t *testing.T) {
 	require.Equal(t, itx.EPermissionDenied, itx.ErrorCode(err), "another processor's prefix: %v", err)
 	require.NoError(t, old.KVPut(ctx, "shared", []byte(`1`)), "outside the processors' records")
 
+	_, _, err = s.ConfigureSubscription(ctx, ref, itx.SubscriptionConfig{Name: "proc", Description: "reconfigured",
+		Receiver: itx.Receiver{Action: itx.KindProcessorWake, Placement: "remote"}}, "")
+	require.NoError(t, err)
+	require.NoError(t, old.KVPut(ctx, k, []byte(`2`)), "a reconfigured processor's runner still writes")
+
 	_, err = s.RemoveSubscription(ctx, ref, "proc")
 	require.NoError(t, err)
-	born := mustRemoteProcessor(t, s, ref, "proc")
-	require.Greater(t, born, old.birth)
-	err = old.KVPut(ctx, k, []byte(`2`))
-	require.Equal(t, itx.EFailedPrecondition, itx.ErrorCode(err), "the removed incarnation's ports: %v", err)
+	mustRemoteProcessor(t, s, ref, "proc")
+	err = old.KVPut(ctx, k, []byte(`3`))
+	require.Equal(t, itx.EFailedPrecondition, itx.ErrorCode(err), "the removed processor's ports: %v", err)
 	require.Equal(t, itx.EFailedPrecondition, itx.ErrorCode(old.KVDelete(ctx, k)))
 	_, found, err := old.KVGet(ctx, k)
 	require.NoError(t, err)
-	require.False(t, found, "the new incarnation starts with no records")
+	require.False(t, found, "the new processor starts with no records")
 
+	gen, err := func() (int64, error) {
+		a, err := s.acquire(ctx, ref)
+		if err != nil {
+			return 0, err
+		}
+		defer s.release(a)
+		return a.procGeneration(ctx, "proc")
+	}()
+	require.NoError(t, err)
 	fresh := mustRemotePorts(t, s, ref, "proc")
-	fresh.birth = born
-	require.NoError(t, fresh.KVPut(ctx, k, []byte(`3`)))
+	fresh.wakeGen = gen
+	require.NoError(t, fresh.KVPut(ctx, k, []byte(`4`)), "the new processor's wake, before its claim")
+	_, _, err = fresh.Claim(ctx, "proc")
+	require.NoError(t, err)
+	require.NoError(t, fresh.KVPut(ctx, k, []byte(`5`)))
+	newer := mustRemotePorts(t, s, ref, "proc")
+	_, _, err = newer.Claim(ctx, "proc")
+	require.NoError(t, err)
+	err = fresh.KVPut(ctx, k, []byte(`6`))
+	require.Equal(t, itx.EFailedPrecondition, itx.ErrorCode(err), "a runner a newer claim fenced: %v", err)
+	v, _, err := newer.KVGet(ctx, k)
+	require.NoError(t, err)
+	require.Equal(t, `5`, string(v))
 }
 
 // Processor names may hold "/": processor "a"'s prefix ("processor/a/") is a prefix of processor
@@ -138,8 +163,8 @@ func TestProcessorKV_PortsDoNotWriteANestedProcessorsRecords(t *testing.T) {
 	_, err := s.Append(ctx, ref, []itx.EventInput{{Type: "x"}}, itx.AppendOptions{})
 	require.NoError(t, err)
 	mustRemoteProcessor(t, s, ref, "a/b")
+	mustRemoteProcessor(t, s, ref, "a")
 	ports := mustRemotePorts(t, s, ref, "a")
-	ports.birth = mustRemoteProcessor(t, s, ref, "a")
 	require.NoError(t, ports.KVPut(ctx, itx.ProcessorKVPrefix("a")+"keepalive", []byte(`1`)), "its own record")
 	nested := itx.ProcessorKVPrefix("a/b") + "keepalive"
 	err = ports.KVPut(ctx, nested, []byte(`1`))

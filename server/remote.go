@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/itx-dev/itx"
@@ -242,8 +243,17 @@ type ProcessorPorts struct {
 	name     string // the instance: its records are keyed by it
 	contract string // the contract the instance runs: its host's mount fences the ports
 	gen      uint64
-	seek     int64 // the seek epoch this wake's rewind honors (commits carry it)
-	birth    int64 // the subscription's birth epoch at the wake: KV writes are fenced by it
+	seek     int64        // the seek epoch this wake's rewind honors (commits carry it)
+	wakeGen  int64        // the progress record's generation at the wake
+	claimed  atomic.Int64 // the generation a claim through these ports took (0: none yet)
+}
+
+// kvGen is the generation the ports' runner holds: KV writes are fenced by it, as commits are.
+func (p *ProcessorPorts) kvGen() int64 {
+	if g := p.claimed.Load(); g != 0 {
+		return g
+	}
+	return p.wakeGen
 }
 
 func (p *ProcessorPorts) fenced() error {
@@ -279,6 +289,9 @@ func (p *ProcessorPorts) Claim(ctx context.Context, name string) (*itx.Processor
 		return nil, 0, err
 	}
 	r := p.do(ctx, procOp{claim: name})
+	if r.err == nil {
+		p.claimed.Store(r.generation)
+	}
 	return r.progress, r.generation, r.err
 }
 
@@ -319,7 +332,7 @@ func (p *ProcessorPorts) KVPut(ctx context.Context, key string, value []byte) er
 	if key == "" || len(key) > MaxProcessorKVKeyBytes || len(value) > MaxProcessorKVValueBytes {
 		return itx.Errorf(itx.EInvalid, "processor KV: a key of 1 to 1,024 bytes and a value of at most 64 KiB")
 	}
-	return p.do(ctx, procOp{kvKey: key, kvVal: value, kvFor: p.name, kvBirth: p.birth}).err
+	return p.do(ctx, procOp{kvKey: key, kvVal: value, kvFor: p.name, kvGen: p.kvGen()}).err
 }
 
 // Check fails as a commit of generation would (the mount lost the contract, or another
@@ -336,7 +349,7 @@ func (p *ProcessorPorts) KVDelete(ctx context.Context, key string) error {
 	if key == "" || len(key) > MaxProcessorKVKeyBytes {
 		return itx.Errorf(itx.EInvalid, "processor KV: a key of 1 to 1,024 bytes")
 	}
-	return p.do(ctx, procOp{kvKey: key, kvDel: true, kvFor: p.name, kvBirth: p.birth}).err
+	return p.do(ctx, procOp{kvKey: key, kvDel: true, kvFor: p.name, kvGen: p.kvGen()}).err
 }
 
 // SetAlarm arms the processor's own alarm slice (0 disarms).
@@ -361,7 +374,7 @@ func (d *deliverer) wakeRemote(job pushJob, out deliveryOutcome) deliveryOutcome
 		return fail(classAbsent, itx.Errorf(itx.ECapabilityOffline, "no processor host announcing %q is mounted", contract))
 	}
 	streamID := d.actor.view().streamID
-	ports := &ProcessorPorts{srv: d.srv, ref: d.ref, name: d.name, contract: contract, gen: m.gen, birth: job.row.ConfiguredAtOffset}
+	ports := &ProcessorPorts{srv: d.srv, ref: d.ref, name: d.name, contract: contract, gen: m.gen}
 	w := RemoteWake{Ref: d.ref, StreamID: streamID, Name: d.name, Processor: contract, Head: job.head, Ports: ports}
 	if row := job.row; row.CursorChangedAtOffset != row.ConfiguredAtOffset && job.procSeek != row.CursorChangedAtOffset {
 		w.ReprocessFrom, ports.seek = row.ConfirmedOffset+1, row.CursorChangedAtOffset
@@ -370,7 +383,7 @@ func (d *deliverer) wakeRemote(job pushJob, out deliveryOutcome) deliveryOutcome
 	if err != nil {
 		return fail(classOutage, err)
 	}
-	w.ProgressGeneration = gen
+	w.ProgressGeneration, ports.wakeGen = gen, gen
 	ctx, cancel := context.WithCancel(d.ctx)
 	defer cancel()
 	t := d.srv.clock.AfterFunc(2*d.srv.cfg.DeliveryTimeout, cancel)
@@ -426,10 +439,6 @@ func (a *actor) fireRemoteAlarm(name string) {
 		return
 	}
 	contract := entry.Config.ProcessorContract()
-	var birth int64
-	if row := a.st.rows[name]; row != nil {
-		birth = row.ConfiguredAtOffset
-	}
 	// An early fire (a mount of the contract) that cannot reach a host leaves the slice where
 	// the keepalive armed it, rather than moving a long backoff to the retry.
 	early := a.st.procAlarms[name] > itx.UnixMilli(a.srv.clock.Now())
@@ -442,7 +451,7 @@ func (a *actor) fireRemoteAlarm(name string) {
 			var gen int64
 			if gen, err = a.procGeneration(wctx, name); err == nil {
 				_, _, err = m.host.Wake(wctx, RemoteWake{Ref: ref, StreamID: streamID, Name: name, Processor: contract, Alarm: true,
-					ProgressGeneration: gen, Ports: &ProcessorPorts{srv: a.srv, ref: ref, name: name, contract: contract, gen: m.gen, birth: birth}})
+					ProgressGeneration: gen, Ports: &ProcessorPorts{srv: a.srv, ref: ref, name: name, contract: contract, gen: m.gen, wakeGen: gen}})
 			}
 			cancel()
 		}
