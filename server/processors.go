@@ -60,7 +60,7 @@ type procOp struct {
 	// prefix, and its progress record still at kvGen (the generation the ports' runner holds).
 	kvFor string
 	kvGen int64
-	reply   chan procReply
+	reply chan procReply
 }
 
 type procCommit struct {
