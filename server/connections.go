@@ -391,6 +391,11 @@ func (c *Connection) run() {
 	s := c.srv
 	pages := make(chan connPage, 1)
 	go c.read(pages)
+	type pending struct {
+		wait    func() error
+		through int64
+	}
+	var window []pending
 	defer func() {
 		c.Close(CloseShuttingDown, "the server is shutting down") // no-op if already closed
 		// The context is cancelled now: a pushDirect that saw it live has queued its batch
@@ -399,15 +404,29 @@ func (c *Connection) run() {
 		c.mu.Unlock() //nolint:staticcheck // an empty critical section: a barrier
 		for range pages {
 		}
+		// Batches sent and not awaited: their calls end with the cancelled context; waiting
+		// for that releases them (else each stays in the RPC connection's question table
+		// until that connection ends).
+		for done := false; !done; {
+			select {
+			case p := <-c.direct:
+				window = append(window, pending{wait: p.wait})
+			default:
+				done = true
+			}
+		}
+		if len(window) > 0 {
+			left := window
+			go func() {
+				for _, p := range left {
+					_ = p.wait()
+				}
+			}()
+		}
 		close(c.done)
 		s.metrics.OpenConnections.Dec()
 		s.release(c.a)
 	}()
-	type pending struct {
-		wait    func() error
-		through int64
-	}
-	var window []pending
 	settled := func(through int64) {
 		if through > c.delivered.Load() {
 			c.delivered.Store(through)
@@ -417,10 +436,10 @@ func (c *Connection) run() {
 	drain := func(all bool) bool {
 		for len(window) > 0 && (all || len(window) >= ConnectionWindow) {
 			p := window[0]
+			window = window[1:] // awaited (and released) whatever the answer
 			if err := c.await(p.wait); err != nil {
 				return false
 			}
-			window = window[1:]
 			c.inflight.Add(-1)
 			settled(p.through)
 		}
