@@ -258,12 +258,24 @@ func (st *streamState) forgetProc(name string, env stepEnv, eff *effects) {
 		eff.commit.KV[procProgressPrefix+name] = b
 	}
 	prefix := procKVPrefix + itx.ProcessorKVPrefix(name)
+	// Names may hold "/": the prefix of processor "a" is also the start of "a/b"'s, whose
+	// records stay.
+	var keep []string
+	for other, e := range st.core.Subscriptions {
+		if p := procKVPrefix + itx.ProcessorKVPrefix(other); other != name && e.Kind() == itx.KindProcessorWake && strings.HasPrefix(p, prefix) {
+			keep = append(keep, p)
+		}
+	}
+	kept := func(k string) bool {
+		return slices.ContainsFunc(keep, func(p string) bool { return strings.HasPrefix(k, p) })
+	}
 	for k := range eff.commit.KV {
-		if strings.HasPrefix(k, prefix) {
+		if strings.HasPrefix(k, prefix) && !kept(k) {
 			delete(eff.commit.KV, k)
 		}
 	}
 	eff.commit.KVDeletePrefixes = append(eff.commit.KVDeletePrefixes, prefix)
+	eff.commit.KVKeepPrefixes = append(eff.commit.KVKeepPrefixes, keep...)
 	eff.recountProcKV = true
 	if _, ok := st.procAlarms[name]; ok {
 		delete(st.procAlarms, name)
@@ -329,9 +341,12 @@ func (st *streamState) kvIncarnation(op procOp, env stepEnv) error {
 	if prefix := itx.ProcessorKVPrefix(op.kvFor); !strings.HasPrefix(op.kvKey, prefix) {
 		return itx.Errorf(itx.EPermissionDenied, "processor KV key %q: processor %q's ports write only under %q", op.kvKey, op.kvFor, prefix)
 	}
-	// Names may hold "/": "processor/a/" is also the start of processor "a/b"'s prefix.
+	// Names may hold "/": "processor/a/" is also the start of processor "a/b"'s prefix, whose
+	// records the ports of "a" do not write (those of "a/b" write their own, under "a"'s).
+	own := itx.ProcessorKVPrefix(op.kvFor)
 	for name, e := range st.core.Subscriptions {
-		if name != op.kvFor && e.Kind() == itx.KindProcessorWake && strings.HasPrefix(op.kvKey, itx.ProcessorKVPrefix(name)) {
+		p := itx.ProcessorKVPrefix(name)
+		if name != op.kvFor && e.Kind() == itx.KindProcessorWake && len(p) > len(own) && strings.HasPrefix(p, own) && strings.HasPrefix(op.kvKey, p) {
 			return itx.Errorf(itx.EPermissionDenied, "processor KV key %q is processor %q's: processor %q's ports do not write it", op.kvKey, name, op.kvFor)
 		}
 	}

@@ -175,6 +175,31 @@ func TestProcessorKV_PortsDoNotWriteANestedProcessorsRecords(t *testing.T) {
 	require.False(t, found, "nothing written into a/b's records")
 }
 
+// Removing processor "a" forgets its records, not those of processor "a/b" (whose prefix starts
+// with "a"'s), whether committed or written in the same step.
+func TestProcessorKV_RemovalSparesANestedProcessorsRecords(t *testing.T) {
+	ctx := context.Background()
+	s, projectID := mustOpen(t, Config{DataDir: t.TempDir()})
+	ref := StreamRef{ProjectID: projectID, Path: "/kv-nested-removal"}
+	_, err := s.Append(ctx, ref, []itx.EventInput{{Type: "x"}}, itx.AppendOptions{})
+	require.NoError(t, err)
+	mustRemoteProcessor(t, s, ref, "a")
+	mustRemoteProcessor(t, s, ref, "a/b")
+	a := mustRemotePorts(t, s, ref, "a")
+	require.NoError(t, a.KVPut(ctx, itx.ProcessorKVPrefix("a")+"keepalive", []byte(`a`)))
+	ab := mustRemotePorts(t, s, ref, "a/b")
+	require.NoError(t, ab.KVPut(ctx, itx.ProcessorKVPrefix("a/b")+"keepalive", []byte(`ab`)))
+	_, err = s.RemoveSubscription(ctx, ref, "a")
+	require.NoError(t, err)
+	v, found, err := ab.KVGet(ctx, itx.ProcessorKVPrefix("a/b")+"keepalive")
+	require.NoError(t, err)
+	require.True(t, found, "a/b's keepalive")
+	require.Equal(t, `ab`, string(v))
+	_, found, err = ab.KVGet(ctx, itx.ProcessorKVPrefix("a")+"keepalive")
+	require.NoError(t, err)
+	require.False(t, found, "a's keepalive is forgotten")
+}
+
 // chanSink is a LiveSink handing every frame to the test.
 type chanSink chan LiveFrame
 

@@ -202,9 +202,11 @@ type Commit struct {
 	ReaderUpserts []Reader
 	ReaderDeletes []string
 	KV            map[string][]byte
-	// KVDeletes and KVDeletePrefixes (every key starting with one) run before the KV upserts.
+	// KVDeletes and KVDeletePrefixes (every key starting with one, except keys starting with
+	// one of KVKeepPrefixes) run before the KV upserts.
 	KVDeletes        []string
 	KVDeletePrefixes []string
+	KVKeepPrefixes   []string
 	// Scheduled appends: deletes (landed or cancelled) run before upserts.
 	ScheduledUpserts []Scheduled
 	ScheduledDeletes []string
@@ -294,6 +296,11 @@ func (s *Stream) Commit(ctx context.Context, c Commit) error {
 			q, args = q+` and key < ?`, append(args, end)
 		} else {
 			q, args = q+` and substr(cast(key as blob), 1, ?) = cast(? as blob)`, append(args, len(prefix), prefix)
+		}
+		for _, keep := range c.KVKeepPrefixes {
+			if strings.HasPrefix(keep, prefix) {
+				q, args = q+` and substr(cast(key as blob), 1, ?) <> cast(? as blob)`, append(args, len(keep), keep)
+			}
 		}
 		if _, err := tx.ExecContext(ctx, q, args...); err != nil {
 			return fmt.Errorf("commit: delete kv under %q: %w", prefix, err)
