@@ -239,6 +239,10 @@ func (ag *agent) processEvent(ctx context.Context, a *processors.Args[AgentState
 			// Started and nobody drives it: the attempt died with its incarnation and may have
 			// half-run, so it fails rather than re-driving.
 			ag.settleBlocking(a, r.ID, Result{Kind: ResultFailure, Reason: ReasonOrphaned})
+		case now >= r.ExpiresAt-a.State.Config.ReserveMs:
+			// Too late to start: what is left is the reserve kept for the settlement, so the
+			// vendor would be dialed with no budget at all.
+			ag.settleBlocking(a, r.ID, Result{Kind: ResultFailure, Reason: ReasonExpired})
 		default:
 			ag.start(a, r)
 		}
@@ -306,6 +310,10 @@ func (ag *agent) start(a *processors.Args[AgentState], r Request) {
 		}
 		// Bound the vendor call by the obligation's horizon, keeping a reserve to settle.
 		budget := time.Duration(r.ExpiresAt-a.Now().UnixMilli()-a.State.Config.ReserveMs) * time.Millisecond
+		if budget <= 0 {
+			// The started append used up what was left: never dial the vendor without a budget.
+			return settle(ctx, a, r.ID, Result{Kind: ResultFailure, Reason: ReasonExpired})
+		}
 		callCtx, cancel := context.WithCancelCause(ctx)
 		defer cancel(nil)
 		timer := ag.clock.AfterFunc(budget, func() { cancel(errExpired) })

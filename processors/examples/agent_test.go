@@ -193,6 +193,24 @@ func TestAgent_ExpiredObligation(t *testing.T) {
 	})
 }
 
+// A request whose remaining budget is inside the reserve kept for its settlement has no time
+// left for the vendor: it is refused as expired, not started with a budget already spent.
+func TestAgent_NoBudgetLeftToStart(t *testing.T) {
+	v := &vendorFake{t: t}
+	v.loud()
+	agentHarness(t, v, func(t *testing.T, h *proctest.Harness[examples.AgentState]) {
+		reserve := time.Duration(h.State().Config.ReserveMs) * time.Millisecond
+		requestNow(t, h, reserve/2)
+		h.Wake()
+		if got, want := settlements(t, h), "msg-0 failure "+examples.ReasonExpired; got != want {
+			t.Errorf("settlements %q, want %q", got, want)
+		}
+		if n := len(h.Events(string(examples.LLMStarted))); n != 0 {
+			t.Errorf("%d started facts, want none", n)
+		}
+	})
+}
+
 func TestAgent_Replay(t *testing.T) {
 	live := &vendorFake{t: t}
 	proctest.Run(t, agentConfig(live), func(t *testing.T, h *proctest.Harness[examples.AgentState]) {
