@@ -232,6 +232,57 @@ func TestHarness_RefusedScheduledAppendIsRecorded(t *testing.T) {
 	})
 }
 
+// waiter consumes "job/queued" and starts a background attempt that waits two seconds on the
+// virtual clock, then appends "job/done".
+func waiter(env proctest.Env) processors.Contract[tally] {
+	return processors.Contract[tally]{
+		Name: "waiter", ConsumedTypes: []string{"job/queued"}, ReducerVersion: "1",
+		InitialState: func() tally { return tally{} },
+		Reduce:       func(s tally, e itx.Event) tally { return tally{N: s.N + 1} },
+		ProcessEvent: func(ctx context.Context, a *processors.Args[tally]) error {
+			if a.Event == nil {
+				return nil
+			}
+			// Droppable: the test is about when it runs, not what recovers it.
+			a.RunInBackground(func(ctx context.Context) error {
+				elapsed := make(chan struct{})
+				t := env.Clock.AfterFunc(2*time.Second, func() { close(elapsed) })
+				defer t.Stop()
+				select {
+				case <-elapsed:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+				_, err := a.Append(ctx, itx.EventInput{Type: "job/done", IdempotencyKey: a.IdempotencyKey("done", a.Event)})
+				return err
+			})
+			return nil
+		},
+	}
+}
+
+// AdvanceTime stops at every clock timer on the way, so the work a timer releases runs at the
+// timer's time, before a later alarm fire looks at it: the attempt appends at +2s, and the
+// keepalive's fire at +10s finds it settled (quiet and clean), not still in flight.
+func TestHarness_AdvanceTimeRunsTimersAtTheirTime(t *testing.T) {
+	proctest.Run(t, proctest.Config[tally]{New: waiter}, func(t *testing.T, h *proctest.Harness[tally]) {
+		start := h.Clock.Now()
+		h.Append(itx.EventInput{Type: "job/queued"})
+		h.AdvanceTime(time.Minute)
+		done := h.Events("job/done")
+		if len(done) != 1 {
+			t.Fatalf("%d job/done, want 1", len(done))
+		}
+		if got := time.UnixMilli(done[0].CreatedAt).Sub(start); got != 2*time.Second {
+			t.Errorf("job/done appended at +%v, want +2s (its timer's time)", got)
+		}
+		raw, _ := json.Marshal(h.Fires())
+		if got, want := string(raw), `[{"Name":"waiter","Action":"clean-disarm"}]`; got != want {
+			t.Errorf("alarm fires %s, want %s", got, want)
+		}
+	})
+}
+
 // MemoryKV's Delete removes a key, and deleting an absent key is no error (processors.KV).
 func TestMemoryKV_Delete(t *testing.T) {
 	ctx := context.Background()
