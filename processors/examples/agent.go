@@ -318,15 +318,32 @@ func (ag *agent) start(a *processors.Args[AgentState], r Request) {
 		defer cancel(nil)
 		timer := ag.clock.AfterFunc(budget, func() { cancel(errExpired) })
 		defer timer.Stop()
-		text, err := ag.vendor.Complete(callCtx, r.ID, r.Prompt)
-		res := Result{Kind: ResultSuccess, Text: text}
+		// The attempt waits for the answer or the end of its budget, whichever comes first: a
+		// vendor call that ignores its context (a wedged RPC with no deadline of its own) must
+		// not hold the obligation past its horizon. A late answer is dropped.
+		type answer struct {
+			text string
+			err  error
+		}
+		answered := make(chan answer, 1)
+		go func() {
+			text, err := ag.vendor.Complete(callCtx, r.ID, r.Prompt)
+			answered <- answer{text, err}
+		}()
+		var res Result
+		select {
+		case got := <-answered:
+			res = Result{Kind: ResultSuccess, Text: got.text}
+			if got.err != nil {
+				res = Result{Kind: ResultFailure, Reason: got.err.Error()}
+			}
+		case <-callCtx.Done():
+		}
 		switch {
 		case ctx.Err() != nil:
 			return ctx.Err() // evicted: the orphan settlement is the next incarnation's job
 		case errors.Is(context.Cause(callCtx), errExpired):
 			res = Result{Kind: ResultFailure, Reason: ReasonExpired}
-		case err != nil:
-			res = Result{Kind: ResultFailure, Reason: err.Error()}
 		}
 		return settle(ctx, a, r.ID, res)
 	})

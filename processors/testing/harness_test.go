@@ -3,6 +3,7 @@ package proctest_test
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -279,6 +280,37 @@ func TestHarness_AdvanceTimeRunsTimersAtTheirTime(t *testing.T) {
 		raw, _ := json.Marshal(h.Fires())
 		if got, want := string(raw), `[{"Name":"waiter","Action":"clean-disarm"}]`; got != want {
 			t.Errorf("alarm fires %s, want %s", got, want)
+		}
+	})
+}
+
+// A hung attempt no deadline owns (it ignores its context) trips the busy-fire cap: the keepalive
+// re-arms at the lead for about 15 minutes, then revives along the backoff, not at the lead.
+func TestHarness_WedgedAttemptDecaysAlongTheBackoff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		gate := make(chan struct{}) // made in the bubble, so an attempt blocked on it is durably blocked
+		defer close(gate)
+		h := proctest.New(t, proctest.Config[tally]{New: straggler(gate, make(chan error, 1))})
+		h.Append(itx.EventInput{Type: "job/queued"})
+		startedAt := h.Clock.Now()
+		h.AdvanceTime(14 * time.Minute)
+		if n := len(h.Events(itx.TypeProcessorRevived)); n != 0 {
+			t.Errorf("%d revivals while the attempt is younger than the wedge bound", n)
+		}
+		h.AdvanceTime(3 * time.Minute)
+		revived := h.Events(itx.TypeProcessorRevived)
+		if len(revived) != 3 {
+			t.Fatalf("%d revivals 17 minutes in, want 3", len(revived))
+		}
+		if got := time.UnixMilli(revived[0].CreatedAt).Sub(startedAt); got < processors.WedgedAfter || got > processors.WedgedAfter+processors.KeepaliveLead {
+			t.Errorf("first revival %v after the attempt started, want within a lead of %v", got, processors.WedgedAfter)
+		}
+		var gaps []string
+		for i := 1; i < len(revived); i++ {
+			gaps = append(gaps, (time.Duration(revived[i].CreatedAt-revived[i-1].CreatedAt) * time.Millisecond).String())
+		}
+		if got, want := strings.Join(gaps, " "), "10s 1m0s"; got != want {
+			t.Errorf("gaps between wedged revivals %q, want %q", got, want)
 		}
 	})
 }
