@@ -315,6 +315,61 @@ func TestHarness_WedgedAttemptDecaysAlongTheBackoff(t *testing.T) {
 	})
 }
 
+// hanger consumes "job/queued" and blocks on it until its incarnation ends: the poison of an
+// event whose processing takes the incarnation down every time.
+func hanger(env proctest.Env) processors.Contract[tally] {
+	return processors.Contract[tally]{
+		Name: "hanger", ConsumedTypes: []string{"job/queued"}, ReducerVersion: "1",
+		InitialState: func() tally { return tally{} },
+		Reduce:       func(s tally, e itx.Event) tally { return tally{N: s.N + 1} },
+		ProcessEvent: func(ctx context.Context, a *processors.Args[tally]) error {
+			if a.Event == nil {
+				return nil
+			}
+			// Blocking: the poison under test; it never settles while the incarnation lives.
+			a.BlockProcessorWhile("hang", func(ctx context.Context) error {
+				<-ctx.Done()
+				return ctx.Err()
+			})
+			return nil
+		},
+	}
+}
+
+// A poison that evicts its incarnation every time it is delivered: each fresh incarnation's
+// redelivery is tracked work, but it must not pull the alarm back to the lead while the breaker
+// backs off, or the stream wakes (and the poison runs) every ten seconds forever. Revivals follow
+// the backoff, and the alarm fires at most twice per revival (the revival, and the confirmation
+// that finds the dead incarnation's successor still owing).
+func TestHarness_EvictingPoisonWakesAlongTheBackoff(t *testing.T) {
+	proctest.Run(t, proctest.Config[tally]{New: hanger}, func(t *testing.T, h *proctest.Harness[tally]) {
+		start := h.Clock.Now()
+		h.Append(itx.EventInput{Type: "job/queued"})
+		for {
+			h.Crash() // the poison takes the incarnation down
+			at := h.AlarmAt()
+			if at.IsZero() {
+				t.Fatalf("no alarm armed at +%v: the crash loop is not revived", h.Clock.Now().Sub(start))
+			}
+			if at.Sub(start) > 7*time.Hour {
+				break
+			}
+			h.AdvanceTime(at.Sub(h.Clock.Now()))
+		}
+		revived := h.Events(itx.TypeProcessorRevived)
+		var gaps []string
+		for i := 1; i < len(revived); i++ {
+			gaps = append(gaps, (time.Duration(revived[i].CreatedAt-revived[i-1].CreatedAt) * time.Millisecond).String())
+		}
+		if got, want := strings.Join(gaps, " "), "10s 1m0s 5m0s 30m0s 6h0m0s"; got != want {
+			t.Errorf("gaps between revivals %q, want %q", got, want)
+		}
+		if fires := len(h.Fires()); fires > 2*len(revived) {
+			t.Errorf("%d alarm fires for %d revivals in 7h: the poison ran at the lead, not along the backoff", fires, len(revived))
+		}
+	})
+}
+
 // MemoryKV's Delete removes a key, and deleting an absent key is no error (processors.KV).
 func TestMemoryKV_Delete(t *testing.T) {
 	ctx := context.Background()
