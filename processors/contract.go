@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/itx-dev/itx"
@@ -112,9 +113,32 @@ type runnerDoors interface {
 }
 
 // frameWork collects one ProcessEvent call's blocking registrations, run in FIFO order after it
-// returns.
+// returns. A blocker may register more (they join the queue); once the queue has drained, the
+// frame has moved on and a registration could no longer hold its cursor.
 type frameWork struct {
+	mu       sync.Mutex
 	blockers []blocker
+	closed   bool
+}
+
+// next pops the oldest registration, or closes the queue when none is left.
+func (f *frameWork) next() (blocker, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.blockers) == 0 {
+		f.closed = true
+		return blocker{}, false
+	}
+	b := f.blockers[0]
+	f.blockers = f.blockers[1:]
+	return b, true
+}
+
+// close ends the queue without running what is left (the frame failed: it is redelivered whole).
+func (f *frameWork) close() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.closed = true
 }
 
 type blocker struct {
@@ -130,9 +154,16 @@ func (a *Args[S]) Now() time.Time { return a.run.now() }
 // the work must be idempotent (appends with stable keys). Registrations run one after another
 // in registration order once ProcessEvent returns: a later one observes the earlier one's
 // appends. It head-of-line-blocks every later event; keep it short and say at the call site
-// which per-event consequence would be lost without it. Call it from ProcessEvent itself:
-// registrations made after it returned are not run.
+// which per-event consequence would be lost without it. Call it from ProcessEvent or from one of
+// its blockers (the new one runs after those already registered): once the event's blockers
+// have all run, the cursor moves on, and a registration then (from a RunInBackground closure,
+// say) panics rather than let must-happen work silently never run.
 func (a *Args[S]) BlockProcessorWhile(name string, work func(ctx context.Context) error) {
+	a.frame.mu.Lock()
+	defer a.frame.mu.Unlock()
+	if a.frame.closed {
+		panic(fmt.Sprintf("processors: BlockProcessorWhile(%q) after its event's blockers ran: nothing can hold the cursor for it now", name))
+	}
 	a.frame.blockers = append(a.frame.blockers, blocker{name: name, work: work})
 }
 

@@ -125,7 +125,10 @@ func afterRevival(rec KeepaliveRecord, mem keepaliveMemory, now time.Time, passE
 }
 
 // onTrack is the policy when work starts (pure): the alarm moves to the lead ahead of it, never
-// later, and not while a revival pass runs (its backoff must govern).
+// later, and not while a revival pass runs or a crash loop backs off (revivals not yet confirmed
+// clean): then the alarm is the breaker's. The work a revival brings (its redelivery) would
+// otherwise pull the alarm back to the lead in every incarnation a poison takes down, and the
+// poison would run every lead interval forever.
 func onTrack(rec KeepaliveRecord, mem keepaliveMemory, now time.Time, version string) (KeepaliveRecord, keepaliveMemory) {
 	mem.inFlight++
 	if mem.reviving {
@@ -133,6 +136,9 @@ func onTrack(rec KeepaliveRecord, mem keepaliveMemory, now time.Time, version st
 	}
 	if rec.Version != version {
 		rec = KeepaliveRecord{Version: version, ArmedAt: rec.ArmedAt}
+	}
+	if rec.Revivals > 0 && rec.ArmedAt != 0 {
+		return rec, mem
 	}
 	at := now.UnixMilli() + KeepaliveLead.Milliseconds()
 	if rec.ArmedAt == 0 || rec.ArmedAt > at {

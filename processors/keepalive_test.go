@@ -77,6 +77,39 @@ func runKeepaliveScript(t *testing.T, script string) string {
 func TestKeepalive_Policy(t *testing.T) {
 	tests := []struct{ name, script, want string }{
 		{
+			name: "the redelivery of a poison that takes each incarnation down does not pull the alarm back to the lead",
+			script: `
+track
+crash
+fire 10s
+pass ok
+track
+crash
+fire 20s
+pass ok
+track
+crash
+fire 30s
+track
+crash
+fire 1m20s`,
+			want: `
+track        revivals=0 armed=+10s
+crash        revivals=0 armed=+10s
+fire 10s     revive revivals=1 armed=+20s
+pass ok      revived revivals=1 armed=+20s
+track        revivals=1 armed=+20s
+crash        revivals=1 armed=+20s
+fire 20s     revive revivals=2 armed=+1m20s
+pass ok      revived revivals=2 armed=+30s
+track        revivals=2 armed=+30s
+crash        revivals=2 armed=+30s
+fire 30s     backoff-wait revivals=2 armed=+1m20s
+track        revivals=2 armed=+1m20s
+crash        revivals=2 armed=+1m20s
+fire 1m20s   revive revivals=3 armed=+6m20s`,
+		},
+		{
 			name: "work that settles cleanly is confirmed and disarmed",
 			script: `
 track

@@ -291,10 +291,15 @@ func (r *Runner[S]) dispatch(ctx context.Context, e *itx.Event, prev, state S, d
 		return nil
 	}
 	a := &Args[S]{Event: e, PreviousState: prev, State: state, Delivery: d, Path: r.cfg.Path, name: r.c.Name, frame: &frameWork{}, run: r}
+	defer a.frame.close()
 	if err := r.c.ProcessEvent(ctx, a); err != nil {
 		return fmt.Errorf("processor %q: %s: %w", r.c.Name, describe(e), err)
 	}
-	for _, b := range a.frame.blockers {
+	for {
+		b, ok := a.frame.next()
+		if !ok {
+			break
+		}
 		done := r.track()
 		err := runRecovered(ctx, b.work)
 		done(err)

@@ -355,6 +355,97 @@ func TestRunner_BlockProcessorWhile(t *testing.T) {
 	})
 }
 
+// A blocker registered inside a running blocker is still at-least-once work of the frame: it runs
+// after the registrations already queued (FIFO), before the frame commits. One registered once the
+// frame moved on could no longer hold its cursor, so it fails loudly instead of vanishing.
+func TestRunner_BlockProcessorWhileRegisteredLate(t *testing.T) {
+	t.Run("inside a blocker: runs in FIFO order before the commit", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			f := newFixture()
+			f.append(t, added.Input(counted{N: 1}, ""))
+			var order []string
+			c := counter(t, "v1", nil)
+			c.ProcessEvent = func(ctx context.Context, a *processors.Args[countState]) error {
+				if a.Event == nil {
+					return nil
+				}
+				a.BlockProcessorWhile("outer", func(ctx context.Context) error {
+					order = append(order, "outer")
+					a.BlockProcessorWhile("inner", func(ctx context.Context) error {
+						order = append(order, "inner")
+						_, err := a.Append(ctx, echoed.Input(counted{N: 1}, "inner"))
+						return err
+					})
+					return nil
+				})
+				a.BlockProcessorWhile("second", func(ctx context.Context) error {
+					order = append(order, "second")
+					return nil
+				})
+				return nil
+			}
+			r := f.runner(t, c)
+			f.stream.FailAppends(func(in itx.EventInput) error {
+				if in.Type == string(echoed) {
+					return itx.Errorf(itx.EUnavailable, "injected")
+				}
+				return nil
+			})
+			if err := r.CatchUp(context.Background()); err == nil || r.ProcessedThrough() != 0 {
+				t.Fatalf("catch-up: %v, cursor %d; want the failing inner blocker to hold the cursor at 0", err, r.ProcessedThrough())
+			}
+			f.stream.FailAppends(nil)
+			order = nil
+			if err := r.CatchUp(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if got, want := strings.Join(order, ", "), "outer, second, inner"; got != want {
+				t.Errorf("order %q, want %q", got, want)
+			}
+			if got := len(f.stream.Events(string(echoed))); got != 1 {
+				t.Errorf("%d echoes from the inner blocker, want 1", got)
+			}
+		})
+	})
+	t.Run("after the frame: refused loudly", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			f := newFixture()
+			f.append(t, added.Input(counted{N: 1}, ""))
+			committed, refused := make(chan struct{}), make(chan any, 1)
+			ran := false
+			c := counter(t, "v1", nil)
+			c.ProcessEvent = func(ctx context.Context, a *processors.Args[countState]) error {
+				if a.Event == nil {
+					return nil
+				}
+				// Droppable: this test is about a misuse inside it.
+				a.RunInBackground(func(ctx context.Context) error {
+					<-committed
+					defer func() { refused <- recover() }()
+					a.BlockProcessorWhile("too late", func(ctx context.Context) error {
+						ran = true
+						return nil
+					})
+					return nil
+				})
+				return nil
+			}
+			r := f.runner(t, c)
+			if err := r.CatchUp(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			close(committed)
+			synctest.Wait()
+			if p := <-refused; p == nil || !strings.Contains(fmt.Sprint(p), "BlockProcessorWhile") {
+				t.Errorf("a registration after the frame: recovered %v, want a refusal naming BlockProcessorWhile", p)
+			}
+			if ran {
+				t.Error("the late blocker ran outside any frame")
+			}
+		})
+	})
+}
+
 func TestRunner_RunInBackground(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFixture()

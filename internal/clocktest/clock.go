@@ -126,6 +126,21 @@ func (c *Clock) compact() {
 	sort.SliceStable(c.timers, func(i, j int) bool { return c.timers[i].seq < c.timers[j].seq })
 }
 
+// Next is the due time of the earliest armed timer (false when none is armed): a driver that
+// must let the work a timer releases run at the timer's time advances to it, not past it.
+func (c *Clock) Next() (time.Time, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var next time.Time
+	found := false
+	for _, t := range c.timers {
+		if !t.stopped && (!found || t.due.Before(next)) {
+			next, found = t.due, true
+		}
+	}
+	return next, found
+}
+
 // Pending reports how many timers are armed (tests wait on it instead of sleeping).
 func (c *Clock) Pending() int {
 	c.mu.Lock()

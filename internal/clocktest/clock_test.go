@@ -48,3 +48,24 @@ func TestAfterFuncAt_SystemClock(t *testing.T) {
 		t.Fatal("a passed instant did not fire")
 	}
 }
+
+// Next is the earliest armed timer's due time; stopped and fired timers do not count.
+func TestClock_Next(t *testing.T) {
+	start := time.Unix(1_700_000_000, 0)
+	c := New(start)
+	_, ok := c.Next()
+	require.False(t, ok, "no timer armed")
+	late := c.AfterFunc(3*time.Second, func() {})
+	c.AfterFunc(5*time.Second, func() {})
+	early := c.AfterFunc(time.Second, func() {})
+	next, ok := c.Next()
+	require.True(t, ok)
+	require.Equal(t, start.Add(time.Second), next)
+	early.Stop()
+	next, _ = c.Next()
+	require.Equal(t, start.Add(3*time.Second), next)
+	_ = late
+	c.Advance(4 * time.Second)
+	next, _ = c.Next()
+	require.Equal(t, start.Add(5*time.Second), next)
+}

@@ -239,6 +239,10 @@ func (ag *agent) processEvent(ctx context.Context, a *processors.Args[AgentState
 			// Started and nobody drives it: the attempt died with its incarnation and may have
 			// half-run, so it fails rather than re-driving.
 			ag.settleBlocking(a, r.ID, Result{Kind: ResultFailure, Reason: ReasonOrphaned})
+		case now >= r.ExpiresAt-a.State.Config.ReserveMs:
+			// Too late to start: what is left is the reserve kept for the settlement, so the
+			// vendor would be dialed with no budget at all.
+			ag.settleBlocking(a, r.ID, Result{Kind: ResultFailure, Reason: ReasonExpired})
 		default:
 			ag.start(a, r)
 		}
@@ -306,19 +310,40 @@ func (ag *agent) start(a *processors.Args[AgentState], r Request) {
 		}
 		// Bound the vendor call by the obligation's horizon, keeping a reserve to settle.
 		budget := time.Duration(r.ExpiresAt-a.Now().UnixMilli()-a.State.Config.ReserveMs) * time.Millisecond
+		if budget <= 0 {
+			// The started append used up what was left: never dial the vendor without a budget.
+			return settle(ctx, a, r.ID, Result{Kind: ResultFailure, Reason: ReasonExpired})
+		}
 		callCtx, cancel := context.WithCancelCause(ctx)
 		defer cancel(nil)
 		timer := ag.clock.AfterFunc(budget, func() { cancel(errExpired) })
 		defer timer.Stop()
-		text, err := ag.vendor.Complete(callCtx, r.ID, r.Prompt)
-		res := Result{Kind: ResultSuccess, Text: text}
+		// The attempt waits for the answer or the end of its budget, whichever comes first: a
+		// vendor call that ignores its context (a wedged RPC with no deadline of its own) must
+		// not hold the obligation past its horizon. A late answer is dropped.
+		type answer struct {
+			text string
+			err  error
+		}
+		answered := make(chan answer, 1)
+		go func() {
+			text, err := ag.vendor.Complete(callCtx, r.ID, r.Prompt)
+			answered <- answer{text, err}
+		}()
+		var res Result
+		select {
+		case got := <-answered:
+			res = Result{Kind: ResultSuccess, Text: got.text}
+			if got.err != nil {
+				res = Result{Kind: ResultFailure, Reason: got.err.Error()}
+			}
+		case <-callCtx.Done():
+		}
 		switch {
 		case ctx.Err() != nil:
 			return ctx.Err() // evicted: the orphan settlement is the next incarnation's job
 		case errors.Is(context.Cause(callCtx), errExpired):
 			res = Result{Kind: ResultFailure, Reason: ReasonExpired}
-		case err != nil:
-			res = Result{Kind: ResultFailure, Reason: err.Error()}
 		}
 		return settle(ctx, a, r.ID, res)
 	})

@@ -193,6 +193,24 @@ func TestAgent_ExpiredObligation(t *testing.T) {
 	})
 }
 
+// A request whose remaining budget is inside the reserve kept for its settlement has no time
+// left for the vendor: it is refused as expired, not started with a budget already spent.
+func TestAgent_NoBudgetLeftToStart(t *testing.T) {
+	v := &vendorFake{t: t}
+	v.loud()
+	agentHarness(t, v, func(t *testing.T, h *proctest.Harness[examples.AgentState]) {
+		reserve := time.Duration(h.State().Config.ReserveMs) * time.Millisecond
+		requestNow(t, h, reserve/2)
+		h.Wake()
+		if got, want := settlements(t, h), "msg-0 failure "+examples.ReasonExpired; got != want {
+			t.Errorf("settlements %q, want %q", got, want)
+		}
+		if n := len(h.Events(string(examples.LLMStarted))); n != 0 {
+			t.Errorf("%d started facts, want none", n)
+		}
+	})
+}
+
 func TestAgent_Replay(t *testing.T) {
 	live := &vendorFake{t: t}
 	proctest.Run(t, agentConfig(live), func(t *testing.T, h *proctest.Harness[examples.AgentState]) {
@@ -279,40 +297,34 @@ func TestAgent_CrashLoopBreaker(t *testing.T) {
 	})
 }
 
+// A vendor call with no deadline of its own (it ignores its context) cannot hold the obligation
+// past its horizon: expiresAt bounds the whole obligation, settlement included, so the attempt
+// gives up on the call when its budget runs out and settles as expired inside the reserve.
 func TestAgent_WedgedVendor(t *testing.T) {
 	v := &vendorFake{t: t}
 	agentHarness(t, v, func(t *testing.T, h *proctest.Harness[examples.AgentState]) {
 		release := v.hang() // a call with no deadline that never answers
 		h.Append(examples.MessageAdded.Input(examples.Message{Text: "stuck"}, ""))
 		h.AdvanceTime(hesitation(h))
-		startedAt := h.Clock.Now()
-		h.AdvanceTime(14 * time.Minute)
-		if n := len(h.Events(itx.TypeProcessorRevived)); n != 0 {
-			t.Errorf("%d revivals while the call is younger than the wedge bound", n)
+		if got := len(v.Calls()); got != 1 {
+			t.Fatalf("%d vendor calls, want the one in flight", got)
 		}
-		h.AdvanceTime(3 * time.Minute)
-		revived := h.Events(itx.TypeProcessorRevived)
-		if len(revived) != 3 {
-			t.Errorf("%d revivals 17 minutes in, want 3", len(revived))
-		} else {
-			// Wedged after 15 minutes (at the next lead fire), then along the backoff, not the lead.
-			if got := time.UnixMilli(revived[0].CreatedAt).Sub(startedAt); got < processors.WedgedAfter || got > processors.WedgedAfter+processors.KeepaliveLead {
-				t.Errorf("first revival %v after the call started, want within a lead of %v", got, processors.WedgedAfter)
-			}
-			if gaps, want := revivalGaps(revived), "10s 1m0s"; gaps != want {
-				t.Errorf("gaps between wedged revivals %q, want %q", gaps, want)
-			}
-		}
-		// The live attempt still drives the request: nothing was settled under it.
-		if got := settlements(t, h); got != "" {
-			t.Errorf("settlements %q under a live attempt", got)
-		}
-		// The answer comes long after the obligation's horizon: the attempt's budget ran out, so
-		// it settles as expired rather than delivering a stale answer.
-		release("finally")
-		h.Settle()
+		expiresAt := h.State().Requests[0].ExpiresAt
+		h.AdvanceTime(time.Duration(h.State().Config.ExpiryMs) * time.Millisecond)
 		if got, want := settlements(t, h), "msg-1 failure "+examples.ReasonExpired; got != want {
-			t.Errorf("settlements %q, want %q", got, want)
+			t.Fatalf("settlements %q at the horizon, want %q", got, want)
+		}
+		if at := h.Events(string(examples.LLMSettled))[0].CreatedAt; at > expiresAt {
+			t.Errorf("settled %v after the obligation's expiresAt", time.Duration(at-expiresAt)*time.Millisecond)
+		}
+		// The answer comes long after: it changes nothing, and nothing is left in flight.
+		release("finally")
+		h.AdvanceTime(processors.KeepaliveLead)
+		if got := len(h.Events(string(examples.LLMSettled))); got != 1 {
+			t.Errorf("%d settlements, want 1", got)
+		}
+		if n := len(h.Events(itx.TypeProcessorRevived)); n != 0 {
+			t.Errorf("%d revivals: the attempt settled, nothing was owed", n)
 		}
 	})
 }

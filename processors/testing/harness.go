@@ -196,29 +196,38 @@ func (h *Harness[S]) Append(events ...itx.EventInput) []itx.Event {
 	return out
 }
 
-// AdvanceTime moves the virtual clock by d. Each time the alarm or a scheduled append
-// (Args.ScheduleAppend) comes due on the way, the clock stops there: due scheduled appends land
+// AdvanceTime moves the virtual clock by d. Each time a clock timer, the alarm or a scheduled
+// append (Args.ScheduleAppend) comes due on the way, the clock stops there: due timers fire and
+// the work they release runs (at their time, not at the next stop), due scheduled appends land
 // and are delivered, the current incarnation's registry handles the alarm's fire (the real
-// HandleAlarm path), and delivery is driven to a fixpoint; clock timers due on the way fire in
-// order.
+// HandleAlarm path), and delivery is driven to a fixpoint.
 func (h *Harness[S]) AdvanceTime(d time.Duration) {
 	h.t.Helper()
 	target := h.Clock.Now().Add(d)
-	for i := 0; ; i++ {
+	for stuck := 0; ; {
 		at := h.Alarm.At()
 		if next := h.Stream.Scheduled(); len(next) > 0 {
 			if due := time.UnixMilli(next[0].DueAt); at.IsZero() || due.Before(at) {
 				at = due
 			}
 		}
+		timer, ok := h.Clock.Next()
+		if ok && (at.IsZero() || timer.Before(at)) {
+			at = timer
+		}
 		if at.IsZero() || at.After(target) {
 			break
 		}
-		if i > maxSettleRounds {
+		if now := h.Clock.Now(); at.After(now) {
+			stuck = 0
+			h.Clock.Advance(at.Sub(now))
+		} else if stuck++; stuck > maxSettleRounds {
 			h.t.Fatalf("harness: the alarm keeps firing at %v", at)
 		}
-		if now := h.Clock.Now(); at.After(now) {
-			h.Clock.Advance(at.Sub(now))
+		if ok && !timer.After(h.Clock.Now()) {
+			// The timers fired: let what they released run now (and be delivered, when
+			// delivery is attached), before anything later looks at it.
+			h.Settle()
 		}
 		if h.Stream.Land(h.Clock.Now()) > 0 {
 			h.deliver = true

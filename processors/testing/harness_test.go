@@ -3,6 +3,7 @@ package proctest_test
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -228,6 +229,143 @@ func TestHarness_RefusedScheduledAppendIsRecorded(t *testing.T) {
 		}
 		if got := h.Events(itx.TypeErrorOccurred); len(got) != 1 {
 			t.Errorf("%d error records (%v), want 1 for the refused scheduled append", len(got), got)
+		}
+	})
+}
+
+// waiter consumes "job/queued" and starts a background attempt that waits two seconds on the
+// virtual clock, then appends "job/done".
+func waiter(env proctest.Env) processors.Contract[tally] {
+	return processors.Contract[tally]{
+		Name: "waiter", ConsumedTypes: []string{"job/queued"}, ReducerVersion: "1",
+		InitialState: func() tally { return tally{} },
+		Reduce:       func(s tally, e itx.Event) tally { return tally{N: s.N + 1} },
+		ProcessEvent: func(ctx context.Context, a *processors.Args[tally]) error {
+			if a.Event == nil {
+				return nil
+			}
+			// Droppable: the test is about when it runs, not what recovers it.
+			a.RunInBackground(func(ctx context.Context) error {
+				elapsed := make(chan struct{})
+				t := env.Clock.AfterFunc(2*time.Second, func() { close(elapsed) })
+				defer t.Stop()
+				select {
+				case <-elapsed:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+				_, err := a.Append(ctx, itx.EventInput{Type: "job/done", IdempotencyKey: a.IdempotencyKey("done", a.Event)})
+				return err
+			})
+			return nil
+		},
+	}
+}
+
+// AdvanceTime stops at every clock timer on the way, so the work a timer releases runs at the
+// timer's time, before a later alarm fire looks at it: the attempt appends at +2s, and the
+// keepalive's fire at +10s finds it settled (quiet and clean), not still in flight.
+func TestHarness_AdvanceTimeRunsTimersAtTheirTime(t *testing.T) {
+	proctest.Run(t, proctest.Config[tally]{New: waiter}, func(t *testing.T, h *proctest.Harness[tally]) {
+		start := h.Clock.Now()
+		h.Append(itx.EventInput{Type: "job/queued"})
+		h.AdvanceTime(time.Minute)
+		done := h.Events("job/done")
+		if len(done) != 1 {
+			t.Fatalf("%d job/done, want 1", len(done))
+		}
+		if got := time.UnixMilli(done[0].CreatedAt).Sub(start); got != 2*time.Second {
+			t.Errorf("job/done appended at +%v, want +2s (its timer's time)", got)
+		}
+		raw, _ := json.Marshal(h.Fires())
+		if got, want := string(raw), `[{"Name":"waiter","Action":"clean-disarm"}]`; got != want {
+			t.Errorf("alarm fires %s, want %s", got, want)
+		}
+	})
+}
+
+// A hung attempt no deadline owns (it ignores its context) trips the busy-fire cap: the keepalive
+// re-arms at the lead for about 15 minutes, then revives along the backoff, not at the lead.
+func TestHarness_WedgedAttemptDecaysAlongTheBackoff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		gate := make(chan struct{}) // made in the bubble, so an attempt blocked on it is durably blocked
+		defer close(gate)
+		h := proctest.New(t, proctest.Config[tally]{New: straggler(gate, make(chan error, 1))})
+		h.Append(itx.EventInput{Type: "job/queued"})
+		startedAt := h.Clock.Now()
+		h.AdvanceTime(14 * time.Minute)
+		if n := len(h.Events(itx.TypeProcessorRevived)); n != 0 {
+			t.Errorf("%d revivals while the attempt is younger than the wedge bound", n)
+		}
+		h.AdvanceTime(3 * time.Minute)
+		revived := h.Events(itx.TypeProcessorRevived)
+		if len(revived) != 3 {
+			t.Fatalf("%d revivals 17 minutes in, want 3", len(revived))
+		}
+		if got := time.UnixMilli(revived[0].CreatedAt).Sub(startedAt); got < processors.WedgedAfter || got > processors.WedgedAfter+processors.KeepaliveLead {
+			t.Errorf("first revival %v after the attempt started, want within a lead of %v", got, processors.WedgedAfter)
+		}
+		var gaps []string
+		for i := 1; i < len(revived); i++ {
+			gaps = append(gaps, (time.Duration(revived[i].CreatedAt-revived[i-1].CreatedAt) * time.Millisecond).String())
+		}
+		if got, want := strings.Join(gaps, " "), "10s 1m0s"; got != want {
+			t.Errorf("gaps between wedged revivals %q, want %q", got, want)
+		}
+	})
+}
+
+// hanger consumes "job/queued" and blocks on it until its incarnation ends: the poison of an
+// event whose processing takes the incarnation down every time.
+func hanger(env proctest.Env) processors.Contract[tally] {
+	return processors.Contract[tally]{
+		Name: "hanger", ConsumedTypes: []string{"job/queued"}, ReducerVersion: "1",
+		InitialState: func() tally { return tally{} },
+		Reduce:       func(s tally, e itx.Event) tally { return tally{N: s.N + 1} },
+		ProcessEvent: func(ctx context.Context, a *processors.Args[tally]) error {
+			if a.Event == nil {
+				return nil
+			}
+			// Blocking: the poison under test; it never settles while the incarnation lives.
+			a.BlockProcessorWhile("hang", func(ctx context.Context) error {
+				<-ctx.Done()
+				return ctx.Err()
+			})
+			return nil
+		},
+	}
+}
+
+// A poison that evicts its incarnation every time it is delivered: each fresh incarnation's
+// redelivery is tracked work, but it must not pull the alarm back to the lead while the breaker
+// backs off, or the stream wakes (and the poison runs) every ten seconds forever. Revivals follow
+// the backoff, and the alarm fires at most twice per revival (the revival, and the confirmation
+// that finds the dead incarnation's successor still owing).
+func TestHarness_EvictingPoisonWakesAlongTheBackoff(t *testing.T) {
+	proctest.Run(t, proctest.Config[tally]{New: hanger}, func(t *testing.T, h *proctest.Harness[tally]) {
+		start := h.Clock.Now()
+		h.Append(itx.EventInput{Type: "job/queued"})
+		for {
+			h.Crash() // the poison takes the incarnation down
+			at := h.AlarmAt()
+			if at.IsZero() {
+				t.Fatalf("no alarm armed at +%v: the crash loop is not revived", h.Clock.Now().Sub(start))
+			}
+			if at.Sub(start) > 7*time.Hour {
+				break
+			}
+			h.AdvanceTime(at.Sub(h.Clock.Now()))
+		}
+		revived := h.Events(itx.TypeProcessorRevived)
+		var gaps []string
+		for i := 1; i < len(revived); i++ {
+			gaps = append(gaps, (time.Duration(revived[i].CreatedAt-revived[i-1].CreatedAt) * time.Millisecond).String())
+		}
+		if got, want := strings.Join(gaps, " "), "10s 1m0s 5m0s 30m0s 6h0m0s"; got != want {
+			t.Errorf("gaps between revivals %q, want %q", got, want)
+		}
+		if fires := len(h.Fires()); fires > 2*len(revived) {
+			t.Errorf("%d alarm fires for %d revivals in 7h: the poison ran at the lead, not along the backoff", fires, len(revived))
 		}
 	})
 }
