@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -59,4 +60,33 @@ func TestServer_StreamsBoundedPerProject(t *testing.T) {
 	require.Equal(t, itx.ELimitExceeded, itx.ErrorCode(err), "%v", err)
 	require.Equal(t, classOutage, classify(err), "the receiving side is full, whatever the events")
 	require.Equal(t, before, databases())
+}
+
+// The subscription verbs' control events record the name the subscription has, trimmed, not
+// the caller's spacing.
+func TestVerbs_ControlEventsRecordTheTrimmedName(t *testing.T) {
+	ctx := context.Background()
+	s, projectID := mustOpen(t, Config{DataDir: t.TempDir()})
+	ref := StreamRef{ProjectID: projectID, Path: "/trimmed"}
+	_, err := s.Append(ctx, ref, []itx.EventInput{{Type: "x"}}, itx.AppendOptions{})
+	require.NoError(t, err)
+	name, _, err := s.ConfigureSubscription(ctx, ref, itx.SubscriptionConfig{Name: "  sp  ",
+		Receiver: itx.Receiver{Action: itx.KindCopyToStream, ReceivingStreamPath: "/elsewhere"}}, "")
+	require.NoError(t, err)
+	require.Equal(t, "sp", name)
+	_, err = s.SetSubscriptionCursor(ctx, ref, " sp ", 1)
+	require.NoError(t, err)
+	_, err = s.RemoveSubscription(ctx, ref, " sp ")
+	require.NoError(t, err)
+	page, err := s.ReadEvents(ctx, ref, itx.Query{})
+	require.NoError(t, err)
+	var names []string
+	for _, e := range page.Events {
+		if strings.HasPrefix(e.Type, "stream/subscription-") {
+			var p struct{ Name string }
+			require.NoError(t, json.Unmarshal(e.Payload, &p))
+			names = append(names, e.Type+" "+p.Name)
+		}
+	}
+	require.Equal(t, []string{itx.TypeSubscriptionConfigured + " sp", itx.TypeSubscriptionCursorSet + " sp", itx.TypeSubscriptionRemoved + " sp"}, names)
 }

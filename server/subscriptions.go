@@ -62,6 +62,7 @@ func waitVerb(ctx context.Context) func(*PendingVerb, error) (string, int64, err
 // StartConfigureSubscription queues ConfigureSubscription's event (see PendingVerb).
 func (s *Server) StartConfigureSubscription(ctx context.Context, ref StreamRef, cfg itx.SubscriptionConfig, idempotencyKey string) (*PendingVerb, error) {
 	name := strings.TrimSpace(cfg.Name)
+	cfg.Name = name // the log records the name the subscription has, not the caller's spacing
 	if name == "" && strings.TrimSpace(idempotencyKey) == "" {
 		return nil, itx.Errorf(itx.EInvalid, "a subscription without a name needs an idempotency key, so that a retry does not configure a second one")
 	}
@@ -97,7 +98,8 @@ func (s *Server) StartConfigureSubscription(ctx context.Context, ref StreamRef, 
 	return &PendingVerb{p: p, name: name}, nil
 }
 
-// startControl queues a verb's control event for the subscription name.
+// startControl queues a verb's control event for the subscription name (trimmed by its caller,
+// so the log records the name the subscription has).
 func (s *Server) startControl(ctx context.Context, ref StreamRef, name, typ string, payload any) (*PendingVerb, error) {
 	b, err := json.Marshal(payload)
 	if err != nil {
@@ -130,6 +132,7 @@ func (s *Server) RemoveSubscription(ctx context.Context, ref StreamRef, name str
 
 // StartRemoveSubscription queues RemoveSubscription's event (see PendingVerb).
 func (s *Server) StartRemoveSubscription(ctx context.Context, ref StreamRef, name string) (*PendingVerb, error) {
+	name = strings.TrimSpace(name)
 	return s.startControl(ctx, ref, name, itx.TypeSubscriptionRemoved, itx.RemovedPayload{Name: name, Reason: "requested"})
 }
 
@@ -141,6 +144,7 @@ func (s *Server) SetSubscriptionCursor(ctx context.Context, ref StreamRef, name 
 
 // StartSetSubscriptionCursor queues SetSubscriptionCursor's event (see PendingVerb).
 func (s *Server) StartSetSubscriptionCursor(ctx context.Context, ref StreamRef, name string, afterOffset int64) (*PendingVerb, error) {
+	name = strings.TrimSpace(name)
 	return s.startControl(ctx, ref, name, itx.TypeSubscriptionCursorSet, itx.CursorSetPayload{Name: name, AfterOffset: afterOffset})
 }
 
@@ -151,6 +155,7 @@ func (s *Server) ResumeSubscription(ctx context.Context, ref StreamRef, name str
 
 // StartResumeSubscription queues ResumeSubscription's event (see PendingVerb).
 func (s *Server) StartResumeSubscription(ctx context.Context, ref StreamRef, name string) (*PendingVerb, error) {
+	name = strings.TrimSpace(name)
 	return s.startControl(ctx, ref, name, itx.TypeSubscriptionResumed, itx.NamePayload{Name: name})
 }
 
