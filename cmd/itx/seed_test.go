@@ -121,3 +121,16 @@ func TestEval_PageLimitPast32BitsIsRefused(t *testing.T) {
 		require.Equal(t, "invalidArgument", f.Code, "%s: %s", src, f.Message)
 	}
 }
+
+// openConnection takes the seed's spelling of the live-state switch, state: false, beside the
+// schema's noState; the two saying the opposite is refused.
+func TestEval_ConnectionTakesTheSeedsStateSwitch(t *testing.T) {
+	ts := startServer(t)
+	s := newSession(t, ts)
+	s.mustEval(t, `var sc = project.streams.get("/state-switch"); sc.append({type: "note"})`)
+	require.Equal(t, "quiet", s.mustEval(t, `sc.openConnection({state: false, key: "quiet"}).key()`))
+	require.Equal(t, "told", s.mustEval(t, `sc.openConnection({state: true, noState: false, key: "told"}).key()`))
+	f := s.failure(t, `sc.openConnection({state: true, noState: true})`)
+	require.Equal(t, "invalidArgument", f.Code, f.Message)
+	require.Contains(t, f.Message, "state")
+}

@@ -134,7 +134,8 @@ func (c *liveConnection) close(ctx context.Context, reason string) error {
 }
 
 // openConnection opens a connection on the stream at p with a buffering sink.
-var connectionKeys = []string{"after", "types", "maxDeliveryEvents", "maxDeliveryBytes", "noState", "openedBy", "key", "includeEphemeral"}
+// "state" is the seed's spelling of the live-state switch (state: false), "noState" the schema's.
+var connectionKeys = []string{"after", "types", "maxDeliveryEvents", "maxDeliveryBytes", "noState", "state", "openedBy", "key", "includeEphemeral"}
 
 func (s *Session) openConnection(ctx context.Context, stream capnp.Client, v goja.Value) (*liveConnection, error) {
 	o, err := s.opts("openConnection", v, connectionKeys...)
@@ -145,6 +146,13 @@ func (s *Session) openConnection(ctx context.Context, stream capnp.Client, v goj
 	maxEvents, maxBytes := o.uint("maxDeliveryEvents"), o.uint("maxDeliveryBytes")
 	noState, openedBy := o.bool("noState"), o.str("openedBy")
 	key, includeEphemeral := o.str("key"), o.bool("includeEphemeral")
+	if o.get("state") != nil {
+		if state := o.bool("state"); o.get("noState") != nil && state == noState {
+			o.fail("state", "state and noState say the opposite; give one")
+		} else {
+			noState = !state
+		}
+	}
 	if err := o.err(); err != nil {
 		return nil, err
 	}
