@@ -204,6 +204,9 @@ func (s *Server) DescribeSubscription(ctx context.Context, ref StreamRef, name s
 	var d itx.SubscriptionDescription
 	err := s.withSubscriptions(ctx, ref, func(v view) error {
 		entry, err := v.core.existing(name)
+		if _, isReader := v.readers[strings.TrimSpace(name)]; err != nil && isReader {
+			return itx.Errorf(itx.ENotFound, "%q is a registered reader, not a subscription: readers().list() shows its checkpoint", strings.TrimSpace(name))
+		}
 		if err != nil {
 			return err
 		}
@@ -243,19 +246,27 @@ func (s *Server) WaitUntilProcessed(ctx context.Context, ref StreamRef, name str
 	// or by the wakes of whichever host does (remote), so the barrier follows the processor
 	// through a replaced runner, a new contract or a new placement; a wait on the runner found at
 	// the start would never see its successor's progress.
-	existed := false
+	// A registered reader (seed 000: it stands beside the subscriptions in lag views) is waited
+	// on by its declared checkpoint.
+	existed, wasReader := false, false
 	for {
 		v := a.view()
 		_, exists := v.core.Subscriptions[name]
 		row := v.rows[name]
+		reader, isReader := v.readers[name]
 		switch {
-		case !exists && existed:
+		case !exists && isReader:
+			if reader.Checkpoint >= offset {
+				return reader.Checkpoint, nil
+			}
+			row = storage.CursorRow{ConfirmedOffset: reader.Checkpoint, Status: "reader"}
+		case !exists && (existed || wasReader):
 			return 0, itx.Errorf(itx.ENotFound, "subscription %q was removed while waiting", name)
 		case !exists:
 			return 0, itx.Errorf(itx.ENotFound, "subscription %q does not exist", name)
 		}
-		existed = true
-		if row.ConfirmedOffset >= offset {
+		existed, wasReader = exists, isReader && !exists
+		if exists && row.ConfirmedOffset >= offset {
 			if e := v.core.Subscriptions[name]; isInProcess(e) && s.hosted[e.Config.ProcessorContract()] {
 				// Read-your-writes: the runner learns of its commit when the commit answers it,
 				// just after the row moved; a snapshot taken after this wait includes offset.

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	jsonpatch "github.com/evanphx/json-patch/v5"
 	"github.com/itx-dev/itx"
@@ -790,4 +791,49 @@ func TestLiveState_ConnectionRowsBounded(t *testing.T) {
 	require.Len(t, rows, server.MaxLiveConnectionRows)
 	require.Contains(t, rows, "c0000")
 	require.NotContains(t, rows, fmt.Sprintf("c%04d", n-1), "the first by key are listed")
+}
+
+// waitUntilProcessed waits on a registered reader by its declared checkpoint (readers stand
+// beside the subscriptions in lag views), and describing one through subscriptions.get says it
+// is a reader, not that nothing of that name exists.
+func TestReaders_WaitUntilProcessedFollowsAReader(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	s := stream(t, ts.project(t), "/mirrored")
+	mustAppend(t, s, ev("a", `{}`), ev("a", `{}`), ev("a", `{}`))
+	fut, release := s.Readers(ctx, nil)
+	defer release()
+	readers := fut.Readers()
+	require.NoError(t, client.RegisterReader(ctx, readers, "mirror", 1))
+	sub := client.Subscription(ctx, s, "mirror")
+	defer sub.Release()
+
+	got, err := client.WaitUntilProcessed(ctx, sub, 1, 0)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), got)
+	type answer struct {
+		at  int64
+		err error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		at, err := client.WaitUntilProcessed(ctx, sub, 3, 30*time.Second)
+		done <- answer{at, err}
+	}()
+	require.NoError(t, client.RegisterReader(ctx, readers, "mirror", 2))
+	select {
+	case a := <-done:
+		t.Fatalf("resolved at checkpoint 2 for offset 3: %+v", a)
+	default:
+	}
+	require.NoError(t, client.RegisterReader(ctx, readers, "mirror", 3))
+	a := <-done
+	require.NoError(t, a.err)
+	require.Equal(t, int64(3), a.at)
+
+	_, err = client.DescribeSubscription(ctx, sub)
+	requireCode(t, err, itx.ENotFound)
+	require.Contains(t, err.Error(), "registered reader")
+	_, err = client.WaitUntilProcessed(ctx, client.Subscription(ctx, s, "nobody"), 1, 0)
+	requireCode(t, err, itx.ENotFound)
 }
