@@ -396,6 +396,21 @@ func (c *Connection) run() {
 		through int64
 	}
 	var window []pending
+	// takeDirect moves the batches the actor sent (pushDirect) into the window. Each is older
+	// than any page or marker the reader makes after it (it is in direct before the reader can
+	// move on), and newer than every batch in the window (the actor sends only once run has
+	// handed every page to the sink), so taking them before each page keeps the window in order.
+	takeDirect := func() {
+		for {
+			select {
+			case p := <-c.direct:
+				window = append(window, pending{wait: p.wait, through: p.through})
+				s.metrics.ConnectionEvents.Add(float64(p.events))
+			default:
+				return
+			}
+		}
+	}
 	defer func() {
 		c.Close(CloseShuttingDown, "the server is shutting down") // no-op if already closed
 		// The context is cancelled now: a pushDirect that saw it live has queued its batch
@@ -407,14 +422,7 @@ func (c *Connection) run() {
 		// Batches sent and not awaited: their calls end with the cancelled context; waiting
 		// for that releases them (else each stays in the RPC connection's question table
 		// until that connection ends).
-		for done := false; !done; {
-			select {
-			case p := <-c.direct:
-				window = append(window, pending{wait: p.wait})
-			default:
-				done = true
-			}
-		}
+		takeDirect()
 		if len(window) > 0 {
 			left := window
 			go func() {
@@ -444,21 +452,6 @@ func (c *Connection) run() {
 			settled(p.through)
 		}
 		return true
-	}
-	// takeDirect moves the batches the actor sent (pushDirect) into the window. Each is older
-	// than any page or marker the reader makes after it (it is in direct before the reader can
-	// move on), and newer than every batch in the window (the actor sends only once run has
-	// handed every page to the sink), so taking them before each page keeps the window in order.
-	takeDirect := func() {
-		for {
-			select {
-			case p := <-c.direct:
-				window = append(window, pending{wait: p.wait, through: p.through})
-				s.metrics.ConnectionEvents.Add(float64(p.events))
-			default:
-				return
-			}
-		}
 	}
 	for {
 		var p connPage

@@ -162,12 +162,12 @@ func (st *streamState) applyProc(op procOp, now time.Time, env stepEnv, eff *eff
 		stage(procAlarmKey, b)
 		return procReply{}
 	case op.kvKey != "" && op.kvDel:
-		if err := st.kvIncarnation(op, env); err != nil {
+		if err := st.kvFence(op, env); err != nil {
 			return procReply{err: err}
 		}
 		return st.deleteProcKV(op, env, eff)
 	case op.kvKey != "":
-		if err := st.kvIncarnation(op, env); err != nil {
+		if err := st.kvFence(op, env); err != nil {
 			return procReply{err: err}
 		}
 		return st.putProcKV(op, env, eff)
@@ -327,14 +327,14 @@ func (st *streamState) kvOwned(key string) error {
 	return itx.Errorf(itx.EFailedPrecondition, "processor KV key %q: no processor-wake subscription of this stream holds it (removed): this runner is dead", key)
 }
 
-// kvIncarnation fences a remote host's KV write under the processors' records
+// kvFence fences a remote host's KV write under the processors' records
 // (itx.ProcessorKVPrefix): its ports write there only under their own processor's prefix, and
 // only while the processor's progress record is at the generation their runner holds (claimed
 // through them, else the record's at the wake), as a commit is fenced. A removal bumps the
 // generation, so the removed processor's ports (a host that kept them) write nothing into one
 // configured anew under its name; a newer wake's claim fences a stale runner's writes too. A
 // reconfigure keeps the generation. Keys outside "processor/" are the stream's shared KV.
-func (st *streamState) kvIncarnation(op procOp, env stepEnv) error {
+func (st *streamState) kvFence(op procOp, env stepEnv) error {
 	if op.kvFor == "" || !strings.HasPrefix(op.kvKey, "processor/") {
 		return nil
 	}

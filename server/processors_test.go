@@ -81,14 +81,12 @@ func TestProcessorKV_Bounds(t *testing.T) {
 	})
 }
 
-// mustRemoteProcessor configures a remote processor-wake subscription and returns its birth
-// epoch (the offset of its configured event).
-func mustRemoteProcessor(t *testing.T, s *Server, ref StreamRef, name string) int64 {
+// mustRemoteProcessor configures a remote processor-wake subscription.
+func mustRemoteProcessor(t *testing.T, s *Server, ref StreamRef, name string) {
 	t.Helper()
-	_, birth, err := s.ConfigureSubscription(context.Background(), ref, itx.SubscriptionConfig{Name: name,
+	_, _, err := s.ConfigureSubscription(context.Background(), ref, itx.SubscriptionConfig{Name: name,
 		Receiver: itx.Receiver{Action: itx.KindProcessorWake, Placement: "remote"}}, "")
 	require.NoError(t, err)
-	return birth
 }
 
 // A remote host's ports write the processors' records in the KV only under their own processor's
