@@ -63,7 +63,8 @@ type actor struct {
 
 	conns      map[string]*Connection // open connections by key
 	connSeq    int
-	connList   atomic.Pointer[[]*Connection] // conns as the live engine reads them
+	connOrder  []*Connection                  // conns sorted by key
+	connList   atomic.Pointer[publishedConns] // what the live engine reads of them
 	liveP      atomic.Pointer[liveEngine]
 	liveCount  atomic.Int64 // counted live-state subscribers (Config.MaxLiveSubscribersPerStream)
 	deleted    atomic.Bool  // the stream is being deleted with its project

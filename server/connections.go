@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -259,7 +260,13 @@ func (a *actor) register(c *Connection) error {
 	c.openedAt = st.head
 	c.delivered.Store(c.opts.After)
 	a.conns[c.key] = c
-	a.publishConns()
+	i, found := a.connIndex(c.key)
+	if found {
+		a.connOrder[i] = c
+	} else {
+		a.connOrder = slices.Insert(a.connOrder, i, c)
+	}
+	a.publishConns(i)
 	a.liveDirty()
 	return nil
 }
@@ -269,9 +276,17 @@ func (a *actor) register(c *Connection) error {
 func (a *actor) unregister(c *Connection) {
 	if a.conns[c.key] == c {
 		delete(a.conns, c.key)
-		a.publishConns()
+		if i, found := a.connIndex(c.key); found {
+			a.connOrder = slices.Delete(a.connOrder, i, i+1)
+			a.publishConns(i)
+		}
 		a.liveDirty()
 	}
+}
+
+// connIndex is where key is, or belongs, in connOrder.
+func (a *actor) connIndex(key string) (int, bool) {
+	return slices.BinarySearchFunc(a.connOrder, key, func(c *Connection, key string) int { return strings.Compare(c.key, key) })
 }
 
 // directMaxConns is the most connections a stream may have for the actor to send a commit's

@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sort"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -315,22 +315,32 @@ func (a *actor) liveState() LiveStreamState {
 		out.Readers[name] = LiveReaderRow{Checkpoint: r.Checkpoint, Lag: max(0, v.head-r.Checkpoint)}
 	}
 	if conns := a.connList.Load(); conns != nil {
-		out.ConnectionsOpen = len(*conns)
-		for _, c := range (*conns)[:min(len(*conns), MaxLiveConnectionRows)] { // sorted by key
+		out.ConnectionsOpen = conns.open
+		for _, c := range conns.first {
 			out.Connections[c.key] = LiveConnectionRow{OpenedBy: c.opts.OpenedBy, Delivered: c.delivered.Load()}
 		}
 	}
 	return out
 }
 
-// publishConns makes the connection registry visible to the live engine. Actor goroutine only.
-func (a *actor) publishConns() {
-	list := make([]*Connection, 0, len(a.conns))
-	for _, c := range a.conns {
-		list = append(list, c)
+// publishedConns is what the live engine reads of a stream's connections: the first
+// MaxLiveConnectionRows by key, and how many are open.
+type publishedConns struct {
+	first []*Connection
+	open  int
+}
+
+// publishConns makes the connection registry visible to the live engine after a change at
+// index changed of connOrder: a copy of its first rows, so that opening n connections costs
+// O(n) copies of at most MaxLiveConnectionRows pointers, not n sorts. Actor goroutine only.
+func (a *actor) publishConns(changed int) {
+	pub := &publishedConns{open: len(a.connOrder)}
+	if old := a.connList.Load(); old != nil && changed >= MaxLiveConnectionRows {
+		pub.first = old.first // unchanged: the change is past the rows listed
+	} else {
+		pub.first = slices.Clone(a.connOrder[:min(len(a.connOrder), MaxLiveConnectionRows)])
 	}
-	sort.Slice(list, func(i, j int) bool { return list[i].key < list[j].key })
-	a.connList.Store(&list)
+	a.connList.Store(pub)
 }
 
 // SubscribeLive attaches a sink to the stream's live state: a snapshot now, then patches. The

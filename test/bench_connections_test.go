@@ -77,7 +77,7 @@ func openBenchConn(b *testing.B, s schema.Stream, after uint64, sink *benchSink)
 // latency on one connection, catch-up of a large backlog over one connection, fan-out from one
 // writer to many connections, and the memory an idle connection costs.
 func BenchmarkConnection(b *testing.B) {
-	srv := startBenchItxd(b, noBreaker...)
+	srv := startBenchItxd(b, append(slices.Clone(noBreaker), "--max-live-per-login", "20000")...)
 
 	b.Run("latency", func(b *testing.B) {
 		s := srv.stream(b, fmt.Sprintf("/conn/latency-%d", b.N))

@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -791,6 +793,48 @@ func TestLiveState_ConnectionRowsBounded(t *testing.T) {
 	require.Len(t, rows, server.MaxLiveConnectionRows)
 	require.Contains(t, rows, "c0000")
 	require.NotContains(t, rows, fmt.Sprintf("c%04d", n-1), "the first by key are listed")
+}
+
+// The listed rows follow opens and closes in any key order: the first MaxLiveConnectionRows keys
+// of the connections open now, whatever order they were opened and closed in.
+func TestLiveState_ConnectionRowsFollowOpensAndClosesInAnyOrder(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	s := stream(t, ts.project(t), "/shuffled")
+	view := &liveView{}
+	subscribeLive(t, s, view)
+	n := server.MaxLiveConnectionRows + 60
+	conns := map[string]schema.Connection{}
+	for _, i := range rand.Perm(n) {
+		key := fmt.Sprintf("c%04d", i)
+		c, err := openConn(t, s, connOpts{key: key, noState: true}, newTestSink())
+		require.NoError(t, err)
+		conns[key] = c
+	}
+	// Close some listed ones and some past the listed rows, in no order.
+	for _, i := range []int{n - 1, 3, 0, server.MaxLiveConnectionRows + 7, 100, server.MaxLiveConnectionRows - 1} {
+		key := fmt.Sprintf("c%04d", i)
+		fut, release := conns[key].Close(context.Background(), func(p schema.Connection_close_Params) error { return p.SetReason("done") })
+		_, err := fut.Struct()
+		release()
+		require.NoError(t, err)
+		delete(conns, key)
+	}
+	keys := slices.Sorted(maps.Keys(conns))
+	want := keys[:server.MaxLiveConnectionRows]
+	waitUntil(t, "the rows of the connections open now", func() bool {
+		_, doc := view.state()
+		open, _ := doc["connectionsOpen"].(float64)
+		rows, _ := doc["connections"].(map[string]any)
+		if int(open) != len(keys) || len(rows) != len(want) {
+			return false
+		}
+		for _, k := range want {
+			if _, ok := rows[k]; !ok {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 // waitUntilProcessed waits on a registered reader by its declared checkpoint (readers stand
