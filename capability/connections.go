@@ -37,10 +37,9 @@ func (s *stream) OpenConnection(ctx context.Context, call schema.Stream_openConn
 	if int64(o.After()) < 0 {
 		return fail(itx.Errorf(itx.EInvalid, "after %d is out of range", o.After()))
 	}
-	untake, err := takeLive(s.acc)
-	if err != nil {
-		return fail(err)
-	}
+	// Counted against the login that opens it by the stream's actor, once the open is decided:
+	// a replace under a key the login holds takes over that connection's place.
+	opts.Opener = s.acc.session
 	// The argument is released when this method returns: keep our own reference.
 	sinkCap := call.Args().Sink().AddRef()
 	limiter := newPushLimiter()
@@ -49,14 +48,12 @@ func (s *stream) OpenConnection(ctx context.Context, call schema.Stream_openConn
 	// order sent (of two under one key, the later replaces the earlier).
 	pending, err := s.srv.StartOpenConnection(ctx, s.ref, opts, &eventSink{client: sinkCap, limiter: limiter, acc: s.acc})
 	if err != nil {
-		untake()
 		sinkCap.Release()
 		return fail(err)
 	}
 	call.Go()
 	conn, err := pending.Wait(ctx)
 	if err != nil {
-		untake()
 		sinkCap.Release()
 		return fail(err)
 	}
@@ -66,7 +63,7 @@ func (s *stream) OpenConnection(ctx context.Context, call schema.Stream_openConn
 		// another login keeps the RPC connection.
 		forget = x.OnEnd(func() { conn.Close(server.CloseAccessEnded, "the token that opened it was revoked or expired") })
 	}
-	go func() { <-conn.Done(); forget(); untake() }()
+	go func() { <-conn.Done(); forget() }()
 	res, err := call.AllocResults()
 	if err != nil {
 		conn.Close(server.CloseConnectionLost, err.Error())

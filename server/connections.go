@@ -49,6 +49,11 @@ type ConnectionOptions struct {
 	OpenedBy          string
 	Types             []string // empty: every type
 	IncludeEphemeral  bool     // catch-up includes buffered ephemeral events from before the open
+	// Opener, when set, is the login the connection counts against (Session.TakeLive), taken by
+	// the actor once the open is decided: one that replaces a connection the same login opened
+	// takes over that one's place instead, so a replace at the bound succeeds (the count does
+	// not grow). The place is given back when the connection has stopped.
+	Opener *Session
 }
 
 // ConnectionSink is the client side of a connection (the capability layer adapts an EventSink).
@@ -93,6 +98,36 @@ type Connection struct {
 	once       sync.Once
 	closedWith atomic.Pointer[string] // "reason: message" once closed
 	done       chan struct{}
+
+	liveMu sync.Mutex
+	untake func() // gives back the place counted against opts.Opener; nil: none held (guarded by liveMu)
+}
+
+// takeOverLive moves old's place under the login to c; false when old holds none (it was given
+// back already).
+func (c *Connection) takeOverLive(old *Connection) bool {
+	old.liveMu.Lock()
+	u := old.untake
+	old.untake = nil
+	old.liveMu.Unlock()
+	if u == nil {
+		return false
+	}
+	c.liveMu.Lock()
+	c.untake = u
+	c.liveMu.Unlock()
+	return true
+}
+
+// giveBackLive gives back the place c holds under its login, if any, once.
+func (c *Connection) giveBackLive() {
+	c.liveMu.Lock()
+	u := c.untake
+	c.untake = nil
+	c.liveMu.Unlock()
+	if u != nil {
+		u()
+	}
 }
 
 // Key is the connection's key.
@@ -253,6 +288,15 @@ func (a *actor) register(c *Connection) error {
 	old := a.conns[c.key]
 	if old == nil && len(a.conns) >= a.srv.cfg.MaxConnectionsPerStream {
 		return itx.Errorf(itx.ELimitExceeded, "a stream serves at most %d open connections (--max-connections-per-stream)", a.srv.cfg.MaxConnectionsPerStream)
+	}
+	if x := c.opts.Opener; x != nil && (old == nil || old.opts.Opener != x || !c.takeOverLive(old)) {
+		untake, err := x.TakeLive()
+		if err != nil {
+			return err
+		}
+		c.liveMu.Lock()
+		c.untake = untake
+		c.liveMu.Unlock()
 	}
 	if old != nil {
 		old.Close(CloseReplaced, "a new connection opened under the same key")
@@ -447,6 +491,7 @@ func (c *Connection) run() {
 			}()
 		}
 		close(c.done)
+		c.giveBackLive()
 		s.metrics.OpenConnections.Dec()
 		s.release(c.a)
 	}()

@@ -62,6 +62,60 @@ type procMount struct {
 	gen       uint64
 	at        int64
 	contracts []itx.ProcessorInfo
+
+	// stops are the Stop calls sent to the host and not yet answered, by processor: a wake of
+	// the same processor waits for them (pendingStops), so a stop meant for a removed
+	// subscription never lands after the wake of one created anew under its name, ending the
+	// new one's session (the host tells sessions apart by stream and name only).
+	stopMu sync.Mutex
+	stops  map[stopKey]map[*stopCall]struct{}
+}
+
+type stopKey struct{ streamID, name string }
+
+// stopCall is one Stop in flight; done is closed once it was answered (or gave up).
+type stopCall struct{ done chan struct{} }
+
+// beginStop records a Stop of k about to be sent; finish forgets it once answered.
+func (m *procMount) beginStop(k stopKey) (finish func()) {
+	c := &stopCall{done: make(chan struct{})}
+	m.stopMu.Lock()
+	if m.stops == nil {
+		m.stops = map[stopKey]map[*stopCall]struct{}{}
+	}
+	if m.stops[k] == nil {
+		m.stops[k] = map[*stopCall]struct{}{}
+	}
+	m.stops[k][c] = struct{}{}
+	m.stopMu.Unlock()
+	return func() {
+		m.stopMu.Lock()
+		delete(m.stops[k], c)
+		if len(m.stops[k]) == 0 {
+			delete(m.stops, k)
+		}
+		m.stopMu.Unlock()
+		close(c.done)
+	}
+}
+
+// awaitStops waits until every Stop of k sent to the host before now was answered (each is
+// bounded by the delivery timeout), or ctx ends.
+func (m *procMount) awaitStops(ctx context.Context, k stopKey) error {
+	m.stopMu.Lock()
+	var pending []*stopCall
+	for c := range m.stops[k] {
+		pending = append(pending, c)
+	}
+	m.stopMu.Unlock()
+	for _, c := range pending {
+		select {
+		case <-c.done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
 }
 
 // procHosts is the per-project registry of mounted processor hosts.
@@ -388,7 +442,11 @@ func (d *deliverer) wakeRemote(job pushJob, out deliveryOutcome) deliveryOutcome
 	defer cancel()
 	t := d.srv.clock.AfterFunc(2*d.srv.cfg.DeliveryTimeout, cancel)
 	defer t.Stop()
-	processed, _, err := m.host.Wake(ctx, w)
+	// A stop sent for a removed subscription of this name lands first (see beginStop).
+	var processed int64
+	if err = m.awaitStops(ctx, stopKey{streamID, d.name}); err == nil {
+		processed, _, err = m.host.Wake(ctx, w)
+	}
 	switch {
 	case d.ctx.Err() != nil:
 		return out
@@ -449,7 +507,10 @@ func (a *actor) fireRemoteAlarm(name string) {
 		if m := a.srv.remoteHost(ref.ProjectID, contract); m != nil {
 			wctx, cancel := context.WithTimeout(ctx, 2*a.srv.cfg.DeliveryTimeout)
 			var gen int64
-			if gen, err = a.procGeneration(wctx, name); err == nil {
+			if err = m.awaitStops(wctx, stopKey{streamID, name}); err == nil {
+				gen, err = a.procGeneration(wctx, name)
+			}
+			if err == nil {
 				_, _, err = m.host.Wake(wctx, RemoteWake{Ref: ref, StreamID: streamID, Name: name, Processor: contract, Alarm: true,
 					ProgressGeneration: gen, Ports: &ProcessorPorts{srv: a.srv, ref: ref, name: name, contract: contract, gen: m.gen, wakeGen: gen}})
 			}
@@ -498,7 +559,11 @@ func (a *actor) stopRemote(contract, name string) {
 		return
 	}
 	streamID, log := a.st.streamID, a.srv.log
+	// Recorded here, on the actor, before any later step can wake a subscription created anew
+	// under the name: that wake waits for this stop's answer (procMount.awaitStops).
+	finish := m.beginStop(stopKey{streamID, name})
 	go func() {
+		defer finish()
 		ctx, cancel := context.WithTimeout(a.srv.base, a.srv.cfg.DeliveryTimeout)
 		defer cancel()
 		if err := m.host.Stop(ctx, streamID, name); err != nil {

@@ -727,6 +727,50 @@ func TestConnection_PerLoginBound(t *testing.T) {
 	})
 }
 
+// At the per-login bound, reopening under a key the same login already holds open replaces that
+// connection (the count does not grow: the new one takes over the old one's place), while a new
+// key is still refused; the replaced connection's place is not given back twice.
+func TestConnection_PerLoginBoundReplaceByKey(t *testing.T) {
+	ts := startServer(t, server.Config{MaxLivePerSession: 2})
+	p := ts.project(t)
+	a := stream(t, p, "/a")
+	mustAppend(t, a, ev("e", `{}`))
+	oldSink := newTestSink()
+	_, err := openConn(t, a, connOpts{key: "tab", noState: true}, oldSink)
+	require.NoError(t, err)
+	_, err = openConn(t, a, connOpts{key: "other", noState: true}, newTestSink())
+	require.NoError(t, err)
+
+	_, err = openConn(t, a, connOpts{key: "new", noState: true}, newTestSink())
+	requireCode(t, err, itx.ELimitExceeded)
+
+	var last schema.Connection
+	for i := 0; i < 3; i++ {
+		sink := newTestSink()
+		last, err = openConn(t, a, connOpts{key: "tab", noState: true}, sink)
+		require.NoError(t, err, "a replace at the bound does not grow the count")
+		waitUntil(t, "the old one told replaced", func() bool {
+			r := oldSink.closeReason()
+			return r != nil && *r == schema.CloseReason_replaced
+		})
+		waitUntil(t, "the new one delivers", func() bool { return len(sink.offsets()) == 1 })
+		oldSink = sink
+	}
+	// The replaced ones gave nothing back that the replacements hold: a new key is still refused.
+	time.Sleep(50 * time.Millisecond)
+	_, err = openConn(t, a, connOpts{key: "new", noState: true}, newTestSink())
+	requireCode(t, err, itx.ELimitExceeded)
+	// And the last replacement gives its place back when it closes.
+	fut, release := last.Close(context.Background(), func(p schema.Connection_close_Params) error { return p.SetReason("done") })
+	_, err = fut.Struct()
+	release()
+	require.NoError(t, err)
+	waitUntil(t, "room again", func() bool {
+		_, err := openConn(t, a, connOpts{key: "new", noState: true}, newTestSink())
+		return err == nil
+	})
+}
+
 // A client that lets go of the Connection capability while its session lives ends the
 // connection, and its sink, which it still serves, hears connectionLost saying why.
 func TestConnection_ReleasedCapabilityTellsTheSink(t *testing.T) {

@@ -227,6 +227,58 @@ func TestRemote_RemovedSubscriptionEndsTheHostSession(t *testing.T) {
 	waitUntil(t, "the session of the subscription placed in-process ended", func() bool { return hs.Sessions() == 0 })
 }
 
+// lateStopHost serves a HostServer whose stop calls take a while to land (a slow link, a busy
+// host): each is let through delay after it arrived, while later calls go on (call.Go).
+type lateStopHost struct {
+	*remote.HostServer
+	delay  time.Duration
+	landed chan struct{} // one send per stop, once it reached the HostServer
+}
+
+func (h *lateStopHost) Stop(ctx context.Context, call schema.ProcessorHost_stop) error {
+	call.Go()
+	time.Sleep(h.delay)
+	err := h.HostServer.Stop(ctx, call)
+	h.landed <- struct{}{}
+	return err
+}
+
+// The stop itxd sends a host for a removed processor-wake subscription ends only the removed
+// one's session: a subscription created anew at once under the name is woken after the stop
+// landed, so its session stands. Before, the stop went out on a goroutine of its own and the new
+// subscription's wake did not wait for it: a stop landing after that wake ended the new session.
+func TestRemote_StopOfARemovedSubscriptionSparesTheRecreatedOne(t *testing.T) {
+	ty := &tally{ran: map[int64]int{}}
+	ts := startServer(t, server.Config{Processors: ty.host(t)})
+	ctx := ctxT(t)
+	hs := &lateStopHost{HostServer: remote.NewHostServer(remote.Config{Host: ty.host(t), Logf: t.Logf}),
+		delay: 500 * time.Millisecond, landed: make(chan struct{}, 4)}
+	handle, err := mountHostServing(ctx, ts.project(t), "worker", hs, ty.host(t).Contracts())
+	require.NoError(t, err)
+	defer handle.Release()
+	s := stream(t, ts.project(t), "/remote/late-stop")
+	configureInstance(t, s, "tally", "", "remote")
+	first := mustAppend(t, s, ev("tally/x", `{}`)).HeadOffset
+	sub, _ := processorOf(t, s, "tally")
+	_, err = client.WaitUntilProcessed(ctx, sub, first, 0)
+	require.NoError(t, err)
+	require.Equal(t, 1, hs.Sessions())
+
+	removeSubscription(t, s, "tally")
+	configureInstance(t, s, "tally", "", "remote")
+	head := mustAppend(t, s, ev("tally/x", `{}`)).HeadOffset
+	_, err = client.WaitUntilProcessed(ctx, sub, head, 0)
+	require.NoError(t, err)
+	select {
+	case <-hs.landed:
+	case <-ctx.Done():
+		t.Fatal("the removed subscription's stop never reached the host")
+	}
+	require.Equal(t, 1, hs.Sessions(), "the recreated subscription's session stands after the removed one's stop")
+	require.Equal(t, 2, ty.count(first), "processed by the removed subscription and again by the new one")
+	require.Equal(t, 1, ty.count(head))
+}
+
 // A waitUntilProcessed in progress follows the processor's progress, not the runner it found:
 // the subscription placed elsewhere (its in-process runner ends, a remote host's runner takes
 // over the record), or set to run another contract (a new runner), resolves the barrier once the

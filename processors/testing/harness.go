@@ -6,7 +6,7 @@
 // Crash, an in-flight attempt by a vendor fake that has not answered), so every state a test
 // exercises is reachable; the stream is the assertion surface, with the alarm cell and the
 // keepalive record (the layer below the reduction) as the only other observables; and a crashed
-// incarnation is fenced: nothing its goroutines still do lands.
+// incarnation is fenced: nothing its goroutines still do lands, and no timer it armed fires.
 //
 // Scenarios run inside a testing/synctest bubble (Run does this): settling waits until every
 // goroutine is finished or durably blocked, a condition, never a sleep. Vendor fakes that hang
@@ -18,6 +18,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -53,8 +54,10 @@ type Substrate struct {
 
 // Env is what a processor incarnation gets from the harness.
 type Env struct {
-	Clock       itx.Clock // the virtual clock
-	Incarnation int       // 1 for the first, +1 per Crash
+	// Clock is the virtual clock as the incarnation sees it: the timers it arms die with the
+	// incarnation (Crash), as a dead isolate runs nothing.
+	Clock       itx.Clock
+	Incarnation int // 1 for the first, +1 per Crash
 }
 
 // Now reads the virtual clock.
@@ -77,6 +80,7 @@ type Harness[S any] struct {
 	name       string // the contract's name
 	n          int    // the current incarnation
 	fence      *fence // the current incarnation's right to write
+	clock      *incarnationClock
 	ctx        context.Context
 	cancel     context.CancelFunc // ends the incarnation's delivery attempts
 	registry   *processors.Registry
@@ -155,9 +159,10 @@ func (h *Harness[S]) incarnate() {
 	h.n++
 	n := h.n
 	f := &fence{}
+	clock := &incarnationClock{c: h.Clock, timers: map[*incarnationTimer]struct{}{}}
 	reg, err := processors.NewRegistry(processors.RegistryConfig{
 		Path: h.cfg.Path, Log: fencedLog{f, h.Stream}, KV: fencedKV{f, h.KV}, Alarm: fencedAlarm{f, h.Alarm},
-		Clock: h.Clock, Version: h.cfg.Version, PageSize: h.cfg.PageSize,
+		Clock: clock, Version: h.cfg.Version, PageSize: h.cfg.PageSize,
 		Logf: func(format string, args ...any) {
 			h.t.Logf("[incarnation %d] %s", n, fmt.Sprintf(format, args...))
 		},
@@ -165,12 +170,12 @@ func (h *Harness[S]) incarnate() {
 	if err != nil {
 		h.t.Fatalf("harness: %v", err)
 	}
-	c := h.cfg.New(Env{Clock: h.Clock, Incarnation: n})
+	c := h.cfg.New(Env{Clock: clock, Incarnation: n})
 	r, err := processors.Register(context.Background(), reg, c, fencedProgress{f, h.Progress})
 	if err != nil {
 		h.t.Fatalf("harness: register %q: %v", c.Name, err)
 	}
-	h.name, h.fence, h.registry, h.runner, h.delivering = c.Name, f, reg, r, nil
+	h.name, h.fence, h.clock, h.registry, h.runner, h.delivering = c.Name, f, clock, reg, r, nil
 	h.ctx, h.cancel = context.WithCancel(context.Background())
 }
 
@@ -180,6 +185,7 @@ func (h *Harness[S]) close() {
 		return
 	}
 	h.fence.dead.Store(true)
+	h.clock.kill()
 	h.cancel()
 	h.registry.Close()
 }
@@ -256,6 +262,7 @@ func (h *Harness[S]) AdvanceTime(d time.Duration) {
 // is built but not delivered to: the next append or a due alarm is its wake.
 func (h *Harness[S]) Crash() {
 	h.fence.dead.Store(true)
+	h.clock.kill() // its timers die with it: nothing of a dead incarnation runs
 	h.cancel()
 	h.registry.Close()
 	h.deliver = false
@@ -361,3 +368,77 @@ func (h *Harness[S]) Fires() []processors.AlarmOutcome { return h.fires }
 
 // DeliveryErrors lists the delivery attempts that failed so far.
 func (h *Harness[S]) DeliveryErrors() []error { return h.errs }
+
+// incarnationClock is the virtual clock as one incarnation sees it: it arms the timers on the
+// harness's clock and kills them with the incarnation, so a timer a dead incarnation armed (its
+// runner's, its registry's, or the processor's own through Env.Clock) never fires.
+type incarnationClock struct {
+	c *clocktest.Clock
+
+	mu     sync.Mutex
+	dead   bool
+	timers map[*incarnationTimer]struct{} // armed and not yet fired or stopped
+}
+
+type incarnationTimer struct {
+	ic *incarnationClock
+	t  itx.Timer
+}
+
+// Now reads the harness's clock.
+func (ic *incarnationClock) Now() time.Time { return ic.c.Now() }
+
+// AfterFunc arms f on the harness's clock, for as long as the incarnation lives.
+func (ic *incarnationClock) AfterFunc(d time.Duration, f func()) itx.Timer {
+	return ic.arm(func(g func()) itx.Timer { return ic.c.AfterFunc(d, g) }, f)
+}
+
+// AfterFuncAt is AfterFunc at an instant (see itx.AfterFuncAt).
+func (ic *incarnationClock) AfterFuncAt(at time.Time, f func()) itx.Timer {
+	return ic.arm(func(g func()) itx.Timer { return ic.c.AfterFuncAt(at, g) }, f)
+}
+
+func (ic *incarnationClock) arm(arm func(func()) itx.Timer, f func()) itx.Timer {
+	ic.mu.Lock()
+	defer ic.mu.Unlock()
+	it := &incarnationTimer{ic: ic}
+	if ic.dead {
+		return it // never armed: Stop reports false
+	}
+	ic.timers[it] = struct{}{}
+	it.t = arm(func() {
+		ic.mu.Lock()
+		alive := !ic.dead
+		delete(ic.timers, it)
+		ic.mu.Unlock()
+		if alive {
+			f()
+		}
+	})
+	return it
+}
+
+// kill stops every timer the incarnation armed; later ones are never armed.
+func (ic *incarnationClock) kill() {
+	ic.mu.Lock()
+	ic.dead = true
+	timers := ic.timers
+	ic.timers = nil
+	ic.mu.Unlock()
+	for it := range timers {
+		it.t.Stop()
+	}
+}
+
+// Stop cancels the timer if it has not fired (nor died with its incarnation).
+func (it *incarnationTimer) Stop() bool {
+	it.ic.mu.Lock()
+	_, armed := it.ic.timers[it]
+	delete(it.ic.timers, it)
+	t := it.t
+	it.ic.mu.Unlock()
+	if !armed {
+		return false
+	}
+	return t.Stop()
+}

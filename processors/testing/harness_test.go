@@ -387,3 +387,47 @@ func TestMemoryKV_Delete(t *testing.T) {
 		t.Errorf("deleting an absent key: %v", err)
 	}
 }
+
+// reminder consumes "job/queued" and arms a one-minute timer on the virtual clock that it never
+// stops (user code: no context, no fence), recording which incarnation's callback ran.
+func reminder(fired chan<- int) func(proctest.Env) processors.Contract[tally] {
+	return func(env proctest.Env) processors.Contract[tally] {
+		return processors.Contract[tally]{
+			Name: "reminder", ConsumedTypes: []string{"job/queued"}, ReducerVersion: "1",
+			InitialState: func() tally { return tally{} },
+			Reduce:       func(s tally, e itx.Event) tally { return tally{N: s.N + 1} },
+			ProcessEvent: func(ctx context.Context, a *processors.Args[tally]) error {
+				if a.Event != nil {
+					env.Clock.AfterFunc(time.Minute, func() { fired <- env.Incarnation })
+				}
+				return nil
+			},
+		}
+	}
+}
+
+// A crash kills the incarnation's timers with it (a dead isolate runs nothing): a timer the dead
+// incarnation armed never fires, however far the clock moves; the successor's own timers fire
+// at their time. Before, the dead incarnation's callback ran when the clock passed it.
+func TestHarness_CrashCancelsTheDeadIncarnationsTimers(t *testing.T) {
+	fired := make(chan int, 10)
+	proctest.Run(t, proctest.Config[tally]{New: reminder(fired)}, func(t *testing.T, h *proctest.Harness[tally]) {
+		h.Append(itx.EventInput{Type: "job/queued"})
+		h.Crash()
+		h.AdvanceTime(2 * time.Minute)
+		synctest.Wait()
+		if len(fired) != 0 {
+			t.Fatalf("incarnation %d's timer fired after it was killed", <-fired)
+		}
+		h.Append(itx.EventInput{Type: "job/queued"}) // the successor's wake
+		h.AdvanceTime(2 * time.Minute)
+		synctest.Wait()
+		var got []int
+		for len(fired) > 0 {
+			got = append(got, <-fired)
+		}
+		if len(got) != 1 || got[0] != 2 {
+			t.Errorf("timers fired for incarnations %v, want [2]", got)
+		}
+	})
+}
