@@ -15,6 +15,7 @@ type SubscriptionSummary struct {
 	Kind               string
 	Status             string // StatusActive, StatusHalted or StatusParked
 	ConfirmedOffset    int64
+	DeliveredOffset    int64 // delivered through here: ahead of ConfirmedOffset only while offset-acking
 	Lag                int64 // head - confirmed
 	LastError          string
 	ConfiguredAtOffset int64
@@ -28,6 +29,7 @@ type CursorState struct {
 	ConfiguredAtOffset    int64  // birth epoch
 	CursorChangedAtOffset int64  // seek epoch
 	ConfirmedOffset       int64
+	DeliveredOffset       int64 // delivered through here: ahead of ConfirmedOffset only while offset-acking
 
 	Attempt             int
 	NextAttemptAt       int64 // epoch ms

@@ -114,12 +114,22 @@ type SubscriptionConfig struct {
 	// widen up to DeliveryBatchEvents).
 	MaxDeliveryEvents int `json:"maxDeliveryEvents,omitempty"`
 	MaxDeliveryBytes  int `json:"maxDeliveryBytes,omitempty"`
+	// ConfirmWindow makes the subscription offset-acking (itx-call and webhook-post; 0: off): a
+	// receiver's answer marks its batch delivered and confirms only through the offset it names
+	// (or Subscription.confirm does later); delivery goes on while at most ConfirmWindow events
+	// are delivered and unconfirmed, and those are delivered again after a failure, a new mount
+	// of the receiver's name or a restart.
+	ConfirmWindow int `json:"confirmWindow,omitempty"`
 	// Scope is the path prefix of the token that configured the subscription ("": the whole
 	// project). Its receiver reads the stream as that token does (ScopedEvent): filter,
 	// transform and the events delivered never show a stream outside the prefix. The server
 	// sets it from the configuring token; it is not a field of the wire schema.
 	Scope string `json:"scope,omitempty"`
 }
+
+// MaxConfirmWindow bounds SubscriptionConfig.ConfirmWindow: the events an offset-acking receiver
+// may hold delivered and unconfirmed (the server keeps a mark per delivery within it).
+const MaxConfirmWindow = 10_000
 
 // BatchLimits is the most one delivery of this subscription carries: MaxDeliveryEvents (default
 // DeliveryBatchEvents, one for webhook-post) and MaxDeliveryBytes (default DeliveryBatchBytes).
@@ -268,6 +278,12 @@ func ParseSubscriptionConfig(payload []byte) (*SubscriptionConfig, error) {
 	}
 	if c.MaxDeliveryBytes < 0 || c.MaxDeliveryBytes > DeliveryBatchBytes {
 		return nil, Errorf(EInvalid, "maxDeliveryBytes must be 1..%d (0: the default, %d), got %d", DeliveryBatchBytes, DeliveryBatchBytes, c.MaxDeliveryBytes)
+	}
+	if c.ConfirmWindow < 0 || c.ConfirmWindow > MaxConfirmWindow {
+		return nil, Errorf(EInvalid, "confirmWindow must be 1..%d events (0: not offset-acking), got %d", MaxConfirmWindow, c.ConfirmWindow)
+	}
+	if c.ConfirmWindow > 0 && c.Receiver.Action != KindITXCall && c.Receiver.Action != KindWebhookPost {
+		return nil, Errorf(EInvalid, "confirmWindow is for itx-call and webhook-post receivers (they confirm offsets), not %s", c.Receiver.Action)
 	}
 	r := &c.Receiver
 	r.JSONataTransform = strings.TrimSpace(r.JSONataTransform)

@@ -170,6 +170,7 @@ var methodRights = map[string]rightSet{
 	"Subscription.describe":           rRead,
 	"Subscription.waitUntilProcessed": rRead,
 	"Subscription.processor":          rRead,
+	"Subscription.confirm":            rSubscribe, // moves the cursor, as cursor-set does
 
 	"Connection.close": rNone,
 	"Connection.ping":  rNone,

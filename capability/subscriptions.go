@@ -226,6 +226,31 @@ func (s *subscription) WaitUntilProcessed(ctx context.Context, call schema.Subsc
 	return nil
 }
 
+// Confirm confirms an offset-acking subscription's deliveries through an offset. Queued on the
+// stream in the order sent (the call queue is released only once it is), so confirmations sent
+// on one capability never move the cursor back and forth.
+func (s *subscription) Confirm(ctx context.Context, call schema.Subscription_confirm) error {
+	offset, err := itx.ValidateOffset("offset", call.Args().Offset())
+	if err != nil {
+		return fail(err)
+	}
+	pending, err := s.srv.StartConfirm(ctx, s.ref, s.name, offset)
+	if err != nil {
+		return fail(err)
+	}
+	call.Go()
+	confirmed, err := pending.Wait(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	res.SetConfirmedOffset(uint64(confirmed))
+	return nil
+}
+
 func (s *subscription) Processor(ctx context.Context, call schema.Subscription_processor) error {
 	d, err := s.srv.DescribeSubscription(ctx, s.ref, s.name)
 	if err != nil {

@@ -63,6 +63,12 @@ type SubscriptionConfig struct {
 	// as an "events" array (itx.WebhookBatchBody).
 	MaxDeliveryEvents int
 	MaxDeliveryBytes  int
+	// ConfirmWindow makes an itx-call or webhook-post subscription offset-acking (0: off): the
+	// receiver's answer marks a batch delivered and confirms through the offset it names (0:
+	// nothing yet); ConfirmSubscription confirms later. At most ConfirmWindow events (1..10,000)
+	// are delivered and unconfirmed at a time; they go again after a failure, a new mount of the
+	// receiver's name or a restart.
+	ConfirmWindow int
 	// IdempotencyKey makes a configure retry-safe; required when Name is empty (a retry with it
 	// returns the original event and generated name). Not part of the stored config.
 	IdempotencyKey string
@@ -182,6 +188,21 @@ func WaitUntilProcessed(ctx context.Context, sub schema.Subscription, offset int
 	return int64(res.ConfirmedOffset()), nil
 }
 
+// ConfirmSubscription confirms an offset-acking subscription's deliveries through offset (at most
+// what was delivered) and returns its confirmed cursor, once written.
+func ConfirmSubscription(ctx context.Context, sub schema.Subscription, offset int64) (int64, error) {
+	fut, release := sub.Confirm(ctx, func(p schema.Subscription_confirm_Params) error {
+		p.SetOffset(uint64(offset))
+		return nil
+	})
+	defer release()
+	res, err := fut.Struct()
+	if err != nil {
+		return 0, err
+	}
+	return int64(res.ConfirmedOffset()), nil
+}
+
 // SetSubscriptionCursor appends stream/subscription-cursor-set (a seek: delivery resumes after
 // afterOffset) and returns the event's offset.
 func SetSubscriptionCursor(ctx context.Context, s schema.Stream, name string, afterOffset int64) (int64, error) {
@@ -213,7 +234,7 @@ func ResumeSubscription(ctx context.Context, s schema.Stream, name string) (int6
 // kind, start or failing-event policy it does not know; the server checks the rest.
 func (cfg *SubscriptionConfig) Config() (itx.SubscriptionConfig, error) {
 	out := itx.SubscriptionConfig{Name: cfg.Name, Description: cfg.Description,
-		MaxDeliveryEvents: cfg.MaxDeliveryEvents, MaxDeliveryBytes: cfg.MaxDeliveryBytes}
+		MaxDeliveryEvents: cfg.MaxDeliveryEvents, MaxDeliveryBytes: cfg.MaxDeliveryBytes, ConfirmWindow: cfg.ConfirmWindow}
 	if len(cfg.FilterTypes) > 0 || cfg.FilterCondition != "" {
 		out.Filter = &itx.SubscriptionFilter{EventTypes: cfg.FilterTypes, JSONataCondition: cfg.FilterCondition}
 	}
@@ -277,7 +298,8 @@ func oneOf(field, v, def, other string) (string, error) {
 func ConfigOf(c itx.SubscriptionConfig) SubscriptionConfig {
 	d := c.Receiver.EffectiveDelivery()
 	out := SubscriptionConfig{Name: c.Name, Description: c.Description, Transform: c.Receiver.JSONataTransform,
-		Start: d.Start, OnFailingEvent: d.OnFailingEvent, DeadLetterPath: d.DeadLetterPath, MaxDeliveryEvents: c.MaxDeliveryEvents, MaxDeliveryBytes: c.MaxDeliveryBytes}
+		Start: d.Start, OnFailingEvent: d.OnFailingEvent, DeadLetterPath: d.DeadLetterPath, MaxDeliveryEvents: c.MaxDeliveryEvents, MaxDeliveryBytes: c.MaxDeliveryBytes,
+		ConfirmWindow: c.ConfirmWindow}
 	if f := c.Filter; f != nil {
 		out.FilterCondition = f.JSONataCondition
 		if len(f.EventTypes) > 0 { // none: every type, as in a config that never set it

@@ -196,6 +196,13 @@ struct SubscriptionConfig {
   # event lands, once, as an "itx.dead-letter" event carrying it whole with its error; the skip
   # waits until it has landed. Empty: skipped events leave only a stream/error-occurred record.
   deadLetterPath @16 :Text;
+  # Offset-acking (itx-call and webhook-post only; 0: off). A receiver's answer then says what it
+  # took, not what it made durable: the batch counts as delivered, its confirmedOffset (0: none
+  # yet) confirms through an offset, and so does Subscription.confirm later. Delivery goes on
+  # while at most confirmWindow events (1..10,000) are delivered and not confirmed; the
+  # unconfirmed ones are delivered again after a failure, a new mount of the receiver's name, or
+  # a restart. Without it, an answer confirms the batch (or through its confirmedOffset).
+  confirmWindow @17 :UInt32;
 }
 
 struct Header {
@@ -222,6 +229,8 @@ struct SubscriptionSummary {
   configuredAtOffset @6 :UInt64;
   attempt @7 :UInt32;         # failed attempts in a row (the retry ladder's rung; 0: none)
   nextAttemptAt @8 :Int64;    # epoch ms of the next retry; 0: none due
+  deliveredOffset @9 :UInt64; # delivered through here (offset-acking: ahead of confirmedOffset
+                              # by what the receiver took and has not confirmed)
 }
 
 # describe(): the config and the whole cursor row.
@@ -245,6 +254,7 @@ struct SubscriptionDescription {
   # A webhook's signing secret is kept apart from the log: config.receiver.secret holds only its
   # reference ("itxsecret:<fingerprint>"), never the secret. secretSet says whether one is set.
   secretSet @16 :Bool;
+  deliveredOffset @17 :UInt64;      # see SubscriptionSummary.deliveredOffset
 }
 
 interface Subscriptions {
@@ -268,6 +278,10 @@ interface Subscription {
   waitUntilProcessed @1 (offset :UInt64, timeoutMs :UInt32) -> (confirmedOffset :UInt64);
   # Present only for processor-wake subscriptions.
   processor @2 () -> (processor :Processor);
+  # Offset-acking subscriptions (confirmWindow): confirm what the receiver made durable, through
+  # offset (at most what was delivered); returns the confirmed cursor once it is written. An
+  # offset at or below it changes nothing.
+  confirm @3 (offset :UInt64) -> (confirmedOffset :UInt64);
 }
 
 # --- connections, receivers, readers, live state ---------------------------------------------

@@ -358,6 +358,7 @@ func applyEffect(prev *storage.CursorRow, eff cursorEffect, now time.Time) *stor
 			ConfirmedOffset: eff.offset, Status: storage.StatusActive}
 	case effectSeek:
 		r.ConfirmedOffset, r.CursorChangedAtOffset = eff.offset, eff.epoch
+		r.DeliveredOffset = 0 // what was delivered before the seek is not confirmed after it
 		// A seek neither un-halts nor un-parks (resume and a mount do): the row goes on saying
 		// why it waits. A halted row keeps the retry block as the halt left it (only the try in
 		// flight, fenced by the new seek epoch, is forgotten); a parked one starts its ladder
@@ -387,6 +388,7 @@ func applyEffect(prev *storage.CursorRow, eff cursorEffect, now time.Time) *stor
 		r.FailingEventOffset, r.FailingEventAttempt = 0, 0
 	case effectReconfigure:
 		r.ConfiguredAtOffset, r.CursorChangedAtOffset = eff.epoch, eff.epoch
+		r.DeliveredOffset = 0 // a new receiver confirms only what it was given
 		r.Status = storage.StatusActive
 		clearRetry()
 	}

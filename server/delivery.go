@@ -184,8 +184,12 @@ func (d *deliverer) deadLetterOf(job pushJob, store streamStore, streamID string
 
 // try is one delivery try, without the dead letter.
 func (d *deliverer) try(job pushJob, store streamStore, streamID string) deliveryOutcome {
-	out := deliveryOutcome{name: job.name, gen: job.gen, birth: job.row.ConfiguredAtOffset, seek: job.row.CursorChangedAtOffset}
+	out := deliveryOutcome{name: job.name, gen: job.gen, birth: job.row.ConfiguredAtOffset, seek: job.row.CursorChangedAtOffset,
+		acking: job.acking, resets: job.resets}
 	after := job.row.ConfirmedOffset
+	if job.acking {
+		after = job.after
+	}
 	fail := func(class failureClass, count int, last int64, err error) deliveryOutcome {
 		out.failure = &deliveryFailure{class: class, count: count, last: last, msg: err.Error()}
 		if count == 1 {
@@ -285,7 +289,10 @@ func (d *deliverer) try(job pushJob, store streamStore, streamID string) deliver
 			// batch before it (confirmed, when there were any): the cursor may move to just
 			// before it, over what the filter passed too, and the failure is that event's.
 			failed, through = ef, ef.offset-1
-			if through > after {
+			if job.acking {
+				// Offset-acking: only what the receiver confirmed counts; the rest goes again.
+				out.confirmed = min(confirmed, through)
+			} else if through > after {
 				out.through, out.delivered = through, confirmed > after
 			}
 		case err != nil:
@@ -299,6 +306,10 @@ func (d *deliverer) try(job pushJob, store streamStore, streamID string) deliver
 				out.failure.eventOffset = last
 			}
 			return out
+		case job.acking:
+			// Delivered; confirmed only through what the answer names (0: nothing yet).
+			out.through, out.delivered, out.lastEvent = through, true, matched[len(matched)-1].Offset
+			out.confirmed = min(confirmed, through)
 		case confirmed > 0 && confirmed <= after:
 			return fail(classOutage, 0, 0, fmt.Errorf("%s confirmed through offset %d, no progress past the cursor at %d", d.send, confirmed, after))
 		default:

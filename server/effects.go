@@ -31,6 +31,7 @@ type effects struct {
 	flushed     bool // the commit carries every dirty row
 
 	rowsChanged bool // publish a new copy of the rows
+	confirmed   bool // a Subscription.confirm moved a cursor: written before it is answered
 
 	replies       []replyBatch
 	readerReplies []readerReply

@@ -57,6 +57,7 @@ type LiveSubscriptionRow struct {
 	Kind          string `json:"kind"`
 	Status        string `json:"status"`
 	Confirmed     int64  `json:"confirmed"`
+	Delivered     int64  `json:"delivered,omitempty"` // offset-acking subscriptions: delivered through here
 	Lag           int64  `json:"lag"`
 	LastError     string `json:"lastError,omitempty"`
 	NextAttemptAt int64  `json:"nextAttemptAt,omitempty"`
@@ -307,8 +308,12 @@ func (a *actor) liveState() LiveStreamState {
 	if v.core != nil {
 		for name, entry := range v.core.Subscriptions {
 			r := v.rows[name]
-			out.Subscriptions[name] = LiveSubscriptionRow{Kind: entry.Kind(), Status: r.Status, Confirmed: r.ConfirmedOffset,
+			row := LiveSubscriptionRow{Kind: entry.Kind(), Status: r.Status, Confirmed: r.ConfirmedOffset,
 				Lag: max(0, v.head-r.ConfirmedOffset), LastError: r.LastError, NextAttemptAt: r.NextAttemptAt}
+			if entry.Config.ConfirmWindow > 0 {
+				row.Delivered = max(r.DeliveredOffset, r.ConfirmedOffset)
+			}
+			out.Subscriptions[name] = row
 		}
 	}
 	for name, r := range v.readers {

@@ -59,6 +59,40 @@ func (s *Server) startReaderOp(ctx context.Context, ref StreamRef, op readerOp) 
 	return &PendingReader{srv: s, a: a, op: &op}, nil
 }
 
+// ConfirmSubscription confirms an offset-acking subscription's deliveries through offset (at most
+// what was delivered) and returns its confirmed cursor once that is written.
+func (s *Server) ConfirmSubscription(ctx context.Context, ref StreamRef, name string, offset int64) (int64, error) {
+	p, err := s.StartConfirm(ctx, ref, name, offset)
+	if err != nil {
+		return 0, err
+	}
+	return p.Wait(ctx)
+}
+
+// StartConfirm queues ConfirmSubscription's operation, as StartRegisterReader does a register.
+func (s *Server) StartConfirm(ctx context.Context, ref StreamRef, name string, offset int64) (*PendingConfirm, error) {
+	confirmed := new(int64)
+	p, err := s.startReaderOp(ctx, ref, readerOp{name: strings.TrimSpace(name), checkpoint: offset, confirm: true, confirmed: confirmed})
+	if err != nil {
+		return nil, err
+	}
+	return &PendingConfirm{p: p, confirmed: confirmed}, nil
+}
+
+// PendingConfirm is a confirmation queued on its stream's actor.
+type PendingConfirm struct {
+	p         *PendingReader
+	confirmed *int64
+}
+
+// Wait blocks until the confirmation is written or refused, and returns the confirmed cursor.
+func (p *PendingConfirm) Wait(ctx context.Context) (int64, error) {
+	if err := p.p.Wait(ctx); err != nil {
+		return 0, err
+	}
+	return *p.confirmed, nil
+}
+
 // Wait blocks until the actor has applied the operation (committed or refused it).
 func (p *PendingReader) Wait(ctx context.Context) error {
 	select {

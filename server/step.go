@@ -48,6 +48,48 @@ type subRuntime struct {
 	gen            int64 // the current deliverer's generation: fences outcomes of older ones
 	inFlight       bool
 	isolateThrough int64 // deliver one event at a time until the cursor reaches this
+
+	// An offset-acking subscription (confirmWindow) delivers ahead of its confirmed cursor:
+	// sendFrom is where its next delivery reads after (0: the confirmed cursor), and marks the
+	// deliveries since the confirmed cursor, in order. A reset (a failure, a new mount of its
+	// receiver's name, an effect on its row) sends again from the confirmed cursor; resets
+	// counts them, so a delivery started before one does not move sendFrom after it.
+	sendFrom int64
+	marks    []deliveryMark
+	resets   uint64
+}
+
+// deliveryMark is one delivery of an offset-acking subscription: the offset of the last event
+// it carried (0: none, the filter passed over everything it read) and how far it read.
+type deliveryMark struct {
+	last, through int64
+}
+
+// resetSending makes an offset-acking subscription deliver again from its confirmed cursor.
+func (rt *subRuntime) resetSending() {
+	rt.sendFrom, rt.marks = 0, nil
+	rt.resets++
+}
+
+// confirmTo moves an offset-acking subscription's confirmed cursor through c: past the whole of
+// each delivery whose last event is confirmed (over what its filter passed too), and past
+// deliveries that carried nothing once everything before them is confirmed.
+func confirmTo(r *storage.CursorRow, rt *subRuntime, c int64) bool {
+	to := max(r.ConfirmedOffset, c)
+	for len(rt.marks) > 0 {
+		m := rt.marks[0]
+		if m.through > to && m.last > to {
+			break
+		}
+		to = max(to, m.through)
+		rt.marks = rt.marks[1:]
+	}
+	if to <= r.ConfirmedOffset {
+		return false
+	}
+	r.ConfirmedOffset = to
+	r.DeliveredOffset = max(r.DeliveredOffset, to)
+	return true
 }
 
 func newStreamState(bucket *tokenBucket) *streamState {
@@ -84,6 +126,13 @@ type deliveryOutcome struct {
 	through     int64 // the cursor may move to here (0: not at all)
 	delivered   bool  // the receiver took events (a success: the skip count resets)
 	failure     *deliveryFailure
+	// An offset-acking subscription's try (pushJob.acking): through is how far it delivered,
+	// lastEvent the offset of the last event it carried (0: none) and confirmed what the
+	// receiver's answer confirmed (0: nothing). resets is the job's.
+	acking    bool
+	lastEvent int64
+	confirmed int64
+	resets    uint64
 }
 
 // pushJob is a delivery try the actor starts: read after row.ConfirmedOffset up to head, at most
@@ -99,6 +148,11 @@ type pushJob struct {
 	recent   []itx.Event // the last commit's events, set by the actor (see view.recent)
 	// procSeek is the seek epoch a processor-wake subscription's progress honors (procRecord.Seek).
 	procSeek int64
+	// after is where the read starts: row.ConfirmedOffset, or, for an offset-acking
+	// subscription (acking), where its last delivery ended.
+	after  int64
+	acking bool
+	resets uint64
 }
 
 // stepEnv is what a step may consult besides the state: configuration, pure functions, and one
@@ -190,6 +244,10 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 			if r == nil || waitsFor(entry) != capability {
 				continue
 			}
+			if rt := st.subs[name]; rt != nil && entry.Config.ConfirmWindow > 0 {
+				// A new receiver under the name: what the old one took unconfirmed goes again.
+				rt.resetSending()
+			}
 			if r.Status == storage.StatusParked {
 				r.Status, r.LastError = storage.StatusActive, ""
 				st.touch(name, now)
@@ -238,6 +296,14 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 
 	// 4b. Registered readers: validated against the head, written with this commit.
 	for _, op := range in.readers {
+		if op.confirm {
+			confirmed, err := st.applyConfirm(op, now, &eff)
+			if op.confirmed != nil {
+				*op.confirmed = confirmed
+			}
+			eff.readerReplies = append(eff.readerReplies, readerReply{op: op, err: err})
+			continue
+		}
 		eff.readerReplies = append(eff.readerReplies, readerReply{op: op, err: st.applyReader(op, now, env.rc, &eff)})
 	}
 
@@ -266,7 +332,7 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 	// starting it over with a try before its time. Tries are spaced by the backoff, so this costs
 	// at most one commit per failed try.
 	if len(eff.commit.Events) > 0 || len(eff.commit.KV) > 0 || len(eff.commit.KVDeletes) > 0 || len(eff.commit.CursorDeletes) > 0 || eff.coreChanged || in.flush || in.final ||
-		failed || len(eff.commit.ReaderUpserts) > 0 || len(eff.commit.ReaderDeletes) > 0 ||
+		failed || eff.confirmed || len(eff.commit.ReaderUpserts) > 0 || len(eff.commit.ReaderDeletes) > 0 ||
 		len(eff.commit.ScheduledUpserts) > 0 || len(eff.commit.ScheduledDeletes) > 0 {
 		eff.commit.CursorUpserts = eff.commit.CursorUpserts[:0]
 		names := make([]string, 0, len(st.dirty))
@@ -342,9 +408,20 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 		}
 	}
 	sort.Strings(eff.fireProcAlarms)
-	for name := range st.core.Subscriptions {
+	for name, entry := range st.core.Subscriptions {
 		r, rt := st.rows[name], st.subs[name]
-		if r == nil || rt == nil || rt.inFlight || r.Status != storage.StatusActive || r.ConfirmedOffset >= st.head {
+		if r == nil || rt == nil || rt.inFlight || r.Status != storage.StatusActive {
+			continue
+		}
+		after, window := r.ConfirmedOffset, int64(entry.Config.ConfirmWindow)
+		if window > 0 {
+			// Offset-acking: on from the last delivery while the window has room.
+			after = max(after, rt.sendFrom)
+			if after-r.ConfirmedOffset >= window {
+				continue
+			}
+		}
+		if after >= st.head {
 			continue
 		}
 		if r.NextAttemptAt > nowMs {
@@ -357,10 +434,13 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 		if r.ConfirmedOffset < rt.isolateThrough {
 			limit = 1
 		}
+		if window > 0 {
+			limit = int(min(int64(limit), window-(after-r.ConfirmedOffset)))
+		}
 		rt.inFlight = true
 		r.InFlightDeadlineAt = nowMs + env.deliveryTimeout.Milliseconds()
 		r.InFlightConnectionGeneration = rt.gen
-		job := pushJob{name: name, gen: rt.gen, row: *r, head: st.head, limit: limit}
+		job := pushJob{name: name, gen: rt.gen, row: *r, head: st.head, limit: limit, after: after, acking: window > 0, resets: rt.resets}
 		_, job.maxBytes = st.core.Subscriptions[name].Config.BatchLimits()
 		if isInProcess(st.core.Subscriptions[name]) {
 			if rec, err := st.procRecordOf(name, env); err == nil {
@@ -379,6 +459,10 @@ type readerOp struct {
 	checkpoint int64
 	remove     bool
 	reply      chan error // buffered
+	// confirm: Subscription.confirm of an offset-acking subscription through checkpoint; the
+	// step sets *confirmed to its confirmed cursor (answered once that is written).
+	confirm   bool
+	confirmed *int64
 }
 
 type readerReply struct {
@@ -507,6 +591,9 @@ func (st *streamState) absorb(plan groupPlan, now time.Time, eff *effects) {
 				rt.isolateThrough = 0
 			}
 		}
+		if rt := st.subs[name]; rt != nil {
+			rt.resetSending() // a halt, a resume, a seek: an offset-acking one sends from its cursor
+		}
 		st.rows[name] = applyEffect(st.rows[name], ce, now)
 		st.dirty[name] = true
 	}
@@ -516,6 +603,52 @@ func (st *streamState) absorb(plan groupPlan, now time.Time, eff *effects) {
 func (st *streamState) newRuntime() *subRuntime {
 	st.nextGen++
 	return &subRuntime{gen: st.nextGen}
+}
+
+// applyAcking takes an offset-acking subscription's try: what it delivered moves where the next
+// delivery starts (unless a reset came after the try started) and the delivered offset, and
+// what the receiver confirmed moves the cursor.
+func (st *streamState) applyAcking(o *deliveryOutcome, r *storage.CursorRow, rt *subRuntime) {
+	if o.resets == rt.resets && o.through > max(r.ConfirmedOffset, rt.sendFrom) {
+		rt.marks = append(rt.marks, deliveryMark{last: o.lastEvent, through: o.through})
+		rt.sendFrom = o.through
+		r.DeliveredOffset = max(r.DeliveredOffset, o.through)
+	}
+	if o.delivered {
+		r.Attempt, r.NextAttemptAt, r.LastError = 0, 0, ""
+		r.FailingEventOffset, r.FailingEventAttempt, r.FailingEventSkips = 0, 0, 0
+	}
+	confirmTo(r, rt, min(o.confirmed, max(r.DeliveredOffset, r.ConfirmedOffset)))
+	if r.ConfirmedOffset >= rt.isolateThrough {
+		rt.isolateThrough = 0
+	}
+}
+
+// applyConfirm takes Subscription.confirm: an offset-acking subscription's receiver confirms
+// through offset, at most what was delivered. It returns the confirmed cursor.
+func (st *streamState) applyConfirm(op readerOp, now time.Time, eff *effects) (int64, error) {
+	entry, r, rt := st.core.Subscriptions[op.name], st.rows[op.name], st.subs[op.name]
+	if entry == nil || r == nil || rt == nil {
+		if _, isReader := st.readers[op.name]; isReader {
+			return 0, itx.Errorf(itx.EFailedPrecondition, "%q is a registered reader: readers().register moves its checkpoint", op.name)
+		}
+		return 0, itx.Errorf(itx.ENotFound, "no subscription %q on this stream", op.name)
+	}
+	if entry.Config.ConfirmWindow == 0 {
+		return 0, itx.Errorf(itx.EFailedPrecondition, "subscription %q is not offset-acking (no confirmWindow): its receiver's answers confirm its deliveries", op.name)
+	}
+	if delivered := max(r.DeliveredOffset, r.ConfirmedOffset); op.checkpoint > delivered {
+		return 0, itx.Errorf(itx.EInvalid, "offset %d was not delivered to subscription %q: delivered through %d", op.checkpoint, op.name, delivered)
+	}
+	if confirmTo(r, rt, op.checkpoint) {
+		if r.ConfirmedOffset >= rt.isolateThrough {
+			rt.isolateThrough = 0
+		}
+		st.touch(op.name, now)
+		eff.rowsChanged = true
+		eff.confirmed = true
+	}
+	return r.ConfirmedOffset, nil
 }
 
 // touch marks a row changed in memory: it rides the next commit, or the flush after the delay.
@@ -543,7 +676,9 @@ func (st *streamState) applyOutcome(o *deliveryOutcome, nowMs int64, env stepEnv
 	}
 	eff.rowsChanged = true
 	r.InFlightDeadlineAt, r.InFlightConnectionGeneration = 0, 0
-	if o.through > r.ConfirmedOffset {
+	if o.acking {
+		st.applyAcking(o, r, rt)
+	} else if o.through > r.ConfirmedOffset {
 		// Progress: the retry block describes the position the cursor just left.
 		r.ConfirmedOffset = o.through
 		r.Attempt, r.NextAttemptAt, r.LastError = 0, 0, ""
@@ -559,6 +694,9 @@ func (st *streamState) applyOutcome(o *deliveryOutcome, nowMs int64, env stepEnv
 	f := o.failure
 	if f == nil {
 		return nil
+	}
+	if o.acking {
+		rt.resetSending() // what the receiver took unconfirmed goes again, from the confirmed cursor
 	}
 	eff.failedKinds = append(eff.failedKinds, entry.Kind())
 	var own []*appendReq

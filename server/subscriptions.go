@@ -182,6 +182,7 @@ func (s *Server) ListSubscriptions(ctx context.Context, ref StreamRef) ([]itx.Su
 			sum := itx.SubscriptionSummary{Name: name, Kind: entry.Kind(), Status: itx.StatusActive, ConfiguredAtOffset: entry.ConfiguredAtOffset}
 			if r, ok := v.rows[name]; ok {
 				sum.Status, sum.ConfirmedOffset, sum.LastError = r.Status, r.ConfirmedOffset, r.LastError
+				sum.DeliveredOffset = max(r.DeliveredOffset, r.ConfirmedOffset)
 				sum.Attempt, sum.NextAttemptAt = r.Attempt, r.NextAttemptAt
 			}
 			sum.Lag = max(0, v.head-sum.ConfirmedOffset)
@@ -293,7 +294,7 @@ func (s *Server) WaitUntilProcessed(ctx context.Context, ref StreamRef, name str
 func cursorState(r storage.CursorRow) itx.CursorState {
 	return itx.CursorState{
 		Status: r.Status, ConfiguredAtOffset: r.ConfiguredAtOffset, CursorChangedAtOffset: r.CursorChangedAtOffset,
-		ConfirmedOffset: r.ConfirmedOffset, Attempt: r.Attempt, NextAttemptAt: r.NextAttemptAt,
+		ConfirmedOffset: r.ConfirmedOffset, DeliveredOffset: max(r.DeliveredOffset, r.ConfirmedOffset), Attempt: r.Attempt, NextAttemptAt: r.NextAttemptAt,
 		FailingEventOffset: r.FailingEventOffset, FailingEventAttempt: r.FailingEventAttempt,
 		FailingEventSkips: r.FailingEventSkips, LastError: r.LastError, InFlightDeadlineAt: r.InFlightDeadlineAt,
 		InFlightConnectionGeneration: r.InFlightConnectionGeneration, UpdatedAt: r.UpdatedAt,

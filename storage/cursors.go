@@ -17,6 +17,10 @@ type CursorRow struct {
 	CursorChangedAtOffset int64 // seek epoch
 	ConfirmedOffset       int64
 	Status                string // "active" | "halted" | "parked"
+	// DeliveredOffset: an offset-acking subscription's highest offset delivered (it may confirm
+	// through here); 0 for the others, whose deliveries confirm themselves. Kept in its own
+	// table (subscription_delivered), so the seed's cursor table keeps its columns.
+	DeliveredOffset int64
 
 	Attempt             int
 	NextAttemptAt       int64 // epoch ms
@@ -77,12 +81,31 @@ func upsertCursor(ctx context.Context, tx *sql.Tx, r *CursorRow) error {
 	if err != nil {
 		return fmt.Errorf("upsert cursor %q: %w", r.Name, err)
 	}
+	if r.DeliveredOffset > 0 {
+		_, err = tx.ExecContext(ctx, `insert into subscription_delivered (name, delivered_offset) values (?, ?)
+			on conflict (name) do update set delivered_offset = excluded.delivered_offset`, r.Name, r.DeliveredOffset)
+	} else {
+		_, err = tx.ExecContext(ctx, `delete from subscription_delivered where name = ?`, r.Name)
+	}
+	if err != nil {
+		return fmt.Errorf("upsert cursor %q: delivered offset: %w", r.Name, err)
+	}
 	return nil
+}
+
+// deleteCursor deletes a cursor row and its delivered offset.
+func deleteCursor(ctx context.Context, tx *sql.Tx, name string) error {
+	if _, err := tx.ExecContext(ctx, `delete from subscription_cursors where name = ?`, name); err != nil {
+		return err
+	}
+	_, err := tx.ExecContext(ctx, `delete from subscription_delivered where name = ?`, name)
+	return err
 }
 
 // CursorRows reads every cursor row.
 func (s *Stream) CursorRows(ctx context.Context) ([]CursorRow, error) {
-	rows, err := s.w.QueryContext(ctx, `select `+cursorColumns+` from subscription_cursors order by name`)
+	rows, err := s.w.QueryContext(ctx, `select `+cursorColumns+`, coalesce((select d.delivered_offset from subscription_delivered d where d.name = c.name), 0)
+		from subscription_cursors c order by name`)
 	if err != nil {
 		return nil, fmt.Errorf("read cursors: %w", err)
 	}
@@ -94,7 +117,7 @@ func (s *Stream) CursorRows(ctx context.Context) ([]CursorRow, error) {
 		var lastErr sql.NullString
 		if err := rows.Scan(&r.Name, &r.ConfiguredAtOffset, &r.CursorChangedAtOffset, &r.ConfirmedOffset, &r.Status,
 			&r.Attempt, &next, &failing, &r.FailingEventAttempt, &r.FailingEventSkips, &lastErr, &deadline, &gen,
-			&r.UpdatedAt); err != nil {
+			&r.UpdatedAt, &r.DeliveredOffset); err != nil {
 			return nil, fmt.Errorf("read cursors: %w", err)
 		}
 		r.NextAttemptAt, r.FailingEventOffset = next.Int64, failing.Int64

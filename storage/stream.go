@@ -256,7 +256,7 @@ func (s *Stream) Commit(ctx context.Context, c Commit) error {
 		}
 	}
 	for _, name := range c.CursorDeletes {
-		if _, err := tx.ExecContext(ctx, `delete from subscription_cursors where name = ?`, name); err != nil {
+		if err := deleteCursor(ctx, tx, name); err != nil {
 			return fmt.Errorf("commit: delete cursor %q: %w", name, err)
 		}
 	}

@@ -148,7 +148,7 @@ func TestStream_Pragmas(t *testing.T) {
 	require.NoError(t, db.QueryRow("PRAGMA user_version").Scan(&version))
 	require.Equal(t, "wal", mode)
 	require.Equal(t, 2, sync)
-	require.Equal(t, 3, version, "migrations ran")
+	require.Equal(t, 4, version, "migrations ran")
 
 	// The seed's cursor table exists with its exact columns.
 	rows, err := db.Query("select name from pragma_table_info('subscription_cursors') order by cid")
@@ -291,6 +291,43 @@ func TestStream_Readers(t *testing.T) {
 	got, err := s.Readers(ctx)
 	require.NoError(t, err)
 	require.Equal(t, []Reader{{Name: "mirror", Checkpoint: 5, UpdatedAt: 12}}, got)
+}
+
+// A cursor row keeps an offset-acking subscription's delivered offset, and rows written before the
+// column existed read it as 0.
+func TestStream_CursorDeliveredOffset(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "c.db")
+	s, err := CreateStream(ctx, path, StreamMeta{StreamID: "s", ProjectID: "p", Path: "/c", CreatedAt: 1})
+	require.NoError(t, err)
+	row := CursorRow{Name: "acking", ConfiguredAtOffset: 1, ConfirmedOffset: 3, DeliveredOffset: 7, Status: StatusActive, UpdatedAt: "t"}
+	require.NoError(t, s.Commit(ctx, Commit{CursorUpserts: []CursorRow{row}}))
+	got, err := s.CursorRows(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []CursorRow{row}, got)
+
+	// Back to 0: the row goes from the side table; deleting the cursor deletes it too.
+	row.DeliveredOffset = 0
+	require.NoError(t, s.Commit(ctx, Commit{CursorUpserts: []CursorRow{row, {Name: "other", ConfiguredAtOffset: 1, DeliveredOffset: 2, Status: StatusActive}}}))
+	got, err = s.CursorRows(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []int64{0, 2}, []int64{got[0].DeliveredOffset, got[1].DeliveredOffset})
+	require.NoError(t, s.Commit(ctx, Commit{CursorDeletes: []string{"other"}}))
+	require.NoError(t, s.Close())
+
+	// A database from before migration 004 (no side table) gains it with its cursor rows kept.
+	db, err := openDB(path, false, 1)
+	require.NoError(t, err)
+	defer db.Close()
+	var left int
+	require.NoError(t, db.QueryRowContext(ctx, `select count(*) from subscription_delivered`).Scan(&left))
+	require.Zero(t, left, "nothing left of deleted or zeroed rows")
+	_, err = db.ExecContext(ctx, `drop table subscription_delivered; PRAGMA user_version = 3`)
+	require.NoError(t, err)
+	require.NoError(t, migrate(ctx, db, "stream"))
+	var cursors int
+	require.NoError(t, db.QueryRowContext(ctx, `select count(*) from subscription_cursors c left join subscription_delivered d using (name)`).Scan(&cursors))
+	require.Equal(t, 1, cursors)
 }
 
 // A directory from before tokens had their own table keeps logging in with its projects' tokens:

@@ -309,6 +309,12 @@ var methodCases = map[string]methodCase{
 		_, err := client.WaitUntilProcessed(ctx, sub, 0, 0)
 		return err
 	})},
+	"Subscription.confirm": {right: itx.RightSubscribe, pathed: true, call: withStream(func(ctx context.Context, s schema.Stream) error {
+		sub := client.Subscription(ctx, s, "sub")
+		defer sub.Release()
+		_, err := client.ConfirmSubscription(ctx, sub, 0)
+		return err
+	})},
 	"Subscription.processor": {right: itx.RightRead, pathed: true, call: withStream(func(ctx context.Context, s schema.Stream) error {
 		sub := client.Subscription(ctx, s, "sub")
 		defer sub.Release()

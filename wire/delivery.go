@@ -13,6 +13,7 @@ import (
 func SetSubscriptionSummary(dst schema.SubscriptionSummary, s itx.SubscriptionSummary) error {
 	dst.SetStatus(schema.SubscriptionStatusFromString(s.Status))
 	dst.SetConfirmedOffset(uint64(s.ConfirmedOffset))
+	dst.SetDeliveredOffset(uint64(s.DeliveredOffset))
 	dst.SetLag(uint64(s.Lag))
 	dst.SetConfiguredAtOffset(uint64(s.ConfiguredAtOffset))
 	dst.SetAttempt(uint32(max(0, s.Attempt)))
@@ -23,7 +24,7 @@ func SetSubscriptionSummary(dst schema.SubscriptionSummary, s itx.SubscriptionSu
 
 // SubscriptionSummaryFromSchema decodes a row of subscriptions.list().
 func SubscriptionSummaryFromSchema(src schema.SubscriptionSummary) (itx.SubscriptionSummary, error) {
-	out := itx.SubscriptionSummary{Status: src.Status().String(), ConfirmedOffset: int64(src.ConfirmedOffset()),
+	out := itx.SubscriptionSummary{Status: src.Status().String(), ConfirmedOffset: int64(src.ConfirmedOffset()), DeliveredOffset: int64(src.DeliveredOffset()),
 		Lag: int64(src.Lag()), ConfiguredAtOffset: int64(src.ConfiguredAtOffset()), Attempt: int(src.Attempt()), NextAttemptAt: src.NextAttemptAt()}
 	var err error
 	if out.Name, err = src.Name(); err != nil {
@@ -49,6 +50,7 @@ func SetSubscriptionDescription(dst schema.SubscriptionDescription, d *itx.Subsc
 	dst.SetConfiguredAtOffset(uint64(d.ConfiguredAtOffset))
 	dst.SetCursorChangedAtOffset(uint64(d.CursorChangedAtOffset))
 	dst.SetConfirmedOffset(uint64(d.ConfirmedOffset))
+	dst.SetDeliveredOffset(uint64(d.DeliveredOffset))
 	dst.SetHeadOffset(uint64(d.HeadOffset))
 	dst.SetAttempt(uint32(d.Attempt))
 	dst.SetNextAttemptAt(d.NextAttemptAt)
@@ -68,6 +70,7 @@ func SubscriptionDescriptionFromSchema(src schema.SubscriptionDescription) (itx.
 		ConfiguredAtOffset:           int64(src.ConfiguredAtOffset()),
 		CursorChangedAtOffset:        int64(src.CursorChangedAtOffset()),
 		ConfirmedOffset:              int64(src.ConfirmedOffset()),
+		DeliveredOffset:              int64(src.DeliveredOffset()),
 		Attempt:                      int(src.Attempt()),
 		NextAttemptAt:                src.NextAttemptAt(),
 		FailingEventOffset:           int64(src.FailingEventOffset()),

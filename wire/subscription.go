@@ -30,6 +30,7 @@ func SubscriptionConfigFromSchema(c schema.SubscriptionConfig) (itx.Subscription
 		cfg.Filter = &itx.SubscriptionFilter{EventTypes: types, JSONataCondition: cond}
 	}
 	cfg.MaxDeliveryEvents, cfg.MaxDeliveryBytes = int(c.MaxDeliveryEvents()), int(c.MaxDeliveryBytes())
+	cfg.ConfirmWindow = int(min(c.ConfirmWindow(), math.MaxInt32))
 	r := &cfg.Receiver
 	if r.JSONataTransform, err = c.Transform(); err != nil {
 		return cfg, err
@@ -146,6 +147,7 @@ func SetSubscriptionConfig(dst schema.SubscriptionConfig, cfg *itx.SubscriptionC
 	}
 	dst.SetMaxDeliveryEvents(uint32(max(0, min(cfg.MaxDeliveryEvents, math.MaxUint32))))
 	dst.SetMaxDeliveryBytes(uint32(max(0, min(cfg.MaxDeliveryBytes, math.MaxUint32))))
+	dst.SetConfirmWindow(uint32(max(0, min(cfg.ConfirmWindow, math.MaxUint32))))
 	r := &cfg.Receiver
 	if err := dst.SetTransform(r.JSONataTransform); err != nil {
 		return err

@@ -134,3 +134,18 @@ func TestEval_ConnectionTakesTheSeedsStateSwitch(t *testing.T) {
 	require.Equal(t, "invalidArgument", f.Code, f.Message)
 	require.Contains(t, f.Message, "state")
 }
+
+// An offset-acking subscription from the REPL: configure takes confirmWindow, describe and list
+// show deliveredOffset beside confirmedOffset, and the subscription's confirm is callable.
+func TestEval_OffsetAckingSubscription(t *testing.T) {
+	ts := startServer(t)
+	s := newSession(t, ts)
+	s.mustEval(t, `var sa = project.streams.get("/acking"); sa.append({type: "note"})`)
+	s.mustEval(t, `sa.subscriptions.configure({name: "loader", receiver: {type: "itx-call", capability: "loader"}, confirmWindow: 5})`)
+	require.Equal(t, float64(5), s.mustEval(t, `sa.subscriptions.get("loader").describe().config.confirmWindow`))
+	require.Equal(t, float64(0), s.mustEval(t, `sa.subscriptions.list()[0].deliveredOffset`))
+	f := s.failure(t, `sa.subscriptions.get("loader").confirm(3)`)
+	require.Equal(t, "invalidArgument", f.Code, f.Message)
+	require.Contains(t, f.Message, "not delivered")
+	require.Equal(t, float64(0), s.mustEval(t, `sa.subscriptions.get("loader").confirm({offset: 0}).confirmedOffset`))
+}

@@ -63,13 +63,14 @@ var bindings = map[string]map[string]binding{
 		"listScheduled":         {"listScheduled() -> [{dueAt, type, idempotencyKey, payload}]", streamListScheduled},
 	},
 	"Subscriptions": {
-		"list":      {"list() -> [{name, kind, status, confirmedOffset, lag, lastError, configuredAtOffset}]", subscriptionsList},
-		"configure": {"configure(name, receiver, {...}?) or configure({name, receiver: {type: \"webhook-post\", url, ...}, filterTypes, filterCondition, transform, start, onFailingEvent, deadLetterPath, description, idempotencyKey, maxDeliveryEvents, maxDeliveryBytes}) -> {name, offset} (start: \"beginning\", the default, includes the stream's own stream/* records; deadLetterPath (onFailingEvent \"skip\") lands each skipped event in that stream as an itx.dead-letter event; a nameless configure needs an idempotencyKey; maxDeliveryEvents/maxDeliveryBytes narrow each delivery of a push receiver; receiver {type: \"processor-wake\", processor} runs another contract under this name)", subscriptionsConfigure},
+		"list":      {"list() -> [{name, kind, status, confirmedOffset, deliveredOffset, lag, lastError, configuredAtOffset}]", subscriptionsList},
+		"configure": {"configure(name, receiver, {...}?) or configure({name, receiver: {type: \"webhook-post\", url, ...}, filterTypes, filterCondition, transform, start, onFailingEvent, deadLetterPath, description, idempotencyKey, maxDeliveryEvents, maxDeliveryBytes, confirmWindow}) -> {name, offset} (start: \"beginning\", the default, includes the stream's own stream/* records; deadLetterPath (onFailingEvent \"skip\") lands each skipped event in that stream as an itx.dead-letter event; a nameless configure needs an idempotencyKey; maxDeliveryEvents/maxDeliveryBytes narrow each delivery of a push receiver; receiver {type: \"processor-wake\", processor} runs another contract under this name; confirmWindow (itx-call, webhook-post) makes it offset-acking: an answer marks a batch delivered and confirms only the offset it names, subscription.confirm(offset) confirms later, and at most confirmWindow events are out unconfirmed)", subscriptionsConfigure},
 		"remove":    {"remove(name) or remove({name}) -> {offset}", subscriptionsRemove},
 	},
 	"Subscription": {
 		"describe":           {"describe() -> {config, secretSet, kind, status, confirmedOffset, ...}", subscriptionDescribe},
 		"waitUntilProcessed": {"waitUntilProcessed(offset, timeoutMs?) or waitUntilProcessed({offset, timeoutMs}) -> {confirmedOffset}", subscriptionWaitUntilProcessed},
+		"confirm":            {"confirm(offset) or confirm({offset}) -> {confirmedOffset} (an offset-acking subscription: confirms what its receiver made durable, at most deliveredOffset)", subscriptionConfirm},
 	},
 	"Capabilities": {
 		"list":    {"list() -> [{name, mountedAt}]", capabilitiesList},
@@ -576,6 +577,7 @@ type subscriptionRowJS struct {
 	Kind               string `json:"kind"`
 	Status             string `json:"status"`
 	ConfirmedOffset    int64  `json:"confirmedOffset"`
+	DeliveredOffset    int64  `json:"deliveredOffset"`
 	Lag                int64  `json:"lag"`
 	LastError          string `json:"lastError"`
 	ConfiguredAtOffset int64  `json:"configuredAtOffset"`
@@ -590,7 +592,7 @@ func subscriptionsList(ctx context.Context, s *Session, c capnp.Client, _ capPat
 	}
 	out := make([]subscriptionRowJS, len(rows))
 	for i, r := range rows {
-		out[i] = subscriptionRowJS{r.Name, r.Kind, r.Status, r.ConfirmedOffset, r.Lag, r.LastError, r.ConfiguredAtOffset, r.Attempt, msTime(r.NextAttemptAt)}
+		out[i] = subscriptionRowJS{r.Name, r.Kind, r.Status, r.ConfirmedOffset, r.DeliveredOffset, r.Lag, r.LastError, r.ConfiguredAtOffset, r.Attempt, msTime(r.NextAttemptAt)}
 	}
 	return out, nil
 }
@@ -624,6 +626,7 @@ type subscriptionConfigJS struct {
 	MaxDeliveryEvents int    `json:"maxDeliveryEvents,omitempty"`
 	MaxDeliveryBytes  int    `json:"maxDeliveryBytes,omitempty"`
 	DeadLetterPath    string `json:"deadLetterPath,omitempty"`
+	ConfirmWindow     int    `json:"confirmWindow,omitempty"`
 }
 
 // receiverKeys are the keys each receiver type takes besides type.
@@ -635,13 +638,14 @@ var receiverKeys = map[string][]string{
 }
 
 func (s *Session) subscriptionConfig(v goja.Value) (client.SubscriptionConfig, error) {
-	o, err := s.opts("configure", v, "name", "receiver", "filterTypes", "filterCondition", "transform", "start", "onFailingEvent", "description", "idempotencyKey", "maxDeliveryEvents", "maxDeliveryBytes", "deadLetterPath")
+	o, err := s.opts("configure", v, "name", "receiver", "filterTypes", "filterCondition", "transform", "start", "onFailingEvent", "description", "idempotencyKey", "maxDeliveryEvents", "maxDeliveryBytes", "deadLetterPath", "confirmWindow")
 	if err != nil {
 		return client.SubscriptionConfig{}, err
 	}
 	cfg := client.SubscriptionConfig{Name: o.str("name"), FilterTypes: o.strings("filterTypes"), FilterCondition: o.str("filterCondition"),
 		Transform: o.str("transform"), Start: o.str("start"), OnFailingEvent: o.str("onFailingEvent"), DeadLetterPath: o.str("deadLetterPath"), Description: o.str("description"), IdempotencyKey: o.str("idempotencyKey"),
-		MaxDeliveryEvents: int(min(o.uint("maxDeliveryEvents"), math.MaxInt32)), MaxDeliveryBytes: int(min(o.uint("maxDeliveryBytes"), math.MaxInt32))}
+		MaxDeliveryEvents: int(min(o.uint("maxDeliveryEvents"), math.MaxInt32)), MaxDeliveryBytes: int(min(o.uint("maxDeliveryBytes"), math.MaxInt32)),
+		ConfirmWindow: int(min(o.uint("confirmWindow"), math.MaxInt32))}
 	if err := o.err(); err != nil {
 		return cfg, err
 	}
@@ -712,7 +716,7 @@ func (s *Session) headers(v goja.Value) ([]client.Header, error) {
 func configJS(c client.SubscriptionConfig) subscriptionConfigJS {
 	out := subscriptionConfigJS{Name: c.Name, FilterTypes: c.FilterTypes, FilterCondition: c.FilterCondition,
 		Transform: c.Transform, Start: c.Start, OnFailingEvent: c.OnFailingEvent, Description: c.Description,
-		MaxDeliveryEvents: c.MaxDeliveryEvents, MaxDeliveryBytes: c.MaxDeliveryBytes, DeadLetterPath: c.DeadLetterPath,
+		MaxDeliveryEvents: c.MaxDeliveryEvents, MaxDeliveryBytes: c.MaxDeliveryBytes, DeadLetterPath: c.DeadLetterPath, ConfirmWindow: c.ConfirmWindow,
 		Receiver: receiverJS{Type: c.Receiver.Kind, URL: c.Receiver.URL, Secret: c.Receiver.Secret, Path: c.Receiver.Path,
 			Capability: c.Receiver.Capability, Placement: c.Receiver.Placement, Processor: c.Receiver.Processor}}
 	if out.FilterTypes == nil {
@@ -782,6 +786,7 @@ func subscriptionDescribe(ctx context.Context, s *Session, c capnp.Client, _ cap
 		ConfiguredAtOffset                int64                `json:"configuredAtOffset"`
 		CursorChangedAtOffset             int64                `json:"cursorChangedAtOffset"`
 		ConfirmedOffset                   int64                `json:"confirmedOffset"`
+		DeliveredOffset                   int64                `json:"deliveredOffset"`
 		HeadOffset                        int64                `json:"headOffset"`
 		Attempt                           int                  `json:"attempt"`
 		NextAttemptAt                     msTime               `json:"nextAttemptAt"`
@@ -792,7 +797,7 @@ func subscriptionDescribe(ctx context.Context, s *Session, c capnp.Client, _ cap
 		InFlightDeadlineAt                msTime               `json:"inFlightDeadlineAt"`
 		InFlightConnectionGeneration      int64                `json:"inFlightConnectionGeneration"`
 		UpdatedAt                         textTime             `json:"updatedAt"`
-	}{configJS(client.ConfigOf(d.Config)), d.SecretSet, d.Kind, d.Status, d.ConfiguredAtOffset, d.CursorChangedAtOffset, d.ConfirmedOffset, d.HeadOffset,
+	}{configJS(client.ConfigOf(d.Config)), d.SecretSet, d.Kind, d.Status, d.ConfiguredAtOffset, d.CursorChangedAtOffset, d.ConfirmedOffset, d.DeliveredOffset, d.HeadOffset,
 		d.Attempt, msTime(d.NextAttemptAt), d.FailingEventOffset, d.FailingEventAttempt, d.FailingEventSkips,
 		d.LastError, msTime(d.InFlightDeadlineAt), d.InFlightConnectionGeneration, textTime(d.UpdatedAt)}, nil
 }
@@ -810,6 +815,27 @@ func subscriptionWaitUntilProcessed(ctx context.Context, s *Session, c capnp.Cli
 		return nil, err
 	}
 	confirmed, err := client.WaitUntilProcessed(ctx, schema.Subscription(c), offset, msDuration(timeoutMs))
+	if err != nil {
+		return nil, err
+	}
+	return struct {
+		ConfirmedOffset int64 `json:"confirmedOffset"`
+	}{confirmed}, nil
+}
+
+func subscriptionConfirm(ctx context.Context, s *Session, c capnp.Client, _ capPath, args []goja.Value) (any, error) {
+	o, err := s.params("confirm", args, []string{"offset"}, "offset")
+	if err != nil {
+		return nil, err
+	}
+	if !o.has("offset") {
+		o.fail("offset", "required")
+	}
+	offset := o.uint("offset")
+	if err := o.err(); err != nil {
+		return nil, err
+	}
+	confirmed, err := client.ConfirmSubscription(ctx, schema.Subscription(c), offset)
 	if err != nil {
 		return nil, err
 	}
