@@ -344,6 +344,10 @@ struct MountInfo {
   name @0 :Text;
   mountedAt @1 :Int64;
   contracts @2 :List(ProcessorContract);  # ProcessorHosts.list: the contracts the host announced
+  # The stream prefix of the session that mounted it ("": a whole-project session). Mounts are
+  # namespaced by it: a subscription configured by a token limited to a prefix reaches only the
+  # mounts made under that prefix, and a whole-project one only the whole project's.
+  scope @3 :Text;
 }
 
 interface Capabilities {
