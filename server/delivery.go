@@ -48,7 +48,8 @@ type deliverer struct {
 	// deadLetterPath; empty Path: none). A skip waits until its dead letter has landed.
 	deadLetter StreamRef
 	// remoteContract is the contract of a processor-wake subscription placed remote ("" for any
-	// other): the host holding it is told when the subscription stops running there.
+	// other): the host holding it (in the namespace of scope) is told when the subscription stops
+	// running there.
 	remoteContract string
 }
 
