@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
+	"strings"
 	"sync"
 	"time"
 
@@ -385,6 +386,14 @@ func (s *stream) controlEvents(inputs []itx.EventInput) error {
 			var m map[string]any
 			if dec.Decode(&m) != nil {
 				continue // refused by the append's validation
+			}
+			// Fields match under Unicode case folding ("ſcope" is "scope", and the last of
+			// them wins): every spelling goes, so the scope recorded, which picks the mounts
+			// the subscription reaches, is this token's.
+			for k := range m {
+				if strings.EqualFold(k, "scope") {
+					delete(m, k)
+				}
 			}
 			m["scope"] = scope
 			b, err := json.Marshal(m)

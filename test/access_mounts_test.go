@@ -320,6 +320,37 @@ func TestAccess_ScopedProcessorDoesNotReachTheProjectsHost(t *testing.T) {
 	require.Empty(t, hostFull.woken())
 }
 
+// A tenant cannot claim another's namespace by writing the scope into a raw configured event:
+// the server records the appending token's, however the field is spelt (the config's fields
+// match under Unicode case folding, where "ſcope" is "scope"), so the subscription parks in the
+// tenant's own namespace rather than reaching the other's receiver.
+func TestAccess_RawConfiguredEventCannotChooseItsScope(t *testing.T) {
+	_, full, a, b := tenants(t)
+	ctx := ctxT(t)
+	recA := mountRecorder(t, a, "inbox")
+	sB := stream(t, b, "/tenantB/raw")
+	for i, key := range []string{"scope", "Scope", "SCOPE", "ſcope", "ſCOPE"} {
+		name := "raw" + itoa(i)
+		payload := `{"name": "` + name + `", "` + key + `": "/tenantA", "receiver": {"action": "itx-call", "capability": "inbox"}}`
+		_, err := client.Append(ctx, sB, []itx.EventInput{{Type: itx.TypeSubscriptionConfigured, Payload: []byte(payload)}}, itx.AppendOptions{})
+		require.NoError(t, err, "%s", payload)
+	}
+	mustAppend(t, sB, ev("note", `{"from": "B"}`))
+	for i := range 5 {
+		name := "raw" + itoa(i)
+		waitUntil(t, name+" parks in B's namespace", func() bool { return subStatus(t, sB, name).Status == itx.StatusParked })
+	}
+	require.False(t, recA.has(t, `{"from": "B"}`), "a raw configured event chose A's namespace")
+
+	// The whole project's token may place a subscription in a tenant's namespace: it can do
+	// everything a tenant can.
+	sOwned := stream(t, full, "/tenantA/owned")
+	payload := `{"name": "placed", "scope": "/tenantA", "receiver": {"action": "itx-call", "capability": "inbox"}}`
+	_, err := client.Append(ctx, sOwned, []itx.EventInput{{Type: itx.TypeSubscriptionConfigured, Payload: []byte(payload)}, ev("note", `{"from": "project"}`)}, itx.AppendOptions{})
+	require.NoError(t, err)
+	waitUntil(t, "A's receiver gets the project's event", func() bool { return recA.has(t, `{"from": "project"}`) })
+}
+
 // A tenant's subscription parked on a stream that has since been unloaded resumes when the
 // tenant mounts its receiver (the mount alone loads the stream), and not into the whole
 // project's receiver mounted under the same name first.
