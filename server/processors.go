@@ -853,7 +853,7 @@ func (a *actor) contractOf(name string) string {
 // in the namespace of the scope the subscription was configured under.
 func (a *actor) remoteOf(name string) (scope, contract string) {
 	if entry := a.catalogEntry(name); entry != nil {
-		return entry.Config.Scope, entry.Config.ProcessorContract()
+		return entry.mountScope(), entry.Config.ProcessorContract()
 	}
 	return "", name
 }

@@ -33,7 +33,7 @@ func (s *Server) senderFor(ref StreamRef, entry *catalogEntry) sender {
 	case itx.KindCopyToStream:
 		return &copySender{srv: s, target: StreamRef{ProjectID: ref.ProjectID, Path: r.ReceivingStreamPath}}
 	case itx.KindITXCall:
-		return &itxCallSender{srv: s, projectID: ref.ProjectID, scope: entry.Config.Scope, capability: r.Capability}
+		return &itxCallSender{srv: s, projectID: ref.ProjectID, scope: entry.mountScope(), capability: r.Capability}
 	default:
 		return &processorSender{srv: s, projectID: ref.ProjectID}
 	}

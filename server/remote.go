@@ -101,9 +101,9 @@ func presence(scope, what string) string {
 func waitsFor(entry *catalogEntry) string {
 	switch {
 	case entry.Kind() == itx.KindITXCall:
-		return presence(entry.Config.Scope, entry.Config.Receiver.Capability)
+		return presence(entry.mountScope(), entry.Config.Receiver.Capability)
 	case entry.Kind() == itx.KindProcessorWake && !isInProcess(entry):
-		return presence(entry.Config.Scope, presenceToken(entry.Config.ProcessorContract()))
+		return presence(entry.mountScope(), presenceToken(entry.Config.ProcessorContract()))
 	}
 	return ""
 }
@@ -454,7 +454,7 @@ func (a *actor) fireRemoteAlarm(name string) {
 		}()
 		return
 	}
-	scope, contract := entry.Config.Scope, entry.Config.ProcessorContract()
+	scope, contract := entry.mountScope(), entry.Config.ProcessorContract()
 	// An early fire (a mount of the contract) that cannot reach a host leaves the slice where
 	// the keepalive armed it, rather than moving a long backoff to the retry.
 	early := a.st.procAlarms[name] > itx.UnixMilli(a.srv.clock.Now())
