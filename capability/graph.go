@@ -410,6 +410,13 @@ func (s *stream) controlEvents(inputs []itx.EventInput) error {
 			if err := s.acc.reachesTargets(&cfg); err != nil {
 				return err
 			}
+			// The scope picks the mounts the subscription reaches (a tenant's receivers and
+			// processor hosts): a whole-project token may place a subscription in a tenant's
+			// namespace, but only on a stream of that tenant's, so a tenant's mount is never
+			// handed a stream outside its prefix.
+			if cfg.Scope != "" && !itx.PathUnder(s.ref.Path, cfg.Scope) {
+				return itx.Errorf(itx.EInvalid, "event %d: scope %s does not contain the stream %s", i, cfg.Scope, s.ref.Path)
+			}
 		}
 	}
 	return nil

@@ -374,3 +374,18 @@ func TestAccess_ScopedMountResumesAnUnloadedParkedStream(t *testing.T) {
 	waitUntil(t, "B's mount resumes B's unloaded parked stream", func() bool { return recB.has(t, `{"from": "B"}`) })
 	require.False(t, recFull.has(t, `{"from": "B"}`), "the project's receiver got a tenant's event")
 }
+
+// A whole-project token cannot place a subscription of a stream outside a tenant's prefix in
+// that tenant's namespace: the tenant's receiver would be handed a stream it may not read.
+func TestAccess_RawConfiguredScopeMustContainTheStream(t *testing.T) {
+	_, full, a, _ := tenants(t)
+	recA := mountRecorder(t, a, "inbox")
+	s := stream(t, full, "/elsewhere/s")
+	payload := `{"name": "placed", "scope": "/tenantA", "receiver": {"action": "itx-call", "capability": "inbox"}}`
+	_, err := client.Append(ctxT(t), s, []itx.EventInput{{Type: itx.TypeSubscriptionConfigured, Payload: []byte(payload)}, ev("note", `{"from": "elsewhere"}`)}, itx.AppendOptions{})
+	requireCode(t, err, itx.EInvalid)
+	subs, err := client.ListSubscriptions(ctxT(t), client.Subscriptions(ctxT(t), s))
+	require.NoError(t, err)
+	require.Empty(t, subs)
+	require.False(t, recA.has(t, `{"from": "elsewhere"}`))
+}
