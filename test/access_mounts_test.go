@@ -389,3 +389,24 @@ func TestAccess_RawConfiguredScopeMustContainTheStream(t *testing.T) {
 	require.Empty(t, subs)
 	require.False(t, recA.has(t, `{"from": "elsewhere"}`))
 }
+
+// A tenant runs its own remote processors: a processor host mounted with a token limited to
+// /tenantB is woken for the tenant's stream and processes it through its ports.
+func TestAccess_ScopedRemoteHostRunsItsTenantsProcessor(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	tokB, _ := ts.token(t, itx.Scope{Prefix: "/tenantB"})
+	b := ts.login(t, tokB)
+	awaitMount(t, runRemoteHost(t, ts.addr, tokB, "worker", referenceHost(t, "forwarder")))
+	s := stream(t, b, "/tenantB/remote")
+	configureRemote(t, s, "forwarder")
+	head := mustAppend(t, s, examples.InboxMessage.Input(json.RawMessage(`{"n":0}`), "")).HeadOffset
+	sub := client.Subscription(ctx, s, "forwarder")
+	defer sub.Release()
+	_, err := client.WaitUntilProcessed(ctx, sub, head, 0)
+	require.NoError(t, err)
+	require.Equal(t, 1, countType(t, s, string(examples.OutboxForwarded)))
+	hosts := listHosts(t, ts.project(t))
+	require.Len(t, hosts, 1)
+	require.Equal(t, "/tenantB", hosts[0].Scope)
+}
