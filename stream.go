@@ -70,6 +70,9 @@ type MountInfo struct {
 	Name      string
 	MountedAt int64           // epoch ms
 	Contracts []ProcessorInfo // a processor host's announced contracts
+	// Scope is the stream prefix of the session that mounted it ("": a whole-project session).
+	// Mounts are namespaced by it: a subscription reaches only the mounts of its own Scope.
+	Scope string
 }
 
 // ProjectInfo describes the project a token logged into.

@@ -112,6 +112,12 @@ func (a access) subscriptionScope() string {
 	return a.prefix
 }
 
+// mountScope is the namespace of the Receivers and processor hosts this access mounts, lists and
+// unmounts: the scope its subscriptions record, so a subscription reaches only the mounts made
+// under the scope it was configured under (a tenant's events never reach another tenant's
+// receiver, nor the whole project's; another tenant's host is never handed its streams).
+func (a access) mountScope() string { return a.subscriptionScope() }
+
 // listPrefix intersects a Streams.list prefix with the access's: ok is false when the two
 // share no path (the listing is empty).
 func (a access) listPrefix(prefix string) (string, bool) {

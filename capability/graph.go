@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
+	"strings"
 	"sync"
 	"time"
 
@@ -386,6 +387,14 @@ func (s *stream) controlEvents(inputs []itx.EventInput) error {
 			if dec.Decode(&m) != nil {
 				continue // refused by the append's validation
 			}
+			// Fields match under Unicode case folding ("ſcope" is "scope", and the last of
+			// them wins): every spelling goes, so the scope recorded, which picks the mounts
+			// the subscription reaches, is this token's.
+			for k := range m {
+				if strings.EqualFold(k, "scope") {
+					delete(m, k)
+				}
+			}
 			m["scope"] = scope
 			b, err := json.Marshal(m)
 			if err != nil {
@@ -400,6 +409,13 @@ func (s *stream) controlEvents(inputs []itx.EventInput) error {
 		if json.Unmarshal(inputs[i].Payload, &cfg) == nil {
 			if err := s.acc.reachesTargets(&cfg); err != nil {
 				return err
+			}
+			// The scope picks the mounts the subscription reaches (a tenant's receivers and
+			// processor hosts): a whole-project token may place a subscription in a tenant's
+			// namespace, but only on a stream of that tenant's, so a tenant's mount is never
+			// handed a stream outside its prefix.
+			if cfg.Scope != "" && !itx.PathUnder(s.ref.Path, cfg.Scope) {
+				return itx.Errorf(itx.EInvalid, "event %d: scope %s does not contain the stream %s", i, cfg.Scope, s.ref.Path)
 			}
 		}
 	}

@@ -19,11 +19,10 @@ type processorHosts struct {
 	acc       access
 }
 
+// Mount mounts a processor host in the namespace of this capability's scope (see
+// access.mountScope): it is woken only for processor-wake subscriptions configured under the
+// same scope, which are on streams inside it, and handed capabilities no wider than this one.
 func (p *processorHosts) Mount(ctx context.Context, call schema.ProcessorHosts_mount) error {
-	// A host is woken with capabilities to any stream of the project that subscribes it.
-	if p.acc.prefix != "" && p.acc.prefix != "/" {
-		return fail(itx.Errorf(itx.EPermissionDenied, "a processor host reaches every stream of the project: this capability is limited to streams under %s", p.acc.prefix))
-	}
 	name, err := call.Args().Name()
 	if err != nil {
 		return badArgs("name", err)
@@ -40,7 +39,7 @@ func (p *processorHosts) Mount(ctx context.Context, call schema.ProcessorHosts_m
 	hc := call.Args().Host().AddRef()
 	hc.SetFlowLimiter(newPushLimiter())
 	h := &remoteHost{srv: p.srv, client: hc, acc: p.acc}
-	unmount, err := p.srv.MountProcessorHost(p.projectID, name, h, contracts)
+	unmount, err := p.srv.MountProcessorHost(p.projectID, p.acc.mountScope(), name, h, contracts)
 	if err != nil {
 		hc.Release()
 		return fail(err)
@@ -55,7 +54,7 @@ func (p *processorHosts) Mount(ctx context.Context, call schema.ProcessorHosts_m
 }
 
 func (p *processorHosts) List(ctx context.Context, call schema.ProcessorHosts_list) error {
-	mounts := p.srv.ProcessorHostMounts(p.projectID)
+	mounts := server.MountsIn(p.srv.ProcessorHostMounts(p.projectID), p.acc.mountScope())
 	res, err := call.AllocResults()
 	if err != nil {
 		return err

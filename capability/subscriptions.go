@@ -337,10 +337,9 @@ func (p *project) Capabilities(ctx context.Context, call schema.Project_capabili
 	return res.SetCapabilities(schema.Capabilities(guarded(guardOf(p.srv), impl.acc, schema.Capabilities_Methods(nil, impl), impl)))
 }
 
+// Mount mounts a Receiver under a name in the namespace of this capability's scope (see
+// access.mountScope): only subscriptions configured under the same scope deliver to it.
 func (c *capabilities) Mount(ctx context.Context, call schema.Capabilities_mount) error {
-	if err := c.wholeProject("mount"); err != nil {
-		return fail(err)
-	}
 	name, err := call.Args().Name()
 	if err != nil {
 		return badArgs("name", err)
@@ -350,7 +349,7 @@ func (c *capabilities) Mount(ctx context.Context, call schema.Capabilities_mount
 	// Bound what the server queues toward one receiver (go-capnp has no backpressure by default).
 	rc.SetFlowLimiter(newPushLimiter())
 	r := &remoteReceiver{client: rc}
-	unmount, err := c.srv.MountReceiver(c.projectID, name, r)
+	unmount, err := c.srv.MountReceiver(c.projectID, c.acc.mountScope(), name, r)
 	if err != nil {
 		rc.Release()
 		return fail(err)
@@ -364,28 +363,19 @@ func (c *capabilities) Mount(ctx context.Context, call schema.Capabilities_mount
 	return res.SetHandle(newEndHandle(c.srv, c.acc, func() { unmount(); rc.Release() }))
 }
 
-// wholeProject refuses a capability limited to a path prefix: a mounted Receiver is named
-// project-wide, so any stream's itx-call subscription could deliver to it.
-func (c *capabilities) wholeProject(what string) error {
-	if c.acc.prefix != "" && c.acc.prefix != "/" {
-		return itx.Errorf(itx.EPermissionDenied, "%s reaches every stream of the project: this capability is limited to streams under %s", what, c.acc.prefix)
-	}
-	return nil
-}
-
+// Unmount removes the Receiver mounted under a name in this capability's scope's namespace.
 func (c *capabilities) Unmount(ctx context.Context, call schema.Capabilities_unmount) error {
-	if err := c.wholeProject("unmount"); err != nil {
-		return fail(err)
-	}
 	name, err := call.Args().Name()
 	if err != nil {
 		return badArgs("name", err)
 	}
-	return fail(c.srv.UnmountReceiver(c.projectID, name))
+	return fail(c.srv.UnmountReceiver(c.projectID, c.acc.mountScope(), name))
 }
 
+// List lists the mounts of this capability's scope, or of every scope (each with its scope) for
+// the whole project.
 func (c *capabilities) List(ctx context.Context, call schema.Capabilities_list) error {
-	mounts := c.srv.Mounts(c.projectID)
+	mounts := server.MountsIn(c.srv.Mounts(c.projectID), c.acc.mountScope())
 	res, err := call.AllocResults()
 	if err != nil {
 		return err

@@ -358,8 +358,15 @@ struct MountInfo {
   name @0 :Text;
   mountedAt @1 :Int64;
   contracts @2 :List(ProcessorContract);  # ProcessorHosts.list: the contracts the host announced
+  # The stream prefix of the session that mounted it ("": a whole-project session). Mounts are
+  # namespaced by it: a subscription configured by a token limited to a prefix reaches only the
+  # mounts made under that prefix, and a whole-project one only the whole project's.
+  scope @3 :Text;
 }
 
+# Receivers mounted under names, namespaced by the mounting token's path prefix (MountInfo.scope):
+# an itx-call subscription reaches only the mounts of the scope it was configured under; a scoped
+# token mounts, unmounts and lists its own scope's, a whole-project token lists every scope's.
 interface Capabilities {
   mount @0 (name :Text, receiver :Receiver) -> (handle :Handle);
   unmount @1 (name :Text) -> ();
@@ -457,9 +464,10 @@ interface ProcessorPorts {
 
 interface ProcessorHosts {
   # Mount a host under a name, announcing its contracts; a processor-wake subscription placed
-  # remote is woken on the host that announced its name. A later mount announcing the same
-  # contract takes it over (fencing the earlier host). Keep the handle: releasing it, or
-  # disconnecting, unmounts.
+  # remote is woken on the host that announced its name. Mounts are namespaced by the mounting
+  # token's path prefix (MountInfo.scope): a subscription reaches only the hosts of the scope it
+  # was configured under. A later mount announcing the same contract in the same scope takes it
+  # over (fencing the earlier host). Keep the handle: releasing it, or disconnecting, unmounts.
   mount @0 (name :Text, host :ProcessorHost, contracts :List(ProcessorContract)) -> (handle :Handle);
   list @1 () -> (mounts :List(MountInfo));
 }

@@ -35,7 +35,7 @@ func TestWakeRemote_HostTakenOverThenGoneDoesNotPark(t *testing.T) {
 	ref := StreamRef{ProjectID: projectID, Path: "/remote"}
 	info := []itx.ProcessorInfo{{Name: "proc", ReducerVersion: "1", ConsumedTypes: []string{"x"}}}
 	woken, gone := make(chan struct{}), make(chan struct{})
-	unmountA, err := s.MountProcessorHost(projectID, "a", scriptedRemoteHost{wake: func(ctx context.Context, w RemoteWake) (int64, int64, error) {
+	unmountA, err := s.MountProcessorHost(projectID, "", "a", scriptedRemoteHost{wake: func(ctx context.Context, w RemoteWake) (int64, int64, error) {
 		close(woken)
 		<-gone
 		return 0, 0, itx.Errorf(itx.ECapabilityOffline, "the processor host disconnected")
@@ -49,7 +49,7 @@ func TestWakeRemote_HostTakenOverThenGoneDoesNotPark(t *testing.T) {
 	require.NoError(t, err)
 	<-woken
 
-	unmountB, err := s.MountProcessorHost(projectID, "b", scriptedRemoteHost{wake: func(ctx context.Context, w RemoteWake) (int64, int64, error) {
+	unmountB, err := s.MountProcessorHost(projectID, "", "b", scriptedRemoteHost{wake: func(ctx context.Context, w RemoteWake) (int64, int64, error) {
 		return w.Head, w.Head, nil
 	}}, info)
 	require.NoError(t, err)
@@ -95,10 +95,10 @@ func TestDelivery_VanishedMountStillMountedParks(t *testing.T) {
 		recv  itx.Receiver
 	}{
 		{"itx-call", func() (func(), error) {
-			return s.MountReceiver(projectID, "inbox", offlineReceiver{calls: make(chan struct{}, 1)})
+			return s.MountReceiver(projectID, "", "inbox", offlineReceiver{calls: make(chan struct{}, 1)})
 		}, itx.Receiver{Action: itx.KindITXCall, Capability: "inbox"}},
 		{"remote processor", func() (func(), error) {
-			return s.MountProcessorHost(projectID, "host", idleRemoteHost{},
+			return s.MountProcessorHost(projectID, "", "host", idleRemoteHost{},
 				[]itx.ProcessorInfo{{Name: "sub", ReducerVersion: "1", ConsumedTypes: []string{"x"}}})
 		}, itx.Receiver{Action: itx.KindProcessorWake, Placement: "remote"}},
 	} {
@@ -162,7 +162,7 @@ func TestMount_PresenceSignalWaitsForRoom(t *testing.T) {
 	recv := recordingReceiver{got: make(chan []int64, 4)}
 	s.recv.mu.Lock()
 	s.recv.gen++
-	s.recv.putLocked(mountKey{projectID, "inbox"}, &mount{receiver: recv, gen: s.recv.gen})
+	s.recv.putLocked(mountKey{projectID, "", "inbox"}, &mount{receiver: recv, gen: s.recv.gen})
 	s.recv.mu.Unlock()
 	s.pokeCapability(projectID, "inbox")
 	require.Equal(t, 2, s.LoadedStreams(), "no room for the parked stream")
@@ -206,7 +206,7 @@ func TestMount_PresenceSignalDuringAnUnload(t *testing.T) {
 	recv := recordingReceiver{got: make(chan []int64, 4)}
 	s.recv.mu.Lock()
 	s.recv.gen++
-	s.recv.putLocked(mountKey{projectID, "inbox"}, &mount{receiver: recv, gen: s.recv.gen})
+	s.recv.putLocked(mountKey{projectID, "", "inbox"}, &mount{receiver: recv, gen: s.recv.gen})
 	s.recv.mu.Unlock()
 	poked := make(chan struct{})
 	go func() { s.pokeCapability(projectID, "inbox"); close(poked) }()

@@ -182,7 +182,7 @@ func (a *actor) load() error {
 		}
 	}
 	for _, m := range a.srv.Mounts(a.ref.ProjectID) {
-		a.loadMounted = append(a.loadMounted, m.Name)
+		a.loadMounted = append(a.loadMounted, presence(m.Scope, m.Name))
 	}
 	a.loadMounted = append(a.loadMounted, a.srv.processorPresence(a.ref.ProjectID)...)
 	a.publish(true)
@@ -636,11 +636,11 @@ func (a *actor) env() stepEnv {
 func (a *actor) mountedNow(entry *catalogEntry) uint64 {
 	switch {
 	case entry.Kind() == itx.KindITXCall:
-		if m := a.srv.receiver(a.ref.ProjectID, entry.Config.Receiver.Capability); m != nil {
+		if m := a.srv.receiver(a.ref.ProjectID, entry.mountScope(), entry.Config.Receiver.Capability); m != nil {
 			return m.gen
 		}
 	case entry.Kind() == itx.KindProcessorWake && !isInProcess(entry):
-		if m := a.srv.remoteHost(a.ref.ProjectID, entry.Config.ProcessorContract()); m != nil {
+		if m := a.srv.remoteHost(a.ref.ProjectID, entry.mountScope(), entry.Config.ProcessorContract()); m != nil {
 			return m.gen
 		}
 	}
@@ -967,8 +967,8 @@ func (a *actor) rebuild(name string) {
 	if old := a.deliverers[name]; old != nil {
 		old.cancel()
 		delete(a.deliverers, name)
-		if c := old.remoteContract; c != "" && (entry == nil || isInProcess(entry) || entry.Config.ProcessorContract() != c) {
-			a.stopRemote(c, name)
+		if c := old.remoteContract; c != "" && (entry == nil || isInProcess(entry) || entry.Config.ProcessorContract() != c || entry.mountScope() != old.remoteScope) {
+			a.stopRemote(old.remoteScope, c, name)
 		}
 	}
 	if entry == nil {

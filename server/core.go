@@ -50,6 +50,15 @@ func (e *catalogEntry) configOffset() int64 { return max(e.ConfiguredAtOffset, e
 // Kind is the receiver kind.
 func (e *catalogEntry) Kind() string { return e.Config.Receiver.Action }
 
+// mountScope is the namespace of the mounts the subscription reaches (see mountKey): the scope
+// it was configured under, "" for the whole project (which "/" is too).
+func (e *catalogEntry) mountScope() string {
+	if e.Config.Scope == "/" {
+		return ""
+	}
+	return e.Config.Scope
+}
+
 // inboundRecord fences copies from one (source path, subscription name): a batch stamped older
 // than the newest accepted one can never land.
 type inboundRecord struct {

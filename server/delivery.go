@@ -48,8 +48,9 @@ type deliverer struct {
 	// deadLetterPath; empty Path: none). A skip waits until its dead letter has landed.
 	deadLetter StreamRef
 	// remoteContract is the contract of a processor-wake subscription placed remote ("" for any
-	// other): the host holding it is told when the subscription stops running there.
-	remoteContract string
+	// other): the host holding it (in the namespace of remoteScope) is told when the subscription
+	// stops running there.
+	remoteContract, remoteScope string
 }
 
 // newDeliverer builds the deliverer of a catalog entry under ctx.
@@ -57,7 +58,7 @@ func newDeliverer(ctx context.Context, s *Server, ref StreamRef, entry *catalogE
 	d := &deliverer{srv: s, ref: ref, name: entry.Config.Name, kind: entry.Kind(), scope: entry.Config.Scope}
 	d.ctx, d.cancel = context.WithCancel(ctx)
 	if entry.Kind() == itx.KindProcessorWake && !isInProcess(entry) {
-		d.remoteContract = entry.Config.ProcessorContract()
+		d.remoteContract, d.remoteScope = entry.Config.ProcessorContract(), entry.mountScope()
 	}
 	if f := entry.Config.Filter; f != nil {
 		d.types = typeSet(f.EventTypes)

@@ -29,7 +29,7 @@ func TestSchedulePoke_OneRunAtATimePerName(t *testing.T) {
 	}
 	before := runtime.NumGoroutine()
 	for range 10_000 {
-		s.schedulePoke("p", "cap")
+		s.schedulePoke("p", "", "cap")
 	}
 	require.Less(t, runtime.NumGoroutine()-before, 10, "goroutines started by 10,000 mounts of one name")
 	require.Eventually(t, func() bool {

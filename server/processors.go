@@ -849,6 +849,15 @@ func (a *actor) contractOf(name string) string {
 	return name
 }
 
+// remoteOf is the scope and contract of name's remote host: the host announcing the contract
+// in the namespace of the scope the subscription was configured under.
+func (a *actor) remoteOf(name string) (scope, contract string) {
+	if entry := a.catalogEntry(name); entry != nil {
+		return entry.mountScope(), entry.Config.ProcessorContract()
+	}
+	return "", name
+}
+
 // catalogEntry is the published catalog entry of name (nil when none).
 func (a *actor) catalogEntry(name string) *catalogEntry {
 	v := a.view()

@@ -27,10 +27,10 @@ func (idleRemoteHost) RuntimeState(context.Context, string, string, string) (jso
 func mustRemotePorts(t *testing.T, s *Server, ref StreamRef, name string) *ProcessorPorts {
 	t.Helper()
 	info := []itx.ProcessorInfo{{Name: name, ReducerVersion: "1", ConsumedTypes: []string{"x"}}}
-	unmount, err := s.MountProcessorHost(ref.ProjectID, "host", idleRemoteHost{}, info)
+	unmount, err := s.MountProcessorHost(ref.ProjectID, "", "host", idleRemoteHost{}, info)
 	require.NoError(t, err)
 	t.Cleanup(unmount)
-	return &ProcessorPorts{srv: s, ref: ref, name: name, contract: name, gen: s.remoteHost(ref.ProjectID, name).gen}
+	return &ProcessorPorts{srv: s, ref: ref, name: name, contract: name, gen: s.remoteHost(ref.ProjectID, "", name).gen}
 }
 
 // The processors' KV of a stream is bounded in keys and in bytes, for remote hosts and

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -32,7 +33,7 @@ func (s *Server) senderFor(ref StreamRef, entry *catalogEntry) sender {
 	case itx.KindCopyToStream:
 		return &copySender{srv: s, target: StreamRef{ProjectID: ref.ProjectID, Path: r.ReceivingStreamPath}}
 	case itx.KindITXCall:
-		return &itxCallSender{srv: s, projectID: ref.ProjectID, capability: r.Capability}
+		return &itxCallSender{srv: s, projectID: ref.ProjectID, scope: entry.mountScope(), capability: r.Capability}
 	default:
 		return &processorSender{srv: s, projectID: ref.ProjectID}
 	}
@@ -301,7 +302,12 @@ type Receiver interface {
 	Receive(ctx context.Context, batch *itx.DeliveryBatch) (int64, error)
 }
 
-type mountKey struct{ projectID, name string }
+// mountKey names a mount: mounts are namespaced by the mounting session's scope (its token's
+// stream prefix, "" for a whole-project session), and a subscription reaches only the mounts of
+// the scope it was configured under (SubscriptionConfig.Scope). So a token limited to a prefix
+// neither hands its events to another tenant's receiver nor takes over, removes or lists
+// another's mounts; the whole project's subscriptions reach the whole project's mounts.
+type mountKey struct{ projectID, scope, name string }
 
 type mount struct {
 	receiver Receiver
@@ -355,16 +361,17 @@ func (r *receivers) deleteLocked(key mountKey) {
 	r.byProject.remove(key.projectID)
 }
 
-// MountReceiver mounts r under name in a project, replacing any earlier mount of that name (a
-// reconnecting provider takes over at once). The returned function unmounts it if it is still
-// the current mount. Mounting is the presence signal: itx-call subscriptions waiting to retry
-// that capability on loaded streams retry at once.
-func (s *Server) MountReceiver(projectID, name string, r Receiver) (func(), error) {
+// MountReceiver mounts r under name in a project's scope (see mountKey), replacing any earlier
+// mount of that name in that scope (a reconnecting provider takes over at once). The returned
+// function unmounts it if it is still the current mount. Mounting is the presence signal:
+// itx-call subscriptions of that scope waiting to retry that capability on loaded streams retry
+// at once. The project's bound counts its mounts of every scope.
+func (s *Server) MountReceiver(projectID, scope, name string, r Receiver) (func(), error) {
 	if err := itx.ValidateMountName(name); err != nil {
 		return nil, err
 	}
 	m := &mount{receiver: r, at: itx.UnixMilli(s.clock.Now())}
-	key := mountKey{projectID, name}
+	key := mountKey{projectID, scope, name}
 	s.recv.mu.Lock()
 	if s.recv.mounts[key] == nil && s.recv.byProject[projectID] >= s.cfg.MaxMountsPerProject {
 		s.recv.mu.Unlock()
@@ -374,7 +381,7 @@ func (s *Server) MountReceiver(projectID, name string, r Receiver) (func(), erro
 	m.gen = s.recv.gen
 	s.recv.putLocked(key, m)
 	s.recv.mu.Unlock()
-	s.schedulePoke(projectID, name)
+	s.schedulePoke(projectID, scope, name)
 	return func() {
 		s.recv.mu.Lock()
 		defer s.recv.mu.Unlock()
@@ -384,11 +391,11 @@ func (s *Server) MountReceiver(projectID, name string, r Receiver) (func(), erro
 	}, nil
 }
 
-// UnmountReceiver removes whatever is mounted under name.
-func (s *Server) UnmountReceiver(projectID, name string) error {
+// UnmountReceiver removes whatever is mounted under name in a project's scope.
+func (s *Server) UnmountReceiver(projectID, scope, name string) error {
 	s.recv.mu.Lock()
 	defer s.recv.mu.Unlock()
-	key := mountKey{projectID, name}
+	key := mountKey{projectID, scope, name}
 	if s.recv.mounts[key] == nil {
 		return itx.Errorf(itx.ENotFound, "no capability is mounted under %q", name)
 	}
@@ -396,31 +403,58 @@ func (s *Server) UnmountReceiver(projectID, name string) error {
 	return nil
 }
 
-// Mounts lists a project's mounted Receivers.
+// Mounts lists a project's mounted Receivers of every scope, each with its scope (a caller
+// limited to a prefix is shown only its own: see MountsIn).
 func (s *Server) Mounts(projectID string) []itx.MountInfo {
 	s.recv.mu.Lock()
 	defer s.recv.mu.Unlock()
 	var out []itx.MountInfo
 	for k, m := range s.recv.mounts {
 		if k.projectID == projectID {
-			out = append(out, itx.MountInfo{Name: k.name, MountedAt: m.at})
+			out = append(out, itx.MountInfo{Name: k.name, MountedAt: m.at, Scope: k.scope})
+		}
+	}
+	sortMounts(out)
+	return out
+}
+
+// MountsIn keeps the mounts of list a session of scope may see: its own scope's, or every
+// scope's for a whole-project session ("").
+func MountsIn(list []itx.MountInfo, scope string) []itx.MountInfo {
+	if scope == "" {
+		return list
+	}
+	var out []itx.MountInfo
+	for _, m := range list {
+		if m.Scope == scope {
+			out = append(out, m)
 		}
 	}
 	return out
 }
 
-// receiver is the mount under name in a project, nil when none.
-func (s *Server) receiver(projectID, name string) *mount {
-	s.recv.mu.Lock()
-	defer s.recv.mu.Unlock()
-	return s.recv.mounts[mountKey{projectID, name}]
+func sortMounts(list []itx.MountInfo) {
+	sort.Slice(list, func(i, j int) bool {
+		if list[i].Scope != list[j].Scope {
+			return list[i].Scope < list[j].Scope
+		}
+		return list[i].Name < list[j].Name
+	})
 }
 
-// schedulePoke runs pokeCapability for a name in the background, one run at a time per name:
-// a mount while one runs asks for one more run after it, however many mounts come meanwhile,
-// so a client mounting and unmounting in a loop starts no more than one goroutine per name.
-func (s *Server) schedulePoke(projectID, name string) {
-	key := mountKey{projectID, name}
+// receiver is the mount under name in a project's scope, nil when none.
+func (s *Server) receiver(projectID, scope, name string) *mount {
+	s.recv.mu.Lock()
+	defer s.recv.mu.Unlock()
+	return s.recv.mounts[mountKey{projectID, scope, name}]
+}
+
+// schedulePoke runs pokeCapability for a name of a scope in the background (what waits for it
+// is presence(scope, name)), one run at a time per name: a mount while one runs asks for one
+// more run after it, however many mounts come meanwhile, so a client mounting and unmounting in
+// a loop starts no more than one goroutine per name.
+func (s *Server) schedulePoke(projectID, scope, name string) {
+	key := mountKey{projectID, scope, name}
 	r := &s.recv
 	r.pokeMu.Lock()
 	if _, running := r.pokes[key]; running {
@@ -435,7 +469,7 @@ func (s *Server) schedulePoke(projectID, name string) {
 	r.pokeMu.Unlock()
 	go func() {
 		for {
-			s.pokeCapability(projectID, name)
+			s.pokeCapability(projectID, presence(scope, name))
 			r.pokeMu.Lock()
 			if !r.pokes[key] {
 				delete(r.pokes, key)
@@ -449,10 +483,11 @@ func (s *Server) schedulePoke(projectID, name string) {
 }
 
 // pokeCapability tells every stream of the project that a capability was mounted: the presence
-// signal that un-parks its itx-call subscriptions and cuts their backoff. Loaded streams take it
+// signal (token, see presence: it names the mount's scope) that un-parks the itx-call
+// subscriptions waiting for it and cuts their backoff. Loaded streams take it
 // as an input; unloaded ones parked on the name are loaded, and a stream learns the project's
 // mounts when it loads.
-func (s *Server) pokeCapability(projectID, name string) {
+func (s *Server) pokeCapability(projectID, token string) {
 	// Loaded streams take the signal as an input; so does one loading now, which may have read
 	// the project's mounts before this one. One chosen for unloading meanwhile either takes it
 	// in its last step or records its parked subscriptions as it closes: wait for that, so the
@@ -474,7 +509,7 @@ func (s *Server) pokeCapability(projectID, name string) {
 		if <-a.ready; a.loadErr != nil {
 			continue
 		}
-		a.post(actorMsg{mounted: name})
+		a.post(actorMsg{mounted: token})
 		if a.dctx.Err() != nil { // chosen for unloading (under s.mu, with dcancel) since
 			leaving = append(leaving, a)
 		}
@@ -486,9 +521,9 @@ func (s *Server) pokeCapability(projectID, name string) {
 	}
 	// Unloaded streams whose subscriptions parked waiting for this name load now; a loading
 	// stream learns the project's mounts, so it resumes them itself.
-	parked, err := s.dir.ParkedOn(s.base, projectID, name)
+	parked, err := s.dir.ParkedOn(s.base, projectID, token)
 	if err != nil {
-		s.log.Warn().Err(err).Str("capability", name).Msg("finding streams parked on a capability")
+		s.log.Warn().Err(err).Str("capability", token).Msg("finding streams parked on a capability")
 		return
 	}
 	for _, e := range parked {
@@ -514,13 +549,14 @@ func (s *Server) pokeCapability(projectID, name string) {
 type itxCallSender struct {
 	srv        *Server
 	projectID  string
+	scope      string // the subscription's: the namespace its capability is looked up in
 	capability string
 }
 
 func (c *itxCallSender) String() string { return "itx-call " + c.capability }
 
 func (c *itxCallSender) send(ctx context.Context, d *deliverer, b *itx.DeliveryBatch) (int64, error) {
-	m := c.srv.receiver(c.projectID, c.capability)
+	m := c.srv.receiver(c.projectID, c.scope, c.capability)
 	if m == nil {
 		return 0, withClass(classAbsent, itx.Errorf(itx.ECapabilityOffline, "capability %q is offline: no Receiver is mounted under that name", c.capability))
 	}

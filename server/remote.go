@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -57,6 +56,7 @@ func (w RemoteWake) Generation() uint64 { return w.Ports.gen }
 // procMount is one mounted processor host.
 type procMount struct {
 	projectID string
+	scope     string // the mounting session's (see mountKey): it holds contracts in that scope only
 	name      string
 	host      RemoteProcessorHost
 	gen       uint64
@@ -122,8 +122,8 @@ func (m *procMount) awaitStops(ctx context.Context, k stopKey) error {
 type procHosts struct {
 	mu        sync.Mutex
 	gen       uint64
-	byName    map[mountKey]*procMount // the host mounted under a name
-	contract  map[mountKey]*procMount // the host that announced a contract, last mount wins
+	byName    map[mountKey]*procMount // the host mounted under a name in a scope
+	contract  map[mountKey]*procMount // the host that announced a contract in a scope, last mount wins
 	byProject projectCounts           // hosts per project, for Config.MaxMountsPerProject
 }
 
@@ -140,23 +140,37 @@ const (
 // announcing its contract. (itx-call subscriptions wait for a capability's name.)
 func presenceToken(contract string) string { return "processor:" + contract }
 
+// presence is the token a subscription of scope waits for when it waits for what (a capability's
+// name, or a presenceToken): the mount of it in that scope's namespace (see mountKey). The whole
+// project's tokens are what itxd recorded before mounts had scopes; a scope is joined with a unit
+// separator, which neither a scope (a path) nor a name may hold.
+func presence(scope, what string) string {
+	if scope == "" {
+		return what
+	}
+	return scope + "\x1f" + what
+}
+
 // waitsFor is the presence a parked subscription waits for, "" if it waits for none.
 func waitsFor(entry *catalogEntry) string {
 	switch {
 	case entry.Kind() == itx.KindITXCall:
-		return entry.Config.Receiver.Capability
+		return presence(entry.mountScope(), entry.Config.Receiver.Capability)
 	case entry.Kind() == itx.KindProcessorWake && !isInProcess(entry):
-		return presenceToken(entry.Config.ProcessorContract())
+		return presence(entry.mountScope(), presenceToken(entry.Config.ProcessorContract()))
 	}
 	return ""
 }
 
-// MountProcessorHost mounts a remote host under name in a project, announcing contracts. A host
-// mounted earlier under the same name is replaced, and an earlier host announcing one of the
-// same contracts loses it (takeover: its ports refuse every write from now on, and its runners'
-// progress commits are fenced by the new incarnation's claim). The returned function unmounts it
-// if it is still mounted. Mounting is the presence signal: parked subscriptions resume at once.
-func (s *Server) MountProcessorHost(projectID, name string, host RemoteProcessorHost, contracts []itx.ProcessorInfo) (func(), error) {
+// MountProcessorHost mounts a remote host under name in a project's scope (see mountKey),
+// announcing contracts in that scope: only processor-wake subscriptions configured under the
+// same scope are woken on it. A host mounted earlier under the same name in the scope is
+// replaced, and an earlier host of the scope announcing one of the same contracts loses it
+// (takeover: its ports refuse every write from now on, and its runners' progress commits are
+// fenced by the new incarnation's claim). The returned function unmounts it if it is still
+// mounted. Mounting is the presence signal: parked subscriptions resume at once. The project's
+// bound counts its hosts of every scope.
+func (s *Server) MountProcessorHost(projectID, scope, name string, host RemoteProcessorHost, contracts []itx.ProcessorInfo) (func(), error) {
 	if err := itx.ValidateMountName(name); err != nil {
 		return nil, err
 	}
@@ -200,48 +214,49 @@ func (s *Server) MountProcessorHost(projectID, name string, host RemoteProcessor
 	if ph.byName == nil {
 		ph.byName, ph.contract = map[mountKey]*procMount{}, map[mountKey]*procMount{}
 	}
-	if ph.byName[mountKey{projectID, name}] == nil && ph.byProject[projectID] >= s.cfg.MaxMountsPerProject {
+	if ph.byName[mountKey{projectID, scope, name}] == nil && ph.byProject[projectID] >= s.cfg.MaxMountsPerProject {
 		ph.mu.Unlock()
 		return nil, itx.Errorf(itx.ELimitExceeded, "a project holds at most %d processor hosts (--max-mounts-per-project)", s.cfg.MaxMountsPerProject)
 	}
 	ph.gen++
-	m := &procMount{projectID: projectID, name: name, host: host, gen: ph.gen, at: itx.UnixMilli(s.clock.Now()),
+	m := &procMount{projectID: projectID, scope: scope, name: name, host: host, gen: ph.gen, at: itx.UnixMilli(s.clock.Now()),
 		contracts: append([]itx.ProcessorInfo(nil), contracts...)}
-	if old := ph.byName[mountKey{projectID, name}]; old != nil {
+	if old := ph.byName[mountKey{projectID, scope, name}]; old != nil {
 		ph.dropLocked(old)
 	}
-	ph.byName[mountKey{projectID, name}] = m
+	ph.byName[mountKey{projectID, scope, name}] = m
 	ph.byProject.add(projectID)
 	for _, c := range contracts {
-		ph.contract[mountKey{projectID, c.Name}] = m
+		ph.contract[mountKey{projectID, scope, c.Name}] = m
 	}
 	ph.mu.Unlock()
-	s.log.Info().Str("host", name).Int("contracts", len(contracts)).Uint64("generation", m.gen).Msg("processor host mounted")
+	s.log.Info().Str("host", name).Str("scope", scope).Int("contracts", len(contracts)).Uint64("generation", m.gen).Msg("processor host mounted")
 	for _, c := range contracts {
-		s.schedulePoke(projectID, presenceToken(c.Name))
+		s.schedulePoke(projectID, scope, presenceToken(c.Name))
 	}
 	return func() {
 		ph.mu.Lock()
 		defer ph.mu.Unlock()
-		if ph.byName[mountKey{projectID, name}] == m {
+		if ph.byName[mountKey{projectID, scope, name}] == m {
 			ph.dropLocked(m)
 		}
 	}, nil
 }
 
 func (ph *procHosts) dropLocked(m *procMount) {
-	if ph.byName[mountKey{m.projectID, m.name}] == m {
-		delete(ph.byName, mountKey{m.projectID, m.name})
+	if ph.byName[mountKey{m.projectID, m.scope, m.name}] == m {
+		delete(ph.byName, mountKey{m.projectID, m.scope, m.name})
 		ph.byProject.remove(m.projectID)
 	}
 	for _, c := range m.contracts {
-		if ph.contract[mountKey{m.projectID, c.Name}] == m {
-			delete(ph.contract, mountKey{m.projectID, c.Name})
+		if ph.contract[mountKey{m.projectID, m.scope, c.Name}] == m {
+			delete(ph.contract, mountKey{m.projectID, m.scope, c.Name})
 		}
 	}
 }
 
-// ProcessorHostMounts lists a project's mounted processor hosts with the contracts each holds.
+// ProcessorHostMounts lists a project's mounted processor hosts of every scope with the contracts
+// each holds and its scope (a caller limited to a prefix is shown only its own: see MountsIn).
 func (s *Server) ProcessorHostMounts(projectID string) []itx.MountInfo {
 	ph := &s.procHosts
 	ph.mu.Lock()
@@ -251,28 +266,28 @@ func (s *Server) ProcessorHostMounts(projectID string) []itx.MountInfo {
 		if k.projectID != projectID {
 			continue
 		}
-		info := itx.MountInfo{Name: m.name, MountedAt: m.at}
+		info := itx.MountInfo{Name: m.name, MountedAt: m.at, Scope: m.scope}
 		for _, c := range m.contracts {
-			if ph.contract[mountKey{projectID, c.Name}] == m {
+			if ph.contract[mountKey{projectID, m.scope, c.Name}] == m {
 				info.Contracts = append(info.Contracts, c) // still its: not taken over
 			}
 		}
 		out = append(out, info)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	sortMounts(out)
 	return out
 }
 
-// remoteHost is the mount holding a contract, nil when none does.
-func (s *Server) remoteHost(projectID, contract string) *procMount {
+// remoteHost is the mount holding a contract in a project's scope, nil when none does.
+func (s *Server) remoteHost(projectID, scope, contract string) *procMount {
 	ph := &s.procHosts
 	ph.mu.Lock()
 	defer ph.mu.Unlock()
-	return ph.contract[mountKey{projectID, contract}]
+	return ph.contract[mountKey{projectID, scope, contract}]
 }
 
-// processorPresence lists the presence tokens of every contract mounted in a project: what a
-// loading stream learns, as it learns the mounted capabilities.
+// processorPresence lists the presence tokens of every contract mounted in a project, each in
+// its scope: what a loading stream learns, as it learns the mounted capabilities.
 func (s *Server) processorPresence(projectID string) []string {
 	ph := &s.procHosts
 	ph.mu.Lock()
@@ -280,7 +295,7 @@ func (s *Server) processorPresence(projectID string) []string {
 	var out []string
 	for k := range ph.contract {
 		if k.projectID == projectID {
-			out = append(out, presenceToken(k.name))
+			out = append(out, presence(k.scope, presenceToken(k.name)))
 		}
 	}
 	return out
@@ -295,6 +310,7 @@ type ProcessorPorts struct {
 	srv      *Server
 	ref      StreamRef
 	name     string // the instance: its records are keyed by it
+	scope    string // the instance's subscription's: the namespace its host is mounted in
 	contract string // the contract the instance runs: its host's mount fences the ports
 	gen      uint64
 	seek     int64        // the seek epoch this wake's rewind honors (commits carry it)
@@ -311,7 +327,7 @@ func (p *ProcessorPorts) kvGen() int64 {
 }
 
 func (p *ProcessorPorts) fenced() error {
-	m := p.srv.remoteHost(p.ref.ProjectID, p.contract)
+	m := p.srv.remoteHost(p.ref.ProjectID, p.scope, p.contract)
 	if m == nil || m.gen != p.gen {
 		return itx.Errorf(itx.EFailedPrecondition, "processor %q: this host's mount (generation %d) no longer holds the contract", p.name, p.gen)
 	}
@@ -422,13 +438,13 @@ func (d *deliverer) wakeRemote(job pushJob, out deliveryOutcome) deliveryOutcome
 		out.failure = &deliveryFailure{class: class, msg: err.Error()}
 		return out
 	}
-	contract := d.actor.contractOf(d.name)
-	m := d.srv.remoteHost(d.ref.ProjectID, contract)
+	scope, contract := d.actor.remoteOf(d.name)
+	m := d.srv.remoteHost(d.ref.ProjectID, scope, contract)
 	if m == nil {
 		return fail(classAbsent, itx.Errorf(itx.ECapabilityOffline, "no processor host announcing %q is mounted", contract))
 	}
 	streamID := d.actor.view().streamID
-	ports := &ProcessorPorts{srv: d.srv, ref: d.ref, name: d.name, contract: contract, gen: m.gen}
+	ports := &ProcessorPorts{srv: d.srv, ref: d.ref, name: d.name, scope: scope, contract: contract, gen: m.gen}
 	w := RemoteWake{Ref: d.ref, StreamID: streamID, Name: d.name, Processor: contract, Head: job.head, Ports: ports}
 	if row := job.row; row.CursorChangedAtOffset != row.ConfiguredAtOffset && job.procSeek != row.CursorChangedAtOffset {
 		w.ReprocessFrom, ports.seek = row.ConfirmedOffset+1, row.CursorChangedAtOffset
@@ -458,7 +474,7 @@ func (d *deliverer) wakeRemote(job pushJob, out deliveryOutcome) deliveryOutcome
 		out.failure.mount = vanishedMount(err)
 		return out
 	}
-	if cur := d.srv.remoteHost(d.ref.ProjectID, contract); cur == nil || cur.gen != m.gen {
+	if cur := d.srv.remoteHost(d.ref.ProjectID, scope, contract); cur == nil || cur.gen != m.gen {
 		// A late report from a mount that lost the contract meanwhile: refused. What it committed
 		// through its ports before then stands (the row followed those commits); the new holder
 		// is woken next.
@@ -496,7 +512,7 @@ func (a *actor) fireRemoteAlarm(name string) {
 		}()
 		return
 	}
-	contract := entry.Config.ProcessorContract()
+	scope, contract := entry.mountScope(), entry.Config.ProcessorContract()
 	// An early fire (a mount of the contract) that cannot reach a host leaves the slice where
 	// the keepalive armed it, rather than moving a long backoff to the retry.
 	early := a.st.procAlarms[name] > itx.UnixMilli(a.srv.clock.Now())
@@ -504,7 +520,7 @@ func (a *actor) fireRemoteAlarm(name string) {
 		defer a.srv.release(a)
 		ctx := a.dctx
 		var err error = itx.Errorf(itx.ECapabilityOffline, "no processor host announcing %q is mounted", contract)
-		if m := a.srv.remoteHost(ref.ProjectID, contract); m != nil {
+		if m := a.srv.remoteHost(ref.ProjectID, scope, contract); m != nil {
 			wctx, cancel := context.WithTimeout(ctx, 2*a.srv.cfg.DeliveryTimeout)
 			var gen int64
 			if err = m.awaitStops(wctx, stopKey{streamID, name}); err == nil {
@@ -512,7 +528,7 @@ func (a *actor) fireRemoteAlarm(name string) {
 			}
 			if err == nil {
 				_, _, err = m.host.Wake(wctx, RemoteWake{Ref: ref, StreamID: streamID, Name: name, Processor: contract, Alarm: true,
-					ProgressGeneration: gen, Ports: &ProcessorPorts{srv: a.srv, ref: ref, name: name, contract: contract, gen: m.gen, wakeGen: gen}})
+					ProgressGeneration: gen, Ports: &ProcessorPorts{srv: a.srv, ref: ref, name: name, scope: scope, contract: contract, gen: m.gen, wakeGen: gen}})
 			}
 			cancel()
 		}
@@ -549,12 +565,12 @@ func (a *actor) procGeneration(ctx context.Context, name string) (int64, error) 
 	return rec.Generation, nil
 }
 
-// stopRemote tells the host holding contract that the processor name of this stream no longer
-// runs there, so the host ends its session of it now rather than when its connection ends.
+// stopRemote tells the host holding contract in scope that the processor name of this stream no
+// longer runs there, so the host ends its session of it now rather than when its connection ends.
 // Best effort, off the actor's goroutine, within the delivery timeout: a host that misses it is
 // fenced anyway (the ports refuse a removed processor's writes once its record moved on).
-func (a *actor) stopRemote(contract, name string) {
-	m := a.srv.remoteHost(a.ref.ProjectID, contract)
+func (a *actor) stopRemote(scope, contract, name string) {
+	m := a.srv.remoteHost(a.ref.ProjectID, scope, contract)
 	if m == nil || a.st.streamID == "" {
 		return
 	}
@@ -613,7 +629,8 @@ const MaxRemoteRuntimeStateBytes = 64 << 10
 // that never answers must not hold the call, and the stream, for as long as the caller waits);
 // without a host it says so, with the committed cursors.
 func (s *Server) remoteRuntimeState(ctx context.Context, a *actor, name string) (json.RawMessage, error) {
-	if m := s.remoteHost(a.ref.ProjectID, a.contractOf(name)); m != nil {
+	scope, contract := a.remoteOf(name)
+	if m := s.remoteHost(a.ref.ProjectID, scope, contract); m != nil {
 		hctx, cancel := context.WithCancel(ctx)
 		t := s.clock.AfterFunc(s.cfg.DeliveryTimeout, cancel)
 		st, err := m.host.RuntimeState(hctx, a.view().streamID, a.ref.Path, name)

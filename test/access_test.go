@@ -344,14 +344,14 @@ var methodCases = map[string]methodCase{
 		return struct0[schema.Handle_cancel_Results](c, rel)
 	})},
 
-	"Capabilities.mount": {right: itx.RightSubscribe, andRead: true, wholeProject: true, call: func(ctx context.Context, p schema.Project, _ string) error {
+	"Capabilities.mount": {right: itx.RightSubscribe, andRead: true, call: func(ctx context.Context, p schema.Project, _ string) error {
 		h, err := client.MountReceiver(ctx, p, "rcv-test", client.ServeReceiver(func(context.Context, itx.DeliveryBatch) (int64, error) { return 0, nil }))
 		if err == nil {
 			h.Release()
 		}
 		return err
 	}},
-	"Capabilities.unmount": {right: itx.RightSubscribe, wholeProject: true, call: func(ctx context.Context, p schema.Project, _ string) error {
+	"Capabilities.unmount": {right: itx.RightSubscribe, call: func(ctx context.Context, p schema.Project, _ string) error {
 		fut, release := p.Capabilities(ctx, nil)
 		defer release()
 		return client.Unmount(ctx, fut.Capabilities(), "no-such-mount")
@@ -374,7 +374,7 @@ var methodCases = map[string]methodCase{
 		return client.RemoveReader(ctx, r, "no-such-reader")
 	})},
 
-	"ProcessorHosts.mount": {right: itx.RightSubscribe, andRead: true, wholeProject: true, call: withProcessors(func(ctx context.Context, h schema.ProcessorHosts) error {
+	"ProcessorHosts.mount": {right: itx.RightSubscribe, andRead: true, call: withProcessors(func(ctx context.Context, h schema.ProcessorHosts) error {
 		fut, release := h.Mount(ctx, nil)
 		return struct0[schema.ProcessorHosts_mount_Results](fut, release)
 	})},

@@ -182,6 +182,11 @@ func SetMountInfos(mounts []itx.MountInfo, newList func(int32) (schema.MountInfo
 		if err := list.At(i).SetName(m.Name); err != nil {
 			return err
 		}
+		if m.Scope != "" {
+			if err := list.At(i).SetScope(m.Scope); err != nil {
+				return err
+			}
+		}
 		if len(m.Contracts) > 0 {
 			cl, err := list.At(i).NewContracts(int32(len(m.Contracts)))
 			if err != nil {
@@ -253,6 +258,9 @@ func MountInfosFromSchema(list schema.MountInfo_List) ([]itx.MountInfo, error) {
 		out[i].MountedAt = m.MountedAt()
 		var err error
 		if out[i].Name, err = m.Name(); err != nil {
+			return nil, err
+		}
+		if out[i].Scope, err = m.Scope(); err != nil {
 			return nil, err
 		}
 		if m.HasContracts() {

@@ -68,7 +68,7 @@ func TestWire_RoundTrip(t *testing.T) {
 		require.Equal(t, want, roundTrip(t, want, schema.NewRootProjectInfo, SetProjectInfo, ProjectInfoFromSchema))
 	})
 	t.Run("MountInfo", func(t *testing.T) {
-		want := []itx.MountInfo{{Name: "inbox", MountedAt: 5}, {Name: "other", MountedAt: 6}}
+		want := []itx.MountInfo{{Name: "inbox", MountedAt: 5}, {Name: "other", MountedAt: 6, Scope: "/tenant/"}}
 		seg := mustSegment(t)
 		var list schema.MountInfo_List
 		require.NoError(t, SetMountInfos(want, func(n int32) (schema.MountInfo_List, error) {

@@ -73,12 +73,12 @@ var bindings = map[string]map[string]binding{
 		"confirm":            {"confirm(offset) or confirm({offset}) -> {confirmedOffset} (an offset-acking subscription: confirms what its receiver made durable, at most deliveredOffset)", subscriptionConfirm},
 	},
 	"Capabilities": {
-		"list":    {"list() -> [{name, mountedAt}]", capabilitiesList},
+		"list":    {"list() -> [{name, mountedAt, scope}]", capabilitiesList},
 		"unmount": {"unmount(name) or unmount({name})", capabilitiesUnmount},
 		"mount":   {"mount(name, receiver): not available here (a Receiver is served by an SDK client)", mountUnavailable},
 	},
 	"ProcessorHosts": {
-		"list":  {"list() -> [{name, mountedAt, contracts: [{name, reducerVersion, consumedTypes}]}]", processorHostsList},
+		"list":  {"list() -> [{name, mountedAt, scope, contracts: [{name, reducerVersion, consumedTypes}]}]", processorHostsList},
 		"mount": {"mount(name, host): not available here (a ProcessorHost is served by an SDK client)", mountUnavailable},
 	},
 	"Readers": {
@@ -281,12 +281,13 @@ type mountJS struct {
 	Name      string              `json:"name"`
 	MountedAt msTime              `json:"mountedAt"`
 	Contracts []itx.ProcessorInfo `json:"contracts,omitempty"` // a processor host's
+	Scope     string              `json:"scope,omitempty"`     // the mounting session's prefix
 }
 
 func mountsJS(ms []itx.MountInfo) []mountJS {
 	out := make([]mountJS, len(ms))
 	for i, m := range ms {
-		out[i] = mountJS{Name: m.Name, MountedAt: msTime(m.MountedAt), Contracts: m.Contracts}
+		out[i] = mountJS{Name: m.Name, MountedAt: msTime(m.MountedAt), Contracts: m.Contracts, Scope: m.Scope}
 	}
 	return out
 }
