@@ -224,3 +224,40 @@ func TestRun_JSONUsageErrors(t *testing.T) {
 	require.Equal(t, exitUsage, code)
 	require.Equal(t, "usage: itx tail <path> [--from N | N]\n", errs, "text without --json, as before")
 }
+
+// Under --json every command's output is JSON a script can read: .help (with and without an
+// interface), .output and .time printed text before.
+func TestRun_SettingsCommandsPrintJSON(t *testing.T) {
+	ts := startServer(t)
+	c := newCLI(t)
+	c.env["ITX_ADDR"], c.env["ITX_TOKEN"] = ts.addr, ts.token
+	code, out, errs := c.run(".help\n.help Subscription\n.output\n.time\n", "--json")
+	require.Equal(t, 0, code, errs)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	require.Len(t, lines, 4, out)
+	var help struct {
+		Commands   []struct{ Name, Args, Help string }
+		Interfaces []string
+	}
+	require.NoError(t, json.Unmarshal([]byte(lines[0]), &help), lines[0])
+	require.Contains(t, help.Interfaces, "Subscription")
+	var commands []string
+	for _, c := range help.Commands {
+		commands = append(commands, c.Name)
+	}
+	require.Contains(t, commands, ".help")
+	require.Contains(t, commands, ".watch")
+	var ifc struct {
+		Interface string
+		Methods   []struct{ Name, Usage string }
+	}
+	require.NoError(t, json.Unmarshal([]byte(lines[1]), &ifc), lines[1])
+	require.Equal(t, "Subscription", ifc.Interface)
+	var names []string
+	for _, m := range ifc.Methods {
+		names = append(names, m.Name)
+	}
+	require.Contains(t, names, "confirm")
+	require.JSONEq(t, `{"format": "json", "width": "fit"}`, lines[2])
+	require.JSONEq(t, `{"times": "iso"}`, lines[3])
+}

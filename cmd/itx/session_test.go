@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -194,9 +195,13 @@ func TestHelp_NamesEveryOption(t *testing.T) {
 		return s.out.String()
 	}
 	line := func(iface, method string) string {
-		for _, l := range strings.Split(help(iface), "\n") {
-			if strings.HasPrefix(strings.TrimSpace(l), method+"(") {
-				return l
+		var h struct {
+			Methods []struct{ Name, Usage string }
+		} // the session prints JSON
+		require.NoError(t, json.Unmarshal([]byte(help(iface)), &h))
+		for _, m := range h.Methods {
+			if m.Name == method {
+				return m.Usage
 			}
 		}
 		t.Fatalf(".help %s has no line for %s", iface, method)

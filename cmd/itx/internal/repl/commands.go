@@ -218,11 +218,40 @@ func runHelp(ctx context.Context, s *Session, args []string) error {
 		if !ok {
 			return usageError("help", "no interface %q (%s)", args[0], strings.Join(boundInterfaces(), ", "))
 		}
+		if s.cfg.Format == FormatJSON {
+			type methodJS struct {
+				Name  string `json:"name"`
+				Usage string `json:"usage"`
+			}
+			out := struct {
+				Interface string     `json:"interface"`
+				Methods   []methodJS `json:"methods"`
+			}{Interface: ifc.Name, Methods: []methodJS{}}
+			for _, m := range ifc.Methods {
+				out.Methods = append(out.Methods, methodJS{m.Name, usage(ifc.Name, m)})
+			}
+			return s.printJSONLine(out)
+		}
 		fmt.Fprintf(w, "%s:\n", ifc.Name)
 		for _, m := range ifc.Methods {
 			fmt.Fprintf(w, "  %s\n", usage(ifc.Name, m))
 		}
 		return nil
+	}
+	if s.cfg.Format == FormatJSON {
+		type commandJS struct {
+			Name string `json:"name"`
+			Args string `json:"args,omitempty"`
+			Help string `json:"help"`
+		}
+		out := struct {
+			Commands   []commandJS `json:"commands"`
+			Interfaces []string    `json:"interfaces"`
+		}{Interfaces: boundInterfaces()}
+		for _, c := range Commands() {
+			out.Commands = append(out.Commands, commandJS{"." + c.Name, c.Args, c.Help})
+		}
+		return s.printJSONLine(out)
 	}
 	fmt.Fprint(w, helpIntro)
 	fmt.Fprintln(w, "\nCommands:")
@@ -260,6 +289,9 @@ func runOutput(ctx context.Context, s *Session, args []string) error {
 		if s.cfg.Wide {
 			width = "wide"
 		}
+		if s.cfg.Format == FormatJSON {
+			return s.printJSONLine(map[string]string{"format": fmt.Sprint(s.cfg.Format), "width": width})
+		}
 		fmt.Fprintln(s.cfg.Out, s.cfg.Format, width)
 		return nil
 	}
@@ -278,11 +310,14 @@ func runOutput(ctx context.Context, s *Session, args []string) error {
 
 func runTime(ctx context.Context, s *Session, args []string) error {
 	if len(args) == 0 {
+		times := "iso"
 		if s.relativeTimes {
-			fmt.Fprintln(s.cfg.Out, "relative")
-		} else {
-			fmt.Fprintln(s.cfg.Out, "iso")
+			times = "relative"
 		}
+		if s.cfg.Format == FormatJSON {
+			return s.printJSONLine(map[string]string{"times": times})
+		}
+		fmt.Fprintln(s.cfg.Out, times)
 		return nil
 	}
 	switch args[0] {
@@ -470,6 +505,13 @@ func runWatch(ctx context.Context, s *Session, args []string) error {
 type snapshotJS struct {
 	Revision uint64          `json:"revision"`
 	State    json.RawMessage `json:"state"`
+}
+
+// printJSONLine prints v as one line of JSON: what a command shows in the JSON format.
+func (s *Session) printJSONLine(v any) error {
+	enc := json.NewEncoder(s.cfg.Out)
+	enc.SetEscapeHTML(false) // usages hold "->"
+	return enc.Encode(v)
 }
 
 // printWatchFrame prints one frame of .watch: a JSON document a line in the JSON format (as
