@@ -59,6 +59,10 @@ type subRuntime struct {
 	resets   uint64
 }
 
+// MaxAckingDeliveries bounds the deliveries an offset-acking subscription has out unconfirmed
+// (the step keeps a mark for each): with one event per delivery, its window is at most this.
+const MaxAckingDeliveries = 256
+
 // deliveryMark is one delivery of an offset-acking subscription: the offset of the last event
 // it carried (0: none, the filter passed over everything it read) and how far it read.
 type deliveryMark struct {
@@ -417,7 +421,7 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 		if window > 0 {
 			// Offset-acking: on from the last delivery while the window has room.
 			after = max(after, rt.sendFrom)
-			if after-r.ConfirmedOffset >= window {
+			if after-r.ConfirmedOffset >= window || len(rt.marks) >= MaxAckingDeliveries {
 				continue
 			}
 		}

@@ -192,3 +192,28 @@ func TestSubscription_OffsetAckingRedeliversTheUnconfirmedAfterARestart(t *testi
 	waitUntil(t, "the unconfirmed delivered again", func() bool { return h.count() == 5 })
 	require.Equal(t, []int64{b + 1, b + 2, b + 3, b + 2, b + 3}, h.received())
 }
+
+// The server keeps a mark per unconfirmed delivery: however wide the window, at most
+// MaxAckingDeliveries deliveries are out unconfirmed at a time.
+func TestSubscription_OffsetAckingBoundsItsDeliveries(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	s := stream(t, e.p, "/acks-bound")
+	name, b := e.configure(t, s, client.SubscriptionConfig{Name: "single", Start: "now", ConfirmWindow: itx.MaxConfirmWindow, MaxDeliveryEvents: 1,
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "single"}})
+	r := &ackingReceiver{}
+	defer mountAcking(t, e, "single", r)()
+	n := server.MaxAckingDeliveries + 20
+	batch := make([]itx.EventInput, n)
+	for i := range batch {
+		batch[i] = ev("row", `{}`)
+	}
+	mustAppend(t, s, batch...)
+	waitUntil(t, "the bound's worth delivered", func() bool { return len(r.got()) == server.MaxAckingDeliveries })
+	e.settle(t, "/acks-bound")
+	require.Len(t, r.got(), server.MaxAckingDeliveries)
+	sub := client.Subscription(e.ctx, s, name)
+	defer sub.Release()
+	_, err := client.ConfirmSubscription(e.ctx, sub, b+10)
+	require.NoError(t, err)
+	waitUntil(t, "ten more", func() bool { return len(r.got()) == server.MaxAckingDeliveries+10 })
+}
