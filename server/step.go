@@ -647,6 +647,10 @@ func (st *streamState) applyConfirm(op readerOp, now time.Time, eff *effects) (i
 		st.touch(op.name, now)
 		eff.rowsChanged = true
 		eff.confirmed = true
+	} else if st.dirty[op.name] {
+		// The cursor did not move, but where it is may not be written yet (a receiver's answer
+		// confirmed it, and progress waits for the flush): the reply names it, so write it first.
+		eff.confirmed = true
 	}
 	return r.ConfirmedOffset, nil
 }
