@@ -172,6 +172,14 @@ func (s *stepScript) run(line string) {
 			f := &deliveryFailure{class: class, count: int(num("count")), last: num("last"), eventOffset: num("offset"), expression: args["expr"] != "", msg: args["class"] + " failure",
 				mount: uint64(num("mount"))}
 			o.failure = f
+			if job.acking {
+				// As the deliverer reports it: the events before the failing one end where the try
+				// read from, or (before=) where the events it carried before it end.
+				o.before = job.after
+				if args["before"] != "" {
+					o.before = num("before")
+				}
+			}
 		}
 		in.outcomes = []deliveryOutcome{o}
 	case "confirm":
