@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -77,17 +78,17 @@ type simSub struct {
 	start       int64
 
 	// An offset-acking subscription (confirmWindow > 0): the receiver's side of the model.
-	window    int64
-	types     map[string]bool // its filter's event types (nil: every event)
-	received  map[int64]bool  // offsets the receiver took under this (birth, seek)
-	maxRecv   int64           // the highest of them
-	maxRead   int64           // the furthest a delivery read (over what the filter passed too)
-	recvConf  int64           // the highest offset the receiver confirmed (an answer, or an accepted confirm)
-	promised  int64           // the highest cursor a confirm reply reported (it must be durable)
-	covered   map[int64]bool  // offsets a delivery covered since the last reset the model knows of
-	resets    int             // the model's resets (reload, failure, mount of its receiver's name)
-	durDeliv  int64           // DeliveredOffset last seen on disk
-	sinceLoad bool            // covered counts only deliveries of this incarnation
+	window   int64
+	types    map[string]bool // its filter's event types (nil: every event)
+	received map[int64]bool  // offsets the receiver took under this (birth, seek)
+	maxRecv  int64           // the highest of them
+	maxRead  int64           // the furthest a delivery read (over what the filter passed too)
+	recvConf int64           // the highest offset the receiver confirmed (an answer, or an accepted confirm)
+	promised int64           // the highest cursor a confirm reply reported (it must be durable)
+	covered  map[int64]bool  // offsets a delivery covered since the last reset the model knows of
+	resets   int             // the model's resets (reload, failure, mount of its receiver's name)
+	durDeliv int64           // DeliveredOffset last seen on disk
+	answers  int             // of 10 answers, how many confirm something (0: it confirms only later, by confirm ops)
 }
 
 // matches reports whether an acking subscription's receiver is sent the event (its filter).
@@ -458,20 +459,34 @@ func (s *sim) deliverTo(name string, force int) {
 	if mode < 0 {
 		mode = s.rng.IntN(10)
 	}
+	if job.acking && sub != nil && sub.answers == 0 && force < 0 {
+		mode = 0 // a receiver slow to confirm takes everything but the poison events
+	}
 	var took []int64
 	var answered int64
 	d.send = &simSender{next: func(b *itx.DeliveryBatch) (int64, error) {
+		// The acking receivers refuse a batch that holds a fourth event of an append; one slow to
+		// confirm refuses every fifth offset too.
+		poison := false
+		for _, e := range b.Events {
+			poison = poison || (job.acking && force < 0 && strings.Contains(string(e.Payload), `"i":3`)) ||
+				(job.acking && force < 0 && sub != nil && sub.answers == 0 && e.Offset%5 == 0)
+		}
 		switch {
+		case poison:
+			return 0, withClass(classEvent, errors.New("receiver refused a poison event"))
 		case job.acking && mode < 6:
 			for _, e := range b.Events {
 				took = append(took, e.Offset)
 			}
 			last := b.Events[len(b.Events)-1].Offset
 			switch pick := s.rng.IntN(10); {
-			case force >= 0 || pick < 3:
+			case force >= 0:
 				answered = last
-			case pick < 7 || sub == nil:
+			case sub == nil || pick >= sub.answers:
 				answered = 0 // confirms nothing yet: a later confirm, or a redelivery
+			case pick < sub.answers/2:
+				answered = last
 			default:
 				answered = s.rng.Int64N(max(sub.maxRecv, last)) + 1 // through something it took
 				if answered > last && !sub.received[answered] {
@@ -484,6 +499,12 @@ func (s *sim) deliverTo(name string, force int) {
 				took = append(took, e.Offset)
 			}
 			return 0, nil
+		case job.acking && mode < 7:
+			return 0, withClass(classOutage, errors.New("receiver down"))
+		case job.acking && mode < 8 && s.rng.IntN(2) == 0:
+			return 0, withClass(classAbsent, errors.New("receiver absent"))
+		case job.acking && (mode < 9 || s.rng.IntN(5) > 0):
+			return 0, withClass(classEvent, errors.New("receiver refused"))
 		case mode < 6:
 			k := 1 + s.rng.IntN(len(b.Events))
 			for _, e := range b.Events[:k] {
@@ -581,6 +602,9 @@ func (s *sim) confirm() {
 		c = s.rng.Int64N(s.st.head + 2)
 	default:
 		c = maxRecv + 1
+	}
+	if sub != nil && sub.window > 0 && sub.answers == 0 && s.rng.IntN(4) > 0 {
+		c = min(c, sub.recvConf) // a receiver slow to confirm: mostly nothing new
 	}
 	before := s.diskRow(name)
 	var memBefore int64
@@ -919,6 +943,7 @@ func (s *sim) check() {
 				received: map[int64]bool{}, covered: map[int64]bool{}}
 			if e := s.st.core.Subscriptions[r.Name]; e != nil && e.Config.ConfirmWindow > 0 {
 				nsub.window = int64(e.Config.ConfirmWindow)
+				nsub.answers = []int{0, 3, 6, 10}[s.rng.IntN(4)]
 				if f := e.Config.Filter; f != nil && len(f.EventTypes) > 0 {
 					nsub.types = map[string]bool{}
 					for _, t := range f.EventTypes {
