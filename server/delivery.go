@@ -110,8 +110,8 @@ func (d *deliverer) push(job pushJob, store streamStore, streamID string) delive
 func (d *deliverer) deadLetterSkip(job pushJob, store streamStore, streamID string, out *deliveryOutcome) {
 	f := out.failure
 	dec := decideFailure(job.row, *f, itx.OnFailingSkip, 0, 0)
-	if dec.kind != decideSkip {
-		return
+	if dec.kind != decideSkip || (job.acking && job.row.ConfirmedOffset < out.before) {
+		return // not skipped (an offset-acking one waits for the events before it to be confirmed)
 	}
 	letter, err := d.deadLetterOf(job, store, streamID, f, dec.failingAttempt)
 	if err == nil {
@@ -303,6 +303,7 @@ func (d *deliverer) try(job pushJob, store streamStore, streamID string) deliver
 			last := matched[len(matched)-1].Offset
 			out.failure = &deliveryFailure{class: classify(err), count: len(matched), last: last, msg: err.Error(), mount: vanishedMount(err),
 				retryAfter: retryAfterOf(err)}
+			out.before = after
 			if len(matched) == 1 {
 				out.failure.eventOffset = last
 			}
@@ -324,6 +325,10 @@ func (d *deliverer) try(job pushJob, store streamStore, streamID string) deliver
 	}
 	if failed != nil && through == failed.offset-1 {
 		out.failure = &deliveryFailure{class: classEvent, count: 1, last: failed.offset, eventOffset: failed.offset, expression: true, msg: failed.Error()}
+		out.before = after
+		if len(matched) > 0 {
+			out.before = through // the events it carried before the failing one were taken
+		}
 	}
 	return out
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -75,6 +76,30 @@ type simSub struct {
 	delivered   []int64 // offsets the receiver took under this (birth, seek), in arrival order
 	skipped     map[int64]bool
 	start       int64
+
+	// An offset-acking subscription (confirmWindow > 0): the receiver's side of the model.
+	window   int64
+	types    map[string]bool // its filter's event types (nil: every event)
+	received map[int64]bool  // offsets the receiver took under this (birth, seek)
+	maxRecv  int64           // the highest of them
+	maxRead  int64           // the furthest a delivery read (over what the filter passed too)
+	recvConf int64           // the highest offset the receiver confirmed (an answer, or an accepted confirm)
+	promised int64           // the highest cursor a confirm reply reported (it must be durable)
+	covered  map[int64]bool  // offsets a delivery covered since the last reset the model knows of
+	resets   int             // the model's resets (reload, failure, mount of its receiver's name)
+	durDeliv int64           // DeliveredOffset last seen on disk
+	answers  int             // of 10 answers, how many confirm something (0: it confirms only later, by confirm ops)
+}
+
+// matches reports whether an acking subscription's receiver is sent the event (its filter).
+func (sub *simSub) matches(e itx.Event) bool {
+	return !e.Ephemeral && (sub.types == nil || sub.types[e.Type])
+}
+
+// resetCovered is a reset the step must honor: what was delivered unconfirmed goes again.
+func (sub *simSub) resetCovered() {
+	sub.covered = map[int64]bool{}
+	sub.resets++
 }
 
 type sim struct {
@@ -103,6 +128,13 @@ type sim struct {
 	// procForgotMaybe: a removal of proc whose answer was lost may have forgotten its record.
 	procForgotMaybe bool
 	answers         []procAnswer // of the last step that committed
+
+	// The last step: whether it committed (or had nothing to write), and its effects.
+	lastOK  bool
+	lastEff effects
+	// jobResets is, per push in flight, the model's reset count of its subscription when it
+	// was planned: a delivery covers offsets only if no reset came between.
+	jobResets map[string]int
 }
 
 func TestSimulation(t *testing.T) {
@@ -136,6 +168,7 @@ func runSim(t *testing.T, seed uint64, steps int) {
 		s.act()
 		s.check()
 	}
+	s.drain()
 }
 
 func (s *sim) fail(format string, args ...any) {
@@ -172,7 +205,15 @@ func (s *sim) reload(nextGen int64) {
 	}
 	s.st = st
 	s.inflight = map[string]pushJob{}
+	s.jobResets = map[string]int{}
 	s.ds = map[string]*deliverer{}
+	for name, sub := range s.subs {
+		// A restart forgets what was delivered unconfirmed: it goes again from the cursor.
+		sub.resetCovered()
+		if rt := st.subs[name]; rt != nil && (rt.sendFrom != 0 || len(rt.marks) != 0) {
+			s.fail("%s: reloaded with sendFrom %d and %d marks, not from its confirmed cursor", name, rt.sendFrom, len(rt.marks))
+		}
+	}
 	// The first step of an incarnation schedules what the last one owed.
 	s.apply(stepInput{})
 }
@@ -204,17 +245,28 @@ func (s *sim) apply(in stepInput) []appendReply {
 	if err == nil && eff.hasWrites() {
 		err = s.store.Commit(s.ctx, eff.commit)
 	}
+	s.lastOK, s.lastEff = false, effects{}
 	if err != nil {
 		s.history = append(s.history, fmt.Sprintf("  commit failed (%v): reload", err))
 		s.reload(s.st.nextGen)
+		s.lastOK, s.lastEff = false, effects{} // the reload's own step is not this one
 		return nil
+	}
+	s.lastOK, s.lastEff = true, eff
+	if debugSim && s.stepNo > 230 {
+		fmt.Printf("DBG step %d in=%+v writes=%v upserts=%v\n  mem c=%+v\n  disk c=%+v\n", s.stepNo, in.outcomes, eff.hasWrites(), len(eff.commit.CursorUpserts), s.st.rows["c"], s.diskRow("c"))
 	}
 	for _, name := range eff.rebuild {
 		delete(s.ds, name)
 		delete(s.inflight, name)
 	}
 	for _, job := range eff.pushes {
+		s.checkPush(job)
 		s.inflight[job.name] = job
+		s.jobResets[job.name] = 0 // a new epoch's model starts with no resets
+		if sub := s.subs[job.name]; sub != nil && sub.birth == job.row.ConfiguredAtOffset && sub.seek == job.row.CursorChangedAtOffset {
+			s.jobResets[job.name] = sub.resets
+		}
 	}
 	s.answers = eff.procAnswers
 	var replies []appendReply
@@ -224,20 +276,24 @@ func (s *sim) apply(in stepInput) []appendReply {
 	return replies
 }
 
+const debugSim = false
+
 var simNames = []string{"a", "b", "c"}
 
 // act performs one random action.
 func (s *sim) act() {
 	r := s.rng.IntN(100)
 	switch {
-	case r < 30:
+	case r < 28:
 		s.appendEvents()
-	case r < 37:
+	case r < 35:
 		s.configure()
 	case r < 40:
 		s.control()
+	case r < 62:
+		s.deliver(-1)
 	case r < 68:
-		s.deliver()
+		s.confirm()
 	case r < 75:
 		s.proc()
 	case r < 85:
@@ -272,7 +328,11 @@ func (s *sim) appendEvents() {
 	n := 1 + s.rng.IntN(4)
 	var inputs []itx.EventInput
 	for i := 0; i < n; i++ {
-		in := itx.EventInput{Type: "e", Payload: json.RawMessage(fmt.Sprintf(`{"step":%d,"i":%d}`, s.stepNo, i))}
+		typ := "e"
+		if s.rng.IntN(4) == 0 {
+			typ = "n" // passed over by the acking subscriptions' filters
+		}
+		in := itx.EventInput{Type: typ, Payload: json.RawMessage(fmt.Sprintf(`{"step":%d,"i":%d}`, s.stepNo, i))}
 		if s.rng.IntN(3) == 0 {
 			in.IdempotencyKey = fmt.Sprintf("k%d", s.rng.IntN(40))
 			// a key's body is a function of the key, so a reuse is a retry, never a conflict
@@ -312,8 +372,16 @@ func (s *sim) configure() {
 	start := []string{itx.StartBeginning, itx.StartNow}[s.rng.IntN(2)]
 	cfg := itx.SubscriptionConfig{Name: name, Receiver: itx.Receiver{Action: itx.KindITXCall, Capability: "c" + fmt.Sprint(s.rng.IntN(2)),
 		Delivery: &itx.DeliveryPolicy{Start: start, OnFailingEvent: policy}}}
+	if s.rng.IntN(2) == 0 {
+		// Offset-acking: a small window, so it fills and stalls; a filter, sometimes, so some
+		// deliveries carry nothing.
+		cfg.ConfirmWindow = 1 + s.rng.IntN(5)
+		if s.rng.IntN(2) == 0 {
+			cfg.Filter = &itx.SubscriptionFilter{EventTypes: []string{"e"}}
+		}
+	}
 	b, _ := json.Marshal(cfg)
-	s.history = append(s.history, fmt.Sprintf("configure %s %s %s %s", name, cfg.Receiver.Capability, start, policy))
+	s.history = append(s.history, fmt.Sprintf("configure %s %s %s %s window=%d filter=%v", name, cfg.Receiver.Capability, start, policy, cfg.ConfirmWindow, cfg.Filter != nil))
 	s.apply(stepInput{appends: []*appendReq{{inputs: []itx.EventInput{{Type: itx.TypeSubscriptionConfigured, Payload: b}}, reply: make(chan appendReply, 1)}}})
 }
 
@@ -323,9 +391,7 @@ func (s *sim) control() {
 	var payload any
 	switch s.rng.IntN(4) {
 	case 3:
-		capability := "c" + fmt.Sprint(s.rng.IntN(2))
-		s.history = append(s.history, "mount "+capability)
-		s.apply(stepInput{mounted: []string{capability}})
+		s.mount("c" + fmt.Sprint(s.rng.IntN(2)))
 		return
 	case 0:
 		typ, payload = itx.TypeSubscriptionCursorSet, itx.CursorSetPayload{Name: name, AfterOffset: s.rng.Int64N(s.st.head + 1)}
@@ -356,18 +422,24 @@ func (s *sim) control() {
 
 // deliver completes one in-flight push through the real deliverer, with a receiver that
 // succeeds, confirms part, fails in one of the classes, or never answers (its outcome is lost).
-func (s *sim) deliver() {
-	if len(s.inflight) == 0 {
+// An offset-acking subscription's receiver takes the whole batch and its answer confirms its
+// last event, nothing, or an offset it took earlier. force >= 0 picks the receiver's mode (and an
+// acking receiver then confirms the batch's last event).
+func (s *sim) deliver(force int) {
+	var names []string
+	for _, n := range simNames {
+		if _, ok := s.inflight[n]; ok {
+			names = append(names, n)
+		}
+	}
+	if len(names) == 0 {
 		s.apply(stepInput{})
 		return
 	}
-	var name string
-	for _, n := range simNames {
-		if _, ok := s.inflight[n]; ok {
-			name = n
-			break
-		}
-	}
+	s.deliverTo(names[s.rng.IntN(len(names))], force)
+}
+
+func (s *sim) deliverTo(name string, force int) {
 	job := s.inflight[name]
 	delete(s.inflight, name)
 	entry := s.st.core.Subscriptions[name]
@@ -379,15 +451,60 @@ func (s *sim) deliver() {
 		d = newDeliverer(s.ctx, s.srv, StreamRef{ProjectID: "p", Path: "/sim"}, entry)
 		s.ds[name] = d
 	}
-	mode := s.rng.IntN(10)
+	sub := s.subs[name]
+	if sub != nil && (sub.birth != job.row.ConfiguredAtOffset || sub.seek != job.row.CursorChangedAtOffset) {
+		sub = nil // read under another epoch: the model of this one learns nothing from it
+	}
+	mode := force
+	if mode < 0 {
+		mode = s.rng.IntN(10)
+	}
+	if job.acking && sub != nil && sub.answers == 0 && force < 0 {
+		mode = 0 // a receiver slow to confirm takes everything but the poison events
+	}
 	var took []int64
+	var answered int64
 	d.send = &simSender{next: func(b *itx.DeliveryBatch) (int64, error) {
+		// The acking receivers refuse a batch that holds a fourth event of an append; one slow to
+		// confirm refuses every fifth offset too.
+		poison := false
+		for _, e := range b.Events {
+			poison = poison || (job.acking && force < 0 && strings.Contains(string(e.Payload), `"i":3`)) ||
+				(job.acking && force < 0 && sub != nil && sub.answers == 0 && e.Offset%5 == 0)
+		}
 		switch {
+		case poison:
+			return 0, withClass(classEvent, errors.New("receiver refused a poison event"))
+		case job.acking && mode < 6:
+			for _, e := range b.Events {
+				took = append(took, e.Offset)
+			}
+			last := b.Events[len(b.Events)-1].Offset
+			switch pick := s.rng.IntN(10); {
+			case force >= 0:
+				answered = last
+			case sub == nil || pick >= sub.answers:
+				answered = 0 // confirms nothing yet: a later confirm, or a redelivery
+			case pick < sub.answers/2:
+				answered = last
+			default:
+				answered = s.rng.Int64N(max(sub.maxRecv, last)) + 1 // through something it took
+				if answered > last && !sub.received[answered] {
+					answered = last
+				}
+			}
+			return answered, nil
 		case mode < 5:
 			for _, e := range b.Events {
 				took = append(took, e.Offset)
 			}
 			return 0, nil
+		case job.acking && mode < 7:
+			return 0, withClass(classOutage, errors.New("receiver down"))
+		case job.acking && mode < 8 && s.rng.IntN(2) == 0:
+			return 0, withClass(classAbsent, errors.New("receiver absent"))
+		case job.acking && (mode < 9 || s.rng.IntN(5) > 0):
+			return 0, withClass(classEvent, errors.New("receiver refused"))
 		case mode < 6:
 			k := 1 + s.rng.IntN(len(b.Events))
 			for _, e := range b.Events[:k] {
@@ -404,13 +521,241 @@ func (s *sim) deliver() {
 		return 0, withClass(classTerminal, errors.New("never"))
 	}}
 	out := d.push(job, s.store, "sim")
-	s.history = append(s.history, fmt.Sprintf("deliver %s after=%d head=%d limit=%d mode=%d took=%v -> through=%d failure=%v",
-		name, job.row.ConfirmedOffset, job.head, job.limit, mode, took, out.through, out.failure != nil))
-	sub := s.subs[name]
-	if sub != nil && sub.birth == job.row.ConfiguredAtOffset && sub.seek == job.row.CursorChangedAtOffset {
+	s.history = append(s.history, fmt.Sprintf("deliver %s after=%d (confirmed %d) head=%d limit=%d acking=%v mode=%d took=%v answered=%d -> through=%d last=%d confirmed=%d failure=%v",
+		name, job.after, job.row.ConfirmedOffset, job.head, job.limit, job.acking, mode, took, answered, out.through, out.lastEvent, out.confirmed, out.failure != nil))
+	if sub := s.subs[name]; sub != nil && sub.birth == job.row.ConfiguredAtOffset && sub.seek == job.row.CursorChangedAtOffset {
 		sub.delivered = append(sub.delivered, took...)
 	}
+	if sub != nil && job.acking {
+		for _, off := range took {
+			sub.received[off] = true
+			sub.maxRecv = max(sub.maxRecv, off)
+		}
+		sub.recvConf = max(sub.recvConf, answered)
+		if out.failure == nil {
+			sub.maxRead = max(sub.maxRead, out.through)
+		}
+		rt, r := s.st.subs[name], s.st.rows[name]
+		accepted := rt != nil && r != nil && rt.gen == out.gen && r.ConfiguredAtOffset == out.birth && r.CursorChangedAtOffset == out.seek
+		switch {
+		case out.failure != nil && accepted:
+			sub.resetCovered() // a failure: what went unconfirmed goes again
+		case out.failure == nil && s.jobResets[name] == sub.resets:
+			for off := job.after + 1; off <= out.through; off++ {
+				sub.covered[off] = true
+			}
+		}
+	}
 	s.apply(stepInput{outcomes: []deliveryOutcome{out}})
+}
+
+// mount is a new mount of a receiver's name: the acking subscriptions it reaches send again from
+// their confirmed cursors (the new receiver may not hold what the old one took unconfirmed).
+func (s *sim) mount(capability string) {
+	s.history = append(s.history, "mount "+capability)
+	for name, sub := range s.subs {
+		if e := s.st.core.Subscriptions[name]; e != nil && e.Config.ConfirmWindow > 0 && e.Config.Receiver.Capability == capability {
+			sub.resetCovered()
+		}
+	}
+	s.apply(stepInput{mounted: []string{capability}})
+}
+
+// diskRow reads one cursor row as storage holds it (nil: none).
+func (s *sim) diskRow(name string) *storage.CursorRow {
+	rows, err := s.store.CursorRows(s.ctx)
+	if err != nil {
+		s.fail("rows: %v", err)
+	}
+	for i := range rows {
+		if rows[i].Name == name {
+			return &rows[i]
+		}
+	}
+	return nil
+}
+
+// confirm is a Subscription.confirm from an acking subscription's receiver, mostly through an
+// offset it took; sometimes past what it was delivered (refused), or of a subscription that is
+// not offset-acking or does not exist (refused).
+func (s *sim) confirm() {
+	var acking []string
+	for _, n := range simNames {
+		if e := s.st.core.Subscriptions[n]; e != nil && e.Config.ConfirmWindow > 0 {
+			acking = append(acking, n)
+		}
+	}
+	name := simNames[s.rng.IntN(len(simNames))]
+	if len(acking) > 0 && s.rng.IntN(5) > 0 {
+		name = acking[s.rng.IntN(len(acking))]
+	}
+	entry, sub := s.st.core.Subscriptions[name], s.subs[name]
+	var maxRecv int64
+	if sub != nil {
+		maxRecv = sub.maxRecv
+	}
+	var c int64
+	switch k := s.rng.IntN(6); {
+	case k < 4:
+		c = s.rng.Int64N(maxRecv + 1)
+	case k < 5:
+		c = s.rng.Int64N(s.st.head + 2)
+	default:
+		c = maxRecv + 1
+	}
+	if sub != nil && sub.window > 0 && sub.answers == 0 && s.rng.IntN(4) > 0 {
+		c = min(c, sub.recvConf) // a receiver slow to confirm: mostly nothing new
+	}
+	before := s.diskRow(name)
+	var memBefore int64
+	if r := s.st.rows[name]; r != nil {
+		memBefore = r.ConfirmedOffset
+	}
+	var got int64
+	if debugSim {
+		fmt.Printf("DBG before confirm %s c=%d disk=%+v mem=%+v\n", name, c, before, s.st.rows[name])
+	}
+	s.apply(stepInput{readers: []readerOp{{name: name, checkpoint: c, confirm: true, confirmed: &got, reply: make(chan error, 1)}}})
+	if debugSim {
+		fmt.Printf("DBG after confirm upserts=%+v writes=%v\n", s.lastEff.commit.CursorUpserts, s.lastEff.hasWrites())
+	}
+	if !s.lastOK {
+		s.history = append(s.history, fmt.Sprintf("confirm %s through %d: unanswered (the commit failed)", name, c))
+		if sub != nil {
+			sub.recvConf = max(sub.recvConf, c) // it may have landed (the answer lost)
+		}
+		return
+	}
+	var err error
+	for _, rr := range s.lastEff.readerReplies {
+		err = rr.err
+	}
+	s.history = append(s.history, fmt.Sprintf("confirm %s through %d -> %d err=%v", name, c, got, err))
+	switch {
+	case entry == nil:
+		if itx.ErrorCode(err) != itx.ENotFound {
+			s.fail("confirm of %q, no subscription: %v", name, err)
+		}
+		return
+	case entry.Config.ConfirmWindow == 0:
+		if itx.ErrorCode(err) != itx.EFailedPrecondition {
+			s.fail("confirm of %q, not offset-acking: %v", name, err)
+		}
+		return
+	case err != nil:
+		if itx.ErrorCode(err) != itx.EInvalid {
+			s.fail("confirm of %q through %d: %v", name, c, err)
+		}
+		if before != nil && c <= max(before.DeliveredOffset, before.ConfirmedOffset) {
+			s.fail("confirm of %q through %d refused, though storage held it delivered through %d: %v", name, c, max(before.DeliveredOffset, before.ConfirmedOffset), err)
+		}
+		return
+	}
+	if sub != nil && c > max(sub.maxRecv, sub.maxRead, memBefore) {
+		s.fail("confirm of %q through %d accepted, but it was delivered only through %d", name, c, max(sub.maxRecv, sub.maxRead))
+	}
+	if got < c || got < memBefore {
+		s.fail("confirm of %q through %d answered %d (the cursor was at %d)", name, c, got, memBefore)
+	}
+	after := s.diskRow(name)
+	if after == nil || after.ConfirmedOffset < got {
+		held := int64(-1)
+		if after != nil {
+			held = after.ConfirmedOffset
+		}
+		s.fail("confirm of %q answered the confirmed cursor %d, but storage holds %d: a restart would lose what the reply promised", name, got, held)
+	}
+	if sub != nil {
+		sub.recvConf = max(sub.recvConf, c)
+		sub.promised = max(sub.promised, got)
+	}
+}
+
+// checkPush verifies a planned push of an offset-acking subscription: it reads within the
+// window, and after its confirmed cursor only over offsets delivered since the last reset.
+func (s *sim) checkPush(job pushJob) {
+	entry := s.st.core.Subscriptions[job.name]
+	if entry == nil || entry.Kind() != itx.KindITXCall {
+		return
+	}
+	window := int64(entry.Config.ConfirmWindow)
+	if job.acking != (window > 0) {
+		s.fail("%s: push acking=%v with confirmWindow %d", job.name, job.acking, window)
+	}
+	if !job.acking {
+		return
+	}
+	conf := job.row.ConfirmedOffset
+	if job.after < conf || job.after-conf >= window || job.after >= job.head {
+		s.fail("%s: push after %d with the cursor at %d, window %d, head %d", job.name, job.after, conf, window, job.head)
+	}
+	if job.limit < 1 || int64(job.limit) > window-(job.after-conf) {
+		s.fail("%s: push limit %d with %d of window %d unconfirmed", job.name, job.limit, job.after-conf, window)
+	}
+	sub := s.subs[job.name]
+	if sub == nil || sub.birth != job.row.ConfiguredAtOffset || sub.seek != job.row.CursorChangedAtOffset {
+		if job.after != conf {
+			s.fail("%s: the first push of a new epoch reads after %d, not its cursor %d", job.name, job.after, conf)
+		}
+		return
+	}
+	for off := conf + 1; off <= job.after; off++ {
+		if !sub.covered[off] {
+			s.fail("%s: push reads after %d (cursor %d), but offset %d was not delivered since the last reset (failure, mount, restart)", job.name, job.after, conf, off)
+		}
+	}
+}
+
+// drain ends a run: every receiver is mounted and takes and confirms all it is sent, halted
+// subscriptions are resumed, and every offset-acking subscription must reach the head.
+func (s *sim) drain() {
+	s.history = append(s.history, "drain: receivers mounted, taking and confirming everything")
+	s.store.failBefore, s.store.failAfter = false, false
+	for range 60 {
+		s.stepNo++
+		done := true
+		for _, name := range simNames {
+			e, r := s.st.core.Subscriptions[name], s.st.rows[name]
+			if e == nil || r == nil || e.Config.ConfirmWindow == 0 {
+				continue
+			}
+			if r.ConfirmedOffset < s.st.head || r.Status != storage.StatusActive {
+				done = false
+			}
+			if r.Status == storage.StatusHalted {
+				b, _ := json.Marshal(itx.NamePayload{Name: name})
+				s.history = append(s.history, "resume "+name)
+				s.apply(stepInput{appends: []*appendReq{{inputs: []itx.EventInput{{Type: itx.TypeSubscriptionResumed, Payload: b}}, reply: make(chan appendReply, 1)}}})
+			}
+		}
+		if done {
+			break
+		}
+		s.mount("c0")
+		s.mount("c1")
+		s.clock.Advance(10 * time.Minute)
+		s.apply(stepInput{flush: true})
+		for range 200 {
+			var names []string
+			for _, n := range simNames {
+				if _, ok := s.inflight[n]; ok {
+					names = append(names, n)
+				}
+			}
+			if len(names) == 0 {
+				break
+			}
+			s.deliverTo(names[0], 0)
+			s.check()
+		}
+		s.check()
+	}
+	for _, name := range simNames {
+		e, r := s.st.core.Subscriptions[name], s.st.rows[name]
+		if e != nil && r != nil && e.Config.ConfirmWindow > 0 && (r.ConfirmedOffset < s.st.head || r.Status != storage.StatusActive) {
+			s.fail("%s: stalled at %d (%s, delivered %d) below the head %d with its receiver taking and confirming everything", name, r.ConfirmedOffset, r.Status, r.DeliveredOffset, s.st.head)
+		}
+	}
 }
 
 // proc is one port write of the processor "proc", as a runner (or a dead incarnation of it)
@@ -594,7 +939,19 @@ func (s *sim) check() {
 				s.fail("%s: seek epoch %d is not a cursor-set event", r.Name, r.CursorChangedAtOffset)
 			}
 			start := r.ConfirmedOffset
-			s.subs[r.Name] = &simSub{birth: r.ConfiguredAtOffset, seek: r.CursorChangedAtOffset, durable: r.ConfirmedOffset, start: start, skipped: map[int64]bool{}}
+			nsub := &simSub{birth: r.ConfiguredAtOffset, seek: r.CursorChangedAtOffset, durable: r.ConfirmedOffset, start: start, skipped: map[int64]bool{},
+				received: map[int64]bool{}, covered: map[int64]bool{}}
+			if e := s.st.core.Subscriptions[r.Name]; e != nil && e.Config.ConfirmWindow > 0 {
+				nsub.window = int64(e.Config.ConfirmWindow)
+				nsub.answers = []int{0, 3, 6, 10}[s.rng.IntN(4)]
+				if f := e.Config.Filter; f != nil && len(f.EventTypes) > 0 {
+					nsub.types = map[string]bool{}
+					for _, t := range f.EventTypes {
+						nsub.types[t] = true
+					}
+				}
+			}
+			s.subs[r.Name] = nsub
 			continue
 		}
 		if r.ConfirmedOffset < sub.durable {
@@ -612,6 +969,10 @@ func (s *sim) check() {
 			if _, err := fmt.Sscanf(p.Message, fmt.Sprintf("subscription %q skipped failing event at offset %%d", r.Name), &skipped); err == nil {
 				sub.skipped[skipped] = true
 			}
+		}
+		if sub.window > 0 {
+			s.checkAcking(r, sub, events)
+			continue
 		}
 		next := 0
 		for off := sub.start + 1; off <= r.ConfirmedOffset; off++ {
@@ -631,6 +992,55 @@ func (s *sim) check() {
 		if !seen[name] {
 			delete(s.subs, name)
 		}
+	}
+}
+
+// checkAcking verifies an offset-acking subscription's row on disk and its state in memory.
+func (s *sim) checkAcking(r storage.CursorRow, sub *simSub, events []itx.Event) {
+	head := int64(len(events))
+	if r.ConfirmedOffset > head || r.DeliveredOffset > head {
+		s.fail("%s: confirmed %d, delivered %d, beyond the head %d", r.Name, r.ConfirmedOffset, r.DeliveredOffset, head)
+	}
+	if r.ConfirmedOffset < sub.promised {
+		s.fail("%s: a confirm reply reported the cursor at %d, storage holds %d", r.Name, sub.promised, r.ConfirmedOffset)
+	}
+	if r.DeliveredOffset < sub.durDeliv {
+		s.fail("%s: the delivered offset moved back from %d to %d without a cursor-set", r.Name, sub.durDeliv, r.DeliveredOffset)
+	}
+	sub.durDeliv = r.DeliveredOffset
+	if r.ConfirmedOffset > r.DeliveredOffset && r.ConfirmedOffset != sub.start && !sub.skipped[r.ConfirmedOffset] {
+		s.fail("%s: confirmed %d beyond delivered %d (neither its start %d nor a skip)", r.Name, r.ConfirmedOffset, r.DeliveredOffset, sub.start)
+	}
+	// Every event the filter passes, at or below the cursor, was delivered and confirmed by the
+	// receiver, or skipped on the record; the cursor passes over the rest only.
+	for off := sub.start + 1; off <= r.ConfirmedOffset; off++ {
+		if !sub.matches(events[off-1]) || sub.skipped[off] {
+			continue
+		}
+		if !sub.received[off] {
+			s.fail("%s: offset %d is at or below the confirmed cursor %d but was never delivered (start %d)", r.Name, off, r.ConfirmedOffset, sub.start)
+		}
+		if off > sub.recvConf {
+			s.fail("%s: the confirmed cursor %d passed offset %d, which the receiver never confirmed (it confirmed through %d)", r.Name, r.ConfirmedOffset, off, sub.recvConf)
+		}
+	}
+	// In memory: the cursor within the head, the deliveries since it in order and past it.
+	mr, rt := s.st.rows[r.Name], s.st.subs[r.Name]
+	if mr == nil || rt == nil || mr.ConfiguredAtOffset != r.ConfiguredAtOffset || mr.CursorChangedAtOffset != r.CursorChangedAtOffset {
+		return
+	}
+	if mr.ConfirmedOffset > s.st.head || rt.sendFrom > s.st.head || mr.ConfirmedOffset < r.ConfirmedOffset {
+		s.fail("%s: in memory confirmed %d, sendFrom %d (head %d, on disk %d)", r.Name, mr.ConfirmedOffset, rt.sendFrom, s.st.head, r.ConfirmedOffset)
+	}
+	prev := mr.ConfirmedOffset
+	for _, m := range rt.marks {
+		if m.through <= prev || (m.last != 0 && (m.last > m.through || m.last <= prev)) {
+			s.fail("%s: marks %v out of order past the cursor %d", r.Name, rt.marks, mr.ConfirmedOffset)
+		}
+		prev = m.through
+	}
+	if len(rt.marks) > 0 && rt.marks[len(rt.marks)-1].through != rt.sendFrom {
+		s.fail("%s: marks %v end short of sendFrom %d", r.Name, rt.marks, rt.sendFrom)
 	}
 }
 

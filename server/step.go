@@ -137,6 +137,10 @@ type deliveryOutcome struct {
 	lastEvent int64
 	confirmed int64
 	resets    uint64
+	// before is, for a failed offset-acking try, the offset the events before its failing one
+	// end at: what earlier tries delivered, or this one carried. They are confirmed, or the
+	// event is not skipped (a skip would pass them too).
+	before int64
 }
 
 // pushJob is a delivery try the actor starts: read after row.ConfirmedOffset up to head, at most
@@ -618,7 +622,10 @@ func (st *streamState) applyAcking(o *deliveryOutcome, r *storage.CursorRow, rt 
 		rt.sendFrom = o.through
 		r.DeliveredOffset = max(r.DeliveredOffset, o.through)
 	}
-	if o.delivered {
+	if o.delivered && (r.FailingEventOffset == 0 || o.through >= r.FailingEventOffset) {
+		// A success past where the ladder stands: a delivery again of the unconfirmed events
+		// before a failing one (sending goes again from the cursor after each failure) is none,
+		// or the failing event would never climb the ladder.
 		r.Attempt, r.NextAttemptAt, r.LastError = 0, 0, ""
 		r.FailingEventOffset, r.FailingEventAttempt, r.FailingEventSkips = 0, 0, 0
 	}
@@ -650,6 +657,10 @@ func (st *streamState) applyConfirm(op readerOp, now time.Time, eff *effects) (i
 		}
 		st.touch(op.name, now)
 		eff.rowsChanged = true
+		eff.confirmed = true
+	} else if st.dirty[op.name] {
+		// The cursor did not move, but where it is may not be written yet (a receiver's answer
+		// confirmed it, and progress waits for the flush): the reply names it, so write it first.
 		eff.confirmed = true
 	}
 	return r.ConfirmedOffset, nil
@@ -712,6 +723,11 @@ func (st *streamState) applyOutcome(o *deliveryOutcome, nowMs int64, env stepEnv
 	policy := entry.Config.Receiver.EffectiveDelivery().OnFailingEvent
 	if entry.Kind() == itx.KindCopyToStream {
 		policy = itx.OnFailingHalt // ordered receivers never skip
+	}
+	if o.acking && r.ConfirmedOffset < o.before {
+		// Skipping the event would pass the unconfirmed ones before it too: not yet. It climbs
+		// the ladder (to a halt) until the receiver confirms them; then it may be skipped.
+		policy = itx.OnFailingHalt
 	}
 	d := decideFailure(*r, *f, policy, nowMs, env.random())
 	r.LastError = truncate(d.msg, itx.MaxCursorErrorLength)

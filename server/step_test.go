@@ -27,8 +27,9 @@ type stepScript struct {
 	log    []itx.Event // every committed event
 	pushes map[string]pushJob
 	limits map[string]int
-	kv     map[string][]byte // every committed kv value
-	mount  uint64            // the generation of the receiver mounted now (0: none)
+	kv     map[string][]byte            // every committed kv value
+	mount  uint64                       // the generation of the receiver mounted now (0: none)
+	rows   map[string]storage.CursorRow // every cursor row as last written (what a restart reads)
 	out    strings.Builder
 }
 
@@ -36,7 +37,8 @@ func newStepScript(t *testing.T) *stepScript {
 	now := time.Unix(1_700_000_000, 0)
 	st := newStreamState(newTokenBucket(itx.BreakerBurst, itx.BreakerRefillPerMinute, now))
 	st.streamID, st.created = "stream-1", true
-	return &stepScript{t: t, st: st, now: now, pushes: map[string]pushJob{}, limits: map[string]int{}, kv: map[string][]byte{}}
+	return &stepScript{t: t, st: st, now: now, pushes: map[string]pushJob{}, limits: map[string]int{}, kv: map[string][]byte{},
+		rows: map[string]storage.CursorRow{}}
 }
 
 func (s *stepScript) env() stepEnv {
@@ -115,7 +117,11 @@ func (s *stepScript) run(line string) {
 		if args["limit"] != "" {
 			s.limits[sub] = int(num("limit"))
 		}
-		b, _ := json.Marshal(itx.SubscriptionConfig{Name: sub, Receiver: r})
+		cfg := itx.SubscriptionConfig{Name: sub, Receiver: r, ConfirmWindow: int(num("window"))}
+		if args["types"] != "" {
+			cfg.Filter = &itx.SubscriptionFilter{EventTypes: strings.Split(args["types"], ",")}
+		}
+		b, _ := json.Marshal(cfg)
 		in.appends = []*appendReq{{inputs: []itx.EventInput{{Type: itx.TypeSubscriptionConfigured, Payload: b}}, reply: make(chan appendReply, 1)}}
 	case "append":
 		n := max(1, int(num("n")))
@@ -147,9 +153,16 @@ func (s *stepScript) run(line string) {
 		if fields[0] != "late" {
 			delete(s.pushes, sub)
 		}
-		o := deliveryOutcome{name: sub, gen: job.gen, birth: job.row.ConfiguredAtOffset, seek: job.row.CursorChangedAtOffset}
+		o := deliveryOutcome{name: sub, gen: job.gen, birth: job.row.ConfiguredAtOffset, seek: job.row.CursorChangedAtOffset,
+			acking: job.acking, resets: job.resets}
 		if fields[0] == "late" {
 			o.gen = -1
+		}
+		// An offset-acking try: last= is the last event it carried, confirmed= what the answer
+		// confirmed, stale=1 that it was started before a reset (a mount) of its subscription.
+		o.lastEvent, o.confirmed = num("last"), num("confirmed")
+		if args["stale"] != "" {
+			o.resets--
 		}
 		if args["through"] != "" {
 			o.through, o.delivered = num("through"), args["watermark"] == ""
@@ -159,8 +172,19 @@ func (s *stepScript) run(line string) {
 			f := &deliveryFailure{class: class, count: int(num("count")), last: num("last"), eventOffset: num("offset"), expression: args["expr"] != "", msg: args["class"] + " failure",
 				mount: uint64(num("mount"))}
 			o.failure = f
+			if job.acking {
+				// As the deliverer reports it: the events before the failing one end where the try
+				// read from, or (before=) where the events it carried before it end.
+				o.before = job.after
+				if args["before"] != "" {
+					o.before = num("before")
+				}
+			}
 		}
 		in.outcomes = []deliveryOutcome{o}
+	case "confirm":
+		// Subscription.confirm through=N; the reply is the confirmed cursor, once written.
+		in.readers = []readerOp{{name: sub, checkpoint: num("through"), confirm: true, confirmed: new(int64), reply: make(chan error, 1)}}
 	case "mount":
 		in.mounted = []string{"inbox"}
 		if args["gen"] != "" {
@@ -174,6 +198,16 @@ func (s *stepScript) run(line string) {
 		s.now = s.now.Add(d)
 	case "flush":
 		in.flush = true
+	case "restart":
+		// A crash and a reload: the rows as last written, every subscription's runtime new
+		// (nothing in flight, an offset-acking one sending from its cursor), then a first step.
+		s.st.rows, s.st.dirty, s.pushes = map[string]*storage.CursorRow{}, map[string]bool{}, map[string]pushJob{}
+		for name, r := range s.rows {
+			s.st.rows[name] = &r
+		}
+		for name := range s.st.subs {
+			s.st.subs[name] = s.st.newRuntime()
+		}
 	case "kv":
 		// Processor KV puts, one step, in line order: key=value-length.
 		for _, f := range fields[1:] {
@@ -193,6 +227,13 @@ func (s *stepScript) run(line string) {
 	s.log = append(s.log, eff.commit.Events...)
 	for k, v := range eff.commit.KV {
 		s.kv[k] = v
+	}
+	for _, rr := range eff.readerReplies {
+		if rr.op.confirm && rr.err != nil {
+			fmt.Fprintf(&s.out, "  confirm refused: %v\n", rr.err)
+		} else if rr.op.confirm {
+			fmt.Fprintf(&s.out, "  confirm answers %d (written: %v)\n", *rr.op.confirmed, eff.flushed)
+		}
 	}
 	for _, a := range eff.procAnswers {
 		if a.reply.err != nil {
@@ -214,7 +255,11 @@ func (s *stepScript) run(line string) {
 	for _, e := range eff.commit.Events {
 		fmt.Fprintf(&s.out, "  event %d %s%s\n", e.Offset, e.Type, summarize(e))
 	}
+	for _, name := range eff.commit.CursorDeletes {
+		delete(s.rows, name)
+	}
 	for _, r := range eff.commit.CursorUpserts {
+		s.rows[r.Name] = r
 		fmt.Fprintf(&s.out, "  write %s\n", rowString(r))
 	}
 	if !eff.flushed {
@@ -229,7 +274,11 @@ func (s *stepScript) run(line string) {
 	}
 	for _, p := range eff.pushes {
 		s.pushes[p.name] = p
-		fmt.Fprintf(&s.out, "  push %s after=%d head=%d limit=%d attempt=%d\n", p.name, p.row.ConfirmedOffset, p.head, p.limit, p.row.Attempt+1)
+		from := ""
+		if p.acking {
+			from = fmt.Sprintf(" from=%d", p.after) // an offset-acking push reads after here
+		}
+		fmt.Fprintf(&s.out, "  push %s after=%d%s head=%d limit=%d attempt=%d\n", p.name, p.row.ConfirmedOffset, from, p.head, p.limit, p.row.Attempt+1)
 	}
 	if eff.wakeAt > 0 {
 		fmt.Fprintf(&s.out, "  wake in %s\n", time.Duration(eff.wakeAt-itx.UnixMilli(s.now))*time.Millisecond)
@@ -252,8 +301,12 @@ func summarize(e itx.Event) string {
 }
 
 func rowString(r storage.CursorRow) string {
-	return fmt.Sprintf("%s birth=%d seek=%d confirmed=%d %s attempt=%d next=%d failing=%d/%d skips=%d err=%q",
-		r.Name, r.ConfiguredAtOffset, r.CursorChangedAtOffset, r.ConfirmedOffset, r.Status, r.Attempt,
+	delivered := ""
+	if r.DeliveredOffset > 0 {
+		delivered = fmt.Sprintf(" delivered=%d", r.DeliveredOffset) // offset-acking subscriptions only
+	}
+	return fmt.Sprintf("%s birth=%d seek=%d confirmed=%d%s %s attempt=%d next=%d failing=%d/%d skips=%d err=%q",
+		r.Name, r.ConfiguredAtOffset, r.CursorChangedAtOffset, r.ConfirmedOffset, delivered, r.Status, r.Attempt,
 		r.NextAttemptAt, r.FailingEventOffset, r.FailingEventAttempt, r.FailingEventSkips, r.LastError)
 }
 
