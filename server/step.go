@@ -614,7 +614,11 @@ func (st *streamState) applyAcking(o *deliveryOutcome, r *storage.CursorRow, rt 
 		rt.sendFrom = o.through
 		r.DeliveredOffset = max(r.DeliveredOffset, o.through)
 	}
-	if o.delivered {
+	if o.delivered && (r.FailingEventOffset == 0 || o.through >= r.FailingEventOffset) {
+		// A success clears the retry block only once it gets past the event that failed: after
+		// a failure the unconfirmed events before that event go again, and their success says
+		// nothing about it (else its attempts would restart at every retry and the ladder
+		// would never skip or halt it).
 		r.Attempt, r.NextAttemptAt, r.LastError = 0, 0, ""
 		r.FailingEventOffset, r.FailingEventAttempt, r.FailingEventSkips = 0, 0, 0
 	}

@@ -1,0 +1,380 @@
+package test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/server"
+	"github.com/stretchr/testify/require"
+)
+
+// flakyAcker is an itx-call receiver for offset-acking subscriptions: it records each batch,
+// fails the ones fail says to (an exception: event-specific), and confirms what confirm says
+// (nil: nothing).
+type flakyAcker struct {
+	mu      sync.Mutex
+	batches [][]int64
+	types   []string
+	fail    func(b itx.DeliveryBatch) error
+	confirm func(last int64) int64
+}
+
+func (r *flakyAcker) receive(ctx context.Context, b itx.DeliveryBatch) (int64, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var batch []int64
+	for _, e := range b.Events {
+		batch = append(batch, e.Offset)
+		r.types = append(r.types, e.Type)
+	}
+	r.batches = append(r.batches, batch)
+	if r.fail != nil {
+		if err := r.fail(b); err != nil {
+			return 0, err
+		}
+	}
+	if r.confirm != nil {
+		return r.confirm(batch[len(batch)-1]), nil
+	}
+	return 0, nil
+}
+
+func (r *flakyAcker) got() []int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []int64
+	for _, b := range r.batches {
+		out = append(out, b...)
+	}
+	return out
+}
+
+func (r *flakyAcker) gotBatches() [][]int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([][]int64(nil), r.batches...)
+}
+
+func mountFlaky(t *testing.T, e *subEnv, name string, r *flakyAcker) (disconnect func()) {
+	conn := dial(t, e.ts.addr)
+	ctx := context.Background()
+	p := conn.Login(ctx, e.ts.creds.ProjectToken)
+	handle, err := client.MountReceiver(ctx, p, name, client.ServeReceiver(r.receive))
+	require.NoError(t, err)
+	return func() {
+		handle.Release()
+		p.Release()
+		conn.Close()
+	}
+}
+
+// hasPayload says whether a batch carries an event whose payload contains s.
+func hasPayload(b itx.DeliveryBatch, s string) bool {
+	for _, e := range b.Events {
+		if strings.Contains(string(e.Payload), s) {
+			return true
+		}
+	}
+	return false
+}
+
+// A receiver that confirms later (never in its answers) and fails on one event: the failing
+// event still climbs the ladder and is skipped after three event-specific attempts, though the
+// healthy events before it, delivered and unconfirmed, go again before each retry.
+func TestAcking_FailingEventBehindAnUnconfirmedPrefixIsSkipped(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	s := stream(t, e.p, "/acks-skip")
+	name, b := e.configure(t, s, client.SubscriptionConfig{Name: "loader", Start: "now", ConfirmWindow: 10, OnFailingEvent: "skip", FilterTypes: []string{"row"},
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "loader"}})
+	r := &flakyAcker{fail: func(b itx.DeliveryBatch) error {
+		if hasPayload(b, "bad") {
+			return fmt.Errorf("cannot load this row")
+		}
+		return nil
+	}}
+	defer mountFlaky(t, e, "loader", r)()
+	mustAppend(t, s, ev("row", `{"n":1}`), ev("row", `{"n":2}`), ev("row", `{"bad":true}`), ev("row", `{"n":4}`))
+	bad := b + 3
+
+	// Each failure is visible (attempt, lastError); time passes between retries.
+	seenAttempt := 0
+	require.Eventually(t, func() bool {
+		d := e.describe(t, s, name)
+		if d.FailingEventOffset == bad && d.FailingEventAttempt > seenAttempt {
+			seenAttempt = d.FailingEventAttempt
+			require.Contains(t, d.LastError, "cannot load this row")
+			require.Equal(t, seenAttempt, d.Attempt, "the ladder's attempt counts the failing event's tries")
+		}
+		if d.ConfirmedOffset >= bad {
+			return true
+		}
+		e.clock.Advance(time.Minute)
+		return false
+	}, 20*time.Second, 20*time.Millisecond, "the failing event is skipped")
+	require.Equal(t, itx.FailingEventConfirmAttempts-1, seenAttempt)
+
+	// The skip confirms through the skipped event; the event after it goes out, unconfirmed.
+	waitUntil(t, "the event after the skipped one delivered", func() bool {
+		got := r.got()
+		return len(got) > 0 && got[len(got)-1] == b+4
+	})
+	d := e.describe(t, s, name)
+	require.Equal(t, bad, d.ConfirmedOffset)
+	require.Equal(t, b+5, d.DeliveredOffset, "the event, then the skip's own record, passed over by the filter")
+	require.Equal(t, "active", d.Status)
+	require.Equal(t, []int64{b + 1, b + 2, b + 3, b + 4}, r.gotBatches()[0], "the first try")
+	skips, err := client.GetEvents(e.ctx, s, itx.Query{Types: []string{itx.TypeErrorOccurred}})
+	require.NoError(t, err)
+	require.Len(t, skips, 1)
+	require.Contains(t, string(skips[0].Payload), "skipped failing event")
+}
+
+// The same receiver under the halt policy: the failing event halts the subscription after the
+// ladder's attempts, with the error shown.
+func TestAcking_FailingEventBehindAnUnconfirmedPrefixHalts(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	s := stream(t, e.p, "/acks-halt")
+	name, b := e.configure(t, s, client.SubscriptionConfig{Name: "loader", Start: "now", ConfirmWindow: 10,
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "loader"}})
+	r := &flakyAcker{fail: func(b itx.DeliveryBatch) error {
+		if hasPayload(b, "bad") {
+			return fmt.Errorf("cannot load this row")
+		}
+		return nil
+	}}
+	defer mountFlaky(t, e, "loader", r)()
+	mustAppend(t, s, ev("row", `{"n":1}`), ev("row", `{"bad":true}`))
+	require.Eventually(t, func() bool {
+		if e.describe(t, s, name).Status == "halted" {
+			return true
+		}
+		e.clock.Advance(31 * time.Minute)
+		return false
+	}, 20*time.Second, 20*time.Millisecond, "halted")
+	d := e.describe(t, s, name)
+	require.Equal(t, itx.MaxDeliveryAttempts, d.Attempt)
+	require.Equal(t, b+2, d.FailingEventOffset)
+	require.Contains(t, d.LastError, "cannot load this row")
+	require.Equal(t, b, d.ConfirmedOffset)
+}
+
+// ackHook is a webhook that takes batches and answers {"confirmedOffset": answer(batch)}.
+type ackHook struct {
+	mu      sync.Mutex
+	batches [][]int64
+	answer  func(offsets []int64) int64
+	srv     *httptest.Server
+}
+
+func newAckHook(t *testing.T, answer func(offsets []int64) int64) *ackHook {
+	h := &ackHook{answer: answer}
+	h.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		raw, _ := io.ReadAll(r.Body)
+		var offsets []int64
+		var batch itx.WebhookBatchBody
+		if json.Unmarshal(raw, &batch) == nil && len(batch.Events) > 0 {
+			for _, e := range batch.Events {
+				offsets = append(offsets, e.Offset)
+			}
+		} else {
+			var one itx.WebhookBody
+			if err := json.Unmarshal(raw, &one); err != nil {
+				w.WriteHeader(400)
+				return
+			}
+			offsets = []int64{one.Event.Offset}
+		}
+		h.mu.Lock()
+		h.batches = append(h.batches, offsets)
+		answer := h.answer
+		h.mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		var n int64
+		if answer != nil {
+			n = answer(offsets)
+		}
+		fmt.Fprintf(w, `{"confirmedOffset": %d}`, n)
+	}))
+	t.Cleanup(h.srv.Close)
+	return h
+}
+
+func (h *ackHook) gotBatches() [][]int64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([][]int64(nil), h.batches...)
+}
+
+// A webhook-post receiver delivers batches (maxDeliveryEvents) and its 2xx answer's
+// confirmedOffset confirms through there; the rest of the batch stays delivered, not confirmed,
+// and is not sent again while delivery goes on.
+func TestAcking_WebhookBatchConfirmsWhatItsAnswerNames(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	s := stream(t, e.p, "/acks-hook")
+	h := newAckHook(t, func(offsets []int64) int64 {
+		if len(offsets) < 2 {
+			return 0
+		}
+		return offsets[len(offsets)-2] // all but the last
+	})
+	name, b := e.configure(t, s, client.SubscriptionConfig{Name: "hook", Start: "now", ConfirmWindow: 5, MaxDeliveryEvents: 3,
+		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.srv.URL + "/hook"}})
+	mustAppend(t, s, ev("a", `{}`), ev("a", `{}`), ev("a", `{}`), ev("a", `{}`), ev("a", `{}`), ev("a", `{}`))
+	// [b+1..b+3] confirms b+2; the window (5) has room for b+4..b+6 (unconfirmed: b+3..b+6, 4).
+	waitUntil(t, "two batches", func() bool { return len(h.gotBatches()) == 2 })
+	e.settle(t, "/acks-hook")
+	require.Equal(t, [][]int64{{b + 1, b + 2, b + 3}, {b + 4, b + 5, b + 6}}, h.gotBatches())
+	d := e.describe(t, s, name)
+	require.Equal(t, b+5, d.ConfirmedOffset)
+	require.Equal(t, b+6, d.DeliveredOffset)
+
+	sub := client.Subscription(e.ctx, s, name)
+	defer sub.Release()
+	c, err := client.ConfirmSubscription(e.ctx, sub, b+6)
+	require.NoError(t, err)
+	require.Equal(t, b+6, c)
+	e.waitProcessed(t, s, name, b+6)
+}
+
+// An answer that names an offset past the batch confirms the batch, not what was never sent.
+func TestAcking_AnswerBeyondTheBatchConfirmsOnlyTheBatch(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	s := stream(t, e.p, "/acks-beyond")
+	name, b := e.configure(t, s, client.SubscriptionConfig{Name: "loader", Start: "now", ConfirmWindow: 2, MaxDeliveryEvents: 1,
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "loader"}})
+	r := &flakyAcker{confirm: func(last int64) int64 { return last + 1000 }}
+	defer mountFlaky(t, e, "loader", r)()
+	mustAppend(t, s, ev("a", `{}`), ev("a", `{}`), ev("a", `{}`))
+	e.waitProcessed(t, s, name, b+3)
+	require.Equal(t, offsetsFrom(b+1, b+3), r.got())
+	mustAppend(t, s, ev("a", `{}`))
+	e.waitProcessed(t, s, name, b+4)
+	e.settle(t, "/acks-beyond")
+	require.Equal(t, offsetsFrom(b+1, b+4), r.got())
+	d := e.describe(t, s, name)
+	require.Equal(t, []int64{b + 4, b + 4}, []int64{d.ConfirmedOffset, d.DeliveredOffset})
+}
+
+// A filter passes over the tail: confirming the last event delivered confirms it too, so
+// waitUntilProcessed(head) resolves, whether the tail was read with the event or after it,
+// and whether it came before or after the confirmation.
+func TestAcking_ConfirmingTheLastEventPassesTheFilteredTail(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	s := stream(t, e.p, "/acks-filter")
+	name, b := e.configure(t, s, client.SubscriptionConfig{Name: "loader", Start: "now", ConfirmWindow: 3, FilterTypes: []string{"a"},
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "loader"}})
+	r := &flakyAcker{}
+	defer mountFlaky(t, e, "loader", r)()
+	sub := client.Subscription(e.ctx, s, name)
+	defer sub.Release()
+
+	// Read together: a, then b b.
+	mustAppend(t, s, ev("a", `{}`), ev("b", `{}`), ev("b", `{}`))
+	waitUntil(t, "a delivered", func() bool { return len(r.got()) == 1 })
+	e.settle(t, "/acks-filter")
+	c, err := client.ConfirmSubscription(e.ctx, sub, b+1)
+	require.NoError(t, err)
+	require.Equal(t, b+3, c, "the filtered tail goes with the last event")
+
+	// Read apart: a, then b b appended after it was delivered, then the confirmation.
+	mustAppend(t, s, ev("a", `{}`))
+	waitUntil(t, "a delivered", func() bool { return len(r.got()) == 2 })
+	e.settle(t, "/acks-filter")
+	mustAppend(t, s, ev("b", `{}`), ev("b", `{}`))
+	e.settle(t, "/acks-filter")
+	c, err = client.ConfirmSubscription(e.ctx, sub, b+4)
+	require.NoError(t, err)
+	require.Equal(t, b+6, c)
+	e.waitProcessed(t, s, name, b+6)
+
+	// Confirmed first, then the tail appended.
+	mustAppend(t, s, ev("a", `{}`))
+	waitUntil(t, "a delivered", func() bool { return len(r.got()) == 3 })
+	e.settle(t, "/acks-filter")
+	c, err = client.ConfirmSubscription(e.ctx, sub, b+7)
+	require.NoError(t, err)
+	require.Equal(t, b+7, c)
+	mustAppend(t, s, ev("b", `{}`), ev("b", `{}`))
+	e.waitProcessed(t, s, name, b+9)
+	require.Equal(t, []int64{b + 1, b + 4, b + 7}, r.got())
+}
+
+// Many confirmations at once on the same subscription: each answers a cursor at least as far as
+// it asked, and the cursor ends at the highest.
+func TestAcking_ConcurrentConfirms(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	s := stream(t, e.p, "/acks-concurrent")
+	name, b := e.configure(t, s, client.SubscriptionConfig{Name: "loader", Start: "now", ConfirmWindow: 50,
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "loader"}})
+	r := &flakyAcker{}
+	defer mountFlaky(t, e, "loader", r)()
+	var in []itx.EventInput
+	for i := 0; i < 40; i++ {
+		in = append(in, ev("a", `{}`))
+	}
+	mustAppend(t, s, in...)
+	waitUntil(t, "all delivered", func() bool { return len(r.got()) == 40 })
+	var wg sync.WaitGroup
+	errs := make(chan error, 40)
+	for i := int64(1); i <= 40; i++ {
+		wg.Add(1)
+		go func(o int64) {
+			defer wg.Done()
+			sub := client.Subscription(e.ctx, s, name)
+			defer sub.Release()
+			c, err := client.ConfirmSubscription(e.ctx, sub, b+o)
+			if err == nil && c < b+o {
+				err = fmt.Errorf("confirm %d answered %d", b+o, c)
+			}
+			errs <- err
+		}(i)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	d := e.describe(t, s, name)
+	require.Equal(t, []int64{b + 40, b + 40}, []int64{d.ConfirmedOffset, d.DeliveredOffset})
+}
+
+// A parked subscription (its receiver went away) still takes confirmations of what it delivered;
+// the next mount gets only what was not confirmed.
+func TestAcking_ConfirmWhileParked(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	s := stream(t, e.p, "/acks-parked")
+	name, b := e.configure(t, s, client.SubscriptionConfig{Name: "loader", Start: "now", ConfirmWindow: 10,
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "loader"}})
+	first := &flakyAcker{}
+	disconnect := mountFlaky(t, e, "loader", first)
+	mustAppend(t, s, ev("a", `{}`), ev("a", `{}`), ev("a", `{}`))
+	waitUntil(t, "delivered", func() bool { return len(first.got()) == 3 })
+	disconnect()
+	waitUntil(t, "unmounted", func() bool { return len(e.ts.srv.Mounts("default")) == 0 })
+	mustAppend(t, s, ev("a", `{}`))
+	waitUntil(t, "parked", func() bool { return e.describe(t, s, name).Status == "parked" })
+
+	sub := client.Subscription(e.ctx, s, name)
+	defer sub.Release()
+	c, err := client.ConfirmSubscription(e.ctx, sub, b+2)
+	require.NoError(t, err)
+	require.Equal(t, b+2, c)
+	d := e.describe(t, s, name)
+	require.Equal(t, "parked", d.Status)
+	require.Equal(t, b+3, d.DeliveredOffset)
+
+	second := &flakyAcker{confirm: func(last int64) int64 { return last }}
+	defer mountFlaky(t, e, "loader", second)()
+	e.waitProcessed(t, s, name, b+4)
+	require.Equal(t, []int64{b + 3, b + 4}, second.got())
+}
