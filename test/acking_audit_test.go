@@ -378,3 +378,192 @@ func TestAcking_ConfirmWhileParked(t *testing.T) {
 	e.waitProcessed(t, s, name, b+4)
 	require.Equal(t, []int64{b + 3, b + 4}, second.got())
 }
+
+// Reconfigured off, the delivered and unconfirmed events go again and each answer confirms its
+// batch; reconfigured on again, delivery runs ahead of the cursor; a changed window takes effect
+// and what was out goes again within it.
+func TestAcking_ReconfigureWindowOffOnChanged(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	s := stream(t, e.p, "/acks-reconf")
+	cfg := client.SubscriptionConfig{Name: "loader", Start: "now", ConfirmWindow: 3, FilterTypes: []string{"a"},
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "loader"}}
+	name, b := e.configure(t, s, cfg)
+	r := &flakyAcker{}
+	defer mountFlaky(t, e, "loader", r)()
+	mustAppend(t, s, ev("a", `{}`), ev("a", `{}`), ev("a", `{}`), ev("a", `{}`))
+	waitUntil(t, "the window delivered", func() bool { return len(r.got()) == 3 })
+	e.settle(t, "/acks-reconf")
+
+	// Off: 0 now means the whole batch.
+	cfg.ConfirmWindow = 0
+	_, at := e.configure(t, s, cfg)
+	e.waitProcessed(t, s, name, at)
+	e.settle(t, "/acks-reconf")
+	require.Equal(t, []int64{b + 1, b + 2, b + 3, b + 1, b + 2, b + 3, b + 4}, r.got())
+	d := e.describe(t, s, name)
+	require.Equal(t, []int64{at, at}, []int64{d.ConfirmedOffset, d.DeliveredOffset})
+	sub := client.Subscription(e.ctx, s, name)
+	defer sub.Release()
+	_, err := client.ConfirmSubscription(e.ctx, sub, at)
+	requireCode(t, err, itx.EFailedPrecondition)
+
+	// On again, window 5.
+	cfg.ConfirmWindow = 5
+	_, at2 := e.configure(t, s, cfg)
+	e.waitProcessed(t, s, name, at2)
+	n := len(r.got())
+	res := mustAppend(t, s, ev("a", `{}`), ev("a", `{}`), ev("a", `{}`))
+	first := res.HeadOffset - 2
+	waitUntil(t, "three more delivered", func() bool { return len(r.got()) == n+3 })
+	e.settle(t, "/acks-reconf")
+	d = e.describe(t, s, name)
+	require.Equal(t, []int64{at2, first + 2}, []int64{d.ConfirmedOffset, d.DeliveredOffset})
+
+	// Window 2: the three go again, two at a time.
+	cfg.ConfirmWindow = 2
+	e.configure(t, s, cfg)
+	waitUntil(t, "two went again", func() bool { return len(r.got()) == n+5 })
+	e.settle(t, "/acks-reconf")
+	require.Equal(t, []int64{first, first + 1}, r.got()[n+3:])
+	d = e.describe(t, s, name)
+	require.Equal(t, first+1, d.DeliveredOffset)
+	c, err := client.ConfirmSubscription(e.ctx, sub, first+1)
+	require.NoError(t, err)
+	require.Equal(t, first+1, c)
+	waitUntil(t, "the last went", func() bool { return len(r.got()) == n+6 })
+}
+
+// A rewind (cursor-set) while events are delivered and unconfirmed: they go again from the new
+// cursor, and may be confirmed once delivered again; an answer in flight before it is fenced.
+func TestAcking_RewindWhileUnconfirmed(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	s := stream(t, e.p, "/acks-rewind")
+	name, b := e.configure(t, s, client.SubscriptionConfig{Name: "loader", Start: "now", ConfirmWindow: 10, FilterTypes: []string{"a"},
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "loader"}})
+	r := &flakyAcker{}
+	defer mountFlaky(t, e, "loader", r)()
+	mustAppend(t, s, ev("a", `{}`), ev("a", `{}`), ev("a", `{}`), ev("a", `{}`), ev("a", `{}`))
+	waitUntil(t, "delivered", func() bool { return len(r.got()) == 5 })
+	sub := client.Subscription(e.ctx, s, name)
+	defer sub.Release()
+	c, err := client.ConfirmSubscription(e.ctx, sub, b+3)
+	require.NoError(t, err)
+	require.Equal(t, b+3, c)
+
+	at, err := client.SetSubscriptionCursor(e.ctx, s, name, b+1)
+	require.NoError(t, err)
+	waitUntil(t, "delivered again from the new cursor", func() bool { return len(r.got()) == 9 })
+	e.settle(t, "/acks-rewind")
+	require.Equal(t, offsetsFrom(b+2, b+5), r.got()[5:])
+	d := e.describe(t, s, name)
+	require.Equal(t, []int64{b + 1, at, at}, []int64{d.ConfirmedOffset, d.DeliveredOffset, d.CursorChangedAtOffset})
+	c, err = client.ConfirmSubscription(e.ctx, sub, b+5)
+	require.NoError(t, err)
+	require.Equal(t, at, c, "through the cursor-set event the filter passes over")
+
+	// Forward past what was delivered: the cursor-set moves both.
+	mustAppend(t, s, ev("a", `{}`), ev("a", `{}`))
+	waitUntil(t, "delivered", func() bool { return len(r.got()) == 11 })
+	e.settle(t, "/acks-rewind")
+	head, _ := client.Describe(e.ctx, s)
+	at2, err := client.SetSubscriptionCursor(e.ctx, s, name, head.HeadOffset)
+	require.NoError(t, err)
+	e.waitProcessed(t, s, name, at2)
+	e.settle(t, "/acks-rewind")
+	d = e.describe(t, s, name)
+	require.Equal(t, []int64{at2, at2}, []int64{d.ConfirmedOffset, d.DeliveredOffset})
+	require.Len(t, r.got(), 11)
+	_, err = client.ConfirmSubscription(e.ctx, sub, at2+1)
+	requireCode(t, err, itx.EInvalid)
+}
+
+// Removed and configured again under the same name: nothing of the old delivered offset is
+// kept, and the new one starts clean.
+func TestAcking_RemoveAndRecreate(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	s := stream(t, e.p, "/acks-recreate")
+	cfg := client.SubscriptionConfig{Name: "loader", Start: "now", ConfirmWindow: 10, FilterTypes: []string{"a"},
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "loader"}}
+	name, b := e.configure(t, s, cfg)
+	r := &flakyAcker{}
+	defer mountFlaky(t, e, "loader", r)()
+	mustAppend(t, s, ev("a", `{}`), ev("a", `{}`), ev("a", `{}`))
+	waitUntil(t, "delivered", func() bool { return len(r.got()) == 3 })
+	e.settle(t, "/acks-recreate")
+	subs := client.Subscriptions(e.ctx, s)
+	_, err := client.RemoveSubscription(e.ctx, subs, name)
+	subs.Release()
+	require.NoError(t, err)
+	cfg.ConfirmWindow = 2
+	_, born := e.configure(t, s, cfg)
+	e.settle(t, "/acks-recreate")
+	d := e.describe(t, s, name)
+	require.Equal(t, []int64{born, born}, []int64{d.ConfirmedOffset, d.DeliveredOffset})
+	sub := client.Subscription(e.ctx, s, name)
+	defer sub.Release()
+	c, err := client.ConfirmSubscription(e.ctx, sub, b+3) // behind the new cursor
+	require.NoError(t, err)
+	require.Equal(t, born, c)
+	_, err = client.ConfirmSubscription(e.ctx, sub, born+1)
+	requireCode(t, err, itx.EInvalid)
+	mustAppend(t, s, ev("a", `{}`), ev("a", `{}`), ev("a", `{}`))
+	waitUntil(t, "the new window delivered", func() bool { return len(r.got()) == 5 })
+	e.settle(t, "/acks-recreate")
+	require.Equal(t, []int64{born + 1, born + 2}, r.got()[3:])
+}
+
+// A batch bigger than the window carries only the window; each confirmation frees exactly its
+// room.
+func TestAcking_WindowBoundary(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	s := stream(t, e.p, "/acks-boundary")
+	name, b := e.configure(t, s, client.SubscriptionConfig{Name: "loader", Start: "now", ConfirmWindow: 2, MaxDeliveryEvents: 10,
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "loader"}})
+	r := &flakyAcker{}
+	defer mountFlaky(t, e, "loader", r)()
+	mustAppend(t, s, ev("a", `{}`), ev("a", `{}`), ev("a", `{}`), ev("a", `{}`), ev("a", `{}`))
+	waitUntil(t, "the window", func() bool { return len(r.got()) == 2 })
+	e.settle(t, "/acks-boundary")
+	require.Equal(t, [][]int64{{b + 1, b + 2}}, r.gotBatches())
+	sub := client.Subscription(e.ctx, s, name)
+	defer sub.Release()
+	_, err := client.ConfirmSubscription(e.ctx, sub, b+1)
+	require.NoError(t, err)
+	waitUntil(t, "one more", func() bool { return len(r.got()) == 3 })
+	e.settle(t, "/acks-boundary")
+	require.Equal(t, [][]int64{{b + 1, b + 2}, {b + 3}}, r.gotBatches())
+	_, err = client.ConfirmSubscription(e.ctx, sub, b+3)
+	require.NoError(t, err)
+	waitUntil(t, "two more", func() bool { return len(r.got()) == 5 })
+	e.settle(t, "/acks-boundary")
+	require.Equal(t, [][]int64{{b + 1, b + 2}, {b + 3}, {b + 4, b + 5}}, r.gotBatches())
+}
+
+// A transform that fails on one event of an offset-acking subscription: the event is skipped
+// after its attempts, the others delivered transformed.
+func TestAcking_TransformFailureSkipped(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	s := stream(t, e.p, "/acks-transform")
+	name, b := e.configure(t, s, client.SubscriptionConfig{Name: "loader", Start: "now", ConfirmWindow: 10, OnFailingEvent: "skip",
+		FilterTypes: []string{"x"}, Transform: `{"type": payload.t}`,
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "loader"}})
+	r := &flakyAcker{}
+	defer mountFlaky(t, e, "loader", r)()
+	mustAppend(t, s, ev("x", `{"t":"fine"}`), ev("x", `{"t":"not a type"}`), ev("x", `{"t":"good"}`))
+	require.Eventually(t, func() bool {
+		if e.describe(t, s, name).ConfirmedOffset >= b+2 {
+			return true
+		}
+		e.clock.Advance(time.Minute)
+		return false
+	}, 20*time.Second, 20*time.Millisecond, "skipped")
+	waitUntil(t, "the last delivered", func() bool {
+		got := r.got()
+		return len(got) > 0 && got[len(got)-1] == b+3
+	})
+	r.mu.Lock()
+	types := append([]string(nil), r.types...)
+	r.mu.Unlock()
+	require.Equal(t, "good", types[len(types)-1])
+	require.Equal(t, "fine", types[0])
+}
