@@ -651,6 +651,10 @@ func (st *streamState) applyConfirm(op readerOp, now time.Time, eff *effects) (i
 		st.touch(op.name, now)
 		eff.rowsChanged = true
 		eff.confirmed = true
+	} else if st.dirty[op.name] {
+		// Nothing moves, but the cursor answered may sit only in memory (a receiver's answer
+		// moved it, the flush is still to come): it is written before the answer too.
+		eff.confirmed = true
 	}
 	return r.ConfirmedOffset, nil
 }

@@ -173,6 +173,7 @@ type ackHook struct {
 	mu      sync.Mutex
 	batches [][]int64
 	answer  func(offsets []int64) int64
+	down    bool // answer 503
 	srv     *httptest.Server
 }
 
@@ -196,8 +197,12 @@ func newAckHook(t *testing.T, answer func(offsets []int64) int64) *ackHook {
 		}
 		h.mu.Lock()
 		h.batches = append(h.batches, offsets)
-		answer := h.answer
+		answer, down := h.answer, h.down
 		h.mu.Unlock()
+		if down {
+			w.WriteHeader(503)
+			return
+		}
 		w.Header().Set("Content-Type", "application/json")
 		var n int64
 		if answer != nil {
@@ -566,4 +571,134 @@ func TestAcking_TransformFailureSkipped(t *testing.T) {
 	r.mu.Unlock()
 	require.Equal(t, "good", types[len(types)-1])
 	require.Equal(t, "fine", types[0])
+}
+
+func (h *ackHook) seen() map[int64]int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := map[int64]int{}
+	for _, b := range h.batches {
+		for _, o := range b {
+			out[o]++
+		}
+	}
+	return out
+}
+
+func (h *ackHook) maxSeen() int64 {
+	m := int64(0)
+	for o := range h.seen() {
+		m = max(m, o)
+	}
+	return m
+}
+
+// kill -9 of a real itxd with deliveries delivered and unconfirmed: after the restart the
+// confirmed cursor is at least every confirmation answered (also one that changed nothing in
+// memory, the receiver's answer having confirmed it already), and every event after it arrives
+// at least once.
+func TestAcking_Kill9WithUnconfirmedDeliveries(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real itxd processes")
+	}
+	dataDir := t.TempDir()
+	lazy := newAckHook(t, nil) // confirms nothing in its answers
+	eager := newAckHook(t, func(offsets []int64) int64 { return offsets[len(offsets)-1] })
+	proc := startItxd(t, dataDir)
+	ctx := ctxT(t)
+	p := dial(t, proc.addr).Login(ctx, proc.creds.ProjectToken)
+	src := client.Stream(ctx, p, "/src")
+	subs := client.Subscriptions(ctx, src)
+	for name, h := range map[string]*ackHook{"lazy": lazy, "eager": eager} {
+		_, _, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: name, FilterTypes: []string{"e"},
+			ConfirmWindow: 20, MaxDeliveryEvents: 5, Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.srv.URL + "/hook"}})
+		require.NoError(t, err)
+	}
+	subs.Release()
+
+	const n = 200
+	var offsets []int64
+	for i := 0; i < n; i += 20 {
+		batch := make([]itx.EventInput, 20)
+		for j := range batch {
+			batch[j] = ev("e", fmt.Sprintf(`{"i":%d}`, i+j))
+		}
+		res, err := client.Append(ctx, src, batch, itx.AppendOptions{})
+		require.NoError(t, err)
+		offsets = append(offsets, res.Offsets...)
+	}
+	last := offsets[len(offsets)-1]
+
+	// The lazy receiver's loader confirms what it got, some way behind, until about half.
+	lazySub := client.Subscription(ctx, src, "lazy")
+	var answered int64
+	for answered < offsets[n/2] {
+		got := lazy.maxSeen()
+		if got-5 > answered {
+			c, err := client.ConfirmSubscription(ctx, lazySub, got-5)
+			require.NoError(t, err)
+			answered = c
+		}
+		time.Sleep(time.Millisecond)
+	}
+	// The eager receiver confirms everything in its answers; confirming its last again answers
+	// once that is written (one more event, so its answer is fresh in memory).
+	eagerSub := client.Subscription(ctx, src, "eager")
+	waitUntil(t, "eager took everything", func() bool { return eager.maxSeen() == last })
+	res, err := client.Append(ctx, src, []itx.EventInput{ev("e", `{"i":"last"}`)}, itx.AppendOptions{})
+	require.NoError(t, err)
+	offsets = append(offsets, res.Offsets...)
+	last = res.Offsets[0]
+	waitUntil(t, "eager took the last", func() bool { return eager.maxSeen() == last })
+	var eagerAnswered int64
+	require.Eventually(t, func() bool {
+		c, err := client.ConfirmSubscription(ctx, eagerSub, last)
+		eagerAnswered = c
+		return err == nil
+	}, 10*time.Second, time.Millisecond)
+	eager.mu.Lock()
+	eager.down = true // what the restart finds is what was written, not a new answer
+	eager.mu.Unlock()
+	proc.kill9(t)
+	lazySub.Release()
+	eagerSub.Release()
+	src.Release()
+	p.Release()
+	require.Equal(t, last, eagerAnswered)
+	lazyBefore := lazy.seen()
+
+	proc = startItxd(t, dataDir)
+	p2 := dial(t, proc.addr).Login(ctx, proc.creds.ProjectToken)
+	defer p2.Release()
+	src2 := stream(t, p2, "/src")
+	d := func(name string) itx.SubscriptionDescription {
+		sub := client.Subscription(ctx, src2, name)
+		defer sub.Release()
+		d, err := client.DescribeSubscription(ctx, sub)
+		require.NoError(t, err)
+		return d
+	}
+	require.GreaterOrEqual(t, d("eager").ConfirmedOffset, last, "the answered confirmation was written")
+	restartCursor := d("lazy").ConfirmedOffset
+	require.GreaterOrEqual(t, restartCursor, answered, "every answered confirmation was written")
+
+	// The loader goes on confirming what it gets; everything after the cursor arrives again.
+	lazySub2 := client.Subscription(ctx, src2, "lazy")
+	defer lazySub2.Release()
+	require.Eventually(t, func() bool {
+		got := lazy.maxSeen()
+		if got > 0 {
+			if _, err := client.ConfirmSubscription(ctx, lazySub2, got); err != nil {
+				return false
+			}
+		}
+		return d("lazy").ConfirmedOffset >= last
+	}, 30*time.Second, 5*time.Millisecond, "the lazy receiver confirmed everything")
+	after := lazy.seen()
+	for _, o := range offsets {
+		require.NotZero(t, after[o], "offset %d delivered", o)
+		if o > restartCursor {
+			require.Greater(t, after[o], lazyBefore[o], "offset %d (after the cursor at the restart) delivered after it", o)
+		}
+	}
 }
