@@ -310,6 +310,9 @@ func (d *deliverer) try(job pushJob, store streamStore, streamID string) deliver
 		case job.acking:
 			// Delivered; confirmed only through what the answer names (0: nothing yet).
 			out.through, out.delivered, out.lastEvent = through, true, matched[len(matched)-1].Offset
+			for _, e := range matched {
+				out.offsets = append(out.offsets, e.Offset)
+			}
 			out.confirmed = min(confirmed, through)
 		case confirmed > 0 && confirmed <= after:
 			return fail(classOutage, 0, 0, fmt.Errorf("%s confirmed through offset %d, no progress past the cursor at %d", d.send, confirmed, after))

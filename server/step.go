@@ -57,6 +57,10 @@ type subRuntime struct {
 	sendFrom int64
 	marks    []deliveryMark
 	resets   uint64
+	// held are the offsets of the events delivered since the confirmed cursor (those at or below
+	// it are trimmed as it moves): the window bounds how many the receiver holds, not how many
+	// offsets a filter passed over between them.
+	held []int64
 }
 
 // deliveryMark is one delivery of an offset-acking subscription: the offset of the last event
@@ -67,8 +71,21 @@ type deliveryMark struct {
 
 // resetSending makes an offset-acking subscription deliver again from its confirmed cursor.
 func (rt *subRuntime) resetSending() {
-	rt.sendFrom, rt.marks = 0, nil
+	rt.sendFrom, rt.marks, rt.held = 0, nil, nil
 	rt.resets++
+}
+
+// heldEvents is how many events an offset-acking subscription holds delivered and unconfirmed
+// past confirmed.
+func (rt *subRuntime) heldEvents(confirmed int64) int64 {
+	i := 0
+	for i < len(rt.held) && rt.held[i] <= confirmed {
+		i++
+	}
+	if i > 0 {
+		rt.held = rt.held[i:]
+	}
+	return int64(len(rt.held))
 }
 
 // confirmTo moves an offset-acking subscription's confirmed cursor through c: past the whole of
@@ -76,6 +93,7 @@ func (rt *subRuntime) resetSending() {
 // deliveries that carried nothing once everything before them is confirmed.
 func confirmTo(r *storage.CursorRow, rt *subRuntime, c int64) bool {
 	to := max(r.ConfirmedOffset, c)
+	defer func() { rt.heldEvents(r.ConfirmedOffset) }()
 	for len(rt.marks) > 0 {
 		m := rt.marks[0]
 		if m.through > to && m.last > to {
@@ -131,6 +149,7 @@ type deliveryOutcome struct {
 	// receiver's answer confirmed (0: nothing). resets is the job's.
 	acking    bool
 	lastEvent int64
+	offsets   []int64 // the offsets of the events it carried
 	confirmed int64
 	resets    uint64
 }
@@ -413,11 +432,11 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 		if r == nil || rt == nil || rt.inFlight || r.Status != storage.StatusActive {
 			continue
 		}
-		after, window := r.ConfirmedOffset, int64(entry.Config.ConfirmWindow)
+		after, window, held := r.ConfirmedOffset, int64(entry.Config.ConfirmWindow), int64(0)
 		if window > 0 {
-			// Offset-acking: on from the last delivery while the window has room.
-			after = max(after, rt.sendFrom)
-			if after-r.ConfirmedOffset >= window {
+			// Offset-acking: on from the last delivery while the window has room for events.
+			after, held = max(after, rt.sendFrom), rt.heldEvents(r.ConfirmedOffset)
+			if held >= window {
 				continue
 			}
 		}
@@ -435,7 +454,7 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 			limit = 1
 		}
 		if window > 0 {
-			limit = int(min(int64(limit), window-(after-r.ConfirmedOffset)))
+			limit = int(min(int64(limit), window-held))
 		}
 		rt.inFlight = true
 		r.InFlightDeadlineAt = nowMs + env.deliveryTimeout.Milliseconds()
@@ -610,7 +629,14 @@ func (st *streamState) newRuntime() *subRuntime {
 // what the receiver confirmed moves the cursor.
 func (st *streamState) applyAcking(o *deliveryOutcome, r *storage.CursorRow, rt *subRuntime) {
 	if o.resets == rt.resets && o.through > max(r.ConfirmedOffset, rt.sendFrom) {
-		rt.marks = append(rt.marks, deliveryMark{last: o.lastEvent, through: o.through})
+		if n := len(rt.marks); n > 0 && o.lastEvent == 0 {
+			// Nothing carried (the filter passed over what it read): it goes with the delivery
+			// before it, so marks stay within the window's events.
+			rt.marks[n-1].through = o.through
+		} else {
+			rt.marks = append(rt.marks, deliveryMark{last: o.lastEvent, through: o.through})
+		}
+		rt.held = append(rt.held, o.offsets...)
 		rt.sendFrom = o.through
 		r.DeliveredOffset = max(r.DeliveredOffset, o.through)
 	}

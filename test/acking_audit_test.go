@@ -702,3 +702,115 @@ func TestAcking_Kill9WithUnconfirmedDeliveries(t *testing.T) {
 		}
 	}
 }
+
+// A receiver that answers itx.unavailable while holding unconfirmed events: an outage, retried
+// along the backoff with attempt and lastError shown; once it is back, the unconfirmed events go
+// again and delivery goes on.
+func TestAcking_OutageRetriesAndRedelivers(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	s := stream(t, e.p, "/acks-outage")
+	var mu sync.Mutex
+	down := false
+	name, b := e.configure(t, s, client.SubscriptionConfig{Name: "loader", Start: "now", ConfirmWindow: 10, FilterTypes: []string{"a"},
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "loader"}})
+	r := &flakyAcker{fail: func(itx.DeliveryBatch) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if down {
+			return itx.Errorf(itx.EUnavailable, "warehouse down")
+		}
+		return nil
+	}}
+	defer mountFlaky(t, e, "loader", r)()
+	mustAppend(t, s, ev("a", `{}`), ev("a", `{}`))
+	waitUntil(t, "delivered", func() bool { return len(r.got()) == 2 })
+	e.settle(t, "/acks-outage")
+	mu.Lock()
+	down = true
+	mu.Unlock()
+	mustAppend(t, s, ev("a", `{}`))
+	for attempt := 1; attempt <= 3; attempt++ {
+		waitUntil(t, fmt.Sprintf("attempt %d", attempt), func() bool { return e.describe(t, s, name).Attempt == attempt })
+		d := e.describe(t, s, name)
+		require.Contains(t, d.LastError, "warehouse down")
+		require.Equal(t, []int64{b, b + 2}, []int64{d.ConfirmedOffset, d.DeliveredOffset})
+		if attempt > 1 {
+			// After the failure it resends from the cursor: the first event, which it takes, then
+			// the next failure; the attempts still count up.
+		}
+		e.clock.Advance(itx.Backoff(attempt, 0.5))
+	}
+	mu.Lock()
+	down = false
+	r.confirm = func(last int64) int64 { return last }
+	mu.Unlock()
+	e.clock.Advance(time.Hour)
+	e.waitProcessed(t, s, name, b+3)
+	d := e.describe(t, s, name)
+	require.Zero(t, d.Attempt)
+	require.Empty(t, d.LastError)
+}
+
+// A token limited to a prefix configures, receives and confirms an offset-acking subscription in
+// it; a token limited to another prefix cannot confirm it.
+func TestAcking_ScopedTokenConfirms(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	tokA, _ := e.ts.token(t, itx.Scope{Prefix: "/tenantA"})
+	tokB, _ := e.ts.token(t, itx.Scope{Prefix: "/tenantB"})
+	a, bp := e.ts.login(t, tokA), e.ts.login(t, tokB)
+	s := stream(t, a, "/tenantA/acks")
+	subs := client.Subscriptions(e.ctx, s)
+	name, b, err := client.ConfigureSubscription(e.ctx, subs, client.SubscriptionConfig{Name: "loader", Start: "now", ConfirmWindow: 5,
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "loader"}})
+	subs.Release()
+	require.NoError(t, err)
+	r := &flakyAcker{}
+	h, err := client.MountReceiver(e.ctx, a, "loader", client.ServeReceiver(r.receive))
+	require.NoError(t, err)
+	defer h.Release()
+	mustAppend(t, s, ev("a", `{}`), ev("a", `{}`))
+	waitUntil(t, "delivered", func() bool { return len(r.got()) == 2 })
+	e.settle(t, "/tenantA/acks")
+
+	other := client.Subscription(e.ctx, client.Stream(e.ctx, bp, "/tenantA/acks"), name)
+	_, err = client.ConfirmSubscription(e.ctx, other, b+2)
+	other.Release()
+	require.Error(t, err)
+	sub := client.Subscription(e.ctx, s, name)
+	defer sub.Release()
+	c, err := client.ConfirmSubscription(e.ctx, sub, b+2)
+	require.NoError(t, err)
+	require.Equal(t, b+2, c)
+}
+
+// A filter that passes over many events between two matching ones: the window bounds the events
+// the receiver holds unconfirmed, so one event held in a window of 2 does not stop the next
+// matching one.
+func TestAcking_WindowCountsEventsNotFilteredOffsets(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	s := stream(t, e.p, "/acks-gap")
+	name, b := e.configure(t, s, client.SubscriptionConfig{Name: "loader", Start: "now", ConfirmWindow: 2, FilterTypes: []string{"a"},
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "loader"}})
+	r := &flakyAcker{}
+	defer mountFlaky(t, e, "loader", r)()
+	mustAppend(t, s, ev("a", `{}`))
+	waitUntil(t, "the first", func() bool { return len(r.got()) == 1 })
+	e.settle(t, "/acks-gap")
+	mustAppend(t, s, ev("b", `{}`), ev("b", `{}`), ev("b", `{}`))
+	e.settle(t, "/acks-gap")
+	mustAppend(t, s, ev("a", `{}`))
+	waitUntil(t, "the second", func() bool { return len(r.got()) == 2 })
+	require.Equal(t, []int64{b + 1, b + 5}, r.got())
+
+	// Two held: the next waits, however many offsets lie between.
+	mustAppend(t, s, ev("b", `{}`), ev("a", `{}`))
+	e.settle(t, "/acks-gap")
+	require.Equal(t, []int64{b + 1, b + 5}, r.got())
+	sub := client.Subscription(e.ctx, s, name)
+	defer sub.Release()
+	c, err := client.ConfirmSubscription(e.ctx, sub, b+1)
+	require.NoError(t, err)
+	require.Equal(t, b+4, c, "through the filtered offsets after the first")
+	waitUntil(t, "the third", func() bool { return len(r.got()) == 3 })
+	require.Equal(t, []int64{b + 1, b + 5, b + 7}, r.got())
+}
