@@ -68,6 +68,9 @@ type actor struct {
 	liveP      atomic.Pointer[liveEngine]
 	liveCount  atomic.Int64 // counted live-state subscribers (Config.MaxLiveSubscribersPerStream)
 	deleted    atomic.Bool  // the stream is being deleted with its project
+	// holding: an offset-acking subscription holds events delivered and unconfirmed, which an
+	// unload would forget and deliver again on the next load: the idle sweep keeps it loaded.
+	holding atomic.Bool
 	procLiveMu sync.Mutex   // creates processor live engines (procLiveP)
 	procLiveP  atomic.Pointer[map[string]*liveEngine]
 
@@ -697,6 +700,7 @@ func (a *actor) apply(in stepInput) {
 	a.failedProc = in.procOps
 	a.failedSchedules = in.schedules
 	eff, err := step(a.st, in, now, a.env())
+	a.holding.Store(a.st.holdsUnconfirmed())
 	if err != nil {
 		a.reloadAfter(in.appends, err)
 		a.answerSettles(in.settles)

@@ -75,6 +75,17 @@ func (rt *subRuntime) resetSending() {
 	rt.resets++
 }
 
+// holdsUnconfirmed reports whether an offset-acking subscription holds events delivered and
+// unconfirmed (its runtime knows them; a new load would deliver them again).
+func (st *streamState) holdsUnconfirmed() bool {
+	for _, rt := range st.subs {
+		if len(rt.marks) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // heldEvents is how many events an offset-acking subscription holds delivered and unconfirmed
 // past confirmed.
 func (rt *subRuntime) heldEvents(confirmed int64) int64 {

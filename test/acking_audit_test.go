@@ -814,3 +814,41 @@ func TestAcking_WindowCountsEventsNotFilteredOffsets(t *testing.T) {
 	waitUntil(t, "the third", func() bool { return len(r.got()) == 3 })
 	require.Equal(t, []int64{b + 1, b + 5, b + 7}, r.got())
 }
+
+// A stream idle with events delivered and unconfirmed is unloaded like any other; it does not
+// deliver them again for that (nothing failed, nothing was mounted, nothing restarted), and the
+// receiver still confirms them after.
+func TestAcking_IdleUnloadDoesNotRedeliver(t *testing.T) {
+	e := newSubEnv(t, server.Config{IdleTimeout: time.Second})
+	s := stream(t, e.p, "/acks-idle")
+	name, b := e.configure(t, s, client.SubscriptionConfig{Name: "loader", Start: "now", ConfirmWindow: 10,
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "loader"}})
+	r := &flakyAcker{}
+	defer mountFlaky(t, e, "loader", r)()
+	mustAppend(t, s, ev("a", `{}`), ev("a", `{}`))
+	waitUntil(t, "delivered", func() bool { return len(r.got()) == 2 })
+	s.Release()
+	for i := 0; i < 10; i++ {
+		e.clock.Advance(2 * time.Second)
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond)
+	require.Equal(t, []int64{b + 1, b + 2}, r.got(), "nothing delivered again")
+
+	s = stream(t, e.p, "/acks-idle")
+	sub := client.Subscription(e.ctx, s, name)
+	c, err := client.ConfirmSubscription(e.ctx, sub, b+2)
+	require.NoError(t, err)
+	require.Equal(t, b+2, c)
+	e.settle(t, "/acks-idle")
+	require.Equal(t, []int64{b + 1, b + 2}, r.got())
+
+	// Confirmed, it idles out as any stream does.
+	sub.Release()
+	s.Release()
+	require.Eventually(t, func() bool {
+		e.clock.Advance(2 * time.Second)
+		return e.ts.srv.LoadedStreams() == 0
+	}, 10*time.Second, 20*time.Millisecond, "unloaded once nothing is held")
+	require.Equal(t, []int64{b + 1, b + 2}, r.got())
+}
