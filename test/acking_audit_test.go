@@ -173,7 +173,8 @@ type ackHook struct {
 	mu      sync.Mutex
 	batches [][]int64
 	answer  func(offsets []int64) int64
-	down    bool // answer 503
+	down    bool                      // answer 503
+	status  func(offsets []int64) int // a status instead of the answer (0: the answer)
 	srv     *httptest.Server
 }
 
@@ -197,11 +198,17 @@ func newAckHook(t *testing.T, answer func(offsets []int64) int64) *ackHook {
 		}
 		h.mu.Lock()
 		h.batches = append(h.batches, offsets)
-		answer, down := h.answer, h.down
+		answer, down, status := h.answer, h.down, h.status
 		h.mu.Unlock()
 		if down {
 			w.WriteHeader(503)
 			return
+		}
+		if status != nil {
+			if code := status(offsets); code != 0 {
+				w.WriteHeader(code)
+				return
+			}
 		}
 		w.Header().Set("Content-Type", "application/json")
 		var n int64
@@ -851,4 +858,83 @@ func TestAcking_IdleUnloadDoesNotRedeliver(t *testing.T) {
 		return e.ts.srv.LoadedStreams() == 0
 	}, 10*time.Second, 20*time.Millisecond, "unloaded once nothing is held")
 	require.Equal(t, []int64{b + 1, b + 2}, r.got())
+}
+
+// An offset-acking webhook that refuses one event (422) in a batch, confirming nothing in its
+// answers: the batch is isolated, the event skipped into the dead-letter stream after its
+// attempts, and delivery goes on.
+func TestAcking_WebhookRefusalSkippedToDeadLetter(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	s := stream(t, e.p, "/acks-dead")
+	var bad int64
+	h := newAckHook(t, nil)
+	h.status = func(offsets []int64) int {
+		for _, o := range offsets {
+			if o == bad {
+				return 422
+			}
+		}
+		return 0
+	}
+	name, b := e.configure(t, s, client.SubscriptionConfig{Name: "hook", Start: "now", ConfirmWindow: 10, MaxDeliveryEvents: 5,
+		OnFailingEvent: "skip", DeadLetterPath: "/acks-dead/letters", FilterTypes: []string{"row"},
+		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.srv.URL + "/hook"}})
+	h.mu.Lock()
+	bad = b + 3
+	h.mu.Unlock()
+	mustAppend(t, s, ev("row", `{}`), ev("row", `{}`), ev("row", `{}`), ev("row", `{}`))
+	require.Eventually(t, func() bool {
+		if e.describe(t, s, name).ConfirmedOffset >= b+3 {
+			return true
+		}
+		e.clock.Advance(time.Minute)
+		return false
+	}, 20*time.Second, 20*time.Millisecond, "skipped")
+	letters, err := client.GetEvents(e.ctx, stream(t, e.p, "/acks-dead/letters"), itx.Query{Types: []string{itx.TypeDeadLetter}})
+	require.NoError(t, err)
+	require.Len(t, letters, 1)
+	require.Contains(t, string(letters[0].Payload), fmt.Sprintf(`"offset":%d`, b+3))
+	waitUntil(t, "the event after it delivered", func() bool { return h.maxSeen() == b+4 })
+	d := e.describe(t, s, name)
+	require.Equal(t, b+3, d.ConfirmedOffset)
+	require.Equal(t, "active", d.Status)
+}
+
+// Halted by a failing event while it held events unconfirmed, resumed once the receiver is
+// fixed: everything after the confirmed cursor goes again.
+func TestAcking_HaltThenResumeRedelivers(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	s := stream(t, e.p, "/acks-resume")
+	var mu sync.Mutex
+	broken := true
+	name, b := e.configure(t, s, client.SubscriptionConfig{Name: "loader", Start: "now", ConfirmWindow: 10, FilterTypes: []string{"row"},
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "loader"}})
+	r := &flakyAcker{fail: func(b itx.DeliveryBatch) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if broken && hasPayload(b, "bad") {
+			return fmt.Errorf("cannot load this row")
+		}
+		return nil
+	}}
+	defer mountFlaky(t, e, "loader", r)()
+	mustAppend(t, s, ev("row", `{"n":1}`), ev("row", `{"bad":true}`), ev("row", `{"n":3}`))
+	require.Eventually(t, func() bool {
+		if e.describe(t, s, name).Status == "halted" {
+			return true
+		}
+		e.clock.Advance(31 * time.Minute)
+		return false
+	}, 20*time.Second, 20*time.Millisecond, "halted")
+	e.settle(t, "/acks-resume")
+	n := len(r.got())
+	mu.Lock()
+	broken = false
+	r.confirm = func(last int64) int64 { return last }
+	mu.Unlock()
+	_, err := client.ResumeSubscription(e.ctx, s, name)
+	require.NoError(t, err)
+	head, _ := client.Describe(e.ctx, s)
+	e.waitProcessed(t, s, name, head.HeadOffset)
+	require.Equal(t, []int64{b + 1, b + 2, b + 3}, r.got()[n:])
 }
