@@ -639,6 +639,7 @@ func (st *streamState) newRuntime() *subRuntime {
 // delivery starts (unless a reset came after the try started) and the delivered offset, and
 // what the receiver confirmed moves the cursor.
 func (st *streamState) applyAcking(o *deliveryOutcome, r *storage.CursorRow, rt *subRuntime) {
+	before := max(r.DeliveredOffset, r.ConfirmedOffset)
 	if o.resets == rt.resets && o.through > max(r.ConfirmedOffset, rt.sendFrom) {
 		if n := len(rt.marks); n > 0 && o.lastEvent == 0 {
 			// Nothing carried (the filter passed over what it read): it goes with the delivery
@@ -651,11 +652,12 @@ func (st *streamState) applyAcking(o *deliveryOutcome, r *storage.CursorRow, rt 
 		rt.sendFrom = o.through
 		r.DeliveredOffset = max(r.DeliveredOffset, o.through)
 	}
-	if o.delivered && (r.FailingEventOffset == 0 || o.through >= r.FailingEventOffset) {
-		// A success clears the retry block only once it gets past the event that failed: after
-		// a failure the unconfirmed events before that event go again, and their success says
-		// nothing about it (else its attempts would restart at every retry and the ladder
-		// would never skip or halt it).
+	if o.delivered && (o.through > before || (r.FailingEventOffset > 0 && o.through >= r.FailingEventOffset)) {
+		// A success clears the retry block only once it delivers something the receiver did
+		// not take before, or the event that failed: after a failure the unconfirmed events
+		// before it go again, and their success says nothing about it (else its attempts would
+		// restart at every retry and the ladder would never skip or halt it). Both are kept
+		// with the row, so this holds across an unload between retries.
 		r.Attempt, r.NextAttemptAt, r.LastError = 0, 0, ""
 		r.FailingEventOffset, r.FailingEventAttempt, r.FailingEventSkips = 0, 0, 0
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
 	"github.com/stretchr/testify/require"
 )
@@ -78,6 +79,19 @@ func mountFlaky(t *testing.T, e *subEnv, name string, r *flakyAcker) (disconnect
 	}
 }
 
+// toNextRetry moves the virtual clock to a subscription's next retry, unless a delivery is in
+// flight (the clock would time it out) or none is pending.
+func (e *subEnv) toNextRetry(t *testing.T, s schema.Stream, name string) {
+	t.Helper()
+	d := e.describe(t, s, name)
+	if d.InFlightDeadlineAt != 0 || d.NextAttemptAt == 0 {
+		return
+	}
+	if wait := time.UnixMilli(d.NextAttemptAt).Sub(e.clock.Now()); wait > 0 {
+		e.clock.Advance(wait)
+	}
+}
+
 // hasPayload says whether a batch carries an event whose payload contains s.
 func hasPayload(b itx.DeliveryBatch, s string) bool {
 	for _, e := range b.Events {
@@ -118,7 +132,7 @@ func TestAcking_FailingEventBehindAnUnconfirmedPrefixIsSkipped(t *testing.T) {
 		if d.ConfirmedOffset >= bad {
 			return true
 		}
-		e.clock.Advance(time.Minute)
+		e.toNextRetry(t, s, name)
 		return false
 	}, 20*time.Second, 20*time.Millisecond, "the failing event is skipped")
 	require.Equal(t, itx.FailingEventConfirmAttempts-1, seenAttempt)
@@ -158,7 +172,7 @@ func TestAcking_FailingEventBehindAnUnconfirmedPrefixHalts(t *testing.T) {
 		if e.describe(t, s, name).Status == "halted" {
 			return true
 		}
-		e.clock.Advance(31 * time.Minute)
+		e.toNextRetry(t, s, name)
 		return false
 	}, 20*time.Second, 20*time.Millisecond, "halted")
 	d := e.describe(t, s, name)
@@ -566,7 +580,7 @@ func TestAcking_TransformFailureSkipped(t *testing.T) {
 		if e.describe(t, s, name).ConfirmedOffset >= b+2 {
 			return true
 		}
-		e.clock.Advance(time.Minute)
+		e.toNextRetry(t, s, name)
 		return false
 	}, 20*time.Second, 20*time.Millisecond, "skipped")
 	waitUntil(t, "the last delivered", func() bool {
@@ -673,6 +687,7 @@ func TestAcking_Kill9WithUnconfirmedDeliveries(t *testing.T) {
 	p.Release()
 	require.Equal(t, last, eagerAnswered)
 	lazyBefore := lazy.seen()
+	from := len(lazy.gotBatches()) // what the loader gets from the restart on
 
 	proc = startItxd(t, dataDir)
 	p2 := dial(t, proc.addr).Login(ctx, proc.creds.ProjectToken)
@@ -689,11 +704,15 @@ func TestAcking_Kill9WithUnconfirmedDeliveries(t *testing.T) {
 	restartCursor := d("lazy").ConfirmedOffset
 	require.GreaterOrEqual(t, restartCursor, answered, "every answered confirmation was written")
 
-	// The loader goes on confirming what it gets; everything after the cursor arrives again.
+	// The loader goes on confirming what it gets from now on; everything after the cursor
+	// arrives again.
 	lazySub2 := client.Subscription(ctx, src2, "lazy")
 	defer lazySub2.Release()
 	require.Eventually(t, func() bool {
-		got := lazy.maxSeen()
+		got := int64(0)
+		for _, b := range lazy.gotBatches()[from:] {
+			got = max(got, b[len(b)-1])
+		}
 		if got > 0 {
 			if _, err := client.ConfirmSubscription(ctx, lazySub2, got); err != nil {
 				return false
@@ -751,8 +770,13 @@ func TestAcking_OutageRetriesAndRedelivers(t *testing.T) {
 	down = false
 	r.confirm = func(last int64) int64 { return last }
 	mu.Unlock()
-	e.clock.Advance(time.Hour)
-	e.waitProcessed(t, s, name, b+3)
+	require.Eventually(t, func() bool {
+		if e.describe(t, s, name).ConfirmedOffset >= b+3 {
+			return true
+		}
+		e.toNextRetry(t, s, name)
+		return false
+	}, 20*time.Second, 20*time.Millisecond, "delivered once the receiver is back")
 	d := e.describe(t, s, name)
 	require.Zero(t, d.Attempt)
 	require.Empty(t, d.LastError)
@@ -887,7 +911,7 @@ func TestAcking_WebhookRefusalSkippedToDeadLetter(t *testing.T) {
 		if e.describe(t, s, name).ConfirmedOffset >= b+3 {
 			return true
 		}
-		e.clock.Advance(time.Minute)
+		e.toNextRetry(t, s, name)
 		return false
 	}, 20*time.Second, 20*time.Millisecond, "skipped")
 	letters, err := client.GetEvents(e.ctx, stream(t, e.p, "/acks-dead/letters"), itx.Query{Types: []string{itx.TypeDeadLetter}})
@@ -923,7 +947,7 @@ func TestAcking_HaltThenResumeRedelivers(t *testing.T) {
 		if e.describe(t, s, name).Status == "halted" {
 			return true
 		}
-		e.clock.Advance(31 * time.Minute)
+		e.toNextRetry(t, s, name)
 		return false
 	}, 20*time.Second, 20*time.Millisecond, "halted")
 	e.settle(t, "/acks-resume")
@@ -937,4 +961,83 @@ func TestAcking_HaltThenResumeRedelivers(t *testing.T) {
 	head, _ := client.Describe(e.ctx, s)
 	e.waitProcessed(t, s, name, head.HeadOffset)
 	require.Equal(t, []int64{b + 1, b + 2, b + 3}, r.got()[n:])
+}
+
+// A new receiver mounted under the name while a delivery to the old one is in flight: whatever
+// the old one answers, every event reaches a receiver and the cursor reaches the head.
+func TestAcking_NewMountWhileInFlight(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	s := stream(t, e.p, "/acks-remount")
+	name, b := e.configure(t, s, client.SubscriptionConfig{Name: "loader", Start: "now", ConfirmWindow: 10,
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "loader"}})
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	old := &flakyAcker{confirm: func(last int64) int64 { return last }}
+	oldRecv := func(ctx context.Context, batch itx.DeliveryBatch) (int64, error) {
+		once.Do(func() { close(entered); <-release })
+		return old.receive(ctx, batch)
+	}
+	conn := dial(t, e.ts.addr)
+	p := conn.Login(e.ctx, e.ts.creds.ProjectToken)
+	h, err := client.MountReceiver(e.ctx, p, "loader", client.ServeReceiver(oldRecv))
+	require.NoError(t, err)
+	defer h.Release()
+	mustAppend(t, s, ev("a", `{}`), ev("a", `{}`))
+	<-entered
+	second := &flakyAcker{confirm: func(last int64) int64 { return last }}
+	defer mountFlaky(t, e, "loader", second)()
+	close(release)
+	mustAppend(t, s, ev("a", `{}`))
+	e.waitProcessed(t, s, name, b+3)
+	seen := map[int64]bool{}
+	for _, o := range append(old.got(), second.got()...) {
+		seen[o] = true
+	}
+	for o := b + 1; o <= b+3; o++ {
+		require.True(t, seen[o], "offset %d delivered", o)
+	}
+	d := e.describe(t, s, name)
+	require.Equal(t, []int64{b + 3, b + 3}, []int64{d.ConfirmedOffset, d.DeliveredOffset})
+}
+
+// An offset-acking webhook that confirms later and answers 500 for one event (an outage, by its
+// class): the ladder still climbs to the halt, though the events before it, delivered and
+// unconfirmed, are taken again before each retry.
+func TestAcking_WebhookOutageOnOneEventHalts(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	s := stream(t, e.p, "/acks-500")
+	var bad int64
+	h := newAckHook(t, nil)
+	h.status = func(offsets []int64) int {
+		for _, o := range offsets {
+			if o == bad {
+				return 500
+			}
+		}
+		return 0
+	}
+	name, b := e.configure(t, s, client.SubscriptionConfig{Name: "hook", Start: "now", ConfirmWindow: 10, FilterTypes: []string{"row"},
+		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.srv.URL + "/hook"}})
+	h.mu.Lock()
+	bad = b + 3
+	h.mu.Unlock()
+	mustAppend(t, s, ev("row", `{}`), ev("row", `{}`), ev("row", `{}`), ev("row", `{}`))
+	seen := 0
+	for i := 0; i < 200; i++ {
+		e.settle(t, "/acks-500")
+		d := e.describe(t, s, name)
+		if d.Status == "halted" {
+			break
+		}
+		if d.Attempt > 0 {
+			require.Contains(t, d.LastError, "500")
+		}
+		seen = max(seen, d.Attempt)
+		e.toNextRetry(t, s, name)
+		time.Sleep(5 * time.Millisecond)
+	}
+	d := e.describe(t, s, name)
+	require.Equal(t, "halted", d.Status, "attempts seen: up to %d", seen)
+	require.Equal(t, itx.MaxDeliveryAttempts, d.Attempt)
+	require.Equal(t, b, d.ConfirmedOffset)
 }
