@@ -61,14 +61,17 @@ type actor struct {
 	dctx       context.Context
 	dcancel    context.CancelFunc
 
-	conns      map[string]*Connection // open connections by key
-	connSeq    int
-	connOrder  []*Connection                  // conns sorted by key
-	connList   atomic.Pointer[publishedConns] // what the live engine reads of them
-	liveP      atomic.Pointer[liveEngine]
-	liveCount  atomic.Int64 // counted live-state subscribers (Config.MaxLiveSubscribersPerStream)
-	deleted    atomic.Bool  // the stream is being deleted with its project
-	procLiveMu sync.Mutex   // creates processor live engines (procLiveP)
+	conns     map[string]*Connection // open connections by key
+	connSeq   int
+	connOrder []*Connection                  // conns sorted by key
+	connList  atomic.Pointer[publishedConns] // what the live engine reads of them
+	liveP     atomic.Pointer[liveEngine]
+	liveCount atomic.Int64 // counted live-state subscribers (Config.MaxLiveSubscribersPerStream)
+	deleted   atomic.Bool  // the stream is being deleted with its project
+	// holding: an offset-acking subscription holds events delivered and unconfirmed, which an
+	// unload would forget and deliver again on the next load: the idle sweep keeps it loaded.
+	holding    atomic.Bool
+	procLiveMu sync.Mutex // creates processor live engines (procLiveP)
 	procLiveP  atomic.Pointer[map[string]*liveEngine]
 
 	// Processors, opened off the actor's goroutine on first need (see processors.go).
@@ -697,6 +700,7 @@ func (a *actor) apply(in stepInput) {
 	a.failedProc = in.procOps
 	a.failedSchedules = in.schedules
 	eff, err := step(a.st, in, now, a.env())
+	a.holding.Store(a.st.holdsUnconfirmed())
 	if err != nil {
 		a.reloadAfter(in.appends, err)
 		a.answerSettles(in.settles)

@@ -110,8 +110,8 @@ func (d *deliverer) push(job pushJob, store streamStore, streamID string) delive
 func (d *deliverer) deadLetterSkip(job pushJob, store streamStore, streamID string, out *deliveryOutcome) {
 	f := out.failure
 	dec := decideFailure(job.row, *f, itx.OnFailingSkip, 0, 0)
-	if dec.kind != decideSkip || (job.acking && job.row.ConfirmedOffset < out.before) {
-		return // not skipped (an offset-acking one waits for the events before it to be confirmed)
+	if dec.kind != decideSkip {
+		return
 	}
 	letter, err := d.deadLetterOf(job, store, streamID, f, dec.failingAttempt)
 	if err == nil {
@@ -311,6 +311,9 @@ func (d *deliverer) try(job pushJob, store streamStore, streamID string) deliver
 		case job.acking:
 			// Delivered; confirmed only through what the answer names (0: nothing yet).
 			out.through, out.delivered, out.lastEvent = through, true, matched[len(matched)-1].Offset
+			for _, e := range matched {
+				out.offsets = append(out.offsets, e.Offset)
+			}
 			out.confirmed = min(confirmed, through)
 		case confirmed > 0 && confirmed <= after:
 			return fail(classOutage, 0, 0, fmt.Errorf("%s confirmed through offset %d, no progress past the cursor at %d", d.send, confirmed, after))

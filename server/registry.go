@@ -139,8 +139,9 @@ func (s *Server) scheduleSweep() {
 	})
 }
 
-// sweep unloads streams nobody holds that have idled past IdleTimeout, then, while more than
-// MaxLoadedStreams are loaded, the least recently used idle ones.
+// sweep unloads streams nobody holds that have idled past IdleTimeout (not one whose
+// offset-acking subscription holds events unconfirmed: it would deliver them again), then, while
+// more than MaxLoadedStreams are loaded, the least recently used idle ones.
 func (s *Server) sweep() {
 	now := s.clock.Now()
 	s.mu.Lock()
@@ -154,7 +155,7 @@ func (s *Server) sweep() {
 	excess := len(s.actors) - s.cfg.MaxLoadedStreams
 	var victims []*actor
 	for _, a := range idle {
-		if now.Sub(a.lastUsed) >= s.cfg.IdleTimeout || excess > 0 {
+		if (now.Sub(a.lastUsed) >= s.cfg.IdleTimeout && !a.holding.Load()) || excess > 0 {
 			victims = append(victims, a)
 			excess--
 			delete(s.actors, a.ref)

@@ -55,8 +55,15 @@ type subRuntime struct {
 	// receiver's name, an effect on its row) sends again from the confirmed cursor; resets
 	// counts them, so a delivery started before one does not move sendFrom after it.
 	sendFrom int64
+	// runMount is the mount generation of the receiver this run of sends went to (itx-call;
+	// 0: none known): a presence signal of that same mount, late, is no new receiver.
+	runMount uint64
 	marks    []deliveryMark
 	resets   uint64
+	// held are the offsets of the events delivered since the confirmed cursor (those at or below
+	// it are trimmed as it moves): the window bounds how many the receiver holds, not how many
+	// offsets a filter passed over between them.
+	held []int64
 }
 
 // MaxAckingDeliveries bounds the deliveries an offset-acking subscription has out unconfirmed
@@ -71,8 +78,32 @@ type deliveryMark struct {
 
 // resetSending makes an offset-acking subscription deliver again from its confirmed cursor.
 func (rt *subRuntime) resetSending() {
-	rt.sendFrom, rt.marks = 0, nil
+	rt.sendFrom, rt.marks, rt.held, rt.runMount = 0, nil, nil, 0
 	rt.resets++
+}
+
+// holdsUnconfirmed reports whether an offset-acking subscription holds events delivered and
+// unconfirmed (its runtime knows them; a new load would deliver them again).
+func (st *streamState) holdsUnconfirmed() bool {
+	for _, rt := range st.subs {
+		if len(rt.marks) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// heldEvents is how many events an offset-acking subscription holds delivered and unconfirmed
+// past confirmed.
+func (rt *subRuntime) heldEvents(confirmed int64) int64 {
+	i := 0
+	for i < len(rt.held) && rt.held[i] <= confirmed {
+		i++
+	}
+	if i > 0 {
+		rt.held = rt.held[i:]
+	}
+	return int64(len(rt.held))
 }
 
 // confirmTo moves an offset-acking subscription's confirmed cursor through c: past the whole of
@@ -80,6 +111,7 @@ func (rt *subRuntime) resetSending() {
 // deliveries that carried nothing once everything before them is confirmed.
 func confirmTo(r *storage.CursorRow, rt *subRuntime, c int64) bool {
 	to := max(r.ConfirmedOffset, c)
+	defer func() { rt.heldEvents(r.ConfirmedOffset) }()
 	for len(rt.marks) > 0 {
 		m := rt.marks[0]
 		if m.through > to && m.last > to {
@@ -135,6 +167,7 @@ type deliveryOutcome struct {
 	// receiver's answer confirmed (0: nothing). resets is the job's.
 	acking    bool
 	lastEvent int64
+	offsets   []int64 // the offsets of the events it carried
 	confirmed int64
 	resets    uint64
 	// before is, for a failed offset-acking try, the offset the events before its failing one
@@ -252,8 +285,9 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 			if r == nil || waitsFor(entry) != capability {
 				continue
 			}
-			if rt := st.subs[name]; rt != nil && entry.Config.ConfirmWindow > 0 {
-				// A new receiver under the name: what the old one took unconfirmed goes again.
+			if rt := st.subs[name]; rt != nil && entry.Config.ConfirmWindow > 0 && (env.mountedNow == nil || env.mountedNow(entry) != rt.runMount) {
+				// A new receiver under the name: what the old one took unconfirmed goes again
+				// (not for a late signal of the mount the sends already went to).
 				rt.resetSending()
 			}
 			if r.Status == storage.StatusParked {
@@ -421,11 +455,21 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 		if r == nil || rt == nil || rt.inFlight || r.Status != storage.StatusActive {
 			continue
 		}
-		after, window := r.ConfirmedOffset, int64(entry.Config.ConfirmWindow)
+		after, window, held := r.ConfirmedOffset, int64(entry.Config.ConfirmWindow), int64(0)
 		if window > 0 {
-			// Offset-acking: on from the last delivery while the window has room.
-			after = max(after, rt.sendFrom)
-			if after-r.ConfirmedOffset >= window || len(rt.marks) >= MaxAckingDeliveries {
+			// Offset-acking: on from the last delivery while the window has room for events
+			// (and the deliveries out unconfirmed are within their bound). A run of sends goes
+			// to one mount of the receiver: another one mounted meanwhile starts a new run.
+			if env.mountedNow != nil {
+				if m := env.mountedNow(entry); m != rt.runMount {
+					if len(rt.marks) > 0 {
+						rt.resetSending()
+					}
+					rt.runMount = m
+				}
+			}
+			after, held = max(after, rt.sendFrom), rt.heldEvents(r.ConfirmedOffset)
+			if held >= window || len(rt.marks) >= MaxAckingDeliveries {
 				continue
 			}
 		}
@@ -443,7 +487,7 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 			limit = 1
 		}
 		if window > 0 {
-			limit = int(min(int64(limit), window-(after-r.ConfirmedOffset)))
+			limit = int(min(int64(limit), window-held))
 		}
 		rt.inFlight = true
 		r.InFlightDeadlineAt = nowMs + env.deliveryTimeout.Milliseconds()
@@ -617,15 +661,25 @@ func (st *streamState) newRuntime() *subRuntime {
 // delivery starts (unless a reset came after the try started) and the delivered offset, and
 // what the receiver confirmed moves the cursor.
 func (st *streamState) applyAcking(o *deliveryOutcome, r *storage.CursorRow, rt *subRuntime) {
+	before := max(r.DeliveredOffset, r.ConfirmedOffset)
 	if o.resets == rt.resets && o.through > max(r.ConfirmedOffset, rt.sendFrom) {
-		rt.marks = append(rt.marks, deliveryMark{last: o.lastEvent, through: o.through})
+		if n := len(rt.marks); n > 0 && o.lastEvent == 0 {
+			// Nothing carried (the filter passed over what it read): it goes with the delivery
+			// before it, so marks stay within the window's events.
+			rt.marks[n-1].through = o.through
+		} else {
+			rt.marks = append(rt.marks, deliveryMark{last: o.lastEvent, through: o.through})
+		}
+		rt.held = append(rt.held, o.offsets...)
 		rt.sendFrom = o.through
 		r.DeliveredOffset = max(r.DeliveredOffset, o.through)
 	}
-	if o.delivered && (r.FailingEventOffset == 0 || o.through >= r.FailingEventOffset) {
-		// A success past where the ladder stands: a delivery again of the unconfirmed events
-		// before a failing one (sending goes again from the cursor after each failure) is none,
-		// or the failing event would never climb the ladder.
+	if o.delivered && (o.through > before || (r.FailingEventOffset > 0 && o.through >= r.FailingEventOffset)) {
+		// A success clears the retry block only once it delivers something the receiver did
+		// not take before, or the event that failed: after a failure the unconfirmed events
+		// before it go again, and their success says nothing about it (else its attempts would
+		// restart at every retry and the ladder would never skip or halt it). Both are kept
+		// with the row, so this holds across an unload between retries.
 		r.Attempt, r.NextAttemptAt, r.LastError = 0, 0, ""
 		r.FailingEventOffset, r.FailingEventAttempt, r.FailingEventSkips = 0, 0, 0
 	}
@@ -710,7 +764,13 @@ func (st *streamState) applyOutcome(o *deliveryOutcome, nowMs int64, env stepEnv
 	if f == nil {
 		return nil
 	}
+	// An offset-acking try: a skip of its failing event may go after the unconfirmed deliveries
+	// before it (as a delivery of nothing), when they reach just before it in this run of sends.
+	var kept subRuntime
+	markable := false
 	if o.acking {
+		markable = o.resets == rt.resets && max(rt.sendFrom, r.ConfirmedOffset) == o.before
+		kept = subRuntime{sendFrom: rt.sendFrom, marks: rt.marks, held: rt.held, runMount: rt.runMount}
 		rt.resetSending() // what the receiver took unconfirmed goes again, from the confirmed cursor
 	}
 	eff.failedKinds = append(eff.failedKinds, entry.Kind())
@@ -724,9 +784,10 @@ func (st *streamState) applyOutcome(o *deliveryOutcome, nowMs int64, env stepEnv
 	if entry.Kind() == itx.KindCopyToStream {
 		policy = itx.OnFailingHalt // ordered receivers never skip
 	}
-	if o.acking && r.ConfirmedOffset < o.before {
-		// Skipping the event would pass the unconfirmed ones before it too: not yet. It climbs
-		// the ladder (to a halt) until the receiver confirms them; then it may be skipped.
+	if o.acking && r.ConfirmedOffset < o.before && !markable {
+		// Skipping the event would pass unconfirmed ones before it too, and they are not the
+		// deliveries the step holds (a reset came meanwhile): not yet. It climbs the ladder
+		// until they are confirmed or delivered again before it.
 		policy = itx.OnFailingHalt
 	}
 	d := decideFailure(*r, *f, policy, nowMs, env.random())
@@ -766,7 +827,19 @@ func (st *streamState) applyOutcome(o *deliveryOutcome, nowMs int64, env stepEnv
 		own = append(own, serverRecord(itx.TypeErrorOccurred, itx.ErrorOccurredPayload{Message: truncate(fmt.Sprintf(
 			"subscription %q skipped failing event at offset %d after %d event-specific attempts%s: %s", o.name, d.skipOffset, d.failingAttempt, where, f.msg), itx.MaxHaltErrorLength)},
 			"subscription-failing-event-skipped", o.name, r.ConfiguredAtOffset, r.CursorChangedAtOffset, d.skipOffset))
-		r.ConfirmedOffset = max(r.ConfirmedOffset, d.skipOffset)
+		if o.acking && r.ConfirmedOffset < o.before {
+			// The events before it are delivered and unconfirmed: the skip goes after them, as a
+			// delivery of nothing through the skipped event. Sending goes on past it, and the
+			// cursor passes it once the receiver confirms them (it never passes them unasked).
+			rt.sendFrom, rt.held, rt.runMount = d.skipOffset, kept.held, kept.runMount
+			rt.marks = append(kept.marks, deliveryMark{through: d.skipOffset})
+			r.DeliveredOffset = max(r.DeliveredOffset, d.skipOffset)
+		} else {
+			r.ConfirmedOffset = max(r.ConfirmedOffset, d.skipOffset)
+			if o.acking {
+				r.DeliveredOffset = max(r.DeliveredOffset, r.ConfirmedOffset)
+			}
+		}
 		r.FailingEventSkips++
 		r.Attempt, r.NextAttemptAt, r.FailingEventOffset, r.FailingEventAttempt = 0, 0, 0, 0
 	case decideHalt:

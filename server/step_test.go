@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -166,6 +167,19 @@ func (s *stepScript) run(line string) {
 		}
 		if args["through"] != "" {
 			o.through, o.delivered = num("through"), args["watermark"] == ""
+		}
+		if job.acking && o.lastEvent > 0 {
+			// The events it carried, as the deliverer lists them: those its filter passes, after
+			// where it read from, through the last one.
+			var types []string
+			if f := s.st.core.Subscriptions[sub].Config.Filter; f != nil {
+				types = f.EventTypes
+			}
+			for _, e := range s.log {
+				if e.Offset > job.after && e.Offset <= o.lastEvent && !e.Ephemeral && (types == nil || slices.Contains(types, e.Type)) {
+					o.offsets = append(o.offsets, e.Offset)
+				}
+			}
 		}
 		if fields[0] == "fail" {
 			class := map[string]failureClass{"event": classEvent, "outage": classOutage, "absent": classAbsent, "terminal": classTerminal}[args["class"]]
