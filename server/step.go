@@ -657,9 +657,9 @@ func (st *streamState) newRuntime() *subRuntime {
 	return &subRuntime{gen: st.nextGen}
 }
 
-// applyAcking takes an offset-acking subscription's try: what it delivered moves where the next
-// delivery starts (unless a reset came after the try started) and the delivered offset, and
-// what the receiver confirmed moves the cursor.
+// applyAcking takes an offset-acking subscription's try: what it delivered moves the delivered
+// offset and, unless a reset came after the try started, where the next delivery starts; what
+// the receiver confirmed moves the cursor.
 func (st *streamState) applyAcking(o *deliveryOutcome, r *storage.CursorRow, rt *subRuntime) {
 	before := max(r.DeliveredOffset, r.ConfirmedOffset)
 	if o.resets == rt.resets && o.through > max(r.ConfirmedOffset, rt.sendFrom) {
@@ -672,8 +672,10 @@ func (st *streamState) applyAcking(o *deliveryOutcome, r *storage.CursorRow, rt 
 		}
 		rt.held = append(rt.held, o.offsets...)
 		rt.sendFrom = o.through
-		r.DeliveredOffset = max(r.DeliveredOffset, o.through)
 	}
+	// What it carried was delivered, also by a try a reset made stale (the receiver answered):
+	// the receiver may confirm it, though sending starts over from the cursor.
+	r.DeliveredOffset = max(r.DeliveredOffset, o.through)
 	if o.delivered && (o.through > before || (r.FailingEventOffset > 0 && o.through >= r.FailingEventOffset)) {
 		// A success clears the retry block only once it delivers something the receiver did
 		// not take before, or the event that failed: after a failure the unconfirmed events
