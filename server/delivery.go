@@ -288,12 +288,10 @@ func (d *deliverer) try(job pushJob, store streamStore, streamID string) deliver
 		case errors.As(err, &ef):
 			// The receiver's own shaping failed on one event after taking every event of the
 			// batch before it (confirmed, when there were any): the cursor may move to just
-			// before it, over what the filter passed too, and the failure is that event's.
+			// before it, over what the filter passed too, and the failure is that event's. Only
+			// a copy shapes on its side, and a copy is never offset-acking.
 			failed, through = ef, ef.offset-1
-			if job.acking {
-				// Offset-acking: only what the receiver confirmed counts; the rest goes again.
-				out.confirmed = min(confirmed, through)
-			} else if through > after {
+			if through > after {
 				out.through, out.delivered = through, confirmed > after
 			}
 		case err != nil:
