@@ -67,16 +67,7 @@ func (r *flakyAcker) gotBatches() [][]int64 {
 }
 
 func mountFlaky(t *testing.T, e *subEnv, name string, r *flakyAcker) (disconnect func()) {
-	conn := dial(t, e.ts.addr)
-	ctx := context.Background()
-	p := conn.Login(ctx, e.ts.creds.ProjectToken)
-	handle, err := client.MountReceiver(ctx, p, name, client.ServeReceiver(r.receive))
-	require.NoError(t, err)
-	return func() {
-		handle.Release()
-		p.Release()
-		conn.Close()
-	}
+	return mountReceive(t, e.ts.addr, e.ts.creds.ProjectToken, name, r.receive)
 }
 
 // toNextRetry moves the virtual clock to a subscription's next retry, unless a delivery is in

@@ -50,16 +50,7 @@ func (r *ackingReceiver) gotBatches() [][]int64 {
 }
 
 func mountAcking(t *testing.T, e *subEnv, name string, r *ackingReceiver) (disconnect func()) {
-	conn := dial(t, e.ts.addr)
-	ctx := context.Background()
-	p := conn.Login(ctx, e.ts.creds.ProjectToken)
-	handle, err := client.MountReceiver(ctx, p, name, client.ServeReceiver(r.receive))
-	require.NoError(t, err)
-	return func() {
-		handle.Release()
-		p.Release()
-		conn.Close()
-	}
+	return mountReceive(t, e.ts.addr, e.ts.creds.ProjectToken, name, r.receive)
 }
 
 func offsetsFrom(first, last int64) []int64 {

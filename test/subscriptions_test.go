@@ -430,10 +430,16 @@ func (r *receiverServer) types() []string {
 // mountReceiver mounts a Receiver under name on its own connection and returns a function that
 // drops the connection.
 func mountReceiver(t *testing.T, addr, token, name string, r *receiverServer) (disconnect func()) {
+	return mountReceive(t, addr, token, name, r.receive)
+}
+
+// mountReceive mounts a Receiver serving receive under name on its own connection and returns
+// a function that drops the connection.
+func mountReceive(t *testing.T, addr, token, name string, receive func(context.Context, itx.DeliveryBatch) (int64, error)) (disconnect func()) {
 	conn := dial(t, addr)
 	ctx := context.Background()
 	p := conn.Login(ctx, token)
-	handle, err := client.MountReceiver(ctx, p, name, client.ServeReceiver(r.receive))
+	handle, err := client.MountReceiver(ctx, p, name, client.ServeReceiver(receive))
 	require.NoError(t, err)
 	return func() {
 		handle.Release()
