@@ -526,6 +526,20 @@ func (s *Server) pokeCapability(projectID, token string) {
 		s.log.Warn().Err(err).Str("capability", token).Msg("finding streams parked on a capability")
 		return
 	}
+	if scope, name, scoped := strings.Cut(token, "\x1f"); scoped {
+		// A stream that parked before mounts had scopes recorded the bare name: those inside
+		// the scope load too, and record the scoped token as they unload.
+		legacy, err := s.dir.ParkedOn(s.base, projectID, name)
+		if err != nil {
+			s.log.Warn().Err(err).Str("capability", name).Msg("finding streams parked on a capability")
+			return
+		}
+		for _, e := range legacy {
+			if strings.HasPrefix(e.Path, scope) {
+				parked = append(parked, e)
+			}
+		}
+	}
 	for _, e := range parked {
 		a, err := s.acquire(s.base, StreamRef{ProjectID: e.ProjectID, Path: e.Path})
 		if err == nil {

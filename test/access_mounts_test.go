@@ -2,7 +2,9 @@ package test
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
+	"path/filepath"
 	"sort"
 	"sync"
 	"testing"
@@ -13,6 +15,7 @@ import (
 	"github.com/itx-dev/itx/processors/examples"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
+	_ "github.com/mattn/go-sqlite3"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -373,6 +376,37 @@ func TestAccess_ScopedMountResumesAnUnloadedParkedStream(t *testing.T) {
 	recB := mountRecorder(t, e.ts.login(t, tokB), "late-inbox")
 	waitUntil(t, "B's mount resumes B's unloaded parked stream", func() bool { return recB.has(t, `{"from": "B"}`) })
 	require.False(t, recFull.has(t, `{"from": "B"}`), "the project's receiver got a tenant's event")
+}
+
+// A tenant's stream that parked before mounts had scopes recorded the bare name its subscription
+// waits for in the directory: a mount of that name in the tenant's scope still loads and resumes
+// it (the upgrade from a directory written before scoped mounts).
+func TestAccess_ScopedMountResumesAStreamParkedBeforeScopes(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	tokB, _ := e.ts.token(t, itx.Scope{Prefix: "/tenantB"})
+	b := e.ts.login(t, tokB)
+	s := stream(t, b, "/tenantB/old")
+	configureCall(t, s, "app", "old-inbox")
+	mustAppend(t, s, ev("note", `{"from": "B, before the upgrade"}`))
+	waitUntil(t, "parked", func() bool { return subStatus(t, s, "app").Status == itx.StatusParked })
+	s.Release()
+	waitUntil(t, "unloaded", func() bool {
+		e.clock.Advance(2 * time.Minute)
+		e.ts.srv.Sweep()
+		return e.ts.srv.LoadedStreams() == 0
+	})
+	// As the directory held it before scoped mounts: the bare name.
+	db, err := sql.Open("sqlite3", filepath.Join(e.ts.dir, "directory.db")+"?_busy_timeout=10000")
+	require.NoError(t, err)
+	defer db.Close()
+	res, err := db.Exec(`update parked set capability = 'old-inbox' where capability = ?`, "/tenantB\x1fold-inbox")
+	require.NoError(t, err)
+	n, err := res.RowsAffected()
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n, "the stream parked on its scoped token")
+
+	recB := mountRecorder(t, e.ts.login(t, tokB), "old-inbox")
+	waitUntil(t, "B's mount resumes the stream parked on the bare name", func() bool { return recB.has(t, `{"from": "B, before the upgrade"}`) })
 }
 
 // A whole-project token cannot place a subscription of a stream outside a tenant's prefix in
