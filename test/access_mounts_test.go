@@ -354,16 +354,15 @@ func TestAccess_RawConfiguredEventCannotChooseItsScope(t *testing.T) {
 	waitUntil(t, "A's receiver gets the project's event", func() bool { return recA.has(t, `{"from": "project"}`) })
 }
 
-// A tenant's subscription parked on a stream that has since been unloaded resumes when the
-// tenant mounts its receiver (the mount alone loads the stream), and not into the whole
-// project's receiver mounted under the same name first.
-func TestAccess_ScopedMountResumesAnUnloadedParkedStream(t *testing.T) {
-	e := newSubEnv(t, server.Config{})
-	tokB, _ := e.ts.token(t, itx.Scope{Prefix: "/tenantB"})
-	b := e.ts.login(t, tokB)
-	s := stream(t, b, "/tenantB/away")
-	configureCall(t, s, "app", "late-inbox")
-	mustAppend(t, s, ev("note", `{"from": "B"}`))
+// parkedTenantStream makes a /tenantB token, configures on path (under /tenantB) an itx-call
+// subscription "app" waiting for capability, appends one note with payload, and returns the
+// token once the subscription is parked and the stream unloaded.
+func parkedTenantStream(t *testing.T, e *subEnv, path, capability, payload string) (tokB string) {
+	t.Helper()
+	tokB, _ = e.ts.token(t, itx.Scope{Prefix: "/tenantB"})
+	s := stream(t, e.ts.login(t, tokB), path)
+	configureCall(t, s, "app", capability)
+	mustAppend(t, s, ev("note", payload))
 	waitUntil(t, "parked", func() bool { return subStatus(t, s, "app").Status == itx.StatusParked })
 	s.Release()
 	waitUntil(t, "unloaded", func() bool {
@@ -371,6 +370,15 @@ func TestAccess_ScopedMountResumesAnUnloadedParkedStream(t *testing.T) {
 		e.ts.srv.Sweep()
 		return e.ts.srv.LoadedStreams() == 0
 	})
+	return tokB
+}
+
+// A tenant's subscription parked on a stream that has since been unloaded resumes when the
+// tenant mounts its receiver (the mount alone loads the stream), and not into the whole
+// project's receiver mounted under the same name first.
+func TestAccess_ScopedMountResumesAnUnloadedParkedStream(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	tokB := parkedTenantStream(t, e, "/tenantB/away", "late-inbox", `{"from": "B"}`)
 
 	recFull := mountRecorder(t, e.p, "late-inbox")
 	recB := mountRecorder(t, e.ts.login(t, tokB), "late-inbox")
@@ -383,18 +391,7 @@ func TestAccess_ScopedMountResumesAnUnloadedParkedStream(t *testing.T) {
 // it (the upgrade from a directory written before scoped mounts).
 func TestAccess_ScopedMountResumesAStreamParkedBeforeScopes(t *testing.T) {
 	e := newSubEnv(t, server.Config{})
-	tokB, _ := e.ts.token(t, itx.Scope{Prefix: "/tenantB"})
-	b := e.ts.login(t, tokB)
-	s := stream(t, b, "/tenantB/old")
-	configureCall(t, s, "app", "old-inbox")
-	mustAppend(t, s, ev("note", `{"from": "B, before the upgrade"}`))
-	waitUntil(t, "parked", func() bool { return subStatus(t, s, "app").Status == itx.StatusParked })
-	s.Release()
-	waitUntil(t, "unloaded", func() bool {
-		e.clock.Advance(2 * time.Minute)
-		e.ts.srv.Sweep()
-		return e.ts.srv.LoadedStreams() == 0
-	})
+	tokB := parkedTenantStream(t, e, "/tenantB/old", "old-inbox", `{"from": "B, before the upgrade"}`)
 	// As the directory held it before scoped mounts: the bare name.
 	db, err := sql.Open("sqlite3", filepath.Join(e.ts.dir, "directory.db")+"?_busy_timeout=10000")
 	require.NoError(t, err)
