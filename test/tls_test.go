@@ -114,9 +114,8 @@ func TestTLS_RealHandshake(t *testing.T) {
 		tc, err := tls.Dial("tcp", p.addr, cfg)
 		require.NoError(t, err)
 		r := itxtest.NewRawClient(t, tc)
-		r.Bootstrap(0)
-		for q := uint32(1); q <= 100; q++ {
-			r.Version(q, 0) // never finished: past --rpc-preauth-max-unfinished-replies (64)
+		for q := uint32(0); q <= 100; q++ {
+			r.Bootstrap(q) // never finished: past --rpc-preauth-max-unfinished-replies (64)
 		}
 		_, reason := r.UntilAbort()
 		require.True(t, strings.HasPrefix(reason, "itx.limitExceeded: "), "abort reason %q", reason)

@@ -12,6 +12,8 @@ import (
 
 	"capnproto.org/go/capnp/v3"
 	"capnproto.org/go/capnp/v3/rpc"
+	"capnproto.org/go/capnp/v3/rpc/transport"
+	rpccp "capnproto.org/go/capnp/v3/std/capnp/rpc"
 	"github.com/itx-dev/itx/schema"
 	"github.com/stretchr/testify/require"
 )
@@ -350,4 +352,244 @@ func TestFuture_ClientTwiceBeforeResolution(t *testing.T) {
 	require.NoError(t, err)
 	<-h.calls
 	p.ReleaseClients()
+}
+
+// rawCall sends a call of Handle.cancel as question q, on the bootstrap's answer (question 0)
+// or, with onAnswer, pipelined on field 0 of question onAnswer's results.
+func rawCall(t *testing.T, tr transport.Transport, q uint32, onAnswer *uint32) {
+	t.Helper()
+	m, err := tr.NewMessage()
+	require.NoError(t, err)
+	defer m.Release()
+	c, err := m.Message().NewCall()
+	require.NoError(t, err)
+	c.SetQuestionId(q)
+	c.SetInterfaceId(schema.Handle_TypeID)
+	c.SetMethodId(0)
+	tgt, err := c.NewTarget()
+	require.NoError(t, err)
+	pa, err := tgt.NewPromisedAnswer()
+	require.NoError(t, err)
+	if onAnswer == nil {
+		pa.SetQuestionId(0)
+	} else {
+		pa.SetQuestionId(*onAnswer)
+		ops, err := pa.NewTransform(1)
+		require.NoError(t, err)
+		ops.At(0).SetGetPointerField(0)
+	}
+	params, err := c.NewParams()
+	require.NoError(t, err)
+	st, err := capnp.NewStruct(params.Segment(), capnp.ObjectSize{})
+	require.NoError(t, err)
+	require.NoError(t, params.SetContent(st.ToPtr()))
+	require.NoError(t, m.Send())
+}
+
+// rawReturn reads messages until the Return for question q and reports whether it said
+// noFinishNeeded and whether it was an exception; an Abort fails the test.
+func rawReturn(t *testing.T, tr transport.Transport, q uint32) (noFinish, exception bool) {
+	t.Helper()
+	for {
+		in, err := tr.RecvMessage()
+		require.NoError(t, err, "waiting for the return of %d", q)
+		m := in.Message()
+		if m.Which() == rpccp.Message_Which_abort {
+			a, _ := m.Abort()
+			reason, _ := a.Reason()
+			in.Release()
+			t.Fatalf("waiting for the return of %d: aborted: %s", q, reason)
+		}
+		if m.Which() == rpccp.Message_Which_return {
+			ret, _ := m.Return()
+			if ret.AnswerId() == q {
+				noFinish, exception = ret.NoFinishNeeded(), ret.Which() == rpccp.Return_Which_exception
+				in.Release()
+				return noFinish, exception
+			}
+		}
+		in.Release()
+	}
+}
+
+// serveHandle serves a Handle as the bootstrap capability of every connection to a loopback
+// listener, and returns its address.
+func serveHandle(t *testing.T, h schema.Handle_Server) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conn := rpc.NewConn(rpc.NewStreamTransport(c), &rpc.Options{BootstrapClient: capnp.Client(schema.Handle_ServerToClient(h))})
+			t.Cleanup(func() { conn.Close() })
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// A Return whose results hold no capability says noFinishNeeded and the answer is forgotten as
+// it is sent: a Finish for it is ignored, and a call pipelined on it that arrives after it fails
+// alone. Unpatched, the Return asked for a Finish, and the late pipelined call aborted the
+// whole connection ("use of unknown or finished answer ID").
+func TestRPC_ResultsWithoutCapabilitiesNeedNoFinish(t *testing.T) {
+	h := handle{calls: make(chan struct{}, 10)}
+	nc, err := net.Dial("tcp", serveHandle(t, h))
+	require.NoError(t, err)
+	tr := transport.NewStream(nc)
+	defer tr.Close()
+
+	m, err := tr.NewMessage()
+	require.NoError(t, err)
+	b, err := m.Message().NewBootstrap()
+	require.NoError(t, err)
+	b.SetQuestionId(0)
+	require.NoError(t, m.Send())
+	m.Release()
+	noFinish, _ := rawReturn(t, tr, 0)
+	require.False(t, noFinish, "the bootstrap's results hold a capability: its Finish is needed")
+
+	rawCall(t, tr, 1, nil)
+	noFinish, exception := rawReturn(t, tr, 1)
+	require.False(t, exception)
+	require.True(t, noFinish, "results without capabilities need no Finish")
+
+	one := uint32(1)
+	rawCall(t, tr, 2, &one) // pipelined on answer 1, after its Return
+	_, exception = rawReturn(t, tr, 2)
+	require.True(t, exception, "a call on results without capabilities fails")
+
+	fm, err := tr.NewMessage()
+	require.NoError(t, err)
+	fin, err := fm.Message().NewFinish()
+	require.NoError(t, err)
+	fin.SetQuestionId(1) // not needed, sent anyway: ignored
+	require.NoError(t, fm.Send())
+	fm.Release()
+
+	rawCall(t, tr, 3, nil)
+	_, exception = rawReturn(t, tr, 3)
+	require.False(t, exception, "the connection still serves calls")
+	require.Len(t, h.calls, 2)
+}
+
+// A go-capnp caller sends no Finish for a Return that says noFinishNeeded. The raw server below
+// answers call A with the flag, then 20 more, then call B without it, and reads until B's
+// Finish (sent 250 ms after B's Return, from a timer due after A's); then the client makes one
+// more call, C, and every Finish sent by then has come. Only B's may be among them (and the
+// bootstrap's). Unpatched, every call's came.
+func TestRPC_CallerSendsNoFinishWhenNoneIsNeeded(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	nc, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	conn := rpc.NewConn(rpc.NewStreamTransport(nc), nil)
+	defer conn.Close()
+	sc, err := ln.Accept()
+	require.NoError(t, err)
+	tr := transport.NewStream(sc)
+	defer tr.Close()
+
+	target := schema.Handle(conn.Bootstrap(ctx))
+	defer target.Release()
+	const calls = 22 // A, 20 more, B
+	proceed := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		call := func() error {
+			fut, release := target.Cancel(ctx, nil)
+			defer release()
+			_, err := fut.Struct()
+			return err
+		}
+		for i := 0; i < calls; i++ {
+			if err := call(); err != nil {
+				done <- err
+				return
+			}
+		}
+		<-proceed
+		done <- call() // C
+	}()
+
+	send := func(build func(rpccp.Message) error) {
+		m, err := tr.NewMessage()
+		require.NoError(t, err)
+		defer m.Release()
+		require.NoError(t, build(m.Message()))
+		require.NoError(t, m.Send())
+	}
+	finishes := map[uint32]bool{}
+	var bQ, bootstrapQ uint32
+	answered := 0
+	for answered <= calls {
+		in, err := tr.RecvMessage()
+		require.NoError(t, err)
+		msg := in.Message()
+		switch msg.Which() {
+		case rpccp.Message_Which_bootstrap:
+			bs, _ := msg.Bootstrap()
+			q := bs.QuestionId()
+			bootstrapQ = q
+			send(func(m rpccp.Message) error {
+				ret, err := m.NewReturn()
+				if err != nil {
+					return err
+				}
+				ret.SetAnswerId(q)
+				p, err := ret.NewResults()
+				if err != nil {
+					return err
+				}
+				ct, err := p.NewCapTable(1)
+				if err != nil {
+					return err
+				}
+				ct.At(0).SetSenderHosted(0)
+				return p.SetContent(capnp.NewInterface(p.Segment(), 0).ToPtr())
+			})
+		case rpccp.Message_Which_call:
+			call, _ := msg.Call()
+			q := call.QuestionId()
+			answered++
+			if answered == calls {
+				bQ = q
+			}
+			send(func(m rpccp.Message) error {
+				ret, err := m.NewReturn()
+				if err != nil {
+					return err
+				}
+				ret.SetAnswerId(q)
+				ret.SetNoFinishNeeded(q != bQ)
+				p, err := ret.NewResults()
+				if err != nil {
+					return err
+				}
+				st, err := capnp.NewStruct(p.Segment(), capnp.ObjectSize{})
+				if err != nil {
+					return err
+				}
+				return p.SetContent(st.ToPtr())
+			})
+		case rpccp.Message_Which_finish:
+			f, _ := msg.Finish()
+			finishes[f.QuestionId()] = true
+			if answered == calls && f.QuestionId() == bQ {
+				close(proceed)
+			}
+		}
+		in.Release()
+	}
+	require.NoError(t, <-done)
+	require.True(t, finishes[bQ], "B's Return asked for a Finish")
+	delete(finishes, bQ)
+	delete(finishes, bootstrapQ) // its results hold the capability
+	require.Empty(t, finishes, "Finish sent for calls whose Return said noFinishNeeded")
 }

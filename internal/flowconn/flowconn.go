@@ -10,8 +10,8 @@
 // outgoing message counts its encoded size until the socket has taken it.
 //
 // Some of what a client holds cannot be bounded by not reading, because what frees it arrives
-// behind the next calls: a Return stays in go-capnp's answer table (results and all) until the
-// client's Finish, and an exported capability until the client's Release. A connection whose
+// behind the next calls: a Return whose results hold a capability stays in go-capnp's answer
+// table (results and all) until the client's Finish, and an exported capability until the client's Release. A connection whose
 // client holds more than its bound of either is aborted with limitExceeded, as is one that has
 // not logged in within LoginTimeout, and the pool refuses connections past its count.
 package flowconn
@@ -60,9 +60,10 @@ type Limits struct {
 	DrainTimeout time.Duration
 
 	// Unfinished and UnfinishedBytes bound the replies a connection's client has not finished
-	// (count, and their encoded bytes): go-capnp keeps each Return until the client's Finish,
+	// (count, and their encoded bytes): go-capnp keeps each Return whose results hold a
+	// capability until the client's Finish (the others say noFinishNeeded and are not held),
 	// and Go clients send it 250 ms after the Return, so a fast legitimate client holds its
-	// last quarter second of replies. PreAuthUnfinished(Bytes) apply before login.
+	// last quarter second of such replies. PreAuthUnfinished(Bytes) apply before login.
 	Unfinished             int
 	UnfinishedBytes        int64
 	PreAuthUnfinished      int
@@ -562,7 +563,7 @@ func (t *Transport) RecvMessage() (transport.IncomingMessage, error) {
 			p.cond.Broadcast()
 		} else if _, ok := t.open[id]; ok {
 			t.finishedEarly[id] = struct{}{}
-		} // an unknown id: go-capnp aborts the connection for it
+		} // an unknown id, or a reply that needed no Finish: go-capnp ignores it
 		p.mu.Unlock()
 	}
 	return in, nil
@@ -740,6 +741,9 @@ func (m *outgoing) Send() error {
 		}
 		if _, ok := t.finishedEarly[id]; ok {
 			delete(t.finishedEarly, id)
+		} else if r.NoFinishNeeded() {
+			// go-capnp forgot the answer as it sent it (results without capabilities; see
+			// third_party/go-capnp/PATCHES.md): nothing is held, no Finish is awaited.
 		} else if _, ok := t.unfinished[id]; !ok {
 			t.unfinished[id] = m.size
 			t.unfinishedBytes += m.size

@@ -2,6 +2,7 @@ package flowconn_test
 
 import (
 	"context"
+	"errors"
 	"net"
 	"strings"
 	"sync"
@@ -21,13 +22,22 @@ var bigReply = strings.Repeat("v", 64<<10)
 // hold set, version() waits for it to close first; answered gets one value per version answered.
 type gateway struct {
 	t        *flowconn.Transport
+	project  bool // login() answers with a capability (as itxd's does), so its reply awaits a Finish
 	hold     <-chan struct{}
 	answered chan<- struct{}
 }
 
 func (g *gateway) Login(ctx context.Context, call schema.Gateway_login) error {
 	g.t.Authenticate()
-	return nil
+	if !g.project {
+		return nil
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	// A capability in the reply, so that it waits for the client's Finish.
+	return res.SetProject(schema.Project(capnp.ErrorClient(errors.New("a test project"))))
 }
 
 func (g *gateway) Version(ctx context.Context, call schema.Gateway_version) error {
@@ -69,7 +79,7 @@ func serveHeld(t *testing.T, pool *flowconn.Pool, hold <-chan struct{}, answered
 			if err != nil {
 				continue // refused: the client got an Abort saying why
 			}
-			conn := rpc.NewConn(tr, &rpc.Options{BootstrapClient: capnp.Client(schema.Gateway_ServerToClient(&gateway{t: tr, hold: hold, answered: answered}))})
+			conn := rpc.NewConn(tr, &rpc.Options{BootstrapClient: capnp.Client(schema.Gateway_ServerToClient(&gateway{t: tr, project: true, hold: hold, answered: answered}))})
 			conns.Add(1)
 			go func() { defer conns.Done(); <-conn.Done() }()
 			t.Cleanup(func() { conn.Close() })

@@ -36,32 +36,31 @@ func call[R any](t *testing.T, f interface{ Struct() (R, error) }, release func(
 	}
 }
 
-// A client that never sends Finish keeps every reply in go-capnp's answer table; past the
-// bound its connection is aborted with limitExceeded, and everything it held is returned.
+// A client that never sends Finish keeps every reply holding a capability in go-capnp's answer
+// table (here: bootstraps, each answering with the gateway); past the bound its connection is
+// aborted with limitExceeded, and everything it held is returned.
 func TestTransport_AbortsAClientThatNeverFinishes(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		limits flowconn.Limits
 	}{
 		{"count", flowconn.Limits{PreAuthUnfinished: 8, PreAuthUnfinishedBytes: 1 << 30}},
-		// Each version reply carries bigReply (64 KiB): the fifth crosses 300,000 bytes.
-		{"bytes", flowconn.Limits{PreAuthUnfinished: 1 << 20, PreAuthUnfinishedBytes: 300_000}},
+		// A bootstrap's reply is under 100 bytes: the bound falls within the 40.
+		{"bytes", flowconn.Limits{PreAuthUnfinished: 1 << 20, PreAuthUnfinishedBytes: 1_000}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pool := flowconn.NewPool(tc.limits)
 			r := itxtest.DialRaw(t, serve(t, pool))
-			r.Bootstrap(0)
 			const calls = 40
-			for q := uint32(1); q <= calls; q++ {
-				r.Version(q, 0)
+			for q := uint32(0); q < calls; q++ {
+				r.Bootstrap(q)
 			}
 			returns, reason := r.UntilAbort()
 			if !strings.HasPrefix(reason, "itx.limitExceeded: ") || !strings.Contains(reason, "not finished") {
 				t.Fatalf("abort reason %q, want limitExceeded about unfinished replies", reason)
 			}
-			// the bootstrap, at most 8 replies held, the one that crossed, the calls read by then
-			if max := 1 + 8 + 1 + flowconn.DefaultPreAuthCalls; returns > max {
-				t.Fatalf("%d returns before the abort (at most %d): the connection kept reading calls past the bound", returns, max)
+			if returns >= calls {
+				t.Fatalf("%d returns before the abort: the connection kept answering past the bound", returns)
 			}
 			waitFor(t, pool, "the connection's use returned", func(s flowconn.Stats) bool {
 				return s.Conns == 0 && s.Unfinished == 0 && s.UnfinishedBytes == 0 && s.Calls == 0 && s.Aborts == 1
@@ -78,7 +77,7 @@ func TestTransport_AbortsAClientThatNeverFinishes_AfterLogin(t *testing.T) {
 	r.Login(1, 0)
 	r.UntilReturn(1)
 	for q := uint32(2); q <= 40; q++ {
-		r.Version(q, 0)
+		r.Login(q, 0) // each reply holds a Project
 	}
 	returns, reason := r.UntilAbort()
 	if !strings.HasPrefix(reason, "itx.limitExceeded: ") || !strings.Contains(reason, "(--rpc-max-unfinished-replies,") {
@@ -86,6 +85,26 @@ func TestTransport_AbortsAClientThatNeverFinishes_AfterLogin(t *testing.T) {
 	}
 	if returns > 1+8+1+4 { // the login, the bound, the one that crossed it, the calls read by then
 		t.Fatalf("%d returns before the abort: the connection kept reading calls past the bound", returns)
+	}
+}
+
+// A reply without capabilities needs no Finish (go-capnp says noFinishNeeded and forgets it as it
+// sends it): a client that never finishes any makes many more calls than the bound, and a
+// Finish sent anyway is ignored.
+func TestTransport_RepliesWithoutCapabilitiesAreNotHeld(t *testing.T) {
+	pool := flowconn.NewPool(flowconn.Limits{PreAuthUnfinished: 4, PreAuthUnfinishedBytes: 200_000})
+	r := itxtest.DialRaw(t, serve(t, pool))
+	r.Bootstrap(0)
+	r.UntilReturn(0)
+	for q := uint32(1); q <= 40; q++ {
+		r.Version(q, 0) // 64 KiB each: the fourth would cross the bytes bound if it were held
+		r.UntilReturn(q)
+	}
+	r.Finish(7) // late, and not needed: ignored
+	r.Version(41, 0)
+	r.UntilReturn(41)
+	if s := pool.Stats(); s.Aborts != 0 || s.Conns != 1 || s.Unfinished != 1 {
+		t.Fatalf("replies without capabilities were held: %+v (want only the bootstrap's)", s)
 	}
 }
 
@@ -120,14 +139,13 @@ func TestTransport_FinishedRepliesAreNotHeld(t *testing.T) {
 	}
 }
 
-// go-capnp clients finish every reply (250 ms after it): their replies are all released.
+// go-capnp clients finish every reply holding a capability (250 ms after it): their replies are
+// all released.
 func TestTransport_GoClientsFinishTheirReplies(t *testing.T) {
 	pool := flowconn.NewPool(flowconn.Limits{})
 	_, gw := dialGateway(t, serve(t, pool))
-	login, release := gw.Login(context.Background(), nil)
-	call(t, login, release)
 	for range 50 {
-		f, release := gw.Version(context.Background(), nil)
+		f, release := gw.Login(context.Background(), nil)
 		call(t, f, release)
 	}
 	waitFor(t, pool, "50 replies held", func(s flowconn.Stats) bool { return s.Unfinished > 0 })

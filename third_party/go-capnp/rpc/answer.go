@@ -96,6 +96,9 @@ const (
 	finishReceived
 	resultsReady
 	releaseResultCapsFlag
+	// itx patch: the Return says noFinishNeeded (results without
+	// capabilities), so the answer is destroyed once it is sent.
+	noFinishNeeded
 )
 
 // flags.Contains(flag) Returns true iff flags contains flag, which must
@@ -281,6 +284,18 @@ func (ans *ansent) prepareSendReturn(dq *deferred.Queue) {
 		}
 		ans.returner.resultsCapTable = snapshots
 	}
+	// itx patch: results without capabilities need no Finish: say so in
+	// the Return (rpc.capnp, Return.noFinishNeeded) and forget the answer
+	// once it is sent, so that the caller saves a message per call and this
+	// side reading and handling it. A Finish that comes anyway is ignored
+	// (handleFinish), and a call pipelined on these results that arrives
+	// after the Return fails alone (handleCall): with no capability in them
+	// it could only fail. Exceptions keep their Finish, so that a pipelined
+	// call fails with the target's own error.
+	if len(ans.returner.resultsCapTable) == 0 && ans.sendMsg != nil && ans.returner.ret.IsValid() {
+		ans.returner.ret.SetNoFinishNeeded(true)
+		ans.flags |= noFinishNeeded
+	}
 
 	select {
 	case <-c.bgctx.Done():
@@ -315,6 +330,11 @@ func (ans *ansent) completeSendReturn(dq *deferred.Queue) error {
 
 	ans.flags |= returnSent
 	if fin {
+		return ans.destroy(dq)
+	}
+	if ans.flags.Contains(noFinishNeeded) && ans.sendMsg != nil {
+		// itx patch: see prepareSendReturn.
+		ans.flags |= finishReceived
 		return ans.destroy(dq)
 	}
 	return nil

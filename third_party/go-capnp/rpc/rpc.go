@@ -910,7 +910,19 @@ func (c *Conn) handleCall(ctx context.Context, in transport.IncomingMessage) err
 			return nil
 		case rpccp.MessageTarget_Which_promisedAnswer:
 			tgtAns := c.lk.answers[p.target.promisedAnswer]
-			if tgtAns == nil || tgtAns.flags.Contains(finishReceived) {
+			if tgtAns == nil {
+				// itx patch: an answer returned with noFinishNeeded is gone
+				// from the table at once (answer.go, prepareSendReturn); a
+				// call pipelined on it that was sent before the caller saw
+				// the Return fails alone instead of aborting the connection.
+				// Its results held no capability, so it could only fail.
+				ans.sendException(dq, rpcerr.Failed(errors.New(
+					"incoming call: answer ID "+str.Utod(p.target.promisedAnswer)+
+						" returned no capabilities to pipeline on, or is unknown")))
+				dq.Defer(in.Release)
+				return nil
+			}
+			if tgtAns.flags.Contains(finishReceived) {
 				ans.returner.ret = rpccp.Return{}
 				ans.sendMsg = nil
 				ans.returner.msgReleaser = nil
@@ -1131,6 +1143,9 @@ func (c *Conn) handleReturn(ctx context.Context, in transport.IncomingMessage) e
 	// the lock; we reassign to c at the top of those functions.
 	unlockedConn := c
 
+	// itx patch: read before the message can be released below.
+	noFinish := ret.NoFinishNeeded()
+
 	return withLockedConn1(c, func(c *lockedConn) error {
 
 		qid := questionID(ret.AnswerId())
@@ -1262,6 +1277,16 @@ func (c *Conn) handleReturn(ctx context.Context, in transport.IncomingMessage) e
 						})
 					}
 
+					if noFinish {
+						// itx patch: the callee needs no Finish
+						// (Return.noFinishNeeded); the ID is reused only
+						// after the same delay, for the same reason.
+						q.flags |= finishSent
+						c.lk.questionID.remove(qid)
+						close(q.finishMsgSend)
+						return
+					}
+
 					// Send finish.
 					c.sendMessage(ctx, func(m rpccp.Message) error {
 						fin, err := m.NewFinish()
@@ -1379,9 +1404,11 @@ func (c *Conn) handleFinish(ctx context.Context, in transport.IncomingMessage) e
 	return withLockedConn1(c, func(c *lockedConn) error {
 		ans := c.lk.answers[id]
 		if ans == nil {
-			return rpcerr.Failed(errors.New(
-				"incoming finish: unknown answer ID " + str.Utod(id),
-			))
+			// itx patch: the Finish of an answer returned with
+			// noFinishNeeded, from a caller that sends it anyway (as
+			// rpc.capnp allows): silently ignored. The caller cannot
+			// have reused the ID before sending it.
+			return nil
 		}
 		if ans.flags.Contains(finishReceived) {
 			return rpcerr.Failed(errors.New(
