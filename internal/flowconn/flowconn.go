@@ -17,6 +17,7 @@
 package flowconn
 
 import (
+	"bufio"
 	"encoding/binary"
 	"errors"
 	"io"
@@ -344,7 +345,7 @@ func New(conn net.Conn, pool *Pool) *Transport {
 }
 
 func newTransport(conn net.Conn, pool *Pool) *Transport {
-	hr := &headerReader{conn: conn}
+	hr := &headerReader{conn: bufio.NewReaderSize(conn, 4096)}
 	codec := &streamCodec{Decoder: capnp.NewDecoder(hr), Encoder: capnp.NewEncoder(conn), Closer: conn}
 	t := &Transport{pool: pool, inner: transport.New(codec), conn: conn, hr: hr, dec: codec.Decoder, writerDone: make(chan struct{}),
 		open: map[uint32]int64{}, finishedEarly: map[uint32]struct{}{}, unfinished: map[uint32]int64{}}

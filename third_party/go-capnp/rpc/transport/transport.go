@@ -7,6 +7,7 @@
 package transport
 
 import (
+	"bufio"
 	"errors"
 	"io"
 
@@ -199,7 +200,9 @@ type streamEncoding interface {
 type basicEncoding struct{}
 
 func (basicEncoding) NewEncoder(w io.Writer) *capnp.Encoder { return capnp.NewEncoder(w) }
-func (basicEncoding) NewDecoder(r io.Reader) *capnp.Decoder { return capnp.NewDecoder(r) }
+func (basicEncoding) NewDecoder(r io.Reader) *capnp.Decoder {
+	return capnp.NewDecoder(bufio.NewReaderSize(r, 4096))
+}
 
 type packedEncoding struct{}
 
