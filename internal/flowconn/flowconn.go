@@ -345,6 +345,8 @@ func New(conn net.Conn, pool *Pool) *Transport {
 }
 
 func newTransport(conn net.Conn, pool *Pool) *Transport {
+	// Buffered: a small message's header and body take one read, not two (at most 4 KiB are
+	// read ahead of the message being decoded while the connection is held back).
 	hr := &headerReader{conn: bufio.NewReaderSize(conn, 4096)}
 	codec := &streamCodec{Decoder: capnp.NewDecoder(hr), Encoder: capnp.NewEncoder(conn), Closer: conn}
 	t := &Transport{pool: pool, inner: transport.New(codec), conn: conn, hr: hr, dec: codec.Decoder, writerDone: make(chan struct{}),
