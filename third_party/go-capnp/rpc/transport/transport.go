@@ -200,6 +200,7 @@ type streamEncoding interface {
 type basicEncoding struct{}
 
 func (basicEncoding) NewEncoder(w io.Writer) *capnp.Encoder { return capnp.NewEncoder(w) }
+
 // itx patch: read through a buffer, so that a small message's header and body (and
 // the next messages, when several arrived together) take one read system call.
 func (basicEncoding) NewDecoder(r io.Reader) *capnp.Decoder {
