@@ -40,6 +40,11 @@ func (s *stream) OpenConnection(ctx context.Context, call schema.Stream_openConn
 	// Counted against the login that opens it by the stream's actor, once the open is decided:
 	// a replace under a key the login holds takes over that connection's place.
 	opts.Opener = s.acc.session
+	if !call.Args().Sink().IsValid() {
+		// Checked before anything is decided: an open that can never deliver must not replace
+		// the connection open under its key.
+		return fail(itx.Errorf(itx.EInvalid, "sink: an open connection needs an EventSink"))
+	}
 	// The argument is released when this method returns: keep our own reference.
 	sinkCap := call.Args().Sink().AddRef()
 	limiter := newPushLimiter()
@@ -294,6 +299,9 @@ func (r *readers) List(ctx context.Context, call schema.Readers_list) error {
 // --- live state ------------------------------------------------------------------------------
 
 func (s *stream) LiveState(ctx context.Context, call schema.Stream_liveState) error {
+	if !call.Args().Subscriber().IsValid() {
+		return errNoSubscriber()
+	}
 	sub := call.Args().Subscriber().AddRef() // the argument is released when this returns
 	call.Go()
 	h, err := attachLive(s.srv, s.acc, sub, func(sink server.LiveSink) (func(), error) {
@@ -308,6 +316,11 @@ func (s *stream) LiveState(ctx context.Context, call schema.Stream_liveState) er
 		return err
 	}
 	return res.SetHandle(h)
+}
+
+// errNoSubscriber refuses a live view with no LiveSubscriber to push to.
+func errNoSubscriber() error {
+	return fail(itx.Errorf(itx.EInvalid, "subscriber: a live view needs a LiveSubscriber"))
 }
 
 // attachLive subscribes a client's LiveSubscriber (its own reference, which it takes over), with
