@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"capnproto.org/go/capnp/v3"
 	"github.com/itx-dev/itx"
@@ -333,7 +334,8 @@ func attachLive(srv *server.Server, acc access, sub schema.LiveSubscriber, subsc
 		return schema.Handle{}, fail(err)
 	}
 	sub.SetFlowLimiter(newPushLimiter())
-	cancel, err := subscribe(&liveSubscriber{client: sub})
+	ls := &liveSubscriber{client: sub}
+	cancel, err := subscribe(ls)
 	if err != nil {
 		untake()
 		sub.Release()
@@ -343,7 +345,7 @@ func attachLive(srv *server.Server, acc access, sub schema.LiveSubscriber, subsc
 		// The session that opened it ended (revoked or expired): say so, bounded.
 		ctx, stop := context.WithTimeout(context.Background(), itx.DeliveryTimeout)
 		defer stop()
-		(&liveSubscriber{client: sub}).Closed(ctx, server.CloseAccessEnded, "the token that opened this live view was revoked or expired")
+		ls.Closed(ctx, server.CloseAccessEnded, "the token that opened this live view was revoked or expired")
 	}), nil
 }
 
@@ -357,7 +359,13 @@ func takeLive(acc access) (func(), error) {
 }
 
 // liveSubscriber adapts a client's LiveSubscriber capability to server.LiveSink.
-type liveSubscriber struct{ client schema.LiveSubscriber }
+type liveSubscriber struct {
+	client schema.LiveSubscriber
+	// told is set by the first closed(): the view ends once, for one reason. (A project's
+	// delete ends its streams, whose views hear streamRemoved, and then its sessions, whose
+	// ending would tell the same view accessEnded after it.)
+	told atomic.Bool
+}
 
 func (l *liveSubscriber) Send(ctx context.Context, f server.LiveFrame) error {
 	if f.Snapshot {
@@ -380,6 +388,9 @@ func (l *liveSubscriber) Send(ctx context.Context, f server.LiveFrame) error {
 
 // Closed tells the subscriber why the server ended its view (server.LiveCloser).
 func (l *liveSubscriber) Closed(ctx context.Context, reason server.CloseReason, message string) {
+	if l.told.Swap(true) {
+		return
+	}
 	fut, release := l.client.Closed(ctx, func(p schema.LiveSubscriber_closed_Params) error {
 		return setClosed(p, reason, message)
 	})

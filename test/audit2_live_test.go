@@ -499,6 +499,54 @@ func TestAudit2_NothingAfterClosed(t *testing.T) {
 	require.Equal(t, "closed closedByClient", log[len(log)-1], "nothing after closed: %v", log)
 }
 
+// A project deleted under an open view: a LiveSubscriber hears streamRemoved, and a connection
+// with state frames hears it too, with nothing after it.
+func TestAudit2_StreamRemovedEndsViewsWithWhy(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	a := client.Admin(ctx, ts.deployment(t))
+	defer a.Release()
+	info, tok, _, err := client.CreateProject(ctx, a, "team-r")
+	require.NoError(t, err)
+	conn := dial(t, ts.addr)
+	keep := conn.Login(ctx, ts.creds.ProjectToken) // keeps the RPC connection
+	defer keep.Release()
+	_, err = client.DescribeProject(ctx, keep)
+	require.NoError(t, err)
+	p := conn.Login(ctx, tok)
+	defer p.Release()
+	s := client.Stream(ctx, p, "/gone")
+	defer s.Release()
+	mustAppend(t, s, ev("a", `{}`))
+	view := &closingLive{}
+	lf, lrel := s.LiveState(ctx, func(p schema.Stream_liveState_Params) error {
+		return p.SetSubscriber(schema.LiveSubscriber_ServerToClient(view))
+	})
+	defer lrel()
+	_, err = lf.Struct()
+	require.NoError(t, err)
+	waitUntil(t, "the first snapshot", func() bool { rev, _ := view.state(); return rev > 0 })
+	sink := &orderedSink{}
+	_, err = openConn(t, s, connOpts{key: "tab"}, sink)
+	require.NoError(t, err)
+	waitUntil(t, "a state frame", func() bool {
+		log, _ := sink.snapshot()
+		return slices.ContainsFunc(log, func(l string) bool { return strings.HasPrefix(l, "state") })
+	})
+	require.NoError(t, client.DeleteProject(ctx, a, info.ID, true))
+	waitUntil(t, "the view heard why", func() bool { return len(view.reasons()) > 0 })
+	// The project's sessions end after its streams: a view told streamRemoved must not then be
+	// told accessEnded too (closed is the last call; one reason to switch on).
+	mustDescribe(t, stream(t, keep, "/other"))
+	_, err = client.DescribeProject(ctx, p)
+	requireCode(t, err, itx.EUnauthenticated)
+	require.Equal(t, []schema.CloseReason{schema.CloseReason_streamRemoved}, view.reasons())
+	waitUntil(t, "the connection heard why", func() bool { _, r := sink.snapshot(); return r != nil })
+	log, r := sink.snapshot()
+	require.Equal(t, schema.CloseReason_streamRemoved, *r)
+	require.Equal(t, "closed streamRemoved", log[len(log)-1], "nothing after closed: %v", log)
+}
+
 // The live state's subscription row shows the retry ladder: lastError and nextAttemptAt while a
 // delivery fails, both gone once it succeeds; the lag follows the confirmed cursor.
 func TestAudit2_LiveRowFollowsTheLadder(t *testing.T) {
@@ -631,4 +679,24 @@ func TestAudit2_WaitOnARemovedReaderEnds(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the barrier still waits on a reader that is gone")
 	}
+}
+
+// closingLive is a liveView that keeps every closed() it hears.
+type closingLive struct {
+	liveView
+	cmu sync.Mutex
+	all []schema.CloseReason
+}
+
+func (l *closingLive) Closed(ctx context.Context, call schema.LiveSubscriber_closed) error {
+	l.cmu.Lock()
+	l.all = append(l.all, call.Args().Why())
+	l.cmu.Unlock()
+	return l.liveView.Closed(ctx, call)
+}
+
+func (l *closingLive) reasons() []schema.CloseReason {
+	l.cmu.Lock()
+	defer l.cmu.Unlock()
+	return slices.Clone(l.all)
 }
