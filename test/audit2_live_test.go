@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -699,4 +700,86 @@ func (l *closingLive) reasons() []schema.CloseReason {
 	l.cmu.Lock()
 	defer l.cmu.Unlock()
 	return slices.Clone(l.all)
+}
+
+// closingSink is an orderedSink that counts the closed() calls it hears.
+type closingSink struct {
+	orderedSink
+	n atomic.Int32
+}
+
+func (k *closingSink) Closed(ctx context.Context, call schema.EventSink_closed) error {
+	k.n.Add(1)
+	return k.orderedSink.Closed(ctx, call)
+}
+
+// Every end is told once, with its own reason: a token revoked tells its connection and its live
+// view accessEnded, once each; a shutdown then tells the views and connections of another login
+// serverShuttingDown, once each.
+func TestAudit2_EachEndIsToldOnce(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	mine := stream(t, ts.project(t), "/audit2/told-once")
+	mustAppend(t, mine, ev("a", `{}`))
+	tok, info := ts.token(t, itx.Scope{})
+	revoked := stream(t, ts.login(t, tok), "/audit2/told-once")
+
+	open := func(s schema.Stream) (*closingSink, *closingLive) {
+		sink := &closingSink{}
+		_, err := openConn(t, s, connOpts{}, sink)
+		require.NoError(t, err)
+		view := &closingLive{}
+		lf, lrel := s.LiveState(ctx, func(p schema.Stream_liveState_Params) error {
+			return p.SetSubscriber(schema.LiveSubscriber_ServerToClient(view))
+		})
+		res, err := lf.Struct()
+		require.NoError(t, err)
+		h := res.Handle().AddRef()
+		t.Cleanup(h.Release)
+		lrel()
+		waitUntil(t, "the first snapshot", func() bool { rev, _ := view.state(); return rev > 0 })
+		return sink, view
+	}
+	rs, rv := open(revoked)
+	ms, mv := open(mine)
+	a := client.Admin(ctx, ts.deployment(t))
+	defer a.Release()
+	require.NoError(t, client.RevokeToken(ctx, a, "default", info.ID))
+	waitUntil(t, "the revoked login's ends told", func() bool { return rs.n.Load() > 0 && len(rv.reasons()) > 0 })
+
+	closeCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	require.NoError(t, ts.srv.Close(closeCtx))
+	waitUntil(t, "the shutdown told", func() bool { return ms.n.Load() > 0 && len(mv.reasons()) > 0 })
+	_, r := rs.snapshot()
+	require.Equal(t, []any{int32(1), schema.CloseReason_accessEnded}, []any{rs.n.Load(), *r})
+	require.Equal(t, []schema.CloseReason{schema.CloseReason_accessEnded}, rv.reasons())
+	_, r = ms.snapshot()
+	require.Equal(t, []any{int32(1), schema.CloseReason_serverShuttingDown}, []any{ms.n.Load(), *r})
+	require.Equal(t, []schema.CloseReason{schema.CloseReason_serverShuttingDown}, mv.reasons())
+}
+
+// A sink that stops answering is closed as a slow consumer after the delivery timeout however
+// large its batches: with megabytes in flight toward it the next batch waits for room, and that
+// wait must not keep the connection from timing out the batches already sent.
+func TestAudit2_StuckSinkWithLargeBatchesIsASlowConsumer(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	s := stream(t, e.p, "/audit2/stuck-large")
+	sink := newTestSink()
+	sink.block = make(chan struct{})
+	defer close(sink.block)
+	c, err := openConn(t, s, connOpts{maxEvents: 3, maxBytes: 8 << 20, noState: true}, sink)
+	require.NoError(t, err)
+	big := strings.Repeat("x", itx.MaxEventBytes-200)
+	for range 3 {
+		mustAppend(t, s, ev("big", fmt.Sprintf(`{"x":%q}`, big)), ev("big", fmt.Sprintf(`{"x":%q}`, big)))
+	}
+	waitUntil(t, "closed as a slow consumer", func() bool {
+		e.clock.Advance(itx.DeliveryTimeout)
+		_, _, err := ping(t, c)
+		return err != nil
+	})
+	_, _, err = ping(t, c)
+	requireCode(t, err, itx.EFailedPrecondition)
+	require.Contains(t, err.Error(), "slowConsumer")
 }
