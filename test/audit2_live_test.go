@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -782,4 +783,150 @@ func TestAudit2_StuckSinkWithLargeBatchesIsASlowConsumer(t *testing.T) {
 	_, _, err = ping(t, c)
 	requireCode(t, err, itx.EFailedPrecondition)
 	require.Contains(t, err.Error(), "slowConsumer")
+}
+
+// Subscriptions never receive ephemeral events and their cursors pass over them: a caught-up
+// subscription shows no lag after ephemeral appends, in subscriptions.list, the live state and
+// the stream's standing.
+func TestAudit2_EphemeralTailLeavesNoSubscriptionLag(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	s := stream(t, e.p, "/audit2/eph-lag")
+	h := newHook(t, nil)
+	mustAppend(t, s, ev("a", `{}`))
+	e.configure(t, s, client.SubscriptionConfig{Name: "hook", Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
+	mustAppend(t, s, ev("a", `{}`))
+	e.waitProcessed(t, s, "hook", 3)
+	typing := ev("typing", `{}`)
+	typing.Ephemeral = true
+	res := mustAppend(t, s, typing, typing)
+	head := res.Offsets[1]
+	require.Equal(t, int64(5), head)
+	e.waitProcessed(t, s, "hook", head)
+	view, _ := watchLive(t, s)
+	waitUntil(t, "no lag in the live state", func() bool {
+		_, doc := view.state()
+		subs, _ := doc["subscriptions"].(map[string]any)
+		row, _ := subs["hook"].(map[string]any)
+		return doc["head"] == float64(head) && row["lag"] == float64(0) && row["confirmed"] == float64(head)
+	})
+	rows := e.list(t, s)
+	require.Len(t, rows, 1)
+	require.Zero(t, rows[0].Lag)
+	require.Zero(t, mustDescribe(t, s).MaxLag)
+	require.Equal(t, []int64{1, 2, 3}, h.distinct(), "no ephemeral event delivered")
+}
+
+// An open refused for its login's bound leaves the connection open under its key alone, even
+// one another login opened.
+func TestAudit2_RefusedForTheLoginsBoundReplacesNothing(t *testing.T) {
+	ts := startServer(t, server.Config{MaxLivePerSession: 1})
+	a := stream(t, ts.project(t), "/audit2/bound-replace")
+	b := stream(t, ts.project(t), "/audit2/bound-replace")
+	mustAppend(t, a, ev("e", `{}`))
+	held := newTestSink()
+	c, err := openConn(t, a, connOpts{key: "tab", noState: true}, held)
+	require.NoError(t, err)
+	_, err = openConn(t, b, connOpts{key: "x", noState: true}, newTestSink())
+	require.NoError(t, err)
+	_, err = openConn(t, b, connOpts{key: "tab", noState: true}, newTestSink())
+	requireCode(t, err, itx.ELimitExceeded)
+	_, _, err = ping(t, c)
+	require.NoError(t, err)
+	require.Nil(t, held.closeReason())
+	mustAppend(t, a, ev("e", `{}`))
+	waitUntil(t, "it still receives", func() bool { return len(held.offsets()) == 2 })
+}
+
+// A model check of what each connection receives, over a seeded mix of appends (durable and
+// ephemeral, of several types, one to seven a call) and connections opened between them with
+// random options (after, types, caps, includeEphemeral), some sinks slow, more than the tail's
+// short path serves: each gets exactly the events after its offset that its filter matches, the
+// ephemeral ones only if appended after it opened or asked for, in offset order, once, in
+// batches within its caps.
+func TestAudit2_ConnectionsAgainstAModel(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	s := stream(t, ts.project(t), "/audit2/model")
+	rng := rand.New(rand.NewPCG(2026, 9))
+	types := []string{"a", "b", "c"}
+	type appended struct {
+		offset    int64
+		typ       string
+		ephemeral bool
+	}
+	var log []appended
+	appendSome := func() {
+		n := 1 + rng.IntN(7)
+		var in []itx.EventInput
+		for range n {
+			e := ev(types[rng.IntN(len(types))], fmt.Sprintf(`{"r":%d}`, rng.IntN(1000)))
+			e.Ephemeral = rng.IntN(3) == 0
+			in = append(in, e)
+		}
+		res := mustAppend(t, s, in...)
+		for i, o := range res.Offsets {
+			log = append(log, appended{o, in[i].Type, in[i].Ephemeral})
+		}
+	}
+	type opened struct {
+		opts     connOpts
+		openedAt int64
+		sink     *testSink
+		c        schema.Connection
+	}
+	var conns []*opened
+	for range 3 {
+		appendSome()
+	}
+	for i := range 14 {
+		head := int64(0)
+		if len(log) > 0 {
+			head = log[len(log)-1].offset
+		}
+		o := connOpts{after: uint64(rng.Int64N(head + 1)), maxEvents: uint32(rng.IntN(4)), noState: true,
+			includeEphemeral: rng.IntN(2) == 0}
+		if rng.IntN(2) == 0 {
+			o.types = []string{types[rng.IntN(len(types))]}
+		}
+		if rng.IntN(3) == 0 {
+			o.maxBytes = uint32(1 + rng.IntN(200))
+		}
+		sink := newTestSink()
+		if i%4 == 0 {
+			sink.block = make(chan struct{}) // slow: released after the appends
+		}
+		c, err := openConn(t, s, o, sink)
+		require.NoError(t, err)
+		conns = append(conns, &opened{opts: o, openedAt: head, sink: sink, c: c})
+		appendSome()
+		appendSome()
+	}
+	for _, k := range conns {
+		if k.sink.block != nil {
+			close(k.sink.block)
+		}
+	}
+	head := log[len(log)-1].offset
+	for i, k := range conns {
+		var want []int64
+		for _, e := range log {
+			switch {
+			case e.offset <= int64(k.opts.after):
+			case len(k.opts.types) > 0 && k.opts.types[0] != e.typ:
+			case e.ephemeral && e.offset <= k.openedAt && !k.opts.includeEphemeral:
+			default:
+				want = append(want, e.offset)
+			}
+		}
+		waitUntil(t, fmt.Sprintf("connection %d delivered through the head", i), func() bool {
+			_, d, err := ping(t, k.c)
+			return err == nil && d == head
+		})
+		require.Equal(t, want, k.sink.offsets(), "connection %d %+v opened at %d", i, k.opts, k.openedAt)
+		for _, b := range k.sink.batchList() {
+			if k.opts.maxEvents > 0 {
+				require.LessOrEqual(t, len(b), int(k.opts.maxEvents), "connection %d: a batch within maxDeliveryEvents", i)
+			}
+		}
+		require.Nil(t, k.sink.closeReason(), "connection %d", i)
+	}
 }
