@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"capnproto.org/go/capnp/v3"
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/schema"
@@ -928,5 +930,60 @@ func TestAudit2_ConnectionsAgainstAModel(t *testing.T) {
 			}
 		}
 		require.Nil(t, k.sink.closeReason(), "connection %d", i)
+	}
+}
+
+// Opens under one key sent on one Stream capability without waiting take effect in the order
+// sent: the last one is the connection left open, every earlier one is closed as replaced.
+func TestAudit2_PipelinedOpensUnderOneKeyKeepTheLast(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(8))
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	s := stream(t, ts.project(t), "/audit2/pipelined-opens")
+	mustAppend(t, s, ev("a", `{}`))
+	for round := range 10 {
+		const n = 8
+		sinks := make([]*testSink, n)
+		var futs []schema.Stream_openConnection_Results_Future
+		var rels []capnp.ReleaseFunc
+		for i := range n {
+			sinks[i] = newTestSink()
+			fut, rel := s.OpenConnection(ctx, func(p schema.Stream_openConnection_Params) error {
+				opts, err := p.NewOptions()
+				if err != nil {
+					return err
+				}
+				opts.SetNoState(true)
+				if err := opts.SetKey(fmt.Sprintf("tab-%d", round)); err != nil {
+					return err
+				}
+				return p.SetSink(schema.EventSink_ServerToClient(sinks[i]))
+			})
+			futs, rels = append(futs, fut), append(rels, rel)
+		}
+		var last schema.Connection
+		for i, f := range futs {
+			res, err := f.Struct()
+			require.NoError(t, err)
+			if i == n-1 {
+				last = res.Connection().AddRef()
+				defer last.Release()
+			}
+		}
+		waitUntil(t, "the earlier ones replaced", func() bool {
+			for _, k := range sinks[:n-1] {
+				if r := k.closeReason(); r == nil || *r != schema.CloseReason_replaced {
+					return false
+				}
+			}
+			return true
+		})
+		_, _, err := ping(t, last)
+		require.NoError(t, err, "round %d: the last one sent is open", round)
+		require.Nil(t, sinks[n-1].closeReason(), "round %d", round)
+		for _, rel := range rels[:n-1] {
+			rel()
+		}
+		rels[n-1]()
 	}
 }
