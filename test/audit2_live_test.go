@@ -987,3 +987,28 @@ func TestAudit2_PipelinedOpensUnderOneKeyKeepTheLast(t *testing.T) {
 		rels[n-1]()
 	}
 }
+
+// A connection lives as long as its own capability and session: releasing the Stream capability
+// that opened it (and the project) ends nothing.
+func TestAudit2_ConnectionOutlivesTheStreamCapability(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	conn := dial(t, ts.addr)
+	p := conn.Login(ctx, ts.creds.ProjectToken)
+	s := client.Stream(ctx, p, "/audit2/outlives")
+	mustAppend(t, s, ev("a", `{}`))
+	sink := newTestSink()
+	c, err := openConn(t, s, connOpts{noState: true}, sink)
+	require.NoError(t, err)
+	waitUntil(t, "caught up", func() bool { return len(sink.offsets()) == 1 })
+	s.Release()
+	p.Release()
+	other := stream(t, ts.project(t), "/audit2/outlives")
+	mustAppend(t, other, ev("a", `{}`))
+	waitUntil(t, "still delivering", func() bool { return len(sink.offsets()) == 2 })
+	waitUntil(t, "ping says so", func() bool {
+		_, d, err := ping(t, c)
+		return err == nil && d == 2
+	})
+	require.Nil(t, sink.closeReason())
+}
