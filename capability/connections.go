@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"capnproto.org/go/capnp/v3"
 	"github.com/itx-dev/itx"
@@ -40,6 +41,11 @@ func (s *stream) OpenConnection(ctx context.Context, call schema.Stream_openConn
 	// Counted against the login that opens it by the stream's actor, once the open is decided:
 	// a replace under a key the login holds takes over that connection's place.
 	opts.Opener = s.acc.session
+	if !call.Args().Sink().IsValid() {
+		// Checked before anything is decided: an open that can never deliver must not replace
+		// the connection open under its key.
+		return fail(itx.Errorf(itx.EInvalid, "sink: an open connection needs an EventSink"))
+	}
 	// The argument is released when this method returns: keep our own reference.
 	sinkCap := call.Args().Sink().AddRef()
 	limiter := newPushLimiter()
@@ -294,6 +300,9 @@ func (r *readers) List(ctx context.Context, call schema.Readers_list) error {
 // --- live state ------------------------------------------------------------------------------
 
 func (s *stream) LiveState(ctx context.Context, call schema.Stream_liveState) error {
+	if !call.Args().Subscriber().IsValid() {
+		return errNoSubscriber()
+	}
 	sub := call.Args().Subscriber().AddRef() // the argument is released when this returns
 	call.Go()
 	h, err := attachLive(s.srv, s.acc, sub, func(sink server.LiveSink) (func(), error) {
@@ -310,6 +319,11 @@ func (s *stream) LiveState(ctx context.Context, call schema.Stream_liveState) er
 	return res.SetHandle(h)
 }
 
+// errNoSubscriber refuses a live view with no LiveSubscriber to push to.
+func errNoSubscriber() error {
+	return fail(itx.Errorf(itx.EInvalid, "subscriber: a live view needs a LiveSubscriber"))
+}
+
 // attachLive subscribes a client's LiveSubscriber (its own reference, which it takes over), with
 // a bound on the bytes in flight toward it, and returns the Handle that detaches it. The caller
 // has called call.Go: frames are pushed while the call is still answering.
@@ -320,7 +334,8 @@ func attachLive(srv *server.Server, acc access, sub schema.LiveSubscriber, subsc
 		return schema.Handle{}, fail(err)
 	}
 	sub.SetFlowLimiter(newPushLimiter())
-	cancel, err := subscribe(&liveSubscriber{client: sub})
+	ls := &liveSubscriber{client: sub}
+	cancel, err := subscribe(ls)
 	if err != nil {
 		untake()
 		sub.Release()
@@ -330,7 +345,7 @@ func attachLive(srv *server.Server, acc access, sub schema.LiveSubscriber, subsc
 		// The session that opened it ended (revoked or expired): say so, bounded.
 		ctx, stop := context.WithTimeout(context.Background(), itx.DeliveryTimeout)
 		defer stop()
-		(&liveSubscriber{client: sub}).Closed(ctx, server.CloseAccessEnded, "the token that opened this live view was revoked or expired")
+		ls.Closed(ctx, server.CloseAccessEnded, "the token that opened this live view was revoked or expired")
 	}), nil
 }
 
@@ -344,7 +359,13 @@ func takeLive(acc access) (func(), error) {
 }
 
 // liveSubscriber adapts a client's LiveSubscriber capability to server.LiveSink.
-type liveSubscriber struct{ client schema.LiveSubscriber }
+type liveSubscriber struct {
+	client schema.LiveSubscriber
+	// told is set by the first closed(): the view ends once, for one reason. (A project's
+	// delete ends its streams, whose views hear streamRemoved, and then its sessions, whose
+	// ending would tell the same view accessEnded after it.)
+	told atomic.Bool
+}
 
 func (l *liveSubscriber) Send(ctx context.Context, f server.LiveFrame) error {
 	if f.Snapshot {
@@ -367,6 +388,9 @@ func (l *liveSubscriber) Send(ctx context.Context, f server.LiveFrame) error {
 
 // Closed tells the subscriber why the server ended its view (server.LiveCloser).
 func (l *liveSubscriber) Closed(ctx context.Context, reason server.CloseReason, message string) {
+	if l.told.Swap(true) {
+		return
+	}
 	fut, release := l.client.Closed(ctx, func(p schema.LiveSubscriber_closed_Params) error {
 		return setClosed(p, reason, message)
 	})

@@ -303,6 +303,9 @@ func (p *processor) GetRuntimeState(ctx context.Context, call schema.Processor_g
 }
 
 func (p *processor) LiveState(ctx context.Context, call schema.Processor_liveState) error {
+	if !call.Args().Subscriber().IsValid() {
+		return errNoSubscriber()
+	}
 	sub := call.Args().Subscriber().AddRef() // the argument is released when this returns
 	call.Go()
 	h, err := attachLive(p.srv, p.acc, sub, func(sink server.LiveSink) (func(), error) {
