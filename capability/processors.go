@@ -35,6 +35,9 @@ func (p *processorHosts) Mount(ctx context.Context, call schema.ProcessorHosts_m
 	if err != nil {
 		return badArgs("contracts", err)
 	}
+	if !call.Args().Host().IsValid() {
+		return fail(itx.Errorf(itx.EInvalid, "host: a mount needs a ProcessorHost"))
+	}
 	// The argument is released when this method returns: keep our own reference.
 	hc := call.Args().Host().AddRef()
 	hc.SetFlowLimiter(newPushLimiter())

@@ -347,6 +347,9 @@ func (c *capabilities) Mount(ctx context.Context, call schema.Capabilities_mount
 	if err != nil {
 		return badArgs("name", err)
 	}
+	if !call.Args().Receiver().IsValid() {
+		return fail(itx.Errorf(itx.EInvalid, "receiver: a mount needs a Receiver"))
+	}
 	// The argument is released when this method returns: keep our own reference.
 	rc := call.Args().Receiver().AddRef()
 	// Bound what the server queues toward one receiver (go-capnp has no backpressure by default).

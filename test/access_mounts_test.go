@@ -16,6 +16,7 @@ import (
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
 	_ "github.com/mattn/go-sqlite3"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -440,4 +441,34 @@ func TestAccess_ScopedRemoteHostRunsItsTenantsProcessor(t *testing.T) {
 	hosts := listHosts(t, ts.project(t))
 	require.Len(t, hosts, 1)
 	require.Equal(t, "/tenantB", hosts[0].Scope)
+}
+
+// A mount without the capability to mount is refused invalidArgument (it panicked in the
+// handler: a null Receiver or ProcessorHost reached SetFlowLimiter), and mounts nothing.
+func TestMounts_WithoutACapabilityAreRefused(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	p := ts.project(t)
+
+	caps, release := p.Capabilities(ctx, nil)
+	defer release()
+	fut, rel := caps.Capabilities().Mount(ctx, func(a schema.Capabilities_mount_Params) error {
+		return a.SetName("inbox") // and no receiver
+	})
+	_, err := fut.Struct()
+	rel()
+	requireCode(t, err, itx.EInvalid)
+	list, err := client.ListMounts(ctx, caps.Capabilities())
+	require.NoError(t, err)
+	require.Empty(t, list, "nothing was mounted")
+
+	hosts, hrelease := p.Processors(ctx, nil)
+	defer hrelease()
+	hfut, hrel := hosts.Processors().Mount(ctx, func(a schema.ProcessorHosts_mount_Params) error {
+		return a.SetName("host") // and no host
+	})
+	_, err = hfut.Struct()
+	hrel()
+	requireCode(t, err, itx.EInvalid)
+	require.Zero(t, testutil.CollectAndCount(ts.srv.Metrics().HandlerPanics), "no handler panicked")
 }
