@@ -68,6 +68,13 @@ func TestRun_PipedUsageErrorsExit2(t *testing.T) {
 		{".time bogus\n", "invalidArgument: usage: .time [iso|relative]\n"},
 		{".output yaml\n", "invalidArgument: output: unknown output format \"yaml\" (auto, pretty, json, table); usage: .output [auto|pretty|json|table|wide|fit]\n"},
 		{".help Nope\n", "invalidArgument: help: no interface \"Nope\""},
+		// Words a command does not take were ignored: .reconnect reconnected, .exit left.
+		{".reconnect now\n", "invalidArgument: reconnect: too many arguments; usage: .reconnect\n"},
+		{".exit now\n", "invalidArgument: exit: too many arguments; usage: .exit\n"},
+		{".quit now\n", "invalidArgument: quit: too many arguments; usage: .quit\n"},
+		{".help Stream Streams\n", "invalidArgument: help: too many arguments; usage: .help [interface]\n"},
+		{".time iso relative\n", "invalidArgument: time: too many arguments; usage: .time [iso|relative]\n"},
+		{".output json wide\n", "invalidArgument: output: too many arguments; usage: .output [auto|pretty|json|table|wide|fit]\n"},
 		{"nope\n.tail\n", "ReferenceError: nope is not defined\ninvalidArgument: usage: .tail <path> [--from N | N]\n"},
 	} {
 		code, out, errs := c.run(tc.input + "1 + 1\n")
