@@ -244,3 +244,23 @@ func TestEval_CreateTokenFarExpiry(t *testing.T) {
 	f := s.failure(t, `project.admin.createToken({label: "far", expiresInMs: 9223372036854775807n})`)
 	require.Equal(t, "invalidArgument", f.Code, f.Message)
 }
+
+// A method that takes no arguments refuses one, as an unknown option is refused:
+// subscriptions.list("mirror") listed every subscription, as if it had filtered them.
+func TestEval_NoArgumentMethodsRefuseArguments(t *testing.T) {
+	ts := startServer(t)
+	ts.appendDirect(t, "/a", itx.EventInput{Type: "note"})
+	s := newSession(t, ts)
+	for src, want := range map[string]string{
+		`project.streams.get("/a").subscriptions.list("mirror")`:   `Subscriptions.list: takes no arguments, got a string`,
+		`project.streams.get("/a").readers.list({name: "r"})`:      `Readers.list: takes no arguments, got an object`,
+		`project.streams.get("/a").describe(1)`:                    `Stream.describe: takes no arguments, got a number`,
+		`project.streams.get("/a").listScheduled(undefined, true)`: `Stream.listScheduled: takes no arguments, got a boolean`,
+		`project.describe("x")`:                                    `Project.describe: takes no arguments, got a string`,
+	} {
+		f := s.failure(t, src)
+		require.Equal(t, "invalidArgument", f.Code, "%s: %s", src, f.Message)
+		require.Equal(t, want, f.Message, src)
+	}
+	require.Equal(t, 1.0, s.mustEval(t, `project.streams.get("/a").describe(undefined).headOffset`), "undefined is no argument")
+}

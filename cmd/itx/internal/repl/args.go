@@ -61,7 +61,11 @@ func describeValue(v goja.Value) string {
 		return v.String()
 	}
 	if obj, ok := v.(*goja.Object); ok {
-		return "a " + strings.ToLower(obj.ClassName())
+		class := strings.ToLower(obj.ClassName())
+		if class != "" && strings.ContainsAny(class[:1], "aeiou") {
+			return "an " + class
+		}
+		return "a " + class
 	}
 	switch v.Export().(type) {
 	case string:

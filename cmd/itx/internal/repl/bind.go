@@ -36,6 +36,15 @@ func (b binding) run(ctx context.Context, s *Session, c capnp.Client, p capPath,
 			v, err = nil, panicError(x)
 		}
 	}()
+	if name, _, ok := strings.Cut(b.usage, "()"); ok && !strings.ContainsAny(name, "( ") {
+		// A method that takes nothing refuses what it is given, as an unknown option is
+		// refused: list("mirror") must not list every subscription as if it had filtered.
+		for _, a := range args {
+			if !isAbsent(a) {
+				return nil, itx.Errorf(itx.EInvalid, "%s.%s: takes no arguments, got %s", p.iface, name, describeValue(a))
+			}
+		}
+	}
 	return b.call(ctx, s, c, p, args)
 }
 
