@@ -264,3 +264,14 @@ func TestEval_NoArgumentMethodsRefuseArguments(t *testing.T) {
 	}
 	require.Equal(t, 1.0, s.mustEval(t, `project.streams.get("/a").describe(undefined).headOffset`), "undefined is no argument")
 }
+
+// A value that cannot be encoded as JSON is named once by its code: the message read
+// "append: payload: itx.invalidArgument: the value is nested too deeply ...", a code inside the
+// message of an error that prints its own.
+func TestEval_UnencodableValueHasOneCode(t *testing.T) {
+	ts := startServer(t)
+	s := newSession(t, ts)
+	f := s.failure(t, `var o = {}; o.o = o; project.streams.get("/a").append({type: "x", payload: o})`)
+	require.Equal(t, "invalidArgument", f.Code, f.Message)
+	require.Equal(t, "append: payload: the value is nested too deeply (or refers to itself) to encode as JSON", f.Message)
+}

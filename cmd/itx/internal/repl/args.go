@@ -191,7 +191,7 @@ func (o *options) json(key string) json.RawMessage {
 	}
 	raw, err := o.s.jsonText(v)
 	if err != nil {
-		o.fail(key, "%v", err)
+		o.fail(key, "%s", itx.ErrorMessage(err)) // its code is the options error's
 	}
 	return raw
 }
