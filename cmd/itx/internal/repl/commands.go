@@ -295,7 +295,11 @@ func usage(iface string, m Method) string {
 	if m.Property {
 		return "." + m.Name + " -> " + m.Returns
 	}
-	return m.Name + "(" + strings.Join(m.Params, ", ") + ") -> " + m.Returns
+	call := m.Name + "(" + strings.Join(m.Params, ", ") + ")"
+	if m.Returns == "" {
+		return call // its result is data, which the schema names and this does not
+	}
+	return call + " -> " + m.Returns
 }
 
 // boundInterfaces lists the interfaces reachable from `project`.
