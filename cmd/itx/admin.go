@@ -123,6 +123,9 @@ func runAdmin(args []string, conf resolved, tlsConfig *tls.Config, env environme
 	if len(rest) != want {
 		return usage(false, "itx admin %s: want %d argument(s), got %d", args[0], want, len(rest))
 	}
+	if args[0] == "create-token" && strings.TrimSpace(o.label) == "" {
+		return usage(true, "itx admin create-token: --label is required")
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()

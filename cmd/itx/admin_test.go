@@ -275,6 +275,9 @@ func TestRun_AdminUsageErrorsBeforeConnecting(t *testing.T) {
 		{[]string{"projects", "extra"}, "itx admin projects: want 0 argument(s), got 1"},
 		{[]string{"create-token", "--label", "x", "--expires", "-1h"}, "itx admin create-token: --expires -1h0m0s: want a duration from now (0: never)"},
 		{[]string{"tokens", "--bogus"}, "itx admin tokens: flag provided but not defined: -bogus"},
+		// The label the usage line asks for: it was sent, and refused by itxd (exit 1), or a
+		// connection error when itxd was down.
+		{[]string{"create-token", "--prefix", "/a"}, "itx admin create-token: --label is required"},
 		{nil, "itx admin: want a command (itx admin help)"},
 	} {
 		args := append(append([]string{}, conn...), "admin")

@@ -68,6 +68,13 @@ func TestRun_PipedUsageErrorsExit2(t *testing.T) {
 		{".time bogus\n", "invalidArgument: usage: .time [iso|relative]\n"},
 		{".output yaml\n", "invalidArgument: output: unknown output format \"yaml\" (auto, pretty, json, table); usage: .output [auto|pretty|json|table|wide|fit]\n"},
 		{".help Nope\n", "invalidArgument: help: no interface \"Nope\""},
+		// Words a command does not take were ignored: .reconnect reconnected, .exit left.
+		{".reconnect now\n", "invalidArgument: reconnect: too many arguments; usage: .reconnect\n"},
+		{".exit now\n", "invalidArgument: exit: too many arguments; usage: .exit\n"},
+		{".quit now\n", "invalidArgument: quit: too many arguments; usage: .quit\n"},
+		{".help Stream Streams\n", "invalidArgument: help: too many arguments; usage: .help [interface]\n"},
+		{".time iso relative\n", "invalidArgument: time: too many arguments; usage: .time [iso|relative]\n"},
+		{".output json wide\n", "invalidArgument: output: too many arguments; usage: .output [auto|pretty|json|table|wide|fit]\n"},
 		{"nope\n.tail\n", "ReferenceError: nope is not defined\ninvalidArgument: usage: .tail <path> [--from N | N]\n"},
 	} {
 		code, out, errs := c.run(tc.input + "1 + 1\n")
@@ -209,6 +216,10 @@ func TestRun_JSONUsageErrors(t *testing.T) {
 		{[]string{"tail", "/t", "1", "2"}, "itx tail: too many arguments; usage: itx tail <path> [--from N | N]"},
 		{[]string{"-e", "1", "extra"}, "itx: -e takes no other arguments"},
 		{[]string{"missing-script.js"}, "itx: open missing-script.js: no such file or directory"},
+		// itx's own flags: the flag package printed these as text, with the usage, under --json.
+		{[]string{"--bogus"}, "itx: flag provided but not defined: -bogus"},
+		{[]string{"--output", "yaml"}, `itx: unknown output format "yaml" (auto, pretty, json, table)`},
+		{[]string{"tail", "/t", "--output"}, "itx: flag needs an argument: -output"},
 	} {
 		code, out, errs := c.run("", append(conn, tc.args...)...)
 		require.Equal(t, exitUsage, code, "%v: %s", tc.args, errs)
@@ -223,6 +234,14 @@ func TestRun_JSONUsageErrors(t *testing.T) {
 	code, _, errs := c.run("", "--addr", mustClosedPort(t), "--token", "itx_unused", "tail")
 	require.Equal(t, exitUsage, code)
 	require.Equal(t, "usage: itx tail <path> [--from N | N]\n", errs, "text without --json, as before")
+
+	// --json after the flag the parse stopped at asks for JSON too.
+	code, _, errs = c.run("", "--addr", mustClosedPort(t), "--bogus", "--json")
+	require.Equal(t, exitUsage, code)
+	require.JSONEq(t, `{"error": {"code": "invalidArgument", "message": "itx: flag provided but not defined: -bogus"}}`, errs)
+	code, _, errs = c.run("", "--addr", mustClosedPort(t), "--bogus")
+	require.Equal(t, exitUsage, code)
+	require.True(t, strings.HasPrefix(errs, "flag provided but not defined: -bogus\nUsage:\n"), "text without --json, with the usage: %q", errs)
 }
 
 // Under --json every command's output is JSON a script can read: .help (with and without an

@@ -364,7 +364,7 @@ func TestEval_Session(t *testing.T) {
 
 	t.Run("commands", func(t *testing.T) {
 		require.NoError(t, s.RunCommand(context.Background(), "help Stream"))
-		require.Contains(t, s.out.String(), "append(event | [events], {expectedHeadOffset}?)")
+		require.Contains(t, s.out.String(), "append(event | [events], {expectedHeadOffset, conditional}?)")
 		require.Contains(t, s.out.String(), ".subscriptions -> Subscriptions")
 		require.Equal(t, "invalidArgument", repl.Describe(s.RunCommand(context.Background(), "nope")).Code)
 		require.Equal(t, "invalidArgument", repl.Describe(s.RunCommand(context.Background(), "tail")).Code)

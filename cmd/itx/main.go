@@ -11,6 +11,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -82,7 +83,10 @@ const (
 
 func run(args []string, env environment) int {
 	fs := flag.NewFlagSet("itx", flag.ContinueOnError)
-	fs.SetOutput(env.stderr)
+	// The flag package prints a parse error and the usage as it parses; held back here, so
+	// that under --json the error prints as every other error does instead.
+	var parseOut bytes.Buffer
+	fs.SetOutput(&parseOut)
 	var st settings
 	fs.StringVar(&st.addr, "addr", "", "itxd address host:port (env ITX_ADDR; default "+defaultAddr+")")
 	fs.StringVar(&st.token, "token", "", "project token (env ITX_TOKEN; default: the config file, then <data>/credentials.json)")
@@ -99,7 +103,7 @@ func run(args []string, env environment) int {
 	noColor := fs.Bool("no-color", false, "never color errors (NO_COLOR does the same)")
 	wide := fs.Bool("wide", false, "print tables at full width instead of cutting columns to the terminal (.output wide)")
 	fs.Usage = func() {
-		fmt.Fprint(env.stderr, `Usage:
+		fmt.Fprint(fs.Output(), `Usage:
   itx [flags]                        interactive session
   itx [flags] -e 'expression'        evaluate one expression and print its result
   itx [flags] script.js [args...]    run a script; - reads it from stdin
@@ -124,10 +128,16 @@ Flags:
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			env.stderr.Write(parseOut.Bytes())
 			return exitOK
 		}
+		if *jsonOut || asksJSON(args) {
+			return usageText(env.stderr, "itx: "+err.Error(), true)
+		}
+		env.stderr.Write(parseOut.Bytes())
 		return exitUsage
 	}
+	fs.SetOutput(env.stderr)
 	// A command (itx admin, itx tail, ...) may be followed by itx's own flags too.
 	var sub string
 	var subArgs []string
@@ -136,15 +146,13 @@ Flags:
 			sub = fs.Arg(0)
 			var err error
 			if subArgs, err = takeGlobalFlags(fs, fs.Args()[1:], commandValueFlags[sub]); err != nil {
-				fmt.Fprintln(env.stderr, "itx:", err)
-				return exitUsage
+				return usageText(env.stderr, "itx: "+err.Error(), *jsonOut)
 			}
 		}
 	}
 	format, err := repl.ParseFormat(*output)
 	if err != nil {
-		fmt.Fprintln(env.stderr, "itx:", err)
-		return exitUsage
+		return usageText(env.stderr, "itx: "+err.Error(), *jsonOut)
 	}
 	if *jsonOut {
 		format = repl.FormatJSON
@@ -306,6 +314,20 @@ Flags:
 		return exitError
 	}
 	return exitOK
+}
+
+// asksJSON reports whether args ask for --json anywhere before "--": a parse stopped at a bad
+// flag has not read the ones after it.
+func asksJSON(args []string) bool {
+	for _, a := range args {
+		switch a {
+		case "--":
+			return false
+		case "-json", "--json", "-json=true", "--json=true":
+			return true
+		}
+	}
+	return false
 }
 
 // commandValueFlags are the flags of a command that take a value as the next argument

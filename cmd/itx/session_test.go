@@ -210,6 +210,7 @@ func TestHelp_NamesEveryOption(t *testing.T) {
 	for _, c := range []struct{ iface, method, call string }{
 		{"Subscriptions", "configure", `project.streams.get("/a").subscriptions.configure({bogus: 1})`},
 		{"Stream", "openConnection", `project.streams.get("/a").openConnection({bogus: 1})`},
+		{"Stream", "append", `project.streams.get("/a").append({type: "x"}, {bogus: 1})`},
 		{"Stream", "getEvents", `project.streams.get("/a").getEvents({bogus: 1})`},
 		{"Stream", "waitForEvent", `project.streams.get("/a").waitForEvent({bogus: 1})`},
 		{"Stream", "schedule", `project.streams.get("/a").schedule({event: {}, bogus: 1})`},
@@ -243,4 +244,50 @@ func TestEval_CreateTokenFarExpiry(t *testing.T) {
 	}
 	f := s.failure(t, `project.admin.createToken({label: "far", expiresInMs: 9223372036854775807n})`)
 	require.Equal(t, "invalidArgument", f.Code, f.Message)
+}
+
+// A method that takes no arguments refuses one, as an unknown option is refused:
+// subscriptions.list("mirror") listed every subscription, as if it had filtered them.
+func TestEval_NoArgumentMethodsRefuseArguments(t *testing.T) {
+	ts := startServer(t)
+	ts.appendDirect(t, "/a", itx.EventInput{Type: "note"})
+	s := newSession(t, ts)
+	for src, want := range map[string]string{
+		`project.streams.get("/a").subscriptions.list("mirror")`:   `Subscriptions.list: takes no arguments, got a string`,
+		`project.streams.get("/a").readers.list({name: "r"})`:      `Readers.list: takes no arguments, got an object`,
+		`project.streams.get("/a").describe(1)`:                    `Stream.describe: takes no arguments, got a number`,
+		`project.streams.get("/a").listScheduled(undefined, true)`: `Stream.listScheduled: takes no arguments, got a boolean`,
+		`project.describe("x")`:                                    `Project.describe: takes no arguments, got a string`,
+	} {
+		f := s.failure(t, src)
+		require.Equal(t, "invalidArgument", f.Code, "%s: %s", src, f.Message)
+		require.Equal(t, want, f.Message, src)
+	}
+	require.Equal(t, 1.0, s.mustEval(t, `project.streams.get("/a").describe(undefined).headOffset`), "undefined is no argument")
+}
+
+// A value that cannot be encoded as JSON is named once by its code: the message read
+// "append: payload: itx.invalidArgument: the value is nested too deeply ...", a code inside the
+// message of an error that prints its own.
+func TestEval_UnencodableValueHasOneCode(t *testing.T) {
+	ts := startServer(t)
+	s := newSession(t, ts)
+	f := s.failure(t, `var o = {}; o.o = o; project.streams.get("/a").append({type: "x", payload: o})`)
+	require.Equal(t, "invalidArgument", f.Code, f.Message)
+	require.Equal(t, "append: payload: the value is nested too deeply (or refers to itself) to encode as JSON", f.Message)
+}
+
+// append's options read as the Go client's AppendOptions: an expectedHeadOffset alone makes the
+// append conditional, and conditional: false, said outright, makes it unconditional whatever the
+// expected head (it was conditional all the same, an offsetConflict the caller had turned off).
+func TestEval_AppendConditionalFalseIsUnconditional(t *testing.T) {
+	ts := startServer(t)
+	ts.appendDirect(t, "/a", itx.EventInput{Type: "note"})
+	s := newSession(t, ts)
+	f := s.failure(t, `project.streams.get("/a").append({type: "x"}, {expectedHeadOffset: 0})`)
+	require.Equal(t, "offsetConflict", f.Code, f.Message)
+	f = s.failure(t, `project.streams.get("/a").append({type: "x"}, {conditional: true})`)
+	require.Equal(t, "offsetConflict", f.Code, "conditional alone expects an empty stream: %s", f.Message)
+	require.Equal(t, 2.0, s.mustEval(t, `project.streams.get("/a").append({type: "x"}, {conditional: false, expectedHeadOffset: 0}).headOffset`))
+	require.Equal(t, 3.0, s.mustEval(t, `project.streams.get("/a").append({type: "x"}, {conditional: true, expectedHeadOffset: 2}).headOffset`))
 }

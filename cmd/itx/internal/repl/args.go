@@ -61,7 +61,11 @@ func describeValue(v goja.Value) string {
 		return v.String()
 	}
 	if obj, ok := v.(*goja.Object); ok {
-		return "a " + strings.ToLower(obj.ClassName())
+		class := strings.ToLower(obj.ClassName())
+		if class != "" && strings.ContainsAny(class[:1], "aeiou") {
+			return "an " + class
+		}
+		return "a " + class
 	}
 	switch v.Export().(type) {
 	case string:
@@ -187,7 +191,7 @@ func (o *options) json(key string) json.RawMessage {
 	}
 	raw, err := o.s.jsonText(v)
 	if err != nil {
-		o.fail(key, "%v", err)
+		o.fail(key, "%s", itx.ErrorMessage(err)) // its code is the options error's
 	}
 	return raw
 }

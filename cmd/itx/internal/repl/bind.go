@@ -36,6 +36,15 @@ func (b binding) run(ctx context.Context, s *Session, c capnp.Client, p capPath,
 			v, err = nil, panicError(x)
 		}
 	}()
+	if name, _, ok := strings.Cut(b.usage, "()"); ok && !strings.ContainsAny(name, "( ") {
+		// A method that takes nothing refuses what it is given, as an unknown option is
+		// refused: list("mirror") must not list every subscription as if it had filtered.
+		for _, a := range args {
+			if !isAbsent(a) {
+				return nil, itx.Errorf(itx.EInvalid, "%s.%s: takes no arguments, got %s", p.iface, name, describeValue(a))
+			}
+		}
+	}
 	return b.call(ctx, s, c, p, args)
 }
 
@@ -49,7 +58,7 @@ var bindings = map[string]map[string]binding{
 		"list": {"list(prefix?, after?, limit?) or list({prefix, after, limit}) -> [{path, streamId, headOffset, ...}] (every page unless limit is given)", streamsList},
 	},
 	"Stream": {
-		"append":                {"append(event | [events], {expectedHeadOffset}?) -> {offsets, duplicate, headOffset, streamId}", streamAppend},
+		"append":                {"append(event | [events], {expectedHeadOffset, conditional}?) -> {offsets, duplicate, headOffset, streamId} (an expectedHeadOffset makes it conditional: offsetConflict unless the head is that offset; conditional: true alone expects an empty stream, false turns it off)", streamAppend},
 		"getEvents":             {"getEvents(after?, limit?) or getEvents({after, before, limit, types, includeEphemeral, all}) -> [events] (one page of at most 500 events or 4 MiB; all: true reads every page)", streamGetEvents},
 		"getEventPage":          {"getEventPage(after?, limit?) or getEventPage({after, before, limit, types, includeEphemeral}) -> {events, streamId, streamMaxOffset, nextAfter}", streamGetEventPage},
 		"waitForEvent":          {"waitForEvent(types?, after?, timeoutMs?) or waitForEvent({types, payloadContains, where, after, timeoutMs, includeEphemeral}) -> event", streamWaitForEvent},
@@ -380,7 +389,12 @@ func streamAppend(ctx context.Context, s *Session, c capnp.Client, _ capPath, ar
 	if err != nil {
 		return nil, err
 	}
-	opts := itx.AppendOptions{Conditional: o.has("expectedHeadOffset") || o.bool("conditional"), ExpectedHeadOffset: o.uint("expectedHeadOffset")}
+	// An expected head alone asks for a conditional append; conditional, when given, decides,
+	// as AppendOptions.Conditional does in Go.
+	opts := itx.AppendOptions{Conditional: o.has("expectedHeadOffset"), ExpectedHeadOffset: o.uint("expectedHeadOffset")}
+	if o.has("conditional") {
+		opts.Conditional = o.bool("conditional")
+	}
 	if err := o.err(); err != nil {
 		return nil, err
 	}

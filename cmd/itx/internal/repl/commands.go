@@ -41,7 +41,7 @@ type UsageError struct {
 
 func usageError(name, format string, args ...any) *UsageError {
 	e := &UsageError{Command: name, Problem: fmt.Sprintf(format, args...)}
-	msg := "usage: ." + name + " " + commands[name].Args
+	msg := strings.TrimSpace("usage: ." + name + " " + commands[name].Args)
 	if e.Problem != "" {
 		msg = name + ": " + e.Problem + "; " + msg
 	}
@@ -95,11 +95,11 @@ func Commands() []*Command {
 
 func init() {
 	register(&Command{Name: "help", Args: "[interface]", Help: "show commands, or the methods of an interface (.help Stream)", Run: runHelp})
-	register(&Command{Name: "exit", Help: "leave (Ctrl-D does too)", Run: func(context.Context, *Session, []string) error { return ErrExit }})
+	register(&Command{Name: "exit", Help: "leave (Ctrl-D does too)", Run: leave("exit")})
 	register(&Command{Name: "reconnect", Help: "drop the connection and dial itxd again (variables are kept)", Run: runReconnect})
 	register(&Command{Name: "output", Args: "[auto|pretty|json|table|wide|fit]", Help: "show or set how results print; wide: tables at full width, fit: cut to the terminal", Run: runOutput})
 	register(&Command{Name: "time", Args: "[iso|relative]", Help: "show times in tables as ISO-8601 (the default) or relative to now", Run: runTime})
-	register(&Command{Name: "quit", Help: "leave (as .exit)", Run: func(context.Context, *Session, []string) error { return ErrExit }})
+	register(&Command{Name: "quit", Help: "leave (as .exit)", Run: leave("quit")})
 	register(&Command{Name: "tail", Args: "<path> [--from N | N]", CLI: true,
 		Help: "open a connection and print events as they are appended, until Ctrl-C (default: after the head)", Run: runTail,
 		Check: func(args []string) error { _, err := parseTail(args); return err }})
@@ -195,7 +195,29 @@ func (s *Session) RunCommandArgs(ctx context.Context, name string, args []string
 	return c.Run(ctx, s, args)
 }
 
-func runReconnect(ctx context.Context, s *Session, _ []string) error {
+// atMost refuses a command more than n arguments: a word it does not take is a mistake to
+// report (exit status 2 for piped input), not one to ignore while it reconnects or leaves.
+func atMost(name string, args []string, n int) error {
+	if len(args) > n {
+		return usageError(name, "too many arguments")
+	}
+	return nil
+}
+
+// leave is .exit and .quit.
+func leave(name string) func(context.Context, *Session, []string) error {
+	return func(_ context.Context, _ *Session, args []string) error {
+		if err := atMost(name, args, 0); err != nil {
+			return err
+		}
+		return ErrExit
+	}
+}
+
+func runReconnect(ctx context.Context, s *Session, args []string) error {
+	if err := atMost("reconnect", args, 0); err != nil {
+		return err
+	}
 	return s.reconnect(ctx)
 }
 
@@ -212,6 +234,9 @@ help, exit and quit work without the dot too.
 `
 
 func runHelp(ctx context.Context, s *Session, args []string) error {
+	if err := atMost("help", args, 1); err != nil {
+		return err
+	}
 	w := s.cfg.Out
 	if len(args) > 0 {
 		ifc, ok := s.ifcs[args[0]]
@@ -270,7 +295,11 @@ func usage(iface string, m Method) string {
 	if m.Property {
 		return "." + m.Name + " -> " + m.Returns
 	}
-	return m.Name + "(" + strings.Join(m.Params, ", ") + ") -> " + m.Returns
+	call := m.Name + "(" + strings.Join(m.Params, ", ") + ")"
+	if m.Returns == "" {
+		return call // its result is data, which the schema names and this does not
+	}
+	return call + " -> " + m.Returns
 }
 
 // boundInterfaces lists the interfaces reachable from `project`.
@@ -284,6 +313,9 @@ func boundInterfaces() []string {
 }
 
 func runOutput(ctx context.Context, s *Session, args []string) error {
+	if err := atMost("output", args, 1); err != nil {
+		return err
+	}
 	if len(args) == 0 {
 		width := "fit"
 		if s.cfg.Wide {
@@ -309,6 +341,9 @@ func runOutput(ctx context.Context, s *Session, args []string) error {
 }
 
 func runTime(ctx context.Context, s *Session, args []string) error {
+	if err := atMost("time", args, 1); err != nil {
+		return err
+	}
 	if len(args) == 0 {
 		times := "iso"
 		if s.relativeTimes {

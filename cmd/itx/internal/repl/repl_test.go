@@ -295,3 +295,21 @@ func TestSplitWords(t *testing.T) {
 		require.ErrorAs(t, err, &usage, line)
 	}
 }
+
+// .help of an interface the prompt does not bind shows the schema's methods; one whose result is
+// no capability read "ping() -> ", an arrow to nothing.
+func TestUsage_UnboundMethods(t *testing.T) {
+	for _, tc := range []struct {
+		m    Method
+		want string
+	}{
+		{Method{Name: "ping"}, "ping()"},
+		{Method{Name: "close", Params: []string{"reason"}}, "close(reason)"},
+		{Method{Name: "login", Params: []string{"token"}, Returns: "Project"}, "login(token) -> Project"},
+		{Method{Name: "streams", Returns: "Streams", Property: true}, ".streams -> Streams"},
+	} {
+		if got := usage("Connection", tc.m); got != tc.want {
+			t.Errorf("usage(%+v) = %q, want %q", tc.m, got, tc.want)
+		}
+	}
+}
