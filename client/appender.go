@@ -53,8 +53,12 @@ func (f *AppendFuture) Wait(ctx context.Context) (itx.AppendResult, error) {
 
 // Append sends one atomic append, waiting first for a free slot when maxInFlight calls are
 // unanswered, and returns its future without waiting for the answer. ctx bounds the wait for a
-// slot and the call itself.
+// slot and the call itself. An append itxd would refuse as too large is refused here, before it
+// is sent (as Append does).
 func (a *Appender) Append(ctx context.Context, events []itx.EventInput, opts itx.AppendOptions) (*AppendFuture, error) {
+	if err := checkAppendSize(events); err != nil {
+		return nil, err
+	}
 	select {
 	case a.slots <- struct{}{}:
 	case <-ctx.Done():

@@ -27,9 +27,42 @@ func Stream(ctx context.Context, project schema.Project, path string) schema.Str
 
 // Append appends events atomically and returns once they are durable.
 func Append(ctx context.Context, s schema.Stream, events []itx.EventInput, opts itx.AppendOptions) (itx.AppendResult, error) {
+	if err := checkAppendSize(events); err != nil {
+		return itx.AppendResult{}, err
+	}
 	fut, release := sendAppend(ctx, s, events, opts)
 	defer ReleaseAfter(ctx, release)
 	return awaitAppend(ctx, fut)
+}
+
+// checkAppendSize refuses, before anything is sent, an append itxd would refuse as too large
+// (itx.MaxAppendEvents, itx.MaxAppendBytes, measured as itxd measures them, after
+// normalizing): refused here, it costs no round trip, and one far above the bounds can never
+// reach itxd's bound on one message (--rpc-max-message-bytes), which ends the whole RPC
+// connection instead of failing the call.
+func checkAppendSize(events []itx.EventInput) error {
+	if len(events) > itx.MaxAppendEvents {
+		return itx.Errorf(itx.ETooLarge, "append has %d events, at most %d", len(events), itx.MaxAppendEvents)
+	}
+	total := 0
+	for i := range events {
+		total += events[i].Size()
+	}
+	if total <= itx.MaxAppendBytes {
+		return nil // the common case: normalizing only ever shrinks an event
+	}
+	total = 0
+	for i := range events {
+		e := events[i] // a copy: normalizing compacts its payload and metadata
+		if e.Normalize() != nil {
+			return nil // itxd names what is wrong with it
+		}
+		total += e.Size()
+	}
+	if total > itx.MaxAppendBytes {
+		return itx.Errorf(itx.ETooLarge, "append is %d bytes, at most %d", total, itx.MaxAppendBytes)
+	}
+	return nil
 }
 
 // sendAppend sends an append call without waiting for its answer: calls on one capability reach

@@ -255,3 +255,36 @@ func TestProcessorHosts_AnnouncedContractsAreBounded(t *testing.T) {
 }
 
 func (idleHost) Stop(context.Context, schema.ProcessorHost_stop) error { return nil }
+
+// An append too large for itxd is refused by the client before it is sent, with the error itxd
+// gives (tooLarge), and the RPC connection goes on: one above the message bound
+// (--rpc-max-message-bytes, 16 MiB) used to end the whole connection, every capability on it
+// with it.
+func TestAppend_TooLargeIsRefusedAndTheConnectionLives(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	s := stream(t, ts.project(t), "/bounds/huge")
+	ctx := ctxT(t)
+	payload := `{"x":"` + strings.Repeat("x", itx.MaxEventBytes-64) + `"}`
+	huge := make([]itx.EventInput, 17) // 17 MiB: above the message bound as well
+	for i := range huge {
+		huge[i] = ev("big", payload)
+	}
+	_, err := client.Append(ctx, s, huge, itx.AppendOptions{})
+	requireCode(t, err, itx.ETooLarge)
+
+	// Refused the same by the pipelining appender, and by itxd itself for a batch the
+	// client cannot size up front (whitespace compacted away: 9 MiB raw, 8 MiB + 4 events
+	// stored; the client sends it and itxd refuses it).
+	a := client.NewAppender(s, 4)
+	_, err = a.Append(ctx, huge, itx.AppendOptions{})
+	requireCode(t, err, itx.ETooLarge)
+	spaced := make([]itx.EventInput, 9)
+	for i := range spaced {
+		spaced[i] = ev("big", `{"x":"`+strings.Repeat("x", (itx.MaxAppendBytes+64)/8)+`"}`+strings.Repeat(" ", 100_000))
+	}
+	_, err = client.Append(ctx, s, spaced, itx.AppendOptions{})
+	requireCode(t, err, itx.ETooLarge)
+
+	res := mustAppend(t, s, ev("small", `{}`))
+	require.Equal(t, []int64{1}, res.Offsets, "nothing of the refused appends was written, and the connection serves calls")
+}
