@@ -1,0 +1,702 @@
+package test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/processors/examples"
+	"github.com/itx-dev/itx/schema"
+	"github.com/stretchr/testify/require"
+)
+
+// crashSeed picks a seed for a random kill point and logs it, so a failure names its kill point.
+func crashSeed(t *testing.T) *rand.Rand {
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	return rand.New(rand.NewPCG(seed, seed))
+}
+
+// keyedBatch is one append call a worker sent, every event under its own idempotency key, and
+// what came back (nil offsets: no answer, the kill came first).
+type keyedBatch struct {
+	events  []itx.EventInput
+	offsets []int64
+}
+
+// kill -9 at a random point of a keyed load into a stream that copies itself into a mirror:
+// after the restart, every batch sent (answered or not) is sent again under its keys. An answered
+// one returns its original offsets, all duplicates; an unanswered one is all duplicates or all new
+// (an append is atomic). The log then holds every key exactly once with no gap, and the mirror
+// holds every source event exactly once. A conditional append then commits only at the true head.
+func TestCrash_Kill9RetriedKeysLandOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real itxd processes")
+	}
+	rng := crashSeed(t)
+	dataDir := t.TempDir()
+	proc := startItxd(t, dataDir)
+	ctx := ctxT(t)
+	p := loginItxd(t, proc)
+	src := stream(t, p, "/keys")
+	subs := client.Subscriptions(ctx, src)
+	_, _, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "mirror", FilterTypes: []string{"k"},
+		Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: "/keys-mirror"}})
+	require.NoError(t, err)
+	subs.Release()
+
+	const workers = 6
+	warm := 100 + rng.IntN(900)
+	sent := make([][]*keyedBatch, workers)
+	var mu sync.Mutex
+	acked := 0
+	running := make(chan struct{})
+	var once sync.Once
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			conn, err := client.Dial(context.Background(), proc.addr)
+			if err != nil {
+				return
+			}
+			defer conn.Close()
+			pw := conn.Login(context.Background(), proc.creds.ProjectToken)
+			defer pw.Release()
+			s := client.Stream(context.Background(), pw, "/keys")
+			defer s.Release()
+			for i := 0; ; i++ {
+				b := &keyedBatch{}
+				for j := range 1 + i%4 {
+					b.events = append(b.events, keyed("k", fmt.Sprintf(`{"w":%d,"i":%d,"j":%d}`, w, i, j), fmt.Sprintf("w%d-i%d-j%d", w, i, j)))
+				}
+				sent[w] = append(sent[w], b)
+				res, err := client.Append(context.Background(), s, b.events, itx.AppendOptions{})
+				if err != nil {
+					return
+				}
+				b.offsets = res.Offsets
+				mu.Lock()
+				acked += len(res.Offsets)
+				if acked >= warm {
+					once.Do(func() { close(running) })
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	<-running
+	proc.kill9(t)
+	wg.Wait()
+	t.Logf("killed after %d acknowledged events (warm %d)", acked, warm)
+
+	proc = startItxd(t, dataDir)
+	p = loginItxd(t, proc)
+	src = stream(t, p, "/keys")
+	keys := 0
+	for w := range sent {
+		for _, b := range sent[w] {
+			keys += len(b.events)
+			res, err := client.Append(ctx, src, b.events, itx.AppendOptions{})
+			require.NoError(t, err)
+			if b.offsets != nil {
+				require.Equal(t, b.offsets, res.Offsets, "an acknowledged batch retried returns its original offsets")
+				require.Equal(t, []bool{true}, compactBools(res.Duplicate), "every event of an acknowledged batch is a duplicate")
+				continue
+			}
+			dup := compactBools(res.Duplicate)
+			require.Len(t, dup, 1, "an unanswered batch landed in part: %v", res.Duplicate)
+		}
+	}
+	all, err := client.ReadAll(ctx, src, itx.Query{Types: []string{"k"}})
+	require.NoError(t, err)
+	require.Len(t, all, keys, "every key exactly once")
+	seen := map[string]bool{}
+	for _, e := range all {
+		require.False(t, seen[e.IdempotencyKey], "key %s twice", e.IdempotencyKey)
+		seen[e.IdempotencyKey] = true
+	}
+	info, err := client.Describe(ctx, src)
+	require.NoError(t, err)
+	require.Equal(t, int64(keys+1), info.HeadOffset, "no gap: the configure and the keys")
+
+	// Conditional appends go by the head the restart found.
+	_, err = client.Append(ctx, src, []itx.EventInput{ev("c", `{}`)}, itx.AppendOptions{Conditional: true, ExpectedHeadOffset: info.HeadOffset - 1})
+	requireCode(t, err, itx.EOffsetConflict)
+	res, err := client.Append(ctx, src, []itx.EventInput{ev("c", `{}`)}, itx.AppendOptions{Conditional: true, ExpectedHeadOffset: info.HeadOffset})
+	require.NoError(t, err)
+	require.Equal(t, []int64{info.HeadOffset + 1}, res.Offsets)
+	// A retry whose every event is a duplicate is answered from the log whatever the head.
+	first := sent[0][0]
+	res, err = client.Append(ctx, src, first.events, itx.AppendOptions{Conditional: true, ExpectedHeadOffset: 1})
+	require.NoError(t, err)
+	require.Equal(t, []bool{true}, compactBools(res.Duplicate))
+
+	// The mirror: each source event exactly once, in source order.
+	sub := client.Subscription(ctx, src, "mirror")
+	defer sub.Release()
+	_, err = client.WaitUntilProcessed(ctx, sub, info.HeadOffset, 20*time.Second)
+	require.NoError(t, err)
+	copies, err := client.ReadAll(ctx, stream(t, p, "/keys-mirror"), itx.Query{Types: []string{"k"}})
+	require.NoError(t, err)
+	require.Len(t, copies, keys, "each source event copied exactly once")
+	for i, c := range copies {
+		require.Equal(t, all[i].Offset, c.Provenance[0].Offset, "copies in source order")
+	}
+}
+
+// compactBools is xs with runs of one value collapsed: [true] says all true.
+func compactBools(xs []bool) []bool {
+	var out []bool
+	for _, x := range xs {
+		if len(out) == 0 || out[len(out)-1] != x {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// describeSub describes one subscription of s.
+func describeSub(t *testing.T, s schema.Stream, name string) itx.SubscriptionDescription {
+	t.Helper()
+	ctx := ctxT(t)
+	sub := client.Subscription(ctx, s, name)
+	defer sub.Release()
+	d, err := client.DescribeSubscription(ctx, sub)
+	require.NoError(t, err)
+	return d
+}
+
+// kill -9 while an itx-call receiver holds a delivery unanswered: after the restart nothing is
+// mounted, so the subscription parks (no attempt burnt, the cursor short of the unanswered event)
+// and says why; the next mount resumes it, and every event, the unanswered one included, arrives
+// at least once, first deliveries in offset order.
+func TestCrash_Kill9ItxCallInFlightIsDeliveredAgain(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real itxd processes")
+	}
+	dataDir := t.TempDir()
+	proc := startItxd(t, dataDir)
+	ctx := ctxT(t)
+	s := stream(t, loginItxd(t, proc), "/calls-crash")
+	subs := client.Subscriptions(ctx, s)
+	_, _, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "app", FilterTypes: []string{"msg"}, MaxDeliveryEvents: 3,
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "inbox"}})
+	require.NoError(t, err)
+	subs.Release()
+	var offsets []int64
+	for i := range 30 {
+		offsets = append(offsets, mustAppend(t, s, ev("msg", fmt.Sprintf(`{"i":%d}`, i))).Offsets...)
+	}
+	hangAt := offsets[17]
+	var mu sync.Mutex
+	var got []int64
+	hung := make(chan struct{})
+	var hangOnce sync.Once
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	receive := func(ctx context.Context, b itx.DeliveryBatch) (int64, error) {
+		mu.Lock()
+		for _, e := range b.Events {
+			got = append(got, e.Offset)
+		}
+		mu.Unlock()
+		for _, e := range b.Events {
+			if e.Offset == hangAt {
+				hangOnce.Do(func() { close(hung) })
+				select { // the first receiver never answers the batch holding hangAt
+				case <-release:
+				case <-ctx.Done():
+				}
+				return 0, ctx.Err()
+			}
+		}
+		return 0, nil
+	}
+	disconnect := mountReceive(t, proc.addr, proc.creds.ProjectToken, "inbox", receive)
+	<-hung
+	before := describeSub(t, s, "app")
+	require.Less(t, before.ConfirmedOffset, hangAt)
+	// Delivery progress is written lazily (a crash only redelivers), so the restart may find the
+	// cursor behind what describe said here; never past the unanswered event.
+	proc.kill9(t)
+	disconnect()
+	mu.Lock()
+	firstLife := len(got)
+	mu.Unlock()
+
+	proc = startItxd(t, dataDir)
+	s = stream(t, loginItxd(t, proc), "/calls-crash")
+	var parked itx.SubscriptionDescription
+	waitUntil(t, "parked: nothing is mounted after the restart", func() bool {
+		parked = describeSub(t, s, "app")
+		return parked.Status == itx.StatusParked
+	})
+	require.Zero(t, parked.Attempt, "parking burns no attempt")
+	require.NotEmpty(t, parked.LastError)
+	require.Less(t, parked.ConfirmedOffset, hangAt, "the unanswered delivery was not confirmed")
+
+	var again []int64
+	var mu2 sync.Mutex
+	defer mountReceive(t, proc.addr, proc.creds.ProjectToken, "inbox", func(ctx context.Context, b itx.DeliveryBatch) (int64, error) {
+		mu2.Lock()
+		defer mu2.Unlock()
+		for _, e := range b.Events {
+			again = append(again, e.Offset)
+		}
+		return 0, nil
+	})()
+	sub := client.Subscription(ctx, s, "app")
+	defer sub.Release()
+	_, err = client.WaitUntilProcessed(ctx, sub, offsets[len(offsets)-1], 20*time.Second)
+	require.NoError(t, err)
+	mu2.Lock()
+	defer mu2.Unlock()
+	require.Equal(t, firstAfter(offsets, parked.ConfirmedOffset), firstOf(again, offsets), "delivery resumes right after the cursor")
+	seen := map[int64]bool{}
+	for _, o := range again {
+		seen[o] = true
+	}
+	for _, o := range offsets {
+		if o > parked.ConfirmedOffset {
+			require.True(t, seen[o], "offset %d, after the cursor at the restart, delivered after it", o)
+		}
+	}
+	require.True(t, seen[hangAt], "the unanswered event is delivered again")
+	for i := 1; i < len(again); i++ {
+		require.Less(t, again[i-1], again[i], "in offset order, once each while nothing fails")
+	}
+	t.Logf("%d deliveries before the kill, %d after; cursor %d at the restart", firstLife, len(again), parked.ConfirmedOffset)
+}
+
+// firstAfter is the first of offsets above after (0: none).
+func firstAfter(offsets []int64, after int64) int64 {
+	for _, o := range offsets {
+		if o > after {
+			return o
+		}
+	}
+	return 0
+}
+
+// firstOf is the first of got that is one of the offsets wanted (0: none).
+func firstOf(got, wanted []int64) int64 {
+	for _, g := range got {
+		for _, w := range wanted {
+			if g == w {
+				return g
+			}
+		}
+	}
+	return 0
+}
+
+// kill -9 at a random point of a storm of cursor-sets on a parked subscription and checkpoint
+// moves of a registered reader: after the restart the cursor is where the last answered cursor-set
+// put it (or the unanswered one after it), and the checkpoint likewise.
+func TestCrash_Kill9KeepsAnsweredCursorSetsAndCheckpoints(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real itxd processes")
+	}
+	rng := crashSeed(t)
+	dataDir := t.TempDir()
+	proc := startItxd(t, dataDir)
+	ctx := ctxT(t)
+	p := loginItxd(t, proc)
+	s := stream(t, p, "/seek-crash")
+	for range 5 {
+		mustAppend(t, s, ev("e", `{}`), ev("e", `{}`), ev("e", `{}`), ev("e", `{}`))
+	}
+	subs := client.Subscriptions(ctx, s)
+	// Nothing is ever mounted under "nobody": the subscription parks and its cursor stays where
+	// a cursor-set puts it.
+	_, _, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "seeker",
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "nobody"}})
+	require.NoError(t, err)
+	subs.Release()
+	readers := readersOf(ctx, s)
+	defer readers.Release()
+
+	kill := 20 + rng.IntN(200)
+	type op struct {
+		cursor   bool
+		to       int64
+		answered bool
+	}
+	var ops []*op
+	var mu sync.Mutex
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			o := &op{cursor: i%2 == 0, to: int64(1 + (i*7)%20)}
+			mu.Lock()
+			ops = append(ops, o)
+			mu.Unlock()
+			var err error
+			if o.cursor {
+				_, err = client.SetSubscriptionCursor(ctx, s, "seeker", o.to)
+			} else {
+				err = client.RegisterReader(ctx, readers, "mirror", o.to)
+			}
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			o.answered = true
+			n := len(ops)
+			mu.Unlock()
+			if n == kill {
+				close(stop)
+			}
+		}
+	}()
+	<-stop
+	proc.kill9(t)
+	<-done
+
+	// What each may be: the last answered value, or a later one sent but not answered.
+	possible := func(cursor bool) map[int64]bool {
+		out := map[int64]bool{}
+		for i := len(ops) - 1; i >= 0; i-- {
+			if ops[i].cursor != cursor {
+				continue
+			}
+			out[ops[i].to] = true
+			if ops[i].answered {
+				return out
+			}
+		}
+		return out
+	}
+	proc = startItxd(t, dataDir)
+	p = loginItxd(t, proc)
+	s = stream(t, p, "/seek-crash")
+	d := describeSub(t, s, "seeker")
+	require.True(t, possible(true)[d.ConfirmedOffset], "cursor %d after the restart; the last cursor-sets sent: %v", d.ConfirmedOffset, possible(true))
+	readers = readersOf(ctx, s)
+	defer readers.Release()
+	list, err := client.ListReaders(ctx, readers)
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+	require.True(t, possible(false)[list[0].Checkpoint], "checkpoint %d after the restart; the last moves sent: %v", list[0].Checkpoint, possible(false))
+	t.Logf("%d ops before the kill", len(ops))
+}
+
+// readersOf returns stream.readers() as a pipelined capability. Release it when done.
+func readersOf(ctx context.Context, s schema.Stream) schema.Readers {
+	fut, release := s.Readers(ctx, nil)
+	r := fut.Readers().AddRef()
+	release()
+	return r
+}
+
+// Scheduled appends moved and cancelled just before a kill -9: after the restart the cancelled
+// one never lands, the moved one lands once with its new body, and the untouched one once.
+func TestCrash_Kill9KeepsScheduleMovesAndCancels(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real itxd processes")
+	}
+	dataDir := t.TempDir()
+	proc := startItxd(t, dataDir)
+	ctx := ctxT(t)
+	s := stream(t, loginItxd(t, proc), "/timers-moves")
+	mustAppend(t, s, ev("a", `{}`))
+	now := time.Now()
+	_, _, err := client.Schedule(ctx, s, keyed("t", `{"v":"cancelled"}`, "cancel-me"), now.Add(400*time.Millisecond))
+	require.NoError(t, err)
+	_, _, err = client.Schedule(ctx, s, keyed("t", `{"v":1}`, "move-me"), now.Add(300*time.Millisecond))
+	require.NoError(t, err)
+	_, _, err = client.Schedule(ctx, s, keyed("last", `{}`, "last"), now.Add(900*time.Millisecond))
+	require.NoError(t, err)
+	_, _, err = client.Schedule(ctx, s, keyed("t", `{"v":2}`, "move-me"), now.Add(600*time.Millisecond))
+	require.NoError(t, err)
+	found, err := client.CancelScheduled(ctx, s, "cancel-me")
+	require.NoError(t, err)
+	require.True(t, found)
+	proc.kill9(t)
+
+	proc = startItxd(t, dataDir)
+	s = stream(t, loginItxd(t, proc), "/timers-moves")
+	// "last" is due after the others: once it is in the log, they would be too.
+	_, err = client.WaitForEvent(ctx, s, itx.Predicate{Types: []string{"last"}}, 0, 20*time.Second)
+	require.NoError(t, err)
+	got, err := client.ReadAll(ctx, s, itx.Query{Types: []string{"t", "last"}})
+	require.NoError(t, err)
+	require.Len(t, got, 2, "the moved one and the last, once each; the cancelled one never: %v", got)
+	require.Equal(t, "move-me", got[0].IdempotencyKey)
+	require.JSONEq(t, `{"v":2}`, string(got[0].Payload), "the moved body")
+	list, err := client.ListScheduled(ctx, s)
+	require.NoError(t, err)
+	require.Empty(t, list)
+}
+
+// A processor-wake subscription halted because no contract was hosted under its name stays
+// halted across a kill -9 and a restart that now hosts it, saying why; resuming it after the
+// restart processes everything owed exactly once.
+func TestCrash_Kill9HaltStaysUntilResumed(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real itxd processes")
+	}
+	dataDir := t.TempDir()
+	proc := startItxd(t, dataDir, "--processors", "")
+	ctx := ctxT(t)
+	s := stream(t, loginItxd(t, proc), "/halt-resume")
+	configureProcessor(t, s, "forwarder")
+	const n = 20
+	for i := range n {
+		mustAppend(t, s, examples.InboxMessage.Input(json.RawMessage(fmt.Sprintf(`{"n":%d}`, i)), ""))
+	}
+	var before itx.SubscriptionDescription
+	waitUntil(t, "halted", func() bool {
+		before = describeSub(t, s, "forwarder")
+		return before.Status == itx.StatusHalted
+	})
+	require.Contains(t, before.LastError, "no processor is registered")
+	proc.kill9(t)
+
+	proc = startItxd(t, dataDir, "--processors", "forwarder")
+	s = stream(t, loginItxd(t, proc), "/halt-resume")
+	after := describeSub(t, s, "forwarder")
+	require.Equal(t, itx.StatusHalted, after.Status, "a halt stays until resumed")
+	require.Equal(t, before.LastError, after.LastError)
+	require.Equal(t, before.ConfirmedOffset, after.ConfirmedOffset)
+	require.Zero(t, countType(t, s, string(examples.OutboxForwarded)), "nothing ran while halted")
+	_, err := client.ResumeSubscription(ctx, s, "forwarder")
+	require.NoError(t, err)
+	info, err := client.Describe(ctx, s)
+	require.NoError(t, err)
+	sub := client.Subscription(ctx, s, "forwarder")
+	defer sub.Release()
+	_, err = client.WaitUntilProcessed(ctx, sub, info.HeadOffset, 20*time.Second)
+	require.NoError(t, err)
+	require.Equal(t, n, countType(t, s, string(examples.OutboxForwarded)))
+	require.Equal(t, 1, countType(t, s, itx.TypeSubscriptionHalted), "halted once")
+}
+
+// kill -9 midway up the ladder of an event a webhook refuses, under onFailingEvent "skip" with a
+// dead-letter stream: the restart goes on from the attempts already made (the event is tried
+// three times in all, not three more), the letter lands once, and the events after it are
+// delivered.
+func TestCrash_Kill9MidLadderSkipsOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real itxd processes")
+	}
+	h := newHook(t, func(_ int, b itx.WebhookBody) int {
+		if string(b.Event.Type) == "poison" {
+			return 422
+		}
+		return 200
+	})
+	dataDir := t.TempDir()
+	proc := startItxd(t, dataDir)
+	ctx := ctxT(t)
+	s := stream(t, loginItxd(t, proc), "/ladder")
+	subs := client.Subscriptions(ctx, s)
+	_, _, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "hook", Start: "now", OnFailingEvent: "skip",
+		DeadLetterPath: "/ladder-dead", Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
+	require.NoError(t, err)
+	subs.Release()
+	res := mustAppend(t, s, ev("ok", `{}`), ev("poison", `{}`), ev("ok", `{}`))
+	poison := res.Offsets[1]
+	var before itx.SubscriptionDescription
+	waitUntil(t, "the second refusal", func() bool {
+		before = describeSub(t, s, "hook")
+		return before.FailingEventAttempt == 2
+	})
+	proc.kill9(t)
+	require.Equal(t, poison, before.FailingEventOffset)
+
+	proc = startItxd(t, dataDir)
+	p := loginItxd(t, proc)
+	s = stream(t, p, "/ladder")
+	after := describeSub(t, s, "hook")
+	require.Equal(t, before.FailingEventOffset, after.FailingEventOffset)
+	require.Equal(t, before.FailingEventAttempt, after.FailingEventAttempt)
+	require.Equal(t, before.NextAttemptAt, after.NextAttemptAt)
+	sub := client.Subscription(ctx, s, "hook")
+	defer sub.Release()
+	_, err = client.WaitUntilProcessed(ctx, sub, res.HeadOffset, 20*time.Second)
+	require.NoError(t, err)
+	tries := 0
+	for _, o := range h.received() {
+		if o == poison {
+			tries++
+		}
+	}
+	require.Equal(t, itx.FailingEventConfirmAttempts, tries, "the ladder went on from where it stood")
+	letters, err := client.ReadAll(ctx, stream(t, p, "/ladder-dead"), itx.Query{Types: []string{itx.TypeDeadLetter}})
+	require.NoError(t, err)
+	require.Len(t, letters, 1)
+	var letter itx.DeadLetterPayload
+	require.NoError(t, json.Unmarshal(letters[0].Payload, &letter))
+	require.Equal(t, poison, letter.Offset)
+	require.Equal(t, itx.FailingEventConfirmAttempts, letter.Attempts)
+	require.Contains(t, h.distinct(), res.Offsets[2])
+}
+
+// A barrier waiting when itxd is killed fails (it never answers as if processed); after the
+// restart the same barrier resolves once the receiver takes the event.
+func TestCrash_Kill9FailsAWaitingBarrier(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real itxd processes")
+	}
+	var healthy atomic.Bool
+	h := newHook(t, func(_ int, b itx.WebhookBody) int {
+		if !healthy.Load() {
+			return 503
+		}
+		return 200
+	})
+	dataDir := t.TempDir()
+	proc := startItxd(t, dataDir)
+	ctx := ctxT(t)
+	s := stream(t, loginItxd(t, proc), "/barrier")
+	subs := client.Subscriptions(ctx, s)
+	_, _, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "hook", Start: "now",
+		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
+	require.NoError(t, err)
+	subs.Release()
+	res := mustAppend(t, s, ev("job", `{}`))
+	sub := client.Subscription(ctx, s, "hook")
+	waited := make(chan error, 1)
+	go func() {
+		_, err := client.WaitUntilProcessed(ctx, sub, res.HeadOffset, 20*time.Second)
+		waited <- err
+	}()
+	waitUntil(t, "a refused delivery", func() bool { return h.count() >= 1 })
+	proc.kill9(t)
+	require.Error(t, <-waited, "the barrier did not resolve")
+	sub.Release()
+
+	healthy.Store(true)
+	proc = startItxd(t, dataDir)
+	s = stream(t, loginItxd(t, proc), "/barrier")
+	sub = client.Subscription(ctx, s, "hook")
+	defer sub.Release()
+	confirmed, err := client.WaitUntilProcessed(ctx, sub, res.HeadOffset, 20*time.Second)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, confirmed, res.HeadOffset)
+	require.Contains(t, h.distinct(), res.HeadOffset)
+}
+
+// kill -9 right after a webhook subscription with a signing secret is configured, and right
+// after a second one is reconfigured without its secret: after the restart (whose sweep deletes
+// the secrets no subscription references) the first still signs every delivery with its secret.
+func TestCrash_Kill9KeepsAConfiguredSecret(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real itxd processes")
+	}
+	h := newHook(t, nil)
+	dataDir := t.TempDir()
+	proc := startItxd(t, dataDir)
+	ctx := ctxT(t)
+	s := stream(t, loginItxd(t, proc), "/signed")
+	secret, _ := newSecret(t)
+	other, _ := newSecret(t)
+	subs := client.Subscriptions(ctx, s)
+	for _, c := range []client.SubscriptionConfig{
+		{Name: "other", Start: "now", FilterTypes: []string{"never"}, Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url(), Secret: other}},
+		{Name: "other", Start: "now", FilterTypes: []string{"never"}, Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}},
+		{Name: "signed", Start: "now", FilterTypes: []string{"e"}, Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url(), Secret: secret}},
+	} {
+		_, _, err := client.ConfigureSubscription(ctx, subs, c)
+		require.NoError(t, err)
+	}
+	subs.Release()
+	proc.kill9(t)
+
+	proc = startItxd(t, dataDir)
+	s = stream(t, loginItxd(t, proc), "/signed")
+	res := mustAppend(t, s, ev("e", `{}`))
+	sub := client.Subscription(ctx, s, "signed")
+	defer sub.Release()
+	_, err := client.WaitUntilProcessed(ctx, sub, res.HeadOffset, 20*time.Second)
+	require.NoError(t, err)
+	require.True(t, describeSub(t, s, "signed").SecretSet)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	require.Len(t, h.raw, 1)
+	require.NoError(t, client.VerifyWebhook(secret, h.headers[0], h.raw[0], time.Now()), "signed with the secret configured before the kill")
+}
+
+// A scheduled append due after the restart, on a stream nothing touches after a kill -9, lands
+// on its own (the directory alarm loads the stream) and reaches the stream's webhook once.
+func TestCrash_Kill9ScheduledLandsUntouched(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real itxd processes")
+	}
+	h := newHook(t, nil)
+	dataDir := t.TempDir()
+	proc := startItxd(t, dataDir)
+	ctx := ctxT(t)
+	p := loginItxd(t, proc)
+	s := stream(t, p, "/timers-untouched")
+	subs := client.Subscriptions(ctx, s)
+	_, _, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "hook", Start: "now", FilterTypes: []string{"later"},
+		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
+	require.NoError(t, err)
+	subs.Release()
+	_, _, err = client.Schedule(ctx, s, keyed("later", `{}`, "later-1"), time.Now().Add(time.Second))
+	require.NoError(t, err)
+	s.Release()
+	proc.kill9(t)
+
+	proc = startItxd(t, dataDir)
+	waitUntil(t, "the scheduled event reached the webhook", func() bool { return h.count() >= 1 })
+	p = loginItxd(t, proc)
+	s = stream(t, p, "/timers-untouched")
+	require.Equal(t, 1, countType(t, s, "later"))
+	require.Equal(t, 1, len(h.distinct()))
+}
+
+// kill -9 at a random point while a remote forwarder works through a bulk of messages: its host
+// reconnects on its own, and every message is forwarded exactly once (a frame cut short is
+// delivered again and its stable-keyed appends dedupe).
+func TestRemote_Kill9ItxdMidBulkForwardsOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real processes")
+	}
+	rng := crashSeed(t)
+	dataDir, addr := t.TempDir(), freeAddr(t)
+	proc := startItxd(t, dataDir, "--listen", addr, "--processors", "")
+	ctx := ctxT(t)
+	p := loginItxd(t, proc)
+	startRemoteHost(t, addr, proc.creds.ProjectToken, "--name", "forwarders", "--processors", "forwarder")
+	awaitContract(t, p, "forwarder")
+	s := stream(t, p, "/remote/bulk")
+	configureRemote(t, s, "forwarder")
+	const n = 400
+	for i := 0; i < n; i += 40 {
+		batch := make([]itx.EventInput, 40)
+		for j := range batch {
+			batch[j] = examples.InboxMessage.Input(json.RawMessage(fmt.Sprintf(`{"n":%d}`, i+j)), "")
+		}
+		_, err := client.Append(ctx, s, batch, itx.AppendOptions{})
+		require.NoError(t, err)
+	}
+	at := 1 + rng.IntN(n/2)
+	waitUntil(t, "forwarding under way", func() bool { return countType(t, s, string(examples.OutboxForwarded)) >= at })
+	proc.kill9(t)
+
+	proc = startItxd(t, dataDir, "--listen", addr, "--processors", "")
+	p = loginItxd(t, proc)
+	awaitContract(t, p, "forwarder")
+	s = stream(t, p, "/remote/bulk")
+	info, err := client.Describe(ctx, s)
+	require.NoError(t, err)
+	sub := client.Subscription(ctx, s, "forwarder")
+	defer sub.Release()
+	_, err = client.WaitUntilProcessed(ctx, sub, info.HeadOffset, 25*time.Second)
+	require.NoError(t, err)
+	require.Equal(t, n, countType(t, s, string(examples.OutboxForwarded)))
+}
