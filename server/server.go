@@ -283,6 +283,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		}
 	}
 	s.refreshStaleSummaries(ctx)
+	s.appendPendingAudits(ctx)
 	s.scheduleSweep()
 	go s.wakeDue()
 	if s.procVersionChanged {
@@ -306,11 +307,11 @@ func (s *Server) bootstrap(ctx context.Context) error {
 		return fmt.Errorf("bootstrap: %w", err)
 	}
 	if err := s.dir.CreateProjectWithToken(ctx, storage.Project{ID: DeploymentProjectID, Name: "deployment", Deployment: true, CreatedAt: now},
-		storage.Token{ID: "tok_" + DeploymentProjectID, ProjectID: DeploymentProjectID, Label: "initial", CreatedAt: now}, creds.DeploymentToken); err != nil {
+		storage.Token{ID: "tok_" + DeploymentProjectID, ProjectID: DeploymentProjectID, Label: "initial", CreatedAt: now}, creds.DeploymentToken, nil); err != nil {
 		return fmt.Errorf("bootstrap: %w", err)
 	}
 	if err := s.dir.CreateProjectWithToken(ctx, storage.Project{ID: creds.ProjectID, Name: "default", CreatedAt: now},
-		storage.Token{ID: "tok_" + creds.ProjectID, ProjectID: creds.ProjectID, Label: "initial", CreatedAt: now}, creds.ProjectToken); err != nil {
+		storage.Token{ID: "tok_" + creds.ProjectID, ProjectID: creds.ProjectID, Label: "initial", CreatedAt: now}, creds.ProjectToken, nil); err != nil {
 		return fmt.Errorf("bootstrap: %w", err)
 	}
 	s.log.Info().Str("project", creds.ProjectID).Msg("initialized an empty data directory")

@@ -12,8 +12,10 @@ import (
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/internal/clocktest"
 	"github.com/itx-dev/itx/processors/examples"
 	"github.com/itx-dev/itx/schema"
+	"github.com/itx-dev/itx/server"
 	"github.com/stretchr/testify/require"
 )
 
@@ -699,4 +701,310 @@ func TestRemote_Kill9ItxdMidBulkForwardsOnce(t *testing.T) {
 	_, err = client.WaitUntilProcessed(ctx, sub, info.HeadOffset, 25*time.Second)
 	require.NoError(t, err)
 	require.Equal(t, n, countType(t, s, string(examples.OutboxForwarded)))
+}
+
+// offsetSet is a set of offsets a receiver was given, safe for concurrent use.
+type offsetSet struct {
+	mu   sync.Mutex
+	seen map[int64]int
+	max  int64
+}
+
+func newOffsetSet() *offsetSet { return &offsetSet{seen: map[int64]int{}} }
+
+func (o *offsetSet) add(b itx.DeliveryBatch) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, e := range b.Events {
+		o.seen[e.Offset]++
+		o.max = max(o.max, e.Offset)
+	}
+}
+
+func (o *offsetSet) has(off int64) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.seen[off] > 0
+}
+
+func (o *offsetSet) highest() int64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.max
+}
+
+// Three kill -9s at random points of a load on one stream served at once by a flaky webhook, an
+// itx-call receiver, an offset-acking itx-call receiver that confirms in some answers only, a
+// copy into a mirror and the forwarder processor, all under way when each kill lands. After the
+// last restart: every acknowledged event is in the log; every event of the load reached the
+// webhook and both receivers at least once; the mirror and the forwarder hold each exactly once.
+func TestCrash_Kill9MixedDeliveriesRounds(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real itxd processes")
+	}
+	rng := crashSeed(t)
+	const path, typ = "/mixed", string(examples.InboxMessage)
+	var reqs sync.Mutex
+	n := 0
+	h := newHook(t, func(int, itx.WebhookBody) int {
+		reqs.Lock()
+		defer reqs.Unlock()
+		if n++; n%97 == 0 { // an outage now and then: each costs a backoff
+			return 503
+		}
+		return 200
+	})
+	inbox, acker := newOffsetSet(), newOffsetSet()
+	var answers sync.Mutex
+	answered := 0
+	ackReceive := func(ctx context.Context, b itx.DeliveryBatch) (int64, error) {
+		acker.add(b)
+		answers.Lock()
+		defer answers.Unlock()
+		if answered++; answered%3 == 0 {
+			return 0, nil // this answer confirms nothing: a later one does
+		}
+		return b.Events[len(b.Events)-1].Offset, nil
+	}
+	inboxReceive := func(ctx context.Context, b itx.DeliveryBatch) (int64, error) {
+		inbox.add(b)
+		return 0, nil
+	}
+	dataDir := t.TempDir()
+	args := []string{"--processors", "forwarder"}
+	acked := map[int64]string{}
+	for round := range 4 {
+		proc := startItxd(t, dataDir, args...)
+		defer mountReceive(t, proc.addr, proc.creds.ProjectToken, "inbox", inboxReceive)()
+		defer mountReceive(t, proc.addr, proc.creds.ProjectToken, "acker", ackReceive)()
+		ctx := ctxT(t)
+		p := loginItxd(t, proc)
+		s := stream(t, p, path)
+		if round == 0 {
+			subs := client.Subscriptions(ctx, s)
+			for _, c := range []client.SubscriptionConfig{
+				{Name: "hook", Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}},
+				{Name: "app", MaxDeliveryEvents: 7, Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "inbox"}},
+				{Name: "acks", ConfirmWindow: 16, MaxDeliveryEvents: 5, Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "acker"}},
+				{Name: "mirror", Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: path + "-mirror"}},
+				{Name: "forwarder", Receiver: client.Receiver{Kind: client.ReceiverProcessorWake}},
+			} {
+				if c.Name != "forwarder" {
+					c.FilterTypes = []string{typ}
+				}
+				_, _, err := client.ConfigureSubscription(ctx, subs, c)
+				require.NoError(t, err)
+			}
+			subs.Release()
+		}
+		if round == 3 {
+			// The last life: no kill. Everything owed is delivered.
+			all, err := client.ReadAll(ctx, s, itx.Query{})
+			require.NoError(t, err)
+			byOffset := map[int64]itx.Event{}
+			var load []int64
+			for _, e := range all {
+				byOffset[e.Offset] = e
+				if e.Type == typ {
+					load = append(load, e.Offset)
+				}
+			}
+			for off, payload := range acked {
+				e, ok := byOffset[off]
+				require.True(t, ok, "acknowledged offset %d lost", off)
+				require.JSONEq(t, payload, string(e.Payload), "offset %d", off)
+			}
+			head := all[len(all)-1].Offset
+			waitUntil(t, "the acking receiver took everything", func() bool { return acker.highest() >= load[len(load)-1] })
+			acks := client.Subscription(ctx, s, "acks")
+			_, err = client.ConfirmSubscription(ctx, acks, acker.highest())
+			require.NoError(t, err)
+			acks.Release()
+			for _, name := range []string{"hook", "app", "acks", "mirror", "forwarder"} {
+				sub := client.Subscription(ctx, s, name)
+				_, err := client.WaitUntilProcessed(ctx, sub, head, 20*time.Second)
+				require.NoError(t, err, name)
+				sub.Release()
+			}
+			hooked := map[int64]bool{}
+			for _, o := range h.received() {
+				hooked[o] = true
+			}
+			for _, off := range load {
+				require.True(t, hooked[off], "offset %d never reached the webhook", off)
+				require.True(t, inbox.has(off), "offset %d never reached the itx-call receiver", off)
+				require.True(t, acker.has(off), "offset %d never reached the offset-acking receiver", off)
+			}
+			copies, err := client.ReadAll(ctx, stream(t, p, path+"-mirror"), itx.Query{Types: []string{typ}})
+			require.NoError(t, err)
+			require.Len(t, copies, len(load), "each event copied exactly once")
+			for i, c := range copies {
+				require.Equal(t, load[i], c.Provenance[0].Offset, "copies in source order")
+			}
+			require.Equal(t, len(load), countType(t, s, string(examples.OutboxForwarded)), "each event forwarded exactly once")
+			t.Logf("%d events of load, %d acknowledged, %d webhook requests", len(load), len(acked), h.count())
+			return
+		}
+
+		// A load until the kill, at a random point.
+		warm := 50 + rng.IntN(250)
+		var mu sync.Mutex
+		got := 0
+		running := make(chan struct{})
+		var once sync.Once
+		var wg sync.WaitGroup
+		for w := range 3 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; ; i++ {
+					batch := make([]itx.EventInput, 1+i%5)
+					for j := range batch {
+						batch[j] = examples.InboxMessage.Input(json.RawMessage(fmt.Sprintf(`{"r":%d,"w":%d,"i":%d,"j":%d}`, round, w, i, j)), "")
+					}
+					res, err := client.Append(context.Background(), s, batch, itx.AppendOptions{})
+					if err != nil {
+						return
+					}
+					mu.Lock()
+					for j, off := range res.Offsets {
+						acked[off] = string(batch[j].Payload)
+					}
+					if got += len(batch); got >= warm {
+						once.Do(func() { close(running) })
+					}
+					mu.Unlock()
+				}
+			}()
+		}
+		<-running
+		proc.kill9(t)
+		wg.Wait()
+	}
+}
+
+// kill -9 at random points of a storm of token creations and revocations: after the restart
+// every token the directory holds has its admin/token-created record in /audit, and every one it
+// no longer holds that was created has its admin/token-revoked record. The audit trail never
+// misses a change that took effect.
+func TestCrash_Kill9KeepsTheAuditTrailWhole(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real itxd processes")
+	}
+	rng := crashSeed(t)
+	dataDir := t.TempDir()
+	for round := range 3 {
+		proc := startItxd(t, dataDir)
+		ctx := ctxT(t)
+		root := dial(t, proc.addr).Login(ctx, proc.creds.DeploymentToken)
+		admin := client.Admin(ctx, root)
+		if round > 0 {
+			requireWholeAuditTrail(t, ctx, root, admin, proc.creds.ProjectID)
+		}
+		kill := 10 + rng.IntN(60)
+		var mu sync.Mutex
+		ops := 0
+		stop := make(chan struct{})
+		var once sync.Once
+		var wg sync.WaitGroup
+		for w := range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; ; i++ {
+					_, info, err := client.CreateToken(ctx, admin, proc.creds.ProjectID, client.TokenOptions{Label: fmt.Sprintf("r%d-w%d-%d", round, w, i)})
+					if err == nil && i%2 == 0 {
+						err = client.RevokeToken(ctx, admin, proc.creds.ProjectID, info.ID)
+					}
+					if err != nil {
+						return
+					}
+					mu.Lock()
+					if ops++; ops >= kill {
+						once.Do(func() { close(stop) })
+					}
+					mu.Unlock()
+				}
+			}()
+		}
+		<-stop
+		proc.kill9(t)
+		wg.Wait()
+		admin.Release()
+	}
+	proc := startItxd(t, dataDir)
+	ctx := ctxT(t)
+	root := dial(t, proc.addr).Login(ctx, proc.creds.DeploymentToken)
+	admin := client.Admin(ctx, root)
+	defer admin.Release()
+	requireWholeAuditTrail(t, ctx, root, admin, proc.creds.ProjectID)
+}
+
+// requireWholeAuditTrail checks a project's tokens against the deployment's /audit stream.
+func requireWholeAuditTrail(t *testing.T, ctx context.Context, root schema.Project, admin schema.Admin, projectID string) {
+	t.Helper()
+	tokens, err := client.ListTokens(ctx, admin, projectID)
+	require.NoError(t, err)
+	audit := stream(t, root, server.AuditPath)
+	events, err := client.ReadAll(ctx, audit, itx.Query{Types: []string{server.AuditTokenCreated, server.AuditTokenRevoked}})
+	require.NoError(t, err)
+	created, revoked := map[string]bool{}, map[string]bool{}
+	for _, e := range events {
+		var p struct{ TokenID string }
+		require.NoError(t, json.Unmarshal(e.Payload, &p))
+		if e.Type == server.AuditTokenCreated {
+			created[p.TokenID] = true
+		} else {
+			revoked[p.TokenID] = true
+		}
+	}
+	held := map[string]bool{}
+	for _, tok := range tokens {
+		held[tok.ID] = true
+		if tok.ID == "tok_default" {
+			continue // the bootstrap's own token, made before /audit
+		}
+		require.True(t, created[tok.ID], "token %s (%s) is held, but /audit never recorded its creation", tok.ID, tok.Label)
+	}
+	for id := range created {
+		if !held[id] {
+			require.True(t, revoked[id], "token %s is gone, but /audit never recorded its revocation", id)
+		}
+	}
+	t.Logf("%d tokens held, %d created and %d revoked in /audit", len(tokens), len(created), len(revoked))
+}
+
+// An audit record the /audit stream refuses (its circuit breaker open) is not lost: the change
+// stands, and the record lands when itxd starts again.
+func TestAudit_RefusedRecordLandsAtTheNextStart(t *testing.T) {
+	dir := t.TempDir()
+	clock := clocktest.New(time.Unix(1_700_000_000, 0))
+	cfg := server.Config{DataDir: dir, Clock: clock, BreakerBurst: 1, BreakerRefillPerMinute: 1}
+	ts := startServer(t, cfg)
+	ctx := ctxT(t)
+	root := ts.deployment(t)
+	admin := client.Admin(ctx, root)
+	var ids []string
+	for i := range 2 {
+		_, info, err := client.CreateToken(ctx, admin, "default", client.TokenOptions{Label: fmt.Sprintf("t%d", i)})
+		require.NoError(t, err, "the change stands whatever happens to its record")
+		ids = append(ids, info.ID)
+	}
+	admin.Release()
+	closeCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, ts.srv.Close(closeCtx))
+
+	clock.Advance(time.Minute) // the breaker has a token again
+	ts = startServer(t, cfg)
+	root = ts.deployment(t)
+	events, err := client.ReadAll(ctx, stream(t, root, server.AuditPath), itx.Query{Types: []string{server.AuditTokenCreated}})
+	require.NoError(t, err)
+	var got []string
+	for _, e := range events {
+		var p struct{ TokenID string }
+		require.NoError(t, json.Unmarshal(e.Payload, &p))
+		got = append(got, p.TokenID)
+	}
+	require.Equal(t, ids, got, "each creation recorded once")
 }
