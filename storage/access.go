@@ -85,22 +85,39 @@ func (d *Directory) DeleteAudit(ctx context.Context, id string) error {
 // CreateProjectWithToken records a project and its first token, with the audit record of the
 // change (nil: none), in one transaction.
 func (d *Directory) CreateProjectWithToken(ctx context.Context, p Project, t Token, token string, audit *AuditRecord) error {
+	return d.CreateProjectsWithTokens(ctx, []NewProject{{Project: p, Token: t, Secret: token}}, audit)
+}
+
+// NewProject is a project to record with its first token.
+type NewProject struct {
+	Project Project
+	Token   Token
+	Secret  string // the token itself: only its hash is stored
+}
+
+// CreateProjectsWithTokens records projects, each with its first token, and the audit record of
+// the change (nil: none), in one transaction: all of them or none (the first start's default
+// project and deployment root, which a crash must never leave half made).
+func (d *Directory) CreateProjectsWithTokens(ctx context.Context, ps []NewProject, audit *AuditRecord) error {
 	tx, err := d.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("create project: %w", err)
 	}
 	defer tx.Rollback()
-	// projects.token_hash is unique and not null from the first schema; it holds the first
-	// token's hash, which login no longer reads (the tokens table is authoritative).
-	if _, err := tx.ExecContext(ctx, `insert into projects (id, name, token_hash, deployment, created_at)
-		values (?, ?, ?, ?, ?)`, p.ID, p.Name, HashToken(token), p.Deployment, p.CreatedAt); err != nil {
-		if strings.Contains(err.Error(), "UNIQUE") {
-			return itx.Errorf(itx.EInvalid, "a project named %q already exists", p.Name)
+	for _, np := range ps {
+		p := np.Project
+		// projects.token_hash is unique and not null from the first schema; it holds the first
+		// token's hash, which login no longer reads (the tokens table is authoritative).
+		if _, err := tx.ExecContext(ctx, `insert into projects (id, name, token_hash, deployment, created_at)
+		values (?, ?, ?, ?, ?)`, p.ID, p.Name, HashToken(np.Secret), p.Deployment, p.CreatedAt); err != nil {
+			if strings.Contains(err.Error(), "UNIQUE") {
+				return itx.Errorf(itx.EInvalid, "a project named %q already exists", p.Name)
+			}
+			return fmt.Errorf("create project: %w", err)
 		}
-		return fmt.Errorf("create project: %w", err)
-	}
-	if err := insertToken(ctx, tx, t, token); err != nil {
-		return err
+		if err := insertToken(ctx, tx, np.Token, np.Secret); err != nil {
+			return err
+		}
 	}
 	if err := insertAudit(ctx, tx, audit); err != nil {
 		return err

@@ -221,6 +221,24 @@ func TestMigrate_Idempotent(t *testing.T) {
 	require.NoError(t, migrate(context.Background(), db, "stream"))
 }
 
+// Projects made together are all recorded or none: the second refused, the first is not there.
+func TestDirectory_CreateProjectsWithTokensIsAllOrNone(t *testing.T) {
+	ctx := context.Background()
+	d, err := OpenDirectory(ctx, filepath.Join(t.TempDir(), "dir.db"))
+	require.NoError(t, err)
+	defer d.Close()
+	err = d.CreateProjectsWithTokens(ctx, []NewProject{
+		{Project: Project{ID: "p1", Name: "same", CreatedAt: 1}, Token: Token{ID: "t1", ProjectID: "p1", CreatedAt: 1}, Secret: "tok1"},
+		{Project: Project{ID: "p2", Name: "same", CreatedAt: 1}, Token: Token{ID: "t2", ProjectID: "p2", CreatedAt: 1}, Secret: "tok2"},
+	}, nil)
+	require.Equal(t, itx.EInvalid, itx.ErrorCode(err))
+	ps, err := d.Projects(ctx)
+	require.NoError(t, err)
+	require.Empty(t, ps)
+	_, _, err = d.TokenByHash(ctx, "tok1", 1)
+	require.Equal(t, itx.EUnauthenticated, itx.ErrorCode(err))
+}
+
 // An audited change keeps its record in its own transaction: a refused change keeps none, and a
 // record stays pending until DeleteAudit.
 func TestDirectory_AuditRecords(t *testing.T) {

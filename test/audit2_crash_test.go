@@ -5,8 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -16,6 +20,7 @@ import (
 	"github.com/itx-dev/itx/processors/examples"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
+	"github.com/itx-dev/itx/storage"
 	"github.com/stretchr/testify/require"
 )
 
@@ -1007,4 +1012,68 @@ func TestAudit_RefusedRecordLandsAtTheNextStart(t *testing.T) {
 		got = append(got, p.TokenID)
 	}
 	require.Equal(t, ids, got, "each creation recorded once")
+}
+
+// kill -9 at points swept through itxd's very first start, while it writes the credentials file
+// and makes the default project and the deployment root: the next start always leaves a data
+// directory whose credentials file logs into both. The sweep goes on until three kills in a row
+// came after both were made.
+func TestCrash_Kill9DuringFirstStart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real itxd processes")
+	}
+	cut, after := 0, 0
+	for round := 0; after < 3; round++ {
+		require.Less(t, round, 200, "no kill came after the first start's projects")
+		dataDir := t.TempDir()
+		addrFile := filepath.Join(t.TempDir(), "addr")
+		cmd := exec.Command(itxdBin, "--listen", "127.0.0.1:0", "--data", dataDir, "--addr-file", addrFile, "--log-level", "warn", "--processors", "")
+		require.NoError(t, cmd.Start())
+		exited := make(chan struct{})
+		go func() { cmd.Wait(); close(exited) }()
+		// The credentials file is the first thing the first start writes: kill a little later
+		// each round.
+		creds := filepath.Join(dataDir, server.CredentialsFile)
+		for {
+			if _, err := os.Stat(creds); err == nil {
+				break
+			}
+			select {
+			case <-exited:
+				t.Fatal("itxd exited before writing its credentials")
+			default:
+			}
+		}
+		for range round * 50 {
+			_, _ = os.Stat(addrFile) // a pause, in system calls
+		}
+		require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+		<-exited
+		d, err := storage.OpenDirectory(context.Background(), filepath.Join(dataDir, "directory.db"))
+		require.NoError(t, err)
+		ps, err := d.Projects(context.Background())
+		require.NoError(t, err)
+		require.NoError(t, d.Close())
+		switch len(ps) {
+		case 2:
+			after++
+		case 1:
+			cut++
+		default:
+			after = 0
+		}
+
+		proc := startItxd(t, dataDir, "--processors", "")
+		ctx := ctxT(t)
+		conn := dial(t, proc.addr)
+		for _, tok := range []string{proc.creds.ProjectToken, proc.creds.DeploymentToken} {
+			p := conn.Login(ctx, tok)
+			_, err := client.DescribeProject(ctx, p)
+			require.NoError(t, err, "round %d (%d projects made at the kill): the credentials file's token logs in", round, len(ps))
+			p.Release()
+		}
+		proc.kill9(t)
+		conn.Close()
+	}
+	t.Logf("%d kills between the two projects", cut)
 }
