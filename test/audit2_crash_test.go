@@ -1077,3 +1077,48 @@ func TestCrash_Kill9DuringFirstStart(t *testing.T) {
 	}
 	t.Logf("%d kills between the two projects", cut)
 }
+
+// An operator's rewind of a remote processor (setSubscriptionCursor), answered just before a
+// kill -9 of itxd, is honored after the restart: the host, reconnected on its own, processes
+// every event after the new cursor again.
+func TestRemote_Kill9KeepsAnAnsweredRewind(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real processes")
+	}
+	ty := &tally{ran: map[int64]int{}}
+	dataDir, addr := t.TempDir(), freeAddr(t)
+	proc := startItxd(t, dataDir, "--listen", addr, "--processors", "")
+	ctx := ctxT(t)
+	p := loginItxd(t, proc)
+	mounted := runRemoteHost(t, addr, proc.creds.ProjectToken, "tallies", ty.host(t))
+	awaitMount(t, mounted)
+	s := stream(t, p, "/remote/rewind")
+	configureRemote(t, s, "tally")
+	var offsets []int64
+	for range 10 {
+		offsets = append(offsets, mustAppend(t, s, ev("tally/x", `{}`)).Offsets...)
+	}
+	sub := client.Subscription(ctx, s, "tally")
+	_, err := client.WaitUntilProcessed(ctx, sub, offsets[len(offsets)-1], 0)
+	require.NoError(t, err)
+	sub.Release()
+	rewind, err := client.SetSubscriptionCursor(ctx, s, "tally", offsets[3])
+	require.NoError(t, err)
+	proc.kill9(t)
+
+	proc = startItxd(t, dataDir, "--listen", addr, "--processors", "")
+	p = loginItxd(t, proc)
+	awaitMount(t, mounted)
+	s = stream(t, p, "/remote/rewind")
+	sub = client.Subscription(ctx, s, "tally")
+	defer sub.Release()
+	_, err = client.WaitUntilProcessed(ctx, sub, rewind, 20*time.Second)
+	require.NoError(t, err)
+	for i, o := range offsets {
+		if i <= 3 {
+			require.Equal(t, 1, ty.count(o), "offset %d, at or before the new cursor: processed once", o)
+		} else {
+			require.GreaterOrEqual(t, ty.count(o), 2, "offset %d, after the new cursor: processed again", o)
+		}
+	}
+}
