@@ -5,9 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -1120,5 +1123,138 @@ func TestRemote_Kill9KeepsAnAnsweredRewind(t *testing.T) {
 		} else {
 			require.GreaterOrEqual(t, ty.count(o), 2, "offset %d, after the new cursor: processed again", o)
 		}
+	}
+}
+
+// countingVendor is an LLM endpoint that answers at once and counts its calls by request.
+type countingVendor struct {
+	mu    sync.Mutex
+	calls map[string]int
+	total int
+	log   []string // each call: request, caller's address, time
+}
+
+func newCountingVendor(t *testing.T) (*countingVendor, string) {
+	v := &countingVendor{calls: map[string]int{}}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			RequestID string `json:"requestId"`
+		}
+		_ = json.NewDecoder(r.Body).Decode(&req)
+		v.mu.Lock()
+		v.calls[req.RequestID]++
+		v.total++
+		v.log = append(v.log, fmt.Sprintf("%s from %s at %s", req.RequestID, r.RemoteAddr, time.Now().Format("15:04:05.000000")))
+		v.mu.Unlock()
+		_ = json.NewEncoder(w).Encode(map[string]string{"text": "ok"})
+	}))
+	t.Cleanup(srv.Close)
+	return v, srv.URL
+}
+
+func (v *countingVendor) called() int {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.total
+}
+
+// Two kill -9s at random points while the agent works through a stream of messages: after the
+// last restart every message's request is settled exactly once, and the vendor was dialed at
+// most once per request (its started fact is durable before the call; a revival settles a
+// started request it does not drive as orphaned instead of dialing again).
+func TestCrash_Kill9AgentDialsEachRequestAtMostOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real itxd processes")
+	}
+	rng := crashSeed(t)
+	vendor, url := newCountingVendor(t)
+	dataDir := t.TempDir()
+	args := []string{"--processors", "agent", "--agent-vendor-url", url, "--agent-hesitation", "0s"}
+	const path = "/agent-crash"
+	var messages []int64
+	for round := range 3 {
+		proc := startItxd(t, dataDir, args...)
+		ctx := ctxT(t)
+		s := stream(t, loginItxd(t, proc), path)
+		if round == 0 {
+			configureProcessor(t, s, "agent")
+		}
+		if round == 2 {
+			waitUntil(t, "every request settled", func() bool {
+				return countType(t, s, string(examples.LLMSettled)) >= countType(t, s, string(examples.MessageAdded))
+			})
+			head := mustAppend(t, s, ev("agent/marker", `{}`)).HeadOffset
+			sub := client.Subscription(ctx, s, "agent")
+			_, err := client.WaitUntilProcessed(ctx, sub, head, 20*time.Second)
+			require.NoError(t, err)
+			sub.Release()
+			settled, err := client.ReadAll(ctx, s, itx.Query{Types: []string{string(examples.LLMSettled)}})
+			require.NoError(t, err)
+			byRequest := map[string]int{}
+			for _, e := range settled {
+				var st examples.LLMSettlement
+				require.NoError(t, json.Unmarshal(e.Payload, &st))
+				byRequest[st.RequestID]++
+			}
+			// Every message in the log (the acknowledged ones, and those a kill cut off from
+			// their acknowledgement) has its request settled once.
+			logged, err := client.ReadAll(ctx, s, itx.Query{Types: []string{string(examples.MessageAdded)}})
+			require.NoError(t, err)
+			inLog := map[int64]bool{}
+			for _, m := range logged {
+				inLog[m.Offset] = true
+				id := fmt.Sprintf("msg-%d", m.Offset)
+				require.Equal(t, 1, byRequest[id], "%s settled once", id)
+			}
+			for _, m := range messages {
+				require.True(t, inLog[m], "acknowledged message %d lost", m)
+			}
+			require.Len(t, byRequest, len(logged))
+			vendor.mu.Lock()
+			defer vendor.mu.Unlock()
+			for id, n := range vendor.calls {
+				if n > 1 {
+					// What the stream says of the request, and when each call came, for the report.
+					for _, l := range vendor.log {
+						if strings.HasPrefix(l, id+" ") {
+							t.Logf("vendor call: %s", l)
+						}
+					}
+					all, err := client.ReadAll(ctx, s, itx.Query{})
+					require.NoError(t, err)
+					for _, e := range all {
+						if strings.Contains(string(e.Payload), `"`+id+`"`) || strings.HasPrefix(e.Type, "stream/") {
+							t.Logf("%d %s %s", e.Offset, e.Type, e.Payload)
+						}
+					}
+				}
+				require.LessOrEqual(t, n, 1, "the vendor was dialed %d times for %s", n, id)
+			}
+			t.Logf("%d messages (%d acknowledged), %d vendor calls", len(logged), len(messages), vendor.total)
+			return
+		}
+		kill := vendor.called() + 2 + rng.IntN(10)
+		stop := make(chan struct{})
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for i := 0; ; i++ {
+				res, err := client.Append(context.Background(), s, []itx.EventInput{examples.MessageAdded.Input(examples.Message{Text: fmt.Sprintf("r%d-%d", round, i)}, "")}, itx.AppendOptions{})
+				if err != nil {
+					return
+				}
+				messages = append(messages, res.Offsets[0])
+				select {
+				case <-stop:
+					return
+				default:
+				}
+			}
+		}()
+		waitUntil(t, "the agent at work", func() bool { return vendor.called() >= kill })
+		proc.kill9(t)
+		t.Logf("round %d: killed at %s", round, time.Now().Format("15:04:05.000000"))
+		close(stop)
+		<-done
 	}
 }
