@@ -283,11 +283,15 @@ func (s *Server) CreateProject(ctx context.Context, by Admin, name string) (itx.
 	p := storage.Project{ID: "prj_" + randomHex(8), Name: name, CreatedAt: now}
 	token := newToken()
 	t := storage.Token{ID: newTokenID(), ProjectID: p.ID, Label: "initial", CreatedAt: now}
-	if err := s.dir.CreateProjectWithToken(ctx, p, t, token); err != nil {
+	rec, err := auditRecord(by, AuditProjectCreated, map[string]any{"projectId": p.ID, "name": p.Name, "tokenId": t.ID})
+	if err != nil {
+		return itx.ProjectInfo{}, "", itx.TokenInfo{}, err
+	}
+	if err := s.dir.CreateProjectWithToken(ctx, p, t, token, rec); err != nil {
 		return itx.ProjectInfo{}, "", itx.TokenInfo{}, err
 	}
 	info := itx.ProjectInfo{ID: p.ID, Name: p.Name}
-	s.audit(ctx, by, AuditProjectCreated, map[string]any{"projectId": p.ID, "name": p.Name, "tokenId": t.ID})
+	s.audit(ctx, rec)
 	return info, token, tokenInfo(t), nil
 }
 
@@ -329,10 +333,14 @@ func (s *Server) RenameProject(ctx context.Context, by Admin, id, name string) e
 	if err := itx.ValidateName("project name", name); err != nil {
 		return err
 	}
-	if err := s.dir.RenameProject(ctx, id, name); err != nil {
+	rec, err := auditRecord(by, AuditProjectRenamed, map[string]any{"projectId": id, "name": name})
+	if err != nil {
 		return err
 	}
-	s.audit(ctx, by, AuditProjectRenamed, map[string]any{"projectId": id, "name": name})
+	if err := s.dir.RenameProject(ctx, id, name, rec); err != nil {
+		return err
+	}
+	s.audit(ctx, rec)
 	return nil
 }
 
@@ -378,7 +386,11 @@ func (s *Server) DeleteProject(ctx context.Context, by Admin, id string, force b
 	if err != nil {
 		return err
 	}
-	if err := s.dir.DeleteProject(ctx, id); err != nil {
+	rec, err := auditRecord(by, AuditProjectDeleted, map[string]any{"projectId": id, "name": p.Name, "streams": len(entries)})
+	if err != nil {
+		return err
+	}
+	if err := s.dir.DeleteProject(ctx, id, rec); err != nil {
 		return err
 	}
 	var errs []error
@@ -400,7 +412,7 @@ func (s *Server) DeleteProject(ctx context.Context, by Admin, id string, force b
 	}
 	delete(s.acc.secretCounts, id)
 	s.acc.secretMu.Unlock()
-	s.audit(ctx, by, AuditProjectDeleted, map[string]any{"projectId": id, "name": p.Name, "streams": len(entries)})
+	s.audit(ctx, rec)
 	if len(errs) > 0 {
 		return fmt.Errorf("delete project %s: %w", id, errors.Join(errs...))
 	}
@@ -508,13 +520,16 @@ func (s *Server) CreateToken(ctx context.Context, by Admin, projectID, label str
 		t.Rights = append(t.Rights, string(r))
 	}
 	token := newToken()
-	if err := s.dir.CreateTokenBounded(ctx, t, token, s.cfg.MaxTokensPerProject); err != nil {
+	rec, err := auditRecord(by, AuditTokenCreated, map[string]any{"projectId": projectID, "tokenId": t.ID, "label": label,
+		"expiresAt": expiresAt, "prefix": scope.Prefix, "rights": scope.Rights})
+	if err != nil {
 		return "", itx.TokenInfo{}, err
 	}
-	info := tokenInfo(t)
-	s.audit(ctx, by, AuditTokenCreated, map[string]any{"projectId": projectID, "tokenId": t.ID, "label": label,
-		"expiresAt": expiresAt, "prefix": scope.Prefix, "rights": scope.Rights})
-	return token, info, nil
+	if err := s.dir.CreateTokenBounded(ctx, t, token, s.cfg.MaxTokensPerProject, rec); err != nil {
+		return "", itx.TokenInfo{}, err
+	}
+	s.audit(ctx, rec)
+	return token, tokenInfo(t), nil
 }
 
 // ListTokens lists a project's tokens (never the tokens themselves).
@@ -535,25 +550,55 @@ func (s *Server) ListTokens(ctx context.Context, projectID string) ([]itx.TokenI
 
 // RevokeToken deletes a token; sessions logged in with it are revoked at once.
 func (s *Server) RevokeToken(ctx context.Context, by Admin, projectID, tokenID string) error {
-	if err := s.dir.DeleteToken(ctx, projectID, tokenID); err != nil {
+	rec, err := auditRecord(by, AuditTokenRevoked, map[string]any{"projectId": projectID, "tokenId": tokenID})
+	if err != nil {
+		return err
+	}
+	if err := s.dir.DeleteToken(ctx, projectID, tokenID, rec); err != nil {
 		return err
 	}
 	s.revokeSessions(tokenID)
-	s.audit(ctx, by, AuditTokenRevoked, map[string]any{"projectId": projectID, "tokenId": tokenID})
+	s.audit(ctx, rec)
 	return nil
 }
 
-// audit appends an administrative record to the deployment's audit stream. The change it
-// records has already committed; a failed record is logged, not returned.
-func (s *Server) audit(ctx context.Context, by Admin, typ string, fields map[string]any) {
+// auditRecord is the record of an administrative change for the deployment's audit stream. It
+// is made before the change, so the directory keeps it in the change's own transaction: a crash
+// after the change can never lose its record (see audit).
+func auditRecord(by Admin, typ string, fields map[string]any) (*storage.AuditRecord, error) {
 	fields["by"] = map[string]string{"tokenId": by.TokenID, "projectId": by.ProjectID}
 	payload, err := json.Marshal(fields)
+	if err != nil {
+		return nil, fmt.Errorf("audit record: %w", err)
+	}
+	return &storage.AuditRecord{ID: randomHex(16), Type: typ, Payload: payload}, nil
+}
+
+// audit appends to the deployment's audit stream the record the directory kept with its change
+// (committed already), then forgets it. The record's id keys the event, so appending it again
+// is a duplicate: a failure here (logged, not returned), or a crash before the record is
+// forgotten, leaves it for the next start, which appends what is pending (appendPendingAudits).
+func (s *Server) audit(ctx context.Context, rec *storage.AuditRecord) {
+	in := itx.EventInput{Type: rec.Type, Payload: rec.Payload, IdempotencyKey: internalKey("audit", []byte(rec.ID))}
+	_, err := s.appendAs(ctx, StreamRef{ProjectID: DeploymentProjectID, Path: AuditPath}, []itx.EventInput{in}, authCopy, nil)
 	if err == nil {
-		_, err = s.Append(ctx, StreamRef{ProjectID: DeploymentProjectID, Path: AuditPath},
-			[]itx.EventInput{{Type: typ, Payload: payload}}, itx.AppendOptions{})
+		err = s.dir.DeleteAudit(ctx, rec.ID)
 	}
 	if err != nil {
-		s.log.Error().Err(err).Str("type", typ).Msg("could not record an audit event")
+		s.log.Error().Err(err).Str("type", rec.Type).Msg("could not record an audit event (it is appended at the next start)")
+	}
+}
+
+// appendPendingAudits appends the audit records of changes whose audit a crash (or a failure)
+// cut short. It runs at start-up, before any call is served.
+func (s *Server) appendPendingAudits(ctx context.Context) {
+	pending, err := s.dir.PendingAudits(ctx)
+	if err != nil {
+		s.log.Error().Err(err).Msg("pending audit records not appended")
+		return
+	}
+	for i := range pending {
+		s.audit(ctx, &pending[i])
 	}
 }
 

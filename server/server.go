@@ -283,6 +283,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		}
 	}
 	s.refreshStaleSummaries(ctx)
+	s.appendPendingAudits(ctx)
 	s.scheduleSweep()
 	go s.wakeDue()
 	if s.procVersionChanged {
@@ -305,12 +306,17 @@ func (s *Server) bootstrap(ctx context.Context) error {
 	if err := writeFileSync(filepath.Join(s.cfg.DataDir, CredentialsFile), append(b, '\n')); err != nil {
 		return fmt.Errorf("bootstrap: %w", err)
 	}
-	if err := s.dir.CreateProjectWithToken(ctx, storage.Project{ID: DeploymentProjectID, Name: "deployment", Deployment: true, CreatedAt: now},
-		storage.Token{ID: "tok_" + DeploymentProjectID, ProjectID: DeploymentProjectID, Label: "initial", CreatedAt: now}, creds.DeploymentToken); err != nil {
-		return fmt.Errorf("bootstrap: %w", err)
-	}
-	if err := s.dir.CreateProjectWithToken(ctx, storage.Project{ID: creds.ProjectID, Name: "default", CreatedAt: now},
-		storage.Token{ID: "tok_" + creds.ProjectID, ProjectID: creds.ProjectID, Label: "initial", CreatedAt: now}, creds.ProjectToken); err != nil {
+	// Both projects in one transaction: a crash between two would leave the deployment root
+	// alone, a directory this function no longer treats as empty, and a credentials file whose
+	// project token logs into nothing, for good.
+	if err := s.dir.CreateProjectsWithTokens(ctx, []storage.NewProject{
+		{Project: storage.Project{ID: DeploymentProjectID, Name: "deployment", Deployment: true, CreatedAt: now},
+			Token:  storage.Token{ID: "tok_" + DeploymentProjectID, ProjectID: DeploymentProjectID, Label: "initial", CreatedAt: now},
+			Secret: creds.DeploymentToken},
+		{Project: storage.Project{ID: creds.ProjectID, Name: "default", CreatedAt: now},
+			Token:  storage.Token{ID: "tok_" + creds.ProjectID, ProjectID: creds.ProjectID, Label: "initial", CreatedAt: now},
+			Secret: creds.ProjectToken},
+	}, nil); err != nil {
 		return fmt.Errorf("bootstrap: %w", err)
 	}
 	s.log.Info().Str("project", creds.ProjectID).Msg("initialized an empty data directory")

@@ -35,23 +35,91 @@ func scanToken(row interface{ Scan(...any) error }) (Token, error) {
 	return t, err
 }
 
-// CreateProjectWithToken records a project and its first token in one transaction.
-func (d *Directory) CreateProjectWithToken(ctx context.Context, p Project, t Token, token string) error {
+// AuditRecord is an administrative change's record for the deployment's audit stream. The
+// directory keeps it, from the transaction that makes the change, until DeleteAudit says its
+// event is in the stream: a crash between the two cannot lose it (see PendingAudits).
+type AuditRecord struct {
+	ID      string // unique; the idempotency key of its event derives from it
+	Type    string
+	Payload []byte
+}
+
+// insertAudit keeps an audit record in the transaction of its change (nil: none).
+func insertAudit(ctx context.Context, db execer, a *AuditRecord) error {
+	if a == nil {
+		return nil
+	}
+	if _, err := db.ExecContext(ctx, `insert into audit_outbox (id, type, payload) values (?, ?, ?)`, a.ID, a.Type, a.Payload); err != nil {
+		return fmt.Errorf("keep audit record: %w", err)
+	}
+	return nil
+}
+
+// PendingAudits lists the audit records whose events are not known to be in the audit stream
+// yet, oldest first.
+func (d *Directory) PendingAudits(ctx context.Context) ([]AuditRecord, error) {
+	rows, err := d.db.QueryContext(ctx, `select id, type, payload from audit_outbox order by rowid`)
+	if err != nil {
+		return nil, fmt.Errorf("pending audit records: %w", err)
+	}
+	defer rows.Close()
+	var out []AuditRecord
+	for rows.Next() {
+		var a AuditRecord
+		if err := rows.Scan(&a.ID, &a.Type, &a.Payload); err != nil {
+			return nil, fmt.Errorf("pending audit records: %w", err)
+		}
+		out = append(out, a)
+	}
+	return out, rows.Err()
+}
+
+// DeleteAudit forgets an audit record whose event is in the audit stream.
+func (d *Directory) DeleteAudit(ctx context.Context, id string) error {
+	if _, err := d.db.ExecContext(ctx, `delete from audit_outbox where id = ?`, id); err != nil {
+		return fmt.Errorf("forget audit record: %w", err)
+	}
+	return nil
+}
+
+// CreateProjectWithToken records a project and its first token, with the audit record of the
+// change (nil: none), in one transaction.
+func (d *Directory) CreateProjectWithToken(ctx context.Context, p Project, t Token, token string, audit *AuditRecord) error {
+	return d.CreateProjectsWithTokens(ctx, []NewProject{{Project: p, Token: t, Secret: token}}, audit)
+}
+
+// NewProject is a project to record with its first token.
+type NewProject struct {
+	Project Project
+	Token   Token
+	Secret  string // the token itself: only its hash is stored
+}
+
+// CreateProjectsWithTokens records projects, each with its first token, and the audit record of
+// the change (nil: none), in one transaction: all of them or none (the first start's default
+// project and deployment root, which a crash must never leave half made).
+func (d *Directory) CreateProjectsWithTokens(ctx context.Context, ps []NewProject, audit *AuditRecord) error {
 	tx, err := d.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("create project: %w", err)
 	}
 	defer tx.Rollback()
-	// projects.token_hash is unique and not null from the first schema; it holds the first
-	// token's hash, which login no longer reads (the tokens table is authoritative).
-	if _, err := tx.ExecContext(ctx, `insert into projects (id, name, token_hash, deployment, created_at)
-		values (?, ?, ?, ?, ?)`, p.ID, p.Name, HashToken(token), p.Deployment, p.CreatedAt); err != nil {
-		if strings.Contains(err.Error(), "UNIQUE") {
-			return itx.Errorf(itx.EInvalid, "a project named %q already exists", p.Name)
+	for _, np := range ps {
+		p := np.Project
+		// projects.token_hash is unique and not null from the first schema; it holds the first
+		// token's hash, which login no longer reads (the tokens table is authoritative).
+		if _, err := tx.ExecContext(ctx, `insert into projects (id, name, token_hash, deployment, created_at)
+		values (?, ?, ?, ?, ?)`, p.ID, p.Name, HashToken(np.Secret), p.Deployment, p.CreatedAt); err != nil {
+			if strings.Contains(err.Error(), "UNIQUE") {
+				return itx.Errorf(itx.EInvalid, "a project named %q already exists", p.Name)
+			}
+			return fmt.Errorf("create project: %w", err)
 		}
-		return fmt.Errorf("create project: %w", err)
+		if err := insertToken(ctx, tx, np.Token, np.Secret); err != nil {
+			return err
+		}
 	}
-	if err := insertToken(ctx, tx, t, token); err != nil {
+	if err := insertAudit(ctx, tx, audit); err != nil {
 		return err
 	}
 	if err := tx.Commit(); err != nil {
@@ -62,13 +130,13 @@ func (d *Directory) CreateProjectWithToken(ctx context.Context, p Project, t Tok
 
 // CreateToken records a token of an existing project; ENotFound if there is none.
 func (d *Directory) CreateToken(ctx context.Context, t Token, token string) error {
-	return d.CreateTokenBounded(ctx, t, token, 0)
+	return d.CreateTokenBounded(ctx, t, token, 0, nil)
 }
 
 // CreateTokenBounded is CreateToken refusing with limitExceeded when the project already holds
-// max tokens (0: no bound). The count and the insert share one write transaction, so racing
-// creations cannot share the last place.
-func (d *Directory) CreateTokenBounded(ctx context.Context, t Token, token string, max int) error {
+// max tokens (0: no bound), keeping the change's audit record (nil: none). The count, the insert
+// and the record share one write transaction, so racing creations cannot share the last place.
+func (d *Directory) CreateTokenBounded(ctx context.Context, t Token, token string, max int, audit *AuditRecord) error {
 	if _, err := d.Project(ctx, t.ProjectID); err != nil {
 		return err
 	}
@@ -97,6 +165,9 @@ func (d *Directory) CreateTokenBounded(ctx context.Context, t Token, token strin
 		}
 	}
 	if err := insertToken(ctx, tx, t, token); err != nil {
+		return err
+	}
+	if err := insertAudit(ctx, tx, audit); err != nil {
 		return err
 	}
 	if err := tx.Commit(); err != nil {
@@ -184,21 +255,39 @@ func (d *Directory) Tokens(ctx context.Context, projectID string) ([]Token, erro
 	return out, rows.Err()
 }
 
-// DeleteToken removes a project's token; ENotFound if it has none by that id.
-func (d *Directory) DeleteToken(ctx context.Context, projectID, id string) error {
-	res, err := d.db.ExecContext(ctx, `delete from tokens where project_id = ? and id = ?`, projectID, id)
+// DeleteToken removes a project's token, keeping the change's audit record (nil: none), in one
+// transaction; ENotFound if it has none by that id.
+func (d *Directory) DeleteToken(ctx context.Context, projectID, id string, audit *AuditRecord) error {
+	tx, err := d.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("revoke token: %w", err)
+	}
+	defer tx.Rollback()
+	res, err := tx.ExecContext(ctx, `delete from tokens where project_id = ? and id = ?`, projectID, id)
 	if err != nil {
 		return fmt.Errorf("revoke token: %w", err)
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
 		return itx.Errorf(itx.ENotFound, "project %q has no token %q", projectID, id)
 	}
+	if err := insertAudit(ctx, tx, audit); err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("revoke token: %w", err)
+	}
 	return nil
 }
 
-// RenameProject renames a project; ENotFound if there is none, EInvalid if the name is taken.
-func (d *Directory) RenameProject(ctx context.Context, id, name string) error {
-	res, err := d.db.ExecContext(ctx, `update projects set name = ? where id = ?`, name, id)
+// RenameProject renames a project, keeping the change's audit record (nil: none), in one
+// transaction; ENotFound if there is none, EInvalid if the name is taken.
+func (d *Directory) RenameProject(ctx context.Context, id, name string, audit *AuditRecord) error {
+	tx, err := d.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("rename project: %w", err)
+	}
+	defer tx.Rollback()
+	res, err := tx.ExecContext(ctx, `update projects set name = ? where id = ?`, name, id)
 	if err != nil {
 		if strings.Contains(err.Error(), "UNIQUE") {
 			return itx.Errorf(itx.EInvalid, "a project named %q already exists", name)
@@ -207,6 +296,12 @@ func (d *Directory) RenameProject(ctx context.Context, id, name string) error {
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
 		return itx.Errorf(itx.ENotFound, "no project %q", id)
+	}
+	if err := insertAudit(ctx, tx, audit); err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("rename project: %w", err)
 	}
 	return nil
 }
@@ -250,9 +345,9 @@ func countStreams(ctx context.Context, db queryer, projectID string) (int, error
 }
 
 // DeleteProject removes a project with its tokens, secrets and the directory entries of its
-// streams (their alarms and parked marks too), in one transaction. The streams' files are the
-// caller's to remove, after this commits.
-func (d *Directory) DeleteProject(ctx context.Context, id string) error {
+// streams (their alarms and parked marks too), keeping the change's audit record (nil: none),
+// in one transaction. The streams' files are the caller's to remove, after this commits.
+func (d *Directory) DeleteProject(ctx context.Context, id string, audit *AuditRecord) error {
 	tx, err := d.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("delete project: %w", err)
@@ -276,6 +371,9 @@ func (d *Directory) DeleteProject(ctx context.Context, id string) error {
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
 		return itx.Errorf(itx.ENotFound, "no project %q", id)
+	}
+	if err := insertAudit(ctx, tx, audit); err != nil {
+		return err
 	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("delete project: %w", err)

@@ -221,14 +221,70 @@ func TestMigrate_Idempotent(t *testing.T) {
 	require.NoError(t, migrate(context.Background(), db, "stream"))
 }
 
+// Projects made together are all recorded or none: the second refused, the first is not there.
+func TestDirectory_CreateProjectsWithTokensIsAllOrNone(t *testing.T) {
+	ctx := context.Background()
+	d, err := OpenDirectory(ctx, filepath.Join(t.TempDir(), "dir.db"))
+	require.NoError(t, err)
+	defer d.Close()
+	err = d.CreateProjectsWithTokens(ctx, []NewProject{
+		{Project: Project{ID: "p1", Name: "same", CreatedAt: 1}, Token: Token{ID: "t1", ProjectID: "p1", CreatedAt: 1}, Secret: "tok1"},
+		{Project: Project{ID: "p2", Name: "same", CreatedAt: 1}, Token: Token{ID: "t2", ProjectID: "p2", CreatedAt: 1}, Secret: "tok2"},
+	}, nil)
+	require.Equal(t, itx.EInvalid, itx.ErrorCode(err))
+	ps, err := d.Projects(ctx)
+	require.NoError(t, err)
+	require.Empty(t, ps)
+	_, _, err = d.TokenByHash(ctx, "tok1", 1)
+	require.Equal(t, itx.EUnauthenticated, itx.ErrorCode(err))
+}
+
+// An audited change keeps its record in its own transaction: a refused change keeps none, and a
+// record stays pending until DeleteAudit.
+func TestDirectory_AuditRecords(t *testing.T) {
+	ctx := context.Background()
+	d, err := OpenDirectory(ctx, filepath.Join(t.TempDir(), "dir.db"))
+	require.NoError(t, err)
+	defer d.Close()
+	rec := func(id string) *AuditRecord {
+		return &AuditRecord{ID: id, Type: "admin/x", Payload: []byte(`{"id":"` + id + `"}`)}
+	}
+
+	require.NoError(t, d.CreateProjectWithToken(ctx, Project{ID: "p1", Name: "one", CreatedAt: 1}, Token{ID: "t1", ProjectID: "p1", CreatedAt: 1}, "tok1", rec("a1")))
+	require.Error(t, d.CreateProjectWithToken(ctx, Project{ID: "p2", Name: "one", CreatedAt: 1}, Token{ID: "t2", ProjectID: "p2", CreatedAt: 1}, "tok2", rec("refused1")))
+	require.NoError(t, d.CreateTokenBounded(ctx, Token{ID: "t3", ProjectID: "p1", CreatedAt: 2}, "tok3", 0, rec("a2")))
+	require.Error(t, d.CreateTokenBounded(ctx, Token{ID: "t4", ProjectID: "p1", CreatedAt: 2}, "tok4", 2, rec("refused2")))
+	require.NoError(t, d.DeleteToken(ctx, "p1", "t3", rec("a3")))
+	require.Error(t, d.DeleteToken(ctx, "p1", "t3", rec("refused3")))
+	require.NoError(t, d.RenameProject(ctx, "p1", "uno", rec("a4")))
+	require.Error(t, d.RenameProject(ctx, "nope", "dos", rec("refused4")))
+	require.NoError(t, d.DeleteProject(ctx, "p1", rec("a5")))
+	require.Error(t, d.DeleteProject(ctx, "p1", rec("refused5")))
+
+	pending, err := d.PendingAudits(ctx)
+	require.NoError(t, err)
+	var got []string
+	for _, a := range pending {
+		got = append(got, a.ID)
+		require.Equal(t, *rec(a.ID), a)
+	}
+	require.Equal(t, []string{"a1", "a2", "a3", "a4", "a5"}, got, "in the order of their changes")
+	require.NoError(t, d.DeleteAudit(ctx, "a1"))
+	require.NoError(t, d.DeleteAudit(ctx, "a1"), "forgetting one twice is no error")
+	pending, err = d.PendingAudits(ctx)
+	require.NoError(t, err)
+	require.Len(t, pending, 4)
+	require.Equal(t, "a2", pending[0].ID)
+}
+
 func TestDirectory(t *testing.T) {
 	ctx := context.Background()
 	d, err := OpenDirectory(ctx, filepath.Join(t.TempDir(), "dir.db"))
 	require.NoError(t, err)
 	defer d.Close()
 
-	require.NoError(t, d.CreateProjectWithToken(ctx, Project{ID: "p1", Name: "one", CreatedAt: 1}, Token{ID: "t1", ProjectID: "p1", Label: "l", CreatedAt: 1}, "tok1"))
-	err = d.CreateProjectWithToken(ctx, Project{ID: "p2", Name: "one", CreatedAt: 1}, Token{ID: "t2", ProjectID: "p2", Label: "l", CreatedAt: 1}, "tok2")
+	require.NoError(t, d.CreateProjectWithToken(ctx, Project{ID: "p1", Name: "one", CreatedAt: 1}, Token{ID: "t1", ProjectID: "p1", Label: "l", CreatedAt: 1}, "tok1", nil))
+	err = d.CreateProjectWithToken(ctx, Project{ID: "p2", Name: "one", CreatedAt: 1}, Token{ID: "t2", ProjectID: "p2", Label: "l", CreatedAt: 1}, "tok2", nil)
 	require.Equal(t, itx.EInvalid, itx.ErrorCode(err), "a name is unique")
 	_, err = d.Project(ctx, "p2")
 	require.Equal(t, itx.ENotFound, itx.ErrorCode(err), "a refused project writes nothing")
@@ -245,8 +301,8 @@ func TestDirectory(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, tokens, 2)
 	require.Equal(t, []string{"read"}, tokens[1].Rights)
-	require.NoError(t, d.DeleteToken(ctx, "p1", "t3"))
-	require.Equal(t, itx.ENotFound, itx.ErrorCode(d.DeleteToken(ctx, "p1", "t3")))
+	require.NoError(t, d.DeleteToken(ctx, "p1", "t3", nil))
+	require.Equal(t, itx.ENotFound, itx.ErrorCode(d.DeleteToken(ctx, "p1", "t3", nil)))
 
 	for _, path := range []string{"/a", "/a/b", "/ab", "/b"} {
 		require.NoError(t, d.CreateStream(ctx, StreamEntry{StreamID: "s" + path, ProjectID: "p1", Path: path, CreatedAt: 2}, 0))
@@ -366,7 +422,7 @@ func TestDirectory_CreateStreamBounded(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { d.Close() }()
 	for _, p := range []string{"p1", "p2", "p3"} {
-		require.NoError(t, d.CreateProjectWithToken(ctx, Project{ID: p, Name: p, CreatedAt: 1}, Token{ID: "t" + p, ProjectID: p, Label: "l", CreatedAt: 1}, "tok"+p))
+		require.NoError(t, d.CreateProjectWithToken(ctx, Project{ID: p, Name: p, CreatedAt: 1}, Token{ID: "t" + p, ProjectID: p, Label: "l", CreatedAt: 1}, "tok"+p, nil))
 	}
 	create := func(project, path string, max int) error {
 		return d.CreateStream(ctx, StreamEntry{StreamID: project + path, ProjectID: project, Path: path, CreatedAt: 2}, max)
@@ -426,7 +482,7 @@ func TestDirectory_CreateStreamBounded(t *testing.T) {
 	})
 
 	t.Run("deleting a project drops its count", func(t *testing.T) {
-		require.NoError(t, d.DeleteProject(ctx, "p1"))
+		require.NoError(t, d.DeleteProject(ctx, "p1", nil))
 		requireCount(t, "p1", 0)
 		var rows int
 		require.NoError(t, d.db.QueryRowContext(ctx, `select count(*) from stream_counts where project_id = 'p1'`).Scan(&rows))
