@@ -467,6 +467,8 @@ func TestAcking_RewindWhileUnconfirmed(t *testing.T) {
 	defer mountFlaky(t, e, "loader", r)()
 	mustAppend(t, s, ev("a", `{}`), ev("a", `{}`), ev("a", `{}`), ev("a", `{}`), ev("a", `{}`))
 	waitUntil(t, "delivered", func() bool { return len(r.got()) == 5 })
+	// The receiver holds the events before its answer reaches itxd, which marks them delivered.
+	waitUntil(t, "marked delivered", func() bool { return e.describe(t, s, name).DeliveredOffset >= b+5 })
 	sub := client.Subscription(e.ctx, s, name)
 	defer sub.Release()
 	c, err := client.ConfirmSubscription(e.ctx, sub, b+3)
