@@ -858,6 +858,9 @@ func TestAcking_IdleUnloadDoesNotRedeliver(t *testing.T) {
 	defer mountFlaky(t, e, "loader", r)()
 	mustAppend(t, s, ev("a", `{}`), ev("a", `{}`))
 	waitUntil(t, "delivered", func() bool { return len(r.got()) == 2 })
+	// The receiver holds the events before its answer reaches itxd, which marks them delivered
+	// (until then they are in flight, and a stream unloaded then sends them again).
+	waitUntil(t, "marked delivered", func() bool { return e.describe(t, s, name).DeliveredOffset >= b+2 })
 	s.Release()
 	for i := 0; i < 10; i++ {
 		e.clock.Advance(2 * time.Second)
