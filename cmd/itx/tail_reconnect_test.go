@@ -259,6 +259,19 @@ func TestMain_TailGoesOnAcrossAnItxdRestart(t *testing.T) {
 	}
 }
 
+// Ctrl-C while itx tail waits for itxd to come back still stops it, with exit status 130.
+func TestMain_TailInterruptedWhileReconnectingExits130(t *testing.T) {
+	data := t.TempDir()
+	itxd, addr := runItxd(t, data, "127.0.0.1:0")
+	creds, err := server.ReadCredentials(data)
+	require.NoError(t, err)
+	tail := startItxCommand(t, addr, creds.ProjectToken, "tail", "/f")
+	tail.wait(t, tail.errs, "tailing /f")
+	itxd.stop(t)
+	tail.wait(t, tail.errs, "itxd went away (serverShuttingDown)")
+	tail.interrupt(t)
+}
+
 // itx watch goes on across an itxd restart too: it says so on stderr and, resubscribed,
 // prints a fresh snapshot, which shows what was appended while itxd was down. It ended with
 // exit status 1.

@@ -462,7 +462,7 @@ func runTail(ctx context.Context, s *Session, args []string) error {
 		}
 		// The connection opens again after the last offset printed: what came meanwhile is
 		// read back from the log, and nothing printed is printed again.
-		err = s.reopen(ctx, func() (err error) {
+		err = s.reopen(ctx, went, func() (err error) {
 			conn, err = s.openTail(ctx, ta.path, after, true)
 			return err
 		})
@@ -549,23 +549,28 @@ func itxdWentAway(why string) bool {
 
 // reopen calls open until it succeeds, reconnecting to itxd first whenever the connection is
 // down (with the session's redial and its backoff) and backing off between attempts that fail
-// because itxd is unavailable (still shutting down, say). It tries until ctx ends (Ctrl-C) or
-// open or the login fails otherwise. The caller holds vmMu, as for every command.
-func (s *Session) reopen(ctx context.Context, open func() error) error {
+// because itxd is unavailable (still shutting down, say) or the connection broke under them.
+// why is why the live view ended: after serverShuttingDown it dials a new connection at once,
+// since the one it has leads to an itxd that is closing it (a call on it may fail with the
+// connection half torn down). It tries until ctx ends (Ctrl-C) or open or the login fails
+// otherwise. The caller holds vmMu, as for every command.
+func (s *Session) reopen(ctx context.Context, why string, open func() error) error {
 	delay := reconnectFirstDelay
+	redial := why == "serverShuttingDown"
 	for {
-		if !s.connected() {
+		if redial || !s.connected() {
 			conn, project, err := s.redial(ctx)
 			if err != nil {
 				return err
 			}
 			s.adopt(conn, project)
+			redial = false
 		}
 		err := open()
 		if err == nil {
 			return nil
 		}
-		if itx.ErrorCode(err) != itx.EUnavailable && !capnp.IsDisconnected(err) {
+		if itx.ErrorCode(err) != itx.EUnavailable && !capnp.IsDisconnected(err) && s.connected() {
 			return err
 		}
 		t := time.NewTimer(delay)
@@ -612,7 +617,7 @@ func runWatch(ctx context.Context, s *Session, args []string) error {
 			return err
 		}
 		fmt.Fprintf(s.cfg.Err, "itx: itxd went away (%s); reconnecting to watch %s again\n", went, p.steps[len(p.steps)-1].arg)
-		err = s.reopen(ctx, func() (err error) {
+		err = s.reopen(ctx, went, func() (err error) {
 			v, err = s.openWatch(ctx, p)
 			return err
 		})
