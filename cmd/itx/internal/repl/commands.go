@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"capnproto.org/go/capnp/v3"
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/schema"
@@ -101,7 +102,7 @@ func init() {
 	register(&Command{Name: "time", Args: "[iso|relative]", Help: "show times in tables as ISO-8601 (the default) or relative to now", Run: runTime})
 	register(&Command{Name: "quit", Help: "leave (as .exit)", Run: leave("quit")})
 	register(&Command{Name: "tail", Args: "<path> [--from N | N]", CLI: true,
-		Help: "open a connection and print events as they are appended, until Ctrl-C (default: after the head)", Run: runTail,
+		Help: "open a connection and print events as they are appended, until Ctrl-C (default: after the head); goes on after the last one printed when itxd restarts", Run: runTail,
 		Check: func(args []string) error { _, err := parseTail(args); return err }})
 	register(&Command{Name: "import", Args: "<path> [file.ndjson | -] [--with-control]", CLI: true,
 		Help: "append events from newline-delimited JSON ({type, payload, idempotencyKey, metadata} a line), pipelined in batches; - or no file: standard input (itx import only); stream/* control records are skipped unless --with-control", Run: runImport,
@@ -110,7 +111,7 @@ func init() {
 		Help: "print a stream's events after an offset (default 0) up to its head, one JSON event a line: what import reads; stream/* control records are left out unless --with-control", Run: runExport,
 		Check: func(args []string) error { _, err := parseExport(args); return err }})
 	register(&Command{Name: "watch", Args: "<path>", CLI: true,
-		Help: "print a stream's live state (snapshot, then patches) until Ctrl-C", Run: runWatch,
+		Help: "print a stream's live state (snapshot, then patches) until Ctrl-C; a fresh snapshot when itxd restarts", Run: runWatch,
 		Check: func(args []string) error { _, err := parseWatch(args); return err }})
 }
 
@@ -434,45 +435,154 @@ func runTail(ctx context.Context, s *Session, args []string) error {
 	if err != nil {
 		return err
 	}
-	c := s.client(streamPath(ta.path))
-	defer c.Release()
 	after := ta.after
 	if ta.fromHead {
+		c := s.client(streamPath(ta.path))
 		info, err := client.Describe(ctx, schema.Stream(c))
+		c.Release()
 		if err != nil {
 			return err
 		}
 		after = info.HeadOffset
 	}
-	conn, err := s.openConnection(ctx, c, s.toJS(map[string]any{"after": after, "openedBy": "itx tail", "noState": true}))
+	conn, err := s.openTail(ctx, ta.path, after, false)
 	if err != nil {
 		return err
 	}
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		conn.close(cctx, "itx tail ended")
-	}()
 	// A notice on stderr: stdout carries only events, one per line.
 	fmt.Fprintf(s.cfg.Err, "tailing %s after offset %d; Ctrl-C stops\n", ta.path, after)
 	for {
+		var went string
+		after, went, err = s.printTail(ctx, conn, after)
+		if err != nil || went == "" {
+			return err
+		}
+		if went != tailOverflowed {
+			fmt.Fprintf(s.cfg.Err, "itx: itxd went away (%s); reconnecting to go on after offset %d\n", went, after)
+		}
+		// The connection opens again after the last offset printed: what came meanwhile is
+		// read back from the log, and nothing printed is printed again.
+		err = s.reopen(ctx, went, func() (err error) {
+			conn, err = s.openTail(ctx, ta.path, after, true)
+			return err
+		})
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil // Ctrl-C while reconnecting
+			}
+			return err
+		}
+	}
+}
+
+// tailOverflowed is printTail's answer when stdout fell so far behind that the connection's
+// buffer filled: the tail opens again after what it printed.
+const tailOverflowed = "overflowed"
+
+// openTail opens .tail's connection on the stream at path, after the offset after. Opened
+// again (reopen), it asks for the buffered ephemeral events after that offset too, which the
+// connection it replaces would have delivered live.
+func (s *Session) openTail(ctx context.Context, path string, after int64, reopen bool) (*liveConnection, error) {
+	c := s.client(streamPath(path))
+	defer c.Release()
+	sink := newEventSink()
+	sink.keepOldest = true
+	return s.openConnectionTo(ctx, c, s.toJS(map[string]any{"after": after, "openedBy": "itx tail", "noState": true, "includeEphemeral": reopen}), sink)
+}
+
+// printTail prints conn's events until it ends, and returns the last offset printed (after,
+// if none). went is why the connection ended when the tail should go on on a new one: itxd
+// went away (a close reason, or "the connection was lost"), or tailOverflowed; "" with a nil
+// error is Ctrl-C. Any other close ends the tail with its reason.
+func (s *Session) printTail(ctx context.Context, conn *liveConnection, after int64) (last int64, went string, err error) {
+	last = after
+	for {
+		lost := false
 		select {
 		case <-ctx.Done():
-			return nil
+			cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			conn.close(cctx, "itx tail ended")
+			return last, "", nil
 		case <-s.Done():
-			return itx.Errorf(itx.EUnavailable, "the connection to itxd ended")
+			lost = true // print what arrived before, then go on on a new connection
 		case <-conn.sink.wake:
 		}
 		events, dropped, closed := conn.sink.take()
-		if dropped > 0 {
-			fmt.Fprintf(s.cfg.Err, "(%d events dropped: output too slow)\n", dropped)
-		}
-		for _, e := range eventsJS(events) {
+		for i, e := range eventsJS(events) {
 			s.printEventLine(e)
+			last = events[i].Offset
 		}
-		if closed != nil {
-			return closed
+		switch {
+		case closed != nil && itxdWentAway(conn.sink.closedWhy()):
+			s.forget(conn)
+			return last, conn.sink.closedWhy(), nil
+		case closed != nil:
+			s.forget(conn)
+			return last, "", closed
+		case lost:
+			s.forget(conn)
+			return last, "the connection was lost" + s.lostBecause(), nil
+		case dropped > 0:
+			// The sink kept the oldest events and discarded the rest (keepOldest): they are
+			// read again from the log by a connection opened after the last one printed.
+			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			conn.close(cctx, "itx tail fell behind; opening again after offset "+strconv.FormatInt(last, 10))
+			s.forget(conn)
+			return last, tailOverflowed, nil
 		}
+	}
+}
+
+// itxdWentAway reports whether a live view closed with why goes on on a new one: itxd shut
+// down (a restart), the RPC session ended, or itxd gave up on a sink that did not answer in
+// time (this process was stalled). The rest end it: the stream was removed, another opened
+// the same key, the token ended, the sink failed a delivery (it would again).
+func itxdWentAway(why string) bool {
+	switch why {
+	case "serverShuttingDown", "connectionLost", "slowConsumer":
+		return true
+	}
+	return false
+}
+
+// reopen calls open until it succeeds, reconnecting to itxd first whenever the connection is
+// down (with the session's redial and its backoff) and backing off between attempts that fail
+// because itxd is unavailable (still shutting down, say) or the connection broke under them.
+// why is why the live view ended: after serverShuttingDown it dials a new connection at once,
+// since the one it has leads to an itxd that is closing it (a call on it may fail with the
+// connection half torn down). It tries until ctx ends (Ctrl-C) or open or the login fails
+// otherwise. The caller holds vmMu, as for every command.
+func (s *Session) reopen(ctx context.Context, why string, open func() error) error {
+	delay := reconnectFirstDelay
+	redial := why == "serverShuttingDown"
+	for {
+		if redial || !s.connected() {
+			conn, project, err := s.redial(ctx)
+			if err != nil {
+				return err
+			}
+			s.adopt(conn, project)
+			redial = false
+		}
+		err := open()
+		if err == nil {
+			return nil
+		}
+		if itx.ErrorCode(err) != itx.EUnavailable && !capnp.IsDisconnected(err) && s.connected() {
+			return err
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-s.Done():
+			t.Stop()
+		case <-t.C:
+		}
+		delay = min(2*delay, reconnectMaxDelay)
 	}
 }
 
@@ -497,29 +607,56 @@ func runWatch(ctx context.Context, s *Session, args []string) error {
 	if err != nil {
 		return err
 	}
-	c := s.client(p)
-	defer c.Release()
-	v, err := streamLiveView(ctx, s, c)
+	v, err := s.openWatch(ctx, p)
 	if err != nil {
 		return err
 	}
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		v.cancel(cctx)
-	}()
+	for {
+		went, err := s.printWatch(ctx, v)
+		if err != nil || went == "" {
+			return err
+		}
+		fmt.Fprintf(s.cfg.Err, "itx: itxd went away (%s); reconnecting to watch %s again\n", went, p.steps[len(p.steps)-1].arg)
+		err = s.reopen(ctx, went, func() (err error) {
+			v, err = s.openWatch(ctx, p)
+			return err
+		})
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil // Ctrl-C while reconnecting
+			}
+			return err
+		}
+	}
+}
+
+// openWatch registers .watch's live view on the stream at p.
+func (s *Session) openWatch(ctx context.Context, p capPath) (*liveView, error) {
+	c := s.client(p)
+	defer c.Release()
+	return streamLiveView(ctx, s, c)
+}
+
+// printWatch prints v's frames, its snapshot first, until it ends. went is why it ended when
+// .watch should go on with a new view (itxdWentAway, or the connection was lost); "" with a nil
+// error is Ctrl-C.
+func (s *Session) printWatch(ctx context.Context, v *liveView) (went string, err error) {
 	var shownSnapshot uint64
 	first := true
 	for {
+		lost := false
 		select {
 		case <-ctx.Done():
-			return nil
+			cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			v.cancel(cctx)
+			return "", nil
 		case <-s.Done():
-			return itx.Errorf(itx.EUnavailable, "the connection to itxd ended")
+			lost = true
 		case <-v.wake:
 		}
 		snapshot, state, patches, dropped := v.takePatches()
-		if first || snapshot != shownSnapshot || dropped > 0 {
+		if state != nil && (first || snapshot != shownSnapshot || dropped > 0) {
 			// The first frame, or a new snapshot (the server resubscribed after a gap): show
 			// the whole state, then the patches that followed it.
 			s.printWatchFrame(snapshotJS{Revision: snapshot, State: state},
@@ -529,8 +666,17 @@ func runWatch(ctx context.Context, s *Session, args []string) error {
 		for _, pt := range patches {
 			s.printWatchFrame(pt, fmt.Sprintf("revision %d: %s", pt.Revision, pt.Ops))
 		}
-		if why := v.endedWith(); why != "" {
-			return itx.Errorf(itx.EUnavailable, "the live view ended: %s", why)
+		msg, why := v.endedWith()
+		switch {
+		case msg != "" && itxdWentAway(why):
+			s.forget(v)
+			return why, nil
+		case msg != "":
+			s.forget(v)
+			return "", itx.Errorf(itx.EUnavailable, "the live view ended: %s", msg)
+		case lost:
+			s.forget(v)
+			return "the connection was lost" + s.lostBecause(), nil
 		}
 	}
 }

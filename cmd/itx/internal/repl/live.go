@@ -36,7 +36,13 @@ type eventSink struct {
 	events  []itx.Event
 	dropped int
 	closed  *itx.Error // the close reason, once the server closed the connection
+	why     string     // closed's CloseReason ("serverShuttingDown", ...), to switch on
 	wake    chan struct{}
+	// keepOldest (.tail's sink) keeps the oldest events when the buffer is full and discards
+	// every later one, so what it holds is a run without a gap: the tail prints it and opens
+	// again after its last offset. Otherwise the oldest are dropped (a script's connection).
+	keepOldest bool
+	full       bool // keepOldest: the buffer filled; every later event was discarded
 }
 
 func newEventSink() *eventSink { return &eventSink{wake: make(chan struct{}, 1)} }
@@ -62,10 +68,23 @@ func (k *eventSink) Deliver(ctx context.Context, call schema.EventSink_deliver) 
 		return err
 	}
 	k.mu.Lock()
-	k.events = append(k.events, events...)
-	if over := len(k.events) - maxBuffered; over > 0 {
-		k.events = append([]itx.Event(nil), k.events[over:]...)
-		k.dropped += over
+	switch {
+	case k.keepOldest && (k.full || len(k.events)+len(events) > maxBuffered):
+		// Once full, nothing more is kept, even when the tail has taken some: an event kept
+		// after a discarded one would leave a gap.
+		keep := 0
+		if !k.full {
+			keep = maxBuffered - len(k.events)
+		}
+		k.events = append(k.events, events[:keep]...)
+		k.dropped += len(events) - keep
+		k.full = true
+	default:
+		k.events = append(k.events, events...)
+		if over := len(k.events) - maxBuffered; over > 0 {
+			k.events = append([]itx.Event(nil), k.events[over:]...)
+			k.dropped += over
+		}
 	}
 	k.mu.Unlock()
 	k.signal()
@@ -79,7 +98,7 @@ func (k *eventSink) Closed(ctx context.Context, call schema.EventSink_closed) er
 		reason.Message, _ = r.Message_()
 	}
 	k.mu.Lock()
-	k.closed = reason
+	k.closed, k.why = reason, call.Args().Why().String()
 	k.mu.Unlock()
 	k.signal()
 	return nil
@@ -89,6 +108,13 @@ func (k *eventSink) Closed(ctx context.Context, call schema.EventSink_closed) er
 // State takes the stream's live-state frames; the REPL's connections ask for noState by
 // default, and .watch uses liveState, so they are accepted and dropped here.
 func (k *eventSink) State(ctx context.Context, call schema.EventSink_state) error { return nil }
+
+// closedWhy is the CloseReason the server closed the connection with, "" while it is open.
+func (k *eventSink) closedWhy() string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.why
+}
 
 func (k *eventSink) take() (events []itx.Event, dropped int, closed *itx.Error) {
 	k.mu.Lock()
@@ -138,6 +164,11 @@ func (c *liveConnection) close(ctx context.Context, reason string) error {
 var connectionKeys = []string{"after", "types", "maxDeliveryEvents", "maxDeliveryBytes", "noState", "state", "openedBy", "key", "includeEphemeral"}
 
 func (s *Session) openConnection(ctx context.Context, stream capnp.Client, v goja.Value) (*liveConnection, error) {
+	return s.openConnectionTo(ctx, stream, v, newEventSink())
+}
+
+// openConnectionTo opens a connection delivering into sink.
+func (s *Session) openConnectionTo(ctx context.Context, stream capnp.Client, v goja.Value, sink *eventSink) (*liveConnection, error) {
 	o, err := s.opts("openConnection", v, connectionKeys...)
 	if err != nil {
 		return nil, err
@@ -159,7 +190,6 @@ func (s *Session) openConnection(ctx context.Context, stream capnp.Client, v goj
 	if openedBy == "" {
 		openedBy = "itx"
 	}
-	sink := newEventSink()
 	fut, release := schema.Stream(stream).OpenConnection(ctx, func(p schema.Stream_openConnection_Params) error {
 		opts, err := p.NewOptions()
 		if err != nil {
@@ -273,8 +303,9 @@ type liveView struct {
 	// first is closed when the first snapshot has arrived.
 	first     chan struct{}
 	firstOnce sync.Once
-	// ended is why the server ended the view ("" while it runs): its closed call.
-	ended string
+	// ended is why the server ended the view ("" while it runs): its closed call's message;
+	// endedWhy is its CloseReason ("serverShuttingDown", ...), to switch on.
+	ended, endedWhy string
 
 	s        *Session
 	handle   schema.Handle
@@ -350,18 +381,19 @@ func (v *liveView) Closed(ctx context.Context, call schema.LiveSubscriber_closed
 	}
 	msg, _ := reason.Message_()
 	v.mu.Lock()
-	v.ended = msg
+	v.ended, v.endedWhy = msg, call.Args().Why().String()
 	v.mu.Unlock()
 	v.firstOnce.Do(func() { close(v.first) })
 	v.signal()
 	return nil
 }
 
-// endedWith is why the server ended the view, "" while it runs.
-func (v *liveView) endedWith() string {
+// endedWith is why the server ended the view, "" while it runs: its message and its
+// CloseReason.
+func (v *liveView) endedWith() (message, why string) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	return v.ended
+	return v.ended, v.endedWhy
 }
 
 func (v *liveView) Patch(ctx context.Context, call schema.LiveSubscriber_patch) error {

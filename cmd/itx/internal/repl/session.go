@@ -217,6 +217,11 @@ func (s *Session) dial(ctx context.Context) (*client.Conn, schema.Project, error
 	if _, err := client.DescribeProject(dctx, project); err != nil {
 		project.Release()
 		conn.Close()
+		if code := itx.ErrorCode(err); code != itx.EUnauthenticated && code != itx.EPermissionDenied {
+			// Not a refused login: the connection broke under it. An itxd that is going away
+			// (killed, say) can complete a dial from its listen backlog and then reset it.
+			return nil, schema.Project{}, itx.Errorf(itx.EUnavailable, "%s", itx.ErrorMessage(err))
+		}
 		return nil, schema.Project{}, err
 	}
 	return conn, project, nil
