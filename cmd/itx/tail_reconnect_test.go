@@ -49,6 +49,7 @@ func runItxd(t *testing.T, data, listen string) (*itxdProcess, string) {
 			break
 		}
 	}
+	scanErr := sc.Err() // read before the goroutine below scans on
 	go func() {
 		for sc.Scan() {
 		}
@@ -56,7 +57,7 @@ func runItxd(t *testing.T, data, listen string) (*itxdProcess, string) {
 		close(p.exited)
 	}()
 	t.Cleanup(func() { p.kill9(t) })
-	require.True(t, announced, "itxd ended before announcing itself: %v", sc.Err())
+	require.True(t, announced, "itxd ended before announcing itself: %v", scanErr)
 	b, err := os.ReadFile(filepath.Join(data, server.CredentialsFile))
 	require.NoError(t, err)
 	var rec struct {
