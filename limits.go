@@ -66,3 +66,14 @@ const (
 	BreakerBurst           = 100_000
 	BreakerRefillPerMinute = 6_000_000
 )
+
+// ErrAppendTooManyEvents and ErrAppendTooLarge are the refusals of an append past
+// MaxAppendEvents or MaxAppendBytes (measured with EventInput.Size after Normalize), as itxd
+// answers them and the Go client gives them before sending.
+func ErrAppendTooManyEvents(n int) error {
+	return Errorf(ETooLarge, "append has %d events, at most %d", n, MaxAppendEvents)
+}
+
+func ErrAppendTooLarge(bytes int) error {
+	return Errorf(ETooLarge, "append is %d bytes, at most %d", bytes, MaxAppendBytes)
+}

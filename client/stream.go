@@ -42,14 +42,15 @@ func Append(ctx context.Context, s schema.Stream, events []itx.EventInput, opts 
 // connection instead of failing the call.
 func checkAppendSize(events []itx.EventInput) error {
 	if len(events) > itx.MaxAppendEvents {
-		return itx.Errorf(itx.ETooLarge, "append has %d events, at most %d", len(events), itx.MaxAppendEvents)
+		return itx.ErrAppendTooManyEvents(len(events))
 	}
 	total := 0
 	for i := range events {
 		total += events[i].Size()
 	}
 	if total <= itx.MaxAppendBytes {
-		return nil // the common case: normalizing only ever shrinks an event
+		return nil // the common case (normalizing shrinks an event, or adds the 2 bytes of an
+		// absent payload's {}: itxd answers those few itself)
 	}
 	total = 0
 	for i := range events {
@@ -60,7 +61,7 @@ func checkAppendSize(events []itx.EventInput) error {
 		total += e.Size()
 	}
 	if total > itx.MaxAppendBytes {
-		return itx.Errorf(itx.ETooLarge, "append is %d bytes, at most %d", total, itx.MaxAppendBytes)
+		return itx.ErrAppendTooLarge(total)
 	}
 	return nil
 }

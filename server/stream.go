@@ -99,7 +99,7 @@ func validateAppend(inputs []itx.EventInput, auth authority) error {
 		return itx.Errorf(itx.EInvalid, "append needs at least one event")
 	}
 	if len(inputs) > itx.MaxAppendEvents {
-		return itx.Errorf(itx.ETooLarge, "append has %d events, at most %d", len(inputs), itx.MaxAppendEvents)
+		return itx.ErrAppendTooManyEvents(len(inputs))
 	}
 	total := 0
 	for i := range inputs {
@@ -118,7 +118,7 @@ func validateAppend(inputs []itx.EventInput, auth authority) error {
 		total += inputs[i].Size()
 	}
 	if total > itx.MaxAppendBytes {
-		return itx.Errorf(itx.ETooLarge, "append is %d bytes, at most %d", total, itx.MaxAppendBytes)
+		return itx.ErrAppendTooLarge(total)
 	}
 	return nil
 }

@@ -80,16 +80,6 @@ func configureCall(t *testing.T, s schema.Stream, sub, capability string) {
 	require.NoError(t, err)
 }
 
-func subStatus(t *testing.T, s schema.Stream, name string) itx.SubscriptionDescription {
-	t.Helper()
-	ctx := ctxT(t)
-	sub := client.Subscription(ctx, s, name)
-	defer sub.Release()
-	d, err := client.DescribeSubscription(ctx, sub)
-	require.NoError(t, err)
-	return d
-}
-
 func listMounts(t *testing.T, p schema.Project) []itx.MountInfo {
 	t.Helper()
 	ctx := ctxT(t)
@@ -147,7 +137,7 @@ func TestAccess_MountsAreNamespacedByScope(t *testing.T) {
 	configureCall(t, sB, "sub", "inbox")
 	mustAppend(t, sB, ev("note", `{"from": "B", "n": 1}`))
 	waitUntil(t, "B's subscription parks: nothing is mounted under inbox in B's namespace", func() bool {
-		return subStatus(t, sB, "sub").Status == itx.StatusParked
+		return describeSub(t, sB, "sub").Status == itx.StatusParked
 	})
 	require.False(t, recA.has(t, `{"from": "B", "n": 1}`), "B's events reached A's receiver")
 
@@ -179,7 +169,7 @@ func TestAccess_MountsAreNamespacedByScope(t *testing.T) {
 	require.NoError(t, unmount(t, b, "inbox"))
 	require.Equal(t, []mountView{{"inbox", ""}, {"inbox", "/tenantA"}}, mountViews(listMounts(t, full)))
 	mustAppend(t, sB, ev("note", `{"from": "B", "n": 3}`))
-	waitUntil(t, "B's subscription parks again", func() bool { return subStatus(t, sB, "sub").Status == itx.StatusParked })
+	waitUntil(t, "B's subscription parks again", func() bool { return describeSub(t, sB, "sub").Status == itx.StatusParked })
 	mustAppend(t, sA, ev("note", `{"from": "A", "n": 4}`))
 	waitUntil(t, "A's receiver gets A's next event", func() bool { return recA.has(t, `{"from": "A", "n": 4}`) })
 	require.False(t, recA.has(t, `{"from": "B", "n": 3}`) || recFull.has(t, `{"from": "B", "n": 3}`), "B's event reached another namespace's receiver")
@@ -194,7 +184,7 @@ func TestAccess_ScopedSubscriptionDoesNotReachTheProjectsMount(t *testing.T) {
 	sB := stream(t, b, "/tenantB/s")
 	configureCall(t, sB, "sub", "billing")
 	mustAppend(t, sB, ev("note", `{"from": "B"}`))
-	waitUntil(t, "B's subscription parks", func() bool { return subStatus(t, sB, "sub").Status == itx.StatusParked })
+	waitUntil(t, "B's subscription parks", func() bool { return describeSub(t, sB, "sub").Status == itx.StatusParked })
 	require.False(t, recFull.has(t, `{"from": "B"}`), "a tenant pushed events into the project's receiver")
 	require.Empty(t, listMounts(t, b), "a tenant lists the project's mounts")
 
@@ -315,7 +305,7 @@ func TestAccess_ScopedProcessorDoesNotReachTheProjectsHost(t *testing.T) {
 	sB := stream(t, b, "/tenantB/p")
 	configureInstance(t, sB, "forwarder", "", "remote")
 	mustAppend(t, sB, examples.InboxMessage.Input(json.RawMessage(`{"n":0}`), ""))
-	waitUntil(t, "B's remote processor parks", func() bool { return subStatus(t, sB, "forwarder").Status == itx.StatusParked })
+	waitUntil(t, "B's remote processor parks", func() bool { return describeSub(t, sB, "forwarder").Status == itx.StatusParked })
 	require.Empty(t, hostFull.woken(), "the project's host was woken for a tenant's processor")
 	require.Empty(t, listHosts(t, b), "a tenant lists the project's hosts")
 
@@ -342,7 +332,7 @@ func TestAccess_RawConfiguredEventCannotChooseItsScope(t *testing.T) {
 	mustAppend(t, sB, ev("note", `{"from": "B"}`))
 	for i := range 5 {
 		name := "raw" + itoa(i)
-		waitUntil(t, name+" parks in B's namespace", func() bool { return subStatus(t, sB, name).Status == itx.StatusParked })
+		waitUntil(t, name+" parks in B's namespace", func() bool { return describeSub(t, sB, name).Status == itx.StatusParked })
 	}
 	require.False(t, recA.has(t, `{"from": "B"}`), "a raw configured event chose A's namespace")
 
@@ -364,7 +354,7 @@ func parkedTenantStream(t *testing.T, e *subEnv, path, capability, payload strin
 	s := stream(t, e.ts.login(t, tokB), path)
 	configureCall(t, s, "app", capability)
 	mustAppend(t, s, ev("note", payload))
-	waitUntil(t, "parked", func() bool { return subStatus(t, s, "app").Status == itx.StatusParked })
+	waitUntil(t, "parked", func() bool { return describeSub(t, s, "app").Status == itx.StatusParked })
 	s.Release()
 	waitUntil(t, "unloaded", func() bool {
 		e.clock.Advance(2 * time.Minute)

@@ -174,17 +174,6 @@ func compactBools(xs []bool) []bool {
 	return out
 }
 
-// describeSub describes one subscription of s.
-func describeSub(t *testing.T, s schema.Stream, name string) itx.SubscriptionDescription {
-	t.Helper()
-	ctx := ctxT(t)
-	sub := client.Subscription(ctx, s, name)
-	defer sub.Release()
-	d, err := client.DescribeSubscription(ctx, sub)
-	require.NoError(t, err)
-	return d
-}
-
 // kill -9 while an itx-call receiver holds a delivery unanswered: after the restart nothing is
 // mounted, so the subscription parks (no attempt burnt, the cursor short of the unanswered event)
 // and says why; the next mount resumes it, and every event, the unanswered one included, arrives

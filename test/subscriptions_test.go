@@ -51,9 +51,21 @@ func (e *subEnv) configure(t *testing.T, s schema.Stream, cfg client.Subscriptio
 
 func (e *subEnv) describe(t *testing.T, s schema.Stream, name string) itx.SubscriptionDescription {
 	t.Helper()
-	sub := client.Subscription(e.ctx, s, name)
+	return describeSubIn(e.ctx, t, s, name)
+}
+
+// describeSub describes one subscription of s (a context of its own: not for polling loops,
+// which use describeSubIn with one context).
+func describeSub(t *testing.T, s schema.Stream, name string) itx.SubscriptionDescription {
+	t.Helper()
+	return describeSubIn(ctxT(t), t, s, name)
+}
+
+func describeSubIn(ctx context.Context, t *testing.T, s schema.Stream, name string) itx.SubscriptionDescription {
+	t.Helper()
+	sub := client.Subscription(ctx, s, name)
 	defer sub.Release()
-	d, err := client.DescribeSubscription(e.ctx, sub)
+	d, err := client.DescribeSubscription(ctx, sub)
 	require.NoError(t, err)
 	return d
 }
