@@ -32,6 +32,11 @@ type Stream struct {
 
 	insert  *sql.Stmt
 	setHead *sql.Stmt
+	// inserts holds multi-row inserts by row count (insertChunks), prepared on the first commit
+	// that needs one: one statement per chunk costs a fraction of one per row (database/sql's
+	// per-call work and cgo crossings), and a stream that only ever takes single events never
+	// holds them. Only the writer (Commit) touches it.
+	inserts map[int]*sql.Stmt
 
 	// Reader statements are prepared on the first read: preparing takes a connection, and a
 	// stream that is only appended to should not hold one.
@@ -129,9 +134,7 @@ func openStream(ctx context.Context, file string, create bool) (*Stream, error) 
 		stmt **sql.Stmt
 		q    string
 	}{
-		{w, &s.insert, `insert into events
-			(offset, type, payload, metadata, idempotency_key, created_at, ephemeral, provenance)
-			values (?, ?, ?, ?, ?, ?, ?, ?)`},
+		{w, &s.insert, insertSQL(1)},
 		{w, &s.setHead, `update stream_meta set head_offset = ?, last_append_at = ? where id = 1`},
 	}
 	for _, p := range prep {
@@ -218,32 +221,16 @@ type Commit struct {
 // Commit writes c in one transaction. It returns only after SQLite reports the commit durable
 // (synchronous=FULL: the WAL is fsynced), which is what lets the actor acknowledge appends.
 func (s *Stream) Commit(ctx context.Context, c Commit) error {
+	if err := s.prepareInserts(ctx, len(c.Events)); err != nil {
+		return err
+	}
 	tx, err := s.w.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("commit: begin: %w", err)
 	}
 	defer tx.Rollback()
-	insert := tx.StmtContext(ctx, s.insert)
-	for i := range c.Events {
-		e := &c.Events[i]
-		var metadata, key, provenance any
-		if len(e.Metadata) > 0 {
-			metadata = string(e.Metadata)
-		}
-		if e.IdempotencyKey != "" {
-			key = e.IdempotencyKey
-		}
-		if len(e.Provenance) > 0 {
-			b, err := json.Marshal(e.Provenance)
-			if err != nil {
-				return fmt.Errorf("commit: provenance: %w", err)
-			}
-			provenance = string(b)
-		}
-		if _, err := insert.ExecContext(ctx, e.Offset, e.Type, string(e.Payload), metadata, key,
-			e.CreatedAt, e.Ephemeral, provenance); err != nil {
-			return fmt.Errorf("commit: insert offset %d: %w", e.Offset, err)
-		}
+	if err := s.insertEvents(ctx, tx, c.Events); err != nil {
+		return err
 	}
 	if len(c.Events) > 0 {
 		if _, err := tx.StmtContext(ctx, s.setHead).ExecContext(ctx, c.HeadOffset, c.LastAppendAt); err != nil {
@@ -316,6 +303,91 @@ func (s *Stream) Commit(ctx context.Context, c Commit) error {
 		return fmt.Errorf("commit: %w", err)
 	}
 	return nil
+}
+
+// insertChunks are the row counts of the multi-row inserts, largest first: a commit's events go
+// in as many of the largest as fit, then the smaller ones, then one by one. 64 rows of 8 columns
+// stay far below SQLite's bound on bound parameters (32,766).
+var insertChunks = [...]int{64, 16, 4}
+
+const insertColumns = `insert into events
+	(offset, type, payload, metadata, idempotency_key, created_at, ephemeral, provenance) values `
+
+// insertEvents inserts events in order within tx.
+func (s *Stream) insertEvents(ctx context.Context, tx *sql.Tx, events []itx.Event) error {
+	args := make([]any, 0, 8*min(len(events), insertChunks[0]))
+	for len(events) > 0 {
+		n := 1
+		for _, k := range insertChunks {
+			if len(events) >= k {
+				n = k
+				break
+			}
+		}
+		stmt := s.insert
+		if n > 1 {
+			stmt = s.inserts[n]
+		}
+		args = args[:0]
+		for i := range events[:n] {
+			e := &events[i]
+			var metadata, key, provenance any
+			if len(e.Metadata) > 0 {
+				metadata = string(e.Metadata)
+			}
+			if e.IdempotencyKey != "" {
+				key = e.IdempotencyKey
+			}
+			if len(e.Provenance) > 0 {
+				b, err := json.Marshal(e.Provenance)
+				if err != nil {
+					return fmt.Errorf("commit: provenance: %w", err)
+				}
+				provenance = string(b)
+			}
+			args = append(args, e.Offset, e.Type, string(e.Payload), metadata, key, e.CreatedAt, e.Ephemeral, provenance)
+		}
+		if _, err := tx.StmtContext(ctx, stmt).ExecContext(ctx, args...); err != nil {
+			if n == 1 {
+				return fmt.Errorf("commit: insert offset %d: %w", events[0].Offset, err)
+			}
+			return fmt.Errorf("commit: insert offsets %d-%d: %w", events[0].Offset, events[n-1].Offset, err)
+		}
+		events = events[n:]
+	}
+	return nil
+}
+
+// prepareInserts prepares the multi-row inserts a commit of n events uses that are not prepared
+// yet. It runs before the commit's transaction takes the writer's one connection.
+func (s *Stream) prepareInserts(ctx context.Context, n int) error {
+	for _, k := range insertChunks {
+		if n < k || s.inserts[k] != nil {
+			continue
+		}
+		st, err := s.w.PrepareContext(ctx, insertSQL(k))
+		if err != nil {
+			return fmt.Errorf("commit: prepare a %d-row insert: %w", k, err)
+		}
+		if s.inserts == nil {
+			s.inserts = map[int]*sql.Stmt{}
+		}
+		s.inserts[k] = st
+	}
+	return nil
+}
+
+// insertSQL is the insert of n rows.
+func insertSQL(n int) string {
+	var q strings.Builder
+	q.WriteString(insertColumns)
+	for i := range n {
+		if i > 0 {
+			q.WriteString(", ")
+		}
+		q.WriteString("(?, ?, ?, ?, ?, ?, ?, ?)")
+	}
+	return q.String()
 }
 
 // Query selects a page of events: offsets in (After, UpTo], at most Limit rows, and, when

@@ -560,3 +560,52 @@ func TestStream_KVUsage(t *testing.T) {
 		require.Equal(t, 6, keys)
 	})
 }
+
+// A commit's events go in as multi-row inserts of 64, 16 and 4 rows and then one by one: every
+// field of every row must come back as it went in, whatever chunk it fell in, and a duplicate key
+// inside a chunk fails the whole commit as it does row by row.
+func TestStream_CommitInChunksRoundTrips(t *testing.T) {
+	ctx := context.Background()
+	for _, n := range []int{1, 3, 4, 5, 16, 21, 64, 87, 150} {
+		s, _ := mustCreateStream(t)
+		batch := events(1, n, 7)
+		for i := range batch {
+			e := &batch[i]
+			if i%3 == 0 {
+				e.IdempotencyKey = "k-" + itoa(e.Offset)
+			}
+			if i%4 == 1 {
+				e.Metadata = json.RawMessage(`{"m":` + itoa(e.Offset) + `}`)
+			}
+			if i%5 == 2 {
+				e.Provenance = []itx.Hop{{StreamID: "src", Path: "/src", Offset: e.Offset * 2, Subscription: "copy", Type: "orig"}}
+			}
+		}
+		require.NoError(t, s.Commit(ctx, Commit{Events: batch, HeadOffset: int64(n), LastAppendAt: 9}), "n=%d", n)
+		got, err := s.Events(ctx, Query{After: 0, UpTo: int64(n), Limit: 1000, IncludeEphemeral: true})
+		require.NoError(t, err)
+		require.Len(t, got, n)
+		for i := range batch {
+			want := batch[i]
+			require.Equal(t, want.Offset, got[i].Offset, "n=%d row %d", n, i)
+			require.Equal(t, want.Type, got[i].Type)
+			require.JSONEq(t, string(want.Payload), string(got[i].Payload))
+			require.Equal(t, want.IdempotencyKey, got[i].IdempotencyKey)
+			require.Equal(t, want.Ephemeral, got[i].Ephemeral)
+			require.Equal(t, want.CreatedAt, got[i].CreatedAt)
+			require.Equal(t, want.Provenance, got[i].Provenance)
+			if want.Metadata == nil {
+				require.Nil(t, got[i].Metadata)
+			} else {
+				require.JSONEq(t, string(want.Metadata), string(got[i].Metadata))
+			}
+		}
+
+		dup := events(int64(n)+1, 70, 0)
+		dup[40].IdempotencyKey = batch[0].IdempotencyKey // inside the 64-row chunk
+		require.Error(t, s.Commit(ctx, Commit{Events: dup, HeadOffset: int64(n) + 70, LastAppendAt: 10}))
+		after, err := s.Events(ctx, Query{After: int64(n), UpTo: int64(n) + 70, Limit: 1000, IncludeEphemeral: true})
+		require.NoError(t, err)
+		require.Empty(t, after, "nothing of a failed commit is visible")
+	}
+}
