@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/require"
 )
 
 func TestDataDirError(t *testing.T) {
@@ -35,4 +36,27 @@ func TestPrepareDataDir_NotADirectory(t *testing.T) {
 	if err := prepareDataDir(f, zerolog.Nop()); err == nil {
 		t.Fatal("got nil, want an error")
 	}
+}
+
+func TestWriteFileDurably_ReplacesWholeAndLeavesNoTemporary(t *testing.T) {
+	dir := t.TempDir()
+	name := filepath.Join(dir, CredentialsFile)
+	require.NoError(t, WriteFileDurably(name, []byte("old\n"), 0o600))
+	require.NoError(t, WriteFileDurably(name, []byte("new\n"), 0o600))
+	b, err := os.ReadFile(name)
+	require.NoError(t, err)
+	require.Equal(t, "new\n", string(b))
+	st, err := os.Stat(name)
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o600), st.Mode().Perm())
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	require.Len(t, entries, 1, "the temporary file is renamed away")
+
+	// A directory that cannot take the temporary file: an error, the old file untouched.
+	require.NoError(t, os.Mkdir(name+".tmp", 0o700))
+	require.Error(t, WriteFileDurably(name, []byte("newer\n"), 0o600))
+	b, err = os.ReadFile(name)
+	require.NoError(t, err)
+	require.Equal(t, "new\n", string(b))
 }

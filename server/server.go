@@ -303,7 +303,7 @@ func (s *Server) bootstrap(ctx context.Context) error {
 	// The credentials file is written first: a crash after it but before the projects leaves a
 	// file whose tokens are recreated below on the next start, never projects nobody can log into.
 	b, _ := json.MarshalIndent(creds, "", "  ")
-	if err := writeFileSync(filepath.Join(s.cfg.DataDir, CredentialsFile), append(b, '\n')); err != nil {
+	if err := WriteFileDurably(filepath.Join(s.cfg.DataDir, CredentialsFile), append(b, '\n'), 0o600); err != nil {
 		return fmt.Errorf("bootstrap: %w", err)
 	}
 	// Both projects in one transaction: a crash between two would leave the deployment root
@@ -420,20 +420,39 @@ func newStreamID() string {
 	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:32]
 }
 
-func writeFileSync(name string, data []byte) error {
-	f, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+// WriteFileDurably replaces name with data so that a crash or a power cut leaves either the old
+// file or the new one, whole: written to a temporary file beside it, fsynced, renamed over it,
+// and the directory fsynced so that the rename itself survives.
+func WriteFileDurably(name string, data []byte, mode os.FileMode) error {
+	tmp := name + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, mode)
 	if err != nil {
 		return err
 	}
 	if _, err := f.Write(data); err != nil {
 		f.Close()
+		os.Remove(tmp)
 		return err
 	}
 	if err := f.Sync(); err != nil {
 		f.Close()
+		os.Remove(tmp)
 		return err
 	}
-	return f.Close()
+	if err := f.Close(); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	if err := os.Rename(tmp, name); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	dir, err := os.Open(filepath.Dir(name))
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
+	return dir.Sync()
 }
 
 func (s *Server) random() float64 {

@@ -334,7 +334,8 @@ func dialable(addr string) string {
 
 // recordAddress writes the bound RPC address into <data>/credentials.json as "addr", beside the
 // tokens, so `itx --data <data>` finds the server wherever `make run` put it. The file keeps
-// its other fields and mode 0600; it is replaced by a rename, so a reader never sees half of it.
+// its other fields and mode 0600; it is replaced by a rename after an fsync (server.WriteFileDurably),
+// so a reader never sees half of it and a power cut leaves the old file or the new one.
 // A data directory without credentials (tokens made elsewhere) is left alone.
 func recordAddress(data, addr string) error {
 	path := filepath.Join(data, server.CredentialsFile)
@@ -354,11 +355,7 @@ func recordAddress(data, addr string) error {
 	if err != nil {
 		return err
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, append(out, '\n'), 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return server.WriteFileDurably(path, append(out, '\n'), 0o600)
 }
 
 // heldStreams is --max-held-streams, or when 0 what the process's open-file limit allows: a
