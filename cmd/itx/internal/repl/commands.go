@@ -458,7 +458,7 @@ func runTail(ctx context.Context, s *Session, args []string) error {
 			return err
 		}
 		if went != tailOverflowed {
-			fmt.Fprintf(s.cfg.Err, "itx: itxd went away (%s); reconnecting to go on after offset %d\n", went, after)
+			fmt.Fprintf(s.cfg.Err, "itx: %s; reconnecting to go on after offset %d\n", wentAwayNotice(went), after)
 		}
 		// The connection opens again after the last offset printed: what came meanwhile is
 		// read back from the log, and nothing printed is printed again.
@@ -547,6 +547,15 @@ func itxdWentAway(why string) bool {
 	return false
 }
 
+// wentAwayNotice says why a live view ended that goes on on a new one (itxdWentAway).
+// slowConsumer is this process's doing, not itxd's: it stopped answering in time.
+func wentAwayNotice(why string) string {
+	if why == "slowConsumer" {
+		return "itxd closed the connection because this process fell behind (slowConsumer)"
+	}
+	return "itxd went away (" + why + ")"
+}
+
 // reopen calls open until it succeeds, reconnecting to itxd first whenever the connection is
 // down (with the session's redial and its backoff) and backing off between attempts that fail
 // because itxd is unavailable (still shutting down, say) or the connection broke under them.
@@ -616,7 +625,7 @@ func runWatch(ctx context.Context, s *Session, args []string) error {
 		if err != nil || went == "" {
 			return err
 		}
-		fmt.Fprintf(s.cfg.Err, "itx: itxd went away (%s); reconnecting to watch %s again\n", went, p.steps[len(p.steps)-1].arg)
+		fmt.Fprintf(s.cfg.Err, "itx: %s; reconnecting to watch %s again\n", wentAwayNotice(went), p.steps[len(p.steps)-1].arg)
 		err = s.reopen(ctx, went, func() (err error) {
 			v, err = s.openWatch(ctx, p)
 			return err
