@@ -143,19 +143,79 @@ func TestEval_LiveStateTimesAreISO(t *testing.T) {
 	ts := startServer(t)
 	ts.appendDirect(t, "/a", itx.EventInput{Type: "note"})
 	s := newSession(t, ts)
-	s.mustEval(t, `var lv = project.streams.get("/a").liveState()`)
-	state := obj(t, obj(t, s.mustEval(t, `lv.snapshot()`))["state"])
-	at, ok := state["lastAppendAt"].(string)
-	require.True(t, ok, "lastAppendAt %v (%T) is not a time string", state["lastAppendAt"], state["lastAppendAt"])
-	_, err := time.Parse(time.RFC3339Nano, at)
-	require.NoError(t, err)
-	require.Equal(t, 1.0, state["head"])
+	rev := openTimesView(t, s)
 
 	// A webhook that cannot connect retries: its nextAttemptAt and the append's lastAppendAt
 	// arrive as patches.
 	s.mustEval(t, `project.streams.get("/a").subscriptions.configure({name: "hook", start: "now", receiver: {type: "webhook-post", url: "http://127.0.0.1:1/x"}})`)
 	s.mustEval(t, `project.streams.get("/a").append({type: "note"})`)
+	waitForTimePatches(t, s, rev)
+}
+
+// The same when the view fell behind meanwhile: the server then sends a fresh snapshot instead
+// of the patches it missed (nothing queues for a slow subscriber), so the append's lastAppendAt
+// arrives in that snapshot, not as a patch; a later append's does. Here the view is held behind
+// by a proxy that keeps the server's frames from it while another session configures the
+// webhook and appends twice (each change its own revision).
+func TestEval_LiveStateTimesAreISOAfterTheViewFellBehind(t *testing.T) {
+	ts := startServer(t)
+	ts.appendDirect(t, "/a", itx.EventInput{Type: "note"})
+	proxy := newGatedProxy(t, ts.addr)
+	s := newSession(t, &testServer{addr: proxy.addr, token: ts.token, dir: ts.dir})
+	rev := openTimesView(t, s)
+	other := newSession(t, ts)
+	other.mustEval(t, `var st = project.streams.get("/a")`)
+	// engineState is the live state the server computes now: a new view's first snapshot.
+	engineState := func() map[string]any {
+		return obj(t, other.mustEval(t, `(function() { var l = st.liveState(); var state = l.snapshot().state; l.cancel(); return state })()`))
+	}
+	// engineAtHead waits until the server's live state shows head (and the webhook).
+	engineAtHead := func(head float64) {
+		t.Helper()
+		waitFor(t, fmt.Sprintf("head %v and the webhook in the live state", head), func() bool {
+			state := engineState()
+			return state["head"] == head && obj(t, state["subscriptions"])["hook"] != nil
+		})
+	}
+
+	proxy.hold()
+	other.mustEval(t, `st.subscriptions.configure({name: "hook", start: "now", receiver: {type: "webhook-post", url: "http://127.0.0.1:1/x"}})`)
+	head := obj(t, other.mustEval(t, `st.describe()`))["headOffset"].(float64) // the configured fact is an event too
+	engineAtHead(head)
+	other.mustEval(t, `st.append({type: "note"})`)
+	engineAtHead(head + 1)
+	other.mustEval(t, `st.append({type: "note"})`)
+	engineAtHead(head + 2)
+	proxy.release()
+
+	waitForTimePatches(t, s, rev)
+}
+
+// openTimesView opens the stream /a's live state as lv and checks its first snapshot's times;
+// it returns the snapshot's revision.
+func openTimesView(t *testing.T, s *session) float64 {
+	t.Helper()
+	s.mustEval(t, `var lv = project.streams.get("/a").liveState()`)
+	snap := obj(t, s.mustEval(t, `lv.snapshot()`))
+	state := obj(t, snap["state"])
+	at, ok := state["lastAppendAt"].(string)
+	require.True(t, ok, "lastAppendAt %v (%T) is not a time string", state["lastAppendAt"], state["lastAppendAt"])
+	_, err := time.Parse(time.RFC3339Nano, at)
+	require.NoError(t, err)
+	require.Equal(t, 1.0, state["head"])
+	return snap["revision"].(float64)
+}
+
+// waitForTimePatches waits until lv's patches have carried a webhook's nextAttemptAt and an
+// append's lastAppendAt, requiring every time in them to be an ISO string. A change the view
+// received in a fresh snapshot (it fell behind) is not in a patch: each time a new snapshot
+// has come while no lastAppendAt patch has, it appends again, so one arrives as a patch.
+func waitForTimePatches(t *testing.T, s *session, snapshotRevision float64) {
+	t.Helper()
 	var times []string
+	seen := func(suffix string) bool {
+		return slices.ContainsFunc(times, func(p string) bool { return strings.HasSuffix(p, suffix) })
+	}
 	require.Eventually(t, func() bool {
 		patches, _ := s.mustEval(t, `lv.patches()`).([]any)
 		for _, p := range patches {
@@ -176,9 +236,14 @@ func TestEval_LiveStateTimesAreISO(t *testing.T) {
 				}
 			}
 		}
-		return slices.ContainsFunc(times, func(p string) bool { return strings.HasSuffix(p, "nextAttemptAt") })
+		if !slices.Contains(times, "/lastAppendAt") {
+			if rev := obj(t, s.mustEval(t, `lv.snapshot()`))["revision"].(float64); rev != snapshotRevision {
+				snapshotRevision = rev // a fresh snapshot took the change: append again
+				s.mustEval(t, `project.streams.get("/a").append({type: "note"})`)
+			}
+		}
+		return seen("nextAttemptAt") && slices.Contains(times, "/lastAppendAt")
 	}, 20*time.Second, 10*time.Millisecond)
-	require.Contains(t, times, "/lastAppendAt")
 }
 
 // .help shows every option a method takes: the options a call names as known when given an

@@ -2,6 +2,7 @@ package examples
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"slices"
@@ -42,9 +43,12 @@ type LLMRequest struct {
 	ExpiresAt int64  `json:"expiresAt"`
 }
 
-// LLMRef names a request.
+// LLMRef names a request. On a started fact, Attempt names the attempt that wrote it, so a
+// second attempt's started append conflicts with the first's under the request's key instead
+// of passing as its duplicate: exactly one attempt gets to dial the vendor.
 type LLMRef struct {
 	RequestID string `json:"requestId"`
+	Attempt   string `json:"attempt,omitempty"`
 }
 
 // LLMSettlement is a request's one terminal fact.
@@ -121,7 +125,7 @@ type Vendor interface {
 // incarnation drives) is in memory and dies with it; that is the actual state the caught-up
 // pass compares with the reduced, desired state.
 func Agent(clock itx.Clock, vendor Vendor, cfg AgentConfig) processors.Contract[AgentState] {
-	a := &agent{clock: clock, vendor: vendor, live: map[string]bool{}, waiting: map[string]bool{}}
+	a := &agent{clock: clock, vendor: vendor, live: map[string]bool{}, waiting: map[string]bool{}, incarnation: rand.Text()[:12]}
 	return processors.Contract[AgentState]{
 		Name: "agent",
 		ConsumedTypes: []string{
@@ -200,9 +204,12 @@ type agent struct {
 	clock  itx.Clock
 	vendor Vendor
 
-	mu      sync.Mutex
-	live    map[string]bool // requests an attempt of this incarnation is driving
-	waiting map[string]bool // messages whose hesitation timer this incarnation armed
+	incarnation string // random: attempt names are unique across incarnations and processes
+
+	mu       sync.Mutex
+	live     map[string]bool // requests an attempt of this incarnation is driving
+	waiting  map[string]bool // messages whose hesitation timer this incarnation armed
+	attempts int             // attempts this incarnation started
 }
 
 // processEvent is the agent's whole side-effect half. Everything it does is derived from the
@@ -293,9 +300,18 @@ func (ag *agent) hesitate(a *processors.Args[AgentState], p Pending, d time.Dura
 //
 // What recovers it if it drops? The stream: a request without started is started again by the
 // next caught-up pass (after a revival); a started one nobody drives is settled as orphaned.
+//
+// The live-set alone cannot keep a request from being started twice: a pass may decide on a
+// state that lacks an earlier attempt's started fact (its frame was planned at the head while
+// that append was in flight) after the attempt has run its course and left the live-set, or an
+// incarnation may overlap its predecessor's last attempt. So the started fact names its
+// attempt: the second attempt's append conflicts under the request's key, and it leaves the
+// request to the first (which settles it, or dies with it and leaves it to the orphan branch).
 func (ag *agent) start(a *processors.Args[AgentState], r Request) {
 	ag.mu.Lock()
 	ag.live[r.ID] = true
+	ag.attempts++
+	attempt := fmt.Sprintf("%s-%d", ag.incarnation, ag.attempts)
 	ag.mu.Unlock()
 	a.RunInBackground(func(ctx context.Context) error {
 		defer func() {
@@ -305,7 +321,11 @@ func (ag *agent) start(a *processors.Args[AgentState], r Request) {
 		}()
 		// The started fact lands before any external work: if it fails, nothing runs and nothing
 		// settles, the request stays requested and the failure marks the keepalive window.
-		if _, err := a.Append(ctx, LLMStarted.Input(LLMRef{RequestID: r.ID}, a.IdempotencyKey("llm-request-started@"+r.ID, nil))); err != nil {
+		_, err := a.Append(ctx, LLMStarted.Input(LLMRef{RequestID: r.ID, Attempt: attempt}, a.IdempotencyKey("llm-request-started@"+r.ID, nil)))
+		if itx.ErrorCode(err) == itx.EIdempotencyConflict {
+			return nil // another attempt started it first: it alone may dial
+		}
+		if err != nil {
 			return fmt.Errorf("mark %s started: %w", r.ID, err)
 		}
 		// Bound the vendor call by the obligation's horizon, keeping a reserve to settle.

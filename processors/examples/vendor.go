@@ -23,7 +23,8 @@ func (EchoVendor) Complete(ctx context.Context, requestID, prompt string) (strin
 }
 
 // HTTPVendor calls an LLM-like endpoint: POST {"requestId", "prompt"} (the request id is also
-// the Idempotency-Key header), answered by {"text"}. Any other status is a failure.
+// the Idempotency-Key header), answered by {"text"}. Any other status is a failure. Complete
+// sends at most one request: the HTTP transport never retries it on its own.
 type HTTPVendor struct {
 	URL    string
 	Client *http.Client // nil: a client with a 2-minute timeout
@@ -38,6 +39,14 @@ func (v HTTPVendor) Complete(ctx context.Context, requestID, prompt string) (str
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", requestID)
+	// One Complete is one attempt. net/http's Transport takes an Idempotency-Key header as leave
+	// to replay a POST whose reused keep-alive connection broke, even after the request was
+	// written and the vendor may have acted on it, provided it can rewind the body (GetBody, which
+	// NewRequest sets for a bytes.Reader). Without GetBody it cannot: the broken attempt fails
+	// here and the agent decides (a started attempt that failed is settled, never re-driven).
+	// The key stays, for the vendor to deduplicate by. It also keeps a 307/308 redirect from
+	// resending the body.
+	req.GetBody = nil
 	c := v.Client
 	if c == nil {
 		c = &http.Client{Timeout: 2 * time.Minute}
