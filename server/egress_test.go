@@ -2,10 +2,12 @@ package server
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -168,5 +170,50 @@ func TestWebhookSender_URLRefusedBeforeDialIsTerminal(t *testing.T) {
 	}
 	if n := requests.Load(); n != 0 {
 		t.Fatalf("got %d requests, want none", n)
+	}
+}
+
+// TestWebhookSender_OneSendIsOneRequest: a receiver that read a delivery on a reused connection
+// and then dropped it without answering sees it once per send, even when the subscription
+// configured an Idempotency-Key header (which makes net/http treat a POST as replayable); the
+// send fails and the ladder decides about the retry.
+func TestWebhookSender_OneSendIsOneRequest(t *testing.T) {
+	var mu sync.Mutex
+	perConn := map[string]int{}
+	var received atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, err := io.ReadAll(r.Body); err != nil {
+			t.Errorf("read: %v", err)
+			return
+		}
+		received.Add(1)
+		mu.Lock()
+		perConn[r.RemoteAddr]++
+		reused := perConn[r.RemoteAddr] > 1
+		mu.Unlock()
+		if reused {
+			conn, _, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				t.Errorf("hijack: %v", err)
+				return
+			}
+			conn.Close()
+		}
+	}))
+	defer srv.Close()
+	s := &Server{clock: clocktest.New(time.Unix(1_700_000_000, 0)), metrics: newMetrics()}
+	d := &deliverer{srv: s, name: "hook"}
+	batch := &itx.DeliveryBatch{Events: []itx.Event{{Offset: 1, Type: "a", Payload: []byte(`{}`)}}}
+	client := newHTTPClient(EgressPolicy{})
+	client.Transport.(*http.Transport).MaxConnsPerHost = 1
+	w := &webhookSender{client: client, url: srv.URL, headers: map[string]string{"Idempotency-Key": "k"}}
+	if _, err := w.send(context.Background(), d, batch); err != nil {
+		t.Fatalf("first send: %v", err)
+	}
+	if _, err := w.send(context.Background(), d, batch); err == nil {
+		t.Fatal("a send whose connection broke before the answer succeeded")
+	}
+	if n := received.Load(); n != 2 {
+		t.Fatalf("the receiver got %d requests for 2 sends", n)
 	}
 }

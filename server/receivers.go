@@ -83,6 +83,12 @@ func (w *webhookSender) send(ctx context.Context, d *deliverer, b *itx.DeliveryB
 	if err != nil {
 		return 0, err
 	}
+	// One send is one request on the wire: without a way to rewind the body, net/http cannot
+	// replay the POST by itself on a broken reused connection after writing it (which it does
+	// for requests carrying an Idempotency-Key header, one a subscription may configure). The
+	// retry ladder decides about retries, and counts them. A request never written is still
+	// retried by net/http (nothing reached the receiver).
+	req.GetBody = nil
 	for k, v := range w.headers {
 		req.Header.Set(k, v)
 	}
