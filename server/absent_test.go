@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -69,6 +70,92 @@ func TestWakeRemote_HostTakenOverThenGoneDoesNotPark(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, storage.StatusActive, d.Status, d.LastError)
 	require.Equal(t, res.HeadOffset, d.ConfirmedOffset, "b did the work")
+}
+
+// blockedReceiver is a mounted Receiver that answers each batch with fail once told to.
+type blockedReceiver struct {
+	called, answer chan struct{}
+	fail           error
+}
+
+func (r blockedReceiver) Receive(context.Context, *itx.DeliveryBatch) (int64, error) {
+	select {
+	case r.called <- struct{}{}:
+	default:
+	}
+	<-r.answer
+	return 0, r.fail
+}
+
+// attemptReceiver is a mounted Receiver that reports each batch's attempt number.
+type attemptReceiver struct{ got chan int }
+
+func (r attemptReceiver) Receive(_ context.Context, b *itx.DeliveryBatch) (int64, error) {
+	r.got <- b.Attempt
+	return 0, nil
+}
+
+// A receiver replaced under its name while a batch is in flight to it, that then fails the
+// batch with its session alive (a refusal, an outage, a timeout), after the stream took the
+// new mount's presence signal: the batch goes to the new receiver at once as the same attempt,
+// not back off on the ladder (the clock does not move here, so a backoff would never end) nor
+// count as an attempt on the event. (Only a vanished receiver was told apart: TestWakeRemote_
+// HostTakenOverThenGoneDoesNotPark.)
+func TestDelivery_ReplacedReceiverFailureRedeliversAtOnce(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	clock := clocktest.New(time.Unix(1_700_000_000, 0))
+	s, projectID := mustOpen(t, Config{DataDir: t.TempDir(), Clock: clock, Random: func() float64 { return 0.5 }})
+	for i, fail := range []error{
+		itx.Errorf(itx.EFailedPrecondition, "the receiver refused the batch"),
+		itx.Errorf(itx.EUnavailable, "handing over to the new session"),
+		itx.Errorf(itx.EDeadlineExceeded, "the mounted receiver did not answer"),
+	} {
+		t.Run(string(itx.ErrorCode(fail)), func(t *testing.T) {
+			ref := StreamRef{ProjectID: projectID, Path: fmt.Sprintf("/replaced-%d", i)}
+			name := fmt.Sprintf("inbox-%d", i)
+			old := blockedReceiver{called: make(chan struct{}, 1), answer: make(chan struct{}), fail: fail}
+			unmountOld, err := s.MountReceiver(projectID, "", name, old)
+			require.NoError(t, err)
+			defer unmountOld()
+			_, _, err = s.ConfigureSubscription(ctx, ref, itx.SubscriptionConfig{Name: "sub",
+				Filter:   &itx.SubscriptionFilter{EventTypes: []string{"x"}},
+				Receiver: itx.Receiver{Action: itx.KindITXCall, Capability: name}}, "")
+			require.NoError(t, err)
+			res, err := s.Append(ctx, ref, []itx.EventInput{{Type: "x"}}, itx.AppendOptions{})
+			require.NoError(t, err)
+			<-old.called
+
+			fresh := attemptReceiver{got: make(chan int, 10)}
+			unmountFresh, err := s.MountReceiver(projectID, "", name, fresh)
+			require.NoError(t, err)
+			defer unmountFresh()
+			// The stream takes the new mount's presence signal while the old call is in flight.
+			s.pokeCapability(projectID, presence("", name))
+			a, err := s.acquire(ctx, ref)
+			require.NoError(t, err)
+			defer s.release(a)
+			answer := make(chan int, 1)
+			a.post(actorMsg{settle: answer})
+			require.Equal(t, 1, <-answer, "the old receiver's call is in flight")
+
+			close(old.answer)
+			require.NoError(t, s.Settle(ctx, ref))
+			select {
+			case attempt := <-fresh.got:
+				require.Equal(t, 1, attempt, "no attempt burnt on the old receiver's failure")
+			default:
+				d, _ := s.DescribeSubscription(ctx, ref, "sub")
+				t.Fatalf("nothing delivered to the new receiver: %+v", d.CursorState)
+			}
+			d, err := s.DescribeSubscription(ctx, ref, "sub")
+			require.NoError(t, err)
+			require.Equal(t, storage.StatusActive, d.Status, d.LastError)
+			require.Equal(t, res.HeadOffset, d.ConfirmedOffset)
+			require.Zero(t, d.Attempt)
+			require.Zero(t, d.FailingEventSkips)
+		})
+	}
 }
 
 // offlineReceiver is a mounted Receiver whose session is gone (its unmount not yet run).

@@ -299,7 +299,7 @@ func (d *deliverer) try(job pushJob, store streamStore, streamID string) deliver
 				return out // unloading or replaced: the outcome is unknown, so the events redeliver
 			}
 			last := matched[len(matched)-1].Offset
-			out.failure = &deliveryFailure{class: classify(err), count: len(matched), last: last, msg: err.Error(), mount: vanishedMount(err),
+			out.failure = &deliveryFailure{class: classify(err), count: len(matched), last: last, msg: err.Error(), mount: reachedMount(err),
 				retryAfter: retryAfterOf(err)}
 			out.before = after
 			if len(matched) == 1 {

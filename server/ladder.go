@@ -36,7 +36,9 @@ func (c failureClass) String() string {
 // classifiedError carries a sender's own judgement of a failure's class.
 type classifiedError struct {
 	class failureClass
-	mount uint64 // classAbsent: the mount generation the try reached, which vanished (0: none)
+	// mount: the mount generation the try reached (0: none, or not a mounted receiver); for
+	// classAbsent, the one that vanished
+	mount uint64
 	// retryAfter: an outage whose receiver said when to try again (HTTP Retry-After).
 	retryAfter time.Duration
 	err        error
@@ -76,6 +78,30 @@ func vanishedMount(err error) uint64 {
 	return 0
 }
 
+// fromMount marks err, any failure of the receiver mounted under generation mount, with that
+// generation, its class kept: once another receiver is mounted under the name, whatever the
+// old one answered is no verdict on the events (see stepEnv.mountedNow). Its vanishing (see
+// vanished) is an absence as before.
+func fromMount(mount uint64, err error) error {
+	if err == nil {
+		return nil
+	}
+	if classify(err) == classAbsent {
+		return vanished(mount, err)
+	}
+	return &classifiedError{class: classify(err), mount: mount, retryAfter: retryAfterOf(err), err: err}
+}
+
+// reachedMount is the mount generation a failure reached, whatever its class (0: unknown, or
+// none was mounted).
+func reachedMount(err error) uint64 {
+	var ce *classifiedError
+	if errors.As(err, &ce) {
+		return ce.mount
+	}
+	return 0
+}
+
 // classify decides a failure's class: a sender's own mark first, then the error code.
 func classify(err error) failureClass {
 	var ce *classifiedError
@@ -103,8 +129,9 @@ type deliveryFailure struct {
 	expression  bool  // a filter or transform failed on eventOffset: recorded once as evidence
 	msg         string
 	retryAfter  time.Duration // an outage: the receiver asked to wait at least this long
-	// mount is, for an absent receiver, the mount generation the try reached (0: nothing was
-	// mounted): when another is mounted by the time the step sees the failure, it is no absence.
+	// mount is the mount generation the try reached (0: nothing was mounted, or the receiver is
+	// not a mount): when another is mounted by the time the step sees the failure, it is no
+	// absence, and no verdict on the events either.
 	mount uint64
 	// deadLettered: the failing event has landed in the subscription's dead-letter stream, so
 	// the ladder may skip it.

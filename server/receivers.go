@@ -581,7 +581,7 @@ func (c *itxCallSender) send(ctx context.Context, d *deliverer, b *itx.DeliveryB
 		return 0, withClass(classAbsent, itx.Errorf(itx.ECapabilityOffline, "capability %q is offline: no Receiver is mounted under that name", c.capability))
 	}
 	confirmed, err := m.receiver.Receive(ctx, b)
-	return confirmed, vanished(m.gen, err)
+	return confirmed, fromMount(m.gen, err)
 }
 
 // --- processor-wake ------------------------------------------------------------------------

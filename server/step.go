@@ -792,6 +792,18 @@ func (st *streamState) applyOutcome(o *deliveryOutcome, nowMs int64, env stepEnv
 		// until they are confirmed or delivered again before it.
 		policy = itx.OnFailingHalt
 	}
+	if f.mount != 0 && f.class != classAbsent && env.mountedNow != nil {
+		if g := env.mountedNow(entry); g != 0 && g != f.mount {
+			// The try reached a receiver that another has replaced under its name since (a
+			// provider that reconnected, whose old session refused or timed out what it was
+			// given): its failure says nothing of the events, nor of the receiver mounted now.
+			// Deliver to that one at once, with no attempt burnt (an absence is decided below,
+			// the same way).
+			r.LastError = truncate(f.msg, itx.MaxCursorErrorLength)
+			r.NextAttemptAt = 0
+			return own
+		}
+	}
 	d := decideFailure(*r, *f, policy, nowMs, env.random())
 	r.LastError = truncate(d.msg, itx.MaxCursorErrorLength)
 	switch d.kind {

@@ -75,6 +75,57 @@ func TestSubscription_ReceiverReplacedWhileCalledDoesNotPark(t *testing.T) {
 	require.Equal(t, "active", e.describe(t, s, "x").Status)
 }
 
+// A receiver replaced under its name while the server calls it, whose call then fails with its
+// session alive (a provider that hands over to its new session and refuses what is in flight
+// on the old one): the refusal is the old receiver's, no verdict on the events. The batch goes
+// to the new mount at once, with no attempt burnt (the virtual clock does not move, so a
+// backoff would never end).
+func TestSubscription_ReceiverReplacedThenCallFailsRedeliversAtOnce(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	s := stream(t, e.p, "/handover")
+	called, refuse := make(chan struct{}, 1), make(chan struct{})
+	disconnectOld := mountReceive(t, e.ts.addr, e.ts.creds.ProjectToken, "inbox", func(ctx context.Context, b itx.DeliveryBatch) (int64, error) {
+		select {
+		case called <- struct{}{}:
+		default:
+		}
+		<-refuse
+		return 0, itx.Errorf(itx.EUnavailable, "handing over to the new session")
+	})
+	defer disconnectOld()
+	e.configure(t, s, client.SubscriptionConfig{Name: "x", Start: "now",
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "inbox"}})
+	mustAppend(t, s, ev("x", `{}`))
+	select {
+	case <-called:
+	case <-e.ctx.Done():
+		t.Fatal("x's batch never reached the first receiver")
+	}
+
+	type delivery struct {
+		types   []string
+		attempt int
+	}
+	got := make(chan delivery, 10)
+	defer mountReceive(t, e.ts.addr, e.ts.creds.ProjectToken, "inbox", func(ctx context.Context, b itx.DeliveryBatch) (int64, error) {
+		d := delivery{attempt: b.Attempt}
+		for _, ev := range b.Events {
+			d.types = append(d.types, ev.Type)
+		}
+		got <- d
+		return 0, nil
+	})()
+	close(refuse) // the old receiver refuses x's batch, after the new one is mounted
+	select {
+	case d := <-got:
+		require.Equal(t, delivery{types: []string{"x"}, attempt: 1}, d, "redelivered as the first attempt")
+	case <-time.After(20 * time.Second): // within e.ctx, so that describe still answers
+		t.Fatalf("x never reached the receiver mounted now: %+v", e.describe(t, s, "x").CursorState)
+	}
+	d := e.describe(t, s, "x")
+	require.Equal(t, "active", d.Status)
+}
+
 // A forced delete of a project whose stream is in use (an open connection, a live view, a
 // barrier waiting) deletes it at the first try: the connection is closed as streamRemoved (its
 // client keeps its RPC connection through another login, so it hears why), the barrier ends

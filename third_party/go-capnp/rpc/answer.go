@@ -355,6 +355,14 @@ func (ans *ansent) prepareSendException(dq *deferred.Queue, ex error) {
 	c := ans.lockedConn()
 	select {
 	case <-c.bgctx.Done():
+		// itx patch: the connection is shutting down and the exception is not
+		// built, so the Return must not be sent either (as in prepareSendReturn):
+		// sent as it is, its union reads as empty results, and the caller takes
+		// the failed call for a success.
+		if ans.sendMsg != nil {
+			dq.Defer(ans.returner.msgReleaser.Decr)
+			ans.sendMsg = nil
+		}
 	default:
 		// Send exception.
 		if e, err := ans.returner.ret.NewException(); err != nil {
