@@ -100,6 +100,7 @@ type Connection struct {
 	once       sync.Once
 	closedWith atomic.Pointer[string] // "reason: message" once closed
 	done       chan struct{}
+	told       chan struct{} // closed once the Closed notice returned (or was given up)
 
 	// State frames in the sink's hands (stateSink.Send): the Closed notice waits until none
 	// is, so that no frame goes out after it. Guarded by stateMu, which is never held across
@@ -165,6 +166,7 @@ func (c *Connection) Close(reason CloseReason, message string) {
 		c.srv.inflight.Add(1)
 		go func() {
 			defer c.srv.inflight.Done()
+			defer close(c.told)
 			<-c.done // the pusher has stopped: nothing is delivered after Closed
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
@@ -185,6 +187,10 @@ func (c *Connection) Close(reason CloseReason, message string) {
 
 // Done is closed once the connection has stopped delivering.
 func (c *Connection) Done() <-chan struct{} { return c.done }
+
+// Told is closed once the connection, closed, has been told why: its Closed notice returned, or
+// was given up after the delivery timeout.
+func (c *Connection) Told() <-chan struct{} { return c.told }
 
 // OpenConnection opens a connection on a stream: it catches up from the log after opts.After and
 // then tails the stream live, with no gap and no duplicate at the seam, because it always reads
@@ -247,7 +253,7 @@ func (s *Server) StartOpenConnection(ctx context.Context, ref StreamRef, opts Co
 	if err != nil {
 		return nil, err
 	}
-	c := &Connection{srv: s, a: a, key: opts.Key, opts: opts, sink: sink, notify: make(chan struct{}, 1), done: make(chan struct{}),
+	c := &Connection{srv: s, a: a, key: opts.Key, opts: opts, sink: sink, notify: make(chan struct{}, 1), done: make(chan struct{}), told: make(chan struct{}),
 		types: typeSet(opts.Types), scanned: opts.After, direct: make(chan connPage, ConnectionWindow)}
 	c.ctx, c.cancel = context.WithCancel(s.base)
 	reply := make(chan error, 1)
