@@ -66,8 +66,12 @@ func (s *stream) OpenConnection(ctx context.Context, call schema.Stream_openConn
 	forget := func() {}
 	if x := s.acc.session; x != nil {
 		// The connection ends with the session that opened it (revoked or expired), even if
-		// another login keeps the RPC connection.
-		forget = x.OnEnd(func() { conn.Close(server.CloseAccessEnded, "the token that opened it was revoked or expired") })
+		// another login keeps the RPC connection. The end returns once the client has been
+		// told: a revocation that leaves the RPC connection no valid login closes it next.
+		forget = x.OnEnd(func() {
+			conn.Close(server.CloseAccessEnded, "the token that opened it was revoked or expired")
+			<-conn.Told()
+		})
 	}
 	go func() { <-conn.Done(); forget() }()
 	res, err := call.AllocResults()

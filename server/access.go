@@ -149,7 +149,9 @@ func (x *Session) OnEnd(f func()) (cancel func()) {
 	}
 }
 
-// end runs the registered ends once.
+// end runs the registered ends once, side by side, and returns when all have: an end tells its
+// client why (within the delivery timeout), and the onRevoke that follows may close the RPC
+// connection that notice travels on.
 func (x *Session) end() {
 	x.endMu.Lock()
 	if x.ended {
@@ -160,9 +162,15 @@ func (x *Session) end() {
 	ends := x.ends
 	x.ends = nil
 	x.endMu.Unlock()
+	var wg sync.WaitGroup
 	for _, f := range ends {
-		f()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f()
+		}()
 	}
+	wg.Wait()
 }
 
 // Close forgets the session (its RPC connection ended).

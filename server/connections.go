@@ -58,8 +58,10 @@ type ConnectionOptions struct {
 
 // ConnectionSink is the client side of a connection (the capability layer adapts an EventSink).
 // Deliver starts sending a batch and returns a wait that reports the client's answer; up to
-// ConnectionWindow waits are outstanding at once. Closed is the last call; its ctx ends after
-// the delivery timeout, so a client that never answers it holds nothing.
+// ConnectionWindow waits are outstanding at once. Closed is the last call, after every Deliver
+// and State has returned; its ctx ends after the delivery timeout, so a client that never
+// answers it holds nothing (a Closed whose ctx is already done sends nothing: it comes so when
+// a State was still stuck at the timeout).
 type ConnectionSink interface {
 	Deliver(ctx context.Context, batch *itx.DeliveryBatch) (wait func() error)
 	// TryDeliver is Deliver without ever waiting: false (nothing sent) when the sink's flow
@@ -98,6 +100,14 @@ type Connection struct {
 	once       sync.Once
 	closedWith atomic.Pointer[string] // "reason: message" once closed
 	done       chan struct{}
+	told       chan struct{} // closed once the Closed notice returned (or was given up)
+
+	// State frames in the sink's hands (stateSink.Send): the Closed notice waits until none
+	// is, so that no frame goes out after it. Guarded by stateMu, which is never held across
+	// a send (a frame may wait for room in the sink's flow limit).
+	stateMu   sync.Mutex
+	stateBusy int
+	stateIdle chan struct{} // closed when stateBusy drops to zero; nil: no one waits
 
 	liveMu sync.Mutex
 	untake func() // gives back the place counted against opts.Opener; nil: none held (guarded by liveMu)
@@ -156,11 +166,20 @@ func (c *Connection) Close(reason CloseReason, message string) {
 		c.srv.inflight.Add(1)
 		go func() {
 			defer c.srv.inflight.Done()
+			defer close(c.told)
 			<-c.done // the pusher has stopped: nothing is delivered after Closed
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			t := c.srv.clock.AfterFunc(c.srv.cfg.DeliveryTimeout, cancel)
 			defer t.Stop()
+			// Nor is a state frame: the one in the sink's hands, if any, goes first (its
+			// context is cancelled as the connection's live-state view stops with done). None
+			// starts once the context is cancelled. Past the delivery timeout ctx is done, and
+			// Closed sends nothing after a frame still stuck.
+			select {
+			case <-c.stateSettled():
+			case <-ctx.Done():
+			}
 			c.sink.Closed(ctx, reason, message)
 		}()
 	})
@@ -168,6 +187,10 @@ func (c *Connection) Close(reason CloseReason, message string) {
 
 // Done is closed once the connection has stopped delivering.
 func (c *Connection) Done() <-chan struct{} { return c.done }
+
+// Told is closed once the connection, closed, has been told why: its Closed notice returned, or
+// was given up after the delivery timeout.
+func (c *Connection) Told() <-chan struct{} { return c.told }
 
 // OpenConnection opens a connection on a stream: it catches up from the log after opts.After and
 // then tails the stream live, with no gap and no duplicate at the seam, because it always reads
@@ -230,7 +253,7 @@ func (s *Server) StartOpenConnection(ctx context.Context, ref StreamRef, opts Co
 	if err != nil {
 		return nil, err
 	}
-	c := &Connection{srv: s, a: a, key: opts.Key, opts: opts, sink: sink, notify: make(chan struct{}, 1), done: make(chan struct{}),
+	c := &Connection{srv: s, a: a, key: opts.Key, opts: opts, sink: sink, notify: make(chan struct{}, 1), done: make(chan struct{}), told: make(chan struct{}),
 		types: typeSet(opts.Types), scanned: opts.After, direct: make(chan connPage, ConnectionWindow)}
 	c.ctx, c.cancel = context.WithCancel(s.base)
 	reply := make(chan error, 1)
@@ -678,11 +701,43 @@ func (c *Connection) await(wait func() error) error {
 type stateSink struct{ c *Connection }
 
 func (s stateSink) Send(ctx context.Context, f LiveFrame) error {
-	if s.c.ctx.Err() != nil {
+	c := s.c
+	c.stateMu.Lock()
+	if c.ctx.Err() != nil {
+		c.stateMu.Unlock()
 		// Closed: it receives nothing more (the frame saying it left is not its own to hear).
 		return itx.Errorf(itx.EFailedPrecondition, "the connection is closed")
 	}
-	return s.c.sink.State(ctx, f)
+	c.stateBusy++ // under stateMu with the check: the Closed notice waits for this frame
+	c.stateMu.Unlock()
+	defer c.stateSent()
+	return c.sink.State(ctx, f)
+}
+
+// stateSent ends a state frame's send.
+func (c *Connection) stateSent() {
+	c.stateMu.Lock()
+	defer c.stateMu.Unlock()
+	if c.stateBusy--; c.stateBusy == 0 && c.stateIdle != nil {
+		close(c.stateIdle)
+		c.stateIdle = nil
+	}
+}
+
+// stateSettled is closed once no state frame is in the sink's hands. After Close none starts
+// (stateSink.Send checks the cancelled context under stateMu), so it stays so.
+func (c *Connection) stateSettled() <-chan struct{} {
+	c.stateMu.Lock()
+	defer c.stateMu.Unlock()
+	if c.stateBusy == 0 {
+		idle := make(chan struct{})
+		close(idle)
+		return idle
+	}
+	if c.stateIdle == nil {
+		c.stateIdle = make(chan struct{})
+	}
+	return c.stateIdle
 }
 
 func (s stateSink) slow() {

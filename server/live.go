@@ -221,6 +221,11 @@ func (e *liveEngine) push(s *liveSubscriber) {
 		close(s.done)
 		srv.metrics.LiveSubscribers.Dec()
 	}()
+	// A send ends with the subscriber's context (its client's cancel) or the engine's (the
+	// server's end of it).
+	sendCtx, stopSend := context.WithCancel(s.ctx)
+	defer stopSend()
+	defer context.AfterFunc(e.ctx, stopSend)()
 	var sent uint64
 	for s.ctx.Err() == nil && e.ctx.Err() == nil {
 		e.mu.Lock()
@@ -242,13 +247,13 @@ func (e *liveEngine) push(s *liveSubscriber) {
 		if slow, ok := s.sink.(slowSink); ok {
 			// A connection's state frames: not accepted in time closes the connection as a
 			// slow consumer, as for its batches.
-			if err := sendWithin(srv, s.ctx, send); err != nil {
+			if err := sendWithin(srv, sendCtx, send); err != nil {
 				if errors.Is(err, errNotAccepted) {
 					slow.slow()
 				}
 				return
 			}
-		} else if err := sendUntil(s.ctx, e.ctx, send); err != nil {
+		} else if err := sendUntil(sendCtx, send); err != nil {
 			// A LiveSubscriber that answers slowly is waited for (one frame in flight at a
 			// time), then gets what changed meanwhile coalesced: the next revision's patch, or
 			// a fresh snapshot when it is further behind. Only a failed call ends it.
@@ -261,12 +266,11 @@ func (e *liveEngine) push(s *liveSubscriber) {
 // slowSink is a sink that ends itself when a frame is not accepted within the delivery timeout.
 type slowSink interface{ slow() }
 
-// sendUntil runs send until it answers, or ctx or the engine's stop ends it (without waiting
-// for a send that is stuck writing).
-func sendUntil(ctx, stop context.Context, send func(context.Context) error) error {
+// sendUntil runs send until it answers or ctx ends it (without waiting for a send that is stuck
+// writing).
+func sendUntil(ctx context.Context, send func(context.Context) error) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	defer context.AfterFunc(stop, cancel)()
 	done := make(chan error, 1)
 	go func() { done <- send(ctx) }()
 	select {
@@ -387,7 +391,11 @@ func (s *Server) attachLive(ctx context.Context, ref StreamRef, sink LiveSink, c
 			return nil, err
 		}
 	}
-	sub.ctx, sub.cancel = context.WithCancel(s.base)
+	// Not under s.base: only the engine's context, which a shutdown cancels through the
+	// actor's, says the server ended the view. The shutdown cancelling both (a parent cancels
+	// its children one by one, in no set order) could wake push by this one before the
+	// engine's, and push would take it for its client's cancel and tell the view nothing.
+	sub.ctx, sub.cancel = context.WithCancel(context.Background())
 	select {
 	case a.inbox <- &actorMsg{live: sub}:
 	case <-ctx.Done():

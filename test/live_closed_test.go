@@ -2,6 +2,8 @@ package test
 
 import (
 	"context"
+	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -89,4 +91,67 @@ func TestLive_ServerEndedViewsHearWhy(t *testing.T) {
 
 	_, ended := mine.endedWith()
 	require.False(t, ended, "a view the client cancelled hears nothing")
+}
+
+// closeCounter is an in-process live sink (server.LiveCloser) that counts its frames and
+// remembers why it was closed.
+type closeCounter struct {
+	frames  atomic.Int32
+	closes  atomic.Int32
+	reasonP atomic.Pointer[server.CloseReason]
+}
+
+func (c *closeCounter) Send(ctx context.Context, f server.LiveFrame) error {
+	c.frames.Add(1)
+	return nil
+}
+
+func (c *closeCounter) Closed(ctx context.Context, reason server.CloseReason, message string) {
+	c.closes.Add(1)
+	c.reasonP.Store(&reason)
+}
+
+// Every live view hears serverShuttingDown before Server.Close returns, however many there are.
+// A view's own context used to be a child of the server's, which a shutdown cancels before or
+// after the stream's (a parent cancels its children one by one, in no set order): a view woken
+// by its own context before its engine's took the shutdown for its client's cancel and was
+// told nothing. With a thousand views some woke first in most shutdowns; five shutdowns make a
+// miss near certain (this test failed 10 runs in 10 before the fix, on 2 CPUs; on one CPU the
+// race cannot show).
+func TestLive_ShutdownTellsEveryView(t *testing.T) {
+	for round := range 5 {
+		ts := startServer(t, server.Config{})
+		ctx := ctxT(t)
+		path := fmt.Sprintf("/live-shutdown/%d", round)
+		mustAppend(t, stream(t, ts.project(t), path), ev("a", `{}`))
+		views := make([]*closeCounter, 1000)
+		for i := range views {
+			views[i] = &closeCounter{}
+			_, err := ts.srv.SubscribeLive(ctx, server.StreamRef{ProjectID: "default", Path: path}, views[i])
+			require.NoError(t, err)
+		}
+		waitUntil(t, "every view's first snapshot", func() bool {
+			for _, v := range views {
+				if v.frames.Load() == 0 {
+					return false
+				}
+			}
+			return true
+		})
+		closeCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		require.NoError(t, ts.srv.Close(closeCtx))
+		cancel()
+		// Close waits for the views' notices (each view holds its stream until it has been
+		// told), so every one has been told by now.
+		untold := 0
+		for _, v := range views {
+			if v.closes.Load() == 0 {
+				untold++
+				continue
+			}
+			require.Equal(t, int32(1), v.closes.Load())
+			require.Equal(t, server.CloseShuttingDown, *v.reasonP.Load())
+		}
+		require.Zero(t, untold, "round %d: views not told of the shutdown, of %d", round, len(views))
+	}
 }
