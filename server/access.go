@@ -255,14 +255,21 @@ func (s *Server) revokeSessions(ids ...string) {
 	}
 	s.metrics.Sessions.Sub(float64(len(hit)))
 	a.mu.Unlock()
+	// Each session's ends wait until its connections and views were told (bounded by the
+	// delivery timeout): sessions end side by side, so one stuck client does not hold the
+	// others' revocation, nor the revoking call, for a timeout each.
+	var wg sync.WaitGroup
 	for _, x := range hit {
 		if x.revoked.CompareAndSwap(false, true) {
-			x.end()
-			if x.onRevoke != nil {
-				x.onRevoke()
-			}
+			wg.Go(func() {
+				x.end()
+				if x.onRevoke != nil {
+					x.onRevoke()
+				}
+			})
 		}
 	}
+	wg.Wait()
 }
 
 func tokenInfo(t storage.Token) itx.TokenInfo {
