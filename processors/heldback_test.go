@@ -8,6 +8,7 @@ import (
 	"sync"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/processors"
@@ -18,6 +19,14 @@ import (
 type holdLog struct {
 	*proctest.MemoryStream
 	before func(inputs []itx.EventInput) error
+}
+
+// Schedule runs before too.
+func (l holdLog) Schedule(ctx context.Context, event itx.EventInput, at time.Time) error {
+	if err := l.before([]itx.EventInput{event}); err != nil {
+		return err
+	}
+	return l.MemoryStream.Schedule(ctx, event, at)
 }
 
 func (l holdLog) Append(ctx context.Context, inputs []itx.EventInput) ([]itx.Event, error) {
@@ -70,6 +79,14 @@ func (l *passLog) String() string {
 // the echo (a state-derived obligation's started fact, in miniature); start gates the attempt
 // before its append. Every CaughtUp call after the attempt began must see the echo.
 func starter(rec *passLog, start <-chan struct{}) processors.Contract[echoState] {
+	return starterWith(rec, start, func(ctx context.Context, a *processors.Args[echoState]) error {
+		_, err := a.Append(ctx, echoed.Input(counted{N: 1}, a.IdempotencyKey("echo", nil)))
+		return err
+	})
+}
+
+// starterWith is starter with the attempt's append given (it must land the echo, or fail).
+func starterWith(rec *passLog, start <-chan struct{}, echo func(ctx context.Context, a *processors.Args[echoState]) error) processors.Contract[echoState] {
 	var mu sync.Mutex
 	began := false  // the attempt has begun (it may not have reached its append yet)
 	ended := false  // its append returned
@@ -116,7 +133,7 @@ func starter(rec *passLog, start <-chan struct{}) processors.Contract[echoState]
 						return ctx.Err()
 					}
 				}
-				_, err := a.Append(ctx, echoed.Input(counted{N: 1}, a.IdempotencyKey("echo", nil)))
+				err := echo(ctx, a)
 				mu.Lock()
 				ended, landed = true, err == nil
 				mu.Unlock()
@@ -129,7 +146,12 @@ func starter(rec *passLog, start <-chan struct{}) processors.Contract[echoState]
 
 func heldBackRunner(t *testing.T, f *fixture, log processors.StreamLog, progress processors.ProgressStore, rec *passLog, start <-chan struct{}) *processors.Runner[echoState] {
 	t.Helper()
-	r, err := processors.NewRunner(starter(rec, start), processors.RunnerConfig{
+	return runStarter(t, f, log, progress, starter(rec, start))
+}
+
+func runStarter(t *testing.T, f *fixture, log processors.StreamLog, progress processors.ProgressStore, c processors.Contract[echoState]) *processors.Runner[echoState] {
+	t.Helper()
+	r, err := processors.NewRunner(c, processors.RunnerConfig{
 		Path: "/test", Log: log, Progress: progress, Clock: f.clock, PageSize: 3, Logf: t.Logf,
 	})
 	if err != nil {
@@ -242,6 +264,37 @@ func TestRunner_CaughtUpHeldBackByAnAppendInFlight(t *testing.T) {
 			}
 		})
 	})
+	t.Run("a schedule in flight holds back too, and owes the eventless pass when nothing lands", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			f := newFixture()
+			release := make(chan error)
+			log := holdLog{f.stream, func(in []itx.EventInput) error {
+				if in[0].Type == string(echoed) {
+					return <-release
+				}
+				return nil
+			}}
+			var rec passLog
+			// The attempt schedules the echo an hour out: nothing lands now.
+			r := runStarter(t, f, log, f.store, starterWith(&rec, nil, func(ctx context.Context, a *processors.Args[echoState]) error {
+				return a.ScheduleAppend(ctx, a.Now().Add(time.Hour), echoed.Input(counted{N: 1}, a.IdempotencyKey("echo", nil)))
+			}))
+			f.append(t, added.Input(counted{N: 1}, ""))
+			catchUp(t, r)
+			synctest.Wait()
+			f.append(t, added.Input(counted{N: 1}, ""))
+			catchUp(t, r)
+			release <- nil
+			synctest.Wait()
+			if got := len(f.stream.Scheduled()); got != 1 {
+				t.Errorf("%d scheduled, want 1", got)
+			}
+			// Only the claim matters here: the scheduled echo is not in the state, and rightly so.
+			if got, want := rec.String(), "1:true 2:false 0:true"; got != want {
+				t.Errorf("ProcessEvent calls %q, want %q", got, want)
+			}
+		})
+	})
 	t.Run("an append deduped onto a processed offset owes the eventless pass", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			f := newFixture()
@@ -267,5 +320,24 @@ func TestRunner_CaughtUpHeldBackByAnAppendInFlight(t *testing.T) {
 				t.Errorf("%d echoes, want 1 (the attempt's append deduped)", got)
 			}
 		})
+	})
+}
+
+// The frame's own appends (its earlier events' blockers, under the context ProcessEvent got) do
+// not hold its last event back: the head it reaches is the one it was planned at, as before.
+func TestRunner_CaughtUpNotHeldBackByTheFramesOwnAppends(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture()
+		f.append(t, added.Input(counted{N: 1}, ""), added.Input(counted{N: 2}, ""))
+		var rec calls
+		r := f.runner(t, counter(t, "v1", &rec))
+		catchUp(t, r) // event 1's echo lands at 3 before event 2 is dispatched
+		synctest.Wait()
+		if got, want := fmt.Sprint(rec.events, rec.caughtUp), "[1 2] [2]"; got != want {
+			t.Errorf("calls %s, want %s", got, want)
+		}
+		if got := len(f.stream.Events(string(echoed))); got != 2 {
+			t.Errorf("%d echoes, want 2", got)
+		}
 	})
 }
