@@ -78,8 +78,10 @@ func (c *Contract[S]) validate() error {
 // Delivery says where an event sits relative to the head the runner has observed.
 type Delivery struct {
 	// CaughtUp is true on the last consumed event of a scan that reached the observed head, and
-	// on the eventless pass. Behind the head the state is partial: state-derived effects
-	// (starting obligations) wait for CaughtUp; per-event effects (forwards) need not.
+	// on the eventless pass, unless one of the processor's own appends from outside the frame
+	// was in flight (see Args.Append): then a later pass claims it. Behind the head the state is
+	// partial: state-derived effects (starting obligations) wait for CaughtUp; per-event effects
+	// (forwards) need not.
 	CaughtUp bool
 	// ObservedHead is the highest offset the runner has seen (frames and its own appends).
 	ObservedHead int64
@@ -177,8 +179,19 @@ func (a *Args[S]) RunInBackground(work func(ctx context.Context) error) {
 }
 
 // Append appends to the home stream (the typed door: build inputs with EventType.Input). Its
-// offsets raise the runner's observed head, so a frame queued before this append never claims
-// CaughtUp over a state that lacks it.
+// offsets raise the runner's observed head, so a frame planned after it returned does not reach
+// the head before its event. An append that is not the running frame's own (a RunInBackground
+// attempt's, made under another context than the one ProcessEvent got) also holds back CaughtUp
+// while it is in flight: a frame planned while it is in flight, or that gets to its CaughtUp
+// decision after it began, delivers CaughtUp false and skips the eventless pass; the event lands
+// in a later frame, which claims CaughtUp, and when none lands (the append failed, or deduped
+// onto an offset already processed) the runner runs the eventless pass once no append is in
+// flight. So a CaughtUp pass never decides on a state that lacks an append of the processor's
+// begun before that pass was called. An append begun while the CaughtUp pass runs (by an attempt
+// started earlier) can still land and be followed by its attempt's whole course before the pass
+// reads its in-memory live-set: state-derived starts must stay safe against that (a started
+// fact that names its attempt, say). The frame's own appends (its earlier events' blockers) do
+// not hold back its last event: they are in the head of the next frame, which is CaughtUp again.
 func (a *Args[S]) Append(ctx context.Context, events ...itx.EventInput) ([]itx.Event, error) {
 	return a.run.appendHome(ctx, events)
 }
@@ -186,6 +199,8 @@ func (a *Args[S]) Append(ctx context.Context, events ...itx.EventInput) ([]itx.E
 // ScheduleAppend is a durable timer: the home stream appends event at at, exactly once, even if
 // this processor is evicted, the process dies or the stream unloads meanwhile; the processor sees
 // it as any consumed event when it lands (a reminder, a timeout of an obligation, a retry later).
+// While the call is in flight it holds back CaughtUp as Append does (one already due lands at
+// once).
 // event.IdempotencyKey is required and names the timer (build it with IdempotencyKey, keyed by
 // the event that set it, so a replay schedules the same timer): scheduling the key again moves
 // it, and once the event has landed scheduling it again does nothing. Cancel it by landing

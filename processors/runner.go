@@ -51,8 +51,16 @@ type Runner[S any] struct {
 	state         S        // committed, decoded
 	observedHead  int64
 	highestAppend int64
-	fenced        error
-	changed       chan struct{} // closed and replaced on every commit
+	// The processor's appends to the home stream that a frame did not make itself (background
+	// attempts, diagnostics, strays): a frame must not claim CaughtUp over a state that may lack
+	// one of them (see heldBack).
+	appending int       // home appends and schedules in flight, the frame's own included
+	appendSeq int64     // bumped when an append or schedule that is not the running frame's starts
+	frameTok  *frameTok // the running frame's token (its context carries it), nil between frames
+	withheld  bool      // a pass reached the head but held its CaughtUp back: one is owed
+	repassing bool      // a repass is queued and has not started yet
+	fenced    error
+	changed   chan struct{} // closed and replaced on every commit
 }
 
 var _ Hosted = (*Runner[int])(nil)
@@ -216,6 +224,7 @@ func (r *Runner[S]) processFrame(ctx context.Context, f Frame) (err error) {
 	r.mu.Lock()
 	committed := r.progress
 	observed := max(r.observedHead, r.highestAppend)
+	busy, seq := r.appending > 0, r.appendSeq
 	r.mu.Unlock()
 	plan, err := planFrame(committed.ProcessedThrough, observed, f, r.classify)
 	if err != nil {
@@ -237,7 +246,8 @@ func (r *Runner[S]) processFrame(ctx context.Context, f Frame) (err error) {
 	}
 	// Tracked from here: a frame that moves nothing is no work, and must not count as a clean
 	// settlement that would disarm the keepalive of a dead incarnation's obligations.
-	done := r.track()
+	ctx, endPass := r.beginPass(ctx)
+	claimed := false
 	defer func() {
 		if p := recover(); p != nil {
 			err = itx.Errorf(itx.EInternal, "processor %q panicked: %v", r.c.Name, p)
@@ -245,7 +255,15 @@ func (r *Runner[S]) processFrame(ctx context.Context, f Frame) (err error) {
 		if err != nil {
 			r.restoreCommittedState()
 		}
-		done(err)
+		endPass(err)
+		if err == nil {
+			r.mu.Lock()
+			if claimed {
+				r.withheld = false
+			}
+			r.mu.Unlock()
+			r.maybeRepass()
+		}
 	}()
 	delivery := Delivery{ObservedHead: plan.head, CursorRevision: committed.CursorRevision}
 	state := r.committedState()
@@ -258,14 +276,16 @@ func (r *Runner[S]) processFrame(ctx context.Context, f Frame) (err error) {
 		case kindDeliver:
 			next := r.c.Reduce(state, pe.event)
 			d := delivery
-			d.CaughtUp = pe.caughtUp
+			d.CaughtUp = pe.caughtUp && !r.heldBack(busy, seq)
+			claimed = claimed || d.CaughtUp
 			if err := r.dispatch(ctx, &pe.event, state, next, d); err != nil {
 				return err
 			}
 			state = next
 		}
 	}
-	if plan.eventless {
+	if plan.eventless && !r.heldBack(busy, seq) {
+		claimed = true
 		d := delivery
 		d.CaughtUp = true
 		if err := r.dispatch(ctx, nil, state, state, d); err != nil {
@@ -282,6 +302,162 @@ func (r *Runner[S]) processFrame(ctx context.Context, f Frame) (err error) {
 	for _, e := range malformed {
 		r.background(func(ctx context.Context) error { return r.diagnose(ctx, e) })
 	}
+	return nil
+}
+
+// frameTok marks the context of one pass (a frame, or a repass's eventless pass): the appends
+// made under it are the pass's own (ProcessEvent's and its blockers').
+type frameTok struct{}
+
+type frameKey struct{}
+
+// beginPass starts a pass that runs processor code: its work is tracked, and its context carries
+// a token that tells its own appends from the others (see heldBack). end must be called once.
+func (r *Runner[S]) beginPass(ctx context.Context) (context.Context, func(err error)) {
+	tok := &frameTok{}
+	r.mu.Lock()
+	r.frameTok = tok
+	r.mu.Unlock()
+	done := r.track()
+	return context.WithValue(ctx, frameKey{}, tok), func(err error) {
+		r.mu.Lock()
+		r.frameTok = nil
+		r.mu.Unlock()
+		done(err)
+	}
+}
+
+// heldBack reports whether a pass planned when busy (an append in flight) and seq (the append
+// sequence) must hold back its CaughtUp (the flag and the eventless pass): an append that is not
+// the pass's own was in flight when it was planned, or has started since, so the state it decides
+// on may lack that append's event, which its offset (unknown at planning) keeps out of the plan's
+// head. Such an append is a background attempt's, most of the time: the processor's live-set may
+// already have forgotten the attempt by the time this pass runs, and the state then reads as an
+// obligation nobody drives. The event lands in a later frame, which claims CaughtUp; when none
+// comes (the append failed, deduped onto an old offset, or was a schedule not yet due), the
+// runner's repass owes the eventless pass (maybeRepass). The pass's own appends (its earlier
+// events' blockers) keep their old treatment: they are in the plan's head only if they ended
+// before it was planned.
+func (r *Runner[S]) heldBack(busy bool, seq int64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	held := busy || r.appendSeq != seq
+	if held {
+		r.withheld = true
+	}
+	return held
+}
+
+// beginAppend counts an append (or schedule) to the home stream in flight; finishAppend with the
+// events it appended ends it.
+func (r *Runner[S]) beginAppend(ctx context.Context) {
+	tok, _ := ctx.Value(frameKey{}).(*frameTok)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.appending++
+	if tok == nil || tok != r.frameTok {
+		r.appendSeq++
+	}
+}
+
+// finishAppend raises the observed head by the offsets appended before the append stops counting
+// as in flight (one step, so no pass is planned in between without both), and queues the repass
+// a held-back pass may be owed.
+func (r *Runner[S]) finishAppend(out []itx.Event) {
+	r.mu.Lock()
+	for _, e := range out {
+		r.highestAppend = max(r.highestAppend, e.Offset)
+	}
+	r.appending--
+	r.mu.Unlock()
+	r.maybeRepass()
+}
+
+// maybeRepass queues a repass when a pass held its CaughtUp back, no append is in flight any
+// more, and no append of the processor's lies past the processing cursor (one that does lands in
+// a later frame, which claims CaughtUp itself).
+func (r *Runner[S]) maybeRepass() {
+	r.mu.Lock()
+	owed := r.withheld && r.appending == 0 && !r.repassing && r.fenced == nil &&
+		r.highestAppend <= r.progress.ProcessedThrough
+	if owed {
+		r.repassing = true
+	}
+	r.mu.Unlock()
+	if owed {
+		r.background(r.repass)
+	}
+}
+
+// repass gives a held-back CaughtUp its due: it catches up (whatever landed meanwhile is
+// delivered, and its last frame claims CaughtUp) and, when the cursor is then at the head with the
+// claim still owed, runs the eventless pass over the committed state.
+func (r *Runner[S]) repass(ctx context.Context) error {
+	err := r.acquire(ctx)
+	r.mu.Lock()
+	r.repassing = false // from here on, an append that ends queues another repass
+	r.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	defer r.release()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if !r.owed() {
+		return nil
+	}
+	if err := r.catchUp(ctx); err != nil {
+		return err
+	}
+	return r.passAtHead(ctx)
+}
+
+// owed reports whether a held-back CaughtUp is owed and could be claimed now.
+func (r *Runner[S]) owed() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.withheld && r.appending == 0 && r.fenced == nil
+}
+
+// passAtHead runs the owed eventless pass at the committed cursor, which moves nothing: nothing
+// is committed, the fence is checked before the effects.
+func (r *Runner[S]) passAtHead(ctx context.Context) (err error) {
+	if err := r.fence(); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	committed := r.progress
+	head := max(r.observedHead, r.highestAppend, committed.ProcessedThrough)
+	owed := r.withheld && r.appending == 0 && committed.ProcessedThrough >= head
+	seq := r.appendSeq
+	r.mu.Unlock()
+	if !owed {
+		return nil
+	}
+	if r.c.ProcessEvent != nil {
+		if err := r.checkFence(ctx); err != nil {
+			return err
+		}
+	}
+	ctx, endPass := r.beginPass(ctx)
+	defer func() {
+		if p := recover(); p != nil {
+			err = itx.Errorf(itx.EInternal, "processor %q panicked: %v", r.c.Name, p)
+		}
+		endPass(err)
+	}()
+	if r.heldBack(false, seq) {
+		return nil // an append started meanwhile: its end queues the next repass
+	}
+	state := r.committedState()
+	d := Delivery{CaughtUp: true, ObservedHead: head, CursorRevision: committed.CursorRevision}
+	if err := r.dispatch(ctx, nil, state, state, d); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.withheld = false
+	r.mu.Unlock()
 	return nil
 }
 
@@ -584,20 +760,20 @@ func (r *Runner[S]) track() func(error) {
 
 func (r *Runner[S]) now() time.Time { return r.cfg.Clock.Now() }
 
-func (r *Runner[S]) appendHome(ctx context.Context, events []itx.EventInput) ([]itx.Event, error) {
-	out, err := r.cfg.Log.Append(ctx, events)
+func (r *Runner[S]) appendHome(ctx context.Context, events []itx.EventInput) (out []itx.Event, err error) {
+	r.beginAppend(ctx)
+	defer func() { r.finishAppend(out) }() // deferred: a panicking log must not leave it in flight
+	out, err = r.cfg.Log.Append(ctx, events)
 	if err != nil {
 		return nil, err
 	}
-	r.mu.Lock()
-	for _, e := range out {
-		r.highestAppend = max(r.highestAppend, e.Offset)
-	}
-	r.mu.Unlock()
 	return out, nil
 }
 
+// scheduleHome counts as an append in flight too: a schedule already due lands at once.
 func (r *Runner[S]) scheduleHome(ctx context.Context, event itx.EventInput, at time.Time) error {
+	r.beginAppend(ctx)
+	defer r.finishAppend(nil)
 	return r.cfg.Log.Schedule(ctx, event, at)
 }
 

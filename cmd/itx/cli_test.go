@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -109,10 +108,11 @@ func TestRun_Expression(t *testing.T) {
 	})
 }
 
-// mustClosedPort returns an address nothing listens on.
+// mustClosedPort returns an address nothing listens on: a freshly drawn loopback address (see
+// listenLoopback), which no socket of another test takes once it is let go, unlike a port of
+// 127.0.0.1.
 func mustClosedPort(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
+	l := listenLoopback(t)
 	addr := l.Addr().String()
 	l.Close()
 	return addr

@@ -127,9 +127,11 @@ func TestRun_BigIntegers(t *testing.T) {
 	require.Equal(t, "1\n", out)
 }
 
-// serveAt serves an itxd on dir at addr ("127.0.0.1:0": any port) until the returned stop is
-// called (or the test ends); a second call on the same dir and address is the same server
-// restarted, as after a deploy.
+// serveAt serves an itxd on dir at addr ("127.0.0.1:0": any port; "": a freshly drawn loopback
+// address, see listenLoopback) until the returned stop is called (or the test ends); a second
+// call on the same dir and address is the same server restarted, as after a deploy, which needs
+// the first to be on a drawn address: a port of 127.0.0.1 may be taken by another socket
+// meanwhile.
 func serveAt(t *testing.T, dir, addr string) (string, func()) {
 	return serveAtLimits(t, dir, addr, flowconn.Limits{})
 }
@@ -140,8 +142,13 @@ func serveAtLimits(t *testing.T, dir, addr string, limits flowconn.Limits) (stri
 	ctx := context.Background()
 	srv, err := server.Open(ctx, server.Config{DataDir: dir})
 	require.NoError(t, err)
-	ln, err := net.Listen("tcp", addr)
-	require.NoError(t, err)
+	var ln net.Listener
+	if addr == "" {
+		ln = listenLoopback(t)
+	} else {
+		ln, err = net.Listen("tcp", addr)
+		require.NoError(t, err)
+	}
 	l := capability.NewListenerWithLimits(srv, limits)
 	go l.Serve(ln)
 	var once sync.Once
@@ -199,7 +206,7 @@ func (term *terminal) line(src string, want ...string) {
 // reaches capabilities again on their next use; .reconnect does it on demand.
 func TestTerminal_Reconnect(t *testing.T) {
 	dir := t.TempDir()
-	addr, stop := serveAt(t, dir, "127.0.0.1:0")
+	addr, stop := serveAt(t, dir, "") // restarted on addr below
 	creds, err := server.ReadCredentials(dir)
 	require.NoError(t, err)
 	term, _ := startTerminal(t, 200, 50, "ITX_ADDR="+addr, "ITX_TOKEN="+creds.ProjectToken)

@@ -31,8 +31,18 @@ type itxdProcess struct {
 
 // runItxd starts itxd on data listening at listen ("127.0.0.1:0": a port of its choosing) and
 // returns once it has announced how to connect, with the address it listens on (the one it
-// records in credentials.json). The process is killed when the test ends, if it still runs.
+// records in credentials.json). The process is killed when the test ends, if it still runs. An
+// itxd to be restarted on its address starts with runItxdOnLoopback.
 func runItxd(t *testing.T, data, listen string) (*itxdProcess, string) {
+	t.Helper()
+	p, addr, err := tryRunItxd(t, data, listen)
+	require.NoError(t, err)
+	return p, addr
+}
+
+// tryRunItxd is runItxd, with an itxd that ends before announcing itself (it could not listen
+// at listen, say) an error.
+func tryRunItxd(t *testing.T, data, listen string) (*itxdProcess, string, error) {
 	t.Helper()
 	bin, err := buildItxd()
 	require.NoError(t, err)
@@ -57,7 +67,10 @@ func runItxd(t *testing.T, data, listen string) (*itxdProcess, string) {
 		close(p.exited)
 	}()
 	t.Cleanup(func() { p.kill9(t) })
-	require.True(t, announced, "itxd ended before announcing itself: %v", scanErr)
+	if !announced {
+		<-p.exited
+		return nil, "", fmt.Errorf("itxd on %s ended before announcing itself: %v", listen, scanErr)
+	}
 	b, err := os.ReadFile(filepath.Join(data, server.CredentialsFile))
 	require.NoError(t, err)
 	var rec struct {
@@ -65,7 +78,7 @@ func runItxd(t *testing.T, data, listen string) (*itxdProcess, string) {
 	}
 	require.NoError(t, json.Unmarshal(b, &rec))
 	require.NotEmpty(t, rec.Addr)
-	return p, rec.Addr
+	return p, rec.Addr, nil
 }
 
 // stop sends SIGTERM (a deploy: itxd closes its connections with serverShuttingDown) and waits
@@ -216,7 +229,7 @@ func TestMain_TailGoesOnAcrossAnItxdRestart(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			data := t.TempDir()
-			itxd, addr := runItxd(t, data, "127.0.0.1:0")
+			itxd, addr := runItxdOnLoopback(t, data) // restarted on addr below
 			creds, err := server.ReadCredentials(data)
 			require.NoError(t, err)
 			token := creds.ProjectToken
@@ -278,7 +291,7 @@ func TestMain_TailInterruptedWhileReconnectingExits130(t *testing.T) {
 // exit status 1.
 func TestMain_WatchGoesOnAcrossAnItxdRestart(t *testing.T) {
 	data := t.TempDir()
-	itxd, addr := runItxd(t, data, "127.0.0.1:0")
+	itxd, addr := runItxdOnLoopback(t, data) // restarted on addr below
 	creds, err := server.ReadCredentials(data)
 	require.NoError(t, err)
 	token := creds.ProjectToken

@@ -72,11 +72,14 @@ func (tr *idleTracker) waitIdle(t *testing.T) {
 	}
 }
 
-// A frame planned at the head while an attempt's started append is still in flight claims
-// CaughtUp over a state without started. If it reaches ProcessEvent only after that attempt has
+// A frame planned at the head while an attempt's started append is still in flight would claim
+// CaughtUp over a state without started. If it reached ProcessEvent only after that attempt had
 // run its course (started landed, the vendor answered, the settlement landed, the live-set
-// forgot the request), the request looks requested and undriven: a second start. Its started
-// append must not pass as the first one's duplicate: the vendor is dialed once.
+// forgot the request), the request would look requested and undriven: a second start. The
+// runner holds such a frame's CaughtUp back now (processors' TestRunner_CaughtUpHeldBack*); the
+// agent's own guard for what the runner cannot see (a second start's started append conflicts)
+// is exercised by TestAgent_AnOverlappingIncarnationDoesNotDialAgain. Either way the vendor is
+// dialed once.
 func TestAgent_AStaleCaughtUpFrameDoesNotDialAgain(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -162,6 +165,97 @@ func TestAgent_AStaleCaughtUpFrameDoesNotDialAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	tracker.waitIdle(t)
+	if n := len(stream.Events(string(examples.LLMSettled))); n != 1 {
+		t.Errorf("%d settlements, want 1", n)
+	}
+	if calls := v.Calls(); len(calls) != 1 {
+		t.Errorf("the vendor was dialed %d times (%v) for one request", len(calls), calls)
+	}
+}
+
+// An incarnation that overlaps its predecessor's last attempt (the predecessor's started append
+// still in flight when the successor, with an empty live-set, decides at the head) starts the
+// request a second time: the runner cannot hold that back, those appends are another runner's.
+// The started fact naming its attempt makes the two started appends conflict, so only one of the
+// attempts dials the vendor.
+func TestAgent_AnOverlappingIncarnationDoesNotDialAgain(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	clock := itx.SystemClock{}
+	v := &vendorFake{t: t}
+	stream := proctest.NewMemoryStream("/agents/overlap", clock)
+	store := proctest.NewMemoryProgressStore()
+
+	var mu sync.Mutex
+	var holdStarted chan struct{} // while set, the next started append waits for it
+	held := make(chan struct{})   // closed once a started append waits
+	log := gatedLog{MemoryStream: stream, beforeAppend: func(inputs []itx.EventInput) {
+		if inputs[0].Type != string(examples.LLMStarted) {
+			return
+		}
+		mu.Lock()
+		hold := holdStarted
+		holdStarted = nil
+		mu.Unlock()
+		if hold != nil {
+			close(held)
+			<-hold
+		}
+	}}
+	cfg := examples.AgentConfig{HesitationMs: 0, ExpiryMs: 60_000, ReserveMs: 1_000}
+	// incarnate opens a fresh incarnation (a fresh agent, live-set included): its Open claims
+	// the progress record, fencing the previous one's commits but not its appends in flight.
+	incarnate := func() (*processors.Runner[examples.AgentState], *idleTracker) {
+		tracker := &idleTracker{done: make(chan struct{})}
+		r, err := processors.NewRunner(examples.Agent(clock, v, cfg), processors.RunnerConfig{
+			Path: stream.Path(), Log: log, Progress: store, Clock: clock, Tracker: tracker, Logf: t.Logf,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Open(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(r.Close)
+		return r, tracker
+	}
+	deliver := func(r *processors.Runner[examples.AgentState]) {
+		after := r.ProcessedThrough()
+		page, err := stream.Read(ctx, after, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Deliver(ctx, processors.Frame{Events: page.Events, ScannedAfter: after, ScannedThrough: page.ScannedThrough, Head: page.Head}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	appendNow := func(in itx.EventInput) {
+		if _, err := stream.Append(ctx, []itx.EventInput{in}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	first, firstIdle := incarnate()
+	appendNow(examples.MessageAdded.Input(examples.Message{Text: "hi"}, ""))
+	deliver(first) // the message: its request is appended
+	release := make(chan struct{})
+	mu.Lock()
+	holdStarted = release
+	mu.Unlock()
+	deliver(first) // the request: the first attempt starts, its started append held
+	select {
+	case <-held:
+	case <-ctx.Done():
+		t.Fatal("the first attempt never reached its started append")
+	}
+
+	second, secondIdle := incarnate()
+	appendNow(examples.MessageRetracted.Input(examples.MessageRef{MessageOffset: 999}, ""))
+	deliver(second) // at the head with an empty live-set: the second attempt starts
+	secondIdle.waitIdle(t)
+	close(release) // the first attempt's started append lands only now
+	firstIdle.waitIdle(t)
+
 	if n := len(stream.Events(string(examples.LLMSettled))); n != 1 {
 		t.Errorf("%d settlements, want 1", n)
 	}
