@@ -126,12 +126,14 @@ func TestItxd_FlowControlBoundsMemory(t *testing.T) {
 
 	closeAbuser := pipelineUnread(t, p.addr, p.creds.ProjectToken, "/pages", 100_000)
 	defer closeAbuser()
-	// Wait until the server has stopped reading the abuser at its bound (128 calls) and most of
-	// those calls' replies are queued.
+	// Wait until the server has stopped reading the abuser at one of its bounds: 128 calls
+	// unanswered, or 16 MiB of replies unwritten. Which comes first depends on how fast the
+	// handlers answer against how fast the calls are read (under load the replies of the first
+	// few dozen calls can reach 16 MiB before the 128th call is read).
 	require.Eventually(t, func() bool {
 		return scrapeMetric(t, metrics, "itx_rpc_read_pauses_total") >= 1 &&
-			scrapeMetric(t, metrics, "itx_rpc_calls_in_flight") >= 128 &&
-			scrapeMetric(t, metrics, "itx_rpc_unwritten_bytes") >= 32<<20
+			(scrapeMetric(t, metrics, "itx_rpc_calls_in_flight") >= 128 ||
+				scrapeMetric(t, metrics, "itx_rpc_unwritten_bytes") >= 16<<20)
 	}, 2*time.Minute, 10*time.Millisecond, "itxd never paused the abusive connection")
 	require.LessOrEqual(t, scrapeMetric(t, metrics, "itx_rpc_calls_in_flight"), 128.0+8, "the abuser's calls are bounded")
 
