@@ -27,8 +27,12 @@ import (
 type liveHandle interface{ release() }
 
 // maxBuffered bounds what a connection or live view keeps unread; older entries are dropped
-// (and counted) so a forgotten connection cannot grow without bound.
-const maxBuffered = 10_000
+// (and counted) so a forgotten connection cannot grow without bound. A connection's events are
+// bounded by their bytes too (itx.Event.Size): 10,000 events of up to a MiB each would be 10 GiB.
+const (
+	maxBuffered      = 10_000
+	maxBufferedBytes = 64 << 20
+)
 
 // eventSink is the EventSink served for a connection opened from itx.
 type eventSink struct {
@@ -43,6 +47,7 @@ type eventSink struct {
 	// again after its last offset. Otherwise the oldest are dropped (a script's connection).
 	keepOldest bool
 	full       bool // keepOldest: the buffer filled; every later event was discarded
+	bytes      int  // the Size of the events held
 }
 
 func newEventSink() *eventSink { return &eventSink{wake: make(chan struct{}, 1)} }
@@ -67,28 +72,48 @@ func (k *eventSink) Deliver(ctx context.Context, call schema.EventSink_deliver) 
 	if err != nil {
 		return err
 	}
-	k.mu.Lock()
-	switch {
-	case k.keepOldest && (k.full || len(k.events)+len(events) > maxBuffered):
-		// Once full, nothing more is kept, even when the tail has taken some: an event kept
-		// after a discarded one would leave a gap.
-		keep := 0
-		if !k.full {
-			keep = maxBuffered - len(k.events)
-		}
-		k.events = append(k.events, events[:keep]...)
-		k.dropped += len(events) - keep
-		k.full = true
-	default:
-		k.events = append(k.events, events...)
-		if over := len(k.events) - maxBuffered; over > 0 {
-			k.events = append([]itx.Event(nil), k.events[over:]...)
-			k.dropped += over
-		}
-	}
-	k.mu.Unlock()
+	k.add(events)
 	k.signal()
 	return nil
+}
+
+// add keeps a delivered batch within maxBuffered events and maxBufferedBytes (one event is
+// always kept when none is held, whatever its size).
+func (k *eventSink) add(events []itx.Event) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	fits := func(e *itx.Event) bool {
+		return len(k.events) == 0 || len(k.events) < maxBuffered && k.bytes+e.Size() <= maxBufferedBytes
+	}
+	if k.keepOldest {
+		// Once full, nothing more is kept, even when the tail has taken some: an event kept
+		// after a discarded one would leave a gap.
+		kept := 0
+		for i := range events {
+			if k.full || !fits(&events[i]) {
+				k.full = true
+				break
+			}
+			k.events = append(k.events, events[i])
+			k.bytes += events[i].Size()
+			kept++
+		}
+		k.dropped += len(events) - kept
+		return
+	}
+	for i := range events {
+		k.events = append(k.events, events[i])
+		k.bytes += events[i].Size()
+	}
+	over := 0
+	for len(k.events)-over > 1 && (len(k.events)-over > maxBuffered || k.bytes > maxBufferedBytes) {
+		k.bytes -= k.events[over].Size()
+		over++
+	}
+	if over > 0 {
+		k.events = append([]itx.Event(nil), k.events[over:]...)
+		k.dropped += over
+	}
 }
 
 func (k *eventSink) Closed(ctx context.Context, call schema.EventSink_closed) error {
@@ -120,7 +145,7 @@ func (k *eventSink) take() (events []itx.Event, dropped int, closed *itx.Error) 
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	events, dropped, closed = k.events, k.dropped, k.closed
-	k.events, k.dropped = nil, 0
+	k.events, k.dropped, k.bytes = nil, 0, 0
 	return events, dropped, closed
 }
 
