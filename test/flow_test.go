@@ -112,7 +112,7 @@ func TestItxd_FlowControlBoundsMemory(t *testing.T) {
 	if _, err := os.Stat("/proc/self/status"); err != nil {
 		t.Skip("needs /proc")
 	}
-	metrics := freeTestAddr(t)
+	metrics := freeAddr(t)
 	p := startItxd(t, t.TempDir(), "--metrics", metrics)
 	ctx := ctxT(t)
 	conn := dial(t, p.addr)
@@ -146,11 +146,4 @@ func TestItxd_FlowControlBoundsMemory(t *testing.T) {
 	t.Logf("itxd peak RSS %.0f MiB, unwritten reply bytes %.0f MiB", hwm, scrapeMetric(t, metrics, "itx_rpc_unwritten_bytes")/(1<<20))
 	require.Less(t, hwm, 512.0, "itxd's peak RSS (MiB)")
 	p.kill9(t)
-}
-
-func freeTestAddr(t testing.TB) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	return ln.Addr().String()
 }

@@ -12,7 +12,7 @@ import (
 
 // itxd serves /healthz and /readyz beside /metrics for supervisors and load balancers.
 func TestItxd_HealthAndReadiness(t *testing.T) {
-	metrics := freeTestAddr(t)
+	metrics := freeAddr(t)
 	startItxd(t, t.TempDir(), "--metrics", metrics)
 	for _, path := range []string{"/healthz", "/readyz"} {
 		var code int

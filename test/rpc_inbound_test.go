@@ -34,7 +34,7 @@ func TestItxd_InboundCallBytesAreBounded(t *testing.T) {
 	if _, err := os.Stat("/proc/self/status"); err != nil {
 		t.Skip("needs /proc")
 	}
-	metrics := freeTestAddr(t)
+	metrics := freeAddr(t)
 	p := startItxd(t, t.TempDir(), "--metrics", metrics, "--rpc-login-timeout", "5s")
 
 	t.Run("one message before login", func(t *testing.T) {

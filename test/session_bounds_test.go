@@ -20,7 +20,7 @@ import (
 // finishes, capabilities it never releases, connections, and time before login. Each bound
 // aborts (or refuses) the connection with an Abort whose reason says which bound and which flag.
 func TestItxd_SessionBounds(t *testing.T) {
-	metrics := freeTestAddr(t)
+	metrics := freeAddr(t)
 	p := startItxd(t, t.TempDir(), "--metrics", metrics,
 		"--rpc-preauth-max-unfinished-replies", "10", "--rpc-max-capabilities", "20",
 		"--rpc-max-connections", "3", "--rpc-login-timeout", "300ms")
