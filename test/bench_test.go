@@ -18,8 +18,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -34,6 +32,7 @@ import (
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/internal/itxtest"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
 	"github.com/stretchr/testify/require"
@@ -70,40 +69,9 @@ func startBenchItxd(b *testing.B, extra ...string) *benchItxd {
 }
 
 // freeAddr is an address nothing listens on, for an itxd (or its metrics) to listen on next,
-// maybe again after a restart. A port of 127.0.0.1 let go of can be taken meanwhile by any socket
-// a parallel test opens (a listen on port 0 and an outgoing connection's source port both draw
-// from the ephemeral range on 127.0.0.1), so the address sits on another IP of 127.0.0.0/8, drawn
-// at random, with a port below the ephemeral range: only an explicit bind to that very address
-// takes it. Where only 127.0.0.1 can be bound (macOS without aliases), a port there.
-func freeAddr(b testing.TB) string {
-	b.Helper()
-	var err error
-	for range 8 {
-		ip := "127.0.0.1"
-		if spareLoopback() {
-			for ip == "127.0.0.1" {
-				ip = fmt.Sprintf("127.%d.%d.%d", rand.IntN(256), rand.IntN(256), 1+rand.IntN(254))
-			}
-		}
-		var ln net.Listener
-		if ln, err = net.Listen("tcp", net.JoinHostPort(ip, strconv.Itoa(10000+rand.IntN(32768-10000)))); err == nil {
-			defer ln.Close()
-			return ln.Addr().String()
-		}
-	}
-	require.NoError(b, err, "no free loopback address in 8 draws")
-	return ""
-}
-
-// spareLoopback reports whether IPs of 127.0.0.0/8 other than 127.0.0.1 can be bound here.
-var spareLoopback = sync.OnceValue(func() bool {
-	ln, err := net.Listen("tcp", "127.0.0.2:0")
-	if err != nil {
-		return false
-	}
-	ln.Close()
-	return true
-})
+// maybe again after a restart: on a drawn loopback IP, which a parallel test's sockets never take
+// meanwhile (itxtest.FreeLoopbackAddr).
+func freeAddr(b testing.TB) string { return itxtest.FreeLoopbackAddr(b) }
 
 // project dials, logs in and returns the project; everything closes when b ends.
 func (s *benchItxd) project(b *testing.B) schema.Project {

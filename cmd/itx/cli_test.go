@@ -15,6 +15,7 @@ import (
 
 	"github.com/creack/pty"
 	"github.com/itx-dev/itx/cmd/itx/internal/repl"
+	"github.com/itx-dev/itx/internal/itxtest"
 	"github.com/stretchr/testify/require"
 )
 
@@ -109,10 +110,10 @@ func TestRun_Expression(t *testing.T) {
 }
 
 // mustClosedPort returns an address nothing listens on: a freshly drawn loopback address (see
-// listenLoopback), which no socket of another test takes once it is let go, unlike a port of
+// itxtest.ListenLoopback), which no socket of another test takes once it is let go, unlike a port of
 // 127.0.0.1.
 func mustClosedPort(t *testing.T) string {
-	l := listenLoopback(t)
+	l := itxtest.ListenLoopback(t)
 	addr := l.Addr().String()
 	l.Close()
 	return addr

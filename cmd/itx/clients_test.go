@@ -25,6 +25,7 @@ import (
 	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/cmd/itx/internal/repl"
 	"github.com/itx-dev/itx/internal/flowconn"
+	"github.com/itx-dev/itx/internal/itxtest"
 	"github.com/itx-dev/itx/server"
 	"github.com/stretchr/testify/require"
 )
@@ -128,7 +129,7 @@ func TestRun_BigIntegers(t *testing.T) {
 }
 
 // serveAt serves an itxd on dir at addr ("127.0.0.1:0": any port; "": a freshly drawn loopback
-// address, see listenLoopback) until the returned stop is called (or the test ends); a second
+// address, see itxtest.ListenLoopback) until the returned stop is called (or the test ends); a second
 // call on the same dir and address is the same server restarted, as after a deploy, which needs
 // the first to be on a drawn address: a port of 127.0.0.1 may be taken by another socket
 // meanwhile.
@@ -144,7 +145,7 @@ func serveAtLimits(t *testing.T, dir, addr string, limits flowconn.Limits) (stri
 	require.NoError(t, err)
 	var ln net.Listener
 	if addr == "" {
-		ln = listenLoopback(t)
+		ln = itxtest.ListenLoopback(t)
 	} else {
 		ln, err = net.Listen("tcp", addr)
 		require.NoError(t, err)
