@@ -46,7 +46,8 @@ func main() {
 		}},
 		{"after 300 us of spinning", func() { spin(300 * time.Microsecond) }},
 	}
-	addr := startEcho()
+	addr, stop := startEcho()
+	defer stop()
 	for r := 0; r < *rounds; r++ {
 		for _, g := range gaps {
 			report("8 KiB overwrite + fsync, "+g.name, fsyncs(*dir, *n, false, g.gap))
@@ -96,8 +97,10 @@ func fsyncs(dir string, n int, appending bool, gap func()) []time.Duration {
 	return lat
 }
 
-// startEcho starts this binary again as a TCP echo server and returns its address.
-func startEcho() string {
+// startEcho starts this binary again as a TCP echo server and returns its address and a stop
+// function. The child also exits when its stdin closes, so it never outlives this process (it
+// held the caller's stdout open, and a shell waiting on it, after the report was printed).
+func startEcho() (string, func()) {
 	self, err := os.Executable()
 	if err != nil {
 		log.Fatal(err)
@@ -108,6 +111,10 @@ func startEcho() string {
 		log.Fatal(err)
 	}
 	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		log.Fatal(err)
+	}
 	if err := cmd.Start(); err != nil {
 		log.Fatal(err)
 	}
@@ -115,7 +122,11 @@ func startEcho() string {
 	if _, err := fmt.Fscanln(out, &addr); err != nil {
 		log.Fatalf("echo server: %v", err)
 	}
-	return addr
+	return addr, func() {
+		stdin.Close()
+		cmd.Process.Kill()
+		cmd.Wait()
+	}
 }
 
 func serveEcho(at string) {
@@ -124,6 +135,10 @@ func serveEcho(at string) {
 		log.Fatal(err)
 	}
 	fmt.Println(ln.Addr().String())
+	go func() { // the parent holds stdin open while it runs
+		io.Copy(io.Discard, os.Stdin)
+		os.Exit(0)
+	}()
 	for {
 		c, err := ln.Accept()
 		if err != nil {
