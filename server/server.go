@@ -262,6 +262,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		acc:         newAccessState(),
 		incarnation: newStreamID(), hosted: map[string]bool{},
 	}
+	s.metrics.Registry.MustRegister(newStandingCollector(s))
 	if cfg.Processors != nil {
 		for _, c := range cfg.Processors.Contracts() {
 			s.hosted[c.Name] = true

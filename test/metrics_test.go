@@ -1,6 +1,7 @@
 package test
 
 import (
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -102,4 +103,62 @@ func TestMetrics_DeliveryFailuresStartAtZero(t *testing.T) {
 	ts := startServer(t, server.Config{})
 	require.Equal(t, 4, testutil.CollectAndCount(ts.srv.Metrics().DeliveryFailures))
 	require.Zero(t, testutil.ToFloat64(ts.srv.Metrics().DeliveryFailures.WithLabelValues("processor-wake")))
+}
+
+// The consumer standing gauges sum what Streams.list shows per stream: subscriptions, those
+// halted now, and the largest lag of any subscription or registered reader, from the live state
+// of loaded streams and from the directory's summaries once they are unloaded.
+func TestMetrics_ConsumerStanding(t *testing.T) {
+	e := newSubEnv(t, server.Config{IdleTimeout: time.Minute})
+	gauge := func(name string) float64 {
+		t.Helper()
+		mfs, err := e.ts.srv.Metrics().Registry.Gather()
+		require.NoError(t, err)
+		for _, mf := range mfs {
+			if mf.GetName() == name {
+				return mf.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		t.Fatalf("no metric %s", name)
+		return 0
+	}
+	standing := func() [3]float64 {
+		return [3]float64{gauge("itx_subscriptions"), gauge("itx_subscriptions_halted"), gauge("itx_consumer_lag_max_events")}
+	}
+	require.Equal(t, [3]float64{0, 0, 0}, standing(), "nothing to stand anywhere yet")
+
+	// A registered reader 5 behind on one stream, a subscription that will halt on another.
+	read := stream(t, e.p, "/read")
+	mustAppend(t, read, ev("a", `{}`), ev("a", `{}`), ev("a", `{}`), ev("a", `{}`), ev("a", `{}`), ev("a", `{}`))
+	rf, release := read.Readers(e.ctx, nil)
+	defer release()
+	require.NoError(t, client.RegisterReader(e.ctx, rf.Readers(), "mirror", 1))
+	require.Equal(t, [3]float64{0, 0, 5}, standing())
+
+	h := newHook(t, func(int, itx.WebhookBody) int { return 500 })
+	s := stream(t, e.p, "/ladder")
+	name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "fragile", Start: "now",
+		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
+	e.configure(t, s, client.SubscriptionConfig{Name: "idle", Start: "now", FilterTypes: []string{"never"},
+		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
+	mustAppend(t, s, ev("job", `{"n":1}`))
+	require.Equal(t, 2.0, gauge("itx_subscriptions"))
+	require.Equal(t, 0.0, gauge("itx_subscriptions_halted"))
+	for attempt := 1; attempt < itx.MaxDeliveryAttempts; attempt++ {
+		waitUntil(t, fmt.Sprintf("attempt %d failed", attempt), func() bool { return e.describe(t, s, name).Attempt == attempt })
+		e.clock.Advance(itx.Backoff(attempt, 0.5))
+	}
+	waitUntil(t, "halted", func() bool { return e.describe(t, s, name).Status == "halted" })
+	d := e.describe(t, s, name)
+	lag := d.HeadOffset - d.ConfirmedOffset
+	require.Positive(t, lag)
+	require.Equal(t, [3]float64{2, 1, float64(max(5, lag))}, standing(), "loaded: the streams' live state")
+
+	// Unloaded, both streams stand as their summaries say.
+	waitUntil(t, "unloaded", func() bool {
+		e.clock.Advance(2 * time.Minute)
+		e.ts.srv.Sweep()
+		return e.ts.srv.LoadedStreams() == 0
+	})
+	require.Equal(t, [3]float64{2, 1, float64(max(5, lag))}, standing(), "unloaded: the directory's summaries")
 }
