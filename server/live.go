@@ -83,6 +83,11 @@ type liveEngine struct {
 	a       *actor
 	project func() any // the document: the stream's live state, or one processor's
 	dirty   chan struct{}
+	// pokes counts the changes told (poke); the document reflects the first seen of them. A
+	// subscriber's first frame waits for every change told before it attached, so its snapshot
+	// shows at least what was acknowledged before it asked (a reader registered, a subscription
+	// configured), not a document the engine had not yet recomputed.
+	pokes atomic.Uint64
 	// ctx is the engine's life: the stream's load, or, for a processor's, its subscription's
 	// within it (stop ends it when the subscription goes). Its subscribers are detached with it.
 	ctx    context.Context
@@ -96,6 +101,7 @@ type liveEngine struct {
 	rev     uint64
 	doc     []byte
 	patch   []byte // revision-1 -> revision
+	seen    uint64 // the pokes the document reflects
 	changed chan struct{}
 }
 
@@ -107,6 +113,7 @@ type liveSubscriber struct {
 	cancel   context.CancelFunc
 	done     chan struct{}
 	byClient atomic.Bool // the client cancelled it: no notice
+	after    uint64      // the engine's pokes when it attached: its first frame reflects them
 }
 
 // liveEnd is why a live engine stopped.
@@ -135,7 +142,7 @@ func (a *actor) liveEngine() *liveEngine {
 	e := newLiveEngine(a, func() any { return a.liveState() })
 	a.liveP.Store(e)
 	go e.run()
-	e.dirty <- struct{}{}
+	e.poke()
 	return e
 }
 
@@ -158,6 +165,7 @@ func (a *actor) liveDirty() {
 }
 
 func (e *liveEngine) poke() {
+	e.pokes.Add(1)
 	select {
 	case e.dirty <- struct{}{}:
 	default:
@@ -165,6 +173,7 @@ func (e *liveEngine) poke() {
 }
 
 func (e *liveEngine) attach(s *liveSubscriber) {
+	s.after = e.pokes.Load()
 	e.a.srv.metrics.LiveSubscribers.Inc()
 	go e.push(s)
 }
@@ -181,12 +190,14 @@ func (e *liveEngine) run() {
 		case <-e.ctx.Done():
 			return
 		}
+		seen := e.pokes.Load() // before the projection: it reads a state at least this new
 		doc, err := json.Marshal(e.project())
-		if err != nil {
-			continue
-		}
 		e.mu.Lock()
-		if string(doc) != string(e.doc) {
+		// Subscribers waiting for this many changes may go on, whether the document changed
+		// or not.
+		wake := seen > e.seen
+		e.seen = max(e.seen, seen)
+		if err == nil && string(doc) != string(e.doc) {
 			var patch []byte
 			if e.doc != nil {
 				if p, err := jsondiff.CompareJSON(e.doc, doc); err == nil {
@@ -195,6 +206,9 @@ func (e *liveEngine) run() {
 			}
 			e.rev++
 			e.doc, e.patch = doc, patch
+			wake = true
+		}
+		if wake {
 			close(e.changed)
 			e.changed = make(chan struct{})
 		}
@@ -229,9 +243,9 @@ func (e *liveEngine) push(s *liveSubscriber) {
 	var sent uint64
 	for s.ctx.Err() == nil && e.ctx.Err() == nil {
 		e.mu.Lock()
-		rev, doc, patch, changed := e.rev, e.doc, e.patch, e.changed
+		rev, doc, patch, changed, seen := e.rev, e.doc, e.patch, e.changed, e.seen
 		e.mu.Unlock()
-		if rev == sent || rev == 0 {
+		if rev == sent || rev == 0 || (sent == 0 && seen < s.after) {
 			select {
 			case <-changed:
 			case <-s.ctx.Done():

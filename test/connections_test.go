@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"capnproto.org/go/capnp/v3"
 	jsonpatch "github.com/evanphx/json-patch/v5"
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
@@ -924,4 +925,51 @@ func TestReaders_WaitUntilProcessedFollowsAReader(t *testing.T) {
 	require.Contains(t, err.Error(), "registered reader")
 	_, err = client.WaitUntilProcessed(ctx, client.Subscription(ctx, s, "nobody"), 1, 0)
 	requireCode(t, err, itx.ENotFound)
+}
+
+// A live view's first snapshot shows at least everything acknowledged before it was asked for:
+// a reader registered (its answer received) and then a view subscribed sees the reader, even
+// while the engine, already running for another view, is still recomputing a large document.
+func TestLiveState_FirstSnapshotShowsWhatWasAcknowledged(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	s := stream(t, ts.project(t), "/acknowledged")
+	events := make([]itx.EventInput, 100)
+	for i := range events {
+		events[i] = ev("a", `{}`)
+	}
+	mustAppend(t, s, events...)
+	subscribeLive(t, s, &liveView{}) // the engine runs from here on
+	rf, release := s.Readers(ctx, nil)
+	defer release()
+	readers := rf.Readers()
+	// A large document, so that each recomputation takes a while.
+	var rels []capnp.ReleaseFunc
+	var futs []schema.Readers_register_Results_Future
+	for i := range 400 {
+		fut, rel := readers.Register(ctx, func(p schema.Readers_register_Params) error {
+			p.SetCheckpoint(uint64(i % 100))
+			return p.SetName(fmt.Sprintf("bulk-%04d", i))
+		})
+		futs, rels = append(futs, fut), append(rels, rel)
+	}
+	for i, f := range futs {
+		_, err := f.Struct()
+		require.NoError(t, err)
+		rels[i]()
+	}
+	for i := 1; i <= 20; i++ {
+		require.NoError(t, client.RegisterReader(ctx, readers, "mirror", int64(i)))
+		fresh := &liveView{}
+		h := subscribeLive(t, s, fresh)
+		var doc map[string]any
+		waitUntil(t, "the first snapshot", func() bool {
+			var rev uint64
+			rev, doc = fresh.state()
+			return rev > 0
+		})
+		mirror, _ := doc["readers"].(map[string]any)["mirror"].(map[string]any)
+		require.Equal(t, float64(i), mirror["checkpoint"], "round %d: the first snapshot predates the registration it followed", i)
+		h.Release()
+	}
 }
