@@ -66,7 +66,7 @@ func (e Env) Now() time.Time { return e.Clock.Now() }
 // Harness drives one processor through scenarios. Its methods are called from the test's
 // goroutine only.
 type Harness[S any] struct {
-	t   *testing.T
+	t   testing.TB
 	cfg Config[S]
 
 	// Stream is the in-memory stream; Stream.Append commits without delivering.
@@ -106,7 +106,7 @@ func Run[S any](t *testing.T, cfg Config[S], body func(t *testing.T, h *Harness[
 
 // New builds a harness; it must be called inside a synctest bubble (Run does both). Several
 // harnesses may share one bubble (a replay over another's Substrate).
-func New[S any](t *testing.T, cfg Config[S]) *Harness[S] {
+func New[S any](t testing.TB, cfg Config[S]) *Harness[S] {
 	if cfg.New == nil {
 		t.Fatal("harness: Config.New is required")
 	}
