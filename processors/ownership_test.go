@@ -15,6 +15,9 @@ import (
 	proctest "github.com/itx-dev/itx/processors/testing"
 )
 
+var errKeysPoisoned = errors.New("poisoned")
+
+// keysPoison fails every frame holding a "keys/poison": a crash loop.
 func keysPoison() processors.Contract[int] {
 	return processors.Contract[int]{
 		Name: "poison", ConsumedTypes: []string{"keys/poison"}, ReducerVersion: "1",
@@ -22,7 +25,7 @@ func keysPoison() processors.Contract[int] {
 		Reduce:       func(n int, e itx.Event) int { return n + 1 },
 		ProcessEvent: func(ctx context.Context, a *processors.Args[int]) error {
 			if a.Event != nil {
-				return errors.New("poisoned")
+				return errKeysPoisoned
 			}
 			return nil
 		},
@@ -43,6 +46,16 @@ func TestKeepalive_CrashLoopEvidenceKey(t *testing.T) {
 		}
 		if got, want := errs[0].IdempotencyKey, "processor-host-crash-loop:v7/poison"; got != want {
 			t.Errorf("crash-loop evidence key %q, want %q", got, want)
+		}
+		// The loop is the poison failing its frame, again and again, and nothing else.
+		failed := h.TakeDeliveryErrors()
+		if len(failed) == 0 {
+			t.Error("no delivery failed, want the poison's")
+		}
+		for _, err := range failed {
+			if !errors.Is(err, errKeysPoisoned) {
+				t.Errorf("delivery failed with %v, want only %v", err, errKeysPoisoned)
+			}
 		}
 	})
 }
@@ -154,13 +167,10 @@ func TestArgs_IdempotencyKeyIsProcessorOwned(t *testing.T) {
 		beta := proctest.New(t, proctest.Config[int]{Substrate: alpha.Substrate(),
 			New: func(proctest.Env) processors.Contract[int] { return acker("beta") }})
 		alpha.Append(itx.EventInput{Type: "keys/in", Payload: []byte(`{}`)})
-		beta.Wake()
+		beta.Wake() // a conflict failing beta's frame fails the test at its end (an untaken delivery error)
 		acks := alpha.Events("keys/ack")
 		if len(acks) != 2 {
 			t.Errorf("%d acks, want one per processor (2)", len(acks))
-		}
-		if errs := beta.DeliveryErrors(); len(errs) > 0 {
-			t.Errorf("beta's frame failed: %v", errs[0])
 		}
 		if got, want := acks[0].IdempotencyKey, "alpha/ack@"+acks[0].IdempotencyKey[len("alpha/ack@"):]; got != want || !strings.HasPrefix(got, "alpha/ack@/") {
 			t.Errorf("key %q, want alpha/ack@<path>:<offset>", got)

@@ -62,6 +62,9 @@ func TestForwarder_EvictionMidForward(t *testing.T) {
 		if got := h.Runner().ProcessedThrough(); got != 2 {
 			t.Fatalf("cursor %d after a failed forward, want it held at 2", got)
 		}
+		if errs := takeInjected(t, h); len(errs) != 1 || !strings.Contains(errs[0].Error(), "event 3 ") {
+			t.Errorf("delivery failures %v, want the one frame failing at the forward of event 3 (inbox 2)", errs)
+		}
 		h.Crash()
 		h.Stream.FailAppends(nil)
 		// The failed frame armed the keepalive; its fire revives the successor, and delivery
@@ -104,6 +107,18 @@ func TestForwarder_CrashLoopBreaker(t *testing.T) {
 		}
 		if forwards(t, h) != "" || h.Runner().ProcessedThrough() != 0 {
 			t.Fatalf("a poisoned frame moved: forwards %q cursor %d", forwards(t, h), h.Runner().ProcessedThrough())
+		}
+		// Every delivery failed on the poison: the first one, and at least one after each of the
+		// five revivals (the harness also retries the frame at its other stops, so the count is
+		// not the breaker's).
+		errs := takeInjected(t, h)
+		if revivals := len(h.Events(itx.TypeProcessorRevived)); len(errs) < 1+revivals {
+			t.Errorf("%d delivery failures, want at least %d: the first delivery and one per revival", len(errs), 1+revivals)
+		}
+		for _, err := range errs {
+			if !strings.Contains(err.Error(), "event 1 ") {
+				t.Errorf("delivery failed with %v, want only event 1's forward", err)
+			}
 		}
 		// The fault is gone: the next revival on the backoff delivers the held event.
 		h.Stream.FailAppends(nil)

@@ -2,9 +2,11 @@ package examples_test
 
 import (
 	"strings"
+	"testing"
 	"time"
 
 	"github.com/itx-dev/itx"
+	proctest "github.com/itx-dev/itx/processors/testing"
 )
 
 // revivalGaps renders the time between consecutive stream/processor-revived facts.
@@ -24,4 +26,18 @@ func injectFault(typ, why string) func(in itx.EventInput) error {
 		}
 		return nil
 	}
+}
+
+// takeInjected takes the harness's delivery failures, the ones a scenario provoked with
+// injectFault or MemoryStream.LoseAcks, and fails the test on any that is not such a fault: the
+// scenario expected those and only those. It returns them, for the caller to count.
+func takeInjected[S any](t *testing.T, h *proctest.Harness[S]) []error {
+	t.Helper()
+	errs := h.TakeDeliveryErrors()
+	for _, err := range errs {
+		if itx.ErrorCode(err) != itx.EUnavailable || !strings.Contains(err.Error(), "injected") {
+			t.Errorf("delivery failed with %v, want only the injected faults (%s)", err, itx.EUnavailable)
+		}
+	}
+	return errs
 }

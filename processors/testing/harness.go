@@ -8,6 +8,12 @@
 // keepalive record (the layer below the reduction) as the only other observables; and a crashed
 // incarnation is fenced: nothing its goroutines still do lands, and no timer it armed fires.
 //
+// No failure is swallowed. A delivery attempt that fails is recorded, and one the test has not
+// taken (Harness.TakeDeliveryErrors) when it ends fails it: a processEvent that keeps failing
+// cannot pass because the stream happened to look right. A scenario that provokes failures on
+// purpose (a poison, a failed started-append, a vendor fake that throws) takes them and asserts
+// on them.
+//
 // Scenarios run inside a testing/synctest bubble (Run does this): settling waits until every
 // goroutine is finished or durably blocked, a condition, never a sleep. Vendor fakes that hang
 // must block on a channel or on their context, so that a crash or the end of the test releases
@@ -87,7 +93,7 @@ type Harness[S any] struct {
 	runner     *processors.Runner[S]
 	deliver    bool       // delivery is attached (false after Crash until a wake)
 	delivering chan error // the delivery attempt in flight, nil when none
-	errs       []error
+	errs       []error    // failed delivery attempts the test has not taken
 	fires      []processors.AlarmOutcome
 }
 
@@ -179,7 +185,9 @@ func (h *Harness[S]) incarnate() {
 	h.ctx, h.cancel = context.WithCancel(context.Background())
 }
 
-// close ends the test: the last incarnation is fenced and its goroutines released.
+// close ends the test: the last incarnation is fenced and its goroutines released, and each
+// delivery failure the test did not take fails it. A delivery still in flight dies with the
+// incarnation, as in Crash: its outcome is the eviction's, not the processor's.
 func (h *Harness[S]) close() {
 	if h.fence.dead.Load() {
 		return
@@ -188,6 +196,10 @@ func (h *Harness[S]) close() {
 	h.clock.kill()
 	h.cancel()
 	h.registry.Close()
+	for _, err := range h.errs {
+		h.t.Errorf("harness: a delivery failed and the test did not take it (TakeDeliveryErrors): %v", err)
+	}
+	h.errs = nil
 }
 
 // Append commits events to the stream and drives delivery to a fixpoint (a wake).
@@ -245,7 +257,9 @@ func (h *Harness[S]) AdvanceTime(d time.Duration) {
 		h.Alarm.SetAlarm(context.Background(), time.Time{}) // the fire consumes the cell
 		out, err := h.registry.HandleAlarm(context.Background())
 		if err != nil {
-			h.t.Logf("harness: alarm at %v: %v", at, err)
+			// Only the KV or the alarm cell can fail a fire, and the live incarnation's
+			// in-memory ones never do: no scenario provokes this, so it is a defect.
+			h.t.Errorf("harness: alarm fire at %v: %v", at, err)
 		}
 		h.fires = append(h.fires, out...)
 		h.deliver = true // the revival fact is a wake
@@ -259,7 +273,9 @@ func (h *Harness[S]) AdvanceTime(d time.Duration) {
 
 // Crash evicts the current incarnation: its runtime state and closures die (whatever they still
 // try is fenced), the stream, progress, KV, alarm and clock survive, and a successor incarnation
-// is built but not delivered to: the next append or a due alarm is its wake.
+// is built but not delivered to: the next append or a due alarm is its wake. A delivery attempt
+// still in flight dies too, unrecorded: its outcome is the eviction's (cancelled, fenced). A
+// failure it reached before the crash is recorded only if a step settled after it (Do settles).
 func (h *Harness[S]) Crash() {
 	h.fence.dead.Store(true)
 	h.clock.kill() // its timers die with it: nothing of a dead incarnation runs
@@ -271,8 +287,8 @@ func (h *Harness[S]) Crash() {
 
 // Settle drives delivery to a fixpoint: the runner catches up to the head, background work runs
 // until it finishes or blocks, and again while that work appended. It stops at a delivery
-// failure (recorded, see DeliveryErrors) or at an attempt that is durably blocked (a vendor fake
-// that has not answered), which is a stable scenario boundary.
+// failure (recorded: the test must take it, see TakeDeliveryErrors) or at an attempt that is
+// durably blocked (a vendor fake that has not answered), which is a stable scenario boundary.
 func (h *Harness[S]) Settle() {
 	h.t.Helper()
 	for round := 0; round < maxSettleRounds; round++ {
@@ -366,8 +382,14 @@ func (h *Harness[S]) Keepalive() processors.KeepaliveRecord {
 // Fires lists what every alarm fire so far did.
 func (h *Harness[S]) Fires() []processors.AlarmOutcome { return h.fires }
 
-// DeliveryErrors lists the delivery attempts that failed so far.
-func (h *Harness[S]) DeliveryErrors() []error { return h.errs }
+// TakeDeliveryErrors returns the delivery attempts that failed since the last take, oldest
+// first, and clears them: taking is how a test says it expected them. One it has not taken when
+// it ends fails it, so assert on what was taken (the error, how many) rather than discarding it.
+func (h *Harness[S]) TakeDeliveryErrors() []error {
+	errs := h.errs
+	h.errs = nil
+	return errs
+}
 
 // incarnationClock is the virtual clock as one incarnation sees it: it arms the timers on the
 // harness's clock and kills them with the incarnation, so a timer a dead incarnation armed (its

@@ -3,6 +3,8 @@ package proctest_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -429,5 +431,94 @@ func TestHarness_CrashCancelsTheDeadIncarnationsTimers(t *testing.T) {
 		if len(got) != 1 || got[0] != 2 {
 			t.Errorf("timers fired for incarnations %v, want [2]", got)
 		}
+	})
+}
+
+// recordingTB is a testing.TB whose failures and cleanups a test of the harness observes instead
+// of suffering: Errorf is recorded, and the cleanups run when the test says.
+type recordingTB struct {
+	testing.TB
+	errors   []string
+	cleanups []func()
+}
+
+func (r *recordingTB) Errorf(format string, args ...any) {
+	r.errors = append(r.errors, fmt.Sprintf(format, args...))
+}
+
+func (r *recordingTB) Cleanup(f func()) { r.cleanups = append(r.cleanups, f) }
+
+// end runs the cleanups, last first, as the end of a test does.
+func (r *recordingTB) end() {
+	for i := len(r.cleanups) - 1; i >= 0; i-- {
+		r.cleanups[i]()
+	}
+	r.cleanups = nil
+}
+
+var errPoison = errors.New("poisoned job")
+
+// poisoned fails every frame that holds a "job/queued": a processEvent bug.
+func poisoned(env proctest.Env) processors.Contract[tally] {
+	return processors.Contract[tally]{
+		Name: "poisoned", ConsumedTypes: []string{"job/queued"}, ReducerVersion: "1",
+		InitialState: func() tally { return tally{} },
+		Reduce:       func(s tally, e itx.Event) tally { return tally{N: s.N + 1} },
+		ProcessEvent: func(ctx context.Context, a *processors.Args[tally]) error {
+			if a.Event == nil {
+				return nil
+			}
+			return errPoison
+		},
+	}
+}
+
+// A delivery failure nobody took fails the test when it ends, naming the error, although every
+// assertion the test made about the stream held; one the test took does not.
+func TestHarness_TakeDeliveryErrors(t *testing.T) {
+	t.Run("unexamined fails the test", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			tb := &recordingTB{TB: t}
+			h := proctest.New(tb, proctest.Config[tally]{New: poisoned})
+			h.Append(itx.EventInput{Type: "job/queued"})
+			tb.end()
+			if len(tb.errors) != 1 || !strings.Contains(tb.errors[0], errPoison.Error()) {
+				t.Errorf("errors at the end %q, want one naming %q", tb.errors, errPoison)
+			}
+		})
+	})
+	t.Run("taken does not", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			tb := &recordingTB{TB: t}
+			h := proctest.New(tb, proctest.Config[tally]{New: poisoned})
+			h.Append(itx.EventInput{Type: "job/queued"})
+			h.Wake() // the redelivery fails again
+			errs := h.TakeDeliveryErrors()
+			if len(errs) != 2 || !errors.Is(errs[0], errPoison) || !errors.Is(errs[1], errPoison) {
+				t.Errorf("taken %v, want two failures of %v", errs, errPoison)
+			}
+			if again := h.TakeDeliveryErrors(); len(again) != 0 {
+				t.Errorf("taken twice: %v", again)
+			}
+			tb.end()
+			if len(tb.errors) != 0 {
+				t.Errorf("errors at the end %q, want none (the failures were taken)", tb.errors)
+			}
+		})
+	})
+	t.Run("failed after the take fails the test", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			tb := &recordingTB{TB: t}
+			h := proctest.New(tb, proctest.Config[tally]{New: poisoned})
+			h.Append(itx.EventInput{Type: "job/queued"})
+			if errs := h.TakeDeliveryErrors(); len(errs) != 1 {
+				t.Fatalf("taken %v, want one failure", errs)
+			}
+			h.Wake()
+			tb.end()
+			if len(tb.errors) != 1 {
+				t.Errorf("errors at the end %q, want the one after the take", tb.errors)
+			}
+		})
 	})
 }
