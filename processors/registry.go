@@ -22,6 +22,9 @@ type RegistryConfig struct {
 	Version  string    // the host's version: a new one resets every crash-loop budget
 	PageSize int       // passed to runners; 0 means DefaultPageSize
 	Logf     func(format string, args ...any)
+	// BackgroundFailed, if set, is each runner's RunnerConfig.BackgroundFailed, naming the
+	// processor.
+	BackgroundFailed func(processor string, err error)
 }
 
 // Registry hosts the processors of one stream in one incarnation: each registered runner gets a
@@ -84,9 +87,13 @@ func Register[S any](ctx context.Context, reg *Registry, c Contract[S], store Pr
 		k.rec = KeepaliveRecord{Version: reg.cfg.Version, ArmedAt: reg.cfg.Clock.Now().UnixMilli()}
 		reset = true
 	}
+	var failed func(error)
+	if f := reg.cfg.BackgroundFailed; f != nil {
+		failed = func(err error) { f(c.Name, err) }
+	}
 	r, err := NewRunner(c, RunnerConfig{
 		Path: reg.cfg.Path, Log: reg.cfg.Log, Progress: store, Clock: reg.cfg.Clock,
-		Tracker: k, PageSize: reg.cfg.PageSize, Logf: reg.cfg.Logf,
+		Tracker: k, PageSize: reg.cfg.PageSize, Logf: reg.cfg.Logf, BackgroundFailed: failed,
 	})
 	if err != nil {
 		return nil, err

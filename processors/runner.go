@@ -31,6 +31,10 @@ type RunnerConfig struct {
 	Tracker  Tracker       // nil runs untracked (no keepalive)
 	PageSize int           // 0 means DefaultPageSize
 	Logf     func(format string, args ...any)
+	// BackgroundFailed, if set, hears each RunInBackground attempt that failed while the
+	// incarnation lived (it is logged either way); one ended by Close is the eviction's, not a
+	// failure.
+	BackgroundFailed func(err error)
 }
 
 // Runner drives one processor over its home stream: one event at a time, one fenced progress
@@ -784,6 +788,9 @@ func (r *Runner[S]) background(work func(ctx context.Context) error) {
 		done(err)
 		if err != nil && r.bgCtx.Err() == nil {
 			r.cfg.Logf("processor %q: background work failed: %v", r.c.Name, err)
+			if r.cfg.BackgroundFailed != nil {
+				r.cfg.BackgroundFailed(err)
+			}
 		}
 	}()
 }
