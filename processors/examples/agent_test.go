@@ -255,6 +255,10 @@ func TestAgent_FailedStartedAppend(t *testing.T) {
 			t.Fatalf("after a failed started-append: status %s, %d calls, settlements %q; want requested, none, none",
 				got, len(v.Calls()), settlements(t, h))
 		}
+		// The attempt failed on its started-append and said so; the frame that started it did not.
+		if errs := takeInjectedBackground(t, h); len(errs) != 1 || !strings.Contains(errs[0].Error(), "mark msg-1 started") {
+			t.Errorf("background failures %v, want the one attempt's started-append", errs)
+		}
 		// The failure marked the keepalive window: the next fire revives and retries the whole attempt.
 		h.Stream.FailAppends(nil)
 		h.AdvanceTime(processors.KeepaliveLead)
@@ -284,6 +288,17 @@ func TestAgent_CrashLoopBreaker(t *testing.T) {
 		}
 		if n := len(h.Events(itx.TypeErrorOccurred)); n != 1 {
 			t.Errorf("%d crash-loop evidence facts, want 1", n)
+		}
+		// The poison ran as often as the breaker let it: the first attempt and one per revival,
+		// each failing its started-append.
+		errs := takeInjectedBackground(t, h)
+		if want := 1 + h.Keepalive().Revivals; len(errs) != want {
+			t.Errorf("%d failed attempts, want %d: the first and one per revival", len(errs), want)
+		}
+		for _, err := range errs {
+			if !strings.Contains(err.Error(), "mark msg-0 started") {
+				t.Errorf("attempt failed with %v, want msg-0's started-append", err)
+			}
 		}
 		// The antidote: the fault is gone; the next revival settles and a quiet fire resets.
 		h.Stream.FailAppends(nil)

@@ -33,10 +33,20 @@ func injectFault(typ, why string) func(in itx.EventInput) error {
 // scenario expected those and only those. It returns them, for the caller to count.
 func takeInjected[S any](t *testing.T, h *proctest.Harness[S]) []error {
 	t.Helper()
-	errs := h.TakeDeliveryErrors()
+	return onlyInjected(t, "delivery", h.TakeDeliveryErrors())
+}
+
+// takeInjectedBackground is takeInjected for failed background attempts.
+func takeInjectedBackground[S any](t *testing.T, h *proctest.Harness[S]) []error {
+	t.Helper()
+	return onlyInjected(t, "background attempt", h.TakeBackgroundErrors())
+}
+
+func onlyInjected(t *testing.T, what string, errs []error) []error {
+	t.Helper()
 	for _, err := range errs {
 		if itx.ErrorCode(err) != itx.EUnavailable || !strings.Contains(err.Error(), "injected") {
-			t.Errorf("delivery failed with %v, want only the injected faults (%s)", err, itx.EUnavailable)
+			t.Errorf("%s failed with %v, want only the injected faults (%s)", what, err, itx.EUnavailable)
 		}
 	}
 	return errs

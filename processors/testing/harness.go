@@ -8,11 +8,12 @@
 // keepalive record (the layer below the reduction) as the only other observables; and a crashed
 // incarnation is fenced: nothing its goroutines still do lands, and no timer it armed fires.
 //
-// No failure is swallowed. A delivery attempt that fails is recorded, and one the test has not
-// taken (Harness.TakeDeliveryErrors) when it ends fails it: a processEvent that keeps failing
-// cannot pass because the stream happened to look right. A scenario that provokes failures on
-// purpose (a poison, a failed started-append, a vendor fake that throws) takes them and asserts
-// on them.
+// No failure is swallowed. A delivery attempt that fails, and a RunInBackground attempt of a
+// live incarnation that fails, is recorded, and one the test has not taken
+// (Harness.TakeDeliveryErrors, Harness.TakeBackgroundErrors) when it ends fails it: a processor
+// that keeps failing cannot pass because the stream happened to look right. A scenario that
+// provokes failures on purpose (a poison, a failed started-append, a vendor fake that throws)
+// takes them and asserts on them.
 //
 // Scenarios run inside a testing/synctest bubble (Run does this): settling waits until every
 // goroutine is finished or durably blocked, a condition, never a sleep. Vendor fakes that hang
@@ -95,6 +96,9 @@ type Harness[S any] struct {
 	delivering chan error // the delivery attempt in flight, nil when none
 	errs       []error    // failed delivery attempts the test has not taken
 	fires      []processors.AlarmOutcome
+
+	mu     sync.Mutex // guards bgErrs: background attempts fail on their own goroutines
+	bgErrs []error    // failed background attempts the test has not taken
 }
 
 // maxSettleRounds bounds one Settle: a processor that appends forever is a bug the harness reports.
@@ -172,6 +176,14 @@ func (h *Harness[S]) incarnate() {
 		Logf: func(format string, args ...any) {
 			h.t.Logf("[incarnation %d] %s", n, fmt.Sprintf(format, args...))
 		},
+		BackgroundFailed: func(name string, err error) {
+			if f.dead.Load() {
+				return // the eviction's doing, not the processor's
+			}
+			h.mu.Lock()
+			h.bgErrs = append(h.bgErrs, fmt.Errorf("processor %q: background work: %w", name, err))
+			h.mu.Unlock()
+		},
 	})
 	if err != nil {
 		h.t.Fatalf("harness: %v", err)
@@ -186,8 +198,8 @@ func (h *Harness[S]) incarnate() {
 }
 
 // close ends the test: the last incarnation is fenced and its goroutines released, and each
-// delivery failure the test did not take fails it. A delivery still in flight dies with the
-// incarnation, as in Crash: its outcome is the eviction's, not the processor's.
+// failure the test did not take fails it. A delivery or background attempt still in flight dies
+// with the incarnation, as in Crash: its outcome is the eviction's, not the processor's.
 func (h *Harness[S]) close() {
 	if h.fence.dead.Load() {
 		return
@@ -196,10 +208,12 @@ func (h *Harness[S]) close() {
 	h.clock.kill()
 	h.cancel()
 	h.registry.Close()
-	for _, err := range h.errs {
+	for _, err := range h.TakeDeliveryErrors() {
 		h.t.Errorf("harness: a delivery failed and the test did not take it (TakeDeliveryErrors): %v", err)
 	}
-	h.errs = nil
+	for _, err := range h.TakeBackgroundErrors() {
+		h.t.Errorf("harness: a background attempt failed and the test did not take it (TakeBackgroundErrors): %v", err)
+	}
 }
 
 // Append commits events to the stream and drives delivery to a fixpoint (a wake).
@@ -388,6 +402,19 @@ func (h *Harness[S]) Fires() []processors.AlarmOutcome { return h.fires }
 func (h *Harness[S]) TakeDeliveryErrors() []error {
 	errs := h.errs
 	h.errs = nil
+	return errs
+}
+
+// TakeBackgroundErrors returns the RunInBackground attempts that failed since the last take,
+// oldest first, and clears them, as TakeDeliveryErrors does for frames. A failed attempt is the
+// keepalive's business (it marks the window, and a fire revives), so a scenario that provokes
+// one (a refused started-append) takes it; an attempt a crash ended is not recorded. Call it
+// after a step: a step settles, so every attempt that could fail by then has.
+func (h *Harness[S]) TakeBackgroundErrors() []error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	errs := h.bgErrs
+	h.bgErrs = nil
 	return errs
 }
 

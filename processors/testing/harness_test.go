@@ -522,3 +522,69 @@ func TestHarness_TakeDeliveryErrors(t *testing.T) {
 		})
 	})
 }
+
+// flaky consumes "job/queued" and starts a background attempt that fails: a droppable attempt's
+// bug (the keepalive revives it, and it fails again).
+func flaky(env proctest.Env) processors.Contract[tally] {
+	return processors.Contract[tally]{
+		Name: "flaky", ConsumedTypes: []string{"job/queued"}, ReducerVersion: "1",
+		InitialState: func() tally { return tally{} },
+		Reduce:       func(s tally, e itx.Event) tally { return tally{N: s.N + 1} },
+		ProcessEvent: func(ctx context.Context, a *processors.Args[tally]) error {
+			if a.Event == nil {
+				return nil
+			}
+			// Droppable: the test is about its failure being seen.
+			a.RunInBackground(func(ctx context.Context) error { return errPoison })
+			return nil
+		},
+	}
+}
+
+// A failed background attempt is held to the same rule as a failed delivery: untaken, it fails
+// the test at its end; taken, it does not. The frame that started it succeeded.
+func TestHarness_TakeBackgroundErrors(t *testing.T) {
+	t.Run("unexamined fails the test", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			tb := &recordingTB{TB: t}
+			h := proctest.New(tb, proctest.Config[tally]{New: flaky})
+			h.Append(itx.EventInput{Type: "job/queued"})
+			tb.end()
+			if len(tb.errors) != 1 || !strings.Contains(tb.errors[0], errPoison.Error()) {
+				t.Errorf("errors at the end %q, want one naming %q", tb.errors, errPoison)
+			}
+		})
+	})
+	t.Run("taken does not", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			tb := &recordingTB{TB: t}
+			h := proctest.New(tb, proctest.Config[tally]{New: flaky})
+			h.Append(itx.EventInput{Type: "job/queued"})
+			if errs := h.TakeBackgroundErrors(); len(errs) != 1 || !errors.Is(errs[0], errPoison) {
+				t.Errorf("taken %v, want one failure of %v", errs, errPoison)
+			}
+			if errs := h.TakeDeliveryErrors(); len(errs) != 0 {
+				t.Errorf("delivery failures %v, want none: the frame succeeded", errs)
+			}
+			tb.end()
+			if len(tb.errors) != 0 {
+				t.Errorf("errors at the end %q, want none (the failure was taken)", tb.errors)
+			}
+		})
+	})
+	t.Run("a crash's attempt is not a failure", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			tb := &recordingTB{TB: t}
+			gate := make(chan struct{})
+			h := proctest.New(tb, proctest.Config[tally]{New: straggler(gate, make(chan error, 1))})
+			h.Append(itx.EventInput{Type: "job/queued"})
+			h.Crash()
+			close(gate) // the dead incarnation's attempt is fenced: the eviction's doing
+			synctest.Wait()
+			tb.end()
+			if len(tb.errors) != 0 {
+				t.Errorf("errors at the end %q, want none", tb.errors)
+			}
+		})
+	})
+}
