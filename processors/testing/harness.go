@@ -409,7 +409,7 @@ func (h *Harness[S]) TakeDeliveryErrors() []error {
 // oldest first, and clears them, as TakeDeliveryErrors does for frames. A failed attempt is the
 // keepalive's business (it marks the window, and a fire revives), so a scenario that provokes
 // one (a refused started-append) takes it; an attempt a crash ended is not recorded. Call it
-// after a step: a step settles, so every attempt that could fail by then has.
+// after a step: a step settles, so every attempt not blocked on a vendor fake has ended by then.
 func (h *Harness[S]) TakeBackgroundErrors() []error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
