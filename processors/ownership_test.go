@@ -167,7 +167,7 @@ func TestArgs_IdempotencyKeyIsProcessorOwned(t *testing.T) {
 		beta := proctest.New(t, proctest.Config[int]{Substrate: alpha.Substrate(),
 			New: func(proctest.Env) processors.Contract[int] { return acker("beta") }})
 		alpha.Append(itx.EventInput{Type: "keys/in", Payload: []byte(`{}`)})
-		beta.Wake() // a conflict failing beta's frame fails the test at its end (an untaken delivery error)
+		beta.Wake() // a conflict failing beta's frame fails the test at its end (a delivery error never examined)
 		acks := alpha.Events("keys/ack")
 		if len(acks) != 2 {
 			t.Errorf("%d acks, want one per processor (2)", len(acks))

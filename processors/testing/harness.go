@@ -8,12 +8,12 @@
 // keepalive record (the layer below the reduction) as the only other observables; and a crashed
 // incarnation is fenced: nothing its goroutines still do lands, and no timer it armed fires.
 //
-// No failure is swallowed. A delivery attempt that fails, and a RunInBackground attempt of a
-// live incarnation that fails, is recorded, and one the test has not taken
-// (Harness.TakeDeliveryErrors, Harness.TakeBackgroundErrors) when it ends fails it: a processor
-// that keeps failing cannot pass because the stream happened to look right. A scenario that
-// provokes failures on purpose (a poison, a failed started-append, a vendor fake that throws)
-// takes them and asserts on them.
+// A delivery attempt that fails is recorded, and one the test has not examined
+// (Harness.DeliveryErrors, Harness.TakeDeliveryErrors) when it ends fails it: a processor whose
+// frames keep failing cannot pass because the stream happened to look right. A scenario that
+// provokes such failures on purpose (a poison for the crash-loop breaker) examines them and
+// asserts on them. A RunInBackground attempt is droppable by design, so one that fails is only
+// recorded (Harness.TakeBackgroundErrors), for a scenario that wants to assert on it.
 //
 // Scenarios run inside a testing/synctest bubble (Run does this): settling waits until every
 // goroutine is finished or durably blocked, a condition, never a sleep. Vendor fakes that hang
@@ -25,6 +25,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -95,6 +96,7 @@ type Harness[S any] struct {
 	deliver    bool       // delivery is attached (false after Crash until a wake)
 	delivering chan error // the delivery attempt in flight, nil when none
 	errs       []error    // failed delivery attempts the test has not taken
+	examined   int        // errs[:examined] the test has seen (DeliveryErrors)
 	fires      []processors.AlarmOutcome
 
 	mu     sync.Mutex // guards bgErrs: background attempts fail on their own goroutines
@@ -208,11 +210,8 @@ func (h *Harness[S]) close() {
 	h.clock.kill()
 	h.cancel()
 	h.registry.Close()
-	for _, err := range h.TakeDeliveryErrors() {
-		h.t.Errorf("harness: a delivery failed and the test did not take it (TakeDeliveryErrors): %v", err)
-	}
-	for _, err := range h.TakeBackgroundErrors() {
-		h.t.Errorf("harness: a background attempt failed and the test did not take it (TakeBackgroundErrors): %v", err)
+	for _, err := range h.errs[h.examined:] {
+		h.t.Errorf("harness: a delivery failed and the test never examined it (DeliveryErrors, TakeDeliveryErrors): %v", err)
 	}
 }
 
@@ -301,7 +300,7 @@ func (h *Harness[S]) Crash() {
 
 // Settle drives delivery to a fixpoint: the runner catches up to the head, background work runs
 // until it finishes or blocks, and again while that work appended. It stops at a delivery
-// failure (recorded: the test must take it, see TakeDeliveryErrors) or at an attempt that is
+// failure (recorded: the test must examine it, see DeliveryErrors) or at an attempt that is
 // durably blocked (a vendor fake that has not answered), which is a stable scenario boundary.
 func (h *Harness[S]) Settle() {
 	h.t.Helper()
@@ -396,20 +395,28 @@ func (h *Harness[S]) Keepalive() processors.KeepaliveRecord {
 // Fires lists what every alarm fire so far did.
 func (h *Harness[S]) Fires() []processors.AlarmOutcome { return h.fires }
 
-// TakeDeliveryErrors returns the delivery attempts that failed since the last take, oldest
-// first, and clears them: taking is how a test says it expected them. One it has not taken when
-// it ends fails it, so assert on what was taken (the error, how many) rather than discarding it.
+// DeliveryErrors lists the delivery attempts that failed so far (since the last take), oldest
+// first. Looking is how a test says it expected them: one it has never listed or taken when it
+// ends fails it, so assert on what is listed (the error, how many) rather than discarding it.
+func (h *Harness[S]) DeliveryErrors() []error {
+	h.examined = len(h.errs)
+	return slices.Clone(h.errs)
+}
+
+// TakeDeliveryErrors is DeliveryErrors, clearing what it returns: a failure after the take is
+// then the only one listed, and must be examined again.
 func (h *Harness[S]) TakeDeliveryErrors() []error {
 	errs := h.errs
-	h.errs = nil
+	h.errs, h.examined = nil, 0
 	return errs
 }
 
 // TakeBackgroundErrors returns the RunInBackground attempts that failed since the last take,
-// oldest first, and clears them, as TakeDeliveryErrors does for frames. A failed attempt is the
-// keepalive's business (it marks the window, and a fire revives), so a scenario that provokes
-// one (a refused started-append) takes it; an attempt a crash ended is not recorded. Call it
-// after a step: a step settles, so every attempt not blocked on a vendor fake has ended by then.
+// oldest first, and clears them. A failed attempt is droppable by design (the keepalive marks
+// the window, and a fire or the next at-head pass derives it again), so an untaken one does not
+// fail the test; a scenario that provokes one (a refused started-append) takes it to assert on
+// it. An attempt a crash ended is not recorded. Call it after a step: a step settles, so every
+// attempt not blocked on a vendor fake has ended by then.
 func (h *Harness[S]) TakeBackgroundErrors() []error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
