@@ -346,7 +346,9 @@ func countStreams(ctx context.Context, db queryer, projectID string) (int, error
 
 // DeleteProject removes a project with its tokens, secrets and the directory entries of its
 // streams (their alarms and parked marks too), keeping the change's audit record (nil: none),
-// in one transaction. The streams' files are the caller's to remove, after this commits.
+// in one transaction. The streams' files are the caller's to remove, after this commits: the
+// same transaction records the streams as deleted (DeletedStreams) until the caller says their
+// files are gone (ForgetDeletedStreams), so a crash in between cannot leave them on disk for good.
 func (d *Directory) DeleteProject(ctx context.Context, id string, audit *AuditRecord) error {
 	tx, err := d.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -354,6 +356,7 @@ func (d *Directory) DeleteProject(ctx context.Context, id string, audit *AuditRe
 	}
 	defer tx.Rollback()
 	for _, q := range []string{
+		`insert into deleted_streams (stream_id) select stream_id from streams where project_id = ?`,
 		`delete from alarms where stream_id in (select stream_id from streams where project_id = ?)`,
 		`delete from parked where stream_id in (select stream_id from streams where project_id = ?)`,
 		`delete from streams where project_id = ?`,
@@ -377,6 +380,45 @@ func (d *Directory) DeleteProject(ctx context.Context, id string, audit *AuditRe
 	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("delete project: %w", err)
+	}
+	return nil
+}
+
+// DeletedStreams lists the streams deleted from the directory whose files may still be on disk
+// (a crash, or a failure, came between their delete and the removal of their files). None of
+// them is a live stream: the directory never holds an entry under an ID listed here.
+func (d *Directory) DeletedStreams(ctx context.Context) ([]string, error) {
+	rows, err := d.db.QueryContext(ctx, `select stream_id from deleted_streams order by stream_id`)
+	if err != nil {
+		return nil, fmt.Errorf("deleted streams: %w", err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, fmt.Errorf("deleted streams: %w", err)
+		}
+		out = append(out, id)
+	}
+	return out, rows.Err()
+}
+
+// ForgetDeletedStreams forgets deleted streams whose files are gone for good (removed, and the
+// removal durable). Forgetting one already forgotten changes nothing.
+func (d *Directory) ForgetDeletedStreams(ctx context.Context, streamIDs []string) error {
+	tx, err := d.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("forget deleted streams: %w", err)
+	}
+	defer tx.Rollback()
+	for _, id := range streamIDs {
+		if _, err := tx.ExecContext(ctx, `delete from deleted_streams where stream_id = ?`, id); err != nil {
+			return fmt.Errorf("forget deleted streams: %w", err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("forget deleted streams: %w", err)
 	}
 	return nil
 }
