@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -361,7 +360,8 @@ func (s *Server) RenameProject(ctx context.Context, by Admin, id, name string) e
 
 // DeleteProject deletes a project: refused (EFailedPrecondition) while it has streams unless
 // force, and never for the deployment root. Its tokens stop working first, then its streams
-// are unloaded, its directory entries deleted in one transaction and its streams' files removed.
+// are unloaded, its directory entries deleted in one transaction and its streams' files removed:
+// the transaction records the streams as deleted, so files a crash leaves go at the next start.
 func (s *Server) DeleteProject(ctx context.Context, by Admin, id string, force bool) error {
 	p, err := s.dir.Project(ctx, id)
 	if err != nil {
@@ -408,17 +408,18 @@ func (s *Server) DeleteProject(ctx context.Context, by Admin, id string, force b
 	if err := s.dir.DeleteProject(ctx, id, rec); err != nil {
 		return err
 	}
-	var errs []error
-	if sb, ok := s.backend.(sqliteBackend); ok {
-		for _, e := range entries {
-			f := sb.file(e.StreamID)
-			for _, name := range []string{f, f + "-wal", f + "-shm"} {
-				if err := os.Remove(name); err != nil && !errors.Is(err, os.ErrNotExist) {
-					errs = append(errs, err)
-				}
-			}
-		}
+	if deleteProjectCommittedHook != nil {
+		deleteProjectCommittedHook()
 	}
+	// The commit recorded the streams as deleted: their files go now, and whatever a crash or
+	// a failure leaves of them stays recorded for the next start (removeDeletedStreams). The
+	// entries are all the project's streams: none is created once it is marked deleted and
+	// unloaded. The caller going away does not stop what the commit made due.
+	streamIDs := make([]string, len(entries))
+	for i, e := range entries {
+		streamIDs[i] = e.StreamID
+	}
+	removeErr := s.removeStreams(context.WithoutCancel(ctx), streamIDs)
 	s.acc.secretMu.Lock()
 	for k := range s.acc.secrets {
 		if k[0] == id {
@@ -428,9 +429,42 @@ func (s *Server) DeleteProject(ctx context.Context, by Admin, id string, force b
 	delete(s.acc.secretCounts, id)
 	s.acc.secretMu.Unlock()
 	s.audit(ctx, rec)
-	if len(errs) > 0 {
-		return fmt.Errorf("delete project %s: %w", id, errors.Join(errs...))
+	if removeErr != nil {
+		return fmt.Errorf("delete project %s: %w", id, removeErr)
 	}
+	return nil
+}
+
+// deleteProjectCommittedHook, when set (tests), runs in DeleteProject between the directory's
+// commit and the removal of the streams' files: the window a crash must not leak files from.
+var deleteProjectCommittedHook func()
+
+// removeStreams removes the files of streams the directory recorded as deleted, then forgets
+// the records of those whose files are gone for good. A record outlives its files, never the
+// reverse, so a crash or a failure at any point leaves what remains for the next start. The
+// records name no live stream (see storage.Directory.DeletedStreams): nothing acknowledged on a
+// stream that exists is removed.
+func (s *Server) removeStreams(ctx context.Context, streamIDs []string) error {
+	removed, err := s.backend.Remove(ctx, streamIDs)
+	if len(removed) > 0 {
+		if ferr := s.dir.ForgetDeletedStreams(ctx, removed); ferr != nil {
+			err = errors.Join(err, ferr)
+		}
+	}
+	return err
+}
+
+// removeDeletedStreams finishes, at start-up, the removals that a crash (or a failure) cut short
+// after a project's delete committed. Run again, it finds nothing left to do.
+func (s *Server) removeDeletedStreams(ctx context.Context) error {
+	ids, err := s.dir.DeletedStreams(ctx)
+	if err != nil || len(ids) == 0 {
+		return err
+	}
+	if err := s.removeStreams(ctx, ids); err != nil {
+		return fmt.Errorf("remove deleted streams: %w", err)
+	}
+	s.log.Info().Int("streams", len(ids)).Msg("removed the files of deleted streams that an unclean stop left on disk")
 	return nil
 }
 

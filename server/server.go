@@ -283,6 +283,9 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 			s.log.Error().Err(err).Msg("reading the processors' version")
 		}
 	}
+	if err := s.removeDeletedStreams(ctx); err != nil {
+		s.log.Error().Err(err).Msg("the files of deleted streams are not all removed (tried again at the next start)")
+	}
 	s.refreshStaleSummaries(ctx)
 	s.appendPendingAudits(ctx)
 	s.scheduleSweep()

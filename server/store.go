@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 
@@ -45,6 +46,10 @@ type streamBackend interface {
 	// committed but its store was never made, or never finished (a crash in between: nothing
 	// was acknowledged); Create then makes it.
 	Open(ctx context.Context, streamID string) (streamStore, error)
+	// Remove deletes the stores of streams that no longer exist, whatever of each is there (one
+	// already gone is no error), and returns the IDs of those now gone for good: durably, so
+	// neither a crash nor a power cut brings one back. err says why the others are not.
+	Remove(ctx context.Context, streamIDs []string) (removed []string, err error)
 }
 
 // sqliteBackend keeps each stream in its own SQLite file under dir.
@@ -69,4 +74,40 @@ func (b sqliteBackend) Open(ctx context.Context, streamID string) (streamStore, 
 		return nil, err
 	}
 	return s, nil
+}
+
+// Remove deletes each stream's database with its WAL and shared-memory files, then syncs the
+// folder, so the removals are on disk before the caller forgets the streams.
+func (b sqliteBackend) Remove(ctx context.Context, streamIDs []string) ([]string, error) {
+	var removed []string
+	var errs []error
+	for _, id := range streamIDs {
+		f := b.file(id)
+		var failed bool
+		for _, name := range []string{f, f + "-wal", f + "-shm"} {
+			if err := os.Remove(name); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, err)
+				failed = true
+			}
+		}
+		if !failed {
+			removed = append(removed, id)
+		}
+	}
+	if len(removed) > 0 {
+		if err := syncDir(b.dir); err != nil {
+			return nil, errors.Join(append(errs, fmt.Errorf("sync %s: %w", b.dir, err))...)
+		}
+	}
+	return removed, errors.Join(errs...)
+}
+
+// syncDir makes the entries removed from (or added to) a folder durable.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
 }
