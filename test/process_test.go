@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -45,9 +46,35 @@ type itxdProcess struct {
 // startItxd starts itxd on dataDir and waits until it listens.
 func startItxd(t testing.TB, dataDir string, extra ...string) *itxdProcess {
 	t.Helper()
+	return startItxdBin(t, itxdBin, nil, dataDir, extra...)
+}
+
+// itxdKillPointBin is itxd built with the itxtest tag, which kills itself at the point named by
+// ITXD_TEST_KILL_AT (server/killpoint_itxtest.go). Only the tests that ask build it.
+var itxdKillPointBin = sync.OnceValues(func() (string, error) {
+	bin := filepath.Join(filepath.Dir(itxdBin), "itxd-killpoint")
+	if out, err := exec.Command("go", "build", "-tags", "itxtest", "-o", bin, "../cmd/itxd").CombinedOutput(); err != nil {
+		return "", fmt.Errorf("building itxd -tags itxtest: %w\n%s", err, out)
+	}
+	return bin, nil
+})
+
+// startItxdKilledAt starts an itxd on dataDir that kills itself (SIGKILL) when it reaches point.
+func startItxdKilledAt(t testing.TB, dataDir, point string, extra ...string) *itxdProcess {
+	t.Helper()
+	bin, err := itxdKillPointBin()
+	require.NoError(t, err)
+	return startItxdBin(t, bin, []string{"ITXD_TEST_KILL_AT=" + point}, dataDir, extra...)
+}
+
+func startItxdBin(t testing.TB, bin string, env []string, dataDir string, extra ...string) *itxdProcess {
+	t.Helper()
 	addrFile := filepath.Join(t.TempDir(), "addr")
 	args := append([]string{"--listen", "127.0.0.1:0", "--data", dataDir, "--addr-file", addrFile, "--log-level", "warn"}, extra...)
-	cmd := exec.Command(itxdBin, args...)
+	cmd := exec.Command(bin, args...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	var logs strings.Builder
 	cmd.Stderr = &logs
 	require.NoError(t, cmd.Start())

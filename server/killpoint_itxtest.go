@@ -1,0 +1,23 @@
+//go:build itxtest
+
+package server
+
+import (
+	"os"
+	"syscall"
+)
+
+// A test build of itxd (go build -tags itxtest; never a release) can be killed at a point a
+// crash test names in ITXD_TEST_KILL_AT: the process sends itself SIGKILL there, a kill -9 at
+// exactly that point, which a kill from outside can only hit by chance.
+func init() {
+	switch os.Getenv("ITXD_TEST_KILL_AT") {
+	case "delete-project-committed":
+		deleteProjectCommittedHook = killSelf
+	}
+}
+
+func killSelf() {
+	syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	select {} // nothing after the point runs while the signal lands
+}
