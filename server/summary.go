@@ -2,9 +2,7 @@ package server
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"os"
 	"sync"
 
 	"github.com/itx-dev/itx/storage"
@@ -101,18 +99,15 @@ func (s *Server) refreshSummary(ctx context.Context, e storage.StreamEntry) erro
 
 // dropUnfinished deletes a stream whose creation a crash cut short before its first commit
 // (its database missing, unfinished or holding no event): nothing was ever acknowledged on it, so
-// it does not exist. Its file goes first: a crash before the entry's delete leaves the entry,
-// whose missing database the next start drops again.
+// it does not exist. Its file goes first, durably: a crash (or a power cut) before the entry's
+// delete leaves the entry, whose missing database the next start drops again, never a file no
+// entry names.
 func (s *Server) dropUnfinished(e storage.StreamEntry) error {
-	if sb, ok := s.backend.(sqliteBackend); ok {
-		f := sb.file(e.StreamID)
-		for _, name := range []string{f, f + "-wal", f + "-shm"} {
-			if err := os.Remove(name); err != nil && !errors.Is(err, os.ErrNotExist) {
-				return fmt.Errorf("drop the unfinished stream %s: %w", e.Path, err)
-			}
-		}
+	ctx := context.Background()
+	if _, err := s.backend.Remove(ctx, []string{e.StreamID}); err != nil {
+		return fmt.Errorf("drop the unfinished stream %s: %w", e.Path, err)
 	}
-	if err := s.dir.DeleteUnfinishedStream(context.Background(), e.StreamID); err != nil {
+	if err := s.dir.DeleteUnfinishedStream(ctx, e.StreamID); err != nil {
 		return err
 	}
 	s.log.Info().Str("path", e.Path).Msg("dropped a stream whose creation an unclean stop cut short (nothing was committed to it)")
