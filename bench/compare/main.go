@@ -14,6 +14,7 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -568,6 +569,50 @@ func runLatency(dir, itxdBin, natsBin string) []result {
 	printSpread("itx itx-call subscription", lat)
 	out = append(out, result{"append -> consumer p50", "itx itx-call subscription", "us", pct(lat, 0.5), true},
 		result{"append -> consumer p99", "itx itx-call subscription", "us", pct(lat, 0.99), true})
+
+	// A webhook subscription to an HTTP receiver in this process (durable cursor; a 2xx acks).
+	hooks := make(chan arrivalAt, 64)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fail(err)
+	}
+	hookSrv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		at := time.Now()
+		var body itx.WebhookBody
+		if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		select {
+		case hooks <- arrivalAt{body.Event.Offset, at}:
+		default:
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})}
+	go hookSrv.Serve(ln)
+	defer hookSrv.Close()
+	s3 := c.stream("/compare/latency-hook")
+	subs3, _ := s3.Subscriptions(ctx, nil)
+	hookF, _ := subs3.Subscriptions().Configure(ctx, func(p schema.Subscriptions_configure_Params) error {
+		cfg, err := p.NewConfig()
+		if err != nil {
+			return err
+		}
+		if err := cfg.SetName("latency"); err != nil {
+			return err
+		}
+		cfg.SetStart(schema.StartPosition_now)
+		r := cfg.Receiver()
+		r.SetWebhookPost()
+		return r.WebhookPost().SetUrl("http://" + ln.Addr().String() + "/hook")
+	})
+	if _, err := hookF.Struct(); err != nil {
+		fail(err)
+	}
+	lat = measure(s3, hooks)
+	printSpread("itx webhook subscription", lat)
+	out = append(out, result{"append -> consumer p50", "itx webhook subscription", "us", pct(lat, 0.5), true},
+		result{"append -> consumer p99", "itx webhook subscription", "us", pct(lat, 0.99), true})
 
 	// JetStream: publish -> push consumer (ordered, ack none) with sync_always.
 	n := startNATS(natsBin, dir, true)
