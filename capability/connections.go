@@ -92,8 +92,9 @@ func (c *connection) Close(ctx context.Context, call schema.Connection_close) er
 	if err != nil {
 		return badArgs("reason", err)
 	}
-	c.c.Close(server.CloseByClient, reason)
-	return nil
+	// Answered once the stream has let the connection go, so the client's next call (a
+	// subscription under its key, a live view) sees it closed.
+	return fail(c.c.CloseAndLeave(ctx, server.CloseByClient, reason))
 }
 
 func (c *connection) Ping(ctx context.Context, call schema.Connection_ping) error {

@@ -101,6 +101,9 @@ type Connection struct {
 	closedWith atomic.Pointer[string] // "reason: message" once closed
 	done       chan struct{}
 	told       chan struct{} // closed once the Closed notice returned (or was given up)
+	// left is closed by the actor once the closed connection is out of its registry: its key
+	// is free and the live state no longer counts it (see CloseAndLeave).
+	left chan struct{}
 
 	// State frames in the sink's hands (stateSink.Send): the Closed notice waits until none
 	// is, so that no frame goes out after it. Guarded by stateMu, which is never held across
@@ -185,6 +188,21 @@ func (c *Connection) Close(reason CloseReason, message string) {
 	})
 }
 
+// CloseAndLeave closes the connection, as Close does, and returns once its stream no longer
+// holds it: its key is free for a subscription, a reader or another connection, and the live
+// state neither lists nor counts it. A client's close is answered only then, so every call it
+// makes next sees the connection gone (Close alone only queues the stream's part).
+func (c *Connection) CloseAndLeave(ctx context.Context, reason CloseReason, message string) error {
+	c.Close(reason, message)
+	select {
+	case <-c.left:
+	case <-c.a.done: // the stream's registry went with its actor
+	case <-ctx.Done():
+		return itx.Errorf(itx.ECancelled, "close: %v", ctx.Err())
+	}
+	return nil
+}
+
 // Done is closed once the connection has stopped delivering.
 func (c *Connection) Done() <-chan struct{} { return c.done }
 
@@ -253,7 +271,7 @@ func (s *Server) StartOpenConnection(ctx context.Context, ref StreamRef, opts Co
 	if err != nil {
 		return nil, err
 	}
-	c := &Connection{srv: s, a: a, key: opts.Key, opts: opts, sink: sink, notify: make(chan struct{}, 1), done: make(chan struct{}), told: make(chan struct{}),
+	c := &Connection{srv: s, a: a, key: opts.Key, opts: opts, sink: sink, notify: make(chan struct{}, 1), done: make(chan struct{}), told: make(chan struct{}), left: make(chan struct{}),
 		types: typeSet(opts.Types), scanned: opts.After, direct: make(chan connPage, ConnectionWindow)}
 	c.ctx, c.cancel = context.WithCancel(s.base)
 	reply := make(chan error, 1)
@@ -347,8 +365,9 @@ func (a *actor) unregister(c *Connection) {
 			a.connOrder = slices.Delete(a.connOrder, i, i+1)
 			a.publishConns(i)
 		}
-		a.liveDirty()
+		a.liveDirty() // before left: a view asked for after it counts this change
 	}
+	close(c.left) // each connection's close posts once (Close runs once)
 }
 
 // connIndex is where key is, or belongs, in connOrder.
