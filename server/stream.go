@@ -362,6 +362,30 @@ func (s *Server) ListStreamsUnder(ctx context.Context, projectID, scope, prefix,
 	case limit < 0 || limit > MaxListStreams:
 		return nil, "", itx.Errorf(itx.EInvalid, "limit must be between 1 and %d (0: %d)", MaxListStreams, DefaultListStreams)
 	}
+	// The streams loaded or unloading are taken before the directory is read: each answers from
+	// its actor's view below, and a stream whose unload finished before this has its summary in
+	// the directory already. The other way round, an unload finishing in between (its actor
+	// gone from both sets, its summary written after the read) would list the summary from
+	// before its load: an older head, or no stream at all.
+	type held struct{ loaded, unloading *actor }
+	s.mu.Lock()
+	actors := map[string]held{}
+	under := func(ref StreamRef) bool {
+		return ref.ProjectID == projectID && strings.HasPrefix(ref.Path, scope) && strings.HasPrefix(ref.Path, prefix)
+	}
+	for ref, a := range s.actors {
+		if under(ref) {
+			actors[ref.Path] = held{loaded: a}
+		}
+	}
+	for ref, a := range s.unloading {
+		if under(ref) {
+			h := actors[ref.Path]
+			h.unloading = a
+			actors[ref.Path] = h
+		}
+	}
+	s.mu.Unlock()
 	entries, err := s.dir.ListStreamsUnder(ctx, projectID, scope, prefix, after, limit+1)
 	if err != nil {
 		return nil, "", itx.Errorf(itx.EInternal, "%v", err)
@@ -371,21 +395,21 @@ func (s *Server) ListStreamsUnder(ctx context.Context, projectID, scope, prefix,
 		next = entries[limit-1].Path
 	}
 	out := make([]itx.StreamInfo, 0, len(entries))
-	s.mu.Lock()
-	loaded := make(map[string]*actor, len(entries))
-	for _, e := range entries {
-		if a := s.actors[StreamRef{projectID, e.Path}]; a != nil && isClosed(a.ready) && a.loadErr == nil {
-			loaded[e.Path] = a
-		}
-	}
-	s.mu.Unlock()
 	for _, e := range entries {
 		info := itx.StreamInfo{Path: e.Path, StreamID: e.StreamID, HeadOffset: e.HeadOffset, CreatedAt: e.CreatedAt,
 			LastAppendAt: e.LastAppendAt, SubscriptionCount: e.SubscriptionCount,
 			HaltedSubscriptions: e.HaltedSubscriptions, MaxLag: e.MaxLag}
-		if a := loaded[e.Path]; a != nil {
+		h := actors[e.Path]
+		a := h.loaded
+		if a != nil && (!isClosed(a.ready) || a.loadErr != nil) {
+			a = nil // still loading (after any unload taken above), or failed to
+		}
+		if a == nil {
+			a = h.unloading // its last view: the summary it is writing
+		}
+		if a != nil {
 			v := a.view()
-			info.HeadOffset, info.LastAppendAt, info.Loaded = v.head, v.info.lastAppendAt, true
+			info.HeadOffset, info.LastAppendAt, info.Loaded = v.head, v.info.lastAppendAt, a == h.loaded
 			info.SubscriptionCount = len(v.core.Subscriptions)
 			info.HaltedSubscriptions, info.MaxLag = standing(v.head, v.core.Subscriptions, valueRow(v.rows), v.readers)
 		}

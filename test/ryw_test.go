@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/internal/clocktest"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
 	"github.com/stretchr/testify/require"
@@ -56,5 +58,41 @@ func TestConnection_CloseIsSeenOnceAnswered(t *testing.T) {
 		require.NotContains(t, conns, other, "round %d: the first snapshot lists a connection closed before it was asked for", i)
 		require.Equal(t, float64(0), doc["connectionsOpen"], "round %d", i)
 		h.Release()
+	}
+}
+
+// Streams.list never shows a stream older than an answered append left it, nor loses it, while
+// the stream unloads for idleness: an unloading stream has left the loaded set before its
+// directory summary is refreshed.
+func TestStreamsList_UnloadShowsNoOlderHead(t *testing.T) {
+	clock := clocktest.New(time.Unix(1_700_000_000, 0))
+	ts := startServer(t, server.Config{Clock: clock, IdleTimeout: time.Minute})
+	ctx := ctxT(t)
+	p := ts.project(t)
+	sf, releaseStreams := p.Streams(ctx, nil)
+	defer releaseStreams()
+	streams := sf.Streams()
+	for i := range 30 {
+		path := fmt.Sprintf("/ryw/unload/%02d", i)
+		s := stream(t, p, path)
+		mustAppend(t, s, ev("a", `{}`), ev("a", `{}`)) // a stream created by this append: no summary before it
+		unloaded := make(chan struct{})
+		go func() {
+			defer close(unloaded)
+			clock.Advance(2 * time.Minute)
+			ts.srv.Sweep()
+		}()
+		for done := false; !done; {
+			select {
+			case <-unloaded:
+				done = true // one more listing, after the unload
+			default:
+			}
+			page, _, err := client.ListStreamsPage(ctx, streams, path, "", 0)
+			require.NoError(t, err)
+			require.Len(t, page, 1, "round %d: the stream is missing from the listing", i)
+			require.Equal(t, int64(2), page[0].HeadOffset, "round %d", i)
+		}
+		require.Zero(t, ts.srv.LoadedStreams())
 	}
 }
