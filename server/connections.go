@@ -189,14 +189,20 @@ func (c *Connection) Close(reason CloseReason, message string) {
 }
 
 // CloseAndLeave closes the connection, as Close does, and returns once its stream no longer
-// holds it: its key is free for a subscription, a reader or another connection, and the live
-// state neither lists nor counts it. A client's close is answered only then, so every call it
-// makes next sees the connection gone (Close alone only queues the stream's part).
+// holds it (its key is free for a subscription, a reader or another connection, and the live
+// state neither lists nor counts it) and its pusher has stopped (its place under its login's
+// bound is given back). A client's close is answered only then, so every call it makes next
+// sees the connection gone (Close alone only starts both).
 func (c *Connection) CloseAndLeave(ctx context.Context, reason CloseReason, message string) error {
 	c.Close(reason, message)
 	select {
 	case <-c.left:
 	case <-c.a.done: // the stream's registry went with its actor
+	case <-ctx.Done():
+		return itx.Errorf(itx.ECancelled, "close: %v", ctx.Err())
+	}
+	select {
+	case <-c.done:
 	case <-ctx.Done():
 		return itx.Errorf(itx.ECancelled, "close: %v", ctx.Err())
 	}
@@ -532,8 +538,8 @@ func (c *Connection) run() {
 				}
 			}()
 		}
+		c.giveBackLive() // before done: a close answered once done is closed has given it back
 		close(c.done)
-		c.giveBackLive()
 		s.metrics.OpenConnections.Dec()
 		s.release(c.a)
 	}()

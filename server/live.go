@@ -419,16 +419,23 @@ func (s *Server) attachLive(ctx context.Context, ref StreamRef, sink LiveSink, c
 		s.release(a)
 		return nil, itx.Errorf(itx.ECancelled, "live state: %v", ctx.Err())
 	}
+	// The view's place under the stream's bound is given back as soon as the client cancels
+	// (its cancel is answered after this), not once the pusher has stopped: a view asked for
+	// next must not be refused for the place of one already ended.
+	var freed sync.Once
+	free := func() {
+		if counted {
+			freed.Do(func() { a.liveCount.Add(-1) })
+		}
+	}
 	go func() {
 		<-sub.ctx.Done()
 		<-sub.done
-		if counted {
-			a.liveCount.Add(-1)
-		}
+		free()
 		s.release(a)
 	}()
 	var once sync.Once
-	return func() { once.Do(func() { sub.byClient.Store(true); sub.cancel() }) }, nil
+	return func() { once.Do(func() { sub.byClient.Store(true); sub.cancel(); free() }) }, nil
 }
 
 // String describes a frame for logs and tests.

@@ -96,3 +96,36 @@ func TestStreamsList_UnloadShowsNoOlderHead(t *testing.T) {
 		require.Zero(t, ts.srv.LoadedStreams())
 	}
 }
+
+// A live view cancelled (the cancel answered) no longer counts against the stream's bound on
+// live-state subscribers, and a connection closed no longer counts against its login's bound on
+// live connections and views: the next one is not refused for a place the first still held.
+func TestLive_EndedViewsFreeTheirPlaceOnceAnswered(t *testing.T) {
+	t.Run("views per stream", func(t *testing.T) {
+		ts := startServer(t, server.Config{MaxLiveSubscribersPerStream: 1})
+		s := stream(t, ts.project(t), "/ryw/live-bound")
+		mustAppend(t, s, ev("a", `{}`))
+		for i := range 50 {
+			fut, release := s.LiveState(context.Background(), func(p schema.Stream_liveState_Params) error {
+				return p.SetSubscriber(schema.LiveSubscriber_ServerToClient(&liveView{}))
+			})
+			res, err := fut.Struct()
+			require.NoError(t, err, "round %d: the view cancelled before still counts", i)
+			cf, releaseCancel := res.Handle().Cancel(context.Background(), nil)
+			_, err = cf.Struct()
+			require.NoError(t, err)
+			releaseCancel()
+			release()
+		}
+	})
+	t.Run("connections per login", func(t *testing.T) {
+		ts := startServer(t, server.Config{MaxLivePerSession: 1})
+		s := stream(t, ts.project(t), "/ryw/login-bound")
+		mustAppend(t, s, ev("a", `{}`))
+		for i := range 300 {
+			c, err := openConn(t, s, connOpts{noState: true}, newTestSink())
+			require.NoError(t, err, "round %d: the connection closed before still counts", i)
+			closeConnection(t, c)
+		}
+	})
+}
