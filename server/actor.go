@@ -922,6 +922,7 @@ func (a *actor) reloadAfter(group []*appendReq, cause error) {
 		a.srv.log.Error().Err(err).Str("path", a.ref.Path).Msg("reloading the stream's state failed")
 		return
 	}
+	a.keepPublishedProgress()
 	for name := range a.deliverers {
 		a.rebuild(name)
 	}
@@ -933,6 +934,26 @@ func (a *actor) reloadAfter(group []*appendReq, cause error) {
 	a.publish(true)
 	a.armWake(0)
 	a.post0()
+}
+
+// keepPublishedProgress puts back, after a refused step's reload, the cursor rows readers were
+// shown that storage does not hold yet: delivery progress is written lazily (a crash only
+// redelivers), so the rows read back may stand behind the published ones, and a cursor a reader
+// saw (a confirmed offset waitUntilProcessed answered) would go back without any crash. A
+// published row comes from a committed step plus that progress, so it is kept where the stored
+// row carries the same epochs and is not ahead of it, and written with the next commit.
+func (a *actor) keepPublishedProgress() {
+	pub := a.view().rows
+	for name, r := range a.st.rows {
+		p, ok := pub[name]
+		if !ok || p == *r || p.ConfiguredAtOffset != r.ConfiguredAtOffset || p.CursorChangedAtOffset != r.CursorChangedAtOffset ||
+			p.ConfirmedOffset < r.ConfirmedOffset {
+			continue
+		}
+		p.InFlightDeadlineAt, p.InFlightConnectionGeneration = 0, 0 // no push survives the reload
+		a.st.rows[name] = &p
+		a.st.dirty[name] = true
+	}
 }
 
 // post0 asks for a step soon without blocking the actor goroutine on its own inbox.

@@ -3,9 +3,12 @@ package test
 import (
 	"context"
 	"fmt"
+	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/internal/clocktest"
 	"github.com/itx-dev/itx/schema"
@@ -128,4 +131,54 @@ func TestLive_EndedViewsFreeTheirPlaceOnceAnswered(t *testing.T) {
 			closeConnection(t, c)
 		}
 	})
+}
+
+// A subscription's confirmed cursor, once shown, does not go back when an unrelated append is
+// refused for a full disk: the stream reloads its state from storage then, and the delivery
+// progress it had not yet written (the cursor's lazy flush) must not be forgotten with the
+// refused step. (A redelivery is allowed at least once; this receiver never answers one, so the
+// cursor can only have come back by forgetting.)
+func TestSubscriptions_ConfirmedDoesNotGoBackAfterARefusedCommit(t *testing.T) {
+	fs := mountTmpfs(t, "3m")
+	ts := startServer(t, server.Config{DataDir: filepath.Join(fs, "data"), CursorFlushDelay: time.Hour})
+	ctx := ctxT(t)
+	p := ts.project(t)
+	s := stream(t, p, "/ryw/full")
+	var mu sync.Mutex
+	var confirmed int64
+	h, err := client.MountReceiver(ctx, p, "sink", client.ServeReceiver(func(ctx context.Context, b itx.DeliveryBatch) (int64, error) {
+		last := b.Events[len(b.Events)-1].Offset
+		mu.Lock()
+		again := last <= confirmed
+		confirmed = max(confirmed, last)
+		mu.Unlock()
+		if again {
+			<-ctx.Done() // a redelivery: never confirmed again
+			return 0, ctx.Err()
+		}
+		return last, nil
+	}))
+	require.NoError(t, err)
+	defer h.Release()
+	subs := client.Subscriptions(ctx, s)
+	defer subs.Release()
+	_, _, err = client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "sink",
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "sink"}})
+	require.NoError(t, err)
+	sub := client.Subscription(ctx, s, "sink")
+	defer sub.Release()
+	var shown int64
+	for i := 0; ; i++ {
+		require.Less(t, i, 1000, "3 MiB never filled up")
+		res, err := client.Append(ctx, s, kibEvents(20, i*20), itx.AppendOptions{})
+		if err != nil {
+			requireCode(t, err, itx.EResourceExhausted)
+			break
+		}
+		shown, err = client.WaitUntilProcessed(ctx, sub, res.HeadOffset, 0)
+		require.NoError(t, err)
+	}
+	d, err := client.DescribeSubscription(ctx, sub)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, d.ConfirmedOffset, shown, "the confirmed cursor went back")
 }
