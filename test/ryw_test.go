@@ -182,3 +182,39 @@ func TestSubscriptions_ConfirmedDoesNotGoBackAfterARefusedCommit(t *testing.T) {
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, d.ConfirmedOffset, shown, "the confirmed cursor went back")
 }
+
+// Streams.list after a clean restart on the same data directory shows no older head or standing
+// than before it, delivery progress the cursor's lazy flush still held included.
+func TestStreamsList_RestartShowsNoOlderStanding(t *testing.T) {
+	dir := t.TempDir()
+	ctx := ctxT(t)
+	ts := startServer(t, server.Config{DataDir: dir, CursorFlushDelay: time.Hour})
+	p := ts.project(t)
+	s := stream(t, p, "/ryw/restart")
+	h, err := client.MountReceiver(ctx, p, "sink", client.ServeReceiver(func(ctx context.Context, b itx.DeliveryBatch) (int64, error) {
+		return b.Events[len(b.Events)-1].Offset, nil
+	}))
+	require.NoError(t, err)
+	subs := client.Subscriptions(ctx, s)
+	_, _, err = client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "sink",
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "sink"}})
+	require.NoError(t, err)
+	subs.Release()
+	head := mustAppend(t, s, ev("a", `{}`), ev("a", `{}`)).HeadOffset
+	sub := client.Subscription(ctx, s, "sink")
+	_, err = client.WaitUntilProcessed(ctx, sub, head, 0)
+	require.NoError(t, err)
+	sub.Release()
+	before := listedStream(t, p, "/ryw/restart")
+	require.Equal(t, []any{head, int64(0)}, []any{before.HeadOffset, before.MaxLag})
+	h.Release()
+	s.Release()
+	cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	require.NoError(t, ts.srv.Close(cctx))
+
+	ts2 := startServer(t, server.Config{DataDir: dir})
+	after := listedStream(t, ts2.project(t), "/ryw/restart")
+	require.Equal(t, []any{before.HeadOffset, before.MaxLag, before.HaltedSubscriptions, before.SubscriptionCount},
+		[]any{after.HeadOffset, after.MaxLag, after.HaltedSubscriptions, after.SubscriptionCount})
+}
