@@ -347,6 +347,10 @@ func (a *actor) register(c *Connection) error {
 	}
 	if old != nil {
 		old.Close(CloseReplaced, "a new connection opened under the same key")
+		// Its place under its own login's bound is given back now, not once its pusher has
+		// stopped: the replacing open is answered after this, and the replaced login may
+		// open another at once. (No-op when c took the place over.)
+		old.giveBackLive()
 	}
 	c.openedAt = st.head
 	c.delivered.Store(c.opts.After)

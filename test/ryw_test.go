@@ -218,3 +218,20 @@ func TestStreamsList_RestartShowsNoOlderStanding(t *testing.T) {
 	require.Equal(t, []any{before.HeadOffset, before.MaxLag, before.HaltedSubscriptions, before.SubscriptionCount},
 		[]any{after.HeadOffset, after.MaxLag, after.HaltedSubscriptions, after.SubscriptionCount})
 }
+
+// A connection replaced under its key by another login gives back its place under its own
+// login's bound once the replacing open is answered: that login's next open is not refused.
+func TestConnection_ReplacedGivesItsPlaceBackOnceAnswered(t *testing.T) {
+	ts := startServer(t, server.Config{MaxLivePerSession: 1})
+	a := stream(t, ts.project(t), "/ryw/cross-login")
+	b := stream(t, ts.project(t), "/ryw/cross-login")
+	mustAppend(t, a, ev("e", `{}`))
+	for i := range 50 {
+		key := fmt.Sprintf("tab-%d", i)
+		_, err := openConn(t, a, connOpts{key: key, noState: true}, newTestSink())
+		require.NoError(t, err, "round %d: the first login's replaced connection still counts", i)
+		replacing, err := openConn(t, b, connOpts{key: key, noState: true}, newTestSink())
+		require.NoError(t, err)
+		closeConnection(t, replacing)
+	}
+}
