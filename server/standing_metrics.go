@@ -56,12 +56,8 @@ type consumerStanding struct {
 // consumerStanding sums where the consumers of all streams stand.
 func (s *Server) consumerStanding(ctx context.Context) (consumerStanding, error) {
 	var out consumerStanding
-	entries, err := s.dir.ConsumerStandings(ctx)
-	if err != nil {
-		return out, err
-	}
 	// A stream being unloaded writes its summary on the way out: until then its actor's view is
-	// the newer one.
+	// the newer one. A loading one (not ready) counts as its summary says.
 	s.mu.Lock()
 	loaded := make(map[StreamRef]*actor, len(s.actors)+len(s.unloading))
 	for _, m := range []map[StreamRef]*actor{s.unloading, s.actors} {
@@ -72,6 +68,13 @@ func (s *Server) consumerStanding(ctx context.Context) (consumerStanding, error)
 		}
 	}
 	s.mu.Unlock()
+	// The directory is read after the actors are taken: an unload finishing in between has
+	// written its summary by then (the other way round, its stream would count as it stood
+	// before its load).
+	entries, err := s.dir.ConsumerStandings(ctx)
+	if err != nil {
+		return out, err
+	}
 	for _, e := range entries {
 		if loaded[StreamRef{e.ProjectID, e.Path}] != nil {
 			continue // its live state below is newer than its summary
