@@ -548,23 +548,7 @@ func runLatency(dir, itxdBin, natsBin string) []result {
 		fail(err)
 	}
 	s2 := c.stream("/compare/latency-call")
-	subsF, _ := s2.Subscriptions(ctx, nil)
-	cfgF, _ := subsF.Subscriptions().Configure(ctx, func(p schema.Subscriptions_configure_Params) error {
-		cfg, err := p.NewConfig()
-		if err != nil {
-			return err
-		}
-		if err := cfg.SetName("latency"); err != nil {
-			return err
-		}
-		cfg.SetStart(schema.StartPosition_now)
-		r := cfg.Receiver()
-		r.SetItxCall()
-		return r.ItxCall().SetCapability("compare-inbox")
-	})
-	if _, err := cfgF.Struct(); err != nil {
-		fail(err)
-	}
+	subscribeLatency(ctx, s2, client.Receiver{Kind: client.ReceiverItxCall, Capability: "compare-inbox"})
 	lat = measure(s2, recv.arrivals)
 	printSpread("itx itx-call subscription", lat)
 	out = append(out, result{"append -> consumer p50", "itx itx-call subscription", "us", pct(lat, 0.5), true},
@@ -592,23 +576,7 @@ func runLatency(dir, itxdBin, natsBin string) []result {
 	go hookSrv.Serve(ln)
 	defer hookSrv.Close()
 	s3 := c.stream("/compare/latency-hook")
-	subs3, _ := s3.Subscriptions(ctx, nil)
-	hookF, _ := subs3.Subscriptions().Configure(ctx, func(p schema.Subscriptions_configure_Params) error {
-		cfg, err := p.NewConfig()
-		if err != nil {
-			return err
-		}
-		if err := cfg.SetName("latency"); err != nil {
-			return err
-		}
-		cfg.SetStart(schema.StartPosition_now)
-		r := cfg.Receiver()
-		r.SetWebhookPost()
-		return r.WebhookPost().SetUrl("http://" + ln.Addr().String() + "/hook")
-	})
-	if _, err := hookF.Struct(); err != nil {
-		fail(err)
-	}
+	subscribeLatency(ctx, s3, client.Receiver{Kind: client.ReceiverWebhookPost, URL: "http://" + ln.Addr().String() + "/hook"})
 	lat = measure(s3, hooks)
 	printSpread("itx webhook subscription", lat)
 	out = append(out, result{"append -> consumer p50", "itx webhook subscription", "us", pct(lat, 0.5), true},
@@ -661,6 +629,15 @@ func runLatency(dir, itxdBin, natsBin string) []result {
 	out = append(out, result{"append -> consumer p50", "JetStream sync_always push consumer", "us", pct(lat, 0.5), true},
 		result{"append -> consumer p99", "JetStream sync_always push consumer", "us", pct(lat, 0.99), true})
 	return out
+}
+
+// subscribeLatency configures the subscription "latency" on s, from now on, delivering to r.
+func subscribeLatency(ctx context.Context, s schema.Stream, r client.Receiver) {
+	subs := client.Subscriptions(ctx, s)
+	defer subs.Release()
+	if _, _, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "latency", Start: "now", Receiver: r}); err != nil {
+		fail(err)
+	}
 }
 
 // runAB measures append -> connection latency on two itxd builds at once (-itxd and -itxd-b),
