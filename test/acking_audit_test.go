@@ -111,22 +111,22 @@ func TestAcking_FailingEventBehindAnUnconfirmedPrefixIsSkipped(t *testing.T) {
 	mustAppend(t, s, ev("row", `{"n":1}`), ev("row", `{"n":2}`), ev("row", `{"bad":true}`), ev("row", `{"n":4}`))
 	bad := b + 3
 
-	// Each failure is visible (attempt, lastError); time passes between retries.
-	seenAttempt := 0
-	require.Eventually(t, func() bool {
-		d := e.describe(t, s, name)
-		if d.FailingEventOffset == bad && d.FailingEventAttempt > seenAttempt {
-			seenAttempt = d.FailingEventAttempt
-			require.Contains(t, d.LastError, "cannot load this row")
-			require.Equal(t, seenAttempt, d.Attempt, "the ladder's attempt counts the failing event's tries")
-		}
-		if skips, err := client.GetEvents(e.ctx, s, itx.Query{Types: []string{itx.TypeErrorOccurred}}); err == nil && len(skips) > 0 {
-			return true
-		}
+	// Each failure is visible (attempt, lastError); time passes between retries. Each attempt is
+	// waited for before the clock moves to the next (sampling while moving it could miss one).
+	for attempt := 1; attempt < itx.FailingEventConfirmAttempts; attempt++ {
+		var d itx.SubscriptionDescription
+		waitUntil(t, fmt.Sprintf("attempt %d failed", attempt), func() bool {
+			d = e.describe(t, s, name)
+			return d.FailingEventOffset == bad && d.FailingEventAttempt == attempt && d.NextAttemptAt != 0 && d.InFlightDeadlineAt == 0
+		})
+		require.Contains(t, d.LastError, "cannot load this row")
+		require.Equal(t, attempt, d.Attempt, "the ladder's attempt counts the failing event's tries")
 		e.toNextRetry(t, s, name)
-		return false
-	}, 20*time.Second, 20*time.Millisecond, "the failing event is skipped")
-	require.Equal(t, itx.FailingEventConfirmAttempts-1, seenAttempt)
+	}
+	waitUntil(t, "the failing event is skipped", func() bool {
+		skips, err := client.GetEvents(e.ctx, s, itx.Query{Types: []string{itx.TypeErrorOccurred}})
+		return err == nil && len(skips) > 0
+	})
 
 	// The skip goes after the unconfirmed events before it: the event after it goes out, and
 	// the cursor stays where the receiver confirmed (nothing) until it confirms them.
