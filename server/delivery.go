@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 
 	jsonata "github.com/blues/jsonata-go"
 	"github.com/blues/jsonata-go/jlib"
@@ -41,6 +42,11 @@ type deliverer struct {
 	// blocks the write itself); until it returns, no other push goes to that receiver. Pushes
 	// of one deliverer are sequential, ordered by the actor.
 	stuck chan struct{}
+	// reached is the mount generation the send under way was handed to (0: none yet, or not a
+	// mounted receiver), set by the sender as it looks the mount up: a send that runs out its
+	// deadline carries it, as a failure the receiver answered does (fromMount). Only one send
+	// writes it at a time: the next starts once the last has returned (see stuck).
+	reached atomic.Uint64
 
 	actor *actor // the stream's actor: processor-wake deliverers start its processors
 
@@ -407,20 +413,30 @@ func deliveryID(streamID, name string, seek, first, through int64) string {
 	return "delivery:" + string(b)
 }
 
-// sendWithTimeout sends within the delivery timeout on the injected clock. A send that does not
-// return by then is abandoned, not awaited: a receiver whose connection stopped reading blocks
-// the write itself, whatever its context says. Until that send returns, the next try fails at
-// once as an outage, so at most one abandoned send exists per subscription.
 // bounded is a sender whose sends take a slot of a channel shared across subscriptions.
 type bounded interface{ inFlight() chan struct{} }
 
+// sendWithTimeout sends within the delivery timeout on the injected clock. A send that does not
+// return by then is abandoned, not awaited: a receiver whose connection stopped reading blocks
+// the write itself, whatever its context says. The next try writes only once that send has
+// returned, so at most one abandoned send exists per subscription: it waits for it within a
+// delivery timeout of its own, and fails as an outage if it is still blocked then. (Usually the
+// abandoned send is returning already, its context cancelled with its deadline: failing at once
+// would take that for a receiver still blocked, and burn an attempt on a backoff. A receiver
+// replaced under its name meanwhile would wait that backoff out instead of being delivered to.)
 func (d *deliverer) sendWithTimeout(batch *itx.DeliveryBatch) (int64, error) {
 	if d.stuck != nil {
+		waited := make(chan struct{})
+		t := d.srv.clock.AfterFunc(d.srv.cfg.DeliveryTimeout, func() { close(waited) })
 		select {
 		case <-d.stuck:
+			t.Stop()
 			d.stuck = nil
-		default:
+		case <-waited:
 			return 0, itx.Errorf(itx.EDeadlineExceeded, "%s %q: the previous push is still blocked writing to the receiver", d.send, d.name)
+		case <-d.ctx.Done():
+			t.Stop()
+			return 0, itx.Errorf(itx.ECancelled, "%s %q: %v", d.send, d.name, d.ctx.Err())
 		}
 	}
 	if b, ok := d.send.(bounded); ok {
@@ -437,6 +453,18 @@ func (d *deliverer) sendWithTimeout(batch *itx.DeliveryBatch) (int64, error) {
 	}
 	ctx, cancel := context.WithCancel(d.ctx)
 	timedOut := make(chan struct{})
+	// A timeout is the receiver's failure like any other it answers: it names the mount it
+	// reached, so that once another receiver is mounted under the name it is no verdict on the
+	// events (see applyOutcome). A provider that vanished without its connection ending fails
+	// its calls this way.
+	d.reached.Store(0)
+	timeout := func() error {
+		err := itx.Errorf(itx.EDeadlineExceeded, "%s %q timed out after %s", d.send, d.name, d.srv.cfg.DeliveryTimeout)
+		if g := d.reached.Load(); g != 0 {
+			return fromMount(g, err)
+		}
+		return err
+	}
 	t := d.srv.clock.AfterFunc(d.srv.cfg.DeliveryTimeout, func() { close(timedOut); cancel() })
 	defer t.Stop()
 	type result struct {
@@ -454,13 +482,13 @@ func (d *deliverer) sendWithTimeout(batch *itx.DeliveryBatch) (int64, error) {
 	case <-done:
 		select {
 		case <-timedOut:
-			return 0, itx.Errorf(itx.EDeadlineExceeded, "%s %q timed out after %s", d.send, d.name, d.srv.cfg.DeliveryTimeout)
+			return 0, timeout()
 		default:
 		}
 		return res.confirmed, res.err
 	case <-timedOut:
 		d.stuck = done
-		return 0, itx.Errorf(itx.EDeadlineExceeded, "%s %q timed out after %s", d.send, d.name, d.srv.cfg.DeliveryTimeout)
+		return 0, timeout()
 	case <-d.ctx.Done():
 		d.stuck = done
 		return 0, itx.Errorf(itx.ECancelled, "%s %q: %v", d.send, d.name, d.ctx.Err())

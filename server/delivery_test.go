@@ -35,31 +35,72 @@ func TestDeliverer_SendThatCannotBeWrittenTimesOut(t *testing.T) {
 
 	errc := make(chan error, 1)
 	go func() { _, err := d.sendWithTimeout(&itx.DeliveryBatch{}); errc <- err }()
-	for clock.Pending() == 0 {
-		time.Sleep(time.Millisecond) // the send arms its deadline timer on another goroutine
-	}
+	waitArmed(t, clock, errc)
 	clock.Advance(20 * time.Second)
 	err := <-errc
 	if got, want := itx.ErrorCode(err), itx.EDeadlineExceeded; got != want {
 		t.Fatalf("got %v, want %s", err, want)
 	}
-	// The abandoned send still blocks: the next try fails at once, without a second write.
-	_, err = d.sendWithTimeout(&itx.DeliveryBatch{})
+	// The abandoned send still blocks: the next try waits for it, within a delivery timeout of
+	// its own, and fails then, without a second write.
+	go func() { _, err := d.sendWithTimeout(&itx.DeliveryBatch{}); errc <- err }()
+	waitArmed(t, clock, errc)
+	clock.Advance(20 * time.Second)
+	err = <-errc
 	if err == nil || !strings.Contains(err.Error(), "still blocked") || bs.calls.Load() != 1 {
-		t.Fatalf("got %v after %d calls, want a fast failure after 1", err, bs.calls.Load())
+		t.Fatalf("got %v after %d calls, want a failure after 1", err, bs.calls.Load())
 	}
 	if got := classify(err); got != classOutage {
 		t.Fatalf("class %s, want outage", got)
 	}
 	close(bs.release)
-	for d.stuck != nil {
-		if _, err := d.sendWithTimeout(&itx.DeliveryBatch{}); err == nil {
-			break
-		}
-		time.Sleep(time.Millisecond) // the abandoned send is returning
+	if _, err := d.sendWithTimeout(&itx.DeliveryBatch{}); err != nil {
+		t.Fatalf("got %v, want the receiver written to again once it drained", err)
 	}
 	if bs.calls.Load() != 2 {
 		t.Fatalf("got %d calls, want the receiver written to again once it drained", bs.calls.Load())
+	}
+}
+
+// A try after a timed-out send that is returning (its context was cancelled with its deadline,
+// and it is on its way back) waits for it and then sends: it does not fail as a receiver still
+// blocked, which would burn an attempt on a backoff (and keep a receiver mounted in the old
+// one's place waiting that backoff out).
+func TestDeliverer_TryAfterATimeoutWaitsForTheAbandonedSend(t *testing.T) {
+	clock := clocktest.New(time.Unix(1_700_000_000, 0))
+	srv := &Server{cfg: Config{DeliveryTimeout: 20 * time.Second}, clock: clock}
+	bs := &blockingSender{release: make(chan struct{})}
+	d := &deliverer{srv: srv, name: "hook", send: bs, ctx: context.Background()}
+
+	errc := make(chan error, 1)
+	go func() { _, err := d.sendWithTimeout(&itx.DeliveryBatch{}); errc <- err }()
+	waitArmed(t, clock, errc)
+	clock.Advance(20 * time.Second)
+	if err := <-errc; itx.ErrorCode(err) != itx.EDeadlineExceeded {
+		t.Fatalf("got %v, want %s", err, itx.EDeadlineExceeded)
+	}
+	go func() { _, err := d.sendWithTimeout(&itx.DeliveryBatch{}); errc <- err }()
+	waitArmed(t, clock, errc) // the next try waits for the abandoned send
+	close(bs.release)         // which returns now
+	if err := <-errc; err != nil {
+		t.Fatalf("got %v, want the try to send once the abandoned send returned", err)
+	}
+	if got, want := bs.calls.Load(), int32(2); got != want {
+		t.Fatalf("got %d calls, want %d", got, want)
+	}
+}
+
+// waitArmed waits until a try running on another goroutine has armed its timer on clock; a try
+// that returns first fails the test.
+func waitArmed(t *testing.T, clock *clocktest.Clock, errc chan error) {
+	t.Helper()
+	for clock.Pending() == 0 {
+		select {
+		case err := <-errc:
+			t.Fatalf("the try returned before waiting: %v", err)
+		default:
+		}
+		time.Sleep(time.Millisecond) // the try arms its timer on another goroutine
 	}
 }
 

@@ -580,6 +580,7 @@ func (c *itxCallSender) send(ctx context.Context, d *deliverer, b *itx.DeliveryB
 	if m == nil {
 		return 0, withClass(classAbsent, itx.Errorf(itx.ECapabilityOffline, "capability %q is offline: no Receiver is mounted under that name", c.capability))
 	}
+	d.reached.Store(m.gen)
 	confirmed, err := m.receiver.Receive(ctx, b)
 	return confirmed, fromMount(m.gen, err)
 }

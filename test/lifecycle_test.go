@@ -78,6 +78,68 @@ func TestSubscription_ReceiverReplacedWhileCalledDoesNotPark(t *testing.T) {
 	require.Equal(t, "active", e.describe(t, s, "x").Status)
 }
 
+// A provider that vanished without its connection ending (no reset: the library does not see
+// it), re-mounted from a new session while the server calls the old receiver: the old call runs
+// out its delivery timeout after the new mount's presence signal was taken. The timeout is the
+// old receiver's, no verdict on the events nor on the receiver mounted now: the batch goes to the
+// new mount at once, with no attempt burnt (the clock moves only by the delivery timeout, so a
+// backoff would never end).
+func TestSubscription_ReceiverReplacedWhileCalledTimesOutRedeliversAtOnce(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	s := stream(t, e.p, "/silent")
+	xStarted := make(chan struct{}, 1)
+	disconnectOld := mountReceive(t, e.ts.addr, e.ts.creds.ProjectToken, "inbox", func(ctx context.Context, b itx.DeliveryBatch) (int64, error) {
+		if b.Subscription == "y" {
+			return 0, itx.Errorf(itx.EUnavailable, "not now") // an outage: y waits out a backoff
+		}
+		select {
+		case xStarted <- struct{}{}:
+		default:
+		}
+		<-ctx.Done() // x: never answered (the server gives up on it)
+		return 0, ctx.Err()
+	})
+	defer disconnectOld()
+	e.configure(t, s, client.SubscriptionConfig{Name: "y", FilterTypes: []string{"y"}, Start: "now",
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "inbox"}})
+	mustAppend(t, s, ev("y", `{}`))
+	waitUntil(t, "y backs off", func() bool { return e.describe(t, s, "y").NextAttemptAt != 0 })
+	e.configure(t, s, client.SubscriptionConfig{Name: "x", FilterTypes: []string{"x"}, Start: "now",
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "inbox"}})
+	mustAppend(t, s, ev("x", `{}`))
+	select {
+	case <-xStarted:
+	case <-e.ctx.Done():
+		t.Fatal("x's batch never reached the first receiver")
+	}
+
+	type delivery struct {
+		types   []string
+		attempt int
+	}
+	got := make(chan delivery, 10)
+	defer mountReceive(t, e.ts.addr, e.ts.creds.ProjectToken, "inbox", func(ctx context.Context, b itx.DeliveryBatch) (int64, error) {
+		d := delivery{attempt: b.Attempt}
+		for _, ev := range b.Events {
+			d.types = append(d.types, ev.Type)
+		}
+		got <- d
+		return 0, nil
+	})()
+	// y's backoff is cut by the mount (the clock has not moved): the stream took the signal, while
+	// x's call to the old receiver is still under way.
+	e.waitProcessed(t, s, "y", 4)
+	require.Equal(t, delivery{types: []string{"y"}, attempt: 2}, <-got)
+	e.clock.Advance(itx.DeliveryTimeout) // x's call to the old receiver times out
+	select {
+	case d := <-got:
+		require.Equal(t, delivery{types: []string{"x"}, attempt: 1}, d, "redelivered as the first attempt")
+	case <-time.After(20 * time.Second): // within e.ctx, so that describe still answers
+		t.Fatalf("x never reached the receiver mounted now: %+v", e.describe(t, s, "x").CursorState)
+	}
+	require.Equal(t, "active", e.describe(t, s, "x").Status)
+}
+
 // A receiver replaced under its name while the server calls it, whose call then fails with its
 // session alive (a provider that hands over to its new session and refuses what is in flight
 // on the old one): the refusal is the old receiver's, no verdict on the events. The batch goes
