@@ -134,7 +134,11 @@ func TestSubscription_MountedReceiverSayingOfflineIsAnOutage(t *testing.T) {
 	first := e.describe(t, s, name)
 	require.Equal(t, itx.StatusActive, first.Status, "an outage: not parked")
 	require.Equal(t, 1, first.Attempt)
-	e.clock.Advance(time.Hour) // far beyond any backoff
+	// To the retry's due time, not past it: moved beyond, the clock would also run out the
+	// delivery timeout of the retry that the wake starts while it moves (Advance fires timers
+	// armed within the span it covers), and that retry would fail as timed out, backing off
+	// again where the clock no longer moves.
+	e.clock.Advance(time.UnixMilli(first.NextAttemptAt).Sub(e.clock.Now()))
 	e.settle(t, "/names/offline-while-mounted")
 	mustAppend(t, s, ev("msg", `{}`)) // the stream keeps taking appends
 	// The retry is due; its push may start after a settle that found nothing in flight yet.
