@@ -85,11 +85,14 @@ func TestLive_ServerEndedViewsHearWhy(t *testing.T) {
 	closeCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
 	require.NoError(t, ts.srv.Close(closeCtx))
-	waitUntil(t, "the view heard the shutdown", func() bool { _, ended := stays.endedWith(); return ended })
-	why, _ = stays.endedWith()
+	// No waiting here: Close holds the stream until each view's notice has been answered, and
+	// the client answers it only after its closed() ran. (Polling after Close could not tell a
+	// Close that returned before its notices from one that sent them.)
+	why, ended := stays.endedWith()
+	require.True(t, ended, "the view heard the shutdown before Close returned")
 	require.Equal(t, schema.CloseReason_serverShuttingDown, why)
 
-	_, ended := mine.endedWith()
+	_, ended = mine.endedWith()
 	require.False(t, ended, "a view the client cancelled hears nothing")
 }
 
