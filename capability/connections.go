@@ -11,6 +11,7 @@ import (
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
 	"github.com/itx-dev/itx/wire"
+	"github.com/rs/zerolog"
 )
 
 // --- connections -----------------------------------------------------------------------------
@@ -339,7 +340,7 @@ func attachLive(srv *server.Server, acc access, sub schema.LiveSubscriber, subsc
 		return schema.Handle{}, fail(err)
 	}
 	sub.SetFlowLimiter(newPushLimiter())
-	ls := &liveSubscriber{client: sub}
+	ls := &liveSubscriber{client: sub, log: srv.Log()}
 	cancel, err := subscribe(ls)
 	if err != nil {
 		untake()
@@ -370,6 +371,7 @@ type liveSubscriber struct {
 	// delete ends its streams, whose views hear streamRemoved, and then its sessions, whose
 	// ending would tell the same view accessEnded after it.)
 	told atomic.Bool
+	log  zerolog.Logger
 }
 
 func (l *liveSubscriber) Send(ctx context.Context, f server.LiveFrame) error {
@@ -400,5 +402,10 @@ func (l *liveSubscriber) Closed(ctx context.Context, reason server.CloseReason, 
 		return setClosed(p, reason, message)
 	})
 	defer release()
-	_, _ = fut.Struct()
+	if _, err := fut.Struct(); err != nil {
+		// Told once whatever the outcome (there is no second reason to give), but a notice that
+		// failed leaves a trace: a client gone is routine, any other failure is a view that was
+		// ended without hearing why.
+		l.log.Debug().Err(err).Str("reason", string(reason)).Msg("live view: the closed notice failed")
+	}
 }
