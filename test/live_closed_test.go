@@ -68,9 +68,14 @@ func TestLive_ServerEndedViewsHearWhy(t *testing.T) {
 	pf, prel := proc.LiveState(ctx, func(p schema.Processor_liveState_Params) error {
 		return p.SetSubscriber(schema.LiveSubscriber_ServerToClient(pview))
 	})
-	_, err = pf.Struct()
-	prel()
+	pres, err := pf.Struct()
 	require.NoError(t, err)
+	// Kept: a Handle released is the client's cancel, and a view the client cancelled hears
+	// nothing. (Released with the results, it went about 250 ms later, when the client's
+	// Finish reached the server: a removal slower than that found the view already cancelled.)
+	ph := pres.Handle().AddRef()
+	t.Cleanup(ph.Release)
+	prel()
 	waitUntil(t, "the processor's first snapshot", func() bool { rev, _ := pview.state(); return rev > 0 })
 	subs := client.Subscriptions(ctx, s)
 	defer subs.Release()
