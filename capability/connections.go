@@ -406,6 +406,10 @@ func (l *liveSubscriber) Closed(ctx context.Context, reason server.CloseReason, 
 		// Told once whatever the outcome (there is no second reason to give), but a notice that
 		// failed leaves a trace: a client gone is routine, any other failure is a view that was
 		// ended without hearing why.
-		l.log.Debug().Err(err).Str("reason", string(reason)).Msg("live view: the closed notice failed")
+		ev := l.log.Warn()
+		if capnp.IsDisconnected(err) {
+			ev = l.log.Debug()
+		}
+		ev.Err(err).Str("reason", string(reason)).Msg("live view: the closed notice failed")
 	}
 }
