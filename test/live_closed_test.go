@@ -30,6 +30,26 @@ func watchLive(t *testing.T, s schema.Stream) (*liveView, schema.Handle) {
 	return view, h
 }
 
+// watchProcessorLive attaches a liveView to a processor's live state and keeps its handle until
+// the test ends: a Handle released is the client's cancel, and a view the client cancelled
+// hears nothing. (Released with the results, it went about 250 ms later, when the client's
+// Finish reached the server: a step slower than that found the view already cancelled.)
+func watchProcessorLive(t *testing.T, proc schema.Processor) *liveView {
+	t.Helper()
+	ctx := ctxT(t)
+	view := &liveView{}
+	fut, release := proc.LiveState(ctx, func(p schema.Processor_liveState_Params) error {
+		return p.SetSubscriber(schema.LiveSubscriber_ServerToClient(view))
+	})
+	defer release()
+	res, err := fut.Struct()
+	require.NoError(t, err)
+	h := res.Handle().AddRef()
+	t.Cleanup(h.Release)
+	waitUntil(t, "the processor's first snapshot", func() bool { rev, _ := view.state(); return rev > 0 })
+	return view
+}
+
 // A live view the server ends hears why, as a connection does (LiveSubscriber.closed): the
 // session that opened it revoked (accessEnded), a processor's subscription removed
 // (subscriptionRemoved), the server shutting down (serverShuttingDown). One the client cancels
@@ -64,19 +84,7 @@ func TestLive_ServerEndedViewsHearWhy(t *testing.T) {
 	// A processor's view whose subscription is removed.
 	configureProcessor(t, s, "guestbook")
 	_, proc := processorOf(t, s, "guestbook")
-	pview := &liveView{}
-	pf, prel := proc.LiveState(ctx, func(p schema.Processor_liveState_Params) error {
-		return p.SetSubscriber(schema.LiveSubscriber_ServerToClient(pview))
-	})
-	pres, err := pf.Struct()
-	require.NoError(t, err)
-	// Kept: a Handle released is the client's cancel, and a view the client cancelled hears
-	// nothing. (Released with the results, it went about 250 ms later, when the client's
-	// Finish reached the server: a removal slower than that found the view already cancelled.)
-	ph := pres.Handle().AddRef()
-	t.Cleanup(ph.Release)
-	prel()
-	waitUntil(t, "the processor's first snapshot", func() bool { rev, _ := pview.state(); return rev > 0 })
+	pview := watchProcessorLive(t, proc)
 	subs := client.Subscriptions(ctx, s)
 	defer subs.Release()
 	_, err = client.RemoveSubscription(ctx, subs, "guestbook")
@@ -85,8 +93,11 @@ func TestLive_ServerEndedViewsHearWhy(t *testing.T) {
 	why, _ = pview.endedWith()
 	require.Equal(t, schema.CloseReason_subscriptionRemoved, why)
 
-	// Shutdown.
+	// Shutdown: a stream's view and a processor's.
 	stays, _ := watchLive(t, s)
+	configureProcessor(t, s, "guestbook")
+	_, proc = processorOf(t, s, "guestbook")
+	pstays := watchProcessorLive(t, proc)
 	closeCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
 	require.NoError(t, ts.srv.Close(closeCtx))
@@ -95,6 +106,9 @@ func TestLive_ServerEndedViewsHearWhy(t *testing.T) {
 	// Close that returned before its notices from one that sent them.)
 	why, ended := stays.endedWith()
 	require.True(t, ended, "the view heard the shutdown before Close returned")
+	require.Equal(t, schema.CloseReason_serverShuttingDown, why)
+	why, ended = pstays.endedWith()
+	require.True(t, ended, "the processor's view heard the shutdown before Close returned")
 	require.Equal(t, schema.CloseReason_serverShuttingDown, why)
 
 	_, ended = mine.endedWith()
