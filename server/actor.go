@@ -800,6 +800,9 @@ func (a *actor) apply(in stepInput) {
 		a.recent = eff.commit.Events
 	}
 	a.publish(eff.rowsChanged || len(in.outcomes) > 0 || len(in.mounted) > 0 || firedIn(in.procOps)) // a fire's end wakes Settle
+	for _, name := range eff.forgetProcs {
+		a.retireProcessor(name)
+	}
 	if a.st.head != prevHead {
 		a.notifyConnections()
 	}
@@ -1011,6 +1014,21 @@ func (a *actor) rebuild(name string) {
 	d := newDeliverer(a.dctx, a.srv, a.ref, entry)
 	d.actor = a
 	a.deliverers[name] = d
+}
+
+// retireProcessor ends what this incarnation keeps of the processor of a subscription the step
+// removed, also when the same step configured one anew under the name (a raw append of
+// subscriptionRemoved and subscriptionConfigured, or both verbs in one group commit): that is a
+// new processor starting from its own records (forgetProc), not a reconfigure, so rebuild, which
+// compares only the catalog before and after, would leave the old one's live engine projecting
+// the new records to views that asked for the old, and its in-process runner registered. The
+// live views hear subscriptionRemoved, the rewind epoch goes, the runner is stopped (a Start that
+// finds it before the stop lands replaces it: startRunner's generation check). After the publish
+// and before the replies: a view asked for once the step answered gets a fresh engine.
+func (a *actor) retireProcessor(name string) {
+	a.pruneProcessorLive(name)
+	a.setProcSeek(name, 0)
+	a.stopRunner(name)
 }
 
 // startPush runs a delivery try on its own goroutine; it holds a reference on the actor, so the
