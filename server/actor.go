@@ -1023,12 +1023,15 @@ func (a *actor) rebuild(name string) {
 // compares only the catalog before and after, would leave the old one's live engine projecting
 // the new records to views that asked for the old, and its in-process runner registered. The
 // live views hear subscriptionRemoved, the rewind epoch goes, the runner is stopped (a Start that
-// finds it before the stop lands replaces it: startRunner's generation check). After the publish
-// and before the replies: a view asked for once the step answered gets a fresh engine.
+// finds it before the stop lands replaces it: startRunner's generation check; rebuild stops it
+// when the name is gone or placed elsewhere). After the publish and before the replies: a view
+// asked for once the step answered gets a fresh engine.
 func (a *actor) retireProcessor(name string) {
 	a.pruneProcessorLive(name)
 	a.setProcSeek(name, 0)
-	a.stopRunner(name)
+	if isInProcess(a.st.core.Subscriptions[name]) {
+		a.stopRunner(name)
+	}
 }
 
 // startPush runs a delivery try on its own goroutine; it holds a reference on the actor, so the
