@@ -500,16 +500,24 @@ func (a *actor) runner(ctx context.Context, name string) (itx.ProcessorRunner, e
 }
 
 // startRunner starts (or finds) the instance name running contract on ps, replacing a runner
-// that another incarnation fenced.
+// whose record moved on since it claimed it (another incarnation claimed it, or the subscription
+// was removed): once a removal or a configure answered, no call reaches the removed runner.
 func (a *actor) startRunner(ctx context.Context, ps itx.StreamProcessors, name, contract string) (itx.ProcessorRunner, error) {
 	r, err := ps.Start(ctx, name, contract)
 	if err != nil {
 		return nil, err
 	}
-	if rec := a.view().procs[name]; rec != nil && rec.Generation > r.RuntimeState().Generation {
+	gen, err := a.procGeneration(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	if gen > r.RuntimeState().Generation {
 		// Another incarnation claimed the record since this runner did (the subscription was
-		// placed on a remote host meanwhile): every commit of this runner would be refused, so
-		// its incarnation ends and a fresh one claims the record back.
+		// placed on a remote host meanwhile), or the subscription was removed since (forgetProc
+		// bumped the generation; the removal's stop of the runner runs off the actor and may not
+		// have landed, even once a configure under the name answered): every commit of this
+		// runner would be refused, and what it holds is not the current processor's, so its
+		// incarnation ends and a fresh one claims the record back.
 		ps.Stop(r)
 		return ps.Start(ctx, name, contract)
 	}
