@@ -79,6 +79,7 @@ type actor struct {
 	procs      itx.StreamProcessors
 	procClosed bool
 	procSeek   map[string]int64 // rewinds in progress: the seek epoch their commits carry
+	rewindMu   sync.Mutex       // one rewind taken at a time (takeRewind)
 	failedProc []procOp         // the processor writes of a step whose commit failed
 
 	mu      sync.Mutex // guards pub and changed

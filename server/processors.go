@@ -601,6 +601,32 @@ func (a *actor) handleProcessorAlarm(ctx context.Context, names map[string]strin
 	return ps.HandleAlarm(ctx)
 }
 
+// takeRewind has r take the operator's rewind row carries (its cursor-set: reprocess from the
+// cursor set, event-time state re-reduced through it) unless name's committed record already
+// honors it. The wake that delivers next takes it, or a snapshot or getRuntimeState asked once
+// setSubscriptionCursor answered, so they read their write even while no wake comes (a seek
+// leaves a halted subscription halted). One at a time per stream, the record read under the
+// lock: whichever asks first takes it, and the other finds it taken.
+func (a *actor) takeRewind(ctx context.Context, name string, r itx.ProcessorRunner, row storage.CursorRow) error {
+	if row.CursorChangedAtOffset == row.ConfiguredAtOffset {
+		return nil
+	}
+	a.rewindMu.Lock()
+	defer a.rewindMu.Unlock()
+	rec, err := a.procRecord(ctx, name)
+	if err != nil {
+		return err
+	}
+	if rec != nil && rec.Seek == row.CursorChangedAtOffset {
+		return nil
+	}
+	a.setProcSeek(name, row.CursorChangedAtOffset)
+	if err := r.ReprocessFrom(ctx, row.ConfirmedOffset+1); err != nil {
+		return fmt.Errorf("reprocess from offset %d: %w", row.ConfirmedOffset+1, err)
+	}
+	return nil
+}
+
 // procSeekFor is the seek epoch a rewind of name's runner carries into its commits.
 func (a *actor) procSeekFor(name string) int64 {
 	a.procMu.Lock()
@@ -791,12 +817,11 @@ func (d *deliverer) wake(job pushJob, store streamStore, out deliveryOutcome) de
 	row := job.row
 	if row.CursorChangedAtOffset != row.ConfiguredAtOffset && job.procSeek != row.CursorChangedAtOffset {
 		// The operator's rewind (a cursor-set): reprocess from the cursor it set, once.
-		d.actor.setProcSeek(d.name, row.CursorChangedAtOffset)
-		if err := r.ReprocessFrom(d.ctx, row.ConfirmedOffset+1); err != nil {
+		if err := d.actor.takeRewind(d.ctx, d.name, r, row); err != nil {
 			if d.ctx.Err() != nil {
 				return out
 			}
-			return fail(classOutage, 0, fmt.Errorf("reprocess from offset %d: %w", row.ConfirmedOffset+1, err))
+			return fail(classOutage, 0, err)
 		}
 	}
 	after := r.ProcessedThrough()
@@ -960,6 +985,11 @@ func (s *Server) withProcessor(ctx context.Context, ref StreamRef, name string, 
 	r, err := a.runner(ctx, name)
 	if err != nil {
 		return err
+	}
+	if row, ok := a.view().rows[name]; ok {
+		if err := a.takeRewind(ctx, name, r, row); err != nil {
+			return err
+		}
 	}
 	return f(r)
 }

@@ -544,25 +544,35 @@ func (a *actor) fireRemoteAlarm(name string) {
 
 // procGeneration is the generation of name's progress record (0: never claimed).
 func (a *actor) procGeneration(ctx context.Context, name string) (int64, error) {
+	rec, err := a.procRecord(ctx, name)
+	if err != nil || rec == nil {
+		return 0, err
+	}
+	return rec.Generation, nil
+}
+
+// procRecord is name's committed progress record (nil: none): the published one, else the stored
+// one (the state reads records on demand, and forgets those of removed subscriptions).
+func (a *actor) procRecord(ctx context.Context, name string) (*procRecord, error) {
 	v := a.view()
 	if rec := v.procs[name]; rec != nil {
-		return rec.Generation, nil
+		return rec, nil
 	}
 	if v.store == nil {
-		return 0, a.gone()
+		return nil, a.gone()
 	}
 	raw, err := v.store.KV(ctx, procProgressPrefix+name)
 	if err != nil || raw == nil {
 		if err != nil {
 			err = itx.Errorf(itx.EUnavailable, "read processor record: %v", err)
 		}
-		return 0, err
+		return nil, err
 	}
 	var rec procRecord
 	if err := json.Unmarshal(raw, &rec); err != nil {
-		return 0, itx.Errorf(itx.EInternal, "processor %q: record does not decode: %v", name, err)
+		return nil, itx.Errorf(itx.EInternal, "processor %q: record does not decode: %v", name, err)
 	}
-	return rec.Generation, nil
+	return &rec, nil
 }
 
 // stopRemote tells the host holding contract in scope that the processor name of this stream no
