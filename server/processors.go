@@ -205,7 +205,15 @@ func (st *streamState) applyProc(op procOp, now time.Time, env stepEnv, eff *eff
 		next := *rec
 		p := c.progress
 		next.Progress = &p
-		if c.seek != 0 {
+		// Only the rewind's own commit (the one raising the cursor revision) honors the seek epoch
+		// it was taken for: a frame begun before the cursor-set may commit while the rewind waits
+		// for the runner (a snapshot takes it off the wake lane), and tagged with the epoch, that
+		// commit would mark the rewind honored before it ran, and for good if it then fails.
+		var revision int64
+		if rec.Progress != nil {
+			revision = rec.Progress.CursorRevision
+		}
+		if c.seek != 0 && p.CursorRevision > revision {
 			next.Seek = c.seek
 		}
 		b, _ := json.Marshal(next)
