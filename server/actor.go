@@ -103,7 +103,6 @@ type actorMsg struct {
 	connReply chan<- error
 	closeConn *Connection
 	live      *liveSubscriber
-	liveGone  *liveSubscriber
 	removed   bool // the stream is being deleted: close its connections as streamRemoved
 }
 
@@ -517,8 +516,6 @@ func (a *actor) handle(m actorMsg) bool {
 		m.live.engine.attach(m.live)
 	case m.live != nil:
 		a.liveEngine().attach(m.live)
-	case m.liveGone != nil:
-		m.liveGone.cancel()
 	case m.removed:
 		a.deleted.Store(true) // its live views hear streamRemoved as they end
 		for _, c := range a.conns {
