@@ -2,6 +2,8 @@ package server
 
 import (
 	"errors"
+	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -187,4 +189,37 @@ func TestSetJSONataBudget(t *testing.T) {
 		require.Equal(t, tc.limit, lim.Limit)
 	}
 	require.Equal(t, 1, cap(jsonataSlots))
+}
+
+// Subscriptions evaluate their conditions and transforms on their own goroutines, all at once.
+// The library's built-ins are shared values, and a call used to store its evaluation context on
+// them: a context-defaulting call such as name.$uppercase() could read another evaluation's
+// input (another subscription's event) between the store and the call.
+func TestJSONata_ConcurrentEvaluationsKeepTheirOwnContext(t *testing.T) {
+	expr, err := CompileJSONata(`payload.name.$uppercase() & "/" & $string(offset)`)
+	require.NoError(t, err)
+	const workers, rounds = 8, 2000
+	errs := make(chan error, workers)
+	for w := range workers {
+		go func() {
+			name := strings.Repeat(string(rune('a'+w)), w+1)
+			want := strings.ToUpper(name) + "/" + strconv.Itoa(w)
+			ev := &itx.Event{Offset: int64(w), Type: "t", Payload: []byte(`{"name":"` + name + `"}`)}
+			for range rounds {
+				got, err := evalJSONata(expr, ev)
+				if err != nil {
+					errs <- err
+					return
+				}
+				if got != want {
+					errs <- fmt.Errorf("worker %d got %v, want %q", w, got, want)
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range workers {
+		require.NoError(t, <-errs)
+	}
 }

@@ -902,6 +902,13 @@ func evalFunctionCall(node *jparse.FunctionCallNode, data reflect.Value, env *en
 		return undefined, newEvalError(ErrNonCallable, node.Func, nil)
 	}
 
+	if gc, ok := fn.(*goCallable); ok { // itx patch: built-ins are shared across evaluations
+		// The name and context below are this call's: set on a copy, not on the shared value,
+		// which concurrent evaluations would otherwise overwrite between the set and the call.
+		c := *gc
+		fn = &c
+	}
+
 	if setter, ok := fn.(nameSetter); ok {
 		if sym, ok := node.Func.(*jparse.VariableNode); ok {
 			setter.SetName(sym.Name)
