@@ -10,6 +10,15 @@ import (
 // processors of one stream these ports; the SDK (package processors) implements the runners and
 // the registry over them. Both sides name only these types, so neither imports the other.
 
+// InstanceLog is a ProcessorLog that can read as one processor instance's subscription is
+// delivered: its filter composes with the contract's consumed types (seed 000), in every read
+// of the runner (frames, catch-up, the rewind's re-reduction), and ScannedThrough passes what
+// the filter drops. The registry gives each runner ForInstance(its name); a log that does not
+// implement it is read as is.
+type InstanceLog interface {
+	ForInstance(name string) ProcessorLog
+}
+
 // ProcessorLog is a processor's home stream as the runner needs it.
 type ProcessorLog interface {
 	// Read returns up to limit durable events after offset after, in offset order. Ephemeral

@@ -47,6 +47,10 @@ type Query struct {
 	Limit            int   // 0 = DefaultPageLimit
 	Types            []string
 	IncludeEphemeral bool
+	// Subscription reads as that subscription of the stream is delivered ("": none): its filter
+	// (types and condition) applies on top of Types, and no ephemeral event is read. NextAfter
+	// passes what the filter drops, so a remote processor host pages its frames with it.
+	Subscription string
 }
 
 // Page is the reader's envelope.

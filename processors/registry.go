@@ -91,8 +91,12 @@ func Register[S any](ctx context.Context, reg *Registry, c Contract[S], store Pr
 	if f := reg.cfg.BackgroundFailed; f != nil {
 		failed = func(err error) { f(c.Name, err) }
 	}
+	runnerLog := reg.cfg.Log
+	if il, ok := runnerLog.(itx.InstanceLog); ok {
+		runnerLog = il.ForInstance(c.Name) // read through the instance's subscription filter
+	}
 	r, err := NewRunner(c, RunnerConfig{
-		Path: reg.cfg.Path, Log: reg.cfg.Log, Progress: store, Clock: reg.cfg.Clock,
+		Path: reg.cfg.Path, Log: runnerLog, Progress: store, Clock: reg.cfg.Clock,
 		Tracker: k, PageSize: reg.cfg.PageSize, Logf: reg.cfg.Logf, BackgroundFailed: failed,
 	})
 	if err != nil {

@@ -105,6 +105,10 @@ struct EventQuery {
   types @2 :List(Text);       # empty (or containing "*") = every type
   includeEphemeral @3 :Bool;  # ephemeral events are skipped unless set
   before @4 :UInt64;          # events with offset < before; 0 = no upper bound
+  subscription @5 :Text;      # read as this subscription of the stream is delivered: its
+                              # filter (types and condition) applies too, and no ephemeral
+                              # event; nextAfter passes what it drops (a remote processor host
+                              # pages its frames so). Empty: no subscription's filter
 }
 
 # The reader's envelope.

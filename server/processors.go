@@ -678,6 +678,38 @@ func (l procLog) Read(ctx context.Context, after int64, limit int) (itx.Processo
 	return page, nil
 }
 
+// ForInstance is the log as the processor-wake subscription name is delivered (itx.InstanceLog).
+func (l procLog) ForInstance(name string) itx.ProcessorLog {
+	return procInstanceLog{procLog: l, name: name}
+}
+
+// procInstanceLog reads the stream through the filter of one processor instance's subscription
+// (seed 000: the announced consumes compose with the configured filter), so the runner's own
+// reads (catch-up, the rewind's re-reduction) see what its wake frames see; appends and
+// schedules are the stream's.
+type procInstanceLog struct {
+	procLog
+	name string
+}
+
+func (l procInstanceLog) Read(ctx context.Context, after int64, limit int) (itx.ProcessorPage, error) {
+	v := l.a.view()
+	if v.store == nil {
+		return itx.ProcessorPage{}, l.a.gone()
+	}
+	if _, ok := v.core.Subscriptions[l.name]; !ok {
+		return l.procLog.Read(ctx, after, limit) // removed meanwhile: nothing filters it any more
+	}
+	if limit <= 0 || limit > itx.MaxPageLimit {
+		limit = itx.MaxPageLimit
+	}
+	page, err := l.a.srv.readPageAs(ctx, v, itx.Query{After: after, Limit: limit, Subscription: l.name})
+	if err != nil {
+		return itx.ProcessorPage{}, err
+	}
+	return itx.ProcessorPage{Events: page.Events, ScannedThrough: page.NextAfter, Head: page.StreamMaxOffset}, nil
+}
+
 // Append commits through this incarnation's actor only: a processor of an unloaded incarnation
 // cannot load the stream again behind its successor's back.
 func (l procLog) Append(ctx context.Context, inputs []itx.EventInput) ([]itx.Event, error) {

@@ -3,9 +3,11 @@ package server
 import (
 	"context"
 	"fmt"
+	"sort"
 	"strings"
 	"time"
 
+	jsonata "github.com/blues/jsonata-go"
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/storage"
 )
@@ -137,6 +139,7 @@ func normalizeQuery(q *itx.Query) error {
 	if err := itx.ValidateTypeFilter("types", q.Types); err != nil {
 		return err
 	}
+	q.Subscription = strings.TrimSpace(q.Subscription)
 	for _, t := range q.Types {
 		if t == "*" {
 			q.Types = nil
@@ -165,6 +168,9 @@ func (s *Server) ReadEvents(ctx context.Context, ref StreamRef, q itx.Query) (it
 // readPage reads one page from a snapshot; the head is taken before the rows, so every returned
 // offset is at most StreamMaxOffset.
 func (s *Server) readPage(ctx context.Context, v view, q itx.Query) (itx.Page, error) {
+	if q.Subscription != "" {
+		return s.readPageAs(ctx, v, q)
+	}
 	page := itx.Page{StreamID: v.streamID, StreamMaxOffset: v.head, NextAfter: q.After}
 	upTo := v.head
 	if q.Before > 0 && q.Before-1 < upTo {
@@ -187,6 +193,77 @@ func (s *Server) readPage(ctx context.Context, v view, q itx.Query) (itx.Page, e
 	}
 	s.metrics.ReadEvents.Add(float64(len(events)))
 	return page, nil
+}
+
+// readPageAs reads one page as the subscription q.Subscription is delivered (seed 000: a
+// processor's announced consumes compose with its subscription's filter, wherever it is placed):
+// its filter types and condition on top of q.Types, no ephemeral event. NextAfter passes what
+// the filter drops, so the reader's cursor is a watermark as the subscription's is. A condition
+// that fails on an event ends the page before it; failing on the page's first event, the read
+// fails with the error, as a delivery of that event would.
+func (s *Server) readPageAs(ctx context.Context, v view, q itx.Query) (itx.Page, error) {
+	entry, err := v.core.existing(q.Subscription)
+	if err != nil {
+		return itx.Page{}, err
+	}
+	q.Subscription, q.IncludeEphemeral = "", false
+	var cond *jsonata.Expr
+	if f := entry.Config.Filter; f != nil {
+		types, none := intersectTypes(q.Types, f.EventTypes)
+		if none {
+			upTo := v.head
+			if q.Before > 0 && q.Before-1 < upTo {
+				upTo = q.Before - 1
+			}
+			return itx.Page{StreamID: v.streamID, StreamMaxOffset: v.head, NextAfter: max(q.After, upTo)}, nil
+		}
+		q.Types = types
+		if f.JSONataCondition != "" {
+			if cond, err = CompileJSONata(f.JSONataCondition); err != nil {
+				return itx.Page{}, itx.Errorf(itx.EFailedPrecondition, "subscription %q: the filter condition no longer compiles: %s", entry.Config.Name, itx.ErrorMessage(err))
+			}
+		}
+	}
+	page, err := s.readPage(ctx, v, q)
+	if err != nil || cond == nil {
+		return page, err
+	}
+	kept := page.Events[:0:0]
+	for i := range page.Events {
+		e := &page.Events[i]
+		ok, err := EvalCondition(cond, e)
+		if err != nil {
+			if e.Offset-1 <= q.After {
+				return itx.Page{}, itx.Errorf(itx.EInvalid, "subscription %q: filter condition failed on offset %d: %s", entry.Config.Name, e.Offset, itx.ErrorMessage(err))
+			}
+			page.NextAfter = e.Offset - 1
+			break
+		}
+		if ok {
+			kept = append(kept, *e)
+		}
+	}
+	page.Events = kept
+	return page, nil
+}
+
+// intersectTypes is the type filter passing what both filters pass (nil: every type); none says
+// that no type passes both.
+func intersectTypes(a, b []string) (types []string, none bool) {
+	sa, sb := typeSet(a), typeSet(b)
+	switch {
+	case sa == nil:
+		return b, false
+	case sb == nil:
+		return a, false
+	}
+	for t := range sa {
+		if sb[t] {
+			types = append(types, t)
+		}
+	}
+	sort.Strings(types)
+	return types, len(types) == 0
 }
 
 // WaitForEvent returns the first event after `after` that matches pred, waiting for new commits

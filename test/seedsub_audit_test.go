@@ -16,6 +16,7 @@ import (
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/processors/examples"
 	"github.com/itx-dev/itx/server"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
@@ -418,4 +419,108 @@ func TestSeedSub_ChangedStartMovesTheCursor(t *testing.T) {
 		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}}) // 5
 	require.Equal(t, off, e.describe(t, s, name).ConfirmedOffset, "back to now: after the new birth event")
 	require.Equal(t, []int64{1, 2, 3, 4}, h.received())
+}
+
+// Seed (receiver kinds, processor-wake): "The announced consumes still composes with the
+// configured filter." A processor sees only the events its contract consumes AND its
+// subscription's filter passes, wherever it is placed: in-process, or on a remote host that
+// pages the stream itself. The filter is a watermark there too: the cursor passes what it drops.
+func TestSeedSub_ProcessorFilterComposesWithConsumes(t *testing.T) {
+	for _, placement := range []string{"in-process", "remote"} {
+		t.Run(placement, func(t *testing.T) {
+			cfg := server.Config{}
+			if placement == "in-process" {
+				cfg.Processors = referenceHost(t, "guestbook")
+			}
+			ts := startServer(t, cfg)
+			ctx := ctxT(t)
+			p := ts.project(t)
+			s := stream(t, p, "/seedsub/proc-filter")
+			subs := client.Subscriptions(ctx, s)
+			_, _, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "guestbook",
+				FilterCondition: `payload.name != "mallory"`,
+				Receiver:        client.Receiver{Kind: client.ReceiverProcessorWake, Placement: placement}})
+			subs.Release()
+			require.NoError(t, err)
+			if placement == "remote" {
+				awaitMount(t, runRemoteHost(t, ts.addr, ts.creds.ProjectToken, "worker-1", referenceHost(t, "guestbook")))
+			}
+			var head int64
+			for _, who := range []string{"ada", "mallory", "bob", "mallory"} {
+				head = mustAppend(t, s, examples.GuestbookSigned.Input(examples.Signed{Name: who, Message: "hi"}, "")).HeadOffset
+			}
+			head = mustAppend(t, s, ev("note", `{"name":"carol"}`)).HeadOffset // passes the filter, not consumed
+
+			sub, proc := processorOf(t, s, "guestbook")
+			processed, err := client.WaitUntilProcessed(ctx, sub, head, 0)
+			require.NoError(t, err)
+			require.GreaterOrEqual(t, processed, head, "the filter is a watermark: the cursor passes what it drops")
+			snap, err := client.Snapshot(ctx, proc)
+			require.NoError(t, err)
+			var st examples.GuestbookState
+			require.NoError(t, json.Unmarshal([]byte(snap.State), &st))
+			var names []string
+			for _, r := range st.Recent {
+				names = append(names, r.Name)
+			}
+			require.Equal(t, []string{"ada", "bob"}, names, "only what the contract consumes and the filter passes")
+			require.Equal(t, 2, st.Count)
+
+			// The operator's rewind re-reduces through the cursor it sets (Reduce only) and
+			// processes from there: through the same filter.
+			seek, err := client.SetSubscriptionCursor(ctx, s, "guestbook", 4) // after ada (2), mallory (3), bob (4)
+			require.NoError(t, err)
+			_, err = client.WaitUntilProcessed(ctx, sub, seek, 0)
+			require.NoError(t, err)
+			snap, err = client.Snapshot(ctx, proc)
+			require.NoError(t, err)
+			require.NoError(t, json.Unmarshal([]byte(snap.State), &st))
+			names = nil
+			for _, r := range st.Recent {
+				names = append(names, r.Name)
+			}
+			require.Equal(t, []string{"ada", "bob"}, names, "rewound: the re-reduction passes the filter too")
+			require.Equal(t, 2, st.Count)
+		})
+	}
+}
+
+// A read as a subscription is delivered (EventQuery.subscription, what a remote processor host
+// pages its frames with): the subscription's filter on top of the query's types, no ephemeral
+// event, and nextAfter past what the filter drops, as the subscription's watermark.
+func TestSeedSub_ReadAsASubscription(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	const path = "/seedsub/read-as"
+	s := stream(t, e.p, path)
+	e.configure(t, s, client.SubscriptionConfig{Name: "big", FilterTypes: []string{"order", "refund"}, FilterCondition: "payload.total > 10",
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "nobody"}}) // 1
+	eph := ev("order", `{"total":50}`)
+	eph.Ephemeral = true
+	mustAppend(t, s, ev("order", `{"total":5}`), ev("order", `{"total":20}`), ev("note", `{"total":99}`), ev("refund", `{"total":30}`)) // 2..5
+	mustAppend(t, s, eph)                                                                                                               // 6
+	mustAppend(t, s, ev("order", `{"total":1}`))                                                                                        // 7
+	offsets := func(q itx.Query) ([]int64, int64) {
+		t.Helper()
+		page, err := client.GetEventPage(e.ctx, s, q)
+		require.NoError(t, err)
+		var out []int64
+		for _, ev := range page.Events {
+			out = append(out, ev.Offset)
+		}
+		return out, page.NextAfter
+	}
+	got, next := offsets(itx.Query{Subscription: "big", IncludeEphemeral: true})
+	require.Equal(t, []int64{3, 5}, got)
+	require.Equal(t, int64(7), next, "nextAfter passes what the filter drops")
+	got, next = offsets(itx.Query{Subscription: " big ", Types: []string{"refund", "note"}})
+	require.Equal(t, []int64{5}, got, "the query's types and the subscription's both apply")
+	require.Equal(t, int64(7), next)
+	got, next = offsets(itx.Query{Subscription: "big", Types: []string{"note"}})
+	require.Empty(t, got, "no type passes both")
+	require.Equal(t, int64(7), next)
+	got, next = offsets(itx.Query{Subscription: "big", After: 3, Limit: 1})
+	require.Equal(t, []int64{5}, got)
+	require.Equal(t, int64(5), next)
+	_, err := client.GetEventPage(e.ctx, s, itx.Query{Subscription: "nobody"})
+	requireCode(t, err, itx.ENotFound)
 }

@@ -68,6 +68,11 @@ func SetQuery(dst schema.EventQuery, q itx.Query) error {
 	dst.SetBefore(uint64(q.Before))
 	dst.SetLimit(uint32(min(max(q.Limit, 0), math.MaxUint32))) // past 32 bits: a full page, not a wrapped limit
 	dst.SetIncludeEphemeral(q.IncludeEphemeral)
+	if q.Subscription != "" {
+		if err := dst.SetSubscription(q.Subscription); err != nil {
+			return err
+		}
+	}
 	return SetTextList(q.Types, dst.NewTypes)
 }
 
@@ -85,9 +90,13 @@ func QueryFromSchema(src schema.EventQuery) (itx.Query, error) {
 	if err != nil {
 		return itx.Query{}, err
 	}
+	sub, err := src.Subscription()
+	if err != nil {
+		return itx.Query{}, err
+	}
 	return itx.Query{
 		After: after, Before: before, Limit: int(src.Limit()),
-		Types: types, IncludeEphemeral: src.IncludeEphemeral(),
+		Types: types, IncludeEphemeral: src.IncludeEphemeral(), Subscription: sub,
 	}, nil
 }
 

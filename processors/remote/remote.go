@@ -479,7 +479,9 @@ func (l *rpcLog) reset() {
 func (l *rpcLog) fetch(ctx context.Context, after int64, limit int) (itx.ProcessorPage, error) {
 	stream := l.s.streamCap()
 	defer stream.Release()
-	pg, err := client.GetEventPage(ctx, stream, itx.Query{After: after, Limit: limit})
+	// Paged as the subscription is delivered: its filter composes with the contract's consumed
+	// types (seed 000), and nextAfter passes what it drops, so a frame's scanned range is right.
+	pg, err := client.GetEventPage(ctx, stream, itx.Query{After: after, Limit: limit, Subscription: l.s.name})
 	if err != nil {
 		return itx.ProcessorPage{}, err
 	}
