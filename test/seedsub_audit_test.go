@@ -524,3 +524,71 @@ func TestSeedSub_ReadAsASubscription(t *testing.T) {
 	_, err := client.GetEventPage(e.ctx, s, itx.Query{Subscription: "nobody"})
 	requireCode(t, err, itx.ENotFound)
 }
+
+// Seed: late-ack protection is an epoch comparison, for a failure as for a success: a delivery
+// that fails after the operator moved the cursor reports for the old seek epoch, and neither
+// climbs the new epoch's ladder nor schedules its retry.
+func TestSeedSub_LateFailureAfterASeekIsFenced(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	const path = "/seedsub/late-failure"
+	s := stream(t, e.p, path)
+	release := make(chan struct{})
+	h := newHook(t, func(n int, _ itx.WebhookBody) int {
+		if n == 0 {
+			<-release
+			return 500 // the old epoch's try fails, late
+		}
+		return 200
+	})
+	name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "w", Start: "now", FilterTypes: []string{"job"},
+		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}}) // 1
+	mustAppend(t, s, ev("job", `{"n":1}`)) // 2
+	waitUntil(t, "the first try in flight", func() bool { return h.count() == 1 })
+	late := testutil.ToFloat64(e.ts.srv.Metrics().LateAcks)
+	seek, err := client.SetSubscriptionCursor(e.ctx, s, name, 2) // past the job: a new seek epoch
+	require.NoError(t, err)
+	close(release)
+	waitUntil(t, "the late failure refused", func() bool { return testutil.ToFloat64(e.ts.srv.Metrics().LateAcks) > late })
+	e.settle(t, path)
+	d := e.describe(t, s, name)
+	require.Equal(t, seek, d.CursorChangedAtOffset)
+	require.Zero(t, d.Attempt, "the old epoch's failure is not the new epoch's")
+	require.Zero(t, d.NextAttemptAt)
+	require.Empty(t, d.LastError)
+	job := mustAppend(t, s, ev("job", `{"n":2}`)).HeadOffset
+	e.waitProcessed(t, s, name, job)
+	require.Equal(t, []int64{2, job}, h.received())
+}
+
+// Seed: waitUntilProcessed(name, {offset}) is the consumer-side barrier against a subscription;
+// one pending when its subscription is removed answers at once that it is gone, rather than
+// waiting out its timeout.
+func TestSeedSub_BarrierEndsWhenItsSubscriptionIsRemoved(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	const path = "/seedsub/barrier-removed"
+	s := stream(t, e.p, path)
+	name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "app", Start: "now",
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "nobody-mounted"}}) // 1
+	job := mustAppend(t, s, ev("job", `{}`)).HeadOffset
+	waitUntil(t, "parked", func() bool { return e.describe(t, s, name).Status == itx.StatusParked })
+
+	sub := client.Subscription(e.ctx, s, name)
+	defer sub.Release()
+	timers := e.clock.Pending()
+	errc := make(chan error, 1)
+	go func() {
+		_, err := client.WaitUntilProcessed(e.ctx, sub, job, 15*time.Second)
+		errc <- err
+	}()
+	waitUntil(t, "barrier armed", func() bool { return e.clock.Pending() > timers })
+	subs := client.Subscriptions(e.ctx, s)
+	defer subs.Release()
+	_, err := client.RemoveSubscription(e.ctx, subs, name)
+	require.NoError(t, err)
+	select {
+	case err := <-errc:
+		requireCode(t, err, itx.ENotFound)
+	case <-time.After(10 * time.Second): // real time; the barrier's own 15 s are on the virtual clock
+		t.Fatal("the barrier outlived its subscription")
+	}
+}
