@@ -251,7 +251,9 @@ func (s *Server) readPageAs(ctx context.Context, v view, q itx.Query) (itx.Page,
 // that no type passes both.
 func intersectTypes(a, b []string) (types []string, none bool) {
 	sa, sb := typeSet(a), typeSet(b)
-	switch {
+	switch { // a nil set passes every type (its list may hold "*", which no event has)
+	case sa == nil && sb == nil:
+		return nil, false
 	case sa == nil:
 		return b, false
 	case sb == nil:

@@ -523,6 +523,12 @@ func TestSeedSub_ReadAsASubscription(t *testing.T) {
 	require.Equal(t, int64(5), next)
 	_, err := client.GetEventPage(e.ctx, s, itx.Query{Subscription: "nobody"})
 	requireCode(t, err, itx.ENotFound)
+
+	e.configure(t, s, client.SubscriptionConfig{Name: "all-big", FilterTypes: []string{"*"}, FilterCondition: "payload.total > 10",
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "nobody"}}) // 8
+	got, next = offsets(itx.Query{Subscription: "all-big"})
+	require.Equal(t, []int64{3, 4, 5}, got, `"*" passes every type`)
+	require.Equal(t, int64(8), next)
 }
 
 // Seed: late-ack protection is an epoch comparison, for a failure as for a success: a delivery
