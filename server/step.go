@@ -501,6 +501,11 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 		}
 		eff.pushes = append(eff.pushes, job)
 	}
+	if len(eff.pushes) > 0 {
+		// A push written into its row's in-flight block is part of the row describe shows
+		// (seed 000's in_flight_deadline_at, in_flight_connection_generation): publish it.
+		eff.rowsChanged = true
+	}
 	sort.Slice(eff.pushes, func(i, j int) bool { return eff.pushes[i].name < eff.pushes[j].name })
 	return eff, nil
 }

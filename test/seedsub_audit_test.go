@@ -598,3 +598,51 @@ func TestSeedSub_BarrierEndsWhenItsSubscriptionIsRemoved(t *testing.T) {
 		t.Fatal("the barrier outlived its subscription")
 	}
 }
+
+// Seed (cursor row, the in-flight block): in_flight_deadline_at and
+// in_flight_connection_generation say a delivery is out and until when it may take (the 20 s
+// delivery timeout); its answer clears them. The generation fences a late answer: a new
+// occupant of the name delivers under another.
+func TestSeedSub_InFlightBlock(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	const path = "/seedsub/in-flight"
+	s := stream(t, e.p, path)
+	release := make(chan struct{})
+	var once sync.Once
+	open := func() { once.Do(func() { close(release) }) }
+	defer open() // a failing test must not leave the handler blocked (the hook's Close waits for it)
+	h := newHook(t, func(n int, _ itx.WebhookBody) int {
+		if n == 0 {
+			<-release
+		}
+		return 200
+	})
+	name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "w", Start: "now",
+		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
+	sent := e.clock.Now()
+	job := mustAppend(t, s, ev("job", `{}`)).HeadOffset
+	waitUntil(t, "the delivery in flight", func() bool { return h.count() == 1 })
+	var d itx.SubscriptionDescription
+	waitUntil(t, "the in-flight block shown", func() bool { d = e.describe(t, s, name); return d.InFlightDeadlineAt != 0 })
+	require.Equal(t, sent.Add(itx.DeliveryTimeout).UnixMilli(), d.InFlightDeadlineAt)
+	require.NotZero(t, d.InFlightConnectionGeneration)
+	first := d.InFlightConnectionGeneration
+	open()
+	e.waitProcessed(t, s, name, job)
+	e.settle(t, path)
+	d = e.describe(t, s, name)
+	require.Zero(t, d.InFlightDeadlineAt, "answered: nothing in flight")
+	require.Zero(t, d.InFlightConnectionGeneration)
+
+	// A new occupant of the name delivers under another generation.
+	blocked := make(chan struct{})
+	h2 := newHook(t, func(int, itx.WebhookBody) int { <-blocked; return 200 })
+	defer close(blocked)
+	subs := client.Subscriptions(e.ctx, s)
+	defer subs.Release()
+	_, err := client.RemoveSubscription(e.ctx, subs, name)
+	require.NoError(t, err)
+	e.configure(t, s, client.SubscriptionConfig{Name: "w", Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h2.url()}})
+	waitUntil(t, "the new occupant's delivery in flight", func() bool { d = e.describe(t, s, name); return d.InFlightDeadlineAt != 0 })
+	require.NotEqual(t, first, d.InFlightConnectionGeneration)
+}
