@@ -646,3 +646,63 @@ func TestSeedSub_InFlightBlock(t *testing.T) {
 	waitUntil(t, "the new occupant's delivery in flight", func() bool { d = e.describe(t, s, name); return d.InFlightDeadlineAt != 0 })
 	require.NotEqual(t, first, d.InFlightConnectionGeneration)
 }
+
+// Seed: "has a cursor row <=> named <=> the stream owes it delivery across evictions." A
+// removal survives kill -9 (the name stays free, its row gone), a cursor-set's seek epoch and
+// cleared retry block survive it, and a name configured again after the restart is a fresh
+// occupant.
+func TestSeedSub_RemovalAndSeekSurviveKill9(t *testing.T) {
+	dir := t.TempDir()
+	const path = "/seedsub/kill9"
+	down := newHook(t, func(int, itx.WebhookBody) int { return 503 })
+	proc := startItxd(t, dir)
+	ctx := ctxT(t)
+	s := stream(t, loginItxd(t, proc), path)
+	subs := client.Subscriptions(ctx, s)
+	for _, name := range []string{"gone", "kept"} {
+		_, _, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: name, FilterTypes: []string{"job"},
+			Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: down.url()}})
+		require.NoError(t, err)
+	}
+	job := mustAppend(t, s, ev("job", `{}`)).HeadOffset // 3
+	waitUntil(t, "both refused once", func() bool {
+		return describeSubIn(ctx, t, s, "gone").Attempt >= 1 && describeSubIn(ctx, t, s, "kept").Attempt >= 1
+	})
+	_, err := client.RemoveSubscription(ctx, subs, "gone")
+	require.NoError(t, err)
+	seek, err := client.SetSubscriptionCursor(ctx, s, "kept", job)
+	require.NoError(t, err)
+	subs.Release()
+	proc.kill9(t)
+
+	proc = startItxd(t, dir)
+	s = stream(t, loginItxd(t, proc), path)
+	subs = client.Subscriptions(ctx, s)
+	defer subs.Release()
+	list, err := client.ListSubscriptions(ctx, subs)
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+	require.Equal(t, "kept", list[0].Name)
+	d := describeSubIn(ctx, t, s, "kept")
+	require.Equal(t, seek, d.CursorChangedAtOffset)
+	require.GreaterOrEqual(t, d.ConfirmedOffset, job)
+	require.Zero(t, d.Attempt)
+	require.Empty(t, d.LastError)
+	gone := client.Subscription(ctx, s, "gone")
+	_, err = client.DescribeSubscription(ctx, gone)
+	gone.Release()
+	requireCode(t, err, itx.ENotFound)
+
+	up := newHook(t, nil)
+	_, born, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "gone",
+		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: up.url()}})
+	require.NoError(t, err)
+	sub := client.Subscription(ctx, s, "gone")
+	defer sub.Release()
+	_, err = client.WaitUntilProcessed(ctx, sub, born, 15*time.Second)
+	require.NoError(t, err)
+	d = describeSubIn(ctx, t, s, "gone")
+	require.Equal(t, born, d.ConfiguredAtOffset)
+	require.Zero(t, d.Attempt)
+	require.Equal(t, int64(1), up.received()[0], "a fresh occupant starts at the beginning")
+}
