@@ -254,6 +254,16 @@ func (st *coreState) reduceConfigured(e *itx.Event, rc *reduceContext) ([]cursor
 	if err != nil {
 		return nil, err
 	}
+	if rc.authority == authClient {
+		// A name given blank is 0 characters after trimming: refused (seed 000: 1-500), not taken
+		// for a name left out. History is replayed as it was accepted.
+		var given struct {
+			Name *string `json:"name"`
+		}
+		if json.Unmarshal(e.Payload, &given) == nil && given.Name != nil && cfg.Name == "" {
+			return nil, itx.Errorf(itx.EInvalid, "subscription name %q is blank: leave it out for a generated name", *given.Name)
+		}
+	}
 	name := cfg.Name
 	if name == "" {
 		name = fmt.Sprintf("%s%d", itx.GeneratedNamePrefix, e.Offset)

@@ -62,6 +62,11 @@ func waitVerb(ctx context.Context) func(*PendingVerb, error) (string, int64, err
 // StartConfigureSubscription queues ConfigureSubscription's event (see PendingVerb).
 func (s *Server) StartConfigureSubscription(ctx context.Context, ref StreamRef, cfg itx.SubscriptionConfig, idempotencyKey string) (*PendingVerb, error) {
 	name := strings.TrimSpace(cfg.Name)
+	if name == "" && cfg.Name != "" {
+		// Seed 000: names are 1-500 characters after trimming. A blank one is refused, not taken
+		// for a name left out (the empty text), which would generate one.
+		return nil, itx.Errorf(itx.EInvalid, "subscription name %q is blank: leave it out for a generated name", cfg.Name)
+	}
 	cfg.Name = name // the log records the name the subscription has, not the caller's spacing
 	if name == "" && strings.TrimSpace(idempotencyKey) == "" {
 		return nil, itx.Errorf(itx.EInvalid, "a subscription without a name needs an idempotency key, so that a retry does not configure a second one")

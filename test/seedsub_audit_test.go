@@ -376,15 +376,22 @@ func TestSeedSub_GeneratedNamesAreFirstClass(t *testing.T) {
 	require.Equal(t, "padded", cfg["name"], "the configured event stores the trimmed name")
 	require.Equal(t, itx.KindWebhookPost, cfg["receiver"].(map[string]any)["action"])
 
-	for _, bad := range []string{"", "   ", strings.Repeat("n", itx.MaxSubscriptionNameLength+1)} {
+	// "1-500 chars, trimmed": a name given blank is 0 characters, refused, not taken for a name
+	// left out (which the wire spells as the empty text), also with an idempotency key and in a
+	// raw append of the configured event.
+	for _, bad := range []string{"   ", "\t", strings.Repeat("n", itx.MaxSubscriptionNameLength+1)} {
 		_, _, err := client.ConfigureSubscription(e.ctx, subs, client.SubscriptionConfig{Name: bad, IdempotencyKey: "k-" + bad,
 			Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: a.url()}})
-		if strings.TrimSpace(bad) == "" {
-			require.NoError(t, err, "a blank name is no name: generated") // trimmed to empty
-			continue
-		}
 		requireCode(t, err, itx.EInvalid)
 	}
+	_, err = client.Append(e.ctx, s, []itx.EventInput{ev(itx.TypeSubscriptionConfigured,
+		`{"name":"  ","receiver":{"action":"webhook-post","url":"`+a.url()+`"}}`)}, itx.AppendOptions{})
+	requireCode(t, err, itx.EInvalid)
+	before := len(e.list(t, s))
+	_, _, err = client.ConfigureSubscription(e.ctx, subs, client.SubscriptionConfig{IdempotencyKey: "k-none",
+		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: a.url()}})
+	require.NoError(t, err, "a name left out is generated")
+	require.Len(t, e.list(t, s), before+1)
 	_, _, err = client.ConfigureSubscription(e.ctx, subs, client.SubscriptionConfig{Name: strings.Repeat("n", itx.MaxSubscriptionNameLength),
 		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: a.url()}})
 	require.NoError(t, err, "500 characters is a name")
