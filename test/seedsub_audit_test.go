@@ -713,3 +713,47 @@ func TestSeedSub_RemovalAndSeekSurviveKill9(t *testing.T) {
 	require.Zero(t, d.Attempt)
 	require.Equal(t, int64(1), up.received()[0], "a fresh occupant starts at the beginning")
 }
+
+// Two instances of one contract, each under its own subscription filter: each runner reads
+// through its own (the filter is the instance's, keyed by its subscription's name), through a
+// rewind too.
+func TestSeedSub_InstancesReadThroughTheirOwnFilters(t *testing.T) {
+	ts := startServer(t, server.Config{Processors: referenceHost(t, "guestbook")})
+	ctx := ctxT(t)
+	p := ts.project(t)
+	s := stream(t, p, "/seedsub/instances-filter")
+	subs := client.Subscriptions(ctx, s)
+	for _, c := range []client.SubscriptionConfig{
+		{Name: "guestbook", Receiver: client.Receiver{Kind: client.ReceiverProcessorWake}},
+		{Name: "no-mallory", FilterCondition: `payload.name != "mallory"`,
+			Receiver: client.Receiver{Kind: client.ReceiverProcessorWake, Processor: "guestbook"}},
+	} {
+		_, _, err := client.ConfigureSubscription(ctx, subs, c)
+		require.NoError(t, err)
+	}
+	subs.Release()
+	var head int64
+	for _, who := range []string{"ada", "mallory", "bob"} {
+		head = mustAppend(t, s, examples.GuestbookSigned.Input(examples.Signed{Name: who, Message: "hi"}, "")).HeadOffset
+	}
+	count := func(name string) int {
+		t.Helper()
+		sub, proc := processorOf(t, s, name)
+		_, err := client.WaitUntilProcessed(ctx, sub, head, 0)
+		require.NoError(t, err)
+		snap, err := client.Snapshot(ctx, proc)
+		require.NoError(t, err)
+		var st examples.GuestbookState
+		require.NoError(t, json.Unmarshal([]byte(snap.State), &st))
+		return st.Count
+	}
+	require.Equal(t, 3, count("guestbook"))
+	require.Equal(t, 2, count("no-mallory"))
+	for _, name := range []string{"guestbook", "no-mallory"} {
+		_, err := client.SetSubscriptionCursor(ctx, s, name, head-1) // re-reduce through mallory's signature
+		require.NoError(t, err)
+	}
+	head = mustDescribe(t, s).HeadOffset
+	require.Equal(t, 3, count("guestbook"))
+	require.Equal(t, 2, count("no-mallory"))
+}
