@@ -48,6 +48,14 @@ type DeadLetterPayload struct {
 	EventOmitted bool `json:"eventOmitted,omitempty"`
 }
 
+// Processor-wake placements. PlacementFacet is the seed's name for in-process placement, taken
+// as PlacementInProcess.
+const (
+	PlacementInProcess = "in-process"
+	PlacementRemote    = "remote"
+	PlacementFacet     = "facet"
+)
+
 // Receiver kinds: data, not schema. Adding one is one union member here plus one send adapter.
 const (
 	KindWebhookPost   = "webhook-post"
@@ -371,10 +379,12 @@ func ParseSubscriptionConfig(payload []byte) (*SubscriptionConfig, error) {
 		if c.MaxDeliveryEvents != 0 || c.MaxDeliveryBytes != 0 {
 			return nil, Errorf(EInvalid, "processor-wake receivers take no maxDeliveryEvents or maxDeliveryBytes: the processor reads its own frames")
 		}
-		switch r.Placement {
-		case "", "in-process", "remote":
+		switch r.Placement = strings.TrimSpace(r.Placement); r.Placement {
+		case "", PlacementInProcess, PlacementRemote:
+		case PlacementFacet:
+			r.Placement = PlacementInProcess // the seed's facet placement: next to the stream
 		default:
-			return nil, Errorf(EInvalid, "receiver.placement must be \"in-process\" or \"remote\"")
+			return nil, Errorf(EInvalid, "receiver.placement must be %q (or the seed's %q) or %q", PlacementInProcess, PlacementFacet, PlacementRemote)
 		}
 		if r.Processor = strings.TrimSpace(r.Processor); r.Processor != "" {
 			if err := ValidateName("receiver.processor", r.Processor); err != nil {

@@ -31,7 +31,7 @@ type Receiver struct {
 
 	Capability string // itx-call: the name a Receiver is mounted under
 
-	Placement string // processor-wake: "in-process" (default) or "remote"
+	Placement string // processor-wake: "in-process" (default; the seed's "facet" is taken for it) or "remote"
 	// Processor (processor-wake): the registered contract this instance runs; empty: the
 	// subscription's name. Two names may run one contract, each with its own progress.
 	Processor string

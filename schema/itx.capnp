@@ -179,7 +179,7 @@ struct SubscriptionConfig {
       capability @5 :Text;    # the name a Receiver is mounted under in the project
     }
     processorWake :group {
-      placement @6 :Text;     # "in-process" (default) or "remote"
+      placement @6 :Text;     # "in-process" (default; the seed's "facet" means it too) or "remote"
       processor @15 :Text;    # the registered contract this instance runs; empty: the
                               # subscription's name (two names may run one contract)
     }

@@ -757,3 +757,33 @@ func TestSeedSub_InstancesReadThroughTheirOwnFilters(t *testing.T) {
 	require.Equal(t, 3, count("guestbook"))
 	require.Equal(t, 2, count("no-mallory"))
 }
+
+// Seed (receiver kinds): processor-wake "gains a placement field: facet (no expression needed --
+// the subscription name is the facet name...)". Here facet placement is in-process (DESIGN), so
+// the seed's "facet" is taken as "in-process": the same subscription, run next to its stream.
+func TestSeedSub_FacetPlacementIsInProcess(t *testing.T) {
+	ts := startServer(t, server.Config{Processors: referenceHost(t, "guestbook")})
+	ctx := ctxT(t)
+	p := ts.project(t)
+	s := stream(t, p, "/seedsub/facet")
+	subs := client.Subscriptions(ctx, s)
+	defer subs.Release()
+	_, birth, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "guestbook",
+		Receiver: client.Receiver{Kind: client.ReceiverProcessorWake, Placement: "facet"}})
+	require.NoError(t, err)
+	head := mustAppend(t, s, examples.GuestbookSigned.Input(examples.Signed{Name: "ada", Message: "hi"}, "")).HeadOffset
+	sub, proc := processorOf(t, s, "guestbook")
+	_, err = client.WaitUntilProcessed(ctx, sub, head, 0)
+	require.NoError(t, err)
+	snap, err := client.Snapshot(ctx, proc)
+	require.NoError(t, err)
+	require.Equal(t, head, snap.ProcessedOffset)
+	d, err := client.DescribeSubscription(ctx, sub)
+	require.NoError(t, err)
+	require.Equal(t, "in-process", d.Config.Receiver.Placement)
+	// The same subscription said the seed's way or this server's: configure stays idempotent.
+	_, again, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "guestbook",
+		Receiver: client.Receiver{Kind: client.ReceiverProcessorWake, Placement: "in-process"}})
+	require.NoError(t, err)
+	require.Equal(t, birth, again)
+}
