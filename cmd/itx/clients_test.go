@@ -316,7 +316,7 @@ func TestEval_ArgumentStyles(t *testing.T) {
 
 	require.NoError(t, s.RunCommand(context.Background(), "help Stream"))
 	require.Contains(t, s.out.String(), "setSubscriptionCursor(name, afterOffset) or setSubscriptionCursor({name, afterOffset})")
-	require.Contains(t, s.out.String(), "getEvents(after?, limit?) or getEvents({after, before, limit, types, includeEphemeral, all})")
+	require.Contains(t, s.out.String(), "getEvents(after?, limit?) or getEvents({after, before, limit, types, includeEphemeral, subscription, all})")
 }
 
 var isoTime = regexp.MustCompile(`^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$`)

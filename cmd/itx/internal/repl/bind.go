@@ -59,8 +59,8 @@ var bindings = map[string]map[string]binding{
 	},
 	"Stream": {
 		"append":                {"append(event | [events], {expectedHeadOffset, conditional}?) -> {offsets, duplicate, headOffset, streamId} (an expectedHeadOffset makes it conditional: offsetConflict unless the head is that offset; conditional: true alone expects an empty stream, false turns it off)", streamAppend},
-		"getEvents":             {"getEvents(after?, limit?) or getEvents({after, before, limit, types, includeEphemeral, all}) -> [events] (one page of at most 500 events or 4 MiB; all: true reads every page)", streamGetEvents},
-		"getEventPage":          {"getEventPage(after?, limit?) or getEventPage({after, before, limit, types, includeEphemeral}) -> {events, streamId, streamMaxOffset, nextAfter}", streamGetEventPage},
+		"getEvents":             {"getEvents(after?, limit?) or getEvents({after, before, limit, types, includeEphemeral, subscription, all}) -> [events] (one page of at most 500 events or 4 MiB; all: true reads every page)", streamGetEvents},
+		"getEventPage":          {"getEventPage(after?, limit?) or getEventPage({after, before, limit, types, includeEphemeral, subscription}) -> {events, streamId, streamMaxOffset, nextAfter}", streamGetEventPage},
 		"waitForEvent":          {"waitForEvent(types?, after?, timeoutMs?) or waitForEvent({types, payloadContains, where, after, timeoutMs, includeEphemeral}) -> event", streamWaitForEvent},
 		"describe":              {"describe() -> {path, streamId, headOffset, createdAt, ...}", streamDescribe},
 		"setSubscriptionCursor": {"setSubscriptionCursor(name, afterOffset) or setSubscriptionCursor({name, afterOffset}) -> {offset}", streamSetSubscriptionCursor},
@@ -410,7 +410,7 @@ func streamAppend(ctx context.Context, s *Session, c capnp.Client, _ capPath, ar
 	}{res.Offsets, res.Duplicate, res.HeadOffset, res.StreamID}, nil
 }
 
-var queryKeys = []string{"after", "before", "limit", "types", "includeEphemeral"}
+var queryKeys = []string{"after", "before", "limit", "types", "includeEphemeral", "subscription"}
 
 func (s *Session) query(what string, args []goja.Value, extra ...string) (itx.Query, *options, error) {
 	o, err := s.params(what, args, []string{"after", "limit"}, append(queryKeys, extra...)...)
@@ -418,7 +418,7 @@ func (s *Session) query(what string, args []goja.Value, extra ...string) (itx.Qu
 		return itx.Query{}, nil, err
 	}
 	q := itx.Query{After: o.uint("after"), Before: o.uint("before"), Limit: int(o.uint("limit")),
-		Types: o.strings("types"), IncludeEphemeral: o.bool("includeEphemeral")}
+		Types: o.strings("types"), IncludeEphemeral: o.bool("includeEphemeral"), Subscription: o.str("subscription")}
 	return q, o, o.err()
 }
 
@@ -442,6 +442,10 @@ func queryJS(q itx.Query, all bool) string {
 	}
 	if q.IncludeEphemeral {
 		parts = append(parts, "includeEphemeral: true")
+	}
+	if q.Subscription != "" {
+		name, _ := json.Marshal(q.Subscription)
+		parts = append(parts, "subscription: "+string(name))
 	}
 	if all {
 		parts = append(parts, "all: true")
