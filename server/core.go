@@ -113,6 +113,9 @@ type cursorEffect struct {
 	epoch  int64 // born: birth offset; seek: the cursor-set event's offset
 	err    string
 	tries  int // halt: the attempts the halt reports
+	// retire (born over an existing subscription): the name's processor ends as at a removal,
+	// because the birth replaces a processor-wake subscription or makes one.
+	retire bool
 }
 
 // reduceContext is what reduce may know besides the state: all of it pure data.
@@ -339,7 +342,14 @@ func (st *coreState) reduceConfigured(e *itx.Event, rc *reduceContext) ([]cursor
 	if r.Action != itx.KindProcessorWake && r.EffectiveDelivery().Start == itx.StartNow {
 		initial = e.Offset
 	}
-	return []cursorEffect{{kind: effectBorn, name: name, offset: initial, epoch: e.Offset}}, nil
+	// A new start over a processor-wake subscription (another kind now), or one that makes a
+	// processor of another kind, is a new occupant of the name: the processor it replaces ends
+	// exactly as at a removal (its progress, KV and alarm forgotten, its views told), so a
+	// processor configured again later starts from nothing, not from records that missed
+	// every event delivered meanwhile. (A change of placement or contract keeps the kind: a
+	// reconfigure, which keeps the processor's records.)
+	retire := prev != nil && (prev.Kind() == itx.KindProcessorWake || r.Action == itx.KindProcessorWake)
+	return []cursorEffect{{kind: effectBorn, name: name, offset: initial, epoch: e.Offset, retire: retire}}, nil
 }
 
 // canonicalConfig spells out the defaults, so a config that states them equals one that omits them.

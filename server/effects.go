@@ -41,8 +41,9 @@ type effects struct {
 
 	rebuild []string
 	pushes  []pushJob
-	// forgetProcs are the processor-wake subscriptions removed in this step: their processor
-	// records (progress, KV, alarm slice) are reset in the same commit.
+	// forgetProcs are the processor-wake subscriptions removed in this step, or replaced by a
+	// new start of another kind (or made from one): their processor records (progress, KV,
+	// alarm slice) are reset in the same commit.
 	forgetProcs []string
 	// recountProcKV asks the actor to recount the processors' KV after the commit (a prefix was
 	// deleted: the step cannot size it).

@@ -635,6 +635,9 @@ func (st *streamState) absorb(plan groupPlan, now time.Time, eff *effects) {
 			// A delete of the old row staged in this step may stay: a commit deletes first.
 			st.subs[name] = st.newRuntime()
 			eff.rebuild = appendOnce(eff.rebuild, name)
+			if ce.retire {
+				eff.forgetProcs = appendOnce(eff.forgetProcs, name)
+			}
 		case effectReconfigure:
 			// A new birth epoch and a new receiver, the cursor kept: fence the old deliverer (epoch, generation).
 			if rt := st.subs[name]; rt != nil {

@@ -1,0 +1,231 @@
+package test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/schema"
+	"github.com/itx-dev/itx/server"
+	"github.com/stretchr/testify/require"
+)
+
+// recordSpy is a remote processor host that, at each wake, claims the instance's record and
+// notes what the claim handed it (the progress found) and whether its KV record from an earlier
+// wake is there, then writes that KV record and commits the instance processed through the head.
+type recordSpy struct {
+	mu    sync.Mutex
+	wakes []spiedWake
+}
+
+type spiedWake struct {
+	progress string // the claimed record's progress ("" if none)
+	kvFound  bool   // the instance's KV record was there
+}
+
+func (h *recordSpy) Wake(ctx context.Context, call schema.ProcessorHost_wake) error {
+	req, err := call.Args().Request()
+	if err != nil {
+		return err
+	}
+	name, err := req.Name()
+	if err != nil {
+		return err
+	}
+	ports := req.Ports()
+	cf, release := ports.Claim(ctx, func(a schema.ProcessorPorts_claim_Params) error { return a.SetName(name) })
+	defer release()
+	claimed, err := cf.Struct()
+	if err != nil {
+		return err
+	}
+	progress, err := claimed.Progress()
+	if err != nil {
+		return err
+	}
+	key := itx.ProcessorKVPrefix(name) + "breaker"
+	gf, release2 := ports.KvGet(ctx, func(a schema.ProcessorPorts_kvGet_Params) error { return a.SetKey(key) })
+	defer release2()
+	got, err := gf.Struct()
+	if err != nil {
+		return err
+	}
+	h.mu.Lock()
+	h.wakes = append(h.wakes, spiedWake{progress: progress, kvFound: got.Found()})
+	h.mu.Unlock()
+	pf, release3 := ports.KvPut(ctx, func(a schema.ProcessorPorts_kvPut_Params) error {
+		if err := a.SetKey(key); err != nil {
+			return err
+		}
+		return a.SetValue([]byte("a crash-loop counter"))
+	})
+	defer release3()
+	if _, err := pf.Struct(); err != nil {
+		return err
+	}
+	head := int64(req.HeadOffset())
+	b, err := json.Marshal(itx.ProcessorProgress{ReducerVersion: "1", ReducedThrough: head, ProcessedThrough: head, State: json.RawMessage(`{}`)})
+	if err != nil {
+		return err
+	}
+	mf, release4 := ports.Commit(ctx, func(a schema.ProcessorPorts_commit_Params) error {
+		a.SetGeneration(claimed.Generation())
+		if err := a.SetName(name); err != nil {
+			return err
+		}
+		return a.SetProgress(string(b))
+	})
+	defer release4()
+	if _, err := mf.Struct(); err != nil {
+		return err
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	rep, err := res.NewReport()
+	if err != nil {
+		return err
+	}
+	rep.SetProcessedOffset(uint64(head))
+	rep.SetReducedOffset(uint64(head))
+	return nil
+}
+
+func (*recordSpy) Stop(context.Context, schema.ProcessorHost_stop) error { return nil }
+
+func (*recordSpy) GetRuntimeState(context.Context, schema.ProcessorHost_getRuntimeState) error {
+	return fmt.Errorf("not kept")
+}
+
+func (h *recordSpy) count() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.wakes)
+}
+
+// at is the i-th wake (0 is the first).
+func (h *recordSpy) at(i int) spiedWake {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.wakes[i]
+}
+
+// configureCopy reconfigures name as a copy-to-stream subscription into path.
+func configureCopy(t testing.TB, s schema.Stream, name, path string) int64 {
+	t.Helper()
+	ctx := ctxT(t)
+	subs := client.Subscriptions(ctx, s)
+	defer subs.Release()
+	_, at, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{
+		Name: name, Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: path},
+	})
+	require.NoError(t, err)
+	return at
+}
+
+// A processor whose subscription is reconfigured as another kind ends as at a removal: configured
+// as a processor again later, it is a new processor, claiming a record with no progress and
+// finding none of the old one's KV (keepalive, crash-loop counter), not the old processor's
+// cursor and state, which missed every event the copy delivered meanwhile. A change of placement
+// alone keeps the kind, and the records (TestProcessors_InstanceMovesToARemoteHostAndBack).
+func TestProcessors_KindChangedAwayAndBackStartsAnew(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	p := ts.project(t)
+	spy := &recordSpy{}
+	h, err := mountHostServing(ctx, p, "spy", spy, []itx.ProcessorInfo{{Name: "c", ReducerVersion: "1", ConsumedTypes: []string{"*"}}})
+	require.NoError(t, err)
+	defer h.Release()
+	s := stream(t, p, "/kind/away-and-back")
+	sub := client.Subscription(ctx, s, "a")
+	defer sub.Release()
+	processed := func(at int64) {
+		t.Helper()
+		_, err := client.WaitUntilProcessed(ctx, sub, at, 0)
+		require.NoError(t, err)
+	}
+
+	configureInstance(t, s, "a", "c", "remote")
+	processed(mustAppend(t, s, ev("x", `{}`)).HeadOffset)
+	require.Equal(t, spiedWake{}, spy.at(0), "the first processor starts from nothing")
+	require.True(t, spy.at(spy.count()-1).kvFound, "a later wake of one processor finds its records")
+
+	configureCopy(t, s, "a", "/kind/elsewhere")
+	processed(mustAppend(t, s, ev("x", `{}`)).HeadOffset)
+
+	again := spy.count()
+	configureInstance(t, s, "a", "c", "remote")
+	processed(mustAppend(t, s, ev("x", `{}`)).HeadOffset)
+	require.Equal(t, spiedWake{}, spy.at(again), "the processor configured again resumed the old one's records")
+}
+
+// The same kind change in one commit (a raw append of the configure as another kind and the
+// configure as a processor again): the processor the commit replaced ends, and its live view
+// hears subscriptionRemoved; the new one starts from offset 1 in a new incarnation.
+func TestProcessorView_KindChangedAwayAndBackInOneCommitEndsTheView(t *testing.T) {
+	ts := startServer(t, server.Config{Processors: referenceHost(t, "guestbook")})
+	ctx := ctxT(t)
+	s := stream(t, ts.project(t), "/procview/kind-one-commit")
+	configureProcessor(t, s, "guestbook")
+	head := signGuestbook(t, s, 3)
+	sub, proc := processorOf(t, s, "guestbook")
+	_, err := client.WaitUntilProcessed(ctx, sub, head, 0)
+	require.NoError(t, err)
+	old := watchProcessor(t, proc)
+	gen := runtimeOf(t, proc).Generation
+
+	res := mustAppend(t, s,
+		itx.EventInput{Type: itx.TypeSubscriptionConfigured, Payload: []byte(`{"name":"guestbook","receiver":{"action":"copy-to-stream","receivingStreamPath":"/procview/elsewhere"}}`)},
+		itx.EventInput{Type: itx.TypeSubscriptionConfigured, Payload: []byte(`{"name":"guestbook","receiver":{"action":"processor-wake"}}`)})
+	sub2, proc2 := processorOf(t, s, "guestbook")
+	_, err = client.WaitUntilProcessed(ctx, sub2, res.HeadOffset, 0)
+	require.NoError(t, err)
+	waitUntil(t, "the old view ended, or went on to show the new processor caught up", func() bool {
+		_, ended := old.endedWith()
+		_, doc := old.state()
+		return ended || doc["processedOffset"] == float64(res.HeadOffset)
+	})
+	why, ended := old.endedWith()
+	require.True(t, ended, "the view of the replaced processor was not told it ended: it went on showing the new one (%s)", old.doc)
+	require.Equal(t, schema.CloseReason_subscriptionRemoved, why)
+	require.Greater(t, runtimeOf(t, proc2).Generation, gen+1, "the replaced processor's runner still runs the name")
+}
+
+// A single configure that changes a processor's kind ends the processor before it answers: its
+// live view hears subscriptionRemoved, with the remove-and-configure of one commit as the other
+// spelling of the same replace.
+func TestProcessorView_KindChangedEndsTheView(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		events []itx.EventInput
+	}{
+		{"configure", []itx.EventInput{
+			{Type: itx.TypeSubscriptionConfigured, Payload: []byte(`{"name":"guestbook","receiver":{"action":"copy-to-stream","receivingStreamPath":"/procview/elsewhere"}}`)}}},
+		{"remove and configure", []itx.EventInput{
+			{Type: itx.TypeSubscriptionRemoved, Payload: []byte(`{"name":"guestbook","reason":"requested"}`)},
+			{Type: itx.TypeSubscriptionConfigured, Payload: []byte(`{"name":"guestbook","receiver":{"action":"copy-to-stream","receivingStreamPath":"/procview/elsewhere"}}`)}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ts := startServer(t, server.Config{Processors: referenceHost(t, "guestbook")})
+			ctx := ctxT(t)
+			s := stream(t, ts.project(t), "/procview/kind")
+			configureProcessor(t, s, "guestbook")
+			head := signGuestbook(t, s, 2)
+			sub, proc := processorOf(t, s, "guestbook")
+			_, err := client.WaitUntilProcessed(ctx, sub, head, 0)
+			require.NoError(t, err)
+			view := watchProcessor(t, proc)
+			mustAppend(t, s, tc.events...)
+			waitUntil(t, "the view ended", func() bool { _, ended := view.endedWith(); return ended })
+			why, _ := view.endedWith()
+			require.Equal(t, schema.CloseReason_subscriptionRemoved, why)
+			_, err = client.Snapshot(ctx, proc)
+			requireCode(t, err, itx.EFailedPrecondition)
+		})
+	}
+}
