@@ -494,7 +494,11 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 		r.InFlightConnectionGeneration = rt.gen
 		job := pushJob{name: name, gen: rt.gen, row: *r, head: st.head, limit: limit, after: after, acking: window > 0, resets: rt.resets}
 		_, job.maxBytes = st.core.Subscriptions[name].Config.BatchLimits()
-		if isInProcess(st.core.Subscriptions[name]) {
+		if st.core.Subscriptions[name].Kind() == itx.KindProcessorWake {
+			// Both placements: the wake asks for the operator's rewind only while the committed
+			// record does not honor it, so a rewind a host took in a wake that then failed (or
+			// whose report was lost) is not asked again by the retry, which would run
+			// ProcessEvent over the same events again, nor by every later wake.
 			if rec, err := st.procRecordOf(name, env); err == nil {
 				job.procSeek = rec.Seek
 			}

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/internal/clocktest"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
 	"github.com/stretchr/testify/require"
@@ -228,4 +230,142 @@ func TestProcessorView_KindChangedEndsTheView(t *testing.T) {
 			requireCode(t, err, itx.EFailedPrecondition)
 		})
 	}
+}
+
+// rewindSpy is a remote processor host that notes each wake's reprocessFrom and does what the
+// SDK's runner does with it: the rewind's own commit (a new cursor revision, processed through
+// reprocessFrom-1), then the catch-up to the head. The first wake with a rewind fails after its
+// catch-up committed (a host that died before it answered, a report lost on the way).
+type rewindSpy struct {
+	mu        sync.Mutex
+	reprocess []int64
+	failed    bool
+}
+
+func (h *rewindSpy) Wake(ctx context.Context, call schema.ProcessorHost_wake) error {
+	req, err := call.Args().Request()
+	if err != nil {
+		return err
+	}
+	name, err := req.Name()
+	if err != nil {
+		return err
+	}
+	from := int64(req.ReprocessFrom())
+	h.mu.Lock()
+	h.reprocess = append(h.reprocess, from)
+	fail := from > 0 && !h.failed
+	h.failed = h.failed || fail
+	h.mu.Unlock()
+	ports := req.Ports()
+	cf, release := ports.Claim(ctx, func(a schema.ProcessorPorts_claim_Params) error { return a.SetName(name) })
+	defer release()
+	claimed, err := cf.Struct()
+	if err != nil {
+		return err
+	}
+	var pr itx.ProcessorProgress
+	if raw, _ := claimed.Progress(); raw != "" {
+		if err := json.Unmarshal([]byte(raw), &pr); err != nil {
+			return err
+		}
+	}
+	commit := func(through int64) error {
+		pr.ReducerVersion, pr.ReducedThrough, pr.ProcessedThrough, pr.State = "1", through, through, json.RawMessage(`{}`)
+		b, err := json.Marshal(pr)
+		if err != nil {
+			return err
+		}
+		mf, release := ports.Commit(ctx, func(a schema.ProcessorPorts_commit_Params) error {
+			a.SetGeneration(claimed.Generation())
+			if err := a.SetName(name); err != nil {
+				return err
+			}
+			return a.SetProgress(string(b))
+		})
+		defer release()
+		_, err = mf.Struct()
+		return err
+	}
+	if from > 0 {
+		pr.CursorRevision++
+		if err := commit(from - 1); err != nil {
+			return err
+		}
+	}
+	head := int64(req.HeadOffset())
+	if err := commit(head); err != nil {
+		return err
+	}
+	if fail {
+		return itx.Errorf(itx.EUnavailable, "the host went away before it answered")
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	rep, err := res.NewReport()
+	if err != nil {
+		return err
+	}
+	rep.SetProcessedOffset(uint64(head))
+	rep.SetReducedOffset(uint64(head))
+	return nil
+}
+
+func (*rewindSpy) Stop(context.Context, schema.ProcessorHost_stop) error { return nil }
+
+func (*rewindSpy) GetRuntimeState(context.Context, schema.ProcessorHost_getRuntimeState) error {
+	return fmt.Errorf("not kept")
+}
+
+func (h *rewindSpy) rewinds() []int64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []int64
+	for _, from := range h.reprocess {
+		if from > 0 {
+			out = append(out, from)
+		}
+	}
+	return out
+}
+
+// An operator's rewind of a remote processor is sent once per cursor-set: the host took it (its
+// rewind commit honors the cursor-set) in a wake that then failed, and neither the retry nor a
+// later wake asks for it again. Asked again, a host reprocesses from the cursor once more,
+// running ProcessEvent a second time over every event the failed wake processed (the retry), or
+// re-reducing the whole stream at every wake after it (each later wake asked from its cursor).
+func TestRemote_RewindIsSentOncePerCursorSet(t *testing.T) {
+	clock := clocktest.New(time.Unix(1_700_000_000, 0))
+	ts := startServer(t, server.Config{Clock: clock, Random: func() float64 { return 0.5 }})
+	ctx := ctxT(t)
+	p := ts.project(t)
+	spy := &rewindSpy{}
+	h, err := mountHostServing(ctx, p, "spy", spy, []itx.ProcessorInfo{{Name: "c", ReducerVersion: "1", ConsumedTypes: []string{"*"}}})
+	require.NoError(t, err)
+	defer h.Release()
+	s := stream(t, p, "/remote/rewind-once")
+	sub := client.Subscription(ctx, s, "c")
+	defer sub.Release()
+	processed := func(at int64) {
+		t.Helper()
+		_, err := client.WaitUntilProcessed(ctx, sub, at, 0)
+		require.NoError(t, err)
+	}
+	configureInstance(t, s, "c", "", "remote")
+	processed(mustAppend(t, s, ev("x", `{}`), ev("x", `{}`), ev("x", `{}`)).HeadOffset)
+
+	_, err = client.SetSubscriptionCursor(ctx, s, "c", 1)
+	require.NoError(t, err)
+	waitUntil(t, "the wake that took the rewind failed", func() bool {
+		d, err := client.DescribeSubscription(ctx, sub)
+		require.NoError(t, err)
+		return d.LastError != ""
+	})
+	clock.Advance(time.Minute) // the retry comes due
+	head := mustAppend(t, s, ev("x", `{}`)).HeadOffset
+	processed(head)
+	processed(mustAppend(t, s, ev("x", `{}`)).HeadOffset)
+	require.Equal(t, []int64{2}, spy.rewinds(), "the rewind was asked again after the host took it")
 }
