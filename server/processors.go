@@ -1020,6 +1020,9 @@ func (s *Server) withProcessor(ctx context.Context, ref StreamRef, name string, 
 	case entry.Kind() != itx.KindProcessorWake:
 		return itx.Errorf(itx.EFailedPrecondition, "subscription %q is a %s subscription: only processor-wake subscriptions have a processor", name, entry.Kind())
 	case !isInProcess(entry):
+		if err := s.awaitRemoteRewind(ctx, a, name); err != nil {
+			return err
+		}
 		return remote(a)
 	}
 	r, err := a.runner(ctx, name)

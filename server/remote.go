@@ -629,6 +629,50 @@ func (s *Server) remoteSnapshot(ctx context.Context, a *actor, name string) (jso
 	return state, rec.Progress.ReducedThrough, rec.Progress.ProcessedThrough, nil
 }
 
+// awaitRemoteRewind is read-your-writes for a remote processor's snapshot and getRuntimeState
+// after setSubscriptionCursor: itxd cannot take the rewind itself (the contract's Reduce runs on
+// the host), so while the committed record does not yet honor the latest cursor-set and the wake
+// lane is about to send it (the row active and not backing off, something after the cursor to
+// deliver, a host holding the contract), it waits for the host's rewind commit, within the
+// delivery timeout. Otherwise (halted, parked, backing off, nothing past the cursor, no host, or
+// the bound passed) the answer is the committed record as it stands.
+func (s *Server) awaitRemoteRewind(ctx context.Context, a *actor, name string) error {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	t := s.clock.AfterFunc(s.cfg.DeliveryTimeout, cancel)
+	defer t.Stop()
+	for {
+		v := a.view()
+		row, ok := v.rows[name]
+		entry := v.core.Subscriptions[name]
+		if !ok || entry == nil || isInProcess(entry) || row.CursorChangedAtOffset == row.ConfiguredAtOffset {
+			return nil
+		}
+		rec, err := a.procRecord(ctx, name)
+		if err != nil {
+			return err
+		}
+		if rec != nil && rec.Seek == row.CursorChangedAtOffset {
+			return nil
+		}
+		due := row.NextAttemptAt == 0 || row.NextAttemptAt <= itx.UnixMilli(s.clock.Now())
+		if row.Status != itx.StatusActive || !due || row.ConfirmedOffset >= v.head ||
+			s.remoteHost(a.ref.ProjectID, entry.mountScope(), entry.Config.ProcessorContract()) == nil {
+			return nil
+		}
+		select {
+		case <-v.changed:
+		case <-a.dctx.Done():
+			return a.ended()
+		case <-wctx.Done():
+			if ctx.Err() != nil {
+				return itx.Errorf(itx.ECancelled, "processor %q: %v", name, ctx.Err())
+			}
+			return nil // the bound: what is committed
+		}
+	}
+}
+
 // MaxRemoteRuntimeStateBytes bounds the runtime state a host answers (its cursors and
 // observations; the reduced state is read from the committed record): it is decoded to add
 // itxd's fields, and a host answering megabytes of small members would make every call build
@@ -658,6 +702,17 @@ func (s *Server) remoteRuntimeState(ctx context.Context, a *actor, name string) 
 			var fields map[string]any
 			if json.Unmarshal(st, &fields) == nil {
 				fields["placement"], fields["host"], fields["mountGeneration"] = "remote", m.name, m.gen
+				// A host publishes a commit to its runner's memory once itxd answered it: just
+				// after a rewind's commit (awaitRemoteRewind returns on it) its answer may still
+				// show the cursors from before. The committed record is what the runner is about
+				// to show: its cursors stand in for ones of an older cursor revision.
+				if rec, err := a.procRecord(ctx, name); err == nil && rec != nil && rec.Progress != nil {
+					if rev, _ := fields["cursorRevision"].(float64); int64(rev) < rec.Progress.CursorRevision {
+						fields["cursorRevision"] = rec.Progress.CursorRevision
+						fields["reducedThrough"] = rec.Progress.ReducedThrough
+						fields["processedThrough"] = rec.Progress.ProcessedThrough
+					}
+				}
 				return json.Marshal(fields)
 			}
 			return st, nil

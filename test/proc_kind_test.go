@@ -369,3 +369,182 @@ func TestRemote_RewindIsSentOncePerCursorSet(t *testing.T) {
 	processed(mustAppend(t, s, ev("x", `{}`)).HeadOffset)
 	require.Equal(t, []int64{2}, spy.rewinds(), "the rewind was asked again after the host took it")
 }
+
+// heldRewindSpy is a remote processor host whose wake with a rewind waits for before, then
+// takes the rewind (its commit, processed through reprocessFrom-1), then waits for after
+// (until the test ends) before catching up. Wakes without a rewind commit through the head.
+type heldRewindSpy struct {
+	entered     chan struct{} // closed when the wake with the rewind arrived
+	finished    chan struct{} // closed when the wake with the rewind returned
+	before      chan struct{}
+	after       chan struct{}
+	enteredOnce sync.Once
+	beforeOnce  sync.Once
+	mu          sync.Mutex
+	processed   int64
+}
+
+func (h *heldRewindSpy) Wake(ctx context.Context, call schema.ProcessorHost_wake) error {
+	req, err := call.Args().Request()
+	if err != nil {
+		return err
+	}
+	name, err := req.Name()
+	if err != nil {
+		return err
+	}
+	from := int64(req.ReprocessFrom())
+	ports := req.Ports().AddRef()
+	defer ports.Release()
+	call.Go()
+	cf, release := ports.Claim(ctx, func(a schema.ProcessorPorts_claim_Params) error { return a.SetName(name) })
+	defer release()
+	claimed, err := cf.Struct()
+	if err != nil {
+		return err
+	}
+	var pr itx.ProcessorProgress
+	if raw, _ := claimed.Progress(); raw != "" {
+		if err := json.Unmarshal([]byte(raw), &pr); err != nil {
+			return err
+		}
+	}
+	commit := func(through int64) error {
+		pr.ReducerVersion, pr.ReducedThrough, pr.ProcessedThrough = "1", through, through
+		pr.State = json.RawMessage(fmt.Sprintf(`{"through":%d}`, through))
+		b, err := json.Marshal(pr)
+		if err != nil {
+			return err
+		}
+		mf, release := ports.Commit(ctx, func(a schema.ProcessorPorts_commit_Params) error {
+			a.SetGeneration(claimed.Generation())
+			if err := a.SetName(name); err != nil {
+				return err
+			}
+			return a.SetProgress(string(b))
+		})
+		defer release()
+		if _, err := mf.Struct(); err != nil {
+			return err
+		}
+		h.mu.Lock()
+		h.processed = through
+		h.mu.Unlock()
+		return nil
+	}
+	if from > 0 {
+		first := false
+		h.enteredOnce.Do(func() { close(h.entered); first = true })
+		if first {
+			defer close(h.finished)
+		}
+		select {
+		case <-h.before:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		pr.CursorRevision++
+		if err := commit(from - 1); err != nil {
+			return err
+		}
+		select {
+		case <-h.after:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	head := int64(req.HeadOffset())
+	if err := commit(head); err != nil {
+		return err
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	rep, err := res.NewReport()
+	if err != nil {
+		return err
+	}
+	rep.SetProcessedOffset(uint64(head))
+	rep.SetReducedOffset(uint64(head))
+	return nil
+}
+
+// release lets the held wake take the rewind (once).
+func (h *heldRewindSpy) release() { h.beforeOnce.Do(func() { close(h.before) }) }
+
+func (*heldRewindSpy) Stop(context.Context, schema.ProcessorHost_stop) error { return nil }
+
+// GetRuntimeState answers what this host's runner has committed.
+func (h *heldRewindSpy) GetRuntimeState(ctx context.Context, call schema.ProcessorHost_getRuntimeState) error {
+	h.mu.Lock()
+	processed := h.processed
+	h.mu.Unlock()
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	return res.SetState(fmt.Sprintf(`{"processedThrough":%d,"reducedThrough":%d}`, processed, processed))
+}
+
+// setSubscriptionCursor on a remote processor is read-your-writes for its processor too: a
+// snapshot or getRuntimeState asked once it answered shows the rewind taken (processed and
+// reduced through the cursor set), not the progress from before it, while the host has yet to
+// take it: the answer waits for the host's rewind commit, which the wake lane sends at once.
+func TestRemote_ProcessorViewAfterSetCursorShowsTheRewind(t *testing.T) {
+	for _, verb := range []string{"snapshot", "getRuntimeState"} {
+		t.Run(verb, func(t *testing.T) {
+			ts := startServer(t, server.Config{})
+			ctx := ctxT(t)
+			p := ts.project(t)
+			spy := &heldRewindSpy{entered: make(chan struct{}), finished: make(chan struct{}), before: make(chan struct{}), after: make(chan struct{})}
+			h, err := mountHostServing(ctx, p, "spy", spy, []itx.ProcessorInfo{{Name: "c", ReducerVersion: "1", ConsumedTypes: []string{"*"}}})
+			require.NoError(t, err)
+			t.Cleanup(h.Release)
+			t.Cleanup(func() {
+				// First: the held wake ends (its commits answered) before its connection closes,
+				// which would wait for the wake while the wake waits for the connection.
+				spy.release()
+				close(spy.after)
+				<-spy.finished
+			})
+			s := stream(t, p, "/remote/rewind-read")
+			configureInstance(t, s, "c", "", "remote")
+			head := mustAppend(t, s, ev("x", `{}`), ev("x", `{}`), ev("x", `{}`)).HeadOffset
+			sub, proc := processorOf(t, s, "c")
+			_, err = client.WaitUntilProcessed(ctx, sub, head, 0)
+			require.NoError(t, err)
+
+			first := head - 2
+			_, err = client.SetSubscriptionCursor(ctx, s, "c", first)
+			require.NoError(t, err)
+			select {
+			case <-spy.entered: // the lane's wake carries the rewind; the host holds it
+			case <-ctx.Done():
+				t.Fatal("no wake carried the rewind")
+			}
+			got := make(chan int64, 1)
+			go func() {
+				if verb == "snapshot" {
+					snap, err := client.Snapshot(ctx, proc)
+					if err != nil {
+						t.Error(err)
+					}
+					got <- snap.ProcessedOffset
+					return
+				}
+				rs, err := client.RuntimeState(ctx, proc)
+				if err != nil {
+					t.Error(err)
+				}
+				var r itx.ProcessorRuntimeState
+				if err := json.Unmarshal([]byte(rs), &r); err != nil {
+					t.Error(err)
+				}
+				got <- r.ProcessedThrough
+			}()
+			spy.release() // the host takes the rewind now; the read was asked before
+			require.Equal(t, first, <-got, "%s after setSubscriptionCursor answered", verb)
+		})
+	}
+}
