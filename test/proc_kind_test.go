@@ -16,10 +16,90 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// spyClaim is what a spy host's wake holds of its processor: the ports, the instance, the
+// generation its claim took and the progress the claim handed it.
+type spyClaim struct {
+	ports    schema.ProcessorPorts
+	name     string
+	gen      uint64
+	raw      string // the claimed progress as JSON ("" if none)
+	progress itx.ProcessorProgress
+}
+
+// claimWake claims the record of the processor req wakes, as a runner starting does.
+func claimWake(ctx context.Context, req schema.WakeRequest) (*spyClaim, error) {
+	name, err := req.Name()
+	if err != nil {
+		return nil, err
+	}
+	c := &spyClaim{ports: req.Ports(), name: name}
+	cf, release := c.ports.Claim(ctx, func(a schema.ProcessorPorts_claim_Params) error { return a.SetName(name) })
+	defer release()
+	claimed, err := cf.Struct()
+	if err != nil {
+		return nil, err
+	}
+	c.gen = claimed.Generation()
+	if c.raw, err = claimed.Progress(); err != nil {
+		return nil, err
+	}
+	if c.raw != "" {
+		if err := json.Unmarshal([]byte(c.raw), &c.progress); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+// commit commits the progress, processed and reduced through through, under the claim.
+func (c *spyClaim) commit(ctx context.Context, through int64) error {
+	c.progress.ReducerVersion, c.progress.ReducedThrough, c.progress.ProcessedThrough = "1", through, through
+	c.progress.State = json.RawMessage(fmt.Sprintf(`{"through":%d}`, through))
+	b, err := json.Marshal(c.progress)
+	if err != nil {
+		return err
+	}
+	mf, release := c.ports.Commit(ctx, func(a schema.ProcessorPorts_commit_Params) error {
+		a.SetGeneration(c.gen)
+		if err := a.SetName(c.name); err != nil {
+			return err
+		}
+		return a.SetProgress(string(b))
+	})
+	defer release()
+	_, err = mf.Struct()
+	return err
+}
+
+// reportThrough answers a wake with the processor processed and reduced through head.
+func reportThrough(call schema.ProcessorHost_wake, head int64) error {
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	rep, err := res.NewReport()
+	if err != nil {
+		return err
+	}
+	rep.SetProcessedOffset(uint64(head))
+	rep.SetReducedOffset(uint64(head))
+	return nil
+}
+
+// quietHost is the part of a spy host that keeps no runtime state and ignores stops.
+type quietHost struct{}
+
+func (quietHost) Stop(context.Context, schema.ProcessorHost_stop) error { return nil }
+
+func (quietHost) GetRuntimeState(context.Context, schema.ProcessorHost_getRuntimeState) error {
+	return fmt.Errorf("not kept")
+}
+
 // recordSpy is a remote processor host that, at each wake, claims the instance's record and
 // notes what the claim handed it (the progress found) and whether its KV record from an earlier
 // wake is there, then writes that KV record and commits the instance processed through the head.
 type recordSpy struct {
+	quietHost
 	mu    sync.Mutex
 	wakes []spiedWake
 }
@@ -34,74 +114,35 @@ func (h *recordSpy) Wake(ctx context.Context, call schema.ProcessorHost_wake) er
 	if err != nil {
 		return err
 	}
-	name, err := req.Name()
+	c, err := claimWake(ctx, req)
 	if err != nil {
 		return err
 	}
-	ports := req.Ports()
-	cf, release := ports.Claim(ctx, func(a schema.ProcessorPorts_claim_Params) error { return a.SetName(name) })
+	key := itx.ProcessorKVPrefix(c.name) + "breaker"
+	gf, release := c.ports.KvGet(ctx, func(a schema.ProcessorPorts_kvGet_Params) error { return a.SetKey(key) })
 	defer release()
-	claimed, err := cf.Struct()
-	if err != nil {
-		return err
-	}
-	progress, err := claimed.Progress()
-	if err != nil {
-		return err
-	}
-	key := itx.ProcessorKVPrefix(name) + "breaker"
-	gf, release2 := ports.KvGet(ctx, func(a schema.ProcessorPorts_kvGet_Params) error { return a.SetKey(key) })
-	defer release2()
 	got, err := gf.Struct()
 	if err != nil {
 		return err
 	}
 	h.mu.Lock()
-	h.wakes = append(h.wakes, spiedWake{progress: progress, kvFound: got.Found()})
+	h.wakes = append(h.wakes, spiedWake{progress: c.raw, kvFound: got.Found()})
 	h.mu.Unlock()
-	pf, release3 := ports.KvPut(ctx, func(a schema.ProcessorPorts_kvPut_Params) error {
+	pf, release2 := c.ports.KvPut(ctx, func(a schema.ProcessorPorts_kvPut_Params) error {
 		if err := a.SetKey(key); err != nil {
 			return err
 		}
 		return a.SetValue([]byte("a crash-loop counter"))
 	})
-	defer release3()
+	defer release2()
 	if _, err := pf.Struct(); err != nil {
 		return err
 	}
 	head := int64(req.HeadOffset())
-	b, err := json.Marshal(itx.ProcessorProgress{ReducerVersion: "1", ReducedThrough: head, ProcessedThrough: head, State: json.RawMessage(`{}`)})
-	if err != nil {
+	if err := c.commit(ctx, head); err != nil {
 		return err
 	}
-	mf, release4 := ports.Commit(ctx, func(a schema.ProcessorPorts_commit_Params) error {
-		a.SetGeneration(claimed.Generation())
-		if err := a.SetName(name); err != nil {
-			return err
-		}
-		return a.SetProgress(string(b))
-	})
-	defer release4()
-	if _, err := mf.Struct(); err != nil {
-		return err
-	}
-	res, err := call.AllocResults()
-	if err != nil {
-		return err
-	}
-	rep, err := res.NewReport()
-	if err != nil {
-		return err
-	}
-	rep.SetProcessedOffset(uint64(head))
-	rep.SetReducedOffset(uint64(head))
-	return nil
-}
-
-func (*recordSpy) Stop(context.Context, schema.ProcessorHost_stop) error { return nil }
-
-func (*recordSpy) GetRuntimeState(context.Context, schema.ProcessorHost_getRuntimeState) error {
-	return fmt.Errorf("not kept")
+	return reportThrough(call, head)
 }
 
 func (h *recordSpy) count() int {
@@ -237,6 +278,7 @@ func TestProcessorView_KindChangedEndsTheView(t *testing.T) {
 // reprocessFrom-1), then the catch-up to the head. The first wake with a rewind fails after its
 // catch-up committed (a host that died before it answered, a report lost on the way).
 type rewindSpy struct {
+	quietHost
 	mu        sync.Mutex
 	reprocess []int64
 	failed    bool
@@ -247,76 +289,30 @@ func (h *rewindSpy) Wake(ctx context.Context, call schema.ProcessorHost_wake) er
 	if err != nil {
 		return err
 	}
-	name, err := req.Name()
-	if err != nil {
-		return err
-	}
 	from := int64(req.ReprocessFrom())
 	h.mu.Lock()
 	h.reprocess = append(h.reprocess, from)
 	fail := from > 0 && !h.failed
 	h.failed = h.failed || fail
 	h.mu.Unlock()
-	ports := req.Ports()
-	cf, release := ports.Claim(ctx, func(a schema.ProcessorPorts_claim_Params) error { return a.SetName(name) })
-	defer release()
-	claimed, err := cf.Struct()
+	c, err := claimWake(ctx, req)
 	if err != nil {
 		return err
 	}
-	var pr itx.ProcessorProgress
-	if raw, _ := claimed.Progress(); raw != "" {
-		if err := json.Unmarshal([]byte(raw), &pr); err != nil {
-			return err
-		}
-	}
-	commit := func(through int64) error {
-		pr.ReducerVersion, pr.ReducedThrough, pr.ProcessedThrough, pr.State = "1", through, through, json.RawMessage(`{}`)
-		b, err := json.Marshal(pr)
-		if err != nil {
-			return err
-		}
-		mf, release := ports.Commit(ctx, func(a schema.ProcessorPorts_commit_Params) error {
-			a.SetGeneration(claimed.Generation())
-			if err := a.SetName(name); err != nil {
-				return err
-			}
-			return a.SetProgress(string(b))
-		})
-		defer release()
-		_, err = mf.Struct()
-		return err
-	}
 	if from > 0 {
-		pr.CursorRevision++
-		if err := commit(from - 1); err != nil {
+		c.progress.CursorRevision++
+		if err := c.commit(ctx, from-1); err != nil {
 			return err
 		}
 	}
 	head := int64(req.HeadOffset())
-	if err := commit(head); err != nil {
+	if err := c.commit(ctx, head); err != nil {
 		return err
 	}
 	if fail {
 		return itx.Errorf(itx.EUnavailable, "the host went away before it answered")
 	}
-	res, err := call.AllocResults()
-	if err != nil {
-		return err
-	}
-	rep, err := res.NewReport()
-	if err != nil {
-		return err
-	}
-	rep.SetProcessedOffset(uint64(head))
-	rep.SetReducedOffset(uint64(head))
-	return nil
-}
-
-func (*rewindSpy) Stop(context.Context, schema.ProcessorHost_stop) error { return nil }
-
-func (*rewindSpy) GetRuntimeState(context.Context, schema.ProcessorHost_getRuntimeState) error {
-	return fmt.Errorf("not kept")
+	return reportThrough(call, head)
 }
 
 func (h *rewindSpy) rewinds() []int64 {
@@ -389,42 +385,14 @@ func (h *heldRewindSpy) Wake(ctx context.Context, call schema.ProcessorHost_wake
 	if err != nil {
 		return err
 	}
-	name, err := req.Name()
-	if err != nil {
-		return err
-	}
 	from := int64(req.ReprocessFrom())
-	ports := req.Ports().AddRef()
-	defer ports.Release()
 	call.Go()
-	cf, release := ports.Claim(ctx, func(a schema.ProcessorPorts_claim_Params) error { return a.SetName(name) })
-	defer release()
-	claimed, err := cf.Struct()
+	c, err := claimWake(ctx, req)
 	if err != nil {
 		return err
-	}
-	var pr itx.ProcessorProgress
-	if raw, _ := claimed.Progress(); raw != "" {
-		if err := json.Unmarshal([]byte(raw), &pr); err != nil {
-			return err
-		}
 	}
 	commit := func(through int64) error {
-		pr.ReducerVersion, pr.ReducedThrough, pr.ProcessedThrough = "1", through, through
-		pr.State = json.RawMessage(fmt.Sprintf(`{"through":%d}`, through))
-		b, err := json.Marshal(pr)
-		if err != nil {
-			return err
-		}
-		mf, release := ports.Commit(ctx, func(a schema.ProcessorPorts_commit_Params) error {
-			a.SetGeneration(claimed.Generation())
-			if err := a.SetName(name); err != nil {
-				return err
-			}
-			return a.SetProgress(string(b))
-		})
-		defer release()
-		if _, err := mf.Struct(); err != nil {
+		if err := c.commit(ctx, through); err != nil {
 			return err
 		}
 		h.mu.Lock()
@@ -443,7 +411,7 @@ func (h *heldRewindSpy) Wake(ctx context.Context, call schema.ProcessorHost_wake
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-		pr.CursorRevision++
+		c.progress.CursorRevision++
 		if err := commit(from - 1); err != nil {
 			return err
 		}
@@ -457,17 +425,7 @@ func (h *heldRewindSpy) Wake(ctx context.Context, call schema.ProcessorHost_wake
 	if err := commit(head); err != nil {
 		return err
 	}
-	res, err := call.AllocResults()
-	if err != nil {
-		return err
-	}
-	rep, err := res.NewReport()
-	if err != nil {
-		return err
-	}
-	rep.SetProcessedOffset(uint64(head))
-	rep.SetReducedOffset(uint64(head))
-	return nil
+	return reportThrough(call, head)
 }
 
 // release lets the held wake take the rewind (once).
