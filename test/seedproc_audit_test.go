@@ -70,3 +70,37 @@ func TestSeedProc_FilteredTailDoesNotStrandStateDerivedWork(t *testing.T) {
 		})
 	}
 }
+
+// Seed 002: processors never see ephemeral events, live or on a replay. A guestbook hosted in
+// itxd reduces only the durable signatures, and a rewind (an operator's reprocessFrom through
+// the cursor-set) re-reduces to the same state.
+func TestSeedProc_EphemeralEventsNeverReachAProcessor(t *testing.T) {
+	ts := startServer(t, server.Config{Processors: referenceHost(t, "guestbook")})
+	ctx := ctxT(t)
+	s := stream(t, ts.project(t), "/seedproc/guestbook")
+	configureProcessor(t, s, "guestbook")
+	durable := examples.GuestbookSigned.Input(examples.Signed{Name: "ada", Message: "durable"}, "")
+	transient := examples.GuestbookSigned.Input(examples.Signed{Name: "bob", Message: "ephemeral"}, "")
+	transient.Ephemeral = true
+	mustAppend(t, s, durable)
+	mustAppend(t, s, transient)
+	head := mustAppend(t, s, examples.GuestbookSigned.Input(examples.Signed{Name: "cy", Message: "durable"}, "")).HeadOffset
+	sub, proc := processorOf(t, s, "guestbook")
+	_, err := client.WaitUntilProcessed(ctx, sub, head, 0)
+	require.NoError(t, err)
+	snap, err := client.Snapshot(ctx, proc)
+	require.NoError(t, err)
+	require.NotContains(t, snap.State, "bob", "the ephemeral signature was reduced")
+	require.JSONEq(t, guestbookFold(t, s), snap.State)
+
+	// A rewind to the start re-reduces the stream: still no ephemeral event.
+	_, err = client.SetSubscriptionCursor(ctx, s, "guestbook", 0)
+	require.NoError(t, err)
+	head = mustAppend(t, s, ev("unrelated/noise", `{}`)).HeadOffset
+	_, err = client.WaitUntilProcessed(ctx, sub, head, 0)
+	require.NoError(t, err)
+	snap, err = client.Snapshot(ctx, proc)
+	require.NoError(t, err)
+	require.NotContains(t, snap.State, "bob", "the ephemeral signature was reduced on the replay")
+	require.JSONEq(t, guestbookFold(t, s), snap.State)
+}
