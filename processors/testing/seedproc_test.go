@@ -422,6 +422,67 @@ func TestSeedProc_ReducerVersionChangeReReducesOnly(t *testing.T) {
 	})
 }
 
+// Blockers run in strict FIFO order, each after the previous one settled: when one fails, the
+// later ones do not run, nothing of the frame commits, and the next wake redelivers the event
+// and runs them all again, in order.
+func TestSeedProc_FailedBlockerStopsTheQueue(t *testing.T) {
+	var mu sync.Mutex
+	var order []string
+	failFirst := true
+	c := func(env proctest.Env) processors.Contract[tally] {
+		return processors.Contract[tally]{
+			Name: "fifo", ConsumedTypes: []string{"c/item"}, ReducerVersion: "1",
+			InitialState: func() tally { return tally{} },
+			Reduce:       func(s tally, e itx.Event) tally { return tally{N: s.N + 1} },
+			ProcessEvent: func(ctx context.Context, a *processors.Args[tally]) error {
+				if a.Event == nil {
+					return nil
+				}
+				a.BlockProcessorWhile("first", func(ctx context.Context) error {
+					mu.Lock()
+					defer mu.Unlock()
+					order = append(order, "first")
+					if failFirst {
+						failFirst = false
+						return errors.New("transient")
+					}
+					return nil
+				})
+				a.BlockProcessorWhile("second", func(ctx context.Context) error {
+					mu.Lock()
+					defer mu.Unlock()
+					order = append(order, "second")
+					return nil
+				})
+				return nil
+			},
+		}
+	}
+	proctest.Run(t, proctest.Config[tally]{New: c}, func(t *testing.T, h *proctest.Harness[tally]) {
+		h.Append(itx.EventInput{Type: "c/item"})
+		if errs := h.TakeDeliveryErrors(); len(errs) != 1 || !strings.Contains(errs[0].Error(), "transient") {
+			t.Fatalf("delivery errors %v, want the first blocker's", errs)
+		}
+		if got := h.Runner().ProcessedThrough(); got != 0 {
+			t.Errorf("cursor %d after a failed blocker, want 0 (held)", got)
+		}
+		mu.Lock()
+		if got := strings.Join(order, " "); got != "first" {
+			t.Errorf("ran %q, want only the first blocker", got)
+		}
+		mu.Unlock()
+		h.Wake()
+		mu.Lock()
+		if got := strings.Join(order, " "); got != "first first second" {
+			t.Errorf("ran %q, want the redelivery to run both in order", got)
+		}
+		mu.Unlock()
+		if h.State().N != 1 || h.Runner().ProcessedThrough() != 1 {
+			t.Errorf("state %d cursor %d, want 1 and 1", h.State().N, h.Runner().ProcessedThrough())
+		}
+	})
+}
+
 func equalCalls(a, b []call) bool {
 	if len(a) != len(b) {
 		return false
