@@ -483,6 +483,58 @@ func TestSeedProc_FailedBlockerStopsTheQueue(t *testing.T) {
 	})
 }
 
+// Long legitimate work keeps the alarm about KeepaliveLead ahead of it (busy fires push it on)
+// and is never revived; once it settles cleanly the confirmation fire disarms and the budget
+// stays at zero.
+func TestSeedProc_LongWorkIsKeptAliveNotRevived(t *testing.T) {
+	c := func(env proctest.Env) processors.Contract[tally] {
+		return processors.Contract[tally]{
+			Name: "long", ConsumedTypes: []string{"c/item"}, ReducerVersion: "1",
+			InitialState: func() tally { return tally{} },
+			Reduce:       func(s tally, e itx.Event) tally { return tally{N: s.N + 1} },
+			ProcessEvent: func(ctx context.Context, a *processors.Args[tally]) error {
+				if a.Event == nil {
+					return nil
+				}
+				// Droppable: the test is about the keepalive around it.
+				a.RunInBackground(func(ctx context.Context) error {
+					done := make(chan struct{})
+					env.Clock.AfterFunc(95*time.Second, func() { close(done) }) // a slow vendor
+					select {
+					case <-done:
+						return nil
+					case <-ctx.Done():
+						return ctx.Err()
+					}
+				})
+				return nil
+			},
+		}
+	}
+	proctest.Run(t, proctest.Config[tally]{New: c}, func(t *testing.T, h *proctest.Harness[tally]) {
+		start := h.Clock.Now()
+		h.Append(itx.EventInput{Type: "c/item"})
+		h.AdvanceTime(90 * time.Second)
+		if got, want := h.AlarmAt(), start.Add(90*time.Second+processors.KeepaliveLead); !got.Equal(want) {
+			t.Errorf("alarm %v while the work runs, want %v (the lead ahead)", got, want)
+		}
+		h.AdvanceTime(time.Hour)
+		if n := len(h.Events(itx.TypeProcessorRevived)); n != 0 {
+			t.Errorf("%d revivals of legitimate long work, want 0", n)
+		}
+		if !h.AlarmAt().IsZero() || h.Keepalive().Revivals != 0 {
+			t.Errorf("alarm %v keepalive %+v, want disarmed and no revivals", h.AlarmAt(), h.Keepalive())
+		}
+		var actions []string
+		for _, f := range h.Fires() {
+			actions = append(actions, string(f.Action))
+		}
+		if got := strings.Join(actions, " "); !strings.HasSuffix(got, string(processors.ActionCleanDisarm)) || strings.Contains(got, "reviv") {
+			t.Errorf("fires %q, want busy re-arms then a clean disarm", got)
+		}
+	})
+}
+
 func equalCalls(a, b []call) bool {
 	if len(a) != len(b) {
 		return false
