@@ -19,55 +19,69 @@ import (
 // agent's consumed types, the event never reaches a wake frame, and the agent must still request
 // and settle the message, over real RPC against itxd.
 func TestSeedProc_FilteredTailDoesNotStrandStateDerivedWork(t *testing.T) {
-	for _, filtered := range []bool{false, true} {
-		name := "unfiltered"
-		if filtered {
-			name = "filtered to the consumed types"
-		}
-		t.Run(name, func(t *testing.T) {
-			h := processors.NewHost("test")
-			cfg := examples.DefaultAgentConfig
-			cfg.HesitationMs = 50
-			require.NoError(t, examples.AddTo(h, []string{"agent"}, examples.HostOptions{Agent: cfg}))
-			ts := startServer(t, server.Config{Processors: h})
-			ctx := ctxT(t)
-			s := stream(t, ts.project(t), "/seedproc/agent")
-			sc := client.SubscriptionConfig{Name: "agent", Receiver: client.Receiver{Kind: client.ReceiverProcessorWake}}
-			if filtered {
-				sc.FilterTypes = []string{
-					string(examples.MessageAdded), string(examples.MessageRetracted),
-					string(examples.LLMRequested), string(examples.LLMStarted), string(examples.LLMSettled),
-				}
+	for _, remote := range []bool{false, true} {
+		for _, filtered := range []bool{false, true} {
+			name := "in-process"
+			if remote {
+				name = "remote"
 			}
-			subs := client.Subscriptions(ctx, s)
-			defer subs.Release()
-			_, _, err := client.ConfigureSubscription(ctx, subs, sc)
-			require.NoError(t, err)
-			mustAppend(t, s, examples.MessageAdded.Input(examples.Message{Text: "hello"}, ""))
+			if filtered {
+				name += " filtered to the consumed types"
+			}
+			t.Run(name, func(t *testing.T) {
+				cfg := examples.DefaultAgentConfig
+				cfg.HesitationMs = 50
+				h := processors.NewHost("test")
+				require.NoError(t, examples.AddTo(h, []string{"agent"}, examples.HostOptions{Agent: cfg}))
+				sc := client.SubscriptionConfig{Name: "agent", Receiver: client.Receiver{Kind: client.ReceiverProcessorWake}}
+				var ts *testServer
+				if remote {
+					ts = startServer(t, server.Config{})
+					sc.Receiver.Placement = "remote"
+				} else {
+					ts = startServer(t, server.Config{Processors: h})
+				}
+				ctx := ctxT(t)
+				s := stream(t, ts.project(t), "/seedproc/agent")
+				if filtered {
+					sc.FilterTypes = []string{
+						string(examples.MessageAdded), string(examples.MessageRetracted),
+						string(examples.LLMRequested), string(examples.LLMStarted), string(examples.LLMSettled),
+					}
+				}
+				subs := client.Subscriptions(ctx, s)
+				defer subs.Release()
+				_, _, err := client.ConfigureSubscription(ctx, subs, sc)
+				require.NoError(t, err)
+				if remote {
+					awaitMount(t, runRemoteHost(t, ts.addr, ts.creds.ProjectToken, "worker-1", h))
+				}
+				mustAppend(t, s, examples.MessageAdded.Input(examples.Message{Text: "hello"}, ""))
 
-			fut, release := s.WaitForEvent(ctx, func(w schema.Stream_waitForEvent_Params) error {
-				pred, err := w.NewPredicate()
-				if err != nil {
-					return err
-				}
-				types, err := pred.NewTypes(1)
-				if err != nil {
-					return err
-				}
-				return types.Set(0, string(examples.LLMSettled))
+				fut, release := s.WaitForEvent(ctx, func(w schema.Stream_waitForEvent_Params) error {
+					pred, err := w.NewPredicate()
+					if err != nil {
+						return err
+					}
+					types, err := pred.NewTypes(1)
+					if err != nil {
+						return err
+					}
+					return types.Set(0, string(examples.LLMSettled))
+				})
+				defer release()
+				res, err := fut.Struct()
+				require.NoError(t, err, "the agent never settled: its request was stranded behind the unconsumed tail")
+				e, err := res.Event()
+				require.NoError(t, err)
+				payload, err := e.Payload()
+				require.NoError(t, err)
+				var settled examples.LLMSettlement
+				require.NoError(t, json.Unmarshal([]byte(payload), &settled))
+				require.Equal(t, examples.ResultSuccess, settled.Result.Kind)
+				require.Equal(t, 1, countType(t, s, string(examples.LLMSettled)))
 			})
-			defer release()
-			res, err := fut.Struct()
-			require.NoError(t, err, "the agent never settled: its request was stranded behind the unconsumed tail")
-			e, err := res.Event()
-			require.NoError(t, err)
-			payload, err := e.Payload()
-			require.NoError(t, err)
-			var settled examples.LLMSettlement
-			require.NoError(t, json.Unmarshal([]byte(payload), &settled))
-			require.Equal(t, examples.ResultSuccess, settled.Result.Kind)
-			require.Equal(t, 1, countType(t, s, string(examples.LLMSettled)))
-		})
+		}
 	}
 }
 
