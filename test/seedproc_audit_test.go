@@ -118,3 +118,30 @@ func TestSeedProc_EphemeralEventsNeverReachAProcessor(t *testing.T) {
 	require.NotContains(t, snap.State, "bob", "the ephemeral signature was reduced on the replay")
 	require.JSONEq(t, guestbookFold(t, s), snap.State)
 }
+
+// Seed 000 on a processor-wake row under a filter: the cursor is a watermark, so
+// waitUntilProcessed resolves for an offset the processor never saw (a non-matching tail).
+func TestSeedProc_WaitUntilProcessedPassesAFilteredTail(t *testing.T) {
+	ts := startServer(t, server.Config{Processors: referenceHost(t, "guestbook")})
+	ctx := ctxT(t)
+	s := stream(t, ts.project(t), "/seedproc/filtered-guestbook")
+	subs := client.Subscriptions(ctx, s)
+	defer subs.Release()
+	_, _, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{
+		Name: "guestbook", Receiver: client.Receiver{Kind: client.ReceiverProcessorWake},
+		FilterTypes: []string{string(examples.GuestbookSigned)},
+	})
+	require.NoError(t, err)
+	mustAppend(t, s, examples.GuestbookSigned.Input(examples.Signed{Name: "ada", Message: "hi"}, ""))
+	head := mustAppend(t, s, ev("unrelated/noise", `{}`), ev("unrelated/noise", `{}`)).HeadOffset
+	sub, proc := processorOf(t, s, "guestbook")
+	processed, err := client.WaitUntilProcessed(ctx, sub, head, 0)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, processed, head)
+	snap, err := client.Snapshot(ctx, proc)
+	require.NoError(t, err)
+	require.JSONEq(t, guestbookFold(t, s), snap.State)
+	d, err := client.DescribeSubscription(ctx, sub)
+	require.NoError(t, err)
+	require.Equal(t, head, d.ConfirmedOffset, "the watermark passes the filtered tail")
+}
