@@ -119,3 +119,83 @@ func TestAccAudit_MintedCapabilitiesEveryStreamMethod(t *testing.T) {
 		})
 	}
 }
+
+// A project admin limited to a prefix revokes only tokens inside its own scope: a wider token
+// (the whole project's) and a sibling's are refused with permissionDenied and keep working; a
+// project's admin never reaches another project's token (the deployment's among them) by id; and
+// a revoked token cannot log in again.
+func TestAccAudit_AdminRevokesOnlyInsideItsReach(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	root := client.Admin(ctx, ts.project(t))
+	defer root.Release()
+	wideTok, wide, err := client.CreateToken(ctx, root, "", client.TokenOptions{Label: "everything"})
+	require.NoError(t, err)
+	siblingTok, sibling, err := client.CreateToken(ctx, root, "", client.TokenOptions{Label: "team-ab", Scope: itx.Scope{Prefix: "/team-ab"}})
+	require.NoError(t, err)
+	teamTok, _, err := client.CreateToken(ctx, root, "", client.TokenOptions{Label: "team-a admin",
+		Scope: itx.Scope{Prefix: "/team-a", Rights: []itx.Right{itx.RightAdmin, itx.RightRead}}})
+	require.NoError(t, err)
+	a := client.Admin(ctx, ts.login(t, teamTok))
+	defer a.Release()
+
+	requireCode(t, client.RevokeToken(ctx, a, "", wide.ID), itx.EPermissionDenied)
+	requireCode(t, client.RevokeToken(ctx, a, "", sibling.ID), itx.EPermissionDenied)
+	for _, tok := range []string{wideTok, siblingTok} {
+		_, err := client.DescribeProject(ctx, ts.login(t, tok))
+		require.NoError(t, err, "a refused revocation revoked nothing")
+	}
+	// A sibling prefix that only shares characters (/team-ab under /team-a) is not inside.
+	_, _, err = client.CreateToken(ctx, a, "", client.TokenOptions{Label: "sibling", Scope: itx.Scope{Prefix: "/team-ab", Rights: []itx.Right{itx.RightRead}}})
+	requireCode(t, err, itx.EPermissionDenied)
+
+	// The whole default project's admin cannot reach the deployment's tokens by id.
+	dep := client.Admin(ctx, ts.deployment(t))
+	defer dep.Release()
+	depTokens, err := client.ListTokens(ctx, dep, "")
+	require.NoError(t, err)
+	require.NotEmpty(t, depTokens)
+	requireCode(t, client.RevokeToken(ctx, root, "", depTokens[0].ID), itx.ENotFound)
+	requireCode(t, client.RevokeToken(ctx, root, depTokens[0].ProjectID, depTokens[0].ID), itx.EPermissionDenied)
+	_, err = client.DescribeProject(ctx, ts.deployment(t))
+	require.NoError(t, err, "the deployment token still works")
+
+	// Revoked: a new login with it fails unauthenticated, and so does a call pipelined on it.
+	require.NoError(t, client.RevokeToken(ctx, root, "", wide.ID))
+	p := ts.login(t, wideTok)
+	_, err = client.DescribeProject(ctx, p)
+	requireCode(t, err, itx.EUnauthenticated)
+	_, err = client.GetEvents(ctx, stream(t, p, "/x"), itx.Query{})
+	requireCode(t, err, itx.EUnauthenticated)
+}
+
+// Reader names follow the subscription name rules (issue 8: control characters and invalid
+// UTF-8 in reader names are refused with invalidArgument, nothing written).
+func TestAccAudit_ReaderNamesAreStrict(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	s := stream(t, ts.project(t), "/r")
+	mustAppend(t, s, ev("note", `{}`))
+	fut, release := s.Readers(ctx, nil)
+	defer release()
+	r := fut.Readers()
+	for _, name := range []string{"a\x00b", "a\nb", "bad\xff", "", "a\u2028b"} {
+		rf, rel := r.Register(ctx, func(p schema.Readers_register_Params) error {
+			if err := p.SetName(name); err != nil {
+				return err
+			}
+			p.SetCheckpoint(1)
+			return nil
+		})
+		_, err := rf.Struct()
+		rel()
+		require.Equal(t, itx.EInvalid, itx.ErrorCode(err), "reader name %q: %v", name, err)
+	}
+	lf, lrel := r.List(ctx, nil)
+	defer lrel()
+	res, err := lf.Struct()
+	require.NoError(t, err)
+	list, err := res.Readers()
+	require.NoError(t, err)
+	require.Equal(t, 0, list.Len(), "a refused register wrote nothing")
+}
