@@ -259,6 +259,13 @@ func (s *Server) StartOpenConnection(ctx context.Context, ref StreamRef, opts Co
 	case len(opts.OpenedBy) > itx.MaxSubscriptionNameLength:
 		return nil, itx.Errorf(itx.EInvalid, "openedBy is at most %d bytes", itx.MaxSubscriptionNameLength)
 	}
+	// openedBy names who opened the connection in the stream's live state: a name like the key.
+	opts.OpenedBy = strings.TrimSpace(opts.OpenedBy)
+	if opts.OpenedBy != "" {
+		if err := itx.ValidateName("openedBy", opts.OpenedBy); err != nil {
+			return nil, err
+		}
+	}
 	if err := itx.ValidateTypeFilter("types", opts.Types); err != nil {
 		return nil, err // kept for the connection's life: bounded and valid
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -198,4 +199,31 @@ func TestAccAudit_ReaderNamesAreStrict(t *testing.T) {
 	list, err := res.Readers()
 	require.NoError(t, err)
 	require.Equal(t, 0, list.Len(), "a refused register wrote nothing")
+}
+
+// A connection's key and openedBy (who opened it, shown in the stream's live state) refuse
+// control characters and invalid UTF-8 with invalidArgument, and nothing is opened.
+func TestAccAudit_ConnectionNamesAreStrict(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	s := stream(t, ts.project(t), "/c")
+	mustAppend(t, s, ev("note", `{}`))
+	ctx := ctxT(t)
+	for _, o := range []struct{ key, openedBy string }{{"k\x00", ""}, {"k\xff", ""}, {"a\nb", ""}, {"", "me\xff"}, {"", "me\x00"}, {"", "a\nb"}} {
+		fut, release := s.OpenConnection(ctx, func(p schema.Stream_openConnection_Params) error {
+			opts, err := p.NewOptions()
+			if err != nil {
+				return err
+			}
+			if err := opts.SetKey(o.key); err != nil {
+				return err
+			}
+			if err := opts.SetOpenedBy(o.openedBy); err != nil {
+				return err
+			}
+			return p.SetSink(schema.EventSink_ServerToClient(quietSink{}))
+		})
+		_, err := fut.Struct()
+		release()
+		assert.Equal(t, itx.EInvalid, itx.ErrorCode(err), "key %q openedBy %q: %v", o.key, o.openedBy, err)
+	}
 }
