@@ -3,6 +3,7 @@ package test
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 
 	"github.com/itx-dev/itx"
@@ -226,4 +227,75 @@ func TestAccAudit_ConnectionNamesAreStrict(t *testing.T) {
 		release()
 		assert.Equal(t, itx.EInvalid, itx.ErrorCode(err), "key %q openedBy %q: %v", o.key, o.openedBy, err)
 	}
+}
+
+// A revoked session's mounted Receiver is unmounted at once, even while another login keeps the
+// RPC connection open: the listing no longer shows it, its subscription parks, and no event
+// appended after the revocation reaches it.
+func TestAccAudit_RevocationUnmountsTheSessionsReceiver(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	a := client.Admin(ctx, ts.deployment(t))
+	defer a.Release()
+	tok, info, err := client.CreateToken(ctx, a, "default", client.TokenOptions{Label: "gone"})
+	require.NoError(t, err)
+	full := ts.project(t)
+	writer := stream(t, full, "/rev")
+	mustAppend(t, writer, ev("note", `{"n":1}`))
+
+	conn := dial(t, ts.addr)
+	revoked := conn.Login(ctx, tok)
+	defer revoked.Release()
+	kept := conn.Login(ctx, ts.creds.ProjectToken)
+	defer kept.Release()
+	_, err = client.DescribeProject(ctx, kept)
+	require.NoError(t, err)
+
+	var mu sync.Mutex
+	var got []int64
+	h, err := client.MountReceiver(ctx, revoked, "mine", client.ServeReceiver(func(_ context.Context, b itx.DeliveryBatch) (int64, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, e := range b.Events {
+			got = append(got, e.Offset)
+		}
+		return b.Events[len(b.Events)-1].Offset, nil
+	}))
+	require.NoError(t, err)
+	defer h.Release()
+	subs := client.Subscriptions(ctx, writer)
+	defer subs.Release()
+	_, _, err = client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "to-mine", Start: "now",
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "mine"}})
+	require.NoError(t, err)
+	first := mustAppend(t, writer, ev("note", `{"n":2}`))
+	sub := client.Subscription(ctx, writer, "to-mine")
+	defer sub.Release()
+	_, err = client.WaitUntilProcessed(ctx, sub, first.HeadOffset, 0)
+	require.NoError(t, err)
+
+	require.NoError(t, client.RevokeToken(ctx, a, "default", info.ID))
+	caps, release := kept.Capabilities(ctx, nil)
+	defer release()
+	waitUntil(t, "the revoked session's mount is gone", func() bool {
+		mounts, err := client.ListMounts(ctx, caps.Capabilities())
+		require.NoError(t, err)
+		for _, m := range mounts {
+			if m.Name == "mine" {
+				return false
+			}
+		}
+		return true
+	})
+	after := mustAppend(t, writer, ev("note", `{"secret":"after revocation"}`))
+	waitUntil(t, "the subscription parks", func() bool {
+		d, err := client.DescribeSubscription(ctx, sub)
+		require.NoError(t, err)
+		return d.Status == itx.StatusParked
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	require.NotContains(t, got, after.HeadOffset, "an event appended after the revocation reached the revoked session's receiver")
+	_, err = client.DescribeProject(ctx, kept)
+	require.NoError(t, err, "the other login carries on")
 }
