@@ -299,3 +299,27 @@ func TestAccAudit_RevocationUnmountsTheSessionsReceiver(t *testing.T) {
 	_, err = client.DescribeProject(ctx, kept)
 	require.NoError(t, err, "the other login carries on")
 }
+
+// A token limited to /in reaches no stream outside it through a path spelt to look inside:
+// dot segments, doubled or trailing slashes and case variants are refused (permissionDenied or
+// invalidArgument), and none reads /out/s's event.
+func TestAccAudit_ScopedPathSpellingsStayInside(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	full := ts.project(t)
+	mustAppend(t, stream(t, full, "/out/s"), ev("note", `{"secret":1}`))
+	mustAppend(t, stream(t, full, "/in/s"), ev("note", `{}`))
+	tok, _ := ts.token(t, itx.Scope{Prefix: "/in"})
+	in := ts.login(t, tok)
+	for _, path := range []string{"/in/../out/s", "/in/./../out/s", "/in//../out/s", "/in/%2e%2e/out/s", "/in/..", "/in/../out", "/In/s", "/in/s/", "/in//s", "in/s", "/in\\..\\out\\s", "/in/\u2025/out/s"} {
+		s := stream(t, in, path)
+		events, err := client.GetEvents(ctx, s, itx.Query{})
+		if err == nil {
+			for _, e := range events {
+				require.NotContains(t, string(e.Payload), "secret", "%q read /out/s", path)
+			}
+			continue
+		}
+		require.Contains(t, []itx.Code{itx.EPermissionDenied, itx.EInvalid}, itx.ErrorCode(err), "%q: %v", path, err)
+	}
+}
