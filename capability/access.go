@@ -1,6 +1,7 @@
 package capability
 
 import (
+	"context"
 	"strings"
 
 	"github.com/itx-dev/itx"
@@ -222,6 +223,23 @@ var methodRights = map[string]rightSet{
 // clientServed lists the interfaces a client implements and the server only calls: they have no
 // scope rule because itxd never serves them.
 var clientServed = map[string]bool{"EventSink": true, "Receiver": true, "LiveSubscriber": true, "ProcessorHost": true}
+
+// whileValid derives the context of a call that waits (a barrier): cancelled when the session
+// ends (its token revoked or expired), so the wait ends with the session as its pushes do.
+// settled, called once the wait returned, stops watching and says whether the session is still
+// valid: a barrier never answers what it found after its token was revoked.
+func (a access) whileValid(ctx context.Context) (_ context.Context, settled func() error) {
+	if a.session == nil {
+		return ctx, func() error { return nil }
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	forget := a.session.OnEnd(cancel)
+	return ctx, func() error {
+		forget()
+		cancel()
+		return a.session.Check()
+	}
+}
 
 // check decides one call: the session still valid, then the method's right.
 func (a access) check(method string) error {

@@ -495,7 +495,11 @@ func (s *stream) WaitForEvent(ctx context.Context, call schema.Stream_waitForEve
 	call.Go()
 	// The predicate sees the events as this capability reads them: matching cannot find a path
 	// the reads hide.
-	e, err := s.srv.WaitForEventAs(ctx, s.ref, pred, after, timeout, s.acc.viewEvent())
+	wctx, settled := s.acc.whileValid(ctx)
+	e, err := s.srv.WaitForEventAs(wctx, s.ref, pred, after, timeout, s.acc.viewEvent())
+	if verr := settled(); verr != nil {
+		return fail(verr) // revoked or expired while waiting: nothing found since is answered
+	}
 	if err != nil {
 		return fail(err)
 	}

@@ -214,7 +214,11 @@ func (s *subscription) WaitUntilProcessed(ctx context.Context, call schema.Subsc
 	}
 	timeout := time.Duration(call.Args().TimeoutMs()) * time.Millisecond
 	call.Go()
-	confirmed, err := s.srv.WaitUntilProcessed(ctx, s.ref, s.name, offset, timeout)
+	wctx, settled := s.acc.whileValid(ctx)
+	confirmed, err := s.srv.WaitUntilProcessed(wctx, s.ref, s.name, offset, timeout)
+	if verr := settled(); verr != nil {
+		return fail(verr)
+	}
 	if err != nil {
 		return fail(err)
 	}

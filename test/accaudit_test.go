@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
@@ -322,4 +323,78 @@ func TestAccAudit_ScopedPathSpellingsStayInside(t *testing.T) {
 		}
 		require.Contains(t, []itx.Code{itx.EPermissionDenied, itx.EInvalid}, itx.ErrorCode(err), "%q: %v", path, err)
 	}
+}
+
+// A barrier a session had in flight when its token was revoked never answers what it found after
+// the revocation, and does not wait on: a waitForEvent whose event is appended after the
+// revocation fails, and so do a waitForEvent that nothing matches and a waitUntilProcessed that
+// nothing confirms, each long before its timeout (unauthenticated, or the connection closes),
+// even while another login keeps the RPC connection open.
+func TestAccAudit_RevocationEndsBarriersInFlight(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	a := client.Admin(ctx, ts.deployment(t))
+	defer a.Release()
+	tok, info, err := client.CreateToken(ctx, a, "default", client.TokenOptions{Label: "gone"})
+	require.NoError(t, err)
+	writer := stream(t, ts.project(t), "/wait")
+	mustAppend(t, writer, ev("note", `{}`))
+	subs := client.Subscriptions(ctx, writer)
+	defer subs.Release()
+	_, _, err = client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "parked",
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "nobody"}})
+	require.NoError(t, err)
+
+	conn := dial(t, ts.addr)
+	revoked := conn.Login(ctx, tok)
+	defer revoked.Release()
+	kept := conn.Login(ctx, ts.creds.ProjectToken)
+	defer kept.Release()
+	_, err = client.DescribeProject(ctx, kept)
+	require.NoError(t, err)
+	rs := client.Stream(ctx, revoked, "/wait")
+	defer rs.Release()
+	_, err = client.Describe(ctx, rs)
+	require.NoError(t, err)
+	sub := client.Subscription(ctx, rs, "parked")
+	defer sub.Release()
+
+	type answer struct {
+		what string
+		e    itx.Event
+		err  error
+	}
+	done := make(chan answer, 3)
+	go func() {
+		e, err := client.WaitForEvent(ctx, rs, itx.Predicate{Types: []string{"secret"}}, 1, 25*time.Second)
+		done <- answer{"waitForEvent(secret)", e, err}
+	}()
+	go func() {
+		e, err := client.WaitForEvent(ctx, rs, itx.Predicate{Types: []string{"never"}}, 1, 25*time.Second)
+		done <- answer{"waitForEvent(never)", e, err}
+	}()
+	go func() {
+		_, err := client.WaitUntilProcessed(ctx, sub, 1, 25*time.Second)
+		done <- answer{"waitUntilProcessed", itx.Event{}, err}
+	}()
+	// Calls on one capability are delivered in order: the describes answered after each
+	// barrier's call reached the server.
+	_, err = client.Describe(ctx, rs)
+	require.NoError(t, err)
+	_, err = client.DescribeSubscription(ctx, sub)
+	require.NoError(t, err)
+	require.NoError(t, client.RevokeToken(ctx, a, "default", info.ID))
+	mustAppend(t, writer, ev("secret", `{"pin":1234}`))
+	deadline := time.After(20 * time.Second)
+	for range 3 {
+		select {
+		case got := <-done:
+			require.Error(t, got.err, "%s: the revoked session was answered %+v", got.what, got.e)
+			requireRevoked(t, got.err)
+		case <-deadline:
+			t.Fatal("a barrier of the revoked session still waits")
+		}
+	}
+	_, err = client.DescribeProject(ctx, kept)
+	require.NoError(t, err)
 }
