@@ -3,6 +3,7 @@ package test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -397,4 +398,45 @@ func TestAccAudit_RevocationEndsBarriersInFlight(t *testing.T) {
 	}
 	_, err = client.DescribeProject(ctx, kept)
 	require.NoError(t, err)
+}
+
+// Strict input beyond the verbs' own fields: a waitForEvent `where` over 16 KiB, a predicate or
+// a connection's type with invalid UTF-8, a scheduled event with invalid UTF-8, and a
+// subscription's description or webhook URL with invalid UTF-8 are each refused with
+// invalidArgument, and nothing is written.
+func TestAccAudit_StrictInputElsewhere(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	s := stream(t, ts.project(t), "/strict")
+	mustAppend(t, s, ev("note", `{}`))
+	before, err := client.Describe(ctx, s)
+	require.NoError(t, err)
+
+	over := `true` + strings.Repeat(" ", 16*1024)
+	_, err = client.WaitForEvent(ctx, s, itx.Predicate{Where: over}, 0, time.Second)
+	assert.Equal(t, itx.EInvalid, itx.ErrorCode(err), "where over 16 KiB: %v", err)
+	_, err = client.WaitForEvent(ctx, s, itx.Predicate{Types: []string{"a\xff"}}, 0, time.Second)
+	assert.Equal(t, itx.EInvalid, itx.ErrorCode(err), "predicate type with invalid UTF-8: %v", err)
+	_, err = openConn(t, s, connOpts{types: []string{"a\xff"}}, newTestSink())
+	assert.Equal(t, itx.EInvalid, itx.ErrorCode(err), "connection type with invalid UTF-8: %v", err)
+	_, _, err = client.Schedule(ctx, s, keyed("note", "{\"a\":\"\xff\"}", "later"), time.Now().Add(time.Hour))
+	assert.Equal(t, itx.EInvalid, itx.ErrorCode(err), "scheduled payload with invalid UTF-8: %v", err)
+	scheduled, err := client.ListScheduled(ctx, s)
+	require.NoError(t, err)
+	assert.Empty(t, scheduled)
+
+	h := newHook(t, nil)
+	subs := client.Subscriptions(ctx, s)
+	defer subs.Release()
+	for name, cfg := range map[string]client.SubscriptionConfig{
+		"description with invalid UTF-8": {Name: "d", Description: "x\xff", Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}},
+		"url with invalid UTF-8":         {Name: "u", Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url() + "/\xff"}},
+		"filter type with invalid UTF-8": {Name: "f", FilterTypes: []string{"a\xff"}, Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}},
+	} {
+		_, _, err := client.ConfigureSubscription(ctx, subs, cfg)
+		assert.Equal(t, itx.EInvalid, itx.ErrorCode(err), "%s: %v", name, err)
+	}
+	after, err := client.Describe(ctx, s)
+	require.NoError(t, err)
+	require.Equal(t, before.HeadOffset, after.HeadOffset, "nothing written")
 }
