@@ -12,6 +12,7 @@ import (
 	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
+	"github.com/itx-dev/itx/wire"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -439,4 +440,69 @@ func TestAccAudit_StrictInputElsewhere(t *testing.T) {
 	after, err := client.Describe(ctx, s)
 	require.NoError(t, err)
 	require.Equal(t, before.HeadOffset, after.HeadOffset, "nothing written")
+}
+
+// stubHost is a ProcessorHost that is never woken in these tests.
+type stubHost struct{}
+
+func (stubHost) Wake(context.Context, schema.ProcessorHost_wake) error { return errors.New("stub") }
+func (stubHost) GetRuntimeState(context.Context, schema.ProcessorHost_getRuntimeState) error {
+	return errors.New("stub")
+}
+func (stubHost) Stop(context.Context, schema.ProcessorHost_stop) error { return errors.New("stub") }
+
+func mountStubHost(t *testing.T, p schema.Project, name string) schema.Handle {
+	t.Helper()
+	ctx := ctxT(t)
+	hosts, release := p.Processors(ctx, nil)
+	defer release()
+	fut, rel := hosts.Processors().Mount(ctx, func(a schema.ProcessorHosts_mount_Params) error {
+		if err := a.SetName(name); err != nil {
+			return err
+		}
+		cs, err := a.NewContracts(1)
+		if err != nil {
+			return err
+		}
+		if err := cs.At(0).SetName("contract-of-" + name); err != nil {
+			return err
+		}
+		if err := cs.At(0).SetReducerVersion("1"); err != nil {
+			return err
+		}
+		if err := wire.SetTextList([]string{"note"}, cs.At(0).NewConsumedTypes); err != nil {
+			return err
+		}
+		return a.SetHost(schema.ProcessorHost_ServerToClient(stubHost{}))
+	})
+	defer rel()
+	res, err := fut.Struct()
+	require.NoError(t, err)
+	h := res.Handle().AddRef()
+	t.Cleanup(h.Release)
+	return h
+}
+
+// ProcessorHosts.list is namespaced like Capabilities.list: a prefix-scoped token lists only the
+// hosts mounted under its own scope (never the whole project's nor another tenant's names or
+// contracts), and a token without a prefix lists every scope's, each with its scope.
+func TestAccAudit_ProcessorHostListingsAreNamespaced(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	full := ts.project(t)
+	aTok, _ := ts.token(t, itx.Scope{Prefix: "/a"})
+	bTok, _ := ts.token(t, itx.Scope{Prefix: "/b"})
+	a, b := ts.login(t, aTok), ts.login(t, bTok)
+	mountStubHost(t, full, "whole-host")
+	mountStubHost(t, a, "a-host")
+	mountStubHost(t, b, "b-host")
+	names := func(list []itx.MountInfo) map[string]string {
+		out := map[string]string{}
+		for _, m := range list {
+			out[m.Name] = m.Scope
+		}
+		return out
+	}
+	require.Equal(t, map[string]string{"a-host": "/a"}, names(listHosts(t, a)))
+	require.Equal(t, map[string]string{"b-host": "/b"}, names(listHosts(t, b)))
+	require.Equal(t, map[string]string{"whole-host": "", "a-host": "/a", "b-host": "/b"}, names(listHosts(t, full)))
 }
