@@ -10,6 +10,7 @@ import (
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/internal/clocktest"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
 	"github.com/itx-dev/itx/wire"
@@ -505,4 +506,42 @@ func TestAccAudit_ProcessorHostListingsAreNamespaced(t *testing.T) {
 	require.Equal(t, map[string]string{"a-host": "/a"}, names(listHosts(t, a)))
 	require.Equal(t, map[string]string{"b-host": "/b"}, names(listHosts(t, b)))
 	require.Equal(t, map[string]string{"whole-host": "", "a-host": "/a", "b-host": "/b"}, names(listHosts(t, full)))
+}
+
+// A token that expires ends its session's barriers in flight as a revocation does: a
+// waitForEvent nothing matches fails at the expiry, not at its own timeout.
+func TestAccAudit_ExpiryEndsABarrierInFlight(t *testing.T) {
+	clock := clocktest.New(time.Unix(1_700_000_000, 0))
+	ts := startServer(t, server.Config{Clock: clock})
+	ctx := ctxT(t)
+	a := client.Admin(ctx, ts.deployment(t))
+	defer a.Release()
+	tok, _, err := client.CreateToken(ctx, a, "default", client.TokenOptions{Label: "brief",
+		Expires: clock.Now().Add(time.Second), Scope: itx.Scope{Rights: []itx.Right{itx.RightRead}}})
+	require.NoError(t, err)
+	mustAppend(t, stream(t, ts.project(t), "/exp"), ev("note", `{}`))
+
+	conn := dial(t, ts.addr)
+	p := conn.Login(ctx, tok)
+	defer p.Release()
+	kept := conn.Login(ctx, ts.creds.ProjectToken)
+	defer kept.Release()
+	_, err = client.DescribeProject(ctx, kept)
+	require.NoError(t, err)
+	s := client.Stream(ctx, p, "/exp")
+	defer s.Release()
+	done := make(chan error, 1)
+	go func() {
+		_, err := client.WaitForEvent(ctx, s, itx.Predicate{Types: []string{"never"}}, 1, 10*time.Minute)
+		done <- err
+	}()
+	_, err = client.Describe(ctx, s) // answered after the barrier's call reached the server
+	require.NoError(t, err)
+	clock.Advance(2 * time.Second)
+	select {
+	case err := <-done:
+		requireRevoked(t, err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the expired session's waitForEvent still waits")
+	}
 }
