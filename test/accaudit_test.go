@@ -545,3 +545,44 @@ func TestAccAudit_ExpiryEndsABarrierInFlight(t *testing.T) {
 		t.Fatal("the expired session's waitForEvent still waits")
 	}
 }
+
+// Streams.get of a path outside a token's prefix is refused the same way whether that stream
+// exists or not (and whether its parent does): the code and the message say nothing of it, for
+// the get itself and for every call pipelined on its answer.
+func TestAccAudit_OutsidePathsAreRefusedAlike(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	full := ts.project(t)
+	mustAppend(t, stream(t, full, "/out/exists"), ev("note", `{}`))
+	tok, _ := ts.token(t, itx.Scope{Prefix: "/in"})
+	in := ts.login(t, tok)
+	outcome := func(path string) []string {
+		var out []string
+		fut, release := in.Streams(ctx, nil)
+		defer release()
+		g, rel := fut.Streams().Get(ctx, func(a schema.Streams_get_Params) error { return a.SetPath(path) })
+		_, err := g.Struct()
+		rel()
+		out = append(out, string(itx.ErrorCode(err)), itx.ErrorMessage(err))
+		s := stream(t, in, path)
+		_, err = client.GetEvents(ctx, s, itx.Query{})
+		out = append(out, string(itx.ErrorCode(err)), itx.ErrorMessage(err))
+		_, err = client.Describe(ctx, s)
+		out = append(out, string(itx.ErrorCode(err)), itx.ErrorMessage(err))
+		_, err = client.Append(ctx, s, []itx.EventInput{ev("note", `{}`)}, itx.AppendOptions{})
+		out = append(out, string(itx.ErrorCode(err)), itx.ErrorMessage(err))
+		return out
+	}
+	exists := outcome("/out/exists")
+	require.Equal(t, string(itx.EPermissionDenied), exists[0], "%v", exists)
+	for _, path := range []string{"/out/missing", "/nowhere/at/all"} {
+		got := outcome(path)
+		for i := range got {
+			got[i] = strings.ReplaceAll(got[i], path, "/out/exists")
+		}
+		require.Equal(t, exists, got, "%s is refused differently from an existing stream", path)
+	}
+	for _, part := range exists {
+		require.NotContains(t, part, "/out", "a refusal names the path")
+	}
+}
