@@ -1,8 +1,12 @@
 package test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -585,4 +589,37 @@ func TestAccAudit_OutsidePathsAreRefusedAlike(t *testing.T) {
 	for _, part := range exists {
 		require.NotContains(t, part, "/out", "a refusal names the path")
 	}
+}
+
+// Tokens stay hashed at rest: a token created over RPC, and a project's first token, appear in
+// no file of the data directory (the directory, its WAL, the streams and /audit), while their
+// ids do.
+func TestAccAudit_TokensAreNotStoredInClear(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	a := client.Admin(ctx, ts.deployment(t))
+	defer a.Release()
+	tok, info, err := client.CreateToken(ctx, a, "default", client.TokenOptions{Label: "secretive"})
+	require.NoError(t, err)
+	_, first, firstInfo, err := client.CreateProject(ctx, a, "hashed")
+	require.NoError(t, err)
+	_, err = client.DescribeProject(ctx, ts.login(t, tok)) // a login records its use
+	require.NoError(t, err)
+	var sawID bool
+	require.NoError(t, filepath.WalkDir(ts.dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for _, secret := range []string{tok, first} {
+			require.False(t, bytes.Contains(b, []byte(secret)), "%s holds a token in clear", path)
+			require.False(t, bytes.Contains(b, []byte(strings.TrimPrefix(secret, "itx_"))), "%s holds a token's digits in clear", path)
+		}
+		sawID = sawID || (bytes.Contains(b, []byte(info.ID)) && bytes.Contains(b, []byte(firstInfo.ID)))
+		return nil
+	}))
+	require.True(t, sawID, "the scan read the files that record the tokens")
 }
