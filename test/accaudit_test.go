@@ -623,3 +623,46 @@ func TestAccAudit_TokensAreNotStoredInClear(t *testing.T) {
 	}))
 	require.True(t, sawID, "the scan read the files that record the tokens")
 }
+
+// The per-stream bounds with no flag test of their own hold on a real itxd given their flags:
+// one connection more than --max-connections-per-stream, one live-state view more than
+// --max-live-subscribers-per-stream and one scheduled key more than --max-scheduled-per-stream
+// each fail limitExceeded, and the refused schedule is not kept.
+func TestAccAudit_PerStreamFlagsBoundARealItxd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the itxd binary")
+	}
+	p := startItxd(t, t.TempDir(), "--max-connections-per-stream", "1", "--max-live-subscribers-per-stream", "1", "--max-scheduled-per-stream", "1")
+	ctx := ctxT(t)
+	s := stream(t, dial(t, p.addr).Login(ctx, p.creds.ProjectToken), "/bounded")
+	mustAppend(t, s, ev("note", `{}`))
+
+	_, err := openConn(t, s, connOpts{noState: true}, newTestSink())
+	require.NoError(t, err)
+	_, err = openConn(t, s, connOpts{noState: true}, newTestSink())
+	requireCode(t, err, itx.ELimitExceeded)
+
+	live := func() error {
+		fut, release := s.LiveState(ctx, func(p schema.Stream_liveState_Params) error {
+			return p.SetSubscriber(schema.LiveSubscriber_ServerToClient(quietLive{}))
+		})
+		defer release()
+		res, err := fut.Struct()
+		if err == nil {
+			h := res.Handle().AddRef()
+			t.Cleanup(h.Release)
+		}
+		return err
+	}
+	require.NoError(t, live())
+	requireCode(t, live(), itx.ELimitExceeded)
+
+	due := time.Now().Add(time.Hour)
+	_, _, err = client.Schedule(ctx, s, keyed("note", `{}`, "one"), due)
+	require.NoError(t, err)
+	_, _, err = client.Schedule(ctx, s, keyed("note", `{}`, "two"), due)
+	requireCode(t, err, itx.ELimitExceeded)
+	pending, err := client.ListScheduled(ctx, s)
+	require.NoError(t, err)
+	require.Len(t, pending, 1, "the refused schedule is not kept")
+}
