@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -747,4 +748,22 @@ func TestAccAudit_LoggedInUnfinishedRepliesAreBounded(t *testing.T) {
 	ok := dial(t, p.addr)
 	_, err := client.DescribeProject(ctxT(t), ok.Login(ctxT(t), p.creds.ProjectToken))
 	require.NoError(t, err)
+}
+
+// Every spelling of "all interfaces" is off loopback: itxd refuses to serve plaintext RPC on an
+// empty host or the IPv6 unspecified address without --insecure, and writes nothing.
+func TestAccAudit_PlaintextRefusedOnEveryAllInterfacesSpelling(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the itxd binary")
+	}
+	for _, listen := range []string{":0", "[::]:0", "0:0"} {
+		data := filepath.Join(t.TempDir(), "data")
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		out, err := exec.CommandContext(ctx, itxdBin, "--listen", listen, "--data", data).CombinedOutput()
+		cancel()
+		require.Error(t, err, "--listen %s: %s", listen, out)
+		require.Contains(t, string(out), "refusing to serve plaintext RPC", "--listen %s", listen)
+		_, statErr := os.Stat(data)
+		require.True(t, os.IsNotExist(statErr), "--listen %s: nothing is written", listen)
+	}
 }
