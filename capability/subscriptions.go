@@ -280,7 +280,13 @@ type processor struct {
 }
 
 func (p *processor) Snapshot(ctx context.Context, call schema.Processor_snapshot) error {
-	state, reduced, processed, err := p.srv.ProcessorSnapshot(ctx, p.ref, p.name)
+	// A remote processor's host is asked (within the delivery timeout): what it answers after the
+	// session ended is not the session's to see.
+	wctx, settled := p.acc.whileValid(ctx)
+	state, reduced, processed, err := p.srv.ProcessorSnapshot(wctx, p.ref, p.name)
+	if verr := settled(); verr != nil {
+		return fail(verr)
+	}
 	if err != nil {
 		return fail(err)
 	}
@@ -295,7 +301,11 @@ func (p *processor) Snapshot(ctx context.Context, call schema.Processor_snapshot
 
 func (p *processor) GetRuntimeState(ctx context.Context, call schema.Processor_getRuntimeState) error {
 	call.Go() // a remote processor's host is asked: the capability's other calls do not wait
-	state, err := p.srv.ProcessorRuntimeState(ctx, p.ref, p.name)
+	wctx, settled := p.acc.whileValid(ctx)
+	state, err := p.srv.ProcessorRuntimeState(wctx, p.ref, p.name)
+	if verr := settled(); verr != nil {
+		return fail(verr)
+	}
 	if err != nil {
 		return fail(err)
 	}

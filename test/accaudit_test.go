@@ -767,3 +767,107 @@ func TestAccAudit_PlaintextRefusedOnEveryAllInterfacesSpelling(t *testing.T) {
 		require.True(t, os.IsNotExist(statErr), "--listen %s: nothing is written", listen)
 	}
 }
+
+// slowStateHost is a ProcessorHost whose getRuntimeState answers {"secret": 1} only once let go.
+type slowStateHost struct {
+	stubHost
+	asked   chan struct{}
+	letItGo chan struct{}
+}
+
+func (h slowStateHost) GetRuntimeState(ctx context.Context, call schema.ProcessorHost_getRuntimeState) error {
+	call.Go()
+	select {
+	case h.asked <- struct{}{}:
+	default:
+	}
+	select {
+	case <-h.letItGo:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	return res.SetState(`{"secret": 1}`)
+}
+
+// A remote processor's getRuntimeState in flight when the caller's token is revoked does not
+// answer what the host says after the revocation (its state, and itxd's fields beside it).
+func TestAccAudit_RevocationEndsARuntimeStateInFlight(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	a := client.Admin(ctx, ts.deployment(t))
+	defer a.Release()
+	tok, info, err := client.CreateToken(ctx, a, "default", client.TokenOptions{Label: "gone"})
+	require.NoError(t, err)
+	full := ts.project(t)
+	host := slowStateHost{asked: make(chan struct{}, 1), letItGo: make(chan struct{})}
+	hosts, release := full.Processors(ctx, nil)
+	defer release()
+	mfut, mrel := hosts.Processors().Mount(ctx, func(p schema.ProcessorHosts_mount_Params) error {
+		if err := p.SetName("slow"); err != nil {
+			return err
+		}
+		cs, err := p.NewContracts(1)
+		if err != nil {
+			return err
+		}
+		if err := cs.At(0).SetName("c"); err != nil {
+			return err
+		}
+		if err := cs.At(0).SetReducerVersion("1"); err != nil {
+			return err
+		}
+		if err := wire.SetTextList([]string{"note"}, cs.At(0).NewConsumedTypes); err != nil {
+			return err
+		}
+		return p.SetHost(schema.ProcessorHost_ServerToClient(host))
+	})
+	_, err = mfut.Struct()
+	require.NoError(t, err)
+	defer mrel()
+	s := stream(t, full, "/proc")
+	subs := client.Subscriptions(ctx, s)
+	defer subs.Release()
+	_, _, err = client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "c",
+		Receiver: client.Receiver{Kind: client.ReceiverProcessorWake, Placement: "remote"}})
+	require.NoError(t, err)
+
+	conn := dial(t, ts.addr)
+	revoked := conn.Login(ctx, tok)
+	defer revoked.Release()
+	kept := conn.Login(ctx, ts.creds.ProjectToken)
+	defer kept.Release()
+	_, err = client.DescribeProject(ctx, kept)
+	require.NoError(t, err)
+	sub := client.Subscription(ctx, client.Stream(ctx, revoked, "/proc"), "c")
+	defer sub.Release()
+	pfut, prel := sub.Processor(ctx, nil)
+	defer prel()
+	done := make(chan error, 1)
+	go func() {
+		f, rel := pfut.Processor().GetRuntimeState(ctx, nil)
+		defer rel()
+		res, err := f.Struct()
+		if err == nil {
+			state, _ := res.State()
+			t.Logf("answered %s", state)
+		}
+		done <- err
+	}()
+	select {
+	case <-host.asked:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the host was never asked")
+	}
+	require.NoError(t, client.RevokeToken(ctx, a, "default", info.ID))
+	close(host.letItGo)
+	select {
+	case err := <-done:
+		requireRevoked(t, err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("getRuntimeState still waits")
+	}
+}
