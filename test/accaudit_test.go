@@ -871,3 +871,36 @@ func TestAccAudit_RevocationEndsARuntimeStateInFlight(t *testing.T) {
 		t.Fatal("getRuntimeState still waits")
 	}
 }
+
+// Administration refuses what it cannot keep with invalidArgument and writes nothing: a token
+// label with a control character or invalid UTF-8, an expiry in the past, an unknown right, a
+// scope prefix that is not a path, a project name with a newline.
+func TestAccAudit_AdminInputIsStrict(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	a := client.Admin(ctx, ts.deployment(t))
+	defer a.Release()
+	before, err := client.ListTokens(ctx, a, "default")
+	require.NoError(t, err)
+	for name, o := range map[string]client.TokenOptions{
+		"label with a newline":      {Label: "a\nb"},
+		"label with invalid UTF-8":  {Label: "a\xff"},
+		"empty label":               {Label: ""},
+		"expiry in the past":        {Label: "past", Expires: time.Now().Add(-time.Hour)},
+		"prefix that is not a path": {Label: "bad prefix", Scope: itx.Scope{Prefix: "in"}},
+		"prefix with a dot segment": {Label: "dots", Scope: itx.Scope{Prefix: "/in/.."}},
+		"unknown right":             {Label: "bad right", Scope: itx.Scope{Rights: []itx.Right{"everything"}}},
+	} {
+		_, _, err := client.CreateToken(ctx, a, "default", o)
+		require.Equal(t, itx.EInvalid, itx.ErrorCode(err), "%s: %v", name, err)
+	}
+	after, err := client.ListTokens(ctx, a, "default")
+	require.NoError(t, err)
+	require.Len(t, after, len(before), "a refused createToken made no token")
+	_, _, _, err = client.CreateProject(ctx, a, "team\nb")
+	requireCode(t, err, itx.EInvalid)
+	requireCode(t, client.RenameProject(ctx, a, "default", "de\x00fault"), itx.EInvalid)
+	projects, err := client.ListProjects(ctx, a)
+	require.NoError(t, err)
+	require.Len(t, projects, 2, "the deployment and default only")
+}
