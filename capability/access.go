@@ -76,15 +76,29 @@ func (a access) scope() itx.Scope {
 // reaches checks that path is inside the access's prefix. The refusal names the scope, never a
 // stream outside it.
 // reachesTargets checks that the other streams a subscription config writes into (a copy's
-// receiving stream, the dead-letter stream) are inside the scope.
+// receiving stream, the dead-letter stream) are inside the scope, and that the access may append:
+// such a subscription appends to them on its configurer's behalf, so configuring it takes the
+// append right as well as subscribe (a [read, subscribe] token cannot write into a stream by
+// way of a copy).
 func (a access) reachesTargets(cfg *itx.SubscriptionConfig) error {
 	if cfg.Receiver.Action == itx.KindCopyToStream {
-		if err := a.reaches(strings.TrimSpace(cfg.Receiver.ReceivingStreamPath)); err != nil {
+		if err := a.appendsTo("a copy-to-stream subscription", strings.TrimSpace(cfg.Receiver.ReceivingStreamPath)); err != nil {
 			return err
 		}
 	}
 	if p := strings.TrimSpace(cfg.Receiver.EffectiveDelivery().DeadLetterPath); p != "" {
-		return a.reaches(p)
+		return a.appendsTo("a dead-letter stream", p)
+	}
+	return nil
+}
+
+// appendsTo checks that what (a subscription's target) may append to path on this access's behalf.
+func (a access) appendsTo(what, path string) error {
+	if err := a.reaches(path); err != nil {
+		return err
+	}
+	if a.rights&rAppend == 0 {
+		return itx.Errorf(itx.EPermissionDenied, "%s appends to %s: configuring it needs the append right as well as subscribe", what, path)
 	}
 	return nil
 }

@@ -904,3 +904,52 @@ func TestAccAudit_AdminInputIsStrict(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, projects, 2, "the deployment and default only")
 }
+
+// A copy-to-stream subscription and a dead-letter stream append to another stream on their
+// configurer's behalf, so configuring one takes the append right as well as subscribe and read:
+// a [read, subscribe] token is refused (permissionDenied, nothing configured, nothing copied),
+// and the same token with append configures both.
+func TestAccAudit_WritingTargetsNeedTheAppendRight(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	full := ts.project(t)
+	src := stream(t, full, "/in/s")
+	mustAppend(t, src, ev("note", `{"n": 1}`))
+	target := stream(t, full, "/in/target")
+	mustAppend(t, target, ev("note", `{"n": 0}`))
+
+	configs := map[string]client.SubscriptionConfig{
+		"copy": {Name: "copy", Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: "/in/target"}},
+		"dead": {Name: "dead", OnFailingEvent: "skip", DeadLetterPath: "/in/dead",
+			Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: "http://127.0.0.1:1/hook"}},
+	}
+	noAppend, _ := ts.token(t, itx.Scope{Prefix: "/in", Rights: []itx.Right{itx.RightRead, itx.RightSubscribe}})
+	s := stream(t, ts.login(t, noAppend), "/in/s")
+	subs := client.Subscriptions(ctx, s)
+	defer subs.Release()
+	for name, cfg := range configs {
+		_, _, err := client.ConfigureSubscription(ctx, subs, cfg)
+		requireCode(t, err, itx.EPermissionDenied)
+		require.ErrorContains(t, err, "append right", name)
+	}
+	events, err := client.ReadAll(ctx, src, itx.Query{})
+	require.NoError(t, err)
+	require.Len(t, events, 1, "a refused configure writes nothing")
+	page, err := client.GetEventPage(ctx, target, itx.Query{})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, page.StreamMaxOffset, "nothing copied into the target")
+
+	withAppend, _ := ts.token(t, itx.Scope{Prefix: "/in", Rights: []itx.Right{itx.RightRead, itx.RightSubscribe, itx.RightAppend}})
+	s2 := stream(t, ts.login(t, withAppend), "/in/s")
+	subs2 := client.Subscriptions(ctx, s2)
+	defer subs2.Release()
+	for _, cfg := range configs {
+		_, _, err := client.ConfigureSubscription(ctx, subs2, cfg)
+		require.NoError(t, err)
+	}
+	waitUntil(t, "the copy in the target", func() bool {
+		page, err := client.GetEventPage(ctx, target, itx.Query{Types: []string{"note"}})
+		require.NoError(t, err)
+		return len(page.Events) == 2
+	})
+}
