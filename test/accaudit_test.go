@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"capnproto.org/go/capnp/v3"
-	rpccp "capnproto.org/go/capnp/v3/std/capnp/rpc"
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/internal/clocktest"
@@ -671,43 +670,6 @@ func TestAccAudit_PerStreamFlagsBoundARealItxd(t *testing.T) {
 	require.Len(t, pending, 1, "the refused schedule is not kept")
 }
 
-// rawCall sends question q: method of iface on the answer to question on, with params built by
-// set (nil: none) on a struct of ptrs pointers.
-func rawCall(r *itxtest.RawClient, q, on uint32, iface uint64, method uint16, ptrs uint16, set func(capnp.Struct) error) {
-	r.Send(func(m rpccp.Message) error {
-		c, err := m.NewCall()
-		if err != nil {
-			return err
-		}
-		c.SetQuestionId(q)
-		c.SetInterfaceId(iface)
-		c.SetMethodId(method)
-		tgt, err := c.NewTarget()
-		if err != nil {
-			return err
-		}
-		pa, err := tgt.NewPromisedAnswer()
-		if err != nil {
-			return err
-		}
-		pa.SetQuestionId(on)
-		params, err := c.NewParams()
-		if err != nil {
-			return err
-		}
-		s, err := capnp.NewStruct(params.Segment(), capnp.ObjectSize{PointerCount: ptrs})
-		if err != nil {
-			return err
-		}
-		if set != nil {
-			if err := set(s); err != nil {
-				return err
-			}
-		}
-		return params.SetContent(s.ToPtr())
-	})
-}
-
 // A logged-in client that never finishes replies holding capabilities (Project.streams) is
 // aborted past --rpc-max-unfinished-replies, with an Abort naming the bound and its flag, on a
 // real itxd, before it holds more than the bound plus the calls in flight (--rpc-max-calls); a
@@ -719,7 +681,7 @@ func TestAccAudit_LoggedInUnfinishedRepliesAreBounded(t *testing.T) {
 	p := startItxd(t, t.TempDir(), "--rpc-max-unfinished-replies", "10", "--rpc-max-calls", "16")
 	login := func(r *itxtest.RawClient) {
 		r.Bootstrap(0)
-		rawCall(r, 1, 0, schema.Gateway_TypeID, 0, 1, func(s capnp.Struct) error {
+		r.Call(1, 0, schema.Gateway_TypeID, 0, 1, func(s capnp.Struct) error {
 			return s.SetNewText(0, p.creds.ProjectToken)
 		})
 		r.UntilReturn(1)
@@ -728,7 +690,7 @@ func TestAccAudit_LoggedInUnfinishedRepliesAreBounded(t *testing.T) {
 	r := itxtest.DialRaw(t, p.addr)
 	login(r)
 	for q := uint32(2); q < 502; q++ {
-		rawCall(r, q, 1, schema.Project_TypeID, 0, 0, nil) // Project.streams, never finished
+		r.Call(q, 1, schema.Project_TypeID, 0, 0, nil) // Project.streams, never finished
 	}
 	returns, reason := r.UntilAbort()
 	t.Logf("%d returns before the abort", returns)
@@ -741,7 +703,7 @@ func TestAccAudit_LoggedInUnfinishedRepliesAreBounded(t *testing.T) {
 	polite := itxtest.DialRaw(t, p.addr)
 	login(polite)
 	for q := uint32(2); q < 42; q++ {
-		rawCall(polite, q, 1, schema.Project_TypeID, 0, 0, nil)
+		polite.Call(q, 1, schema.Project_TypeID, 0, 0, nil)
 		polite.UntilReturn(q)
 		polite.Finish(q)
 	}

@@ -66,13 +66,19 @@ func (r *RawClient) Version(q, on uint32) { r.callGateway(q, on, 1) }
 func (r *RawClient) Login(q, on uint32) { r.callGateway(q, on, 0) }
 
 func (r *RawClient) callGateway(q, on uint32, method uint16) {
+	r.Call(q, on, schema.Gateway_TypeID, method, 1, nil)
+}
+
+// Call sends question q: method of iface on the answer to question on, with params a struct of
+// ptrs pointers that set fills (nil: left empty).
+func (r *RawClient) Call(q, on uint32, iface uint64, method uint16, ptrs uint16, set func(capnp.Struct) error) {
 	r.Send(func(m rpccp.Message) error {
 		c, err := m.NewCall()
 		if err != nil {
 			return err
 		}
 		c.SetQuestionId(q)
-		c.SetInterfaceId(schema.Gateway_TypeID)
+		c.SetInterfaceId(iface)
 		c.SetMethodId(method)
 		tgt, err := c.NewTarget()
 		if err != nil {
@@ -87,9 +93,14 @@ func (r *RawClient) callGateway(q, on uint32, method uint16) {
 		if err != nil {
 			return err
 		}
-		s, err := capnp.NewStruct(params.Segment(), capnp.ObjectSize{PointerCount: 1})
+		s, err := capnp.NewStruct(params.Segment(), capnp.ObjectSize{PointerCount: ptrs})
 		if err != nil {
 			return err
+		}
+		if set != nil {
+			if err := set(s); err != nil {
+				return err
+			}
 		}
 		return params.SetContent(s.ToPtr())
 	})
