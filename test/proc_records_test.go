@@ -53,17 +53,7 @@ func (h bigStateHost) Wake(ctx context.Context, call schema.ProcessorHost_wake) 
 	if _, err := mf.Struct(); err != nil {
 		return err
 	}
-	res, err := call.AllocResults()
-	if err != nil {
-		return err
-	}
-	rep, err := res.NewReport()
-	if err != nil {
-		return err
-	}
-	rep.SetProcessedOffset(uint64(head))
-	rep.SetReducedOffset(uint64(head))
-	return nil
+	return reportThrough(call, head)
 }
 
 func (bigStateHost) Stop(context.Context, schema.ProcessorHost_stop) error { return nil }

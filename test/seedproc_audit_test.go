@@ -7,7 +7,6 @@ import (
 	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/processors"
 	"github.com/itx-dev/itx/processors/examples"
-	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
 	"github.com/stretchr/testify/require"
 )
@@ -58,26 +57,10 @@ func TestSeedProc_FilteredTailDoesNotStrandStateDerivedWork(t *testing.T) {
 				}
 				mustAppend(t, s, examples.MessageAdded.Input(examples.Message{Text: "hello"}, ""))
 
-				fut, release := s.WaitForEvent(ctx, func(w schema.Stream_waitForEvent_Params) error {
-					pred, err := w.NewPredicate()
-					if err != nil {
-						return err
-					}
-					types, err := pred.NewTypes(1)
-					if err != nil {
-						return err
-					}
-					return types.Set(0, string(examples.LLMSettled))
-				})
-				defer release()
-				res, err := fut.Struct()
-				require.NoError(t, err, "the agent never settled: its request was stranded behind the unconsumed tail")
-				e, err := res.Event()
-				require.NoError(t, err)
-				payload, err := e.Payload()
-				require.NoError(t, err)
+				// Not settled within the wait: the request was stranded behind the unconsumed tail.
+				e := waitForType(t, s, string(examples.LLMSettled))
 				var settled examples.LLMSettlement
-				require.NoError(t, json.Unmarshal([]byte(payload), &settled))
+				require.NoError(t, json.Unmarshal(e.Payload, &settled))
 				require.Equal(t, examples.ResultSuccess, settled.Result.Kind)
 				require.Equal(t, 1, countType(t, s, string(examples.LLMSettled)))
 			})
