@@ -157,16 +157,28 @@ func (r ReplayReport) SameState(live json.RawMessage) bool {
 }
 
 // ReplayCheckStream is ReplayCheck over a stream read through itxd (getEventPage), for a check
-// against stored history from outside the server.
+// against stored history from outside the server. It reads every event the contract consumes;
+// for a processor whose subscription has a filter, use ReplayCheckSubscription.
 func ReplayCheckStream[S any](ctx context.Context, c Contract[S], s schema.Stream) (ReplayReport, error) {
-	return ReplayCheck(ctx, c, streamReader{s})
+	return ReplayCheck(ctx, c, streamReader{s: s})
+}
+
+// ReplayCheckSubscription is ReplayCheckStream reading the stream as its subscription name is
+// delivered: the subscription's filter applies on top of what the contract consumes, as it does
+// for the live processor, so the report's State compares with that processor's snapshot. An
+// unknown name fails notFound.
+func ReplayCheckSubscription[S any](ctx context.Context, c Contract[S], s schema.Stream, name string) (ReplayReport, error) {
+	return ReplayCheck(ctx, c, streamReader{s: s, subscription: name})
 }
 
 // streamReader is an itx.ProcessorLog that only reads (ReplayCheck never writes).
-type streamReader struct{ s schema.Stream }
+type streamReader struct {
+	s            schema.Stream
+	subscription string // read as this subscription is delivered ("": every event)
+}
 
 func (r streamReader) Read(ctx context.Context, after int64, limit int) (itx.ProcessorPage, error) {
-	page, err := client.GetEventPage(ctx, r.s, itx.Query{After: after, Limit: limit})
+	page, err := client.GetEventPage(ctx, r.s, itx.Query{After: after, Limit: limit, Subscription: r.subscription})
 	if err != nil {
 		return itx.ProcessorPage{}, err
 	}

@@ -202,6 +202,44 @@ func TestProcessors_ReplayCheckAgainstStoredHistory(t *testing.T) {
 	require.Empty(t, page.Events, "a replay check appends nothing")
 }
 
+// A replay check of a filtered processor reads the stream as its subscription delivers it: the
+// live processor never reduced what the filter drops, so a replay of the whole stream differs
+// from its snapshot although Reduce did not change, and ReplayCheckSubscription does not.
+func TestProcessors_ReplayCheckReadsAsTheSubscription(t *testing.T) {
+	ts := startServer(t, server.Config{Processors: referenceHost(t, "guestbook")})
+	ctx := ctxT(t)
+	s := stream(t, ts.project(t), "/processors/replay-check-filtered")
+	subs := client.Subscriptions(ctx, s)
+	_, _, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "guestbook",
+		FilterCondition: `payload.name != "mallory"`,
+		Receiver:        client.Receiver{Kind: client.ReceiverProcessorWake}})
+	subs.Release()
+	require.NoError(t, err)
+	var head int64
+	for _, who := range []string{"ada", "mallory", "bob", "mallory", "carol"} {
+		head = mustAppend(t, s, examples.GuestbookSigned.Input(examples.Signed{Name: who, Message: "hi"}, "")).HeadOffset
+	}
+	sub, proc := processorOf(t, s, "guestbook")
+	_, err = client.WaitUntilProcessed(ctx, sub, head, 0)
+	require.NoError(t, err)
+	snap, err := client.Snapshot(ctx, proc)
+	require.NoError(t, err)
+
+	whole, err := processors.ReplayCheckStream(ctx, examples.Guestbook(), s)
+	require.NoError(t, err)
+	require.Equal(t, 5, whole.Events)
+	require.False(t, whole.SameState(json.RawMessage(snap.State)), "the whole stream holds what the filter dropped")
+
+	rep, err := processors.ReplayCheckSubscription(ctx, examples.Guestbook(), s, "guestbook")
+	require.NoError(t, err)
+	require.Equal(t, 3, rep.Events, "ada, bob and carol pass the filter")
+	require.Equal(t, head, rep.ReducedThrough)
+	require.True(t, rep.SameState(json.RawMessage(snap.State)), "replayed %s, live %s", rep.State, snap.State)
+
+	_, err = processors.ReplayCheckSubscription(ctx, examples.Guestbook(), s, "nobody")
+	requireCode(t, err, itx.ENotFound)
+}
+
 // An instance moved from in-process to a remote host and back runs in-process again: the remote
 // incarnation's claim fenced the in-process runner of the first placement, which must not be
 // reused (every commit of it is refused), so the move back starts a fresh incarnation from the
