@@ -40,8 +40,15 @@ type catalogEntry struct {
 	ConfiguredAt       int64                  `json:"configuredAt"`
 	// ReconfiguredAtOffset is the configured event that set today's config when it changed the
 	// config without a new start (0: the birth event did).
-	ReconfiguredAtOffset int64              `json:"reconfiguredAtOffset,omitempty"`
-	Halted               *itx.HaltedPayload `json:"halted,omitempty"`
+	ReconfiguredAtOffset int64 `json:"reconfiguredAtOffset,omitempty"`
+	// OccupiedAtOffset is the configured event that took the name while nothing held it: the
+	// occupant's identity, kept through changed configs and new starts (the same subscription
+	// changing its mind), new only after a removal. A barrier pending on the name compares it, so
+	// a subscription removed and configured again in one commit does not answer for the one it
+	// replaced (seed 000: names bind, epochs fence). 0 in checkpoints written before it existed;
+	// it is compared only within one loaded actor, where any later occupant's is greater.
+	OccupiedAtOffset int64              `json:"occupiedAtOffset,omitempty"`
+	Halted           *itx.HaltedPayload `json:"halted,omitempty"`
 }
 
 // configOffset is the offset of the configured event that set the subscription's config.
@@ -337,7 +344,11 @@ func (st *coreState) reduceConfigured(e *itx.Event, rc *reduceContext) ([]cursor
 	}
 	// A new subscription, or a change that asks for a new start: a new birth epoch, a fresh
 	// cursor at the start position, any halt cleared.
-	st.Subscriptions[name] = &catalogEntry{Config: *cfg, ConfiguredAtOffset: e.Offset, ConfiguredAt: e.CreatedAt}
+	occupied := e.Offset
+	if prev != nil {
+		occupied = prev.OccupiedAtOffset
+	}
+	st.Subscriptions[name] = &catalogEntry{Config: *cfg, ConfiguredAtOffset: e.Offset, ConfiguredAt: e.CreatedAt, OccupiedAtOffset: occupied}
 	initial := int64(0)
 	if r.Action != itx.KindProcessorWake && r.EffectiveDelivery().Start == itx.StartNow {
 		initial = e.Offset

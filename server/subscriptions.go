@@ -254,13 +254,19 @@ func (s *Server) WaitUntilProcessed(ctx context.Context, ref StreamRef, name str
 	// the start would never see its successor's progress.
 	// A registered reader (seed 000: it stands beside the subscriptions in lag views) is waited
 	// on by its declared checkpoint.
+	// The barrier belongs to the occupant of the name it first found (seed 000: names bind,
+	// epochs fence): one removed and configured again between two looks, or in one commit, is
+	// gone, though the name is held again.
 	existed, wasReader := false, false
+	var occupant int64
 	for {
 		v := a.view()
-		_, exists := v.core.Subscriptions[name]
+		entry, exists := v.core.Subscriptions[name]
 		row := v.rows[name]
 		reader, isReader := v.readers[name]
 		switch {
+		case exists && existed && entry.OccupiedAtOffset != occupant:
+			return 0, itx.Errorf(itx.ENotFound, "subscription %q was removed while waiting (another subscription holds the name since offset %d)", name, entry.OccupiedAtOffset)
 		case !exists && isReader:
 			if reader.Checkpoint >= offset {
 				return reader.Checkpoint, nil
@@ -270,6 +276,9 @@ func (s *Server) WaitUntilProcessed(ctx context.Context, ref StreamRef, name str
 			return 0, itx.Errorf(itx.ENotFound, "subscription %q was removed while waiting", name)
 		case !exists:
 			return 0, itx.Errorf(itx.ENotFound, "subscription %q does not exist", name)
+		}
+		if exists && !existed {
+			occupant = entry.OccupiedAtOffset
 		}
 		existed, wasReader = exists, isReader && !exists
 		if exists && row.ConfirmedOffset >= offset {

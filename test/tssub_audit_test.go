@@ -1,0 +1,91 @@
+package test
+
+// A cross-check of durable subscriptions against the TypeScript system seeds/000 describes
+// (iterate/iterate, apps/os/src/domains/streams), for the edges its own tests pin and ours did
+// not: what a pending barrier does when its subscription's name changes hands.
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/server"
+	"github.com/stretchr/testify/require"
+)
+
+// barrier starts waitUntilProcessed(offset) on name in the background (its 15 s on the virtual
+// clock) and returns once the server holds it, with the channel its answer arrives on.
+func (e *subEnv) barrier(t *testing.T, path, name string, offset int64) <-chan error {
+	t.Helper()
+	s := stream(t, e.p, path)
+	sub := client.Subscription(e.ctx, s, name)
+	t.Cleanup(sub.Release)
+	timers := e.clock.Pending()
+	errc := make(chan error, 1)
+	go func() {
+		_, err := client.WaitUntilProcessed(e.ctx, sub, offset, 15*time.Second)
+		errc <- err
+	}()
+	waitUntil(t, "barrier armed", func() bool { return e.clock.Pending() > timers })
+	return errc
+}
+
+// answer is the barrier's answer, in real time (its own timeout is on the virtual clock).
+func answer(t *testing.T, errc <-chan error) error {
+	t.Helper()
+	select {
+	case err := <-errc:
+		return err
+	case <-time.After(10 * time.Second):
+		t.Fatal("the barrier did not answer")
+		return nil
+	}
+}
+
+// Seed 000: "names bind, epochs fence": a name plus its epoch is the identity, and
+// waitUntilProcessed is a barrier against a subscription. One pending when its subscription is
+// removed ends notFound (TS: "was removed while waiting"), even when the same commit configures a
+// new subscription under the name: the newcomer's cursor says nothing of what the removed one
+// processed (here it starts after the offset waited for, having processed none of it). A changed
+// config is the same subscription going on from its cursor: the barrier follows it.
+func TestTSSub_BarrierIsFencedByTheOccupantsEpoch(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+
+	t.Run("removed and configured again in one commit", func(t *testing.T) {
+		const path = "/tssub/barrier-reoccupied"
+		s := stream(t, e.p, path)
+		name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "app", Start: "now",
+			Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "nobody-mounted"}})
+		job := mustAppend(t, s, ev("job", `{}`)).HeadOffset
+		waitUntil(t, "parked", func() bool { return e.describe(t, s, name).Status == itx.StatusParked })
+		errc := e.barrier(t, path, name, job)
+
+		removed, err := json.Marshal(itx.RemovedPayload{Name: name, Reason: "requested"})
+		require.NoError(t, err)
+		res := mustAppend(t, s, ev(itx.TypeSubscriptionRemoved, string(removed)),
+			ev(itx.TypeSubscriptionConfigured, `{"name":"app","receiver":{"action":"itx-call","capability":"nobody-mounted","delivery":{"start":"now","onFailingEvent":"halt"}}}`))
+		reborn := res.Offsets[1]
+		require.Equal(t, reborn, e.describe(t, s, name).ConfirmedOffset, "the newcomer starts after its birth")
+		requireCode(t, answer(t, errc), itx.ENotFound)
+	})
+
+	t.Run("a changed config keeps the barrier", func(t *testing.T) {
+		const path = "/tssub/barrier-reconfigured"
+		s := stream(t, e.p, path)
+		name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "app", Start: "now",
+			Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "nobody-mounted"}})
+		job := mustAppend(t, s, ev("job", `{}`)).HeadOffset
+		waitUntil(t, "parked", func() bool { return e.describe(t, s, name).Status == itx.StatusParked })
+		errc := e.barrier(t, path, name, job)
+
+		h, err := client.MountReceiver(e.ctx, e.p, "tssub-taker", client.ServeReceiver(func(context.Context, itx.DeliveryBatch) (int64, error) { return 0, nil }))
+		require.NoError(t, err)
+		defer h.Release()
+		e.configure(t, s, client.SubscriptionConfig{Name: "app", Start: "now",
+			Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "tssub-taker"}})
+		require.NoError(t, answer(t, errc))
+	})
+}
