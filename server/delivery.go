@@ -243,6 +243,9 @@ func (d *deliverer) try(job pushJob, store streamStore, streamID string) deliver
 		}
 		if d.condition != nil {
 			ok, err := EvalCondition(d.condition, e)
+			if err != nil && d.ownRecord(e) {
+				continue
+			}
 			if err != nil {
 				failed = &expressionFailure{e.Offset, fmt.Errorf("filter condition failed on offset %d: %w", e.Offset, err)}
 				break
@@ -254,6 +257,9 @@ func (d *deliverer) try(job pushJob, store streamStore, streamID string) deliver
 		delivered, measured := *e, *e
 		if d.transform != nil {
 			shaped, err := applyTransform(d.transform, e)
+			if err != nil && d.ownRecord(e) {
+				continue
+			}
 			if err != nil {
 				failed = &expressionFailure{e.Offset, fmt.Errorf("transform failed on offset %d: %w", e.Offset, err)}
 				break
@@ -382,6 +388,33 @@ func durableFrom(recent []itx.Event, after, head int64, limit int) ([]itx.Event,
 		}
 	}
 	return out, true
+}
+
+// ownRecord reports whether e is a record the server wrote on this stream about this very
+// subscription's failures: the evidence of an expression that failed on an event, a skip, a
+// halt. A filter condition or transform that fails on one of them passes over it instead of
+// making it a failing event of its own: each failure would otherwise write another record to
+// fail on, and under "skip" the subscription's own evidence would spend its consecutive-skip
+// fuse and halt it. (Clients cannot write these: the halt type and the internal keys are the
+// server's.)
+func (d *deliverer) ownRecord(e *itx.Event) bool {
+	if len(e.Provenance) > 0 {
+		return false // a copy of another stream's record
+	}
+	switch e.Type {
+	case itx.TypeSubscriptionHalted:
+		var p itx.HaltedPayload
+		return json.Unmarshal(e.Payload, &p) == nil && p.Name == d.name
+	case itx.TypeErrorOccurred:
+		own := false
+		for _, kind := range []string{"subscription-expression-failed", "subscription-failing-event-skipped"} {
+			k := itx.InternalKeyPrefix + kind
+			own = own || strings.HasPrefix(e.IdempotencyKey, k+":") || strings.HasPrefix(e.IdempotencyKey, k+"#")
+		}
+		var p itx.ErrorOccurredPayload
+		return own && json.Unmarshal(e.Payload, &p) == nil && strings.HasPrefix(p.Message, fmt.Sprintf("subscription %q", d.name))
+	}
+	return false
 }
 
 func (d *deliverer) matches(e *itx.Event) bool {

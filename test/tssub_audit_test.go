@@ -89,3 +89,36 @@ func TestTSSub_BarrierIsFencedByTheOccupantsEpoch(t *testing.T) {
 		require.NoError(t, answer(t, errc))
 	})
 }
+
+// TS (stream-event-sender: "The audit event lands on this stream and is itself scanned by the
+// subscription. Exclude only this subscription's own idempotent event to terminate that
+// recursion"): the records the server writes about a subscription's failing event (the
+// expression failure, the skip) land on the very stream it reads. A filter condition that
+// fails on those records too must not make each record a new failing event, recorded and
+// skipped in turn: under "skip" that spends the subscription's consecutive-skip fuse on its
+// own evidence and halts it, though the receiver took everything it was given. A subscription
+// passes over its own records when its filter fails on them.
+func TestTSSub_OwnFailureRecordsAreNotNewFailures(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	const path = "/tssub/own-records"
+	s := stream(t, e.p, path)
+	h := newHook(t, nil)
+	name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "w", Start: "now", OnFailingEvent: "skip",
+		FilterCondition: `$number(payload.message) >= 0`,
+		Receiver:        client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
+	bad := mustAppend(t, s, ev("job", `{"message":"not a number"}`)).HeadOffset
+	driveLadder(t, e, path, name, func(d itx.SubscriptionDescription) bool { return d.FailingEventSkips == 1 })
+	good := mustAppend(t, s, ev("job", `{"message":"1"}`)).HeadOffset
+	d := driveLadder(t, e, path, name, func(d itx.SubscriptionDescription) bool {
+		return d.ConfirmedOffset >= good || d.Status == itx.StatusHalted
+	})
+	require.Equal(t, itx.StatusActive, d.Status, "lastError: %s", d.LastError)
+	require.Equal(t, []int64{good}, h.distinct())
+	var failed []string
+	for _, r := range e.events(t, s, itx.TypeErrorOccurred) {
+		var p itx.ErrorOccurredPayload
+		require.NoError(t, json.Unmarshal(r.Payload, &p))
+		failed = append(failed, p.Message)
+	}
+	require.Len(t, failed, 2, "one expression failure and one skip, both of offset %d: %q", bad, failed)
+}
