@@ -122,3 +122,44 @@ func TestTSSub_OwnFailureRecordsAreNotNewFailures(t *testing.T) {
 	}
 	require.Len(t, failed, 2, "one expression failure and one skip, both of offset %d: %q", bad, failed)
 }
+
+// TS (copy-appends: "A retry within one send run appends nothing; a recreated source,
+// deliberate seek, or same-key replacement may append the same source offset again"): a copy's
+// dedupe key carries its seek epoch, and its inbound fence is keyed (source path, name). A copy
+// removed and configured again under its name is a new occupant: the receiving stream takes its
+// copies (its stamp is newer, not stale) and does not mistake them for the old occupant's
+// (start beginning: every source event lands again, each hop naming the new epoch). A changed
+// config keeps the cursor: nothing is copied twice.
+func TestTSSub_CopyConfiguredAgainUnderItsName(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	const src, dst = "/tssub/copy-src", "/tssub/copy-dst"
+	s, target := stream(t, e.p, src), stream(t, e.p, dst)
+	mustAppend(t, s, ev("job", `{"n":1}`), ev("job", `{"n":2}`)) // 1, 2
+	copyTo := client.SubscriptionConfig{Name: "mirror", FilterTypes: []string{"job"},
+		Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: dst}}
+	_, first := e.configure(t, s, copyTo) // 3
+	e.waitProcessed(t, s, "mirror", first)
+
+	subs := client.Subscriptions(e.ctx, s)
+	defer subs.Release()
+	_, err := client.RemoveSubscription(e.ctx, subs, "mirror")
+	require.NoError(t, err)
+	_, again := e.configure(t, s, copyTo)
+	e.waitProcessed(t, s, "mirror", again)
+
+	copyTo.Transform = `{"type": type, "payload": payload, "metadata": {"again": true}}`
+	_, changed := e.configure(t, s, copyTo)
+	job := mustAppend(t, s, ev("job", `{"n":3}`)).HeadOffset
+	e.waitProcessed(t, s, "mirror", job)
+	require.Greater(t, job, changed)
+
+	type hop struct{ offset, epoch int64 }
+	var got []hop
+	for _, c := range e.events(t, target, "job") {
+		require.Len(t, c.Provenance, 1)
+		h := c.Provenance[0]
+		require.Equal(t, src, h.Path)
+		got = append(got, hop{h.Offset, h.CursorChangedAtOffset})
+	}
+	require.Equal(t, []hop{{1, first}, {2, first}, {1, again}, {2, again}, {job, changed}}, got)
+}
