@@ -163,3 +163,25 @@ func TestTSSub_CopyConfiguredAgainUnderItsName(t *testing.T) {
 	}
 	require.Equal(t, []hop{{1, first}, {2, first}, {1, again}, {2, again}, {job, changed}}, got)
 }
+
+// TS (stream-event-sender: "An empty range read proves that whole suffix contains no durable
+// work, so advance the durable cursor through it instead of reporting permanent phantom lag"):
+// ephemeral events at the tail are watermarks like any event a subscription does not receive:
+// the cursor passes them, lag is 0 and a barrier at the head resolves, for every push kind.
+func TestTSSub_EphemeralTailIsPassed(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	const path = "/tssub/ephemeral-tail"
+	s := stream(t, e.p, path)
+	h := newHook(t, nil)
+	name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "w", Start: "now",
+		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
+	job := mustAppend(t, s, ev("job", `{}`)).HeadOffset
+	tail := ev("chunk", `{}`)
+	tail.Ephemeral = true
+	head := mustAppend(t, s, tail, tail).HeadOffset
+	require.Equal(t, head, e.waitProcessed(t, s, name, head))
+	require.Equal(t, []int64{job}, h.distinct())
+	for _, l := range e.list(t, s) {
+		require.Zero(t, l.Lag, "%s", l.Name)
+	}
+}
