@@ -185,3 +185,28 @@ func TestTSSub_EphemeralTailIsPassed(t *testing.T) {
 		require.Zero(t, l.Lag, "%s", l.Name)
 	}
 }
+
+// The same under "halt": a subscription halted by a failing event and moved past it with
+// setSubscriptionCursor reads its own expression-failure record and its halt record next; a
+// filter that fails on them passes over them rather than climbing the whole ladder again.
+func TestTSSub_OwnHaltRecordIsNotANewFailure(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	const path = "/tssub/own-halt"
+	s := stream(t, e.p, path)
+	h := newHook(t, nil)
+	name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "w", Start: "now",
+		FilterCondition: `$number(payload.message) >= 0`,
+		Receiver:        client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
+	bad := mustAppend(t, s, ev("job", `{"message":"not a number"}`)).HeadOffset
+	driveLadder(t, e, path, name, func(d itx.SubscriptionDescription) bool { return d.Status == itx.StatusHalted })
+	_, err := client.SetSubscriptionCursor(e.ctx, s, name, bad)
+	require.NoError(t, err)
+	_, err = client.ResumeSubscription(e.ctx, s, name)
+	require.NoError(t, err)
+	good := mustAppend(t, s, ev("job", `{"message":"1"}`)).HeadOffset
+	d := driveLadder(t, e, path, name, func(d itx.SubscriptionDescription) bool {
+		return d.ConfirmedOffset >= good || d.Status == itx.StatusHalted
+	})
+	require.Equal(t, itx.StatusActive, d.Status, "lastError: %s", d.LastError)
+	require.Equal(t, []int64{good}, h.distinct())
+}
