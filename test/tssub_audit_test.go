@@ -7,6 +7,8 @@ package test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -209,4 +211,42 @@ func TestTSSub_OwnHaltRecordIsNotANewFailure(t *testing.T) {
 	})
 	require.Equal(t, itx.StatusActive, d.Status, "lastError: %s", d.LastError)
 	require.Equal(t, []int64{good}, h.distinct())
+}
+
+// TS (waitUntilProcessed's cursor lane): a barrier on a halted subscription neither resolves
+// nor fails early; it times out naming the confirmed offset and the status, so the caller
+// learns why. A resume before the timeout lets it resolve.
+func TestTSSub_BarrierOnAHaltedSubscription(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	const path = "/tssub/barrier-halted"
+	s := stream(t, e.p, path)
+	var mu sync.Mutex
+	up := false
+	h := newHook(t, func(int, itx.WebhookBody) int {
+		mu.Lock()
+		defer mu.Unlock()
+		if up {
+			return 200
+		}
+		return 400
+	})
+	name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "w", Start: "now",
+		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
+	job := mustAppend(t, s, ev("job", `{}`)).HeadOffset
+	d := driveLadder(t, e, path, name, func(d itx.SubscriptionDescription) bool { return d.Status == itx.StatusHalted })
+
+	errc := e.barrier(t, path, name, job)
+	e.clock.Advance(15 * time.Second)
+	err := answer(t, errc)
+	requireCode(t, err, itx.EDeadlineExceeded)
+	require.Contains(t, err.Error(), fmt.Sprintf("confirmed %d < %d", d.ConfirmedOffset, job))
+	require.Contains(t, err.Error(), "status: halted")
+
+	errc = e.barrier(t, path, name, job)
+	mu.Lock()
+	up = true
+	mu.Unlock()
+	_, err = client.ResumeSubscription(e.ctx, s, name)
+	require.NoError(t, err)
+	require.NoError(t, answer(t, errc))
 }
