@@ -267,6 +267,10 @@ func (s *Server) WaitUntilProcessed(ctx context.Context, ref StreamRef, name str
 		switch {
 		case exists && existed && entry.OccupiedAtOffset != occupant:
 			return 0, itx.Errorf(itx.ENotFound, "subscription %q was removed while waiting (another subscription holds the name since offset %d)", name, entry.OccupiedAtOffset)
+		case exists && wasReader, !exists && isReader && existed:
+			// The reader waited on gave way to a subscription, or the subscription to a
+			// reader: a different consumer holds the name now.
+			return 0, itx.Errorf(itx.ENotFound, "%q was removed while waiting (a %s holds the name now)", name, map[bool]string{true: "subscription", false: "registered reader"}[exists])
 		case !exists && isReader:
 			if reader.Checkpoint >= offset {
 				return reader.Checkpoint, nil
