@@ -666,8 +666,9 @@ func (s *Session) printWatch(ctx context.Context, v *liveView) (went string, err
 		}
 		snapshot, state, patches, dropped := v.takePatches()
 		if state != nil && (first || snapshot != shownSnapshot || dropped > 0) {
-			// The first frame, or a new snapshot (the server resubscribed after a gap): show
-			// the whole state, then the patches that followed it.
+			// The first frame, or a new snapshot (the server's, when the view fell behind, or
+			// the view's own, the patches it could not hold folded in while the output was
+			// paused): show the whole state, then the patches that followed it.
 			s.printWatchFrame(snapshotJS{Revision: snapshot, State: state},
 				fmt.Sprintf("snapshot at revision %d\n%s", snapshot, indentJSON(state)))
 			first, shownSnapshot = false, snapshot

@@ -13,6 +13,7 @@ import (
 
 	"capnproto.org/go/capnp/v3"
 	"github.com/dop251/goja"
+	jsonpatch "github.com/evanphx/json-patch/v5"
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/wire"
@@ -324,7 +325,9 @@ type liveView struct {
 	state    json.RawMessage // the latest snapshot's state
 	patches  []patchJS
 	dropped  int
-	wake     chan struct{}
+	// maxPatches bounds the patches held unread (maxBuffered; lower in tests).
+	maxPatches int
+	wake       chan struct{}
 	// first is closed when the first snapshot has arrived.
 	first     chan struct{}
 	firstOnce sync.Once
@@ -433,13 +436,53 @@ func (v *liveView) Patch(ctx context.Context, call schema.LiveSubscriber_patch) 
 	v.mu.Lock()
 	v.revision = call.Args().Revision()
 	v.patches = append(v.patches, patchJS{Revision: v.revision, Ops: raw})
-	if over := len(v.patches) - maxBuffered; over > 0 {
-		v.patches = append([]patchJS(nil), v.patches[over:]...)
-		v.dropped += over
+	if len(v.patches) > v.maxPatches {
+		v.fold(len(v.patches) - v.maxPatches/2)
 	}
 	v.mu.Unlock()
 	v.signal()
 	return nil
+}
+
+// fold applies the oldest n patches to the snapshot, which takes the last one's revision, so a
+// view read rarely (a script, .watch writing into a paused pipe) holds a bounded number of
+// patches and its snapshot and the patches after it still make the current state, without a
+// gap. Should they not apply (they always do: the server computed them from one document to
+// the next), they are dropped and counted instead. Called with v.mu held.
+func (v *liveView) fold(n int) {
+	folded := v.patches[:n]
+	ops := []json.RawMessage{}
+	var err error
+	for _, p := range folded {
+		var some []json.RawMessage
+		if err = json.Unmarshal(p.Ops, &some); err != nil {
+			break
+		}
+		ops = append(ops, some...)
+	}
+	var state json.RawMessage
+	if err == nil && v.state != nil {
+		state, err = applyOps(v.state, ops)
+	}
+	if err == nil && state != nil {
+		v.state, v.snapshot = state, folded[n-1].Revision
+	} else {
+		v.dropped += n
+	}
+	v.patches = append([]patchJS(nil), v.patches[n:]...)
+}
+
+// applyOps applies RFC 6902 operations to a JSON document.
+func applyOps(doc json.RawMessage, ops []json.RawMessage) (json.RawMessage, error) {
+	raw, err := json.Marshal(ops)
+	if err != nil {
+		return nil, err
+	}
+	patch, err := jsonpatch.DecodePatch(raw)
+	if err != nil {
+		return nil, err
+	}
+	return patch.Apply(doc)
 }
 
 func (v *liveView) release() {
@@ -477,7 +520,7 @@ func (v *liveView) takePatches() (snapshot uint64, state json.RawMessage, patche
 // subscribeLive registers a live view through register, which sends the liveState call with
 // the subscriber capability it is given. times says the document is a stream's live state.
 func (s *Session) subscribeLive(times bool, register func(schema.LiveSubscriber) (schema.Handle, error)) (*liveView, error) {
-	v := &liveView{s: s, wake: make(chan struct{}, 1), first: make(chan struct{}), times: times}
+	v := &liveView{s: s, wake: make(chan struct{}, 1), first: make(chan struct{}), times: times, maxPatches: maxBuffered}
 	h, err := register(schema.LiveSubscriber_ServerToClient(v))
 	if err != nil {
 		return nil, err
