@@ -539,3 +539,44 @@ func TestWatch_JSONFramesAndServerEnd(t *testing.T) {
 		require.NotEmpty(t, patch.Ops)
 	}
 }
+
+// .tail without --from starts after the head it reads when it starts, and prints every event
+// appended after that, ephemeral ones too: an ephemeral event appended between that read and
+// the connection's open is printed as well. (Before, the connection opened after that head
+// without asking for buffered ephemeral events, so one appended in that window, which the
+// stream already held when the connection opened, was never printed, while a durable event
+// in the same window was.) A proxy holds the server's answer to the head's read (the stream's
+// describe()) until the ephemeral event is in.
+func TestTail_EphemeralAppendedAsItStartsIsPrinted(t *testing.T) {
+	ts := startServer(t)
+	ts.appendDirect(t, "/tail-window", itx.EventInput{Type: "before", Payload: json.RawMessage(`{}`)})
+	proxy := newGatedProxy(t, ts.addr)
+	out, errs := newSyncBuffer(), newSyncBuffer()
+	cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer ccancel()
+	rs, err := repl.Connect(cctx, repl.Config{Addr: proxy.addr, Token: ts.token, Out: out, Err: errs, Format: repl.FormatTable})
+	require.NoError(t, err)
+	t.Cleanup(func() { rs.Close() })
+	s := &session{Session: rs, out: out, errs: errs}
+
+	answered := proxy.holdAt("/tail-window") // the answer of the stream's describe() names its path
+	ctx, cancel := context.WithCancel(context.Background())
+	result := make(chan error, 1)
+	go func() { result <- s.RunCommand(ctx, "tail /tail-window") }()
+	select {
+	case <-answered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the tail never read the stream's head")
+	}
+	ts.appendDirect(t, "/tail-window", itx.EventInput{Type: "typing", Payload: json.RawMessage(`{}`), Ephemeral: true})
+	proxy.release()
+	require.True(t, s.errs.waitFor("tailing /tail-window after offset 1"), "stderr: %q", s.errs.String())
+	ts.appendDirect(t, "/tail-window", itx.EventInput{Type: "after", Payload: json.RawMessage(`{}`)})
+	require.True(t, s.out.waitFor("after"), "the durable event: %q", s.out.String())
+	cancel()
+	require.NoError(t, <-result)
+	lines := strings.Split(strings.TrimSpace(s.out.String()), "\n")
+	require.Len(t, lines, 2, "the ephemeral event appended as the tail started, then the durable one: %q", lines)
+	require.Regexp(t, `^2~  \S+  typing  \{\}$`, lines[0])
+	require.Regexp(t, `^3  \S+  after  \{\}$`, lines[1])
+}

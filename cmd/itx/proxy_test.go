@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"io"
 	"net"
 	"sync"
@@ -16,6 +17,34 @@ type gatedProxy struct {
 	addr string
 	mu   sync.Mutex
 	gate chan struct{} // closed while frames flow
+	// marker, when set, is looked for in what the target sends: the first read holding it
+	// closes seen and holds the gate before it is let through, so a test can act between the
+	// target's answer to a call and the client's receiving it.
+	marker []byte
+	seen   chan struct{}
+}
+
+// holdAt holds the gate at the first bytes from the target that hold marker; the returned
+// channel is closed then.
+func (p *gatedProxy) holdAt(marker string) <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.marker, p.seen = []byte(marker), make(chan struct{})
+	return p.seen
+}
+
+// sawMarker holds the gate if chunk holds the marker watched for (see holdAt).
+func (p *gatedProxy) sawMarker(chunk []byte) {
+	p.mu.Lock()
+	found := p.marker != nil && bytes.Contains(chunk, p.marker)
+	if found {
+		close(p.seen)
+		p.marker = nil
+	}
+	p.mu.Unlock()
+	if found {
+		p.hold()
+	}
 }
 
 func newGatedProxy(t *testing.T, target string) *gatedProxy {
@@ -54,6 +83,7 @@ func newGatedProxy(t *testing.T, target string) *gatedProxy {
 				for {
 					n, err := up.Read(buf)
 					if n > 0 {
+						p.sawMarker(buf[:n])
 						p.wait()
 						if _, werr := c.Write(buf[:n]); werr != nil {
 							return

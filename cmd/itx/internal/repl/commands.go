@@ -445,7 +445,10 @@ func runTail(ctx context.Context, s *Session, args []string) error {
 		}
 		after = info.HeadOffset
 	}
-	conn, err := s.openTail(ctx, ta.path, after, false)
+	// Without --from the tail starts after the head it just read: the ephemeral events after
+	// that head were appended since it started, and the stream may hold some by the time the
+	// connection opens, which a connection delivers only when asked for (includeEphemeral).
+	conn, err := s.openTail(ctx, ta.path, after, ta.fromHead)
 	if err != nil {
 		return err
 	}
@@ -479,15 +482,16 @@ func runTail(ctx context.Context, s *Session, args []string) error {
 // buffer filled: the tail opens again after what it printed.
 const tailOverflowed = "overflowed"
 
-// openTail opens .tail's connection on the stream at path, after the offset after. Opened
-// again (reopen), it asks for the buffered ephemeral events after that offset too, which the
-// connection it replaces would have delivered live.
-func (s *Session) openTail(ctx context.Context, path string, after int64, reopen bool) (*liveConnection, error) {
+// openTail opens .tail's connection on the stream at path, after the offset after. With
+// ephemeral it asks for the buffered ephemeral events after that offset too: when the tail
+// started at the head (they were appended since), and when it opens again (the connection it
+// replaces would have delivered them live).
+func (s *Session) openTail(ctx context.Context, path string, after int64, ephemeral bool) (*liveConnection, error) {
 	c := s.client(streamPath(path))
 	defer c.Release()
 	sink := newEventSink()
 	sink.keepOldest = true
-	return s.openConnectionTo(ctx, c, s.toJS(map[string]any{"after": after, "openedBy": "itx tail", "noState": true, "includeEphemeral": reopen}), sink)
+	return s.openConnectionTo(ctx, c, s.toJS(map[string]any{"after": after, "openedBy": "itx tail", "noState": true, "includeEphemeral": ephemeral}), sink)
 }
 
 // printTail prints conn's events until it ends, and returns the last offset printed (after,
