@@ -321,8 +321,8 @@ func streamOpenConnection(ctx context.Context, s *Session, c capnp.Client, p cap
 type liveView struct {
 	mu       sync.Mutex
 	revision uint64          // the latest revision, snapshot or patch
-	snapshot uint64          // the revision of the latest snapshot
-	state    json.RawMessage // the latest snapshot's state
+	snapshot uint64          // the revision of the latest snapshot (see fold)
+	state    json.RawMessage // the latest snapshot's state, with any folded patches applied
 	patches  []patchJS
 	dropped  int
 	// maxPatches bounds the patches held unread (maxBuffered; lower in tests).
@@ -447,8 +447,9 @@ func (v *liveView) Patch(ctx context.Context, call schema.LiveSubscriber_patch) 
 // fold applies the oldest n patches to the snapshot, which takes the last one's revision, so a
 // view read rarely (a script, .watch writing into a paused pipe) holds a bounded number of
 // patches and its snapshot and the patches after it still make the current state, without a
-// gap. Should they not apply (they always do: the server computed them from one document to
-// the next), they are dropped and counted instead. Called with v.mu held.
+// gap. Should they not apply (the server computed them from one document to the next, but the
+// patch library cannot replace a document that is a bare number or string), they are dropped
+// and counted instead, as before there was folding. Called with v.mu held.
 func (v *liveView) fold(n int) {
 	folded := v.patches[:n]
 	ops := []json.RawMessage{}
