@@ -39,6 +39,10 @@ type ProcessorPage struct {
 	Events         []Event
 	ScannedThrough int64 // every offset in (after, ScannedThrough] was examined
 	Head           int64 // the stream's highest offset when the page was read
+	// EphemeralOnly says no durable event lies in (after, ScannedThrough]: every offset there is
+	// an ephemeral row (or the gap a swept one left). A filtered page leaves out durable events
+	// too, so its Events being empty does not say this; false claims nothing.
+	EphemeralOnly bool
 }
 
 // ProcessorFrame is one delivery to a runner: the events of a scanned range (possibly filtered
@@ -52,6 +56,11 @@ type ProcessorFrame struct {
 	// Continued says the host itself delivers (ScannedThrough, Head] in later frames (a frame cut
 	// by its size limit), so the runner need not pull that tail with a trailing catch-up.
 	Continued bool
+	// EphemeralOnly says no durable event lies in (ScannedAfter, ScannedThrough] (as on
+	// ProcessorPage): seed 002's ephemeral appends never reach processor delivery, so the runner
+	// moves its cursor over such a range without a pass, unless the state there is still owed
+	// its pass at the head.
+	EphemeralOnly bool
 }
 
 // ProcessorProgress is a processor's durable record: the reduction (a disposable cache of Reduce

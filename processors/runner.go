@@ -62,7 +62,11 @@ type Runner[S any] struct {
 	appendSeq int64     // bumped when an append or schedule that is not the running frame's starts
 	frameTok  *frameTok // the running frame's token (its context carries it), nil between frames
 	withheld  bool      // a pass reached the head but held its CaughtUp back: one is owed
-	repassing bool      // a repass is queued and has not started yet
+	// offeredAt is the processing cursor at which the last committed frame reached the head (its
+	// state had its pass there, or withheld owes it); -1 until one did in this incarnation. An
+	// ephemeral-only range after it changes nothing a pass would decide on (see processFrame).
+	offeredAt int64
+	repassing bool // a repass is queued and has not started yet
 	fenced    error
 	changed   chan struct{} // closed and replaced on every commit
 }
@@ -83,7 +87,7 @@ func NewRunner[S any](c Contract[S], cfg RunnerConfig) (*Runner[S], error) {
 	if cfg.Logf == nil {
 		cfg.Logf = log.Printf
 	}
-	r := &Runner[S]{c: c, cfg: cfg, chain: make(chan struct{}, 1), changed: make(chan struct{})}
+	r := &Runner[S]{c: c, cfg: cfg, chain: make(chan struct{}, 1), changed: make(chan struct{}), offeredAt: -1}
 	r.bgCtx, r.bgCancel = context.WithCancel(context.Background())
 	return r, nil
 }
@@ -183,7 +187,7 @@ func (r *Runner[S]) catchUp(ctx context.Context) error {
 		if page.ScannedThrough <= after {
 			return nil
 		}
-		f := Frame{Events: page.Events, ScannedAfter: after, ScannedThrough: page.ScannedThrough, Head: page.Head}
+		f := Frame{Events: page.Events, ScannedAfter: after, ScannedThrough: page.ScannedThrough, Head: page.Head, EphemeralOnly: page.EphemeralOnly}
 		if err := r.processFrame(ctx, f); err != nil {
 			return err
 		}
@@ -211,6 +215,7 @@ func (r *Runner[S]) ReprocessFrom(ctx context.Context, offset int64) error {
 	}
 	r.mu.Lock()
 	next := r.progress
+	r.offeredAt = -1 // the rewound state has not had its pass at the head
 	r.mu.Unlock()
 	next.ReducerVersion, next.ReducedThrough, next.ProcessedThrough = r.c.ReducerVersion, offset-1, offset-1
 	next.CursorRevision++
@@ -229,6 +234,13 @@ func (r *Runner[S]) processFrame(ctx context.Context, f Frame) (err error) {
 	committed := r.progress
 	observed := max(r.observedHead, r.highestAppend)
 	busy, seq := r.appending > 0, r.appendSeq
+	// Seed 002: ephemeral appends never reach processor delivery. A range holding no durable
+	// event leaves the state as it was; when that state already had its pass at the head (and
+	// no held-back CaughtUp is owed), the range only moves the cursor: a stream of ephemeral
+	// chunks must not run the at-head pass once per chunk. A state that has not had it (the
+	// frame before was cut behind the head, a fresh incarnation, a rewind) still gets the
+	// eventless pass, as behind a filtered durable tail.
+	quiet := f.EphemeralOnly && !r.withheld && r.offeredAt == committed.ProcessedThrough
 	r.mu.Unlock()
 	plan, err := planFrame(committed.ProcessedThrough, observed, f, r.classify)
 	if err != nil {
@@ -288,7 +300,7 @@ func (r *Runner[S]) processFrame(ctx context.Context, f Frame) (err error) {
 			state = next
 		}
 	}
-	if plan.eventless && !r.heldBack(busy, seq) {
+	if plan.eventless && !quiet && !r.heldBack(busy, seq) {
 		claimed = true
 		d := delivery
 		d.CaughtUp = true
@@ -300,6 +312,11 @@ func (r *Runner[S]) processFrame(ctx context.Context, f Frame) (err error) {
 	next.ReducerVersion, next.ReducedThrough, next.ProcessedThrough = r.c.ReducerVersion, plan.through, plan.through
 	if err := r.commit(ctx, next, state); err != nil {
 		return err
+	}
+	if plan.through >= plan.head {
+		r.mu.Lock()
+		r.offeredAt = plan.through
+		r.mu.Unlock()
 	}
 	// Diagnostics follow the commit: the malformed event is already behind the cursor, so a
 	// failing diagnostic append can never fail this frame again; the key dedupes redelivery.
@@ -461,6 +478,7 @@ func (r *Runner[S]) passAtHead(ctx context.Context) (err error) {
 	}
 	r.mu.Lock()
 	r.withheld = false
+	r.offeredAt = committed.ProcessedThrough
 	r.mu.Unlock()
 	return nil
 }

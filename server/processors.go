@@ -675,6 +675,7 @@ func (l procLog) Read(ctx context.Context, after int64, limit int) (itx.Processo
 		page.ScannedThrough = events[len(events)-1].Offset
 	}
 	page.Events = events
+	page.EphemeralOnly = len(events) == 0 // the query reads durable events only
 	return page, nil
 }
 
@@ -707,7 +708,17 @@ func (l procInstanceLog) Read(ctx context.Context, after int64, limit int) (itx.
 	if err != nil {
 		return itx.ProcessorPage{}, err
 	}
-	return itx.ProcessorPage{Events: page.Events, ScannedThrough: page.NextAfter, Head: page.StreamMaxOffset}, nil
+	out := itx.ProcessorPage{Events: page.Events, ScannedThrough: page.NextAfter, Head: page.StreamMaxOffset}
+	if len(out.Events) == 0 && out.ScannedThrough > after {
+		// The filter hides durable events too: whether the range holds only ephemeral offsets
+		// is the unfiltered log's to say.
+		raw, err := l.procLog.Read(ctx, after, 1)
+		if err != nil {
+			return itx.ProcessorPage{}, err
+		}
+		out.EphemeralOnly = len(raw.Events) == 0 || raw.Events[0].Offset > out.ScannedThrough
+	}
+	return out, nil
 }
 
 // Append commits through this incarnation's actor only: a processor of an unloaded incarnation
@@ -877,7 +888,9 @@ func (d *deliverer) wake(job pushJob, store streamStore, out deliveryOutcome) de
 	}
 	// The cursor row follows the runner's commit, so the wake lane itself delivers whatever
 	// lies past this frame: no trailing catch-up is needed.
-	frame := itx.ProcessorFrame{ScannedAfter: after, ScannedThrough: scanned, Head: job.head, Continued: true}
+	// The scan reads durable events only: none means the range holds only ephemeral offsets,
+	// which never reach a processor (the runner moves its cursor over them without a pass).
+	frame := itx.ProcessorFrame{ScannedAfter: after, ScannedThrough: scanned, Head: job.head, Continued: true, EphemeralOnly: len(events) == 0}
 	for i := range events {
 		e := &events[i]
 		if !d.matches(e) {

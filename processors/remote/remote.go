@@ -384,7 +384,7 @@ func catchUpFor(ctx context.Context, log itx.ProcessorLog, r itx.ProcessorRunner
 		if page.ScannedThrough <= after {
 			return nil
 		}
-		f := itx.ProcessorFrame{Events: page.Events, ScannedAfter: after, ScannedThrough: page.ScannedThrough, Head: page.Head, Continued: true}
+		f := itx.ProcessorFrame{Events: page.Events, ScannedAfter: after, ScannedThrough: page.ScannedThrough, Head: page.Head, Continued: true, EphemeralOnly: page.EphemeralOnly}
 		if err := r.Deliver(ctx, f); err != nil {
 			return err
 		}
@@ -485,7 +485,18 @@ func (l *rpcLog) fetch(ctx context.Context, after int64, limit int) (itx.Process
 	if err != nil {
 		return itx.ProcessorPage{}, err
 	}
-	return itx.ProcessorPage{Events: pg.Events, ScannedThrough: pg.NextAfter, Head: pg.StreamMaxOffset}, nil
+	page := itx.ProcessorPage{Events: pg.Events, ScannedThrough: pg.NextAfter, Head: pg.StreamMaxOffset}
+	if len(page.Events) == 0 && page.ScannedThrough > after {
+		// The filter hides durable events too: one unfiltered event (range reads are durable
+		// unless asked) says whether the range holds only ephemeral offsets, which the runner
+		// passes without a pass (seed 002: they never reach processor delivery).
+		raw, err := client.GetEventPage(ctx, stream, itx.Query{After: after, Limit: 1})
+		if err != nil {
+			return itx.ProcessorPage{}, err
+		}
+		page.EphemeralOnly = len(raw.Events) == 0 || raw.Events[0].Offset > page.ScannedThrough
+	}
+	return page, nil
 }
 
 func (l *rpcLog) Read(ctx context.Context, after int64, limit int) (itx.ProcessorPage, error) {

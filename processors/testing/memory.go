@@ -215,7 +215,7 @@ func checkCore(in itx.EventInput) error {
 }
 
 // Read returns up to limit durable events after offset after (processors.StreamLog). Ephemeral
-// events are skipped but scanned.
+// events are skipped but scanned; a page that scanned nothing else says so (EphemeralOnly).
 func (s *MemoryStream) Read(ctx context.Context, after int64, limit int) (processors.Page, error) {
 	if err := ctx.Err(); err != nil {
 		return processors.Page{}, err
@@ -241,6 +241,8 @@ func (s *MemoryStream) Read(ctx context.Context, after int64, limit int) (proces
 		}
 		p.Events = append(p.Events, e)
 	}
+	// Unfiltered, a page without events scanned only ephemeral offsets.
+	p.EphemeralOnly = len(p.Events) == 0
 	return p, nil
 }
 
