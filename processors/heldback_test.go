@@ -295,6 +295,41 @@ func TestRunner_CaughtUpHeldBackByAnAppendInFlight(t *testing.T) {
 			}
 		})
 	})
+	t.Run("an ephemeral append in flight holds back too, and its range owes the eventless pass", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			f := newFixture()
+			release := make(chan error)
+			const chunk = "chunk/streamed"
+			log := holdLog{f.stream, func(in []itx.EventInput) error {
+				if in[0].Type == chunk {
+					return <-release
+				}
+				return nil
+			}}
+			var rec passLog
+			// The attempt streams one ephemeral chunk: no frame will ever deliver it, and the
+			// range it lands in holds no durable event, yet the claim held back is owed there.
+			r := runStarter(t, f, log, f.store, starterWith(&rec, nil, func(ctx context.Context, a *processors.Args[echoState]) error {
+				_, err := a.Append(ctx, itx.EventInput{Type: chunk, Payload: []byte(`{}`), Ephemeral: true})
+				return err
+			}))
+			f.append(t, added.Input(counted{N: 1}, ""))
+			catchUp(t, r)
+			synctest.Wait()
+			f.append(t, added.Input(counted{N: 1}, ""))
+			catchUp(t, r)
+			release <- nil
+			synctest.Wait()
+			catchUp(t, r) // the chunk's range: ephemeral only
+			synctest.Wait()
+			if got, want := rec.String(), "1:true 2:false 0:true"; got != want {
+				t.Errorf("ProcessEvent calls %q, want %q", got, want)
+			}
+			if got, want := r.ProcessedThrough(), f.stream.Head(); got != want {
+				t.Errorf("cursor %d, want the head %d", got, want)
+			}
+		})
+	})
 	t.Run("an append deduped onto a processed offset owes the eventless pass", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			f := newFixture()
