@@ -252,6 +252,22 @@ func (r *Runner[S]) processFrame(ctx context.Context, f Frame) (err error) {
 	if !plan.commit {
 		return nil
 	}
+	if quiet {
+		// Only ephemeral offsets past a state that had its pass at the head: the cursor moves,
+		// and nothing else happens. No processor code runs, so it is no tracked work either (an
+		// alarm armed and a confirmation fire per streamed chunk), nor a clean settlement.
+		next := committed
+		next.ReducerVersion, next.ReducedThrough, next.ProcessedThrough = r.c.ReducerVersion, plan.through, plan.through
+		if err := r.commit(ctx, next, r.committedState()); err != nil {
+			return err
+		}
+		if plan.through >= plan.head {
+			r.mu.Lock()
+			r.offeredAt = plan.through
+			r.mu.Unlock()
+		}
+		return nil
+	}
 	if r.c.ProcessEvent != nil {
 		// The fence is checked before the effects, not only at the commit: an incarnation
 		// fenced since its last frame (another one claimed the record, on this host or another)
@@ -300,7 +316,7 @@ func (r *Runner[S]) processFrame(ctx context.Context, f Frame) (err error) {
 			state = next
 		}
 	}
-	if plan.eventless && !quiet && !r.heldBack(busy, seq) {
+	if plan.eventless && !r.heldBack(busy, seq) {
 		claimed = true
 		d := delivery
 		d.CaughtUp = true

@@ -546,3 +546,38 @@ func equalCalls(a, b []call) bool {
 	}
 	return true
 }
+
+// Seed 002: ephemeral appends never reach processor delivery, and the keepalive tracks work in
+// flight. Streaming chunks appended ephemeral after the processor's pass at the head run no pass
+// and are no tracked work: the disarmed keepalive stays disarmed (no arm, no confirmation fire
+// per burst of chunks), while the processing cursor still passes them.
+func TestSeedProc_EphemeralChunksAreNoKeepaliveWork(t *testing.T) {
+	r := &recorder{}
+	proctest.Run(t, proctest.Config[tally]{New: r.contract}, func(t *testing.T, h *proctest.Harness[tally]) {
+		h.Append(itx.EventInput{Type: "c/item"})
+		if got := r.taken(); len(got) != 1 || !got[0].caughtUp {
+			t.Fatalf("passes %+v, want the item's, caught up", got)
+		}
+		h.AdvanceTime(processors.KeepaliveLead) // the confirmation fire disarms
+		if at := h.AlarmAt(); !at.IsZero() {
+			t.Fatalf("alarm armed at %v after the quiet confirmation", at)
+		}
+		fires := len(h.Fires())
+		for range 3 {
+			h.Append(itx.EventInput{Type: "c/item", Ephemeral: true})
+		}
+		if got := r.taken(); len(got) != 0 {
+			t.Errorf("passes %+v for ephemeral chunks, want none", got)
+		}
+		if at := h.AlarmAt(); !at.IsZero() {
+			t.Errorf("ephemeral chunks armed the keepalive at %v", at)
+		}
+		h.AdvanceTime(processors.KeepaliveLead)
+		if got := h.Fires()[fires:]; len(got) != 0 {
+			t.Errorf("fires %+v after ephemeral chunks, want none", got)
+		}
+		if got, want := h.Runner().ProcessedThrough(), h.Stream.Head(); got != want {
+			t.Errorf("cursor %d, want the head %d", got, want)
+		}
+	})
+}
