@@ -173,7 +173,11 @@ func (a *Args[S]) BlockProcessorWhile(name string, work func(ctx context.Context
 // without waiting, and an eviction loses the closure silently. The call site must answer "what
 // recovers the outcome if this drops?" (usually: the CaughtUp branch restarts it from state).
 // The work is tracked by the keepalive, and its failure marks the keepalive window, so the next
-// alarm fire revives the processor.
+// alarm fire revives the processor. It runs on a goroutine of its own, which may not have begun
+// when RunInBackground returns, nor when the next event's ProcessEvent runs: record the attempt
+// in the processor's in-memory live-set before calling RunInBackground (the seed's "synchronously,
+// before any await"), not as the first statement of work, or the next CaughtUp pass can find the
+// obligation undriven and start it twice.
 func (a *Args[S]) RunInBackground(work func(ctx context.Context) error) {
 	a.run.background(work)
 }
