@@ -261,11 +261,9 @@ func (r *Runner[S]) processFrame(ctx context.Context, f Frame) (err error) {
 		if err := r.commit(ctx, next, r.committedState()); err != nil {
 			return err
 		}
-		if plan.through >= plan.head {
-			r.mu.Lock()
-			r.offeredAt = plan.through
-			r.mu.Unlock()
-		}
+		r.mu.Lock()
+		r.offeredAt = plan.through // the same state, which had its pass at the head
+		r.mu.Unlock()
 		return nil
 	}
 	if r.c.ProcessEvent != nil {
