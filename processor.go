@@ -30,7 +30,8 @@ type ProcessorLog interface {
 	Append(ctx context.Context, events []EventInput) ([]Event, error)
 	// Schedule has the stream append event at at, exactly once, surviving restarts (a durable
 	// timer; the stream's Stream.schedule). Its idempotency key names it: scheduling the key
-	// again moves it; a key already in the log schedules nothing.
+	// again moves it; a key already in the log schedules nothing (with another body it fails with
+	// EIdempotencyConflict, as Append does).
 	Schedule(ctx context.Context, event EventInput, at time.Time) error
 }
 

@@ -207,7 +207,8 @@ func (a *Args[S]) Append(ctx context.Context, events ...itx.EventInput) ([]itx.E
 // once).
 // event.IdempotencyKey is required and names the timer (build it with IdempotencyKey, keyed by
 // the event that set it, so a replay schedules the same timer): scheduling the key again moves
-// it, and once the event has landed scheduling it again does nothing. Cancel it by landing
+// it, and once the event has landed scheduling it again does nothing (with another body it fails
+// with itx.EIdempotencyConflict, as Append does). Cancel it by landing
 // nothing: the reducer decides, when the event arrives, whether it still matters.
 func (a *Args[S]) ScheduleAppend(ctx context.Context, at time.Time, event itx.EventInput) error {
 	if event.IdempotencyKey == "" {

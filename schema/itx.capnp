@@ -508,7 +508,8 @@ interface Stream {
   # Durable timers: append event at dueAt (epoch ms; a time past means at once), exactly once,
   # surviving unloads, crashes and restarts. Its idempotencyKey (required) names it: scheduling
   # the key again moves it; a key already in the log schedules nothing and returns its offset in
-  # appendedOffset. Needs the append right; listScheduled needs read.
+  # appendedOffset (idempotencyConflict if the log holds it with another body, as for an append).
+  # Needs the append right; listScheduled needs read.
   schedule @13 (event :EventInput, dueAt :Int64) -> (dueAt :Int64, appendedOffset :UInt64);
   cancelScheduled @14 (key :Text) -> (cancelled :Bool);
   listScheduled @15 () -> (scheduled :List(ScheduledEvent));

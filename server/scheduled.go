@@ -45,7 +45,8 @@ type scheduled struct {
 
 // Schedule asks the stream to append input at dueAt (epoch ms; a time already past means at
 // once). The input's idempotency key names it: scheduling the key again moves it (its time and
-// event); a key already in the log schedules nothing and returns its offset.
+// event); a key already in the log schedules nothing and returns its offset, or, when the log holds
+// it with another body, fails with EIdempotencyConflict as an append of the key would.
 func (s *Server) Schedule(ctx context.Context, ref StreamRef, input itx.EventInput, dueAt int64) (due, appended int64, err error) {
 	p, err := s.StartSchedule(ctx, ref, input, dueAt)
 	if err != nil {
@@ -215,15 +216,26 @@ func (st *streamState) applySchedule(op scheduleOp, env stepEnv, eff *effects) s
 	if err != nil {
 		return scheduleReply{err: itx.Errorf(itx.EUnavailable, "schedule: %v", err)}
 	}
-	if prior := committed[op.key]; prior != nil {
-		return scheduleReply{appended: prior.Offset}
-	}
-	// This step's own events are not committed yet: the key may be landing in this very step (it
-	// came due as the call arrived), or be appended by a call taken with it.
-	for i := range eff.commit.Events {
-		if e := &eff.commit.Events[i]; e.IdempotencyKey == op.key {
-			return scheduleReply{appended: e.Offset}
+	// A key already in the log answers as an append of the key would: the same body names its
+	// offset, another body is a conflict (else a caller whose body changed would be told its
+	// event is in the log when the log holds another).
+	prior := committed[op.key]
+	if prior == nil {
+		// This step's own events are not committed yet: the key may be landing in this very step
+		// (it came due as the call arrived), or be appended by a call taken with it.
+		for i := range eff.commit.Events {
+			if e := &eff.commit.Events[i]; e.IdempotencyKey == op.key {
+				prior = e
+				break
+			}
 		}
+	}
+	if prior != nil {
+		if !itx.SameBody(prior, op.input) {
+			return scheduleReply{err: itx.Errorf(itx.EIdempotencyConflict,
+				"idempotency key %q is already used by offset %d with a different body", op.key, prior.Offset)}
+		}
+		return scheduleReply{appended: prior.Offset}
 	}
 	if _, ok := st.scheduled[op.key]; !ok && env.maxScheduled > 0 && len(st.scheduled) >= env.maxScheduled {
 		return scheduleReply{err: itx.Errorf(itx.ELimitExceeded,

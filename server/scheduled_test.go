@@ -2,6 +2,7 @@ package server
 
 import (
 	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
@@ -11,42 +12,61 @@ import (
 
 // A schedule call for a key that lands in the same step (it came due as the call arrived: a
 // processor moving its timer at its time) finds the key in the log, as it would a step later:
-// nothing is scheduled again and the reply names the offset. Kept, the moved row would land
-// later as a refused duplicate (a stream/error-occurred record), and the caller was told of a
-// time that never comes. Driven on the step: over RPC the two cannot be made to meet in one step.
+// nothing is scheduled again, and the reply names the offset when the call's body is the one
+// that landed, or is an idempotencyConflict naming it when the call moves the body (the log
+// holds the old one). Kept, the moved row would land later as a refused duplicate (a
+// stream/error-occurred record), and the caller was told of a time that never comes. Driven on
+// the step: over RPC the two cannot be made to meet in one step.
 func TestStep_ScheduleOfAKeyLandingInTheSameStep(t *testing.T) {
-	s := newStepScript(t)
-	env := s.env()
-	stored := map[string][]byte{}
-	env.loadScheduled = func(keys []string) (map[string][]byte, error) {
-		out := map[string][]byte{}
-		for _, k := range keys {
-			out[k] = stored[k]
-		}
-		return out, nil
-	}
-	op := func(payload string, dueAt time.Time) scheduleOp {
-		o, err := newScheduleOp(itx.EventInput{Type: "reminder", Payload: json.RawMessage(payload), IdempotencyKey: "k"}, dueAt.UnixMilli())
-		require.NoError(t, err)
-		return o
-	}
-	due := s.now.Add(time.Minute)
-	eff, err := step(s.st, stepInput{schedules: []scheduleOp{op(`{"n":1}`, due)}}, s.now, env)
-	require.NoError(t, err)
-	require.Len(t, eff.commit.ScheduledUpserts, 1)
-	stored["k"] = eff.commit.ScheduledUpserts[0].Event
+	for _, tc := range []struct {
+		name, moved string
+		conflict    bool
+	}{
+		{"the same body", `{"n":1}`, false},
+		{"another body", `{"n":2}`, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newStepScript(t)
+			env := s.env()
+			stored := map[string][]byte{}
+			env.loadScheduled = func(keys []string) (map[string][]byte, error) {
+				out := map[string][]byte{}
+				for _, k := range keys {
+					out[k] = stored[k]
+				}
+				return out, nil
+			}
+			op := func(payload string, dueAt time.Time) scheduleOp {
+				o, err := newScheduleOp(itx.EventInput{Type: "reminder", Payload: json.RawMessage(payload), IdempotencyKey: "k"}, dueAt.UnixMilli())
+				require.NoError(t, err)
+				return o
+			}
+			due := s.now.Add(time.Minute)
+			eff, err := step(s.st, stepInput{schedules: []scheduleOp{op(`{"n":1}`, due)}}, s.now, env)
+			require.NoError(t, err)
+			require.Len(t, eff.commit.ScheduledUpserts, 1)
+			stored["k"] = eff.commit.ScheduledUpserts[0].Event
 
-	// At its time, before the timer's step: the move arrives in the step that lands it.
-	eff, err = step(s.st, stepInput{schedules: []scheduleOp{op(`{"n":2}`, due.Add(time.Hour))}}, due, env)
-	require.NoError(t, err)
-	require.Len(t, eff.commit.Events, 1, "landed")
-	landed := eff.commit.Events[0]
-	require.Equal(t, "k", landed.IdempotencyKey)
-	require.Len(t, eff.scheduleAnswers, 1)
-	got := eff.scheduleAnswers[0].reply
-	require.NoError(t, got.err)
-	require.Equal(t, landed.Offset, got.appended, "the key is in the log: nothing scheduled")
-	require.Zero(t, got.dueAt)
-	require.Empty(t, eff.commit.ScheduledUpserts, "no row to land later")
-	require.NotContains(t, s.st.scheduled, "k")
+			// At its time, before the timer's step: the move arrives in the step that lands it.
+			eff, err = step(s.st, stepInput{schedules: []scheduleOp{op(tc.moved, due.Add(time.Hour))}}, due, env)
+			require.NoError(t, err)
+			require.Len(t, eff.commit.Events, 1, "landed")
+			landed := eff.commit.Events[0]
+			require.Equal(t, "k", landed.IdempotencyKey)
+			require.JSONEq(t, `{"n":1}`, string(landed.Payload))
+			require.Len(t, eff.scheduleAnswers, 1)
+			got := eff.scheduleAnswers[0].reply
+			if tc.conflict {
+				require.Equal(t, itx.EIdempotencyConflict, itx.ErrorCode(got.err), "error: %v", got.err)
+				require.Contains(t, itx.ErrorMessage(got.err), fmt.Sprintf("offset %d", landed.Offset))
+				require.Zero(t, got.appended)
+			} else {
+				require.NoError(t, got.err)
+				require.Equal(t, landed.Offset, got.appended, "the key is in the log: nothing scheduled")
+			}
+			require.Zero(t, got.dueAt)
+			require.Empty(t, eff.commit.ScheduledUpserts, "no row to land later")
+			require.NotContains(t, s.st.scheduled, "k")
+		})
+	}
 }

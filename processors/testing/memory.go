@@ -61,7 +61,8 @@ func (s *MemoryStream) LoseAcks(lose func(in itx.EventInput) bool) {
 }
 
 // Schedule keeps event to append at at (processors.StreamLog), as itxd's Stream.schedule does:
-// the key names it, scheduling it again moves it, and a key already in the log schedules nothing.
+// the key names it, scheduling it again moves it, and a key already in the log schedules nothing
+// (with another body than the logged event's, it fails with itx.EIdempotencyConflict).
 // Scheduled events land when Land is called at or after their time.
 func (s *MemoryStream) Schedule(ctx context.Context, event itx.EventInput, at time.Time) error {
 	if err := ctx.Err(); err != nil {
@@ -75,7 +76,11 @@ func (s *MemoryStream) Schedule(ctx context.Context, event itx.EventInput, at ti
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, landed := s.keys[event.IdempotencyKey]; landed {
+	if i, landed := s.keys[event.IdempotencyKey]; landed {
+		if prior := s.events[i]; !itx.SameBody(&prior, &event) {
+			return itx.Errorf(itx.EIdempotencyConflict,
+				"idempotency key %q belongs to event %d with another body", event.IdempotencyKey, prior.Offset)
+		}
 		return nil
 	}
 	event.Payload, event.Metadata = slices.Clone(event.Payload), slices.Clone(event.Metadata)
