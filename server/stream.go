@@ -1,7 +1,9 @@
 package server
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"sort"
 	"strings"
@@ -116,6 +118,7 @@ func validateAppend(inputs []itx.EventInput, auth authority) error {
 			if strings.HasPrefix(inputs[i].IdempotencyKey, itx.InternalKeyPrefix) {
 				return itx.Errorf(itx.EInvalid, "event %d: idempotency keys starting %q are the server's", i, itx.InternalKeyPrefix)
 			}
+			canonicalizeControlName(&inputs[i])
 		}
 		total += inputs[i].Size()
 	}
@@ -123,6 +126,41 @@ func validateAppend(inputs []itx.EventInput, auth authority) error {
 		return itx.ErrAppendTooLarge(total)
 	}
 	return nil
+}
+
+// canonicalizeControlName trims the subscription name of a client's subscription control event,
+// as the verbs do before they append theirs, so the log records the name the subscription has,
+// not the caller's spacing: a reader of the log (the birth event's receiver, an export) finds
+// the subscription by the name it reads. It runs before the idempotency lookup, so a retry
+// spaced as the first try matches the stored event. Only the name changes, and only when
+// trimming changes it (a blank one is left for the reducer to refuse as written); copies never
+// come here and keep their body verbatim.
+func canonicalizeControlName(in *itx.EventInput) {
+	switch in.Type {
+	case itx.TypeSubscriptionConfigured, itx.TypeSubscriptionCursorSet, itx.TypeSubscriptionResumed, itx.TypeSubscriptionRemoved:
+	default:
+		return
+	}
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(in.Payload, &fields) != nil {
+		return // the reducer refuses it with the decoding error
+	}
+	var name string
+	if json.Unmarshal(fields["name"], &name) != nil {
+		return
+	}
+	trimmed := strings.TrimSpace(name)
+	if trimmed == name || trimmed == "" {
+		return
+	}
+	fields["name"], _ = json.Marshal(trimmed)
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false) // the other fields keep their bytes: "<" stays "<"
+	if enc.Encode(fields) != nil {
+		return
+	}
+	in.Payload = bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
 }
 
 func normalizeQuery(q *itx.Query) error {

@@ -1,6 +1,7 @@
 package test
 
 import (
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -34,4 +35,38 @@ func TestScheduled_KeyInTheLogWithAnotherBodyIsAConflict(t *testing.T) {
 	list, err := client.ListScheduled(ctx, s)
 	require.NoError(t, err)
 	require.Empty(t, list, "nothing scheduled")
+}
+
+// A raw append of a subscription control event is canonicalized as the verb's event is: the log
+// records the name the subscription has, not the caller's spacing, so a reader of the log (a
+// receiver of the birth event, an export) finds the subscription by the name it reads. A retry
+// under the same idempotency key, spaced the same, is a duplicate.
+func TestSubscription_RawControlEventRecordsTheTrimmedName(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	s := stream(t, ts.project(t), "/raw-names")
+	mustAppend(t, s, ev("a", `{}`))
+
+	configure := keyed(itx.TypeSubscriptionConfigured,
+		`{"name":"  raw ","receiver":{"action":"copy-to-stream","receivingStreamPath":"/raw-names-copy"},"description":"kept"}`, "cfg-1")
+	first := mustAppend(t, s, configure)
+	retry := mustAppend(t, s, configure)
+	require.Equal(t, first.Offsets, retry.Offsets)
+	require.Equal(t, []bool{true}, retry.Duplicate)
+	mustAppend(t, s, ev(itx.TypeSubscriptionCursorSet, `{"name":"\traw","afterOffset":1}`))
+	mustAppend(t, s, ev(itx.TypeSubscriptionRemoved, `{"name":"raw ","reason":"requested"}`))
+
+	all, err := client.ReadAll(ctx, s, itx.Query{Types: []string{
+		itx.TypeSubscriptionConfigured, itx.TypeSubscriptionCursorSet, itx.TypeSubscriptionRemoved}})
+	require.NoError(t, err)
+	require.Len(t, all, 3)
+	for _, e := range all {
+		var p struct {
+			Name string `json:"name"`
+		}
+		require.NoError(t, json.Unmarshal(e.Payload, &p))
+		require.Equal(t, "raw", p.Name, "%s: %s", e.Type, e.Payload)
+	}
+	require.JSONEq(t, `{"name":"raw","receiver":{"action":"copy-to-stream","receivingStreamPath":"/raw-names-copy"},"description":"kept"}`,
+		string(all[0].Payload), "only the name is rewritten")
 }
