@@ -67,7 +67,7 @@ func planGroup(head int64, streamID string, bucket *tokenBucket, core *coreState
 					prior = committed[key]
 				}
 				if prior != nil {
-					if !itx.SameBody(prior, in) {
+					if !itx.SameBody(prior, in) && !(req.authority == authCopy && sameCopy(prior, in)) {
 						err = itx.Errorf(itx.EIdempotencyConflict,
 							"event %d: idempotency key %q is already used by offset %d with a different body", j, key, prior.Offset)
 						break
@@ -147,4 +147,15 @@ func planGroup(head int64, streamID string, bucket *tokenBucket, core *coreState
 		p.Replies[i] = appendReply{result: res}
 	}
 	return p
+}
+
+// sameCopy reports whether a copy being appended is one already in the log: the same last hop
+// (source stream, path, offset, subscription and seek epoch) under the same key. A copy's key
+// names those coordinates, not its body, and a redelivery after a lost acknowledgement shapes
+// the body again: a transform reading $now(), $millis() or $random() makes another one. That is
+// still the copy the log holds, kept as first written; refusing it as a conflict would fail the
+// delivery forever over a copy that landed.
+func sameCopy(prior *itx.Event, in *itx.EventInput) bool {
+	a, b := prior.Provenance, in.Provenance
+	return len(a) > 0 && len(b) > 0 && a[len(a)-1] == b[len(b)-1]
 }

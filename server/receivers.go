@@ -257,12 +257,20 @@ func (c *copySender) send(ctx context.Context, d *deliverer, b *itx.DeliveryBatc
 		if _, err := c.srv.appendAs(ctx, c.target, inputs, authCopy, stamp); err != nil {
 			return 0, c.unnamed(err)
 		}
+		if copyCommittedHook != nil {
+			copyCommittedHook()
+		}
 	}
 	if failed != nil {
 		return confirmed, failed
 	}
 	return 0, nil
 }
+
+// copyCommittedHook, when set (tests), runs once a copy has committed in the receiving stream and
+// before the source learns it: a crash there loses the acknowledgement, and the copy is delivered
+// again under the same keys.
+var copyCommittedHook func()
 
 // unnamed is an error of the receiving stream without its path, which the subscription's config
 // already names: a subscription's lastError, live state row and halt record are read by every

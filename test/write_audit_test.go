@@ -2,6 +2,9 @@ package test
 
 import (
 	"encoding/json"
+	"errors"
+	"os/exec"
+	"syscall"
 	"testing"
 	"time"
 
@@ -69,4 +72,56 @@ func TestSubscription_RawControlEventRecordsTheTrimmedName(t *testing.T) {
 	}
 	require.JSONEq(t, `{"name":"raw","receiver":{"action":"copy-to-stream","receivingStreamPath":"/raw-names-copy"},"description":"kept"}`,
 		string(all[0].Payload), "only the name is rewritten")
+}
+
+// kill -9 of itxd after a copy committed in the receiving stream and before the source learned
+// it: the copy is delivered again under the same keys, and its transform (here reading
+// $random(), as one reading $now() or $millis() would) makes another body. The receiving stream
+// takes it as the copy it already holds, as it would an unchanged one: the key names the copy's
+// source coordinates (subscription, epoch, source stream and offset), so one is the same copy
+// whatever its body. Refusing it as an idempotencyConflict left the subscription retrying, then
+// halted, over a copy that had landed.
+func TestCrash_CopyRedeliveredWithAnotherBodyIsTheSameCopy(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real itxd processes")
+	}
+	dataDir := t.TempDir()
+	proc := startItxdKilledAt(t, dataDir, "copy-committed")
+	ctx := ctxT(t)
+	p := dial(t, proc.addr).Login(ctx, proc.creds.ProjectToken)
+	src := client.Stream(ctx, p, "/src")
+	subs := client.Subscriptions(ctx, src)
+	_, _, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "mirror",
+		Start: "now", FilterTypes: []string{"e"}, Transform: `{"type": type, "payload": {"n": payload.n, "r": $random()}}`,
+		Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: "/dst"}})
+	require.NoError(t, err)
+	subs.Release()
+	res, err := client.Append(ctx, src, []itx.EventInput{ev("e", `{"n":1}`)}, itx.AppendOptions{})
+	require.NoError(t, err)
+	select {
+	case err := <-proc.exited:
+		var exit *exec.ExitError
+		require.True(t, errors.As(err, &exit), "itxd exited: %v", err)
+		require.Equal(t, syscall.SIGKILL, exit.Sys().(syscall.WaitStatus).Signal(), "itxd killed at the point")
+	case <-time.After(30 * time.Second):
+		t.Fatal("itxd did not die at the kill point")
+	}
+
+	proc = startItxd(t, dataDir)
+	p2 := dial(t, proc.addr).Login(ctx, proc.creds.ProjectToken)
+	defer p2.Release()
+	src2, dst := stream(t, p2, "/src"), stream(t, p2, "/dst")
+	copies, err := client.ReadAll(ctx, dst, itx.Query{Types: []string{"e"}})
+	require.NoError(t, err)
+	require.Len(t, copies, 1, "the copy landed before the kill")
+	sub := client.Subscription(ctx, src2, "mirror")
+	defer sub.Release()
+	_, waitErr := client.WaitUntilProcessed(ctx, sub, res.HeadOffset, 10*time.Second)
+	d, err := client.DescribeSubscription(ctx, sub)
+	require.NoError(t, err)
+	require.NoError(t, waitErr, "the redelivered copy is acknowledged (last error: %s)", d.LastError)
+	require.Empty(t, d.LastError)
+	again, err := client.ReadAll(ctx, dst, itx.Query{Types: []string{"e"}})
+	require.NoError(t, err)
+	require.Equal(t, copies, again, "copied once, kept as first written")
 }
