@@ -99,7 +99,9 @@ func (s *Server) CancelScheduled(ctx context.Context, ref StreamRef, key string)
 
 // StartCancelScheduled queues a cancel on the stream, as StartSchedule does a schedule.
 func (s *Server) StartCancelScheduled(ctx context.Context, ref StreamRef, key string) (*PendingSchedule, error) {
-	if key == "" {
+	// Trimmed as an idempotency key is when an event is scheduled, so the key as given to
+	// schedule names the same schedule here.
+	if key = strings.TrimSpace(key); key == "" {
 		return nil, itx.Errorf(itx.EInvalid, "cancelScheduled needs the event's idempotencyKey")
 	}
 	return s.startScheduleOp(ctx, ref, scheduleOp{key: key})

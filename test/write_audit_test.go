@@ -125,3 +125,28 @@ func TestCrash_CopyRedeliveredWithAnotherBodyIsTheSameCopy(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, copies, again, "copied once, kept as first written")
 }
+
+// cancelScheduled names a schedule by its key as schedule does: trimmed, as every idempotency
+// key is, so the key a schedule was given (spacing and all) cancels it.
+func TestScheduled_CancelTrimsTheKeyAsScheduleDoes(t *testing.T) {
+	clock := clocktest.New(time.Unix(1_700_000_000, 0))
+	ts := startServer(t, server.Config{Clock: clock})
+	ctx := ctxT(t)
+	s := stream(t, ts.project(t), "/timers-trim")
+	mustAppend(t, s, ev("a", `{}`))
+	_, _, err := client.Schedule(ctx, s, keyed("reminder", `{}`, " remind-1 "), clock.Now().Add(time.Hour))
+	require.NoError(t, err)
+	list, err := client.ListScheduled(ctx, s)
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+	require.Equal(t, "remind-1", list[0].Event.IdempotencyKey)
+
+	found, err := client.CancelScheduled(ctx, s, " remind-1 ")
+	require.NoError(t, err)
+	require.True(t, found, "the key as given to schedule cancels it")
+	list, err = client.ListScheduled(ctx, s)
+	require.NoError(t, err)
+	require.Empty(t, list)
+	_, err = client.CancelScheduled(ctx, s, "   ")
+	requireCode(t, err, itx.EInvalid)
+}
