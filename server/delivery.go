@@ -128,6 +128,9 @@ func (d *deliverer) deadLetterSkip(job pushJob, store streamStore, streamID stri
 		_, err = d.srv.appendAs(ctx, d.deadLetter, []itx.EventInput{letter}, authCopy, nil)
 		t.Stop()
 		cancel()
+		if err == nil && deadLetterCommittedHook != nil {
+			deadLetterCommittedHook()
+		}
 	}
 	if err != nil {
 		if d.ctx.Err() != nil {
@@ -146,6 +149,10 @@ func (d *deliverer) deadLetterSkip(job pushJob, store streamStore, streamID stri
 	}
 	f.deadLettered = true
 }
+
+// deadLetterCommittedHook, when set (tests), runs once a dead letter has committed and before the
+// skip it allows is taken: a crash there makes the letter's next try a duplicate of it.
+var deadLetterCommittedHook func()
 
 // deadLetterOf builds the dead letter of failure f: the event as stored, with its error. An
 // event too large to travel inside one keeps only its offset, type and time (it stays readable

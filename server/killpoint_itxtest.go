@@ -16,6 +16,8 @@ func init() {
 		deleteProjectCommittedHook = killSelf
 	case "copy-committed":
 		copyCommittedHook = killSelf
+	case "dead-letter-committed":
+		deadLetterCommittedHook = killSelf
 	}
 }
 

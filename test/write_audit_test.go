@@ -150,3 +150,57 @@ func TestScheduled_CancelTrimsTheKeyAsScheduleDoes(t *testing.T) {
 	_, err = client.CancelScheduled(ctx, s, "   ")
 	requireCode(t, err, itx.EInvalid)
 }
+
+// kill -9 of itxd after a dead letter committed and before the skip it allows was taken: the
+// failing event is tried again after the restart, fails with another error, and its letter is
+// built again with that error. The dead-letter stream takes it as the letter it holds (the key
+// names the subscription's epochs and the offset): the event is skipped once, with one letter,
+// as the first written. Refused as an idempotencyConflict, the letter could never land again
+// and the skip waited on the ladder.
+func TestCrash_DeadLetterWrittenAgainWithAnotherErrorIsTheSameLetter(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real itxd processes")
+	}
+	// Every answer is another 4xx (an event-specific failure with another message).
+	h := newHook(t, func(n int, _ itx.WebhookBody) int { return 400 + n%30 })
+	dataDir := t.TempDir()
+	proc := startItxdKilledAt(t, dataDir, "dead-letter-committed")
+	ctx := ctxT(t)
+	p := dial(t, proc.addr).Login(ctx, proc.creds.ProjectToken)
+	src := client.Stream(ctx, p, "/orders")
+	subs := client.Subscriptions(ctx, src)
+	_, _, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "mailer", Start: "now",
+		OnFailingEvent: "skip", FilterTypes: []string{"e"}, DeadLetterPath: "/orders-dead",
+		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
+	require.NoError(t, err)
+	subs.Release()
+	res, err := client.Append(ctx, src, []itx.EventInput{ev("e", `{"n":1}`)}, itx.AppendOptions{})
+	require.NoError(t, err)
+	select {
+	case err := <-proc.exited:
+		var exit *exec.ExitError
+		require.True(t, errors.As(err, &exit), "itxd exited: %v", err)
+		require.Equal(t, syscall.SIGKILL, exit.Sys().(syscall.WaitStatus).Signal(), "itxd killed at the point")
+	case <-time.After(30 * time.Second):
+		t.Fatal("itxd did not die at the kill point")
+	}
+	tries := h.count()
+
+	proc = startItxd(t, dataDir)
+	p2 := dial(t, proc.addr).Login(ctx, proc.creds.ProjectToken)
+	defer p2.Release()
+	src2, dead := stream(t, p2, "/orders"), stream(t, p2, "/orders-dead")
+	letters, err := client.ReadAll(ctx, dead, itx.Query{Types: []string{itx.TypeDeadLetter}})
+	require.NoError(t, err)
+	require.Len(t, letters, 1, "the letter landed before the kill")
+	sub := client.Subscription(ctx, src2, "mailer")
+	defer sub.Release()
+	_, waitErr := client.WaitUntilProcessed(ctx, sub, res.HeadOffset, 20*time.Second)
+	d, err := client.DescribeSubscription(ctx, sub)
+	require.NoError(t, err)
+	require.NoError(t, waitErr, "the event is skipped (last error: %s)", d.LastError)
+	require.Greater(t, h.count(), tries, "tried again after the restart, with another error")
+	again, err := client.ReadAll(ctx, dead, itx.Query{Types: []string{itx.TypeDeadLetter}})
+	require.NoError(t, err)
+	require.Equal(t, letters, again, "one letter, as first written")
+}
