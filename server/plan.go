@@ -2,6 +2,7 @@ package server
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/itx-dev/itx"
@@ -67,7 +68,7 @@ func planGroup(head int64, streamID string, bucket *tokenBucket, core *coreState
 					prior = committed[key]
 				}
 				if prior != nil {
-					if !itx.SameBody(prior, in) && !(req.authority == authCopy && sameCopy(prior, in)) {
+					if !sameEvent(prior, in, req.authority) {
 						err = itx.Errorf(itx.EIdempotencyConflict,
 							"event %d: idempotency key %q is already used by offset %d with a different body", j, key, prior.Offset)
 						break
@@ -147,6 +148,26 @@ func planGroup(head int64, streamID string, bucket *tokenBucket, core *coreState
 		p.Replies[i] = appendReply{result: res}
 	}
 	return p
+}
+
+// sameEvent reports whether in, appended under the idempotency key prior holds, is the event the
+// log holds: the same body for a client's event; for the server's own, the same fact. A copy is
+// the same copy (sameCopy). A server record under a server key (the evidence of an expression's
+// failure on an event, a skip, a scheduled append's refusal) is keyed by the fact it records,
+// and its message may differ when it is written again: a filter that fails with another message
+// at the next try (an $error over $now() or $random(), a time limit reached on one try and not
+// the next) records the same failure of the same event. The first record stands; refusing the
+// second would fail the whole step with it, and the appends and delivery outcomes it carries.
+func sameEvent(prior *itx.Event, in *itx.EventInput, auth authority) bool {
+	switch {
+	case itx.SameBody(prior, in):
+		return true
+	case auth == authCopy:
+		return sameCopy(prior, in)
+	case auth == authCore:
+		return strings.HasPrefix(in.IdempotencyKey, itx.InternalKeyPrefix)
+	}
+	return false
 }
 
 // sameCopy reports whether a copy being appended is one already in the log: the same last hop

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"os/exec"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -203,4 +204,36 @@ func TestCrash_DeadLetterWrittenAgainWithAnotherErrorIsTheSameLetter(t *testing.
 	again, err := client.ReadAll(ctx, dead, itx.Query{Types: []string{itx.TypeDeadLetter}})
 	require.NoError(t, err)
 	require.Equal(t, letters, again, "one letter, as first written")
+}
+
+// A filter condition that fails with another message at each try (here $error over $random();
+// one reading $now() or timing out on one try and not the next does the same) climbs the ladder
+// and is skipped like any failing event. The evidence of an expression failure is written once
+// per failing event, keyed by it: the retry's record, with its other message, is that same
+// evidence. Refused as an idempotencyConflict, the server's record failed the whole step (and
+// the appends committing with it): the try never counted, and the event was retried forever.
+func TestSubscription_ExpressionFailingWithAnotherMessageEachTryIsSkipped(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	h := newHook(t, nil)
+	s := stream(t, e.p, "/flaky-filter")
+	name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "mailer", Start: "now", OnFailingEvent: "skip",
+		FilterTypes: []string{"e"}, FilterCondition: `$error("boom " & $string($random()))`,
+		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
+	res := mustAppend(t, s, ev("e", `{}`))
+	e.refuseUntilSkipped(t, "/flaky-filter", name, res.HeadOffset)
+
+	records, err := client.ReadAll(e.ctx, s, itx.Query{Types: []string{itx.TypeErrorOccurred}})
+	require.NoError(t, err)
+	var failed, skipped int
+	for _, r := range records {
+		switch p := string(r.Payload); {
+		case strings.Contains(p, "skipped failing event"):
+			skipped++
+		case strings.Contains(p, "filter condition failed"):
+			failed++
+		}
+	}
+	require.Equal(t, 1, failed, "the expression's failure recorded once: %v", records)
+	require.Equal(t, 1, skipped, "then the skip: %v", records)
+	require.Zero(t, h.count(), "nothing delivered: the filter never held")
 }
