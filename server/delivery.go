@@ -231,6 +231,10 @@ func (d *deliverer) try(job pushJob, store streamStore, streamID string) deliver
 
 	var matched []itx.Event
 	var failed *expressionFailure
+	// busy is an expression the server could not evaluate now (too many evaluations wait for a
+	// core): the try stops before busyAt, and the rest waits for a later try as after an outage.
+	var busy error
+	var busyAt int64
 	through, size := scanned, 0
 	for i := range events {
 		e := &events[i]
@@ -250,6 +254,10 @@ func (d *deliverer) try(job pushJob, store streamStore, streamID string) deliver
 		}
 		if d.condition != nil {
 			ok, err := EvalCondition(d.condition, e)
+			if errors.Is(err, errJSONataBusy) {
+				busy, busyAt = err, e.Offset
+				break
+			}
 			if err != nil && d.ownRecord(e) {
 				continue
 			}
@@ -264,6 +272,10 @@ func (d *deliverer) try(job pushJob, store streamStore, streamID string) deliver
 		delivered, measured := *e, *e
 		if d.transform != nil {
 			shaped, err := applyTransform(d.transform, e)
+			if errors.Is(err, errJSONataBusy) {
+				busy, busyAt = err, e.Offset
+				break
+			}
 			if err != nil && d.ownRecord(e) {
 				continue
 			}
@@ -291,6 +303,12 @@ func (d *deliverer) try(job pushJob, store streamStore, streamID string) deliver
 	}
 	if failed != nil {
 		through = failed.offset - 1
+	}
+	if busy != nil {
+		through = busyAt - 1
+		if len(matched) == 0 && through <= after {
+			return fail(classOutage, 0, 0, fmt.Errorf("could not evaluate the subscription's expressions on offset %d now: %w", busyAt, busy))
+		}
 	}
 	if len(matched) > 0 {
 		batch := &itx.DeliveryBatch{DeliveryEnvelope: itx.DeliveryEnvelope{

@@ -110,7 +110,8 @@ func SetJSONataBudget(maxItems, maxBytes int64, concurrent int) {
 }
 
 // errJSONataBusy is what an evaluation gets when too many are waiting for a core.
-var errJSONataBusy = errors.New("too many JSONata evaluations are waiting for a core")
+// It is the server's overload, not a verdict on the event (an outage to a delivery).
+var errJSONataBusy error = itx.Errorf(itx.EUnavailable, "too many JSONata evaluations are waiting for a core")
 
 func acquireJSONataSlot(slots chan struct{}) error {
 	select {
@@ -190,6 +191,9 @@ func EvalCondition(expr *jsonata.Expr, e *itx.Event) (bool, error) {
 	res, err := evalJSONata(expr, e)
 	if err == jsonata.ErrUndefined {
 		return false, nil
+	}
+	if errors.Is(err, errJSONataBusy) {
+		return false, err
 	}
 	if err != nil {
 		return false, itx.Errorf(itx.EInvalid, "JSONata condition failed on offset %d: %v", e.Offset, err)

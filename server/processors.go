@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -901,6 +902,10 @@ func (d *deliverer) wake(job pushJob, store streamStore, out deliveryOutcome) de
 			if err != nil {
 				// The frame stops before the event the condition cannot judge; it waits alone.
 				frame.ScannedThrough = e.Offset - 1
+				if frame.ScannedThrough <= after && errors.Is(err, errJSONataBusy) {
+					// The server's overload, not the event's: retried as an outage.
+					return fail(classOutage, 0, fmt.Errorf("could not evaluate the filter condition on offset %d now: %w", e.Offset, err))
+				}
 				if frame.ScannedThrough <= after {
 					return fail(classEvent, 1, fmt.Errorf("filter condition failed on offset %d: %w", e.Offset, err))
 				}

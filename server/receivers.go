@@ -228,7 +228,15 @@ func (c *copySender) send(ctx context.Context, d *deliverer, b *itx.DeliveryBatc
 		shaped := e
 		if d.transform != nil {
 			var err error
-			if shaped, err = applyTransform(d.transform, &e); err != nil {
+			if shaped, err = applyTransform(d.transform, &e); errors.Is(err, errJSONataBusy) {
+				// The server's overload, not the event's: copy the prefix now, and the rest
+				// waits for a later try (an outage when nothing went).
+				if i == 0 {
+					return 0, err
+				}
+				confirmed = b.Events[i-1].Offset
+				break
+			} else if err != nil {
 				// Copy the healthy prefix now; the failing event waits alone for its verdict.
 				failed = &expressionFailure{e.Offset, fmt.Errorf("transform failed on offset %d: %w", e.Offset, err)}
 				if i > 0 {
@@ -264,7 +272,7 @@ func (c *copySender) send(ctx context.Context, d *deliverer, b *itx.DeliveryBatc
 	if failed != nil {
 		return confirmed, failed
 	}
-	return 0, nil
+	return confirmed, nil // 0: the whole batch; else through the event before a busy one
 }
 
 // copyCommittedHook, when set (tests), runs once a copy has committed in the receiving stream and

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -271,6 +272,9 @@ func (s *Server) readPageAs(ctx context.Context, v view, q itx.Query) (itx.Page,
 		e := &page.Events[i]
 		ok, err := EvalCondition(cond, e)
 		if err != nil {
+			if e.Offset-1 <= q.After && errors.Is(err, errJSONataBusy) {
+				return itx.Page{}, err // the server's overload: unavailable, try again
+			}
 			if e.Offset-1 <= q.After {
 				return itx.Page{}, itx.Errorf(itx.EInvalid, "subscription %q: filter condition failed on offset %d: %s", entry.Config.Name, e.Offset, itx.ErrorMessage(err))
 			}
