@@ -213,7 +213,14 @@ func (s *Session) jsonText(v goja.Value) (json.RawMessage, error) {
 
 // stringArg reads a positional string argument, or the named key of an options object:
 // remove("agent") and remove({name: "agent"}) are the same call.
+// It is the method's last argument: a value after it is refused, as params refuses one past its
+// positional ones, so resumeSubscription("m", 1) does not run as resumeSubscription("m").
 func (s *Session) stringArg(what string, args []goja.Value, i int, key string) (string, error) {
+	for _, extra := range args[min(i+1, len(args)):] {
+		if !isAbsent(extra) {
+			return "", itx.Errorf(itx.EInvalid, "%s: too many arguments (takes %s, or an options object {%s}), got %s after it", what, key, key, describeValue(extra))
+		}
+	}
 	var v goja.Value
 	if i < len(args) {
 		v = args[i]
