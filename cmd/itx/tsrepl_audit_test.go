@@ -34,3 +34,35 @@ func TestEval_OneNameMethodsRefuseMoreArguments(t *testing.T) {
 	// An absent trailing value is no argument, as for methods that take none.
 	require.Equal(t, "/more", obj(t, s.mustEval(t, `project.streams.get("/more", undefined).describe()`))["path"])
 }
+
+// A member a capability does not have is a TypeError that names the interface and the member
+// when it is read, not undefined: a typo such as a.subscription.get("x") said "Cannot read
+// property 'get' of undefined or null", a.nope() "Object has no member 'nope'", and a.subscription
+// alone printed nothing and succeeded.
+func TestEval_UnknownMemberOfACapabilityNamesIt(t *testing.T) {
+	ts := startServer(t)
+	s := newSession(t, ts)
+	s.mustEval(t, `var a = project.streams.get("/typo")`)
+	for src, want := range map[string]string{
+		`a.subscription`:                     "Stream has no member 'subscription'",
+		`a.subscription.get("x")`:            "Stream has no member 'subscription'",
+		`a.nope()`:                           "Stream has no member 'nope'",
+		`project.stream.get("/a")`:           "Project has no member 'stream'",
+		`a.subscriptions.get("m").descibe()`: "Subscription has no member 'descibe'",
+	} {
+		f := s.failure(t, src)
+		require.Equal(t, "TypeError", f.Code, src)
+		require.Contains(t, f.Message, want, src)
+		require.Contains(t, f.Message, ".help", src)
+	}
+	// What every object has, what was set on it, and what a promise resolution asks for still
+	// answer as JavaScript does.
+	require.Equal(t, "[Stream /typo]", s.mustEval(t, `a.toString()`))
+	require.Equal(t, "/typo", s.mustEval(t, `a.path`))
+	require.Equal(t, true, s.mustEval(t, `a.hasOwnProperty("path")`))
+	require.Equal(t, "undefined", s.mustEval(t, `typeof a.then`))
+	require.Equal(t, 7.0, s.mustEval(t, `a.note = 7; a.note`))
+	require.Equal(t, `"[Stream /typo]"`, s.mustEval(t, `JSON.stringify(a)`))
+	require.Equal(t, "[Stream /typo]", s.mustEval(t, "`${a}`"))
+	require.Equal(t, "/typo", obj(t, s.mustEval(t, `a.describe()`))["path"])
+}

@@ -162,7 +162,26 @@ func (s *Session) proxy(p capPath) *goja.Object {
 			return s.navigate(p.child(m.Returns, m.Name, arg))
 		})
 	}
-	return obj
+	return s.strictMembers(obj, p.iface)
+}
+
+// strictMembers wraps a capability's object so that reading a member it does not have throws
+// a TypeError naming the interface and the member: a.subscription.get("x") says that Stream
+// has no member 'subscription' instead of "Cannot read property 'get' of undefined", and
+// a.subscription alone is no silent undefined. What the object or its prototype has (toString,
+// hasOwnProperty, a value the script set on it) reads as usual, and "then" is undefined, so a
+// promise resolved with a capability takes it as a value.
+func (s *Session) strictMembers(obj *goja.Object, iface string) *goja.Object {
+	vm := s.vm
+	proxy := vm.NewProxy(obj, &goja.ProxyTrapConfig{
+		Get: func(target *goja.Object, property string, receiver goja.Value) goja.Value {
+			if v := target.Get(property); v != nil || property == "then" {
+				return v
+			}
+			panic(vm.NewTypeError("%s has no member '%s' (.help %s lists its methods)", iface, property, iface))
+		},
+	})
+	return vm.ToValue(proxy).(*goja.Object)
 }
 
 // navigate sends the pipelined call that reaches p (nothing waits for it) and returns p's proxy.
