@@ -66,3 +66,23 @@ func TestEval_UnknownMemberOfACapabilityNamesIt(t *testing.T) {
 	require.Equal(t, "[Stream /typo]", s.mustEval(t, "`${a}`"))
 	require.Equal(t, "/typo", obj(t, s.mustEval(t, `a.describe()`))["path"])
 }
+
+// A method read without calling it (a.describe, forgetting the parentheses) prints as the
+// method it is, [Function describe], as a function the script defines does; it printed the Go
+// closure behind it, [Function github.com/itx-dev/itx/cmd/itx/internal/repl.(*Session).proxy.func4].
+func TestEval_AMethodPrintsByItsName(t *testing.T) {
+	ts := startServer(t)
+	s := newSession(t, ts)
+	s.mustEval(t, `var a = project.streams.get("/named"); a.append({type: "x"})`)
+	for src, want := range map[string]string{
+		`a.describe`: "[Function describe]",
+		`a.subscriptions.get("m").processor.snapshot`: "[Function snapshot]",
+		`project.streams.get`:                         "[Function get]",
+		`a.openConnection(0).take`:                    "[Function take]",
+		`a.liveState().patches`:                       "[Function patches]",
+		`function mine() {}; mine`:                    "[Function mine]",
+	} {
+		require.Equal(t, want, s.mustEval(t, src), src)
+	}
+	require.Equal(t, "describe", s.mustEval(t, `a.describe.name`))
+}

@@ -109,7 +109,7 @@ func (s *Session) proxy(p capPath) *goja.Object {
 	obj := vm.NewObject()
 	obj.DefineDataPropertySymbol(s.capSym, vm.ToValue(&p), goja.FLAG_FALSE, goja.FLAG_FALSE, goja.FLAG_FALSE)
 	hidden := func(name string, fn func(goja.FunctionCall) goja.Value) {
-		obj.DefineDataProperty(name, vm.ToValue(fn), goja.FLAG_FALSE, goja.FLAG_FALSE, goja.FLAG_FALSE)
+		obj.DefineDataProperty(name, s.method(name, fn), goja.FLAG_FALSE, goja.FLAG_FALSE, goja.FLAG_FALSE)
 	}
 	label := p.label()
 	hidden("toString", func(goja.FunctionCall) goja.Value { return vm.ToValue(label) })
@@ -163,6 +163,14 @@ func (s *Session) proxy(p capPath) *goja.Object {
 		})
 	}
 	return s.strictMembers(obj, p.iface)
+}
+
+// method is fn as a JavaScript function named name, so a.describe read without calling it
+// prints as [Function describe], not as the Go closure behind it.
+func (s *Session) method(name string, fn func(goja.FunctionCall) goja.Value) goja.Value {
+	f := s.vm.ToValue(fn).(*goja.Object)
+	f.DefineDataProperty("name", s.vm.ToValue(name), goja.FLAG_FALSE, goja.FLAG_FALSE, goja.FLAG_TRUE)
+	return f
 }
 
 // strictMembers wraps a capability's object so that reading a member it does not have throws

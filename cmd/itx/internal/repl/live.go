@@ -261,9 +261,9 @@ func streamOpenConnection(ctx context.Context, s *Session, c capnp.Client, p cap
 	vm := s.vm
 	obj := vm.NewObject()
 	label := "[Connection " + p.steps[len(p.steps)-1].arg + "]"
-	obj.Set("toString", func(goja.FunctionCall) goja.Value { return vm.ToValue(label) })
-	obj.Set("toJSON", func(goja.FunctionCall) goja.Value { return vm.ToValue(label) })
-	obj.Set("take", func(goja.FunctionCall) goja.Value {
+	obj.Set("toString", s.method("toString", func(goja.FunctionCall) goja.Value { return vm.ToValue(label) }))
+	obj.Set("toJSON", s.method("toJSON", func(goja.FunctionCall) goja.Value { return vm.ToValue(label) }))
+	obj.Set("take", s.method("take", func(goja.FunctionCall) goja.Value {
 		events, dropped, closed := conn.sink.take()
 		out := struct {
 			Events  []eventJS `json:"events"`
@@ -274,8 +274,8 @@ func streamOpenConnection(ctx context.Context, s *Session, c capnp.Client, p cap
 			out.Closed = &Failure{Code: string(closed.Code), Message: closed.Message}
 		}
 		return s.toJS(out)
-	})
-	obj.Set("ping", func(goja.FunctionCall) goja.Value {
+	}))
+	obj.Set("ping", s.method("ping", func(goja.FunctionCall) goja.Value {
 		if conn.released.Load() {
 			panic(s.throw(errConnectionClosed))
 		}
@@ -289,8 +289,8 @@ func streamOpenConnection(ctx context.Context, s *Session, c capnp.Client, p cap
 			HeadOffset      int64 `json:"headOffset"`
 			DeliveredOffset int64 `json:"deliveredOffset"`
 		}{int64(res.HeadOffset()), int64(res.DeliveredOffset())})
-	})
-	obj.Set("key", func(goja.FunctionCall) goja.Value {
+	}))
+	obj.Set("key", s.method("key", func(goja.FunctionCall) goja.Value {
 		if conn.released.Load() {
 			panic(s.throw(errConnectionClosed))
 		}
@@ -305,14 +305,14 @@ func streamOpenConnection(ctx context.Context, s *Session, c capnp.Client, p cap
 			panic(s.throw(err))
 		}
 		return vm.ToValue(key)
-	})
-	obj.Set("close", func(call goja.FunctionCall) goja.Value {
+	}))
+	obj.Set("close", s.method("close", func(call goja.FunctionCall) goja.Value {
 		reason, _ := exportString(call.Argument(0))
 		if err := conn.close(s.ctx(), reason); err != nil {
 			panic(s.throw(err))
 		}
 		return goja.Undefined()
-	})
+	}))
 	return obj, nil
 }
 
@@ -576,29 +576,29 @@ func processorLiveState(ctx context.Context, s *Session, c capnp.Client, p capPa
 func (s *Session) liveObject(v *liveView, label string) *goja.Object {
 	vm := s.vm
 	obj := vm.NewObject()
-	obj.Set("toString", func(goja.FunctionCall) goja.Value { return vm.ToValue(label) })
-	obj.Set("toJSON", func(goja.FunctionCall) goja.Value { return vm.ToValue(label) })
-	obj.Set("snapshot", func(goja.FunctionCall) goja.Value {
+	obj.Set("toString", s.method("toString", func(goja.FunctionCall) goja.Value { return vm.ToValue(label) }))
+	obj.Set("toJSON", s.method("toJSON", func(goja.FunctionCall) goja.Value { return vm.ToValue(label) }))
+	obj.Set("snapshot", s.method("snapshot", func(goja.FunctionCall) goja.Value {
 		v.mu.Lock()
 		defer v.mu.Unlock()
 		return s.toJS(struct {
 			Revision uint64          `json:"revision"`
 			State    json.RawMessage `json:"state"`
 		}{v.snapshot, v.state})
-	})
-	obj.Set("patches", func(goja.FunctionCall) goja.Value {
+	}))
+	obj.Set("patches", s.method("patches", func(goja.FunctionCall) goja.Value {
 		_, _, patches, _ := v.takePatches()
 		if patches == nil {
 			patches = []patchJS{}
 		}
 		return s.toJS(patches)
-	})
-	obj.Set("cancel", func(goja.FunctionCall) goja.Value {
+	}))
+	obj.Set("cancel", s.method("cancel", func(goja.FunctionCall) goja.Value {
 		if err := v.cancel(s.ctx()); err != nil {
 			panic(s.throw(err))
 		}
 		return goja.Undefined()
-	})
+	}))
 	return obj
 }
 
