@@ -86,3 +86,25 @@ func TestEval_AMethodPrintsByItsName(t *testing.T) {
 	}
 	require.Equal(t, "describe", s.mustEval(t, `a.describe.name`))
 }
+
+// An offset, limit or timeout of the wrong type says what it got: the string "10" printed as
+// 10 ("limit: expected a non-negative integer, got 10", as if 10 were refused), [3] as 3 and
+// {} as [object Object].
+func TestEval_AWrongIntegerSaysWhatItGot(t *testing.T) {
+	ts := startServer(t)
+	s := newSession(t, ts)
+	s.mustEval(t, `var a = project.streams.get("/ints"); a.append({type: "x"})`)
+	for src, want := range map[string]string{
+		`a.getEvents({limit: "10"})`:                             `getEvents: limit: expected a non-negative integer, got "10" (a string)`,
+		`a.getEvents({after: [3]})`:                              `getEvents: after: expected a non-negative integer, got an array`,
+		`a.getEvents({after: {}})`:                               `getEvents: after: expected a non-negative integer, got an object`,
+		`a.getEvents({after: true})`:                             `getEvents: after: expected a non-negative integer, got a boolean`,
+		`a.getEvents({after: -1})`:                               `getEvents: after: expected a non-negative integer, got -1`,
+		`a.getEvents({after: 1.5})`:                              `getEvents: after: expected a non-negative integer, got 1.5`,
+		`a.setSubscriptionCursor({name: "m", afterOffset: "1"})`: `setSubscriptionCursor: afterOffset: expected a non-negative integer, got "1" (a string)`,
+	} {
+		f := s.failure(t, src)
+		require.Equal(t, "invalidArgument", f.Code, src)
+		require.Equal(t, want, f.Message, src)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"math"
 	"math/big"
+	"strconv"
 	"strings"
 
 	"github.com/dop251/goja"
@@ -111,9 +112,22 @@ func (o *options) uint(key string) int64 {
 	}
 	n, ok := toUint(v)
 	if !ok {
-		o.fail(key, "expected a non-negative integer, got %s", v.String())
+		o.fail(key, "expected a non-negative integer, got %s", describeNumber(v))
 	}
 	return n
+}
+
+// describeNumber shows a value given where a number belongs: a number as itself (-1, 1.5), a
+// string quoted ("10" (a string), not 10, which reads as if the number were refused), anything
+// else by its kind.
+func describeNumber(v goja.Value) string {
+	switch x := v.Export().(type) {
+	case int64, float64, *big.Int:
+		return v.String()
+	case string:
+		return strconv.Quote(x) + " (a string)"
+	}
+	return describeValue(v)
 }
 
 func toUint(v goja.Value) (int64, bool) {
