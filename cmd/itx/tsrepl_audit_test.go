@@ -108,3 +108,23 @@ func TestEval_AWrongIntegerSaysWhatItGot(t *testing.T) {
 		require.Equal(t, want, f.Message, src)
 	}
 }
+
+// configure's receiver errors name what the caller wrote: a receiver given as a string said
+// 'receiver.type must be ..., got ""', and a copy-to-stream receiver's missing or bad path was
+// reported under the wire's name, receiver.receivingStreamPath, which the prompt never asks for.
+func TestEval_ConfigureReceiverErrorsNameWhatWasWritten(t *testing.T) {
+	ts := startServer(t)
+	s := newSession(t, ts)
+	s.mustEval(t, `var a = project.streams.get("/recv"); a.append({type: "x"})`)
+	for src, want := range map[string]string{
+		`a.subscriptions.configure({name: "x", receiver: "copy-to-stream"})`:    `configure: receiver: expected an object {type: "webhook-post" | "copy-to-stream" | "itx-call" | "processor-wake", ...}, got a string`,
+		`a.subscriptions.configure("x", {type: "copy-to-stream"})`:              `configure: receiver: path: stream path must not be empty`,
+		`a.subscriptions.configure("x", {type: "copy-to-stream", path: "bad"})`: `configure: receiver: path: stream path "bad" must start with /`,
+	} {
+		f := s.failure(t, src)
+		require.Equal(t, "invalidArgument", f.Code, src)
+		require.Equal(t, want, f.Message, src)
+	}
+	require.Empty(t, arr(t, s.mustEval(t, `a.subscriptions.list()`)), "nothing was configured")
+	require.Equal(t, "x", obj(t, s.mustEval(t, `a.subscriptions.configure("x", {type: "copy-to-stream", path: " /recv-copy "})`))["name"], "a path with spaces around it is trimmed, as itxd trims it")
+}

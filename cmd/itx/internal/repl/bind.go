@@ -699,14 +699,16 @@ func (s *Session) subscriptionConfig(v goja.Value) (client.SubscriptionConfig, e
 	if rv == nil {
 		return cfg, itx.Errorf(itx.EInvalid, "configure: receiver is required: {type: \"webhook-post\" | \"copy-to-stream\" | \"itx-call\" | \"processor-wake\", ...}")
 	}
-	typ, kindKey := "", "type"
-	if obj, ok := rv.(*goja.Object); ok {
-		typ, _ = exportString(obj.Get("type"))
-		if typ == "" {
-			// The configured event's own JSON names the kind "action": accept it too.
-			if typ, _ = exportString(obj.Get("action")); typ != "" {
-				kindKey = "action"
-			}
+	obj, ok := rv.(*goja.Object)
+	if !ok || obj.ClassName() != "Object" {
+		return cfg, itx.Errorf(itx.EInvalid, "configure: receiver: expected an object {type: \"webhook-post\" | \"copy-to-stream\" | \"itx-call\" | \"processor-wake\", ...}, got %s", describeValue(rv))
+	}
+	kindKey := "type"
+	typ, _ := exportString(obj.Get("type"))
+	if typ == "" {
+		// The configured event's own JSON names the kind "action": accept it too.
+		if typ, _ = exportString(obj.Get("action")); typ != "" {
+			kindKey = "action"
 		}
 	}
 	keys, ok := receiverKeys[typ]
@@ -719,6 +721,12 @@ func (s *Session) subscriptionConfig(v goja.Value) (client.SubscriptionConfig, e
 	}
 	cfg.Receiver = client.Receiver{Kind: typ, URL: r.str("url"), Secret: r.str("secret"), Path: r.str("path"),
 		Capability: r.str("capability"), Placement: r.str("placement"), Processor: r.str("processor")}
+	if typ == client.ReceiverCopyToStream && r.err() == nil {
+		// itxd checks the same, but names the field as the wire spells it (receivingStreamPath).
+		if err := itx.ValidatePath(strings.TrimSpace(cfg.Receiver.Path)); err != nil {
+			r.fail("path", "%s", itx.ErrorMessage(err))
+		}
+	}
 	if hv := r.get("headers"); hv != nil {
 		headers, err := s.headers(hv)
 		if err != nil {
