@@ -1,8 +1,14 @@
 package main
 
 import (
+	"context"
+	"encoding/json"
 	"testing"
+	"time"
 
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/cmd/itx/internal/repl"
 	"github.com/stretchr/testify/require"
 )
 
@@ -127,4 +133,44 @@ func TestEval_ConfigureReceiverErrorsNameWhatWasWritten(t *testing.T) {
 	}
 	require.Empty(t, arr(t, s.mustEval(t, `a.subscriptions.list()`)), "nothing was configured")
 	require.Equal(t, "x", obj(t, s.mustEval(t, `a.subscriptions.configure("x", {type: "copy-to-stream", path: " /recv-copy "})`))["name"], "a path with spaces around it is trimmed, as itxd trims it")
+}
+
+// A chain is pipelined: project.streams.get(path).subscriptions.configure(...) reaches itxd
+// whole while none of its answers has come back. With every answer held in a proxy, the
+// subscription's configured event lands all the same (a client waiting on the answer of
+// streams() before sending get() would never send configure).
+func TestEval_ChainsArePipelined(t *testing.T) {
+	ts := startServer(t)
+	ts.appendDirect(t, "/piped", itx.EventInput{Type: "x", Payload: json.RawMessage(`{}`)})
+	proxy := newGatedProxy(t, ts.addr)
+	cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer ccancel()
+	out, errs := newSyncBuffer(), newSyncBuffer()
+	rs, err := repl.Connect(cctx, repl.Config{Addr: proxy.addr, Token: ts.token, Out: out, Err: errs, Format: repl.FormatJSON})
+	require.NoError(t, err)
+	t.Cleanup(func() { rs.Close() })
+
+	proxy.hold()
+	defer proxy.release() // before the session's cleanup, which waits for the evaluation
+	result := make(chan error, 1)
+	go func() {
+		_, err := rs.Eval(context.Background(), "<test>",
+			`project.streams.get("/piped").subscriptions.configure({name: "m", receiver: {type: "copy-to-stream", path: "/piped-copy"}})`)
+		result <- err
+	}()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	c, err := client.Dial(ctx, ts.addr)
+	require.NoError(t, err)
+	defer c.Close()
+	p := c.Login(ctx, ts.token)
+	defer p.Release()
+	st := client.Stream(ctx, p, "/piped")
+	defer st.Release()
+	e, err := client.WaitForEvent(ctx, st, itx.Predicate{Types: []string{"stream/subscription-configured"}}, 0, 10*time.Second)
+	require.NoError(t, err, "the configure reached itxd while every answer was held")
+	require.Equal(t, int64(2), e.Offset)
+	proxy.release()
+	require.NoError(t, <-result)
 }

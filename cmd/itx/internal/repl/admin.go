@@ -24,20 +24,17 @@ func init() {
 		"listTokens":    {"listTokens(projectId?) -> [{id, label, createdAt, lastUsedAt, expiresAt, prefix, rights}]", adminListTokens},
 		"revokeToken":   {"revokeToken(projectId, tokenId) (at once: its sessions are disconnected)", adminRevokeToken},
 	}
-	navigators["Project.admin"] = func(ctx context.Context, c capnp.Client, _ string) capnp.Client {
+	navigators["Project.admin"] = func(ctx context.Context, c capnp.Client, _ string) (capnp.Client, capnp.ReleaseFunc) {
 		f, release := schema.Project(c).Admin(ctx, nil)
-		defer release()
-		return capnp.Client(f.Admin()).AddRef()
+		return capnp.Client(f.Admin()).AddRef(), release
 	}
-	navigators["Stream.readOnly"] = func(ctx context.Context, c capnp.Client, _ string) capnp.Client {
+	navigators["Stream.readOnly"] = func(ctx context.Context, c capnp.Client, _ string) (capnp.Client, capnp.ReleaseFunc) {
 		f, release := schema.Stream(c).ReadOnly(ctx, nil)
-		defer release()
-		return capnp.Client(f.Stream()).AddRef()
+		return capnp.Client(f.Stream()).AddRef(), release
 	}
-	navigators["Stream.appendOnly"] = func(ctx context.Context, c capnp.Client, _ string) capnp.Client {
+	navigators["Stream.appendOnly"] = func(ctx context.Context, c capnp.Client, _ string) (capnp.Client, capnp.ReleaseFunc) {
 		f, release := schema.Stream(c).AppendOnly(ctx, nil)
-		defer release()
-		return capnp.Client(f.Stream()).AddRef()
+		return capnp.Client(f.Stream()).AddRef(), release
 	}
 }
 

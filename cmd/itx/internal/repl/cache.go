@@ -21,6 +21,16 @@ type capCache struct {
 type capEntry struct {
 	key    string
 	client capnp.Client
+	answer capnp.ReleaseFunc // the release of the navigation call's answer (see navigator)
+}
+
+// drop releases the entry's client, then its answer. The answer's release waits for the answer
+// if it has not come yet, so it runs on its own goroutine: dropping never blocks the prompt.
+func (e *capEntry) drop() {
+	e.client.Release()
+	if e.answer != nil {
+		go e.answer()
+	}
 }
 
 func newCapCache(max int) *capCache {
@@ -37,21 +47,21 @@ func (c *capCache) get(key string) (capnp.Client, bool) {
 	return el.Value.(*capEntry).client.AddRef(), true
 }
 
-// put stores client, taking ownership of the reference.
-func (c *capCache) put(key string, client capnp.Client) {
+// put stores client and the release of the answer it came from, taking ownership of both.
+func (c *capCache) put(key string, client capnp.Client, answer capnp.ReleaseFunc) {
 	if el, ok := c.entries[key]; ok {
-		el.Value.(*capEntry).client.Release()
-		el.Value.(*capEntry).client = client
+		el.Value.(*capEntry).drop()
+		el.Value.(*capEntry).client, el.Value.(*capEntry).answer = client, answer
 		c.lru.MoveToFront(el)
 		return
 	}
-	c.entries[key] = c.lru.PushFront(&capEntry{key: key, client: client})
+	c.entries[key] = c.lru.PushFront(&capEntry{key: key, client: client, answer: answer})
 	for c.lru.Len() > c.max {
 		oldest := c.lru.Back()
 		e := oldest.Value.(*capEntry)
 		c.lru.Remove(oldest)
 		delete(c.entries, e.key)
-		e.client.Release()
+		e.drop()
 	}
 }
 
@@ -61,7 +71,7 @@ func (c *capCache) len() int { return c.lru.Len() }
 // releaseAll releases every client, for a session's end or a reconnect.
 func (c *capCache) releaseAll() {
 	for el := c.lru.Front(); el != nil; el = el.Next() {
-		el.Value.(*capEntry).client.Release()
+		el.Value.(*capEntry).drop()
 	}
 	c.lru.Init()
 	c.entries = make(map[string]*list.Element)

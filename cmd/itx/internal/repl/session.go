@@ -535,54 +535,51 @@ func (s *Session) client(p capPath) capnp.Client {
 	defer parent.Release()
 	last := p.steps[len(p.steps)-1]
 	nav := navigators[p.parent(s.ifcs).iface+"."+last.method]
-	c := nav(s.sessionCtx, parent, last.arg)
-	s.caps.put(key, c)
+	c, release := nav(s.sessionCtx, parent, last.arg)
+	s.caps.put(key, c, release)
 	return c.AddRef()
 }
 
-// navigator sends one pipelined navigation call and returns the promised capability. Each
-// future's accessor is called exactly once (go-capnp deadlocks on a second call).
-type navigator func(ctx context.Context, parent capnp.Client, arg string) capnp.Client
+// navigator sends one pipelined navigation call and returns the promised capability, with the
+// release of the call's answer. Each future's accessor is called exactly once (go-capnp
+// deadlocks on a second call). The answer is released only when the capability is let go (the
+// cache does it): go-capnp's release of an answer not yet returned waits until it returns, so
+// releasing it at once made every step of a chain wait a round trip before the next was sent
+// (project.streams.get("/a").subscriptions.get("m").describe() took five instead of one), and
+// a promised capability still reads the answer's message until it resolves.
+type navigator func(ctx context.Context, parent capnp.Client, arg string) (capnp.Client, capnp.ReleaseFunc)
 
 var navigators = map[string]navigator{
-	"Project.streams": func(ctx context.Context, c capnp.Client, _ string) capnp.Client {
+	"Project.streams": func(ctx context.Context, c capnp.Client, _ string) (capnp.Client, capnp.ReleaseFunc) {
 		f, release := schema.Project(c).Streams(ctx, nil)
-		defer release()
-		return capnp.Client(f.Streams()).AddRef()
+		return capnp.Client(f.Streams()).AddRef(), release
 	},
-	"Project.capabilities": func(ctx context.Context, c capnp.Client, _ string) capnp.Client {
+	"Project.capabilities": func(ctx context.Context, c capnp.Client, _ string) (capnp.Client, capnp.ReleaseFunc) {
 		f, release := schema.Project(c).Capabilities(ctx, nil)
-		defer release()
-		return capnp.Client(f.Capabilities()).AddRef()
+		return capnp.Client(f.Capabilities()).AddRef(), release
 	},
-	"Project.processors": func(ctx context.Context, c capnp.Client, _ string) capnp.Client {
+	"Project.processors": func(ctx context.Context, c capnp.Client, _ string) (capnp.Client, capnp.ReleaseFunc) {
 		f, release := schema.Project(c).Processors(ctx, nil)
-		defer release()
-		return capnp.Client(f.Processors()).AddRef()
+		return capnp.Client(f.Processors()).AddRef(), release
 	},
-	"Streams.get": func(ctx context.Context, c capnp.Client, path string) capnp.Client {
+	"Streams.get": func(ctx context.Context, c capnp.Client, path string) (capnp.Client, capnp.ReleaseFunc) {
 		f, release := schema.Streams(c).Get(ctx, func(p schema.Streams_get_Params) error { return p.SetPath(path) })
-		defer release()
-		return capnp.Client(f.Stream()).AddRef()
+		return capnp.Client(f.Stream()).AddRef(), release
 	},
-	"Stream.subscriptions": func(ctx context.Context, c capnp.Client, _ string) capnp.Client {
+	"Stream.subscriptions": func(ctx context.Context, c capnp.Client, _ string) (capnp.Client, capnp.ReleaseFunc) {
 		f, release := schema.Stream(c).Subscriptions(ctx, nil)
-		defer release()
-		return capnp.Client(f.Subscriptions()).AddRef()
+		return capnp.Client(f.Subscriptions()).AddRef(), release
 	},
-	"Stream.readers": func(ctx context.Context, c capnp.Client, _ string) capnp.Client {
+	"Stream.readers": func(ctx context.Context, c capnp.Client, _ string) (capnp.Client, capnp.ReleaseFunc) {
 		f, release := schema.Stream(c).Readers(ctx, nil)
-		defer release()
-		return capnp.Client(f.Readers()).AddRef()
+		return capnp.Client(f.Readers()).AddRef(), release
 	},
-	"Subscriptions.get": func(ctx context.Context, c capnp.Client, name string) capnp.Client {
+	"Subscriptions.get": func(ctx context.Context, c capnp.Client, name string) (capnp.Client, capnp.ReleaseFunc) {
 		f, release := schema.Subscriptions(c).Get(ctx, func(p schema.Subscriptions_get_Params) error { return p.SetName(name) })
-		defer release()
-		return capnp.Client(f.Subscription()).AddRef()
+		return capnp.Client(f.Subscription()).AddRef(), release
 	},
-	"Subscription.processor": func(ctx context.Context, c capnp.Client, _ string) capnp.Client {
+	"Subscription.processor": func(ctx context.Context, c capnp.Client, _ string) (capnp.Client, capnp.ReleaseFunc) {
 		f, release := schema.Subscription(c).Processor(ctx, nil)
-		defer release()
-		return capnp.Client(f.Processor()).AddRef()
+		return capnp.Client(f.Processor()).AddRef(), release
 	},
 }
