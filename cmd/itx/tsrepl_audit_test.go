@@ -174,3 +174,37 @@ func TestEval_ChainsArePipelined(t *testing.T) {
 	proxy.release()
 	require.NoError(t, <-result)
 }
+
+// .help Connection shows the connection object openConnection returns at the prompt, take()
+// first: it showed the schema's Connection (close, ping, key), without the one way the prompt
+// reads a connection's events. An interface name is found whatever its case (.help stream).
+func TestHelp_ConnectionShowsTheObjectThePromptMakes(t *testing.T) {
+	ts := startServer(t)
+	s := newSession(t, ts)
+	help := func(iface string) map[string]string {
+		s.out.Reset()
+		require.NoError(t, s.RunCommand(context.Background(), "help "+iface))
+		var h struct {
+			Interface string
+			Methods   []struct{ Name, Usage string }
+		} // the session prints JSON
+		require.NoError(t, json.Unmarshal([]byte(s.out.String()), &h), s.out.String())
+		out := map[string]string{"": h.Interface}
+		for _, m := range h.Methods {
+			out[m.Name] = m.Usage
+		}
+		return out
+	}
+	conn := help("Connection")
+	require.Contains(t, conn, "take", "%v", conn)
+	require.Contains(t, conn["take"], "events")
+	for _, m := range []string{"ping", "key", "close"} {
+		require.Contains(t, conn, m)
+	}
+	s.mustEval(t, `var c = project.streams.get("/h").openConnection(); c.close()`)
+	keys := arr(t, s.mustEval(t, `Object.keys(c).filter(k => k != "toString" && k != "toJSON").sort()`))
+	require.Len(t, conn, len(keys)+1, "one line for each method of the object: %v", keys)
+
+	require.Equal(t, "Stream", help("stream")[""])
+	require.Contains(t, help("stream"), "getEvents")
+}

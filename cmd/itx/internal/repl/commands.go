@@ -240,27 +240,33 @@ func runHelp(ctx context.Context, s *Session, args []string) error {
 	}
 	w := s.cfg.Out
 	if len(args) > 0 {
-		ifc, ok := s.ifcs[args[0]]
-		if !ok {
+		ifc := s.lookupInterface(args[0])
+		if ifc == nil {
 			return usageError("help", "no interface %q (%s)", args[0], strings.Join(boundInterfaces(), ", "))
 		}
-		if s.cfg.Format == FormatJSON {
-			type methodJS struct {
-				Name  string `json:"name"`
-				Usage string `json:"usage"`
+		type methodJS struct {
+			Name  string `json:"name"`
+			Usage string `json:"usage"`
+		}
+		methods := []methodJS{}
+		if object, ok := promptObjects[ifc.Name]; ok {
+			for _, m := range object {
+				methods = append(methods, methodJS{m.name, m.usage})
 			}
-			out := struct {
+		} else {
+			for _, m := range ifc.Methods {
+				methods = append(methods, methodJS{m.Name, usage(ifc.Name, m)})
+			}
+		}
+		if s.cfg.Format == FormatJSON {
+			return s.printJSONLine(struct {
 				Interface string     `json:"interface"`
 				Methods   []methodJS `json:"methods"`
-			}{Interface: ifc.Name, Methods: []methodJS{}}
-			for _, m := range ifc.Methods {
-				out.Methods = append(out.Methods, methodJS{m.Name, usage(ifc.Name, m)})
-			}
-			return s.printJSONLine(out)
+			}{ifc.Name, methods})
 		}
 		fmt.Fprintf(w, "%s:\n", ifc.Name)
-		for _, m := range ifc.Methods {
-			fmt.Fprintf(w, "  %s\n", usage(ifc.Name, m))
+		for _, m := range methods {
+			fmt.Fprintf(w, "  %s\n", m.Usage)
 		}
 		return nil
 	}
@@ -289,6 +295,31 @@ func runHelp(ctx context.Context, s *Session, args []string) error {
 }
 
 // usage is how a method is called from JavaScript.
+// promptObjects are the objects the prompt makes of a capability it returns, which .help shows
+// in place of the schema interface they wrap: a connection is read with take(), which the
+// schema's Connection does not have (itxd pushes its events to the prompt's sink).
+var promptObjects = map[string][]struct{ name, usage string }{
+	"Connection": {
+		{"take", "take() -> {events, dropped?, closed?} (the events delivered since the last take; dropped: how many did not fit; closed: why itxd closed it)"},
+		{"ping", "ping() -> {headOffset, deliveredOffset}"},
+		{"key", "key() -> the connection's key"},
+		{"close", "close(reason?)"},
+	},
+}
+
+// lookupInterface finds an interface by name, whatever its case (.help stream).
+func (s *Session) lookupInterface(name string) *Interface {
+	if ifc, ok := s.ifcs[name]; ok {
+		return ifc
+	}
+	for n, ifc := range s.ifcs {
+		if strings.EqualFold(n, name) {
+			return ifc
+		}
+	}
+	return nil
+}
+
 func usage(iface string, m Method) string {
 	if b, ok := bindings[iface][m.Name]; ok {
 		return b.usage
