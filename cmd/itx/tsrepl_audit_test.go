@@ -23,7 +23,6 @@ func TestEval_OneNameMethodsRefuseMoreArguments(t *testing.T) {
 	s.mustEval(t, `st.subscriptions.configure("mirror", {type: "copy-to-stream", path: "/more-copy"})`)
 	for _, src := range []string{
 		`project.streams.get("/more", "/other").describe()`,
-		`project.streams.get("/more", {includeEphemeral: true}).describe()`,
 		`st.subscriptions.get("mirror", "other").describe()`,
 		`st.resumeSubscription("mirror", 1)`,
 		`st.subscriptions.remove("mirror", "other")`,
@@ -35,6 +34,17 @@ func TestEval_OneNameMethodsRefuseMoreArguments(t *testing.T) {
 		require.Equal(t, "invalidArgument", f.Code, src)
 		require.Contains(t, f.Message, "too many arguments", src)
 	}
+	// An options object may follow the name, as after any method's values, but it has nothing
+	// left to say.
+	for src, want := range map[string]string{
+		`project.streams.get("/more", {includeEphemeral: true}).describe()`: `Streams.get: unknown option "includeEphemeral" (known: path)`,
+		`st.resumeSubscription("mirror", {name: "other"})`:                  `resumeSubscription: name is given twice, as an argument and as an option`,
+	} {
+		f := s.failure(t, src)
+		require.Equal(t, "invalidArgument", f.Code, src)
+		require.Equal(t, want, f.Message, src)
+	}
+	require.Equal(t, "/more", obj(t, s.mustEval(t, `project.streams.get("/more", {}).describe()`))["path"])
 	// The subscription is still there: remove("mirror", "other") did not remove it.
 	require.Equal(t, "mirror", obj(t, s.mustEval(t, `st.subscriptions.get("mirror").describe()`))["config"].(map[string]any)["name"])
 	// An absent trailing value is no argument, as for methods that take none.

@@ -228,12 +228,28 @@ func (s *Session) jsonText(v goja.Value) (json.RawMessage, error) {
 // stringArg reads a positional string argument, or the named key of an options object:
 // remove("agent") and remove({name: "agent"}) are the same call.
 // It is the method's last argument: a value after it is refused, as params refuses one past its
-// positional ones, so resumeSubscription("m", 1) does not run as resumeSubscription("m").
+// positional ones, so resumeSubscription("m", 1) does not run as resumeSubscription("m"). An
+// options object may follow it, as after any method's values, but it has nothing left to say:
+// its key is given twice, any other is unknown.
 func (s *Session) stringArg(what string, args []goja.Value, i int, key string) (string, error) {
-	for _, extra := range args[min(i+1, len(args)):] {
-		if !isAbsent(extra) {
-			return "", itx.Errorf(itx.EInvalid, "%s: too many arguments (takes %s, or an options object {%s}), got %s after it", what, key, key, describeValue(extra))
+	for j := i + 1; j < len(args); j++ {
+		extra := args[j]
+		if isAbsent(extra) {
+			continue
 		}
+		if obj, ok := extra.(*goja.Object); ok && obj.ClassName() == "Object" && j == len(args)-1 {
+			if _, isCap := s.capabilityOf(extra); !isCap {
+				o, err := s.opts(what, extra, key)
+				if err != nil {
+					return "", err
+				}
+				if o.has(key) && !isAbsent(arg(args, i)) {
+					return "", itx.Errorf(itx.EInvalid, "%s: %s is given twice, as an argument and as an option", what, key)
+				}
+				continue
+			}
+		}
+		return "", itx.Errorf(itx.EInvalid, "%s: too many arguments (takes %s, or an options object {%s}), got %s after it", what, key, key, describeValue(extra))
 	}
 	var v goja.Value
 	if i < len(args) {
