@@ -218,3 +218,20 @@ func TestHelp_ConnectionShowsTheObjectThePromptMakes(t *testing.T) {
 	require.Equal(t, "Stream", help("stream")[""])
 	require.Contains(t, help("stream"), "getEvents")
 }
+
+// A capability thrown (or a promise rejected with one) prints as an uncaught value: describing
+// it read its "value", "name" and "message" members, which a capability does not have, and
+// since 74a699e the TypeError that says so escaped the runtime and crashed itx.
+func TestEval_AThrownCapabilityIsDescribed(t *testing.T) {
+	ts := startServer(t)
+	s := newSession(t, ts)
+	for src, want := range map[string]string{
+		`throw project`:                                    "[Project]",
+		`throw project.streams.get("/thrown")`:             "[Stream /thrown]",
+		`Promise.reject(project.streams.get("/rejected"))`: "[Stream /rejected]",
+	} {
+		f := s.failure(t, src)
+		require.Equal(t, repl.Failure{Code: "Uncaught", Message: want}, f, src)
+	}
+	require.Equal(t, "TypeError", s.failure(t, `project.nope`).Code, "inside an evaluation a missing member still throws")
+}

@@ -178,12 +178,14 @@ func (s *Session) method(name string, fn func(goja.FunctionCall) goja.Value) goj
 // has no member 'subscription' instead of "Cannot read property 'get' of undefined", and
 // a.subscription alone is no silent undefined. What the object or its prototype has (toString,
 // hasOwnProperty, a value the script set on it) reads as usual, and "then" is undefined, so a
-// promise resolved with a capability takes it as a value.
+// promise resolved with a capability takes it as a value. Outside an evaluation (itx itself
+// describing a thrown capability, printing a result) a missing member is only missing: a
+// TypeError thrown there would escape the runtime.
 func (s *Session) strictMembers(obj *goja.Object, iface string) *goja.Object {
 	vm := s.vm
 	proxy := vm.NewProxy(obj, &goja.ProxyTrapConfig{
 		Get: func(target *goja.Object, property string, receiver goja.Value) goja.Value {
-			if v := target.Get(property); v != nil || property == "then" {
+			if v := target.Get(property); v != nil || property == "then" || !s.evaluating.Load() {
 				return v
 			}
 			panic(vm.NewTypeError("%s has no member '%s' (.help %s lists its methods)", iface, property, iface))

@@ -15,6 +15,7 @@ import (
 	"io"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"capnproto.org/go/capnp/v3"
@@ -116,6 +117,9 @@ type Session struct {
 	// vmMu is held while the runtime runs. readline processes keys typed ahead during a call
 	// on its own goroutine, so completion must not touch the runtime then.
 	vmMu sync.Mutex
+	// evaluating is set while a program runs: a capability's missing member throws only then
+	// (strictMembers).
+	evaluating atomic.Bool
 
 	liveMu sync.Mutex
 	live   map[liveHandle]struct{} // open connections and live-state registrations
@@ -449,6 +453,8 @@ func (s *Session) Eval(ctx context.Context, name, src string) (goja.Value, error
 // JavaScript value: goja turns those into errors) is answered as an internal error, so the
 // session survives it.
 func (s *Session) runProgram(prg *goja.Program) (v goja.Value, err error) {
+	s.evaluating.Store(true)
+	defer s.evaluating.Store(false)
 	defer func() {
 		if x := recover(); x != nil {
 			v, err = nil, panicError(x)
