@@ -235,3 +235,21 @@ func TestEval_AThrownCapabilityIsDescribed(t *testing.T) {
 	}
 	require.Equal(t, "TypeError", s.failure(t, `project.nope`).Code, "inside an evaluation a missing member still throws")
 }
+
+// TypeScript's stream.append(e1, e2) appends both; here several events go as an array, and the
+// second argument is append's options. Events given the TypeScript way are refused with that
+// said (it read 'append options: unknown option "type"'), and an argument past the options is
+// refused instead of dropped.
+func TestEval_AppendSaysHowToAppendSeveral(t *testing.T) {
+	ts := startServer(t)
+	s := newSession(t, ts)
+	s.mustEval(t, `var a = project.streams.get("/several")`)
+	f := s.failure(t, `a.append({type: "a"}, {type: "b"})`)
+	require.Equal(t, "invalidArgument", f.Code)
+	require.Contains(t, f.Message, `append([{type: "a"}, {type: "b"}])`)
+	f = s.failure(t, `a.append({type: "a"}, {}, {type: "c"})`)
+	require.Equal(t, "invalidArgument", f.Code)
+	require.Contains(t, f.Message, "too many arguments")
+	require.Equal(t, 0.0, obj(t, s.mustEval(t, `a.describe()`))["headOffset"], "nothing was appended")
+	require.Equal(t, []any{1.0, 2.0}, obj(t, s.mustEval(t, `a.append([{type: "a"}, {type: "b"}], {})`))["offsets"])
+}

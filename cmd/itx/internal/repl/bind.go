@@ -217,6 +217,11 @@ func (s *Session) capabilityOf(v goja.Value) (*capPath, bool) {
 	return p, ok
 }
 
+func (s *Session) isCapability(v goja.Value) bool {
+	_, ok := s.capabilityOf(v)
+	return ok
+}
+
 // rawJSON embeds JSON text as a value; text that is not JSON becomes a string.
 func rawJSON(text string) json.RawMessage {
 	if text == "" {
@@ -413,6 +418,15 @@ func streamAppend(ctx context.Context, s *Session, c capnp.Client, _ capPath, ar
 			return nil, err
 		}
 		inputs = []itx.EventInput{in}
+	}
+	for _, extra := range args[min(2, len(args)):] {
+		if !isAbsent(extra) {
+			return nil, itx.Errorf(itx.EInvalid, "append: too many arguments (takes an event or an array of events, then options {expectedHeadOffset, conditional}), got %s after them", describeValue(extra))
+		}
+	}
+	if second, ok := arg(args, 1).(*goja.Object); ok && second.ClassName() == "Object" && !s.isCapability(second) && !isAbsent(second.Get("type")) {
+		// TypeScript's append(e1, e2) appends both; here they go as an array.
+		return nil, itx.Errorf(itx.EInvalid, `append: the second argument is options {expectedHeadOffset, conditional}, not another event: append several as an array, append([{type: "a"}, {type: "b"}])`)
 	}
 	o, err := s.opts("append options", arg(args, 1), "expectedHeadOffset", "conditional")
 	if err != nil {
