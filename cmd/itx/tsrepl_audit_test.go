@@ -253,3 +253,15 @@ func TestEval_AppendSaysHowToAppendSeveral(t *testing.T) {
 	require.Equal(t, 0.0, obj(t, s.mustEval(t, `a.describe()`))["headOffset"], "nothing was appended")
 	require.Equal(t, []any{1.0, 2.0}, obj(t, s.mustEval(t, `a.append([{type: "a"}, {type: "b"}], {})`))["offsets"])
 }
+
+// schedule(event, dueAt) refuses a third argument, as every other method refuses one past what
+// it takes: it was dropped and the timer set as if it were not there.
+func TestEval_ScheduleRefusesMoreArguments(t *testing.T) {
+	ts := startServer(t)
+	s := newSession(t, ts)
+	s.mustEval(t, `project.streams.get("/sched").append({type: "born"})`)
+	f := s.failure(t, `project.streams.get("/sched").schedule({type: "x", idempotencyKey: "k"}, "10m", "20m")`)
+	require.Equal(t, "invalidArgument", f.Code)
+	require.Contains(t, f.Message, "schedule: too many arguments")
+	require.Empty(t, arr(t, s.mustEval(t, `project.streams.get("/sched").listScheduled()`)), "nothing was scheduled")
+}

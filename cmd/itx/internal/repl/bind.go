@@ -1049,6 +1049,11 @@ func (s *Session) timeArg(what string, v goja.Value) (time.Time, error) {
 }
 
 func streamSchedule(ctx context.Context, s *Session, c capnp.Client, _ capPath, args []goja.Value) (any, error) {
+	for _, extra := range args[min(2, len(args)):] {
+		if !isAbsent(extra) {
+			return nil, itx.Errorf(itx.EInvalid, "schedule: too many arguments (takes event, dueAt, or an options object {event, dueAt}), got %s after them", describeValue(extra))
+		}
+	}
 	evV, dueV := arg(args, 0), arg(args, 1)
 	if obj, ok := evV.(*goja.Object); ok && len(args) == 1 && obj.Get("event") != nil {
 		o, err := s.opts("schedule", evV, "event", "dueAt")
