@@ -265,3 +265,23 @@ func TestEval_ScheduleRefusesMoreArguments(t *testing.T) {
 	require.Contains(t, f.Message, "schedule: too many arguments")
 	require.Empty(t, arr(t, s.mustEval(t, `project.streams.get("/sched").listScheduled()`)), "nothing was scheduled")
 }
+
+// configure refuses what it would drop: a fourth argument, anything after its options object,
+// and a name or receiver given twice (configure("x", r, {name: "y"}) configured "x").
+func TestEval_ConfigureRefusesWhatItWouldDrop(t *testing.T) {
+	ts := startServer(t)
+	s := newSession(t, ts)
+	s.mustEval(t, `var subs = project.streams.get("/conf").subscriptions; project.streams.get("/conf").append({type: "x"})`)
+	r := `{type: "copy-to-stream", path: "/conf-copy"}`
+	for src, want := range map[string]string{
+		`subs.configure("x", ` + r + `, {}, 4)`:                                "configure: too many arguments",
+		`subs.configure({name: "x", receiver: ` + r + `}, {start: "now"})`:     "configure: too many arguments",
+		`subs.configure("x", ` + r + `, {name: "y"})`:                          "configure: name is given twice",
+		`subs.configure("x", ` + r + `, {receiver: {type: "processor-wake"}})`: "configure: receiver is given twice",
+	} {
+		f := s.failure(t, src)
+		require.Equal(t, "invalidArgument", f.Code, src)
+		require.Contains(t, f.Message, want, src)
+	}
+	require.Empty(t, arr(t, s.mustEval(t, `subs.list()`)), "nothing was configured")
+}

@@ -800,12 +800,25 @@ func configJS(c client.SubscriptionConfig) subscriptionConfigJS {
 
 func subscriptionsConfigure(ctx context.Context, s *Session, c capnp.Client, _ capPath, args []goja.Value) (any, error) {
 	v := arg(args, 0)
-	if _, ok := exportString(v); ok {
+	_, positional := exportString(v)
+	takes := 1 // configure({...})
+	if positional {
+		takes = 3 // configure(name, receiver, {...}?)
+	}
+	for _, extra := range args[min(takes, len(args)):] {
+		if !isAbsent(extra) {
+			return nil, itx.Errorf(itx.EInvalid, "configure: too many arguments (takes name, receiver, then an options object {...}, or one options object {name, receiver, ...}), got %s after them", describeValue(extra))
+		}
+	}
+	if positional {
 		// configure(name, receiver, {...}?): the receiver is an object too, so the options
 		// object can only be the third argument.
 		merged := s.vm.NewObject()
 		if extra, ok := arg(args, 2).(*goja.Object); ok {
 			for _, k := range extra.Keys() {
+				if (k == "name" || (k == "receiver" && !isAbsent(arg(args, 1)))) && !isAbsent(extra.Get(k)) {
+					return nil, itx.Errorf(itx.EInvalid, "configure: %s is given twice, as an argument and as an option", k)
+				}
 				merged.Set(k, extra.Get(k))
 			}
 		} else if !isAbsent(arg(args, 2)) {
