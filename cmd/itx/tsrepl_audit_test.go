@@ -285,3 +285,29 @@ func TestEval_ConfigureRefusesWhatItWouldDrop(t *testing.T) {
 	}
 	require.Empty(t, arr(t, s.mustEval(t, `subs.list()`)), "nothing was configured")
 }
+
+// The prompt's connection and live-view objects refuse arguments their methods do not take, as
+// the capabilities' methods do: c.take(10) read everything as if asked for ten, and
+// c.close(42) closed with no reason.
+func TestEval_ConnectionAndLiveViewMethodsRefuseArguments(t *testing.T) {
+	ts := startServer(t)
+	ts.appendDirect(t, "/objs", itx.EventInput{Type: "note"})
+	s := newSession(t, ts)
+	s.mustEval(t, `var c = project.streams.get("/objs").openConnection(); var v = project.streams.get("/objs").liveState()`)
+	for src, want := range map[string]string{
+		`c.take(10)`:         `Connection.take: takes no arguments, got a number`,
+		`c.ping({})`:         `Connection.ping: takes no arguments, got an object`,
+		`c.key("k")`:         `Connection.key: takes no arguments, got a string`,
+		`c.close(42)`:        `Connection.close: reason: expected a string, got a number`,
+		`c.close("done", 1)`: `Connection.close: takes a reason, got a number after it`,
+		`v.snapshot(1)`:      `LiveView.snapshot: takes no arguments, got a number`,
+		`v.patches(true)`:    `LiveView.patches: takes no arguments, got a boolean`,
+		`v.cancel("now")`:    `LiveView.cancel: takes no arguments, got a string`,
+	} {
+		f := s.failure(t, src)
+		require.Equal(t, "invalidArgument", f.Code, "%s: %s", src, f.Message)
+		require.Equal(t, want, f.Message, src)
+	}
+	require.Equal(t, "connection:1", s.mustEval(t, `c.key(undefined)`), "undefined is no argument")
+	s.mustEval(t, `c.close("done"); v.cancel()`)
+}

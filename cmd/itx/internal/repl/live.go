@@ -263,7 +263,7 @@ func streamOpenConnection(ctx context.Context, s *Session, c capnp.Client, p cap
 	label := "[Connection " + p.steps[len(p.steps)-1].arg + "]"
 	obj.Set("toString", s.method("toString", func(goja.FunctionCall) goja.Value { return vm.ToValue(label) }))
 	obj.Set("toJSON", s.method("toJSON", func(goja.FunctionCall) goja.Value { return vm.ToValue(label) }))
-	obj.Set("take", s.method("take", func(goja.FunctionCall) goja.Value {
+	obj.Set("take", s.method("take", s.noArgs("Connection.take", func(goja.FunctionCall) goja.Value {
 		events, dropped, closed := conn.sink.take()
 		out := struct {
 			Events  []eventJS `json:"events"`
@@ -274,8 +274,8 @@ func streamOpenConnection(ctx context.Context, s *Session, c capnp.Client, p cap
 			out.Closed = &Failure{Code: string(closed.Code), Message: closed.Message}
 		}
 		return s.toJS(out)
-	}))
-	obj.Set("ping", s.method("ping", func(goja.FunctionCall) goja.Value {
+	})))
+	obj.Set("ping", s.method("ping", s.noArgs("Connection.ping", func(goja.FunctionCall) goja.Value {
 		if conn.released.Load() {
 			panic(s.throw(errConnectionClosed))
 		}
@@ -289,8 +289,8 @@ func streamOpenConnection(ctx context.Context, s *Session, c capnp.Client, p cap
 			HeadOffset      int64 `json:"headOffset"`
 			DeliveredOffset int64 `json:"deliveredOffset"`
 		}{int64(res.HeadOffset()), int64(res.DeliveredOffset())})
-	}))
-	obj.Set("key", s.method("key", func(goja.FunctionCall) goja.Value {
+	})))
+	obj.Set("key", s.method("key", s.noArgs("Connection.key", func(goja.FunctionCall) goja.Value {
 		if conn.released.Load() {
 			panic(s.throw(errConnectionClosed))
 		}
@@ -305,9 +305,17 @@ func streamOpenConnection(ctx context.Context, s *Session, c capnp.Client, p cap
 			panic(s.throw(err))
 		}
 		return vm.ToValue(key)
-	}))
+	})))
 	obj.Set("close", s.method("close", func(call goja.FunctionCall) goja.Value {
-		reason, _ := exportString(call.Argument(0))
+		for _, extra := range call.Arguments[min(1, len(call.Arguments)):] {
+			if !isAbsent(extra) {
+				panic(s.throw(itx.Errorf(itx.EInvalid, "Connection.close: takes a reason, got %s after it", describeValue(extra))))
+			}
+		}
+		reason, ok := exportString(call.Argument(0))
+		if !ok && !isAbsent(call.Argument(0)) {
+			panic(s.throw(itx.Errorf(itx.EInvalid, "Connection.close: reason: expected a string, got %s", describeValue(call.Argument(0)))))
+		}
 		if err := conn.close(s.ctx(), reason); err != nil {
 			panic(s.throw(err))
 		}
@@ -578,28 +586,41 @@ func (s *Session) liveObject(v *liveView, label string) *goja.Object {
 	obj := vm.NewObject()
 	obj.Set("toString", s.method("toString", func(goja.FunctionCall) goja.Value { return vm.ToValue(label) }))
 	obj.Set("toJSON", s.method("toJSON", func(goja.FunctionCall) goja.Value { return vm.ToValue(label) }))
-	obj.Set("snapshot", s.method("snapshot", func(goja.FunctionCall) goja.Value {
+	obj.Set("snapshot", s.method("snapshot", s.noArgs("LiveView.snapshot", func(goja.FunctionCall) goja.Value {
 		v.mu.Lock()
 		defer v.mu.Unlock()
 		return s.toJS(struct {
 			Revision uint64          `json:"revision"`
 			State    json.RawMessage `json:"state"`
 		}{v.snapshot, v.state})
-	}))
-	obj.Set("patches", s.method("patches", func(goja.FunctionCall) goja.Value {
+	})))
+	obj.Set("patches", s.method("patches", s.noArgs("LiveView.patches", func(goja.FunctionCall) goja.Value {
 		_, _, patches, _ := v.takePatches()
 		if patches == nil {
 			patches = []patchJS{}
 		}
 		return s.toJS(patches)
-	}))
-	obj.Set("cancel", s.method("cancel", func(goja.FunctionCall) goja.Value {
+	})))
+	obj.Set("cancel", s.method("cancel", s.noArgs("LiveView.cancel", func(goja.FunctionCall) goja.Value {
 		if err := v.cancel(s.ctx()); err != nil {
 			panic(s.throw(err))
 		}
 		return goja.Undefined()
-	}))
+	})))
 	return obj
+}
+
+// noArgs refuses the arguments of a method that takes none, as binding.run does for the
+// capabilities' methods.
+func (s *Session) noArgs(what string, fn func(goja.FunctionCall) goja.Value) func(goja.FunctionCall) goja.Value {
+	return func(call goja.FunctionCall) goja.Value {
+		for _, a := range call.Arguments {
+			if !isAbsent(a) {
+				panic(s.throw(itx.Errorf(itx.EInvalid, "%s: takes no arguments, got %s", what, describeValue(a))))
+			}
+		}
+		return fn(call)
+	}
 }
 
 func (s *Session) remember(h liveHandle) {
