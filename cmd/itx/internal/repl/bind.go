@@ -217,6 +217,7 @@ func (s *Session) capabilityOf(v goja.Value) (*capPath, bool) {
 	return p, ok
 }
 
+// isCapability reports whether v is a capability's proxy.
 func (s *Session) isCapability(v goja.Value) bool {
 	_, ok := s.capabilityOf(v)
 	return ok

@@ -294,7 +294,6 @@ func runHelp(ctx context.Context, s *Session, args []string) error {
 	return nil
 }
 
-// usage is how a method is called from JavaScript.
 // promptObjects are the objects the prompt makes of a capability it returns, which .help shows
 // in place of the schema interface they wrap: a connection is read with take(), which the
 // schema's Connection does not have (itxd pushes its events to the prompt's sink).
@@ -320,6 +319,7 @@ func (s *Session) lookupInterface(name string) *Interface {
 	return nil
 }
 
+// usage is how a method is called from JavaScript.
 func usage(iface string, m Method) string {
 	if b, ok := bindings[iface][m.Name]; ok {
 		return b.usage
