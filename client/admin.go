@@ -9,7 +9,7 @@ import (
 	"github.com/itx-dev/itx/wire"
 )
 
-// Admin returns project.admin(), pipelined: the deployment root administers every project, a
+// Admin returns project.admin(), once answered (see Stream): the deployment root administers every project, a
 // project token with the admin right its own project's tokens.
 func Admin(ctx context.Context, project schema.Project) schema.Admin {
 	fut, release := project.Admin(ctx, nil)
@@ -172,7 +172,7 @@ func RevokeToken(ctx context.Context, a schema.Admin, projectID, tokenID string)
 	return err
 }
 
-// ReadOnly returns s.readOnly(), pipelined: a capability to the same stream that only reads,
+// ReadOnly returns s.readOnly(), once answered (see Stream): a capability to the same stream that only reads,
 // to hand to someone else.
 func ReadOnly(ctx context.Context, s schema.Stream) schema.Stream {
 	fut, release := s.ReadOnly(ctx, nil)
@@ -181,7 +181,7 @@ func ReadOnly(ctx context.Context, s schema.Stream) schema.Stream {
 	return ro
 }
 
-// AppendOnly returns s.appendOnly(), pipelined: a capability to the same stream that only
+// AppendOnly returns s.appendOnly(), once answered (see Stream): a capability to the same stream that only
 // appends.
 func AppendOnly(ctx context.Context, s schema.Stream) schema.Stream {
 	fut, release := s.AppendOnly(ctx, nil)

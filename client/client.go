@@ -122,8 +122,9 @@ func dialTCP(ctx context.Context, addr string, keepAlive time.Duration) (*net.TC
 // Gateway is the bootstrap capability.
 func (c *Conn) Gateway() schema.Gateway { return c.gateway }
 
-// Login returns the project a token logs into, as a promise: calls on it are pipelined behind
-// the login, so no round trip is spent waiting for it. A bad token fails those calls.
+// Login returns the project a token logs into, once the login is answered (go-capnp's release
+// of the answer waits for it; see below). A bad token fails the calls made on it. To pipeline
+// calls behind the login, use the Gateway's generated Login and keep its answer until done.
 func (c *Conn) Login(ctx context.Context, token string) schema.Project {
 	fut, release := c.gateway.Login(ctx, func(p schema.Gateway_login_Params) error { return p.SetToken(token) })
 	// Our own reference, then the answer released: an answer never released holds its result,

@@ -10,8 +10,9 @@ import (
 	"github.com/itx-dev/itx/wire"
 )
 
-// Stream returns project.streams().get(path) as a pipelined capability: no round trip is spent
-// until a call on it is awaited. Release it when done.
+// Stream returns project.streams().get(path): the two calls are pipelined, and Stream returns
+// once both are answered (one round trip; go-capnp's release of an answer waits for it, and an
+// answer kept would keep its capability exported). Release it when done.
 //
 // go-capnp deadlocks if a pipelined accessor is called twice on one unresolved future, so each
 // accessor here is called exactly once and its result kept.

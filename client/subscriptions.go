@@ -74,7 +74,7 @@ type SubscriptionConfig struct {
 	IdempotencyKey string
 }
 
-// Subscriptions returns stream.subscriptions() as a pipelined capability. Release it when done.
+// Subscriptions returns stream.subscriptions(), once answered (see Stream). Release it when done.
 func Subscriptions(ctx context.Context, s schema.Stream) schema.Subscriptions {
 	fut, release := s.Subscriptions(ctx, nil)
 	subs := fut.Subscriptions().AddRef()
@@ -82,7 +82,7 @@ func Subscriptions(ctx context.Context, s schema.Stream) schema.Subscriptions {
 	return subs
 }
 
-// Subscription returns stream.subscriptions().get(name) as a pipelined capability: a name that
+// Subscription returns stream.subscriptions().get(name), once answered (see Stream): a name that
 // does not exist fails the calls made on it. Release it when done.
 func Subscription(ctx context.Context, s schema.Stream, name string) schema.Subscription {
 	subs := Subscriptions(ctx, s)

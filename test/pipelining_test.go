@@ -1,0 +1,95 @@
+package test
+
+import (
+	"io"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/schema"
+	"github.com/itx-dev/itx/server"
+	"github.com/itx-dev/itx/wire"
+	"github.com/stretchr/testify/require"
+)
+
+// heldReplies forwards one TCP connection to target, and holds everything target sends until
+// release: the client's calls reach itxd, no answer reaches the client.
+type heldReplies struct {
+	addr    string
+	gate    chan struct{}
+	release func()
+}
+
+func holdReplies(t *testing.T, target string) *heldReplies {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	h := &heldReplies{addr: ln.Addr().String(), gate: make(chan struct{})}
+	var once sync.Once
+	h.release = func() { once.Do(func() { close(h.gate) }) }
+	var wg sync.WaitGroup
+	t.Cleanup(func() { h.release(); ln.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		in, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		out, err := net.Dial("tcp", target)
+		if err != nil {
+			in.Close()
+			return
+		}
+		wg.Add(2)
+		go func() { defer wg.Done(); io.Copy(out, in); out.Close() }()
+		go func() {
+			defer wg.Done()
+			<-h.gate
+			io.Copy(in, out)
+			in.Close()
+		}()
+	}()
+	return h
+}
+
+// A chain sent through the generated API without awaiting any answer is pipelined by itxd:
+// login, streams(), get(path) and an append on the stream all take effect while every answer
+// is still on its way back (here: held). The Go client's helpers (Conn.Login, client.Stream)
+// instead return once their step is answered, as the README says.
+func TestRPC_ChainIsPipelined(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	direct := stream(t, ts.project(t), "/pipelined")
+
+	h := holdReplies(t, ts.addr)
+	conn, err := client.Dial(ctx, h.addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { h.release(); conn.Close() })
+
+	login, releaseLogin := conn.Gateway().Login(ctx, func(p schema.Gateway_login_Params) error { return p.SetToken(ts.creds.ProjectToken) })
+	streams, releaseStreams := login.Project().Streams(ctx, nil)
+	get, releaseGet := streams.Streams().Get(ctx, func(p schema.Streams_get_Params) error { return p.SetPath("/pipelined") })
+	appended, releaseAppend := get.Stream().Append(ctx, func(p schema.Stream_append_Params) error {
+		events, err := p.NewEvents(1)
+		if err != nil {
+			return err
+		}
+		in := ev("piped", `{}`)
+		return wire.SetEventInput(events.At(0), &in)
+	})
+
+	// The append lands while every answer is held.
+	e, err := client.WaitForEvent(ctx, direct, itx.Predicate{Types: []string{"piped"}}, 0, 20*time.Second)
+	require.NoError(t, err, "the append never reached itxd while the answers were held")
+	require.Equal(t, "piped", e.Type)
+	h.release()
+	_, err = appended.Struct()
+	require.NoError(t, err)
+	for _, release := range []func(){releaseAppend, releaseGet, releaseStreams, releaseLogin} {
+		release()
+	}
+}
