@@ -593,3 +593,37 @@ func TestRPC_CallerSendsNoFinishWhenNoneIsNeeded(t *testing.T) {
 	delete(finishes, bootstrapQ) // its results hold the capability
 	require.Empty(t, finishes, "Finish sent for calls whose Return said noFinishNeeded")
 }
+
+// ctxHandle hands each call's context to the test.
+type ctxHandle struct{ ctxs chan context.Context }
+
+func (h ctxHandle) Cancel(ctx context.Context, _ schema.Handle_cancel) error {
+	h.ctxs <- ctx
+	return nil
+}
+
+// The context of a call answered with noFinishNeeded ends once its Return is sent, as a Finish
+// would end it: no Finish comes to do so. With the noFinishNeeded patch alone it was never
+// cancelled, so each such call left its context among the connection's until the connection
+// ended: a long session's every append, read and acknowledgement grew the server by one.
+func TestRPC_NoFinishNeededEndsTheCallsContext(t *testing.T) {
+	h := ctxHandle{ctxs: make(chan context.Context, 1)}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	nc, err := net.Dial("tcp", serveHandle(t, h))
+	require.NoError(t, err)
+	conn := rpc.NewConn(rpc.NewStreamTransport(nc), nil)
+	defer conn.Close()
+	target := schema.Handle(conn.Bootstrap(ctx))
+	defer target.Release()
+	fut, release := target.Cancel(ctx, nil)
+	_, err = fut.Struct()
+	release()
+	require.NoError(t, err)
+	callCtx := <-h.ctxs
+	select {
+	case <-callCtx.Done():
+	case <-time.After(10 * time.Second): // it ends at once; generous on a loaded machine
+		t.Fatal("the call's context is still live after its Return said noFinishNeeded")
+	}
+}

@@ -333,8 +333,13 @@ func (ans *ansent) completeSendReturn(dq *deferred.Queue) error {
 		return ans.destroy(dq)
 	}
 	if ans.flags.Contains(noFinishNeeded) && ans.sendMsg != nil {
-		// itx patch: see prepareSendReturn.
+		// itx patch: see prepareSendReturn. No Finish will come to cancel the
+		// call's context (handleFinish): cancel it here, or it stays a child
+		// of the connection's context, one per call, until the connection ends.
 		ans.flags |= finishReceived
+		if ans.cancel != nil {
+			ans.cancel()
+		}
 		return ans.destroy(dq)
 	}
 	return nil
