@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"capnproto.org/go/capnp/v3"
 	"capnproto.org/go/capnp/v3/rpc"
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
@@ -525,4 +526,119 @@ func TestChurn_SubscriptionsAndReadersComeAndGo(t *testing.T) {
 	list, err := client.ListSubscriptions(e.ctx, subs)
 	require.NoError(t, err)
 	require.Empty(t, list)
+}
+
+// Pipelined chains whose results are never awaited: released at once within a long session
+// (each capability of the chain exported and given back), and left unreleased on sessions that
+// then die. Calls on a path the server refuses, and capabilities minted narrower
+// (readOnly/appendOnly), the same.
+func TestChurn_PipelinedChainsAndRefusedPaths(t *testing.T) {
+	e := newChurnEnv(t, server.Config{})
+	setup := stream(t, e.watcher, "/chain")
+	mustAppend(t, setup, ev("a", `{}`))
+	subs := client.Subscriptions(e.ctx, setup)
+	_, _, err := client.ConfigureSubscription(e.ctx, subs, client.SubscriptionConfig{Name: "s",
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "nobody"}})
+	require.NoError(t, err)
+	subs.Release()
+	p, closeP := longSession(t, e)
+	defer closeP()
+	chain := func(p schema.Project, release bool) {
+		sf, r1 := p.Streams(e.ctx, nil)
+		gf, r2 := sf.Streams().Get(e.ctx, func(a schema.Streams_get_Params) error { return a.SetPath("/chain") })
+		st := gf.Stream()
+		uf, r3 := st.Subscriptions(e.ctx, nil)
+		nf, r4 := uf.Subscriptions().Get(e.ctx, func(a schema.Subscriptions_get_Params) error { return a.SetName("s") })
+		df, r5 := nf.Subscription().Describe(e.ctx, nil)
+		_ = df
+		rf, r6 := st.ReadOnly(e.ctx, nil)
+		af, r7 := st.AppendOnly(e.ctx, nil)
+		pf, r8 := rf.Stream().Describe(e.ctx, nil)
+		_, _ = af, pf
+		bf, r9 := sf.Streams().Get(e.ctx, func(a schema.Streams_get_Params) error { return a.SetPath("no path") })
+		xf, r10 := bf.Stream().Describe(e.ctx, nil)
+		_ = xf
+		if release {
+			for _, r := range []capnp.ReleaseFunc{r10, r9, r8, r7, r6, r5, r4, r3, r2, r1} {
+				r()
+			}
+		}
+	}
+	n := churnRounds(40)
+	e.requireFlatHeap(t, n, 3, func(i int) {
+		chain(p, true)
+		// The refused path answers so: wait for one call's answer per round so the rounds
+		// do not outrun the server.
+		bad := client.Stream(e.ctx, p, "no path")
+		_, err := client.Describe(e.ctx, bad)
+		bad.Release()
+		require.Error(t, err)
+		if i%4 == 0 {
+			dp, cut := cutLogin(t, e, e.ts.creds.ProjectToken)
+			chain(dp, false)
+			s := client.Stream(e.ctx, dp, "/chain")
+			_, err := client.Describe(e.ctx, s) // the chains before it were all received
+			require.NoError(t, err)
+			cut()
+		}
+	})
+	list, err := client.ListStreams(e.ctx, e.watcher, "")
+	require.NoError(t, err)
+	for _, s := range list {
+		require.NotEqual(t, "no path", s.Path)
+	}
+}
+
+// Tokens created, logged in with (a live connection and a barrier open), and revoked; projects
+// created, used and deleted. Each revocation ends its sessions and closes their RPC
+// connections; each deletion ends the project's streams and sessions.
+func TestChurn_RevokedTokensAndDeletedProjects(t *testing.T) {
+	e := newChurnEnv(t, server.Config{})
+	p, closeP := longSession(t, e)
+	defer closeP()
+	admin := client.Admin(e.ctx, p)
+	defer admin.Release()
+	c, err := client.Dial(e.ctx, e.ts.addr)
+	require.NoError(t, err)
+	defer c.Close()
+	root := c.Login(e.ctx, e.ts.creds.DeploymentToken)
+	defer root.Release()
+	rootAdmin := client.Admin(e.ctx, root)
+	defer rootAdmin.Release()
+	mustAppend(t, stream(t, p, "/revoked"), ev("a", `{}`))
+	// One of each before the baseline: the deployment's audit stream is loaded by the first.
+	round := func(i int) {
+		token, info, err := client.CreateToken(e.ctx, admin, "", client.TokenOptions{Label: fmt.Sprintf("t%d", i)})
+		require.NoError(t, err)
+		tp, cut := cutLogin(t, e, token)
+		s := client.Stream(e.ctx, tp, "/revoked")
+		sink := newTestSink()
+		conn, err := churnOpenConn(e.ctx, s, sink)
+		require.NoError(t, err)
+		barrier := make(chan error, 1)
+		go func() {
+			_, err := client.WaitForEvent(context.Background(), s, itx.Predicate{Types: []string{"never"}}, 0, time.Minute)
+			barrier <- err
+		}()
+		waitUntil(t, "caught up", func() bool { return len(sink.offsets()) > 0 })
+		require.NoError(t, client.RevokeToken(e.ctx, admin, "", info.ID))
+		require.Error(t, <-barrier) // unauthenticated, or the connection the revocation closes
+		conn.Release()
+		s.Release()
+		cut()
+
+		info2, ptoken, _, err := client.CreateProject(e.ctx, rootAdmin, fmt.Sprintf("churn-%d", i))
+		require.NoError(t, err)
+		pp, pcut := cutLogin(t, e, ptoken)
+		ps := client.Stream(e.ctx, pp, "/x")
+		mustAppend(t, ps, ev("a", `{}`))
+		ps.Release()
+		require.NoError(t, client.DeleteProject(e.ctx, rootAdmin, info2.ID, true))
+		pcut()
+	}
+	n := churnRounds(20)
+	e.requireFlatHeap(t, n, 10, round)
+	tokens, err := client.ListTokens(e.ctx, admin, "")
+	require.NoError(t, err)
+	require.Len(t, tokens, 1, "revoked tokens are gone")
 }
