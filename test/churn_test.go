@@ -45,10 +45,12 @@ type churnEnv struct {
 	// keepLoaded: the scenario's streams stay loaded across it (what a loaded stream's actor
 	// holds is measured too); the clock does not move, so no idle unload comes.
 	keepLoaded bool
-	ts         *testServer
-	clock      *clocktest.Clock
-	watcher    schema.Project
-	ctx        context.Context
+	// quiet (optional) says the scenario's last round has settled: the baseline waits for it.
+	quiet   func() bool
+	ts      *testServer
+	clock   *clocktest.Clock
+	watcher schema.Project
+	ctx     context.Context
 }
 
 func newChurnEnv(t *testing.T, cfg server.Config) *churnEnv {
@@ -83,6 +85,9 @@ type churnBaseline struct {
 
 func (e *churnEnv) baseline(t *testing.T) churnBaseline {
 	t.Helper()
+	if e.quiet != nil {
+		waitUntil(t, "quiet", e.quiet)
+	}
 	e.unload(t)
 	m := e.ts.srv.Metrics()
 	return churnBaseline{fp: e.ts.srv.Footprint(), rpcConns: testutil.ToFloat64(m.RPCConnections),
@@ -641,4 +646,52 @@ func TestChurn_RevokedTokensAndDeletedProjects(t *testing.T) {
 	tokens, err := client.ListTokens(e.ctx, admin, "")
 	require.NoError(t, err)
 	require.Len(t, tokens, 1, "revoked tokens are gone")
+}
+
+// Within one long session: Receivers and processor hosts mounted under new names and unmounted
+// by releasing their Handle.
+func TestChurn_MountsComeAndGo(t *testing.T) {
+	e := newChurnEnv(t, server.Config{})
+	p, closeP := longSession(t, e)
+	defer closeP()
+	hf, hrel := p.Processors(e.ctx, nil)
+	hosts := hf.Processors().AddRef()
+	hrel()
+	defer hosts.Release()
+	e.quiet = func() bool {
+		return len(e.ts.srv.Mounts("default")) == 0 && len(e.ts.srv.ProcessorHostMounts("default")) == 0
+	}
+	n := churnRounds(40)
+	e.requireFlatHeap(t, n, 3, func(i int) {
+		h, err := client.MountReceiver(e.ctx, p, fmt.Sprintf("inbox-%d", i), client.ServeReceiver(func(ctx context.Context, b itx.DeliveryBatch) (int64, error) {
+			return 0, nil
+		}))
+		require.NoError(t, err)
+		if i%2 == 0 {
+			cf, crel := h.Cancel(e.ctx, nil)
+			_, err := cf.Struct()
+			require.NoError(t, err)
+			crel()
+		}
+		h.Release()
+		info := []itx.ProcessorInfo{{Name: fmt.Sprintf("contract-%d", i), ReducerVersion: "1", ConsumedTypes: []string{"x"}}}
+		fut, mrel := hosts.Mount(e.ctx, func(m schema.ProcessorHosts_mount_Params) error {
+			if err := m.SetName(fmt.Sprintf("host-%d", i)); err != nil {
+				return err
+			}
+			list, err := m.NewContracts(1)
+			if err != nil {
+				return err
+			}
+			if err := wire.SetProcessorContracts(list, info); err != nil {
+				return err
+			}
+			return m.SetHost(schema.ProcessorHost_ServerToClient(&unansweringHost{woken: make(chan struct{}, 1)}))
+		})
+		_, err = fut.Struct()
+		require.NoError(t, err)
+		mrel()
+		// Released, a Handle ends once go-capnp lets its answer go (its Finish comes 250 ms
+		// after the Return, #626): rounds do not wait for that, the baseline and the checks do.
+	})
 }
