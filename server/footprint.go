@@ -20,6 +20,7 @@ type Footprint struct {
 	SecretHolds    int // configures between storing a secret and their answer
 	SecretsStoring int // secrets being stored
 	JSONataWaiting int64
+	ProcSeeks      int // rewind epochs loaded streams keep for their processors
 }
 
 // Footprint returns the server's current counts (tests and operators).
@@ -68,7 +69,16 @@ func (s *Server) Footprint() Footprint {
 
 	s.mu.Lock()
 	f.Actors, f.Unloading = len(s.actors), len(s.unloading)
+	loaded := make([]*actor, 0, len(s.actors))
+	for _, a := range s.actors {
+		loaded = append(loaded, a)
+	}
 	s.mu.Unlock()
+	for _, a := range loaded {
+		a.procMu.Lock()
+		f.ProcSeeks += len(a.procSeek)
+		a.procMu.Unlock()
+	}
 	f.JSONataWaiting = jsonataWaiting.Load()
 	return f
 }

@@ -643,9 +643,16 @@ func (a *actor) procSeekFor(name string) int64 {
 	return a.procSeek[name]
 }
 
+// setProcSeek records name's rewind epoch; 0 (none: the subscription was removed or created
+// anew) forgets the name, so that processor subscriptions coming and going under new names do
+// not grow a stream that stays loaded.
 func (a *actor) setProcSeek(name string, seek int64) {
 	a.procMu.Lock()
 	defer a.procMu.Unlock()
+	if seek == 0 {
+		delete(a.procSeek, name)
+		return
+	}
 	a.procSeek[name] = seek
 }
 

@@ -695,3 +695,39 @@ func TestChurn_MountsComeAndGo(t *testing.T) {
 		// after the Return, #626): rounds do not wait for that, the baseline and the checks do.
 	})
 }
+
+// Instances of an in-process processor configured under new names, rewound
+// (setSubscriptionCursor), woken and removed, on a stream that stays loaded: the rewind epoch
+// the stream keeps for each goes with its subscription.
+func TestChurn_RewoundProcessorsComeAndGo(t *testing.T) {
+	e := newChurnEnv(t, server.Config{Processors: referenceHost(t, "guestbook")})
+	e.keepLoaded = true
+	p, closeP := longSession(t, e)
+	defer closeP()
+	s := client.Stream(e.ctx, p, "/rewound")
+	defer s.Release()
+	mustAppend(t, s, ev("guestbook/signed", `{"name":"a"}`))
+	subs := client.Subscriptions(e.ctx, s)
+	defer subs.Release()
+	n := churnRounds(20)
+	e.requireFlatHeap(t, n, 10, func(i int) {
+		name := fmt.Sprintf("g-%d", i)
+		_, _, err := client.ConfigureSubscription(e.ctx, subs, client.SubscriptionConfig{Name: name,
+			Receiver: client.Receiver{Kind: client.ReceiverProcessorWake, Processor: "guestbook"}})
+		require.NoError(t, err)
+		sub := client.Subscription(e.ctx, s, name)
+		head := mustAppend(t, s, ev("guestbook/signed", fmt.Sprintf(`{"name":"n%d"}`, i))).Offsets[0]
+		_, err = client.WaitUntilProcessed(e.ctx, sub, head, 20*time.Second)
+		require.NoError(t, err)
+		_, err = client.SetSubscriptionCursor(e.ctx, s, name, 0)
+		require.NoError(t, err)
+		// A snapshot takes the rewind (the stream records its epoch for the runner).
+		pf, prel := sub.Processor(e.ctx, nil)
+		_, err = client.Snapshot(e.ctx, pf.Processor())
+		require.NoError(t, err)
+		prel()
+		sub.Release()
+		_, err = client.RemoveSubscription(e.ctx, subs, name)
+		require.NoError(t, err)
+	})
+}
