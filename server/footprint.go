@@ -19,6 +19,7 @@ type Footprint struct {
 	Unloading      int // stream actors unloading
 	SecretHolds    int // configures between storing a secret and their answer
 	SecretsStoring int // secrets being stored
+	Secrets        int // webhook secrets kept (each referenced by a subscription)
 	JSONataWaiting int64
 	ProcSeeks      int // rewind epochs loaded streams keep for their processors
 }
@@ -44,6 +45,10 @@ func (s *Server) Footprint() Footprint {
 	}
 	a.secretMu.Lock()
 	f.SecretHolds, f.SecretsStoring = len(a.secretHolds)+len(a.secretStores), len(a.secretsStoring)
+	f.Secrets = len(a.secrets)
+	for _, n := range a.secretCounts {
+		f.Secrets += n
+	}
 	a.secretMu.Unlock()
 
 	s.recv.mu.Lock()

@@ -2,6 +2,7 @@ package test
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
 	"net"
 	"os"
@@ -727,6 +728,30 @@ func TestChurn_RewoundProcessorsComeAndGo(t *testing.T) {
 		require.NoError(t, err)
 		prel()
 		sub.Release()
+		_, err = client.RemoveSubscription(e.ctx, subs, name)
+		require.NoError(t, err)
+	})
+}
+
+// Webhook subscriptions configured with a new secret each and removed: the secrets (kept while
+// a subscription references them) go with them.
+func TestChurn_WebhookSecretsComeAndGo(t *testing.T) {
+	e := newChurnEnv(t, server.Config{})
+	e.keepLoaded = true
+	p, closeP := longSession(t, e)
+	defer closeP()
+	s := client.Stream(e.ctx, p, "/hooks")
+	defer s.Release()
+	mustAppend(t, s, ev("a", `{}`))
+	subs := client.Subscriptions(e.ctx, s)
+	defer subs.Release()
+	n := churnRounds(20)
+	e.requireFlatHeap(t, n, 10, func(i int) {
+		name := fmt.Sprintf("hook-%d", i)
+		secret := "whsec_" + base64.StdEncoding.EncodeToString([]byte(fmt.Sprintf("churn-secret-%08d", i)))
+		_, _, err := client.ConfigureSubscription(e.ctx, subs, client.SubscriptionConfig{Name: name, Start: "now",
+			Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: "https://hooks.invalid/churn", Secret: secret}})
+		require.NoError(t, err)
 		_, err = client.RemoveSubscription(e.ctx, subs, name)
 		require.NoError(t, err)
 	})
