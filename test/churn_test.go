@@ -133,10 +133,10 @@ func (e *churnEnv) requireBack(t *testing.T, b churnBaseline, rounds int) {
 	}
 }
 
-// goroutineKinds counts the running goroutines by kind: the function on top of the stack and
-// the one that started the goroutine. Counting kinds rather than goroutine ids (as goleak's
-// IgnoreCurrent does) keeps a capability's call-handling goroutine, which go-capnp replaces at
-// each call.Go, the same one.
+// goroutineKinds counts the running goroutines by kind: the function the goroutine started in
+// and the one that started it (not what it runs now, which changes as it works). Counting kinds
+// rather than goroutine ids (as goleak's IgnoreCurrent does) keeps a capability's call-handling
+// goroutine, which go-capnp replaces at each call.Go, the same one.
 func goroutineKinds() map[string]int {
 	buf := make([]byte, 1<<20)
 	for {
@@ -153,14 +153,19 @@ func goroutineKinds() map[string]int {
 		if len(lines) < 2 {
 			continue
 		}
-		top := funcName(lines[1])
-		created := ""
-		for _, l := range lines {
-			if strings.HasPrefix(l, "created by ") {
-				created = funcName(strings.TrimPrefix(l, "created by "))
+		// Frames are pairs of lines (function, file:line) after the header; the last pair
+		// before "created by" is where the goroutine started.
+		start, created := "", ""
+		for i := 1; i < len(lines); i++ {
+			if strings.HasPrefix(lines[i], "created by ") {
+				created = funcName(strings.TrimPrefix(lines[i], "created by "))
+				break
+			}
+			if !strings.HasPrefix(lines[i], "\t") {
+				start = funcName(lines[i])
 			}
 		}
-		out[top+" <- "+created]++
+		out[start+" <- "+created]++
 	}
 	return out
 }
@@ -220,7 +225,7 @@ func (e *churnEnv) requireFlatHeap(t *testing.T, n int, perRound uint64, round f
 		for i := range n {
 			round(batch*n + i)
 		}
-		e.requireBack(t, b, batch*n)
+		e.requireBack(t, b, (batch+1)*n)
 		h[batch] = heapObjects()
 		if dir := os.Getenv("ITX_CHURN_HEAPDIR"); dir != "" {
 			f, err := os.Create(fmt.Sprintf("%s/heap%d.pb.gz", dir, batch))
