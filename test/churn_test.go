@@ -31,7 +31,8 @@ import (
 // the server without bound, and a dead session gives back everything it held). Each test takes
 // a baseline (goroutines, the server's registries, loaded streams), repeats a scenario
 // churnRounds times, lets streams reach their idle unload, and waits for the baseline again.
-// ITX_CHURN_N raises the rounds.
+// ITX_CHURN_N raises the rounds; ITX_CHURN_HEAPDIR=dir writes heap profiles (every allocation
+// sampled) after each measured batch, to compare with go tool pprof -base.
 
 func churnRounds(def int) int {
 	if v, err := strconv.Atoi(os.Getenv("ITX_CHURN_N")); err == nil && v > 0 {
