@@ -1,13 +1,9 @@
 package test
 
 import (
-	"errors"
 	"fmt"
-	"os/exec"
 	"path/filepath"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
@@ -64,14 +60,7 @@ func TestCrash_Kill9AfterDeleteProjectCommitLeavesNoStreamFiles(t *testing.T) {
 
 	err = client.DeleteProject(ctx, admin, doomed.ID, true)
 	require.Error(t, err, "itxd died before answering")
-	select {
-	case err := <-proc.exited:
-		var exit *exec.ExitError
-		require.True(t, errors.As(err, &exit), "itxd exited: %v", err)
-		require.Equal(t, syscall.SIGKILL, exit.Sys().(syscall.WaitStatus).Signal(), "itxd killed at the point")
-	case <-time.After(30 * time.Second):
-		t.Fatal("itxd did not die at the kill point")
-	}
+	proc.requireKilledAtThePoint(t)
 	// The kill came where it should: the delete committed, the files still there.
 	d, err := storage.OpenDirectory(ctx, filepath.Join(dataDir, "directory.db"))
 	require.NoError(t, err)

@@ -1,6 +1,7 @@
 package test
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -126,5 +127,19 @@ func (p *itxdProcess) stop(t testing.TB) error {
 	case <-time.After(60 * time.Second):
 		t.Fatal("itxd did not stop on SIGTERM")
 		return nil
+	}
+}
+
+// requireKilledAtThePoint waits for an itxd built with a kill point (-tags itxtest) to have
+// killed itself there (SIGKILL), within 30 s.
+func (p *itxdProcess) requireKilledAtThePoint(t testing.TB) {
+	t.Helper()
+	select {
+	case err := <-p.exited:
+		var exit *exec.ExitError
+		require.True(t, errors.As(err, &exit), "itxd exited: %v", err)
+		require.Equal(t, syscall.SIGKILL, exit.Sys().(syscall.WaitStatus).Signal(), "itxd killed at the point")
+	case <-time.After(30 * time.Second):
+		t.Fatal("itxd did not die at the kill point")
 	}
 }

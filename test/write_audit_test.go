@@ -2,10 +2,7 @@ package test
 
 import (
 	"encoding/json"
-	"errors"
-	"os/exec"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -99,14 +96,7 @@ func TestCrash_CopyRedeliveredWithAnotherBodyIsTheSameCopy(t *testing.T) {
 	subs.Release()
 	res, err := client.Append(ctx, src, []itx.EventInput{ev("e", `{"n":1}`)}, itx.AppendOptions{})
 	require.NoError(t, err)
-	select {
-	case err := <-proc.exited:
-		var exit *exec.ExitError
-		require.True(t, errors.As(err, &exit), "itxd exited: %v", err)
-		require.Equal(t, syscall.SIGKILL, exit.Sys().(syscall.WaitStatus).Signal(), "itxd killed at the point")
-	case <-time.After(30 * time.Second):
-		t.Fatal("itxd did not die at the kill point")
-	}
+	proc.requireKilledAtThePoint(t)
 
 	proc = startItxd(t, dataDir)
 	p2 := dial(t, proc.addr).Login(ctx, proc.creds.ProjectToken)
@@ -177,14 +167,7 @@ func TestCrash_DeadLetterWrittenAgainWithAnotherErrorIsTheSameLetter(t *testing.
 	subs.Release()
 	res, err := client.Append(ctx, src, []itx.EventInput{ev("e", `{"n":1}`)}, itx.AppendOptions{})
 	require.NoError(t, err)
-	select {
-	case err := <-proc.exited:
-		var exit *exec.ExitError
-		require.True(t, errors.As(err, &exit), "itxd exited: %v", err)
-		require.Equal(t, syscall.SIGKILL, exit.Sys().(syscall.WaitStatus).Signal(), "itxd killed at the point")
-	case <-time.After(30 * time.Second):
-		t.Fatal("itxd did not die at the kill point")
-	}
+	proc.requireKilledAtThePoint(t)
 	tries := h.count()
 
 	proc = startItxd(t, dataDir)
