@@ -363,22 +363,8 @@ func TestChurn_MountsDroppedMidDelivery(t *testing.T) {
 			return 0, ctx.Err()
 		}))
 		require.NoError(t, err)
-		hosts, hrel := p.Processors(e.ctx, nil)
 		spy := &unansweringHost{woken: make(chan struct{}, 1)}
-		fut, mrel := hosts.Processors().Mount(e.ctx, func(m schema.ProcessorHosts_mount_Params) error {
-			if err := m.SetName("spy"); err != nil {
-				return err
-			}
-			list, err := m.NewContracts(1)
-			if err != nil {
-				return err
-			}
-			if err := wire.SetProcessorContracts(list, info); err != nil {
-				return err
-			}
-			return m.SetHost(schema.ProcessorHost_ServerToClient(spy))
-		})
-		_, err = fut.Struct()
+		handle, err := mountHostServing(e.ctx, p, "spy", spy, info)
 		require.NoError(t, err)
 		s := client.Stream(e.ctx, p, "/mounted")
 		mustAppend(t, s, ev("inbox/message", fmt.Sprintf(`{"i":%d}`, i)))
@@ -386,8 +372,7 @@ func TestChurn_MountsDroppedMidDelivery(t *testing.T) {
 		<-spy.woken
 		cut()
 		h.Release()
-		mrel()
-		hrel()
+		handle.Release()
 		s.Release()
 		waitParked(t, e.watcher, "/mounted", "app")
 		waitParked(t, e.watcher, "/mounted", "forwarder")

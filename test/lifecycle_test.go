@@ -563,26 +563,11 @@ func TestRemote_CutHostReleasesTheStream(t *testing.T) {
 	gw, nc, rc := rawDial(t, ts.addr)
 	lf, _ := gw.Login(ctx, func(p schema.Gateway_login_Params) error { return p.SetToken(ts.creds.ProjectToken) })
 	p := lf.Project()
-	hosts, release := p.Processors(ctx, nil)
-	defer release()
 	spy := &unansweringHost{woken: make(chan struct{}, 1)}
 	info := []itx.ProcessorInfo{{Name: "forwarder", ReducerVersion: "1", ConsumedTypes: []string{"inbox/message"}}}
-	fut, rel := hosts.Processors().Mount(ctx, func(m schema.ProcessorHosts_mount_Params) error {
-		if err := m.SetName("spy"); err != nil {
-			return err
-		}
-		list, err := m.NewContracts(1)
-		if err != nil {
-			return err
-		}
-		if err := wire.SetProcessorContracts(list, info); err != nil {
-			return err
-		}
-		return m.SetHost(schema.ProcessorHost_ServerToClient(spy))
-	})
-	defer rel()
-	_, err := fut.Struct()
+	handle, err := mountHostServing(ctx, p, "spy", spy, info)
 	require.NoError(t, err)
+	defer handle.Release()
 	s := client.Stream(ctx, p, "/remote/held")
 	mustAppend(t, s, ev("inbox/message", `{}`))
 	<-spy.woken

@@ -15,6 +15,7 @@ import (
 	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/cmd/itx/internal/repl"
 	"github.com/itx-dev/itx/internal/itxtest"
+	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
 	"github.com/stretchr/testify/require"
 )
@@ -47,16 +48,23 @@ func (ts *testServer) appendDirect(t testing.TB, path string, events ...itx.Even
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := client.Dial(ctx, ts.addr)
-	require.NoError(t, err)
-	defer c.Close()
-	p := c.Login(ctx, ts.token)
-	defer p.Release()
-	s := client.Stream(ctx, p, path)
-	defer s.Release()
-	res, err := client.Append(ctx, s, events, itx.AppendOptions{})
+	res, err := client.Append(ctx, ts.streamDirect(t, ctx, path), events, itx.AppendOptions{})
 	require.NoError(t, err)
 	return res
+}
+
+// streamDirect is the stream at path through the Go client on a connection of its own, not
+// through itx; the connection closes when the test ends.
+func (ts *testServer) streamDirect(t testing.TB, ctx context.Context, path string) schema.Stream {
+	t.Helper()
+	c, err := client.Dial(ctx, ts.addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	p := c.Login(ctx, ts.token)
+	t.Cleanup(p.Release)
+	s := client.Stream(ctx, p, path)
+	t.Cleanup(s.Release)
+	return s
 }
 
 // syncBuffer is an output a test can wait on while an evaluation runs.
