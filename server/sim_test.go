@@ -25,10 +25,12 @@ import (
 // prints its seed; -sim.seed replays it.
 //
 //	go test ./server -run TestSimulation -sim.seeds 500 -sim.steps 2000   # a longer run
+//	go test ./server -run TestSimulation -sim.from 501 -sim.seeds 500     # other schedules
 var (
 	simSeeds = flag.Int("sim.seeds", 12, "simulation seeds to run")
 	simSteps = flag.Int("sim.steps", 250, "steps per seed")
 	simSeed  = flag.Uint64("sim.seed", 0, "run only this seed")
+	simFrom  = flag.Int("sim.from", 1, "the first of the -sim.seeds seeds (a later range explores schedules earlier runs did not)")
 )
 
 // faultyStore fails commits on demand: before the transaction (nothing written) or after it (the
@@ -143,7 +145,7 @@ func TestSimulation(t *testing.T) {
 	if *simSeed != 0 {
 		seeds = append(seeds, *simSeed)
 	} else {
-		for i := 1; i <= *simSeeds; i++ {
+		for i := *simFrom; i < *simFrom+*simSeeds; i++ {
 			seeds = append(seeds, uint64(i)*7919)
 		}
 	}
