@@ -556,6 +556,11 @@ func (s *sim) deliverTo(name string, force int) {
 					for off := job.after + 1; off <= out.failure.eventOffset; off++ {
 						sub.covered[off] = true
 					}
+					// The skipped event counts as delivered (the receiver may confirm through it)
+					// but as nothing the receiver holds: what it took of it in a failed try was
+					// not delivered.
+					sub.maxRead = max(sub.maxRead, out.failure.eventOffset)
+					sub.skipped[out.failure.eventOffset] = true
 				}
 			}
 			s.apply(stepInput{outcomes: []deliveryOutcome{out}})
@@ -712,7 +717,7 @@ func (s *sim) checkPush(job pushJob) {
 	held := int64(0)
 	if sub != nil {
 		for off := conf + 1; off <= job.after; off++ {
-			if sub.received[off] && sub.covered[off] {
+			if sub.received[off] && sub.covered[off] && !sub.skipped[off] { // a skip delivers nothing
 				held++
 			}
 		}
