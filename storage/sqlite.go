@@ -112,32 +112,63 @@ func createPrivate(path string) error {
 	return f.Close()
 }
 
-// migrate applies the numbered .sql files of migrations/<set> above the database's user_version,
-// each in its own transaction with the version bump, so a crash leaves a whole version or none.
-func migrate(ctx context.Context, db *sql.DB, set string) error {
+// ErrSchemaTooNew is what opening a database written by a newer itxd says: its user_version is
+// above every migration this build knows, so its tables may hold what this build would misread
+// or rewrite. Downgrading is not supported; run the newer itxd (see README, Upgrading).
+var ErrSchemaTooNew = errors.New("the database was written by a newer itxd")
+
+// migrationStep is one numbered .sql file of a migration set.
+type migrationStep struct {
+	version int
+	name    string
+}
+
+// migrationSteps lists the .sql files of migrations/<set> in version order.
+func migrationSteps(set string) ([]migrationStep, error) {
 	dir := "migrations/" + set
 	entries, err := fs.ReadDir(migrations, dir)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	type step struct {
-		version int
-		name    string
-	}
-	var steps []step
+	var steps []migrationStep
 	for _, e := range entries {
 		prefix, _, ok := strings.Cut(e.Name(), "_")
 		v, err := strconv.Atoi(prefix)
 		if !ok || err != nil || !strings.HasSuffix(e.Name(), ".sql") {
-			return fmt.Errorf("migration %s/%s: name must be NNN_name.sql", set, e.Name())
+			return nil, fmt.Errorf("migration %s/%s: name must be NNN_name.sql", set, e.Name())
 		}
-		steps = append(steps, step{v, e.Name()})
+		steps = append(steps, migrationStep{v, e.Name()})
 	}
 	sort.Slice(steps, func(i, j int) bool { return steps[i].version < steps[j].version })
+	return steps, nil
+}
+
+// latestVersion is the user_version a database of set has once every migration ran.
+func latestVersion(set string) (int, error) {
+	steps, err := migrationSteps(set)
+	if err != nil || len(steps) == 0 {
+		return 0, err
+	}
+	return steps[len(steps)-1].version, nil
+}
+
+// migrate applies the numbered .sql files of migrations/<set> above the database's user_version,
+// each in its own transaction with the version bump, so a crash leaves a whole version or none.
+// A database above the last known version is refused (ErrSchemaTooNew) and left untouched.
+func migrate(ctx context.Context, db *sql.DB, set string) error {
+	dir := "migrations/" + set
+	steps, err := migrationSteps(set)
+	if err != nil {
+		return err
+	}
 
 	var current int
 	if err := db.QueryRowContext(ctx, "PRAGMA user_version").Scan(&current); err != nil {
 		return err
+	}
+	if n := len(steps); n > 0 && current > steps[n-1].version {
+		return fmt.Errorf("%w: its %s schema is version %d, this itxd knows up to %d; run the itxd that wrote it or a newer one (downgrading is not supported)",
+			ErrSchemaTooNew, set, current, steps[n-1].version)
 	}
 	for _, s := range steps {
 		if s.version <= current {
