@@ -1,0 +1,407 @@
+package test
+
+import (
+	"archive/tar"
+	"compress/gzip"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/schema"
+	"github.com/stretchr/testify/require"
+)
+
+// upgradeExpected is testdata/upgrade/populate's expected.json: what the old itxd acknowledged.
+type upgradeExpected struct {
+	Commit        string                    `json:"commit"`
+	Events        map[string][]upgradeEvent `json:"events"`
+	Heads         map[string]int64          `json:"heads"`
+	Subscriptions map[string]upgradeSub     `json:"subscriptions"`
+	Readers       map[string]int64          `json:"readers"`
+	Scheduled     map[string]int64          `json:"scheduled"`
+	HookSecret    string                    `json:"hookSecret"`
+	Tokens        map[string]string         `json:"tokens"`
+	OtherProject  string                    `json:"otherProject"`
+}
+
+type upgradeEvent struct {
+	Offset    int64           `json:"offset"`
+	Type      string          `json:"type"`
+	Payload   json.RawMessage `json:"payload"`
+	Metadata  json.RawMessage `json:"metadata,omitempty"`
+	Key       string          `json:"key,omitempty"`
+	Ephemeral bool            `json:"ephemeral,omitempty"`
+}
+
+type upgradeSub struct {
+	Kind      string `json:"kind"`
+	Status    string `json:"status"`
+	Confirmed int64  `json:"confirmed"`
+}
+
+// upgradeHookAddr is where the fixtures' webhook subscription posts (populate's HookAddr).
+const upgradeHookAddr = "127.0.0.1:47613"
+
+// extractFixture unpacks testdata/upgrade/<name>.tar.gz into a fresh private directory.
+func extractFixture(t *testing.T, name string) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "data")
+	require.NoError(t, os.Mkdir(dir, 0o700))
+	f, err := os.Open(filepath.Join("testdata", "upgrade", name+".tar.gz"))
+	require.NoError(t, err)
+	defer f.Close()
+	gz, err := gzip.NewReader(f)
+	require.NoError(t, err)
+	tr := tar.NewReader(gz)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		require.NoError(t, err)
+		target := filepath.Join(dir, filepath.Clean(h.Name))
+		switch h.Typeflag {
+		case tar.TypeDir:
+			require.NoError(t, os.MkdirAll(target, 0o700))
+		case tar.TypeReg:
+			b, err := io.ReadAll(tr)
+			require.NoError(t, err)
+			require.NoError(t, os.WriteFile(target, b, 0o600))
+		}
+	}
+	return dir
+}
+
+// hookRecorder is the fixtures' webhook receiver: it verifies each delivery's signature and
+// records the offsets, acknowledging every one.
+type hookRecorder struct {
+	secret  string
+	mu      sync.Mutex
+	offsets []int64
+	bad     []string
+	got     chan struct{}
+}
+
+func (h *hookRecorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	var e struct{ Event struct{ Offset int64 } }
+	json.Unmarshal(body, &e)
+	h.mu.Lock()
+	if err := client.VerifyWebhook(h.secret, r.Header, body, time.Now()); err != nil {
+		h.bad = append(h.bad, err.Error())
+	}
+	h.offsets = append(h.offsets, e.Event.Offset)
+	h.mu.Unlock()
+	select {
+	case h.got <- struct{}{}:
+	default:
+	}
+	w.WriteHeader(204)
+}
+
+// TestUpgrade_OldDataDirectories opens data directories written by older itxd builds
+// (testdata/upgrade, see its README) with this build's itxd and checks that the upgrade kept
+// everything: acknowledged events with their offsets and bodies, idempotency keys, subscription
+// cursors and statuses (no redelivery, no skipped event), webhook secrets, readers' checkpoints,
+// scheduled appends (fired once, or kept), projects and tokens, and the stream listing.
+func TestUpgrade_OldDataDirectories(t *testing.T) {
+	fixtures, err := filepath.Glob(filepath.Join("testdata", "upgrade", "*.tar.gz"))
+	require.NoError(t, err)
+	require.NotEmpty(t, fixtures)
+	for _, f := range fixtures {
+		name := strings.TrimSuffix(filepath.Base(f), ".tar.gz")
+		t.Run(name, func(t *testing.T) { checkUpgrade(t, name) })
+	}
+}
+
+func checkUpgrade(t *testing.T, name string) {
+	ctx := ctxT(t)
+	dir := extractFixture(t, name)
+	b, err := os.ReadFile(filepath.Join(dir, "expected.json"))
+	require.NoError(t, err)
+	var exp upgradeExpected
+	require.NoError(t, json.Unmarshal(b, &exp))
+
+	hook := &hookRecorder{secret: exp.HookSecret, got: make(chan struct{}, 1)}
+	ln, err := net.Listen("tcp", upgradeHookAddr)
+	if err != nil {
+		t.Skipf("the fixtures' webhook address %s is taken: %v", upgradeHookAddr, err)
+	}
+	hs := &http.Server{Handler: hook}
+	go hs.Serve(ln)
+	t.Cleanup(func() { hs.Close() })
+
+	p := startItxd(t, dir)
+	conn := dial(t, p.addr)
+	project := conn.Login(ctx, exp.Tokens["project"])
+	t.Cleanup(project.Release)
+	a := stream(t, project, "/a")
+
+	t.Run("events kept with their offsets and bodies", func(t *testing.T) {
+		for path, want := range exp.Events {
+			got, err := client.ReadAll(ctx, stream(t, project, path), itx.Query{IncludeEphemeral: true})
+			require.NoError(t, err, path)
+			require.GreaterOrEqual(t, len(got), len(want), path)
+			for i, w := range want {
+				g := got[i]
+				require.Equal(t, w.Offset, g.Offset, "%s event %d", path, i)
+				require.Equal(t, w.Type, g.Type, "%s offset %d", path, w.Offset)
+				require.JSONEq(t, string(w.Payload), string(g.Payload), "%s offset %d", path, w.Offset)
+				if len(w.Metadata) > 0 {
+					require.JSONEq(t, string(w.Metadata), string(g.Metadata), "%s offset %d", path, w.Offset)
+				}
+				require.Equal(t, w.Key, g.IdempotencyKey, "%s offset %d", path, w.Offset)
+				require.Equal(t, w.Ephemeral, g.Ephemeral, "%s offset %d", path, w.Offset)
+			}
+		}
+	})
+
+	t.Run("every append acknowledged before a kill -9 is there", func(t *testing.T) {
+		b, err := os.ReadFile(filepath.Join(dir, "acked.jsonl"))
+		if errors.Is(err, os.ErrNotExist) {
+			t.Skip("stopped with SIGTERM, no traffic")
+		}
+		require.NoError(t, err)
+		got, err := client.ReadAll(ctx, a, itx.Query{Types: []string{"load"}})
+		require.NoError(t, err)
+		byOffset := map[int64]string{}
+		for _, e := range got {
+			byOffset[e.Offset] = e.IdempotencyKey
+		}
+		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+		require.NotEmpty(t, lines)
+		for _, l := range lines {
+			var ack struct {
+				Offset int64
+				Key    string
+			}
+			require.NoError(t, json.Unmarshal([]byte(l), &ack), l)
+			require.Equal(t, ack.Key, byOffset[ack.Offset], "acknowledged %s at %d", ack.Key, ack.Offset)
+		}
+	})
+
+	t.Run("tokens still log in", func(t *testing.T) {
+		for label, tok := range exp.Tokens {
+			pr := conn.Login(ctx, tok)
+			_, err := client.DescribeProject(ctx, pr)
+			pr.Release()
+			require.NoError(t, err, "token %s", label)
+		}
+		if tok := exp.Tokens["scoped"]; tok != "" {
+			pr := conn.Login(ctx, tok)
+			defer pr.Release()
+			x := client.Stream(ctx, pr, "/x/1")
+			defer x.Release()
+			_, err := client.GetEvents(ctx, x, itx.Query{})
+			require.NoError(t, err, "the scoped token reads under its prefix")
+			_, err = client.Append(ctx, x, []itx.EventInput{ev("o", `{}`)}, itx.AppendOptions{})
+			requireCode(t, err, itx.EPermissionDenied)
+		}
+	})
+
+	t.Run("subscriptions keep their cursors and statuses", func(t *testing.T) {
+		list, err := client.ListSubscriptions(ctx, client.Subscriptions(ctx, a))
+		require.NoError(t, err)
+		got := map[string]itx.SubscriptionSummary{}
+		for _, s := range list {
+			got[s.Name] = s
+		}
+		for name, w := range exp.Subscriptions {
+			g, ok := got[name]
+			require.True(t, ok, "subscription %s kept", name)
+			require.Equal(t, w.Kind, g.Kind, name)
+			if name == "hook" || name == "mirror" || (name == "guestbook" && w.Status != itx.StatusHalted) {
+				require.GreaterOrEqual(t, g.ConfirmedOffset, w.Confirmed, "%s never goes back", name)
+				continue
+			}
+			require.Equal(t, w.Status, g.Status, name)
+			require.Equal(t, w.Confirmed, g.ConfirmedOffset, name)
+		}
+	})
+
+	t.Run("readers keep their checkpoints", func(t *testing.T) {
+		fut, release := a.Readers(ctx, nil)
+		defer release()
+		readers, err := client.ListReaders(ctx, fut.Readers())
+		require.NoError(t, err)
+		got := map[string]int64{}
+		for _, r := range readers {
+			got[r.Name] = r.Checkpoint
+		}
+		require.Equal(t, exp.Readers, got)
+	})
+
+	t.Run("idempotency keys written before still dedupe", func(t *testing.T) {
+		for _, e := range exp.Events["/a"] {
+			if e.Key == "" {
+				continue
+			}
+			res, err := client.Append(ctx, a, []itx.EventInput{{Type: e.Type, Payload: e.Payload, Metadata: e.Metadata, IdempotencyKey: e.Key}}, itx.AppendOptions{})
+			require.NoError(t, err, e.Key)
+			require.Equal(t, []int64{e.Offset}, res.Offsets, "key %s", e.Key)
+			_, err = client.Append(ctx, a, []itx.EventInput{keyed(e.Type, `{"other":true}`, e.Key)}, itx.AppendOptions{})
+			requireCode(t, err, itx.EIdempotencyConflict)
+		}
+	})
+
+	if due, ok := exp.Scheduled["soon"]; ok {
+		t.Run("scheduled appends fire once or stay scheduled", func(t *testing.T) {
+			e, err := client.WaitForEvent(ctx, a, itx.Predicate{Types: []string{"timer"}}, exp.Heads["/a"], 20*time.Second)
+			require.NoError(t, err, "the due append (due %d) fires", due)
+			require.Equal(t, "soon", e.IdempotencyKey)
+			require.Equal(t, 1, countType(t, a, "timer"), "the due append fired once")
+			list, err := client.ListScheduled(ctx, a)
+			require.NoError(t, err)
+			require.Len(t, list, 1)
+			require.Equal(t, "later", list[0].Event.IdempotencyKey)
+			require.Equal(t, exp.Scheduled["later"], list[0].DueAt)
+		})
+	}
+
+	var head int64
+	t.Run("appends continue at the next offset", func(t *testing.T) {
+		info, err := client.Describe(ctx, a)
+		require.NoError(t, err)
+		require.GreaterOrEqual(t, info.HeadOffset, exp.Heads["/a"])
+		res := mustAppend(t, a, ev("note", `{"after":"upgrade"}`))
+		require.Equal(t, []int64{info.HeadOffset + 1}, res.Offsets)
+		head = res.Offsets[0]
+	})
+
+	t.Run("the webhook resumes after its cursor, signed with the kept secret", func(t *testing.T) {
+		sub := client.Subscription(ctx, a, "hook")
+		defer sub.Release()
+		_, err := client.WaitUntilProcessed(ctx, sub, head, 20*time.Second)
+		require.NoError(t, err)
+		hook.mu.Lock()
+		defer hook.mu.Unlock()
+		require.Empty(t, hook.bad, "signatures")
+		require.NotEmpty(t, hook.offsets)
+		durable := durableAfter(t, ctx, a, exp.Subscriptions["hook"].Confirmed, head)
+		require.Equal(t, durable, dedupe(hook.offsets), "delivered exactly the durable events after the cursor")
+	})
+
+	if _, ok := exp.Subscriptions["call"]; ok {
+		t.Run("a parked itx-call resumes after its cursor on mount", func(t *testing.T) {
+			var mu sync.Mutex
+			var got []int64
+			rx := client.ServeReceiver(func(ctx context.Context, batch itx.DeliveryBatch) (int64, error) {
+				mu.Lock()
+				defer mu.Unlock()
+				for _, e := range batch.Events {
+					got = append(got, e.Offset)
+				}
+				return 0, nil
+			})
+			h, err := client.MountReceiver(ctx, project, "rx", rx)
+			require.NoError(t, err)
+			defer h.Release()
+			sub := client.Subscription(ctx, a, "call")
+			defer sub.Release()
+			_, err = client.WaitUntilProcessed(ctx, sub, head, 20*time.Second)
+			require.NoError(t, err)
+			mu.Lock()
+			defer mu.Unlock()
+			require.Equal(t, durableAfter(t, ctx, a, exp.Subscriptions["call"].Confirmed, head), dedupe(got))
+		})
+	}
+
+	t.Run("the mirror and the processor catch up without repeats", func(t *testing.T) {
+		names := []string{"mirror", "guestbook"}
+		processorRan := exp.Subscriptions["guestbook"].Status != itx.StatusHalted // an old build without it halted it
+		if !processorRan {
+			names = names[:1]
+		}
+		for _, name := range names {
+			sub := client.Subscription(ctx, a, name)
+			_, err := client.WaitUntilProcessed(ctx, sub, head, 20*time.Second)
+			sub.Release()
+			require.NoError(t, err, name)
+		}
+		mirror, err := client.ReadAll(ctx, stream(t, project, "/mirror"), itx.Query{})
+		require.NoError(t, err)
+		all, err := client.ReadAll(ctx, a, itx.Query{Before: head + 1})
+		require.NoError(t, err)
+		var src, copied []int64
+		for _, e := range all {
+			if e.Type != itx.TypeWoken { // lifecycle noise does not travel
+				src = append(src, e.Offset)
+			}
+		}
+		for _, e := range mirror {
+			copied = append(copied, e.Provenance[len(e.Provenance)-1].Offset)
+		}
+		require.Equal(t, src, copied, "one copy of every durable event of /a, in order")
+		if !processorRan {
+			return
+		}
+		_, proc := processorOf(t, a, "guestbook")
+		snap, err := client.Snapshot(ctx, proc)
+		require.NoError(t, err)
+		var st struct{ Count int }
+		require.NoError(t, json.Unmarshal([]byte(snap.State), &st), snap.State)
+		require.Equal(t, countType(t, a, "guestbook/signed"), st.Count, snap.State)
+	})
+
+	t.Run("the halted subscription stays halted", func(t *testing.T) {
+		list, err := client.ListSubscriptions(ctx, client.Subscriptions(ctx, a))
+		require.NoError(t, err)
+		for _, s := range list {
+			if s.Name == "nosuch" {
+				require.Equal(t, itx.StatusHalted, s.Status)
+				return
+			}
+		}
+		t.Fatal("nosuch is gone")
+	})
+
+	t.Run("Streams.list shows every stream's true head", func(t *testing.T) {
+		infos, err := client.ListStreams(ctx, project, "")
+		require.NoError(t, err)
+		heads := map[string]int64{}
+		for _, i := range infos {
+			heads[i.Path] = i.HeadOffset
+		}
+		require.Equal(t, head, heads["/a"])
+		mirrorInfo, err := client.Describe(ctx, stream(t, project, "/mirror"))
+		require.NoError(t, err)
+		require.Equal(t, mirrorInfo.HeadOffset, heads["/mirror"])
+	})
+}
+
+// durableAfter lists the offsets of s's durable events in (after, through].
+func durableAfter(t *testing.T, ctx context.Context, s schema.Stream, after, through int64) []int64 {
+	t.Helper()
+	events, err := client.ReadAll(ctx, s, itx.Query{After: after, Before: through + 1})
+	require.NoError(t, err)
+	var out []int64
+	for _, e := range events {
+		out = append(out, e.Offset)
+	}
+	return out
+}
+
+// dedupe sorts offsets and drops repeats (at-least-once: a receiver dedupes by offset).
+func dedupe(offsets []int64) []int64 {
+	s := append([]int64(nil), offsets...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	var out []int64
+	for i, o := range s {
+		if i == 0 || o != s[i-1] {
+			out = append(out, o)
+		}
+	}
+	return out
+}
