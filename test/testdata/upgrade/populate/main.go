@@ -82,6 +82,10 @@ func main() {
 	ln, err := net.Listen("tcp", HookAddr)
 	must(err, "listen "+HookAddr)
 	go http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/bad" {
+			w.WriteHeader(400) // the receiver refuses this event: skipped into the dead letters
+			return
+		}
 		if !hookOpen.Load() {
 			w.WriteHeader(503)
 			return
@@ -132,6 +136,25 @@ func main() {
 	must(err, "mount rx")
 	configure(client.SubscriptionConfig{Name: "call", Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "rx"}})
 	//}MOUNT
+	//ACK{
+	// An offset-acking receiver: it takes every event and confirms nothing by its answer; the
+	// populate confirms through offset 9 later, so 10..head are delivered and unconfirmed.
+	var ackMu sync.Mutex
+	ackTaken := map[int64]bool{}
+	ackRx := client.ServeReceiver(func(ctx context.Context, batch itx.DeliveryBatch) (int64, error) {
+		ackMu.Lock()
+		defer ackMu.Unlock()
+		for _, e := range batch.Events {
+			ackTaken[e.Offset] = true
+		}
+		return 0, nil
+	})
+	ackHandle, err := client.MountReceiver(ctx, project, "acker", ackRx)
+	must(err, "mount acker")
+	configure(client.SubscriptionConfig{Name: "acking", Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "acker"}, ConfirmWindow: 100})
+	configure(client.SubscriptionConfig{Name: "dl", Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: "http://" + HookAddr + "/bad"},
+		FilterTypes: []string{"poison"}, OnFailingEvent: "skip", DeadLetterPath: "/dead"})
+	//}ACK
 
 	for i := 2; i <= 4; i++ {
 		appendOne(itx.EventInput{Type: "note", Payload: json.RawMessage(fmt.Sprintf(`{"n":%d}`, i))})
@@ -170,6 +193,29 @@ func main() {
 	handle.Release()
 	//}MOUNT
 	hookOpen.Store(false)
+	//ACK{
+	appendOne(itx.EventInput{Type: "poison", Payload: json.RawMessage(`{"bad":true}`)})
+	wait("dl", head(a))
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		ackMu.Lock()
+		n := ackTaken[h]
+		ackMu.Unlock()
+		if n {
+			break
+		}
+		if time.Now().After(deadline) {
+			log.Fatal("acker never took the head")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	_, err = client.ConfirmSubscription(ctx, client.Subscription(ctx, a, "acking"), 9)
+	must(err, "confirm 9")
+	cancelFut2, cancelRel2 := ackHandle.Cancel(ctx, nil)
+	_, err = cancelFut2.Struct()
+	must(err, "unmount acker")
+	cancelRel2()
+	ackHandle.Release()
+	//}ACK
 
 	// Past here the webhook is out and the itx-call receiver is gone: their cursors stay.
 	appendOne(itx.EventInput{Type: "note", Payload: json.RawMessage(`{"n":7}`), IdempotencyKey: "k3"})
@@ -215,7 +261,11 @@ func main() {
 	exp.Tokens["second"] = second
 	//}ADMIN
 
-	for _, path := range []string{"/a", "/mirror"} {
+	paths := []string{"/a", "/mirror"}
+	//ACK{
+	paths = append(paths, "/dead")
+	//}ACK
+	for _, path := range paths {
 		s := client.Stream(ctx, project, path)
 		events, err := client.ReadAll(ctx, s, itx.Query{IncludeEphemeral: true})
 		must(err, "read "+path)
