@@ -226,7 +226,7 @@ func checkUpgrade(t *testing.T, name string) {
 			g, ok := got[name]
 			require.True(t, ok, "subscription %s kept", name)
 			require.Equal(t, w.Kind, g.Kind, name)
-			if name == "hook" || name == "mirror" || name == "dl" || (name == "guestbook" && w.Status != itx.StatusHalted) {
+			if name == "hook" || name == "mirror" || name == "dl" || ((name == "guestbook" || name == "forwarder") && w.Status != itx.StatusHalted) {
 				require.GreaterOrEqual(t, g.ConfirmedOffset, w.Confirmed, "%s never goes back", name)
 				continue
 			}
@@ -341,7 +341,7 @@ func checkUpgrade(t *testing.T, name string) {
 	}
 
 	t.Run("the mirror and the processor catch up without repeats", func(t *testing.T) {
-		names := []string{"mirror", "guestbook"}
+		names := []string{"mirror", "guestbook", "forwarder"}
 		processorRan := exp.Subscriptions["guestbook"].Status != itx.StatusHalted // an old build without it halted it
 		if !processorRan {
 			names = names[:1]
@@ -375,6 +375,26 @@ func checkUpgrade(t *testing.T, name string) {
 		var st struct{ Count int }
 		require.NoError(t, json.Unmarshal([]byte(snap.State), &st), snap.State)
 		require.Equal(t, countType(t, a, "guestbook/signed"), st.Count, snap.State)
+
+		// The forwarder's side effect (an append per inbox message) ran once per message
+		// across the upgrade: none again, none lost.
+		if _, ok := exp.Subscriptions["forwarder"]; !ok {
+			return
+		}
+		inbox, err := client.ReadAll(ctx, a, itx.Query{Types: []string{"inbox/message"}})
+		require.NoError(t, err)
+		outbox, err := client.ReadAll(ctx, a, itx.Query{Types: []string{"outbox/forwarded"}})
+		require.NoError(t, err)
+		var want, got []int64
+		for _, e := range inbox {
+			want = append(want, e.Offset)
+		}
+		for _, e := range outbox {
+			var f struct{ SourceOffset int64 }
+			require.NoError(t, json.Unmarshal(e.Payload, &f), string(e.Payload))
+			got = append(got, f.SourceOffset)
+		}
+		require.Equal(t, want, got, "one forward per inbox message")
 	})
 
 	t.Run("the halted subscription stays halted", func(t *testing.T) {

@@ -12,7 +12,7 @@ tmp=$(mktemp -d)
 wt=$tmp/old
 git -C "$repo" worktree add --detach "$wt" "$commit" >/dev/null
 pid=
-trap '[ -n "$pid" ] && kill -9 $pid 2>/dev/null; git -C "$repo" worktree remove --force "$wt"; rm -rf "$tmp"' EXIT
+trap '{ [ -z "$pid" ] || kill -9 $pid 2>/dev/null || true; }; git -C "$repo" worktree remove --force "$wt"; rm -rf "$tmp"' EXIT
 mkdir -p "$wt/cmd/populate"
 src=$here/populate/main.go
 for tag in ${CUT:-}; do
@@ -32,7 +32,7 @@ if [ "$stop" = kill9 ]; then
 	# kill -9 mid-traffic: populate keeps appending until itxd dies
 	"$tmp/populate" -addr "$(cat "$tmp/addr")" -data "$data" -commit "$short" -traffic >/dev/null &
 	ppid=$!
-	while [ "$(cat "$data/acked.jsonl" 2>/dev/null | wc -l)" -lt 40 ]; do kill -0 $ppid; sleep 0.01; done
+	while [ "$(cat "$data/acked.jsonl" 2>/dev/null | wc -l)" -lt 25 ]; do kill -0 $ppid; sleep 0.01; done
 	kill -9 $pid
 	wait $ppid || true
 else

@@ -120,6 +120,7 @@ func main() {
 	configure(client.SubscriptionConfig{Name: "mirror", Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: "/mirror"}})
 	configure(client.SubscriptionConfig{Name: "hook", Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: "http://" + HookAddr + "/hook", Secret: exp.HookSecret}})
 	configure(client.SubscriptionConfig{Name: "guestbook", Receiver: client.Receiver{Kind: client.ReceiverProcessorWake}})
+	configure(client.SubscriptionConfig{Name: "forwarder", Receiver: client.Receiver{Kind: client.ReceiverProcessorWake}})
 	configure(client.SubscriptionConfig{Name: "nosuch", Receiver: client.Receiver{Kind: client.ReceiverProcessorWake}})
 	//MOUNT{
 	var callMu sync.Mutex
@@ -160,6 +161,8 @@ func main() {
 		appendOne(itx.EventInput{Type: "note", Payload: json.RawMessage(fmt.Sprintf(`{"n":%d}`, i))})
 	}
 	appendOne(itx.EventInput{Type: "guestbook/signed", Payload: json.RawMessage(`{"name":"ada","message":"hi"}`), IdempotencyKey: "k1"})
+	appendOne(itx.EventInput{Type: "inbox/message", Payload: json.RawMessage(`{"m":1}`)})
+	appendOne(itx.EventInput{Type: "inbox/message", Payload: json.RawMessage(`{"m":2}`)})
 	appendOne(itx.EventInput{Type: "note", Payload: json.RawMessage(`{"n":5}`), Metadata: json.RawMessage(`{"trace":"t-5"}`)})
 	appendOne(itx.EventInput{Type: "tick", Payload: json.RawMessage(`{"e":1}`), Ephemeral: true})
 	appendOne(itx.EventInput{Type: "note", Payload: json.RawMessage(`{"n":6}`), IdempotencyKey: "k2"})
@@ -176,11 +179,15 @@ func main() {
 	// The guestbook processor is hosted in-process only by builds that ship it: elsewhere its
 	// subscription halts (no such processor), which the upgrade must keep as it is.
 	waitProcessor := func(off int64) {
-		if _, err := client.WaitUntilProcessed(ctx, client.Subscription(ctx, a, "guestbook"), off, 3*time.Second); err != nil {
-			log.Printf("guestbook not processed (kept as it is): %v", err)
+		for _, name := range []string{"guestbook", "forwarder"} {
+			if _, err := client.WaitUntilProcessed(ctx, client.Subscription(ctx, a, name), off, 3*time.Second); err != nil {
+				log.Printf("%s not processed (kept as it is): %v", name, err)
+			}
 		}
 	}
 	h := head(a)
+	waitProcessor(h)
+	h = head(a) // the forwarder's own appends
 	wait("hook", h)
 	wait("mirror", h)
 	waitProcessor(h)
@@ -221,10 +228,13 @@ func main() {
 	appendOne(itx.EventInput{Type: "note", Payload: json.RawMessage(`{"n":7}`), IdempotencyKey: "k3"})
 	appendOne(itx.EventInput{Type: "guestbook/signed", Payload: json.RawMessage(`{"name":"bob","message":"yo"}`)})
 	appendOne(itx.EventInput{Type: "tick", Payload: json.RawMessage(`{"e":2}`), Ephemeral: true})
+	appendOne(itx.EventInput{Type: "inbox/message", Payload: json.RawMessage(`{"m":3}`)})
 	appendOne(itx.EventInput{Type: "note", Payload: json.RawMessage(`{"n":8}`)})
 	h = head(a)
-	wait("mirror", h)
 	waitProcessor(h)
+	h = head(a) // the forwarder's own appends
+	waitProcessor(h)
+	wait("mirror", h)
 
 	readersFut, readersRel := a.Readers(ctx, nil)
 	defer readersRel()
