@@ -421,6 +421,42 @@ func checkUpgrade(t *testing.T, name string) {
 		require.NoError(t, err)
 		require.Equal(t, mirrorInfo.HeadOffset, heads["/mirror"])
 	})
+
+	// A second start of this build on the upgraded directory (after SIGTERM) delivers nothing
+	// again: the webhook gets only what is appended now, signed with the secret still kept,
+	// and no timer, dead letter or forward is written twice.
+	t.Run("a second start delivers only what is new", func(t *testing.T) {
+		counts := map[string]int{}
+		for _, typ := range []string{"timer", "outbox/forwarded", "load"} {
+			counts[typ] = countType(t, a, typ)
+		}
+		require.NoError(t, p.stop(t))
+		hook.mu.Lock()
+		hook.offsets = nil
+		hook.mu.Unlock()
+
+		p2 := startItxd(t, dir)
+		project2 := dial(t, p2.addr).Login(ctx, exp.Tokens["project"])
+		t.Cleanup(project2.Release)
+		a2 := stream(t, project2, "/a")
+		res := mustAppend(t, a2, ev("note", `{"after":"second start"}`))
+		sub := client.Subscription(ctx, a2, "hook")
+		defer sub.Release()
+		_, err := client.WaitUntilProcessed(ctx, sub, res.Offsets[0], 20*time.Second)
+		require.NoError(t, err)
+		hook.mu.Lock()
+		require.Empty(t, hook.bad, "signatures")
+		require.Equal(t, durableAfter(t, ctx, a2, head, res.Offsets[0]), dedupe(hook.offsets), "only what came after the first start's last delivery")
+		hook.mu.Unlock()
+		for typ, n := range counts {
+			require.Equal(t, n, countType(t, a2, typ), typ)
+		}
+		if want, ok := exp.Events["/dead"]; ok {
+			got, err := client.ReadAll(ctx, stream(t, project2, "/dead"), itx.Query{})
+			require.NoError(t, err)
+			require.Len(t, got, len(want))
+		}
+	})
 }
 
 // durableAfter lists the offsets of s's durable events in (after, through].
