@@ -53,3 +53,37 @@ func TestMigrate_RefusesNewerSchema(t *testing.T) {
 		})
 	}
 }
+
+// A directory from before migration 007 kept no consumer standing (halted subscriptions, max
+// lag) for its streams; 007 gave every stream 0 and 0, so Streams.list showed an unloaded
+// stream with halted subscriptions and lagging consumers as healthy until it was next loaded
+// and unloaded. Migration 011 marks such streams stale, so the next start refreshes them from
+// their own databases.
+func TestDirectory_MigratesConsumerStanding(t *testing.T) {
+	ctx := context.Background()
+	db, err := openDB(filepath.Join(t.TempDir(), "dir.db"), true, 1)
+	require.NoError(t, err)
+	defer db.Close()
+	for _, name := range []string{"001_init.sql", "002_subscription_count.sql", "003_summary_stale.sql", "004_parked.sql", "005_access.sql", "006_stream_counts.sql"} {
+		body, err := migrations.ReadFile("migrations/directory/" + name)
+		require.NoError(t, err)
+		_, err = db.ExecContext(ctx, string(body))
+		require.NoError(t, err)
+	}
+	_, err = db.ExecContext(ctx, `PRAGMA user_version = 6`)
+	require.NoError(t, err)
+	_, err = db.ExecContext(ctx, `insert into projects (id, name, token_hash, created_at) values ('p', 'p', 'h', 1)`)
+	require.NoError(t, err)
+	_, err = db.ExecContext(ctx, `insert into streams (stream_id, project_id, path, created_at, head_offset, subscription_count) values ('s1', 'p', '/a', 1, 10, 2)`)
+	require.NoError(t, err)
+
+	require.NoError(t, migrate(ctx, db, "directory"))
+	d := &Directory{db: db}
+	stale, err := d.StaleStreams(ctx)
+	require.NoError(t, err)
+	var ids []string
+	for _, e := range stale {
+		ids = append(ids, e.StreamID)
+	}
+	require.Equal(t, []string{"s1"}, ids, "a summary without its consumer standing is refreshed at the next start")
+}

@@ -151,6 +151,23 @@ func checkUpgrade(t *testing.T, name string) {
 	conn := dial(t, p.addr)
 	project := conn.Login(ctx, exp.Tokens["project"])
 	t.Cleanup(project.Release)
+	// Before anything here loads /a: the listing of a stream not loaded comes from the
+	// directory's summary, which must say where its consumers stand.
+	t.Run("Streams.list says where consumers stand before the stream loads", func(t *testing.T) {
+		infos, err := client.ListStreams(ctx, project, "/a")
+		require.NoError(t, err)
+		require.Len(t, infos, 1)
+		halted := 0
+		for _, s := range exp.Subscriptions {
+			if s.Status == itx.StatusHalted {
+				halted++
+			}
+		}
+		require.Equal(t, halted, infos[0].HaltedSubscriptions, "halted subscriptions (loaded: %v)", infos[0].Loaded)
+		// nosuch halted at 0, so the slowest consumer lags by the whole head.
+		require.Equal(t, infos[0].HeadOffset, infos[0].MaxLag, "max lag (loaded: %v)", infos[0].Loaded)
+	})
+
 	a := stream(t, project, "/a")
 
 	t.Run("events kept with their offsets and bodies", func(t *testing.T) {
