@@ -252,6 +252,23 @@ func checkUpgrade(t *testing.T, name string) {
 		}
 	})
 
+	t.Run("every subscription describes itself, the webhook's secret set and not shown", func(t *testing.T) {
+		for name, w := range exp.Subscriptions {
+			if w.Kind == "reader" {
+				continue
+			}
+			sub := client.Subscription(ctx, a, name)
+			d, err := client.DescribeSubscription(ctx, sub)
+			sub.Release()
+			require.NoError(t, err, name)
+			require.Equal(t, w.Kind, d.Kind, name)
+			require.Equal(t, name == "hook", d.SecretSet, "%s: secret set", name)
+			b, err := json.Marshal(d.Config)
+			require.NoError(t, err)
+			require.NotContains(t, string(b), strings.TrimPrefix(exp.HookSecret, "whsec_"), "%s: the secret itself is never shown", name)
+		}
+	})
+
 	t.Run("readers keep their checkpoints", func(t *testing.T) {
 		fut, release := a.Readers(ctx, nil)
 		defer release()
