@@ -34,6 +34,7 @@ type upgradeExpected struct {
 	HookSecret    string                    `json:"hookSecret"`
 	Tokens        map[string]string         `json:"tokens"`
 	OtherProject  string                    `json:"otherProject"`
+	RevokedToken  string                    `json:"revokedToken,omitempty"`
 }
 
 type upgradeEvent struct {
@@ -219,6 +220,12 @@ func checkUpgrade(t *testing.T, name string) {
 			_, err := client.DescribeProject(ctx, pr)
 			pr.Release()
 			require.NoError(t, err, "token %s", label)
+		}
+		if tok := exp.RevokedToken; tok != "" {
+			pr := conn.Login(ctx, tok)
+			_, err := client.DescribeProject(ctx, pr)
+			pr.Release()
+			requireCode(t, err, itx.EUnauthenticated)
 		}
 		if tok := exp.Tokens["scoped"]; tok != "" {
 			pr := conn.Login(ctx, tok)

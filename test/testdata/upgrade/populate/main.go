@@ -38,6 +38,7 @@ type expected struct {
 	HookSecret    string            `json:"hookSecret"`
 	Tokens        map[string]string `json:"tokens"` // label -> token
 	OtherProject  string            `json:"otherProject"`
+	RevokedToken  string            `json:"revokedToken,omitempty"`
 }
 
 type ev struct {
@@ -269,6 +270,13 @@ func main() {
 	second, _, err := client.CreateToken(ctx, client.Admin(ctx, project), "", client.TokenOptions{Label: "second"})
 	must(err, "second token")
 	exp.Tokens["second"] = second
+	expiring, _, err := client.CreateToken(ctx, client.Admin(ctx, project), "", client.TokenOptions{Label: "expiring", Expires: time.Date(2100, 1, 1, 0, 0, 0, 0, time.UTC)})
+	must(err, "expiring token")
+	exp.Tokens["expiring"] = expiring
+	revoked, revokedInfo, err := client.CreateToken(ctx, client.Admin(ctx, project), "", client.TokenOptions{Label: "revoked"})
+	must(err, "revoked token")
+	must(client.RevokeToken(ctx, client.Admin(ctx, project), "", revokedInfo.ID), "revoke")
+	exp.RevokedToken = revoked
 	//}ADMIN
 
 	paths := []string{"/a", "/mirror"}
