@@ -982,6 +982,14 @@ func (c *Conn) handleCall(ctx context.Context, in transport.IncomingMessage) err
 					defer tgt.Release()
 					pcall.resolve(tgt.Recv(callCtx, recv))
 				})
+			} else if tgtAns.pcall == nil {
+				// itx patch: an answer with neither results nor a pipeline caller (a peer's
+				// call chained on a question in an odd state) used to dereference nil below and
+				// end the process; refuse this call instead.
+				ans.sendException(dq, rpcerr.Failed(errors.New(
+					"incoming call: promised answer "+str.Utod(p.target.promisedAnswer)+" cannot be pipelined on")))
+				dq.Defer(in.Release)
+				return nil
 			} else {
 				// Results not ready, use pipeline caller.
 				tgtAns.pcalls.Add(1) // will be finished by answer.Return
