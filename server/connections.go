@@ -638,8 +638,14 @@ func (c *Connection) read(pages chan<- connPage) {
 			return false
 		}
 	}
-	for c.ctx.Err() == nil {
+	for {
+		// The view first, then the context: a close cancels the context in the actor before
+		// it publishes any later commit, so a view that holds events appended after a replace
+		// (or any close) is never read for a connection whose context is live here.
 		v := c.a.view()
+		if c.ctx.Err() != nil {
+			return
+		}
 		c.mu.Lock()
 		scanned := c.scanned
 		if scanned >= v.head || v.store == nil {
