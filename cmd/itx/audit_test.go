@@ -65,6 +65,10 @@ func TestRun_PipedUsageErrorsExit2(t *testing.T) {
 		{".import /a --with-contrl\n", "invalidArgument: import: unknown flag \"--with-contrl\"; usage: .import <path> [file.ndjson | -] [--with-control]\n"},
 		{".import /a\n", "invalidArgument: import: name a file to read (standard input is only read by `itx import <path>`); usage: .import <path> [file.ndjson | -] [--with-control]\n"},
 		{".nope\n", "invalidArgument: unknown command .nope (try .help)\n"},
+		// A chain continued on a line of its own: the line before already ran; say how to write it.
+		{"let st = project.streams\n  .get(\"/a\")\n", `invalidArgument: unknown command .get("/a"): a line that starts with "." is a dot-command, so a chain cannot go on there; end the line before with the dot instead ("project.streams." and "get(...)" on the next line), or run the input as one script (itx - < file)` + "\n"},
+		{"let n = 1\n  .toFixed(2)\n", "unknown command .toFixed(2): a line that starts with"},
+		{"let m = [1]\n  .length\n", "unknown command .length (try .help)\n"}, // a bare word: not a call, the plain message
 		{".time bogus\n", "invalidArgument: usage: .time [iso|relative]\n"},
 		{".output yaml\n", "invalidArgument: output: unknown output format \"yaml\" (auto, pretty, json, table); usage: .output [auto|pretty|json|table|wide|fit]\n"},
 		{".help Nope\n", "invalidArgument: help: no interface \"Nope\""},

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -52,6 +53,10 @@ func usageError(name, format string, args ...any) *UsageError {
 
 func (e *UsageError) Error() string { return e.err.Error() }
 func (e *UsageError) Unwrap() error { return e.err }
+
+// chainLine matches a command line (its leading dot taken off) that reads as the rest of a
+// method chain, `get("/a")` or `streams.list()`, rather than `.name args`.
+var chainLine = regexp.MustCompile(`^\s*([A-Za-z_$][\w$]*)\s*[(.\[]`)
 
 // unknownCommand is a command line naming no command: a usage error too.
 func unknownCommand(name string) *UsageError {
@@ -118,6 +123,12 @@ func init() {
 // RunCommand runs the command line `name args...` (without the leading dot), its words split
 // at spaces as a shell splits them: 'single' or "double" quotes keep a word's spaces.
 func (s *Session) RunCommand(ctx context.Context, line string) error {
+	if m := chainLine.FindStringSubmatch(line); m != nil && commands[m[1]] == nil {
+		return &UsageError{Command: m[1], err: itx.Errorf(itx.EInvalid,
+			"unknown command .%s: a line that starts with \".\" is a dot-command, so a chain cannot go on there; "+
+				"end the line before with the dot instead (\"project.streams.\" and \"get(...)\" on the next line), or run the input as one script (itx - < file)",
+			strings.TrimSpace(line))}
+	}
 	fields, err := splitWords(line)
 	if err != nil {
 		return err
