@@ -78,37 +78,108 @@ func (r *RawClient) callGateway(q, on uint32, method uint16) {
 // Call sends question q: method of iface on the answer to question on, with params a struct of
 // ptrs pointers that set fills (nil: left empty).
 func (r *RawClient) Call(q, on uint32, iface uint64, method uint16, ptrs uint16, set func(capnp.Struct) error) {
+	r.CallMsg(RawCall{Q: q, Target: OnAnswer(on), Iface: iface, Method: method,
+		Size: capnp.ObjectSize{PointerCount: ptrs}, Set: set})
+}
+
+// RawCall is a Call message in full, for a test that builds odd ones.
+type RawCall struct {
+	Q      uint32
+	Target func(rpccp.MessageTarget) error // OnAnswer, OnImport, or anything else
+	Iface  uint64
+	Method uint16
+	Size   capnp.ObjectSize         // of the params struct
+	Set    func(capnp.Struct) error // fills the params (nil: left empty)
+	// Caps fill the params' capability table, one descriptor each (an interface pointer
+	// in the params names its index: CapPtr).
+	Caps []func(rpccp.CapDescriptor) error
+	// Build changes the Call last (say its sendResultsTo).
+	Build func(rpccp.Call) error
+}
+
+// OnAnswer targets the answer to question q, through the pointer fields of transform.
+func OnAnswer(q uint32, transform ...uint16) func(rpccp.MessageTarget) error {
+	return func(tgt rpccp.MessageTarget) error {
+		pa, err := tgt.NewPromisedAnswer()
+		if err != nil {
+			return err
+		}
+		pa.SetQuestionId(q)
+		if len(transform) == 0 {
+			return nil
+		}
+		ops, err := pa.NewTransform(int32(len(transform)))
+		if err != nil {
+			return err
+		}
+		for i, f := range transform {
+			ops.At(i).SetGetPointerField(f)
+		}
+		return nil
+	}
+}
+
+// OnImport targets the capability the server exported as id.
+func OnImport(id uint32) func(rpccp.MessageTarget) error {
+	return func(tgt rpccp.MessageTarget) error {
+		tgt.SetImportedCap(id)
+		return nil
+	}
+}
+
+// CapPtr sets pointer field i of s to capability index idx of the message's table.
+func CapPtr(s capnp.Struct, i uint16, idx capnp.CapabilityID) error {
+	return s.SetPtr(i, capnp.NewInterface(s.Segment(), idx).ToPtr())
+}
+
+// CallMsg sends c.
+func (r *RawClient) CallMsg(rc RawCall) {
 	r.Send(func(m rpccp.Message) error {
 		c, err := m.NewCall()
 		if err != nil {
 			return err
 		}
-		c.SetQuestionId(q)
-		c.SetInterfaceId(iface)
-		c.SetMethodId(method)
+		c.SetQuestionId(rc.Q)
+		c.SetInterfaceId(rc.Iface)
+		c.SetMethodId(rc.Method)
 		tgt, err := c.NewTarget()
 		if err != nil {
 			return err
 		}
-		pa, err := tgt.NewPromisedAnswer()
-		if err != nil {
+		if err := rc.Target(tgt); err != nil {
 			return err
 		}
-		pa.SetQuestionId(on)
 		params, err := c.NewParams()
 		if err != nil {
 			return err
 		}
-		s, err := capnp.NewStruct(params.Segment(), capnp.ObjectSize{PointerCount: ptrs})
+		s, err := capnp.NewStruct(params.Segment(), rc.Size)
 		if err != nil {
 			return err
 		}
-		if set != nil {
-			if err := set(s); err != nil {
+		if rc.Set != nil {
+			if err := rc.Set(s); err != nil {
 				return err
 			}
 		}
-		return params.SetContent(s.ToPtr())
+		if err := params.SetContent(s.ToPtr()); err != nil {
+			return err
+		}
+		if len(rc.Caps) > 0 {
+			table, err := params.NewCapTable(int32(len(rc.Caps)))
+			if err != nil {
+				return err
+			}
+			for i, set := range rc.Caps {
+				if err := set(table.At(i)); err != nil {
+					return err
+				}
+			}
+		}
+		if rc.Build != nil {
+			return rc.Build(c)
+		}
+		return nil
 	})
 }
 
@@ -122,23 +193,80 @@ func (r *RawClient) Finish(q uint32) {
 	})
 }
 
-// Next reads the next message's kind, the answer id of a Return, and the reason of an Abort.
-func (r *RawClient) Next() (which rpccp.Message_Which, answer uint32, reason string, err error) {
+// FinishReleasing finishes question q, releasing the capabilities in its results.
+func (r *RawClient) FinishReleasing(q uint32) {
+	r.Send(func(m rpccp.Message) error {
+		f, err := m.NewFinish()
+		f.SetQuestionId(q)
+		f.SetReleaseResultCaps(true)
+		return err
+	})
+}
+
+// LoginWith calls Gateway.login with token as question q on the answer to question on.
+func (r *RawClient) LoginWith(q, on uint32, token string) {
+	r.Call(q, on, schema.Gateway_TypeID, 0, 1, func(s capnp.Struct) error { return s.SetNewText(0, token) })
+}
+
+// Close ends the connection now (it is closed when the test ends otherwise).
+func (r *RawClient) Close() { r.tr.Close() }
+
+// Received is one message from the server, as RecvMsg reads it.
+type Received struct {
+	Which  rpccp.Message_Which
+	Answer uint32 // a Return's answer id
+	// Exports are the ids the server exported in a Return's capability table (senderHosted
+	// or senderPromise), in order.
+	Exports []uint32
+	Failed  bool   // a Return with an exception
+	Reason  string // an Abort's reason, or a Return's exception
+}
+
+// RecvMsg reads the next message.
+func (r *RawClient) RecvMsg() (Received, error) {
 	in, err := r.tr.RecvMessage()
 	if err != nil {
-		return 0, 0, "", err
+		return Received{}, err
 	}
 	defer in.Release()
 	m := in.Message()
+	out := Received{Which: m.Which()}
 	switch m.Which() {
 	case rpccp.Message_Which_return:
 		ret, _ := m.Return()
-		answer = ret.AnswerId()
+		out.Answer = ret.AnswerId()
+		switch ret.Which() {
+		case rpccp.Return_Which_results:
+			res, _ := ret.Results()
+			table, _ := res.CapTable()
+			for i := 0; i < table.Len(); i++ {
+				d := table.At(i)
+				switch d.Which() {
+				case rpccp.CapDescriptor_Which_senderHosted:
+					out.Exports = append(out.Exports, d.SenderHosted())
+				case rpccp.CapDescriptor_Which_senderPromise:
+					out.Exports = append(out.Exports, d.SenderPromise())
+				}
+			}
+		case rpccp.Return_Which_exception:
+			out.Failed = true
+			e, _ := ret.Exception()
+			out.Reason, _ = e.Reason()
+		}
 	case rpccp.Message_Which_abort:
 		a, _ := m.Abort()
-		reason, _ = a.Reason()
+		out.Reason, _ = a.Reason()
 	}
-	return m.Which(), answer, reason, nil
+	return out, nil
+}
+
+// Next reads the next message's kind, the answer id of a Return, and the reason of an Abort.
+func (r *RawClient) Next() (which rpccp.Message_Which, answer uint32, reason string, err error) {
+	m, err := r.RecvMsg()
+	if m.Which == rpccp.Message_Which_abort {
+		reason = m.Reason
+	}
+	return m.Which, m.Answer, reason, err
 }
 
 // UntilAbort reads until the server's Abort and returns how many Returns came before it and
