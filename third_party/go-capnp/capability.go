@@ -913,6 +913,15 @@ func (cp *clientPromise) fulfill(dq *deferred.Queue, c Client) {
 
 	// Mark hook as resolved.
 	cursor.Value().hook.With(func(h **rc.Ref[clientHook]) {
+		// itx patch: a promise resolved to itself, or to a promise that resolves to it (a
+		// peer's Resolve naming the promise it resolves, or two promises resolved to each
+		// other), made compress loop forever; it resolves to an error instead.
+		if rh != nil && *h != nil && resolvesTo(rh, (*h).Value()) {
+			dq.Defer(rh.Release)
+			ec := ErrorClient(errors.New("promise resolved to itself"))
+			dq.Defer(ec.Release)
+			rh, _, _ = ec.startCall()
+		}
 		r, ok := (*h).Value().resolution.Get()
 		if !ok {
 			panic("BUG: clientPromise referred to a clientHook that was not a promise")
@@ -926,6 +935,31 @@ func (cp *clientPromise) fulfill(dq *deferred.Queue, c Client) {
 		})
 	})
 	cursor.Value().compress()
+}
+
+// resolvesTo reports whether r is target or resolves to it, as far as r's chain is resolved.
+// itx patch: see clientPromise.fulfill.
+func resolvesTo(r *rc.Ref[clientHook], target *clientHook) bool {
+	h := r.Value()
+	for {
+		if h == target {
+			return true
+		}
+		res, ok := h.resolution.Get()
+		if !ok {
+			return false
+		}
+		next := mutex.With1(res, func(s *resolveState) *rc.Ref[clientHook] {
+			if s.isResolved() {
+				return s.resolvedHook
+			}
+			return nil
+		})
+		if next == nil {
+			return false
+		}
+		h = next.Value()
+	}
 }
 
 // A WeakClient is a weak reference to a capability: it refers to a

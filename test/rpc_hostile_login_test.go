@@ -1,0 +1,604 @@
+package test
+
+import (
+	"context"
+	"fmt"
+	"math/rand"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"capnproto.org/go/capnp/v3"
+	rpccp "capnproto.org/go/capnp/v3/std/capnp/rpc"
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/internal/itxtest"
+	"github.com/itx-dev/itx/schema"
+	"github.com/itx-dev/itx/server"
+	"github.com/stretchr/testify/require"
+)
+
+// Post-login hostile sequences: a raw peer logs in properly (login -> streams() -> get(path),
+// each answer kept), then misuses that capability graph with messages a go-capnp client never
+// sends: pipelined calls through wrong or non-capability fields, calls on finished answers and
+// released imports, releases with odd counts, bogus Return/Finish/Resolve/Disembargo,
+// capability tables in params that name what does not exist (a bogus EventSink to
+// openConnection, a bogus LiveSubscriber to liveState), level 3 messages and unimplemented
+// ones. Each round must leave itxd serving other clients, and rounds must not grow it.
+
+// loggedIn is a raw connection after login, with what its answers exported.
+type loggedIn struct {
+	r       *itxtest.RawClient
+	rng     *rand.Rand
+	exports map[uint32][]uint32 // answer id -> the ids its results exported
+	nextQ   uint32
+}
+
+// The questions a round's setup asks and keeps unfinished.
+const (
+	qBoot    = 0 // Gateway
+	qLogin   = 1 // Project
+	qStreams = 2 // Streams
+	qStream  = 3 // Stream
+)
+
+func (l *loggedIn) newQ() uint32 { l.nextQ++; return l.nextQ }
+
+// anyQ is a question of the setup, one the steps asked, or one never asked.
+func (l *loggedIn) anyQ() uint32 {
+	switch l.rng.Intn(4) {
+	case 0, 1:
+		return uint32(l.rng.Intn(4))
+	case 2:
+		return 10 + uint32(l.rng.Intn(int(l.nextQ-9)+1))
+	default:
+		return l.rng.Uint32()
+	}
+}
+
+// anyExport is an id the server exported, or one it never did.
+func (l *loggedIn) anyExport() uint32 {
+	if l.rng.Intn(4) > 0 {
+		ids := l.exports[uint32(1+l.rng.Intn(3))]
+		if len(ids) > 0 {
+			return ids[l.rng.Intn(len(ids))]
+		}
+	}
+	return uint32(l.rng.Intn(16))
+}
+
+// anyIface is the interface a target likely is, or another.
+func (l *loggedIn) anyIface() (uint64, uint16) {
+	switch l.rng.Intn(4) {
+	case 0:
+		return schema.Project_TypeID, 3 // describe
+	case 1:
+		return schema.Stream_TypeID, 4 // describe
+	case 2:
+		return schema.Streams_TypeID, 1 // list
+	default:
+		return schema.Gateway_TypeID, 1 // version
+	}
+}
+
+// anyDescriptor names a capability in a params table: one that does not exist, one of the
+// server's own, a promise, an answer.
+func (l *loggedIn) anyDescriptor() func(rpccp.CapDescriptor) error {
+	kind, id := l.rng.Intn(8), l.rng.Uint32()%64
+	exp, q := l.anyExport(), l.anyQ()
+	field := uint16(l.rng.Intn(3))
+	return func(d rpccp.CapDescriptor) error {
+		switch kind {
+		case 0:
+			d.SetSenderHosted(id)
+		case 1:
+			d.SetSenderPromise(id)
+		case 2, 3:
+			d.SetReceiverHosted(exp)
+		case 4, 5:
+			pa, err := d.NewReceiverAnswer()
+			if err != nil {
+				return err
+			}
+			pa.SetQuestionId(q)
+			if field > 0 {
+				ops, err := pa.NewTransform(1)
+				if err != nil {
+					return err
+				}
+				ops.At(0).SetGetPointerField(field - 1)
+			}
+		case 6:
+			tp, err := d.NewThirdPartyHosted()
+			if err != nil {
+				return err
+			}
+			tp.SetVineId(id)
+		default:
+			d.SetNone()
+		}
+		return nil
+	}
+}
+
+func (l *loggedIn) release(id, count uint32) {
+	l.r.Send(func(m rpccp.Message) error {
+		rel, err := m.NewRelease()
+		rel.SetId(id)
+		rel.SetReferenceCount(count)
+		return err
+	})
+}
+
+func (l *loggedIn) resolve(promise uint32, cap func(rpccp.CapDescriptor) error) {
+	l.r.Send(func(m rpccp.Message) error {
+		res, err := m.NewResolve()
+		if err != nil {
+			return err
+		}
+		res.SetPromiseId(promise)
+		if cap == nil {
+			_, err = res.NewException()
+			return err
+		}
+		d, err := res.NewCap()
+		if err != nil {
+			return err
+		}
+		return cap(d)
+	})
+}
+
+func (l *loggedIn) disembargo(target func(rpccp.MessageTarget) error, ctx func(rpccp.Disembargo_context)) {
+	l.r.Send(func(m rpccp.Message) error {
+		d, err := m.NewDisembargo()
+		if err != nil {
+			return err
+		}
+		tgt, err := d.NewTarget()
+		if err != nil {
+			return err
+		}
+		if err := target(tgt); err != nil {
+			return err
+		}
+		ctx(d.Context())
+		return nil
+	})
+}
+
+// anyTarget is a promised answer (through a random transform) or an import.
+func (l *loggedIn) anyTarget() func(rpccp.MessageTarget) error {
+	if l.rng.Intn(3) == 0 {
+		return itxtest.OnImport(l.anyExport())
+	}
+	var transform []uint16
+	for range l.rng.Intn(3) {
+		transform = append(transform, []uint16{0, 1, 7, 65535}[l.rng.Intn(4)])
+	}
+	return itxtest.OnAnswer(l.anyQ(), transform...)
+}
+
+// withSink calls Stream.openConnection (sink: desc) or Stream.liveState (subscriber: desc) on
+// the stream.
+func (l *loggedIn) withCallback(desc ...func(rpccp.CapDescriptor) error) {
+	idx := capnp.CapabilityID(l.rng.Intn(len(desc) + 1)) // past the table's end sometimes
+	l.callbackCall(l.rng.Intn(2), idx, desc...)
+}
+
+// withCallbackKind is withCallback with the capability at index 0: openConnection (kind 0)
+// or liveState (1).
+func (l *loggedIn) withCallbackKind(kind int, desc ...func(rpccp.CapDescriptor) error) {
+	l.callbackCall(kind, 0, desc...)
+}
+
+func (l *loggedIn) callbackCall(kind int, idx capnp.CapabilityID, desc ...func(rpccp.CapDescriptor) error) {
+	if kind == 0 {
+		l.r.CallMsg(itxtest.RawCall{Q: l.newQ(), Target: itxtest.OnAnswer(qStream, 0), Iface: schema.Stream_TypeID, Method: 8,
+			Size: capnp.ObjectSize{PointerCount: 2}, Caps: desc,
+			Set: func(s capnp.Struct) error { return itxtest.CapPtr(s, 1, idx) }})
+		return
+	}
+	l.r.CallMsg(itxtest.RawCall{Q: l.newQ(), Target: itxtest.OnAnswer(qStream, 0), Iface: schema.Stream_TypeID, Method: 10,
+		Size: capnp.ObjectSize{PointerCount: 1}, Caps: desc,
+		Set: func(s capnp.Struct) error { return itxtest.CapPtr(s, 0, idx) }})
+}
+
+type loggedInStep struct {
+	name string
+	send func(l *loggedIn)
+}
+
+func loggedInSteps() []loggedInStep {
+	return []loggedInStep{
+		{"pipeline through a random transform", func(l *loggedIn) {
+			iface, method := l.anyIface()
+			l.r.CallMsg(itxtest.RawCall{Q: l.newQ(), Target: l.anyTarget(), Iface: iface, Method: method})
+		}},
+		{"pipeline through a non-capability field of a pending call", func(l *loggedIn) {
+			// waitForEvent for an offset far ahead: pending for a few ms, then fails; calls
+			// pipelined on it meanwhile (its event is a struct, not a capability) wait with it.
+			w := l.newQ()
+			l.r.CallMsg(itxtest.RawCall{Q: w, Target: itxtest.OnAnswer(qStream, 0), Iface: schema.Stream_TypeID, Method: 3,
+				Size: capnp.ObjectSize{DataSize: 16, PointerCount: 1}, Set: func(s capnp.Struct) error {
+					p := schema.Stream_waitForEvent_Params(s)
+					p.SetAfter(1 << 40)
+					p.SetTimeoutMs(uint32(1 + l.rng.Intn(30)))
+					return nil
+				}})
+			for range 1 + l.rng.Intn(3) {
+				var transform []uint16
+				for range l.rng.Intn(3) {
+					transform = append(transform, uint16(l.rng.Intn(4)))
+				}
+				iface, method := l.anyIface()
+				l.r.CallMsg(itxtest.RawCall{Q: l.newQ(), Target: itxtest.OnAnswer(w, transform...), Iface: iface, Method: method})
+			}
+			if l.rng.Intn(2) == 0 {
+				l.r.Finish(w)
+			}
+		}},
+		{"pipeline on a pending call's capability then finish it", func(l *loggedIn) {
+			g := l.newQ()
+			path := fmt.Sprintf("/hostile/raw%d", l.rng.Intn(3))
+			l.r.CallMsg(itxtest.RawCall{Q: g, Target: itxtest.OnAnswer(qStreams, 0), Iface: schema.Streams_TypeID, Method: 0,
+				Size: capnp.ObjectSize{PointerCount: 1}, Set: func(s capnp.Struct) error { return s.SetNewText(0, path) }})
+			l.r.CallMsg(itxtest.RawCall{Q: l.newQ(), Target: itxtest.OnAnswer(g, uint16(l.rng.Intn(2))), Iface: schema.Stream_TypeID, Method: 4})
+			if l.rng.Intn(2) == 0 {
+				l.r.FinishReleasing(g)
+			} else {
+				l.r.Finish(g)
+			}
+			l.r.CallMsg(itxtest.RawCall{Q: l.newQ(), Target: itxtest.OnAnswer(g), Iface: schema.Stream_TypeID, Method: 4})
+		}},
+		{"call on a finished answer", func(l *loggedIn) {
+			q := uint32(l.rng.Intn(4))
+			if l.rng.Intn(2) == 0 {
+				l.r.FinishReleasing(q)
+			} else {
+				l.r.Finish(q)
+			}
+			iface, method := l.anyIface()
+			l.r.CallMsg(itxtest.RawCall{Q: l.newQ(), Target: itxtest.OnAnswer(q), Iface: iface, Method: method})
+		}},
+		{"finish releasing, then call the import", func(l *loggedIn) {
+			q := uint32(1 + l.rng.Intn(3))
+			l.r.FinishReleasing(q)
+			iface, method := l.anyIface()
+			l.r.CallMsg(itxtest.RawCall{Q: l.newQ(), Target: itxtest.OnImport(l.anyExport()), Iface: iface, Method: method})
+		}},
+		{"release odd counts", func(l *loggedIn) {
+			l.release(l.anyExport(), []uint32{0, 1, 2, 1 << 31, ^uint32(0)}[l.rng.Intn(5)])
+		}},
+		{"double release, then call", func(l *loggedIn) {
+			id := l.anyExport()
+			l.release(id, 1)
+			l.release(id, 1)
+			iface, method := l.anyIface()
+			l.r.CallMsg(itxtest.RawCall{Q: l.newQ(), Target: itxtest.OnImport(id), Iface: iface, Method: method})
+		}},
+		{"return never asked", func(l *loggedIn) {
+			l.r.Send(func(m rpccp.Message) error {
+				ret, err := m.NewReturn()
+				if err != nil {
+					return err
+				}
+				ret.SetAnswerId(l.anyQ())
+				if l.rng.Intn(2) == 0 {
+					_, err = ret.NewException()
+					return err
+				}
+				res, err := ret.NewResults()
+				if err != nil {
+					return err
+				}
+				table, err := res.NewCapTable(1)
+				if err != nil {
+					return err
+				}
+				table.At(0).SetSenderHosted(l.rng.Uint32() % 8)
+				return res.SetContent(capnp.NewInterface(res.Segment(), 0).ToPtr())
+			})
+		}},
+		{"finish never asked", func(l *loggedIn) {
+			if l.rng.Intn(2) == 0 {
+				l.r.FinishReleasing(l.rng.Uint32())
+			} else {
+				l.r.Finish(l.rng.Uint32())
+			}
+		}},
+		{"disembargo senderLoopback", func(l *loggedIn) {
+			id := l.rng.Uint32()
+			l.disembargo(l.anyTarget(), func(c rpccp.Disembargo_context) { c.SetSenderLoopback(id) })
+		}},
+		{"disembargo receiverLoopback", func(l *loggedIn) {
+			id := l.rng.Uint32() % 4
+			l.disembargo(l.anyTarget(), func(c rpccp.Disembargo_context) { c.SetReceiverLoopback(id) })
+		}},
+		{"disembargo accept", func(l *loggedIn) {
+			l.disembargo(l.anyTarget(), func(c rpccp.Disembargo_context) { _ = c.SetAccept(nil) })
+		}},
+		{"resolve a promise never exported", func(l *loggedIn) {
+			if l.rng.Intn(2) == 0 {
+				l.resolve(l.rng.Uint32()%8, nil)
+			} else {
+				l.resolve(l.rng.Uint32()%8, l.anyDescriptor())
+			}
+		}},
+		{"bogus callback capability", func(l *loggedIn) {
+			descs := make([]func(rpccp.CapDescriptor) error, l.rng.Intn(3))
+			for i := range descs {
+				descs[i] = l.anyDescriptor()
+			}
+			l.withCallback(descs...)
+		}},
+		{"callback promise resolved twice", func(l *loggedIn) {
+			p := 100 + l.rng.Uint32()%4
+			l.withCallback(func(d rpccp.CapDescriptor) error { d.SetSenderPromise(p); return nil })
+			for range 1 + l.rng.Intn(3) {
+				if l.rng.Intn(2) == 0 {
+					l.resolve(p, nil)
+				} else {
+					l.resolve(p, l.anyDescriptor())
+				}
+			}
+		}},
+		{"callback promise resolved to itself", func(l *loggedIn) {
+			p := 100 + l.rng.Uint32()%4
+			l.withCallback(func(d rpccp.CapDescriptor) error { d.SetSenderPromise(p); return nil })
+			l.resolve(p, func(d rpccp.CapDescriptor) error { d.SetSenderPromise(p); return nil })
+		}},
+		{"level 3 messages", func(l *loggedIn) {
+			kind, q := l.rng.Intn(3), l.rng.Uint32()%32
+			l.r.Send(func(m rpccp.Message) error {
+				switch kind {
+				case 0:
+					a, err := m.NewAccept()
+					a.SetQuestionId(q)
+					return err
+				case 1:
+					p, err := m.NewProvide()
+					if err != nil {
+						return err
+					}
+					p.SetQuestionId(q)
+					tgt, err := p.NewTarget()
+					if err != nil {
+						return err
+					}
+					return itxtest.OnAnswer(qLogin, 0)(tgt)
+				default:
+					j, err := m.NewJoin()
+					if err != nil {
+						return err
+					}
+					j.SetQuestionId(q)
+					tgt, err := j.NewTarget()
+					if err != nil {
+						return err
+					}
+					return itxtest.OnAnswer(qStream, 0)(tgt)
+				}
+			})
+		}},
+		{"unimplemented", func(l *loggedIn) {
+			kind, id := l.rng.Intn(3), l.anyExport()
+			l.r.Send(func(m rpccp.Message) error {
+				u, err := m.NewUnimplemented()
+				if err != nil {
+					return err
+				}
+				switch kind {
+				case 0: // "the Resolve you sent me": releases the export it names
+					res, err := u.NewResolve()
+					if err != nil {
+						return err
+					}
+					res.SetPromiseId(id)
+					d, err := res.NewCap()
+					if err != nil {
+						return err
+					}
+					d.SetSenderHosted(id)
+				case 1:
+					c, err := u.NewCall()
+					if err != nil {
+						return err
+					}
+					c.SetQuestionId(id)
+				default:
+					b, err := u.NewBootstrap()
+					if err != nil {
+						return err
+					}
+					b.SetQuestionId(id)
+				}
+				return nil
+			})
+		}},
+		{"obsolete message", func(l *loggedIn) {
+			l.r.Send(func(m rpccp.Message) error {
+				s, err := capnp.NewStruct(m.Segment(), capnp.ObjectSize{DataSize: 8})
+				if err != nil {
+					return err
+				}
+				return m.SetObsoleteSave(s.ToPtr())
+			})
+		}},
+		{"results sent elsewhere", func(l *loggedIn) {
+			yourself := l.rng.Intn(2) == 0
+			l.r.CallMsg(itxtest.RawCall{Q: l.newQ(), Target: itxtest.OnAnswer(qLogin, 0), Iface: schema.Project_TypeID, Method: 3,
+				Build: func(c rpccp.Call) error {
+					if yourself {
+						c.SendResultsTo().SetYourself()
+						return nil
+					}
+					return c.SendResultsTo().SetThirdParty(capnp.Ptr{})
+				}})
+		}},
+		{"answer id reused", func(l *loggedIn) {
+			iface, method := l.anyIface()
+			l.r.CallMsg(itxtest.RawCall{Q: uint32(l.rng.Intn(4)), Target: l.anyTarget(), Iface: iface, Method: method})
+		}},
+	}
+}
+
+// hostileLoginRound logs in on a raw connection and sends count hostile steps chosen by seed.
+func hostileLoginRound(t *testing.T, addr, token string, seed int64, count int) []string {
+	t.Helper()
+	steps := loggedInSteps()
+	return hostileLoginRoundWith(t, addr, token, seed, func(l *loggedIn) []string {
+		var names []string
+		for range count {
+			st := steps[l.rng.Intn(len(steps))]
+			names = append(names, st.name)
+			st.send(l)
+		}
+		return names
+	})
+}
+
+// hostileLoginRoundWith logs in on a raw connection, has send send what it will, and reads
+// until the server answers a last Bootstrap or ends the connection.
+func hostileLoginRoundWith(t *testing.T, addr, token string, seed int64, send func(*loggedIn) []string) []string {
+	t.Helper()
+	rng := rand.New(rand.NewSource(seed))
+	r := itxtest.DialRaw(t, addr)
+	defer r.Close()
+	r.SendMayFail()
+	l := &loggedIn{r: r, rng: rng, exports: map[uint32][]uint32{}, nextQ: 9}
+	r.Bootstrap(qBoot)
+	r.LoginWith(qLogin, qBoot, token)
+	// Each answer's capability is its results' pointer 0.
+	r.CallMsg(itxtest.RawCall{Q: qStreams, Target: itxtest.OnAnswer(qLogin, 0), Iface: schema.Project_TypeID, Method: 0})
+	r.CallMsg(itxtest.RawCall{Q: qStream, Target: itxtest.OnAnswer(qStreams, 0), Iface: schema.Streams_TypeID, Method: 0,
+		Size: capnp.ObjectSize{PointerCount: 1}, Set: func(s capnp.Struct) error { return s.SetNewText(0, "/hostile/raw") }})
+	for len(l.exports) < 3 {
+		m, err := r.RecvMsg()
+		require.NoError(t, err, "seed %d: setup", seed)
+		require.NotEqual(t, rpccp.Message_Which_abort, m.Which, "seed %d: setup aborted: %s", seed, m.Reason)
+		if m.Which == rpccp.Message_Which_return && m.Answer >= qLogin && m.Answer <= qStream {
+			require.False(t, m.Failed, "seed %d: setup call %d: %s", seed, m.Answer, m.Reason)
+			l.exports[m.Answer] = m.Exports
+		}
+	}
+	names := send(l)
+	r.Bootstrap(1 << 20)
+	trace := os.Getenv("ITX_HOSTILE_TRACE") != "" // each message the server sends, logged
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			m, err := r.RecvMsg()
+			if trace {
+				t.Logf("seed %d: %v %+v", seed, err, m)
+			}
+			if err != nil || m.Which == rpccp.Message_Which_abort || (m.Which == rpccp.Message_Which_return && m.Answer == 1<<20) {
+				return
+			}
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("seed %d: itxd neither answered nor ended the connection in 10s after %v", seed, names)
+	}
+	return names
+}
+
+// requireServes logs in on a new connection, appends an event and reads it back.
+func requireServes(t *testing.T, addr, token string, seed int64, names []string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := client.Dial(ctx, addr)
+	require.NoError(t, err, "after seed %d: %v", seed, names)
+	defer c.Close()
+	p := c.Login(ctx, token)
+	defer p.Release()
+	s := client.Stream(ctx, p, "/hostile/alive")
+	defer s.Release()
+	key := fmt.Sprintf("seed-%d", seed)
+	res, err := client.Append(ctx, s, []itx.EventInput{keyed("alive", fmt.Sprintf(`{"seed":%d}`, seed), key)}, itx.AppendOptions{})
+	require.NoError(t, err, "after seed %d: %v", seed, names)
+	evs, err := client.GetEvents(ctx, s, itx.Query{After: res.Offsets[0] - 1, Limit: 1})
+	require.NoError(t, err, "after seed %d: %v", seed, names)
+	require.Len(t, evs, 1, "after seed %d: %v", seed, names)
+	require.Equal(t, key, evs[0].IdempotencyKey, "after seed %d: %v", seed, names)
+}
+
+// TestItxd_HostileLoggedInSequences: after each round of post-login hostile messages itxd is up
+// and serves a new client, and after all of them it holds what it held before them (its
+// registries, gauges and goroutines, as the churn tests measure).
+func TestItxd_HostileLoggedInSequences(t *testing.T) {
+	e := newChurnEnv(t, server.Config{})
+	token := e.ts.creds.ProjectToken
+	seed, rounds := int64(1), 40
+	if v, err := strconv.Atoi(os.Getenv("ITX_HOSTILE_ROUNDS")); err == nil {
+		rounds = v // longer runs: ITX_HOSTILE_ROUNDS=2000
+	}
+	// A first round loads what any round loads once (the streams, their actors).
+	names := hostileLoginRound(t, e.ts.addr, token, 0, 12)
+	requireServes(t, e.ts.addr, token, 0, names)
+	base := e.baseline(t)
+	for i := range rounds {
+		seed := seed + int64(i)
+		names := hostileLoginRound(t, e.ts.addr, token, seed, 12)
+		requireServes(t, e.ts.addr, token, seed, names)
+	}
+	e.requireBack(t, base, rounds)
+}
+
+// A promise the client passed (an EventSink or LiveSubscriber given as senderPromise) is
+// resolved by the client's Resolve messages. Resolving it to itself made go-capnp's
+// clientPromise.fulfill loop forever in clientCursor.compress: the connection's receive
+// goroutine spun a CPU and never read again, and the server could not close the connection
+// (this test hung until its timeout, in Fulfill). The other cases (two promises resolved to
+// each other, a promise resolved twice) held before the fix: go-capnp forgets a promise import
+// once it resolves, so the second Resolve names an import that no longer exists and the
+// connection is aborted. Each case must leave the connection answered or ended, and itxd
+// serving.
+func TestItxd_HostileResolveOfPassedPromise(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	token := ts.creds.ProjectToken
+	cases := map[string]func(l *loggedIn){
+		"resolved to itself": func(l *loggedIn) {
+			l.withCallbackKind(0, func(d rpccp.CapDescriptor) error { d.SetSenderPromise(100); return nil })
+			l.resolve(100, func(d rpccp.CapDescriptor) error { d.SetSenderPromise(100); return nil })
+		},
+		"resolved to each other": func(l *loggedIn) {
+			l.withCallbackKind(0, func(d rpccp.CapDescriptor) error { d.SetSenderPromise(100); return nil })
+			l.withCallbackKind(1, func(d rpccp.CapDescriptor) error { d.SetSenderPromise(101); return nil })
+			l.resolve(100, func(d rpccp.CapDescriptor) error { d.SetSenderPromise(101); return nil })
+			l.resolve(101, func(d rpccp.CapDescriptor) error { d.SetSenderPromise(100); return nil })
+		},
+		"resolved twice to an exception": func(l *loggedIn) {
+			l.withCallbackKind(1, func(d rpccp.CapDescriptor) error { d.SetSenderPromise(100); return nil })
+			l.resolve(100, nil)
+			l.resolve(100, nil)
+		},
+		"resolved to the client's capability, then again (live state)": func(l *loggedIn) {
+			// The import it resolves to is called and never answers: itxd holds the subscriber.
+			l.withCallbackKind(1, func(d rpccp.CapDescriptor) error { d.SetSenderPromise(100); return nil })
+			l.resolve(100, func(d rpccp.CapDescriptor) error { d.SetSenderHosted(7); return nil })
+			l.resolve(100, nil)
+		},
+		"resolved to the client's capability, then again (connection)": func(l *loggedIn) {
+			l.withCallbackKind(0, func(d rpccp.CapDescriptor) error { d.SetSenderPromise(100); return nil })
+			l.resolve(100, func(d rpccp.CapDescriptor) error { d.SetSenderHosted(7); return nil })
+			l.resolve(100, func(d rpccp.CapDescriptor) error { d.SetSenderHosted(8); return nil })
+		},
+		"resolved to null, then again": func(l *loggedIn) {
+			l.withCallbackKind(0, func(d rpccp.CapDescriptor) error { d.SetSenderPromise(100); return nil })
+			l.resolve(100, func(d rpccp.CapDescriptor) error { d.SetNone(); return nil })
+			l.resolve(100, func(d rpccp.CapDescriptor) error { d.SetSenderHosted(7); return nil })
+		},
+	}
+	for name, send := range cases {
+		t.Run(name, func(t *testing.T) {
+			names := hostileLoginRoundWith(t, ts.addr, token, 0, func(l *loggedIn) []string { send(l); return []string{name} })
+			requireServes(t, ts.addr, token, 0, names)
+		})
+	}
+}
