@@ -602,3 +602,43 @@ func TestItxd_HostileResolveOfPassedPromise(t *testing.T) {
 		})
 	}
 }
+
+// until reads until the Return to question q (or the connection's end).
+func (l *loggedIn) until(q uint32) {
+	for {
+		m, err := l.r.RecvMsg()
+		if err != nil || m.Which == rpccp.Message_Which_abort || (m.Which == rpccp.Message_Which_return && m.Answer == q) {
+			return
+		}
+	}
+}
+
+// A promise the client passed, resolved to one of itxd's own capabilities, is embargoed until
+// the client's Disembargo comes back. If itxd dropped the promise first (here: the live view
+// it was the subscriber of is cancelled), lifting the embargo (the client's receiverLoopback,
+// or the connection's end) copied a result whose capability was already released and
+// go-capnp panicked ("AddRef on released client", in AnswerQueue.Fulfill's detached copy):
+// itxd ended. Found by TestItxd_HostileLoggedInSequences with ITX_HOSTILE_ROUNDS=600.
+func TestItxd_HostileEmbargoLiftedAfterRelease(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	token := ts.creds.ProjectToken
+	for _, lift := range []string{"disembargo", "close"} {
+		t.Run(lift, func(t *testing.T) {
+			names := hostileLoginRoundWith(t, ts.addr, token, 0, func(l *loggedIn) []string {
+				live := l.nextQ + 1
+				l.withCallbackKind(1, func(d rpccp.CapDescriptor) error { d.SetSenderPromise(100); return nil })
+				stream := l.exports[qStream][0]
+				l.resolve(100, func(d rpccp.CapDescriptor) error { d.SetReceiverHosted(stream); return nil })
+				cancel := l.newQ()
+				l.r.CallMsg(itxtest.RawCall{Q: cancel, Target: itxtest.OnAnswer(live, 0), Iface: schema.Handle_TypeID, Method: 0})
+				l.until(cancel)
+				time.Sleep(50 * time.Millisecond) // the subscriber's release, after the cancel's return
+				if lift == "disembargo" {
+					l.disembargo(itxtest.OnImport(stream), func(c rpccp.Disembargo_context) { c.SetReceiverLoopback(0) })
+				}
+				return []string{lift}
+			})
+			requireServes(t, ts.addr, token, 0, names)
+		})
+	}
+}

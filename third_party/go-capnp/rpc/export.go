@@ -3,6 +3,7 @@ package rpc
 import (
 	"context"
 	"errors"
+	"sync"
 
 	"capnproto.org/go/capnp/v3"
 	"capnproto.org/go/capnp/v3/exc"
@@ -287,9 +288,14 @@ type embargoID uint32
 type embargo struct {
 	result capnp.Ptr
 	q      *capnp.AnswerQueue
+
+	// itx patch: shut is set by Shutdown (every holder of the embargoed client let it go),
+	// under mu, before the client in result is released; see lift.
+	mu   sync.Mutex
+	shut bool
 }
 
-func (e embargo) String() string {
+func (e *embargo) String() string { // itx patch: a pointer receiver (embargo holds a mutex)
 	return "embargo{client: " +
 		e.client().String() +
 		", q: 0x" + str.PtrToHex(e.q) +
@@ -331,7 +337,24 @@ func newEmbargo(client capnp.Client) *embargo {
 
 // lift disembargoes the client.  It must be called only once.
 func (e *embargo) lift() {
-	e.q.Fulfill(e.result)
+	// itx patch: the embargo may have been shut down (its client released) before the
+	// Disembargo that lifts it came, or before the connection's end lifted it. Fulfill copies
+	// its result for late pipelined calls (answerqueue.go), and copying a released client
+	// panicked ("AddRef on released client") and ended the process. A shut-down embargo
+	// rejects what it queued (nothing can call it any more); otherwise the queue is fulfilled
+	// with a result of its own, holding its own reference, so that a Shutdown meanwhile does not
+	// release the client under Fulfill.
+	e.mu.Lock()
+	if e.shut {
+		e.mu.Unlock()
+		e.q.Reject(rpcerr.Disconnected(errors.New("embargoed capability released before its disembargo")))
+		return
+	}
+	c := e.client().AddRef()
+	e.mu.Unlock()
+	msg, seg := capnp.NewSingleSegmentMessage(nil)
+	e.q.Fulfill(capnp.NewInterface(seg, msg.CapTable().Add(c)).ToPtr())
+	msg.Release()
 }
 
 func (e *embargo) Send(ctx context.Context, s capnp.Send) (*capnp.Answer, capnp.ReleaseFunc) {
@@ -352,6 +375,9 @@ func (e *embargo) client() capnp.Client {
 }
 
 func (e *embargo) Shutdown() {
+	e.mu.Lock() // itx patch: see lift
+	e.shut = true
+	e.mu.Unlock()
 	e.client().Release()
 }
 
