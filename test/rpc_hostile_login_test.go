@@ -6,6 +6,7 @@ import (
 	"math/rand"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -33,6 +34,9 @@ type loggedIn struct {
 	rng     *rand.Rand
 	exports map[uint32][]uint32 // answer id -> the ids its results exported
 	nextQ   uint32
+	// soft: only targets that exist and are not finished (a step then fails alone instead of
+	// aborting the connection, so that later steps still run).
+	soft bool
 }
 
 // The questions a round's setup asks and keeps unfinished.
@@ -47,6 +51,9 @@ func (l *loggedIn) newQ() uint32 { l.nextQ++; return l.nextQ }
 
 // anyQ is a question of the setup, one the steps asked, or one never asked.
 func (l *loggedIn) anyQ() uint32 {
+	if l.soft {
+		return uint32(l.rng.Intn(4))
+	}
 	switch l.rng.Intn(4) {
 	case 0, 1:
 		return uint32(l.rng.Intn(4))
@@ -59,7 +66,7 @@ func (l *loggedIn) anyQ() uint32 {
 
 // anyExport is an id the server exported, or one it never did.
 func (l *loggedIn) anyExport() uint32 {
-	if l.rng.Intn(4) > 0 {
+	if l.soft || l.rng.Intn(4) > 0 {
 		ids := l.exports[uint32(1+l.rng.Intn(3))]
 		if len(ids) > 0 {
 			return ids[l.rng.Intn(len(ids))]
@@ -208,6 +215,9 @@ func (l *loggedIn) callbackCall(kind int, idx capnp.CapabilityID, desc ...func(r
 type loggedInStep struct {
 	name string
 	send func(l *loggedIn)
+	// fatal: the step is likely to abort the connection (a protocol error); a round sends
+	// at most one, last.
+	fatal bool
 }
 
 func loggedInSteps() []loggedInStep {
@@ -215,7 +225,7 @@ func loggedInSteps() []loggedInStep {
 		{"pipeline through a random transform", func(l *loggedIn) {
 			iface, method := l.anyIface()
 			l.r.CallMsg(itxtest.RawCall{Q: l.newQ(), Target: l.anyTarget(), Iface: iface, Method: method})
-		}},
+		}, false},
 		{"pipeline through a non-capability field of a pending call", func(l *loggedIn) {
 			// waitForEvent for an offset far ahead: pending for a few ms, then fails; calls
 			// pipelined on it meanwhile (its event is a struct, not a capability) wait with it.
@@ -238,7 +248,7 @@ func loggedInSteps() []loggedInStep {
 			if l.rng.Intn(2) == 0 {
 				l.r.Finish(w)
 			}
-		}},
+		}, false},
 		{"pipeline on a pending call's capability then finish it", func(l *loggedIn) {
 			g := l.newQ()
 			path := fmt.Sprintf("/hostile/raw%d", l.rng.Intn(3))
@@ -250,8 +260,10 @@ func loggedInSteps() []loggedInStep {
 			} else {
 				l.r.Finish(g)
 			}
-			l.r.CallMsg(itxtest.RawCall{Q: l.newQ(), Target: itxtest.OnAnswer(g), Iface: schema.Stream_TypeID, Method: 4})
-		}},
+			if !l.soft { // g may be unreturned: a call on a finished unreturned answer aborts
+				l.r.CallMsg(itxtest.RawCall{Q: l.newQ(), Target: itxtest.OnAnswer(g), Iface: schema.Stream_TypeID, Method: 4})
+			}
+		}, false},
 		{"call on a finished answer", func(l *loggedIn) {
 			q := uint32(l.rng.Intn(4))
 			if l.rng.Intn(2) == 0 {
@@ -261,23 +273,23 @@ func loggedInSteps() []loggedInStep {
 			}
 			iface, method := l.anyIface()
 			l.r.CallMsg(itxtest.RawCall{Q: l.newQ(), Target: itxtest.OnAnswer(q), Iface: iface, Method: method})
-		}},
+		}, true},
 		{"finish releasing, then call the import", func(l *loggedIn) {
 			q := uint32(1 + l.rng.Intn(3))
 			l.r.FinishReleasing(q)
 			iface, method := l.anyIface()
 			l.r.CallMsg(itxtest.RawCall{Q: l.newQ(), Target: itxtest.OnImport(l.anyExport()), Iface: iface, Method: method})
-		}},
+		}, true},
 		{"release odd counts", func(l *loggedIn) {
 			l.release(l.anyExport(), []uint32{0, 1, 2, 1 << 31, ^uint32(0)}[l.rng.Intn(5)])
-		}},
+		}, true},
 		{"double release, then call", func(l *loggedIn) {
 			id := l.anyExport()
 			l.release(id, 1)
 			l.release(id, 1)
 			iface, method := l.anyIface()
 			l.r.CallMsg(itxtest.RawCall{Q: l.newQ(), Target: itxtest.OnImport(id), Iface: iface, Method: method})
-		}},
+		}, true},
 		{"return never asked", func(l *loggedIn) {
 			l.r.Send(func(m rpccp.Message) error {
 				ret, err := m.NewReturn()
@@ -300,39 +312,39 @@ func loggedInSteps() []loggedInStep {
 				table.At(0).SetSenderHosted(l.rng.Uint32() % 8)
 				return res.SetContent(capnp.NewInterface(res.Segment(), 0).ToPtr())
 			})
-		}},
+		}, true},
 		{"finish never asked", func(l *loggedIn) {
 			if l.rng.Intn(2) == 0 {
 				l.r.FinishReleasing(l.rng.Uint32())
 			} else {
 				l.r.Finish(l.rng.Uint32())
 			}
-		}},
+		}, false},
 		{"disembargo senderLoopback", func(l *loggedIn) {
 			id := l.rng.Uint32()
 			l.disembargo(l.anyTarget(), func(c rpccp.Disembargo_context) { c.SetSenderLoopback(id) })
-		}},
+		}, true},
 		{"disembargo receiverLoopback", func(l *loggedIn) {
 			id := l.rng.Uint32() % 4
 			l.disembargo(l.anyTarget(), func(c rpccp.Disembargo_context) { c.SetReceiverLoopback(id) })
-		}},
+		}, true},
 		{"disembargo accept", func(l *loggedIn) {
 			l.disembargo(l.anyTarget(), func(c rpccp.Disembargo_context) { _ = c.SetAccept(nil) })
-		}},
+		}, true},
 		{"resolve a promise never exported", func(l *loggedIn) {
 			if l.rng.Intn(2) == 0 {
 				l.resolve(l.rng.Uint32()%8, nil)
 			} else {
 				l.resolve(l.rng.Uint32()%8, l.anyDescriptor())
 			}
-		}},
+		}, true},
 		{"bogus callback capability", func(l *loggedIn) {
 			descs := make([]func(rpccp.CapDescriptor) error, l.rng.Intn(3))
 			for i := range descs {
 				descs[i] = l.anyDescriptor()
 			}
 			l.withCallback(descs...)
-		}},
+		}, false},
 		{"callback promise resolved twice", func(l *loggedIn) {
 			p := 100 + l.rng.Uint32()%4
 			l.withCallback(func(d rpccp.CapDescriptor) error { d.SetSenderPromise(p); return nil })
@@ -343,12 +355,12 @@ func loggedInSteps() []loggedInStep {
 					l.resolve(p, l.anyDescriptor())
 				}
 			}
-		}},
+		}, true},
 		{"callback promise resolved to itself", func(l *loggedIn) {
 			p := 100 + l.rng.Uint32()%4
 			l.withCallback(func(d rpccp.CapDescriptor) error { d.SetSenderPromise(p); return nil })
 			l.resolve(p, func(d rpccp.CapDescriptor) error { d.SetSenderPromise(p); return nil })
-		}},
+		}, false},
 		{"level 3 messages", func(l *loggedIn) {
 			kind, q := l.rng.Intn(3), l.rng.Uint32()%32
 			l.r.Send(func(m rpccp.Message) error {
@@ -381,7 +393,7 @@ func loggedInSteps() []loggedInStep {
 					return itxtest.OnAnswer(qStream, 0)(tgt)
 				}
 			})
-		}},
+		}, false},
 		{"unimplemented", func(l *loggedIn) {
 			kind, id := l.rng.Intn(3), l.anyExport()
 			l.r.Send(func(m rpccp.Message) error {
@@ -416,7 +428,7 @@ func loggedInSteps() []loggedInStep {
 				}
 				return nil
 			})
-		}},
+		}, true},
 		{"obsolete message", func(l *loggedIn) {
 			l.r.Send(func(m rpccp.Message) error {
 				s, err := capnp.NewStruct(m.Segment(), capnp.ObjectSize{DataSize: 8})
@@ -425,7 +437,7 @@ func loggedInSteps() []loggedInStep {
 				}
 				return m.SetObsoleteSave(s.ToPtr())
 			})
-		}},
+		}, false},
 		{"results sent elsewhere", func(l *loggedIn) {
 			yourself := l.rng.Intn(2) == 0
 			l.r.CallMsg(itxtest.RawCall{Q: l.newQ(), Target: itxtest.OnAnswer(qLogin, 0), Iface: schema.Project_TypeID, Method: 3,
@@ -436,22 +448,35 @@ func loggedInSteps() []loggedInStep {
 					}
 					return c.SendResultsTo().SetThirdParty(capnp.Ptr{})
 				}})
-		}},
+		}, false},
 		{"answer id reused", func(l *loggedIn) {
 			iface, method := l.anyIface()
 			l.r.CallMsg(itxtest.RawCall{Q: uint32(l.rng.Intn(4)), Target: l.anyTarget(), Iface: iface, Method: method})
-		}},
+		}, true},
 	}
 }
 
 // hostileLoginRound logs in on a raw connection and sends count hostile steps chosen by seed.
-func hostileLoginRound(t *testing.T, addr, token string, seed int64, count int) []string {
+func hostileLoginRound(t *testing.T, addr, token string, seed int64, count int) ([]string, string) {
 	t.Helper()
 	steps := loggedInSteps()
+	var soft []loggedInStep
+	for _, st := range steps {
+		if !st.fatal {
+			soft = append(soft, st)
+		}
+	}
 	return hostileLoginRoundWith(t, addr, token, seed, func(l *loggedIn) []string {
 		var names []string
-		for range count {
-			st := steps[l.rng.Intn(len(steps))]
+		// Steps that fail alone first, then one of any kind: most rounds would otherwise end
+		// at their first protocol error, and few steps would meet.
+		for i := range count {
+			from := soft
+			if i == count-1 {
+				from = steps
+			}
+			l.soft = i < count-1
+			st := from[l.rng.Intn(len(from))]
 			names = append(names, st.name)
 			st.send(l)
 		}
@@ -460,8 +485,8 @@ func hostileLoginRound(t *testing.T, addr, token string, seed int64, count int) 
 }
 
 // hostileLoginRoundWith logs in on a raw connection, has send send what it will, and reads
-// until the server answers a last Bootstrap or ends the connection.
-func hostileLoginRoundWith(t *testing.T, addr, token string, seed int64, send func(*loggedIn) []string) []string {
+// until the server answers a last Bootstrap or ends the connection; outcome says which.
+func hostileLoginRoundWith(t *testing.T, addr, token string, seed int64, send func(*loggedIn) []string) (names []string, outcome string) {
 	t.Helper()
 	rng := rand.New(rand.NewSource(seed))
 	r := itxtest.DialRaw(t, addr)
@@ -483,7 +508,7 @@ func hostileLoginRoundWith(t *testing.T, addr, token string, seed int64, send fu
 			l.exports[m.Answer] = m.Exports
 		}
 	}
-	names := send(l)
+	names = send(l)
 	r.Bootstrap(1 << 20)
 	trace := os.Getenv("ITX_HOSTILE_TRACE") != "" // each message the server sends, logged
 	done := make(chan struct{})
@@ -494,9 +519,17 @@ func hostileLoginRoundWith(t *testing.T, addr, token string, seed int64, send fu
 			if trace {
 				t.Logf("seed %d: %v %+v", seed, err, m)
 			}
-			if err != nil || m.Which == rpccp.Message_Which_abort || (m.Which == rpccp.Message_Which_return && m.Answer == 1<<20) {
-				return
+			switch {
+			case err != nil:
+				outcome = "closed"
+			case m.Which == rpccp.Message_Which_abort:
+				outcome = "aborted: " + m.Reason
+			case m.Which == rpccp.Message_Which_return && m.Answer == 1<<20:
+				outcome = "answered"
+			default:
+				continue
 			}
+			return
 		}
 	}()
 	select {
@@ -504,7 +537,7 @@ func hostileLoginRoundWith(t *testing.T, addr, token string, seed int64, send fu
 	case <-time.After(10 * time.Second):
 		t.Fatalf("seed %d: itxd neither answered nor ended the connection in 10s after %v", seed, names)
 	}
-	return names
+	return names, outcome
 }
 
 // requireServes logs in on a new connection, appends an event and reads it back.
@@ -539,15 +572,21 @@ func TestItxd_HostileLoggedInSequences(t *testing.T) {
 		rounds = v // longer runs: ITX_HOSTILE_ROUNDS=2000
 	}
 	// A first round loads what any round loads once (the streams, their actors).
-	names := hostileLoginRound(t, e.ts.addr, token, 0, 12)
+	names, _ := hostileLoginRound(t, e.ts.addr, token, 0, 12)
 	requireServes(t, e.ts.addr, token, 0, names)
 	base := e.baseline(t)
+	outcomes := map[string]int{}
 	for i := range rounds {
 		seed := seed + int64(i)
-		names := hostileLoginRound(t, e.ts.addr, token, seed, 12)
+		names, outcome := hostileLoginRound(t, e.ts.addr, token, seed, 12)
+		if i := strings.Index(outcome, " ID "); i > 0 { // one kind, whatever the id
+			outcome = outcome[:i]
+		}
+		outcomes[outcome]++
 		requireServes(t, e.ts.addr, token, seed, names)
 	}
 	e.requireBack(t, base, rounds)
+	t.Logf("how the rounds ended: %v", outcomes)
 }
 
 // A promise the client passed (an EventSink or LiveSubscriber given as senderPromise) is
@@ -597,7 +636,7 @@ func TestItxd_HostileResolveOfPassedPromise(t *testing.T) {
 	}
 	for name, send := range cases {
 		t.Run(name, func(t *testing.T) {
-			names := hostileLoginRoundWith(t, ts.addr, token, 0, func(l *loggedIn) []string { send(l); return []string{name} })
+			names, _ := hostileLoginRoundWith(t, ts.addr, token, 0, func(l *loggedIn) []string { send(l); return []string{name} })
 			requireServes(t, ts.addr, token, 0, names)
 		})
 	}
@@ -624,7 +663,7 @@ func TestItxd_HostileEmbargoLiftedAfterRelease(t *testing.T) {
 	token := ts.creds.ProjectToken
 	for _, lift := range []string{"disembargo", "close"} {
 		t.Run(lift, func(t *testing.T) {
-			names := hostileLoginRoundWith(t, ts.addr, token, 0, func(l *loggedIn) []string {
+			names, _ := hostileLoginRoundWith(t, ts.addr, token, 0, func(l *loggedIn) []string {
 				live := l.nextQ + 1
 				l.withCallbackKind(1, func(d rpccp.CapDescriptor) error { d.SetSenderPromise(100); return nil })
 				stream := l.exports[qStream][0]
