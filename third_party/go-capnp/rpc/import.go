@@ -244,7 +244,11 @@ func (ic *importClient) Shutdown() {
 		defer c.tasks.Done()
 
 		ent := c.lk.imports[ic.id]
-		if ic.generation != ent.generation {
+		// itx patch: the entry may be gone: a newer generation's client (made by addImport
+		// once this one's last reference went, before this Shutdown took the lock) shut down
+		// first and deleted it, having sent the Release for every wire reference. ent.generation
+		// dereferenced nil and ended the process.
+		if ent == nil || ic.generation != ent.generation {
 			// A new reference was added concurrently with the Shutdown.  See
 			// impent.generation documentation for an explanation.
 			return
