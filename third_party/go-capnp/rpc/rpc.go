@@ -1928,6 +1928,14 @@ func (c *Conn) handleResolve(ctx context.Context, in transport.IncomingMessage) 
 					"is not a promise",
 			)
 		}
+		// itx patch: a promise resolves once. The import stays in the table until its
+		// promise hook shuts down, which a call in flight on it delays past this Resolve; a
+		// second Resolve meanwhile (a peer's) fulfilled the resolved promise again and panicked
+		// in clientPromise.fulfill ("BUG: clientPromise referred to a clientHook that was not
+		// a promise", or "called more than once"), ending the process. It is now refused as a
+		// Resolve for an import that is not a promise.
+		resolver := imp.resolver
+		imp.resolver = nil
 		switch resolve.Which() {
 		case rpccp.Resolve_Which_cap:
 			desc, err := resolve.Cap()
@@ -1960,7 +1968,7 @@ func (c *Conn) handleResolve(ctx context.Context, in transport.IncomingMessage) 
 				})
 			}
 			dq.Defer(func() {
-				imp.resolver.Fulfill(client)
+				resolver.Fulfill(client)
 				client.Release()
 			})
 		case rpccp.Resolve_Which_exception:
@@ -1971,7 +1979,7 @@ func (c *Conn) handleResolve(ctx context.Context, in transport.IncomingMessage) 
 				err = ex.ToError()
 			}
 			dq.Defer(func() {
-				imp.resolver.Reject(err)
+				resolver.Reject(err)
 			})
 		}
 		return nil
