@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/itx-dev/itx"
+	sqlite3 "github.com/mattn/go-sqlite3"
 	"github.com/stretchr/testify/require"
 )
 
@@ -17,6 +18,11 @@ func TestErrorCode(t *testing.T) {
 	require.Equal(t, itx.Code(""), ErrorCode(nil))
 	require.Equal(t, itx.EResourceExhausted, ErrorCode(fmt.Errorf("write: %w", syscall.ENOSPC)))
 	require.Equal(t, itx.EInternal, ErrorCode(errors.New("disk on fire")))
+	// Creating a database (or its WAL) on a full disk fails as a disk I/O error with errno
+	// ENOSPC, not as SQLITE_FULL.
+	require.Equal(t, itx.EResourceExhausted, ErrorCode(fmt.Errorf("open: %w",
+		sqlite3.Error{Code: sqlite3.ErrIoErr, ExtendedCode: sqlite3.ErrIoErrWrite, SystemErrno: syscall.ENOSPC})))
+	require.Equal(t, itx.EInternal, ErrorCode(sqlite3.Error{Code: sqlite3.ErrIoErr, SystemErrno: syscall.EIO}))
 }
 
 // TestStream_CommitOnAFullDisk: a commit past the database's size bound fails with
