@@ -41,8 +41,12 @@ type actor struct {
 	drained  chan struct{} // set while a removal waits for refs to reach 0 (see release)
 
 	// Owned by the run goroutine.
-	st              *streamState
-	store           streamStore
+	st    *streamState
+	store streamStore
+	// unmade is the directory entry of this stream when it committed but making the store
+	// failed (a full disk): the next creation makes the store under that entry rather than
+	// inserting another for the same path.
+	unmade          *storage.StreamEntry
 	deliverers      map[string]*deliverer
 	pushes          sync.WaitGroup
 	pending         []deliveryOutcome // outcomes of pushes that could not start
@@ -917,6 +921,9 @@ func (a *actor) reloadAfter(group []*appendReq, cause error) {
 	a.failedReaders, a.failedProc, a.failedSchedules = nil, nil, nil
 	if a.store == nil {
 		a.st = newStreamState(a.st.bucket)
+		if a.unmade != nil {
+			a.st.streamID = a.unmade.StreamID // the identity the directory holds already
+		}
 		return
 	}
 	if err := a.restore(context.Background()); err != nil {
@@ -1095,21 +1102,27 @@ func (a *actor) ensureCreated(ctx context.Context, create bool) error {
 	if !create {
 		return errors.New("no stream database to write cursor state to")
 	}
-	createdAt := itx.UnixMilli(a.srv.clock.Now())
-	entry := storage.StreamEntry{StreamID: a.st.streamID, ProjectID: a.ref.ProjectID, Path: a.ref.Path, CreatedAt: createdAt}
-	if err := a.srv.dir.CreateStream(ctx, entry, a.srv.cfg.MaxStreamsPerProject); err != nil {
-		if itx.ErrorCode(err) == itx.ELimitExceeded {
-			return itx.Errorf(itx.ELimitExceeded, "%s (--max-streams-per-project): %s is not created", itx.ErrorMessage(err), a.ref.Path)
+	entry := a.unmade
+	if entry == nil {
+		entry = &storage.StreamEntry{StreamID: a.st.streamID, ProjectID: a.ref.ProjectID, Path: a.ref.Path, CreatedAt: itx.UnixMilli(a.srv.clock.Now())}
+		if err := a.srv.dir.CreateStream(ctx, *entry, a.srv.cfg.MaxStreamsPerProject); err != nil {
+			if itx.ErrorCode(err) == itx.ELimitExceeded {
+				return itx.Errorf(itx.ELimitExceeded, "%s (--max-streams-per-project): %s is not created", itx.ErrorMessage(err), a.ref.Path)
+			}
+			return err
 		}
-		return err
 	}
 	store, err := a.srv.backend.Create(ctx, storage.StreamMeta{
-		StreamID: a.st.streamID, ProjectID: a.ref.ProjectID, Path: a.ref.Path, CreatedAt: createdAt,
+		StreamID: entry.StreamID, ProjectID: a.ref.ProjectID, Path: a.ref.Path, CreatedAt: entry.CreatedAt,
 	})
 	if err != nil {
+		// The entry stays (a restart drops it, an unfinished stream): the next creation makes
+		// the store under it (a CreateStream file left unfinished is finished then).
+		a.unmade = entry
 		return fmt.Errorf("create stream database: %w", err)
 	}
-	a.store, a.st.created, a.st.createdAt, a.st.summaryOld = store, true, createdAt, true // created stale
+	a.unmade = nil
+	a.store, a.st.created, a.st.createdAt, a.st.summaryOld = store, true, entry.CreatedAt, true // created stale
 	return nil
 }
 

@@ -1,27 +1,215 @@
 package test
 
 import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
 	"github.com/stretchr/testify/require"
 )
 
 // mountTmpfs mounts a tmpfs of size at a fresh directory, or skips the test where mounting is
-// not allowed (it needs root). Unmounted when the test ends.
+// not allowed (it needs root). Unmounted when the test ends, whether it passed or not (the
+// cleanup is registered before anything that can fail, and runs after the itxd it holds is
+// killed: cleanups run last first).
 func mountTmpfs(t *testing.T, size string) string {
 	dir := filepath.Join(t.TempDir(), "fs")
 	require.NoError(t, os.Mkdir(dir, 0o700))
 	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size="+size, "tmpfs", dir).CombinedOutput(); err != nil {
-		t.Skipf("cannot mount a tmpfs here (%v: %s); storage.TestStream_CommitOnAFullDisk covers a full disk with SQLite's page bound", err, out)
+		t.Skipf("cannot mount a tmpfs here (%v: %s): these tests need root (or CAP_SYS_ADMIN); storage.TestStream_CommitOnAFullDisk covers a full disk with SQLite's page bound", err, out)
 	}
 	t.Cleanup(func() { exec.Command("umount", "-l", dir).Run() })
 	return dir
+}
+
+// fillDisk fills the file system at fs with a filler file until the write fails with ENOSPC,
+// then gives back leave bytes (rounded to pages by tmpfs), so the next failure hits wherever
+// itxd next needs more than that. The returned func deletes the filler: space returns.
+func fillDisk(t *testing.T, fs string, leave int64) (free func()) {
+	t.Helper()
+	name := filepath.Join(fs, "filler")
+	f, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	require.NoError(t, err)
+	defer f.Close()
+	buf := make([]byte, 64<<10)
+	for {
+		if _, err = f.Write(buf); err != nil {
+			break
+		}
+	}
+	require.True(t, errors.Is(err, syscall.ENOSPC), "filling %s: %v", fs, err)
+	if leave > 0 {
+		st, err := f.Stat()
+		require.NoError(t, err)
+		require.NoError(t, f.Truncate(max(0, st.Size()-leave)))
+	}
+	return func() {
+		t.Helper()
+		if err := os.Remove(name); err != nil && !errors.Is(err, os.ErrNotExist) {
+			require.NoError(t, err)
+		}
+	}
+}
+
+// ackLog is what a test was told: per stream, the seq of every acknowledged kib event by
+// offset, and the head the acknowledgements reached.
+type ackLog struct {
+	t       *testing.T
+	proj    schema.Project
+	streams map[string]schema.Stream
+	seqs    map[string][]int // kib seqs acknowledged, in offset order
+	head    map[string]int64 // last acknowledged offset (0: nothing acknowledged yet)
+	next    int              // next seq
+}
+
+func newAckLog(t *testing.T, proj schema.Project) *ackLog {
+	return &ackLog{t: t, proj: proj, streams: map[string]schema.Stream{}, seqs: map[string][]int{}, head: map[string]int64{}}
+}
+
+func (l *ackLog) stream(path string) schema.Stream {
+	if s, ok := l.streams[path]; ok {
+		return s
+	}
+	s := stream(l.t, l.proj, path)
+	l.streams[path] = s
+	return s
+}
+
+// append appends n kib events to path: acknowledged (recorded, and its offsets must follow the
+// last acknowledged one) or refused with resourceExhausted, within 10 s (no hang).
+func (l *ackLog) append(path string, n int) bool {
+	l.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	base := l.next
+	l.next += n
+	res, err := client.Append(ctx, l.stream(path), kibEvents(n, base), itx.AppendOptions{})
+	if err != nil {
+		requireCode(l.t, err, itx.EResourceExhausted)
+		return false
+	}
+	require.Len(l.t, res.Offsets, n)
+	if h := l.head[path]; h > 0 {
+		require.Equal(l.t, h+1, res.Offsets[0], "%s: an acknowledged append follows the last acknowledged offset", path)
+	}
+	for i := range n {
+		l.seqs[path] = append(l.seqs[path], base+i)
+	}
+	l.head[path] = res.Offsets[n-1]
+	return true
+}
+
+// check reads every stream back: offsets 1..head consecutive, head as acknowledged, and the kib
+// events exactly those acknowledged, in order (nothing lost, nothing that was refused).
+func (l *ackLog) check() {
+	l.t.Helper()
+	ctx := ctxT(l.t)
+	for path, s := range l.streams {
+		all, err := client.ReadAll(ctx, s, itx.Query{})
+		require.NoError(l.t, err, path)
+		var seqs []int
+		for i, e := range all {
+			require.Equal(l.t, int64(i+1), e.Offset, "%s: consecutive offsets", path)
+			if e.Type == "kib" {
+				seqs = append(seqs, kibSeq(l.t, e))
+			}
+		}
+		require.Equal(l.t, l.seqs[path], seqs, "%s: exactly the acknowledged events, in order", path)
+		if len(all) > 0 {
+			require.Equal(l.t, l.head[path], all[len(all)-1].Offset, "%s: the head is the last acknowledged offset", path)
+		}
+		info, err := client.Describe(ctx, s)
+		if l.head[path] == 0 {
+			require.Equal(l.t, int64(0), info.HeadOffset, "%s", path)
+			continue
+		}
+		require.NoError(l.t, err, path)
+		require.Equal(l.t, l.head[path], info.HeadOffset, path)
+	}
+}
+
+func kibSeq(t testing.TB, e itx.Event) int {
+	var p struct{ Seq int }
+	require.NoError(t, json.Unmarshal(e.Payload, &p))
+	return p.Seq
+}
+
+// TestDiskFull_AppendsWhileTheDiskFills: a real itxd on a small tmpfs, filled by a filler file
+// leaving less and less room so that the failure lands in different places (a stream's WAL, its
+// checkpoint, a new stream's directory row or file). Every append is acknowledged or refused
+// with resourceExhausted; once the filler is gone the same process takes appends again, each
+// stream's head continuing from its last acknowledged offset, a copy-to-stream subscription
+// delivers what it owed, and describe and list answer. Every acknowledged event is there and
+// nothing refused is.
+func TestDiskFull_AppendsWhileTheDiskFills(t *testing.T) {
+	fs := mountTmpfs(t, "24m")
+	p := startItxd(t, filepath.Join(fs, "data"))
+	proj := dial(t, p.addr).Login(context.Background(), p.creds.ProjectToken)
+	ctx := ctxT(t)
+	l := newAckLog(t, proj)
+
+	require.True(t, l.append("/a", 5))
+	require.True(t, l.append("/b", 5))
+	_, birth, err := client.ConfigureSubscription(ctx, client.Subscriptions(ctx, l.stream("/a")),
+		client.SubscriptionConfig{Name: "copy", Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: "/copy"}})
+	require.NoError(t, err)
+	l.head["/a"] = birth
+
+	for round, leave := range []int64{0, 4 << 10, 16 << 10, 48 << 10, 120 << 10, 400 << 10} {
+		free := fillDisk(t, fs, leave)
+		fresh := fmt.Sprintf("/new/%d", round)
+		l.append(fresh, 2)
+		refused := 0
+		for i := 0; refused < 4 && i < 200; i++ {
+			path := []string{"/a", "/b", fresh}[i%3]
+			if !l.append(path, 1+(i*7+round)%20) {
+				refused++
+			}
+		}
+		require.Equal(t, 4, refused, "round %d: the disk filled", round)
+		free()
+		for _, path := range []string{"/a", "/b", fresh} {
+			require.True(t, l.append(path, 1), "round %d: %s takes appends once space returns", round, path)
+		}
+		list, err := client.ListStreams(ctx, proj, "")
+		require.NoError(t, err)
+		listed := map[string]int64{}
+		for _, s := range list {
+			listed[s.Path] = s.HeadOffset
+		}
+		for _, path := range []string{"/a", "/b", fresh} {
+			require.Contains(t, listed, path)
+		}
+		l.check()
+	}
+
+	// The copy subscription owes /copy every kib event of /a.
+	sub := client.Subscription(ctx, l.stream("/a"), "copy")
+	_, err = client.WaitUntilProcessed(ctx, sub, l.head["/a"], 20*time.Second)
+	require.NoError(t, err)
+	copyStream := stream(t, proj, "/copy")
+	copied, err := client.ReadAll(ctx, copyStream, itx.Query{})
+	require.NoError(t, err)
+	var seqs []int
+	for _, e := range copied {
+		if e.Type == "kib" {
+			seqs = append(seqs, kibSeq(t, e))
+		}
+	}
+	require.Equal(t, l.seqs["/a"], seqs, "/copy holds each event of /a once, in order")
+	l.streams["/copy"], l.head["/copy"], l.seqs["/copy"] = copyStream, copied[len(copied)-1].Offset, seqs
+	l.check()
 }
 
 // TestItxd_DiskFull: on a full file system an append answers resourceExhausted and writes
