@@ -205,7 +205,7 @@ func (d *Directory) Project(ctx context.Context, id string) (Project, error) {
 }
 
 // TokenByHash finds the token whose hash is that of token and the project it logs into, recording now as
-// its last use; EUnauthenticated if there is none or it expired.
+// its last use (unless the disk is full); EUnauthenticated if there is none or it expired.
 func (d *Directory) TokenByHash(ctx context.Context, token string, now int64) (Token, Project, error) {
 	t, err := scanToken(d.db.QueryRowContext(ctx, `select `+tokenColumns+` from tokens where token_hash = ?`, HashToken(token)))
 	if errors.Is(err, sql.ErrNoRows) {
@@ -221,7 +221,12 @@ func (d *Directory) TokenByHash(ctx context.Context, token string, now int64) (T
 	if err != nil {
 		return t, p, fmt.Errorf("log in: %w", err)
 	}
+	// The last use is informational (token listings): a full disk leaves it as it was rather
+	// than refusing the login, so clients can still log in and read while appends are refused.
 	if _, err := d.db.ExecContext(ctx, `update tokens set last_used_at = ? where id = ?`, now, t.ID); err != nil {
+		if ErrorCode(err) == itx.EResourceExhausted {
+			return t, p, nil
+		}
 		return t, p, fmt.Errorf("log in: %w", err)
 	}
 	t.LastUsedAt = now

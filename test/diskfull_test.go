@@ -266,3 +266,89 @@ func TestItxd_ReadOnlyFileSystem(t *testing.T) {
 	_, err = server.Open(ctxT(t), server.Config{DataDir: dir})
 	require.ErrorContains(t, err, "read-only file system")
 }
+
+// TestDiskFull_CreatingWhileFull: on a full disk, creating a project, a token or a stream is
+// refused with resourceExhausted, logging in and reading still work, and nothing is left half
+// made: once space returns each creation succeeds, and the lists show each thing once.
+func TestDiskFull_CreatingWhileFull(t *testing.T) {
+	fs := mountTmpfs(t, "16m")
+	p := startItxd(t, filepath.Join(fs, "data"))
+	ctx := ctxT(t)
+	root := client.Admin(ctx, dial(t, p.addr).Login(ctx, p.creds.DeploymentToken))
+	proj := dial(t, p.addr).Login(ctx, p.creds.ProjectToken)
+	l := newAckLog(t, proj)
+	require.True(t, l.append("/old", 3))
+	before, err := client.ListTokens(ctx, root, p.creds.ProjectID)
+	require.NoError(t, err)
+
+	var made []string // what was created, one way or the other
+	for round, leave := range []int64{0, 4 << 10, 16 << 10} {
+		free := fillDisk(t, fs, leave)
+		name := fmt.Sprintf("full-%d", round)
+		// Logging in and reading need no space.
+		again := dial(t, p.addr).Login(ctx, p.creds.ProjectToken)
+		_, err := client.Describe(ctx, stream(t, again, "/old"))
+		require.NoError(t, err, "round %d: log in and describe on a full disk", round)
+		l.check()
+
+		_, _, _, errP := client.CreateProject(ctx, root, name)
+		_, _, errT := client.CreateToken(ctx, root, p.creds.ProjectID, client.TokenOptions{Label: name})
+		okS := l.append("/made/"+name, 1)
+		for _, err := range []error{errP, errT} {
+			if err != nil {
+				requireCode(t, err, itx.EResourceExhausted)
+			}
+		}
+		if leave == 0 {
+			require.Error(t, errP, "a project on a full disk")
+			require.Error(t, errT, "a token on a full disk")
+			require.False(t, okS, "a stream on a full disk")
+		}
+		free()
+		if errP != nil {
+			_, _, _, errP = client.CreateProject(ctx, root, name)
+			require.NoError(t, errP, "round %d: the project once space returns", round)
+		}
+		if errT != nil {
+			_, _, errT = client.CreateToken(ctx, root, p.creds.ProjectID, client.TokenOptions{Label: name})
+			require.NoError(t, errT, "round %d: the token once space returns", round)
+		}
+		if !okS {
+			require.True(t, l.append("/made/"+name, 1), "round %d: the stream once space returns", round)
+		}
+		made = append(made, name)
+	}
+
+	projects, err := client.ListProjects(ctx, root)
+	require.NoError(t, err)
+	tokens, err := client.ListTokens(ctx, root, p.creds.ProjectID)
+	require.NoError(t, err)
+	streams, err := client.ListStreams(ctx, proj, "/made/")
+	require.NoError(t, err)
+	count := func(name string) (projects_, tokens_, streams_ int) {
+		for _, x := range projects {
+			if x.Info.Name == name {
+				projects_++
+			}
+		}
+		for _, x := range tokens {
+			if x.Label == name {
+				tokens_++
+			}
+		}
+		for _, x := range streams {
+			if x.Path == "/made/"+name {
+				streams_++
+				require.Equal(t, int64(1), x.HeadOffset)
+			}
+		}
+		return
+	}
+	for _, name := range made {
+		np, nt, ns := count(name)
+		require.Equal(t, [3]int{1, 1, 1}, [3]int{np, nt, ns}, "%s: one project, one token, one stream", name)
+	}
+	require.Len(t, tokens, len(before)+len(made))
+	require.Len(t, streams, len(made))
+	l.check()
+}
