@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"syscall"
 	"testing"
 
 	"capnproto.org/go/capnp/v3/exc"
@@ -27,6 +29,10 @@ func TestFail(t *testing.T) {
 	require.Equal(t, "itx.rateLimited: slow down", err.Error())
 	require.Equal(t, exc.Failed, exc.TypeOf(fail(itx.Errorf(itx.EInvalid, "x"))))
 	require.Nil(t, fail(nil))
+	// A directory write on a full disk carries no code of its own.
+	require.Equal(t, "itx.resourceExhausted: create project: write x: no space left on device",
+		fail(fmt.Errorf("create project: %w", &os.PathError{Op: "write", Path: "x", Err: syscall.ENOSPC})).Error())
+	require.Equal(t, "itx.internal: disk on fire", fail(errors.New("disk on fire")).Error())
 }
 
 // Every exception a handler returns names an itx code in its reason, whatever made it.
