@@ -176,11 +176,17 @@ func (a *actor) load() error {
 		if len(a.st.core.Subscriptions) > 0 || len(a.st.scheduled) > 0 {
 			// While loaded, the alarm reads "due now" (a crash leaves the stream owed a load); on
 			// unload it records the next retry. Whatever woke this incarnation, it owns the alarm.
-			if err := a.srv.dir.SetAlarm(ctx, entry.StreamID, itx.UnixMilli(now)); err != nil {
+			if err := a.srv.dir.SetAlarm(ctx, entry.StreamID, itx.UnixMilli(now)); err == nil {
+				a.st.alarmSet = true
+			} else if storage.ErrorCode(err) == itx.EResourceExhausted {
+				// A full disk: the stream still loads, to be read and to deliver what it owes.
+				// Its alarm stays as recorded (due, or due later: a crash still leaves a load
+				// owed), and the next commit sets it (alarmSet is false), once space returns.
+				a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Msg("the stream's alarm is not set to now on load (the disk is full)")
+			} else {
 				store.Close()
 				return itx.Errorf(itx.EUnavailable, "load stream %s: %v", a.ref.Path, err)
 			}
-			a.st.alarmSet = true
 		}
 		a.sweepEphemeral()
 		if a.ephBytes, err = store.EphemeralBytes(ctx); err != nil {

@@ -352,3 +352,62 @@ func TestDiskFull_CreatingWhileFull(t *testing.T) {
 	require.Len(t, streams, len(made))
 	l.check()
 }
+
+// TestDiskFull_KillWhileFullThenRestart: itxd killed (kill -9) while the disk is full starts
+// again on the still full disk, serving logins and reads of every acknowledged event (a stream
+// with a subscription included) and refusing appends with resourceExhausted; once space returns
+// the same process takes appends and delivers what the subscription owed, and after another
+// kill -9 and start everything acknowledged is still there.
+func TestDiskFull_KillWhileFullThenRestart(t *testing.T) {
+	fs := mountTmpfs(t, "24m")
+	dir := filepath.Join(fs, "data")
+	p := startItxd(t, dir)
+	ctx := ctxT(t)
+	l := newAckLog(t, dial(t, p.addr).Login(ctx, p.creds.ProjectToken))
+	require.True(t, l.append("/a", 5))
+	require.True(t, l.append("/b", 5))
+	_, birth, err := client.ConfigureSubscription(ctx, client.Subscriptions(ctx, l.stream("/a")),
+		client.SubscriptionConfig{Name: "copy", Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: "/copy"}})
+	require.NoError(t, err)
+	l.head["/a"] = birth
+
+	free := fillDisk(t, fs, 64<<10)
+	refused := 0
+	for i := 0; refused < 3 && i < 200; i++ {
+		if !l.append([]string{"/a", "/b"}[i%2], 1+i%5) {
+			refused++
+		}
+	}
+	require.Equal(t, 3, refused, "the disk filled")
+	p.kill9(t)
+
+	// Started again on the full disk: reads work, appends are refused.
+	p = startItxd(t, dir)
+	l.proj = dial(t, p.addr).Login(ctx, p.creds.ProjectToken)
+	l.streams = map[string]schema.Stream{}
+	l.check()
+	require.False(t, l.append("/a", 1), "an append on the still full disk")
+	require.False(t, l.append("/b", 1), "an append on the still full disk")
+
+	free()
+	require.True(t, l.append("/a", 2), "appends once space returns, without a restart")
+	require.True(t, l.append("/b", 2), "appends once space returns, without a restart")
+	_, err = client.WaitUntilProcessed(ctx, client.Subscription(ctx, l.stream("/a"), "copy"), l.head["/a"], 20*time.Second)
+	require.NoError(t, err)
+	l.check()
+
+	p.kill9(t)
+	p = startItxd(t, dir)
+	l.proj = dial(t, p.addr).Login(ctx, p.creds.ProjectToken)
+	l.streams = map[string]schema.Stream{}
+	l.check()
+	copied, err := client.ReadAll(ctx, stream(t, l.proj, "/copy"), itx.Query{})
+	require.NoError(t, err)
+	var seqs []int
+	for _, e := range copied {
+		if e.Type == "kib" {
+			seqs = append(seqs, kibSeq(t, e))
+		}
+	}
+	require.Equal(t, l.seqs["/a"], seqs, "/copy holds each event of /a once, in order")
+}
