@@ -56,6 +56,7 @@ type actor struct {
 	wakeT           itx.Timer
 	wakeAt          int64
 	flushArmed      bool
+	failedCommits   int       // in a row: the cursor flush backs off while storage refuses (flushDelay)
 	lastSweep       time.Time // of ephemeral rows
 	ephBytes        int64     // held in ephemeral rows (see Config.EphemeralBufferBytes)
 	loadMounted     []string  // the project's mounts when loaded: the first step's presence signal
@@ -759,10 +760,17 @@ func (a *actor) apply(in stepInput) {
 			err = a.store.Commit(ctx, eff.commit)
 		}
 		if err != nil {
+			code := itx.ErrorCode(err)
+			if code == itx.EInternal {
+				code = storage.ErrorCode(err)
+			}
+			m.CommitFailures.WithLabelValues(string(code)).Inc()
+			a.failedCommits++
 			a.reloadAfter(in.appends, fmt.Errorf("commit: %w", err))
 			a.answerSettles(in.settles)
 			return
 		}
+		a.failedCommits = 0
 		a.ephBytes += ephAdded - ephFreed
 		if eff.coreChanged {
 			// After the commit: a secret the catalog no longer references (its subscription
@@ -845,7 +853,7 @@ func (a *actor) apply(in stepInput) {
 	}
 	if eff.flushAfter > 0 && !a.flushArmed {
 		a.flushArmed = true
-		a.srv.clock.AfterFunc(eff.flushAfter, func() { a.post(actorMsg{flush: true}) })
+		a.srv.clock.AfterFunc(a.flushDelay(eff.flushAfter), func() { a.post(actorMsg{flush: true}) })
 	}
 	for _, owner := range eff.fireProcAlarms {
 		a.fireProcessorAlarm(owner)
@@ -896,6 +904,21 @@ func (a *actor) answerSettles(settles []chan<- int) {
 	for _, ch := range settles {
 		ch <- n
 	}
+}
+
+// maxFlushBackoff bounds how long the cursor flush waits after commits that failed in a row.
+const maxFlushBackoff = 5 * time.Second
+
+// flushDelay is when dirty cursor rows are written if nothing else writes them: after d, doubled
+// for each commit that failed in a row (a full disk), up to maxFlushBackoff. Without it a stream
+// whose delivery progress cannot be written retried (and reloaded its state, and logged an
+// error) every 200 ms for as long as the disk stayed full. An append still commits at once, with
+// the rows; once one commit succeeds the delay is d again.
+func (a *actor) flushDelay(d time.Duration) time.Duration {
+	for i := 0; i < a.failedCommits && d < maxFlushBackoff; i++ {
+		d *= 2
+	}
+	return min(d, maxFlushBackoff)
 }
 
 // reloadAfter answers a step whose commit failed: every append of it fails, and the state is read

@@ -24,6 +24,7 @@ type Metrics struct {
 
 	DeliveryFailures *prometheus.CounterVec // failed push attempts by receiver kind
 	LateAcks         prometheus.Counter     // acks refused by an epoch fence
+	CommitFailures   *prometheus.CounterVec // stream commits refused by storage, by code
 	// The ladder's loud outcomes, counted once committed: what an operator alerts on.
 	SubscriptionHalts prometheus.Counter     // subscriptions halted (delivery stops until resumed)
 	SkippedEvents     prometheus.Counter     // failing events skipped under onFailingEvent: skip
@@ -86,6 +87,9 @@ func newMetrics() *Metrics {
 		DeliveryFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "itx_delivery_failures_total", Help: "Failed subscription delivery attempts by receiver kind.",
 		}, []string{"kind"}),
+		CommitFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "itx_commit_failures_total", Help: "Stream commits that failed (nothing of them written; the stream's state reloaded from storage), by code: resourceExhausted is a full disk.",
+		}, []string{"code"}),
 		LateAcks: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "itx_late_acks_total", Help: "Delivery acknowledgements refused because the subscription's epoch moved.",
 		}),
@@ -118,7 +122,7 @@ func newMetrics() *Metrics {
 			Name: "itx_live_subscribers", Help: "Live-state subscribers attached.",
 		}),
 	}
-	r.MustRegister(m.DeliveryFailures, m.LateAcks, m.SubscriptionHalts, m.SkippedEvents, m.SubscriptionParks, m.HandlerPanics, m.AppendCalls, m.AppendedEvents, m.AppendedBytes, m.AppendLatency, m.CommitLatency,
+	r.MustRegister(m.DeliveryFailures, m.CommitFailures, m.LateAcks, m.SubscriptionHalts, m.SkippedEvents, m.SubscriptionParks, m.HandlerPanics, m.AppendCalls, m.AppendedEvents, m.AppendedBytes, m.AppendLatency, m.CommitLatency,
 		m.CommitEvents, m.CommitCalls, m.ReadEvents, m.LoadedStreams, m.RPCConnections,
 		m.OpenConnections, m.Sessions, m.WebhooksInFlight, m.ConnectionEvents, m.ConnectionDirect, m.LiveSubscribers,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -8,6 +8,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -16,6 +19,7 @@ import (
 	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 )
 
@@ -410,4 +414,96 @@ func TestDiskFull_KillWhileFullThenRestart(t *testing.T) {
 		}
 	}
 	require.Equal(t, l.seqs["/a"], seqs, "/copy holds each event of /a once, in order")
+}
+
+// cpuTime is the CPU time (user + system) process pid has used so far, from /proc.
+func cpuTime(t *testing.T, pid int) time.Duration {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	require.NoError(t, err)
+	s := string(b)
+	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	utime, err := strconv.ParseInt(fields[11], 10, 64)
+	require.NoError(t, err)
+	stime, err := strconv.ParseInt(fields[12], 10, 64)
+	require.NoError(t, err)
+	return time.Duration(utime+stime) * time.Second / 100 // USER_HZ is 100 on Linux
+}
+
+// TestDiskFull_NothingSpins: while the disk stays full, a stream whose delivery progress cannot
+// be written, a webhook subscription whose deliveries succeed and a copy-to-stream subscription
+// whose target refuses every append neither hammer storage nor the receivers: over an observed
+// window of 5 s, refused commits back off (a few, where a fixed retry at the 200 ms cursor flush
+// delay made 25 per stream), the webhook gets each event once, copy attempts follow the
+// retry ladder, and the server uses little CPU. Once space returns, everything owed arrives.
+func TestDiskFull_NothingSpins(t *testing.T) {
+	fs := mountTmpfs(t, "32m")
+	ts := startServer(t, server.Config{DataDir: filepath.Join(fs, "data")})
+	ctx := ctxT(t)
+	l := newAckLog(t, ts.project(t))
+	release := make(chan struct{})
+	h := newHook(t, func(n int, b itx.WebhookBody) int { <-release; return 200 })
+	var releaseOnce sync.Once
+	answer := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(answer) // before the hook's server closes, also when the test fails
+	_, _, err := client.ConfigureSubscription(ctx, client.Subscriptions(ctx, l.stream("/w")),
+		client.SubscriptionConfig{Name: "hook", Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
+	require.NoError(t, err)
+	for range 10 {
+		require.True(t, l.append("/w", 1))
+	}
+	waitUntil(t, "the first webhook delivery", func() bool { return h.count() >= 1 })
+
+	// /c takes more than SQLite's autocheckpoint (1,000 pages) so its WAL is checkpointed and
+	// its next write starts the WAL over, in blocks it holds already: on the full disk /c still
+	// takes a small append, and the copy subscription owes /c-copy an event that a full disk
+	// refuses (a new stream: a directory row and a new database).
+	for range 50 {
+		require.True(t, l.append("/c", 100))
+	}
+	_, birth, err := client.ConfigureSubscription(ctx, client.Subscriptions(ctx, l.stream("/c")),
+		client.SubscriptionConfig{Name: "copy", Start: "now", Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: "/c-copy"}})
+	require.NoError(t, err)
+	l.head["/c"] = birth
+	free := fillDisk(t, fs, 0)
+	require.True(t, l.append("/c", 1), "an append into /c's WAL, started over")
+	m := ts.srv.Metrics()
+	copies := func() float64 { return testutil.ToFloat64(m.DeliveryFailures.WithLabelValues(itx.KindCopyToStream)) }
+	waitUntil(t, "a refused copy", func() bool { return copies() > 0 })
+	answer() // the webhook answers: its progress cannot be written
+
+	failed := func() float64 {
+		return testutil.ToFloat64(m.CommitFailures.WithLabelValues(string(itx.EResourceExhausted)))
+	}
+	waitUntil(t, "a refused commit", func() bool { return failed() > 0 })
+	f0, c0, cpu0, start := failed(), copies(), processCPU(t), time.Now()
+	time.Sleep(5 * time.Second) // the observed window: what happens while the disk stays full
+	window := time.Since(start)
+	f, c, cpu := failed()-f0, copies()-c0, processCPU(t)-cpu0
+	t.Logf("in %v on a full disk: %v refused commits, %v copy attempts, %v CPU", window, f, c, cpu)
+	require.LessOrEqual(t, f, 2*6.0, "refused commits back off (the cursor flush retried every 200 ms made 25 per stream)")
+	require.LessOrEqual(t, c, 6.0, "copy attempts follow the ladder's backoff")
+	require.Less(t, cpu, window/4, "little CPU while the disk is full")
+	require.Equal(t, h.count(), len(h.distinct()), "the webhook got each event once")
+
+	free()
+	_, err = client.WaitUntilProcessed(ctx, client.Subscription(ctx, l.stream("/w"), "hook"), l.head["/w"], 20*time.Second)
+	require.NoError(t, err)
+	_, err = client.WaitUntilProcessed(ctx, client.Subscription(ctx, l.stream("/c"), "copy"), l.head["/c"], 20*time.Second)
+	require.NoError(t, err)
+	copied, err := client.ReadAll(ctx, stream(t, l.proj, "/c-copy"), itx.Query{})
+	require.NoError(t, err)
+	var seqs []int
+	for _, e := range copied {
+		if e.Type == "kib" {
+			seqs = append(seqs, kibSeq(t, e))
+		}
+	}
+	require.Equal(t, l.seqs["/c"][len(l.seqs["/c"])-1:], seqs, "the copy subscription delivered what it owed, once")
+	l.check()
+}
+
+// processCPU is the CPU time (user + system) this process has used so far.
+func processCPU(t *testing.T) time.Duration {
+	return cpuTime(t, os.Getpid())
 }
