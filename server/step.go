@@ -390,7 +390,10 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 		clear(st.dirty)
 		eff.flushed = true
 	}
-	if eff.coreChanged {
+	// The creating commit checkpoints the core state too, even an empty one: a stream without a
+	// checkpoint is re-reduced from offset 1 by every reload, and a reload after a commit a full
+	// disk refused cannot write one either (each refused append would read the whole stream).
+	if eff.coreChanged || (len(eff.commit.Events) > 0 && !st.created) {
 		b, err := json.Marshal(st.core)
 		if err != nil {
 			return eff, fmt.Errorf("encode core state: %w", err)

@@ -20,6 +20,7 @@ import (
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 )
 
@@ -506,4 +507,45 @@ func TestDiskFull_NothingSpins(t *testing.T) {
 // processCPU is the CPU time (user + system) this process has used so far.
 func processCPU(t *testing.T) time.Duration {
 	return cpuTime(t, os.Getpid())
+}
+
+// lockedBuffer is a log sink safe for the server's goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (w *lockedBuffer) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+func (w *lockedBuffer) count(s string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return strings.Count(w.b.String(), s)
+}
+
+// TestDiskFull_RefusedAppendsDoNotReplayTheStream: an append refused by a full disk reloads the
+// stream's state from storage; for a stream created by appends (no subscription ever), that
+// reload must not re-reduce the whole stream from offset 1 because its core state was never
+// checkpointed (the checkpoint the reload then writes fails too, so every refused append would
+// read the whole stream again).
+func TestDiskFull_RefusedAppendsDoNotReplayTheStream(t *testing.T) {
+	fs := mountTmpfs(t, "16m")
+	logs := &lockedBuffer{}
+	ts := startServer(t, server.Config{DataDir: filepath.Join(fs, "data"), Log: zerolog.New(logs).Level(zerolog.WarnLevel)})
+	l := newAckLog(t, ts.project(t))
+	for range 5 {
+		require.True(t, l.append("/plain", 50))
+	}
+	free := fillDisk(t, fs, 0)
+	for range 5 {
+		require.False(t, l.append("/plain", 1), "the disk is full")
+	}
+	require.Equal(t, 0, logs.count("re-reduces"), "a refused append re-reduced the stream:\n%s", logs.b.String())
+	free()
+	require.True(t, l.append("/plain", 1))
+	l.check()
 }
