@@ -549,3 +549,66 @@ func TestDiskFull_RefusedAppendsDoNotReplayTheStream(t *testing.T) {
 	require.True(t, l.append("/plain", 1))
 	l.check()
 }
+
+// tryStartItxd starts itxd on dataDir and returns once it listens (its address) or has exited
+// (its exit error and log). A process still running is killed when the test ends.
+func tryStartItxd(t *testing.T, dataDir string) (addr string, exited error, log string) {
+	t.Helper()
+	addrFile := filepath.Join(t.TempDir(), "addr")
+	cmd := exec.Command(itxdBin, "--listen", "127.0.0.1:0", "--data", dataDir, "--addr-file", addrFile, "--log-level", "warn")
+	logs := &lockedBuffer{}
+	cmd.Stderr = logs
+	require.NoError(t, cmd.Start())
+	var waitErr error
+	done := make(chan struct{})
+	go func() { waitErr = cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		cmd.Process.Kill() // an exited one: an error, ignored
+		<-done
+	})
+	deadline := time.After(30 * time.Second)
+	for {
+		if b, err := os.ReadFile(addrFile); err == nil && len(b) > 0 {
+			return string(b), nil, ""
+		}
+		select {
+		case <-done:
+			logs.mu.Lock()
+			defer logs.mu.Unlock()
+			return "", waitErr, logs.b.String()
+		case <-deadline:
+			t.Fatal("itxd neither listened nor exited within 30 s")
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// TestDiskFull_StartingAFreshDataDirectoryOnAFullDisk: itxd asked to initialize a data directory
+// on a full disk either starts (there was room enough) or exits at once with an error that says
+// the disk is full; it never hangs, and once space returns it starts on the same directory, its
+// credentials file logging into its projects.
+func TestDiskFull_StartingAFreshDataDirectoryOnAFullDisk(t *testing.T) {
+	fs := mountTmpfs(t, "8m")
+	for _, leave := range []int64{0, 8 << 10, 32 << 10, 96 << 10} {
+		dir := filepath.Join(fs, fmt.Sprintf("data-%d", leave))
+		free := fillDisk(t, fs, leave)
+		addr, exited, log := tryStartItxd(t, dir)
+		if addr == "" {
+			require.Error(t, exited, "leave %d", leave)
+			require.Regexp(t, "no space left on device|database or disk is full", log, "leave %d: the error says why", leave)
+		}
+		free()
+		if addr == "" {
+			addr, exited, log = tryStartItxd(t, dir)
+			require.NotEmpty(t, addr, "leave %d: starts once space returns: %v\n%s", leave, exited, log)
+		}
+		creds, err := server.ReadCredentials(dir)
+		require.NoError(t, err)
+		ctx := ctxT(t)
+		res, err := client.Append(ctx, stream(t, dial(t, addr).Login(ctx, creds.ProjectToken), "/s"), []itx.EventInput{ev("t", `{}`)}, itx.AppendOptions{})
+		require.NoError(t, err, "leave %d", leave)
+		require.Equal(t, int64(1), res.Offsets[0])
+		_, err = client.ListProjects(ctx, client.Admin(ctx, dial(t, addr).Login(ctx, creds.DeploymentToken)))
+		require.NoError(t, err, "leave %d: the deployment token logs in", leave)
+	}
+}
