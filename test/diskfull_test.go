@@ -299,7 +299,9 @@ func TestDiskFull_CreatingWhileFull(t *testing.T) {
 		_, _, _, errP := client.CreateProject(ctx, root, name)
 		_, _, errT := client.CreateToken(ctx, root, p.creds.ProjectID, client.TokenOptions{Label: name})
 		okS := l.append("/made/"+name, 1)
-		for _, err := range []error{errP, errT} {
+		_, birth, errC := client.ConfigureSubscription(ctx, client.Subscriptions(ctx, l.stream("/old")),
+			client.SubscriptionConfig{Name: name, Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: "/copy/" + name}})
+		for _, err := range []error{errP, errT, errC} {
 			if err != nil {
 				requireCode(t, err, itx.EResourceExhausted)
 			}
@@ -308,6 +310,7 @@ func TestDiskFull_CreatingWhileFull(t *testing.T) {
 			require.Error(t, errP, "a project on a full disk")
 			require.Error(t, errT, "a token on a full disk")
 			require.False(t, okS, "a stream on a full disk")
+			require.Error(t, errC, "a subscription on a full disk")
 		}
 		free()
 		if errP != nil {
@@ -321,6 +324,13 @@ func TestDiskFull_CreatingWhileFull(t *testing.T) {
 		if !okS {
 			require.True(t, l.append("/made/"+name, 1), "round %d: the stream once space returns", round)
 		}
+		if errC != nil {
+			_, birth, errC = client.ConfigureSubscription(ctx, client.Subscriptions(ctx, l.stream("/old")),
+				client.SubscriptionConfig{Name: name, Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: "/copy/" + name}})
+			require.NoError(t, errC, "round %d: the subscription once space returns", round)
+		}
+		require.Equal(t, l.head["/old"]+1, birth, "round %d: the subscription's configured event follows the last acknowledged one", round)
+		l.head["/old"] = birth
 		made = append(made, name)
 	}
 
