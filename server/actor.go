@@ -165,7 +165,7 @@ func (a *actor) load() error {
 			})
 		}
 		if err != nil {
-			return itx.Errorf(itx.EUnavailable, "load stream %s: %v", a.ref.Path, err)
+			return itx.Errorf(loadFailureCode(err), "load stream %s: %v", a.ref.Path, err)
 		}
 		a.store = store
 		if err := a.restore(ctx); err != nil {
@@ -201,6 +201,15 @@ func (a *actor) load() error {
 	a.loadMounted = append(a.loadMounted, a.srv.processorPresence(a.ref.ProjectID)...)
 	a.publish(true)
 	return nil
+}
+
+// loadFailureCode is the code of a load whose store could not be opened or made: resourceExhausted
+// when the disk is full (the call succeeds once space returns), unavailable otherwise.
+func loadFailureCode(err error) itx.Code {
+	if storage.ErrorCode(err) == itx.EResourceExhausted {
+		return itx.EResourceExhausted
+	}
+	return itx.EUnavailable
 }
 
 // restore replaces the durable part of the state with what the store holds, keeping the

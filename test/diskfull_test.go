@@ -622,3 +622,47 @@ func TestDiskFull_StartingAFreshDataDirectoryOnAFullDisk(t *testing.T) {
 		require.NoError(t, err, "leave %d: the deployment token logs in", leave)
 	}
 }
+
+// TestDiskFull_UnmadeStreamReloadedWhileFull: a stream whose directory entry was made but whose
+// database a full disk refused, unloaded and then appended to again while the disk is still
+// full, is refused with resourceExhausted (not unavailable), and made once space returns.
+func TestDiskFull_UnmadeStreamReloadedWhileFull(t *testing.T) {
+	fs := mountTmpfs(t, "16m")
+	ts := startServer(t, server.Config{DataDir: filepath.Join(fs, "data"), IdleTimeout: time.Millisecond})
+	l := newAckLog(t, ts.project(t))
+	require.True(t, l.append("/warm", 1))
+	// Find the room that takes a directory entry but not a new database.
+	var path string
+	for leave := int64(0); leave <= 256<<10 && path == ""; leave += 4 << 10 {
+		free := fillDisk(t, fs, leave)
+		p := fmt.Sprintf("/u/%d", leave)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err := client.Append(ctx, l.stream(p), []itx.EventInput{ev("t", `{}`)}, itx.AppendOptions{})
+		cancel()
+		if err != nil {
+			requireCode(t, err, itx.EResourceExhausted)
+			if strings.Contains(err.Error(), "create stream database") {
+				path = p
+				break
+			}
+		} else {
+			l.head[p], l.seqs[p] = 1, nil
+		}
+		free()
+	}
+	require.NotEmpty(t, path, "no room took a directory entry but not a database")
+	ts.srv.Sweep()
+	waitUntil(t, "the stream unloads", func() bool { ts.srv.Sweep(); return ts.srv.LoadedStreams() == 0 })
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := client.Append(ctx, l.stream(path), []itx.EventInput{ev("t", `{}`)}, itx.AppendOptions{})
+	requireCode(t, err, itx.EResourceExhausted)
+	require.NoError(t, os.Remove(filepath.Join(fs, "filler")))
+	res, err := client.Append(ctx, l.stream(path), []itx.EventInput{ev("t", `{}`)}, itx.AppendOptions{})
+	require.NoError(t, err)
+	require.Equal(t, int64(1), res.Offsets[0])
+	list, err := client.ListStreams(ctx, l.proj, path)
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+}
