@@ -666,3 +666,50 @@ func TestDiskFull_UnmadeStreamReloadedWhileFull(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, list, 1)
 }
+
+// TestDiskFull_ReadingAStreamUnloadedWhileFull: a stream unloaded (idle) while the disk is full
+// must be opened again to be read, and opening a SQLite database in WAL mode whose -wal and -shm
+// files were removed at its clean close needs space for the -shm file: until space returns its
+// reads and describe are refused with resourceExhausted, like its appends (not another code,
+// not a hang). The list answers throughout (from the directory); once space returns the stream
+// reads and takes appends, every acknowledged event there, and its subscription delivers. (Keeping the -shm file at close would let such
+// reads through, at 32 KiB per stream on disk: not done, see the README.)
+func TestDiskFull_ReadingAStreamUnloadedWhileFull(t *testing.T) {
+	fs := mountTmpfs(t, "16m")
+	ts := startServer(t, server.Config{DataDir: filepath.Join(fs, "data"), IdleTimeout: time.Millisecond})
+	ctx := ctxT(t)
+	l := newAckLog(t, ts.project(t))
+	require.True(t, l.append("/r", 20))
+	_, birth, err := client.ConfigureSubscription(ctx, client.Subscriptions(ctx, l.stream("/s")),
+		client.SubscriptionConfig{Name: "copy", Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: "/s-copy"}})
+	require.NoError(t, err)
+	l.head["/s"] = birth
+	require.True(t, l.append("/s", 5))
+	_, err = client.WaitUntilProcessed(ctx, client.Subscription(ctx, l.stream("/s"), "copy"), l.head["/s"], 20*time.Second)
+	require.NoError(t, err)
+	free := fillDisk(t, fs, 0)
+	waitUntil(t, "every stream unloads", func() bool { ts.srv.Sweep(); return ts.srv.LoadedStreams() == 0 })
+
+	list, err := client.ListStreams(ctx, l.proj, "")
+	require.NoError(t, err)
+	require.Len(t, list, 3)
+	for _, path := range []string{"/r", "/s"} {
+		if info, err := client.Describe(ctx, l.stream(path)); err != nil {
+			requireCode(t, err, itx.EResourceExhausted)
+		} else {
+			require.Equal(t, l.head[path], info.HeadOffset, path)
+		}
+		_, err = client.ReadAll(ctx, l.stream(path), itx.Query{})
+		if err != nil {
+			requireCode(t, err, itx.EResourceExhausted)
+		}
+		require.False(t, l.append(path, 1), "the disk is full")
+	}
+	free()
+	l.check()
+	require.True(t, l.append("/r", 1))
+	require.True(t, l.append("/s", 1))
+	_, err = client.WaitUntilProcessed(ctx, client.Subscription(ctx, l.stream("/s"), "copy"), l.head["/s"], 20*time.Second)
+	require.NoError(t, err)
+	l.check()
+}
