@@ -488,26 +488,9 @@ func hostileLoginRound(t *testing.T, addr, token string, seed int64, count int) 
 // until the server answers a last Bootstrap or ends the connection; outcome says which.
 func hostileLoginRoundWith(t *testing.T, addr, token string, seed int64, send func(*loggedIn) []string) (names []string, outcome string) {
 	t.Helper()
-	rng := rand.New(rand.NewSource(seed))
-	r := itxtest.DialRaw(t, addr)
+	l := rawLogin(t, addr, token, seed, "/hostile/raw")
+	r := l.r
 	defer r.Close()
-	r.SendMayFail()
-	l := &loggedIn{r: r, rng: rng, exports: map[uint32][]uint32{}, nextQ: 9}
-	r.Bootstrap(qBoot)
-	r.LoginWith(qLogin, qBoot, token)
-	// Each answer's capability is its results' pointer 0.
-	r.CallMsg(itxtest.RawCall{Q: qStreams, Target: itxtest.OnAnswer(qLogin, 0), Iface: schema.Project_TypeID, Method: 0})
-	r.CallMsg(itxtest.RawCall{Q: qStream, Target: itxtest.OnAnswer(qStreams, 0), Iface: schema.Streams_TypeID, Method: 0,
-		Size: capnp.ObjectSize{PointerCount: 1}, Set: func(s capnp.Struct) error { return s.SetNewText(0, "/hostile/raw") }})
-	for len(l.exports) < 3 {
-		m, err := r.RecvMsg()
-		require.NoError(t, err, "seed %d: setup", seed)
-		require.NotEqual(t, rpccp.Message_Which_abort, m.Which, "seed %d: setup aborted: %s", seed, m.Reason)
-		if m.Which == rpccp.Message_Which_return && m.Answer >= qLogin && m.Answer <= qStream {
-			require.False(t, m.Failed, "seed %d: setup call %d: %s", seed, m.Answer, m.Reason)
-			l.exports[m.Answer] = m.Exports
-		}
-	}
 	names = send(l)
 	r.Bootstrap(1 << 20)
 	trace := os.Getenv("ITX_HOSTILE_TRACE") == "messages" // each message the server sends, logged
@@ -538,6 +521,32 @@ func hostileLoginRoundWith(t *testing.T, addr, token string, seed int64, send fu
 		t.Fatalf("seed %d: itxd neither answered nor ended the connection in 10s after %v", seed, names)
 	}
 	return names, outcome
+}
+
+// rawLogin logs in on a raw connection (login -> streams() -> get(path), each answer kept) and
+// reads the setup's returns.
+func rawLogin(t *testing.T, addr, token string, seed int64, path string) *loggedIn {
+	t.Helper()
+	rng := rand.New(rand.NewSource(seed))
+	r := itxtest.DialRaw(t, addr)
+	r.SendMayFail()
+	l := &loggedIn{r: r, rng: rng, exports: map[uint32][]uint32{}, nextQ: 9}
+	r.Bootstrap(qBoot)
+	r.LoginWith(qLogin, qBoot, token)
+	// Each answer's capability is its results' pointer 0.
+	r.CallMsg(itxtest.RawCall{Q: qStreams, Target: itxtest.OnAnswer(qLogin, 0), Iface: schema.Project_TypeID, Method: 0})
+	r.CallMsg(itxtest.RawCall{Q: qStream, Target: itxtest.OnAnswer(qStreams, 0), Iface: schema.Streams_TypeID, Method: 0,
+		Size: capnp.ObjectSize{PointerCount: 1}, Set: func(s capnp.Struct) error { return s.SetNewText(0, path) }})
+	for len(l.exports) < 3 {
+		m, err := r.RecvMsg()
+		require.NoError(t, err, "seed %d: setup", seed)
+		require.NotEqual(t, rpccp.Message_Which_abort, m.Which, "seed %d: setup aborted: %s", seed, m.Reason)
+		if m.Which == rpccp.Message_Which_return && m.Answer >= qLogin && m.Answer <= qStream {
+			require.False(t, m.Failed, "seed %d: setup call %d: %s", seed, m.Answer, m.Reason)
+			l.exports[m.Answer] = m.Exports
+		}
+	}
+	return l
 }
 
 // requireServes logs in on a new connection, appends an event and reads it back.

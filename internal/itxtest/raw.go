@@ -15,6 +15,7 @@ import (
 type RawClient struct {
 	t  testing.TB
 	tr transport.Transport
+	c  net.Conn
 	// sendMayFail: a failed send is not a test failure (the server may abort a hostile peer
 	// in the middle of a sequence).
 	sendMayFail bool
@@ -37,7 +38,7 @@ func DialRaw(t testing.TB, addr string) *RawClient {
 func NewRawClient(t testing.TB, conn net.Conn) *RawClient {
 	tr := transport.NewStream(conn)
 	t.Cleanup(func() { tr.Close() })
-	return &RawClient{t: t, tr: tr}
+	return &RawClient{t: t, tr: tr, c: conn}
 }
 
 // Send builds and sends one message.
@@ -208,6 +209,12 @@ func (r *RawClient) LoginWith(q, on uint32, token string) {
 	r.Call(q, on, schema.Gateway_TypeID, 0, 1, func(s capnp.Struct) error { return s.SetNewText(0, token) })
 }
 
+// WriteRaw writes b to the socket as it is (half a frame, say), past the transport.
+func (r *RawClient) WriteRaw(b []byte) error {
+	_, err := r.c.Write(b)
+	return err
+}
+
 // Close ends the connection now (it is closed when the test ends otherwise).
 func (r *RawClient) Close() { r.tr.Close() }
 
@@ -220,18 +227,50 @@ type Received struct {
 	Exports []uint32
 	Failed  bool   // a Return with an exception
 	Reason  string // an Abort's reason, or a Return's exception
+	// A Call the server makes on a capability this client passed it: its question id, the
+	// import it targets (OnImport: true) and its method. Exports are then the ids the server
+	// exported in the params' capability table.
+	Question uint32
+	Import   uint32
+	OnImport bool
+	Iface    uint64
+	Method   uint16
 }
 
 // RecvMsg reads the next message.
-func (r *RawClient) RecvMsg() (Received, error) {
+func (r *RawClient) RecvMsg() (Received, error) { return r.RecvMsgWith(nil) }
+
+// RecvMsgWith reads the next message and hands it to look (if not nil) before releasing it: a
+// test that answers the server's calls reads their params there.
+func (r *RawClient) RecvMsgWith(look func(rpccp.Message)) (Received, error) {
 	in, err := r.tr.RecvMessage()
 	if err != nil {
 		return Received{}, err
 	}
 	defer in.Release()
 	m := in.Message()
+	if look != nil {
+		look(m)
+	}
 	out := Received{Which: m.Which()}
 	switch m.Which() {
+	case rpccp.Message_Which_call:
+		c, _ := m.Call()
+		out.Question, out.Iface, out.Method = c.QuestionId(), c.InterfaceId(), c.MethodId()
+		if tgt, err := c.Target(); err == nil && tgt.Which() == rpccp.MessageTarget_Which_importedCap {
+			out.Import, out.OnImport = tgt.ImportedCap(), true
+		}
+		params, _ := c.Params()
+		table, _ := params.CapTable()
+		for i := 0; i < table.Len(); i++ {
+			d := table.At(i)
+			switch d.Which() {
+			case rpccp.CapDescriptor_Which_senderHosted:
+				out.Exports = append(out.Exports, d.SenderHosted())
+			case rpccp.CapDescriptor_Which_senderPromise:
+				out.Exports = append(out.Exports, d.SenderPromise())
+			}
+		}
 	case rpccp.Message_Which_return:
 		ret, _ := m.Return()
 		out.Answer = ret.AnswerId()
@@ -258,6 +297,58 @@ func (r *RawClient) RecvMsg() (Received, error) {
 		out.Reason, _ = a.Reason()
 	}
 	return out, nil
+}
+
+// Return answers the server's question q, as build makes the Return (results, an exception,
+// or anything else a misbehaving callee sends).
+func (r *RawClient) Return(q uint32, build func(rpccp.Return) error) {
+	r.Send(func(m rpccp.Message) error {
+		ret, err := m.NewReturn()
+		if err != nil {
+			return err
+		}
+		ret.SetAnswerId(q)
+		if build == nil {
+			_, err = ret.NewResults()
+			return err
+		}
+		return build(ret)
+	})
+}
+
+// ReturnResults answers question q with results: a struct of size that set fills (nil: left
+// empty), and a capability table of caps.
+func (r *RawClient) ReturnResults(q uint32, size capnp.ObjectSize, set func(capnp.Struct) error, caps ...func(rpccp.CapDescriptor) error) {
+	r.Return(q, func(ret rpccp.Return) error {
+		res, err := ret.NewResults()
+		if err != nil {
+			return err
+		}
+		s, err := capnp.NewStruct(res.Segment(), size)
+		if err != nil {
+			return err
+		}
+		if set != nil {
+			if err := set(s); err != nil {
+				return err
+			}
+		}
+		if err := res.SetContent(s.ToPtr()); err != nil {
+			return err
+		}
+		if len(caps) > 0 {
+			table, err := res.NewCapTable(int32(len(caps)))
+			if err != nil {
+				return err
+			}
+			for i, set := range caps {
+				if err := set(table.At(i)); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
 }
 
 // Next reads the next message's kind, the answer id of a Return, and the reason of an Abort.
