@@ -471,6 +471,10 @@ func (r *remoteReceiver) Receive(ctx context.Context, b *itx.DeliveryBatch) (int
 	defer release()
 	res, err := fut.Struct()
 	switch {
+	case err == nil && !resultsAreStruct(fut.Future):
+		// go-capnp reads a text, list or capability where the results struct belongs as an
+		// empty struct (confirmedOffset 0: the whole batch taken); no acknowledgement, an outage.
+		return 0, itx.Errorf(itx.EUnavailable, "the mounted receiver answered with results that are not a struct")
 	case err == nil:
 		return int64(res.ConfirmedOffset()), nil
 	case capnp.IsDisconnected(err):
@@ -489,6 +493,13 @@ func (r *remoteReceiver) Receive(ctx context.Context, b *itx.DeliveryBatch) (int
 		}
 	}
 	return 0, itx.Errorf(itx.EFailedPrecondition, "the receiver refused the batch: %v", err)
+}
+
+// resultsAreStruct reports whether a returned call's results are a struct (or null, the empty
+// struct), not another kind of pointer.
+func resultsAreStruct(fut *capnp.Future) bool {
+	p, err := fut.Ptr()
+	return err == nil && (!p.IsValid() || p.Struct().IsValid())
 }
 
 // --- scheduled appends (durable timers) ---------------------------------------------------

@@ -1,0 +1,402 @@
+package test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"capnproto.org/go/capnp/v3"
+	rpccp "capnproto.org/go/capnp/v3/std/capnp/rpc"
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/internal/itxtest"
+	"github.com/itx-dev/itx/schema"
+	"github.com/itx-dev/itx/server"
+	"github.com/stretchr/testify/require"
+)
+
+// itxd as the caller: a raw client hands itxd a capability (an EventSink to openConnection, a
+// Receiver mounted under a name, a ProcessorHost mounted with a contract) and answers itxd's
+// calls on it by hand, in ways a go-capnp server never does: results of the wrong shape,
+// capability tables naming what does not exist, Return variants go-capnp does not implement,
+// Returns for questions never asked or asked twice, huge exceptions, no Return at all, a late
+// one, the connection cut mid-call. After each, itxd must be up, serve a new client, deliver on
+// other streams, not have moved a durable cursor on anything but a valid Return, and (at the
+// end) hold what it held before.
+
+// The raw client's capability ids (senderHosted), as it names them in params.
+const (
+	rawSink     = 5
+	rawReceiver = 6
+	rawHost     = 7
+)
+
+// calleeEnv is a churn env with a well-behaved receiver mounted under "good" and an itx-call
+// subscription delivering /callee/good to it: the other subscription that must keep delivering.
+type calleeEnv struct {
+	*churnEnv
+	token string
+	good  *receiverServer
+	goodS schema.Stream
+}
+
+func newCalleeEnv(t *testing.T) *calleeEnv {
+	e := &calleeEnv{churnEnv: newChurnEnv(t, server.Config{})}
+	e.token = e.ts.creds.ProjectToken
+	e.good = newReceiverServer()
+	t.Cleanup(mountReceiver(t, e.ts.addr, e.token, "good", e.good))
+	e.goodS = stream(t, e.watcher, "/callee/good")
+	configureCall(t, e.goodS, "good", "good")
+	return e
+}
+
+// requireHealthy: a new client appends and reads back, a connection on another stream delivers
+// a new event, and the other subscription delivers one.
+func (e *calleeEnv) requireHealthy(t *testing.T, what string) {
+	t.Helper()
+	requireServes(t, e.ts.addr, e.token, 0, []string{what})
+	ctx := ctxT(t)
+	other := stream(t, e.watcher, "/callee/other")
+	sink := &orderedSink{}
+	conn, err := churnOpenConn(ctx, other, sink)
+	require.NoError(t, err, what)
+	head := mustAppend(t, other, ev("other", `{}`)).HeadOffset
+	waitUntil(t, what+": the other stream's connection delivers", func() bool {
+		sink.mu.Lock()
+		defer sink.mu.Unlock()
+		return len(sink.events) > 0 && sink.events[len(sink.events)-1] == head
+	})
+	conn.Release()
+	other.Release()
+	head = mustAppend(t, e.goodS, ev("good", `{}`)).HeadOffset
+	waitUntil(t, what+": the other subscription delivers", func() bool {
+		e.clock.Advance(time.Second) // past any backoff (nothing should be backing off)
+		return describeSubIn(ctx, t, e.goodS, "good").ConfirmedOffset >= head
+	})
+}
+
+// callee is a raw logged-in client answering itxd's calls on the capabilities it passed.
+type callee struct {
+	*loggedIn
+	t *testing.T
+}
+
+func dialCallee(t *testing.T, e *calleeEnv, path string) *callee {
+	return &callee{loggedIn: rawLogin(t, e.ts.addr, e.token, 0, path), t: t}
+}
+
+// nextCall reads until itxd calls method of iface on one of this client's capabilities,
+// answering its other calls with empty results (look sees each call's message). ok is false if
+// the connection ended (or was aborted) first.
+func (c *callee) nextCall(iface uint64, method uint16, look func(rpccp.Message)) (call itxtest.Received, ok bool) {
+	c.t.Helper()
+	type got struct {
+		m   itxtest.Received
+		err error
+	}
+	for {
+		ch := make(chan got, 1)
+		go func() {
+			m, err := c.r.RecvMsgWith(look)
+			ch <- got{m, err}
+		}()
+		var g got
+		select {
+		case g = <-ch:
+		case <-time.After(10 * time.Second):
+			c.t.Fatalf("no call %x.%d from itxd in 10s", iface, method)
+		}
+		if g.err != nil || g.m.Which == rpccp.Message_Which_abort {
+			return g.m, false
+		}
+		if g.m.Which != rpccp.Message_Which_call {
+			continue
+		}
+		if g.m.Iface == iface && g.m.Method == method {
+			return g.m, true
+		}
+		c.r.Return(g.m.Question, nil)
+	}
+}
+
+// drain reads (answering itxd's calls with empty results) until the connection ends or for d.
+func (c *callee) drain(d time.Duration) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			m, err := c.r.RecvMsg()
+			if err != nil || m.Which == rpccp.Message_Which_abort {
+				return
+			}
+			if m.Which == rpccp.Message_Which_call {
+				c.r.Return(m.Question, nil)
+			}
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(d):
+	}
+}
+
+// openConnection opens a connection on the stream (no state frames) with the client's sink.
+func (c *callee) openConnection() uint32 {
+	q := c.newQ()
+	c.r.CallMsg(itxtest.RawCall{Q: q, Target: itxtest.OnAnswer(qStream, 0), Iface: schema.Stream_TypeID, Method: 8,
+		Size: capnp.ObjectSize{PointerCount: 2},
+		Caps: []func(rpccp.CapDescriptor) error{func(d rpccp.CapDescriptor) error { d.SetSenderHosted(rawSink); return nil }},
+		Set: func(s capnp.Struct) error {
+			o, err := schema.Stream_openConnection_Params(s).NewOptions()
+			if err != nil {
+				return err
+			}
+			o.SetNoState(true)
+			return itxtest.CapPtr(s, 1, 0)
+		}})
+	return q
+}
+
+// mountReceiver mounts the client's Receiver under name.
+func (c *callee) mountReceiver(name string) {
+	caps, q := c.newQ(), c.newQ()
+	c.r.CallMsg(itxtest.RawCall{Q: caps, Target: itxtest.OnAnswer(qLogin, 0), Iface: schema.Project_TypeID, Method: 1})
+	c.r.CallMsg(itxtest.RawCall{Q: q, Target: itxtest.OnAnswer(caps, 0), Iface: schema.Capabilities_TypeID, Method: 0,
+		Size: capnp.ObjectSize{PointerCount: 2},
+		Caps: []func(rpccp.CapDescriptor) error{func(d rpccp.CapDescriptor) error { d.SetSenderHosted(rawReceiver); return nil }},
+		Set: func(s capnp.Struct) error {
+			if err := s.SetNewText(0, name); err != nil {
+				return err
+			}
+			return itxtest.CapPtr(s, 1, 0)
+		}})
+}
+
+// mountHost mounts the client's ProcessorHost under name, announcing contract.
+func (c *callee) mountHost(name, contract string) {
+	procs, q := c.newQ(), c.newQ()
+	c.r.CallMsg(itxtest.RawCall{Q: procs, Target: itxtest.OnAnswer(qLogin, 0), Iface: schema.Project_TypeID, Method: 2})
+	c.r.CallMsg(itxtest.RawCall{Q: q, Target: itxtest.OnAnswer(procs, 0), Iface: schema.ProcessorHosts_TypeID, Method: 0,
+		Size: capnp.ObjectSize{PointerCount: 3},
+		Caps: []func(rpccp.CapDescriptor) error{func(d rpccp.CapDescriptor) error { d.SetSenderHosted(rawHost); return nil }},
+		Set: func(s capnp.Struct) error {
+			p := schema.ProcessorHosts_mount_Params(s)
+			if err := p.SetName(name); err != nil {
+				return err
+			}
+			list, err := p.NewContracts(1)
+			if err != nil {
+				return err
+			}
+			if err := list.At(0).SetName(contract); err != nil {
+				return err
+			}
+			if err := list.At(0).SetReducerVersion("1"); err != nil {
+				return err
+			}
+			return itxtest.CapPtr(s, 1, 0)
+		}})
+}
+
+// hostileAnswer answers itxd's question q in a way a go-capnp server never does. valid: the
+// answer is a well-formed Return with results (itxd may take it as an acknowledgement).
+type hostileAnswer struct {
+	name  string
+	valid bool
+	send  func(c *callee, q uint32)
+}
+
+func hostileAnswers() []hostileAnswer {
+	return []hostileAnswer{
+		{"results: a text where a struct belongs", false, func(c *callee, q uint32) {
+			c.r.Return(q, func(ret rpccp.Return) error {
+				res, err := ret.NewResults()
+				if err != nil {
+					return err
+				}
+				return res.SetContent(must(capnp.NewText(res.Segment(), "not a struct")).ToPtr())
+			})
+		}},
+		{"results: a list where a struct belongs", false, func(c *callee, q uint32) {
+			c.r.Return(q, func(ret rpccp.Return) error {
+				res, err := ret.NewResults()
+				if err != nil {
+					return err
+				}
+				l, err := capnp.NewUInt64List(res.Segment(), 4)
+				if err != nil {
+					return err
+				}
+				l.Set(0, 1<<40)
+				return res.SetContent(l.ToPtr())
+			})
+		}},
+		{"results: a capability where a struct belongs", false, func(c *callee, q uint32) {
+			c.r.Return(q, func(ret rpccp.Return) error {
+				res, err := ret.NewResults()
+				if err != nil {
+					return err
+				}
+				table, err := res.NewCapTable(1)
+				if err != nil {
+					return err
+				}
+				table.At(0).SetSenderHosted(40)
+				return res.SetContent(capnp.NewInterface(res.Segment(), 0).ToPtr())
+			})
+		}},
+		{"results: no content", true, func(c *callee, q uint32) { c.r.Return(q, nil) }},
+		{"results: an oversized struct", true, func(c *callee, q uint32) {
+			c.r.ReturnResults(q, capnp.ObjectSize{DataSize: 4096, PointerCount: 64}, func(s capnp.Struct) error {
+				return s.SetNewText(63, strings.Repeat("x", 1<<12))
+			})
+		}},
+		{"results: a table of bogus capabilities", true, func(c *callee, q uint32) {
+			c.r.ReturnResults(q, capnp.ObjectSize{DataSize: 8}, nil,
+				func(d rpccp.CapDescriptor) error { d.SetSenderHosted(^uint32(0)); return nil },
+				func(d rpccp.CapDescriptor) error { d.SetSenderPromise(1 << 30); return nil },
+				func(d rpccp.CapDescriptor) error { d.SetNone(); return nil })
+		}},
+		{"results: a table naming itxd's bogus exports", false, func(c *callee, q uint32) {
+			c.r.ReturnResults(q, capnp.ObjectSize{DataSize: 8}, nil,
+				func(d rpccp.CapDescriptor) error { d.SetReceiverHosted(1 << 20); return nil })
+		}},
+		{"results: a table naming a bogus answer", false, func(c *callee, q uint32) {
+			c.r.ReturnResults(q, capnp.ObjectSize{DataSize: 8}, nil,
+				func(d rpccp.CapDescriptor) error {
+					pa, err := d.NewReceiverAnswer()
+					pa.SetQuestionId(1 << 20)
+					return err
+				})
+		}},
+		// Unreferenced by the (empty, well-formed) results: go-capnp ignores the entry.
+		{"results: a third-party capability", true, func(c *callee, q uint32) {
+			c.r.ReturnResults(q, capnp.ObjectSize{DataSize: 8}, nil,
+				func(d rpccp.CapDescriptor) error { _, err := d.NewThirdPartyHosted(); return err })
+		}},
+		{"canceled", false, func(c *callee, q uint32) {
+			c.r.Return(q, func(ret rpccp.Return) error { ret.SetCanceled(); return nil })
+		}},
+		{"resultsSentElsewhere", false, func(c *callee, q uint32) {
+			c.r.Return(q, func(ret rpccp.Return) error { ret.SetResultsSentElsewhere(); return nil })
+		}},
+		{"takeFromOtherQuestion never asked", false, func(c *callee, q uint32) {
+			c.r.Return(q, func(ret rpccp.Return) error { ret.SetTakeFromOtherQuestion(1 << 20); return nil })
+		}},
+		{"takeFromOtherQuestion its own login", false, func(c *callee, q uint32) {
+			c.r.Return(q, func(ret rpccp.Return) error { ret.SetTakeFromOtherQuestion(qLogin); return nil })
+		}},
+		{"awaitFromThirdParty (acceptFromThirdParty)", false, func(c *callee, q uint32) {
+			c.r.Return(q, func(ret rpccp.Return) error { return ret.SetAwaitFromThirdParty(capnp.Ptr{}) })
+		}},
+		// The union's default is results, and a null results pointer is the empty payload: on
+		// the wire, the same as "no content".
+		{"unset union", true, func(c *callee, q uint32) {
+			c.r.Send(func(m rpccp.Message) error {
+				ret, err := m.NewReturn()
+				ret.SetAnswerId(q)
+				return err
+			})
+		}},
+		{"a huge exception", false, func(c *callee, q uint32) {
+			c.r.Return(q, func(ret rpccp.Return) error {
+				e, err := ret.NewException()
+				if err != nil {
+					return err
+				}
+				return e.SetReason("itx.invalid: " + strings.Repeat("x", 1<<20))
+			})
+		}},
+		{"a Return for a question never asked, first", false, func(c *callee, q uint32) {
+			c.r.Return(q+1000, nil)
+		}},
+		{"two Returns", true, func(c *callee, q uint32) {
+			c.r.Return(q, nil)
+			c.r.Return(q, nil)
+		}},
+		{"a Return, then one for the question the call was pipelined on", true, func(c *callee, q uint32) {
+			c.r.Return(q, nil)
+			c.r.Return(qStream, nil)
+		}},
+	}
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
+// The EventSink of a connection answers its first deliver in a hostile way; the raw client
+// then answers the rest well until the connection ends or a moment passes.
+func TestItxd_HostileCalleeSink(t *testing.T) {
+	e := newCalleeEnv(t)
+	s := stream(t, e.watcher, "/callee/conn")
+	mustAppend(t, s, ev("seed", `{}`))
+	e.requireHealthy(t, "setup")
+	base := e.baseline(t)
+	for _, h := range hostileAnswers() {
+		t.Run(h.name, func(t *testing.T) {
+			c := dialCallee(t, e, "/callee/conn")
+			c.openConnection()
+			call, ok := c.nextCall(schema.EventSink_TypeID, 0, nil)
+			require.True(t, ok, "no deliver")
+			h.send(c, call.Question)
+			mustAppend(t, s, ev("more", `{}`))
+			c.drain(150 * time.Millisecond)
+			c.r.Close()
+			e.requireHealthy(t, h.name)
+		})
+	}
+	e.requireBack(t, base, len(hostileAnswers()))
+}
+
+// A mounted Receiver answers an itx-call subscription's delivery in a hostile way. Only a valid
+// Return may move the subscription's cursor; after it, a well-behaved receiver mounted under the
+// same name gets what was not acknowledged.
+func TestItxd_HostileCalleeReceiver(t *testing.T) {
+	e := newCalleeEnv(t)
+	s := stream(t, e.watcher, "/callee/recv")
+	configureCall(t, s, "evil", "evil")
+	e.requireHealthy(t, "setup")
+	base := e.baseline(t)
+	ctx := ctxT(t)
+	for _, h := range hostileAnswers() {
+		t.Run(h.name, func(t *testing.T) {
+			before := describeSubIn(ctx, t, s, "evil").ConfirmedOffset
+			head := mustAppend(t, s, ev("evil", `{}`)).HeadOffset
+			c := dialCallee(t, e, "/callee/recv")
+			c.mountReceiver("evil")
+			call, ok := c.nextCall(schema.Receiver_TypeID, 0, nil)
+			require.True(t, ok, "no receive")
+			h.send(c, call.Question)
+			c.drain(150 * time.Millisecond)
+			d := describeSubIn(ctx, t, s, "evil")
+			if !h.valid {
+				require.Equal(t, before, d.ConfirmedOffset, "the cursor moved on an answer that is no acknowledgement (%+v)", d)
+			}
+			require.LessOrEqual(t, len(d.LastError), itx.MaxCursorErrorLength+64, "the receiver's error is kept bounded")
+			c.r.Close()
+			// The same name mounted again by a well-behaved receiver gets what was not taken.
+			r := newReceiverServer()
+			disconnect := mountReceiver(t, e.ts.addr, e.token, "evil", r)
+			waitUntil(t, "delivered to the receiver mounted again", func() bool {
+				e.clock.Advance(2 * time.Second)
+				return describeSubIn(ctx, t, s, "evil").ConfirmedOffset >= head
+			})
+			disconnect()
+			waitUntil(t, "unmounted", func() bool { return len(e.ts.srv.Mounts("default")) == 1 })
+			e.requireHealthy(t, h.name)
+		})
+	}
+	e.requireBack(t, base, len(hostileAnswers()))
+}
+
+var _ = fmt.Sprintf
+var _ sync.Mutex
+var _ context.Context
+var _ = client.Append
