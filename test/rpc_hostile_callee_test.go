@@ -1,8 +1,6 @@
 package test
 
 import (
-	"context"
-	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -11,10 +9,10 @@ import (
 	"capnproto.org/go/capnp/v3"
 	rpccp "capnproto.org/go/capnp/v3/std/capnp/rpc"
 	"github.com/itx-dev/itx"
-	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/internal/itxtest"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 )
 
@@ -396,7 +394,191 @@ func TestItxd_HostileCalleeReceiver(t *testing.T) {
 	e.requireBack(t, base, len(hostileAnswers()))
 }
 
-var _ = fmt.Sprintf
-var _ sync.Mutex
-var _ context.Context
-var _ = client.Append
+// waitSub polls the subscription's state (moving the test clock by step each time) until ok.
+func (e *calleeEnv) waitSub(t *testing.T, s schema.Stream, name, what string, step time.Duration, ok func(d itx.SubscriptionDescription) bool) itx.SubscriptionDescription {
+	t.Helper()
+	ctx := ctxT(t)
+	var d itx.SubscriptionDescription
+	waitUntil(t, what, func() bool {
+		e.clock.Advance(step)
+		d = describeSubIn(ctx, t, s, name)
+		return ok(d)
+	})
+	return d
+}
+
+// Timing and a vanishing peer: a Receiver that never answers (itxd times out and retries with
+// backoff, and the Return that comes after it gave up acknowledges nothing), one that answers
+// two deliveries out of order, one whose connection ends mid-call (closed, or after half a
+// frame), each followed by a well-behaved receiver mounted under the same name.
+func TestItxd_HostileCalleeReceiverTiming(t *testing.T) {
+	e := newCalleeEnv(t)
+	s := stream(t, e.watcher, "/callee/late")
+	configureCall(t, s, "late", "late")
+	e.requireHealthy(t, "setup")
+	base := e.baseline(t)
+	ctx := ctxT(t)
+	remount := func(t *testing.T, head int64) {
+		r := newReceiverServer()
+		disconnect := mountReceiver(t, e.ts.addr, e.token, "late", r)
+		e.waitSub(t, s, "late", "delivered to the receiver mounted again", 2*time.Second, func(d itx.SubscriptionDescription) bool {
+			return d.ConfirmedOffset >= head
+		})
+		disconnect()
+		waitUntil(t, "unmounted", func() bool { return len(e.ts.srv.Mounts("default")) == 1 })
+	}
+	cases := []struct {
+		name string
+		run  func(t *testing.T, c *callee, q uint32, before int64)
+	}{
+		{"never, then late", func(t *testing.T, c *callee, q uint32, before int64) {
+			d := e.waitSub(t, s, "late", "the delivery timed out", time.Second, func(d itx.SubscriptionDescription) bool { return d.Attempt > 0 })
+			require.Equal(t, before, d.ConfirmedOffset)
+			require.Contains(t, d.LastError, "timed out")
+			c.r.Return(q, nil) // after itxd gave up (and finished the question)
+			// The retry comes to the same receiver (left unanswered); the late Return moved
+			// nothing.
+			retry, ok := c.nextCall(schema.Receiver_TypeID, 0, nil)
+			require.True(t, ok, "no retry: %+v", retry)
+			require.Equal(t, before, describeSubIn(ctx, t, s, "late").ConfirmedOffset, "a late Return acknowledged")
+		}},
+		{"closed mid-call", func(t *testing.T, c *callee, q uint32, before int64) {
+			c.r.Close()
+			e.waitSub(t, s, "late", "the delivery failed", 0, func(d itx.SubscriptionDescription) bool { return d.LastError != "" })
+			require.Equal(t, before, describeSubIn(ctx, t, s, "late").ConfirmedOffset)
+		}},
+		{"half a frame, then closed", func(t *testing.T, c *callee, q uint32, before int64) {
+			// A frame header for one segment of 64 words, and 16 bytes of it.
+			require.NoError(t, c.r.WriteRaw([]byte{0, 0, 0, 0, 64, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}))
+			time.Sleep(20 * time.Millisecond)
+			c.r.Close()
+			e.waitSub(t, s, "late", "the delivery failed", 0, func(d itx.SubscriptionDescription) bool { return d.LastError != "" })
+			require.Equal(t, before, describeSubIn(ctx, t, s, "late").ConfirmedOffset)
+		}},
+		{"half a frame, held open", func(t *testing.T, c *callee, q uint32, before int64) {
+			require.NoError(t, c.r.WriteRaw([]byte{0, 0, 0, 0, 64, 0, 0, 0, 1, 2, 3, 4}))
+			d := e.waitSub(t, s, "late", "the delivery timed out", time.Second, func(d itx.SubscriptionDescription) bool { return d.Attempt > 0 })
+			require.Equal(t, before, d.ConfirmedOffset)
+		}},
+		{"a Return for another connection's question", func(t *testing.T, c *callee, q uint32, before int64) {
+			// Another raw client (which itxd never called) returns this question id.
+			o := dialCallee(t, e, "/callee/late")
+			o.r.Return(q, nil)
+			o.drain(100 * time.Millisecond)
+			o.r.Close()
+			require.Equal(t, before, describeSubIn(ctx, t, s, "late").ConfirmedOffset)
+			c.r.Return(q, func(ret rpccp.Return) error {
+				e, err := ret.NewException()
+				if err != nil {
+					return err
+				}
+				return e.SetReason("itx.unavailable: not now")
+			})
+			e.waitSub(t, s, "late", "the delivery failed", 0, func(d itx.SubscriptionDescription) bool { return d.LastError != "" })
+			require.Equal(t, before, describeSubIn(ctx, t, s, "late").ConfirmedOffset)
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			before := describeSubIn(ctx, t, s, "late").ConfirmedOffset
+			head := mustAppend(t, s, ev("late", `{}`)).HeadOffset
+			c := dialCallee(t, e, "/callee/late")
+			c.mountReceiver("late")
+			call, ok := c.nextCall(schema.Receiver_TypeID, 0, nil)
+			require.True(t, ok, "no receive")
+			tc.run(t, c, call.Question, before)
+			c.r.Close()
+			remount(t, head)
+			e.requireHealthy(t, tc.name)
+		})
+	}
+	e.requireBack(t, base, len(cases))
+}
+
+// An EventSink that never accepts a batch: itxd closes the connection (slowConsumer) after its
+// delivery timeout; one that answers two batches in the reverse order; one whose connection
+// ends with half a frame. The stream keeps serving, and nothing stays behind.
+func TestItxd_HostileCalleeSinkTiming(t *testing.T) {
+	e := newCalleeEnv(t)
+	s := stream(t, e.watcher, "/callee/slow")
+	mustAppend(t, s, ev("seed", `{}`))
+	e.requireHealthy(t, "setup")
+	base := e.baseline(t)
+	m := e.ts.srv.Metrics()
+	cases := []struct {
+		name string
+		run  func(t *testing.T, c *callee, q uint32)
+	}{
+		{"never", func(t *testing.T, c *callee, q uint32) {
+			var why []string
+			var mu sync.Mutex
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				for {
+					m, err := c.r.RecvMsgWith(func(msg rpccp.Message) {
+						if msg.Which() != rpccp.Message_Which_call {
+							return
+						}
+						call, _ := msg.Call()
+						if call.InterfaceId() == schema.EventSink_TypeID && call.MethodId() == 1 {
+							p, _ := call.Params()
+							content, _ := p.Content()
+							mu.Lock()
+							why = append(why, schema.EventSink_closed_Params(content.Struct()).Why().String())
+							mu.Unlock()
+						}
+					})
+					if err != nil || m.Which == rpccp.Message_Which_abort {
+						return
+					}
+				}
+			}()
+			waitUntil(t, "closed slowConsumer", func() bool {
+				e.clock.Advance(time.Second)
+				mu.Lock()
+				defer mu.Unlock()
+				return len(why) > 0
+			})
+			require.Equal(t, []string{"slowConsumer"}, why)
+			c.r.Return(q, nil) // late
+			c.r.Close()
+			<-done
+		}},
+		{"out of order", func(t *testing.T, c *callee, q uint32) {
+			mustAppend(t, s, ev("more", `{}`))
+			second, ok := c.nextCall(schema.EventSink_TypeID, 0, nil)
+			require.True(t, ok)
+			c.r.Return(second.Question, nil)
+			c.r.Return(q, nil)
+			mustAppend(t, s, ev("more", `{}`))
+			third, ok := c.nextCall(schema.EventSink_TypeID, 0, nil)
+			require.True(t, ok, "the connection delivers on")
+			c.r.Return(third.Question, nil)
+		}},
+		{"half a frame, then closed", func(t *testing.T, c *callee, q uint32) {
+			require.NoError(t, c.r.WriteRaw([]byte{0, 0, 0, 0, 64, 0, 0, 0, 1, 2, 3}))
+			c.r.Close()
+		}},
+		{"half a frame, held open", func(t *testing.T, c *callee, q uint32) {
+			require.NoError(t, c.r.WriteRaw([]byte{0, 0, 0, 0, 64, 0, 0, 0, 1, 2, 3}))
+			conns := testutil.ToFloat64(m.OpenConnections)
+			waitUntil(t, "the connection closed", func() bool {
+				e.clock.Advance(time.Second)
+				return testutil.ToFloat64(m.OpenConnections) < conns
+			})
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := dialCallee(t, e, "/callee/slow")
+			c.openConnection()
+			call, ok := c.nextCall(schema.EventSink_TypeID, 0, nil)
+			require.True(t, ok, "no deliver")
+			tc.run(t, c, call.Question)
+			c.r.Close()
+			e.requireHealthy(t, tc.name)
+		})
+	}
+	e.requireBack(t, base, len(cases))
+}
