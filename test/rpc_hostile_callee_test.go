@@ -1,6 +1,7 @@
 package test
 
 import (
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -9,6 +10,7 @@ import (
 	"capnproto.org/go/capnp/v3"
 	rpccp "capnproto.org/go/capnp/v3/std/capnp/rpc"
 	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/internal/itxtest"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
@@ -110,6 +112,9 @@ func (c *callee) nextCall(iface uint64, method uint16, look func(rpccp.Message))
 		if g.err != nil || g.m.Which == rpccp.Message_Which_abort {
 			return g.m, false
 		}
+		if os.Getenv("ITX_HOSTILE_TRACE") == "messages" {
+			c.t.Logf("callee got %+v", g.m)
+		}
 		if g.m.Which != rpccp.Message_Which_call {
 			continue
 		}
@@ -193,6 +198,13 @@ func (c *callee) mountHost(name, contract string) {
 				return err
 			}
 			if err := list.At(0).SetReducerVersion("1"); err != nil {
+				return err
+			}
+			types, err := list.At(0).NewConsumedTypes(1)
+			if err != nil {
+				return err
+			}
+			if err := types.Set(0, "proc"); err != nil {
 				return err
 			}
 			return itxtest.CapPtr(s, 1, 0)
@@ -578,6 +590,164 @@ func TestItxd_HostileCalleeSinkTiming(t *testing.T) {
 			tc.run(t, c, call.Question)
 			c.r.Close()
 			e.requireHealthy(t, tc.name)
+		})
+	}
+	e.requireBack(t, base, len(cases))
+}
+
+// wakeCall is a wake itxd sent the raw host: its question, the request's head, and the ids
+// itxd exported for the request's stream and ports.
+type wakeCall struct {
+	q             uint32
+	head          uint64
+	stream, ports uint32
+}
+
+func (c *callee) nextWake() (wakeCall, bool) {
+	c.t.Helper()
+	var w wakeCall
+	var streamIdx, portsIdx int = -1, -1
+	call, ok := c.nextCall(schema.ProcessorHost_TypeID, 0, func(m rpccp.Message) {
+		if m.Which() != rpccp.Message_Which_call {
+			return
+		}
+		call, _ := m.Call()
+		if call.InterfaceId() != schema.ProcessorHost_TypeID || call.MethodId() != 0 {
+			return
+		}
+		p, _ := call.Params()
+		content, _ := p.Content()
+		req, _ := schema.ProcessorHost_wake_Params(content.Struct()).Request()
+		w.head = req.HeadOffset()
+		sp, _ := capnp.Struct(req).Ptr(6)
+		pp, _ := capnp.Struct(req).Ptr(7)
+		streamIdx, portsIdx = int(sp.Interface().Capability()), int(pp.Interface().Capability())
+	})
+	if !ok {
+		return w, false
+	}
+	require.Greater(c.t, len(call.Exports), max(streamIdx, portsIdx), "the wake's capabilities")
+	w.q, w.stream, w.ports = call.Question, call.Exports[streamIdx], call.Exports[portsIdx]
+	return w, true
+}
+
+// report answers a wake with a report of processed and reduced offsets.
+func (c *callee) report(q uint32, processed, reduced uint64) {
+	c.r.ReturnResults(q, capnp.ObjectSize{PointerCount: 1}, func(s capnp.Struct) error {
+		r, err := schema.ProcessorHost_wake_Results(s).NewReport()
+		r.SetProcessedOffset(processed)
+		r.SetReducedOffset(reduced)
+		return err
+	})
+}
+
+// A raw ProcessorHost answers wakes with bogus reports, a huge or invalid runtime state, and
+// misuses the ProcessorPorts itxd passed it after the wake returned: commits with a bogus
+// generation, releases it twice, passes it back to itxd as an EventSink. The subscription's
+// cursor never passes the head, the processor's progress record is only what a valid commit
+// wrote (nothing here), and a well-behaved host mounted after it runs the processor.
+func TestItxd_HostileCalleeProcessorHost(t *testing.T) {
+	e := newCalleeEnv(t)
+	s := stream(t, e.watcher, "/callee/proc")
+	configureInstance(t, s, "rawproc", "", "remote")
+	e.requireHealthy(t, "setup")
+	base := e.baseline(t)
+	ctx := ctxT(t)
+	const huge = ^uint64(0)
+	cases := []struct {
+		name string
+		run  func(t *testing.T, c *callee, w wakeCall)
+	}{
+		{"processed beyond the head", func(t *testing.T, c *callee, w wakeCall) {
+			c.report(w.q, w.head+1000, w.head+1000)
+		}},
+		{"processed 2^64-1", func(t *testing.T, c *callee, w wakeCall) { c.report(w.q, huge, huge) }},
+		{"processed 2^63", func(t *testing.T, c *callee, w wakeCall) { c.report(w.q, 1<<63, 1<<63) }},
+		{"processed 0", func(t *testing.T, c *callee, w wakeCall) { c.report(w.q, 0, 0) }},
+		{"a text for the report", func(t *testing.T, c *callee, w wakeCall) {
+			c.r.ReturnResults(w.q, capnp.ObjectSize{PointerCount: 1}, func(s capnp.Struct) error { return s.SetNewText(0, "done") })
+		}},
+		{"a huge exception", func(t *testing.T, c *callee, w wakeCall) {
+			hostileAnswers()[len(hostileAnswers())-4].send(c, w.q)
+		}},
+		{"ports used after the wake, released twice, passed back", func(t *testing.T, c *callee, w wakeCall) {
+			c.report(w.q, w.head, w.head)
+			// commit with a generation never claimed, a claim, kvPut, setAlarm far off
+			q1, q2, q3, q4 := c.newQ(), c.newQ(), c.newQ(), c.newQ()
+			c.r.CallMsg(itxtest.RawCall{Q: q1, Target: itxtest.OnImport(w.ports), Iface: schema.ProcessorPorts_TypeID, Method: 1,
+				Size: capnp.ObjectSize{DataSize: 8, PointerCount: 2}, Set: func(s capnp.Struct) error {
+					p := schema.ProcessorPorts_commit_Params(s)
+					p.SetGeneration(1 << 62)
+					if err := p.SetName("rawproc"); err != nil {
+						return err
+					}
+					return p.SetProgress(`{"processedOffset":99999}`)
+				}})
+			c.r.CallMsg(itxtest.RawCall{Q: q2, Target: itxtest.OnImport(w.ports), Iface: schema.ProcessorPorts_TypeID, Method: 4,
+				Size: capnp.ObjectSize{DataSize: 8}, Set: func(s capnp.Struct) error {
+					schema.ProcessorPorts_setAlarm_Params(s).SetAt(-1)
+					return nil
+				}})
+			// Passed back as the sink of a connection: itxd calls deliver on its own ports.
+			c.r.CallMsg(itxtest.RawCall{Q: q3, Target: itxtest.OnImport(w.stream), Iface: schema.Stream_TypeID, Method: 8,
+				Size: capnp.ObjectSize{PointerCount: 2},
+				Caps: []func(rpccp.CapDescriptor) error{func(d rpccp.CapDescriptor) error { d.SetReceiverHosted(w.ports); return nil }},
+				Set:  func(s capnp.Struct) error { return itxtest.CapPtr(s, 1, 0) }})
+			// And as a LiveSubscriber.
+			c.r.CallMsg(itxtest.RawCall{Q: q4, Target: itxtest.OnImport(w.stream), Iface: schema.Stream_TypeID, Method: 10,
+				Size: capnp.ObjectSize{PointerCount: 1},
+				Caps: []func(rpccp.CapDescriptor) error{func(d rpccp.CapDescriptor) error { d.SetReceiverHosted(w.ports); return nil }},
+				Set:  func(s capnp.Struct) error { return itxtest.CapPtr(s, 0, 0) }})
+			mustAppend(t, s, ev("more", `{}`))
+			c.drain(150 * time.Millisecond)
+			for range 2 {
+				c.r.Send(func(m rpccp.Message) error {
+					rel, err := m.NewRelease()
+					rel.SetId(w.ports)
+					rel.SetReferenceCount(1)
+					return err
+				})
+			}
+			c.r.CallMsg(itxtest.RawCall{Q: c.newQ(), Target: itxtest.OnImport(w.ports), Iface: schema.ProcessorPorts_TypeID, Method: 2,
+				Size: capnp.ObjectSize{PointerCount: 1}, Set: func(s capnp.Struct) error { return s.SetNewText(0, "k") }})
+		}},
+		{"runtime state huge and not JSON", func(t *testing.T, c *callee, w wakeCall) {
+			_, p := processorOf(t, s, "rawproc")
+			errc := make(chan error, 1)
+			go func() { _, err := client.RuntimeState(ctx, p); errc <- err }()
+			call, ok := c.nextCall(schema.ProcessorHost_TypeID, 1, nil)
+			require.True(t, ok)
+			c.r.ReturnResults(call.Question, capnp.ObjectSize{PointerCount: 1}, func(s capnp.Struct) error {
+				return s.SetNewText(0, "{"+strings.Repeat("x", 4<<20))
+			})
+			select {
+			case err := <-errc:
+				require.Error(t, err)
+			case <-time.After(10 * time.Second):
+				t.Fatal("getRuntimeState did not end")
+			}
+			c.report(w.q, w.head, w.head)
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			head := mustAppend(t, s, ev("proc", `{}`)).HeadOffset
+			c := dialCallee(t, e, "/callee/proc")
+			c.mountHost("rawhost", "rawproc")
+			w, ok := c.nextWake()
+			require.True(t, ok, "no wake")
+			tc.run(t, c, w)
+			c.drain(150 * time.Millisecond)
+			d := describeSubIn(ctx, t, s, "rawproc")
+			require.LessOrEqual(t, d.ConfirmedOffset, d.HeadOffset, "the cursor passed the head: %+v", d)
+			_, p := processorOf(t, s, "rawproc")
+			snap, err := client.Snapshot(ctx, p)
+			require.NoError(t, err)
+			require.Zero(t, snap.ProcessedOffset, "progress recorded without a valid commit")
+			c.r.Close()
+			waitUntil(t, "unmounted", func() bool { return len(e.ts.srv.ProcessorHostMounts("default")) == 0 })
+			e.requireHealthy(t, tc.name)
+			_ = head
 		})
 	}
 	e.requireBack(t, base, len(cases))
