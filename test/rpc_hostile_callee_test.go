@@ -82,6 +82,8 @@ func (e *calleeEnv) requireHealthy(t *testing.T, what string) {
 type callee struct {
 	*loggedIn
 	t *testing.T
+	// reflectTo: the export of itxd's a promise was resolved to (a Disembargo's target).
+	reflectTo uint32
 }
 
 func dialCallee(t *testing.T, e *calleeEnv, path string) *callee {
@@ -751,4 +753,308 @@ func TestItxd_HostileCalleeProcessorHost(t *testing.T) {
 		})
 	}
 	e.requireBack(t, base, len(cases))
+}
+
+// serveFor reads for d (or until the connection ends), handing each message to look and each
+// call of itxd's to onCall (nil: answered with empty results).
+func (c *callee) serveFor(d time.Duration, look func(rpccp.Message), onCall func(itxtest.Received)) {
+	done := make(chan struct{})
+	stop := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			m, err := c.r.RecvMsgWith(look)
+			if err != nil || m.Which == rpccp.Message_Which_abort {
+				return
+			}
+			if m.Which == rpccp.Message_Which_call {
+				if onCall != nil {
+					onCall(m)
+				} else {
+					c.r.Return(m.Question, nil)
+				}
+			}
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(d):
+		close(stop)
+		c.r.Close() // ends the read
+		<-done
+	}
+}
+
+// disembargoOf returns the senderLoopback embargo ids itxd sends, through look.
+func disembargoOf(mu *sync.Mutex, ids *[]uint32) func(rpccp.Message) {
+	return func(m rpccp.Message) {
+		if m.Which() != rpccp.Message_Which_disembargo {
+			return
+		}
+		d, _ := m.Disembargo()
+		if d.Context().Which() == rpccp.Disembargo_context_Which_senderLoopback {
+			mu.Lock()
+			*ids = append(*ids, d.Context().SenderLoopback())
+			mu.Unlock()
+		}
+	}
+}
+
+// The capability passed is a promise the raw client resolves while itxd's call on it is in
+// flight: to another promise and then to a capability of its own, to an exception, or to one
+// of itxd's own capabilities (the embargo path), with itxd's Disembargo reflected never, twice,
+// with a wrong id, or properly. The in-flight call is answered after the resolution; a valid
+// Return for it may acknowledge, nothing else may.
+func TestItxd_HostileCalleePromise(t *testing.T) {
+	e := newCalleeEnv(t)
+	s := stream(t, e.watcher, "/callee/promise")
+	configureCall(t, s, "prom", "prom")
+	mustAppend(t, s, ev("seed", `{}`))
+	e.requireHealthy(t, "setup")
+	base := e.baseline(t)
+	ctx := ctxT(t)
+	const p1, p2 = 100, 101
+	type reflect int
+	const (
+		never reflect = iota
+		twice
+		wrongID
+		properly
+	)
+	cases := []struct {
+		name    string
+		sink    bool // an EventSink to openConnection, else a Receiver mounted as "prom"
+		resolve func(c *callee)
+		reflect reflect
+	}{
+		{"receiver: to another promise, then its own", false, func(c *callee) {
+			c.resolve(p1, func(d rpccp.CapDescriptor) error { d.SetSenderPromise(p2); return nil })
+			c.resolve(p2, func(d rpccp.CapDescriptor) error { d.SetSenderHosted(rawReceiver); return nil })
+		}, properly},
+		{"receiver: to an exception", false, func(c *callee) { c.resolve(p1, nil) }, properly},
+		{"receiver: to itxd's stream, never reflected", false, func(c *callee) {
+			c.resolve(p1, func(d rpccp.CapDescriptor) error {
+				c.reflectTo = c.exports[qStream][0]
+				d.SetReceiverHosted(c.reflectTo)
+				return nil
+			})
+		}, never},
+		{"receiver: to itxd's stream, reflected twice", false, func(c *callee) {
+			c.resolve(p1, func(d rpccp.CapDescriptor) error {
+				c.reflectTo = c.exports[qStream][0]
+				d.SetReceiverHosted(c.reflectTo)
+				return nil
+			})
+		}, twice},
+		{"receiver: to itxd's project, wrong id", false, func(c *callee) {
+			c.resolve(p1, func(d rpccp.CapDescriptor) error {
+				c.reflectTo = c.exports[qLogin][0]
+				d.SetReceiverHosted(c.reflectTo)
+				return nil
+			})
+		}, wrongID},
+		{"receiver: to the promise of itxd's answer", false, func(c *callee) {
+			c.resolve(p1, func(d rpccp.CapDescriptor) error {
+				pa, err := d.NewReceiverAnswer()
+				pa.SetQuestionId(qStreams)
+				return err
+			})
+		}, properly},
+		{"sink: to another promise, then its own", true, func(c *callee) {
+			c.resolve(p1, func(d rpccp.CapDescriptor) error { d.SetSenderPromise(p2); return nil })
+			c.resolve(p2, func(d rpccp.CapDescriptor) error { d.SetSenderHosted(rawSink); return nil })
+		}, properly},
+		{"sink: to its own connection", true, func(c *callee) {
+			c.resolve(p1, func(d rpccp.CapDescriptor) error {
+				c.reflectTo = c.exports[qStream+100][0]
+				d.SetReceiverHosted(c.reflectTo)
+				return nil
+			})
+		}, properly},
+		{"sink: to itxd's stream, never reflected", true, func(c *callee) {
+			c.resolve(p1, func(d rpccp.CapDescriptor) error {
+				c.reflectTo = c.exports[qStream][0]
+				d.SetReceiverHosted(c.reflectTo)
+				return nil
+			})
+		}, never},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			before := describeSubIn(ctx, t, s, "prom").ConfirmedOffset
+			head := mustAppend(t, s, ev("prom", `{}`)).HeadOffset
+			c := dialCallee(t, e, "/callee/promise")
+			more := func() { // a second delivery, to what the promise resolved to
+				_, _ = client.Append(ctx, s, []itx.EventInput{ev("prom", `{}`)}, itx.AppendOptions{})
+			}
+			promise := []func(rpccp.CapDescriptor) error{func(d rpccp.CapDescriptor) error { d.SetSenderPromise(p1); return nil }}
+			iface := uint64(schema.Receiver_TypeID)
+			if tc.sink {
+				iface = schema.EventSink_TypeID
+				q := c.newQ()
+				c.r.CallMsg(itxtest.RawCall{Q: q, Target: itxtest.OnAnswer(qStream, 0), Iface: schema.Stream_TypeID, Method: 8,
+					Size: capnp.ObjectSize{PointerCount: 2}, Caps: promise,
+					Set: func(s capnp.Struct) error {
+						o, err := schema.Stream_openConnection_Params(s).NewOptions()
+						if err != nil {
+							return err
+						}
+						o.SetNoState(true)
+						return itxtest.CapPtr(s, 1, 0)
+					}})
+				// The connection's export, from its Return (read below, before the deliver).
+				var conn []uint32
+				call, ok := c.nextCall(iface, 0, func(m rpccp.Message) {
+					if m.Which() == rpccp.Message_Which_return {
+						ret, _ := m.Return()
+						if ret.AnswerId() == q {
+							res, _ := ret.Results()
+							table, _ := res.CapTable()
+							if table.Len() > 0 {
+								conn = append(conn, table.At(0).SenderHosted())
+							}
+						}
+					}
+				})
+				require.True(t, ok, "no deliver")
+				if len(conn) == 0 { // the Return came after the deliver
+					c.until(q)
+				}
+				c.exports[qStream+100] = conn
+				c.runPromise(t, call, tc.resolve, int(tc.reflect), more)
+			} else {
+				caps, q := c.newQ(), c.newQ()
+				c.r.CallMsg(itxtest.RawCall{Q: caps, Target: itxtest.OnAnswer(qLogin, 0), Iface: schema.Project_TypeID, Method: 1})
+				c.r.CallMsg(itxtest.RawCall{Q: q, Target: itxtest.OnAnswer(caps, 0), Iface: schema.Capabilities_TypeID, Method: 0,
+					Size: capnp.ObjectSize{PointerCount: 2}, Caps: promise,
+					Set: func(s capnp.Struct) error {
+						if err := s.SetNewText(0, "prom"); err != nil {
+							return err
+						}
+						return itxtest.CapPtr(s, 1, 0)
+					}})
+				call, ok := c.nextCall(iface, 0, nil)
+				require.True(t, ok, "no receive")
+				c.runPromise(t, call, tc.resolve, int(tc.reflect), more)
+			}
+			if !tc.sink {
+				d := describeSubIn(ctx, t, s, "prom")
+				require.True(t, d.ConfirmedOffset == before || d.ConfirmedOffset == head || d.ConfirmedOffset == head+1,
+					"the cursor at %d (before %d, head %d)", d.ConfirmedOffset, before, head)
+				head++
+				r := newReceiverServer()
+				disconnect := mountReceiver(t, e.ts.addr, e.token, "prom", r)
+				e.waitSub(t, s, "prom", "delivered to the receiver mounted again", 2*time.Second, func(d itx.SubscriptionDescription) bool {
+					return d.ConfirmedOffset >= head || d.FailingEventOffset != 0
+				})
+				disconnect()
+				waitUntil(t, "unmounted", func() bool { return len(e.ts.srv.Mounts("default")) == 1 })
+			}
+			e.requireHealthy(t, tc.name)
+		})
+	}
+	e.requireBack(t, base, len(cases))
+}
+
+// runPromise resolves the promise itxd's call went to, reflects itxd's Disembargo as asked (0
+// never, 1 twice, 2 with a wrong id, 3 properly), answers the call, then serves a moment while
+// another event is appended by itxd's delivery, and closes.
+func (c *callee) runPromise(t *testing.T, call itxtest.Received, resolve func(*callee), how int, more func()) {
+	var mu sync.Mutex
+	var ids []uint32
+	look := disembargoOf(&mu, &ids)
+	resolve(c)
+	reflectNow := func() {
+		mu.Lock()
+		got := append([]uint32(nil), ids...)
+		ids = nil
+		mu.Unlock()
+		for _, id := range got {
+			switch how {
+			case 1:
+				c.disembargo(itxtest.OnImport(c.reflectTo), func(d rpccp.Disembargo_context) { d.SetReceiverLoopback(id) })
+				c.disembargo(itxtest.OnImport(c.reflectTo), func(d rpccp.Disembargo_context) { d.SetReceiverLoopback(id) })
+			case 2:
+				c.disembargo(itxtest.OnImport(c.reflectTo), func(d rpccp.Disembargo_context) { d.SetReceiverLoopback(id + 7) })
+			case 3:
+				c.disembargo(itxtest.OnImport(c.reflectTo), func(d rpccp.Disembargo_context) { d.SetReceiverLoopback(id) })
+			}
+		}
+	}
+	answered := false
+	trace := os.Getenv("ITX_HOSTILE_TRACE") == "messages"
+	c.serveFor(300*time.Millisecond, func(m rpccp.Message) {
+		if trace {
+			t.Logf("callee got %v", m.Which())
+		}
+		look(m)
+		if !answered {
+			answered = true
+			c.r.Return(call.Question, nil)
+			go more()
+		}
+		reflectNow()
+	}, nil)
+}
+
+// A Receiver passed as a promise and resolved to itxd's own stream capability while a delivery
+// is in flight; the raw client never reflects itxd's Disembargo and keeps its connection open,
+// so the next delivery waits in the embargo for good. The delivery times out, the stream and the
+// other subscriptions serve meanwhile, and a well-behaved receiver mounted under the same name
+// (replacing the hostile one, still connected) gets the events.
+func TestItxd_HostileCalleeEmbargoHeld(t *testing.T) {
+	e := newCalleeEnv(t)
+	s := stream(t, e.watcher, "/callee/held")
+	configureCall(t, s, "held", "held")
+	mustAppend(t, s, ev("seed", `{}`))
+	e.requireHealthy(t, "setup")
+	base := e.baseline(t)
+	head := mustAppend(t, s, ev("held", `{}`)).HeadOffset
+	c := dialCallee(t, e, "/callee/held")
+	caps, q := c.newQ(), c.newQ()
+	c.r.CallMsg(itxtest.RawCall{Q: caps, Target: itxtest.OnAnswer(qLogin, 0), Iface: schema.Project_TypeID, Method: 1})
+	c.r.CallMsg(itxtest.RawCall{Q: q, Target: itxtest.OnAnswer(caps, 0), Iface: schema.Capabilities_TypeID, Method: 0,
+		Size: capnp.ObjectSize{PointerCount: 2},
+		Caps: []func(rpccp.CapDescriptor) error{func(d rpccp.CapDescriptor) error { d.SetSenderPromise(100); return nil }},
+		Set: func(s capnp.Struct) error {
+			if err := s.SetNewText(0, "held"); err != nil {
+				return err
+			}
+			return itxtest.CapPtr(s, 1, 0)
+		}})
+	call, ok := c.nextCall(schema.Receiver_TypeID, 0, nil)
+	require.True(t, ok, "no receive")
+	c.resolve(100, func(d rpccp.CapDescriptor) error { d.SetReceiverHosted(c.exports[qStream][0]); return nil })
+	c.r.ReturnResults(call.Question, capnp.ObjectSize{DataSize: 8}, func(s capnp.Struct) error {
+		schema.Receiver_receive_Results(s).SetConfirmedOffset(uint64(head - 1)) // nothing of the batch
+		return nil
+	})
+	// Read (and drop) what itxd sends, without reflecting anything, until the test ends.
+	go func() {
+		for {
+			if m, err := c.r.RecvMsg(); err != nil || m.Which == rpccp.Message_Which_abort {
+				return
+			}
+		}
+	}()
+	d := e.waitSub(t, s, "held", "the delivery into the embargo timed out", time.Second, func(d itx.SubscriptionDescription) bool {
+		return d.LastError != ""
+	})
+	require.Less(t, d.ConfirmedOffset, head, "%+v", d)
+	e.requireHealthy(t, "embargo held open")
+	r := newReceiverServer()
+	disconnect := mountReceiver(t, e.ts.addr, e.token, "held", r)
+	e.waitSub(t, s, "held", "delivered to the receiver mounted in its place", 2*time.Second, func(d itx.SubscriptionDescription) bool {
+		return d.ConfirmedOffset >= head
+	})
+	disconnect()
+	c.r.Close()
+	waitUntil(t, "unmounted", func() bool { return len(e.ts.srv.Mounts("default")) == 1 })
+	e.requireHealthy(t, "after")
+	e.requireBack(t, base, 1)
 }

@@ -627,3 +627,40 @@ func TestRPC_NoFinishNeededEndsTheCallsContext(t *testing.T) {
 		t.Fatal("the call's context is still live after its Return said noFinishNeeded")
 	}
 }
+
+// A call queued on an answer that never comes (an embargo whose Disembargo the peer never sends
+// back while its connection stays up) is rejected when its context ends, and a call chained on it
+// is rejected when the queue drains; the queue's later fulfillment does not deliver it.
+// Unpatched, the caller waited forever whatever its context said (itxd's delivery to a Receiver
+// so queued wedged its subscription: test/ TestItxd_HostileCalleeEmbargoHeld).
+func TestAnswerQueue_QueuedCallEndsWithItsContext(t *testing.T) {
+	aq := capnp.NewAnswerQueue(capnp.Method{})
+	p := capnp.NewPromise(capnp.Method{}, aq, nil)
+	target := schema.Handle(p.Answer().Field(0, nil).Client())
+	ctx, cancel := context.WithCancel(context.Background())
+	fut, release := target.Cancel(ctx, nil)
+	defer release()
+	chained := schema.Handle(fut.Field(0, nil).Client())
+	fut2, release2 := chained.Cancel(context.Background(), nil)
+	defer release2()
+	kept, release3 := target.Cancel(context.Background(), nil)
+	defer release3()
+	cancel()
+	done := make(chan error, 1)
+	go func() { _, err := fut.Struct(); done <- err }()
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, context.Canceled)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the queued call did not end with its context")
+	}
+	h := handle{calls: make(chan struct{}, 4)}
+	st, msg := result(t, capnp.Client(schema.Handle_ServerToClient(h)))
+	defer msg.Release()
+	aq.Fulfill(st.ToPtr())
+	_, err := kept.Struct()
+	require.NoError(t, err, "the call whose context lives is delivered")
+	_, err = fut2.Struct()
+	require.Error(t, err, "the call chained on the cancelled one")
+	require.Len(t, h.calls, 1, "the cancelled call was not delivered")
+}
