@@ -1,7 +1,9 @@
 package test
 
 import (
+	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -336,6 +338,15 @@ func hostileAnswers() []hostileAnswer {
 	}
 }
 
+// calleeRounds is how many times the answer tables run (ITX_HOSTILE_ROUNDS for longer runs:
+// timing differs from round to round, the tables do not).
+func calleeRounds() int {
+	if v, err := strconv.Atoi(os.Getenv("ITX_HOSTILE_ROUNDS")); err == nil && v > 0 {
+		return v
+	}
+	return 1
+}
+
 func must[T any](v T, err error) T {
 	if err != nil {
 		panic(err)
@@ -351,20 +362,22 @@ func TestItxd_HostileCalleeSink(t *testing.T) {
 	mustAppend(t, s, ev("seed", `{}`))
 	e.requireHealthy(t, "setup")
 	base := e.baseline(t)
-	for _, h := range hostileAnswers() {
-		t.Run(h.name, func(t *testing.T) {
-			c := dialCallee(t, e, "/callee/conn")
-			c.openConnection()
-			call, ok := c.nextCall(schema.EventSink_TypeID, 0, nil)
-			require.True(t, ok, "no deliver")
-			h.send(c, call.Question)
-			mustAppend(t, s, ev("more", `{}`))
-			c.drain(150 * time.Millisecond)
-			c.r.Close()
-			e.requireHealthy(t, h.name)
-		})
+	for round := range calleeRounds() {
+		for _, h := range hostileAnswers() {
+			t.Run(fmt.Sprintf("%s/%d", h.name, round), func(t *testing.T) {
+				c := dialCallee(t, e, "/callee/conn")
+				c.openConnection()
+				call, ok := c.nextCall(schema.EventSink_TypeID, 0, nil)
+				require.True(t, ok, "no deliver")
+				h.send(c, call.Question)
+				mustAppend(t, s, ev("more", `{}`))
+				c.drain(80 * time.Millisecond)
+				c.r.Close()
+				e.requireHealthy(t, h.name)
+			})
+		}
 	}
-	e.requireBack(t, base, len(hostileAnswers()))
+	e.requireBack(t, base, calleeRounds()*len(hostileAnswers()))
 }
 
 // A mounted Receiver answers an itx-call subscription's delivery in a hostile way. Only a valid
@@ -377,35 +390,37 @@ func TestItxd_HostileCalleeReceiver(t *testing.T) {
 	e.requireHealthy(t, "setup")
 	base := e.baseline(t)
 	ctx := ctxT(t)
-	for _, h := range hostileAnswers() {
-		t.Run(h.name, func(t *testing.T) {
-			before := describeSubIn(ctx, t, s, "evil").ConfirmedOffset
-			head := mustAppend(t, s, ev("evil", `{}`)).HeadOffset
-			c := dialCallee(t, e, "/callee/recv")
-			c.mountReceiver("evil")
-			call, ok := c.nextCall(schema.Receiver_TypeID, 0, nil)
-			require.True(t, ok, "no receive")
-			h.send(c, call.Question)
-			c.drain(150 * time.Millisecond)
-			d := describeSubIn(ctx, t, s, "evil")
-			if !h.valid {
-				require.Equal(t, before, d.ConfirmedOffset, "the cursor moved on an answer that is no acknowledgement (%+v)", d)
-			}
-			require.LessOrEqual(t, len(d.LastError), itx.MaxCursorErrorLength+64, "the receiver's error is kept bounded")
-			c.r.Close()
-			// The same name mounted again by a well-behaved receiver gets what was not taken.
-			r := newReceiverServer()
-			disconnect := mountReceiver(t, e.ts.addr, e.token, "evil", r)
-			waitUntil(t, "delivered to the receiver mounted again", func() bool {
-				e.clock.Advance(2 * time.Second)
-				return describeSubIn(ctx, t, s, "evil").ConfirmedOffset >= head
+	for round := range calleeRounds() {
+		for _, h := range hostileAnswers() {
+			t.Run(fmt.Sprintf("%s/%d", h.name, round), func(t *testing.T) {
+				before := describeSubIn(ctx, t, s, "evil").ConfirmedOffset
+				head := mustAppend(t, s, ev("evil", `{}`)).HeadOffset
+				c := dialCallee(t, e, "/callee/recv")
+				c.mountReceiver("evil")
+				call, ok := c.nextCall(schema.Receiver_TypeID, 0, nil)
+				require.True(t, ok, "no receive")
+				h.send(c, call.Question)
+				c.drain(80 * time.Millisecond)
+				d := describeSubIn(ctx, t, s, "evil")
+				if !h.valid {
+					require.Equal(t, before, d.ConfirmedOffset, "the cursor moved on an answer that is no acknowledgement (%+v)", d)
+				}
+				require.LessOrEqual(t, len(d.LastError), itx.MaxCursorErrorLength+64, "the receiver's error is kept bounded")
+				c.r.Close()
+				// The same name mounted again by a well-behaved receiver gets what was not taken.
+				r := newReceiverServer()
+				disconnect := mountReceiver(t, e.ts.addr, e.token, "evil", r)
+				waitUntil(t, "delivered to the receiver mounted again", func() bool {
+					e.clock.Advance(2 * time.Second)
+					return describeSubIn(ctx, t, s, "evil").ConfirmedOffset >= head
+				})
+				disconnect()
+				waitUntil(t, "unmounted", func() bool { return len(e.ts.srv.Mounts("default")) == 1 })
+				e.requireHealthy(t, h.name)
 			})
-			disconnect()
-			waitUntil(t, "unmounted", func() bool { return len(e.ts.srv.Mounts("default")) == 1 })
-			e.requireHealthy(t, h.name)
-		})
+		}
 	}
-	e.requireBack(t, base, len(hostileAnswers()))
+	e.requireBack(t, base, calleeRounds()*len(hostileAnswers()))
 }
 
 // waitSub polls the subscription's state (moving the test clock by step each time) until ok.
@@ -452,7 +467,19 @@ func TestItxd_HostileCalleeReceiverTiming(t *testing.T) {
 			c.r.Return(q, nil) // after itxd gave up (and finished the question)
 			// The retry comes to the same receiver (left unanswered); the late Return moved
 			// nothing.
+			stop := make(chan struct{})
+			go func() { // past the retry's backoff
+				for {
+					select {
+					case <-stop:
+						return
+					case <-time.After(5 * time.Millisecond):
+						e.clock.Advance(time.Second)
+					}
+				}
+			}()
 			retry, ok := c.nextCall(schema.Receiver_TypeID, 0, nil)
+			close(stop)
 			require.True(t, ok, "no retry: %+v", retry)
 			require.Equal(t, before, describeSubIn(ctx, t, s, "late").ConfirmedOffset, "a late Return acknowledged")
 		}},
@@ -701,7 +728,7 @@ func TestItxd_HostileCalleeProcessorHost(t *testing.T) {
 				Caps: []func(rpccp.CapDescriptor) error{func(d rpccp.CapDescriptor) error { d.SetReceiverHosted(w.ports); return nil }},
 				Set:  func(s capnp.Struct) error { return itxtest.CapPtr(s, 0, 0) }})
 			mustAppend(t, s, ev("more", `{}`))
-			c.drain(150 * time.Millisecond)
+			c.drain(80 * time.Millisecond)
 			for range 2 {
 				c.r.Send(func(m rpccp.Message) error {
 					rel, err := m.NewRelease()
@@ -739,7 +766,7 @@ func TestItxd_HostileCalleeProcessorHost(t *testing.T) {
 			w, ok := c.nextWake()
 			require.True(t, ok, "no wake")
 			tc.run(t, c, w)
-			c.drain(150 * time.Millisecond)
+			c.drain(80 * time.Millisecond)
 			d := describeSubIn(ctx, t, s, "rawproc")
 			require.LessOrEqual(t, d.ConfirmedOffset, d.HeadOffset, "the cursor passed the head: %+v", d)
 			_, p := processorOf(t, s, "rawproc")
@@ -988,7 +1015,7 @@ func (c *callee) runPromise(t *testing.T, call itxtest.Received, resolve func(*c
 	}
 	answered := false
 	trace := os.Getenv("ITX_HOSTILE_TRACE") == "messages"
-	c.serveFor(300*time.Millisecond, func(m rpccp.Message) {
+	c.serveFor(150*time.Millisecond, func(m rpccp.Message) {
 		if trace {
 			t.Logf("callee got %v", m.Which())
 		}
@@ -1057,4 +1084,58 @@ func TestItxd_HostileCalleeEmbargoHeld(t *testing.T) {
 	waitUntil(t, "unmounted", func() bool { return len(e.ts.srv.Mounts("default")) == 1 })
 	e.requireHealthy(t, "after")
 	e.requireBack(t, base, 1)
+}
+
+// A LiveSubscriber (Stream.liveState) answers its frames in a hostile way, or never (itxd ends
+// the view after its delivery timeout). Nothing stays behind: the live-subscriber gauge and the
+// footprint come back.
+func TestItxd_HostileCalleeLive(t *testing.T) {
+	e := newCalleeEnv(t)
+	s := stream(t, e.watcher, "/callee/live")
+	mustAppend(t, s, ev("seed", `{}`))
+	e.requireHealthy(t, "setup")
+	base := e.baseline(t)
+	m := e.ts.srv.Metrics()
+	var answers []hostileAnswer
+	for i, h := range hostileAnswers() {
+		if i%3 == 0 || strings.Contains(h.name, "huge") {
+			answers = append(answers, h)
+		}
+	}
+	answers = append(answers, hostileAnswer{"never", false, func(c *callee, q uint32) {
+		live := testutil.ToFloat64(m.LiveSubscribers)
+		go c.drainQuietly()
+		waitUntil(t, "the view ended", func() bool {
+			e.clock.Advance(time.Second)
+			return testutil.ToFloat64(m.LiveSubscribers) < live
+		})
+	}})
+	for _, h := range answers {
+		t.Run(h.name, func(t *testing.T) {
+			c := dialCallee(t, e, "/callee/live")
+			c.r.CallMsg(itxtest.RawCall{Q: c.newQ(), Target: itxtest.OnAnswer(qStream, 0), Iface: schema.Stream_TypeID, Method: 10,
+				Size: capnp.ObjectSize{PointerCount: 1},
+				Caps: []func(rpccp.CapDescriptor) error{func(d rpccp.CapDescriptor) error { d.SetSenderHosted(8); return nil }},
+				Set:  func(s capnp.Struct) error { return itxtest.CapPtr(s, 0, 0) }})
+			call, ok := c.nextCall(schema.LiveSubscriber_TypeID, 0, nil)
+			require.True(t, ok, "no snapshot")
+			h.send(c, call.Question)
+			if h.name != "never" {
+				mustAppend(t, s, ev("more", `{}`))
+				c.drain(100 * time.Millisecond)
+			}
+			c.r.Close()
+			e.requireHealthy(t, h.name)
+		})
+	}
+	e.requireBack(t, base, len(answers))
+}
+
+// drainQuietly reads (answering nothing) until the connection ends.
+func (c *callee) drainQuietly() {
+	for {
+		if m, err := c.r.RecvMsg(); err != nil || m.Which == rpccp.Message_Which_abort {
+			return
+		}
+	}
 }
