@@ -10,19 +10,19 @@ import (
 
 	"capnproto.org/go/capnp/v3/exc"
 	"github.com/itx-dev/itx"
-	"github.com/itx-dev/itx/storage"
+	"github.com/itx-dev/itx/server"
 )
 
 // fail turns a domain error into the exception a client sees: the reason "itx.<code>: <message>"
 // (see schema/itx.capnp, "Errors"), type overloaded for rateLimited and failed otherwise. A
 // storage failure without a code (a directory write) that a full disk caused is
-// resourceExhausted (storage.ErrorCode), like a refused append.
+// resourceExhausted (server.StorageCode), like a refused append.
 func fail(err error) error {
 	if err == nil {
 		return nil
 	}
 	e := itx.AsError(err)
-	if e.Code == itx.EInternal && storage.ErrorCode(err) == itx.EResourceExhausted {
+	if e.Code == itx.EInternal && server.StorageCode(err) == itx.EResourceExhausted {
 		e = &itx.Error{Code: itx.EResourceExhausted, Message: e.Message}
 	}
 	typ := exc.Failed

@@ -111,3 +111,8 @@ func syncDir(dir string) error {
 	defer d.Close()
 	return d.Sync()
 }
+
+// StorageCode is the domain code of a storage failure (storage.ErrorCode): EResourceExhausted for
+// a full disk, EInternal otherwise. The capability layer asks it here rather than importing
+// storage.
+func StorageCode(err error) itx.Code { return storage.ErrorCode(err) }

@@ -261,32 +261,14 @@ func (r *RawClient) RecvMsgWith(look func(rpccp.Message)) (Received, error) {
 			out.Import, out.OnImport = tgt.ImportedCap(), true
 		}
 		params, _ := c.Params()
-		table, _ := params.CapTable()
-		for i := 0; i < table.Len(); i++ {
-			d := table.At(i)
-			switch d.Which() {
-			case rpccp.CapDescriptor_Which_senderHosted:
-				out.Exports = append(out.Exports, d.SenderHosted())
-			case rpccp.CapDescriptor_Which_senderPromise:
-				out.Exports = append(out.Exports, d.SenderPromise())
-			}
-		}
+		out.Exports = exportedIDs(out.Exports, params)
 	case rpccp.Message_Which_return:
 		ret, _ := m.Return()
 		out.Answer = ret.AnswerId()
 		switch ret.Which() {
 		case rpccp.Return_Which_results:
 			res, _ := ret.Results()
-			table, _ := res.CapTable()
-			for i := 0; i < table.Len(); i++ {
-				d := table.At(i)
-				switch d.Which() {
-				case rpccp.CapDescriptor_Which_senderHosted:
-					out.Exports = append(out.Exports, d.SenderHosted())
-				case rpccp.CapDescriptor_Which_senderPromise:
-					out.Exports = append(out.Exports, d.SenderPromise())
-				}
-			}
+			out.Exports = exportedIDs(out.Exports, res)
 		case rpccp.Return_Which_exception:
 			out.Failed = true
 			e, _ := ret.Exception()
@@ -396,4 +378,20 @@ func (r *RawClient) UntilReturn(q uint32) {
 			return
 		}
 	}
+}
+
+// exportedIDs appends the ids of the capabilities a payload's table says its sender exports
+// (hosted or promised) to ids.
+func exportedIDs(ids []uint32, p rpccp.Payload) []uint32 {
+	table, _ := p.CapTable()
+	for i := 0; i < table.Len(); i++ {
+		d := table.At(i)
+		switch d.Which() {
+		case rpccp.CapDescriptor_Which_senderHosted:
+			ids = append(ids, d.SenderHosted())
+		case rpccp.CapDescriptor_Which_senderPromise:
+			ids = append(ids, d.SenderPromise())
+		}
+	}
+	return ids
 }
