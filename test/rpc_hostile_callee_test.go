@@ -129,26 +129,9 @@ func (c *callee) nextCall(iface uint64, method uint16, look func(rpccp.Message))
 	}
 }
 
-// drain reads (answering itxd's calls with empty results) until the connection ends or for d.
-func (c *callee) drain(d time.Duration) {
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			m, err := c.r.RecvMsg()
-			if err != nil || m.Which == rpccp.Message_Which_abort {
-				return
-			}
-			if m.Which == rpccp.Message_Which_call {
-				c.r.Return(m.Question, nil)
-			}
-		}
-	}()
-	select {
-	case <-done:
-	case <-time.After(d):
-	}
-}
+// drain reads (answering itxd's calls with empty results) until the connection ends or for d,
+// then closes it (no read is left running).
+func (c *callee) drain(d time.Duration) { c.serveFor(d, nil, nil) }
 
 // openConnection opens a connection on the stream (no state frames) with the client's sink.
 func (c *callee) openConnection() uint32 {
