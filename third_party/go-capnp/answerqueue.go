@@ -56,11 +56,6 @@ type qent struct {
 	basis int // index in bases
 	path  []PipelineOp
 	Recv
-	// itx patch: stop unregisters the watch on ctx (see cancelQueued); cancelled is set (under
-	// the queue's mu, while queueing) once the call was rejected for its context's end, and the
-	// drain skips it.
-	stop      func() bool
-	cancelled bool
 }
 
 // base is a message target derived from applying a qent.
@@ -122,14 +117,6 @@ func (aq *AnswerQueue) Fulfill(ptr Ptr) {
 	// Drain queue.
 	for i := range q {
 		ent := &q[i]
-		// itx patch: a call whose context ended while it was queued was rejected then.
-		if ent.stop != nil {
-			ent.stop()
-		}
-		if ent.cancelled {
-			aq.bases[i+1].recv = rejectPipelineCall
-			continue
-		}
 		recv := aq.bases[ent.basis].recv
 		pcall := recv(ent.ctx, ent.path, ent.Recv)
 		// The basis for our result will always be our index in the queue + 1
@@ -330,32 +317,8 @@ func (aq *AnswerQueue) Reject(e error) {
 
 	// Drain queue by rejecting.
 	for i := range q {
-		if q[i].stop != nil { // itx patch: see cancelQueued
-			q[i].stop()
-		}
-		if q[i].cancelled {
-			continue
-		}
 		q[i].Reject(e) // TODO(soon): attach pipelined method info
 	}
-}
-
-// cancelQueued rejects the queued call at index i, whose context ended, if the queue is still
-// queueing (itx patch). A call queued on an answer that never comes (an embargo whose
-// Disembargo the peer never sends back, while the connection stays up) otherwise waited
-// forever whatever its context said, and so did its caller.
-func (aq *AnswerQueue) cancelQueued(i int) {
-	aq.mu.Lock()
-	if aq.q == nil || i >= len(aq.q) || aq.q[i].cancelled {
-		aq.mu.Unlock() // draining: the drain delivers it, to a callee that sees its context
-		return
-	}
-	ent := &aq.q[i]
-	ent.cancelled = true
-	r, err := ent.Recv, ent.ctx.Err()
-	ent.Recv = Recv{}
-	aq.mu.Unlock()
-	r.Reject(err)
 }
 
 func (aq *AnswerQueue) PipelineRecv(ctx context.Context, transform []PipelineOp, r Recv) PipelineCaller {
@@ -396,9 +359,6 @@ func (qc queueCaller) PipelineRecv(ctx context.Context, transform []PipelineOp, 
 	// The basis for our result will always be our index in the queue + 1
 	// since 0 is used for the initial fulfilled result.
 	basis := len(qc.aq.q)
-	// itx patch: the call is rejected if its context ends while it is queued.
-	aq, i := qc.aq, basis-1
-	qc.aq.q[i].stop = context.AfterFunc(ctx, func() { aq.cancelQueued(i) })
 	qc.aq.mu.Unlock()
 	return queueCaller{aq: qc.aq, basis: basis}
 }
