@@ -836,6 +836,17 @@ func TestItxd_HostileCalleePromise(t *testing.T) {
 		wrongID
 		properly
 	)
+	// toItxds resolves p1 to the capability itxd exported in its answer to question q, and
+	// remembers it as the target a Disembargo is reflected to.
+	toItxds := func(q uint32) func(c *callee) {
+		return func(c *callee) {
+			c.resolve(p1, func(d rpccp.CapDescriptor) error {
+				c.reflectTo = c.exports[q][0]
+				d.SetReceiverHosted(c.reflectTo)
+				return nil
+			})
+		}
+	}
 	cases := []struct {
 		name    string
 		sink    bool // an EventSink to openConnection, else a Receiver mounted as "prom"
@@ -847,27 +858,9 @@ func TestItxd_HostileCalleePromise(t *testing.T) {
 			c.resolve(p2, func(d rpccp.CapDescriptor) error { d.SetSenderHosted(rawReceiver); return nil })
 		}, properly},
 		{"receiver: to an exception", false, func(c *callee) { c.resolve(p1, nil) }, properly},
-		{"receiver: to itxd's stream, never reflected", false, func(c *callee) {
-			c.resolve(p1, func(d rpccp.CapDescriptor) error {
-				c.reflectTo = c.exports[qStream][0]
-				d.SetReceiverHosted(c.reflectTo)
-				return nil
-			})
-		}, never},
-		{"receiver: to itxd's stream, reflected twice", false, func(c *callee) {
-			c.resolve(p1, func(d rpccp.CapDescriptor) error {
-				c.reflectTo = c.exports[qStream][0]
-				d.SetReceiverHosted(c.reflectTo)
-				return nil
-			})
-		}, twice},
-		{"receiver: to itxd's project, wrong id", false, func(c *callee) {
-			c.resolve(p1, func(d rpccp.CapDescriptor) error {
-				c.reflectTo = c.exports[qLogin][0]
-				d.SetReceiverHosted(c.reflectTo)
-				return nil
-			})
-		}, wrongID},
+		{"receiver: to itxd's stream, never reflected", false, toItxds(qStream), never},
+		{"receiver: to itxd's stream, reflected twice", false, toItxds(qStream), twice},
+		{"receiver: to itxd's project, wrong id", false, toItxds(qLogin), wrongID},
 		{"receiver: to the promise of itxd's answer", false, func(c *callee) {
 			c.resolve(p1, func(d rpccp.CapDescriptor) error {
 				pa, err := d.NewReceiverAnswer()
@@ -879,20 +872,8 @@ func TestItxd_HostileCalleePromise(t *testing.T) {
 			c.resolve(p1, func(d rpccp.CapDescriptor) error { d.SetSenderPromise(p2); return nil })
 			c.resolve(p2, func(d rpccp.CapDescriptor) error { d.SetSenderHosted(rawSink); return nil })
 		}, properly},
-		{"sink: to its own connection", true, func(c *callee) {
-			c.resolve(p1, func(d rpccp.CapDescriptor) error {
-				c.reflectTo = c.exports[qStream+100][0]
-				d.SetReceiverHosted(c.reflectTo)
-				return nil
-			})
-		}, properly},
-		{"sink: to itxd's stream, never reflected", true, func(c *callee) {
-			c.resolve(p1, func(d rpccp.CapDescriptor) error {
-				c.reflectTo = c.exports[qStream][0]
-				d.SetReceiverHosted(c.reflectTo)
-				return nil
-			})
-		}, never},
+		{"sink: to its own connection", true, toItxds(qStream + 100), properly},
+		{"sink: to itxd's stream, never reflected", true, toItxds(qStream), never},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
