@@ -23,6 +23,25 @@ type hostileStep struct {
 	send func(r *itxtest.RawClient, rng *rand.Rand)
 }
 
+// bogusDisembargo sends a Disembargo on a random import with a random id in the context set sets.
+func bogusDisembargo(set func(c rpccp.Disembargo_context, id uint32)) func(r *itxtest.RawClient, rng *rand.Rand) {
+	return func(r *itxtest.RawClient, rng *rand.Rand) {
+		r.Send(func(m rpccp.Message) error {
+			d, err := m.NewDisembargo()
+			if err != nil {
+				return err
+			}
+			tgt, err := d.NewTarget()
+			if err != nil {
+				return err
+			}
+			tgt.SetImportedCap(uint32(rng.Intn(8)))
+			set(d.Context(), rng.Uint32())
+			return nil
+		})
+	}
+}
+
 func hostileSteps() []hostileStep {
 	importedCall := func(id uint32, method uint16) func(r *itxtest.RawClient, rng *rand.Rand) {
 		return func(r *itxtest.RawClient, rng *rand.Rand) {
@@ -87,36 +106,8 @@ func hostileSteps() []hostileStep {
 				return err
 			})
 		}},
-		{"disembargo senderLoopback bogus", func(r *itxtest.RawClient, rng *rand.Rand) {
-			r.Send(func(m rpccp.Message) error {
-				d, err := m.NewDisembargo()
-				if err != nil {
-					return err
-				}
-				tgt, err := d.NewTarget()
-				if err != nil {
-					return err
-				}
-				tgt.SetImportedCap(uint32(rng.Intn(8)))
-				d.Context().SetSenderLoopback(rng.Uint32())
-				return nil
-			})
-		}},
-		{"disembargo receiverLoopback bogus", func(r *itxtest.RawClient, rng *rand.Rand) {
-			r.Send(func(m rpccp.Message) error {
-				d, err := m.NewDisembargo()
-				if err != nil {
-					return err
-				}
-				tgt, err := d.NewTarget()
-				if err != nil {
-					return err
-				}
-				tgt.SetImportedCap(uint32(rng.Intn(8)))
-				d.Context().SetReceiverLoopback(rng.Uint32())
-				return nil
-			})
-		}},
+		{"disembargo senderLoopback bogus", bogusDisembargo(func(c rpccp.Disembargo_context, id uint32) { c.SetSenderLoopback(id) })},
+		{"disembargo receiverLoopback bogus", bogusDisembargo(func(c rpccp.Disembargo_context, id uint32) { c.SetReceiverLoopback(id) })},
 	}
 }
 
