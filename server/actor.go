@@ -46,7 +46,10 @@ type actor struct {
 	// unmade is the directory entry of this stream when it committed but making the store
 	// failed (a full disk): the next creation makes the store under that entry rather than
 	// inserting another for the same path.
-	unmade          *storage.StreamEntry
+	unmade *storage.StreamEntry
+	// dropT retries dropping unmade after dropWait, while it cannot be dropped (still full).
+	dropT           itx.Timer
+	dropWait        time.Duration
 	deliverers      map[string]*deliverer
 	pushes          sync.WaitGroup
 	pending         []deliveryOutcome // outcomes of pushes that could not start
@@ -109,6 +112,8 @@ type actorMsg struct {
 	closeConn *Connection
 	live      *liveSubscriber
 	removed   bool // the stream is being deleted: close its connections as streamRemoved
+	// dropUnmade: try again to drop the entry of a creation whose store could not be made.
+	dropUnmade bool
 }
 
 func newActor(s *Server, ref StreamRef) *actor {
@@ -536,6 +541,11 @@ func (a *actor) handle(m actorMsg) bool {
 		m.live.engine.attach(m.live)
 	case m.live != nil:
 		a.liveEngine().attach(m.live)
+	case m.dropUnmade:
+		a.dropT = nil
+		if a.store == nil {
+			a.dropUnmade(context.Background())
+		}
 	case m.removed:
 		a.deleted.Store(true) // its live views hear streamRemoved as they end
 		for _, c := range a.conns {
@@ -602,6 +612,9 @@ func (a *actor) stop() {
 	}
 	if a.wakeT != nil {
 		a.wakeT.Stop()
+	}
+	if a.dropT != nil {
+		a.dropT.Stop()
 	}
 	if a.store != nil {
 		a.apply(in) // the last acks
@@ -1154,9 +1167,12 @@ func (a *actor) ensureCreated(ctx context.Context, create bool) error {
 		StreamID: entry.StreamID, ProjectID: a.ref.ProjectID, Path: a.ref.Path, CreatedAt: entry.CreatedAt,
 	})
 	if err != nil {
-		// The entry stays (a restart drops it, an unfinished stream): the next creation makes
-		// the store under it (a CreateStream file left unfinished is finished then).
+		// The entry is dropped with whatever file was begun, so the path holding nothing does
+		// not count toward the project's streams; if the drop fails too (the disk still full),
+		// it stays and the next creation makes the store under it (a CreateStream file left
+		// unfinished is finished then), or unloading drops it, or a restart does.
 		a.unmade = entry
+		a.dropUnmade(ctx)
 		return fmt.Errorf("create stream database: %w", err)
 	}
 	a.unmade = nil
@@ -1164,9 +1180,29 @@ func (a *actor) ensureCreated(ctx context.Context, create bool) error {
 	return nil
 }
 
+// dropUnmade deletes the directory entry a creation left when its store could not be made,
+// and the file it began (nothing was ever committed under it). A failure keeps it for the next
+// creation or the unload.
+func (a *actor) dropUnmade(ctx context.Context) {
+	if a.unmade == nil {
+		return
+	}
+	if err := a.srv.dropStreamEntry(ctx, *a.unmade); err != nil {
+		// The disk is still full (a delete writes too): try again later, backing off to 30 s.
+		a.dropWait = min(max(2*a.dropWait, time.Second), 30*time.Second)
+		a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Dur("retry_in", a.dropWait).Msg("the entry of a stream whose database could not be made is kept for now")
+		if a.dropT == nil {
+			a.dropT = a.srv.clock.AfterFunc(a.dropWait, func() { a.post(actorMsg{dropUnmade: true}) })
+		}
+		return
+	}
+	a.unmade, a.dropWait = nil, 0
+}
+
 func (a *actor) close() {
 	store := a.store
 	if store == nil {
+		a.dropUnmade(context.Background())
 		return
 	}
 	a.sweepEphemeral()

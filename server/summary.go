@@ -103,15 +103,20 @@ func (s *Server) refreshSummary(ctx context.Context, e storage.StreamEntry) erro
 // delete leaves the entry, whose missing database the next start drops again, never a file no
 // entry names.
 func (s *Server) dropUnfinished(e storage.StreamEntry) error {
-	ctx := context.Background()
-	if _, err := s.backend.Remove(ctx, []string{e.StreamID}); err != nil {
-		return fmt.Errorf("drop the unfinished stream %s: %w", e.Path, err)
-	}
-	if err := s.dir.DeleteUnfinishedStream(ctx, e.StreamID); err != nil {
+	if err := s.dropStreamEntry(context.Background(), e); err != nil {
 		return err
 	}
 	s.log.Info().Str("path", e.Path).Msg("dropped a stream whose creation an unclean stop cut short (nothing was committed to it)")
 	return nil
+}
+
+// dropStreamEntry deletes a stream nothing was committed to: its file first, durably, then its
+// directory entry (it no longer counts toward its project's streams).
+func (s *Server) dropStreamEntry(ctx context.Context, e storage.StreamEntry) error {
+	if _, err := s.backend.Remove(ctx, []string{e.StreamID}); err != nil {
+		return fmt.Errorf("drop the unfinished stream %s: %w", e.Path, err)
+	}
+	return s.dir.DeleteUnfinishedStream(ctx, e.StreamID)
 }
 
 // standing is where a stream's consumers stand, for its summary: subscriptions halted, and the

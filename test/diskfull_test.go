@@ -667,6 +667,65 @@ func TestDiskFull_UnmadeStreamReloadedWhileFull(t *testing.T) {
 	require.Len(t, list, 1)
 }
 
+// TestDiskFull_UnmadeStreamDoesNotCountTowardTheBound: a stream whose directory entry was
+// written but whose database a full disk refused holds nothing, so it must not take one of its
+// project's --max-streams-per-project places once space returns (it did until a restart dropped
+// the entry).
+func TestDiskFull_UnmadeStreamDoesNotCountTowardTheBound(t *testing.T) {
+	const bound = 70
+	fs := mountTmpfs(t, "16m")
+	ts := startServer(t, server.Config{DataDir: filepath.Join(fs, "data"), MaxStreamsPerProject: bound})
+	l := newAckLog(t, ts.project(t))
+	require.True(t, l.append("/warm", 1))
+	made := 1
+	var unmade string
+	for leave := int64(0); leave <= 256<<10 && unmade == ""; leave += 4 << 10 {
+		free := fillDisk(t, fs, leave)
+		p := fmt.Sprintf("/u/%d", leave)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err := client.Append(ctx, l.stream(p), []itx.EventInput{ev("t", `{}`)}, itx.AppendOptions{})
+		cancel()
+		if err != nil {
+			requireCode(t, err, itx.EResourceExhausted)
+			if strings.Contains(err.Error(), "create stream database") {
+				unmade = p
+			}
+		} else {
+			l.head[p], l.seqs[p] = 1, nil
+			made++
+		}
+		free()
+	}
+	require.NotEmpty(t, unmade, "no room took a directory entry but not a database")
+	require.Less(t, made, bound)
+
+	for i := made; i < bound-1; i++ {
+		require.True(t, l.append(fmt.Sprintf("/more/%d", i), 1), "stream %d of %d", i+1, bound)
+	}
+	// The last place is the unmade entry's until itxd drops it, which it retries while the disk
+	// stays full (every second at first): refused limitExceeded until then, writing nothing.
+	ctx := ctxT(t)
+	last := fmt.Sprintf("/more/%d", bound-1)
+	waitUntil(t, "the unmade "+unmade+" gives its place back", func() bool {
+		res, err := client.Append(ctx, l.stream(last), []itx.EventInput{ev("t", `{"seq": 0, "kib": 0}`)}, itx.AppendOptions{})
+		if err != nil {
+			requireCode(t, err, itx.ELimitExceeded)
+			return false
+		}
+		require.Equal(t, []int64{1}, res.Offsets)
+		return true
+	})
+	l.head[last], l.seqs[last] = 1, nil
+	_, err := client.Append(ctx, l.stream("/one-too-many"), []itx.EventInput{ev("t", `{}`)}, itx.AppendOptions{})
+	requireCode(t, err, itx.ELimitExceeded)
+	_, err = client.Append(ctx, l.stream(unmade), []itx.EventInput{ev("t", `{}`)}, itx.AppendOptions{})
+	requireCode(t, err, itx.ELimitExceeded)
+	list, err := client.ListStreams(ctx, l.proj, "")
+	require.NoError(t, err)
+	require.Len(t, list, bound)
+	l.check()
+}
+
 // TestDiskFull_ReadingAStreamUnloadedWhileFull: a stream unloaded (idle) while the disk is full
 // must be opened again to be read, and opening a SQLite database in WAL mode whose -wal and -shm
 // files were removed at its clean close needs space for the -shm file: until space returns its
