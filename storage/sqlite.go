@@ -152,8 +152,9 @@ func latestVersion(set string) (int, error) {
 	return steps[len(steps)-1].version, nil
 }
 
-// migrate applies the numbered .sql files of migrations/<set> above the database's user_version,
-// each in its own transaction with the version bump, so a crash leaves a whole version or none.
+// migrate applies the numbered .sql files of migrations/<set> above the database's user_version
+// in one transaction with the version bump, so a crash leaves the database as it was or at the
+// last version, and a new database costs one commit (one fsync) however many files there are.
 // A database above the last known version is refused (ErrSchemaTooNew) and left untouched.
 func migrate(ctx context.Context, db *sql.DB, set string) error {
 	dir := "migrations/" + set
@@ -170,6 +171,8 @@ func migrate(ctx context.Context, db *sql.DB, set string) error {
 		return fmt.Errorf("%w: its %s schema is version %d, this itxd knows up to %d; run the itxd that wrote it or a newer one (downgrading is not supported)",
 			ErrSchemaTooNew, set, current, steps[n-1].version)
 	}
+	var tx *sql.Tx
+	last := current
 	for _, s := range steps {
 		if s.version <= current {
 			continue
@@ -178,21 +181,25 @@ func migrate(ctx context.Context, db *sql.DB, set string) error {
 		if err != nil {
 			return err
 		}
-		tx, err := db.BeginTx(ctx, nil)
-		if err != nil {
-			return err
+		if tx == nil {
+			if tx, err = db.BeginTx(ctx, nil); err != nil {
+				return err
+			}
+			defer tx.Rollback()
 		}
 		if _, err := tx.ExecContext(ctx, string(body)); err != nil {
-			tx.Rollback()
 			return fmt.Errorf("migration %s/%s: %w", set, s.name, err)
 		}
-		if _, err := tx.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version=%d", s.version)); err != nil {
-			tx.Rollback()
-			return err
-		}
-		if err := tx.Commit(); err != nil {
-			return fmt.Errorf("migration %s/%s: commit: %w", set, s.name, err)
-		}
+		last = s.version
+	}
+	if tx == nil {
+		return nil
+	}
+	if _, err := tx.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version=%d", last)); err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("migrations %s up to version %d: commit: %w", set, last, err)
 	}
 	return nil
 }
