@@ -21,6 +21,8 @@ require (
 	golang.org/x/term v0.47.0
 )
 
+require github.com/hanwen/go-fuse/v2 v2.12.1 // indirect
+
 require (
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect

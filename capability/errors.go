@@ -15,15 +15,15 @@ import (
 
 // fail turns a domain error into the exception a client sees: the reason "itx.<code>: <message>"
 // (see schema/itx.capnp, "Errors"), type overloaded for rateLimited and failed otherwise. A
-// storage failure without a code (a directory write) that a full disk caused is
-// resourceExhausted (server.StorageCode), like a refused append.
+// storage failure without a code (a directory write) gets the storage's code (server.StorageCode)
+// like a refused append: resourceExhausted for a full disk, unavailable for a failing one.
 func fail(err error) error {
 	if err == nil {
 		return nil
 	}
 	e := itx.AsError(err)
-	if e.Code == itx.EInternal && server.StorageCode(err) == itx.EResourceExhausted {
-		e = &itx.Error{Code: itx.EResourceExhausted, Message: e.Message}
+	if c := server.StorageCode(err); e.Code == itx.EInternal && c != itx.EInternal && c != "" {
+		e = &itx.Error{Code: c, Message: e.Message}
 	}
 	typ := exc.Failed
 	if e.Code == itx.ERateLimited {

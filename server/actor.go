@@ -948,9 +948,18 @@ func (a *actor) flushDelay(d time.Duration) time.Duration {
 func (a *actor) reloadAfter(group []*appendReq, cause error) {
 	failure := itx.AsError(cause)
 	if failure.Code == itx.EInternal || failure.Code == "" {
-		// A full disk or a read-only file system says so (storage.ErrorCode); anything else
-		// that failed to commit is internal.
-		failure = itx.Errorf(storage.ErrorCode(cause), "append not committed: %v", cause)
+		// A full disk or a failing one says so (storage.ErrorCode); anything else that failed to
+		// commit is internal.
+		switch code := storage.ErrorCode(cause); code {
+		case itx.EUnavailable:
+			// The disk failed to write or sync the commit: SQLite rolled it back, but what it
+			// wrote may be read back after a crash (its pages may have reached the disk; the
+			// next commit overwrites them). Like a lost acknowledgement: a retry under the same
+			// idempotency key is answered the original offsets if it did land.
+			failure = itx.Errorf(code, "append not acknowledged: the disk failed (%v); it may still be in the log after a restart: retry with the same idempotency key", cause)
+		default:
+			failure = itx.Errorf(code, "append not committed: %v", cause)
+		}
 	}
 	logged := a.srv.log.Error()
 	if failure.Code == itx.ELimitExceeded {

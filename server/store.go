@@ -113,6 +113,6 @@ func syncDir(dir string) error {
 }
 
 // StorageCode is the domain code of a storage failure (storage.ErrorCode): EResourceExhausted for
-// a full disk, EInternal otherwise. The capability layer asks it here rather than importing
+// a full disk, EUnavailable for a failing one (an I/O error), EInternal otherwise. The capability layer asks it here rather than importing
 // storage.
 func StorageCode(err error) itx.Code { return storage.ErrorCode(err) }

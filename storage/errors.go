@@ -13,8 +13,10 @@ import (
 // ErrorCode maps a storage error to the domain code a caller can act on: a full disk (SQLite's
 // SQLITE_FULL, which it reports for ENOSPC in a database or WAL write; an SQLITE_IOERR or other
 // SQLite error whose system errno is ENOSPC, as when creating a database or its WAL; or ENOSPC
-// itself) is EResourceExhausted, since the same call succeeds once space returns; anything else
-// is EInternal. This is the one place storage failures get a code.
+// itself) is EResourceExhausted, since the same call succeeds once space returns; a disk that
+// failed a read, write or fsync (SQLITE_IOERR, EIO) is EUnavailable: nothing was committed, and
+// the call may succeed once the disk works again; anything else is EInternal. This is the one
+// place storage failures get a code.
 func ErrorCode(err error) itx.Code {
 	var se sqlite3.Error
 	switch {
@@ -23,6 +25,8 @@ func ErrorCode(err error) itx.Code {
 	case errors.As(err, &se) && (se.Code == sqlite3.ErrFull || se.SystemErrno == syscall.ENOSPC),
 		errors.Is(err, syscall.ENOSPC):
 		return itx.EResourceExhausted
+	case errors.As(err, &se) && se.Code == sqlite3.ErrIoErr, errors.Is(err, syscall.EIO):
+		return itx.EUnavailable
 	}
 	return itx.EInternal
 }

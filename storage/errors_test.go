@@ -22,7 +22,9 @@ func TestErrorCode(t *testing.T) {
 	// ENOSPC, not as SQLITE_FULL.
 	require.Equal(t, itx.EResourceExhausted, ErrorCode(fmt.Errorf("open: %w",
 		sqlite3.Error{Code: sqlite3.ErrIoErr, ExtendedCode: sqlite3.ErrIoErrWrite, SystemErrno: syscall.ENOSPC})))
-	require.Equal(t, itx.EInternal, ErrorCode(sqlite3.Error{Code: sqlite3.ErrIoErr, SystemErrno: syscall.EIO}))
+	// A disk that failed a write or an fsync: nothing was committed, the call may succeed later.
+	require.Equal(t, itx.EUnavailable, ErrorCode(sqlite3.Error{Code: sqlite3.ErrIoErr, SystemErrno: syscall.EIO}))
+	require.Equal(t, itx.EUnavailable, ErrorCode(fmt.Errorf("sync: %w", syscall.EIO)))
 }
 
 // TestStream_CommitOnAFullDisk: a commit past the database's size bound fails with
