@@ -48,8 +48,11 @@ type actor struct {
 	// inserting another for the same path.
 	unmade *storage.StreamEntry
 	// dropT retries dropping unmade after dropWait, while it cannot be dropped (still full).
-	dropT           itx.Timer
-	dropWait        time.Duration
+	dropT    itx.Timer
+	dropWait time.Duration
+	// noteHead: this incarnation created the stream, and the directory does not yet hold a
+	// head for it (see storage.Directory.NoteStreamHead).
+	noteHead        bool
 	deliverers      map[string]*deliverer
 	pushes          sync.WaitGroup
 	pending         []deliveryOutcome // outcomes of pushes that could not start
@@ -793,6 +796,13 @@ func (a *actor) apply(in stepInput) {
 			return
 		}
 		a.failedCommits = 0
+		if a.noteHead && a.st.head > 0 {
+			// The stream's first commit: the directory lists it from now on (its summary is
+			// written at unload, which a full disk may refuse). Tried again at the next commit.
+			if err := a.srv.dir.NoteStreamHead(ctx, a.st.streamID, a.st.head, a.st.lastAppendAt); err == nil {
+				a.noteHead = false
+			}
+		}
 		a.ephBytes += ephAdded - ephFreed
 		if eff.coreChanged {
 			// After the commit: a secret the catalog no longer references (its subscription
@@ -1184,7 +1194,7 @@ func (a *actor) ensureCreated(ctx context.Context, create bool) error {
 		a.dropUnmade(ctx)
 		return fmt.Errorf("create stream database: %w", err)
 	}
-	a.unmade = nil
+	a.unmade, a.noteHead = nil, true
 	a.store, a.st.created, a.st.createdAt, a.st.summaryOld = store, true, entry.CreatedAt, true // created stale
 	return nil
 }

@@ -181,6 +181,17 @@ func (d *Directory) UpdateStreamSummary(ctx context.Context, streamID string, su
 	return nil
 }
 
+// NoteStreamHead records a new stream's head and last append without touching the rest of its
+// summary or its stale mark: a stream whose first commit landed is listed from then on, even if
+// its summary cannot be written at its unload (a full disk).
+func (d *Directory) NoteStreamHead(ctx context.Context, streamID string, head, lastAppendAt int64) error {
+	if _, err := d.db.ExecContext(ctx, `update streams set head_offset = ?, last_append_at = ? where stream_id = ? and head_offset < ?`,
+		head, lastAppendAt, streamID, head); err != nil {
+		return fmt.Errorf("note stream head: %w", err)
+	}
+	return nil
+}
+
 // MarkSummaryStale records that a stream is about to move past its summary.
 func (d *Directory) MarkSummaryStale(ctx context.Context, streamID string) error {
 	if _, err := d.db.ExecContext(ctx, `update streams set summary_stale = 1 where stream_id = ?`, streamID); err != nil {

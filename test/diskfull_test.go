@@ -17,6 +17,7 @@ import (
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/internal/clocktest"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -401,6 +402,9 @@ func TestDiskFull_KillWhileFullThenRestart(t *testing.T) {
 	l.proj = dial(t, p.addr).Login(ctx, p.creds.ProjectToken)
 	l.streams = map[string]schema.Stream{}
 	l.check()
+	// What the restart freed (SQLite's files checkpointed and removed at the summary refresh,
+	// a half-made stream dropped) is taken again, so the disk is full whatever the kill left.
+	fillDisk(t, fs, 0)
 	require.False(t, l.append("/a", 1), "an append on the still full disk")
 	require.False(t, l.append("/b", 1), "an append on the still full disk")
 
@@ -724,6 +728,34 @@ func TestDiskFull_UnmadeStreamDoesNotCountTowardTheBound(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, list, bound)
 	l.check()
+}
+
+// TestDiskFull_ListedWhenItsSummaryCannotBeWritten: a stream's summary in the directory (what
+// the list shows of an unloaded stream) is written when it unloads; a stream created, appended
+// to and unloaded while the disk is full could not write it, and the list left it out (its
+// directory entry still said head 0, a creation not finished) until space returned and it
+// loaded and unloaded again.
+func TestDiskFull_ListedWhenItsSummaryCannotBeWritten(t *testing.T) {
+	fs := mountTmpfs(t, "16m")
+	clock := clocktest.New(time.Unix(1_700_000_000, 0))
+	ts := startServer(t, server.Config{DataDir: filepath.Join(fs, "data"), IdleTimeout: time.Minute, Clock: clock})
+	ctx := ctxT(t)
+	l := newAckLog(t, ts.project(t))
+	require.True(t, l.append("/new", 3))
+	free := fillDisk(t, fs, 0)
+	defer free()
+	l.streams["/new"].Release()
+	delete(l.streams, "/new")
+	waitUntil(t, "the stream unloads", func() bool {
+		clock.Advance(2 * time.Minute)
+		ts.srv.Sweep()
+		return ts.srv.LoadedStreams() == 0
+	})
+	list, err := client.ListStreams(ctx, l.proj, "")
+	require.NoError(t, err)
+	require.Len(t, list, 1, "the stream is listed")
+	require.Equal(t, "/new", list[0].Path)
+	require.Equal(t, int64(3), list[0].HeadOffset)
 }
 
 // TestDiskFull_ReadingAStreamUnloadedWhileFull: a stream unloaded (idle) while the disk is full
