@@ -138,6 +138,13 @@ type sim struct {
 	// jobResets is, per push in flight, the model's reset count of its subscription when it
 	// was planned: a delivery covers offsets only if no reset came between.
 	jobResets map[string]int
+
+	// Registered readers and scheduled appends (sim_readers_test.go): the model.
+	readers   map[string]int64     // name -> checkpoint
+	sched     map[string]simSched  // pending scheduled appends by key
+	logged    map[string]simLogged // the scheduling keys (sN) in the log
+	stats     map[string]int       // what the run exercised (logged with -v)
+	schedNext int                  // the last scheduling key made (sN)
 }
 
 func TestSimulation(t *testing.T) {
@@ -159,7 +166,8 @@ func runSim(t *testing.T, seed uint64, steps int) {
 	clock := clocktest.New(time.Unix(1_700_000_000, 0))
 	s := &sim{t: t, seed: seed, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), ctx: ctx, clock: clock,
 		srv:  &Server{cfg: Config{DeliveryTimeout: 20 * time.Second}, clock: clock, recv: receivers{mounts: map[mountKey]*mount{}}},
-		file: filepath.Join(t.TempDir(), "s.db"), acks: map[int64]acked{}, keys: map[string]int64{}, subs: map[string]*simSub{}}
+		file: filepath.Join(t.TempDir(), "s.db"), acks: map[int64]acked{}, keys: map[string]int64{}, subs: map[string]*simSub{},
+		readers: map[string]int64{}, sched: map[string]simSched{}, logged: map[string]simLogged{}, stats: map[string]int{}}
 	store, err := storage.CreateStream(ctx, s.file, storage.StreamMeta{StreamID: "sim", ProjectID: "p", Path: "/sim", CreatedAt: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -169,9 +177,19 @@ func runSim(t *testing.T, seed uint64, steps int) {
 	defer func() { s.store.Close() }()
 	for s.stepNo = 1; s.stepNo <= steps; s.stepNo++ {
 		s.act()
+		// The actor steps again at once when a step leaves a scheduled append due.
+		for i := 0; s.lastOK && s.lastEff.stepAgain; i++ {
+			if i == 3 {
+				s.fail("a step asks for another step again and again")
+			}
+			s.history = append(s.history, "step again (a scheduled append is due)")
+			s.apply(stepInput{})
+		}
 		s.check()
 	}
 	s.drain()
+	s.drainScheduled()
+	t.Logf("exercised: %v", s.stats)
 }
 
 func (s *sim) fail(format string, args ...any) {
@@ -223,8 +241,14 @@ func (s *sim) reload(nextGen int64) {
 
 func (s *sim) env() stepEnv {
 	return stepEnv{
-		rc: reduceContext{path: "/sim", projectID: "p", maxSubs: 4,
-			compile: func(src string) error { _, err := CompileJSONata(src); return err }},
+		rc: reduceContext{path: "/sim", projectID: "p", maxSubs: 4, maxReaders: simMaxReaders,
+			compile: func(src string) error { _, err := CompileJSONata(src); return err },
+			nameTaken: func(name string) string { // as the actor's: a registered reader holds its name
+				if _, ok := s.st.readers[name]; ok {
+					return "a registered reader"
+				}
+				return ""
+			}},
 		lookupKeys: func(keys []string) (map[string]*itx.Event, error) {
 			if len(keys) == 0 {
 				return nil, nil
@@ -238,19 +262,28 @@ func (s *sim) env() stepEnv {
 		flushDelay:      200 * time.Millisecond,
 		deliveryTimeout: 20 * time.Second,
 		batchLimits:     func(string) int { return 3 },
+		loadScheduled:   func(keys []string) (map[string][]byte, error) { return s.store.ScheduledByKeys(s.ctx, keys) },
+		maxScheduled:    simMaxScheduled,
 	}
 }
 
 // apply runs one step and carries out its effects as the actor does: commit, then on success
 // replies and pushes; on failure, reload from disk.
 func (s *sim) apply(in stepInput) []appendReply {
+	nowMs, headBefore := itx.UnixMilli(s.clock.Now()), s.st.head
 	eff, err := step(s.st, in, s.clock.Now(), s.env())
 	if s.afterStep != nil {
 		s.afterStep() // the model's side of what the step decided, before its pushes are checked
 		s.afterStep = nil
 	}
+	stepErr, failBefore := err, s.store.failBefore
 	if err == nil && eff.hasWrites() {
 		err = s.store.Commit(s.ctx, eff.commit)
+	}
+	if stepErr == nil {
+		// The commit ran unless it failed before it ran (an injected fault after it leaves it
+		// durable, its answer lost).
+		s.modelStep(in, nowMs, headBefore, eff, err == nil || (errors.Is(err, errInjected) && !failBefore), err == nil)
 	}
 	s.lastOK, s.lastEff = false, effects{}
 	if err != nil {
@@ -289,8 +322,12 @@ var simNames = []string{"a", "b", "c"}
 
 // act performs one random action.
 func (s *sim) act() {
-	r := s.rng.IntN(100)
+	r := s.rng.IntN(109)
 	switch {
+	case r >= 104:
+		s.scheduleOps()
+	case r >= 100:
+		s.readerOps()
 	case r < 28:
 		s.appendEvents()
 	case r < 35:
@@ -389,7 +426,12 @@ func (s *sim) configure() {
 	}
 	b, _ := json.Marshal(cfg)
 	s.history = append(s.history, fmt.Sprintf("configure %s %s %s %s window=%d filter=%v", name, cfg.Receiver.Capability, start, policy, cfg.ConfirmWindow, cfg.Filter != nil))
-	s.apply(stepInput{appends: []*appendReq{{inputs: []itx.EventInput{{Type: itx.TypeSubscriptionConfigured, Payload: b}}, reply: make(chan appendReply, 1)}}})
+	_, isReader := s.readers[name]
+	replies := s.apply(stepInput{appends: []*appendReq{{inputs: []itx.EventInput{{Type: itx.TypeSubscriptionConfigured, Payload: b}}, reply: make(chan appendReply, 1)}}})
+	if len(replies) > 0 && isReader && itx.ErrorCode(replies[0].err) != itx.EFailedPrecondition {
+		// One name space: a registered reader's name is refused to a subscription.
+		s.fail("configure %s, a registered reader's name, answered %v", name, replies[0].err)
+	}
 }
 
 func (s *sim) control() {
@@ -658,8 +700,12 @@ func (s *sim) confirm() {
 	s.history = append(s.history, fmt.Sprintf("confirm %s through %d -> %d err=%v", name, c, got, err))
 	switch {
 	case entry == nil:
-		if itx.ErrorCode(err) != itx.ENotFound {
-			s.fail("confirm of %q, no subscription: %v", name, err)
+		want := itx.ENotFound
+		if _, isReader := s.readers[name]; isReader {
+			want = itx.EFailedPrecondition // a reader's checkpoint moves by register
+		}
+		if itx.ErrorCode(err) != want {
+			s.fail("confirm of %q, no subscription: %v (want %s)", name, err, want)
 		}
 		return
 	case entry.Config.ConfirmWindow == 0:
@@ -945,6 +991,7 @@ func (s *sim) check() {
 	if int64(len(events)) != meta.HeadOffset || s.st.head != meta.HeadOffset {
 		s.fail("head: disk %d, rows %d, memory %d", meta.HeadOffset, len(events), s.st.head)
 	}
+	s.checkReadersSched(events)
 	// No acknowledged event is lost or changed.
 	for off, a := range s.acks {
 		if off > int64(len(events)) {
