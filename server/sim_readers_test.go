@@ -80,11 +80,16 @@ func (s *sim) readerOps() {
 		}
 	}
 	in := stepInput{readers: ops}
-	if s.rng.IntN(5) == 0 {
-		name := simNames[s.rng.IntN(len(simNames))]
+	switch name := simNames[s.rng.IntN(len(simNames))]; s.rng.IntN(8) {
+	case 0:
 		b, _ := json.Marshal(itx.SubscriptionConfig{Name: name, Receiver: itx.Receiver{Action: itx.KindITXCall, Capability: "c0"}})
 		in.appends = []*appendReq{{inputs: []itx.EventInput{{Type: itx.TypeSubscriptionConfigured, Payload: b}}, reply: make(chan appendReply, 1)}}
 		desc = append(desc, "with configure "+name)
+	case 1:
+		// The subscription goes in this step: the reader may take its name in the same step.
+		b, _ := json.Marshal(itx.RemovedPayload{Name: name, Reason: "requested"})
+		in.appends = []*appendReq{{inputs: []itx.EventInput{{Type: itx.TypeSubscriptionRemoved, Payload: b}}, reply: make(chan appendReply, 1)}}
+		desc = append(desc, "with remove subscription "+name)
 	}
 	s.history = append(s.history, fmt.Sprintf("readers (head %d): %s", s.st.head, strings.Join(desc, ", ")))
 	s.apply(in)
