@@ -644,7 +644,7 @@ func (t *Transport) write() {
 		p.mu.Lock()
 		t.bytes -= m.size
 		p.bytes -= m.size
-		if m.isReturn {
+		if m.closesCall {
 			t.calls--
 			p.calls--
 		}
@@ -696,11 +696,12 @@ type outgoing struct {
 	inner transport.OutgoingMessage
 
 	// guarded by pool.mu
-	size     int64
-	isReturn bool
-	queued   bool
-	written  bool
-	released bool
+	size       int64
+	isReturn   bool
+	closesCall bool // a Return, or an Unimplemented echoing a call: the call ends once written
+	queued     bool
+	written    bool
+	released   bool
 }
 
 func (m *outgoing) Message() rpccp.Message { return m.inner.Message() }
@@ -727,6 +728,24 @@ func (m *outgoing) Send() error {
 	}
 	m.size = int64(size)
 	m.isReturn = msg.Which() == rpccp.Message_Which_return
+	m.closesCall = m.isReturn
+	if msg.Which() == rpccp.Message_Which_unimplemented {
+		// go-capnp answers a Call it does not serve (results sent elsewhere than to the
+		// caller) by echoing it in an Unimplemented, without a Return: the call ends there,
+		// and no Finish is awaited. Counted in flight for good, such calls stopped their
+		// connection being read once they were as many as its calls bound.
+		if u, err := msg.Unimplemented(); err == nil && u.Which() == rpccp.Message_Which_call {
+			if c, err := u.Call(); err == nil {
+				if size, ok := t.open[c.QuestionId()]; ok {
+					m.closesCall = true
+					t.callBytes -= size
+					p.callBytes -= size
+					delete(t.open, c.QuestionId())
+					delete(t.finishedEarly, c.QuestionId())
+				}
+			}
+		}
+	}
 	m.queued = true
 	t.queue = append(t.queue, m)
 	t.bytes += m.size

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"capnproto.org/go/capnp/v3/rpc"
+	rpccp "capnproto.org/go/capnp/v3/std/capnp/rpc"
 	"github.com/itx-dev/itx/internal/clocktest"
 	"github.com/itx-dev/itx/internal/flowconn"
 	"github.com/itx-dev/itx/internal/itxtest"
@@ -207,4 +208,25 @@ func TestPool_RefusesConnectionsPastTheBound(t *testing.T) {
 	r = itxtest.DialRaw(t, addr)
 	r.Bootstrap(0)
 	r.UntilReturn(0)
+}
+
+// go-capnp answers a Call whose results go elsewhere (sendResultsTo yourself or a third party)
+// with an Unimplemented message echoing it, never a Return. The call is answered all the same:
+// it must not stay counted in flight, or a client that sent as many as the calls bound had its
+// connection never read again (a long hostile connection stopped being read after 128 of them).
+func TestTransport_CallsAnsweredUnimplementedAreNotInFlight(t *testing.T) {
+	pool := flowconn.NewPool(flowconn.Limits{PreAuthCalls: 4, LoginTimeout: 5 * time.Second})
+	r := itxtest.DialRaw(t, serve(t, pool))
+	r.Bootstrap(0)
+	r.UntilReturn(0)
+	for q := uint32(1); q <= 40; q++ {
+		r.CallMsg(itxtest.RawCall{Q: q, Target: itxtest.OnAnswer(0), Iface: schema.Gateway_TypeID, Method: 1,
+			Build: func(c rpccp.Call) error { c.SendResultsTo().SetYourself(); return nil }})
+	}
+	r.Version(41, 0)
+	r.UntilReturn(41)
+	waitFor(t, pool, "no call in flight", func(s flowconn.Stats) bool { return s.Calls == 0 && s.CallBytes == 0 })
+	if s := pool.Stats(); s.Aborts != 0 || s.Conns != 1 {
+		t.Fatalf("%+v", s)
+	}
 }
