@@ -199,7 +199,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		cfg.MaxSubscriptionConfigBytes = itx.MaxSubscriptionConfigBytes
 	}
 	if cfg.DeliveryTimeout <= 0 {
-		cfg.DeliveryTimeout = itx.DeliveryTimeout
+		cfg.DeliveryTimeout = defaultDeliveryTimeout
 	}
 	if cfg.CursorFlushDelay <= 0 {
 		cfg.CursorFlushDelay = 200 * time.Millisecond
@@ -464,3 +464,7 @@ func (s *Server) random() float64 {
 	defer s.randMu.Unlock()
 	return s.cfg.Random()
 }
+
+// defaultDeliveryTimeout is Config.DeliveryTimeout's default: itx.DeliveryTimeout, except in a
+// test build of itxd (testhooks_itxtest.go).
+var defaultDeliveryTimeout = itx.DeliveryTimeout
