@@ -137,6 +137,7 @@ func run() error {
 	flag.IntVar(&flow.PreAuthUnfinished, "rpc-preauth-max-unfinished-replies", flowconn.DefaultPreAuthUnfinished, "replies a client has not finished, before login")
 	flag.Int64Var(&flow.PreAuthUnfinishedBytes, "rpc-preauth-max-unfinished-reply-bytes", flowconn.DefaultPreAuthUnfinishedBytes, "bytes of the replies a client has not finished, before login")
 	flag.IntVar(&flow.Capabilities, "rpc-max-capabilities", flowconn.DefaultCapabilities, "capabilities one connection's client holds without releasing them; above it the connection is aborted")
+	flag.IntVar(&flow.Unreturned, "rpc-max-unreturned-calls", flowconn.DefaultUnreturned, "calls itxd made on one connection's capabilities (EventSinks, LiveSubscribers, Receivers, processor hosts) that its client has not returned, also cancelled ones; above it the connection is aborted")
 	flag.IntVar(&flow.Connections, "rpc-max-connections", flowconn.DefaultConnections, "RPC connections open at once; one more is refused with an Abort saying so")
 	flag.DurationVar(&flow.LoginTimeout, "rpc-login-timeout", flowconn.DefaultLoginTimeout, "a connection that has not logged in by then is aborted")
 	keepAlive := flag.Duration("rpc-keepalive", capability.DefaultKeepAlive, "TCP keepalive of RPC connections: a silent connection is probed after this long and then this often; 3 unanswered probes, or writes unacknowledged for 4x this long, end it (and its mounts); at least 1s")
@@ -399,8 +400,11 @@ func registerFlowMetrics(r *prometheus.Registry, pool *flowconn.Pool) {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "itx_rpc_unfinished_reply_bytes",
 			Help: "Encoded bytes of the replies whose Finish has not arrived, over every connection."},
 			func() float64 { return float64(pool.Stats().UnfinishedBytes) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "itx_rpc_unreturned_calls",
+			Help: "Calls itxd made on clients' capabilities that the clients have not returned (go-capnp keeps each until then), over every connection."},
+			func() float64 { return float64(pool.Stats().Unreturned) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "itx_rpc_connections_aborted_total",
-			Help: "RPC connections aborted for a bound: unfinished replies, capabilities held, no login in time."},
+			Help: "RPC connections aborted for a bound: unfinished replies, capabilities held, calls not returned, no login in time."},
 			func() float64 { return float64(pool.Stats().Aborts) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "itx_rpc_connections_refused_total",
 			Help: "RPC connections refused because --rpc-max-connections were open."},

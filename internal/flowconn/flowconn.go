@@ -72,6 +72,12 @@ type Limits struct {
 	// Capabilities bounds the capabilities one connection has handed its client and the client
 	// has not released (go-capnp's export table), checked before each message is read.
 	Capabilities int
+	// Unreturned bounds the calls the server made on a connection's capabilities (an
+	// EventSink, a LiveSubscriber, a Receiver, a processor host) that its client has not
+	// returned: go-capnp keeps each question until its Return, also once the call was
+	// cancelled (its ID cannot be reused before), so a client that never returns grew the
+	// server by each call for the connection's life.
+	Unreturned int
 	// Connections bounds the pool's open connections; Open refuses one past it.
 	Connections int
 	// LoginTimeout is how long a connection may stay unauthenticated before it is aborted,
@@ -105,6 +111,7 @@ const (
 	DefaultPreAuthUnfinished      = 64
 	DefaultPreAuthUnfinishedBytes = 1 << 20
 	DefaultCapabilities           = 65536
+	DefaultUnreturned             = 65536
 	DefaultConnections            = 4096
 	DefaultLoginTimeout           = 30 * time.Second
 )
@@ -139,6 +146,7 @@ func (l Limits) withDefaults() Limits {
 	set(&l.PreAuthUnfinished, DefaultPreAuthUnfinished)
 	set64(&l.PreAuthUnfinishedBytes, DefaultPreAuthUnfinishedBytes)
 	set(&l.Capabilities, DefaultCapabilities)
+	set(&l.Unreturned, DefaultUnreturned)
 	set(&l.Connections, DefaultConnections)
 	if l.LoginTimeout <= 0 {
 		l.LoginTimeout = DefaultLoginTimeout
@@ -166,6 +174,7 @@ type Pool struct {
 
 	unfinished      int
 	unfinishedBytes int64
+	unreturned      int
 }
 
 // NewPool returns a Pool with limits (zero fields take the defaults).
@@ -189,6 +198,7 @@ type Stats struct {
 	Refused         uint64 // connections refused because Connections were open
 	Unfinished      int    // replies written whose Finish has not arrived, over every connection
 	UnfinishedBytes int64  // their encoded bytes
+	Unreturned      int    // calls sent to clients that have not returned them, over every connection
 }
 
 // Stats returns the pool's current use.
@@ -200,7 +210,7 @@ func (p *Pool) Stats() Stats {
 
 func (p *Pool) stats() Stats {
 	return Stats{Calls: p.calls, Bytes: p.bytes, CallBytes: p.callBytes, Pauses: p.pauses, Conns: p.conns, Aborts: p.aborts,
-		Refused: p.refused, Unfinished: p.unfinished, UnfinishedBytes: p.unfinishedBytes}
+		Refused: p.refused, Unfinished: p.unfinished, UnfinishedBytes: p.unfinishedBytes, Unreturned: p.unreturned}
 }
 
 // errTooMany is Open's refusal.
@@ -329,7 +339,9 @@ type Transport struct {
 	unfinished      map[uint32]int64
 	unfinishedBytes int64
 
-	exports    func() int // the capabilities the client holds (go-capnp's export table)
+	exports func() int // the capabilities the client holds (go-capnp's export table)
+	// questions are the ids of the calls this side sent that the client has not returned.
+	questions  map[uint32]struct{}
 	loginTimer itx.Timer
 
 	writerDone chan struct{}
@@ -350,7 +362,8 @@ func newTransport(conn net.Conn, pool *Pool) *Transport {
 	hr := &headerReader{conn: bufio.NewReaderSize(conn, 4096)}
 	codec := &streamCodec{Decoder: capnp.NewDecoder(hr), Encoder: capnp.NewEncoder(conn), Closer: conn}
 	t := &Transport{pool: pool, inner: transport.New(codec), conn: conn, hr: hr, dec: codec.Decoder, writerDone: make(chan struct{}),
-		open: map[uint32]int64{}, finishedEarly: map[uint32]struct{}{}, unfinished: map[uint32]int64{}}
+		open: map[uint32]int64{}, finishedEarly: map[uint32]struct{}{}, unfinished: map[uint32]int64{},
+		questions: map[uint32]struct{}{}}
 	t.wcond = sync.NewCond(&pool.mu)
 	d := pool.limits.LoginTimeout
 	t.loginTimer = pool.limits.Clock.AfterFunc(d, func() {
@@ -568,6 +581,14 @@ func (t *Transport) RecvMessage() (transport.IncomingMessage, error) {
 			t.finishedEarly[id] = struct{}{}
 		} // an unknown id, or a reply that needed no Finish: go-capnp ignores it
 		p.mu.Unlock()
+	case rpccp.Message_Which_return:
+		r, _ := msg.Return()
+		p.mu.Lock()
+		if _, ok := t.questions[r.AnswerId()]; ok {
+			delete(t.questions, r.AnswerId())
+			p.unreturned--
+		}
+		p.mu.Unlock()
 	}
 	return in, nil
 }
@@ -679,7 +700,8 @@ func (t *Transport) teardown() {
 	t.loginTimer.Stop()
 	p.unfinished -= len(t.unfinished)
 	p.unfinishedBytes -= t.unfinishedBytes
-	t.open, t.finishedEarly, t.unfinished, t.unfinishedBytes = nil, nil, nil, 0
+	p.unreturned -= len(t.questions)
+	t.open, t.finishedEarly, t.unfinished, t.unfinishedBytes, t.questions = nil, nil, nil, 0, nil
 	for _, m := range t.queue {
 		m.written = true
 		if m.released {
@@ -751,6 +773,17 @@ func (m *outgoing) Send() error {
 	t.bytes += m.size
 	p.bytes += m.size
 	t.wcond.Signal()
+	if msg.Which() == rpccp.Message_Which_call {
+		c, _ := msg.Call()
+		if _, ok := t.questions[c.QuestionId()]; !ok {
+			t.questions[c.QuestionId()] = struct{}{}
+			p.unreturned++
+		}
+		if n := len(t.questions); n > p.limits.Unreturned {
+			cut = t.abortLocked(itx.Errorf(itx.ELimitExceeded, "the client has not returned %d of the calls itxd made on its capabilities, above this connection's bound of %d (--rpc-max-unreturned-calls): a Cap'n Proto peer returns every call, also one the caller cancelled",
+				n, p.limits.Unreturned))
+		}
+	}
 	if m.isReturn {
 		// go-capnp keeps the answer (this message) until the client's Finish.
 		r, _ := msg.Return()
