@@ -490,7 +490,10 @@ func (t *Transport) RecvMessage() (transport.IncomingMessage, error) {
 		if n, max := exports(), p.limits.Capabilities; n > max {
 			err := itx.Errorf(itx.ELimitExceeded, "the client holds %d capabilities of this connection, above its bound of %d (--rpc-max-capabilities): release the ones it no longer uses", n, max)
 			t.abort(err, false)
-			return nil, err
+			// Verbatim, as abortLocked records it: go-capnp put "reader: " before a plain
+			// error, and the client read "reader: itx.limitExceeded: ...", unlike every other
+			// bound's Abort.
+			return nil, verbatimAbort{err}
 		}
 	}
 
