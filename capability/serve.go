@@ -85,6 +85,12 @@ func (l *Listener) serveConn(c net.Conn) {
 	conn := rpc.NewConn(t, &rpc.Options{
 		BootstrapClient: capnp.Client(boot),
 		Logger:          rpcLogger{l.log},
+		// go-capnp sends the Abort only once the connection's calls have ended and what the
+		// client held is released, and closes the transport after AbortTimeout whatever
+		// happened: with its 100 ms, a client aborted for holding 16,384 replies or 20,000
+		// capabilities heard only the connection's end (releasing them takes longer). The
+		// transport itself bounds how long the Abort may then take to write (DrainTimeout).
+		AbortTimeout: 2 * time.Second,
 	})
 	gw.setConn(conn)
 	t.CountCapabilities(conn.ExportCount)
