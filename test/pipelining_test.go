@@ -158,3 +158,31 @@ func TestClient_HelpersArePipelined(t *testing.T) {
 	require.NoError(t, err)
 	require.NotEmpty(t, tokens)
 }
+
+// A refusal early in a pipelined chain reaches its end as itself: every call chained on a
+// refused one fails with the refusal's code, however far down the chain and whether or not the
+// refused call was still queued inside itxd when it was refused (go-capnp answered a call chained
+// on a call rejected from a queue 'pipeline call has no pipeline caller', an internal error).
+func TestRPC_RefusalReachesTheEndOfAChain(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	tok, _ := ts.token(t, itx.Scope{Prefix: "/in", Rights: []itx.Right{itx.RightRead, itx.RightSubscribe}})
+	conn := dial(t, ts.addr)
+	for round := range 50 {
+		login, releaseLogin := conn.Gateway().Login(ctx, func(p schema.Gateway_login_Params) error { return p.SetToken(tok) })
+		streams, releaseStreams := login.Project().Streams(ctx, nil)
+		get, releaseGet := streams.Streams().Get(ctx, func(p schema.Streams_get_Params) error { return p.SetPath("/out/s") })
+		subs, releaseSubs := get.Stream().Subscriptions(ctx, nil)
+		sub, releaseSub := subs.Subscriptions().Get(ctx, func(p schema.Subscriptions_get_Params) error { return p.SetName("x") })
+		described, releaseDescribe := sub.Subscription().Describe(ctx, nil)
+		listed, releaseList := subs.Subscriptions().List(ctx, nil)
+		_, err := described.Struct()
+		requireCode(t, err, itx.EPermissionDenied)
+		_, err = listed.Struct()
+		requireCode(t, err, itx.EPermissionDenied)
+		for _, release := range []func(){releaseList, releaseDescribe, releaseSub, releaseSubs, releaseGet, releaseStreams, releaseLogin} {
+			release()
+		}
+		_ = round
+	}
+}

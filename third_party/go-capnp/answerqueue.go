@@ -118,13 +118,19 @@ func (aq *AnswerQueue) Fulfill(ptr Ptr) {
 	for i := range q {
 		ent := &q[i]
 		recv := aq.bases[ent.basis].recv
-		pcall := recv(ent.ctx, ent.path, ent.Recv)
+		// itx patch: the error a call is rejected with on delivery is kept for
+		// the calls chained on it.
+		rc := &rejectCapture{Returner: ent.Recv.Returner}
+		r := ent.Recv
+		r.Returner = rc
+		pcall := recv(ent.ctx, ent.path, r)
 		// The basis for our result will always be our index in the queue + 1
 		// since 0 is used for the initial fulfilled result.
 		if pcall == nil {
 			// itx patch (upstream PR #617): a call rejected on delivery
-			// has no pipeline caller; calls chained on it are rejected too.
-			aq.bases[i+1].recv = rejectPipelineCall
+			// has no pipeline caller; calls chained on it are rejected too,
+			// with its error (a refusal reaches the end of a chain as itself).
+			aq.bases[i+1].recv = rejectPipelineCallWith(rc.rejected())
 		} else {
 			aq.bases[i+1].recv = pcall.PipelineRecv
 		}
@@ -212,11 +218,36 @@ func (t *drainTracker) hold(release func()) {
 	t.mu.Unlock()
 }
 
-// rejectPipelineCall answers a call pipelined on a call that was rejected on delivery (itx patch,
-// upstream PR #617).
-func rejectPipelineCall(_ context.Context, _ []PipelineOp, r Recv) PipelineCaller {
-	r.Reject(errors.New("capnp: pipeline call has no pipeline caller"))
-	return nil
+// rejectPipelineCallWith answers a call pipelined on a call that was rejected on delivery with
+// err, with err (itx patch, upstream PR #617, which rejected with the message below for any err).
+func rejectPipelineCallWith(err error) func(context.Context, []PipelineOp, Recv) PipelineCaller {
+	if err == nil {
+		err = errors.New("capnp: pipeline call has no pipeline caller")
+	}
+	return func(_ context.Context, _ []PipelineOp, r Recv) PipelineCaller {
+		r.Reject(err)
+		return nil
+	}
+}
+
+// rejectCapture passes a Returner through, keeping the error it is prepared with (itx patch).
+type rejectCapture struct {
+	Returner
+	mu  sync.Mutex
+	err error
+}
+
+func (c *rejectCapture) PrepareReturn(e error) {
+	c.mu.Lock()
+	c.err = e
+	c.mu.Unlock()
+	c.Returner.PrepareReturn(e)
+}
+
+func (c *rejectCapture) rejected() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
 }
 
 // nullPipelineCall answers a call pipelined on a result without capabilities, as a call on a null
