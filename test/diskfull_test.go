@@ -145,6 +145,17 @@ func (l *ackLog) check() {
 	}
 }
 
+// kibSeqs is the sequence numbers of the kib events among events, in order.
+func kibSeqs(t testing.TB, events []itx.Event) []int {
+	var seqs []int
+	for _, e := range events {
+		if e.Type == "kib" {
+			seqs = append(seqs, kibSeq(t, e))
+		}
+	}
+	return seqs
+}
+
 func kibSeq(t testing.TB, e itx.Event) int {
 	var p struct{ Seq int }
 	require.NoError(t, json.Unmarshal(e.Payload, &p))
@@ -207,12 +218,7 @@ func TestDiskFull_AppendsWhileTheDiskFills(t *testing.T) {
 	copyStream := stream(t, proj, "/copy")
 	copied, err := client.ReadAll(ctx, copyStream, itx.Query{})
 	require.NoError(t, err)
-	var seqs []int
-	for _, e := range copied {
-		if e.Type == "kib" {
-			seqs = append(seqs, kibSeq(t, e))
-		}
-	}
+	seqs := kibSeqs(t, copied)
 	require.Equal(t, l.seqs["/a"], seqs, "/copy holds each event of /a once, in order")
 	l.streams["/copy"], l.head["/copy"], l.seqs["/copy"] = copyStream, copied[len(copied)-1].Offset, seqs
 	l.check()
@@ -422,12 +428,7 @@ func TestDiskFull_KillWhileFullThenRestart(t *testing.T) {
 	l.check()
 	copied, err := client.ReadAll(ctx, stream(t, l.proj, "/copy"), itx.Query{})
 	require.NoError(t, err)
-	var seqs []int
-	for _, e := range copied {
-		if e.Type == "kib" {
-			seqs = append(seqs, kibSeq(t, e))
-		}
-	}
+	seqs := kibSeqs(t, copied)
 	require.Equal(t, l.seqs["/a"], seqs, "/copy holds each event of /a once, in order")
 }
 
@@ -627,17 +628,14 @@ func TestDiskFull_StartingAFreshDataDirectoryOnAFullDisk(t *testing.T) {
 	}
 }
 
-// TestDiskFull_UnmadeStreamReloadedWhileFull: a stream whose directory entry was made but whose
-// database a full disk refused, unloaded and then appended to again while the disk is still
-// full, is refused with resourceExhausted (not unavailable), and made once space returns.
-func TestDiskFull_UnmadeStreamReloadedWhileFull(t *testing.T) {
-	fs := mountTmpfs(t, "16m")
-	ts := startServer(t, server.Config{DataDir: filepath.Join(fs, "data"), IdleTimeout: time.Millisecond})
-	l := newAckLog(t, ts.project(t))
-	require.True(t, l.append("/warm", 1))
-	// Find the room that takes a directory entry but not a new database.
-	var path string
-	for leave := int64(0); leave <= 256<<10 && path == ""; leave += 4 << 10 {
+// findUnmadeRoom fills the disk at fs leaving more and more room (4 KiB more each try) until an
+// append to a new stream is refused because the stream's database could not be made while its
+// directory entry was: the room that takes the entry and not the file. It returns that stream's
+// path, how many streams the tries before made (recorded in l), and the filler's free; the disk
+// is left as full as that refusal found it.
+func findUnmadeRoom(t *testing.T, fs string, l *ackLog) (path string, made int, free func()) {
+	t.Helper()
+	for leave := int64(0); leave <= 256<<10; leave += 4 << 10 {
 		free := fillDisk(t, fs, leave)
 		p := fmt.Sprintf("/u/%d", leave)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -646,15 +644,27 @@ func TestDiskFull_UnmadeStreamReloadedWhileFull(t *testing.T) {
 		if err != nil {
 			requireCode(t, err, itx.EResourceExhausted)
 			if strings.Contains(err.Error(), "create stream database") {
-				path = p
-				break
+				return p, made, free
 			}
 		} else {
 			l.head[p], l.seqs[p] = 1, nil
+			made++
 		}
 		free()
 	}
-	require.NotEmpty(t, path, "no room took a directory entry but not a database")
+	t.Fatal("no room took a directory entry but not a database")
+	return "", 0, nil
+}
+
+// TestDiskFull_UnmadeStreamReloadedWhileFull: a stream whose directory entry was made but whose
+// database a full disk refused, unloaded and then appended to again while the disk is still
+// full, is refused with resourceExhausted (not unavailable), and made once space returns.
+func TestDiskFull_UnmadeStreamReloadedWhileFull(t *testing.T) {
+	fs := mountTmpfs(t, "16m")
+	ts := startServer(t, server.Config{DataDir: filepath.Join(fs, "data"), IdleTimeout: time.Millisecond})
+	l := newAckLog(t, ts.project(t))
+	require.True(t, l.append("/warm", 1))
+	path, _, _ := findUnmadeRoom(t, fs, l) // the disk stays full
 	ts.srv.Sweep()
 	waitUntil(t, "the stream unloads", func() bool { ts.srv.Sweep(); return ts.srv.LoadedStreams() == 0 })
 
@@ -681,26 +691,9 @@ func TestDiskFull_UnmadeStreamDoesNotCountTowardTheBound(t *testing.T) {
 	ts := startServer(t, server.Config{DataDir: filepath.Join(fs, "data"), MaxStreamsPerProject: bound})
 	l := newAckLog(t, ts.project(t))
 	require.True(t, l.append("/warm", 1))
-	made := 1
-	var unmade string
-	for leave := int64(0); leave <= 256<<10 && unmade == ""; leave += 4 << 10 {
-		free := fillDisk(t, fs, leave)
-		p := fmt.Sprintf("/u/%d", leave)
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		_, err := client.Append(ctx, l.stream(p), []itx.EventInput{ev("t", `{}`)}, itx.AppendOptions{})
-		cancel()
-		if err != nil {
-			requireCode(t, err, itx.EResourceExhausted)
-			if strings.Contains(err.Error(), "create stream database") {
-				unmade = p
-			}
-		} else {
-			l.head[p], l.seqs[p] = 1, nil
-			made++
-		}
-		free()
-	}
-	require.NotEmpty(t, unmade, "no room took a directory entry but not a database")
+	unmade, made, free := findUnmadeRoom(t, fs, l)
+	free()
+	made++ // and /warm
 	require.Less(t, made, bound)
 
 	for i := made; i < bound-1; i++ {

@@ -231,13 +231,7 @@ func TestFsyncFails_SomeOfThem(t *testing.T) {
 	l.check()
 	copied, err := client.ReadAll(ctx, l.stream("/copy"), itx.Query{})
 	require.NoError(t, err)
-	var seqs []int
-	for _, e := range copied {
-		if e.Type == "kib" {
-			seqs = append(seqs, kibSeq(t, e))
-		}
-	}
-	require.Equal(t, l.seqs["/src"], seqs, "the copy holds every event of its source once, in order")
+	require.Equal(t, l.seqs["/src"], kibSeqs(t, copied), "the copy holds every event of its source once, in order")
 }
 
 // adoptRefusedThatLanded reads path's kib events after a crash: every acknowledged one must be
