@@ -116,6 +116,17 @@ func (l *ackLog) append(path string, n int) bool {
 	return true
 }
 
+// restart kills p (kill -9), starts itxd again on dataDir and logs the log in there: its
+// streams are fetched afresh, what it recorded as acknowledged is kept.
+func (l *ackLog) restart(p *itxdProcess, dataDir string) *itxdProcess {
+	l.t.Helper()
+	p.kill9(l.t)
+	p = startItxd(l.t, dataDir)
+	l.proj = dial(l.t, p.addr).Login(ctxT(l.t), p.creds.ProjectToken)
+	l.streams = map[string]schema.Stream{}
+	return p
+}
+
 // check reads every stream back: offsets 1..head consecutive, head as acknowledged, and the kib
 // events exactly those acknowledged, in order (nothing lost, nothing that was refused).
 func (l *ackLog) check() {
@@ -401,12 +412,8 @@ func TestDiskFull_KillWhileFullThenRestart(t *testing.T) {
 		}
 	}
 	require.Equal(t, 3, refused, "the disk filled")
-	p.kill9(t)
-
 	// Started again on the full disk: reads work, appends are refused.
-	p = startItxd(t, dir)
-	l.proj = dial(t, p.addr).Login(ctx, p.creds.ProjectToken)
-	l.streams = map[string]schema.Stream{}
+	p = l.restart(p, dir)
 	l.check()
 	// What the restart freed (SQLite's files checkpointed and removed at the summary refresh,
 	// a half-made stream dropped) is taken again, so the disk is full whatever the kill left.
@@ -421,10 +428,7 @@ func TestDiskFull_KillWhileFullThenRestart(t *testing.T) {
 	require.NoError(t, err)
 	l.check()
 
-	p.kill9(t)
-	p = startItxd(t, dir)
-	l.proj = dial(t, p.addr).Login(ctx, p.creds.ProjectToken)
-	l.streams = map[string]schema.Stream{}
+	p = l.restart(p, dir)
 	l.check()
 	copied, err := client.ReadAll(ctx, stream(t, l.proj, "/copy"), itx.Query{})
 	require.NoError(t, err)

@@ -14,7 +14,6 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
-	"github.com/itx-dev/itx/schema"
 	"github.com/stretchr/testify/require"
 )
 
@@ -142,10 +141,7 @@ func TestFsyncFails_NothingUnsyncedIsAcknowledged(t *testing.T) {
 		l.check()
 	}
 
-	p.kill9(t)
-	p = startItxd(t, data)
-	l.proj = dial(t, p.addr).Login(ctx, p.creds.ProjectToken)
-	l.streams = map[string]schema.Stream{}
+	p = l.restart(p, data)
 	l.check()
 	require.True(t, l.append("/a", 1))
 	l.check()
@@ -207,10 +203,7 @@ func TestFsyncFails_SomeOfThem(t *testing.T) {
 	f.pct.Store(0)
 	l.check()
 
-	p.kill9(t)
-	p = startItxd(t, data)
-	l.proj = dial(t, p.addr).Login(ctx, p.creds.ProjectToken)
-	l.streams = map[string]schema.Stream{}
+	p = l.restart(p, data)
 	// One more append (its offset is not checked: a refused append may land before it) and the
 	// copy's catch-up, then the logs read back.
 	res, err := client.Append(ctx, l.stream("/src"), kibEvents(1, 900_000), itx.AppendOptions{})
