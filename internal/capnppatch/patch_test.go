@@ -351,7 +351,6 @@ func TestFuture_ClientTwiceBeforeResolution(t *testing.T) {
 	_, err := fut.Struct()
 	require.NoError(t, err)
 	<-h.calls
-	p.ReleaseClients()
 }
 
 // rawCall sends a call of Handle.cancel as question q, on the bootstrap's answer (question 0)
@@ -664,4 +663,71 @@ func TestAnswerQueue_QueuedCallEndsWithItsContext(t *testing.T) {
 	_, err = fut2.Struct()
 	require.Error(t, err, "the call chained on the cancelled one")
 	require.Len(t, h.calls, 1, "the cancelled call was not delivered")
+}
+
+// answeredHook is a capability that answers a call before its delivery returns and gives no
+// pipeline caller, as rpc's importClient.Recv and question.PipelineRecv do when the peer's
+// answer is already back: its results hold target at field 0.
+type answeredHook struct{ target capnp.Client }
+
+func (h answeredHook) Send(_ context.Context, s capnp.Send) (*capnp.Answer, capnp.ReleaseFunc) {
+	return capnp.ErrorAnswer(s.Method, errors.New("answeredHook: send")), func() {}
+}
+
+func (h answeredHook) Recv(_ context.Context, r capnp.Recv) capnp.PipelineCaller {
+	r.ReleaseArgs()
+	defer r.Returner.ReleaseResults()
+	res, err := r.Returner.AllocResults(capnp.ObjectSize{PointerCount: 1})
+	if err == nil {
+		id := res.Message().CapTable().Add(h.target.AddRef())
+		err = res.SetPtr(0, capnp.NewInterface(res.Segment(), id).ToPtr())
+	}
+	r.Returner.PrepareReturn(err)
+	r.Returner.Return()
+	return nil
+}
+
+func (h answeredHook) Brand() capnp.Brand { return capnp.Brand{} }
+func (h answeredHook) Shutdown()          {}
+func (h answeredHook) String() string     { return "answeredHook" }
+
+// A call chained on a queued call that succeeded during its delivery (a capability of another
+// connection whose answer was back at once) reaches the capability that call returned. The
+// backport of upstream PR #617 rejected it with "pipeline call has no pipeline caller" (an
+// internal error to itx's clients): seen under -race when a test's local project handed out
+// itxd's streams and a chain went through them.
+func TestAnswerQueue_ChainedOnCallAnsweredDuringDelivery(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	h := shutHandle{handle: handle{calls: make(chan struct{}, 1)}, shut: make(chan struct{})}
+	target := capnp.Client(schema.Handle_ServerToClient(h))
+	answered := capnp.NewClient(answeredHook{target: target})
+	loginResult, loginMsg := result(t, answered)
+
+	login := capnp.NewAnswerQueue(capnp.Method{})
+	p := capnp.NewPromise(capnp.Method{}, login, nil)
+	first := schema.Handle(p.Answer().Field(0, nil).Client())
+	fut, release := first.Cancel(ctx, nil)
+	chained := schema.Handle(fut.Field(0, nil).Client())
+	fut2, release2 := chained.Cancel(ctx, nil)
+
+	login.Fulfill(loginResult.ToPtr())
+	_, err := fut.Struct()
+	require.NoError(t, err)
+	_, err = fut2.Struct()
+	require.NoError(t, err, "the chained call reached the capability the first call returned")
+	require.Len(t, h.calls, 1)
+
+	// Nothing is kept alive: once the callers and the result let go, the capability shuts down.
+	release2()
+	release()
+	chained.Release()
+	first.Release()
+	loginMsg.Release()
+	target.Release()
+	select {
+	case <-h.shut:
+	case <-ctx.Done():
+		t.Fatal("the chained call's copy of the results kept the capability alive")
+	}
 }

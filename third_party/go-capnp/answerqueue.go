@@ -118,20 +118,25 @@ func (aq *AnswerQueue) Fulfill(ptr Ptr) {
 	for i := range q {
 		ent := &q[i]
 		recv := aq.bases[ent.basis].recv
-		// itx patch: the error a call is rejected with on delivery is kept for
-		// the calls chained on it.
-		rc := &rejectCapture{Returner: ent.Recv.Returner}
+		// itx patch: how a call delivered here returned, when it returned before
+		// its delivery did, is kept for the calls chained on it.
+		rc := &returnCapture{Returner: ent.Recv.Returner, method: ent.Method, delivering: true}
 		r := ent.Recv
 		r.Returner = rc
 		pcall := recv(ent.ctx, ent.path, r)
 		// The basis for our result will always be our index in the queue + 1
 		// since 0 is used for the initial fulfilled result.
 		if pcall == nil {
-			// itx patch (upstream PR #617): a call rejected on delivery
-			// has no pipeline caller; calls chained on it are rejected too,
-			// with its error (a refusal reaches the end of a chain as itself).
-			aq.bases[i+1].recv = rejectPipelineCallWith(rc.rejected())
+			// itx patch (upstream PR #617, widened): a call that has no pipeline
+			// caller returned during its delivery. Calls chained on it are
+			// rejected with its error if it failed (a refusal reaches the end of
+			// a chain as itself), and delivered through its results if it
+			// succeeded: a capability held by another connection answers a call
+			// at once when the answer is back before its Recv looks (rpc's
+			// importClient.Recv, question.PipelineRecv).
+			aq.bases[i+1].recv = rc.chained()
 		} else {
+			rc.delivered()
 			aq.bases[i+1].recv = pcall.PipelineRecv
 		}
 	}
@@ -230,24 +235,70 @@ func rejectPipelineCallWith(err error) func(context.Context, []PipelineOp, Recv)
 	}
 }
 
-// rejectCapture passes a Returner through, keeping the error it is prepared with (itx patch).
-type rejectCapture struct {
+// returnCapture passes a Returner through (itx patch). While the call is being delivered, it
+// keeps how the call returned: the error it was prepared with, or a detached copy of its results
+// (see detachedRecv), taken before the Returner may release them.
+type returnCapture struct {
 	Returner
-	mu  sync.Mutex
-	err error
+	method Method
+
+	mu         sync.Mutex
+	delivering bool   // the drain's recv has not returned yet
+	results    Struct // from AllocResults
+	prepared   bool
+	err        error
+	recv       func(context.Context, []PipelineOp, Recv) PipelineCaller // the results' copy
+	release    func()                                                   // its strong references
 }
 
-func (c *rejectCapture) PrepareReturn(e error) {
+func (c *returnCapture) AllocResults(sz ObjectSize) (Struct, error) {
+	s, err := c.Returner.AllocResults(sz)
+	if err == nil {
+		c.mu.Lock()
+		c.results = s
+		c.mu.Unlock()
+	}
+	return s, err
+}
+
+func (c *returnCapture) PrepareReturn(e error) {
 	c.mu.Lock()
-	c.err = e
+	c.prepared, c.err = true, e
+	if e == nil && c.delivering {
+		c.recv, c.release = detachedRecv(c.method, c.results.ToPtr())
+	}
 	c.mu.Unlock()
 	c.Returner.PrepareReturn(e)
 }
 
-func (c *rejectCapture) rejected() error {
+// chained returns the receiver for calls chained on a call whose delivery returned no pipeline
+// caller: the call returned during it. A copy of its results holds their capabilities until the
+// drains running now have finished, as Fulfill's own copy does.
+func (c *returnCapture) chained() func(context.Context, []PipelineOp, Recv) PipelineCaller {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.err
+	c.delivering = false
+	prepared, err, recv, release := c.prepared, c.err, c.recv, c.release
+	c.mu.Unlock()
+	switch {
+	case !prepared || err != nil:
+		return rejectPipelineCallWith(err)
+	case release != nil:
+		drains.hold(release)
+	}
+	return recv
+}
+
+// delivered ends the delivery of a call that gave a pipeline caller: chained calls go there, and a
+// copy of results that came back meanwhile is not needed.
+func (c *returnCapture) delivered() {
+	c.mu.Lock()
+	c.delivering = false
+	release := c.release
+	c.recv, c.release = nil, nil
+	c.mu.Unlock()
+	if release != nil {
+		release()
+	}
 }
 
 // nullPipelineCall answers a call pipelined on a result without capabilities, as a call on a null
