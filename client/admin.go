@@ -4,17 +4,18 @@ import (
 	"context"
 	"time"
 
+	"capnproto.org/go/capnp/v3"
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/wire"
 )
 
-// Admin returns project.admin(), once answered (see Stream): the deployment root administers every project, a
-// project token with the admin right its own project's tokens.
+// Admin returns project.admin() at once, pipelined (see Stream): the deployment root administers
+// every project, a project token with the admin right its own project's tokens.
 func Admin(ctx context.Context, project schema.Project) schema.Admin {
 	fut, release := project.Admin(ctx, nil)
-	a := fut.Admin().AddRef() // see Conn.Login: the answer is released, the capability kept
-	release()
+	a := fut.Admin().AddRef()
+	keepAnswers(capnp.Client(a), release)
 	return a
 }
 
@@ -172,20 +173,20 @@ func RevokeToken(ctx context.Context, a schema.Admin, projectID, tokenID string)
 	return err
 }
 
-// ReadOnly returns s.readOnly(), once answered (see Stream): a capability to the same stream that only reads,
-// to hand to someone else.
+// ReadOnly returns s.readOnly() at once, pipelined (see Stream): a capability to the same stream
+// that only reads, to hand to someone else.
 func ReadOnly(ctx context.Context, s schema.Stream) schema.Stream {
 	fut, release := s.ReadOnly(ctx, nil)
-	ro := fut.Stream().AddRef() // see Conn.Login: the answer is released, the capability kept
-	release()
+	ro := fut.Stream().AddRef()
+	keepAnswers(capnp.Client(ro), release)
 	return ro
 }
 
-// AppendOnly returns s.appendOnly(), once answered (see Stream): a capability to the same stream that only
-// appends.
+// AppendOnly returns s.appendOnly() at once, pipelined (see Stream): a capability to the same
+// stream that only appends.
 func AppendOnly(ctx context.Context, s schema.Stream) schema.Stream {
 	fut, release := s.AppendOnly(ctx, nil)
-	ao := fut.Stream().AddRef() // see Conn.Login: the answer is released, the capability kept
-	release()
+	ao := fut.Stream().AddRef()
+	keepAnswers(capnp.Client(ao), release)
 	return ao
 }

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"capnproto.org/go/capnp/v3"
 	"capnproto.org/go/capnp/v3/rpc"
 	"github.com/itx-dev/itx/internal/tcpopt"
 	"github.com/itx-dev/itx/schema"
@@ -122,15 +123,12 @@ func dialTCP(ctx context.Context, addr string, keepAlive time.Duration) (*net.TC
 // Gateway is the bootstrap capability.
 func (c *Conn) Gateway() schema.Gateway { return c.gateway }
 
-// Login returns the project a token logs into, once the login is answered (go-capnp's release
-// of the answer waits for it; see below). A bad token fails the calls made on it. To pipeline
-// calls behind the login, use the Gateway's generated Login and keep its answer until done.
+// Login returns the project a token logs into at once, without waiting for the answer: calls
+// made on it are pipelined behind the login. A bad token fails the calls made on it.
 func (c *Conn) Login(ctx context.Context, token string) schema.Project {
 	fut, release := c.gateway.Login(ctx, func(p schema.Gateway_login_Params) error { return p.SetToken(token) })
-	// Our own reference, then the answer released: an answer never released holds its result,
-	// and so keeps the project exported by itxd however often the caller releases it.
 	p := fut.Project().AddRef()
-	release()
+	keepAnswers(capnp.Client(p), release)
 	return p
 }
 

@@ -5,14 +5,16 @@ import (
 	"math"
 	"time"
 
+	"capnproto.org/go/capnp/v3"
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/wire"
 )
 
-// Stream returns project.streams().get(path): the two calls are pipelined, and Stream returns
-// once both are answered (one round trip; go-capnp's release of an answer waits for it, and an
-// answer kept would keep its capability exported). Release it when done.
+// Stream returns project.streams().get(path) at once, without waiting for an answer: the two
+// calls are pipelined, and so is whatever is called on the stream before they are answered (a
+// Login, Stream and Append cost one round trip). A path that cannot be opened fails the calls
+// made on it. Release it when done.
 //
 // go-capnp deadlocks if a pipelined accessor is called twice on one unresolved future, so each
 // accessor here is called exactly once and its result kept.
@@ -21,9 +23,31 @@ func Stream(ctx context.Context, project schema.Project, path string) schema.Str
 	streams := sf.Streams()
 	gf, releaseGet := streams.Get(ctx, func(p schema.Streams_get_Params) error { return p.SetPath(path) })
 	s := gf.Stream().AddRef()
-	releaseGet()
-	releaseStreams()
+	keepAnswers(capnp.Client(s), releaseGet, releaseStreams)
 	return s
+}
+
+// keepAnswers ties the answers of the calls that made c (a reference of the caller's own, taken
+// with AddRef) to c: they are released when c is, once answered, off the releasing goroutine.
+// The helpers that return a capability do this, so they return at once and calls made on what
+// they return are pipelined behind theirs.
+//
+// Released any earlier, an answer's results would be freed while a call on c that set out
+// before c learnt its resolution could still read them (go-capnp's pipelined client reads the
+// capability out of the answer's results): a panic under load. Never released, an answer holds
+// the capability its results carry, exported by itxd however often the caller releases c.
+// go-capnp's release of an answer waits for it; a lost connection answers every call.
+func keepAnswers(c capnp.Client, releases ...func()) {
+	release := func() {
+		go func() {
+			for _, release := range releases {
+				release()
+			}
+		}()
+	}
+	if c.AttachReleaser(release) {
+		release() // c was released already
+	}
 }
 
 // Append appends events atomically and returns once they are durable.

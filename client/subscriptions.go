@@ -5,6 +5,7 @@ import (
 	"sort"
 	"time"
 
+	"capnproto.org/go/capnp/v3"
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/wire"
@@ -74,22 +75,22 @@ type SubscriptionConfig struct {
 	IdempotencyKey string
 }
 
-// Subscriptions returns stream.subscriptions(), once answered (see Stream). Release it when done.
+// Subscriptions returns stream.subscriptions() at once, pipelined (see Stream). Release it when
+// done.
 func Subscriptions(ctx context.Context, s schema.Stream) schema.Subscriptions {
 	fut, release := s.Subscriptions(ctx, nil)
 	subs := fut.Subscriptions().AddRef()
-	release()
+	keepAnswers(capnp.Client(subs), release)
 	return subs
 }
 
-// Subscription returns stream.subscriptions().get(name), once answered (see Stream): a name that
-// does not exist fails the calls made on it. Release it when done.
+// Subscription returns stream.subscriptions().get(name) at once, pipelined (see Stream): a name
+// that does not exist fails the calls made on it. Release it when done.
 func Subscription(ctx context.Context, s schema.Stream, name string) schema.Subscription {
-	subs := Subscriptions(ctx, s)
-	defer subs.Release()
-	fut, release := subs.Get(ctx, func(p schema.Subscriptions_get_Params) error { return p.SetName(name) })
+	sf, releaseSubs := s.Subscriptions(ctx, nil)
+	fut, release := sf.Subscriptions().Get(ctx, func(p schema.Subscriptions_get_Params) error { return p.SetName(name) })
 	sub := fut.Subscription().AddRef()
-	release()
+	keepAnswers(capnp.Client(sub), release, releaseSubs)
 	return sub
 }
 

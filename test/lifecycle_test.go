@@ -491,7 +491,11 @@ func TestConnection_CutReleasesTheStream(t *testing.T) {
 		ts.srv.Sweep()
 		return ts.srv.LoadedStreams() == 0
 	})
-	watcher := ts.project(t) // its connection's goroutines predate the check
+	// The watcher's connection's goroutines predate the check: its login is answered (the Go
+	// client's Login returns before that, pipelined) before the goroutines are counted.
+	watcher := ts.project(t)
+	_, err = client.DescribeProject(ctx, watcher)
+	require.NoError(t, err)
 	opts := []goleak.Option{goleak.IgnoreCurrent()}
 
 	gw, nc, rc := rawDial(t, ts.addr)
@@ -557,7 +561,11 @@ func TestRemote_CutHostReleasesTheStream(t *testing.T) {
 		ts.srv.Sweep()
 		return ts.srv.LoadedStreams() == 0
 	})
-	watcher := ts.project(t) // its connection's goroutines predate the check
+	// The watcher's connection's goroutines predate the check: its login is answered (the Go
+	// client's Login returns before that, pipelined) before the goroutines are counted.
+	watcher := ts.project(t)
+	_, err := client.DescribeProject(ctx, watcher)
+	require.NoError(t, err)
 	opts := []goleak.Option{goleak.IgnoreCurrent()}
 
 	gw, nc, rc := rawDial(t, ts.addr)

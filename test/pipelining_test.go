@@ -58,8 +58,8 @@ func holdReplies(t *testing.T, target string) *heldReplies {
 
 // A chain sent through the generated API without awaiting any answer is pipelined by itxd:
 // login, streams(), get(path) and an append on the stream all take effect while every answer
-// is still on its way back (here: held). The Go client's helpers (Conn.Login, client.Stream)
-// instead return once their step is answered, as the README says.
+// is still on its way back (here: held). The Go client's helpers pipeline the same way
+// (TestClient_HelpersArePipelined).
 func TestRPC_ChainIsPipelined(t *testing.T) {
 	ts := startServer(t, server.Config{})
 	ctx := ctxT(t)
@@ -92,6 +92,71 @@ func TestRPC_ChainIsPipelined(t *testing.T) {
 	for _, release := range []func(){releaseAppend, releaseGet, releaseStreams, releaseLogin} {
 		release()
 	}
+}
+
+// The Go client's helpers return their capability at once: Conn.Login, client.Stream,
+// client.Subscription, client.ReadOnly and client.Admin, and a call made on what they return,
+// all reach itxd while every answer is held, and the chain answers once the replies flow.
+func TestClient_HelpersArePipelined(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	direct := stream(t, ts.project(t), "/pipelined")
+	_, birth, err := client.ConfigureSubscription(ctx, client.Subscriptions(ctx, direct),
+		client.SubscriptionConfig{Name: "copy", Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: "/copied"}})
+	require.NoError(t, err)
+
+	h := holdReplies(t, ts.addr)
+	conn, err := client.Dial(ctx, h.addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { h.release(); conn.Close() })
+
+	// Each helper returns before any reply: were one to wait, this would block until the
+	// replies are released, which happens only once the append is seen below.
+	project := conn.Login(ctx, ts.creds.ProjectToken)
+	s := client.Stream(ctx, project, "/pipelined")
+	sub := client.Subscription(ctx, s, "copy")
+	ro := client.ReadOnly(ctx, s)
+	admin := client.Admin(ctx, project)
+	defer func() {
+		for _, c := range []interface{ Release() }{project, s, sub, ro, admin} {
+			c.Release()
+		}
+	}()
+	type result struct {
+		res itx.AppendResult
+		err error
+	}
+	appended := make(chan result, 1)
+	go func() {
+		res, err := client.Append(ctx, s, []itx.EventInput{ev("piped", `{}`)}, itx.AppendOptions{})
+		appended <- result{res, err}
+	}()
+
+	e, err := client.WaitForEvent(ctx, direct, itx.Predicate{Types: []string{"piped"}}, 0, 20*time.Second)
+	require.NoError(t, err, "the append never reached itxd while the answers were held")
+	require.Equal(t, birth+1, e.Offset)
+	select {
+	case r := <-appended:
+		t.Fatalf("the append was answered while the replies were held: %+v", r)
+	default:
+	}
+	h.release()
+	r := <-appended
+	require.NoError(t, r.err)
+	require.Equal(t, []int64{e.Offset}, r.res.Offsets)
+
+	// Every helper's capability works once answered.
+	d, err := client.WaitUntilProcessed(ctx, sub, e.Offset, 20*time.Second)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, d, e.Offset)
+	page, err := client.GetEventPage(ctx, ro, itx.Query{After: birth})
+	require.NoError(t, err)
+	require.Len(t, page.Events, 1)
+	_, err = client.Append(ctx, ro, []itx.EventInput{ev("refused", `{}`)}, itx.AppendOptions{})
+	require.Error(t, err, "a read-only stream refuses an append")
+	tokens, err := client.ListTokens(ctx, admin, ts.creds.ProjectID)
+	require.NoError(t, err)
+	require.NotEmpty(t, tokens)
 }
 
 // A refusal early in a pipelined chain reaches its end as itself: every call chained on a
