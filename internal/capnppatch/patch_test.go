@@ -7,6 +7,7 @@ import (
 	"errors"
 	"net"
 	"runtime"
+	"sync"
 	"testing"
 	"time"
 
@@ -730,4 +731,81 @@ func TestAnswerQueue_ChainedOnCallAnsweredDuringDelivery(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the chained call's copy of the results kept the capability alive")
 	}
+}
+
+// recordReturner records how a call returned.
+type recordReturner struct {
+	capnp.StructReturner
+	err  error
+	done chan struct{}
+}
+
+func newRecordReturner() *recordReturner { return &recordReturner{done: make(chan struct{})} }
+
+func (r *recordReturner) PrepareReturn(e error) {
+	r.err = e
+	r.StructReturner.PrepareReturn(e)
+}
+
+func (r *recordReturner) Return() {
+	r.StructReturner.Return()
+	close(r.done)
+}
+
+// pipeliningReturner is the Returner of an RPC answer in miniature: its Return first lets the
+// peer pipeline a call on the answer (pipeline, as the connection's receive loop would deliver
+// one that arrived meanwhile) and then waits for every such call to be delivered, as rpc's
+// ansReturner.Return does.
+type pipeliningReturner struct {
+	*recordReturner
+	pipeline func(wg *sync.WaitGroup)
+	wg       sync.WaitGroup
+}
+
+func (r *pipeliningReturner) Return() {
+	r.pipeline(&r.wg)
+	r.wg.Wait()
+	r.recordReturner.Return()
+}
+
+// A queued call rejected on delivery, while the peer pipelines another call on it, answers
+// both: the rejected call's Return waits for the pipelined call's delivery, which waits for
+// the draining queue. Unpatched, the drain (inside that Return) and the pipelined call (waiting
+// for the drain to end) waited on each other for good, and with them the connection's receive
+// loop: TestRPC_RefusalReachesTheEndOfAChain hung under -race about 1 run in 10.
+func TestAnswerQueue_CallPipelinedOnACallRejectedDuringTheDrain(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	msg, seg := capnp.NewSingleSegmentMessage(nil)
+	st, err := capnp.NewRootStruct(seg, capnp.ObjectSize{PointerCount: 1}) // field 0: no capability
+	require.NoError(t, err)
+	defer msg.Release()
+
+	aq := capnp.NewAnswerQueue(capnp.Method{})
+	var onRejected capnp.PipelineCaller // the pipeline of the call that will be rejected
+	pipelined := newRecordReturner()
+	rejected := &pipeliningReturner{recordReturner: newRecordReturner(), pipeline: func(wg *sync.WaitGroup) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			onRejected.PipelineRecv(ctx, nil, capnp.Recv{ReleaseArgs: func() {}, Returner: pipelined})
+		}()
+	}}
+	// Queued on field 0 of the queue's result, a null capability: rejected on delivery.
+	onRejected = aq.PipelineRecv(ctx, []capnp.PipelineOp{{Field: 0}}, capnp.Recv{ReleaseArgs: func() {}, Returner: rejected})
+
+	drained := make(chan struct{})
+	go func() {
+		defer close(drained)
+		aq.Fulfill(st.ToPtr())
+	}()
+	for _, done := range []chan struct{}{drained, rejected.done, pipelined.done} {
+		select {
+		case <-done:
+		case <-ctx.Done():
+			t.Fatal("the drain never ended: it waits for a call pipelined on the call it rejected, which waits for the drain")
+		}
+	}
+	require.ErrorContains(t, rejected.err, "null client")
+	require.ErrorContains(t, pipelined.err, "null client", "the call pipelined on the rejected call is rejected with its error")
 }

@@ -86,6 +86,14 @@ func (aq *AnswerQueue) Fulfill(ptr Ptr) {
 	aq.q = nil
 	aq.bases = make([]base, len(q)+1)
 	ready := make(chan struct{}) // TODO(soon): use more fine-grained signals
+	// itx patch: Returns of the delivered calls that came during their delivery run
+	// once ready is closed (see returnCapture.Return). Deferred first, so it runs last.
+	var delivered []*returnCapture
+	defer func() {
+		for _, rc := range delivered {
+			rc.flush()
+		}
+	}()
 	defer close(ready)
 	for i := range aq.bases {
 		aq.bases[i].ready = ready
@@ -121,6 +129,7 @@ func (aq *AnswerQueue) Fulfill(ptr Ptr) {
 		// itx patch: how a call delivered here returned, when it returned before
 		// its delivery did, is kept for the calls chained on it.
 		rc := &returnCapture{Returner: ent.Recv.Returner, method: ent.Method, delivering: true}
+		delivered = append(delivered, rc)
 		r := ent.Recv
 		r.Returner = rc
 		pcall := recv(ent.ctx, ent.path, r)
@@ -238,6 +247,13 @@ func rejectPipelineCallWith(err error) func(context.Context, []PipelineOp, Recv)
 // returnCapture passes a Returner through (itx patch). While the call is being delivered, it
 // keeps how the call returned: the error it was prepared with, or a detached copy of its results
 // (see detachedRecv), taken before the Returner may release them.
+//
+// And a Return that comes during the delivery waits until the drain has closed its queue's ready
+// channel (Fulfill calls flush then). An RPC answer's Return waits for the calls the peer
+// pipelined on it to be delivered, and such a call, reaching this draining queue, waits for ready:
+// a call rejected on delivery (a refusal early in a pipelined chain) while the peer pipelined
+// another call on it left the drain and the connection's receive loop waiting on each other for
+// good (TestRPC_RefusalReachesTheEndOfAChain hung under -race, 1 run in about 10).
 type returnCapture struct {
 	Returner
 	method Method
@@ -249,6 +265,48 @@ type returnCapture struct {
 	err        error
 	recv       func(context.Context, []PipelineOp, Recv) PipelineCaller // the results' copy
 	release    func()                                                   // its strong references
+	returnDue  bool                                                     // Return came during the delivery, and has not finished
+	releaseDue bool                                                     // ReleaseResults came while returnDue
+}
+
+func (c *returnCapture) Return() {
+	c.mu.Lock()
+	if c.delivering {
+		c.returnDue = true
+		c.mu.Unlock()
+		return
+	}
+	c.mu.Unlock()
+	c.Returner.Return()
+}
+
+func (c *returnCapture) ReleaseResults() {
+	c.mu.Lock()
+	if c.returnDue {
+		c.releaseDue = true
+		c.mu.Unlock()
+		return
+	}
+	c.mu.Unlock()
+	c.Returner.ReleaseResults()
+}
+
+// flush runs a Return that came during the delivery, and the ReleaseResults that followed it.
+func (c *returnCapture) flush() {
+	c.mu.Lock()
+	due := c.returnDue
+	c.mu.Unlock()
+	if !due {
+		return
+	}
+	c.Returner.Return()
+	c.mu.Lock()
+	c.returnDue = false
+	release := c.releaseDue
+	c.mu.Unlock()
+	if release {
+		c.Returner.ReleaseResults()
+	}
 }
 
 func (c *returnCapture) AllocResults(sz ObjectSize) (Struct, error) {
