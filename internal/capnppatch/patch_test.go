@@ -3,10 +3,13 @@
 package capnppatch
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"net"
 	"runtime"
+	"runtime/pprof"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -14,6 +17,7 @@ import (
 	"capnproto.org/go/capnp/v3"
 	"capnproto.org/go/capnp/v3/rpc"
 	"capnproto.org/go/capnp/v3/rpc/transport"
+	"capnproto.org/go/capnp/v3/server"
 	rpccp "capnproto.org/go/capnp/v3/std/capnp/rpc"
 	"github.com/itx-dev/itx/schema"
 	"github.com/stretchr/testify/require"
@@ -808,4 +812,89 @@ func TestAnswerQueue_CallPipelinedOnACallRejectedDuringTheDrain(t *testing.T) {
 	}
 	require.ErrorContains(t, rejected.err, "null client")
 	require.ErrorContains(t, pipelined.err, "null client", "the call pipelined on the rejected call is rejected with its error")
+}
+
+// makerMethod is a method that returns a Handle in field 0 of its results.
+var makerMethod = capnp.Method{InterfaceID: 0xa0b1c2d3e4f50617, MethodID: 0, InterfaceName: "maker", MethodName: "make"}
+
+// emptyArgs returns an empty arguments struct in a message of its own.
+func emptyArgs(t *testing.T) capnp.Struct {
+	t.Helper()
+	_, seg := capnp.NewSingleSegmentMessage(nil)
+	st, err := capnp.NewRootStruct(seg, capnp.ObjectSize{})
+	require.NoError(t, err)
+	return st
+}
+
+// A call forwarded to another connection (a capability imported from it, delivered a call
+// through capnp.Recv, as an answer queue's drain or a local server forwarding does) gives a
+// pipeline for the calls chained on it that works after its answer came back and was
+// released. Unpatched, the pipeline was the answer itself, released once returned: a chained
+// call then read its capability out of the freed results and panicked ('slice bounds out of
+// range' in Transform; a data race under -race in TestAccAudit_MintedCapabilitiesEveryStreamMethod).
+func TestRPC_ForwardedCallsPipelineOutlivesItsAnswer(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	h := handle{calls: make(chan struct{}, 1)}
+	maker := capnp.NewClient(server.New([]server.Method{{Method: makerMethod, Impl: func(ctx context.Context, call *server.Call) error {
+		res, err := call.AllocResults(capnp.ObjectSize{PointerCount: 1})
+		if err != nil {
+			return err
+		}
+		id := res.Message().CapTable().Add(capnp.Client(schema.Handle_ServerToClient(h)))
+		return res.SetPtr(0, capnp.NewInterface(res.Segment(), id).ToPtr())
+	}}}, nil, nil))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		conn := rpc.NewConn(rpc.NewStreamTransport(c), &rpc.Options{BootstrapClient: maker})
+		<-conn.Done()
+	}()
+	nc, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	conn := rpc.NewConn(rpc.NewStreamTransport(nc), nil)
+	defer conn.Close()
+	remote := conn.Bootstrap(ctx)
+	defer remote.Release()
+	require.NoError(t, remote.Resolve(ctx))
+
+	made := newRecordReturner()
+	pipeline := remote.RecvCall(ctx, capnp.Recv{Method: makerMethod, Args: emptyArgs(t), ReleaseArgs: func() {}, Returner: made})
+	<-made.done
+	require.NoError(t, made.err)
+	if pipeline == nil {
+		t.Skip("the answer was back before the delivery returned: the answer queue's copy covers that (TestAnswerQueue_ChainedOnCallAnsweredDuringDelivery)")
+	}
+	// Wait for the forwarding goroutine to release the answer (it ends right after).
+	for stillForwarding(t) {
+		select {
+		case <-ctx.Done():
+			t.Fatal("the forwarded call's goroutine never ended")
+		default:
+			runtime.Gosched()
+		}
+	}
+
+	cancelled := newRecordReturner()
+	cancelMethod := capnp.Method{InterfaceID: schema.Handle_TypeID, MethodID: 0, InterfaceName: "Handle", MethodName: "cancel"}
+	pipeline.PipelineRecv(ctx, []capnp.PipelineOp{{Field: 0}}, capnp.Recv{Method: cancelMethod, Args: emptyArgs(t), ReleaseArgs: func() {}, Returner: cancelled})
+	select {
+	case <-cancelled.done:
+	case <-ctx.Done():
+		t.Fatal("the chained call was never answered")
+	}
+	require.NoError(t, cancelled.err, "the chained call reached the capability the forwarded call returned")
+	require.Len(t, h.calls, 1)
+}
+
+// stillForwarding reports whether a goroutine is still in rpc's returnAnswer.
+func stillForwarding(t *testing.T) bool {
+	var buf bytes.Buffer
+	require.NoError(t, pprof.Lookup("goroutine").WriteTo(&buf, 1))
+	return strings.Contains(buf.String(), "rpc.returnAnswer")
 }

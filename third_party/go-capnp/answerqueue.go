@@ -365,6 +365,29 @@ func nullPipelineCall(ctx context.Context, _ []PipelineOp, r Recv) PipelineCalle
 	return Client{}.RecvCall(ctx, r)
 }
 
+// DetachedPipeline returns a PipelineCaller for the result ptr that stays valid after ptr's
+// message is released (itx patch; see detachedRecv): its capabilities are held until the answer
+// queue drains running now have finished, and weakly after that. rpc forwards a call to another
+// connection and gives the calls chained on it this copy once the answer is back, since it
+// releases the answer then.
+func DetachedPipeline(m Method, ptr Ptr) PipelineCaller {
+	recv, release := detachedRecv(m, ptr)
+	if release != nil {
+		drains.hold(release)
+	}
+	return detachedPipeline(recv)
+}
+
+type detachedPipeline func(context.Context, []PipelineOp, Recv) PipelineCaller
+
+func (d detachedPipeline) PipelineRecv(ctx context.Context, transform []PipelineOp, r Recv) PipelineCaller {
+	return d(ctx, transform, r)
+}
+
+func (d detachedPipeline) PipelineSend(ctx context.Context, transform []PipelineOp, s Send) (*Answer, ReleaseFunc) {
+	return sendThroughRecv(ctx, transform, s, d)
+}
+
 // detachedRecv returns a pipeline receiver for the result ptr that stays valid after ptr's
 // message is released, and a release for the strong references it took, if any (itx patch). A
 // result without capabilities needs nothing from the message: any pipelined call on it is a call
@@ -504,6 +527,11 @@ func (qc queueCaller) PipelineRecv(ctx context.Context, transform []PipelineOp, 
 }
 
 func (qc queueCaller) PipelineSend(ctx context.Context, transform []PipelineOp, s Send) (*Answer, ReleaseFunc) {
+	return sendThroughRecv(ctx, transform, s, qc.PipelineRecv)
+}
+
+// sendThroughRecv makes a call sent on a pipeline out of its receiving side.
+func sendThroughRecv(ctx context.Context, transform []PipelineOp, s Send, recv func(context.Context, []PipelineOp, Recv) PipelineCaller) (*Answer, ReleaseFunc) {
 	ret := new(StructReturner)
 	r := Recv{
 		Method:      s.Method,
@@ -523,7 +551,7 @@ func (qc queueCaller) PipelineSend(ctx context.Context, transform []PipelineOp, 
 		r.ReleaseArgs = r.Args.Message().Release
 	}
 
-	pcall := qc.PipelineRecv(ctx, transform, r)
+	pcall := recv(ctx, transform, r)
 	return ret.Answer(s.Method, pcall)
 }
 

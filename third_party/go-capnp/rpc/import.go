@@ -3,6 +3,7 @@ package rpc
 import (
 	"context"
 	"errors"
+	"sync"
 
 	"capnproto.org/go/capnp/v3"
 	"capnproto.org/go/capnp/v3/internal/str"
@@ -198,20 +199,41 @@ func (ic *importClient) Recv(ctx context.Context, r capnp.Recv) capnp.PipelineCa
 		},
 	})
 	r.ReleaseArgs()
+	return forwardAnswer(r, ans, finish)
+}
+
+// forwardAnswer returns the answer of a call forwarded to the peer to the call's Returner, and
+// returns the pipeline for the calls chained on it: none when the answer is already back (the
+// caller's answer queue keeps a copy of the results then), else settlingPipeline.
+//
+// itx patch: upstream returned ans itself, and released it (finish) as soon as it was answered,
+// while calls chained on it could still come: they read the capability out of the freed results
+// (a data race, then 'slice bounds out of range' in Transform, in the test process of
+// TestAccAudit_MintedCapabilitiesEveryStreamMethod, whose local project forwards to itxd).
+func forwardAnswer(r capnp.Recv, ans *capnp.Answer, finish func()) capnp.PipelineCaller {
 	select {
 	case <-ans.Done():
-		returnAnswer(r.Returner, ans, finish)
+		returnAnswer(r.Returner, ans, finish, nil)
 		return nil
 	default:
-		go returnAnswer(r.Returner, ans, finish)
-		return ans
+		sp := &settlingPipeline{ans: ans}
+		sp.idle = sync.NewCond(&sp.mu)
+		go returnAnswer(r.Returner, ans, finish, func(result capnp.Struct, err error) {
+			sp.settle(r.Method, result, err)
+		})
+		return sp
 	}
 }
 
-func returnAnswer(ret capnp.Returner, ans *capnp.Answer, finish func()) {
+// returnAnswer returns ans to ret, then releases ans (finish). settle, if not nil, is told the
+// answer first, while its results are alive.
+func returnAnswer(ret capnp.Returner, ans *capnp.Answer, finish func(), settle func(capnp.Struct, error)) {
 	defer finish()
 	defer ret.ReleaseResults()
 	result, err := ans.Struct()
+	if settle != nil {
+		settle(result, err)
+	}
 	if err != nil {
 		ret.PrepareReturn(err)
 		ret.Return()
@@ -230,6 +252,62 @@ func returnAnswer(ret capnp.Returner, ans *capnp.Answer, finish func()) {
 	}
 	ret.PrepareReturn(nil)
 	ret.Return()
+}
+
+// settlingPipeline is the pipeline of a call forwarded to the peer (itx patch): calls chained on
+// it go through the call's answer until the answer is back, and then through a copy of its
+// results (capnp.DetachedPipeline), since the answer is released once returned. settle waits for
+// the chained calls still reading the answer.
+type settlingPipeline struct {
+	mu      sync.Mutex
+	idle    *sync.Cond // signalled when users falls to 0
+	ans     *capnp.Answer
+	users   int // chained calls going through ans now
+	settled capnp.PipelineCaller
+}
+
+func (p *settlingPipeline) use() (capnp.PipelineCaller, func()) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.settled != nil {
+		return p.settled, func() {}
+	}
+	p.users++
+	return p.ans, func() {
+		p.mu.Lock()
+		if p.users--; p.users == 0 {
+			p.idle.Broadcast()
+		}
+		p.mu.Unlock()
+	}
+}
+
+func (p *settlingPipeline) settle(m capnp.Method, result capnp.Struct, err error) {
+	var settled capnp.PipelineCaller
+	if err != nil {
+		settled = capnp.ErrorAnswer(m, err)
+	} else {
+		settled = capnp.DetachedPipeline(m, result.ToPtr())
+	}
+	p.mu.Lock()
+	p.settled = settled
+	for p.users > 0 {
+		p.idle.Wait()
+	}
+	p.ans = nil
+	p.mu.Unlock()
+}
+
+func (p *settlingPipeline) PipelineRecv(ctx context.Context, transform []capnp.PipelineOp, r capnp.Recv) capnp.PipelineCaller {
+	pc, done := p.use()
+	defer done()
+	return pc.PipelineRecv(ctx, transform, r)
+}
+
+func (p *settlingPipeline) PipelineSend(ctx context.Context, transform []capnp.PipelineOp, s capnp.Send) (*capnp.Answer, capnp.ReleaseFunc) {
+	pc, done := p.use()
+	defer done()
+	return pc.PipelineSend(ctx, transform, s)
 }
 
 func (ic *importClient) Brand() capnp.Brand {

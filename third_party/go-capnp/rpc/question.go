@@ -243,14 +243,7 @@ func (q *question) PipelineRecv(ctx context.Context, transform []capnp.PipelineO
 		},
 	})
 	r.ReleaseArgs()
-	select {
-	case <-ans.Done():
-		returnAnswer(r.Returner, ans, finish)
-		return nil
-	default:
-		go returnAnswer(r.Returner, ans, finish)
-		return ans
-	}
+	return forwardAnswer(r, ans, finish) // itx patch: see forwardAnswer
 }
 
 // mark adds the promised answer transform to the set of pipelined
