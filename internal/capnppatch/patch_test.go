@@ -638,7 +638,6 @@ func TestRPC_NoFinishNeededEndsTheCallsContext(t *testing.T) {
 // Unpatched, the caller waited forever whatever its context said (itxd's delivery to a Receiver
 // so queued wedged its subscription: test/ TestItxd_HostileCalleeEmbargoHeld).
 func TestAnswerQueue_QueuedCallEndsWithItsContext(t *testing.T) {
-	t.Skip("the patch it tested was reverted (it rejected calls pipelined on a finished call); see TestItxd_HostileCalleeEmbargoHeld")
 	aq := capnp.NewAnswerQueue(capnp.Method{})
 	p := capnp.NewPromise(capnp.Method{}, aq, nil)
 	target := schema.Handle(p.Answer().Field(0, nil).Client())

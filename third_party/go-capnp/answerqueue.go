@@ -56,6 +56,12 @@ type qent struct {
 	basis int // index in bases
 	path  []PipelineOp
 	Recv
+	// itx patch: for a call sent here (see queueCaller.PipelineSend), stop unregisters the
+	// watch on ctx, and cancelled is set (under the queue's mu, while queueing) once the call
+	// was rejected with cancelErr for its context's end; the drain skips it.
+	stop      func() bool
+	cancelled bool
+	cancelErr error
 }
 
 // base is a message target derived from applying a qent.
@@ -125,6 +131,14 @@ func (aq *AnswerQueue) Fulfill(ptr Ptr) {
 	// Drain queue.
 	for i := range q {
 		ent := &q[i]
+		// itx patch: a sent call whose context ended while it was queued was rejected then.
+		if ent.stop != nil {
+			ent.stop()
+		}
+		if ent.cancelled {
+			aq.bases[i+1].recv = rejectPipelineCallWith(ent.cancelErr)
+			continue
+		}
 		recv := aq.bases[ent.basis].recv
 		// itx patch: how a call delivered here returned, when it returned before
 		// its delivery did, is kept for the calls chained on it.
@@ -480,8 +494,33 @@ func (aq *AnswerQueue) Reject(e error) {
 
 	// Drain queue by rejecting.
 	for i := range q {
+		if q[i].stop != nil { // itx patch: see cancelQueued
+			q[i].stop()
+		}
+		if q[i].cancelled {
+			continue
+		}
 		q[i].Reject(e) // TODO(soon): attach pipelined method info
 	}
+}
+
+// cancelQueued rejects the queued call at index i, whose context ended, if the queue is still
+// queueing (itx patch). A call queued on an answer that never comes (an embargo whose
+// Disembargo the peer never sends back, while the connection stays up) otherwise waited
+// forever whatever its context said, and so did its caller.
+func (aq *AnswerQueue) cancelQueued(i int) {
+	aq.mu.Lock()
+	if aq.q == nil || i >= len(aq.q) || aq.q[i].cancelled {
+		aq.mu.Unlock() // draining: the drain delivers it, to a callee that sees its context
+		return
+	}
+	ent := &aq.q[i]
+	ent.cancelled = true
+	ent.cancelErr = ent.ctx.Err()
+	r := ent.Recv
+	ent.Recv = Recv{}
+	aq.mu.Unlock()
+	r.Reject(ent.cancelErr)
 }
 
 func (aq *AnswerQueue) PipelineRecv(ctx context.Context, transform []PipelineOp, r Recv) PipelineCaller {
@@ -499,6 +538,11 @@ type queueCaller struct {
 }
 
 func (qc queueCaller) PipelineRecv(ctx context.Context, transform []PipelineOp, r Recv) PipelineCaller {
+	return qc.recv(ctx, transform, r, false)
+}
+
+// recv delivers or queues a call; watch (itx patch) rejects a queued call once its context ends.
+func (qc queueCaller) recv(ctx context.Context, transform []PipelineOp, r Recv, watch bool) PipelineCaller {
 	qc.aq.mu.Lock()
 	if len(qc.aq.bases) > 0 {
 		// Draining/drained.
@@ -522,12 +566,22 @@ func (qc queueCaller) PipelineRecv(ctx context.Context, transform []PipelineOp, 
 	// The basis for our result will always be our index in the queue + 1
 	// since 0 is used for the initial fulfilled result.
 	basis := len(qc.aq.q)
+	if watch && ctx.Done() != nil {
+		aq, i := qc.aq, basis-1
+		qc.aq.q[i].stop = context.AfterFunc(ctx, func() { aq.cancelQueued(i) })
+	}
 	qc.aq.mu.Unlock()
 	return queueCaller{aq: qc.aq, basis: basis}
 }
 
+// PipelineSend queues or delivers a call made in this process (itx patch: rejected if its
+// context ends while it is queued). A call received from a peer (PipelineRecv) is not: the
+// peer's Finish ends its context, and a peer may finish a call it pipelined others on (the C++
+// example's login -> streams -> get -> append failed so when every queued call was watched).
 func (qc queueCaller) PipelineSend(ctx context.Context, transform []PipelineOp, s Send) (*Answer, ReleaseFunc) {
-	return sendThroughRecv(ctx, transform, s, qc.PipelineRecv)
+	return sendThroughRecv(ctx, transform, s, func(ctx context.Context, transform []PipelineOp, r Recv) PipelineCaller {
+		return qc.recv(ctx, transform, r, true)
+	})
 }
 
 // sendThroughRecv makes a call sent on a pipeline out of its receiving side.
