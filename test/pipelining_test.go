@@ -186,3 +186,75 @@ func TestRPC_RefusalReachesTheEndOfAChain(t *testing.T) {
 		_ = round
 	}
 }
+
+// Pipelined chains sent at once from several goroutines over two connections, half of them
+// through a stream the token may not reach, some releasing their early answers before the end
+// of the chain is answered: every call at the end of a chain answers, with its result or the
+// refusal's own code. A drain inside itxd and a connection's receive loop
+// once waited on each other for good when a call was pipelined on a refused one (go-capnp
+// PATCHES.md), which hung the connection and everything on it.
+func TestRPC_ConcurrentChainsAllAnswer(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	stream(t, ts.project(t), "/in/s")
+	tok, _ := ts.token(t, itx.Scope{Prefix: "/in", Rights: []itx.Right{itx.RightRead, itx.RightSubscribe}})
+	conns := []*client.Conn{dial(t, ts.addr), dial(t, ts.addr)}
+	type outcome struct {
+		path, call string
+		err        error
+	}
+	const workers, rounds = 6, 40
+	out := make(chan outcome, workers*rounds*3)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			conn := conns[w%len(conns)]
+			for round := range rounds {
+				path := []string{"/in/s", "/out/s"}[(w+round)%2]
+				early := round%3 == 0 // release the chain's first answers before awaiting its end
+				login, releaseLogin := conn.Gateway().Login(ctx, func(p schema.Gateway_login_Params) error { return p.SetToken(tok) })
+				streams, releaseStreams := login.Project().Streams(ctx, nil)
+				get, releaseGet := streams.Streams().Get(ctx, func(p schema.Streams_get_Params) error { return p.SetPath(path) })
+				described, releaseDescribe := get.Stream().Describe(ctx, nil)
+				subs, releaseSubs := get.Stream().Subscriptions(ctx, nil)
+				listed, releaseList := subs.Subscriptions().List(ctx, nil)
+				sub, releaseSub := subs.Subscriptions().Get(ctx, func(p schema.Subscriptions_get_Params) error { return p.SetName("none") })
+				subDescribed, releaseSubDescribe := sub.Subscription().Describe(ctx, nil)
+				if early {
+					releaseStreams()
+					releaseLogin()
+				}
+				_, err := described.Struct()
+				out <- outcome{path, "Stream.describe", err}
+				_, err = listed.Struct()
+				out <- outcome{path, "Subscriptions.list", err}
+				_, err = subDescribed.Struct()
+				out <- outcome{path, "Subscription.describe", err}
+				for _, release := range []func(){releaseSubDescribe, releaseSub, releaseList, releaseSubs, releaseDescribe, releaseGet} {
+					release()
+				}
+				if !early {
+					releaseStreams()
+					releaseLogin()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(out)
+	n := 0
+	for o := range out {
+		n++
+		switch {
+		case o.path == "/out/s":
+			requireCode(t, o.err, itx.EPermissionDenied)
+		case o.call == "Subscription.describe": // no such subscription
+			requireCode(t, o.err, itx.ENotFound)
+		default:
+			require.NoError(t, o.err, "%s on %s", o.call, o.path)
+		}
+	}
+	require.Equal(t, workers*rounds*3, n)
+}
