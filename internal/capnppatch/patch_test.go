@@ -419,6 +419,12 @@ func rawReturn(t *testing.T, tr transport.Transport, q uint32) (noFinish, except
 // serveHandle serves a Handle as the bootstrap capability of every connection to a loopback
 // listener, and returns its address.
 func serveHandle(t *testing.T, h schema.Handle_Server) string {
+	return serve(t, func() capnp.Client { return capnp.Client(schema.Handle_ServerToClient(h)) })
+}
+
+// serve serves bootstrap() as the bootstrap capability of every connection to a loopback
+// listener, and returns its address.
+func serve(t *testing.T, bootstrap func() capnp.Client) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	t.Cleanup(func() { ln.Close() })
@@ -428,7 +434,7 @@ func serveHandle(t *testing.T, h schema.Handle_Server) string {
 			if err != nil {
 				return
 			}
-			conn := rpc.NewConn(rpc.NewStreamTransport(c), &rpc.Options{BootstrapClient: capnp.Client(schema.Handle_ServerToClient(h))})
+			conn := rpc.NewConn(rpc.NewStreamTransport(c), &rpc.Options{BootstrapClient: bootstrap()})
 			t.Cleanup(func() { conn.Close() })
 		}
 	}()
@@ -843,18 +849,8 @@ func TestRPC_ForwardedCallsPipelineOutlivesItsAnswer(t *testing.T) {
 		id := res.Message().CapTable().Add(capnp.Client(schema.Handle_ServerToClient(h)))
 		return res.SetPtr(0, capnp.NewInterface(res.Segment(), id).ToPtr())
 	}}}, nil, nil))
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		conn := rpc.NewConn(rpc.NewStreamTransport(c), &rpc.Options{BootstrapClient: maker})
-		<-conn.Done()
-	}()
-	nc, err := net.Dial("tcp", ln.Addr().String())
+	defer maker.Release()
+	nc, err := net.Dial("tcp", serve(t, maker.AddRef))
 	require.NoError(t, err)
 	conn := rpc.NewConn(rpc.NewStreamTransport(nc), nil)
 	defer conn.Close()
