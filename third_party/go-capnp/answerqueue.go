@@ -515,12 +515,12 @@ func (aq *AnswerQueue) cancelQueued(i int) {
 		return
 	}
 	ent := &aq.q[i]
-	ent.cancelled = true
-	ent.cancelErr = ent.ctx.Err()
+	err := ent.ctx.Err()
+	ent.cancelled, ent.cancelErr = true, err
 	r := ent.Recv
 	ent.Recv = Recv{}
 	aq.mu.Unlock()
-	r.Reject(ent.cancelErr)
+	r.Reject(err)
 }
 
 func (aq *AnswerQueue) PipelineRecv(ctx context.Context, transform []PipelineOp, r Recv) PipelineCaller {
