@@ -913,8 +913,14 @@ func TestItxd_HostileCalleePromise(t *testing.T) {
 					}
 				})
 				require.True(t, ok, "no deliver")
-				if len(conn) == 0 { // the Return came after the deliver
-					c.until(q)
+				for len(conn) == 0 { // the Return came after the deliver: its export is read here
+					m, err := c.r.RecvMsg()
+					require.NoError(t, err)
+					require.NotEqual(t, rpccp.Message_Which_abort, m.Which, "aborted: %s", m.Reason)
+					if m.Which == rpccp.Message_Which_return && m.Answer == q {
+						require.NotEmpty(t, m.Exports, "openConnection returned no connection: %s", m.Reason)
+						conn = m.Exports[:1]
+					}
 				}
 				c.exports[qStream+100] = conn
 				c.runPromise(t, call, tc.resolve, int(tc.reflect), more)
