@@ -4,7 +4,6 @@ import (
 	"context"
 	"time"
 
-	"capnproto.org/go/capnp/v3"
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/wire"
@@ -14,9 +13,7 @@ import (
 // every project, a project token with the admin right its own project's tokens.
 func Admin(ctx context.Context, project schema.Project) schema.Admin {
 	fut, release := project.Admin(ctx, nil)
-	a := fut.Admin().AddRef()
-	keepAnswers(capnp.Client(a), release)
-	return a
+	return keepAnswers(fut.Admin().AddRef(), release)
 }
 
 // CreateProject creates a project and returns it with its first token (shown only now).
@@ -177,16 +174,12 @@ func RevokeToken(ctx context.Context, a schema.Admin, projectID, tokenID string)
 // that only reads, to hand to someone else.
 func ReadOnly(ctx context.Context, s schema.Stream) schema.Stream {
 	fut, release := s.ReadOnly(ctx, nil)
-	ro := fut.Stream().AddRef()
-	keepAnswers(capnp.Client(ro), release)
-	return ro
+	return keepAnswers(fut.Stream().AddRef(), release)
 }
 
 // AppendOnly returns s.appendOnly() at once, pipelined (see Stream): a capability to the same
 // stream that only appends.
 func AppendOnly(ctx context.Context, s schema.Stream) schema.Stream {
 	fut, release := s.AppendOnly(ctx, nil)
-	ao := fut.Stream().AddRef()
-	keepAnswers(capnp.Client(ao), release)
-	return ao
+	return keepAnswers(fut.Stream().AddRef(), release)
 }

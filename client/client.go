@@ -14,7 +14,6 @@ import (
 	"sync"
 	"time"
 
-	"capnproto.org/go/capnp/v3"
 	"capnproto.org/go/capnp/v3/rpc"
 	"github.com/itx-dev/itx/internal/tcpopt"
 	"github.com/itx-dev/itx/schema"
@@ -127,9 +126,7 @@ func (c *Conn) Gateway() schema.Gateway { return c.gateway }
 // made on it are pipelined behind the login. A bad token fails the calls made on it.
 func (c *Conn) Login(ctx context.Context, token string) schema.Project {
 	fut, release := c.gateway.Login(ctx, func(p schema.Gateway_login_Params) error { return p.SetToken(token) })
-	p := fut.Project().AddRef()
-	keepAnswers(capnp.Client(p), release)
-	return p
+	return keepAnswers(fut.Project().AddRef(), release)
 }
 
 // Done is closed when the connection ends.

@@ -22,13 +22,12 @@ func Stream(ctx context.Context, project schema.Project, path string) schema.Str
 	sf, releaseStreams := project.Streams(ctx, nil)
 	streams := sf.Streams()
 	gf, releaseGet := streams.Get(ctx, func(p schema.Streams_get_Params) error { return p.SetPath(path) })
-	s := gf.Stream().AddRef()
-	keepAnswers(capnp.Client(s), releaseGet, releaseStreams)
-	return s
+	return keepAnswers(gf.Stream().AddRef(), releaseGet, releaseStreams)
 }
 
 // keepAnswers ties the answers of the calls that made c (a reference of the caller's own, taken
-// with AddRef) to c: they are released when c is, once answered, off the releasing goroutine.
+// with AddRef) to c, and returns c: they are released when c is, once answered, off the
+// releasing goroutine.
 // The helpers that return a capability do this, so they return at once and calls made on what
 // they return are pipelined behind theirs.
 //
@@ -37,7 +36,7 @@ func Stream(ctx context.Context, project schema.Project, path string) schema.Str
 // capability out of the answer's results): a panic under load. Never released, an answer holds
 // the capability its results carry, exported by itxd however often the caller releases c.
 // go-capnp's release of an answer waits for it; a lost connection answers every call.
-func keepAnswers(c capnp.Client, releases ...func()) {
+func keepAnswers[C ~capnp.ClientKind](c C, releases ...func()) C {
 	release := func() {
 		go func() {
 			for _, release := range releases {
@@ -45,9 +44,10 @@ func keepAnswers(c capnp.Client, releases ...func()) {
 			}
 		}()
 	}
-	if c.AttachReleaser(release) {
+	if capnp.Client(c).AttachReleaser(release) {
 		release() // c was released already
 	}
+	return c
 }
 
 // Append appends events atomically and returns once they are durable.

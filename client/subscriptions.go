@@ -5,7 +5,6 @@ import (
 	"sort"
 	"time"
 
-	"capnproto.org/go/capnp/v3"
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/wire"
@@ -79,9 +78,7 @@ type SubscriptionConfig struct {
 // done.
 func Subscriptions(ctx context.Context, s schema.Stream) schema.Subscriptions {
 	fut, release := s.Subscriptions(ctx, nil)
-	subs := fut.Subscriptions().AddRef()
-	keepAnswers(capnp.Client(subs), release)
-	return subs
+	return keepAnswers(fut.Subscriptions().AddRef(), release)
 }
 
 // Subscription returns stream.subscriptions().get(name) at once, pipelined (see Stream): a name
@@ -89,9 +86,7 @@ func Subscriptions(ctx context.Context, s schema.Stream) schema.Subscriptions {
 func Subscription(ctx context.Context, s schema.Stream, name string) schema.Subscription {
 	sf, releaseSubs := s.Subscriptions(ctx, nil)
 	fut, release := sf.Subscriptions().Get(ctx, func(p schema.Subscriptions_get_Params) error { return p.SetName(name) })
-	sub := fut.Subscription().AddRef()
-	keepAnswers(capnp.Client(sub), release, releaseSubs)
-	return sub
+	return keepAnswers(fut.Subscription().AddRef(), release, releaseSubs)
 }
 
 // ListSubscriptions lists a stream's subscriptions.
