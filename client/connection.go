@@ -1,0 +1,241 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"sync"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/schema"
+	"github.com/itx-dev/itx/wire"
+)
+
+// ConnectionOptions are Stream.openConnection's options.
+type ConnectionOptions struct {
+	// After: events with an offset above it are delivered (0: from the start). It may not be
+	// past the stream's head.
+	After int64
+	// Types keeps only these event types (empty: every type).
+	Types []string
+	// MaxDeliveryEvents and MaxDeliveryBytes cap each batch (0: 1,000 events, 1 MiB); the first
+	// event of a batch always goes.
+	MaxDeliveryEvents, MaxDeliveryBytes int
+	// OpenedBy says who opened it, shown in the stream's live state.
+	OpenedBy string
+	// Key names the connection in the stream's name space (shared with subscriptions and
+	// readers): opening a key that is open replaces that connection (closed: replaced). Empty:
+	// the server makes one up.
+	Key string
+	// IncludeEphemeral: the catch-up also delivers the ephemeral events still buffered from
+	// before the open (those appended while open are always delivered).
+	IncludeEphemeral bool
+}
+
+// ConnectionHandler is what a connection pushes into.
+type ConnectionHandler struct {
+	// Deliver gets each batch, in offset order, one at a time. Returning accepts it (the server
+	// keeps a few in flight and sends the next as each is accepted); an error closes the
+	// connection with CloseReason_deliveryFailed. Required.
+	Deliver func(ctx context.Context, batch itx.DeliveryBatch) error
+	// State, when set, gets the stream's live state (head, subscriptions, readers,
+	// connections) each time it changes: its revision and the whole document. Left nil, the
+	// connection asks for no state frames.
+	State func(revision uint64, state json.RawMessage)
+}
+
+// ConnectionClosed is why a connection (or a live view) ended: Why is the reason to switch
+// on, Reason the server's error (nil when the RPC session ended without one).
+type ConnectionClosed struct {
+	Why    schema.CloseReason
+	Reason *itx.Error
+}
+
+func (e *ConnectionClosed) Error() string {
+	if e.Reason == nil {
+		return "closed: " + e.Why.String()
+	}
+	return fmt.Sprintf("closed: %s: %v", e.Why, e.Reason)
+}
+
+// Connection is a live connection opened with OpenConnection. Its handler's Deliver runs on
+// the RPC connection's goroutines until the connection ends: Done is closed then, and Err says
+// why.
+type Connection struct {
+	conn schema.Connection
+	key  string
+	sink *sink
+	once sync.Once
+}
+
+// OpenConnection opens a live connection on s: it catches up from the log after o.After and
+// then tails the stream, with no gap and no duplicate at the seam, pushing every batch into
+// h.Deliver. It returns once the server accepted the open (a refusal, such as an offset past
+// the head, comes back here with its code). Release the Connection (or Close it) when done.
+func OpenConnection(ctx context.Context, s schema.Stream, o ConnectionOptions, h ConnectionHandler) (*Connection, error) {
+	if h.Deliver == nil {
+		return nil, itx.Errorf(itx.EInvalid, "ConnectionHandler.Deliver is required")
+	}
+	k := &sink{h: h, done: make(chan struct{})}
+	if h.State != nil {
+		k.live = &liveDoc{}
+	}
+	fut, release := s.OpenConnection(ctx, func(p schema.Stream_openConnection_Params) error {
+		opts, err := p.NewOptions()
+		if err != nil {
+			return err
+		}
+		opts.SetAfter(uint64(max(o.After, 0)))
+		// Past 32 bits a cap is sent as the largest, which the server refuses as out of range.
+		opts.SetMaxDeliveryEvents(uint32(min(max(o.MaxDeliveryEvents, 0), math.MaxUint32)))
+		opts.SetMaxDeliveryBytes(uint32(min(max(o.MaxDeliveryBytes, 0), math.MaxUint32)))
+		opts.SetNoState(h.State == nil)
+		opts.SetIncludeEphemeral(o.IncludeEphemeral)
+		if err := opts.SetOpenedBy(o.OpenedBy); err != nil {
+			return err
+		}
+		if err := opts.SetKey(o.Key); err != nil {
+			return err
+		}
+		if err := wire.SetTextList(o.Types, opts.NewTypes); err != nil {
+			return err
+		}
+		return p.SetSink(schema.EventSink_ServerToClient(k))
+	})
+	defer release()
+	kf, releaseKey := fut.Connection().Key(ctx, nil) // pipelined: no second round trip
+	defer releaseKey()
+	res, err := fut.Struct()
+	if err != nil {
+		return nil, err
+	}
+	kr, err := kf.Struct()
+	if err != nil {
+		return nil, err
+	}
+	key, err := kr.Key()
+	if err != nil {
+		return nil, err
+	}
+	return &Connection{conn: res.Connection().AddRef(), key: key, sink: k}, nil
+}
+
+// Key is the connection's key (the one asked for, or the one the server made up).
+func (c *Connection) Key() string { return c.key }
+
+// Ping returns the stream's head and the offset this connection delivered through.
+func (c *Connection) Ping(ctx context.Context) (head, delivered int64, err error) {
+	fut, release := c.conn.Ping(ctx, nil)
+	defer release()
+	res, err := fut.Struct()
+	if err != nil {
+		return 0, 0, err
+	}
+	return int64(res.HeadOffset()), int64(res.DeliveredOffset()), nil
+}
+
+// Close closes the connection (CloseReason_closedByClient) and releases it. Batches that arrive
+// after that are dropped, not handed to Deliver (a Deliver already running finishes); closing
+// it again does nothing. Close may be called from Deliver.
+func (c *Connection) Close(ctx context.Context) error {
+	var err error
+	c.once.Do(func() {
+		fut, release := c.conn.Close(ctx, func(p schema.Connection_close_Params) error { return p.SetReason("closed by client") })
+		_, err = fut.Struct()
+		release()
+		c.conn.Release()
+		c.sink.end(&ConnectionClosed{Why: schema.CloseReason_closedByClient})
+	})
+	return err
+}
+
+// Release drops the connection without asking the server to close it first: the server
+// closes it once it sees the capability released.
+func (c *Connection) Release() {
+	c.once.Do(func() { c.conn.Release() })
+}
+
+// Done is closed when the connection has ended: closed by either side, replaced, or its RPC
+// session gone.
+func (c *Connection) Done() <-chan struct{} { return c.sink.done }
+
+// Err is why the connection ended (a *ConnectionClosed), nil while it is open.
+func (c *Connection) Err() error {
+	c.sink.mu.Lock()
+	defer c.sink.mu.Unlock()
+	if c.sink.closed == nil {
+		return nil
+	}
+	return c.sink.closed
+}
+
+// sink is the EventSink a Connection hands the server.
+type sink struct {
+	h    ConnectionHandler
+	live *liveDoc // State's document (nil: no state asked for)
+
+	mu     sync.Mutex
+	closed *ConnectionClosed
+	done   chan struct{}
+}
+
+func (k *sink) Deliver(ctx context.Context, call schema.EventSink_deliver) error {
+	if k.ended() {
+		return nil // closed by the client: nothing reaches the handler after Close
+	}
+	b, err := call.Args().Batch()
+	if err != nil {
+		return err
+	}
+	batch, err := wire.DeliveryBatchFromSchema(b)
+	if err != nil {
+		return err
+	}
+	return k.h.Deliver(ctx, batch)
+}
+
+func (k *sink) Closed(ctx context.Context, call schema.EventSink_closed) error {
+	c := &ConnectionClosed{Why: call.Args().Why()}
+	if r, err := call.Args().Reason(); err == nil && r.IsValid() {
+		msg, _ := r.Message_()
+		c.Reason = &itx.Error{Code: itx.Code(r.Code().String()), Message: msg}
+	}
+	k.end(c)
+	return nil
+}
+
+func (k *sink) State(ctx context.Context, call schema.EventSink_state) error {
+	if k.live == nil || k.ended() {
+		return nil
+	}
+	js, err := call.Args().Json()
+	if err != nil {
+		return err
+	}
+	rev := call.Args().Revision()
+	if doc, ok := k.live.apply(rev, call.Args().Snapshot(), []byte(js)); ok {
+		k.h.State(rev, doc)
+	}
+	return nil
+}
+
+// Shutdown runs once the server dropped the sink: after closed, or when the RPC session ended
+// without it (connectionLost).
+func (k *sink) Shutdown() { k.end(&ConnectionClosed{Why: schema.CloseReason_connectionLost}) }
+
+// end records the first reason the connection ended and closes done.
+func (k *sink) end(c *ConnectionClosed) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.closed == nil {
+		k.closed = c
+		close(k.done)
+	}
+}
+
+func (k *sink) ended() bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.closed != nil
+}
