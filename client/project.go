@@ -60,6 +60,12 @@ func ListProcessorHosts(ctx context.Context, hosts schema.ProcessorHosts) ([]itx
 	return mountInfos(res.Mounts())
 }
 
+// Readers returns stream.readers() at once, pipelined (see Stream). Release it when done.
+func Readers(ctx context.Context, s schema.Stream) schema.Readers {
+	fut, release := s.Readers(ctx, nil)
+	return keepAnswers(fut.Readers().AddRef(), release)
+}
+
 // RegisterReader registers a named reader or moves its checkpoint.
 func RegisterReader(ctx context.Context, readers schema.Readers, name string, checkpoint int64) error {
 	fut, release := readers.Register(ctx, func(p schema.Readers_register_Params) error {

@@ -235,9 +235,9 @@ func TestClientWatchStream(t *testing.T) {
 	_, _, err = client.ConfigureSubscription(ctx, client.Subscriptions(ctx, s),
 		client.SubscriptionConfig{Name: "copy", Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: "/client/watch-copy"}})
 	require.NoError(t, err)
-	readers, release := s.Readers(ctx, nil)
-	defer release()
-	require.NoError(t, client.RegisterReader(ctx, readers.Readers(), "mirror", 1))
+	readers := client.Readers(ctx, s)
+	defer readers.Release()
+	require.NoError(t, client.RegisterReader(ctx, readers, "mirror", 1))
 	c, err := client.OpenConnection(ctx, s, client.ConnectionOptions{Key: "tail", OpenedBy: "watch test"},
 		client.ConnectionHandler{Deliver: func(context.Context, itx.DeliveryBatch) error { return nil }})
 	require.NoError(t, err)

@@ -95,7 +95,7 @@ func TestRPC_ChainIsPipelined(t *testing.T) {
 }
 
 // The Go client's helpers return their capability at once: Conn.Login, client.Stream,
-// client.Subscription, client.ReadOnly and client.Admin, and a call made on what they return,
+// client.Subscription, client.ReadOnly, client.Admin and client.Readers, and a call made on what they return,
 // all reach itxd while every answer is held, and the chain answers once the replies flow.
 func TestClient_HelpersArePipelined(t *testing.T) {
 	ts := startServer(t, server.Config{})
@@ -117,8 +117,9 @@ func TestClient_HelpersArePipelined(t *testing.T) {
 	sub := client.Subscription(ctx, s, "copy")
 	ro := client.ReadOnly(ctx, s)
 	admin := client.Admin(ctx, project)
+	readers := client.Readers(ctx, s)
 	defer func() {
-		for _, c := range []interface{ Release() }{project, s, sub, ro, admin} {
+		for _, c := range []interface{ Release() }{project, s, sub, ro, admin, readers} {
 			c.Release()
 		}
 	}()
@@ -157,6 +158,11 @@ func TestClient_HelpersArePipelined(t *testing.T) {
 	tokens, err := client.ListTokens(ctx, admin, ts.creds.ProjectID)
 	require.NoError(t, err)
 	require.NotEmpty(t, tokens)
+	require.NoError(t, client.RegisterReader(ctx, readers, "mirror", e.Offset))
+	list, err := client.ListReaders(ctx, readers)
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+	require.Equal(t, e.Offset, list[0].Checkpoint)
 }
 
 // A refusal early in a pipelined chain reaches its end as itself: every call chained on a
