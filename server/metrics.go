@@ -19,6 +19,7 @@ type Metrics struct {
 	CommitEvents   prometheus.Histogram // events per group commit
 	CommitCalls    prometheus.Histogram // append calls sharing one group commit
 	ReadEvents     prometheus.Counter
+	FullDiskReads  prometheus.Counter // reads served from a stream's database file alone (disk full)
 	LoadedStreams  prometheus.Gauge
 	RPCConnections prometheus.Gauge
 
@@ -78,6 +79,9 @@ func newMetrics() *Metrics {
 		ReadEvents: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "itx_read_events_total", Help: "Events returned by range reads.",
 		}),
+		FullDiskReads: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "itx_full_disk_reads_total", Help: "Reads (and describes) of a stream that could not be loaded on a full disk, served from its database file alone.",
+		}),
 		LoadedStreams: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "itx_loaded_streams", Help: "Stream actors currently loaded.",
 		}),
@@ -123,7 +127,7 @@ func newMetrics() *Metrics {
 		}),
 	}
 	r.MustRegister(m.DeliveryFailures, m.CommitFailures, m.LateAcks, m.SubscriptionHalts, m.SkippedEvents, m.SubscriptionParks, m.HandlerPanics, m.AppendCalls, m.AppendedEvents, m.AppendedBytes, m.AppendLatency, m.CommitLatency,
-		m.CommitEvents, m.CommitCalls, m.ReadEvents, m.LoadedStreams, m.RPCConnections,
+		m.CommitEvents, m.CommitCalls, m.ReadEvents, m.FullDiskReads, m.LoadedStreams, m.RPCConnections,
 		m.OpenConnections, m.Sessions, m.WebhooksInFlight, m.ConnectionEvents, m.ConnectionDirect, m.LiveSubscribers,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Every receiver kind's failure count exists from the start, at 0, so an alert on its rate

@@ -13,6 +13,21 @@ import (
 // the caller; the caller must call release. While any reference is held the actor stays loaded.
 func (s *Server) acquire(ctx context.Context, ref StreamRef) (*actor, error) {
 	s.mu.Lock()
+	for s.actors[ref] == nil {
+		read := s.fullReads[ref]
+		if read == nil {
+			break
+		}
+		// Its database file is being read alone (the disk is full): no writer opens it
+		// meanwhile. A page or a describe: a short wait.
+		s.mu.Unlock()
+		select {
+		case <-read.done:
+		case <-ctx.Done():
+			return nil, itx.Errorf(itx.ECancelled, "waiting for stream %s to load: %v", ref.Path, ctx.Err())
+		}
+		s.mu.Lock()
+	}
 	if s.closing {
 		s.mu.Unlock()
 		return nil, itx.Errorf(itx.EUnavailable, "the server is shutting down")

@@ -121,6 +121,9 @@ type Server struct {
 	mu        sync.Mutex
 	actors    map[StreamRef]*actor
 	unloading map[StreamRef]*actor
+	// fullReads holds the streams read from their database file alone while the disk is full
+	// (openWhileFull): a load of one waits until those reads are done.
+	fullReads map[StreamRef]*fullRead
 	closing   bool
 	inflight  sync.WaitGroup // one per acquired reference
 	sweepT    itx.Timer
@@ -255,7 +258,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	s := &Server{
 		cfg: cfg, clock: cfg.Clock, log: cfg.Log, dir: dir, metrics: newMetrics(),
-		actors: map[StreamRef]*actor{}, unloading: map[StreamRef]*actor{},
+		actors: map[StreamRef]*actor{}, unloading: map[StreamRef]*actor{}, fullReads: map[StreamRef]*fullRead{},
 		egress: cfg.Egress, httpClient: newHTTPClient(cfg.Egress), webhooks: make(chan struct{}, cfg.MaxWebhooksInFlight),
 		backend:     sqliteBackend{dir: filepath.Join(cfg.DataDir, "streams")},
 		recv:        receivers{mounts: map[mountKey]*mount{}},

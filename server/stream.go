@@ -198,6 +198,9 @@ func (s *Server) ReadEvents(ctx context.Context, ref StreamRef, q itx.Query) (it
 	}
 	a, err := s.acquire(ctx, ref)
 	if err != nil {
+		if itx.ErrorCode(err) == itx.EResourceExhausted && q.Subscription == "" {
+			return s.readWhileFull(ctx, ref, q, err)
+		}
 		return itx.Page{}, err
 	}
 	defer s.release(a)
@@ -210,17 +213,27 @@ func (s *Server) readPage(ctx context.Context, v view, q itx.Query) (itx.Page, e
 	if q.Subscription != "" {
 		return s.readPageAs(ctx, v, q)
 	}
-	page := itx.Page{StreamID: v.streamID, StreamMaxOffset: v.head, NextAfter: q.After}
-	upTo := v.head
+	var events func(context.Context, storage.Query) ([]itx.Event, error)
+	if v.store != nil {
+		events = v.store.Events
+	}
+	return s.readRange(ctx, events, v.streamID, v.head, q)
+}
+
+// readRange reads one page of q from events (nil: the stream has no store yet) for a stream at
+// head.
+func (s *Server) readRange(ctx context.Context, read func(context.Context, storage.Query) ([]itx.Event, error), streamID string, head int64, q itx.Query) (itx.Page, error) {
+	page := itx.Page{StreamID: streamID, StreamMaxOffset: head, NextAfter: q.After}
+	upTo := head
 	if q.Before > 0 && q.Before-1 < upTo {
 		upTo = q.Before - 1
 	}
-	if v.store == nil || q.After >= upTo {
+	if read == nil || q.After >= upTo {
 		page.NextAfter = max(q.After, upTo)
 		return page, nil
 	}
 	sq := storage.Query{After: q.After, UpTo: upTo, Limit: q.Limit, MaxBytes: itx.MaxPageBytes, Types: q.Types, IncludeEphemeral: q.IncludeEphemeral}
-	events, err := v.store.Events(ctx, sq)
+	events, err := read(ctx, sq)
 	if err != nil {
 		return itx.Page{}, itx.Errorf(itx.EInternal, "%v", err)
 	}
@@ -445,10 +458,18 @@ func (s *Server) Describe(ctx context.Context, ref StreamRef) (itx.StreamInfo, e
 	}
 	a, err := s.acquire(ctx, ref)
 	if err != nil {
+		if itx.ErrorCode(err) == itx.EResourceExhausted {
+			return s.describeWhileFull(ctx, ref, err)
+		}
 		return itx.StreamInfo{}, err
 	}
 	defer s.release(a)
-	v := a.view()
+	return s.describeLoaded(a)
+}
+
+// describeLoaded describes a loaded stream.
+func (s *Server) describeLoaded(a *actor) (itx.StreamInfo, error) {
+	ref, v := a.ref, a.view()
 	if v.streamID == "" {
 		return itx.StreamInfo{Path: ref.Path, Loaded: true}, nil // no first commit yet: no stream
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"os"
 	"path/filepath"
 	"testing"
 
@@ -608,4 +609,43 @@ func TestStream_CommitInChunksRoundTrips(t *testing.T) {
 		require.NoError(t, err)
 		require.Empty(t, after, "nothing of a failed commit is visible")
 	}
+}
+
+// A snapshot reads a stream closed cleanly (its WAL checkpointed and gone) from its database
+// file alone, making no -shm file, and is refused while a write-ahead log holds commits.
+func TestStream_Snapshot(t *testing.T) {
+	ctx := context.Background()
+	file := filepath.Join(t.TempDir(), "s.db")
+	s, err := CreateStream(ctx, file, StreamMeta{StreamID: "id", ProjectID: "p", Path: "/snap", CreatedAt: 1})
+	require.NoError(t, err)
+	commitN := func(s *Stream, first int64, n int) {
+		for i := range n {
+			o := first + int64(i)
+			require.NoError(t, s.Commit(ctx, Commit{Events: []itx.Event{{Offset: o, Type: "e", Payload: []byte(`{}`), CreatedAt: 2}}, HeadOffset: o, LastAppendAt: 2}))
+		}
+	}
+	commitN(s, 1, 5)
+	_, err = OpenSnapshot(ctx, file)
+	require.ErrorIs(t, err, ErrWALPending, "the commits are in the WAL")
+	require.NoError(t, s.Close())
+
+	snap, err := OpenSnapshot(ctx, file)
+	require.NoError(t, err)
+	m, err := snap.Meta(ctx)
+	require.NoError(t, err)
+	require.Equal(t, int64(5), m.HeadOffset)
+	events, err := snap.Events(ctx, Query{After: 1, UpTo: 5, Limit: 10})
+	require.NoError(t, err)
+	require.Len(t, events, 4)
+	require.Equal(t, int64(2), events[0].Offset)
+	require.NoError(t, snap.Close())
+	_, err = os.Stat(file + "-shm")
+	require.ErrorIs(t, err, os.ErrNotExist, "the snapshot made no -shm file")
+
+	s, err = OpenStream(ctx, file)
+	require.NoError(t, err)
+	defer s.Close()
+	m, err = s.Meta(ctx)
+	require.NoError(t, err)
+	require.Equal(t, int64(5), m.HeadOffset, "the stream is as it was")
 }

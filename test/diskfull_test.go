@@ -22,6 +22,7 @@ import (
 	"github.com/itx-dev/itx/server"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -807,5 +808,56 @@ func TestDiskFull_ReadingAStreamUnloadedWhileFull(t *testing.T) {
 	require.True(t, l.append("/s", 1))
 	_, err = client.WaitUntilProcessed(ctx, client.Subscription(ctx, l.stream("/s"), "copy"), l.head["/s"], 20*time.Second)
 	require.NoError(t, err)
+	l.check()
+}
+
+// TestDiskFull_UnloadedStreamsStayReadable: a stream unloaded before the disk filled cannot be
+// loaded while it is full (SQLite cannot make the -shm file an ordinary open needs), yet its
+// events and describe are served from its database file alone, to several readers at once;
+// appends are refused with resourceExhausted, and once space returns the stream loads and takes
+// appends again. Every acknowledged event is there, and nothing refused.
+func TestDiskFull_UnloadedStreamsStayReadable(t *testing.T) {
+	fs := mountTmpfs(t, "24m")
+	p := startItxd(t, filepath.Join(fs, "data"), "--idle-timeout", "1s")
+	ctx := ctxT(t)
+	proj := dial(t, p.addr).Login(ctx, p.creds.ProjectToken)
+	l := newAckLog(t, proj)
+	require.True(t, l.append("/a", 5))
+	require.True(t, l.append("/b", 3))
+	waitUntil(t, "both streams unloaded", func() bool {
+		list, err := client.ListStreams(ctx, proj, "")
+		require.NoError(t, err)
+		for _, s := range list {
+			if s.Loaded {
+				return false
+			}
+		}
+		return len(list) == 2
+	})
+	free := fillDisk(t, fs, 0)
+
+	var wg sync.WaitGroup
+	for i := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			path := []string{"/a", "/b"}[i%2]
+			events, err := client.ReadAll(ctx, l.stream(path), itx.Query{})
+			if assert.NoError(t, err, "%s on the full disk", path) {
+				assert.Equal(t, l.seqs[path], kibSeqs(t, events))
+				assert.Equal(t, l.head[path], events[len(events)-1].Offset)
+			}
+		}()
+	}
+	wg.Wait()
+	info, err := client.Describe(ctx, l.stream("/b"))
+	require.NoError(t, err)
+	require.Equal(t, l.head["/b"], info.HeadOffset)
+	require.False(t, info.Loaded)
+	require.False(t, l.append("/a", 1), "an append on the full disk is refused")
+
+	free()
+	require.True(t, l.append("/a", 2), "appends once space returns")
+	require.True(t, l.append("/b", 1), "appends once space returns")
 	l.check()
 }

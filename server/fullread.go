@@ -1,0 +1,131 @@
+package server
+
+import (
+	"context"
+	"errors"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/storage"
+)
+
+// snapshotter is a backend that can open a stream's store for reads alone (sqliteBackend).
+type snapshotter interface {
+	Snapshot(ctx context.Context, streamID string) (*storage.Snapshot, error)
+}
+
+func (b sqliteBackend) Snapshot(ctx context.Context, streamID string) (*storage.Snapshot, error) {
+	return storage.OpenSnapshot(ctx, b.file(streamID))
+}
+
+// fullRead counts the reads of one stream's database file alone (openWhileFull); done is closed
+// when the last ends.
+type fullRead struct {
+	n    int
+	done chan struct{}
+}
+
+// whileFull runs read over the database file of a stream whose load failed with loadErr because
+// the disk is full (SQLite cannot make the -shm file an ordinary open needs): possible when its
+// write-ahead log holds no commits (a stream unloaded cleanly leaves none). While read runs, the
+// stream's loads wait, so nothing writes the file under it. A load of the stream under way
+// decides instead: loaded runs on the stream if it loads; otherwise the file is tried again.
+// Anything else (a WAL with commits, no such stream) answers loadErr.
+func (s *Server) whileFull(ctx context.Context, ref StreamRef, loadErr error, read func(*storage.Snapshot, *storage.StreamEntry) error, loaded func(*actor) error) error {
+	b, can := s.backend.(snapshotter)
+	if !can {
+		return loadErr
+	}
+	entry, err := s.dir.Stream(ctx, ref.ProjectID, ref.Path)
+	if err != nil || entry == nil {
+		return loadErr
+	}
+	for range 3 {
+		s.mu.Lock()
+		if s.closing {
+			s.mu.Unlock()
+			return loadErr
+		}
+		if s.actors[ref] != nil || s.unloading[ref] != nil {
+			// Another call is loading the stream (or it loaded meanwhile): its outcome decides.
+			s.mu.Unlock()
+			a, err := s.acquire(ctx, ref)
+			if err == nil {
+				defer s.release(a)
+				return loaded(a)
+			}
+			if itx.ErrorCode(err) != itx.EResourceExhausted {
+				return err
+			}
+			loadErr = err
+			continue
+		}
+		fr := s.fullReads[ref]
+		if fr == nil {
+			fr = &fullRead{done: make(chan struct{})}
+			s.fullReads[ref] = fr
+		}
+		fr.n++
+		s.mu.Unlock()
+		return s.readFile(ctx, b, ref, entry, fr, loadErr, read)
+	}
+	return loadErr
+}
+
+// readFile runs read over the stream's database file alone, then lets its loads go on.
+func (s *Server) readFile(ctx context.Context, b snapshotter, ref StreamRef, entry *storage.StreamEntry, fr *fullRead, loadErr error, read func(*storage.Snapshot, *storage.StreamEntry) error) error {
+	defer func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if fr.n--; fr.n == 0 {
+			delete(s.fullReads, ref)
+			close(fr.done)
+		}
+	}()
+	snap, err := b.Snapshot(ctx, entry.StreamID)
+	if err != nil {
+		if !errors.Is(err, storage.ErrWALPending) {
+			s.log.Warn().Err(err).Str("path", ref.Path).Msg("reading a stream from its database file alone while the disk is full")
+		}
+		return loadErr
+	}
+	defer snap.Close()
+	s.metrics.FullDiskReads.Inc()
+	return read(snap, entry)
+}
+
+// readWhileFull serves a page of a stream whose load failed with loadErr because the disk is
+// full, from its database file alone (whileFull); otherwise it answers loadErr.
+func (s *Server) readWhileFull(ctx context.Context, ref StreamRef, q itx.Query, loadErr error) (page itx.Page, err error) {
+	err = s.whileFull(ctx, ref, loadErr, func(snap *storage.Snapshot, _ *storage.StreamEntry) error {
+		meta, err := snap.Meta(ctx)
+		if err != nil {
+			return loadErr
+		}
+		page, err = s.readRange(ctx, snap.Events, meta.StreamID, meta.HeadOffset, q)
+		return err
+	}, func(a *actor) error {
+		page, err = s.readPage(ctx, a.view(), q)
+		return err
+	})
+	return page, err
+}
+
+// describeWhileFull describes a stream whose load failed with loadErr because the disk is full:
+// its head from its database file (whileFull), the rest from the directory's summary, as
+// Streams.list shows an unloaded stream; otherwise it answers loadErr.
+func (s *Server) describeWhileFull(ctx context.Context, ref StreamRef, loadErr error) (info itx.StreamInfo, err error) {
+	err = s.whileFull(ctx, ref, loadErr, func(snap *storage.Snapshot, e *storage.StreamEntry) error {
+		meta, err := snap.Meta(ctx)
+		if err != nil {
+			return loadErr
+		}
+		info = itx.StreamInfo{Path: e.Path, StreamID: e.StreamID, HeadOffset: meta.HeadOffset, CreatedAt: e.CreatedAt,
+			LastAppendAt: meta.LastAppendAt, SubscriptionCount: e.SubscriptionCount,
+			HaltedSubscriptions: e.HaltedSubscriptions, MaxLag: e.MaxLag}
+		return nil
+	}, func(a *actor) error {
+		info, err = s.describeLoaded(a)
+		return err
+	})
+	return info, err
+}
