@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"time"
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/schema"
@@ -137,10 +138,18 @@ func (c *Connection) Ping(ctx context.Context) (head, delivered int64, err error
 
 // Close closes the connection (CloseReason_closedByClient) and releases it. Batches that arrive
 // after that are dropped, not handed to Deliver (a Deliver already running finishes); closing
-// it again does nothing. Close may be called from Deliver.
+// it again does nothing. It waits for the server's answer until ctx's deadline (10 s without
+// one), but not past it: a cancelled ctx alone does not cut the wait short, so Close may be
+// called from Deliver with Deliver's ctx, which the server cancels as it closes the connection.
 func (c *Connection) Close(ctx context.Context) error {
 	var err error
 	c.once.Do(func() {
+		deadline, ok := ctx.Deadline()
+		if !ok {
+			deadline = time.Now().Add(10 * time.Second)
+		}
+		ctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
+		defer cancel()
 		fut, release := c.conn.Close(ctx, func(p schema.Connection_close_Params) error { return p.SetReason("closed by client") })
 		_, err = fut.Struct()
 		release()

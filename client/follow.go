@@ -1,0 +1,170 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/schema"
+)
+
+// FollowConfig says which stream Follow reads and how it reconnects.
+type FollowConfig struct {
+	Addr, Token, Path string
+	Dial              Options // TLS and keepalive of each connection to itxd
+	// Connection is the first connection's options; After is where Follow starts, and each
+	// connection after it opens after the last offset delivered.
+	Connection ConnectionOptions
+	// MinBackoff and MaxBackoff bound the wait between reconnection attempts (doubling, with
+	// jitter). Defaults 100 ms and 5 s.
+	MinBackoff, MaxBackoff time.Duration
+	// Logf, if set, is told why each connection ended and when the next is tried.
+	Logf func(format string, args ...any)
+	// Connected, if set, is told each time a connection opens.
+	Connected func()
+}
+
+func (cfg *FollowConfig) defaults() {
+	if cfg.MinBackoff <= 0 {
+		cfg.MinBackoff = 100 * time.Millisecond
+	}
+	if cfg.MaxBackoff < cfg.MinBackoff {
+		cfg.MaxBackoff = max(5*time.Second, cfg.MinBackoff)
+	}
+	if cfg.Logf == nil {
+		cfg.Logf = func(string, ...any) {}
+	}
+}
+
+// errPermanent marks an end that a new connection would not change.
+type errPermanent struct{ err error }
+
+func (e errPermanent) Error() string { return e.err.Error() }
+func (e errPermanent) Unwrap() error { return e.err }
+
+// Follow delivers the events of cfg.Path after cfg.Connection.After to deliver, one batch at a
+// time, in offset order, each once, for as long as ctx lasts, across the ends of the connections
+// it opens: when itxd goes away (restarted, killed, unreachable: serverShuttingDown,
+// connectionLost, a failed dial) or deliver was too slow for it (slowConsumer), it dials again
+// with backoff and opens a new connection after the last offset delivered, so no durable event
+// is missed or repeated. (Ephemeral events appended while no connection was open are delivered
+// only with Connection.IncludeEphemeral, and only those still buffered.)
+//
+// It returns the last offset delivered and why it stopped: ctx's error once ctx ends, deliver's
+// own error when it failed, or an end a new connection would not change (a refused login or
+// open, replaced, streamRemoved, accessEnded: a *ConnectionClosed). Resume from the offset it
+// returns.
+func Follow(ctx context.Context, cfg FollowConfig, deliver func(ctx context.Context, batch itx.DeliveryBatch) error) (int64, error) {
+	cfg.defaults()
+	var last atomic.Int64
+	last.Store(cfg.Connection.After)
+	backoff := cfg.MinBackoff
+	for {
+		started := time.Now()
+		err := followOnce(ctx, &cfg, &last, deliver)
+		if ctx.Err() != nil {
+			return last.Load(), ctx.Err()
+		}
+		if p, ok := errors.AsType[errPermanent](err); ok {
+			return last.Load(), p.err
+		}
+		if time.Since(started) > cfg.MaxBackoff {
+			backoff = cfg.MinBackoff // it was up for a while: start over
+		}
+		wait := backoff/2 + time.Duration(rand.Int64N(int64(backoff)))
+		cfg.Logf("follow %s: %v; reconnecting after offset %d in %v", cfg.Path, err, last.Load(), wait.Round(time.Millisecond))
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return last.Load(), ctx.Err()
+		}
+		backoff = min(2*backoff, cfg.MaxBackoff)
+	}
+}
+
+// followOnce is one connection's life: it returns why it ended, errPermanent when a new one
+// would not change that.
+func followOnce(ctx context.Context, cfg *FollowConfig, last *atomic.Int64, deliver func(context.Context, itx.DeliveryBatch) error) error {
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := DialWith(dctx, cfg.Addr, cfg.Dial)
+	if err != nil {
+		return fmt.Errorf("dial %s: %w", cfg.Addr, err)
+	}
+	defer conn.Close()
+	project := conn.Login(dctx, cfg.Token)
+	defer project.Release()
+	s := Stream(dctx, project, cfg.Path)
+	defer s.Release()
+	o := cfg.Connection
+	o.After = last.Load()
+	// mu is held while deliver runs: once the connection ended, taking it waits for a batch
+	// being delivered, and stopped keeps any later one from deliver (the next connection, or
+	// Follow's caller, takes over after the last offset delivered).
+	var mu sync.Mutex
+	var failed error
+	stopped := false
+	stop := func() {
+		mu.Lock()
+		stopped = true
+	}
+	c, err := OpenConnection(dctx, s, o, ConnectionHandler{Deliver: func(ctx context.Context, b itx.DeliveryBatch) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if stopped {
+			return errors.New("this connection was given up")
+		}
+		if err := deliver(ctx, b); err != nil {
+			failed = err
+			return err
+		}
+		if n := len(b.Events); n > 0 {
+			last.Store(b.Events[n-1].Offset)
+		}
+		return nil
+	}})
+	if err != nil {
+		switch itx.ErrorCode(err) {
+		case itx.EUnauthenticated, itx.EPermissionDenied, itx.EInvalid, itx.ENotFound, itx.EFailedPrecondition:
+			return errPermanent{err}
+		}
+		return err
+	}
+	cancel()
+	defer c.Release()
+	if cfg.Connected != nil {
+		cfg.Connected()
+	}
+	select {
+	case <-c.Done():
+	case <-conn.Done():
+	case <-ctx.Done():
+		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		c.Close(cctx)
+		stop()
+		mu.Unlock()
+		return ctx.Err()
+	}
+	stop()
+	defer mu.Unlock()
+	if failed != nil {
+		return errPermanent{failed}
+	}
+	var cc *ConnectionClosed
+	if !errors.As(c.Err(), &cc) {
+		return fmt.Errorf("the connection to itxd ended: %v", conn.Err())
+	}
+	switch cc.Why {
+	case schema.CloseReason_connectionLost, schema.CloseReason_serverShuttingDown, schema.CloseReason_slowConsumer:
+		return cc
+	}
+	return errPermanent{cc}
+}

@@ -1,0 +1,154 @@
+package test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/schema"
+	"github.com/stretchr/testify/require"
+)
+
+// followed records what Follow delivered.
+type followed struct {
+	mu      sync.Mutex
+	offsets []int64
+}
+
+func (f *followed) deliver(_ context.Context, b itx.DeliveryBatch) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, e := range b.Events {
+		f.offsets = append(f.offsets, e.Offset)
+	}
+	return nil
+}
+
+func (f *followed) got() []int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]int64(nil), f.offsets...)
+}
+
+func appendAt(t *testing.T, addr, token, path string, n int) int64 {
+	t.Helper()
+	s := stream(t, dial(t, addr).Login(ctxT(t), token), path)
+	var head int64
+	for i := range n {
+		head = mustAppend(t, s, ev("e", fmt.Sprintf(`{"i": %d}`, i))).HeadOffset
+	}
+	return head
+}
+
+// client.Follow delivers every event after its start once, in order, across an itxd killed
+// (kill -9) and one stopped (SIGTERM) and each started again on the same address, reconnecting
+// after the last offset delivered; cancelling its context returns that offset.
+func TestClientFollow_AcrossRestarts(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	addr := freeAddr(t)
+	p := startItxd(t, dir, "--listen", addr)
+	token := p.creds.ProjectToken
+	appendAt(t, addr, token, "/follow", 20)
+
+	ctx, cancel := context.WithCancel(ctxT(t))
+	defer cancel()
+	var f followed
+	var connected atomic.Int32
+	type result struct {
+		last int64
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		last, err := client.Follow(ctx, client.FollowConfig{Addr: addr, Token: token, Path: "/follow",
+			Connection: client.ConnectionOptions{After: 5, MaxDeliveryEvents: 3}, MinBackoff: 10 * time.Millisecond,
+			Connected: func() { connected.Add(1) }, Logf: t.Logf}, f.deliver)
+		done <- result{last, err}
+	}()
+	waitUntil(t, "the catch-up", func() bool { return len(f.got()) == 15 })
+
+	p.kill9(t)
+	p = startItxd(t, dir, "--listen", addr)
+	head := appendAt(t, addr, token, "/follow", 10)
+	waitUntil(t, "the events after the kill", func() bool { return len(f.got()) == int(head-5) })
+	require.GreaterOrEqual(t, connected.Load(), int32(2))
+
+	require.NoError(t, p.stop(t))
+	p = startItxd(t, dir, "--listen", addr)
+	head = appendAt(t, addr, token, "/follow", 4)
+	waitUntil(t, "the events after the stop", func() bool { return len(f.got()) == int(head-5) })
+	require.GreaterOrEqual(t, connected.Load(), int32(3))
+	require.Equal(t, offsetsFrom(6, head), f.got(), "each event once, in order")
+
+	cancel()
+	r := <-done
+	require.ErrorIs(t, r.err, context.Canceled)
+	require.Equal(t, head, r.last)
+}
+
+// Follow stops, without retrying, on what a new connection would not change: a refused login,
+// its connection replaced under its key, and deliver's own failure (returning the offset before
+// the failing batch, from which a later Follow resumes).
+func TestClientFollow_Stops(t *testing.T) {
+	p := startItxd(t, filepath.Join(t.TempDir(), "data"))
+	token := p.creds.ProjectToken
+	head := appendAt(t, p.addr, token, "/stops", 6)
+	ctx := ctxT(t)
+	cfg := client.FollowConfig{Addr: p.addr, Token: token, Path: "/stops", MinBackoff: 10 * time.Millisecond}
+
+	bad := cfg
+	bad.Token = "itx_not-a-token"
+	_, err := client.Follow(ctx, bad, func(context.Context, itx.DeliveryBatch) error { return nil })
+	require.Equal(t, itx.EUnauthenticated, itx.ErrorCode(err), "%v", err)
+
+	failing := cfg
+	failing.Connection.MaxDeliveryEvents = 2
+	boom := errors.New("the receiver's own failure")
+	var seen []int64
+	last, err := client.Follow(ctx, failing, func(_ context.Context, b itx.DeliveryBatch) error {
+		if b.Events[0].Offset > 2 {
+			return boom
+		}
+		for _, e := range b.Events {
+			seen = append(seen, e.Offset)
+		}
+		return nil
+	})
+	require.ErrorIs(t, err, boom)
+	require.Equal(t, int64(2), last)
+	require.Equal(t, []int64{1, 2}, seen)
+	var f followed
+	resumed := cfg
+	resumed.Connection.After = last
+	resumed.Connection.Key = "follower"
+	type result struct {
+		last int64
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		last, err := client.Follow(ctx, resumed, f.deliver)
+		done <- result{last, err}
+	}()
+	waitUntil(t, "the rest", func() bool { return len(f.got()) == int(head-2) })
+	require.Equal(t, offsetsFrom(3, head), f.got())
+
+	// Another connection under its key replaces Follow's: it stops with replaced.
+	s := stream(t, dial(t, p.addr).Login(ctx, token), "/stops")
+	c, err := client.OpenConnection(ctx, s, client.ConnectionOptions{Key: "follower", After: head},
+		client.ConnectionHandler{Deliver: func(context.Context, itx.DeliveryBatch) error { return nil }})
+	require.NoError(t, err)
+	defer c.Release()
+	r := <-done
+	var cc *client.ConnectionClosed
+	require.ErrorAs(t, r.err, &cc)
+	require.Equal(t, schema.CloseReason_replaced, cc.Why)
+	require.Equal(t, head, r.last)
+}
