@@ -27,6 +27,14 @@ type FollowConfig struct {
 	Logf func(format string, args ...any)
 	// Connected, if set, is told each time a connection opens.
 	Connected func()
+	// Reader, when set, registers a reader of this name on the stream and moves its checkpoint
+	// to the last offset delivered, at most every ReaderInterval (default 1 s) and when Follow
+	// stops, so the stream's lag views (subscriptions.list, live state, Streams.list) show where
+	// this consumer stands. Its checkpoint is also where to resume from: client.ListReaders. It
+	// shares the stream's name space with subscriptions (a subscription's name is refused) and
+	// may be the connection's Key.
+	Reader         string
+	ReaderInterval time.Duration
 }
 
 func (cfg *FollowConfig) defaults() {
@@ -38,6 +46,9 @@ func (cfg *FollowConfig) defaults() {
 	}
 	if cfg.Logf == nil {
 		cfg.Logf = func(string, ...any) {}
+	}
+	if cfg.ReaderInterval <= 0 {
+		cfg.ReaderInterval = time.Second
 	}
 }
 
@@ -137,11 +148,40 @@ func followOnce(ctx context.Context, cfg *FollowConfig, last *atomic.Int64, deli
 		}
 		return err
 	}
-	cancel()
 	defer c.Release()
 	if cfg.Connected != nil {
 		cfg.Connected()
 	}
+	var checkpoint *checkpointer
+	if cfg.Reader != "" {
+		readers := Readers(dctx, s)
+		defer readers.Release()
+		checkpoint = &checkpointer{readers: readers, name: cfg.Reader, last: last, sent: -1}
+		if err := checkpoint.report(dctx); err != nil {
+			c.Close(dctx)
+			switch itx.ErrorCode(err) {
+			case itx.EPermissionDenied, itx.EInvalid, itx.EFailedPrecondition, itx.ELimitExceeded:
+				return errPermanent{fmt.Errorf("registering reader %q: %w", cfg.Reader, err)}
+			}
+			return fmt.Errorf("registering reader %q: %w", cfg.Reader, err)
+		}
+		rctx, stopReports := context.WithCancel(ctx)
+		reported := make(chan struct{})
+		go func() {
+			defer close(reported)
+			checkpoint.every(rctx, cfg.ReaderInterval, cfg.Logf)
+		}()
+		defer func() {
+			stopReports()
+			<-reported
+			// Where it stopped, while the connection may still be up (best effort: the next
+			// Follow, or the next connection, reports again).
+			fctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			checkpoint.report(fctx)
+		}()
+	}
+	cancel()
 	select {
 	case <-c.Done():
 	case <-conn.Done():
@@ -159,12 +199,52 @@ func followOnce(ctx context.Context, cfg *FollowConfig, last *atomic.Int64, deli
 		return errPermanent{failed}
 	}
 	var cc *ConnectionClosed
-	if !errors.As(c.Err(), &cc) {
-		return fmt.Errorf("the connection to itxd ended: %v", conn.Err())
+	if !errors.As(c.Err(), &cc) { // the RPC connection ended first
+		if err := conn.Err(); err != nil {
+			return fmt.Errorf("the connection to itxd ended: %w", err)
+		}
+		return &ConnectionClosed{Why: schema.CloseReason_connectionLost}
 	}
 	switch cc.Why {
 	case schema.CloseReason_connectionLost, schema.CloseReason_serverShuttingDown, schema.CloseReason_slowConsumer:
 		return cc
 	}
 	return errPermanent{cc}
+}
+
+// checkpointer moves a registered reader's checkpoint to the last offset delivered.
+type checkpointer struct {
+	readers schema.Readers
+	name    string
+	last    *atomic.Int64
+	sent    int64 // the checkpoint last registered (-1: none yet)
+}
+
+// report registers the checkpoint if it moved since the last report.
+func (k *checkpointer) report(ctx context.Context) error {
+	at := k.last.Load()
+	if at == k.sent {
+		return nil
+	}
+	if err := RegisterReader(ctx, k.readers, k.name, at); err != nil {
+		return err
+	}
+	k.sent = at
+	return nil
+}
+
+// every reports every interval until ctx ends.
+func (k *checkpointer) every(ctx context.Context, interval time.Duration, logf func(string, ...any)) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if err := k.report(ctx); err != nil && ctx.Err() == nil {
+				logf("follow: moving reader %q to %d: %v", k.name, k.last.Load(), err)
+			}
+		}
+	}
 }

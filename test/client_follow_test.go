@@ -69,7 +69,7 @@ func TestClientFollow_AcrossRestarts(t *testing.T) {
 	go func() {
 		last, err := client.Follow(ctx, client.FollowConfig{Addr: addr, Token: token, Path: "/follow",
 			Connection: client.ConnectionOptions{After: 5, MaxDeliveryEvents: 3}, MinBackoff: 10 * time.Millisecond,
-			Connected: func() { connected.Add(1) }, Logf: t.Logf}, f.deliver)
+			Connected: func() { connected.Add(1) }, Logf: t.Logf, Reader: "follower", ReaderInterval: 20 * time.Millisecond}, f.deliver)
 		done <- result{last, err}
 	}()
 	waitUntil(t, "the catch-up", func() bool { return len(f.got()) == 15 })
@@ -78,19 +78,59 @@ func TestClientFollow_AcrossRestarts(t *testing.T) {
 	p = startItxd(t, dir, "--listen", addr)
 	head := appendAt(t, addr, token, "/follow", 10)
 	waitUntil(t, "the events after the kill", func() bool { return len(f.got()) == int(head-5) })
-	require.GreaterOrEqual(t, connected.Load(), int32(2))
+	waitUntil(t, "a second connection", func() bool { return connected.Load() >= 2 })
 
 	require.NoError(t, p.stop(t))
 	p = startItxd(t, dir, "--listen", addr)
 	head = appendAt(t, addr, token, "/follow", 4)
 	waitUntil(t, "the events after the stop", func() bool { return len(f.got()) == int(head-5) })
-	require.GreaterOrEqual(t, connected.Load(), int32(3))
+	waitUntil(t, "a third connection", func() bool { return connected.Load() >= 3 })
 	require.Equal(t, offsetsFrom(6, head), f.got(), "each event once, in order")
+	// Its reader shows where it stands.
+	readers := client.Readers(ctxT(t), stream(t, dial(t, addr).Login(ctxT(t), token), "/follow"))
+	defer readers.Release()
+	waitUntil(t, "the reader's checkpoint at the head", func() bool {
+		list, err := client.ListReaders(ctxT(t), readers)
+		require.NoError(t, err)
+		return len(list) == 1 && list[0].Name == "follower" && list[0].Checkpoint == head
+	})
 
 	cancel()
 	r := <-done
 	require.ErrorIs(t, r.err, context.Canceled)
 	require.Equal(t, head, r.last)
+}
+
+// Follow's reader takes the last offset delivered when it stops (however short its interval
+// would have been), and a reader name the stream refuses (a subscription's) stops it at once.
+func TestClientFollow_Reader(t *testing.T) {
+	p := startItxd(t, filepath.Join(t.TempDir(), "data"))
+	token := p.creds.ProjectToken
+	head := appendAt(t, p.addr, token, "/reader", 5)
+	ctx := ctxT(t)
+	s := stream(t, dial(t, p.addr).Login(ctx, token), "/reader")
+	cfg := client.FollowConfig{Addr: p.addr, Token: token, Path: "/reader", Reader: "mirror", ReaderInterval: time.Hour,
+		Connection: client.ConnectionOptions{MaxDeliveryEvents: 1}}
+	stop := errors.New("enough")
+	last, err := client.Follow(ctx, cfg, func(_ context.Context, b itx.DeliveryBatch) error {
+		if b.Events[len(b.Events)-1].Offset < head {
+			return nil
+		}
+		return stop
+	})
+	require.ErrorIs(t, err, stop)
+	require.Equal(t, head-1, last)
+	list, err := client.ListReaders(ctx, client.Readers(ctx, s))
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+	require.Equal(t, last, list[0].Checkpoint, "the checkpoint is the last offset delivered")
+
+	_, _, err = client.ConfigureSubscription(ctx, client.Subscriptions(ctx, s),
+		client.SubscriptionConfig{Name: "taken", Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: "/reader-copy"}})
+	require.NoError(t, err)
+	cfg.Reader = "taken"
+	_, err = client.Follow(ctx, cfg, func(context.Context, itx.DeliveryBatch) error { return nil })
+	require.Equal(t, itx.EFailedPrecondition, itx.ErrorCode(err), "%v", err)
 }
 
 // Follow stops, without retrying, on what a new connection would not change: a refused login,
