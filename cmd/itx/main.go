@@ -118,6 +118,10 @@ func run(args []string, env environment) int {
                                      print a stream's events as newline-delimited JSON;
                                      stream/* control records are left out without --with-control
   itx [flags] watch <path>           print a stream's live state, until Ctrl-C
+  itx [flags] consumers [prefix] [--behind]
+                                     every subscription and registered reader under prefix with
+                                     its lag, halted and parked ones first (--behind: only those
+                                     behind or not active)
   itx [flags] admin <command> ...    projects and tokens (itx admin help)
 
 The flags may also follow a command (itx tail /a --json).

@@ -1,0 +1,131 @@
+package repl
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/schema"
+)
+
+func init() {
+	register(&Command{Name: "consumers", Args: "[prefix] [--behind]", CLI: true,
+		Help: "where every consumer stands: each subscription and registered reader of the streams under prefix (default: all) with its lag, halted and parked ones first; --behind shows only those with lag or not active",
+		Run:  runConsumers,
+		Check: func(args []string) error {
+			_, err := parseConsumers(args)
+			return err
+		}})
+}
+
+type consumersArgs struct {
+	prefix string
+	behind bool
+}
+
+func parseConsumers(args []string) (consumersArgs, error) {
+	var a consumersArgs
+	prefixed := false
+	for _, arg := range args {
+		switch {
+		case arg == "--behind":
+			a.behind = true
+		case strings.HasPrefix(arg, "-"):
+			return a, usageError("consumers", "unknown flag %q", arg)
+		case prefixed:
+			return a, usageError("consumers", "too many arguments")
+		default:
+			if err := itx.ValidatePathPrefix(arg); err != nil {
+				return a, usageError("consumers", "%s", itx.ErrorMessage(err))
+			}
+			a.prefix, prefixed = arg, true
+		}
+	}
+	return a, nil
+}
+
+// consumerRowJS is one consumer of one stream, as .consumers prints it.
+type consumerRowJS struct {
+	Path          string `json:"path"`
+	Name          string `json:"name"`
+	Kind          string `json:"kind"`
+	Status        string `json:"status"`
+	Confirmed     int64  `json:"confirmed"`
+	Head          int64  `json:"head"`
+	Lag           int64  `json:"lag"`
+	LastError     string `json:"lastError"`
+	NextAttemptAt msTime `json:"nextAttemptAt"`
+}
+
+// statusRank orders the statuses that need a person first.
+func statusRank(status string) int {
+	switch status {
+	case itx.StatusHalted:
+		return 0
+	case itx.StatusParked:
+		return 1
+	}
+	return 2
+}
+
+// runConsumers lists the subscriptions and registered readers of every stream under a prefix
+// whose summary shows any (Streams.list: subscriptions, halted ones, or a reader's lag), read
+// from each stream's subscriptions.list().
+func runConsumers(ctx context.Context, s *Session, args []string) error {
+	a, err := parseConsumers(args)
+	if err != nil {
+		return err
+	}
+	streams, err := client.ListStreams(ctx, s.project, a.prefix)
+	if err != nil {
+		return err
+	}
+	rows := []consumerRowJS{}
+	read := 0
+	for _, info := range streams {
+		if info.SubscriptionCount == 0 && info.HaltedSubscriptions == 0 && info.MaxLag == 0 {
+			continue // no subscription, and no reader behind
+		}
+		if a.behind && info.HaltedSubscriptions == 0 && info.MaxLag == 0 {
+			continue // every consumer caught up, none halted (live for a loaded stream)
+		}
+		c := s.client(streamPath(info.Path))
+		subs := client.Subscriptions(ctx, schema.Stream(c))
+		list, err := client.ListSubscriptions(ctx, subs)
+		subs.Release()
+		c.Release()
+		if err != nil {
+			return fmt.Errorf("%s: %w", info.Path, err)
+		}
+		read++
+		for _, r := range list {
+			if a.behind && r.Lag == 0 && r.Status == itx.StatusActive {
+				continue
+			}
+			rows = append(rows, consumerRowJS{Path: info.Path, Name: r.Name, Kind: r.Kind, Status: r.Status,
+				Confirmed: r.ConfirmedOffset, Head: r.ConfirmedOffset + r.Lag, Lag: r.Lag, LastError: r.LastError,
+				NextAttemptAt: msTime(r.NextAttemptAt)})
+		}
+	}
+	sort.SliceStable(rows, func(i, j int) bool {
+		a, b := rows[i], rows[j]
+		if ra, rb := statusRank(a.Status), statusRank(b.Status); ra != rb {
+			return ra < rb
+		}
+		if a.Lag != b.Lag {
+			return a.Lag > b.Lag
+		}
+		if a.Path != b.Path {
+			return a.Path < b.Path
+		}
+		return a.Name < b.Name
+	})
+	s.Print(s.toJS(rows))
+	if s.cfg.Format != FormatJSON {
+		s.note("%s on %s", plural(len(rows), "consumer"), plural(read, "stream"))
+	}
+	return nil
+}
