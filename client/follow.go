@@ -35,6 +35,11 @@ type FollowConfig struct {
 	// may be the connection's Key.
 	Reader         string
 	ReaderInterval time.Duration
+	// Resume starts after Reader's checkpoint when the reader is registered (otherwise after
+	// Connection.After): a follower restarted after its process ended goes on where its last
+	// report left it, receiving again what it was delivered after that report (at most
+	// ReaderInterval's worth).
+	Resume bool
 }
 
 func (cfg *FollowConfig) defaults() {
@@ -72,12 +77,16 @@ func (e errPermanent) Unwrap() error { return e.err }
 // returns.
 func Follow(ctx context.Context, cfg FollowConfig, deliver func(ctx context.Context, batch itx.DeliveryBatch) error) (int64, error) {
 	cfg.defaults()
+	if cfg.Resume && cfg.Reader == "" {
+		return cfg.Connection.After, itx.Errorf(itx.EInvalid, "FollowConfig.Resume needs a Reader to resume from")
+	}
 	var last atomic.Int64
 	last.Store(cfg.Connection.After)
+	resume := cfg.Resume
 	backoff := cfg.MinBackoff
 	for {
 		started := time.Now()
-		err := followOnce(ctx, &cfg, &last, deliver)
+		err := followOnce(ctx, &cfg, &last, &resume, deliver)
 		if ctx.Err() != nil {
 			return last.Load(), ctx.Err()
 		}
@@ -102,7 +111,7 @@ func Follow(ctx context.Context, cfg FollowConfig, deliver func(ctx context.Cont
 
 // followOnce is one connection's life: it returns why it ended, errPermanent when a new one
 // would not change that.
-func followOnce(ctx context.Context, cfg *FollowConfig, last *atomic.Int64, deliver func(context.Context, itx.DeliveryBatch) error) error {
+func followOnce(ctx context.Context, cfg *FollowConfig, last *atomic.Int64, resume *bool, deliver func(context.Context, itx.DeliveryBatch) error) error {
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	conn, err := DialWith(dctx, cfg.Addr, cfg.Dial)
@@ -114,6 +123,23 @@ func followOnce(ctx context.Context, cfg *FollowConfig, last *atomic.Int64, deli
 	defer project.Release()
 	s := Stream(dctx, project, cfg.Path)
 	defer s.Release()
+	if *resume {
+		readers := Readers(dctx, s)
+		list, err := ListReaders(dctx, readers)
+		readers.Release()
+		if err != nil {
+			if code := itx.ErrorCode(err); code == itx.EUnauthenticated || code == itx.EPermissionDenied || code == itx.EInvalid {
+				return errPermanent{err}
+			}
+			return fmt.Errorf("reading reader %q to resume from: %w", cfg.Reader, err)
+		}
+		for _, r := range list {
+			if r.Name == cfg.Reader {
+				last.Store(r.Checkpoint)
+			}
+		}
+		*resume = false
+	}
 	o := cfg.Connection
 	o.After = last.Load()
 	// mu is held while deliver runs: once the connection ended, taking it waits for a batch

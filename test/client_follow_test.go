@@ -125,6 +125,27 @@ func TestClientFollow_Reader(t *testing.T) {
 	require.Len(t, list, 1)
 	require.Equal(t, last, list[0].Checkpoint, "the checkpoint is the last offset delivered")
 
+	// Resumed from its reader: the next event is the one after the checkpoint.
+	rctx, cancel := context.WithCancel(ctx)
+	resumed := cfg
+	resumed.Resume = true
+	var first int64
+	last, err = client.Follow(rctx, resumed, func(_ context.Context, b itx.DeliveryBatch) error {
+		if first == 0 {
+			first = b.Events[0].Offset
+		}
+		cancel()
+		return nil
+	})
+	cancel()
+	require.ErrorIs(t, err, context.Canceled)
+	require.Equal(t, head, first, "resumed after the reader's checkpoint")
+	require.Equal(t, head, last)
+	noReader := cfg
+	noReader.Reader, noReader.Resume = "", true
+	_, err = client.Follow(ctx, noReader, func(context.Context, itx.DeliveryBatch) error { return nil })
+	require.Equal(t, itx.EInvalid, itx.ErrorCode(err), "%v", err)
+
 	_, _, err = client.ConfigureSubscription(ctx, client.Subscriptions(ctx, s),
 		client.SubscriptionConfig{Name: "taken", Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: "/reader-copy"}})
 	require.NoError(t, err)
