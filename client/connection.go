@@ -205,13 +205,19 @@ func (k *sink) Deliver(ctx context.Context, call schema.EventSink_deliver) error
 }
 
 func (k *sink) Closed(ctx context.Context, call schema.EventSink_closed) error {
-	c := &ConnectionClosed{Why: call.Args().Why()}
-	if r, err := call.Args().Reason(); err == nil && r.IsValid() {
-		msg, _ := r.Message_()
-		c.Reason = &itx.Error{Code: itx.Code(r.Code().String()), Message: msg}
-	}
-	k.end(c)
+	reason, err := call.Args().Reason()
+	k.end(closedWith(call.Args().Why(), reason, err))
 	return nil
+}
+
+// closedWith is the ConnectionClosed a closed call (a sink's or a live subscriber's) carries.
+func closedWith(why schema.CloseReason, reason schema.Error, err error) *ConnectionClosed {
+	c := &ConnectionClosed{Why: why}
+	if err == nil && reason.IsValid() {
+		msg, _ := reason.Message_()
+		c.Reason = &itx.Error{Code: itx.Code(reason.Code().String()), Message: msg}
+	}
+	return c
 }
 
 func (k *sink) State(ctx context.Context, call schema.EventSink_state) error {

@@ -292,11 +292,8 @@ func (s *liveSubscriber) Patch(ctx context.Context, call schema.LiveSubscriber_p
 }
 
 func (s *liveSubscriber) Closed(ctx context.Context, call schema.LiveSubscriber_closed) error {
-	c := &ConnectionClosed{Why: call.Args().Why()}
-	if r, err := call.Args().Reason(); err == nil && r.IsValid() {
-		msg, _ := r.Message_()
-		c.Reason = &itx.Error{Code: itx.Code(r.Code().String()), Message: msg}
-	}
+	reason, err := call.Args().Reason()
+	c := closedWith(call.Args().Why(), reason, err)
 	s.v.mu.Lock()
 	current := s.v.sub == s
 	s.v.mu.Unlock()
