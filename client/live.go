@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"sync"
+	"time"
 
 	jsonpatch "github.com/evanphx/json-patch/v5"
 	"github.com/itx-dev/itx"
@@ -231,7 +232,9 @@ func (v *LiveView) frame(sub *liveSubscriber, rev uint64, snapshot bool, js []by
 		v.resubs++
 		v.sub = nil
 		go func() {
-			if err := v.subscribe(context.Background()); err != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := v.subscribe(ctx); err != nil {
 				v.end(&ConnectionClosed{Why: schema.CloseReason_connectionLost, Reason: itx.AsError(err)})
 			}
 		}()
