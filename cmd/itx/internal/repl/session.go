@@ -371,6 +371,9 @@ func (s *Session) initVM() error {
 	if err := vm.Set("project", s.proxy(capPath{iface: "Project"})); err != nil {
 		return err
 	}
+	if err := vm.Set("agent", s.method("agent", s.agent)); err != nil {
+		return err
+	}
 	printFn := func(call goja.FunctionCall) goja.Value {
 		s.printValues(call.Arguments)
 		return goja.Undefined()
@@ -393,6 +396,29 @@ func (s *Session) initVM() error {
 		})
 	}
 	return vm.Set("console", console)
+}
+
+// agent is agent(path): the agent of the stream at path, whose processor is the seed's sugar
+// agent.processor for project.streams.get(path).subscriptions.get("agent").processor (the
+// processor-wake subscription named after the contract), and subscription the subscription.
+func (s *Session) agent(call goja.FunctionCall) goja.Value {
+	path, err := s.stringArg("agent", call.Arguments, 0, "path")
+	if err == nil {
+		err = itx.ValidatePath(path)
+	}
+	if err != nil {
+		panic(s.throw(err))
+	}
+	sub := streamPath(path).child("Subscriptions", "subscriptions", "").child("Subscription", "get", "agent")
+	vm := s.vm
+	obj := vm.NewObject()
+	obj.DefineDataProperty("path", vm.ToValue(path), goja.FLAG_FALSE, goja.FLAG_FALSE, goja.FLAG_TRUE)
+	getter := func(p capPath) goja.Value {
+		return vm.ToValue(func(goja.FunctionCall) goja.Value { return s.navigate(p) })
+	}
+	obj.DefineAccessorProperty("processor", getter(sub.child("Processor", "processor", "")), nil, goja.FLAG_FALSE, goja.FLAG_TRUE)
+	obj.DefineAccessorProperty("subscription", getter(sub), nil, goja.FLAG_FALSE, goja.FLAG_TRUE)
+	return obj
 }
 
 // SetArgs exposes a script's command-line arguments as the `args` global.
