@@ -20,6 +20,7 @@ import (
 	"bufio"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"strings"
@@ -30,6 +31,7 @@ import (
 	"capnproto.org/go/capnp/v3/rpc/transport"
 	rpccp "capnproto.org/go/capnp/v3/std/capnp/rpc"
 	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/internal/tcpopt"
 )
 
 // Limits are the bounds of a Pool. Zero fields take the defaults below.
@@ -328,7 +330,11 @@ type Transport struct {
 	torndown  bool // the writer has stopped and returned this connection's use to the pool
 	writeErr  error
 	wasPaused bool
-	abortErr  error // set by abort: RecvMessage returns it, and go-capnp aborts with it
+	// hangupArmed: a checkHangup is scheduled; hungUp: it found the client gone while the
+	// connection was held back.
+	hangupArmed bool
+	hungUp      bool
+	abortErr    error // set by abort: RecvMessage returns it, and go-capnp aborts with it
 
 	// Answers the client has not finished. open holds the ids of calls (and bootstraps) read
 	// and not yet returned with their message's encoded size, finishedEarly those of them the
@@ -466,20 +472,59 @@ func (t *Transport) maxMessage() (int64, string) {
 	return t.pool.limits.PreAuthMaxMessage, "--rpc-preauth-max-message-bytes"
 }
 
+// HangupPoll is how often a connection held back by a bound checks whether its client closed
+// it: while held back nothing reads the socket, so the close would otherwise be seen only once a
+// call ends (a waitForEvent may run for minutes), and everything the connection holds with it.
+const HangupPoll = time.Second
+
+// errPeerClosed ends a held-back connection whose client closed it: as reading its end would.
+var errPeerClosed = fmt.Errorf("the client closed the connection while it was held back: %w", io.EOF)
+
+// checkHangup runs every HangupPoll while the connection is held back, and ends it once its
+// client has closed it (tcpopt.PeerClosed reads nothing).
+func (t *Transport) checkHangup() {
+	p := t.pool
+	p.mu.Lock()
+	if !t.wasPaused || t.closed || t.abortErr != nil {
+		t.hangupArmed = false // the next pause arms it again
+		p.mu.Unlock()
+		return
+	}
+	p.mu.Unlock()
+	closed := tcpopt.PeerClosed(t.conn)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if closed {
+		t.hungUp = true
+		t.hangupArmed = false
+		p.cond.Broadcast()
+		return
+	}
+	p.limits.Clock.AfterFunc(HangupPoll, t.checkHangup)
+}
+
 // RecvMessage reads the next message once the connection is within its bounds. While it waits,
 // nothing reads the socket, so the peer's sends back up into its own TCP buffers.
 func (t *Transport) RecvMessage() (transport.IncomingMessage, error) {
 	p := t.pool
 	p.mu.Lock()
-	for !t.closed && t.abortErr == nil && !t.mayRead() {
+	for !t.closed && t.abortErr == nil && !t.hungUp && !t.mayRead() {
 		if !t.wasPaused {
 			t.wasPaused = true
 			p.pauses++
 			p.cond.Broadcast() // for WaitFor
+			if !t.hangupArmed {
+				t.hangupArmed = true
+				p.limits.Clock.AfterFunc(HangupPoll, t.checkHangup)
+			}
 		}
 		p.cond.Wait()
 	}
 	t.wasPaused = false
+	if t.hungUp && !t.closed && t.abortErr == nil {
+		p.mu.Unlock()
+		return nil, errPeerClosed
+	}
 	exports, abortErr := t.exports, t.abortErr
 	maxMsg, maxFlag := t.maxMessage()
 	p.mu.Unlock()

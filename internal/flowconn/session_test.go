@@ -230,3 +230,49 @@ func TestTransport_CallsAnsweredUnimplementedAreNotInFlight(t *testing.T) {
 		t.Fatalf("%+v", s)
 	}
 }
+
+// A client that closes its connection while the connection is held back at its call bound is
+// seen gone at the next HangupPoll: the connection ends, and the calls it held end with their
+// contexts. Before, nothing read the socket while held back, so the close was seen only when
+// one of those calls ended by itself (a waitForEvent may run for minutes).
+func TestTransport_HeldBackConnectionSeesItsClientClose(t *testing.T) {
+	clk := clocktest.New(time.Unix(1_800_000_000, 0))
+	pool := flowconn.NewPool(flowconn.Limits{PreAuthCalls: 4, PreAuthBytes: 1 << 30,
+		PreAuthUnfinished: 1 << 20, PreAuthUnfinishedBytes: 1 << 40, LoginTimeout: time.Hour, Clock: clk})
+	addr := serveHeld(t, pool, make(chan struct{}), nil) // version() ends only with its context
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := rpc.NewConn(rpc.NewStreamTransport(c), nil)
+	t.Cleanup(func() { conn.Close() })
+	gw := schema.Gateway(conn.Bootstrap(context.Background()))
+	for range 8 {
+		_, release := gw.Version(context.Background(), nil)
+		t.Cleanup(release)
+	}
+	t.Cleanup(func() { c.Close() }) // first: the releases wait for answers
+	waitFor(t, pool, "the connection held back", func(s flowconn.Stats) bool { return s.Pauses >= 1 && s.Calls >= 4 })
+	// Checks while the client is still there leave the connection alone (Advance runs them).
+	clk.Advance(3 * flowconn.HangupPoll)
+	if s := pool.Stats(); s.Conns != 1 {
+		t.Fatalf("a held-back connection whose client is still there ended: %+v", s)
+	}
+	c.Close()
+	// The FIN reaches the server's socket a moment after the close: a check may come first and
+	// look again one HangupPoll later.
+	ended := func(s flowconn.Stats) bool { return s.Conns == 0 && s.Calls == 0 }
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		clk.Advance(flowconn.HangupPoll)
+		poll, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		done := pool.WaitFor(poll.Done(), ended)
+		cancel()
+		if done {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the connection did not end: %+v", pool.Stats())
+		}
+	}
+}

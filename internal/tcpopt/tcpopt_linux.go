@@ -2,6 +2,7 @@ package tcpopt
 
 import (
 	"net"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -21,4 +22,29 @@ func SetUserTimeout(tc *net.TCPConn, d time.Duration) error {
 		return err
 	}
 	return serr
+}
+
+// PeerClosed reports whether the peer of conn (a TCP connection, or a TLS one over it) has
+// closed or shut down its sending side, without reading anything: the socket reports POLLRDHUP
+// (or a hangup or error) even while unread data waits ahead of the FIN.
+func PeerClosed(conn net.Conn) bool {
+	if nc, ok := conn.(interface{ NetConn() net.Conn }); ok {
+		conn = nc.NetConn()
+	}
+	sc, ok := conn.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	closed := false
+	raw.Control(func(fd uintptr) {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
+		if n, err := unix.Poll(fds, 0); err == nil && n > 0 {
+			closed = fds[0].Revents&(unix.POLLRDHUP|unix.POLLHUP|unix.POLLERR) != 0
+		}
+	})
+	return closed
 }
