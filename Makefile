@@ -15,9 +15,11 @@ build:
 run: build
 	./bin/itxd --listen $(ADDR) --data $(DATA) --metrics $(METRICS)
 
-## test: vet and run every test (unit, end-to-end over TCP, crash recovery)
+## test: vet and run every test (unit, end-to-end over TCP, crash recovery); vet the nested bench
+## module too, so a change to the packages it uses cannot leave make compare broken
 test:
 	$(GO) vet ./...
+	$(GO) -C bench vet ./...
 	$(GO) test -count=1 -timeout 12m ./...
 
 ## bench: the benchmarks recorded in docs/benchmarks.md (a separate itxd process, durable)
