@@ -41,7 +41,7 @@ var (
 	samples  = flag.Int("samples", 2000, "latency samples per round")
 	spread   = flag.Bool("spread", false, "also print each latency workload's p90, p95, p99.5 and max (stderr)")
 	workDir  = flag.String("dir", "", "working directory for data and binaries (default: a temp dir on the same disk)")
-	only     = flag.String("only", "", "run only workloads whose name contains this")
+	only     = flag.String("only", "", "run only workloads whose name contains this (or one of these, comma-separated: raw,append)")
 	itxdFlag = flag.String("itxd", "", "an itxd binary to measure instead of building one from the main module (to compare two builds)")
 	itxdB    = flag.String("itxd-b", "", "with -only ab: a second itxd binary, measured sample by sample against the first")
 	abSplit  = flag.Bool("ab-split", false, "with -only ab: the consumer on an RPC connection of its own")
@@ -80,7 +80,7 @@ func main() {
 	for r := 1; r <= *rounds; r++ {
 		fmt.Fprintf(os.Stderr, "round %d of %d\n", r, *rounds)
 		for _, w := range workloads {
-			if w.name == "ab" && *only != "ab" || *only != "" && !strings.Contains(w.name, *only) {
+			if w.name == "ab" && *only != "ab" || *only != "" && !slices.ContainsFunc(strings.Split(*only, ","), func(o string) bool { return strings.Contains(w.name, o) }) {
 				continue
 			}
 			all = append(all, w.run(dir, itxdBin, natsBin)...)
@@ -387,6 +387,27 @@ func runAppend(dir, itxdBin, natsBin string) []result {
 	b := c.stream("/compare/batch")
 	rate = timed(1, func(_, i int) error { _, err := itxAppend(b, 100, i*100); return err })
 	out = append(out, result{"100-event batches", "itx", "events/s", rate * 100, false})
+
+	// The same batches from one producer with up to 8 unanswered (client.Appender), in bursts of
+	// 8 then a flush: each batch is still acknowledged only once its commit is on disk, and
+	// batches in flight together share a commit.
+	pb := client.NewAppender(c.stream("/compare/batch-pipelined"), 8)
+	var bseq int
+	rate = timed(1, func(_, _ int) error {
+		ctx := context.Background()
+		for k := 0; k < 8; k++ {
+			events := make([]itx.EventInput, 100)
+			for j := range events {
+				bseq++
+				events[j] = itx.EventInput{Type: "bench.event", Payload: payload(bseq)}
+			}
+			if _, err := pb.Append(ctx, events, itx.AppendOptions{}); err != nil {
+				return err
+			}
+		}
+		return pb.Flush(ctx)
+	})
+	out = append(out, result{"100-event batches", "itx, 8 in flight", "events/s", rate * 800, false})
 
 	for _, always := range []bool{true, false} {
 		sys := "JetStream sync_always"
