@@ -193,11 +193,7 @@ func (k *sink) Deliver(ctx context.Context, call schema.EventSink_deliver) error
 	if k.ended() {
 		return nil // closed by the client: nothing reaches the handler after Close
 	}
-	b, err := call.Args().Batch()
-	if err != nil {
-		return err
-	}
-	batch, err := wire.DeliveryBatchFromSchema(b)
+	batch, err := batchOf(call.Args().Batch())
 	if err != nil {
 		return err
 	}

@@ -19,12 +19,16 @@ func ServeReceiver(f func(ctx context.Context, batch itx.DeliveryBatch) (confirm
 
 type receiverFunc func(ctx context.Context, batch itx.DeliveryBatch) (int64, error)
 
-func (f receiverFunc) Receive(ctx context.Context, call schema.Receiver_receive) error {
-	b, err := call.Args().Batch()
+// batchOf decodes a pushed batch (a Receiver's or an EventSink's).
+func batchOf(b schema.DeliveryBatch, err error) (itx.DeliveryBatch, error) {
 	if err != nil {
-		return err
+		return itx.DeliveryBatch{}, err
 	}
-	batch, err := wire.DeliveryBatchFromSchema(b)
+	return wire.DeliveryBatchFromSchema(b)
+}
+
+func (f receiverFunc) Receive(ctx context.Context, call schema.Receiver_receive) error {
+	batch, err := batchOf(call.Args().Batch())
 	if err != nil {
 		return err
 	}

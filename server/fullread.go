@@ -119,9 +119,8 @@ func (s *Server) describeWhileFull(ctx context.Context, ref StreamRef, loadErr e
 		if err != nil {
 			return loadErr
 		}
-		info = itx.StreamInfo{Path: e.Path, StreamID: e.StreamID, HeadOffset: meta.HeadOffset, CreatedAt: e.CreatedAt,
-			LastAppendAt: meta.LastAppendAt, SubscriptionCount: e.SubscriptionCount,
-			HaltedSubscriptions: e.HaltedSubscriptions, MaxLag: e.MaxLag}
+		info = summaryInfo(e)
+		info.HeadOffset, info.LastAppendAt = meta.HeadOffset, meta.LastAppendAt
 		return nil
 	}, func(a *actor) error {
 		info, err = s.describeLoaded(a)

@@ -479,6 +479,13 @@ func (s *Server) describeLoaded(a *actor) (itx.StreamInfo, error) {
 	return info, nil
 }
 
+// summaryInfo is an unloaded stream as its directory summary shows it.
+func summaryInfo(e *storage.StreamEntry) itx.StreamInfo {
+	return itx.StreamInfo{Path: e.Path, StreamID: e.StreamID, HeadOffset: e.HeadOffset, CreatedAt: e.CreatedAt,
+		LastAppendAt: e.LastAppendAt, SubscriptionCount: e.SubscriptionCount,
+		HaltedSubscriptions: e.HaltedSubscriptions, MaxLag: e.MaxLag}
+}
+
 // DefaultListStreams and MaxListStreams bound one page of Streams.list.
 const (
 	DefaultListStreams = 1_000
@@ -538,9 +545,7 @@ func (s *Server) ListStreamsUnder(ctx context.Context, projectID, scope, prefix,
 	}
 	out := make([]itx.StreamInfo, 0, len(entries))
 	for _, e := range entries {
-		info := itx.StreamInfo{Path: e.Path, StreamID: e.StreamID, HeadOffset: e.HeadOffset, CreatedAt: e.CreatedAt,
-			LastAppendAt: e.LastAppendAt, SubscriptionCount: e.SubscriptionCount,
-			HaltedSubscriptions: e.HaltedSubscriptions, MaxLag: e.MaxLag}
+		info := summaryInfo(&e)
 		h := actors[e.Path]
 		a := h.loaded
 		if a != nil && (!isClosed(a.ready) || a.loadErr != nil) {

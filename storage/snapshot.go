@@ -39,31 +39,20 @@ func OpenSnapshot(ctx context.Context, file string) (*Snapshot, error) {
 	if err := walEmpty(file); err != nil {
 		return nil, err
 	}
-	open := func() (*sql.DB, error) {
-		db, err := sql.Open(snapshotDriver, "file:"+file+"?mode=ro&immutable=1&_mutex=no")
-		if err != nil {
-			return nil, err
-		}
-		db.SetMaxOpenConns(1)
-		return db, nil
-	}
-	w, err := open()
+	db, err := sql.Open(snapshotDriver, "file:"+file+"?mode=ro&immutable=1&_mutex=no")
 	if err != nil {
 		return nil, fmt.Errorf("open stream snapshot %s: %w", file, err)
 	}
-	r, err := open()
-	if err != nil {
-		w.Close()
-		return nil, fmt.Errorf("open stream snapshot %s: %w", file, err)
-	}
-	s := &Stream{file: file, w: w, r: r}
+	db.SetMaxOpenConns(1)
+	// One pool reads everything (Close closes it twice, which database/sql allows).
+	s := &Stream{file: file, w: db, r: db}
 	steps, err := migrationSteps("stream")
 	if err != nil {
 		s.Close()
 		return nil, err
 	}
 	var version int
-	if err := w.QueryRowContext(ctx, "PRAGMA user_version").Scan(&version); err != nil {
+	if err := db.QueryRowContext(ctx, "PRAGMA user_version").Scan(&version); err != nil {
 		s.Close()
 		return nil, fmt.Errorf("open stream snapshot %s: %w", file, err)
 	}
