@@ -39,16 +39,18 @@ func (s *Server) whileFull(ctx context.Context, ref StreamRef, loadErr error, re
 	if err != nil || entry == nil {
 		return loadErr
 	}
-	for range 3 {
+	// Each turn waits for a load or an unload another call started (never starting one, so
+	// two readers cannot keep failing each other's turns with loads of their own).
+	for range 8 {
 		s.mu.Lock()
 		if s.closing {
 			s.mu.Unlock()
 			return loadErr
 		}
-		if s.actors[ref] != nil || s.unloading[ref] != nil {
+		if a := s.actors[ref]; a != nil {
 			// Another call is loading the stream (or it loaded meanwhile): its outcome decides.
-			s.mu.Unlock()
-			a, err := s.acquire(ctx, ref)
+			s.inflight.Add(1)
+			a, err := s.join(ctx, a)
 			if err == nil {
 				defer s.release(a)
 				return loaded(a)
@@ -57,6 +59,15 @@ func (s *Server) whileFull(ctx context.Context, ref StreamRef, loadErr error, re
 				return err
 			}
 			loadErr = err
+			continue
+		}
+		if prev := s.unloading[ref]; prev != nil {
+			s.mu.Unlock()
+			select {
+			case <-prev.done:
+			case <-ctx.Done():
+				return itx.Errorf(itx.ECancelled, "waiting for stream %s to unload: %v", ref.Path, ctx.Err())
+			}
 			continue
 		}
 		fr := s.fullReads[ref]

@@ -11,6 +11,24 @@ import (
 
 // acquire returns the loaded actor of ref, loading it if needed, with one reference held for
 // the caller; the caller must call release. While any reference is held the actor stays loaded.
+// join takes a reference on a, loaded or loading, once its load has ended: a, or its load's
+// error. Called with s.mu held and inflight already counted for it; it unlocks s.mu.
+func (s *Server) join(ctx context.Context, a *actor) (*actor, error) {
+	a.refs++
+	s.mu.Unlock()
+	select {
+	case <-a.ready:
+	case <-ctx.Done():
+		s.release(a)
+		return nil, itx.Errorf(itx.ECancelled, "waiting for stream %s to load: %v", a.ref.Path, ctx.Err())
+	}
+	if a.loadErr != nil {
+		s.release(a)
+		return nil, a.loadErr
+	}
+	return a, nil
+}
+
 func (s *Server) acquire(ctx context.Context, ref StreamRef) (*actor, error) {
 	s.mu.Lock()
 	for s.actors[ref] == nil {
@@ -39,19 +57,7 @@ func (s *Server) acquire(ctx context.Context, ref StreamRef) (*actor, error) {
 	s.inflight.Add(1)
 	a := s.actors[ref]
 	if a != nil {
-		a.refs++
-		s.mu.Unlock()
-		select {
-		case <-a.ready:
-		case <-ctx.Done():
-			s.release(a)
-			return nil, itx.Errorf(itx.ECancelled, "waiting for stream %s to load: %v", ref.Path, ctx.Err())
-		}
-		if a.loadErr != nil {
-			s.release(a)
-			return nil, a.loadErr
-		}
-		return a, nil
+		return s.join(ctx, a)
 	}
 	if len(s.actors) >= s.cfg.MaxHeldStreams && !s.anyIdleLocked() {
 		n := len(s.actors)
