@@ -834,6 +834,18 @@ func TestDiskFull_UnloadedStreamsStayReadable(t *testing.T) {
 		}
 		return len(list) == 2
 	})
+	// Listed as not loaded while still unloading: the unload's checkpoint must have emptied
+	// each WAL before the disk fills (a WAL left holding commits has no such fallback).
+	waitUntil(t, "the unloads' WALs gone", func() bool {
+		wals, err := filepath.Glob(filepath.Join(fs, "data", "streams", "*.db-wal"))
+		require.NoError(t, err)
+		for _, w := range wals {
+			if st, err := os.Stat(w); err == nil && st.Size() > 0 {
+				return false
+			}
+		}
+		return true
+	})
 	free := fillDisk(t, fs, 0)
 
 	var wg sync.WaitGroup
