@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -57,6 +58,25 @@ func (cfg *FollowConfig) defaults() {
 	}
 }
 
+// check refuses, before any dial, what no reconnection would mend: an address without a host
+// and port (Follow would otherwise retry a dial that cannot succeed for as long as ctx lasts), a
+// path that is not a stream path, Resume without a Reader.
+func (cfg *FollowConfig) check() error {
+	if _, port, err := net.SplitHostPort(cfg.Addr); err != nil || port == "" {
+		if err == nil {
+			err = errors.New("missing port")
+		}
+		return itx.Errorf(itx.EInvalid, "FollowConfig.Addr %q is not a host:port address: %v", cfg.Addr, err)
+	}
+	if err := itx.ValidatePath(cfg.Path); err != nil {
+		return itx.Errorf(itx.EInvalid, "FollowConfig.Path: %s", itx.ErrorMessage(err))
+	}
+	if cfg.Resume && cfg.Reader == "" {
+		return itx.Errorf(itx.EInvalid, "FollowConfig.Resume needs a Reader to resume from")
+	}
+	return nil
+}
+
 // errPermanent marks an end that a new connection would not change.
 type errPermanent struct{ err error }
 
@@ -73,12 +93,13 @@ func (e errPermanent) Unwrap() error { return e.err }
 //
 // It returns the last offset delivered and why it stopped: ctx's error once ctx ends, deliver's
 // own error when it failed, or an end a new connection would not change (a refused login or
-// open, replaced, streamRemoved, accessEnded: a *ConnectionClosed). Resume from the offset it
-// returns.
+// open, replaced, streamRemoved, accessEnded: a *ConnectionClosed; before any dial, an Addr
+// that is not host:port or a Path that is not a stream path: invalidArgument). Resume from the
+// offset it returns.
 func Follow(ctx context.Context, cfg FollowConfig, deliver func(ctx context.Context, batch itx.DeliveryBatch) error) (int64, error) {
 	cfg.defaults()
-	if cfg.Resume && cfg.Reader == "" {
-		return cfg.Connection.After, itx.Errorf(itx.EInvalid, "FollowConfig.Resume needs a Reader to resume from")
+	if err := cfg.check(); err != nil {
+		return cfg.Connection.After, err
 	}
 	var last atomic.Int64
 	last.Store(cfg.Connection.After)
