@@ -337,6 +337,7 @@ func TestTerminal_Output(t *testing.T) {
 			require.LessOrEqual(t, utf8.RuneCountInString(line), 70, "%q", line)
 		}
 		require.Contains(t, strings.Join(table, "\n"), "…", "cut columns end in an ellipsis")
+		require.Contains(t, term.out.String(), "(2 rows) not shown: ", "the columns left out are named after the count")
 
 		term.line(".output wide")
 		term.line(`project.streams.list("/out/")`, "(2 rows)")

@@ -171,15 +171,16 @@ func (s *Session) table(v goja.Value) (string, bool) {
 			widths[i] = max(widths[i], utf8.RuneCountInString(c))
 		}
 	}
+	shown := len(cols)
 	if width := s.width(); width > 0 && !s.cfg.Wide {
-		fitColumns(widths, width)
+		shown = fitColumns(widths, width)
 	}
 	var b strings.Builder
 	for _, line := range cells {
-		for i, c := range line {
+		for i, c := range line[:shown] {
 			c = truncate(c, widths[i])
 			b.WriteString(c)
-			if i < len(line)-1 {
+			if i < shown-1 {
 				b.WriteString(strings.Repeat(" ", widths[i]-utf8.RuneCountInString(c)+columnGap))
 			}
 		}
@@ -190,6 +191,9 @@ func (s *Session) table(v goja.Value) (string, bool) {
 	} else {
 		fmt.Fprintf(&b, "(%d rows)", len(rows))
 	}
+	if shown < len(cols) {
+		fmt.Fprintf(&b, " not shown: %s (.output wide shows every column)", strings.Join(cols[shown:], ", "))
+	}
 	return b.String(), true
 }
 
@@ -199,24 +203,33 @@ const (
 )
 
 // fitColumns narrows the widest columns, one character at a time, until the row fits width.
-func fitColumns(widths []int, width int) {
-	total := columnGap * (len(widths) - 1)
+// When every column is as narrow as it goes and the row still does not fit, the last columns
+// are left out (at least one stays). It returns how many columns to show.
+func fitColumns(widths []int, width int) int {
+	shown := len(widths)
+	total := columnGap * (shown - 1)
 	for _, w := range widths {
 		total += w
 	}
 	for total > width {
 		widest := -1
-		for i, w := range widths {
+		for i, w := range widths[:shown] {
 			if w > minColumnWidth && (widest < 0 || w > widths[widest]) {
 				widest = i
 			}
 		}
-		if widest < 0 {
-			return // as narrow as it goes: the terminal wraps
+		if widest >= 0 {
+			widths[widest]--
+			total--
+			continue
 		}
-		widths[widest]--
-		total--
+		if shown == 1 {
+			break // one column as narrow as it goes: the terminal wraps
+		}
+		shown--
+		total -= widths[shown] + columnGap
 	}
+	return shown
 }
 
 // truncate cuts s to width characters, the last one an ellipsis.
