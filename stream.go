@@ -15,7 +15,9 @@ type StreamInfo struct {
 	// reader. For a stream not loaded they are as of its last unload.
 	HaltedSubscriptions int
 	MaxLag              int64
-	Loaded              bool
+	// Readers counts the registered readers (Stream.readers), as of its last unload too.
+	Readers int
+	Loaded  bool
 }
 
 // AppendOptions qualify one append call; the zero value appends unconditionally.

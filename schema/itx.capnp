@@ -139,6 +139,7 @@ struct StreamInfo {
   haltedSubscriptions @7 :UInt32;  # subscriptions the retry ladder halted
   maxLag @8 :UInt64;          # the largest head - confirmed of a subscription or registered reader
                               # (both as of the last unload when the stream is not loaded)
+  readerCount @9 :UInt32;     # registered readers (Stream.readers), as maxLag
 }
 
 struct ProjectInfo {

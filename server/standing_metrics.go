@@ -11,8 +11,8 @@ import (
 // directory's summaries for the streams not loaded, the live state of the loaded ones (the
 // figures Streams.list shows per stream, summed up for an alert).
 type standingCollector struct {
-	s                    *Server
-	subs, halted, maxLag *prometheus.Desc
+	s                             *Server
+	subs, halted, maxLag, readers *prometheus.Desc
 }
 
 func newStandingCollector(s *Server) *standingCollector {
@@ -24,6 +24,8 @@ func newStandingCollector(s *Server) *standingCollector {
 			"Subscriptions halted now, on all streams (delivery stopped until resumed): alert on any.", nil, nil),
 		maxLag: prometheus.NewDesc("itx_consumer_lag_max_events",
 			"The largest lag (head offset - confirmed offset or checkpoint) of any subscription or registered reader.", nil, nil),
+		readers: prometheus.NewDesc("itx_readers",
+			"Registered readers (Stream.readers) on all streams.", nil, nil),
 	}
 }
 
@@ -31,6 +33,7 @@ func (c *standingCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.subs
 	ch <- c.halted
 	ch <- c.maxLag
+	ch <- c.readers
 }
 
 func (c *standingCollector) Collect(ch chan<- prometheus.Metric) {
@@ -38,7 +41,7 @@ func (c *standingCollector) Collect(ch chan<- prometheus.Metric) {
 	defer cancel()
 	st, err := c.s.consumerStanding(ctx)
 	if err != nil {
-		for _, d := range []*prometheus.Desc{c.subs, c.halted, c.maxLag} {
+		for _, d := range []*prometheus.Desc{c.subs, c.halted, c.maxLag, c.readers} {
 			ch <- prometheus.NewInvalidMetric(d, err)
 		}
 		return
@@ -46,11 +49,12 @@ func (c *standingCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.subs, prometheus.GaugeValue, float64(st.subscriptions))
 	ch <- prometheus.MustNewConstMetric(c.halted, prometheus.GaugeValue, float64(st.halted))
 	ch <- prometheus.MustNewConstMetric(c.maxLag, prometheus.GaugeValue, float64(st.maxLag))
+	ch <- prometheus.MustNewConstMetric(c.readers, prometheus.GaugeValue, float64(st.readers))
 }
 
 type consumerStanding struct {
-	subscriptions, halted int
-	maxLag                int64
+	subscriptions, halted, readers int
+	maxLag                         int64
 }
 
 // consumerStanding sums where the consumers of all streams stand.
@@ -82,6 +86,7 @@ func (s *Server) consumerStanding(ctx context.Context) (consumerStanding, error)
 		out.subscriptions += e.SubscriptionCount
 		out.halted += e.HaltedSubscriptions
 		out.maxLag = max(out.maxLag, e.MaxLag)
+		out.readers += e.ReaderCount
 	}
 	for _, a := range loaded {
 		v := a.view()
@@ -93,6 +98,7 @@ func (s *Server) consumerStanding(ctx context.Context) (consumerStanding, error)
 		out.subscriptions += len(subs)
 		out.halted += halted
 		out.maxLag = max(out.maxLag, lag)
+		out.readers += len(v.readers)
 	}
 	return out, nil
 }

@@ -476,6 +476,7 @@ func (s *Server) describeLoaded(a *actor) (itx.StreamInfo, error) {
 	info := itx.StreamInfo{Path: ref.Path, StreamID: v.streamID, HeadOffset: v.head, CreatedAt: v.info.createdAt,
 		LastAppendAt: v.info.lastAppendAt, SubscriptionCount: len(v.core.Subscriptions), Loaded: true}
 	info.HaltedSubscriptions, info.MaxLag = standing(v.head, v.core.Subscriptions, valueRow(v.rows), v.readers)
+	info.Readers = len(v.readers)
 	return info, nil
 }
 
@@ -483,7 +484,7 @@ func (s *Server) describeLoaded(a *actor) (itx.StreamInfo, error) {
 func summaryInfo(e *storage.StreamEntry) itx.StreamInfo {
 	return itx.StreamInfo{Path: e.Path, StreamID: e.StreamID, HeadOffset: e.HeadOffset, CreatedAt: e.CreatedAt,
 		LastAppendAt: e.LastAppendAt, SubscriptionCount: e.SubscriptionCount,
-		HaltedSubscriptions: e.HaltedSubscriptions, MaxLag: e.MaxLag}
+		HaltedSubscriptions: e.HaltedSubscriptions, MaxLag: e.MaxLag, Readers: e.ReaderCount}
 }
 
 // DefaultListStreams and MaxListStreams bound one page of Streams.list.
@@ -559,6 +560,7 @@ func (s *Server) ListStreamsUnder(ctx context.Context, projectID, scope, prefix,
 			info.HeadOffset, info.LastAppendAt, info.Loaded = v.head, v.info.lastAppendAt, a == h.loaded
 			info.SubscriptionCount = len(v.core.Subscriptions)
 			info.HaltedSubscriptions, info.MaxLag = standing(v.head, v.core.Subscriptions, valueRow(v.rows), v.readers)
+			info.Readers = len(v.readers)
 		}
 		if info.HeadOffset == 0 {
 			// A creation whose first commit has not landed (in flight, or failed): the stream

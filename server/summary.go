@@ -148,6 +148,7 @@ func summaryOf(head, lastAppendAt int64, core *coreState, row func(name string) 
 	}
 	sum.Subscriptions = len(subs)
 	sum.HaltedSubscriptions, sum.MaxLag = standing(head, subs, row, readers)
+	sum.Readers = len(readers)
 	return sum
 }
 

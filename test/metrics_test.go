@@ -122,10 +122,10 @@ func TestMetrics_ConsumerStanding(t *testing.T) {
 		t.Fatalf("no metric %s", name)
 		return 0
 	}
-	standing := func() [3]float64 {
-		return [3]float64{gauge("itx_subscriptions"), gauge("itx_subscriptions_halted"), gauge("itx_consumer_lag_max_events")}
+	standing := func() [4]float64 {
+		return [4]float64{gauge("itx_subscriptions"), gauge("itx_subscriptions_halted"), gauge("itx_consumer_lag_max_events"), gauge("itx_readers")}
 	}
-	require.Equal(t, [3]float64{0, 0, 0}, standing(), "nothing to stand anywhere yet")
+	require.Equal(t, [4]float64{0, 0, 0, 0}, standing(), "nothing to stand anywhere yet")
 
 	// A registered reader 5 behind on one stream, a subscription that will halt on another.
 	read := stream(t, e.p, "/read")
@@ -133,7 +133,10 @@ func TestMetrics_ConsumerStanding(t *testing.T) {
 	rf, release := read.Readers(e.ctx, nil)
 	defer release()
 	require.NoError(t, client.RegisterReader(e.ctx, rf.Readers(), "mirror", 1))
-	require.Equal(t, [3]float64{0, 0, 5}, standing())
+	require.Equal(t, [4]float64{0, 0, 5, 1}, standing())
+	// A reader at the head counts too, and lags by nothing.
+	require.NoError(t, client.RegisterReader(e.ctx, rf.Readers(), "at-head", 6))
+	require.Equal(t, [4]float64{0, 0, 5, 2}, standing())
 
 	h := newHook(t, func(int, itx.WebhookBody) int { return 500 })
 	s := stream(t, e.p, "/ladder")
@@ -152,7 +155,7 @@ func TestMetrics_ConsumerStanding(t *testing.T) {
 	d := e.describe(t, s, name)
 	lag := d.HeadOffset - d.ConfirmedOffset
 	require.Positive(t, lag)
-	require.Equal(t, [3]float64{2, 1, float64(max(5, lag))}, standing(), "loaded: the streams' live state")
+	require.Equal(t, [4]float64{2, 1, float64(max(5, lag)), 2}, standing(), "loaded: the streams' live state")
 
 	// Unloaded, both streams stand as their summaries say.
 	waitUntil(t, "unloaded", func() bool {
@@ -160,5 +163,5 @@ func TestMetrics_ConsumerStanding(t *testing.T) {
 		e.ts.srv.Sweep()
 		return e.ts.srv.LoadedStreams() == 0
 	})
-	require.Equal(t, [3]float64{2, 1, float64(max(5, lag))}, standing(), "unloaded: the directory's summaries")
+	require.Equal(t, [4]float64{2, 1, float64(max(5, lag)), 2}, standing(), "unloaded: the directory's summaries")
 }

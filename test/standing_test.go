@@ -63,11 +63,13 @@ func TestStreams_ListShowsWhereConsumersStand(t *testing.T) {
 	require.GreaterOrEqual(t, want, head.HeadOffset-1, "at least the reader at 1 lags")
 	require.Equal(t, 1, head.HaltedSubscriptions)
 	require.Equal(t, want, head.MaxLag)
+	require.Equal(t, 1, head.Readers)
 
 	got := listedStream(t, e.p, "/standing")
 	require.True(t, got.Loaded)
 	require.Equal(t, 1, got.HaltedSubscriptions)
 	require.Equal(t, want, got.MaxLag)
+	require.Equal(t, 1, got.Readers)
 
 	s.Release()
 	waitUntil(t, "unloaded", func() bool {
@@ -80,12 +82,28 @@ func TestStreams_ListShowsWhereConsumersStand(t *testing.T) {
 	require.Equal(t, head.HeadOffset, got.HeadOffset)
 	require.Equal(t, 1, got.HaltedSubscriptions)
 	require.Equal(t, want, got.MaxLag)
+	require.Equal(t, 1, got.Readers, "readers counted in the summary")
 
 	quiet := stream(t, e.p, "/standing-quiet")
 	mustAppend(t, quiet, ev("a", `{}`))
 	got = listedStream(t, e.p, "/standing-quiet")
 	require.Zero(t, got.HaltedSubscriptions)
 	require.Zero(t, got.MaxLag, "no consumers: nothing lags")
+	require.Zero(t, got.Readers)
+
+	// A reader at the head lags by nothing, and is still counted: it is a consumer.
+	registerReader(t, quiet, "caught-up", 1)
+	require.Equal(t, 1, listedStream(t, e.p, "/standing-quiet").Readers)
+	quiet.Release()
+	waitUntil(t, "unloaded", func() bool {
+		e.clock.Advance(2 * time.Minute)
+		e.ts.srv.Sweep()
+		return e.ts.srv.LoadedStreams() == 0
+	})
+	got = listedStream(t, e.p, "/standing-quiet")
+	require.False(t, got.Loaded)
+	require.Zero(t, got.MaxLag)
+	require.Equal(t, 1, got.Readers)
 }
 
 // After a kill -9 the summary of a stream that was loaded and written is stale; the restarted
@@ -118,6 +136,7 @@ func TestStreams_StandingSurvivesAKill9(t *testing.T) {
 	require.False(t, got.Loaded)
 	require.Equal(t, int64(5), got.HeadOffset)
 	require.Equal(t, int64(3), got.MaxLag, "refreshed from the stream's database after the crash")
+	require.Equal(t, 1, got.Readers)
 	require.Zero(t, got.HaltedSubscriptions)
 
 	// A commit without events (the reader moving) marks the summary stale too: after another

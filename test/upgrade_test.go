@@ -167,6 +167,8 @@ func checkUpgrade(t *testing.T, name string) {
 		require.Equal(t, halted, infos[0].HaltedSubscriptions, "halted subscriptions (loaded: %v)", infos[0].Loaded)
 		// nosuch halted at 0, so the slowest consumer lags by the whole head.
 		require.Equal(t, infos[0].HeadOffset, infos[0].MaxLag, "max lag (loaded: %v)", infos[0].Loaded)
+		// Migration 012 counts readers: every stream's summary is refreshed at the first start.
+		require.Equal(t, len(exp.Readers), infos[0].Readers, "readers (loaded: %v)", infos[0].Loaded)
 	})
 
 	a := stream(t, project, "/a")

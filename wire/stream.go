@@ -163,6 +163,7 @@ func SetStreamInfo(dst schema.StreamInfo, info itx.StreamInfo) error {
 	dst.SetSubscriptionCount(uint32(info.SubscriptionCount))
 	dst.SetHaltedSubscriptions(uint32(info.HaltedSubscriptions))
 	dst.SetMaxLag(uint64(info.MaxLag))
+	dst.SetReaderCount(uint32(info.Readers))
 	dst.SetLoaded(info.Loaded)
 	return nil
 }
@@ -171,7 +172,7 @@ func SetStreamInfo(dst schema.StreamInfo, info itx.StreamInfo) error {
 func StreamInfoFromSchema(src schema.StreamInfo) (itx.StreamInfo, error) {
 	out := itx.StreamInfo{HeadOffset: int64(src.HeadOffset()), CreatedAt: src.CreatedAt(),
 		LastAppendAt: src.LastAppendAt(), SubscriptionCount: int(src.SubscriptionCount()), Loaded: src.Loaded(),
-		HaltedSubscriptions: int(src.HaltedSubscriptions()), MaxLag: int64(src.MaxLag())}
+		HaltedSubscriptions: int(src.HaltedSubscriptions()), MaxLag: int64(src.MaxLag()), Readers: int(src.ReaderCount())}
 	var err error
 	if out.Path, err = src.Path(); err != nil {
 		return out, err

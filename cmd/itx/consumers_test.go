@@ -34,6 +34,7 @@ func TestRun_Consumers(t *testing.T) {
 		let carts = project.streams.get("/shop/carts")
 		carts.subscriptions.configure({name: "hook", receiver: {type: "webhook-post", url: "http://127.0.0.1:1/unreachable"}})
 		project.streams.get("/other").readers.register("late", 0)
+		project.streams.get("/quiet").readers.register("at-head", 1)
 	`)...)
 	require.Equal(t, exitOK, code, errs)
 	// The webhook fails every attempt: its ladder, on the virtual clock, ends in a halt.
@@ -64,12 +65,13 @@ func TestRun_Consumers(t *testing.T) {
 		return rows
 	}
 	all := consumers()
-	require.Len(t, all, 4, "%+v", all)
+	require.Len(t, all, 5, "%+v", all)
 	require.Equal(t, row{"/shop/carts", "hook", "webhook-post", "halted", 0, 3, 3}, all[0], "halted first")
 	require.Equal(t, row{"/shop/orders", "dashboard", "reader", "active", 0, 2, 2}, all[1], "then by lag")
 	require.Equal(t, "/other", all[2].Path)
 	require.Equal(t, int64(1), all[2].Lag)
-	require.Equal(t, row{"/shop/orders", "mirror", "copy-to-stream", "active", 2, 2, 0}, all[3])
+	require.Equal(t, row{"/quiet", "at-head", "reader", "active", 1, 1, 0}, all[3], "a caught-up reader is listed too")
+	require.Equal(t, row{"/shop/orders", "mirror", "copy-to-stream", "active", 2, 2, 0}, all[4])
 
 	behind := consumers("--behind")
 	require.Len(t, behind, 3, "the caught-up mirror is left out: %+v", behind)

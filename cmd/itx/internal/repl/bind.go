@@ -308,13 +308,14 @@ type streamInfoJS struct {
 	// Where the stream's consumers stand (as of its last unload when not loaded).
 	HaltedSubscriptions int   `json:"haltedSubscriptions"`
 	MaxLag              int64 `json:"maxLag"`
+	ReaderCount         int   `json:"readerCount"`
 	Loaded              bool  `json:"loaded"`
 }
 
 func streamInfoOf(i itx.StreamInfo) streamInfoJS {
 	return streamInfoJS{Path: i.Path, StreamID: i.StreamID, HeadOffset: i.HeadOffset, CreatedAt: msTime(i.CreatedAt),
 		LastAppendAt: msTime(i.LastAppendAt), SubscriptionCount: i.SubscriptionCount,
-		HaltedSubscriptions: i.HaltedSubscriptions, MaxLag: i.MaxLag, Loaded: i.Loaded}
+		HaltedSubscriptions: i.HaltedSubscriptions, MaxLag: i.MaxLag, ReaderCount: i.Readers, Loaded: i.Loaded}
 }
 
 type offsetJS struct {

@@ -72,7 +72,7 @@ func statusRank(status string) int {
 }
 
 // runConsumers lists the subscriptions and registered readers of every stream under a prefix
-// whose summary shows any (Streams.list: subscriptions, halted ones, or a reader's lag), read
+// whose summary shows any (Streams.list: subscriptionCount, readerCount), read
 // from each stream's subscriptions.list().
 func runConsumers(ctx context.Context, s *Session, args []string) error {
 	a, err := parseConsumers(args)
@@ -86,8 +86,8 @@ func runConsumers(ctx context.Context, s *Session, args []string) error {
 	rows := []consumerRowJS{}
 	read := 0
 	for _, info := range streams {
-		if info.SubscriptionCount == 0 && info.HaltedSubscriptions == 0 && info.MaxLag == 0 {
-			continue // no subscription, and no reader behind
+		if info.SubscriptionCount == 0 && info.Readers == 0 {
+			continue // no consumer
 		}
 		if a.behind && info.HaltedSubscriptions == 0 && info.MaxLag == 0 {
 			continue // every consumer caught up, none halted (live for a loaded stream)
