@@ -121,21 +121,66 @@ func (s *Server) readWhileFull(ctx context.Context, ref StreamRef, q itx.Query, 
 	return page, err
 }
 
-// describeWhileFull describes a stream whose load failed with loadErr because the disk is full:
-// its head from its database file (whileFull), the rest from the directory's summary, as
-// Streams.list shows an unloaded stream; otherwise it answers loadErr.
-func (s *Server) describeWhileFull(ctx context.Context, ref StreamRef, loadErr error) (info itx.StreamInfo, err error) {
-	err = s.whileFull(ctx, ref, loadErr, func(snap *storage.Snapshot, e *storage.StreamEntry) error {
-		meta, err := snap.Meta(ctx)
-		if err != nil {
+// viewWhileFull runs f over the state of a stream whose load failed with loadErr because the
+// disk is full, read from its database file alone (whileFull): its head, catalog, cursor rows and
+// registered readers, as a load would find them. The view has no store (nothing else of the
+// stream can be read through it). Otherwise it answers loadErr.
+func (s *Server) viewWhileFull(ctx context.Context, ref StreamRef, loadErr error, f func(view) error) error {
+	return s.whileFull(ctx, ref, loadErr, func(snap *storage.Snapshot, e *storage.StreamEntry) error {
+		v, ok := snapshotView(ctx, snap, e)
+		if !ok {
 			return loadErr
 		}
-		info = summaryInfo(e)
-		info.HeadOffset, info.LastAppendAt = meta.HeadOffset, meta.LastAppendAt
-		return nil
+		return f(v)
 	}, func(a *actor) error {
-		info, err = s.describeLoaded(a)
-		return err
+		return f(a.view())
+	})
+}
+
+// snapshotView is the view a load of the stream would publish before any step, read from its
+// database file: false when the file cannot say (a read failing, a catalog from another version
+// that a load would re-reduce from the log).
+func snapshotView(ctx context.Context, snap *storage.Snapshot, e *storage.StreamEntry) (view, bool) {
+	meta, err := snap.Meta(ctx)
+	if err != nil || meta.HeadOffset == 0 {
+		return view{}, false
+	}
+	raw, err := snap.KV(ctx, coreStateKey)
+	if err != nil {
+		return view{}, false
+	}
+	core, ok := decodeCoreState(raw)
+	if !ok {
+		if raw != nil {
+			return view{}, false
+		}
+		core = newCoreState() // no subscription ever configured
+	}
+	cursors, err := snap.CursorRows(ctx)
+	if err != nil {
+		return view{}, false
+	}
+	list, err := snap.Readers(ctx)
+	if err != nil {
+		return view{}, false
+	}
+	v := view{streamID: meta.StreamID, head: meta.HeadOffset, info: streamTimes{e.CreatedAt, meta.LastAppendAt}, core: core,
+		rows: make(map[string]storage.CursorRow, len(cursors)), readers: make(map[string]storage.Reader, len(list))}
+	for _, r := range cursors {
+		v.rows[r.Name] = r
+	}
+	for _, r := range list {
+		v.readers[r.Name] = r
+	}
+	return v, true
+}
+
+// describeWhileFull describes a stream whose load failed with loadErr because the disk is full,
+// from its database file (viewWhileFull); otherwise it answers loadErr.
+func (s *Server) describeWhileFull(ctx context.Context, ref StreamRef, loadErr error) (info itx.StreamInfo, err error) {
+	err = s.viewWhileFull(ctx, ref, loadErr, func(v view) error {
+		info = describeView(ref, v, false)
+		return nil
 	})
 	return info, err
 }

@@ -177,7 +177,7 @@ func (a *actor) schedule(ctx context.Context, op scheduleOp) (scheduleReply, err
 // itx.MaxPageLimit, ending after the one that brings their events to itx.MaxPageBytes.
 func (s *Server) ListScheduled(ctx context.Context, ref StreamRef) ([]itx.ScheduledEvent, error) {
 	var out []itx.ScheduledEvent
-	err := s.withSubscriptions(ctx, ref, func(v view) error {
+	err := s.withView(ctx, ref, false, func(v view) error {
 		if v.store == nil || v.scheduled == 0 {
 			return nil
 		}

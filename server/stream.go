@@ -469,15 +469,19 @@ func (s *Server) Describe(ctx context.Context, ref StreamRef) (itx.StreamInfo, e
 
 // describeLoaded describes a loaded stream.
 func (s *Server) describeLoaded(a *actor) (itx.StreamInfo, error) {
-	ref, v := a.ref, a.view()
+	return describeView(a.ref, a.view(), true), nil
+}
+
+// describeView describes a stream from a view of its state.
+func describeView(ref StreamRef, v view, loaded bool) itx.StreamInfo {
 	if v.streamID == "" {
-		return itx.StreamInfo{Path: ref.Path, Loaded: true}, nil // no first commit yet: no stream
+		return itx.StreamInfo{Path: ref.Path, Loaded: loaded} // no first commit yet: no stream
 	}
 	info := itx.StreamInfo{Path: ref.Path, StreamID: v.streamID, HeadOffset: v.head, CreatedAt: v.info.createdAt,
-		LastAppendAt: v.info.lastAppendAt, SubscriptionCount: len(v.core.Subscriptions), Loaded: true}
+		LastAppendAt: v.info.lastAppendAt, SubscriptionCount: len(v.core.Subscriptions), Loaded: loaded}
 	info.HaltedSubscriptions, info.MaxLag = standing(v.head, v.core.Subscriptions, valueRow(v.rows), v.readers)
 	info.Readers = len(v.readers)
-	return info, nil
+	return info
 }
 
 // summaryInfo is an unloaded stream as its directory summary shows it.

@@ -164,14 +164,24 @@ func (s *Server) StartResumeSubscription(ctx context.Context, ref StreamRef, nam
 	return s.startControl(ctx, ref, name, itx.TypeSubscriptionResumed, itx.NamePayload{Name: name})
 }
 
-// withSubscriptions runs f over a consistent view of the catalog and cursor rows: the state the
-// stream's actor last published.
+// withSubscriptions runs f over a consistent view of the catalog, cursor rows and readers: the
+// state the stream's actor last published or, when the disk is too full to load the stream,
+// the state its database file holds (viewWhileFull: a view without a store).
 func (s *Server) withSubscriptions(ctx context.Context, ref StreamRef, f func(v view) error) error {
+	return s.withView(ctx, ref, true, f)
+}
+
+// withView is withSubscriptions; orFile false answers a full disk's load failure instead of
+// reading the database file (for f that needs the view's store).
+func (s *Server) withView(ctx context.Context, ref StreamRef, orFile bool, f func(v view) error) error {
 	if err := itx.ValidatePath(ref.Path); err != nil {
 		return err
 	}
 	a, err := s.acquire(ctx, ref)
 	if err != nil {
+		if orFile && itx.ErrorCode(err) == itx.EResourceExhausted {
+			return s.viewWhileFull(ctx, ref, err, f)
+		}
 		return err
 	}
 	defer s.release(a)

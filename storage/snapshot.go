@@ -74,6 +74,13 @@ func (n *Snapshot) Events(ctx context.Context, q Query) ([]itx.Event, error) {
 	return n.s.Events(ctx, q)
 }
 
+// KV, CursorRows and Readers read what Stream's methods of those names do.
+func (n *Snapshot) KV(ctx context.Context, key string) ([]byte, error) { return n.s.KV(ctx, key) }
+
+func (n *Snapshot) CursorRows(ctx context.Context) ([]CursorRow, error) { return n.s.CursorRows(ctx) }
+
+func (n *Snapshot) Readers(ctx context.Context) ([]Reader, error) { return n.s.Readers(ctx) }
+
 // Close closes the file.
 func (n *Snapshot) Close() error { return n.s.Close() }
 

@@ -873,3 +873,80 @@ func TestDiskFull_UnloadedStreamsStayReadable(t *testing.T) {
 	require.True(t, l.append("/b", 1), "appends once space returns")
 	l.check()
 }
+
+// TestDiskFull_ConsumersOfUnloadedStreamsStayVisible: while the disk is too full to load a stream
+// unloaded before it filled, where its consumers stand is still answered from its database file:
+// subscriptions.list (readers beside the subscriptions), a subscription's describe, readers.list
+// and describe agree with what they said before the disk filled; scheduled appends (read through
+// a loaded stream only) answer resourceExhausted.
+func TestDiskFull_ConsumersOfUnloadedStreamsStayVisible(t *testing.T) {
+	fs := mountTmpfs(t, "24m")
+	p := startItxd(t, filepath.Join(fs, "data"), "--idle-timeout", "1s")
+	ctx := ctxT(t)
+	proj := dial(t, p.addr).Login(ctx, p.creds.ProjectToken)
+	l := newAckLog(t, proj)
+	require.True(t, l.append("/c", 4))
+	s := l.stream("/c")
+	subs := client.Subscriptions(ctx, s)
+	defer subs.Release()
+	_, _, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "never", Start: "now",
+		FilterTypes: []string{"never"}, Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: "/never"}})
+	require.NoError(t, err)
+	registerReader(t, s, "dash", 2)
+	_, err = client.WaitUntilProcessed(ctx, client.Subscription(ctx, s, "never"), l.head["/c"]+1, 20*time.Second)
+	require.NoError(t, err)
+	before, err := client.ListSubscriptions(ctx, subs)
+	require.NoError(t, err)
+	require.Len(t, before, 2, "%+v", before)
+	described, err := client.DescribeSubscription(ctx, client.Subscription(ctx, s, "never"))
+	require.NoError(t, err)
+	info, err := client.Describe(ctx, s)
+	require.NoError(t, err)
+	waitUntil(t, "unloaded", func() bool {
+		list, err := client.ListStreams(ctx, proj, "/c")
+		require.NoError(t, err)
+		return len(list) == 1 && !list[0].Loaded
+	})
+	waitUntil(t, "the unload's WAL gone", func() bool {
+		wals, err := filepath.Glob(filepath.Join(fs, "data", "streams", "*.db-wal"))
+		require.NoError(t, err)
+		for _, w := range wals {
+			if st, err := os.Stat(w); err == nil && st.Size() > 0 {
+				return false
+			}
+		}
+		return true
+	})
+	free := fillDisk(t, fs, 0)
+	_, err = client.Append(ctx, s, kibEvents(1, 100), itx.AppendOptions{})
+	requireCode(t, err, itx.EResourceExhausted)
+
+	got, err := client.ListSubscriptions(ctx, subs)
+	require.NoError(t, err, "subscriptions.list on the full disk")
+	require.Equal(t, before, got)
+	gotDescribed, err := client.DescribeSubscription(ctx, client.Subscription(ctx, s, "never"))
+	require.NoError(t, err)
+	require.Equal(t, described.CursorState.ConfirmedOffset, gotDescribed.CursorState.ConfirmedOffset)
+	require.Equal(t, described.Config, gotDescribed.Config)
+	readers := client.Readers(ctx, s)
+	defer readers.Release()
+	rl, err := client.ListReaders(ctx, readers)
+	require.NoError(t, err)
+	require.Len(t, rl, 1)
+	require.Equal(t, int64(2), rl[0].Checkpoint)
+	require.Equal(t, info.HeadOffset-2, rl[0].Lag)
+	gotInfo, err := client.Describe(ctx, s)
+	require.NoError(t, err)
+	info.Loaded = false
+	require.Equal(t, info, gotInfo)
+	_, err = client.ListScheduled(ctx, s)
+	requireCode(t, err, itx.EResourceExhausted)
+
+	free()
+	res, err := client.Append(ctx, s, kibEvents(1, 100), itx.AppendOptions{})
+	require.NoError(t, err, "appends once space returns")
+	require.Equal(t, info.HeadOffset+1, res.HeadOffset)
+	got, err = client.ListSubscriptions(ctx, subs)
+	require.NoError(t, err)
+	require.Len(t, got, 2)
+}
