@@ -408,6 +408,8 @@ func TestRun_CommandUsageErrors(t *testing.T) {
 		{[]string{"tail", "/t", "--from"}, "itx tail: --from needs an offset\nusage: itx tail <path> [--from N | N]\n"},
 		{[]string{"tail", "/t", "--from", "x"}, "itx tail: after must be an offset, got \"x\"\nusage: itx tail <path> [--from N | N]\n"},
 		{[]string{"tail", "/t", "1", "2"}, "itx tail: too many arguments\nusage: itx tail <path> [--from N | N]\n"},
+		{[]string{"tail", "/t", "--reader"}, "itx tail: --reader needs a name\nusage: itx tail <path> [--from N | N]\n"},
+		{[]string{"tail", "/t", "--reader= "}, "itx tail: --reader needs a name\nusage: itx tail <path> [--from N | N]\n"},
 		{[]string{"tail", "--from", "3"}, "itx tail: the stream's path comes first, got \"--from\"\nusage: itx tail <path> [--from N | N]\n"},
 		{[]string{"watch"}, "usage: itx watch <path>\n"},
 		{[]string{"watch", "/a", "/b"}, "itx watch: too many arguments\nusage: itx watch <path>\n"},

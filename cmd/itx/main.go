@@ -108,9 +108,11 @@ func run(args []string, env environment) int {
   itx [flags] -e 'expression'        evaluate one expression and print its result
   itx [flags] script.js [args...]    run a script; - reads it from stdin
   ... | itx [flags]                  evaluate piped lines one by one, printing each result
-  itx [flags] tail <path> [--from N | N]
+  itx [flags] tail <path> [--from N | N] [--reader NAME]
                                      print events after offset N (default: the head) as they
-                                     are appended, until Ctrl-C
+                                     are appended, until Ctrl-C; --reader keeps a registered
+                                     reader's checkpoint at the last event printed and, without
+                                     --from, resumes after it
   itx [flags] import <path> [file] [--with-control]
                                      append newline-delimited JSON events (stdin without a file);
                                      stream/* control records are skipped without --with-control
@@ -338,7 +340,7 @@ func asksJSON(args []string) bool {
 // ("--label ci"): that value is the command's, whatever it looks like.
 var commandValueFlags = map[string]map[string]bool{
 	"admin": adminValueFlags(),
-	"tail":  {"from": true},
+	"tail":  {"from": true, "reader": true},
 }
 
 // valueFlags names the flags of fs that take a value (all but the booleans).

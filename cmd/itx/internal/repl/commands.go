@@ -107,7 +107,7 @@ func init() {
 	register(&Command{Name: "time", Args: "[iso|relative]", Help: "show times in tables as ISO-8601 (the default) or relative to now", Run: runTime})
 	register(&Command{Name: "quit", Help: "leave (as .exit)", Run: leave("quit")})
 	register(&Command{Name: "tail", Args: "<path> [--from N | N]", CLI: true,
-		Help: "open a connection and print events as they are appended, until Ctrl-C (default: after the head); goes on after the last one printed when itxd restarts", Run: runTail,
+		Help: "open a connection and print events as they are appended, until Ctrl-C (default: after the head); goes on after the last one printed when itxd restarts; --reader registers a reader of that name whose checkpoint follows the last event printed (each second and at the end; itx consumers shows it) and, without --from, starts after its checkpoint", Run: runTail,
 		Check: func(args []string) error { _, err := parseTail(args); return err }})
 	register(&Command{Name: "import", Args: "<path> [file.ndjson | -] [--with-control]", CLI: true,
 		Help: "append events from newline-delimited JSON ({type, payload, idempotencyKey, metadata} a line), pipelined in batches; - or no file: standard input (itx import only); stream/* control records are skipped unless --with-control", Run: runImport,
@@ -430,11 +430,12 @@ func offsetArg(name, arg string) (int64, error) {
 	return n, nil
 }
 
-// tailArgs are .tail's arguments: <path> [--from N | N].
+// tailArgs are .tail's arguments: <path> [--from N | N] [--reader NAME].
 type tailArgs struct {
 	path     string
 	after    int64
-	fromHead bool // no offset given: after the head
+	fromHead bool   // no offset given: after the head (or the reader's checkpoint)
+	reader   string // --reader: the registered reader whose checkpoint follows the tail
 }
 
 func parseTail(args []string) (tailArgs, error) {
@@ -442,7 +443,25 @@ func parseTail(args []string) (tailArgs, error) {
 		return tailArgs{}, err
 	}
 	t := tailArgs{path: args[0], fromHead: true}
-	rest := args[1:]
+	var rest []string
+	for i := 1; i < len(args); i++ {
+		a := args[i]
+		switch {
+		case a == "--reader" && i+1 < len(args):
+			t.reader = args[i+1]
+			i++
+		case a == "--reader":
+			return t, usageError("tail", "--reader needs a name")
+		case strings.HasPrefix(a, "--reader="):
+			t.reader = strings.TrimPrefix(a, "--reader=")
+		default:
+			rest = append(rest, a)
+			continue
+		}
+		if strings.TrimSpace(t.reader) == "" {
+			return t, usageError("tail", "--reader needs a name")
+		}
+	}
 	switch {
 	case len(rest) == 0:
 		return t, nil
@@ -478,6 +497,21 @@ func runTail(ctx context.Context, s *Session, args []string) error {
 		return err
 	}
 	after := ta.after
+	var rep *tailReader
+	if ta.reader != "" {
+		rep = &tailReader{s: s, path: ta.path, name: strings.TrimSpace(ta.reader), reported: -1}
+		if ta.fromHead {
+			checkpoint, found, err := rep.checkpoint(ctx)
+			if err != nil {
+				return err
+			}
+			if found {
+				// Resume: what was printed after the last checkpoint reported is printed again.
+				after, ta.fromHead = checkpoint, false
+				fmt.Fprintf(s.cfg.Err, "reader %s resumes after offset %d\n", rep.name, checkpoint)
+			}
+		}
+	}
 	if ta.fromHead {
 		c := s.client(streamPath(ta.path))
 		info, err := client.Describe(ctx, schema.Stream(c))
@@ -494,11 +528,22 @@ func runTail(ctx context.Context, s *Session, args []string) error {
 	if err != nil {
 		return err
 	}
+	if rep != nil {
+		// Registered (or moved) before anything prints: a name a subscription holds is refused
+		// here, and itx consumers shows the tail from now on.
+		if err := rep.report(ctx, after); err != nil {
+			cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			conn.close(cctx, "itx tail could not register its reader")
+			s.forget(conn)
+			return err
+		}
+	}
 	// A notice on stderr: stdout carries only events, one per line.
 	fmt.Fprintf(s.cfg.Err, "tailing %s after offset %d; Ctrl-C stops\n", ta.path, after)
 	for {
 		var went string
-		after, went, err = s.printTail(ctx, conn, after)
+		after, went, err = s.printTail(ctx, conn, after, rep)
 		if err != nil || went == "" {
 			return err
 		}
@@ -518,6 +563,58 @@ func runTail(ctx context.Context, s *Session, args []string) error {
 			return err
 		}
 	}
+}
+
+// tailReportEvery is how often itx tail --reader moves its reader's checkpoint (when it moved).
+const tailReportEvery = time.Second
+
+// tailReader is itx tail --reader's registered reader on the stream at path.
+type tailReader struct {
+	s          *Session
+	path, name string
+	reported   int64 // the checkpoint last registered; -1: none yet
+	failed     bool  // the last report failed (said once on stderr)
+}
+
+// checkpoint reads the reader's checkpoint, if it is registered.
+func (r *tailReader) checkpoint(ctx context.Context) (int64, bool, error) {
+	c := r.s.client(streamPath(r.path))
+	defer c.Release()
+	readers := client.Readers(ctx, schema.Stream(c))
+	defer readers.Release()
+	list, err := client.ListReaders(ctx, readers)
+	if err != nil {
+		return 0, false, err
+	}
+	for _, x := range list {
+		if x.Name == r.name {
+			r.reported = x.Checkpoint
+			return x.Checkpoint, true, nil
+		}
+	}
+	r.reported = -1
+	return 0, false, nil
+}
+
+// report moves the reader's checkpoint to last when it moved since the last report. A failure
+// (itxd away, say) is said once on stderr and tried again at the next report.
+func (r *tailReader) report(ctx context.Context, last int64) error {
+	if last == r.reported {
+		return nil
+	}
+	c := r.s.client(streamPath(r.path))
+	defer c.Release()
+	readers := client.Readers(ctx, schema.Stream(c))
+	defer readers.Release()
+	if err := client.RegisterReader(ctx, readers, r.name, last); err != nil {
+		if !r.failed {
+			fmt.Fprintf(r.s.cfg.Err, "itx: reader %s: checkpoint not moved to %d: %s\n", r.name, last, itx.ErrorMessage(err))
+		}
+		r.failed = true
+		return err
+	}
+	r.reported, r.failed = last, false
+	return nil
 }
 
 // tailOverflowed is printTail's answer when stdout fell so far behind that the connection's
@@ -540,8 +637,14 @@ func (s *Session) openTail(ctx context.Context, path string, after int64, epheme
 // if none). went is why the connection ended when the tail should go on on a new one: itxd
 // went away (a close reason, or "the connection was lost"), or tailOverflowed; "" with a nil
 // error is Ctrl-C. Any other close ends the tail with its reason.
-func (s *Session) printTail(ctx context.Context, conn *liveConnection, after int64) (last int64, went string, err error) {
+func (s *Session) printTail(ctx context.Context, conn *liveConnection, after int64, rep *tailReader) (last int64, went string, err error) {
 	last = after
+	var tick <-chan time.Time
+	if rep != nil {
+		t := time.NewTicker(tailReportEvery)
+		defer t.Stop()
+		tick = t.C
+	}
 	for {
 		lost := false
 		select {
@@ -549,10 +652,16 @@ func (s *Session) printTail(ctx context.Context, conn *liveConnection, after int
 			cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			conn.close(cctx, "itx tail ended")
+			if rep != nil {
+				rep.report(cctx, last) // where it stopped: said on stderr if it fails
+			}
 			return last, "", nil
 		case <-s.Done():
 			lost = true // print what arrived before, then go on on a new connection
 		case <-conn.sink.wake:
+		case <-tick:
+			rep.report(ctx, last)
+			continue
 		}
 		events, dropped, closed := conn.sink.take()
 		for i, e := range eventsJS(events) {
