@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -76,15 +75,21 @@ func startItxdBin(t testing.TB, bin string, env []string, dataDir string, extra 
 	if env != nil {
 		cmd.Env = append(os.Environ(), env...)
 	}
-	var logs strings.Builder
+	var logs syncBuffer // exec's copying goroutine writes it while the test may read it
 	cmd.Stderr = &logs
 	require.NoError(t, cmd.Start())
 	p := &itxdProcess{cmd: cmd, exited: make(chan error, 1)}
-	go func() { p.exited <- cmd.Wait() }()
+	waited := make(chan struct{}) // closed once Wait returned, whoever takes its error
+	go func() {
+		p.exited <- cmd.Wait()
+		close(waited)
+	}()
 	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
+		select {
+		case <-waited: // it ended: killed by the test, or on its own
+		default:
 			cmd.Process.Kill()
-			<-p.exited
+			<-waited
 		}
 		if t.Failed() {
 			t.Logf("itxd log:\n%s", logs.String())

@@ -224,6 +224,17 @@ func goroutinesOf(t *testing.T, s *benchItxd) float64 {
 	return n
 }
 
+// goroutineProfile is itxd's goroutine profile, grouped by stack (for a failure's log).
+func goroutineProfile(t *testing.T, s *benchItxd) string {
+	t.Helper()
+	resp, err := http.Get("http://" + s.metrics + "/debug/pprof/goroutine?debug=1")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return string(b)
+}
+
 func itxdMemory(t *testing.T, s *benchItxd) (heap, goroutines float64) {
 	t.Helper()
 	for i := range 3 {
@@ -546,8 +557,11 @@ func TestItxd_HostileUnreturnedCallsBound(t *testing.T) {
 		if unreturned == 0 && conns == 0 && live == 0 && g <= baseG+2 {
 			break
 		}
-		require.True(t, time.Now().Before(deadline), "10 s after the abort: %v calls unreturned, %v stream connections open, %v live subscribers, %v goroutines (baseline %v)",
-			unreturned, conns, live, g, baseG)
+		if time.Now().After(deadline) {
+			t.Logf("itxd's goroutines:\n%s", goroutineProfile(t, s))
+			t.Fatalf("10 s after the abort: %v calls unreturned, %v stream connections open, %v live subscribers, %v goroutines (baseline %v)",
+				unreturned, conns, live, g, baseG)
+		}
 		time.Sleep(100 * time.Millisecond)
 	}
 	// What the peer held is gone: far less than its calls' questions (300 x 1.2 KiB) above the
