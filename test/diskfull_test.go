@@ -811,6 +811,33 @@ func TestDiskFull_ReadingAStreamUnloadedWhileFull(t *testing.T) {
 	l.check()
 }
 
+// waitUnloadedToTheFile waits until the project's n streams are all listed as not loaded and
+// every WAL under dataDir is empty: a stream is listed as not loaded while its unload still
+// checkpoints, and a WAL left holding commits has no file-only fallback on a full disk.
+func waitUnloadedToTheFile(t *testing.T, proj schema.Project, dataDir string, n int) {
+	t.Helper()
+	waitUntil(t, "the streams unloaded", func() bool {
+		list, err := client.ListStreams(ctxT(t), proj, "")
+		require.NoError(t, err)
+		for _, s := range list {
+			if s.Loaded {
+				return false
+			}
+		}
+		return len(list) == n
+	})
+	waitUntil(t, "the unloads' WALs gone", func() bool {
+		wals, err := filepath.Glob(filepath.Join(dataDir, "streams", "*.db-wal"))
+		require.NoError(t, err)
+		for _, w := range wals {
+			if st, err := os.Stat(w); err == nil && st.Size() > 0 {
+				return false
+			}
+		}
+		return true
+	})
+}
+
 // TestDiskFull_UnloadedStreamsStayReadable: a stream unloaded before the disk filled cannot be
 // loaded while it is full (SQLite cannot make the -shm file an ordinary open needs), yet its
 // events and describe are served from its database file alone, to several readers at once;
@@ -824,28 +851,7 @@ func TestDiskFull_UnloadedStreamsStayReadable(t *testing.T) {
 	l := newAckLog(t, proj)
 	require.True(t, l.append("/a", 5))
 	require.True(t, l.append("/b", 3))
-	waitUntil(t, "both streams unloaded", func() bool {
-		list, err := client.ListStreams(ctx, proj, "")
-		require.NoError(t, err)
-		for _, s := range list {
-			if s.Loaded {
-				return false
-			}
-		}
-		return len(list) == 2
-	})
-	// Listed as not loaded while still unloading: the unload's checkpoint must have emptied
-	// each WAL before the disk fills (a WAL left holding commits has no such fallback).
-	waitUntil(t, "the unloads' WALs gone", func() bool {
-		wals, err := filepath.Glob(filepath.Join(fs, "data", "streams", "*.db-wal"))
-		require.NoError(t, err)
-		for _, w := range wals {
-			if st, err := os.Stat(w); err == nil && st.Size() > 0 {
-				return false
-			}
-		}
-		return true
-	})
+	waitUnloadedToTheFile(t, proj, filepath.Join(fs, "data"), 2)
 	free := fillDisk(t, fs, 0)
 
 	var wg sync.WaitGroup
@@ -902,21 +908,7 @@ func TestDiskFull_ConsumersOfUnloadedStreamsStayVisible(t *testing.T) {
 	require.NoError(t, err)
 	info, err := client.Describe(ctx, s)
 	require.NoError(t, err)
-	waitUntil(t, "unloaded", func() bool {
-		list, err := client.ListStreams(ctx, proj, "/c")
-		require.NoError(t, err)
-		return len(list) == 1 && !list[0].Loaded
-	})
-	waitUntil(t, "the unload's WAL gone", func() bool {
-		wals, err := filepath.Glob(filepath.Join(fs, "data", "streams", "*.db-wal"))
-		require.NoError(t, err)
-		for _, w := range wals {
-			if st, err := os.Stat(w); err == nil && st.Size() > 0 {
-				return false
-			}
-		}
-		return true
-	})
+	waitUnloadedToTheFile(t, proj, filepath.Join(fs, "data"), 1)
 	free := fillDisk(t, fs, 0)
 	_, err = client.Append(ctx, s, kibEvents(1, 100), itx.AppendOptions{})
 	requireCode(t, err, itx.EResourceExhausted)
