@@ -8,7 +8,6 @@ import (
 	"sort"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
@@ -356,11 +355,7 @@ func parkedTenantStream(t *testing.T, e *subEnv, path, capability, payload strin
 	mustAppend(t, s, ev("note", payload))
 	waitUntil(t, "parked", func() bool { return describeSub(t, s, "app").Status == itx.StatusParked })
 	s.Release()
-	waitUntil(t, "unloaded", func() bool {
-		e.clock.Advance(2 * time.Minute)
-		e.ts.srv.Sweep()
-		return e.ts.srv.LoadedStreams() == 0
-	})
+	e.unloadAll(t)
 	return tokB
 }
 

@@ -303,11 +303,7 @@ func TestCore_MountResumesAnUnloadedParkedStream(t *testing.T) {
 	require.Equal(t, 1.0, testutil.ToFloat64(e.ts.srv.Metrics().SubscriptionParks), "the park is counted for the operator")
 	require.Zero(t, testutil.ToFloat64(e.ts.srv.Metrics().SubscriptionHalts), "an absent receiver does not halt")
 	s.Release()
-	waitUntil(t, "unloaded", func() bool {
-		e.clock.Advance(2 * time.Minute)
-		e.ts.srv.Sweep()
-		return e.ts.srv.LoadedStreams() == 0
-	})
+	e.unloadAll(t)
 
 	got := make(chan []int64, 1)
 	r := &scriptedReceiver{answer: func(offsets []int64, _ []itx.Event) (uint64, error) {

@@ -158,10 +158,6 @@ func TestMetrics_ConsumerStanding(t *testing.T) {
 	require.Equal(t, [4]float64{2, 1, float64(max(5, lag)), 2}, standing(), "loaded: the streams' live state")
 
 	// Unloaded, both streams stand as their summaries say.
-	waitUntil(t, "unloaded", func() bool {
-		e.clock.Advance(2 * time.Minute)
-		e.ts.srv.Sweep()
-		return e.ts.srv.LoadedStreams() == 0
-	})
+	e.unloadAll(t)
 	require.Equal(t, [4]float64{2, 1, float64(max(5, lag)), 2}, standing(), "unloaded: the directory's summaries")
 }

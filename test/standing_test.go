@@ -2,7 +2,6 @@ package test
 
 import (
 	"testing"
-	"time"
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
@@ -72,11 +71,7 @@ func TestStreams_ListShowsWhereConsumersStand(t *testing.T) {
 	require.Equal(t, 1, got.Readers)
 
 	s.Release()
-	waitUntil(t, "unloaded", func() bool {
-		e.clock.Advance(2 * time.Minute)
-		e.ts.srv.Sweep()
-		return e.ts.srv.LoadedStreams() == 0
-	})
+	e.unloadAll(t)
 	got = listedStream(t, e.p, "/standing")
 	require.False(t, got.Loaded, "listed from the directory's summary")
 	require.Equal(t, head.HeadOffset, got.HeadOffset)
@@ -95,11 +90,7 @@ func TestStreams_ListShowsWhereConsumersStand(t *testing.T) {
 	registerReader(t, quiet, "caught-up", 1)
 	require.Equal(t, 1, listedStream(t, e.p, "/standing-quiet").Readers)
 	quiet.Release()
-	waitUntil(t, "unloaded", func() bool {
-		e.clock.Advance(2 * time.Minute)
-		e.ts.srv.Sweep()
-		return e.ts.srv.LoadedStreams() == 0
-	})
+	e.unloadAll(t)
 	got = listedStream(t, e.p, "/standing-quiet")
 	require.False(t, got.Loaded)
 	require.Zero(t, got.MaxLag)

@@ -33,6 +33,17 @@ type subEnv struct {
 	ctx   context.Context
 }
 
+// unloadAll moves the virtual clock past the idle timeout and sweeps until no stream is loaded
+// (their summaries are then in the directory).
+func (e *subEnv) unloadAll(t *testing.T) {
+	t.Helper()
+	waitUntil(t, "unloaded", func() bool {
+		e.clock.Advance(2 * time.Minute)
+		e.ts.srv.Sweep()
+		return e.ts.srv.LoadedStreams() == 0
+	})
+}
+
 func newSubEnv(t *testing.T, cfg server.Config) *subEnv {
 	clock := clocktest.New(time.Unix(1_700_000_000, 0))
 	cfg.Clock, cfg.Random = clock, func() float64 { return 0.5 }
