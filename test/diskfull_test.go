@@ -811,6 +811,16 @@ func TestDiskFull_ReadingAStreamUnloadedWhileFull(t *testing.T) {
 	l.check()
 }
 
+// unloadingOnTmpfs starts itxd on a small tmpfs (fillDisk fills it) with streams unloaded after
+// a second idle, and logs in an ackLog.
+func unloadingOnTmpfs(t *testing.T) (fs string, proj schema.Project, l *ackLog) {
+	t.Helper()
+	fs = mountTmpfs(t, "24m")
+	p := startItxd(t, filepath.Join(fs, "data"), "--idle-timeout", "1s")
+	proj = dial(t, p.addr).Login(ctxT(t), p.creds.ProjectToken)
+	return fs, proj, newAckLog(t, proj)
+}
+
 // waitUnloadedToTheFile waits until the project's n streams are all listed as not loaded and
 // every WAL under dataDir is empty: a stream is listed as not loaded while its unload still
 // checkpoints, and a WAL left holding commits has no file-only fallback on a full disk.
@@ -844,11 +854,8 @@ func waitUnloadedToTheFile(t *testing.T, proj schema.Project, dataDir string, n 
 // appends are refused with resourceExhausted, and once space returns the stream loads and takes
 // appends again. Every acknowledged event is there, and nothing refused.
 func TestDiskFull_UnloadedStreamsStayReadable(t *testing.T) {
-	fs := mountTmpfs(t, "24m")
-	p := startItxd(t, filepath.Join(fs, "data"), "--idle-timeout", "1s")
+	fs, proj, l := unloadingOnTmpfs(t)
 	ctx := ctxT(t)
-	proj := dial(t, p.addr).Login(ctx, p.creds.ProjectToken)
-	l := newAckLog(t, proj)
 	require.True(t, l.append("/a", 5))
 	require.True(t, l.append("/b", 3))
 	waitUnloadedToTheFile(t, proj, filepath.Join(fs, "data"), 2)
@@ -886,11 +893,8 @@ func TestDiskFull_UnloadedStreamsStayReadable(t *testing.T) {
 // and describe agree with what they said before the disk filled; scheduled appends (read through
 // a loaded stream only) answer resourceExhausted.
 func TestDiskFull_ConsumersOfUnloadedStreamsStayVisible(t *testing.T) {
-	fs := mountTmpfs(t, "24m")
-	p := startItxd(t, filepath.Join(fs, "data"), "--idle-timeout", "1s")
+	fs, proj, l := unloadingOnTmpfs(t)
 	ctx := ctxT(t)
-	proj := dial(t, p.addr).Login(ctx, p.creds.ProjectToken)
-	l := newAckLog(t, proj)
 	require.True(t, l.append("/c", 4))
 	s := l.stream("/c")
 	subs := client.Subscriptions(ctx, s)

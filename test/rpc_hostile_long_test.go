@@ -1,7 +1,6 @@
 package test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -213,14 +212,10 @@ func (p *longPeer) legitimateRound(i int) {
 // (a dump taken while TestItxd_HostileUnreturnedCallsBound saw 27 showed the baseline's 24).
 func goroutinesOf(t *testing.T, s *benchItxd) float64 {
 	t.Helper()
-	resp, err := http.Get("http://" + s.metrics + "/debug/pprof/goroutine?debug=1")
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	line, err := bufio.NewReader(resp.Body).ReadString('\n')
-	require.NoError(t, err)
+	prof := goroutineProfile(t, s)
 	var n float64
-	_, err = fmt.Sscanf(line, "goroutine profile: total %g", &n)
-	require.NoError(t, err, "itxd's goroutine profile began %q", line)
+	_, err := fmt.Sscanf(prof, "goroutine profile: total %g", &n)
+	require.NoError(t, err, "itxd's goroutine profile began %.40q", prof)
 	return n
 }
 

@@ -155,7 +155,7 @@ func TestItxd_InboundCallBytesAreBounded(t *testing.T) {
 func TestItxd_LargeCallPipelinedBehindTheLogin(t *testing.T) {
 	p := startItxd(t, t.TempDir())
 	big := strings.Repeat("x", 200<<10)
-	pipelined := func(t *testing.T, token string) (schema.Stream_append_Results_Future, *rpc.Conn) {
+	pipelined := func(t *testing.T, token string) schema.Stream_append_Results_Future {
 		nc, err := net.Dial("tcp", p.addr)
 		require.NoError(t, err)
 		conn := rpc.NewConn(rpc.NewStreamTransport(nc), nil)
@@ -173,11 +173,11 @@ func TestItxd_LargeCallPipelinedBehindTheLogin(t *testing.T) {
 			l.At(0).SetType("big")
 			return l.At(0).SetPayload(`{"x":"` + big + `"}`)
 		})
-		return af, conn
+		return af
 	}
 
 	t.Run("after a login that succeeds", func(t *testing.T) {
-		af, _ := pipelined(t, p.creds.ProjectToken)
+		af := pipelined(t, p.creds.ProjectToken)
 		res, err := af.Struct()
 		require.NoError(t, err)
 		r, err := res.Result()
