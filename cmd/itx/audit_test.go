@@ -204,7 +204,7 @@ func TestEval_ConnectionKey(t *testing.T) {
 	generated := s.mustEval(t, `project.streams.get("/keyed").openConnection().key()`)
 	require.NotEmpty(t, generated)
 	require.NoError(t, s.RunCommand(t.Context(), "help Stream"))
-	require.Contains(t, s.out.String(), "{take(), ping(), key(), close(reason)}")
+	require.Contains(t, s.out.String(), "{take(min?, timeoutMs?), ping(), key(), close(reason)}")
 }
 
 // Under --json a usage error is an error like any other: {"error": {code, message}} on stderr,

@@ -281,21 +281,21 @@ func TestEval_ConfigureRefusesWhatItWouldDrop(t *testing.T) {
 }
 
 // The prompt's connection and live-view objects refuse arguments their methods do not take, as
-// the capabilities' methods do: c.take(10) read everything as if asked for ten, and
-// c.close(42) closed with no reason.
+// the capabilities' methods do: c.close(42) closed with no reason. (take and patches take
+// (min, timeoutMs) and refuse anything else.)
 func TestEval_ConnectionAndLiveViewMethodsRefuseArguments(t *testing.T) {
 	ts := startServer(t)
 	ts.appendDirect(t, "/objs", itx.EventInput{Type: "note"})
 	s := newSession(t, ts)
 	s.mustEval(t, `var c = project.streams.get("/objs").openConnection(); var v = project.streams.get("/objs").liveState()`)
 	for src, want := range map[string]string{
-		`c.take(10)`:         `Connection.take: takes no arguments, got a number`,
+		`c.take("10")`:       `Connection.take: min: expected a non-negative integer, got "10" (a string)`,
 		`c.ping({})`:         `Connection.ping: takes no arguments, got an object`,
 		`c.key("k")`:         `Connection.key: takes no arguments, got a string`,
 		`c.close(42)`:        `Connection.close: reason: expected a string, got a number`,
 		`c.close("done", 1)`: `Connection.close: takes a reason, got a number after it`,
 		`v.snapshot(1)`:      `LiveView.snapshot: takes no arguments, got a number`,
-		`v.patches(true)`:    `LiveView.patches: takes no arguments, got a boolean`,
+		`v.patches(true)`:    `LiveView.patches: min: expected a non-negative integer, got a boolean`,
 		`v.cancel("now")`:    `LiveView.cancel: takes no arguments, got a string`,
 	} {
 		f := s.failure(t, src)

@@ -310,7 +310,7 @@ func runHelp(ctx context.Context, s *Session, args []string) error {
 // schema's Connection does not have (itxd pushes its events to the prompt's sink).
 var promptObjects = map[string][]struct{ name, usage string }{
 	"Connection": {
-		{"take", "take() -> {events, dropped?, closed?} (the events delivered since the last take; dropped: how many did not fit; closed: why itxd closed it)"},
+		{"take", "take(min?, timeoutMs?) or take({min, timeoutMs}) -> {events, dropped?, closed?} (the events delivered since the last take, at once; with min or timeoutMs it first waits until min events (default 1) have arrived or itxd closed the connection, at most timeoutMs (default 20000; deadlineExceeded, the events stay held); dropped: how many did not fit; closed: why itxd closed it)"},
 		{"ping", "ping() -> {headOffset, deliveredOffset}"},
 		{"key", "key() -> the connection's key"},
 		{"close", "close(reason?)"},

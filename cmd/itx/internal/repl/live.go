@@ -150,6 +150,60 @@ func (k *eventSink) take() (events []itx.Event, dropped int, closed *itx.Error) 
 	return events, dropped, closed
 }
 
+// held is how many events the sink holds unread, and whether the server closed the connection.
+func (k *eventSink) held() (n int, closed bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return len(k.events), k.closed != nil
+}
+
+// awaitHeld waits until ready says what is held will do, then returns nil; or until ctx ends
+// (Ctrl-C) or timeout passes, and returns why. wake is signalled on every change.
+func awaitHeld(ctx context.Context, wake <-chan struct{}, timeout time.Duration, ready func() bool) error {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	for !ready() {
+		select {
+		case <-wake:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+			if ready() {
+				return nil
+			}
+			return errWaitTimedOut
+		}
+	}
+	return nil
+}
+
+var errWaitTimedOut = itx.Errorf(itx.EDeadlineExceeded, "timed out")
+
+// waitArgs reads take's and patches' (min?, timeoutMs?): with neither they answer at once;
+// with either they wait until min items are held (1 when only timeoutMs is given), at most
+// timeoutMs (0 or none: itx.DefaultWaitTimeout). min is at most limit, what the view can hold.
+func (s *Session) waitArgs(what string, args []goja.Value, limit int) (min int, timeout time.Duration, err error) {
+	o, err := s.params(what, args, []string{"min", "timeoutMs"}, "min", "timeoutMs")
+	if err != nil {
+		return 0, 0, err
+	}
+	n, ms := o.uint("min"), o.uint("timeoutMs")
+	if n > int64(limit) {
+		o.fail("min", "at most %d (what it holds unread), got %d", limit, n)
+	}
+	if err := o.err(); err != nil {
+		return 0, 0, err
+	}
+	if n == 0 && o.has("timeoutMs") {
+		n = 1
+	}
+	timeout = msDuration(ms)
+	if timeout == 0 {
+		timeout = itx.DefaultWaitTimeout
+	}
+	return int(n), timeout, nil
+}
+
 // liveConnection is a connection opened from itx.
 type liveConnection struct {
 	s    *Session
@@ -263,7 +317,24 @@ func streamOpenConnection(ctx context.Context, s *Session, c capnp.Client, p cap
 	label := "[Connection " + p.steps[len(p.steps)-1].arg + "]"
 	obj.Set("toString", s.method("toString", func(goja.FunctionCall) goja.Value { return vm.ToValue(label) }))
 	obj.Set("toJSON", s.method("toJSON", func(goja.FunctionCall) goja.Value { return vm.ToValue(label) }))
-	obj.Set("take", s.method("take", s.noArgs("Connection.take", func(goja.FunctionCall) goja.Value {
+	obj.Set("take", s.method("take", func(call goja.FunctionCall) goja.Value {
+		least, timeout, err := s.waitArgs("Connection.take", call.Arguments, maxBuffered)
+		if err != nil {
+			panic(s.throw(err))
+		}
+		if least > 0 {
+			err := awaitHeld(s.ctx(), conn.sink.wake, timeout, func() bool {
+				n, closed := conn.sink.held()
+				return n >= least || closed || conn.released.Load()
+			})
+			if err == errWaitTimedOut {
+				n, _ := conn.sink.held()
+				err = itx.Errorf(itx.EDeadlineExceeded, "Connection.take: %d of %d events arrived within %s (they stay for the next take)", n, least, timeout)
+			}
+			if err != nil {
+				panic(s.throw(err))
+			}
+		}
 		events, dropped, closed := conn.sink.take()
 		out := struct {
 			Events  []eventJS `json:"events"`
@@ -274,7 +345,7 @@ func streamOpenConnection(ctx context.Context, s *Session, c capnp.Client, p cap
 			out.Closed = &Failure{Code: string(closed.Code), Message: closed.Message}
 		}
 		return s.toJS(out)
-	})))
+	}))
 	obj.Set("ping", s.method("ping", s.noArgs("Connection.ping", func(goja.FunctionCall) goja.Value {
 		if conn.released.Load() {
 			panic(s.throw(errConnectionClosed))
@@ -594,13 +665,38 @@ func (s *Session) liveObject(v *liveView, label string) *goja.Object {
 			State    json.RawMessage `json:"state"`
 		}{v.snapshot, v.state})
 	})))
-	obj.Set("patches", s.method("patches", s.noArgs("LiveView.patches", func(goja.FunctionCall) goja.Value {
+	obj.Set("patches", s.method("patches", func(call goja.FunctionCall) goja.Value {
+		// A fold keeps half the bound unread, so a min up to that is always reached.
+		least, timeout, err := s.waitArgs("LiveView.patches", call.Arguments, v.maxPatches/2)
+		if err != nil {
+			panic(s.throw(err))
+		}
+		if least > 0 {
+			v.mu.Lock()
+			snapshot := v.snapshot
+			v.mu.Unlock()
+			err := awaitHeld(s.ctx(), v.wake, timeout, func() bool {
+				v.mu.Lock()
+				defer v.mu.Unlock()
+				// A fresh snapshot replaces the patches held: the caller reads snapshot().
+				return len(v.patches) >= least || v.snapshot != snapshot || v.ended != "" || v.endedWhy != "" || v.released.Load()
+			})
+			if err == errWaitTimedOut {
+				v.mu.Lock()
+				n := len(v.patches)
+				v.mu.Unlock()
+				err = itx.Errorf(itx.EDeadlineExceeded, "LiveView.patches: %d of %d patches arrived within %s (they stay for the next call)", n, least, timeout)
+			}
+			if err != nil {
+				panic(s.throw(err))
+			}
+		}
 		_, _, patches, _ := v.takePatches()
 		if patches == nil {
 			patches = []patchJS{}
 		}
 		return s.toJS(patches)
-	})))
+	}))
 	obj.Set("cancel", s.method("cancel", s.noArgs("LiveView.cancel", func(goja.FunctionCall) goja.Value {
 		if err := v.cancel(s.ctx()); err != nil {
 			panic(s.throw(err))

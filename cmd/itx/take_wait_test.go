@@ -1,0 +1,114 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/itx-dev/itx"
+	"github.com/stretchr/testify/require"
+)
+
+// take(min, timeoutMs) waits for what a script needs instead of answering with whatever the
+// sink held at that instant: a script that opened a connection at offset 0 and took at once
+// got no events (the catch-up had not arrived yet) and had to poll.
+func TestEval_TakeWaitsForEvents(t *testing.T) {
+	ts := startServer(t)
+	ts.appendDirect(t, "/waits", itx.EventInput{Type: "a"}, itx.EventInput{Type: "b"}, itx.EventInput{Type: "c"})
+	s := newSession(t, ts)
+	s.mustEval(t, `var st = project.streams.get("/waits"); var c = st.openConnection(0)`)
+
+	// The catch-up: three events, however the server split them into batches.
+	var got []any
+	for i := 0; i < 3 && len(got) < 3; i++ { // each take returns at least one event
+		got = append(got, arr(t, obj(t, s.mustEval(t, `c.take(`+strconv.Itoa(3-len(got))+`)`))["events"])...)
+	}
+	require.Len(t, got, 3)
+	for i, e := range got {
+		require.Equal(t, float64(i+1), obj(t, e)["offset"])
+	}
+
+	// Nothing more comes: deadlineExceeded after timeoutMs, saying how many arrived.
+	f := s.failure(t, `c.take({timeoutMs: 50})`)
+	require.Equal(t, "deadlineExceeded", f.Code, f.Message)
+	require.Contains(t, f.Message, "0 of 1 events arrived within 50ms")
+
+	// A take waiting while an event is appended returns it.
+	done := make(chan string, 1)
+	go func() {
+		out, err := s.eval(t, `c.take(1, 20000).events.map(e => e.type).join(",")`)
+		if err != nil {
+			out = err.Error()
+		}
+		done <- out
+	}()
+	ts.appendDirect(t, "/waits", itx.EventInput{Type: "d"})
+	select {
+	case out := <-done:
+		require.Equal(t, `"d"`, out)
+	case <-time.After(20 * time.Second):
+		t.Fatal("take(1) did not return after an append")
+	}
+
+	// Events that arrive after a take timed out stay for the next one.
+	require.Equal(t, "deadlineExceeded", s.failure(t, `c.take(2, 50)`).Code)
+	ts.appendDirect(t, "/waits", itx.EventInput{Type: "e"})
+	require.Equal(t, "e", obj(t, arr(t, obj(t, s.mustEval(t, `c.take(1)`))["events"])[0])["type"])
+
+	// Bad arguments are refused before any wait.
+	require.Equal(t, "invalidArgument", s.failure(t, `c.take(10001)`).Code)
+	require.Equal(t, "invalidArgument", s.failure(t, `c.take(-1)`).Code)
+	require.Equal(t, "invalidArgument", s.failure(t, `c.take(1, 10, 3)`).Code)
+
+	// A connection the server closed answers at once, with why.
+	s.mustEval(t, `var k = st.openConnection({after: 5, key: "k"})`)
+	s.mustEval(t, `var k2 = st.openConnection({after: 5, key: "k"})`)
+	closed := obj(t, s.mustEval(t, `k.take({min: 1, timeoutMs: 20000})`))
+	require.NotNil(t, closed["closed"], "the replaced connection's take: %v", closed)
+	// One the script closed answers at once too.
+	s.mustEval(t, `k2.close("done")`)
+	start := time.Now()
+	s.mustEval(t, `k2.take(1, 20000)`)
+	require.Less(t, time.Since(start), 15*time.Second, "take on a closed connection waited for its timeout")
+
+	// Ctrl-C (the evaluation's context ending) ends a wait.
+	ctx, cancel := context.WithCancel(context.Background())
+	ended := make(chan error, 1)
+	go func() {
+		_, err := s.Eval(ctx, "<test>", `c.take(1, 600000)`)
+		ended <- err
+	}()
+	cancel()
+	select {
+	case err := <-ended:
+		require.Error(t, err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("a take waiting for 10 minutes did not end with its context")
+	}
+}
+
+// patches(min, timeoutMs) waits for the next patch (or a fresh snapshot) of a live view.
+func TestEval_PatchesWaitForChanges(t *testing.T) {
+	ts := startServer(t)
+	ts.appendDirect(t, "/patched", itx.EventInput{Type: "a"})
+	s := newSession(t, ts)
+	s.mustEval(t, `var live = project.streams.get("/patched").liveState()`)
+	require.Equal(t, float64(1), obj(t, obj(t, s.mustEval(t, `live.snapshot()`))["state"])["head"])
+
+	f := s.failure(t, `live.patches({timeoutMs: 50})`)
+	require.Equal(t, "deadlineExceeded", f.Code, f.Message)
+	require.Contains(t, f.Message, "0 of 1 patches")
+
+	ts.appendDirect(t, "/patched", itx.EventInput{Type: "b"})
+	patches := arr(t, s.mustEval(t, `live.patches(1)`))
+	if len(patches) == 0 { // a fresh snapshot replaced them
+		require.Equal(t, float64(2), obj(t, obj(t, s.mustEval(t, `live.snapshot()`))["state"])["head"])
+	} else {
+		raw, err := json.Marshal(patches)
+		require.NoError(t, err)
+		require.Contains(t, string(raw), `"/head"`)
+	}
+	require.Equal(t, "invalidArgument", s.failure(t, `live.patches(5001)`).Code)
+}
