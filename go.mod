@@ -5,10 +5,12 @@ go 1.26.8
 require (
 	capnproto.org/go/capnp/v3 v3.1.0-alpha.2
 	github.com/blues/jsonata-go v1.5.4
+	github.com/cenkalti/backoff/v5 v5.0.3
 	github.com/chzyer/readline v1.5.1
 	github.com/creack/pty v1.1.24
 	github.com/dop251/goja v0.0.0-20260917113740-793a2a65c13b
 	github.com/evanphx/json-patch/v5 v5.9.11
+	github.com/hanwen/go-fuse/v2 v2.12.1
 	github.com/mattn/go-sqlite3 v1.14.53
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3
@@ -20,8 +22,6 @@ require (
 	golang.org/x/net v0.62.0
 	golang.org/x/term v0.47.0
 )
-
-require github.com/hanwen/go-fuse/v2 v2.12.1 // indirect
 
 require (
 	github.com/beorn7/perks v1.0.1 // indirect
@@ -41,7 +41,7 @@ require (
 	github.com/tidwall/pretty v1.2.1 // indirect
 	github.com/tidwall/sjson v1.2.5 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
-	golang.org/x/sync v0.24.0 // indirect
+	golang.org/x/sync v0.24.0
 	golang.org/x/sys v0.49.0
 	golang.org/x/text v0.43.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect

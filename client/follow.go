@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -104,7 +103,7 @@ func Follow(ctx context.Context, cfg FollowConfig, deliver func(ctx context.Cont
 	var last atomic.Int64
 	last.Store(cfg.Connection.After)
 	resume := cfg.Resume
-	backoff := cfg.MinBackoff
+	backoff := NewBackoff(cfg.MinBackoff, cfg.MaxBackoff)
 	for {
 		started := time.Now()
 		err := followOnce(ctx, &cfg, &last, &resume, deliver)
@@ -114,19 +113,11 @@ func Follow(ctx context.Context, cfg FollowConfig, deliver func(ctx context.Cont
 		if p, ok := errors.AsType[errPermanent](err); ok {
 			return last.Load(), p.err
 		}
-		if time.Since(started) > cfg.MaxBackoff {
-			backoff = cfg.MinBackoff // it was up for a while: start over
-		}
-		wait := backoff/2 + time.Duration(rand.Int64N(int64(backoff)))
+		wait := backoff.Next(time.Since(started))
 		cfg.Logf("follow %s: %v; reconnecting after offset %d in %v", cfg.Path, err, last.Load(), wait.Round(time.Millisecond))
-		t := time.NewTimer(wait)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return last.Load(), ctx.Err()
+		if err := Sleep(ctx, wait); err != nil {
+			return last.Load(), err
 		}
-		backoff = min(2*backoff, cfg.MaxBackoff)
 	}
 }
 

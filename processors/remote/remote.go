@@ -15,7 +15,6 @@ import (
 	"errors"
 	"fmt"
 	"log"
-	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -73,26 +72,18 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.Host == nil || len(cfg.Host.Contracts()) == 0 {
 		return itx.Errorf(itx.EInvalid, "remote: the host has no contracts to mount")
 	}
-	backoff := cfg.MinBackoff
+	backoff := client.NewBackoff(cfg.MinBackoff, cfg.MaxBackoff)
 	for ctx.Err() == nil {
 		started := time.Now()
 		err := serveOnce(ctx, cfg)
 		if ctx.Err() != nil {
 			return nil
 		}
-		if time.Since(started) > cfg.MaxBackoff {
-			backoff = cfg.MinBackoff // it was up for a while: start over
-		}
-		wait := backoff/2 + time.Duration(rand.Int64N(int64(backoff)))
+		wait := backoff.Next(time.Since(started))
 		cfg.Logf("remote host %q: %v; reconnecting in %v", cfg.Name, err, wait.Round(time.Millisecond))
-		t := time.NewTimer(wait)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
+		if client.Sleep(ctx, wait) != nil {
 			return nil
 		}
-		backoff = min(2*backoff, cfg.MaxBackoff)
 	}
 	return nil
 }

@@ -719,7 +719,7 @@ func wentAwayNotice(why string) string {
 // connection half torn down). It tries until ctx ends (Ctrl-C) or open or the login fails
 // otherwise. The caller holds vmMu, as for every command.
 func (s *Session) reopen(ctx context.Context, why string, open func() error) error {
-	delay := reconnectFirstDelay
+	backoff := client.NewBackoff(reconnectFirstDelay, reconnectMaxDelay)
 	redial := why == "serverShuttingDown"
 	for {
 		if redial || !s.connected() {
@@ -737,7 +737,7 @@ func (s *Session) reopen(ctx context.Context, why string, open func() error) err
 		if itx.ErrorCode(err) != itx.EUnavailable && !capnp.IsDisconnected(err) && s.connected() {
 			return err
 		}
-		t := time.NewTimer(delay)
+		t := time.NewTimer(backoff.Next(0))
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -746,7 +746,6 @@ func (s *Session) reopen(ctx context.Context, why string, open func() error) err
 			t.Stop()
 		case <-t.C:
 		}
-		delay = min(2*delay, reconnectMaxDelay)
 	}
 }
 

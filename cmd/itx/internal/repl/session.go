@@ -244,7 +244,7 @@ func (s *Session) adopt(conn *client.Conn, project schema.Project) {
 	fmt.Fprintf(s.cfg.Err, "itx: reconnected to %s\n", s.cfg.Addr)
 }
 
-// Reconnect backoff: the first retry soon, then doubling up to a ceiling.
+// Reconnect backoff (client.Backoff): the first retry soon, then doubling up to a ceiling.
 const (
 	reconnectFirstDelay = 100 * time.Millisecond
 	reconnectMaxDelay   = 5 * time.Second
@@ -253,7 +253,7 @@ const (
 // redial dials until it gets a connection, backing off between attempts, until ctx ends. Only
 // an unreachable server is retried; a refused login is returned at once.
 func (s *Session) redial(ctx context.Context) (*client.Conn, schema.Project, error) {
-	delay := reconnectFirstDelay
+	backoff := client.NewBackoff(reconnectFirstDelay, reconnectMaxDelay)
 	for {
 		conn, project, err := s.dial(ctx)
 		if err == nil {
@@ -262,14 +262,9 @@ func (s *Session) redial(ctx context.Context) (*client.Conn, schema.Project, err
 		if code := itx.ErrorCode(err); code != itx.EUnavailable && !capnp.IsDisconnected(err) {
 			return nil, schema.Project{}, err
 		}
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if client.Sleep(ctx, backoff.Next(0)) != nil {
 			return nil, schema.Project{}, itx.Errorf(itx.EUnavailable, "cannot reach itxd at %s: %v", s.cfg.Addr, itx.ErrorMessage(err))
-		case <-t.C:
 		}
-		delay = min(2*delay, reconnectMaxDelay)
 	}
 }
 
