@@ -17,7 +17,10 @@ type StreamInfo struct {
 	MaxLag              int64
 	// Readers counts the registered readers (Stream.readers), as of its last unload too.
 	Readers int
-	Loaded  bool
+	// ParkedSubscriptions counts subscriptions parked because their receiver is absent (a
+	// remote processor whose host is gone, a capability no longer mounted), as Readers.
+	ParkedSubscriptions int
+	Loaded              bool
 }
 
 // AppendOptions qualify one append call; the zero value appends unconditionally.

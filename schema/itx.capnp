@@ -140,6 +140,8 @@ struct StreamInfo {
   maxLag @8 :UInt64;          # the largest head - confirmed of a subscription or registered reader
                               # (both as of the last unload when the stream is not loaded)
   readerCount @9 :UInt32;     # registered readers (Stream.readers), as maxLag
+  parkedSubscriptions @10 :UInt32;  # subscriptions parked: their receiver is absent (a remote
+                              # processor's host, a mounted capability), as maxLag
 }
 
 struct ProjectInfo {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/itx-dev/itx"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -11,8 +12,8 @@ import (
 // directory's summaries for the streams not loaded, the live state of the loaded ones (the
 // figures Streams.list shows per stream, summed up for an alert).
 type standingCollector struct {
-	s                             *Server
-	subs, halted, maxLag, readers *prometheus.Desc
+	s                                     *Server
+	subs, halted, parked, maxLag, readers *prometheus.Desc
 }
 
 func newStandingCollector(s *Server) *standingCollector {
@@ -22,6 +23,8 @@ func newStandingCollector(s *Server) *standingCollector {
 			"Subscriptions on all streams.", nil, nil),
 		halted: prometheus.NewDesc("itx_subscriptions_halted",
 			"Subscriptions halted now, on all streams (delivery stopped until resumed): alert on any.", nil, nil),
+		parked: prometheus.NewDesc("itx_subscriptions_parked",
+			"Subscriptions parked now, on all streams: their receiver (a remote processor's host, a mounted capability) is absent; delivery resumes when it returns.", nil, nil),
 		maxLag: prometheus.NewDesc("itx_consumer_lag_max_events",
 			"The largest lag (head offset - confirmed offset or checkpoint) of any subscription or registered reader.", nil, nil),
 		readers: prometheus.NewDesc("itx_readers",
@@ -32,6 +35,7 @@ func newStandingCollector(s *Server) *standingCollector {
 func (c *standingCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.subs
 	ch <- c.halted
+	ch <- c.parked
 	ch <- c.maxLag
 	ch <- c.readers
 }
@@ -41,20 +45,36 @@ func (c *standingCollector) Collect(ch chan<- prometheus.Metric) {
 	defer cancel()
 	st, err := c.s.consumerStanding(ctx)
 	if err != nil {
-		for _, d := range []*prometheus.Desc{c.subs, c.halted, c.maxLag, c.readers} {
+		for _, d := range []*prometheus.Desc{c.subs, c.halted, c.parked, c.maxLag, c.readers} {
 			ch <- prometheus.NewInvalidMetric(d, err)
 		}
 		return
 	}
 	ch <- prometheus.MustNewConstMetric(c.subs, prometheus.GaugeValue, float64(st.subscriptions))
 	ch <- prometheus.MustNewConstMetric(c.halted, prometheus.GaugeValue, float64(st.halted))
+	ch <- prometheus.MustNewConstMetric(c.parked, prometheus.GaugeValue, float64(st.parked))
 	ch <- prometheus.MustNewConstMetric(c.maxLag, prometheus.GaugeValue, float64(st.maxLag))
 	ch <- prometheus.MustNewConstMetric(c.readers, prometheus.GaugeValue, float64(st.readers))
 }
 
 type consumerStanding struct {
-	subscriptions, halted, readers int
-	maxLag                         int64
+	subscriptions, halted, parked, readers int
+	maxLag                                 int64
+}
+
+// add sums o into st: counts add up, the lag is the larger.
+func (st *consumerStanding) add(o consumerStanding) {
+	st.subscriptions += o.subscriptions
+	st.halted += o.halted
+	st.parked += o.parked
+	st.readers += o.readers
+	st.maxLag = max(st.maxLag, o.maxLag)
+}
+
+// setIn puts the standing into a stream's listing.
+func (st consumerStanding) setIn(info *itx.StreamInfo) {
+	info.SubscriptionCount, info.HaltedSubscriptions, info.ParkedSubscriptions = st.subscriptions, st.halted, st.parked
+	info.MaxLag, info.Readers = st.maxLag, st.readers
 }
 
 // consumerStanding sums where the consumers of all streams stand.
@@ -83,10 +103,8 @@ func (s *Server) consumerStanding(ctx context.Context) (consumerStanding, error)
 		if loaded[StreamRef{e.ProjectID, e.Path}] != nil {
 			continue // its live state below is newer than its summary
 		}
-		out.subscriptions += e.SubscriptionCount
-		out.halted += e.HaltedSubscriptions
-		out.maxLag = max(out.maxLag, e.MaxLag)
-		out.readers += e.ReaderCount
+		out.add(consumerStanding{subscriptions: e.SubscriptionCount, halted: e.HaltedSubscriptions,
+			parked: e.ParkedSubscriptions, readers: e.ReaderCount, maxLag: e.MaxLag})
 	}
 	for _, a := range loaded {
 		v := a.view()
@@ -94,11 +112,7 @@ func (s *Server) consumerStanding(ctx context.Context) (consumerStanding, error)
 		if v.core != nil {
 			subs = v.core.Subscriptions
 		}
-		halted, lag := standing(v.head, subs, valueRow(v.rows), v.readers)
-		out.subscriptions += len(subs)
-		out.halted += halted
-		out.maxLag = max(out.maxLag, lag)
-		out.readers += len(v.readers)
+		out.add(standing(v.head, subs, valueRow(v.rows), v.readers))
 	}
 	return out, nil
 }

@@ -478,17 +478,16 @@ func describeView(ref StreamRef, v view, loaded bool) itx.StreamInfo {
 		return itx.StreamInfo{Path: ref.Path, Loaded: loaded} // no first commit yet: no stream
 	}
 	info := itx.StreamInfo{Path: ref.Path, StreamID: v.streamID, HeadOffset: v.head, CreatedAt: v.info.createdAt,
-		LastAppendAt: v.info.lastAppendAt, SubscriptionCount: len(v.core.Subscriptions), Loaded: loaded}
-	info.HaltedSubscriptions, info.MaxLag = standing(v.head, v.core.Subscriptions, valueRow(v.rows), v.readers)
-	info.Readers = len(v.readers)
+		LastAppendAt: v.info.lastAppendAt, Loaded: loaded}
+	standing(v.head, v.core.Subscriptions, valueRow(v.rows), v.readers).setIn(&info)
 	return info
 }
 
 // summaryInfo is an unloaded stream as its directory summary shows it.
 func summaryInfo(e *storage.StreamEntry) itx.StreamInfo {
 	return itx.StreamInfo{Path: e.Path, StreamID: e.StreamID, HeadOffset: e.HeadOffset, CreatedAt: e.CreatedAt,
-		LastAppendAt: e.LastAppendAt, SubscriptionCount: e.SubscriptionCount,
-		HaltedSubscriptions: e.HaltedSubscriptions, MaxLag: e.MaxLag, Readers: e.ReaderCount}
+		LastAppendAt: e.LastAppendAt, SubscriptionCount: e.SubscriptionCount, HaltedSubscriptions: e.HaltedSubscriptions,
+		ParkedSubscriptions: e.ParkedSubscriptions, MaxLag: e.MaxLag, Readers: e.ReaderCount}
 }
 
 // DefaultListStreams and MaxListStreams bound one page of Streams.list.
@@ -562,9 +561,7 @@ func (s *Server) ListStreamsUnder(ctx context.Context, projectID, scope, prefix,
 		if a != nil {
 			v := a.view()
 			info.HeadOffset, info.LastAppendAt, info.Loaded = v.head, v.info.lastAppendAt, a == h.loaded
-			info.SubscriptionCount = len(v.core.Subscriptions)
-			info.HaltedSubscriptions, info.MaxLag = standing(v.head, v.core.Subscriptions, valueRow(v.rows), v.readers)
-			info.Readers = len(v.readers)
+			standing(v.head, v.core.Subscriptions, valueRow(v.rows), v.readers).setIn(&info)
 		}
 		if info.HeadOffset == 0 {
 			// A creation whose first commit has not landed (in flight, or failed): the stream

@@ -119,24 +119,29 @@ func (s *Server) dropStreamEntry(ctx context.Context, e storage.StreamEntry) err
 	return s.dir.DeleteUnfinishedStream(ctx, e.StreamID)
 }
 
-// standing is where a stream's consumers stand, for its summary: subscriptions halted, and the
-// largest lag (head - confirmed) of a subscription or a registered reader, as their own lists
-// compute it. A subscription without a cursor row yet counts as active at offset 0.
-func standing(head int64, subs map[string]*catalogEntry, row func(name string) (storage.CursorRow, bool), readers map[string]storage.Reader) (halted int, maxLag int64) {
+// standing is where a stream's consumers stand, for its summary: subscriptions (halted, parked),
+// registered readers, and the largest lag (head - confirmed) of a subscription or a registered
+// reader, as their own lists compute it. A subscription without a cursor row yet counts as
+// active at offset 0.
+func standing(head int64, subs map[string]*catalogEntry, row func(name string) (storage.CursorRow, bool), readers map[string]storage.Reader) (st consumerStanding) {
 	for name := range subs {
 		var confirmed int64
 		if r, ok := row(name); ok {
 			confirmed = r.ConfirmedOffset
-			if r.Status == storage.StatusHalted {
-				halted++
+			switch r.Status {
+			case storage.StatusHalted:
+				st.halted++
+			case storage.StatusParked:
+				st.parked++
 			}
 		}
-		maxLag = max(maxLag, head-confirmed)
+		st.maxLag = max(st.maxLag, head-confirmed)
 	}
 	for _, r := range readers {
-		maxLag = max(maxLag, head-r.Checkpoint)
+		st.maxLag = max(st.maxLag, head-r.Checkpoint)
 	}
-	return halted, maxLag
+	st.subscriptions, st.readers = len(subs), len(readers)
+	return st
 }
 
 // summaryOf is the directory summary of a stream's state.
@@ -146,9 +151,9 @@ func summaryOf(head, lastAppendAt int64, core *coreState, row func(name string) 
 	if core != nil {
 		subs = core.Subscriptions
 	}
-	sum.Subscriptions = len(subs)
-	sum.HaltedSubscriptions, sum.MaxLag = standing(head, subs, row, readers)
-	sum.Readers = len(readers)
+	st := standing(head, subs, row, readers)
+	sum.Subscriptions, sum.HaltedSubscriptions, sum.ParkedSubscriptions = st.subscriptions, st.halted, st.parked
+	sum.MaxLag, sum.Readers = st.maxLag, st.readers
 	return sum
 }
 

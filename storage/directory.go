@@ -33,11 +33,13 @@ type StreamEntry struct {
 	CreatedAt    int64
 	HeadOffset   int64
 	LastAppendAt int64
-	// SubscriptionCount, HaltedSubscriptions, MaxLag and ReaderCount are refreshed with the head summary.
+	// SubscriptionCount, HaltedSubscriptions, MaxLag, ReaderCount and ParkedSubscriptions are
+	// refreshed with the head summary.
 	SubscriptionCount   int
 	HaltedSubscriptions int
 	MaxLag              int64 // the largest lag of a subscription or registered reader
 	ReaderCount         int   // registered readers
+	ParkedSubscriptions int   // subscriptions parked (receiver absent)
 	// SummaryStale: the stream may have moved since its summary was refreshed.
 	SummaryStale bool
 }
@@ -86,8 +88,8 @@ func (d *Directory) Projects(ctx context.Context) ([]Project, error) {
 func (d *Directory) Stream(ctx context.Context, projectID, path string) (*StreamEntry, error) {
 	var e StreamEntry
 	err := d.db.QueryRowContext(ctx, `select stream_id, project_id, path, created_at, head_offset, last_append_at,
-		subscription_count, halted_subscriptions, max_lag, reader_count, summary_stale from streams where project_id = ? and path = ?`, projectID, path).
-		Scan(&e.StreamID, &e.ProjectID, &e.Path, &e.CreatedAt, &e.HeadOffset, &e.LastAppendAt, &e.SubscriptionCount, &e.HaltedSubscriptions, &e.MaxLag, &e.ReaderCount, &e.SummaryStale)
+		subscription_count, halted_subscriptions, max_lag, reader_count, parked_subscriptions, summary_stale from streams where project_id = ? and path = ?`, projectID, path).
+		Scan(&e.StreamID, &e.ProjectID, &e.Path, &e.CreatedAt, &e.HeadOffset, &e.LastAppendAt, &e.SubscriptionCount, &e.HaltedSubscriptions, &e.MaxLag, &e.ReaderCount, &e.ParkedSubscriptions, &e.SummaryStale)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, nil
 	}
@@ -169,14 +171,15 @@ type StreamSummary struct {
 	HaltedSubscriptions int
 	MaxLag              int64
 	Readers             int
+	ParkedSubscriptions int
 }
 
 // UpdateStreamSummary refreshes the summary of a stream (on actor unload, or after a crash) and
 // clears its stale mark.
 func (d *Directory) UpdateStreamSummary(ctx context.Context, streamID string, sum StreamSummary) error {
 	_, err := d.db.ExecContext(ctx, `update streams set head_offset = ?, last_append_at = ?, subscription_count = ?,
-		halted_subscriptions = ?, max_lag = ?, reader_count = ?, summary_stale = 0 where stream_id = ?`,
-		sum.HeadOffset, sum.LastAppendAt, sum.Subscriptions, sum.HaltedSubscriptions, sum.MaxLag, sum.Readers, streamID)
+		halted_subscriptions = ?, max_lag = ?, reader_count = ?, parked_subscriptions = ?, summary_stale = 0 where stream_id = ?`,
+		sum.HeadOffset, sum.LastAppendAt, sum.Subscriptions, sum.HaltedSubscriptions, sum.MaxLag, sum.Readers, sum.ParkedSubscriptions, streamID)
 	if err != nil {
 		return fmt.Errorf("update stream summary: %w", err)
 	}
@@ -205,7 +208,7 @@ func (d *Directory) MarkSummaryStale(ctx context.Context, streamID string) error
 // StaleStreams lists the streams whose summary may be behind: after a clean shutdown, none.
 func (d *Directory) StaleStreams(ctx context.Context) ([]StreamEntry, error) {
 	rows, err := d.db.QueryContext(ctx, `select stream_id, project_id, path, created_at, head_offset, last_append_at,
-		subscription_count, halted_subscriptions, max_lag, reader_count from streams where summary_stale = 1`)
+		subscription_count, halted_subscriptions, max_lag, reader_count, parked_subscriptions from streams where summary_stale = 1`)
 	if err != nil {
 		return nil, fmt.Errorf("stale streams: %w", err)
 	}
@@ -213,7 +216,7 @@ func (d *Directory) StaleStreams(ctx context.Context) ([]StreamEntry, error) {
 	var out []StreamEntry
 	for rows.Next() {
 		e := StreamEntry{SummaryStale: true}
-		if err := rows.Scan(&e.StreamID, &e.ProjectID, &e.Path, &e.CreatedAt, &e.HeadOffset, &e.LastAppendAt, &e.SubscriptionCount, &e.HaltedSubscriptions, &e.MaxLag, &e.ReaderCount); err != nil {
+		if err := rows.Scan(&e.StreamID, &e.ProjectID, &e.Path, &e.CreatedAt, &e.HeadOffset, &e.LastAppendAt, &e.SubscriptionCount, &e.HaltedSubscriptions, &e.MaxLag, &e.ReaderCount, &e.ParkedSubscriptions); err != nil {
 			return nil, fmt.Errorf("stale streams: %w", err)
 		}
 		out = append(out, e)
@@ -234,7 +237,7 @@ func (d *Directory) ListStreamsUnder(ctx context.Context, projectID, scope, pref
 		scope = ""
 	}
 	rows, err := d.db.QueryContext(ctx, `select stream_id, project_id, path, created_at, head_offset, last_append_at,
-		subscription_count, halted_subscriptions, max_lag, reader_count from streams where project_id = ? and substr(path, 1, ?) = ? and path > ?
+		subscription_count, halted_subscriptions, max_lag, reader_count, parked_subscriptions from streams where project_id = ? and substr(path, 1, ?) = ? and path > ?
 		and (? = '' or path = ? or substr(path, 1, ?) = ?) order by path limit ?`,
 		projectID, len(prefix), prefix, after, scope, scope, len(scope)+1, scope+"/", limit)
 	if err != nil {
@@ -244,7 +247,7 @@ func (d *Directory) ListStreamsUnder(ctx context.Context, projectID, scope, pref
 	var out []StreamEntry
 	for rows.Next() {
 		var e StreamEntry
-		if err := rows.Scan(&e.StreamID, &e.ProjectID, &e.Path, &e.CreatedAt, &e.HeadOffset, &e.LastAppendAt, &e.SubscriptionCount, &e.HaltedSubscriptions, &e.MaxLag, &e.ReaderCount); err != nil {
+		if err := rows.Scan(&e.StreamID, &e.ProjectID, &e.Path, &e.CreatedAt, &e.HeadOffset, &e.LastAppendAt, &e.SubscriptionCount, &e.HaltedSubscriptions, &e.MaxLag, &e.ReaderCount, &e.ParkedSubscriptions); err != nil {
 			return nil, fmt.Errorf("list streams: %w", err)
 		}
 		out = append(out, e)

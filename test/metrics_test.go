@@ -122,10 +122,11 @@ func TestMetrics_ConsumerStanding(t *testing.T) {
 		t.Fatalf("no metric %s", name)
 		return 0
 	}
-	standing := func() [4]float64 {
-		return [4]float64{gauge("itx_subscriptions"), gauge("itx_subscriptions_halted"), gauge("itx_consumer_lag_max_events"), gauge("itx_readers")}
+	standing := func() [5]float64 {
+		return [5]float64{gauge("itx_subscriptions"), gauge("itx_subscriptions_halted"), gauge("itx_consumer_lag_max_events"), gauge("itx_readers"),
+			gauge("itx_subscriptions_parked")}
 	}
-	require.Equal(t, [4]float64{0, 0, 0, 0}, standing(), "nothing to stand anywhere yet")
+	require.Equal(t, [5]float64{0, 0, 0, 0, 0}, standing(), "nothing to stand anywhere yet")
 
 	// A registered reader 5 behind on one stream, a subscription that will halt on another.
 	read := stream(t, e.p, "/read")
@@ -133,10 +134,10 @@ func TestMetrics_ConsumerStanding(t *testing.T) {
 	rf, release := read.Readers(e.ctx, nil)
 	defer release()
 	require.NoError(t, client.RegisterReader(e.ctx, rf.Readers(), "mirror", 1))
-	require.Equal(t, [4]float64{0, 0, 5, 1}, standing())
+	require.Equal(t, [5]float64{0, 0, 5, 1, 0}, standing())
 	// A reader at the head counts too, and lags by nothing.
 	require.NoError(t, client.RegisterReader(e.ctx, rf.Readers(), "at-head", 6))
-	require.Equal(t, [4]float64{0, 0, 5, 2}, standing())
+	require.Equal(t, [5]float64{0, 0, 5, 2, 0}, standing())
 
 	h := newHook(t, func(int, itx.WebhookBody) int { return 500 })
 	s := stream(t, e.p, "/ladder")
@@ -155,9 +156,17 @@ func TestMetrics_ConsumerStanding(t *testing.T) {
 	d := e.describe(t, s, name)
 	lag := d.HeadOffset - d.ConfirmedOffset
 	require.Positive(t, lag)
-	require.Equal(t, [4]float64{2, 1, float64(max(5, lag)), 2}, standing(), "loaded: the streams' live state")
+	require.Equal(t, [5]float64{2, 1, float64(max(5, lag)), 2, 0}, standing(), "loaded: the streams' live state")
+
+	// A receiver that is not mounted parks its subscription.
+	e.configure(t, read, client.SubscriptionConfig{Name: "absent", Start: "now",
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "nobody-mounted"}})
+	mustAppend(t, read, ev("a", `{}`))
+	waitUntil(t, "parked", func() bool { return e.describe(t, read, "absent").Status == itx.StatusParked })
+	most := float64(max(lag, maxLagOf(t, s), maxLagOf(t, read), 8-1)) // the reader at 1, the head at 8
+	require.Equal(t, [5]float64{3, 1, most, 2, 1}, standing(), "loaded, one parked")
 
 	// Unloaded, both streams stand as their summaries say.
 	e.unloadAll(t)
-	require.Equal(t, [4]float64{2, 1, float64(max(5, lag)), 2}, standing(), "unloaded: the directory's summaries")
+	require.Equal(t, [5]float64{3, 1, most, 2, 1}, standing(), "unloaded: the directory's summaries")
 }

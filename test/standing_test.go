@@ -54,19 +54,26 @@ func TestStreams_ListShowsWhereConsumersStand(t *testing.T) {
 	name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "no-such-contract", Receiver: client.Receiver{Kind: client.ReceiverProcessorWake}})
 	waitUntil(t, "halted", func() bool { return e.describe(t, s, name).Status == "halted" })
 	registerReader(t, s, "mirror", 1)
+	// Parked at its first delivery: no capability is mounted under this name.
+	parked, _ := e.configure(t, s, client.SubscriptionConfig{Name: "absent", Start: "now",
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "nobody-mounted"}})
 	mustAppend(t, s, ev("a", `{}`))
+	waitUntil(t, "parked", func() bool { return e.describe(t, s, parked).Status == itx.StatusParked })
 
 	want := maxLagOf(t, s)
 	head, err := client.Describe(e.ctx, s)
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, want, head.HeadOffset-1, "at least the reader at 1 lags")
+	require.Equal(t, 2, head.SubscriptionCount)
 	require.Equal(t, 1, head.HaltedSubscriptions)
+	require.Equal(t, 1, head.ParkedSubscriptions)
 	require.Equal(t, want, head.MaxLag)
 	require.Equal(t, 1, head.Readers)
 
 	got := listedStream(t, e.p, "/standing")
 	require.True(t, got.Loaded)
 	require.Equal(t, 1, got.HaltedSubscriptions)
+	require.Equal(t, 1, got.ParkedSubscriptions)
 	require.Equal(t, want, got.MaxLag)
 	require.Equal(t, 1, got.Readers)
 
@@ -76,6 +83,7 @@ func TestStreams_ListShowsWhereConsumersStand(t *testing.T) {
 	require.False(t, got.Loaded, "listed from the directory's summary")
 	require.Equal(t, head.HeadOffset, got.HeadOffset)
 	require.Equal(t, 1, got.HaltedSubscriptions)
+	require.Equal(t, 1, got.ParkedSubscriptions, "parked subscriptions counted in the summary")
 	require.Equal(t, want, got.MaxLag)
 	require.Equal(t, 1, got.Readers, "readers counted in the summary")
 
@@ -83,6 +91,7 @@ func TestStreams_ListShowsWhereConsumersStand(t *testing.T) {
 	mustAppend(t, quiet, ev("a", `{}`))
 	got = listedStream(t, e.p, "/standing-quiet")
 	require.Zero(t, got.HaltedSubscriptions)
+	require.Zero(t, got.ParkedSubscriptions)
 	require.Zero(t, got.MaxLag, "no consumers: nothing lags")
 	require.Zero(t, got.Readers)
 

@@ -158,13 +158,18 @@ func checkUpgrade(t *testing.T, name string) {
 		infos, err := client.ListStreams(ctx, project, "/a")
 		require.NoError(t, err)
 		require.Len(t, infos, 1)
-		halted := 0
+		halted, parked := 0, 0
 		for _, s := range exp.Subscriptions {
-			if s.Status == itx.StatusHalted {
+			switch s.Status {
+			case itx.StatusHalted:
 				halted++
+			case itx.StatusParked:
+				parked++
 			}
 		}
 		require.Equal(t, halted, infos[0].HaltedSubscriptions, "halted subscriptions (loaded: %v)", infos[0].Loaded)
+		// Migration 013 counts parked subscriptions, refreshed at the first start as readers are.
+		require.Equal(t, parked, infos[0].ParkedSubscriptions, "parked subscriptions (loaded: %v)", infos[0].Loaded)
 		// nosuch halted at 0, so the slowest consumer lags by the whole head.
 		require.Equal(t, infos[0].HeadOffset, infos[0].MaxLag, "max lag (loaded: %v)", infos[0].Loaded)
 		// Migration 012 counts readers: every stream's summary is refreshed at the first start.

@@ -164,6 +164,7 @@ func SetStreamInfo(dst schema.StreamInfo, info itx.StreamInfo) error {
 	dst.SetHaltedSubscriptions(uint32(info.HaltedSubscriptions))
 	dst.SetMaxLag(uint64(info.MaxLag))
 	dst.SetReaderCount(uint32(info.Readers))
+	dst.SetParkedSubscriptions(uint32(info.ParkedSubscriptions))
 	dst.SetLoaded(info.Loaded)
 	return nil
 }
@@ -172,7 +173,8 @@ func SetStreamInfo(dst schema.StreamInfo, info itx.StreamInfo) error {
 func StreamInfoFromSchema(src schema.StreamInfo) (itx.StreamInfo, error) {
 	out := itx.StreamInfo{HeadOffset: int64(src.HeadOffset()), CreatedAt: src.CreatedAt(),
 		LastAppendAt: src.LastAppendAt(), SubscriptionCount: int(src.SubscriptionCount()), Loaded: src.Loaded(),
-		HaltedSubscriptions: int(src.HaltedSubscriptions()), MaxLag: int64(src.MaxLag()), Readers: int(src.ReaderCount())}
+		HaltedSubscriptions: int(src.HaltedSubscriptions()), MaxLag: int64(src.MaxLag()), Readers: int(src.ReaderCount()),
+		ParkedSubscriptions: int(src.ParkedSubscriptions())}
 	var err error
 	if out.Path, err = src.Path(); err != nil {
 		return out, err

@@ -307,6 +307,7 @@ type streamInfoJS struct {
 	SubscriptionCount int    `json:"subscriptionCount"`
 	// Where the stream's consumers stand (as of its last unload when not loaded).
 	HaltedSubscriptions int   `json:"haltedSubscriptions"`
+	ParkedSubscriptions int   `json:"parkedSubscriptions"`
 	MaxLag              int64 `json:"maxLag"`
 	ReaderCount         int   `json:"readerCount"`
 	Loaded              bool  `json:"loaded"`
@@ -315,7 +316,8 @@ type streamInfoJS struct {
 func streamInfoOf(i itx.StreamInfo) streamInfoJS {
 	return streamInfoJS{Path: i.Path, StreamID: i.StreamID, HeadOffset: i.HeadOffset, CreatedAt: msTime(i.CreatedAt),
 		LastAppendAt: msTime(i.LastAppendAt), SubscriptionCount: i.SubscriptionCount,
-		HaltedSubscriptions: i.HaltedSubscriptions, MaxLag: i.MaxLag, ReaderCount: i.Readers, Loaded: i.Loaded}
+		HaltedSubscriptions: i.HaltedSubscriptions, ParkedSubscriptions: i.ParkedSubscriptions, MaxLag: i.MaxLag,
+		ReaderCount: i.Readers, Loaded: i.Loaded}
 }
 
 type offsetJS struct {

@@ -89,8 +89,8 @@ func runConsumers(ctx context.Context, s *Session, args []string) error {
 		if info.SubscriptionCount == 0 && info.Readers == 0 {
 			continue // no consumer
 		}
-		if a.behind && info.HaltedSubscriptions == 0 && info.MaxLag == 0 {
-			continue // every consumer caught up, none halted (live for a loaded stream)
+		if a.behind && info.HaltedSubscriptions == 0 && info.ParkedSubscriptions == 0 && info.MaxLag == 0 {
+			continue // every consumer caught up, none halted or parked (live for a loaded stream)
 		}
 		c := s.client(streamPath(info.Path))
 		subs := client.Subscriptions(ctx, schema.Stream(c))
