@@ -331,7 +331,7 @@ func (st *coreState) reduceConfigured(e *itx.Event, rc *reduceContext) ([]cursor
 		}
 	}
 	if prev == nil && len(st.Subscriptions) >= rc.maxSubs {
-		return nil, itx.Errorf(itx.ELimitExceeded, "a stream may have at most %d subscriptions", rc.maxSubs)
+		return nil, itx.Errorf(itx.ELimitExceeded, "a stream may have at most %d subscriptions (--max-subscriptions-per-stream)", rc.maxSubs)
 	}
 	if prev != nil && !newStart(prev, cfg) {
 		// A changed config is a new occupant of the name: a new birth (and seek) epoch, so

@@ -404,11 +404,11 @@ func (st *streamState) putProcKV(op procOp, env stepEnv, eff *effects) procReply
 	}
 	if !found && env.maxProcKVKeys > 0 && keys > env.maxProcKVKeys {
 		return procReply{err: itx.Errorf(itx.ELimitExceeded,
-			"the processors' KV of a stream holds at most %d keys: %q would be one more", env.maxProcKVKeys, op.kvKey)}
+			"the processors' KV of a stream holds at most %d keys (--max-processor-kv-keys): %q would be one more", env.maxProcKVKeys, op.kvKey)}
 	}
 	if bytes > st.procKVBytes && env.maxProcKVBytes > 0 && bytes > env.maxProcKVBytes {
 		return procReply{err: itx.Errorf(itx.ELimitExceeded,
-			"the processors' KV of a stream holds at most %d bytes of keys and values: writing %q would bring it to %d", env.maxProcKVBytes, op.kvKey, bytes)}
+			"the processors' KV of a stream holds at most %d bytes of keys and values (--max-processor-kv-bytes): writing %q would bring it to %d", env.maxProcKVBytes, op.kvKey, bytes)}
 	}
 	st.procKVKeys, st.procKVBytes = keys, bytes
 	if eff.commit.KV == nil {

@@ -121,6 +121,10 @@ func run() error {
 	maxConfig := flag.Int("max-subscription-config-bytes", itx.MaxSubscriptionConfigBytes, "bytes of one subscription's config (its configured event's payload), kept in memory while its stream is loaded; a larger one is refused with tooLarge")
 	maxLive := flag.Int("max-live-subscribers-per-stream", 0, "live-state subscribers one stream serves at most, connections' state frames not counted (0: 1024)")
 	maxLivePerLogin := flag.Int("max-live-per-login", 0, "live connections and live-state views one login holds open, on any streams (0: 4096)")
+	maxSubs := flag.Int("max-subscriptions-per-stream", itx.MaxSubscriptionsPerStream, "subscriptions one stream holds at most; configuring one more fails with limitExceeded")
+	ephBytes := flag.Int64("max-ephemeral-bytes-per-stream", itx.EphemeralBufferBytes, "bytes of ephemeral events (type, payload, metadata) one stream keeps; past it the oldest are evicted first")
+	kvKeys := flag.Int("max-processor-kv-keys", server.DefaultMaxProcessorKVKeys, "keys of one stream's processor KV (in-process and remote processors together); a put of one more fails with limitExceeded")
+	kvBytes := flag.Int64("max-processor-kv-bytes", server.DefaultMaxProcessorKVBytes, "bytes of keys and values in one stream's processor KV; a put growing it past this fails with limitExceeded")
 	var flow flowconn.Limits
 	flag.IntVar(&flow.Calls, "rpc-max-calls", flowconn.DefaultCalls, "calls in flight per logged-in connection; above it the server stops reading that connection")
 	flag.Int64Var(&flow.Bytes, "rpc-max-reply-bytes", flowconn.DefaultBytes, "reply bytes waiting to be written per logged-in connection; above it the server stops reading that connection")
@@ -214,6 +218,8 @@ func run() error {
 		BreakerBurst: *burst, BreakerRefillPerMinute: *refill,
 		MaxConnectionsPerStream: *maxConns, MaxLiveSubscribersPerStream: *maxLive, MaxLivePerSession: *maxLivePerLogin, MaxSubscriptionConfigBytes: *maxConfig, MaxHostContractBytes: *maxHostContracts, MaxMountsPerProject: *maxMounts, MaxReadersPerStream: *maxReaders, MaxScheduledPerStream: *maxScheduled,
 		MaxStreamsPerProject: *maxStreams,
+		MaxSubscriptions:     *maxSubs, EphemeralBufferBytes: *ephBytes,
+		MaxProcessorKVKeys: *kvKeys, MaxProcessorKVBytes: *kvBytes,
 		MaxTokensPerProject:  *maxTokens,
 		MaxSecretsPerProject: *maxSecrets,
 		Egress:               server.EgressPolicy{AllowHosts: allowHosts, DenyPrivate: *denyPrivate},

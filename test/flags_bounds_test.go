@@ -1,0 +1,85 @@
+package test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/processors/examples"
+	"github.com/itx-dev/itx/schema"
+	"github.com/stretchr/testify/require"
+)
+
+// The per-stream bounds whose flags came last hold on a real itxd given them: one subscription
+// more than --max-subscriptions-per-stream, a processor KV put past --max-processor-kv-keys or
+// --max-processor-kv-bytes (each refused limitExceeded, naming its flag, writing nothing), and
+// ephemeral events past --max-ephemeral-bytes-per-stream evicting the oldest.
+func TestItxd_PerStreamBoundFlags(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the itxd binary")
+	}
+	p := startItxd(t, t.TempDir(), "--max-subscriptions-per-stream", "1", "--max-processor-kv-keys", "2",
+		"--max-processor-kv-bytes", "40", "--max-ephemeral-bytes-per-stream", "500")
+	ctx := ctxT(t)
+	project := dial(t, p.addr).Login(ctx, p.creds.ProjectToken)
+	s := stream(t, project, "/flag-bounds")
+
+	// One subscription: a remote forwarder, whose host's ports write the KV below.
+	configureRemote(t, s, "forwarder")
+	subs := client.Subscriptions(ctx, s)
+	defer subs.Release()
+	_, _, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "second",
+		Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: "/elsewhere"}})
+	requireCode(t, err, itx.ELimitExceeded)
+	require.Contains(t, err.Error(), "--max-subscriptions-per-stream")
+	list, err := client.ListSubscriptions(ctx, subs)
+	require.NoError(t, err)
+	require.Len(t, list, 1, "the refused subscription is not kept")
+
+	spy := &spyHost{woken: make(chan struct{})}
+	host := dial(t, p.addr).Login(ctx, p.creds.ProjectToken)
+	h, err := mountHostServing(ctx, host, "spy", spy, []itx.ProcessorInfo{{Name: "forwarder", ReducerVersion: "1", ConsumedTypes: []string{string(examples.InboxMessage)}}})
+	require.NoError(t, err)
+	t.Cleanup(h.Release)
+	mustAppend(t, s, ev(string(examples.InboxMessage), `{"n":0}`))
+	select {
+	case <-spy.woken:
+	case <-ctx.Done():
+		t.Fatal("the host was never woken")
+	}
+	defer spy.ports.Release()
+	put := func(key string, size int) error {
+		fut, release := spy.ports.KvPut(ctx, func(p schema.ProcessorPorts_kvPut_Params) error {
+			if err := p.SetKey(key); err != nil {
+				return err
+			}
+			return p.SetValue(make([]byte, size))
+		})
+		defer release()
+		_, err := fut.Struct()
+		return err
+	}
+	require.NoError(t, put("a", 10))
+	err = put("b", 40) // 1+10 + 1+40 > 40
+	requireCode(t, err, itx.ELimitExceeded)
+	require.Contains(t, err.Error(), "--max-processor-kv-bytes")
+	require.NoError(t, put("b", 10))
+	err = put("c", 0)
+	requireCode(t, err, itx.ELimitExceeded)
+	require.Contains(t, err.Error(), "--max-processor-kv-keys")
+
+	// Ephemeral events of 100 bytes each (type and payload): at most 5 are kept, the newest.
+	chunk := ev("chunk", `{"t":"`+strings.Repeat("x", 87)+`"}`)
+	chunk.Ephemeral = true
+	require.Equal(t, 100, len(chunk.Type)+len(chunk.Payload))
+	var last int64
+	for range 12 {
+		last = mustAppend(t, s, chunk).Offsets[0]
+	}
+	all, err := client.ReadAll(ctx, s, itx.Query{IncludeEphemeral: true, Types: []string{"chunk"}})
+	require.NoError(t, err)
+	require.NotEmpty(t, all)
+	require.LessOrEqual(t, len(all), 5, "the buffer holds at most 500 bytes")
+	require.Equal(t, last, all[len(all)-1].Offset, "the newest is kept")
+}
