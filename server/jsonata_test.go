@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	jsonata "github.com/blues/jsonata-go"
 	"github.com/blues/jsonata-go/jlib"
@@ -165,28 +166,33 @@ func BenchmarkJSONata(b *testing.B) {
 	})
 }
 
-// The budget is a setting (itxd's --jsonata-max-items, --jsonata-max-bytes,
-// --jsonata-concurrency): a smaller one stops an expression the default lets through.
+// The budget is a setting (itxd's --jsonata-max-items, --jsonata-max-bytes, --jsonata-max-steps,
+// --jsonata-timeout, --jsonata-concurrency): a smaller one stops an expression the default lets
+// through.
 func TestSetJSONataBudget(t *testing.T) {
-	t.Cleanup(func() { SetJSONataBudget(0, 0, 0) })
+	t.Cleanup(func() { SetJSONataBudget(JSONataBudget{}) })
 	ev := &itx.Event{Offset: 1, Type: "t", Payload: []byte(`{}`)}
 	for _, tc := range []struct {
-		items, bytes int64
-		src, limit   string
+		budget     JSONataBudget
+		src, limit string
 	}{
-		{1000, 0, `$count($map([1..100], function($v){[1..20]}))`, "total items"},
-		{0, 1000, `$map([1..10], function($v){$pad("", 200, "x")})`, "total string bytes"},
+		{JSONataBudget{MaxItems: 1000}, `$count($map([1..100], function($v){[1..20]}))`, "total items"},
+		{JSONataBudget{MaxBytes: 1000}, `$map([1..10], function($v){$pad("", 200, "x")})`, "total string bytes"},
+		{JSONataBudget{MaxSteps: 1000}, `$count($map([1..2000], function($v){$v + 1}))`, "step"},
+		{JSONataBudget{Timeout: time.Nanosecond}, `$count($map([1..2000], function($v){$v + 1}))`, "time"},
 	} {
 		expr, err := CompileJSONata(tc.src)
 		require.NoError(t, err)
-		SetJSONataBudget(0, 0, 0)
+		SetJSONataBudget(JSONataBudget{})
 		_, err = evalJSONata(expr, ev)
 		require.NoError(t, err, "within the default budget")
-		SetJSONataBudget(tc.items, tc.bytes, 1)
+		tc.budget.Concurrency = 1
+		SetJSONataBudget(tc.budget)
 		_, err = evalJSONata(expr, ev)
 		var lim *jsonata.LimitError
-		require.ErrorAs(t, err, &lim)
+		require.ErrorAs(t, err, &lim, tc.src)
 		require.Equal(t, tc.limit, lim.Limit)
+		require.Contains(t, err.Error(), jsonataLimitFlags[tc.limit], "the refusal names the flag that sets it")
 	}
 	require.Equal(t, 1, cap(jsonataSlots))
 }

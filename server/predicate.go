@@ -74,8 +74,8 @@ func (c *compiledPredicate) match(e *itx.Event) (bool, error) {
 // No condition or transform over one event comes near them.
 var jsonataLimits = jsonata.Limits{
 	MaxDepth:       2000,
-	MaxSteps:       200_000,
-	Timeout:        time.Second,
+	MaxSteps:       DefaultJSONataSteps,
+	Timeout:        DefaultJSONataTimeout,
 	MaxStringBytes: itx.MaxEventBytes,
 	MaxItems:       itx.MaxJSONataItems,
 	MaxBytes:       itx.MaxJSONataBytes,
@@ -91,22 +91,44 @@ var (
 
 const maxJSONataWaiting = 1024
 
-// SetJSONataBudget replaces, process-wide, the total one evaluation may build (maxItems array
-// items and object entries, maxBytes string bytes; 0 keeps itx.MaxJSONataItems and
-// itx.MaxJSONataBytes) and how many evaluations run at once (0: one per core). Call it before
-// any evaluation (itxd calls it from its flags before opening the server).
-func SetJSONataBudget(maxItems, maxBytes int64, concurrent int) {
-	if maxItems <= 0 {
-		maxItems = itx.MaxJSONataItems
+// JSONataBudget is what one evaluation of a user's expression may spend, and how many run at
+// once. A zero field takes its default.
+type JSONataBudget struct {
+	MaxItems    int64         // array items and object entries built in total; itx.MaxJSONataItems
+	MaxBytes    int64         // string bytes built in total; itx.MaxJSONataBytes
+	MaxSteps    int64         // evaluated nodes; DefaultJSONataSteps
+	Timeout     time.Duration // wall clock; DefaultJSONataTimeout
+	Concurrency int           // evaluations at once; one per core
+}
+
+// The defaults of JSONataBudget's time bounds.
+const (
+	DefaultJSONataSteps   = 200_000
+	DefaultJSONataTimeout = time.Second
+)
+
+// SetJSONataBudget replaces the budget, process-wide. Call it before any evaluation (itxd calls
+// it from its flags before opening the server). The depth bound is not a setting: it keeps a
+// recursive expression from overflowing the Go stack.
+func SetJSONataBudget(b JSONataBudget) {
+	if b.MaxItems <= 0 {
+		b.MaxItems = itx.MaxJSONataItems
 	}
-	if maxBytes <= 0 {
-		maxBytes = itx.MaxJSONataBytes
+	if b.MaxBytes <= 0 {
+		b.MaxBytes = itx.MaxJSONataBytes
 	}
-	if concurrent <= 0 {
-		concurrent = runtime.GOMAXPROCS(0)
+	if b.MaxSteps <= 0 {
+		b.MaxSteps = DefaultJSONataSteps
 	}
-	jsonataLimits.MaxItems, jsonataLimits.MaxBytes = maxItems, maxBytes
-	jsonataSlots = make(chan struct{}, concurrent)
+	if b.Timeout <= 0 {
+		b.Timeout = DefaultJSONataTimeout
+	}
+	if b.Concurrency <= 0 {
+		b.Concurrency = runtime.GOMAXPROCS(0)
+	}
+	jsonataLimits.MaxItems, jsonataLimits.MaxBytes = b.MaxItems, b.MaxBytes
+	jsonataLimits.MaxSteps, jsonataLimits.Timeout = b.MaxSteps, b.Timeout
+	jsonataSlots = make(chan struct{}, b.Concurrency)
 }
 
 // errJSONataBusy is what an evaluation gets when too many are waiting for a core.
@@ -144,7 +166,18 @@ func evalJSONata(expr *jsonata.Expr, e *itx.Event) (res any, err error) {
 			res, err = nil, fmt.Errorf("JSONata evaluation failed: %v", p)
 		}
 	}()
-	return expr.EvalWithLimits(EventDocument(e), jsonataLimits)
+	res, err = expr.EvalWithLimits(EventDocument(e), jsonataLimits)
+	var lim *jsonata.LimitError
+	if errors.As(err, &lim) && jsonataLimitFlags[lim.Limit] != "" {
+		err = fmt.Errorf("%w (%s)", err, jsonataLimitFlags[lim.Limit])
+	}
+	return res, err
+}
+
+// jsonataLimitFlags names the itxd flag that sets each of jsonata.LimitError's limits.
+var jsonataLimitFlags = map[string]string{
+	"step": "--jsonata-max-steps", "time": "--jsonata-timeout",
+	"total items": "--jsonata-max-items", "total string bytes": "--jsonata-max-bytes",
 }
 
 // CompileJSONata compiles a JSONata expression, refusing a bad or oversized one with EInvalid.

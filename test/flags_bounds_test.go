@@ -3,6 +3,7 @@ package test
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
@@ -82,4 +83,22 @@ func TestItxd_PerStreamBoundFlags(t *testing.T) {
 	require.NotEmpty(t, all)
 	require.LessOrEqual(t, len(all), 5, "the buffer holds at most 500 bytes")
 	require.Equal(t, last, all[len(all)-1].Offset, "the newest is kept")
+}
+
+// --jsonata-max-steps (and its siblings) set one evaluation's budget in a real itxd: a condition
+// the default lets through is refused past it, naming the flag; a light one still matches.
+func TestItxd_JSONataBudgetFlags(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the itxd binary")
+	}
+	p := startItxd(t, t.TempDir(), "--jsonata-max-steps", "100")
+	ctx := ctxT(t)
+	s := stream(t, dial(t, p.addr).Login(ctx, p.creds.ProjectToken), "/jsonata-budget")
+	mustAppend(t, s, ev("a", `{"n":1}`))
+	_, err := client.WaitForEvent(ctx, s, itx.Predicate{Where: `$count($map([1..2000], function($v){$v + 1})) > 0`}, 0, time.Second)
+	requireCode(t, err, itx.EInvalid)
+	require.Contains(t, err.Error(), "step limit of 100 (--jsonata-max-steps)")
+	e, err := client.WaitForEvent(ctx, s, itx.Predicate{Where: `payload.n = 1`}, 0, time.Second)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), e.Offset)
 }

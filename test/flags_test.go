@@ -50,6 +50,8 @@ func TestItxd_RefusesBadFlagValues(t *testing.T) {
 		{[]string{"--max-processor-kv-bytes", "0"}, "--max-processor-kv-bytes"},
 		{[]string{"--breaker-burst", "-1"}, "--breaker-burst"},
 		{[]string{"--jsonata-max-items", "0"}, "--jsonata-max-items"},
+		{[]string{"--jsonata-max-steps", "0"}, "--jsonata-max-steps"},
+		{[]string{"--jsonata-timeout", "0s"}, "--jsonata-timeout"},
 		{[]string{"--jsonata-concurrency", "-2"}, "--jsonata-concurrency"},
 		{[]string{"--shutdown-timeout", "-1s"}, "--shutdown-timeout"},
 		{[]string{"--shutdown-timeout", "0s"}, "--shutdown-timeout"},

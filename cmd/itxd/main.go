@@ -148,6 +148,8 @@ func run() error {
 	jsonataItems := flag.Int64("jsonata-max-items", itx.MaxJSONataItems, "array items and object entries one JSONata evaluation may build in total")
 	jsonataBytes := flag.Int64("jsonata-max-bytes", itx.MaxJSONataBytes, "string bytes one JSONata evaluation may build in total")
 	jsonataConcurrent := flag.Int("jsonata-concurrency", 0, "JSONata evaluations running at once (0: one per core)")
+	jsonataSteps := flag.Int64("jsonata-max-steps", server.DefaultJSONataSteps, "expression nodes one JSONata evaluation may evaluate")
+	jsonataTimeout := flag.Duration("jsonata-timeout", server.DefaultJSONataTimeout, "wall-clock time one JSONata evaluation may take")
 	tlsCert := flag.String("tls-cert", "", "serve RPC over TLS with this certificate (PEM; with --tls-key)")
 	tlsKey := flag.String("tls-key", "", "the TLS certificate's private key (PEM)")
 	tlsClientCA := flag.String("tls-client-ca", "", "mutual TLS: require client certificates signed by a CA in this PEM file")
@@ -200,7 +202,8 @@ func run() error {
 	}
 	log = log.Level(level).With().Timestamp().Logger()
 
-	server.SetJSONataBudget(*jsonataItems, *jsonataBytes, *jsonataConcurrent)
+	server.SetJSONataBudget(server.JSONataBudget{MaxItems: *jsonataItems, MaxBytes: *jsonataBytes,
+		MaxSteps: *jsonataSteps, Timeout: *jsonataTimeout, Concurrency: *jsonataConcurrent})
 	host := processors.NewHost(capability.Version)
 	agentCfg := examples.DefaultAgentConfig
 	agentCfg.HesitationMs = agentHesitation.Milliseconds()
