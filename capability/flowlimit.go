@@ -9,8 +9,21 @@ import (
 
 // pushFlowLimit bounds the bytes the server has in flight toward one capability a client handed
 // it (an EventSink, a LiveSubscriber, a mounted Receiver, a processor host): go-capnp applies
-// no backpressure of its own.
-const pushFlowLimit = 4 << 20
+// no backpressure of its own. SetPushFlowLimit sets it.
+var pushFlowLimit int64 = DefaultPushFlowLimit
+
+// DefaultPushFlowLimit is the default of SetPushFlowLimit.
+const DefaultPushFlowLimit = 4 << 20
+
+// SetPushFlowLimit sets, process-wide, the bytes in flight toward one capability a client handed
+// itxd (itxd --rpc-max-push-bytes; 0: DefaultPushFlowLimit); a message larger than that waits
+// until nothing else is in flight toward it and goes alone. Call it before serving.
+func SetPushFlowLimit(n int64) {
+	if n <= 0 {
+		n = DefaultPushFlowLimit
+	}
+	pushFlowLimit = n
+}
 
 // newPushLimiter is a fixed flow limiter of pushFlowLimit bytes, as go-capnp's, except that a
 // message larger than the whole allowance (a connection's batch may be up to 8 MiB plus an event)

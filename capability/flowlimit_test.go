@@ -13,7 +13,7 @@ import (
 func TestPushLimiter_TryReserveNeverWaits(t *testing.T) {
 	l := newPushLimiter()
 	ctx := context.Background()
-	release, err := l.StartMessage(ctx, pushFlowLimit-100) // a big batch in flight
+	release, err := l.StartMessage(ctx, uint64(pushFlowLimit-100)) // a big batch in flight
 	require.NoError(t, err)
 	_, ok := l.tryReserve(ctx, 200)
 	require.False(t, ok, "no room for 200 bytes")
@@ -32,7 +32,7 @@ func TestPushLimiter_TryReserveNeverWaits(t *testing.T) {
 		t.Fatal("a call with reserved room waited")
 	}
 	release()
-	_, ok = l.tryReserve(ctx, pushFlowLimit-100)
+	_, ok = l.tryReserve(ctx, int(pushFlowLimit-100))
 	require.True(t, ok, "the big batch's room is back, the reserved 100 bytes still held")
 	_, ok = l.tryReserve(ctx, 1)
 	require.False(t, ok)

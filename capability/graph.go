@@ -36,11 +36,14 @@ type gateway struct {
 	byToken  map[[32]byte]*server.Session // SHA-256 of the token: a login again reuses its session
 	logins   int                          // logins in progress: a revocation does not close the connection under them
 	ended    bool
+	// maxSessions bounds the distinct tokens one connection logs in with (a login with a token
+	// already logged in reuses its session, so logging in per request stays bounded); 0:
+	// DefaultMaxLoginsPerConnection.
+	maxSessions int
 }
 
-// maxSessionsPerConn bounds the distinct tokens one connection logs in with (a login with a
-// token already logged in reuses its session, so logging in per request stays bounded).
-const maxSessionsPerConn = 64
+// DefaultMaxLoginsPerConnection is the default of Listener.SetMaxLoginsPerConnection.
+const DefaultMaxLoginsPerConnection = 64
 
 func (g *gateway) setConn(c *rpc.Conn) {
 	g.mu.Lock()
@@ -59,9 +62,13 @@ func (g *gateway) Login(ctx context.Context, call schema.Gateway_login) error {
 	if x != nil && x.Check() != nil {
 		x = nil // revoked or expired: the login below says which
 	}
-	if x == nil && len(g.sessions) >= maxSessionsPerConn {
+	maxSessions := g.maxSessions
+	if maxSessions <= 0 {
+		maxSessions = DefaultMaxLoginsPerConnection
+	}
+	if x == nil && len(g.sessions) >= maxSessions {
 		g.mu.Unlock()
-		return fail(itx.Errorf(itx.ELimitExceeded, "a connection logs in with at most %d tokens; log in again with one of them (its project is shared) or open another connection", maxSessionsPerConn))
+		return fail(itx.Errorf(itx.ELimitExceeded, "a connection logs in with at most %d tokens (--rpc-max-logins-per-connection); log in again with one of them (its project is shared) or open another connection", maxSessions))
 	}
 	if x == nil {
 		g.logins++

@@ -23,6 +23,7 @@ type Listener struct {
 	log       zerolog.Logger
 	flow      *flowconn.Pool
 	keepAlive time.Duration // see tuneTCP
+	maxLogins int           // distinct tokens per connection; 0: DefaultMaxLoginsPerConnection
 
 	mu    sync.Mutex
 	conns map[*rpc.Conn]struct{}
@@ -44,6 +45,11 @@ func NewListenerWithLimits(srv *server.Server, limits flowconn.Limits) *Listener
 // SetKeepAlive sets the TCP keepalive of the connections accepted from now on (itxd
 // --rpc-keepalive; see tuneTCP). Call it before Serve.
 func (l *Listener) SetKeepAlive(d time.Duration) { l.keepAlive = d }
+
+// SetMaxLoginsPerConnection bounds the distinct tokens one connection accepted from now on logs
+// in with (itxd --rpc-max-logins-per-connection; default DefaultMaxLoginsPerConnection). Call it
+// before Serve.
+func (l *Listener) SetMaxLoginsPerConnection(n int) { l.maxLogins = n }
 
 // Flow returns the accounting shared by the listener's connections.
 func (l *Listener) Flow() *flowconn.Pool { return l.flow }
@@ -80,7 +86,7 @@ func (l *Listener) serveConn(c net.Conn) {
 		l.log.Debug().Str("remote", c.RemoteAddr().String()).Err(err).Msg("rpc connection refused")
 		return
 	}
-	gw := &gateway{srv: l.srv, authenticated: t.Authenticate}
+	gw := &gateway{srv: l.srv, authenticated: t.Authenticate, maxSessions: l.maxLogins}
 	boot := schema.Gateway(guarded(guardOf(l.srv), access{rights: rAll}, schema.Gateway_Methods(nil, gw), gw))
 	conn := rpc.NewConn(t, &rpc.Options{
 		BootstrapClient: capnp.Client(boot),

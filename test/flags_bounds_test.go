@@ -102,3 +102,38 @@ func TestItxd_JSONataBudgetFlags(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(1), e.Offset)
 }
+
+// --rpc-max-logins-per-connection bounds the distinct tokens one connection of a real itxd logs
+// in with, naming the flag; --rpc-max-push-bytes below a batch's size still delivers every
+// batch, each alone.
+func TestItxd_ConnectionFlags(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the itxd binary")
+	}
+	p := startItxd(t, t.TempDir(), "--rpc-max-logins-per-connection", "1", "--rpc-max-push-bytes", "1024")
+	ctx := ctxT(t)
+	conn := dial(t, p.addr)
+	project := conn.Login(ctx, p.creds.ProjectToken)
+	_, err := client.DescribeProject(ctx, project)
+	require.NoError(t, err)
+	_, err = client.DescribeProject(ctx, conn.Login(ctx, p.creds.DeploymentToken))
+	requireCode(t, err, itx.ELimitExceeded)
+	require.Contains(t, err.Error(), "--rpc-max-logins-per-connection")
+	_, err = client.DescribeProject(ctx, conn.Login(ctx, p.creds.ProjectToken))
+	require.NoError(t, err, "the token already logged in still logs in")
+	_, err = client.DescribeProject(ctx, dial(t, p.addr).Login(ctx, p.creds.DeploymentToken))
+	require.NoError(t, err, "on another connection")
+
+	s := stream(t, project, "/push-bytes")
+	big := ev("big", `{"t":"`+strings.Repeat("x", 2000)+`"}`)
+	var want []int64
+	for range 20 {
+		want = append(want, mustAppend(t, s, big).Offsets[0])
+	}
+	sink := newTestSink()
+	c, err := openConn(t, s, connOpts{noState: true, maxEvents: 2}, sink)
+	require.NoError(t, err)
+	defer c.Release()
+	waitUntil(t, "every event delivered", func() bool { return len(sink.offsets()) == len(want) })
+	require.Equal(t, want, sink.offsets())
+}

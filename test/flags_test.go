@@ -37,6 +37,8 @@ func TestItxd_RefusesBadFlagValues(t *testing.T) {
 		{[]string{"--rpc-max-reply-bytes", "0"}, "--rpc-max-reply-bytes"},
 		{[]string{"--rpc-login-timeout", "0s"}, "--rpc-login-timeout"},
 		{[]string{"--rpc-keepalive", "0"}, "--rpc-keepalive"},
+		{[]string{"--rpc-max-logins-per-connection", "0"}, "--rpc-max-logins-per-connection"},
+		{[]string{"--rpc-max-push-bytes", "-1"}, "--rpc-max-push-bytes"},
 		{[]string{"--rpc-keepalive", "-15s"}, "--rpc-keepalive"},
 		{[]string{"--rpc-keepalive", "500ms"}, "--rpc-keepalive"},
 		{[]string{"--rpc-max-message-bytes", "0"}, "--rpc-max-message-bytes"},

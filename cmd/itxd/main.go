@@ -144,6 +144,8 @@ func run() error {
 	flag.IntVar(&flow.Unreturned, "rpc-max-unreturned-calls", flowconn.DefaultUnreturned, "calls itxd made on one connection's capabilities (EventSinks, LiveSubscribers, Receivers, processor hosts) that its client has not returned, also cancelled ones; above it the connection is aborted")
 	flag.IntVar(&flow.Connections, "rpc-max-connections", flowconn.DefaultConnections, "RPC connections open at once; one more is refused with an Abort saying so")
 	flag.DurationVar(&flow.LoginTimeout, "rpc-login-timeout", flowconn.DefaultLoginTimeout, "a connection that has not logged in by then is aborted")
+	maxLogins := flag.Int("rpc-max-logins-per-connection", capability.DefaultMaxLoginsPerConnection, "distinct tokens one connection logs in with (logging in again with one of them shares its session); one more is refused with limitExceeded")
+	pushBytes := flag.Int64("rpc-max-push-bytes", capability.DefaultPushFlowLimit, "bytes itxd has in flight toward one capability a client handed it (an EventSink, a LiveSubscriber, a mounted Receiver, a processor host); a larger message waits until the others are answered, then goes alone")
 	keepAlive := flag.Duration("rpc-keepalive", capability.DefaultKeepAlive, "TCP keepalive of RPC connections: a silent connection is probed after this long and then this often; 3 unanswered probes, or writes unacknowledged for 4x this long, end it (and its mounts); at least 1s")
 	jsonataItems := flag.Int64("jsonata-max-items", itx.MaxJSONataItems, "array items and object entries one JSONata evaluation may build in total")
 	jsonataBytes := flag.Int64("jsonata-max-bytes", itx.MaxJSONataBytes, "string bytes one JSONata evaluation may build in total")
@@ -242,6 +244,8 @@ func run() error {
 	}
 	listener := capability.NewListenerWithLimits(srv, flow)
 	listener.SetKeepAlive(*keepAlive)
+	listener.SetMaxLoginsPerConnection(*maxLogins)
+	capability.SetPushFlowLimit(*pushBytes)
 	registerFlowMetrics(srv.Metrics().Registry, listener.Flow())
 
 	var serving atomic.Bool // the RPC listener is accepting
