@@ -162,23 +162,7 @@ func TestProcessorKV_BoundedPerStream(t *testing.T) {
 	spy := &spyHost{woken: make(chan struct{})}
 	mountSpy(t, ts, spy)
 	mustAppend(t, s, ev(string(examples.InboxMessage), `{"n":0}`))
-	select {
-	case <-spy.woken:
-	case <-ctx.Done():
-		t.Fatal("the host was never woken")
-	}
-	defer spy.ports.Release()
-	put := func(key string, size int) error {
-		fut, release := spy.ports.KvPut(ctx, func(p schema.ProcessorPorts_kvPut_Params) error {
-			if err := p.SetKey(key); err != nil {
-				return err
-			}
-			return p.SetValue(make([]byte, size))
-		})
-		defer release()
-		_, err := fut.Struct()
-		return err
-	}
+	put := spyKVPut(t, spy)
 	get := func(key string) (int, bool) {
 		fut, release := spy.ports.KvGet(ctx, func(p schema.ProcessorPorts_kvGet_Params) error { return p.SetKey(key) })
 		defer release()
@@ -287,4 +271,28 @@ func TestAppend_TooLargeIsRefusedAndTheConnectionLives(t *testing.T) {
 
 	res := mustAppend(t, s, ev("small", `{}`))
 	require.Equal(t, []int64{1}, res.Offsets, "nothing of the refused appends was written, and the connection serves calls")
+}
+
+// spyKVPut waits for spy's first wake and returns a put of size zero bytes under key through the
+// ports it was handed (released when the test ends).
+func spyKVPut(t *testing.T, spy *spyHost) func(key string, size int) error {
+	t.Helper()
+	ctx := ctxT(t)
+	select {
+	case <-spy.woken:
+	case <-ctx.Done():
+		t.Fatal("the host was never woken")
+	}
+	t.Cleanup(spy.ports.Release)
+	return func(key string, size int) error {
+		fut, release := spy.ports.KvPut(ctx, func(p schema.ProcessorPorts_kvPut_Params) error {
+			if err := p.SetKey(key); err != nil {
+				return err
+			}
+			return p.SetValue(make([]byte, size))
+		})
+		defer release()
+		_, err := fut.Struct()
+		return err
+	}
 }

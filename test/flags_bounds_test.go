@@ -8,7 +8,6 @@ import (
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/processors/examples"
-	"github.com/itx-dev/itx/schema"
 	"github.com/stretchr/testify/require"
 )
 
@@ -44,23 +43,7 @@ func TestItxd_PerStreamBoundFlags(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(h.Release)
 	mustAppend(t, s, ev(string(examples.InboxMessage), `{"n":0}`))
-	select {
-	case <-spy.woken:
-	case <-ctx.Done():
-		t.Fatal("the host was never woken")
-	}
-	defer spy.ports.Release()
-	put := func(key string, size int) error {
-		fut, release := spy.ports.KvPut(ctx, func(p schema.ProcessorPorts_kvPut_Params) error {
-			if err := p.SetKey(key); err != nil {
-				return err
-			}
-			return p.SetValue(make([]byte, size))
-		})
-		defer release()
-		_, err := fut.Struct()
-		return err
-	}
+	put := spyKVPut(t, spy)
 	require.NoError(t, put("a", 10))
 	err = put("b", 40) // 1+10 + 1+40 > 40
 	requireCode(t, err, itx.ELimitExceeded)
