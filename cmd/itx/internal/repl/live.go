@@ -157,51 +157,51 @@ func (k *eventSink) held() (n int, closed bool) {
 	return len(k.events), k.closed != nil
 }
 
-// awaitHeld waits until ready says what is held will do, then returns nil; or until ctx ends
-// (Ctrl-C) or timeout passes, and returns why. wake is signalled on every change.
-func awaitHeld(ctx context.Context, wake <-chan struct{}, timeout time.Duration, ready func() bool) error {
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	for !ready() {
-		select {
-		case <-wake:
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-t.C:
-			if ready() {
-				return nil
-			}
-			return errWaitTimedOut
-		}
-	}
-	return nil
-}
-
-var errWaitTimedOut = itx.Errorf(itx.EDeadlineExceeded, "timed out")
-
-// waitArgs reads take's and patches' (min?, timeoutMs?): with neither they answer at once;
-// with either they wait until min items are held (1 when only timeoutMs is given), at most
-// timeoutMs (0 or none: itx.DefaultWaitTimeout). min is at most limit, what the view can hold.
-func (s *Session) waitArgs(what string, args []goja.Value, limit int) (min int, timeout time.Duration, err error) {
+// waitHeld is take's and patches' wait. It reads (min?, timeoutMs?) from args: with neither it
+// returns at once; with either it waits until held reports min items (1 when only timeoutMs is
+// given; at most limit, what the view can hold) or done (closed, ended, replaced), at most
+// timeoutMs (0 or none: itx.DefaultWaitTimeout), and throws deadlineExceeded saying how many
+// arrived (they stay held), or the evaluation's end (Ctrl-C). wake is signalled on every change.
+func (s *Session) waitHeld(what, items string, args []goja.Value, limit int, wake <-chan struct{}, held func() (n int, done bool)) {
 	o, err := s.params(what, args, []string{"min", "timeoutMs"}, "min", "timeoutMs")
 	if err != nil {
-		return 0, 0, err
+		panic(s.throw(err))
 	}
-	n, ms := o.uint("min"), o.uint("timeoutMs")
-	if n > int64(limit) {
-		o.fail("min", "at most %d (what it holds unread), got %d", limit, n)
+	least, ms := o.uint("min"), o.uint("timeoutMs")
+	if least > int64(limit) {
+		o.fail("min", "at most %d (what it holds unread), got %d", limit, least)
 	}
 	if err := o.err(); err != nil {
-		return 0, 0, err
+		panic(s.throw(err))
 	}
-	if n == 0 && o.has("timeoutMs") {
-		n = 1
+	if least == 0 && o.has("timeoutMs") {
+		least = 1
 	}
-	timeout = msDuration(ms)
+	if least == 0 {
+		return
+	}
+	timeout := msDuration(ms)
 	if timeout == 0 {
 		timeout = itx.DefaultWaitTimeout
 	}
-	return int(n), timeout, nil
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	ctx := s.ctx()
+	for {
+		n, done := held()
+		if done || int64(n) >= least {
+			return
+		}
+		select {
+		case <-wake:
+		case <-ctx.Done():
+			panic(s.throw(ctx.Err()))
+		case <-t.C:
+			if n, done := held(); !done && int64(n) < least {
+				panic(s.throw(itx.Errorf(itx.EDeadlineExceeded, "%s: %d of %d %s arrived within %s (they stay for the next call)", what, n, least, items, timeout)))
+			}
+		}
+	}
 }
 
 // liveConnection is a connection opened from itx.
@@ -318,23 +318,10 @@ func streamOpenConnection(ctx context.Context, s *Session, c capnp.Client, p cap
 	obj.Set("toString", s.method("toString", func(goja.FunctionCall) goja.Value { return vm.ToValue(label) }))
 	obj.Set("toJSON", s.method("toJSON", func(goja.FunctionCall) goja.Value { return vm.ToValue(label) }))
 	obj.Set("take", s.method("take", func(call goja.FunctionCall) goja.Value {
-		least, timeout, err := s.waitArgs("Connection.take", call.Arguments, maxBuffered)
-		if err != nil {
-			panic(s.throw(err))
-		}
-		if least > 0 {
-			err := awaitHeld(s.ctx(), conn.sink.wake, timeout, func() bool {
-				n, closed := conn.sink.held()
-				return n >= least || closed || conn.released.Load()
-			})
-			if err == errWaitTimedOut {
-				n, _ := conn.sink.held()
-				err = itx.Errorf(itx.EDeadlineExceeded, "Connection.take: %d of %d events arrived within %s (they stay for the next take)", n, least, timeout)
-			}
-			if err != nil {
-				panic(s.throw(err))
-			}
-		}
+		s.waitHeld("Connection.take", "events", call.Arguments, maxBuffered, conn.sink.wake, func() (int, bool) {
+			n, closed := conn.sink.held()
+			return n, closed || conn.released.Load()
+		})
 		events, dropped, closed := conn.sink.take()
 		out := struct {
 			Events  []eventJS `json:"events"`
@@ -666,31 +653,16 @@ func (s *Session) liveObject(v *liveView, label string) *goja.Object {
 		}{v.snapshot, v.state})
 	})))
 	obj.Set("patches", s.method("patches", func(call goja.FunctionCall) goja.Value {
+		v.mu.Lock()
+		snapshot := v.snapshot
+		v.mu.Unlock()
 		// A fold keeps half the bound unread, so a min up to that is always reached.
-		least, timeout, err := s.waitArgs("LiveView.patches", call.Arguments, v.maxPatches/2)
-		if err != nil {
-			panic(s.throw(err))
-		}
-		if least > 0 {
+		s.waitHeld("LiveView.patches", "patches", call.Arguments, v.maxPatches/2, v.wake, func() (int, bool) {
 			v.mu.Lock()
-			snapshot := v.snapshot
-			v.mu.Unlock()
-			err := awaitHeld(s.ctx(), v.wake, timeout, func() bool {
-				v.mu.Lock()
-				defer v.mu.Unlock()
-				// A fresh snapshot replaces the patches held: the caller reads snapshot().
-				return len(v.patches) >= least || v.snapshot != snapshot || v.ended != "" || v.endedWhy != "" || v.released.Load()
-			})
-			if err == errWaitTimedOut {
-				v.mu.Lock()
-				n := len(v.patches)
-				v.mu.Unlock()
-				err = itx.Errorf(itx.EDeadlineExceeded, "LiveView.patches: %d of %d patches arrived within %s (they stay for the next call)", n, least, timeout)
-			}
-			if err != nil {
-				panic(s.throw(err))
-			}
-		}
+			defer v.mu.Unlock()
+			// A fresh snapshot replaces the patches held: the caller reads snapshot().
+			return len(v.patches), v.snapshot != snapshot || v.ended != "" || v.endedWhy != "" || v.released.Load()
+		})
 		_, _, patches, _ := v.takePatches()
 		if patches == nil {
 			patches = []patchJS{}
