@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/storage"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -71,6 +72,12 @@ func (st *consumerStanding) add(o consumerStanding) {
 	st.maxLag = max(st.maxLag, o.maxLag)
 }
 
+// summaryStanding is where a stream's consumers stood at its directory summary's last refresh.
+func summaryStanding(e *storage.StreamEntry) consumerStanding {
+	return consumerStanding{subscriptions: e.SubscriptionCount, halted: e.HaltedSubscriptions,
+		parked: e.ParkedSubscriptions, readers: e.ReaderCount, maxLag: e.MaxLag}
+}
+
 // setIn puts the standing into a stream's listing.
 func (st consumerStanding) setIn(info *itx.StreamInfo) {
 	info.SubscriptionCount, info.HaltedSubscriptions, info.ParkedSubscriptions = st.subscriptions, st.halted, st.parked
@@ -103,8 +110,7 @@ func (s *Server) consumerStanding(ctx context.Context) (consumerStanding, error)
 		if loaded[StreamRef{e.ProjectID, e.Path}] != nil {
 			continue // its live state below is newer than its summary
 		}
-		out.add(consumerStanding{subscriptions: e.SubscriptionCount, halted: e.HaltedSubscriptions,
-			parked: e.ParkedSubscriptions, readers: e.ReaderCount, maxLag: e.MaxLag})
+		out.add(summaryStanding(&e))
 	}
 	for _, a := range loaded {
 		v := a.view()

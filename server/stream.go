@@ -485,9 +485,10 @@ func describeView(ref StreamRef, v view, loaded bool) itx.StreamInfo {
 
 // summaryInfo is an unloaded stream as its directory summary shows it.
 func summaryInfo(e *storage.StreamEntry) itx.StreamInfo {
-	return itx.StreamInfo{Path: e.Path, StreamID: e.StreamID, HeadOffset: e.HeadOffset, CreatedAt: e.CreatedAt,
-		LastAppendAt: e.LastAppendAt, SubscriptionCount: e.SubscriptionCount, HaltedSubscriptions: e.HaltedSubscriptions,
-		ParkedSubscriptions: e.ParkedSubscriptions, MaxLag: e.MaxLag, Readers: e.ReaderCount}
+	info := itx.StreamInfo{Path: e.Path, StreamID: e.StreamID, HeadOffset: e.HeadOffset, CreatedAt: e.CreatedAt,
+		LastAppendAt: e.LastAppendAt}
+	summaryStanding(e).setIn(&info)
+	return info
 }
 
 // DefaultListStreams and MaxListStreams bound one page of Streams.list.
