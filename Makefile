@@ -5,7 +5,7 @@ ADDR     ?= 127.0.0.1:7878
 METRICS  ?= 127.0.0.1:7879
 CAPNP_GO := capnproto.org/go/capnp/v3
 
-.PHONY: build run test bench compare fuzz sim generate vet fmt clean
+.PHONY: build run test bench compare soak fuzz sim generate vet fmt clean
 
 build:
 	$(GO) build -o bin/itxd ./cmd/itxd
@@ -31,6 +31,13 @@ bench:
 ## (a nested module, bench/, keeps NATS out of the main module)
 compare:
 	cd bench && $(GO) run ./compare -rounds 3
+
+## soak: a mixed load (appenders, webhook, copy, forwarder, followers, churning sessions,
+## connections, live views, readers) against itxd for 10 minutes, killing it with SIGKILL every
+## minute; checks every acknowledged event reached every consumer and prints itxd's footprint
+soak:
+	$(GO) build -o bin/itxd ./cmd/itxd
+	cd bench && $(GO) run ./soak -itxd ../bin/itxd -duration 10m -crash-every 1m
 
 ## fuzz: look for JSONata inputs that hang or exhaust the server (see third_party/jsonata-go/PATCHES.md)
 fuzz:
