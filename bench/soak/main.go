@@ -13,7 +13,8 @@
 //   - churn: new RPC sessions that log in, open a connection at a random offset and check what
 //     arrives, watch /soak/a's live state, register and move readers, then either close
 //     everything or drop the TCP connection;
-//   - ephemeral appends on /soak/eph, with a connection taking them.
+//   - ephemeral appends on /soak/eph, with a connection taking them;
+//   - single appends to random streams of /soak/many/, more of them than itxd may keep loaded.
 //
 // With -crash-every, itxd is killed with SIGKILL at that interval and started again on the same
 // data directory and address; the clients redial, and an append that failed under an
@@ -118,13 +119,18 @@ type sample struct {
 	at                time.Duration
 	rssMB, goroutines float64
 	fds               float64
+	loaded, rpcConns  float64 // itx_loaded_streams, itx_rpc_connections
+	streamConns       float64 // itx_open_connections
 	appended          int64
 	restarts          int64
 }
 
 func (s sample) String() string {
-	return fmt.Sprintf("%6.0fs  rss %6.1f MB  goroutines %5.0f  fds %4.0f  appended %d  restarts %d",
-		s.at.Seconds(), s.rssMB, s.goroutines, s.fds, s.appended, s.restarts)
+	if s.goroutines == 0 {
+		return fmt.Sprintf("%6.0fs  (itxd's metrics did not answer: being restarted)  appended %d  restarts %d", s.at.Seconds(), s.appended, s.restarts)
+	}
+	return fmt.Sprintf("%6.0fs  rss %6.1f MB  goroutines %5.0f  fds %4.0f  loaded streams %3.0f  rpc conns %3.0f  stream conns %3.0f  appended %d  restarts %d",
+		s.at.Seconds(), s.rssMB, s.goroutines, s.fds, s.loaded, s.rpcConns, s.streamConns, s.appended, s.restarts)
 }
 
 // itxd is the server under test: started, and with -crash-every killed and started again on
@@ -132,6 +138,7 @@ func (s sample) String() string {
 type itxd struct {
 	bin, data, metrics string
 	listen             string // "127.0.0.1:0" until the first start, then its address
+	maxLoaded          int
 	cmd                *exec.Cmd
 	restarts           atomic.Int64
 }
@@ -140,7 +147,7 @@ func (d *itxd) start() error {
 	addrFile := filepath.Join(d.data, "addr")
 	os.Remove(addrFile)
 	cmd := exec.Command(d.bin, "--listen", d.listen, "--data", d.data, "--addr-file", addrFile,
-		"--log-level", "error", "--metrics", d.metrics, "--processors", "forwarder")
+		"--log-level", "error", "--metrics", d.metrics, "--processors", "forwarder", "--max-loaded-streams", strconv.Itoa(d.maxLoaded))
 	if d.cmd == nil {
 		cmd.Stdout = os.Stdout // the first start prints how to connect
 	}
@@ -258,6 +265,8 @@ func main() {
 	appenders := flag.Int("appenders", 4, "concurrent appenders")
 	churners := flag.Int("churners", 2, "goroutines opening and dropping sessions, connections, live views and readers")
 	crashEvery := flag.Duration("crash-every", 0, "kill itxd with SIGKILL and start it again at this interval (0: never)")
+	many := flag.Int("many", 500, "streams /soak/many/0.. that one more appender writes to at random, more than -max-loaded so itxd keeps unloading and loading them (0: none)")
+	maxLoaded := flag.Int("max-loaded", 50, "itxd's --max-loaded-streams")
 	metricsAddr := flag.String("metrics", "127.0.0.1:7941", "itxd's metrics address")
 	keep := flag.Bool("keep", false, "keep the data directory")
 	flag.Parse()
@@ -270,7 +279,7 @@ func main() {
 	} else {
 		fmt.Println("data directory:", data)
 	}
-	srv := &itxd{bin: *bin, data: data, metrics: *metricsAddr, listen: "127.0.0.1:0"}
+	srv := &itxd{bin: *bin, data: data, metrics: *metricsAddr, listen: "127.0.0.1:0", maxLoaded: *maxLoaded}
 	must(srv.start(), "start itxd")
 	defer srv.kill()
 	addr := srv.listen
@@ -365,9 +374,11 @@ func main() {
 	begin := time.Now()
 	var samples []sample
 	takeSample := func() sample {
-		m := metrics(*metricsAddr, "process_resident_memory_bytes", "go_goroutines", "process_open_fds")
+		m := metrics(*metricsAddr, "process_resident_memory_bytes", "go_goroutines", "process_open_fds",
+			"itx_loaded_streams", "itx_rpc_connections", "itx_open_connections")
 		s := sample{at: time.Since(begin), rssMB: m["process_resident_memory_bytes"] / (1 << 20), goroutines: m["go_goroutines"],
-			fds: m["process_open_fds"], appended: led.count.Load(), restarts: srv.restarts.Load()}
+			fds: m["process_open_fds"], loaded: m["itx_loaded_streams"], rpcConns: m["itx_rpc_connections"],
+			streamConns: m["itx_open_connections"], appended: led.count.Load(), restarts: srv.restarts.Load()}
 		samples = append(samples, s)
 		return s
 	}
@@ -392,6 +403,9 @@ func main() {
 	payload := `"pad":"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"`
 	for w := 0; w < *appenders; w++ {
 		wg.Go(func() { appender(load, redial, led, crashing, w, payload) })
+	}
+	if *many > 0 {
+		wg.Go(func() { manyAppender(load, redial, led, crashing, *many) })
 	}
 	// Ephemeral events, with a connection that takes them.
 	wg.Go(func() {
@@ -456,11 +470,14 @@ func main() {
 		sort.Strings(msgs)
 		fmt.Printf("calls failed by the kills:\n%s\n", strings.Join(msgs, "\n"))
 	}
-	verify(addr, creds.ProjectToken, led, hook, followers)
+	verify(addr, creds.ProjectToken, led, hook, followers, *many)
 	endFollow()
 	followWG.Wait()
 
-	// The footprint once the churn is over: what the load left behind.
+	// The footprint once the churn is over, and again after a few idle seconds (itxd closes a
+	// stream's idle SQLite readers after storage.ReaderIdleTime): what the load left behind.
+	fmt.Println(takeSample())
+	time.Sleep(5 * time.Second)
 	final := takeSample()
 	fmt.Println(final)
 	first := samples[0]
@@ -470,8 +487,8 @@ func main() {
 			peak = s
 		}
 	}
-	fmt.Printf("footprint: goroutines %.0f at start, %.0f after the load; fds %.0f -> %.0f; rss %.1f -> %.1f MB (peak %.1f at %.0fs)\n",
-		first.goroutines, final.goroutines, first.fds, final.fds, first.rssMB, final.rssMB, peak.rssMB, peak.at.Seconds())
+	fmt.Printf("footprint: goroutines %.0f at start, %.0f after the load and 5 s idle; fds %.0f -> %.0f; loaded streams %.0f -> %.0f; rss %.1f -> %.1f MB (peak %.1f at %.0fs)\n",
+		first.goroutines, final.goroutines, first.fds, final.fds, first.loaded, final.loaded, first.rssMB, final.rssMB, peak.rssMB, peak.at.Seconds())
 	if failed.Load() {
 		fmt.Println("soak: FAILED")
 		os.Exit(1)
@@ -545,9 +562,38 @@ func appender(ctx context.Context, redial func(context.Context) *session, led *l
 	}
 }
 
+// manyAppender appends one event at a time to a random stream of /soak/many/0..n-1, each on a
+// stream handle of its own, so itxd (with fewer loaded streams allowed) keeps unloading idle
+// streams and loading them again.
+func manyAppender(ctx context.Context, redial func(context.Context) *session, led *ledger, crashing bool, n int) {
+	s := redial(ctx)
+	for i := 0; s != nil && ctx.Err() == nil; i++ {
+		path := fmt.Sprintf("/soak/many/%d", rand.IntN(n))
+		st := client.Stream(ctx, s.project, path)
+		r, err := client.Append(ctx, st, []itx.EventInput{{Type: "soak/event", Payload: json.RawMessage(fmt.Sprintf(`{"i":%d}`, i))}}, itx.AppendOptions{})
+		st.Release()
+		if err == nil {
+			led.add(path, r, false)
+			continue
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		lost(crashing, err, "append to %s", path)
+		if !crashing {
+			break
+		}
+		s.close()
+		s = redial(ctx)
+	}
+	if s != nil {
+		s.close()
+	}
+}
+
 // verify waits for the consumers to catch up with the streams' heads and checks what each holds
 // against the ledger.
-func verify(addr, token string, led *ledger, hook *seen, followers map[string]*seen) {
+func verify(addr, token string, led *ledger, hook *seen, followers map[string]*seen, many int) {
 	ctx := context.Background()
 	conn, err := client.Dial(ctx, addr)
 	must(err, "dial to check")
@@ -571,7 +617,9 @@ func verify(addr, token string, led *ledger, hook *seen, followers map[string]*s
 	}
 	read := map[string][]itx.Event{}
 	for _, path := range []string{"/soak/a", "/soak/b", "/soak/fwd", "/soak/copy"} {
-		events, err := client.ReadAll(ctx, client.Stream(ctx, project, path), itx.Query{})
+		st := client.Stream(ctx, project, path)
+		events, err := client.ReadAll(ctx, st, itx.Query{})
+		st.Release()
 		must(err, "read "+path)
 		read[path] = events
 		acked := led.offsets[path]
@@ -591,6 +639,34 @@ func verify(addr, token string, led *ledger, hook *seen, followers map[string]*s
 			fail("%s: %d acknowledged events missing", path, missing)
 		}
 		fmt.Printf("%s: %d acknowledged, %d stored, %d missing\n", path, len(acked), len(events), missing)
+	}
+	manyAcked, manyMissing := 0, 0
+	for i := range many {
+		path := fmt.Sprintf("/soak/many/%d", i)
+		acked := led.offsets[path]
+		if len(acked) == 0 {
+			continue
+		}
+		st := client.Stream(ctx, project, path)
+		events, err := client.ReadAll(ctx, st, itx.Query{})
+		st.Release() // held, it could not be unloaded
+		must(err, "read "+path)
+		stored := map[int64]bool{}
+		for _, e := range events {
+			stored[e.Offset] = true
+		}
+		for off := range acked {
+			manyAcked++
+			if !stored[off] {
+				manyMissing++
+			}
+		}
+	}
+	if manyMissing > 0 {
+		fail("/soak/many/*: %d acknowledged events missing", manyMissing)
+	}
+	if many > 0 {
+		fmt.Printf("/soak/many/0..%d: %d acknowledged, %d missing\n", many-1, manyAcked, manyMissing)
 	}
 	aEvents := read["/soak/a"]
 	hook.mu.Lock()
