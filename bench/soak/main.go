@@ -606,6 +606,25 @@ func manyAppender(ctx context.Context, redial func(context.Context) *session, le
 	}
 }
 
+// readMissing reads the whole stream at path and counts the acknowledged offsets it does not
+// hold. The stream's handle is released at once: held, itxd could not unload the stream.
+func readMissing(ctx context.Context, project schema.Project, path string, acked map[int64]bool) (events []itx.Event, missing int) {
+	st := client.Stream(ctx, project, path)
+	events, err := client.ReadAll(ctx, st, itx.Query{})
+	st.Release()
+	must(err, "read "+path)
+	stored := make(map[int64]bool, len(events))
+	for _, e := range events {
+		stored[e.Offset] = true
+	}
+	for off := range acked {
+		if !stored[off] {
+			missing++
+		}
+	}
+	return events, missing
+}
+
 // verify waits for the consumers to catch up with the streams' heads and checks what each holds
 // against the ledger.
 func verify(addr, token string, led *ledger, hook *seen, followers map[string]*seen, many int) {
@@ -632,23 +651,11 @@ func verify(addr, token string, led *ledger, hook *seen, followers map[string]*s
 	}
 	read := map[string][]itx.Event{}
 	for _, path := range []string{"/soak/a", "/soak/b", "/soak/fwd", "/soak/copy"} {
-		st := client.Stream(ctx, project, path)
-		events, err := client.ReadAll(ctx, st, itx.Query{})
-		st.Release()
-		must(err, "read "+path)
-		read[path] = events
 		acked := led.offsets[path]
+		events, missing := readMissing(ctx, project, path, acked)
+		read[path] = events
 		if acked == nil {
 			continue
-		}
-		stored, missing := map[int64]bool{}, 0
-		for _, e := range events {
-			stored[e.Offset] = true
-		}
-		for off := range acked {
-			if !stored[off] {
-				missing++
-			}
 		}
 		if missing > 0 {
 			fail("%s: %d acknowledged events missing", path, missing)
@@ -662,20 +669,9 @@ func verify(addr, token string, led *ledger, hook *seen, followers map[string]*s
 		if len(acked) == 0 {
 			continue
 		}
-		st := client.Stream(ctx, project, path)
-		events, err := client.ReadAll(ctx, st, itx.Query{})
-		st.Release() // held, it could not be unloaded
-		must(err, "read "+path)
-		stored := map[int64]bool{}
-		for _, e := range events {
-			stored[e.Offset] = true
-		}
-		for off := range acked {
-			manyAcked++
-			if !stored[off] {
-				manyMissing++
-			}
-		}
+		_, missing := readMissing(ctx, project, path, acked)
+		manyAcked += len(acked)
+		manyMissing += missing
 	}
 	if manyMissing > 0 {
 		fail("/soak/many/*: %d acknowledged events missing", manyMissing)
