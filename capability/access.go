@@ -232,6 +232,7 @@ var methodRights = map[string]rightSet{
 	"Admin.createToken":   rAdmin,
 	"Admin.listTokens":    rAdmin,
 	"Admin.revokeToken":   rAdmin,
+	"Admin.backup":        rAdmin,
 }
 
 // clientServed lists the interfaces a client implements and the server only calls: they have no

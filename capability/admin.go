@@ -279,3 +279,34 @@ func (a *admin) RevokeToken(ctx context.Context, call schema.Admin_revokeToken) 
 	}
 	return fail(a.srv.RevokeToken(ctx, a.by(), id, tokenID))
 }
+
+func (a *admin) Backup(ctx context.Context, call schema.Admin_backup) error {
+	if err := a.deployment("backup"); err != nil {
+		return fail(err)
+	}
+	path, err := call.Args().Path()
+	if err != nil {
+		return badArgs("path", err)
+	}
+	call.Go()
+	out, err := a.srv.Backup(ctx, a.by(), path)
+	if err != nil {
+		return fail(err)
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	r, err := res.NewResult()
+	if err != nil {
+		return err
+	}
+	if err := r.SetPath(out.Path); err != nil {
+		return err
+	}
+	r.SetStreams(uint32(out.Streams))
+	r.SetBytes(uint64(out.Bytes))
+	r.SetAt(itx.UnixMilli(out.At))
+	r.SetFrozenMicros(out.Frozen.Microseconds())
+	return nil
+}

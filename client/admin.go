@@ -183,3 +183,36 @@ func AppendOnly(ctx context.Context, s schema.Stream) schema.Stream {
 	fut, release := s.AppendOnly(ctx, nil)
 	return keepAnswers(fut.Stream().AddRef(), release)
 }
+
+// BackupResult says what Backup wrote.
+type BackupResult struct {
+	Path    string
+	Streams int           // stream databases copied
+	Bytes   int64         // bytes of the database files written
+	At      time.Time     // the instant the copy holds
+	Frozen  time.Duration // how long appends to loaded streams waited for the instant
+}
+
+// Backup has itxd write a copy of its whole data directory, as it stood at one instant, to path
+// (absolute, on the server's file system, not existing yet); the deployment root only. Start
+// itxd with --data on the copy to restore it.
+func Backup(ctx context.Context, a schema.Admin, path string) (BackupResult, error) {
+	fut, release := a.Backup(ctx, func(p schema.Admin_backup_Params) error { return p.SetPath(path) })
+	defer release()
+	res, err := fut.Struct()
+	if err != nil {
+		return BackupResult{}, err
+	}
+	r, err := res.Result()
+	if err != nil {
+		return BackupResult{}, err
+	}
+	p, err := r.Path()
+	if err != nil {
+		return BackupResult{}, err
+	}
+	return BackupResult{
+		Path: p, Streams: int(r.Streams()), Bytes: int64(r.Bytes()),
+		At: time.UnixMilli(r.At()).UTC(), Frozen: time.Duration(r.FrozenMicros()) * time.Microsecond,
+	}, nil
+}

@@ -589,6 +589,22 @@ interface Admin {
   listTokens @5 (projectId :Text) -> (tokens :List(TokenInfo));
   # At once: sessions logged in with it are disconnected.
   revokeToken @6 (projectId :Text, tokenId :Text) -> ();
+  # The deployment root only (it copies every project). Writes a copy of the whole data
+  # directory, as it stood at one instant, to path: an absolute path on the server's file system
+  # that does not exist, outside the data directory, in a folder that does (invalidArgument,
+  # failedPrecondition otherwise; failedPrecondition while another backup runs). Start itxd with
+  # --data on it to restore. Every append acknowledged before the instant is in the copy, none
+  # after it: the copy is what a kill -9 at that instant would have left. Loaded streams stand
+  # still while the instant is taken (frozenMicros); the copy is written after, while they run.
+  backup @7 (path :Text) -> (result :BackupResult);
+}
+
+struct BackupResult {
+  path @0 :Text;
+  streams @1 :UInt32;      # stream databases copied
+  bytes @2 :UInt64;        # bytes of the database files written
+  at @3 :Int64;            # the instant the copy holds, epoch ms
+  frozenMicros @4 :Int64;  # how long appends to loaded streams waited for the instant
 }
 
 # The bootstrap capability.

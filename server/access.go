@@ -29,6 +29,7 @@ const (
 	AuditProjectDeleted = "admin/project-deleted"
 	AuditTokenCreated   = "admin/token-created"
 	AuditTokenRevoked   = "admin/token-revoked"
+	AuditBackupWritten  = "admin/backup-written"
 )
 
 // accessState is the server's record of who is logged in with which token, so that a
@@ -445,6 +446,9 @@ var deleteProjectCommittedHook func()
 // records name no live stream (see storage.Directory.DeletedStreams): nothing acknowledged on a
 // stream that exists is removed.
 func (s *Server) removeStreams(ctx context.Context, streamIDs []string) error {
+	for _, id := range streamIDs {
+		s.backupClaim(id) // a backup whose instant saw the stream copies it as it was
+	}
 	removed, err := s.backend.Remove(ctx, streamIDs)
 	if len(removed) > 0 {
 		if ferr := s.dir.ForgetDeletedStreams(ctx, removed); ferr != nil {

@@ -117,6 +117,8 @@ type actorMsg struct {
 	removed   bool // the stream is being deleted: close its connections as streamRemoved
 	// dropUnmade: try again to drop the entry of a creation whose store could not be made.
 	dropUnmade bool
+	// freeze: a backup takes its instant (backup.go).
+	freeze *freezeReq
 }
 
 func newActor(s *Server, ref StreamRef) *actor {
@@ -164,6 +166,7 @@ func (a *actor) load() error {
 		return itx.Errorf(itx.EUnavailable, "load stream %s: %v", a.ref.Path, err)
 	}
 	if entry != nil {
+		a.srv.backupClaim(entry.StreamID) // a backup that owes this stream holds it before any write
 		store, err := a.srv.backend.Open(ctx, entry.StreamID)
 		if err == nil && store == nil {
 			// The directory entry committed but the process died before the store was made:
@@ -544,6 +547,8 @@ func (a *actor) handle(m actorMsg) bool {
 		m.live.engine.attach(m.live)
 	case m.live != nil:
 		a.liveEngine().attach(m.live)
+	case m.freeze != nil:
+		a.holdForBackup(m.freeze)
 	case m.dropUnmade:
 		a.dropT = nil
 		if a.store == nil {

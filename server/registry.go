@@ -32,15 +32,18 @@ func (s *Server) join(ctx context.Context, a *actor) (*actor, error) {
 func (s *Server) acquire(ctx context.Context, ref StreamRef) (*actor, error) {
 	s.mu.Lock()
 	for s.actors[ref] == nil {
-		read := s.fullReads[ref]
-		if read == nil {
+		// Its database file is being read alone (the disk is full): no writer opens it
+		// meanwhile. A page or a describe: a short wait. Or a backup is taking its instant
+		// (backup.go): no stream loads until it has, a fraction of a millisecond per loaded stream.
+		var wait <-chan struct{}
+		if read := s.fullReads[ref]; read != nil {
+			wait = read.done
+		} else if wait = s.backupGateLocked(); wait == nil {
 			break
 		}
-		// Its database file is being read alone (the disk is full): no writer opens it
-		// meanwhile. A page or a describe: a short wait.
 		s.mu.Unlock()
 		select {
-		case <-read.done:
+		case <-wait:
 		case <-ctx.Done():
 			return nil, itx.Errorf(itx.ECancelled, "waiting for stream %s to load: %v", ref.Path, ctx.Err())
 		}

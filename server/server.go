@@ -126,7 +126,10 @@ type Server struct {
 	fullReads map[StreamRef]*fullRead
 	closing   bool
 	inflight  sync.WaitGroup // one per acquired reference
-	sweepT    itx.Timer
+	// backup is the backup in progress (backup.go); backupMu lets one run at a time.
+	backup   *backupRun
+	backupMu sync.Mutex
+	sweepT   itx.Timer
 
 	backend    streamBackend
 	egress     EgressPolicy

@@ -50,6 +50,9 @@ type streamBackend interface {
 	// already gone is no error), and returns the IDs of those now gone for good: durably, so
 	// neither a crash nor a power cut brings one back. err says why the others are not.
 	Remove(ctx context.Context, streamIDs []string) (removed []string, err error)
+	// HoldForBackup holds the store of a stream that nothing has open, as it stands, for a
+	// backup to copy; nil, nil when the stream has no store.
+	HoldForBackup(ctx context.Context, streamID string) (*storage.BackupSource, error)
 }
 
 // sqliteBackend keeps each stream in its own SQLite file under dir.
@@ -74,6 +77,10 @@ func (b sqliteBackend) Open(ctx context.Context, streamID string) (streamStore, 
 		return nil, err
 	}
 	return s, nil
+}
+
+func (b sqliteBackend) HoldForBackup(ctx context.Context, streamID string) (*storage.BackupSource, error) {
+	return storage.OpenBackupSource(ctx, b.file(streamID))
 }
 
 // Remove deletes each stream's database with its WAL and shared-memory files, then syncs the

@@ -113,6 +113,7 @@ func (s *Server) dropUnfinished(e storage.StreamEntry) error {
 // dropStreamEntry deletes a stream nothing was committed to: its file first, durably, then its
 // directory entry (it no longer counts toward its project's streams).
 func (s *Server) dropStreamEntry(ctx context.Context, e storage.StreamEntry) error {
+	s.backupClaim(e.StreamID)
 	if _, err := s.backend.Remove(ctx, []string{e.StreamID}); err != nil {
 		return fmt.Errorf("drop the unfinished stream %s: %w", e.Path, err)
 	}

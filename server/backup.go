@@ -1,0 +1,462 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/storage"
+)
+
+// BackupFreezeTimeout bounds the backup's freeze: how long it may take to bring every loaded
+// stream to a stop between two commits. A freeze that takes longer (a stream whose writer is
+// stuck) gives up, releases every stream and fails the backup with unavailable.
+const BackupFreezeTimeout = 10 * time.Second
+
+// backupFrozenHook, when set (tests), runs while every loaded stream stands still for a backup.
+var backupFrozenHook func()
+
+// BackupResult says what a backup wrote.
+type BackupResult struct {
+	Path    string
+	Streams int   // stream databases copied
+	Bytes   int64 // bytes of the database files written
+	// At is the instant the copy holds: every append acknowledged before it is in the copy,
+	// none acknowledged after it.
+	At time.Time
+	// Frozen is how long the loaded streams stood still (appends to them waited) while the
+	// instant was taken.
+	Frozen time.Duration
+}
+
+// backupRun is a backup in progress: the streams that were not loaded at its instant and that
+// it has not held yet. A load or a removal of one of those holds it first (claim), so nothing
+// written after the instant reaches the copy.
+type backupRun struct {
+	gate chan struct{} // closed when the freeze ends; loads wait for it meanwhile
+
+	mu      sync.Mutex
+	pending map[string]bool
+	taken   map[string]*storage.BackupSource
+	err     error // a stream that could not be held
+}
+
+// freezeReq asks a stream's actor to hold its store as it stands between two commits and then
+// to write nothing until the freeze's release is closed.
+type freezeReq struct {
+	*freeze
+	reply chan<- freezeReply
+}
+
+// freeze is one backup's instant being taken. When it fails (aborted, set before release is
+// closed), each actor closes the source it held itself: the backup may not have read its reply.
+type freeze struct {
+	release chan struct{}
+	aborted atomic.Bool
+}
+
+type freezeReply struct {
+	streamID string
+	src      *storage.BackupSource // nil: the stream has no store yet (nothing acknowledged)
+	err      error
+}
+
+// holdForBackup runs on the actor: called between two commits, it holds the store as it stands
+// and, when that worked, waits for the backup's instant to be taken by every other stream too.
+func (a *actor) holdForBackup(r *freezeReq) {
+	reply := freezeReply{streamID: a.st.streamID}
+	if a.store != nil {
+		if h, ok := a.store.(interface {
+			HoldForBackup(context.Context) (*storage.BackupSource, error)
+		}); ok {
+			reply.src, reply.err = h.HoldForBackup(context.Background())
+		} else {
+			reply.err = errors.New("this stream's store cannot be backed up")
+		}
+	}
+	r.reply <- reply
+	if reply.err == nil {
+		<-r.release
+		if r.aborted.Load() && reply.src != nil {
+			reply.src.Close()
+		}
+	}
+}
+
+// Backup writes a copy of the data directory, as it stood at one instant, to dest: a new
+// directory that itxd can be started on. dest must be an absolute path that does not exist,
+// outside the data directory, whose parent exists. One backup runs at a time.
+//
+// The instant is taken by stopping every loaded stream between two commits (appends to them
+// wait, for about a fraction of a millisecond per loaded stream), holding each database there
+// in a read transaction, and the directory with them; then the streams go on while the copy is
+// made from what was held. A stream that was not loaded is held before anything writes to it
+// again (when it loads, or before it is removed). So the copy is the data directory as a kill -9
+// at that instant would have left it: cursors written lazily may stand a little behind their
+// receivers, which then see those events again, as after a crash.
+//
+// The deployment's /audit stream records each backup written (admin/backup-written: its path,
+// what it holds, who asked), after the instant, so not in the copy itself.
+func (s *Server) Backup(ctx context.Context, by Admin, dest string) (BackupResult, error) {
+	parent, err := s.checkBackupDest(dest)
+	if err != nil {
+		return BackupResult{}, err
+	}
+	if !s.backupMu.TryLock() {
+		return BackupResult{}, itx.Errorf(itx.EFailedPrecondition, "a backup is already running")
+	}
+	defer s.backupMu.Unlock()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(s.base, cancel)
+	defer stop()
+
+	tmp, err := os.MkdirTemp(parent, "."+filepath.Base(dest)+".itx-backup-")
+	if err != nil {
+		return BackupResult{}, itx.Errorf(storage.ErrorCode(err), "backup: %v", err)
+	}
+	done := false
+	defer func() {
+		if !done {
+			os.RemoveAll(tmp)
+		}
+	}()
+	if err := os.Mkdir(filepath.Join(tmp, "streams"), DataDirMode); err != nil {
+		return BackupResult{}, itx.Errorf(storage.ErrorCode(err), "backup: %v", err)
+	}
+
+	run := &backupRun{gate: make(chan struct{}), pending: map[string]bool{}, taken: map[string]*storage.BackupSource{}}
+	defer s.endBackup(run)
+	dirSrc, held, at, frozen, err := s.freezeForBackup(ctx, run)
+	if err != nil {
+		return BackupResult{}, err
+	}
+	res := BackupResult{Path: dest, At: at, Frozen: frozen}
+
+	n, err := dirSrc.CopyTo(ctx, filepath.Join(tmp, "directory.db"))
+	dirSrc.Close()
+	if err != nil {
+		return BackupResult{}, backupError(err)
+	}
+	res.Bytes += n
+	copyStream := func(id string, src *storage.BackupSource) error {
+		defer src.Close()
+		n, err := src.CopyTo(ctx, filepath.Join(tmp, "streams", id+".db"))
+		if err != nil {
+			return backupError(err)
+		}
+		res.Bytes += n
+		res.Streams++
+		return nil
+	}
+	for id, src := range held {
+		delete(held, id)
+		if err := copyStream(id, src); err != nil {
+			for _, src := range held {
+				src.Close()
+			}
+			return BackupResult{}, err
+		}
+	}
+	for {
+		id, src, more, err := run.next(s.backend)
+		if err != nil {
+			return BackupResult{}, backupError(err)
+		}
+		if !more {
+			break
+		}
+		if src == nil {
+			continue // no store was ever made: nothing acknowledged
+		}
+		if err := copyStream(id, src); err != nil {
+			return BackupResult{}, err
+		}
+		if ctx.Err() != nil {
+			return BackupResult{}, itx.Errorf(itx.ECancelled, "backup: %v", ctx.Err())
+		}
+	}
+
+	// The tokens a fresh data directory printed, so `itx --data` works on the copy too.
+	if b, err := os.ReadFile(filepath.Join(s.cfg.DataDir, CredentialsFile)); err == nil {
+		if err := WriteFileDurably(filepath.Join(tmp, CredentialsFile), b, 0o600); err != nil {
+			return BackupResult{}, backupError(err)
+		}
+	}
+	for _, d := range []string{filepath.Join(tmp, "streams"), tmp} {
+		if err := syncDir(d); err != nil {
+			return BackupResult{}, backupError(err)
+		}
+	}
+	if err := os.Rename(tmp, dest); err != nil {
+		return BackupResult{}, backupError(err)
+	}
+	done = true
+	if err := syncDir(parent); err != nil {
+		return BackupResult{}, backupError(err)
+	}
+	s.log.Info().Str("path", dest).Int("streams", res.Streams).Int64("bytes", res.Bytes).
+		Dur("frozen", res.Frozen).Str("by", by.TokenID).Msg("backup written")
+	if rec, err := auditRecord(by, AuditBackupWritten, map[string]any{
+		"path": dest, "at": itx.UnixMilli(res.At), "streams": res.Streams, "bytes": res.Bytes,
+	}); err == nil {
+		s.audit(context.Background(), rec)
+	}
+	return res, nil
+}
+
+func backupError(err error) error {
+	if itx.ErrorCode(err) != itx.EInternal {
+		return err
+	}
+	return itx.Errorf(storage.ErrorCode(err), "backup: %v", err)
+}
+
+// checkBackupDest refuses a destination that is not a new directory outside the data directory,
+// and returns its parent.
+func (s *Server) checkBackupDest(dest string) (string, error) {
+	if dest == "" || !filepath.IsAbs(dest) {
+		return "", itx.Errorf(itx.EInvalid, "backup: the destination must be an absolute path on the server, not %q", dest)
+	}
+	dest = filepath.Clean(dest)
+	if _, err := os.Lstat(dest); err == nil {
+		return "", itx.Errorf(itx.EFailedPrecondition, "backup: %s exists (a backup writes a new directory)", dest)
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return "", itx.Errorf(itx.EFailedPrecondition, "backup: %v", err)
+	}
+	parent := filepath.Dir(dest)
+	if st, err := os.Stat(parent); err != nil || !st.IsDir() {
+		return "", itx.Errorf(itx.EFailedPrecondition, "backup: the folder %s does not exist", parent)
+	}
+	data, err := filepath.Abs(s.cfg.DataDir)
+	if err != nil {
+		return "", itx.Errorf(itx.EInternal, "backup: %v", err)
+	}
+	realParent, err := filepath.EvalSymlinks(parent)
+	if err != nil {
+		return "", itx.Errorf(itx.EFailedPrecondition, "backup: %v", err)
+	}
+	if realData, err := filepath.EvalSymlinks(data); err == nil {
+		data = realData
+	}
+	if realParent == data || strings.HasPrefix(realParent, data+string(filepath.Separator)) {
+		return "", itx.Errorf(itx.EInvalid, "backup: %s is inside the data directory %s", dest, s.cfg.DataDir)
+	}
+	return parent, nil
+}
+
+// freezeForBackup takes the backup's instant: no new stream loads meanwhile, every loaded stream
+// stops between two commits and holds its database, then the directory is held. It returns the
+// directory's source and the loaded streams' (by stream ID); run.pending holds the other
+// streams of the directory, which loads and removals hold from now on.
+func (s *Server) freezeForBackup(ctx context.Context, run *backupRun) (dirSrc *storage.BackupSource, held map[string]*storage.BackupSource, at time.Time, frozen time.Duration, err error) {
+	fctx, cancel := context.WithTimeout(ctx, BackupFreezeTimeout)
+	defer cancel()
+	timedOut := func() error {
+		if ctx.Err() != nil {
+			return itx.Errorf(itx.ECancelled, "backup: %v", ctx.Err())
+		}
+		return itx.Errorf(itx.EUnavailable, "backup: the loaded streams did not all stop within %s; nothing was written", BackupFreezeTimeout)
+	}
+
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		return nil, nil, time.Time{}, 0, itx.Errorf(itx.EUnavailable, "the server is shutting down")
+	}
+	s.backup = run
+	actors := make([]*actor, 0, len(s.actors))
+	for _, a := range s.actors {
+		actors = append(actors, a)
+	}
+	var unloading []*actor
+	for _, a := range s.unloading {
+		unloading = append(unloading, a)
+	}
+	s.mu.Unlock()
+
+	held = map[string]*storage.BackupSource{}
+	fr := &freeze{release: make(chan struct{})}
+	defer func() {
+		if err != nil {
+			fr.aborted.Store(true) // each actor closes what it held
+			held = nil
+		}
+		close(fr.release)
+	}()
+	// A stream on its way out may still write its last acknowledgements: wait until it is shut.
+	for _, a := range unloading {
+		select {
+		case <-a.done:
+		case <-fctx.Done():
+			return nil, nil, time.Time{}, 0, timedOut()
+		}
+	}
+	start := time.Now()
+	empty := map[string]bool{}
+	replies := make([]chan freezeReply, len(actors))
+	for i, a := range actors {
+		select {
+		case <-a.ready:
+		case <-fctx.Done():
+			return nil, nil, time.Time{}, 0, timedOut()
+		}
+		if a.loadErr != nil {
+			continue
+		}
+		replies[i] = make(chan freezeReply, 1)
+		select {
+		case a.inbox <- &actorMsg{freeze: &freezeReq{freeze: fr, reply: replies[i]}}:
+		case <-a.done:
+			replies[i] = nil // unloaded meanwhile: closed, so held like any stream not loaded
+		case <-fctx.Done():
+			return nil, nil, time.Time{}, 0, timedOut()
+		}
+	}
+	for i, a := range actors {
+		if replies[i] == nil {
+			continue
+		}
+		select {
+		case r := <-replies[i]:
+			if r.err != nil {
+				return nil, nil, time.Time{}, 0, backupError(fmt.Errorf("stream %s: %w", a.ref.Path, r.err))
+			}
+			if r.src != nil {
+				held[r.streamID] = r.src
+			} else if r.streamID != "" {
+				empty[r.streamID] = true
+			}
+		case <-a.done:
+			// It stopped before it read the request (an actor that held its store stands
+			// still until the release, so it cannot be done): shut now, nothing writes it.
+		case <-fctx.Done():
+			return nil, nil, time.Time{}, 0, timedOut()
+		}
+	}
+	// Every loaded stream stands still: this is the instant.
+	if backupFrozenHook != nil {
+		backupFrozenHook()
+	}
+	at = s.clock.Now()
+	dirSrc, err = s.dir.HoldForBackup(fctx)
+	if err != nil {
+		return nil, nil, time.Time{}, 0, backupError(err)
+	}
+	ids, err := dirSrc.StreamIDs(fctx)
+	if err != nil {
+		dirSrc.Close()
+		return nil, nil, time.Time{}, 0, backupError(err)
+	}
+	run.mu.Lock()
+	for _, id := range ids {
+		if held[id] == nil && !empty[id] {
+			run.pending[id] = true
+		}
+	}
+	run.mu.Unlock()
+	frozen = time.Since(start)
+	close(run.gate)
+	return dirSrc, held, at, frozen, nil
+}
+
+// endBackup forgets run: loads and removals no longer hold anything for it.
+func (s *Server) endBackup(run *backupRun) {
+	s.mu.Lock()
+	if s.backup == run {
+		s.backup = nil
+	}
+	s.mu.Unlock()
+	select {
+	case <-run.gate:
+	default:
+		close(run.gate)
+	}
+	run.mu.Lock()
+	defer run.mu.Unlock()
+	for id, src := range run.taken {
+		src.Close()
+		delete(run.taken, id)
+	}
+	run.pending = map[string]bool{}
+}
+
+// backupClaim holds the stream for the running backup, if it is one the backup still owes, before
+// anything writes to it or removes it.
+func (s *Server) backupClaim(streamID string) {
+	s.mu.Lock()
+	run := s.backup
+	s.mu.Unlock()
+	if run != nil {
+		run.claim(streamID, s.backend)
+	}
+}
+
+// backupGate is the channel a load must wait for (nil: none): while a backup takes its instant,
+// no stream loads. Called with s.mu held.
+func (s *Server) backupGateLocked() <-chan struct{} {
+	if s.backup == nil {
+		return nil
+	}
+	select {
+	case <-s.backup.gate:
+		return nil
+	default:
+		return s.backup.gate
+	}
+}
+
+func (r *backupRun) claim(streamID string, b streamBackend) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.claimLocked(streamID, b)
+}
+
+func (r *backupRun) claimLocked(streamID string, b streamBackend) {
+	if !r.pending[streamID] {
+		return
+	}
+	delete(r.pending, streamID)
+	src, err := b.HoldForBackup(context.Background(), streamID)
+	if err != nil {
+		if r.err == nil {
+			r.err = fmt.Errorf("stream %s: %w", streamID, err)
+		}
+		return
+	}
+	if src != nil {
+		r.taken[streamID] = src
+	}
+}
+
+// next returns a stream the backup still has to copy: one held already, else the next one owed
+// (its source nil when it has no store); more is false when none is left.
+func (r *backupRun) next(b streamBackend) (id string, src *storage.BackupSource, more bool, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.err != nil {
+		return "", nil, false, r.err
+	}
+	for id, src := range r.taken {
+		delete(r.taken, id)
+		return id, src, true, nil
+	}
+	for id := range r.pending {
+		r.claimLocked(id, b)
+		if r.err != nil {
+			return "", nil, false, r.err
+		}
+		src := r.taken[id]
+		delete(r.taken, id)
+		return id, src, true, nil
+	}
+	return "", nil, false, nil
+}

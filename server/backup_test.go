@@ -1,0 +1,50 @@
+package server
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/itx-dev/itx"
+	"github.com/stretchr/testify/require"
+)
+
+// While a backup takes its instant no loaded stream commits: an append sent then is answered
+// only after, and is not in the copy; the copy opens as a data directory of its own.
+func TestBackup_LoadedStreamsStandStillForTheInstant(t *testing.T) {
+	ctx := context.Background()
+	dataDir := t.TempDir()
+	s, projectID := mustOpen(t, Config{DataDir: dataDir})
+	x := StreamRef{ProjectID: projectID, Path: "/x"}
+	_, err := s.Append(ctx, x, []itx.EventInput{{Type: "before"}}, itx.AppendOptions{})
+	require.NoError(t, err)
+
+	during := make(chan error, 1)
+	backupFrozenHook = func() {
+		go func() {
+			_, err := s.Append(ctx, x, []itx.EventInput{{Type: "during"}}, itx.AppendOptions{})
+			during <- err
+		}()
+		select {
+		case err := <-during:
+			t.Errorf("an append was answered while the streams stood still (err %v)", err)
+			during <- err
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	t.Cleanup(func() { backupFrozenHook = nil })
+	dest := filepath.Join(t.TempDir(), "copy")
+	res, err := s.Backup(ctx, Admin{}, dest)
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Streams)
+	require.NoError(t, <-during)
+	backupFrozenHook = nil
+
+	c, cp := mustOpen(t, Config{DataDir: dest})
+	require.Equal(t, projectID, cp)
+	page, err := c.ReadEvents(ctx, StreamRef{ProjectID: cp, Path: "/x"}, itx.Query{})
+	require.NoError(t, err)
+	require.Len(t, page.Events, 1)
+	require.Equal(t, "before", page.Events[0].Type)
+}

@@ -1,0 +1,150 @@
+package storage
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+
+	sqlite3 "github.com/mattn/go-sqlite3"
+)
+
+// BackupSource is a database held as it stood at one instant, for a backup: a read transaction
+// on a connection of its own. In WAL mode it waits for no writer and holds none back; what
+// commits after it began is not in what it copies.
+type BackupSource struct {
+	conn *sql.Conn
+	own  *sql.DB // the pool opened for it, for a database nothing else has open
+}
+
+// HoldForBackup begins a BackupSource on one of the stream's read connections: call it between
+// commits (the stream's writer calls it), so the source holds every commit so far and no part of
+// a later one.
+func (s *Stream) HoldForBackup(ctx context.Context) (*BackupSource, error) {
+	return holdSource(ctx, s.r, nil)
+}
+
+// HoldForBackup begins a BackupSource of the directory.
+func (d *Directory) HoldForBackup(ctx context.Context) (*BackupSource, error) {
+	return holdSource(ctx, d.db, nil)
+}
+
+// OpenBackupSource opens the database at file on a connection of its own and begins a
+// BackupSource there; nil, nil when no file is there.
+func OpenBackupSource(ctx context.Context, file string) (*BackupSource, error) {
+	if _, err := os.Stat(file); errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	db, err := openPool(file, false, 1)
+	if err != nil {
+		return nil, fmt.Errorf("open %s for a backup: %w", file, err)
+	}
+	return holdSource(ctx, db, db)
+}
+
+func holdSource(ctx context.Context, db *sql.DB, own *sql.DB) (*BackupSource, error) {
+	c, err := db.Conn(ctx)
+	if err == nil {
+		// A deferred BEGIN takes its snapshot at its first read.
+		if _, err = c.ExecContext(ctx, "BEGIN"); err == nil {
+			var n int
+			if err = c.QueryRowContext(ctx, "select count(*) from sqlite_master").Scan(&n); err != nil {
+				c.ExecContext(context.Background(), "ROLLBACK")
+			}
+		}
+		if err != nil {
+			c.Close()
+		}
+	}
+	if err != nil {
+		if own != nil {
+			own.Close()
+		}
+		return nil, fmt.Errorf("hold a database for a backup: %w", err)
+	}
+	return &BackupSource{conn: c, own: own}, nil
+}
+
+// CopyTo writes the held database to a new file at dest (mode FileMode) with SQLite's online
+// backup, in one step under the held read transaction, and returns the file's size. The copy
+// is a WAL database like its source; it is on disk (synchronous=FULL, checkpointed at close)
+// when CopyTo returns, but its folder entry is the caller's to sync.
+func (b *BackupSource) CopyTo(ctx context.Context, dest string) (int64, error) {
+	if _, err := os.Lstat(dest); err == nil {
+		return 0, fmt.Errorf("backup to %s: the file exists", dest)
+	}
+	db, err := openPool(dest, true, 1)
+	if err != nil {
+		return 0, fmt.Errorf("backup to %s: %w", dest, err)
+	}
+	err = copyInto(ctx, db, b.conn)
+	if cerr := db.Close(); err == nil && cerr != nil {
+		err = cerr
+	}
+	if err != nil {
+		return 0, fmt.Errorf("backup to %s: %w", dest, err)
+	}
+	st, err := os.Stat(dest)
+	if err != nil {
+		return 0, err
+	}
+	return st.Size(), nil
+}
+
+func copyInto(ctx context.Context, db *sql.DB, src *sql.Conn) error {
+	dc, err := db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer dc.Close()
+	return src.Raw(func(s any) error {
+		return dc.Raw(func(d any) error {
+			sc, ok1 := s.(*sqlite3.SQLiteConn)
+			dconn, ok2 := d.(*sqlite3.SQLiteConn)
+			if !ok1 || !ok2 {
+				return errors.New("not a SQLite connection")
+			}
+			bk, err := dconn.Backup("main", sc, "main")
+			if err != nil {
+				return err
+			}
+			done, err := bk.Step(-1)
+			if ferr := bk.Finish(); err == nil {
+				err = ferr
+			}
+			if err == nil && !done {
+				err = errors.New("the backup did not copy every page in one step")
+			}
+			return err
+		})
+	})
+}
+
+// Close ends the read transaction and returns (or closes) its connection.
+func (b *BackupSource) Close() error {
+	_, rerr := b.conn.ExecContext(context.Background(), "ROLLBACK")
+	err := errors.Join(rerr, b.conn.Close())
+	if b.own != nil {
+		err = errors.Join(err, b.own.Close())
+	}
+	return err
+}
+
+// StreamIDs lists the streams of a held directory, as it stood when it was held.
+func (b *BackupSource) StreamIDs(ctx context.Context) ([]string, error) {
+	rows, err := b.conn.QueryContext(ctx, `select stream_id from streams`)
+	if err != nil {
+		return nil, fmt.Errorf("list streams for a backup: %w", err)
+	}
+	defer rows.Close()
+	var ids []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, fmt.Errorf("list streams for a backup: %w", err)
+		}
+		ids = append(ids, id)
+	}
+	return ids, rows.Err()
+}

@@ -1,0 +1,255 @@
+package test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/schema"
+	"github.com/stretchr/testify/require"
+)
+
+// backupAck is one append as a worker saw it: when it was sent and when it was acknowledged.
+type backupAck struct {
+	path        string
+	offset      int64
+	payload     string
+	sent, acked time.Time
+}
+
+// A backup taken while appenders write to many streams (most of them not loaded, so they load
+// while the copy is being written) and two streams copy into each other is one instant of the
+// whole data directory: every append acknowledged before the call is in it, nothing stamped
+// after its instant is, each stream holds a prefix of the live one, and itxd started on the copy
+// finishes the copies between the streams with every event exactly once.
+func TestBackup_CopyIsOneInstantUnderLoad(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real itxd processes")
+	}
+	ctx := ctxT(t)
+	dataDir := t.TempDir()
+	proc := startItxd(t, dataDir, "--max-loaded-streams", "4")
+	p := loginItxd(t, proc)
+	a, b := stream(t, p, "/a"), stream(t, p, "/b")
+	for _, x := range []struct {
+		s    schema.Stream
+		path string
+	}{{a, "/b"}, {b, "/a"}} {
+		subs := client.Subscriptions(ctx, x.s)
+		_, _, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "to" + x.path, FilterTypes: []string{"e"},
+			Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: x.path}})
+		require.NoError(t, err)
+		subs.Release()
+	}
+	paths := []string{"/a", "/b"}
+	for i := 0; i < 30; i++ {
+		paths = append(paths, fmt.Sprintf("/many/%02d", i))
+	}
+
+	var mu sync.Mutex
+	var acks []backupAck
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := 0; w < 4; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			conn := dial(t, proc.addr)
+			wp := conn.Login(context.Background(), proc.creds.ProjectToken)
+			defer wp.Release()
+			rng := rand.New(rand.NewPCG(uint64(w), 7))
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				path := paths[rng.IntN(len(paths))]
+				s := client.Stream(context.Background(), wp, path)
+				payload := fmt.Sprintf(`{"w":%d,"i":%d}`, w, i)
+				sent := time.Now()
+				res, err := client.Append(context.Background(), s, []itx.EventInput{ev("e", payload)}, itx.AppendOptions{})
+				s.Release()
+				if err != nil {
+					t.Errorf("append to %s: %v", path, err)
+					return
+				}
+				mu.Lock()
+				acks = append(acks, backupAck{path: path, offset: res.Offsets[0], payload: payload, sent: sent, acked: time.Now()})
+				mu.Unlock()
+			}
+		}()
+	}
+	// Under way: every stream has events, and itxd has unloaded most of them.
+	waitUntil(t, "appends under way", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(acks) >= 600
+	})
+
+	root := dial(t, proc.addr).Login(ctx, proc.creds.DeploymentToken)
+	admin := client.Admin(ctx, root)
+	dest := filepath.Join(t.TempDir(), "backup")
+	called := time.Now()
+	res, err := client.Backup(ctx, admin, dest)
+	returned := time.Now()
+	require.NoError(t, err)
+	// Appends go on after it: the copy holds none of them.
+	waitUntil(t, "appends after the backup", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return acks[len(acks)-1].sent.After(returned.Add(50 * time.Millisecond))
+	})
+	close(stop)
+	wg.Wait()
+	require.Equal(t, dest, res.Path)
+	require.Greater(t, res.Streams, len(paths)-1)
+	require.Greater(t, res.Bytes, int64(0))
+	t.Logf("backup: %d streams, %d bytes, frozen %s", res.Streams, res.Bytes, res.Frozen)
+
+	// The live server's logs, read before it stops: the backups' copies must be prefixes of them.
+	live := map[string][]itx.Event{}
+	for _, path := range paths {
+		s := stream(t, p, path)
+		events, err := client.ReadAll(ctx, s, itx.Query{})
+		require.NoError(t, err)
+		live[path] = events
+	}
+	require.NoError(t, proc.stop(t))
+
+	// Nothing but the copy is left beside it (the temporary folder was renamed).
+	entries, err := os.ReadDir(filepath.Dir(dest))
+	require.NoError(t, err)
+	require.Len(t, entries, 1)
+
+	restored := startItxd(t, dest)
+	rp := loginItxd(t, restored)
+	atMs := itx.UnixMilli(res.At)
+	held := map[string]map[int64]itx.Event{}
+	for _, path := range paths {
+		s := stream(t, rp, path)
+		events, err := client.ReadAll(ctx, s, itx.Query{})
+		require.NoError(t, err)
+		held[path] = map[int64]itx.Event{}
+		require.LessOrEqual(t, len(events), len(live[path]), path)
+		for i, e := range events {
+			require.Equal(t, live[path][i].Offset, e.Offset, path)
+			require.Equal(t, live[path][i].Type, e.Type, path)
+			require.JSONEq(t, string(live[path][i].Payload), string(e.Payload), path)
+			require.LessOrEqual(t, e.CreatedAt, atMs, "%s offset %d was stamped after the backup's instant", path, e.Offset)
+			held[path][e.Offset] = e
+		}
+	}
+	copiedAfter := 0
+	for _, k := range acks {
+		e, ok := held[k.path][k.offset]
+		if k.acked.Before(called) {
+			require.True(t, ok, "%s offset %d was acknowledged before the backup and is not in it", k.path, k.offset)
+		}
+		if k.sent.After(returned) {
+			require.False(t, ok, "%s offset %d was sent after the backup and is in it", k.path, k.offset)
+			copiedAfter++
+		}
+		if ok {
+			require.JSONEq(t, k.payload, string(e.Payload))
+		}
+	}
+	require.Greater(t, copiedAfter, 0)
+
+	// The copies between /a and /b finish on the restored server, each event once.
+	ra, rb := stream(t, rp, "/a"), stream(t, rp, "/b")
+	for _, x := range []struct {
+		s    schema.Stream
+		name string
+	}{{ra, "to/b"}, {rb, "to/a"}, {ra, "to/b"}} {
+		info, err := client.Describe(ctx, x.s)
+		require.NoError(t, err)
+		sub := client.Subscription(ctx, x.s, x.name)
+		_, err = client.WaitUntilProcessed(ctx, sub, info.HeadOffset, 20*time.Second)
+		require.NoError(t, err)
+		sub.Release()
+	}
+	for _, pair := range [][2]schema.Stream{{ra, rb}, {rb, ra}} {
+		src, err := client.ReadAll(ctx, pair[0], itx.Query{Types: []string{"e"}})
+		require.NoError(t, err)
+		dst, err := client.ReadAll(ctx, pair[1], itx.Query{Types: []string{"e"}})
+		require.NoError(t, err)
+		copies := map[int64]int{}
+		for _, e := range dst {
+			if len(e.Provenance) > 0 {
+				copies[e.Provenance[len(e.Provenance)-1].Offset]++
+			}
+		}
+		for _, e := range src {
+			if len(e.Provenance) == 0 { // appended there, not itself a copy
+				require.Equal(t, 1, copies[e.Offset], "offset %d copied %d times", e.Offset, copies[e.Offset])
+			}
+		}
+	}
+}
+
+// A backup is the deployment root's, to a new absolute path outside the data directory; every
+// refusal is typed and leaves nothing behind.
+func TestBackup_Refusals(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real itxd processes")
+	}
+	ctx := ctxT(t)
+	dataDir := t.TempDir()
+	proc := startItxd(t, dataDir)
+	p := loginItxd(t, proc)
+	mustAppend(t, stream(t, p, "/a"), ev("e", `{}`))
+	parent := t.TempDir()
+
+	_, err := client.Backup(ctx, client.Admin(ctx, p), filepath.Join(parent, "x"))
+	requireCode(t, err, itx.EPermissionDenied)
+
+	admin := client.Admin(ctx, dial(t, proc.addr).Login(ctx, proc.creds.DeploymentToken))
+	existing := filepath.Join(parent, "exists")
+	require.NoError(t, os.Mkdir(existing, 0o700))
+	for _, c := range []struct {
+		path string
+		code itx.Code
+	}{
+		{"relative/x", itx.EInvalid},
+		{"", itx.EInvalid},
+		{existing, itx.EFailedPrecondition},
+		{filepath.Join(parent, "no", "such"), itx.EFailedPrecondition},
+		{filepath.Join(dataDir, "streams", "x"), itx.EInvalid},
+		{filepath.Join(dataDir, "x"), itx.EInvalid},
+	} {
+		_, err := client.Backup(ctx, admin, c.path)
+		requireCode(t, err, c.code)
+	}
+	entries, err := os.ReadDir(parent)
+	require.NoError(t, err)
+	require.Len(t, entries, 1) // "exists" alone
+
+	// And one that works, recorded in the deployment's audit stream.
+	res, err := client.Backup(ctx, admin, filepath.Join(parent, "ok"))
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Streams)
+	root := dial(t, proc.addr).Login(ctx, proc.creds.DeploymentToken)
+	audit := stream(t, root, "/audit")
+	waitUntil(t, "the backup audited", func() bool {
+		events, err := client.ReadAll(ctx, audit, itx.Query{Types: []string{"admin/backup-written"}})
+		require.NoError(t, err)
+		if len(events) != 1 {
+			return false
+		}
+		var rec struct {
+			Path    string `json:"path"`
+			Streams int    `json:"streams"`
+		}
+		require.NoError(t, json.Unmarshal(events[0].Payload, &rec))
+		return rec.Path == filepath.Join(parent, "ok") && rec.Streams == 1
+	})
+}
