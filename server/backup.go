@@ -114,6 +114,15 @@ func (s *Server) Backup(ctx context.Context, by Admin, dest string) (BackupResul
 		return BackupResult{}, itx.Errorf(itx.EFailedPrecondition, "a backup is already running")
 	}
 	defer s.backupMu.Unlock()
+	// Counted as a call in flight: Close cancels it and waits for its temporary folder to go.
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		return BackupResult{}, itx.Errorf(itx.EUnavailable, "the server is shutting down")
+	}
+	s.inflight.Add(1)
+	s.mu.Unlock()
+	defer s.inflight.Done()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stop := context.AfterFunc(s.base, cancel)
@@ -277,9 +286,10 @@ func (s *Server) freezeForBackup(ctx context.Context, run *backupRun) (dirSrc *s
 	for _, a := range s.actors {
 		actors = append(actors, a)
 	}
-	var unloading []*actor
+	// A stream on its way out may still write its last acknowledgements: it stands still too
+	// (its stop reads its inbox while its pushes end), or is shut before the instant.
 	for _, a := range s.unloading {
-		unloading = append(unloading, a)
+		actors = append(actors, a)
 	}
 	s.mu.Unlock()
 
@@ -292,23 +302,19 @@ func (s *Server) freezeForBackup(ctx context.Context, run *backupRun) (dirSrc *s
 		}
 		close(fr.release)
 	}()
-	// A stream on its way out may still write its last acknowledgements: wait until it is shut.
-	for _, a := range unloading {
-		select {
-		case <-a.done:
-		case <-fctx.Done():
-			return nil, nil, time.Time{}, 0, timedOut()
-		}
-	}
 	start := time.Now()
 	empty := map[string]bool{}
 	replies := make([]chan freezeReply, len(actors))
-	for i, a := range actors {
+	// Loads under way end first: one may wait for its stream's previous incarnation to shut,
+	// which must not stand still meanwhile.
+	for _, a := range actors {
 		select {
 		case <-a.ready:
 		case <-fctx.Done():
 			return nil, nil, time.Time{}, 0, timedOut()
 		}
+	}
+	for i, a := range actors {
 		if a.loadErr != nil {
 			continue
 		}

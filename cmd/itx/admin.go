@@ -31,6 +31,11 @@ Tokens (the deployment root's token, or a project token with the admin right for
                                              prints the new token (shown once)
   revoke-token [--project ID] <token-id>     revoke at once
 
+The data directory (the deployment root's token):
+  backup <absolute-path>                     itxd writes a copy of its whole data directory, as it
+                                             stood at one instant, to a new directory at that path
+                                             on the server's machine; itxd --data <path> restores it
+
 Flags may come before or after the arguments; after --, everything is an argument.
 Without --token, itx admin uses the deployment token of the local data directory (--data).
 `
@@ -65,7 +70,7 @@ func adminValueFlags() map[string]bool {
 // adminArgCounts is how many arguments (besides flags) each admin command takes.
 var adminArgCounts = map[string]int{
 	"projects": 0, "create-project": 1, "rename-project": 2, "delete-project": 1,
-	"tokens": 0, "create-token": 0, "revoke-token": 1,
+	"tokens": 0, "create-token": 0, "revoke-token": 1, "backup": 1,
 }
 
 // runAdmin runs `itx admin ...`: one administrative call, its result printed as JSON (indented,
@@ -183,6 +188,11 @@ func runAdmin(args []string, conf resolved, tlsConfig *tls.Config, env environme
 		err, out = e, repl.CreatedTokenJS{Token: tok, Info: repl.TokenOf(t)}
 	case "revoke-token":
 		err = client.RevokeToken(ctx, a, o.project, rest[0])
+	case "backup":
+		var r client.BackupResult
+		if r, err = client.Backup(ctx, a, rest[0]); err == nil {
+			out = repl.BackupOf(r)
+		}
 	}
 	if err != nil {
 		repl.PrintFailure(env.stderr, err, asJSON, color)

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"flag"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -300,4 +301,38 @@ func TestRun_AdminUsageErrorsBeforeConnecting(t *testing.T) {
 		require.NoError(t, json.Unmarshal([]byte(errs), &failure), "--json %v: stderr %q", tc.args, errs)
 		require.Equal(t, repl.Failure{Code: "invalidArgument", Message: tc.want}, repl.Failure{Code: failure.Error.Code, Message: failure.Error.Message}, "%v", tc.args)
 	}
+}
+
+// itx admin backup writes a copy that itxd starts on, with the events appended before it; the
+// same from the prompt; a path that exists is refused, typed.
+func TestRun_AdminBackup(t *testing.T) {
+	s := itxtest.Start(t, server.Config{})
+	c := newCLI(t)
+	code, _, errs := c.run("", "--data", s.Dir, "--addr", s.Addr, "-e", `project.streams.get("/a").append({type: "note", payload: {n: 1}})`)
+	require.Equal(t, exitOK, code, "stderr: %s", errs)
+
+	dest := filepath.Join(t.TempDir(), "copy")
+	code, out, errs := c.run("", "--data", s.Dir, "--addr", s.Addr, "admin", "backup", dest)
+	require.Equal(t, exitOK, code, "stderr: %s", errs)
+	var res repl.BackupJS
+	require.NoError(t, json.Unmarshal([]byte(out), &res))
+	require.Equal(t, dest, res.Path)
+	require.Equal(t, 1, res.Streams)
+
+	code, _, errs = c.run("", "--data", s.Dir, "--addr", s.Addr, "admin", "backup", dest)
+	require.Equal(t, exitError, code)
+	require.Contains(t, errs, "failedPrecondition: ")
+
+	creds, err := server.ReadCredentials(s.Dir)
+	require.NoError(t, err)
+	second := filepath.Join(t.TempDir(), "copy2")
+	code, out, errs = c.run("", "--addr", s.Addr, "--token", creds.DeploymentToken, "--json", "-e", `project.admin.backup("`+second+`")`)
+	require.Equal(t, exitOK, code, "stderr: %s", errs)
+	require.NoError(t, json.Unmarshal([]byte(out), &res))
+	require.Equal(t, second, res.Path)
+
+	restored := itxtest.Start(t, server.Config{DataDir: dest})
+	code, out, errs = c.run("", "--data", dest, "--addr", restored.Addr, "--json", "-e", `project.streams.get("/a").getEvents()`)
+	require.Equal(t, exitOK, code, "stderr: %s", errs)
+	require.Contains(t, out, `"n":1`)
 }

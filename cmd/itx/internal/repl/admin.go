@@ -23,6 +23,7 @@ func init() {
 		"createToken":   {"createToken({projectId, label, prefix, rights: [\"read\", \"append\", \"subscribe\", \"admin\"], expiresInMs}) -> {token, info} (the token is shown only now)", adminCreateToken},
 		"listTokens":    {"listTokens(projectId?) -> [{id, label, createdAt, lastUsedAt, expiresAt, prefix, rights}]", adminListTokens},
 		"revokeToken":   {"revokeToken(projectId, tokenId) (at once: its sessions are disconnected)", adminRevokeToken},
+		"backup":        {"backup(path) -> {path, streams, bytes, at, frozenMs} (the deployment root: itxd copies its data directory, as it stood at one instant, to a new directory at that absolute path on its machine; itxd --data <path> restores it)", adminBackup},
 	}
 	navigators["Project.admin"] = func(ctx context.Context, c capnp.Client, _ string) (capnp.Client, capnp.ReleaseFunc) {
 		f, release := schema.Project(c).Admin(ctx, nil)
@@ -198,4 +199,35 @@ func adminRevokeToken(ctx context.Context, s *Session, c capnp.Client, _ capPath
 		return nil, err
 	}
 	return nil, client.RevokeToken(ctx, schema.Admin(c), id, tokenID)
+}
+
+// BackupJS is what a backup wrote, as itx prints it.
+type BackupJS struct {
+	Path     string  `json:"path"`
+	Streams  int     `json:"streams"`
+	Bytes    int64   `json:"bytes"`
+	At       string  `json:"at"`
+	FrozenMs float64 `json:"frozenMs"`
+}
+
+// BackupOf is r as itx prints it.
+func BackupOf(r client.BackupResult) BackupJS {
+	return BackupJS{Path: r.Path, Streams: r.Streams, Bytes: r.Bytes, At: r.At.Format(time.RFC3339Nano),
+		FrozenMs: float64(r.Frozen.Microseconds()) / 1000}
+}
+
+func adminBackup(ctx context.Context, s *Session, c capnp.Client, _ capPath, args []goja.Value) (any, error) {
+	o, err := s.params("Admin.backup", args, []string{"path"}, "path")
+	if err != nil {
+		return nil, err
+	}
+	path := o.str("path")
+	if err := o.err(); err != nil {
+		return nil, err
+	}
+	r, err := client.Backup(ctx, schema.Admin(c), path)
+	if err != nil {
+		return nil, err
+	}
+	return BackupOf(r), nil
 }
