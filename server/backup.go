@@ -21,8 +21,9 @@ import (
 // stuck) gives up, releases every stream and fails the backup with unavailable.
 const BackupFreezeTimeout = 10 * time.Second
 
-// backupFrozenHook, when set (tests), runs while every loaded stream stands still for a backup.
-var backupFrozenHook func()
+// backupFrozenHook, when set (tests), runs while every loaded stream stands still for a backup;
+// backupCopiedHook once the backup has copied its first stream.
+var backupFrozenHook, backupCopiedHook func()
 
 // BackupResult says what a backup wrote.
 type BackupResult struct {
@@ -73,7 +74,8 @@ type freezeReply struct {
 // and, when that worked, waits for the backup's instant to be taken by every other stream too.
 func (a *actor) holdForBackup(r *freezeReq) {
 	reply := freezeReply{streamID: a.st.streamID}
-	if a.store != nil {
+	// A stream being deleted with its project is gone from the directory the backup holds.
+	if a.store != nil && !a.deleted.Load() {
 		if h, ok := a.store.(interface {
 			HoldForBackup(context.Context) (*storage.BackupSource, error)
 		}); ok {
@@ -163,7 +165,9 @@ func (s *Server) Backup(ctx context.Context, by Admin, dest string) (BackupResul
 			return backupError(err)
 		}
 		res.Bytes += n
-		res.Streams++
+		if res.Streams++; res.Streams == 1 && backupCopiedHook != nil {
+			backupCopiedHook()
+		}
 		return nil
 	}
 	for id, src := range held {

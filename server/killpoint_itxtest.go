@@ -18,6 +18,10 @@ func init() {
 		copyCommittedHook = killSelf
 	case "dead-letter-committed":
 		deadLetterCommittedHook = killSelf
+	case "backup-frozen":
+		backupFrozenHook = killSelf
+	case "backup-copied-one":
+		backupCopiedHook = killSelf
 	}
 }
 

@@ -253,3 +253,54 @@ func TestBackup_Refusals(t *testing.T) {
 		return rec.Path == filepath.Join(parent, "ok") && rec.Streams == 1
 	})
 }
+
+// kill -9 in the middle of a backup (while the streams stand still for its instant, and once it
+// has copied a stream) loses nothing acknowledged, leaves nothing at the destination, and the
+// restarted itxd backs up to the same path.
+func TestBackup_Kill9DuringABackup(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real itxd processes")
+	}
+	for _, point := range []string{"backup-frozen", "backup-copied-one"} {
+		t.Run(point, func(t *testing.T) {
+			ctx := ctxT(t)
+			dataDir := t.TempDir()
+			proc := startItxdKilledAt(t, dataDir, point)
+			p := loginItxd(t, proc)
+			want := map[string]int{}
+			for i := 0; i < 6; i++ {
+				path := fmt.Sprintf("/s/%d", i)
+				s := stream(t, p, path)
+				for j := 0; j <= i; j++ {
+					mustAppend(t, s, keyed("e", fmt.Sprintf(`{"j":%d}`, j), fmt.Sprintf("k%d", j)))
+				}
+				want[path] = i + 1
+			}
+			admin := client.Admin(ctx, dial(t, proc.addr).Login(ctx, proc.creds.DeploymentToken))
+			parent := t.TempDir()
+			dest := filepath.Join(parent, "copy")
+			_, err := client.Backup(ctx, admin, dest)
+			require.Error(t, err)
+			proc.requireKilledAtThePoint(t)
+			_, err = os.Lstat(dest)
+			require.True(t, os.IsNotExist(err), "a backup cut short left %s", dest)
+
+			proc = startItxd(t, dataDir)
+			p = loginItxd(t, proc)
+			for path, n := range want {
+				require.Equal(t, n, countType(t, stream(t, p, path), "e"), path)
+			}
+			admin = client.Admin(ctx, dial(t, proc.addr).Login(ctx, proc.creds.DeploymentToken))
+			res, err := client.Backup(ctx, admin, dest)
+			require.NoError(t, err)
+			require.GreaterOrEqual(t, res.Streams, len(want))
+			require.NoError(t, proc.stop(t))
+
+			restored := startItxd(t, dest)
+			rp := loginItxd(t, restored)
+			for path, n := range want {
+				require.Equal(t, n, countType(t, stream(t, rp, path), "e"), path)
+			}
+		})
+	}
+}
