@@ -68,24 +68,63 @@ func holdSource(ctx context.Context, db *sql.DB, own *sql.DB) (*BackupSource, er
 
 // CopyTo writes the held database to a new file at dest (mode FileMode) with SQLite's online
 // backup, in one step under the held read transaction, and returns the file's size. The copy
-// is a WAL database like its source; it is on disk (synchronous=FULL, checkpointed at close)
-// when CopyTo returns, but its folder entry is the caller's to sync.
+// is a WAL database like its source (its header says so), on disk when CopyTo returns; its
+// folder entry is the caller's to sync.
 func (b *BackupSource) CopyTo(ctx context.Context, dest string) (int64, error) {
 	if _, err := os.Lstat(dest); err == nil {
 		return 0, fmt.Errorf("backup to %s: the file exists", dest)
 	}
-	db, err := openPool(dest, true, 1)
+	if err := createPrivate(dest); err != nil {
+		return 0, fmt.Errorf("backup to %s: %w", dest, err)
+	}
+	db, err := sql.Open(backupDriver, "file:"+dest+"?mode=rw&_mutex=no")
 	if err != nil {
 		return 0, fmt.Errorf("backup to %s: %w", dest, err)
 	}
+	db.SetMaxOpenConns(1)
 	err = copyInto(ctx, db, b.conn)
 	if cerr := db.Close(); err == nil && cerr != nil {
 		err = cerr
 	}
+	var size int64
+	if err == nil {
+		size, err = syncFile(dest)
+	}
 	if err != nil {
 		return 0, fmt.Errorf("backup to %s: %w", dest, err)
 	}
-	st, err := os.Stat(dest)
+	return size, nil
+}
+
+// backupDriver writes a backup's copy: a new file nothing else reads until the backup is done,
+// so without a journal and without syncs; CopyTo syncs the whole file once at the end (a crash
+// before that leaves the backup's temporary folder, never the copy).
+const backupDriver = "sqlite3_itx_backup_copy"
+
+func init() {
+	sql.Register(backupDriver, &sqlite3.SQLiteDriver{
+		ConnectHook: func(c *sqlite3.SQLiteConn) error {
+			for _, p := range []string{"PRAGMA journal_mode=OFF", "PRAGMA synchronous=OFF"} {
+				if _, err := c.Exec(p, nil); err != nil {
+					return fmt.Errorf("%s: %w", p, err)
+				}
+			}
+			return nil
+		},
+	})
+}
+
+// syncFile fsyncs the file at name and returns its size.
+func syncFile(name string) (int64, error) {
+	f, err := os.OpenFile(name, os.O_RDWR, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	if err := f.Sync(); err != nil {
+		return 0, err
+	}
+	st, err := f.Stat()
 	if err != nil {
 		return 0, err
 	}
