@@ -155,6 +155,9 @@ func (s *Server) Backup(ctx context.Context, by Admin, dest string) (BackupResul
 	n, err := dirSrc.CopyTo(ctx, filepath.Join(tmp, "directory.db"))
 	dirSrc.Close()
 	if err != nil {
+		if ctx.Err() != nil {
+			return BackupResult{}, s.backupCancelled(ctx)
+		}
 		return BackupResult{}, backupError(err)
 	}
 	res.Bytes += n
@@ -162,6 +165,9 @@ func (s *Server) Backup(ctx context.Context, by Admin, dest string) (BackupResul
 		defer src.Close()
 		n, err := src.CopyTo(ctx, filepath.Join(tmp, "streams", id+".db"))
 		if err != nil {
+			if ctx.Err() != nil {
+				return s.backupCancelled(ctx)
+			}
 			return backupError(err)
 		}
 		res.Bytes += n
@@ -194,7 +200,7 @@ func (s *Server) Backup(ctx context.Context, by Admin, dest string) (BackupResul
 			return BackupResult{}, err
 		}
 		if ctx.Err() != nil {
-			return BackupResult{}, itx.Errorf(itx.ECancelled, "backup: %v", ctx.Err())
+			return BackupResult{}, s.backupCancelled(ctx)
 		}
 	}
 
@@ -224,6 +230,15 @@ func (s *Server) Backup(ctx context.Context, by Admin, dest string) (BackupResul
 		s.audit(context.Background(), rec)
 	}
 	return res, nil
+}
+
+// backupCancelled is why a backup whose context ended stopped: the server shutting down, or the
+// caller gone.
+func (s *Server) backupCancelled(ctx context.Context) error {
+	if s.base.Err() != nil {
+		return itx.Errorf(itx.EUnavailable, "backup: the server is shutting down; nothing was written")
+	}
+	return itx.Errorf(itx.ECancelled, "backup: %v; nothing was written", ctx.Err())
 }
 
 func backupError(err error) error {
@@ -275,7 +290,7 @@ func (s *Server) freezeForBackup(ctx context.Context, run *backupRun) (dirSrc *s
 	defer cancel()
 	timedOut := func() error {
 		if ctx.Err() != nil {
-			return itx.Errorf(itx.ECancelled, "backup: %v", ctx.Err())
+			return s.backupCancelled(ctx)
 		}
 		return itx.Errorf(itx.EUnavailable, "backup: the loaded streams did not all stop within %s; nothing was written", BackupFreezeTimeout)
 	}
@@ -359,11 +374,17 @@ func (s *Server) freezeForBackup(ctx context.Context, run *backupRun) (dirSrc *s
 	at = s.clock.Now()
 	dirSrc, err = s.dir.HoldForBackup(fctx)
 	if err != nil {
+		if fctx.Err() != nil {
+			return nil, nil, time.Time{}, 0, timedOut()
+		}
 		return nil, nil, time.Time{}, 0, backupError(err)
 	}
 	ids, err := dirSrc.StreamIDs(fctx)
 	if err != nil {
 		dirSrc.Close()
+		if fctx.Err() != nil {
+			return nil, nil, time.Time{}, 0, timedOut()
+		}
 		return nil, nil, time.Time{}, 0, backupError(err)
 	}
 	run.mu.Lock()

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -47,4 +48,37 @@ func TestBackup_LoadedStreamsStandStillForTheInstant(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, page.Events, 1)
 	require.Equal(t, "before", page.Events[0].Type)
+}
+
+// One backup at a time; one cancelled while the streams stand still releases them at once and
+// leaves nothing behind.
+func TestBackup_OneAtATimeAndCancelled(t *testing.T) {
+	ctx := context.Background()
+	s, projectID := mustOpen(t, Config{DataDir: t.TempDir()})
+	x := StreamRef{ProjectID: projectID, Path: "/x"}
+	_, err := s.Append(ctx, x, []itx.EventInput{{Type: "before"}}, itx.AppendOptions{})
+	require.NoError(t, err)
+	parent := t.TempDir()
+
+	cctx, cancel := context.WithCancel(ctx)
+	var second error
+	backupFrozenHook = func() {
+		_, second = s.Backup(ctx, Admin{}, filepath.Join(parent, "second"))
+		cancel()
+	}
+	t.Cleanup(func() { backupFrozenHook = nil })
+	_, err = s.Backup(cctx, Admin{}, filepath.Join(parent, "first"))
+	backupFrozenHook = nil
+	require.Equal(t, itx.EFailedPrecondition, itx.ErrorCode(second), "%v", second)
+	require.Equal(t, itx.ECancelled, itx.ErrorCode(err), "%v", err)
+	entries, err := os.ReadDir(parent)
+	require.NoError(t, err)
+	require.Empty(t, entries)
+
+	// The stream was released: it takes appends, and the next backup holds them.
+	_, err = s.Append(ctx, x, []itx.EventInput{{Type: "after"}}, itx.AppendOptions{})
+	require.NoError(t, err)
+	res, err := s.Backup(ctx, Admin{}, filepath.Join(parent, "third"))
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Streams)
 }
