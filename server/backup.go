@@ -107,7 +107,16 @@ func (a *actor) holdForBackup(r *freezeReq) {
 //
 // The deployment's /audit stream records each backup written (admin/backup-written: its path,
 // what it holds, who asked), after the instant, so not in the copy itself.
-func (s *Server) Backup(ctx context.Context, by Admin, dest string) (BackupResult, error) {
+func (s *Server) Backup(ctx context.Context, by Admin, dest string) (res BackupResult, err error) {
+	defer func() {
+		if err != nil {
+			s.metrics.Backups.WithLabelValues(string(itx.ErrorCode(err))).Inc()
+			return
+		}
+		s.metrics.Backups.WithLabelValues("ok").Inc()
+		s.metrics.BackupLastOK.Set(float64(res.At.UnixMilli()) / 1000)
+		s.metrics.BackupLastFrozen.Set(res.Frozen.Seconds())
+	}()
 	parent, err := s.checkBackupDest(dest)
 	if err != nil {
 		return BackupResult{}, err
@@ -150,7 +159,7 @@ func (s *Server) Backup(ctx context.Context, by Admin, dest string) (BackupResul
 	if err != nil {
 		return BackupResult{}, err
 	}
-	res := BackupResult{Path: dest, At: at, Frozen: frozen}
+	res = BackupResult{Path: dest, At: at, Frozen: frozen}
 
 	n, err := dirSrc.CopyTo(ctx, filepath.Join(tmp, "directory.db"))
 	dirSrc.Close()

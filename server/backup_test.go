@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/itx-dev/itx"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 )
 
@@ -40,6 +41,8 @@ func TestBackup_LoadedStreamsStandStillForTheInstant(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, res.Streams)
 	require.NoError(t, <-during)
+	require.Equal(t, 1.0, testutil.ToFloat64(s.metrics.Backups.WithLabelValues("ok")))
+	require.Equal(t, float64(res.At.UnixMilli())/1000, testutil.ToFloat64(s.metrics.BackupLastOK))
 	backupFrozenHook = nil
 
 	c, cp := mustOpen(t, Config{DataDir: dest})
@@ -71,6 +74,9 @@ func TestBackup_OneAtATimeAndCancelled(t *testing.T) {
 	backupFrozenHook = nil
 	require.Equal(t, itx.EFailedPrecondition, itx.ErrorCode(second), "%v", second)
 	require.Equal(t, itx.ECancelled, itx.ErrorCode(err), "%v", err)
+	require.Equal(t, 1.0, testutil.ToFloat64(s.metrics.Backups.WithLabelValues(string(itx.ECancelled))))
+	require.Equal(t, 1.0, testutil.ToFloat64(s.metrics.Backups.WithLabelValues(string(itx.EFailedPrecondition))))
+	require.Equal(t, 0.0, testutil.ToFloat64(s.metrics.BackupLastOK))
 	entries, err := os.ReadDir(parent)
 	require.NoError(t, err)
 	require.Empty(t, entries)

@@ -38,6 +38,11 @@ type Metrics struct {
 	ConnectionEvents prometheus.Counter // events sent to connections
 	ConnectionDirect prometheus.Counter // batches the actor sent itself (pushDirect)
 	LiveSubscribers  prometheus.Gauge   // live-state subscribers attached
+
+	// Backups: an operator alerts on the age of the last one written.
+	Backups          *prometheus.CounterVec // by result code ("ok" or an itx code)
+	BackupLastOK     prometheus.Gauge       // unix seconds of the instant the last backup written holds
+	BackupLastFrozen prometheus.Gauge       // seconds the loaded streams stood still for it
 }
 
 // NewHandlerPanics is the counter of RPC handlers that panicked (answered internal), by method.
@@ -125,15 +130,26 @@ func newMetrics() *Metrics {
 		LiveSubscribers: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "itx_live_subscribers", Help: "Live-state subscribers attached.",
 		}),
+		Backups: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "itx_backups_total", Help: "Backups (Admin.backup) by result.",
+		}, []string{"result"}),
+		BackupLastOK: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "itx_backup_last_success_timestamp_seconds", Help: "The instant the last backup written by this process holds (unix seconds; 0: none yet).",
+		}),
+		BackupLastFrozen: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "itx_backup_last_frozen_seconds", Help: "How long the loaded streams stood still for the last backup written.",
+		}),
 	}
 	r.MustRegister(m.DeliveryFailures, m.CommitFailures, m.LateAcks, m.SubscriptionHalts, m.SkippedEvents, m.SubscriptionParks, m.HandlerPanics, m.AppendCalls, m.AppendedEvents, m.AppendedBytes, m.AppendLatency, m.CommitLatency,
 		m.CommitEvents, m.CommitCalls, m.ReadEvents, m.FullDiskReads, m.LoadedStreams, m.RPCConnections,
 		m.OpenConnections, m.Sessions, m.WebhooksInFlight, m.ConnectionEvents, m.ConnectionDirect, m.LiveSubscribers,
+		m.Backups, m.BackupLastOK, m.BackupLastFrozen,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Every receiver kind's failure count exists from the start, at 0, so an alert on its rate
 	// sees 0 rather than no data until the first failure.
 	for _, kind := range []string{itx.KindWebhookPost, itx.KindCopyToStream, itx.KindITXCall, itx.KindProcessorWake} {
 		m.DeliveryFailures.WithLabelValues(kind)
 	}
+	m.Backups.WithLabelValues("ok")
 	return m
 }
