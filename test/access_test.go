@@ -416,6 +416,11 @@ var methodCases = map[string]methodCase{
 	"Admin.deleteProject": {right: itx.RightAdmin, deploymentOnly: true, call: withAdmin(func(ctx context.Context, a schema.Admin) error {
 		return client.DeleteProject(ctx, a, "no-such-project", false)
 	})},
+	// A relative path: refused invalidArgument once the right is granted, so nothing is written.
+	"Admin.backup": {right: itx.RightAdmin, deploymentOnly: true, call: withAdmin(func(ctx context.Context, a schema.Admin) error {
+		_, err := client.Backup(ctx, a, "not-absolute")
+		return err
+	})},
 	"Admin.createToken": {right: itx.RightAdmin, call: withAdmin(func(ctx context.Context, a schema.Admin) error {
 		_, _, err := client.CreateToken(ctx, a, "", client.TokenOptions{Label: "sub-token",
 			Scope: itx.Scope{Prefix: "/in", Rights: []itx.Right{itx.RightAdmin}}})
