@@ -39,16 +39,7 @@ func TestBackup_CopyIsOneInstantUnderLoad(t *testing.T) {
 	proc := startItxd(t, dataDir, "--max-loaded-streams", "4")
 	p := loginItxd(t, proc)
 	a, b := stream(t, p, "/a"), stream(t, p, "/b")
-	for _, x := range []struct {
-		s    schema.Stream
-		path string
-	}{{a, "/b"}, {b, "/a"}} {
-		subs := client.Subscriptions(ctx, x.s)
-		_, _, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "to" + x.path, FilterTypes: []string{"e"},
-			Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: x.path}})
-		require.NoError(t, err)
-		subs.Release()
-	}
+	copyCycle(t, a, b)
 	paths := []string{"/a", "/b"}
 	for i := 0; i < 30; i++ {
 		paths = append(paths, fmt.Sprintf("/many/%02d", i))
@@ -166,17 +157,7 @@ func TestBackup_CopyIsOneInstantUnderLoad(t *testing.T) {
 
 	// The copies between /a and /b finish on the restored server, each event once.
 	ra, rb := stream(t, rp, "/a"), stream(t, rp, "/b")
-	for _, x := range []struct {
-		s    schema.Stream
-		name string
-	}{{ra, "to/b"}, {rb, "to/a"}, {ra, "to/b"}} {
-		info, err := client.Describe(ctx, x.s)
-		require.NoError(t, err)
-		sub := client.Subscription(ctx, x.s, x.name)
-		_, err = client.WaitUntilProcessed(ctx, sub, info.HeadOffset, 20*time.Second)
-		require.NoError(t, err)
-		sub.Release()
-	}
+	waitCopyCycle(t, ra, rb)
 	for _, pair := range [][2]schema.Stream{{ra, rb}, {rb, ra}} {
 		src, err := client.ReadAll(ctx, pair[0], itx.Query{Types: []string{"e"}})
 		require.NoError(t, err)

@@ -177,16 +177,7 @@ func TestCrash_Kill9CopyCycle(t *testing.T) {
 	ctx := ctxT(t)
 	p := loginItxd(t, proc)
 	a, b := stream(t, p, "/a"), stream(t, p, "/b")
-	for _, x := range []struct {
-		s    schema.Stream
-		path string
-	}{{a, "/b"}, {b, "/a"}} {
-		subs := client.Subscriptions(ctx, x.s)
-		_, _, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "to" + x.path, FilterTypes: []string{"e"},
-			Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: x.path}})
-		require.NoError(t, err)
-		subs.Release()
-	}
+	copyCycle(t, a, b)
 	const n = 200
 	for i := 0; i < n; i += 50 {
 		batch := make([]itx.EventInput, 50)
@@ -203,6 +194,33 @@ func TestCrash_Kill9CopyCycle(t *testing.T) {
 	p = loginItxd(t, proc)
 	a, b = stream(t, p, "/a"), stream(t, p, "/b")
 	waitUntil(t, "all copied", func() bool { return countType(t, b, "e") >= n })
+	waitCopyCycle(t, a, b)
+	require.Equal(t, n, countType(t, a, "e"))
+	require.Equal(t, n, countType(t, b, "e"))
+}
+
+// copyCycle configures /a -> /b ("to/b") and /b -> /a ("to/a"), copies of the "e" events: a
+// cycle, which provenance ends.
+func copyCycle(t *testing.T, a, b schema.Stream) {
+	t.Helper()
+	ctx := ctxT(t)
+	for _, x := range []struct {
+		s    schema.Stream
+		path string
+	}{{a, "/b"}, {b, "/a"}} {
+		subs := client.Subscriptions(ctx, x.s)
+		_, _, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "to" + x.path, FilterTypes: []string{"e"},
+			Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: x.path}})
+		require.NoError(t, err)
+		subs.Release()
+	}
+}
+
+// waitCopyCycle waits until both copies of copyCycle have delivered through their streams' heads
+// (/a's again after /b's, whose copies into /a it then holds).
+func waitCopyCycle(t *testing.T, a, b schema.Stream) {
+	t.Helper()
+	ctx := ctxT(t)
 	for _, x := range []struct {
 		s    schema.Stream
 		name string
@@ -214,8 +232,6 @@ func TestCrash_Kill9CopyCycle(t *testing.T) {
 		require.NoError(t, err)
 		sub.Release()
 	}
-	require.Equal(t, n, countType(t, a, "e"))
-	require.Equal(t, n, countType(t, b, "e"))
 }
 
 // The guestbook killed with kill -9 under appends mixed with ephemeral events: after the restart
