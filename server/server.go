@@ -30,6 +30,12 @@ type Config struct {
 
 	IdleTimeout      time.Duration // unload an unused stream after this; default itx.IdleActorTeardown
 	MaxLoadedStreams int           // unload least recently used idle streams above this; default 1024
+	// Scheduled backups (backup_schedule.go): every BackupEvery (0: none) a backup is written
+	// under BackupDir (absolute, existing, outside the data directory), and all but the newest
+	// BackupKeep of them (default DefaultBackupKeep, at most MaxBackupKeep) are deleted.
+	BackupDir   string
+	BackupEvery time.Duration
+	BackupKeep  int
 	// MaxHeldStreams bounds the streams loaded at once, idle or not: a call (or a connection, a
 	// live-state handle, a delivery) that needs one more while that many are loaded and none is
 	// idle fails with limitExceeded. Each costs goroutines and SQLite file descriptors, so itxd
@@ -129,7 +135,10 @@ type Server struct {
 	// backup is the backup in progress (backup.go); backupMu lets one run at a time.
 	backup   *backupRun
 	backupMu sync.Mutex
-	sweepT   itx.Timer
+	backupT  itx.Timer // the next scheduled backup (under mu)
+	// backupsArmed counts the scheduled backups armed (under mu), for tests to wait on.
+	backupsArmed int
+	sweepT       itx.Timer
 
 	backend    streamBackend
 	egress     EgressPolicy
@@ -179,6 +188,9 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	if cfg.IdleTimeout <= 0 {
 		cfg.IdleTimeout = itx.IdleActorTeardown
+	}
+	if err := checkBackupSchedule(&cfg); err != nil {
+		return nil, fmt.Errorf("open server: %w", err)
 	}
 	if cfg.MaxLoadedStreams <= 0 {
 		cfg.MaxLoadedStreams = 1024
@@ -295,6 +307,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	s.refreshStaleSummaries(ctx)
 	s.appendPendingAudits(ctx)
 	s.scheduleSweep()
+	s.scheduleBackups()
 	go s.wakeDue()
 	if s.procVersionChanged {
 		go s.loadForNewVersion(cfg.Processors.Version())
@@ -377,6 +390,9 @@ func (s *Server) Close(ctx context.Context) error {
 	s.closing = true
 	if s.sweepT != nil {
 		s.sweepT.Stop()
+	}
+	if s.backupT != nil {
+		s.backupT.Stop()
 	}
 	// Cancelled under mu: acquire (closing) and pin (the actors' contexts) check and count an
 	// in-flight use under mu too, so none can be added once the wait below starts.

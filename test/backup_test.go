@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -284,4 +285,29 @@ func TestBackup_Kill9DuringABackup(t *testing.T) {
 			}
 		})
 	}
+}
+
+// itxd --backup-dir --backup-every writes its first backup at start (the folder holds none yet),
+// and itxd starts on it.
+func TestBackup_ScheduledByFlags(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real itxd processes")
+	}
+	dataDir, dir := t.TempDir(), t.TempDir()
+	proc := startItxd(t, dataDir, "--backup-dir", dir, "--backup-every", "1h", "--backup-keep", "3")
+	var name string
+	waitUntil(t, "the first scheduled backup", func() bool {
+		entries, err := os.ReadDir(dir)
+		require.NoError(t, err)
+		for _, e := range entries {
+			if strings.HasPrefix(e.Name(), "itx-backup-") {
+				name = e.Name()
+				return true
+			}
+		}
+		return false
+	})
+	require.NoError(t, proc.stop(t))
+	restored := startItxd(t, filepath.Join(dir, name))
+	loginItxd(t, restored)
 }

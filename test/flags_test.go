@@ -58,6 +58,12 @@ func TestItxd_RefusesBadFlagValues(t *testing.T) {
 		{[]string{"--shutdown-timeout", "-1s"}, "--shutdown-timeout"},
 		{[]string{"--shutdown-timeout", "0s"}, "--shutdown-timeout"},
 		{[]string{"--pprof"}, "--metrics"},
+		{[]string{"--backup-every", "1h"}, "without a folder"},
+		{[]string{"--backup-every", "1h", "--backup-dir", "rel"}, "absolute"},
+		{[]string{"--backup-every", "10s", "--backup-dir", "/tmp"}, "too often"},
+		{[]string{"--backup-every", "1h", "--backup-dir", "/tmp", "--backup-keep", "0"}, "--backup-keep must be positive"},
+		{[]string{"--backup-every", "1h", "--backup-dir", "/tmp", "--backup-keep", "1001"}, "keep 1001: want 1 to 1000"},
+		{[]string{"--backup-dir", "/tmp"}, "without an interval"},
 		{[]string{"--tls-cert", "x.pem"}, "--tls-key"},
 		{[]string{"serve"}, `"serve"`},
 	} {

@@ -51,7 +51,7 @@ func (e usageError) Error() string { return e.msg }
 func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
 
 // zeroMeansDefault are the numeric flags whose 0 stands for a default their help names, and
-// --agent-hesitation, whose 0 means "do not wait". Every other number and duration must be
+// --agent-hesitation, whose 0 means "do not wait", and --backup-every, whose 0 means "never". Every other number and duration must be
 // positive: a bound of 0 or less would otherwise be replaced by its default in silence (and a
 // --shutdown-timeout of 0 would race the drain it bounds).
 var zeroMeansDefault = map[string]bool{
@@ -59,6 +59,7 @@ var zeroMeansDefault = map[string]bool{
 	"max-connections-per-stream": true, "max-readers-per-stream": true, "max-mounts-per-project": true,
 	"max-tokens-per-project": true, "max-secrets-per-project": true, "max-streams-per-project": true, "max-live-subscribers-per-stream": true, "max-live-per-login": true,
 	"jsonata-concurrency": true, "agent-hesitation": true, "max-scheduled-per-stream": true,
+	"backup-every": true,
 }
 
 // checkFlags refuses values no flag means: a bound below its range, extra arguments.
@@ -103,6 +104,9 @@ func run() error {
 	addrFile := flag.String("addr-file", "", "write the bound RPC address here once listening")
 	idle := flag.Duration("idle-timeout", 5*time.Minute, "unload a stream nobody has used for this long")
 	maxLoaded := flag.Int("max-loaded-streams", 1024, "unload least recently used idle streams above this many")
+	backupDir := flag.String("backup-dir", "", "write a backup of the data directory here (an absolute path that exists, outside the data directory) every --backup-every, named itx-backup-<UTC time>")
+	backupEvery := flag.Duration("backup-every", 0, "how often to write a scheduled backup into --backup-dir, at least 1m (0: never); the first is due this long after the newest one there")
+	backupKeep := flag.Int("backup-keep", server.DefaultBackupKeep, fmt.Sprintf("scheduled backups kept in --backup-dir (1-%d); older ones are deleted after each new one", server.MaxBackupKeep))
 	maxWebhooks := flag.Int("webhook-max-in-flight", 1024, "webhook requests open at once over all subscriptions; a delivery waits for one within its delivery timeout")
 	maxHeld := flag.Int("max-held-streams", 0, "streams loaded at once, in use or not; a call needing one more fails with limitExceeded (0: from the open-file limit, (RLIMIT_NOFILE - 1024) / 8, between 256 and 16384)")
 	burst := flag.Int("breaker-burst", 0, "circuit breaker burst per stream, in events (0: 100000)")
@@ -196,6 +200,10 @@ func run() error {
 			"give --tls-cert and --tls-key, or --insecure", *listen)
 	}
 
+	if err := server.CheckBackupSchedule(*data, *backupDir, *backupEvery, *backupKeep); err != nil {
+		return usagef("--backup-dir, --backup-every, --backup-keep: %v", err)
+	}
+
 	var log zerolog.Logger
 	if *logFormat == "json" {
 		log = zerolog.New(os.Stderr)
@@ -219,7 +227,8 @@ func run() error {
 	ctx := context.Background()
 	held := heldStreams(*maxHeld)
 	srv, err := server.Open(ctx, server.Config{
-		DataDir: *data, Log: log, IdleTimeout: *idle, MaxLoadedStreams: *maxLoaded, MaxHeldStreams: held, MaxWebhooksInFlight: *maxWebhooks,
+		DataDir: *data, Log: log, IdleTimeout: *idle, MaxLoadedStreams: *maxLoaded,
+		BackupDir: *backupDir, BackupEvery: *backupEvery, BackupKeep: *backupKeep, MaxHeldStreams: held, MaxWebhooksInFlight: *maxWebhooks,
 		BreakerBurst: *burst, BreakerRefillPerMinute: *refill,
 		MaxConnectionsPerStream: *maxConns, MaxLiveSubscribersPerStream: *maxLive, MaxLivePerSession: *maxLivePerLogin, MaxSubscriptionConfigBytes: *maxConfig, MaxHostContractBytes: *maxHostContracts, MaxMountsPerProject: *maxMounts, MaxReadersPerStream: *maxReaders, MaxScheduledPerStream: *maxScheduled,
 		MaxStreamsPerProject: *maxStreams,
