@@ -34,10 +34,11 @@ compare:
 
 ## soak: a mixed load (appenders, webhook, copy, forwarder, followers, churning sessions,
 ## connections, live views, readers) against itxd for 10 minutes, killing it with SIGKILL every
-## minute; checks every acknowledged event reached every consumer and prints itxd's footprint
+## minute, with a scheduled backup every minute; checks every acknowledged event reached every
+## consumer, the newest backup against the live streams, and prints itxd's footprint
 soak:
 	$(GO) build -o bin/itxd ./cmd/itxd
-	cd bench && $(GO) run ./soak -itxd ../bin/itxd -duration 10m -crash-every 1m
+	cd bench && $(GO) run ./soak -itxd ../bin/itxd -duration 10m -crash-every 1m -backup-every 1m
 
 ## fuzz: look for JSONata inputs that hang or exhaust the server (see third_party/jsonata-go/PATCHES.md)
 fuzz:

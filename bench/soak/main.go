@@ -36,6 +36,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -53,6 +54,7 @@ import (
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/schema"
+	"github.com/itx-dev/itx/storage"
 )
 
 var failed atomic.Bool
@@ -150,6 +152,8 @@ type itxd struct {
 	bin, data, metrics string
 	listen             string // "127.0.0.1:0" until the first start, then its address
 	maxLoaded          int
+	backups            string        // --backup-dir ("": none)
+	backupEvery        time.Duration // --backup-every
 	cmd                *exec.Cmd
 	restarts           atomic.Int64
 }
@@ -159,6 +163,9 @@ func (d *itxd) start() error {
 	os.Remove(addrFile)
 	cmd := exec.Command(d.bin, "--listen", d.listen, "--data", d.data, "--addr-file", addrFile,
 		"--log-level", "error", "--metrics", d.metrics, "--processors", "forwarder", "--max-loaded-streams", strconv.Itoa(d.maxLoaded))
+	if d.backups != "" {
+		cmd.Args = append(cmd.Args, "--backup-dir", d.backups, "--backup-every", d.backupEvery.String(), "--backup-keep", "3")
+	}
 	if d.cmd == nil {
 		cmd.Stdout = os.Stdout // the first start prints how to connect
 	}
@@ -283,6 +290,7 @@ func main() {
 	maxLoaded := flag.Int("max-loaded", 50, "itxd's --max-loaded-streams")
 	metricsAddr := flag.String("metrics", "127.0.0.1:7941", "itxd's metrics address")
 	keep := flag.Bool("keep", false, "keep the data directory")
+	backupEvery := flag.Duration("backup-every", 0, "have itxd write a scheduled backup this often (at least 1m; 0: none), and check the newest against the live streams at the end")
 	flag.Parse()
 	crashing := *crashEvery > 0
 
@@ -294,10 +302,17 @@ func main() {
 		fmt.Println("data directory:", data)
 	}
 	srv := &itxd{bin: *bin, data: data, metrics: *metricsAddr, listen: "127.0.0.1:0", maxLoaded: *maxLoaded}
+	if *backupEvery > 0 {
+		srv.backups, srv.backupEvery = data+"-backups", *backupEvery
+		must(os.Mkdir(srv.backups, 0o700), "backup folder")
+		if !*keep {
+			atExit = append(atExit, func() { os.RemoveAll(srv.backups) })
+		}
+	}
 	atExit = append(atExit, srv.kill)
 	must(srv.start(), "start itxd")
 	addr := srv.listen
-	var creds struct{ ProjectToken string }
+	var creds struct{ ProjectToken, ProjectID string }
 	b, err := os.ReadFile(filepath.Join(data, "credentials.json"))
 	must(err, "credentials")
 	must(json.Unmarshal(b, &creds), "credentials")
@@ -485,6 +500,9 @@ func main() {
 		fmt.Printf("calls failed by the kills:\n%s\n", strings.Join(msgs, "\n"))
 	}
 	verify(addr, creds.ProjectToken, led, hook, followers, *many)
+	if srv.backups != "" {
+		verifyBackup(srv.backups, addr, creds.ProjectToken, creds.ProjectID)
+	}
 	endFollow()
 	followWG.Wait()
 
@@ -834,4 +852,77 @@ func over(ctx context.Context) bool {
 	}
 	d, ok := ctx.Deadline()
 	return ok && !time.Now().Before(d)
+}
+
+// verifyBackup reads the newest scheduled backup's files (without starting an itxd on it, whose
+// processors and deliveries would go on writing) and checks that each fixed stream there is a
+// prefix of the live one: the same events at the same offsets.
+func verifyBackup(dir, liveAddr, token, projectID string) {
+	entries, err := os.ReadDir(dir)
+	must(err, "list the backups")
+	var names []string
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), "itx-backup-") {
+			names = append(names, e.Name())
+		}
+	}
+	sort.Strings(names)
+	if len(names) == 0 || len(names) > 3 {
+		fmt.Printf("FAIL backups: %d in %s, want 1 to 3 (--backup-keep 3)\n", len(names), dir)
+		failed.Store(true)
+		return
+	}
+	name := names[len(names)-1]
+	newest := filepath.Join(dir, name)
+	ctx := context.Background()
+	d, err := storage.OpenDirectory(ctx, filepath.Join(newest, "directory.db"))
+	must(err, "open the backup's directory")
+	defer d.Close()
+	conn, err := client.Dial(ctx, liveAddr)
+	must(err, "dial")
+	defer conn.Close()
+	p := conn.Login(ctx, token)
+	defer p.Release()
+	held := 0
+	for _, path := range []string{"/soak/a", "/soak/b", "/soak/fwd"} {
+		st := client.Stream(ctx, p, path)
+		live, err := client.ReadAll(ctx, st, itx.Query{})
+		st.Release()
+		must(err, "read "+path)
+		entry, err := d.Stream(ctx, projectID, path)
+		must(err, "the backup's entry of "+path)
+		if entry == nil {
+			fmt.Printf("FAIL backup %s: no %s\n", name, path)
+			failed.Store(true)
+			continue
+		}
+		snap, err := storage.OpenSnapshot(ctx, filepath.Join(newest, "streams", entry.StreamID+".db"))
+		must(err, "open the backup's "+path)
+		var copied []itx.Event
+		for after := int64(0); ; {
+			page, err := snap.Events(ctx, storage.Query{After: after, UpTo: math.MaxInt64, Limit: 500})
+			must(err, "read the backup's "+path)
+			if len(page) == 0 {
+				break
+			}
+			copied = append(copied, page...)
+			after = page[len(page)-1].Offset
+		}
+		snap.Close()
+		if len(copied) > len(live) {
+			fmt.Printf("FAIL backup %s: %s holds %d events, the live stream %d\n", name, path, len(copied), len(live))
+			failed.Store(true)
+			continue
+		}
+		for i, e := range copied {
+			if e.Offset != live[i].Offset || e.Type != live[i].Type || string(e.Payload) != string(live[i].Payload) {
+				fmt.Printf("FAIL backup %s: %s offset %d differs from the live stream\n", name, path, e.Offset)
+				failed.Store(true)
+				break
+			}
+		}
+		held += len(copied)
+	}
+	fmt.Printf("backups: %d kept; the newest (%s) holds %d events of the fixed streams, each a prefix of the live stream\n",
+		len(names), name, held)
 }
