@@ -284,6 +284,10 @@ func run() error {
 		}()
 	}
 
+	// Caught from before the address is announced: a SIGTERM sent as soon as itxd listens (an
+	// orchestrator, a test) shuts it down cleanly instead of killing it.
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 	serveErr := make(chan error, 1)
 	serving.Store(true)
 	go func() { serveErr <- listener.Serve(ln); serving.Store(false) }()
@@ -297,8 +301,6 @@ func run() error {
 	}
 	announce(log, addr, *data, metricsBound, tlsConfig != nil, held)
 
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 	select {
 	case s := <-sig:
 		log.Info().Str("signal", s.String()).Msg("shutting down: finishing in-flight calls")
