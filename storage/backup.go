@@ -67,9 +67,9 @@ func holdSource(ctx context.Context, db *sql.DB, own *sql.DB) (*BackupSource, er
 }
 
 // CopyTo writes the held database to a new file at dest (mode FileMode) with SQLite's online
-// backup, in one step under the held read transaction, and returns the file's size. The copy
-// is a WAL database like its source (its header says so), on disk when CopyTo returns; its
-// folder entry is the caller's to sync.
+// backup, in one step under the held read transaction, checks it with SQLite's quick_check, and
+// returns the file's size. The copy is a WAL database like its source (its header says so), on
+// disk when CopyTo returns; its folder entry is the caller's to sync.
 func (b *BackupSource) CopyTo(ctx context.Context, dest string) (int64, error) {
 	if _, err := os.Lstat(dest); err == nil {
 		return 0, fmt.Errorf("backup to %s: the file exists", dest)
@@ -137,7 +137,7 @@ func copyInto(ctx context.Context, db *sql.DB, src *sql.Conn) error {
 		return err
 	}
 	defer dc.Close()
-	return src.Raw(func(s any) error {
+	err = src.Raw(func(s any) error {
 		return dc.Raw(func(d any) error {
 			sc, ok1 := s.(*sqlite3.SQLiteConn)
 			dconn, ok2 := d.(*sqlite3.SQLiteConn)
@@ -158,6 +158,19 @@ func copyInto(ctx context.Context, db *sql.DB, src *sql.Conn) error {
 			return err
 		})
 	})
+	if err != nil {
+		return err
+	}
+	// The copy checked as a database before it counts: a page the source's disk corrupted is
+	// found now, not at the restore.
+	var check string
+	if err := dc.QueryRowContext(ctx, "PRAGMA quick_check(1)").Scan(&check); err != nil {
+		return fmt.Errorf("check the copy: %w", err)
+	}
+	if check != "ok" {
+		return fmt.Errorf("the copy fails SQLite's quick_check: %s", check)
+	}
+	return nil
 }
 
 // Close ends the read transaction and returns (or closes) its connection.

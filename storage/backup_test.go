@@ -77,3 +77,26 @@ func TestBackupSource_RefusesAnExistingFileAndAMissingSource(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, c.Close())
 }
+
+// A source whose pages the disk corrupted makes a copy that fails quick_check: the backup says
+// so instead of keeping it.
+func TestBackupSource_RefusesACorruptCopy(t *testing.T) {
+	ctx := context.Background()
+	s, file := mustCreateStream(t)
+	require.NoError(t, s.Commit(ctx, Commit{Events: events(1, 2000, 0), HeadOffset: 2000, LastAppendAt: 1}))
+	require.NoError(t, s.Close())
+
+	b, err := os.ReadFile(file)
+	require.NoError(t, err)
+	require.Greater(t, len(b), 8*4096)
+	for i := 5 * 4096; i < 6*4096; i++ { // a page in the middle of the events' b-tree
+		b[i] = 0xA5
+	}
+	bad := filepath.Join(t.TempDir(), "bad.db")
+	require.NoError(t, os.WriteFile(bad, b, FileMode))
+	src, err := OpenBackupSource(ctx, bad)
+	require.NoError(t, err)
+	defer src.Close()
+	_, err = src.CopyTo(ctx, filepath.Join(t.TempDir(), "copy.db"))
+	require.ErrorContains(t, err, "quick_check")
+}
