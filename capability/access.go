@@ -233,11 +233,12 @@ var methodRights = map[string]rightSet{
 	"Admin.listTokens":    rAdmin,
 	"Admin.revokeToken":   rAdmin,
 	"Admin.backup":        rAdmin,
+	"Admin.download":      rAdmin,
 }
 
 // clientServed lists the interfaces a client implements and the server only calls: they have no
 // scope rule because itxd never serves them.
-var clientServed = map[string]bool{"EventSink": true, "Receiver": true, "LiveSubscriber": true, "ProcessorHost": true}
+var clientServed = map[string]bool{"EventSink": true, "Receiver": true, "LiveSubscriber": true, "ProcessorHost": true, "BackupSink": true}
 
 // whileValid derives the context of a call that waits (a barrier): cancelled when the session
 // ends (its token revoked or expired), so the wait ends with the session as its pushes do.

@@ -2,6 +2,7 @@ package capability
 
 import (
 	"context"
+	"time"
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/schema"
@@ -302,6 +303,58 @@ func (a *admin) Backup(ctx context.Context, call schema.Admin_backup) error {
 		return err
 	}
 	if err := r.SetPath(out.Path); err != nil {
+		return err
+	}
+	r.SetStreams(uint32(out.Streams))
+	r.SetBytes(uint64(out.Bytes))
+	r.SetAt(itx.UnixMilli(out.At))
+	r.SetFrozenMicros(out.Frozen.Microseconds())
+	return nil
+}
+
+// backupWriteTimeout bounds how long a download waits for the caller's sink to take one part:
+// a sink that stops answering ends the download (and its scratch copy on the server).
+const backupWriteTimeout = time.Minute
+
+func (a *admin) Download(ctx context.Context, call schema.Admin_download) error {
+	if err := a.deployment("download"); err != nil {
+		return fail(err)
+	}
+	sink := call.Args().Sink()
+	if !sink.IsValid() {
+		return fail(itx.Errorf(itx.EInvalid, "download: no sink"))
+	}
+	sink = sink.AddRef()
+	defer sink.Release()
+	call.Go()
+	out, err := a.srv.Download(ctx, a.by(), func(path string, offset int64, data []byte) error {
+		wctx, cancel := context.WithTimeout(ctx, backupWriteTimeout)
+		defer cancel()
+		fut, release := sink.Write(wctx, func(p schema.BackupSink_write_Params) error {
+			p.SetOffset(uint64(offset))
+			if err := p.SetData(data); err != nil {
+				return err
+			}
+			return p.SetPath(path)
+		})
+		defer release()
+		if _, err := fut.Struct(); err != nil {
+			if wctx.Err() != nil && ctx.Err() == nil {
+				return itx.Errorf(itx.EUnavailable, "download: the sink did not take %s at %d within %s", path, offset, backupWriteTimeout)
+			}
+			return itx.Errorf(itx.EUnavailable, "download: the sink refused %s at %d: %v", path, offset, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return fail(err)
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	r, err := res.NewResult()
+	if err != nil {
 		return err
 	}
 	r.SetStreams(uint32(out.Streams))

@@ -2,6 +2,11 @@ package client
 
 import (
 	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sync"
 	"time"
 
 	"github.com/itx-dev/itx"
@@ -215,4 +220,164 @@ func Backup(ctx context.Context, a schema.Admin, path string) (BackupResult, err
 		Path: p, Streams: int(r.Streams()), Bytes: int64(r.Bytes()),
 		At: time.UnixMilli(r.At()).UTC(), Frozen: time.Duration(r.FrozenMicros()) * time.Microsecond,
 	}, nil
+}
+
+// DownloadBackup has itxd send a copy of its whole data directory, as it stood at one instant
+// (the copy Backup writes), to dir on this machine: a new directory (it must not exist; its
+// folder must), written beside it and renamed into place once every file is on disk, so a
+// failed download leaves nothing at dir. itxd needs room for one copy in its data directory
+// meanwhile. The deployment root only. Start itxd with --data on dir to restore it.
+func DownloadBackup(ctx context.Context, a schema.Admin, dir string) (BackupResult, error) {
+	dir = filepath.Clean(dir)
+	if _, err := os.Lstat(dir); err == nil {
+		return BackupResult{}, itx.Errorf(itx.EFailedPrecondition, "download: %s exists (a backup is a new directory)", dir)
+	}
+	tmp, err := os.MkdirTemp(filepath.Dir(dir), "."+filepath.Base(dir)+".itx-download-")
+	if err != nil {
+		return BackupResult{}, err
+	}
+	done := false
+	defer func() {
+		if !done {
+			os.RemoveAll(tmp)
+		}
+	}()
+	if err := os.Mkdir(filepath.Join(tmp, "streams"), 0o700); err != nil {
+		return BackupResult{}, err
+	}
+	sink := &backupSink{dir: tmp, files: map[string]*os.File{}}
+	defer sink.close()
+	fut, release := a.Download(ctx, func(p schema.Admin_download_Params) error {
+		return p.SetSink(schema.BackupSink_ServerToClient(sink))
+	})
+	defer release()
+	res, err := fut.Struct()
+	if err != nil {
+		return BackupResult{}, err
+	}
+	r, err := res.Result()
+	if err != nil {
+		return BackupResult{}, err
+	}
+	if err := sink.finish(); err != nil {
+		return BackupResult{}, err
+	}
+	if err := os.Rename(tmp, dir); err != nil {
+		return BackupResult{}, err
+	}
+	done = true
+	if err := syncDir(filepath.Dir(dir)); err != nil {
+		return BackupResult{}, err
+	}
+	return BackupResult{
+		Path: dir, Streams: int(r.Streams()), Bytes: int64(r.Bytes()),
+		At: time.UnixMilli(r.At()).UTC(), Frozen: time.Duration(r.FrozenMicros()) * time.Microsecond,
+	}, nil
+}
+
+// backupSink writes the files of a download under dir: only the names a data directory holds,
+// each from offset 0 on, part after part.
+type backupSink struct {
+	mu    sync.Mutex
+	dir   string
+	files map[string]*os.File
+	size  map[string]int64
+	err   error
+}
+
+var streamFileName = regexp.MustCompile(`^streams/[A-Za-z0-9-]{1,64}\.db$`)
+
+func (s *backupSink) Write(ctx context.Context, call schema.BackupSink_write) error {
+	args := call.Args()
+	path, err := args.Path()
+	if err != nil {
+		return err
+	}
+	data, err := args.Data()
+	if err != nil {
+		return err
+	}
+	return s.part(path, args.Offset(), data)
+}
+
+// part writes one part of a file of the download.
+func (s *backupSink) part(path string, offset uint64, data []byte) error {
+	var err error
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err != nil {
+		return s.err
+	}
+	if path != "directory.db" && path != "credentials.json" && !streamFileName.MatchString(path) {
+		s.err = itx.Errorf(itx.EInvalid, "download: itxd sent a file named %q, which no data directory holds", path)
+		return s.err
+	}
+	if s.size == nil {
+		s.size = map[string]int64{}
+	}
+	f := s.files[path]
+	if f == nil {
+		if offset != 0 {
+			s.err = itx.Errorf(itx.EInvalid, "download: %s began at offset %d", path, offset)
+			return s.err
+		}
+		if f, err = os.OpenFile(filepath.Join(s.dir, filepath.FromSlash(path)), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600); err != nil {
+			s.err = err
+			return err
+		}
+		s.files[path] = f
+	}
+	if int64(offset) != s.size[path] {
+		s.err = itx.Errorf(itx.EInvalid, "download: %s part at %d, want %d", path, offset, s.size[path])
+		return s.err
+	}
+	if _, err := f.Write(data); err != nil {
+		s.err = err
+		return err
+	}
+	s.size[path] += int64(len(data))
+	return nil
+}
+
+// finish syncs every file and the folders; the download holds a data directory's files.
+func (s *backupSink) finish() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err != nil {
+		return s.err
+	}
+	if s.files["directory.db"] == nil {
+		return itx.Errorf(itx.EInternal, "download: itxd sent no directory.db")
+	}
+	for _, f := range s.files {
+		if err := f.Sync(); err != nil {
+			return err
+		}
+	}
+	for _, d := range []string{filepath.Join(s.dir, "streams"), s.dir} {
+		if err := syncDir(d); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *backupSink) close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, f := range s.files {
+		f.Close()
+	}
+	if s.err == nil {
+		s.err = errors.New("download: closed")
+	}
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
 }

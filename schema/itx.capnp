@@ -597,6 +597,18 @@ interface Admin {
   # after it: the copy is what a kill -9 at that instant would have left. Loaded streams stand
   # still while the instant is taken (frozenMicros); the copy is written after, while they run.
   backup @7 (path :Text) -> (result :BackupResult);
+  # The deployment root only. The same copy, sent to the caller's sink instead of written to a
+  # path on the server (itxd writes it to a scratch folder in its data directory first, and
+  # deletes it after): for a server the operator has no shell on. result.path is empty.
+  download @8 (sink :BackupSink) -> (result :BackupResult);
+}
+
+# A client's end of Admin.download: itxd writes the copy's files to it, one after another, each
+# in parts of at most 1 MiB in order (offset 0, then each part's end). Paths are relative and
+# one of directory.db, credentials.json, streams/<stream id>.db. An exception from write ends
+# the download (nothing is left on the server).
+interface BackupSink {
+  write @0 (path :Text, offset :UInt64, data :Data) -> ();
 }
 
 struct BackupResult {

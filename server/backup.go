@@ -107,7 +107,17 @@ func (a *actor) holdForBackup(r *freezeReq) {
 //
 // The deployment's /audit stream records each backup written (admin/backup-written: its path,
 // what it holds, who asked), after the instant, so not in the copy itself.
-func (s *Server) Backup(ctx context.Context, by Admin, dest string) (res BackupResult, err error) {
+func (s *Server) Backup(ctx context.Context, by Admin, dest string) (BackupResult, error) {
+	parent, err := s.checkBackupDest(dest)
+	if err != nil {
+		s.metrics.Backups.WithLabelValues(string(itx.ErrorCode(err))).Inc()
+		return BackupResult{}, err
+	}
+	return s.backupTo(ctx, by, parent, dest, dest)
+}
+
+// backupTo writes the backup to dest, a new folder in parent; audited as written to label.
+func (s *Server) backupTo(ctx context.Context, by Admin, parent, dest, label string) (res BackupResult, err error) {
 	defer func() {
 		if err != nil {
 			s.metrics.Backups.WithLabelValues(string(itx.ErrorCode(err))).Inc()
@@ -117,10 +127,6 @@ func (s *Server) Backup(ctx context.Context, by Admin, dest string) (res BackupR
 		s.metrics.BackupLastOK.Set(float64(res.At.UnixMilli()) / 1000)
 		s.metrics.BackupLastFrozen.Set(res.Frozen.Seconds())
 	}()
-	parent, err := s.checkBackupDest(dest)
-	if err != nil {
-		return BackupResult{}, err
-	}
 	if !s.backupMu.TryLock() {
 		return BackupResult{}, itx.Errorf(itx.EFailedPrecondition, "a backup is already running")
 	}
@@ -231,10 +237,10 @@ func (s *Server) Backup(ctx context.Context, by Admin, dest string) (res BackupR
 	if err := syncDir(parent); err != nil {
 		return BackupResult{}, backupError(err)
 	}
-	s.log.Info().Str("path", dest).Int("streams", res.Streams).Int64("bytes", res.Bytes).
+	s.log.Info().Str("path", label).Int("streams", res.Streams).Int64("bytes", res.Bytes).
 		Dur("frozen", res.Frozen).Str("by", by.TokenID).Msg("backup written")
 	if rec, err := auditRecord(by, AuditBackupWritten, map[string]any{
-		"path": dest, "at": itx.UnixMilli(res.At), "streams": res.Streams, "bytes": res.Bytes,
+		"path": label, "at": itx.UnixMilli(res.At), "streams": res.Streams, "bytes": res.Bytes,
 	}); err == nil {
 		s.audit(context.Background(), rec)
 	}

@@ -267,6 +267,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	if err := prepareDataDir(cfg.DataDir, cfg.Log); err != nil {
 		return nil, fmt.Errorf("open server: %w", err)
 	}
+	removeDownloadScratch(cfg.DataDir)
 	dir, err := storage.OpenDirectory(ctx, filepath.Join(cfg.DataDir, "directory.db"))
 	if err != nil {
 		return nil, fmt.Errorf("open server: %w", err)

@@ -2,6 +2,8 @@ package test
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"sort"
 	"testing"
 	"time"
@@ -51,7 +53,7 @@ func served(t *testing.T) []string {
 	require.NoError(t, err)
 	nodes, err := req.Nodes()
 	require.NoError(t, err)
-	clientSide := map[string]bool{"EventSink": true, "Receiver": true, "LiveSubscriber": true, "ProcessorHost": true}
+	clientSide := map[string]bool{"EventSink": true, "Receiver": true, "LiveSubscriber": true, "ProcessorHost": true, "BackupSink": true}
 	var out []string
 	for i := 0; i < nodes.Len(); i++ {
 		n := nodes.At(i)
@@ -419,6 +421,12 @@ var methodCases = map[string]methodCase{
 	// A relative path: refused invalidArgument once the right is granted, so nothing is written.
 	"Admin.backup": {right: itx.RightAdmin, deploymentOnly: true, call: withAdmin(func(ctx context.Context, a schema.Admin) error {
 		_, err := client.Backup(ctx, a, "not-absolute")
+		return err
+	})},
+	"Admin.download": {right: itx.RightAdmin, deploymentOnly: true, call: withAdmin(func(ctx context.Context, a schema.Admin) error {
+		dir := filepath.Join(os.TempDir(), "itx-scope-download-"+randomName())
+		defer os.RemoveAll(dir)
+		_, err := client.DownloadBackup(ctx, a, dir)
 		return err
 	})},
 	"Admin.createToken": {right: itx.RightAdmin, call: withAdmin(func(ctx context.Context, a schema.Admin) error {

@@ -311,3 +311,67 @@ func TestBackup_ScheduledByFlags(t *testing.T) {
 	restored := startItxd(t, filepath.Join(dir, name))
 	loginItxd(t, restored)
 }
+
+// Admin.download sends the copy over the connection: written on the caller's machine, it
+// restores like a backup written on the server; the server keeps no scratch copy; a project token
+// is refused.
+func TestBackup_Download(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real itxd processes")
+	}
+	ctx := ctxT(t)
+	dataDir := t.TempDir()
+	proc := startItxd(t, dataDir)
+	p := loginItxd(t, proc)
+	want := map[string]int{}
+	for i := 0; i < 5; i++ {
+		path := fmt.Sprintf("/d/%d", i)
+		s := stream(t, p, path)
+		n := 1 + i*2000 // the largest streams' files span several 1 MiB parts
+		for j := 0; j < n; j += 500 {
+			batch := make([]itx.EventInput, min(500, n-j))
+			for k := range batch {
+				batch[k] = ev("e", fmt.Sprintf(`{"i":%d,"pad":"%0200d"}`, j+k, 0))
+			}
+			_, err := client.Append(ctx, s, batch, itx.AppendOptions{})
+			require.NoError(t, err)
+		}
+		want[path] = n
+	}
+	_, err := client.DownloadBackup(ctx, client.Admin(ctx, p), filepath.Join(t.TempDir(), "x"))
+	requireCode(t, err, itx.EPermissionDenied)
+
+	admin := client.Admin(ctx, dial(t, proc.addr).Login(ctx, proc.creds.DeploymentToken))
+	parent := t.TempDir()
+	dest := filepath.Join(parent, "copy")
+	res, err := client.DownloadBackup(ctx, admin, dest)
+	require.NoError(t, err)
+	require.Equal(t, dest, res.Path)
+	require.Equal(t, len(want), res.Streams)
+	entries, err := os.ReadDir(parent)
+	require.NoError(t, err)
+	require.Len(t, entries, 1) // the copy alone: the temporary folder was renamed
+	entries, err = os.ReadDir(dataDir)
+	require.NoError(t, err)
+	for _, e := range entries {
+		require.False(t, strings.HasPrefix(e.Name(), ".itx-download-"), "scratch copy %s left in the data directory", e.Name())
+	}
+	large := 0
+	files, err := os.ReadDir(filepath.Join(dest, "streams"))
+	require.NoError(t, err)
+	for _, f := range files {
+		if info, err := f.Info(); err == nil && info.Size() > 2<<20 {
+			large++
+		}
+	}
+	require.Greater(t, large, 0, "no stream file spans several parts")
+	_, err = client.DownloadBackup(ctx, admin, dest)
+	requireCode(t, err, itx.EFailedPrecondition)
+	require.NoError(t, proc.stop(t))
+
+	restored := startItxd(t, dest)
+	rp := loginItxd(t, restored)
+	for path, n := range want {
+		require.Equal(t, n, countType(t, stream(t, rp, path), "e"), path)
+	}
+}

@@ -35,6 +35,9 @@ The data directory (the deployment root's token):
   backup <absolute-path>                     itxd writes a copy of its whole data directory, as it
                                              stood at one instant, to a new directory at that path
                                              on the server's machine; itxd --data <path> restores it
+  download-backup <dir>                      the same copy, sent over the connection and written to a
+                                             new directory on this machine (for a server you have
+                                             no shell on)
 
 Flags may come before or after the arguments; after --, everything is an argument.
 Without --token, itx admin uses the deployment token of the local data directory (--data).
@@ -70,7 +73,7 @@ func adminValueFlags() map[string]bool {
 // adminArgCounts is how many arguments (besides flags) each admin command takes.
 var adminArgCounts = map[string]int{
 	"projects": 0, "create-project": 1, "rename-project": 2, "delete-project": 1,
-	"tokens": 0, "create-token": 0, "revoke-token": 1, "backup": 1,
+	"tokens": 0, "create-token": 0, "revoke-token": 1, "backup": 1, "download-backup": 1,
 }
 
 // runAdmin runs `itx admin ...`: one administrative call, its result printed as JSON (indented,
@@ -191,6 +194,11 @@ func runAdmin(args []string, conf resolved, tlsConfig *tls.Config, env environme
 	case "backup":
 		var r client.BackupResult
 		if r, err = client.Backup(ctx, a, rest[0]); err == nil {
+			out = repl.BackupOf(r)
+		}
+	case "download-backup":
+		var r client.BackupResult
+		if r, err = client.DownloadBackup(ctx, a, rest[0]); err == nil {
 			out = repl.BackupOf(r)
 		}
 	}
