@@ -331,6 +331,18 @@ func TestRun_AdminBackup(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(out), &res))
 	require.Equal(t, second, res.Path)
 
+	downloaded := filepath.Join(t.TempDir(), "downloaded")
+	code, out, errs = c.run("", "--data", s.Dir, "--addr", s.Addr, "admin", "download-backup", downloaded)
+	require.Equal(t, exitOK, code, "stderr: %s", errs)
+	require.NoError(t, json.Unmarshal([]byte(out), &res))
+	require.Equal(t, downloaded, res.Path)
+	require.Equal(t, 2, res.Streams) // /a, and the deployment's /audit since the first backup
+
+	restoredDownload := itxtest.Start(t, server.Config{DataDir: downloaded})
+	code, out, errs = c.run("", "--data", downloaded, "--addr", restoredDownload.Addr, "--json", "-e", `project.streams.get("/a").getEvents()`)
+	require.Equal(t, exitOK, code, "stderr: %s", errs)
+	require.Contains(t, out, `"n":1`)
+
 	restored := itxtest.Start(t, server.Config{DataDir: dest})
 	code, out, errs = c.run("", "--data", dest, "--addr", restored.Addr, "--json", "-e", `project.streams.get("/a").getEvents()`)
 	require.Equal(t, exitOK, code, "stderr: %s", errs)
