@@ -21,6 +21,12 @@ import (
 // backups (append-*-us) and for as long again without one (append-*-us-nobackup), and the
 // copy's rate (MB/s of database files written).
 func BenchmarkBackup(b *testing.B) {
+	b.Run("to-path", func(b *testing.B) { benchBackup(b, false) })
+	// download: the same copy sent over the connection to a BackupSink in this process.
+	b.Run("download", func(b *testing.B) { benchBackup(b, true) })
+}
+
+func benchBackup(b *testing.B, download bool) {
 	const streams, perStream = 100, 2000
 	srv := startBenchItxd(b, noBreaker...)
 	p := srv.project(b)
@@ -76,7 +82,11 @@ func BenchmarkBackup(b *testing.B) {
 		mu.Lock()
 		measuring = true
 		mu.Unlock()
-		res, err := client.Backup(ctx, admin, filepath.Join(dir, fmt.Sprintf("b%d", i)))
+		backup := client.Backup
+		if download {
+			backup = client.DownloadBackup
+		}
+		res, err := backup(ctx, admin, filepath.Join(dir, fmt.Sprintf("b%d", i)))
 		mu.Lock()
 		measuring = false
 		mu.Unlock()
