@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"flag"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -337,6 +338,14 @@ func TestRun_AdminBackup(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(out), &res))
 	require.Equal(t, downloaded, res.Path)
 	require.Equal(t, 2, res.Streams) // /a, and the deployment's /audit since the first backup
+
+	third := filepath.Join(t.TempDir(), "third")
+	code, out, errs = c.run("", "--addr", s.Addr, "--token", creds.DeploymentToken, "--json", "-e", `project.admin.download("`+third+`")`)
+	require.Equal(t, exitOK, code, "stderr: %s", errs)
+	require.NoError(t, json.Unmarshal([]byte(out), &res))
+	require.Equal(t, third, res.Path)
+	_, err = os.Stat(filepath.Join(third, "directory.db"))
+	require.NoError(t, err)
 
 	restoredDownload := itxtest.Start(t, server.Config{DataDir: downloaded})
 	code, out, errs = c.run("", "--data", downloaded, "--addr", restoredDownload.Addr, "--json", "-e", `project.streams.get("/a").getEvents()`)

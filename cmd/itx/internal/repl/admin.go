@@ -24,6 +24,7 @@ func init() {
 		"listTokens":    {"listTokens(projectId?) -> [{id, label, createdAt, lastUsedAt, expiresAt, prefix, rights}]", adminListTokens},
 		"revokeToken":   {"revokeToken(projectId, tokenId) (at once: its sessions are disconnected)", adminRevokeToken},
 		"backup":        {"backup(path) -> {path, streams, bytes, at, frozenMs} (the deployment root: itxd copies its data directory, as it stood at one instant, to a new directory at that absolute path on its machine; itxd --data <path> restores it)", adminBackup},
+		"download":      {"download(dir) -> {path, streams, bytes, at, frozenMs} (the deployment root: the same copy, sent over the connection and written to a new directory dir on this machine)", adminDownload},
 	}
 	navigators["Project.admin"] = func(ctx context.Context, c capnp.Client, _ string) (capnp.Client, capnp.ReleaseFunc) {
 		f, release := schema.Project(c).Admin(ctx, nil)
@@ -226,6 +227,22 @@ func adminBackup(ctx context.Context, s *Session, c capnp.Client, _ capPath, arg
 		return nil, err
 	}
 	r, err := client.Backup(ctx, schema.Admin(c), path)
+	if err != nil {
+		return nil, err
+	}
+	return BackupOf(r), nil
+}
+
+func adminDownload(ctx context.Context, s *Session, c capnp.Client, _ capPath, args []goja.Value) (any, error) {
+	o, err := s.params("Admin.download", args, []string{"dir"}, "dir")
+	if err != nil {
+		return nil, err
+	}
+	dir := o.str("dir")
+	if err := o.err(); err != nil {
+		return nil, err
+	}
+	r, err := client.DownloadBackup(ctx, schema.Admin(c), dir)
 	if err != nil {
 		return nil, err
 	}
