@@ -145,6 +145,9 @@ func (s *Server) backupTo(ctx context.Context, by Admin, parent, dest, label str
 	stop := context.AfterFunc(s.base, cancel)
 	defer stop()
 
+	if err := s.checkBackupRoom(parent); err != nil {
+		return BackupResult{}, err
+	}
 	tmp, err := os.MkdirTemp(parent, "."+filepath.Base(dest)+".itx-backup-")
 	if err != nil {
 		return BackupResult{}, itx.Errorf(storage.ErrorCode(err), "backup: %v", err)
@@ -261,6 +264,48 @@ func backupError(err error) error {
 		return err
 	}
 	return itx.Errorf(storage.ErrorCode(err), "backup: %v", err)
+}
+
+// backupRoomMargin is the space a backup leaves free beyond its copy's expected size (the data
+// directory's database files, plus a tenth): a backup on the data directory's disk must not fill
+// it, or appends would fail for want of space.
+const backupRoomMargin = 64 << 20
+
+// backupFreeBytes reads a file system's free space (tests replace it).
+var backupFreeBytes = freeBytes
+
+// checkBackupRoom refuses a backup whose copy would not fit on parent's file system with the
+// margin to spare (resourceExhausted), before anything is written.
+func (s *Server) checkBackupRoom(parent string) error {
+	free, ok := backupFreeBytes(parent)
+	if !ok {
+		return nil
+	}
+	size := dataDirBytes(s.cfg.DataDir)
+	if need := size + size/10 + backupRoomMargin; free < need {
+		return itx.Errorf(itx.EResourceExhausted, "backup: %s has %d MiB free; a copy of the data directory (%d MiB) needs about %d MiB with the margin a backup leaves", parent, free>>20, size>>20, need>>20)
+	}
+	return nil
+}
+
+// dataDirBytes is the size of the data directory's database files (with their write-ahead logs).
+func dataDirBytes(dir string) int64 {
+	var total int64
+	for _, d := range []string{dir, filepath.Join(dir, "streams")} {
+		entries, err := os.ReadDir(d)
+		if err != nil {
+			continue
+		}
+		for _, e := range entries {
+			if e.IsDir() {
+				continue
+			}
+			if info, err := e.Info(); err == nil {
+				total += info.Size()
+			}
+		}
+	}
+	return total
 }
 
 // checkBackupDest refuses a destination that is not a new directory outside the data directory,

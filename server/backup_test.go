@@ -88,3 +88,25 @@ func TestBackup_OneAtATimeAndCancelled(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, res.Streams)
 }
+
+// A backup whose copy would not leave the margin free on its disk is refused before anything is
+// written, resourceExhausted, saying what it needs.
+func TestBackup_RefusedWithoutRoom(t *testing.T) {
+	ctx := context.Background()
+	s, projectID := mustOpen(t, Config{DataDir: t.TempDir()})
+	_, err := s.Append(ctx, StreamRef{ProjectID: projectID, Path: "/x"}, []itx.EventInput{{Type: "e"}}, itx.AppendOptions{})
+	require.NoError(t, err)
+	parent := t.TempDir()
+	backupFreeBytes = func(string) (int64, bool) { return 10 << 20, true }
+	t.Cleanup(func() { backupFreeBytes = freeBytes })
+	_, err = s.Backup(ctx, Admin{}, filepath.Join(parent, "copy"))
+	require.Equal(t, itx.EResourceExhausted, itx.ErrorCode(err), "%v", err)
+	require.ErrorContains(t, err, "MiB free")
+	entries, err := os.ReadDir(parent)
+	require.NoError(t, err)
+	require.Empty(t, entries)
+
+	backupFreeBytes = func(string) (int64, bool) { return 1 << 40, true }
+	_, err = s.Backup(ctx, Admin{}, filepath.Join(parent, "copy"))
+	require.NoError(t, err)
+}
