@@ -302,14 +302,16 @@ func (a *admin) Backup(ctx context.Context, call schema.Admin_backup) error {
 	if err != nil {
 		return err
 	}
-	if err := r.SetPath(out.Path); err != nil {
-		return err
-	}
+	return setBackupResult(r, out)
+}
+
+// setBackupResult fills r with what a backup wrote.
+func setBackupResult(r schema.BackupResult, out server.BackupResult) error {
 	r.SetStreams(uint32(out.Streams))
 	r.SetBytes(uint64(out.Bytes))
 	r.SetAt(itx.UnixMilli(out.At))
 	r.SetFrozenMicros(out.Frozen.Microseconds())
-	return nil
+	return r.SetPath(out.Path)
 }
 
 // backupWriteTimeout bounds how long a download waits for the caller's sink to take one part:
@@ -357,9 +359,5 @@ func (a *admin) Download(ctx context.Context, call schema.Admin_download) error 
 	if err != nil {
 		return err
 	}
-	r.SetStreams(uint32(out.Streams))
-	r.SetBytes(uint64(out.Bytes))
-	r.SetAt(itx.UnixMilli(out.At))
-	r.SetFrozenMicros(out.Frozen.Microseconds())
-	return nil
+	return setBackupResult(r, out)
 }

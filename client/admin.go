@@ -216,10 +216,15 @@ func Backup(ctx context.Context, a schema.Admin, path string) (BackupResult, err
 	if err != nil {
 		return BackupResult{}, err
 	}
+	return backupResultOf(r, p), nil
+}
+
+// backupResultOf is what r says a backup wrote, at path.
+func backupResultOf(r schema.BackupResult, path string) BackupResult {
 	return BackupResult{
-		Path: p, Streams: int(r.Streams()), Bytes: int64(r.Bytes()),
+		Path: path, Streams: int(r.Streams()), Bytes: int64(r.Bytes()),
 		At: time.UnixMilli(r.At()).UTC(), Frozen: time.Duration(r.FrozenMicros()) * time.Microsecond,
-	}, nil
+	}
 }
 
 // DownloadBackup has itxd send a copy of its whole data directory, as it stood at one instant
@@ -269,10 +274,7 @@ func DownloadBackup(ctx context.Context, a schema.Admin, dir string) (BackupResu
 	if err := syncDir(filepath.Dir(dir)); err != nil {
 		return BackupResult{}, err
 	}
-	return BackupResult{
-		Path: dir, Streams: int(r.Streams()), Bytes: int64(r.Bytes()),
-		At: time.UnixMilli(r.At()).UTC(), Frozen: time.Duration(r.FrozenMicros()) * time.Microsecond,
-	}, nil
+	return backupResultOf(r, dir), nil
 }
 
 // backupSink writes the files of a download under dir: only the names a data directory holds,
