@@ -447,13 +447,23 @@ func (s *Server) freezeForBackup(ctx context.Context, run *backupRun) (dirSrc *s
 		}
 		return nil, nil, time.Time{}, 0, backupError(err)
 	}
+	listed := make(map[string]bool, len(ids))
 	run.mu.Lock()
 	for _, id := range ids {
+		listed[id] = true
 		if held[id] == nil && !empty[id] {
 			run.pending[id] = true
 		}
 	}
 	run.mu.Unlock()
+	// A stream the directory no longer lists (deleted with its project before the instant, its
+	// actor not yet told) is not part of the copy.
+	for id, src := range held {
+		if !listed[id] {
+			src.Close()
+			delete(held, id)
+		}
+	}
 	frozen = time.Since(start)
 	close(run.gate)
 	return dirSrc, held, at, frozen, nil
