@@ -2,12 +2,14 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/internal/clocktest"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 )
@@ -109,4 +111,44 @@ func TestBackup_RefusedWithoutRoom(t *testing.T) {
 	backupFreeBytes = func(string) (int64, bool) { return 1 << 40, true }
 	_, err = s.Backup(ctx, Admin{}, filepath.Join(parent, "copy"))
 	require.NoError(t, err)
+}
+
+// A project deleted while a backup copies (after its instant) is in the copy as it was: the
+// removal of its stream's file waits for the backup to hold it.
+func TestBackup_ProjectDeletedDuringTheCopy(t *testing.T) {
+	ctx := context.Background()
+	clock := clocktest.New(time.Unix(1_800_000_000, 0))
+	s, projectID := mustOpen(t, Config{DataDir: t.TempDir(), Clock: clock, IdleTimeout: time.Minute})
+	info, _, _, err := s.CreateProject(ctx, Admin{}, "doomed")
+	require.NoError(t, err)
+	for i := 0; i < 4; i++ {
+		_, err = s.Append(ctx, StreamRef{ProjectID: projectID, Path: fmt.Sprintf("/x%d", i)}, []itx.EventInput{{Type: "e"}}, itx.AppendOptions{})
+		require.NoError(t, err)
+	}
+	_, err = s.Append(ctx, StreamRef{ProjectID: info.ID, Path: "/y"}, []itx.EventInput{{Type: "kept"}}, itx.AppendOptions{})
+	require.NoError(t, err)
+	// Every stream unloaded: the backup holds them as it copies, one by one.
+	clock.Advance(2 * time.Minute)
+	s.Sweep()
+	require.Eventually(t, func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return len(s.actors) == 0 && len(s.unloading) == 0
+	}, 10*time.Second, time.Millisecond)
+
+	var deleted error
+	backupCopiedHook = func() { deleted = s.DeleteProject(ctx, Admin{}, info.ID, true) }
+	t.Cleanup(func() { backupCopiedHook = nil })
+	dest := filepath.Join(t.TempDir(), "copy")
+	res, err := s.Backup(ctx, Admin{}, dest)
+	backupCopiedHook = nil
+	require.NoError(t, err)
+	require.NoError(t, deleted)
+	require.Equal(t, 6, res.Streams) // and the deployment's /audit, which recorded the creation
+
+	c, _ := mustOpen(t, Config{DataDir: dest})
+	page, err := c.ReadEvents(ctx, StreamRef{ProjectID: info.ID, Path: "/y"}, itx.Query{})
+	require.NoError(t, err)
+	require.Len(t, page.Events, 1)
+	require.Equal(t, "kept", page.Events[0].Type)
 }
