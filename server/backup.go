@@ -116,17 +116,12 @@ func (s *Server) Backup(ctx context.Context, by Admin, dest string) (BackupResul
 	return s.backupTo(ctx, by, parent, dest, dest)
 }
 
-// backupTo writes the backup to dest, a new folder in parent; audited as written to label.
+// backupTo writes the backup to dest, a new folder in parent; audited as written to label
+// ("": neither audited nor counted, the caller does both once the backup has reached its owner).
 func (s *Server) backupTo(ctx context.Context, by Admin, parent, dest, label string) (res BackupResult, err error) {
-	defer func() {
-		if err != nil {
-			s.metrics.Backups.WithLabelValues(string(itx.ErrorCode(err))).Inc()
-			return
-		}
-		s.metrics.Backups.WithLabelValues("ok").Inc()
-		s.metrics.BackupLastOK.Set(float64(res.At.UnixMilli()) / 1000)
-		s.metrics.BackupLastFrozen.Set(res.Frozen.Seconds())
-	}()
+	if label != "" {
+		defer func() { s.countBackup(res, err) }()
+	}
 	if !s.backupMu.TryLock() {
 		return BackupResult{}, itx.Errorf(itx.EFailedPrecondition, "a backup is already running")
 	}
@@ -240,6 +235,25 @@ func (s *Server) backupTo(ctx context.Context, by Admin, parent, dest, label str
 	if err := syncDir(parent); err != nil {
 		return BackupResult{}, backupError(err)
 	}
+	if label != "" {
+		s.auditBackup(by, label, res)
+	}
+	return res, nil
+}
+
+// countBackup counts a backup's outcome in the metrics.
+func (s *Server) countBackup(res BackupResult, err error) {
+	if err != nil {
+		s.metrics.Backups.WithLabelValues(string(itx.ErrorCode(err))).Inc()
+		return
+	}
+	s.metrics.Backups.WithLabelValues("ok").Inc()
+	s.metrics.BackupLastOK.Set(float64(res.At.UnixMilli()) / 1000)
+	s.metrics.BackupLastFrozen.Set(res.Frozen.Seconds())
+}
+
+// auditBackup logs a backup written and records it in the deployment's /audit stream.
+func (s *Server) auditBackup(by Admin, label string, res BackupResult) {
 	s.log.Info().Str("path", label).Int("streams", res.Streams).Int64("bytes", res.Bytes).
 		Dur("frozen", res.Frozen).Str("by", by.TokenID).Msg("backup written")
 	if rec, err := auditRecord(by, AuditBackupWritten, map[string]any{
@@ -247,7 +261,6 @@ func (s *Server) backupTo(ctx context.Context, by Admin, parent, dest, label str
 	}); err == nil {
 		s.audit(context.Background(), rec)
 	}
-	return res, nil
 }
 
 // backupCancelled is why a backup whose context ended stopped: the server shutting down, or the

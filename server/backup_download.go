@@ -25,16 +25,17 @@ const DownloadLabel = "(downloaded)"
 
 // Download makes the same copy as Backup in a scratch folder of the data directory, sends its
 // files to send (path relative to the copy, offset, data), one after another, each in parts of
-// at most BackupChunk in order, and deletes the scratch folder. The copy counts as written once
-// every part was accepted; a failure of send ends it.
-func (s *Server) Download(ctx context.Context, by Admin, send func(path string, offset int64, data []byte) error) (BackupResult, error) {
+// at most BackupChunk in order, and deletes the scratch folder. The copy counts as written (and
+// is audited) once every part was accepted; a failure of send ends it.
+func (s *Server) Download(ctx context.Context, by Admin, send func(path string, offset int64, data []byte) error) (res BackupResult, err error) {
+	defer func() { s.countBackup(res, err) }()
 	scratch, err := os.MkdirTemp(s.cfg.DataDir, downloadPrefix)
 	if err != nil {
 		return BackupResult{}, itx.Errorf(storage.ErrorCode(err), "backup: %v", err)
 	}
 	defer os.RemoveAll(scratch)
 	dest := filepath.Join(scratch, "copy")
-	res, err := s.backupTo(ctx, by, scratch, dest, DownloadLabel)
+	res, err = s.backupTo(ctx, by, scratch, dest, "")
 	if err != nil {
 		return BackupResult{}, err
 	}
@@ -58,6 +59,7 @@ func (s *Server) Download(ctx context.Context, by Admin, send func(path string, 
 		}
 	}
 	res.Path = ""
+	s.auditBackup(by, DownloadLabel, res) // once the caller has every part
 	return res, nil
 }
 

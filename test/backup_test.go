@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -374,4 +375,44 @@ func TestBackup_Download(t *testing.T) {
 	for path, n := range want {
 		require.Equal(t, n, countType(t, stream(t, rp, path), "e"), path)
 	}
+}
+
+// refusingSink takes the first parts, then refuses.
+type refusingSink struct{ took atomic.Int64 }
+
+func (s *refusingSink) Write(ctx context.Context, call schema.BackupSink_write) error {
+	if s.took.Add(1) > 1 {
+		return itx.Errorf(itx.EResourceExhausted, "this disk is full")
+	}
+	return nil
+}
+
+// A sink that refuses a part ends the download with the refusal, and itxd keeps no scratch copy.
+func TestBackup_DownloadEndsWhenTheSinkRefuses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real itxd processes")
+	}
+	ctx := ctxT(t)
+	dataDir := t.TempDir()
+	proc := startItxd(t, dataDir)
+	p := loginItxd(t, proc)
+	mustAppend(t, stream(t, p, "/a"), ev("e", `{}`))
+	admin := client.Admin(ctx, dial(t, proc.addr).Login(ctx, proc.creds.DeploymentToken))
+	sink := &refusingSink{}
+	fut, release := admin.Download(ctx, func(p schema.Admin_download_Params) error {
+		return p.SetSink(schema.BackupSink_ServerToClient(sink))
+	})
+	defer release()
+	_, err := fut.Struct()
+	require.ErrorContains(t, err, "this disk is full")
+	require.Equal(t, int64(2), sink.took.Load(), "nothing is sent after the refusal")
+	entries, err := os.ReadDir(dataDir)
+	require.NoError(t, err)
+	for _, e := range entries {
+		require.False(t, strings.HasPrefix(e.Name(), ".itx-download-"), "scratch copy %s left in the data directory", e.Name())
+	}
+	// itxd goes on: the next download works.
+	res, err := client.DownloadBackup(ctx, admin, filepath.Join(t.TempDir(), "copy"))
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Streams)
 }
