@@ -514,7 +514,7 @@ func (s *Server) backupClaim(streamID string) {
 	}
 }
 
-// backupGate is the channel a load must wait for (nil: none): while a backup takes its instant,
+// backupGateLocked is the channel a load must wait for (nil: none): while a backup takes its instant,
 // no stream loads. Called with s.mu held.
 func (s *Server) backupGateLocked() <-chan struct{} {
 	if s.backup == nil {

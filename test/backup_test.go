@@ -88,8 +88,7 @@ func TestBackup_CopyIsOneInstantUnderLoad(t *testing.T) {
 		return len(acks) >= 600
 	})
 
-	root := dial(t, proc.addr).Login(ctx, proc.creds.DeploymentToken)
-	admin := client.Admin(ctx, root)
+	admin := rootAdmin(t, proc)
 	dest := filepath.Join(t.TempDir(), "backup")
 	called := time.Now()
 	res, err := client.Backup(ctx, admin, dest)
@@ -195,7 +194,7 @@ func TestBackup_Refusals(t *testing.T) {
 	_, err := client.Backup(ctx, client.Admin(ctx, p), filepath.Join(parent, "x"))
 	requireCode(t, err, itx.EPermissionDenied)
 
-	admin := client.Admin(ctx, dial(t, proc.addr).Login(ctx, proc.creds.DeploymentToken))
+	admin := rootAdmin(t, proc)
 	existing := filepath.Join(parent, "exists")
 	require.NoError(t, os.Mkdir(existing, 0o700))
 	for _, c := range []struct {
@@ -259,7 +258,7 @@ func TestBackup_Kill9DuringABackup(t *testing.T) {
 				}
 				want[path] = i + 1
 			}
-			admin := client.Admin(ctx, dial(t, proc.addr).Login(ctx, proc.creds.DeploymentToken))
+			admin := rootAdmin(t, proc)
 			parent := t.TempDir()
 			dest := filepath.Join(parent, "copy")
 			_, err := client.Backup(ctx, admin, dest)
@@ -273,7 +272,7 @@ func TestBackup_Kill9DuringABackup(t *testing.T) {
 			for path, n := range want {
 				require.Equal(t, n, countType(t, stream(t, p, path), "e"), path)
 			}
-			admin = client.Admin(ctx, dial(t, proc.addr).Login(ctx, proc.creds.DeploymentToken))
+			admin = rootAdmin(t, proc)
 			res, err := client.Backup(ctx, admin, dest)
 			require.NoError(t, err)
 			require.GreaterOrEqual(t, res.Streams, len(want))
@@ -342,7 +341,7 @@ func TestBackup_Download(t *testing.T) {
 	_, err := client.DownloadBackup(ctx, client.Admin(ctx, p), filepath.Join(t.TempDir(), "x"))
 	requireCode(t, err, itx.EPermissionDenied)
 
-	admin := client.Admin(ctx, dial(t, proc.addr).Login(ctx, proc.creds.DeploymentToken))
+	admin := rootAdmin(t, proc)
 	parent := t.TempDir()
 	dest := filepath.Join(parent, "copy")
 	res, err := client.DownloadBackup(ctx, admin, dest)
@@ -352,11 +351,7 @@ func TestBackup_Download(t *testing.T) {
 	entries, err := os.ReadDir(parent)
 	require.NoError(t, err)
 	require.Len(t, entries, 1) // the copy alone: the temporary folder was renamed
-	entries, err = os.ReadDir(dataDir)
-	require.NoError(t, err)
-	for _, e := range entries {
-		require.False(t, strings.HasPrefix(e.Name(), ".itx-download-"), "scratch copy %s left in the data directory", e.Name())
-	}
+	requireNoDownloadScratch(t, dataDir)
 	large := 0
 	files, err := os.ReadDir(filepath.Join(dest, "streams"))
 	require.NoError(t, err)
@@ -397,7 +392,7 @@ func TestBackup_DownloadEndsWhenTheSinkRefuses(t *testing.T) {
 	proc := startItxd(t, dataDir)
 	p := loginItxd(t, proc)
 	mustAppend(t, stream(t, p, "/a"), ev("e", `{}`))
-	admin := client.Admin(ctx, dial(t, proc.addr).Login(ctx, proc.creds.DeploymentToken))
+	admin := rootAdmin(t, proc)
 	sink := &refusingSink{}
 	fut, release := admin.Download(ctx, func(p schema.Admin_download_Params) error {
 		return p.SetSink(schema.BackupSink_ServerToClient(sink))
@@ -406,13 +401,26 @@ func TestBackup_DownloadEndsWhenTheSinkRefuses(t *testing.T) {
 	_, err := fut.Struct()
 	require.ErrorContains(t, err, "this disk is full")
 	require.Equal(t, int64(2), sink.took.Load(), "nothing is sent after the refusal")
+	requireNoDownloadScratch(t, dataDir)
+	// itxd goes on: the next download works.
+	res, err := client.DownloadBackup(ctx, admin, filepath.Join(t.TempDir(), "copy"))
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Streams)
+}
+
+// rootAdmin is the Admin of proc's deployment root, on a connection of its own.
+func rootAdmin(t *testing.T, proc *itxdProcess) schema.Admin {
+	t.Helper()
+	ctx := ctxT(t)
+	return client.Admin(ctx, dial(t, proc.addr).Login(ctx, proc.creds.DeploymentToken))
+}
+
+// requireNoDownloadScratch fails when a download left its scratch copy in the data directory.
+func requireNoDownloadScratch(t *testing.T, dataDir string) {
+	t.Helper()
 	entries, err := os.ReadDir(dataDir)
 	require.NoError(t, err)
 	for _, e := range entries {
 		require.False(t, strings.HasPrefix(e.Name(), ".itx-download-"), "scratch copy %s left in the data directory", e.Name())
 	}
-	// itxd goes on: the next download works.
-	res, err := client.DownloadBackup(ctx, admin, filepath.Join(t.TempDir(), "copy"))
-	require.NoError(t, err)
-	require.Equal(t, 1, res.Streams)
 }
