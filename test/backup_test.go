@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/schema"
+	"github.com/itx-dev/itx/storage"
 	"github.com/stretchr/testify/require"
 )
 
@@ -122,14 +124,12 @@ func TestBackup_CopyIsOneInstantUnderLoad(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, entries, 1)
 
-	restored := startItxd(t, dest)
-	rp := loginItxd(t, restored)
+	// The copy as written, read from its files: an itxd started on it goes on delivering (the
+	// copies between /a and /b) and would append past what the backup holds.
 	atMs := itx.UnixMilli(res.At)
 	held := map[string]map[int64]itx.Event{}
 	for _, path := range paths {
-		s := stream(t, rp, path)
-		events, err := client.ReadAll(ctx, s, itx.Query{})
-		require.NoError(t, err)
+		events := readBackupStream(t, dest, proc.creds.ProjectID, path)
 		held[path] = map[int64]itx.Event{}
 		require.LessOrEqual(t, len(events), len(live[path]), path)
 		for i, e := range events {
@@ -157,6 +157,8 @@ func TestBackup_CopyIsOneInstantUnderLoad(t *testing.T) {
 	require.Greater(t, copiedAfter, 0)
 
 	// The copies between /a and /b finish on the restored server, each event once.
+	restored := startItxd(t, dest)
+	rp := loginItxd(t, restored)
 	ra, rb := stream(t, rp, "/a"), stream(t, rp, "/b")
 	waitCopyCycle(t, ra, rb)
 	for _, pair := range [][2]schema.Stream{{ra, rb}, {rb, ra}} {
@@ -422,5 +424,32 @@ func requireNoDownloadScratch(t *testing.T, dataDir string) {
 	require.NoError(t, err)
 	for _, e := range entries {
 		require.False(t, strings.HasPrefix(e.Name(), ".itx-download-"), "scratch copy %s left in the data directory", e.Name())
+	}
+}
+
+// readBackupStream reads the durable events of a stream from a backup's files, without an itxd.
+func readBackupStream(t *testing.T, dir, projectID, path string) []itx.Event {
+	t.Helper()
+	ctx := ctxT(t)
+	d, err := storage.OpenDirectory(ctx, filepath.Join(dir, "directory.db"))
+	require.NoError(t, err)
+	defer d.Close()
+	entry, err := d.Stream(ctx, projectID, path)
+	require.NoError(t, err)
+	if entry == nil {
+		return nil
+	}
+	snap, err := storage.OpenSnapshot(ctx, filepath.Join(dir, "streams", entry.StreamID+".db"))
+	require.NoError(t, err)
+	defer snap.Close()
+	var events []itx.Event
+	for after := int64(0); ; {
+		page, err := snap.Events(ctx, storage.Query{After: after, UpTo: math.MaxInt64, Limit: 500})
+		require.NoError(t, err)
+		if len(page) == 0 {
+			return events
+		}
+		events = append(events, page...)
+		after = page[len(page)-1].Offset
 	}
 }
