@@ -165,6 +165,8 @@ var methodRights = map[string]rightSet{
 
 	"Streams.get":  rNone, // the path must be inside the prefix
 	"Streams.list": rRead, // filtered to the prefix
+	// Deleting a stream destroys what every consumer of it reads: the project's administrators'.
+	"Streams.remove": rAdmin, // the path must be inside the prefix
 
 	"Stream.append":                rAppend,
 	"Stream.getEvents":             rRead,

@@ -285,6 +285,32 @@ func (s *streams) List(ctx context.Context, call schema.Streams_list) error {
 	return nil
 }
 
+// Remove deletes a stream (the admin right, on a path inside the prefix).
+func (s *streams) Remove(ctx context.Context, call schema.Streams_remove) error {
+	path, err := call.Args().Path()
+	if err != nil {
+		return badArgs("path", err)
+	}
+	if err := itx.ValidatePath(path); err != nil {
+		return fail(err)
+	}
+	if err := s.acc.reaches(path); err != nil {
+		return fail(err)
+	}
+	call.Go()
+	by := server.Admin{TokenID: s.acc.session.Token.ID, ProjectID: s.projectID}
+	gone, err := s.srv.DeleteStream(ctx, by, server.StreamRef{ProjectID: s.projectID, Path: path}, call.Args().Force())
+	if err != nil {
+		return fail(err)
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	res.SetHeadOffset(uint64(gone.HeadOffset))
+	return res.SetStreamId(gone.StreamID)
+}
+
 // stream is one stream of a project. It holds only the stream's name: the stream's actor is
 // loaded per call and may be unloaded while a client holds this capability.
 type stream struct {

@@ -250,6 +250,35 @@ func ListStreams(ctx context.Context, project schema.Project, prefix string) ([]
 	return ListStreamsIn(ctx, sf.Streams(), prefix)
 }
 
+// DeletedStream is what DeleteStream removed: the stream's id and its head when deleted.
+type DeletedStream struct {
+	StreamID   string
+	HeadOffset int64
+}
+
+// DeleteStream deletes the stream at path for good (the admin right): its events,
+// subscriptions, readers and scheduled appends. Refused with failedPrecondition while it has
+// subscriptions, registered readers or open connections, unless force; notFound when there is
+// no stream at path. The next append to path creates a new stream from offset 1.
+func DeleteStream(ctx context.Context, project schema.Project, path string, force bool) (DeletedStream, error) {
+	sf, releaseStreams := project.Streams(ctx, nil)
+	defer releaseStreams()
+	fut, release := sf.Streams().Remove(ctx, func(p schema.Streams_remove_Params) error {
+		p.SetForce(force)
+		return p.SetPath(path)
+	})
+	defer release()
+	res, err := fut.Struct()
+	if err != nil {
+		return DeletedStream{}, err
+	}
+	id, err := res.StreamId()
+	if err != nil {
+		return DeletedStream{}, err
+	}
+	return DeletedStream{StreamID: id, HeadOffset: int64(res.HeadOffset())}, nil
+}
+
 // ListStreamsIn lists every stream of a Streams capability already at hand under prefix, page
 // by page.
 func ListStreamsIn(ctx context.Context, streams schema.Streams, prefix string) ([]itx.StreamInfo, error) {

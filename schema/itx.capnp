@@ -531,6 +531,13 @@ interface Streams {
   # (exclusive; empty: from the first). limit 0 means 1,000; at most 10,000. nextAfter is the
   # last path of the page when more follow, empty on the last page.
   list @1 (prefix :Text, after :Text, limit :UInt32) -> (streams :List(StreamInfo), nextAfter :Text);
+  # Deletes the stream at path: its events, subscriptions, readers, scheduled appends and
+  # processors' records, at once and for good (the admin right; the deployment's /audit never).
+  # Its connections close (streamRemoved), its live views end, barriers waiting on it fail
+  # notFound. Refused (failedPrecondition, nothing deleted) while it has subscriptions,
+  # registered readers or open connections, unless force. The next append to the path creates
+  # a new stream, from offset 1, under a new streamId. headOffset: the deleted stream's head.
+  remove @2 (path :Text, force :Bool) -> (headOffset :UInt64, streamId :Text);
 }
 
 interface Project {

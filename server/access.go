@@ -472,21 +472,29 @@ func (s *Server) removeDeletedStreams(ctx context.Context) error {
 	return nil
 }
 
-// unloadProject unloads every loaded stream of a project that is being deleted, whoever holds
-// it: its connections are closed as streamRemoved, its live views and barriers end, its
-// deliveries and processors stop (their context is cancelled), and each stream unloads once
-// its last holder let go. ctx bounds that wait; a stream still held then unloads when it is
-// released, and the delete fails with EFailedPrecondition (retry it).
+// unloadProject unloads every loaded stream of a project that is being deleted (see
+// unloadDeleted).
 func (s *Server) unloadProject(ctx context.Context, id string) error {
+	return s.unloadDeleted(ctx, func(ref StreamRef) bool { return ref.ProjectID == id }, "")
+}
+
+// unloadDeleted unloads every loaded stream match selects, being deleted (why, told to its
+// connections and live views; empty: with its project), whoever holds it: its connections are
+// closed as streamRemoved, its live views and barriers end, its deliveries and processors stop
+// (their context is cancelled), and each stream unloads once its last holder let go. ctx bounds
+// that wait; a stream still held then unloads when it is released, and the delete fails with
+// EFailedPrecondition (retry it). The caller keeps the streams from loading again meanwhile.
+func (s *Server) unloadDeleted(ctx context.Context, match func(StreamRef) bool, why string) error {
 	s.mu.Lock()
 	var victims []*actor
 	for ref, a := range s.actors {
-		if ref.ProjectID == id {
+		if match(ref) {
 			delete(s.actors, ref)
 			s.unloading[ref] = a
 			// Before the cancel, which ends its live views (their engine runs under dctx): they
 			// hear streamRemoved, not serverShuttingDown (the removed message posted below
 			// came too late for a view that ended first).
+			a.deletedWhy = why
 			a.deleted.Store(true)
 			a.dcancel() // under s.mu: nothing pins it from here on
 			if a.refs > 0 {
@@ -497,7 +505,7 @@ func (s *Server) unloadProject(ctx context.Context, id string) error {
 	}
 	var pending []*actor
 	for ref, a := range s.unloading {
-		if ref.ProjectID == id {
+		if match(ref) {
 			pending = append(pending, a)
 		}
 	}

@@ -78,7 +78,9 @@ type actor struct {
 	connList  atomic.Pointer[publishedConns] // what the live engine reads of them
 	liveP     atomic.Pointer[liveEngine]
 	liveCount atomic.Int64 // counted live-state subscribers (Config.MaxLiveSubscribersPerStream)
-	deleted   atomic.Bool  // the stream is being deleted with its project
+	deleted   atomic.Bool  // the stream is being deleted (alone, or with its project)
+	// deletedWhy says why, to its connections and live views: set before deleted, read after.
+	deletedWhy string
 	// holding: an offset-acking subscription holds events delivered and unconfirmed, which an
 	// unload would forget and deliver again on the next load: the idle sweep keeps it loaded.
 	holding    atomic.Bool
@@ -557,7 +559,7 @@ func (a *actor) handle(m actorMsg) bool {
 	case m.removed:
 		a.deleted.Store(true) // its live views hear streamRemoved as they end
 		for _, c := range a.conns {
-			c.Close(CloseStreamRemoved, "the stream was deleted with its project")
+			c.Close(CloseStreamRemoved, a.deletedReason())
 		}
 	default:
 		return false
@@ -1399,4 +1401,12 @@ func (a *actor) view() view {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.pub
+}
+
+// deletedReason is what a deleted stream's connections and live views are told.
+func (a *actor) deletedReason() string {
+	if a.deletedWhy != "" {
+		return a.deletedWhy
+	}
+	return "the stream was deleted with its project"
 }

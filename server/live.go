@@ -99,7 +99,7 @@ func (e *liveEngine) endReason() liveEnd {
 		return *end
 	}
 	if e.a.deleted.Load() {
-		return liveEnd{CloseStreamRemoved, "the stream was deleted with its project"}
+		return liveEnd{CloseStreamRemoved, e.a.deletedReason()}
 	}
 	return liveEnd{CloseShuttingDown, "the server is shutting down"}
 }

@@ -43,6 +43,8 @@ type Metrics struct {
 	Backups          *prometheus.CounterVec // by result code ("ok" or an itx code)
 	BackupLastOK     prometheus.Gauge       // unix seconds of the instant the last backup written holds
 	BackupLastFrozen prometheus.Gauge       // seconds the loaded streams stood still for it
+
+	StreamsDeleted prometheus.Counter // Streams.remove
 }
 
 // NewHandlerPanics is the counter of RPC handlers that panicked (answered internal), by method.
@@ -139,11 +141,14 @@ func newMetrics() *Metrics {
 		BackupLastFrozen: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "itx_backup_last_frozen_seconds", Help: "How long the loaded streams stood still for the last backup written.",
 		}),
+		StreamsDeleted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "itx_streams_deleted_total", Help: "Streams deleted one by one (Streams.remove; not those deleted with their project).",
+		}),
 	}
 	r.MustRegister(m.DeliveryFailures, m.CommitFailures, m.LateAcks, m.SubscriptionHalts, m.SkippedEvents, m.SubscriptionParks, m.HandlerPanics, m.AppendCalls, m.AppendedEvents, m.AppendedBytes, m.AppendLatency, m.CommitLatency,
 		m.CommitEvents, m.CommitCalls, m.ReadEvents, m.FullDiskReads, m.LoadedStreams, m.RPCConnections,
 		m.OpenConnections, m.Sessions, m.WebhooksInFlight, m.ConnectionEvents, m.ConnectionDirect, m.LiveSubscribers,
-		m.Backups, m.BackupLastOK, m.BackupLastFrozen,
+		m.Backups, m.BackupLastOK, m.BackupLastFrozen, m.StreamsDeleted,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Every receiver kind's failure count exists from the start, at 0, so an alert on its rate
 	// sees 0 rather than no data until the first failure.

@@ -35,9 +35,12 @@ func (s *Server) acquire(ctx context.Context, ref StreamRef) (*actor, error) {
 		// Its database file is being read alone (the disk is full): no writer opens it
 		// meanwhile. A page or a describe: a short wait. Or a backup is taking its instant
 		// (backup.go): no stream loads until it has, a fraction of a millisecond per loaded stream.
+		// Or it is being deleted: what needs it waits for the delete's end (a new stream then).
 		var wait <-chan struct{}
 		if read := s.fullReads[ref]; read != nil {
 			wait = read.done
+		} else if gate := s.deleting[ref]; gate != nil {
+			wait = gate
 		} else if wait = s.backupGateLocked(); wait == nil {
 			break
 		}

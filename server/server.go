@@ -130,8 +130,10 @@ type Server struct {
 	// fullReads holds the streams read from their database file alone while the disk is full
 	// (openWhileFull): a load of one waits until those reads are done.
 	fullReads map[StreamRef]*fullRead
-	closing   bool
-	inflight  sync.WaitGroup // one per acquired reference
+	// deleting holds the streams being deleted (DeleteStream): a load of one waits for the end.
+	deleting map[StreamRef]chan struct{}
+	closing  bool
+	inflight sync.WaitGroup // one per acquired reference
 	// backup is the backup in progress (backup.go); backupMu lets one run at a time.
 	backup   *backupRun
 	backupMu sync.Mutex
@@ -274,7 +276,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	s := &Server{
 		cfg: cfg, clock: cfg.Clock, log: cfg.Log, dir: dir, metrics: newMetrics(),
-		actors: map[StreamRef]*actor{}, unloading: map[StreamRef]*actor{}, fullReads: map[StreamRef]*fullRead{},
+		actors: map[StreamRef]*actor{}, unloading: map[StreamRef]*actor{}, fullReads: map[StreamRef]*fullRead{}, deleting: map[StreamRef]chan struct{}{},
 		egress: cfg.Egress, httpClient: newHTTPClient(cfg.Egress), webhooks: make(chan struct{}, cfg.MaxWebhooksInFlight),
 		backend:     sqliteBackend{dir: filepath.Join(cfg.DataDir, "streams")},
 		recv:        receivers{mounts: map[mountKey]*mount{}},

@@ -389,6 +389,60 @@ func (d *Directory) DeleteProject(ctx context.Context, id string, audit *AuditRe
 	return nil
 }
 
+// DeleteStream deletes one stream's directory entry, with its alarm, parked marks and secret
+// uses, and keeps the audit record, in one transaction that records the stream as deleted
+// (DeletedStreams) until the caller says its files are gone (ForgetDeletedStreams). refs are the
+// webhook secret references the stream used (the caller deletes those nothing else uses). A
+// stream the directory does not hold is ENotFound, and nothing is written.
+func (d *Directory) DeleteStream(ctx context.Context, streamID string, audit *AuditRecord) (refs []string, err error) {
+	tx, err := d.db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("delete stream: %w", err)
+	}
+	defer tx.Rollback()
+	rows, err := tx.QueryContext(ctx, `select ref from secret_uses where stream_id = ? order by ref`, streamID)
+	if err != nil {
+		return nil, fmt.Errorf("delete stream: %w", err)
+	}
+	for rows.Next() {
+		var ref string
+		if err := rows.Scan(&ref); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("delete stream: %w", err)
+		}
+		refs = append(refs, ref)
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return nil, fmt.Errorf("delete stream: %w", err)
+	}
+	if _, err := tx.ExecContext(ctx, `insert into deleted_streams (stream_id) select stream_id from streams where stream_id = ?`, streamID); err != nil {
+		return nil, fmt.Errorf("delete stream: %w", err)
+	}
+	for _, q := range []string{
+		`delete from alarms where stream_id = ?`,
+		`delete from parked where stream_id = ?`,
+		`delete from secret_uses where stream_id = ?`,
+	} {
+		if _, err := tx.ExecContext(ctx, q, streamID); err != nil {
+			return nil, fmt.Errorf("delete stream: %w", err)
+		}
+	}
+	res, err := tx.ExecContext(ctx, `delete from streams where stream_id = ?`, streamID)
+	if err != nil {
+		return nil, fmt.Errorf("delete stream: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return nil, itx.Errorf(itx.ENotFound, "no stream %q", streamID)
+	}
+	if err := insertAudit(ctx, tx, audit); err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, fmt.Errorf("delete stream: %w", err)
+	}
+	return refs, nil
+}
+
 // DeletedStreams lists the streams deleted from the directory whose files may still be on disk
 // (a crash, or a failure, came between their delete and the removal of their files). None of
 // them is a live stream: the directory never holds an entry under an ID listed here.

@@ -216,6 +216,11 @@ var methodCases = map[string]methodCase{
 		_, err := client.ListStreams(ctx, p, "")
 		return err
 	}},
+	// Not forced: the streams hold a subscription, so an allowed call is refused and deletes nothing.
+	"Streams.remove": {right: itx.RightAdmin, pathed: true, call: func(ctx context.Context, p schema.Project, path string) error {
+		_, err := client.DeleteStream(ctx, p, path, false)
+		return err
+	}},
 
 	"Stream.append": {right: itx.RightAppend, pathed: true, call: withStream(func(ctx context.Context, s schema.Stream) error {
 		_, err := client.Append(ctx, s, []itx.EventInput{ev("note", `{}`)}, itx.AppendOptions{})

@@ -1,0 +1,137 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/itx-dev/itx"
+)
+
+// AuditStreamDeleted records a stream's deletion in the deployment's AuditPath.
+const AuditStreamDeleted = "admin/stream-deleted"
+
+// DeletedStream is what DeleteStream removed.
+type DeletedStream struct {
+	StreamID   string
+	HeadOffset int64
+}
+
+// DeleteStream deletes one stream of a project for good: its events, subscriptions, readers,
+// scheduled appends and processors' records. Refused (EFailedPrecondition, nothing deleted) while
+// the stream has subscriptions, registered readers or open connections, unless force; a stream
+// that does not exist is ENotFound; the deployment's audit stream is never deleted.
+//
+// From the check on, the stream does not load again until the delete ends: calls that need it
+// wait (an append racing the delete lands before it, and is deleted with the stream, or after it,
+// on a new stream). Its connections hear streamRemoved, its live views end, barriers waiting on
+// it fail ENotFound. Then its directory entry is deleted in one transaction with the audit record,
+// which also records the stream as deleted, so files a crash leaves behind go at the next start;
+// then its files are removed. The next append to the path creates a new stream (offset 1, a new
+// stream id): copies and dead letters keyed by stream id never mistake one for the other.
+func (s *Server) DeleteStream(ctx context.Context, by Admin, ref StreamRef, force bool) (DeletedStream, error) {
+	if err := itx.ValidatePath(ref.Path); err != nil {
+		return DeletedStream{}, err
+	}
+	if ref.ProjectID == DeploymentProjectID && ref.Path == AuditPath {
+		return DeletedStream{}, itx.Errorf(itx.EFailedPrecondition, "the deployment's audit stream %s cannot be deleted", AuditPath)
+	}
+	a, err := s.acquire(ctx, ref)
+	if err != nil {
+		return DeletedStream{}, err
+	}
+	// From here until the delete ends, the stream does not load again (acquire waits).
+	done, err := s.markDeleting(ref)
+	if err != nil {
+		s.release(a)
+		return DeletedStream{}, err
+	}
+	defer done()
+	v := a.view()
+	open := 0
+	if conns := a.connList.Load(); conns != nil {
+		open = conns.open
+	}
+	s.release(a)
+	if v.streamID == "" {
+		return DeletedStream{}, itx.Errorf(itx.ENotFound, "no stream %s", ref.Path)
+	}
+	if in := consumersOf(len(v.core.Subscriptions), len(v.readers), open); in != "" && !force {
+		return DeletedStream{}, itx.Errorf(itx.EFailedPrecondition, "stream %s has %s: delete it with them by forcing", ref.Path, in)
+	}
+	why := fmt.Sprintf("the stream %s was deleted", ref.Path)
+	if err := s.unloadDeleted(ctx, func(r StreamRef) bool { return r == ref }, why); err != nil {
+		return DeletedStream{}, err
+	}
+	entry, err := s.dir.Stream(ctx, ref.ProjectID, ref.Path)
+	if err != nil {
+		return DeletedStream{}, err
+	}
+	if entry == nil || entry.StreamID != v.streamID {
+		return DeletedStream{}, itx.Errorf(itx.EInternal, "stream %s: the directory names another stream than the one unloaded", ref.Path)
+	}
+	// The head as the stream's last incarnation left it (an append may have landed after the view).
+	gone := DeletedStream{StreamID: entry.StreamID, HeadOffset: max(v.head, entry.HeadOffset)}
+	rec, err := auditRecord(by, AuditStreamDeleted, map[string]any{"projectId": ref.ProjectID, "path": ref.Path,
+		"streamId": gone.StreamID, "headOffset": gone.HeadOffset, "forced": force})
+	if err != nil {
+		return DeletedStream{}, err
+	}
+	refs, err := s.dir.DeleteStream(ctx, gone.StreamID, rec)
+	if err != nil {
+		return DeletedStream{}, err
+	}
+	if deleteStreamCommittedHook != nil {
+		deleteStreamCommittedHook()
+	}
+	s.metrics.StreamsDeleted.Inc()
+	// The commit made the removal due: the caller going away does not stop it, and what a crash
+	// or a failure leaves stays recorded for the next start (removeDeletedStreams).
+	removeErr := s.removeStreams(context.WithoutCancel(ctx), []string{gone.StreamID})
+	s.collectSecrets(context.WithoutCancel(ctx), ref.ProjectID, refs)
+	s.audit(context.WithoutCancel(ctx), rec)
+	if removeErr != nil {
+		// Deleted: the directory no longer names it, and the next start removes its files.
+		s.log.Warn().Err(removeErr).Str("path", ref.Path).Msg("the deleted stream's files are removed at the next start")
+	}
+	return gone, nil
+}
+
+// deleteStreamCommittedHook, when set (tests), runs in DeleteStream between the directory's
+// commit and the removal of the stream's files.
+var deleteStreamCommittedHook func()
+
+// markDeleting keeps ref from loading until done is called (acquire waits for it); one delete
+// of a stream at a time.
+func (s *Server) markDeleting(ref StreamRef) (done func(), err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.deleting[ref] != nil {
+		return nil, itx.Errorf(itx.EFailedPrecondition, "stream %s is being deleted already", ref.Path)
+	}
+	gate := make(chan struct{})
+	s.deleting[ref] = gate
+	return func() {
+		s.mu.Lock()
+		delete(s.deleting, ref)
+		s.mu.Unlock()
+		close(gate)
+	}, nil
+}
+
+// consumersOf names what a stream about to be deleted still serves, or "" when nothing.
+func consumersOf(subscriptions, readers, connections int) string {
+	var parts []string
+	for _, c := range []struct {
+		n    int
+		noun string
+	}{{subscriptions, "subscription"}, {readers, "registered reader"}, {connections, "open connection"}} {
+		switch {
+		case c.n == 1:
+			parts = append(parts, "1 "+c.noun)
+		case c.n > 1:
+			parts = append(parts, fmt.Sprintf("%d %ss", c.n, c.noun))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
