@@ -263,7 +263,12 @@ type DeletedStream struct {
 func DeleteStream(ctx context.Context, project schema.Project, path string, force bool) (DeletedStream, error) {
 	sf, releaseStreams := project.Streams(ctx, nil)
 	defer releaseStreams()
-	fut, release := sf.Streams().Remove(ctx, func(p schema.Streams_remove_Params) error {
+	return DeleteStreamIn(ctx, sf.Streams(), path, force)
+}
+
+// DeleteStreamIn is DeleteStream on a Streams capability already at hand.
+func DeleteStreamIn(ctx context.Context, streams schema.Streams, path string, force bool) (DeletedStream, error) {
+	fut, release := streams.Remove(ctx, func(p schema.Streams_remove_Params) error {
 		p.SetForce(force)
 		return p.SetPath(path)
 	})

@@ -55,7 +55,8 @@ var bindings = map[string]map[string]binding{
 		"describe": {"describe() -> {id, name, deployment}", projectDescribe},
 	},
 	"Streams": {
-		"list": {"list(prefix?, after?, limit?) or list({prefix, after, limit}) -> [{path, streamId, headOffset, ...}] (every page unless limit is given)", streamsList},
+		"list":   {"list(prefix?, after?, limit?) or list({prefix, after, limit}) -> [{path, streamId, headOffset, ...}] (every page unless limit is given)", streamsList},
+		"remove": {"remove(path, force?) or remove({path, force}) -> {streamId, headOffset} (deletes the stream for good, the admin right; force: also while it has subscriptions, registered readers or open connections)", streamsRemove},
 	},
 	"Stream": {
 		"append":                {"append(event | [events], {expectedHeadOffset, conditional}?) -> {offsets, duplicate, headOffset, streamId} (an expectedHeadOffset makes it conditional: offsetConflict unless the head is that offset; conditional: true alone expects an empty stream, false turns it off)", streamAppend},
@@ -386,6 +387,25 @@ func streamsList(ctx context.Context, s *Session, c capnp.Client, _ capPath, arg
 		out[i] = streamInfoOf(info)
 	}
 	return out, nil
+}
+
+func streamsRemove(ctx context.Context, s *Session, c capnp.Client, _ capPath, args []goja.Value) (any, error) {
+	o, err := s.params("Streams.remove", args, []string{"path", "force"}, "path", "force")
+	if err != nil {
+		return nil, err
+	}
+	path, force := o.str("path"), o.bool("force")
+	if err := o.err(); err != nil {
+		return nil, err
+	}
+	gone, err := client.DeleteStreamIn(ctx, schema.Streams(c), path, force)
+	if err != nil {
+		return nil, err
+	}
+	return struct {
+		StreamID   string `json:"streamId"`
+		HeadOffset int64  `json:"headOffset"`
+	}{gone.StreamID, gone.HeadOffset}, nil
 }
 
 // --- Stream ---

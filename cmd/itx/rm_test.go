@@ -1,0 +1,58 @@
+package main
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/internal/itxtest"
+	"github.com/itx-dev/itx/server"
+	"github.com/stretchr/testify/require"
+)
+
+// itx rm deletes a stream (refused while consumed unless --force), and the prompt's
+// project.streams.remove does the same; a missing or bad path is a usage error before
+// connecting.
+func TestRun_Rm(t *testing.T) {
+	srv := itxtest.Start(t, server.Config{})
+	ts := &testServer{addr: srv.Addr, token: srv.Creds.ProjectToken, dir: srv.Dir}
+	for _, p := range []string{"/tmp/a", "/tmp/b", "/keep"} {
+		ts.appendDirect(t, p, itx.EventInput{Type: "e", Payload: json.RawMessage(`{}`)}, itx.EventInput{Type: "e", Payload: json.RawMessage(`{}`)})
+	}
+	c := newCLI(t)
+	conn := []string{"--addr", ts.addr, "--token", ts.token}
+	code, _, errs := c.run("", append(conn, "-e", `project.streams.get("/tmp/a").readers.register("mirror", 0)`)...)
+	require.Equal(t, exitOK, code, errs)
+
+	code, _, errs = c.run("", append(conn, "--json", "rm", "/tmp/a")...)
+	require.Equal(t, exitError, code)
+	require.Contains(t, errs, "failedPrecondition")
+	require.Contains(t, errs, "1 registered reader")
+
+	code, out, errs := c.run("", append(conn, "--json", "rm", "/tmp/a", "--force")...)
+	require.Equal(t, exitOK, code, errs)
+	var gone struct {
+		Path       string
+		StreamID   string
+		HeadOffset int64
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &gone), out)
+	require.Equal(t, "/tmp/a", gone.Path)
+	require.NotEmpty(t, gone.StreamID)
+	require.Equal(t, int64(2), gone.HeadOffset)
+
+	code, out, errs = c.run("", append(conn, "--json", "-e", `project.streams.remove({path: "/tmp/b"}).headOffset`)...)
+	require.Equal(t, exitOK, code, errs)
+	require.JSONEq(t, `2`, out)
+	code, out, errs = c.run("", append(conn, "--json", "-e", `project.streams.list().map(s => s.path)`)...)
+	require.Equal(t, exitOK, code, errs)
+	require.JSONEq(t, `["/keep"]`, out)
+
+	code, _, errs = c.run("", append(conn, "rm", "/tmp/a")...)
+	require.Equal(t, exitError, code)
+	require.Contains(t, errs, "notFound")
+	for _, args := range [][]string{{"rm"}, {"rm", "tmp"}, {"rm", "/a", "/b"}, {"rm", "/a", "--recursive"}} {
+		code, _, errs := c.run("", append([]string{"--addr", "127.0.0.1:1", "--token", "x"}, args...)...)
+		require.Equal(t, exitUsage, code, "%v: %s", args, errs)
+	}
+}
