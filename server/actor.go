@@ -117,6 +117,9 @@ type actorMsg struct {
 	closeConn *Connection
 	live      *liveSubscriber
 	removed   bool // the stream is being deleted: close its connections as streamRemoved
+	// stopRemotes: the stream is about to be deleted alone: its remote processors' hosts are
+	// told to end their sessions of it (a project's deletion ends the hosts' sessions anyway).
+	stopRemotes bool
 	// dropUnmade: try again to drop the entry of a creation whose store could not be made.
 	dropUnmade bool
 	// freeze: a backup takes its instant (backup.go).
@@ -555,6 +558,12 @@ func (a *actor) handle(m actorMsg) bool {
 		a.dropT = nil
 		if a.store == nil {
 			a.dropUnmade(context.Background())
+		}
+	case m.stopRemotes:
+		for name, d := range a.deliverers {
+			if d.remoteContract != "" {
+				a.stopRemote(d.remoteScope, d.remoteContract, name)
+			}
 		}
 	case m.removed:
 		a.deleted.Store(true) // its live views hear streamRemoved as they end

@@ -52,13 +52,16 @@ func (s *Server) DeleteStream(ctx context.Context, by Admin, ref StreamRef, forc
 	if conns := a.connList.Load(); conns != nil {
 		open = conns.open
 	}
-	s.release(a)
 	if v.streamID == "" {
+		s.release(a)
 		return DeletedStream{}, itx.Errorf(itx.ENotFound, "no stream %s", ref.Path)
 	}
 	if in := consumersOf(len(v.core.Subscriptions), len(v.readers), open); in != "" && !force {
+		s.release(a)
 		return DeletedStream{}, itx.Errorf(itx.EFailedPrecondition, "stream %s has %s: delete it with them by forcing", ref.Path, in)
 	}
+	a.post(actorMsg{stopRemotes: true}) // best effort: a host that misses it is fenced anyway
+	s.release(a)
 	why := fmt.Sprintf("the stream %s was deleted", ref.Path)
 	if err := s.unloadDeleted(ctx, func(r StreamRef) bool { return r == ref }, why); err != nil {
 		return DeletedStream{}, err

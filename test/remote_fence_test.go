@@ -227,6 +227,36 @@ func TestRemote_RemovedSubscriptionEndsTheHostSession(t *testing.T) {
 	waitUntil(t, "the session of the subscription placed in-process ended", func() bool { return hs.Sessions() == 0 })
 }
 
+// Deleting a stream ends the host's sessions of its remote processors too, and spares the
+// sessions of another stream's.
+func TestRemote_DeletedStreamEndsTheHostSessions(t *testing.T) {
+	ty := &tally{ran: map[int64]int{}}
+	ts := startServer(t, server.Config{Processors: ty.host(t)})
+	ctx := ctxT(t)
+	hs := remote.NewHostServer(remote.Config{Host: ty.host(t), Logf: t.Logf})
+	handle, err := mountHostServing(ctx, ts.project(t), "worker", hs, ty.host(t).Contracts())
+	require.NoError(t, err)
+	defer handle.Release()
+	for _, path := range []string{"/remote/doomed", "/remote/kept"} {
+		s := stream(t, ts.project(t), path)
+		configureInstance(t, s, "a", "tally", "remote")
+		head := mustAppend(t, s, ev("tally/x", `{}`)).HeadOffset
+		sub, _ := processorOf(t, s, "a")
+		_, err := client.WaitUntilProcessed(ctx, sub, head, 0)
+		require.NoError(t, err, path)
+	}
+	require.Equal(t, 2, hs.Sessions())
+	_, err = client.DeleteStream(ctx, ts.project(t), "/remote/doomed", true)
+	require.NoError(t, err)
+	waitUntil(t, "the deleted stream's session ended", func() bool { return hs.Sessions() == 1 })
+	kept := stream(t, ts.project(t), "/remote/kept")
+	head := mustAppend(t, kept, ev("tally/x", `{}`)).HeadOffset
+	sub, _ := processorOf(t, kept, "a")
+	_, err = client.WaitUntilProcessed(ctx, sub, head, 0)
+	require.NoError(t, err, "the other stream's processor runs on")
+	require.Equal(t, 1, hs.Sessions())
+}
+
 // lateStopHost serves a HostServer whose stop calls take a while to land (a slow link, a busy
 // host): each is let through delay after it arrived, while later calls go on (call.Go).
 type lateStopHost struct {
