@@ -71,3 +71,53 @@ func TestDirectory_DeletedStreams(t *testing.T) {
 		requireDeleted(t)
 	})
 }
+
+// One stream's delete takes its entry, alarm, parked marks and secret uses, records it deleted
+// and keeps the audit record, in one transaction; the project's count drops by one; the secret
+// references it used are returned; a stream not held is ENotFound and writes nothing.
+func TestDirectory_DeleteStream(t *testing.T) {
+	ctx := context.Background()
+	d, err := OpenDirectory(ctx, filepath.Join(t.TempDir(), "dir.db"))
+	require.NoError(t, err)
+	defer d.Close()
+	require.NoError(t, d.CreateProjectWithToken(ctx, Project{ID: "p", Name: "p", CreatedAt: 1}, Token{ID: "t", ProjectID: "p", CreatedAt: 1}, "tok", nil))
+	for _, id := range []string{"a", "b"} {
+		require.NoError(t, d.CreateStream(ctx, StreamEntry{StreamID: id, ProjectID: "p", Path: "/" + id, CreatedAt: 2}, 0))
+		require.NoError(t, d.SetAlarm(ctx, id, 100))
+		require.NoError(t, d.SetParked(ctx, id, []string{"inbox"}))
+		require.NoError(t, d.AddSecretUses(ctx, "p", id, []string{"itxsecret:x", "itxsecret:" + id}))
+	}
+	count := func(q string, args ...any) int {
+		t.Helper()
+		var n int
+		require.NoError(t, d.db.QueryRowContext(ctx, q, args...).Scan(&n))
+		return n
+	}
+
+	refs, err := d.DeleteStream(ctx, "a", &AuditRecord{ID: "audit-1", Type: "admin/stream-deleted", Payload: []byte(`{}`)})
+	require.NoError(t, err)
+	require.Equal(t, []string{"itxsecret:a", "itxsecret:x"}, refs)
+	e, err := d.Stream(ctx, "p", "/a")
+	require.NoError(t, err)
+	require.Nil(t, e)
+	deleted, err := d.DeletedStreams(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []string{"a"}, deleted)
+	for _, table := range []string{"alarms", "parked", "secret_uses"} {
+		require.Zero(t, count(`select count(*) from `+table+` where stream_id = 'a'`), table)
+		require.NotZero(t, count(`select count(*) from `+table+` where stream_id = 'b'`), "%s of the other stream", table)
+	}
+	n, err := d.CountStreams(ctx, "p")
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	pending, err := d.PendingAudits(ctx)
+	require.NoError(t, err)
+	require.Len(t, pending, 1)
+	require.Equal(t, "audit-1", pending[0].ID)
+
+	_, err = d.DeleteStream(ctx, "a", &AuditRecord{ID: "audit-2", Type: "admin/stream-deleted", Payload: []byte(`{}`)})
+	require.Equal(t, itx.ENotFound, itx.ErrorCode(err), "%v", err)
+	pending, err = d.PendingAudits(ctx)
+	require.NoError(t, err)
+	require.Len(t, pending, 1, "a refused delete keeps no audit record")
+}

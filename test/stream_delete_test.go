@@ -14,6 +14,7 @@ import (
 	"github.com/itx-dev/itx/server"
 	"github.com/itx-dev/itx/storage"
 	"github.com/itx-dev/itx/wire"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 )
 
@@ -80,6 +81,8 @@ func TestStreams_RemoveDeletesOneStream(t *testing.T) {
 		require.NoError(t, err)
 		require.Len(t, events, n, path)
 	}
+
+	require.Equal(t, 1.0, testutil.ToFloat64(ts.srv.Metrics().StreamsDeleted))
 
 	// Deleted twice: there is nothing to delete.
 	_, err = client.DeleteStream(ctx, p, "/orders", true)
