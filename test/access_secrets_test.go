@@ -81,6 +81,19 @@ func TestAccess_WebhookSecretsCollected(t *testing.T) {
 		off := mustAppend(t, other, ev("m", `{}`)).Offsets[0]
 		require.Equal(t, off, e.waitProcessed(t, other, "a", off), "delivered, signed with the kept secret")
 	})
+
+	t.Run("a deleted stream's secrets", func(t *testing.T) {
+		// /collected holds c (no secret), d and e (theirs); /collected-other holds a (shared).
+		_, err := client.DeleteStream(ctx, e.p, "/collected", true)
+		require.NoError(t, err)
+		again := stream(t, e.p, "/collected")
+		mustAppend(t, again, ev("m", `{}`))
+		againSubs := client.Subscriptions(ctx, again)
+		defer againSubs.Release()
+		require.NoError(t, configure(againSubs, "x", fresh()), "the deleted stream's secrets were collected")
+		require.NoError(t, configure(againSubs, "y", fresh()))
+		requireCode(t, configure(againSubs, "z", fresh()), itx.ELimitExceeded) // the shared secret is still referenced
+	})
 }
 
 // A secret whose configure was cut short by a kill -9 (stored, the configure never committed) is
