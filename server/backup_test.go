@@ -152,3 +152,45 @@ func TestBackup_ProjectDeletedDuringTheCopy(t *testing.T) {
 	require.Len(t, page.Events, 1)
 	require.Equal(t, "kept", page.Events[0].Type)
 }
+
+// A stream deleted while a backup copies (after its instant) is in the copy as it was, and the
+// stream beside it too.
+func TestBackup_StreamDeletedDuringTheCopy(t *testing.T) {
+	ctx := context.Background()
+	clock := clocktest.New(time.Unix(1_800_000_000, 0))
+	s, projectID := mustOpen(t, Config{DataDir: t.TempDir(), Clock: clock, IdleTimeout: time.Minute})
+	for i := 0; i < 4; i++ {
+		_, err := s.Append(ctx, StreamRef{ProjectID: projectID, Path: fmt.Sprintf("/x%d", i)}, []itx.EventInput{{Type: "e"}}, itx.AppendOptions{})
+		require.NoError(t, err)
+	}
+	_, err := s.Append(ctx, StreamRef{ProjectID: projectID, Path: "/y"}, []itx.EventInput{{Type: "kept"}}, itx.AppendOptions{})
+	require.NoError(t, err)
+	clock.Advance(2 * time.Minute)
+	s.Sweep()
+	require.Eventually(t, func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return len(s.actors) == 0 && len(s.unloading) == 0
+	}, 10*time.Second, time.Millisecond)
+
+	var deleted error
+	backupCopiedHook = func() {
+		backupCopiedHook = nil
+		_, deleted = s.DeleteStream(ctx, Admin{}, StreamRef{ProjectID: projectID, Path: "/y"}, false)
+	}
+	t.Cleanup(func() { backupCopiedHook = nil })
+	dest := filepath.Join(t.TempDir(), "copy")
+	res, err := s.Backup(ctx, Admin{}, dest)
+	require.NoError(t, err)
+	require.NoError(t, deleted)
+	require.Equal(t, 5, res.Streams)
+	page, err := s.ReadEvents(ctx, StreamRef{ProjectID: projectID, Path: "/y"}, itx.Query{})
+	require.NoError(t, err)
+	require.Empty(t, page.Events, "deleted here")
+
+	c, _ := mustOpen(t, Config{DataDir: dest})
+	page, err = c.ReadEvents(ctx, StreamRef{ProjectID: projectID, Path: "/y"}, itx.Query{})
+	require.NoError(t, err)
+	require.Len(t, page.Events, 1, "kept in the copy")
+	require.Equal(t, "kept", page.Events[0].Type)
+}
