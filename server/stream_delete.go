@@ -70,7 +70,10 @@ func (s *Server) DeleteStream(ctx context.Context, by Admin, ref StreamRef, forc
 	if err != nil {
 		return DeletedStream{}, err
 	}
-	if entry == nil || entry.StreamID != v.streamID {
+	if entry == nil {
+		return DeletedStream{}, itx.Errorf(itx.ENotFound, "stream %s was deleted meanwhile (with its project)", ref.Path)
+	}
+	if entry.StreamID != v.streamID {
 		return DeletedStream{}, itx.Errorf(itx.EInternal, "stream %s: the directory names another stream than the one unloaded", ref.Path)
 	}
 	// The head as the stream's last incarnation left it (an append may have landed after the view).
