@@ -124,8 +124,10 @@ func run(args []string, env environment) int {
                                      every subscription and registered reader under prefix with
                                      its lag, halted and parked ones first (--behind: only those
                                      behind or not active)
-  itx [flags] rm <path> [--force]    delete a stream for good (the admin right); --force also
-                                     while subscriptions, readers or connections consume it
+  itx [flags] rm <path> [--force] [--recursive]
+                                     delete a stream for good (the admin right); --force also
+                                     while subscriptions, readers or connections consume it;
+                                     --recursive: every stream at or below the path
   itx [flags] admin <command> ...    projects and tokens (itx admin help)
 
 The flags may also follow a command (itx tail /a --json).

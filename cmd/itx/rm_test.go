@@ -51,7 +51,31 @@ func TestRun_Rm(t *testing.T) {
 	code, _, errs = c.run("", append(conn, "rm", "/tmp/a")...)
 	require.Equal(t, exitError, code)
 	require.Contains(t, errs, "notFound")
-	for _, args := range [][]string{{"rm"}, {"rm", "tmp"}, {"rm", "/a", "/b"}, {"rm", "/a", "--recursive"}} {
+	// --recursive: the path and every stream below it, not a sibling sharing its prefix; one
+	// refused (a reader) is named, the rest go.
+	for _, p := range []string{"/job", "/job/1", "/job/1/log", "/job/2", "/jobs", "/job-x"} {
+		ts.appendDirect(t, p, itx.EventInput{Type: "e", Payload: json.RawMessage(`{}`)})
+	}
+	code, _, errs = c.run("", append(conn, "-e", `project.streams.get("/job/2").readers.register("mirror", 0)`)...)
+	require.Equal(t, exitOK, code, errs)
+	code, out, errs = c.run("", append(conn, "--json", "rm", "-r", "/job")...)
+	require.Equal(t, exitError, code)
+	require.Contains(t, errs, "1 stream not deleted: /job/2: ")
+	var rows []struct{ Path string }
+	require.NoError(t, json.Unmarshal([]byte(out), &rows), out)
+	require.Equal(t, []struct{ Path string }{{"/job/1/log"}, {"/job/1"}, {"/job"}}, rows)
+	code, out, errs = c.run("", append(conn, "--json", "rm", "/job", "--recursive", "--force")...)
+	require.Equal(t, exitOK, code, errs)
+	require.NoError(t, json.Unmarshal([]byte(out), &rows), out)
+	require.Equal(t, []struct{ Path string }{{"/job/2"}}, rows)
+	code, out, errs = c.run("", append(conn, "--json", "-e", `project.streams.list().map(s => s.path)`)...)
+	require.Equal(t, exitOK, code, errs)
+	require.JSONEq(t, `["/job-x", "/jobs", "/keep"]`, out)
+	code, _, errs = c.run("", append(conn, "rm", "-r", "/job")...)
+	require.Equal(t, exitError, code)
+	require.Contains(t, errs, "notFound")
+
+	for _, args := range [][]string{{"rm"}, {"rm", "tmp"}, {"rm", "/a", "/b"}, {"rm", "/a", "--all"}, {"rm", "-r", "/"}} {
 		code, _, errs := c.run("", append([]string{"--addr", "127.0.0.1:1", "--token", "x"}, args...)...)
 		require.Equal(t, exitUsage, code, "%v: %s", args, errs)
 	}

@@ -2,6 +2,7 @@ package repl
 
 import (
 	"context"
+	"fmt"
 	"strings"
 
 	"github.com/itx-dev/itx"
@@ -9,8 +10,8 @@ import (
 )
 
 func init() {
-	register(&Command{Name: "rm", Args: "<path> [--force]", CLI: true,
-		Help: "delete a stream for good (its events, subscriptions, readers and scheduled appends; the admin right); refused while it has subscriptions, registered readers or open connections unless --force",
+	register(&Command{Name: "rm", Args: "<path> [--force] [--recursive]", CLI: true,
+		Help: "delete a stream for good (its events, subscriptions, readers and scheduled appends; the admin right); refused while it has subscriptions, registered readers or open connections unless --force; --recursive also deletes every stream below the path (/path/...)",
 		Run:  runRm,
 		Check: func(args []string) error {
 			_, err := parseRm(args)
@@ -19,8 +20,8 @@ func init() {
 }
 
 type rmArgs struct {
-	path  string
-	force bool
+	path             string
+	force, recursive bool
 }
 
 func parseRm(args []string) (rmArgs, error) {
@@ -29,6 +30,8 @@ func parseRm(args []string) (rmArgs, error) {
 		switch {
 		case arg == "--force":
 			a.force = true
+		case arg == "--recursive" || arg == "-r":
+			a.recursive = true
 		case strings.HasPrefix(arg, "-"):
 			return a, usageError("rm", "unknown flag %q", arg)
 		case a.path != "":
@@ -43,23 +46,69 @@ func parseRm(args []string) (rmArgs, error) {
 	if a.path == "" {
 		return a, usageError("rm", "")
 	}
+	if a.recursive && a.path == "/" {
+		return a, usageError("rm", "--recursive on / would delete every stream of the project: name a narrower path")
+	}
 	return a, nil
 }
 
-// runRm deletes one stream and prints what was deleted.
+// rmRowJS is one stream rm deleted.
+type rmRowJS struct {
+	Path       string `json:"path"`
+	StreamID   string `json:"streamId"`
+	HeadOffset int64  `json:"headOffset"`
+}
+
+// runRm deletes one stream (with --recursive, every stream at or below the path, deepest
+// first) and prints what was deleted. A stream refused stops nothing else: the error names each.
 func runRm(ctx context.Context, s *Session, args []string) error {
 	a, err := parseRm(args)
 	if err != nil {
 		return err
 	}
-	gone, err := client.DeleteStream(ctx, s.project, a.path, a.force)
+	if !a.recursive {
+		gone, err := client.DeleteStream(ctx, s.project, a.path, a.force)
+		if err != nil {
+			return err
+		}
+		s.Print(s.toJS(rmRowJS{a.path, gone.StreamID, gone.HeadOffset}))
+		return nil
+	}
+	list, err := client.ListStreams(ctx, s.project, a.path)
 	if err != nil {
 		return err
 	}
-	s.Print(s.toJS(struct {
-		Path       string `json:"path"`
-		StreamID   string `json:"streamId"`
-		HeadOffset int64  `json:"headOffset"`
-	}{a.path, gone.StreamID, gone.HeadOffset}))
+	var paths []string
+	for i := len(list) - 1; i >= 0; i-- { // children before their parent
+		if itx.PathUnder(list[i].Path, a.path) {
+			paths = append(paths, list[i].Path)
+		}
+	}
+	if len(paths) == 0 {
+		return itx.Errorf(itx.ENotFound, "no stream at or below %s", a.path)
+	}
+	rows := []rmRowJS{}
+	var failed []string
+	var code itx.Code
+	for _, p := range paths {
+		gone, err := client.DeleteStream(ctx, s.project, p, a.force)
+		switch {
+		case itx.ErrorCode(err) == itx.ENotFound: // deleted meanwhile
+		case err != nil:
+			failed = append(failed, fmt.Sprintf("%s: %s", p, itx.ErrorMessage(err)))
+			if code == "" {
+				code = itx.ErrorCode(err)
+			}
+		default:
+			rows = append(rows, rmRowJS{p, gone.StreamID, gone.HeadOffset})
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	s.Print(s.toJS(rows))
+	if len(failed) > 0 {
+		return itx.Errorf(code, "%s not deleted: %s", plural(len(failed), "stream"), strings.Join(failed, "; "))
+	}
 	return nil
 }
