@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/itx-dev/itx"
 )
@@ -63,9 +64,14 @@ func (s *Server) DeleteStream(ctx context.Context, by Admin, ref StreamRef, forc
 	a.post(actorMsg{stopRemotes: true}) // best effort: a host that misses it is fenced anyway
 	s.release(a)
 	why := fmt.Sprintf("the stream %s was deleted", ref.Path)
-	if err := s.unloadDeleted(ctx, func(r StreamRef) bool { return r == ref }, why); err != nil {
+	uctx, cancel := context.WithTimeout(ctx, deleteUnloadTimeout)
+	err = s.unloadDeleted(uctx, func(r StreamRef) bool { return r == ref }, why)
+	cancel()
+	if err != nil {
 		return DeletedStream{}, err
 	}
+	// What it served was told it is deleted: the caller going away no longer stops the delete.
+	ctx = context.WithoutCancel(ctx)
 	entry, err := s.dir.Stream(ctx, ref.ProjectID, ref.Path)
 	if err != nil {
 		return DeletedStream{}, err
@@ -91,17 +97,22 @@ func (s *Server) DeleteStream(ctx context.Context, by Admin, ref StreamRef, forc
 		deleteStreamCommittedHook()
 	}
 	s.metrics.StreamsDeleted.Inc()
-	// The commit made the removal due: the caller going away does not stop it, and what a crash
-	// or a failure leaves stays recorded for the next start (removeDeletedStreams).
-	removeErr := s.removeStreams(context.WithoutCancel(ctx), []string{gone.StreamID})
-	s.collectSecrets(context.WithoutCancel(ctx), ref.ProjectID, refs)
-	s.audit(context.WithoutCancel(ctx), rec)
+	// The commit made the removal due: what a crash or a failure leaves of it stays recorded for
+	// the next start (removeDeletedStreams).
+	removeErr := s.removeStreams(ctx, []string{gone.StreamID})
+	s.collectSecrets(ctx, ref.ProjectID, refs)
+	s.audit(ctx, rec)
 	if removeErr != nil {
 		// Deleted: the directory no longer names it, and the next start removes its files.
 		s.log.Warn().Err(removeErr).Str("path", ref.Path).Msg("the deleted stream's files are removed at the next start")
 	}
 	return gone, nil
 }
+
+// deleteUnloadTimeout bounds how long a delete waits for the calls holding the stream (a read
+// under way, a connection's last batch) to let go after they were told; past it the delete fails
+// with EFailedPrecondition (retry it) and the stream unloads once released.
+const deleteUnloadTimeout = 30 * time.Second
 
 // deleteStreamCommittedHook, when set (tests), runs in DeleteStream between the directory's
 // commit and the removal of the stream's files.
