@@ -20,7 +20,10 @@ type StreamInfo struct {
 	// ParkedSubscriptions counts subscriptions parked because their receiver is absent (a
 	// remote processor whose host is gone, a capability no longer mounted), as Readers.
 	ParkedSubscriptions int
-	Loaded              bool
+	// TrimmedThrough is the offset through which Stream.trim deleted the events (its stream/*
+	// records kept); 0: nothing trimmed. Set by describe, not by list.
+	TrimmedThrough int64
+	Loaded         bool
 }
 
 // AppendOptions qualify one append call; the zero value appends unconditionally.

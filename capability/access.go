@@ -184,6 +184,7 @@ var methodRights = map[string]rightSet{
 	"Stream.schedule":              rAppend,
 	"Stream.cancelScheduled":       rAppend,
 	"Stream.listScheduled":         rRead,
+	"Stream.trim":                  rAdmin, // deletes what every consumer already holds, for good
 
 	"Subscriptions.list":      rRead,
 	"Subscriptions.get":       rNone,

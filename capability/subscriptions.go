@@ -582,3 +582,23 @@ func (s *stream) ListScheduled(ctx context.Context, call schema.Stream_listSched
 	}
 	return nil
 }
+
+// Trim deletes the stream's events through an offset (retention; the admin right).
+func (s *stream) Trim(ctx context.Context, call schema.Stream_trim) error {
+	through, err := itx.ValidateOffset("throughOffset", call.Args().ThroughOffset())
+	if err != nil {
+		return fail(err)
+	}
+	call.Go()
+	r, err := s.srv.TrimStream(ctx, s.ref, through)
+	if err != nil {
+		return fail(err)
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	res.SetTrimmedThrough(uint64(r.TrimmedThrough))
+	res.SetDeleted(uint64(r.Deleted))
+	return nil
+}

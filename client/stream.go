@@ -414,3 +414,30 @@ func ListScheduled(ctx context.Context, s schema.Stream) ([]itx.ScheduledEvent, 
 	}
 	return out, nil
 }
+
+// TrimResult answers Trim: how far the stream is trimmed now, and the events this call deleted.
+type TrimResult struct {
+	TrimmedThrough int64
+	Deleted        int64
+}
+
+// Trim deletes the stream's events through throughOffset for good (retention; the admin
+// right), except its stream/* records, never past what every consumer holds (the lowest
+// confirmed offset of its subscriptions, checkpoint of its registered readers and delivered
+// offset of its open connections). Offsets are never reissued; reads pass the gap; the
+// idempotency keys of deleted events are forgotten.
+func Trim(ctx context.Context, s schema.Stream, throughOffset int64) (TrimResult, error) {
+	if throughOffset < 0 {
+		return TrimResult{}, itx.Errorf(itx.EInvalid, "throughOffset %d is negative", throughOffset)
+	}
+	fut, release := s.Trim(ctx, func(p schema.Stream_trim_Params) error {
+		p.SetThroughOffset(uint64(throughOffset))
+		return nil
+	})
+	defer release()
+	res, err := fut.Struct()
+	if err != nil {
+		return TrimResult{}, err
+	}
+	return TrimResult{TrimmedThrough: int64(res.TrimmedThrough()), Deleted: int64(res.Deleted())}, nil
+}

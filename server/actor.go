@@ -124,6 +124,8 @@ type actorMsg struct {
 	dropUnmade bool
 	// freeze: a backup takes its instant (backup.go).
 	freeze *freezeReq
+	// trim: Stream.trim, one chunk at a time (stream_trim.go).
+	trim *trimReq
 }
 
 func newActor(s *Server, ref StreamRef) *actor {
@@ -256,6 +258,7 @@ func loadState(ctx context.Context, store streamStore, rc reduceContext, now tim
 		return nil, err
 	}
 	st.streamID, st.head, st.lastAppendAt, st.createdAt, st.created = meta.StreamID, meta.HeadOffset, meta.LastAppendAt, meta.CreatedAt, true
+	st.trimmed = meta.TrimmedThrough
 	raw, err := store.KV(ctx, coreStateKey)
 	if err != nil {
 		return nil, err
@@ -559,6 +562,8 @@ func (a *actor) handle(m actorMsg) bool {
 		if a.store == nil {
 			a.dropUnmade(context.Background())
 		}
+	case m.trim != nil:
+		a.trimChunk(m.trim)
 	case m.stopRemotes:
 		for name, d := range a.deliverers {
 			if d.remoteContract != "" {
@@ -1349,7 +1354,8 @@ type view struct {
 	changed <-chan struct{}
 }
 
-type streamTimes struct{ createdAt, lastAppendAt int64 }
+// streamTimes is what describe shows of a stream beside its head (trimmed: Stream.trim's reach).
+type streamTimes struct{ createdAt, lastAppendAt, trimmed int64 }
 
 // publish makes the state after a step visible to readers and wakes whoever waits on a change.
 // Rows are copied only when they may have changed.
@@ -1376,7 +1382,7 @@ func (a *actor) publish(rowsChanged bool) {
 		// creation whose first commit failed (or that a crash cut short) holds no stream yet.
 		v.streamID = st.streamID
 	}
-	v.info = streamTimes{st.createdAt, st.lastAppendAt}
+	v.info = streamTimes{st.createdAt, st.lastAppendAt, st.trimmed}
 	if rowsChanged || v.rows == nil {
 		rows := make(map[string]storage.CursorRow, len(st.rows))
 		for name, r := range st.rows {

@@ -19,6 +19,7 @@ type streamState struct {
 	head         int64
 	createdAt    int64
 	lastAppendAt int64
+	trimmed      int64 // Stream.trim deleted the events through here (stream/* records kept)
 	core         *coreState
 	rows         map[string]*storage.CursorRow
 	readers      map[string]storage.Reader

@@ -32,6 +32,9 @@ type streamStore interface {
 	EphemeralBytes(ctx context.Context) (int64, error)
 	EphemeralCutoff(ctx context.Context, need int64) (through, freed int64, err error)
 	DeleteEphemeral(ctx context.Context, through, before int64) (int64, error)
+	// Trim deletes at most limit durable events (not stream/* records) through an offset, in one
+	// transaction, and returns how far the stream is trimmed now (see storage.Stream.Trim).
+	Trim(ctx context.Context, through int64, limit int) (deleted, reached int64, err error)
 	Close() error
 }
 

@@ -478,7 +478,7 @@ func describeView(ref StreamRef, v view, loaded bool) itx.StreamInfo {
 		return itx.StreamInfo{Path: ref.Path, Loaded: loaded} // no first commit yet: no stream
 	}
 	info := itx.StreamInfo{Path: ref.Path, StreamID: v.streamID, HeadOffset: v.head, CreatedAt: v.info.createdAt,
-		LastAppendAt: v.info.lastAppendAt, Loaded: loaded}
+		LastAppendAt: v.info.lastAppendAt, TrimmedThrough: v.info.trimmed, Loaded: loaded}
 	standing(v.head, v.core.Subscriptions, valueRow(v.rows), v.readers).setIn(&info)
 	return info
 }

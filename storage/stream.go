@@ -21,6 +21,8 @@ type StreamMeta struct {
 	CreatedAt    int64
 	HeadOffset   int64
 	LastAppendAt int64
+	// TrimmedThrough is the offset through which Trim deleted the events (0: none).
+	TrimmedThrough int64
 }
 
 // Stream is one stream's SQLite database. Writes go through a single connection (the actor is
@@ -157,8 +159,8 @@ func (s *Stream) Close() error {
 // Meta reads the stream's identity and head.
 func (s *Stream) Meta(ctx context.Context) (StreamMeta, error) {
 	var m StreamMeta
-	err := s.w.QueryRowContext(ctx, `select stream_id, project_id, path, created_at, head_offset, last_append_at
-		from stream_meta where id = 1`).Scan(&m.StreamID, &m.ProjectID, &m.Path, &m.CreatedAt, &m.HeadOffset, &m.LastAppendAt)
+	err := s.w.QueryRowContext(ctx, `select stream_id, project_id, path, created_at, head_offset, last_append_at, trimmed_through
+		from stream_meta where id = 1`).Scan(&m.StreamID, &m.ProjectID, &m.Path, &m.CreatedAt, &m.HeadOffset, &m.LastAppendAt, &m.TrimmedThrough)
 	if err != nil {
 		return m, fmt.Errorf("read stream meta: %w", err)
 	}
@@ -547,6 +549,44 @@ func (s *Stream) EphemeralCutoff(ctx context.Context, need int64) (through, free
 		freed += size
 	}
 	return through, freed, rows.Err()
+}
+
+// Trim deletes, in one transaction, at most limit durable events with offsets up to and
+// including through, oldest first, except stream/* records (the core state is reduced from
+// them), and records how far the stream is trimmed: through when no such event is left at or
+// below it, else the offset of the last one deleted. reached is never below what an earlier
+// trim reached. Offsets are never reissued: the head lives in stream_meta. Ephemeral rows are
+// left to their own sweep.
+func (s *Stream) Trim(ctx context.Context, through int64, limit int) (deleted, reached int64, err error) {
+	tx, err := s.w.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, 0, fmt.Errorf("trim: %w", err)
+	}
+	defer tx.Rollback()
+	var last sql.NullInt64
+	if err := tx.QueryRowContext(ctx, `select max(offset), count(*) from (select offset from events
+		where offset <= ? and ephemeral = 0 and substr(type, 1, 7) != 'stream/' order by offset limit ?)`, through, limit).Scan(&last, &deleted); err != nil {
+		return 0, 0, fmt.Errorf("trim: %w", err)
+	}
+	reached = through
+	if deleted > 0 {
+		if _, err := tx.ExecContext(ctx, `delete from events where offset <= ? and ephemeral = 0 and substr(type, 1, 7) != 'stream/'`, last.Int64); err != nil {
+			return 0, 0, fmt.Errorf("trim: %w", err)
+		}
+		if deleted == int64(limit) {
+			reached = last.Int64 // more may follow
+		}
+	}
+	if _, err := tx.ExecContext(ctx, `update stream_meta set trimmed_through = max(trimmed_through, ?) where id = 1`, reached); err != nil {
+		return 0, 0, fmt.Errorf("trim: %w", err)
+	}
+	if err := tx.QueryRowContext(ctx, `select trimmed_through from stream_meta where id = 1`).Scan(&reached); err != nil {
+		return 0, 0, fmt.Errorf("trim: %w", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, 0, fmt.Errorf("trim: %w", err)
+	}
+	return deleted, reached, nil
 }
 
 // DeleteEphemeral deletes ephemeral rows with offsets up to and including through and created

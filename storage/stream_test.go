@@ -149,7 +149,7 @@ func TestStream_Pragmas(t *testing.T) {
 	require.NoError(t, db.QueryRow("PRAGMA user_version").Scan(&version))
 	require.Equal(t, "wal", mode)
 	require.Equal(t, 2, sync)
-	require.Equal(t, 4, version, "migrations ran")
+	require.Equal(t, 5, version, "migrations ran")
 
 	// The seed's cursor table exists with its exact columns.
 	rows, err := db.Query("select name from pragma_table_info('subscription_cursors') order by cid")
@@ -379,7 +379,7 @@ func TestStream_CursorDeliveredOffset(t *testing.T) {
 	var left int
 	require.NoError(t, db.QueryRowContext(ctx, `select count(*) from subscription_delivered`).Scan(&left))
 	require.Zero(t, left, "nothing left of deleted or zeroed rows")
-	_, err = db.ExecContext(ctx, `drop table subscription_delivered; PRAGMA user_version = 3`)
+	_, err = db.ExecContext(ctx, `drop table subscription_delivered; alter table stream_meta drop column trimmed_through; PRAGMA user_version = 3`)
 	require.NoError(t, err)
 	require.NoError(t, migrate(ctx, db, "stream"))
 	var cursors int
@@ -648,4 +648,49 @@ func TestStream_Snapshot(t *testing.T) {
 	m, err = s.Meta(ctx)
 	require.NoError(t, err)
 	require.Equal(t, int64(5), m.HeadOffset, "the stream is as it was")
+}
+
+// Trim deletes durable events through an offset, a chunk at a time, oldest first, keeping the
+// stream/* records and the ephemeral rows; how far it reached survives a reopen and never moves
+// back; the keys of deleted events are forgotten; the head stays.
+func TestStream_Trim(t *testing.T) {
+	ctx := context.Background()
+	s, file := mustCreateStream(t)
+	batch := events(1, 12, 6) // offsets 6 and 12 ephemeral
+	batch[2].Type = "stream/subscription-configured"
+	batch[3].Type = "Stream/not-core" // core types are case-sensitive
+	batch[4].IdempotencyKey = "k5"
+	require.NoError(t, s.Commit(ctx, Commit{Events: batch, HeadOffset: 12, LastAppendAt: 112}))
+
+	deleted, reached, err := s.Trim(ctx, 9, 3)
+	require.NoError(t, err)
+	require.Equal(t, int64(3), deleted) // 1, 2, 4
+	require.Equal(t, int64(4), reached, "a full chunk: more may follow")
+	deleted, reached, err = s.Trim(ctx, 9, 3)
+	require.NoError(t, err)
+	require.Equal(t, int64(3), deleted) // 5, 7, 8
+	require.Equal(t, int64(8), reached)
+	deleted, reached, err = s.Trim(ctx, 9, 3)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), deleted) // 9
+	require.Equal(t, int64(9), reached)
+	got, err := s.Events(ctx, Query{After: 0, UpTo: 12, Limit: 100, IncludeEphemeral: true})
+	require.NoError(t, err)
+	require.Equal(t, []int64{3, 6, 10, 11, 12}, offsets(got))
+	byKey, err := s.EventsByKeys(ctx, []string{"k5"})
+	require.NoError(t, err)
+	require.Empty(t, byKey)
+
+	deleted, reached, err = s.Trim(ctx, 2, 3)
+	require.NoError(t, err)
+	require.Zero(t, deleted)
+	require.Equal(t, int64(9), reached, "never moves back")
+	require.NoError(t, s.Close())
+	s2, err := OpenStream(ctx, file)
+	require.NoError(t, err)
+	defer s2.Close()
+	m, err := s2.Meta(ctx)
+	require.NoError(t, err)
+	require.Equal(t, int64(9), m.TrimmedThrough)
+	require.Equal(t, int64(12), m.HeadOffset)
 }

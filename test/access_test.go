@@ -226,6 +226,10 @@ var methodCases = map[string]methodCase{
 		_, err := client.Append(ctx, s, []itx.EventInput{ev("note", `{}`)}, itx.AppendOptions{})
 		return err
 	})},
+	"Stream.trim": {right: itx.RightAdmin, pathed: true, call: withStream(func(ctx context.Context, s schema.Stream) error {
+		_, err := client.Trim(ctx, s, 0) // through 0: deletes nothing
+		return err
+	})},
 	"Stream.schedule": {right: itx.RightAppend, pathed: true, call: withStream(func(ctx context.Context, s schema.Stream) error {
 		_, _, err := client.Schedule(ctx, s, keyed("note", `{}`, "later"), time.Now().Add(time.Hour))
 		return err

@@ -165,6 +165,7 @@ func SetStreamInfo(dst schema.StreamInfo, info itx.StreamInfo) error {
 	dst.SetMaxLag(uint64(info.MaxLag))
 	dst.SetReaderCount(uint32(info.Readers))
 	dst.SetParkedSubscriptions(uint32(info.ParkedSubscriptions))
+	dst.SetTrimmedThrough(uint64(info.TrimmedThrough))
 	dst.SetLoaded(info.Loaded)
 	return nil
 }
@@ -174,7 +175,7 @@ func StreamInfoFromSchema(src schema.StreamInfo) (itx.StreamInfo, error) {
 	out := itx.StreamInfo{HeadOffset: int64(src.HeadOffset()), CreatedAt: src.CreatedAt(),
 		LastAppendAt: src.LastAppendAt(), SubscriptionCount: int(src.SubscriptionCount()), Loaded: src.Loaded(),
 		HaltedSubscriptions: int(src.HaltedSubscriptions()), MaxLag: int64(src.MaxLag()), Readers: int(src.ReaderCount()),
-		ParkedSubscriptions: int(src.ParkedSubscriptions())}
+		ParkedSubscriptions: int(src.ParkedSubscriptions()), TrimmedThrough: int64(src.TrimmedThrough())}
 	var err error
 	if out.Path, err = src.Path(); err != nil {
 		return out, err

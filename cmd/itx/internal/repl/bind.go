@@ -71,6 +71,7 @@ var bindings = map[string]map[string]binding{
 		"schedule":              {"schedule(event, dueAt) or schedule({event, dueAt}) -> {dueAt, appendedOffset?} (dueAt null when the key is already in the log at appendedOffset; a durable timer: event, with its idempotencyKey, is appended at dueAt: a Date, an ISO-8601 time, epoch ms or a duration from now like \"10m\")", streamSchedule},
 		"cancelScheduled":       {"cancelScheduled(key) or cancelScheduled({key}) -> {cancelled}", streamCancelScheduled},
 		"listScheduled":         {"listScheduled() -> [{dueAt, type, idempotencyKey, payload}]", streamListScheduled},
+		"trim":                  {"trim(throughOffset) or trim({throughOffset}) -> {trimmedThrough, deleted} (retention, the admin right: deletes the events through the offset for good, its stream/* records kept, never past what its subscriptions confirmed, its readers' checkpoints and its open connections delivered; the deleted events' idempotency keys are forgotten)", streamTrim},
 	},
 	"Subscriptions": {
 		"list":      {"list() -> [{name, kind, status, confirmedOffset, deliveredOffset, lag, lastError, configuredAtOffset}]", subscriptionsList},
@@ -312,13 +313,15 @@ type streamInfoJS struct {
 	MaxLag              int64 `json:"maxLag"`
 	ReaderCount         int   `json:"readerCount"`
 	Loaded              bool  `json:"loaded"`
+	// Stream.trim's reach: shown by describe once the stream was trimmed.
+	TrimmedThrough int64 `json:"trimmedThrough,omitempty"`
 }
 
 func streamInfoOf(i itx.StreamInfo) streamInfoJS {
 	return streamInfoJS{Path: i.Path, StreamID: i.StreamID, HeadOffset: i.HeadOffset, CreatedAt: msTime(i.CreatedAt),
 		LastAppendAt: msTime(i.LastAppendAt), SubscriptionCount: i.SubscriptionCount,
 		HaltedSubscriptions: i.HaltedSubscriptions, ParkedSubscriptions: i.ParkedSubscriptions, MaxLag: i.MaxLag,
-		ReaderCount: i.Readers, Loaded: i.Loaded}
+		ReaderCount: i.Readers, Loaded: i.Loaded, TrimmedThrough: i.TrimmedThrough}
 }
 
 type offsetJS struct {
@@ -409,6 +412,25 @@ func streamsRemove(ctx context.Context, s *Session, c capnp.Client, _ capPath, a
 }
 
 // --- Stream ---
+
+func streamTrim(ctx context.Context, s *Session, c capnp.Client, _ capPath, args []goja.Value) (any, error) {
+	o, err := s.params("Stream.trim", args, []string{"throughOffset"}, "throughOffset")
+	if err != nil {
+		return nil, err
+	}
+	through := o.uint("throughOffset")
+	if err := o.err(); err != nil {
+		return nil, err
+	}
+	r, err := client.Trim(ctx, schema.Stream(c), int64(through))
+	if err != nil {
+		return nil, err
+	}
+	return struct {
+		TrimmedThrough int64 `json:"trimmedThrough"`
+		Deleted        int64 `json:"deleted"`
+	}{r.TrimmedThrough, r.Deleted}, nil
+}
 
 var eventKeys = []string{"type", "payload", "idempotencyKey", "metadata", "ephemeral"}
 

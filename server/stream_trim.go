@@ -1,0 +1,116 @@
+package server
+
+import (
+	"context"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/storage"
+)
+
+// trimChunkEvents is how many events one trim transaction deletes: a trim of millions goes a
+// chunk at a time, the stream's other work (appends, deliveries) taking turns between chunks.
+const trimChunkEvents = 5000
+
+// trimReq is a Stream.trim under way on the actor.
+type trimReq struct {
+	through int64
+	deleted int64 // so far, over its chunks
+	reply   chan trimReply
+}
+
+type trimReply struct {
+	trimmed, deleted int64
+	err              error
+}
+
+// TrimResult answers Stream.trim.
+type TrimResult struct {
+	TrimmedThrough int64 // how far the stream is trimmed now
+	Deleted        int64 // the events this call deleted
+}
+
+// TrimStream deletes a stream's events through an offset, except its stream/* records, never
+// past what every consumer holds (durableFloor). Offsets are never reissued; reads pass the gap.
+// It needs the stream to exist.
+func (s *Server) TrimStream(ctx context.Context, ref StreamRef, through int64) (TrimResult, error) {
+	if err := itx.ValidatePath(ref.Path); err != nil {
+		return TrimResult{}, err
+	}
+	if through < 0 {
+		return TrimResult{}, itx.Errorf(itx.EInvalid, "throughOffset %d is negative", through)
+	}
+	a, err := s.acquire(ctx, ref)
+	if err != nil {
+		return TrimResult{}, err
+	}
+	defer s.release(a)
+	if a.view().streamID == "" {
+		return TrimResult{}, itx.Errorf(itx.ENotFound, "no stream %s", ref.Path)
+	}
+	r := &trimReq{through: through, reply: make(chan trimReply, 1)}
+	a.post(actorMsg{trim: r})
+	select {
+	case rep := <-r.reply:
+		return TrimResult{TrimmedThrough: rep.trimmed, Deleted: rep.deleted}, rep.err
+	case <-a.done:
+		return TrimResult{}, a.ended()
+	case <-ctx.Done():
+		// The chunks already committed stay trimmed; the rest is left (trim again).
+		return TrimResult{}, itx.Errorf(itx.ECancelled, "trim of %s: %v", ref.Path, ctx.Err())
+	}
+}
+
+// trimChunk deletes one chunk of a trim on the actor, between two commits, and queues the next
+// one behind what is waiting, or answers.
+func (a *actor) trimChunk(r *trimReq) {
+	answer := func(err error) { r.reply <- trimReply{a.st.trimmed, r.deleted, err} }
+	if a.store == nil {
+		answer(itx.Errorf(itx.ENotFound, "no stream %s", a.ref.Path))
+		return
+	}
+	target := min(r.through, a.durableFloor())
+	if target <= a.st.trimmed {
+		answer(nil)
+		return
+	}
+	n, reached, err := a.store.Trim(context.Background(), target, trimChunkEvents)
+	if err != nil {
+		answer(itx.Errorf(storage.ErrorCode(err), "trim of %s: %v", a.ref.Path, err))
+		return
+	}
+	r.deleted += n
+	if reached > a.st.trimmed {
+		a.st.trimmed = reached
+		a.publish(true)
+	}
+	if reached < target {
+		go a.post(actorMsg{trim: r}) // after what is queued now; the caller's hold keeps a loaded
+		return
+	}
+	answer(nil)
+}
+
+// durableFloor is the offset through which every consumer of the stream holds its events: the
+// lowest confirmed offset of its subscriptions (one without a cursor row yet holds nothing),
+// checkpoint of its registered readers and delivered offset of its open connections; the head
+// when it has none. A trim never passes it.
+func (a *actor) durableFloor() int64 {
+	st := a.st
+	floor := st.head
+	if st.core != nil {
+		for name := range st.core.Subscriptions {
+			confirmed := int64(0)
+			if r := st.rows[name]; r != nil {
+				confirmed = r.ConfirmedOffset
+			}
+			floor = min(floor, confirmed)
+		}
+	}
+	for _, r := range st.readers {
+		floor = min(floor, r.Checkpoint)
+	}
+	for _, c := range a.conns {
+		floor = min(floor, c.delivered.Load())
+	}
+	return floor
+}
