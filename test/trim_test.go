@@ -1,0 +1,141 @@
+package test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/schema"
+	"github.com/itx-dev/itx/server"
+	"github.com/stretchr/testify/require"
+)
+
+// Stream.trim deletes events through an offset, never past what a registered reader or a
+// subscription holds; the stream/* records stay (the catalog survives an unload and reload);
+// reads and a connection opened at 0 pass the gap; the head and offsets stay; describe shows the
+// reach, also after a reload; a deleted event's idempotency key is forgotten.
+func TestStream_TrimKeepsWhatConsumersHold(t *testing.T) {
+	e := newSubEnv(t, server.Config{IdleTimeout: time.Minute})
+	ctx := e.ctx
+	s := stream(t, e.p, "/trimmed")
+	for i := 1; i <= 10; i++ {
+		in := ev("e", fmt.Sprintf(`{"i":%d}`, i))
+		if i == 2 {
+			in.IdempotencyKey = "k2"
+		}
+		mustAppend(t, s, in)
+	}
+	_, configured := e.configure(t, s, client.SubscriptionConfig{Name: "copy",
+		Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: "/trimmed-copy"}})
+	require.Equal(t, int64(11), configured)
+	e.waitProcessed(t, s, "copy", 11)
+	registerReader(t, s, "mirror", 4)
+
+	r, err := client.Trim(ctx, s, 100)
+	require.NoError(t, err)
+	require.Equal(t, client.TrimResult{TrimmedThrough: 4, Deleted: 4}, r, "the reader holds 5 on")
+	events, err := client.ReadAll(ctx, s, itx.Query{})
+	require.NoError(t, err)
+	require.Equal(t, []int64{5, 6, 7, 8, 9, 10, 11}, offsetsOf(events))
+
+	registerReader(t, s, "mirror", 8)
+	r, err = client.Trim(ctx, s, 6)
+	require.NoError(t, err)
+	require.Equal(t, client.TrimResult{TrimmedThrough: 6, Deleted: 2}, r, "as far as asked")
+	r, err = client.Trim(ctx, s, 3)
+	require.NoError(t, err)
+	require.Equal(t, client.TrimResult{TrimmedThrough: 6}, r, "never back")
+
+	rf, releaseReaders := s.Readers(ctx, nil)
+	require.NoError(t, client.RemoveReader(ctx, rf.Readers(), "mirror"))
+	releaseReaders()
+	r, err = client.Trim(ctx, s, 100)
+	require.NoError(t, err)
+	require.Equal(t, client.TrimResult{TrimmedThrough: 11, Deleted: 4}, r, "the subscription confirmed through the head")
+	events, err = client.ReadAll(ctx, s, itx.Query{})
+	require.NoError(t, err)
+	require.Len(t, events, 1)
+	require.Equal(t, itx.TypeSubscriptionConfigured, events[0].Type, "stream/* records stay")
+
+	// A connection opened at 0 passes the gap.
+	sink := newTestSink()
+	conn, err := openConn(t, s, connOpts{noState: true}, sink)
+	require.NoError(t, err)
+	waitUntil(t, "caught up", func() bool { return len(sink.offsets()) == 1 })
+	require.Equal(t, []int64{11}, sink.offsets())
+	fut, release := conn.Close(ctx, func(p schema.Connection_close_Params) error { return p.SetReason("done") })
+	_, err = fut.Struct()
+	release()
+	require.NoError(t, err)
+
+	// Offsets go on from the head; the trimmed key is new again.
+	res := mustAppend(t, s, keyed("e", `{"i":"again"}`, "k2"))
+	require.Equal(t, []int64{12}, res.Offsets)
+	require.Equal(t, []bool{false}, res.Duplicate)
+	e.waitProcessed(t, s, "copy", 12)
+	copied, err := client.ReadAll(ctx, stream(t, e.p, "/trimmed-copy"), itx.Query{Types: []string{"e"}})
+	require.NoError(t, err)
+	require.Len(t, copied, 11, "the copy was made before the trim")
+
+	// Unloaded and loaded again: the catalog and the reach are read back from the stream.
+	waitUntil(t, "the idle stream unloaded", func() bool {
+		e.clock.Advance(2 * time.Minute)
+		e.ts.srv.Sweep()
+		return e.ts.srv.LoadedStreams() == 0
+	})
+	info, err := client.Describe(ctx, s)
+	require.NoError(t, err)
+	require.Equal(t, int64(11), info.TrimmedThrough)
+	require.Equal(t, int64(12), info.HeadOffset)
+	subs := client.Subscriptions(ctx, s)
+	defer subs.Release()
+	list, err := client.ListSubscriptions(ctx, subs)
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+	require.Equal(t, "copy", list[0].Name)
+
+	_, err = client.Trim(ctx, stream(t, e.p, "/never"), 5)
+	requireCode(t, err, itx.ENotFound)
+	_, err = client.Trim(ctx, s, -1)
+	requireCode(t, err, itx.EInvalid)
+}
+
+// An open connection holds what it has not been delivered, and a subscription what it has not
+// confirmed (one whose receiver is absent holds everything).
+func TestStream_TrimKeepsWhatConnectionsAndParkedSubscriptionsHold(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	ctx := e.ctx
+	s := stream(t, e.p, "/held")
+	for i := 1; i <= 5; i++ {
+		mustAppend(t, s, ev("e", fmt.Sprintf(`{"i":%d}`, i)))
+	}
+	sink := newTestSink()
+	sink.block = make(chan struct{})
+	_, err := openConn(t, s, connOpts{noState: true, maxEvents: 2}, sink)
+	require.NoError(t, err)
+	r, err := client.Trim(ctx, s, 5)
+	require.NoError(t, err)
+	require.Equal(t, client.TrimResult{}, r, "the connection has been delivered nothing")
+	close(sink.block)
+	waitUntil(t, "delivered", func() bool { return len(sink.offsets()) == 5 })
+	waitUntil(t, "trimmed", func() bool {
+		r, err = client.Trim(ctx, s, 5)
+		require.NoError(t, err)
+		return r.TrimmedThrough == 5
+	})
+
+	parked := stream(t, e.p, "/parked")
+	for i := 1; i <= 3; i++ {
+		mustAppend(t, parked, ev("e", `{}`))
+	}
+	e.configure(t, parked, client.SubscriptionConfig{Name: "inbox",
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "nobody"}})
+	r, err = client.Trim(ctx, parked, 3)
+	require.NoError(t, err)
+	require.Equal(t, client.TrimResult{}, r)
+	events, err := client.ReadAll(ctx, parked, itx.Query{})
+	require.NoError(t, err)
+	require.Len(t, events, 4)
+}
