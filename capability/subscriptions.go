@@ -590,7 +590,7 @@ func (s *stream) Trim(ctx context.Context, call schema.Stream_trim) error {
 		return fail(err)
 	}
 	call.Go()
-	r, err := s.srv.TrimStream(ctx, s.ref, through)
+	r, err := s.srv.TrimStream(ctx, s.ref, through, call.Args().CreatedBefore())
 	if err != nil {
 		return fail(err)
 	}

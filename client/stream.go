@@ -427,11 +427,31 @@ type TrimResult struct {
 // offset of its open connections). Offsets are never reissued; reads pass the gap; the
 // idempotency keys of deleted events are forgotten.
 func Trim(ctx context.Context, s schema.Stream, throughOffset int64) (TrimResult, error) {
-	if throughOffset < 0 {
-		return TrimResult{}, itx.Errorf(itx.EInvalid, "throughOffset %d is negative", throughOffset)
+	return TrimWith(ctx, s, TrimOptions{ThroughOffset: throughOffset})
+}
+
+// TrimOptions bound what Trim deletes: events through ThroughOffset and/or created before
+// CreatedBefore (zero: no such bound; at least one is needed).
+type TrimOptions struct {
+	ThroughOffset int64
+	CreatedBefore time.Time
+}
+
+// TrimWith is Trim with a time bound as well: TrimWith(ctx, s, TrimOptions{CreatedBefore:
+// time.Now().Add(-30 * 24 * time.Hour)}) keeps the last 30 days.
+func TrimWith(ctx context.Context, s schema.Stream, o TrimOptions) (TrimResult, error) {
+	if o.ThroughOffset < 0 {
+		return TrimResult{}, itx.Errorf(itx.EInvalid, "throughOffset %d is negative", o.ThroughOffset)
+	}
+	var before int64
+	if !o.CreatedBefore.IsZero() {
+		if before = o.CreatedBefore.UnixMilli(); before <= 0 {
+			return TrimResult{}, itx.Errorf(itx.EInvalid, "createdBefore %s is not after 1970", o.CreatedBefore)
+		}
 	}
 	fut, release := s.Trim(ctx, func(p schema.Stream_trim_Params) error {
-		p.SetThroughOffset(uint64(throughOffset))
+		p.SetThroughOffset(uint64(o.ThroughOffset))
+		p.SetCreatedBefore(before)
 		return nil
 	})
 	defer release()

@@ -518,14 +518,15 @@ interface Stream {
   schedule @13 (event :EventInput, dueAt :Int64) -> (dueAt :Int64, appendedOffset :UInt64);
   cancelScheduled @14 (key :Text) -> (cancelled :Bool);
   listScheduled @15 () -> (scheduled :List(ScheduledEvent));
-  # Retention: deletes the stream's events through throughOffset for good, except its stream/*
-  # records (the subscription catalog is reduced from them), never past what every consumer
-  # holds: the lowest confirmed offset of its subscriptions, checkpoint of its registered
-  # readers and delivered offset of its open connections. trimmedThrough is how far the stream
-  # is trimmed now (at most throughOffset), deleted how many events this call deleted. Offsets
-  # are never reissued; reads pass the gap. The idempotency keys of deleted events are forgotten.
-  # Needs the admin right.
-  trim @16 (throughOffset :UInt64) -> (trimmedThrough :UInt64, deleted :UInt64);
+  # Retention: deletes the stream's events through throughOffset and/or created before
+  # createdBefore (epoch ms) for good (0: no such bound; at least one is needed), except its
+  # stream/* records (the subscription catalog is reduced from them), never past what every
+  # consumer holds: the lowest confirmed offset of its subscriptions, checkpoint of its
+  # registered readers and delivered offset of its open connections. trimmedThrough is how far
+  # the stream is trimmed now, deleted how many events this call deleted. Offsets are never
+  # reissued; reads pass the gap. The idempotency keys of deleted events are forgotten. Needs
+  # the admin right.
+  trim @16 (throughOffset :UInt64, createdBefore :Int64) -> (trimmedThrough :UInt64, deleted :UInt64);
 }
 
 # A pending scheduled append (Stream.schedule).

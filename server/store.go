@@ -35,6 +35,8 @@ type streamStore interface {
 	// Trim deletes at most limit durable events (not stream/* records) through an offset, in one
 	// transaction, and returns how far the stream is trimmed now (see storage.Stream.Trim).
 	Trim(ctx context.Context, through int64, limit int) (deleted, reached int64, err error)
+	// LastCreatedBefore is the offset of the last event created before t (epoch ms).
+	LastCreatedBefore(ctx context.Context, t int64) (int64, error)
 	Close() error
 }
 

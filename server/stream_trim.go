@@ -13,9 +13,10 @@ const trimChunkEvents = 5000
 
 // trimReq is a Stream.trim under way on the actor.
 type trimReq struct {
-	through int64
-	deleted int64 // so far, over its chunks
-	reply   chan trimReply
+	through       int64 // 0: no offset bound
+	createdBefore int64 // epoch ms; 0: no time bound (resolved to an offset by the first chunk)
+	deleted       int64 // so far, over its chunks
+	reply         chan trimReply
 }
 
 type trimReply struct {
@@ -29,15 +30,21 @@ type TrimResult struct {
 	Deleted        int64 // the events this call deleted
 }
 
-// TrimStream deletes a stream's events through an offset, except its stream/* records, never
-// past what every consumer holds (durableFloor). Offsets are never reissued; reads pass the gap.
-// It needs the stream to exist.
-func (s *Server) TrimStream(ctx context.Context, ref StreamRef, through int64) (TrimResult, error) {
+// TrimStream deletes a stream's events through an offset and/or created before a time (epoch
+// ms; 0: no such bound, at least one needed), except its stream/* records, never past what every
+// consumer holds (durableFloor). Offsets are never reissued; reads pass the gap. It needs the
+// stream to exist.
+func (s *Server) TrimStream(ctx context.Context, ref StreamRef, through, createdBefore int64) (TrimResult, error) {
 	if err := itx.ValidatePath(ref.Path); err != nil {
 		return TrimResult{}, err
 	}
-	if through < 0 {
+	switch {
+	case through < 0:
 		return TrimResult{}, itx.Errorf(itx.EInvalid, "throughOffset %d is negative", through)
+	case createdBefore < 0:
+		return TrimResult{}, itx.Errorf(itx.EInvalid, "createdBefore %d is negative", createdBefore)
+	case through == 0 && createdBefore == 0:
+		return TrimResult{}, itx.Errorf(itx.EInvalid, "trim needs throughOffset, createdBefore or both")
 	}
 	a, err := s.acquire(ctx, ref)
 	if err != nil {
@@ -47,7 +54,7 @@ func (s *Server) TrimStream(ctx context.Context, ref StreamRef, through int64) (
 	if a.view().streamID == "" {
 		return TrimResult{}, itx.Errorf(itx.ENotFound, "no stream %s", ref.Path)
 	}
-	r := &trimReq{through: through, reply: make(chan trimReply, 1)}
+	r := &trimReq{through: through, createdBefore: createdBefore, reply: make(chan trimReply, 1)}
 	a.post(actorMsg{trim: r})
 	select {
 	case rep := <-r.reply:
@@ -67,6 +74,17 @@ func (a *actor) trimChunk(r *trimReq) {
 	if a.store == nil {
 		answer(itx.Errorf(itx.ENotFound, "no stream %s", a.ref.Path))
 		return
+	}
+	if r.through == 0 {
+		r.through = a.st.head
+	}
+	if r.createdBefore > 0 {
+		last, err := a.store.LastCreatedBefore(context.Background(), r.createdBefore)
+		if err != nil {
+			answer(itx.Errorf(storage.ErrorCode(err), "trim of %s: %v", a.ref.Path, err))
+			return
+		}
+		r.through, r.createdBefore = min(r.through, last), 0 // resolved once: the next chunks keep it
 	}
 	target := min(r.through, a.durableFloor())
 	if target <= a.st.trimmed {

@@ -589,6 +589,36 @@ func (s *Stream) Trim(ctx context.Context, through int64, limit int) (deleted, r
 	return deleted, reached, nil
 }
 
+// LastCreatedBefore returns the offset of the last event created before t (epoch ms, the
+// server's clock at its commit), 0 if the first one was not. It bisects over offsets, a seek
+// per step: the times follow the offsets while the server's clock does not step back (if it
+// did, the answer may stop short of an event older than one after it, never pass a newer one
+// that comes first).
+func (s *Stream) LastCreatedBefore(ctx context.Context, t int64) (int64, error) {
+	var head int64
+	if err := s.w.QueryRowContext(ctx, `select head_offset from stream_meta where id = 1`).Scan(&head); err != nil {
+		return 0, fmt.Errorf("last created before: %w", err)
+	}
+	// Every row at or below lo was created before t; no row at or above hi was, or none is there.
+	lo, hi := int64(0), head+1
+	for hi-lo > 1 {
+		mid := lo + (hi-lo)/2
+		var off, at int64
+		err := s.w.QueryRowContext(ctx, `select offset, created_at from events where offset >= ? and offset < ? order by offset limit 1`, mid, hi).Scan(&off, &at)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+			hi = mid // no row in [mid, hi): the rows below mid decide
+		case err != nil:
+			return 0, fmt.Errorf("last created before: %w", err)
+		case at < t:
+			lo = off
+		default:
+			hi = off
+		}
+	}
+	return lo, nil
+}
+
 // DeleteEphemeral deletes ephemeral rows with offsets up to and including through and created
 // before before (epoch ms), returning how many went. Offsets are never reissued: the head lives
 // in stream_meta.

@@ -694,3 +694,21 @@ func TestStream_Trim(t *testing.T) {
 	require.Equal(t, int64(9), m.TrimmedThrough)
 	require.Equal(t, int64(12), m.HeadOffset)
 }
+
+// LastCreatedBefore finds the last event created before a time, across gaps.
+func TestStream_LastCreatedBefore(t *testing.T) {
+	ctx := context.Background()
+	s, _ := mustCreateStream(t)
+	got, err := s.LastCreatedBefore(ctx, 1000)
+	require.NoError(t, err)
+	require.Zero(t, got, "an empty stream")
+	batch := events(1, 20, 0) // created_at 101..120
+	require.NoError(t, s.Commit(ctx, Commit{Events: batch, HeadOffset: 25, LastAppendAt: 120}))
+	_, _, err = s.Trim(ctx, 7, 100) // a gap at 1..7
+	require.NoError(t, err)
+	for at, want := range map[int64]int64{0: 0, 101: 0, 108: 0, 109: 8, 110: 9, 115: 14, 120: 19, 121: 20, 1 << 40: 20} {
+		got, err := s.LastCreatedBefore(ctx, at)
+		require.NoError(t, err)
+		require.Equal(t, want, got, "before %d", at)
+	}
+}

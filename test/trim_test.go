@@ -139,3 +139,30 @@ func TestStream_TrimKeepsWhatConnectionsAndParkedSubscriptionsHold(t *testing.T)
 	require.NoError(t, err)
 	require.Len(t, events, 4)
 }
+
+// trim with createdBefore deletes the events created before a time (the server's clock at their
+// commit), an offset bound and the floor still applying.
+func TestStream_TrimByAge(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	ctx := e.ctx
+	s := stream(t, e.p, "/aged")
+	for i := 1; i <= 5; i++ {
+		mustAppend(t, s, ev("old", fmt.Sprintf(`{"i":%d}`, i)))
+	}
+	cut := e.clock.Now().Add(30 * time.Minute)
+	e.clock.Advance(time.Hour)
+	for i := 6; i <= 10; i++ {
+		mustAppend(t, s, ev("new", fmt.Sprintf(`{"i":%d}`, i)))
+	}
+	r, err := client.TrimWith(ctx, s, client.TrimOptions{CreatedBefore: cut, ThroughOffset: 3})
+	require.NoError(t, err)
+	require.Equal(t, client.TrimResult{TrimmedThrough: 3, Deleted: 3}, r, "the offset bound is the nearer")
+	r, err = client.TrimWith(ctx, s, client.TrimOptions{CreatedBefore: cut})
+	require.NoError(t, err)
+	require.Equal(t, client.TrimResult{TrimmedThrough: 5, Deleted: 2}, r)
+	r, err = client.TrimWith(ctx, s, client.TrimOptions{CreatedBefore: e.clock.Now().Add(time.Minute)})
+	require.NoError(t, err)
+	require.Equal(t, client.TrimResult{TrimmedThrough: 10, Deleted: 5}, r)
+	_, err = client.TrimWith(ctx, s, client.TrimOptions{})
+	requireCode(t, err, itx.EInvalid)
+}

@@ -80,3 +80,31 @@ func TestRun_Rm(t *testing.T) {
 		require.Equal(t, exitUsage, code, "%v: %s", args, errs)
 	}
 }
+
+// At the prompt, stream.trim takes an offset or {throughOffset, createdBefore}, createdBefore
+// also as a duration ago ("30d"); describe shows how far the stream is trimmed.
+func TestRun_Trim(t *testing.T) {
+	srv := itxtest.Start(t, server.Config{})
+	ts := &testServer{addr: srv.Addr, token: srv.Creds.ProjectToken, dir: srv.Dir}
+	for range 6 {
+		ts.appendDirect(t, "/log", itx.EventInput{Type: "e", Payload: json.RawMessage(`{}`)})
+	}
+	c := newCLI(t)
+	conn := []string{"--addr", ts.addr, "--token", ts.token}
+	for _, step := range []struct{ expr, want string }{
+		{`project.streams.get("/log").trim(2)`, `{"trimmedThrough": 2, "deleted": 2}`},
+		{`project.streams.get("/log").trim({createdBefore: "30d"})`, `{"trimmedThrough": 2, "deleted": 0}`},
+		{`project.streams.get("/log").trim({throughOffset: 4, createdBefore: new Date(Date.now() + 60000)})`, `{"trimmedThrough": 4, "deleted": 2}`},
+		{`project.streams.get("/log").trim({createdBefore: new Date(Date.now() + 60000)})`, `{"trimmedThrough": 6, "deleted": 2}`},
+		{`project.streams.get("/log").describe().trimmedThrough`, `6`},
+	} {
+		code, out, errs := c.run("", append(conn, "--json", "-e", step.expr)...)
+		require.Equal(t, exitOK, code, "%s: %s", step.expr, errs)
+		require.JSONEq(t, step.want, out, step.expr)
+	}
+	for _, bad := range []string{`trim()`, `trim({createdBefore: "soon"})`, `trim(-1)`} {
+		code, _, errs := c.run("", append(conn, "--json", "-e", `project.streams.get("/log").`+bad)...)
+		require.Equal(t, exitError, code, bad)
+		require.Contains(t, errs, "invalidArgument", bad)
+	}
+}

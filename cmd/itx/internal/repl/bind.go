@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"strconv"
 	"strings"
 	"time"
 
@@ -71,7 +72,7 @@ var bindings = map[string]map[string]binding{
 		"schedule":              {"schedule(event, dueAt) or schedule({event, dueAt}) -> {dueAt, appendedOffset?} (dueAt null when the key is already in the log at appendedOffset; a durable timer: event, with its idempotencyKey, is appended at dueAt: a Date, an ISO-8601 time, epoch ms or a duration from now like \"10m\")", streamSchedule},
 		"cancelScheduled":       {"cancelScheduled(key) or cancelScheduled({key}) -> {cancelled}", streamCancelScheduled},
 		"listScheduled":         {"listScheduled() -> [{dueAt, type, idempotencyKey, payload}]", streamListScheduled},
-		"trim":                  {"trim(throughOffset) or trim({throughOffset}) -> {trimmedThrough, deleted} (retention, the admin right: deletes the events through the offset for good, its stream/* records kept, never past what its subscriptions confirmed, its readers' checkpoints and its open connections delivered; the deleted events' idempotency keys are forgotten)", streamTrim},
+		"trim":                  {"trim(throughOffset) or trim({throughOffset, createdBefore}) -> {trimmedThrough, deleted} (retention, the admin right: deletes the events through the offset and/or created before the time (\"30d\" ago, a Date, an ISO-8601 time, epoch ms) for good, its stream/* records kept, never past what its subscriptions confirmed, its readers' checkpoints and its open connections delivered; the deleted events' idempotency keys are forgotten)", streamTrim},
 	},
 	"Subscriptions": {
 		"list":      {"list() -> [{name, kind, status, confirmedOffset, deliveredOffset, lag, lastError, configuredAtOffset}]", subscriptionsList},
@@ -414,7 +415,7 @@ func streamsRemove(ctx context.Context, s *Session, c capnp.Client, _ capPath, a
 // --- Stream ---
 
 func streamTrim(ctx context.Context, s *Session, c capnp.Client, _ capPath, args []goja.Value) (any, error) {
-	o, err := s.params("Stream.trim", args, []string{"throughOffset"}, "throughOffset")
+	o, err := s.params("Stream.trim", args, []string{"throughOffset"}, "throughOffset", "createdBefore")
 	if err != nil {
 		return nil, err
 	}
@@ -422,7 +423,13 @@ func streamTrim(ctx context.Context, s *Session, c capnp.Client, _ capPath, args
 	if err := o.err(); err != nil {
 		return nil, err
 	}
-	r, err := client.Trim(ctx, schema.Stream(c), int64(through))
+	var before time.Time
+	if v := o.get("createdBefore"); v != nil {
+		if before, err = s.agoArg("trim: createdBefore", v); err != nil {
+			return nil, err
+		}
+	}
+	r, err := client.TrimWith(ctx, schema.Stream(c), client.TrimOptions{ThroughOffset: int64(through), CreatedBefore: before})
 	if err != nil {
 		return nil, err
 	}
@@ -1105,6 +1112,26 @@ func (s *Session) timeArg(what string, v goja.Value) (time.Time, error) {
 		}
 	}
 	return time.Time{}, itx.Errorf(itx.EInvalid, "%s: expected a Date, an ISO-8601 time, epoch milliseconds or a duration from now (\"10m\"), got %s", what, describeValue(v))
+}
+
+// agoArg reads a time in the past: a duration ago ("30d", "12h", "90m") or, as timeArg reads
+// it, a Date, an ISO-8601 time or epoch milliseconds.
+func (s *Session) agoArg(what string, v goja.Value) (time.Time, error) {
+	if x, ok := v.Export().(string); ok {
+		if days, found := strings.CutSuffix(x, "d"); found {
+			if n, err := strconv.ParseUint(days, 10, 16); err == nil {
+				return time.Now().Add(-time.Duration(n) * 24 * time.Hour), nil
+			}
+		}
+		if d, err := time.ParseDuration(x); err == nil && d >= 0 {
+			return time.Now().Add(-d), nil
+		}
+	}
+	at, err := s.timeArg(what, v)
+	if err != nil {
+		return time.Time{}, itx.Errorf(itx.EInvalid, "%s: expected a duration ago (\"30d\", \"12h\"), a Date, an ISO-8601 time or epoch milliseconds, got %s", what, describeValue(v))
+	}
+	return at, nil
 }
 
 func streamSchedule(ctx context.Context, s *Session, c capnp.Client, _ capPath, args []goja.Value) (any, error) {
