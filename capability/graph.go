@@ -218,16 +218,24 @@ type streams struct {
 	acc       access
 }
 
-func (s *streams) Get(ctx context.Context, call schema.Streams_get) error {
-	path, err := call.Args().Path()
+// pathArg is a call's stream path: valid, and inside the scope.
+func (s *streams) pathArg(path string, err error) (string, error) {
 	if err != nil {
-		return badArgs("path", err)
+		return "", badArgs("path", err)
 	}
 	if err := itx.ValidatePath(path); err != nil {
-		return fail(err)
+		return "", fail(err)
 	}
 	if err := s.acc.reaches(path); err != nil {
-		return fail(err)
+		return "", fail(err)
+	}
+	return path, nil
+}
+
+func (s *streams) Get(ctx context.Context, call schema.Streams_get) error {
+	path, err := s.pathArg(call.Args().Path())
+	if err != nil {
+		return err
 	}
 	res, err := call.AllocResults()
 	if err != nil {
@@ -287,15 +295,9 @@ func (s *streams) List(ctx context.Context, call schema.Streams_list) error {
 
 // Remove deletes a stream (the admin right, on a path inside the prefix).
 func (s *streams) Remove(ctx context.Context, call schema.Streams_remove) error {
-	path, err := call.Args().Path()
+	path, err := s.pathArg(call.Args().Path())
 	if err != nil {
-		return badArgs("path", err)
-	}
-	if err := itx.ValidatePath(path); err != nil {
-		return fail(err)
-	}
-	if err := s.acc.reaches(path); err != nil {
-		return fail(err)
+		return err
 	}
 	call.Go()
 	by := server.Admin{TokenID: s.acc.session.Token.ID, ProjectID: s.projectID}

@@ -128,13 +128,7 @@ func TestBackup_ProjectDeletedDuringTheCopy(t *testing.T) {
 	_, err = s.Append(ctx, StreamRef{ProjectID: info.ID, Path: "/y"}, []itx.EventInput{{Type: "kept"}}, itx.AppendOptions{})
 	require.NoError(t, err)
 	// Every stream unloaded: the backup holds them as it copies, one by one.
-	clock.Advance(2 * time.Minute)
-	s.Sweep()
-	require.Eventually(t, func() bool {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		return len(s.actors) == 0 && len(s.unloading) == 0
-	}, 10*time.Second, time.Millisecond)
+	unloadIdle(t, s, clock)
 
 	var deleted error
 	backupCopiedHook = func() { deleted = s.DeleteProject(ctx, Admin{}, info.ID, true) }
@@ -165,13 +159,7 @@ func TestBackup_StreamDeletedDuringTheCopy(t *testing.T) {
 	}
 	_, err := s.Append(ctx, StreamRef{ProjectID: projectID, Path: "/y"}, []itx.EventInput{{Type: "kept"}}, itx.AppendOptions{})
 	require.NoError(t, err)
-	clock.Advance(2 * time.Minute)
-	s.Sweep()
-	require.Eventually(t, func() bool {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		return len(s.actors) == 0 && len(s.unloading) == 0
-	}, 10*time.Second, time.Millisecond)
+	unloadIdle(t, s, clock)
 
 	var deleted error
 	backupCopiedHook = func() {
@@ -193,4 +181,16 @@ func TestBackup_StreamDeletedDuringTheCopy(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, page.Events, 1, "kept in the copy")
 	require.Equal(t, "kept", page.Events[0].Type)
+}
+
+// unloadIdle unloads every stream of s, all idle, past an idle timeout under a minute.
+func unloadIdle(t *testing.T, s *Server, clock *clocktest.Clock) {
+	t.Helper()
+	clock.Advance(2 * time.Minute)
+	s.Sweep()
+	require.Eventually(t, func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return len(s.actors) == 0 && len(s.unloading) == 0
+	}, 10*time.Second, time.Millisecond)
 }

@@ -191,6 +191,26 @@ func TestSubscription_ReceiverReplacedThenCallFailsRedeliversAtOnce(t *testing.T
 	require.Equal(t, "active", d.Status)
 }
 
+// waitForNever sends a waitForEvent for a type never appended (a minute's timeout) and returns
+// where its answer lands: a barrier under way, for a test to end some other way.
+func waitForNever(t *testing.T, ctx context.Context, s schema.Stream) <-chan error {
+	wf, release := s.WaitForEvent(ctx, func(p schema.Stream_waitForEvent_Params) error {
+		p.SetTimeoutMs(uint32(time.Minute.Milliseconds()))
+		pr, err := p.NewPredicate()
+		if err != nil {
+			return err
+		}
+		return wire.SetPredicate(pr, itx.Predicate{Types: []string{"never"}})
+	})
+	t.Cleanup(release)
+	waited := make(chan error, 1)
+	go func() {
+		_, err := wf.Struct()
+		waited <- err
+	}()
+	return waited
+}
+
 // A forced delete of a project whose stream is in use (an open connection, a live view, a
 // barrier waiting) deletes it at the first try: the connection is closed as streamRemoved (its
 // client keeps its RPC connection through another login, so it hears why), the barrier ends
@@ -214,20 +234,7 @@ func TestAdmin_DeleteProjectEndsWhatItsStreamsServe(t *testing.T) {
 	require.NoError(t, err)
 	waitUntil(t, "caught up", func() bool { return len(sink.offsets()) == 1 })
 	// Sent before the live view on the same capability, so it is under way when the view is.
-	wf, release := s.WaitForEvent(ctx, func(p schema.Stream_waitForEvent_Params) error {
-		p.SetTimeoutMs(uint32(time.Minute.Milliseconds()))
-		pr, err := p.NewPredicate()
-		if err != nil {
-			return err
-		}
-		return wire.SetPredicate(pr, itx.Predicate{Types: []string{"never"}})
-	})
-	defer release()
-	waited := make(chan error, 1)
-	go func() {
-		_, err := wf.Struct()
-		waited <- err
-	}()
+	waited := waitForNever(t, ctx, s)
 	view := &liveView{}
 	subscribeLive(t, s, view)
 	waitUntil(t, "live", func() bool { rev, _ := view.state(); return rev > 0 })

@@ -197,18 +197,26 @@ func TestProcessors_RecreatedSubscriptionHasAFreshBreaker(t *testing.T) {
 	require.Equal(t, 1, revivals()[before], "the new processor's first revival counts from the removed one's (revivals %v)", revivals())
 }
 
+// startWithTallyHost starts a server hosting the tally contract and mounts a remote host of it
+// ("worker") for the test's length.
+func startWithTallyHost(t *testing.T) (*testServer, *remote.HostServer) {
+	t.Helper()
+	ty := &tally{ran: map[int64]int{}}
+	ts := startServer(t, server.Config{Processors: ty.host(t)})
+	hs := remote.NewHostServer(remote.Config{Host: ty.host(t), Logf: t.Logf})
+	handle, err := mountHostServing(ctxT(t), ts.project(t), "worker", hs, ty.host(t).Contracts())
+	require.NoError(t, err)
+	t.Cleanup(handle.Release)
+	return ts, hs
+}
+
 // A remote host's session of a processor ends when its subscription stops running there (removed,
 // or placed in-process): itxd tells the host, so the host's sessions (a registry, runners,
 // capabilities to the stream) are bounded by the subscriptions it serves, not by every
 // subscription it ever served while its connection lasts.
 func TestRemote_RemovedSubscriptionEndsTheHostSession(t *testing.T) {
-	ty := &tally{ran: map[int64]int{}}
-	ts := startServer(t, server.Config{Processors: ty.host(t)})
+	ts, hs := startWithTallyHost(t)
 	ctx := ctxT(t)
-	hs := remote.NewHostServer(remote.Config{Host: ty.host(t), Logf: t.Logf})
-	handle, err := mountHostServing(ctx, ts.project(t), "worker", hs, ty.host(t).Contracts())
-	require.NoError(t, err)
-	defer handle.Release()
 	s := stream(t, ts.project(t), "/remote/removed-session")
 	for _, name := range []string{"a", "b"} {
 		configureInstance(t, s, name, "tally", "remote")
@@ -230,13 +238,8 @@ func TestRemote_RemovedSubscriptionEndsTheHostSession(t *testing.T) {
 // Deleting a stream ends the host's sessions of its remote processors too, and spares the
 // sessions of another stream's.
 func TestRemote_DeletedStreamEndsTheHostSessions(t *testing.T) {
-	ty := &tally{ran: map[int64]int{}}
-	ts := startServer(t, server.Config{Processors: ty.host(t)})
+	ts, hs := startWithTallyHost(t)
 	ctx := ctxT(t)
-	hs := remote.NewHostServer(remote.Config{Host: ty.host(t), Logf: t.Logf})
-	handle, err := mountHostServing(ctx, ts.project(t), "worker", hs, ty.host(t).Contracts())
-	require.NoError(t, err)
-	defer handle.Release()
 	for _, path := range []string{"/remote/doomed", "/remote/kept"} {
 		s := stream(t, ts.project(t), path)
 		configureInstance(t, s, "a", "tally", "remote")
@@ -246,7 +249,7 @@ func TestRemote_DeletedStreamEndsTheHostSessions(t *testing.T) {
 		require.NoError(t, err, path)
 	}
 	require.Equal(t, 2, hs.Sessions())
-	_, err = client.DeleteStream(ctx, ts.project(t), "/remote/doomed", true)
+	_, err := client.DeleteStream(ctx, ts.project(t), "/remote/doomed", true)
 	require.NoError(t, err)
 	waitUntil(t, "the deleted stream's session ended", func() bool { return hs.Sessions() == 1 })
 	kept := stream(t, ts.project(t), "/remote/kept")

@@ -6,14 +6,12 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
 	"github.com/itx-dev/itx/storage"
-	"github.com/itx-dev/itx/wire"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 )
@@ -141,20 +139,7 @@ func TestStreams_RemoveRefusedWhileConsumedUnlessForced(t *testing.T) {
 	require.Nil(t, sink.closeReason(), "the refused delete left the connection open")
 
 	// Forced: what the stream serves ends, told why.
-	wf, release := conned.WaitForEvent(ctx, func(p schema.Stream_waitForEvent_Params) error {
-		p.SetTimeoutMs(uint32(time.Minute.Milliseconds()))
-		pr, err := p.NewPredicate()
-		if err != nil {
-			return err
-		}
-		return wire.SetPredicate(pr, itx.Predicate{Types: []string{"never"}})
-	})
-	defer release()
-	waited := make(chan error, 1)
-	go func() {
-		_, err := wf.Struct()
-		waited <- err
-	}()
+	waited := waitForNever(t, ctx, conned)
 	view := &liveView{}
 	subscribeLive(t, conned, view)
 	waitUntil(t, "live", func() bool { rev, _ := view.state(); return rev > 0 })
