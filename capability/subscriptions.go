@@ -590,7 +590,11 @@ func (s *stream) Trim(ctx context.Context, call schema.Stream_trim) error {
 		return fail(err)
 	}
 	call.Go()
-	r, err := s.srv.TrimStream(ctx, s.ref, through, call.Args().CreatedBefore())
+	var by server.Admin
+	if s.acc.session != nil {
+		by = server.Admin{TokenID: s.acc.session.Token.ID, ProjectID: s.ref.ProjectID}
+	}
+	r, err := s.srv.TrimStream(ctx, by, s.ref, through, call.Args().CreatedBefore())
 	if err != nil {
 		return fail(err)
 	}

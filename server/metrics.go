@@ -45,6 +45,7 @@ type Metrics struct {
 	BackupLastFrozen prometheus.Gauge       // seconds the loaded streams stood still for it
 
 	StreamsDeleted prometheus.Counter // Streams.remove
+	TrimmedEvents  prometheus.Counter // events Stream.trim deleted
 }
 
 // NewHandlerPanics is the counter of RPC handlers that panicked (answered internal), by method.
@@ -141,6 +142,9 @@ func newMetrics() *Metrics {
 		BackupLastFrozen: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "itx_backup_last_frozen_seconds", Help: "How long the loaded streams stood still for the last backup written.",
 		}),
+		TrimmedEvents: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "itx_trimmed_events_total", Help: "Events Stream.trim deleted (retention).",
+		}),
 		StreamsDeleted: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "itx_streams_deleted_total", Help: "Streams deleted one by one (Streams.remove; not those deleted with their project).",
 		}),
@@ -148,7 +152,7 @@ func newMetrics() *Metrics {
 	r.MustRegister(m.DeliveryFailures, m.CommitFailures, m.LateAcks, m.SubscriptionHalts, m.SkippedEvents, m.SubscriptionParks, m.HandlerPanics, m.AppendCalls, m.AppendedEvents, m.AppendedBytes, m.AppendLatency, m.CommitLatency,
 		m.CommitEvents, m.CommitCalls, m.ReadEvents, m.FullDiskReads, m.LoadedStreams, m.RPCConnections,
 		m.OpenConnections, m.Sessions, m.WebhooksInFlight, m.ConnectionEvents, m.ConnectionDirect, m.LiveSubscribers,
-		m.Backups, m.BackupLastOK, m.BackupLastFrozen, m.StreamsDeleted,
+		m.Backups, m.BackupLastOK, m.BackupLastFrozen, m.StreamsDeleted, m.TrimmedEvents,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Every receiver kind's failure count exists from the start, at 0, so an alert on its rate
 	// sees 0 rather than no data until the first failure.

@@ -7,6 +7,9 @@ import (
 	"github.com/itx-dev/itx/storage"
 )
 
+// AuditStreamTrimmed records a Stream.trim that deleted events in the deployment's AuditPath.
+const AuditStreamTrimmed = "admin/stream-trimmed"
+
 // trimChunkEvents is how many events one trim transaction deletes: a trim of millions goes a
 // chunk at a time, the stream's other work (appends, deliveries) taking turns between chunks.
 const trimChunkEvents = 5000
@@ -34,7 +37,7 @@ type TrimResult struct {
 // ms; 0: no such bound, at least one needed), except its stream/* records, never past what every
 // consumer holds (durableFloor). Offsets are never reissued; reads pass the gap. It needs the
 // stream to exist.
-func (s *Server) TrimStream(ctx context.Context, ref StreamRef, through, createdBefore int64) (TrimResult, error) {
+func (s *Server) TrimStream(ctx context.Context, by Admin, ref StreamRef, through, createdBefore int64) (TrimResult, error) {
 	if err := itx.ValidatePath(ref.Path); err != nil {
 		return TrimResult{}, err
 	}
@@ -58,7 +61,16 @@ func (s *Server) TrimStream(ctx context.Context, ref StreamRef, through, created
 	a.post(actorMsg{trim: r})
 	select {
 	case rep := <-r.reply:
-		return TrimResult{TrimmedThrough: rep.trimmed, Deleted: rep.deleted}, rep.err
+		res := TrimResult{TrimmedThrough: rep.trimmed, Deleted: rep.deleted}
+		if res.Deleted > 0 {
+			s.metrics.TrimmedEvents.Add(float64(res.Deleted))
+			// Recorded once the events are gone (a crash in between leaves the trim unrecorded).
+			if rec, err := auditRecord(by, AuditStreamTrimmed, map[string]any{"projectId": ref.ProjectID, "path": ref.Path,
+				"trimmedThrough": res.TrimmedThrough, "deleted": res.Deleted}); err == nil {
+				s.audit(context.WithoutCancel(ctx), rec)
+			}
+		}
+		return res, rep.err
 	case <-a.done:
 		return TrimResult{}, a.ended()
 	case <-ctx.Done():

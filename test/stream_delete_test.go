@@ -27,7 +27,13 @@ func requireStreamFilesGone(t *testing.T, dataDir, id string) {
 // auditedDeletions reads the deployment's audit records of deleted streams.
 func auditedDeletions(t *testing.T, root schema.Project) []map[string]any {
 	t.Helper()
-	events, err := client.ReadAll(ctxT(t), stream(t, root, server.AuditPath), itx.Query{Types: []string{server.AuditStreamDeleted}})
+	return audited(t, root, server.AuditStreamDeleted)
+}
+
+// audited reads the deployment's audit records of one type, their payloads decoded.
+func audited(t *testing.T, root schema.Project, typ string) []map[string]any {
+	t.Helper()
+	events, err := client.ReadAll(ctxT(t), stream(t, root, server.AuditPath), itx.Query{Types: []string{typ}})
 	require.NoError(t, err)
 	var out []map[string]any
 	for _, e := range events {

@@ -9,6 +9,7 @@ import (
 	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 )
 
@@ -95,6 +96,14 @@ func TestStream_TrimKeepsWhatConsumersHold(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, list, 1)
 	require.Equal(t, "copy", list[0].Name)
+
+	// Each trim that deleted events is audited, and counted.
+	trims := audited(t, e.ts.deployment(t), server.AuditStreamTrimmed)
+	require.Len(t, trims, 3)
+	require.Equal(t, "/trimmed", trims[2]["path"])
+	require.EqualValues(t, 11, trims[2]["trimmedThrough"])
+	require.EqualValues(t, 4, trims[2]["deleted"])
+	require.Equal(t, 10.0, testutil.ToFloat64(e.ts.srv.Metrics().TrimmedEvents))
 
 	_, err = client.Trim(ctx, stream(t, e.p, "/never"), 5)
 	requireCode(t, err, itx.ENotFound)
