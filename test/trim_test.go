@@ -1,7 +1,12 @@
 package test
 
 import (
+	"encoding/json"
 	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -174,4 +179,126 @@ func TestStream_TrimByAge(t *testing.T) {
 	require.Equal(t, client.TrimResult{TrimmedThrough: 10, Deleted: 5}, r)
 	_, err = client.TrimWith(ctx, s, client.TrimOptions{})
 	requireCode(t, err, itx.EInvalid)
+}
+
+// payloadI reads the "i" of the events whose type is typ, in order.
+func payloadI(t *testing.T, events []itx.Event, typ string) []int {
+	t.Helper()
+	var out []int
+	for _, e := range events {
+		if e.Type != typ {
+			continue
+		}
+		var p struct{ I int }
+		require.NoError(t, json.Unmarshal(e.Payload, &p))
+		out = append(out, p.I)
+	}
+	return out
+}
+
+// Trims racing appends and every kind of consumer lose no event a consumer still needed: a
+// copy-to-stream subscription, a connection opened at 0 and a registered reader paging behind
+// the head each see every appended event once, in order, while trims at random offsets delete
+// what all of them hold.
+func TestStream_TrimRacingConsumersLosesNothing(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	ctx := e.ctx
+	s := stream(t, e.p, "/race-trim")
+	e.configure(t, s, client.SubscriptionConfig{Name: "copy",
+		Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: "/race-trim-copy"}})
+	registerReader(t, s, "pager", 0)
+	sink := newTestSink()
+	_, err := openConn(t, s, connOpts{noState: true, maxEvents: 7}, sink)
+	require.NoError(t, err)
+
+	const n = 1500
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed) // the batch sizes and trim offsets; the interleaving is the scheduler's
+	rng := rand.New(rand.NewPCG(seed, 7))
+	trimRng := rand.New(rand.NewPCG(seed, 8))
+	var (
+		wg       sync.WaitGroup
+		appended atomic.Int64 // events appended so far
+		head     atomic.Int64
+		deleted  atomic.Int64
+		readErr  error
+		read     []int
+	)
+	wg.Add(3)
+	go func() { // the appender
+		defer wg.Done()
+		for i := 0; i < n; {
+			k := min(1+rng.IntN(20), n-i)
+			batch := make([]itx.EventInput, k)
+			for j := range batch {
+				batch[j] = ev("e", fmt.Sprintf(`{"i":%d}`, i+j))
+			}
+			res, err := client.Append(ctx, s, batch, itx.AppendOptions{})
+			if err != nil {
+				t.Errorf("append: %v", err)
+				return
+			}
+			i += k
+			head.Store(res.HeadOffset)
+			appended.Store(int64(i))
+		}
+	}()
+	go func() { // the trimmer
+		defer wg.Done()
+		for appended.Load() < n {
+			h := head.Load()
+			if h == 0 {
+				runtime.Gosched() // the first append is under way
+				continue
+			}
+			r, err := client.Trim(ctx, s, 1+trimRng.Int64N(h))
+			if err != nil {
+				t.Errorf("trim: %v", err)
+				return
+			}
+			deleted.Add(r.Deleted)
+		}
+	}()
+	go func() { // the registered reader, paging and moving its checkpoint
+		defer wg.Done()
+		rf, release := s.Readers(ctx, nil)
+		defer release()
+		after := int64(0)
+		for len(read) < n {
+			page, err := client.GetEventPage(ctx, s, itx.Query{After: after, Limit: 50})
+			if err != nil {
+				readErr = err
+				return
+			}
+			read = append(read, payloadI(t, page.Events, "e")...)
+			if page.NextAfter > after {
+				after = page.NextAfter
+				if err := client.RegisterReader(ctx, rf.Readers(), "pager", after); err != nil {
+					readErr = err
+					return
+				}
+			}
+		}
+	}()
+	wg.Wait()
+	require.NoError(t, readErr)
+	want := make([]int, n)
+	for i := range want {
+		want[i] = i
+	}
+	require.Equal(t, want, read, "the reader read every event once, in order")
+	h := head.Load()
+	e.waitProcessed(t, s, "copy", h)
+	copied, err := client.ReadAll(ctx, stream(t, e.p, "/race-trim-copy"), itx.Query{Types: []string{"e"}})
+	require.NoError(t, err)
+	require.Equal(t, want, payloadI(t, copied, "e"), "the subscription copied every event once, in order")
+	waitUntil(t, "the connection caught up", func() bool {
+		got := sink.offsets()
+		return len(got) > 0 && got[len(got)-1] == h
+	})
+	sink.mu.Lock()
+	got := payloadI(t, sink.events, "e")
+	sink.mu.Unlock()
+	require.Equal(t, want, got, "the connection was delivered every event once, in order")
+	require.Positive(t, deleted.Load(), "trims deleted events while the consumers ran")
 }
