@@ -23,7 +23,11 @@ type StreamInfo struct {
 	// TrimmedThrough is the offset through which Stream.trim deleted the events (its stream/*
 	// records kept); 0: nothing trimmed. Set by describe, not by list.
 	TrimmedThrough int64
-	Loaded         bool
+	// RetentionMaxAgeMs and RetentionMaxEvents are the stream's retention policy
+	// (Stream.setRetention; 0: none). Set by describe, not by list.
+	RetentionMaxAgeMs  int64
+	RetentionMaxEvents int64
+	Loaded             bool
 }
 
 // AppendOptions qualify one append call; the zero value appends unconditionally.

@@ -185,6 +185,7 @@ var methodRights = map[string]rightSet{
 	"Stream.cancelScheduled":       rAppend,
 	"Stream.listScheduled":         rRead,
 	"Stream.trim":                  rAdmin, // deletes what every consumer already holds, for good
+	"Stream.setRetention":          rAdmin, // trims as it goes
 
 	"Subscriptions.list":      rRead,
 	"Subscriptions.get":       rNone,

@@ -606,3 +606,17 @@ func (s *stream) Trim(ctx context.Context, call schema.Stream_trim) error {
 	res.SetDeleted(uint64(r.Deleted))
 	return nil
 }
+
+// SetRetention stores the stream's retention policy (the admin right).
+func (s *stream) SetRetention(ctx context.Context, call schema.Stream_setRetention) error {
+	maxEvents, err := itx.ValidateOffset("maxEvents", call.Args().MaxEvents())
+	if err != nil {
+		return fail(err)
+	}
+	call.Go()
+	var by server.Admin
+	if s.acc.session != nil {
+		by = server.Admin{TokenID: s.acc.session.Token.ID, ProjectID: s.ref.ProjectID}
+	}
+	return fail(s.srv.SetRetention(ctx, by, s.ref, call.Args().MaxAgeMs(), maxEvents))
+}

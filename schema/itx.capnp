@@ -144,6 +144,8 @@ struct StreamInfo {
                               # processor's host, a mounted capability), as maxLag
   trimmedThrough @11 :UInt64; # Stream.trim deleted the events through here (stream/* records
                               # kept); 0: nothing trimmed. Set by describe, not by list.
+  retentionMaxAgeMs @12 :Int64;   # Stream.setRetention's policy (0: none). Set by describe.
+  retentionMaxEvents @13 :UInt64;
 }
 
 struct ProjectInfo {
@@ -527,6 +529,12 @@ interface Stream {
   # reissued; reads pass the gap. The idempotency keys of deleted events are forgotten. Needs
   # the admin right.
   trim @16 (throughOffset :UInt64, createdBefore :Int64) -> (trimmedThrough :UInt64, deleted :UInt64);
+  # A retention policy the stream keeps and applies itself, as trim does (the same floor, the
+  # stream/* records kept): the events created more than maxAgeMs ago (0: no age bound; at least
+  # a minute) and those more than maxEvents offsets below the head (0: no count bound) go, when
+  # it loads and at most once a minute while it is appended to. Both 0 clears it. Stored with
+  # the stream. Needs the admin right.
+  setRetention @17 (maxAgeMs :Int64, maxEvents :UInt64) -> ();
 }
 
 # A pending scheduled append (Stream.schedule).

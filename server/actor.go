@@ -65,6 +65,8 @@ type actor struct {
 	failedCommits   int       // in a row: the cursor flush backs off while storage refuses (flushDelay)
 	lastSweep       time.Time // of ephemeral rows
 	ephBytes        int64     // held in ephemeral rows (see Config.EphemeralBufferBytes)
+	lastRetention   time.Time // the retention policy last applied (applyRetention)
+	autoTrimming    bool      // a trim of the retention policy is under way
 	loadMounted     []string  // the project's mounts when loaded: the first step's presence signal
 	// secretRefs is the webhook secret references of the committed catalog: the directory's
 	// secret_uses rows of this stream hold at least these (see apply).
@@ -124,8 +126,9 @@ type actorMsg struct {
 	dropUnmade bool
 	// freeze: a backup takes its instant (backup.go).
 	freeze *freezeReq
-	// trim: Stream.trim, one chunk at a time (stream_trim.go).
-	trim *trimReq
+	// trim: Stream.trim, one chunk at a time (stream_trim.go); retention: setRetention.
+	trim      *trimReq
+	retention *retentionReq
 }
 
 func newActor(s *Server, ref StreamRef) *actor {
@@ -259,6 +262,11 @@ func loadState(ctx context.Context, store streamStore, rc reduceContext, now tim
 	}
 	st.streamID, st.head, st.lastAppendAt, st.createdAt, st.created = meta.StreamID, meta.HeadOffset, meta.LastAppendAt, meta.CreatedAt, true
 	st.trimmed = meta.TrimmedThrough
+	if raw, err := store.KV(ctx, retentionKey); err != nil {
+		return nil, err
+	} else if raw != nil {
+		_ = json.Unmarshal(raw, &st.retention) // a policy that does not decode keeps nothing from being read
+	}
 	raw, err := store.KV(ctx, coreStateKey)
 	if err != nil {
 		return nil, err
@@ -497,6 +505,7 @@ func (a *actor) run() {
 	defer close(a.done)
 	a.apply(stepInput{mounted: a.loadMounted, woken: a.wokenID(), newVersion: a.srv.procVersionChanged && a.store != nil})
 	a.loadMounted = nil
+	a.applyRetention(a.srv.clock.Now())
 	for {
 		var in stepInput
 		select {
@@ -564,6 +573,8 @@ func (a *actor) handle(m actorMsg) bool {
 		}
 	case m.trim != nil:
 		a.trimChunk(m.trim)
+	case m.retention != nil:
+		a.setRetention(m.retention)
 	case m.stopRemotes:
 		for name, d := range a.deliverers {
 			if d.remoteContract != "" {
@@ -747,6 +758,9 @@ func (a *actor) apply(in stepInput) {
 	// the group commits: whoever sees the group acknowledged sees the sweep done.
 	if len(in.appends) > 0 && a.store != nil && now.Sub(a.lastSweep) >= a.srv.cfg.EphemeralRetention/4 {
 		a.sweepEphemeral()
+	}
+	if len(in.appends) > 0 && now.Sub(a.lastRetention) >= retentionEvery {
+		a.applyRetention(now) // its chunks run after this step
 	}
 	if a.st.streamID == "" {
 		a.st.streamID = newStreamID() // an identity once the first commit creates the stream
@@ -1355,7 +1369,10 @@ type view struct {
 }
 
 // streamTimes is what describe shows of a stream beside its head (trimmed: Stream.trim's reach).
-type streamTimes struct{ createdAt, lastAppendAt, trimmed int64 }
+type streamTimes struct {
+	createdAt, lastAppendAt, trimmed int64
+	retention                        retentionPolicy
+}
 
 // publish makes the state after a step visible to readers and wakes whoever waits on a change.
 // Rows are copied only when they may have changed.
@@ -1382,7 +1399,7 @@ func (a *actor) publish(rowsChanged bool) {
 		// creation whose first commit failed (or that a crash cut short) holds no stream yet.
 		v.streamID = st.streamID
 	}
-	v.info = streamTimes{st.createdAt, st.lastAppendAt, st.trimmed}
+	v.info = streamTimes{st.createdAt, st.lastAppendAt, st.trimmed, st.retention}
 	if rowsChanged || v.rows == nil {
 		rows := make(map[string]storage.CursorRow, len(st.rows))
 		for name, r := range st.rows {

@@ -164,7 +164,7 @@ func snapshotView(ctx context.Context, snap *storage.Snapshot, e *storage.Stream
 	if err != nil {
 		return view{}, false
 	}
-	v := view{streamID: meta.StreamID, head: meta.HeadOffset, info: streamTimes{e.CreatedAt, meta.LastAppendAt, meta.TrimmedThrough}, core: core,
+	v := view{streamID: meta.StreamID, head: meta.HeadOffset, info: streamTimes{createdAt: e.CreatedAt, lastAppendAt: meta.LastAppendAt, trimmed: meta.TrimmedThrough}, core: core,
 		rows: make(map[string]storage.CursorRow, len(cursors)), readers: make(map[string]storage.Reader, len(list))}
 	for _, r := range cursors {
 		v.rows[r.Name] = r

@@ -478,7 +478,8 @@ func describeView(ref StreamRef, v view, loaded bool) itx.StreamInfo {
 		return itx.StreamInfo{Path: ref.Path, Loaded: loaded} // no first commit yet: no stream
 	}
 	info := itx.StreamInfo{Path: ref.Path, StreamID: v.streamID, HeadOffset: v.head, CreatedAt: v.info.createdAt,
-		LastAppendAt: v.info.lastAppendAt, TrimmedThrough: v.info.trimmed, Loaded: loaded}
+		LastAppendAt: v.info.lastAppendAt, TrimmedThrough: v.info.trimmed, Loaded: loaded,
+		RetentionMaxAgeMs: v.info.retention.MaxAgeMs, RetentionMaxEvents: v.info.retention.MaxEvents}
 	standing(v.head, v.core.Subscriptions, valueRow(v.rows), v.readers).setIn(&info)
 	return info
 }

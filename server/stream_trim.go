@@ -2,6 +2,8 @@ package server
 
 import (
 	"context"
+	"encoding/json"
+	"time"
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/storage"
@@ -20,6 +22,7 @@ type trimReq struct {
 	createdBefore int64 // epoch ms; 0: no time bound (resolved to an offset by the first chunk)
 	deleted       int64 // so far, over its chunks
 	reply         chan trimReply
+	auto          bool // the stream's retention policy (applyRetention): nobody waits for it
 }
 
 type trimReply struct {
@@ -63,7 +66,6 @@ func (s *Server) TrimStream(ctx context.Context, by Admin, ref StreamRef, throug
 	case rep := <-r.reply:
 		res := TrimResult{TrimmedThrough: rep.trimmed, Deleted: rep.deleted}
 		if res.Deleted > 0 {
-			s.metrics.TrimmedEvents.Add(float64(res.Deleted))
 			// Recorded once the events are gone (a crash in between leaves the trim unrecorded).
 			if rec, err := auditRecord(by, AuditStreamTrimmed, map[string]any{"projectId": ref.ProjectID, "path": ref.Path,
 				"trimmedThrough": res.TrimmedThrough, "deleted": res.Deleted}); err == nil {
@@ -82,10 +84,25 @@ func (s *Server) TrimStream(ctx context.Context, by Admin, ref StreamRef, throug
 // trimChunk deletes one chunk of a trim on the actor, between two commits, and queues the next
 // one behind what is waiting, or answers.
 func (a *actor) trimChunk(r *trimReq) {
-	answer := func(err error) { r.reply <- trimReply{a.st.trimmed, r.deleted, err} }
+	answer := func(err error) {
+		if r.auto {
+			a.autoTrimming = false
+			if err != nil {
+				a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Msg("the stream's retention policy could not trim it (tried again later)")
+			}
+			return
+		}
+		r.reply <- trimReply{a.st.trimmed, r.deleted, err}
+	}
 	if a.store == nil {
 		answer(itx.Errorf(itx.ENotFound, "no stream %s", a.ref.Path))
 		return
+	}
+	if r.auto && r.through == 0 && r.createdBefore == 0 {
+		if r.through, r.createdBefore = a.retentionBounds(); r.through == 0 {
+			answer(nil) // the policy keeps everything, or was cleared meanwhile
+			return
+		}
 	}
 	if r.through == 0 {
 		r.through = a.st.head
@@ -109,6 +126,7 @@ func (a *actor) trimChunk(r *trimReq) {
 		return
 	}
 	r.deleted += n
+	a.srv.metrics.TrimmedEvents.Add(float64(n))
 	if reached > a.st.trimmed {
 		a.st.trimmed = reached
 		a.publish(true)
@@ -143,4 +161,115 @@ func (a *actor) durableFloor() int64 {
 		floor = min(floor, c.delivered.Load())
 	}
 	return floor
+}
+
+// retentionPolicy is a stream's own retention (Stream.setRetention), kept in its KV.
+type retentionPolicy struct {
+	MaxAgeMs  int64 `json:"maxAgeMs,omitempty"`
+	MaxEvents int64 `json:"maxEvents,omitempty"`
+}
+
+// retentionKey is the stream KV key of its retention policy.
+const retentionKey = "retention"
+
+// retentionEvery is how often a stream appended to applies its retention policy.
+const retentionEvery = time.Minute
+
+// minRetentionAge is the shortest maxAgeMs a policy takes: a shorter one is a unit mistake more
+// often than a wish.
+const minRetentionAge = time.Minute
+
+func (p retentionPolicy) set() bool { return p.MaxAgeMs > 0 || p.MaxEvents > 0 }
+
+// applyRetention starts a trim to what the stream's policy no longer keeps, unless one runs:
+// its chunks follow the step under way, the floor of every consumer applying as for a trim.
+// Actor goroutine only.
+func (a *actor) applyRetention(now time.Time) {
+	p := a.st.retention
+	if !p.set() || a.store == nil || a.autoTrimming {
+		return
+	}
+	a.lastRetention = now
+	a.autoTrimming = true
+	go a.post(actorMsg{trim: &trimReq{auto: true}}) // bounds taken when it runs: retentionBounds
+}
+
+// retentionBounds turns the stream's policy into a trim's bounds, as the stream stands now
+// (through 0: nothing to trim).
+func (a *actor) retentionBounds() (through, createdBefore int64) {
+	p := a.st.retention
+	if p.MaxEvents > 0 {
+		through = max(0, a.st.head-p.MaxEvents)
+	}
+	if p.MaxAgeMs > 0 {
+		createdBefore = itx.UnixMilli(a.srv.clock.Now()) - p.MaxAgeMs
+		if through == 0 {
+			through = a.st.head
+		}
+	}
+	return through, createdBefore
+}
+
+// SetRetention stores a stream's retention policy and applies it at once.
+func (s *Server) SetRetention(ctx context.Context, by Admin, ref StreamRef, maxAgeMs, maxEvents int64) error {
+	if err := itx.ValidatePath(ref.Path); err != nil {
+		return err
+	}
+	switch {
+	case maxAgeMs < 0 || maxEvents < 0:
+		return itx.Errorf(itx.EInvalid, "retention: maxAgeMs and maxEvents cannot be negative")
+	case maxAgeMs > 0 && maxAgeMs < minRetentionAge.Milliseconds():
+		return itx.Errorf(itx.EInvalid, "retention: maxAgeMs %d is under a minute (%d ms): it is in milliseconds", maxAgeMs, minRetentionAge.Milliseconds())
+	}
+	a, err := s.acquire(ctx, ref)
+	if err != nil {
+		return err
+	}
+	defer s.release(a)
+	if a.view().streamID == "" {
+		return itx.Errorf(itx.ENotFound, "no stream %s", ref.Path)
+	}
+	reply := make(chan error, 1)
+	a.post(actorMsg{retention: &retentionReq{policy: retentionPolicy{MaxAgeMs: maxAgeMs, MaxEvents: maxEvents}, reply: reply}})
+	select {
+	case err := <-reply:
+		if err != nil {
+			return err
+		}
+	case <-a.done:
+		return a.ended()
+	case <-ctx.Done():
+		return itx.Errorf(itx.ECancelled, "set retention of %s: %v", ref.Path, ctx.Err())
+	}
+	if rec, err := auditRecord(by, AuditRetentionSet, map[string]any{"projectId": ref.ProjectID, "path": ref.Path,
+		"maxAgeMs": maxAgeMs, "maxEvents": maxEvents}); err == nil {
+		s.audit(context.WithoutCancel(ctx), rec)
+	}
+	return nil
+}
+
+// AuditRetentionSet records a stream's retention policy set (or cleared).
+const AuditRetentionSet = "admin/stream-retention-set"
+
+// retentionReq is Stream.setRetention on the actor.
+type retentionReq struct {
+	policy retentionPolicy
+	reply  chan error
+}
+
+// setRetention stores the policy with the stream, between two commits, and applies it.
+func (a *actor) setRetention(r *retentionReq) {
+	if a.store == nil {
+		r.reply <- itx.Errorf(itx.ENotFound, "no stream %s", a.ref.Path)
+		return
+	}
+	b, _ := json.Marshal(r.policy)
+	if err := a.store.Commit(context.Background(), storage.Commit{KV: map[string][]byte{retentionKey: b}}); err != nil {
+		r.reply <- itx.Errorf(storage.ErrorCode(err), "set retention of %s: %v", a.ref.Path, err)
+		return
+	}
+	a.st.retention = r.policy
+	a.publish(true)
+	r.reply <- nil
+	a.applyRetention(a.srv.clock.Now())
 }

@@ -226,6 +226,9 @@ var methodCases = map[string]methodCase{
 		_, err := client.Append(ctx, s, []itx.EventInput{ev("note", `{}`)}, itx.AppendOptions{})
 		return err
 	})},
+	"Stream.setRetention": {right: itx.RightAdmin, pathed: true, call: withStream(func(ctx context.Context, s schema.Stream) error {
+		return client.SetRetention(ctx, s, client.Retention{}) // clears a policy none of them has
+	})},
 	"Stream.trim": {right: itx.RightAdmin, pathed: true, call: withStream(func(ctx context.Context, s schema.Stream) error {
 		_, err := client.Trim(ctx, s, 0) // through 0: deletes nothing
 		return err

@@ -302,3 +302,70 @@ func TestStream_TrimRacingConsumersLosesNothing(t *testing.T) {
 	require.Equal(t, want, got, "the connection was delivered every event once, in order")
 	require.Positive(t, deleted.Load(), "trims deleted events while the consumers ran")
 }
+
+// A stream keeps the retention policy set on it and trims itself: at once, then at most once a
+// minute while appended to, and when it loads; by count and by age, never past a consumer's
+// floor; describe shows the policy, which survives a reload; an empty one clears it.
+func TestStream_RetentionPolicy(t *testing.T) {
+	e := newSubEnv(t, server.Config{IdleTimeout: 10 * time.Minute})
+	ctx := e.ctx
+	s := stream(t, e.p, "/kept-short")
+	for i := 1; i <= 10; i++ {
+		mustAppend(t, s, ev("e", fmt.Sprintf(`{"i":%d}`, i)))
+	}
+	trimmed := func() int64 {
+		info, err := client.Describe(ctx, s)
+		require.NoError(t, err)
+		return info.TrimmedThrough
+	}
+	registerReader(t, s, "slow", 5)
+	require.NoError(t, client.SetRetention(ctx, s, client.Retention{MaxEvents: 4}))
+	waitUntil(t, "trimmed at once, to the reader's checkpoint", func() bool { return trimmed() == 5 })
+	info, err := client.Describe(ctx, s)
+	require.NoError(t, err)
+	require.Equal(t, int64(4), info.RetentionMaxEvents)
+	require.Zero(t, info.RetentionMaxAgeMs)
+
+	mustAppend(t, s, ev("e", `{"i":11}`), ev("e", `{"i":12}`))
+	registerReader(t, s, "slow", 12)
+	require.Equal(t, int64(5), trimmed(), "not again within the minute")
+	e.clock.Advance(2 * time.Minute)
+	mustAppend(t, s, ev("e", `{"i":13}`))
+	waitUntil(t, "trimmed as appended to", func() bool { return trimmed() == 9 }) // head 13 - 4
+
+	// By age: everything older than an hour, the policy replaced.
+	require.NoError(t, client.SetRetention(ctx, s, client.Retention{MaxAge: time.Hour}))
+	e.clock.Advance(2 * time.Hour)
+	mustAppend(t, s, ev("e", `{"i":14}`))
+	registerReader(t, s, "slow", 13)
+	e.clock.Advance(2 * time.Minute)
+	mustAppend(t, s, ev("e", `{"i":15}`))
+	waitUntil(t, "trimmed by age", func() bool { return trimmed() == 13 })
+	events, err := client.ReadAll(ctx, s, itx.Query{Types: []string{"e"}})
+	require.NoError(t, err)
+	require.Equal(t, []int{14, 15}, payloadI(t, events, "e"))
+
+	// Kept with the stream: unloaded, loaded again, it trims at load.
+	registerReader(t, s, "slow", 15)
+	waitUntil(t, "the idle stream unloaded", func() bool {
+		e.clock.Advance(20 * time.Minute)
+		e.ts.srv.Sweep()
+		return e.ts.srv.LoadedStreams() == 0
+	})
+	e.clock.Advance(2 * time.Hour)
+	info, err = client.Describe(ctx, s) // loads it
+	require.NoError(t, err)
+	require.Equal(t, time.Hour.Milliseconds(), info.RetentionMaxAgeMs)
+	waitUntil(t, "trimmed at load", func() bool { return trimmed() == 15 })
+
+	require.NoError(t, client.SetRetention(ctx, s, client.Retention{}))
+	info, err = client.Describe(ctx, s)
+	require.NoError(t, err)
+	require.Zero(t, info.RetentionMaxAgeMs)
+	require.Zero(t, info.RetentionMaxEvents)
+	set := audited(t, e.ts.deployment(t), server.AuditRetentionSet)
+	require.Len(t, set, 3, "each policy set is audited")
+	require.EqualValues(t, time.Hour.Milliseconds(), set[1]["maxAgeMs"])
+	requireCode(t, client.SetRetention(ctx, s, client.Retention{MaxAge: 30 * time.Second}), itx.EInvalid)
+	requireCode(t, client.SetRetention(ctx, stream(t, e.p, "/none"), client.Retention{MaxEvents: 1}), itx.ENotFound)
+}

@@ -166,6 +166,8 @@ func SetStreamInfo(dst schema.StreamInfo, info itx.StreamInfo) error {
 	dst.SetReaderCount(uint32(info.Readers))
 	dst.SetParkedSubscriptions(uint32(info.ParkedSubscriptions))
 	dst.SetTrimmedThrough(uint64(info.TrimmedThrough))
+	dst.SetRetentionMaxAgeMs(info.RetentionMaxAgeMs)
+	dst.SetRetentionMaxEvents(uint64(info.RetentionMaxEvents))
 	dst.SetLoaded(info.Loaded)
 	return nil
 }
@@ -175,7 +177,8 @@ func StreamInfoFromSchema(src schema.StreamInfo) (itx.StreamInfo, error) {
 	out := itx.StreamInfo{HeadOffset: int64(src.HeadOffset()), CreatedAt: src.CreatedAt(),
 		LastAppendAt: src.LastAppendAt(), SubscriptionCount: int(src.SubscriptionCount()), Loaded: src.Loaded(),
 		HaltedSubscriptions: int(src.HaltedSubscriptions()), MaxLag: int64(src.MaxLag()), Readers: int(src.ReaderCount()),
-		ParkedSubscriptions: int(src.ParkedSubscriptions()), TrimmedThrough: int64(src.TrimmedThrough())}
+		ParkedSubscriptions: int(src.ParkedSubscriptions()), TrimmedThrough: int64(src.TrimmedThrough()),
+		RetentionMaxAgeMs: src.RetentionMaxAgeMs(), RetentionMaxEvents: int64(src.RetentionMaxEvents())}
 	var err error
 	if out.Path, err = src.Path(); err != nil {
 		return out, err

@@ -97,12 +97,14 @@ func TestRun_Trim(t *testing.T) {
 		{`project.streams.get("/log").trim({throughOffset: 4, createdBefore: new Date(Date.now() + 60000)})`, `{"trimmedThrough": 4, "deleted": 2}`},
 		{`project.streams.get("/log").trim({createdBefore: new Date(Date.now() + 60000)})`, `{"trimmedThrough": 6, "deleted": 2}`},
 		{`project.streams.get("/log").describe().trimmedThrough`, `6`},
+		{`project.streams.get("/log").setRetention({maxAge: "30d", maxEvents: 100}); let d = project.streams.get("/log").describe(); [d.retentionMaxAgeMs, d.retentionMaxEvents]`,
+			`[2592000000, 100]`},
 	} {
 		code, out, errs := c.run("", append(conn, "--json", "-e", step.expr)...)
 		require.Equal(t, exitOK, code, "%s: %s", step.expr, errs)
 		require.JSONEq(t, step.want, out, step.expr)
 	}
-	for _, bad := range []string{`trim()`, `trim({createdBefore: "soon"})`, `trim(-1)`} {
+	for _, bad := range []string{`trim()`, `trim({createdBefore: "soon"})`, `trim(-1)`, `setRetention({maxAge: "10s"})`, `setRetention({maxAge: "soon"})`} {
 		code, _, errs := c.run("", append(conn, "--json", "-e", `project.streams.get("/log").`+bad)...)
 		require.Equal(t, exitError, code, bad)
 		require.Contains(t, errs, "invalidArgument", bad)

@@ -72,6 +72,7 @@ var bindings = map[string]map[string]binding{
 		"schedule":              {"schedule(event, dueAt) or schedule({event, dueAt}) -> {dueAt, appendedOffset?} (dueAt null when the key is already in the log at appendedOffset; a durable timer: event, with its idempotencyKey, is appended at dueAt: a Date, an ISO-8601 time, epoch ms or a duration from now like \"10m\")", streamSchedule},
 		"cancelScheduled":       {"cancelScheduled(key) or cancelScheduled({key}) -> {cancelled}", streamCancelScheduled},
 		"listScheduled":         {"listScheduled() -> [{dueAt, type, idempotencyKey, payload}]", streamListScheduled},
+		"setRetention":          {"setRetention({maxAge, maxEvents}) (the admin right: the stream keeps this policy and trims itself as trim does: events older than maxAge (\"30d\", \"12h\" or ms) and more than maxEvents offsets below the head go, when it loads and at most once a minute while appended to; {} clears it; describe() shows it)", streamSetRetention},
 		"trim":                  {"trim(throughOffset) or trim({throughOffset, createdBefore}) -> {trimmedThrough, deleted} (retention, the admin right: deletes the events through the offset and/or created before the time (\"30d\" ago, a Date, an ISO-8601 time, epoch ms) for good, its stream/* records kept, never past what its subscriptions confirmed, its readers' checkpoints and its open connections delivered; the deleted events' idempotency keys are forgotten)", streamTrim},
 	},
 	"Subscriptions": {
@@ -314,15 +315,18 @@ type streamInfoJS struct {
 	MaxLag              int64 `json:"maxLag"`
 	ReaderCount         int   `json:"readerCount"`
 	Loaded              bool  `json:"loaded"`
-	// Stream.trim's reach: shown by describe once the stream was trimmed.
-	TrimmedThrough int64 `json:"trimmedThrough,omitempty"`
+	// Stream.trim's reach and setRetention's policy: shown by describe once set.
+	TrimmedThrough     int64 `json:"trimmedThrough,omitempty"`
+	RetentionMaxAgeMs  int64 `json:"retentionMaxAgeMs,omitempty"`
+	RetentionMaxEvents int64 `json:"retentionMaxEvents,omitempty"`
 }
 
 func streamInfoOf(i itx.StreamInfo) streamInfoJS {
 	return streamInfoJS{Path: i.Path, StreamID: i.StreamID, HeadOffset: i.HeadOffset, CreatedAt: msTime(i.CreatedAt),
 		LastAppendAt: msTime(i.LastAppendAt), SubscriptionCount: i.SubscriptionCount,
 		HaltedSubscriptions: i.HaltedSubscriptions, ParkedSubscriptions: i.ParkedSubscriptions, MaxLag: i.MaxLag,
-		ReaderCount: i.Readers, Loaded: i.Loaded, TrimmedThrough: i.TrimmedThrough}
+		ReaderCount: i.Readers, Loaded: i.Loaded, TrimmedThrough: i.TrimmedThrough,
+		RetentionMaxAgeMs: i.RetentionMaxAgeMs, RetentionMaxEvents: i.RetentionMaxEvents}
 }
 
 type offsetJS struct {
@@ -413,6 +417,55 @@ func streamsRemove(ctx context.Context, s *Session, c capnp.Client, _ capPath, a
 }
 
 // --- Stream ---
+
+func streamSetRetention(ctx context.Context, s *Session, c capnp.Client, _ capPath, args []goja.Value) (any, error) {
+	if len(args) > 1 {
+		return nil, itx.Errorf(itx.EInvalid, "setRetention: takes one options object {maxAge, maxEvents}")
+	}
+	var v goja.Value
+	if len(args) == 1 {
+		v = args[0]
+	}
+	o, err := s.opts("setRetention", v, "maxAge", "maxEvents")
+	if err != nil {
+		return nil, err
+	}
+	var r client.Retention
+	if age := o.get("maxAge"); age != nil {
+		if r.MaxAge, err = durationArg("setRetention: maxAge", age); err != nil {
+			return nil, err
+		}
+	}
+	r.MaxEvents = o.uint("maxEvents")
+	if err := o.err(); err != nil {
+		return nil, err
+	}
+	return nil, client.SetRetention(ctx, schema.Stream(c), r)
+}
+
+// durationArg reads a duration: "30d", a Go duration ("12h", "90m") or milliseconds.
+func durationArg(what string, v goja.Value) (time.Duration, error) {
+	switch x := v.Export().(type) {
+	case int64:
+		if x >= 0 {
+			return time.Duration(x) * time.Millisecond, nil
+		}
+	case float64:
+		if x >= 0 && x < 9e12 {
+			return time.Duration(x) * time.Millisecond, nil
+		}
+	case string:
+		if days, found := strings.CutSuffix(x, "d"); found {
+			if n, err := strconv.ParseUint(days, 10, 16); err == nil {
+				return time.Duration(n) * 24 * time.Hour, nil
+			}
+		}
+		if d, err := time.ParseDuration(x); err == nil && d >= 0 {
+			return d, nil
+		}
+	}
+	return 0, itx.Errorf(itx.EInvalid, "%s: expected a duration (\"30d\", \"12h\") or milliseconds, got %s", what, describeValue(v))
+}
 
 func streamTrim(ctx context.Context, s *Session, c capnp.Client, _ capPath, args []goja.Value) (any, error) {
 	o, err := s.params("Stream.trim", args, []string{"throughOffset"}, "throughOffset", "createdBefore")
