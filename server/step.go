@@ -19,7 +19,7 @@ type streamState struct {
 	head         int64
 	createdAt    int64
 	lastAppendAt int64
-	trimmed      int64 // Stream.trim deleted the events through here (stream/* records kept)
+	trimmed      int64           // Stream.trim deleted the events through here (stream/* records kept)
 	retention    retentionPolicy // Stream.setRetention's policy (stored in the KV)
 	core         *coreState
 	rows         map[string]*storage.CursorRow
