@@ -583,6 +583,14 @@ func (s *stream) ListScheduled(ctx context.Context, call schema.Stream_listSched
 	return nil
 }
 
+// by names who asks, for the audit: the session's token.
+func (s *stream) by() server.Admin {
+	if s.acc.session == nil {
+		return server.Admin{ProjectID: s.ref.ProjectID}
+	}
+	return server.Admin{TokenID: s.acc.session.Token.ID, ProjectID: s.ref.ProjectID}
+}
+
 // Trim deletes the stream's events through an offset (retention; the admin right).
 func (s *stream) Trim(ctx context.Context, call schema.Stream_trim) error {
 	through, err := itx.ValidateOffset("throughOffset", call.Args().ThroughOffset())
@@ -590,11 +598,7 @@ func (s *stream) Trim(ctx context.Context, call schema.Stream_trim) error {
 		return fail(err)
 	}
 	call.Go()
-	var by server.Admin
-	if s.acc.session != nil {
-		by = server.Admin{TokenID: s.acc.session.Token.ID, ProjectID: s.ref.ProjectID}
-	}
-	r, err := s.srv.TrimStream(ctx, by, s.ref, through, call.Args().CreatedBefore())
+	r, err := s.srv.TrimStream(ctx, s.by(), s.ref, through, call.Args().CreatedBefore())
 	if err != nil {
 		return fail(err)
 	}
@@ -614,9 +618,5 @@ func (s *stream) SetRetention(ctx context.Context, call schema.Stream_setRetenti
 		return fail(err)
 	}
 	call.Go()
-	var by server.Admin
-	if s.acc.session != nil {
-		by = server.Admin{TokenID: s.acc.session.Token.ID, ProjectID: s.ref.ProjectID}
-	}
-	return fail(s.srv.SetRetention(ctx, by, s.ref, call.Args().MaxAgeMs(), maxEvents))
+	return fail(s.srv.SetRetention(ctx, s.by(), s.ref, call.Args().MaxAgeMs(), maxEvents))
 }
