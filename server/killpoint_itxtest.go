@@ -14,6 +14,8 @@ func init() {
 	switch os.Getenv("ITXD_TEST_KILL_AT") {
 	case "delete-project-committed":
 		deleteProjectCommittedHook = killSelf
+	case "trim-chunk-committed":
+		trimChunkCommittedHook = killSelf
 	case "delete-stream-committed":
 		deleteStreamCommittedHook = killSelf
 	case "copy-committed":

@@ -16,6 +16,10 @@ const AuditStreamTrimmed = "admin/stream-trimmed"
 // chunk at a time, the stream's other work (appends, deliveries) taking turns between chunks.
 const trimChunkEvents = 5000
 
+// trimChunkCommittedHook, when set (tests), runs after each trim chunk that deleted events
+// committed, before the next.
+var trimChunkCommittedHook func()
+
 // trimReq is a Stream.trim under way on the actor.
 type trimReq struct {
 	through       int64 // 0: no offset bound
@@ -124,6 +128,9 @@ func (a *actor) trimChunk(r *trimReq) {
 	if err != nil {
 		answer(itx.Errorf(storage.ErrorCode(err), "trim of %s: %v", a.ref.Path, err))
 		return
+	}
+	if trimChunkCommittedHook != nil && n > 0 {
+		trimChunkCommittedHook()
 	}
 	r.deleted += n
 	a.srv.metrics.TrimmedEvents.Add(float64(n))

@@ -369,3 +369,46 @@ func TestStream_RetentionPolicy(t *testing.T) {
 	requireCode(t, client.SetRetention(ctx, s, client.Retention{MaxAge: 30 * time.Second}), itx.EInvalid)
 	requireCode(t, client.SetRetention(ctx, stream(t, e.p, "/none"), client.Retention{MaxEvents: 1}), itx.ENotFound)
 }
+
+// kill -9 of itxd right after a trim's first chunk committed (of several): after the restart
+// the stream is trimmed through that chunk and no further, every event above it is there, the
+// head is kept, and a trim again finishes the job.
+func TestCrash_Kill9BetweenTrimChunks(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real itxd processes")
+	}
+	dataDir := t.TempDir()
+	proc := startItxdKilledAt(t, dataDir, "trim-chunk-committed")
+	ctx := ctxT(t)
+	p := dial(t, proc.addr).Login(ctx, proc.creds.ProjectToken)
+	s := stream(t, p, "/long")
+	const n = 12_000 // three chunks
+	for i := 0; i < n; i += 1000 {
+		batch := make([]itx.EventInput, 1000)
+		for j := range batch {
+			batch[j] = ev("e", fmt.Sprintf(`{"i":%d}`, i+j))
+		}
+		mustAppend(t, s, batch...)
+	}
+	_, err := client.Trim(ctx, s, 11_000)
+	require.Error(t, err, "itxd died before answering")
+	proc.requireKilledAtThePoint(t)
+
+	proc = startItxd(t, dataDir)
+	p = dial(t, proc.addr).Login(ctx, proc.creds.ProjectToken)
+	s = stream(t, p, "/long")
+	info, err := client.Describe(ctx, s)
+	require.NoError(t, err)
+	require.Equal(t, int64(5000), info.TrimmedThrough, "the first chunk, and no further")
+	require.Equal(t, int64(n), info.HeadOffset)
+	events, err := client.ReadAll(ctx, s, itx.Query{})
+	require.NoError(t, err)
+	want := make([]int, 0, n-5000)
+	for i := 5000; i < n; i++ {
+		want = append(want, i)
+	}
+	require.Equal(t, want, payloadI(t, events, "e"))
+	r, err := client.Trim(ctx, s, 11_000)
+	require.NoError(t, err)
+	require.Equal(t, client.TrimResult{TrimmedThrough: 11_000, Deleted: 6000}, r)
+}
