@@ -80,7 +80,8 @@ func (s *Server) TrimStream(ctx context.Context, by Admin, ref StreamRef, throug
 	case <-a.done:
 		return TrimResult{}, a.ended()
 	case <-ctx.Done():
-		// The chunks already committed stay trimmed; the rest is left (trim again).
+		// The chunks committed stay trimmed; the rest goes on while the stream stays loaded
+		// (a trim again answers where it stands).
 		return TrimResult{}, itx.Errorf(itx.ECancelled, "trim of %s: %v", ref.Path, ctx.Err())
 	}
 }
@@ -139,7 +140,7 @@ func (a *actor) trimChunk(r *trimReq) {
 		a.publish(true)
 	}
 	if reached < target {
-		go a.post(actorMsg{trim: r}) // after what is queued now; the caller's hold keeps a loaded
+		go a.post(actorMsg{trim: r}) // after what is queued now (an unload ends it: post returns)
 		return
 	}
 	answer(nil)
