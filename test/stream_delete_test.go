@@ -3,8 +3,10 @@ package test
 import (
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/itx-dev/itx"
@@ -340,4 +342,101 @@ func TestCrash_Kill9AfterDeleteStreamCommitLeavesNoFiles(t *testing.T) {
 	audited := auditedDeletions(t, conn.Login(ctx, proc.creds.DeploymentToken))
 	require.Len(t, audited, 1, "the deletion is audited once")
 	require.Equal(t, info.StreamID, audited[0]["streamId"])
+}
+
+// Deletes (forced) racing every other use of a handful of paths: appends, connections opened
+// and closed, readers registered, subscriptions configured, trims, describes. No call fails with
+// anything but the codes a deleted stream explains, none hangs, and once the churn stops every
+// path is either gone or a working stream whose listing and describe agree.
+func TestStreams_RemoveChurn(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	p := ts.project(t)
+	paths := []string{"/churn/a", "/churn/b", "/churn/c"}
+	expected := map[itx.Code]bool{
+		itx.ENotFound:           true, // deleted under the call (a barrier, a trim of a stream gone)
+		itx.EFailedPrecondition: true, // a delete of a stream being deleted; a name taken
+		itx.EInvalid:            true, // a reader checkpoint above a new stream's head
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var unexpected []error
+	note := func(op string, err error) {
+		if err == nil || expected[itx.ErrorCode(err)] {
+			return
+		}
+		mu.Lock()
+		unexpected = append(unexpected, fmt.Errorf("%s: %w", op, err))
+		mu.Unlock()
+	}
+	deletes := atomic.Int64{}
+	for w := range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 99))
+			for i := 0; i < 60; i++ {
+				path := paths[rng.IntN(len(paths))]
+				s := client.Stream(ctx, p, path)
+				switch op := rng.IntN(7); op {
+				case 0, 1:
+					_, err := client.Append(ctx, s, []itx.EventInput{ev("e", `{}`)}, itx.AppendOptions{})
+					note("append", err)
+				case 2:
+					_, err := client.DeleteStream(ctx, p, path, true)
+					if err == nil {
+						deletes.Add(1)
+					}
+					note("delete", err)
+				case 3:
+					sink := newTestSink()
+					c, err := openConn(t, s, connOpts{noState: true}, sink)
+					note("open", err)
+					if err == nil {
+						fut, release := c.Close(ctx, func(p schema.Connection_close_Params) error { return p.SetReason("done") })
+						_, err = fut.Struct()
+						release()
+						note("close", err)
+					}
+				case 4:
+					rf, release := s.Readers(ctx, nil)
+					note("register", client.RegisterReader(ctx, rf.Readers(), "r", 1))
+					release()
+				case 5:
+					subs := client.Subscriptions(ctx, s)
+					_, _, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "copy",
+						Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: "/churn/copies"}})
+					subs.Release()
+					note("configure", err)
+				case 6:
+					_, err := client.Trim(ctx, s, 1)
+					note("trim", err)
+					_, err = client.Describe(ctx, s)
+					note("describe", err)
+				}
+				s.Release()
+			}
+		}()
+	}
+	wg.Wait()
+	require.Empty(t, unexpected)
+	require.Positive(t, deletes.Load())
+	list, err := client.ListStreams(ctx, p, "/churn/")
+	require.NoError(t, err)
+	listed := map[string]int64{}
+	for _, info := range list {
+		listed[info.Path] = info.HeadOffset
+	}
+	for _, path := range paths {
+		s := stream(t, p, path)
+		info, err := client.Describe(ctx, s)
+		require.NoError(t, err)
+		head, ok := listed[path]
+		require.Equal(t, ok, info.StreamID != "", "%s: listed iff it exists", path)
+		if ok {
+			require.Equal(t, head, info.HeadOffset, path)
+			res := mustAppend(t, s, ev("after", `{}`))
+			require.Equal(t, info.HeadOffset+1, res.Offsets[0], "%s takes appends", path)
+		}
+	}
 }
