@@ -1389,7 +1389,8 @@ func (a *actor) publish(rowsChanged bool) {
 		v.procs, st.procsDirty = procs, false
 		rowsChanged = true // wake waiters: a processor's record changed
 	}
-	if !rowsChanged && v.rows != nil && v.head == st.head && v.core == st.core && v.store == a.store {
+	info := streamTimes{st.createdAt, st.lastAppendAt, st.trimmed, st.retention}
+	if !rowsChanged && v.rows != nil && v.head == st.head && v.core == st.core && v.store == a.store && v.info == info {
 		return // nothing a reader can see changed: waiters stay asleep
 	}
 	v.store, v.head, v.core, v.recent = a.store, st.head, st.core, a.recent
@@ -1399,7 +1400,7 @@ func (a *actor) publish(rowsChanged bool) {
 		// creation whose first commit failed (or that a crash cut short) holds no stream yet.
 		v.streamID = st.streamID
 	}
-	v.info = streamTimes{st.createdAt, st.lastAppendAt, st.trimmed, st.retention}
+	v.info = info
 	if rowsChanged || v.rows == nil {
 		rows := make(map[string]storage.CursorRow, len(st.rows))
 		for name, r := range st.rows {

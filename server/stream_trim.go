@@ -137,7 +137,7 @@ func (a *actor) trimChunk(r *trimReq) {
 	a.srv.metrics.TrimmedEvents.Add(float64(n))
 	if reached > a.st.trimmed {
 		a.st.trimmed = reached
-		a.publish(true)
+		a.publish(false) // describe shows the reach
 	}
 	if reached < target {
 		go a.post(actorMsg{trim: r}) // after what is queued now (an unload ends it: post returns)
@@ -277,7 +277,7 @@ func (a *actor) setRetention(r *retentionReq) {
 		return
 	}
 	a.st.retention = r.policy
-	a.publish(true)
+	a.publish(false) // describe shows the policy
 	r.reply <- nil
 	a.applyRetention(a.srv.clock.Now())
 }

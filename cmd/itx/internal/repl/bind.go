@@ -1170,13 +1170,8 @@ func (s *Session) timeArg(what string, v goja.Value) (time.Time, error) {
 // agoArg reads a time in the past: a duration ago ("30d", "12h", "90m") or, as timeArg reads
 // it, a Date, an ISO-8601 time or epoch milliseconds.
 func (s *Session) agoArg(what string, v goja.Value) (time.Time, error) {
-	if x, ok := v.Export().(string); ok {
-		if days, found := strings.CutSuffix(x, "d"); found {
-			if n, err := strconv.ParseUint(days, 10, 16); err == nil {
-				return time.Now().Add(-time.Duration(n) * 24 * time.Hour), nil
-			}
-		}
-		if d, err := time.ParseDuration(x); err == nil && d >= 0 {
+	if _, ok := v.Export().(string); ok {
+		if d, err := durationArg(what, v); err == nil {
 			return time.Now().Add(-d), nil
 		}
 	}
