@@ -67,6 +67,7 @@ type actor struct {
 	ephBytes        int64     // held in ephemeral rows (see Config.EphemeralBufferBytes)
 	lastRetention   time.Time // the retention policy last applied (applyRetention)
 	autoTrimming    bool      // a trim of the retention policy is under way
+	retT            itx.Timer // when the retention policy's age limit has an event to trim (armRetention)
 	loadMounted     []string  // the project's mounts when loaded: the first step's presence signal
 	// secretRefs is the webhook secret references of the committed catalog: the directory's
 	// secret_uses rows of this stream hold at least these (see apply).
@@ -129,6 +130,8 @@ type actorMsg struct {
 	// trim: Stream.trim, one chunk at a time (stream_trim.go); retention: setRetention.
 	trim      *trimReq
 	retention *retentionReq
+	// retentionDue: the retention policy's age limit has an event to trim (armRetention).
+	retentionDue bool
 }
 
 func newActor(s *Server, ref StreamRef) *actor {
@@ -195,9 +198,10 @@ func (a *actor) load() error {
 		}
 		a.st.summaryOld = entry.SummaryStale
 		a.secretRefs = secretRefsOf(a.st.core)
-		if len(a.st.core.Subscriptions) > 0 || len(a.st.scheduled) > 0 {
+		if len(a.st.core.Subscriptions) > 0 || len(a.st.scheduled) > 0 || a.st.retention.MaxAgeMs > 0 {
 			// While loaded, the alarm reads "due now" (a crash leaves the stream owed a load); on
-			// unload it records the next retry. Whatever woke this incarnation, it owns the alarm.
+			// unload it records the next retry, or when its retention policy next trims. Whatever
+			// woke this incarnation, it owns the alarm.
 			if err := a.srv.dir.SetAlarm(ctx, entry.StreamID, itx.UnixMilli(now)); err == nil {
 				a.st.alarmSet = true
 			} else if storage.ErrorCode(err) == itx.EResourceExhausted {
@@ -575,6 +579,11 @@ func (a *actor) handle(m actorMsg) bool {
 		a.trimChunk(m.trim)
 	case m.retention != nil:
 		a.setRetention(m.retention)
+	case m.retentionDue:
+		a.retT = nil
+		if a.store != nil {
+			a.applyRetention(a.srv.clock.Now())
+		}
 	case m.stopRemotes:
 		for name, d := range a.deliverers {
 			if d.remoteContract != "" {
@@ -647,6 +656,9 @@ func (a *actor) stop() {
 	}
 	if a.wakeT != nil {
 		a.wakeT.Stop()
+	}
+	if a.retT != nil {
+		a.retT.Stop()
 	}
 	if a.dropT != nil {
 		a.dropT.Stop()
@@ -1260,6 +1272,10 @@ func (a *actor) close() {
 		return
 	}
 	a.sweepEphemeral()
+	retentionDue, err := a.retentionDue()
+	if err != nil {
+		a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Msg("the stream's retention policy: its oldest event not read (applied at its next load)")
+	}
 	a.mu.Lock()
 	a.pub.store = nil
 	a.mu.Unlock()
@@ -1297,7 +1313,7 @@ func (a *actor) close() {
 		}
 	}
 	if a.st.alarmSet {
-		due := a.nextAlarm()
+		due := a.nextAlarm(retentionDue)
 		if err := a.srv.dir.SetAlarm(ctx, a.st.streamID, due); err != nil {
 			a.srv.log.Error().Err(err).Str("path", a.ref.Path).Msg("stream alarm not recorded")
 		} else if due > 0 {
@@ -1311,10 +1327,16 @@ func (a *actor) close() {
 
 // nextAlarm is when this unloaded stream must be loaded again to deliver: now if an active
 // subscription is behind with no retry pending, its earliest retry otherwise, 0 for never. A
-// parked subscription waits for its receiver, not for a time.
-func (a *actor) nextAlarm() int64 {
+// parked subscription waits for its receiver, not for a time. retentionDue is when its
+// retention policy has an event to trim (retentionDue): a load applies it.
+func (a *actor) nextAlarm(retentionDue int64) int64 {
 	now := itx.UnixMilli(a.srv.clock.Now())
 	due := int64(0)
+	if retentionDue > 0 {
+		// Not sooner than a minute on: a load that could not trim (a failing disk) is not
+		// repeated back to back.
+		due = max(retentionDue, now+retentionEvery.Milliseconds())
+	}
 	for name, r := range a.st.rows {
 		if r.Status != storage.StatusActive || r.ConfirmedOffset >= a.st.head || a.st.core.Subscriptions[name] == nil {
 			continue

@@ -414,7 +414,7 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 		// stand (cursor rows, readers). Marked once per load; refreshed on unload or restart.
 		eff.markStale = !st.summaryOld
 	}
-	if eff.hasWrites() && !st.alarmSet && (len(st.core.Subscriptions) > 0 || len(st.scheduled) > 0) {
+	if eff.hasWrites() && !st.alarmSet && (len(st.core.Subscriptions) > 0 || len(st.scheduled) > 0 || st.retention.MaxAgeMs > 0) {
 		eff.alarmNow = true
 	}
 	if !eff.flushed && len(st.dirty) > 0 {

@@ -37,6 +37,8 @@ type streamStore interface {
 	Trim(ctx context.Context, through int64, limit int) (deleted, reached int64, err error)
 	// LastCreatedBefore is the offset of the last event created before t (epoch ms).
 	LastCreatedBefore(ctx context.Context, t int64) (int64, error)
+	// OldestTrimmable is the offset and creation time of the first event a trim could delete.
+	OldestTrimmable(ctx context.Context) (offset, createdAt int64, err error)
 	Close() error
 }
 

@@ -95,6 +95,7 @@ func (a *actor) trimChunk(r *trimReq) {
 			if err != nil {
 				a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Msg("the stream's retention policy could not trim it (tried again later)")
 			}
+			a.armRetention()
 			return
 		}
 		r.reply <- trimReply{a.st.trimmed, r.deleted, err}
@@ -103,8 +104,13 @@ func (a *actor) trimChunk(r *trimReq) {
 		answer(itx.Errorf(itx.ENotFound, "no stream %s", a.ref.Path))
 		return
 	}
-	if r.auto && r.through == 0 && r.createdBefore == 0 {
-		if r.through, r.createdBefore = a.retentionBounds(); r.through == 0 {
+	if r.auto && r.through == 0 {
+		through, err := a.retentionThrough()
+		if err != nil {
+			answer(itx.Errorf(storage.ErrorCode(err), "retention of %s: %v", a.ref.Path, err))
+			return
+		}
+		if r.through = through; through == 0 {
 			answer(nil) // the policy keeps everything, or was cleared meanwhile
 			return
 		}
@@ -199,23 +205,64 @@ func (a *actor) applyRetention(now time.Time) {
 	}
 	a.lastRetention = now
 	a.autoTrimming = true
-	go a.post(actorMsg{trim: &trimReq{auto: true}}) // bounds taken when it runs: retentionBounds
+	go a.post(actorMsg{trim: &trimReq{auto: true}}) // bounds taken when it runs: retentionThrough
 }
 
-// retentionBounds turns the stream's policy into a trim's bounds, as the stream stands now
-// (through 0: nothing to trim).
-func (a *actor) retentionBounds() (through, createdBefore int64) {
-	p := a.st.retention
+// retentionThrough is how far the stream's policy would trim it now: past either of its limits
+// an event goes (more than MaxEvents offsets below the head, or created more than MaxAgeMs ago);
+// 0 when it keeps everything.
+func (a *actor) retentionThrough() (int64, error) {
+	p, through := a.st.retention, int64(0)
 	if p.MaxEvents > 0 {
 		through = max(0, a.st.head-p.MaxEvents)
 	}
 	if p.MaxAgeMs > 0 {
-		createdBefore = itx.UnixMilli(a.srv.clock.Now()) - p.MaxAgeMs
-		if through == 0 {
-			through = a.st.head
+		last, err := a.store.LastCreatedBefore(context.Background(), itx.UnixMilli(a.srv.clock.Now())-p.MaxAgeMs)
+		if err != nil {
+			return 0, err
 		}
+		through = max(through, last)
 	}
-	return through, createdBefore
+	return through, nil
+}
+
+// retentionDue is when the stream's age limit next has an event to trim (epoch ms, maybe
+// past): 0 when there is none (no age limit, nothing a trim could delete), and when the oldest
+// such event is held by a consumer (durableFloor): only that consumer moving lets the policy
+// trim, and that loads the stream, which applies the policy again.
+func (a *actor) retentionDue() (int64, error) {
+	p := a.st.retention
+	if p.MaxAgeMs <= 0 || a.store == nil {
+		return 0, nil
+	}
+	off, at, err := a.store.OldestTrimmable(context.Background())
+	if err != nil || off == 0 || off > a.durableFloor() {
+		return 0, err
+	}
+	return at + p.MaxAgeMs + 1, nil // an event goes once created before now - MaxAgeMs
+}
+
+// armRetention keeps a loaded stream with an age limit trimming as its events age, appended to
+// or not: a timer for when its oldest event passes the limit, at least retentionEvery from now
+// (and again every retentionEvery while a consumer holds it back). Actor goroutine only.
+func (a *actor) armRetention() {
+	if a.retT != nil {
+		a.retT.Stop()
+		a.retT = nil
+	}
+	if a.st.retention.MaxAgeMs <= 0 || a.store == nil {
+		return
+	}
+	now := a.srv.clock.Now()
+	due, err := a.retentionDue()
+	if err != nil {
+		a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Msg("the stream's retention policy: its oldest event not read (tried again later)")
+	}
+	at := now.Add(retentionEvery)
+	if due > 0 && time.UnixMilli(due).After(at) {
+		at = time.UnixMilli(due)
+	}
+	a.retT = itx.AfterFuncAt(a.srv.clock, at, func() { a.post(actorMsg{retentionDue: true}) })
 }
 
 // SetRetention stores a stream's retention policy and applies it at once.
@@ -277,7 +324,17 @@ func (a *actor) setRetention(r *retentionReq) {
 		return
 	}
 	a.st.retention = r.policy
+	if r.policy.MaxAgeMs > 0 && !a.st.alarmSet {
+		// As for a stream with subscriptions: due now while loaded, so a crash leaves a load
+		// owed; the unload records when the policy next trims (nextAlarm).
+		if err := a.srv.dir.SetAlarm(context.Background(), a.st.streamID, itx.UnixMilli(a.srv.clock.Now())); err == nil {
+			a.st.alarmSet = true
+		} else {
+			a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Msg("the stream's alarm not set for its retention policy (applied at its next load)")
+		}
+	}
 	a.publish(false) // describe shows the policy
 	r.reply <- nil
+	a.armRetention()
 	a.applyRetention(a.srv.clock.Now())
 }

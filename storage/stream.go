@@ -619,6 +619,20 @@ func (s *Stream) LastCreatedBefore(ctx context.Context, t int64) (int64, error) 
 	return lo, nil
 }
 
+// OldestTrimmable returns the offset and creation time (epoch ms) of the stream's first event
+// a trim could delete (durable, not a stream/* record); 0, 0 when it has none.
+func (s *Stream) OldestTrimmable(ctx context.Context) (offset, createdAt int64, err error) {
+	err = s.w.QueryRowContext(ctx, `select offset, created_at from events
+		where ephemeral = 0 and substr(type, 1, 7) != 'stream/' order by offset limit 1`).Scan(&offset, &createdAt)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, 0, nil
+	}
+	if err != nil {
+		return 0, 0, fmt.Errorf("oldest trimmable event: %w", err)
+	}
+	return offset, createdAt, nil
+}
+
 // DeleteEphemeral deletes ephemeral rows with offsets up to and including through and created
 // before before (epoch ms), returning how many went. Offsets are never reissued: the head lives
 // in stream_meta.

@@ -712,3 +712,29 @@ func TestStream_LastCreatedBefore(t *testing.T) {
 		require.Equal(t, want, got, "before %d", at)
 	}
 }
+
+// OldestTrimmable skips what a trim keeps (stream/* records, ephemeral rows) and what it deleted.
+func TestStream_OldestTrimmable(t *testing.T) {
+	ctx := context.Background()
+	s, _ := mustCreateStream(t)
+	off, at, err := s.OldestTrimmable(ctx)
+	require.NoError(t, err)
+	require.Zero(t, off, "an empty stream")
+	require.Zero(t, at)
+	batch := events(1, 10, 3) // 3, 6 and 9 ephemeral; created_at 101..110
+	batch[0].Type = "stream/subscription-configured"
+	require.NoError(t, s.Commit(ctx, Commit{Events: batch, HeadOffset: 10, LastAppendAt: 110}))
+	off, at, err = s.OldestTrimmable(ctx)
+	require.NoError(t, err)
+	require.Equal(t, [2]int64{2, 102}, [2]int64{off, at}, "past the stream/* record")
+	_, _, err = s.Trim(ctx, 2, 100)
+	require.NoError(t, err)
+	off, at, err = s.OldestTrimmable(ctx)
+	require.NoError(t, err)
+	require.Equal(t, [2]int64{4, 104}, [2]int64{off, at}, "past the trimmed event and the ephemeral row")
+	_, _, err = s.Trim(ctx, 10, 100)
+	require.NoError(t, err)
+	off, _, err = s.OldestTrimmable(ctx)
+	require.NoError(t, err)
+	require.Zero(t, off, "only what a trim keeps is left")
+}

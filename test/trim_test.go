@@ -1,6 +1,7 @@
 package test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
@@ -411,4 +412,58 @@ func TestCrash_Kill9BetweenTrimChunks(t *testing.T) {
 	r, err := client.Trim(ctx, s, 11_000)
 	require.NoError(t, err)
 	require.Equal(t, client.TrimResult{TrimmedThrough: 11_000, Deleted: 6000}, r)
+}
+
+// A retention policy trims past either of its limits, and by age with nobody appending: a
+// loaded stream as its oldest event passes the limit, an unloaded one loaded for it by its alarm.
+func TestStream_RetentionTrimsAsEventsAge(t *testing.T) {
+	trimmedOf := func(ctx context.Context, t *testing.T, s schema.Stream) int64 {
+		info, err := client.Describe(ctx, s)
+		require.NoError(t, err)
+		return info.TrimmedThrough
+	}
+	t.Run("either limit, then by age while loaded", func(t *testing.T) {
+		e := newSubEnv(t, server.Config{IdleTimeout: 1000 * time.Hour})
+		s := stream(t, e.p, "/loaded")
+		for i := 1; i <= 10; i++ {
+			mustAppend(t, s, ev("e", fmt.Sprintf(`{"i":%d}`, i)))
+		}
+		require.NoError(t, client.SetRetention(e.ctx, s, client.Retention{MaxEvents: 6, MaxAge: time.Hour}))
+		waitUntil(t, "the count limit trims fresh events", func() bool { return trimmedOf(e.ctx, t, s) == 4 })
+		e.clock.Advance(30 * time.Minute)
+		mustAppend(t, s, ev("e", `{"i":11}`))
+		require.NoError(t, client.SetRetention(e.ctx, s, client.Retention{MaxAge: time.Hour}))
+		e.clock.Advance(31 * time.Minute) // 5..10 are past the hour, 11 is not
+		waitUntil(t, "trimmed by age, nobody appending", func() bool { return trimmedOf(e.ctx, t, s) == 10 })
+		events, err := client.ReadAll(e.ctx, s, itx.Query{Types: []string{"e"}})
+		require.NoError(t, err)
+		require.Equal(t, []int{11}, payloadI(t, events, "e"))
+	})
+	t.Run("unloaded, loaded by its alarm", func(t *testing.T) {
+		e := newSubEnv(t, server.Config{IdleTimeout: 10 * time.Minute})
+		s := stream(t, e.p, "/unloaded")
+		t0 := e.clock.Now()
+		for i := 1; i <= 3; i++ {
+			mustAppend(t, s, ev("e", fmt.Sprintf(`{"i":%d}`, i)))
+		}
+		// A day: the unloading below moves the clock a few times 11 minutes.
+		require.NoError(t, client.SetRetention(e.ctx, s, client.Retention{MaxAge: 24 * time.Hour}))
+		waitUntil(t, "the idle stream unloaded", func() bool {
+			e.clock.Advance(11 * time.Minute)
+			e.ts.srv.Sweep()
+			return e.ts.srv.LoadedStreams() == 0
+		})
+		require.Zero(t, trimmedOf(e.ctx, t, s), "nothing a day old yet") // loads it again
+		waitUntil(t, "unloaded again", func() bool {
+			e.clock.Advance(11 * time.Minute)
+			e.ts.srv.Sweep()
+			return e.ts.srv.LoadedStreams() == 0
+		})
+		// To the instant the first event is a day old (further, and the loaded stream would
+		// idle out again).
+		e.clock.Advance(t0.Add(24*time.Hour + time.Millisecond).Sub(e.clock.Now()))
+		// Loaded by nothing else: the trim at load may load /audit too.
+		waitUntil(t, "its alarm loaded it", func() bool { return e.ts.srv.LoadedStreams() >= 1 })
+		waitUntil(t, "trimmed", func() bool { return trimmedOf(e.ctx, t, s) == 3 })
+	})
 }
