@@ -29,7 +29,8 @@ func (s *Server) senderFor(ref StreamRef, entry *catalogEntry) sender {
 		secret, known := s.secret(ref.ProjectID, r.Secret)
 		key, _ := itx.WebhookSecretKey(secret)
 		return &webhookSender{client: s.httpClient, slots: s.webhooks, egress: s.egress, url: r.URL, headers: r.Headers, key: key,
-			unknownSecret: !known, batches: entry.Config.WebhookBatches()}
+			unknownSecret: !known, batches: entry.Config.WebhookBatches(),
+			readsConfirm: entry.Config.WebhookBatches() || entry.Config.ConfirmWindow > 0}
 	case itx.KindCopyToStream:
 		return &copySender{srv: s, target: StreamRef{ProjectID: ref.ProjectID, Path: r.ReceivingStreamPath}}
 	case itx.KindITXCall:
@@ -56,6 +57,9 @@ type webhookSender struct {
 	unknownSecret bool
 	// batches: the body is an itx.WebhookBatchBody (maxDeliveryEvents above 1), not a WebhookBody.
 	batches bool
+	// readsConfirm: the subscription takes batches or is offset-acking, so a 2xx's body may
+	// name a confirmedOffset (confirmedIn); with one POST per event the 2xx alone acknowledges.
+	readsConfirm bool
 }
 
 func (w *webhookSender) String() string          { return "webhook" }
@@ -126,6 +130,9 @@ func (w *webhookSender) send(ctx context.Context, d *deliverer, b *itx.DeliveryB
 	resp.Body.Close()
 	switch {
 	case resp.StatusCode >= 200 && resp.StatusCode <= 299:
+		if !w.readsConfirm {
+			return 0, nil // seed 000: the 2xx alone acknowledges, the body is discarded
+		}
 		return confirmedIn(answer), nil
 	case resp.StatusCode >= 500, resp.StatusCode == http.StatusTooManyRequests, resp.StatusCode == http.StatusRequestTimeout:
 		err := &classifiedError{class: classOutage, err: fmt.Errorf("webhook responded %s", resp.Status),

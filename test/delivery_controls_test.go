@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -312,4 +313,27 @@ func TestDeliveryControls_WebhookConfirmsPartOfABatch(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	require.Equal(t, [][]int64{{2, 3, 4, 5, 6}, {4, 5, 6}}, batches)
+}
+
+// With one POST per event (no batches, not offset-acking) the 2xx alone acknowledges and the
+// body is discarded (seed 000): an answer that happens to name a confirmedOffset below the event
+// does not hold the subscription back.
+func TestDeliveryControls_SingleEventWebhookDiscardsTheBody(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	var posts atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		posts.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte(`{"ok": true, "confirmedOffset": 1}`))
+	}))
+	defer srv.Close()
+	s := stream(t, e.p, "/plain")
+	e.configure(t, s, client.SubscriptionConfig{Name: "plain", Start: "now",
+		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: srv.URL}})
+	res := mustAppend(t, s, ev("a", `{}`), ev("b", `{}`), ev("c", `{}`)) // 2..4
+	e.waitProcessed(t, s, "plain", res.HeadOffset)
+	d := e.describe(t, s, "plain")
+	require.Equal(t, res.HeadOffset, d.ConfirmedOffset)
+	require.Zero(t, d.Attempt)
+	require.Equal(t, int64(3), posts.Load(), "one POST per event, none again")
 }
