@@ -437,8 +437,11 @@ func applyEffect(prev *storage.CursorRow, eff cursorEffect, now time.Time) *stor
 		r.Status = storage.StatusActive
 		clearRetry()
 	case effectRevive:
+		// Delivered now, the ladder's count kept: once it halted, a revival that fails halts
+		// again at once, so the breaker alone paces a crash loop (seed 002: about four wakes a
+		// day), not the ladder's 15 tries over two hours after each revival. A success clears it.
 		r.Status = storage.StatusActive
-		r.Attempt, r.NextAttemptAt = 0, 0
+		r.NextAttemptAt = 0
 		r.FailingEventOffset, r.FailingEventAttempt = 0, 0
 	case effectReconfigure:
 		r.ConfiguredAtOffset, r.CursorChangedAtOffset = eff.epoch, eff.epoch

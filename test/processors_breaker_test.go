@@ -16,6 +16,10 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// poisonRuns counts the poisonContract frames that failed, over every test of the package (a
+// test reads its own difference).
+var poisonRuns atomic.Int64
+
 // poisonContract fails every frame holding an crash/poison event while broken is set.
 func poisonContract(broken *atomic.Bool) processors.Contract[int] {
 	return processors.Contract[int]{
@@ -24,6 +28,7 @@ func poisonContract(broken *atomic.Bool) processors.Contract[int] {
 		Reduce:       func(n int, e itx.Event) int { return n + 1 },
 		ProcessEvent: func(ctx context.Context, a *processors.Args[int]) error {
 			if a.Event != nil && broken.Load() {
+				poisonRuns.Add(1)
 				return errors.New("poisoned")
 			}
 			return nil
@@ -68,7 +73,7 @@ func TestProcessors_CrashLoopBackoffOwnedByTheBreaker(t *testing.T) {
 		require.Less(t, i, 3600, "never halted")
 		step(10 * time.Second)
 	}
-	revivedAtHalt := countType(t, s, itx.TypeProcessorRevived)
+	revivedAtHalt, runsAtHalt := countType(t, s, itx.TypeProcessorRevived), poisonRuns.Load()
 	evs, err := client.ReadAll(ctx, s, itx.Query{Types: []string{itx.TypeProcessorRevived}})
 	require.NoError(t, err)
 	{
@@ -90,6 +95,9 @@ func TestProcessors_CrashLoopBackoffOwnedByTheBreaker(t *testing.T) {
 	if revivedDayLater-revivedAtHalt < 3 {
 		t.Errorf("in the 24h after the halt the breaker revived %d times; the seed's plateau is about 4 wakes/day forever", revivedDayLater-revivedAtHalt)
 	}
+	// Each revival is one run: the retry ladder does not start over behind it.
+	require.Equal(t, int64(revivedDayLater-revivedAtHalt), poisonRuns.Load()-runsAtHalt,
+		"the poison ran once per revival in the 24h after the halt")
 
 	// The antidote deploy: the bug is fixed and itxd restarts on a new version.
 	broken.Store(false)
