@@ -77,7 +77,7 @@ var bindings = map[string]map[string]binding{
 	},
 	"Subscriptions": {
 		"list":      {"list() -> [{name, kind, status, confirmedOffset, deliveredOffset, lag, lastError, configuredAtOffset}]", subscriptionsList},
-		"configure": {"configure(name, receiver, {...}?) or configure({name, receiver: {type: \"webhook-post\", url, ...}, filterTypes, filterCondition, transform, start, onFailingEvent, deadLetterPath, description, idempotencyKey, maxDeliveryEvents, maxDeliveryBytes, confirmWindow}) -> {name, offset} (start: \"beginning\", the default, includes the stream's own stream/* records; deadLetterPath (onFailingEvent \"skip\") lands each skipped event in that stream as an itx.dead-letter event; a nameless configure needs an idempotencyKey; maxDeliveryEvents/maxDeliveryBytes narrow each delivery of a push receiver; receiver {type: \"processor-wake\", processor} runs another contract under this name; confirmWindow (itx-call, webhook-post) makes it offset-acking: an answer marks a batch delivered and confirms only the offset it names, subscription.confirm(offset) confirms later, and at most confirmWindow events are out unconfirmed)", subscriptionsConfigure},
+		"configure": {"configure(name, receiver, {...}?) or configure({name, receiver: {type: \"webhook-post\", url, ...}, filterTypes, filterCondition, transform, start, onFailingEvent, deadLetterPath, description, idempotencyKey, maxDeliveryEvents, maxDeliveryBytes, confirmWindow}) -> {name, offset} (start: \"beginning\", the default, includes the stream's own stream/* records; deadLetterPath (onFailingEvent \"skip\") lands each skipped event in that stream as an itx.dead-letter event; a nameless configure needs an idempotencyKey; maxDeliveryEvents/maxDeliveryBytes narrow each delivery of a push receiver; receiver {type: \"processor-wake\", processor} runs another contract under this name; confirmWindow (itx-call, webhook-post) makes it offset-acking: an answer marks a batch delivered and confirms only the offset it names, subscription.confirm(offset) confirms later, and at most confirmWindow events are out unconfirmed; the configured event's own shape, as itxd stores it, is taken too, so a payload read back configures again: filter: {eventTypes, jsonataCondition}, receiver: {action, receivingStreamPath, jsonataTransform, delivery: {start, onFailingEvent, deadLetterPath}}, a field given under both its names must say the same)", subscriptionsConfigure},
 		"remove":    {"remove(name) or remove({name}) -> {offset}", subscriptionsRemove},
 	},
 	"Subscription": {
@@ -797,24 +797,62 @@ type subscriptionConfigJS struct {
 	ConfirmWindow     int    `json:"confirmWindow,omitempty"`
 }
 
-// receiverKeys are the keys each receiver type takes besides type.
+// receiverKeys are the keys each receiver type takes besides its kind (type, or action as the
+// configured event spells it) and the keys every kind takes (receiverCommonKeys). A copy's
+// receiving stream is path, or receivingStreamPath as the configured event spells it.
 var receiverKeys = map[string][]string{
 	client.ReceiverWebhookPost:   {"url", "headers", "secret"},
-	client.ReceiverCopyToStream:  {"path"},
+	client.ReceiverCopyToStream:  {"path", "receivingStreamPath"},
 	client.ReceiverItxCall:       {"capability"},
 	client.ReceiverProcessorWake: {"placement", "processor"},
 }
 
+// receiverCommonKeys are the configured event's receiver keys for what the prompt's shorthand
+// gives at the top (transform; start, onFailingEvent and deadLetterPath). processor-wake is
+// refused them as it is refused their shorthand, by the same checks.
+var receiverCommonKeys = []string{"type", "action", "jsonataTransform", "delivery"}
+
+// misplacedConfigKeys are keys of a configured event (or of a config written for one) that
+// configure cannot take where they stand, with why: refused by name, not as an unknown option.
+var misplacedConfigKeys = map[string]string{
+	"scope": "itxd records the scope of the token that configures (this session's) and takes none from the caller; " +
+		"leave it out (a whole-project token places a subscription in another scope by appending its stream/subscription-configured event)",
+	"delivery": "the configured event keeps it in the receiver: receiver: {..., delivery: {start, onFailingEvent, deadLetterPath}}, " +
+		"or give start, onFailingEvent and deadLetterPath at the top",
+}
+
+// subscriptionConfig reads configure's options in either of two shapes, or a mix: the prompt's
+// shorthand ({name, receiver: {type, path}, filterTypes, transform, start, ...}, as describe
+// shows a config) and the configured event's own payload, as itxd stores it (itx.SubscriptionConfig:
+// {name, filter: {eventTypes, jsonataCondition}, receiver: {action, receivingStreamPath,
+// jsonataTransform, delivery: {start, onFailingEvent, deadLetterPath}}, ...}), so an event read
+// back from a stream configures again as it is. A field given under both its names must say the
+// same under each.
 func (s *Session) subscriptionConfig(v goja.Value) (client.SubscriptionConfig, error) {
-	o, err := s.opts("configure", v, "name", "receiver", "filterTypes", "filterCondition", "transform", "start", "onFailingEvent", "description", "idempotencyKey", "maxDeliveryEvents", "maxDeliveryBytes", "deadLetterPath", "confirmWindow")
+	if obj, ok := v.(*goja.Object); ok && obj.ClassName() == "Object" {
+		for _, k := range obj.Keys() {
+			if why, ok := misplacedConfigKeys[k]; ok {
+				return client.SubscriptionConfig{}, itx.Errorf(itx.EInvalid, "configure: %s is not an option here: %s", k, why)
+			}
+		}
+	}
+	o, err := s.opts("configure", v, "name", "receiver", "filterTypes", "filterCondition", "filter", "transform", "start", "onFailingEvent", "description", "idempotencyKey", "maxDeliveryEvents", "maxDeliveryBytes", "deadLetterPath", "confirmWindow")
 	if err != nil {
 		return client.SubscriptionConfig{}, err
 	}
-	cfg := client.SubscriptionConfig{Name: o.str("name"), FilterTypes: o.strings("filterTypes"), FilterCondition: o.str("filterCondition"),
-		Transform: o.str("transform"), Start: o.str("start"), OnFailingEvent: o.str("onFailingEvent"), DeadLetterPath: o.str("deadLetterPath"), Description: o.str("description"), IdempotencyKey: o.str("idempotencyKey"),
+	filter, err := s.opts("configure: filter", o.get("filter"), "eventTypes", "jsonataCondition")
+	if err != nil {
+		return client.SubscriptionConfig{}, err
+	}
+	cfg := client.SubscriptionConfig{Name: o.str("name"), Description: o.str("description"), IdempotencyKey: o.str("idempotencyKey"),
 		MaxDeliveryEvents: int(min(o.uint("maxDeliveryEvents"), math.MaxInt32)), MaxDeliveryBytes: int(min(o.uint("maxDeliveryBytes"), math.MaxInt32)),
 		ConfirmWindow: int(min(o.uint("confirmWindow"), math.MaxInt32))}
-	if err := o.err(); err != nil {
+	if filter.has("eventTypes") && len(filter.strings("eventTypes")) == 0 && filter.err() == nil {
+		// Refused as itxd refuses it in a raw append. The shorthand's filterTypes: [] stays
+		// accepted: it is how describe shows a config with no filter.
+		filter.fail("eventTypes", "must list at least one type (or \"*\")")
+	}
+	if err := errorsOf(o, filter); err != nil {
 		return cfg, err
 	}
 	rv := o.get("receiver")
@@ -825,28 +863,51 @@ func (s *Session) subscriptionConfig(v goja.Value) (client.SubscriptionConfig, e
 	if !ok || obj.ClassName() != "Object" {
 		return cfg, itx.Errorf(itx.EInvalid, "configure: receiver: expected an object {type: \"webhook-post\" | \"copy-to-stream\" | \"itx-call\" | \"processor-wake\", ...}, got %s", describeValue(rv))
 	}
+	// The kind is type at the prompt, action in the configured event's own JSON.
 	kindKey := "type"
 	typ, _ := exportString(obj.Get("type"))
-	if typ == "" {
-		// The configured event's own JSON names the kind "action": accept it too.
-		if typ, _ = exportString(obj.Get("action")); typ != "" {
-			kindKey = "action"
-		}
+	if action, _ := exportString(obj.Get("action")); typ == "" && action != "" {
+		typ, kindKey = action, "action"
+	} else if action != "" && action != typ {
+		return cfg, itx.Errorf(itx.EInvalid, "configure: receiver.type %q and receiver.action %q differ: they name one thing, give one of them", typ, action)
 	}
 	keys, ok := receiverKeys[typ]
 	if !ok {
-		return cfg, itx.Errorf(itx.EInvalid, "configure: receiver.type must be \"webhook-post\", \"copy-to-stream\", \"itx-call\" or \"processor-wake\", got %q", typ)
+		return cfg, itx.Errorf(itx.EInvalid, "configure: receiver.%s must be \"webhook-post\", \"copy-to-stream\", \"itx-call\" or \"processor-wake\", got %q", kindKey, typ)
 	}
-	r, err := s.opts("configure: receiver", rv, append([]string{kindKey}, keys...)...)
+	r, err := s.opts("configure: receiver", rv, append(append([]string{}, receiverCommonKeys...), keys...)...)
 	if err != nil {
 		return cfg, err
 	}
-	cfg.Receiver = client.Receiver{Kind: typ, URL: r.str("url"), Secret: r.str("secret"), Path: r.str("path"),
+	delivery, err := s.opts("configure: receiver.delivery", r.get("delivery"), "start", "onFailingEvent", "deadLetterPath")
+	if err != nil {
+		return cfg, err
+	}
+	var both aliases
+	cfg.FilterTypes = aliased(&both, (*options).strings, field{o, "filterTypes", ""}, field{filter, "eventTypes", "filter."})
+	cfg.FilterCondition = aliased(&both, (*options).str, field{o, "filterCondition", ""}, field{filter, "jsonataCondition", "filter."})
+	cfg.Transform = aliased(&both, (*options).str, field{o, "transform", ""}, field{r, "jsonataTransform", "receiver."})
+	cfg.Start = aliased(&both, (*options).str, field{o, "start", ""}, field{delivery, "start", "receiver.delivery."})
+	cfg.OnFailingEvent = aliased(&both, (*options).str, field{o, "onFailingEvent", ""}, field{delivery, "onFailingEvent", "receiver.delivery."})
+	cfg.DeadLetterPath = aliased(&both, (*options).str, field{o, "deadLetterPath", ""}, field{delivery, "deadLetterPath", "receiver.delivery."})
+	path := field{r, "path", "receiver."}
+	cfg.Receiver = client.Receiver{Kind: typ, URL: r.str("url"), Secret: r.str("secret"),
+		Path:       aliased(&both, (*options).str, path, field{r, "receivingStreamPath", "receiver."}),
 		Capability: r.str("capability"), Placement: r.str("placement"), Processor: r.str("processor")}
-	if typ == client.ReceiverCopyToStream && r.err() == nil {
-		// itxd checks the same, but names the field as the wire spells it (receivingStreamPath).
+	if err := errorsOf(o, filter, r, delivery); err != nil {
+		return cfg, err
+	}
+	if err := both.err(); err != nil {
+		return cfg, err
+	}
+	if typ == client.ReceiverCopyToStream {
+		// itxd checks the same, but its error says receivingStreamPath whatever the caller
+		// wrote; this one names the key that was written.
 		if err := itx.ValidatePath(strings.TrimSpace(cfg.Receiver.Path)); err != nil {
-			r.fail("path", "%s", itx.ErrorMessage(err))
+			if !r.has("path") && r.has("receivingStreamPath") {
+				path.key = "receivingStreamPath"
+			}
+			r.fail(path.key, "%s", itx.ErrorMessage(err))
 		}
 	}
 	if hv := r.get("headers"); hv != nil {
@@ -857,6 +918,53 @@ func (s *Session) subscriptionConfig(v goja.Value) (client.SubscriptionConfig, e
 		cfg.Receiver.Headers = headers
 	}
 	return cfg, r.err()
+}
+
+// errorsOf is the first of the options' errors, each of which reports all of its own.
+func errorsOf(opts ...*options) error {
+	for _, o := range opts {
+		if err := o.err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// field is a key of one options object, and where that object sits in configure's ("filter.").
+type field struct {
+	o      *options
+	key    string
+	prefix string
+}
+
+func (f field) String() string { return f.prefix + f.key }
+
+// aliases collects the fields given under both their names with two different values.
+type aliases []string
+
+func (a aliases) err() error {
+	if len(a) == 0 {
+		return nil
+	}
+	return itx.Errorf(itx.EInvalid, "configure: %s", strings.Join(a, "; "))
+}
+
+// aliased reads a field that has two names, the prompt's shorthand and the configured event's
+// (filterTypes and filter.eventTypes): either will do, and given under both it must be the same
+// value, else it is refused rather than one of them silently winning.
+func aliased[T any](conflicts *aliases, read func(*options, string) T, short, stored field) T {
+	a, b := read(short.o, short.key), read(stored.o, stored.key)
+	if !short.o.has(short.key) {
+		return b
+	}
+	if stored.o.has(stored.key) {
+		ja, _ := json.Marshal(a)
+		jb, _ := json.Marshal(b)
+		if string(ja) != string(jb) {
+			*conflicts = append(*conflicts, fmt.Sprintf("%s %s and %s %s differ: they name one thing, give one of them", short, ja, stored, jb))
+		}
+	}
+	return a
 }
 
 // headers reads {"X-A": "1"} or [{name: "X-A", value: "1"}].

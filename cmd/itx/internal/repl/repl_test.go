@@ -206,6 +206,10 @@ func TestSession_Arguments(t *testing.T) {
 		require.Equal(t, client.SubscriptionConfig{Name: "hook", Receiver: client.Receiver{Kind: client.ReceiverWebhookPost,
 			URL: "https://h.test/", Headers: []client.Header{{Name: "X-A", Value: "1"}}, Secret: "whsec_x"},
 			FilterTypes: []string{"note"}, FilterCondition: "payload.n > 1", Start: "now", OnFailingEvent: "skip", Description: "d"}, cfg)
+		stored, err := s.subscriptionConfig(s.mustRun(t, `({name: "hook", description: "d", filter: {eventTypes: ["note"], jsonataCondition: "payload.n > 1"},
+			receiver: {action: "webhook-post", url: "https://h.test/", headers: {"X-A": "1"}, secret: "whsec_x", delivery: {start: "now", onFailingEvent: "skip"}}})`))
+		require.NoError(t, err, "the configured event's own shape")
+		require.Equal(t, cfg, stored)
 
 		cfg, err = s.subscriptionConfig(s.mustRun(t, `({receiver: {type: "itx-call", capability: "in"}, maxDeliveryEvents: 10, maxDeliveryBytes: 4096})`))
 		require.NoError(t, err)
@@ -224,7 +228,7 @@ func TestSession_Arguments(t *testing.T) {
 		require.Equal(t, client.Receiver{Kind: client.ReceiverItxCall, Capability: "inbox"}, cfg.Receiver)
 
 		_, err = s.subscriptionConfig(s.mustRun(t, `({receiver: {type: "copy-to-stream", url: "x"}})`))
-		require.ErrorContains(t, err, `unknown option "url" (known: type, path)`)
+		require.ErrorContains(t, err, `unknown option "url" (known: type, action, jsonataTransform, delivery, path, receivingStreamPath)`)
 		_, err = s.subscriptionConfig(s.mustRun(t, `({receiver: {type: "email"}})`))
 		require.ErrorContains(t, err, `receiver.type must be`)
 		_, err = s.subscriptionConfig(s.mustRun(t, `({name: "x"})`))
