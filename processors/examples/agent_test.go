@@ -65,6 +65,8 @@ func agentHarness(t *testing.T, v *vendorFake, body func(t *testing.T, h *procte
 func agentConfig(v *vendorFake) proctest.Config[examples.AgentState] {
 	return proctest.Config[examples.AgentState]{
 		Path: "/agents/a1",
+		// Every failed frame a scenario provokes is one it injected and takes (takeInjected).
+		StrictDeliveryErrors: true,
 		New: func(env proctest.Env) processors.Contract[examples.AgentState] {
 			return examples.Agent(env.Clock, v, examples.DefaultAgentConfig)
 		},

@@ -15,7 +15,9 @@ import (
 
 var forwarderConfig = proctest.Config[examples.ForwarderState]{
 	Path: "/inbox",
-	New:  func(proctest.Env) processors.Contract[examples.ForwarderState] { return examples.Forwarder() },
+	// Every failed frame a scenario provokes is one it injected and takes (takeInjected).
+	StrictDeliveryErrors: true,
+	New:                  func(proctest.Env) processors.Contract[examples.ForwarderState] { return examples.Forwarder() },
 }
 
 func inbox(i int) itx.EventInput {

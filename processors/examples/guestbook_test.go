@@ -13,7 +13,9 @@ import (
 
 var guestbookConfig = proctest.Config[examples.GuestbookState]{
 	Path: "/guestbook",
-	New:  func(proctest.Env) processors.Contract[examples.GuestbookState] { return examples.Guestbook() },
+	// A projector's frame never fails.
+	StrictDeliveryErrors: true,
+	New:                  func(proctest.Env) processors.Contract[examples.GuestbookState] { return examples.Guestbook() },
 }
 
 func sign(name string) itx.EventInput {
