@@ -18,7 +18,9 @@
 // (Harness.TakeBackgroundErrors).
 //
 // Scenarios run inside a testing/synctest bubble (Run does this): settling waits until every
-// goroutine is finished or durably blocked, a condition, never a sleep. Vendor fakes that hang
+// goroutine is finished or durably blocked, a condition, never a sleep. AdvanceTime moves the
+// bubble's clock with the virtual one, so processor timers on the time package (time.After,
+// time.Sleep, time.AfterFunc) follow it too. Vendor fakes that hang
 // must block on a channel or on their context, so that a crash or the end of the test releases
 // them.
 package proctest
@@ -239,7 +241,8 @@ func (h *Harness[S]) Append(events ...itx.EventInput) []itx.Event {
 	return out
 }
 
-// AdvanceTime moves the virtual clock by d. Each time a clock timer, the alarm or a scheduled
+// AdvanceTime moves the virtual clock, and the synctest bubble's clock with it (timers of the
+// time package fire on the way), by d. Each time a clock timer, the alarm or a scheduled
 // append (Args.ScheduleAppend) comes due on the way, the clock stops there: due timers fire and
 // the work they release runs (at their time, not at the next stop), due scheduled appends land
 // and are delivered, the current incarnation's registry handles the alarm's fire (the real
@@ -263,7 +266,7 @@ func (h *Harness[S]) AdvanceTime(d time.Duration) {
 		}
 		if now := h.Clock.Now(); at.After(now) {
 			stuck = 0
-			h.Clock.Advance(at.Sub(now))
+			h.advance(at.Sub(now))
 		} else if stuck++; stuck > maxSettleRounds {
 			h.t.Fatalf("harness: the alarm keeps firing at %v", at)
 		}
@@ -291,9 +294,23 @@ func (h *Harness[S]) AdvanceTime(d time.Duration) {
 		h.Settle()
 	}
 	if now := h.Clock.Now(); target.After(now) {
-		h.Clock.Advance(target.Sub(now))
+		h.advance(target.Sub(now))
 	}
 	h.Settle()
+}
+
+// advance moves the bubble's clock by d, then the virtual clock, so that processor code on the
+// time package (time.After, time.Sleep, time.AfterFunc: a debounce) follows AdvanceTime as code
+// on Env.Clock does. The sleep is instant in real time: inside the synctest bubble, time jumps
+// once every goroutine is blocked. The two clocks agree at every stop; a time-package timer due
+// between two stops runs during the sleep, with the virtual clock still at the earlier stop (an
+// AdvanceTime to its due time first makes it see that time). Sleeping first keeps what a clock
+// timer at the stop releases on the bubble's time at the stop, so a debounce it arms there waits
+// its whole delay.
+func (h *Harness[S]) advance(d time.Duration) {
+	time.Sleep(d)
+	synctest.Wait() // what the time package's timers released runs before the stop's work
+	h.Clock.Advance(d)
 }
 
 // Crash evicts the current incarnation: its runtime state and closures die (whatever they still

@@ -642,3 +642,57 @@ func TestHarness_TakeBackgroundErrors(t *testing.T) {
 		})
 	})
 }
+
+// debouncer consumes "job/queued" and, in a background attempt, waits 250 ms on the time
+// package (wait) before appending "job/debounced": processor code on real timers, not Env.Clock.
+func debouncer(wait func(d time.Duration)) func(proctest.Env) processors.Contract[tally] {
+	return func(env proctest.Env) processors.Contract[tally] {
+		return processors.Contract[tally]{
+			Name: "debouncer", ConsumedTypes: []string{"job/queued"}, ReducerVersion: "1",
+			InitialState: func() tally { return tally{} },
+			Reduce:       func(s tally, e itx.Event) tally { return tally{N: s.N + 1} },
+			ProcessEvent: func(ctx context.Context, a *processors.Args[tally]) error {
+				if a.Event == nil {
+					return nil
+				}
+				key := a.IdempotencyKey("debounced", a.Event)
+				// Droppable: losing the timer costs latency only in this test's story.
+				a.RunInBackground(func(ctx context.Context) error {
+					wait(250 * time.Millisecond)
+					_, err := a.Append(ctx, itx.EventInput{Type: "job/debounced", IdempotencyKey: key})
+					return err
+				})
+				return nil
+			},
+		}
+	}
+}
+
+// AdvanceTime moves the synctest bubble's clock too, so a debounce on the time package fires
+// during AdvanceTime(1s), and not before its 250 ms have passed.
+func TestHarness_AdvanceTimeMovesTheTimePackage(t *testing.T) {
+	waits := map[string]func(time.Duration){
+		"time.After": func(d time.Duration) { <-time.After(d) },
+		"time.Sleep": time.Sleep,
+		"time.AfterFunc": func(d time.Duration) {
+			fired := make(chan struct{})
+			time.AfterFunc(d, func() { close(fired) })
+			<-fired
+		},
+	}
+	for name, wait := range waits {
+		t.Run(name, func(t *testing.T) {
+			proctest.Run(t, proctest.Config[tally]{New: debouncer(wait)}, func(t *testing.T, h *proctest.Harness[tally]) {
+				h.Append(itx.EventInput{Type: "job/queued"})
+				h.AdvanceTime(200 * time.Millisecond)
+				if got := len(h.Events("job/debounced")); got != 0 {
+					t.Fatalf("%d job/debounced after 200ms, want 0 (the debounce is 250ms)", got)
+				}
+				h.AdvanceTime(800 * time.Millisecond)
+				if got := len(h.Events("job/debounced")); got != 1 {
+					t.Fatalf("%d job/debounced after AdvanceTime(1s) in all, want 1", got)
+				}
+			})
+		})
+	}
+}
