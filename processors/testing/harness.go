@@ -1,6 +1,7 @@
 // Package proctest (imported from processors/testing) is the processor test harness of seed 002:
 // the real runner, registry and keepalive over an in-memory stream, progress store, KV and alarm
-// cell, a virtual clock, Crash, Append, AdvanceTime and step tuples.
+// cell, a virtual clock, Crash, Deploy (a new host version: the antidote deploy), Append,
+// AdvanceTime and step tuples.
 //
 // Its honesty rules: runtime state comes from lifecycle only (an empty live-set is produced by
 // Crash, an in-flight attempt by a vendor fake that has not answered), so every state a test
@@ -74,7 +75,8 @@ type Env struct {
 	// Clock is the virtual clock as the incarnation sees it: the timers it arms die with the
 	// incarnation (Crash), as a dead isolate runs nothing.
 	Clock       itx.Clock
-	Incarnation int // 1 for the first, +1 per Crash
+	Incarnation int    // 1 for the first, +1 per Crash or Deploy
+	Version     string // the host version the incarnation runs (Config.Version, then Deploy's)
 }
 
 // Now reads the virtual clock.
@@ -199,7 +201,7 @@ func (h *Harness[S]) incarnate() {
 	if err != nil {
 		h.t.Fatalf("harness: %v", err)
 	}
-	c := h.cfg.New(Env{Clock: clock, Incarnation: n})
+	c := h.cfg.New(Env{Clock: clock, Incarnation: n, Version: h.cfg.Version})
 	r, err := processors.Register(context.Background(), reg, c, fencedProgress{f, h.Progress})
 	if err != nil {
 		h.t.Fatalf("harness: register %q: %v", c.Name, err)
@@ -327,6 +329,22 @@ func (h *Harness[S]) Crash() {
 	h.incarnate()
 }
 
+// Deploy is a deploy of a new host version: the current incarnation is evicted (as in Crash) and
+// its successor runs version (Env.Version, for New to build the fixed processor). A keepalive
+// armed under the old version is due at once with a fresh crash-loop budget (the antidote
+// deploy), so a processor the breaker is backing off, even at the plateau, is revived now: the
+// due alarm fires and its revival is delivered before Deploy returns. A successor that owes no
+// revival is not delivered to, as after Crash.
+func (h *Harness[S]) Deploy(version string) {
+	h.t.Helper()
+	if version == "" || version == h.cfg.Version {
+		h.t.Fatalf("harness: Deploy(%q): want a version other than the running %q", version, h.cfg.Version)
+	}
+	h.cfg.Version = version
+	h.Crash()
+	h.AdvanceTime(0) // a deploy boots the stream: an alarm that is due fires
+}
+
 // Settle drives delivery to a fixpoint: the runner catches up to the head, background work runs
 // until it finishes or blocks, and again while that work appended. It stops at a delivery
 // failure (recorded, see DeliveryErrors) or at an attempt that is
@@ -385,6 +403,9 @@ func AdvanceStep[S any](d time.Duration) Step[S] {
 
 // CrashStep is the step form of Harness.Crash.
 func CrashStep[S any]() Step[S] { return func(h *Harness[S]) { h.Crash() } }
+
+// DeployStep is the step form of Harness.Deploy.
+func DeployStep[S any](version string) Step[S] { return func(h *Harness[S]) { h.Deploy(version) } }
 
 // Do is an arbitrary step (answer a vendor fake, assert mid-scenario); delivery settles after it.
 func Do[S any](f func()) Step[S] {

@@ -696,3 +696,61 @@ func TestHarness_AdvanceTimeMovesTheTimePackage(t *testing.T) {
 		})
 	}
 }
+
+// poisonedUntil is poisoned on every host version but fixed (the antidote), healthy on fixed.
+func poisonedUntil(fixed string) func(proctest.Env) processors.Contract[tally] {
+	return func(env proctest.Env) processors.Contract[tally] {
+		c := poisoned(env)
+		if env.Version == fixed {
+			c.ProcessEvent = func(ctx context.Context, a *processors.Args[tally]) error { return nil }
+		}
+		return c
+	}
+}
+
+// The antidote deploy: a poison the breaker backs off at the plateau (next revival six hours
+// away) is revived the moment a new version is deployed, with a fresh budget, and the fixed
+// processor settles: its frame is processed and a quiet clean fire disarms the keepalive.
+func TestHarness_Deploy(t *testing.T) {
+	cfg := proctest.Config[tally]{Version: "v1", New: poisonedUntil("v2")}
+	proctest.Run(t, cfg, func(t *testing.T, h *proctest.Harness[tally]) {
+		h.Append(itx.EventInput{Type: "job/queued"})
+		h.AdvanceTime(7 * time.Hour)
+		if got := h.Keepalive(); got.Revivals < 5 || got.Version != "v1" {
+			t.Fatalf("keepalive %+v, want the breaker at the plateau on v1", got)
+		}
+		if wait := h.AlarmAt().Sub(h.Clock.Now()); wait < time.Hour {
+			t.Fatalf("next revival in %v, want the plateau's hours", wait)
+		}
+		before := len(h.Events(itx.TypeProcessorRevived))
+		deployed := h.Clock.Now()
+
+		h.Deploy("v2")
+		revived := h.Events(itx.TypeProcessorRevived)
+		if len(revived) != before+1 {
+			t.Fatalf("%d revivals after the deploy, want %d (one at once)", len(revived), before+1)
+		}
+		last := revived[len(revived)-1]
+		if got := time.UnixMilli(last.CreatedAt); !got.Equal(deployed) {
+			t.Errorf("revived at %v, want at the deploy (%v)", got, deployed)
+		}
+		var p struct {
+			Revivals int    `json:"revivals"`
+			Version  string `json:"version"`
+		}
+		if err := json.Unmarshal(last.Payload, &p); err != nil || p.Revivals != 1 || p.Version != "v2" {
+			t.Errorf("revival payload %s, want the first revival of v2 (a fresh budget)", last.Payload)
+		}
+		if got := h.State().N; got != 1 || h.Runner().ProcessedThrough() != h.Stream.Head() {
+			t.Errorf("state %d cursor %d head %d, want the fixed processor through the head", got, h.Runner().ProcessedThrough(), h.Stream.Head())
+		}
+
+		h.AdvanceTime(time.Minute)
+		if got := h.Keepalive(); got.Revivals != 0 || !h.AlarmAt().IsZero() {
+			t.Errorf("keepalive %+v alarm %v, want a quiet clean fire to reset and disarm", got, h.AlarmAt())
+		}
+		if got := len(h.Events(itx.TypeProcessorRevived)); got != before+1 {
+			t.Errorf("%d revivals, want no more after the fix (%d)", got, before+1)
+		}
+	})
+}
