@@ -33,8 +33,8 @@ func keysPoison() processors.Contract[int] {
 }
 
 // A crash loop leaves evidence on the stream: one error-occurred fact keyed
-// "processor-host-crash-loop:<version>/<name>" (the host's version, then the processor: one host
-// runs several processors, whose evidence must not collide).
+// "processor-host-crash-loop:<version>" (seed 002: one per host version per stream), naming the
+// processor in its payload.
 func TestKeepalive_CrashLoopEvidenceKey(t *testing.T) {
 	cfg := proctest.Config[int]{Version: "v7", New: func(proctest.Env) processors.Contract[int] { return keysPoison() }}
 	proctest.Run(t, cfg, func(t *testing.T, h *proctest.Harness[int]) {
@@ -44,8 +44,11 @@ func TestKeepalive_CrashLoopEvidenceKey(t *testing.T) {
 		if len(errs) != 1 {
 			t.Fatalf("%d error-occurred facts, want 1", len(errs))
 		}
-		if got, want := errs[0].IdempotencyKey, "processor-host-crash-loop:v7/poison"; got != want {
+		if got, want := errs[0].IdempotencyKey, "processor-host-crash-loop:v7"; got != want {
 			t.Errorf("crash-loop evidence key %q, want %q", got, want)
+		}
+		if !strings.Contains(string(errs[0].Payload), `"processorSlug":"poison"`) {
+			t.Errorf("crash-loop evidence %s, want the processor named", errs[0].Payload)
 		}
 		// The loop is the poison failing its frame, again and again, and nothing else.
 		failed := h.TakeDeliveryErrors()

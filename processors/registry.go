@@ -354,25 +354,53 @@ func (k *keepalive) revive(ctx context.Context, rec KeepaliveRecord) error {
 		"revivals":      rec.Revivals,
 		"version":       rec.Version,
 	})
-	events := []itx.EventInput{{
+	_, err := reg.cfg.Log.Append(ctx, []itx.EventInput{{
 		Type:           itx.TypeProcessorRevived,
 		Payload:        payload,
 		IdempotencyKey: fmt.Sprintf("processor-revived:%s@%s:%d:%d", k.name, rec.Version, rec.Revivals, rec.LastRevivalAt),
-	}}
-	if rec.Revivals == CrashLoopEvidenceAt {
-		detail, _ := json.Marshal(map[string]any{"processorSlug": k.name, "revivals": rec.Revivals, "version": rec.Version})
-		p, _ := json.Marshal(itx.ErrorOccurredPayload{
-			Message: fmt.Sprintf("processor %q revived %d times in a row on version %s; backing off up to %v. A new version resets the budget.",
-				k.name, rec.Revivals, rec.Version, RevivalPlateau),
-			Error: detail,
-		})
-		// Evidence, not enforcement: the breaker itself lives in KV.
-		events = append(events, itx.EventInput{
-			Type: itx.TypeErrorOccurred, Payload: p,
-			IdempotencyKey: fmt.Sprintf("processor-host-crash-loop:%s/%s", rec.Version, k.name),
-		})
+	}})
+	if err != nil || rec.Revivals != CrashLoopEvidenceAt {
+		return err
 	}
-	_, err := reg.cfg.Log.Append(ctx, events)
+	// Evidence, not enforcement: the breaker itself lives in KV, so evidence that does not land
+	// costs the record, never the revival.
+	if err := k.appendCrashLoopEvidence(ctx, rec); err != nil {
+		reg.cfg.Logf("processor %q: crash-loop evidence not recorded: %v", k.name, err)
+	}
+	return nil
+}
+
+// CrashLoopEvidenceKey is the idempotency key of a stream's crash-loop evidence on a host
+// version (seed 002): one stream/error-occurred fact per version per stream, whichever of its
+// processors loops first; the processor is named in the payload.
+func CrashLoopEvidenceKey(version string) string { return "processor-host-crash-loop:" + version }
+
+// appendCrashLoopEvidence appends the stream's crash-loop evidence for rec's version. Its body is
+// a function of the processor and the version only, so a retried revival dedupes; a second
+// processor looping on the same version finds the key taken by the first's body, which is the
+// point of the key (the stream already holds this version's evidence), so that conflict is no
+// error.
+func (k *keepalive) appendCrashLoopEvidence(ctx context.Context, rec KeepaliveRecord) error {
+	reg := k.reg
+	detail, _ := json.Marshal(map[string]any{
+		"processorSlug": k.name,
+		"path":          reg.cfg.Path,
+		"revivals":      rec.Revivals,
+		"version":       rec.Version,
+		"plateau":       RevivalPlateau.String(),
+	})
+	p, _ := json.Marshal(itx.ErrorOccurredPayload{
+		Message: fmt.Sprintf("processor %q revived %d times in a row on version %s; backing off up to %v. A new version resets the budget.",
+			k.name, rec.Revivals, rec.Version, RevivalPlateau),
+		Error: detail,
+	})
+	_, err := reg.cfg.Log.Append(ctx, []itx.EventInput{{
+		Type: itx.TypeErrorOccurred, Payload: p, IdempotencyKey: CrashLoopEvidenceKey(rec.Version),
+	}})
+	if itx.ErrorCode(err) == itx.EIdempotencyConflict {
+		reg.cfg.Logf("processor %q: crash-looping on version %s; this stream's evidence for the version already stands", k.name, rec.Version)
+		return nil
+	}
 	return err
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/processors"
@@ -168,6 +169,89 @@ func TestRegistry_NewVersionRevivesAtOnce(t *testing.T) {
 		}
 		if rec, _ := next.reg.Keepalive("alpha"); rec.Revivals != 1 || rec.Version != "build-2" {
 			t.Errorf("record %+v, want a fresh budget under build-2 (revivals 1)", rec)
+		}
+	})
+}
+
+// Crash-loop evidence is one stream/error-occurred fact per host version per stream, keyed
+// processor-host-crash-loop:<version> (seed 002), naming in its payload the processor that
+// looped first. A second processor looping on the same stream and version is revived all the
+// same: the taken key is that evidence standing, not a failed revival.
+func TestRegistry_CrashLoopEvidenceOncePerVersion(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture()
+		reg, err := processors.NewRegistry(processors.RegistryConfig{
+			Path: "/test", Log: f.stream, KV: proctest.NewMemoryKV(), Alarm: &proctest.MemoryAlarm{}, Clock: f.clock, Version: "build-1", Logf: t.Logf,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer reg.Close()
+		var runners []*processors.Runner[countState]
+		for _, name := range []string{"alpha", "beta"} {
+			c := counter(t, "v1", nil)
+			c.Name = name
+			c.ProcessEvent = func(ctx context.Context, a *processors.Args[countState]) error {
+				if a.Event != nil {
+					return fmt.Errorf("%s: poisoned", name)
+				}
+				return nil
+			}
+			r, err := processors.Register(context.Background(), reg, c, f.store)
+			if err != nil {
+				t.Fatal(err)
+			}
+			runners = append(runners, r)
+		}
+		f.append(t, added.Input(counted{N: 1}, ""))
+		deliver := func() {
+			for _, r := range runners {
+				_ = r.CatchUp(context.Background()) // the poison fails its frame: the loop
+			}
+		}
+		deliver()
+		for fire := 1; ; fire++ {
+			rec, _ := reg.Keepalive("alpha")
+			if rec.Revivals == processors.CrashLoopEvidenceAt || fire > 20 {
+				break
+			}
+			f.clock.Advance(time.UnixMilli(rec.ArmedAt).Sub(f.clock.Now()))
+			out, err := reg.HandleAlarm(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The two loop in step: whatever one fire does to alpha, it does to beta.
+			if len(out) != 2 || out[0].Name != "alpha" || out[1].Name != "beta" || out[0].Action != out[1].Action {
+				t.Fatalf("fire %d: %v, want alpha and beta alike", fire, out)
+			}
+			deliver()
+		}
+		for _, name := range []string{"alpha", "beta"} {
+			if rec, _ := reg.Keepalive(name); rec.Revivals != processors.CrashLoopEvidenceAt {
+				t.Errorf("%s: keepalive %+v, want %d revivals", name, rec, processors.CrashLoopEvidenceAt)
+			}
+		}
+		if got, want := len(f.stream.Events(itx.TypeProcessorRevived)), 2*processors.CrashLoopEvidenceAt; got != want {
+			t.Errorf("%d revival facts, want %d (every revival of both landed)", got, want)
+		}
+		evidence := f.stream.Events(itx.TypeErrorOccurred)
+		if len(evidence) != 1 {
+			t.Fatalf("%d crash-loop facts, want 1 per version per stream", len(evidence))
+		}
+		if got, want := evidence[0].IdempotencyKey, "processor-host-crash-loop:build-1"; got != want {
+			t.Errorf("evidence key %q, want %q", got, want)
+		}
+		var p itx.ErrorOccurredPayload
+		var detail struct {
+			ProcessorSlug string `json:"processorSlug"`
+			Version       string `json:"version"`
+			Revivals      int    `json:"revivals"`
+		}
+		if err := json.Unmarshal(evidence[0].Payload, &p); err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(p.Error, &detail); err != nil || detail.ProcessorSlug != "alpha" || detail.Version != "build-1" || detail.Revivals != processors.CrashLoopEvidenceAt {
+			t.Errorf("evidence detail %s, want alpha on build-1 at %d revivals", p.Error, processors.CrashLoopEvidenceAt)
 		}
 	})
 }

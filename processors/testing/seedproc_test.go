@@ -295,7 +295,7 @@ func TestSeedProc_BreakerOnAFailingFrame(t *testing.T) {
 			t.Errorf("revivals at %q, want %q", got, want)
 		}
 		evidence := h.Events(itx.TypeErrorOccurred)
-		if len(evidence) != 1 || !strings.HasPrefix(evidence[0].IdempotencyKey, "processor-host-crash-loop:test-harness") {
+		if len(evidence) != 1 || evidence[0].IdempotencyKey != "processor-host-crash-loop:test-harness" {
 			t.Errorf("crash-loop evidence %+v, want one keyed processor-host-crash-loop:<version>", evidence)
 		}
 		// The harness retries a failed frame at every settle that follows a fire (standing in for
