@@ -21,7 +21,10 @@
 // Scenarios run inside a testing/synctest bubble (Run does this): settling waits until every
 // goroutine is finished or durably blocked, a condition, never a sleep. AdvanceTime moves the
 // bubble's clock with the virtual one, so processor timers on the time package (time.After,
-// time.Sleep, time.AfterFunc) follow it too. Vendor fakes that hang
+// time.Sleep, time.AfterFunc) follow it too. A goroutine blocked on a channel, mutex or
+// WaitGroup made outside the bubble (a vendor fake built before Run) is never durably blocked,
+// so no step could settle: Run's real-time watchdog (Config.Watchdog, DefaultWatchdog) ends the
+// test binary then, saying so, instead of leaving it to the go test timeout. Vendor fakes that hang
 // must block on a channel or on their context, so that a crash or the end of the test releases
 // them.
 package proctest
@@ -59,6 +62,12 @@ type Config[S any] struct {
 	// whose frames keep failing cannot pass because the stream happened to look right. Off by
 	// default: the stream is the assertion surface, and an unexamined failure is only logged.
 	StrictDeliveryErrors bool
+	// Watchdog bounds, in real time, how long Run lets one step (Append, AdvanceTime, Settle...)
+	// wait for the scenario's goroutines to settle before it ends the test binary with an
+	// explanation: a goroutine blocked on a channel or mutex made outside the synctest bubble
+	// (a hanging vendor fake built before Run) never settles. 0 is DefaultWatchdog; negative
+	// turns it off. A harness built with New, inside a bubble the test made, has none.
+	Watchdog time.Duration
 	// Substrate, if set, runs this harness over another harness's stream and clock with a fresh
 	// progress store, KV and alarm: a full replay from offset 1 (Harness.Substrate).
 	Substrate *Substrate
@@ -110,6 +119,8 @@ type Harness[S any] struct {
 	examined   int        // errs[:examined] the test has seen (DeliveryErrors)
 	fires      []processors.AlarmOutcome
 
+	watchdog *watchdog // Run's, nil under New
+
 	mu     sync.Mutex // guards bgErrs: background attempts fail on their own goroutines
 	bgErrs []error    // failed background attempts the test has not taken
 }
@@ -117,14 +128,21 @@ type Harness[S any] struct {
 // maxSettleRounds bounds one Settle: a processor that appends forever is a bug the harness reports.
 const maxSettleRounds = 1000
 
-// Run runs body against a fresh harness inside a synctest bubble.
+// Run runs body against a fresh harness inside a synctest bubble, under a real-time watchdog
+// (Config.Watchdog) that ends the test binary with an explanation if a step, or the bubble's
+// end, never settles.
 func Run[S any](t *testing.T, cfg Config[S], body func(t *testing.T, h *Harness[S])) {
 	t.Helper()
+	wd := startWatchdog(cfg.Watchdog) // outside the bubble: it keeps real time
+	defer wd.close()
 	synctest.Test(t, func(t *testing.T) {
 		h := New(t, cfg)
+		h.watchdog = wd
+		defer wd.enter("the end of the scenario (synctest.Test waits for its goroutines)")
 		defer h.close()
 		body(t, h)
 	})
+	wd.exit()
 }
 
 // New builds a harness; it must be called inside a synctest bubble (Run does both). Several
@@ -310,6 +328,8 @@ func (h *Harness[S]) AdvanceTime(d time.Duration) {
 // timer at the stop releases on the bubble's time at the stop, so a debounce it arms there waits
 // its whole delay.
 func (h *Harness[S]) advance(d time.Duration) {
+	h.watchdog.enter("an AdvanceTime")
+	defer h.watchdog.exit()
 	time.Sleep(d)
 	synctest.Wait() // what the time package's timers released runs before the stop's work
 	h.Clock.Advance(d)
@@ -351,8 +371,11 @@ func (h *Harness[S]) Deploy(version string) {
 // durably blocked (a vendor fake that has not answered), which is a stable scenario boundary.
 func (h *Harness[S]) Settle() {
 	h.t.Helper()
+	h.watchdog.enter("a Settle")
+	defer h.watchdog.exit()
 	for round := 0; round < maxSettleRounds; round++ {
 		synctest.Wait()
+		h.watchdog.alive() // a long Settle that keeps settling is no hang
 		if h.delivering != nil {
 			select {
 			case err := <-h.delivering:
