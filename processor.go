@@ -35,6 +35,15 @@ type ProcessorLog interface {
 	Schedule(ctx context.Context, event EventInput, at time.Time) error
 }
 
+// ProcessorOutbox is a ProcessorLog that can also append to other streams of the home stream's
+// project (processors.Args.AppendTo: a router forwarding to a per-thread stream, say). Fenced as
+// Append is, as far as the host can: a stopped incarnation's AppendTo fails.
+type ProcessorOutbox interface {
+	// AppendTo commits events atomically to the stream at path (created by its first append),
+	// with the append's ordinary idempotency and validation.
+	AppendTo(ctx context.Context, path string, events []EventInput) (AppendResult, error)
+}
+
 // ProcessorPage is one read of a ProcessorLog.
 type ProcessorPage struct {
 	Events         []Event

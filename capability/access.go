@@ -224,6 +224,8 @@ var methodRights = map[string]rightSet{
 	"ProcessorPorts.setAlarm": rSubscribe,
 	"ProcessorPorts.check":    rSubscribe,
 	"ProcessorPorts.kvDelete": rSubscribe,
+	// A processor's forward to another stream: the mounting token's append, within its prefix.
+	"ProcessorPorts.appendTo": rSubscribe | rAppend,
 
 	"Processor.snapshot":        rRead,
 	"Processor.getRuntimeState": rRead,

@@ -75,7 +75,7 @@ type remoteHost struct {
 
 func (h *remoteHost) Wake(ctx context.Context, w server.RemoteWake) (int64, int64, error) {
 	st := &stream{srv: h.srv, ref: w.Ref, acc: h.acc}
-	ports := &processorPorts{p: w.Ports}
+	ports := &processorPorts{p: w.Ports, acc: h.acc}
 	fut, release := h.client.Wake(ctx, func(p schema.ProcessorHost_wake_Params) error {
 		req, err := p.NewRequest()
 		if err != nil {
@@ -175,7 +175,10 @@ func hostError(ctx context.Context, err error) error {
 }
 
 // processorPorts serves server.ProcessorPorts to a host.
-type processorPorts struct{ p *server.ProcessorPorts }
+type processorPorts struct {
+	p   *server.ProcessorPorts
+	acc access // the mounting session's: AppendTo reaches its prefix only
+}
 
 func (pp *processorPorts) Claim(ctx context.Context, call schema.ProcessorPorts_claim) error {
 	name, err := call.Args().Name()
@@ -266,6 +269,38 @@ func (pp *processorPorts) Check(ctx context.Context, call schema.ProcessorPorts_
 	}
 	call.Go()
 	return fail(pp.p.Check(ctx, name, int64(call.Args().Generation())))
+}
+
+func (pp *processorPorts) AppendTo(ctx context.Context, call schema.ProcessorPorts_appendTo) error {
+	path, err := call.Args().Path()
+	if err != nil {
+		return badArgs("path", err)
+	}
+	if err := pp.acc.reaches(path); err != nil {
+		return fail(err)
+	}
+	list, err := call.Args().Events()
+	if err != nil {
+		return badArgs("events", err)
+	}
+	inputs, err := wire.EventInputsFromSchema(list)
+	if err != nil {
+		return badArgs("events", err)
+	}
+	call.Go()
+	result, err := pp.p.AppendTo(ctx, path, inputs)
+	if err != nil {
+		return fail(err)
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	r, err := res.NewResult()
+	if err != nil {
+		return err
+	}
+	return wire.SetAppendResult(r, result)
 }
 
 func (pp *processorPorts) KvDelete(ctx context.Context, call schema.ProcessorPorts_kvDelete) error {

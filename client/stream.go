@@ -60,6 +60,10 @@ func Append(ctx context.Context, s schema.Stream, events []itx.EventInput, opts 
 	return awaitAppend(ctx, fut)
 }
 
+// CheckAppendSize is checkAppendSize for callers building their own append-like calls (a remote
+// processor's AppendTo).
+func CheckAppendSize(events []itx.EventInput) error { return checkAppendSize(events) }
+
 // checkAppendSize refuses, before anything is sent, an append itxd would refuse as too large
 // (itx.MaxAppendEvents, itx.MaxAppendBytes, measured as itxd measures them, after
 // normalizing): refused here, it costs no round trip, and one far above the bounds can never

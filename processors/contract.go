@@ -110,6 +110,7 @@ type Args[S any] struct {
 type runnerDoors interface {
 	now() time.Time
 	appendHome(ctx context.Context, events []itx.EventInput) ([]itx.Event, error)
+	appendTo(ctx context.Context, path string, events []itx.EventInput) (itx.AppendResult, error)
 	scheduleHome(ctx context.Context, event itx.EventInput, at time.Time) error
 	background(work func(ctx context.Context) error)
 }
@@ -198,6 +199,33 @@ func (a *Args[S]) RunInBackground(work func(ctx context.Context) error) {
 // not hold back its last event: they are in the head of the next frame, which is CaughtUp again.
 func (a *Args[S]) Append(ctx context.Context, events ...itx.EventInput) ([]itx.Event, error) {
 	return a.run.appendHome(ctx, events)
+}
+
+// AppendTo appends to another stream of the home stream's project (created by its first
+// append): a forward, such as a router's to a per-thread stream. Nothing there reaches this
+// processor unless it consumes that stream too, so it neither raises the observed head nor holds
+// back CaughtUp (an AppendTo of the home path is Append). It is fenced like Append, and a crash
+// between the forward and the frame's commit forwards again when the event is redelivered: key
+// it with IdempotencyKey, whose @<path>:<offset> keeps same-name processors of different streams
+// forwarding into one stream apart. A host that cannot reach other streams fails it with
+// itx.EFailedPrecondition.
+func (a *Args[S]) AppendTo(ctx context.Context, path string, events ...itx.EventInput) (itx.AppendResult, error) {
+	if path == a.Path {
+		out, err := a.run.appendHome(ctx, events)
+		if err != nil {
+			return itx.AppendResult{}, err
+		}
+		res := itx.AppendResult{Offsets: make([]int64, len(out))}
+		for i, e := range out {
+			res.Offsets[i] = e.Offset
+			res.HeadOffset = max(res.HeadOffset, e.Offset)
+		}
+		return res, nil
+	}
+	if err := itx.ValidatePath(path); err != nil {
+		return itx.AppendResult{}, err
+	}
+	return a.run.appendTo(ctx, path, events)
 }
 
 // ScheduleAppend is a durable timer: the home stream appends event at at, exactly once, even if

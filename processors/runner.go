@@ -806,6 +806,15 @@ func (r *Runner[S]) appendHome(ctx context.Context, events []itx.EventInput) (ou
 	return out, nil
 }
 
+// appendTo appends to another stream through the log's outbox (itx.ProcessorOutbox).
+func (r *Runner[S]) appendTo(ctx context.Context, path string, events []itx.EventInput) (itx.AppendResult, error) {
+	o, ok := r.cfg.Log.(itx.ProcessorOutbox)
+	if !ok {
+		return itx.AppendResult{}, itx.Errorf(itx.EFailedPrecondition, "processor %q: this host appends to the home stream only", r.c.Name)
+	}
+	return o.AppendTo(ctx, path, events)
+}
+
 // scheduleHome counts as an append in flight too: a schedule already due lands at once.
 func (r *Runner[S]) scheduleHome(ctx context.Context, event itx.EventInput, at time.Time) error {
 	r.beginAppend(ctx)

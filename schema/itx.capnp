@@ -471,6 +471,9 @@ interface ProcessorPorts {
   check @5 (name :Text, generation :UInt64) -> ();
   # Delete a key (absent: no error).
   kvDelete @6 (key :Text) -> ();
+  # Append to another stream of the project, under the subscription's scope (a processor's
+  # forward: Args.AppendTo); stream/* control events are refused. Fenced like the others.
+  appendTo @7 (path :Text, events :List(EventInput)) -> (result :AppendResult);
 }
 
 interface ProcessorHosts {

@@ -751,6 +751,41 @@ func (l procLog) Append(ctx context.Context, inputs []itx.EventInput) ([]itx.Eve
 	return l.readBack(ctx, res.Offsets)
 }
 
+// AppendTo appends to another stream of the project (itx.ProcessorOutbox) while this
+// incarnation holds its own stream: a processor of an unloaded incarnation forwards nothing.
+func (l procLog) AppendTo(ctx context.Context, path string, inputs []itx.EventInput) (itx.AppendResult, error) {
+	a := l.a
+	if !a.srv.pin(a) {
+		return itx.AppendResult{}, a.gone()
+	}
+	defer a.srv.release(a)
+	return a.srv.processorAppendTo(ctx, a.ref, "", path, inputs)
+}
+
+// processorAppendTo is a processor's forward from its home stream to another stream of the
+// project, under scope (a remote processor's subscription's; "" for the whole project):
+// ordinary events only, the control events (stream/*) of another stream being its
+// subscribers' to append.
+func (s *Server) processorAppendTo(ctx context.Context, home StreamRef, scope, path string, inputs []itx.EventInput) (itx.AppendResult, error) {
+	if err := itx.ValidatePath(path); err != nil {
+		return itx.AppendResult{}, err
+	}
+	switch {
+	case path == home.Path:
+		return itx.AppendResult{}, itx.Errorf(itx.EInvalid, "AppendTo the home stream %s: use Append", path)
+	case home.ProjectID == DeploymentProjectID && path == AuditPath:
+		return itx.AppendResult{}, itx.Errorf(itx.EPermissionDenied, "%s is written by the server only", AuditPath)
+	case scope != "" && !itx.PathUnder(path, scope):
+		return itx.AppendResult{}, itx.Errorf(itx.EPermissionDenied, "AppendTo %s: this processor's subscription is limited to streams under %s", path, scope)
+	}
+	for i, in := range inputs {
+		if strings.HasPrefix(in.Type, "stream/") {
+			return itx.AppendResult{}, itx.Errorf(itx.EInvalid, "event %d: AppendTo appends ordinary events, not %s (a stream's control events are its own)", i, in.Type)
+		}
+	}
+	return s.Append(ctx, StreamRef{ProjectID: home.ProjectID, Path: path}, inputs, itx.AppendOptions{})
+}
+
 // Schedule schedules through this incarnation's actor only, like Append.
 func (l procLog) Schedule(ctx context.Context, input itx.EventInput, at time.Time) error {
 	a := l.a

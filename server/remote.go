@@ -415,6 +415,15 @@ func (p *ProcessorPorts) Check(ctx context.Context, name string, generation int6
 }
 
 // KVDelete deletes a key of the processors' KV.
+// AppendTo is the remote processor's forward to another stream (itx.ProcessorOutbox), under
+// its subscription's scope.
+func (p *ProcessorPorts) AppendTo(ctx context.Context, path string, inputs []itx.EventInput) (itx.AppendResult, error) {
+	if err := p.fenced(); err != nil {
+		return itx.AppendResult{}, err
+	}
+	return p.srv.processorAppendTo(ctx, p.ref, p.scope, path, inputs)
+}
+
 func (p *ProcessorPorts) KVDelete(ctx context.Context, key string) error {
 	if key == "" || len(key) > MaxProcessorKVKeyBytes {
 		return itx.Errorf(itx.EInvalid, "processor KV: a key of 1 to 1,024 bytes")

@@ -412,6 +412,7 @@ var methodCases = map[string]methodCase{
 	"ProcessorPorts.commit":   {viaWake: true},
 	"ProcessorPorts.kvGet":    {viaWake: true},
 	"ProcessorPorts.kvPut":    {viaWake: true},
+	"ProcessorPorts.appendTo": {viaWake: true},
 	"ProcessorPorts.setAlarm": {viaWake: true},
 	"ProcessorPorts.check":    {viaWake: true},
 	"ProcessorPorts.kvDelete": {viaWake: true},

@@ -533,6 +533,43 @@ func (l *rpcLog) Schedule(ctx context.Context, event itx.EventInput, at time.Tim
 	return err
 }
 
+// AppendTo forwards to another stream of the project through the ports (itx.ProcessorOutbox):
+// itxd checks the mount, as for the processor's other records, and the subscription's scope.
+func (l *rpcLog) AppendTo(ctx context.Context, path string, inputs []itx.EventInput) (itx.AppendResult, error) {
+	if err := client.CheckAppendSize(inputs); err != nil {
+		return itx.AppendResult{}, err
+	}
+	ctx, done := l.s.bound(ctx)
+	defer done()
+	ports := l.s.portsCap()
+	defer ports.Release()
+	fut, release := ports.AppendTo(ctx, func(p schema.ProcessorPorts_appendTo_Params) error {
+		if err := p.SetPath(path); err != nil {
+			return err
+		}
+		list, err := p.NewEvents(int32(len(inputs)))
+		if err != nil {
+			return err
+		}
+		for i := range inputs {
+			if err := wire.SetEventInput(list.At(i), &inputs[i]); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	defer client.ReleaseAfter(ctx, release)
+	res, err := client.Await(ctx, fut)
+	if err != nil {
+		return itx.AppendResult{}, err
+	}
+	r, err := res.Result()
+	if err != nil {
+		return itx.AppendResult{}, err
+	}
+	return wire.AppendResultFromSchema(r)
+}
+
 // Append commits through the stream capability and reads the committed events back.
 func (l *rpcLog) Append(ctx context.Context, inputs []itx.EventInput) ([]itx.Event, error) {
 	ctx, done := l.s.bound(ctx)

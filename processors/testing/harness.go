@@ -121,6 +121,9 @@ type Harness[S any] struct {
 
 	watchdog *watchdog // Run's, nil under New
 
+	streamsMu sync.Mutex               // guards streams: AppendTo runs on the processor's goroutines
+	streams   map[string]*MemoryStream // the other streams AppendTo reached, by path (StreamAt)
+
 	mu     sync.Mutex // guards bgErrs: background attempts fail on their own goroutines
 	bgErrs []error    // failed background attempts the test has not taken
 }
@@ -183,6 +186,25 @@ func New[S any](t testing.TB, cfg Config[S]) *Harness[S] {
 }
 
 // Substrate is this harness's stream and clock, for a second harness to replay over.
+// StreamAt is the in-memory stream at path: the home stream (Stream), or another one, made
+// empty on first use, that the processor forwards to with Args.AppendTo. Safe from any goroutine.
+func (h *Harness[S]) StreamAt(path string) *MemoryStream {
+	if path == h.cfg.Path {
+		return h.Stream
+	}
+	h.streamsMu.Lock()
+	defer h.streamsMu.Unlock()
+	if h.streams == nil {
+		h.streams = map[string]*MemoryStream{}
+	}
+	s := h.streams[path]
+	if s == nil {
+		s = NewMemoryStream(path, h.Clock)
+		h.streams[path] = s
+	}
+	return s
+}
+
 func (h *Harness[S]) Substrate() *Substrate { return &Substrate{Stream: h.Stream, Clock: h.Clock} }
 
 // Wake attaches delivery and settles, without appending: the production wake lane redelivering
@@ -202,7 +224,7 @@ func (h *Harness[S]) incarnate() {
 	f := &fence{}
 	clock := &incarnationClock{c: h.Clock, timers: map[*incarnationTimer]struct{}{}}
 	reg, err := processors.NewRegistry(processors.RegistryConfig{
-		Path: h.cfg.Path, Log: fencedLog{f, h.Stream}, KV: fencedKV{f, h.KV}, Alarm: fencedAlarm{f, h.Alarm},
+		Path: h.cfg.Path, Log: fencedLog{f, h.Stream, h.StreamAt}, KV: fencedKV{f, h.KV}, Alarm: fencedAlarm{f, h.Alarm},
 		Clock: clock, Version: h.cfg.Version, PageSize: h.cfg.PageSize,
 		Logf: func(format string, args ...any) {
 			h.t.Logf("[incarnation %d] %s", n, fmt.Sprintf(format, args...))

@@ -431,8 +431,33 @@ func (f *fence) check() error {
 }
 
 type fencedLog struct {
-	f   *fence
-	log processors.StreamLog
+	f     *fence
+	log   processors.StreamLog
+	other func(path string) *MemoryStream // the streams AppendTo reaches (Harness.StreamAt)
+}
+
+// AppendTo forwards to another in-memory stream of the harness (itx.ProcessorOutbox), refusing
+// what itxd refuses there: the control events (stream/*) of another stream.
+func (l fencedLog) AppendTo(ctx context.Context, path string, events []itx.EventInput) (itx.AppendResult, error) {
+	if err := l.f.check(); err != nil {
+		return itx.AppendResult{}, err
+	}
+	for i, in := range events {
+		if strings.HasPrefix(in.Type, "stream/") {
+			return itx.AppendResult{}, itx.Errorf(itx.EInvalid, "event %d: AppendTo appends ordinary events, not %s (a stream's control events are its own)", i, in.Type)
+		}
+	}
+	s := l.other(path)
+	before := s.Head()
+	out, err := s.Append(ctx, events)
+	if err != nil {
+		return itx.AppendResult{}, err
+	}
+	res := itx.AppendResult{Offsets: make([]int64, len(out)), Duplicate: make([]bool, len(out)), HeadOffset: s.Head()}
+	for i, e := range out {
+		res.Offsets[i], res.Duplicate[i] = e.Offset, e.Offset <= before
+	}
+	return res, nil
 }
 
 func (l fencedLog) Read(ctx context.Context, after int64, limit int) (processors.Page, error) {
