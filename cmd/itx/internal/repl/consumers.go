@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync"
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
@@ -74,6 +75,9 @@ func statusRank(status string) int {
 // runConsumers lists the subscriptions and registered readers of every stream under a prefix
 // whose summary shows any (Streams.list: subscriptionCount, readerCount), read
 // from each stream's subscriptions.list().
+// consumersInFlight bounds the listings itx consumers has unanswered at once.
+const consumersInFlight = 16
+
 func runConsumers(ctx context.Context, s *Session, args []string) error {
 	a, err := parseConsumers(args)
 	if err != nil {
@@ -83,8 +87,7 @@ func runConsumers(ctx context.Context, s *Session, args []string) error {
 	if err != nil {
 		return err
 	}
-	rows := []consumerRowJS{}
-	read := 0
+	var wanted []itx.StreamInfo
 	for _, info := range streams {
 		if info.SubscriptionCount == 0 && info.Readers == 0 {
 			continue // no consumer
@@ -92,16 +95,33 @@ func runConsumers(ctx context.Context, s *Session, args []string) error {
 		if a.behind && info.HaltedSubscriptions == 0 && info.ParkedSubscriptions == 0 && info.MaxLag == 0 {
 			continue // every consumer caught up, none halted or parked (live for a loaded stream)
 		}
-		c := s.client(streamPath(info.Path))
-		subs := client.Subscriptions(ctx, schema.Stream(c))
-		list, err := client.ListSubscriptions(ctx, subs)
-		subs.Release()
-		c.Release()
-		if err != nil {
-			return fmt.Errorf("%s: %w", info.Path, err)
+		wanted = append(wanted, info)
+	}
+	// The streams' listings are read consumersInFlight at a time over the one connection, so a
+	// project of many streams answers in a few round trips' time, not one per stream.
+	lists := make([][]itx.SubscriptionSummary, len(wanted))
+	errs := make([]error, len(wanted))
+	sem := make(chan struct{}, consumersInFlight)
+	var wg sync.WaitGroup
+	for i, info := range wanted {
+		wg.Add(1)
+		sem <- struct{}{}
+		c := s.client(streamPath(info.Path)) // here: the session's capability cache is not shared
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			subs := client.Subscriptions(ctx, schema.Stream(c))
+			lists[i], errs[i] = client.ListSubscriptions(ctx, subs)
+			subs.Release()
+			c.Release()
+		}()
+	}
+	wg.Wait()
+	rows := []consumerRowJS{}
+	for i, info := range wanted {
+		if errs[i] != nil {
+			return fmt.Errorf("%s: %w", info.Path, errs[i])
 		}
-		read++
-		for _, r := range list {
+		for _, r := range lists[i] {
 			if a.behind && r.Lag == 0 && r.Status == itx.StatusActive {
 				continue
 			}
@@ -110,6 +130,7 @@ func runConsumers(ctx context.Context, s *Session, args []string) error {
 				NextAttemptAt: msTime(r.NextAttemptAt)})
 		}
 	}
+	read := len(wanted)
 	sort.SliceStable(rows, func(i, j int) bool {
 		a, b := rows[i], rows[j]
 		if ra, rb := statusRank(a.Status), statusRank(b.Status); ra != rb {
