@@ -96,16 +96,24 @@ func (a *admin) CreateProject(ctx context.Context, call schema.Admin_createProje
 }
 
 func (a *admin) ListProjects(ctx context.Context, call schema.Admin_listProjects) error {
-	call.Go()
-	all, err := a.srv.ListProjects(ctx)
+	after, err := call.Args().After()
 	if err != nil {
-		return fail(err)
+		return badArgs("after", err)
 	}
+	limit := int(call.Args().Limit())
+	call.Go()
 	var list []itx.ProjectSummary
-	for _, p := range all {
-		if a.root() || p.Info.ID == a.p.ID { // a project's admin sees its own project only
-			list = append(list, p)
+	var next string
+	if a.root() {
+		if list, next, err = a.srv.ListProjects(ctx, after, limit); err != nil {
+			return fail(err)
 		}
+	} else if after < a.p.ID { // a project's admin sees its own project only
+		own, err := a.srv.ProjectSummary(ctx, a.p.ID)
+		if err != nil {
+			return fail(err)
+		}
+		list = []itx.ProjectSummary{own}
 	}
 	if a.acc.prefix != "" && a.acc.prefix != "/" {
 		// A token limited to a prefix counts the streams it can list, never the others.
@@ -128,7 +136,7 @@ func (a *admin) ListProjects(ctx context.Context, call schema.Admin_listProjects
 			return err
 		}
 	}
-	return nil
+	return res.SetNextAfter(next)
 }
 
 func (a *admin) RenameProject(ctx context.Context, call schema.Admin_renameProject) error {

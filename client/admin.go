@@ -49,25 +49,48 @@ func CreateProject(ctx context.Context, a schema.Admin, name string) (itx.Projec
 	return p, token, t, err
 }
 
-// ListProjects lists the projects the caller administers, with their stream counts.
+// ListProjects lists the projects the caller administers, with their stream counts, every page
+// of them (ListProjectsPage for one).
 func ListProjects(ctx context.Context, a schema.Admin) ([]itx.ProjectSummary, error) {
-	fut, release := a.ListProjects(ctx, nil)
+	var all []itx.ProjectSummary
+	after := ""
+	for {
+		page, next, err := ListProjectsPage(ctx, a, after, 0)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, page...)
+		if next == "" {
+			return all, nil
+		}
+		after = next
+	}
+}
+
+// ListProjectsPage lists one page of projects in id order after the id after (limit 0: the
+// server's default page); next is the id to pass as after for the next page, empty on the last.
+func ListProjectsPage(ctx context.Context, a schema.Admin, after string, limit int) (page []itx.ProjectSummary, next string, err error) {
+	fut, release := a.ListProjects(ctx, func(p schema.Admin_listProjects_Params) error {
+		p.SetLimit(uint32(limit))
+		return p.SetAfter(after)
+	})
 	defer release()
 	res, err := fut.Struct()
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	list, err := res.Projects()
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	out := make([]itx.ProjectSummary, list.Len())
-	for i := range out {
-		if out[i], err = wire.ProjectSummaryFromSchema(list.At(i)); err != nil {
-			return nil, err
+	page = make([]itx.ProjectSummary, list.Len())
+	for i := range page {
+		if page[i], err = wire.ProjectSummaryFromSchema(list.At(i)); err != nil {
+			return nil, "", err
 		}
 	}
-	return out, nil
+	next, err = res.NextAfter()
+	return page, next, err
 }
 
 // RenameProject renames a project.

@@ -608,7 +608,10 @@ struct ProjectSummary {
 # hashed. Every change is recorded in the deployment's /audit stream.
 interface Admin {
   createProject @0 (name :Text) -> (info :ProjectInfo, token :Text, tokenInfo :TokenInfo);
-  listProjects @1 () -> (projects :List(ProjectSummary));
+  # A page of the projects (the caller's own project only, unless it is the deployment's), in id
+  # order, after the id `after` (exclusive; empty: from the first). limit 0 means 1,000; at most
+  # 10,000. nextAfter is the last id of the page when more follow, empty on the last page.
+  listProjects @1 (after :Text, limit :UInt32) -> (projects :List(ProjectSummary), nextAfter :Text);
   renameProject @2 (projectId :Text, name :Text) -> ();
   # failedPrecondition while the project has streams, unless force: then its streams and their
   # files are deleted too. Its tokens stop working at once.

@@ -310,22 +310,52 @@ func (s *Server) CreateProject(ctx context.Context, by Admin, name string) (itx.
 	return info, token, tokenInfo(t), nil
 }
 
-// ListProjects lists every project with its stream count.
-func (s *Server) ListProjects(ctx context.Context) ([]itx.ProjectSummary, error) {
-	ps, err := s.dir.Projects(ctx)
-	if err != nil {
-		return nil, err
+// ListProjects lists a page of the projects, in id order after the id after, with their stream
+// counts: limit 0 is DefaultListProjects, at most MaxListProjects. next is the page's last id
+// when more may follow.
+func (s *Server) ListProjects(ctx context.Context, after string, limit int) (page []itx.ProjectSummary, next string, err error) {
+	switch {
+	case limit == 0:
+		limit = DefaultListProjects
+	case limit < 0 || limit > MaxListProjects:
+		return nil, "", itx.Errorf(itx.EInvalid, "limit must be between 1 and %d (0: %d)", MaxListProjects, DefaultListProjects)
 	}
-	out := make([]itx.ProjectSummary, 0, len(ps))
+	ps, err := s.dir.ProjectsAfter(ctx, after, limit)
+	if err != nil {
+		return nil, "", err
+	}
+	page = make([]itx.ProjectSummary, 0, len(ps))
 	for _, p := range ps {
 		n, err := s.dir.CountStreams(ctx, p.ID)
 		if err != nil {
-			return nil, err
+			return nil, "", err
 		}
-		out = append(out, itx.ProjectSummary{Info: itx.ProjectInfo{ID: p.ID, Name: p.Name, Deployment: p.Deployment}, CreatedAt: p.CreatedAt, StreamCount: n})
+		page = append(page, itx.ProjectSummary{Info: itx.ProjectInfo{ID: p.ID, Name: p.Name, Deployment: p.Deployment}, CreatedAt: p.CreatedAt, StreamCount: n})
 	}
-	return out, nil
+	if len(ps) == limit {
+		next = ps[len(ps)-1].ID
+	}
+	return page, next, nil
 }
+
+// ProjectSummary is one project with its stream count.
+func (s *Server) ProjectSummary(ctx context.Context, id string) (itx.ProjectSummary, error) {
+	p, err := s.dir.Project(ctx, id)
+	if err != nil {
+		return itx.ProjectSummary{}, err
+	}
+	n, err := s.dir.CountStreams(ctx, p.ID)
+	if err != nil {
+		return itx.ProjectSummary{}, err
+	}
+	return itx.ProjectSummary{Info: itx.ProjectInfo{ID: p.ID, Name: p.Name, Deployment: p.Deployment}, CreatedAt: p.CreatedAt, StreamCount: n}, nil
+}
+
+// DefaultListProjects and MaxListProjects bound a page of Admin.listProjects.
+const (
+	DefaultListProjects = 1000
+	MaxListProjects     = 10_000
+)
 
 // CountStreamsUnder counts a project's streams at or under the path scope: what a session
 // limited to that prefix can list.

@@ -84,6 +84,24 @@ func (d *Directory) Projects(ctx context.Context) ([]Project, error) {
 	return out, rows.Err()
 }
 
+// ProjectsAfter lists up to limit projects in id order, after the id after (exclusive).
+func (d *Directory) ProjectsAfter(ctx context.Context, after string, limit int) ([]Project, error) {
+	rows, err := d.db.QueryContext(ctx, `select id, name, deployment, created_at from projects where id > ? order by id limit ?`, after, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list projects: %w", err)
+	}
+	defer rows.Close()
+	var out []Project
+	for rows.Next() {
+		var p Project
+		if err := rows.Scan(&p.ID, &p.Name, &p.Deployment, &p.CreatedAt); err != nil {
+			return nil, fmt.Errorf("list projects: %w", err)
+		}
+		out = append(out, p)
+	}
+	return out, rows.Err()
+}
+
 // Stream returns the directory entry of (projectID, path), or nil if the stream does not exist.
 func (d *Directory) Stream(ctx context.Context, projectID, path string) (*StreamEntry, error) {
 	var e StreamEntry

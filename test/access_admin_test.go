@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -394,4 +395,60 @@ func TestAccess_WebhookSecretsPerProjectBounded(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, head.HeadOffset, after.HeadOffset, "the refused configure wrote nothing")
 	require.NoError(t, configure("s3", secrets[0]), "a kept secret is reused")
+}
+
+// listProjects pages in id order: every project once across the pages, nextAfter empty on the
+// last one, a page over its bound refused; a project's own admin sees its own project only, on
+// the first page.
+func TestAdmin_ListProjectsPages(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	a := client.Admin(ctx, ts.deployment(t))
+	defer a.Release()
+	var own itx.ProjectInfo
+	var tok string
+	for i := range 5 {
+		info, token, _, err := client.CreateProject(ctx, a, fmt.Sprintf("paged-%d", i))
+		require.NoError(t, err)
+		own, tok = info, token
+	}
+	all, err := client.ListProjects(ctx, a)
+	require.NoError(t, err)
+	require.Len(t, all, 7, "the five, default and the deployment's")
+	var paged []string
+	after, pages := "", 0
+	for {
+		page, next, err := client.ListProjectsPage(ctx, a, after, 2)
+		require.NoError(t, err)
+		pages++
+		require.LessOrEqual(t, len(page), 2)
+		for _, p := range page {
+			paged = append(paged, p.Info.ID)
+		}
+		if next == "" {
+			break
+		}
+		require.Equal(t, page[len(page)-1].Info.ID, next)
+		after = next
+	}
+	require.Equal(t, 4, pages)
+	require.True(t, slices.IsSorted(paged), "id order: %v", paged)
+	var ids []string
+	for _, p := range all {
+		ids = append(ids, p.Info.ID)
+	}
+	require.Equal(t, ids, paged)
+	_, _, err = client.ListProjectsPage(ctx, a, "", server.MaxListProjects+1)
+	requireCode(t, err, itx.EInvalid)
+
+	pa := client.Admin(ctx, ts.login(t, tok))
+	defer pa.Release()
+	page, next, err := client.ListProjectsPage(ctx, pa, "", 1)
+	require.NoError(t, err)
+	require.Len(t, page, 1)
+	require.Equal(t, own.ID, page[0].Info.ID)
+	require.Empty(t, next)
+	page, _, err = client.ListProjectsPage(ctx, pa, own.ID, 1)
+	require.NoError(t, err)
+	require.Empty(t, page, "past its own project")
 }
