@@ -80,7 +80,7 @@ type HostOptions struct {
 }
 
 // Names are the reference processors' contract names, in the order AddTo takes them.
-var Names = []string{"guestbook", "forwarder", "agent"}
+var Names = []string{"guestbook", "forwarder", "agent", "router"}
 
 // AddTo registers the named reference processors with h.
 func AddTo(h *processors.Host, names []string, o HostOptions) error {
@@ -100,6 +100,8 @@ func AddTo(h *processors.Host, names []string, o HostOptions) error {
 			err = processors.Add(h, Guestbook)
 		case "forwarder":
 			err = processors.Add(h, Forwarder)
+		case "router":
+			err = processors.Add(h, Router)
 		case "agent":
 			err = processors.Add(h, func() processors.Contract[AgentState] { return Agent(o.Clock, o.Vendor, o.Agent) })
 		case "":

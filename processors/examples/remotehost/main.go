@@ -1,4 +1,4 @@
-// Command remotehost runs the reference processors (guestbook, forwarder, agent) in a program of
+// Command remotehost runs the reference processors (guestbook, forwarder, agent, router) in a program of
 // their own, mounted on an itxd over Cap'n Proto: processor-wake subscriptions placed "remote"
 // and named after one of them run here. Against `make run`'s itxd:
 //
