@@ -68,7 +68,11 @@ func HashToken(token string) string {
 
 // Projects lists every project.
 func (d *Directory) Projects(ctx context.Context) ([]Project, error) {
-	rows, err := d.db.QueryContext(ctx, `select id, name, deployment, created_at from projects order by created_at, id`)
+	return d.projects(ctx, `select id, name, deployment, created_at from projects order by created_at, id`)
+}
+
+func (d *Directory) projects(ctx context.Context, query string, args ...any) ([]Project, error) {
+	rows, err := d.db.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list projects: %w", err)
 	}
@@ -86,20 +90,7 @@ func (d *Directory) Projects(ctx context.Context) ([]Project, error) {
 
 // ProjectsAfter lists up to limit projects in id order, after the id after (exclusive).
 func (d *Directory) ProjectsAfter(ctx context.Context, after string, limit int) ([]Project, error) {
-	rows, err := d.db.QueryContext(ctx, `select id, name, deployment, created_at from projects where id > ? order by id limit ?`, after, limit)
-	if err != nil {
-		return nil, fmt.Errorf("list projects: %w", err)
-	}
-	defer rows.Close()
-	var out []Project
-	for rows.Next() {
-		var p Project
-		if err := rows.Scan(&p.ID, &p.Name, &p.Deployment, &p.CreatedAt); err != nil {
-			return nil, fmt.Errorf("list projects: %w", err)
-		}
-		out = append(out, p)
-	}
-	return out, rows.Err()
+	return d.projects(ctx, `select id, name, deployment, created_at from projects where id > ? order by id limit ?`, after, limit)
 }
 
 // Stream returns the directory entry of (projectID, path), or nil if the stream does not exist.
