@@ -20,9 +20,9 @@ import (
 //
 // It is idempotent: the same name with the same config appends nothing and returns the original
 // event's offset, leaving the cursor (and a halt) alone; a changed config appends and keeps the
-// cursor unless it asks for a new start. A subscription without a name is a new one each time,
-// named from its configured event's offset, unless the call carries an idempotency key: a retry
-// with it returns the original event and the name generated from it.
+// cursor unless it asks for a new start. A subscription without a name can only be made
+// idempotent by a key, so one is required: a retry with it returns the original event and the
+// name generated from it.
 func (s *Server) ConfigureSubscription(ctx context.Context, ref StreamRef, cfg itx.SubscriptionConfig, idempotencyKey string) (string, int64, error) {
 	return waitVerb(ctx)(s.StartConfigureSubscription(ctx, ref, cfg, idempotencyKey))
 }
@@ -68,6 +68,9 @@ func (s *Server) StartConfigureSubscription(ctx context.Context, ref StreamRef, 
 		return nil, itx.Errorf(itx.EInvalid, "subscription name %q is blank: leave it out for a generated name", cfg.Name)
 	}
 	cfg.Name = name // the log records the name the subscription has, not the caller's spacing
+	if name == "" && strings.TrimSpace(idempotencyKey) == "" {
+		return nil, itx.Errorf(itx.EInvalid, "a subscription without a name needs an idempotency key, so that a retry does not configure a second one")
+	}
 	release := func() {}
 	// A webhook's signing secret is stored apart from the log; the configured event records its
 	// reference, the same for the same secret, so configure stays idempotent.

@@ -487,13 +487,14 @@ func TestTail_Lines(t *testing.T) {
 	require.Regexp(t, `^3~  \S+  typing  \{\}$`, lines[1])
 }
 
-// A nameless configure makes a subscription named from its event; an idempotency key, which the
-// REPL passes through, makes a retry return the original event and generated name.
+// A nameless configure needs an idempotency key, which the REPL passes through; a retry with it
+// returns the original event and generated name.
 func TestConfigure_NamelessWithKey(t *testing.T) {
 	ts := startServer(t)
 	s := newSession(t, ts)
-	keyless := s.mustEval(t, `JSON.stringify(project.streams.get("/keyless").subscriptions.configure({receiver: {type: "copy-to-stream", path: "/copy"}}))`)
-	require.Contains(t, keyless, `"name":"subscription:1"`)
+	f := s.failure(t, `project.streams.get("/nameless").subscriptions.configure({receiver: {type: "copy-to-stream", path: "/copy"}})`)
+	require.Equal(t, "invalidArgument", f.Code)
+	require.Contains(t, f.Message, "idempotency key")
 	first := s.mustEval(t, `JSON.stringify(project.streams.get("/nameless").subscriptions.configure({receiver: {type: "copy-to-stream", path: "/copy"}, idempotencyKey: "setup-1"}))`)
 	again := s.mustEval(t, `JSON.stringify(project.streams.get("/nameless").subscriptions.configure({receiver: {type: "copy-to-stream", path: "/copy"}, idempotencyKey: "setup-1"}))`)
 	require.Equal(t, first, again)
