@@ -105,14 +105,16 @@ type actor struct {
 
 // actorMsg is one non-append input.
 type actorMsg struct {
-	outcome  *deliveryOutcome
-	mounted  string
-	flush    bool
-	tick     bool
-	settle   chan<- int // answered after the step with the number of pushes in flight
-	reader   *readerOp
-	proc     *procOp
-	schedule *scheduleOp
+	outcome *deliveryOutcome
+	mounted string
+	// unmounted: a capability or processor host's mount went away (a presence token).
+	unmounted string
+	flush     bool
+	tick      bool
+	settle    chan<- int // answered after the step with the number of pushes in flight
+	reader    *readerOp
+	proc      *procOp
+	schedule  *scheduleOp
 
 	// Connections and live state: the actor's registries, not step inputs (nothing durable).
 	openConn  *Connection
@@ -625,6 +627,8 @@ func (in *stepInput) add(m actorMsg) {
 		in.outcomes = append(in.outcomes, *m.outcome)
 	case m.mounted != "":
 		in.mounted = append(in.mounted, m.mounted)
+	case m.unmounted != "":
+		in.unmounted = append(in.unmounted, m.unmounted)
 	case m.flush:
 		in.flush = true
 	}

@@ -413,9 +413,13 @@ func (s *Server) MountReceiver(projectID, scope, name string, r Receiver) (func(
 	s.schedulePoke(projectID, scope, name)
 	return func() {
 		s.recv.mu.Lock()
-		defer s.recv.mu.Unlock()
-		if s.recv.mounts[key] == m {
+		gone := s.recv.mounts[key] == m
+		if gone {
 			s.recv.deleteLocked(key)
+		}
+		s.recv.mu.Unlock()
+		if gone {
+			s.signalUnmounted(projectID, presence(scope, name))
 		}
 	}, nil
 }
@@ -423,12 +427,14 @@ func (s *Server) MountReceiver(projectID, scope, name string, r Receiver) (func(
 // UnmountReceiver removes whatever is mounted under name in a project's scope.
 func (s *Server) UnmountReceiver(projectID, scope, name string) error {
 	s.recv.mu.Lock()
-	defer s.recv.mu.Unlock()
 	key := mountKey{projectID, scope, name}
 	if s.recv.mounts[key] == nil {
+		s.recv.mu.Unlock()
 		return itx.Errorf(itx.ENotFound, "no capability is mounted under %q", name)
 	}
 	s.recv.deleteLocked(key)
+	s.recv.mu.Unlock()
+	s.signalUnmounted(projectID, presence(scope, name))
 	return nil
 }
 
@@ -507,6 +513,27 @@ func (s *Server) schedulePoke(projectID, scope, name string) {
 			}
 			r.pokes[key] = false
 			r.pokeMu.Unlock()
+		}
+	}()
+}
+
+// signalUnmounted tells the project's loaded streams that a capability or processor host (a
+// presence token) is no longer mounted: the subscriptions it served park. Unloaded streams park
+// them at their next delivery.
+func (s *Server) signalUnmounted(projectID, token string) {
+	s.mu.Lock()
+	var actors []*actor
+	for ref, a := range s.actors {
+		if ref.ProjectID == projectID {
+			actors = append(actors, a)
+		}
+	}
+	s.mu.Unlock()
+	go func() {
+		for _, a := range actors {
+			if <-a.ready; a.loadErr == nil {
+				a.post(actorMsg{unmounted: token})
+			}
 		}
 	}()
 }

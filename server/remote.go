@@ -236,9 +236,18 @@ func (s *Server) MountProcessorHost(projectID, scope, name string, host RemotePr
 	}
 	return func() {
 		ph.mu.Lock()
-		defer ph.mu.Unlock()
+		var gone []string // the contracts no other host of the scope took over
 		if ph.byName[mountKey{projectID, scope, name}] == m {
+			for _, c := range m.contracts {
+				if ph.contract[mountKey{projectID, scope, c.Name}] == m {
+					gone = append(gone, c.Name)
+				}
+			}
 			ph.dropLocked(m)
+		}
+		ph.mu.Unlock()
+		for _, c := range gone {
+			s.signalUnmounted(projectID, presence(scope, presenceToken(c)))
 		}
 	}, nil
 }

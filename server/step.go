@@ -141,6 +141,7 @@ type stepInput struct {
 	appends   []*appendReq      // client, copy and server appends, in queue order
 	outcomes  []deliveryOutcome // finished delivery tries
 	mounted   []string          // capabilities mounted in the project since the last step
+	unmounted []string          // capabilities unmounted (presence tokens): their subscriptions park
 	readers   []readerOp        // register, move or remove registered readers
 	flush     bool              // the cursor flush delay passed: write dirty rows now
 	final     bool              // unloading: write dirty rows, start nothing
@@ -299,6 +300,30 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 				r.NextAttemptAt = 0
 				st.touch(name, now)
 			}
+		}
+	}
+
+	// 3'. An unmount (a provider or processor host that disconnected or let its mount go) parks
+	// the subscriptions it served, as a failed delivery would, unless something mounted under
+	// the name since: a caught-up subscription shows its receiver gone without waiting for an
+	// event. A push in flight is left to its own outcome (which parks it).
+	for _, capability := range in.unmounted {
+		for name, entry := range st.core.Subscriptions {
+			r, rt := st.rows[name], st.subs[name]
+			if r == nil || waitsFor(entry) != capability || r.Status != storage.StatusActive || (rt != nil && rt.inFlight) {
+				continue
+			}
+			if env.mountedNow != nil && env.mountedNow(entry) != 0 {
+				continue
+			}
+			what := fmt.Sprintf("capability %q is offline: no Receiver is mounted under that name", entry.Config.Receiver.Capability)
+			if entry.Kind() == itx.KindProcessorWake {
+				what = fmt.Sprintf("no processor host announcing %q is mounted", entry.Config.ProcessorContract())
+			}
+			r.Status, r.NextAttemptAt = storage.StatusParked, 0
+			r.LastError = truncate(itx.Errorf(itx.ECapabilityOffline, "%s (it was unmounted)", what).Error(), itx.MaxCursorErrorLength)
+			st.touch(name, now)
+			eff.rowsChanged = true // describe and live state show it at once
 		}
 	}
 

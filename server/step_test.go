@@ -204,6 +204,13 @@ func (s *stepScript) run(line string) {
 		if args["gen"] != "" {
 			s.mount = uint64(num("gen"))
 		}
+	case "unmount":
+		// The receiver's mount went away; gen names what is mounted now (0: nothing).
+		in.unmounted = []string{"inbox"}
+		s.mount = 0
+		if args["gen"] != "" {
+			s.mount = uint64(num("gen"))
+		}
 	case "advance":
 		d, err := time.ParseDuration(args["by"])
 		if err != nil {

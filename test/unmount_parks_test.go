@@ -1,0 +1,117 @@
+package test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/processors/examples"
+	"github.com/itx-dev/itx/processors/remote"
+	"github.com/itx-dev/itx/server"
+	"github.com/stretchr/testify/require"
+)
+
+// A receiver's or processor host's going away parks the subscriptions it served at once, caught
+// up or not (no event needed to find out), and a new mount resumes them (issue 11: the host's
+// disconnect is an eviction).
+func TestUnmount_ParksWhatTheMountServed(t *testing.T) {
+	t.Run("itx-call receiver released", func(t *testing.T) {
+		ts := startServer(t, server.Config{})
+		ctx := ctxT(t)
+		p := ts.project(t)
+		s := stream(t, p, "/calls")
+		subs := client.Subscriptions(ctx, s)
+		defer subs.Release()
+		_, _, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "call", Start: "now",
+			Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "inbox"}})
+		require.NoError(t, err)
+		var mu sync.Mutex
+		var got []int64
+		recv := func(_ context.Context, b itx.DeliveryBatch) (int64, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, e := range b.Events {
+				got = append(got, e.Offset)
+			}
+			return 0, nil
+		}
+		h, err := client.MountReceiver(ctx, p, "inbox", client.ServeReceiver(recv))
+		require.NoError(t, err)
+		head := mustAppend(t, s, ev("a", `{}`)).HeadOffset
+		sub := client.Subscription(ctx, s, "call")
+		defer sub.Release()
+		_, err = client.WaitUntilProcessed(ctx, sub, head, 0)
+		require.NoError(t, err)
+
+		h.Release() // unmounts
+		waitUntil(t, "parked with nothing appended", func() bool {
+			d, err := client.DescribeSubscription(ctx, sub)
+			require.NoError(t, err)
+			return d.Status == itx.StatusParked && d.LastError != ""
+		})
+		d, err := client.DescribeSubscription(ctx, sub)
+		require.NoError(t, err)
+		require.Contains(t, d.LastError, "capabilityOffline")
+		require.Equal(t, head, d.ConfirmedOffset)
+
+		h, err = client.MountReceiver(ctx, p, "inbox", client.ServeReceiver(recv))
+		require.NoError(t, err)
+		defer h.Release()
+		waitUntil(t, "active again", func() bool {
+			d, err := client.DescribeSubscription(ctx, sub)
+			require.NoError(t, err)
+			return d.Status == itx.StatusActive
+		})
+		head = mustAppend(t, s, ev("a", `{}`)).HeadOffset
+		_, err = client.WaitUntilProcessed(ctx, sub, head, 0)
+		require.NoError(t, err)
+		mu.Lock()
+		defer mu.Unlock()
+		require.Equal(t, []int64{head - 1, head}, got, "each event once, to the mount of its time")
+	})
+
+	t.Run("remote processor host disconnected", func(t *testing.T) {
+		ts := startServer(t, server.Config{})
+		ctx := ctxT(t)
+		p := ts.project(t)
+		s := stream(t, p, "/remote/gone")
+		configureRemote(t, s, "guestbook")
+		hctx, stop := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		mounted := make(chan struct{}, 1)
+		go func() {
+			defer close(done)
+			_ = remote.Run(hctx, remote.Config{Addr: ts.addr, Token: ts.creds.ProjectToken, Name: "short-lived", Host: referenceHost(t, "guestbook"),
+				MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
+				Logf: t.Logf, Mounted: func() { mounted <- struct{}{} }})
+		}()
+		t.Cleanup(func() { stop(); <-done })
+		awaitMount(t, mounted)
+		head := mustAppend(t, s, examples.GuestbookSigned.Input(examples.Signed{Name: "ada", Message: "hi"}, "")).HeadOffset
+		sub, _ := processorOf(t, s, "guestbook")
+		_, err := client.WaitUntilProcessed(ctx, sub, head, 0)
+		require.NoError(t, err)
+
+		stop() // the host's connection ends
+		<-done
+		waitUntil(t, "parked with nothing appended", func() bool {
+			d, err := client.DescribeSubscription(ctx, sub)
+			require.NoError(t, err)
+			return d.Status == itx.StatusParked
+		})
+		d, err := client.DescribeSubscription(ctx, sub)
+		require.NoError(t, err)
+		require.Contains(t, d.LastError, `no processor host announcing "guestbook" is mounted`)
+
+		awaitMount(t, runRemoteHost(t, ts.addr, ts.creds.ProjectToken, "next", referenceHost(t, "guestbook")))
+		head = mustAppend(t, s, examples.GuestbookSigned.Input(examples.Signed{Name: "grace", Message: "hi"}, "")).HeadOffset
+		_, err = client.WaitUntilProcessed(ctx, sub, head, 0)
+		require.NoError(t, err)
+		d, err = client.DescribeSubscription(ctx, sub)
+		require.NoError(t, err)
+		require.Equal(t, itx.StatusActive, d.Status)
+	})
+}
