@@ -171,7 +171,7 @@ func normalizeQuery(q *itx.Query) error {
 	case q.Limit < 0:
 		return itx.Errorf(itx.EInvalid, "limit must not be negative")
 	case q.Limit > itx.MaxPageLimit:
-		return itx.Errorf(itx.EInvalid, "limit must be at most %d", itx.MaxPageLimit)
+		q.Limit = itx.MaxPageLimit // the schema's "capped at 500": the page says where to go on
 	case q.Limit == 0:
 		q.Limit = itx.DefaultPageLimit
 	}

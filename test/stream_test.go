@@ -306,8 +306,17 @@ func TestStream_BadInput(t *testing.T) {
 		require.Len(t, streams, 1, "no stream was created")
 	})
 	t.Run("bad reads", func(t *testing.T) {
-		_, err := client.GetEvents(ctx, s, itx.Query{Limit: itx.MaxPageLimit + 1})
-		requireCode(t, err, itx.EInvalid)
+		// A limit over the page's bound is capped (the schema's "capped at 500"), not refused.
+		big := stream(t, p, "/big-page")
+		batch := make([]itx.EventInput, itx.MaxPageLimit+100)
+		for i := range batch {
+			batch[i] = ev("x", `{}`)
+		}
+		mustAppend(t, big, batch...)
+		page, err := client.GetEventPage(ctx, big, itx.Query{Limit: 2 * itx.MaxPageLimit})
+		require.NoError(t, err)
+		require.Len(t, page.Events, itx.MaxPageLimit)
+		require.Equal(t, int64(itx.MaxPageLimit), page.NextAfter)
 		_, err = client.WaitForEvent(ctx, s, itx.Predicate{Where: "payload.("}, 0, time.Second)
 		requireCode(t, err, itx.EInvalid)
 		// A runaway predicate is the caller's error; the server lives on (unbounded, this
