@@ -1,12 +1,14 @@
 package server
 
 import (
+	"context"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
@@ -59,4 +61,22 @@ func TestWriteFileDurably_ReplacesWholeAndLeavesNoTemporary(t *testing.T) {
 	b, err = os.ReadFile(name)
 	require.NoError(t, err)
 	require.Equal(t, "new\n", string(b))
+}
+
+// One server at a time on a data directory: a second Open is refused naming the holder, and the
+// directory is free again once the first closes.
+func TestOpen_DataDirectoryIsLocked(t *testing.T) {
+	dir := t.TempDir()
+	first, err := Open(context.Background(), Config{DataDir: dir})
+	require.NoError(t, err)
+	_, err = Open(context.Background(), Config{DataDir: dir})
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "in use by another itxd")
+	require.Contains(t, err.Error(), fmt.Sprintf("pid %d", os.Getpid()))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, first.Close(ctx))
+	again, err := Open(context.Background(), Config{DataDir: dir})
+	require.NoError(t, err)
+	require.NoError(t, again.Close(ctx))
 }

@@ -119,6 +119,8 @@ type Server struct {
 	log     zerolog.Logger
 	dir     *storage.Directory
 	metrics *Metrics
+	// unlockDataDir lets go of the data directory's lock (lockDataDir), at the end of Close.
+	unlockDataDir func()
 
 	// base is cancelled by Close; barriers select on it so shutdown never waits for a timeout.
 	base   context.Context
@@ -269,6 +271,16 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	if err := prepareDataDir(cfg.DataDir, cfg.Log); err != nil {
 		return nil, fmt.Errorf("open server: %w", err)
 	}
+	unlock, err := lockDataDir(cfg.DataDir)
+	if err != nil {
+		return nil, fmt.Errorf("open server: %w", err)
+	}
+	opened := false
+	defer func() {
+		if !opened {
+			unlock()
+		}
+	}()
 	removeDownloadScratch(cfg.DataDir)
 	dir, err := storage.OpenDirectory(ctx, filepath.Join(cfg.DataDir, "directory.db"))
 	if err != nil {
@@ -282,6 +294,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		recv:        receivers{mounts: map[mountKey]*mount{}},
 		acc:         newAccessState(),
 		incarnation: newStreamID(), hosted: map[string]bool{},
+		unlockDataDir: unlock,
 	}
 	s.metrics.Registry.MustRegister(newStandingCollector(s))
 	if cfg.Processors != nil {
@@ -315,6 +328,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	if s.procVersionChanged {
 		go s.loadForNewVersion(cfg.Processors.Version())
 	}
+	opened = true
 	return s, nil
 }
 
@@ -426,7 +440,9 @@ func (s *Server) Close(ctx context.Context) error {
 	for _, a := range actors {
 		a.unload()
 	}
-	return errors.Join(err, s.dir.Close())
+	err = errors.Join(err, s.dir.Close())
+	s.unlockDataDir()
+	return err
 }
 
 func randomHex(n int) string {
