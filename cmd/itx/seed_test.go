@@ -110,15 +110,18 @@ func TestEval_ConnectionControlsOutOfRangeAreRefused(t *testing.T) {
 	}
 }
 
-// A reader's page limit past 32 bits is refused as any limit past the bound (500) is, instead of
-// wrapping into a small one (2^32 + 1: a page of one event).
+// A page limit past the bound (500), 32 bits included, is capped at the bound instead of wrapping
+// into a small one (2^32 + 1: a page of one event); a stream listing's past its bound is refused.
 func TestEval_PageLimitPast32BitsIsRefused(t *testing.T) {
 	ts := startServer(t)
 	s := newSession(t, ts)
 	s.mustEval(t, `var pl = project.streams.get("/limits"); pl.append([{type: "note"}, {type: "note"}, {type: "note"}])`)
-	for _, src := range []string{`pl.getEventPage({after: 0, limit: 501})`, `pl.getEventPage({after: 0, limit: 4294967297})`, `pl.getEvents({limit: 4294967297})`, `project.streams.list("", "", 10001)`, `project.streams.list("", "", 4294967297)`} {
+	for _, src := range []string{`project.streams.list("", "", 10001)`, `project.streams.list("", "", 4294967297)`} {
 		f := s.failure(t, src)
 		require.Equal(t, "invalidArgument", f.Code, "%s: %s", src, f.Message)
+	}
+	for _, src := range []string{`pl.getEventPage({after: 0, limit: 501}).events.length`, `pl.getEventPage({after: 0, limit: 4294967297}).events.length`, `pl.getEvents({limit: 4294967297}).length`} {
+		require.EqualValues(t, 3, s.mustEval(t, src), "%s: capped at the page's bound, not wrapped", src)
 	}
 }
 
