@@ -187,9 +187,11 @@ var methodRights = map[string]rightSet{
 	"Stream.trim":                  rAdmin, // deletes what every consumer already holds, for good
 	"Stream.setRetention":          rAdmin, // trims as it goes
 
-	"Subscriptions.list":      rRead,
-	"Subscriptions.get":       rNone,
-	"Subscriptions.configure": rSubscribe | rRead, // a subscription delivers the stream: reading it
+	"Subscriptions.list": rRead,
+	"Subscriptions.get":  rNone,
+	// Issue 14's rights: subscribe configures subscriptions and mounts receivers (attaching a
+	// consumer is what the right grants); a copy or dead-letter target needs append besides.
+	"Subscriptions.configure": rSubscribe,
 	"Subscriptions.remove":    rSubscribe,
 
 	"Subscription.describe":           rRead,
@@ -203,7 +205,7 @@ var methodRights = map[string]rightSet{
 
 	"Handle.cancel": rNone,
 
-	"Capabilities.mount":   rSubscribe | rRead, // a mounted receiver is handed events
+	"Capabilities.mount":   rSubscribe,
 	"Capabilities.unmount": rSubscribe,
 	"Capabilities.list":    rRead,
 

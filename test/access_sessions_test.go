@@ -9,6 +9,7 @@ import (
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/internal/clocktest"
+	"github.com/itx-dev/itx/processors/remote"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
 	"github.com/stretchr/testify/require"
@@ -125,26 +126,61 @@ func TestAccess_RevocationEndsWhatTheSessionOpened(t *testing.T) {
 	require.Equal(t, []int64{1}, gone.offsets(), "nothing after the close (offset %d)", res.HeadOffset)
 }
 
-// A token without the read right cannot read a stream through a subscription: configuring one
-// (by the verb or by a raw stream/subscription-configured append) and mounting a receiver or a
-// processor host need read as well as subscribe. Cursor moves and resumes need subscribe only.
-func TestAccess_SubscribingNeedsRead(t *testing.T) {
+// The subscribe right is issue 14's: it configures subscriptions (by the verb or by a raw
+// stream/subscription-configured append) and mounts receivers without read (attaching a consumer
+// is what it grants), and the subscription delivers; it cannot read the stream itself, mount a
+// processor host (which pages the streams: read too), nor configure or append anything without
+// subscribe.
+func TestAccess_SubscribeRight(t *testing.T) {
 	ts := startServer(t, server.Config{})
 	ctx := ctxT(t)
 	mustAppend(t, stream(t, ts.project(t), "/secret"), ev("note", `{"secret":"s3cr3t"}`))
-	tok, _ := ts.token(t, itx.Scope{Rights: []itx.Right{itx.RightSubscribe, itx.RightAppend}})
+	tok, _ := ts.token(t, itx.Scope{Rights: []itx.Right{itx.RightSubscribe}})
 	p := ts.login(t, tok)
 	s := stream(t, p, "/secret")
 	subs := client.Subscriptions(ctx, s)
 	defer subs.Release()
-	_, _, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "out",
+	got := make(chan string, 4)
+	h, err := client.MountReceiver(ctx, p, "mine", client.ServeReceiver(func(_ context.Context, b itx.DeliveryBatch) (int64, error) {
+		for _, e := range b.Events {
+			got <- e.Type
+		}
+		return 0, nil
+	}))
+	require.NoError(t, err)
+	defer h.Release()
+	_, _, err = client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "out", FilterTypes: []string{"note"},
 		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "mine"}})
-	requireCode(t, err, itx.EPermissionDenied)
-	require.Contains(t, itx.ErrorMessage(err), "read")
-	raw, _ := json.Marshal(map[string]any{"name": "out", "receiver": map[string]any{"action": itx.KindITXCall, "capability": "mine"}})
+	require.NoError(t, err)
+	select {
+	case typ := <-got:
+		require.Equal(t, "note", typ)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the subscription delivered nothing")
+	}
+	// A raw configured event is the verb, appended with the append right (and subscribe, not read).
+	raw, _ := json.Marshal(map[string]any{"name": "raw", "receiver": map[string]any{"action": itx.KindITXCall, "capability": "mine"}})
 	_, err = client.Append(ctx, s, []itx.EventInput{{Type: itx.TypeSubscriptionConfigured, Payload: raw}}, itx.AppendOptions{})
 	requireCode(t, err, itx.EPermissionDenied)
-	_, err = client.MountReceiver(ctx, p, "mine", client.ServeReceiver(func(context.Context, itx.DeliveryBatch) (int64, error) { return 0, nil }))
+	both, _ := ts.token(t, itx.Scope{Rights: []itx.Right{itx.RightSubscribe, itx.RightAppend}})
+	_, err = client.Append(ctx, stream(t, ts.login(t, both), "/secret"), []itx.EventInput{{Type: itx.TypeSubscriptionConfigured, Payload: raw}}, itx.AppendOptions{})
+	require.NoError(t, err)
+	appendOnly, _ := ts.token(t, itx.Scope{Rights: []itx.Right{itx.RightAppend}})
+	_, err = client.Append(ctx, stream(t, ts.login(t, appendOnly), "/secret"), []itx.EventInput{{Type: itx.TypeSubscriptionConfigured, Payload: raw}}, itx.AppendOptions{})
+	requireCode(t, err, itx.EPermissionDenied)
+
+	_, err = client.GetEvents(ctx, s, itx.Query{})
+	requireCode(t, err, itx.EPermissionDenied)
+	_, err = client.Append(ctx, s, []itx.EventInput{ev("note", `{}`)}, itx.AppendOptions{})
+	requireCode(t, err, itx.EPermissionDenied)
+	_, err = remote.Mount(ctx, p, "host", remote.NewHostServer(remote.Config{Host: referenceHost(t, "guestbook")}))
+	requireCode(t, err, itx.EPermissionDenied)
+
+	readOnly, _ := ts.token(t, itx.Scope{Rights: []itx.Right{itx.RightRead, itx.RightAppend}})
+	rs := client.Subscriptions(ctx, stream(t, ts.login(t, readOnly), "/secret"))
+	defer rs.Release()
+	_, _, err = client.ConfigureSubscription(ctx, rs, client.SubscriptionConfig{Name: "no",
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "mine"}})
 	requireCode(t, err, itx.EPermissionDenied)
 }
 

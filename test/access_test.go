@@ -84,8 +84,8 @@ type methodCase struct {
 	// right is the right the call needs, or the capability it is made on needs (a Connection,
 	// a live-state Handle: read); "": none.
 	right itx.Right
-	// andRead: the call needs the read right as well as right (configuring a subscription,
-	// mounting a receiver or a processor host: each hands the stream's events on).
+	// andRead: the call needs the read right as well as right (mounting a processor host: it
+	// pages the streams it is woken for).
 	andRead bool
 	// pathed: the call reaches a stream, so from a prefix-scoped token it is refused for a stream
 	// outside the prefix.
@@ -301,7 +301,7 @@ var methodCases = map[string]methodCase{
 		fut, release := s.Get(ctx, func(p schema.Subscriptions_get_Params) error { return p.SetName("sub") })
 		return struct0[schema.Subscriptions_get_Results](fut, release)
 	})},
-	"Subscriptions.configure": {right: itx.RightSubscribe, andRead: true, pathed: true, call: withSubs(func(ctx context.Context, s schema.Subscriptions) error {
+	"Subscriptions.configure": {right: itx.RightSubscribe, pathed: true, call: withSubs(func(ctx context.Context, s schema.Subscriptions) error {
 		_, _, err := client.ConfigureSubscription(ctx, s, client.SubscriptionConfig{Name: "sub",
 			Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "rcv"}})
 		return err
@@ -358,7 +358,7 @@ var methodCases = map[string]methodCase{
 		return struct0[schema.Handle_cancel_Results](c, rel)
 	})},
 
-	"Capabilities.mount": {right: itx.RightSubscribe, andRead: true, call: func(ctx context.Context, p schema.Project, _ string) error {
+	"Capabilities.mount": {right: itx.RightSubscribe, call: func(ctx context.Context, p schema.Project, _ string) error {
 		h, err := client.MountReceiver(ctx, p, "rcv-test", client.ServeReceiver(func(context.Context, itx.DeliveryBatch) (int64, error) { return 0, nil }))
 		if err == nil {
 			h.Release()
