@@ -29,6 +29,14 @@ func prepareDataDir(dir string, log zerolog.Logger) error {
 				Msg("data directory is readable by other users; chmod 700 it")
 		}
 	}
+	// Files an older build made with wider modes: said, as for the directories (SQLite keeps a
+	// database's mode for its WAL and SHM files).
+	for _, name := range []string{"directory.db", "directory.db-wal", "directory.db-shm", "credentials.json"} {
+		if fi, err := os.Stat(filepath.Join(dir, name)); err == nil && fi.Mode().Perm()&0o077 != 0 {
+			log.Warn().Str("file", filepath.Join(dir, name)).Str("mode", fmt.Sprintf("%04o", fi.Mode().Perm())).
+				Msg("data file is readable by other users; chmod 600 it")
+		}
+	}
 	probe := filepath.Join(dir, ".itx-write-probe")
 	f, err := os.OpenFile(probe, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {

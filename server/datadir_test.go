@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io/fs"
@@ -79,4 +80,18 @@ func TestOpen_DataDirectoryIsLocked(t *testing.T) {
 	again, err := Open(context.Background(), Config{DataDir: dir})
 	require.NoError(t, err)
 	require.NoError(t, again.Close(ctx))
+}
+
+// A data directory or data file open to other users is used, with a warning naming it.
+func TestPrepareDataDir_WarnsOfWideModes(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.Chmod(dir, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "directory.db"), nil, 0o644))
+	require.NoError(t, os.Chmod(filepath.Join(dir, "directory.db"), 0o644))
+	var buf bytes.Buffer
+	require.NoError(t, prepareDataDir(dir, zerolog.New(&buf)))
+	out := buf.String()
+	require.Contains(t, out, "data directory is readable by other users")
+	require.Contains(t, out, "data file is readable by other users")
+	require.Contains(t, out, filepath.Join(dir, "directory.db"))
 }
