@@ -588,3 +588,20 @@ func TestTail_EphemeralAppendedAsItStartsIsPrinted(t *testing.T) {
 	require.Regexp(t, `^2~  \S+  typing  \{\}$`, lines[0])
 	require.Regexp(t, `^3  \S+  after  \{\}$`, lines[1])
 }
+
+// Navigation reads as the schema writes it, as a property or called: project.streams() and
+// stream.readOnly() are the capability itself, printed and used as such.
+func TestEval_NavigationCalledOrNot(t *testing.T) {
+	ts := startServer(t)
+	s := newSession(t, ts)
+	s.mustEval(t, `project.streams().get("/called").append({type: "note"})`)
+	require.EqualValues(t, 1, s.mustEval(t, `project.streams.get("/called").getEvents().length`))
+	f := s.failure(t, `project.streams.get("/called").readOnly().append({type: "note"})`)
+	require.Equal(t, "permissionDenied", f.Code, f.Message)
+	f = s.failure(t, `project.streams.get("/called").readOnly.append({type: "note"})`)
+	require.Equal(t, "permissionDenied", f.Code, f.Message)
+	require.EqualValues(t, 1, s.mustEval(t, `project.streams.get("/called").readOnly().getEvents().length`))
+	require.Equal(t, s.mustEval(t, `String(project.streams.get("/called"))`), s.mustEval(t, `String(project.streams().get("/called"))`))
+	require.Equal(t, s.mustEval(t, `JSON.stringify(project.streams.get("/called").subscriptions)`), s.mustEval(t, `JSON.stringify(project.streams.get("/called").subscriptions())`))
+	s.mustEval(t, `project.streams.get("/called").subscriptions().list()`)
+}

@@ -110,7 +110,11 @@ var bindings = map[string]map[string]binding{
 // pipelined call when they are evaluated and return another proxy; terminal members wait.
 func (s *Session) proxy(p capPath) *goja.Object {
 	vm := s.vm
-	obj := vm.NewObject()
+	// A function object: navigation reads as the schema writes it, both as a property
+	// (stream.readOnly) and called (stream.readOnly(), project.streams()), the call giving back
+	// the capability itself.
+	var self *goja.Object
+	obj := vm.ToValue(func(goja.FunctionCall) goja.Value { return self }).(*goja.Object)
 	obj.DefineDataPropertySymbol(s.capSym, vm.ToValue(&p), goja.FLAG_FALSE, goja.FLAG_FALSE, goja.FLAG_FALSE)
 	hidden := func(name string, fn func(goja.FunctionCall) goja.Value) {
 		obj.DefineDataProperty(name, s.method(name, fn), goja.FLAG_FALSE, goja.FLAG_FALSE, goja.FLAG_FALSE)
@@ -166,7 +170,8 @@ func (s *Session) proxy(p capPath) *goja.Object {
 			return s.navigate(p.child(m.Returns, m.Name, arg))
 		})
 	}
-	return s.strictMembers(obj, p.iface)
+	self = s.strictMembers(obj, p.iface)
+	return self
 }
 
 // method is fn as a JavaScript function named name, so a.describe read without calling it
