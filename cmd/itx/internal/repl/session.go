@@ -222,6 +222,12 @@ func (s *Session) dial(ctx context.Context) (*client.Conn, schema.Project, error
 		project.Release()
 		conn.Close()
 		if code := itx.ErrorCode(err); code != itx.EUnauthenticated && code != itx.EPermissionDenied {
+			if s.cfg.TLS == nil && speaksTLS(ctx, s.cfg.Addr) {
+				// Plain Cap'n Proto to a TLS listener: it answers with an alert and closes, which
+				// reads as a broken connection. Not worth retrying: say what to do.
+				return nil, schema.Project{}, itx.Errorf(itx.EFailedPrecondition,
+					"itxd at %s serves TLS: connect with --tls (and --ca FILE when its certificate comes from your own CA)", s.cfg.Addr)
+			}
 			// Not a refused login: the connection broke under it. An itxd that is going away
 			// (killed, say) can complete a dial from its listen backlog and then reset it.
 			return nil, schema.Project{}, itx.Errorf(itx.EUnavailable, "%s", itx.ErrorMessage(err))
@@ -242,6 +248,50 @@ func (s *Session) adopt(conn *client.Conn, project schema.Project) {
 	oldProject.Release()
 	oldConn.Close()
 	fmt.Fprintf(s.cfg.Err, "itx: reconnected to %s\n", s.cfg.Addr)
+}
+
+// tlsHint is the error to show instead of err when the connection broke because itxd serves
+// TLS and this session spoke plain Cap'n Proto to it (the server answers with an alert and
+// closes: a "disconnected" or a write error, which says nothing of the cause); nil otherwise.
+func (s *Session) tlsHint(ctx context.Context, err error) error {
+	s.linkMu.Lock()
+	noConn := s.conn == nil
+	s.linkMu.Unlock()
+	if s.cfg.TLS != nil || noConn {
+		return nil
+	}
+	switch f := Describe(err); f.Code {
+	case "disconnected":
+		select { // its end may be noted a moment after the call failed
+		case <-s.Done():
+		case <-time.After(time.Second):
+			return nil
+		}
+	case string(itx.EInternal), string(itx.EUnavailable): // a write that failed, say
+		if s.connected() {
+			return nil
+		}
+	default:
+		return nil
+	}
+	if !speaksTLS(ctx, s.cfg.Addr) {
+		return nil
+	}
+	return itx.Errorf(itx.EFailedPrecondition, "itxd at %s serves TLS: connect with --tls (and --ca FILE when its certificate comes from your own CA)", s.cfg.Addr)
+}
+
+// speaksTLS reports whether addr completes a TLS handshake (any certificate: only the protocol
+// is in question), within a second.
+func speaksTLS(ctx context.Context, addr string) bool {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	d := tls.Dialer{Config: &tls.Config{InsecureSkipVerify: true}} //nolint:gosec // a probe, nothing is sent
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
 }
 
 // Reconnect backoff (client.Backoff): the first retry soon, then doubling up to a ceiling.
@@ -454,6 +504,9 @@ func (s *Session) Eval(ctx context.Context, name, src string) (goja.Value, error
 	// The watcher has exited, so no Interrupt can land after this and poison the next run.
 	s.vm.ClearInterrupt()
 	if err != nil {
+		if hint := s.tlsHint(ctx, err); hint != nil {
+			return nil, hint
+		}
 		return nil, err
 	}
 	s.noteDeclarations(src)
