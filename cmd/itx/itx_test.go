@@ -15,6 +15,8 @@ import (
 	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/cmd/itx/internal/repl"
 	"github.com/itx-dev/itx/internal/itxtest"
+	"github.com/itx-dev/itx/processors"
+	"github.com/itx-dev/itx/processors/examples"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
 	"github.com/stretchr/testify/require"
@@ -604,4 +606,40 @@ func TestEval_NavigationCalledOrNot(t *testing.T) {
 	require.Equal(t, s.mustEval(t, `String(project.streams.get("/called"))`), s.mustEval(t, `String(project.streams().get("/called"))`))
 	require.Equal(t, s.mustEval(t, `JSON.stringify(project.streams.get("/called").subscriptions)`), s.mustEval(t, `JSON.stringify(project.streams.get("/called").subscriptions())`))
 	s.mustEval(t, `project.streams.get("/called").subscriptions().list()`)
+}
+
+// .watch --processor prints the live state of the processor a processor-wake subscription runs:
+// its snapshot, then a patch as it processes what is appended.
+func TestWatch_Processor(t *testing.T) {
+	host := processors.NewHost("watch-processor")
+	require.NoError(t, examples.AddTo(host, []string{"guestbook"}, examples.HostOptions{}))
+	srv := itxtest.Start(t, server.Config{Processors: host})
+	ts := &testServer{addr: srv.Addr, token: srv.Creds.ProjectToken, dir: srv.Dir}
+	s := newSession(t, ts) // --json
+	s.mustEval(t, `project.streams.get("/book").subscriptions.configure({name: "guestbook", receiver: {type: "processor-wake"}})`)
+
+	wctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	result := make(chan error, 1)
+	go func() { result <- s.RunCommand(wctx, "watch /book --processor guestbook") }()
+	require.True(t, s.out.waitFor(`"state":{"name":"guestbook"`), "the snapshot: %q", s.out.String())
+	ts.appendDirect(t, "/book", examples.GuestbookSigned.Input(examples.Signed{Name: "ada", Message: "hi"}, ""))
+	require.True(t, s.out.waitFor(`{"value":2,"op":"replace","path":"/processedOffset"}`), "a patch for offset 2: %q", s.out.String())
+	cancel()
+	require.NoError(t, <-result)
+	var frames int
+	for _, l := range strings.Split(strings.TrimSpace(s.out.String()), "\n")[1:] { // after configure's answer
+		var frame struct {
+			Revision uint64          `json:"revision"`
+			State    json.RawMessage `json:"state"`
+			Ops      json.RawMessage `json:"ops"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(l), &frame), "line %q", l)
+		require.NotZero(t, frame.Revision)
+		require.True(t, (frame.State != nil) != (frame.Ops != nil), "a snapshot or a patch: %q", l)
+		frames++
+	}
+	require.GreaterOrEqual(t, frames, 2)
+
+	require.Error(t, s.RunCommand(context.Background(), "watch /book --processor"), "a name is needed")
 }

@@ -115,8 +115,8 @@ func init() {
 	register(&Command{Name: "export", Args: "<path> [after] [--with-control]", CLI: true,
 		Help: "print a stream's events after an offset (default 0) up to its head, one JSON event a line: what import reads; stream/* control records are left out unless --with-control", Run: runExport,
 		Check: func(args []string) error { _, err := parseExport(args); return err }})
-	register(&Command{Name: "watch", Args: "<path>", CLI: true,
-		Help: "print a stream's live state (snapshot, then patches) until Ctrl-C; a fresh snapshot when itxd restarts", Run: runWatch,
+	register(&Command{Name: "watch", Args: "<path> [--processor <name>]", CLI: true,
+		Help: "print a stream's live state (snapshot, then patches) until Ctrl-C, or with --processor the live state of the processor its processor-wake subscription <name> runs; a fresh snapshot when itxd restarts", Run: runWatch,
 		Check: func(args []string) error { _, err := parseWatch(args); return err }})
 }
 
@@ -483,12 +483,37 @@ func parseTail(args []string) (tailArgs, error) {
 	return t, nil
 }
 
-func parseWatch(args []string) (capPath, error) {
-	p, err := streamArg("watch", args)
-	if err == nil && len(args) > 1 {
-		err = usageError("watch", "too many arguments")
+// watchArgs is what .watch watches: a stream's live state, or its processor's.
+type watchArgs struct {
+	stream    capPath
+	processor string // the processor-wake subscription's name; "": the stream
+}
+
+// target is the capability whose live state .watch opens.
+func (w watchArgs) target() capPath {
+	if w.processor == "" {
+		return w.stream
 	}
-	return p, err
+	return w.stream.child("Subscriptions", "subscriptions", "").child("Subscription", "get", w.processor).child("Processor", "processor", "")
+}
+
+func parseWatch(args []string) (watchArgs, error) {
+	p, err := streamArg("watch", args)
+	if err != nil {
+		return watchArgs{}, err
+	}
+	w := watchArgs{stream: p}
+	for rest := args[1:]; len(rest) > 0; rest = rest[1:] {
+		switch {
+		case rest[0] == "--processor" && len(rest) > 1 && rest[1] != "":
+			w.processor, rest = rest[1], rest[1:]
+		case strings.HasPrefix(rest[0], "--processor="):
+			w.processor = strings.TrimPrefix(rest[0], "--processor=")
+		default:
+			return watchArgs{}, usageError("watch", "unexpected %q", rest[0])
+		}
+	}
+	return w, nil
 }
 
 func runTail(ctx context.Context, s *Session, args []string) error {
@@ -766,11 +791,11 @@ func (s *Session) printEventLine(e eventJS) {
 }
 
 func runWatch(ctx context.Context, s *Session, args []string) error {
-	p, err := parseWatch(args)
+	w, err := parseWatch(args)
 	if err != nil {
 		return err
 	}
-	v, err := s.openWatch(ctx, p)
+	v, err := s.openWatch(ctx, w)
 	if err != nil {
 		return err
 	}
@@ -779,9 +804,9 @@ func runWatch(ctx context.Context, s *Session, args []string) error {
 		if err != nil || went == "" {
 			return err
 		}
-		fmt.Fprintf(s.cfg.Err, "itx: %s; reconnecting to watch %s again\n", wentAwayNotice(went), p.steps[len(p.steps)-1].arg)
+		fmt.Fprintf(s.cfg.Err, "itx: %s; reconnecting to watch %s again\n", wentAwayNotice(went), w.stream.steps[len(w.stream.steps)-1].arg)
 		err = s.reopen(ctx, went, func() (err error) {
-			v, err = s.openWatch(ctx, p)
+			v, err = s.openWatch(ctx, w)
 			return err
 		})
 		if err != nil {
@@ -793,10 +818,13 @@ func runWatch(ctx context.Context, s *Session, args []string) error {
 	}
 }
 
-// openWatch registers .watch's live view on the stream at p.
-func (s *Session) openWatch(ctx context.Context, p capPath) (*liveView, error) {
-	c := s.client(p)
+// openWatch registers .watch's live view on the stream, or on its processor.
+func (s *Session) openWatch(ctx context.Context, w watchArgs) (*liveView, error) {
+	c := s.client(w.target())
 	defer c.Release()
+	if w.processor != "" {
+		return processorLiveView(ctx, s, c)
+	}
 	return streamLiveView(ctx, s, c)
 }
 

@@ -620,8 +620,9 @@ func streamLiveState(ctx context.Context, s *Session, c capnp.Client, p capPath,
 	return s.liveObject(v, "[LiveState "+p.steps[len(p.steps)-1].arg+"]"), nil
 }
 
-func processorLiveState(ctx context.Context, s *Session, c capnp.Client, p capPath, _ []goja.Value) (any, error) {
-	v, err := s.subscribeLive(false, func(sub schema.LiveSubscriber) (schema.Handle, error) {
+// processorLiveView registers a live view on the processor capability c.
+func processorLiveView(ctx context.Context, s *Session, c capnp.Client) (*liveView, error) {
+	return s.subscribeLive(false, func(sub schema.LiveSubscriber) (schema.Handle, error) {
 		fut, release := schema.Processor(c).LiveState(ctx, func(p schema.Processor_liveState_Params) error { return p.SetSubscriber(sub) })
 		defer release()
 		res, err := fut.Struct()
@@ -630,6 +631,10 @@ func processorLiveState(ctx context.Context, s *Session, c capnp.Client, p capPa
 		}
 		return res.Handle().AddRef(), nil
 	})
+}
+
+func processorLiveState(ctx context.Context, s *Session, c capnp.Client, p capPath, _ []goja.Value) (any, error) {
+	v, err := processorLiveView(ctx, s, c)
 	if err != nil {
 		return nil, err
 	}
