@@ -60,7 +60,7 @@ func TestRun_PipedUsageErrorsExit2(t *testing.T) {
 	for _, tc := range []struct{ input, errs string }{
 		{".tail\n", "invalidArgument: usage: .tail <path> [--from N | N]\n"},
 		{".tail /t --from x\n", "invalidArgument: tail: after must be an offset, got \"x\"; usage: .tail <path> [--from N | N]\n"},
-		{".watch /a /b\n", "invalidArgument: watch: too many arguments; usage: .watch <path>\n"},
+		{".watch /a /b\n", "invalidArgument: watch: too many arguments; usage: .watch <path> [--processor <name>]\n"},
 		{".export\n", "invalidArgument: usage: .export <path> [after] [--with-control]\n"},
 		{".import /a --with-contrl\n", "invalidArgument: import: unknown flag \"--with-contrl\"; usage: .import <path> [file.ndjson | -] [--with-control]\n"},
 		{".import /a\n", "invalidArgument: import: name a file to read (standard input is only read by `itx import <path>`); usage: .import <path> [file.ndjson | -] [--with-control]\n"},

@@ -411,8 +411,8 @@ func TestRun_CommandUsageErrors(t *testing.T) {
 		{[]string{"tail", "/t", "--reader"}, "itx tail: --reader needs a name\nusage: itx tail <path> [--from N | N]\n"},
 		{[]string{"tail", "/t", "--reader= "}, "itx tail: --reader needs a name\nusage: itx tail <path> [--from N | N]\n"},
 		{[]string{"tail", "--from", "3"}, "itx tail: the stream's path comes first, got \"--from\"\nusage: itx tail <path> [--from N | N]\n"},
-		{[]string{"watch"}, "usage: itx watch <path>\n"},
-		{[]string{"watch", "/a", "/b"}, "itx watch: too many arguments\nusage: itx watch <path>\n"},
+		{[]string{"watch"}, "usage: itx watch <path> [--processor <name>]\n"},
+		{[]string{"watch", "/a", "/b"}, "itx watch: too many arguments\nusage: itx watch <path> [--processor <name>]\n"},
 		{[]string{"export"}, "usage: itx export <path> [after] [--with-control]\n"},
 		{[]string{"export", "/a", "-1"}, "itx export: after must be an offset, got \"-1\"\nusage: itx export <path> [after] [--with-control]\n"},
 		{[]string{"import"}, "usage: itx import <path> [file.ndjson | -] [--with-control]\n"},
@@ -430,7 +430,7 @@ func TestRun_CommandUsageErrors(t *testing.T) {
 		"tail":               "usage: .tail <path> [--from N | N]",
 		"tail /t --from":     "tail: --from needs an offset; usage: .tail <path> [--from N | N]",
 		"export /t nope":     `export: after must be an offset, got "nope"; usage: .export <path> [after] [--with-control]`,
-		"watch":              "usage: .watch <path>",
+		"watch":              "usage: .watch <path> [--processor <name>]",
 		"import /t a.json b": "import: too many arguments; usage: .import <path> [file.ndjson | -] [--with-control]",
 	} {
 		err := s.RunCommand(context.Background(), line)

@@ -509,6 +509,8 @@ func parseWatch(args []string) (watchArgs, error) {
 			w.processor, rest = rest[1], rest[1:]
 		case strings.HasPrefix(rest[0], "--processor="):
 			w.processor = strings.TrimPrefix(rest[0], "--processor=")
+		case !strings.HasPrefix(rest[0], "-"):
+			return watchArgs{}, usageError("watch", "too many arguments")
 		default:
 			return watchArgs{}, usageError("watch", "unexpected %q", rest[0])
 		}
