@@ -351,10 +351,17 @@ type receivers struct {
 	byProject projectCounts // mounts per project, for Config.MaxMountsPerProject
 	gen       uint64        // the last mount's generation
 
-	// pokes are the presence signals running (see schedulePoke): a name is in the map while
-	// its poke runs, true when another was asked for meanwhile.
+	// pokes are the presence signals running (see schedulePoke), and the absence signals
+	// (scheduleUnmounted): a name is in the map while its signal runs, true when another was
+	// asked for meanwhile.
 	pokeMu sync.Mutex
-	pokes  map[mountKey]bool
+	pokes  map[pokeKey]bool
+}
+
+// pokeKey names one signal about a name of a scope: its mount, or its unmount.
+type pokeKey struct {
+	mountKey
+	gone bool
 }
 
 // projectCounts counts a registry's names per project (the zero value is ready to use).
@@ -419,7 +426,7 @@ func (s *Server) MountReceiver(projectID, scope, name string, r Receiver) (func(
 		}
 		s.recv.mu.Unlock()
 		if gone {
-			s.signalUnmounted(projectID, presence(scope, name))
+			s.scheduleUnmounted(projectID, scope, name)
 		}
 	}, nil
 }
@@ -434,7 +441,7 @@ func (s *Server) UnmountReceiver(projectID, scope, name string) error {
 	}
 	s.recv.deleteLocked(key)
 	s.recv.mu.Unlock()
-	s.signalUnmounted(projectID, presence(scope, name))
+	s.scheduleUnmounted(projectID, scope, name)
 	return nil
 }
 
@@ -489,7 +496,18 @@ func (s *Server) receiver(projectID, scope, name string) *mount {
 // more run after it, however many mounts come meanwhile, so a client mounting and unmounting in
 // a loop starts no more than one goroutine per name.
 func (s *Server) schedulePoke(projectID, scope, name string) {
-	key := mountKey{projectID, scope, name}
+	s.signal(pokeKey{mountKey{projectID, scope, name}, false}, func() { s.pokeCapability(projectID, presence(scope, name)) })
+}
+
+// scheduleUnmounted runs signalUnmounted for a name of a scope in the background, coalesced as
+// schedulePoke is.
+func (s *Server) scheduleUnmounted(projectID, scope, name string) {
+	s.signal(pokeKey{mountKey{projectID, scope, name}, true}, func() { s.signalUnmounted(projectID, presence(scope, name)) })
+}
+
+// signal runs fn in the background, one run at a time per key: a request while one runs asks
+// for one more run after it, however many come meanwhile.
+func (s *Server) signal(key pokeKey, fn func()) {
 	r := &s.recv
 	r.pokeMu.Lock()
 	if _, running := r.pokes[key]; running {
@@ -498,13 +516,13 @@ func (s *Server) schedulePoke(projectID, scope, name string) {
 		return
 	}
 	if r.pokes == nil {
-		r.pokes = map[mountKey]bool{}
+		r.pokes = map[pokeKey]bool{}
 	}
 	r.pokes[key] = false
 	r.pokeMu.Unlock()
 	go func() {
 		for {
-			s.pokeCapability(projectID, presence(scope, name))
+			fn()
 			r.pokeMu.Lock()
 			if !r.pokes[key] {
 				delete(r.pokes, key)
@@ -519,7 +537,7 @@ func (s *Server) schedulePoke(projectID, scope, name string) {
 
 // signalUnmounted tells the project's loaded streams that a capability or processor host (a
 // presence token) is no longer mounted: the subscriptions it served park. Unloaded streams park
-// them at their next delivery.
+// them at their next delivery. Run through scheduleUnmounted.
 func (s *Server) signalUnmounted(projectID, token string) {
 	s.mu.Lock()
 	var actors []*actor
@@ -529,13 +547,11 @@ func (s *Server) signalUnmounted(projectID, token string) {
 		}
 	}
 	s.mu.Unlock()
-	go func() {
-		for _, a := range actors {
-			if <-a.ready; a.loadErr == nil {
-				a.post(actorMsg{unmounted: token})
-			}
+	for _, a := range actors {
+		if <-a.ready; a.loadErr == nil {
+			a.post(actorMsg{unmounted: token})
 		}
-	}()
+	}
 }
 
 // pokeCapability tells every stream of the project that a capability was mounted: the presence

@@ -247,7 +247,7 @@ func (s *Server) MountProcessorHost(projectID, scope, name string, host RemotePr
 		}
 		ph.mu.Unlock()
 		for _, c := range gone {
-			s.signalUnmounted(projectID, presence(scope, presenceToken(c)))
+			s.scheduleUnmounted(projectID, scope, presenceToken(c))
 		}
 	}, nil
 }
