@@ -204,11 +204,11 @@ func (a *Args[S]) Append(ctx context.Context, events ...itx.EventInput) ([]itx.E
 // AppendTo appends to another stream of the home stream's project (created by its first
 // append): a forward, such as a router's to a per-thread stream. Nothing there reaches this
 // processor unless it consumes that stream too, so it neither raises the observed head nor holds
-// back CaughtUp (an AppendTo of the home path is Append). It is fenced like Append, and a crash
-// between the forward and the frame's commit forwards again when the event is redelivered: key
-// it with IdempotencyKey, whose @<path>:<offset> keeps same-name processors of different streams
-// forwarding into one stream apart. A host that cannot reach other streams fails it with
-// itx.EFailedPrecondition.
+// back CaughtUp (an AppendTo of the home path is Append, its result then holding the offsets
+// only). It is fenced like Append, and a crash between the forward and the frame's commit
+// forwards again when the event is redelivered: key it with IdempotencyKey, whose
+// @<path>:<offset> keeps same-name processors of different streams forwarding into one stream
+// apart. A host that cannot reach other streams fails it with itx.EFailedPrecondition.
 func (a *Args[S]) AppendTo(ctx context.Context, path string, events ...itx.EventInput) (itx.AppendResult, error) {
 	if path == a.Path {
 		out, err := a.run.appendHome(ctx, events)
@@ -218,7 +218,6 @@ func (a *Args[S]) AppendTo(ctx context.Context, path string, events ...itx.Event
 		res := itx.AppendResult{Offsets: make([]int64, len(out))}
 		for i, e := range out {
 			res.Offsets[i] = e.Offset
-			res.HeadOffset = max(res.HeadOffset, e.Offset)
 		}
 		return res, nil
 	}
