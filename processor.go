@@ -44,6 +44,17 @@ type ProcessorOutbox interface {
 	AppendTo(ctx context.Context, path string, events []EventInput) (AppendResult, error)
 }
 
+// CheckForward refuses what a ProcessorOutbox does not append to another stream: its control
+// events (stream/*), which are that stream's own.
+func CheckForward(events []EventInput) error {
+	for i, in := range events {
+		if IsCoreType(in.Type) {
+			return Errorf(EInvalid, "event %d: AppendTo appends ordinary events, not %s (a stream's control events are its own)", i, in.Type)
+		}
+	}
+	return nil
+}
+
 // ProcessorPage is one read of a ProcessorLog.
 type ProcessorPage struct {
 	Events         []Event

@@ -778,10 +778,8 @@ func (s *Server) processorAppendTo(ctx context.Context, home StreamRef, scope, p
 	case scope != "" && !itx.PathUnder(path, scope):
 		return itx.AppendResult{}, itx.Errorf(itx.EPermissionDenied, "AppendTo %s: this processor's subscription is limited to streams under %s", path, scope)
 	}
-	for i, in := range inputs {
-		if strings.HasPrefix(in.Type, "stream/") {
-			return itx.AppendResult{}, itx.Errorf(itx.EInvalid, "event %d: AppendTo appends ordinary events, not %s (a stream's control events are its own)", i, in.Type)
-		}
+	if err := itx.CheckForward(inputs); err != nil {
+		return itx.AppendResult{}, err
 	}
 	return s.Append(ctx, StreamRef{ProjectID: home.ProjectID, Path: path}, inputs, itx.AppendOptions{})
 }

@@ -442,10 +442,8 @@ func (l fencedLog) AppendTo(ctx context.Context, path string, events []itx.Event
 	if err := l.f.check(); err != nil {
 		return itx.AppendResult{}, err
 	}
-	for i, in := range events {
-		if strings.HasPrefix(in.Type, "stream/") {
-			return itx.AppendResult{}, itx.Errorf(itx.EInvalid, "event %d: AppendTo appends ordinary events, not %s (a stream's control events are its own)", i, in.Type)
-		}
+	if err := itx.CheckForward(events); err != nil {
+		return itx.AppendResult{}, err
 	}
 	s := l.other(path)
 	before := s.Head()
