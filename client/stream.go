@@ -99,14 +99,8 @@ func checkAppendSize(events []itx.EventInput) error {
 // itxd in the order they are sent, and itxd commits them in that order.
 func sendAppend(ctx context.Context, s schema.Stream, events []itx.EventInput, opts itx.AppendOptions) (schema.Stream_append_Results_Future, func()) {
 	return s.Append(ctx, func(p schema.Stream_append_Params) error {
-		list, err := p.NewEvents(int32(len(events)))
-		if err != nil {
+		if err := wire.SetEventInputs(p.NewEvents, events); err != nil {
 			return err
-		}
-		for i := range events {
-			if err := wire.SetEventInput(list.At(i), &events[i]); err != nil {
-				return err
-			}
 		}
 		if opts.Conditional {
 			o, err := p.NewOptions()

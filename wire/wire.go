@@ -205,6 +205,21 @@ func TextList(list capnp.TextList, err error) ([]string, error) {
 	return out, nil
 }
 
+// SetEventInputs allocates a list of len(events) with newList (a params struct's NewEvents) and
+// encodes each event into it.
+func SetEventInputs(newList func(int32) (schema.EventInput_List, error), events []itx.EventInput) error {
+	list, err := newList(int32(len(events)))
+	if err != nil {
+		return err
+	}
+	for i := range events {
+		if err := SetEventInput(list.At(i), &events[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // SetEventInput encodes an event to append.
 func SetEventInput(dst schema.EventInput, in *itx.EventInput) error {
 	if err := dst.SetType(in.Type); err != nil {

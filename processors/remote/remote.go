@@ -547,16 +547,7 @@ func (l *rpcLog) AppendTo(ctx context.Context, path string, inputs []itx.EventIn
 		if err := p.SetPath(path); err != nil {
 			return err
 		}
-		list, err := p.NewEvents(int32(len(inputs)))
-		if err != nil {
-			return err
-		}
-		for i := range inputs {
-			if err := wire.SetEventInput(list.At(i), &inputs[i]); err != nil {
-				return err
-			}
-		}
-		return nil
+		return wire.SetEventInputs(p.NewEvents, inputs)
 	})
 	defer client.ReleaseAfter(ctx, release)
 	res, err := client.Await(ctx, fut)
