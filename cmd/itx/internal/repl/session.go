@@ -225,8 +225,7 @@ func (s *Session) dial(ctx context.Context) (*client.Conn, schema.Project, error
 			if s.cfg.TLS == nil && speaksTLS(ctx, s.cfg.Addr) {
 				// Plain Cap'n Proto to a TLS listener: it answers with an alert and closes, which
 				// reads as a broken connection. Not worth retrying: say what to do.
-				return nil, schema.Project{}, itx.Errorf(itx.EFailedPrecondition,
-					"itxd at %s serves TLS: connect with --tls (and --ca FILE when its certificate comes from your own CA)", s.cfg.Addr)
+				return nil, schema.Project{}, s.servesTLS()
 			}
 			// Not a refused login: the connection broke under it. An itxd that is going away
 			// (killed, say) can complete a dial from its listen backlog and then reset it.
@@ -277,6 +276,11 @@ func (s *Session) tlsHint(ctx context.Context, err error) error {
 	if !speaksTLS(ctx, s.cfg.Addr) {
 		return nil
 	}
+	return s.servesTLS()
+}
+
+// servesTLS is the error for a plain connection to an itxd that serves TLS.
+func (s *Session) servesTLS() error {
 	return itx.Errorf(itx.EFailedPrecondition, "itxd at %s serves TLS: connect with --tls (and --ca FILE when its certificate comes from your own CA)", s.cfg.Addr)
 }
 
