@@ -50,6 +50,10 @@ type subRuntime struct {
 	gen            int64 // the current deliverer's generation: fences outcomes of older ones
 	inFlight       bool
 	isolateThrough int64 // deliver one event at a time until the cursor reaches this
+	// unmountedInFlight: the mount its receiver is reached through went away while a push was
+	// in flight (see step, 3'): once that push's outcome is in, it parks unless something is
+	// mounted under the name by then.
+	unmountedInFlight bool
 
 	// An offset-acking subscription (confirmWindow) delivers ahead of its confirmed cursor:
 	// sendFrom is where its next delivery reads after (0: the confirmed cursor), and marks the
@@ -306,24 +310,42 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 	// 3'. An unmount (a provider or processor host that disconnected or let its mount go) parks
 	// the subscriptions it served, as a failed delivery would, unless something mounted under
 	// the name since: a caught-up subscription shows its receiver gone without waiting for an
-	// event. A push in flight is left to its own outcome (which parks it).
+	// event. A push in flight is left to its own outcome: a failure parks it on its own, and
+	// once the outcome is in (a success too, as when the provider answered and then let go) it
+	// parks here.
+	parkUnmounted := func(name string, entry *catalogEntry, r *storage.CursorRow) {
+		if env.mountedNow != nil && env.mountedNow(entry) != 0 {
+			return
+		}
+		what := fmt.Sprintf("capability %q is offline: no Receiver is mounted under that name", entry.Config.Receiver.Capability)
+		if entry.Kind() == itx.KindProcessorWake {
+			what = fmt.Sprintf("no processor host announcing %q is mounted", entry.Config.ProcessorContract())
+		}
+		r.Status, r.NextAttemptAt = storage.StatusParked, 0
+		r.LastError = truncate(itx.Errorf(itx.ECapabilityOffline, "%s (it was unmounted)", what).Error(), itx.MaxCursorErrorLength)
+		st.touch(name, now)
+		eff.rowsChanged = true // describe and live state show it at once
+	}
+	for name, rt := range st.subs {
+		if !rt.unmountedInFlight || rt.inFlight {
+			continue
+		}
+		rt.unmountedInFlight = false
+		if entry, r := st.core.Subscriptions[name], st.rows[name]; entry != nil && r != nil && waitsFor(entry) != "" && r.Status == storage.StatusActive {
+			parkUnmounted(name, entry, r)
+		}
+	}
 	for _, capability := range in.unmounted {
 		for name, entry := range st.core.Subscriptions {
 			r, rt := st.rows[name], st.subs[name]
-			if r == nil || waitsFor(entry) != capability || r.Status != storage.StatusActive || (rt != nil && rt.inFlight) {
+			if r == nil || waitsFor(entry) != capability || r.Status != storage.StatusActive {
 				continue
 			}
-			if env.mountedNow != nil && env.mountedNow(entry) != 0 {
+			if rt != nil && rt.inFlight {
+				rt.unmountedInFlight = true
 				continue
 			}
-			what := fmt.Sprintf("capability %q is offline: no Receiver is mounted under that name", entry.Config.Receiver.Capability)
-			if entry.Kind() == itx.KindProcessorWake {
-				what = fmt.Sprintf("no processor host announcing %q is mounted", entry.Config.ProcessorContract())
-			}
-			r.Status, r.NextAttemptAt = storage.StatusParked, 0
-			r.LastError = truncate(itx.Errorf(itx.ECapabilityOffline, "%s (it was unmounted)", what).Error(), itx.MaxCursorErrorLength)
-			st.touch(name, now)
-			eff.rowsChanged = true // describe and live state show it at once
+			parkUnmounted(name, entry, r)
 		}
 	}
 

@@ -2,6 +2,7 @@ package test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/processors/examples"
 	"github.com/itx-dev/itx/processors/remote"
+	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
 	"github.com/stretchr/testify/require"
 )
@@ -114,4 +116,53 @@ func TestUnmount_ParksWhatTheMountServed(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, itx.StatusActive, d.Status)
 	})
+}
+
+// A provider that lets its mount go while it is answering a delivery (the C++ example cancels
+// its handle once its Receiver has the event, before its answer is written) leaves the caught-up
+// subscription parked, as a release between deliveries does. The unmount skipped the
+// subscription as in flight, the outcome (a success) then left it active, and it showed active
+// with nothing mounted until its next event.
+func TestUnmount_DuringADeliveryParksOnceItIsAnswered(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	p := ts.project(t)
+	for i := range 5 {
+		s := stream(t, p, fmt.Sprintf("/calls/%d", i))
+		name, inbox := fmt.Sprintf("call-%d", i), fmt.Sprintf("inbox-%d", i)
+		subs := client.Subscriptions(ctx, s)
+		_, _, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: name, Start: "now",
+			Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: inbox}})
+		subs.Release()
+		require.NoError(t, err)
+
+		handle := make(chan schema.Handle, 1)
+		h, err := client.MountReceiver(ctx, p, inbox, client.ServeReceiver(func(ctx context.Context, _ itx.DeliveryBatch) (int64, error) {
+			select {
+			case h := <-handle: // the first delivery: unmount before answering it
+				f, release := h.Cancel(ctx, nil)
+				defer release()
+				if _, err := f.Struct(); err != nil {
+					return 0, err
+				}
+			default:
+			}
+			return 0, nil
+		}))
+		require.NoError(t, err)
+		handle <- h
+		head := mustAppend(t, s, ev("a", `{}`)).HeadOffset
+
+		sub := client.Subscription(ctx, s, name)
+		require.Eventually(t, func() bool {
+			d, err := client.DescribeSubscription(ctx, sub)
+			require.NoError(t, err)
+			return d.Status == itx.StatusParked && d.ConfirmedOffset == head
+		}, 5*time.Second, time.Millisecond, "round %d: parked, its event confirmed, once the mount it answered from is gone", i)
+		d, err := client.DescribeSubscription(ctx, sub)
+		require.NoError(t, err)
+		require.Contains(t, d.LastError, "capabilityOffline")
+		sub.Release()
+		h.Release()
+	}
 }
