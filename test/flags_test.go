@@ -83,3 +83,39 @@ func TestItxd_RefusesBadFlagValues(t *testing.T) {
 		})
 	}
 }
+
+// The README's rule for itxd's numbers and durations: 0 is refused (exit status 2) unless the
+// flag's help names what 0 means. --agent-hesitation took 0 ("do not wait") while its help said
+// nothing of it.
+func TestItxd_ZeroIsRefusedUnlessTheHelpNamesIt(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the itxd binary")
+	}
+	help, _ := exec.Command(itxdBin, "--help").CombinedOutput()
+	var name, kind, usage string
+	check := func() {
+		if name == "" || (kind != "int" && kind != "duration") || strings.Contains(usage, "(0") || strings.Contains(usage, "0:") {
+			return
+		}
+		flag := "--" + name
+		t.Run(flag, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			data := filepath.Join(t.TempDir(), "data")
+			out, err := exec.CommandContext(ctx, itxdBin, "--listen", "127.0.0.1:0", "--data", data, flag, "0").CombinedOutput()
+			var exit *exec.ExitError
+			require.True(t, errors.As(err, &exit), "itxd took %s 0, whose help names no meaning for 0 (%s): %v\n%s", flag, usage, err, out)
+			require.Equal(t, 2, exit.ExitCode(), "output:\n%s", out)
+		})
+	}
+	for _, line := range strings.Split(string(help), "\n") {
+		if f, ok := strings.CutPrefix(line, "  -"); ok {
+			check()
+			name, kind, _ = strings.Cut(f, " ")
+			usage = ""
+		} else {
+			usage += line
+		}
+	}
+	check()
+}
