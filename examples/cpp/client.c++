@@ -3,6 +3,7 @@
 // batch through one pipelined chain, pages through the stream, matches an error by its code, and
 // mounts a Receiver that an itx-call subscription delivers to. Build (from the repository root):
 //
+//   mkdir -p out
 //   capnp compile -I schema/include -oc++:out --src-prefix=schema schema/itx.capnp
 //   g++ -std=c++17 -Iout examples/cpp/client.c++ out/itx.capnp.c++ $(pkg-config --cflags --libs capnp-rpc kj-tls) -o itx-example
 //   ./itx-example 127.0.0.1:7878 itx_...
