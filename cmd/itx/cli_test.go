@@ -394,6 +394,25 @@ func TestMain_PipedLiveViewInterruptedExits130(t *testing.T) {
 	require.Nil(t, s.mustEval(t, `project.streams.get("/t").getEvents().find(e => e.type == "after-interrupt")`))
 }
 
+// itx --help names every option a command's own usage names: itx watch's --processor, which
+// its usage error and .help show, was missing from it.
+func TestRun_HelpNamesEveryCommandsOptions(t *testing.T) {
+	c := newCLI(t)
+	_, help, helpErr := c.run("", "--help")
+	help += helpErr
+	for _, cmd := range []string{"tail", "watch", "export", "import"} {
+		_, _, usage := c.run("", "--addr", mustClosedPort(t), "--token", "itx_unused", cmd)
+		_, line, ok := strings.Cut(help, "  itx [flags] "+cmd+" ")
+		require.True(t, ok, "itx --help has no line for %s:\n%s", cmd, help)
+		line, _, _ = strings.Cut(line, "\n")
+		for _, f := range strings.Fields(usage) {
+			if opt := strings.Trim(f, "[]|"); strings.HasPrefix(opt, "--") {
+				require.Contains(t, line, opt, "itx --help's line for %s (its usage: %s)", cmd, usage)
+			}
+		}
+	}
+}
+
 // A command run from the shell with arguments it does not take prints its shell usage and
 // exits 2, before connecting (no itxd listens here); at the prompt the same mistake is an
 // invalidArgument error that shows the prompt's syntax.

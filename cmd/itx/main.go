@@ -119,7 +119,10 @@ func run(args []string, env environment) int {
   itx [flags] export <path> [after] [--with-control]
                                      print a stream's events as newline-delimited JSON;
                                      stream/* control records are left out without --with-control
-  itx [flags] watch <path>           print a stream's live state, until Ctrl-C
+  itx [flags] watch <path> [--processor <name>]
+                                     print a stream's live state, until Ctrl-C; --processor:
+                                     that of the processor its processor-wake subscription
+                                     <name> runs
   itx [flags] consumers [prefix] [--behind]
                                      every subscription and registered reader under prefix with
                                      its lag, halted and parked ones first (--behind: only those
