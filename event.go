@@ -3,6 +3,7 @@ package itx
 import (
 	"bytes"
 	"encoding/json"
+	"math"
 	"strconv"
 	"strings"
 	"unicode"
@@ -258,13 +259,15 @@ func SameNumber(a, b string) bool { return a == b || decimalKey(a) == decimalKey
 
 // decimalKey is a JSON number's exact value as sign, significant digits and power of ten
 // ("-1.50e1" and "-15" give "-15e0"), computed on the text without arithmetic, so an exponent of
-// any size costs nothing. A number it cannot read keeps its text.
+// any size costs nothing. A number it cannot read keeps its text, and so does one whose exponent
+// is beyond +-MaxInt/2: adjusting it by the digits' count could overflow, and a wrapped exponent
+// would make two different values one (1.5e-9223372036854775808 and 15e9223372036854775807).
 func decimalKey(num string) string {
 	neg := strings.HasPrefix(num, "-")
 	mant, exp := strings.TrimPrefix(num, "-"), 0
 	if i := strings.IndexAny(mant, "eE"); i >= 0 {
 		e, err := strconv.Atoi(strings.TrimPrefix(mant[i+1:], "+"))
-		if err != nil {
+		if err != nil || e > math.MaxInt/2 || e < math.MinInt/2 {
 			return num
 		}
 		mant, exp = mant[:i], e
