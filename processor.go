@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"time"
+	"unicode/utf8"
 )
 
 // The processor hosting seam. A host (itxd in-process, a remote program later) gives the
@@ -99,6 +100,25 @@ type ProcessorProgress struct {
 	// CursorRevision counts operator rewinds (ReprocessFrom); it is the only sanctioned way for
 	// ProcessedThrough to move backward.
 	CursorRevision int64 `json:"cursorRevision"`
+}
+
+// ParseProcessorProgress decodes a progress record a processor host commits (ProcessorPorts
+// .commit): one JSON object of valid UTF-8 with no unknown field and nothing after it, its
+// offsets and cursor revision never negative (no runner writes one; a negative processedThrough
+// would become the subscription's confirmed offset).
+func ParseProcessorProgress(raw []byte) (ProcessorProgress, error) {
+	var p ProcessorProgress
+	if !utf8.Valid(raw) {
+		return p, Errorf(EInvalid, "progress is not valid UTF-8")
+	}
+	if err := DecodeStrict(raw, &p); err != nil {
+		return p, Errorf(EInvalid, "progress: %v", err)
+	}
+	if p.ReducedThrough < 0 || p.ProcessedThrough < 0 || p.CursorRevision < 0 {
+		return p, Errorf(EInvalid, "progress: reducedThrough (%d), processedThrough (%d) and cursorRevision (%d) must not be negative",
+			p.ReducedThrough, p.ProcessedThrough, p.CursorRevision)
+	}
+	return p, nil
 }
 
 // ProcessorProgressStore keeps one ProcessorProgress per processor name, fenced by incarnation:

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"net/url"
 	"strings"
@@ -244,7 +245,9 @@ func DecodeStrict(raw []byte, v any) error {
 	if err := d.Decode(v); err != nil {
 		return err
 	}
-	if d.More() {
+	// Whatever follows the object, a stray "]" or "}" too (which More does not report), is
+	// trailing data: only whitespace may end the input.
+	if _, err := d.Token(); err != io.EOF {
 		return fmt.Errorf("trailing data after the object")
 	}
 	return nil

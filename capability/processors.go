@@ -217,9 +217,9 @@ func (pp *processorPorts) Commit(ctx context.Context, call schema.ProcessorPorts
 	if len(raw) > itx.MaxEventBytes { // before decoding it
 		return fail(itx.Errorf(itx.ETooLarge, "a processor's progress record is at most %d bytes", itx.MaxEventBytes))
 	}
-	var progress itx.ProcessorProgress
-	if err := itx.DecodeStrict([]byte(raw), &progress); err != nil {
-		return badArgs("progress", err)
+	progress, err := itx.ParseProcessorProgress([]byte(raw))
+	if err != nil {
+		return fail(err)
 	}
 	call.Go()
 	return fail(pp.p.Commit(ctx, name, int64(call.Args().Generation()), progress))
