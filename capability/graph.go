@@ -413,6 +413,11 @@ func (s *stream) controlEvents(inputs []itx.EventInput) error {
 		}
 		// The subscription reads the stream as this capability does, whatever the event says.
 		if scope := s.acc.subscriptionScope(); scope != "" {
+			// A payload the append's validation refuses is left to it: decoded and encoded
+			// again, invalid UTF-8 would come out as U+FFFD and trailing data would be gone.
+			if probe := in; probe.Normalize() != nil {
+				continue
+			}
 			dec := json.NewDecoder(bytes.NewReader(in.Payload))
 			dec.UseNumber()
 			var m map[string]any

@@ -908,6 +908,11 @@ func (s *Server) KeepSecretsApart(ctx context.Context, projectID string, inputs 
 		if in.Type != itx.TypeSubscriptionConfigured {
 			continue
 		}
+		// A payload the append's validation refuses is left to it: decoded and encoded again,
+		// invalid UTF-8 would come out as U+FFFD and trailing data would be gone.
+		if probe := *in; probe.Normalize() != nil {
+			continue
+		}
 		dec := json.NewDecoder(strings.NewReader(string(in.Payload)))
 		dec.UseNumber()
 		var cfg map[string]any

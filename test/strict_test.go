@@ -151,3 +151,34 @@ func TestStrictInput_MountNames(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, mounts)
 }
+
+// A raw stream/subscription-configured event that the append's validation refuses is refused,
+// also when itxd rewrites the payload before that validation (a webhook secret kept apart from
+// the log, a scoped token's scope written in): the rewrite must not turn invalid UTF-8 into
+// U+FFFD or drop what follows the object, and so make the bad payload a good one.
+func TestStrictInput_ConfiguredPayloadRewrites(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	whole := stream(t, ts.project(t), "/in/strict-whole")
+	tok, _ := ts.token(t, itx.Scope{Prefix: "/in"})
+	scoped := stream(t, ts.login(t, tok), "/in/strict-scoped")
+	mustAppend(t, whole, ev("seed", `{}`))
+	mustAppend(t, scoped, ev("seed", `{}`))
+	const hook = `"receiver":{"action":"webhook-post","url":"http://127.0.0.1:9/h","secret":"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"}`
+	const call = `"receiver":{"action":"itx-call","capability":"c"}`
+	for _, tc := range []struct {
+		name    string
+		s       schema.Stream
+		payload string
+	}{
+		{"secret kept apart, invalid UTF-8", whole, "{\"name\":\"a\",\"description\":\"\xff\"," + hook + "}"},
+		{"secret kept apart, trailing bracket", whole, `{"name":"b",` + hook + `}]`},
+		{"scope written in, invalid UTF-8", scoped, "{\"name\":\"c\",\"description\":\"\xff\"," + call + "}"},
+		{"scope written in, trailing data", scoped, `{"name":"d",` + call + `} x`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := client.Append(ctxT(t), tc.s, []itx.EventInput{ev(itx.TypeSubscriptionConfigured, tc.payload)}, itx.AppendOptions{})
+			requireCode(t, err, itx.EInvalid)
+			requireNothingWritten(t, tc.s, 1)
+		})
+	}
+}
