@@ -277,6 +277,11 @@ func ParseSubscriptionConfig(payload []byte) (*SubscriptionConfig, error) {
 				return nil, Errorf(EInvalid, "filter.eventTypes[%d] is empty", i)
 			}
 		}
+		// A type no event can have (a space, a control character, past MaxTypeLength) would
+		// filter out everything, silently: refused as every other type filter is.
+		if err := ValidateTypeFilter("filter.eventTypes", f.EventTypes); err != nil {
+			return nil, err
+		}
 		f.JSONataCondition = strings.TrimSpace(f.JSONataCondition)
 	}
 	if c.Scope != "" {
@@ -470,12 +475,19 @@ var base64Std = base64.StdEncoding
 
 // validateHeaders refuses webhook headers no request could carry: a name that is not an HTTP
 // token, a value with CR, LF or another control character (every delivery would fail, or worse,
-// split the request), or a value that is not valid UTF-8.
+// split the request), a value that is not valid UTF-8, or two names that differ only in case
+// (HTTP names are case-insensitive: a request would carry one of the two values, a different
+// one from one delivery to the next).
 func validateHeaders(h map[string]string) error {
+	folded := make(map[string]string, len(h))
 	for name, value := range h {
 		if !httpguts.ValidHeaderFieldName(name) {
 			return Errorf(EInvalid, "receiver.headers: %q is not a valid HTTP header name", name)
 		}
+		if other, ok := folded[strings.ToLower(name)]; ok {
+			return Errorf(EInvalid, "receiver.headers: %q and %q name one header (header names are case-insensitive)", other, name)
+		}
+		folded[strings.ToLower(name)] = name
 		if !httpguts.ValidHeaderFieldValue(value) || !utf8.ValidString(value) {
 			return Errorf(EInvalid, "receiver.headers[%q]: the value has a control character (CR, LF, ...) or invalid UTF-8", name)
 		}
