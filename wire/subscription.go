@@ -66,6 +66,10 @@ func SubscriptionConfigFromSchema(c schema.SubscriptionConfig) (itx.Subscription
 			}
 			name, _ := headers.At(i).Name()
 			value, _ := headers.At(i).Value()
+			if _, twice := r.Headers[name]; twice {
+				// A map keeps one: the other value would be dropped without a word.
+				return cfg, itx.Errorf(itx.EInvalid, "receiver.headers names %q twice", name)
+			}
 			r.Headers[name] = value
 		}
 	case schema.SubscriptionConfig_receiver_Which_copyToStream:
