@@ -141,32 +141,34 @@ func (s *Session) RunCommand(ctx context.Context, line string) error {
 
 // splitWords splits a command line into words at unquoted spaces. Quotes group (and are
 // dropped): within '...' every character is itself; within "...", \" and \\ stand for " and \.
+// The line is read byte by byte (every byte it treats specially is ASCII, never part of a
+// longer UTF-8 sequence), so a word keeps its bytes as typed, invalid UTF-8 included, for the
+// server to refuse rather than a U+FFFD standing in for it.
 func splitWords(line string) ([]string, error) {
 	var (
 		words []string
 		word  strings.Builder
 		in    bool // a word has begun (it may be empty: "")
-		quote rune
+		quote byte
 	)
-	runes := []rune(line)
-	for i := 0; i < len(runes); i++ {
-		r := runes[i]
+	for i := 0; i < len(line); i++ {
+		r := line[i]
 		switch {
 		case quote == '\'':
 			if r == '\'' {
 				quote = 0
 			} else {
-				word.WriteRune(r)
+				word.WriteByte(r)
 			}
 		case quote == '"':
 			switch {
 			case r == '"':
 				quote = 0
-			case r == '\\' && i+1 < len(runes) && (runes[i+1] == '"' || runes[i+1] == '\\'):
+			case r == '\\' && i+1 < len(line) && (line[i+1] == '"' || line[i+1] == '\\'):
 				i++
-				word.WriteRune(runes[i])
+				word.WriteByte(line[i])
 			default:
-				word.WriteRune(r)
+				word.WriteByte(r)
 			}
 		case r == '\'' || r == '"':
 			quote, in = r, true
@@ -177,7 +179,7 @@ func splitWords(line string) ([]string, error) {
 				in = false
 			}
 		default:
-			word.WriteRune(r)
+			word.WriteByte(r)
 			in = true
 		}
 	}
