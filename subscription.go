@@ -277,11 +277,6 @@ func ParseSubscriptionConfig(payload []byte) (*SubscriptionConfig, error) {
 				return nil, Errorf(EInvalid, "filter.eventTypes[%d] is empty", i)
 			}
 		}
-		// A type no event can have (a space, a control character, past MaxTypeLength) would
-		// filter out everything, silently: refused as every other type filter is.
-		if err := ValidateTypeFilter("filter.eventTypes", f.EventTypes); err != nil {
-			return nil, err
-		}
 		f.JSONataCondition = strings.TrimSpace(f.JSONataCondition)
 	}
 	if c.Scope != "" {
@@ -473,21 +468,40 @@ type (
 
 var base64Std = base64.StdEncoding
 
+// CheckNewSubscriptionConfig holds the rules a parsed config meets when a client configures it,
+// beyond ParseSubscriptionConfig's: rules that came after configs were stored without them, so a
+// stream rebuilt from its log keeps such a subscription as it was accepted. A filter type no
+// event can have (a space, a control character, past MaxTypeLength) would filter out everything,
+// silently: refused as every other type filter is. Two webhook header names that differ only in
+// case name one header: a request would carry one of the two values, a different one from one
+// delivery to the next.
+func CheckNewSubscriptionConfig(c *SubscriptionConfig) error {
+	if f := c.Filter; f != nil {
+		if err := ValidateTypeFilter("filter.eventTypes", f.EventTypes); err != nil {
+			return err
+		}
+	}
+	folded := make(map[string]string, len(c.Receiver.Headers))
+	for name := range c.Receiver.Headers {
+		if other, ok := folded[strings.ToLower(name)]; ok {
+			if other > name {
+				other, name = name, other // the same message whatever the map's order
+			}
+			return Errorf(EInvalid, "receiver.headers: %q and %q name one header (header names are case-insensitive)", other, name)
+		}
+		folded[strings.ToLower(name)] = name
+	}
+	return nil
+}
+
 // validateHeaders refuses webhook headers no request could carry: a name that is not an HTTP
 // token, a value with CR, LF or another control character (every delivery would fail, or worse,
-// split the request), a value that is not valid UTF-8, or two names that differ only in case
-// (HTTP names are case-insensitive: a request would carry one of the two values, a different
-// one from one delivery to the next).
+// split the request), or a value that is not valid UTF-8.
 func validateHeaders(h map[string]string) error {
-	folded := make(map[string]string, len(h))
 	for name, value := range h {
 		if !httpguts.ValidHeaderFieldName(name) {
 			return Errorf(EInvalid, "receiver.headers: %q is not a valid HTTP header name", name)
 		}
-		if other, ok := folded[strings.ToLower(name)]; ok {
-			return Errorf(EInvalid, "receiver.headers: %q and %q name one header (header names are case-insensitive)", other, name)
-		}
-		folded[strings.ToLower(name)] = name
 		if !httpguts.ValidHeaderFieldValue(value) || !utf8.ValidString(value) {
 			return Errorf(EInvalid, "receiver.headers[%q]: the value has a control character (CR, LF, ...) or invalid UTF-8", name)
 		}

@@ -39,8 +39,15 @@ func FuzzParseSubscriptionConfig(f *testing.F) {
 		if in.Normalize() != nil {
 			return // refused by the append before the reducer sees it
 		}
-		cfg, err := itx.ParseSubscriptionConfig(in.Payload)
-		cfg2, err2 := itx.ParseSubscriptionConfig(in.Payload)
+		parse := func() (*itx.SubscriptionConfig, error) { // as the reducer takes a client's configure
+			cfg, err := itx.ParseSubscriptionConfig(in.Payload)
+			if err == nil {
+				err = itx.CheckNewSubscriptionConfig(cfg)
+			}
+			return cfg, err
+		}
+		cfg, err := parse()
+		cfg2, err2 := parse()
 		if (err == nil) != (err2 == nil) || (err == nil && !reflect.DeepEqual(cfg, cfg2)) {
 			t.Fatalf("ParseSubscriptionConfig is not deterministic: %v / %v", err, err2)
 		}

@@ -264,6 +264,11 @@ func (st *coreState) reduceConfigured(e *itx.Event, rc *reduceContext) ([]cursor
 	if err != nil {
 		return nil, err
 	}
+	if rc.authority != authCore {
+		if err := itx.CheckNewSubscriptionConfig(cfg); err != nil {
+			return nil, err
+		}
+	}
 	if rc.authority == authClient {
 		// A name given blank is 0 characters after trimming: refused (seed 000: 1-500), not taken
 		// for a name left out. History is replayed as it was accepted.

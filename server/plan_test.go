@@ -183,3 +183,24 @@ func testRC() reduceContext {
 	return reduceContext{path: "/s", projectID: "p", maxSubs: itx.MaxSubscriptionsPerStream,
 		compile: func(src string) error { _, err := CompileJSONata(src); return err }}
 }
+
+// TestReduceConfigured_NewRulesForNewConfigsOnly: a client's configure meets the rules that came
+// after configs were first stored (filter types an event can have, one header per name
+// whatever its case), while a rebuild from the log keeps a subscription stored before them.
+func TestReduceConfigured_NewRulesForNewConfigsOnly(t *testing.T) {
+	for _, payload := range []string{
+		`{"name":"f","filter":{"eventTypes":["order placed"]},"receiver":{"action":"itx-call","capability":"c"}}`,
+		`{"name":"h","receiver":{"action":"webhook-post","url":"http://h","headers":{"X-A":"1","x-a":"2"}}}`,
+	} {
+		e := itx.Event{Offset: 1, Type: itx.TypeSubscriptionConfigured, Payload: json.RawMessage(payload)}
+		rc := testRC()
+		_, err := newCoreState().reduce(&e, &rc)
+		require.Equal(t, itx.EInvalid, itx.ErrorCode(err), payload)
+
+		st := newCoreState()
+		rc.authority = authCore
+		_, err = st.reduce(&e, &rc)
+		require.NoError(t, err, payload)
+		require.Len(t, st.Subscriptions, 1, "history is replayed as it was accepted")
+	}
+}
