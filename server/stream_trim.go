@@ -193,6 +193,10 @@ const retentionEvery = time.Minute
 // often than a wish.
 const minRetentionAge = time.Minute
 
+// maxRetentionAge is the longest maxAgeMs a policy takes: past it the time an event ages out is
+// no longer a time (epoch milliseconds overflow), and a longer one keeps everything anyway.
+const maxRetentionAge = 100 * 365 * 24 * time.Hour
+
 func (p retentionPolicy) set() bool { return p.MaxAgeMs > 0 || p.MaxEvents > 0 }
 
 // applyRetention starts a trim to what the stream's policy no longer keeps, unless one runs:
@@ -275,6 +279,8 @@ func (s *Server) SetRetention(ctx context.Context, by Admin, ref StreamRef, maxA
 		return itx.Errorf(itx.EInvalid, "retention: maxAgeMs and maxEvents cannot be negative")
 	case maxAgeMs > 0 && maxAgeMs < minRetentionAge.Milliseconds():
 		return itx.Errorf(itx.EInvalid, "retention: maxAgeMs %d is under a minute (%d ms): it is in milliseconds", maxAgeMs, minRetentionAge.Milliseconds())
+	case maxAgeMs > maxRetentionAge.Milliseconds():
+		return itx.Errorf(itx.EInvalid, "retention: maxAgeMs %d is over 100 years (%d ms): leave it 0 to keep events whatever their age", maxAgeMs, maxRetentionAge.Milliseconds())
 	}
 	a, err := s.acquire(ctx, ref)
 	if err != nil {

@@ -368,6 +368,7 @@ func TestStream_RetentionPolicy(t *testing.T) {
 	require.Len(t, set, 3, "each policy set is audited")
 	require.EqualValues(t, time.Hour.Milliseconds(), set[1]["maxAgeMs"])
 	requireCode(t, client.SetRetention(ctx, s, client.Retention{MaxAge: 30 * time.Second}), itx.EInvalid)
+	requireCode(t, client.SetRetention(ctx, s, client.Retention{MaxAge: 200 * 365 * 24 * time.Hour}), itx.EInvalid)
 	requireCode(t, client.SetRetention(ctx, stream(t, e.p, "/none"), client.Retention{MaxEvents: 1}), itx.ENotFound)
 }
 
