@@ -146,6 +146,8 @@ func run() error {
 	flag.Int64Var(&flow.PreAuthUnfinishedBytes, "rpc-preauth-max-unfinished-reply-bytes", flowconn.DefaultPreAuthUnfinishedBytes, "bytes of the replies a client has not finished, before login")
 	flag.IntVar(&flow.Capabilities, "rpc-max-capabilities", flowconn.DefaultCapabilities, "capabilities one connection's client holds without releasing them; above it the connection is aborted")
 	flag.IntVar(&flow.Unreturned, "rpc-max-unreturned-calls", flowconn.DefaultUnreturned, "calls itxd made on one connection's capabilities (EventSinks, LiveSubscribers, Receivers, processor hosts) that its client has not returned, also cancelled ones; above it the connection is aborted")
+	flag.IntVar(&flow.GlobalCapabilities, "rpc-global-max-capabilities", flowconn.DefaultGlobalCapabilities, "capabilities clients hold without releasing them, over all connections; above it the connection holding the most is aborted")
+	flag.IntVar(&flow.GlobalUnreturned, "rpc-global-max-unreturned-calls", flowconn.DefaultGlobalUnreturned, "calls itxd made on clients' capabilities that they have not returned, over all connections; above it the connection holding the most is aborted")
 	flag.IntVar(&flow.Connections, "rpc-max-connections", flowconn.DefaultConnections, "RPC connections open at once; one more is refused with an Abort saying so")
 	flag.DurationVar(&flow.LoginTimeout, "rpc-login-timeout", flowconn.DefaultLoginTimeout, "a connection that has not logged in by then is aborted")
 	maxLogins := flag.Int("rpc-max-logins-per-connection", capability.DefaultMaxLoginsPerConnection, "distinct tokens one connection logs in with (logging in again with one of them shares its session); one more is refused with limitExceeded")
@@ -427,6 +429,9 @@ func registerFlowMetrics(r *prometheus.Registry, pool *flowconn.Pool) {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "itx_rpc_unreturned_calls",
 			Help: "Calls itxd made on clients' capabilities that the clients have not returned (go-capnp keeps each until then), over every connection."},
 			func() float64 { return float64(pool.Stats().Unreturned) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "itx_rpc_capabilities",
+			Help: "Capabilities clients hold (go-capnp's export tables, as counted before each read), over every connection."},
+			func() float64 { return float64(pool.Stats().Capabilities) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "itx_rpc_connections_aborted_total",
 			Help: "RPC connections aborted for a bound: unfinished replies, capabilities held, calls not returned, no login in time."},
 			func() float64 { return float64(pool.Stats().Aborts) }),

@@ -80,6 +80,12 @@ type Limits struct {
 	// cancelled (its ID cannot be reused before), so a client that never returns grew the
 	// server by each call for the connection's life.
 	Unreturned int
+	// GlobalCapabilities and GlobalUnreturned bound the sums of the two above over every
+	// connection of the pool: past one, the connection holding the most of it (among those not
+	// already ending) is aborted with limitExceeded, so clients under their own bounds on many
+	// connections cannot grow the server by connections times the per-connection bound.
+	GlobalCapabilities int
+	GlobalUnreturned   int
 	// Connections bounds the pool's open connections; Open refuses one past it.
 	Connections int
 	// LoginTimeout is how long a connection may stay unauthenticated before it is aborted,
@@ -114,6 +120,8 @@ const (
 	DefaultPreAuthUnfinishedBytes = 1 << 20
 	DefaultCapabilities           = 65536
 	DefaultUnreturned             = 65536
+	DefaultGlobalCapabilities     = 262144
+	DefaultGlobalUnreturned       = 262144
 	DefaultConnections            = 4096
 	DefaultLoginTimeout           = 30 * time.Second
 )
@@ -149,6 +157,8 @@ func (l Limits) withDefaults() Limits {
 	set64(&l.PreAuthUnfinishedBytes, DefaultPreAuthUnfinishedBytes)
 	set(&l.Capabilities, DefaultCapabilities)
 	set(&l.Unreturned, DefaultUnreturned)
+	set(&l.GlobalCapabilities, DefaultGlobalCapabilities)
+	set(&l.GlobalUnreturned, DefaultGlobalUnreturned)
 	set(&l.Connections, DefaultConnections)
 	if l.LoginTimeout <= 0 {
 		l.LoginTimeout = DefaultLoginTimeout
@@ -177,11 +187,13 @@ type Pool struct {
 	unfinished      int
 	unfinishedBytes int64
 	unreturned      int
+	exports         int                     // the sum of the connections' exportsSeen
+	all             map[*Transport]struct{} // the connections not torn down, for shedLocked
 }
 
 // NewPool returns a Pool with limits (zero fields take the defaults).
 func NewPool(limits Limits) *Pool {
-	p := &Pool{limits: limits.withDefaults()}
+	p := &Pool{limits: limits.withDefaults(), all: map[*Transport]struct{}{}}
 	p.cond = sync.NewCond(&p.mu)
 	return p
 }
@@ -201,6 +213,7 @@ type Stats struct {
 	Unfinished      int    // replies written whose Finish has not arrived, over every connection
 	UnfinishedBytes int64  // their encoded bytes
 	Unreturned      int    // calls sent to clients that have not returned them, over every connection
+	Capabilities    int    // capabilities clients hold, over every connection (as last counted before a read)
 }
 
 // Stats returns the pool's current use.
@@ -212,7 +225,8 @@ func (p *Pool) Stats() Stats {
 
 func (p *Pool) stats() Stats {
 	return Stats{Calls: p.calls, Bytes: p.bytes, CallBytes: p.callBytes, Pauses: p.pauses, Conns: p.conns, Aborts: p.aborts,
-		Refused: p.refused, Unfinished: p.unfinished, UnfinishedBytes: p.unfinishedBytes, Unreturned: p.unreturned}
+		Refused: p.refused, Unfinished: p.unfinished, UnfinishedBytes: p.unfinishedBytes, Unreturned: p.unreturned,
+		Capabilities: p.exports}
 }
 
 // errTooMany is Open's refusal.
@@ -345,7 +359,8 @@ type Transport struct {
 	unfinished      map[uint32]int64
 	unfinishedBytes int64
 
-	exports func() int // the capabilities the client holds (go-capnp's export table)
+	exports     func() int // the capabilities the client holds (go-capnp's export table)
+	exportsSeen int        // exports() as last counted, in pool.exports
 	// questions are the ids of the calls this side sent that the client has not returned.
 	questions  map[uint32]struct{}
 	loginTimer itx.Timer
@@ -371,6 +386,9 @@ func newTransport(conn net.Conn, pool *Pool) *Transport {
 		open: map[uint32]int64{}, finishedEarly: map[uint32]struct{}{}, unfinished: map[uint32]int64{},
 		questions: map[uint32]struct{}{}}
 	t.wcond = sync.NewCond(&pool.mu)
+	pool.mu.Lock()
+	pool.all[t] = struct{}{}
+	pool.mu.Unlock()
 	d := pool.limits.LoginTimeout
 	t.loginTimer = pool.limits.Clock.AfterFunc(d, func() {
 		t.abort(itx.Errorf(itx.EDeadlineExceeded, "no login within %s (--rpc-login-timeout)", d), true)
@@ -427,6 +445,34 @@ func (t *Transport) abortLocked(err error) bool {
 	t.pool.aborts++
 	t.pool.cond.Broadcast()
 	return true
+}
+
+// shedLocked keeps a resource the connections hold within global over the whole pool: once the
+// connections not already ending hold more than global of it (total counts every connection, so
+// the scan runs only past the bound), the one holding the most (held) is aborted with why(its
+// count), and returned for the caller to cut its read short once pool.mu is released. A
+// well-behaved client holding little is never the one aborted while another holds more.
+// Called with pool.mu held.
+func (p *Pool) shedLocked(total, global int, held func(*Transport) int, why func(n int) error) *Transport {
+	if total <= global {
+		return nil
+	}
+	var victim *Transport
+	live, most := 0, -1
+	for t := range p.all {
+		if t.abortErr != nil || t.closed || t.torndown {
+			continue
+		}
+		n := held(t)
+		live += n
+		if n > most {
+			victim, most = t, n
+		}
+	}
+	if live <= global || victim == nil || !victim.abortLocked(why(most)) {
+		return nil
+	}
+	return victim
 }
 
 // verbatimAbort marks a session bound's error: go-capnp (patched) sends it as the Abort's reason
@@ -532,13 +578,29 @@ func (t *Transport) RecvMessage() (transport.IncomingMessage, error) {
 		return nil, abortErr
 	}
 	if exports != nil {
-		if n, max := exports(), p.limits.Capabilities; n > max {
+		n, max := exports(), p.limits.Capabilities
+		if n > max {
 			err := itx.Errorf(itx.ELimitExceeded, "the client holds %d capabilities of this connection, above its bound of %d (--rpc-max-capabilities): release the ones it no longer uses", n, max)
 			t.abort(err, false)
 			// Verbatim, as abortLocked records it: go-capnp put "reader: " before a plain
 			// error, and the client read "reader: itx.limitExceeded: ...", unlike every other
 			// bound's Abort.
 			return nil, verbatimAbort{err}
+		}
+		p.mu.Lock()
+		p.exports += n - t.exportsSeen
+		t.exportsSeen = n
+		victim := p.shedLocked(p.exports, p.limits.GlobalCapabilities, func(u *Transport) int { return u.exportsSeen }, func(n int) error {
+			return itx.Errorf(itx.ELimitExceeded, "clients hold %d capabilities over all connections, above itxd's bound of %d (--rpc-global-max-capabilities), and this one holds the most (%d): release the ones it no longer uses",
+				p.exports, p.limits.GlobalCapabilities, n)
+		})
+		abortErr := t.abortErr
+		p.mu.Unlock()
+		if victim != nil {
+			victim.cutRead()
+		}
+		if abortErr != nil {
+			return nil, abortErr
 		}
 	}
 
@@ -749,6 +811,9 @@ func (t *Transport) teardown() {
 	p.unfinished -= len(t.unfinished)
 	p.unfinishedBytes -= t.unfinishedBytes
 	p.unreturned -= len(t.questions)
+	p.exports -= t.exportsSeen
+	t.exportsSeen = 0
+	delete(p.all, t)
 	t.open, t.finishedEarly, t.unfinished, t.unfinishedBytes, t.questions = nil, nil, nil, 0, nil
 	for _, m := range t.queue {
 		m.written = true
@@ -786,9 +851,13 @@ func (m *outgoing) Send() error {
 	}
 	t, p := m.t, m.t.pool
 	cut := false
+	var victim *Transport // another connection aborted for a global bound
 	defer func() {
 		if cut {
 			t.cutRead()
+		}
+		if victim != nil {
+			victim.cutRead()
 		}
 	}()
 	p.mu.Lock()
@@ -830,6 +899,12 @@ func (m *outgoing) Send() error {
 		if n := len(t.questions); n > p.limits.Unreturned {
 			cut = t.abortLocked(itx.Errorf(itx.ELimitExceeded, "the client has not returned %d of the calls itxd made on its capabilities, above this connection's bound of %d (--rpc-max-unreturned-calls): a Cap'n Proto peer returns every call, also one the caller cancelled",
 				n, p.limits.Unreturned))
+		}
+		if !cut {
+			victim = p.shedLocked(p.unreturned, p.limits.GlobalUnreturned, func(u *Transport) int { return len(u.questions) }, func(n int) error {
+				return itx.Errorf(itx.ELimitExceeded, "clients have not returned %d of the calls itxd made on their capabilities over all connections, above itxd's bound of %d (--rpc-global-max-unreturned-calls), and this connection's client holds the most (%d): a Cap'n Proto peer returns every call, also one the caller cancelled",
+					p.unreturned, p.limits.GlobalUnreturned, n)
+			})
 		}
 	}
 	if m.isReturn {
