@@ -109,16 +109,31 @@ func (x *Session) Check() error {
 	return nil
 }
 
+// DefaultMaxLive bounds the live connections and live-state views open over every login (each
+// holds goroutines and buffers, about 30 KiB and 4 goroutines measured for an idle connection).
+const DefaultMaxLive = 65_536
+
 // TakeLive counts a live connection or live-state view opening under the session, refused with
-// ELimitExceeded past Config.MaxLivePerSession; its release runs once (the end of what opened).
+// ELimitExceeded past Config.MaxLivePerSession, or past Config.MaxLive over every login; its
+// release runs once (the end of what opened).
 func (x *Session) TakeLive() (release func(), err error) {
 	limit := int64(x.srv.cfg.MaxLivePerSession)
 	if n := x.live.Add(1); n > limit {
 		x.live.Add(-1)
 		return nil, itx.Errorf(itx.ELimitExceeded, "a login holds at most %d live connections and live-state views open (--max-live-per-login): close some first", limit)
 	}
+	if n, all := x.srv.live.Add(1), int64(x.srv.cfg.MaxLive); n > all {
+		x.srv.live.Add(-1)
+		x.live.Add(-1)
+		return nil, itx.Errorf(itx.ELimitExceeded, "itxd holds at most %d live connections and live-state views open over all logins (--max-live): close some first", all)
+	}
 	var once sync.Once
-	return func() { once.Do(func() { x.live.Add(-1) }) }, nil
+	return func() {
+		once.Do(func() {
+			x.live.Add(-1)
+			x.srv.live.Add(-1)
+		})
+	}, nil
 }
 
 // Revoked reports whether the session's token is no longer valid: revoked, or expired.

@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/itx-dev/itx"
@@ -77,6 +78,10 @@ type Config struct {
 	// MaxLivePerSession bounds the live connections and live-state views one login holds open,
 	// on any streams (each holds goroutines and buffers while it lasts); default 4,096.
 	MaxLivePerSession int
+	// MaxLive bounds the live connections and live-state views open at once over every login:
+	// the per-login bound alone let a client grow itxd by logins (one per RPC connection)
+	// times it; default 65,536.
+	MaxLive int
 	// MaxMountsPerProject bounds the capabilities mounted under names in one project, and
 	// separately the processor hosts mounted in it (a name already mounted can be replaced);
 	// default 4,096.
@@ -158,7 +163,8 @@ type Server struct {
 	alarmT    itx.Timer
 	alarmNext int64 // epoch ms the alarm timer is armed for; 0: none
 
-	acc *accessState // sessions by token, deleted projects, webhook secrets
+	acc  *accessState // sessions by token, deleted projects, webhook secrets
+	live atomic.Int64 // live connections and live-state views open over every login (Config.MaxLive)
 
 	procHosts procHosts
 
@@ -261,6 +267,9 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	if cfg.MaxLivePerSession <= 0 {
 		cfg.MaxLivePerSession = 4096
+	}
+	if cfg.MaxLive <= 0 {
+		cfg.MaxLive = DefaultMaxLive
 	}
 	if cfg.MaxLiveSubscribersPerStream <= 0 {
 		cfg.MaxLiveSubscribersPerStream = 1024

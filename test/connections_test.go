@@ -728,6 +728,41 @@ func TestConnection_PerLoginBound(t *testing.T) {
 	})
 }
 
+// Over all logins at most --max-live live connections and live-state views are open: each login
+// (one per RPC connection) under its own bound, a client on many connections held logins times
+// that. Past it an open is refused with limitExceeded naming the flag, whichever login asks, and
+// closing one makes room again.
+func TestConnection_GlobalLiveBound(t *testing.T) {
+	ts := startServer(t, server.Config{MaxLive: 3})
+	a := stream(t, ts.project(t), "/a")
+	b := stream(t, ts.project(t), "/a")
+	mustAppend(t, a, ev("e", `{}`))
+	first, err := openConn(t, a, connOpts{noState: true}, newTestSink())
+	require.NoError(t, err)
+	_, err = openConn(t, a, connOpts{noState: true}, newTestSink())
+	require.NoError(t, err)
+	subscribeLive(t, b, &liveView{})
+
+	_, err = openConn(t, b, connOpts{noState: true}, newTestSink())
+	requireCode(t, err, itx.ELimitExceeded)
+	require.Contains(t, err.Error(), "--max-live")
+	fut, release := stream(t, ts.project(t), "/a").LiveState(context.Background(), func(p schema.Stream_liveState_Params) error {
+		return p.SetSubscriber(schema.LiveSubscriber_ServerToClient(&liveView{}))
+	})
+	_, err = fut.Struct()
+	release()
+	requireCode(t, err, itx.ELimitExceeded)
+
+	cf, release := first.Close(context.Background(), func(p schema.Connection_close_Params) error { return p.SetReason("done") })
+	_, err = cf.Struct()
+	release()
+	require.NoError(t, err)
+	waitUntil(t, "room again", func() bool {
+		_, err := openConn(t, b, connOpts{noState: true}, newTestSink())
+		return err == nil
+	})
+}
+
 // At the per-login bound, reopening under a key the same login already holds open replaces that
 // connection (the count does not grow: the new one takes over the old one's place), while a new
 // key is still refused; the replaced connection's place is not given back twice.

@@ -93,7 +93,7 @@ func TestItxd_ConnectionFlags(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the itxd binary")
 	}
-	p := startItxd(t, t.TempDir(), "--rpc-max-logins-per-connection", "1", "--rpc-max-push-bytes", "1024")
+	p := startItxd(t, t.TempDir(), "--rpc-max-logins-per-connection", "1", "--rpc-max-push-bytes", "1024", "--max-live", "1")
 	ctx := ctxT(t)
 	conn := dial(t, p.addr)
 	project := conn.Login(ctx, p.creds.ProjectToken)
@@ -119,4 +119,10 @@ func TestItxd_ConnectionFlags(t *testing.T) {
 	defer c.Release()
 	waitUntil(t, "every event delivered", func() bool { return len(sink.offsets()) == len(want) })
 	require.Equal(t, want, sink.offsets())
+
+	// --max-live 1: the connection above is the one itxd holds open, whichever login asks.
+	other := stream(t, dial(t, p.addr).Login(ctx, p.creds.ProjectToken), "/push-bytes")
+	_, err = openConn(t, other, connOpts{noState: true}, newTestSink())
+	requireCode(t, err, itx.ELimitExceeded)
+	require.Contains(t, err.Error(), "--max-live")
 }

@@ -57,7 +57,7 @@ func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(fo
 var zeroMeansDefault = map[string]bool{
 	"max-held-streams": true, "breaker-burst": true, "breaker-refill-per-minute": true,
 	"max-connections-per-stream": true, "max-readers-per-stream": true, "max-mounts-per-project": true,
-	"max-tokens-per-project": true, "max-secrets-per-project": true, "max-streams-per-project": true, "max-live-subscribers-per-stream": true, "max-live-per-login": true,
+	"max-tokens-per-project": true, "max-secrets-per-project": true, "max-streams-per-project": true, "max-live-subscribers-per-stream": true, "max-live-per-login": true, "max-live": true,
 	"jsonata-concurrency": true, "agent-hesitation": true, "max-scheduled-per-stream": true,
 	"backup-every": true,
 }
@@ -125,6 +125,7 @@ func run() error {
 	maxConfig := flag.Int("max-subscription-config-bytes", itx.MaxSubscriptionConfigBytes, "bytes of one subscription's config (its configured event's payload), kept in memory while its stream is loaded; a larger one is refused with tooLarge")
 	maxLive := flag.Int("max-live-subscribers-per-stream", 0, "live-state subscribers one stream serves at most, connections' state frames not counted (0: 1024)")
 	maxLivePerLogin := flag.Int("max-live-per-login", 0, "live connections and live-state views one login holds open, on any streams (0: 4096)")
+	maxLiveAll := flag.Int("max-live", 0, "live connections and live-state views open at once over all logins (0: 65536)")
 	maxSubs := flag.Int("max-subscriptions-per-stream", itx.MaxSubscriptionsPerStream, "subscriptions one stream holds at most; configuring one more fails with limitExceeded")
 	ephBytes := flag.Int64("max-ephemeral-bytes-per-stream", itx.EphemeralBufferBytes, "bytes of ephemeral events (type, payload, metadata) one stream keeps; past it the oldest are evicted first")
 	kvKeys := flag.Int("max-processor-kv-keys", server.DefaultMaxProcessorKVKeys, "keys of one stream's processor KV (in-process and remote processors together); a put of one more fails with limitExceeded")
@@ -232,7 +233,7 @@ func run() error {
 		DataDir: *data, Log: log, IdleTimeout: *idle, MaxLoadedStreams: *maxLoaded,
 		BackupDir: *backupDir, BackupEvery: *backupEvery, BackupKeep: *backupKeep, MaxHeldStreams: held, MaxWebhooksInFlight: *maxWebhooks,
 		BreakerBurst: *burst, BreakerRefillPerMinute: *refill,
-		MaxConnectionsPerStream: *maxConns, MaxLiveSubscribersPerStream: *maxLive, MaxLivePerSession: *maxLivePerLogin, MaxSubscriptionConfigBytes: *maxConfig, MaxHostContractBytes: *maxHostContracts, MaxMountsPerProject: *maxMounts, MaxReadersPerStream: *maxReaders, MaxScheduledPerStream: *maxScheduled,
+		MaxConnectionsPerStream: *maxConns, MaxLiveSubscribersPerStream: *maxLive, MaxLivePerSession: *maxLivePerLogin, MaxLive: *maxLiveAll, MaxSubscriptionConfigBytes: *maxConfig, MaxHostContractBytes: *maxHostContracts, MaxMountsPerProject: *maxMounts, MaxReadersPerStream: *maxReaders, MaxScheduledPerStream: *maxScheduled,
 		MaxStreamsPerProject: *maxStreams,
 		MaxSubscriptions:     *maxSubs, EphemeralBufferBytes: *ephBytes,
 		MaxProcessorKVKeys: *kvKeys, MaxProcessorKVBytes: *kvBytes,
