@@ -51,6 +51,18 @@ type access struct {
 	session *server.Session // nil: before login (the Gateway)
 	prefix  string          // "" or "/": every path
 	rights  rightSet
+	// reserve holds a large reply back while the connection's replies already exceed its
+	// flow-control bounds (see reserveReply); nil: not on a flow-controlled connection.
+	reserve func(ctx context.Context, n int64) (release func(), err error)
+}
+
+// reserveReply waits until the caller's connection has room for a reply of up to n bytes, and
+// holds it until release.
+func (a access) reserveReply(ctx context.Context, n int64) (release func(), err error) {
+	if a.reserve == nil {
+		return func() {}, nil
+	}
+	return a.reserve(ctx, n)
 }
 
 // accessOf is the access a login yields: the token's scope.

@@ -29,6 +29,9 @@ const ProtocolVersion = 2
 type gateway struct {
 	srv           *server.Server
 	authenticated func() // raises the connection's flow-control bounds; nil in tests
+	// reserveReply reserves room for a large reply on the connection (flowconn's ReserveReply);
+	// nil in tests.
+	reserveReply func(ctx context.Context, n int64) (release func(), err error)
 
 	mu       sync.Mutex
 	conn     *rpc.Conn // nil in tests
@@ -110,7 +113,9 @@ func (g *gateway) Login(ctx context.Context, call schema.Gateway_login) error {
 	if err != nil {
 		return err
 	}
-	impl := &project{srv: g.srv, p: x.Project, acc: accessOf(x)}
+	acc := accessOf(x)
+	acc.reserve = g.reserveReply
+	impl := &project{srv: g.srv, p: x.Project, acc: acc}
 	return res.SetProject(schema.Project(guarded(guardOf(g.srv), impl.acc, schema.Project_Methods(nil, impl), impl)))
 }
 
@@ -465,6 +470,11 @@ func (s *stream) GetEvents(ctx context.Context, call schema.Stream_getEvents) er
 		return err
 	}
 	call.Go()
+	release, err := s.acc.reserveReply(ctx, pageReplyBytes(q))
+	if err != nil {
+		return err
+	}
+	defer release()
 	page, err := s.srv.ReadEvents(ctx, s.ref, q)
 	if err != nil {
 		return fail(err)
@@ -482,6 +492,11 @@ func (s *stream) GetEventPage(ctx context.Context, call schema.Stream_getEventPa
 		return err
 	}
 	call.Go()
+	release, err := s.acc.reserveReply(ctx, pageReplyBytes(q))
+	if err != nil {
+		return err
+	}
+	defer release()
 	page, err := s.srv.ReadEvents(ctx, s.ref, q)
 	if err != nil {
 		return fail(err)
@@ -496,6 +511,17 @@ func (s *stream) GetEventPage(ctx context.Context, call schema.Stream_getEventPa
 	}
 	page.Events = s.acc.redactEvents(page.Events)
 	return wire.SetPage(p, page)
+}
+
+// pageReplyBytes is the most a read's reply may take: its events (a page ends after the one
+// that brings it to itx.MaxPageBytes) and their encoding.
+func pageReplyBytes(q itx.Query) int64 {
+	limit := q.Limit
+	if limit <= 0 || limit > itx.MaxPageLimit {
+		limit = itx.MaxPageLimit
+	}
+	const perEvent = 256 // an event's encoding beyond its Size
+	return min(int64(limit)*(itx.MaxEventBytes+perEvent), itx.MaxPageBytes+itx.MaxEventBytes+int64(limit)*perEvent)
 }
 
 func (s *stream) query(q schema.EventQuery, err error) (itx.Query, error) {

@@ -147,3 +147,41 @@ func TestItxd_FlowControlBoundsMemory(t *testing.T) {
 	require.Less(t, hwm, 512.0, "itxd's peak RSS (MiB)")
 	p.kill9(t)
 }
+
+// Not reading a connection stops only its next calls: the calls already read each built their
+// reply, so a client pipelining 100 reads of 4.5 MiB pages and reading nothing had itxd queue
+// about 450 MiB for it, whatever --rpc-max-reply-bytes said (16 MiB by default; measured: 40
+// such connections took itxd past 9 GiB of RSS, growing). A read reserves its reply's room first
+// and waits while the connection's replies exceed the bound: what is queued stays within the
+// bound and one page.
+func TestItxd_PipelinedLargeReadsStayWithinTheReplyBound(t *testing.T) {
+	metrics := freeAddr(t)
+	p := startItxd(t, t.TempDir(), "--metrics", metrics)
+	ctx := ctxT(t)
+	proj := dial(t, p.addr).Login(ctx, p.creds.ProjectToken)
+	defer proj.Release()
+	s := stream(t, proj, "/bigpages")
+	pad := strings.Repeat("x", 900<<10)
+	for i := range 40 {
+		_, err := client.Append(ctx, s, []itx.EventInput{{Type: "big", Payload: json.RawMessage(fmt.Sprintf(`{"seq":%d,"pad":%q}`, i, pad))}}, itx.AppendOptions{})
+		require.NoError(t, err)
+	}
+
+	closeAbuser := pipelineUnread(t, p.addr, p.creds.ProjectToken, "/bigpages", 100)
+	defer closeAbuser()
+	const page = 5 * 900 << 10 // a page ends after the event that brings it to 4 MiB
+	var peak float64
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		peak = max(peak, scrapeMetric(t, metrics, "itx_rpc_unwritten_bytes"))
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("unwritten reply bytes at most %.1f MiB, %v calls in flight", peak/(1<<20), scrapeMetric(t, metrics, "itx_rpc_calls_in_flight"))
+	require.Greater(t, peak, float64(page), "the abuser's first replies were queued")
+	require.LessOrEqual(t, peak, float64(16<<20+2*page), "the replies queued for a client that reads nothing stay within --rpc-max-reply-bytes and a page")
+
+	// Another client is served meanwhile, its reads too.
+	evs, err := client.GetEvents(ctx, s, itx.Query{After: 38})
+	require.NoError(t, err)
+	require.Len(t, evs, 2)
+}

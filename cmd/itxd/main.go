@@ -132,7 +132,7 @@ func run() error {
 	kvBytes := flag.Int64("max-processor-kv-bytes", server.DefaultMaxProcessorKVBytes, "bytes of keys and values in one stream's processor KV; a put growing it past this fails with limitExceeded")
 	var flow flowconn.Limits
 	flag.IntVar(&flow.Calls, "rpc-max-calls", flowconn.DefaultCalls, "calls in flight per logged-in connection; above it the server stops reading that connection")
-	flag.Int64Var(&flow.Bytes, "rpc-max-reply-bytes", flowconn.DefaultBytes, "reply bytes waiting to be written per logged-in connection; above it the server stops reading that connection")
+	flag.Int64Var(&flow.Bytes, "rpc-max-reply-bytes", flowconn.DefaultBytes, "reply bytes waiting to be written per logged-in connection; above it the server stops reading that connection, and a read waits to build its reply")
 	flag.IntVar(&flow.PreAuthCalls, "rpc-preauth-max-calls", flowconn.DefaultPreAuthCalls, "calls in flight per connection before login")
 	flag.Int64Var(&flow.PreAuthBytes, "rpc-preauth-max-reply-bytes", flowconn.DefaultPreAuthBytes, "reply bytes waiting to be written per connection before login")
 	flag.IntVar(&flow.GlobalCalls, "rpc-global-max-calls", flowconn.DefaultGlobalCalls, "calls in flight over all connections")

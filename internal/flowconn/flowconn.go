@@ -18,6 +18,7 @@ package flowconn
 
 import (
 	"bufio"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -187,6 +188,7 @@ type Pool struct {
 	unfinished      int
 	unfinishedBytes int64
 	unreturned      int
+	reserved        int64                   // reply bytes reserved by calls building them (ReserveReply)
 	exports         int                     // the sum of the connections' exportsSeen
 	all             map[*Transport]struct{} // the connections not torn down, for shedLocked
 }
@@ -339,6 +341,7 @@ type Transport struct {
 	calls     int
 	bytes     int64
 	callBytes int64 // of the calls in open
+	reserved  int64 // reply bytes reserved by calls building them (ReserveReply)
 	authed    bool
 	closed    bool // Close was called: read no more, write what is queued, then stop
 	torndown  bool // the writer has stopped and returned this connection's use to the pool
@@ -491,6 +494,59 @@ func (t *Transport) unfinishedBounds() (int, int64) {
 		return t.pool.limits.Unfinished, t.pool.limits.UnfinishedBytes
 	}
 	return t.pool.limits.PreAuthUnfinished, t.pool.limits.PreAuthUnfinishedBytes
+}
+
+// ReserveReply waits until the connection may build a reply of up to n bytes, and reserves them
+// until release (call it once the reply is built and handed on). Not reading a connection only
+// stops new calls: the calls already read (up to the calls bound) would each still build its
+// reply, and a client that pipelined a hundred 4 MiB reads and stopped reading had itxd queue
+// 400 MiB for it, whatever the reply-bytes bound. A call that may answer with a large reply
+// reserves it first, and waits while the connection's unwritten and reserved bytes would pass
+// its bound, or the pool's would pass the global one; a connection with nothing unwritten or
+// reserved always gets its reservation, so one reply at a time is never refused, and clients
+// that stopped reading cannot starve another. It fails once ctx is done or the connection ends.
+func (t *Transport) ReserveReply(ctx context.Context, n int64) (release func(), err error) {
+	p := t.pool
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		select {
+		case <-ctx.Done():
+			p.mu.Lock()
+			p.cond.Broadcast()
+			p.mu.Unlock()
+		case <-stop:
+		}
+	}()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for {
+		if t.closed || t.torndown || t.abortErr != nil {
+			return nil, errors.New("flowconn: connection closed")
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		held := t.bytes + t.reserved
+		if held == 0 || (held+n <= p.limits.Bytes && p.bytes+p.reserved+n <= p.limits.GlobalBytes) {
+			break
+		}
+		p.cond.Wait()
+	}
+	t.reserved += n
+	p.reserved += n
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			p.mu.Lock()
+			if !t.torndown {
+				t.reserved -= n
+				p.reserved -= n
+			}
+			p.cond.Broadcast()
+			p.mu.Unlock()
+		})
+	}, nil
 }
 
 // mayRead reports whether the connection may read another message. Called with pool.mu held.
@@ -811,6 +867,8 @@ func (t *Transport) teardown() {
 	p.unfinished -= len(t.unfinished)
 	p.unfinishedBytes -= t.unfinishedBytes
 	p.unreturned -= len(t.questions)
+	p.reserved -= t.reserved
+	t.reserved = 0
 	p.exports -= t.exportsSeen
 	t.exportsSeen = 0
 	delete(p.all, t)
