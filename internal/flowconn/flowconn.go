@@ -121,7 +121,7 @@ const (
 	DefaultPreAuthUnfinishedBytes = 1 << 20
 	DefaultCapabilities           = 65536
 	DefaultUnreturned             = 65536
-	DefaultGlobalCapabilities     = 262144
+	DefaultGlobalCapabilities     = 131072
 	DefaultGlobalUnreturned       = 262144
 	DefaultConnections            = 4096
 	DefaultLoginTimeout           = 30 * time.Second
