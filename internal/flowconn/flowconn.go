@@ -507,19 +507,14 @@ func (t *Transport) unfinishedBounds() (int, int64) {
 // that stopped reading cannot starve another. It fails once ctx is done or the connection ends.
 func (t *Transport) ReserveReply(ctx context.Context, n int64) (release func(), err error) {
 	p := t.pool
-	stop := make(chan struct{})
-	defer close(stop)
-	go func() {
-		select {
-		case <-ctx.Done():
-			p.mu.Lock()
-			p.cond.Broadcast()
-			p.mu.Unlock()
-		case <-stop:
-		}
-	}()
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	var stop func() bool // set once it waits: the caller's ctx ending wakes it too
+	defer func() {
+		if stop != nil {
+			stop() // runs before the unlock; a callback under way takes the lock after it
+		}
+	}()
 	for {
 		if t.closed || t.torndown || t.abortErr != nil {
 			return nil, errors.New("flowconn: connection closed")
@@ -530,6 +525,13 @@ func (t *Transport) ReserveReply(ctx context.Context, n int64) (release func(), 
 		held := t.bytes + t.reserved
 		if held == 0 || (held+n <= p.limits.Bytes && p.bytes+p.reserved+n <= p.limits.GlobalBytes) {
 			break
+		}
+		if stop == nil { // no goroutine nor callback for the reads that do not wait
+			stop = context.AfterFunc(ctx, func() {
+				p.mu.Lock()
+				p.cond.Broadcast()
+				p.mu.Unlock()
+			})
 		}
 		p.cond.Wait()
 	}
