@@ -53,16 +53,16 @@ type access struct {
 	rights  rightSet
 	// reserve holds a large reply back while the connection's replies already exceed its
 	// flow-control bounds (see reserveReply); nil: not on a flow-controlled connection.
-	reserve func(ctx context.Context, n int64) (release func(), err error)
+	reserve func(ctx context.Context, n int64, onWait func()) (release func(), err error)
 }
 
 // reserveReply waits until the caller's connection has room for a reply of up to n bytes, and
-// holds it until release.
-func (a access) reserveReply(ctx context.Context, n int64) (release func(), err error) {
+// holds it until release; onWait (may be nil) runs once before it waits.
+func (a access) reserveReply(ctx context.Context, n int64, onWait func()) (release func(), err error) {
 	if a.reserve == nil {
 		return func() {}, nil
 	}
-	return a.reserve(ctx, n)
+	return a.reserve(ctx, n, onWait)
 }
 
 // accessOf is the access a login yields: the token's scope.

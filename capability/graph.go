@@ -31,7 +31,7 @@ type gateway struct {
 	authenticated func() // raises the connection's flow-control bounds; nil in tests
 	// reserveReply reserves room for a large reply on the connection (flowconn's ReserveReply);
 	// nil in tests.
-	reserveReply func(ctx context.Context, n int64) (release func(), err error)
+	reserveReply func(ctx context.Context, n int64, onWait func()) (release func(), err error)
 
 	mu       sync.Mutex
 	conn     *rpc.Conn // nil in tests
@@ -470,7 +470,7 @@ func (s *stream) GetEvents(ctx context.Context, call schema.Stream_getEvents) er
 		return err
 	}
 	call.Go()
-	release, err := s.acc.reserveReply(ctx, pageReplyBytes(q))
+	release, err := s.acc.reserveReply(ctx, pageReplyBytes(q), nil)
 	if err != nil {
 		return err
 	}
@@ -492,7 +492,7 @@ func (s *stream) GetEventPage(ctx context.Context, call schema.Stream_getEventPa
 		return err
 	}
 	call.Go()
-	release, err := s.acc.reserveReply(ctx, pageReplyBytes(q))
+	release, err := s.acc.reserveReply(ctx, pageReplyBytes(q), nil)
 	if err != nil {
 		return err
 	}
@@ -513,6 +513,25 @@ func (s *stream) GetEventPage(ctx context.Context, call schema.Stream_getEventPa
 	return wire.SetPage(p, page)
 }
 
+// eventReplyOverhead is what an event's reply takes beyond its Size (offsets, times, provenance).
+const eventReplyOverhead = 256
+
+// matchedAgain reads the event waitForEvent matched at offset at, once its reply has room.
+func (s *stream) matchedAgain(ctx context.Context, at int64) (itx.Event, error) {
+	page, err := s.srv.ReadEvents(ctx, s.ref, itx.Query{After: at - 1, Limit: 1, IncludeEphemeral: true})
+	if err != nil {
+		return itx.Event{}, err
+	}
+	if len(page.Events) == 0 || page.Events[0].Offset != at {
+		return itx.Event{}, itx.Errorf(itx.ENotFound, "the event at offset %d matched, but was trimmed before its reply could be sent (the client was not reading its replies): wait again after %d", at, at)
+	}
+	e := page.Events[0]
+	if view := s.acc.viewEvent(); view != nil {
+		e = view(e)
+	}
+	return e, nil
+}
+
 // pageReplyBytes is the most a read's reply may take: its events (a page ends after the one
 // that brings it to itx.MaxPageBytes) and their encoding.
 func pageReplyBytes(q itx.Query) int64 {
@@ -520,8 +539,7 @@ func pageReplyBytes(q itx.Query) int64 {
 	if limit <= 0 || limit > itx.MaxPageLimit {
 		limit = itx.MaxPageLimit
 	}
-	const perEvent = 256 // an event's encoding beyond its Size
-	return min(int64(limit)*(itx.MaxEventBytes+perEvent), itx.MaxPageBytes+itx.MaxEventBytes+int64(limit)*perEvent)
+	return min(int64(limit)*(itx.MaxEventBytes+eventReplyOverhead), itx.MaxPageBytes+itx.MaxEventBytes+int64(limit)*eventReplyOverhead)
 }
 
 func (s *stream) query(q schema.EventQuery, err error) (itx.Query, error) {
@@ -565,6 +583,20 @@ func (s *stream) WaitForEvent(ctx context.Context, call schema.Stream_waitForEve
 	}
 	if err != nil {
 		return fail(err)
+	}
+	// The reply takes its room on the connection first. While a client is not reading its
+	// replies, the match is not held (pipelined long polls would each hold up to an event's 1
+	// MiB): it is read again once there is room, and was it trimmed meanwhile, the call says so.
+	at, dropped := e.Offset, false
+	release, err := s.acc.reserveReply(ctx, int64(e.Size())+eventReplyOverhead, func() { e, dropped = itx.Event{}, true })
+	if err != nil {
+		return err
+	}
+	defer release()
+	if dropped {
+		if e, err = s.matchedAgain(ctx, at); err != nil {
+			return fail(err)
+		}
 	}
 	res, err := call.AllocResults()
 	if err != nil {

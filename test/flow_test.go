@@ -185,3 +185,82 @@ func TestItxd_PipelinedLargeReadsStayWithinTheReplyBound(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, evs, 2)
 }
+
+// pausableConn is a client socket whose reads wait while it is paused: a client that stops
+// reading its replies for a while.
+type pausableConn struct {
+	net.Conn
+	paused chan struct{} // closed: reads wait for resumed
+	resume chan struct{}
+}
+
+func (c *pausableConn) Read(b []byte) (int, error) {
+	select {
+	case <-c.paused:
+		<-c.resume
+	default:
+	}
+	return c.Conn.Read(b)
+}
+
+// Long polls pipelined by a client that reads no replies would each hold their match (up to an
+// event's 1 MiB) while their replies wait for room. A waitForEvent whose reply waits lets go of
+// its match and reads it again once there is room: so a match trimmed meanwhile is answered
+// notFound, where a held one would still be sent.
+func TestItxd_PipelinedWaitsDoNotHoldTheirMatch(t *testing.T) {
+	metrics := freeAddr(t)
+	p := startItxd(t, t.TempDir(), "--metrics", metrics)
+	ctx := ctxT(t)
+	proj := dial(t, p.addr).Login(ctx, p.creds.ProjectToken)
+	defer proj.Release()
+	s := stream(t, proj, "/bigwait")
+	pad := strings.Repeat("x", 900<<10)
+	_, err := client.Append(ctx, s, []itx.EventInput{{Type: "big", Payload: json.RawMessage(fmt.Sprintf(`{"pad":%q}`, pad))},
+		{Type: "small", Payload: json.RawMessage(`{}`)}}, itx.AppendOptions{})
+	require.NoError(t, err)
+
+	c, err := net.Dial("tcp", p.addr)
+	require.NoError(t, err)
+	pc := &pausableConn{Conn: c, paused: make(chan struct{}), resume: make(chan struct{})}
+	conn := rpc.NewConn(rpc.NewStreamTransport(pc), nil)
+	defer conn.Close()
+	gw := schema.Gateway(conn.Bootstrap(ctx))
+	login, _ := gw.Login(ctx, func(l schema.Gateway_login_Params) error { return l.SetToken(p.creds.ProjectToken) })
+	as := client.Stream(ctx, login.Project(), "/bigwait")
+	require.NoError(t, as.Resolve(ctx))
+	close(pc.paused)
+
+	const waits = 60 // about 17 replies of 900 KiB fill the connection's 16 MiB
+	answers := make(chan error, waits)
+	for range waits {
+		go func() {
+			e, err := client.WaitForEvent(ctx, as, itx.Predicate{Types: []string{"big"}}, 0, 2*time.Second)
+			if err == nil && e.Offset != 1 {
+				err = fmt.Errorf("matched offset %d, want 1", e.Offset)
+			}
+			answers <- err
+		}()
+	}
+	waitUntil(t, "replies wait for room", func() bool { return scrapeMetric(t, metrics, "itx_rpc_replies_waiting") >= 10 })
+	_, err = client.Trim(ctx, s, 1)
+	require.NoError(t, err)
+	close(pc.resume)
+
+	var found, trimmed, later int
+	for range waits {
+		switch err := <-answers; {
+		case err == nil:
+			found++
+		case itx.ErrorCode(err) == itx.ENotFound && strings.Contains(err.Error(), "trimmed before its reply"):
+			trimmed++
+		case itx.ErrorCode(err) == itx.EDeadlineExceeded:
+			later++ // read by itxd only after the trim: nothing matches since
+		default:
+			t.Fatalf("a wait answered: %v", err)
+		}
+	}
+	t.Logf("%d waits answered with the event, %d found it trimmed, %d began after the trim", found, trimmed, later)
+	require.Positive(t, found, "the replies that had room carry the event")
+	require.Positive(t, trimmed, "the replies that waited for room did not hold the event")
+	require.Zero(t, scrapeMetric(t, metrics, "itx_rpc_replies_waiting"))
+}

@@ -189,6 +189,7 @@ type Pool struct {
 	unfinishedBytes int64
 	unreturned      int
 	reserved        int64                   // reply bytes reserved by calls building them (ReserveReply)
+	replyWaits      int                     // callers of ReserveReply waiting for room
 	exports         int                     // the sum of the connections' exportsSeen
 	all             map[*Transport]struct{} // the connections not torn down, for shedLocked
 }
@@ -216,6 +217,7 @@ type Stats struct {
 	UnfinishedBytes int64  // their encoded bytes
 	Unreturned      int    // calls sent to clients that have not returned them, over every connection
 	Capabilities    int    // capabilities clients hold, over every connection (as last counted before a read)
+	ReplyWaits      int    // calls waiting for room for their reply (ReserveReply): clients not reading theirs
 }
 
 // Stats returns the pool's current use.
@@ -228,7 +230,7 @@ func (p *Pool) Stats() Stats {
 func (p *Pool) stats() Stats {
 	return Stats{Calls: p.calls, Bytes: p.bytes, CallBytes: p.callBytes, Pauses: p.pauses, Conns: p.conns, Aborts: p.aborts,
 		Refused: p.refused, Unfinished: p.unfinished, UnfinishedBytes: p.unfinishedBytes, Unreturned: p.unreturned,
-		Capabilities: p.exports}
+		Capabilities: p.exports, ReplyWaits: p.replyWaits}
 }
 
 // errTooMany is Open's refusal.
@@ -504,8 +506,10 @@ func (t *Transport) unfinishedBounds() (int, int64) {
 // reserves it first, and waits while the connection's unwritten and reserved bytes would pass
 // its bound, or the pool's would pass the global one; a connection with nothing unwritten or
 // reserved always gets its reservation, so one reply at a time is never refused, and clients
-// that stopped reading cannot starve another. It fails once ctx is done or the connection ends.
-func (t *Transport) ReserveReply(ctx context.Context, n int64) (release func(), err error) {
+// that stopped reading cannot starve another. onWait, when set, runs once (with the pool's lock
+// held) before the first wait: the caller lets go of what it need not hold meanwhile. It fails
+// once ctx is done or the connection ends.
+func (t *Transport) ReserveReply(ctx context.Context, n int64, onWait func()) (release func(), err error) {
 	p := t.pool
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -513,6 +517,7 @@ func (t *Transport) ReserveReply(ctx context.Context, n int64) (release func(), 
 	defer func() {
 		if stop != nil {
 			stop() // runs before the unlock; a callback under way takes the lock after it
+			p.replyWaits--
 		}
 	}()
 	for {
@@ -527,6 +532,10 @@ func (t *Transport) ReserveReply(ctx context.Context, n int64) (release func(), 
 			break
 		}
 		if stop == nil { // no goroutine nor callback for the reads that do not wait
+			if onWait != nil {
+				onWait()
+			}
+			p.replyWaits++
 			stop = context.AfterFunc(ctx, func() {
 				p.mu.Lock()
 				p.cond.Broadcast()

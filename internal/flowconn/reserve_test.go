@@ -3,6 +3,7 @@ package flowconn_test
 import (
 	"context"
 	"net"
+	"runtime"
 	"sync"
 	"testing"
 
@@ -20,13 +21,13 @@ func TestTransport_ReserveReply(t *testing.T) {
 	defer tr.Close()
 	ctx := context.Background()
 
-	first, err := tr.ReserveReply(ctx, 500) // above the bound, but nothing is held: it goes
+	first, err := tr.ReserveReply(ctx, 500, nil) // above the bound, but nothing is held: it goes
 	if err != nil {
 		t.Fatal(err)
 	}
 	granted := make(chan func(), 1)
 	go func() {
-		release, err := tr.ReserveReply(ctx, 10)
+		release, err := tr.ReserveReply(ctx, 10, nil)
 		if err != nil {
 			t.Error(err)
 		}
@@ -34,15 +35,21 @@ func TestTransport_ReserveReply(t *testing.T) {
 	}()
 	inner, cancel := context.WithCancel(ctx)
 	cctx := &checkedCtx{Context: inner, checked: make(chan struct{})}
-	gaveUp := make(chan error, 1)
+	gaveUp, waited := make(chan error, 1), 0
 	go func() {
-		_, err := tr.ReserveReply(cctx, 10)
+		_, err := tr.ReserveReply(cctx, 10, func() { waited++ })
 		gaveUp <- err
 	}()
-	<-cctx.checked // it found its context live under the pool's lock: it waits, and the end wakes it
+	<-cctx.checked                     // it found its context live under the pool's lock: it waits, and the end wakes it
+	for pool.Stats().ReplyWaits != 2 { // the other waiter (10 bytes) too
+		runtime.Gosched()
+	}
 	cancel()
 	if err := <-gaveUp; err != context.Canceled {
 		t.Fatalf("a waiting reservation whose context ended: %v, want context.Canceled", err)
+	}
+	if waited != 1 {
+		t.Fatalf("onWait ran %d times before the wait, want once", waited)
 	}
 	select {
 	case <-granted:
@@ -52,9 +59,12 @@ func TestTransport_ReserveReply(t *testing.T) {
 	first()
 	first() // releasing twice releases once
 	(<-granted)()
+	if n := pool.Stats().ReplyWaits; n != 0 {
+		t.Fatalf("%d reservations still counted as waiting", n)
+	}
 	// Nothing held again (each release counted): 60 and 40 fit the bound of 100 together.
 	for _, n := range []int64{60, 40} {
-		if _, err := tr.ReserveReply(ctx, n); err != nil {
+		if _, err := tr.ReserveReply(ctx, n, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
