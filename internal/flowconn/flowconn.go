@@ -554,7 +554,9 @@ func (t *Transport) ReserveReply(ctx context.Context, n int64, onWait func()) (r
 				t.reserved -= n
 				p.reserved -= n
 			}
-			p.cond.Broadcast()
+			if p.replyWaits > 0 { // only reservations wait on what is reserved
+				p.cond.Broadcast()
+			}
 			p.mu.Unlock()
 		})
 	}, nil
