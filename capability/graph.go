@@ -372,20 +372,11 @@ func (s *stream) Append(ctx context.Context, call schema.Stream_append) error {
 		}
 		opts = wire.AppendOptionsFromSchema(o)
 	}
-	if err := s.controlEvents(inputs); err != nil {
-		return fail(err)
-	}
-	release, err := s.srv.KeepSecretsApart(ctx, s.ref.ProjectID, inputs)
-	if err != nil {
-		return fail(err)
-	}
 	// Queue before releasing the call queue: appends sent on one capability commit in order.
-	pending, err := s.srv.StartAppend(ctx, s.ref, inputs, opts)
+	pending, err := s.startAppend(ctx, inputs, opts)
 	if err != nil {
-		release()
 		return fail(err)
 	}
-	pending.AfterAnswer(release) // committed (its catalog references the secrets) or refused
 	call.Go()
 	result, err := pending.Wait(ctx)
 	if err != nil {
@@ -405,6 +396,25 @@ func (s *stream) Append(ctx context.Context, call schema.Stream_append) error {
 // controlEvents holds a raw append of the stream's own control events (stream/*: configure,
 // remove, cursor-set, resume) to what the verbs need: the subscribe right, and for a
 // copy-to-stream configuration a target inside the prefix.
+// startAppend queues an append as this capability takes it: its control events checked against
+// the capability (controlEvents), webhook secrets kept apart from the log.
+func (s *stream) startAppend(ctx context.Context, inputs []itx.EventInput, opts itx.AppendOptions) (*server.PendingAppend, error) {
+	if err := s.controlEvents(inputs); err != nil {
+		return nil, err
+	}
+	release, err := s.srv.KeepSecretsApart(ctx, s.ref.ProjectID, inputs)
+	if err != nil {
+		return nil, err
+	}
+	pending, err := s.srv.StartAppend(ctx, s.ref, inputs, opts)
+	if err != nil {
+		release()
+		return nil, err
+	}
+	pending.AfterAnswer(release) // committed (its catalog references the secrets) or refused
+	return pending, nil
+}
+
 func (s *stream) controlEvents(inputs []itx.EventInput) error {
 	for i, in := range inputs {
 		if !itx.IsCoreType(in.Type) {

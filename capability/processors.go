@@ -75,7 +75,7 @@ type remoteHost struct {
 
 func (h *remoteHost) Wake(ctx context.Context, w server.RemoteWake) (int64, int64, error) {
 	st := &stream{srv: h.srv, ref: w.Ref, acc: h.acc}
-	ports := &processorPorts{p: w.Ports, acc: h.acc}
+	ports := &processorPorts{p: w.Ports, acc: h.acc, home: st}
 	fut, release := h.client.Wake(ctx, func(p schema.ProcessorHost_wake_Params) error {
 		req, err := p.NewRequest()
 		if err != nil {
@@ -176,8 +176,9 @@ func hostError(ctx context.Context, err error) error {
 
 // processorPorts serves server.ProcessorPorts to a host.
 type processorPorts struct {
-	p   *server.ProcessorPorts
-	acc access // the mounting session's: AppendTo reaches its prefix only
+	p    *server.ProcessorPorts
+	acc  access  // the mounting session's: AppendTo reaches its prefix only
+	home *stream // the processor's home stream, as the wake hands it to the host
 }
 
 func (pp *processorPorts) Claim(ctx context.Context, call schema.ProcessorPorts_claim) error {
@@ -287,10 +288,27 @@ func (pp *processorPorts) AppendTo(ctx context.Context, call schema.ProcessorPor
 	if err != nil {
 		return badArgs("events", err)
 	}
-	call.Go()
-	result, err := pp.p.AppendTo(ctx, path, inputs)
-	if err != nil {
-		return fail(err)
+	var result itx.AppendResult
+	if path == pp.home.ref.Path {
+		// The home stream, appended to as Stream.append does, but fenced as the processor's
+		// other writes: a host whose mount was taken over (frozen mid-frame, say) appends
+		// nothing more, where the plain stream capability would still take its events.
+		if err := pp.p.CheckFence(); err != nil {
+			return fail(err)
+		}
+		pending, err := pp.home.startAppend(ctx, inputs, itx.AppendOptions{})
+		if err != nil {
+			return fail(err)
+		}
+		call.Go()
+		if result, err = pending.Wait(ctx); err != nil {
+			return fail(err)
+		}
+	} else {
+		call.Go()
+		if result, err = pp.p.AppendTo(ctx, path, inputs); err != nil {
+			return fail(err)
+		}
 	}
 	res, err := call.AllocResults()
 	if err != nil {

@@ -472,7 +472,9 @@ interface ProcessorPorts {
   # Delete a key (absent: no error).
   kvDelete @6 (key :Text) -> ();
   # Append to another stream of the project, under the subscription's scope (a processor's
-  # forward: Args.AppendTo); stream/* control events are refused. Fenced like the others.
+  # forward: Args.AppendTo); stream/* control events are refused. Fenced like the others. With
+  # the home stream's path it is the processor's own Append, taken as Stream.append takes it
+  # but refused once another host took the processor over.
   appendTo @7 (path :Text, events :List(EventInput)) -> (result :AppendResult);
 }
 

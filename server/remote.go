@@ -335,6 +335,10 @@ func (p *ProcessorPorts) kvGen() int64 {
 	return p.wakeGen
 }
 
+// CheckFence fails unless this host's mount still holds the contract: what a remote processor
+// writes through its ports is refused once another host took it over.
+func (p *ProcessorPorts) CheckFence() error { return p.fenced() }
+
 func (p *ProcessorPorts) fenced() error {
 	m := p.srv.remoteHost(p.ref.ProjectID, p.scope, p.contract)
 	if m == nil || m.gen != p.gen {

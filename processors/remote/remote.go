@@ -563,14 +563,16 @@ func (l *rpcLog) AppendTo(ctx context.Context, path string, inputs []itx.EventIn
 
 // Append commits through the stream capability and reads the committed events back.
 func (l *rpcLog) Append(ctx context.Context, inputs []itx.EventInput) ([]itx.Event, error) {
+	// Through the ports, as AppendTo: itxd refuses it once another host took the processor
+	// over (the plain stream capability would take it from a host frozen mid-frame).
+	res, err := l.AppendTo(ctx, l.s.path, inputs)
+	if err != nil {
+		return nil, err
+	}
 	ctx, done := l.s.bound(ctx)
 	defer done()
 	stream := l.s.streamCap()
 	defer stream.Release()
-	res, err := client.Append(ctx, stream, inputs, itx.AppendOptions{})
-	if err != nil {
-		return nil, err
-	}
 	if len(res.Offsets) == 0 {
 		return nil, nil
 	}
