@@ -240,6 +240,7 @@ var methodRights = map[string]rightSet{
 	"ProcessorPorts.kvDelete": rSubscribe,
 	// A processor's forward to another stream: the mounting token's append, within its prefix.
 	"ProcessorPorts.appendTo": rSubscribe | rAppend,
+	"ProcessorPorts.schedule": rSubscribe | rAppend, // the home stream's Stream.schedule
 
 	"Processor.snapshot":        rRead,
 	"Processor.getRuntimeState": rRead,

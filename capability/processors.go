@@ -321,6 +321,37 @@ func (pp *processorPorts) AppendTo(ctx context.Context, call schema.ProcessorPor
 	return wire.SetAppendResult(r, result)
 }
 
+// Schedule is the processor's ScheduleAppend on its home stream: Stream.schedule, fenced.
+func (pp *processorPorts) Schedule(ctx context.Context, call schema.ProcessorPorts_schedule) error {
+	src, err := call.Args().Event()
+	if err != nil {
+		return badArgs("event", err)
+	}
+	in, err := wire.EventInputFromSchema(src)
+	if err != nil {
+		return badArgs("event", err)
+	}
+	if err := pp.p.CheckFence(); err != nil {
+		return fail(err)
+	}
+	pending, err := pp.home.srv.StartSchedule(ctx, pp.home.ref, in, call.Args().DueAt())
+	if err != nil {
+		return fail(err)
+	}
+	call.Go()
+	due, appended, err := pending.WaitSchedule(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	res.SetDueAt(due)
+	res.SetAppendedOffset(uint64(appended))
+	return nil
+}
+
 func (pp *processorPorts) KvDelete(ctx context.Context, call schema.ProcessorPorts_kvDelete) error {
 	key, err := call.Args().Key()
 	if err != nil {

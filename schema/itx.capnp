@@ -476,6 +476,9 @@ interface ProcessorPorts {
   # the home stream's path it is the processor's own Append, taken as Stream.append takes it
   # but refused once another host took the processor over.
   appendTo @7 (path :Text, events :List(EventInput)) -> (result :AppendResult);
+  # The processor's ScheduleAppend on its home stream, as Stream.schedule takes it, but refused
+  # once another host took the processor over.
+  schedule @8 (event :EventInput, dueAt :Int64) -> (dueAt :Int64, appendedOffset :UInt64);
 }
 
 interface ProcessorHosts {

@@ -413,6 +413,7 @@ var methodCases = map[string]methodCase{
 	"ProcessorPorts.kvGet":    {viaWake: true},
 	"ProcessorPorts.kvPut":    {viaWake: true},
 	"ProcessorPorts.appendTo": {viaWake: true},
+	"ProcessorPorts.schedule": {viaWake: true},
 	"ProcessorPorts.setAlarm": {viaWake: true},
 	"ProcessorPorts.check":    {viaWake: true},
 	"ProcessorPorts.kvDelete": {viaWake: true},

@@ -3,6 +3,7 @@ package test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -219,8 +220,10 @@ func TestRemote_Kill9GuestbookSnapshotIsTheFold(t *testing.T) {
 	require.Equal(t, snap.ReducedOffset, snap.ProcessedOffset)
 }
 
-// lateHost hosts "late": each late/x event appends one late/effect naming the host, unkeyed (an
-// effect a dead incarnation must not land: the seed's stray closure hitting the fence). With
+// lateHost hosts "late": each late/x event schedules a late/timer an hour ahead (keyed by the
+// host) and appends one late/effect naming the host, unkeyed (effects a dead incarnation must not
+// land: the seed's stray closure hitting the fence); errs gets the schedule's error, then the
+// append's. With
 // hold set, the effect first waits for hold: a host frozen mid-frame (a stopped process, a long
 // pause) whose connection stays up.
 func lateHost(t testing.TB, name string, started chan<- struct{}, hold <-chan struct{}, errs chan<- error) *processors.Host {
@@ -243,14 +246,17 @@ func lateHost(t testing.TB, name string, started chan<- struct{}, hold <-chan st
 						}
 						<-hold
 					}
+					serr := a.ScheduleAppend(ctx, time.Now().Add(time.Hour), itx.EventInput{Type: "late/timer",
+						IdempotencyKey: "timer-" + name, Payload: json.RawMessage(fmt.Sprintf(`{"host":%q}`, name))})
 					_, err := a.Append(ctx, itx.EventInput{Type: "late/effect", Payload: json.RawMessage(fmt.Sprintf(`{"host":%q}`, name))})
 					if errs != nil {
 						select {
-						case errs <- err: // the first attempt's: later retries are not the probe's
+						case errs <- serr: // the first attempt's: later retries are not the probe's
+							errs <- err
 						default:
 						}
 					}
-					return err
+					return errors.Join(serr, err)
 				})
 				return nil
 			},
@@ -271,7 +277,7 @@ func TestRemote_TakenOverHostLandsNoLateAppend(t *testing.T) {
 	ctx := ctxT(t)
 	p := ts.project(t)
 	s := stream(t, p, "/remote/late-append")
-	started, hold, errs := make(chan struct{}, 1), make(chan struct{}), make(chan error, 1)
+	started, hold, errs := make(chan struct{}, 1), make(chan struct{}), make(chan error, 2)
 	var thaw sync.Once
 	awaitMount(t, runRemoteHost(t, ts.addr, ts.creds.ProjectToken, "frozen", lateHost(t, "frozen", started, hold, errs)))
 	t.Cleanup(func() { thaw.Do(func() { close(hold) }) }) // registered after the host's: runs before it
@@ -284,9 +290,10 @@ func TestRemote_TakenOverHostLandsNoLateAppend(t *testing.T) {
 	}
 	awaitMount(t, runRemoteHost(t, ts.addr, ts.creds.ProjectToken, "successor", lateHost(t, "successor", nil, nil, nil)))
 	thaw.Do(func() { close(hold) })
-	var err error
+	var serr, err error
 	select {
-	case err = <-errs:
+	case serr = <-errs:
+		err = <-errs
 	case <-ctx.Done():
 		t.Fatal("the frozen host's effect never returned")
 	}
@@ -298,4 +305,10 @@ func TestRemote_TakenOverHostLandsNoLateAppend(t *testing.T) {
 	}
 	require.NotContains(t, hosts, `{"host":"frozen"}`, "late/effect events on the stream")
 	require.Error(t, err, "the frozen host's late append was accepted")
+	require.Error(t, serr, "the frozen host's late schedule was accepted")
+	timers, lerr := client.ListScheduled(ctx, s)
+	require.NoError(t, lerr)
+	for _, sc := range timers {
+		require.NotEqual(t, "timer-frozen", sc.Event.IdempotencyKey, "the frozen host's timer is scheduled")
+	}
 }

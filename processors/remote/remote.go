@@ -524,12 +524,22 @@ func (l *rpcLog) Read(ctx context.Context, after int64, limit int) (itx.Processo
 }
 
 // Schedule schedules through the stream capability (Stream.schedule).
+// Schedule goes through the ports, as Append: refused once another host took the processor over.
 func (l *rpcLog) Schedule(ctx context.Context, event itx.EventInput, at time.Time) error {
 	ctx, done := l.s.bound(ctx)
 	defer done()
-	stream := l.s.streamCap()
-	defer stream.Release()
-	_, _, err := client.Schedule(ctx, stream, event, at)
+	ports := l.s.portsCap()
+	defer ports.Release()
+	fut, release := ports.Schedule(ctx, func(p schema.ProcessorPorts_schedule_Params) error {
+		ev, err := p.NewEvent()
+		if err != nil {
+			return err
+		}
+		p.SetDueAt(at.UnixMilli())
+		return wire.SetEventInput(ev, &event)
+	})
+	defer client.ReleaseAfter(ctx, release)
+	_, err := client.Await(ctx, fut)
 	return err
 }
 
