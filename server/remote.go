@@ -62,6 +62,12 @@ type procMount struct {
 	gen       uint64
 	at        int64
 	contracts []itx.ProcessorInfo
+	// lost ends, per contract, once the mount no longer holds it (another host took it over,
+	// or the mount ended): a wake under way for it is cancelled then, so the new holder is
+	// woken at once rather than after the old one's wake times out. Made at the mount, not
+	// changed after (read without the lock).
+	lost     map[string]context.Context
+	loseFunc map[string]context.CancelFunc
 
 	// stops are the Stop calls sent to the host and not yet answered, by processor: a wake of
 	// the same processor waits for them (pendingStops), so a stop meant for a removed
@@ -220,13 +226,20 @@ func (s *Server) MountProcessorHost(projectID, scope, name string, host RemotePr
 	}
 	ph.gen++
 	m := &procMount{projectID: projectID, scope: scope, name: name, host: host, gen: ph.gen, at: itx.UnixMilli(s.clock.Now()),
-		contracts: append([]itx.ProcessorInfo(nil), contracts...)}
+		contracts: append([]itx.ProcessorInfo(nil), contracts...),
+		lost:      map[string]context.Context{}, loseFunc: map[string]context.CancelFunc{}}
+	for _, c := range contracts {
+		m.lost[c.Name], m.loseFunc[c.Name] = context.WithCancel(context.Background())
+	}
 	if old := ph.byName[mountKey{projectID, scope, name}]; old != nil {
 		ph.dropLocked(old)
 	}
 	ph.byName[mountKey{projectID, scope, name}] = m
 	ph.byProject.add(projectID)
 	for _, c := range contracts {
+		if prev := ph.contract[mountKey{projectID, scope, c.Name}]; prev != nil && prev != m {
+			prev.loseFunc[c.Name]() // taken over
+		}
 		ph.contract[mountKey{projectID, scope, c.Name}] = m
 	}
 	ph.mu.Unlock()
@@ -261,6 +274,7 @@ func (ph *procHosts) dropLocked(m *procMount) {
 		if ph.contract[mountKey{m.projectID, m.scope, c.Name}] == m {
 			delete(ph.contract, mountKey{m.projectID, m.scope, c.Name})
 		}
+		m.loseFunc[c.Name]()
 	}
 }
 
@@ -480,6 +494,8 @@ func (d *deliverer) wakeRemote(job pushJob, out deliveryOutcome) deliveryOutcome
 	defer cancel()
 	t := d.srv.clock.AfterFunc(2*d.srv.cfg.DeliveryTimeout, cancel)
 	defer t.Stop()
+	var lost atomic.Bool
+	defer context.AfterFunc(m.lost[contract], func() { lost.Store(true); cancel() })()
 	// A stop sent for a removed subscription of this name lands first (see beginStop).
 	var processed int64
 	if err = m.awaitStops(ctx, stopKey{streamID, d.name}); err == nil {
@@ -487,6 +503,12 @@ func (d *deliverer) wakeRemote(job pushJob, out deliveryOutcome) deliveryOutcome
 	}
 	switch {
 	case d.ctx.Err() != nil:
+		return out
+	case lost.Load():
+		// The mount lost the contract while this wake ran (another host took it over, or it
+		// ended): its answer no longer counts, as a late report's below; the new holder is woken
+		// next, or the subscription parks with nothing mounted.
+		d.srv.metrics.LateAcks.Inc()
 		return out
 	case err != nil && ctx.Err() != nil:
 		return fail(classOutage, itx.Errorf(itx.EDeadlineExceeded, "processor host %q did not answer the wake within %s", m.name, 2*d.srv.cfg.DeliveryTimeout))

@@ -289,6 +289,12 @@ func TestRemote_TakenOverHostLandsNoLateAppend(t *testing.T) {
 		t.Fatal("the first host never ran the frame")
 	}
 	awaitMount(t, runRemoteHost(t, ts.addr, ts.creds.ProjectToken, "successor", lateHost(t, "successor", nil, nil, nil)))
+	// The takeover cancels the wake the frozen host holds: the successor runs the frame at once,
+	// not once that wake times out (40 s).
+	waitUntil(t, "the successor's effect, the first host still frozen", func() bool {
+		events, err := client.ReadAll(ctx, s, itx.Query{Types: []string{"late/effect"}})
+		return err == nil && len(events) == 1 && string(events[0].Payload) == `{"host":"successor"}`
+	})
 	thaw.Do(func() { close(hold) })
 	var serr, err error
 	select {

@@ -232,7 +232,8 @@ func TestRemote_SecondMountTakesOverAndFencesTheFirst(t *testing.T) {
 
 // A wake report that arrives after its host lost the contract is refused: the spy claims the
 // whole stream processed without committing anything, after a second host took the contract;
-// the cursor does not take its word, and the new holder forwards every message.
+// the cursor does not take its word (the wake is cancelled at the takeover, and counted as a
+// late ack), and the new holder forwards every message.
 func TestRemote_LateReportFromALostMountIsRefused(t *testing.T) {
 	ts := startServer(t, server.Config{})
 	ctx := ctxT(t)
@@ -248,8 +249,8 @@ func TestRemote_LateReportFromALostMountIsRefused(t *testing.T) {
 		t.Fatal("the first host was never woken")
 	}
 	defer spy.ports.Release()
-	awaitMount(t, runRemoteHost(t, ts.addr, ts.creds.ProjectToken, "worker-2", referenceHost(t, "forwarder")))
 	late := testutil.ToFloat64(ts.srv.Metrics().LateAcks)
+	awaitMount(t, runRemoteHost(t, ts.addr, ts.creds.ProjectToken, "worker-2", referenceHost(t, "forwarder")))
 	close(spy.hold)
 	waitUntil(t, "the late report refused", func() bool { return testutil.ToFloat64(ts.srv.Metrics().LateAcks) > late })
 	sub := client.Subscription(ctx, s, "forwarder")
