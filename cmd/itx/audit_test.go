@@ -58,8 +58,8 @@ func TestRun_PipedUsageErrorsExit2(t *testing.T) {
 	c := newCLI(t)
 	c.env["ITX_ADDR"], c.env["ITX_TOKEN"] = ts.addr, ts.token
 	for _, tc := range []struct{ input, errs string }{
-		{".tail\n", "invalidArgument: usage: .tail <path> [--from N | N]\n"},
-		{".tail /t --from x\n", "invalidArgument: tail: after must be an offset, got \"x\"; usage: .tail <path> [--from N | N]\n"},
+		{".tail\n", "invalidArgument: usage: .tail <path> [--from N | N] [--reader <name>]\n"},
+		{".tail /t --from x\n", "invalidArgument: tail: after must be an offset, got \"x\"; usage: .tail <path> [--from N | N] [--reader <name>]\n"},
 		{".watch /a /b\n", "invalidArgument: watch: too many arguments; usage: .watch <path> [--processor <name>]\n"},
 		{".export\n", "invalidArgument: usage: .export <path> [after] [--with-control]\n"},
 		{".import /a --with-contrl\n", "invalidArgument: import: unknown flag \"--with-contrl\"; usage: .import <path> [file.ndjson | -] [--with-control]\n"},
@@ -79,7 +79,7 @@ func TestRun_PipedUsageErrorsExit2(t *testing.T) {
 		{".help Stream Streams\n", "invalidArgument: help: too many arguments; usage: .help [interface]\n"},
 		{".time iso relative\n", "invalidArgument: time: too many arguments; usage: .time [iso|relative]\n"},
 		{".output json wide\n", "invalidArgument: output: too many arguments; usage: .output [auto|pretty|json|table|wide|fit]\n"},
-		{"nope\n.tail\n", "ReferenceError: nope is not defined\ninvalidArgument: usage: .tail <path> [--from N | N]\n"},
+		{"nope\n.tail\n", "ReferenceError: nope is not defined\ninvalidArgument: usage: .tail <path> [--from N | N] [--reader <name>]\n"},
 	} {
 		code, out, errs := c.run(tc.input + "1 + 1\n")
 		require.Equal(t, exitUsage, code, "%q: %s", tc.input, errs)
@@ -216,8 +216,8 @@ func TestRun_JSONUsageErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"tail"}, "usage: itx tail <path> [--from N | N]"},
-		{[]string{"tail", "/t", "1", "2"}, "itx tail: too many arguments; usage: itx tail <path> [--from N | N]"},
+		{[]string{"tail"}, "usage: itx tail <path> [--from N | N] [--reader <name>]"},
+		{[]string{"tail", "/t", "1", "2"}, "itx tail: too many arguments; usage: itx tail <path> [--from N | N] [--reader <name>]"},
 		{[]string{"-e", "1", "extra"}, "itx: -e takes no other arguments"},
 		{[]string{"missing-script.js"}, "itx: open missing-script.js: no such file or directory"},
 		// itx's own flags: the flag package printed these as text, with the usage, under --json.
@@ -237,7 +237,7 @@ func TestRun_JSONUsageErrors(t *testing.T) {
 	}
 	code, _, errs := c.run("", "--addr", mustClosedPort(t), "--token", "itx_unused", "tail")
 	require.Equal(t, exitUsage, code)
-	require.Equal(t, "usage: itx tail <path> [--from N | N]\n", errs, "text without --json, as before")
+	require.Equal(t, "usage: itx tail <path> [--from N | N] [--reader <name>]\n", errs, "text without --json, as before")
 
 	// --json after the flag the parse stopped at asks for JSON too.
 	code, _, errs = c.run("", "--addr", mustClosedPort(t), "--bogus", "--json")

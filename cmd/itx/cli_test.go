@@ -423,13 +423,13 @@ func TestRun_CommandUsageErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"tail"}, "usage: itx tail <path> [--from N | N]\n"},
-		{[]string{"tail", "/t", "--from"}, "itx tail: --from needs an offset\nusage: itx tail <path> [--from N | N]\n"},
-		{[]string{"tail", "/t", "--from", "x"}, "itx tail: after must be an offset, got \"x\"\nusage: itx tail <path> [--from N | N]\n"},
-		{[]string{"tail", "/t", "1", "2"}, "itx tail: too many arguments\nusage: itx tail <path> [--from N | N]\n"},
-		{[]string{"tail", "/t", "--reader"}, "itx tail: --reader needs a name\nusage: itx tail <path> [--from N | N]\n"},
-		{[]string{"tail", "/t", "--reader= "}, "itx tail: --reader needs a name\nusage: itx tail <path> [--from N | N]\n"},
-		{[]string{"tail", "--from", "3"}, "itx tail: the stream's path comes first, got \"--from\"\nusage: itx tail <path> [--from N | N]\n"},
+		{[]string{"tail"}, "usage: itx tail <path> [--from N | N] [--reader <name>]\n"},
+		{[]string{"tail", "/t", "--from"}, "itx tail: --from needs an offset\nusage: itx tail <path> [--from N | N] [--reader <name>]\n"},
+		{[]string{"tail", "/t", "--from", "x"}, "itx tail: after must be an offset, got \"x\"\nusage: itx tail <path> [--from N | N] [--reader <name>]\n"},
+		{[]string{"tail", "/t", "1", "2"}, "itx tail: too many arguments\nusage: itx tail <path> [--from N | N] [--reader <name>]\n"},
+		{[]string{"tail", "/t", "--reader"}, "itx tail: --reader needs a name\nusage: itx tail <path> [--from N | N] [--reader <name>]\n"},
+		{[]string{"tail", "/t", "--reader= "}, "itx tail: --reader needs a name\nusage: itx tail <path> [--from N | N] [--reader <name>]\n"},
+		{[]string{"tail", "--from", "3"}, "itx tail: the stream's path comes first, got \"--from\"\nusage: itx tail <path> [--from N | N] [--reader <name>]\n"},
 		{[]string{"watch"}, "usage: itx watch <path> [--processor <name>]\n"},
 		{[]string{"watch", "/a", "/b"}, "itx watch: too many arguments\nusage: itx watch <path> [--processor <name>]\n"},
 		{[]string{"export"}, "usage: itx export <path> [after] [--with-control]\n"},
@@ -446,8 +446,8 @@ func TestRun_CommandUsageErrors(t *testing.T) {
 	ts := startServer(t)
 	s := newSession(t, ts)
 	for line, want := range map[string]string{
-		"tail":               "usage: .tail <path> [--from N | N]",
-		"tail /t --from":     "tail: --from needs an offset; usage: .tail <path> [--from N | N]",
+		"tail":               "usage: .tail <path> [--from N | N] [--reader <name>]",
+		"tail /t --from":     "tail: --from needs an offset; usage: .tail <path> [--from N | N] [--reader <name>]",
 		"export /t nope":     `export: after must be an offset, got "nope"; usage: .export <path> [after] [--with-control]`,
 		"watch":              "usage: .watch <path> [--processor <name>]",
 		"import /t a.json b": "import: too many arguments; usage: .import <path> [file.ndjson | -] [--with-control]",

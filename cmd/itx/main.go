@@ -108,7 +108,7 @@ func run(args []string, env environment) int {
   itx [flags] -e 'expression'        evaluate one expression and print its result
   itx [flags] script.js [args...]    run a script; - reads it from stdin
   ... | itx [flags]                  evaluate piped lines one by one, printing each result
-  itx [flags] tail <path> [--from N | N] [--reader NAME]
+  itx [flags] tail <path> [--from N | N] [--reader <name>]
                                      print events after offset N (default: the head) as they
                                      are appended, until Ctrl-C; --reader keeps a registered
                                      reader's checkpoint at the last event printed and, without

@@ -33,7 +33,7 @@ type Command struct {
 }
 
 // UsageError is a command given arguments it does not take. At the prompt it reads as
-// invalidArgument: "usage: .tail <path> [--from N | N]"; itx <command> prints CLIUsage and exits
+// invalidArgument: "usage: .tail <path> [--from N | N] [--reader <name>]"; itx <command> prints CLIUsage and exits
 // 2.
 type UsageError struct {
 	Command string
@@ -106,7 +106,7 @@ func init() {
 	register(&Command{Name: "output", Args: "[auto|pretty|json|table|wide|fit]", Help: "show or set how results print; wide: tables at full width, fit: cut to the terminal", Run: runOutput})
 	register(&Command{Name: "time", Args: "[iso|relative]", Help: "show times in tables as ISO-8601 (the default) or relative to now", Run: runTime})
 	register(&Command{Name: "quit", Help: "leave (as .exit)", Run: leave("quit")})
-	register(&Command{Name: "tail", Args: "<path> [--from N | N]", CLI: true,
+	register(&Command{Name: "tail", Args: "<path> [--from N | N] [--reader <name>]", CLI: true,
 		Help: "open a connection and print events as they are appended, until Ctrl-C (default: after the head); goes on after the last one printed when itxd restarts; --reader registers a reader of that name whose checkpoint follows the last event printed (each second and at the end; itx consumers shows it) and, without --from, starts after its checkpoint", Run: runTail,
 		Check: func(args []string) error { _, err := parseTail(args); return err }})
 	register(&Command{Name: "import", Args: "<path> [file.ndjson | -] [--with-control]", CLI: true,
