@@ -267,7 +267,10 @@ func (s *Session) tlsHint(ctx context.Context, err error) error {
 			return nil
 		}
 	case string(itx.EInternal), string(itx.EUnavailable): // a write that failed, say
-		if s.connected() {
+		// The connection's end may be noted a moment after its write failed: go-capnp's own
+		// error ("rpc: send message: ...", "rpc: connection closed") is checked as such whether
+		// or not it is noted yet (speaksTLS decides).
+		if s.connected() && !strings.Contains(err.Error(), "rpc: ") {
 			return nil
 		}
 	default:
