@@ -393,9 +393,6 @@ func (s *stream) Append(ctx context.Context, call schema.Stream_append) error {
 	return wire.SetAppendResult(r, result)
 }
 
-// controlEvents holds a raw append of the stream's own control events (stream/*: configure,
-// remove, cursor-set, resume) to what the verbs need: the subscribe right, and for a
-// copy-to-stream configuration a target inside the prefix.
 // startAppend queues an append as this capability takes it: its control events checked against
 // the capability (controlEvents), webhook secrets kept apart from the log.
 func (s *stream) startAppend(ctx context.Context, inputs []itx.EventInput, opts itx.AppendOptions) (*server.PendingAppend, error) {
@@ -415,6 +412,9 @@ func (s *stream) startAppend(ctx context.Context, inputs []itx.EventInput, opts 
 	return pending, nil
 }
 
+// controlEvents holds a raw append of the stream's own control events (stream/*: configure,
+// remove, cursor-set, resume) to what the verbs need: the subscribe right, and for a
+// copy-to-stream configuration a target inside the prefix.
 func (s *stream) controlEvents(inputs []itx.EventInput) error {
 	for i, in := range inputs {
 		if !itx.IsCoreType(in.Type) {

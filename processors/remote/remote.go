@@ -523,7 +523,6 @@ func (l *rpcLog) Read(ctx context.Context, after int64, limit int) (itx.Processo
 	return page, err
 }
 
-// Schedule schedules through the stream capability (Stream.schedule).
 // Schedule goes through the ports, as Append: refused once another host took the processor over.
 func (l *rpcLog) Schedule(ctx context.Context, event itx.EventInput, at time.Time) error {
 	ctx, done := l.s.bound(ctx)
@@ -571,10 +570,10 @@ func (l *rpcLog) AppendTo(ctx context.Context, path string, inputs []itx.EventIn
 	return wire.AppendResultFromSchema(r)
 }
 
-// Append commits through the stream capability and reads the committed events back.
+// Append commits through the ports, as AppendTo (itxd refuses it once another host took the
+// processor over, where the plain stream capability would take it from a host frozen
+// mid-frame), and reads the committed events back.
 func (l *rpcLog) Append(ctx context.Context, inputs []itx.EventInput) ([]itx.Event, error) {
-	// Through the ports, as AppendTo: itxd refuses it once another host took the processor
-	// over (the plain stream capability would take it from a host frozen mid-frame).
 	res, err := l.AppendTo(ctx, l.s.path, inputs)
 	if err != nil {
 		return nil, err
