@@ -323,33 +323,11 @@ func (pp *processorPorts) AppendTo(ctx context.Context, call schema.ProcessorPor
 
 // Schedule is the processor's ScheduleAppend on its home stream: Stream.schedule, fenced.
 func (pp *processorPorts) Schedule(ctx context.Context, call schema.ProcessorPorts_schedule) error {
-	src, err := call.Args().Event()
-	if err != nil {
-		return badArgs("event", err)
-	}
-	in, err := wire.EventInputFromSchema(src)
-	if err != nil {
-		return badArgs("event", err)
-	}
 	if err := pp.p.CheckFence(); err != nil {
 		return fail(err)
 	}
-	pending, err := pp.home.srv.StartSchedule(ctx, pp.home.ref, in, call.Args().DueAt())
-	if err != nil {
-		return fail(err)
-	}
-	call.Go()
-	due, appended, err := pending.WaitSchedule(ctx)
-	if err != nil {
-		return fail(err)
-	}
-	res, err := call.AllocResults()
-	if err != nil {
-		return err
-	}
-	res.SetDueAt(due)
-	res.SetAppendedOffset(uint64(appended))
-	return nil
+	src, err := call.Args().Event()
+	return pp.home.schedule(ctx, src, err, call.Args().DueAt(), call.Go, func() (scheduleResults, error) { return call.AllocResults() })
 }
 
 func (pp *processorPorts) KvDelete(ctx context.Context, call schema.ProcessorPorts_kvDelete) error {

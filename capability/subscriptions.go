@@ -506,8 +506,20 @@ func resultsAreStruct(fut *capnp.Future) bool {
 
 func (s *stream) Schedule(ctx context.Context, call schema.Stream_schedule) error {
 	src, err := call.Args().Event()
-	if err != nil {
-		return badArgs("event", err)
+	return s.schedule(ctx, src, err, call.Args().DueAt(), call.Go, func() (scheduleResults, error) { return call.AllocResults() })
+}
+
+// scheduleResults are Stream.schedule's results, and ProcessorPorts.schedule's (the same fields).
+type scheduleResults interface {
+	SetDueAt(int64)
+	SetAppendedOffset(uint64)
+}
+
+// schedule is Stream.schedule once its arguments are read (src, or srcErr reading it), for it and
+// for a remote processor's ProcessorPorts.schedule: goOn releases the call queue, alloc the results.
+func (s *stream) schedule(ctx context.Context, src schema.EventInput, srcErr error, dueAt int64, goOn func(), alloc func() (scheduleResults, error)) error {
+	if srcErr != nil {
+		return badArgs("event", srcErr)
 	}
 	in, err := wire.EventInputFromSchema(src)
 	if err != nil {
@@ -515,16 +527,16 @@ func (s *stream) Schedule(ctx context.Context, call schema.Stream_schedule) erro
 	}
 	// Queued before the call queue is released: schedules and cancels sent on one capability
 	// apply in the order sent.
-	pending, err := s.srv.StartSchedule(ctx, s.ref, in, call.Args().DueAt())
+	pending, err := s.srv.StartSchedule(ctx, s.ref, in, dueAt)
 	if err != nil {
 		return fail(err)
 	}
-	call.Go()
+	goOn()
 	due, appended, err := pending.WaitSchedule(ctx)
 	if err != nil {
 		return fail(err)
 	}
-	res, err := call.AllocResults()
+	res, err := alloc()
 	if err != nil {
 		return err
 	}
