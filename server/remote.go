@@ -62,12 +62,11 @@ type procMount struct {
 	gen       uint64
 	at        int64
 	contracts []itx.ProcessorInfo
-	// lost ends, per contract, once the mount no longer holds it (another host took it over,
+	// held ends, per contract, once the mount no longer holds it (another host took it over,
 	// or the mount ended): a wake under way for it is cancelled then, so the new holder is
 	// woken at once rather than after the old one's wake times out. Made at the mount, not
 	// changed after (read without the lock).
-	lost     map[string]context.Context
-	loseFunc map[string]context.CancelFunc
+	held map[string]contractHold
 
 	// stops are the Stop calls sent to the host and not yet answered, by processor: a wake of
 	// the same processor waits for them (pendingStops), so a stop meant for a removed
@@ -227,9 +226,10 @@ func (s *Server) MountProcessorHost(projectID, scope, name string, host RemotePr
 	ph.gen++
 	m := &procMount{projectID: projectID, scope: scope, name: name, host: host, gen: ph.gen, at: itx.UnixMilli(s.clock.Now()),
 		contracts: append([]itx.ProcessorInfo(nil), contracts...),
-		lost:      map[string]context.Context{}, loseFunc: map[string]context.CancelFunc{}}
+		held:      make(map[string]contractHold, len(contracts))}
 	for _, c := range contracts {
-		m.lost[c.Name], m.loseFunc[c.Name] = context.WithCancel(context.Background())
+		ctx, cancel := context.WithCancel(context.Background())
+		m.held[c.Name] = contractHold{lost: ctx, lose: cancel}
 	}
 	if old := ph.byName[mountKey{projectID, scope, name}]; old != nil {
 		ph.dropLocked(old)
@@ -238,7 +238,7 @@ func (s *Server) MountProcessorHost(projectID, scope, name string, host RemotePr
 	ph.byProject.add(projectID)
 	for _, c := range contracts {
 		if prev := ph.contract[mountKey{projectID, scope, c.Name}]; prev != nil && prev != m {
-			prev.loseFunc[c.Name]() // taken over
+			prev.held[c.Name].lose() // taken over
 		}
 		ph.contract[mountKey{projectID, scope, c.Name}] = m
 	}
@@ -265,6 +265,12 @@ func (s *Server) MountProcessorHost(projectID, scope, name string, host RemotePr
 	}, nil
 }
 
+// contractHold is a mount's hold on one contract: lost ends when lose is called.
+type contractHold struct {
+	lost context.Context
+	lose context.CancelFunc
+}
+
 func (ph *procHosts) dropLocked(m *procMount) {
 	if ph.byName[mountKey{m.projectID, m.scope, m.name}] == m {
 		delete(ph.byName, mountKey{m.projectID, m.scope, m.name})
@@ -274,7 +280,7 @@ func (ph *procHosts) dropLocked(m *procMount) {
 		if ph.contract[mountKey{m.projectID, m.scope, c.Name}] == m {
 			delete(ph.contract, mountKey{m.projectID, m.scope, c.Name})
 		}
-		m.loseFunc[c.Name]()
+		m.held[c.Name].lose()
 	}
 }
 
@@ -495,7 +501,7 @@ func (d *deliverer) wakeRemote(job pushJob, out deliveryOutcome) deliveryOutcome
 	t := d.srv.clock.AfterFunc(2*d.srv.cfg.DeliveryTimeout, cancel)
 	defer t.Stop()
 	var lost atomic.Bool
-	defer context.AfterFunc(m.lost[contract], func() { lost.Store(true); cancel() })()
+	defer context.AfterFunc(m.held[contract].lost, func() { lost.Store(true); cancel() })()
 	// A stop sent for a removed subscription of this name lands first (see beginStop).
 	var processed int64
 	if err = m.awaitStops(ctx, stopKey{streamID, d.name}); err == nil {
