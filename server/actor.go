@@ -715,6 +715,7 @@ func (a *actor) env() stepEnv {
 			return 1
 		},
 		mountedNow: a.mountedNow,
+		diskRoom:   a.srv.disk.room,
 	}
 }
 
@@ -883,6 +884,7 @@ func (a *actor) apply(in stepInput) {
 				bytes += len(e.Type) + len(e.Payload) + len(e.Metadata) + len(e.IdempotencyKey)
 			}
 			m.AppendedBytes.Add(float64(bytes))
+			a.srv.disk.wrote(2 * int64(bytes)) // the log's frame, then the database's page
 		}
 	}
 

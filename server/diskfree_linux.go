@@ -12,3 +12,12 @@ func freeBytes(path string) (int64, bool) {
 	}
 	return int64(st.Bavail) * int64(st.Bsize), true
 }
+
+// diskSize is the size of the file system holding path.
+func diskSize(path string) (int64, bool) {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(path, &st); err != nil {
+		return 0, false
+	}
+	return int64(st.Blocks) * int64(st.Bsize), true
+}

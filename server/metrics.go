@@ -44,6 +44,9 @@ type Metrics struct {
 	BackupLastOK     prometheus.Gauge       // unix seconds of the instant the last backup written holds
 	BackupLastFrozen prometheus.Gauge       // seconds the loaded streams stood still for it
 
+	DiskFree    prometheus.Gauge // the data directory's free bytes at the reserve's last reading
+	DiskReserve prometheus.Gauge // Config.MinFreeDisk
+
 	StreamsDeleted prometheus.Counter // Streams.remove
 	TrimmedEvents  prometheus.Counter // events Stream.trim deleted
 }
@@ -145,6 +148,12 @@ func newMetrics() *Metrics {
 		TrimmedEvents: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "itx_trimmed_events_total", Help: "Events Stream.trim deleted (retention).",
 		}),
+		DiskFree: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "itx_disk_free_bytes", Help: "Free bytes on the data directory's file system at the disk reserve's last reading (read while appends come in; 0 until the first).",
+		}),
+		DiskReserve: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "itx_disk_reserve_bytes", Help: "Bytes kept free on the data directory's file system (--min-free-disk-bytes): below it appends are refused with resourceExhausted.",
+		}),
 		StreamsDeleted: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "itx_streams_deleted_total", Help: "Streams deleted one by one (Streams.remove; not those deleted with their project).",
 		}),
@@ -152,7 +161,7 @@ func newMetrics() *Metrics {
 	r.MustRegister(m.DeliveryFailures, m.CommitFailures, m.LateAcks, m.SubscriptionHalts, m.SkippedEvents, m.SubscriptionParks, m.HandlerPanics, m.AppendCalls, m.AppendedEvents, m.AppendedBytes, m.AppendLatency, m.CommitLatency,
 		m.CommitEvents, m.CommitCalls, m.ReadEvents, m.FullDiskReads, m.LoadedStreams, m.RPCConnections,
 		m.OpenConnections, m.Sessions, m.WebhooksInFlight, m.ConnectionEvents, m.ConnectionDirect, m.LiveSubscribers,
-		m.Backups, m.BackupLastOK, m.BackupLastFrozen, m.StreamsDeleted, m.TrimmedEvents,
+		m.Backups, m.BackupLastOK, m.BackupLastFrozen, m.StreamsDeleted, m.TrimmedEvents, m.DiskFree, m.DiskReserve,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Every receiver kind's failure count exists from the start, at 0, so an alert on its rate
 	// sees 0 rather than no data until the first failure.

@@ -40,9 +40,11 @@ type groupPlan struct {
 // for the whole group. Each request is all-or-nothing: a refused request contributes no rows,
 // takes no tokens, leaves the core state alone and never affects its neighbours. Core events are
 // reduced inline, before commit, with their assigned offsets.
-func planGroup(head int64, streamID string, bucket *tokenBucket, core *coreState, rc reduceContext,
+func planGroup(head int64, streamID string, bucket *tokenBucket, room func() error, core *coreState, rc reduceContext,
 	reqs []*appendReq, committed map[string]*itx.Event, now time.Time) groupPlan {
 	p := groupPlan{Head: head, Replies: make([]appendReply, len(reqs)), Core: core}
+	var roomErr error // room's answer, asked once per group and only if a request needs it
+	roomAsked := false
 	pending := map[string]*itx.Event{} // keys taken by rows of this group
 	createdAt := itx.UnixMilli(now)
 	for i, req := range reqs {
@@ -120,11 +122,18 @@ func planGroup(head int64, streamID string, bucket *tokenBucket, core *coreState
 			}
 			err = working.acceptCopy(req.copy, len(rows), createdAt)
 		}
-		charged := 0
+		charged, takesRoom := 0, false
 		for k := range rows {
 			if req.authority != authCore && !isSubscriptionControl(rows[k].Type) {
 				charged++
 			}
+			takesRoom = takesRoom || (req.authority != authCore && !freesOrMoves(rows[k].Type))
+		}
+		if err == nil && takesRoom && room != nil {
+			if !roomAsked {
+				roomErr, roomAsked = room(), true
+			}
+			err = roomErr
 		}
 		if err == nil && charged > 0 && !bucket.take(charged, now) {
 			err = itx.Errorf(itx.ERateLimited, "the stream's circuit breaker is open: too many events appended too fast; retry later")
@@ -148,6 +157,17 @@ func planGroup(head int64, streamID string, bucket *tokenBucket, core *coreState
 		p.Replies[i] = appendReply{result: res}
 	}
 	return p
+}
+
+// freesOrMoves reports whether a client's event of typ is one the disk reserve lets through: a
+// subscription's removal, resumption or cursor move (small, bounded by the subscriptions, and
+// what an operator reaches for while the disk is short).
+func freesOrMoves(typ string) bool {
+	switch typ {
+	case itx.TypeSubscriptionCursorSet, itx.TypeSubscriptionResumed, itx.TypeSubscriptionRemoved:
+		return true
+	}
+	return false
 }
 
 // sameEvent reports whether in, appended under the idempotency key prior holds, is the event the

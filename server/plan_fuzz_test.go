@@ -45,7 +45,7 @@ func FuzzPlanGroup(f *testing.F) {
 		bucket := newTokenBucket(itx.BreakerBurst, itx.BreakerRefillPerMinute, now)
 		// The stream already holds a subscription "sub" and a copy "copy" for the control
 		// events to name.
-		setup := planGroup(0, "sid", bucket, newCoreState(), rc, []*appendReq{req(itx.AppendOptions{},
+		setup := planGroup(0, "sid", bucket, nil, newCoreState(), rc, []*appendReq{req(itx.AppendOptions{},
 			in(cfg, `{"name":"sub","receiver":{"action":"itx-call","capability":"c"}}`, ""),
 			in(cfg, `{"name":"copy","receiver":{"action":"copy-to-stream","receivingStreamPath":"/t"}}`, ""))}, nil, now)
 		if setup.Replies[0].err != nil {
@@ -54,7 +54,7 @@ func FuzzPlanGroup(f *testing.F) {
 		log := append([]itx.Event(nil), setup.Events...)
 		committed := map[string]*itx.Event{}
 		reqs := []*appendReq{req(itx.AppendOptions{}, events[0]), req(itx.AppendOptions{}, events[1], events[2])}
-		p := planGroup(setup.Head, "sid", bucket, setup.Core, rc, reqs, committed, now)
+		p := planGroup(setup.Head, "sid", bucket, nil, setup.Core, rc, reqs, committed, now)
 		checkPlan(t, setup.Head, reqs, p)
 		log = append(log, p.Events...)
 		for i := range p.Events {
@@ -63,7 +63,7 @@ func FuzzPlanGroup(f *testing.F) {
 			}
 		}
 		// A retry of a request that was accepted with a key on every event is all duplicates.
-		retry := planGroup(p.Head, "sid", bucket, p.Core, rc, reqs, committed, now)
+		retry := planGroup(p.Head, "sid", bucket, nil, p.Core, rc, reqs, committed, now)
 		checkPlan(t, p.Head, reqs, retry)
 		for i, r := range reqs {
 			keyed := true

@@ -95,7 +95,7 @@ func TestPlanGroup(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			bucket := newTokenBucket(100, 60, now)
-			p := planGroup(10, "sid", bucket, newCoreState(), testRC(), tc.reqs, committed, now)
+			p := planGroup(10, "sid", bucket, nil, newCoreState(), testRC(), tc.reqs, committed, now)
 			require.Equal(t, tc.want, render(p))
 			for _, e := range p.Events {
 				require.Equal(t, now.UnixMilli(), e.CreatedAt)
@@ -107,16 +107,16 @@ func TestPlanGroup(t *testing.T) {
 func TestPlanGroup_CircuitBreaker(t *testing.T) {
 	now := time.Unix(1000, 0)
 	bucket := newTokenBucket(3, 60, now) // burst 3, one token per second
-	p := planGroup(0, "sid", bucket, newCoreState(), testRC(), []*appendReq{
+	p := planGroup(0, "sid", bucket, nil, newCoreState(), testRC(), []*appendReq{
 		req(itx.AppendOptions{}, in("a", `{}`, ""), in("a", `{}`, "")),
 		req(itx.AppendOptions{}, in("a", `{}`, ""), in("a", `{}`, "")), // would exceed: refused whole
 		req(itx.AppendOptions{}, in("a", `{}`, "")),
 	}, nil, now)
 	require.Equal(t, "head=3 rows=1,2,3\n0: offsets=[1 2] dup=[false false] head=2\n1: rateLimited\n2: offsets=[3] dup=[false] head=3", render(p))
 
-	p = planGroup(3, "sid", bucket, newCoreState(), testRC(), []*appendReq{req(itx.AppendOptions{}, in("a", `{}`, ""))}, nil, now)
+	p = planGroup(3, "sid", bucket, nil, newCoreState(), testRC(), []*appendReq{req(itx.AppendOptions{}, in("a", `{}`, ""))}, nil, now)
 	require.Equal(t, itx.ERateLimited, itx.ErrorCode(p.Replies[0].err), "empty bucket")
-	p = planGroup(3, "sid", bucket, newCoreState(), testRC(), []*appendReq{req(itx.AppendOptions{}, in("a", `{}`, ""))}, nil, now.Add(time.Second))
+	p = planGroup(3, "sid", bucket, nil, newCoreState(), testRC(), []*appendReq{req(itx.AppendOptions{}, in("a", `{}`, ""))}, nil, now.Add(time.Second))
 	require.NoError(t, p.Replies[0].err, "refilled after a second")
 }
 

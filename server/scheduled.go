@@ -243,6 +243,11 @@ func (st *streamState) applySchedule(op scheduleOp, env stepEnv, eff *effects) s
 		return scheduleReply{err: itx.Errorf(itx.ELimitExceeded,
 			"a stream holds at most %d scheduled events (--max-scheduled-per-stream)", env.maxScheduled)}
 	}
+	if _, ok := st.scheduled[op.key]; !ok && env.diskRoom != nil {
+		if err := env.diskRoom(); err != nil {
+			return scheduleReply{err: err} // a new one takes room; moving one does not
+		}
+	}
 	raw, _ := json.Marshal(op.input)
 	st.scheduled[op.key] = &scheduled{Key: op.key, DueAt: op.dueAt}
 	st.firstDue = -1

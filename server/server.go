@@ -103,6 +103,10 @@ type Config struct {
 	// subscription (each holds a socket); a delivery waits for a slot within its delivery
 	// timeout. Default 1,024.
 	MaxWebhooksInFlight int
+	// MinFreeDisk is the space kept free on the file system holding the data directory: while
+	// less is free, appends that add events are refused with resourceExhausted (diskreserve.go).
+	// 0: none; negative: DefaultMinFreeDisk.
+	MinFreeDisk int64
 	// Random returns numbers in [0,1) for retry jitter; default math/rand. Tests fix it.
 	Random func() float64
 	// Processors are the contracts this server hosts in-process: a processor-wake subscription
@@ -163,6 +167,7 @@ type Server struct {
 	alarmT    itx.Timer
 	alarmNext int64 // epoch ms the alarm timer is armed for; 0: none
 
+	disk *diskReserve // Config.MinFreeDisk
 	acc  *accessState // sessions by token, deleted projects, webhook secrets
 	live atomic.Int64 // live connections and live-state views open over every login (Config.MaxLive)
 
@@ -306,6 +311,12 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		unlockDataDir: unlock,
 	}
 	s.metrics.Registry.MustRegister(newStandingCollector(s))
+	if cfg.MinFreeDisk < 0 {
+		cfg.MinFreeDisk = DefaultMinFreeDisk(cfg.DataDir)
+		s.cfg.MinFreeDisk = cfg.MinFreeDisk
+	}
+	s.metrics.DiskReserve.Set(float64(cfg.MinFreeDisk))
+	s.disk = newDiskReserve(cfg.DataDir, cfg.MinFreeDisk, cfg.Log, func(free int64) { s.metrics.DiskFree.Set(float64(free)) })
 	if cfg.Processors != nil {
 		for _, c := range cfg.Processors.Contracts() {
 			s.hosted[c.Name] = true

@@ -222,6 +222,9 @@ type stepEnv struct {
 	// now (an itx-call capability, a remote processor host), 0 when none: an absent failure
 	// parks only while nothing other than the receiver that vanished is mounted. nil: none.
 	mountedNow func(entry *catalogEntry) uint64
+	// diskRoom is nil while the data directory's disk has room above its reserve, else the
+	// error an append that adds events is refused with (nil func: no reserve).
+	diskRoom func() error
 }
 
 // step applies one batch of inputs to st and returns what to do about it. It mutates st in place;
@@ -254,16 +257,16 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 	if err != nil {
 		return eff, err
 	}
-	plan := planGroup(st.head, st.streamID, st.bucket, st.core, env.rc, group, committed, now)
+	plan := planGroup(st.head, st.streamID, st.bucket, env.diskRoom, st.core, env.rc, group, committed, now)
 	eff.replies = append(eff.replies, replyBatch{group: group, plan: plan})
 	st.absorb(plan, now, &eff)
 	var own []*appendReq
 	heldBack := false // the breaker refused a due one: the due ones wait scheduledRetry
 	for i, sc := range due {
 		r := plan.Replies[len(in.appends)+i]
-		if itx.ErrorCode(r.err) == itx.ERateLimited {
+		if c := itx.ErrorCode(r.err); c == itx.ERateLimited || c == itx.EResourceExhausted {
 			heldBack = true
-			continue // the breaker is open: it stays, and is tried again (see wakeAt below)
+			continue // the breaker is open, or the disk is short: it stays, and is tried again (see wakeAt below)
 		}
 		// Appended, a duplicate of what its key already holds, or refused for good (its key
 		// taken by another body): either way it is done, and a refusal is recorded.
@@ -376,7 +379,7 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 		if err != nil {
 			return eff, err
 		}
-		ownPlan := planGroup(st.head, st.streamID, st.bucket, st.core, env.rc, own, committed, now)
+		ownPlan := planGroup(st.head, st.streamID, st.bucket, nil, st.core, env.rc, own, committed, now)
 		for i, r := range ownPlan.Replies {
 			if r.err != nil {
 				return eff, fmt.Errorf("server record %s refused: %w", own[i].inputs[0].Type, r.err)

@@ -69,6 +69,14 @@ func fillDisk(t *testing.T, fs string, leave int64) (free func()) {
 	}
 }
 
+// startItxdNoReserve starts itxd without its disk reserve (--min-free-disk-bytes -1): these
+// tests take the disk to its last byte, where the reserve would refuse appends before it
+// (diskreserve_test.go tests the reserve).
+func startItxdNoReserve(t testing.TB, dataDir string, extra ...string) *itxdProcess {
+	t.Helper()
+	return startItxd(t, dataDir, append([]string{"--min-free-disk-bytes", "-1"}, extra...)...)
+}
+
 // ackLog is what a test was told: per stream, the seq of every acknowledged kib event by
 // offset, and the head the acknowledgements reached.
 type ackLog struct {
@@ -122,7 +130,7 @@ func (l *ackLog) append(path string, n int) bool {
 func (l *ackLog) restart(p *itxdProcess, dataDir string) *itxdProcess {
 	l.t.Helper()
 	p.kill9(l.t)
-	p = startItxd(l.t, dataDir)
+	p = startItxdNoReserve(l.t, dataDir)
 	l.proj = dial(l.t, p.addr).Login(ctxT(l.t), p.creds.ProjectToken)
 	l.streams = map[string]schema.Stream{}
 	return p
@@ -183,7 +191,7 @@ func kibSeq(t testing.TB, e itx.Event) int {
 // nothing refused is.
 func TestDiskFull_AppendsWhileTheDiskFills(t *testing.T) {
 	fs := mountTmpfs(t, "24m")
-	p := startItxd(t, filepath.Join(fs, "data"))
+	p := startItxdNoReserve(t, filepath.Join(fs, "data"))
 	proj := dial(t, p.addr).Login(context.Background(), p.creds.ProjectToken)
 	ctx := ctxT(t)
 	l := newAckLog(t, proj)
@@ -296,7 +304,7 @@ func TestItxd_ReadOnlyFileSystem(t *testing.T) {
 // made: once space returns each creation succeeds, and the lists show each thing once.
 func TestDiskFull_CreatingWhileFull(t *testing.T) {
 	fs := mountTmpfs(t, "16m")
-	p := startItxd(t, filepath.Join(fs, "data"))
+	p := startItxdNoReserve(t, filepath.Join(fs, "data"))
 	ctx := ctxT(t)
 	root := client.Admin(ctx, dial(t, p.addr).Login(ctx, p.creds.DeploymentToken))
 	proj := dial(t, p.addr).Login(ctx, p.creds.ProjectToken)
@@ -395,7 +403,7 @@ func TestDiskFull_CreatingWhileFull(t *testing.T) {
 func TestDiskFull_KillWhileFullThenRestart(t *testing.T) {
 	fs := mountTmpfs(t, "24m")
 	dir := filepath.Join(fs, "data")
-	p := startItxd(t, dir)
+	p := startItxdNoReserve(t, dir)
 	ctx := ctxT(t)
 	l := newAckLog(t, dial(t, p.addr).Login(ctx, p.creds.ProjectToken))
 	require.True(t, l.append("/a", 5))
@@ -816,7 +824,7 @@ func TestDiskFull_ReadingAStreamUnloadedWhileFull(t *testing.T) {
 func unloadingOnTmpfs(t *testing.T) (fs string, proj schema.Project, l *ackLog) {
 	t.Helper()
 	fs = mountTmpfs(t, "24m")
-	p := startItxd(t, filepath.Join(fs, "data"), "--idle-timeout", "1s")
+	p := startItxdNoReserve(t, filepath.Join(fs, "data"), "--idle-timeout", "1s")
 	proj = dial(t, p.addr).Login(ctxT(t), p.creds.ProjectToken)
 	return fs, proj, newAckLog(t, proj)
 }

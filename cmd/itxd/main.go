@@ -85,6 +85,10 @@ func checkFlags(fs *flag.FlagSet) error {
 			return
 		}
 		switch {
+		case f.Name == "min-free-disk-bytes": // 0 the default, -1 none
+			if n < -1 {
+				err = usagef("--%s must be -1 (none), 0 (the default) or a number of bytes (got %s)", f.Name, f.Value)
+			}
 		case zeroMeansDefault[f.Name] && n < 0:
 			err = usagef("--%s must not be negative (got %s)", f.Name, f.Value)
 		case !zeroMeansDefault[f.Name] && n <= 0:
@@ -127,6 +131,7 @@ func run() error {
 	maxLivePerLogin := flag.Int("max-live-per-login", 0, "live connections and live-state views one login holds open, on any streams (0: 4096)")
 	maxLiveAll := flag.Int("max-live", 0, "live connections and live-state views open at once over all logins (0: 65536)")
 	maxSubs := flag.Int("max-subscriptions-per-stream", itx.MaxSubscriptionsPerStream, "subscriptions one stream holds at most; configuring one more fails with limitExceeded")
+	minFree := flag.Int64("min-free-disk-bytes", 0, "bytes kept free on the data directory's file system: while less is free, appends that add events (and new scheduled appends) are refused with resourceExhausted, so deleting and trimming streams still work (0: a hundredth of the file system, at most 256 MiB; -1: none)")
 	ephBytes := flag.Int64("max-ephemeral-bytes-per-stream", itx.EphemeralBufferBytes, "bytes of ephemeral events (type, payload, metadata) one stream keeps; past it the oldest are evicted first")
 	kvKeys := flag.Int("max-processor-kv-keys", server.DefaultMaxProcessorKVKeys, "keys of one stream's processor KV (in-process and remote processors together); a put of one more fails with limitExceeded")
 	kvBytes := flag.Int64("max-processor-kv-bytes", server.DefaultMaxProcessorKVBytes, "bytes of keys and values in one stream's processor KV; a put growing it past this fails with limitExceeded")
@@ -203,6 +208,14 @@ func run() error {
 			"give --tls-cert and --tls-key, or --insecure", *listen)
 	}
 
+	minFreeDisk := *minFree // server.Config: negative is the default, 0 none
+	switch minFreeDisk {
+	case 0:
+		minFreeDisk = -1
+	case -1:
+		minFreeDisk = 0
+	}
+
 	if err := server.CheckBackupSchedule(*data, *backupDir, *backupEvery, *backupKeep); err != nil {
 		return usagef("--backup-dir, --backup-every, --backup-keep: %v", err)
 	}
@@ -239,6 +252,7 @@ func run() error {
 		MaxProcessorKVKeys: *kvKeys, MaxProcessorKVBytes: *kvBytes,
 		MaxTokensPerProject:  *maxTokens,
 		MaxSecretsPerProject: *maxSecrets,
+		MinFreeDisk:          minFreeDisk,
 		Egress:               server.EgressPolicy{AllowHosts: allowHosts, DenyPrivate: *denyPrivate},
 		Processors:           host,
 	})
@@ -302,7 +316,7 @@ func run() error {
 	if err := recordAddress(*data, dialable(addr)); err != nil {
 		log.Warn().Err(err).Msg("could not record the address in credentials.json: itx --data needs --addr")
 	}
-	announce(log, addr, *data, metricsBound, tlsConfig != nil, held)
+	announce(log, addr, *data, metricsBound, tlsConfig != nil, held, srv.DiskReserve())
 
 	select {
 	case s := <-sig:
@@ -328,8 +342,8 @@ func run() error {
 	return err
 }
 
-func announce(log zerolog.Logger, addr, data, metrics string, withTLS bool, maxHeldStreams int) {
-	ev := log.Info().Str("addr", addr).Str("data", data).Bool("tls", withTLS).Int("maxHeldStreams", maxHeldStreams)
+func announce(log zerolog.Logger, addr, data, metrics string, withTLS bool, maxHeldStreams int, minFreeDisk int64) {
+	ev := log.Info().Str("addr", addr).Str("data", data).Bool("tls", withTLS).Int("maxHeldStreams", maxHeldStreams).Int64("minFreeDiskBytes", minFreeDisk)
 	if metrics != "" {
 		ev = ev.Str("metrics", "http://"+metrics+"/metrics")
 	}
