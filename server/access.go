@@ -685,8 +685,17 @@ func auditRecord(by Admin, typ string, fields map[string]any) (*storage.AuditRec
 // is a duplicate: a failure here (logged, not returned), or a crash before the record is
 // forgotten, leaves it for the next start, which appends what is pending (appendPendingAudits).
 func (s *Server) audit(ctx context.Context, rec *storage.AuditRecord) {
-	in := itx.EventInput{Type: rec.Type, Payload: rec.Payload, IdempotencyKey: internalKey("audit", []byte(rec.ID))}
-	_, err := s.appendAs(ctx, StreamRef{ProjectID: DeploymentProjectID, Path: AuditPath}, []itx.EventInput{in}, authCopy, nil)
+	// An audit record may use the disk reserve: what an operator does to free space (a trim, a
+	// delete) is recorded then too.
+	inputs := []itx.EventInput{{Type: rec.Type, Payload: rec.Payload, IdempotencyKey: internalKey("audit", []byte(rec.ID))}}
+	err := validateAppend(inputs, authCopy)
+	var p *PendingAppend
+	if err == nil {
+		p, err = s.startAppend(ctx, StreamRef{ProjectID: DeploymentProjectID, Path: AuditPath}, &appendReq{inputs: inputs, authority: authCopy, inReserve: true})
+	}
+	if err == nil {
+		_, err = p.Wait(ctx)
+	}
 	if err == nil {
 		err = s.dir.DeleteAudit(ctx, rec.ID)
 	}

@@ -16,6 +16,9 @@ type appendReq struct {
 	copy      *copyStamp // set for copy-to-stream deliveries
 	queued    time.Time
 	reply     chan appendReply // buffered: the actor never blocks on a caller that left; nil for the server's own records
+	// inReserve lets the request use the disk reserve (Config.MinFreeDisk): the server's audit
+	// records. The server's own records (authCore) always may.
+	inReserve bool
 }
 
 type appendReply struct {
@@ -127,7 +130,7 @@ func planGroup(head int64, streamID string, bucket *tokenBucket, room func() err
 			if req.authority != authCore && !isSubscriptionControl(rows[k].Type) {
 				charged++
 			}
-			takesRoom = takesRoom || (req.authority != authCore && !freesOrMoves(rows[k].Type))
+			takesRoom = takesRoom || (req.authority != authCore && !req.inReserve && !freesOrMoves(rows[k].Type))
 		}
 		if err == nil && takesRoom && room != nil {
 			if !roomAsked {
