@@ -28,6 +28,9 @@ type StreamInfo struct {
 	RetentionMaxAgeMs  int64
 	RetentionMaxEvents int64
 	Loaded             bool
+	// DiskBytes is the size of the stream's files on disk (database, write-ahead log and
+	// shared-memory file) when describe or list read it; 0 before its first commit.
+	DiskBytes int64
 }
 
 // AppendOptions qualify one append call; the zero value appends unconditionally.

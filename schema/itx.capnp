@@ -146,6 +146,8 @@ struct StreamInfo {
                               # kept); 0: nothing trimmed. Set by describe, not by list.
   retentionMaxAgeMs @12 :Int64;   # Stream.setRetention's policy (0: none). Set by describe.
   retentionMaxEvents @13 :UInt64;
+  diskBytes @14 :UInt64;      # bytes of the stream's files on disk (its database, write-ahead
+                              # log and shared-memory file) when read; 0: no files yet
 }
 
 struct ProjectInfo {

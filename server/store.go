@@ -60,6 +60,8 @@ type streamBackend interface {
 	// HoldForBackup holds the store of a stream that nothing has open, as it stands, for a
 	// backup to copy; nil, nil when the stream has no store.
 	HoldForBackup(ctx context.Context, streamID string) (*storage.BackupSource, error)
+	// DiskBytes is the size of a stream's files on disk now (0: none).
+	DiskBytes(streamID string) int64
 }
 
 // sqliteBackend keeps each stream in its own SQLite file under dir.
@@ -84,6 +86,16 @@ func (b sqliteBackend) Open(ctx context.Context, streamID string) (streamStore, 
 		return nil, err
 	}
 	return s, nil
+}
+
+func (b sqliteBackend) DiskBytes(streamID string) int64 {
+	file, n := b.file(streamID), int64(0)
+	for _, name := range []string{file, file + "-wal", file + "-shm"} {
+		if fi, err := os.Stat(name); err == nil {
+			n += fi.Size()
+		}
+	}
+	return n
 }
 
 func (b sqliteBackend) HoldForBackup(ctx context.Context, streamID string) (*storage.BackupSource, error) {

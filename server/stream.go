@@ -469,7 +469,11 @@ func (s *Server) Describe(ctx context.Context, ref StreamRef) (itx.StreamInfo, e
 
 // describeLoaded describes a loaded stream.
 func (s *Server) describeLoaded(a *actor) (itx.StreamInfo, error) {
-	return describeView(a.ref, a.view(), true), nil
+	info := describeView(a.ref, a.view(), true)
+	if info.StreamID != "" {
+		info.DiskBytes = s.backend.DiskBytes(info.StreamID)
+	}
+	return info, nil
 }
 
 // describeView describes a stream from a view of its state.
@@ -570,6 +574,7 @@ func (s *Server) ListStreamsUnder(ctx context.Context, projectID, scope, prefix,
 			// does not exist yet, as describe says.
 			continue
 		}
+		info.DiskBytes = s.backend.DiskBytes(info.StreamID)
 		out = append(out, info)
 	}
 	return out, next, nil

@@ -9,6 +9,7 @@ import (
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/server"
 	"github.com/stretchr/testify/require"
 )
 
@@ -91,6 +92,20 @@ func TestDiskReserve_AClientCannotFillTheDisk(t *testing.T) {
 	require.NoError(t, err, "removing a subscription below the reserve")
 	_, err = client.Trim(ctx, fill, 100)
 	require.NoError(t, err, "trimming below the reserve")
+	root := dial(t, p.addr).Login(context.Background(), p.creds.DeploymentToken)
+	audit, err := client.ReadAll(ctx, stream(t, root, server.AuditPath), itx.Query{})
+	require.NoError(t, err)
+	require.NotEmpty(t, audit)
+	require.Equal(t, server.AuditStreamTrimmed, audit[len(audit)-1].Type, "the trim's audit record is written below the reserve")
+
+	// describe and list say which stream takes the disk.
+	info, err := client.Describe(ctx, fill)
+	require.NoError(t, err)
+	require.Greater(t, info.DiskBytes, int64(acked*1000), "describe: the stream's files hold its events")
+	list, err = client.ListStreams(ctx, proj, "/fill")
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+	require.InDelta(t, float64(info.DiskBytes), float64(list[0].DiskBytes), float64(1<<20), "list: the same files")
 
 	// Deleting the stream frees the disk: the next append is taken at once.
 	_, err = client.DeleteStream(ctx, proj, "/fill", true)

@@ -169,6 +169,7 @@ func SetStreamInfo(dst schema.StreamInfo, info itx.StreamInfo) error {
 	dst.SetRetentionMaxAgeMs(info.RetentionMaxAgeMs)
 	dst.SetRetentionMaxEvents(uint64(info.RetentionMaxEvents))
 	dst.SetLoaded(info.Loaded)
+	dst.SetDiskBytes(uint64(info.DiskBytes))
 	return nil
 }
 
@@ -178,7 +179,8 @@ func StreamInfoFromSchema(src schema.StreamInfo) (itx.StreamInfo, error) {
 		LastAppendAt: src.LastAppendAt(), SubscriptionCount: int(src.SubscriptionCount()), Loaded: src.Loaded(),
 		HaltedSubscriptions: int(src.HaltedSubscriptions()), MaxLag: int64(src.MaxLag()), Readers: int(src.ReaderCount()),
 		ParkedSubscriptions: int(src.ParkedSubscriptions()), TrimmedThrough: int64(src.TrimmedThrough()),
-		RetentionMaxAgeMs: src.RetentionMaxAgeMs(), RetentionMaxEvents: int64(src.RetentionMaxEvents())}
+		RetentionMaxAgeMs: src.RetentionMaxAgeMs(), RetentionMaxEvents: int64(src.RetentionMaxEvents()),
+		DiskBytes: int64(src.DiskBytes())}
 	var err error
 	if out.Path, err = src.Path(); err != nil {
 		return out, err

@@ -324,6 +324,8 @@ type streamInfoJS struct {
 	TrimmedThrough     int64 `json:"trimmedThrough,omitempty"`
 	RetentionMaxAgeMs  int64 `json:"retentionMaxAgeMs,omitempty"`
 	RetentionMaxEvents int64 `json:"retentionMaxEvents,omitempty"`
+	// DiskBytes is the size of the stream's files on disk.
+	DiskBytes int64 `json:"diskBytes"`
 }
 
 func streamInfoOf(i itx.StreamInfo) streamInfoJS {
@@ -331,7 +333,7 @@ func streamInfoOf(i itx.StreamInfo) streamInfoJS {
 		LastAppendAt: msTime(i.LastAppendAt), SubscriptionCount: i.SubscriptionCount,
 		HaltedSubscriptions: i.HaltedSubscriptions, ParkedSubscriptions: i.ParkedSubscriptions, MaxLag: i.MaxLag,
 		ReaderCount: i.Readers, Loaded: i.Loaded, TrimmedThrough: i.TrimmedThrough,
-		RetentionMaxAgeMs: i.RetentionMaxAgeMs, RetentionMaxEvents: i.RetentionMaxEvents}
+		RetentionMaxAgeMs: i.RetentionMaxAgeMs, RetentionMaxEvents: i.RetentionMaxEvents, DiskBytes: i.DiskBytes}
 }
 
 type offsetJS struct {
