@@ -27,7 +27,9 @@ type StreamInfo struct {
 	// (Stream.setRetention; 0: none). Set by describe, not by list.
 	RetentionMaxAgeMs  int64
 	RetentionMaxEvents int64
-	Loaded             bool
+	// RetentionMaxBytes is the policy's size bound (0: none). Set by describe.
+	RetentionMaxBytes int64
+	Loaded            bool
 	// DiskBytes is the size of the stream's files on disk (database, write-ahead log and
 	// shared-memory file) when describe or list read it; 0 before its first commit.
 	DiskBytes int64

@@ -629,6 +629,10 @@ func (s *stream) SetRetention(ctx context.Context, call schema.Stream_setRetenti
 	if err != nil {
 		return fail(err)
 	}
+	maxBytes, err := itx.ValidateOffset("maxBytes", call.Args().MaxBytes())
+	if err != nil {
+		return fail(err)
+	}
 	call.Go()
-	return fail(s.srv.SetRetention(ctx, s.by(), s.ref, call.Args().MaxAgeMs(), maxEvents))
+	return fail(s.srv.SetRetention(ctx, s.by(), s.ref, call.Args().MaxAgeMs(), maxEvents, maxBytes))
 }

@@ -460,23 +460,26 @@ func TrimWith(ctx context.Context, s schema.Stream, o TrimOptions) (TrimResult, 
 	return TrimResult{TrimmedThrough: int64(res.TrimmedThrough()), Deleted: int64(res.Deleted())}, nil
 }
 
-// Retention is a stream's own retention policy: the events created more than MaxAge ago and
-// those more than MaxEvents offsets below the head go (zero: no such bound; both zero clears
-// it), never past what a consumer holds, as Trim.
+// Retention is a stream's own retention policy: the events created more than MaxAge ago, those
+// more than MaxEvents offsets below the head, and the oldest ones while the events a trim could
+// delete come to more than MaxBytes (type, payload, metadata and idempotency key) go (zero: no
+// such bound; all zero clears it), never past what a consumer holds, as Trim.
 type Retention struct {
 	MaxAge    time.Duration
 	MaxEvents int64
+	MaxBytes  int64
 }
 
 // SetRetention stores the stream's retention policy and applies it at once (the admin right);
 // the stream applies it again when it loads and at most once a minute while it is appended to.
 func SetRetention(ctx context.Context, s schema.Stream, r Retention) error {
-	if r.MaxAge < 0 || r.MaxEvents < 0 {
-		return itx.Errorf(itx.EInvalid, "retention: maxAge and maxEvents cannot be negative")
+	if r.MaxAge < 0 || r.MaxEvents < 0 || r.MaxBytes < 0 {
+		return itx.Errorf(itx.EInvalid, "retention: maxAge, maxEvents and maxBytes cannot be negative")
 	}
 	fut, release := s.SetRetention(ctx, func(p schema.Stream_setRetention_Params) error {
 		p.SetMaxAgeMs(r.MaxAge.Milliseconds())
 		p.SetMaxEvents(uint64(r.MaxEvents))
+		p.SetMaxBytes(uint64(r.MaxBytes))
 		return nil
 	})
 	defer release()

@@ -148,6 +148,7 @@ struct StreamInfo {
   retentionMaxEvents @13 :UInt64;
   diskBytes @14 :UInt64;      # bytes of the stream's files on disk (its database, write-ahead
                               # log and shared-memory file) when read; 0: no files yet
+  retentionMaxBytes @15 :UInt64;  # Stream.setRetention's size bound (0: none). Set by describe.
 }
 
 struct ProjectInfo {
@@ -541,10 +542,11 @@ interface Stream {
   trim @16 (throughOffset :UInt64, createdBefore :Int64) -> (trimmedThrough :UInt64, deleted :UInt64);
   # A retention policy the stream keeps and applies itself, as trim does (the same floor, the
   # stream/* records kept): the events created more than maxAgeMs ago (0: no age bound; at least
-  # a minute) and those more than maxEvents offsets below the head (0: no count bound) go, when
-  # it loads and at most once a minute while it is appended to. Both 0 clears it. Stored with
-  # the stream. Needs the admin right.
-  setRetention @17 (maxAgeMs :Int64, maxEvents :UInt64) -> ();
+  # a minute), those more than maxEvents offsets below the head (0: no count bound) and the
+  # oldest ones while the events a trim could delete come to more than maxBytes (type, payload,
+  # metadata and idempotency key; 0: no size bound) go, when it loads and at most once a minute
+  # while it is appended to. All 0 clears it. Stored with the stream. Needs the admin right.
+  setRetention @17 (maxAgeMs :Int64, maxEvents :UInt64, maxBytes :UInt64) -> ();
 }
 
 # A pending scheduled append (Stream.schedule).

@@ -67,8 +67,13 @@ type actor struct {
 	ephBytes        int64     // held in ephemeral rows (see Config.EphemeralBufferBytes)
 	lastRetention   time.Time // the retention policy last applied (applyRetention)
 	autoTrimming    bool      // a trim of the retention policy is under way
-	retT            itx.Timer // when the retention policy's age limit has an event to trim (armRetention)
-	loadMounted     []string  // the project's mounts when loaded: the first step's presence signal
+	// trimmable is the size (storage.EventSize) of the events a trim could delete, for the
+	// retention policy's maxBytes: read once it is needed (trimmableKnown), then kept by the
+	// commits and trims. Actor goroutine only.
+	trimmable      int64
+	trimmableKnown bool
+	retT           itx.Timer // when the retention policy's age limit has an event to trim (armRetention)
+	loadMounted    []string  // the project's mounts when loaded: the first step's presence signal
 	// secretRefs is the webhook secret references of the committed catalog: the directory's
 	// secret_uses rows of this stream hold at least these (see apply).
 	secretRefs map[string]bool
@@ -851,6 +856,13 @@ func (a *actor) apply(in stepInput) {
 			return
 		}
 		a.failedCommits = 0
+		if a.trimmableKnown {
+			for i := range eff.commit.Events {
+				if e := &eff.commit.Events[i]; storage.Trimmable(e) {
+					a.trimmable += storage.EventSize(e)
+				}
+			}
+		}
 		if a.noteHead && a.st.head > 0 {
 			// The stream's first commit: the directory lists it from now on (its summary is
 			// written at unload, which a full disk may refuse). Tried again at the next commit.
@@ -1012,6 +1024,7 @@ func (a *actor) flushDelay(d time.Duration) time.Duration {
 // reloadAfter answers a step whose commit failed: every append of it fails, and the state is read
 // back from storage, so nothing the failed commit held is published or delivered.
 func (a *actor) reloadAfter(group []*appendReq, cause error) {
+	a.trimmableKnown = false // a commit that failed may be on disk after all: read it again when needed
 	failure := itx.AsError(cause)
 	if failure.Code == itx.EInternal || failure.Code == "" {
 		// A full disk or a failing one says so (storage.ErrorCode); anything else that failed to

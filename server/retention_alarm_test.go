@@ -43,7 +43,7 @@ func TestRetention_AlarmWhenTheOldestEventAges(t *testing.T) {
 			return s.LoadedStreams() == 0
 		}, 10*time.Second, time.Millisecond)
 	}
-	require.NoError(t, s.SetRetention(ctx, Admin{}, ref, time.Hour.Milliseconds(), 0))
+	require.NoError(t, s.SetRetention(ctx, Admin{}, ref, time.Hour.Milliseconds(), 0, 0))
 	require.Equal(t, itx.UnixMilli(clk.Now()), alarm(), "due now while loaded: a crash leaves a load owed")
 	unload()
 	require.Equal(t, t0+time.Hour.Milliseconds()+1, alarm(), "when the oldest event is an hour old")
@@ -67,7 +67,7 @@ func TestRetention_AlarmWhenTheOldestEventAges(t *testing.T) {
 	unload()
 	require.Equal(t, t1+time.Hour.Milliseconds()+1, alarm(), "when the new oldest event is an hour old")
 
-	require.NoError(t, s.SetRetention(ctx, Admin{}, ref, 0, 0))
+	require.NoError(t, s.SetRetention(ctx, Admin{}, ref, 0, 0, 0))
 	unload()
 	require.Zero(t, alarm(), "no policy, nothing owed")
 }

@@ -33,8 +33,13 @@ type streamStore interface {
 	EphemeralCutoff(ctx context.Context, need int64) (through, freed int64, err error)
 	DeleteEphemeral(ctx context.Context, through, before int64) (int64, error)
 	// Trim deletes at most limit durable events (not stream/* records) through an offset, in one
-	// transaction, and returns how far the stream is trimmed now (see storage.Stream.Trim).
-	Trim(ctx context.Context, through int64, limit int) (deleted, reached int64, err error)
+	// transaction, and returns how far the stream is trimmed now and the deleted events' size
+	// (see storage.Stream.Trim).
+	Trim(ctx context.Context, through int64, limit int) (deleted, reached, bytes int64, err error)
+	// TrimmableBytes and TrimmableThroughBytes measure what a trim could delete (retention's
+	// maxBytes; see storage.Stream).
+	TrimmableBytes(ctx context.Context) (int64, error)
+	TrimmableThroughBytes(ctx context.Context, want int64) (through, bytes int64, err error)
 	// LastCreatedBefore is the offset of the last event created before t (epoch ms).
 	LastCreatedBefore(ctx context.Context, t int64) (int64, error)
 	// OldestTrimmable is the offset and creation time of the first event a trim could delete.

@@ -483,7 +483,8 @@ func describeView(ref StreamRef, v view, loaded bool) itx.StreamInfo {
 	}
 	info := itx.StreamInfo{Path: ref.Path, StreamID: v.streamID, HeadOffset: v.head, CreatedAt: v.info.createdAt,
 		LastAppendAt: v.info.lastAppendAt, TrimmedThrough: v.info.trimmed, Loaded: loaded,
-		RetentionMaxAgeMs: v.info.retention.MaxAgeMs, RetentionMaxEvents: v.info.retention.MaxEvents}
+		RetentionMaxAgeMs: v.info.retention.MaxAgeMs, RetentionMaxEvents: v.info.retention.MaxEvents,
+		RetentionMaxBytes: v.info.retention.MaxBytes}
 	standing(v.head, v.core.Subscriptions, valueRow(v.rows), v.readers).setIn(&info)
 	return info
 }

@@ -131,7 +131,7 @@ func (a *actor) trimChunk(r *trimReq) {
 		answer(nil)
 		return
 	}
-	n, reached, err := a.store.Trim(context.Background(), target, trimChunkEvents)
+	n, reached, bytes, err := a.store.Trim(context.Background(), target, trimChunkEvents)
 	if err != nil {
 		answer(itx.Errorf(storage.ErrorCode(err), "trim of %s: %v", a.ref.Path, err))
 		return
@@ -140,6 +140,7 @@ func (a *actor) trimChunk(r *trimReq) {
 		trimChunkCommittedHook()
 	}
 	r.deleted += n
+	a.trimmable -= bytes
 	a.srv.metrics.TrimmedEvents.Add(float64(n))
 	if reached > a.st.trimmed {
 		a.st.trimmed = reached
@@ -181,6 +182,9 @@ func (a *actor) durableFloor() int64 {
 type retentionPolicy struct {
 	MaxAgeMs  int64 `json:"maxAgeMs,omitempty"`
 	MaxEvents int64 `json:"maxEvents,omitempty"`
+	// MaxBytes bounds the size (storage.EventSize) of the events a trim could delete: past it
+	// the oldest go.
+	MaxBytes int64 `json:"maxBytes,omitempty"`
 }
 
 // retentionKey is the stream KV key of its retention policy.
@@ -197,7 +201,7 @@ const minRetentionAge = time.Minute
 // no longer a time (epoch milliseconds overflow), and a longer one keeps everything anyway.
 const maxRetentionAge = 100 * 365 * 24 * time.Hour
 
-func (p retentionPolicy) set() bool { return p.MaxAgeMs > 0 || p.MaxEvents > 0 }
+func (p retentionPolicy) set() bool { return p.MaxAgeMs > 0 || p.MaxEvents > 0 || p.MaxBytes > 0 }
 
 // applyRetention starts a trim to what the stream's policy no longer keeps, unless one runs:
 // its chunks follow the step under way, the floor of every consumer applying as for a trim.
@@ -212,13 +216,31 @@ func (a *actor) applyRetention(now time.Time) {
 	go a.post(actorMsg{trim: &trimReq{auto: true}}) // bounds taken when it runs: retentionThrough
 }
 
-// retentionThrough is how far the stream's policy would trim it now: past either of its limits
-// an event goes (more than MaxEvents offsets below the head, or created more than MaxAgeMs ago);
-// 0 when it keeps everything.
+// retentionThrough is how far the stream's policy would trim it now: past any of its limits an
+// event goes (more than MaxEvents offsets below the head, created more than MaxAgeMs ago, or
+// among the oldest events whose size the newer ones leave over MaxBytes); 0 when it keeps
+// everything.
 func (a *actor) retentionThrough() (int64, error) {
 	p, through := a.st.retention, int64(0)
 	if p.MaxEvents > 0 {
 		through = max(0, a.st.head-p.MaxEvents)
+	}
+	if p.MaxBytes > 0 {
+		ctx := context.Background()
+		if !a.trimmableKnown {
+			n, err := a.store.TrimmableBytes(ctx)
+			if err != nil {
+				return 0, err
+			}
+			a.trimmable, a.trimmableKnown = n, true
+		}
+		if over := a.trimmable - p.MaxBytes; over > 0 {
+			last, _, err := a.store.TrimmableThroughBytes(ctx, over)
+			if err != nil {
+				return 0, err
+			}
+			through = max(through, last)
+		}
 	}
 	if p.MaxAgeMs > 0 {
 		last, err := a.store.LastCreatedBefore(context.Background(), itx.UnixMilli(a.srv.clock.Now())-p.MaxAgeMs)
@@ -270,13 +292,13 @@ func (a *actor) armRetention() {
 }
 
 // SetRetention stores a stream's retention policy and applies it at once.
-func (s *Server) SetRetention(ctx context.Context, by Admin, ref StreamRef, maxAgeMs, maxEvents int64) error {
+func (s *Server) SetRetention(ctx context.Context, by Admin, ref StreamRef, maxAgeMs, maxEvents, maxBytes int64) error {
 	if err := itx.ValidatePath(ref.Path); err != nil {
 		return err
 	}
 	switch {
-	case maxAgeMs < 0 || maxEvents < 0:
-		return itx.Errorf(itx.EInvalid, "retention: maxAgeMs and maxEvents cannot be negative")
+	case maxAgeMs < 0 || maxEvents < 0 || maxBytes < 0:
+		return itx.Errorf(itx.EInvalid, "retention: maxAgeMs, maxEvents and maxBytes cannot be negative")
 	case maxAgeMs > 0 && maxAgeMs < minRetentionAge.Milliseconds():
 		return itx.Errorf(itx.EInvalid, "retention: maxAgeMs %d is under a minute (%d ms): it is in milliseconds", maxAgeMs, minRetentionAge.Milliseconds())
 	case maxAgeMs > maxRetentionAge.Milliseconds():
@@ -291,7 +313,7 @@ func (s *Server) SetRetention(ctx context.Context, by Admin, ref StreamRef, maxA
 		return itx.Errorf(itx.ENotFound, "no stream %s", ref.Path)
 	}
 	reply := make(chan error, 1)
-	a.post(actorMsg{retention: &retentionReq{policy: retentionPolicy{MaxAgeMs: maxAgeMs, MaxEvents: maxEvents}, reply: reply}})
+	a.post(actorMsg{retention: &retentionReq{policy: retentionPolicy{MaxAgeMs: maxAgeMs, MaxEvents: maxEvents, MaxBytes: maxBytes}, reply: reply}})
 	select {
 	case err := <-reply:
 		if err != nil {
@@ -303,7 +325,7 @@ func (s *Server) SetRetention(ctx context.Context, by Admin, ref StreamRef, maxA
 		return itx.Errorf(itx.ECancelled, "set retention of %s: %v", ref.Path, ctx.Err())
 	}
 	if rec, err := auditRecord(by, AuditRetentionSet, map[string]any{"projectId": ref.ProjectID, "path": ref.Path,
-		"maxAgeMs": maxAgeMs, "maxEvents": maxEvents}); err == nil {
+		"maxAgeMs": maxAgeMs, "maxEvents": maxEvents, "maxBytes": maxBytes}); err == nil {
 		s.audit(context.WithoutCancel(ctx), rec)
 	}
 	return nil

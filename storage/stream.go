@@ -555,38 +555,38 @@ func (s *Stream) EphemeralCutoff(ctx context.Context, need int64) (through, free
 // including through, oldest first, except stream/* records (the core state is reduced from
 // them), and records how far the stream is trimmed: through when no such event is left at or
 // below it, else the offset of the last one deleted. reached is never below what an earlier
-// trim reached. Offsets are never reissued: the head lives in stream_meta. Ephemeral rows are
+// trim reached; bytes is the deleted events' size (EventSize). Offsets are never reissued: the head lives in stream_meta. Ephemeral rows are
 // left to their own sweep.
-func (s *Stream) Trim(ctx context.Context, through int64, limit int) (deleted, reached int64, err error) {
+func (s *Stream) Trim(ctx context.Context, through int64, limit int) (deleted, reached, bytes int64, err error) {
 	tx, err := s.w.BeginTx(ctx, nil)
 	if err != nil {
-		return 0, 0, fmt.Errorf("trim: %w", err)
+		return 0, 0, 0, fmt.Errorf("trim: %w", err)
 	}
 	defer tx.Rollback()
 	var last sql.NullInt64
-	if err := tx.QueryRowContext(ctx, `select max(offset), count(*) from (select offset from events
-		where offset <= ? and ephemeral = 0 and substr(type, 1, 7) != 'stream/' order by offset limit ?)`, through, limit).Scan(&last, &deleted); err != nil {
-		return 0, 0, fmt.Errorf("trim: %w", err)
+	if err := tx.QueryRowContext(ctx, `select max(offset), count(*), coalesce(sum(size), 0) from (select offset, `+eventSizeSQL+` as size from events
+		where offset <= ? and ephemeral = 0 and substr(type, 1, 7) != 'stream/' order by offset limit ?)`, through, limit).Scan(&last, &deleted, &bytes); err != nil {
+		return 0, 0, 0, fmt.Errorf("trim: %w", err)
 	}
 	reached = through
 	if deleted > 0 {
 		if _, err := tx.ExecContext(ctx, `delete from events where offset <= ? and ephemeral = 0 and substr(type, 1, 7) != 'stream/'`, last.Int64); err != nil {
-			return 0, 0, fmt.Errorf("trim: %w", err)
+			return 0, 0, 0, fmt.Errorf("trim: %w", err)
 		}
 		if deleted == int64(limit) {
 			reached = last.Int64 // more may follow
 		}
 	}
 	if _, err := tx.ExecContext(ctx, `update stream_meta set trimmed_through = max(trimmed_through, ?) where id = 1`, reached); err != nil {
-		return 0, 0, fmt.Errorf("trim: %w", err)
+		return 0, 0, 0, fmt.Errorf("trim: %w", err)
 	}
 	if err := tx.QueryRowContext(ctx, `select trimmed_through from stream_meta where id = 1`).Scan(&reached); err != nil {
-		return 0, 0, fmt.Errorf("trim: %w", err)
+		return 0, 0, 0, fmt.Errorf("trim: %w", err)
 	}
 	if err := tx.Commit(); err != nil {
-		return 0, 0, fmt.Errorf("trim: %w", err)
+		return 0, 0, 0, fmt.Errorf("trim: %w", err)
 	}
-	return deleted, reached, nil
+	return deleted, reached, bytes, nil
 }
 
 // LastCreatedBefore returns the offset of the last event created before t (epoch ms, the
@@ -617,6 +617,51 @@ func (s *Stream) LastCreatedBefore(ctx context.Context, t int64) (int64, error) 
 		}
 	}
 	return lo, nil
+}
+
+// eventSizeSQL is EventSize of an events row, read from the row's header alone (octet_length
+// does not load the value).
+const eventSizeSQL = `octet_length(type) + octet_length(payload) + coalesce(octet_length(metadata), 0) + coalesce(octet_length(idempotency_key), 0)`
+
+// EventSize is the size of an event as a retention policy's maxBytes counts it, and as
+// itx.MaxEventBytes bounds it: its type, payload, metadata and idempotency key.
+func EventSize(e *itx.Event) int64 {
+	return int64(len(e.Type) + len(e.Payload) + len(e.Metadata) + len(e.IdempotencyKey))
+}
+
+// Trimmable reports whether a trim may delete an event of this kind: a durable one that is not a
+// stream/* record.
+func Trimmable(e *itx.Event) bool { return !e.Ephemeral && !strings.HasPrefix(e.Type, "stream/") }
+
+// TrimmableBytes is the size (EventSize) of the events a trim could delete: durable, not
+// stream/* records. It reads every such row's header.
+func (s *Stream) TrimmableBytes(ctx context.Context) (int64, error) {
+	var n int64
+	if err := s.w.QueryRowContext(ctx, `select coalesce(sum(`+eventSizeSQL+`), 0) from events
+		where ephemeral = 0 and substr(type, 1, 7) != 'stream/'`).Scan(&n); err != nil {
+		return 0, fmt.Errorf("trimmable bytes: %w", err)
+	}
+	return n, nil
+}
+
+// TrimmableThroughBytes is the offset through which the oldest events a trim could delete come
+// to at least want bytes (EventSize), and their size; the last such event and the size of them
+// all when they come to less. It reads those rows' headers only.
+func (s *Stream) TrimmableThroughBytes(ctx context.Context, want int64) (through, bytes int64, err error) {
+	rows, err := s.w.QueryContext(ctx, `select offset, `+eventSizeSQL+` from events
+		where ephemeral = 0 and substr(type, 1, 7) != 'stream/' order by offset`)
+	if err != nil {
+		return 0, 0, fmt.Errorf("trimmable through bytes: %w", err)
+	}
+	defer rows.Close()
+	for bytes < want && rows.Next() {
+		var size int64
+		if err := rows.Scan(&through, &size); err != nil {
+			return 0, 0, fmt.Errorf("trimmable through bytes: %w", err)
+		}
+		bytes += size
+	}
+	return through, bytes, rows.Err()
 }
 
 // OldestTrimmable returns the offset and creation time (epoch ms) of the stream's first event

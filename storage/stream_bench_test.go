@@ -165,7 +165,7 @@ func BenchmarkStream_Trim(b *testing.B) {
 	fill(max(b.N*chunk, 10_000))
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		n, _, err := s.Trim(ctx, head, chunk)
+		n, _, _, err := s.Trim(ctx, head, chunk)
 		if err != nil || n != chunk {
 			b.Fatal(n, err)
 		}

@@ -662,18 +662,41 @@ func TestStream_Trim(t *testing.T) {
 	batch[4].IdempotencyKey = "k5"
 	require.NoError(t, s.Commit(ctx, Commit{Events: batch, HeadOffset: 12, LastAppendAt: 112}))
 
-	deleted, reached, err := s.Trim(ctx, 9, 3)
+	sizes := func(offs ...int) (n int64) {
+		for _, o := range offs {
+			n += EventSize(&batch[o-1])
+		}
+		return n
+	}
+	trimmable, err := s.TrimmableBytes(ctx)
+	require.NoError(t, err)
+	require.Equal(t, sizes(1, 2, 4, 5, 7, 8, 9, 10, 11), trimmable, "durable events, stream/* records aside")
+	through, bytes, err := s.TrimmableThroughBytes(ctx, sizes(1, 2)+1)
+	require.NoError(t, err)
+	require.Equal(t, int64(4), through, "the oldest trimmable events coming to the bytes asked")
+	require.Equal(t, sizes(1, 2, 4), bytes)
+	through, bytes, err = s.TrimmableThroughBytes(ctx, 1<<40)
+	require.NoError(t, err)
+	require.Equal(t, int64(11), through, "all of them, when they come to less")
+	require.Equal(t, trimmable, bytes)
+
+	deleted, reached, bytes, err := s.Trim(ctx, 9, 3)
 	require.NoError(t, err)
 	require.Equal(t, int64(3), deleted) // 1, 2, 4
 	require.Equal(t, int64(4), reached, "a full chunk: more may follow")
-	deleted, reached, err = s.Trim(ctx, 9, 3)
+	require.Equal(t, sizes(1, 2, 4), bytes)
+	deleted, reached, bytes, err = s.Trim(ctx, 9, 3)
 	require.NoError(t, err)
 	require.Equal(t, int64(3), deleted) // 5, 7, 8
 	require.Equal(t, int64(8), reached)
-	deleted, reached, err = s.Trim(ctx, 9, 3)
+	require.Equal(t, sizes(5, 7, 8), bytes)
+	deleted, reached, _, err = s.Trim(ctx, 9, 3)
 	require.NoError(t, err)
 	require.Equal(t, int64(1), deleted) // 9
 	require.Equal(t, int64(9), reached)
+	trimmable, err = s.TrimmableBytes(ctx)
+	require.NoError(t, err)
+	require.Equal(t, sizes(10, 11), trimmable)
 	got, err := s.Events(ctx, Query{After: 0, UpTo: 12, Limit: 100, IncludeEphemeral: true})
 	require.NoError(t, err)
 	require.Equal(t, []int64{3, 6, 10, 11, 12}, offsets(got))
@@ -681,9 +704,10 @@ func TestStream_Trim(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, byKey)
 
-	deleted, reached, err = s.Trim(ctx, 2, 3)
+	deleted, reached, bytes, err = s.Trim(ctx, 2, 3)
 	require.NoError(t, err)
 	require.Zero(t, deleted)
+	require.Zero(t, bytes)
 	require.Equal(t, int64(9), reached, "never moves back")
 	require.NoError(t, s.Close())
 	s2, err := OpenStream(ctx, file)
@@ -704,7 +728,7 @@ func TestStream_LastCreatedBefore(t *testing.T) {
 	require.Zero(t, got, "an empty stream")
 	batch := events(1, 20, 0) // created_at 101..120
 	require.NoError(t, s.Commit(ctx, Commit{Events: batch, HeadOffset: 25, LastAppendAt: 120}))
-	_, _, err = s.Trim(ctx, 7, 100) // a gap at 1..7
+	_, _, _, err = s.Trim(ctx, 7, 100) // a gap at 1..7
 	require.NoError(t, err)
 	for at, want := range map[int64]int64{0: 0, 101: 0, 108: 0, 109: 8, 110: 9, 115: 14, 120: 19, 121: 20, 1 << 40: 20} {
 		got, err := s.LastCreatedBefore(ctx, at)
@@ -727,12 +751,12 @@ func TestStream_OldestTrimmable(t *testing.T) {
 	off, at, err = s.OldestTrimmable(ctx)
 	require.NoError(t, err)
 	require.Equal(t, [2]int64{2, 102}, [2]int64{off, at}, "past the stream/* record")
-	_, _, err = s.Trim(ctx, 2, 100)
+	_, _, _, err = s.Trim(ctx, 2, 100)
 	require.NoError(t, err)
 	off, at, err = s.OldestTrimmable(ctx)
 	require.NoError(t, err)
 	require.Equal(t, [2]int64{4, 104}, [2]int64{off, at}, "past the trimmed event and the ephemeral row")
-	_, _, err = s.Trim(ctx, 10, 100)
+	_, _, _, err = s.Trim(ctx, 10, 100)
 	require.NoError(t, err)
 	off, _, err = s.OldestTrimmable(ctx)
 	require.NoError(t, err)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -467,4 +468,86 @@ func TestStream_RetentionTrimsAsEventsAge(t *testing.T) {
 		waitUntil(t, "its alarm loaded it", func() bool { return e.ts.srv.LoadedStreams() >= 1 })
 		waitUntil(t, "trimmed", func() bool { return trimmedOf(e.ctx, t, s) == 3 })
 	})
+}
+
+// sizedEvent is an event of type "e" whose size as retention counts it (type, payload, metadata,
+// key) is exactly 1,000 bytes.
+func sizedEvent(i int) itx.EventInput {
+	body := fmt.Sprintf(`{"i":%d,"pad":""}`, i)
+	return ev("e", fmt.Sprintf(`{"i":%d,"pad":"%s"}`, i, strings.Repeat("x", 999-len(body))))
+}
+
+// A retention policy's maxBytes keeps the newest events whose sizes come to at most that: at
+// once, then at most once a minute while appended to, never past a consumer's floor, and after a
+// reload (the size read again from the log); describe shows it, and the audit records it.
+func TestStream_RetentionByBytes(t *testing.T) {
+	e := newSubEnv(t, server.Config{IdleTimeout: 10 * time.Minute})
+	ctx := e.ctx
+	s := stream(t, e.p, "/sized")
+	for i := 1; i <= 100; i++ {
+		mustAppend(t, s, sizedEvent(i))
+	}
+	trimmed := func() int64 {
+		info, err := client.Describe(ctx, s)
+		require.NoError(t, err)
+		return info.TrimmedThrough
+	}
+	kept := func() []int {
+		events, err := client.ReadAll(ctx, s, itx.Query{})
+		require.NoError(t, err)
+		var size int
+		for _, ev := range events {
+			size += len(ev.Type) + len(ev.Payload) + len(ev.Metadata) + len(ev.IdempotencyKey)
+		}
+		require.LessOrEqual(t, size, 30_000, "no more than maxBytes kept")
+		return payloadI(t, events, "e")
+	}
+	require.NoError(t, client.SetRetention(ctx, s, client.Retention{MaxBytes: 30_000}))
+	waitUntil(t, "trimmed at once to the newest 30 events", func() bool { return trimmed() == 70 })
+	require.Equal(t, seq(71, 100), kept())
+	info, err := client.Describe(ctx, s)
+	require.NoError(t, err)
+	require.Equal(t, int64(30_000), info.RetentionMaxBytes)
+
+	// Appended to: kept by the commits' sizes, trimmed at the next pass; a reader holds it back.
+	registerReader(t, s, "slow", 75)
+	for i := 101; i <= 110; i++ {
+		mustAppend(t, s, sizedEvent(i))
+	}
+	e.clock.Advance(2 * time.Minute)
+	mustAppend(t, s, sizedEvent(111))
+	waitUntil(t, "trimmed to the reader's checkpoint", func() bool { return trimmed() == 75 })
+	registerReader(t, s, "slow", 111)
+	e.clock.Advance(2 * time.Minute)
+	mustAppend(t, s, sizedEvent(112))
+	waitUntil(t, "trimmed as appended to", func() bool { return trimmed() == 82 })
+	require.Equal(t, seq(83, 112), kept())
+
+	// Kept with the stream: unloaded, loaded again, it measures the log afresh.
+	waitUntil(t, "the idle stream unloaded", func() bool {
+		e.clock.Advance(20 * time.Minute)
+		e.ts.srv.Sweep()
+		return e.ts.srv.LoadedStreams() == 0
+	})
+	for i := 113; i <= 120; i++ {
+		mustAppend(t, s, sizedEvent(i)) // the first loads it and applies the policy
+	}
+	e.clock.Advance(2 * time.Minute)
+	registerReader(t, s, "slow", 120)
+	mustAppend(t, s, sizedEvent(121))
+	waitUntil(t, "trimmed after the reload", func() bool { return trimmed() == 91 })
+	require.Equal(t, seq(92, 121), kept())
+
+	set := audited(t, e.ts.deployment(t), server.AuditRetentionSet)
+	require.Len(t, set, 1)
+	require.EqualValues(t, 30_000, set[0]["maxBytes"])
+	requireCode(t, client.SetRetention(ctx, s, client.Retention{MaxBytes: -1}), itx.EInvalid)
+}
+
+func seq(from, to int) []int {
+	out := []int{}
+	for i := from; i <= to; i++ {
+		out = append(out, i)
+	}
+	return out
 }

@@ -99,12 +99,16 @@ func TestRun_Trim(t *testing.T) {
 		{`project.streams.get("/log").describe().trimmedThrough`, `6`},
 		{`project.streams.get("/log").setRetention({maxAge: "30d", maxEvents: 100}); let d = project.streams.get("/log").describe(); [d.retentionMaxAgeMs, d.retentionMaxEvents]`,
 			`[2592000000, 100]`},
+		{`project.streams.get("/log").setRetention({maxBytes: "10MiB"}); project.streams.get("/log").describe().retentionMaxBytes`, `10485760`},
+		{`project.streams.get("/log").setRetention({maxBytes: "2GB"}); project.streams.get("/log").describe().retentionMaxBytes`, `2000000000`},
+		{`project.streams.get("/log").setRetention({maxBytes: 4096}); project.streams.get("/log").describe().retentionMaxBytes`, `4096`},
 	} {
 		code, out, errs := c.run("", append(conn, "--json", "-e", step.expr)...)
 		require.Equal(t, exitOK, code, "%s: %s", step.expr, errs)
 		require.JSONEq(t, step.want, out, step.expr)
 	}
-	for _, bad := range []string{`trim()`, `trim({createdBefore: "soon"})`, `trim(-1)`, `setRetention({maxAge: "10s"})`, `setRetention({maxAge: "soon"})`} {
+	for _, bad := range []string{`trim()`, `trim({createdBefore: "soon"})`, `trim(-1)`, `setRetention({maxAge: "10s"})`, `setRetention({maxAge: "soon"})`,
+		`setRetention({maxBytes: "10 parsecs"})`, `setRetention({maxBytes: -5})`, `setRetention({maxBytes: "99999999999TiB"})`} {
 		code, _, errs := c.run("", append(conn, "--json", "-e", `project.streams.get("/log").`+bad)...)
 		require.Equal(t, exitError, code, bad)
 		require.Contains(t, errs, "invalidArgument", bad)

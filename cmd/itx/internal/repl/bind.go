@@ -72,7 +72,7 @@ var bindings = map[string]map[string]binding{
 		"schedule":              {"schedule(event, dueAt) or schedule({event, dueAt}) -> {dueAt, appendedOffset?} (dueAt null when the key is already in the log at appendedOffset; a durable timer: event, with its idempotencyKey, is appended at dueAt: a Date, an ISO-8601 time, epoch ms or a duration from now like \"10m\")", streamSchedule},
 		"cancelScheduled":       {"cancelScheduled(key) or cancelScheduled({key}) -> {cancelled}", streamCancelScheduled},
 		"listScheduled":         {"listScheduled() -> [{dueAt, type, idempotencyKey, payload}]", streamListScheduled},
-		"setRetention":          {"setRetention({maxAge, maxEvents}) (the admin right: the stream keeps this policy and trims itself as trim does: events older than maxAge (\"30d\", \"12h\" or ms) and more than maxEvents offsets below the head go, when it loads and at most once a minute while appended to; {} clears it; describe() shows it)", streamSetRetention},
+		"setRetention":          {"setRetention({maxAge, maxEvents, maxBytes}) (the admin right: the stream keeps this policy and trims itself as trim does: events older than maxAge (\"30d\", \"12h\" or ms), more than maxEvents offsets below the head, and the oldest while its events come to more than maxBytes (\"10GiB\" or bytes) go, when it loads and at most once a minute while appended to; {} clears it; describe() shows it)", streamSetRetention},
 		"trim":                  {"trim(throughOffset) or trim({throughOffset, createdBefore}) -> {trimmedThrough, deleted} (retention, the admin right: deletes the events through the offset and/or created before the time (\"30d\" ago, a Date, an ISO-8601 time, epoch ms) for good, its stream/* records kept, never past what its subscriptions confirmed, its readers' checkpoints and its open connections delivered; the deleted events' idempotency keys are forgotten)", streamTrim},
 	},
 	"Subscriptions": {
@@ -324,6 +324,7 @@ type streamInfoJS struct {
 	TrimmedThrough     int64 `json:"trimmedThrough,omitempty"`
 	RetentionMaxAgeMs  int64 `json:"retentionMaxAgeMs,omitempty"`
 	RetentionMaxEvents int64 `json:"retentionMaxEvents,omitempty"`
+	RetentionMaxBytes  int64 `json:"retentionMaxBytes,omitempty"`
 	// DiskBytes is the size of the stream's files on disk.
 	DiskBytes int64 `json:"diskBytes"`
 }
@@ -333,7 +334,8 @@ func streamInfoOf(i itx.StreamInfo) streamInfoJS {
 		LastAppendAt: msTime(i.LastAppendAt), SubscriptionCount: i.SubscriptionCount,
 		HaltedSubscriptions: i.HaltedSubscriptions, ParkedSubscriptions: i.ParkedSubscriptions, MaxLag: i.MaxLag,
 		ReaderCount: i.Readers, Loaded: i.Loaded, TrimmedThrough: i.TrimmedThrough,
-		RetentionMaxAgeMs: i.RetentionMaxAgeMs, RetentionMaxEvents: i.RetentionMaxEvents, DiskBytes: i.DiskBytes}
+		RetentionMaxAgeMs: i.RetentionMaxAgeMs, RetentionMaxEvents: i.RetentionMaxEvents,
+		RetentionMaxBytes: i.RetentionMaxBytes, DiskBytes: i.DiskBytes}
 }
 
 type offsetJS struct {
@@ -433,7 +435,7 @@ func streamSetRetention(ctx context.Context, s *Session, c capnp.Client, _ capPa
 	if len(args) == 1 {
 		v = args[0]
 	}
-	o, err := s.opts("setRetention", v, "maxAge", "maxEvents")
+	o, err := s.opts("setRetention", v, "maxAge", "maxEvents", "maxBytes")
 	if err != nil {
 		return nil, err
 	}
@@ -443,11 +445,40 @@ func streamSetRetention(ctx context.Context, s *Session, c capnp.Client, _ capPa
 			return nil, err
 		}
 	}
+	if b := o.get("maxBytes"); b != nil {
+		if r.MaxBytes, err = bytesArg("setRetention: maxBytes", b); err != nil {
+			return nil, err
+		}
+	}
 	r.MaxEvents = o.uint("maxEvents")
 	if err := o.err(); err != nil {
 		return nil, err
 	}
 	return nil, client.SetRetention(ctx, schema.Stream(c), r)
+}
+
+// bytesArg reads a size: a number of bytes, or a string with a unit ("512KiB", "10MiB", "1GiB",
+// "2TiB", or the decimal "1GB"; "B" for bytes).
+func bytesArg(what string, v goja.Value) (int64, error) {
+	if n, ok := toUint(v); ok {
+		return n, nil
+	}
+	if x, ok := v.Export().(string); ok {
+		units := []struct {
+			suffix string
+			scale  int64
+		}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}, {"B", 1}}
+		for _, u := range units {
+			if num, found := strings.CutSuffix(strings.TrimSpace(x), u.suffix); found {
+				n, err := strconv.ParseUint(strings.TrimSpace(num), 10, 63)
+				if err == nil && n <= uint64(math.MaxInt64/u.scale) {
+					return int64(n) * u.scale, nil
+				}
+				break
+			}
+		}
+	}
+	return 0, itx.Errorf(itx.EInvalid, "%s: expected a size (\"10MiB\", \"1GiB\") or a number of bytes, got %s", what, describeValue(v))
 }
 
 // durationArg reads a duration: "30d", a Go duration ("12h", "90m") or milliseconds.
