@@ -68,10 +68,12 @@ type actor struct {
 	lastRetention   time.Time // the retention policy last applied (applyRetention)
 	autoTrimming    bool      // a trim of the retention policy is under way
 	// trimmable is the size (storage.EventSize) of the events a trim could delete, for the
-	// retention policy's maxBytes: read once it is needed (trimmableKnown), then kept by the
-	// commits and trims. Actor goroutine only.
+	// retention policy's maxBytes: measured once it is needed, a chunk at a time between steps
+	// (sizeScan, while it runs: the events through its upTo are being read, the commits add
+	// theirs above it), then kept by the commits and trims (trimmableKnown). Actor goroutine only.
 	trimmable      int64
 	trimmableKnown bool
+	sizeScan       *sizeScan
 	retT           itx.Timer // when the retention policy's age limit has an event to trim (armRetention)
 	loadMounted    []string  // the project's mounts when loaded: the first step's presence signal
 	// secretRefs is the webhook secret references of the committed catalog: the directory's
@@ -856,7 +858,7 @@ func (a *actor) apply(in stepInput) {
 			return
 		}
 		a.failedCommits = 0
-		if a.trimmableKnown {
+		if a.trimmableKnown || a.sizeScan != nil {
 			for i := range eff.commit.Events {
 				if e := &eff.commit.Events[i]; storage.Trimmable(e) {
 					a.trimmable += storage.EventSize(e)
@@ -1024,7 +1026,7 @@ func (a *actor) flushDelay(d time.Duration) time.Duration {
 // reloadAfter answers a step whose commit failed: every append of it fails, and the state is read
 // back from storage, so nothing the failed commit held is published or delivered.
 func (a *actor) reloadAfter(group []*appendReq, cause error) {
-	a.trimmableKnown = false // a commit that failed may be on disk after all: read it again when needed
+	a.trimmableKnown, a.sizeScan = false, nil // a commit that failed may be on disk after all: measure again when needed
 	failure := itx.AsError(cause)
 	if failure.Code == itx.EInternal || failure.Code == "" {
 		// A full disk or a failing one says so (storage.ErrorCode); anything else that failed to

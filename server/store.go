@@ -38,7 +38,7 @@ type streamStore interface {
 	Trim(ctx context.Context, through int64, limit int) (deleted, reached, bytes int64, err error)
 	// TrimmableBytes and TrimmableThroughBytes measure what a trim could delete (retention's
 	// maxBytes; see storage.Stream).
-	TrimmableBytes(ctx context.Context) (int64, error)
+	TrimmableBytes(ctx context.Context, after, upTo int64, limit int) (bytes, last int64, n int, err error)
 	TrimmableThroughBytes(ctx context.Context, want int64) (through, bytes int64, err error)
 	// LastCreatedBefore is the offset of the last event created before t (epoch ms).
 	LastCreatedBefore(ctx context.Context, t int64) (int64, error)

@@ -105,6 +105,17 @@ func (a *actor) trimChunk(r *trimReq) {
 		return
 	}
 	if r.auto && r.through == 0 {
+		if a.st.retention.MaxBytes > 0 && !a.trimmableKnown {
+			done, err := a.measureTrimmable()
+			if err != nil {
+				answer(itx.Errorf(storage.ErrorCode(err), "retention of %s: %v", a.ref.Path, err))
+				return
+			}
+			if !done {
+				go a.post(actorMsg{trim: r}) // the next chunk after what is queued now
+				return
+			}
+		}
 		through, err := a.retentionThrough()
 		if err != nil {
 			answer(itx.Errorf(storage.ErrorCode(err), "retention of %s: %v", a.ref.Path, err))
@@ -141,6 +152,11 @@ func (a *actor) trimChunk(r *trimReq) {
 	}
 	r.deleted += n
 	a.trimmable -= bytes
+	if a.sizeScan != nil && n > 0 {
+		// Deleted under the measure (a Stream.trim between its chunks): some of it was not read
+		// yet, so the measure starts over at the policy's next pass.
+		a.sizeScan, a.trimmableKnown = nil, false
+	}
 	a.srv.metrics.TrimmedEvents.Add(float64(n))
 	if reached > a.st.trimmed {
 		a.st.trimmed = reached
@@ -225,17 +241,9 @@ func (a *actor) retentionThrough() (int64, error) {
 	if p.MaxEvents > 0 {
 		through = max(0, a.st.head-p.MaxEvents)
 	}
-	if p.MaxBytes > 0 {
-		ctx := context.Background()
-		if !a.trimmableKnown {
-			n, err := a.store.TrimmableBytes(ctx)
-			if err != nil {
-				return 0, err
-			}
-			a.trimmable, a.trimmableKnown = n, true
-		}
+	if p.MaxBytes > 0 && a.trimmableKnown {
 		if over := a.trimmable - p.MaxBytes; over > 0 {
-			last, _, err := a.store.TrimmableThroughBytes(ctx, over)
+			last, _, err := a.store.TrimmableThroughBytes(context.Background(), over)
 			if err != nil {
 				return 0, err
 			}
@@ -250,6 +258,34 @@ func (a *actor) retentionThrough() (int64, error) {
 		through = max(through, last)
 	}
 	return through, nil
+}
+
+// sizeScanRows is how many events one chunk of a stream's size measure reads.
+var sizeScanRows = 20_000
+
+// sizeScan is a measure of the stream's size under way (actor.trimmable): the events through
+// upTo (the head when it began) are read a chunk at a time, after after.
+type sizeScan struct{ after, upTo int64 }
+
+// measureTrimmable reads one chunk of the stream's size (actor.trimmable), starting the measure
+// if none runs, and reports whether it is complete. Actor goroutine only.
+func (a *actor) measureTrimmable() (bool, error) {
+	if a.sizeScan == nil {
+		a.sizeScan, a.trimmable = &sizeScan{upTo: a.st.head}, 0 // the commits from now add theirs
+	}
+	sc := a.sizeScan
+	bytes, last, n, err := a.store.TrimmableBytes(context.Background(), sc.after, sc.upTo, sizeScanRows)
+	if err != nil {
+		a.sizeScan = nil
+		return false, err
+	}
+	a.trimmable += bytes
+	sc.after = last
+	if n < sizeScanRows {
+		a.sizeScan, a.trimmableKnown = nil, true
+		return true, nil
+	}
+	return false, nil
 }
 
 // retentionDue is when the stream's age limit next has an event to trim (epoch ms, maybe

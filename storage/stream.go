@@ -633,15 +633,22 @@ func EventSize(e *itx.Event) int64 {
 // stream/* record.
 func Trimmable(e *itx.Event) bool { return !e.Ephemeral && !strings.HasPrefix(e.Type, "stream/") }
 
-// TrimmableBytes is the size (EventSize) of the events a trim could delete: durable, not
-// stream/* records. It reads every such row's header.
-func (s *Stream) TrimmableBytes(ctx context.Context) (int64, error) {
-	var n int64
-	if err := s.w.QueryRowContext(ctx, `select coalesce(sum(`+eventSizeSQL+`), 0) from events
-		where ephemeral = 0 and substr(type, 1, 7) != 'stream/'`).Scan(&n); err != nil {
-		return 0, fmt.Errorf("trimmable bytes: %w", err)
+// TrimmableBytes is the size (EventSize) of the events a trim could delete (durable, not stream/*
+// records) among the first limit such events with offsets in (after, upTo], and the offset of the
+// last of them (after when there is none) and how many there were: a stream's whole size is
+// measured a chunk at a time. It reads the rows' headers only.
+func (s *Stream) TrimmableBytes(ctx context.Context, after, upTo int64, limit int) (bytes, last int64, n int, err error) {
+	var lastOff sql.NullInt64
+	if err := s.w.QueryRowContext(ctx, `select coalesce(sum(size), 0), max(offset), count(*) from (select offset, `+eventSizeSQL+` as size
+		from events where offset > ? and offset <= ? and ephemeral = 0 and substr(type, 1, 7) != 'stream/' order by offset limit ?)`,
+		after, upTo, limit).Scan(&bytes, &lastOff, &n); err != nil {
+		return 0, 0, 0, fmt.Errorf("trimmable bytes: %w", err)
 	}
-	return n, nil
+	last = after
+	if lastOff.Valid {
+		last = lastOff.Int64
+	}
+	return bytes, last, n, nil
 }
 
 // TrimmableThroughBytes is the offset through which the oldest events a trim could delete come
