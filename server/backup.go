@@ -295,8 +295,14 @@ func (s *Server) checkBackupRoom(parent string) error {
 		return nil
 	}
 	size := dataDirBytes(s.cfg.DataDir)
-	if need := size + size/10 + backupRoomMargin; free < need {
-		return itx.Errorf(itx.EResourceExhausted, "backup: %s has %d MiB free; a copy of the data directory (%d MiB) needs about %d MiB with the margin a backup leaves", parent, free>>20, size>>20, need>>20)
+	margin, why := int64(backupRoomMargin), "the margin a backup leaves"
+	if s.cfg.MinFreeDisk > margin && sameFileSystem(parent, s.cfg.DataDir) {
+		// On the data directory's disk the copy leaves the disk reserve free (appends would be
+		// refused below it).
+		margin, why = s.cfg.MinFreeDisk, "the data directory's disk reserve (--min-free-disk-bytes) left free"
+	}
+	if need := size + size/10 + margin; free < need {
+		return itx.Errorf(itx.EResourceExhausted, "backup: %s has %d MiB free; a copy of the data directory (%d MiB) needs about %d MiB with %s", parent, free>>20, size>>20, need>>20, why)
 	}
 	return nil
 }

@@ -113,6 +113,27 @@ func TestBackup_RefusedWithoutRoom(t *testing.T) {
 	require.NoError(t, err)
 }
 
+// A backup on the data directory's own disk leaves the disk reserve free, not only its own margin:
+// appends would be refused below the reserve. On another disk the reserve does not count.
+func TestBackup_LeavesTheDiskReserveOnTheDataDisk(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	s, projectID := mustOpen(t, Config{DataDir: filepath.Join(root, "data"), MinFreeDisk: 1 << 30})
+	_, err := s.Append(ctx, StreamRef{ProjectID: projectID, Path: "/x"}, []itx.EventInput{{Type: "e"}}, itx.AppendOptions{})
+	require.NoError(t, err)
+	backupFreeBytes = func(string) (int64, bool) { return 512 << 20, true } // the margin alone fits
+	t.Cleanup(func() { backupFreeBytes = freeBytes })
+	_, err = s.Backup(ctx, Admin{}, filepath.Join(root, "copy"))
+	require.Equal(t, itx.EResourceExhausted, itx.ErrorCode(err), "%v", err)
+	require.ErrorContains(t, err, "--min-free-disk-bytes")
+
+	if other, err := os.MkdirTemp("/dev/shm", "backup"); err == nil && !sameFileSystem(other, root) {
+		defer os.RemoveAll(other)
+		_, err = s.Backup(ctx, Admin{}, filepath.Join(other, "copy"))
+		require.NoError(t, err, "another disk: its own margin")
+	}
+}
+
 // A project deleted while a backup copies (after its instant) is in the copy as it was: the
 // removal of its stream's file waits for the backup to hold it.
 func TestBackup_ProjectDeletedDuringTheCopy(t *testing.T) {

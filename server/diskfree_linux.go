@@ -21,3 +21,9 @@ func diskSize(path string) (int64, bool) {
 	}
 	return int64(st.Blocks) * int64(st.Bsize), true
 }
+
+// sameFileSystem reports whether two paths are on one file system (one device).
+func sameFileSystem(a, b string) bool {
+	var sa, sb syscall.Stat_t
+	return syscall.Stat(a, &sa) == nil && syscall.Stat(b, &sb) == nil && sa.Dev == sb.Dev
+}

@@ -7,3 +7,6 @@ func freeBytes(string) (int64, bool) { return 0, false }
 
 // diskSize is unknown here: no default disk reserve.
 func diskSize(string) (int64, bool) { return 0, false }
+
+// sameFileSystem is unknown here: false.
+func sameFileSystem(string, string) bool { return false }
