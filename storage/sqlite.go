@@ -56,9 +56,10 @@ var (
 var migrations embed.FS
 
 // openDB opens (creating if allowed) the SQLite file at path with the itx pragmas, and checks
-// the durability setting on a connection it then keeps for writing.
-func openDB(path string, create bool, maxConns int) (*sql.DB, error) {
-	db, err := openPool(path, create, maxConns)
+// the durability setting on a connection it then keeps for writing. params are more of mattn's
+// DSN parameters ("&_name=value"), applied on each connection before the itx pragmas.
+func openDB(path string, create bool, maxConns int, params ...string) (*sql.DB, error) {
+	db, err := openPool(path, create, maxConns, params...)
 	if err != nil {
 		return nil, err
 	}
@@ -75,7 +76,7 @@ func openDB(path string, create bool, maxConns int) (*sql.DB, error) {
 }
 
 // openPool opens a connection pool without connecting: connections open on first use.
-func openPool(path string, create bool, maxConns int) (*sql.DB, error) {
+func openPool(path string, create bool, maxConns int, params ...string) (*sql.DB, error) {
 	mode := "rw"
 	if create {
 		mode = "rwc"
@@ -87,7 +88,7 @@ func openPool(path string, create bool, maxConns int) (*sql.DB, error) {
 	// database/sql hands a connection to one goroutine at a time and locks it around every driver
 	// call, so the mutex only cost a lock and unlock per sqlite3_step and per column read (10% of
 	// a catch-up scan's CPU, measured with perf).
-	db, err := sql.Open(openDriver, "file:"+path+"?mode="+mode+"&_txlock=immediate&_mutex=no"+openDSNSuffix)
+	db, err := sql.Open(openDriver, "file:"+path+"?mode="+mode+"&_txlock=immediate&_mutex=no"+strings.Join(params, "")+openDSNSuffix)
 	if err != nil {
 		return nil, err
 	}

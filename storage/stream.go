@@ -50,6 +50,11 @@ type Stream struct {
 	// scan reads pages without a type filter, the catch-up path, on its own connections
 	// (scan_cgo.go); nil where it is not available, and reads then use r.
 	scan *scanPool
+
+	// incremental: the file was made with auto_vacuum=INCREMENTAL, so Vacuum can give its free
+	// pages back to the file system; pageSize is its page size in bytes.
+	incremental bool
+	pageSize    int64
 }
 
 // ReaderConns is the number of read connections one stream keeps at most; ReaderIdleTime is
@@ -111,11 +116,27 @@ func OpenStream(ctx context.Context, file string) (*Stream, error) {
 }
 
 func openStream(ctx context.Context, file string, create bool) (*Stream, error) {
-	w, err := openDB(file, create, 1)
+	// A new stream's file is made with auto_vacuum=INCREMENTAL, so that the pages a trim or a
+	// sweep frees can go back to the file system (Vacuum). SQLite takes the mode only while the
+	// file has no page yet, and the itx pragmas' journal_mode=WAL writes the first one: mattn
+	// applies its _auto_vacuum parameter on a connection before the ConnectHook runs. A file made
+	// before (auto_vacuum NONE, or a creation cut short before this build) keeps its mode:
+	// changing it takes a VACUUM that rewrites the whole file (README, "Retention").
+	var params []string
+	if create {
+		params = append(params, "&_auto_vacuum=incremental")
+	}
+	w, err := openDB(file, create, 1, params...)
 	if err != nil {
 		return nil, fmt.Errorf("open stream %s: %w", file, err)
 	}
 	if err := migrate(ctx, w, "stream"); err != nil {
+		w.Close()
+		return nil, fmt.Errorf("open stream %s: %w", file, err)
+	}
+	var autoVacuum int
+	var pageSize int64
+	if err := w.QueryRowContext(ctx, `select auto_vacuum, page_size from pragma_auto_vacuum, pragma_page_size`).Scan(&autoVacuum, &pageSize); err != nil {
 		w.Close()
 		return nil, fmt.Errorf("open stream %s: %w", file, err)
 	}
@@ -127,7 +148,7 @@ func openStream(ctx context.Context, file string, create bool) (*Stream, error) 
 		return nil, fmt.Errorf("open stream %s: %w", file, err)
 	}
 	r.SetConnMaxIdleTime(ReaderIdleTime)
-	s := &Stream{file: file, w: w, r: r}
+	s := &Stream{file: file, w: w, r: r, incremental: autoVacuum == autoVacuumIncremental, pageSize: pageSize}
 	if openDSNSuffix == "" { // the power-cut test's VFS takes an exclusive lock: r only there
 		s.scan = newScanPool(file)
 	}
@@ -694,4 +715,87 @@ func (s *Stream) DeleteEphemeral(ctx context.Context, through, before int64) (in
 		return 0, fmt.Errorf("delete ephemeral events: %w", err)
 	}
 	return res.RowsAffected()
+}
+
+// autoVacuumIncremental is PRAGMA auto_vacuum's value for INCREMENTAL.
+const autoVacuumIncremental = 2
+
+// The free space a stream's file keeps for its next rows rather than give it back (Vacuum):
+// SQLite fills free pages before it grows the file, so what a stream frees and soon writes again
+// (a retention policy trimming each minute what the last minute appended, ephemeral rows swept
+// as new ones arrive) stays in the file instead of being moved out and written back. It is an
+// eighth of the bytes in use, at least vacuumKeepMin and at most vacuumKeepMax.
+const (
+	vacuumKeepMin   = 1 << 20
+	vacuumKeepMax   = 64 << 20
+	vacuumKeepShare = 8
+)
+
+// vacuumPageHook, when set (tests), runs inside Vacuum's transaction after each page it gave
+// back, with how many so far: a crash test kills the process there, mid-transaction.
+var vacuumPageHook func(pages int64)
+
+// Vacuum gives free pages of the stream's file (left by deletes: trims, sweeps, KV deletes) back
+// to the file system: about maxBytes of them in one transaction (PRAGMA incremental_vacuum moves
+// the pages in use at the end of the file into free ones below and cuts the file; the
+// pointer-map pages past the new end go too), keeping the free space the bounds above say.
+// freed is what it gave back, left what is still free beyond the keep: more calls are owed while
+// it is positive. The transaction holds the writer, so maxBytes bounds how long an append waits
+// behind it; a crash in it leaves the file as it was. The call that leaves nothing to give back
+// checkpoints the WAL (PASSIVE: it never waits for a reader), which is when SQLite cuts the
+// database file, rather than at the next checkpoint. A file made without auto_vacuum (before
+// itx made them so) has nothing to give back: 0, 0.
+func (s *Stream) Vacuum(ctx context.Context, maxBytes int64) (freed, left int64, err error) {
+	if !s.incremental {
+		return 0, 0, nil
+	}
+	// Read before the transaction: the one writer is the caller, and a stream with nothing to
+	// give back (most calls) costs no write lock.
+	const sizes = `select freelist_count, page_count from pragma_freelist_count, pragma_page_count`
+	var free, total int64
+	if err := s.w.QueryRowContext(ctx, sizes).Scan(&free, &total); err != nil {
+		return 0, 0, fmt.Errorf("vacuum: %w", err)
+	}
+	keep := min(max((total-free)*s.pageSize/vacuumKeepShare, vacuumKeepMin), vacuumKeepMax) / s.pageSize
+	over := free - keep
+	if over <= 0 {
+		return 0, 0, nil
+	}
+	tx, err := s.w.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, 0, fmt.Errorf("vacuum: %w", err)
+	}
+	defer tx.Rollback()
+	// incremental_vacuum answers a row per page it gave back and does one page per step: the
+	// rows must be read to the end (an Exec would give back one page).
+	rows, err := tx.QueryContext(ctx, fmt.Sprintf("PRAGMA incremental_vacuum(%d)", max(min(over, maxBytes/s.pageSize), 1)))
+	if err != nil {
+		return 0, 0, fmt.Errorf("vacuum: %w", err)
+	}
+	var pages int64
+	for rows.Next() {
+		pages++
+		if vacuumPageHook != nil {
+			vacuumPageHook(pages)
+		}
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return 0, 0, fmt.Errorf("vacuum: %w", err)
+	}
+	// The file also loses the pointer-map pages past its new end, which count as no row.
+	var freeAfter, totalAfter int64
+	if err := tx.QueryRowContext(ctx, sizes).Scan(&freeAfter, &totalAfter); err != nil {
+		return 0, 0, fmt.Errorf("vacuum: %w", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, 0, fmt.Errorf("vacuum: %w", err)
+	}
+	freed, left = (total-totalAfter)*s.pageSize, max(freeAfter-keep, 0)*s.pageSize
+	if left == 0 {
+		// The commit is durable already: a checkpoint that fails only leaves the cut to the
+		// next one.
+		var busy, logged, done int
+		_ = s.w.QueryRowContext(ctx, `PRAGMA wal_checkpoint(PASSIVE)`).Scan(&busy, &logged, &done)
+	}
+	return freed, left, nil
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -171,4 +172,52 @@ func BenchmarkStream_Trim(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.N*chunk)/b.Elapsed().Seconds(), "events/s")
+}
+
+// BenchmarkStream_Vacuum gives back a trimmed stream's free pages a chunk per transaction, as the
+// stream's vacuum turns do (ns/op per chunk: how long the stream's writer is busy with one, which
+// appends wait behind), on the disk. The oldest half of the stream was trimmed, so every page
+// given back moves a page in use from the end of the file into the hole the trim left: the
+// costliest case (a trim of nearly everything mostly cuts free pages off the end).
+func BenchmarkStream_Vacuum(b *testing.B) {
+	for _, chunk := range []int64{512 << 10, 1 << 20} {
+		b.Run(fmt.Sprintf("chunk=%dKiB", chunk>>10), func(b *testing.B) {
+			ctx := context.Background()
+			s, err := CreateStream(ctx, filepath.Join(b.TempDir(), "s.db"), StreamMeta{StreamID: "sid", ProjectID: "p", Path: "/a"})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			payload := json.RawMessage(`{"p":"` + strings.Repeat("x", 1000) + `"}`)
+			events := 2 * (int64(b.N)*chunk + vacuumKeepMax) / 1000 // about a page per 3-4 events
+			head := int64(0)
+			for head < events {
+				batch := make([]itx.Event, min(10_000, events-head))
+				for i := range batch {
+					head++
+					batch[i] = itx.Event{Offset: head, Type: "bench.event", CreatedAt: 1_700_000_000_000 + head, Payload: payload}
+				}
+				if err := s.Commit(ctx, Commit{Events: batch, HeadOffset: head}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			for {
+				n, _, err := s.Trim(ctx, head/2, 50_000)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if n == 0 {
+					break
+				}
+			}
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				freed, _, err := s.Vacuum(ctx, chunk)
+				if err != nil || freed < chunk {
+					b.Fatal(freed, err)
+				}
+			}
+			b.ReportMetric(float64(int64(b.N)*chunk>>20)/b.Elapsed().Seconds(), "MiB/s")
+		})
+	}
 }

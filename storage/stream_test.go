@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/itx-dev/itx"
@@ -778,4 +779,144 @@ func TestStream_OldestTrimmable(t *testing.T) {
 	off, _, err = s.OldestTrimmable(ctx)
 	require.NoError(t, err)
 	require.Zero(t, off, "only what a trim keeps is left")
+}
+
+// fileBytes is the size of a database file with its WAL (0 for a file that is not there).
+func fileBytes(t *testing.T, file string) int64 {
+	t.Helper()
+	var n int64
+	for _, f := range []string{file, file + "-wal"} {
+		st, err := os.Stat(f)
+		if err == nil {
+			n += st.Size()
+		} else if !os.IsNotExist(err) {
+			require.NoError(t, err)
+		}
+	}
+	return n
+}
+
+// fillKiB commits n events with 1 KiB payloads after head, 1,000 per commit, and returns the new
+// head.
+func fillKiB(t *testing.T, s *Stream, head int64, n int) int64 {
+	t.Helper()
+	payload := json.RawMessage(`{"p":"` + strings.Repeat("x", 1024) + `"}`)
+	for done := 0; done < n; {
+		k := min(1000, n-done)
+		batch := make([]itx.Event, k)
+		for i := range batch {
+			head++
+			batch[i] = itx.Event{Offset: head, Type: "t", Payload: payload, CreatedAt: 100 + head}
+		}
+		require.NoError(t, s.Commit(context.Background(), Commit{Events: batch, HeadOffset: head, LastAppendAt: 100 + head}))
+		done += k
+	}
+	return head
+}
+
+// A new stream's file gives what a trim freed back to the file system, a bounded chunk per
+// Vacuum, keeping a little free for its next rows; what is left of the stream is intact.
+func TestStream_Vacuum(t *testing.T) {
+	ctx := context.Background()
+	s, file := mustCreateStream(t)
+	var mode int
+	require.NoError(t, s.w.QueryRowContext(ctx, "PRAGMA auto_vacuum").Scan(&mode))
+	require.Equal(t, 2, mode, "a new stream's file is auto_vacuum=INCREMENTAL")
+
+	freed, left, err := s.Vacuum(ctx, 1<<20)
+	require.NoError(t, err)
+	require.Equal(t, [2]int64{0, 0}, [2]int64{freed, left}, "nothing deleted, nothing to give back")
+
+	head := fillKiB(t, s, 0, 12_000) // about 14 MiB
+	for {
+		n, _, err := s.Trim(ctx, head-100, 5000)
+		require.NoError(t, err)
+		if n == 0 {
+			break
+		}
+	}
+	before, err := s.PageCount(ctx)
+	require.NoError(t, err)
+	const chunk = 1 << 20
+	var total int64
+	turns := 0
+	for {
+		freed, left, err := s.Vacuum(ctx, chunk)
+		require.NoError(t, err)
+		require.LessOrEqual(t, freed, int64(chunk)+s.pageSize, "one turn gives back its chunk (and a pointer-map page)")
+		total += freed
+		turns++
+		if left == 0 {
+			break
+		}
+		require.Positive(t, freed, "a turn that leaves more to do did some")
+		require.Less(t, turns, 100)
+	}
+	require.Greater(t, turns, 5, "given back over several turns")
+	after, err := s.PageCount(ctx)
+	require.NoError(t, err)
+	require.Equal(t, before-after, total/s.pageSize, "the file lost the pages given back")
+	var free int64
+	require.NoError(t, s.w.QueryRowContext(ctx, "PRAGMA freelist_count").Scan(&free))
+	require.LessOrEqual(t, free*s.pageSize, int64(vacuumKeepMin), "what stays free is the keep")
+	require.Less(t, after*s.pageSize, int64(3<<20), "the 100 events left and the keep")
+	require.Less(t, fileBytes(t, file), int64(8<<20), "checkpointed: the database file was cut")
+	freed, left, err = s.Vacuum(ctx, chunk)
+	require.NoError(t, err)
+	require.Equal(t, [2]int64{0, 0}, [2]int64{freed, left}, "done")
+
+	got, err := s.Events(ctx, Query{After: 0, UpTo: head, Limit: 1000})
+	require.NoError(t, err)
+	require.Len(t, got, 100)
+	require.Equal(t, head-99, got[0].Offset)
+	var check string
+	require.NoError(t, s.w.QueryRowContext(ctx, "PRAGMA integrity_check").Scan(&check))
+	require.Equal(t, "ok", check)
+	fillKiB(t, s, head, 10) // and it takes appends after
+	require.NoError(t, s.Close())
+	require.Less(t, fileBytes(t, file), int64(3<<20), "closed: the WAL checkpointed and removed")
+}
+
+// makeOldStream makes a stream file as itx made them before auto_vacuum (NONE): the schema and
+// the meta row, nothing else.
+func makeOldStream(t *testing.T, file string) {
+	t.Helper()
+	ctx := context.Background()
+	db, err := openDB(file, true, 1)
+	require.NoError(t, err)
+	require.NoError(t, migrate(ctx, db, "stream"))
+	_, err = db.ExecContext(ctx, `insert into stream_meta (id, stream_id, project_id, path, created_at, head_offset, last_append_at)
+		values (1, 'sid', 'p', '/old', 1, 0, 0)`)
+	require.NoError(t, err)
+	require.NoError(t, db.Close())
+}
+
+// A stream file made before auto_vacuum opens, takes appends and trims as before; Vacuum has
+// nothing to give back and leaves the file's mode as it is (no rewrite behind the operator's back).
+func TestStream_VacuumOldFile(t *testing.T) {
+	ctx := context.Background()
+	file := filepath.Join(t.TempDir(), "old.db")
+	makeOldStream(t, file)
+	s, err := OpenStream(ctx, file)
+	require.NoError(t, err)
+	defer s.Close()
+	head := fillKiB(t, s, 0, 3000)
+	n, _, err := s.Trim(ctx, head-10, 5000)
+	require.NoError(t, err)
+	require.Equal(t, int64(2990), n)
+	before, err := s.PageCount(ctx)
+	require.NoError(t, err)
+	freed, left, err := s.Vacuum(ctx, 1<<20)
+	require.NoError(t, err)
+	require.Equal(t, [2]int64{0, 0}, [2]int64{freed, left})
+	after, err := s.PageCount(ctx)
+	require.NoError(t, err)
+	require.Equal(t, before, after, "the file keeps its pages")
+	var mode int
+	require.NoError(t, s.w.QueryRowContext(ctx, "PRAGMA auto_vacuum").Scan(&mode))
+	require.Equal(t, 0, mode, "still NONE")
+	head = fillKiB(t, s, head, 100)
+	got, err := s.Events(ctx, Query{After: 0, UpTo: head, Limit: 1000})
+	require.NoError(t, err)
+	require.Len(t, got, 110)
 }
