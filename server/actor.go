@@ -67,6 +67,8 @@ type actor struct {
 	ephBytes        int64     // held in ephemeral rows (see Config.EphemeralBufferBytes)
 	lastRetention   time.Time // the retention policy last applied (applyRetention)
 	autoTrimming    bool      // a trim of the retention policy is under way
+	trims           int       // trims under way (their chunks queued), the retention policy's included
+	vacuumQueued    bool      // a vacuum turn is queued (vacuumSoon)
 	// trimmable is the size (storage.EventSize) of the events a trim could delete, for the
 	// retention policy's maxBytes: measured once it is needed, a chunk at a time between steps
 	// (sizeScan, while it runs: the events through its upTo are being read, the commits add
@@ -141,6 +143,8 @@ type actorMsg struct {
 	retention *retentionReq
 	// retentionDue: the retention policy's age limit has an event to trim (armRetention).
 	retentionDue bool
+	// vacuum: a turn giving the stream's free space back (vacuumSoon).
+	vacuum bool
 }
 
 func newActor(s *Server, ref StreamRef) *actor {
@@ -493,6 +497,7 @@ func (a *actor) sweepEphemeral() {
 		a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Msg("ephemeral sweep failed")
 	} else if n > 0 {
 		a.srv.log.Debug().Int64("deleted", n).Str("path", a.ref.Path).Msg("swept ephemeral events")
+		a.vacuumSoon()
 	}
 }
 
@@ -522,6 +527,7 @@ func (a *actor) run() {
 	a.apply(stepInput{mounted: a.loadMounted, woken: a.wokenID(), newVersion: a.srv.procVersionChanged && a.store != nil})
 	a.loadMounted = nil
 	a.applyRetention(a.srv.clock.Now())
+	a.vacuumSoon() // what an unload or a crash left of a vacuum
 	for {
 		var in stepInput
 		select {
@@ -596,6 +602,8 @@ func (a *actor) handle(m actorMsg) bool {
 		if a.store != nil {
 			a.applyRetention(a.srv.clock.Now())
 		}
+	case m.vacuum:
+		a.vacuumChunk()
 	case m.stopRemotes:
 		for name, d := range a.deliverers {
 			if d.remoteContract != "" {
@@ -910,6 +918,9 @@ func (a *actor) apply(in stepInput) {
 		if keys, bytes, err := a.store.KVUsage(ctx, procKVPrefix); err == nil {
 			a.st.procKVKeys, a.st.procKVBytes = keys, bytes
 		}
+	}
+	if len(eff.commit.KVDeletePrefixes) > 0 {
+		a.vacuumSoon() // a processor's records deleted with it: maybe many pages
 	}
 	a.reportLadder(eff.ladder)
 	// 3. Publish (and wake connections and live state). 4. Replies.

@@ -9,7 +9,8 @@ import (
 
 // A test build of itxd (go build -tags itxtest; never a release) can be killed at a point a
 // crash test names in ITXD_TEST_KILL_AT: the process sends itself SIGKILL there, a kill -9 at
-// exactly that point, which a kill from outside can only hit by chance.
+// exactly that point, which a kill from outside can only hit by chance. A point inside a storage
+// transaction is storage's own (storage/killpoint_itxtest.go: vacuum-mid-transaction).
 func init() {
 	switch os.Getenv("ITXD_TEST_KILL_AT") {
 	case "delete-project-committed":

@@ -49,6 +49,7 @@ type Metrics struct {
 
 	StreamsDeleted prometheus.Counter // Streams.remove
 	TrimmedEvents  prometheus.Counter // events Stream.trim deleted
+	VacuumedBytes  prometheus.Counter // free space given back to the file system (stream_trim.go)
 }
 
 // NewHandlerPanics is the counter of RPC handlers that panicked (answered internal), by method.
@@ -154,6 +155,9 @@ func newMetrics() *Metrics {
 		DiskReserve: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "itx_disk_reserve_bytes", Help: "Bytes kept free on the data directory's file system (--min-free-disk-bytes): below it appends are refused with resourceExhausted.",
 		}),
+		VacuumedBytes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "itx_vacuumed_bytes_total", Help: "Bytes of streams' files that trims, sweeps and deletes freed and that went back to the file system.",
+		}),
 		StreamsDeleted: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "itx_streams_deleted_total", Help: "Streams deleted one by one (Streams.remove; not those deleted with their project).",
 		}),
@@ -161,7 +165,7 @@ func newMetrics() *Metrics {
 	r.MustRegister(m.DeliveryFailures, m.CommitFailures, m.LateAcks, m.SubscriptionHalts, m.SkippedEvents, m.SubscriptionParks, m.HandlerPanics, m.AppendCalls, m.AppendedEvents, m.AppendedBytes, m.AppendLatency, m.CommitLatency,
 		m.CommitEvents, m.CommitCalls, m.ReadEvents, m.FullDiskReads, m.LoadedStreams, m.RPCConnections,
 		m.OpenConnections, m.Sessions, m.WebhooksInFlight, m.ConnectionEvents, m.ConnectionDirect, m.LiveSubscribers,
-		m.Backups, m.BackupLastOK, m.BackupLastFrozen, m.StreamsDeleted, m.TrimmedEvents, m.DiskFree, m.DiskReserve,
+		m.Backups, m.BackupLastOK, m.BackupLastFrozen, m.StreamsDeleted, m.TrimmedEvents, m.DiskFree, m.DiskReserve, m.VacuumedBytes,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Every receiver kind's failure count exists from the start, at 0, so an alert on its rate
 	// sees 0 rather than no data until the first failure.

@@ -44,6 +44,9 @@ type streamStore interface {
 	LastCreatedBefore(ctx context.Context, t int64) (int64, error)
 	// OldestTrimmable is the offset and creation time of the first event a trim could delete.
 	OldestTrimmable(ctx context.Context) (offset, createdAt int64, err error)
+	// Vacuum gives space that deletes freed back to the file system, about maxBytes per call in
+	// one transaction; left > 0 says more calls are owed (see storage.Stream.Vacuum).
+	Vacuum(ctx context.Context, maxBytes int64) (freed, left int64, err error)
 	Close() error
 }
 

@@ -27,6 +27,7 @@ type trimReq struct {
 	deleted       int64 // so far, over its chunks
 	reply         chan trimReply
 	auto          bool // the stream's retention policy (applyRetention): nobody waits for it
+	started       bool // its first chunk ran (counted in actor.trims)
 }
 
 type trimReply struct {
@@ -89,7 +90,14 @@ func (s *Server) TrimStream(ctx context.Context, by Admin, ref StreamRef, throug
 // trimChunk deletes one chunk of a trim on the actor, between two commits, and queues the next
 // one behind what is waiting, or answers.
 func (a *actor) trimChunk(r *trimReq) {
+	if !r.started {
+		r.started = true
+		a.trims++
+	}
 	answer := func(err error) {
+		if a.trims--; a.trims == 0 {
+			a.vacuumSoon() // once no trim is under way: see vacuumChunk
+		}
 		if r.auto {
 			a.autoTrimming = false
 			if err != nil {
@@ -167,6 +175,55 @@ func (a *actor) trimChunk(r *trimReq) {
 		return
 	}
 	answer(nil)
+}
+
+// vacuumChunkBytes is how much free space one vacuum turn gives back to the file system, in one
+// transaction on the stream's writer: about as long as a trim chunk when every page given back
+// moves (docs/benchmarks.md, "Retention: giving the space back"), appends and deliveries taking
+// turns between them.
+const vacuumChunkBytes = 512 << 10
+
+// vacuumChunkCommittedHook, when set (tests), runs after each vacuum turn that gave space back,
+// with what it gave back and what is left.
+var vacuumChunkCommittedHook func(freed, left int64)
+
+// vacuumSoon queues a vacuum turn behind what is waiting, unless one is queued: after a trim, a
+// sweep or a processor's records deleted, and at load (an unload or a crash may have cut the
+// last turns short). Actor goroutine only.
+func (a *actor) vacuumSoon() {
+	if a.store == nil || a.vacuumQueued || a.dctx.Err() != nil {
+		return
+	}
+	a.vacuumQueued = true
+	go a.post(actorMsg{vacuum: true}) // after what is queued now (an unload ends it: post returns)
+}
+
+// vacuumChunk gives one chunk of the stream's free space back to the file system, on the actor
+// between two steps, and queues the next turn while more is free: a trim's chunks and then
+// these, each its own transaction, so an append waits behind one at most. While a trim is under
+// way it waits for the trim's end (which queues it again): the pages a vacuum moves from the
+// end of the file are events the trim may be about to delete, and a vacuum after the trim moves
+// only what is left.
+func (a *actor) vacuumChunk() {
+	a.vacuumQueued = false
+	if a.store == nil || a.trims > 0 || a.dctx.Err() != nil {
+		return // an unloading stream leaves the rest to its next load
+	}
+	freed, left, err := a.store.Vacuum(context.Background(), vacuumChunkBytes)
+	if err != nil {
+		// A full or failing disk: tried again after the next trim or sweep, or at the next load.
+		a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Msg("the stream's free space was not given back to the file system")
+		return
+	}
+	if freed > 0 {
+		a.srv.metrics.VacuumedBytes.Add(float64(freed))
+		if vacuumChunkCommittedHook != nil {
+			vacuumChunkCommittedHook(freed, left)
+		}
+	}
+	if left > 0 {
+		a.vacuumSoon()
+	}
 }
 
 // durableFloor is the offset through which every consumer of the stream holds its events: the
