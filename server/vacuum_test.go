@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/internal/clocktest"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 )
@@ -95,4 +96,50 @@ func TestStream_VacuumTurnsLetAppendsThrough(t *testing.T) {
 	require.Less(t, after, before/2, "the file gave the trimmed events' space back: %d bytes, from %d", after, before)
 	require.Greater(t, testutil.ToFloat64(s.metrics.VacuumedBytes), float64(before-after)/2, "counted")
 	t.Logf("%d turns; %d bytes, then %d", len(turns), before, after)
+}
+
+// The space an ephemeral sweep frees goes back to the file system as a trim's does.
+func TestStream_VacuumAfterEphemeralSweep(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	clk := clocktest.New(time.Unix(1_800_000_000, 0))
+	s, projectID := mustOpen(t, Config{DataDir: dir, Clock: clk, IdleTimeout: 1000 * time.Hour}) // loaded throughout
+	ref := StreamRef{ProjectID: projectID, Path: "/live"}
+	payload := []byte(`{"p":"` + strings.Repeat("x", 1024) + `"}`)
+	for range 8 { // about 8 MiB of ephemeral rows, under the buffer's 10 MiB
+		batch := make([]itx.EventInput, 1000)
+		for i := range batch {
+			batch[i] = itx.EventInput{Type: "e", Payload: payload, Ephemeral: true}
+		}
+		_, err := s.Append(ctx, ref, batch, itx.AppendOptions{})
+		require.NoError(t, err)
+	}
+	entry, err := s.dir.Stream(ctx, projectID, ref.Path)
+	require.NoError(t, err)
+	file := filepath.Join(dir, "streams", entry.StreamID+".db")
+	beforeDB, err := os.Stat(file)
+	require.NoError(t, err)
+	done := make(chan struct{})
+	var given int64 // only the actor writes it until done is closed
+	vacuumChunkCommittedHook = func(freed, left int64) {
+		if given += freed; left == 0 {
+			close(done)
+		}
+	}
+	t.Cleanup(func() { vacuumChunkCommittedHook = nil })
+
+	clk.Advance(2 * time.Hour) // past the ephemeral rows' hour: the next append sweeps them
+	_, err = s.Append(ctx, ref, []itx.EventInput{{Type: "d", Payload: []byte(`{}`)}}, itx.AppendOptions{})
+	require.NoError(t, err)
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the sweep's space was not given back")
+	}
+	require.Greater(t, given, int64(6<<20), "most of the 8 MiB swept")
+	// The database file alone: its WAL keeps the size the sweep's transaction gave it (a few
+	// MiB) while the stream stays loaded, and goes when it unloads.
+	after, err := os.Stat(file)
+	require.NoError(t, err)
+	require.Less(t, after.Size(), beforeDB.Size()/2, "%d bytes, from %d", after.Size(), beforeDB.Size())
 }
