@@ -329,7 +329,7 @@ func TestStream_PowerCutDuringVacuum(t *testing.T) {
 		head := fillKiB(t, s, 0, 4000)
 		kept := []int64{50, 1500}[round%2] // most of the file cut off its end, or pages moved too
 		for {
-			n, _, err := s.Trim(ctx, head-kept, 5000)
+			n, _, _, err := s.Trim(ctx, head-kept, 5000)
 			require.NoError(t, err)
 			if n == 0 {
 				break

@@ -202,7 +202,7 @@ func BenchmarkStream_Vacuum(b *testing.B) {
 				}
 			}
 			for {
-				n, _, err := s.Trim(ctx, head/2, 50_000)
+				n, _, _, err := s.Trim(ctx, head/2, 50_000)
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -829,7 +829,7 @@ func TestStream_Vacuum(t *testing.T) {
 
 	head := fillKiB(t, s, 0, 12_000) // about 14 MiB
 	for {
-		n, _, err := s.Trim(ctx, head-100, 5000)
+		n, _, _, err := s.Trim(ctx, head-100, 5000)
 		require.NoError(t, err)
 		if n == 0 {
 			break
@@ -901,7 +901,7 @@ func TestStream_VacuumOldFile(t *testing.T) {
 	require.NoError(t, err)
 	defer s.Close()
 	head := fillKiB(t, s, 0, 3000)
-	n, _, err := s.Trim(ctx, head-10, 5000)
+	n, _, _, err := s.Trim(ctx, head-10, 5000)
 	require.NoError(t, err)
 	require.Equal(t, int64(2990), n)
 	before, err := s.PageCount(ctx)
