@@ -152,8 +152,10 @@ func TestTransport_StopsReadingAtTheBound(t *testing.T) {
 			openOnce := sync.OnceFunc(func() { close(open) })
 			defer openOnce()
 			waitFor(t, pool, "a pause", func(s flowconn.Stats) bool { return s.Pauses >= 1 && s.Calls >= tc.calls })
-			if got := pool.Stats().Calls; got != tc.calls {
-				t.Fatalf("calls in flight = %d, want %d (the bound)", got, tc.calls)
+			// Never past the bound. (A reply that still fits in the socket's buffers ends its
+			// call, and the server then reads the next: a later reading may be one below it.)
+			if got := pool.Stats().Calls; got > tc.calls {
+				t.Fatalf("calls in flight = %d, above the bound %d", got, tc.calls)
 			}
 
 			// Once the client reads, every call is answered: the server pushed back, it did
