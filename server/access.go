@@ -495,6 +495,7 @@ func (s *Server) removeStreams(ctx context.Context, streamIDs []string) error {
 		s.backupClaim(id) // a backup whose instant saw the stream copies it as it was
 	}
 	removed, err := s.backend.Remove(ctx, streamIDs)
+	s.quota.forget(removed)
 	if len(removed) > 0 {
 		if ferr := s.dir.ForgetDeletedStreams(ctx, removed); ferr != nil {
 			err = errors.Join(err, ferr)

@@ -76,8 +76,12 @@ type actor struct {
 	trimmable      int64
 	trimmableKnown bool
 	sizeScan       *sizeScan
-	retT           itx.Timer // when the retention policy's age limit has an event to trim (armRetention)
-	loadMounted    []string  // the project's mounts when loaded: the first step's presence signal
+	// usage is the project's disk usage (Config.MaxProjectBytes; nil: no quota), sinceStat the
+	// bytes committed since this stream's files were last measured for it (noteSize).
+	usage       *projectUsage
+	sinceStat   int64
+	retT        itx.Timer // when the retention policy's age limit has an event to trim (armRetention)
+	loadMounted []string  // the project's mounts when loaded: the first step's presence signal
 	// secretRefs is the webhook secret references of the committed catalog: the directory's
 	// secret_uses rows of this stream hold at least these (see apply).
 	secretRefs map[string]bool
@@ -191,6 +195,10 @@ func (a *actor) load() error {
 	if err != nil {
 		return itx.Errorf(itx.EUnavailable, "load stream %s: %v", a.ref.Path, err)
 	}
+	if a.usage, err = a.srv.usage(ctx, a.ref.ProjectID); err != nil {
+		return itx.Errorf(itx.EUnavailable, "load stream %s: %v", a.ref.Path, err)
+	}
+	a.sinceStat = usageStatBytes // measured at the first commit
 	if entry != nil {
 		a.srv.backupClaim(entry.StreamID) // a backup that owes this stream holds it before any write
 		store, err := a.srv.backend.Open(ctx, entry.StreamID)
@@ -730,8 +738,17 @@ func (a *actor) env() stepEnv {
 			return 1
 		},
 		mountedNow: a.mountedNow,
-		diskRoom:   a.srv.disk.room,
+		diskRoom:   a.room,
 	}
+}
+
+// room is nil while an append may add events: the data directory's disk above its reserve, the
+// project under its quota.
+func (a *actor) room() error {
+	if err := a.srv.disk.room(); err != nil {
+		return err
+	}
+	return a.usage.room(a.srv.cfg.MaxProjectBytes)
 }
 
 // mountedNow is the generation of what an itx-call or remote processor-wake subscription's
@@ -907,6 +924,7 @@ func (a *actor) apply(in stepInput) {
 			}
 			m.AppendedBytes.Add(float64(bytes))
 			a.srv.disk.wrote(2 * int64(bytes)) // the log's frame, then the database's page
+			a.noteSize(int64(bytes), false)
 		}
 	}
 
@@ -1358,6 +1376,7 @@ func (a *actor) close() {
 	if err := store.Close(); err != nil {
 		a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Msg("closing stream database")
 	}
+	a.noteSize(0, true) // its write-ahead log went with it
 }
 
 // nextAlarm is when this unloaded stream must be loaded again to deliver: now if an active

@@ -107,6 +107,10 @@ type Config struct {
 	// less is free, appends that add events are refused with resourceExhausted (diskreserve.go).
 	// 0: none; negative: DefaultMinFreeDisk.
 	MinFreeDisk int64
+	// MaxProjectBytes is the disk one project's streams may take (their files, as diskBytes
+	// counts them); past it appends that add events to them are refused with resourceExhausted
+	// (quota.go). 0: none.
+	MaxProjectBytes int64
 	// Random returns numbers in [0,1) for retry jitter; default math/rand. Tests fix it.
 	Random func() float64
 	// Processors are the contracts this server hosts in-process: a processor-wake subscription
@@ -167,9 +171,10 @@ type Server struct {
 	alarmT    itx.Timer
 	alarmNext int64 // epoch ms the alarm timer is armed for; 0: none
 
-	disk *diskReserve // Config.MinFreeDisk
-	acc  *accessState // sessions by token, deleted projects, webhook secrets
-	live atomic.Int64 // live connections and live-state views open over every login (Config.MaxLive)
+	disk  *diskReserve // Config.MinFreeDisk
+	quota usageBook    // Config.MaxProjectBytes
+	acc   *accessState // sessions by token, deleted projects, webhook secrets
+	live  atomic.Int64 // live connections and live-state views open over every login (Config.MaxLive)
 
 	procHosts procHosts
 

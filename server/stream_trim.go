@@ -223,6 +223,8 @@ func (a *actor) vacuumChunk() {
 	}
 	if left > 0 {
 		a.vacuumSoon()
+	} else if freed > 0 {
+		a.noteSize(0, true) // the file is cut: the project's usage falls
 	}
 }
 

@@ -117,6 +117,7 @@ func (s *Server) dropStreamEntry(ctx context.Context, e storage.StreamEntry) err
 	if _, err := s.backend.Remove(ctx, []string{e.StreamID}); err != nil {
 		return fmt.Errorf("drop the unfinished stream %s: %w", e.Path, err)
 	}
+	s.quota.forget([]string{e.StreamID})
 	return s.dir.DeleteUnfinishedStream(ctx, e.StreamID)
 }
 

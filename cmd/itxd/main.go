@@ -59,7 +59,7 @@ var zeroMeansDefault = map[string]bool{
 	"max-connections-per-stream": true, "max-readers-per-stream": true, "max-mounts-per-project": true,
 	"max-tokens-per-project": true, "max-secrets-per-project": true, "max-streams-per-project": true, "max-live-subscribers-per-stream": true, "max-live-per-login": true, "max-live": true,
 	"jsonata-concurrency": true, "agent-hesitation": true, "max-scheduled-per-stream": true,
-	"backup-every": true,
+	"backup-every": true, "max-project-bytes": true,
 }
 
 // checkFlags refuses values no flag means: a bound below its range, extra arguments.
@@ -131,6 +131,7 @@ func run() error {
 	maxLivePerLogin := flag.Int("max-live-per-login", 0, "live connections and live-state views one login holds open, on any streams (0: 4096)")
 	maxLiveAll := flag.Int("max-live", 0, "live connections and live-state views open at once over all logins (0: 65536)")
 	maxSubs := flag.Int("max-subscriptions-per-stream", itx.MaxSubscriptionsPerStream, "subscriptions one stream holds at most; configuring one more fails with limitExceeded")
+	maxProjectBytes := flag.Int64("max-project-bytes", 0, "disk one project's streams may take (their files, as itx du counts them); past it appends that add events to them are refused with resourceExhausted (0: no quota)")
 	minFree := flag.Int64("min-free-disk-bytes", 0, "bytes kept free on the data directory's file system: while less is free, appends that add events (and new scheduled appends) are refused with resourceExhausted, so deleting and trimming streams still work (0: a hundredth of the file system, at most 256 MiB; -1: none)")
 	ephBytes := flag.Int64("max-ephemeral-bytes-per-stream", itx.EphemeralBufferBytes, "bytes of ephemeral events (type, payload, metadata) one stream keeps; past it the oldest are evicted first")
 	kvKeys := flag.Int("max-processor-kv-keys", server.DefaultMaxProcessorKVKeys, "keys of one stream's processor KV (in-process and remote processors together); a put of one more fails with limitExceeded")
@@ -253,6 +254,7 @@ func run() error {
 		MaxTokensPerProject:  *maxTokens,
 		MaxSecretsPerProject: *maxSecrets,
 		MinFreeDisk:          minFreeDisk,
+		MaxProjectBytes:      *maxProjectBytes,
 		Egress:               server.EgressPolicy{AllowHosts: allowHosts, DenyPrivate: *denyPrivate},
 		Processors:           host,
 	})

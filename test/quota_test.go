@@ -1,0 +1,104 @@
+package test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/server"
+	"github.com/stretchr/testify/require"
+)
+
+// A project's streams take at most --max-project-bytes of disk: past it that project's appends
+// are refused (resourceExhausted, naming the flag, writing nothing, a new stream of it too) while
+// another project appends on; its reads go on, and deleting a stream gives the room back; a
+// server started again on the data directory measures the files and refuses as before.
+func TestProjectQuota(t *testing.T) {
+	const quota = 3 << 20
+	dir := t.TempDir()
+	ts := startServer(t, server.Config{DataDir: dir, MaxProjectBytes: quota})
+	ctx := ctxT(t)
+	full := ts.project(t)
+	a := client.Admin(ctx, ts.deployment(t))
+	defer a.Release()
+	_, tok, _, err := client.CreateProject(ctx, a, "other")
+	require.NoError(t, err)
+	other := ts.login(t, tok)
+
+	pad := strings.Repeat("x", 60_000)
+	big := func(i int) []itx.EventInput {
+		out := make([]itx.EventInput, 4)
+		for j := range out {
+			out[j] = ev("big", fmt.Sprintf(`{"i":%d,"pad":%q}`, i*4+j, pad))
+		}
+		return out
+	}
+	acked := map[string]int{}
+	var refusal error
+	for i := 0; i < 200 && refusal == nil; i++ {
+		path := []string{"/a", "/b"}[i%2]
+		if _, err := client.Append(ctx, stream(t, full, path), big(i), itx.AppendOptions{}); err != nil {
+			refusal = err
+			break
+		}
+		acked[path] += 4
+	}
+	require.Error(t, refusal, "48 MB appended under a 3 MiB quota")
+	requireCode(t, refusal, itx.EResourceExhausted)
+	require.Contains(t, refusal.Error(), "--max-project-bytes")
+
+	streams, err := client.ListStreams(ctx, full, "")
+	require.NoError(t, err)
+	var total int64
+	for _, s := range streams {
+		total += s.DiskBytes
+	}
+	require.GreaterOrEqual(t, total, int64(quota), "refused once the files reach the quota")
+	require.Less(t, total, int64(quota+4<<20), "not long after (a reading every 256 KiB per stream, the last append)")
+
+	_, err = client.Append(ctx, stream(t, full, "/fresh"), []itx.EventInput{ev("note", `{}`)}, itx.AppendOptions{})
+	requireCode(t, err, itx.EResourceExhausted)
+	_, err = client.Append(ctx, stream(t, other, "/a"), big(0), itx.AppendOptions{})
+	require.NoError(t, err, "another project appends on")
+	all, err := client.ReadAll(ctx, stream(t, full, "/a"), itx.Query{})
+	require.NoError(t, err)
+	require.Len(t, all, acked["/a"], "reads go on; nothing refused was written")
+
+	// Restarted on the same data directory: the files are measured again.
+	ts.srv.Close(ctx)
+	ts = startServer(t, server.Config{DataDir: dir, MaxProjectBytes: quota})
+	full = ts.project(t)
+	_, err = client.Append(ctx, stream(t, full, "/a"), []itx.EventInput{ev("note", `{}`)}, itx.AppendOptions{})
+	requireCode(t, err, itx.EResourceExhausted)
+
+	// Deleting a stream gives its room back at once.
+	_, err = client.DeleteStream(ctx, full, "/b", true)
+	require.NoError(t, err)
+	_, err = client.Append(ctx, stream(t, full, "/a"), []itx.EventInput{ev("note", `{}`)}, itx.AppendOptions{})
+	require.NoError(t, err, "under the quota again once /b is deleted")
+
+	// Trimming gives the room back too, once the trim's space went back to the file system.
+	sa := stream(t, full, "/a")
+	for i := 0; ; i++ {
+		res, err := client.Append(ctx, sa, big(i), itx.AppendOptions{})
+		if err != nil {
+			requireCode(t, err, itx.EResourceExhausted)
+			break
+		}
+		require.Less(t, i, 200, "never refused")
+		_ = res
+	}
+	info, err := client.Describe(ctx, sa)
+	require.NoError(t, err)
+	_, err = client.Trim(ctx, sa, info.HeadOffset)
+	require.NoError(t, err)
+	waitUntil(t, "an append taken once the trimmed space went back", func() bool {
+		_, err := client.Append(ctx, sa, []itx.EventInput{ev("note", `{}`)}, itx.AppendOptions{})
+		if err != nil {
+			requireCode(t, err, itx.EResourceExhausted)
+		}
+		return err == nil
+	})
+}
