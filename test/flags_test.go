@@ -48,6 +48,7 @@ func TestItxd_RefusesBadFlagValues(t *testing.T) {
 		{[]string{"--max-readers-per-stream", "-1"}, "--max-readers-per-stream"},
 		{[]string{"--max-subscriptions-per-stream", "0"}, "--max-subscriptions-per-stream"},
 		{[]string{"--max-ephemeral-bytes-per-stream", "-1"}, "--max-ephemeral-bytes-per-stream"},
+		{[]string{"--max-project-bytes", "-1"}, "--max-project-bytes must not be negative"},
 		{[]string{"--min-free-disk-bytes", "-2"}, "--min-free-disk-bytes must be -1 (none), 0 (the default)"},
 		{[]string{"--max-processor-kv-keys", "0"}, "--max-processor-kv-keys"},
 		{[]string{"--max-processor-kv-bytes", "0"}, "--max-processor-kv-bytes"},

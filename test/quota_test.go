@@ -102,3 +102,16 @@ func TestProjectQuota(t *testing.T) {
 		return err == nil
 	})
 }
+
+// itxd --max-project-bytes: the flag reaches the server.
+func TestItxd_MaxProjectBytes(t *testing.T) {
+	p := startItxd(t, t.TempDir(), "--max-project-bytes", "300000")
+	proj := dial(t, p.addr).Login(ctxT(t), p.creds.ProjectToken)
+	s := stream(t, proj, "/a")
+	var err error
+	for i := 0; i < 100 && err == nil; i++ {
+		_, err = client.Append(ctxT(t), s, kibEvents(100, i*100), itx.AppendOptions{})
+	}
+	requireCode(t, err, itx.EResourceExhausted)
+	require.Contains(t, err.Error(), "--max-project-bytes")
+}
