@@ -1,6 +1,8 @@
 package server
 
 import (
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -82,4 +84,32 @@ func TestPlanGroup_TheDiskReserve(t *testing.T) {
 	require.Equal(t, int64(4), p.Head)
 	require.Equal(t, 1, asked)
 	require.True(t, bucket.take(10, now), "refused requests took no tokens")
+}
+
+// The admission checks an append's step pays: the disk reserve's reading while it holds (no
+// system call), and a stream's files measured for its project's quota (three stats, every
+// usageStatBytes committed).
+func BenchmarkAdmission(b *testing.B) {
+	b.Run("reserve", func(b *testing.B) {
+		d := newDiskReserve(b.TempDir(), 1<<20, zerolog.Nop(), nil)
+		for b.Loop() {
+			if err := d.room(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("measure-files", func(b *testing.B) {
+		dir := b.TempDir()
+		be := sqliteBackend{dir: dir}
+		for _, suffix := range []string{".db", ".db-wal", ".db-shm"} {
+			if err := os.WriteFile(filepath.Join(dir, "s"+suffix), []byte("x"), 0o600); err != nil {
+				b.Fatal(err)
+			}
+		}
+		for b.Loop() {
+			if be.DiskBytes("s") != 3 {
+				b.Fatal("size")
+			}
+		}
+	})
 }
