@@ -30,9 +30,15 @@ type StreamInfo struct {
 	// RetentionMaxBytes is the policy's size bound (0: none). Set by describe.
 	RetentionMaxBytes int64
 	Loaded            bool
-	// DiskBytes is the size of the stream's files on disk (database, write-ahead log and
-	// shared-memory file) when describe or list read it; 0 before its first commit.
-	DiskBytes int64
+}
+
+// StreamDiskUsage is the size of a stream's files on disk (database, write-ahead log and
+// shared-memory file) when read (Streams.diskUsage).
+type StreamDiskUsage struct {
+	Path       string
+	StreamID   string
+	DiskBytes  int64
+	HeadOffset int64
 }
 
 // AppendOptions qualify one append call; the zero value appends unconditionally.

@@ -175,8 +175,9 @@ var methodRights = map[string]rightSet{
 	"Project.describe":     rNone,
 	"Project.admin":        rAdmin,
 
-	"Streams.get":  rNone, // the path must be inside the prefix
-	"Streams.list": rRead, // filtered to the prefix
+	"Streams.get":       rNone, // the path must be inside the prefix
+	"Streams.list":      rRead, // filtered to the prefix
+	"Streams.diskUsage": rRead, // filtered to the prefix, as list
 	// Deleting a stream destroys what every consumer of it reads: the project's administrators'.
 	"Streams.remove": rAdmin, // the path must be inside the prefix
 

@@ -252,32 +252,10 @@ func (s *streams) Get(ctx context.Context, call schema.Streams_get) error {
 
 func (s *streams) List(ctx context.Context, call schema.Streams_list) error {
 	args := call.Args()
-	prefix, err := args.Prefix()
+	infos, next, err := listPage(ctx, s, call.Go, args.Prefix, args.After, args.Limit(), s.srv.ListStreamsUnder,
+		func(info itx.StreamInfo) string { return info.Path })
 	if err != nil {
-		return badArgs("prefix", err)
-	}
-	after, err := args.After()
-	if err != nil {
-		return badArgs("after", err)
-	}
-	if err := itx.ValidatePathPrefix(prefix); err != nil {
-		return fail(err)
-	}
-	// A scoped capability lists only under its prefix (and never names a stream outside it).
-	prefix, overlaps := s.acc.listPrefix(prefix)
-	var infos []itx.StreamInfo
-	var next string
-	if overlaps {
-		call.Go()
-		// The directory reads only the scope's streams, so nextAfter never names another.
-		if infos, next, err = s.srv.ListStreamsUnder(ctx, s.projectID, s.acc.prefix, prefix, after, int(args.Limit())); err != nil {
-			return fail(err)
-		}
-		for _, info := range infos {
-			if err := s.acc.reaches(info.Path); err != nil {
-				return fail(itx.Errorf(itx.EInternal, "list: %s is outside the scope", info.Path))
-			}
-		}
+		return err
 	}
 	res, err := call.AllocResults()
 	if err != nil {
@@ -296,6 +274,73 @@ func (s *streams) List(ctx context.Context, call schema.Streams_list) error {
 		}
 	}
 	return nil
+}
+
+// DiskUsage is List with each stream's files' size (the read right, as List).
+func (s *streams) DiskUsage(ctx context.Context, call schema.Streams_diskUsage) error {
+	args := call.Args()
+	usage, next, err := listPage(ctx, s, call.Go, args.Prefix, args.After, args.Limit(), s.srv.DiskUsageUnder,
+		func(u itx.StreamDiskUsage) string { return u.Path })
+	if err != nil {
+		return err
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	if err := res.SetNextAfter(next); err != nil {
+		return err
+	}
+	list, err := res.NewStreams(int32(len(usage)))
+	if err != nil {
+		return err
+	}
+	for i, u := range usage {
+		dst := list.At(i)
+		if err := dst.SetPath(u.Path); err != nil {
+			return err
+		}
+		if err := dst.SetStreamId(u.StreamID); err != nil {
+			return err
+		}
+		dst.SetDiskBytes(uint64(u.DiskBytes))
+		dst.SetHeadOffset(uint64(u.HeadOffset))
+	}
+	return nil
+}
+
+// listPage reads one page of a listing of the project's streams, validating its arguments: a
+// scoped capability lists only under its prefix (and never names a stream outside it).
+func listPage[T any](ctx context.Context, s *streams, goFn func(), prefixArg, afterArg func() (string, error), limit uint32,
+	list func(ctx context.Context, projectID, scope, prefix, after string, limit int) ([]T, string, error),
+	pathOf func(T) string) ([]T, string, error) {
+	prefix, err := prefixArg()
+	if err != nil {
+		return nil, "", badArgs("prefix", err)
+	}
+	after, err := afterArg()
+	if err != nil {
+		return nil, "", badArgs("after", err)
+	}
+	if err := itx.ValidatePathPrefix(prefix); err != nil {
+		return nil, "", fail(err)
+	}
+	prefix, overlaps := s.acc.listPrefix(prefix)
+	if !overlaps {
+		return nil, "", nil
+	}
+	goFn()
+	// The directory reads only the scope's streams, so nextAfter never names another.
+	page, next, err := list(ctx, s.projectID, s.acc.prefix, prefix, after, int(limit))
+	if err != nil {
+		return nil, "", fail(err)
+	}
+	for _, item := range page {
+		if err := s.acc.reaches(pathOf(item)); err != nil {
+			return nil, "", fail(itx.Errorf(itx.EInternal, "list: %s is outside the scope", pathOf(item)))
+		}
+	}
+	return page, next, nil
 }
 
 // Remove deletes a stream (the admin right, on a path inside the prefix).

@@ -299,6 +299,60 @@ func ListStreamsIn(ctx context.Context, streams schema.Streams, prefix string) (
 	}
 }
 
+// DiskUsage lists every stream under prefix with the size of its files on disk, read now (the
+// read right, as ListStreams).
+func DiskUsage(ctx context.Context, project schema.Project, prefix string) ([]itx.StreamDiskUsage, error) {
+	sf, releaseStreams := project.Streams(ctx, nil)
+	defer releaseStreams()
+	return DiskUsageIn(ctx, sf.Streams(), prefix)
+}
+
+// DiskUsageIn is DiskUsage on a Streams capability at hand.
+func DiskUsageIn(ctx context.Context, streams schema.Streams, prefix string) ([]itx.StreamDiskUsage, error) {
+	var all []itx.StreamDiskUsage
+	for after := ""; ; {
+		fut, release := streams.DiskUsage(ctx, func(p schema.Streams_diskUsage_Params) error {
+			if err := p.SetPrefix(prefix); err != nil {
+				return err
+			}
+			return p.SetAfter(after)
+		})
+		res, err := fut.Struct()
+		if err != nil {
+			release()
+			return nil, err
+		}
+		list, err := res.Streams()
+		if err != nil {
+			release()
+			return nil, err
+		}
+		for i := range list.Len() {
+			u := list.At(i)
+			path, err := u.Path()
+			if err != nil {
+				release()
+				return nil, err
+			}
+			id, err := u.StreamId()
+			if err != nil {
+				release()
+				return nil, err
+			}
+			all = append(all, itx.StreamDiskUsage{Path: path, StreamID: id, DiskBytes: int64(u.DiskBytes()), HeadOffset: int64(u.HeadOffset())})
+		}
+		next, err := res.NextAfter()
+		release()
+		if err != nil {
+			return nil, err
+		}
+		if next == "" {
+			return all, nil
+		}
+		after = next
+	}
+}
+
 // ListStreamsPage lists one page of streams under prefix, after the path after (exclusive),
 // at most limit (0: the server's default). next is where the following page starts, empty on
 // the last page.

@@ -146,9 +146,15 @@ struct StreamInfo {
                               # kept); 0: nothing trimmed. Set by describe, not by list.
   retentionMaxAgeMs @12 :Int64;   # Stream.setRetention's policy (0: none). Set by describe.
   retentionMaxEvents @13 :UInt64;
-  diskBytes @14 :UInt64;      # bytes of the stream's files on disk (its database, write-ahead
-                              # log and shared-memory file) when read; 0: no files yet
-  retentionMaxBytes @15 :UInt64;  # Stream.setRetention's size bound (0: none). Set by describe.
+  retentionMaxBytes @14 :UInt64;  # Stream.setRetention's size bound (0: none). Set by describe.
+}
+
+# Where the disk goes: one stream's files (Streams.diskUsage).
+struct StreamDiskUsage {
+  path @0 :Text;
+  streamId @1 :Text;
+  diskBytes @2 :UInt64;       # its database, write-ahead log and shared-memory file, read now
+  headOffset @3 :UInt64;
 }
 
 struct ProjectInfo {
@@ -569,6 +575,9 @@ interface Streams {
   # registered readers or open connections, unless force. The next append to the path creates
   # a new stream, from offset 1, under a new streamId. headOffset: the deleted stream's head.
   remove @2 (path :Text, force :Bool) -> (headOffset :UInt64, streamId :Text);
+  # list's page, with the size of each stream's files on disk read now (a few stats per stream):
+  # where a project's disk goes (itx du). Apart from list, whose answers follow the log alone.
+  diskUsage @3 (prefix :Text, after :Text, limit :UInt32) -> (streams :List(StreamDiskUsage), nextAfter :Text);
 }
 
 interface Project {

@@ -80,9 +80,6 @@ type actor struct {
 	// bytes committed since this stream's files were last measured for it (noteSize).
 	usage     *projectUsage
 	sinceStat int64
-	// sizeRead is the stream's files' size as describe last read it, at sizeReadAt (unix ns;
-	// 0: never): diskBytes. Any goroutine.
-	sizeRead, sizeReadAt atomic.Int64
 	retT                 itx.Timer // when the retention policy's age limit has an event to trim (armRetention)
 	loadMounted          []string  // the project's mounts when loaded: the first step's presence signal
 	// secretRefs is the webhook secret references of the committed catalog: the directory's

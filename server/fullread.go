@@ -180,9 +180,6 @@ func snapshotView(ctx context.Context, snap *storage.Snapshot, e *storage.Stream
 func (s *Server) describeWhileFull(ctx context.Context, ref StreamRef, loadErr error) (info itx.StreamInfo, err error) {
 	err = s.viewWhileFull(ctx, ref, loadErr, func(v view) error {
 		info = describeView(ref, v, false)
-		if info.StreamID != "" {
-			info.DiskBytes = s.backend.DiskBytes(info.StreamID)
-		}
 		return nil
 	})
 	return info, err

@@ -469,27 +469,7 @@ func (s *Server) Describe(ctx context.Context, ref StreamRef) (itx.StreamInfo, e
 
 // describeLoaded describes a loaded stream.
 func (s *Server) describeLoaded(a *actor) (itx.StreamInfo, error) {
-	info := describeView(a.ref, a.view(), true)
-	if info.StreamID != "" {
-		info.DiskBytes = a.diskBytes(info.StreamID)
-	}
-	return info, nil
-}
-
-// diskBytesTTL is how long describe shows a loaded stream's files' size before it reads them
-// again: three stats cost a describe about a fifth of its time here (docs/benchmarks.md).
-const diskBytesTTL = time.Second
-
-// diskBytes is the size of the stream's files, read at most every diskBytesTTL. Any goroutine.
-func (a *actor) diskBytes(streamID string) int64 {
-	now := time.Now().UnixNano()
-	if at := a.sizeReadAt.Load(); at != 0 && now-at < int64(diskBytesTTL) {
-		return a.sizeRead.Load()
-	}
-	n := a.srv.backend.DiskBytes(streamID)
-	a.sizeRead.Store(n)
-	a.sizeReadAt.Store(now)
-	return n
+	return describeView(a.ref, a.view(), true), nil
 }
 
 // describeView describes a stream from a view of its state.
@@ -511,6 +491,20 @@ func summaryInfo(e *storage.StreamEntry) itx.StreamInfo {
 		LastAppendAt: e.LastAppendAt}
 	summaryStanding(e).setIn(&info)
 	return info
+}
+
+// DiskUsageUnder is ListStreamsUnder's page with each stream's files' size read now.
+func (s *Server) DiskUsageUnder(ctx context.Context, projectID, scope, prefix, after string, limit int) ([]itx.StreamDiskUsage, string, error) {
+	page, next, err := s.ListStreamsUnder(ctx, projectID, scope, prefix, after, limit)
+	if err != nil {
+		return nil, "", err
+	}
+	out := make([]itx.StreamDiskUsage, len(page))
+	for i, info := range page {
+		out[i] = itx.StreamDiskUsage{Path: info.Path, StreamID: info.StreamID, HeadOffset: info.HeadOffset,
+			DiskBytes: s.backend.DiskBytes(info.StreamID)}
+	}
+	return out, next, nil
 }
 
 // DefaultListStreams and MaxListStreams bound one page of Streams.list.
@@ -591,7 +585,6 @@ func (s *Server) ListStreamsUnder(ctx context.Context, projectID, scope, prefix,
 			// does not exist yet, as describe says.
 			continue
 		}
-		info.DiskBytes = s.backend.DiskBytes(info.StreamID)
 		out = append(out, info)
 	}
 	return out, next, nil

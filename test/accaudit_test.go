@@ -66,6 +66,9 @@ func (mintedStreams) List(context.Context, schema.Streams_list) error {
 func (mintedStreams) Remove(context.Context, schema.Streams_remove) error {
 	return errors.New("not served by the minted-capability proxy")
 }
+func (mintedStreams) DiskUsage(context.Context, schema.Streams_diskUsage) error {
+	return errors.New("not served by the minted-capability proxy")
+}
 
 // A capability minted with Stream.readOnly() or Stream.appendOnly() refuses, with
 // permissionDenied, every method of the schema reachable from it that its rights do not cover

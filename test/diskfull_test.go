@@ -942,8 +942,6 @@ func TestDiskFull_ConsumersOfUnloadedStreamsStayVisible(t *testing.T) {
 	gotInfo, err := client.Describe(ctx, s)
 	require.NoError(t, err)
 	info.Loaded = false
-	require.Positive(t, gotInfo.DiskBytes, "the stream's file, read from the full disk")
-	info.DiskBytes = gotInfo.DiskBytes // the write-ahead log went at the unload
 	require.Equal(t, info, gotInfo)
 	_, err = client.ListScheduled(ctx, s)
 	requireCode(t, err, itx.EResourceExhausted)

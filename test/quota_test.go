@@ -49,11 +49,11 @@ func TestProjectQuota(t *testing.T) {
 	requireCode(t, refusal, itx.EResourceExhausted)
 	require.Contains(t, refusal.Error(), "--max-project-bytes")
 
-	streams, err := client.ListStreams(ctx, full, "")
+	usage, err := client.DiskUsage(ctx, full, "")
 	require.NoError(t, err)
 	var total int64
-	for _, s := range streams {
-		total += s.DiskBytes
+	for _, u := range usage {
+		total += u.DiskBytes
 	}
 	require.GreaterOrEqual(t, total, int64(quota), "refused once the files reach the quota")
 	require.Less(t, total, int64(quota+4<<20), "not long after (a reading every 256 KiB per stream, the last append)")

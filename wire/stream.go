@@ -169,7 +169,6 @@ func SetStreamInfo(dst schema.StreamInfo, info itx.StreamInfo) error {
 	dst.SetRetentionMaxAgeMs(info.RetentionMaxAgeMs)
 	dst.SetRetentionMaxEvents(uint64(info.RetentionMaxEvents))
 	dst.SetLoaded(info.Loaded)
-	dst.SetDiskBytes(uint64(info.DiskBytes))
 	dst.SetRetentionMaxBytes(uint64(info.RetentionMaxBytes))
 	return nil
 }
@@ -181,7 +180,7 @@ func StreamInfoFromSchema(src schema.StreamInfo) (itx.StreamInfo, error) {
 		HaltedSubscriptions: int(src.HaltedSubscriptions()), MaxLag: int64(src.MaxLag()), Readers: int(src.ReaderCount()),
 		ParkedSubscriptions: int(src.ParkedSubscriptions()), TrimmedThrough: int64(src.TrimmedThrough()),
 		RetentionMaxAgeMs: src.RetentionMaxAgeMs(), RetentionMaxEvents: int64(src.RetentionMaxEvents()),
-		DiskBytes: int64(src.DiskBytes()), RetentionMaxBytes: int64(src.RetentionMaxBytes())}
+		RetentionMaxBytes: int64(src.RetentionMaxBytes())}
 	var err error
 	if out.Path, err = src.Path(); err != nil {
 		return out, err

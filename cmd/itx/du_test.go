@@ -69,6 +69,10 @@ func TestRun_Du(t *testing.T) {
 	require.Equal(t, exitOK, code, errs)
 	require.Contains(t, out+errs, "in 2 streams")
 
+	code, out, errs = c.run("", append(conn, "--json", "-e", `project.streams.diskUsage("/logs/").map(s => s.path)`)...)
+	require.Equal(t, exitOK, code, errs)
+	require.JSONEq(t, `["/logs/big", "/logs/small"]`, out, "Streams.diskUsage at the prompt")
+
 	code, _, errs = c.run("", append(conn, "du", "logs")...)
 	require.Equal(t, exitUsage, code, errs)
 	require.Contains(t, errs, "must start with /")

@@ -57,6 +57,7 @@ var bindings = map[string]map[string]binding{
 	},
 	"Streams": {
 		"list":   {"list(prefix?, after?, limit?) or list({prefix, after, limit}) -> [{path, streamId, headOffset, ...}] (every page unless limit is given)", streamsList},
+		"diskUsage": {"diskUsage(prefix?) or diskUsage({prefix}) -> [{path, streamId, diskBytes, size, headOffset}] (every stream under prefix with its files' size on disk, largest first; itx du)", streamsDiskUsage},
 		"remove": {"remove(path, force?) or remove({path, force}) -> {streamId, headOffset} (deletes the stream for good, the admin right; force: also while it has subscriptions, registered readers or open connections)", streamsRemove},
 	},
 	"Stream": {
@@ -325,8 +326,6 @@ type streamInfoJS struct {
 	RetentionMaxAgeMs  int64 `json:"retentionMaxAgeMs,omitempty"`
 	RetentionMaxEvents int64 `json:"retentionMaxEvents,omitempty"`
 	RetentionMaxBytes  int64 `json:"retentionMaxBytes,omitempty"`
-	// DiskBytes is the size of the stream's files on disk.
-	DiskBytes int64 `json:"diskBytes"`
 }
 
 func streamInfoOf(i itx.StreamInfo) streamInfoJS {
@@ -335,7 +334,7 @@ func streamInfoOf(i itx.StreamInfo) streamInfoJS {
 		HaltedSubscriptions: i.HaltedSubscriptions, ParkedSubscriptions: i.ParkedSubscriptions, MaxLag: i.MaxLag,
 		ReaderCount: i.Readers, Loaded: i.Loaded, TrimmedThrough: i.TrimmedThrough,
 		RetentionMaxAgeMs: i.RetentionMaxAgeMs, RetentionMaxEvents: i.RetentionMaxEvents,
-		RetentionMaxBytes: i.RetentionMaxBytes, DiskBytes: i.DiskBytes}
+		RetentionMaxBytes: i.RetentionMaxBytes}
 }
 
 type offsetJS struct {

@@ -6,8 +6,11 @@ import (
 	"sort"
 	"strings"
 
+	"capnproto.org/go/capnp/v3"
+	"github.com/dop251/goja"
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/schema"
 )
 
 func init() {
@@ -38,6 +41,7 @@ func parseDu(args []string) (string, error) {
 // duRowJS is one stream as .du prints it.
 type duRowJS struct {
 	Path       string `json:"path"`
+	StreamID   string `json:"streamId"`
 	DiskBytes  int64  `json:"diskBytes"`
 	Size       string `json:"size"`
 	HeadOffset int64  `json:"headOffset"`
@@ -48,15 +52,32 @@ func runDu(ctx context.Context, s *Session, args []string) error {
 	if err != nil {
 		return err
 	}
-	streams, err := client.ListStreams(ctx, s.project, prefix)
+	sf, release := s.project.Streams(ctx, nil)
+	defer release()
+	rows, err := diskUsageRows(ctx, sf.Streams(), prefix)
 	if err != nil {
 		return err
 	}
-	rows := make([]duRowJS, 0, len(streams))
 	var total int64
-	for _, info := range streams {
-		rows = append(rows, duRowJS{Path: info.Path, DiskBytes: info.DiskBytes, Size: humanBytes(info.DiskBytes), HeadOffset: info.HeadOffset})
-		total += info.DiskBytes
+	for _, r := range rows {
+		total += r.DiskBytes
+	}
+	s.Print(s.toJS(rows))
+	if s.cfg.Format != FormatJSON {
+		s.note("%s in %s", humanBytes(total), plural(len(rows), "stream"))
+	}
+	return nil
+}
+
+// diskUsageRows is Streams.diskUsage under prefix, largest first.
+func diskUsageRows(ctx context.Context, streams schema.Streams, prefix string) ([]duRowJS, error) {
+	usage, err := client.DiskUsageIn(ctx, streams, prefix)
+	if err != nil {
+		return nil, err
+	}
+	rows := make([]duRowJS, 0, len(usage))
+	for _, u := range usage {
+		rows = append(rows, duRowJS{Path: u.Path, StreamID: u.StreamID, DiskBytes: u.DiskBytes, Size: humanBytes(u.DiskBytes), HeadOffset: u.HeadOffset})
 	}
 	sort.SliceStable(rows, func(i, j int) bool {
 		if rows[i].DiskBytes != rows[j].DiskBytes {
@@ -64,11 +85,19 @@ func runDu(ctx context.Context, s *Session, args []string) error {
 		}
 		return rows[i].Path < rows[j].Path
 	})
-	s.Print(s.toJS(rows))
-	if s.cfg.Format != FormatJSON {
-		s.note("%s in %s", humanBytes(total), plural(len(rows), "stream"))
+	return rows, nil
+}
+
+func streamsDiskUsage(ctx context.Context, s *Session, c capnp.Client, _ capPath, args []goja.Value) (any, error) {
+	o, err := s.params("Streams.diskUsage", args, []string{"prefix"}, "prefix")
+	if err != nil {
+		return nil, err
 	}
-	return nil
+	prefix := o.str("prefix")
+	if err := o.err(); err != nil {
+		return nil, err
+	}
+	return diskUsageRows(ctx, schema.Streams(c), prefix)
 }
 
 // humanBytes writes n in binary units, as du -h does.
