@@ -78,10 +78,10 @@ type actor struct {
 	sizeScan       *sizeScan
 	// usage is the project's disk usage (Config.MaxProjectBytes; nil: no quota), sinceStat the
 	// bytes committed since this stream's files were last measured for it (noteSize).
-	usage     *projectUsage
-	sinceStat int64
-	retT                 itx.Timer // when the retention policy's age limit has an event to trim (armRetention)
-	loadMounted          []string  // the project's mounts when loaded: the first step's presence signal
+	usage       *projectUsage
+	sinceStat   int64
+	retT        itx.Timer // when the retention policy's age limit has an event to trim (armRetention)
+	loadMounted []string  // the project's mounts when loaded: the first step's presence signal
 	// secretRefs is the webhook secret references of the committed catalog: the directory's
 	// secret_uses rows of this stream hold at least these (see apply).
 	secretRefs map[string]bool

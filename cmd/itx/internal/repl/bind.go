@@ -56,9 +56,9 @@ var bindings = map[string]map[string]binding{
 		"describe": {"describe() -> {id, name, deployment}", projectDescribe},
 	},
 	"Streams": {
-		"list":   {"list(prefix?, after?, limit?) or list({prefix, after, limit}) -> [{path, streamId, headOffset, ...}] (every page unless limit is given)", streamsList},
+		"list":      {"list(prefix?, after?, limit?) or list({prefix, after, limit}) -> [{path, streamId, headOffset, ...}] (every page unless limit is given)", streamsList},
 		"diskUsage": {"diskUsage(prefix?) or diskUsage({prefix}) -> [{path, streamId, diskBytes, size, headOffset}] (every stream under prefix with its files' size on disk, largest first; itx du)", streamsDiskUsage},
-		"remove": {"remove(path, force?) or remove({path, force}) -> {streamId, headOffset} (deletes the stream for good, the admin right; force: also while it has subscriptions, registered readers or open connections)", streamsRemove},
+		"remove":    {"remove(path, force?) or remove({path, force}) -> {streamId, headOffset} (deletes the stream for good, the admin right; force: also while it has subscriptions, registered readers or open connections)", streamsRemove},
 	},
 	"Stream": {
 		"append":                {"append(event | [events], {expectedHeadOffset, conditional}?) -> {offsets, duplicate, headOffset, streamId} (an expectedHeadOffset makes it conditional: offsetConflict unless the head is that offset; conditional: true alone expects an empty stream, false turns it off)", streamAppend},
