@@ -216,6 +216,10 @@ var methodCases = map[string]methodCase{
 		_, err := client.ListStreams(ctx, p, "")
 		return err
 	}},
+	"Streams.diskUsage": {right: itx.RightRead, call: func(ctx context.Context, p schema.Project, _ string) error {
+		_, err := client.DiskUsage(ctx, p, "")
+		return err
+	}},
 	// Not forced: the streams hold a subscription, so an allowed call is refused and deletes nothing.
 	"Streams.remove": {right: itx.RightAdmin, pathed: true, call: func(ctx context.Context, p schema.Project, path string) error {
 		_, err := client.DeleteStream(ctx, p, path, false)
@@ -598,6 +602,14 @@ func TestAccess_ScopeEveryMethod(t *testing.T) {
 			require.NoError(t, err)
 			for _, s := range list {
 				require.True(t, itx.PathUnder(s.Path, "/in"), "%s listed under prefix %q", s.Path, prefix)
+			}
+			usage, err := client.DiskUsage(ctx, in, prefix)
+			require.NoError(t, err)
+			for _, u := range usage {
+				require.True(t, itx.PathUnder(u.Path, "/in"), "diskUsage: %s listed under prefix %q", u.Path, prefix)
+			}
+			if prefix == "" {
+				require.NotEmpty(t, usage, "diskUsage lists the scope's streams")
 			}
 		}
 		all, err := client.ListStreams(ctx, full, "")
