@@ -738,7 +738,7 @@ func (a *actor) env() stepEnv {
 			return 1
 		},
 		mountedNow: a.mountedNow,
-		diskRoom:   a.room,
+		room:       a.room,
 	}
 }
 

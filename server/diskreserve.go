@@ -49,10 +49,9 @@ type diskReserve struct {
 	metric  func(free int64) // the last reading, for /metrics
 
 	mu      sync.Mutex
-	at      time.Time // of the last reading
-	margin  int64     // free - reserve at the last reading (<= 0: below)
+	at      time.Time // of the last reading (zero: none yet)
+	margin  int64     // free - reserve at the last reading (<= 0: below the reserve)
 	written atomic.Int64
-	below   atomic.Bool // the last reading was below the reserve
 }
 
 func newDiskReserve(dir string, reserve int64, log zerolog.Logger, metric func(int64)) *diskReserve {
@@ -68,20 +67,19 @@ func (d *diskReserve) room() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	now := d.now()
-	if !d.below.Load() && !d.at.IsZero() && now.Sub(d.at) < diskReadingTTL && 2*d.written.Load() < d.margin {
+	if !d.at.IsZero() && now.Sub(d.at) < diskReadingTTL && 2*d.written.Load() < d.margin { // (so margin > 0)
 		return nil
 	}
 	free, ok := d.free(d.dir)
 	if !ok {
 		return nil // unknown here: a full disk is still refused by the commit that meets it
 	}
+	was := !d.at.IsZero() && d.margin <= 0
 	d.at, d.margin = now, free-d.reserve
 	d.written.Store(0)
 	if d.metric != nil {
 		d.metric(free)
 	}
-	was := d.below.Load()
-	d.below.Store(d.margin <= 0)
 	switch {
 	case d.margin <= 0 && !was:
 		d.log.Warn().Int64("free", free).Int64("reserve", d.reserve).Str("dir", d.dir).

@@ -243,8 +243,8 @@ func (st *streamState) applySchedule(op scheduleOp, env stepEnv, eff *effects) s
 		return scheduleReply{err: itx.Errorf(itx.ELimitExceeded,
 			"a stream holds at most %d scheduled events (--max-scheduled-per-stream)", env.maxScheduled)}
 	}
-	if _, ok := st.scheduled[op.key]; !ok && env.diskRoom != nil {
-		if err := env.diskRoom(); err != nil {
+	if _, ok := st.scheduled[op.key]; !ok && env.room != nil {
+		if err := env.room(); err != nil {
 			return scheduleReply{err: err} // a new one takes room; moving one does not
 		}
 	}

@@ -222,9 +222,9 @@ type stepEnv struct {
 	// now (an itx-call capability, a remote processor host), 0 when none: an absent failure
 	// parks only while nothing other than the receiver that vanished is mounted. nil: none.
 	mountedNow func(entry *catalogEntry) uint64
-	// diskRoom is nil while the data directory's disk has room above its reserve, else the
-	// error an append that adds events is refused with (nil func: no reserve).
-	diskRoom func() error
+	// room is nil while an append may add events (the data directory's disk above its reserve,
+	// the project under its quota), else the error it is refused with (nil func: no bound).
+	room func() error
 }
 
 // step applies one batch of inputs to st and returns what to do about it. It mutates st in place;
@@ -257,7 +257,7 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 	if err != nil {
 		return eff, err
 	}
-	plan := planGroup(st.head, st.streamID, st.bucket, env.diskRoom, st.core, env.rc, group, committed, now)
+	plan := planGroup(st.head, st.streamID, st.bucket, env.room, st.core, env.rc, group, committed, now)
 	eff.replies = append(eff.replies, replyBatch{group: group, plan: plan})
 	st.absorb(plan, now, &eff)
 	var own []*appendReq
