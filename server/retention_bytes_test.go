@@ -17,7 +17,8 @@ import (
 
 // The size a maxBytes policy keeps is measured a chunk at a time between the stream's steps,
 // while appends go on: every chunk's events and every commit's are counted once, so the trim
-// keeps exactly the newest events that fit.
+// keeps exactly the newest events that fit. What to trim is read a chunk at a time too: a pass
+// that read a chunk only trims it, and the next pass follows at once.
 func TestRetention_MaxBytesMeasuredInChunksWhileAppending(t *testing.T) {
 	defer func(n int) { sizeScanRows = n }(sizeScanRows)
 	sizeScanRows = 7

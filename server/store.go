@@ -39,7 +39,7 @@ type streamStore interface {
 	// TrimmableBytes and TrimmableThroughBytes measure what a trim could delete (retention's
 	// maxBytes; see storage.Stream).
 	TrimmableBytes(ctx context.Context, after, upTo int64, limit int) (bytes, last int64, n int, err error)
-	TrimmableThroughBytes(ctx context.Context, want int64) (through, bytes int64, err error)
+	TrimmableThroughBytes(ctx context.Context, want int64, limit int) (through, bytes int64, n int, err error)
 	// LastCreatedBefore is the offset of the last event created before t (epoch ms).
 	LastCreatedBefore(ctx context.Context, t int64) (int64, error)
 	// OldestTrimmable is the offset and creation time of the first event a trim could delete.

@@ -27,6 +27,9 @@ type trimReq struct {
 	deleted       int64 // so far, over its chunks
 	reply         chan trimReply
 	auto          bool // the stream's retention policy (applyRetention): nobody waits for it
+	// more: the policy's size bound read only sizeScanRows of the events it would trim: once
+	// this trim reaches its end, another pass follows at once.
+	more bool
 	started       bool // its first chunk ran (counted in actor.trims)
 }
 
@@ -104,6 +107,9 @@ func (a *actor) trimChunk(r *trimReq) {
 				a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Msg("the stream's retention policy could not trim it (tried again later)")
 			}
 			a.armRetention()
+			if err == nil && r.more && a.st.trimmed >= r.through { // not when a consumer held it back
+				a.applyRetention(a.srv.clock.Now())
+			}
 			return
 		}
 		r.reply <- trimReply{a.st.trimmed, r.deleted, err}
@@ -124,7 +130,8 @@ func (a *actor) trimChunk(r *trimReq) {
 				return
 			}
 		}
-		through, err := a.retentionThrough()
+		through, more, err := a.retentionThrough()
+		r.more = more
 		if err != nil {
 			answer(itx.Errorf(storage.ErrorCode(err), "retention of %s: %v", a.ref.Path, err))
 			return
@@ -294,29 +301,30 @@ func (a *actor) applyRetention(now time.Time) {
 // retentionThrough is how far the stream's policy would trim it now: past any of its limits an
 // event goes (more than MaxEvents offsets below the head, created more than MaxAgeMs ago, or
 // among the oldest events whose size the newer ones leave over MaxBytes); 0 when it keeps
-// everything.
-func (a *actor) retentionThrough() (int64, error) {
-	p, through := a.st.retention, int64(0)
+// everything. The size bound reads at most sizeScanRows events' headers (the actor waits on
+// it): more says it stopped short, and a trim to through leaves more to trim.
+func (a *actor) retentionThrough() (through int64, more bool, err error) {
+	p := a.st.retention
 	if p.MaxEvents > 0 {
 		through = max(0, a.st.head-p.MaxEvents)
 	}
 	if p.MaxBytes > 0 && a.trimmableKnown {
 		if over := a.trimmable - p.MaxBytes; over > 0 {
-			last, _, err := a.store.TrimmableThroughBytes(context.Background(), over)
+			last, bytes, n, err := a.store.TrimmableThroughBytes(context.Background(), over, sizeScanRows)
 			if err != nil {
-				return 0, err
+				return 0, false, err
 			}
-			through = max(through, last)
+			through, more = max(through, last), bytes < over && n == sizeScanRows
 		}
 	}
 	if p.MaxAgeMs > 0 {
 		last, err := a.store.LastCreatedBefore(context.Background(), itx.UnixMilli(a.srv.clock.Now())-p.MaxAgeMs)
 		if err != nil {
-			return 0, err
+			return 0, false, err
 		}
 		through = max(through, last)
 	}
-	return through, nil
+	return through, more, nil
 }
 
 // sizeScanRows is how many events one chunk of a stream's size measure reads.

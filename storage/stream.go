@@ -674,22 +674,24 @@ func (s *Stream) TrimmableBytes(ctx context.Context, after, upTo int64, limit in
 
 // TrimmableThroughBytes is the offset through which the oldest events a trim could delete come
 // to at least want bytes (EventSize), and their size; the last such event and the size of them
-// all when they come to less. It reads those rows' headers only.
-func (s *Stream) TrimmableThroughBytes(ctx context.Context, want int64) (through, bytes int64, err error) {
+// all when they come to less. It reads at most limit rows' headers (n says how many): through
+// is then where those end, short of want.
+func (s *Stream) TrimmableThroughBytes(ctx context.Context, want int64, limit int) (through, bytes int64, n int, err error) {
 	rows, err := s.w.QueryContext(ctx, `select offset, `+eventSizeSQL+` from events
-		where ephemeral = 0 and substr(type, 1, 7) != 'stream/' order by offset`)
+		where ephemeral = 0 and substr(type, 1, 7) != 'stream/' order by offset limit ?`, limit)
 	if err != nil {
-		return 0, 0, fmt.Errorf("trimmable through bytes: %w", err)
+		return 0, 0, 0, fmt.Errorf("trimmable through bytes: %w", err)
 	}
 	defer rows.Close()
 	for bytes < want && rows.Next() {
 		var size int64
 		if err := rows.Scan(&through, &size); err != nil {
-			return 0, 0, fmt.Errorf("trimmable through bytes: %w", err)
+			return 0, 0, 0, fmt.Errorf("trimmable through bytes: %w", err)
 		}
 		bytes += size
+		n++
 	}
-	return through, bytes, rows.Err()
+	return through, bytes, n, rows.Err()
 }
 
 // OldestTrimmable returns the offset and creation time (epoch ms) of the stream's first event
