@@ -29,8 +29,8 @@ type trimReq struct {
 	auto          bool // the stream's retention policy (applyRetention): nobody waits for it
 	// more: the policy's size bound read only sizeScanRows of the events it would trim: once
 	// this trim reaches its end, another pass follows at once.
-	more bool
-	started       bool // its first chunk ran (counted in actor.trims)
+	more    bool
+	started bool // its first chunk ran (counted in actor.trims)
 }
 
 type trimReply struct {
