@@ -311,46 +311,51 @@ func DiskUsage(ctx context.Context, project schema.Project, prefix string) ([]it
 func DiskUsageIn(ctx context.Context, streams schema.Streams, prefix string) ([]itx.StreamDiskUsage, error) {
 	var all []itx.StreamDiskUsage
 	for after := ""; ; {
-		fut, release := streams.DiskUsage(ctx, func(p schema.Streams_diskUsage_Params) error {
-			if err := p.SetPrefix(prefix); err != nil {
-				return err
-			}
-			return p.SetAfter(after)
-		})
-		res, err := fut.Struct()
-		if err != nil {
-			release()
-			return nil, err
-		}
-		list, err := res.Streams()
-		if err != nil {
-			release()
-			return nil, err
-		}
-		for i := range list.Len() {
-			u := list.At(i)
-			path, err := u.Path()
-			if err != nil {
-				release()
-				return nil, err
-			}
-			id, err := u.StreamId()
-			if err != nil {
-				release()
-				return nil, err
-			}
-			all = append(all, itx.StreamDiskUsage{Path: path, StreamID: id, DiskBytes: int64(u.DiskBytes()), HeadOffset: int64(u.HeadOffset())})
-		}
-		next, err := res.NextAfter()
-		release()
+		page, next, err := DiskUsagePage(ctx, streams, prefix, after)
 		if err != nil {
 			return nil, err
 		}
+		all = append(all, page...)
 		if next == "" {
 			return all, nil
 		}
 		after = next
 	}
+}
+
+// DiskUsagePage is one page of DiskUsageIn, after the path after (exclusive); next is where the
+// following page starts, empty on the last page.
+func DiskUsagePage(ctx context.Context, streams schema.Streams, prefix, after string) (page []itx.StreamDiskUsage, next string, err error) {
+	fut, release := streams.DiskUsage(ctx, func(p schema.Streams_diskUsage_Params) error {
+		if err := p.SetPrefix(prefix); err != nil {
+			return err
+		}
+		return p.SetAfter(after)
+	})
+	defer release()
+	res, err := fut.Struct()
+	if err != nil {
+		return nil, "", err
+	}
+	list, err := res.Streams()
+	if err != nil {
+		return nil, "", err
+	}
+	page = make([]itx.StreamDiskUsage, list.Len())
+	for i := range page {
+		u := list.At(i)
+		path, err := u.Path()
+		if err != nil {
+			return nil, "", err
+		}
+		id, err := u.StreamId()
+		if err != nil {
+			return nil, "", err
+		}
+		page[i] = itx.StreamDiskUsage{Path: path, StreamID: id, DiskBytes: int64(u.DiskBytes()), HeadOffset: int64(u.HeadOffset())}
+	}
+	next, err = res.NextAfter()
+	return page, next, err
 }
 
 // ListStreamsPage lists one page of streams under prefix, after the path after (exclusive),

@@ -149,16 +149,14 @@ func TestDiskReserve_ScheduledAppendsWaitForRoom(t *testing.T) {
 	require.Equal(t, head, info.HeadOffset, "nothing landed while the disk was short")
 
 	free()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	waitUntil(t, "the scheduled append landed once space returned", func() bool {
 		all, err := client.ReadAll(ctx, s, itx.Query{})
 		require.NoError(t, err)
 		if int64(len(all)) == head+1 {
-			require.Equal(t, "due", all[head].Type, "the scheduled append landed once space returned")
-			break
+			require.Equal(t, "due", all[head].Type)
+			return true
 		}
 		require.Len(t, all, int(head), "nothing but the scheduled append (no refusal record)")
-		require.True(t, time.Now().Before(deadline), "the scheduled append did not land once space returned")
-		time.Sleep(50 * time.Millisecond)
-	}
+		return false
+	})
 }
