@@ -382,7 +382,8 @@ func (st *streamState) committedProcKV(key string, env stepEnv, eff *effects) ([
 // putProcKV stages a processor KV write within the stream's bounds. It looks up only the value it
 // replaces (staged earlier in this step, or committed), so an overwrite counts its difference; a
 // put that would grow a total past its bound is refused and writes nothing. One that does not grow
-// it is taken even over the bound, so a stream holding more than a lowered bound can still shrink.
+// it is taken even over the bound, so a stream holding more than a lowered bound can still shrink,
+// and below the disk reserve.
 func (st *streamState) putProcKV(op procOp, env stepEnv, eff *effects) procReply {
 	if err := st.kvOwned(op.kvKey); err != nil {
 		return procReply{err: err}
@@ -409,6 +410,13 @@ func (st *streamState) putProcKV(op procOp, env stepEnv, eff *effects) procReply
 	if bytes > st.procKVBytes && env.maxProcKVBytes > 0 && bytes > env.maxProcKVBytes {
 		return procReply{err: itx.Errorf(itx.ELimitExceeded,
 			"the processors' KV of a stream holds at most %d bytes of keys and values (--max-processor-kv-bytes): writing %q would bring it to %d", env.maxProcKVBytes, op.kvKey, bytes)}
+	}
+	if bytes > st.procKVBytes && env.room != nil {
+		// Below the disk reserve (or past the project's quota) a put that grows the KV is
+		// refused as an append is; overwrites that do not grow it and deletes still run.
+		if err := env.room(); err != nil {
+			return procReply{err: err}
+		}
 	}
 	st.procKVKeys, st.procKVBytes = keys, bytes
 	if eff.commit.KV == nil {

@@ -30,6 +30,7 @@ type stepScript struct {
 	limits map[string]int
 	kv     map[string][]byte            // every committed kv value
 	mount  uint64                       // the generation of the receiver mounted now (0: none)
+	full   bool                         // room answers resourceExhausted (the disk reserve)
 	rows   map[string]storage.CursorRow // every cursor row as last written (what a restart reads)
 	out    strings.Builder
 }
@@ -70,6 +71,12 @@ func (s *stepScript) env() stepEnv {
 			return itx.DeliveryBatchEvents
 		},
 		mountedNow: func(*catalogEntry) uint64 { return s.mount },
+		room: func() error {
+			if s.full {
+				return itx.Errorf(itx.EResourceExhausted, "below the disk reserve")
+			}
+			return nil
+		},
 	}
 }
 
@@ -229,6 +236,11 @@ func (s *stepScript) run(line string) {
 		for name := range s.st.subs {
 			s.st.subs[name] = s.st.newRuntime()
 		}
+	case "disk":
+		// The disk reserve: disk full (room refuses) or disk room.
+		s.full = args["full"] == "true"
+		fmt.Fprintf(&s.out, "> %s\n", line)
+		return
 	case "kv":
 		// Processor KV puts, one step, in line order: key=value-length.
 		for _, f := range fields[1:] {
