@@ -394,14 +394,22 @@ func TestMain_PipedLiveViewInterruptedExits130(t *testing.T) {
 	require.Nil(t, s.mustEval(t, `project.streams.get("/t").getEvents().find(e => e.type == "after-interrupt")`))
 }
 
-// itx --help names every option a command's own usage names: itx watch's --processor, which
-// its usage error and .help show, was missing from it.
+// itx --help has a line for every command that runs from the shell, naming every option the
+// command's own usage names: itx watch's --processor, which its usage error and .help show, was
+// missing from it, and so was itx du altogether.
 func TestRun_HelpNamesEveryCommandsOptions(t *testing.T) {
 	c := newCLI(t)
 	_, help, helpErr := c.run("", "--help")
 	help += helpErr
-	for _, cmd := range []string{"tail", "watch", "export", "import"} {
-		_, _, usage := c.run("", "--addr", mustClosedPort(t), "--token", "itx_unused", cmd)
+	var cli []string
+	for _, cmd := range repl.Commands() {
+		if cmd.CLI {
+			cli = append(cli, cmd.Name)
+		}
+	}
+	require.Subset(t, cli, []string{"tail", "watch", "export", "import", "consumers", "rm", "du"})
+	for _, cmd := range cli {
+		_, _, usage := c.run("", "--addr", mustClosedPort(t), "--token", "itx_unused", cmd, "--no-such-flag")
 		_, line, ok := strings.Cut(help, "  itx [flags] "+cmd+" ")
 		require.True(t, ok, "itx --help has no line for %s:\n%s", cmd, help)
 		line, _, _ = strings.Cut(line, "\n")

@@ -127,6 +127,8 @@ func run(args []string, env environment) int {
                                      every subscription and registered reader under prefix with
                                      its lag, halted and parked ones first (--behind: only those
                                      behind or not active)
+  itx [flags] du [prefix]            the streams under prefix, largest on disk first, with the
+                                     size of their files and their head, and the total
   itx [flags] rm <path> [--force] [--recursive]
                                      delete a stream for good (the admin right); --force also
                                      while subscriptions, readers or connections consume it;
