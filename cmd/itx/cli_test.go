@@ -438,10 +438,14 @@ func TestRun_CommandUsageErrors(t *testing.T) {
 		{[]string{"tail", "/t", "--reader"}, "itx tail: --reader needs a name\nusage: itx tail <path> [--from N | N] [--reader <name>]\n"},
 		{[]string{"tail", "/t", "--reader= "}, "itx tail: --reader needs a name\nusage: itx tail <path> [--from N | N] [--reader <name>]\n"},
 		{[]string{"tail", "--from", "3"}, "itx tail: the stream's path comes first, got \"--from\"\nusage: itx tail <path> [--from N | N] [--reader <name>]\n"},
+		{[]string{"tail", "/t", "--bogus"}, "itx tail: unknown flag \"--bogus\"\nusage: itx tail <path> [--from N | N] [--reader <name>]\n"},
+		{[]string{"tail", "/t", "--form", "3"}, "itx tail: unknown flag \"--form\"\nusage: itx tail <path> [--from N | N] [--reader <name>]\n"},
+		{[]string{"tail", "/t", "--from", "--bogus"}, "itx tail: after must be an offset, got \"--bogus\"\nusage: itx tail <path> [--from N | N] [--reader <name>]\n"},
 		{[]string{"watch"}, "usage: itx watch <path> [--processor <name>]\n"},
 		{[]string{"watch", "/a", "/b"}, "itx watch: too many arguments\nusage: itx watch <path> [--processor <name>]\n"},
 		{[]string{"export"}, "usage: itx export <path> [after] [--with-control]\n"},
 		{[]string{"export", "/a", "-1"}, "itx export: after must be an offset, got \"-1\"\nusage: itx export <path> [after] [--with-control]\n"},
+		{[]string{"export", "/a", "--with-contrl"}, "itx export: unknown flag \"--with-contrl\"\nusage: itx export <path> [after] [--with-control]\n"},
 		{[]string{"import"}, "usage: itx import <path> [file.ndjson | -] [--with-control]\n"},
 		{[]string{"import", "/a", "--with-contrl"}, "itx import: unknown flag \"--with-contrl\"\nusage: itx import <path> [file.ndjson | -] [--with-control]\n"},
 	} {
@@ -457,6 +461,7 @@ func TestRun_CommandUsageErrors(t *testing.T) {
 		"tail":               "usage: .tail <path> [--from N | N] [--reader <name>]",
 		"tail /t --from":     "tail: --from needs an offset; usage: .tail <path> [--from N | N] [--reader <name>]",
 		"export /t nope":     `export: after must be an offset, got "nope"; usage: .export <path> [after] [--with-control]`,
+		"tail /t --bogus":    `tail: unknown flag "--bogus"; usage: .tail <path> [--from N | N] [--reader <name>]`,
 		"watch":              "usage: .watch <path> [--processor <name>]",
 		"import /t a.json b": "import: too many arguments; usage: .import <path> [file.ndjson | -] [--with-control]",
 	} {

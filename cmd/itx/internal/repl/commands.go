@@ -456,6 +456,9 @@ func parseTail(args []string) (tailArgs, error) {
 			return t, usageError("tail", "--reader needs a name")
 		case strings.HasPrefix(a, "--reader="):
 			t.reader = strings.TrimPrefix(a, "--reader=")
+		case strings.HasPrefix(a, "--") && a != "--from" && !strings.HasPrefix(a, "--from=") && args[i-1] != "--from":
+			// Not an offset: a misspelt flag says so rather than "after must be an offset".
+			return t, usageError("tail", "unknown flag %q", a)
 		default:
 			rest = append(rest, a)
 			continue

@@ -254,6 +254,8 @@ func parseExport(args []string) (exportArgs, error) {
 	switch {
 	case len(args) > 2:
 		return e, usageError("export", "too many arguments")
+	case len(args) == 2 && strings.HasPrefix(args[1], "--"):
+		return e, usageError("export", "unknown flag %q", args[1])
 	case len(args) == 2:
 		after, err := offsetArg("export", args[1])
 		if err != nil {
