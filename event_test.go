@@ -109,6 +109,16 @@ func TestValidatePath(t *testing.T) {
 		err := itx.ValidatePath(bad)
 		require.Equal(t, itx.EInvalid, itx.ErrorCode(err), "path %q: %v", bad, err)
 	}
+	// The character refused is named whole, not as the first byte of its UTF-8 encoding
+	// ("character 'Ã'" for é); a byte that is not UTF-8 is named as a byte.
+	for path, want := range map[string]string{
+		"/a b":    `stream path "/a b": character ' ' is not allowed`,
+		"/é":      `stream path "/é": character 'é' is not allowed`,
+		"/ok/日本":  `stream path "/ok/日本": character '日' is not allowed`,
+		"/a\xffb": `stream path "/a\xffb": byte 0xff is not allowed (not UTF-8)`,
+	} {
+		require.Equal(t, want, itx.ErrorMessage(itx.ValidatePath(path)), "path %q", path)
+	}
 }
 
 func TestErrorCode(t *testing.T) {

@@ -1,6 +1,9 @@
 package itx
 
-import "strings"
+import (
+	"strings"
+	"unicode/utf8"
+)
 
 // ValidatePath checks a stream path: "/" (the root) or "/" followed by segments separated by
 // "/", each made of letters, digits and "-_.~:@+=", never "." or "..", with no empty segment and
@@ -32,7 +35,13 @@ func ValidatePath(path string) error {
 		}
 		for i := 0; i < len(s); i++ {
 			if !pathByte(s[i]) {
-				return Errorf(EInvalid, "stream path %q: character %q is not allowed", path, s[i])
+				// Named whole: the byte alone is the start of a UTF-8 sequence for a non-ASCII
+				// character (é would read 'Ã').
+				r, size := utf8.DecodeRuneInString(s[i:])
+				if r == utf8.RuneError && size <= 1 {
+					return Errorf(EInvalid, "stream path %q: byte %#x is not allowed (not UTF-8)", path, s[i])
+				}
+				return Errorf(EInvalid, "stream path %q: character %q is not allowed", path, r)
 			}
 		}
 	}
