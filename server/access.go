@@ -420,7 +420,10 @@ func (s *Server) DeleteProject(ctx context.Context, by Admin, id string, force b
 	if err != nil {
 		return err
 	}
-	if n > 0 && !force {
+	if n == 1 && !force {
+		return itx.Errorf(itx.EFailedPrecondition, "project %q has 1 stream: delete it with the project by forcing", p.Name)
+	}
+	if n > 1 && !force {
 		return itx.Errorf(itx.EFailedPrecondition, "project %q has %d streams: delete them with it by forcing", p.Name, n)
 	}
 	tokens, err := s.dir.Tokens(ctx, id)

@@ -130,3 +130,21 @@ func TestServer_RemoveDeletedStreams(t *testing.T) {
 		requireState(t, nil)
 	})
 }
+
+// A project with streams is refused deletion unless forced, counting them in words: "1 stream",
+// not "1 streams".
+func TestDeleteProject_RefusalCountsItsStreams(t *testing.T) {
+	ctx := context.Background()
+	s, _ := mustOpen(t, Config{DataDir: t.TempDir()})
+	info, _, _, err := s.CreateProject(ctx, Admin{}, "busy")
+	require.NoError(t, err)
+	for i, want := range []string{`project "busy" has 1 stream: delete it with the project by forcing`,
+		`project "busy" has 2 streams: delete them with it by forcing`} {
+		_, err = s.Append(ctx, StreamRef{ProjectID: info.ID, Path: []string{"/a", "/b"}[i]}, []itx.EventInput{{Type: "e"}}, itx.AppendOptions{})
+		require.NoError(t, err)
+		err = s.DeleteProject(ctx, Admin{}, info.ID, false)
+		require.Equal(t, itx.EFailedPrecondition, itx.ErrorCode(err), "%v", err)
+		require.Equal(t, want, itx.ErrorMessage(err))
+	}
+	require.NoError(t, s.DeleteProject(ctx, Admin{}, info.ID, true))
+}
