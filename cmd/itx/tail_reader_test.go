@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -66,5 +67,8 @@ func TestMain_TailReaderResumes(t *testing.T) {
 	require.True(t, errors.As(refused.exitErr, &exit), "exits with an error: %v", refused.exitErr)
 	require.Equal(t, 1, exit.ExitCode(), "stderr %q", refused.errs.String())
 	require.Contains(t, refused.errs.String(), "held")
+	require.Equal(t, 1, strings.Count(refused.errs.String(), "names a subscription"),
+		"the refusal is said once, as the error, not also as a checkpoint that did not move: %q", refused.errs.String())
+	require.NotContains(t, refused.errs.String(), "checkpoint not moved")
 	require.Empty(t, refused.out.String())
 }

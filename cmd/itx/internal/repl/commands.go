@@ -562,8 +562,12 @@ func runTail(ctx context.Context, s *Session, args []string) error {
 	}
 	if rep != nil {
 		// Registered (or moved) before anything prints: a name a subscription holds is refused
-		// here, and itx consumers shows the tail from now on.
-		if err := rep.report(ctx, after); err != nil {
+		// here, and itx consumers shows the tail from now on. The refusal is the tail's error,
+		// said once: not also as a checkpoint that did not move.
+		rep.failed = true
+		err := rep.report(ctx, after)
+		rep.failed = false
+		if err != nil {
 			cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			conn.close(cctx, "itx tail could not register its reader")
