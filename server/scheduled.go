@@ -70,6 +70,14 @@ func (s *Server) StartSchedule(ctx context.Context, ref StreamRef, input itx.Eve
 // newScheduleOp checks a scheduled event as an append is checked, and more: it needs a key, and
 // cannot be ephemeral or a stream/* record.
 func newScheduleOp(input itx.EventInput, dueAt int64) (scheduleOp, error) {
+	// What no scheduled event may be is said first: the append's own checks would refuse an
+	// ephemeral one for the key it must carry, and a stream/* record for its payload.
+	switch {
+	case input.Ephemeral:
+		return scheduleOp{}, itx.Errorf(itx.EInvalid, "a scheduled event cannot be ephemeral")
+	case itx.IsCoreType(input.Type):
+		return scheduleOp{}, itx.Errorf(itx.EInvalid, "a scheduled event cannot be a stream/* record")
+	}
 	in := []itx.EventInput{input}
 	if err := validateAppend(in, authClient); err != nil {
 		return scheduleOp{}, itx.Errorf(itx.AsError(err).Code, "%s", strings.TrimPrefix(itx.ErrorMessage(err), "event 0: "))
@@ -78,10 +86,6 @@ func newScheduleOp(input itx.EventInput, dueAt int64) (scheduleOp, error) {
 	switch {
 	case input.IdempotencyKey == "":
 		return scheduleOp{}, itx.Errorf(itx.EInvalid, "a scheduled event needs an idempotencyKey: it names the schedule, and makes its append exactly once")
-	case input.Ephemeral:
-		return scheduleOp{}, itx.Errorf(itx.EInvalid, "a scheduled event cannot be ephemeral")
-	case itx.IsCoreType(input.Type):
-		return scheduleOp{}, itx.Errorf(itx.EInvalid, "a scheduled event cannot be a stream/* record")
 	case dueAt < 0:
 		return scheduleOp{}, itx.Errorf(itx.EInvalid, "dueAt must be an epoch time in milliseconds")
 	}

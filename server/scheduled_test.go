@@ -70,3 +70,23 @@ func TestStep_ScheduleOfAKeyLandingInTheSameStep(t *testing.T) {
 		})
 	}
 }
+
+// A scheduled event is refused for what makes it unschedulable, named as such: an ephemeral
+// one (which must carry the key that names its schedule) is "cannot be ephemeral", not the
+// append's "ephemeral events cannot carry an idempotency key".
+func TestNewScheduleOp_Refusals(t *testing.T) {
+	for _, tc := range []struct {
+		in   itx.EventInput
+		want string
+	}{
+		{itx.EventInput{Type: "r"}, "a scheduled event needs an idempotencyKey: it names the schedule, and makes its append exactly once"},
+		{itx.EventInput{Type: "r", IdempotencyKey: "k", Ephemeral: true}, "a scheduled event cannot be ephemeral"},
+		{itx.EventInput{Type: "r", Ephemeral: true}, "a scheduled event cannot be ephemeral"},
+		{itx.EventInput{Type: "stream/subscription-removed", IdempotencyKey: "k"}, "a scheduled event cannot be a stream/* record"},
+		{itx.EventInput{Type: "bad type", IdempotencyKey: "k"}, `type "bad type" contains whitespace or a control character`},
+	} {
+		_, err := newScheduleOp(tc.in, 1)
+		require.Equal(t, itx.EInvalid, itx.ErrorCode(err), "%+v: %v", tc.in, err)
+		require.Equal(t, tc.want, itx.ErrorMessage(err), "%+v", tc.in)
+	}
+}
