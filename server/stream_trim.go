@@ -403,7 +403,7 @@ func (s *Server) SetRetention(ctx context.Context, by Admin, ref StreamRef, maxA
 	case maxAgeMs < 0 || maxEvents < 0 || maxBytes < 0:
 		return itx.Errorf(itx.EInvalid, "retention: maxAgeMs, maxEvents and maxBytes cannot be negative")
 	case maxAgeMs > 0 && maxAgeMs < minRetentionAge.Milliseconds():
-		return itx.Errorf(itx.EInvalid, "retention: maxAgeMs %d is under a minute (%d ms): it is in milliseconds", maxAgeMs, minRetentionAge.Milliseconds())
+		return itx.Errorf(itx.EInvalid, "retention: maxAgeMs %d (%v) is under a minute, the shortest retention by age", maxAgeMs, time.Duration(maxAgeMs)*time.Millisecond)
 	case maxAgeMs > maxRetentionAge.Milliseconds():
 		return itx.Errorf(itx.EInvalid, "retention: maxAgeMs %d is over 100 years (%d ms): leave it 0 to keep events whatever their age", maxAgeMs, maxRetentionAge.Milliseconds())
 	}

@@ -368,7 +368,9 @@ func TestStream_RetentionPolicy(t *testing.T) {
 	set := audited(t, e.ts.deployment(t), server.AuditRetentionSet)
 	require.Len(t, set, 3, "each policy set is audited")
 	require.EqualValues(t, time.Hour.Milliseconds(), set[1]["maxAgeMs"])
-	requireCode(t, client.SetRetention(ctx, s, client.Retention{MaxAge: 30 * time.Second}), itx.EInvalid)
+	err = client.SetRetention(ctx, s, client.Retention{MaxAge: 30 * time.Second})
+	requireCode(t, err, itx.EInvalid)
+	require.Contains(t, itx.ErrorMessage(err), "maxAgeMs 30000 (30s) is under a minute", "the age is said as a duration too, so a caller who gave one reads it back")
 	requireCode(t, client.SetRetention(ctx, s, client.Retention{MaxAge: 200 * 365 * 24 * time.Hour}), itx.EInvalid)
 	requireCode(t, client.SetRetention(ctx, stream(t, e.p, "/none"), client.Retention{MaxEvents: 1}), itx.ENotFound)
 }

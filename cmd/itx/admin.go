@@ -207,12 +207,13 @@ func runAdmin(args []string, conf resolved, tlsConfig *tls.Config, env environme
 		return exitError
 	}
 	switch {
-	case out != nil && asJSON:
-		b, _ := json.Marshal(out)
-		fmt.Fprintln(env.stdout, string(b))
 	case out != nil:
-		b, _ := json.MarshalIndent(out, "", "  ")
-		fmt.Fprintln(env.stdout, string(b))
+		enc := json.NewEncoder(env.stdout)
+		enc.SetEscapeHTML(false) // as results at the prompt: a path's "<" reads as itself
+		if !asJSON {
+			enc.SetIndent("", "  ")
+		}
+		enc.Encode(out)
 	case !asJSON:
 		fmt.Fprintln(env.stdout, "ok")
 	}

@@ -62,6 +62,11 @@ func TestRun_Expression(t *testing.T) {
 		require.Empty(t, out)
 		require.JSONEq(t, `{"error": {"code": "invalidArgument", "message": "event 0: type must not be empty"}}`, errs)
 
+		code, _, errs = c.run("", append(conn, "--json", "-e", `project.streams.get("/a<b>").describe()`)...)
+		require.Equal(t, exitError, code)
+		require.Equal(t, `{"error":{"code":"invalidArgument","message":"stream path \"/a<b>\": character '<' is not allowed"}}`+"\n", errs,
+			"< and > read as themselves, not \\u003c")
+
 		code, _, errs = c.run("", append(conn, "-e", `project.streams.get("/e").append({type: ""})`)...)
 		require.Equal(t, exitError, code)
 		require.Equal(t, "invalidArgument: event 0: type must not be empty\n", errs, "no color off a terminal")

@@ -267,6 +267,11 @@ func TestRun_Paging(t *testing.T) {
 	require.Equal(t, exitOK, code, errs)
 	require.Equal(t, "500\n", out)
 	require.Equal(t, "(500 events shown, more follow: getEvents({after: 500}) for the next page, or getEvents({all: true}) for every one)\n", errs)
+	code, out, errs = c.run("", append(conn, "-e", `project.streams.get("/p").getEvents({limit: 501}).length`)...)
+	require.Equal(t, exitOK, code, errs)
+	require.Equal(t, "500\n", out, "a page holds at most 500 events")
+	require.Equal(t, "(500 events shown, more follow: getEvents({after: 500, limit: 500}) for the next page, or getEvents({all: true}) for every one)\n", errs,
+		"the hint names the limit the page kept to")
 
 	code, out, errs = c.run("", append(conn, "-e", `project.streams.get("/p").getEvents({all: true}).length`)...)
 	require.Equal(t, exitOK, code, errs)

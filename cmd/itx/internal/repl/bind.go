@@ -659,6 +659,9 @@ func streamGetEvents(ctx context.Context, s *Session, c capnp.Client, _ capPath,
 	if err := o.err(); err != nil {
 		return nil, err
 	}
+	// A page holds at most MaxPageLimit events whatever the limit asks: the "more follow" hint
+	// says the limit the server keeps to.
+	q.Limit = min(q.Limit, itx.MaxPageLimit)
 	var events []itx.Event
 	for {
 		page, err := client.GetEventPage(ctx, schema.Stream(c), q)

@@ -77,8 +77,7 @@ func (s *Session) printValues(values []goja.Value) {
 // string in the JSON format, where every result is a JSON document, the text elsewhere.
 func (s *Session) asJSONString(text string) string {
 	if s.cfg.Format == FormatJSON {
-		b, _ := json.Marshal(text)
-		return string(b)
+		return quoteJSON(text)
 	}
 	return text
 }
@@ -89,8 +88,7 @@ func (s *Session) format(v goja.Value, asResult bool) string {
 	}
 	if p, ok := s.capabilityOf(v); ok {
 		if s.cfg.Format == FormatJSON {
-			b, _ := json.Marshal(p.label())
-			return string(b)
+			return quoteJSON(p.label())
 		}
 		return p.label()
 	}
@@ -433,10 +431,12 @@ func (s *Session) PrintError(err error) {
 func printFailure(w io.Writer, f Failure, asJSON, color bool) {
 	switch {
 	case asJSON:
-		b, _ := json.Marshal(struct {
+		// Not HTML-escaped: a message's "<" and ">" read as themselves, as in results.
+		enc := json.NewEncoder(w)
+		enc.SetEscapeHTML(false)
+		enc.Encode(struct {
 			Error Failure `json:"error"`
 		}{f})
-		fmt.Fprintln(w, string(b))
 	case color:
 		fmt.Fprintf(w, "\x1b[31m%s\x1b[0m\n", f)
 	default:
