@@ -356,3 +356,17 @@ func TestEval_AppendConditionalFalseIsUnconditional(t *testing.T) {
 	require.Equal(t, 2.0, s.mustEval(t, `project.streams.get("/a").append({type: "x"}, {conditional: false, expectedHeadOffset: 0}).headOffset`))
 	require.Equal(t, 3.0, s.mustEval(t, `project.streams.get("/a").append({type: "x"}, {conditional: true, expectedHeadOffset: 2}).headOffset`))
 }
+
+// A string where JSON is expected (a payload, metadata, payloadContains) is read as JSON text; one
+// that is not JSON is refused saying so, before anything is sent (the stream stays empty), and
+// JSON text still goes in as the value it spells.
+func TestEval_AStringIsReadAsJSONText(t *testing.T) {
+	ts := startServer(t)
+	s := newSession(t, ts)
+	_, err := s.eval(t, `project.streams.get("/j").append({type: "note", payload: "hello"})`)
+	require.Equal(t, itx.EInvalid, itx.ErrorCode(err), "%v", err)
+	require.Contains(t, itx.ErrorMessage(err), `a string is read as JSON text, and "hello" is not JSON: give an object, such as {text: "hello"}`)
+	require.Equal(t, 0.0, s.mustEval(t, `project.streams.get("/j").describe().headOffset`), "nothing was written")
+	s.mustEval(t, `project.streams.get("/j").append({type: "note", payload: '{"text": "hello"}'})`)
+	require.Equal(t, "hello", s.mustEval(t, `project.streams.get("/j").getEvents()[0].payload.text`))
+}

@@ -213,6 +213,12 @@ func (o *options) json(key string) json.RawMessage {
 // jsonText encodes v as JSON text; a string is passed through as JSON text.
 func (s *Session) jsonText(v goja.Value) (json.RawMessage, error) {
 	if str, ok := v.Export().(string); ok {
+		if !json.Valid([]byte(str)) {
+			// Said here, before the server's "not valid JSON: invalid character", which does
+			// not tell that the string was read as JSON text rather than as a string.
+			q := quoteJSON(truncate(str, 40))
+			return nil, itx.Errorf(itx.EInvalid, "a string is read as JSON text, and %s is not JSON: give an object, such as {text: %s}", q, q)
+		}
 		return json.RawMessage(str), nil
 	}
 	out, ok, err := s.encodeJSON(v)
