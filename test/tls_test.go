@@ -159,6 +159,9 @@ func TestItxd_RefusesPlaintextOffLoopback(t *testing.T) {
 	out, err := exec.Command(itxdBin, "--listen", "0.0.0.0:0", "--data", data).CombinedOutput()
 	require.Error(t, err)
 	require.Contains(t, string(out), "refusing to serve plaintext RPC")
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit)
+	require.Equal(t, 2, exit.ExitCode(), "a flag combination refused, as for a flag that does not parse")
 	_, statErr := os.Stat(data)
 	require.True(t, os.IsNotExist(statErr), "nothing is written")
 

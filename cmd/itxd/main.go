@@ -205,7 +205,7 @@ func run() error {
 	case *tlsClientCA != "":
 		return usagef("--tls-client-ca needs --tls-cert and --tls-key")
 	case !capability.IsLoopback(*listen) && !*insecure:
-		return fmt.Errorf("refusing to serve plaintext RPC on %s, which is not a loopback address: tokens would cross the network in clear; "+
+		return usagef("refusing to serve plaintext RPC on %s, which is not a loopback address: tokens would cross the network in clear; "+
 			"give --tls-cert and --tls-key, or --insecure", *listen)
 	}
 
