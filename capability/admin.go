@@ -100,7 +100,11 @@ func (a *admin) ListProjects(ctx context.Context, call schema.Admin_listProjects
 	if err != nil {
 		return badArgs("after", err)
 	}
-	limit := int(call.Args().Limit())
+	// Checked here: a project's own admin is answered below without the server's listing.
+	limit, err := server.ListLimit(int(call.Args().Limit()), server.DefaultListProjects, server.MaxListProjects)
+	if err != nil {
+		return fail(err)
+	}
 	call.Go()
 	var list []itx.ProjectSummary
 	var next string

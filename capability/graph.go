@@ -325,6 +325,10 @@ func listPage[T any](ctx context.Context, s *streams, goFn func(), prefixArg, af
 	if err := itx.ValidatePathPrefix(prefix); err != nil {
 		return nil, "", fail(err)
 	}
+	// Checked here too: a prefix outside the scope is answered below without the listing.
+	if _, err := server.ListLimit(int(limit), server.DefaultListStreams, server.MaxListStreams); err != nil {
+		return nil, "", fail(err)
+	}
 	prefix, overlaps := s.acc.listPrefix(prefix)
 	if !overlaps {
 		return nil, "", nil

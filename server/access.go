@@ -329,11 +329,8 @@ func (s *Server) CreateProject(ctx context.Context, by Admin, name string) (itx.
 // counts: limit 0 is DefaultListProjects, at most MaxListProjects. next is the page's last id
 // when more may follow.
 func (s *Server) ListProjects(ctx context.Context, after string, limit int) (page []itx.ProjectSummary, next string, err error) {
-	switch {
-	case limit == 0:
-		limit = DefaultListProjects
-	case limit < 0 || limit > MaxListProjects:
-		return nil, "", itx.Errorf(itx.EInvalid, "limit must be between 1 and %d (0: %d)", MaxListProjects, DefaultListProjects)
+	if limit, err = ListLimit(limit, DefaultListProjects, MaxListProjects); err != nil {
+		return nil, "", err
 	}
 	ps, err := s.dir.ProjectsAfter(ctx, after, limit)
 	if err != nil {

@@ -513,6 +513,20 @@ const (
 	MaxListStreams     = 10_000
 )
 
+// ListLimit is the page size of a listing asked for limit: 0 is def, and one past max (or
+// negative) is refused with invalidArgument. A caller that answers some pages without asking
+// the server (an empty one outside a token's scope, a project admin's own project) checks the
+// limit with it first, so every caller is refused alike.
+func ListLimit(limit, def, max int) (int, error) {
+	switch {
+	case limit == 0:
+		return def, nil
+	case limit < 0 || limit > max:
+		return 0, itx.Errorf(itx.EInvalid, "limit must be between 1 and %d (0: %d)", max, def)
+	}
+	return limit, nil
+}
+
 // ListStreams lists a page of a project's streams under a path prefix, after the path after,
 // without loading them: heads of loaded streams are live, the others come from the directory's
 // summary. next is the page's last path when more follow, empty on the last page.
@@ -526,11 +540,8 @@ func (s *Server) ListStreamsUnder(ctx context.Context, projectID, scope, prefix,
 	if err := itx.ValidatePathPrefix(prefix); err != nil {
 		return nil, "", err
 	}
-	switch {
-	case limit == 0:
-		limit = DefaultListStreams
-	case limit < 0 || limit > MaxListStreams:
-		return nil, "", itx.Errorf(itx.EInvalid, "limit must be between 1 and %d (0: %d)", MaxListStreams, DefaultListStreams)
+	if limit, err = ListLimit(limit, DefaultListStreams, MaxListStreams); err != nil {
+		return nil, "", err
 	}
 	// The streams loaded or unloading are taken before the directory is read: each answers from
 	// its actor's view below, and a stream whose unload finished before this has its summary in
