@@ -108,7 +108,8 @@ struct EventQuery {
   subscription @5 :Text;      # read as this subscription of the stream is delivered: its
                               # filter (types and condition) applies too, and no ephemeral
                               # event; nextAfter passes what it drops (a remote processor host
-                              # pages its frames so). Empty: no subscription's filter
+                              # pages its frames so). Empty: no subscription's filter;
+                              # notFound for no such subscription
 }
 
 # The reader's envelope.
@@ -296,18 +297,19 @@ interface Subscription {
   # Resolves once the subscription has processed through offset (its confirmed cursor, a filter
   # watermark included); deadlineExceeded after timeoutMs (0: 20 s).
   waitUntilProcessed @1 (offset :UInt64, timeoutMs :UInt32) -> (confirmedOffset :UInt64);
-  # Present only for processor-wake subscriptions.
+  # Present only for processor-wake subscriptions (failedPrecondition for another kind).
   processor @2 () -> (processor :Processor);
   # Offset-acking subscriptions (confirmWindow): confirm what the receiver made durable, through
-  # offset (at most what was delivered); returns the confirmed cursor once it is written. An
-  # offset at or below it changes nothing.
+  # offset (at most what was delivered: invalidArgument past it); returns the confirmed cursor
+  # once it is written. An offset at or below it changes nothing. failedPrecondition on a
+  # subscription without confirmWindow.
   confirm @3 (offset :UInt64) -> (confirmedOffset :UInt64);
 }
 
 # --- connections, receivers, readers, live state ---------------------------------------------
 
 struct ConnectionOptions {
-  after @0 :UInt64;             # deliver events with offset > after
+  after @0 :UInt64;             # deliver events with offset > after (beyond the head: invalidArgument)
   maxDeliveryEvents @1 :UInt32; # 0: 1,000
   maxDeliveryBytes @2 :UInt32;  # 0: 1 MiB; the first event of a batch always goes
   noState @3 :Bool;             # state: false - no live-state frames on this connection
@@ -401,8 +403,9 @@ struct ReaderInfo {
 }
 
 interface Readers {
-  # Registers or moves a named reader's checkpoint (at most the head; its lag becomes visible).
-  # Stored with the stream; no delivery obligation.
+  # Registers or moves a named reader's checkpoint (at most the head, invalidArgument past it;
+  # its lag becomes visible). Stored with the stream; no delivery obligation. notFound before the
+  # stream's first append; failedPrecondition for the name of one of its subscriptions.
   register @0 (name :Text, checkpoint :UInt64) -> ();
   list @1 () -> (readers :List(ReaderInfo));
   # notFound for a name that is not registered.
@@ -513,7 +516,7 @@ interface Stream {
   getEvents @1 (query :EventQuery) -> (events :List(Event));
   getEventPage @2 (query :EventQuery) -> (page :EventPage);
   # One-shot log barrier: the first event after `after` matching the predicate;
-  # deadlineExceeded after timeoutMs (0: 20 s).
+  # deadlineExceeded after timeoutMs (0: 20 s). An `after` beyond the head is invalidArgument.
   waitForEvent @3 (predicate :EventPredicate, after :UInt64, timeoutMs :UInt32) -> (event :Event);
   describe @4 () -> (info :StreamInfo);
   subscriptions @5 () -> (subscriptions :Subscriptions);
@@ -533,7 +536,8 @@ interface Stream {
   # surviving unloads, crashes and restarts. Its idempotencyKey (required) names it: scheduling
   # the key again moves it; a key already in the log schedules nothing and returns its offset in
   # appendedOffset (idempotencyConflict if the log holds it with another body, as for an append).
-  # Needs the append right; listScheduled needs read.
+  # The stream must exist (notFound before its first append). Needs the append right;
+  # listScheduled needs read.
   schedule @13 (event :EventInput, dueAt :Int64) -> (dueAt :Int64, appendedOffset :UInt64);
   cancelScheduled @14 (key :Text) -> (cancelled :Bool);
   listScheduled @15 () -> (scheduled :List(ScheduledEvent));
@@ -564,9 +568,11 @@ struct ScheduledEvent {
 interface Streams {
   # Pipelinable: the path is validated here, and a bad one fails every call made on the result.
   get @0 (path :Text) -> (stream :Stream);
-  # A page of the project's streams under prefix, in path order, after the path `after`
-  # (exclusive; empty: from the first). limit 0 means 1,000; at most 10,000. nextAfter is the
-  # last path of the page when more follow, empty on the last page.
+  # A page of the project's streams whose path begins with prefix as a string (unlike a token's
+  # scope: "/a" lists "/ab" too, "/a/" only the streams below "/a"; empty or "/": every stream), in
+  # path order, after the path `after` (exclusive; empty: from the first). limit 0 means 1,000;
+  # above 10,000 is invalidArgument (not capped). nextAfter is the last path of the page when more
+  # follow, empty on the last page.
   list @1 (prefix :Text, after :Text, limit :UInt32) -> (streams :List(StreamInfo), nextAfter :Text);
   # Deletes the stream at path: its events, subscriptions, readers, scheduled appends and
   # processors' records, at once and for good (the admin right; the deployment's /audit never).
@@ -627,14 +633,18 @@ struct ProjectSummary {
 interface Admin {
   createProject @0 (name :Text) -> (info :ProjectInfo, token :Text, tokenInfo :TokenInfo);
   # A page of the projects (the caller's own project only, unless it is the deployment's), in id
-  # order, after the id `after` (exclusive; empty: from the first). limit 0 means 1,000; at most
-  # 10,000. nextAfter is the last id of the page when more follow, empty on the last page.
+  # order, after the id `after` (exclusive; empty: from the first). limit 0 means 1,000; above
+  # 10,000 is invalidArgument (not capped). nextAfter is the last id of the page when more follow,
+  # empty on the last page.
   listProjects @1 (after :Text, limit :UInt32) -> (projects :List(ProjectSummary), nextAfter :Text);
   renameProject @2 (projectId :Text, name :Text) -> ();
   # failedPrecondition while the project has streams, unless force: then its streams and their
   # files are deleted too. Its tokens stop working at once.
   deleteProject @3 (projectId :Text, force :Bool) -> ();
-  # expiresAt 0: never. A scope narrower than the caller's own is required from a scoped caller.
+  # projectId empty: the caller's own project (so for listTokens and revokeToken). expiresAt 0:
+  # never; a caller whose own token expires must expire the new one no later (permissionDenied
+  # otherwise). The scope must fit inside the caller's own (its prefix at or below the caller's,
+  # its rights among the caller's; the same scope fits): permissionDenied otherwise.
   createToken @4 (projectId :Text, label :Text, expiresAt :Int64, scope :TokenScope) -> (token :Text, info :TokenInfo);
   listTokens @5 (projectId :Text) -> (tokens :List(TokenInfo));
   # At once: sessions logged in with it are disconnected.
