@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"unicode/utf8"
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/storage"
@@ -256,8 +257,9 @@ func (s *Server) StartOpenConnection(ctx context.Context, ref StreamRef, opts Co
 		return nil, itx.Errorf(itx.EInvalid, "maxDeliveryEvents must be 0..%d", MaxConnectionBatchEvents)
 	case opts.MaxDeliveryBytes < 0 || opts.MaxDeliveryBytes > MaxConnectionBatchBytes:
 		return nil, itx.Errorf(itx.EInvalid, "maxDeliveryBytes must be 0..%d", MaxConnectionBatchBytes)
-	case len(opts.OpenedBy) > itx.MaxSubscriptionNameLength:
-		return nil, itx.Errorf(itx.EInvalid, "openedBy is at most %d bytes", itx.MaxSubscriptionNameLength)
+	case len(opts.OpenedBy) > utf8.UTFMax*itx.MaxSubscriptionNameLength:
+		// Bounded before it is scanned; ValidateName below counts its characters, as a key's.
+		return nil, itx.Errorf(itx.EInvalid, "openedBy is at most %d characters", itx.MaxSubscriptionNameLength)
 	}
 	// openedBy names who opened the connection in the stream's live state: a name like the key.
 	opts.OpenedBy = strings.TrimSpace(opts.OpenedBy)
