@@ -109,7 +109,8 @@ struct EventQuery {
                               # filter (types and condition) applies too, and no ephemeral
                               # event; nextAfter passes what it drops (a remote processor host
                               # pages its frames so). Empty: no subscription's filter;
-                              # notFound for no such subscription
+                              # notFound for no such subscription; blank (spaces only):
+                              # invalidArgument
 }
 
 # The reader's envelope.
@@ -316,7 +317,8 @@ struct ConnectionOptions {
   openedBy @4 :Text;            # who opened it, shown in the stream's live state
   types @5 :List(Text);         # empty: every type
   key @6 :Text;                 # shares the subscription name space; opening an open key
-                                # replaces that connection (closed: replaced); empty: generated
+                                # replaces that connection (closed: replaced); empty: generated;
+                                # blank (spaces only): invalidArgument
   includeEphemeral @7 :Bool;    # catch-up includes buffered ephemeral events from before the
                                 # open (those appended while open are always delivered)
 }

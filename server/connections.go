@@ -244,7 +244,12 @@ func (s *Server) StartOpenConnection(ctx context.Context, ref StreamRef, opts Co
 	if err := itx.ValidatePath(ref.Path); err != nil {
 		return nil, err
 	}
-	opts.Key = strings.TrimSpace(opts.Key)
+	key := strings.TrimSpace(opts.Key)
+	if key == "" && opts.Key != "" {
+		// As a subscription's name: blank is refused, not taken for a key left out (generated).
+		return nil, itx.Errorf(itx.EInvalid, "connection key %q is blank: leave it out for a generated key", opts.Key)
+	}
+	opts.Key = key
 	if opts.Key != "" {
 		if err := itx.ValidateSubscriptionName(opts.Key); err != nil {
 			return nil, itx.Errorf(itx.EInvalid, "connection key: %s", itx.ErrorMessage(err))

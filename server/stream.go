@@ -178,7 +178,13 @@ func normalizeQuery(q *itx.Query) error {
 	if err := itx.ValidateTypeFilter("types", q.Types); err != nil {
 		return err
 	}
-	q.Subscription = strings.TrimSpace(q.Subscription)
+	name := strings.TrimSpace(q.Subscription)
+	if name == "" && q.Subscription != "" {
+		// Blank is not left out: a read that dropped the filter would hand the caller events
+		// the subscription never delivers.
+		return itx.Errorf(itx.EInvalid, "subscription %q is blank: leave it out to read without a subscription's filter", q.Subscription)
+	}
+	q.Subscription = name
 	for _, t := range q.Types {
 		if t == "*" {
 			q.Types = nil
