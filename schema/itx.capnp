@@ -311,8 +311,9 @@ interface Subscription {
 
 struct ConnectionOptions {
   after @0 :UInt64;             # deliver events with offset > after (beyond the head: invalidArgument)
-  maxDeliveryEvents @1 :UInt32; # 0: 1,000
-  maxDeliveryBytes @2 :UInt32;  # 0: 1 MiB; the first event of a batch always goes
+  maxDeliveryEvents @1 :UInt32; # 0: 1,000; at most 10,000 (more: invalidArgument)
+  maxDeliveryBytes @2 :UInt32;  # 0: 1 MiB; at most 8 MiB (more: invalidArgument); the first
+                                # event of a batch always goes
   noState @3 :Bool;             # state: false - no live-state frames on this connection
   openedBy @4 :Text;            # who opened it, shown in the stream's live state
   types @5 :List(Text);         # empty: every type
