@@ -39,7 +39,11 @@ type procRecord struct {
 
 // fence refuses generation unless it is the record's current one.
 func (rec *procRecord) fence(name string, generation int64) error {
-	if rec.Generation != generation {
+	switch {
+	case generation > rec.Generation:
+		return itx.Errorf(itx.EFailedPrecondition,
+			"processor %q: generation %d was never claimed (the record is at %d): claim before committing", name, generation, rec.Generation)
+	case rec.Generation != generation:
 		return itx.Errorf(itx.EFailedPrecondition,
 			"processor %q: generation %d was claimed by a newer incarnation (the record is at %d): this incarnation is dead", name, generation, rec.Generation)
 	}
