@@ -232,6 +232,13 @@ func (st *streamState) applyProc(op procOp, now time.Time, env stepEnv, eff *eff
 			// (the runner redelivers from what it knows was committed: at-least-once).
 			honored := r.CursorChangedAtOffset == r.ConfiguredAtOffset || next.Seek == r.CursorChangedAtOffset
 			if honored && p.ProcessedThrough != r.ConfirmedOffset && p.ProcessedThrough <= st.head {
+				if p.ProcessedThrough > r.ConfirmedOffset {
+					// Progress: the retry block describes the position the cursor just left, as
+					// for a push subscription (the wake's outcome, which reports the same
+					// progress, finds the row already moved here and would leave it standing).
+					r.Attempt, r.NextAttemptAt, r.LastError = 0, 0, ""
+					r.FailingEventOffset, r.FailingEventAttempt = 0, 0
+				}
 				r.ConfirmedOffset = p.ProcessedThrough
 				st.touch(c.name, now)
 				eff.rowsChanged = true
