@@ -185,7 +185,6 @@ func New[S any](t testing.TB, cfg Config[S]) *Harness[S] {
 	return h
 }
 
-// Substrate is this harness's stream and clock, for a second harness to replay over.
 // StreamAt is the in-memory stream at path: the home stream (Stream), or another one, made
 // empty on first use, that the processor forwards to with Args.AppendTo. Safe from any goroutine.
 func (h *Harness[S]) StreamAt(path string) *MemoryStream {
@@ -205,6 +204,8 @@ func (h *Harness[S]) StreamAt(path string) *MemoryStream {
 	return s
 }
 
+// Substrate is this harness's stream and clock, for a second harness to replay over
+// (Config.Substrate): a full replay from offset 1 with a fresh progress store, KV and alarm.
 func (h *Harness[S]) Substrate() *Substrate { return &Substrate{Stream: h.Stream, Clock: h.Clock} }
 
 // Wake attaches delivery and settles, without appending: the production wake lane redelivering
