@@ -203,6 +203,11 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.DataDir == "" {
 		return nil, errors.New("open server: no data directory")
 	}
+	if cfg.Processors != nil && cfg.Processors.Version() == "" {
+		// Refused here, not at every stream's first wake: a host without a version cannot open
+		// a processor registry (the crash-loop budget's reset is keyed by it).
+		return nil, errors.New("open server: the processor host has no version (processors.NewHost(version): the build's, a new one resets every crash-loop budget)")
+	}
 	if cfg.Clock == nil {
 		cfg.Clock = itx.SystemClock{}
 	}

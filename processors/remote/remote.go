@@ -72,6 +72,11 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.Host == nil || len(cfg.Host.Contracts()) == 0 {
 		return itx.Errorf(itx.EInvalid, "remote: the host has no contracts to mount")
 	}
+	if cfg.Host.Version() == "" {
+		// Refused here, not at every wake: a host without a version cannot open a processor
+		// registry (the crash-loop budget's reset is keyed by it).
+		return itx.Errorf(itx.EInvalid, "remote: the host has no version (processors.NewHost(version): the build's, a new one resets every crash-loop budget)")
+	}
 	backoff := client.NewBackoff(cfg.MinBackoff, cfg.MaxBackoff)
 	for ctx.Err() == nil {
 		started := time.Now()
