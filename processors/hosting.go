@@ -37,6 +37,9 @@ func NewHost(version string) *Host {
 // contract's closures may keep incarnation memory (the attempts it drives), which must die with
 // the incarnation.
 func Add[S any](h *Host, build func() Contract[S]) error {
+	if build == nil {
+		return itx.Errorf(itx.EInvalid, "processors.Add: build is nil (it returns a fresh contract per stream incarnation)")
+	}
 	c := build()
 	if err := c.validate(); err != nil {
 		return err
