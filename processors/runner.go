@@ -278,9 +278,11 @@ func (r *Runner[S]) processFrame(ctx context.Context, f Frame) (err error) {
 	// settlement that would disarm the keepalive of a dead incarnation's obligations.
 	ctx, endPass := r.beginPass(ctx)
 	claimed := false
+	// What runs now, for a panic to name: the hook and the event (nil: the eventless pass).
+	hook, at := "", (*itx.Event)(nil)
 	defer func() {
 		if p := recover(); p != nil {
-			err = itx.Errorf(itx.EInternal, "processor %q panicked: %v", r.c.Name, p)
+			err = itx.Errorf(itx.EInternal, "processor %q: %s panicked on %s: %v", r.c.Name, hook, describe(at), p)
 		}
 		if err != nil {
 			r.restoreCommittedState()
@@ -304,10 +306,12 @@ func (r *Runner[S]) processFrame(ctx context.Context, f Frame) (err error) {
 		case kindMalformed:
 			malformed = append(malformed, pe.event)
 		case kindDeliver:
+			hook, at = "Reduce", &pe.event
 			next := r.c.Reduce(state, pe.event)
 			d := delivery
 			d.CaughtUp = pe.caughtUp && !r.heldBack(busy, seq)
 			claimed = claimed || d.CaughtUp
+			hook = "ProcessEvent"
 			if err := r.dispatch(ctx, &pe.event, state, next, d); err != nil {
 				return err
 			}
@@ -318,6 +322,7 @@ func (r *Runner[S]) processFrame(ctx context.Context, f Frame) (err error) {
 		claimed = true
 		d := delivery
 		d.CaughtUp = true
+		hook, at = "ProcessEvent", nil
 		if err := r.dispatch(ctx, nil, state, state, d); err != nil {
 			return err
 		}
@@ -478,7 +483,7 @@ func (r *Runner[S]) passAtHead(ctx context.Context) (err error) {
 	ctx, endPass := r.beginPass(ctx)
 	defer func() {
 		if p := recover(); p != nil {
-			err = itx.Errorf(itx.EInternal, "processor %q panicked: %v", r.c.Name, p)
+			err = itx.Errorf(itx.EInternal, "processor %q: ProcessEvent panicked on the eventless pass: %v", r.c.Name, p)
 		}
 		endPass(err)
 	}()
@@ -513,7 +518,7 @@ func (r *Runner[S]) dispatch(ctx context.Context, e *itx.Event, prev, state S, d
 			break
 		}
 		done := r.track()
-		err := runRecovered(ctx, b.work)
+		err := runRecovered(ctx, "blocker", b.work)
 		done(err)
 		if err != nil {
 			return fmt.Errorf("processor %q: %s: blocker %q: %w", r.c.Name, describe(e), b.name, err)
@@ -825,7 +830,7 @@ func (r *Runner[S]) scheduleHome(ctx context.Context, event itx.EventInput, at t
 func (r *Runner[S]) background(work func(ctx context.Context) error) {
 	done := r.track()
 	go func() {
-		err := runRecovered(r.bgCtx, work)
+		err := runRecovered(r.bgCtx, "background work", work)
 		done(err)
 		if err != nil && r.bgCtx.Err() == nil {
 			r.cfg.Logf("processor %q: background work failed: %v", r.c.Name, err)
@@ -836,10 +841,11 @@ func (r *Runner[S]) background(work func(ctx context.Context) error) {
 	}()
 }
 
-func runRecovered(ctx context.Context, work func(ctx context.Context) error) (err error) {
+// runRecovered runs work, turning a panic into an EInternal error saying what panicked.
+func runRecovered(ctx context.Context, what string, work func(ctx context.Context) error) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			err = itx.Errorf(itx.EInternal, "background work panicked: %v", p)
+			err = itx.Errorf(itx.EInternal, "%s panicked: %v", what, p)
 		}
 	}()
 	return work(ctx)
