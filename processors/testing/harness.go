@@ -33,6 +33,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"testing"
@@ -57,6 +58,12 @@ type Config[S any] struct {
 	Start time.Time
 	// PageSize is the runner's read page; default 5, so paging is exercised.
 	PageSize int
+	// PartitionSeed, when not 0, makes each read the runner makes take a random number of
+	// events, 1 to PageSize, from a generator seeded with it: a random partition of the stream
+	// into frames. Seed 002 requires a processor's outcome to be the same under one batch
+	// (a PageSize past the stream's length), singletons (PageSize 1) and random partitions;
+	// run a scenario under each and compare (see the package's partition invariance example).
+	PartitionSeed uint64
 	// StrictDeliveryErrors makes a failed delivery attempt the test never examined
 	// (Harness.DeliveryErrors, Harness.TakeDeliveryErrors) fail it when it ends, so a processor
 	// whose frames keep failing cannot pass because the stream happened to look right. Off by
@@ -121,6 +128,8 @@ type Harness[S any] struct {
 
 	watchdog *watchdog // Run's, nil under New
 
+	pages *partition // Config.PartitionSeed's generator, shared by the incarnations; nil: off
+
 	streamsMu sync.Mutex               // guards streams: AppendTo runs on the processor's goroutines
 	streams   map[string]*MemoryStream // the other streams AppendTo reached, by path (StreamAt)
 
@@ -180,6 +189,9 @@ func New[S any](t testing.TB, cfg Config[S]) *Harness[S] {
 		Alarm:    &MemoryAlarm{},
 		deliver:  true,
 	}
+	if cfg.PartitionSeed != 0 {
+		h.pages = &partition{rng: rand.New(rand.NewPCG(cfg.PartitionSeed, 0))}
+	}
 	h.incarnate()
 	t.Cleanup(h.close)
 	return h
@@ -225,7 +237,7 @@ func (h *Harness[S]) incarnate() {
 	f := &fence{}
 	clock := &incarnationClock{c: h.Clock, timers: map[*incarnationTimer]struct{}{}}
 	reg, err := processors.NewRegistry(processors.RegistryConfig{
-		Path: h.cfg.Path, Log: fencedLog{f, h.Stream, h.StreamAt}, KV: fencedKV{f, h.KV}, Alarm: fencedAlarm{f, h.Alarm},
+		Path: h.cfg.Path, Log: fencedLog{f, h.Stream, h.StreamAt, h.pages}, KV: fencedKV{f, h.KV}, Alarm: fencedAlarm{f, h.Alarm},
 		Clock: clock, Version: h.cfg.Version, PageSize: h.cfg.PageSize,
 		Logf: func(format string, args ...any) {
 			h.t.Logf("[incarnation %d] %s", n, fmt.Sprintf(format, args...))

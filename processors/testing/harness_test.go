@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -753,4 +754,93 @@ func TestHarness_Deploy(t *testing.T) {
 			t.Errorf("%d revivals, want no more after the fix (%d)", got, before+1)
 		}
 	})
+}
+
+// tallier counts "job/queued" events, acknowledges each with an append of its own, and at the
+// head appends a summary of the count (keyed by it): outcomes that must not depend on how the
+// stream was cut into frames. With leaky, each acknowledgement's body also says whether it was
+// made caught up: where the head falls relative to an event depends on the cut (caughtUp is true
+// on the last consumed event of a scan that reaches the head), so the variant's outcome does too.
+func tallier(leaky bool) func(proctest.Env) processors.Contract[tally] {
+	return func(proctest.Env) processors.Contract[tally] {
+		return processors.Contract[tally]{
+			Name: "tallier", ConsumedTypes: []string{"job/queued"}, ReducerVersion: "1",
+			InitialState: func() tally { return tally{} },
+			Reduce:       func(s tally, e itx.Event) tally { return tally{N: s.N + 1} },
+			ProcessEvent: func(ctx context.Context, a *processors.Args[tally]) error {
+				var out []itx.EventInput
+				if a.Event != nil {
+					ack := itx.EventInput{Type: "job/acked", IdempotencyKey: a.IdempotencyKey("ack", a.Event)}
+					if leaky {
+						ack.Payload = json.RawMessage(fmt.Sprintf(`{"caughtUp":%t}`, a.Delivery.CaughtUp))
+					}
+					out = append(out, ack)
+				}
+				if a.Delivery.CaughtUp {
+					body, _ := json.Marshal(a.State)
+					out = append(out, itx.EventInput{Type: "job/summary", Payload: body, IdempotencyKey: fmt.Sprintf("summary@%d", a.State.N)})
+				}
+				if len(out) == 0 {
+					return nil
+				}
+				_, err := a.Append(ctx, out...)
+				return err
+			},
+		}
+	}
+}
+
+// Partition invariance (seed 002): one stream delivered in one batch, as singletons and in random
+// partitions (Config.PartitionSeed) leaves the same state and the same appends. A processor whose
+// per-event effect says where the head stood is caught: its outcome depends on the cut.
+func TestHarness_PartitionInvariance(t *testing.T) {
+	var input []itx.EventInput
+	for i := 0; i < 23; i++ {
+		typ := "job/queued"
+		if i%3 == 1 || i >= 20 { // unconsumed noise, and an unconsumed tail at the head
+			typ = "noise/ping"
+		}
+		input = append(input, itx.EventInput{Type: typ})
+	}
+	outcome := func(t *testing.T, leaky bool, pageSize int, seed uint64) string {
+		var out string
+		cfg := proctest.Config[tally]{New: tallier(leaky), PageSize: pageSize, PartitionSeed: seed, StrictDeliveryErrors: true}
+		proctest.Run(t, cfg, func(t *testing.T, h *proctest.Harness[tally]) {
+			if _, err := h.Stream.Append(context.Background(), input); err != nil { // committed, not delivered
+				t.Fatal(err)
+			}
+			h.Wake()
+			var lines []string
+			for _, e := range h.Events() {
+				if e.Offset > int64(len(input)) {
+					lines = append(lines, fmt.Sprintf("%s %s %s", e.Type, e.IdempotencyKey, e.Payload))
+				}
+			}
+			slices.Sort(lines)
+			out = fmt.Sprintf("state %+v\n%s", h.State(), strings.Join(lines, "\n"))
+		})
+		return out
+	}
+	cuts := []struct {
+		name     string
+		pageSize int
+		seed     uint64
+	}{{"one batch", 100, 0}, {"singletons", 1, 0}, {"random 1", 7, 1}, {"random 2", 7, 2}, {"random 3", 4, 3}}
+	for _, leaky := range []bool{false, true} {
+		want := outcome(t, leaky, cuts[0].pageSize, cuts[0].seed)
+		if !strings.Contains(want, "job/summary summary@13") || strings.Count(want, "job/acked") != 13 {
+			t.Fatalf("one batch left too little to compare:\n%s", want)
+		}
+		differs := false
+		for _, c := range cuts[1:] {
+			got := outcome(t, leaky, c.pageSize, c.seed)
+			differs = differs || got != want
+			if got != want && !leaky {
+				t.Errorf("%s:\n%s\nwant (one batch):\n%s", c.name, got, want)
+			}
+		}
+		if leaky && !differs {
+			t.Errorf("a processor whose acknowledgements say caughtUp left the same outcome under every cut: the comparison cannot fail")
+		}
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -434,6 +435,23 @@ type fencedLog struct {
 	f     *fence
 	log   processors.StreamLog
 	other func(path string) *MemoryStream // the streams AppendTo reaches (Harness.StreamAt)
+	pages *partition                      // random page sizes (Config.PartitionSeed); nil: off
+}
+
+// partition draws the size of each page read under Config.PartitionSeed.
+type partition struct {
+	mu  sync.Mutex // reads run on the processor's goroutines
+	rng *rand.Rand
+}
+
+// size is a random page size of 1 to limit.
+func (p *partition) size(limit int) int {
+	if p == nil || limit <= 1 {
+		return limit
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return 1 + p.rng.IntN(limit)
 }
 
 // AppendTo forwards to another in-memory stream of the harness (itx.ProcessorOutbox), refusing
@@ -462,7 +480,7 @@ func (l fencedLog) Read(ctx context.Context, after int64, limit int) (processors
 	if err := l.f.check(); err != nil {
 		return processors.Page{}, err
 	}
-	return l.log.Read(ctx, after, limit)
+	return l.log.Read(ctx, after, l.pages.size(limit))
 }
 
 func (l fencedLog) Schedule(ctx context.Context, event itx.EventInput, at time.Time) error {
