@@ -14,7 +14,11 @@
 // a failure the test never examined is only logged when it ends: a poison scenario that asserts
 // on the revivals and the crash-loop evidence, or an at-least-once scenario whose blocker fails
 // once, passes on what the stream shows. Config.StrictDeliveryErrors makes an unexamined failure
-// fail the test instead, for a suite that wants no frame to fail unnoticed. A RunInBackground
+// fail the test instead, for a suite that wants no frame to fail unnoticed. A failed frame is
+// delivered again at the harness's next settle (every step, and every stop AdvanceTime makes at a
+// timer, a scheduled append or the alarm), not along itxd's retry ladder, so a vendor fake
+// counting calls through failing frames sees more attempts than itxd would make: assert on what
+// the stream shows, or on at least one attempt. A RunInBackground
 // attempt is droppable by design, so one that fails is only recorded
 // (Harness.TakeBackgroundErrors).
 //
