@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -65,6 +66,11 @@ func (c *Contract[S]) validate() error {
 	switch {
 	case c.Name == "":
 		return itx.Errorf(itx.EInvalid, "processor contract has no name")
+	case strings.TrimSpace(c.Name) != c.Name:
+		// A subscription's name is trimmed: one with spaces around it would never run.
+		return itx.Errorf(itx.EInvalid, "processor %q: a name with spaces around it never matches a subscription's (trimmed) name", c.Name)
+	case itx.ValidateSubscriptionName(c.Name) != nil:
+		return itx.Errorf(itx.EInvalid, "processor %q: %s (it runs under a subscription of that name)", c.Name, itx.ErrorMessage(itx.ValidateSubscriptionName(c.Name)))
 	case len(c.ConsumedTypes) == 0:
 		return itx.Errorf(itx.EInvalid, "processor %q consumes no event types", c.Name)
 	case c.ReducerVersion == "":
