@@ -87,7 +87,7 @@ type Config[S any] struct {
 // Substrate is the part of a harness another one can share.
 type Substrate struct {
 	Stream *MemoryStream
-	Clock  *clocktest.Clock
+	Clock  *Clock
 }
 
 // Env is what a processor incarnation gets from the harness.
@@ -111,7 +111,7 @@ type Harness[S any] struct {
 	// Stream is the in-memory stream; Stream.Append commits without delivering.
 	Stream *MemoryStream
 	// Clock is the virtual clock (AdvanceTime moves it).
-	Clock    *clocktest.Clock
+	Clock    *Clock
 	Progress *MemoryProgressStore
 	KV       *MemoryKV
 	Alarm    *MemoryAlarm
@@ -441,6 +441,10 @@ func (h *Harness[S]) Settle() {
 	}
 	h.t.Fatalf("harness: no fixpoint after %d rounds (head %d)", maxSettleRounds, h.Stream.Head())
 }
+
+// Clock is the harness's virtual clock (Harness.Clock, Substrate.Clock): named here so that code
+// outside this module can name its type (the package that defines it is internal).
+type Clock = clocktest.Clock
 
 // Step is one scenario step for Play.
 type Step[S any] func(h *Harness[S])

@@ -844,3 +844,6 @@ func TestHarness_PartitionInvariance(t *testing.T) {
 		}
 	}
 }
+
+// The harness's clock has a type other modules can name (its defining package is internal).
+var _ *proctest.Clock = (&proctest.Harness[int]{}).Clock
