@@ -279,7 +279,7 @@ func (r *Runner[S]) processFrame(ctx context.Context, f Frame) (err error) {
 	ctx, endPass := r.beginPass(ctx)
 	claimed := false
 	// What runs now, for a panic to name: the hook and the event (nil: the eventless pass).
-	hook, at := "", (*itx.Event)(nil)
+	hook, at := "the runner", (*itx.Event)(nil)
 	defer func() {
 		if p := recover(); p != nil {
 			err = itx.Errorf(itx.EInternal, "processor %q: %s panicked on %s: %v", r.c.Name, hook, describe(at), p)
