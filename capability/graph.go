@@ -448,7 +448,7 @@ func (s *stream) startAppend(ctx context.Context, inputs []itx.EventInput, opts 
 	if err := s.controlEvents(inputs); err != nil {
 		return nil, err
 	}
-	release, err := s.srv.KeepSecretsApart(ctx, s.ref.ProjectID, inputs)
+	release, err := s.srv.KeepSecretsApart(ctx, s.ref, inputs)
 	if err != nil {
 		return nil, err
 	}

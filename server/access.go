@@ -916,12 +916,32 @@ func (s *Server) secret(projectID, field string) (string, bool) {
 	return v, ok
 }
 
+// CheckSecretRef refuses a webhook config that names a secret by its reference (as describe and
+// the log show it) rather than giving the secret, unless the subscription of that name on this
+// stream already signs with it at that URL (configuring it again as read back). A reference is no
+// proof of knowing the secret: anyone who reads a configured event sees it, and itxd would sign
+// what that reader chooses, for a URL it chooses, with a secret it never saw. A reference the
+// project does not hold signs nothing (its delivery halts, as for one from another server).
+func (s *Server) CheckSecretRef(ctx context.Context, ref StreamRef, name, url, secretRef string) error {
+	if _, held := s.secret(ref.ProjectID, secretRef); !held {
+		return nil
+	}
+	if name = strings.TrimSpace(name); name != "" {
+		d, err := s.DescribeSubscription(ctx, ref, name)
+		if r := d.Config.Receiver; err == nil && r.Action == itx.KindWebhookPost && r.URL == url && r.Secret == secretRef {
+			return nil
+		}
+	}
+	return itx.Errorf(itx.EPermissionDenied, "receiver.secret is a secret reference: it stands only for the secret subscription %q already signs with at this URL; give the secret itself (whsec_...) to sign anything else", name)
+}
+
 // KeepSecretsApart rewrites the raw stream/subscription-configured events of an append whose
 // webhook secret is written out, so that the log records its reference, exactly as
 // ConfigureSubscription does; a payload it cannot read is left for the append's validation to
 // refuse. Other events are untouched. Call release once the append is answered (see
 // storeSecret); it is never nil.
-func (s *Server) KeepSecretsApart(ctx context.Context, projectID string, inputs []itx.EventInput) (release func(), err error) {
+func (s *Server) KeepSecretsApart(ctx context.Context, ref StreamRef, inputs []itx.EventInput) (release func(), err error) {
+	projectID := ref.ProjectID
 	var releases []func()
 	release = func() {
 		for _, r := range releases {
@@ -958,7 +978,16 @@ func (s *Server) KeepSecretsApart(ctx context.Context, projectID string, inputs 
 			return func() {}, err
 		}
 		secret, _ := r[sk].(string)
-		if secret == "" || itx.IsSecretRef(secret) {
+		if itx.IsSecretRef(secret) {
+			if cfg, err := itx.ParseSubscriptionConfig(in.Payload); err == nil {
+				if err := s.CheckSecretRef(ctx, ref, cfg.Name, cfg.Receiver.URL, secret); err != nil {
+					release()
+					return func() {}, fmt.Errorf("event %d: %w", i, err)
+				}
+			}
+			continue
+		}
+		if secret == "" {
 			continue
 		}
 		if _, err := itx.ParseSubscriptionConfig(in.Payload); err != nil {

@@ -72,6 +72,11 @@ func (s *Server) StartConfigureSubscription(ctx context.Context, ref StreamRef, 
 		return nil, itx.Errorf(itx.EInvalid, "a subscription without a name needs an idempotency key, so that a retry does not configure a second one")
 	}
 	release := func() {}
+	if r := &cfg.Receiver; r.Action == itx.KindWebhookPost && itx.IsSecretRef(r.Secret) {
+		if err := s.CheckSecretRef(ctx, ref, name, r.URL, r.Secret); err != nil {
+			return nil, err
+		}
+	}
 	// A webhook's signing secret is stored apart from the log; the configured event records its
 	// reference, the same for the same secret, so configure stays idempotent.
 	// (A config refused for its shape stores nothing; one the stream's state refuses, such as the

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
@@ -180,4 +181,68 @@ func TestAccess_RawConfigureKeepsACaseVariantSecretOutOfTheLog(t *testing.T) {
 	for _, e := range events {
 		require.NotContains(t, string(e.Payload), "whsec_", "the log holds a webhook secret")
 	}
+}
+
+// A secret reference (what describe and the configured event show in place of a webhook secret)
+// is no proof of knowing the secret: a token that reads it cannot have itxd sign for another
+// subscription, another URL or another stream with it, by the verb or a raw configured event
+// (else a reader with the subscribe right gets bodies of its choosing, a transform's, signed
+// with a receiver's secret, for its own URL, and replays them to that receiver). Configuring the
+// subscription again as describe reads it back still works.
+func TestAccess_SecretReferenceSignsOnlyItsOwnSubscription(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	full := ts.project(t)
+	legit, evil := newHook(t, nil), newHook(t, nil)
+	secret, _ := newSecret(t)
+	s := stream(t, full, "/a/pay")
+	subs := client.Subscriptions(ctx, s)
+	defer subs.Release()
+	pay := client.SubscriptionConfig{Name: "pay", Start: "now",
+		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: legit.url(), Secret: secret}}
+	_, off, err := client.ConfigureSubscription(ctx, subs, pay)
+	require.NoError(t, err)
+
+	tok, _ := ts.token(t, itx.Scope{Prefix: "/a", Rights: []itx.Right{itx.RightRead, itx.RightSubscribe}})
+	reader := stream(t, ts.login(t, tok), "/a/pay")
+	ref := describeSub(t, reader, "pay").Config.Receiver.Secret
+	require.True(t, itx.IsSecretRef(ref))
+	readerSubs := client.Subscriptions(ctx, reader)
+	defer readerSubs.Release()
+	for _, cfg := range []client.SubscriptionConfig{
+		{Name: "evil", Transform: `{"forged": true}`, Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: evil.url(), Secret: ref}},
+		{Name: "pay", Start: "now", Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: evil.url(), Secret: ref}},
+	} {
+		_, _, err := client.ConfigureSubscription(ctx, readerSubs, cfg)
+		requireCode(t, err, itx.EPermissionDenied)
+	}
+	other := stream(t, full, "/a/other")
+	mustAppend(t, other, ev("m", `{}`))
+	otherSubs := client.Subscriptions(ctx, other)
+	defer otherSubs.Release()
+	_, _, err = client.ConfigureSubscription(ctx, otherSubs, client.SubscriptionConfig{Name: "pay", Start: "now",
+		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: legit.url(), Secret: ref}})
+	requireCode(t, err, itx.EPermissionDenied)
+	raw, err := json.Marshal(map[string]any{"name": "raw", "receiver": map[string]any{"action": "webhook-post", "url": evil.url(), "secret": ref}})
+	require.NoError(t, err)
+	_, err = client.Append(ctx, s, []itx.EventInput{{Type: itx.TypeSubscriptionConfigured, Payload: raw}}, itx.AppendOptions{})
+	requireCode(t, err, itx.EPermissionDenied)
+
+	// The subscription itself, configured again as read back (its reference, its URL).
+	pay.Receiver.Secret = ref
+	_, again, err := client.ConfigureSubscription(ctx, subs, pay)
+	require.NoError(t, err)
+	require.Equal(t, off, again, "the same config: nothing appended")
+	pay.Description = "described"
+	_, _, err = client.ConfigureSubscription(ctx, subs, pay)
+	require.NoError(t, err)
+	at := mustAppend(t, s, ev("m", `{}`)).Offsets[0]
+	sub := client.Subscription(ctx, s, "pay")
+	defer sub.Release()
+	_, err = client.WaitUntilProcessed(ctx, sub, at, 15*time.Second)
+	require.NoError(t, err)
+	legit.mu.Lock()
+	defer legit.mu.Unlock()
+	require.NoError(t, client.VerifyWebhook(secret, legit.headers[len(legit.headers)-1], legit.raw[len(legit.raw)-1], time.Now()))
+	require.Zero(t, evil.count())
 }
