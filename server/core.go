@@ -300,6 +300,18 @@ func (st *coreState) reduceConfigured(e *itx.Event, rc *reduceContext) ([]cursor
 	if r.EffectiveDelivery().DeadLetterPath == rc.path {
 		return nil, itx.Errorf(itx.EInvalid, "a subscription cannot dead-letter into its own stream")
 	}
+	if rc.authority != authCore {
+		// Its copies and dead letters would be a client's writes into the audit stream.
+		targets := []string{r.EffectiveDelivery().DeadLetterPath}
+		if r.Action == itx.KindCopyToStream {
+			targets = append(targets, r.ReceivingStreamPath)
+		}
+		for _, target := range targets {
+			if err := serverWritten(StreamRef{ProjectID: rc.projectID, Path: target}); err != nil {
+				return nil, err
+			}
+		}
+	}
 	switch r.Action {
 	case itx.KindWebhookPost:
 		if rc.checkURL != nil {

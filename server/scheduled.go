@@ -64,6 +64,9 @@ func (s *Server) StartSchedule(ctx context.Context, ref StreamRef, input itx.Eve
 	if err != nil {
 		return nil, err
 	}
+	if err := serverWritten(ref); err != nil {
+		return nil, err
+	}
 	return s.startScheduleOp(ctx, ref, op)
 }
 

@@ -46,7 +46,24 @@ func (s *Server) StartAppend(ctx context.Context, ref StreamRef, inputs []itx.Ev
 		s.metrics.AppendCalls.WithLabelValues(string(itx.ErrorCode(err))).Inc() // refused before queueing
 		return nil, err
 	}
+	for i := range inputs {
+		if !itx.IsCoreType(inputs[i].Type) { // a subscription on the audit stream reads it
+			if err := serverWritten(ref); err != nil {
+				return nil, err
+			}
+		}
+	}
 	return s.startAppend(ctx, ref, &appendReq{inputs: inputs, opts: opts, authority: authClient})
+}
+
+// serverWritten refuses what a client (its appends, scheduled appends, copies and dead letters)
+// would write into the deployment's audit stream: its records are the server's alone, as for a
+// processor's AppendTo.
+func serverWritten(ref StreamRef) error {
+	if ref.ProjectID == DeploymentProjectID && ref.Path == AuditPath {
+		return itx.Errorf(itx.EPermissionDenied, "%s is written by the server only", AuditPath)
+	}
+	return nil
 }
 
 func (s *Server) startAppend(ctx context.Context, ref StreamRef, req *appendReq) (*PendingAppend, error) {
@@ -87,6 +104,11 @@ func (s *Server) Append(ctx context.Context, ref StreamRef, inputs []itx.EventIn
 
 // appendAs appends with the server's own authority (halts, skip records) or as a copy.
 func (s *Server) appendAs(ctx context.Context, ref StreamRef, inputs []itx.EventInput, auth authority, stamp *copyStamp) (itx.AppendResult, error) {
+	if auth == authCopy {
+		if err := serverWritten(ref); err != nil {
+			return itx.AppendResult{}, err
+		}
+	}
 	if err := validateAppend(inputs, auth); err != nil {
 		return itx.AppendResult{}, err
 	}

@@ -265,3 +265,42 @@ func TestAccess_PrefixedDeploymentTokenStaysInside(t *testing.T) {
 	_, _, _, err = client.CreateProject(ctx, prov, "provisioned")
 	require.NoError(t, err)
 }
+
+// The deployment's audit stream is written by the server only (as a processor's AppendTo already
+// was refused): a deployment token cannot forge a record into it by an append, a scheduled
+// append, a copy or a dead letter. Subscribing to it (forwarding the audit elsewhere) still works.
+func TestAccess_AuditIsWrittenByTheServerOnly(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	root := ts.deployment(t)
+	audit := stream(t, root, server.AuditPath)
+	before, err := client.Describe(ctx, audit)
+	require.NoError(t, err)
+	forged := ev(server.AuditTokenRevoked, `{"projectId": "default", "tokenId": "tok_forged"}`)
+	_, err = client.Append(ctx, audit, []itx.EventInput{forged}, itx.AppendOptions{})
+	requireCode(t, err, itx.EPermissionDenied)
+	_, _, err = client.Schedule(ctx, audit, keyed(forged.Type, string(forged.Payload), "later"), time.Now())
+	requireCode(t, err, itx.EPermissionDenied)
+
+	g := stream(t, root, "/global")
+	mustAppend(t, g, forged)
+	subs := client.Subscriptions(ctx, g)
+	defer subs.Release()
+	for _, cfg := range []client.SubscriptionConfig{
+		{Name: "copy", Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: server.AuditPath}},
+		{Name: "dead", OnFailingEvent: "skip", DeadLetterPath: server.AuditPath,
+			Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: "http://127.0.0.1:1/hook"}},
+	} {
+		_, _, err := client.ConfigureSubscription(ctx, subs, cfg)
+		requireCode(t, err, itx.EPermissionDenied)
+	}
+	after, err := client.Describe(ctx, audit)
+	require.NoError(t, err)
+	require.Equal(t, before.HeadOffset, after.HeadOffset, "nothing was written into the audit stream")
+
+	auditSubs := client.Subscriptions(ctx, audit)
+	defer auditSubs.Release()
+	_, _, err = client.ConfigureSubscription(ctx, auditSubs, client.SubscriptionConfig{Name: "siem",
+		Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: "/audit-copy"}})
+	require.NoError(t, err, "a subscription on the audit stream reads it")
+}
