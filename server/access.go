@@ -309,6 +309,9 @@ func (s *Server) CreateProject(ctx context.Context, by Admin, name string) (itx.
 	if err := itx.ValidateName("project name", name); err != nil {
 		return itx.ProjectInfo{}, "", itx.TokenInfo{}, err
 	}
+	if err := s.disk.room(); err != nil {
+		return itx.ProjectInfo{}, "", itx.TokenInfo{}, err // see CreateToken
+	}
 	now := itx.UnixMilli(s.clock.Now())
 	p := storage.Project{ID: "prj_" + randomHex(8), Name: name, CreatedAt: now}
 	token := newToken()
@@ -389,6 +392,9 @@ func (s *Server) Project(ctx context.Context, id string) (itx.ProjectInfo, error
 func (s *Server) RenameProject(ctx context.Context, by Admin, id, name string) error {
 	if err := itx.ValidateName("project name", name); err != nil {
 		return err
+	}
+	if err := s.disk.room(); err != nil {
+		return err // see CreateToken
 	}
 	rec, err := auditRecord(by, AuditProjectRenamed, map[string]any{"projectId": id, "name": name})
 	if err != nil {
@@ -621,6 +627,13 @@ func (s *Server) CreateToken(ctx context.Context, by Admin, projectID, label str
 	now := itx.UnixMilli(s.clock.Now())
 	if expiresAt < 0 || (expiresAt != 0 && expiresAt <= now) {
 		return "", itx.TokenInfo{}, itx.Errorf(itx.EInvalid, "expiresAt %d is not in the future", expiresAt)
+	}
+	// Below the disk reserve nothing that only adds is done: each change is recorded in /audit,
+	// whose records may use the reserve (so that what frees space is recorded too), and a loop
+	// of creates and revokes would otherwise take the disk to its last byte. Revokes, deletes,
+	// trims and retention still run.
+	if err := s.disk.room(); err != nil {
+		return "", itx.TokenInfo{}, err
 	}
 	t := storage.Token{ID: newTokenID(), ProjectID: projectID, Label: label, Prefix: scope.Prefix, CreatedAt: now, ExpiresAt: expiresAt}
 	for _, r := range scope.Rights {

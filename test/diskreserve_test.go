@@ -26,7 +26,8 @@ func freeOn(t *testing.T, dir string) int64 {
 // flag) while the disk still has room, never at its last byte; below the reserve nothing that
 // adds events is written (a new stream, a new subscription, a new scheduled append), while what
 // frees or needs no room works: an idempotent retry of an acknowledged append, reads, removing a
-// subscription, trimming and deleting a stream. Once space is freed the next append is taken at
+// subscription, trimming and deleting a stream, revoking a token (creating one, or a project, is
+// refused: each is an /audit record too). Once space is freed the next append is taken at
 // once, without a restart.
 func TestDiskReserve_AClientCannotFillTheDisk(t *testing.T) {
 	fs := mountTmpfs(t, "32m")
@@ -37,6 +38,8 @@ func TestDiskReserve_AClientCannotFillTheDisk(t *testing.T) {
 	ctx := ctxT(t)
 	require.Equal(t, float64(reserve), scrapeMetric(t, metrics, "itx_disk_reserve_bytes"))
 
+	_, spare, err := client.CreateToken(ctx, client.Admin(ctx, proj), "", client.TokenOptions{Label: "spare"})
+	require.NoError(t, err)
 	fill := stream(t, proj, "/fill")
 	first, err := client.Append(ctx, fill, []itx.EventInput{keyed("note", `{"first":true}`, "k1")}, itx.AppendOptions{})
 	require.NoError(t, err)
@@ -97,6 +100,17 @@ func TestDiskReserve_AClientCannotFillTheDisk(t *testing.T) {
 	require.NoError(t, err)
 	require.NotEmpty(t, audit)
 	require.Equal(t, server.AuditStreamTrimmed, audit[len(audit)-1].Type, "the trim's audit record is written below the reserve")
+
+	// Administration that only adds (each change is also an /audit record, which may use the
+	// reserve) is refused; revoking a token is not.
+	admin := client.Admin(ctx, root)
+	_, made, err := client.CreateToken(ctx, client.Admin(ctx, proj), "", client.TokenOptions{Label: "more"})
+	requireCode(t, err, itx.EResourceExhausted)
+	require.Empty(t, made.ID, "no token was created")
+	_, _, _, err = client.CreateProject(ctx, admin, "another")
+	requireCode(t, err, itx.EResourceExhausted)
+	require.Equal(t, itx.EResourceExhausted, itx.ErrorCode(client.RenameProject(ctx, admin, "", "renamed")))
+	require.NoError(t, client.RevokeToken(ctx, client.Admin(ctx, proj), "", spare.ID), "revoking below the reserve")
 
 	// Streams.diskUsage says which stream takes the disk.
 	usage, err := client.DiskUsage(ctx, proj, "/fill")
