@@ -175,7 +175,7 @@ func confirmedIn(body []byte) int64 {
 }
 
 // retryAfter reads an HTTP Retry-After value, seconds or an HTTP date, as a wait from now (0:
-// none, unreadable, or past).
+// none, unreadable, or past), at most itx.BackoffCap.
 func retryAfter(v string, now time.Time) time.Duration {
 	if v == "" {
 		return 0
@@ -187,7 +187,7 @@ func retryAfter(v string, now time.Time) time.Duration {
 		return time.Duration(min(n, int64(itx.BackoffCap/time.Second))) * time.Second
 	}
 	if at, err := http.ParseTime(v); err == nil && at.After(now) {
-		return at.Sub(now)
+		return min(at.Sub(now), itx.BackoffCap) // as the seconds form: lastError names the wait
 	}
 	return 0
 }

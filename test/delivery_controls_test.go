@@ -262,7 +262,9 @@ func TestSubscription_WebhookRetryAfter(t *testing.T) {
 	mu.Unlock()
 	e.clock.Advance(120 * time.Second)
 	waitUntil(t, "second failure", func() bool { return e.describe(t, s, "hook").Attempt == 2 })
-	require.Equal(t, e.clock.Now().Add(30*time.Minute).UnixMilli(), e.describe(t, s, "hook").NextAttemptAt, "an HTTP date, capped")
+	d = e.describe(t, s, "hook")
+	require.Equal(t, e.clock.Now().Add(30*time.Minute).UnixMilli(), d.NextAttemptAt, "an HTTP date, capped")
+	require.Contains(t, d.LastError, "(Retry-After 30m0s)", "lastError names the wait that applies, not the hour asked for")
 
 	mu.Lock()
 	header = ""
