@@ -22,8 +22,10 @@ const WebhookTolerance = 5 * time.Minute
 // "<webhook-id>.<webhook-timestamp>.<body>" under the secret's key, and the timestamp is within
 // WebhookTolerance of now. Pass the exact bytes received, before any decoding. A delivery that
 // fails is refused with EUnauthenticated (bad or missing signature) or EInvalid (a malformed or
-// stale timestamp); answer it 4xx. A retry of the same event keeps its webhook-id, so the id is
-// also the key to deduplicate on.
+// stale timestamp); answer it 4xx. A retry of the same events keeps its webhook-id, but the id
+// names a delivery, not an event: an event delivered again after a changed config or a cursor
+// set comes under a new id, and so does a batch (maxDeliveryEvents above 1) whose retry carries
+// events appended since the failed try. Deduplicate on (streamId, event offset).
 func VerifyWebhook(secret string, header http.Header, body []byte, now time.Time) error {
 	key, err := itx.WebhookSecretKey(secret)
 	if err != nil {

@@ -98,8 +98,9 @@ func (w *webhookSender) send(ctx context.Context, d *deliverer, b *itx.DeliveryB
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "itxd")
-	// Standard Webhooks: the id is stable across retries of the same delivery, so a receiver
-	// can dedupe on it as well as on (streamId, offset).
+	// Standard Webhooks: the id is stable across retries of the same delivery (the same events
+	// under the same seek epoch); a receiver dedupes on (streamId, offset), as a retry of a
+	// batch may carry more events, under another id.
 	id := b.DeliveryID
 	ts := strconv.FormatInt(d.srv.clock.Now().Unix(), 10)
 	req.Header.Set("webhook-id", id)
