@@ -474,7 +474,8 @@ var base64Std = base64.StdEncoding
 // event can have (a space, a control character, past MaxTypeLength) would filter out everything,
 // silently: refused as every other type filter is. Two webhook header names that differ only in
 // case name one header: a request would carry one of the two values, a different one from one
-// delivery to the next.
+// delivery to the next. A header itxd sets itself (reservedWebhookHeaders) would be overwritten
+// or dropped, or pass for a signature.
 func CheckNewSubscriptionConfig(c *SubscriptionConfig) error {
 	if f := c.Filter; f != nil {
 		if err := ValidateTypeFilter("filter.eventTypes", f.EventTypes); err != nil {
@@ -483,6 +484,9 @@ func CheckNewSubscriptionConfig(c *SubscriptionConfig) error {
 	}
 	folded := make(map[string]string, len(c.Receiver.Headers))
 	for name := range c.Receiver.Headers {
+		if reservedWebhookHeaders[strings.ToLower(name)] {
+			return Errorf(EInvalid, "receiver.headers: %q is set by itxd on every delivery (the signing headers, the body's type and length, the host, the user agent); a configured one would be overwritten or, for webhook-signature, pass for a signature no secret made", name)
+		}
 		if other, ok := folded[strings.ToLower(name)]; ok {
 			if other > name {
 				other, name = name, other // the same message whatever the map's order
@@ -492,6 +496,12 @@ func CheckNewSubscriptionConfig(c *SubscriptionConfig) error {
 		folded[strings.ToLower(name)] = name
 	}
 	return nil
+}
+
+// reservedWebhookHeaders are the headers itxd sets on every webhook delivery, lower-cased.
+var reservedWebhookHeaders = map[string]bool{
+	"webhook-id": true, "webhook-timestamp": true, "webhook-signature": true,
+	"content-type": true, "content-length": true, "host": true, "user-agent": true,
 }
 
 // validateHeaders refuses webhook headers no request could carry: a name that is not an HTTP

@@ -34,3 +34,20 @@ func TestValidateOffset(t *testing.T) {
 		t.Errorf("got %v, want %q", err, want)
 	}
 }
+
+// A webhook header itxd sets on every delivery cannot be configured: it would be overwritten or
+// dropped, and a configured webhook-signature would pass for a signature no secret made. Names
+// are case-insensitive. Other headers are taken.
+func TestCheckNewSubscriptionConfig_ReservedWebhookHeaders(t *testing.T) {
+	for _, name := range []string{"webhook-signature", "Webhook-Id", "WEBHOOK-TIMESTAMP", "Content-Type", "content-length", "Host", "User-Agent"} {
+		cfg := &SubscriptionConfig{Name: "h", Receiver: Receiver{Action: KindWebhookPost, URL: "https://example.com/h", Headers: map[string]string{name: "v"}}}
+		err := CheckNewSubscriptionConfig(cfg)
+		if ErrorCode(err) != EInvalid || !strings.Contains(ErrorMessage(err), "is set by itxd on every delivery") {
+			t.Errorf("header %q: got %v, want invalidArgument", name, err)
+		}
+	}
+	cfg := &SubscriptionConfig{Name: "h", Receiver: Receiver{Action: KindWebhookPost, URL: "https://example.com/h", Headers: map[string]string{"Authorization": "Bearer x", "X-Webhook-Signature-Mine": "y"}}}
+	if err := CheckNewSubscriptionConfig(cfg); err != nil {
+		t.Errorf("other headers: %v", err)
+	}
+}
