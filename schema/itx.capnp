@@ -187,7 +187,7 @@ struct SubscriptionConfig {
   receiver :union {
     webhookPost :group {
       url @1 :Text;
-      headers @2 :List(Header);
+      headers @2 :List(Header);   # recorded in the configured event as given: the stream's readers see them
       secret @3 :Text;        # Standard Webhooks signing secret ("whsec_..."); empty: unsigned
     }
     copyToStream :group {
