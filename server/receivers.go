@@ -156,23 +156,41 @@ const webhookBodyBytes = 64 << 10
 // confirmedIn reads an offset-acking webhook's answer: a 2xx whose body is a JSON object with a
 // non-negative integer confirmedOffset confirms through that offset, as an itx-call Receiver's
 // return does (the events after it are delivered again); any other body acknowledges the whole
-// delivery (0).
+// delivery (0). The object is read member by member, so a confirmedOffset before the cut still
+// counts in an answer longer than the webhookBodyBytes read of it (which no longer parses whole).
 func confirmedIn(body []byte) int64 {
-	body = bytes.TrimSpace(body)
-	if len(body) == 0 || body[0] != '{' {
+	d := json.NewDecoder(bytes.NewReader(body))
+	d.UseNumber()
+	if t, err := d.Token(); err != nil || t != json.Delim('{') {
 		return 0
 	}
-	var a struct {
-		ConfirmedOffset *json.Number `json:"confirmedOffset"`
+	for d.More() {
+		key, err := d.Token()
+		if err != nil {
+			return 0
+		}
+		if key != "confirmedOffset" {
+			var skip json.RawMessage
+			if d.Decode(&skip) != nil {
+				return 0
+			}
+			continue
+		}
+		var v any
+		if d.Decode(&v) != nil {
+			return 0
+		}
+		num, ok := v.(json.Number)
+		if !ok {
+			return 0
+		}
+		n, err := strconv.ParseInt(num.String(), 10, 64)
+		if err != nil || n < 0 {
+			return 0
+		}
+		return n
 	}
-	if json.Unmarshal(body, &a) != nil || a.ConfirmedOffset == nil {
-		return 0
-	}
-	n, err := strconv.ParseInt(a.ConfirmedOffset.String(), 10, 64)
-	if err != nil || n < 0 {
-		return 0
-	}
-	return n
+	return 0
 }
 
 // retryAfter reads an HTTP Retry-After value, seconds or an HTTP date, as a wait from now (0:
