@@ -12,15 +12,15 @@ func TestConfirmedIn(t *testing.T) {
 	long := `"` + strings.Repeat("r", webhookBodyBytes) + `"`
 	cut := func(s string) []byte { return []byte(s[:min(len(s), webhookBodyBytes)]) }
 	for body, want := range map[string]int64{
-		`{"confirmedOffset": 7}`:                          7,
-		` {"ok": true, "confirmedOffset": 12} `:           12,
-		`{"nested": {"confirmedOffset": 3}, "x": 1}`:      0,
-		`{"confirmedOffset": -1}`:                         0,
-		`{"confirmedOffset": 1.5}`:                        0,
-		`{"confirmedOffset": "4"}`:                        0,
-		`[{"confirmedOffset": 4}]`:                        0,
-		`ok`:                                              0,
-		``:                                                0,
+		`{"confirmedOffset": 7}`:                     7,
+		` {"ok": true, "confirmedOffset": 12} `:      12,
+		`{"nested": {"confirmedOffset": 3}, "x": 1}`: 0,
+		`{"confirmedOffset": -1}`:                    0,
+		`{"confirmedOffset": 1.5}`:                   0,
+		`{"confirmedOffset": "4"}`:                   0,
+		`[{"confirmedOffset": 4}]`:                   0,
+		`ok`:                                         0,
+		``:                                           0,
 		`{"confirmedOffset": 9, "results": ` + long + `}`: 9,
 		`{"results": ` + long + `, "confirmedOffset": 9}`: 0,
 	} {
