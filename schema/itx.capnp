@@ -530,7 +530,9 @@ interface Stream {
   liveState @10 (subscriber :LiveSubscriber) -> (handle :Handle);
   # Attenuation: a narrower capability to this stream, to hand to someone else over RPC without a
   # new token. readOnly serves only reads (getEvents, getEventPage, waitForEvent, describe,
-  # openConnection, liveState, listings); appendOnly only append. Both keep the holder's own
+  # openConnection, liveState, listings) and readers (a reader's checkpoint is a reader's own
+  # bookkeeping: a read-only holder registers, moves and removes readers, and a registered
+  # checkpoint holds back trims); appendOnly only append. Both keep the holder's own
   # limits (never more than this capability), and die with the session that minted them or when
   # released. Calls they do not allow fail with permissionDenied.
   readOnly @11 () -> (stream :Stream);
