@@ -38,7 +38,8 @@ type ConnectionOptions struct {
 type ConnectionHandler struct {
 	// Deliver gets each batch, in offset order, one at a time. Returning accepts it (the server
 	// keeps a few in flight and sends the next as each is accepted); an error closes the
-	// connection with CloseReason_deliveryFailed. Required.
+	// connection with CloseReason_deliveryFailed, and no batch after it reaches Deliver.
+	// Required.
 	Deliver func(ctx context.Context, batch itx.DeliveryBatch) error
 	// State, when set, gets the stream's live state (head, subscriptions, readers,
 	// connections) each time it changes: its revision and the whole document. Left nil, the
@@ -187,17 +188,33 @@ type sink struct {
 	mu     sync.Mutex
 	closed *ConnectionClosed
 	done   chan struct{}
+	// failed is the error Deliver answered a batch with: the server closes the connection
+	// (deliveryFailed), and the batches it already sent after that one are not handed to
+	// Deliver, so a handler never sees events past a batch it failed.
+	failed error
 }
 
 func (k *sink) Deliver(ctx context.Context, call schema.EventSink_deliver) error {
 	if k.ended() {
 		return nil // closed by the client: nothing reaches the handler after Close
 	}
+	k.mu.Lock()
+	failed := k.failed
+	k.mu.Unlock()
+	if failed != nil {
+		return failed // a batch before this one failed: the connection is closing
+	}
 	batch, err := batchOf(call.Args().Batch())
 	if err != nil {
 		return err
 	}
-	return k.h.Deliver(ctx, batch)
+	if err := k.h.Deliver(ctx, batch); err != nil {
+		k.mu.Lock()
+		k.failed = err
+		k.mu.Unlock()
+		return err
+	}
+	return nil
 }
 
 func (k *sink) Closed(ctx context.Context, call schema.EventSink_closed) error {
