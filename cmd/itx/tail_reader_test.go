@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
 	"github.com/stretchr/testify/require"
 )
@@ -43,22 +44,26 @@ func TestMain_TailReaderResumes(t *testing.T) {
 	first.interrupt(t) // reports 4 on the way out, if the second's tick has not
 	require.Equal(t, int64(4), checkpoint(), "where it stopped")
 
-	appendTypes(t, ts.addr, ts.token, "/r", "e", "f")
+	appendTypes(t, ts.addr, ts.token, "/r", "e")
+	_, err := client.Append(ctx, s, []itx.EventInput{{Type: "blip", Ephemeral: true}}, itx.AppendOptions{})
+	require.NoError(t, err)
+	appendTypes(t, ts.addr, ts.token, "/r", "f")
 	second := startItxCommand(t, ts.addr, ts.token, "tail", "/r", "--reader=ship", "--json")
 	second.wait(t, second.errs, "reader ship resumes after offset 4")
 	second.wait(t, second.out, `"type":"f"`)
 	second.interrupt(t)
-	require.Equal(t, int64(6), checkpoint())
+	require.Equal(t, int64(7), checkpoint())
 
 	var types []string
 	for _, e := range tailedEvents(t, first.out.String()+second.out.String(), true) {
 		types = append(types, e.Type)
 	}
-	require.Equal(t, []string{"b", "c", "d", "e", "f"}, types, "each event once, in order, across the two runs")
+	require.Equal(t, []string{"b", "c", "d", "e", "blip", "f"}, types,
+		"each event once, in order, across the two runs; resumed without --from, the ephemeral one after the checkpoint too")
 
 	subs := client.Subscriptions(ctx, s)
 	defer subs.Release()
-	_, _, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "held", Start: "now",
+	_, _, err = client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "held", Start: "now",
 		Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: "/copy"}})
 	require.NoError(t, err)
 	refused := startItxCommand(t, ts.addr, ts.token, "tail", "/r", "--reader", "held")

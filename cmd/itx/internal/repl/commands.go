@@ -529,6 +529,9 @@ func runTail(ctx context.Context, s *Session, args []string) error {
 		return err
 	}
 	after := ta.after
+	// Without --from the tail prints ephemeral events too: from the head it starts after, or,
+	// resuming a reader, from its checkpoint (which holds them back from the sweep for it).
+	ephemeral := ta.fromHead
 	var rep *tailReader
 	if ta.reader != "" {
 		rep = &tailReader{s: s, path: ta.path, name: strings.TrimSpace(ta.reader), reported: -1}
@@ -556,7 +559,7 @@ func runTail(ctx context.Context, s *Session, args []string) error {
 	// Without --from the tail starts after the head it just read: the ephemeral events after
 	// that head were appended since it started, and the stream may hold some by the time the
 	// connection opens, which a connection delivers only when asked for (includeEphemeral).
-	conn, err := s.openTail(ctx, ta.path, after, ta.fromHead)
+	conn, err := s.openTail(ctx, ta.path, after, ephemeral)
 	if err != nil {
 		return err
 	}
