@@ -3,6 +3,7 @@ package test
 import (
 	"context"
 	"errors"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -28,6 +29,10 @@ func TestItxd_RefusesBadFlagValues(t *testing.T) {
 		{[]string{"--idle-timeout", "abc"}, "-idle-timeout"}, // does not parse (the flag package)
 		{[]string{"--log-format", "xml"}, "--log-format"},
 		{[]string{"--log-level", "loud"}, "--log-level"},
+		{[]string{"--log-level", "trace"}, "--log-level"},    // zerolog's, not one the help names
+		{[]string{"--log-level", "disabled"}, "--log-level"}, // would silence every log line
+		{[]string{"--log-level", ""}, "--log-level"},         // zerolog's "no level": everything
+		{[]string{"--processors", "bogus"}, "--processors"},
 		{[]string{"--idle-timeout", "-1s"}, "--idle-timeout"},
 		{[]string{"--idle-timeout", "0"}, "--idle-timeout"},
 		{[]string{"--max-loaded-streams", "-5"}, "--max-loaded-streams"},
@@ -120,4 +125,28 @@ func TestItxd_ZeroIsRefusedUnlessTheHelpNamesIt(t *testing.T) {
 		}
 	}
 	check()
+}
+
+// A --metrics address itxd cannot listen on is refused before the data directory is opened:
+// it used to initialize a new one (and leave its databases unclosed) before failing.
+func TestItxd_UnusableMetricsAddressWritesNothing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the itxd binary")
+	}
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer taken.Close()
+	for _, addr := range []string{"bad:addr:x", taken.Addr().String()} {
+		t.Run(addr, func(t *testing.T) {
+			data := filepath.Join(t.TempDir(), "data")
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			out, err := exec.CommandContext(ctx, itxdBin, "--listen", "127.0.0.1:0", "--data", data, "--metrics", addr).CombinedOutput()
+			var exit *exec.ExitError
+			require.True(t, errors.As(err, &exit), "itxd must refuse --metrics %s; it ran: %v\n%s", addr, err, out)
+			require.Contains(t, string(out), "--metrics")
+			_, err = os.Stat(data)
+			require.True(t, errors.Is(err, os.ErrNotExist), "nothing is written: %v\n%s", err, out)
+		})
+	}
 }

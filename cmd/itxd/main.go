@@ -186,8 +186,10 @@ func run() error {
 	if *logFormat != "console" && *logFormat != "json" {
 		return usagef("--log-format must be console or json (got %q)", *logFormat)
 	}
+	// zerolog knows more names (trace, fatal, panic, disabled, and "" for no level at all):
+	// the help and README name these four, so only they are taken.
 	level, err := zerolog.ParseLevel(*logLevel)
-	if err != nil {
+	if err != nil || (level != zerolog.DebugLevel && level != zerolog.InfoLevel && level != zerolog.WarnLevel && level != zerolog.ErrorLevel) {
 		return usagef("--log-level %q: want debug, info, warn or error", *logLevel)
 	}
 
@@ -239,7 +241,15 @@ func run() error {
 		vendor = examples.HTTPVendor{URL: *agentVendor}
 	}
 	if err := examples.AddTo(host, strings.Split(*procNames, ","), examples.HostOptions{Vendor: vendor, Agent: agentCfg}); err != nil {
-		return fmt.Errorf("--processors: %w", err)
+		return usagef("--processors: %v", err)
+	}
+	// Bound before the data directory is opened: an address that cannot be listened on is
+	// refused before anything is written (and before the directory is left open unclosed).
+	var mln net.Listener
+	if *metricsAddr != "" {
+		if mln, err = net.Listen("tcp", *metricsAddr); err != nil {
+			return fmt.Errorf("--metrics: %w", err)
+		}
 	}
 	ctx := context.Background()
 	held := heldStreams(*maxHeld)
@@ -290,11 +300,7 @@ func run() error {
 			mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 			mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 		}
-		// Bound before the RPC address is announced: whoever reads the address file can scrape.
-		mln, err := net.Listen("tcp", *metricsAddr)
-		if err != nil {
-			return fmt.Errorf("--metrics: %w", err)
-		}
+		// Served before the RPC address is announced: whoever reads the address file can scrape.
 		metricsBound = mln.Addr().String()
 		go func() {
 			if err := http.Serve(mln, mux); err != nil {
