@@ -2,12 +2,15 @@ package test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -149,4 +152,47 @@ func TestItxd_UnusableMetricsAddressWritesNothing(t *testing.T) {
 			require.True(t, errors.Is(err, os.ErrNotExist), "nothing is written: %v\n%s", err, out)
 		})
 	}
+}
+
+// With --log-format json every line itxd writes to stderr is a JSON record, the connect hint
+// too: it was printed as plain text among the JSON lines (an operator's log shipper choked on
+// them), at every start.
+func TestItxd_JSONLogsParse(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the itxd binary")
+	}
+	data := filepath.Join(t.TempDir(), "data")
+	addrFile := filepath.Join(t.TempDir(), "addr")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, itxdBin, "--listen", "127.0.0.1:0", "--data", data, "--addr-file", addrFile, "--log-format", "json")
+	var logs syncBuffer
+	cmd.Stderr = &logs
+	require.NoError(t, cmd.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	for {
+		if b, err := os.ReadFile(addrFile); err == nil && len(b) > 0 {
+			break
+		}
+		select {
+		case err := <-exited:
+			t.Fatalf("itxd exited before listening: %v\n%s", err, logs.String())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, <-exited, logs.String())
+	var messages []string
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if strings.TrimSpace(line) == "" {
+			continue
+		}
+		var rec map[string]any
+		require.NoError(t, json.Unmarshal([]byte(line), &rec), "a line that is not JSON: %q", line)
+		messages = append(messages, fmt.Sprint(rec["message"]))
+	}
+	require.Contains(t, messages, "itxd listening")
+	require.Contains(t, messages, "connect with the itx REPL")
+	require.Contains(t, messages, "stopped")
 }

@@ -324,7 +324,7 @@ func run() error {
 	if err := recordAddress(*data, dialable(addr)); err != nil {
 		log.Warn().Err(err).Msg("could not record the address in credentials.json: itx --data needs --addr")
 	}
-	announce(log, addr, *data, metricsBound, tlsConfig != nil, held, srv.DiskReserve())
+	announce(log, *logFormat == "json", addr, *data, metricsBound, tlsConfig != nil, held, srv.DiskReserve())
 
 	select {
 	case s := <-sig:
@@ -350,7 +350,9 @@ func run() error {
 	return err
 }
 
-func announce(log zerolog.Logger, addr, data, metrics string, withTLS bool, maxHeldStreams int, minFreeDisk int64) {
+// announce logs the address line and prints how to connect: as text under it, or with
+// --log-format json as one more JSON record, so that every line itxd writes parses.
+func announce(log zerolog.Logger, jsonLogs bool, addr, data, metrics string, withTLS bool, maxHeldStreams int, minFreeDisk int64) {
 	ev := log.Info().Str("addr", addr).Str("data", data).Bool("tls", withTLS).Int("maxHeldStreams", maxHeldStreams).Int64("minFreeDiskBytes", minFreeDisk)
 	if metrics != "" {
 		ev = ev.Str("metrics", "http://"+metrics+"/metrics")
@@ -364,6 +366,11 @@ func announce(log zerolog.Logger, addr, data, metrics string, withTLS bool, maxH
 	tlsFlag := ""
 	if withTLS {
 		tlsFlag = " --tls --ca <the CA's certificate>"
+	}
+	if jsonLogs {
+		log.Info().Str("connect", fmt.Sprintf("itx --addr %s%s --token %s", dialable(addr), tlsFlag, creds.ProjectToken)).
+			Str("deploymentToken", creds.DeploymentToken).Msg("connect with the itx REPL")
+		return
 	}
 	fmt.Fprintf(os.Stderr, "\nConnect with the itx REPL:\n  itx --addr %s%s --token %s\n"+
 		"Deployment root (global streams, administration): --token %s\n\n", dialable(addr), tlsFlag, creds.ProjectToken, creds.DeploymentToken)
