@@ -1016,7 +1016,7 @@ func (a *actor) reportLadder(notes []ladderNote) {
 		if n.deadLetter != "" {
 			ev = ev.Str("deadLetterPath", n.deadLetter)
 		}
-		ev.Str("path", a.ref.Path).Str("subscription", n.name).Int("attempts", n.attempts).Str("error", n.msg).Msg(msg)
+		ev.Str("project", a.ref.ProjectID).Str("path", a.ref.Path).Str("subscription", n.name).Int("attempts", n.attempts).Str("error", n.msg).Msg(msg)
 	}
 }
 
