@@ -150,7 +150,7 @@ func newMetrics() *Metrics {
 			Name: "itx_trimmed_events_total", Help: "Events Stream.trim deleted (retention).",
 		}),
 		DiskFree: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "itx_disk_free_bytes", Help: "Free bytes on the data directory's file system at the disk reserve's last reading (read while appends come in; 0 until the first).",
+			Name: "itx_disk_free_bytes", Help: "Free bytes on the data directory's file system at the disk reserve's last reading (read at start and while appends come in).",
 		}),
 		DiskReserve: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "itx_disk_reserve_bytes", Help: "Bytes kept free on the data directory's file system (--min-free-disk-bytes): below it appends are refused with resourceExhausted.",
