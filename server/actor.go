@@ -1274,7 +1274,14 @@ func (a *actor) ensureCreated(ctx context.Context, create bool) error {
 	}
 	entry := a.unmade
 	if entry == nil {
-		entry = &storage.StreamEntry{StreamID: a.st.streamID, ProjectID: a.ref.ProjectID, Path: a.ref.Path, CreatedAt: itx.UnixMilli(a.srv.clock.Now())}
+		// Created at its first commit's time, the time its first events carry (the step stamped
+		// them and lastAppendAt before this runs): describe never shows a last append before
+		// the stream's creation.
+		created := a.st.lastAppendAt
+		if created <= 0 {
+			created = itx.UnixMilli(a.srv.clock.Now())
+		}
+		entry = &storage.StreamEntry{StreamID: a.st.streamID, ProjectID: a.ref.ProjectID, Path: a.ref.Path, CreatedAt: created}
 		if err := a.srv.dir.CreateStream(ctx, *entry, a.srv.cfg.MaxStreamsPerProject); err != nil {
 			if itx.ErrorCode(err) == itx.ELimitExceeded {
 				return itx.Errorf(itx.ELimitExceeded, "%s (--max-streams-per-project): %s is not created", itx.ErrorMessage(err), a.ref.Path)

@@ -115,7 +115,7 @@ func run() error {
 	maxHeld := flag.Int("max-held-streams", 0, "streams loaded at once, in use or not; a call needing one more fails with limitExceeded (0: from the open-file limit, (RLIMIT_NOFILE - 1024) / 8, between 256 and 16384)")
 	burst := flag.Int("breaker-burst", 0, "circuit breaker burst per stream, in events (0: 100000)")
 	refill := flag.Int("breaker-refill-per-minute", 0, "circuit breaker refill per stream per minute (0: 6000000)")
-	denyPrivate := flag.Bool("webhook-deny-private", false, "refuse webhook destinations on loopback, private and link-local addresses")
+	denyPrivate := flag.Bool("webhook-deny-private", false, "refuse webhook destinations that are not global unicast addresses (loopback, private, link-local, shared, documentation, multicast and the other special-purpose blocks), checked at configure, before each request and on the address dialled")
 	var allowHosts hostList
 	flag.Var(&allowHosts, "webhook-allow-host", "allow webhooks only to this host (repeatable; \"*.example.com\" matches subdomains)")
 	maxConns := flag.Int("max-connections-per-stream", 0, "open connections one stream serves at most (0: 16384)")
