@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	"github.com/itx-dev/itx"
+	"github.com/rs/zerolog"
 )
 
 // The project storage quota (Config.MaxProjectBytes): while a project's streams take that much
@@ -24,9 +25,12 @@ type projectUsage struct {
 	ready chan struct{} // closed once the first reading is done (err says how it went)
 	err   error
 
+	log zerolog.Logger // says when the project goes over its quota, and back under
+
 	mu      sync.Mutex
 	streams map[string]int64 // stream ID -> bytes
 	total   int64
+	over    bool // the last room answer refused: logged once per crossing
 }
 
 // usageBook holds the projects' usage, read from the files when first needed (a project's first
@@ -52,7 +56,7 @@ func (s *Server) usage(ctx context.Context, projectID string) (*projectUsage, er
 	u := b.projects[projectID]
 	first := u == nil
 	if first {
-		u = &projectUsage{id: projectID, ready: make(chan struct{}), streams: map[string]int64{}}
+		u = &projectUsage{id: projectID, ready: make(chan struct{}), streams: map[string]int64{}, log: s.log}
 		b.projects[projectID] = u
 	}
 	b.mu.Unlock()
@@ -130,10 +134,20 @@ func (u *projectUsage) room(quota int64) error {
 		return nil
 	}
 	u.mu.Lock()
-	total := u.total
+	total, was := u.total, u.over
+	u.over = total >= quota
 	u.mu.Unlock()
 	if total < quota {
+		if was {
+			u.log.Info().Str("project", u.id).Int64("bytes", total).Int64("quota", quota).Msg("the project's streams are under its quota again: appends are taken")
+		}
 		return nil
+	}
+	if !was {
+		// An operator sees the crossing (a disk reserve's is logged alike); every refused
+		// append after it says so to its caller.
+		u.log.Warn().Str("project", u.id).Int64("bytes", total).Int64("quota", quota).
+			Msg("the project's streams reached its quota (--max-project-bytes): appends that add events are refused until it trims or deletes streams")
 	}
 	return itx.Errorf(itx.EResourceExhausted,
 		"the project's streams take %d bytes on disk, its quota is %d (--max-project-bytes): nothing was written; appends are refused until the project trims or deletes streams (itx du shows where the space goes)",

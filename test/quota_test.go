@@ -8,6 +8,7 @@ import (
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/server"
+	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 )
 
@@ -18,7 +19,8 @@ import (
 func TestProjectQuota(t *testing.T) {
 	const quota = 3 << 20
 	dir := t.TempDir()
-	ts := startServer(t, server.Config{DataDir: dir, MaxProjectBytes: quota})
+	var logs syncBuffer
+	ts := startServer(t, server.Config{DataDir: dir, MaxProjectBytes: quota, Log: zerolog.New(&logs)})
 	ctx := ctxT(t)
 	full := ts.project(t)
 	a := client.Admin(ctx, ts.deployment(t))
@@ -62,6 +64,10 @@ func TestProjectQuota(t *testing.T) {
 	requireCode(t, err, itx.EResourceExhausted)
 	_, err = client.Append(ctx, stream(t, other, "/a"), big(0), itx.AppendOptions{})
 	require.NoError(t, err, "another project appends on")
+	// The operator is told of the crossing once, naming the project, not of every refusal.
+	crossings := strings.Count(logs.String(), "reached its quota (--max-project-bytes)")
+	require.Equal(t, 1, crossings, "logs:\n%s", logs.String())
+	require.Contains(t, logs.String(), `"level":"warn","project":"`)
 	all, err := client.ReadAll(ctx, stream(t, full, "/a"), itx.Query{})
 	require.NoError(t, err)
 	require.Len(t, all, acked["/a"], "reads go on; nothing refused was written")
