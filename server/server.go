@@ -320,6 +320,11 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		incarnation: newStreamID(), hosted: map[string]bool{},
 		unlockDataDir: unlock,
 	}
+	if dir.MigratedFrom > 0 && dir.MigratedFrom != dir.MigratedTo {
+		// An upgrade: the operator sees which schema the directory was at (streams migrate as
+		// each is first opened, silently).
+		s.log.Info().Int("from", dir.MigratedFrom).Int("to", dir.MigratedTo).Msg("upgraded the data directory's schema")
+	}
 	s.metrics.Registry.MustRegister(newStandingCollector(s))
 	if cfg.MinFreeDisk < 0 {
 		cfg.MinFreeDisk = DefaultMinFreeDisk(cfg.DataDir)

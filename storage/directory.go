@@ -15,6 +15,9 @@ import (
 // and the alarms that must wake streams after a restart.
 type Directory struct {
 	db *sql.DB
+	// MigratedFrom and MigratedTo are the schema versions OpenDirectory found and left: equal
+	// when it had nothing to do, MigratedFrom 0 for a new directory.
+	MigratedFrom, MigratedTo int
 }
 
 // Project is a login root.
@@ -50,11 +53,12 @@ func OpenDirectory(ctx context.Context, file string) (*Directory, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open directory: %w", err)
 	}
-	if err := migrate(ctx, db, "directory"); err != nil {
+	from, to, err := migrate(ctx, db, "directory")
+	if err != nil {
 		db.Close()
 		return nil, fmt.Errorf("open directory: %w", err)
 	}
-	return &Directory{db: db}, nil
+	return &Directory{db: db, MigratedFrom: from, MigratedTo: to}, nil
 }
 
 // Close closes the database.

@@ -156,20 +156,26 @@ func latestVersion(set string) (int, error) {
 // migrate applies the numbered .sql files of migrations/<set> above the database's user_version
 // in one transaction with the version bump, so a crash leaves the database as it was or at the
 // last version, and a new database costs one commit (one fsync) however many files there are.
-// A database above the last known version is refused (ErrSchemaTooNew) and left untouched.
-func migrate(ctx context.Context, db *sql.DB, set string) error {
+// A database above the last known version is refused (ErrSchemaTooNew) and left untouched. It
+// returns the version the database was at and the one it is at now (equal: nothing to do; from
+// 0: a new database).
+func migrate(ctx context.Context, db *sql.DB, set string) (from, to int, err error) {
+	var current int
+	if err := db.QueryRowContext(ctx, "PRAGMA user_version").Scan(&current); err != nil {
+		return 0, 0, err
+	}
+	to, err = migrateFrom(ctx, db, set, current)
+	return current, to, err
+}
+
+func migrateFrom(ctx context.Context, db *sql.DB, set string, current int) (int, error) {
 	dir := "migrations/" + set
 	steps, err := migrationSteps(set)
 	if err != nil {
-		return err
-	}
-
-	var current int
-	if err := db.QueryRowContext(ctx, "PRAGMA user_version").Scan(&current); err != nil {
-		return err
+		return current, err
 	}
 	if n := len(steps); n > 0 && current > steps[n-1].version {
-		return fmt.Errorf("%w: its %s schema is version %d, this itxd knows up to %d; run the itxd that wrote it or a newer one (downgrading is not supported)",
+		return current, fmt.Errorf("%w: its %s schema is version %d, this itxd knows up to %d; run the itxd that wrote it or a newer one (downgrading is not supported)",
 			ErrSchemaTooNew, set, current, steps[n-1].version)
 	}
 	var tx *sql.Tx
@@ -180,27 +186,27 @@ func migrate(ctx context.Context, db *sql.DB, set string) error {
 		}
 		body, err := migrations.ReadFile(dir + "/" + s.name)
 		if err != nil {
-			return err
+			return current, err
 		}
 		if tx == nil {
 			if tx, err = db.BeginTx(ctx, nil); err != nil {
-				return err
+				return current, err
 			}
 			defer tx.Rollback()
 		}
 		if _, err := tx.ExecContext(ctx, string(body)); err != nil {
-			return fmt.Errorf("migration %s/%s: %w", set, s.name, err)
+			return current, fmt.Errorf("migration %s/%s: %w", set, s.name, err)
 		}
 		last = s.version
 	}
 	if tx == nil {
-		return nil
+		return current, nil
 	}
 	if _, err := tx.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version=%d", last)); err != nil {
-		return err
+		return current, err
 	}
 	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("migrations %s up to version %d: commit: %w", set, last, err)
+		return current, fmt.Errorf("migrations %s up to version %d: commit: %w", set, last, err)
 	}
-	return nil
+	return last, nil
 }

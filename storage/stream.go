@@ -130,7 +130,7 @@ func openStream(ctx context.Context, file string, create bool) (*Stream, error) 
 	if err != nil {
 		return nil, fmt.Errorf("open stream %s: %w", file, err)
 	}
-	if err := migrate(ctx, w, "stream"); err != nil {
+	if _, _, err := migrate(ctx, w, "stream"); err != nil {
 		w.Close()
 		return nil, fmt.Errorf("open stream %s: %w", file, err)
 	}

@@ -219,8 +219,12 @@ func TestMigrate_Idempotent(t *testing.T) {
 	db, err := sql.Open(driverName, "file:"+file)
 	require.NoError(t, err)
 	defer db.Close()
-	require.NoError(t, migrate(context.Background(), db, "stream"))
-	require.NoError(t, migrate(context.Background(), db, "stream"))
+	from, to, err := migrate(context.Background(), db, "stream")
+	require.NoError(t, err)
+	require.Equal(t, from, to, "a created stream is at the last version")
+	from2, to2, err := migrate(context.Background(), db, "stream")
+	require.NoError(t, err)
+	require.Equal(t, []int{to, to}, []int{from2, to2}, "nothing to do again")
 }
 
 // Projects made together are all recorded or none: the second refused, the first is not there.
@@ -382,7 +386,8 @@ func TestStream_CursorDeliveredOffset(t *testing.T) {
 	require.Zero(t, left, "nothing left of deleted or zeroed rows")
 	_, err = db.ExecContext(ctx, `drop table subscription_delivered; alter table stream_meta drop column trimmed_through; PRAGMA user_version = 3`)
 	require.NoError(t, err)
-	require.NoError(t, migrate(ctx, db, "stream"))
+	_, _, err = migrate(ctx, db, "stream")
+	require.NoError(t, err)
 	var cursors int
 	require.NoError(t, db.QueryRowContext(ctx, `select count(*) from subscription_cursors c left join subscription_delivered d using (name)`).Scan(&cursors))
 	require.Equal(t, 1, cursors)
@@ -406,7 +411,8 @@ func TestDirectory_MigratesProjectTokens(t *testing.T) {
 	_, err = db.ExecContext(ctx, `insert into projects (id, name, token_hash, deployment, created_at) values ('default', 'default', ?, 0, 7)`, HashToken("itx_old"))
 	require.NoError(t, err)
 
-	require.NoError(t, migrate(ctx, db, "directory"))
+	_, _, err = migrate(ctx, db, "directory")
+	require.NoError(t, err)
 	d := &Directory{db: db}
 	tok, p, err := d.TokenByHash(ctx, "itx_old", 9)
 	require.NoError(t, err)
@@ -517,7 +523,8 @@ func TestDirectory_MigratesStreamCounts(t *testing.T) {
 		require.NoError(t, err)
 	}
 
-	require.NoError(t, migrate(ctx, db, "directory"))
+	_, _, err = migrate(ctx, db, "directory")
+	require.NoError(t, err)
 	d := &Directory{db: db}
 	for project, want := range map[string]int{"p1": 2, "p2": 0} {
 		got, err := d.CountStreams(ctx, project)
@@ -890,7 +897,8 @@ func makeOldStream(t *testing.T, file string) {
 	ctx := context.Background()
 	db, err := openDB(file, true, 1)
 	require.NoError(t, err)
-	require.NoError(t, migrate(ctx, db, "stream"))
+	_, _, err = migrate(ctx, db, "stream")
+	require.NoError(t, err)
 	_, err = db.ExecContext(ctx, `insert into stream_meta (id, stream_id, project_id, path, created_at, head_offset, last_append_at)
 		values (1, 'sid', 'p', '/old', 1, 0, 0)`)
 	require.NoError(t, err)

@@ -77,7 +77,11 @@ func TestDirectory_MigratesConsumerStanding(t *testing.T) {
 	_, err = db.ExecContext(ctx, `insert into streams (stream_id, project_id, path, created_at, head_offset, subscription_count) values ('s1', 'p', '/a', 1, 10, 2)`)
 	require.NoError(t, err)
 
-	require.NoError(t, migrate(ctx, db, "directory"))
+	from, to, err := migrate(ctx, db, "directory")
+	require.NoError(t, err)
+	last, err := latestVersion("directory")
+	require.NoError(t, err)
+	require.Equal(t, []int{6, last}, []int{from, to}, "the versions found and left, for the start-up's log")
 	d := &Directory{db: db}
 	stale, err := d.StaleStreams(ctx)
 	require.NoError(t, err)

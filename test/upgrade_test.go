@@ -20,6 +20,8 @@ import (
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/schema"
+	"github.com/itx-dev/itx/server"
+	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 )
 
@@ -534,4 +536,21 @@ func dedupe(offsets []int64) []int64 {
 		}
 	}
 	return out
+}
+
+// A start that migrates the data directory logs from which schema version to which: an upgrade
+// is visible in the operator's log.
+func TestUpgrade_LogsTheDirectoryMigration(t *testing.T) {
+	fixtures, err := filepath.Glob(filepath.Join("testdata", "upgrade", "*.tar.gz"))
+	require.NoError(t, err)
+	require.NotEmpty(t, fixtures)
+	dir := extractFixture(t, strings.TrimSuffix(filepath.Base(fixtures[0]), ".tar.gz"))
+	var logs syncBuffer
+	startServer(t, server.Config{DataDir: dir, Log: zerolog.New(&logs)})
+	require.Contains(t, logs.String(), "upgraded the data directory's schema")
+	require.Regexp(t, `"from":\d+,"to":\d+`, logs.String())
+
+	var again syncBuffer
+	startServer(t, server.Config{DataDir: t.TempDir(), Log: zerolog.New(&again)})
+	require.NotContains(t, again.String(), "upgraded the data directory's schema", "a new directory is not an upgrade")
 }
