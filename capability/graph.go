@@ -296,15 +296,9 @@ func (s *streams) DiskUsage(ctx context.Context, call schema.Streams_diskUsage) 
 		return err
 	}
 	for i, u := range usage {
-		dst := list.At(i)
-		if err := dst.SetPath(u.Path); err != nil {
+		if err := wire.SetStreamDiskUsage(list.At(i), u); err != nil {
 			return err
 		}
-		if err := dst.SetStreamId(u.StreamID); err != nil {
-			return err
-		}
-		dst.SetDiskBytes(uint64(u.DiskBytes))
-		dst.SetHeadOffset(uint64(u.HeadOffset))
 	}
 	return nil
 }

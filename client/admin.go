@@ -71,7 +71,7 @@ func ListProjects(ctx context.Context, a schema.Admin) ([]itx.ProjectSummary, er
 // server's default page); next is the id to pass as after for the next page, empty on the last.
 func ListProjectsPage(ctx context.Context, a schema.Admin, after string, limit int) (page []itx.ProjectSummary, next string, err error) {
 	fut, release := a.ListProjects(ctx, func(p schema.Admin_listProjects_Params) error {
-		p.SetLimit(uint32(limit))
+		p.SetLimit(limitArg(limit))
 		return p.SetAfter(after)
 	})
 	defer release()

@@ -343,16 +343,9 @@ func DiskUsagePage(ctx context.Context, streams schema.Streams, prefix, after st
 	}
 	page = make([]itx.StreamDiskUsage, list.Len())
 	for i := range page {
-		u := list.At(i)
-		path, err := u.Path()
-		if err != nil {
+		if page[i], err = wire.StreamDiskUsageFromSchema(list.At(i)); err != nil {
 			return nil, "", err
 		}
-		id, err := u.StreamId()
-		if err != nil {
-			return nil, "", err
-		}
-		page[i] = itx.StreamDiskUsage{Path: path, StreamID: id, DiskBytes: int64(u.DiskBytes()), HeadOffset: int64(u.HeadOffset())}
 	}
 	next, err = res.NextAfter()
 	return page, next, err
@@ -366,7 +359,7 @@ func ListStreamsPage(ctx context.Context, streams schema.Streams, prefix, after 
 		if err := p.SetPrefix(prefix); err != nil {
 			return err
 		}
-		p.SetLimit(uint32(min(max(limit, 0), math.MaxUint32))) // past 32 bits: refused, not wrapped
+		p.SetLimit(limitArg(limit))
 		return p.SetAfter(after)
 	})
 	defer release()
@@ -545,3 +538,7 @@ func SetRetention(ctx context.Context, s schema.Stream, r Retention) error {
 	_, err := fut.Struct()
 	return err
 }
+
+// limitArg is a listing's limit on the wire: a negative one is 0 (the server's default page) and
+// one past 32 bits the largest, which the server refuses, rather than wrapped to another limit.
+func limitArg(limit int) uint32 { return uint32(min(max(limit, 0), math.MaxUint32)) }

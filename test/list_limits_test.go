@@ -22,6 +22,8 @@ func TestListings_LimitOverTheMaximumIsRefusedForEveryCaller(t *testing.T) {
 	defer pa.Release()
 	_, _, err := client.ListProjectsPage(ctx, pa, "", server.MaxListProjects+1)
 	requireCode(t, err, itx.EInvalid)
+	_, _, err = client.ListProjectsPage(ctx, pa, "", 1<<32+1)
+	requireCode(t, err, itx.EInvalid) // the Go client does not wrap it to a limit of 1
 	page, _, err := client.ListProjectsPage(ctx, pa, "", server.MaxListProjects)
 	require.NoError(t, err)
 	require.Len(t, page, 1, "its own project")

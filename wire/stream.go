@@ -345,3 +345,29 @@ func ReaderInfosFromSchema(list schema.ReaderInfo_List) ([]itx.ReaderInfo, error
 	}
 	return out, nil
 }
+
+// SetStreamDiskUsage encodes one row of Streams.diskUsage.
+func SetStreamDiskUsage(dst schema.StreamDiskUsage, u itx.StreamDiskUsage) error {
+	if err := dst.SetPath(u.Path); err != nil {
+		return err
+	}
+	if err := dst.SetStreamId(u.StreamID); err != nil {
+		return err
+	}
+	dst.SetDiskBytes(uint64(u.DiskBytes))
+	dst.SetHeadOffset(uint64(u.HeadOffset))
+	return nil
+}
+
+// StreamDiskUsageFromSchema decodes one row of Streams.diskUsage.
+func StreamDiskUsageFromSchema(src schema.StreamDiskUsage) (itx.StreamDiskUsage, error) {
+	path, err := src.Path()
+	if err != nil {
+		return itx.StreamDiskUsage{}, err
+	}
+	id, err := src.StreamId()
+	if err != nil {
+		return itx.StreamDiskUsage{}, err
+	}
+	return itx.StreamDiskUsage{Path: path, StreamID: id, DiskBytes: int64(src.DiskBytes()), HeadOffset: int64(src.HeadOffset())}, nil
+}

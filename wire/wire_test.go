@@ -59,6 +59,10 @@ func TestWire_RoundTrip(t *testing.T) {
 		want := itx.Predicate{Types: []string{"order"}, PayloadContains: json.RawMessage(`{"a":1}`), Where: "payload.a = 1", IncludeEphemeral: true}
 		require.Equal(t, want, roundTrip(t, want, schema.NewRootEventPredicate, SetPredicate, PredicateFromSchema))
 	})
+	t.Run("StreamDiskUsage", func(t *testing.T) {
+		want := itx.StreamDiskUsage{Path: "/a", StreamID: "sid", DiskBytes: 1 << 40, HeadOffset: 9}
+		require.Equal(t, want, roundTrip(t, want, schema.NewRootStreamDiskUsage, SetStreamDiskUsage, StreamDiskUsageFromSchema))
+	})
 	t.Run("StreamInfo", func(t *testing.T) {
 		want := itx.StreamInfo{Path: "/a", StreamID: "sid", HeadOffset: 3, CreatedAt: 10, LastAppendAt: 20, SubscriptionCount: 2, Loaded: true}
 		require.Equal(t, want, roundTrip(t, want, schema.NewRootStreamInfo, SetStreamInfo, StreamInfoFromSchema))
