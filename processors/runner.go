@@ -278,11 +278,16 @@ func (r *Runner[S]) processFrame(ctx context.Context, f Frame) (err error) {
 	// settlement that would disarm the keepalive of a dead incarnation's obligations.
 	ctx, endPass := r.beginPass(ctx)
 	claimed := false
-	// What runs now, for a panic to name: the hook and the event (nil: the eventless pass).
-	hook, at := "the runner", (*itx.Event)(nil)
+	// What runs now, for a panic to name: the hook and the event (nil: the eventless pass); no
+	// hook: the runner's own code between them.
+	hook, at := "", (*itx.Event)(nil)
 	defer func() {
 		if p := recover(); p != nil {
-			err = itx.Errorf(itx.EInternal, "processor %q: %s panicked on %s: %v", r.c.Name, hook, describe(at), p)
+			if hook == "" {
+				err = itx.Errorf(itx.EInternal, "processor %q: the runner panicked in the frame (%d, %d]: %v", r.c.Name, f.ScannedAfter, f.ScannedThrough, p)
+			} else {
+				err = itx.Errorf(itx.EInternal, "processor %q: %s panicked on %s: %v", r.c.Name, hook, describe(at), p)
+			}
 		}
 		if err != nil {
 			r.restoreCommittedState()
@@ -308,6 +313,7 @@ func (r *Runner[S]) processFrame(ctx context.Context, f Frame) (err error) {
 		case kindDeliver:
 			hook, at = "Reduce", &pe.event
 			next := r.c.Reduce(state, pe.event)
+			hook = ""
 			d := delivery
 			d.CaughtUp = pe.caughtUp && !r.heldBack(busy, seq)
 			claimed = claimed || d.CaughtUp
@@ -315,7 +321,7 @@ func (r *Runner[S]) processFrame(ctx context.Context, f Frame) (err error) {
 			if err := r.dispatch(ctx, &pe.event, state, next, d); err != nil {
 				return err
 			}
-			state = next
+			hook, state = "", next
 		}
 	}
 	if plan.eventless && !r.heldBack(busy, seq) {
@@ -326,6 +332,7 @@ func (r *Runner[S]) processFrame(ctx context.Context, f Frame) (err error) {
 		if err := r.dispatch(ctx, nil, state, state, d); err != nil {
 			return err
 		}
+		hook = ""
 	}
 	next := committed
 	next.ReducerVersion, next.ReducedThrough, next.ProcessedThrough = r.c.ReducerVersion, plan.through, plan.through
