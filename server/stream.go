@@ -46,9 +46,9 @@ func (s *Server) StartAppend(ctx context.Context, ref StreamRef, inputs []itx.Ev
 		s.metrics.AppendCalls.WithLabelValues(string(itx.ErrorCode(err))).Inc() // refused before queueing
 		return nil, err
 	}
-	for i := range inputs {
-		if !itx.IsCoreType(inputs[i].Type) { // a subscription on the audit stream reads it
-			if err := serverWritten(ref); err != nil {
+	if err := serverWritten(ref); err != nil {
+		for i := range inputs {
+			if !itx.IsCoreType(inputs[i].Type) { // a subscription's control events configure one reading it
 				return nil, err
 			}
 		}
