@@ -452,6 +452,9 @@ func (s *Server) MountReceiver(projectID, scope, name string, r Receiver) (func(
 
 // UnmountReceiver removes whatever is mounted under name in a project's scope.
 func (s *Server) UnmountReceiver(projectID, scope, name string) error {
+	if err := itx.ValidateMountName(name); err != nil {
+		return err
+	}
 	s.recv.mu.Lock()
 	key := mountKey{projectID, scope, name}
 	if s.recv.mounts[key] == nil {

@@ -446,6 +446,8 @@ func TestMounts_WithoutACapabilityAreRefused(t *testing.T) {
 	list, err := client.ListMounts(ctx, caps.Capabilities())
 	require.NoError(t, err)
 	require.Empty(t, list, "nothing was mounted")
+	// Unmounting a name no mount could have is the caller's mistake, not a mount that is gone.
+	requireCode(t, client.Unmount(ctx, caps.Capabilities(), ""), itx.EInvalid)
 
 	hosts, hrelease := p.Processors(ctx, nil)
 	defer hrelease()
