@@ -61,7 +61,11 @@ func newDiskReserve(dir string, reserve int64, log zerolog.Logger, metric func(i
 // room is nil while the disk has room above the reserve, else the resourceExhausted error an
 // append that adds events is refused with.
 func (d *diskReserve) room() error {
-	if d == nil || d.reserve <= 0 {
+	if d == nil {
+		return nil
+	}
+	if d.reserve <= 0 {
+		d.show()
 		return nil
 	}
 	d.mu.Lock()
@@ -93,6 +97,25 @@ func (d *diskReserve) room() error {
 	return itx.Errorf(itx.EResourceExhausted,
 		"the data directory's disk has %d bytes free, less than the %d bytes itxd keeps in reserve (--min-free-disk-bytes): nothing was written; appends are refused until space is freed (delete or trim streams)",
 		free, d.reserve)
+}
+
+// show keeps /metrics' free space current where there is no reserve to check: read at most
+// every diskReadingTTL (itx_disk_free_bytes said 0 for good with --min-free-disk-bytes -1, so an
+// alert on it fired at once, or was turned off and missed a filling disk).
+func (d *diskReserve) show() {
+	if d.metric == nil {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	now := d.now()
+	if !d.at.IsZero() && now.Sub(d.at) < diskReadingTTL {
+		return
+	}
+	d.at = now
+	if free, ok := d.free(d.dir); ok {
+		d.metric(free)
+	}
 }
 
 // wrote counts bytes committed since the last reading.

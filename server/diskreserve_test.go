@@ -52,6 +52,26 @@ func TestDiskReserve_ReadsTheDiskOnlyWhenTheLastReadingMayNotHold(t *testing.T) 
 	require.NoError(t, newDiskReserve("/data", 0, zerolog.Nop(), nil).room(), "no reserve")
 }
 
+// Without a reserve nothing is refused, but /metrics still shows the free space, read at most
+// every diskReadingTTL.
+func TestDiskReserve_WithoutAReserveTheFreeSpaceIsStillShown(t *testing.T) {
+	now := time.Unix(1_000, 0)
+	free, reads := int64(10<<20), 0
+	shown := int64(-1)
+	d := newDiskReserve("/data", 0, zerolog.Nop(), func(f int64) { shown = f })
+	d.free = func(string) (int64, bool) { reads++; return free, true }
+	d.now = func() time.Time { return now }
+
+	require.NoError(t, d.room())
+	require.Equal(t, int64(10<<20), shown)
+	free = 1 // nothing is refused without a reserve
+	require.NoError(t, d.room())
+	require.Equal(t, 1, reads, "read at most every diskReadingTTL")
+	now = now.Add(diskReadingTTL)
+	require.NoError(t, d.room())
+	require.Equal(t, int64(1), shown)
+}
+
 func requireCodeOf(t *testing.T, err error, want itx.Code) {
 	t.Helper()
 	require.Error(t, err)
