@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"syscall"
 	"time"
 
 	"capnproto.org/go/capnp/v3"
@@ -54,18 +55,49 @@ func (l *Listener) SetMaxLoginsPerConnection(n int) { l.maxLogins = n }
 // Flow returns the accounting shared by the listener's connections.
 func (l *Listener) Flow() *flowconn.Pool { return l.flow }
 
-// Serve accepts connections on ln until it is closed.
+// Serve accepts connections on ln until it is closed. An accept the system refuses for want of
+// a resource (out of file descriptors: clients' connections, a scraper's slow peers and the
+// streams' files share them) is retried after a pause, growing from 5 ms to 1 s as net/http's
+// does: the connections holding the descriptors end (or a stream unloads) and accepting
+// resumes. Returning it stopped itxd for every client.
 func (l *Listener) Serve(ln net.Listener) error {
+	var pause time.Duration
+	failed := 0
 	for {
 		c, err := ln.Accept()
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return nil
 			}
-			return fmt.Errorf("accept: %w", err)
+			if !acceptRetryable(err) {
+				return fmt.Errorf("accept: %w", err)
+			}
+			l.srv.Metrics().RPCAcceptErrors.Inc()
+			if failed == 0 {
+				l.log.Warn().Err(err).Msg("rpc listener: accepting a connection failed; retrying until it succeeds (raise the open-file limit, or lower --rpc-max-connections or --max-held-streams)")
+			}
+			failed++
+			pause = min(max(2*pause, 5*time.Millisecond), time.Second)
+			time.Sleep(pause)
+			continue
+		}
+		if failed > 0 {
+			l.log.Info().Int("failedAccepts", failed).Msg("rpc listener: accepting connections again")
+			failed, pause = 0, 0
 		}
 		l.serveConn(c)
 	}
+}
+
+// acceptRetryable reports whether an accept failed for want of a resource that connections
+// ending give back, not because the listener is broken.
+func acceptRetryable(err error) bool {
+	for _, e := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM, syscall.ECONNABORTED, syscall.EINTR} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 func (l *Listener) serveConn(c net.Conn) {

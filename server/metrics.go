@@ -11,17 +11,18 @@ import (
 type Metrics struct {
 	Registry *prometheus.Registry
 
-	AppendCalls    *prometheus.CounterVec // by result code ("ok" or an itx code)
-	AppendedEvents prometheus.Counter
-	AppendedBytes  prometheus.Counter
-	AppendLatency  prometheus.Histogram // queue + commit + fsync, per call
-	CommitLatency  prometheus.Histogram // one group commit, fsync included
-	CommitEvents   prometheus.Histogram // events per group commit
-	CommitCalls    prometheus.Histogram // append calls sharing one group commit
-	ReadEvents     prometheus.Counter
-	FullDiskReads  prometheus.Counter // reads served from a stream's database file alone (disk full)
-	LoadedStreams  prometheus.Gauge
-	RPCConnections prometheus.Gauge
+	AppendCalls     *prometheus.CounterVec // by result code ("ok" or an itx code)
+	AppendedEvents  prometheus.Counter
+	AppendedBytes   prometheus.Counter
+	AppendLatency   prometheus.Histogram // queue + commit + fsync, per call
+	CommitLatency   prometheus.Histogram // one group commit, fsync included
+	CommitEvents    prometheus.Histogram // events per group commit
+	CommitCalls     prometheus.Histogram // append calls sharing one group commit
+	ReadEvents      prometheus.Counter
+	FullDiskReads   prometheus.Counter // reads served from a stream's database file alone (disk full)
+	LoadedStreams   prometheus.Gauge
+	RPCConnections  prometheus.Gauge
+	RPCAcceptErrors prometheus.Counter // accepts refused by the system (out of file descriptors), retried
 
 	DeliveryFailures *prometheus.CounterVec // failed push attempts by receiver kind
 	LateAcks         prometheus.Counter     // acks refused by an epoch fence
@@ -100,6 +101,9 @@ func newMetrics() *Metrics {
 		RPCConnections: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "itx_rpc_connections", Help: "Open Cap'n Proto RPC connections.",
 		}),
+		RPCAcceptErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "itx_rpc_accept_errors_total", Help: "Accepts of an RPC connection the system refused for want of a resource (file descriptors: EMFILE, ENFILE), each retried after a pause.",
+		}),
 		DeliveryFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "itx_delivery_failures_total", Help: "Failed subscription delivery attempts by receiver kind.",
 		}, []string{"kind"}),
@@ -163,7 +167,7 @@ func newMetrics() *Metrics {
 		}),
 	}
 	r.MustRegister(m.DeliveryFailures, m.CommitFailures, m.LateAcks, m.SubscriptionHalts, m.SkippedEvents, m.SubscriptionParks, m.HandlerPanics, m.AppendCalls, m.AppendedEvents, m.AppendedBytes, m.AppendLatency, m.CommitLatency,
-		m.CommitEvents, m.CommitCalls, m.ReadEvents, m.FullDiskReads, m.LoadedStreams, m.RPCConnections,
+		m.CommitEvents, m.CommitCalls, m.ReadEvents, m.FullDiskReads, m.LoadedStreams, m.RPCConnections, m.RPCAcceptErrors,
 		m.OpenConnections, m.Sessions, m.WebhooksInFlight, m.ConnectionEvents, m.ConnectionDirect, m.LiveSubscribers,
 		m.Backups, m.BackupLastOK, m.BackupLastFrozen, m.StreamsDeleted, m.TrimmedEvents, m.DiskFree, m.DiskReserve, m.VacuumedBytes,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
