@@ -85,7 +85,12 @@ func refusedAtSend(err error) error {
 		itx.ErrorMessage(err)))
 }
 
-func newHTTPClient(p EgressPolicy) *http.Client {
+// DefaultMaxWebhookResponseHeaderBytes is Config.MaxWebhookResponseHeaderBytes's default (itxd
+// --webhook-max-response-header-bytes): a receiver answers a status and maybe a Retry-After,
+// and proxies in front of receivers allow far less than this in headers.
+const DefaultMaxWebhookResponseHeaderBytes = 64 << 10
+
+func newHTTPClient(p EgressPolicy, maxHeaderBytes int64) *http.Client {
 	// The check runs on the address actually dialled, after DNS, for every connection.
 	dialer := &net.Dialer{Control: func(network, address string, _ syscall.RawConn) error {
 		ap, err := netip.ParseAddrPort(address)
@@ -101,6 +106,10 @@ func newHTTPClient(p EgressPolicy) *http.Client {
 	t.DialContext = dialer.DialContext
 	t.Proxy = nil
 	t.MaxIdleConnsPerHost = 32
+	// Each answer's header is read whole into memory before its status is known: bounded, a
+	// receiver answering megabytes of header fields to every request in flight
+	// (--webhook-max-in-flight) cannot grow itxd by gigabytes.
+	t.MaxResponseHeaderBytes = maxHeaderBytes
 	return &http.Client{Transport: t, CheckRedirect: func(*http.Request, []*http.Request) error {
 		return http.ErrUseLastResponse // a redirect is not an acknowledgement
 	}}

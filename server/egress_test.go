@@ -115,12 +115,12 @@ func TestEgressPolicy_CheckURL(t *testing.T) {
 func TestEgressPolicy_RefusedAtConnect(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	defer srv.Close()
-	c := newHTTPClient(EgressPolicy{DenyPrivate: true})
+	c := newHTTPClient(EgressPolicy{DenyPrivate: true}, DefaultMaxWebhookResponseHeaderBytes)
 	_, err := c.Post(strings.Replace(srv.URL, "127.0.0.1", "localhost", 1), "application/json", nil)
 	if err == nil || !strings.Contains(err.Error(), "loopback") {
 		t.Fatalf("got %v, want a refusal naming loopback", err)
 	}
-	resp, err := newHTTPClient(EgressPolicy{}).Post(srv.URL, "application/json", nil)
+	resp, err := newHTTPClient(EgressPolicy{}, DefaultMaxWebhookResponseHeaderBytes).Post(srv.URL, "application/json", nil)
 	if err != nil {
 		t.Fatalf("without DenyPrivate: %v", err)
 	}
@@ -139,7 +139,7 @@ func TestWebhookSender_RefusedAtConnectIsTerminal(t *testing.T) {
 	// The URL passes the configure-time check (egress unset here, as for a name that resolves
 	// elsewhere at configure); the dialer's check on the resolved address refuses it.
 	url := strings.Replace(srv.URL, "127.0.0.1", "localhost", 1)
-	w := &webhookSender{client: newHTTPClient(EgressPolicy{DenyPrivate: true}), url: url}
+	w := &webhookSender{client: newHTTPClient(EgressPolicy{DenyPrivate: true}, DefaultMaxWebhookResponseHeaderBytes), url: url}
 	_, err := w.send(context.Background(), d, batch)
 	if got := classify(err); got != classTerminal {
 		t.Fatalf("class %s (%v), want terminal", got, err)
@@ -147,7 +147,7 @@ func TestWebhookSender_RefusedAtConnectIsTerminal(t *testing.T) {
 	if msg := err.Error(); !strings.Contains(msg, "egress policy") || !strings.Contains(msg, "--webhook-deny-private") || !strings.Contains(msg, "loopback") {
 		t.Fatalf("got %q, want the policy and the refused address named", msg)
 	}
-	w.client = newHTTPClient(EgressPolicy{})
+	w.client = newHTTPClient(EgressPolicy{}, DefaultMaxWebhookResponseHeaderBytes)
 	if _, err := w.send(context.Background(), d, batch); err != nil {
 		t.Fatalf("without the policy: %v", err)
 	}
@@ -163,7 +163,7 @@ func TestWebhookSender_URLRefusedBeforeDialIsTerminal(t *testing.T) {
 	s := &Server{clock: clocktest.New(time.Unix(1_700_000_000, 0)), metrics: newMetrics()}
 	d := &deliverer{srv: s, name: "hook"}
 	batch := &itx.DeliveryBatch{Events: []itx.Event{{Offset: 1, Type: "a", Payload: []byte(`{}`)}}}
-	w := &webhookSender{client: newHTTPClient(EgressPolicy{}), egress: EgressPolicy{AllowHosts: []string{"hooks.example.com"}}, url: srv.URL}
+	w := &webhookSender{client: newHTTPClient(EgressPolicy{}, DefaultMaxWebhookResponseHeaderBytes), egress: EgressPolicy{AllowHosts: []string{"hooks.example.com"}}, url: srv.URL}
 	_, err := w.send(context.Background(), d, batch)
 	if got := classify(err); got != classTerminal || !strings.Contains(err.Error(), "--webhook-allow-host") {
 		t.Fatalf("got %v (class %s), want a terminal refusal naming --webhook-allow-host", err, got)
@@ -204,7 +204,7 @@ func TestWebhookSender_OneSendIsOneRequest(t *testing.T) {
 	s := &Server{clock: clocktest.New(time.Unix(1_700_000_000, 0)), metrics: newMetrics()}
 	d := &deliverer{srv: s, name: "hook"}
 	batch := &itx.DeliveryBatch{Events: []itx.Event{{Offset: 1, Type: "a", Payload: []byte(`{}`)}}}
-	client := newHTTPClient(EgressPolicy{})
+	client := newHTTPClient(EgressPolicy{}, DefaultMaxWebhookResponseHeaderBytes)
 	client.Transport.(*http.Transport).MaxConnsPerHost = 1
 	w := &webhookSender{client: client, url: srv.URL, headers: map[string]string{"Idempotency-Key": "k"}}
 	if _, err := w.send(context.Background(), d, batch); err != nil {

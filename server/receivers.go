@@ -119,6 +119,10 @@ func (w *webhookSender) send(ctx context.Context, d *deliverer, b *itx.DeliveryB
 		if errors.As(err, &refusal) {
 			return 0, refusedAtSend(refusal.err) // the name resolved to a refused address
 		}
+		if strings.Contains(err.Error(), "response headers exceeded") { // net/http has no sentinel for it
+			// The receiver's fault, not the event's: retried as an outage until it answers shorter.
+			return 0, withClass(classOutage, fmt.Errorf("webhook: %w (--webhook-max-response-header-bytes)", err))
+		}
 		// Refused connections, resets, DNS failures: the receiver is down, not this event.
 		return 0, withClass(classOutage, fmt.Errorf("webhook: %w", err))
 	}

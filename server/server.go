@@ -103,6 +103,11 @@ type Config struct {
 	// subscription (each holds a socket); a delivery waits for a slot within its delivery
 	// timeout. Default 1,024.
 	MaxWebhooksInFlight int
+	// MaxWebhookResponseHeaderBytes bounds the header of a webhook's answer (status line and
+	// header fields) that itxd reads; a longer one fails the delivery as an outage. Without it
+	// net/http read up to 10 MiB of each (tens of MiB of memory once parsed) for every request
+	// in flight. Default DefaultMaxWebhookResponseHeaderBytes.
+	MaxWebhookResponseHeaderBytes int64
 	// MinFreeDisk is the space kept free on the file system holding the data directory: while
 	// less is free, appends that add events are refused with resourceExhausted (diskreserve.go).
 	// 0: none; negative: DefaultMinFreeDisk.
@@ -268,6 +273,9 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.MaxWebhooksInFlight <= 0 {
 		cfg.MaxWebhooksInFlight = 1024
 	}
+	if cfg.MaxWebhookResponseHeaderBytes <= 0 {
+		cfg.MaxWebhookResponseHeaderBytes = DefaultMaxWebhookResponseHeaderBytes
+	}
 	if cfg.MaxSecretsPerProject <= 0 {
 		cfg.MaxSecretsPerProject = itx.MaxSecretsPerProject
 	}
@@ -313,7 +321,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	s := &Server{
 		cfg: cfg, clock: cfg.Clock, log: cfg.Log, dir: dir, metrics: newMetrics(),
 		actors: map[StreamRef]*actor{}, unloading: map[StreamRef]*actor{}, fullReads: map[StreamRef]*fullRead{}, deleting: map[StreamRef]chan struct{}{},
-		egress: cfg.Egress, httpClient: newHTTPClient(cfg.Egress), webhooks: make(chan struct{}, cfg.MaxWebhooksInFlight),
+		egress: cfg.Egress, httpClient: newHTTPClient(cfg.Egress, cfg.MaxWebhookResponseHeaderBytes), webhooks: make(chan struct{}, cfg.MaxWebhooksInFlight),
 		backend:     sqliteBackend{dir: filepath.Join(cfg.DataDir, "streams")},
 		recv:        receivers{mounts: map[mountKey]*mount{}},
 		acc:         newAccessState(),

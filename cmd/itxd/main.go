@@ -112,6 +112,7 @@ func run() error {
 	backupEvery := flag.Duration("backup-every", 0, "how often to write a scheduled backup into --backup-dir, at least 1m (0: never); the first is due this long after the newest one there")
 	backupKeep := flag.Int("backup-keep", server.DefaultBackupKeep, fmt.Sprintf("scheduled backups kept in --backup-dir (1-%d); older ones are deleted after each new one", server.MaxBackupKeep))
 	maxWebhooks := flag.Int("webhook-max-in-flight", 1024, "webhook requests open at once over all subscriptions; a delivery waits for one within its delivery timeout")
+	webhookHeader := flag.Int64("webhook-max-response-header-bytes", server.DefaultMaxWebhookResponseHeaderBytes, "bytes of a webhook answer's status line and header fields itxd reads; a longer header fails the delivery, retried as an outage")
 	maxHeld := flag.Int("max-held-streams", 0, "streams loaded at once, in use or not; a call needing one more fails with limitExceeded (0: from the open-file limit, (RLIMIT_NOFILE - 1024) / 8, between 256 and 16384)")
 	burst := flag.Int("breaker-burst", 0, "circuit breaker burst per stream, in events (0: 100000)")
 	refill := flag.Int("breaker-refill-per-minute", 0, "circuit breaker refill per stream per minute (0: 6000000)")
@@ -255,7 +256,7 @@ func run() error {
 	held := heldStreams(*maxHeld)
 	srv, err := server.Open(ctx, server.Config{
 		DataDir: *data, Log: log, IdleTimeout: *idle, MaxLoadedStreams: *maxLoaded,
-		BackupDir: *backupDir, BackupEvery: *backupEvery, BackupKeep: *backupKeep, MaxHeldStreams: held, MaxWebhooksInFlight: *maxWebhooks,
+		BackupDir: *backupDir, BackupEvery: *backupEvery, BackupKeep: *backupKeep, MaxHeldStreams: held, MaxWebhooksInFlight: *maxWebhooks, MaxWebhookResponseHeaderBytes: *webhookHeader,
 		BreakerBurst: *burst, BreakerRefillPerMinute: *refill,
 		MaxConnectionsPerStream: *maxConns, MaxLiveSubscribersPerStream: *maxLive, MaxLivePerSession: *maxLivePerLogin, MaxLive: *maxLiveAll, MaxSubscriptionConfigBytes: *maxConfig, MaxHostContractBytes: *maxHostContracts, MaxMountsPerProject: *maxMounts, MaxReadersPerStream: *maxReaders, MaxScheduledPerStream: *maxScheduled,
 		MaxStreamsPerProject: *maxStreams,
