@@ -29,6 +29,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
+	"golang.org/x/net/netutil"
 )
 
 func main() {
@@ -104,6 +105,7 @@ func run() error {
 	logLevel := flag.String("log-level", "info", "log level: debug, info, warn, error")
 	logFormat := flag.String("log-format", "console", "log format: console or json")
 	metricsAddr := flag.String("metrics", "", "address for Prometheus /metrics over HTTP (empty: off)")
+	metricsConns := flag.Int("metrics-max-connections", 64, "HTTP connections the --metrics address serves at once; more wait, unaccepted, until one ends (a request's header must arrive within 10s, an idle connection ends after 1m)")
 	pprofOn := flag.Bool("pprof", false, "also serve Go's profiler at /debug/pprof/ on the --metrics address (keep that address private)")
 	addrFile := flag.String("addr-file", "", "write the bound RPC address here once listening")
 	idle := flag.Duration("idle-timeout", 5*time.Minute, "unload a stream nobody has used for this long")
@@ -304,7 +306,11 @@ func run() error {
 		// Served before the RPC address is announced: whoever reads the address file can scrape.
 		metricsBound = mln.Addr().String()
 		go func() {
-			if err := http.Serve(mln, mux); err != nil {
+			// Bounded like the RPC listener: peers that connect and never finish a request (or
+			// never close) held a goroutine and a file descriptor each, without limit, and the
+			// descriptors are the ones the RPC listener and the streams' databases need.
+			hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute}
+			if err := hs.Serve(netutil.LimitListener(mln, *metricsConns)); err != nil {
 				log.Error().Err(err).Msg("metrics server stopped")
 			}
 		}()
