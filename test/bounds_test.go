@@ -236,6 +236,25 @@ func TestProcessorHosts_AnnouncedContractsAreBounded(t *testing.T) {
 	require.NoError(t, err)
 	defer h.Release()
 	require.Len(t, listHosts(t, p), 1)
+
+	// Short types cost more to keep than their bytes: 66,000 of 2 to 4 bytes were 256,000 bytes,
+	// under the bound, and each such mount held 1.8 MiB of itxd's memory. Each counts
+	// HostContractEntryBytes more now, and the mount is refused.
+	var short []itx.ProcessorInfo
+	raw := 0
+	for i := range 66 {
+		c := itx.ProcessorInfo{Name: fmt.Sprintf("s%d", i), ReducerVersion: "1"}
+		for j := range 1000 {
+			c.ConsumedTypes = append(c.ConsumedTypes, fmt.Sprintf("t%d", j))
+			raw += len(c.ConsumedTypes[j])
+		}
+		short = append(short, c)
+	}
+	require.Less(t, raw, server.DefaultMaxHostContractBytes, "the types' bytes alone are under the bound")
+	_, err = mountHostServing(ctx, p, "short-types", idleHost{}, short)
+	requireCode(t, err, itx.ETooLarge)
+	require.Contains(t, itx.ErrorMessage(err), "--max-host-contract-bytes")
+	require.Len(t, listHosts(t, p), 1, "the refused mount mounted nothing")
 }
 
 func (idleHost) Stop(context.Context, schema.ProcessorHost_stop) error { return nil }

@@ -125,7 +125,7 @@ func run() error {
 	maxReaders := flag.Int("max-readers-per-stream", 0, "registered readers one stream holds at most (0: 1024)")
 	maxScheduled := flag.Int("max-scheduled-per-stream", 0, "pending scheduled appends (Stream.schedule) one stream holds at most (0: 10000)")
 	maxMounts := flag.Int("max-mounts-per-project", 0, "capabilities one project may have mounted under names, and separately processor hosts (0: 4096)")
-	maxHostContracts := flag.Int("max-host-contract-bytes", server.DefaultMaxHostContractBytes, "bytes of the contracts one processor host announces (names, reducer versions, consumed types), kept for its mount's life; more is refused with tooLarge")
+	maxHostContracts := flag.Int("max-host-contract-bytes", server.DefaultMaxHostContractBytes, "bytes of the contracts one processor host announces (names, reducer versions, consumed types, each counted with 24 bytes more), kept for its mount's life; more is refused with tooLarge")
 	maxTokens := flag.Int("max-tokens-per-project", 0, "tokens one project may hold; creating one more fails with limitExceeded (0: 10000)")
 	maxSecrets := flag.Int("max-secrets-per-project", 0, "distinct webhook secrets one project's subscriptions may reference; configuring one more fails with limitExceeded (0: 10000)")
 	maxStreams := flag.Int("max-streams-per-project", 0, "streams one project may hold (each a database file); the append that would create one more fails with limitExceeded (0: 100000)")
