@@ -243,3 +243,66 @@ func TestItxd_LargeCallPipelinedBehindTheLogin(t *testing.T) {
 		<-sent
 	})
 }
+
+// TestItxd_GlobalCallBytesHoldOverReserves: --rpc-global-max-call-bytes bounds the calls in
+// flight over all connections, also those a connection reads within its reserve (fewer than 4
+// calls in flight, always read so that clients holding the pool cannot starve another of its
+// next call). The reserve applied to calls of any size: 16 connections each holding 4
+// waitForEvent calls padded to 12 MiB held 768 MiB in itxd under a 32 MiB bound (with the
+// default 1 GiB and 4,096 connections, 256 GiB). A large call now waits, unread, for room in the
+// bound (small ones still always go), and is served once the calls holding it return.
+func TestItxd_GlobalCallBytesHoldOverReserves(t *testing.T) {
+	const global = 32 << 20
+	const pad = 12 << 20
+	metrics := freeAddr(t)
+	p := startItxd(t, t.TempDir(), "--metrics", metrics, "--rpc-global-max-call-bytes", "33554432")
+	ctx := ctxT(t)
+	first := dial(t, p.addr).Login(ctx, p.creds.ProjectToken)
+	defer first.Release()
+	mustAppend(t, stream(t, first, "/global-waits"), ev("a", `{}`))
+
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for range 16 {
+		proj := dial(t, p.addr).Login(ctx, p.creds.ProjectToken)
+		defer proj.Release()
+		s := stream(t, proj, "/global-waits")
+		for range 4 {
+			_, release := s.WaitForEvent(wctx, func(p schema.Stream_waitForEvent_Params) error {
+				pred, err := p.NewPredicate()
+				if err != nil {
+					return err
+				}
+				types, err := pred.NewTypes(1)
+				if err != nil {
+					return err
+				}
+				if err := types.Set(0, "never"); err != nil {
+					return err
+				}
+				p.SetAfter(1)
+				p.SetTimeoutMs(60_000)
+				return padded(p.Segment(), pad)
+			})
+			defer release()
+		}
+	}
+	// A connection is held back once the pool is at its bound: without the bound over the
+	// reserves, only one that had read its 4 calls (48 MiB) ever was.
+	require.Eventually(t, func() bool {
+		return scrapeMetric(t, metrics, "itx_rpc_read_pauses_total") >= 1 &&
+			scrapeMetric(t, metrics, "itx_rpc_call_bytes_in_flight") >= 2*pad
+	}, time.Minute, 10*time.Millisecond, "no connection was held back")
+	require.LessOrEqual(t, scrapeMetric(t, metrics, "itx_rpc_call_bytes_in_flight"), float64(global), "call bytes in flight over all connections")
+
+	// Small calls still go, on a new connection too; the event appended ends every barrier,
+	// and the calls held back are read and answered in turn.
+	other := dial(t, p.addr).Login(ctx, p.creds.ProjectToken)
+	defer other.Release()
+	mustAppend(t, stream(t, other, "/global-waits"), ev("never", `{}`))
+	require.Eventually(t, func() bool {
+		return scrapeMetric(t, metrics, "itx_rpc_calls_in_flight") == 0 &&
+			scrapeMetric(t, metrics, "itx_rpc_call_bytes_in_flight") == 0
+	}, time.Minute, 10*time.Millisecond, "the held-back calls were not all served")
+	require.LessOrEqual(t, procStatusMiB(t, p.cmd.Process.Pid, "VmHWM"), 256.0, "itxd's peak RSS (MiB)")
+}

@@ -106,6 +106,10 @@ const (
 	DefaultGlobalCalls  = 8192
 	DefaultGlobalBytes  = 256 << 20
 	DefaultReserveCalls = 4
+	// ReserveMessageBytes is the largest message a connection within its reserve (fewer than
+	// ReserveCalls calls in flight) reads whatever the calls' bytes over all connections: a
+	// small call always goes, a larger one waits for room in GlobalCallBytes.
+	ReserveMessageBytes = 64 << 10
 	DefaultDrainTimeout = time.Second
 
 	// One append is at most 8 MiB of events (itx.MaxAppendBytes) plus its encoding; a login is
@@ -184,6 +188,10 @@ type Pool struct {
 	aborts    uint64
 	refused   uint64
 	refusing  int
+	// reading: the bytes of the messages whose bodies are being read (their header taken),
+	// counted against GlobalCallBytes with callBytes so that connections reading at once
+	// cannot each pass the bound by a message.
+	reading int64
 
 	unfinished      int
 	unfinishedBytes int64
@@ -578,6 +586,16 @@ func (t *Transport) mayRead() bool {
 	return t.pool.calls < l.GlobalCalls && t.pool.bytes < l.GlobalBytes && t.pool.callBytes < l.GlobalCallBytes
 }
 
+// callRoomLocked reports whether the next message, of n bytes, may be read: the calls' bytes
+// over all connections and the messages being read stay within GlobalCallBytes with it, or
+// nothing at all is in flight (a message larger than the bound still goes alone), or the
+// connection is within its reserve and the message small. Called with pool.mu held.
+func (t *Transport) callRoomLocked(n int64) bool {
+	p, l := t.pool, t.pool.limits
+	held := p.callBytes + p.reading
+	return held == 0 || held+n <= l.GlobalCallBytes || (t.calls < l.ReserveCalls && n <= ReserveMessageBytes)
+}
+
 // maxMessage is the largest message the connection may read next, with the flag naming it.
 // Called with pool.mu held.
 func (t *Transport) maxMessage() (int64, string) {
@@ -673,6 +691,7 @@ func (t *Transport) RecvMessage() (transport.IncomingMessage, error) {
 		}
 	}
 
+	peeked := int64(-1) // the next message's declared size, once its header is read
 	if maxMsg < p.limits.MaxMessage {
 		// Before login: a client may pipeline a large call behind its login (login ->
 		// streams -> get -> append, sent at once), which is read before the login is
@@ -688,6 +707,7 @@ func (t *Transport) RecvMessage() (transport.IncomingMessage, error) {
 			}
 			return nil, err
 		}
+		peeked = size
 		if size > maxMsg {
 			p.mu.Lock()
 			for !t.authed && t.calls > 0 && !t.closed && t.abortErr == nil {
@@ -700,6 +720,56 @@ func (t *Transport) RecvMessage() (transport.IncomingMessage, error) {
 				return nil, abortErr
 			}
 		}
+	}
+
+	// The calls' bytes over all connections (GlobalCallBytes): the message takes its room
+	// before its body is read, and waits for it unless it is small and the connection within
+	// its reserve. The reserve alone (fewer than ReserveCalls calls always read) let every
+	// connection hold ReserveCalls calls of up to MaxMessage each, whatever the global bound:
+	// waitForEvent calls padded to 16 MiB, 4 on each of 16 connections, held 1 GiB under a
+	// bound of 64 MiB. Only what a logged-in connection sends can be large.
+	var taken int64
+	if maxMsg > ReserveMessageBytes {
+		size := peeked
+		if size < 0 {
+			var err error
+			if size, err = t.hr.peek(); err != nil {
+				p.mu.Lock()
+				abortErr := t.abortErr
+				p.mu.Unlock()
+				if abortErr != nil {
+					return nil, abortErr
+				}
+				return nil, err
+			}
+		}
+		if size <= 0 || size > maxMsg {
+			size = maxMsg // not declared in a header peek reads: the most it may be
+		}
+		p.mu.Lock()
+		for paused := false; !t.closed && t.abortErr == nil && !t.callRoomLocked(size); {
+			if !paused { // held back: counted as the other bounds' pauses are
+				paused = true
+				p.pauses++
+				p.cond.Broadcast() // for WaitFor
+			}
+			p.cond.Wait()
+		}
+		abortErr := t.abortErr
+		if abortErr == nil {
+			taken = size
+			p.reading += taken
+		}
+		p.mu.Unlock()
+		if abortErr != nil {
+			return nil, abortErr
+		}
+		defer func() {
+			p.mu.Lock()
+			p.reading -= taken
+			p.cond.Broadcast()
+			p.mu.Unlock()
+		}()
 	}
 
 	// The decoder refuses a message whose header says it is larger before it reads the body,
