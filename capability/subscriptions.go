@@ -569,6 +569,14 @@ func (s *stream) CancelScheduled(ctx context.Context, call schema.Stream_cancelS
 
 func (s *stream) ListScheduled(ctx context.Context, call schema.Stream_listScheduled) error {
 	call.Go()
+	// A page of scheduled events is as large as a read's (500 events or 4 MiB): it reserves its
+	// room as a read does, or listScheduled calls pipelined by a client reading no replies each
+	// queued their page, whatever --rpc-max-reply-bytes.
+	release, err := s.acc.reserveReply(ctx, pageReplyBytes(itx.Query{}), nil)
+	if err != nil {
+		return err
+	}
+	defer release()
 	list, err := s.srv.ListScheduled(ctx, s.ref)
 	if err != nil {
 		return fail(err)

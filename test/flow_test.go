@@ -264,3 +264,52 @@ func TestItxd_PipelinedWaitsDoNotHoldTheirMatch(t *testing.T) {
 	require.Positive(t, trimmed, "the replies that waited for room did not hold the event")
 	require.Zero(t, scrapeMetric(t, metrics, "itx_rpc_replies_waiting"))
 }
+
+// listScheduled answers a page as large as a read's (500 scheduled events or 4 MiB) and did not
+// reserve its room: a client pipelining 100 of them on a stream holding 4.5 MiB of scheduled
+// events, reading no reply, had itxd queue every page for it, past --rpc-max-reply-bytes. It
+// reserves the room first now, as getEventPage does.
+func TestItxd_PipelinedListScheduledStaysWithinTheReplyBound(t *testing.T) {
+	metrics := freeAddr(t)
+	p := startItxd(t, t.TempDir(), "--metrics", metrics)
+	ctx := ctxT(t)
+	proj := dial(t, p.addr).Login(ctx, p.creds.ProjectToken)
+	defer proj.Release()
+	s := stream(t, proj, "/bigschedule")
+	mustAppend(t, s, ev("created", `{}`))
+	pad := strings.Repeat("x", 900<<10)
+	due := time.Now().Add(time.Hour)
+	for i := range 6 {
+		_, _, err := client.Schedule(ctx, s, itx.EventInput{Type: "big", IdempotencyKey: fmt.Sprintf("k%d", i),
+			Payload: json.RawMessage(fmt.Sprintf(`{"seq":%d,"pad":%q}`, i, pad))}, due)
+		require.NoError(t, err)
+	}
+
+	c, err := net.Dial("tcp", p.addr)
+	require.NoError(t, err)
+	defer c.Close()
+	stop := make(chan struct{})
+	conn := rpc.NewConn(rpc.NewStreamTransport(&stoppableConn{Conn: c, stop: stop}), nil)
+	gw := schema.Gateway(conn.Bootstrap(context.Background()))
+	token := p.creds.ProjectToken
+	login, _ := gw.Login(context.Background(), func(a schema.Gateway_login_Params) error { return a.SetToken(token) })
+	abused := client.Stream(context.Background(), login.Project(), "/bigschedule")
+	require.NoError(t, abused.Resolve(ctx))
+	close(stop) // reads no reply from now on
+	for range 100 {
+		abused.ListScheduled(context.Background(), nil)
+	}
+
+	const page = 5 * 900 << 10 // a page ends after the event that brings it to 4 MiB
+	var peak float64
+	waitUntil(t, "the abuser's first page is queued and the rest wait or are queued", func() bool {
+		peak = max(peak, scrapeMetric(t, metrics, "itx_rpc_unwritten_bytes"))
+		return peak > page && (scrapeMetric(t, metrics, "itx_rpc_replies_waiting") >= 1 || peak > 16<<20+2*page)
+	})
+	require.LessOrEqual(t, peak, float64(16<<20+2*page), "the pages queued for a client that reads nothing stay within --rpc-max-reply-bytes and a page")
+
+	// Another client is served meanwhile.
+	list, err := client.ListScheduled(ctx, s)
+	require.NoError(t, err)
+	require.Equal(t, 5, len(list), "a page ends after the scheduled event that brings it to 4 MiB")
+}
