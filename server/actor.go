@@ -1169,6 +1169,8 @@ func (a *actor) rebuild(name string) {
 	entry := a.st.core.Subscriptions[name]
 	if old := a.deliverers[name]; old != nil {
 		old.cancel()
+		old.condition.release()
+		old.transform.release()
 		delete(a.deliverers, name)
 		if c := old.remoteContract; c != "" && (entry == nil || isInProcess(entry) || entry.Config.ProcessorContract() != c || entry.mountScope() != old.remoteScope) {
 			a.stopRemote(old.remoteScope, c, name)

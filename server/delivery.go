@@ -32,8 +32,8 @@ type deliverer struct {
 	cancel context.CancelFunc
 
 	send      sender
-	condition *jsonata.Expr
-	transform *jsonata.Expr
+	condition *jsonataRef // compiled on use, within the process's budget (jsonata_cache.go)
+	transform *jsonataRef
 	types     map[string]bool
 	scope     string // the configuring token's prefix: events are read under it ("": as stored)
 	buildErr  error  // a stored expression that no longer compiles: a terminal failure
@@ -70,14 +70,14 @@ func newDeliverer(ctx context.Context, s *Server, ref StreamRef, entry *catalogE
 		d.types = typeSet(f.EventTypes)
 		if f.JSONataCondition != "" {
 			var err error
-			if d.condition, err = CompileJSONata(f.JSONataCondition); err != nil {
+			if d.condition, err = newJSONataRef(f.JSONataCondition); err != nil {
 				d.buildErr = fmt.Errorf("the filter condition no longer compiles: %w", err)
 			}
 		}
 	}
 	if t := entry.Config.Receiver.JSONataTransform; t != "" {
 		var err error
-		if d.transform, err = CompileJSONata(t); err != nil {
+		if d.transform, err = newJSONataRef(t); err != nil {
 			d.buildErr = fmt.Errorf("the transform no longer compiles: %w", err)
 		}
 	}
@@ -253,7 +253,7 @@ func (d *deliverer) try(job pushJob, store streamStore, streamID string) deliver
 			continue
 		}
 		if d.condition != nil {
-			ok, err := EvalCondition(d.condition, e)
+			ok, err := d.condition.holds(e)
 			if errors.Is(err, errJSONataBusy) {
 				busy, busyAt = err, e.Offset
 				break
@@ -271,7 +271,7 @@ func (d *deliverer) try(job pushJob, store streamStore, streamID string) deliver
 		}
 		delivered, measured := *e, *e
 		if d.transform != nil {
-			shaped, err := applyTransform(d.transform, e)
+			shaped, err := d.transform.apply(e)
 			if errors.Is(err, errJSONataBusy) {
 				busy, busyAt = err, e.Offset
 				break

@@ -170,7 +170,10 @@ func newMetrics() *Metrics {
 		m.CommitEvents, m.CommitCalls, m.ReadEvents, m.FullDiskReads, m.LoadedStreams, m.RPCConnections, m.RPCAcceptErrors,
 		m.OpenConnections, m.Sessions, m.WebhooksInFlight, m.ConnectionEvents, m.ConnectionDirect, m.LiveSubscribers,
 		m.Backups, m.BackupLastOK, m.BackupLastFrozen, m.StreamsDeleted, m.TrimmedEvents, m.DiskFree, m.DiskReserve, m.VacuumedBytes,
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "itx_jsonata_compiled_bytes", Help: "Estimated bytes of the compiled JSONata expressions kept in memory (bounded by --jsonata-max-compiled-bytes; process-wide).",
+		}, func() float64 { return float64(compiledJSONataBytes()) }))
 	// Every receiver kind's failure count exists from the start, at 0, so an alert on its rate
 	// sees 0 rather than no data until the first failure.
 	for _, kind := range []string{itx.KindWebhookPost, itx.KindCopyToStream, itx.KindITXCall, itx.KindProcessorWake} {

@@ -17,7 +17,7 @@ import (
 type compiledPredicate struct {
 	types    map[string]bool
 	contains any
-	where    *jsonata.Expr
+	where    *jsonataRef
 }
 
 func compilePredicate(p itx.Predicate) (*compiledPredicate, error) {
@@ -36,7 +36,7 @@ func compilePredicate(p itx.Predicate) (*compiledPredicate, error) {
 		c.contains = v
 	}
 	if p.Where != "" {
-		expr, err := CompileJSONata(p.Where)
+		expr, err := newJSONataRef(p.Where)
 		if err != nil {
 			return nil, err
 		}
@@ -64,7 +64,7 @@ func (c *compiledPredicate) match(e *itx.Event) (bool, error) {
 		}
 	}
 	if c.where != nil {
-		return EvalCondition(c.where, e)
+		return c.where.holds(e)
 	}
 	return true, nil
 }
@@ -99,6 +99,9 @@ type JSONataBudget struct {
 	MaxSteps    int64         // evaluated nodes; DefaultJSONataSteps
 	Timeout     time.Duration // wall clock; DefaultJSONataTimeout
 	Concurrency int           // evaluations at once; one per core
+	// MaxCompiledBytes bounds the compiled expressions kept over the process (estimated: see
+	// jsonata_cache.go); DefaultJSONataCompiledBytes.
+	MaxCompiledBytes int64
 }
 
 // The defaults of JSONataBudget's time bounds.
@@ -129,6 +132,10 @@ func SetJSONataBudget(b JSONataBudget) {
 	jsonataLimits.MaxItems, jsonataLimits.MaxBytes = b.MaxItems, b.MaxBytes
 	jsonataLimits.MaxSteps, jsonataLimits.Timeout = b.MaxSteps, b.Timeout
 	jsonataSlots = make(chan struct{}, b.Concurrency)
+	if b.MaxCompiledBytes <= 0 {
+		b.MaxCompiledBytes = DefaultJSONataCompiledBytes
+	}
+	compiledJSONata.setBudget(b.MaxCompiledBytes)
 }
 
 // errJSONataBusy is what an evaluation gets when too many are waiting for a core.

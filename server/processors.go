@@ -957,7 +957,7 @@ func (d *deliverer) wake(job pushJob, store streamStore, out deliveryOutcome) de
 			continue
 		}
 		if d.condition != nil {
-			ok, err := EvalCondition(d.condition, e)
+			ok, err := d.condition.holds(e)
 			if err != nil {
 				// The frame stops before the event the condition cannot judge; it waits alone.
 				frame.ScannedThrough = e.Offset - 1

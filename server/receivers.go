@@ -258,7 +258,7 @@ func (c *copySender) send(ctx context.Context, d *deliverer, b *itx.DeliveryBatc
 		shaped := e
 		if d.transform != nil {
 			var err error
-			if shaped, err = applyTransform(d.transform, &e); errors.Is(err, errJSONataBusy) {
+			if shaped, err = d.transform.apply(&e); errors.Is(err, errJSONataBusy) {
 				// The server's overload, not the event's: copy the prefix now, and the rest
 				// waits for a later try (an outage when nothing went).
 				if i == 0 {

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	jsonata "github.com/blues/jsonata-go"
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/storage"
 )
@@ -287,7 +286,7 @@ func (s *Server) readPageAs(ctx context.Context, v view, q itx.Query) (itx.Page,
 		return itx.Page{}, err
 	}
 	q.Subscription, q.IncludeEphemeral = "", false
-	var cond *jsonata.Expr
+	var cond *jsonataRef
 	if f := entry.Config.Filter; f != nil {
 		types, none := intersectTypes(q.Types, f.EventTypes)
 		if none {
@@ -299,9 +298,10 @@ func (s *Server) readPageAs(ctx context.Context, v view, q itx.Query) (itx.Page,
 		}
 		q.Types = types
 		if f.JSONataCondition != "" {
-			if cond, err = CompileJSONata(f.JSONataCondition); err != nil {
+			if cond, err = newJSONataRef(f.JSONataCondition); err != nil {
 				return itx.Page{}, itx.Errorf(itx.EFailedPrecondition, "subscription %q: the filter condition no longer compiles: %s", entry.Config.Name, itx.ErrorMessage(err))
 			}
+			defer cond.release()
 		}
 	}
 	page, err := s.readPage(ctx, v, q)
@@ -311,7 +311,7 @@ func (s *Server) readPageAs(ctx context.Context, v view, q itx.Query) (itx.Page,
 	kept := page.Events[:0:0]
 	for i := range page.Events {
 		e := &page.Events[i]
-		ok, err := EvalCondition(cond, e)
+		ok, err := cond.holds(e)
 		if err != nil {
 			if e.Offset-1 <= q.After && errors.Is(err, errJSONataBusy) {
 				return itx.Page{}, err // the server's overload: unavailable, try again
@@ -368,6 +368,7 @@ func (s *Server) WaitForEventAs(ctx context.Context, ref StreamRef, pred itx.Pre
 	if err != nil {
 		return itx.Event{}, err
 	}
+	defer compiled.where.release()
 	if timeout, err = waitTimeout(timeout); err != nil {
 		return itx.Event{}, err
 	}

@@ -168,6 +168,7 @@ func run() error {
 	jsonataConcurrent := flag.Int("jsonata-concurrency", 0, "JSONata evaluations running at once (0: one per core)")
 	jsonataSteps := flag.Int64("jsonata-max-steps", server.DefaultJSONataSteps, "expression nodes one JSONata evaluation may evaluate")
 	jsonataTimeout := flag.Duration("jsonata-timeout", server.DefaultJSONataTimeout, "wall-clock time one JSONata evaluation may take")
+	jsonataCompiled := flag.Int64("jsonata-max-compiled-bytes", server.DefaultJSONataCompiledBytes, "compiled JSONata expressions (subscriptions' conditions and transforms, barriers' where) kept in memory over all streams, estimated at 32 bytes per byte of text; the least recently used are dropped and compiled again on their next use")
 	tlsCert := flag.String("tls-cert", "", "serve RPC over TLS with this certificate (PEM; with --tls-key)")
 	tlsKey := flag.String("tls-key", "", "the TLS certificate's private key (PEM)")
 	tlsClientCA := flag.String("tls-client-ca", "", "mutual TLS: require client certificates signed by a CA in this PEM file")
@@ -235,7 +236,7 @@ func run() error {
 	log = log.Level(level).With().Timestamp().Logger()
 
 	server.SetJSONataBudget(server.JSONataBudget{MaxItems: *jsonataItems, MaxBytes: *jsonataBytes,
-		MaxSteps: *jsonataSteps, Timeout: *jsonataTimeout, Concurrency: *jsonataConcurrent})
+		MaxSteps: *jsonataSteps, Timeout: *jsonataTimeout, Concurrency: *jsonataConcurrent, MaxCompiledBytes: *jsonataCompiled})
 	host := processors.NewHost(capability.Version)
 	agentCfg := examples.DefaultAgentConfig
 	agentCfg.HesitationMs = agentHesitation.Milliseconds()
