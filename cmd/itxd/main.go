@@ -115,7 +115,7 @@ func run() error {
 	backupKeep := flag.Int("backup-keep", server.DefaultBackupKeep, fmt.Sprintf("scheduled backups kept in --backup-dir (1-%d); older ones are deleted after each new one", server.MaxBackupKeep))
 	maxWebhooks := flag.Int("webhook-max-in-flight", 1024, "webhook requests open at once over all subscriptions; a delivery waits for one within its delivery timeout")
 	webhookHeader := flag.Int64("webhook-max-response-header-bytes", server.DefaultMaxWebhookResponseHeaderBytes, "bytes of a webhook answer's status line and header fields itxd reads; a longer header fails the delivery, retried as an outage")
-	maxHeld := flag.Int("max-held-streams", 0, "streams loaded at once, in use or not; a call needing one more fails with limitExceeded (0: from the open-file limit, (RLIMIT_NOFILE - 1024) / 8, between 256 and 16384)")
+	maxHeld := flag.Int("max-held-streams", 0, "streams loaded at once, in use or not; a call needing one more fails with limitExceeded (0: from the open-file limit, (RLIMIT_NOFILE - 1024 - --rpc-max-connections - --webhook-max-in-flight - --metrics-max-connections) / 8, between 256 and 16384)")
 	burst := flag.Int("breaker-burst", 0, "circuit breaker burst per stream, in events (0: 100000)")
 	refill := flag.Int("breaker-refill-per-minute", 0, "circuit breaker refill per stream per minute (0: 6000000)")
 	denyPrivate := flag.Bool("webhook-deny-private", false, "refuse webhook destinations that are not global unicast addresses (loopback, private, link-local, shared, documentation, multicast and the other special-purpose blocks), checked at configure, before each request and on the address dialled")
@@ -256,7 +256,7 @@ func run() error {
 		}
 	}
 	ctx := context.Background()
-	held := heldStreams(*maxHeld)
+	held := heldStreams(*maxHeld, int64(flow.Connections)+int64(*maxWebhooks)+int64(*metricsConns))
 	srv, err := server.Open(ctx, server.Config{
 		DataDir: *data, Log: log, IdleTimeout: *idle, MaxLoadedStreams: *maxLoaded,
 		BackupDir: *backupDir, BackupEvery: *backupEvery, BackupKeep: *backupKeep, MaxHeldStreams: held, MaxWebhooksInFlight: *maxWebhooks, MaxWebhookResponseHeaderBytes: *webhookHeader,
@@ -425,8 +425,11 @@ func recordAddress(data, addr string) error {
 
 // heldStreams is --max-held-streams, or when 0 what the process's open-file limit allows: a
 // loaded stream holds a SQLite writer and readers (three descriptors each), so 8 per stream,
-// with 1,024 left for sockets.
-func heldStreams(flagValue int) int {
+// after the sockets the other bounds allow (sockets: RPC connections, webhook requests in
+// flight and metrics connections) and 1,024 more for everything else. It left only the 1,024:
+// with a limit of 20,000, 2,372 held streams and 4,096 RPC connections needed more descriptors
+// than the process had.
+func heldStreams(flagValue int, sockets int64) int {
 	if flagValue > 0 {
 		return flagValue
 	}
@@ -434,7 +437,11 @@ func heldStreams(flagValue int) int {
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
 		return 4096
 	}
-	return int(min(max((int64(lim.Cur)-1024)/8, 256), 16384))
+	return heldStreamsFor(int64(lim.Cur), sockets)
+}
+
+func heldStreamsFor(limit, sockets int64) int {
+	return int(min(max((limit-1024-sockets)/8, 256), 16384))
 }
 
 // hostList is a repeatable flag.
