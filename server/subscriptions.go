@@ -209,10 +209,11 @@ func (s *Server) ListSubscriptions(ctx context.Context, ref StreamRef) ([]itx.Su
 			out = append(out, sum)
 		}
 		// Registered readers stand beside the subscriptions in this lag view, as kind "reader"
-		// (their checkpoint in the confirmed column); Readers.list is their own view.
+		// (their checkpoint in the confirmed and delivered columns, as a subscription that is not
+		// offset-acking shows its cursor in both); Readers.list is their own view.
 		for _, r := range readerInfos(v) {
 			out = append(out, itx.SubscriptionSummary{Name: r.Name, Kind: itx.KindReader, Status: itx.StatusActive,
-				ConfirmedOffset: r.Checkpoint, Lag: r.Lag})
+				ConfirmedOffset: r.Checkpoint, DeliveredOffset: r.Checkpoint, Lag: r.Lag})
 		}
 		return nil
 	})

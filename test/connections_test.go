@@ -664,6 +664,9 @@ func TestReaders_RegisterMoveListRemove(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, rows, 1)
 	require.Equal(t, []any{"mirror", "reader", int64(2), int64(1)}, []any{rows[0].Name, rows[0].Kind, rows[0].ConfirmedOffset, rows[0].Lag})
+	// Delivered is never behind confirmed: a reader's checkpoint stands in both, as a
+	// subscription's cursor does when it is not offset-acking.
+	require.Equal(t, int64(2), rows[0].DeliveredOffset)
 }
 
 // The number of connections and live subscribers one stream serves is bounded by flags.
