@@ -40,6 +40,11 @@ type FollowConfig struct {
 	// report left it, receiving again what it was delivered after that report (at most
 	// ReaderInterval's worth).
 	Resume bool
+	// StreamID, when set, is the stream Connection.After is an offset of (the StreamID of the
+	// batches a previous Follow delivered): a stream at Path with another id (the one followed
+	// was deleted, and perhaps created again) ends Follow as streamRemoved does, delivering
+	// nothing of it. Left empty, Follow holds to the stream its first batch came from.
+	StreamID string
 }
 
 func (cfg *FollowConfig) defaults() {
@@ -93,8 +98,10 @@ func (e errPermanent) Unwrap() error { return e.err }
 // It returns the last offset delivered and why it stopped: ctx's error once ctx ends, deliver's
 // own error when it failed, or an end a new connection would not change (a refused login or
 // open, replaced, streamRemoved, accessEnded: a *ConnectionClosed; before any dial, an Addr
-// that is not host:port or a Path that is not a stream path: invalidArgument). Resume from the
-// offset it returns.
+// that is not host:port or a Path that is not a stream path: invalidArgument). A stream deleted
+// while Follow was away ends it as streamRemoved too, whether or not the path holds another
+// stream by then (its offsets start over: going on after the last offset would skip its first
+// events). Resume from the offset it returns, with the StreamID of the batches delivered.
 func Follow(ctx context.Context, cfg FollowConfig, deliver func(ctx context.Context, batch itx.DeliveryBatch) error) (int64, error) {
 	cfg.defaults()
 	if err := cfg.check(); err != nil {
@@ -103,10 +110,14 @@ func Follow(ctx context.Context, cfg FollowConfig, deliver func(ctx context.Cont
 	var last atomic.Int64
 	last.Store(cfg.Connection.After)
 	resume := cfg.Resume
+	// The stream followed: offsets are positions in one stream's life, so a connection that
+	// finds another stream at the path (deleted and created again while Follow was away, its
+	// offsets starting over at 1) must not go on "after the last offset delivered" on it.
+	streamID := cfg.StreamID
 	backoff := NewBackoff(cfg.MinBackoff, cfg.MaxBackoff)
 	for {
 		started := time.Now()
-		err := followOnce(ctx, &cfg, &last, &resume, deliver)
+		err := followOnce(ctx, &cfg, &last, &resume, &streamID, deliver)
 		if ctx.Err() != nil {
 			return last.Load(), ctx.Err()
 		}
@@ -123,7 +134,7 @@ func Follow(ctx context.Context, cfg FollowConfig, deliver func(ctx context.Cont
 
 // followOnce is one connection's life: it returns why it ended, errPermanent when a new one
 // would not change that.
-func followOnce(ctx context.Context, cfg *FollowConfig, last *atomic.Int64, resume *bool, deliver func(context.Context, itx.DeliveryBatch) error) error {
+func followOnce(ctx context.Context, cfg *FollowConfig, last *atomic.Int64, resume *bool, streamID *string, deliver func(context.Context, itx.DeliveryBatch) error) error {
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	conn, err := DialWith(dctx, cfg.Addr, cfg.Dial)
@@ -170,6 +181,14 @@ func followOnce(ctx context.Context, cfg *FollowConfig, last *atomic.Int64, resu
 		if stopped {
 			return errors.New("this connection was given up")
 		}
+		switch {
+		case b.StreamID == "" || b.StreamID == *streamID:
+		case *streamID == "":
+			*streamID = b.StreamID
+		default:
+			failed = streamReplaced(cfg.Path, *streamID, b.StreamID)
+			return failed
+		}
 		if err := deliver(ctx, b); err != nil {
 			failed = err
 			return err
@@ -181,7 +200,16 @@ func followOnce(ctx context.Context, cfg *FollowConfig, last *atomic.Int64, resu
 	}})
 	if err != nil {
 		switch itx.ErrorCode(err) {
-		case itx.EUnauthenticated, itx.EPermissionDenied, itx.EInvalid, itx.ENotFound, itx.EFailedPrecondition:
+		case itx.EInvalid:
+			// An offset past the head: the stream followed may be gone, and the one at the
+			// path (if any) another, shorter one. Say so rather than name the offset.
+			if *streamID != "" {
+				if info, derr := Describe(dctx, s); derr == nil && info.StreamID != *streamID {
+					return errPermanent{streamReplaced(cfg.Path, *streamID, info.StreamID)}
+				}
+			}
+			return errPermanent{err}
+		case itx.EUnauthenticated, itx.EPermissionDenied, itx.ENotFound, itx.EFailedPrecondition:
 			return errPermanent{err}
 		}
 		return err
@@ -248,6 +276,16 @@ func followOnce(ctx context.Context, cfg *FollowConfig, last *atomic.Int64, resu
 		return cc
 	}
 	return errPermanent{cc}
+}
+
+// streamReplaced is how Follow ends when the stream at path is no longer the one it followed
+// (was): deleted, and now another (now, "" for none).
+func streamReplaced(path, was, now string) *ConnectionClosed {
+	msg := fmt.Sprintf("the stream %s followed (id %s) was deleted", path, was)
+	if now != "" {
+		msg += fmt.Sprintf(" and %s is another stream now (id %s, its offsets starting over)", path, now)
+	}
+	return &ConnectionClosed{Why: schema.CloseReason_streamRemoved, Reason: &itx.Error{Code: itx.ENotFound, Message: msg}}
 }
 
 // checkpointer moves a registered reader's checkpoint to the last offset delivered.

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -13,6 +15,7 @@ import (
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/schema"
+	"github.com/itx-dev/itx/server"
 	"github.com/stretchr/testify/require"
 )
 
@@ -212,4 +215,124 @@ func TestClientFollow_Stops(t *testing.T) {
 	require.ErrorAs(t, r.err, &cc)
 	require.Equal(t, schema.CloseReason_replaced, cc.Why)
 	require.Equal(t, head, r.last)
+}
+
+// A stream deleted and created again under its path while Follow was away (a partition here)
+// is another stream: its offsets start over at 1, so opening "after the last offset delivered"
+// on it would skip its first events and deliver the rest as if they followed the old ones (with
+// 5 new events), or fail naming an offset past its head (with 1, or none). Follow stops instead,
+// as when it hears streamRemoved, with the last offset of the stream it followed, delivering
+// nothing of the new one.
+func TestClientFollow_StopsAtAStreamCreatedAgain(t *testing.T) {
+	for _, created := range []int{5, 1, 0} {
+		t.Run(fmt.Sprintf("%d new events", created), func(t *testing.T) {
+			ts := startServer(t, server.Config{})
+			ctx := ctxT(t)
+			p := ts.project(t)
+			s := stream(t, p, "/again")
+			mustAppend(t, s, ev("old", `{}`), ev("old", `{}`), ev("old", `{}`))
+			var down atomic.Bool
+			px := newGatedProxy(t, ts.addr, &down)
+			var f followed
+			var ids sync.Map
+			type result struct {
+				last int64
+				err  error
+			}
+			done := make(chan result, 1)
+			go func() {
+				last, err := client.Follow(ctx, client.FollowConfig{Addr: px.addr(), Token: ts.creds.ProjectToken, Path: "/again",
+					MinBackoff: 10 * time.Millisecond, MaxBackoff: 20 * time.Millisecond, Logf: t.Logf},
+					func(ctx context.Context, b itx.DeliveryBatch) error {
+						ids.Store(b.StreamID, true)
+						return f.deliver(ctx, b)
+					})
+				done <- result{last, err}
+			}()
+			waitUntil(t, "the old stream's events", func() bool { return len(f.got()) == 3 })
+
+			down.Store(true)
+			px.cut()
+			_, err := client.DeleteStream(ctx, p, "/again", true)
+			require.NoError(t, err)
+			for range created {
+				mustAppend(t, s, ev("new", `{}`))
+			}
+			down.Store(false)
+
+			var r result
+			waitUntil(t, "Follow stopped, or went on on the new stream", func() bool {
+				select {
+				case r = <-done:
+					return true
+				default:
+					return len(f.got()) > 3
+				}
+			})
+			require.Equal(t, []int64{1, 2, 3}, f.got(), "nothing of the new stream is delivered")
+			if r.err == nil {
+				r = <-done
+			}
+			require.Equal(t, int64(3), r.last)
+			var cc *client.ConnectionClosed
+			require.ErrorAs(t, r.err, &cc)
+			require.Equal(t, schema.CloseReason_streamRemoved, cc.Why, "%v", r.err)
+			n := 0
+			ids.Range(func(any, any) bool { n++; return true })
+			require.Equal(t, 1, n, "batches of one stream only")
+		})
+	}
+}
+
+// A Follow given the StreamID its offset belongs to (saved with the last offset a previous
+// Follow delivered) stops at once on another stream at the path, instead of taking it up.
+func TestClientFollow_StreamIDOfAPreviousRun(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	p := ts.project(t)
+	s := stream(t, p, "/previous")
+	old := mustAppend(t, s, ev("old", `{}`), ev("old", `{}`))
+	_, err := client.DeleteStream(ctx, p, "/previous", true)
+	require.NoError(t, err)
+	mustAppend(t, s, ev("new", `{}`), ev("new", `{}`), ev("new", `{}`))
+	var f followed
+	last, err := client.Follow(ctx, client.FollowConfig{Addr: ts.addr, Token: ts.creds.ProjectToken, Path: "/previous",
+		StreamID: old.StreamID, Connection: client.ConnectionOptions{After: 2}}, f.deliver)
+	var cc *client.ConnectionClosed
+	require.ErrorAs(t, err, &cc)
+	require.Equal(t, schema.CloseReason_streamRemoved, cc.Why, "%v", err)
+	require.Equal(t, int64(2), last)
+	require.Empty(t, f.got())
+}
+
+// newGatedProxy is a TCP relay to target that, while down is set, closes every connection it
+// accepts at once (a partition a client keeps redialing into).
+func newGatedProxy(t testing.TB, target string, down *atomic.Bool) *proxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	px := &proxy{ln: ln}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			if down.Load() {
+				c.Close()
+				continue
+			}
+			up, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			px.mu.Lock()
+			px.conns = append(px.conns, c, up)
+			px.mu.Unlock()
+			go func() { io.Copy(up, c); up.Close() }()
+			go func() { io.Copy(c, up); c.Close() }()
+		}
+	}()
+	t.Cleanup(func() { ln.Close(); px.cut() })
+	return px
 }
