@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/cmd/itx/internal/repl"
 	"github.com/itx-dev/itx/internal/itxtest"
 	"github.com/itx-dev/itx/server"
@@ -407,4 +408,70 @@ func TestTail_SlowOutputLosesNothing(t *testing.T) {
 		require.Equal(t, int64(i+1), e.Offset, "each offset once, in order")
 	}
 	require.NotContains(t, errs.String(), "dropped")
+}
+
+// A stream deleted and created again while itx tail could not reach itxd is another stream: its
+// offsets start over at 1, so opening again "after the last offset printed" on it would skip its
+// first events and print the rest as if they followed the old ones (with 5 new events), or fail
+// naming an offset past its head (with 1). The tail ends instead, saying the stream it tailed
+// was removed (streamRemoved, exit status 1), printing nothing of the new one.
+func TestMain_TailEndsAtAStreamCreatedAgainWhileAway(t *testing.T) {
+	for _, created := range []int{5, 1} {
+		t.Run(fmt.Sprintf("%d new events", created), func(t *testing.T) {
+			data := t.TempDir()
+			itxd, addr := runItxdOnLoopback(t, data) // restarted on addr below
+			creds, err := server.ReadCredentials(data)
+			require.NoError(t, err)
+			token := creds.ProjectToken
+			appendTypes(t, addr, token, "/f", "old-1", "old-2", "old-3")
+
+			tail := startItxCommand(t, addr, token, "tail", "/f", "--from", "0", "--json")
+			tail.wait(t, tail.out, "old-3")
+			itxd.stop(t)
+			tail.wait(t, tail.errs, "itxd went away")
+
+			// While the tail cannot reach itxd, the stream is deleted and created again.
+			side, sideAddr := runItxd(t, data, "127.0.0.1:0")
+			ctx := context.Background()
+			c, err := client.Dial(ctx, sideAddr)
+			require.NoError(t, err)
+			_, err = client.DeleteStream(ctx, c.Login(ctx, token), "/f", true)
+			require.NoError(t, err)
+			c.Close()
+			var types []string
+			for i := range created {
+				types = append(types, fmt.Sprintf("new-%d", i+1))
+			}
+			appendTypes(t, sideAddr, token, "/f", types...)
+			side.stop(t)
+
+			_, _ = runItxd(t, data, addr)
+			deadline := time.NewTimer(30 * time.Second)
+			defer deadline.Stop()
+			for ended := false; !ended; {
+				tail.out.mu.Lock()
+				printed, changed := tail.out.buf.String(), tail.out.changed
+				tail.out.mu.Unlock()
+				if strings.Contains(printed, "new-") {
+					t.Fatalf("itx tail went on on the new stream: stdout %q, stderr %q", printed, tail.errs.String())
+				}
+				select {
+				case <-tail.exited:
+					ended = true
+				case <-changed:
+				case <-deadline.C:
+					t.Fatalf("itx tail did not end: stdout %q, stderr %q", printed, tail.errs.String())
+				}
+			}
+			var exit *exec.ExitError
+			require.True(t, errors.As(tail.exitErr, &exit), "want exit status 1, got %v", tail.exitErr)
+			require.Equal(t, 1, exit.ExitCode(), "stderr %q", tail.errs.String())
+			require.Contains(t, tail.errs.String(), "streamRemoved")
+			var printed []string
+			for _, e := range tailedEvents(t, tail.out.String(), true) {
+				printed = append(printed, e.Type)
+			}
+			require.Equal(t, []string{"old-1", "old-2", "old-3"}, printed, "nothing of the new stream is printed")
+		})
+	}
 }

@@ -547,6 +547,9 @@ func runTail(ctx context.Context, s *Session, args []string) error {
 			}
 		}
 	}
+	// The stream tailed: its offsets are positions in its life only, so a connection opened
+	// again after the last offset printed must find the same stream at the path.
+	streamID := ""
 	if ta.fromHead {
 		c := s.client(streamPath(ta.path))
 		info, err := client.Describe(ctx, schema.Stream(c))
@@ -554,12 +557,12 @@ func runTail(ctx context.Context, s *Session, args []string) error {
 		if err != nil {
 			return err
 		}
-		after = info.HeadOffset
+		after, streamID = info.HeadOffset, info.StreamID
 	}
 	// Without --from the tail starts after the head it just read: the ephemeral events after
 	// that head were appended since it started, and the stream may hold some by the time the
 	// connection opens, which a connection delivers only when asked for (includeEphemeral).
-	conn, err := s.openTail(ctx, ta.path, after, ephemeral)
+	conn, err := s.openTail(ctx, ta.path, after, ephemeral, streamID)
 	if err != nil {
 		return err
 	}
@@ -591,8 +594,21 @@ func runTail(ctx context.Context, s *Session, args []string) error {
 		}
 		// The connection opens again after the last offset printed: what came meanwhile is
 		// read back from the log, and nothing printed is printed again.
+		conn.sink.mu.Lock()
+		streamID = conn.sink.streamID
+		conn.sink.mu.Unlock()
 		err = s.reopen(ctx, went, func() (err error) {
-			conn, err = s.openTail(ctx, ta.path, after, true)
+			conn, err = s.openTail(ctx, ta.path, after, true, streamID)
+			if itx.ErrorCode(err) == itx.EInvalid && streamID != "" {
+				// An offset past the head: the stream tailed may be gone, and the one at the
+				// path (if any) another, shorter one. Say so rather than name the offset.
+				c := s.client(streamPath(ta.path))
+				info, derr := client.Describe(ctx, schema.Stream(c))
+				c.Release()
+				if derr == nil && info.StreamID != streamID {
+					return streamReplaced(streamID, info.StreamID)
+				}
+			}
 			return err
 		})
 		if err != nil {
@@ -660,15 +676,16 @@ func (r *tailReader) report(ctx context.Context, last int64) error {
 // buffer filled: the tail opens again after what it printed.
 const tailOverflowed = "overflowed"
 
-// openTail opens .tail's connection on the stream at path, after the offset after. With
+// openTail opens .tail's connection on the stream at path, after the offset after, refusing a
+// stream whose id is not streamID (unless it is "": the first connection learns it). With
 // ephemeral it asks for the buffered ephemeral events after that offset too: when the tail
 // started at the head (they were appended since), and when it opens again (the connection it
 // replaces would have delivered them live).
-func (s *Session) openTail(ctx context.Context, path string, after int64, ephemeral bool) (*liveConnection, error) {
+func (s *Session) openTail(ctx context.Context, path string, after int64, ephemeral bool, streamID string) (*liveConnection, error) {
 	c := s.client(streamPath(path))
 	defer c.Release()
 	sink := newEventSink()
-	sink.keepOldest = true
+	sink.keepOldest, sink.streamID = true, streamID
 	return s.openConnectionTo(ctx, c, s.toJS(map[string]any{"after": after, "openedBy": "itx tail", "noState": true, "includeEphemeral": ephemeral}), sink)
 }
 

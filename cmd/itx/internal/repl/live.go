@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"math"
 	"strings"
@@ -49,6 +51,12 @@ type eventSink struct {
 	keepOldest bool
 	full       bool // keepOldest: the buffer filled; every later event was discarded
 	bytes      int  // the Size of the events held
+	// streamID is the stream the connection delivers (learned from its first batch, or set
+	// before the open to the stream a reopened .tail continues): a batch of another stream
+	// (the one tailed was deleted and the path holds a new one, its offsets starting over) is
+	// refused, and the sink closed as streamRemoved, so nothing of it is taken for the rest.
+	streamID string
+	refused  bool // this sink closed itself (another stream): the server's close does not replace why
 }
 
 func newEventSink() *eventSink { return &eventSink{wake: make(chan struct{}, 1)} }
@@ -73,9 +81,45 @@ func (k *eventSink) Deliver(ctx context.Context, call schema.EventSink_deliver) 
 	if err != nil {
 		return err
 	}
+	id, err := batch.StreamId()
+	if err != nil {
+		return err
+	}
+	if err := k.sameStream(id); err != nil {
+		k.signal()
+		return err
+	}
 	k.add(events)
 	k.signal()
 	return nil
+}
+
+// sameStream checks that a batch of the stream id is of the sink's stream (see streamID); one
+// of another stream closes the sink as streamRemoved.
+func (k *eventSink) sameStream(id string) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	switch {
+	case k.refused:
+		return errors.New("the connection delivers another stream")
+	case id == "" || id == k.streamID:
+		return nil
+	case k.streamID == "":
+		k.streamID = id
+		return nil
+	}
+	k.closed, k.why, k.refused = streamReplaced(k.streamID, id), "streamRemoved", true
+	return errors.New("the connection delivers another stream")
+}
+
+// streamReplaced is the close reason of a connection (or a reopening) that found another
+// stream than the one it followed (was) at its path (now; "" for none).
+func streamReplaced(was, now string) *itx.Error {
+	msg := fmt.Sprintf("streamRemoved: the stream followed (id %s) was deleted", was)
+	if now != "" {
+		msg += fmt.Sprintf("; its path holds another stream now (id %s), whose offsets started over", now)
+	}
+	return &itx.Error{Code: itx.ENotFound, Message: msg}
 }
 
 // add keeps a delivered batch within maxBuffered events and maxBufferedBytes (one event is
@@ -124,7 +168,9 @@ func (k *eventSink) Closed(ctx context.Context, call schema.EventSink_closed) er
 		reason.Message, _ = r.Message_()
 	}
 	k.mu.Lock()
-	k.closed, k.why = reason, call.Args().Why().String()
+	if !k.refused {
+		k.closed, k.why = reason, call.Args().Why().String()
+	}
 	k.mu.Unlock()
 	k.signal()
 	return nil
