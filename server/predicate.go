@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -206,16 +207,17 @@ func CompileJSONata(src string) (expr *jsonata.Expr, err error) {
 }
 
 // EventDocument is the JSON value JSONata conditions and transforms see for an event. Numbers
-// are float64, as JSONata's arithmetic expects.
+// are float64, as JSONata's arithmetic expects: one beyond float64's range (valid JSON, kept in
+// the log as sent) is ±Inf, as JavaScript's JSON.parse reads it, and the rest of its payload
+// reads as usual (json.Unmarshal refuses such a number, and the payload was then left out
+// whole: conditions on its other members never held, and transforms shaped it as {}).
 func EventDocument(e *itx.Event) map[string]any {
 	doc := map[string]any{"offset": float64(e.Offset), "type": e.Type, "createdAt": float64(e.CreatedAt)}
-	var p any
-	if json.Unmarshal(e.Payload, &p) == nil {
+	if p, err := jsonataValue(e.Payload); err == nil {
 		doc["payload"] = p
 	}
 	if len(e.Metadata) > 0 {
-		var m any
-		if json.Unmarshal(e.Metadata, &m) == nil {
+		if m, err := jsonataValue(e.Metadata); err == nil {
 			doc["metadata"] = m
 		}
 	}
@@ -223,6 +225,34 @@ func EventDocument(e *itx.Event) map[string]any {
 		doc["idempotencyKey"] = e.IdempotencyKey
 	}
 	return doc
+}
+
+// jsonataValue decodes stored JSON into the values JSONata works on, numbers as float64 (±Inf
+// past its range).
+func jsonataValue(raw []byte) (any, error) {
+	v, err := decodeJSON(raw)
+	if err != nil {
+		return nil, err
+	}
+	return floatNumbers(v), nil
+}
+
+// floatNumbers replaces, in place, each json.Number in v by its float64 value.
+func floatNumbers(v any) any {
+	switch x := v.(type) {
+	case json.Number:
+		f, _ := strconv.ParseFloat(string(x), 64) // ±Inf with ErrRange past the range: kept
+		return f
+	case map[string]any:
+		for k, w := range x {
+			x[k] = floatNumbers(w)
+		}
+	case []any:
+		for i, w := range x {
+			x[i] = floatNumbers(w)
+		}
+	}
+	return v
 }
 
 // EvalCondition evaluates a JSONata condition over an event: it holds only when the result is
