@@ -215,6 +215,23 @@ func followOnce(ctx context.Context, cfg *FollowConfig, last *atomic.Int64, resu
 		return err
 	}
 	defer c.Release()
+	// The stream the connection opened on, before anything is said of it (the reader's
+	// checkpoint below, an offset of the stream followed): a batch tells it too, but none may
+	// come for a while.
+	if info, err := Describe(dctx, s); err == nil && info.StreamID != "" {
+		mu.Lock()
+		switch {
+		case *streamID == "":
+			*streamID = info.StreamID
+		case info.StreamID != *streamID:
+			failed = streamReplaced(cfg.Path, *streamID, info.StreamID)
+		}
+		mu.Unlock()
+		if failed != nil {
+			c.Close(dctx)
+			return errPermanent{failed}
+		}
+	}
 	if cfg.Connected != nil {
 		cfg.Connected()
 	}

@@ -242,7 +242,8 @@ func TestClientFollow_StopsAtAStreamCreatedAgain(t *testing.T) {
 			done := make(chan result, 1)
 			go func() {
 				last, err := client.Follow(ctx, client.FollowConfig{Addr: px.addr(), Token: ts.creds.ProjectToken, Path: "/again",
-					MinBackoff: 10 * time.Millisecond, MaxBackoff: 20 * time.Millisecond, Logf: t.Logf},
+					MinBackoff: 10 * time.Millisecond, MaxBackoff: 20 * time.Millisecond, Logf: t.Logf,
+					Reader: "mirror", ReaderInterval: time.Millisecond},
 					func(ctx context.Context, b itx.DeliveryBatch) error {
 						ids.Store(b.StreamID, true)
 						return f.deliver(ctx, b)
@@ -280,6 +281,13 @@ func TestClientFollow_StopsAtAStreamCreatedAgain(t *testing.T) {
 			n := 0
 			ids.Range(func(any, any) bool { n++; return true })
 			require.Equal(t, 1, n, "batches of one stream only")
+			// Nor is its reader's checkpoint, an offset of the old stream, registered on the new
+			// one (a Follow resumed from it would skip the new stream's first events).
+			if created > 0 {
+				readers, err := client.ListReaders(ctx, client.Readers(ctx, s))
+				require.NoError(t, err)
+				require.Empty(t, readers)
+			}
 		})
 	}
 }

@@ -425,7 +425,7 @@ func TestMain_TailEndsAtAStreamCreatedAgainWhileAway(t *testing.T) {
 			token := creds.ProjectToken
 			appendTypes(t, addr, token, "/f", "old-1", "old-2", "old-3")
 
-			tail := startItxCommand(t, addr, token, "tail", "/f", "--from", "0", "--json")
+			tail := startItxCommand(t, addr, token, "tail", "/f", "--from", "0", "--json", "--reader", "tailer")
 			tail.wait(t, tail.out, "old-3")
 			itxd.stop(t)
 			tail.wait(t, tail.errs, "itxd went away")
@@ -472,6 +472,12 @@ func TestMain_TailEndsAtAStreamCreatedAgainWhileAway(t *testing.T) {
 				printed = append(printed, e.Type)
 			}
 			require.Equal(t, []string{"old-1", "old-2", "old-3"}, printed, "nothing of the new stream is printed")
+			// Nor is its reader's checkpoint, an offset of the old stream, registered on the
+			// new one (a tail resumed from it would skip the new stream's first events).
+			ts := &testServer{addr: addr, token: token}
+			readers, err := client.ListReaders(ctx, client.Readers(ctx, ts.streamDirect(t, ctx, "/f")))
+			require.NoError(t, err)
+			require.Empty(t, readers)
 		})
 	}
 }

@@ -599,15 +599,24 @@ func runTail(ctx context.Context, s *Session, args []string) error {
 		conn.sink.mu.Unlock()
 		err = s.reopen(ctx, went, func() (err error) {
 			conn, err = s.openTail(ctx, ta.path, after, true, streamID)
-			if itx.ErrorCode(err) == itx.EInvalid && streamID != "" {
-				// An offset past the head: the stream tailed may be gone, and the one at the
-				// path (if any) another, shorter one. Say so rather than name the offset.
-				c := s.client(streamPath(ta.path))
-				info, derr := client.Describe(ctx, schema.Stream(c))
-				c.Release()
-				if derr == nil && info.StreamID != streamID {
-					return streamReplaced(streamID, info.StreamID)
+			if err != nil && itx.ErrorCode(err) != itx.EInvalid || streamID == "" {
+				return err
+			}
+			// The stream the connection opened on, before the reader's checkpoint (an offset
+			// of the stream tailed) is reported again: a batch tells it too, but none may come
+			// for a while. Refused past the head, the stream tailed may be gone, and the one at
+			// the path (if any) another, shorter one: say so rather than name the offset.
+			c := s.client(streamPath(ta.path))
+			info, derr := client.Describe(ctx, schema.Stream(c))
+			c.Release()
+			if derr == nil && info.StreamID != streamID && (err != nil || info.StreamID != "") {
+				if err == nil {
+					cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+					defer cancel()
+					conn.close(cctx, "itx tail: another stream at the path")
+					s.forget(conn)
 				}
+				return streamReplaced(streamID, info.StreamID)
 			}
 			return err
 		})
