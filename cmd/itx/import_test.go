@@ -1,14 +1,18 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/cmd/itx/internal/repl"
 	"github.com/stretchr/testify/require"
 )
 
@@ -224,3 +228,49 @@ func TestSession_CommandArgumentsMayBeQuoted(t *testing.T) {
 	code, _, errs := c.run(`.import /quoted3 "` + file + `"` + "\n")
 	require.Equal(t, exitOK, code, errs)
 }
+
+// An export pages through the stream it described when it began. A stream deleted and created
+// again under its path while the export runs (here while its output is blocked on the first
+// page) is another stream: its pages after that offset went into the export as if they followed
+// the old ones (new-501 after old-500). The export stops instead, saying the stream it read was
+// deleted, with what it wrote before.
+func TestRun_ExportEndsAtAStreamCreatedAgain(t *testing.T) {
+	ts := startServer(t)
+	appendMany := func(typ string, n int) {
+		for i := 0; i < n; i += 500 {
+			var batch []itx.EventInput
+			for j := i; j < min(n, i+500); j++ {
+				batch = append(batch, itx.EventInput{Type: fmt.Sprintf("%s-%d", typ, j+1)})
+			}
+			ts.appendDirect(t, "/exported", batch...)
+		}
+	}
+	appendMany("old", 1200)
+	out := &blockedWriter{syncBuffer: newSyncBuffer(), writing: make(chan struct{}), release: make(chan struct{})}
+	errs := newSyncBuffer()
+	cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer ccancel()
+	rs, err := repl.Connect(cctx, repl.Config{Addr: ts.addr, Token: ts.token, Out: out, Err: errs, Format: repl.FormatJSON})
+	require.NoError(t, err)
+	t.Cleanup(func() { rs.Close() })
+	result := make(chan error, 1)
+	go func() { result <- rs.RunCommand(context.Background(), "export /exported") }()
+	<-out.writing // the first page is read and being written
+
+	ctx := context.Background()
+	c, err := client.Dial(ctx, ts.addr)
+	require.NoError(t, err)
+	defer c.Close()
+	_, err = client.DeleteStream(ctx, c.Login(ctx, ts.token), "/exported", true)
+	require.NoError(t, err)
+	appendMany("new", 1200)
+	close(out.release)
+
+	err = <-result
+	require.Error(t, err, "stdout ends %q", tailOf(out.String()))
+	require.Equal(t, itx.ENotFound, itx.ErrorCode(err), "%v", err)
+	require.Contains(t, err.Error(), "was deleted")
+	require.NotContains(t, out.String(), `"new-`, "nothing of the new stream is exported")
+}
+
+func tailOf(s string) string { return s[max(0, len(s)-300):] }

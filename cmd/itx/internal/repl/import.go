@@ -289,6 +289,17 @@ func runExport(ctx context.Context, s *Session, args []string) error {
 			w.Flush()
 			return itx.Errorf(itx.ErrorCode(err), "export: after offset %d: %s; %d events written", after, itx.ErrorMessage(err), n)
 		}
+		if page.StreamID != info.StreamID {
+			// Deleted meanwhile (and perhaps created again: another stream, its offsets
+			// starting over): its pages are not the rest of the one exported.
+			w.Flush()
+			now := "no stream is there now"
+			if page.StreamID != "" {
+				now = "the path holds another stream now (id " + page.StreamID + ")"
+			}
+			return itx.Errorf(itx.ENotFound, "export: %s (id %s) was deleted while it was exported, after offset %d: %s; %d events written",
+				ea.path, info.StreamID, after, now, n)
+		}
 		for _, e := range eventsJS(page.Events) { // as itx prints events: times in ISO-8601
 			if itx.IsCoreType(e.Type) && !withControl {
 				skipped++
