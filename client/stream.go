@@ -168,12 +168,24 @@ func GetEvents(ctx context.Context, s schema.Stream, query itx.Query) ([]itx.Eve
 }
 
 // ReadAll pages through every event after `after` up to the head at the time of the last page.
+// The pages are of one stream: when the stream is deleted between two (and perhaps created
+// again, its offsets starting over), ReadAll returns the events read before with notFound.
 func ReadAll(ctx context.Context, s schema.Stream, query itx.Query) ([]itx.Event, error) {
 	var all []itx.Event
+	streamID, first := "", true
 	for {
 		page, err := GetEventPage(ctx, s, query)
 		if err != nil {
 			return all, err
+		}
+		if first {
+			streamID, first = page.StreamID, false
+		} else if page.StreamID != streamID {
+			now := "no stream is there now"
+			if page.StreamID != "" {
+				now = "its path holds another stream now (id " + page.StreamID + ")"
+			}
+			return all, itx.Errorf(itx.ENotFound, "the stream read (id %s) was deleted after offset %d: %s", streamID, query.After, now)
 		}
 		all = append(all, page.Events...)
 		if page.NextAfter >= page.StreamMaxOffset || page.NextAfter == query.After {
