@@ -58,6 +58,7 @@ func planGroup(head int64, streamID string, bucket *tokenBucket, room func() err
 		}
 		var rows []itx.Event
 		mine := map[string]*itx.Event{}
+		mineAt := map[string]int{} // the input that took a key of mine: its row is not committed
 		var err error
 		var working *coreState // a clone of p.Core, made when this request touches it
 		var effects []cursorEffect
@@ -74,8 +75,14 @@ func planGroup(head int64, streamID string, bucket *tokenBucket, room func() err
 				}
 				if prior != nil {
 					if !sameEvent(prior, in, req.authority) {
+						by := fmt.Sprintf("offset %d", prior.Offset)
+						if at, ok := mineAt[key]; ok && mine[key] == prior {
+							// Nothing of this call is written: the offset it would have had is no
+							// event anyone can read.
+							by = fmt.Sprintf("event %d of this append", at)
+						}
 						err = itx.Errorf(itx.EIdempotencyConflict,
-							"event %d: idempotency key %q is already used by offset %d with a different body", j, key, prior.Offset)
+							"event %d: idempotency key %q is already used by %s with a different body", j, key, by)
 						break
 					}
 					res.Offsets[j], res.Duplicate[j] = prior.Offset, true
@@ -112,6 +119,7 @@ func planGroup(head int64, streamID string, bucket *tokenBucket, room func() err
 			}
 			if in.IdempotencyKey != "" {
 				mine[in.IdempotencyKey] = &rows[len(rows)-1]
+				mineAt[in.IdempotencyKey] = j
 			}
 		}
 		// A retry whose every event is a duplicate is answered from the log whatever the head:

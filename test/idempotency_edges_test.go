@@ -2,6 +2,7 @@ package test
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -120,4 +121,25 @@ func TestSubscriptionVerbs_ErrorsNameNoEvent(t *testing.T) {
 	_, err = client.SetSubscriptionCursor(e.ctx, s, "nope", 0)
 	requireCode(t, err, itx.ENotFound)
 	require.False(t, strings.Contains(itx.ErrorMessage(err), "event 0"), "%v", err)
+}
+
+// One append that uses a key twice with two bodies is refused whole, and the refusal names the
+// event of the call that took the key first: it named "offset 2", the offset that event would
+// have had, though nothing was written and offset 2 became another event later.
+func TestIdempotency_ConflictInsideOneAppendNamesTheEvent(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	s := stream(t, ts.project(t), "/idem/inside")
+	mustAppend(t, s, ev("first", `{}`))
+	_, err := client.Append(ctx, s, []itx.EventInput{ev("x", `{}`), keyed("t", `{"a":1}`, "k"), keyed("t", `{"a":2}`, "k")}, itx.AppendOptions{})
+	requireCode(t, err, itx.EIdempotencyConflict)
+	require.Contains(t, itx.ErrorMessage(err), `event 2: idempotency key "k" is already used by event 1 of this append with a different body`)
+	require.NotContains(t, itx.ErrorMessage(err), "offset")
+	require.Equal(t, int64(1), mustDescribe(t, s).HeadOffset, "nothing written")
+
+	// A key a committed event holds is named by its offset, as before.
+	held := mustAppend(t, s, keyed("t", `{"a":1}`, "held")).Offsets[0]
+	_, err = client.Append(ctx, s, []itx.EventInput{keyed("t", `{"a":2}`, "held")}, itx.AppendOptions{})
+	requireCode(t, err, itx.EIdempotencyConflict)
+	require.Contains(t, itx.ErrorMessage(err), fmt.Sprintf("already used by offset %d", held))
 }
