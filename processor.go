@@ -215,6 +215,11 @@ type ProcessorPorts struct {
 	Alarm    ProcessorAlarm
 	Clock    Clock
 	Logf     func(format string, args ...any)
+	// FrameBudget is how long a frame may run before it commits what it has processed, at the
+	// next event boundary, and leaves the rest for a frame of its own (0: the SDK's default):
+	// a host that bounds its wakes sets it below that bound, so a page of slow events (a
+	// vendor call each) commits progress instead of being cut off whole at every wake.
+	FrameBudget time.Duration
 }
 
 // StreamProcessors is the processors of one stream in one incarnation.

@@ -83,7 +83,7 @@ func (h *Host) Open(ctx context.Context, ports itx.ProcessorPorts) (itx.StreamPr
 	}
 	reg, err := NewRegistry(RegistryConfig{
 		Path: ports.Path, Log: ports.Log, KV: ports.KV, Alarm: ports.Alarm, Clock: ports.Clock,
-		Version: h.version, Logf: ports.Logf,
+		Version: h.version, Logf: ports.Logf, FrameBudget: ports.FrameBudget,
 	})
 	if err != nil {
 		return nil, err

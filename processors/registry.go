@@ -21,7 +21,9 @@ type RegistryConfig struct {
 	Clock    itx.Clock // the only time source
 	Version  string    // the host's version: a new one resets every crash-loop budget
 	PageSize int       // passed to runners; 0 means DefaultPageSize
-	Logf     func(format string, args ...any)
+	// FrameBudget is passed to runners (RunnerConfig.FrameBudget); 0 means DefaultFrameBudget.
+	FrameBudget time.Duration
+	Logf        func(format string, args ...any)
 	// BackgroundFailed, if set, is each runner's RunnerConfig.BackgroundFailed, naming the
 	// processor.
 	BackgroundFailed func(processor string, err error)
@@ -97,7 +99,7 @@ func Register[S any](ctx context.Context, reg *Registry, c Contract[S], store Pr
 	}
 	r, err := NewRunner(c, RunnerConfig{
 		Path: reg.cfg.Path, Log: runnerLog, Progress: store, Clock: reg.cfg.Clock,
-		Tracker: k, PageSize: reg.cfg.PageSize, Logf: reg.cfg.Logf, BackgroundFailed: failed,
+		Tracker: k, PageSize: reg.cfg.PageSize, FrameBudget: reg.cfg.FrameBudget, Logf: reg.cfg.Logf, BackgroundFailed: failed,
 	})
 	if err != nil {
 		return nil, err

@@ -16,6 +16,9 @@ import (
 // DefaultPageSize is how many events a runner reads per page when it catches up or re-reduces.
 const DefaultPageSize = 500
 
+// DefaultFrameBudget is RunnerConfig.FrameBudget's default.
+const DefaultFrameBudget = 10 * time.Second
+
 // Tracker is told about every unit of in-flight work (a frame attempt, a blocker, a background
 // attempt): the keepalive keeps an alarm ahead of it. done reports how the work ended.
 type Tracker interface {
@@ -30,7 +33,14 @@ type RunnerConfig struct {
 	Clock    itx.Clock     // the only time source
 	Tracker  Tracker       // nil runs untracked (no keepalive)
 	PageSize int           // 0 means DefaultPageSize
-	Logf     func(format string, args ...any)
+	// FrameBudget bounds how long one frame runs before it commits: once it has passed (on
+	// Clock), the frame commits through the event whose ProcessEvent and blockers just ended,
+	// as if it had been delivered cut there, and the rest of the frame is left to the next
+	// delivery (CatchUp and a host's wake lane deliver it at once). A page of slow events
+	// (a vendor call per event) then commits as it goes instead of being redelivered whole
+	// each time a host's bound on the wake cuts it off. 0 means DefaultFrameBudget.
+	FrameBudget time.Duration
+	Logf        func(format string, args ...any)
 	// BackgroundFailed, if set, hears each RunInBackground attempt that failed while the
 	// incarnation lived (it is logged either way); one ended by Close is the eviction's, not a
 	// failure.
@@ -83,6 +93,9 @@ func NewRunner[S any](c Contract[S], cfg RunnerConfig) (*Runner[S], error) {
 	}
 	if cfg.PageSize <= 0 {
 		cfg.PageSize = DefaultPageSize
+	}
+	if cfg.FrameBudget <= 0 {
+		cfg.FrameBudget = DefaultFrameBudget
 	}
 	if cfg.Logf == nil {
 		cfg.Logf = log.Printf
@@ -305,6 +318,12 @@ func (r *Runner[S]) processFrame(ctx context.Context, f Frame) (err error) {
 	delivery := Delivery{ObservedHead: plan.head, CursorRevision: committed.CursorRevision}
 	state := r.committedState()
 	var malformed []itx.Event
+	// A frame past its budget is cut after the event just processed: it commits through that
+	// event, exactly as a frame delivered cut there would (no CaughtUp: events are left), and the
+	// rest is the next frame's. Never after the CaughtUp event, which is the last one to deliver.
+	deadline := r.cfg.Clock.Now().Add(r.cfg.FrameBudget)
+	through, eventless := plan.through, plan.eventless
+events:
 	for i := range plan.events {
 		pe := &plan.events[i]
 		switch pe.kind {
@@ -322,9 +341,13 @@ func (r *Runner[S]) processFrame(ctx context.Context, f Frame) (err error) {
 				return err
 			}
 			hook, state = "", next
+			if !pe.caughtUp && i < len(plan.events)-1 && !r.cfg.Clock.Now().Before(deadline) {
+				through, eventless = pe.event.Offset, false
+				break events
+			}
 		}
 	}
-	if plan.eventless && !r.heldBack(busy, seq) {
+	if eventless && !r.heldBack(busy, seq) {
 		claimed = true
 		d := delivery
 		d.CaughtUp = true
@@ -335,13 +358,13 @@ func (r *Runner[S]) processFrame(ctx context.Context, f Frame) (err error) {
 		hook = ""
 	}
 	next := committed
-	next.ReducerVersion, next.ReducedThrough, next.ProcessedThrough = r.c.ReducerVersion, plan.through, plan.through
+	next.ReducerVersion, next.ReducedThrough, next.ProcessedThrough = r.c.ReducerVersion, through, through
 	if err := r.commit(ctx, next, state); err != nil {
 		return err
 	}
-	if plan.through >= plan.head {
+	if through >= plan.head {
 		r.mu.Lock()
-		r.offeredAt = plan.through
+		r.offeredAt = through
 		r.mu.Unlock()
 	}
 	// Diagnostics follow the commit: the malformed event is already behind the cursor, so a

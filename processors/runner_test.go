@@ -745,3 +745,65 @@ func TestRunner_PanicsWhileReReducing(t *testing.T) {
 		})
 	})
 }
+
+// A frame that runs past its budget commits through the event it is at and leaves the rest to the
+// next frame, which gets the CaughtUp the cut one could not claim: a page of slow events commits
+// as it goes instead of all or nothing.
+func TestRunner_FrameBudgetCommitsAPrefix(t *testing.T) {
+	f := newFixture()
+	var seen, caughtUp []int64
+	c := processors.Contract[int]{
+		Name: "slow", ConsumedTypes: []string{string(added)}, ReducerVersion: "1",
+		InitialState: func() int { return 0 },
+		Reduce:       func(n int, _ itx.Event) int { return n + 1 },
+		ProcessEvent: func(ctx context.Context, a *processors.Args[int]) error {
+			if a.Event == nil {
+				return nil
+			}
+			seen = append(seen, a.Event.Offset)
+			if a.Delivery.CaughtUp {
+				caughtUp = append(caughtUp, a.Event.Offset)
+			}
+			a.BlockProcessorWhile("vendor", func(context.Context) error {
+				f.clock.Advance(4 * time.Second) // a slow vendor call
+				return nil
+			})
+			return nil
+		},
+	}
+	r, err := processors.NewRunner(c, processors.RunnerConfig{
+		Path: "/test", Log: f.stream, Progress: f.store, Clock: f.clock, FrameBudget: 10 * time.Second, Logf: t.Logf,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Open(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	var in []itx.EventInput
+	for i := range 6 {
+		in = append(in, added.Input(counted{N: i + 1}, ""))
+	}
+	events := f.append(t, in...)
+	frame := processors.Frame{Events: events, ScannedAfter: 0, ScannedThrough: 6, Head: 6, Continued: true}
+	if err := r.Deliver(t.Context(), frame); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.ProcessedThrough(); got != 3 {
+		t.Fatalf("after a 12 s frame with a 10 s budget the cursor is at %d, want 3", got)
+	}
+	if _, n := r.Snapshot(); n != 3 {
+		t.Fatalf("state %d at the cut, want 3", n)
+	}
+	frame.Events, frame.ScannedAfter = events[3:], 3
+	if err := r.Deliver(t.Context(), frame); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.ProcessedThrough(); got != 6 {
+		t.Fatalf("cursor %d after the rest, want 6", got)
+	}
+	if !slices.Equal(seen, []int64{1, 2, 3, 4, 5, 6}) || !slices.Equal(caughtUp, []int64{6}) {
+		t.Fatalf("ProcessEvent saw %v, CaughtUp on %v; want each once and CaughtUp on 6 only", seen, caughtUp)
+	}
+}

@@ -31,9 +31,11 @@ type Config struct {
 	Token string           // a project token
 	Name  string           // the mount name, shown by ProcessorHosts.list
 	Host  *processors.Host // the contracts to run
-	// WakeBudget bounds one wake's catch-up, checked between frames (a frame in progress always
-	// finishes); the host reports its committed cursor then, and itxd wakes it again while it is
-	// behind. Default 10 s.
+	// WakeBudget bounds one wake's catch-up, checked between frames, and each frame's run (a
+	// frame past it commits through the event it is at and leaves the rest to the next frame,
+	// processors.RunnerConfig.FrameBudget); the host reports its committed cursor then, and itxd
+	// wakes it again while it is behind. Keep it well under itxd's bound on a wake (twice its
+	// delivery timeout, 40 s). Default 10 s.
 	WakeBudget time.Duration
 	// MountTimeout bounds logging in and mounting over a fresh connection: a connection that
 	// accepted but does not answer (a stalled proxy in front of itxd) is given up and dialed
@@ -271,6 +273,9 @@ func (h *HostServer) session(ctx context.Context, key sessionKey, path string, g
 	ps, err := h.cfg.Host.Open(ctx, itx.ProcessorPorts{
 		Path: path, Log: s.log, Progress: rpcProgress{s}, KV: rpcKV{s}, Alarm: rpcAlarm{s},
 		Clock: itx.SystemClock{}, Logf: h.cfg.Logf,
+		// A frame commits within the wake's budget too: itxd bounds the whole wake, and a page
+		// slower than that bound, cut off whole, would be redelivered whole at every wake.
+		FrameBudget: h.cfg.WakeBudget,
 	})
 	if err != nil {
 		h.mu.Unlock()

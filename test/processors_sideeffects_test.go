@@ -1,0 +1,135 @@
+package test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/processors"
+	"github.com/itx-dev/itx/processors/remote"
+	"github.com/itx-dev/itx/server"
+	"github.com/stretchr/testify/require"
+)
+
+// Tests written as a user whose processor sends emails: each consumed email/requested is one POST
+// to a mail API, under an idempotency key, inside BlockProcessorWhile (at-least-once).
+
+type mailRequest struct {
+	ID string `json:"id"`
+}
+
+const mailRequested = processors.EventType[mailRequest]("mail/requested")
+
+// mailAPI is a real HTTP receiver that records each send's idempotency key; each send takes delay.
+type mailAPI struct {
+	mu    sync.Mutex
+	sends map[string]int
+	total int
+	url   string
+}
+
+func newMailAPI(t *testing.T, delay time.Duration) *mailAPI {
+	m := &mailAPI{sends: map[string]int{}}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-time.After(delay):
+		case <-r.Context().Done():
+			return
+		}
+		m.mu.Lock()
+		m.sends[r.Header.Get("Idempotency-Key")]++
+		m.total++
+		m.mu.Unlock()
+	}))
+	t.Cleanup(srv.Close)
+	m.url = srv.URL
+	return m
+}
+
+func (m *mailAPI) counts() (distinct, total int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.sends), m.total
+}
+
+func mailerContract(api *mailAPI) func() processors.Contract[int] {
+	return func() processors.Contract[int] {
+		return processors.Contract[int]{
+			Name: "mailer", ConsumedTypes: []string{string(mailRequested)}, ReducerVersion: "1",
+			InitialState: func() int { return 0 },
+			Reduce:       func(n int, _ itx.Event) int { return n + 1 },
+			ProcessEvent: func(ctx context.Context, a *processors.Args[int]) error {
+				if a.Event == nil {
+					return nil
+				}
+				key := a.IdempotencyKey("send", a.Event)
+				// Blocking: the email is this event's whole consequence.
+				a.BlockProcessorWhile("send", func(ctx context.Context) error {
+					req, err := http.NewRequestWithContext(ctx, http.MethodPost, api.url, nil)
+					if err != nil {
+						return err
+					}
+					req.Header.Set("Idempotency-Key", key)
+					resp, err := http.DefaultClient.Do(req)
+					if err != nil {
+						return err
+					}
+					return resp.Body.Close()
+				})
+				return nil
+			},
+		}
+	}
+}
+
+// A remote mailer mounted over a backlog: the page it reads (500 events) takes longer to send
+// than itxd's bound on one wake (twice the delivery timeout). The host commits within its wake
+// budget, frame by frame, so the backlog drains; it used to run the whole page at every wake, be
+// cut off by the bound, commit nothing, and send the same emails again at the next wake, forever.
+func TestProcessors_RemoteSlowBacklogDrains(t *testing.T) {
+	if testing.Short() {
+		t.Skip("sends a backlog through a slow receiver")
+	}
+	api := newMailAPI(t, 10*time.Millisecond)
+	ts := startServer(t, server.Config{DeliveryTimeout: 500 * time.Millisecond}) // a wake is bound at 1 s
+	ctx := ctxT(t)
+	s := stream(t, ts.project(t), "/mail/backlog")
+	const n = 300 // about 3 s of sends in one page
+	var head int64
+	for i := 0; i < n; i += 100 {
+		var batch []itx.EventInput
+		for j := i; j < i+100; j++ {
+			batch = append(batch, mailRequested.Input(mailRequest{ID: fmt.Sprint(j)}, ""))
+		}
+		head = mustAppend(t, s, batch...).HeadOffset
+	}
+	configureRemote(t, s, "mailer")
+	host := processors.NewHost("mail-1")
+	require.NoError(t, processors.Add(host, mailerContract(api)))
+	mounted := make(chan struct{}, 16)
+	hctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = remote.Run(hctx, remote.Config{Addr: ts.addr, Token: ts.creds.ProjectToken, Name: "mail-host", Host: host,
+			WakeBudget: 200 * time.Millisecond, MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
+			Logf: t.Logf, Mounted: func() { mounted <- struct{}{} }})
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	awaitMount(t, mounted)
+
+	sub := client.Subscription(ctx, s, "mailer")
+	defer sub.Release()
+	processed, err := client.WaitUntilProcessed(ctx, sub, head, 25*time.Second)
+	require.NoError(t, err, "the backlog never drained")
+	require.GreaterOrEqual(t, processed, head)
+	distinct, total := api.counts()
+	require.Equal(t, n, distinct, "every email sent")
+	require.Less(t, total, 2*n, "sends repeated wake after wake: %d sends for %d emails", total, n)
+}
