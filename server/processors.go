@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/itx-dev/itx"
@@ -976,9 +977,30 @@ func (d *deliverer) wake(job pushJob, store streamStore, out deliveryOutcome) de
 		}
 		frame.Events = append(frame.Events, *e)
 	}
-	if err := r.Deliver(d.ctx, frame); err != nil {
-		if d.ctx.Err() != nil {
+	// Bound as a remote host's wake is: a frame that has not finished by then (a ProcessEvent or
+	// blocker that does not return, whatever its context says) is an outage the subscription
+	// shows (lastError, attempt) and backs off from, not a wake in flight forever past its
+	// deadline. The frame's context ends; a frame that ignores it is left running (it commits if
+	// it ever ends), and the runner takes no other frame until it does.
+	ctx, cancel := context.WithCancel(d.ctx)
+	defer cancel()
+	var late atomic.Bool
+	bound := 2 * d.srv.cfg.DeliveryTimeout
+	t := d.srv.clock.AfterFunc(bound, func() { late.Store(true); cancel() })
+	defer t.Stop()
+	done := make(chan error, 1)
+	go func() { done <- r.Deliver(ctx, frame) }()
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	if err != nil {
+		switch {
+		case d.ctx.Err() != nil:
 			return out // unloading or replaced: the frame is redelivered
+		case late.Load():
+			return fail(classOutage, 0, itx.Errorf(itx.EDeadlineExceeded, "processor %q did not finish its frame (%d, %d] within %s", d.name, frame.ScannedAfter, frame.ScannedThrough, bound))
 		}
 		return fail(classOutage, len(frame.Events), err)
 	}

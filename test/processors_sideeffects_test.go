@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -132,4 +133,68 @@ func TestProcessors_RemoteSlowBacklogDrains(t *testing.T) {
 	distinct, total := api.counts()
 	require.Equal(t, n, distinct, "every email sent")
 	require.Less(t, total, 2*n, "sends repeated wake after wake: %d sends for %d emails", total, n)
+}
+
+// An in-process mailer whose send hangs, ignoring its context: the wake is bound as a remote
+// host's is (twice the delivery timeout), so the subscription shows the stall (lastError, attempt)
+// and backs off instead of sitting silently "active" with an in-flight deadline long past. Once
+// the send returns the mailer moves on.
+func TestProcessors_InProcessHungFrameIsSeen(t *testing.T) {
+	release := make(chan struct{})
+	var sends sync.Map
+	build := func() processors.Contract[int] {
+		return processors.Contract[int]{
+			Name: "mailer", ConsumedTypes: []string{string(mailRequested)}, ReducerVersion: "1",
+			InitialState: func() int { return 0 },
+			Reduce:       func(n int, _ itx.Event) int { return n + 1 },
+			ProcessEvent: func(ctx context.Context, a *processors.Args[int]) error {
+				if a.Event == nil {
+					return nil
+				}
+				key := a.IdempotencyKey("send", a.Event)
+				// Blocking: the email is this event's whole consequence.
+				a.BlockProcessorWhile("send", func(context.Context) error {
+					<-release // a vendor SDK call that takes no context
+					n, _ := sends.LoadOrStore(key, new(atomic.Int64))
+					n.(*atomic.Int64).Add(1)
+					return nil
+				})
+				return nil
+			},
+		}
+	}
+	host := processors.NewHost("mail-1")
+	require.NoError(t, processors.Add(host, build))
+	ts := startServer(t, server.Config{Processors: host, DeliveryTimeout: 250 * time.Millisecond})
+	var once sync.Once
+	unhang := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(unhang) // before the server closes
+	ctx := ctxT(t)
+	s := stream(t, ts.project(t), "/mail/hung")
+	configureProcessor(t, s, "mailer")
+	head := mustAppend(t, s, mailRequested.Input(mailRequest{ID: "1"}, "")).HeadOffset
+	sub := client.Subscription(ctx, s, "mailer")
+	defer sub.Release()
+
+	var d itx.SubscriptionDescription
+	require.Eventually(t, func() bool {
+		var err error
+		d, err = client.DescribeSubscription(ctx, sub)
+		require.NoError(t, err)
+		return d.LastError != ""
+	}, 20*time.Second, 20*time.Millisecond, "the hung frame never showed: %+v", d)
+	require.Contains(t, d.LastError, "mailer")
+	require.Contains(t, d.LastError, "did not finish")
+	require.GreaterOrEqual(t, d.Attempt, 1)
+	require.Less(t, d.ConfirmedOffset, head)
+
+	unhang()
+	_, err := client.WaitUntilProcessed(ctx, sub, head, 20*time.Second)
+	require.NoError(t, err)
+	n := 0
+	sends.Range(func(_, v any) bool { n += int(v.(*atomic.Int64).Load()); return true })
+	// At least once: the frame that overran the bound was cancelled (its late commit refused), so
+	// the retry sends again, under the same idempotency key, as after a crash; never more.
+	require.GreaterOrEqual(t, n, 1)
+	require.LessOrEqual(t, n, 2)
 }
