@@ -143,7 +143,15 @@ func (r *Runner[S]) Open(ctx context.Context) error {
 			from, after = st, rec.ReducedThrough // extend a lagging cache instead of refolding
 		}
 	}
-	st, err := r.reduceOnly(ctx, from, after, rec.ProcessedThrough)
+	// A long refold commits as it goes, each FrameBudget, as a reduction lagging the processing
+	// cursor, which the next Open extends: a host that bounds its wakes (a remote one: the
+	// refold runs inside the wake) would otherwise cut it off whole, every time.
+	lagging := func(st S, through int64) error {
+		next := *rec
+		next.ReducerVersion, next.ReducedThrough = r.c.ReducerVersion, through
+		return r.commit(ctx, next, st)
+	}
+	st, err := r.reduceOnly(ctx, from, after, rec.ProcessedThrough, lagging)
 	if err != nil {
 		return fmt.Errorf("open processor %q: re-reduce: %w", r.c.Name, err)
 	}
@@ -222,7 +230,7 @@ func (r *Runner[S]) ReprocessFrom(ctx context.Context, offset int64) error {
 	if err := r.fence(); err != nil {
 		return err
 	}
-	st, err := r.reduceOnly(ctx, r.c.InitialState(), 0, offset-1)
+	st, err := r.reduceOnly(ctx, r.c.InitialState(), 0, offset-1, nil)
 	if err != nil {
 		return fmt.Errorf("reprocess processor %q from %d: %w", r.c.Name, offset, err)
 	}
@@ -612,8 +620,9 @@ func (r *Runner[S]) diagnose(ctx context.Context, e itx.Event) error {
 // reduceOnly folds consumed, well-formed, durable events in (after, through] into from. A Reduce
 // that panics fails it with EInternal naming the event, as in a frame: a poisoned reducer must
 // not take the host process down at every load.
-func (r *Runner[S]) reduceOnly(ctx context.Context, from S, after, through int64) (st S, err error) {
+func (r *Runner[S]) reduceOnly(ctx context.Context, from S, after, through int64, checkpoint func(st S, through int64) error) (st S, err error) {
 	st = from
+	deadline := r.cfg.Clock.Now().Add(r.cfg.FrameBudget)
 	var at *itx.Event
 	defer func() {
 		if p := recover(); p != nil {
@@ -635,6 +644,12 @@ func (r *Runner[S]) reduceOnly(ctx context.Context, from S, after, through int64
 			if r.classify(e) == kindDeliver && !e.Ephemeral {
 				at = &e
 				st = r.c.Reduce(st, e)
+				if checkpoint != nil && e.Offset < through && !r.cfg.Clock.Now().Before(deadline) {
+					if err := checkpoint(st, e.Offset); err != nil {
+						return st, err
+					}
+					deadline = r.cfg.Clock.Now().Add(r.cfg.FrameBudget)
+				}
 			}
 		}
 		after = page.ScannedThrough

@@ -198,3 +198,76 @@ func TestProcessors_InProcessHungFrameIsSeen(t *testing.T) {
 	require.GreaterOrEqual(t, n, 1)
 	require.LessOrEqual(t, n, 2)
 }
+
+// countingMailer is a mailer whose reducer counts requests; reduceDelay slows its Reduce (a big
+// state, a long history: what a new reducer version has to refold).
+func countingMailer(version string, reduceDelay time.Duration) func() processors.Contract[int] {
+	return func() processors.Contract[int] {
+		return processors.Contract[int]{
+			Name: "mailer", ConsumedTypes: []string{string(mailRequested)}, ReducerVersion: version,
+			InitialState: func() int { return 0 },
+			Reduce: func(n int, _ itx.Event) int {
+				time.Sleep(reduceDelay)
+				return n + 1
+			},
+			ProcessEvent: func(context.Context, *processors.Args[int]) error { return nil },
+		}
+	}
+}
+
+// A remote processor deployed with a new reducer version over a history whose refold takes
+// longer than itxd's bound on one wake: the refold commits as it goes (a reduction lagging the
+// processing cursor, which the next wake extends), so the processor comes back. It used to refold
+// from offset 1 inside every wake, be cut off by the bound, commit nothing and start over: the
+// processor never processed another event.
+func TestProcessors_RemoteSlowRefoldResumes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("refolds a history through a slow reducer")
+	}
+	ts := startServer(t, server.Config{DeliveryTimeout: 250 * time.Millisecond}) // a wake is bound at 500 ms
+	ctx := ctxT(t)
+	s := stream(t, ts.project(t), "/mail/refold")
+	const n = 1500
+	for i := 0; i < n; i += 500 {
+		var batch []itx.EventInput
+		for j := i; j < i+500; j++ {
+			batch = append(batch, mailRequested.Input(mailRequest{ID: fmt.Sprint(j)}, ""))
+		}
+		mustAppend(t, s, batch...)
+	}
+	configureRemote(t, s, "mailer")
+	sub := client.Subscription(ctx, s, "mailer")
+	defer sub.Release()
+	_, proc := processorOf(t, s, "mailer")
+
+	run := func(version string, delay time.Duration) func() {
+		host := processors.NewHost("mail-" + version)
+		require.NoError(t, processors.Add(host, countingMailer(version, delay)))
+		mounted := make(chan struct{}, 16)
+		hctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_ = remote.Run(hctx, remote.Config{Addr: ts.addr, Token: ts.creds.ProjectToken, Name: "mail-host", Host: host,
+				WakeBudget: 100 * time.Millisecond, MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
+				Logf: t.Logf, Mounted: func() { mounted <- struct{}{} }})
+		}()
+		awaitMount(t, mounted)
+		return func() { cancel(); <-done }
+	}
+	stop := run("1", 0)
+	head := mustAppend(t, s, mailRequested.Input(mailRequest{ID: "v1"}, "")).HeadOffset
+	_, err := client.WaitUntilProcessed(ctx, sub, head, 20*time.Second)
+	require.NoError(t, err)
+	stop()
+
+	stop = run("2", 500*time.Microsecond) // about 0.75 s to refold, past the bound
+	t.Cleanup(stop)
+	head = mustAppend(t, s, mailRequested.Input(mailRequest{ID: "v2"}, "")).HeadOffset
+	_, err = client.WaitUntilProcessed(ctx, sub, head, 25*time.Second)
+	require.NoError(t, err, "the new reducer never came back")
+	snap, err := client.Snapshot(ctx, proc)
+	require.NoError(t, err)
+	require.Equal(t, fmt.Sprint(n+2), snap.State)
+	require.GreaterOrEqual(t, snap.ReducedOffset, head)
+}
