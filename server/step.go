@@ -546,6 +546,10 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 		}
 		rt.inFlight = true
 		r.InFlightDeadlineAt = nowMs + env.deliveryTimeout.Milliseconds()
+		if st.core.Subscriptions[name].Kind() == itx.KindProcessorWake {
+			// A wake, in-process or remote, is given up at twice the delivery timeout.
+			r.InFlightDeadlineAt = nowMs + 2*env.deliveryTimeout.Milliseconds()
+		}
 		r.InFlightConnectionGeneration = rt.gen
 		job := pushJob{name: name, gen: rt.gen, row: *r, head: st.head, limit: limit, after: after, acking: window > 0, resets: rt.resets}
 		_, job.maxBytes = st.core.Subscriptions[name].Config.BatchLimits()

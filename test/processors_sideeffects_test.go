@@ -172,9 +172,19 @@ func TestProcessors_InProcessHungFrameIsSeen(t *testing.T) {
 	ctx := ctxT(t)
 	s := stream(t, ts.project(t), "/mail/hung")
 	configureProcessor(t, s, "mailer")
-	head := mustAppend(t, s, mailRequested.Input(mailRequest{ID: "1"}, "")).HeadOffset
 	sub := client.Subscription(ctx, s, "mailer")
 	defer sub.Release()
+	_, err := client.WaitUntilProcessed(ctx, sub, 1, 10*time.Second) // nothing in flight
+	require.NoError(t, err)
+	before := time.Now().UnixMilli()
+	head := mustAppend(t, s, mailRequested.Input(mailRequest{ID: "1"}, "")).HeadOffset
+	var inFlight itx.SubscriptionDescription
+	require.Eventually(t, func() bool {
+		inFlight, err = client.DescribeSubscription(ctx, sub)
+		require.NoError(t, err)
+		return inFlight.InFlightDeadlineAt >= before
+	}, 10*time.Second, 5*time.Millisecond, "the wake never showed in flight")
+	require.GreaterOrEqual(t, inFlight.InFlightDeadlineAt, before+500, "the deadline describe shows is the wake's bound")
 
 	var d itx.SubscriptionDescription
 	require.Eventually(t, func() bool {
@@ -189,7 +199,7 @@ func TestProcessors_InProcessHungFrameIsSeen(t *testing.T) {
 	require.Less(t, d.ConfirmedOffset, head)
 
 	unhang()
-	_, err := client.WaitUntilProcessed(ctx, sub, head, 20*time.Second)
+	_, err = client.WaitUntilProcessed(ctx, sub, head, 20*time.Second)
 	require.NoError(t, err)
 	n := 0
 	sends.Range(func(_, v any) bool { n += int(v.(*atomic.Int64).Load()); return true })
