@@ -281,3 +281,44 @@ func TestProcessors_RemoteSlowRefoldResumes(t *testing.T) {
 	require.Equal(t, fmt.Sprint(n+2), snap.State)
 	require.GreaterOrEqual(t, snap.ReducedOffset, head)
 }
+
+// Closing a server (itxd's SIGTERM) while an in-process blocker hangs, ignoring its context:
+// Close returns within its context, as with any other wake in flight. It used to wait for the
+// frame forever, whatever the shutdown timeout.
+func TestProcessors_CloseWithHungBlockerReturns(t *testing.T) {
+	entered := make(chan struct{}, 1)
+	build := func() processors.Contract[int] {
+		return processors.Contract[int]{
+			Name: "mailer", ConsumedTypes: []string{string(mailRequested)}, ReducerVersion: "1",
+			InitialState: func() int { return 0 },
+			Reduce:       func(n int, _ itx.Event) int { return n + 1 },
+			ProcessEvent: func(ctx context.Context, a *processors.Args[int]) error {
+				if a.Event != nil {
+					a.BlockProcessorWhile("send", func(context.Context) error { entered <- struct{}{}; select {} })
+				}
+				return nil
+			},
+		}
+	}
+	host := processors.NewHost("x")
+	require.NoError(t, processors.Add(host, build))
+	ts := startServer(t, server.Config{Processors: host})
+	s := stream(t, ts.project(t), "/mail/close")
+	configureProcessor(t, s, "mailer")
+	mustAppend(t, s, mailRequested.Input(mailRequest{ID: "1"}, ""))
+	<-entered
+	done := make(chan struct{})
+	start := time.Now()
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		ts.srv.Close(ctx)
+		close(done)
+	}()
+	select {
+	case <-done:
+		t.Logf("closed in %v", time.Since(start))
+	case <-time.After(8 * time.Second):
+		t.Fatal("Close(3s) hung with a hung blocker")
+	}
+}
