@@ -230,17 +230,47 @@ func (r *Runner[S]) ReprocessFrom(ctx context.Context, offset int64) error {
 	if err := r.fence(); err != nil {
 		return err
 	}
-	st, err := r.reduceOnly(ctx, r.c.InitialState(), 0, offset-1, nil)
-	if err != nil {
-		return fmt.Errorf("reprocess processor %q from %d: %w", r.c.Name, offset, err)
-	}
 	r.mu.Lock()
 	next := r.progress
 	r.offeredAt = -1 // the rewound state has not had its pass at the head
 	r.mu.Unlock()
-	next.ReducerVersion, next.ReducedThrough, next.ProcessedThrough = r.c.ReducerVersion, offset-1, offset-1
+	next.ReducerVersion, next.ProcessedThrough = r.c.ReducerVersion, offset-1
 	next.CursorRevision++
+	// A long refold commits as it goes, as the rewound cursor with a reduction lagging it, which
+	// the next frame (or open) extends: a remote host runs the rewind inside a bounded wake.
+	lagging := func(st S, through int64) error {
+		p := next
+		p.ReducedThrough = through
+		return r.commit(ctx, p, st)
+	}
+	st, err := r.reduceOnly(ctx, r.c.InitialState(), 0, offset-1, lagging)
+	if err != nil {
+		return fmt.Errorf("reprocess processor %q from %d: %w", r.c.Name, offset, err)
+	}
+	next.ReducedThrough = offset - 1
 	return r.commit(ctx, next, st)
+}
+
+// extendReduction folds what a committed reduction lags its processing cursor by (a rewind's
+// refold cut short), committing as it goes, so a frame starts from the state at its cursor.
+func (r *Runner[S]) extendReduction(ctx context.Context) error {
+	r.mu.Lock()
+	p, from := r.progress, r.state
+	r.mu.Unlock()
+	if p.ReducedThrough >= p.ProcessedThrough {
+		return nil
+	}
+	lagging := func(st S, through int64) error {
+		q := p
+		q.ReducedThrough = through
+		return r.commit(ctx, q, st)
+	}
+	st, err := r.reduceOnly(ctx, from, p.ReducedThrough, p.ProcessedThrough, lagging)
+	if err != nil {
+		return fmt.Errorf("processor %q: extend the reduction through %d: %w", r.c.Name, p.ProcessedThrough, err)
+	}
+	p.ReducedThrough = p.ProcessedThrough
+	return r.commit(ctx, p, st)
 }
 
 // processFrame is one frame: plan, then for each new consumed event Reduce, ProcessEvent and its
@@ -249,6 +279,9 @@ func (r *Runner[S]) ReprocessFrom(ctx context.Context, offset int64) error {
 // from, and the frame is redelivered whole (at-least-once).
 func (r *Runner[S]) processFrame(ctx context.Context, f Frame) (err error) {
 	if err := r.fence(); err != nil {
+		return err
+	}
+	if err := r.extendReduction(ctx); err != nil {
 		return err
 	}
 	r.mu.Lock()

@@ -322,3 +322,56 @@ func TestProcessors_CloseWithHungBlockerReturns(t *testing.T) {
 		t.Fatal("Close(3s) hung with a hung blocker")
 	}
 }
+
+// A remote processor rewound (setSubscriptionCursor) deep into a history whose refold takes
+// longer than itxd's bound on one wake: the rewind's refold commits as it goes and the next wake
+// extends it, so the processor reprocesses from the cursor and catches up. It used to refold
+// from offset 1 inside every wake, be cut off, and never process again.
+func TestProcessors_RemoteSlowRewindResumes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("refolds a history through a slow reducer")
+	}
+	ts := startServer(t, server.Config{DeliveryTimeout: 250 * time.Millisecond}) // a wake is bound at 500 ms
+	// Each wake the bound cuts off is an outage the ladder backs off from (1 s, 2 s, ...).
+	ctx, cancelCtx := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancelCtx()
+	s := stream(t, ts.project(t), "/mail/rewind")
+	const n = 1500
+	for i := 0; i < n; i += 500 {
+		var batch []itx.EventInput
+		for j := i; j < i+500; j++ {
+			batch = append(batch, mailRequested.Input(mailRequest{ID: fmt.Sprint(j)}, ""))
+		}
+		mustAppend(t, s, batch...)
+	}
+	configureRemote(t, s, "mailer")
+	sub := client.Subscription(ctx, s, "mailer")
+	defer sub.Release()
+	_, proc := processorOf(t, s, "mailer")
+	host := processors.NewHost("mail-1")
+	require.NoError(t, processors.Add(host, countingMailer("1", 500*time.Microsecond)))
+	mounted := make(chan struct{}, 16)
+	hctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = remote.Run(hctx, remote.Config{Addr: ts.addr, Token: ts.creds.ProjectToken, Name: "mail-host", Host: host,
+			WakeBudget: 100 * time.Millisecond, MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
+			Logf: t.Logf, Mounted: func() { mounted <- struct{}{} }})
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	awaitMount(t, mounted)
+	head := mustAppend(t, s, mailRequested.Input(mailRequest{ID: "caught-up"}, "")).HeadOffset
+	_, err := client.WaitUntilProcessed(ctx, sub, head, 20*time.Second)
+	require.NoError(t, err)
+
+	_, err = client.SetSubscriptionCursor(ctx, s, "mailer", n) // refold ~1,500 events: ~0.75 s
+	require.NoError(t, err)
+	head = mustAppend(t, s, mailRequested.Input(mailRequest{ID: "after"}, "")).HeadOffset
+	_, err = client.WaitUntilProcessed(ctx, sub, head, 60*time.Second)
+	require.NoError(t, err, "the rewound processor never came back")
+	snap, err := client.Snapshot(ctx, proc)
+	require.NoError(t, err)
+	require.Equal(t, fmt.Sprint(n+2), snap.State)
+	require.GreaterOrEqual(t, snap.ReducedOffset, head)
+}
