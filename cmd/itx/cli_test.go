@@ -474,3 +474,23 @@ func TestRun_CommandUsageErrors(t *testing.T) {
 		require.Equal(t, repl.Failure{Code: "invalidArgument", Message: want}, repl.Describe(err), line)
 	}
 }
+
+// A command word that is no command and names no file ("itx tial /a", "itx help") is reported
+// as such, naming the commands, before connecting; a missing script file keeps the file
+// system's error.
+func TestRun_MistypedCommandIsNamed(t *testing.T) {
+	c := newCLI(t)
+	conn := []string{"--addr", mustClosedPort(t), "--token", "itx_unused"}
+	for _, word := range []string{"tial", "help"} {
+		code, out, errs := c.run("", append(conn, word, "/a")...)
+		require.Equal(t, exitUsage, code, errs)
+		require.Empty(t, out)
+		require.Equal(t, `itx: "`+word+`" is neither a command (admin, consumers, du, export, import, rm, tail, watch) nor a script file; itx --help shows the usage`+"\n", errs)
+	}
+	code, _, errs := c.run("", append(conn, "--json", "tial")...)
+	require.Equal(t, exitUsage, code)
+	require.Contains(t, errs, `{"error":{"code":"invalidArgument","message":"itx: \"tial\" is neither a command`)
+	code, _, errs = c.run("", append(conn, filepath.Join(t.TempDir(), "missing.js"))...)
+	require.Equal(t, exitUsage, code)
+	require.Contains(t, errs, "no such file or directory")
+}

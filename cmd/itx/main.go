@@ -21,6 +21,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"sort"
 	"strings"
 	"time"
 
@@ -215,6 +216,11 @@ Flags:
 			b, err = os.ReadFile(scriptName)
 		}
 		if err != nil {
+			if errors.Is(err, os.ErrNotExist) && looksLikeCommand(scriptName) {
+				// "itx tial /a", "itx help": a mistyped command, not a missing script.
+				return usageText(env.stderr, fmt.Sprintf("itx: %q is neither a command (%s) nor a script file; itx --help shows the usage",
+					scriptName, strings.Join(cliCommands(), ", ")), asJSON)
+			}
 			return usageText(env.stderr, "itx: "+err.Error(), asJSON)
 		}
 		script = string(b)
@@ -329,6 +335,24 @@ Flags:
 		return exitError
 	}
 	return exitOK
+}
+
+// looksLikeCommand reports whether a script name that names no file reads as a command word
+// rather than a path: no directory, no extension.
+func looksLikeCommand(name string) bool {
+	return name != "" && !strings.ContainsAny(name, "/.\\")
+}
+
+// cliCommands names the commands itx runs from the shell (itx tail, itx admin, ...).
+func cliCommands() []string {
+	names := []string{"admin"}
+	for _, c := range repl.Commands() {
+		if c.CLI {
+			names = append(names, c.Name)
+		}
+	}
+	sort.Strings(names)
+	return names
 }
 
 // asksJSON reports whether args ask for --json anywhere before "--": a parse stopped at a bad
