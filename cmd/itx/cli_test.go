@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/creack/pty"
+	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/cmd/itx/internal/repl"
 	"github.com/itx-dev/itx/internal/itxtest"
 	"github.com/stretchr/testify/require"
@@ -493,4 +494,38 @@ func TestRun_MistypedCommandIsNamed(t *testing.T) {
 	code, _, errs = c.run("", append(conn, filepath.Join(t.TempDir(), "missing.js"))...)
 	require.Equal(t, exitUsage, code)
 	require.Contains(t, errs, "no such file or directory")
+}
+
+// itx -e runs a dot-command (or help) as the same line piped or typed at the prompt does,
+// instead of failing to parse it as JavaScript.
+func TestRun_ExpressionRunsADotCommand(t *testing.T) {
+	ts := startServer(t)
+	c := newCLI(t)
+	conn := []string{"--addr", ts.addr, "--token", ts.token}
+	ts.appendDirect(t, "/d", itx.EventInput{Type: "x"})
+
+	code, out, errs := c.run("", append(conn, "--json", "-e", ".du /d")...)
+	require.Equal(t, exitOK, code, errs)
+	var rows []struct {
+		Path string `json:"path"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &rows), out)
+	require.Len(t, rows, 1)
+	require.Equal(t, "/d", rows[0].Path)
+
+	code, out, errs = c.run("", append(conn, "-e", "help")...)
+	require.Equal(t, exitOK, code, errs)
+	require.Contains(t, out, "Commands:")
+
+	code, _, errs = c.run("", append(conn, "-e", ".exit")...)
+	require.Equal(t, exitOK, code, errs)
+	require.Empty(t, errs)
+
+	code, _, errs = c.run("", append(conn, "-e", ".tail")...)
+	require.Equal(t, exitUsage, code)
+	require.Equal(t, "usage: itx tail <path> [--from N | N] [--reader <name>]\n", errs)
+
+	code, out, errs = c.run("", append(conn, "-e", "[1,\n2].length")...)
+	require.Equal(t, exitOK, code, errs)
+	require.Equal(t, "2\n", out, "JavaScript over several lines is evaluated as before")
 }

@@ -97,7 +97,7 @@ func run(args []string, env environment) int {
 	caFile := fs.String("ca", "", "TLS: trust only the CA certificates in this PEM file (default: the system's roots)")
 	certFile := fs.String("cert", "", "TLS: present this client certificate (PEM; for a server with --tls-client-ca)")
 	keyFile := fs.String("key", "", "TLS: the client certificate's private key (PEM)")
-	expr := fs.String("e", "", "evaluate `expression`, print its result and exit")
+	expr := fs.String("e", "", "evaluate `expression` (or run a dot-command: -e '.du /a'), print its result and exit")
 	jsonOut := fs.Bool("json", false, "machine output: one compact JSON document per result, errors as {\"error\": {code, message}} on stderr")
 	output := fs.String("output", "auto", "result format: auto (tables on a terminal), pretty, json or table")
 	history := fs.String("history", "", "history file (env ITX_HISTORY; default $XDG_STATE_HOME/itx/history)")
@@ -106,7 +106,8 @@ func run(args []string, env environment) int {
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `Usage:
   itx [flags]                        interactive session
-  itx [flags] -e 'expression'        evaluate one expression and print its result
+  itx [flags] -e 'expression'        evaluate one expression and print its result (or run one
+                                     dot-command: itx -e '.help Stream')
   itx [flags] script.js [args...]    run a script; - reads it from stdin
   ... | itx [flags]                  evaluate piped lines one by one, printing each result
   itx [flags] tail <path> [--from N | N] [--reader <name>]
@@ -290,6 +291,13 @@ Flags:
 	case command != nil:
 		runErr = s.RunCommandArgs(ctx, sub, subArgs)
 	case *expr != "":
+		if line, ok := repl.CommandLine(*expr); ok {
+			// itx -e '.du /a' runs the command, as the line piped or at the prompt does.
+			if runErr = s.RunCommand(ctx, line); errors.Is(runErr, repl.ErrExit) {
+				runErr = nil
+			}
+			break
+		}
 		v, err := s.Eval(ctx, "<expression>", *expr)
 		if err == nil {
 			s.Print(v)

@@ -130,6 +130,16 @@ func (s *Session) RunTerminal(cfg TerminalConfig) error {
 	}
 }
 
+// CommandLine reports whether src, an expression given on the command line (itx -e), is a
+// command rather than JavaScript, as the same line typed at the prompt or piped would be: one
+// line that is a dot-command (".du /a") or help, exit or quit.
+func CommandLine(src string) (string, bool) {
+	if strings.ContainsAny(strings.TrimSpace(src), "\r\n") {
+		return "", false
+	}
+	return commandLine(src)
+}
+
 // commandLine reports whether line is a command rather than JavaScript: a dot-command
 // (".help Stream"), or help, exit or quit typed as a bare word, as a person would.
 func commandLine(line string) (string, bool) {
