@@ -481,3 +481,26 @@ func TestMain_TailEndsAtAStreamCreatedAgainWhileAway(t *testing.T) {
 		})
 	}
 }
+
+// A call in flight when itxd dies fails with one line that says the connection was lost before
+// the answer and that the call may have taken effect, not go-capnp's "rpc: connection closed".
+func TestMain_CallInFlightWhenItxdDiesSaysSo(t *testing.T) {
+	data := t.TempDir()
+	itxd, addr := runItxd(t, data, "127.0.0.1:0")
+	creds, err := server.ReadCredentials(data)
+	require.NoError(t, err)
+	appendTypes(t, addr, creds.ProjectToken, "/w", "first")
+	wait := startItxCommand(t, addr, creds.ProjectToken, "-e",
+		`let w = project.streams.get("/w"); w.describe(); print("waiting"); w.waitForEvent({types: ["never"], after: 1, timeoutMs: 60000})`)
+	wait.wait(t, wait.out, "waiting")
+	itxd.kill9(t)
+	<-wait.exited
+	var exit *exec.ExitError
+	require.True(t, errors.As(wait.exitErr, &exit), "want exit status 1, got %v", wait.exitErr)
+	require.Equal(t, exitError, exit.ExitCode())
+	errs := wait.errs.String()
+	require.Equal(t, 1, strings.Count(errs, "\n"), "one line: %q", errs)
+	require.True(t, strings.HasPrefix(errs, "disconnected: the connection to itxd was lost before the call was answered ("), errs)
+	require.Contains(t, errs, "it may or may not have taken effect")
+	require.NotContains(t, errs, "rpc:", errs)
+}

@@ -390,7 +390,9 @@ func describeGo(err error) Failure {
 	case exc.IsType(err, exc.Unimplemented):
 		return Failure{Code: "unimplemented", Message: itx.ErrorMessage(errors.New(exceptionMessage(err)))}
 	case exc.IsType(err, exc.Disconnected):
-		return Failure{Code: "disconnected", Message: exceptionMessage(err)}
+		// go-capnp's own words ("rpc: connection closed") say nothing of what became of the call.
+		return Failure{Code: "disconnected", Message: "the connection to itxd was lost before the call was answered (" +
+			strings.TrimPrefix(exceptionMessage(err), "rpc: ") + "): it may or may not have taken effect"}
 	}
 	// A remote itx error names its code in its reason; anything else is internal.
 	f := itx.AsError(err)
