@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"time"
 
@@ -58,9 +59,30 @@ func adminFlags(name string) (*flag.FlagSet, *adminOptions) {
 	fs.StringVar(&o.label, "label", "", "the token's label")
 	fs.StringVar(&o.prefix, "prefix", "", "limit the token to streams under this path")
 	fs.StringVar(&o.rights, "rights", "", "limit the token to these rights (comma-separated: read, append, subscribe, admin)")
-	fs.DurationVar(&o.expires, "expires", 0, "the token expires after this long (0: never)")
+	fs.Var((*expiryFlag)(&o.expires), "expires", "the token expires after this long (a `duration`: 720h, 30d, 90m; 0: never)")
 	fs.BoolVar(&o.force, "force", false, "delete-project: delete the project's streams and their files too")
 	return fs, o
+}
+
+// expiryFlag is --expires: a Go duration ("720h", "90m") or a number of days ("30d"), as
+// durations read at the prompt.
+type expiryFlag time.Duration
+
+func (f *expiryFlag) String() string { return time.Duration(*f).String() }
+
+func (f *expiryFlag) Set(v string) error {
+	if days, ok := strings.CutSuffix(v, "d"); ok {
+		if n, err := strconv.ParseUint(days, 10, 16); err == nil {
+			*f = expiryFlag(time.Duration(n) * 24 * time.Hour)
+			return nil
+		}
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return fmt.Errorf("want a duration with its unit, such as 720h, 30d or 90m")
+	}
+	*f = expiryFlag(d)
+	return nil
 }
 
 // adminValueFlags names the admin flags that take a value: itx leaves that value to them when

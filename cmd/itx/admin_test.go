@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/itx-dev/itx/cmd/itx/internal/repl"
 	"github.com/itx-dev/itx/internal/itxtest"
@@ -356,4 +357,29 @@ func TestRun_AdminBackup(t *testing.T) {
 	code, out, errs = c.run("", "--data", dest, "--addr", restored.Addr, "--json", "-e", `project.streams.get("/a").getEvents()`)
 	require.Equal(t, exitOK, code, "stderr: %s", errs)
 	require.Contains(t, out, `"n":1`)
+}
+
+// itx admin create-token --expires takes days ("30d"), as durations at the prompt do, and a
+// value without a unit is refused saying what it wants, not with the flag package's "parse error".
+func TestRun_AdminCreateTokenExpiresInDays(t *testing.T) {
+	s := itxtest.Start(t, server.Config{})
+	c := newCLI(t)
+	admin := func(args ...string) (int, string, string) {
+		return c.run("", append([]string{"--data", s.Dir, "--addr", s.Addr, "admin"}, args...)...)
+	}
+	code, out, errs := admin("create-token", "--label", "month", "--expires", "30d", "--json")
+	require.Equal(t, exitOK, code, "stderr: %s", errs)
+	var tok struct {
+		Info struct {
+			CreatedAt time.Time `json:"createdAt"`
+			ExpiresAt time.Time `json:"expiresAt"`
+		} `json:"info"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &tok), out)
+	require.InDelta(t, float64(30*24*time.Hour), float64(tok.Info.ExpiresAt.Sub(tok.Info.CreatedAt)), float64(time.Minute))
+
+	code, out, errs = admin("create-token", "--label", "bad", "--expires", "5", "--json")
+	require.Equal(t, exitUsage, code)
+	require.Empty(t, out)
+	require.Equal(t, `{"error":{"code":"invalidArgument","message":"itx admin create-token: invalid value \"5\" for flag -expires: want a duration with its unit, such as 720h, 30d or 90m"}}`+"\n", errs)
 }
