@@ -449,6 +449,14 @@ func TestEval_Session(t *testing.T) {
 		require.Equal(t, []string{"tail "}, got)
 		got, _ = s.Complete(`no`)
 		require.Equal(t, []string{"note"}, got, "top-level declarations complete")
+		got, _ = s.Complete(`ag`)
+		require.Equal(t, []string{"agent("}, got, "agent(path), the README's sugar, completes")
+		got, _ = s.Complete(`agent("/a").`)
+		require.Equal(t, []string{"path", "processor", "subscription"}, got)
+		got, _ = s.Complete(`agent("/a").processor.sn`)
+		require.Equal(t, []string{"snapshot("}, got)
+		got, _ = s.Complete(`agent("/a").subscription.wait`)
+		require.Equal(t, []string{"waitUntilProcessed("}, got)
 	})
 }
 

@@ -370,3 +370,17 @@ func TestEval_AStringIsReadAsJSONText(t *testing.T) {
 	s.mustEval(t, `project.streams.get("/j").append({type: "note", payload: '{"text": "hello"}'})`)
 	require.Equal(t, "hello", s.mustEval(t, `project.streams.get("/j").getEvents()[0].payload.text`))
 }
+
+// .help shows agent(path), the README's sugar for a stream's "agent" subscription and its
+// processor, which no interface's help lists.
+func TestHelp_ShowsAgent(t *testing.T) {
+	ts := startServer(t)
+	out := newSyncBuffer()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := repl.Connect(ctx, repl.Config{Addr: ts.addr, Token: ts.token, Out: out, Err: newSyncBuffer(), Format: repl.FormatPretty})
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	require.NoError(t, s.RunCommand(ctx, "help"))
+	require.Contains(t, out.String(), `agent("/a").processor.snapshot()`)
+}

@@ -38,23 +38,41 @@ func (s *Session) Complete(text string) (candidates []string, partial string) {
 		return filterPrefix(s.globalNames(), partial), partial
 	}
 	head := segments[0]
-	if !isIdent(head) {
-		return nil, ""
-	}
-	v := s.lookup(head)
-	if v == nil {
-		return nil, ""
-	}
-	p, isCap := s.capabilityOf(v)
-	if !isCap {
-		// A plain object (a result kept in a variable): offer its fields.
-		if obj, ok := v.(*goja.Object); ok && len(segments) == 2 {
-			return filterPrefix(obj.Keys(), partial), partial
+	var iface string
+	rest := segments[1 : len(segments)-1]
+	switch {
+	case strings.HasPrefix(head, "agent("):
+		// agent("/a") is {path, processor, subscription}: sugar for the "agent" subscription.
+		if len(segments) == 2 {
+			return filterPrefix([]string{"path", "processor", "subscription"}, partial), partial
 		}
+		switch segments[1] {
+		case "processor":
+			iface = "Processor"
+		case "subscription":
+			iface = "Subscription"
+		default:
+			return nil, ""
+		}
+		rest = segments[2 : len(segments)-1]
+	case !isIdent(head):
 		return nil, ""
+	default:
+		v := s.lookup(head)
+		if v == nil {
+			return nil, ""
+		}
+		p, isCap := s.capabilityOf(v)
+		if !isCap {
+			// A plain object (a result kept in a variable): offer its fields.
+			if obj, ok := v.(*goja.Object); ok && len(segments) == 2 {
+				return filterPrefix(obj.Keys(), partial), partial
+			}
+			return nil, ""
+		}
+		iface = p.iface
 	}
-	iface := p.iface
-	for _, seg := range segments[1 : len(segments)-1] {
+	for _, seg := range rest {
 		name, call := seg, false
 		if i := strings.IndexByte(seg, '('); i >= 0 {
 			name, call = seg[:i], true
@@ -93,7 +111,7 @@ func (s *Session) lookup(name string) goja.Value {
 
 // globalNames are the names completion offers at the start of an expression.
 func (s *Session) globalNames() []string {
-	names := []string{"project", "print(", "console", "args", "JSON", "Object", "Math", "Date"}
+	names := []string{"project", "agent(", "print(", "console", "args", "JSON", "Object", "Math", "Date"}
 	names = append(names, s.declared...)
 	sort.Strings(names)
 	return names
