@@ -384,3 +384,16 @@ func TestHelp_ShowsAgent(t *testing.T) {
 	require.NoError(t, s.RunCommand(ctx, "help"))
 	require.Contains(t, out.String(), `agent("/a").processor.snapshot()`)
 }
+
+// take() right after close() says the connection closed (closedByClient), whether or not the
+// server's own closed notice, a call of its own, has arrived yet: it once answered {events: []}
+// alone now and then, as if the connection were still open.
+func TestEval_TakeAfterCloseSaysClosed(t *testing.T) {
+	ts := startServer(t)
+	ts.appendDirect(t, "/a", itx.EventInput{Type: "note"})
+	s := newSession(t, ts)
+	for i := 0; i < 30; i++ {
+		got := obj(t, s.mustEval(t, `var c = project.streams.get("/a").openConnection(0); c.take(1, 5000); c.close("done"); c.take()`))
+		require.Equal(t, map[string]any{"code": "cancelled", "message": "closedByClient: done"}, got["closed"], "run %d: %v", i, got)
+	}
+}

@@ -176,6 +176,16 @@ func (k *eventSink) Closed(ctx context.Context, call schema.EventSink_closed) er
 	return nil
 }
 
+// closedBy records why the connection closed, unless the server said so first.
+func (k *eventSink) closedBy(reason *itx.Error, why string) {
+	k.mu.Lock()
+	if k.closed == nil {
+		k.closed, k.why = reason, why
+	}
+	k.mu.Unlock()
+	k.signal()
+}
+
 // take returns and forgets what arrived since the last take.
 // State takes the stream's live-state frames; the REPL's connections ask for noState by
 // default, and .watch uses liveState, so they are accepted and dropped here.
@@ -281,8 +291,13 @@ func (c *liveConnection) close(ctx context.Context, reason string) error {
 	defer c.s.forget(c)
 	fut, release := c.conn.Close(ctx, func(p schema.Connection_close_Params) error { return p.SetReason(reason) })
 	defer release()
-	_, err := fut.Struct()
-	return err
+	if _, err := fut.Struct(); err != nil {
+		return err
+	}
+	// The server tells the sink why (closedByClient) with a call of its own, which may come
+	// after this answer: a take() right after close() says closed all the same.
+	c.sink.closedBy(&itx.Error{Code: itx.ECancelled, Message: "closedByClient: " + reason}, schema.CloseReason_closedByClient.String())
+	return nil
 }
 
 // openConnection opens a connection on the stream at p with a buffering sink.
