@@ -189,7 +189,7 @@ func runAdmin(args []string, conf resolved, tlsConfig *tls.Config, env environme
 	case "rename-project":
 		err = client.RenameProject(ctx, a, rest[0], rest[1])
 	case "delete-project":
-		err = client.DeleteProject(ctx, a, rest[0], o.force)
+		err = repl.ForceHint(client.DeleteProject(ctx, a, rest[0], o.force), "--force")
 	case "tokens":
 		var list []itx.TokenInfo
 		if list, err = client.ListTokens(ctx, a, o.project); err == nil {

@@ -150,6 +150,9 @@ func TestRun_AdminFlagsAnywhere(t *testing.T) {
 	// A stream in the project: deleting it needs --force, given last.
 	code, _, errs = c.run("", "--addr", s.Addr, "--token", created.Token, "-e", `project.streams.get("/x").append({type: "x"})`)
 	require.Equal(t, exitOK, code, "stderr: %s", errs)
+	code, _, errs = admin("delete-project", created.ID)
+	require.Equal(t, exitError, code)
+	require.Contains(t, errs, "by forcing (--force)", "the refusal names the flag that forces it")
 	code, _, errs = admin("delete-project", created.ID, "--force")
 	require.Equal(t, exitOK, code, "--force after the project id: %s", errs)
 	code, out, _ = admin("projects")

@@ -28,6 +28,7 @@ func TestRun_Rm(t *testing.T) {
 	require.Equal(t, exitError, code)
 	require.Contains(t, errs, "failedPrecondition")
 	require.Contains(t, errs, "1 registered reader")
+	require.Contains(t, errs, "by forcing (--force)", "from a shell, the refusal names the flag that forces it")
 
 	code, out, errs := c.run("", append(conn, "--json", "rm", "/tmp/a", "--force")...)
 	require.Equal(t, exitOK, code, errs)
@@ -61,6 +62,7 @@ func TestRun_Rm(t *testing.T) {
 	code, out, errs = c.run("", append(conn, "--json", "rm", "-r", "/job")...)
 	require.Equal(t, exitError, code)
 	require.Contains(t, errs, "1 stream not deleted: /job/2: ")
+	require.Contains(t, errs, "by forcing (--force)")
 	var rows []struct{ Path string }
 	require.NoError(t, json.Unmarshal([]byte(out), &rows), out)
 	require.Equal(t, []struct{ Path string }{{"/job/1/log"}, {"/job/1"}, {"/job"}}, rows)

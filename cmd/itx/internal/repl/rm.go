@@ -69,7 +69,7 @@ func runRm(ctx context.Context, s *Session, args []string) error {
 	if !a.recursive {
 		gone, err := client.DeleteStream(ctx, s.project, a.path, a.force)
 		if err != nil {
-			return err
+			return ForceHint(err, "--force")
 		}
 		s.Print(s.toJS(rmRowJS{a.path, gone.StreamID, gone.HeadOffset}))
 		return nil
@@ -108,7 +108,17 @@ func runRm(ctx context.Context, s *Session, args []string) error {
 	}
 	s.Print(s.toJS(rows))
 	if len(failed) > 0 {
-		return itx.Errorf(code, "%s not deleted: %s", plural(len(failed), "stream"), strings.Join(failed, "; "))
+		return ForceHint(itx.Errorf(code, "%s not deleted: %s", plural(len(failed), "stream"), strings.Join(failed, "; ")), "--force")
 	}
 	return nil
+}
+
+// ForceHint names the flag that forces a deletion itxd refused "unless forced" (a stream with
+// consumers, a project with streams): its message says "by forcing", which from a shell does
+// not say how.
+func ForceHint(err error, flag string) error {
+	if itx.ErrorCode(err) != itx.EFailedPrecondition || !strings.HasSuffix(itx.ErrorMessage(err), "by forcing") {
+		return err
+	}
+	return itx.Errorf(itx.EFailedPrecondition, "%s (%s)", itx.ErrorMessage(err), flag)
 }
