@@ -454,6 +454,14 @@ func TestRun_CommandUsageErrors(t *testing.T) {
 		{[]string{"export", "/a", "--with-contrl"}, "itx export: unknown flag \"--with-contrl\"\nusage: itx export <path> [after] [--with-control]\n"},
 		{[]string{"import"}, "usage: itx import <path> [file.ndjson | -] [--with-control]\n"},
 		{[]string{"import", "/a", "--with-contrl"}, "itx import: unknown flag \"--with-contrl\"\nusage: itx import <path> [file.ndjson | -] [--with-control]\n"},
+		// A path itxd would refuse, found before connecting (an empty import into "a" once
+		// reported "imported 0 events into a" and exited 0).
+		{[]string{"tail", "a"}, "itx tail: stream path \"a\" must start with /\nusage: itx tail <path> [--from N | N] [--reader <name>]\n"},
+		{[]string{"watch", "/a/"}, "itx watch: stream path \"/a/\" has an empty segment or a trailing slash\nusage: itx watch <path> [--processor <name>]\n"},
+		{[]string{"export", "a"}, "itx export: stream path \"a\" must start with /\nusage: itx export <path> [after] [--with-control]\n"},
+		{[]string{"import", "a", os.DevNull}, "itx import: stream path \"a\" must start with /\nusage: itx import <path> [file.ndjson | -] [--with-control]\n"},
+		{[]string{"watch", "/a", "--processor"}, "itx watch: --processor needs the name of a processor-wake subscription\nusage: itx watch <path> [--processor <name>]\n"},
+		{[]string{"watch", "/a", "--processor="}, "itx watch: --processor needs the name of a processor-wake subscription\nusage: itx watch <path> [--processor <name>]\n"},
 	} {
 		code, out, errs := c.run("", append(conn, tc.args...)...)
 		require.Equal(t, exitUsage, code, "%v: %s", tc.args, errs)

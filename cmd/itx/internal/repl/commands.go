@@ -417,6 +417,10 @@ func streamArg(name string, args []string) (capPath, error) {
 	if strings.HasPrefix(args[0], "-") {
 		return capPath{}, usageError(name, "the stream's path comes first, got %q", args[0])
 	}
+	// A path itxd would refuse is a usage error, found before connecting (as .rm's and .du's).
+	if err := itx.ValidatePath(args[0]); err != nil {
+		return capPath{}, usageError(name, "%s", itx.ErrorMessage(err))
+	}
 	return streamPath(args[0]), nil
 }
 
@@ -513,8 +517,10 @@ func parseWatch(args []string) (watchArgs, error) {
 		switch {
 		case rest[0] == "--processor" && len(rest) > 1 && rest[1] != "":
 			w.processor, rest = rest[1], rest[1:]
-		case strings.HasPrefix(rest[0], "--processor="):
+		case strings.HasPrefix(rest[0], "--processor=") && rest[0] != "--processor=":
 			w.processor = strings.TrimPrefix(rest[0], "--processor=")
+		case rest[0] == "--processor" || rest[0] == "--processor=":
+			return watchArgs{}, usageError("watch", "--processor needs the name of a processor-wake subscription")
 		case !strings.HasPrefix(rest[0], "-"):
 			return watchArgs{}, usageError("watch", "too many arguments")
 		default:
