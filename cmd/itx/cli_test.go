@@ -537,3 +537,19 @@ func TestRun_ExpressionRunsADotCommand(t *testing.T) {
 	require.Equal(t, exitOK, code, errs)
 	require.Equal(t, "2\n", out, "JavaScript over several lines is evaluated as before")
 }
+
+// --data (or ITX_DATA) naming a directory without itxd's credentials says which file is
+// missing, instead of listing every other place a token may come from.
+func TestRun_DataDirWithoutCredentialsIsNamed(t *testing.T) {
+	c := newCLI(t)
+	dir := filepath.Join(t.TempDir(), "not-itxd")
+	want := "itx: no token: " + filepath.Join(dir, "credentials.json") + " does not exist (is " + dir + " the data directory of an itxd that has started?); or pass --token\n"
+	code, out, errs := c.run("", "--data", dir, "-e", "1")
+	require.Equal(t, exitUsage, code)
+	require.Empty(t, out)
+	require.Equal(t, want, errs)
+	c.env["ITX_DATA"] = dir
+	code, _, errs = c.run("", "-e", "1")
+	require.Equal(t, exitUsage, code)
+	require.Equal(t, want, errs)
+}

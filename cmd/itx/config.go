@@ -94,6 +94,11 @@ func resolve(st settings, getenv func(string) string) (resolved, error) {
 	if r.tokenFrom == credPath {
 		r.deploymentToken = creds.DeploymentToken
 	}
+	if r.token == "" && dataDir != defaultDataDir && creds == (credentials{}) {
+		// --data (or ITX_DATA) named a directory that holds no itxd credentials: say so,
+		// rather than list every other place a token may come from.
+		return r, fmt.Errorf("no token: %s does not exist (is %s the data directory of an itxd that has started?); or pass --token", credPath, dataDir)
+	}
 	if r.token == "" {
 		return r, errors.New("no token: pass --token, set ITX_TOKEN, write {\"addr\", \"token\"} to " +
 			configPathHint(getenv) + ", or run itx where itxd's data directory (.itx-data, or --data) is")
