@@ -212,6 +212,17 @@ func TestRun_Config(t *testing.T) {
 
 		code, _, _ = c.run("", append([]string{"--config", filepath.Join(t.TempDir(), "none.json")}, expr...)...)
 		require.Equal(t, exitUsage, code, "a config file named explicitly must exist")
+
+		// A misspelt field is refused, not ignored (which read as "no token"); so is what
+		// follows the object.
+		path = writeFile(t, t.TempDir(), "typo.json", `{"addr": "`+ts.addr+`", "tokn": "`+ts.token+`"}`)
+		code, _, errs = c.run("", append([]string{"--config", path}, expr...)...)
+		require.Equal(t, exitUsage, code)
+		require.Contains(t, errs, `itx: config `+path+`: unknown field \"tokn\" (it holds {\"addr\", \"token\"})`, "the JSON error document names the field")
+		path = writeFile(t, t.TempDir(), "trailing.json", `{"addr": "`+ts.addr+`", "token": "`+ts.token+`"} x`)
+		code, _, errs = c.run("", append([]string{"--config", path}, expr...)...)
+		require.Equal(t, exitUsage, code)
+		require.Contains(t, errs, "something follows its JSON object")
 	})
 }
 

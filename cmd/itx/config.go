@@ -1,12 +1,15 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 )
 
 // defaultAddr is where `make run` (and itxd without --listen) serves.
@@ -128,8 +131,17 @@ func readConfigFile(explicit string, getenv func(string) string) (fileConfig, st
 		}
 		return fc, path, fmt.Errorf("read config: %w", err)
 	}
-	if err := json.Unmarshal(b, &fc); err != nil {
+	// A misspelt field ("tokn") is refused rather than ignored, which read as "no token".
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&fc); err != nil {
+		if field, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+			return fc, path, fmt.Errorf("config %s: unknown field %s (it holds {\"addr\", \"token\"})", path, field)
+		}
 		return fc, path, fmt.Errorf("read config %s: %w", path, err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return fc, path, fmt.Errorf("read config %s: something follows its JSON object", path)
 	}
 	return fc, path, nil
 }
