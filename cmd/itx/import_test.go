@@ -274,3 +274,15 @@ func TestRun_ExportEndsAtAStreamCreatedAgain(t *testing.T) {
 }
 
 func tailOf(s string) string { return s[max(0, len(s)-300):] }
+
+// A line longer than any event can be stops the import with tooLarge, naming the line and the
+// bound, not bufio's "token too long" "after" the line before it.
+func TestRun_ImportLineTooLong(t *testing.T) {
+	ts := startServer(t)
+	c := newCLI(t)
+	conn := []string{"--addr", ts.addr, "--token", ts.token}
+	input := `{"type": "small"}` + "\n" + `{"type": "huge", "payload": {"s": "` + strings.Repeat("x", 2<<20) + `"}}` + "\n"
+	code, _, errs := c.run(input, append(conn, "import", "/long")...)
+	require.Equal(t, exitError, code)
+	require.Equal(t, "tooLarge: import: line 2 is longer than 1.1 MiB, more than an event can hold (1.0 MiB); 0 events before it imported\n", errs)
+}

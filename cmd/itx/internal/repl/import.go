@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -213,6 +214,10 @@ func runImport(ctx context.Context, s *Session, args []string) error {
 	if err := sc.Err(); err != nil {
 		if serr := settle(); serr != nil {
 			return serr
+		}
+		if errors.Is(err, bufio.ErrTooLong) {
+			return itx.Errorf(itx.ETooLarge, "import: line %d is longer than %s, more than an event can hold (%s); %d events before it imported",
+				line+1, humanBytes(importMaxLine), humanBytes(itx.MaxEventBytes), total())
 		}
 		return itx.Errorf(itx.EInvalid, "import: after line %d: %v; %d events before it imported", line, err, total())
 	}
