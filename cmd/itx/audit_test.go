@@ -70,7 +70,7 @@ func TestRun_PipedUsageErrorsExit2(t *testing.T) {
 		{"let n = 1\n  .toFixed(2)\n", "unknown command .toFixed(2): a line that starts with"},
 		{"let m = [1]\n  .length\n", "unknown command .length (try .help)\n"}, // a bare word: not a call, the plain message
 		{".time bogus\n", "invalidArgument: usage: .time [iso|relative]\n"},
-		{".output yaml\n", "invalidArgument: output: unknown output format \"yaml\" (auto, pretty, json, table); usage: .output [auto|pretty|json|table|wide|fit]\n"},
+		{".output yaml\n", "invalidArgument: output: unknown output format \"yaml\" (auto, pretty, json, table; wide or fit for a table's width); usage: .output [auto|pretty|json|table|wide|fit]\n"},
 		{".help Nope\n", "invalidArgument: help: no interface \"Nope\""},
 		// Words a command does not take were ignored: .reconnect reconnected, .exit left.
 		{".reconnect now\n", "invalidArgument: reconnect: too many arguments; usage: .reconnect\n"},

@@ -380,7 +380,8 @@ func runOutput(ctx context.Context, s *Session, args []string) error {
 	}
 	f, err := ParseFormat(args[0])
 	if err != nil {
-		return usageError("output", "%v", err)
+		// ParseFormat names the formats; wide and fit (a table's width) are .output's too.
+		return usageError("output", "unknown output format %q (auto, pretty, json, table; wide or fit for a table's width)", args[0])
 	}
 	s.cfg.Format = f
 	return nil
