@@ -157,6 +157,11 @@ print("after")
 	require.Equal(t, exitError, code)
 	require.Equal(t, "before\n", out)
 	require.True(t, strings.HasPrefix(errs, "invalidArgument: "), errs)
+	require.True(t, strings.HasSuffix(errs, " (at "+failing+":3:38)\n"), "a script's error says where it was thrown: %s", errs)
+
+	code, _, errs = c.run("print(1)\n\nundefinedName.x\n", "--json", "-")
+	require.Equal(t, exitError, code)
+	require.Equal(t, `{"error":{"code":"ReferenceError","message":"undefinedName is not defined (at -:3:1)"}}`+"\n", errs)
 
 	code, out, _ = c.run(`print(project.streams.get("/script").describe().headOffset)`, "-")
 	require.Equal(t, exitOK, code)

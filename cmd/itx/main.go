@@ -325,6 +325,7 @@ Flags:
 			return fail(err)
 		}
 		_, runErr = s.Eval(ctx, scriptName, script)
+		runErr = repl.AtScriptLine(runErr, scriptName)
 	}
 	if runErr == nil && ctx.Err() != nil {
 		// itx tail and itx watch run until Ctrl-C and then end without an error: the status

@@ -325,8 +325,39 @@ type rejection struct{ value goja.Value }
 
 func (r *rejection) Error() string { return "rejected: " + r.value.String() }
 
+// scriptError is an error a script threw, with where: its file, line and column.
+type scriptError struct {
+	err error
+	at  string
+}
+
+func (e *scriptError) Error() string { return e.err.Error() + " (at " + e.at + ")" }
+func (e *scriptError) Unwrap() error { return e.err }
+
+// AtScriptLine adds to err, which running the script named name returned, the line it was
+// thrown at, so an error in a long script says which call failed. A syntax error says its line
+// already; an error without a frame in the script is returned as it is.
+func AtScriptLine(err error, name string) error {
+	var ex *goja.Exception
+	if !errors.As(err, &ex) {
+		return err
+	}
+	for _, f := range ex.Stack() {
+		if p := f.Position(); f.SrcName() == name && p.Line > 0 {
+			return &scriptError{err: err, at: fmt.Sprintf("%s:%d:%d", name, p.Line, p.Column)}
+		}
+	}
+	return err
+}
+
 // Describe classifies any error an evaluation returns.
 func Describe(err error) Failure {
+	var se *scriptError
+	if errors.As(err, &se) {
+		f := Describe(se.err)
+		f.Message += " (at " + se.at + ")"
+		return f
+	}
 	var interrupted *goja.InterruptedError
 	if errors.As(err, &interrupted) {
 		return Failure{Code: "cancelled", Message: "interrupted"}
