@@ -397,3 +397,16 @@ func TestEval_TakeAfterCloseSaysClosed(t *testing.T) {
 		require.Equal(t, map[string]any{"code": "cancelled", "message": "closedByClient: done"}, got["closed"], "run %d: %v", i, got)
 	}
 }
+
+// .then on a result, as a script written for a client whose calls return promises does, fails
+// saying that itx calls return their results (it was goja's bare "Object has no member 'then'").
+func TestEval_ThenOnAResultSaysCallsReturnResults(t *testing.T) {
+	ts := startServer(t)
+	ts.appendDirect(t, "/a", itx.EventInput{Type: "note"})
+	s := newSession(t, ts)
+	want := repl.Failure{Code: "TypeError", Message: "Object has no member 'then': itx calls return their results, not promises (use the result as it is; await is accepted)"}
+	require.Equal(t, want, s.failure(t, `project.streams.get("/a").describe().then(d => d.path)`))
+	require.Equal(t, want, s.failure(t, `project.streams.get("/a").then(a => a.describe())`))
+	require.Equal(t, "/a", s.mustEval(t, `(await project.streams.get("/a").describe()).path`), "await is the way")
+	require.Equal(t, repl.Failure{Code: "TypeError", Message: "Object has no member 'other'"}, s.failure(t, `({}).other()`), "other members as before")
+}

@@ -390,7 +390,12 @@ func describeThrown(v goja.Value) Failure {
 		}
 		name, msg := obj.Get("name"), obj.Get("message")
 		if !isAbsent(name) && !isAbsent(msg) {
-			return Failure{Code: name.String(), Message: msg.String()}
+			f := Failure{Code: name.String(), Message: msg.String()}
+			if f.Code == "TypeError" && strings.HasSuffix(f.Message, "has no member 'then'") {
+				// Written for a client whose calls return promises (capnweb's RpcPromise).
+				f.Message += ": itx calls return their results, not promises (use the result as it is; await is accepted)"
+			}
+			return f
 		}
 	}
 	if v == nil {
