@@ -410,3 +410,15 @@ func TestEval_ThenOnAResultSaysCallsReturnResults(t *testing.T) {
 	require.Equal(t, "/a", s.mustEval(t, `(await project.streams.get("/a").describe()).path`), "await is the way")
 	require.Equal(t, repl.Failure{Code: "TypeError", Message: "Object has no member 'other'"}, s.failure(t, `({}).other()`), "other members as before")
 }
+
+// A promise still pending when an evaluation ends can never settle (itx runs no event loop):
+// it is an error saying so, not a result printed as {} (an async function's remaining statements
+// silently never ran).
+func TestEval_PendingPromiseIsAnError(t *testing.T) {
+	ts := startServer(t)
+	s := newSession(t, ts)
+	want := repl.Failure{Code: "failedPrecondition", Message: "the promise is still pending, and nothing would settle it: itx has no timers or event loop, and its calls return their results"}
+	require.Equal(t, want, s.failure(t, `new Promise(() => {})`))
+	require.Equal(t, want, s.failure(t, `(async () => { await new Promise(() => {}); return 1 })()`))
+	require.Equal(t, 2.0, s.mustEval(t, `(async () => { await 1; return 2 })()`), "a settled promise is its value")
+}

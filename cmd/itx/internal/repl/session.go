@@ -525,6 +525,9 @@ func (s *Session) Eval(ctx context.Context, name, src string) (goja.Value, error
 			return p.Result(), nil
 		case goja.PromiseStateRejected:
 			return nil, &rejection{value: p.Result()}
+		default:
+			// It printed as {}. Nothing can settle it later: itx runs no event loop.
+			return nil, itx.Errorf(itx.EFailedPrecondition, "the promise is still pending, and nothing would settle it: itx has no timers or event loop, and its calls return their results")
 		}
 	}
 	return v, nil
