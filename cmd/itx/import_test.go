@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -285,4 +286,44 @@ func TestRun_ImportLineTooLong(t *testing.T) {
 	code, _, errs := c.run(input, append(conn, "import", "/long")...)
 	require.Equal(t, exitError, code)
 	require.Equal(t, "tooLarge: import: line 2 is longer than 1.1 MiB, more than an event can hold (1.0 MiB); 0 events before it imported\n", errs)
+}
+
+// Ctrl-C stops itx import while it waits for more input on a pipe that stays open (it waited
+// for the pipe to close), and says how far it got: what was imported, what was read and never
+// sent.
+func TestMain_ImportInterruptedWhileReadingAPipe(t *testing.T) {
+	ts := startServer(t)
+	pr, pw, err := os.Pipe()
+	require.NoError(t, err)
+	t.Cleanup(func() { pr.Close(); pw.Close() })
+	cmd := exec.Command(os.Args[0], "import", "/piped")
+	cmd.Env = append(os.Environ(), "ITX_TEST_MAIN=1", "HOME="+t.TempDir(), "ITX_ADDR="+ts.addr, "ITX_TOKEN="+ts.token, "NO_COLOR=1")
+	c := &itxCommand{cmd: cmd, out: newSyncBuffer(), errs: newSyncBuffer(), exited: make(chan struct{})}
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = pr, c.out, c.errs
+	require.NoError(t, cmd.Start())
+	go func() {
+		c.exitErr = cmd.Wait()
+		close(c.exited)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-c.exited:
+		default:
+			cmd.Process.Kill()
+			<-c.exited
+		}
+	})
+	for i := range 150 { // one batch of 100 sent, 50 waiting for more
+		fmt.Fprintf(pw, `{"type": "line", "payload": {"i": %d}}`+"\n", i)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, err = client.WaitForEvent(ctx, ts.streamDirect(t, ctx, "/piped"), itx.Predicate{Where: "payload.i = 99"}, 0, 20*time.Second)
+	require.NoError(t, err, "the first batch is appended")
+
+	c.interrupt(t) // exit status 130, with the pipe still open
+	errs := c.errs.String()
+	require.True(t, strings.HasPrefix(errs, "cancelled: import: interrupted; "), errs)
+	require.True(t, strings.HasSuffix(errs, "; lines 101-150 were read and not sent\n"), errs)
+	require.Equal(t, 1, strings.Count(errs, "\n"), errs)
 }

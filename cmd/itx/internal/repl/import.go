@@ -130,6 +130,35 @@ func runImport(ctx context.Context, s *Session, args []string) error {
 		head = max(head, res.HeadOffset)
 	}
 	total := func() int { return added + duplicates + ignored }
+	// interrupted is the error of an import stopped by Ctrl-C. The answers already in are
+	// counted; the batches sent and not yet answered may have committed or not, and nothing
+	// says which.
+	interrupted := func() error {
+	answered:
+		for len(sent) > 0 {
+			select {
+			case <-sent[0].answer.Done():
+			default:
+				break answered
+			}
+			res, err := sent[0].answer.Wait(context.Background())
+			if err != nil {
+				break
+			}
+			count(sent[0], res)
+			sent = sent[1:]
+		}
+		msg := fmt.Sprintf("import: interrupted; %d events imported", total())
+		if len(sent) > 0 {
+			msg += fmt.Sprintf(" before line %d, and lines %d-%d were sent and may have been appended too (with idempotency keys, running it again appends only what is missing)",
+				sent[0].first, sent[0].first, sent[len(sent)-1].last)
+		}
+		if len(batch) > 0 {
+			msg += fmt.Sprintf("; lines %d-%d were read and not sent", first, last)
+		}
+		sent = nil
+		return itx.Errorf(itx.ECancelled, "%s", msg)
+	}
 	take := func(wait bool) error {
 		for len(sent) > 0 {
 			b := sent[0]
@@ -141,6 +170,9 @@ func runImport(ctx context.Context, s *Session, args []string) error {
 				}
 			}
 			res, err := b.answer.Wait(ctx)
+			if err != nil && ctx.Err() != nil {
+				return interrupted()
+			}
 			sent = sent[1:]
 			if err == nil {
 				count(b, res)
@@ -169,6 +201,9 @@ func runImport(ctx context.Context, s *Session, args []string) error {
 		}
 		f, err := a.Append(ctx, batch, itx.AppendOptions{})
 		if err != nil {
+			if ctx.Err() != nil {
+				return interrupted()
+			}
 			return err
 		}
 		keyed := make([]bool, len(batch))
@@ -180,7 +215,8 @@ func runImport(ctx context.Context, s *Session, args []string) error {
 		return nil
 	}
 
-	sc := bufio.NewScanner(in)
+	// Ctrl-C ends a read of standard input that waits for a producer (itx import < fifo).
+	sc := bufio.NewScanner(cancelableReader(ctx, in))
 	sc.Buffer(make([]byte, 64<<10), importMaxLine)
 	for sc.Scan() {
 		line++
@@ -212,6 +248,9 @@ func runImport(ctx context.Context, s *Session, args []string) error {
 		}
 	}
 	if err := sc.Err(); err != nil {
+		if ctx.Err() != nil {
+			return interrupted()
+		}
 		if serr := settle(); serr != nil {
 			return serr
 		}
@@ -236,6 +275,62 @@ func runImport(ctx context.Context, s *Session, args []string) error {
 		fmt.Fprintf(s.cfg.Err, "skipped %s (%s appends them)\n", plural(skipped, "stream/* control record"), withControlFlag)
 	}
 	return nil
+}
+
+// cancelableReader reads r until ctx ends: a read waiting for input (a pipe whose writer is
+// slow or idle) returns ctx's error then, where a read of r itself would wait on. The read in
+// progress is left to finish on its own goroutine, into a buffer nothing reads after that.
+func cancelableReader(ctx context.Context, r io.Reader) io.Reader {
+	if _, ok := r.(*os.File); !ok {
+		return r // what tests and .import hand in answers at once
+	}
+	c := &chanReader{ctx: ctx, chunks: make(chan readChunk)}
+	go func() {
+		for {
+			buf := make([]byte, 64<<10)
+			n, err := r.Read(buf)
+			select {
+			case c.chunks <- readChunk{buf[:n], err}:
+			case <-ctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return c
+}
+
+// readChunk is one read of cancelableReader's goroutine.
+type readChunk struct {
+	b   []byte
+	err error
+}
+
+// chanReader serves the chunks cancelableReader's goroutine reads.
+type chanReader struct {
+	ctx    context.Context
+	chunks chan readChunk
+	rest   []byte
+	err    error // the last chunk's error, returned once rest is read
+}
+
+func (c *chanReader) Read(p []byte) (int, error) {
+	for len(c.rest) == 0 {
+		if c.err != nil {
+			return 0, c.err
+		}
+		select {
+		case ch := <-c.chunks:
+			c.rest, c.err = ch.b, ch.err
+		case <-c.ctx.Done():
+			return 0, c.ctx.Err()
+		}
+	}
+	n := copy(p, c.rest)
+	c.rest = c.rest[n:]
+	return n, nil
 }
 
 // runExport writes a stream's durable events after an offset (default 0) up to its head when
