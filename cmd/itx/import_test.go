@@ -288,10 +288,11 @@ func TestRun_ImportLineTooLong(t *testing.T) {
 	require.Equal(t, "tooLarge: import: line 2 is longer than 1.1 MiB, more than an event can hold (1.0 MiB); 0 events before it imported\n", errs)
 }
 
-// Ctrl-C stops itx import while it waits for more input on a pipe that stays open (it waited
-// for the pipe to close), and says how far it got: what was imported, what was read and never
-// sent.
-func TestMain_ImportInterruptedWhileReadingAPipe(t *testing.T) {
+// itx import reading a pipe whose producer pauses appends what it read when the producer pauses
+// (it held up to 99 lines until 100 had come or the pipe closed), and Ctrl-C stops it while it
+// waits for more on a pipe that stays open (it waited for the pipe to close), saying how far it
+// got.
+func TestMain_ImportFromAPipeThatPauses(t *testing.T) {
 	ts := startServer(t)
 	pr, pw, err := os.Pipe()
 	require.NoError(t, err)
@@ -313,17 +314,17 @@ func TestMain_ImportInterruptedWhileReadingAPipe(t *testing.T) {
 			<-c.exited
 		}
 	})
-	for i := range 150 { // one batch of 100 sent, 50 waiting for more
+	for i := range 150 { // a batch of 100, then 50 and a pause
 		fmt.Fprintf(pw, `{"type": "line", "payload": {"i": %d}}`+"\n", i)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	_, err = client.WaitForEvent(ctx, ts.streamDirect(t, ctx, "/piped"), itx.Predicate{Where: "payload.i = 99"}, 0, 20*time.Second)
-	require.NoError(t, err, "the first batch is appended")
+	_, err = client.WaitForEvent(ctx, ts.streamDirect(t, ctx, "/piped"), itx.Predicate{Where: "payload.i = 149"}, 0, 20*time.Second)
+	require.NoError(t, err, "the 50 lines after the first batch are appended in the pause")
 
 	c.interrupt(t) // exit status 130, with the pipe still open
 	errs := c.errs.String()
 	require.True(t, strings.HasPrefix(errs, "cancelled: import: interrupted; "), errs)
-	require.True(t, strings.HasSuffix(errs, "; lines 101-150 were read and not sent\n"), errs)
+	require.NotContains(t, errs, "read and not sent", errs)
 	require.Equal(t, 1, strings.Count(errs, "\n"), errs)
 }

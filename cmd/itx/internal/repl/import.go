@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
@@ -23,6 +24,8 @@ const (
 	importBatchBytes  = 1 << 20
 	importInFlight    = 16
 	importMaxLine     = itx.MaxEventBytes + 64<<10 // one event at its largest, with its JSON around it
+	// importIdleFlush is how long input may pause before what was read is sent as it is.
+	importIdleFlush = 200 * time.Millisecond
 )
 
 // withControlFlag is the flag of import and export that carries the stream's own stream/*
@@ -215,8 +218,14 @@ func runImport(ctx context.Context, s *Session, args []string) error {
 		return nil
 	}
 
-	// Ctrl-C ends a read of standard input that waits for a producer (itx import < fifo).
-	sc := bufio.NewScanner(cancelableReader(ctx, in))
+	// Ctrl-C ends a read of standard input that waits for a producer (itx import < fifo), and
+	// what was read is sent when the producer pauses, not once 100 lines have come
+	// (tail -F log | itx import /logs).
+	var idleErr error
+	sc := bufio.NewScanner(cancelableReader(ctx, in, func() error {
+		idleErr = send()
+		return idleErr
+	}))
 	sc.Buffer(make([]byte, 64<<10), importMaxLine)
 	for sc.Scan() {
 		line++
@@ -251,6 +260,9 @@ func runImport(ctx context.Context, s *Session, args []string) error {
 		if ctx.Err() != nil {
 			return interrupted()
 		}
+		if idleErr != nil {
+			return idleErr
+		}
 		if serr := settle(); serr != nil {
 			return serr
 		}
@@ -280,11 +292,14 @@ func runImport(ctx context.Context, s *Session, args []string) error {
 // cancelableReader reads r until ctx ends: a read waiting for input (a pipe whose writer is
 // slow or idle) returns ctx's error then, where a read of r itself would wait on. The read in
 // progress is left to finish on its own goroutine, into a buffer nothing reads after that.
-func cancelableReader(ctx context.Context, r io.Reader) io.Reader {
+//
+// When a read has waited importIdleFlush for input, idle runs (once per pause): an error it
+// returns ends the reading.
+func cancelableReader(ctx context.Context, r io.Reader, idle func() error) io.Reader {
 	if _, ok := r.(*os.File); !ok {
 		return r // what tests and .import hand in answers at once
 	}
-	c := &chanReader{ctx: ctx, chunks: make(chan readChunk)}
+	c := &chanReader{ctx: ctx, chunks: make(chan readChunk), idle: idle}
 	go func() {
 		for {
 			buf := make([]byte, 64<<10)
@@ -314,12 +329,29 @@ type chanReader struct {
 	chunks chan readChunk
 	rest   []byte
 	err    error // the last chunk's error, returned once rest is read
+	idle   func() error
 }
 
 func (c *chanReader) Read(p []byte) (int, error) {
 	for len(c.rest) == 0 {
 		if c.err != nil {
 			return 0, c.err
+		}
+		if c.idle != nil {
+			t := time.NewTimer(importIdleFlush)
+			select {
+			case ch := <-c.chunks:
+				t.Stop()
+				c.rest, c.err = ch.b, ch.err
+				continue
+			case <-c.ctx.Done():
+				t.Stop()
+				return 0, c.ctx.Err()
+			case <-t.C:
+				if err := c.idle(); err != nil {
+					return 0, err
+				}
+			}
 		}
 		select {
 		case ch := <-c.chunks:
