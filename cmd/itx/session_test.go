@@ -422,3 +422,16 @@ func TestEval_PendingPromiseIsAnError(t *testing.T) {
 	require.Equal(t, want, s.failure(t, `(async () => { await new Promise(() => {}); return 1 })()`))
 	require.Equal(t, 2.0, s.mustEval(t, `(async () => { await 1; return 2 })()`), "a settled promise is its value")
 }
+
+// readers.register without a name says the name is required (it said only "checkpoint:
+// required", or, given a checkpoint, the server's "subscription name must not be empty").
+func TestEval_RegisterReaderNeedsAName(t *testing.T) {
+	ts := startServer(t)
+	ts.appendDirect(t, "/a", itx.EventInput{Type: "note"})
+	s := newSession(t, ts)
+	require.Equal(t, repl.Failure{Code: "invalidArgument", Message: "Readers.register: name: required; checkpoint: required"},
+		s.failure(t, `project.streams.get("/a").readers.register()`))
+	require.Equal(t, repl.Failure{Code: "invalidArgument", Message: "Readers.register: name: required"},
+		s.failure(t, `project.streams.get("/a").readers.register({checkpoint: 1})`))
+	s.mustEval(t, `project.streams.get("/a").readers.register("mirror", 1)`)
+}

@@ -1219,6 +1219,9 @@ func readersRegister(ctx context.Context, s *Session, c capnp.Client, _ capPath,
 		return nil, err
 	}
 	name, checkpoint := o.str("name"), o.uint("checkpoint")
+	if !o.has("name") {
+		o.fail("name", "required")
+	}
 	if !o.has("checkpoint") {
 		o.fail("checkpoint", "required") // 0 would move a registered reader back to the start
 	}
