@@ -435,3 +435,16 @@ func TestEval_RegisterReaderNeedsAName(t *testing.T) {
 		s.failure(t, `project.streams.get("/a").readers.register({checkpoint: 1})`))
 	s.mustEval(t, `project.streams.get("/a").readers.register("mirror", 1)`)
 }
+
+// setSubscriptionCursor without a name and revokeToken without a token id say which is
+// required (they reached itxd with an empty one: "subscription name must not be empty",
+// `project "default" has no token ""`).
+func TestEval_RequiredNamesAreNamed(t *testing.T) {
+	ts := startServer(t)
+	ts.appendDirect(t, "/a", itx.EventInput{Type: "note"})
+	s := newSession(t, ts)
+	require.Equal(t, repl.Failure{Code: "invalidArgument", Message: "setSubscriptionCursor: name: required"},
+		s.failure(t, `project.streams.get("/a").setSubscriptionCursor({afterOffset: 1})`))
+	require.Equal(t, repl.Failure{Code: "invalidArgument", Message: "Admin.revokeToken: tokenId: required (revokeToken(projectId, tokenId); listTokens() shows the ids)"},
+		s.failure(t, `project.admin.revokeToken()`))
+}

@@ -196,6 +196,9 @@ func adminRevokeToken(ctx context.Context, s *Session, c capnp.Client, _ capPath
 		return nil, err
 	}
 	id, tokenID := o.str("projectId"), o.str("tokenId")
+	if !o.has("tokenId") {
+		o.fail("tokenId", "required (revokeToken(projectId, tokenId); listTokens() shows the ids)")
+	}
 	if err := o.err(); err != nil {
 		return nil, err
 	}

@@ -744,6 +744,9 @@ func streamSetSubscriptionCursor(ctx context.Context, s *Session, c capnp.Client
 		return nil, err
 	}
 	name, after := o.str("name"), o.uint("afterOffset")
+	if !o.has("name") {
+		o.fail("name", "required")
+	}
 	if !o.has("afterOffset") {
 		o.fail("afterOffset", "required")
 	}
