@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -327,4 +328,25 @@ func TestMain_ImportFromAPipeThatPauses(t *testing.T) {
 	require.True(t, strings.HasPrefix(errs, "cancelled: import: interrupted; "), errs)
 	require.NotContains(t, errs, "read and not sent", errs)
 	require.Equal(t, 1, strings.Count(errs, "\n"), errs)
+}
+
+// An .import at the prompt that stops early (a bad line) leaves no goroutine behind reading the
+// rest of its file: a long session's failed imports once each kept one, blocked for good.
+func TestSession_FailedImportsLeaveNoReader(t *testing.T) {
+	ts := startServer(t)
+	s := newSession(t, ts)
+	var b strings.Builder
+	b.WriteString(`{"type": "a"}` + "\n" + "not json\n")
+	for b.Len() < 1<<20 { // more than the reader's chunks: it is mid-file when the import stops
+		b.WriteString(`{"type": "b", "payload": {"pad": "` + strings.Repeat("x", 200) + `"}}` + "\n")
+	}
+	file := writeFile(t, t.TempDir(), "bad.ndjson", b.String())
+	s.mustEval(t, `1`) // the session's own goroutines are up
+	before := runtime.NumGoroutine()
+	for range 20 {
+		err := s.RunCommand(t.Context(), "import /bad "+file)
+		require.ErrorContains(t, err, "line 2 is not an event")
+	}
+	require.Eventually(t, func() bool { return runtime.NumGoroutine() < before+10 }, 10*time.Second, 10*time.Millisecond,
+		"goroutines: %d before 20 failed imports, %d after", before, runtime.NumGoroutine())
 }

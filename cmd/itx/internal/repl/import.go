@@ -222,7 +222,9 @@ func runImport(ctx context.Context, s *Session, args []string) error {
 	// what was read is sent when the producer pauses, not once 100 lines have come
 	// (tail -F log | itx import /logs).
 	var idleErr error
-	sc := bufio.NewScanner(cancelableReader(ctx, in, func() error {
+	readCtx, stopReading := context.WithCancel(ctx) // its goroutine ends with the import
+	defer stopReading()
+	sc := bufio.NewScanner(cancelableReader(readCtx, in, func() error {
 		idleErr = send()
 		return idleErr
 	}))
