@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -85,6 +86,20 @@ func (f *expiryFlag) Set(v string) error {
 	return nil
 }
 
+// adminCommandUsage is a command's line of adminUsage: "create-token [--project ID] --label L ...".
+func adminCommandUsage(cmd string) string {
+	for _, line := range strings.Split(adminUsage, "\n") {
+		t := strings.TrimSpace(line)
+		if name, _, _ := strings.Cut(t, " "); name == cmd {
+			if i := strings.Index(t, "   "); i > 0 {
+				t = t[:i] // the description after the columns' gap
+			}
+			return t
+		}
+	}
+	return cmd
+}
+
 // adminValueFlags names the admin flags that take a value: itx leaves that value to them when
 // it takes its own flags from among a command's arguments.
 func adminValueFlags() map[string]bool {
@@ -135,16 +150,19 @@ func runAdmin(args []string, conf resolved, tlsConfig *tls.Config, env environme
 		token = conf.deploymentToken
 	}
 	fs, o := adminFlags("itx admin " + args[0])
-	fs.SetOutput(env.stderr)
-	if asJSON {
-		fs.SetOutput(io.Discard) // the error is reported below, as JSON
-	}
+	fs.SetOutput(io.Discard) // the error is reported below, on one line with the command's usage
 	rest, err := parseInterleaved(fs, args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprint(env.stderr, adminUsage)
+		return exitOK
+	}
 	if err != nil {
 		if asJSON {
 			return usage(true, "itx admin %s: %v", args[0], err)
 		}
-		return exitUsage // the flag package said why
+		// Not the flag package's listing of every admin flag, most of them another command's.
+		fmt.Fprintf(env.stderr, "itx admin %s: %v\nusage: itx admin %s\n", args[0], err, adminCommandUsage(args[0]))
+		return exitUsage
 	}
 	if o.expires < 0 {
 		// Read as "no expiry" (0), it would make a token that never expires.

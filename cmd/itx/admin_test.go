@@ -386,3 +386,26 @@ func TestRun_AdminCreateTokenExpiresInDays(t *testing.T) {
 	require.Empty(t, out)
 	require.Equal(t, `{"error":{"code":"invalidArgument","message":"itx admin create-token: invalid value \"5\" for flag -expires: want a duration with its unit, such as 720h, 30d or 90m"}}`+"\n", errs)
 }
+
+// A bad flag of an itx admin command is one line naming it, then that command's usage, not
+// the flag package's listing of every admin flag (most of them other commands').
+func TestRun_AdminBadFlagShowsTheCommandsUsage(t *testing.T) {
+	c := newCLI(t)
+	conn := []string{"--addr", mustClosedPort(t), "--token", "itx_unused", "admin"}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"delete-project", "prj_x", "--bogus"}, "itx admin delete-project: flag provided but not defined: -bogus\nusage: itx admin delete-project [--force] <project-id>\n"},
+		{[]string{"tokens", "--project"}, "itx admin tokens: flag needs an argument: -project\nusage: itx admin tokens [--project ID]\n"},
+		{[]string{"backup", "--x", "/b"}, "itx admin backup: flag provided but not defined: -x\nusage: itx admin backup <absolute-path>\n"},
+	} {
+		code, out, errs := c.run("", append(conn, tc.args...)...)
+		require.Equal(t, exitUsage, code, "%v", tc.args)
+		require.Empty(t, out)
+		require.Equal(t, tc.want, errs, "%v", tc.args)
+	}
+	code, _, errs := c.run("", append(conn, "projects", "-h")...)
+	require.Equal(t, exitOK, code, "-h asks for the usage")
+	require.Contains(t, errs, "Usage: itx [flags] admin <command>")
+}
