@@ -339,15 +339,39 @@ func (e *scriptError) Unwrap() error { return e.err }
 // already; an error without a frame in the script is returned as it is.
 func AtScriptLine(err error, name string) error {
 	var ex *goja.Exception
-	if !errors.As(err, &ex) {
+	if errors.As(err, &ex) {
+		for _, f := range ex.Stack() {
+			if p := f.Position(); f.SrcName() == name && p.Line > 0 {
+				return &scriptError{err: err, at: fmt.Sprintf("%s:%d:%d", name, p.Line, p.Column)}
+			}
+		}
 		return err
 	}
-	for _, f := range ex.Stack() {
-		if p := f.Position(); f.SrcName() == name && p.Line > 0 {
-			return &scriptError{err: err, at: fmt.Sprintf("%s:%d:%d", name, p.Line, p.Column)}
+	// An async function's rejection: its Error's stack ("Error: x\n\tat script.js:3:9(12)").
+	if obj, ok := rejectedObject(err); ok {
+		if stack, ok := obj.Get("stack").Export().(string); ok {
+			for _, line := range strings.Split(stack, "\n") {
+				if at, ok := strings.CutPrefix(strings.TrimSpace(line), "at "+name+":"); ok {
+					if i := strings.IndexByte(at, '('); i > 0 {
+						at = at[:i]
+					}
+					return &scriptError{err: err, at: name + ":" + at}
+				}
+			}
 		}
 	}
 	return err
+}
+
+// rejectedObject is the object an async function's promise was rejected with, when err is
+// such a rejection and the object has a stack.
+func rejectedObject(err error) (*goja.Object, bool) {
+	var rej *rejection
+	if !errors.As(err, &rej) || rej.value == nil {
+		return nil, false
+	}
+	obj, ok := rej.value.(*goja.Object)
+	return obj, ok && obj.Get("stack") != nil
 }
 
 // Describe classifies any error an evaluation returns.
