@@ -164,7 +164,7 @@ print("after")
 	require.Equal(t, `{"error":{"code":"ReferenceError","message":"undefinedName is not defined (at -:3:1)"}}`+"\n", errs)
 	code, _, errs = c.run("(async () => {\n  await 1\n  project.streams.get(\"/script\").append({type: \"\"})\n})()\n", "-")
 	require.Equal(t, exitError, code)
-	require.Equal(t, "invalidArgument: event 0: type must not be empty (at -:3:35)\n", errs, "an async function's rejection too")
+	require.Equal(t, "invalidArgument: event 0: type must not be empty (at -:3:40)\n", errs, "an async function's rejection too")
 
 	code, out, _ = c.run(`print(project.streams.get("/script").describe().headOffset)`, "-")
 	require.Equal(t, exitOK, code)
