@@ -432,7 +432,7 @@ func (d *deliverer) ownRecord(e *itx.Event) bool {
 		return json.Unmarshal(e.Payload, &p) == nil && p.Name == d.name
 	case itx.TypeErrorOccurred:
 		own := false
-		for _, kind := range []string{"subscription-expression-failed", "subscription-failing-event-skipped"} {
+		for _, kind := range []string{"subscription-expression-failed", skipRecordKind} {
 			k := itx.InternalKeyPrefix + kind
 			own = own || strings.HasPrefix(e.IdempotencyKey, k+":") || strings.HasPrefix(e.IdempotencyKey, k+"#")
 		}

@@ -875,6 +875,25 @@ func (st *streamState) applyOutcome(o *deliveryOutcome, nowMs int64, env stepEnv
 			return own
 		}
 	}
+	if o.acking && policy == itx.OnFailingSkip && (markable || r.ConfirmedOffset >= o.before) && st.skippedAlready(o.name, r, f, env) {
+		// Sending again from the confirmed cursor (after a failure, a new mount or a restart)
+		// reached an event this subscription skipped already under its epochs: its skip record
+		// is in the log. It stays skipped, passed over as the skip passed it, with no attempt
+		// burnt and no second skip counted: counted again, a second failing event behind the
+		// receiver's unconfirmed ones sent the first back up the ladder after each of its own
+		// failures, and neither was ever passed; after a crash, the skips already taken counted
+		// twice toward the halt.
+		if r.ConfirmedOffset < o.before {
+			rt.sendFrom, rt.held, rt.runMount = f.eventOffset, kept.held, kept.runMount
+			rt.marks = append(kept.marks, deliveryMark{through: f.eventOffset})
+			r.DeliveredOffset = max(r.DeliveredOffset, f.eventOffset)
+		} else {
+			r.ConfirmedOffset = max(r.ConfirmedOffset, f.eventOffset)
+			r.DeliveredOffset = max(r.DeliveredOffset, r.ConfirmedOffset)
+		}
+		r.NextAttemptAt = 0
+		return own
+	}
 	d := decideFailure(*r, *f, policy, nowMs, env.random())
 	r.LastError = truncate(d.msg, itx.MaxCursorErrorLength)
 	switch d.kind {
@@ -911,7 +930,7 @@ func (st *streamState) applyOutcome(o *deliveryOutcome, nowMs int64, env stepEnv
 		}
 		own = append(own, serverRecord(itx.TypeErrorOccurred, itx.ErrorOccurredPayload{Message: truncate(fmt.Sprintf(
 			"subscription %q skipped failing event at offset %d after %d event-specific attempts%s: %s", o.name, d.skipOffset, d.failingAttempt, where, f.msg), itx.MaxHaltErrorLength)},
-			"subscription-failing-event-skipped", o.name, r.ConfiguredAtOffset, r.CursorChangedAtOffset, d.skipOffset))
+			skipRecordKind, o.name, r.ConfiguredAtOffset, r.CursorChangedAtOffset, d.skipOffset))
 		if o.acking && r.ConfirmedOffset < o.before {
 			// The events before it are delivered and unconfirmed: the skip goes after them, as a
 			// delivery of nothing through the skipped event. Sending goes on past it, and the
@@ -936,14 +955,36 @@ func (st *streamState) applyOutcome(o *deliveryOutcome, nowMs int64, env stepEnv
 	return own
 }
 
+// skipRecordKind keys the stream/error-occurred record of a skip (serverRecord): one per
+// subscription epochs and skipped offset.
+const skipRecordKind = "subscription-failing-event-skipped"
+
+// skippedAlready reports whether the event whose failure f reports was skipped already by
+// subscription name under the epochs of its row r: an offset-acking subscription may send it
+// again (it sends again from its confirmed cursor), and its skip record in the log says so.
+func (st *streamState) skippedAlready(name string, r *storage.CursorRow, f *deliveryFailure, env stepEnv) bool {
+	if f.class != classEvent || f.eventOffset <= 0 || f.eventOffset > r.DeliveredOffset || env.lookupKeys == nil {
+		return false
+	}
+	key := recordKey(skipRecordKind, name, r.ConfiguredAtOffset, r.CursorChangedAtOffset, f.eventOffset)
+	found, err := env.lookupKeys([]string{key})
+	return err == nil && found[key] != nil
+}
+
+// recordKey is the idempotency key of a server record of kind about subscription name (its
+// epochs) and an offset.
+func recordKey(kind, name string, birth, seek, offset int64) string {
+	key, _ := json.Marshal([]any{name, birth, seek, offset})
+	return internalKey(kind, key)
+}
+
 // serverRecord is an append of the stream's own authority. A non-empty kind keys it by the
 // subscription's epochs and an offset, so the same record is written once whatever the retries.
 func serverRecord(typ string, payload any, kind, name string, birth, seek, offset int64) *appendReq {
 	b, _ := json.Marshal(payload)
 	in := itx.EventInput{Type: typ, Payload: b}
 	if kind != "" {
-		key, _ := json.Marshal([]any{name, birth, seek, offset})
-		in.IdempotencyKey = internalKey(kind, key)
+		in.IdempotencyKey = recordKey(kind, name, birth, seek, offset)
 	}
 	_ = in.Normalize()
 	return &appendReq{inputs: []itx.EventInput{in}, authority: authCore}
