@@ -699,6 +699,14 @@ func auditRecord(by Admin, typ string, fields map[string]any) (*storage.AuditRec
 // is a duplicate: a failure here (logged, not returned), or a crash before the record is
 // forgotten, leaves it for the next start, which appends what is pending (appendPendingAudits).
 func (s *Server) audit(ctx context.Context, rec *storage.AuditRecord) {
+	if err := s.appendAudit(ctx, rec); err != nil {
+		s.log.Error().Err(err).Str("type", rec.Type).Msg("could not record an audit event (it is appended at the next start)")
+	}
+}
+
+// appendAudit appends rec to the deployment's audit stream (a duplicate when it is there
+// already), then forgets the directory's copy of it, if any.
+func (s *Server) appendAudit(ctx context.Context, rec *storage.AuditRecord) error {
 	// An audit record may use the disk reserve: what an operator does to free space (a trim, a
 	// delete) is recorded then too.
 	inputs := []itx.EventInput{{Type: rec.Type, Payload: rec.Payload, IdempotencyKey: internalKey("audit", []byte(rec.ID))}}
@@ -713,9 +721,7 @@ func (s *Server) audit(ctx context.Context, rec *storage.AuditRecord) {
 	if err == nil {
 		err = s.dir.DeleteAudit(ctx, rec.ID)
 	}
-	if err != nil {
-		s.log.Error().Err(err).Str("type", rec.Type).Msg("could not record an audit event (it is appended at the next start)")
-	}
+	return err
 }
 
 // appendPendingAudits appends the audit records of changes whose audit a crash (or a failure)

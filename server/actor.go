@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -78,10 +79,13 @@ type actor struct {
 	sizeScan       *sizeScan
 	// usage is the project's disk usage (Config.MaxProjectBytes; nil: no quota), sinceStat the
 	// bytes committed since this stream's files were last measured for it (noteSize).
-	usage       *projectUsage
-	sinceStat   int64
-	retT        itx.Timer // when the retention policy's age limit has an event to trim (armRetention)
-	loadMounted []string  // the project's mounts when loaded: the first step's presence signal
+	usage     *projectUsage
+	sinceStat int64
+	retT      itx.Timer // when the retention policy's age limit has an event to trim (armRetention)
+	// pendingAudits are the audit records of the stream's own changes not yet known to be in
+	// /audit, as committed under auditPendingKey.
+	pendingAudits []storage.AuditRecord
+	loadMounted   []string // the project's mounts when loaded: the first step's presence signal
 	// secretRefs is the webhook secret references of the committed catalog: the directory's
 	// secret_uses rows of this stream hold at least these (see apply).
 	secretRefs map[string]bool
@@ -149,6 +153,8 @@ type actorMsg struct {
 	retentionDue bool
 	// vacuum: a turn giving the stream's free space back (vacuumSoon).
 	vacuum bool
+	// auditDone: a pending audit record of the stream's own (auditPendingKey) is in /audit.
+	auditDone string
 }
 
 func newActor(s *Server, ref StreamRef) *actor {
@@ -245,6 +251,14 @@ func (a *actor) load() error {
 		a.loadMounted = append(a.loadMounted, presence(m.Scope, m.Name))
 	}
 	a.loadMounted = append(a.loadMounted, a.srv.processorPresence(a.ref.ProjectID)...)
+	if a.store != nil {
+		// Audit records a crash left pending (auditPendingKey): appended now, then forgotten.
+		if raw, err := a.store.KV(ctx, auditPendingKey); err != nil {
+			a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Msg("pending audit records not read (read again at the next load)")
+		} else if raw != nil && json.Unmarshal(raw, &a.pendingAudits) == nil && len(a.pendingAudits) > 0 {
+			go a.flushAudits(slices.Clone(a.pendingAudits))
+		}
+	}
 	a.publish(true)
 	return nil
 }
@@ -612,6 +626,8 @@ func (a *actor) handle(m actorMsg) bool {
 		}
 	case m.vacuum:
 		a.vacuumChunk()
+	case m.auditDone != "":
+		a.forgetAudit(m.auditDone)
 	case m.stopRemotes:
 		for name, d := range a.deliverers {
 			if d.remoteContract != "" {

@@ -27,6 +27,8 @@ func init() {
 		backupFrozenHook = killSelf
 	case "backup-copied-one":
 		backupCopiedHook = killSelf
+	case "retention-set-committed":
+		retentionSetCommittedHook = killSelf
 	}
 }
 

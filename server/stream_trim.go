@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"time"
 
 	"github.com/itx-dev/itx"
@@ -415,8 +416,15 @@ func (s *Server) SetRetention(ctx context.Context, by Admin, ref StreamRef, maxA
 	if a.view().streamID == "" {
 		return itx.Errorf(itx.ENotFound, "no stream %s", ref.Path)
 	}
+	// The record is made before the change and committed with it in the stream (see
+	// auditPendingKey), so a crash after the change cannot lose it.
+	rec, err := auditRecord(by, AuditRetentionSet, map[string]any{"projectId": ref.ProjectID, "path": ref.Path,
+		"maxAgeMs": maxAgeMs, "maxEvents": maxEvents, "maxBytes": maxBytes})
+	if err != nil {
+		return err
+	}
 	reply := make(chan error, 1)
-	a.post(actorMsg{retention: &retentionReq{policy: retentionPolicy{MaxAgeMs: maxAgeMs, MaxEvents: maxEvents, MaxBytes: maxBytes}, reply: reply}})
+	a.post(actorMsg{retention: &retentionReq{policy: retentionPolicy{MaxAgeMs: maxAgeMs, MaxEvents: maxEvents, MaxBytes: maxBytes}, audit: rec, reply: reply}})
 	select {
 	case err := <-reply:
 		if err != nil {
@@ -427,9 +435,10 @@ func (s *Server) SetRetention(ctx context.Context, by Admin, ref StreamRef, maxA
 	case <-ctx.Done():
 		return itx.Errorf(itx.ECancelled, "set retention of %s: %v", ref.Path, ctx.Err())
 	}
-	if rec, err := auditRecord(by, AuditRetentionSet, map[string]any{"projectId": ref.ProjectID, "path": ref.Path,
-		"maxAgeMs": maxAgeMs, "maxEvents": maxEvents, "maxBytes": maxBytes}); err == nil {
-		s.audit(context.WithoutCancel(ctx), rec)
+	if err := s.appendAudit(context.WithoutCancel(ctx), rec); err != nil {
+		s.log.Error().Err(err).Str("type", rec.Type).Str("path", ref.Path).Msg("could not record an audit event (it is appended when the stream next loads)")
+	} else {
+		a.post(actorMsg{auditDone: rec.ID})
 	}
 	return nil
 }
@@ -440,8 +449,20 @@ const AuditRetentionSet = "admin/stream-retention-set"
 // retentionReq is Stream.setRetention on the actor.
 type retentionReq struct {
 	policy retentionPolicy
+	audit  *storage.AuditRecord // the change's record, committed with it (auditPendingKey)
 	reply  chan error
 }
+
+// auditPendingKey is the stream KV key of the audit records of changes made to the stream itself
+// (its retention policy), committed in the change's own transaction and kept until they are in
+// the deployment's audit stream, as the directory keeps those of its own changes: a crash
+// between the two cannot lose one. The change's commit sets the stream's alarm due first, so a
+// restart loads the stream, and every load appends what is pending (flushAudits).
+const auditPendingKey = "audit/pending"
+
+// retentionSetCommittedHook, when set (tests), runs in setRetention between the policy's commit
+// and its answer: the window a crash must not lose the audit record or the alarm in.
+var retentionSetCommittedHook func()
 
 // setRetention stores the policy with the stream, between two commits, and applies it.
 func (a *actor) setRetention(r *retentionReq) {
@@ -450,22 +471,66 @@ func (a *actor) setRetention(r *retentionReq) {
 		return
 	}
 	b, _ := json.Marshal(r.policy)
-	if err := a.store.Commit(context.Background(), storage.Commit{KV: map[string][]byte{retentionKey: b}}); err != nil {
-		r.reply <- itx.Errorf(storage.ErrorCode(err), "set retention of %s: %v", a.ref.Path, err)
-		return
+	kv := map[string][]byte{retentionKey: b}
+	pending := a.pendingAudits
+	if r.audit != nil {
+		pending = append(slices.Clone(pending), *r.audit)
+		kv[auditPendingKey], _ = json.Marshal(pending)
 	}
-	a.st.retention = r.policy
-	if r.policy.MaxAgeMs > 0 && !a.st.alarmSet {
-		// As for a stream with subscriptions: due now while loaded, so a crash leaves a load
-		// owed; the unload records when the policy next trims (nextAlarm).
+	if !a.st.alarmSet {
+		// As for a stream with subscriptions: due now while loaded, and set before the commit,
+		// so a crash after it leaves a load owed (which appends the change's audit record and
+		// applies the policy); the unload records when the policy next trims (nextAlarm).
 		if err := a.srv.dir.SetAlarm(context.Background(), a.st.streamID, itx.UnixMilli(a.srv.clock.Now())); err == nil {
 			a.st.alarmSet = true
 		} else {
 			a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Msg("the stream's alarm not set for its retention policy (applied at its next load)")
 		}
 	}
+	if err := a.store.Commit(context.Background(), storage.Commit{KV: kv}); err != nil {
+		r.reply <- itx.Errorf(storage.ErrorCode(err), "set retention of %s: %v", a.ref.Path, err)
+		return
+	}
+	if retentionSetCommittedHook != nil {
+		retentionSetCommittedHook()
+	}
+	a.pendingAudits = pending
+	a.st.retention = r.policy
 	a.publish(false) // describe shows the policy
 	r.reply <- nil
 	a.armRetention()
 	a.applyRetention(a.srv.clock.Now())
+}
+
+// forgetAudit drops an audit record that is in the deployment's audit stream from the stream's
+// pending ones (auditPendingKey). Actor goroutine only.
+func (a *actor) forgetAudit(id string) {
+	kept := slices.DeleteFunc(slices.Clone(a.pendingAudits), func(r storage.AuditRecord) bool { return r.ID == id })
+	if a.store == nil || len(kept) == len(a.pendingAudits) {
+		return
+	}
+	c := storage.Commit{KVDeletes: []string{auditPendingKey}}
+	if len(kept) > 0 {
+		b, _ := json.Marshal(kept)
+		c = storage.Commit{KV: map[string][]byte{auditPendingKey: b}}
+	}
+	if err := a.store.Commit(context.Background(), c); err != nil {
+		a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Msg("an audit record in the audit stream stays pending (appended again, as a duplicate, at the next load)")
+		return
+	}
+	a.pendingAudits = kept
+}
+
+// flushAudits appends the audit records a crash (or a failure) left pending in the stream
+// (auditPendingKey), then has the actor forget them. It runs on its own goroutine.
+func (a *actor) flushAudits(recs []storage.AuditRecord) {
+	for i := range recs {
+		if err := a.srv.appendAudit(a.srv.base, &recs[i]); err != nil {
+			if a.srv.base.Err() == nil {
+				a.srv.log.Error().Err(err).Str("type", recs[i].Type).Str("path", a.ref.Path).Msg("could not record an audit event (it is appended when the stream next loads)")
+			}
+			continue
+		}
+		a.post(actorMsg{auditDone: recs[i].ID})
+	}
 }

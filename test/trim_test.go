@@ -553,3 +553,45 @@ func seq(from, to int) []int {
 	}
 	return out
 }
+
+// kill -9 of itxd right after a retention policy committed and before the call was answered (so
+// before its audit record was appended): after the restart the policy is there, the stream is
+// loaded by its alarm with nothing touching it (so the policy applies), and the change is in
+// /audit once. The record commits with the policy and the alarm is due before it, so the load
+// appends it; before, the change had no audit record, and a stream with no subscriptions had no
+// alarm either, so an untouched stream was never loaded to apply its policy.
+func TestCrash_Kill9AfterRetentionSetKeepsItsAuditAndAlarm(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real itxd processes")
+	}
+	dataDir := t.TempDir()
+	proc := startItxdKilledAt(t, dataDir, "retention-set-committed")
+	ctx := ctxT(t)
+	s := stream(t, loginItxd(t, proc), "/kept-policy")
+	for range 5 {
+		mustAppend(t, s, ev("x", `{}`))
+	}
+	err := client.SetRetention(ctx, s, client.Retention{MaxAge: time.Hour, MaxEvents: 2})
+	require.Error(t, err, "killed before the answer")
+	proc.requireKilledAtThePoint(t)
+
+	metrics := freeAddr(t)
+	proc = startItxd(t, dataDir, "--metrics", metrics)
+	waitUntil(t, "the untouched stream loaded by its alarm and trimmed by its policy", func() bool {
+		return scrapeMetric(t, metrics, "itx_trimmed_events_total") == 3
+	})
+	root := dial(t, proc.addr).Login(ctx, proc.creds.DeploymentToken)
+	defer root.Release()
+	var set []map[string]any
+	waitUntil(t, "the policy's audit record", func() bool {
+		set = audited(t, root, server.AuditRetentionSet)
+		return len(set) > 0
+	})
+	require.Len(t, set, 1)
+	require.Equal(t, "/kept-policy", set[0]["path"])
+	require.EqualValues(t, time.Hour.Milliseconds(), set[0]["maxAgeMs"])
+	info, err := client.Describe(ctx, stream(t, loginItxd(t, proc), "/kept-policy"))
+	require.NoError(t, err)
+	require.Equal(t, time.Hour.Milliseconds(), info.RetentionMaxAgeMs)
+	require.Equal(t, int64(3), info.TrimmedThrough)
+}
