@@ -875,19 +875,22 @@ func (st *streamState) applyOutcome(o *deliveryOutcome, nowMs int64, env stepEnv
 			return own
 		}
 	}
-	if o.acking && policy == itx.OnFailingSkip && (markable || r.ConfirmedOffset >= o.before) && st.skippedAlready(o.name, r, f, env) {
+	if o.acking && policy == itx.OnFailingSkip && st.skippedAlready(o.name, r, f, env) {
 		// Sending again from the confirmed cursor (after a failure, a new mount or a restart)
 		// reached an event this subscription skipped already under its epochs: its skip record
 		// is in the log. It stays skipped, passed over as the skip passed it, with no attempt
 		// burnt and no second skip counted: counted again, a second failing event behind the
 		// receiver's unconfirmed ones sent the first back up the ladder after each of its own
 		// failures, and neither was ever passed; after a crash, the skips already taken counted
-		// twice toward the halt.
-		if r.ConfirmedOffset < o.before {
+		// twice toward the halt. (A try a reset made stale is sent again from the cursor, at
+		// once, and reaches the event again in order.)
+		switch {
+		case r.ConfirmedOffset < o.before && !markable:
+		case r.ConfirmedOffset < o.before:
 			rt.sendFrom, rt.held, rt.runMount = f.eventOffset, kept.held, kept.runMount
 			rt.marks = append(kept.marks, deliveryMark{through: f.eventOffset})
 			r.DeliveredOffset = max(r.DeliveredOffset, f.eventOffset)
-		} else {
+		default:
 			r.ConfirmedOffset = max(r.ConfirmedOffset, f.eventOffset)
 			r.DeliveredOffset = max(r.DeliveredOffset, r.ConfirmedOffset)
 		}
