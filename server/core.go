@@ -73,6 +73,10 @@ type inboundRecord struct {
 	CursorChangedAtOffset int64  `json:"cursorChangedAtOffset"`
 	EventsReceived        int64  `json:"eventsReceived"`
 	LastEventReceivedAt   int64  `json:"lastEventReceivedAt"`
+	// Through is the highest source offset copied under this stamp (0: not known, as in a
+	// checkpoint written before it was kept). A copy at or below it landed already: it is a
+	// duplicate though its own key is gone with a trim of this stream (copiedThrough).
+	Through int64 `json:"through,omitempty"`
 }
 
 func newCoreState() *coreState {
@@ -437,7 +441,7 @@ func sameConfig(x, y itx.SubscriptionConfig) bool {
 
 // acceptCopy checks and records a copy batch's stamp against the inbound fence of its
 // (source path, subscription name). A stale stamp can never land.
-func (st *coreState) acceptCopy(stamp *copyStamp, events int, at int64) error {
+func (st *coreState) acceptCopy(stamp *copyStamp, events int, through, at int64) error {
 	if st.Inbound == nil {
 		st.Inbound = map[string]map[string]*inboundRecord{}
 	}
@@ -458,8 +462,22 @@ func (st *coreState) acceptCopy(stamp *copyStamp, events int, at int64) error {
 	}
 	rec.EventsReceived += int64(events)
 	rec.LastEventReceivedAt = at
+	rec.Through = max(rec.Through, through)
 	st.trimInbound()
 	return nil
+}
+
+// copiedThrough is the highest source offset copied under stamp's (source stream, subscription,
+// seek epoch), 0 when not known. Copies arrive in source offset order, so every source event at or
+// below it that the subscription copies is in this stream already, or was until a trim deleted it
+// (and its idempotency key with it): a redelivery after a lost acknowledgement must not land it
+// again.
+func (st *coreState) copiedThrough(stamp *copyStamp) int64 {
+	rec := st.Inbound[stamp.SourcePath][stamp.Name]
+	if rec == nil || rec.StreamID != stamp.StreamID || rec.CursorChangedAtOffset != stamp.CursorChangedAtOffset {
+		return 0
+	}
+	return rec.Through
 }
 
 // trimInbound keeps at most MaxInboundSourceRecords, evicting the least recently used.

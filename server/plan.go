@@ -93,6 +93,14 @@ func planGroup(head int64, streamID string, bucket *tokenBucket, room func() err
 			if working != nil {
 				cur = working
 			}
+			if req.copy != nil && len(in.Provenance) > 0 {
+				// A copy whose source event this stream took already under the same stamp, its
+				// key forgotten with a trim: a duplicate all the same (its offset is gone).
+				if hop := in.Provenance[len(in.Provenance)-1]; hop.StreamID == req.copy.StreamID && hop.Offset <= cur.copiedThrough(req.copy) {
+					res.Duplicate[j] = true
+					continue
+				}
+			}
 			if entry := cur.identicalConfigure(in); entry != nil && in.IdempotencyKey == "" {
 				res.Offsets[j], res.Duplicate[j] = entry.configOffset(), true
 				continue
@@ -131,7 +139,13 @@ func planGroup(head int64, streamID string, bucket *tokenBucket, room func() err
 			if working == nil {
 				working = p.Core.clone()
 			}
-			err = working.acceptCopy(req.copy, len(rows), createdAt)
+			through := int64(0)
+			for k := range rows {
+				if prov := rows[k].Provenance; len(prov) > 0 && prov[len(prov)-1].StreamID == req.copy.StreamID {
+					through = max(through, prov[len(prov)-1].Offset)
+				}
+			}
+			err = working.acceptCopy(req.copy, len(rows), through, createdAt)
 		}
 		charged, takesRoom := 0, false
 		for k := range rows {

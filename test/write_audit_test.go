@@ -2,6 +2,7 @@ package test
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -219,4 +220,61 @@ func TestSubscription_ExpressionFailingWithAnotherMessageEachTryIsSkipped(t *tes
 	require.Equal(t, 1, failed, "the expression's failure recorded once: %v", records)
 	require.Equal(t, 1, skipped, "then the skip: %v", records)
 	require.Zero(t, h.count(), "nothing delivered: the filter never held")
+}
+
+// A copy delivered again after its acknowledgement was lost, into a receiving stream that
+// trimmed the first copy meanwhile (and its idempotency key with it): still the copy already
+// taken, not a second one. itxd is killed after the copies committed and before the source
+// learned it; the next itxd trims them from the receiving stream while its circuit breaker holds
+// the redelivery back; the one after that delivers again, and the receiving stream's inbound
+// fence (the highest source offset it took under the subscription's stamp) answers the batch as
+// duplicates. Without it every event was copied a second time.
+func TestCrash_CopyRedeliveredAfterTheTargetTrimmedItIsNotCopiedAgain(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real itxd processes")
+	}
+	dataDir := t.TempDir()
+	proc := startItxdKilledAt(t, dataDir, "copy-committed")
+	ctx := ctxT(t)
+	p := loginItxd(t, proc)
+	src := stream(t, p, "/src")
+	subs := client.Subscriptions(ctx, src)
+	_, _, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "mirror", Start: "now", FilterTypes: []string{"e"},
+		Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: "/dst"}})
+	require.NoError(t, err)
+	subs.Release()
+	batch := make([]itx.EventInput, 50)
+	for i := range batch {
+		batch[i] = ev("e", fmt.Sprintf(`{"i":%d}`, i))
+	}
+	res, err := client.Append(ctx, src, batch, itx.AppendOptions{})
+	require.NoError(t, err)
+	proc.requireKilledAtThePoint(t)
+
+	// The copies are in /dst; the source's cursor is before them. A breaker of one event holds
+	// the redelivery back while /dst is trimmed.
+	proc = startItxd(t, dataDir, "--breaker-burst", "1", "--breaker-refill-per-minute", "1")
+	p = loginItxd(t, proc)
+	dst := stream(t, p, "/dst")
+	trimmed, err := client.Trim(ctx, dst, 50)
+	require.NoError(t, err)
+	require.Equal(t, int64(50), trimmed.Deleted, "the copies, trimmed")
+	info, err := client.Describe(ctx, dst)
+	require.NoError(t, err)
+	head := info.HeadOffset
+	proc.kill9(t)
+
+	proc = startItxd(t, dataDir)
+	p = loginItxd(t, proc)
+	src, dst = stream(t, p, "/src"), stream(t, p, "/dst")
+	sub := client.Subscription(ctx, src, "mirror")
+	defer sub.Release()
+	_, err = client.WaitUntilProcessed(ctx, sub, res.HeadOffset, 10*time.Second)
+	require.NoError(t, err, "last error: %s", describeSub(t, src, "mirror").LastError)
+	info, err = client.Describe(ctx, dst)
+	require.NoError(t, err)
+	require.Equal(t, head, info.HeadOffset, "nothing copied a second time")
+	again, err := client.ReadAll(ctx, dst, itx.Query{Types: []string{"e"}})
+	require.NoError(t, err)
+	require.Empty(t, again)
 }
