@@ -32,6 +32,9 @@ type effects struct {
 
 	rowsChanged bool // publish a new copy of the rows
 	confirmed   bool // a Subscription.confirm moved a cursor: written before it is answered
+	// retryCleared: a success cleared a row's retry block (attempts, failing event, skips): written
+	// at once, as the failure that set it was, so a crash does not bring the block back.
+	retryCleared bool
 
 	replies       []replyBatch
 	readerReplies []readerReply

@@ -426,7 +426,7 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 	// starting it over with a try before its time. Tries are spaced by the backoff, so this costs
 	// at most one commit per failed try.
 	if len(eff.commit.Events) > 0 || len(eff.commit.KV) > 0 || len(eff.commit.KVDeletes) > 0 || len(eff.commit.CursorDeletes) > 0 || eff.coreChanged || in.flush || in.final ||
-		failed || eff.confirmed || len(eff.commit.ReaderUpserts) > 0 || len(eff.commit.ReaderDeletes) > 0 ||
+		failed || eff.confirmed || eff.retryCleared || len(eff.commit.ReaderUpserts) > 0 || len(eff.commit.ReaderDeletes) > 0 ||
 		len(eff.commit.ScheduledUpserts) > 0 || len(eff.commit.ScheduledDeletes) > 0 {
 		eff.commit.CursorUpserts = eff.commit.CursorUpserts[:0]
 		names := make([]string, 0, len(st.dirty))
@@ -818,6 +818,7 @@ func (st *streamState) applyOutcome(o *deliveryOutcome, nowMs int64, env stepEnv
 	}
 	eff.rowsChanged = true
 	r.InFlightDeadlineAt, r.InFlightConnectionGeneration = 0, 0
+	block := retryBlockOf(r)
 	if o.acking {
 		st.applyAcking(o, r, rt)
 	} else if o.through > r.ConfirmedOffset {
@@ -835,6 +836,14 @@ func (st *streamState) applyOutcome(o *deliveryOutcome, nowMs int64, env stepEnv
 	st.touch(o.name, now)
 	f := o.failure
 	if f == nil {
+		// Progress alone may wait for the flush, but a success that clears the retry block is
+		// written at once: left to the flush, a crash brought back the attempts, the failing
+		// event and the skips of the outage or poison events the receiver had got past (an
+		// offset-acking subscription's resends after the restart do not clear them again), so the
+		// next failure could halt at once, or the next skip halt.
+		if retryBlockOf(r) != block {
+			eff.retryCleared = true
+		}
 		return nil
 	}
 	// An offset-acking try: a skip of its failing event may go after the unconfirmed deliveries
@@ -956,6 +965,16 @@ func (st *streamState) applyOutcome(o *deliveryOutcome, nowMs int64, env stepEnv
 		eff.ladder = append(eff.ladder, ladderNote{name: o.name, decision: decideHalt, offset: r.ConfirmedOffset, attempts: d.attempt, msg: d.msg})
 	}
 	return own
+}
+
+// retryBlock is the part of a cursor row the retry ladder keeps.
+type retryBlock struct {
+	attempt, failingAttempt, skips int
+	failingOffset                  int64
+}
+
+func retryBlockOf(r *storage.CursorRow) retryBlock {
+	return retryBlock{attempt: r.Attempt, failingAttempt: r.FailingEventAttempt, skips: r.FailingEventSkips, failingOffset: r.FailingEventOffset}
 }
 
 // skipRecordKind keys the stream/error-occurred record of a skip (serverRecord): one per

@@ -116,3 +116,44 @@ func TestCrash_Kill9AckingSkipsStandAfterTheRestart(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, skips, 2)
 }
+
+// kill -9 right after an offset-acking subscription got past an event it skipped (the next event
+// delivered): the success that cleared its skip count is written at once, as the skip was, so
+// the restarted itxd does not count the skip again. Left to the lazy flush, the count came back
+// (the resends after the restart do not clear it: they carry nothing the receiver had not taken),
+// and two more skips would have halted a subscription that had recovered in between.
+func TestCrash_Kill9AfterRecoveryKeepsTheClearedSkips(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real itxd processes")
+	}
+	h := newHook(t, func(_ int, b itx.WebhookBody) int {
+		if b.Event.Type == "poison" {
+			return 422
+		}
+		return 200 // taken, not confirmed
+	})
+	dataDir := t.TempDir()
+	proc := startItxd(t, dataDir)
+	ctx := ctxT(t)
+	s := stream(t, loginItxd(t, proc), "/recovery")
+	subs := client.Subscriptions(ctx, s)
+	_, _, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "loader", Start: "now", OnFailingEvent: "skip",
+		FilterTypes: []string{"ok", "poison"}, ConfirmWindow: 100, Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
+	require.NoError(t, err)
+	subs.Release()
+	mustAppend(t, s, ev("ok", `{}`), ev("poison", `{}`))
+	waitUntil(t, "skipped", func() bool { return describeSub(t, s, "loader").FailingEventSkips == 1 })
+	res := mustAppend(t, s, ev("ok", `{}`))
+	waitUntil(t, "got past it", func() bool { return describeSub(t, s, "loader").FailingEventSkips == 0 })
+	proc.kill9(t) // at once: well within the lazy flush's delay
+
+	proc = startItxd(t, dataDir)
+	s = stream(t, loginItxd(t, proc), "/recovery")
+	waitUntil(t, "the unconfirmed events taken again", func() bool {
+		got := h.received()
+		return got[len(got)-1] == res.HeadOffset && describeSub(t, s, "loader").InFlightDeadlineAt == 0
+	})
+	d := describeSub(t, s, "loader")
+	require.Zero(t, d.FailingEventSkips, "the skip before the recovery is not counted again")
+	require.Equal(t, itx.StatusActive, d.Status)
+}
