@@ -125,7 +125,10 @@ func (d *deliverer) deadLetterSkip(job pushJob, store streamStore, streamID stri
 		// answer is an outage.
 		ctx, cancel := context.WithCancel(d.ctx)
 		t := d.srv.clock.AfterFunc(d.srv.cfg.DeliveryTimeout, cancel)
-		_, err = d.srv.appendAs(ctx, d.deadLetter, []itx.EventInput{letter}, authCopy, nil)
+		// Stamped as a copy is, so the dead-letter stream's inbound fence knows the letter once
+		// a trim took it (and its key) away: written again after a crash, it is a duplicate.
+		stamp := &copyStamp{SourcePath: d.ref.Path, Name: d.name, StreamID: streamID, CursorChangedAtOffset: job.row.CursorChangedAtOffset}
+		_, err = d.srv.appendAs(ctx, d.deadLetter, []itx.EventInput{letter}, authCopy, stamp)
 		t.Stop()
 		cancel()
 		if err == nil && deadLetterCommittedHook != nil {

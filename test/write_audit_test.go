@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -277,4 +279,62 @@ func TestCrash_CopyRedeliveredAfterTheTargetTrimmedItIsNotCopiedAgain(t *testing
 	again, err := client.ReadAll(ctx, dst, itx.Query{Types: []string{"e"}})
 	require.NoError(t, err)
 	require.Empty(t, again)
+}
+
+// kill -9 after a dead letter committed and before the skip it allows was taken, and the
+// dead-letter stream trimmed (its letter's key with it) before the event is tried again: the
+// letter written again is the letter the stream took, not a second one. The dead-letter stream's
+// inbound fence keeps the highest offset it took letters for from the subscription (as for
+// copies); without it the event had two letters.
+func TestCrash_DeadLetterWrittenAgainAfterATrimIsTheSameLetter(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real itxd processes")
+	}
+	var hold atomic.Bool
+	held := make(chan struct{})
+	h := newHook(t, func(int, itx.WebhookBody) int {
+		if hold.Load() {
+			<-held // in flight while itxd is trimmed and killed: no verdict on the event
+		}
+		return 422
+	})
+	var release sync.Once
+	t.Cleanup(func() { release.Do(func() { close(held) }) }) // before the hook's server closes
+	dataDir := t.TempDir()
+	proc := startItxdKilledAt(t, dataDir, "dead-letter-committed")
+	ctx := ctxT(t)
+	p := loginItxd(t, proc)
+	src := stream(t, p, "/orders")
+	subs := client.Subscriptions(ctx, src)
+	_, _, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "mailer", Start: "now",
+		OnFailingEvent: "skip", FilterTypes: []string{"e"}, DeadLetterPath: "/orders-dead",
+		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
+	require.NoError(t, err)
+	subs.Release()
+	res, err := client.Append(ctx, src, []itx.EventInput{ev("e", `{"n":1}`)}, itx.AppendOptions{})
+	require.NoError(t, err)
+	proc.requireKilledAtThePoint(t)
+
+	// The receiver holds the try (no verdict on the event) while the letter is trimmed.
+	hold.Store(true)
+	proc = startItxd(t, dataDir)
+	p = loginItxd(t, proc)
+	dead := stream(t, p, "/orders-dead")
+	trimmed, err := client.Trim(ctx, dead, 1)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), trimmed.Deleted, "the letter, trimmed")
+	proc.kill9(t)
+
+	hold.Store(false)
+	release.Do(func() { close(held) }) // the killed itxd's try is answered to nobody
+	proc = startItxd(t, dataDir)
+	p = loginItxd(t, proc)
+	src, dead = stream(t, p, "/orders"), stream(t, p, "/orders-dead")
+	sub := client.Subscription(ctx, src, "mailer")
+	defer sub.Release()
+	_, err = client.WaitUntilProcessed(ctx, sub, res.HeadOffset, 20*time.Second)
+	require.NoError(t, err, "the event is skipped (last error: %s)", describeSub(t, src, "mailer").LastError)
+	info, err := client.Describe(ctx, dead)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), info.HeadOffset, "no second letter")
 }
