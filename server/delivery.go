@@ -127,7 +127,13 @@ func (d *deliverer) deadLetterSkip(job pushJob, store streamStore, streamID stri
 		t := d.srv.clock.AfterFunc(d.srv.cfg.DeliveryTimeout, cancel)
 		// Stamped as a copy is, so the dead-letter stream's inbound fence knows the letter once
 		// a trim took it (and its key) away: written again after a crash, it is a duplicate.
-		stamp := &copyStamp{SourcePath: d.ref.Path, Name: d.name, StreamID: streamID, CursorChangedAtOffset: job.row.CursorChangedAtOffset}
+		// Not for an offset-acking subscription: it sends again from its cursor, so it may skip
+		// an event below one it skipped before (one the receiver took, then refused), whose
+		// letter the fence would take for a duplicate.
+		var stamp *copyStamp
+		if !job.acking {
+			stamp = &copyStamp{SourcePath: d.ref.Path, Name: d.name, StreamID: streamID, CursorChangedAtOffset: job.row.CursorChangedAtOffset}
+		}
 		_, err = d.srv.appendAs(ctx, d.deadLetter, []itx.EventInput{letter}, authCopy, stamp)
 		t.Stop()
 		cancel()
