@@ -85,6 +85,7 @@ type actor struct {
 	// pendingAudits are the audit records of the stream's own changes not yet known to be in
 	// /audit, as committed under auditPendingKey.
 	pendingAudits []storage.AuditRecord
+	forgetLater   []string // ids of pendingAudits in /audit, forgotten once the vacuum is done (forgetAudit)
 	loadMounted   []string // the project's mounts when loaded: the first step's presence signal
 	// secretRefs is the webhook secret references of the committed catalog: the directory's
 	// secret_uses rows of this stream hold at least these (see apply).

@@ -17,6 +17,8 @@ func init() {
 		deleteProjectCommittedHook = killSelf
 	case "trim-chunk-committed":
 		trimChunkCommittedHook = killSelf
+	case "trim-audited":
+		trimAuditedHook = killSelf
 	case "delete-stream-committed":
 		deleteStreamCommittedHook = killSelf
 	case "copy-committed":

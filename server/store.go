@@ -32,10 +32,10 @@ type streamStore interface {
 	EphemeralBytes(ctx context.Context) (int64, error)
 	EphemeralCutoff(ctx context.Context, need int64) (through, freed int64, err error)
 	DeleteEphemeral(ctx context.Context, through, before int64) (int64, error)
-	// Trim deletes at most limit durable events (not stream/* records) through an offset, in one
-	// transaction, and returns how far the stream is trimmed now and the deleted events' size
-	// (see storage.Stream.Trim).
-	Trim(ctx context.Context, through int64, limit int) (deleted, reached, bytes int64, err error)
+	// TrimNoting deletes at most limit durable events (not stream/* records) through an offset,
+	// in one transaction with the KV entries note returns, and returns how far the stream is
+	// trimmed now and the deleted events' size (see storage.Stream.Trim).
+	TrimNoting(ctx context.Context, through int64, limit int, note func(deleted, reached int64) map[string][]byte) (deleted, reached, bytes int64, err error)
 	// TrimmableBytes and TrimmableThroughBytes measure what a trim could delete (retention's
 	// maxBytes; see storage.Stream).
 	TrimmableBytes(ctx context.Context, after, upTo int64, limit int) (bytes, last int64, n int, err error)

@@ -21,6 +21,10 @@ const trimChunkEvents = 5000
 // committed, before the next.
 var trimChunkCommittedHook func()
 
+// trimAuditedHook, when set (tests), runs once a trim's audit record is in the deployment's
+// audit stream, before the stream forgets its pending copy (auditPendingKey).
+var trimAuditedHook func()
+
 // trimReq is a Stream.trim under way on the actor.
 type trimReq struct {
 	through       int64 // 0: no offset bound
@@ -32,11 +36,18 @@ type trimReq struct {
 	// this trim reaches its end, another pass follows at once.
 	more    bool
 	started bool // its first chunk ran (counted in actor.trims)
+	// audit is the trim's admin/stream-trimmed record (nil: a retention policy's trim), its
+	// payload auditFields with what was deleted so far: each chunk commits it pending in the
+	// stream (auditPendingKey), so a crash between the chunks, or after the last one, cannot
+	// lose it.
+	audit       *storage.AuditRecord
+	auditFields map[string]any
 }
 
 type trimReply struct {
 	trimmed, deleted int64
 	err              error
+	audited          <-chan struct{} // closed once the trim's audit record was appended (or failed)
 }
 
 // TrimResult answers Stream.trim.
@@ -69,19 +80,20 @@ func (s *Server) TrimStream(ctx context.Context, by Admin, ref StreamRef, throug
 	if a.view().streamID == "" {
 		return TrimResult{}, itx.Errorf(itx.ENotFound, "no stream %s", ref.Path)
 	}
-	r := &trimReq{through: through, createdBefore: createdBefore, reply: make(chan trimReply, 1)}
+	// The record is made before the trim and committed with each of its chunks (trimReq.audit).
+	fields := map[string]any{"projectId": ref.ProjectID, "path": ref.Path}
+	rec, err := auditRecord(by, AuditStreamTrimmed, fields)
+	if err != nil {
+		return TrimResult{}, err
+	}
+	r := &trimReq{through: through, createdBefore: createdBefore, reply: make(chan trimReply, 1), audit: rec, auditFields: fields}
 	a.post(actorMsg{trim: r})
 	select {
 	case rep := <-r.reply:
-		res := TrimResult{TrimmedThrough: rep.trimmed, Deleted: rep.deleted}
-		if res.Deleted > 0 {
-			// Recorded once the events are gone (a crash in between leaves the trim unrecorded).
-			if rec, err := auditRecord(by, AuditStreamTrimmed, map[string]any{"projectId": ref.ProjectID, "path": ref.Path,
-				"trimmedThrough": res.TrimmedThrough, "deleted": res.Deleted}); err == nil {
-				s.audit(context.WithoutCancel(ctx), rec)
-			}
+		if rep.audited != nil {
+			<-rep.audited // in /audit when the call answers (or pending, appended at the next load)
 		}
-		return res, rep.err
+		return TrimResult{TrimmedThrough: rep.trimmed, Deleted: rep.deleted}, rep.err
 	case <-a.done:
 		return TrimResult{}, a.ended()
 	case <-ctx.Done():
@@ -113,7 +125,11 @@ func (a *actor) trimChunk(r *trimReq) {
 			}
 			return
 		}
-		r.reply <- trimReply{a.st.trimmed, r.deleted, err}
+		rep := trimReply{trimmed: a.st.trimmed, deleted: r.deleted, err: err}
+		if r.audit != nil && r.deleted > 0 {
+			rep.audited = a.appendTrimAudit(*r.audit)
+		}
+		r.reply <- rep
 	}
 	if a.store == nil {
 		answer(itx.Errorf(itx.ENotFound, "no stream %s", a.ref.Path))
@@ -158,10 +174,39 @@ func (a *actor) trimChunk(r *trimReq) {
 		answer(nil)
 		return
 	}
-	n, reached, bytes, err := a.store.Trim(context.Background(), target, trimChunkEvents)
+	var note func(deleted, reached int64) map[string][]byte
+	var pending []storage.AuditRecord
+	if r.audit != nil {
+		if !a.st.alarmSet {
+			// As for a retention policy: due now while loaded, and set before the chunk commits
+			// the record, so a crash after it leaves a load owed, which appends it.
+			if err := a.srv.dir.SetAlarm(context.Background(), a.st.streamID, itx.UnixMilli(a.srv.clock.Now())); err == nil {
+				a.st.alarmSet = true
+			} else {
+				a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Msg("the stream's alarm not set for a trim's audit record (appended at its next load)")
+			}
+		}
+		note = func(deleted, reached int64) map[string][]byte {
+			if r.deleted+deleted == 0 {
+				return nil // nothing deleted yet: nothing to record
+			}
+			r.auditFields["trimmedThrough"], r.auditFields["deleted"] = reached, r.deleted+deleted
+			rec := *r.audit
+			rec.Payload, _ = json.Marshal(r.auditFields)
+			pending = slices.DeleteFunc(slices.Clone(a.pendingAudits), func(p storage.AuditRecord) bool { return p.ID == rec.ID })
+			pending = append(pending, rec)
+			b, _ := json.Marshal(pending)
+			return map[string][]byte{auditPendingKey: b}
+		}
+	}
+	n, reached, bytes, err := a.store.TrimNoting(context.Background(), target, trimChunkEvents, note)
 	if err != nil {
 		answer(itx.Errorf(storage.ErrorCode(err), "trim of %s: %v", a.ref.Path, err))
 		return
+	}
+	if pending != nil {
+		a.pendingAudits = pending
+		r.audit.Payload = pending[len(pending)-1].Payload
 	}
 	if trimChunkCommittedHook != nil && n > 0 {
 		trimChunkCommittedHook()
@@ -183,6 +228,29 @@ func (a *actor) trimChunk(r *trimReq) {
 		return
 	}
 	answer(nil)
+}
+
+// appendTrimAudit appends a trim's audit record, pending in the stream since its chunks
+// (trimReq.audit), to the deployment's audit stream on its own goroutine, then has the actor
+// forget it: the returned channel closes once it is done, or failed (the record then stays
+// pending, appended at the stream's next load; its id keys the event, so a record appended
+// before a crash kept it pending is a duplicate then). Actor goroutine only.
+func (a *actor) appendTrimAudit(rec storage.AuditRecord) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := a.srv.appendAudit(a.srv.base, &rec); err != nil {
+			if a.srv.base.Err() == nil {
+				a.srv.log.Error().Err(err).Str("type", rec.Type).Str("path", a.ref.Path).Msg("could not record an audit event (it is appended when the stream next loads)")
+			}
+			return
+		}
+		if trimAuditedHook != nil {
+			trimAuditedHook()
+		}
+		a.post(actorMsg{auditDone: rec.ID})
+	}()
+	return done
 }
 
 // vacuumChunkBytes is how much free space one vacuum turn gives back to the file system, in one
@@ -221,6 +289,7 @@ func (a *actor) vacuumChunk() {
 	if err != nil {
 		// A full or failing disk: tried again after the next trim or sweep, or at the next load.
 		a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Msg("the stream's free space was not given back to the file system")
+		a.forgetDeferredAudits()
 		return
 	}
 	if freed > 0 {
@@ -231,9 +300,12 @@ func (a *actor) vacuumChunk() {
 	}
 	if left > 0 {
 		a.vacuumSoon()
-	} else if freed > 0 {
+		return
+	}
+	if freed > 0 {
 		a.noteSize(0, true) // the file is cut: the project's usage falls
 	}
+	a.forgetDeferredAudits()
 }
 
 // durableFloor is the offset through which every consumer of the stream holds its events: the
@@ -505,6 +577,13 @@ func (a *actor) setRetention(r *retentionReq) {
 // forgetAudit drops an audit record that is in the deployment's audit stream from the stream's
 // pending ones (auditPendingKey). Actor goroutine only.
 func (a *actor) forgetAudit(id string) {
+	if a.trims > 0 || a.vacuumQueued {
+		// After the vacuum that follows a trim: written once its last turn checkpointed, the
+		// commit goes at the start of the write-ahead log instead of growing it (the project's
+		// usage counts the log).
+		a.forgetLater = append(a.forgetLater, id)
+		return
+	}
 	kept := slices.DeleteFunc(slices.Clone(a.pendingAudits), func(r storage.AuditRecord) bool { return r.ID == id })
 	if a.store == nil || len(kept) == len(a.pendingAudits) {
 		return
@@ -519,6 +598,16 @@ func (a *actor) forgetAudit(id string) {
 		return
 	}
 	a.pendingAudits = kept
+}
+
+// forgetDeferredAudits forgets the audit records forgetAudit left for after a vacuum. Actor
+// goroutine only.
+func (a *actor) forgetDeferredAudits() {
+	ids := a.forgetLater
+	a.forgetLater = nil
+	for _, id := range ids {
+		a.forgetAudit(id)
+	}
 }
 
 // flushAudits appends the audit records a crash (or a failure) left pending in the stream

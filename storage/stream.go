@@ -579,6 +579,13 @@ func (s *Stream) EphemeralCutoff(ctx context.Context, need int64) (through, free
 // trim reached; bytes is the deleted events' size (EventSize). Offsets are never reissued: the head lives in stream_meta. Ephemeral rows are
 // left to their own sweep.
 func (s *Stream) Trim(ctx context.Context, through int64, limit int) (deleted, reached, bytes int64, err error) {
+	return s.TrimNoting(ctx, through, limit, nil)
+}
+
+// TrimNoting is Trim, writing in its transaction the KV entries note returns for what it
+// deleted and reached (note may be nil, and may return nil): what a trim records of itself
+// commits with the deletion.
+func (s *Stream) TrimNoting(ctx context.Context, through int64, limit int, note func(deleted, reached int64) map[string][]byte) (deleted, reached, bytes int64, err error) {
 	tx, err := s.w.BeginTx(ctx, nil)
 	if err != nil {
 		return 0, 0, 0, fmt.Errorf("trim: %w", err)
@@ -603,6 +610,14 @@ func (s *Stream) Trim(ctx context.Context, through int64, limit int) (deleted, r
 	}
 	if err := tx.QueryRowContext(ctx, `select trimmed_through from stream_meta where id = 1`).Scan(&reached); err != nil {
 		return 0, 0, 0, fmt.Errorf("trim: %w", err)
+	}
+	if note != nil {
+		for k, v := range note(deleted, reached) {
+			if _, err := tx.ExecContext(ctx, `insert into kv (key, value) values (?, ?)
+				on conflict (key) do update set value = excluded.value`, k, v); err != nil {
+				return 0, 0, 0, fmt.Errorf("trim: kv %q: %w", k, err)
+			}
+		}
 	}
 	if err := tx.Commit(); err != nil {
 		return 0, 0, 0, fmt.Errorf("trim: %w", err)

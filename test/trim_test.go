@@ -2,9 +2,12 @@ package test
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
@@ -416,6 +419,91 @@ func TestCrash_Kill9BetweenTrimChunks(t *testing.T) {
 	r, err := client.Trim(ctx, s, 11_000)
 	require.NoError(t, err)
 	require.Equal(t, client.TrimResult{TrimmedThrough: 11_000, Deleted: 6000}, r)
+}
+
+// kill -9 of itxd in a Stream.trim: between its chunks, right after its last chunk (before its
+// audit record was appended), and right after the record was appended (before the stream forgot
+// its pending copy). After the restart, with nothing touching the stream, /audit holds exactly
+// one admin/stream-trimmed record of the trim, saying what its committed chunks deleted. The
+// record commits pending in the stream with each chunk, the stream's alarm is due before, so the
+// restart loads it and appends what is pending; the record's id keys the append, so one
+// appended before the crash is not appended twice. Before, the record was appended only once
+// the last chunk committed: a crash anywhere in between deleted events with no record.
+func TestCrash_Kill9InATrimKeepsItsAuditRecord(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real itxd processes")
+	}
+	for _, c := range []struct {
+		name, point      string
+		events, through  int
+		trimmed, deleted int64 // in the record
+	}{
+		{"between chunks", "trim-chunk-committed", 12_000, 11_000, 5000, 5000},
+		{"after the last chunk", "trim-chunk-committed", 3000, 2000, 2000, 2000},
+		{"after the audit append", "trim-audited", 3000, 2000, 2000, 2000},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dataDir := t.TempDir()
+			proc := startItxdKilledAt(t, dataDir, c.point)
+			ctx := ctxT(t)
+			p := dial(t, proc.addr).Login(ctx, proc.creds.ProjectToken)
+			s := stream(t, p, "/long")
+			for i := 0; i < c.events; i += 1000 {
+				batch := make([]itx.EventInput, 1000)
+				for j := range batch {
+					batch[j] = ev("e", fmt.Sprintf(`{"i":%d}`, i+j))
+				}
+				mustAppend(t, s, batch...)
+			}
+			_, err := client.Trim(ctx, s, int64(c.through))
+			require.Error(t, err, "itxd died before answering")
+			proc.requireKilledAtThePoint(t)
+
+			proc = startItxd(t, dataDir)
+			waitUntil(t, "the untouched stream loaded by its alarm and its pending audit record appended", func() bool {
+				return pendingAuditRecords(t, dataDir) == 0
+			})
+			root := dial(t, proc.addr).Login(ctx, proc.creds.DeploymentToken)
+			defer root.Release()
+			trims := audited(t, root, server.AuditStreamTrimmed)
+			require.Len(t, trims, 1, "one record of the trim")
+			require.Equal(t, "/long", trims[0]["path"])
+			require.NotEmpty(t, trims[0]["projectId"])
+			require.EqualValues(t, c.trimmed, trims[0]["trimmedThrough"])
+			require.EqualValues(t, c.deleted, trims[0]["deleted"])
+			by, _ := trims[0]["by"].(map[string]any)
+			require.NotEmpty(t, by["tokenId"], "the token that asked")
+
+			p = dial(t, proc.addr).Login(ctx, proc.creds.ProjectToken)
+			info, err := client.Describe(ctx, stream(t, p, "/long"))
+			require.NoError(t, err)
+			require.Equal(t, c.trimmed, info.TrimmedThrough, "what the record says is what is trimmed")
+		})
+	}
+}
+
+// pendingAuditRecords counts the audit records the streams of a data directory hold pending
+// (audit/pending in their KV), read while itxd runs.
+func pendingAuditRecords(t *testing.T, dataDir string) int {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(dataDir, "streams", "*.db"))
+	require.NoError(t, err)
+	n := 0
+	for _, f := range files {
+		db, err := sql.Open("sqlite3", "file:"+f+"?mode=ro&_busy_timeout=10000")
+		require.NoError(t, err)
+		var raw []byte
+		err = db.QueryRow(`select value from kv where key = 'audit/pending'`).Scan(&raw)
+		db.Close()
+		if errors.Is(err, sql.ErrNoRows) || err != nil && strings.Contains(err.Error(), "no such table") {
+			continue // none pending, or a stream being created (/audit's, by the first record)
+		}
+		require.NoError(t, err)
+		var recs []json.RawMessage
+		require.NoError(t, json.Unmarshal(raw, &recs))
+		n += len(recs)
+	}
+	return n
 }
 
 // A retention policy trims past either of its limits, and by age with nobody appending: a
