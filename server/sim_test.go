@@ -589,9 +589,12 @@ func (s *sim) deliverTo(name string, force int) {
 		switch {
 		case out.failure != nil && accepted:
 			kept, skips := sub.covered, r.FailingEventSkips
+			// An event this epoch skipped already, refused again when sent again from the
+			// cursor, is passed as its skip passed it (no second skip is counted).
+			again := sub.skipped[out.failure.eventOffset] && out.failure.eventOffset <= r.DeliveredOffset
 			sub.resetCovered() // a failure: what went unconfirmed goes again
 			s.afterStep = func() {
-				if row := s.st.rows[name]; row != nil && row.FailingEventSkips > skips && row.ConfirmedOffset < out.failure.eventOffset {
+				if row := s.st.rows[name]; row != nil && (row.FailingEventSkips > skips || again) && row.ConfirmedOffset < out.failure.eventOffset {
 					// A skip after unconfirmed deliveries: it went after them as a delivery of
 					// nothing, so they (and the skipped event) stay delivered in this run of sends.
 					sub.covered = kept
