@@ -219,17 +219,20 @@ func followOnce(ctx context.Context, cfg *FollowConfig, last *atomic.Int64, resu
 	// checkpoint below, an offset of the stream followed): a batch tells it too, but none may
 	// come for a while.
 	if info, err := Describe(dctx, s); err == nil && info.StreamID != "" {
+		// (Its own variable: failed may hold deliver's error by now, which is no replacement.)
+		var replaced error
 		mu.Lock()
 		switch {
 		case *streamID == "":
 			*streamID = info.StreamID
 		case info.StreamID != *streamID:
-			failed = streamReplaced(cfg.Path, *streamID, info.StreamID)
+			replaced = streamReplaced(cfg.Path, *streamID, info.StreamID)
+			failed = replaced
 		}
 		mu.Unlock()
-		if failed != nil {
+		if replaced != nil {
 			c.Close(dctx)
-			return errPermanent{failed}
+			return errPermanent{replaced}
 		}
 	}
 	if cfg.Connected != nil {
