@@ -636,6 +636,22 @@ func (t *Transport) checkHangup() {
 	p.limits.Clock.AfterFunc(HangupPoll, t.checkHangup)
 }
 
+// peekSize reads the next message's declared size (headerReader.peek); a read the connection's
+// abort interrupted fails with the abort's error.
+func (t *Transport) peekSize() (int64, error) {
+	size, err := t.hr.peek()
+	if err != nil {
+		t.pool.mu.Lock()
+		abortErr := t.abortErr
+		t.pool.mu.Unlock()
+		if abortErr != nil {
+			return 0, abortErr
+		}
+		return 0, err
+	}
+	return size, nil
+}
+
 // RecvMessage reads the next message once the connection is within its bounds. While it waits,
 // nothing reads the socket, so the peer's sends back up into its own TCP buffers.
 func (t *Transport) RecvMessage() (transport.IncomingMessage, error) {
@@ -697,14 +713,8 @@ func (t *Transport) RecvMessage() (transport.IncomingMessage, error) {
 		// streams -> get -> append, sent at once), which is read before the login is
 		// answered. A message above the pre-login bound waits, unread, while a call it may
 		// follow is open; once the connection logs in, the logged-in bound applies.
-		size, err := t.hr.peek()
+		size, err := t.peekSize()
 		if err != nil {
-			p.mu.Lock()
-			abortErr := t.abortErr
-			p.mu.Unlock()
-			if abortErr != nil {
-				return nil, abortErr
-			}
 			return nil, err
 		}
 		peeked = size
@@ -733,13 +743,7 @@ func (t *Transport) RecvMessage() (transport.IncomingMessage, error) {
 		size := peeked
 		if size < 0 {
 			var err error
-			if size, err = t.hr.peek(); err != nil {
-				p.mu.Lock()
-				abortErr := t.abortErr
-				p.mu.Unlock()
-				if abortErr != nil {
-					return nil, abortErr
-				}
+			if size, err = t.peekSize(); err != nil {
 				return nil, err
 			}
 		}
