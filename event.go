@@ -192,7 +192,15 @@ func compactJSON(raw []byte) (json.RawMessage, error) {
 // so a client whose serializer writes a float differently on a retry is not refused, while two
 // large integers that one float64 would confuse stay apart.
 func SameBody(e *Event, in *EventInput) bool {
-	return e.Type == in.Type && jsonEqual(e.Payload, in.Payload) && jsonEqual(e.Metadata, in.Metadata)
+	return e.Type == in.Type && jsonEqual(e.Payload, in.Payload) && sameMetadata(e.Metadata, in.Metadata)
+}
+
+// sameMetadata is jsonEqual where no metadata and an empty object are the same, as an omitted
+// payload and {} are: a retry that sends "metadata": {} where the first try sent none (or the
+// other way round) is the same event, not an idempotencyConflict.
+func sameMetadata(a, b json.RawMessage) bool {
+	empty := func(m json.RawMessage) bool { return len(m) == 0 || bytes.Equal(m, jsonEmptyObject) }
+	return (empty(a) && empty(b)) || jsonEqual(a, b)
 }
 
 func jsonEqual(a, b json.RawMessage) bool {

@@ -143,3 +143,33 @@ func TestIdempotency_ConflictInsideOneAppendNamesTheEvent(t *testing.T) {
 	requireCode(t, err, itx.EIdempotencyConflict)
 	require.Contains(t, itx.ErrorMessage(err), fmt.Sprintf("already used by offset %d", held))
 }
+
+// A retry that sends empty metadata where the first try sent none (or the other way round) is
+// the same event, as an omitted payload and {} are: it was an idempotencyConflict, so a client
+// that normalizes what it sends failed its own retry.
+func TestIdempotency_EmptyMetadataIsNoMetadata(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	s := stream(t, ts.project(t), "/idem/metadata")
+	for i, c := range []struct{ first, retry string }{{"", `{}`}, {`{}`, ""}, {`{ }`, "null"}} {
+		key := fmt.Sprintf("m%d", i)
+		in := func(meta string) []itx.EventInput {
+			e := itx.EventInput{Type: "x", Payload: json.RawMessage(`{"n":1}`), IdempotencyKey: key}
+			if meta != "" {
+				e.Metadata = json.RawMessage(meta)
+			}
+			return []itx.EventInput{e}
+		}
+		first, err := client.Append(ctx, s, in(c.first), itx.AppendOptions{})
+		require.NoError(t, err)
+		again, err := client.Append(ctx, s, in(c.retry), itx.AppendOptions{})
+		require.NoError(t, err, "case %d", i)
+		require.Equal(t, first.Offsets, again.Offsets)
+		require.Equal(t, []bool{true}, again.Duplicate)
+		_, err = client.Append(ctx, s, in(`{"a":1}`), itx.AppendOptions{})
+		requireCode(t, err, itx.EIdempotencyConflict)
+	}
+	all, err := client.ReadAll(ctx, s, itx.Query{})
+	require.NoError(t, err)
+	require.Len(t, all, 3, "one event per key")
+}
