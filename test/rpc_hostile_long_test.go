@@ -226,10 +226,18 @@ func goroutinesOf(t *testing.T, s *benchItxd) float64 {
 func connGoroutinesOf(t *testing.T, s *benchItxd) int {
 	t.Helper()
 	n := 0
-	for _, rec := range strings.Split(goroutineProfile(t, s), "\n\n") {
+	// The profile's first line is its header ("goroutine profile: total N"), then one record a
+	// stack, biggest count first. (Splitting on blank lines alone left the header in front of the
+	// first record, which was then skipped: whether a group of goroutines counted depended on
+	// whether another group outnumbered it.)
+	prof := goroutineProfile(t, s)
+	if _, body, ok := strings.Cut(prof, "\n"); ok && strings.HasPrefix(prof, "goroutine profile:") {
+		prof = body
+	}
+	for _, rec := range strings.Split(prof, "\n\n") {
 		var count int
 		if _, err := fmt.Sscanf(strings.TrimSpace(rec), "%d @", &count); err != nil {
-			continue // the header line, or the profile's end
+			continue // the profile's end
 		}
 		resident := false
 		for _, frame := range []string{"server.(*actor).run", "server.(*liveEngine).run", "database/sql.(*DB).connectionOpener", "net/http."} {
