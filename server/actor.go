@@ -226,7 +226,15 @@ func (a *actor) load() error {
 		}
 		a.st.summaryOld = entry.SummaryStale
 		a.secretRefs = secretRefsOf(a.st.core)
-		if len(a.st.core.Subscriptions) > 0 || len(a.st.scheduled) > 0 || a.st.retention.MaxAgeMs > 0 {
+		// Audit records a crash or a shutdown left pending (auditPendingKey): appended below, then
+		// forgotten. While any is pending the stream owns its alarm (due now), so the unload
+		// records it due again if the append did not happen, and clears it once it did.
+		if raw, err := a.store.KV(ctx, auditPendingKey); err != nil {
+			a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Msg("pending audit records not read (read again at the next load)")
+		} else if raw != nil {
+			_ = json.Unmarshal(raw, &a.pendingAudits)
+		}
+		if len(a.st.core.Subscriptions) > 0 || len(a.st.scheduled) > 0 || a.st.retention.MaxAgeMs > 0 || len(a.pendingAudits) > 0 {
 			// While loaded, the alarm reads "due now" (a crash leaves the stream owed a load); on
 			// unload it records the next retry, or when its retention policy next trims. Whatever
 			// woke this incarnation, it owns the alarm.
@@ -252,13 +260,8 @@ func (a *actor) load() error {
 		a.loadMounted = append(a.loadMounted, presence(m.Scope, m.Name))
 	}
 	a.loadMounted = append(a.loadMounted, a.srv.processorPresence(a.ref.ProjectID)...)
-	if a.store != nil {
-		// Audit records a crash left pending (auditPendingKey): appended now, then forgotten.
-		if raw, err := a.store.KV(ctx, auditPendingKey); err != nil {
-			a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Msg("pending audit records not read (read again at the next load)")
-		} else if raw != nil && json.Unmarshal(raw, &a.pendingAudits) == nil && len(a.pendingAudits) > 0 {
-			go a.flushAudits(slices.Clone(a.pendingAudits))
-		}
+	if len(a.pendingAudits) > 0 {
+		go a.flushAudits(slices.Clone(a.pendingAudits))
 	}
 	a.publish(true)
 	return nil
@@ -1412,6 +1415,12 @@ func (a *actor) close() {
 func (a *actor) nextAlarm(retentionDue int64) int64 {
 	now := itx.UnixMilli(a.srv.clock.Now())
 	due := int64(0)
+	if len(a.pendingAudits) > 0 {
+		// An audit record of the stream's own (a trim, a retention policy) is not in /audit yet:
+		// a shutdown cut its append short, or /audit refused it. The next start loads the stream
+		// and appends it (load), instead of waiting for something to touch the stream.
+		return now
+	}
 	if retentionDue > 0 {
 		// Not sooner than a minute on: a load that could not trim (a failing disk) is not
 		// repeated back to back.

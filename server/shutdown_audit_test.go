@@ -1,0 +1,84 @@
+package server
+
+import (
+	"context"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/internal/clocktest"
+	"github.com/stretchr/testify/require"
+)
+
+// A graceful shutdown (itxd's SIGTERM: Server.Close) that lands while a trim is in flight, on a
+// stream with no subscription: the trim's chunk commits with its audit record pending in the
+// stream, the record's append to /audit fails (the server is closing). The next start appends it
+// without anything touching the stream, and the stream's alarm is clear once it did. Before, the
+// unload cleared the alarm the trim had set (a stream with nothing to deliver owes nothing), so
+// the record waited, out of /audit, until the stream was next used; and a load that appended a
+// pending record left the alarm due for ever (it did not own it), loading the stream at every
+// start.
+func TestShutdown_InATrimItsAuditRecordIsAppendedAtTheNextStart(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	clk := clocktest.New(time.Unix(1_800_000_000, 0))
+	cfg := Config{DataDir: dir, Clock: clk, IdleTimeout: time.Minute}
+	s1, projectID := mustOpen(t, cfg)
+	ref := StreamRef{ProjectID: projectID, Path: "/t"}
+	_, err := s1.Append(ctx, ref, []itx.EventInput{{Type: "a"}, {Type: "b"}, {Type: "c"}}, itx.AppendOptions{})
+	require.NoError(t, err)
+
+	closed := make(chan error, 1)
+	trimChunkCommittedHook = func() {
+		// SIGTERM right after the chunk (and its pending record) committed.
+		go func() {
+			cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			closed <- s1.Close(cctx)
+		}()
+		<-s1.base.Done()
+	}
+	t.Cleanup(func() { trimChunkCommittedHook = nil })
+	_, _ = s1.TrimStream(ctx, Admin{}, ref, 2, 0)
+	trimChunkCommittedHook = nil
+	require.NoError(t, <-closed)
+	trims := func(s *Server) int {
+		page, err := s.ReadEvents(ctx, StreamRef{ProjectID: DeploymentProjectID, Path: AuditPath}, itx.Query{})
+		if itx.ErrorCode(err) == itx.ENotFound {
+			return 0
+		}
+		require.NoError(t, err)
+		n := 0
+		for _, e := range page.Events {
+			if e.Type == AuditStreamTrimmed {
+				n++
+			}
+		}
+		return n
+	}
+
+	s2, _ := mustOpen(t, cfg)
+	require.Eventually(t, func() bool { return trims(s2) == 1 }, 10*time.Second, 5*time.Millisecond,
+		"the trim's record is appended at the start, the stream untouched")
+	entry, err := s2.dir.Stream(ctx, projectID, "/t")
+	require.NoError(t, err)
+	alarm := func() int64 {
+		due, err := s2.dir.DueAlarms(ctx, math.MaxInt64)
+		require.NoError(t, err)
+		for _, d := range due {
+			if d.StreamID == entry.StreamID {
+				return d.DueAt
+			}
+		}
+		return 0
+	}
+	require.Eventually(t, func() bool {
+		clk.Advance(2 * time.Minute)
+		s2.Sweep()
+		return s2.LoadedStreams() == 0 && alarm() == 0
+	}, 10*time.Second, 5*time.Millisecond, "the stream owes nothing once its record is in /audit")
+	page, err := s2.ReadEvents(ctx, ref, itx.Query{})
+	require.NoError(t, err)
+	require.Len(t, page.Events, 1, "the trim stands")
+}
