@@ -237,6 +237,10 @@ func (d *deliverer) try(job pushJob, store streamStore, streamID string) deliver
 	if err != nil {
 		return fail(classOutage, 0, 0, err)
 	}
+	skipped, err := d.skippedAgain(job, store, events)
+	if err != nil {
+		return fail(classOutage, 0, 0, err)
+	}
 
 	var matched []itx.Event
 	var failed *expressionFailure
@@ -247,6 +251,9 @@ func (d *deliverer) try(job pushJob, store streamStore, streamID string) deliver
 	through, size := scanned, 0
 	for i := range events {
 		e := &events[i]
+		if skipped[e.Offset] {
+			continue // skipped already: passed over as the skip passed it
+		}
 		if d.scope != "" {
 			// Configured by a token limited to a prefix: the receiver reads what that token
 			// reads. A copy keeps its true provenance (the copy's own readers read it under
@@ -378,6 +385,45 @@ func (d *deliverer) try(job pushJob, store streamStore, streamID string) deliver
 		}
 	}
 	return out
+}
+
+// skippedAgain is, for an offset-acking subscription sending again from its confirmed cursor
+// (after a failure, a new mount of its receiver, a restart), the offsets among events it skipped
+// already under its epochs: their skip records are in the log (skipRecordKind). They are not sent
+// again: the receiver refused them, the ladder passed them and their letters are written. Before,
+// each went once more, to be refused again and passed then (skippedAlready): a receiver that had
+// no way to take it saw it anew after every restart.
+func (d *deliverer) skippedAgain(job pushJob, store streamStore, events []itx.Event) (map[int64]bool, error) {
+	if !job.acking {
+		return nil, nil
+	}
+	var keys []string
+	offsets := map[string]int64{}
+	for i := range events {
+		o := events[i].Offset
+		if o > job.row.DeliveredOffset {
+			break // never delivered, so never skipped
+		}
+		if !d.matches(&events[i]) {
+			continue
+		}
+		k := recordKey(skipRecordKind, d.name, job.row.ConfiguredAtOffset, job.row.CursorChangedAtOffset, o)
+		keys, offsets[k] = append(keys, k), o
+	}
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	found, err := store.EventsByKeys(d.ctx, keys)
+	if err != nil {
+		return nil, fmt.Errorf("reading skip records: %w", err)
+	}
+	skipped := map[int64]bool{}
+	for k, e := range found {
+		if e != nil {
+			skipped[offsets[k]] = true
+		}
+	}
+	return skipped, nil
 }
 
 // scan reads a push's durable events after after, up to the head, at most limit events and
