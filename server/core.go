@@ -3,6 +3,7 @@ package server
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -77,7 +78,19 @@ type inboundRecord struct {
 	// checkpoint written before it was kept). A copy at or below it landed already: it is a
 	// duplicate though its own key is gone with a trim of this stream (copiedThrough).
 	Through int64 `json:"through,omitempty"`
+	// The dead letters of an offset-acking subscription are fenced otherwise: it sends again from
+	// its confirmed cursor, so it may letter an event below one it lettered before (one its
+	// receiver took, then refused when sent again), and Through would take that letter for a
+	// duplicate. A letter at or below AckedThrough (the highest confirmed cursor a letter was
+	// stamped with) is a duplicate, as the subscription never sends below it again; above it,
+	// Lettered holds the offsets it took letters for (the lowest go first past
+	// maxLetteredOffsets: their keys still dedupe until a trim takes them).
+	AckedThrough int64   `json:"ackedThrough,omitempty"`
+	Lettered     []int64 `json:"lettered,omitempty"`
 }
+
+// maxLetteredOffsets bounds inboundRecord.Lettered.
+const maxLetteredOffsets = 1024
 
 func newCoreState() *coreState {
 	return &coreState{Version: CoreStateVersion, Subscriptions: map[string]*catalogEntry{}}
@@ -95,6 +108,7 @@ func (st *coreState) clone() *coreState {
 			m := make(map[string]*inboundRecord, len(byName))
 			for n, r := range byName {
 				rr := *r
+				rr.Lettered = slices.Clone(r.Lettered)
 				m[n] = &rr
 			}
 			c.Inbound[p] = m
@@ -441,7 +455,7 @@ func sameConfig(x, y itx.SubscriptionConfig) bool {
 
 // acceptCopy checks and records a copy batch's stamp against the inbound fence of its
 // (source path, subscription name). A stale stamp can never land.
-func (st *coreState) acceptCopy(stamp *copyStamp, events int, through, at int64) error {
+func (st *coreState) acceptCopy(stamp *copyStamp, events int, offsets []int64, at int64) error {
 	if st.Inbound == nil {
 		st.Inbound = map[string]map[string]*inboundRecord{}
 	}
@@ -462,9 +476,40 @@ func (st *coreState) acceptCopy(stamp *copyStamp, events int, through, at int64)
 	}
 	rec.EventsReceived += int64(events)
 	rec.LastEventReceivedAt = at
-	rec.Through = max(rec.Through, through)
+	if stamp.Acking {
+		rec.AckedThrough = max(rec.AckedThrough, stamp.Confirmed)
+		for _, o := range offsets {
+			if o > rec.AckedThrough && !slices.Contains(rec.Lettered, o) {
+				rec.Lettered = append(rec.Lettered, o)
+			}
+		}
+		rec.Lettered = slices.DeleteFunc(rec.Lettered, func(o int64) bool { return o <= rec.AckedThrough })
+		slices.Sort(rec.Lettered)
+		if n := len(rec.Lettered); n > maxLetteredOffsets {
+			rec.Lettered = slices.Clone(rec.Lettered[n-maxLetteredOffsets:])
+		}
+	} else {
+		for _, o := range offsets {
+			rec.Through = max(rec.Through, o)
+		}
+	}
 	st.trimInbound()
 	return nil
+}
+
+// tookAlready reports whether the source event at offset, copied or dead-lettered under stamp,
+// is in this stream already, or was until a trim deleted it (and its idempotency key with it): a
+// redelivery after a lost acknowledgement must not land it again.
+func (st *coreState) tookAlready(stamp *copyStamp, offset int64) bool {
+	if !stamp.Acking {
+		return offset <= st.copiedThrough(stamp)
+	}
+	rec := st.Inbound[stamp.SourcePath][stamp.Name]
+	if rec == nil || rec.StreamID != stamp.StreamID || rec.CursorChangedAtOffset != stamp.CursorChangedAtOffset {
+		return false
+	}
+	_, found := slices.BinarySearch(rec.Lettered, offset)
+	return offset <= rec.AckedThrough || found
 }
 
 // copiedThrough is the highest source offset copied under stamp's (source stream, subscription,
@@ -513,6 +558,10 @@ type copyStamp struct {
 	Name                  string
 	StreamID              string
 	CursorChangedAtOffset int64
+	// Acking: a dead letter of an offset-acking subscription, whose confirmed cursor was
+	// Confirmed when the letter's try was read (see inboundRecord.AckedThrough).
+	Acking    bool
+	Confirmed int64
 }
 
 // decodeCoreState reads a core-state checkpoint; false when there is none, it does not decode,

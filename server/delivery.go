@@ -126,14 +126,12 @@ func (d *deliverer) deadLetterSkip(job pushJob, store streamStore, streamID stri
 		ctx, cancel := context.WithCancel(d.ctx)
 		t := d.srv.clock.AfterFunc(d.srv.cfg.DeliveryTimeout, cancel)
 		// Stamped as a copy is, so the dead-letter stream's inbound fence knows the letter once
-		// a trim took it (and its key) away: written again after a crash, it is a duplicate.
-		// Not for an offset-acking subscription: it sends again from its cursor, so it may skip
-		// an event below one it skipped before (one the receiver took, then refused), whose
-		// letter the fence would take for a duplicate.
-		var stamp *copyStamp
-		if !job.acking {
-			stamp = &copyStamp{SourcePath: d.ref.Path, Name: d.name, StreamID: streamID, CursorChangedAtOffset: job.row.CursorChangedAtOffset}
-		}
+		// a trim took it (and its key) away: written again after a crash, it is a duplicate. An
+		// offset-acking subscription's letters are fenced by the offsets they name and by its
+		// confirmed cursor (it sends again from there, so it may skip an event below one it
+		// skipped before: see inboundRecord.AckedThrough).
+		stamp := &copyStamp{SourcePath: d.ref.Path, Name: d.name, StreamID: streamID, CursorChangedAtOffset: job.row.CursorChangedAtOffset,
+			Acking: job.acking, Confirmed: job.row.ConfirmedOffset}
 		_, err = d.srv.appendAs(ctx, d.deadLetter, []itx.EventInput{letter}, authCopy, stamp)
 		t.Stop()
 		cancel()

@@ -96,7 +96,7 @@ func planGroup(head int64, streamID string, bucket *tokenBucket, room func() err
 			if req.copy != nil && len(in.Provenance) > 0 {
 				// A copy whose source event this stream took already under the same stamp, its
 				// key forgotten with a trim: a duplicate all the same (its offset is gone).
-				if hop := in.Provenance[len(in.Provenance)-1]; hop.StreamID == req.copy.StreamID && hop.Offset <= cur.copiedThrough(req.copy) {
+				if hop := in.Provenance[len(in.Provenance)-1]; hop.StreamID == req.copy.StreamID && cur.tookAlready(req.copy, hop.Offset) {
 					res.Duplicate[j] = true
 					continue
 				}
@@ -139,13 +139,13 @@ func planGroup(head int64, streamID string, bucket *tokenBucket, room func() err
 			if working == nil {
 				working = p.Core.clone()
 			}
-			through := int64(0)
+			var offsets []int64 // the source offsets taken
 			for k := range rows {
 				if prov := rows[k].Provenance; len(prov) > 0 && prov[len(prov)-1].StreamID == req.copy.StreamID {
-					through = max(through, prov[len(prov)-1].Offset)
+					offsets = append(offsets, prov[len(prov)-1].Offset)
 				}
 			}
-			err = working.acceptCopy(req.copy, len(rows), through, createdAt)
+			err = working.acceptCopy(req.copy, len(rows), offsets, createdAt)
 		}
 		charged, takesRoom := 0, false
 		for k := range rows {

@@ -285,11 +285,18 @@ func TestCrash_CopyRedeliveredAfterTheTargetTrimmedItIsNotCopiedAgain(t *testing
 // dead-letter stream trimmed (its letter's key with it) before the event is tried again: the
 // letter written again is the letter the stream took, not a second one. The dead-letter stream's
 // inbound fence keeps the highest offset it took letters for from the subscription (as for
-// copies); without it the event had two letters.
+// copies); without it the event had two letters. The same for an offset-acking subscription,
+// whose letters the fence knows by their offsets and its confirmed cursor (its letters were not
+// fenced at all: the event had two letters).
 func TestCrash_DeadLetterWrittenAgainAfterATrimIsTheSameLetter(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts real itxd processes")
 	}
+	t.Run("acknowledged by the answer", func(t *testing.T) { deadLetterWrittenAgainAfterATrim(t, 0) })
+	t.Run("offset-acking", func(t *testing.T) { deadLetterWrittenAgainAfterATrim(t, 10) })
+}
+
+func deadLetterWrittenAgainAfterATrim(t *testing.T, confirmWindow int) {
 	var hold atomic.Bool
 	held := make(chan struct{})
 	h := newHook(t, func(int, itx.WebhookBody) int {
@@ -307,7 +314,7 @@ func TestCrash_DeadLetterWrittenAgainAfterATrimIsTheSameLetter(t *testing.T) {
 	src := stream(t, p, "/orders")
 	subs := client.Subscriptions(ctx, src)
 	_, _, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "mailer", Start: "now",
-		OnFailingEvent: "skip", FilterTypes: []string{"e"}, DeadLetterPath: "/orders-dead",
+		OnFailingEvent: "skip", FilterTypes: []string{"e"}, DeadLetterPath: "/orders-dead", ConfirmWindow: confirmWindow,
 		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
 	require.NoError(t, err)
 	subs.Release()
