@@ -259,6 +259,12 @@ func (s *Server) auditBackup(by Admin, label string, res BackupResult) {
 	if rec, err := auditRecord(by, AuditBackupWritten, map[string]any{
 		"path": label, "at": itx.UnixMilli(res.At), "streams": res.Streams, "bytes": res.Bytes,
 	}); err == nil {
+		// Kept in the directory first: an append that fails (the server shutting down right
+		// after the copy was written or the download's last part accepted) leaves it pending,
+		// appended at the next start (appendPendingAudits).
+		if err := s.dir.KeepAudit(context.Background(), rec); err != nil {
+			s.log.Error().Err(err).Msg("the backup's audit record is not kept for the next start; appending it now")
+		}
 		s.audit(context.Background(), rec)
 	}
 }

@@ -29,6 +29,20 @@ const DownloadLabel = "(downloaded)"
 // is audited) once every part was accepted; a failure of send ends it.
 func (s *Server) Download(ctx context.Context, by Admin, send func(path string, offset int64, data []byte) error) (res BackupResult, err error) {
 	defer func() { s.countBackup(res, err) }()
+	// In flight until it ends, as a backup is: a shutdown stops the sending, and waits for a
+	// download whose parts were all accepted to keep its audit record (in the directory, which
+	// it closes only after).
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		return BackupResult{}, itx.Errorf(itx.EUnavailable, "the server is shutting down")
+	}
+	s.inflight.Add(1)
+	s.mu.Unlock()
+	defer s.inflight.Done()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(s.base, cancel)()
 	scratch, err := os.MkdirTemp(s.cfg.DataDir, downloadPrefix)
 	if err != nil {
 		return BackupResult{}, itx.Errorf(storage.ErrorCode(err), "backup: %v", err)
@@ -55,6 +69,9 @@ func (s *Server) Download(ctx context.Context, by Admin, send func(path string, 
 	buf := make([]byte, BackupChunk)
 	for _, name := range append(files, streams...) {
 		if err := sendFile(ctx, filepath.Join(dest, filepath.FromSlash(name)), name, buf, send); err != nil {
+			if ctx.Err() != nil {
+				return BackupResult{}, s.backupCancelled(ctx)
+			}
 			return BackupResult{}, err
 		}
 	}
@@ -72,6 +89,9 @@ func sendFile(ctx context.Context, file, name string, buf []byte, send func(stri
 	for off := int64(0); ; {
 		n, err := io.ReadFull(f, buf)
 		if n > 0 || off == 0 { // an empty file still goes, as one empty part
+			if ctx.Err() != nil {
+				return itx.Errorf(itx.ECancelled, "backup: %v", ctx.Err())
+			}
 			if serr := send(name, off, buf[:n]); serr != nil {
 				if ctx.Err() != nil {
 					return itx.Errorf(itx.ECancelled, "backup: %v", ctx.Err())

@@ -82,3 +82,48 @@ func TestShutdown_InATrimItsAuditRecordIsAppendedAtTheNextStart(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, page.Events, 1, "the trim stands")
 }
+
+// A graceful shutdown that lands as a download's last part is accepted: the copy counts as
+// written, and its admin/backup-written record is in /audit after the next start. Before, the
+// record was appended only then and there: refused by the closing server, it was lost (the log
+// said it would be appended at the next start; nothing kept it), and the download went on
+// outside the calls a shutdown waits for, so the directory could close under it.
+func TestShutdown_AsADownloadEndsItsAuditRecordIsKept(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	cfg := Config{DataDir: dir}
+	s1, projectID := mustOpen(t, cfg)
+	_, err := s1.Append(ctx, StreamRef{ProjectID: projectID, Path: "/t"}, []itx.EventInput{{Type: "a"}}, itx.AppendOptions{})
+	require.NoError(t, err)
+	download := func(onPart func(path string)) error {
+		_, err := s1.Download(ctx, Admin{}, func(path string, _ int64, _ []byte) error {
+			onPart(path)
+			return nil
+		})
+		return err
+	}
+	// The first download's record makes /audit: the second sends every file the third will.
+	require.NoError(t, download(func(string) {}))
+	var last string
+	require.NoError(t, download(func(p string) { last = p }))
+
+	closed := make(chan error, 1)
+	require.NoError(t, download(func(p string) {
+		if p != last {
+			return
+		}
+		// SIGTERM as the last part is taken.
+		go func() {
+			cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			closed <- s1.Close(cctx)
+		}()
+		<-s1.base.Done()
+	}))
+	require.NoError(t, <-closed)
+
+	s2, _ := mustOpen(t, cfg)
+	page, err := s2.ReadEvents(ctx, StreamRef{ProjectID: DeploymentProjectID, Path: AuditPath}, itx.Query{Types: []string{AuditBackupWritten}})
+	require.NoError(t, err)
+	require.Len(t, page.Events, 3, "each download whose every part was taken is recorded")
+}

@@ -74,6 +74,12 @@ func (d *Directory) PendingAudits(ctx context.Context) ([]AuditRecord, error) {
 	return out, rows.Err()
 }
 
+// KeepAudit keeps an audit record of something done outside the directory's transactions (a
+// backup written) until its event is in the audit stream, as the records of its changes are.
+func (d *Directory) KeepAudit(ctx context.Context, a *AuditRecord) error {
+	return insertAudit(ctx, d.db, a)
+}
+
 // DeleteAudit forgets an audit record whose event is in the audit stream.
 func (d *Directory) DeleteAudit(ctx context.Context, id string) error {
 	if _, err := d.db.ExecContext(ctx, `delete from audit_outbox where id = ?`, id); err != nil {
