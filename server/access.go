@@ -457,6 +457,17 @@ func (s *Server) DeleteProject(ctx context.Context, by Admin, id string, force b
 	if err != nil {
 		return err
 	}
+	var kept []storage.AuditRecord // the streams' own pending records (see keepStreamAudits)
+	for _, e := range entries {
+		recs, err := s.keepStreamAudits(ctx, e.StreamID)
+		if err != nil {
+			s.acc.mu.Lock()
+			delete(s.acc.deleted, id)
+			s.acc.mu.Unlock()
+			return itx.Errorf(itx.EUnavailable, "delete project %s: the pending audit records of its stream %s: %v", id, e.Path, err)
+		}
+		kept = append(kept, recs...)
+	}
 	if err := s.dir.DeleteProject(ctx, id, rec); err != nil {
 		return err
 	}
@@ -480,6 +491,9 @@ func (s *Server) DeleteProject(ctx context.Context, by Admin, id string, force b
 	}
 	delete(s.acc.secretCounts, id)
 	s.acc.secretMu.Unlock()
+	for i := range kept {
+		s.audit(ctx, &kept[i])
+	}
 	s.audit(ctx, rec)
 	if removeErr != nil {
 		return fmt.Errorf("delete project %s: %w", id, removeErr)

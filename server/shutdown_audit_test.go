@@ -127,3 +127,49 @@ func TestShutdown_AsADownloadEndsItsAuditRecordIsKept(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, page.Events, 3, "each download whose every part was taken is recorded")
 }
+
+// A stream deleted while the audit record of its trim is still pending in it (/audit refused
+// it: its circuit breaker was open) keeps that record: the directory takes it over with the
+// deletion's, and the next start appends both. Before, the record went with the stream's files:
+// /audit never learned of the trim.
+func TestDeleteStream_KeepsItsPendingAuditRecords(t *testing.T) {
+	t.Run("the stream", func(t *testing.T) { deleteKeepsPendingAudits(t, false) })
+	t.Run("its project", func(t *testing.T) { deleteKeepsPendingAudits(t, true) })
+}
+
+func deleteKeepsPendingAudits(t *testing.T, project bool) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	clk := clocktest.New(time.Unix(1_800_000_000, 0))
+	cfg := Config{DataDir: dir, Clock: clk, BreakerBurst: 2, BreakerRefillPerMinute: 1}
+	s1, projectID := mustOpen(t, cfg)
+	ref := StreamRef{ProjectID: projectID, Path: "/t"}
+	_, err := s1.Append(ctx, ref, []itx.EventInput{{Type: "a"}, {Type: "b"}}, itx.AppendOptions{})
+	require.NoError(t, err)
+	// Two records fill /audit's breaker (the clock stands still: it does not refill).
+	require.NoError(t, s1.SetRetention(ctx, Admin{}, ref, 0, 100, 0))
+	require.NoError(t, s1.SetRetention(ctx, Admin{}, ref, 0, 0, 0))
+	_, err = s1.TrimStream(ctx, Admin{}, ref, 1, 0)
+	require.NoError(t, err)
+	deleted := AuditStreamDeleted
+	if project {
+		require.NoError(t, s1.DeleteProject(ctx, Admin{}, projectID, true))
+		deleted = AuditProjectDeleted
+	} else {
+		_, err = s1.DeleteStream(ctx, Admin{}, ref, false)
+		require.NoError(t, err)
+	}
+	mustClose(t, s1)
+
+	s2, err := Open(ctx, cfg) // not mustOpen: the project and its token may be gone
+	require.NoError(t, err)
+	t.Cleanup(func() { mustClose(t, s2) })
+	count := func(typ string) int {
+		page, err := s2.ReadEvents(ctx, StreamRef{ProjectID: DeploymentProjectID, Path: AuditPath}, itx.Query{Types: []string{typ}})
+		require.NoError(t, err)
+		return len(page.Events)
+	}
+	require.Equal(t, 2, count(AuditRetentionSet))
+	require.Equal(t, 1, count(AuditStreamTrimmed), "the trim /audit refused, kept through the delete")
+	require.Equal(t, 1, count(deleted))
+}

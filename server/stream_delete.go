@@ -2,11 +2,13 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/storage"
 )
 
 // AuditStreamDeleted records a stream's deletion in the deployment's AuditPath.
@@ -89,6 +91,12 @@ func (s *Server) DeleteStream(ctx context.Context, by Admin, ref StreamRef, forc
 	if err != nil {
 		return DeletedStream{}, err
 	}
+	// The audit records of the stream's own changes (a trim, a retention policy) that are not in
+	// /audit yet go with its files otherwise: the directory keeps them from here.
+	kept, err := s.keepStreamAudits(ctx, gone.StreamID)
+	if err != nil {
+		return DeletedStream{}, itx.Errorf(itx.EUnavailable, "delete stream %s: its pending audit records: %v", ref.Path, err)
+	}
 	refs, err := s.dir.DeleteStream(ctx, gone.StreamID, rec)
 	if err != nil {
 		return DeletedStream{}, err
@@ -101,12 +109,42 @@ func (s *Server) DeleteStream(ctx context.Context, by Admin, ref StreamRef, forc
 	// the next start (removeDeletedStreams).
 	removeErr := s.removeStreams(ctx, []string{gone.StreamID})
 	s.collectSecrets(ctx, ref.ProjectID, refs)
+	for i := range kept {
+		s.audit(ctx, &kept[i])
+	}
 	s.audit(ctx, rec)
 	if removeErr != nil {
 		// Deleted: the directory no longer names it, and the next start removes its files.
 		s.log.Warn().Err(removeErr).Str("path", ref.Path).Msg("the deleted stream's files are removed at the next start")
 	}
 	return gone, nil
+}
+
+// keepStreamAudits moves the audit records a stream holds pending (auditPendingKey: a trim's or
+// a retention policy's, whose append to /audit failed or was cut short) into the directory's
+// outbox, before the stream is deleted with them. The stream is unloaded and cannot load. A crash
+// after this keeps them twice: their ids key their events, so the second is a duplicate.
+func (s *Server) keepStreamAudits(ctx context.Context, streamID string) ([]storage.AuditRecord, error) {
+	store, err := s.backend.Open(ctx, streamID)
+	if err != nil || store == nil {
+		return nil, err
+	}
+	defer store.Close()
+	raw, err := store.KV(ctx, auditPendingKey)
+	if err != nil || raw == nil {
+		return nil, err
+	}
+	var recs []storage.AuditRecord
+	if err := json.Unmarshal(raw, &recs); err != nil {
+		s.log.Warn().Err(err).Str("streamId", streamID).Msg("the stream's pending audit records do not decode; deleted with it")
+		return nil, nil
+	}
+	for i := range recs {
+		if err := s.dir.KeepAudit(ctx, &recs[i]); err != nil {
+			return nil, err
+		}
+	}
+	return recs, nil
 }
 
 // deleteUnloadTimeout bounds how long a delete waits for the calls holding the stream (a read

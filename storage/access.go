@@ -75,9 +75,13 @@ func (d *Directory) PendingAudits(ctx context.Context) ([]AuditRecord, error) {
 }
 
 // KeepAudit keeps an audit record of something done outside the directory's transactions (a
-// backup written) until its event is in the audit stream, as the records of its changes are.
+// backup written, a deleted stream's own pending ones) until its event is in the audit stream,
+// as the records of its changes are. A record kept already stays as it is.
 func (d *Directory) KeepAudit(ctx context.Context, a *AuditRecord) error {
-	return insertAudit(ctx, d.db, a)
+	if _, err := d.db.ExecContext(ctx, `insert or ignore into audit_outbox (id, type, payload) values (?, ?, ?)`, a.ID, a.Type, a.Payload); err != nil {
+		return fmt.Errorf("keep audit record: %w", err)
+	}
+	return nil
 }
 
 // DeleteAudit forgets an audit record whose event is in the audit stream.
