@@ -125,6 +125,7 @@ func (s *Server) DeleteStream(ctx context.Context, by Admin, ref StreamRef, forc
 // outbox, before the stream is deleted with them. The stream is unloaded and cannot load. A crash
 // after this keeps them twice: their ids key their events, so the second is a duplicate.
 func (s *Server) keepStreamAudits(ctx context.Context, streamID string) ([]storage.AuditRecord, error) {
+	s.backupClaim(streamID) // as a load does: a backup that owes the stream holds it first
 	store, err := s.backend.Open(ctx, streamID)
 	if err != nil || store == nil {
 		return nil, err
