@@ -912,8 +912,9 @@ func (s *Session) printWatch(ctx context.Context, v *liveView) (went string, err
 			s.forget(v)
 			return why, nil
 		case msg != "":
+			ended := v.endedErr() // with the code the server gave (notFound for streamRemoved, ...)
 			s.forget(v)
-			return "", itx.Errorf(itx.EUnavailable, "the live view ended: %s", msg)
+			return "", ended
 		case lost:
 			s.forget(v)
 			return "the connection was lost" + s.lostBecause(), nil

@@ -459,13 +459,18 @@ type liveView struct {
 	first     chan struct{}
 	firstOnce sync.Once
 	// ended is why the server ended the view ("" while it runs): its closed call's message;
-	// endedWhy is its CloseReason ("serverShuttingDown", ...), to switch on.
+	// endedWhy is its CloseReason ("serverShuttingDown", ...), to switch on, and endedCode the
+	// error code it came with (notFound for streamRemoved, ...).
 	ended, endedWhy string
+	endedCode       itx.Code
 
 	s        *Session
 	handle   schema.Handle
 	once     sync.Once
 	released atomic.Bool // cancelled, or released with the session or a replaced connection
+	// cancelled is set as cancel() starts: itxd drops the subscriber as it answers, and that
+	// (Shutdown) is then the cancel's doing, not a lost connection.
+	cancelled atomic.Bool
 
 	// times: the document is a stream's live state, whose times (epoch ms on the wire) are
 	// shown as ISO-8601 strings, as itx shows every time. A processor's state is the
@@ -535,11 +540,47 @@ func (v *liveView) Closed(ctx context.Context, call schema.LiveSubscriber_closed
 		return err
 	}
 	msg, _ := reason.Message_()
+	v.end(msg, call.Args().Why().String(), itx.Code(reason.Code().String()))
+	return nil
+}
+
+// Shutdown runs once itxd dropped the subscriber: after closed (which said why), after the
+// view was cancelled, or when the RPC session ended without a word (itxd killed, the network
+// gone), which ends the view as connectionLost: a script waiting in patches() hears it then
+// instead of waiting out its timeout, and .watch goes on on a new view.
+func (v *liveView) Shutdown() {
+	if v.released.Load() || v.cancelled.Load() {
+		return
+	}
+	v.end("connectionLost: the connection to itxd ended", schema.CloseReason_connectionLost.String(), itx.EUnavailable)
+}
+
+// end records the first reason the view ended.
+func (v *liveView) end(msg, why string, code itx.Code) {
 	v.mu.Lock()
-	v.ended, v.endedWhy = msg, call.Args().Why().String()
+	if v.ended == "" && v.endedWhy == "" {
+		if code == "" {
+			code = itx.EUnavailable
+		}
+		v.ended, v.endedWhy, v.endedCode = msg, why, code
+	}
 	v.mu.Unlock()
 	v.firstOnce.Do(func() { close(v.first) })
 	v.signal()
+}
+
+// endedErr is why the view receives nothing more: the server ended it (its closed call's
+// code and message), or this process cancelled it or let it go (with the session, or a
+// reconnect); nil while it runs.
+func (v *liveView) endedErr() *itx.Error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	switch {
+	case v.ended != "" || v.endedWhy != "":
+		return &itx.Error{Code: v.endedCode, Message: "the live view ended: " + v.ended}
+	case v.released.Load() || v.cancelled.Load():
+		return &itx.Error{Code: itx.EFailedPrecondition, Message: "the live view was cancelled (or its connection to itxd replaced)"}
+	}
 	return nil
 }
 
@@ -628,6 +669,7 @@ func (v *liveView) cancel(ctx context.Context) error {
 	if v.released.Load() {
 		return nil
 	}
+	v.cancelled.Store(true)
 	defer v.s.forget(v)
 	fut, release := v.handle.Cancel(ctx, nil)
 	defer release()
@@ -711,12 +753,18 @@ func (s *Session) liveObject(v *liveView, label string) *goja.Object {
 	obj.Set("toString", s.method("toString", func(goja.FunctionCall) goja.Value { return vm.ToValue(label) }))
 	obj.Set("toJSON", s.method("toJSON", func(goja.FunctionCall) goja.Value { return vm.ToValue(label) }))
 	obj.Set("snapshot", s.method("snapshot", s.noArgs("LiveView.snapshot", func(goja.FunctionCall) goja.Value {
+		var closed *Failure
+		if e := v.endedErr(); e != nil {
+			closed = &Failure{Code: string(e.Code), Message: e.Message}
+		}
 		v.mu.Lock()
 		defer v.mu.Unlock()
+		// closed, as a connection's take() says it: the view receives nothing more, and why.
 		return s.toJS(struct {
 			Revision uint64          `json:"revision"`
 			State    json.RawMessage `json:"state"`
-		}{v.snapshot, v.state})
+			Closed   *Failure        `json:"closed,omitempty"`
+		}{v.snapshot, v.state, closed})
 	})))
 	obj.Set("patches", s.method("patches", func(call goja.FunctionCall) goja.Value {
 		v.mu.Lock()
@@ -730,7 +778,12 @@ func (s *Session) liveObject(v *liveView, label string) *goja.Object {
 			return len(v.patches), v.snapshot != snapshot || v.ended != "" || v.endedWhy != "" || v.released.Load()
 		})
 		_, _, patches, _ := v.takePatches()
-		if patches == nil {
+		if len(patches) == 0 {
+			// Nothing will come: say why rather than answer [] at once, again and again (a
+			// script's loop over patches() would spin without ever learning the view ended).
+			if e := v.endedErr(); e != nil {
+				panic(s.throw(e))
+			}
 			patches = []patchJS{}
 		}
 		return s.toJS(patches)
