@@ -28,8 +28,9 @@ type FollowConfig struct {
 	// Connected, if set, is told each time a connection opens.
 	Connected func()
 	// Reader, when set, registers a reader of this name on the stream and moves its checkpoint
-	// to the last offset delivered, at most every ReaderInterval (default 1 s) and when Follow
-	// stops, so the stream's lag views (subscriptions.list, live state, Streams.list) show where
+	// to the last offset delivered (past what a Connection.Types filter passes over: Follow
+	// then goes on, and returns, from there too), at most every ReaderInterval (default 1 s)
+	// and when Follow stops, so the stream's lag views (subscriptions.list, live state, Streams.list) show where
 	// this consumer stands. Its checkpoint is also where to resume from: client.ListReaders. It
 	// shares the stream's name space with subscriptions (a subscription's name is refused) and
 	// may be the connection's Key.
@@ -194,7 +195,7 @@ func followOnce(ctx context.Context, cfg *FollowConfig, last *atomic.Int64, resu
 			return err
 		}
 		if n := len(b.Events); n > 0 {
-			last.Store(b.Events[n-1].Offset)
+			advance(last, b.Events[n-1].Offset)
 		}
 		return nil
 	}})
@@ -242,7 +243,7 @@ func followOnce(ctx context.Context, cfg *FollowConfig, last *atomic.Int64, resu
 	if cfg.Reader != "" {
 		readers := Readers(dctx, s)
 		defer readers.Release()
-		checkpoint = &checkpointer{readers: readers, name: cfg.Reader, last: last, sent: -1}
+		checkpoint = &checkpointer{readers: readers, name: cfg.Reader, last: last, sent: -1, conn: c}
 		if err := checkpoint.report(dctx); err != nil {
 			c.Close(dctx)
 			switch itx.ErrorCode(err) {
@@ -308,16 +309,40 @@ func streamReplaced(path, was, now string) *ConnectionClosed {
 	return &ConnectionClosed{Why: schema.CloseReason_streamRemoved, Reason: &itx.Error{Code: itx.ENotFound, Message: msg}}
 }
 
+// advance moves last to at, never back.
+func advance(last *atomic.Int64, at int64) {
+	for {
+		was := last.Load()
+		if at <= was || last.CompareAndSwap(was, at) {
+			return
+		}
+	}
+}
+
 // checkpointer moves a registered reader's checkpoint to the last offset delivered.
 type checkpointer struct {
 	readers schema.Readers
 	name    string
 	last    *atomic.Int64
 	sent    int64 // the checkpoint last registered (-1: none yet)
+	// conn, while open, says how far it delivered: past the last event handed to deliver when
+	// its Types filter (or an ephemeral event from before the open) passed over what follows.
+	// Without it a reader following a rare type stayed at its last match: its lag grew with
+	// every other append, and its checkpoint held back the stream's trims and retention.
+	conn *Connection
 }
 
 // report registers the checkpoint if it moved since the last report.
 func (k *checkpointer) report(ctx context.Context) error {
+	if k.conn != nil {
+		// The server counts a batch delivered once deliver accepted it, and a stretch its
+		// filter passed over once every batch before it was accepted: everything at or below
+		// it reached deliver or was never to. (A closed connection answers an error: last
+		// stands.)
+		if _, delivered, err := k.conn.Ping(ctx); err == nil {
+			advance(k.last, delivered)
+		}
+	}
 	at := k.last.Load()
 	if at == k.sent {
 		return nil
