@@ -792,3 +792,12 @@ func (c *Connection) stateSettled() <-chan struct{} {
 func (s stateSink) slow() {
 	s.c.Close(CloseSlowConsumer, "a live-state frame was not accepted within the delivery timeout")
 }
+
+// refused closes the connection whose sink failed a state frame, as await does for a batch.
+func (s stateSink) refused(err error) {
+	if itx.ErrorCode(err) == itx.ECapabilityOffline {
+		s.c.Close(CloseConnectionLost, err.Error())
+		return
+	}
+	s.c.Close(CloseDeliveryFailed, "the sink refused a live-state frame: "+err.Error())
+}

@@ -232,8 +232,14 @@ func (e *liveEngine) push(s *liveSubscriber) {
 			// A connection's state frames: not accepted in time closes the connection as a
 			// slow consumer, as for its batches.
 			if err := sendWithin(srv, sendCtx, send); err != nil {
-				if errors.Is(err, errNotAccepted) {
+				switch {
+				case errors.Is(err, errNotAccepted):
 					slow.slow()
+				case sendCtx.Err() == nil:
+					// Refused (or the client gone): the connection ends, as for a refused
+					// batch. Left open, it went on delivering events with no state frame
+					// ever again, and its client was never told.
+					slow.refused(err)
 				}
 				return
 			}
@@ -247,8 +253,12 @@ func (e *liveEngine) push(s *liveSubscriber) {
 	}
 }
 
-// slowSink is a sink that ends itself when a frame is not accepted within the delivery timeout.
-type slowSink interface{ slow() }
+// slowSink is a sink that ends itself when a frame is not accepted within the delivery timeout
+// (slow), or is refused (refused): a connection's state frames.
+type slowSink interface {
+	slow()
+	refused(err error)
+}
 
 // sendUntil runs send until it answers or ctx ends it (without waiting for a send that is stuck
 // writing).
