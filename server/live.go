@@ -191,11 +191,17 @@ func (e *liveEngine) run() {
 // frame not accepted within the delivery timeout detaches it, and so does the engine's end.
 func (e *liveEngine) push(s *liveSubscriber) {
 	srv := e.a.srv
+	// refused is the failure of a frame the subscriber answered with an exception: the view
+	// ends, and the subscriber hears why (deliveryFailed), as when the server ends it.
+	var refused error
 	defer func() {
-		if closer, ok := s.sink.(LiveCloser); ok && e.ctx.Err() != nil && !s.byClient.Load() {
+		if closer, ok := s.sink.(LiveCloser); ok && (e.ctx.Err() != nil || refused != nil) && !s.byClient.Load() {
 			// The server ended the view: say why, within the delivery timeout (whoever is
 			// shutting down does not wait longer for a listener).
 			end := e.endReason()
+			if refused != nil && e.ctx.Err() == nil {
+				end = liveEnd{CloseDeliveryFailed, "the subscriber refused a frame: " + refused.Error()}
+			}
 			sendWithin(srv, context.Background(), func(ctx context.Context) error {
 				closer.Closed(ctx, end.reason, end.message)
 				return nil
@@ -246,7 +252,11 @@ func (e *liveEngine) push(s *liveSubscriber) {
 		} else if err := sendUntil(sendCtx, send); err != nil {
 			// A LiveSubscriber that answers slowly is waited for (one frame in flight at a
 			// time), then gets what changed meanwhile coalesced: the next revision's patch, or
-			// a fresh snapshot when it is further behind. Only a failed call ends it.
+			// a fresh snapshot when it is further behind. Only a failed call ends it, and a
+			// subscriber that is still there hears why (not one whose client is gone).
+			if sendCtx.Err() == nil && itx.ErrorCode(err) != itx.ECapabilityOffline {
+				refused = err
+			}
 			return
 		}
 		sent = rev

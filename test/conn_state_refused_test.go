@@ -69,3 +69,56 @@ func TestConnection_RefusedStateFrameClosesIt(t *testing.T) {
 	require.NoError(t, err, "the noState connection is open")
 	require.Nil(t, k2.closeReason())
 }
+
+// patchRefusingView is a LiveSubscriber that takes snapshots and refuses every patch.
+type patchRefusingView struct {
+	snapshots chan uint64
+	closed    chan string // why and the message, once
+}
+
+func (v *patchRefusingView) Snapshot(ctx context.Context, call schema.LiveSubscriber_snapshot) error {
+	v.snapshots <- call.Args().Revision()
+	return nil
+}
+
+func (v *patchRefusingView) Patch(ctx context.Context, call schema.LiveSubscriber_patch) error {
+	return errors.New("this view cannot apply patches")
+}
+
+func (v *patchRefusingView) Closed(ctx context.Context, call schema.LiveSubscriber_closed) error {
+	r, _ := call.Args().Reason()
+	msg, _ := r.Message_()
+	v.closed <- call.Args().Why().String() + " " + msg
+	return nil
+}
+
+// A live view whose subscriber refuses a frame ends, and the subscriber hears why
+// (deliveryFailed), as it does when the server ends the view for another reason: it ended
+// without a word, and a client kept showing a state that no longer moved.
+func TestLiveState_RefusedFrameEndsTheViewWithWhy(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	s := stream(t, ts.project(t), "/patch-refused")
+	mustAppend(t, s, ev("a", `{}`))
+	v := &patchRefusingView{snapshots: make(chan uint64, 16), closed: make(chan string, 4)}
+	fut, release := s.LiveState(ctxT(t), func(p schema.Stream_liveState_Params) error {
+		return p.SetSubscriber(schema.LiveSubscriber_ServerToClient(v))
+	})
+	defer release()
+	res, err := fut.Struct()
+	require.NoError(t, err)
+	h := res.Handle().AddRef()
+	defer h.Release()
+	select {
+	case <-v.snapshots:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no first snapshot")
+	}
+	mustAppend(t, s, ev("a", `{}`))
+	select {
+	case why := <-v.closed:
+		require.Contains(t, why, "deliveryFailed")
+		require.Contains(t, why, "this view cannot apply patches")
+	case <-time.After(20 * time.Second):
+		t.Fatal("the view whose subscriber refused a patch was not told it ended")
+	}
+}
