@@ -340,14 +340,19 @@ func attachLive(srv *server.Server, acc access, sub schema.LiveSubscriber, subsc
 		return schema.Handle{}, fail(err)
 	}
 	sub.SetFlowLimiter(newPushLimiter())
-	ls := &liveSubscriber{client: sub, log: srv.Log()}
+	var released sync.Once
+	let := func() { released.Do(sub.Release); untake() }
+	// A view the server ended (its stream removed, its subscription removed, a frame refused)
+	// gives back its place under the login's bound and the subscriber's reference at once:
+	// they were held until the client released its handle, so a client that kept the handles
+	// of ended views was refused new ones (limitExceeded) with none open.
+	ls := &liveSubscriber{client: sub, log: srv.Log(), ended: let}
 	cancel, err := subscribe(ls)
 	if err != nil {
-		untake()
-		sub.Release()
+		let()
 		return schema.Handle{}, fail(err)
 	}
-	return newEndHandle(srv, acc, func() { cancel(); sub.Release(); untake() }, func() {
+	return newEndHandle(srv, acc, func() { cancel(); let() }, func() {
 		// The session that opened it ended (revoked or expired): say so, bounded.
 		ctx, stop := context.WithTimeout(context.Background(), itx.DeliveryTimeout)
 		defer stop()
@@ -372,7 +377,12 @@ type liveSubscriber struct {
 	// ending would tell the same view accessEnded after it.)
 	told atomic.Bool
 	log  zerolog.Logger
+	// ended lets go of the view's place and the subscriber's reference, once.
+	ended func()
 }
+
+// Ended runs once the server has stopped the view, whoever ended it (server.LiveEnder).
+func (l *liveSubscriber) Ended() { l.ended() }
 
 func (l *liveSubscriber) Send(ctx context.Context, f server.LiveFrame) error {
 	if f.Snapshot {

@@ -33,6 +33,13 @@ type LiveCloser interface {
 	Closed(ctx context.Context, reason CloseReason, message string)
 }
 
+// LiveEnder is a LiveSink told once its view has ended, whoever ended it (the server, after
+// its closed notice, or the client's cancel): what holds the view's place (a login's bound,
+// the subscriber's reference) is let go then, not only when the client cancels.
+type LiveEnder interface {
+	Ended()
+}
+
 // The stream's live state document and its rows (defined in package itx, where clients decode
 // them too).
 type (
@@ -423,6 +430,9 @@ func (s *Server) attachLive(ctx context.Context, ref StreamRef, sink LiveSink, c
 		<-sub.done
 		free()
 		s.release(a)
+		if e, ok := sink.(LiveEnder); ok {
+			e.Ended()
+		}
 	}()
 	var once sync.Once
 	return func() { once.Do(func() { sub.byClient.Store(true); sub.cancel(); free() }) }, nil
