@@ -558,19 +558,29 @@ func runTail(ctx context.Context, s *Session, args []string) error {
 	// The stream tailed: its offsets are positions in its life only, so a connection opened
 	// again after the last offset printed must find the same stream at the path.
 	streamID := ""
-	if ta.fromHead {
+	// quiet: with --from, the head when the tail started. The ephemeral events at or below it
+	// were appended before, and the tail does not print them (its first connection does not
+	// ask for them), on a connection opened again either: that one asks for the ephemeral
+	// events after the last offset printed, those the lost one delivered live, and without
+	// this it printed the older ones too when it opened again still catching up.
+	var quiet int64
+	if ta.fromHead || !ephemeral {
 		c := s.client(streamPath(ta.path))
 		info, err := client.Describe(ctx, schema.Stream(c))
 		c.Release()
 		if err != nil {
 			return err
 		}
-		after, streamID = info.HeadOffset, info.StreamID
+		if ta.fromHead {
+			after, streamID = info.HeadOffset, info.StreamID
+		} else {
+			quiet = info.HeadOffset
+		}
 	}
 	// Without --from the tail starts after the head it just read: the ephemeral events after
 	// that head were appended since it started, and the stream may hold some by the time the
 	// connection opens, which a connection delivers only when asked for (includeEphemeral).
-	conn, err := s.openTail(ctx, ta.path, after, ephemeral, streamID)
+	conn, err := s.openTail(ctx, ta.path, after, ephemeral, streamID, quiet)
 	if err != nil {
 		return err
 	}
@@ -606,7 +616,7 @@ func runTail(ctx context.Context, s *Session, args []string) error {
 		streamID = conn.sink.streamID
 		conn.sink.mu.Unlock()
 		err = s.reopen(ctx, went, func() (err error) {
-			conn, err = s.openTail(ctx, ta.path, after, true, streamID)
+			conn, err = s.openTail(ctx, ta.path, after, true, streamID, quiet)
 			if err != nil && itx.ErrorCode(err) != itx.EInvalid || streamID == "" {
 				return err
 			}
@@ -698,11 +708,11 @@ const tailOverflowed = "overflowed"
 // ephemeral it asks for the buffered ephemeral events after that offset too: when the tail
 // started at the head (they were appended since), and when it opens again (the connection it
 // replaces would have delivered them live).
-func (s *Session) openTail(ctx context.Context, path string, after int64, ephemeral bool, streamID string) (*liveConnection, error) {
+func (s *Session) openTail(ctx context.Context, path string, after int64, ephemeral bool, streamID string, quiet int64) (*liveConnection, error) {
 	c := s.client(streamPath(path))
 	defer c.Release()
 	sink := newEventSink()
-	sink.keepOldest, sink.streamID = true, streamID
+	sink.keepOldest, sink.streamID, sink.quietThrough = true, streamID, quiet
 	return s.openConnectionTo(ctx, c, s.toJS(map[string]any{"after": after, "openedBy": "itx tail", "noState": true, "includeEphemeral": ephemeral}), sink)
 }
 

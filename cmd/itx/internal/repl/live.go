@@ -57,6 +57,9 @@ type eventSink struct {
 	// refused, and the sink closed as streamRemoved, so nothing of it is taken for the rest.
 	streamID string
 	refused  bool // this sink closed itself (another stream): the server's close does not replace why
+	// quietThrough: ephemeral events at or below it are not kept (.tail --from: they were
+	// appended before the tail started; see runTail).
+	quietThrough int64
 }
 
 func newEventSink() *eventSink { return &eventSink{wake: make(chan struct{}, 1)} }
@@ -88,6 +91,15 @@ func (k *eventSink) Deliver(ctx context.Context, call schema.EventSink_deliver) 
 	if err := k.sameStream(id); err != nil {
 		k.signal()
 		return err
+	}
+	if k.quietThrough > 0 {
+		kept := events[:0]
+		for _, e := range events {
+			if !e.Ephemeral || e.Offset > k.quietThrough {
+				kept = append(kept, e)
+			}
+		}
+		events = kept
 	}
 	k.add(events)
 	k.signal()
