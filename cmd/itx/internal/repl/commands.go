@@ -754,6 +754,9 @@ func (s *Session) printTail(ctx context.Context, conn *liveConnection, after int
 		switch {
 		case closed != nil && itxdWentAway(conn.sink.closedWhy()):
 			s.forget(conn)
+			if conn.sink.closedWhy() == schema.CloseReason_connectionLost.String() && !s.connected() {
+				return last, "the connection was lost" + s.lostBecause(), nil // said with its cause
+			}
 			return last, conn.sink.closedWhy(), nil
 		case closed != nil:
 			s.forget(conn)
@@ -920,6 +923,9 @@ func (s *Session) printWatch(ctx context.Context, v *liveView) (went string, err
 		switch {
 		case msg != "" && itxdWentAway(why):
 			s.forget(v)
+			if why == schema.CloseReason_connectionLost.String() && !s.connected() {
+				return "the connection was lost" + s.lostBecause(), nil // said with its cause
+			}
 			return why, nil
 		case msg != "":
 			ended := v.endedErr() // with the code the server gave (notFound for streamRemoved, ...)

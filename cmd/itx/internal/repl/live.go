@@ -188,6 +188,13 @@ func (k *eventSink) Closed(ctx context.Context, call schema.EventSink_closed) er
 	return nil
 }
 
+// Shutdown runs once itxd dropped the sink: after closed (which said why), or when the RPC
+// session ended without a word (itxd killed, the network gone): the connection is over then,
+// and take() says so at once instead of waiting out its timeout.
+func (k *eventSink) Shutdown() {
+	k.closedBy(&itx.Error{Code: itx.EUnavailable, Message: "connectionLost: the connection to itxd ended"}, schema.CloseReason_connectionLost.String())
+}
+
 // closedBy records why the connection closed, unless the server said so first.
 func (k *eventSink) closedBy(reason *itx.Error, why string) {
 	k.mu.Lock()
@@ -288,6 +295,10 @@ func (c *liveConnection) release() {
 	c.once.Do(func() {
 		c.released.Store(true)
 		c.conn.Release()
+		// Let go with the session, or a reconnect to itxd, without a word from itxd: take()
+		// says it is over (a loop over take() answered {events: []} at once, again and again,
+		// never learning the connection was gone).
+		c.sink.closedBy(&itx.Error{Code: itx.EUnavailable, Message: "connectionLost: the connection to itxd was replaced (the session reconnected or ended)"}, schema.CloseReason_connectionLost.String())
 	})
 }
 
