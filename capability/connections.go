@@ -29,6 +29,9 @@ func (s *stream) OpenConnection(ctx context.Context, call schema.Stream_openConn
 	if opts.OpenedBy, err = o.OpenedBy(); err != nil {
 		return badArgs("options.openedBy", err)
 	}
+	if opts.ExpectedStreamID, err = o.ExpectedStreamId(); err != nil {
+		return badArgs("options.expectedStreamId", err)
+	}
 	types, err := o.Types()
 	if err != nil {
 		return badArgs("options.types", err)

@@ -32,6 +32,12 @@ type ConnectionOptions struct {
 	// IncludeEphemeral: the catch-up also delivers the ephemeral events still buffered from
 	// before the open (those appended while open are always delivered).
 	IncludeEphemeral bool
+	// ExpectedStreamID, when set, is the stream After is an offset of (the StreamID of the
+	// batches delivered before): if the path holds another stream, or none (the one meant was
+	// deleted, perhaps created again with its offsets starting over), the open is refused,
+	// notFound, and nothing is delivered. Set it when reopening after a checkpoint, so a
+	// recreated stream's first events are not skipped as if they were the old one's.
+	ExpectedStreamID string
 }
 
 // ConnectionHandler is what a connection pushes into.
@@ -98,6 +104,9 @@ func OpenConnection(ctx context.Context, s schema.Stream, o ConnectionOptions, h
 			return err
 		}
 		if err := opts.SetKey(o.Key); err != nil {
+			return err
+		}
+		if err := opts.SetExpectedStreamId(o.ExpectedStreamID); err != nil {
 			return err
 		}
 		if err := wire.SetTextList(o.Types, opts.NewTypes); err != nil {

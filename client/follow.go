@@ -166,6 +166,9 @@ func followOnce(ctx context.Context, cfg *FollowConfig, last *atomic.Int64, resu
 	}
 	o := cfg.Connection
 	o.After = last.Load()
+	// The server refuses the open if the path holds another stream (notFound), at the
+	// instant it decides the open: no batch of another stream is sent.
+	o.ExpectedStreamID = *streamID
 	// mu is held while deliver runs: once the connection ended, taking it waits for a batch
 	// being delivered, and stopped keeps any later one from deliver (the next connection, or
 	// Follow's caller, takes over after the last offset delivered).
@@ -201,16 +204,17 @@ func followOnce(ctx context.Context, cfg *FollowConfig, last *atomic.Int64, resu
 	}})
 	if err != nil {
 		switch itx.ErrorCode(err) {
-		case itx.EInvalid:
-			// An offset past the head: the stream followed may be gone, and the one at the
-			// path (if any) another, shorter one. Say so rather than name the offset.
+		case itx.ENotFound, itx.EInvalid:
+			// The stream followed is gone (ExpectedStreamID refused the open; from an itxd
+			// older than that option, an offset past the head of the shorter stream at the
+			// path now): say which stream the path holds instead.
 			if *streamID != "" {
 				if info, derr := Describe(dctx, s); derr == nil && info.StreamID != *streamID {
 					return errPermanent{streamReplaced(cfg.Path, *streamID, info.StreamID)}
 				}
 			}
 			return errPermanent{err}
-		case itx.EUnauthenticated, itx.EPermissionDenied, itx.ENotFound, itx.EFailedPrecondition:
+		case itx.EUnauthenticated, itx.EPermissionDenied, itx.EFailedPrecondition:
 			return errPermanent{err}
 		}
 		return err

@@ -322,6 +322,10 @@ struct ConnectionOptions {
                                 # blank (spaces only): invalidArgument
   includeEphemeral @7 :Bool;    # catch-up includes buffered ephemeral events from before the
                                 # open (those appended while open are always delivered)
+  expectedStreamId @8 :Text;    # set: after is an offset of this stream (a DeliveryBatch's
+                                # streamId); the path holding another stream, or none (the one
+                                # meant was deleted, perhaps made anew, its offsets starting
+                                # over), refuses the open, notFound, delivering nothing
 }
 
 # Why a connection closed: a closed set to switch on.

@@ -37,6 +37,7 @@ const (
 	ConnectionWindow         = 4
 	MaxConnectionBatchEvents = 10_000
 	MaxConnectionBatchBytes  = 8 << 20
+	maxStreamIDLength        = 64 // longer than any stream id (a UUID, 36 bytes)
 )
 
 // ConnectionOptions are a connection's per-channel controls (seed 000: properties of the channel,
@@ -50,6 +51,9 @@ type ConnectionOptions struct {
 	OpenedBy          string
 	Types             []string // empty: every type
 	IncludeEphemeral  bool     // catch-up includes buffered ephemeral events from before the open
+	// ExpectedStreamID, when set, is the stream After is an offset of: the path holding
+	// another stream (or none) refuses the open, notFound.
+	ExpectedStreamID string
 	// Opener, when set, is the login the connection counts against (Session.TakeLive), taken by
 	// the actor once the open is decided: one that replaces a connection the same login opened
 	// takes over that one's place instead, so a replace at the bound succeeds (the count does
@@ -262,6 +266,9 @@ func (s *Server) StartOpenConnection(ctx context.Context, ref StreamRef, opts Co
 		return nil, itx.Errorf(itx.EInvalid, "maxDeliveryEvents must be 0..%d", MaxConnectionBatchEvents)
 	case opts.MaxDeliveryBytes < 0 || opts.MaxDeliveryBytes > MaxConnectionBatchBytes:
 		return nil, itx.Errorf(itx.EInvalid, "maxDeliveryBytes must be 0..%d", MaxConnectionBatchBytes)
+	case len(opts.ExpectedStreamID) > maxStreamIDLength:
+		// A stream id is a UUID: bounded before an error message quotes it.
+		return nil, itx.Errorf(itx.EInvalid, "expectedStreamId is at most %d bytes (a stream id is a UUID, as a DeliveryBatch's streamId)", maxStreamIDLength)
 	case len(opts.OpenedBy) > utf8.UTFMax*itx.MaxSubscriptionNameLength:
 		// Bounded before it is scanned; ValidateName below counts its characters, as a key's.
 		return nil, itx.Errorf(itx.EInvalid, "openedBy is at most %d characters", itx.MaxSubscriptionNameLength)
@@ -329,6 +336,14 @@ func (a *actor) register(c *Connection) error {
 		return a.ended() // deleted (its connections were closed) or shutting down
 	}
 	st := a.st
+	if want := c.opts.ExpectedStreamID; want != "" && a.identity() != want {
+		// Offsets are positions in one stream's life: after N of another stream (the one meant
+		// deleted, the path made anew) would skip that one's first N events.
+		if a.identity() == "" {
+			return itx.Errorf(itx.ENotFound, "stream %q is no longer at %s, which holds no stream now", want, a.ref.Path)
+		}
+		return itx.Errorf(itx.ENotFound, "stream %q is no longer at %s, which holds another stream now (id %s, its offsets starting over)", want, a.ref.Path, st.streamID)
+	}
 	if c.opts.After > st.head {
 		return itx.Errorf(itx.EInvalid, "after %d is beyond the stream's head offset %d", c.opts.After, st.head)
 	}
@@ -378,6 +393,15 @@ func (a *actor) register(c *Connection) error {
 	a.publishConns(i)
 	a.liveDirty()
 	return nil
+}
+
+// identity is the stream's id as readers see it (a batch's, getEventPage's): "" until the first
+// commit has landed (an id planned for a stream not yet made is no identity).
+func (a *actor) identity() string {
+	if st := a.st; st.created && a.store != nil && st.head > 0 {
+		return st.streamID
+	}
+	return ""
 }
 
 // unregister drops a closed connection from the actor's registry (if it is still the one under

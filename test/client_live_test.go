@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -309,4 +310,52 @@ func TestClientWatchProcessor(t *testing.T) {
 	var cc *client.ConnectionClosed
 	require.ErrorAs(t, v.Err(), &cc)
 	require.Equal(t, schema.CloseReason_subscriptionRemoved, cc.Why)
+}
+
+// A connection reopened after a checkpoint with the stream id its offset belongs to is refused,
+// notFound, when the path holds another stream (the one meant deleted and created again, its
+// offsets starting over) or none, and delivers nothing: without the id it would open after
+// the checkpoint on the new stream, silently skipping the new stream's first events.
+func TestClientConnection_ExpectedStreamID(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	p := ts.project(t)
+	s := stream(t, p, "/client/expect")
+	mustAppend(t, s, ev("old", `{}`), ev("old", `{}`))
+	info, err := client.Describe(ctx, s)
+	require.NoError(t, err)
+	old := info.StreamID
+
+	// The stream it names: opens, delivers after the offset.
+	b := newBatches()
+	c, err := client.OpenConnection(ctx, s, client.ConnectionOptions{After: 1, ExpectedStreamID: old}, client.ConnectionHandler{Deliver: b.deliver})
+	require.NoError(t, err)
+	waitUntil(t, "the event after 1", func() bool { o, _ := b.got(); return len(o) == 1 })
+	require.NoError(t, c.Close(ctx))
+
+	_, err = client.DeleteStream(ctx, p, "/client/expect", true)
+	require.NoError(t, err)
+	// No stream at the path.
+	none := newBatches()
+	_, err = client.OpenConnection(ctx, s, client.ConnectionOptions{ExpectedStreamID: old}, client.ConnectionHandler{Deliver: none.deliver})
+	require.Equal(t, itx.ENotFound, itx.ErrorCode(err), "%v", err)
+	require.Contains(t, err.Error(), "holds no stream now")
+
+	// Another stream at the path, as long as the old one was: after 1 of it would skip its event 1.
+	mustAppend(t, s, ev("new", `{}`), ev("new", `{}`), ev("new", `{}`))
+	info, err = client.Describe(ctx, s)
+	require.NoError(t, err)
+	_, err = client.OpenConnection(ctx, s, client.ConnectionOptions{After: 1, ExpectedStreamID: old}, client.ConnectionHandler{Deliver: none.deliver})
+	require.Equal(t, itx.ENotFound, itx.ErrorCode(err), "%v", err)
+	require.Contains(t, err.Error(), info.StreamID, "names the stream the path holds now")
+	// The refused opens left nothing open under the key space, and delivered nothing.
+	h, err := client.OpenConnection(ctx, s, client.ConnectionOptions{ExpectedStreamID: info.StreamID}, client.ConnectionHandler{Deliver: none.deliver})
+	require.NoError(t, err)
+	waitUntil(t, "the new stream's events", func() bool { o, _ := none.got(); return len(o) == 3 })
+	o, _ := none.got()
+	require.Equal(t, []int64{1, 2, 3}, o, "only the connection that named the new stream delivered")
+	require.NoError(t, h.Close(ctx))
+
+	_, err = client.OpenConnection(ctx, s, client.ConnectionOptions{ExpectedStreamID: strings.Repeat("x", 65)}, client.ConnectionHandler{Deliver: none.deliver})
+	require.Equal(t, itx.EInvalid, itx.ErrorCode(err), "%v", err)
 }

@@ -68,7 +68,7 @@ var bindings = map[string]map[string]binding{
 		"describe":              {"describe() -> {path, streamId, headOffset, createdAt, ...}", streamDescribe},
 		"setSubscriptionCursor": {"setSubscriptionCursor(name, afterOffset) or setSubscriptionCursor({name, afterOffset}) -> {offset}", streamSetSubscriptionCursor},
 		"resumeSubscription":    {"resumeSubscription(name) or resumeSubscription({name}) -> {offset}", streamResumeSubscription},
-		"openConnection":        {"openConnection(after?) or openConnection({after, types, maxDeliveryEvents, maxDeliveryBytes, noState (or state: false), openedBy, key, includeEphemeral}) -> connection {take(min?, timeoutMs?), ping(), key(), close(reason)}", streamOpenConnection},
+		"openConnection":        {"openConnection(after?) or openConnection({after, types, maxDeliveryEvents, maxDeliveryBytes, noState (or state: false), openedBy, key, includeEphemeral, expectedStreamId}) -> connection {take(min?, timeoutMs?), ping(), key(), close(reason)}", streamOpenConnection},
 		"liveState":             {"liveState() -> live view {snapshot(), patches(min?, timeoutMs?), cancel()} (returns once the first snapshot is in)", streamLiveState},
 		"schedule":              {"schedule(event, dueAt) or schedule({event, dueAt}) -> {dueAt, appendedOffset?} (dueAt null when the key is already in the log at appendedOffset; a durable timer: event, with its idempotencyKey, is appended at dueAt: a Date, an ISO-8601 time, epoch ms or a duration from now like \"10m\")", streamSchedule},
 		"cancelScheduled":       {"cancelScheduled(key) or cancelScheduled({key}) -> {cancelled}", streamCancelScheduled},

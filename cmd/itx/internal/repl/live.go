@@ -325,7 +325,7 @@ func (c *liveConnection) close(ctx context.Context, reason string) error {
 
 // openConnection opens a connection on the stream at p with a buffering sink.
 // "state" is the seed's spelling of the live-state switch (state: false), "noState" the schema's.
-var connectionKeys = []string{"after", "types", "maxDeliveryEvents", "maxDeliveryBytes", "noState", "state", "openedBy", "key", "includeEphemeral"}
+var connectionKeys = []string{"after", "types", "maxDeliveryEvents", "maxDeliveryBytes", "noState", "state", "openedBy", "key", "includeEphemeral", "expectedStreamId"}
 
 func (s *Session) openConnection(ctx context.Context, stream capnp.Client, v goja.Value) (*liveConnection, error) {
 	return s.openConnectionTo(ctx, stream, v, newEventSink())
@@ -341,6 +341,7 @@ func (s *Session) openConnectionTo(ctx context.Context, stream capnp.Client, v g
 	maxEvents, maxBytes := o.uint("maxDeliveryEvents"), o.uint("maxDeliveryBytes")
 	noState, openedBy := o.bool("noState"), o.str("openedBy")
 	key, includeEphemeral := o.str("key"), o.bool("includeEphemeral")
+	expectedStreamID := o.str("expectedStreamId")
 	if o.get("state") != nil {
 		if state := o.bool("state"); o.get("noState") != nil && state == noState {
 			o.fail("state", "state and noState say the opposite; give one")
@@ -370,6 +371,9 @@ func (s *Session) openConnectionTo(ctx context.Context, stream capnp.Client, v g
 			return err
 		}
 		if err := opts.SetOpenedBy(openedBy); err != nil {
+			return err
+		}
+		if err := opts.SetExpectedStreamId(expectedStreamID); err != nil {
 			return err
 		}
 		if err := wire.SetTextList(types, opts.NewTypes); err != nil {
