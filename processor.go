@@ -3,6 +3,7 @@ package itx
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"time"
 	"unicode/utf8"
 )
@@ -171,6 +172,27 @@ type ProcessorRuntimeState struct {
 	ObservedHead     int64  `json:"observedHead"`
 	Generation       int64  `json:"generation"`
 	Fenced           string `json:"fenced,omitempty"` // why this incarnation may no longer commit
+}
+
+// ProcessorEventError is a processor's failure on one event of its home stream: a hook
+// (Reduce, ProcessEvent, a blocker) returned an error or panicked on the event at Offset. A host
+// reports Offset as the processor-wake subscription's failingEventOffset; Err is the failure
+// (its code, if any, is the error's: ErrorCode reads through).
+type ProcessorEventError struct {
+	Offset int64
+	Err    error
+}
+
+func (e *ProcessorEventError) Error() string { return e.Err.Error() }
+func (e *ProcessorEventError) Unwrap() error { return e.Err }
+
+// FailingEventOf is the offset of the event err names as a processor's failing event (a
+// *ProcessorEventError in its chain), 0 when it names none.
+func FailingEventOf(err error) int64 {
+	if e, ok := errors.AsType[*ProcessorEventError](err); ok {
+		return e.Offset
+	}
+	return 0
 }
 
 // ProcessorRunner is a runner without its state type: what a host drives.

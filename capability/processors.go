@@ -3,6 +3,8 @@ package capability
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"math"
 	"strings"
 
 	"capnproto.org/go/capnp/v3"
@@ -113,6 +115,15 @@ func (h *remoteHost) Wake(ctx context.Context, w server.RemoteWake) (int64, int6
 	report, err := res.Report()
 	if err != nil {
 		return 0, 0, itx.Errorf(itx.EInvalid, "the host's wake report: %v", err)
+	}
+	if failure, err := report.Failure(); err != nil {
+		return 0, 0, itx.Errorf(itx.EInvalid, "the host's wake report: failure: %v", err)
+	} else if failure != "" || report.FailingEventOffset() != 0 {
+		if failure == "" {
+			failure = "the processor failed on the event"
+		}
+		// The host's words, with their code when they name one (as an exception's reason).
+		return 0, 0, &itx.ProcessorEventError{Offset: int64(min(report.FailingEventOffset(), math.MaxInt64)), Err: hostError(ctx, errors.New(failure))}
 	}
 	return int64(report.ProcessedOffset()), int64(report.ReducedOffset()), nil
 }

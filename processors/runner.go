@@ -340,7 +340,7 @@ func (r *Runner[S]) processFrame(ctx context.Context, f Frame) (err error) {
 			if hook == "" {
 				err = itx.Errorf(itx.EInternal, "processor %q: the runner panicked in the frame (%d, %d]: %v", r.c.Name, f.ScannedAfter, f.ScannedThrough, p)
 			} else {
-				err = itx.Errorf(itx.EInternal, "processor %q: %s panicked on %s: %v", r.c.Name, hook, describe(at), p)
+				err = onEvent(at, itx.Errorf(itx.EInternal, "processor %q: %s panicked on %s: %v", r.c.Name, hook, describe(at), p))
 			}
 		}
 		if err != nil {
@@ -581,7 +581,7 @@ func (r *Runner[S]) dispatch(ctx context.Context, e *itx.Event, prev, state S, d
 	a := &Args[S]{Event: e, PreviousState: prev, State: state, Delivery: d, Path: r.cfg.Path, name: r.c.Name, frame: &frameWork{}, run: r}
 	defer a.frame.close()
 	if err := r.c.ProcessEvent(ctx, a); err != nil {
-		return fmt.Errorf("processor %q: %s: %w", r.c.Name, describe(e), err)
+		return onEvent(e, fmt.Errorf("processor %q: %s: %w", r.c.Name, describe(e), err))
 	}
 	for {
 		b, ok := a.frame.next()
@@ -592,10 +592,19 @@ func (r *Runner[S]) dispatch(ctx context.Context, e *itx.Event, prev, state S, d
 		err := runRecovered(ctx, "blocker", b.work)
 		done(err)
 		if err != nil {
-			return fmt.Errorf("processor %q: %s: blocker %q: %w", r.c.Name, describe(e), b.name, err)
+			return onEvent(e, fmt.Errorf("processor %q: %s: blocker %q: %w", r.c.Name, describe(e), b.name, err))
 		}
 	}
 	return nil
+}
+
+// onEvent marks err as the failure of the event e (a *itx.ProcessorEventError, which the host
+// reports as the subscription's failingEventOffset); the eventless pass (nil) names none.
+func onEvent(e *itx.Event, err error) error {
+	if e == nil {
+		return err
+	}
+	return &itx.ProcessorEventError{Offset: e.Offset, Err: err}
 }
 
 func describe(e *itx.Event) string {
@@ -659,7 +668,7 @@ func (r *Runner[S]) reduceOnly(ctx context.Context, from S, after, through int64
 	var at *itx.Event
 	defer func() {
 		if p := recover(); p != nil {
-			err = itx.Errorf(itx.EInternal, "processor %q: Reduce panicked on %s: %v", r.c.Name, describe(at), p)
+			err = onEvent(at, itx.Errorf(itx.EInternal, "processor %q: Reduce panicked on %s: %v", r.c.Name, describe(at), p))
 		}
 	}()
 	for after < through {

@@ -451,6 +451,12 @@ struct WakeRequest {
 struct WakeReport {
   processedOffset @0 :UInt64;
   reducedOffset @1 :UInt64;
+  # Set when the catch-up failed on an event (a hook returned an error or panicked on it): the
+  # wake failed, failure says why (as an exception's reason would), and failingEventOffset is
+  # the event, shown as the subscription's failingEventOffset. A failure that names no event
+  # comes back as an exception.
+  failingEventOffset @2 :UInt64;
+  failure @3 :Text;
 }
 
 # A contract a processor host announces when it mounts.

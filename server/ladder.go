@@ -199,6 +199,14 @@ func decideFailure(row storage.CursorRow, f deliveryFailure, policy string, now 
 		d.kind, d.attempt = decidePark, row.Attempt
 		return d
 	case classOutage:
+		if f.eventOffset > 0 {
+			// An outage that names its event (a processor's hook failed on it): backed off as
+			// any outage, never skipped, and the event shows as the failing one.
+			d.failingOffset, d.failingAttempt = f.eventOffset, 1
+			if row.FailingEventOffset == f.eventOffset {
+				d.failingAttempt = row.FailingEventAttempt + 1
+			}
+		}
 		return backoff()
 	}
 	if f.count > 1 && f.eventOffset == 0 {

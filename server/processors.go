@@ -1002,7 +1002,11 @@ func (d *deliverer) wake(job pushJob, store streamStore, out deliveryOutcome) de
 		case late.Load():
 			return fail(classOutage, 0, itx.Errorf(itx.EDeadlineExceeded, "processor %q did not finish its frame (%d, %d] within %s", d.name, frame.ScannedAfter, frame.ScannedThrough, bound))
 		}
-		return fail(classOutage, len(frame.Events), err)
+		out = fail(classOutage, len(frame.Events), err)
+		// The event a hook failed on, for describe's failingEventOffset (the frame is retried
+		// whole along the ladder: a processor never skips an event).
+		out.failure.eventOffset = itx.FailingEventOf(err)
+		return out
 	}
 	through := r.ProcessedThrough()
 	if through <= row.ConfirmedOffset {

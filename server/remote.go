@@ -523,6 +523,12 @@ func (d *deliverer) wakeRemote(job pushJob, out deliveryOutcome) deliveryOutcome
 		return out
 	case err != nil && ctx.Err() != nil:
 		return fail(classOutage, itx.Errorf(itx.EDeadlineExceeded, "processor host %q did not answer the wake within %s", m.name, 2*d.srv.cfg.DeliveryTimeout))
+	case err != nil && itx.FailingEventOf(err) > 0:
+		// The processor failed on an event: retried along the ladder as an in-process
+		// processor's failure is (a processor never skips an event), naming the event.
+		out = fail(classOutage, fmt.Errorf("processor host %q: %w", m.name, err))
+		out.failure.eventOffset = itx.FailingEventOf(err)
+		return out
 	case err != nil:
 		err = vanished(m.gen, err)
 		out = fail(classify(err), fmt.Errorf("processor host %q: %w", m.name, err))

@@ -346,14 +346,21 @@ func (h *HostServer) Wake(ctx context.Context, call schema.ProcessorHost_wake) e
 			}
 		}
 		if err := catchUpFor(ctx, s.log, r, h.cfg.WakeBudget); err != nil && ctx.Err() == nil {
-			return err
+			failing := itx.FailingEventOf(err)
+			if failing <= 0 {
+				return err
+			}
+			// A failure on an event: reported with the event's offset, which an exception
+			// could not carry.
+			report, rerr := newReport(call)
+			if rerr != nil {
+				return rerr
+			}
+			report.SetFailingEventOffset(uint64(failing))
+			return report.SetFailure(err.Error())
 		}
 	}
-	res, err := call.AllocResults()
-	if err != nil {
-		return err
-	}
-	report, err := res.NewReport()
+	report, err := newReport(call)
 	if err != nil {
 		return err
 	}
@@ -361,6 +368,14 @@ func (h *HostServer) Wake(ctx context.Context, call schema.ProcessorHost_wake) e
 	report.SetProcessedOffset(uint64(max(r.ProcessedThrough(), 0)))
 	report.SetReducedOffset(uint64(max(reduced, 0)))
 	return nil
+}
+
+func newReport(call schema.ProcessorHost_wake) (schema.WakeReport, error) {
+	res, err := call.AllocResults()
+	if err != nil {
+		return schema.WakeReport{}, err
+	}
+	return res.NewReport()
 }
 
 // catchUpFor delivers the stream to r from its processing cursor, frame by frame, through the
