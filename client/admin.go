@@ -24,8 +24,8 @@ func Admin(ctx context.Context, project schema.Project) schema.Admin {
 // CreateProject creates a project and returns it with its first token (shown only now).
 func CreateProject(ctx context.Context, a schema.Admin, name string) (itx.ProjectInfo, string, itx.TokenInfo, error) {
 	fut, release := a.CreateProject(ctx, func(p schema.Admin_createProject_Params) error { return p.SetName(name) })
-	defer release()
-	res, err := fut.Struct()
+	defer ReleaseAfter(ctx, release)
+	res, err := Await(ctx, fut)
 	if err != nil {
 		return itx.ProjectInfo{}, "", itx.TokenInfo{}, err
 	}
@@ -74,8 +74,8 @@ func ListProjectsPage(ctx context.Context, a schema.Admin, after string, limit i
 		p.SetLimit(limitArg(limit))
 		return p.SetAfter(after)
 	})
-	defer release()
-	res, err := fut.Struct()
+	defer ReleaseAfter(ctx, release)
+	res, err := Await(ctx, fut)
 	if err != nil {
 		return nil, "", err
 	}
@@ -101,8 +101,8 @@ func RenameProject(ctx context.Context, a schema.Admin, projectID, name string) 
 		}
 		return p.SetName(name)
 	})
-	defer release()
-	_, err := fut.Struct()
+	defer ReleaseAfter(ctx, release)
+	_, err := Await(ctx, fut)
 	return err
 }
 
@@ -112,8 +112,8 @@ func DeleteProject(ctx context.Context, a schema.Admin, projectID string, force 
 		p.SetForce(force)
 		return p.SetProjectId(projectID)
 	})
-	defer release()
-	_, err := fut.Struct()
+	defer ReleaseAfter(ctx, release)
+	_, err := Await(ctx, fut)
 	return err
 }
 
@@ -147,8 +147,8 @@ func CreateToken(ctx context.Context, a schema.Admin, projectID string, o TokenO
 		}
 		return wire.SetScope(sc, o.Scope)
 	})
-	defer release()
-	res, err := fut.Struct()
+	defer ReleaseAfter(ctx, release)
+	res, err := Await(ctx, fut)
 	if err != nil {
 		return "", itx.TokenInfo{}, err
 	}
@@ -167,8 +167,8 @@ func CreateToken(ctx context.Context, a schema.Admin, projectID string, o TokenO
 // ListTokens lists a project's tokens ("" is the caller's own project): never the tokens.
 func ListTokens(ctx context.Context, a schema.Admin, projectID string) ([]itx.TokenInfo, error) {
 	fut, release := a.ListTokens(ctx, func(p schema.Admin_listTokens_Params) error { return p.SetProjectId(projectID) })
-	defer release()
-	res, err := fut.Struct()
+	defer ReleaseAfter(ctx, release)
+	res, err := Await(ctx, fut)
 	if err != nil {
 		return nil, err
 	}
@@ -193,8 +193,8 @@ func RevokeToken(ctx context.Context, a schema.Admin, projectID, tokenID string)
 		}
 		return p.SetTokenId(tokenID)
 	})
-	defer release()
-	_, err := fut.Struct()
+	defer ReleaseAfter(ctx, release)
+	_, err := Await(ctx, fut)
 	return err
 }
 
@@ -226,8 +226,8 @@ type BackupResult struct {
 // itxd with --data on the copy to restore it.
 func Backup(ctx context.Context, a schema.Admin, path string) (BackupResult, error) {
 	fut, release := a.Backup(ctx, func(p schema.Admin_backup_Params) error { return p.SetPath(path) })
-	defer release()
-	res, err := fut.Struct()
+	defer ReleaseAfter(ctx, release)
+	res, err := Await(ctx, fut)
 	if err != nil {
 		return BackupResult{}, err
 	}
@@ -278,8 +278,8 @@ func DownloadBackup(ctx context.Context, a schema.Admin, dir string) (BackupResu
 	fut, release := a.Download(ctx, func(p schema.Admin_download_Params) error {
 		return p.SetSink(schema.BackupSink_ServerToClient(sink))
 	})
-	defer release()
-	res, err := fut.Struct()
+	defer ReleaseAfter(ctx, release)
+	res, err := Await(ctx, fut)
 	if err != nil {
 		return BackupResult{}, err
 	}

@@ -47,7 +47,7 @@ func (f *AppendFuture) Wait(ctx context.Context) (itx.AppendResult, error) {
 	case <-f.done:
 		return f.res, f.err
 	case <-ctx.Done():
-		return itx.AppendResult{}, itx.Errorf(itx.ECancelled, "%v", ctx.Err())
+		return itx.AppendResult{}, cancelled(ctx, "")
 	}
 }
 
@@ -59,10 +59,14 @@ func (a *Appender) Append(ctx context.Context, events []itx.EventInput, opts itx
 	if err := checkAppendSize(events); err != nil {
 		return nil, err
 	}
+	if ctx.Err() != nil {
+		// Not sent: a free slot must not win the select below over an ended ctx.
+		return nil, cancelled(ctx, "append not sent")
+	}
 	select {
 	case a.slots <- struct{}{}:
 	case <-ctx.Done():
-		return nil, itx.Errorf(itx.ECancelled, "append not sent: %v", ctx.Err())
+		return nil, cancelled(ctx, "append not sent")
 	}
 	f := &AppendFuture{done: make(chan struct{})}
 	fut, release := sendAppend(ctx, a.s, events, opts)
@@ -97,7 +101,7 @@ func (a *Appender) Flush(ctx context.Context) error {
 		case a.slots <- struct{}{}:
 			held++
 		case <-ctx.Done():
-			return itx.Errorf(itx.ECancelled, "flush: %v", ctx.Err())
+			return cancelled(ctx, "flush")
 		}
 	}
 	a.mu.Lock()

@@ -114,10 +114,10 @@ func OpenConnection(ctx context.Context, s schema.Stream, o ConnectionOptions, h
 		}
 		return p.SetSink(schema.EventSink_ServerToClient(k))
 	})
-	defer release()
+	defer ReleaseAfter(ctx, release)
 	kf, releaseKey := fut.Connection().Key(ctx, nil) // pipelined: no second round trip
 	defer releaseKey()
-	res, err := fut.Struct()
+	res, err := Await(ctx, fut)
 	if err != nil {
 		return nil, err
 	}
@@ -138,8 +138,8 @@ func (c *Connection) Key() string { return c.key }
 // Ping returns the stream's head and the offset this connection delivered through.
 func (c *Connection) Ping(ctx context.Context) (head, delivered int64, err error) {
 	fut, release := c.conn.Ping(ctx, nil)
-	defer release()
-	res, err := fut.Struct()
+	defer ReleaseAfter(ctx, release)
+	res, err := Await(ctx, fut)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -161,7 +161,7 @@ func (c *Connection) Close(ctx context.Context) error {
 		ctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 		defer cancel()
 		fut, release := c.conn.Close(ctx, func(p schema.Connection_close_Params) error { return p.SetReason("closed by client") })
-		_, err = fut.Struct()
+		_, err = Await(ctx, fut)
 		release()
 		c.conn.Release()
 		c.sink.end(&ConnectionClosed{Why: schema.CloseReason_closedByClient})

@@ -78,8 +78,8 @@ type LiveView struct {
 func WatchStream(ctx context.Context, s schema.Stream) (*LiveView, error) {
 	return watch(ctx, func(ctx context.Context, sub schema.LiveSubscriber) (schema.Handle, error) {
 		fut, release := s.LiveState(ctx, func(p schema.Stream_liveState_Params) error { return p.SetSubscriber(sub) })
-		defer release()
-		res, err := fut.Struct()
+		defer ReleaseAfter(ctx, release)
+		res, err := Await(ctx, fut)
 		if err != nil {
 			return schema.Handle{}, err
 		}
@@ -92,8 +92,8 @@ func WatchStream(ctx context.Context, s schema.Stream) (*LiveView, error) {
 func WatchProcessor(ctx context.Context, p schema.Processor) (*LiveView, error) {
 	return watch(ctx, func(ctx context.Context, sub schema.LiveSubscriber) (schema.Handle, error) {
 		fut, release := p.LiveState(ctx, func(p schema.Processor_liveState_Params) error { return p.SetSubscriber(sub) })
-		defer release()
-		res, err := fut.Struct()
+		defer ReleaseAfter(ctx, release)
+		res, err := Await(ctx, fut)
 		if err != nil {
 			return schema.Handle{}, err
 		}
@@ -205,7 +205,7 @@ func (v *LiveView) Cancel(ctx context.Context) error {
 	var err error
 	if h.IsValid() {
 		fut, release := h.Cancel(ctx, nil)
-		_, err = fut.Struct()
+		_, err = Await(ctx, fut)
 		release()
 		h.Release()
 	}

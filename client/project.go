@@ -11,8 +11,8 @@ import (
 // DescribeProject describes a project.
 func DescribeProject(ctx context.Context, project schema.Project) (itx.ProjectInfo, error) {
 	fut, release := project.Describe(ctx, nil)
-	defer release()
-	res, err := fut.Struct()
+	defer ReleaseAfter(ctx, release)
+	res, err := Await(ctx, fut)
 	if err != nil {
 		return itx.ProjectInfo{}, err
 	}
@@ -33,8 +33,8 @@ func mountInfos(list schema.MountInfo_List, err error) ([]itx.MountInfo, error) 
 // ListMounts lists the Receivers mounted in a project (project.capabilities().list()).
 func ListMounts(ctx context.Context, caps schema.Capabilities) ([]itx.MountInfo, error) {
 	fut, release := caps.List(ctx, nil)
-	defer release()
-	res, err := fut.Struct()
+	defer ReleaseAfter(ctx, release)
+	res, err := Await(ctx, fut)
 	if err != nil {
 		return nil, err
 	}
@@ -44,16 +44,16 @@ func ListMounts(ctx context.Context, caps schema.Capabilities) ([]itx.MountInfo,
 // Unmount removes the Receiver mounted under name.
 func Unmount(ctx context.Context, caps schema.Capabilities, name string) error {
 	fut, release := caps.Unmount(ctx, func(p schema.Capabilities_unmount_Params) error { return p.SetName(name) })
-	defer release()
-	_, err := fut.Struct()
+	defer ReleaseAfter(ctx, release)
+	_, err := Await(ctx, fut)
 	return err
 }
 
 // ListProcessorHosts lists the remote ProcessorHosts mounted in a project.
 func ListProcessorHosts(ctx context.Context, hosts schema.ProcessorHosts) ([]itx.MountInfo, error) {
 	fut, release := hosts.List(ctx, nil)
-	defer release()
-	res, err := fut.Struct()
+	defer ReleaseAfter(ctx, release)
+	res, err := Await(ctx, fut)
 	if err != nil {
 		return nil, err
 	}
@@ -72,16 +72,16 @@ func RegisterReader(ctx context.Context, readers schema.Readers, name string, ch
 		p.SetCheckpoint(uint64(checkpoint))
 		return p.SetName(name)
 	})
-	defer release()
-	_, err := fut.Struct()
+	defer ReleaseAfter(ctx, release)
+	_, err := Await(ctx, fut)
 	return err
 }
 
 // ListReaders lists a stream's registered readers.
 func ListReaders(ctx context.Context, readers schema.Readers) ([]itx.ReaderInfo, error) {
 	fut, release := readers.List(ctx, nil)
-	defer release()
-	res, err := fut.Struct()
+	defer ReleaseAfter(ctx, release)
+	res, err := Await(ctx, fut)
 	if err != nil {
 		return nil, err
 	}
@@ -95,8 +95,8 @@ func ListReaders(ctx context.Context, readers schema.Readers) ([]itx.ReaderInfo,
 // RemoveReader removes a registered reader.
 func RemoveReader(ctx context.Context, readers schema.Readers, name string) error {
 	fut, release := readers.Remove(ctx, func(p schema.Readers_remove_Params) error { return p.SetName(name) })
-	defer release()
-	_, err := fut.Struct()
+	defer ReleaseAfter(ctx, release)
+	_, err := Await(ctx, fut)
 	return err
 }
 
@@ -110,8 +110,8 @@ type ProcessorSnapshot struct {
 // Snapshot reads a processor instance's reduced state.
 func Snapshot(ctx context.Context, p schema.Processor) (ProcessorSnapshot, error) {
 	fut, release := p.Snapshot(ctx, nil)
-	defer release()
-	res, err := fut.Struct()
+	defer ReleaseAfter(ctx, release)
+	res, err := Await(ctx, fut)
 	if err != nil {
 		return ProcessorSnapshot{}, err
 	}
@@ -123,8 +123,8 @@ func Snapshot(ctx context.Context, p schema.Processor) (ProcessorSnapshot, error
 // RuntimeState reads a processor instance's runtime state (JSON).
 func RuntimeState(ctx context.Context, p schema.Processor) (string, error) {
 	fut, release := p.GetRuntimeState(ctx, nil)
-	defer release()
-	res, err := fut.Struct()
+	defer ReleaseAfter(ctx, release)
+	res, err := Await(ctx, fut)
 	if err != nil {
 		return "", err
 	}

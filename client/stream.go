@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"math"
 	"time"
 
@@ -226,8 +227,8 @@ func WaitForEvent(ctx context.Context, s schema.Stream, pred itx.Predicate, afte
 		}
 		return wire.SetPredicate(pr, pred)
 	})
-	defer release()
-	res, err := fut.Struct()
+	defer ReleaseAfter(ctx, release)
+	res, err := Await(ctx, fut)
 	if err != nil {
 		return itx.Event{}, err
 	}
@@ -241,8 +242,8 @@ func WaitForEvent(ctx context.Context, s schema.Stream, pred itx.Predicate, afte
 // Describe describes a stream.
 func Describe(ctx context.Context, s schema.Stream) (itx.StreamInfo, error) {
 	fut, release := s.Describe(ctx, nil)
-	defer release()
-	res, err := fut.Struct()
+	defer ReleaseAfter(ctx, release)
+	res, err := Await(ctx, fut)
 	if err != nil {
 		return itx.StreamInfo{}, err
 	}
@@ -282,8 +283,8 @@ func DeleteStreamIn(ctx context.Context, streams schema.Streams, path string, fo
 		p.SetForce(force)
 		return p.SetPath(path)
 	})
-	defer release()
-	res, err := fut.Struct()
+	defer ReleaseAfter(ctx, release)
+	res, err := Await(ctx, fut)
 	if err != nil {
 		return DeletedStream{}, err
 	}
@@ -344,8 +345,8 @@ func DiskUsagePage(ctx context.Context, streams schema.Streams, prefix, after st
 		}
 		return p.SetAfter(after)
 	})
-	defer release()
-	res, err := fut.Struct()
+	defer ReleaseAfter(ctx, release)
+	res, err := Await(ctx, fut)
 	if err != nil {
 		return nil, "", err
 	}
@@ -374,8 +375,8 @@ func ListStreamsPage(ctx context.Context, streams schema.Streams, prefix, after 
 		p.SetLimit(limitArg(limit))
 		return p.SetAfter(after)
 	})
-	defer release()
-	res, err := fut.Struct()
+	defer ReleaseAfter(ctx, release)
+	res, err := Await(ctx, fut)
 	if err != nil {
 		return nil, "", err
 	}
@@ -405,7 +406,9 @@ func ReleaseAfter(ctx context.Context, release func()) {
 
 // Await waits for a call's answer, or for ctx to end: go-capnp's Struct() does not watch the
 // context, and a caller that must give up (a host shutting down mid-call) would wait forever.
-// Pair it with ReleaseAfter.
+// A call given up because ctx ended fails with code cancelled (itx.ErrorCode), and
+// errors.Is(err, context.Canceled) or context.DeadlineExceeded holds. Pair it with
+// ReleaseAfter.
 func Await[T any](ctx context.Context, fut interface {
 	Done() <-chan struct{}
 	Struct() (T, error)
@@ -414,9 +417,33 @@ func Await[T any](ctx context.Context, fut interface {
 	case <-fut.Done():
 	case <-ctx.Done():
 		var zero T
-		return zero, itx.Errorf(itx.ECancelled, "%v", ctx.Err())
+		return zero, cancelled(ctx, "")
 	}
-	return fut.Struct()
+	res, err := fut.Struct()
+	if err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) && itx.ErrorCode(err) == itx.EInternal {
+		// go-capnp gave the call up for ctx itself: its error has no code.
+		return res, cancelled(ctx, "")
+	}
+	return res, err
+}
+
+// callCancelled is a call given up because its context ended: code cancelled, and its
+// context's error (context.Canceled, context.DeadlineExceeded) for errors.Is.
+type callCancelled struct {
+	coded *itx.Error
+	cause error
+}
+
+func (e *callCancelled) Error() string   { return e.coded.Error() }
+func (e *callCancelled) Unwrap() []error { return []error{e.coded, e.cause} }
+
+// cancelled is the error of what ctx's end gave up (what, when set, says what).
+func cancelled(ctx context.Context, what string) error {
+	msg := ctx.Err().Error()
+	if what != "" {
+		msg = what + ": " + msg
+	}
+	return &callCancelled{coded: itx.Errorf(itx.ECancelled, "%s", msg), cause: ctx.Err()}
 }
 
 // Schedule asks the stream to append in at dueAt (a time past means at once), exactly once and
@@ -431,8 +458,8 @@ func Schedule(ctx context.Context, s schema.Stream, in itx.EventInput, dueAt tim
 		p.SetDueAt(dueAt.UnixMilli())
 		return wire.SetEventInput(ev, &in)
 	})
-	defer release()
-	res, err := fut.Struct()
+	defer ReleaseAfter(ctx, release)
+	res, err := Await(ctx, fut)
 	if err != nil {
 		return time.Time{}, 0, err
 	}
@@ -442,8 +469,8 @@ func Schedule(ctx context.Context, s schema.Stream, in itx.EventInput, dueAt tim
 // CancelScheduled drops the scheduled append named key and reports whether there was one.
 func CancelScheduled(ctx context.Context, s schema.Stream, key string) (bool, error) {
 	fut, release := s.CancelScheduled(ctx, func(p schema.Stream_cancelScheduled_Params) error { return p.SetKey(key) })
-	defer release()
-	res, err := fut.Struct()
+	defer ReleaseAfter(ctx, release)
+	res, err := Await(ctx, fut)
 	if err != nil {
 		return false, err
 	}
@@ -453,8 +480,8 @@ func CancelScheduled(ctx context.Context, s schema.Stream, key string) (bool, er
 // ListScheduled lists the stream's pending scheduled appends in due order.
 func ListScheduled(ctx context.Context, s schema.Stream) ([]itx.ScheduledEvent, error) {
 	fut, release := s.ListScheduled(ctx, nil)
-	defer release()
-	res, err := fut.Struct()
+	defer ReleaseAfter(ctx, release)
+	res, err := Await(ctx, fut)
 	if err != nil {
 		return nil, err
 	}
@@ -516,8 +543,8 @@ func TrimWith(ctx context.Context, s schema.Stream, o TrimOptions) (TrimResult, 
 		p.SetCreatedBefore(before)
 		return nil
 	})
-	defer release()
-	res, err := fut.Struct()
+	defer ReleaseAfter(ctx, release)
+	res, err := Await(ctx, fut)
 	if err != nil {
 		return TrimResult{}, err
 	}
@@ -546,8 +573,8 @@ func SetRetention(ctx context.Context, s schema.Stream, r Retention) error {
 		p.SetMaxBytes(uint64(r.MaxBytes))
 		return nil
 	})
-	defer release()
-	_, err := fut.Struct()
+	defer ReleaseAfter(ctx, release)
+	_, err := Await(ctx, fut)
 	return err
 }
 

@@ -92,8 +92,8 @@ func Subscription(ctx context.Context, s schema.Stream, name string) schema.Subs
 // ListSubscriptions lists a stream's subscriptions.
 func ListSubscriptions(ctx context.Context, subs schema.Subscriptions) ([]itx.SubscriptionSummary, error) {
 	fut, release := subs.List(ctx, nil)
-	defer release()
-	res, err := fut.Struct()
+	defer ReleaseAfter(ctx, release)
+	res, err := Await(ctx, fut)
 	if err != nil {
 		return nil, err
 	}
@@ -129,8 +129,8 @@ func ConfigureSubscription(ctx context.Context, subs schema.Subscriptions, cfg S
 		}
 		return wire.SetSubscriptionConfig(c, &ic)
 	})
-	defer release()
-	res, err := fut.Struct()
+	defer ReleaseAfter(ctx, release)
+	res, err := Await(ctx, fut)
 	if err != nil {
 		return "", 0, err
 	}
@@ -141,8 +141,8 @@ func ConfigureSubscription(ctx context.Context, subs schema.Subscriptions, cfg S
 // RemoveSubscription appends stream/subscription-removed and returns its offset.
 func RemoveSubscription(ctx context.Context, subs schema.Subscriptions, name string) (int64, error) {
 	fut, release := subs.Remove(ctx, func(p schema.Subscriptions_remove_Params) error { return p.SetName(name) })
-	defer release()
-	res, err := fut.Struct()
+	defer ReleaseAfter(ctx, release)
+	res, err := Await(ctx, fut)
 	if err != nil {
 		return 0, err
 	}
@@ -152,8 +152,8 @@ func RemoveSubscription(ctx context.Context, subs schema.Subscriptions, name str
 // DescribeSubscription returns a subscription's config and cursor row.
 func DescribeSubscription(ctx context.Context, sub schema.Subscription) (itx.SubscriptionDescription, error) {
 	fut, release := sub.Describe(ctx, nil)
-	defer release()
-	res, err := fut.Struct()
+	defer ReleaseAfter(ctx, release)
+	res, err := Await(ctx, fut)
 	if err != nil {
 		return itx.SubscriptionDescription{}, err
 	}
@@ -176,8 +176,8 @@ func WaitUntilProcessed(ctx context.Context, sub schema.Subscription, offset int
 		p.SetTimeoutMs(ms)
 		return nil
 	})
-	defer release()
-	res, err := fut.Struct()
+	defer ReleaseAfter(ctx, release)
+	res, err := Await(ctx, fut)
 	if err != nil {
 		return 0, err
 	}
@@ -191,8 +191,8 @@ func ConfirmSubscription(ctx context.Context, sub schema.Subscription, offset in
 		p.SetOffset(uint64(offset))
 		return nil
 	})
-	defer release()
-	res, err := fut.Struct()
+	defer ReleaseAfter(ctx, release)
+	res, err := Await(ctx, fut)
 	if err != nil {
 		return 0, err
 	}
@@ -206,8 +206,8 @@ func SetSubscriptionCursor(ctx context.Context, s schema.Stream, name string, af
 		p.SetAfterOffset(uint64(afterOffset))
 		return p.SetName(name)
 	})
-	defer release()
-	res, err := fut.Struct()
+	defer ReleaseAfter(ctx, release)
+	res, err := Await(ctx, fut)
 	if err != nil {
 		return 0, err
 	}
@@ -218,8 +218,8 @@ func SetSubscriptionCursor(ctx context.Context, s schema.Stream, name string, af
 // returns the event's offset.
 func ResumeSubscription(ctx context.Context, s schema.Stream, name string) (int64, error) {
 	fut, release := s.ResumeSubscription(ctx, func(p schema.Stream_resumeSubscription_Params) error { return p.SetName(name) })
-	defer release()
-	res, err := fut.Struct()
+	defer ReleaseAfter(ctx, release)
+	res, err := Await(ctx, fut)
 	if err != nil {
 		return 0, err
 	}

@@ -441,12 +441,13 @@ func describeGo(err error) Failure {
 		return Failure{Code: "SyntaxError", Message: syntax.Message}
 	case errors.As(err, &ref):
 		return Failure{Code: "ReferenceError", Message: ref.Message}
-	case errors.As(err, &e):
-		return Failure{Code: string(e.Code), Message: e.Message}
 	case errors.Is(err, context.Canceled):
+		// (Before an *itx.Error: the client's calls given up for their context carry one too.)
 		return Failure{Code: string(itx.ECancelled), Message: "call cancelled"}
 	case errors.Is(err, context.DeadlineExceeded):
 		return Failure{Code: string(itx.EDeadlineExceeded), Message: "call timed out"}
+	case errors.As(err, &e):
+		return Failure{Code: string(e.Code), Message: e.Message}
 	case exc.IsType(err, exc.Unimplemented):
 		return Failure{Code: "unimplemented", Message: itx.ErrorMessage(errors.New(exceptionMessage(err)))}
 	case exc.IsType(err, exc.Disconnected):
