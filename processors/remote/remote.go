@@ -68,7 +68,11 @@ func (cfg *Config) defaults() {
 }
 
 // Run keeps the host mounted until ctx ends: it dials, logs in and mounts, serves wakes, and after
-// losing the connection (itxd restarting, a network partition) dials again with backoff.
+// losing the connection (itxd restarting, a network partition) dials again with backoff. It
+// returns nil once ctx ends, and the refusal when itxd refuses the login or the mount for a
+// reason no reconnection changes (an unknown, revoked or expired token: unauthenticated; a
+// token without the rights to mount a host: permissionDenied; a bad name or contract:
+// invalidArgument), rather than dial again forever.
 func Run(ctx context.Context, cfg Config) error {
 	cfg.defaults()
 	if cfg.Host == nil || len(cfg.Host.Contracts()) == 0 {
@@ -86,6 +90,10 @@ func Run(ctx context.Context, cfg Config) error {
 		if ctx.Err() != nil {
 			return nil
 		}
+		if refused, ok := errors.AsType[mountRefused](err); ok {
+			cfg.Logf("remote host %q: %v; not reconnecting", cfg.Name, refused.err)
+			return refused.err
+		}
 		wait := backoff.Next(time.Since(started))
 		cfg.Logf("remote host %q: %v; reconnecting in %v", cfg.Name, err, wait.Round(time.Millisecond))
 		if client.Sleep(ctx, wait) != nil {
@@ -94,6 +102,12 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	return nil
 }
+
+// mountRefused is a refusal of the login or the mount that dialing again would not change.
+type mountRefused struct{ err error }
+
+func (e mountRefused) Error() string { return e.err.Error() }
+func (e mountRefused) Unwrap() error { return e.err }
 
 // serveOnce is one connection's life: mount, serve, and return why it ended.
 func serveOnce(ctx context.Context, cfg Config) error {
@@ -114,6 +128,10 @@ func serveOnce(ctx context.Context, cfg Config) error {
 	project.Release()
 	cancel()
 	if err != nil {
+		switch itx.ErrorCode(err) {
+		case itx.EUnauthenticated, itx.EPermissionDenied, itx.EInvalid:
+			return mountRefused{err}
+		}
 		return err
 	}
 	defer handle.Release()
