@@ -17,7 +17,7 @@ import (
 // Admin returns project.admin() at once, pipelined (see Stream): the deployment root administers
 // every project, a project token with the admin right its own project's tokens.
 func Admin(ctx context.Context, project schema.Project) schema.Admin {
-	fut, release := project.Admin(ctx, nil)
+	fut, release := project.Admin(lasting(ctx), nil)
 	return keepAnswers(fut.Admin().AddRef(), release)
 }
 
@@ -201,14 +201,14 @@ func RevokeToken(ctx context.Context, a schema.Admin, projectID, tokenID string)
 // ReadOnly returns s.readOnly() at once, pipelined (see Stream): a capability to the same stream
 // that only reads, to hand to someone else.
 func ReadOnly(ctx context.Context, s schema.Stream) schema.Stream {
-	fut, release := s.ReadOnly(ctx, nil)
+	fut, release := s.ReadOnly(lasting(ctx), nil)
 	return keepAnswers(fut.Stream().AddRef(), release)
 }
 
 // AppendOnly returns s.appendOnly() at once, pipelined (see Stream): a capability to the same
 // stream that only appends.
 func AppendOnly(ctx context.Context, s schema.Stream) schema.Stream {
-	fut, release := s.AppendOnly(ctx, nil)
+	fut, release := s.AppendOnly(lasting(ctx), nil)
 	return keepAnswers(fut.Stream().AddRef(), release)
 }
 

@@ -123,9 +123,12 @@ func dialTCP(ctx context.Context, addr string, keepAlive time.Duration) (*net.TC
 func (c *Conn) Gateway() schema.Gateway { return c.gateway }
 
 // Login returns the project a token logs into at once, without waiting for the answer: calls
-// made on it are pipelined behind the login. A bad token fails the calls made on it.
+// made on it are pipelined behind the login. A bad token fails the calls made on it. ctx gives
+// the login its values only: the project lasts until released, though ctx ends first (as do
+// the capabilities of Stream, Subscriptions, Subscription, Readers, Admin, ReadOnly and
+// AppendOnly).
 func (c *Conn) Login(ctx context.Context, token string) schema.Project {
-	fut, release := c.gateway.Login(ctx, func(p schema.Gateway_login_Params) error { return p.SetToken(token) })
+	fut, release := c.gateway.Login(lasting(ctx), func(p schema.Gateway_login_Params) error { return p.SetToken(token) })
 	return keepAnswers(fut.Project().AddRef(), release)
 }
 

@@ -62,7 +62,7 @@ func ListProcessorHosts(ctx context.Context, hosts schema.ProcessorHosts) ([]itx
 
 // Readers returns stream.readers() at once, pipelined (see Stream). Release it when done.
 func Readers(ctx context.Context, s schema.Stream) schema.Readers {
-	fut, release := s.Readers(ctx, nil)
+	fut, release := s.Readers(lasting(ctx), nil)
 	return keepAnswers(fut.Readers().AddRef(), release)
 }
 

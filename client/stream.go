@@ -20,11 +20,21 @@ import (
 // go-capnp deadlocks if a pipelined accessor is called twice on one unresolved future, so each
 // accessor here is called exactly once and its result kept.
 func Stream(ctx context.Context, project schema.Project, path string) schema.Stream {
+	ctx = lasting(ctx)
 	sf, releaseStreams := project.Streams(ctx, nil)
 	streams := sf.Streams()
 	gf, releaseGet := streams.Get(ctx, func(p schema.Streams_get_Params) error { return p.SetPath(path) })
 	return keepAnswers(gf.Stream().AddRef(), releaseGet, releaseStreams)
 }
+
+// lasting is the context the calls that make a capability (Login, Stream, Subscriptions, ...)
+// are sent under: ctx's values without its end. What they return is used until released, and
+// go-capnp breaks a pipelined capability whose call's context ends before the answer came: a
+// setup under a timeout with a deferred cancel, returning the project or stream it made, left
+// them failing every call ("returned no capabilities to pipeline on", "Gateway.login: ...
+// context canceled"). Nothing waits on these calls: the calls made on what they return wait,
+// each under its own ctx.
+func lasting(ctx context.Context) context.Context { return context.WithoutCancel(ctx) }
 
 // keepAnswers ties the answers of the calls that made c (a reference of the caller's own, taken
 // with AddRef) to c, and returns c: they are released when c is, once answered, off the

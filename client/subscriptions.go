@@ -77,13 +77,14 @@ type SubscriptionConfig struct {
 // Subscriptions returns stream.subscriptions() at once, pipelined (see Stream). Release it when
 // done.
 func Subscriptions(ctx context.Context, s schema.Stream) schema.Subscriptions {
-	fut, release := s.Subscriptions(ctx, nil)
+	fut, release := s.Subscriptions(lasting(ctx), nil)
 	return keepAnswers(fut.Subscriptions().AddRef(), release)
 }
 
 // Subscription returns stream.subscriptions().get(name) at once, pipelined (see Stream): a name
 // that does not exist fails the calls made on it. Release it when done.
 func Subscription(ctx context.Context, s schema.Stream, name string) schema.Subscription {
+	ctx = lasting(ctx)
 	sf, releaseSubs := s.Subscriptions(ctx, nil)
 	fut, release := sf.Subscriptions().Get(ctx, func(p schema.Subscriptions_get_Params) error { return p.SetName(name) })
 	return keepAnswers(fut.Subscription().AddRef(), release, releaseSubs)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
 	"github.com/stretchr/testify/require"
 )
@@ -64,4 +65,59 @@ func TestClient_CancelledCallsSayCancelled(t *testing.T) {
 	// The connection still serves calls whose context lives.
 	_, err = client.Describe(ctx, s)
 	require.NoError(t, err)
+}
+
+// The capabilities the helpers return outlive the context they were asked under: a setup under a
+// timeout with a deferred cancel, returning the project and the stream it made (their calls
+// still unanswered when it returned), left them failing every later call with go-capnp's
+// "returned no capabilities to pipeline on" (code internal) or "Gateway.login: ... context
+// canceled".
+func TestClient_CapabilitiesOutliveTheirSetupContext(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	type made struct {
+		project   schema.Project
+		stream    schema.Stream
+		readOnly  schema.Stream
+		subs      schema.Subscriptions
+		sub       schema.Subscription
+		readers   schema.Readers
+		admin     schema.Admin
+		appendTo  schema.Stream
+		deployRel func()
+	}
+	conn := dial(t, ts.addr)
+	setup := func() made {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		p := conn.Login(ctx, ts.creds.ProjectToken)
+		s := client.Stream(ctx, p, "/client/setup")
+		d := conn.Login(ctx, ts.creds.DeploymentToken)
+		return made{project: p, stream: s, readOnly: client.ReadOnly(ctx, s), subs: client.Subscriptions(ctx, s),
+			sub: client.Subscription(ctx, s, "mirror"), readers: client.Readers(ctx, s), admin: client.Admin(ctx, d),
+			appendTo: client.AppendOnly(ctx, s), deployRel: d.Release}
+	}
+	m := setup()
+	defer func() {
+		for _, c := range []interface{ Release() }{m.project, m.stream, m.readOnly, m.subs, m.sub, m.readers, m.admin, m.appendTo} {
+			c.Release()
+		}
+		m.deployRel()
+	}()
+	ctx := ctxT(t)
+	_, err := client.DescribeProject(ctx, m.project)
+	require.NoError(t, err, "project")
+	_, err = client.Append(ctx, m.appendTo, []itx.EventInput{{Type: "e"}}, itx.AppendOptions{})
+	require.NoError(t, err, "appendOnly")
+	_, err = client.Append(ctx, m.stream, []itx.EventInput{{Type: "e"}}, itx.AppendOptions{})
+	require.NoError(t, err, "stream")
+	_, err = client.GetEventPage(ctx, m.readOnly, itx.Query{})
+	require.NoError(t, err, "readOnly")
+	_, _, err = client.ConfigureSubscription(ctx, m.subs, client.SubscriptionConfig{Name: "mirror",
+		Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: "/client/setup-copy"}})
+	require.NoError(t, err, "subscriptions")
+	_, err = client.DescribeSubscription(ctx, m.sub)
+	require.NoError(t, err, "subscription")
+	require.NoError(t, client.RegisterReader(ctx, m.readers, "r", 1), "readers")
+	_, err = client.ListProjects(ctx, m.admin)
+	require.NoError(t, err, "admin")
 }
