@@ -192,6 +192,8 @@ func (v *LiveView) Err() error {
 }
 
 // Cancel ends the registration on the server and releases it; cancelling again does nothing.
+// It waits for the server's answer until ctx's deadline (10 s without one), as Connection.Close
+// does: a server that stopped answering does not hold it forever.
 func (v *LiveView) Cancel(ctx context.Context) error {
 	v.mu.Lock()
 	if v.cancel {
@@ -204,9 +206,15 @@ func (v *LiveView) Cancel(ctx context.Context) error {
 	v.mu.Unlock()
 	var err error
 	if h.IsValid() {
+		deadline, ok := ctx.Deadline()
+		if !ok {
+			deadline = time.Now().Add(10 * time.Second)
+		}
+		ctx, cancel := context.WithDeadline(ctx, deadline)
+		defer cancel()
 		fut, release := h.Cancel(ctx, nil)
 		_, err = Await(ctx, fut)
-		release()
+		ReleaseAfter(ctx, release)
 		h.Release()
 	}
 	v.end(&ConnectionClosed{Why: schema.CloseReason_closedByClient})
