@@ -512,7 +512,7 @@ func (h *Harness[S]) Keepalive() processors.KeepaliveRecord {
 func (h *Harness[S]) Fires() []processors.AlarmOutcome { return h.fires }
 
 // DeliveryErrors lists the delivery attempts that failed so far (since the last take), oldest
-// first. Looking is how a test says it expected them: under Config.StrictDeliveryErrors one it
+// first; itx.FailingEventOf names the event a failure was on (0: the eventless pass). Looking is how a test says it expected them: under Config.StrictDeliveryErrors one it
 // has never listed or taken when it ends fails it (otherwise it is logged), so assert on what is
 // listed (the error, how many) rather than discarding it.
 func (h *Harness[S]) DeliveryErrors() []error {

@@ -519,11 +519,16 @@ func TestHarness_TakeDeliveryErrors(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			tb := &recordingTB{TB: t}
 			h := proctest.New(tb, strict)
-			h.Append(itx.EventInput{Type: "job/queued"})
+			queued := h.Append(itx.EventInput{Type: "job/queued"})[0]
 			h.Wake() // the redelivery fails again
 			errs := h.TakeDeliveryErrors()
 			if len(errs) != 2 || !errors.Is(errs[0], errPoison) || !errors.Is(errs[1], errPoison) {
 				t.Errorf("taken %v, want two failures of %v", errs, errPoison)
+			}
+			for _, err := range errs {
+				if got := itx.FailingEventOf(err); got != queued.Offset {
+					t.Errorf("failing event of %v: %d, want %d", err, got, queued.Offset)
+				}
 			}
 			if again := h.TakeDeliveryErrors(); len(again) != 0 {
 				t.Errorf("taken twice: %v", again)
