@@ -9,7 +9,9 @@ import (
 )
 
 // ServeReceiver returns a Receiver capability that hands each batch the server pushes to f,
-// decoded, and answers with the offset f confirmed through (0: the whole batch). An error from f
+// decoded, and answers with the offset f confirmed through (0: the whole batch; for an
+// offset-acking subscription, SubscriptionConfig.ConfirmWindow, 0 confirms nothing yet: the batch
+// counts as delivered, and ConfirmSubscription confirms it once durable). An error from f
 // is the receiver refusing the batch: the server retries it along its ladder (an error carrying
 // an itx code, such as unavailable, keeps that code). Batches arrive one at a time, in order:
 // f is not called again until it has returned.
