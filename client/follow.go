@@ -1,6 +1,7 @@
 package client
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -45,6 +46,7 @@ type FollowConfig struct {
 	// batches a previous Follow delivered): a stream at Path with another id (the one followed
 	// was deleted, and perhaps created again) ends Follow as streamRemoved does, delivering
 	// nothing of it. Left empty, Follow holds to the stream its first batch came from.
+	// (Connection.ExpectedStreamID says the same: give either, or both alike.)
 	StreamID string
 }
 
@@ -78,6 +80,9 @@ func (cfg *FollowConfig) check() error {
 	}
 	if cfg.Resume && cfg.Reader == "" {
 		return itx.Errorf(itx.EInvalid, "FollowConfig.Resume needs a Reader to resume from")
+	}
+	if a, b := cfg.StreamID, cfg.Connection.ExpectedStreamID; a != "" && b != "" && a != b {
+		return itx.Errorf(itx.EInvalid, "FollowConfig.StreamID %q and Connection.ExpectedStreamID %q name two streams", a, b)
 	}
 	return nil
 }
@@ -114,7 +119,7 @@ func Follow(ctx context.Context, cfg FollowConfig, deliver func(ctx context.Cont
 	// The stream followed: offsets are positions in one stream's life, so a connection that
 	// finds another stream at the path (deleted and created again while Follow was away, its
 	// offsets starting over at 1) must not go on "after the last offset delivered" on it.
-	streamID := cfg.StreamID
+	streamID := cmp.Or(cfg.StreamID, cfg.Connection.ExpectedStreamID)
 	backoff := NewBackoff(cfg.MinBackoff, cfg.MaxBackoff)
 	for {
 		started := time.Now()

@@ -303,14 +303,25 @@ func TestClientFollow_StreamIDOfAPreviousRun(t *testing.T) {
 	_, err := client.DeleteStream(ctx, p, "/previous", true)
 	require.NoError(t, err)
 	mustAppend(t, s, ev("new", `{}`), ev("new", `{}`), ev("new", `{}`))
-	var f followed
-	last, err := client.Follow(ctx, client.FollowConfig{Addr: ts.addr, Token: ts.creds.ProjectToken, Path: "/previous",
-		StreamID: old.StreamID, Connection: client.ConnectionOptions{After: 2}}, f.deliver)
-	var cc *client.ConnectionClosed
-	require.ErrorAs(t, err, &cc)
-	require.Equal(t, schema.CloseReason_streamRemoved, cc.Why, "%v", err)
-	require.Equal(t, int64(2), last)
-	require.Empty(t, f.got())
+	// The stream named by FollowConfig.StreamID, or by Connection.ExpectedStreamID (it was
+	// overwritten with the empty id of a Follow that had not learnt one: Follow went on after 2
+	// on the new stream, skipping its first events).
+	for _, cfg := range []client.FollowConfig{
+		{StreamID: old.StreamID, Connection: client.ConnectionOptions{After: 2}},
+		{Connection: client.ConnectionOptions{After: 2, ExpectedStreamID: old.StreamID}},
+	} {
+		cfg.Addr, cfg.Token, cfg.Path = ts.addr, ts.creds.ProjectToken, "/previous"
+		var f followed
+		last, err := client.Follow(ctx, cfg, f.deliver)
+		var cc *client.ConnectionClosed
+		require.ErrorAs(t, err, &cc)
+		require.Equal(t, schema.CloseReason_streamRemoved, cc.Why, "%v", err)
+		require.Equal(t, int64(2), last)
+		require.Empty(t, f.got())
+	}
+	_, err = client.Follow(ctx, client.FollowConfig{Addr: ts.addr, Token: ts.creds.ProjectToken, Path: "/previous",
+		StreamID: old.StreamID, Connection: client.ConnectionOptions{ExpectedStreamID: "another"}}, func(context.Context, itx.DeliveryBatch) error { return nil })
+	requireCode(t, err, itx.EInvalid)
 }
 
 // newGatedProxy is a TCP relay to target that, while down is set, closes every connection it
