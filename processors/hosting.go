@@ -88,7 +88,7 @@ func (h *Host) Open(ctx context.Context, ports itx.ProcessorPorts) (itx.StreamPr
 	if err != nil {
 		return nil, err
 	}
-	return &hostedStream{host: h, reg: reg, store: ports.Progress, contracts: map[string]string{}}, nil
+	return &hostedStream{host: h, reg: reg, store: ports.Progress, contracts: map[string]string{}, busy: map[string]chan struct{}{}}, nil
 }
 
 // hostedStream is one stream incarnation's processors.
@@ -97,16 +97,48 @@ type hostedStream struct {
 	reg   *Registry
 	store ProgressStore
 
-	mu        sync.Mutex        // serializes Start, so an instance is registered once
-	contracts map[string]string // instance name -> the contract it runs
+	mu        sync.Mutex               // guards contracts and busy, never held across a Start
+	contracts map[string]string        // instance name -> the contract it runs
+	busy      map[string]chan struct{} // instance name -> closed when its Start or Stop ends
+}
+
+// hold serializes the Starts and Stops of one instance, so it is registered once, and a Stop
+// waits for a Start in progress. Each instance has its own turn: a Start that refolds a long
+// history under a new ReducerVersion (Open) holds up no other processor of the stream, whose
+// wakes each Start to find their runner. release must be called once.
+func (s *hostedStream) hold(ctx context.Context, name string) (release func(), err error) {
+	for {
+		s.mu.Lock()
+		turn, taken := s.busy[name]
+		if !taken {
+			mine := make(chan struct{})
+			s.busy[name] = mine
+			s.mu.Unlock()
+			return func() {
+				s.mu.Lock()
+				delete(s.busy, name)
+				s.mu.Unlock()
+				close(mine)
+			}, nil
+		}
+		s.mu.Unlock()
+		select {
+		case <-turn:
+		case <-ctx.Done():
+			return nil, itx.Errorf(itx.ECancelled, "processor %q: waiting for its start in progress: %v", name, ctx.Err())
+		}
+	}
 }
 
 func (s *hostedStream) Start(ctx context.Context, name, contract string) (Hosted, error) {
 	if contract == "" {
 		contract = name
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	release, err := s.hold(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	s.host.mu.Lock()
 	e, ok := s.host.entries[contract]
 	s.host.mu.Unlock()
@@ -114,7 +146,10 @@ func (s *hostedStream) Start(ctx context.Context, name, contract string) (Hosted
 		return nil, itx.Errorf(itx.ENotFound, "no processor is registered under the name %q", contract)
 	}
 	if r, ok := s.reg.Runner(name); ok {
-		if s.contracts[name] == contract && r.RuntimeState().Fenced == "" {
+		s.mu.Lock()
+		same := s.contracts[name] == contract
+		s.mu.Unlock()
+		if same && r.RuntimeState().Fenced == "" {
 			return r, nil
 		}
 		// The subscription was reconfigured to run another contract, or a newer incarnation
@@ -127,18 +162,22 @@ func (s *hostedStream) Start(ctx context.Context, name, contract string) (Hosted
 	if err != nil {
 		return nil, fmt.Errorf("start processor %q: %w", name, err)
 	}
+	s.mu.Lock()
 	s.contracts[name] = contract
+	s.mu.Unlock()
 	return r, nil
 }
 
 func (s *hostedStream) Runner(name string) (Hosted, bool) { return s.reg.Runner(name) }
 
 func (s *hostedStream) Stop(r Hosted) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	release, _ := s.hold(context.Background(), r.Name()) // after a Start of it in progress
+	defer release()
 	if cur, ok := s.reg.Runner(r.Name()); ok && cur == r {
 		s.reg.Remove(r.Name())
+		s.mu.Lock()
 		delete(s.contracts, r.Name())
+		s.mu.Unlock()
 	}
 }
 
