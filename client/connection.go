@@ -85,6 +85,13 @@ func OpenConnection(ctx context.Context, s schema.Stream, o ConnectionOptions, h
 	if h.Deliver == nil {
 		return nil, itx.Errorf(itx.EInvalid, "ConnectionHandler.Deliver is required")
 	}
+	// Refused, not taken for 0: After -1 delivered the whole stream, a negative cap the default.
+	if err := offsetArg("ConnectionOptions.After", o.After); err != nil {
+		return nil, err
+	}
+	if o.MaxDeliveryEvents < 0 || o.MaxDeliveryBytes < 0 {
+		return nil, itx.Errorf(itx.EInvalid, "ConnectionOptions.MaxDeliveryEvents and MaxDeliveryBytes must not be negative (0: the default)")
+	}
 	k := &sink{h: h, done: make(chan struct{})}
 	if h.State != nil {
 		k.live = &liveDoc{}
@@ -94,7 +101,7 @@ func OpenConnection(ctx context.Context, s schema.Stream, o ConnectionOptions, h
 		if err != nil {
 			return err
 		}
-		opts.SetAfter(uint64(max(o.After, 0)))
+		opts.SetAfter(uint64(o.After))
 		// Past 32 bits a cap is sent as the largest, which the server refuses as out of range.
 		opts.SetMaxDeliveryEvents(uint32(min(max(o.MaxDeliveryEvents, 0), math.MaxUint32)))
 		opts.SetMaxDeliveryBytes(uint32(min(max(o.MaxDeliveryBytes, 0), math.MaxUint32)))

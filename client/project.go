@@ -68,6 +68,9 @@ func Readers(ctx context.Context, s schema.Stream) schema.Readers {
 
 // RegisterReader registers a named reader or moves its checkpoint.
 func RegisterReader(ctx context.Context, readers schema.Readers, name string, checkpoint int64) error {
+	if err := offsetArg("checkpoint", checkpoint); err != nil {
+		return err
+	}
 	fut, release := readers.Register(ctx, func(p schema.Readers_register_Params) error {
 		p.SetCheckpoint(uint64(checkpoint))
 		return p.SetName(name)

@@ -136,8 +136,28 @@ func awaitAppend(ctx context.Context, fut schema.Stream_append_Results_Future) (
 	return wire.AppendResultFromSchema(r)
 }
 
+// offsetArg refuses a negative offset before it is sent: on the wire (unsigned) it would reach
+// itxd as 18446744073709551615 and be refused under that name, or be taken for 0.
+func offsetArg(name string, offset int64) error {
+	if offset < 0 {
+		return itx.Errorf(itx.EInvalid, "%s must not be negative (got %d)", name, offset)
+	}
+	return nil
+}
+
+// queryArg refuses a query's negative offsets (see offsetArg).
+func queryArg(q itx.Query) error {
+	if err := offsetArg("Query.After", q.After); err != nil {
+		return err
+	}
+	return offsetArg("Query.Before", q.Before)
+}
+
 // GetEventPage reads one page.
 func GetEventPage(ctx context.Context, s schema.Stream, query itx.Query) (itx.Page, error) {
+	if err := queryArg(query); err != nil {
+		return itx.Page{}, err
+	}
 	fut, release := s.GetEventPage(ctx, func(p schema.Stream_getEventPage_Params) error {
 		q, err := p.NewQuery()
 		if err != nil {
@@ -159,6 +179,9 @@ func GetEventPage(ctx context.Context, s schema.Stream, query itx.Query) (itx.Pa
 
 // GetEvents reads one page of events without the envelope.
 func GetEvents(ctx context.Context, s schema.Stream, query itx.Query) ([]itx.Event, error) {
+	if err := queryArg(query); err != nil {
+		return nil, err
+	}
 	fut, release := s.GetEvents(ctx, func(p schema.Stream_getEvents_Params) error {
 		q, err := p.NewQuery()
 		if err != nil {
@@ -225,6 +248,9 @@ func barrierTimeoutMs(timeout time.Duration) (uint32, error) {
 // server's default (20 s).
 func WaitForEvent(ctx context.Context, s schema.Stream, pred itx.Predicate, after int64, timeout time.Duration) (itx.Event, error) {
 	ms, err := barrierTimeoutMs(timeout)
+	if err == nil {
+		err = offsetArg("after", after)
+	}
 	if err != nil {
 		return itx.Event{}, err
 	}

@@ -169,6 +169,9 @@ func DescribeSubscription(ctx context.Context, sub schema.Subscription) (itx.Sub
 // confirmed offset; a zero timeout is the server's default (20 s).
 func WaitUntilProcessed(ctx context.Context, sub schema.Subscription, offset int64, timeout time.Duration) (int64, error) {
 	ms, err := barrierTimeoutMs(timeout)
+	if err == nil {
+		err = offsetArg("offset", offset)
+	}
 	if err != nil {
 		return 0, err
 	}
@@ -188,6 +191,9 @@ func WaitUntilProcessed(ctx context.Context, sub schema.Subscription, offset int
 // ConfirmSubscription confirms an offset-acking subscription's deliveries through offset (at most
 // what was delivered) and returns its confirmed cursor, once written.
 func ConfirmSubscription(ctx context.Context, sub schema.Subscription, offset int64) (int64, error) {
+	if err := offsetArg("offset", offset); err != nil {
+		return 0, err
+	}
 	fut, release := sub.Confirm(ctx, func(p schema.Subscription_confirm_Params) error {
 		p.SetOffset(uint64(offset))
 		return nil
@@ -203,6 +209,9 @@ func ConfirmSubscription(ctx context.Context, sub schema.Subscription, offset in
 // SetSubscriptionCursor appends stream/subscription-cursor-set (a seek: delivery resumes after
 // afterOffset) and returns the event's offset.
 func SetSubscriptionCursor(ctx context.Context, s schema.Stream, name string, afterOffset int64) (int64, error) {
+	if err := offsetArg("afterOffset", afterOffset); err != nil {
+		return 0, err
+	}
 	fut, release := s.SetSubscriptionCursor(ctx, func(p schema.Stream_setSubscriptionCursor_Params) error {
 		p.SetAfterOffset(uint64(afterOffset))
 		return p.SetName(name)

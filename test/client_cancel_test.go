@@ -121,3 +121,45 @@ func TestClient_CapabilitiesOutliveTheirSetupContext(t *testing.T) {
 	_, err = client.ListProjects(ctx, m.admin)
 	require.NoError(t, err, "admin")
 }
+
+// A negative offset given to the client is refused as invalidArgument naming it, before anything
+// is sent. OpenConnection took After -1 for 0 and delivered the whole stream (and a negative
+// batch cap for the default); the others sent it as 18446744073709551615 and were refused under
+// that number.
+func TestClient_NegativeOffsetsAreRefused(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	s := stream(t, ts.project(t), "/client/negative")
+	mustAppend(t, s, ev("e", `{}`))
+	sub := client.Subscription(ctx, s, "none")
+	defer sub.Release()
+	readers := client.Readers(ctx, s)
+	defer readers.Release()
+	delivered := newBatches()
+	_, err := client.OpenConnection(ctx, s, client.ConnectionOptions{After: -1}, client.ConnectionHandler{Deliver: delivered.deliver})
+	checks := map[string]error{"OpenConnection": err}
+	_, err = client.OpenConnection(ctx, s, client.ConnectionOptions{MaxDeliveryEvents: -1}, client.ConnectionHandler{Deliver: delivered.deliver})
+	checks["OpenConnection cap"] = err
+	_, err = client.GetEventPage(ctx, s, itx.Query{After: -1})
+	checks["GetEventPage"] = err
+	_, err = client.GetEvents(ctx, s, itx.Query{Before: -2})
+	checks["GetEvents"] = err
+	_, err = client.ReadAll(ctx, s, itx.Query{After: -1})
+	checks["ReadAll"] = err
+	_, err = client.WaitForEvent(ctx, s, itx.Predicate{}, -1, 0)
+	checks["WaitForEvent"] = err
+	_, err = client.WaitUntilProcessed(ctx, sub, -1, 0)
+	checks["WaitUntilProcessed"] = err
+	_, err = client.ConfirmSubscription(ctx, sub, -1)
+	checks["ConfirmSubscription"] = err
+	_, err = client.SetSubscriptionCursor(ctx, s, "none", -1)
+	checks["SetSubscriptionCursor"] = err
+	checks["RegisterReader"] = client.RegisterReader(ctx, readers, "r", -1)
+	for what, err := range checks {
+		requireCode(t, err, itx.EInvalid)
+		require.Contains(t, err.Error(), "must not be negative", what)
+		require.NotContains(t, err.Error(), "18446744073709551615", what)
+	}
+	o, _ := delivered.got()
+	require.Empty(t, o, "nothing delivered")
+}
