@@ -496,7 +496,8 @@ func (s *Server) SetRetention(ctx context.Context, by Admin, ref StreamRef, maxA
 		return err
 	}
 	reply := make(chan error, 1)
-	a.post(actorMsg{retention: &retentionReq{policy: retentionPolicy{MaxAgeMs: maxAgeMs, MaxEvents: maxEvents, MaxBytes: maxBytes}, audit: rec, reply: reply}})
+	req := &retentionReq{policy: retentionPolicy{MaxAgeMs: maxAgeMs, MaxEvents: maxEvents, MaxBytes: maxBytes}, audit: rec, reply: reply}
+	a.post(actorMsg{retention: req})
 	select {
 	case err := <-reply:
 		if err != nil {
@@ -506,6 +507,9 @@ func (s *Server) SetRetention(ctx context.Context, by Admin, ref StreamRef, maxA
 		return a.ended()
 	case <-ctx.Done():
 		return itx.Errorf(itx.ECancelled, "set retention of %s: %v", ref.Path, ctx.Err())
+	}
+	if req.unchanged {
+		return nil
 	}
 	if err := s.appendAudit(context.WithoutCancel(ctx), rec); err != nil {
 		s.log.Error().Err(err).Str("type", rec.Type).Str("path", ref.Path).Msg("could not record an audit event (it is appended when the stream next loads)")
@@ -523,6 +527,9 @@ type retentionReq struct {
 	policy retentionPolicy
 	audit  *storage.AuditRecord // the change's record, committed with it (auditPendingKey)
 	reply  chan error
+	// unchanged is set before the reply when the stream already had the policy: nothing was
+	// committed and the record is not appended.
+	unchanged bool
 }
 
 // auditPendingKey is the stream KV key of the audit records of changes made to the stream itself
@@ -540,6 +547,21 @@ var retentionSetCommittedHook func()
 func (a *actor) setRetention(r *retentionReq) {
 	if a.store == nil {
 		r.reply <- itx.Errorf(itx.ENotFound, "no stream %s", a.ref.Path)
+		return
+	}
+	if r.policy == a.st.retention {
+		// Nothing changes, so nothing is recorded: each change is an /audit record, and a
+		// holder of the admin right repeating one policy must not grow the deployment's audit
+		// stream (it is applied again, as a change would be).
+		r.unchanged = true
+		r.reply <- nil
+		a.applyRetention(a.srv.clock.Now())
+		return
+	}
+	if err := a.srv.disk.room(); err != nil {
+		// A change is an /audit record, and those may use the disk reserve: below it a loop of
+		// policy changes would take the disk to its last byte. Trim frees space below it.
+		r.reply <- itx.Errorf(itx.ErrorCode(err), "set retention of %s: %s (Stream.trim still frees space)", a.ref.Path, itx.ErrorMessage(err))
 		return
 	}
 	b, _ := json.Marshal(r.policy)
