@@ -318,7 +318,8 @@ struct ConnectionOptions {
   openedBy @4 :Text;            # who opened it, shown in the stream's live state
   types @5 :List(Text);         # empty: every type
   key @6 :Text;                 # shares the subscription name space; opening an open key
-                                # replaces that connection (closed: replaced); empty: generated;
+                                # replaces that connection (closed: replaced) when it was opened
+                                # with the same token, else permissionDenied; empty: generated;
                                 # blank (spaces only): invalidArgument
   includeEphemeral @7 :Bool;    # catch-up includes buffered ephemeral events from before the
                                 # open (those appended while open are always delivered)

@@ -362,6 +362,12 @@ func (a *actor) register(c *Connection) error {
 		return err
 	}
 	old := a.conns[c.key]
+	if old != nil && !sameToken(old.opts.Opener, c.opts.Opener) {
+		// Any holder that reads the stream sees its connections' keys (its live state): were a
+		// key anyone's to take, one tenant, or a read-only capability handed to a browser, could
+		// close another's connection at will. A replace is the opener's own reconnect.
+		return itx.Errorf(itx.EPermissionDenied, "connection key %q is held by a connection another token opened: only a login with that token replaces it (pick another key)", c.key)
+	}
 	if old == nil && len(a.conns) >= a.srv.cfg.MaxConnectionsPerStream {
 		return itx.Errorf(itx.ELimitExceeded, "a stream serves at most %d open connections (--max-connections-per-stream)", a.srv.cfg.MaxConnectionsPerStream)
 	}
@@ -402,6 +408,15 @@ func (a *actor) identity() string {
 		return st.streamID
 	}
 	return ""
+}
+
+// sameToken says whether two logins (nil: opened by the server itself, or in-process) use the
+// same token of the same project.
+func sameToken(a, b *Session) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.Project.ID == b.Project.ID && a.Token.ID == b.Token.ID
 }
 
 // unregister drops a closed connection from the actor's registry (if it is still the one under
