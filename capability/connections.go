@@ -254,13 +254,25 @@ func (s *stream) Readers(ctx context.Context, call schema.Stream_readers) error 
 	if err != nil {
 		return err
 	}
-	impl := &readers{srv: s.srv, ref: s.ref}
+	impl := &readers{srv: s.srv, ref: s.ref, acc: s.acc}
 	return res.SetReaders(schema.Readers(guarded(guardOf(s.srv), s.acc, schema.Readers_Methods(nil, impl), impl)))
 }
 
 type readers struct {
 	srv *server.Server
 	ref server.StreamRef
+	acc access
+}
+
+// caller is who moves readers through this capability: its token, and whether it may move
+// those another token registered (the admin right; never through readOnly).
+func (r *readers) caller() server.ReaderCaller {
+	var c server.ReaderCaller
+	if r.acc.session != nil {
+		c.TokenID = r.acc.session.Token.ID
+	}
+	c.Admin = r.acc.rights&rAdmin != 0
+	return c
 }
 
 func (r *readers) Register(ctx context.Context, call schema.Readers_register) error {
@@ -273,7 +285,7 @@ func (r *readers) Register(ctx context.Context, call schema.Readers_register) er
 		return fail(itx.Errorf(itx.EInvalid, "checkpoint %d is out of range", checkpoint))
 	}
 	// Queued before the call queue is released: calls on one Readers apply in the order sent.
-	pending, err := r.srv.StartRegisterReader(ctx, r.ref, name, int64(checkpoint))
+	pending, err := r.srv.StartRegisterReaderAs(ctx, r.caller(), r.ref, name, int64(checkpoint))
 	if err != nil {
 		return fail(err)
 	}
@@ -286,7 +298,7 @@ func (r *readers) Remove(ctx context.Context, call schema.Readers_remove) error 
 	if err != nil {
 		return badArgs("name", err)
 	}
-	pending, err := r.srv.StartRemoveReader(ctx, r.ref, name)
+	pending, err := r.srv.StartRemoveReaderAs(ctx, r.caller(), r.ref, name)
 	if err != nil {
 		return fail(err)
 	}

@@ -413,7 +413,9 @@ struct ReaderInfo {
 interface Readers {
   # Registers or moves a named reader's checkpoint (at most the head, invalidArgument past it;
   # its lag becomes visible). Stored with the stream; no delivery obligation. notFound before the
-  # stream's first append; failedPrecondition for the name of one of its subscriptions.
+  # stream's first append; failedPrecondition for the name of one of its subscriptions;
+  # permissionDenied for a reader another token registered (only a login with that token, or
+  # the admin right, moves or removes it).
   register @0 (name :Text, checkpoint :UInt64) -> ();
   list @1 () -> (readers :List(ReaderInfo));
   # notFound for a name that is not registered.
@@ -542,8 +544,8 @@ interface Stream {
   # Attenuation: a narrower capability to this stream, to hand to someone else over RPC without a
   # new token. readOnly serves only reads (getEvents, getEventPage, waitForEvent, describe,
   # openConnection, liveState, listings) and readers (a reader's checkpoint is a reader's own
-  # bookkeeping: a read-only holder registers, moves and removes readers, and a registered
-  # checkpoint holds back trims); appendOnly only append. Both keep the holder's own
+  # bookkeeping: a read-only holder registers readers, moves and removes those of its own
+  # token, and a registered checkpoint holds back trims); appendOnly only append. Both keep the holder's own
   # limits (never more than this capability), and die with the session that minted them or when
   # released. Calls they do not allow fail with permissionDenied.
   readOnly @11 () -> (stream :Stream);

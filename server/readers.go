@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/storage"
 )
 
 // RegisterReader registers a reader under name with a declared checkpoint (at most the head), or
@@ -19,6 +20,35 @@ func (s *Server) RegisterReader(ctx context.Context, ref StreamRef, name string,
 // RemoveReader removes a registered reader; ENotFound if there is none of that name.
 func (s *Server) RemoveReader(ctx context.Context, ref StreamRef, name string) error {
 	return waitReader(ctx)(s.StartRemoveReader(ctx, ref, name))
+}
+
+// ReaderCaller is who registers, moves or removes a reader. A reader is its registrant's: its
+// checkpoint holds back trims, and any holder that reads the stream lists the readers' names, so
+// were a name anyone's to move, one tenant (or a browser's read-only capability) could move
+// another's checkpoint past what it has read, or remove it, and let a trim delete what that
+// reader still needs.
+type ReaderCaller struct {
+	TokenID string // the caller's token ("": the server itself, or a caller in-process)
+	Admin   bool   // the caller holds the admin right: it moves and removes anyone's
+}
+
+// mayChange refuses a move or a remove of r by another token than the one that registered it.
+func (c ReaderCaller) mayChange(r storage.Reader) error {
+	if r.Owner == "" || c.Admin || r.Owner == c.TokenID {
+		return nil
+	}
+	return itx.Errorf(itx.EPermissionDenied, "reader %q was registered by another token: only a login with that token, or the admin right, moves or removes it (pick another name)", r.Name)
+}
+
+// StartRegisterReaderAs is StartRegisterReader on behalf of by: the reader it registers is by's,
+// and one another token registered is refused (ReaderCaller).
+func (s *Server) StartRegisterReaderAs(ctx context.Context, by ReaderCaller, ref StreamRef, name string, checkpoint int64) (*PendingReader, error) {
+	return s.startReaderOp(ctx, ref, readerOp{name: strings.TrimSpace(name), checkpoint: checkpoint, by: by})
+}
+
+// StartRemoveReaderAs is StartRemoveReader on behalf of by (see StartRegisterReaderAs).
+func (s *Server) StartRemoveReaderAs(ctx context.Context, by ReaderCaller, ref StreamRef, name string) (*PendingReader, error) {
+	return s.startReaderOp(ctx, ref, readerOp{name: strings.TrimSpace(name), remove: true, by: by})
 }
 
 // StartRegisterReader queues a register (or move) on the stream and returns its pending answer.

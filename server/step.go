@@ -578,7 +578,9 @@ type readerOp struct {
 	name       string
 	checkpoint int64
 	remove     bool
-	reply      chan error // buffered
+	// by is the caller's right over readers others registered (ReaderCaller).
+	by    ReaderCaller
+	reply chan error // buffered
 	// confirm: Subscription.confirm of an offset-acking subscription through checkpoint; the
 	// step sets *confirmed to its confirmed cursor (answered once that is written).
 	confirm   bool
@@ -596,8 +598,12 @@ func (st *streamState) applyReader(op readerOp, now time.Time, rc reduceContext,
 		return itx.Errorf(itx.EInvalid, "reader name: %s", itx.ErrorMessage(err))
 	}
 	if op.remove {
-		if _, ok := st.readers[op.name]; !ok {
+		r, ok := st.readers[op.name]
+		if !ok {
 			return itx.Errorf(itx.ENotFound, "reader %q is not registered", op.name)
+		}
+		if err := op.by.mayChange(r); err != nil {
+			return err
 		}
 		delete(st.readers, op.name)
 		eff.commit.ReaderUpserts = removeReader(eff.commit.ReaderUpserts, op.name)
@@ -614,7 +620,16 @@ func (st *streamState) applyReader(op readerOp, now time.Time, rc reduceContext,
 	if st.core.Subscriptions[op.name] != nil {
 		return itx.Errorf(itx.EFailedPrecondition, "%q names a subscription of this stream: reader names share the subscription name space", op.name)
 	}
-	_, registered := st.readers[op.name]
+	was, registered := st.readers[op.name]
+	owner := op.by.TokenID
+	if registered {
+		if err := op.by.mayChange(was); err != nil {
+			return err
+		}
+		if was.Owner != "" {
+			owner = was.Owner // an admin's move leaves it its registrant's
+		}
+	}
 	if !registered {
 		// New names only: a reader registered before the prefix was reserved still moves.
 		if err := notGenerated("reader name", op.name); err != nil {
@@ -624,7 +639,7 @@ func (st *streamState) applyReader(op readerOp, now time.Time, rc reduceContext,
 	if !registered && rc.maxReaders > 0 && len(st.readers) >= rc.maxReaders {
 		return itx.Errorf(itx.ELimitExceeded, "a stream may have at most %d registered readers (--max-readers-per-stream)", rc.maxReaders)
 	}
-	r := storage.Reader{Name: op.name, Checkpoint: op.checkpoint, UpdatedAt: itx.UnixMilli(now)}
+	r := storage.Reader{Name: op.name, Checkpoint: op.checkpoint, UpdatedAt: itx.UnixMilli(now), Owner: owner}
 	st.readers[op.name] = r
 	// A delete staged earlier in this step may stay: a commit deletes before it upserts.
 	eff.commit.ReaderUpserts = append(removeReader(eff.commit.ReaderUpserts, op.name), r)

@@ -11,11 +11,14 @@ type Reader struct {
 	Name       string
 	Checkpoint int64
 	UpdatedAt  int64 // epoch ms
+	// Owner is the id of the token that registered it ("": none recorded); see the readers
+	// table's owner column.
+	Owner string
 }
 
 // Readers lists the registered readers by name.
 func (s *Stream) Readers(ctx context.Context) ([]Reader, error) {
-	rows, err := s.w.QueryContext(ctx, `select name, checkpoint, updated_at from readers order by name`)
+	rows, err := s.w.QueryContext(ctx, `select name, checkpoint, updated_at, owner from readers order by name`)
 	if err != nil {
 		return nil, fmt.Errorf("read readers: %w", err)
 	}
@@ -23,7 +26,7 @@ func (s *Stream) Readers(ctx context.Context) ([]Reader, error) {
 	var out []Reader
 	for rows.Next() {
 		var r Reader
-		if err := rows.Scan(&r.Name, &r.Checkpoint, &r.UpdatedAt); err != nil {
+		if err := rows.Scan(&r.Name, &r.Checkpoint, &r.UpdatedAt, &r.Owner); err != nil {
 			return nil, fmt.Errorf("read readers: %w", err)
 		}
 		out = append(out, r)
@@ -32,9 +35,9 @@ func (s *Stream) Readers(ctx context.Context) ([]Reader, error) {
 }
 
 func upsertReader(ctx context.Context, tx *sql.Tx, r *Reader) error {
-	_, err := tx.ExecContext(ctx, `insert into readers (name, checkpoint, updated_at) values (?, ?, ?)
-		on conflict (name) do update set checkpoint = excluded.checkpoint, updated_at = excluded.updated_at`,
-		r.Name, r.Checkpoint, r.UpdatedAt)
+	_, err := tx.ExecContext(ctx, `insert into readers (name, checkpoint, updated_at, owner) values (?, ?, ?, ?)
+		on conflict (name) do update set checkpoint = excluded.checkpoint, updated_at = excluded.updated_at, owner = excluded.owner`,
+		r.Name, r.Checkpoint, r.UpdatedAt, r.Owner)
 	if err != nil {
 		return fmt.Errorf("upsert reader %q: %w", r.Name, err)
 	}

@@ -1,6 +1,7 @@
 package test
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/itx-dev/itx"
@@ -46,4 +47,67 @@ func TestAccess_ConnectionKeyIsItsTokens(t *testing.T) {
 	require.Equal(t, schema.CloseReason_replaced, *dashboard.closeReason())
 	mustAppend(t, writer, ev("note", `{"n":3}`))
 	waitUntil(t, "event 3 delivered to the new connection", func() bool { return len(again.offsets()) == 1 })
+}
+
+// A registered reader is its registrant's token's: another token that reads the stream (it
+// lists the readers' names) is refused permissionDenied when it moves or removes it, directly or
+// through readOnly, and the checkpoint stays, still holding back a trim; the same token from
+// another login moves it, the admin right removes it. The owner is stored with the reader: a
+// restart keeps it. Before, any reader moved another's checkpoint past what it had read (or
+// removed it) and a trim then deleted the events that reader still needed.
+func TestAccess_ReaderIsItsTokens(t *testing.T) {
+	if testing.Short() {
+		t.Skip("restarts a real itxd")
+	}
+	data := t.TempDir()
+	p := startItxd(t, data)
+	ctx := ctxT(t)
+	admin := client.Admin(ctx, dial(t, p.addr).Login(ctx, p.creds.DeploymentToken))
+	readOnly := itx.Scope{Rights: []itx.Right{itx.RightRead}}
+	mirrorTok, _, err := client.CreateToken(ctx, admin, "default", client.TokenOptions{Label: "mirror", Scope: readOnly})
+	require.NoError(t, err)
+	otherTok, _, err := client.CreateToken(ctx, admin, "default", client.TokenOptions{Label: "other", Scope: readOnly})
+	require.NoError(t, err)
+	login := func(tok string) schema.Stream {
+		return stream(t, dial(t, p.addr).Login(ctx, tok), "/shared")
+	}
+	writer := login(p.creds.ProjectToken)
+	for i := range 6 {
+		mustAppend(t, writer, ev("note", fmt.Sprintf(`{"n":%d}`, i)))
+	}
+	require.NoError(t, client.RegisterReader(ctx, client.Readers(ctx, client.ReadOnly(ctx, login(mirrorTok))), "mirror", 1))
+
+	refused := func(when string) {
+		t.Helper()
+		other := login(otherTok)
+		for _, s := range []schema.Stream{other, client.ReadOnly(ctx, other)} {
+			r := client.Readers(ctx, s)
+			err := client.RegisterReader(ctx, r, "mirror", 6)
+			requireCode(t, err, itx.EPermissionDenied)
+			require.Contains(t, err.Error(), "another token", when)
+			requireCode(t, client.RemoveReader(ctx, r, "mirror"), itx.EPermissionDenied)
+		}
+		list, err := client.ListReaders(ctx, client.Readers(ctx, other))
+		require.NoError(t, err)
+		require.Len(t, list, 1, when)
+		require.EqualValues(t, 1, list[0].Checkpoint, "%s: the refused calls left the checkpoint", when)
+	}
+	refused("registered")
+	res, err := client.Trim(ctx, writer, 6)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, res.TrimmedThrough, "the mirror's checkpoint holds the trim back")
+
+	require.NoError(t, p.stop(t))
+	p = startItxd(t, data)
+	refused("after a restart")
+	require.NoError(t, client.RegisterReader(ctx, client.Readers(ctx, login(mirrorTok)), "mirror", 3), "its own token, another login")
+	// Another token may still register a name of its own.
+	require.NoError(t, client.RegisterReader(ctx, client.Readers(ctx, login(otherTok)), "audit-copy", 6))
+	require.NoError(t, client.RemoveReader(ctx, client.Readers(ctx, login(p.creds.ProjectToken)), "mirror"), "the admin right removes anyone's")
+	list, err := client.ListReaders(ctx, client.Readers(ctx, writer))
+	require.Error(t, err, "the writer's capability went with the first itxd")
+	list, err = client.ListReaders(ctx, client.Readers(ctx, login(p.creds.ProjectToken)))
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+	require.Equal(t, "audit-copy", list[0].Name)
 }
