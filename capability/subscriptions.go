@@ -369,7 +369,7 @@ func (c *capabilities) Mount(ctx context.Context, call schema.Capabilities_mount
 	// Bound what the server queues toward one receiver (go-capnp has no backpressure by default).
 	rc.SetFlowLimiter(newPushLimiter())
 	r := &remoteReceiver{client: rc}
-	unmount, err := c.srv.MountReceiver(c.projectID, c.acc.mountScope(), name, r)
+	unmount, err := c.srv.MountReceiverAs(c.caller(), c.projectID, c.acc.mountScope(), name, r)
 	if err != nil {
 		rc.Release()
 		return fail(err)
@@ -389,7 +389,16 @@ func (c *capabilities) Unmount(ctx context.Context, call schema.Capabilities_unm
 	if err != nil {
 		return badArgs("name", err)
 	}
-	return fail(c.srv.UnmountReceiver(c.projectID, c.acc.mountScope(), name))
+	return fail(c.srv.UnmountReceiverAs(c.caller(), c.projectID, c.acc.mountScope(), name))
+}
+
+// caller is who mounts and unmounts through this capability (server.MountCaller).
+func (c *capabilities) caller() server.MountCaller {
+	by := server.MountCaller{Admin: c.acc.rights&rAdmin != 0}
+	if c.acc.session != nil {
+		by.TokenID = c.acc.session.Token.ID
+	}
+	return by
 }
 
 // List lists the mounts of this capability's scope, or of every scope (each with its scope) for

@@ -397,6 +397,8 @@ struct MountInfo {
 # Receivers mounted under names, namespaced by the mounting token's path prefix (MountInfo.scope):
 # an itx-call subscription reaches only the mounts of the scope it was configured under; a scoped
 # token mounts, unmounts and lists its own scope's, a whole-project token lists every scope's.
+# A mount is its token's: mounting or unmounting a name another token's mount holds is
+# permissionDenied (the admin right unmounts it); the same token's mount is replaced.
 interface Capabilities {
   mount @0 (name :Text, receiver :Receiver) -> (handle :Handle);
   unmount @1 (name :Text) -> ();

@@ -365,6 +365,15 @@ type mount struct {
 	receiver Receiver
 	at       int64
 	gen      uint64 // tells this mount from a later one under the same name
+	owner    string // the id of the token that mounted it ("": in-process)
+}
+
+// MountCaller is who mounts or unmounts a Receiver. A mount is its token's: the subscriptions of
+// its scope deliver to it and take its acknowledgements, so another token of the scope that took
+// the name over would receive (and confirm, so its owner never sees them) what was meant for it.
+type MountCaller struct {
+	TokenID string // "": in-process
+	Admin   bool   // the admin right unmounts anyone's (never replaces: a mount is a live Receiver)
 }
 
 // receivers is the per-project registry of mounted Receivers.
@@ -426,12 +435,22 @@ func (r *receivers) deleteLocked(key mountKey) {
 // itx-call subscriptions of that scope waiting to retry that capability on loaded streams retry
 // at once. The project's bound counts its mounts of every scope.
 func (s *Server) MountReceiver(projectID, scope, name string, r Receiver) (func(), error) {
+	return s.MountReceiverAs(MountCaller{}, projectID, scope, name, r)
+}
+
+// MountReceiverAs is MountReceiver on behalf of by: a name another token's mount holds is
+// refused with EPermissionDenied (MountCaller), the same token's is replaced.
+func (s *Server) MountReceiverAs(by MountCaller, projectID, scope, name string, r Receiver) (func(), error) {
 	if err := itx.ValidateMountName(name); err != nil {
 		return nil, err
 	}
-	m := &mount{receiver: r, at: itx.UnixMilli(s.clock.Now())}
+	m := &mount{receiver: r, at: itx.UnixMilli(s.clock.Now()), owner: by.TokenID}
 	key := mountKey{projectID, scope, name}
 	s.recv.mu.Lock()
+	if old := s.recv.mounts[key]; old != nil && old.owner != by.TokenID {
+		s.recv.mu.Unlock()
+		return nil, itx.Errorf(itx.EPermissionDenied, "a Receiver another token mounted holds %q: only a login with that token replaces it (unmount it with the admin right, or pick another name)", name)
+	}
 	if s.recv.mounts[key] == nil && s.recv.byProject[projectID] >= s.cfg.MaxMountsPerProject {
 		s.recv.mu.Unlock()
 		return nil, itx.Errorf(itx.ELimitExceeded, "a project holds at most %d mounted capabilities (--max-mounts-per-project)", s.cfg.MaxMountsPerProject)
@@ -456,14 +475,25 @@ func (s *Server) MountReceiver(projectID, scope, name string, r Receiver) (func(
 
 // UnmountReceiver removes whatever is mounted under name in a project's scope.
 func (s *Server) UnmountReceiver(projectID, scope, name string) error {
+	return s.UnmountReceiverAs(MountCaller{Admin: true}, projectID, scope, name)
+}
+
+// UnmountReceiverAs is UnmountReceiver on behalf of by: another token's mount is refused with
+// EPermissionDenied unless by holds the admin right.
+func (s *Server) UnmountReceiverAs(by MountCaller, projectID, scope, name string) error {
 	if err := itx.ValidateMountName(name); err != nil {
 		return err
 	}
 	s.recv.mu.Lock()
 	key := mountKey{projectID, scope, name}
-	if s.recv.mounts[key] == nil {
+	old := s.recv.mounts[key]
+	if old == nil {
 		s.recv.mu.Unlock()
 		return itx.Errorf(itx.ENotFound, "no capability is mounted under %q", name)
+	}
+	if old.owner != by.TokenID && !by.Admin {
+		s.recv.mu.Unlock()
+		return itx.Errorf(itx.EPermissionDenied, "a Receiver another token mounted holds %q: only a login with that token, or the admin right, unmounts it", name)
 	}
 	s.recv.deleteLocked(key)
 	s.recv.mu.Unlock()

@@ -111,3 +111,54 @@ func TestAccess_ReaderIsItsTokens(t *testing.T) {
 	require.Len(t, list, 1)
 	require.Equal(t, "audit-copy", list[0].Name)
 }
+
+// A mounted Receiver is its token's: another token of the same scope with the subscribe right
+// is refused permissionDenied when it mounts or unmounts under the name, and the subscription
+// keeps delivering to the owner's Receiver. Before, it took the name over: the deliveries meant
+// for the owner came to it, and its acknowledgements moved the owner's subscription past events
+// the owner never saw. The same token from another login replaces it; the admin right unmounts it.
+func TestAccess_MountIsItsTokens(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	ctx := e.ctx
+	owner := &batchRecorder{}
+	h, err := client.MountReceiver(ctx, e.p, "billing", client.ServeReceiver(owner.receive))
+	require.NoError(t, err)
+	defer h.Release()
+	s := stream(t, e.p, "/pay")
+	e.configure(t, s, client.SubscriptionConfig{Name: "bill", Start: "now",
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "billing"}})
+
+	tok, _ := e.ts.token(t, itx.Scope{Rights: []itx.Right{itx.RightSubscribe}})
+	other := e.ts.login(t, tok)
+	thief := &batchRecorder{}
+	_, err = client.MountReceiver(ctx, other, "billing", client.ServeReceiver(thief.receive))
+	requireCode(t, err, itx.EPermissionDenied)
+	require.Contains(t, err.Error(), "another token")
+	requireCode(t, unmountIn(t, other, "billing"), itx.EPermissionDenied)
+
+	at := mustAppend(t, s, ev("charge", `{}`)).HeadOffset
+	e.waitProcessed(t, s, "bill", at)
+	require.Equal(t, [][]int64{{at}}, owner.got())
+	require.Empty(t, thief.got())
+
+	// The same token from another login replaces it (a reconnect).
+	again := &batchRecorder{}
+	h2, err := client.MountReceiver(ctx, e.ts.project(t), "billing", client.ServeReceiver(again.receive))
+	require.NoError(t, err)
+	defer h2.Release()
+	at = mustAppend(t, s, ev("charge", `{}`)).HeadOffset
+	e.waitProcessed(t, s, "bill", at)
+	require.Equal(t, [][]int64{{at}}, again.got())
+
+	// The admin right unmounts anyone's.
+	adminTok, _ := e.ts.token(t, itx.Scope{Rights: []itx.Right{itx.RightSubscribe, itx.RightAdmin}})
+	require.NoError(t, unmountIn(t, e.ts.login(t, adminTok), "billing"))
+}
+
+// unmountIn is project.capabilities().unmount(name).
+func unmountIn(t *testing.T, p schema.Project, name string) error {
+	t.Helper()
+	caps, release := p.Capabilities(ctxT(t), nil)
+	defer release()
+	return client.Unmount(ctxT(t), caps.Capabilities(), name)
+}
