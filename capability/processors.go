@@ -44,7 +44,11 @@ func (p *processorHosts) Mount(ctx context.Context, call schema.ProcessorHosts_m
 	hc := call.Args().Host().AddRef()
 	hc.SetFlowLimiter(newPushLimiter())
 	h := &remoteHost{srv: p.srv, client: hc, acc: p.acc}
-	unmount, err := p.srv.MountProcessorHost(p.projectID, p.acc.mountScope(), name, h, contracts)
+	tokenID := ""
+	if p.acc.session != nil {
+		tokenID = p.acc.session.Token.ID
+	}
+	unmount, err := p.srv.MountProcessorHostAs(tokenID, p.projectID, p.acc.mountScope(), name, h, contracts)
 	if err != nil {
 		hc.Release()
 		return fail(err)

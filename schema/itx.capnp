@@ -516,7 +516,8 @@ interface ProcessorHosts {
   # remote is woken on the host that announced its name. Mounts are namespaced by the mounting
   # token's path prefix (MountInfo.scope): a subscription reaches only the hosts of the scope it
   # was configured under. A later mount announcing the same contract in the same scope takes it
-  # over (fencing the earlier host). Keep the handle: releasing it, or disconnecting, unmounts.
+  # over (fencing the earlier host) when made with the same token; another token's mount of a
+  # contract or a name held is permissionDenied. Keep the handle: releasing it, or disconnecting, unmounts.
   mount @0 (name :Text, host :ProcessorHost, contracts :List(ProcessorContract)) -> (handle :Handle);
   list @1 () -> (mounts :List(MountInfo));
 }

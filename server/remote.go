@@ -61,6 +61,7 @@ type procMount struct {
 	host      RemoteProcessorHost
 	gen       uint64
 	at        int64
+	owner     string // the id of the token that mounted it ("": in-process)
 	contracts []itx.ProcessorInfo
 	// held ends, per contract, once the mount no longer holds it (another host took it over,
 	// or the mount ended): a wake under way for it is cancelled then, so the new holder is
@@ -181,6 +182,15 @@ func waitsFor(entry *catalogEntry) string {
 // mounted. Mounting is the presence signal: parked subscriptions resume at once. The project's
 // bound counts its hosts of every scope.
 func (s *Server) MountProcessorHost(projectID, scope, name string, host RemoteProcessorHost, contracts []itx.ProcessorInfo) (func(), error) {
+	return s.MountProcessorHostAs("", projectID, scope, name, host, contracts)
+}
+
+// MountProcessorHostAs is MountProcessorHost on behalf of the token tokenID ("": in-process). A
+// host mounted with another token keeps its name and its contracts: taking over a contract (its
+// progress record, its KV, the wakes of its subscriptions) is a failover of one's own hosts,
+// never a way for another token of the scope to run, or stop, someone else's processor; such a
+// mount is refused with EPermissionDenied.
+func (s *Server) MountProcessorHostAs(tokenID, projectID, scope, name string, host RemoteProcessorHost, contracts []itx.ProcessorInfo) (func(), error) {
 	if err := itx.ValidateMountName(name); err != nil {
 		return nil, err
 	}
@@ -228,8 +238,18 @@ func (s *Server) MountProcessorHost(projectID, scope, name string, host RemotePr
 		ph.mu.Unlock()
 		return nil, itx.Errorf(itx.ELimitExceeded, "a project holds at most %d processor hosts (--max-mounts-per-project)", s.cfg.MaxMountsPerProject)
 	}
+	if old := ph.byName[mountKey{projectID, scope, name}]; old != nil && old.owner != tokenID {
+		ph.mu.Unlock()
+		return nil, itx.Errorf(itx.EPermissionDenied, "a processor host another token mounted holds the name %q: only a login with that token replaces it", name)
+	}
+	for _, c := range contracts {
+		if prev := ph.contract[mountKey{projectID, scope, c.Name}]; prev != nil && prev.owner != tokenID {
+			ph.mu.Unlock()
+			return nil, itx.Errorf(itx.EPermissionDenied, "contract %q is held by a processor host another token mounted (%q): only a login with that token takes it over", c.Name, prev.name)
+		}
+	}
 	ph.gen++
-	m := &procMount{projectID: projectID, scope: scope, name: name, host: host, gen: ph.gen, at: itx.UnixMilli(s.clock.Now()),
+	m := &procMount{projectID: projectID, scope: scope, name: name, host: host, gen: ph.gen, at: itx.UnixMilli(s.clock.Now()), owner: tokenID,
 		contracts: append([]itx.ProcessorInfo(nil), contracts...),
 		held:      make(map[string]contractHold, len(contracts))}
 	for _, c := range contracts {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/processors/remote"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
 	"github.com/stretchr/testify/require"
@@ -161,4 +162,32 @@ func unmountIn(t *testing.T, p schema.Project, name string) error {
 	caps, release := p.Capabilities(ctxT(t), nil)
 	defer release()
 	return client.Unmount(ctxT(t), caps.Capabilities(), name)
+}
+
+// A processor host's contracts are its token's: another token of the scope with read and
+// subscribe mounting a host that announces a contract held by the owner's host, or under the
+// owner's host's name, is refused permissionDenied and the owner's host stays mounted. Before, it
+// took the contract over (the processor's progress, KV and wakes, the owner's host fenced).
+// The same token from another login takes it over, as a failover does.
+func TestAccess_ProcessorHostIsItsTokens(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	h, err := remote.Mount(ctx, ts.project(t), "books", remote.NewHostServer(remote.Config{Host: referenceHost(t, "guestbook")}))
+	require.NoError(t, err)
+	defer h.Release()
+
+	tok, _ := ts.token(t, itx.Scope{Rights: []itx.Right{itx.RightRead, itx.RightSubscribe}})
+	other := ts.login(t, tok)
+	for _, name := range []string{"mine", "books"} {
+		_, err = remote.Mount(ctx, other, name, remote.NewHostServer(remote.Config{Host: referenceHost(t, "guestbook")}))
+		requireCode(t, err, itx.EPermissionDenied)
+		require.Contains(t, err.Error(), "another token")
+	}
+	hosts := listHosts(t, ts.project(t))
+	require.Len(t, hosts, 1)
+	require.Equal(t, "books", hosts[0].Name)
+
+	h2, err := remote.Mount(ctx, ts.project(t), "books-2", remote.NewHostServer(remote.Config{Host: referenceHost(t, "guestbook")}))
+	require.NoError(t, err, "the same token takes its contract over")
+	defer h2.Release()
 }
