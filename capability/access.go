@@ -255,7 +255,9 @@ var methodRights = map[string]rightSet{
 	"Admin.listTokens":    rAdmin,
 	"Admin.revokeToken":   rAdmin,
 	"Admin.backup":        rAdmin,
-	"Admin.download":      rAdmin,
+	// A download hands the caller every project's events and the directory (webhook secrets
+	// among it): the read right as well, never to a token that administers without reading.
+	"Admin.download": rAdmin | rRead,
 }
 
 // clientServed lists the interfaces a client implements and the server only calls: they have no

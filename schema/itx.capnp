@@ -678,7 +678,7 @@ interface Admin {
   # after it: the copy is what a kill -9 at that instant would have left. Loaded streams stand
   # still while the instant is taken (frozenMicros); the copy is written after, while they run.
   backup @7 (path :Text) -> (result :BackupResult);
-  # The deployment root only. The same copy, sent to the caller's sink instead of written to a
+  # The deployment root only, with the read right as well. The same copy, sent to the caller's sink instead of written to a
   # path on the server (itxd writes it to a scratch folder in its data directory first, and
   # deletes it after): for a server the operator has no shell on. result.path is empty.
   download @8 (sink :BackupSink) -> (result :BackupResult);

@@ -81,3 +81,33 @@ func TestDiskReserve_RetentionChangesNeedRoom(t *testing.T) {
 	_, err = client.Trim(ctx, s, 10)
 	require.NoError(t, err, "trimming below the reserve")
 }
+
+// A deployment token with the admin right but not read administers (a backup written on the
+// server's disk) but cannot download one: a download hands over every project's events and the
+// directory with the webhook secrets, which no read through RPC ever shows. Before, the admin
+// right alone downloaded it all.
+func TestAccess_DownloadNeedsRead(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	mustAppend(t, stream(t, ts.project(t), "/private"), ev("note", `{"secret":true}`))
+	root := client.Admin(ctx, ts.deployment(t))
+	defer root.Release()
+	adminOnly, _, err := client.CreateToken(ctx, root, server.DeploymentProjectID, client.TokenOptions{Label: "ops",
+		Scope: itx.Scope{Rights: []itx.Right{itx.RightAdmin}}})
+	require.NoError(t, err)
+	ops := client.Admin(ctx, ts.login(t, adminOnly))
+	defer ops.Release()
+	_, err = client.DownloadBackup(ctx, ops, filepath.Join(t.TempDir(), "copy"))
+	requireCode(t, err, itx.EPermissionDenied)
+	require.Contains(t, err.Error(), "read")
+	_, err = client.Backup(ctx, ops, filepath.Join(t.TempDir(), "on-server"))
+	require.NoError(t, err, "a backup on the server's disk needs the admin right only")
+
+	both, _, err := client.CreateToken(ctx, root, server.DeploymentProjectID, client.TokenOptions{Label: "ops-read",
+		Scope: itx.Scope{Rights: []itx.Right{itx.RightAdmin, itx.RightRead}}})
+	require.NoError(t, err)
+	withRead := client.Admin(ctx, ts.login(t, both))
+	defer withRead.Release()
+	_, err = client.DownloadBackup(ctx, withRead, filepath.Join(t.TempDir(), "copy"))
+	require.NoError(t, err)
+}

@@ -441,7 +441,7 @@ var methodCases = map[string]methodCase{
 		_, err := client.Backup(ctx, a, "not-absolute")
 		return err
 	})},
-	"Admin.download": {right: itx.RightAdmin, deploymentOnly: true, call: withAdmin(func(ctx context.Context, a schema.Admin) error {
+	"Admin.download": {right: itx.RightAdmin, andRead: true, deploymentOnly: true, call: withAdmin(func(ctx context.Context, a schema.Admin) error {
 		dir := filepath.Join(os.TempDir(), "itx-scope-download-"+randomName())
 		defer os.RemoveAll(dir)
 		_, err := client.DownloadBackup(ctx, a, dir)
