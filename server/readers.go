@@ -56,12 +56,16 @@ func (s *Server) StartRemoveReaderAs(ctx context.Context, by ReaderCaller, ref S
 // call queue (call.Go) only after this returns, so calls sent on one Readers capability apply in
 // the order sent (a checkpoint never moves back because two of them raced to the actor).
 func (s *Server) StartRegisterReader(ctx context.Context, ref StreamRef, name string, checkpoint int64) (*PendingReader, error) {
-	return s.startReaderOp(ctx, ref, readerOp{name: strings.TrimSpace(name), checkpoint: checkpoint})
+	return s.StartRegisterReaderAs(ctx, inProcess, ref, name, checkpoint)
 }
+
+// inProcess is the ReaderCaller of a caller in-process (not over RPC): trusted as the admin
+// right is, it moves and removes any reader, and one it registers is no token's.
+var inProcess = ReaderCaller{Admin: true}
 
 // StartRemoveReader queues a remove on the stream, as StartRegisterReader does a register.
 func (s *Server) StartRemoveReader(ctx context.Context, ref StreamRef, name string) (*PendingReader, error) {
-	return s.startReaderOp(ctx, ref, readerOp{name: strings.TrimSpace(name), remove: true})
+	return s.StartRemoveReaderAs(ctx, inProcess, ref, name)
 }
 
 // PendingReader is a reader operation queued on its stream's actor.
