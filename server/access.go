@@ -645,7 +645,7 @@ func (s *Server) CreateToken(ctx context.Context, by Admin, projectID, label str
 	// Below the disk reserve nothing that only adds is done: each change is recorded in /audit,
 	// whose records may use the reserve (so that what frees space is recorded too), and a loop
 	// of creates and revokes would otherwise take the disk to its last byte. Revokes, deletes,
-	// trims and retention still run.
+	// trims and a retention policy's own trims still run (a policy change does not: SetRetention).
 	if err := s.disk.room(); err != nil {
 		return "", itx.TokenInfo{}, err
 	}
