@@ -20,3 +20,9 @@ func (s *Server) Ready(ctx context.Context) error {
 	}
 	return nil
 }
+
+// DiskRoom is nil while the data directory's disk has room above its reserve, else the
+// resourceExhausted error appends that add events are refused with now (read afresh when the
+// last reading may no longer hold). A server below its reserve is still ready: it serves reads,
+// and the trims and deletes that give space back.
+func (s *Server) DiskRoom() error { return s.disk.room() }

@@ -154,7 +154,7 @@ func newMetrics() *Metrics {
 			Name: "itx_trimmed_events_total", Help: "Events Stream.trim deleted (retention).",
 		}),
 		DiskFree: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "itx_disk_free_bytes", Help: "Free bytes on the data directory's file system at the disk reserve's last reading (read at start and while appends come in).",
+			Name: "itx_disk_free_bytes", Help: "Free bytes on the data directory's file system, read at each scrape (at most every 250ms).",
 		}),
 		DiskReserve: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "itx_disk_reserve_bytes", Help: "Bytes kept free on the data directory's file system (--min-free-disk-bytes): below it appends are refused with resourceExhausted.",
@@ -169,7 +169,7 @@ func newMetrics() *Metrics {
 	r.MustRegister(m.DeliveryFailures, m.CommitFailures, m.LateAcks, m.SubscriptionHalts, m.SkippedEvents, m.SubscriptionParks, m.HandlerPanics, m.AppendCalls, m.AppendedEvents, m.AppendedBytes, m.AppendLatency, m.CommitLatency,
 		m.CommitEvents, m.CommitCalls, m.ReadEvents, m.FullDiskReads, m.LoadedStreams, m.RPCConnections, m.RPCAcceptErrors,
 		m.OpenConnections, m.Sessions, m.WebhooksInFlight, m.ConnectionEvents, m.ConnectionDirect, m.LiveSubscribers,
-		m.Backups, m.BackupLastOK, m.BackupLastFrozen, m.StreamsDeleted, m.TrimmedEvents, m.DiskFree, m.DiskReserve, m.VacuumedBytes,
+		m.Backups, m.BackupLastOK, m.BackupLastFrozen, m.StreamsDeleted, m.TrimmedEvents, m.DiskReserve, m.VacuumedBytes,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "itx_jsonata_compiled_bytes", Help: "Estimated bytes of the compiled JSONata expressions kept in memory (bounded by --jsonata-max-compiled-bytes; process-wide).",
@@ -181,4 +181,15 @@ func newMetrics() *Metrics {
 	}
 	m.Backups.WithLabelValues("ok")
 	return m
+}
+
+// refreshedCollector collects c after refresh: a gauge whose value is read when scraped.
+type refreshedCollector struct {
+	refresh func()
+	prometheus.Collector
+}
+
+func (c refreshedCollector) Collect(ch chan<- prometheus.Metric) {
+	c.refresh()
+	c.Collector.Collect(ch)
 }

@@ -343,6 +343,10 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	// A first reading at start: itx_disk_free_bytes said 0 until the first append, so an alert
 	// on it nearing the reserve fired after every restart; a start below the reserve is logged.
 	_ = s.disk.room()
+	// Read again at each scrape: it was read only by appends, so on a server nobody appended to
+	// the gauge kept what it showed at the last one while another process filled the disk (the
+	// alert on it nearing the reserve never fired), or while space was freed (it stayed below).
+	s.metrics.Registry.MustRegister(refreshedCollector{refresh: func() { _ = s.disk.room() }, Collector: s.metrics.DiskFree})
 	if cfg.Processors != nil {
 		for _, c := range cfg.Processors.Contracts() {
 			s.hosted[c.Name] = true

@@ -497,7 +497,9 @@ func healthz() http.Handler {
 }
 
 // readyz answers 200 when the directory database answers and the RPC listener accepts, 503
-// otherwise (starting, shutting down, or a directory that fails): a readiness probe.
+// otherwise (starting, shutting down, or a directory that fails): a readiness probe. A server
+// whose disk is below its reserve stays ready (taken out of a load balancer, nobody could reach
+// it to trim or delete the streams that give the space back), and says so in the body.
 func readyz(srv *server.Server, serving *atomic.Bool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !serving.Load() {
@@ -506,6 +508,10 @@ func readyz(srv *server.Server, serving *atomic.Bool) http.Handler {
 		}
 		if err := srv.Ready(r.Context()); err != nil {
 			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		if err := srv.DiskRoom(); err != nil {
+			fmt.Fprintf(w, "ready, but appends that add events are refused: %v\n", err)
 			return
 		}
 		fmt.Fprintln(w, "ready")
