@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	"github.com/itx-dev/itx"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 )
 
@@ -167,4 +168,56 @@ func (a *actor) noteSize(committed int64, force bool) {
 	}
 	a.sinceStat = 0
 	a.usage.set(&a.srv.quota, a.st.streamID, a.srv.backend.DiskBytes(a.st.streamID))
+}
+
+// quotaCollector shows the project quota on /metrics: the quota, and per project the disk its
+// streams take as itxd counts it against the quota (what refuses its appends past it). Only with
+// a quota (itxd reads the usage only then), and only the projects whose streams this process
+// has loaded since it started (each project's files are measured at its first stream's load):
+// one series per project with streams on disk, so as many as the deployment root made projects.
+type quotaCollector struct {
+	s            *Server
+	quota, bytes *prometheus.Desc
+}
+
+func newQuotaCollector(s *Server) *quotaCollector {
+	return &quotaCollector{s: s,
+		quota: prometheus.NewDesc("itx_project_quota_bytes",
+			"Disk one project's streams may take (--max-project-bytes; 0: no quota).", nil, nil),
+		bytes: prometheus.NewDesc("itx_project_disk_bytes",
+			"Disk a project's streams take, as counted against --max-project-bytes (read when its first stream loads, then kept as its streams commit): alert as it nears itx_project_quota_bytes. Only with a quota, for projects whose streams this process has loaded.", []string{"project"}, nil),
+	}
+}
+
+func (c *quotaCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.quota
+	ch <- c.bytes
+}
+
+func (c *quotaCollector) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.MustNewConstMetric(c.quota, prometheus.GaugeValue, float64(max(c.s.cfg.MaxProjectBytes, 0)))
+	b := &c.s.quota
+	b.mu.Lock()
+	projects := make([]*projectUsage, 0, len(b.projects))
+	for _, u := range b.projects {
+		projects = append(projects, u)
+	}
+	b.mu.Unlock()
+	for _, u := range projects {
+		select {
+		case <-u.ready:
+		default:
+			continue // being read
+		}
+		if u.err != nil {
+			continue
+		}
+		u.mu.Lock()
+		total, n := u.total, len(u.streams)
+		u.mu.Unlock()
+		if n == 0 {
+			continue // no stream on disk any more (deleted, or the project with them)
+		}
+		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.GaugeValue, float64(total), u.id)
+	}
 }

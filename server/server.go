@@ -333,7 +333,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		// each is first opened, silently).
 		s.log.Info().Int("from", dir.MigratedFrom).Int("to", dir.MigratedTo).Msg("upgraded the data directory's schema")
 	}
-	s.metrics.Registry.MustRegister(newStandingCollector(s))
+	s.metrics.Registry.MustRegister(newStandingCollector(s), newQuotaCollector(s))
 	if cfg.MinFreeDisk < 0 {
 		cfg.MinFreeDisk = DefaultMinFreeDisk(cfg.DataDir)
 		s.cfg.MinFreeDisk = cfg.MinFreeDisk

@@ -121,3 +121,41 @@ func TestItxd_MaxProjectBytes(t *testing.T) {
 	requireCode(t, err, itx.EResourceExhausted)
 	require.Contains(t, err.Error(), "--max-project-bytes")
 }
+
+// /metrics shows the quota and, per project, the disk its streams take as counted against it,
+// so an operator sees a project nearing its quota before its appends are refused: the figure
+// grows with the project's appends, reaches the quota when they are refused, and is the one
+// project's (another project's streams have their own series).
+func TestItxd_ProjectQuotaMetrics(t *testing.T) {
+	const quota = 300_000
+	metrics := freeAddr(t)
+	p := startItxd(t, t.TempDir(), "--max-project-bytes", fmt.Sprint(quota), "--metrics", metrics)
+	ctx := ctxT(t)
+	require.Equal(t, float64(quota), scrapeMetric(t, metrics, "itx_project_quota_bytes"))
+	proj := dial(t, p.addr).Login(ctx, p.creds.ProjectToken)
+	series := `itx_project_disk_bytes{project="` + p.creds.ProjectID + `"}`
+
+	s := stream(t, proj, "/a")
+	_, err := client.Append(ctx, s, kibEvents(10, 0), itx.AppendOptions{})
+	require.NoError(t, err)
+	first := scrapeMetric(t, metrics, series)
+	require.Greater(t, first, float64(0), "the project's streams' files, once one loaded")
+	require.Less(t, first, float64(quota))
+
+	for i := 1; i < 100 && err == nil; i++ {
+		_, err = client.Append(ctx, s, kibEvents(100, i*100), itx.AppendOptions{})
+	}
+	requireCode(t, err, itx.EResourceExhausted)
+	shown := scrapeMetric(t, metrics, series)
+	require.GreaterOrEqual(t, shown, float64(quota), "refused: /metrics shows the project at its quota")
+	usage, err := client.DiskUsage(ctx, proj, "")
+	require.NoError(t, err)
+	require.Len(t, usage, 1)
+	require.InDelta(t, float64(usage[0].DiskBytes), shown, float64(usage[0].DiskBytes)/10, "what itx du counts")
+
+	root := dial(t, p.addr).Login(ctx, p.creds.DeploymentToken)
+	_, err = client.Append(ctx, stream(t, root, "/global"), kibEvents(1, 0), itx.AppendOptions{})
+	require.NoError(t, err)
+	require.Greater(t, scrapeMetric(t, metrics, `itx_project_disk_bytes{project="`+server.DeploymentProjectID+`"}`), float64(0))
+	require.Equal(t, shown, scrapeMetric(t, metrics, series), "each project its own series")
+}
