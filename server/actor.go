@@ -219,6 +219,7 @@ func (a *actor) load() error {
 		if err != nil {
 			return itx.Errorf(loadFailureCode(err), "load stream %s: %v", a.ref.Path, err)
 		}
+		a.srv.noteOpened(store, a.ref.ProjectID, a.ref.Path, entry.StreamID)
 		a.store = store
 		if err := a.restore(ctx); err != nil {
 			store.Close()

@@ -178,8 +178,11 @@ type Server struct {
 
 	disk  *diskReserve // Config.MinFreeDisk
 	quota usageBook    // Config.MaxProjectBytes
-	acc   *accessState // sessions by token, deleted projects, webhook secrets
-	live  atomic.Int64 // live connections and live-state views open over every login (Config.MaxLive)
+	// oldFiles holds the IDs of the streams whose file predates auto_vacuum and whose trim was
+	// logged as not giving its space back: once per stream and process.
+	oldFiles sync.Map
+	acc      *accessState // sessions by token, deleted projects, webhook secrets
+	live     atomic.Int64 // live connections and live-state views open over every login (Config.MaxLive)
 
 	procHosts procHosts
 

@@ -150,3 +150,36 @@ func syncDir(dir string) error {
 // a full disk, EUnavailable for a failing one (an I/O error), EInternal otherwise. The capability layer asks it here rather than importing
 // storage.
 func StorageCode(err error) itx.Code { return storage.ErrorCode(err) }
+
+// noteOpened logs what opening a stream's store did that an operator must hear of: a schema
+// migration (an upgrade: the directory migrates at start, each stream as it is first opened
+// after it, which the start's line does not cover).
+func (s *Server) noteOpened(store streamStore, projectID, path, streamID string) {
+	m, ok := store.(interface{ Migrated() (from, to int) })
+	if !ok {
+		return
+	}
+	if from, to := m.Migrated(); from > 0 && from != to {
+		s.log.Info().Str("project", projectID).Str("path", path).Str("streamId", streamID).Int("from", from).Int("to", to).
+			Msg("upgraded a stream's schema")
+	}
+}
+
+// noteOldFileTrimmed logs, once per stream and process, that a trim of a stream whose file
+// predates auto_vacuum gave no space back to the file system (its freed pages stay in the file
+// for its next events), and how to convert the file. An operator trimming to free a filling
+// disk saw nothing happen, and nothing said why.
+func (a *actor) noteOldFileTrimmed(deleted int64) {
+	f, ok := a.store.(interface {
+		Incremental() bool
+		File() string
+	})
+	if !ok || f.Incremental() || deleted == 0 {
+		return
+	}
+	if _, logged := a.srv.oldFiles.LoadOrStore(a.st.streamID, true); logged {
+		return
+	}
+	a.srv.log.Warn().Str("project", a.ref.ProjectID).Str("path", a.ref.Path).Str("file", f.File()).Int64("deleted", deleted).
+		Msg("trimmed a stream whose file an itxd before auto_vacuum made: the space stays in its file for its next events, not given back to the file system; to convert it, stop itxd and run sqlite3 <file> 'PRAGMA auto_vacuum = INCREMENTAL; VACUUM;' (README, Upgrading)")
+}

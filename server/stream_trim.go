@@ -114,6 +114,9 @@ func (a *actor) trimChunk(r *trimReq) {
 		if a.trims--; a.trims == 0 {
 			a.vacuumSoon() // once no trim is under way: see vacuumChunk
 		}
+		if a.store != nil {
+			a.noteOldFileTrimmed(r.deleted)
+		}
 		if r.auto {
 			a.autoTrimming = false
 			if err != nil {

@@ -44,6 +44,7 @@ func (s *Server) refreshSummary(ctx context.Context, e storage.StreamEntry) erro
 	if store == nil {
 		return s.dropUnfinished(e)
 	}
+	s.noteOpened(store, e.ProjectID, e.Path, e.StreamID)
 	meta, err := store.Meta(ctx)
 	if err != nil {
 		store.Close()

@@ -55,7 +55,23 @@ type Stream struct {
 	// pages back to the file system; pageSize is its page size in bytes.
 	incremental bool
 	pageSize    int64
+
+	// migratedFrom and migratedTo are the schema versions opening the file found and left (the
+	// same when it was current; from 0 for a new file).
+	migratedFrom, migratedTo int
 }
+
+// Migrated says which schema versions opening the file found and left: from < to when this
+// open upgraded it (from 0: a new file).
+func (s *Stream) Migrated() (from, to int) { return s.migratedFrom, s.migratedTo }
+
+// Incremental says whether the file was made with auto_vacuum=INCREMENTAL: only then can Vacuum
+// give the space deletes free back to the file system. Files made before itx made them so keep
+// their freed pages for their next rows until converted (README, "Upgrading").
+func (s *Stream) Incremental() bool { return s.incremental }
+
+// File is the stream's database file.
+func (s *Stream) File() string { return s.file }
 
 // ReaderConns is the number of read connections one stream keeps at most; ReaderIdleTime is
 // how long an unused one stays open.
@@ -130,7 +146,8 @@ func openStream(ctx context.Context, file string, create bool) (*Stream, error) 
 	if err != nil {
 		return nil, fmt.Errorf("open stream %s: %w", file, err)
 	}
-	if _, _, err := migrate(ctx, w, "stream"); err != nil {
+	from, to, err := migrate(ctx, w, "stream")
+	if err != nil {
 		w.Close()
 		return nil, fmt.Errorf("open stream %s: %w", file, err)
 	}
@@ -148,7 +165,8 @@ func openStream(ctx context.Context, file string, create bool) (*Stream, error) 
 		return nil, fmt.Errorf("open stream %s: %w", file, err)
 	}
 	r.SetConnMaxIdleTime(ReaderIdleTime)
-	s := &Stream{file: file, w: w, r: r, incremental: autoVacuum == autoVacuumIncremental, pageSize: pageSize}
+	s := &Stream{file: file, w: w, r: r, incremental: autoVacuum == autoVacuumIncremental, pageSize: pageSize,
+		migratedFrom: from, migratedTo: to}
 	if openDSNSuffix == "" { // the power-cut test's VFS takes an exclusive lock: r only there
 		s.scan = newScanPool(file)
 	}

@@ -554,3 +554,51 @@ func TestUpgrade_LogsTheDirectoryMigration(t *testing.T) {
 	startServer(t, server.Config{DataDir: t.TempDir(), Log: zerolog.New(&again)})
 	require.NotContains(t, again.String(), "upgraded the data directory's schema", "a new directory is not an upgrade")
 }
+
+// Opening a stream written by an older build logs its schema migration (streams migrate one by
+// one as each first opens, which the directory's line at start does not cover), naming the
+// project, the path and the versions, once: not at its next load. A trim of a stream whose file
+// predates auto_vacuum warns, once per stream, that its space stays in the file, naming the file
+// and the conversion (an operator trimming to free a filling disk saw nothing happen).
+func TestUpgrade_LogsStreamMigrationsAndOldFiles(t *testing.T) {
+	dir := extractFixture(t, "v-1f1d424")
+	b, err := os.ReadFile(filepath.Join(dir, "expected.json"))
+	require.NoError(t, err)
+	var exp upgradeExpected
+	require.NoError(t, json.Unmarshal(b, &exp))
+	var logs syncBuffer
+	ts := startServer(t, server.Config{DataDir: dir, Log: zerolog.New(&logs)})
+	ctx := ctxT(t)
+	s := stream(t, ts.login(t, exp.Tokens["project"]), "/mirror")
+	info, err := client.Describe(ctx, s)
+	require.NoError(t, err)
+	require.Regexp(t, `"level":"info","project":"[^"]+","path":"/mirror","streamId":"`+info.StreamID+`","from":2,"to":\d+,"message":"upgraded a stream's schema"`, logs.String())
+	migrations := strings.Count(logs.String(), "upgraded a stream's schema")
+
+	head := appendKiB(t, s, 50)
+	r, err := client.Trim(ctx, s, head-10)
+	require.NoError(t, err)
+	require.Positive(t, r.Deleted)
+	const warning = "trimmed a stream whose file an itxd before auto_vacuum made"
+	require.Equal(t, 1, strings.Count(logs.String(), warning), "logs:\n%s", logs.String())
+	require.Regexp(t, `"level":"warn","project":"[^"]+","path":"/mirror","file":"[^"]*`+info.StreamID+`\.db"`, logs.String())
+	require.Contains(t, logs.String(), "PRAGMA auto_vacuum = INCREMENTAL; VACUUM;")
+	_, err = client.Trim(ctx, s, head-5)
+	require.NoError(t, err)
+	require.Equal(t, 1, strings.Count(logs.String(), warning), "once per stream")
+
+	// Started again: the streams are at the current schema, nothing is logged as migrated; a
+	// stream made by this build trims without the warning.
+	ts.srv.Close(ctx)
+	var again syncBuffer
+	ts = startServer(t, server.Config{DataDir: dir, Log: zerolog.New(&again)})
+	proj := ts.login(t, exp.Tokens["project"])
+	mustAppend(t, stream(t, proj, "/mirror"), ev("note", `{}`))
+	fresh := stream(t, proj, "/fresh")
+	head = appendKiB(t, fresh, 50)
+	_, err = client.Trim(ctx, fresh, head-10)
+	require.NoError(t, err)
+	require.NotContains(t, again.String(), "upgraded a stream's schema")
+	require.NotContains(t, again.String(), warning)
+	require.Positive(t, migrations)
+}
