@@ -245,7 +245,7 @@ func (a *actor) load() error {
 				// A full disk: the stream still loads, to be read and to deliver what it owes.
 				// Its alarm stays as recorded (due, or due later: a crash still leaves a load
 				// owed), and the next commit sets it (alarmSet is false), once space returns.
-				a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Msg("the stream's alarm is not set to now on load (the disk is full)")
+				a.srv.log.Warn().Err(err).Str("project", a.ref.ProjectID).Str("path", a.ref.Path).Msg("the stream's alarm is not set to now on load (the disk is full)")
 			} else {
 				store.Close()
 				return itx.Errorf(itx.EUnavailable, "load stream %s: %v", a.ref.Path, err)
@@ -319,7 +319,7 @@ func loadState(ctx context.Context, store streamStore, rc reduceContext, now tim
 		st.core = core
 	} else {
 		if raw != nil {
-			warn().Str("path", meta.Path).Msg("core state checkpoint is from another version: re-reducing from offset 1")
+			warn().Str("project", meta.ProjectID).Str("path", meta.Path).Msg("core state checkpoint is from another version: re-reducing from offset 1")
 		}
 		if st.core, err = rereduce(ctx, store, rc, st.head, warn); err != nil {
 			return nil, err
@@ -329,7 +329,7 @@ func loadState(ctx context.Context, store streamStore, rc reduceContext, now tim
 		// the disk.
 		b, _ := json.Marshal(st.core)
 		if err := store.Commit(ctx, storage.Commit{KV: map[string][]byte{coreStateKey: b}}); err != nil {
-			warn().Err(err).Str("path", meta.Path).Msg("could not write the core state checkpoint: the next load re-reduces")
+			warn().Err(err).Str("project", meta.ProjectID).Str("path", meta.Path).Msg("could not write the core state checkpoint: the next load re-reduces")
 		}
 	}
 	if raw, err := store.KV(ctx, procAlarmKey); err != nil {
@@ -521,9 +521,9 @@ func (a *actor) sweepEphemeral() {
 		a.ephBytes, err = a.store.EphemeralBytes(context.Background()) // what the sweep freed
 	}
 	if err != nil {
-		a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Msg("ephemeral sweep failed")
+		a.srv.log.Warn().Err(err).Str("project", a.ref.ProjectID).Str("path", a.ref.Path).Msg("ephemeral sweep failed")
 	} else if n > 0 {
-		a.srv.log.Debug().Int64("deleted", n).Str("path", a.ref.Path).Msg("swept ephemeral events")
+		a.srv.log.Debug().Int64("deleted", n).Str("project", a.ref.ProjectID).Str("path", a.ref.Path).Msg("swept ephemeral events")
 		a.vacuumSoon()
 	}
 }
@@ -926,7 +926,7 @@ func (a *actor) apply(in stepInput) {
 			// server rewrites this (stale) stream's rows from its catalog.
 			if dropped := refDiff(a.secretRefs, refs); len(dropped) > 0 {
 				if err := a.srv.dir.RemoveSecretUses(ctx, a.st.streamID, dropped); err != nil {
-					a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Msg("webhook secret uses not removed")
+					a.srv.log.Warn().Err(err).Str("project", a.ref.ProjectID).Str("path", a.ref.Path).Msg("webhook secret uses not removed")
 				} else {
 					a.srv.collectSecrets(ctx, a.ref.ProjectID, dropped)
 				}
@@ -1096,7 +1096,7 @@ func (a *actor) reloadAfter(group []*appendReq, cause error) {
 	if failure.Code == itx.ELimitExceeded {
 		logged = a.srv.log.Warn() // a bound a client reached (a project's streams), not a fault
 	}
-	logged.Err(cause).Str("path", a.ref.Path).Msg("step failed; reloading the stream's state from storage")
+	logged.Err(cause).Str("project", a.ref.ProjectID).Str("path", a.ref.Path).Msg("step failed; reloading the stream's state from storage")
 	a.reply(group, nil, failure)
 	for _, op := range a.failedReaders {
 		op.reply <- failure
@@ -1118,7 +1118,7 @@ func (a *actor) reloadAfter(group []*appendReq, cause error) {
 		return
 	}
 	if err := a.restore(context.Background()); err != nil {
-		a.srv.log.Error().Err(err).Str("path", a.ref.Path).Msg("reloading the stream's state failed")
+		a.srv.log.Error().Err(err).Str("project", a.ref.ProjectID).Str("path", a.ref.Path).Msg("reloading the stream's state failed")
 		return
 	}
 	a.keepPublishedProgress()
@@ -1339,7 +1339,7 @@ func (a *actor) dropUnmade(ctx context.Context) {
 	if err := a.srv.dropStreamEntry(ctx, *a.unmade); err != nil {
 		// The disk is still full (a delete writes too): try again later, backing off to 30 s.
 		a.dropWait = min(max(2*a.dropWait, time.Second), 30*time.Second)
-		a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Dur("retry_in", a.dropWait).Msg("the entry of a stream whose database could not be made is kept for now")
+		a.srv.log.Warn().Err(err).Str("project", a.ref.ProjectID).Str("path", a.ref.Path).Dur("retry_in", a.dropWait).Msg("the entry of a stream whose database could not be made is kept for now")
 		if a.dropT == nil {
 			a.dropT = a.srv.clock.AfterFunc(a.dropWait, func() { a.post(actorMsg{dropUnmade: true}) })
 		}
@@ -1357,7 +1357,7 @@ func (a *actor) close() {
 	a.sweepEphemeral()
 	retentionDue, err := a.retentionDue()
 	if err != nil {
-		a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Msg("the stream's retention policy: its oldest event not read (applied at its next load)")
+		a.srv.log.Warn().Err(err).Str("project", a.ref.ProjectID).Str("path", a.ref.Path).Msg("the stream's retention policy: its oldest event not read (applied at its next load)")
 	}
 	a.mu.Lock()
 	a.pub.store = nil
@@ -1368,9 +1368,9 @@ func (a *actor) close() {
 	// it is marked, a restart rewrites them from the catalog.
 	sum := summaryOf(a.st.head, a.st.lastAppendAt, a.st.core, pointerRow(a.st.rows), a.st.readers)
 	if err := a.srv.dir.SetSecretUses(ctx, a.ref.ProjectID, a.st.streamID, refList(secretRefsOf(a.st.core))); err != nil {
-		a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Msg("webhook secret uses not rewritten: the summary stays stale")
+		a.srv.log.Warn().Err(err).Str("project", a.ref.ProjectID).Str("path", a.ref.Path).Msg("webhook secret uses not rewritten: the summary stays stale")
 	} else if err := a.srv.dir.UpdateStreamSummary(ctx, a.st.streamID, sum); err != nil {
-		a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Msg("stream summary not refreshed")
+		a.srv.log.Warn().Err(err).Str("project", a.ref.ProjectID).Str("path", a.ref.Path).Msg("stream summary not refreshed")
 	}
 	// A parked subscription waits for a mount, not a time: record what it waits for, so the
 	// mount can load this stream. Only streams with itx-call subscriptions pay for the write.
@@ -1392,19 +1392,19 @@ func (a *actor) close() {
 	}
 	if calls {
 		if err := a.srv.dir.SetParked(ctx, a.st.streamID, parked); err != nil {
-			a.srv.log.Error().Err(err).Str("path", a.ref.Path).Msg("parked subscriptions not recorded")
+			a.srv.log.Error().Err(err).Str("project", a.ref.ProjectID).Str("path", a.ref.Path).Msg("parked subscriptions not recorded")
 		}
 	}
 	if a.st.alarmSet {
 		due := a.nextAlarm(retentionDue)
 		if err := a.srv.dir.SetAlarm(ctx, a.st.streamID, due); err != nil {
-			a.srv.log.Error().Err(err).Str("path", a.ref.Path).Msg("stream alarm not recorded")
+			a.srv.log.Error().Err(err).Str("project", a.ref.ProjectID).Str("path", a.ref.Path).Msg("stream alarm not recorded")
 		} else if due > 0 {
 			a.srv.alarmChanged(due)
 		}
 	}
 	if err := store.Close(); err != nil {
-		a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Msg("closing stream database")
+		a.srv.log.Warn().Err(err).Str("project", a.ref.ProjectID).Str("path", a.ref.Path).Msg("closing stream database")
 	}
 	a.noteSize(0, true) // its write-ahead log went with it
 }

@@ -30,7 +30,7 @@ func (s *Server) wakeDue() {
 				continue
 			}
 			if ctx.Err() == nil {
-				s.log.Error().Err(err).Str("path", d.Path).Msg("waking a stream for its alarm")
+				s.log.Error().Err(err).Str("project", d.ProjectID).Str("path", d.Path).Msg("waking a stream for its alarm")
 			}
 			continue
 		}
@@ -106,7 +106,7 @@ func (s *Server) loadForNewVersion(version string) {
 		a, err := s.acquire(ctx, StreamRef{ProjectID: d.ProjectID, Path: d.Path})
 		if err != nil {
 			if ctx.Err() == nil {
-				s.log.Warn().Err(err).Str("path", d.Path).Msg("loading a stream for the processors' new version")
+				s.log.Warn().Err(err).Str("project", d.ProjectID).Str("path", d.Path).Msg("loading a stream for the processors' new version")
 			}
 			continue
 		}

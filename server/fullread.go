@@ -95,7 +95,7 @@ func (s *Server) readFile(ctx context.Context, b snapshotter, ref StreamRef, ent
 	snap, err := b.Snapshot(ctx, entry.StreamID)
 	if err != nil {
 		if !errors.Is(err, storage.ErrWALPending) {
-			s.log.Warn().Err(err).Str("path", ref.Path).Msg("reading a stream from its database file alone while the disk is full")
+			s.log.Warn().Err(err).Str("project", ref.ProjectID).Str("path", ref.Path).Msg("reading a stream from its database file alone while the disk is full")
 		}
 		return loadErr
 	}

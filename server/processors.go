@@ -476,7 +476,7 @@ func (a *actor) processors(ctx context.Context) (itx.StreamProcessors, error) {
 		Path: a.ref.Path, Log: procLog{a}, Progress: procProgress{a}, KV: procKV{a}, Alarm: procAlarmCell{a},
 		Clock: a.srv.clock,
 		Logf: func(format string, args ...any) {
-			log.Info().Str("path", a.ref.Path).Msg(fmt.Sprintf(format, args...))
+			log.Info().Str("project", a.ref.ProjectID).Str("path", a.ref.Path).Msg(fmt.Sprintf(format, args...))
 		},
 	})
 	if err != nil {
@@ -607,7 +607,7 @@ func (a *actor) fireProcessorAlarm(owner string) {
 		ctx := a.dctx
 		err := a.handleProcessorAlarm(ctx, names)
 		if err != nil && ctx.Err() == nil {
-			a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Msg("processor alarm")
+			a.srv.log.Warn().Err(err).Str("project", a.ref.ProjectID).Str("path", a.ref.Path).Msg("processor alarm")
 		}
 		a.ask(ctx, procOp{fired: true})
 	}()
@@ -624,7 +624,7 @@ func (a *actor) handleProcessorAlarm(ctx context.Context, names map[string]strin
 	}
 	for name, contract := range names {
 		if _, err := a.startRunner(ctx, ps, name, contract); err != nil && itx.ErrorCode(err) != itx.ENotFound {
-			a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Str("processor", name).Msg("starting processor for its alarm")
+			a.srv.log.Warn().Err(err).Str("project", a.ref.ProjectID).Str("path", a.ref.Path).Str("processor", name).Msg("starting processor for its alarm")
 		}
 	}
 	return ps.HandleAlarm(ctx)

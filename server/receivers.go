@@ -680,7 +680,7 @@ func (s *Server) pokeCapability(projectID, token string) {
 			// parked until the next mount.
 			now := itx.UnixMilli(s.clock.Now())
 			if err := s.dir.SetAlarm(s.base, e.StreamID, now); err != nil {
-				s.log.Error().Err(err).Str("path", e.Path).Msg("parked stream alarm not recorded")
+				s.log.Error().Err(err).Str("project", e.ProjectID).Str("path", e.Path).Msg("parked stream alarm not recorded")
 				continue
 			}
 			s.alarmChanged(now)

@@ -615,7 +615,7 @@ func (a *actor) fireRemoteAlarm(name string) {
 		}
 		if err != nil && ctx.Err() == nil && !early {
 			// The host's error text is the peer's: logged within the bound of a cursor's error.
-			a.srv.log.Warn().Str("error", truncate(err.Error(), itx.MaxCursorErrorLength)).Str("path", ref.Path).Str("processor", name).Msg("remote processor alarm: retrying later")
+			a.srv.log.Warn().Str("error", truncate(err.Error(), itx.MaxCursorErrorLength)).Str("project", ref.ProjectID).Str("path", ref.Path).Str("processor", name).Msg("remote processor alarm: retrying later")
 			later := itx.UnixMilli(a.srv.clock.Now().Add(remoteAlarmRetry))
 			a.ask(ctx, procOp{alarm: &later, owner: name})
 		}
@@ -674,7 +674,7 @@ func (a *actor) stopRemote(scope, contract, name string) {
 		ctx, cancel := context.WithTimeout(a.srv.base, a.srv.cfg.DeliveryTimeout)
 		defer cancel()
 		if err := m.host.Stop(ctx, streamID, name); err != nil {
-			log.Debug().Err(err).Str("path", a.ref.Path).Str("processor", name).Str("host", m.name).Msg("stopping a remote processor's session")
+			log.Debug().Err(err).Str("project", a.ref.ProjectID).Str("path", a.ref.Path).Str("processor", name).Str("host", m.name).Msg("stopping a remote processor's session")
 		}
 	}()
 }

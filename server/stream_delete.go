@@ -115,7 +115,7 @@ func (s *Server) DeleteStream(ctx context.Context, by Admin, ref StreamRef, forc
 	s.audit(ctx, rec)
 	if removeErr != nil {
 		// Deleted: the directory no longer names it, and the next start removes its files.
-		s.log.Warn().Err(removeErr).Str("path", ref.Path).Msg("the deleted stream's files are removed at the next start")
+		s.log.Warn().Err(removeErr).Str("project", ref.ProjectID).Str("path", ref.Path).Msg("the deleted stream's files are removed at the next start")
 	}
 	return gone, nil
 }

@@ -120,7 +120,7 @@ func (a *actor) trimChunk(r *trimReq) {
 		if r.auto {
 			a.autoTrimming = false
 			if err != nil {
-				a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Msg("the stream's retention policy could not trim it (tried again later)")
+				a.srv.log.Warn().Err(err).Str("project", a.ref.ProjectID).Str("path", a.ref.Path).Msg("the stream's retention policy could not trim it (tried again later)")
 			}
 			a.armRetention()
 			if err == nil && r.more && a.st.trimmed >= r.through { // not when a consumer held it back
@@ -186,7 +186,7 @@ func (a *actor) trimChunk(r *trimReq) {
 			if err := a.srv.dir.SetAlarm(context.Background(), a.st.streamID, itx.UnixMilli(a.srv.clock.Now())); err == nil {
 				a.st.alarmSet = true
 			} else {
-				a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Msg("the stream's alarm not set for a trim's audit record (appended at its next load)")
+				a.srv.log.Warn().Err(err).Str("project", a.ref.ProjectID).Str("path", a.ref.Path).Msg("the stream's alarm not set for a trim's audit record (appended at its next load)")
 			}
 		}
 		note = func(deleted, reached int64) map[string][]byte {
@@ -244,7 +244,7 @@ func (a *actor) appendTrimAudit(rec storage.AuditRecord) <-chan struct{} {
 		defer close(done)
 		if err := a.srv.appendAudit(a.srv.base, &rec); err != nil {
 			if a.srv.base.Err() == nil {
-				a.srv.log.Error().Err(err).Str("type", rec.Type).Str("path", a.ref.Path).Msg("could not record an audit event (it is appended when the stream next loads)")
+				a.srv.log.Error().Err(err).Str("type", rec.Type).Str("project", a.ref.ProjectID).Str("path", a.ref.Path).Msg("could not record an audit event (it is appended when the stream next loads)")
 			}
 			return
 		}
@@ -291,7 +291,7 @@ func (a *actor) vacuumChunk() {
 	freed, left, err := a.store.Vacuum(context.Background(), vacuumChunkBytes)
 	if err != nil {
 		// A full or failing disk: tried again after the next trim or sweep, or at the next load.
-		a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Msg("the stream's free space was not given back to the file system")
+		a.srv.log.Warn().Err(err).Str("project", a.ref.ProjectID).Str("path", a.ref.Path).Msg("the stream's free space was not given back to the file system")
 		a.forgetDeferredAudits()
 		return
 	}
@@ -461,7 +461,7 @@ func (a *actor) armRetention() {
 	now := a.srv.clock.Now()
 	due, err := a.retentionDue()
 	if err != nil {
-		a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Msg("the stream's retention policy: its oldest event not read (tried again later)")
+		a.srv.log.Warn().Err(err).Str("project", a.ref.ProjectID).Str("path", a.ref.Path).Msg("the stream's retention policy: its oldest event not read (tried again later)")
 	}
 	at := now.Add(retentionEvery)
 	if due > 0 && time.UnixMilli(due).After(at) {
@@ -515,7 +515,7 @@ func (s *Server) SetRetention(ctx context.Context, by Admin, ref StreamRef, maxA
 		return nil
 	}
 	if err := s.appendAudit(context.WithoutCancel(ctx), rec); err != nil {
-		s.log.Error().Err(err).Str("type", rec.Type).Str("path", ref.Path).Msg("could not record an audit event (it is appended when the stream next loads)")
+		s.log.Error().Err(err).Str("type", rec.Type).Str("project", ref.ProjectID).Str("path", ref.Path).Msg("could not record an audit event (it is appended when the stream next loads)")
 	} else {
 		a.post(actorMsg{auditDone: rec.ID})
 	}
@@ -581,7 +581,7 @@ func (a *actor) setRetention(r *retentionReq) {
 		if err := a.srv.dir.SetAlarm(context.Background(), a.st.streamID, itx.UnixMilli(a.srv.clock.Now())); err == nil {
 			a.st.alarmSet = true
 		} else {
-			a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Msg("the stream's alarm not set for its retention policy (applied at its next load)")
+			a.srv.log.Warn().Err(err).Str("project", a.ref.ProjectID).Str("path", a.ref.Path).Msg("the stream's alarm not set for its retention policy (applied at its next load)")
 		}
 	}
 	if err := a.store.Commit(context.Background(), storage.Commit{KV: kv}); err != nil {
@@ -619,7 +619,7 @@ func (a *actor) forgetAudit(id string) {
 		c = storage.Commit{KV: map[string][]byte{auditPendingKey: b}}
 	}
 	if err := a.store.Commit(context.Background(), c); err != nil {
-		a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Msg("an audit record in the audit stream stays pending (appended again, as a duplicate, at the next load)")
+		a.srv.log.Warn().Err(err).Str("project", a.ref.ProjectID).Str("path", a.ref.Path).Msg("an audit record in the audit stream stays pending (appended again, as a duplicate, at the next load)")
 		return
 	}
 	a.pendingAudits = kept
@@ -641,7 +641,7 @@ func (a *actor) flushAudits(recs []storage.AuditRecord) {
 	for i := range recs {
 		if err := a.srv.appendAudit(a.srv.base, &recs[i]); err != nil {
 			if a.srv.base.Err() == nil {
-				a.srv.log.Error().Err(err).Str("type", recs[i].Type).Str("path", a.ref.Path).Msg("could not record an audit event (it is appended when the stream next loads)")
+				a.srv.log.Error().Err(err).Str("type", recs[i].Type).Str("project", a.ref.ProjectID).Str("path", a.ref.Path).Msg("could not record an audit event (it is appended when the stream next loads)")
 			}
 			continue
 		}

@@ -24,7 +24,7 @@ func (s *Server) refreshStaleSummaries(ctx context.Context) {
 	unsure := map[string]bool{}
 	inParallel(entries, func(e storage.StreamEntry) {
 		if err := s.refreshSummary(ctx, e); err != nil {
-			s.log.Warn().Err(err).Str("path", e.Path).Msg("stream summary not refreshed")
+			s.log.Warn().Err(err).Str("project", e.ProjectID).Str("path", e.Path).Msg("stream summary not refreshed")
 			mu.Lock()
 			unsure[e.ProjectID] = true
 			mu.Unlock()
@@ -107,7 +107,7 @@ func (s *Server) dropUnfinished(e storage.StreamEntry) error {
 	if err := s.dropStreamEntry(context.Background(), e); err != nil {
 		return err
 	}
-	s.log.Info().Str("path", e.Path).Msg("dropped a stream whose creation an unclean stop cut short (nothing was committed to it)")
+	s.log.Info().Str("project", e.ProjectID).Str("path", e.Path).Msg("dropped a stream whose creation an unclean stop cut short (nothing was committed to it)")
 	return nil
 }
 
