@@ -231,7 +231,7 @@ func (a *actor) load() error {
 		// forgotten. While any is pending the stream owns its alarm (due now), so the unload
 		// records it due again if the append did not happen, and clears it once it did.
 		if raw, err := a.store.KV(ctx, auditPendingKey); err != nil {
-			a.srv.log.Warn().Err(err).Str("path", a.ref.Path).Msg("pending audit records not read (read again at the next load)")
+			a.srv.log.Warn().Err(err).Str("project", a.ref.ProjectID).Str("path", a.ref.Path).Msg("pending audit records not read (read again at the next load)")
 		} else if raw != nil {
 			_ = json.Unmarshal(raw, &a.pendingAudits)
 		}
