@@ -64,6 +64,7 @@ type actor struct {
 	wakeAt          int64
 	flushArmed      bool
 	failedCommits   int       // in a row: the cursor flush backs off while storage refuses (flushDelay)
+	failLoggedAt    time.Time // when a failed step was last logged (reloadAfter: once a minute in a row)
 	lastSweep       time.Time // of ephemeral rows
 	ephBytes        int64     // held in ephemeral rows (see Config.EphemeralBufferBytes)
 	lastRetention   time.Time // the retention policy last applied (applyRetention)
@@ -903,7 +904,11 @@ func (a *actor) apply(in stepInput) {
 			a.answerSettles(in.settles)
 			return
 		}
-		a.failedCommits = 0
+		if a.failedCommits > 0 && !a.failLoggedAt.IsZero() {
+			a.srv.log.Info().Str("project", a.ref.ProjectID).Str("path", a.ref.Path).Int("failedInARow", a.failedCommits).
+				Msg("the stream's commits succeed again")
+		}
+		a.failedCommits, a.failLoggedAt = 0, time.Time{}
 		if a.trimmableKnown || a.sizeScan != nil {
 			for i := range eff.commit.Events {
 				if e := &eff.commit.Events[i]; storage.Trimmable(e) {
@@ -1096,7 +1101,17 @@ func (a *actor) reloadAfter(group []*appendReq, cause error) {
 	if failure.Code == itx.ELimitExceeded {
 		logged = a.srv.log.Warn() // a bound a client reached (a project's streams), not a fault
 	}
-	logged.Err(cause).Str("project", a.ref.ProjectID).Str("path", a.ref.Path).Msg("step failed; reloading the stream's state from storage")
+	// Commits failing in a row (a full or failing disk, with clients retrying) are logged once a
+	// minute with how many failed, and their end once: it logged an error line per refused
+	// append, thousands a second, onto a disk that may be the full one.
+	now := a.srv.clock.Now()
+	if a.failedCommits > 1 && !a.failLoggedAt.IsZero() && now.Sub(a.failLoggedAt) < time.Minute {
+		logged = a.srv.log.Debug()
+	} else if a.failedCommits > 0 {
+		a.failLoggedAt = now
+	}
+	logged.Err(cause).Str("project", a.ref.ProjectID).Str("path", a.ref.Path).Int("failedInARow", a.failedCommits).
+		Msg("step failed; reloading the stream's state from storage")
 	a.reply(group, nil, failure)
 	for _, op := range a.failedReaders {
 		op.reply <- failure

@@ -1,6 +1,8 @@
 package test
 
 import (
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/itx-dev/itx"
@@ -26,4 +28,29 @@ func TestLog_StreamLinesNameTheProject(t *testing.T) {
 	_, err = client.Append(ctx, stream(t, other, "/b"), []itx.EventInput{ev("note", `{}`)}, itx.AppendOptions{})
 	requireCode(t, err, itx.ELimitExceeded)
 	require.Contains(t, logs.String(), `"project":"`+info.ID+`","path":"/b"`, "logs:\n%s", logs.String())
+}
+
+// Commits failing in a row (a full disk, a client retrying) are logged once, not once each: it
+// logged an error line per refused append, as fast as the client retried, onto what may be the
+// full disk; the end of the run is logged once, with how many failed.
+func TestLog_FailingCommitsInARowLoggedOnce(t *testing.T) {
+	fs := mountTmpfs(t, "16m")
+	var logs syncBuffer
+	ts := startServer(t, server.Config{DataDir: filepath.Join(fs, "data"), Log: zerolog.New(&logs).Level(zerolog.InfoLevel)})
+	ctx := ctxT(t)
+	s := stream(t, ts.project(t), "/a")
+	mustAppend(t, s, ev("note", `{}`))
+	free := fillDisk(t, fs, 0)
+	refused := 0
+	for i := 0; i < 500 && refused < 30; i++ {
+		if _, err := client.Append(ctx, s, kibEvents(200, i*200), itx.AppendOptions{}); err != nil {
+			requireCode(t, err, itx.EResourceExhausted)
+			refused++
+		}
+	}
+	require.Equal(t, 30, refused)
+	free()
+	mustAppend(t, s, ev("note", `{}`))
+	require.Equal(t, 1, strings.Count(logs.String(), "step failed; reloading"), "logs:\n%s", logs.String())
+	require.Regexp(t, `"failedInARow":(3\d|[4-9]\d),"message":"the stream's commits succeed again"`, logs.String())
 }
