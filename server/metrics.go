@@ -180,6 +180,13 @@ func newMetrics() *Metrics {
 		m.DeliveryFailures.WithLabelValues(kind)
 	}
 	m.Backups.WithLabelValues("ok")
+	// The codes a disk refuses commits with, at 0 from the start, for the same reason: an alert
+	// on rate(itx_commit_failures_total{code="resourceExhausted"}) saw no data until the disk
+	// first filled, indistinguishable from a scrape that fails.
+	for _, code := range []itx.Code{itx.EResourceExhausted, itx.EUnavailable} {
+		m.CommitFailures.WithLabelValues(string(code))
+	}
+	m.AppendCalls.WithLabelValues("ok")
 	return m
 }
 

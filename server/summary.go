@@ -31,7 +31,11 @@ func (s *Server) refreshStaleSummaries(ctx context.Context) {
 		}
 	})
 	if len(entries) > 0 {
-		s.log.Info().Int("streams", len(entries)).Msg("refreshed the summaries of streams written before an unclean stop")
+		why := "written before an unclean stop"
+		if s.dir.MigratedFrom > 0 && s.dir.MigratedFrom != s.dir.MigratedTo {
+			why = "after the directory's upgrade (or written before an unclean stop)" // migrations 011-013 mark streams stale
+		}
+		s.log.Info().Int("streams", len(entries)).Msg("refreshed the summaries of streams " + why)
 	}
 	s.sweepSecrets(ctx, unsure)
 }

@@ -105,6 +105,18 @@ func TestMetrics_DeliveryFailuresStartAtZero(t *testing.T) {
 	require.Zero(t, testutil.ToFloat64(ts.srv.Metrics().DeliveryFailures.WithLabelValues("processor-wake")))
 }
 
+// So do the commits a disk refuses (a full one, a failing one) and the appends taken: an alert
+// on rate(itx_commit_failures_total{code="resourceExhausted"}) saw no data until the disk first
+// filled.
+func TestMetrics_CommitFailuresStartAtZero(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	require.Equal(t, 2, testutil.CollectAndCount(ts.srv.Metrics().CommitFailures))
+	for _, code := range []string{"resourceExhausted", "unavailable"} {
+		require.Zero(t, testutil.ToFloat64(ts.srv.Metrics().CommitFailures.WithLabelValues(code)))
+	}
+	require.Equal(t, 1, testutil.CollectAndCount(ts.srv.Metrics().AppendCalls))
+}
+
 // The consumer standing gauges sum what Streams.list shows per stream: subscriptions, those
 // halted now, and the largest lag of any subscription or registered reader, from the live state
 // of loaded streams and from the directory's summaries once they are unloaded.

@@ -574,6 +574,7 @@ func TestUpgrade_LogsStreamMigrationsAndOldFiles(t *testing.T) {
 	require.NoError(t, err)
 	require.Regexp(t, `"level":"info","project":"[^"]+","path":"/mirror","streamId":"`+info.StreamID+`","from":2,"to":\d+,"message":"upgraded a stream's schema"`, logs.String())
 	migrations := strings.Count(logs.String(), "upgraded a stream's schema")
+	require.Contains(t, logs.String(), "refreshed the summaries of streams after the directory's upgrade", "not said to be an unclean stop's")
 
 	head := appendKiB(t, s, 50)
 	r, err := client.Trim(ctx, s, head-10)
