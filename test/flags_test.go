@@ -74,6 +74,7 @@ func TestItxd_RefusesBadFlagValues(t *testing.T) {
 		{[]string{"--backup-every", "1h", "--backup-dir", "/tmp", "--backup-keep", "0"}, "--backup-keep must be positive"},
 		{[]string{"--backup-every", "1h", "--backup-dir", "/tmp", "--backup-keep", "1001"}, "keep 1001: want 1 to 1000"},
 		{[]string{"--backup-dir", "/tmp"}, "without an interval"},
+		{[]string{"--backup-keep", "30"}, "--backup-keep needs --backup-dir"},
 		{[]string{"--tls-cert", "x.pem"}, "--tls-key"},
 		{[]string{"serve"}, `"serve"`},
 	} {

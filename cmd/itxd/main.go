@@ -223,6 +223,13 @@ func run() error {
 		minFreeDisk = 0
 	}
 
+	keepSet := false
+	flag.Visit(func(f *flag.Flag) { keepSet = keepSet || f.Name == "backup-keep" })
+	if keepSet && *backupDir == "" {
+		// It was taken and did nothing: an operator who meant to keep 30 backups, and forgot
+		// the folder, had none.
+		return usagef("--backup-keep needs --backup-dir and --backup-every (it bounds the scheduled backups)")
+	}
 	if err := server.CheckBackupSchedule(*data, *backupDir, *backupEvery, *backupKeep); err != nil {
 		return usagef("--backup-dir, --backup-every, --backup-keep: %v", err)
 	}
