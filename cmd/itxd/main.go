@@ -177,6 +177,7 @@ func run() error {
 	procNames := flag.String("processors", strings.Join(examples.Names, ","), "reference processors hosted in-process, comma-separated (empty: none); a processor-wake subscription named after one runs it")
 	agentVendor := flag.String("agent-vendor-url", "", "the agent processor's LLM endpoint: POST {requestId, prompt} answered by {text} (empty: echo the prompt)")
 	agentHesitation := flag.Duration("agent-hesitation", time.Duration(examples.DefaultAgentConfig.HesitationMs)*time.Millisecond, "how long the agent waits after a message before it requests a completion (0: not at all)")
+	newRootToken := flag.Bool("new-deployment-token", false, "create a new token for the deployment root, record it in <data>/credentials.json and print it, then exit without serving (itxd must not be running on --data): for a lost credentials file, or after revoking the root's tokens")
 	flag.Parse()
 	if err := checkFlags(flag.CommandLine); err != nil {
 		return err
@@ -253,6 +254,9 @@ func run() error {
 	}
 	if err := examples.AddTo(host, strings.Split(*procNames, ","), examples.HostOptions{Vendor: vendor, Agent: agentCfg}); err != nil {
 		return usagef("--processors: %v", err)
+	}
+	if *newRootToken {
+		return mintDeploymentToken(log, *data)
 	}
 	// Bound before the data directory is opened: an address that cannot be listened on is
 	// refused before anything is written (and before the directory is left open unclosed).
@@ -404,25 +408,61 @@ func dialable(addr string) string {
 	return addr
 }
 
-// recordAddress writes the bound RPC address into <data>/credentials.json as "addr", beside the
-// tokens, so `itx --data <data>` finds the server wherever `make run` put it. The file keeps
-// its other fields and mode 0600; it is replaced by a rename after an fsync (server.WriteFileDurably),
-// so a reader never sees half of it and a power cut leaves the old file or the new one.
-// A data directory without credentials (tokens made elsewhere) is left alone.
-func recordAddress(data, addr string) error {
-	path := filepath.Join(data, server.CredentialsFile)
-	b, err := os.ReadFile(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
+// mintDeploymentToken is itxd --new-deployment-token: it opens the data directory (its lock
+// refuses a running itxd's), creates a whole-scope token for the deployment root (audited in
+// /audit, by "itxd --new-deployment-token"), records it in credentials.json as the deployment
+// token and prints it. Without it, a root whose tokens were all revoked, or whose credentials
+// file was lost (a token is kept only as its hash), could never be administered again.
+func mintDeploymentToken(log zerolog.Logger, data string) error {
+	ctx := context.Background()
+	if _, err := os.Stat(filepath.Join(data, "directory.db")); err != nil {
+		return fmt.Errorf("--new-deployment-token: %s is not a data directory: %w", data, err)
 	}
+	srv, err := server.Open(ctx, server.Config{DataDir: data, Log: log, MinFreeDisk: 0})
 	if err != nil {
 		return err
 	}
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(b, &fields); err != nil {
-		return fmt.Errorf("%s: %w", path, err)
+	label := "new-deployment-token " + time.Now().UTC().Format(time.RFC3339)
+	token, info, err := srv.CreateToken(ctx, server.Admin{TokenID: "itxd --new-deployment-token"}, server.DeploymentProjectID, label, 0, itx.Scope{})
+	if cerr := srv.Close(ctx); err == nil {
+		err = cerr
 	}
-	fields["addr"], _ = json.Marshal(addr)
+	if err != nil {
+		return fmt.Errorf("--new-deployment-token: %w", err)
+	}
+	if err := setCredential(data, "deploymentToken", token, true); err != nil {
+		fmt.Fprintf(os.Stderr, "itxd: the token was created but not recorded in credentials.json (%v): keep it from here\n", err)
+	}
+	fmt.Fprintf(os.Stderr, "created the deployment root's token %s (label %q), recorded in %s:\n", info.ID, label, filepath.Join(data, server.CredentialsFile))
+	fmt.Println(token)
+	return nil
+}
+
+// recordAddress writes the bound RPC address into <data>/credentials.json as "addr", beside the
+// tokens, so `itx --data <data>` finds the server wherever `make run` put it. A data directory
+// without credentials (tokens made elsewhere) is left alone.
+func recordAddress(data, addr string) error { return setCredential(data, "addr", addr, false) }
+
+// setCredential sets one field of <data>/credentials.json. The file keeps its other fields and
+// mode 0600; it is replaced by a rename after an fsync (server.WriteFileDurably), so a reader
+// never sees half of it and a power cut leaves the old file or the new one. A missing file is
+// made when create, else left alone.
+func setCredential(data, key, value string, create bool) error {
+	path := filepath.Join(data, server.CredentialsFile)
+	fields := map[string]json.RawMessage{}
+	b, err := os.ReadFile(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist) && !create:
+		return nil
+	case errors.Is(err, fs.ErrNotExist):
+	case err != nil:
+		return err
+	default:
+		if err := json.Unmarshal(b, &fields); err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+	}
+	fields[key], _ = json.Marshal(value)
 	out, err := json.MarshalIndent(fields, "", "  ")
 	if err != nil {
 		return err
