@@ -145,7 +145,7 @@ func newMetrics() *Metrics {
 			Name: "itx_backups_total", Help: "Backups (Admin.backup) by result.",
 		}, []string{"result"}),
 		BackupLastOK: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "itx_backup_last_success_timestamp_seconds", Help: "The instant the last backup written by this process holds (unix seconds; 0: none yet).",
+			Name: "itx_backup_last_success_timestamp_seconds", Help: "The instant the last backup written holds (unix seconds): by this process, or at start with --backup-dir the newest scheduled one there (from its name: when it started); 0: none yet.",
 		}),
 		BackupLastFrozen: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "itx_backup_last_frozen_seconds", Help: "How long the loaded streams stood still for the last backup written.",
