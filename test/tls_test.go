@@ -177,3 +177,28 @@ func TestItxd_RefusesPlaintextOffLoopback(t *testing.T) {
 	_, err = client.DescribeProject(ctxT(t), conn.Login(ctxT(t), p.creds.ProjectToken))
 	require.NoError(t, err)
 }
+
+// A certificate renewed in place (certbot, cert-manager write new files at the same paths) is
+// served without a restart: itxd read the files once at start, so a 90-day certificate expired
+// under a running server and every handshake failed until someone restarted it.
+func TestTLS_RenewedCertificateServedWithoutRestart(t *testing.T) {
+	dir := t.TempDir()
+	ca := newTestCA(t, dir, "ca")
+	cert, key := ca.issue(t, dir, "server", x509.ExtKeyUsageServerAuth)
+	p := startItxd(t, t.TempDir(), "--tls-cert", cert, "--tls-key", key)
+	ctx := ctxT(t)
+	oldCfg, err := client.TLSConfig(ca.file, "", "")
+	require.NoError(t, err)
+	require.NoError(t, describeOverTLS(ctx, p.addr, p.creds.ProjectToken, oldCfg))
+
+	renewed := t.TempDir()
+	next := newTestCA(t, renewed, "next-ca")
+	newCert, newKey := next.issue(t, renewed, "server", x509.ExtKeyUsageServerAuth)
+	require.NoError(t, os.Rename(newKey, key))
+	require.NoError(t, os.Rename(newCert, cert))
+	newCfg, err := client.TLSConfig(next.file, "", "")
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return describeOverTLS(ctx, p.addr, p.creds.ProjectToken, newCfg) == nil },
+		20*time.Second, 50*time.Millisecond, "the renewed certificate is served")
+	require.Error(t, describeOverTLS(ctx, p.addr, p.creds.ProjectToken, oldCfg), "the old one is not")
+}
