@@ -243,7 +243,7 @@ func runAdmin(args []string, conf resolved, tlsConfig *tls.Config, env environme
 		}
 	}
 	if err != nil {
-		repl.PrintFailure(env.stderr, err, asJSON, color)
+		repl.PrintFailureHinted(env.stderr, err, asJSON, color, conf.tokenHint(token == conf.deploymentToken))
 		return exitError
 	}
 	switch {

@@ -466,3 +466,36 @@ func TestEval_ErrorCodes(t *testing.T) {
 	require.Equal(t, "notFound", f.Code)
 	require.Contains(t, f.Message, `subscription "nobody" does not exist`)
 }
+
+// A token read from a data directory's credentials.json that itxd no longer knows (rotated:
+// revoked after a new one was made) is refused with a hint naming the file, not "unknown token"
+// alone; the deployment token's names itxd --new-deployment-token. A token given with --token
+// gets no hint.
+func TestRun_RevokedCredentialsTokenHint(t *testing.T) {
+	data := t.TempDir()
+	startItxd(t, data)
+	path := filepath.Join(data, "credentials.json")
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	var creds map[string]any
+	require.NoError(t, json.Unmarshal(b, &creds))
+	creds["projectToken"] = "itx_" + strings.Repeat("0", 48)
+	creds["deploymentToken"] = "itxd_" + strings.Repeat("0", 48)
+	b, err = json.Marshal(creds)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(path, b, 0o600))
+
+	c := newCLI(t)
+	code, _, errs := c.run("", "--data", data, "-e", "project.describe().name")
+	require.Equal(t, exitError, code)
+	require.Contains(t, errs, "unauthenticated: ")
+	require.Contains(t, errs, "the token read from "+path+": revoked since? pass --token")
+	code, _, errs = c.run("", "--data", data, "admin", "projects")
+	require.Equal(t, exitError, code)
+	require.Contains(t, errs, "the deployment token read from "+path)
+	require.Contains(t, errs, "itxd --new-deployment-token")
+	code, _, errs = c.run("", "--data", data, "--token", "itx_"+strings.Repeat("1", 48), "-e", "project.describe().name")
+	require.Equal(t, exitError, code)
+	require.Contains(t, errs, "unauthenticated: ")
+	require.NotContains(t, errs, "revoked since?")
+}

@@ -42,6 +42,20 @@ type resolved struct {
 	deploymentToken string
 }
 
+// tokenHint is what an unauthenticated answer adds when the token was read from a data
+// directory's credentials.json: that token may have been revoked since itxd recorded it (a
+// rotation), and "unknown token" alone sent the operator looking elsewhere. deployment: the
+// deployment root's token was used.
+func (r resolved) tokenHint(deployment bool) string {
+	if !strings.HasSuffix(r.tokenFrom, "credentials.json") {
+		return ""
+	}
+	if deployment && r.deploymentToken != "" {
+		return "the deployment token read from " + r.tokenFrom + ": revoked since? pass --token, or with itxd stopped make a new one with itxd --new-deployment-token"
+	}
+	return "the token read from " + r.tokenFrom + ": revoked since? pass --token"
+}
+
 // settings are the flag values resolution starts from; empty means not given.
 type settings struct {
 	addr, token, configPath, dataDir string

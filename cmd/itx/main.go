@@ -176,8 +176,9 @@ Flags:
 	}
 	asJSON := format == repl.FormatJSON
 	color := env.stderrTTY && !*noColor && env.getenv("NO_COLOR") == ""
+	tokenHint := "" // set once the token is resolved
 	fail := func(err error) int {
-		repl.PrintFailure(env.stderr, err, asJSON, color)
+		repl.PrintFailureHinted(env.stderr, err, asJSON, color, tokenHint)
 		return exitError
 	}
 
@@ -235,6 +236,7 @@ Flags:
 	if err != nil {
 		return usageText(env.stderr, "itx: "+err.Error(), asJSON)
 	}
+	tokenHint = conf.tokenHint(false)
 	var tlsConfig *tls.Config
 	if *useTLS || *caFile != "" || *certFile != "" || *keyFile != "" {
 		if tlsConfig, err = client.TLSConfig(*caFile, *certFile, *keyFile); err != nil {
@@ -249,6 +251,7 @@ Flags:
 	cfg := repl.Config{
 		Addr: conf.addr, Token: conf.token, TLS: tlsConfig, Out: env.stdout, Err: env.stderr,
 		Format: format, TTY: env.stdoutTTY, Color: color, Wide: *wide, Size: env.size,
+		TokenHint: conf.tokenHint(false),
 	}
 	if interactive {
 		cfg.Pager, cfg.PagerOut = pagerCommand(env.getenv), env.stdout

@@ -488,7 +488,16 @@ func (s *Session) throw(err error) goja.Value {
 // PrintError prints an evaluation's error: "<code>: <message>", red on a terminal, or a JSON
 // document {"error": {code, message}} in the JSON format.
 func (s *Session) PrintError(err error) {
-	printFailure(s.cfg.Err, Describe(err), s.cfg.Format == FormatJSON, s.cfg.Color)
+	printFailure(s.cfg.Err, WithTokenHint(Describe(err), s.cfg.TokenHint), s.cfg.Format == FormatJSON, s.cfg.Color)
+}
+
+// WithTokenHint adds hint to an unauthenticated failure: "unknown token" alone did not say
+// which token, and one read from a credentials file may have been revoked since.
+func WithTokenHint(f Failure, hint string) Failure {
+	if hint != "" && f.Code == string(itx.EUnauthenticated) {
+		f.Message += " (" + hint + ")"
+	}
+	return f
 }
 
 func printFailure(w io.Writer, f Failure, asJSON, color bool) {
@@ -510,4 +519,9 @@ func printFailure(w io.Writer, f Failure, asJSON, color bool) {
 // PrintFailure prints an error that did not come from an evaluation (a failed connect).
 func PrintFailure(w io.Writer, err error, asJSON, color bool) {
 	printFailure(w, Describe(err), asJSON, color)
+}
+
+// PrintFailureHinted is PrintFailure with WithTokenHint.
+func PrintFailureHinted(w io.Writer, err error, asJSON, color bool, hint string) {
+	printFailure(w, WithTokenHint(Describe(err), hint), asJSON, color)
 }

@@ -84,6 +84,9 @@ type Config struct {
 	ReconnectTimeout time.Duration
 	// In is what `itx import <path>` reads when given no file (standard input); nil: none.
 	In io.Reader
+	// TokenHint, when set, is added to an unauthenticated error: where the token came from and
+	// what to do (a token read from a data directory's credentials.json may have been revoked).
+	TokenHint string
 }
 
 // Session is one connection to itxd, logged into one project, with its JavaScript runtime.
