@@ -136,6 +136,9 @@ type deliveryFailure struct {
 	// deadLettered: the failing event has landed in the subscription's dead-letter stream, so
 	// the ladder may skip it.
 	deadLettered bool
+	// processorEvent: a processor's hook failed on eventOffset (an outage that names its event;
+	// a webhook's outage on a single-event try names none, it is not held against the event).
+	processorEvent bool
 }
 
 // decisionKind is what the ladder decides after a failure.
@@ -199,7 +202,7 @@ func decideFailure(row storage.CursorRow, f deliveryFailure, policy string, now 
 		d.kind, d.attempt = decidePark, row.Attempt
 		return d
 	case classOutage:
-		if f.eventOffset > 0 {
+		if f.processorEvent && f.eventOffset > 0 {
 			// An outage that names its event (a processor's hook failed on it): backed off as
 			// any outage, never skipped, and the event shows as the failing one.
 			d.failingOffset, d.failingAttempt = f.eventOffset, 1

@@ -1005,7 +1005,7 @@ func (d *deliverer) wake(job pushJob, store streamStore, out deliveryOutcome) de
 		out = fail(classOutage, len(frame.Events), err)
 		// The event a hook failed on, for describe's failingEventOffset (the frame is retried
 		// whole along the ladder: a processor never skips an event).
-		out.failure.eventOffset = itx.FailingEventOf(err)
+		out.failure.eventOffset, out.failure.processorEvent = itx.FailingEventOf(err), true
 		return out
 	}
 	through := r.ProcessedThrough()

@@ -547,7 +547,7 @@ func (d *deliverer) wakeRemote(job pushJob, out deliveryOutcome) deliveryOutcome
 		// The processor failed on an event: retried along the ladder as an in-process
 		// processor's failure is (a processor never skips an event), naming the event.
 		out = fail(classOutage, fmt.Errorf("processor host %q: %w", m.name, err))
-		out.failure.eventOffset = itx.FailingEventOf(err)
+		out.failure.eventOffset, out.failure.processorEvent = itx.FailingEventOf(err), true
 		return out
 	case err != nil:
 		err = vanished(m.gen, err)
