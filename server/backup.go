@@ -127,13 +127,9 @@ func (s *Server) backupTo(ctx context.Context, by Admin, parent, dest, label str
 	}
 	defer s.backupMu.Unlock()
 	// Counted as a call in flight: Close cancels it and waits for its temporary folder to go.
-	s.mu.Lock()
-	if s.closing {
-		s.mu.Unlock()
-		return BackupResult{}, itx.Errorf(itx.EUnavailable, "the server is shutting down")
+	if err := s.enterInflight(); err != nil {
+		return BackupResult{}, err
 	}
-	s.inflight.Add(1)
-	s.mu.Unlock()
 	defer s.inflight.Done()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -585,4 +581,16 @@ func (r *backupRun) next(b streamBackend) (id string, src *storage.BackupSource,
 		return id, src, true, nil
 	}
 	return "", nil, false, nil
+}
+
+// enterInflight counts a long call (a backup, a download) as in flight, so that Close cancels it
+// and waits for it; refused once the server is closing. The caller calls s.inflight.Done.
+func (s *Server) enterInflight() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing {
+		return itx.Errorf(itx.EUnavailable, "the server is shutting down")
+	}
+	s.inflight.Add(1)
+	return nil
 }

@@ -32,13 +32,9 @@ func (s *Server) Download(ctx context.Context, by Admin, send func(path string, 
 	// In flight until it ends, as a backup is: a shutdown stops the sending, and waits for a
 	// download whose parts were all accepted to keep its audit record (in the directory, which
 	// it closes only after).
-	s.mu.Lock()
-	if s.closing {
-		s.mu.Unlock()
-		return BackupResult{}, itx.Errorf(itx.EUnavailable, "the server is shutting down")
+	if err := s.enterInflight(); err != nil {
+		return BackupResult{}, err
 	}
-	s.inflight.Add(1)
-	s.mu.Unlock()
 	defer s.inflight.Done()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
