@@ -3,7 +3,6 @@ package test
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"net"
 	"os/exec"
 	"path/filepath"
@@ -199,17 +198,20 @@ func TestRemote_Kill9ItxdHostReconnects(t *testing.T) {
 	require.Equal(t, 5, countType(t, s, string(examples.OutboxForwarded)))
 }
 
-// proxy is a TCP relay whose connections the test can cut (a network partition).
+// proxy is a TCP relay whose connections the test can cut (a network partition) or freeze (a
+// peer, or a network, that stopped answering without closing anything).
 type proxy struct {
-	ln    net.Listener
-	mu    sync.Mutex
-	conns []net.Conn
+	ln     net.Listener
+	mu     sync.Mutex
+	conns  []net.Conn
+	once   sync.Once
+	frozen chan struct{}
 }
 
 func newProxy(t testing.TB, target string) *proxy {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	px := &proxy{ln: ln}
+	px := &proxy{ln: ln, frozen: make(chan struct{})}
 	go func() {
 		for {
 			c, err := ln.Accept()
@@ -224,8 +226,8 @@ func newProxy(t testing.TB, target string) *proxy {
 			px.mu.Lock()
 			px.conns = append(px.conns, c, up)
 			px.mu.Unlock()
-			go func() { io.Copy(up, c); up.Close() }()
-			go func() { io.Copy(c, up); c.Close() }()
+			go px.relay(up, c)
+			go px.relay(c, up)
 		}
 	}()
 	t.Cleanup(func() { ln.Close(); px.cut() })
@@ -233,6 +235,32 @@ func newProxy(t testing.TB, target string) *proxy {
 }
 
 func (px *proxy) addr() string { return px.ln.Addr().String() }
+
+// relay copies src to dst until either ends (then closes dst), or until freeze: from then on
+// it holds every byte and closes nothing.
+func (px *proxy) relay(dst, src net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		select {
+		case <-px.frozen:
+			return
+		default:
+		}
+		if n > 0 {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				err = werr
+			}
+		}
+		if err != nil {
+			dst.Close()
+			return
+		}
+	}
+}
+
+// freeze stops every relayed byte, either way, without closing a connection.
+func (px *proxy) freeze() { px.once.Do(func() { close(px.frozen) }) }
 
 // cut closes every relayed connection; new ones are still accepted.
 func (px *proxy) cut() {
