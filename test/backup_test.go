@@ -265,6 +265,7 @@ func TestBackup_Kill9DuringABackup(t *testing.T) {
 			dest := filepath.Join(parent, "copy")
 			_, err := client.Backup(ctx, admin, dest)
 			require.Error(t, err)
+			t.Logf("the backup cut short by the kill point answered: %v", err)
 			proc.requireKilledAtThePoint(t)
 			_, err = os.Lstat(dest)
 			require.True(t, os.IsNotExist(err), "a backup cut short left %s", dest)
