@@ -385,6 +385,8 @@ func CrashLoopEvidenceKey(version string) string { return "processor-host-crash-
 func (k *keepalive) appendCrashLoopEvidence(ctx context.Context, rec KeepaliveRecord) error {
 	reg := k.reg
 	detail, _ := json.Marshal(map[string]any{
+		"name":          "CrashLoop",
+		"message":       fmt.Sprintf("revived %d times in a row on version %s", rec.Revivals, rec.Version),
 		"processorSlug": k.name,
 		"path":          reg.cfg.Path,
 		"revivals":      rec.Revivals,

@@ -246,11 +246,12 @@ func TestRegistry_CrashLoopEvidenceOncePerVersion(t *testing.T) {
 			ProcessorSlug string `json:"processorSlug"`
 			Version       string `json:"version"`
 			Revivals      int    `json:"revivals"`
+			Message       string `json:"message"` // the TypeScript schema's required error.message
 		}
 		if err := json.Unmarshal(evidence[0].Payload, &p); err != nil {
 			t.Fatal(err)
 		}
-		if err := json.Unmarshal(p.Error, &detail); err != nil || detail.ProcessorSlug != "alpha" || detail.Version != "build-1" || detail.Revivals != processors.CrashLoopEvidenceAt {
+		if err := json.Unmarshal(p.Error, &detail); err != nil || detail.ProcessorSlug != "alpha" || detail.Version != "build-1" || detail.Revivals != processors.CrashLoopEvidenceAt || detail.Message == "" {
 			t.Errorf("evidence detail %s, want alpha on build-1 at %d revivals", p.Error, processors.CrashLoopEvidenceAt)
 		}
 	})

@@ -641,7 +641,11 @@ func (r *Runner[S]) invalid(e itx.Event) (err error) {
 // diagnose records a malformed event once, as stream/error-occurred keyed by the event.
 func (r *Runner[S]) diagnose(ctx context.Context, e itx.Event) error {
 	verr := r.invalid(e)
+	// The error object carries name and message as the TypeScript schema of
+	// stream/error-occurred has them (error.message is required there).
 	detail, _ := json.Marshal(map[string]any{
+		"name":          "MalformedEvent",
+		"message":       fmt.Sprint(verr),
 		"processorSlug": r.c.Name,
 		"offset":        e.Offset,
 		"eventType":     e.Type,
@@ -656,6 +660,11 @@ func (r *Runner[S]) diagnose(ctx context.Context, e itx.Event) error {
 		Payload:        payload,
 		IdempotencyKey: "event-malformed:" + r.c.Name + "@" + r.cfg.Path + ":" + strconv.FormatInt(e.Offset, 10),
 	}})
+	if itx.ErrorCode(err) == itx.EIdempotencyConflict {
+		// The event's diagnosis stands already, written by a release whose record read
+		// differently (this one's error object gained name and message).
+		return nil
+	}
 	return err
 }
 

@@ -614,6 +614,16 @@ func TestRunner_Malformed(t *testing.T) {
 		if len(diags) != 1 || diags[0].IdempotencyKey != "event-malformed:counter@/test:1" {
 			t.Fatalf("diagnostics %+v, want one keyed to event 1", diags)
 		}
+		// The shape of the TypeScript schema: a message, and an error object with its own.
+		var p struct {
+			Message string `json:"message"`
+			Error   struct {
+				Message string `json:"message"`
+			} `json:"error"`
+		}
+		if err := json.Unmarshal(diags[0].Payload, &p); err != nil || p.Message == "" || p.Error.Message == "" {
+			t.Errorf("diagnostic %s (%v): want message and error.message", diags[0].Payload, err)
+		}
 		if _, st := r2.Snapshot(); st.Total != 4 {
 			t.Errorf("total %d, want 4 (the malformed event skipped)", st.Total)
 		}
