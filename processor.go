@@ -46,6 +46,31 @@ type ProcessorOutbox interface {
 	AppendTo(ctx context.Context, path string, events []EventInput) (AppendResult, error)
 }
 
+// EffectOrigin is where in its home stream a processor's forward to another stream comes from:
+// the event being processed and the processor's committed cursor then. The receiving stream keeps
+// the idempotency keys of the forwards it took from events above that cursor (the ones a crash
+// redelivers) past a trim of its own, so a forward made again after the stream trimmed the first
+// is still a duplicate. A zero Offset (the eventless pass, a host that does not say) fences
+// nothing: the key alone dedupes, until a trim takes it.
+type EffectOrigin struct {
+	Offset           int64 // the home event being processed; 0: none
+	ProcessedThrough int64 // the processor's committed processing cursor when the effect was made
+}
+
+// ProcessorEffectOutbox is a ProcessorOutbox that can say where a forward comes from (Args
+// .AppendTo uses it when the log has it).
+type ProcessorEffectOutbox interface {
+	AppendToFrom(ctx context.Context, path string, events []EventInput, origin EffectOrigin) (AppendResult, error)
+}
+
+// CheckEffectOrigin refuses an origin with a negative offset or cursor.
+func CheckEffectOrigin(o EffectOrigin) error {
+	if o.Offset < 0 || o.ProcessedThrough < 0 {
+		return Errorf(EInvalid, "effect origin: offset (%d) and processedThrough (%d) must not be negative", o.Offset, o.ProcessedThrough)
+	}
+	return nil
+}
+
 // CheckForward refuses what a ProcessorOutbox does not append to another stream: its control
 // events (stream/*), which are that stream's own.
 func CheckForward(events []EventInput) error {

@@ -320,8 +320,18 @@ func (pp *processorPorts) AppendTo(ctx context.Context, call schema.ProcessorPor
 			return fail(err)
 		}
 	} else {
+		// Where the forward comes from, when the host says (0: it does not; an older host).
+		from, cursor := call.Args().SourceOffset(), call.Args().ProcessedThrough()
+		if from > math.MaxInt64 || cursor > math.MaxInt64 {
+			return fail(itx.Errorf(itx.EInvalid, "sourceOffset (%d) and processedThrough (%d) are offsets: at most %d", from, cursor, int64(math.MaxInt64)))
+		}
 		call.Go()
-		if result, err = pp.p.AppendTo(ctx, path, inputs); err != nil {
+		if from > 0 {
+			result, err = pp.p.AppendToFrom(ctx, path, inputs, itx.EffectOrigin{Offset: int64(from), ProcessedThrough: int64(cursor)})
+		} else {
+			result, err = pp.p.AppendTo(ctx, path, inputs)
+		}
+		if err != nil {
 			return fail(err)
 		}
 	}

@@ -116,7 +116,8 @@ type Args[S any] struct {
 type runnerDoors interface {
 	now() time.Time
 	appendHome(ctx context.Context, events []itx.EventInput) ([]itx.Event, error)
-	appendTo(ctx context.Context, path string, events []itx.EventInput) (itx.AppendResult, error)
+	appendTo(ctx context.Context, path string, events []itx.EventInput, origin itx.EffectOrigin) (itx.AppendResult, error)
+	processedThrough() int64
 	scheduleHome(ctx context.Context, event itx.EventInput, at time.Time) error
 	background(work func(ctx context.Context) error)
 }
@@ -230,7 +231,11 @@ func (a *Args[S]) AppendTo(ctx context.Context, path string, events ...itx.Event
 	if err := itx.ValidatePath(path); err != nil {
 		return itx.AppendResult{}, err
 	}
-	return a.run.appendTo(ctx, path, events)
+	origin := itx.EffectOrigin{ProcessedThrough: a.run.processedThrough()}
+	if a.Event != nil {
+		origin.Offset = a.Event.Offset
+	}
+	return a.run.appendTo(ctx, path, events, origin)
 }
 
 // ScheduleAppend is a durable timer: the home stream appends event at at, exactly once, even if

@@ -805,6 +805,8 @@ func (r *Runner[S]) fence() error {
 	return nil
 }
 
+func (r *Runner[S]) processedThrough() int64 { return r.ProcessedThrough() }
+
 // ProcessedThrough is the committed processing cursor.
 func (r *Runner[S]) ProcessedThrough() int64 {
 	r.mu.Lock()
@@ -907,8 +909,12 @@ func (r *Runner[S]) appendHome(ctx context.Context, events []itx.EventInput) (ou
 	return out, nil
 }
 
-// appendTo appends to another stream through the log's outbox (itx.ProcessorOutbox).
-func (r *Runner[S]) appendTo(ctx context.Context, path string, events []itx.EventInput) (itx.AppendResult, error) {
+// appendTo appends to another stream through the log's outbox (itx.ProcessorOutbox), saying
+// where the forward comes from when the outbox takes it (itx.ProcessorEffectOutbox).
+func (r *Runner[S]) appendTo(ctx context.Context, path string, events []itx.EventInput, origin itx.EffectOrigin) (itx.AppendResult, error) {
+	if o, ok := r.cfg.Log.(itx.ProcessorEffectOutbox); ok {
+		return o.AppendToFrom(ctx, path, events, origin)
+	}
 	o, ok := r.cfg.Log.(itx.ProcessorOutbox)
 	if !ok {
 		return itx.AppendResult{}, itx.Errorf(itx.EFailedPrecondition, "processor %q: this host appends to the home stream only", r.c.Name)

@@ -504,8 +504,12 @@ interface ProcessorPorts {
   # Append to another stream of the project, under the subscription's scope (a processor's
   # forward: Args.AppendTo); stream/* control events are refused. Fenced like the others. With
   # the home stream's path it is the processor's own Append, taken as Stream.append takes it
-  # but refused once another host took the processor over.
-  appendTo @7 (path :Text, events :List(EventInput)) -> (result :AppendResult);
+  # but refused once another host took the processor over. sourceOffset (0: not said) is the
+  # home event the forward comes from and processedThrough the processor's committed cursor then
+  # (itx.EffectOrigin): to another stream, a forward from an event above that cursor keeps its
+  # key in the receiving stream past a trim, so made again after a crash it is still a
+  # duplicate. A host that does not say gets the key's dedup alone.
+  appendTo @7 (path :Text, events :List(EventInput), sourceOffset :UInt64, processedThrough :UInt64) -> (result :AppendResult);
   # The processor's ScheduleAppend on its home stream, as Stream.schedule takes it, but refused
   # once another host took the processor over.
   schedule @8 (event :EventInput, dueAt :Int64) -> (dueAt :Int64, appendedOffset :UInt64);

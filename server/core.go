@@ -3,6 +3,7 @@ package server
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -32,6 +33,133 @@ type coreState struct {
 	Version       int                                  `json:"version"`
 	Subscriptions map[string]*catalogEntry             `json:"subscriptions"`
 	Inbound       map[string]map[string]*inboundRecord `json:"inbound,omitempty"` // source path -> name
+	// Effects fences the forwards of processors of other streams: source path -> processor name.
+	// Its records are replaced, never changed in place (clone shares them).
+	Effects map[string]map[string]*effectFence `json:"effects,omitempty"`
+}
+
+// effectFence keeps the idempotency keys of the forwards this stream took from one processor of
+// another stream (Args.AppendTo) that a crash may have it make again: those made while processing
+// an event above its committed cursor, which is redelivered. A trim of this stream forgets the
+// keys of the events it deletes; a forward made again with a key kept here is a duplicate all the
+// same. A key goes once the processor's cursor passed the event it came from (Processed, raised by
+// its later forwards), or when more than maxFencedEffects are kept (the lowest events' first).
+type effectFence struct {
+	StreamID  string           `json:"streamId"`  // the source stream's id: another stream at the path starts afresh
+	Processed int64            `json:"processed"` // the highest committed cursor a forward was made under
+	Keys      map[string]int64 `json:"keys,omitempty"`
+	LastAt    int64            `json:"lastAt"`
+}
+
+// maxFencedEffects bounds effectFence.Keys.
+const maxFencedEffects = 1024
+
+// effectStamp says where a processor's forward comes from (itx.EffectOrigin, with the source).
+type effectStamp struct {
+	SourcePath string
+	Name       string // the processor instance (its subscription's name)
+	StreamID   string
+	Offset     int64 // the event being processed, above Processed
+	Processed  int64 // the processor's committed cursor then
+}
+
+// effectTaken reports whether this stream took a forward with key from stamp's processor that
+// may be made again (see effectFence).
+func (st *coreState) effectTaken(stamp *effectStamp, key string) bool {
+	rec := st.Effects[stamp.SourcePath][stamp.Name]
+	if rec == nil || rec.StreamID != stamp.StreamID {
+		return false
+	}
+	at, ok := rec.Keys[key]
+	return ok && at > rec.Processed
+}
+
+// effectsChange reports whether acceptEffects would change the fence: keys to keep, or a cursor
+// that lets kept keys go.
+func (st *coreState) effectsChange(stamp *effectStamp, keys []string) bool {
+	rec := st.Effects[stamp.SourcePath][stamp.Name]
+	if rec == nil || rec.StreamID != stamp.StreamID {
+		return len(keys) > 0
+	}
+	return len(keys) > 0 && stamp.Offset > max(rec.Processed, stamp.Processed) || stamp.Processed > rec.Processed && len(rec.Keys) > 0
+}
+
+// acceptEffects records the keys of the forwards a stamped append took.
+func (st *coreState) acceptEffects(stamp *effectStamp, keys []string, at int64) {
+	if st.Effects == nil {
+		st.Effects = map[string]map[string]*effectFence{}
+	}
+	byName := st.Effects[stamp.SourcePath]
+	if byName == nil {
+		byName = map[string]*effectFence{}
+		st.Effects[stamp.SourcePath] = byName
+	}
+	rec := &effectFence{StreamID: stamp.StreamID, Processed: stamp.Processed, Keys: map[string]int64{}, LastAt: at}
+	if old := byName[stamp.Name]; old != nil && old.StreamID == stamp.StreamID {
+		rec.Processed = max(old.Processed, stamp.Processed)
+		for k, o := range old.Keys {
+			if o > rec.Processed {
+				rec.Keys[k] = o
+			}
+		}
+	}
+	if stamp.Offset > rec.Processed {
+		for _, k := range keys {
+			rec.Keys[k] = max(rec.Keys[k], stamp.Offset)
+		}
+	}
+	if n := len(rec.Keys); n > maxFencedEffects {
+		type kept struct {
+			key string
+			at  int64
+		}
+		all := make([]kept, 0, n)
+		for k, o := range rec.Keys {
+			all = append(all, kept{k, o})
+		}
+		sort.Slice(all, func(i, j int) bool {
+			if all[i].at != all[j].at {
+				return all[i].at < all[j].at
+			}
+			return all[i].key < all[j].key
+		})
+		for _, k := range all[:n-maxFencedEffects] {
+			delete(rec.Keys, k.key)
+		}
+	}
+	if len(rec.Keys) == 0 {
+		rec.Keys = nil
+	}
+	byName[stamp.Name] = rec
+	st.trimEffects()
+}
+
+// trimEffects keeps at most MaxInboundSourceRecords effect fences, evicting the least recently
+// used.
+func (st *coreState) trimEffects() {
+	type key struct{ path, name string }
+	var all []key
+	for p, m := range st.Effects {
+		for n := range m {
+			all = append(all, key{p, n})
+		}
+	}
+	if len(all) <= itx.MaxInboundSourceRecords {
+		return
+	}
+	sort.Slice(all, func(i, j int) bool {
+		a, b := st.Effects[all[i].path][all[i].name], st.Effects[all[j].path][all[j].name]
+		if a.LastAt != b.LastAt {
+			return a.LastAt < b.LastAt
+		}
+		return all[i].path+"\x00"+all[i].name < all[j].path+"\x00"+all[j].name
+	})
+	for _, k := range all[:len(all)-itx.MaxInboundSourceRecords] {
+		delete(st.Effects[k.path], k.name)
+		if len(st.Effects[k.path]) == 0 {
+			delete(st.Effects, k.path)
+		}
+	}
 }
 
 // catalogEntry is one subscription as its events define it.
@@ -112,6 +240,12 @@ func (st *coreState) clone() *coreState {
 				m[n] = &rr
 			}
 			c.Inbound[p] = m
+		}
+	}
+	if st.Effects != nil {
+		c.Effects = make(map[string]map[string]*effectFence, len(st.Effects))
+		for p, byName := range st.Effects {
+			c.Effects[p] = maps.Clone(byName) // the records are replaced, never changed
 		}
 	}
 	return c

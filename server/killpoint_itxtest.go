@@ -25,6 +25,8 @@ func init() {
 		copyCommittedHook = killSelf
 	case "dead-letter-committed":
 		deadLetterCommittedHook = killSelf
+	case "processor-forward-committed":
+		processorForwardCommittedHook = killSelf
 	case "backup-frozen":
 		backupFrozenHook = killSelf
 	case "backup-copied-one":

@@ -13,7 +13,8 @@ type appendReq struct {
 	inputs    []itx.EventInput
 	opts      itx.AppendOptions
 	authority authority
-	copy      *copyStamp // set for copy-to-stream deliveries
+	copy      *copyStamp   // set for copy-to-stream deliveries
+	effect    *effectStamp // set for a processor's forward from its home stream (fenced by key)
 	queued    time.Time
 	reply     chan appendReply // buffered: the actor never blocks on a caller that left; nil for the server's own records
 	// inReserve lets the request use the disk reserve (Config.MinFreeDisk): the server's audit
@@ -93,6 +94,12 @@ func planGroup(head int64, streamID string, bucket *tokenBucket, room func() err
 			if working != nil {
 				cur = working
 			}
+			if req.effect != nil && in.IdempotencyKey != "" && cur.effectTaken(req.effect, in.IdempotencyKey) {
+				// A forward this stream took already from the processor, its key forgotten with
+				// a trim and the event redelivered: a duplicate all the same (its offset is gone).
+				res.Duplicate[j] = true
+				continue
+			}
 			if req.copy != nil && len(in.Provenance) > 0 {
 				// A copy whose source event this stream took already under the same stamp, its
 				// key forgotten with a trim: a duplicate all the same (its offset is gone).
@@ -146,6 +153,24 @@ func planGroup(head int64, streamID string, bucket *tokenBucket, room func() err
 				}
 			}
 			err = working.acceptCopy(req.copy, len(rows), offsets, createdAt)
+		}
+		if err == nil && req.effect != nil {
+			var keys []string // the keys taken
+			for k := range rows {
+				if rows[k].IdempotencyKey != "" {
+					keys = append(keys, rows[k].IdempotencyKey)
+				}
+			}
+			cur := p.Core
+			if working != nil {
+				cur = working
+			}
+			if cur.effectsChange(req.effect, keys) {
+				if working == nil {
+					working = p.Core.clone()
+				}
+				working.acceptEffects(req.effect, keys, createdAt)
+			}
 		}
 		charged, takesRoom := 0, false
 		for k := range rows {

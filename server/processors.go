@@ -779,14 +779,43 @@ func (l procLog) AppendTo(ctx context.Context, path string, inputs []itx.EventIn
 		return itx.AppendResult{}, a.gone()
 	}
 	defer a.srv.release(a)
-	return a.srv.processorAppendTo(ctx, a.ref, "", path, inputs)
+	return a.srv.processorAppendTo(ctx, a.ref, "", path, inputs, nil)
+}
+
+// AppendToFrom is AppendTo saying which event of the home stream the forward comes from
+// (itx.ProcessorEffectOutbox): the receiving stream fences it as this instance's effect.
+func (l procInstanceLog) AppendToFrom(ctx context.Context, path string, inputs []itx.EventInput, origin itx.EffectOrigin) (itx.AppendResult, error) {
+	a := l.a
+	if !a.srv.pin(a) {
+		return itx.AppendResult{}, a.gone()
+	}
+	defer a.srv.release(a)
+	stamp, err := newEffectStamp(a.ref.Path, l.name, a.view().streamID, origin)
+	if err != nil {
+		return itx.AppendResult{}, err
+	}
+	return a.srv.processorAppendTo(ctx, a.ref, "", path, inputs, stamp)
+}
+
+// newEffectStamp stamps a forward of processor name of the stream at home (its stream id
+// streamID) made at origin; nil when origin names no event above the processor's cursor (nothing
+// a crash would redeliver: the key alone dedupes) or the home stream has no id yet.
+func newEffectStamp(home, name, streamID string, origin itx.EffectOrigin) (*effectStamp, error) {
+	if err := itx.CheckEffectOrigin(origin); err != nil {
+		return nil, err
+	}
+	if origin.Offset <= origin.ProcessedThrough || streamID == "" {
+		return nil, nil
+	}
+	return &effectStamp{SourcePath: home, Name: name, StreamID: streamID, Offset: origin.Offset, Processed: origin.ProcessedThrough}, nil
 }
 
 // processorAppendTo is a processor's forward from its home stream to another stream of the
 // project, under scope (a remote processor's subscription's; "" for the whole project):
 // ordinary events only, the control events (stream/*) of another stream being its
-// subscribers' to append.
-func (s *Server) processorAppendTo(ctx context.Context, home StreamRef, scope, path string, inputs []itx.EventInput) (itx.AppendResult, error) {
+// subscribers' to append. A stamped forward is fenced by the receiving stream as its source
+// processor's effect (effectStamp).
+func (s *Server) processorAppendTo(ctx context.Context, home StreamRef, scope, path string, inputs []itx.EventInput, stamp *effectStamp) (itx.AppendResult, error) {
 	if err := itx.ValidatePath(path); err != nil {
 		return itx.AppendResult{}, err
 	}
@@ -801,8 +830,20 @@ func (s *Server) processorAppendTo(ctx context.Context, home StreamRef, scope, p
 	if err := itx.CheckForward(inputs); err != nil {
 		return itx.AppendResult{}, err
 	}
-	return s.Append(ctx, StreamRef{ProjectID: home.ProjectID, Path: path}, inputs, itx.AppendOptions{})
+	var res itx.AppendResult
+	p, err := s.startClientAppend(ctx, StreamRef{ProjectID: home.ProjectID, Path: path}, inputs, itx.AppendOptions{}, stamp)
+	if err == nil {
+		res, err = p.Wait(ctx)
+	}
+	if err == nil && processorForwardCommittedHook != nil {
+		processorForwardCommittedHook()
+	}
+	return res, err
 }
+
+// processorForwardCommittedHook, when set (tests), runs once a processor's forward to another
+// stream has committed there, before the processor hears of it (so before its frame commits).
+var processorForwardCommittedHook func()
 
 // Schedule schedules through this incarnation's actor only, like Append.
 func (l procLog) Schedule(ctx context.Context, input itx.EventInput, at time.Time) error {

@@ -479,7 +479,31 @@ func (p *ProcessorPorts) AppendTo(ctx context.Context, path string, inputs []itx
 	if err := p.fenced(); err != nil {
 		return itx.AppendResult{}, err
 	}
-	return p.srv.processorAppendTo(ctx, p.ref, p.scope, path, inputs)
+	return p.srv.processorAppendTo(ctx, p.ref, p.scope, path, inputs, nil)
+}
+
+// AppendToFrom is AppendTo saying which event of the home stream the forward comes from
+// (itx.ProcessorEffectOutbox): the receiving stream fences it as this instance's effect.
+func (p *ProcessorPorts) AppendToFrom(ctx context.Context, path string, inputs []itx.EventInput, origin itx.EffectOrigin) (itx.AppendResult, error) {
+	if err := p.fenced(); err != nil {
+		return itx.AppendResult{}, err
+	}
+	if err := itx.CheckEffectOrigin(origin); err != nil {
+		return itx.AppendResult{}, err
+	}
+	var stamp *effectStamp
+	if origin.Offset > origin.ProcessedThrough {
+		a, err := p.srv.acquire(ctx, p.ref)
+		if err != nil {
+			return itx.AppendResult{}, err
+		}
+		stamp, err = newEffectStamp(p.ref.Path, p.name, a.view().streamID, origin)
+		p.srv.release(a)
+		if err != nil {
+			return itx.AppendResult{}, err
+		}
+	}
+	return p.srv.processorAppendTo(ctx, p.ref, p.scope, path, inputs, stamp)
 }
 
 func (p *ProcessorPorts) KVDelete(ctx context.Context, key string) error {

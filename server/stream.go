@@ -38,6 +38,12 @@ func (p *PendingAppend) answered() {
 // anything is queued, so it writes nothing. Appends queued on one stream commit in queue order;
 // the caller may release its RPC call queue (call.Go) only after StartAppend returns.
 func (s *Server) StartAppend(ctx context.Context, ref StreamRef, inputs []itx.EventInput, opts itx.AppendOptions) (*PendingAppend, error) {
+	return s.startClientAppend(ctx, ref, inputs, opts, nil)
+}
+
+// startClientAppend is StartAppend of a processor's effect stamped with where it comes from
+// (nil: a plain client append).
+func (s *Server) startClientAppend(ctx context.Context, ref StreamRef, inputs []itx.EventInput, opts itx.AppendOptions, effect *effectStamp) (*PendingAppend, error) {
 	if err := itx.ValidatePath(ref.Path); err != nil {
 		return nil, err
 	}
@@ -52,7 +58,7 @@ func (s *Server) StartAppend(ctx context.Context, ref StreamRef, inputs []itx.Ev
 			}
 		}
 	}
-	return s.startAppend(ctx, ref, &appendReq{inputs: inputs, opts: opts, authority: authClient})
+	return s.startAppend(ctx, ref, &appendReq{inputs: inputs, opts: opts, authority: authClient, effect: effect})
 }
 
 // serverWritten refuses what a client (its appends, scheduled appends, copies and dead letters)

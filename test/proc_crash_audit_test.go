@@ -318,3 +318,73 @@ func TestRemote_TakenOverHostLandsNoLateAppend(t *testing.T) {
 		require.NotEqual(t, "timer-frozen", sc.Event.IdempotencyKey, "the frozen host's timer is scheduled")
 	}
 }
+
+// kill -9 of itxd just after a processor's forward committed on another stream, before the
+// processor's frame committed its progress, and the forward's stream trimmed (the forward and its
+// idempotency key with it) before the event is redelivered: the forward made again is the one the
+// stream took, not a second one. The target keeps, per source processor, the keys of the forwards
+// it took from events the processor may still redeliver (above its committed cursor); without
+// that the message landed on its thread a second time. In-process and from a remote host.
+func TestCrash_ForwardRedeliveredAfterTheTargetTrimmedItIsNotForwardedAgain(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real processes")
+	}
+	t.Run("in-process", func(t *testing.T) { forwardRedeliveredAfterATrim(t, false) })
+	t.Run("remote host", func(t *testing.T) { forwardRedeliveredAfterATrim(t, true) })
+}
+
+func forwardRedeliveredAfterATrim(t *testing.T, remote bool) {
+	ctx := ctxT(t)
+	dataDir, addr := t.TempDir(), freeAddr(t)
+	hosted := []string{"--listen", addr, "--processors", "router"}
+	if remote {
+		hosted = []string{"--listen", addr, "--processors", ""}
+	}
+	proc := startItxdKilledAt(t, dataDir, "processor-forward-committed", hosted...)
+	p := loginItxd(t, proc)
+	var host *remoteProcess
+	if remote {
+		host = startRemoteHost(t, addr, proc.creds.ProjectToken, "--name", "worker-0", "--processors", "router")
+		awaitContract(t, p, "router")
+	}
+	s := stream(t, p, "/rt")
+	if remote {
+		configureRemote(t, s, "router")
+	} else {
+		configureProcessor(t, s, "router")
+	}
+	batch := make([]itx.EventInput, len(routerThreads))
+	for i, th := range routerThreads {
+		batch[i] = examples.RouterMessage.Input(examples.Routed{Thread: th, Text: th}, "")
+	}
+	_, err := client.Append(ctx, s, batch, itx.AppendOptions{})
+	require.NoError(t, err)
+	proc.requireKilledAtThePoint(t) // the first forward (to thread a) committed, the frame did not
+	if remote {
+		host.kill9(t)
+	}
+
+	// Nothing hosts the router now: the trim of thread a comes before the redelivery.
+	proc = startItxd(t, dataDir, "--listen", addr, "--processors", "")
+	p = loginItxd(t, proc)
+	first := stream(t, p, examples.ThreadPath("/rt", routerThreads[0]))
+	require.Equal(t, 1, countType(t, first, string(examples.ThreadMessage)), "the forward landed before the kill")
+	info, err := client.Describe(ctx, first)
+	require.NoError(t, err)
+	trimmed, err := client.Trim(ctx, first, info.HeadOffset)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), trimmed.Deleted, "the forward, trimmed")
+	proc.kill9(t)
+
+	proc = startItxd(t, dataDir, hosted...)
+	p = loginItxd(t, proc)
+	if remote {
+		startRemoteHost(t, addr, proc.creds.ProjectToken, "--name", "worker-1", "--processors", "router")
+		awaitContract(t, p, "router")
+	}
+	s = stream(t, p, "/rt")
+	waitProcessedThroughHead(t, s, "router")
+	first = stream(t, p, examples.ThreadPath("/rt", routerThreads[0]))
+	require.Zero(t, countType(t, first, string(examples.ThreadMessage)), "the trimmed forward is not made again")
+	require.Equal(t, len(routerThreads)-1, routedCount(t, p, "/rt"), "the other threads' forwards land once")
+}

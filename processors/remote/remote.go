@@ -588,6 +588,15 @@ func (l *rpcLog) Schedule(ctx context.Context, event itx.EventInput, at time.Tim
 // AppendTo forwards to another stream of the project through the ports (itx.ProcessorOutbox):
 // itxd checks the mount, as for the processor's other records, and the subscription's scope.
 func (l *rpcLog) AppendTo(ctx context.Context, path string, inputs []itx.EventInput) (itx.AppendResult, error) {
+	return l.AppendToFrom(ctx, path, inputs, itx.EffectOrigin{})
+}
+
+// AppendToFrom is AppendTo saying which home event the forward comes from
+// (itx.ProcessorEffectOutbox), so the receiving stream knows it again after a trim.
+func (l *rpcLog) AppendToFrom(ctx context.Context, path string, inputs []itx.EventInput, origin itx.EffectOrigin) (itx.AppendResult, error) {
+	if err := itx.CheckEffectOrigin(origin); err != nil {
+		return itx.AppendResult{}, err
+	}
 	if err := client.CheckAppendSize(inputs); err != nil {
 		return itx.AppendResult{}, err
 	}
@@ -599,6 +608,8 @@ func (l *rpcLog) AppendTo(ctx context.Context, path string, inputs []itx.EventIn
 		if err := p.SetPath(path); err != nil {
 			return err
 		}
+		p.SetSourceOffset(uint64(origin.Offset))
+		p.SetProcessedThrough(uint64(origin.ProcessedThrough))
 		return wire.SetEventInputs(p.NewEvents, inputs)
 	})
 	defer client.ReleaseAfter(ctx, release)
