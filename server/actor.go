@@ -1370,6 +1370,7 @@ func (a *actor) close() {
 		return
 	}
 	a.sweepEphemeral()
+	a.forgetDeferredAudits()
 	retentionDue, err := a.retentionDue()
 	if err != nil {
 		a.srv.log.Warn().Err(err).Str("project", a.ref.ProjectID).Str("path", a.ref.Path).Msg("the stream's retention policy: its oldest event not read (applied at its next load)")

@@ -3,11 +3,15 @@ package server
 import (
 	"context"
 	"math"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/internal/clocktest"
+	"github.com/itx-dev/itx/storage"
 	"github.com/stretchr/testify/require"
 )
 
@@ -172,4 +176,71 @@ func deleteKeepsPendingAudits(t *testing.T, project bool) {
 	require.Equal(t, 2, count(AuditRetentionSet))
 	require.Equal(t, 1, count(AuditStreamTrimmed), "the trim /audit refused, kept through the delete")
 	require.Equal(t, 1, count(deleted))
+}
+
+// A trim's audit record in /audit while the vacuum after the trim is under way: the stream
+// forgets its pending copy once the vacuum is done (forgetAudit). A shutdown (or an idle unload)
+// between two vacuum turns ended the vacuum, and the forget with it: the record stayed pending,
+// the stream's alarm due at once, and the next load appended it to /audit again (a second record
+// once /audit trimmed the first). The unload now forgets what is in /audit before it closes.
+func TestShutdown_MidVacuumATrimsRecordInAuditIsNotPendingAgain(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	cfg := Config{DataDir: dir}
+	s1, projectID := mustOpen(t, cfg)
+	ref := StreamRef{ProjectID: projectID, Path: "/t"}
+	payload := []byte(`{"p":"` + strings.Repeat("x", 1024) + `"}`)
+	for range 4 {
+		batch := make([]itx.EventInput, 1000)
+		for i := range batch {
+			batch[i] = itx.EventInput{Type: "e", Payload: payload}
+		}
+		_, err := s1.Append(ctx, ref, batch, itx.AppendOptions{})
+		require.NoError(t, err)
+	}
+	entry, err := s1.dir.Stream(ctx, projectID, ref.Path)
+	require.NoError(t, err)
+
+	trimmed := make(chan error, 1)
+	closed := make(chan error, 1)
+	var turns atomic.Int32
+	vacuumChunkCommittedHook = func(_, left int64) {
+		switch turns.Add(1) {
+		case 1:
+			// The trim answers once its record is in /audit, the forget queued behind this turn.
+			if err := <-trimmed; err != nil || left == 0 {
+				t.Errorf("the trim: %v; the vacuum has %d bytes left (it must take more turns)", err, left)
+			}
+		case 2:
+			go func() { // SIGTERM between two turns
+				cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				closed <- s1.Close(cctx)
+			}()
+			<-s1.base.Done()
+		}
+	}
+	t.Cleanup(func() { vacuumChunkCommittedHook = nil })
+	go func() {
+		_, err := s1.TrimStream(ctx, Admin{}, ref, 4000, 0)
+		trimmed <- err
+	}()
+	require.NoError(t, <-closed)
+	vacuumChunkCommittedHook = nil
+	require.GreaterOrEqual(t, turns.Load(), int32(2))
+
+	d, err := storage.OpenDirectory(ctx, filepath.Join(dir, "directory.db"))
+	require.NoError(t, err)
+	due, err := d.DueAlarms(ctx, math.MaxInt64)
+	require.NoError(t, err)
+	require.NoError(t, d.Close())
+	for _, a := range due {
+		require.NotEqual(t, entry.StreamID, a.StreamID, "the stream owes /audit nothing: no load is due")
+	}
+	store, err := storage.OpenStream(ctx, filepath.Join(dir, "streams", entry.StreamID+".db"))
+	require.NoError(t, err)
+	defer store.Close()
+	pending, err := store.KV(ctx, auditPendingKey)
+	require.NoError(t, err)
+	require.Nil(t, pending, "the record in /audit is not pending in the stream")
 }

@@ -609,7 +609,13 @@ func (a *actor) forgetAudit(id string) {
 		a.forgetLater = append(a.forgetLater, id)
 		return
 	}
-	kept := slices.DeleteFunc(slices.Clone(a.pendingAudits), func(r storage.AuditRecord) bool { return r.ID == id })
+	a.dropPendingAudits(id)
+}
+
+// dropPendingAudits drops the audit records ids from the stream's pending ones, in one commit.
+// Actor goroutine only.
+func (a *actor) dropPendingAudits(ids ...string) {
+	kept := slices.DeleteFunc(slices.Clone(a.pendingAudits), func(r storage.AuditRecord) bool { return slices.Contains(ids, r.ID) })
 	if a.store == nil || len(kept) == len(a.pendingAudits) {
 		return
 	}
@@ -625,13 +631,15 @@ func (a *actor) forgetAudit(id string) {
 	a.pendingAudits = kept
 }
 
-// forgetDeferredAudits forgets the audit records forgetAudit left for after a vacuum. Actor
-// goroutine only.
+// forgetDeferredAudits forgets the audit records forgetAudit left for after a vacuum: once it
+// is done, and at the unload, which ends a vacuum under way (the next load vacuums again; kept
+// pending, the records would be appended to /audit again by that load, which their pending
+// state makes due at once). Actor goroutine only.
 func (a *actor) forgetDeferredAudits() {
 	ids := a.forgetLater
 	a.forgetLater = nil
-	for _, id := range ids {
-		a.forgetAudit(id)
+	if len(ids) > 0 {
+		a.dropPendingAudits(ids...)
 	}
 }
 
