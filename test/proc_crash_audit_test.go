@@ -388,3 +388,46 @@ func forwardRedeliveredAfterATrim(t *testing.T, remote bool) {
 	require.Zero(t, countType(t, first, string(examples.ThreadMessage)), "the trimmed forward is not made again")
 	require.Equal(t, len(routerThreads)-1, routedCount(t, p, "/rt"), "the other threads' forwards land once")
 }
+
+// The router killed with kill -9 twice mid-bulk, its thread streams keeping their last 5 events
+// (a retention policy, applied again as each loads for the redelivered forwards): every message is
+// forwarded once, the thread streams' heads adding up to the messages. The redelivered frames'
+// forwards whose first copies retention deleted (their keys with them) landed again without the
+// receiving streams' effect fence: 760 to 872 forwards for 600.
+func TestCrash_Kill9RouterForwardsOnceIntoRetainingStreams(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real itxd processes")
+	}
+	rng := crashSeed(t)
+	dataDir := t.TempDir()
+	args := []string{"--processors", "router"}
+	proc := startItxd(t, dataDir, args...)
+	p := loginItxd(t, proc)
+	for _, th := range routerThreads {
+		ts := stream(t, p, examples.ThreadPath("/rt", th))
+		mustAppend(t, ts, ev("seed", `{}`)) // a stream holds a policy once it exists
+		require.NoError(t, client.SetRetention(ctxT(t), ts, client.Retention{MaxEvents: 5}))
+	}
+	s := stream(t, p, "/rt")
+	configureProcessor(t, s, "router")
+	const n = 600
+	appendRouted(t, s, n)
+	forwarded := func() int64 { // the thread streams' heads, less their seed events
+		var sum int64
+		for _, th := range routerThreads {
+			info, err := client.Describe(ctxT(t), stream(t, p, examples.ThreadPath("/rt", th)))
+			require.NoError(t, err)
+			sum += info.HeadOffset - 1
+		}
+		return sum
+	}
+	for _, at := range []int64{1 + rng.Int64N(n/4), n/4 + rng.Int64N(n/4)} {
+		waitUntil(t, "routing under way", func() bool { return forwarded() >= at })
+		proc.kill9(t)
+		proc = startItxd(t, dataDir, args...)
+		p = loginItxd(t, proc)
+		s = stream(t, p, "/rt")
+	}
+	waitProcessedThroughHead(t, s, "router")
+	require.Equal(t, int64(n), forwarded(), "each message forwarded once")
+}
