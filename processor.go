@@ -50,10 +50,11 @@ type ProcessorOutbox interface {
 // the event being processed and the processor's committed cursor then. The receiving stream keeps
 // the idempotency keys of the forwards it took from events above that cursor (the ones a crash
 // redelivers) past a trim of its own, so a forward made again after the stream trimmed the first
-// is still a duplicate. A zero Offset (the eventless pass, a host that does not say) fences
-// nothing: the key alone dedupes, until a trim takes it.
+// is still a duplicate. An Offset at or below ProcessedThrough (0: a pass repeated at the
+// committed cursor, a host that does not say) fences nothing: the key alone dedupes, until a
+// trim takes it.
 type EffectOrigin struct {
-	Offset           int64 // the home event being processed; 0: none
+	Offset           int64 // the home event being processed (the eventless pass: the offset its frame commits through)
 	ProcessedThrough int64 // the processor's committed processing cursor when the effect was made
 }
 

@@ -107,9 +107,10 @@ type Args[S any] struct {
 	// Path is the home stream's path.
 	Path string
 
-	name  string // the processor's name, the owner of its idempotency keys
-	frame *frameWork
-	run   runnerDoors
+	name   string // the processor's name, the owner of its idempotency keys
+	passAt int64  // the eventless pass in a frame: the offset the frame commits through
+	frame  *frameWork
+	run    runnerDoors
 }
 
 // runnerDoors is what Args needs from its runner, without the state type.
@@ -231,7 +232,7 @@ func (a *Args[S]) AppendTo(ctx context.Context, path string, events ...itx.Event
 	if err := itx.ValidatePath(path); err != nil {
 		return itx.AppendResult{}, err
 	}
-	origin := itx.EffectOrigin{ProcessedThrough: a.run.processedThrough()}
+	origin := itx.EffectOrigin{Offset: a.passAt, ProcessedThrough: a.run.processedThrough()}
 	if a.Event != nil {
 		origin.Offset = a.Event.Offset
 	}

@@ -378,7 +378,7 @@ events:
 			d.CaughtUp = pe.caughtUp && !r.heldBack(busy, seq)
 			claimed = claimed || d.CaughtUp
 			hook = "ProcessEvent"
-			if err := r.dispatch(ctx, &pe.event, state, next, d); err != nil {
+			if err := r.dispatch(ctx, &pe.event, state, next, d, 0); err != nil {
 				return err
 			}
 			hook, state = "", next
@@ -393,7 +393,8 @@ events:
 		d := delivery
 		d.CaughtUp = true
 		hook, at = "ProcessEvent", nil
-		if err := r.dispatch(ctx, nil, state, state, d); err != nil {
+		// Its forwards come from the frame's end: redelivered until the frame commits.
+		if err := r.dispatch(ctx, nil, state, state, d, through); err != nil {
 			return err
 		}
 		hook = ""
@@ -563,7 +564,7 @@ func (r *Runner[S]) passAtHead(ctx context.Context) (err error) {
 	}
 	state := r.committedState()
 	d := Delivery{CaughtUp: true, ObservedHead: head, CursorRevision: committed.CursorRevision}
-	if err := r.dispatch(ctx, nil, state, state, d); err != nil {
+	if err := r.dispatch(ctx, nil, state, state, d, 0); err != nil {
 		return err
 	}
 	r.mu.Lock()
@@ -573,12 +574,13 @@ func (r *Runner[S]) passAtHead(ctx context.Context) (err error) {
 	return nil
 }
 
-// dispatch calls ProcessEvent and then runs its blockers one after another.
-func (r *Runner[S]) dispatch(ctx context.Context, e *itx.Event, prev, state S, d Delivery) error {
+// dispatch calls ProcessEvent and then runs its blockers one after another. passAt is where an
+// eventless pass's frame commits through (0: a repass, which commits nothing).
+func (r *Runner[S]) dispatch(ctx context.Context, e *itx.Event, prev, state S, d Delivery, passAt int64) error {
 	if r.c.ProcessEvent == nil {
 		return nil
 	}
-	a := &Args[S]{Event: e, PreviousState: prev, State: state, Delivery: d, Path: r.cfg.Path, name: r.c.Name, frame: &frameWork{}, run: r}
+	a := &Args[S]{Event: e, PreviousState: prev, State: state, Delivery: d, Path: r.cfg.Path, name: r.c.Name, passAt: passAt, frame: &frameWork{}, run: r}
 	defer a.frame.close()
 	if err := r.c.ProcessEvent(ctx, a); err != nil {
 		return onEvent(e, fmt.Errorf("processor %q: %s: %w", r.c.Name, describe(e), err))
