@@ -3,6 +3,7 @@ package itx
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -31,7 +32,15 @@ const (
 	EPermissionDenied    Code = "permissionDenied"    // the token's scope or an attenuated capability does not allow it
 )
 
-// Codes lists every code, for exhaustiveness checks against the schema.
+// EDisconnected is the code the Go client gives a call whose RPC connection to itxd was lost
+// before its answer came, and a Connection or LiveView that ended so (closed: connectionLost).
+// The call may or may not have taken effect: dial again, read back what matters, and send again
+// what must happen once with an idempotency key. itxd never sends it (it is not in Codes, the
+// wire's codes); the client tells it from go-capnp's disconnected exception, which carries no
+// code.
+const EDisconnected Code = "disconnected"
+
+// Codes lists every code that crosses the wire, for exhaustiveness checks against the schema.
 var Codes = []Code{
 	EInvalid, ENotFound, EIdempotencyConflict, EOffsetConflict, ERateLimited, ETooLarge,
 	EUnauthenticated, EDeadlineExceeded, EUnavailable, ELimitExceeded, EInternal,
@@ -56,6 +65,7 @@ func Errorf(code Code, format string, args ...any) *Error {
 
 // ErrorCode returns the code of err: the code of the first *Error in its chain or, for an error
 // that crossed the wire, the code named in its text. Errors without one are EInternal; nil is "".
+// The Go client's calls that failed because the connection was lost are EDisconnected.
 func ErrorCode(err error) Code {
 	if err == nil {
 		return ""
@@ -68,6 +78,19 @@ func ErrorCode(err error) Code {
 		return code
 	}
 	return EInternal
+}
+
+// Coded reports whether err names a code: an *Error in its chain, or a remote reason with one.
+// An error without one is EInternal to ErrorCode, which cannot tell it from a named internal.
+func Coded(err error) bool {
+	if err == nil {
+		return false
+	}
+	if _, ok := errors.AsType[*Error](err); ok {
+		return true
+	}
+	_, _, ok := parseRemote(err.Error())
+	return ok
 }
 
 // ErrorMessage returns the human part of err without its code prefix.
@@ -108,10 +131,8 @@ func parseRemote(text string) (Code, string, bool) {
 		rest := text[i+len("itx."):]
 		if colon := strings.Index(rest, ": "); colon > 0 {
 			code := Code(rest[:colon])
-			for _, c := range Codes {
-				if c == code {
-					return code, rest[colon+2:], true
-				}
+			if code == EDisconnected || slices.Contains(Codes, code) {
+				return code, rest[colon+2:], true
 			}
 		}
 		next := strings.Index(rest, "itx.")

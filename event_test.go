@@ -135,4 +135,11 @@ func TestErrorCode(t *testing.T) {
 	for _, c := range itx.Codes {
 		require.Equal(t, c, itx.ErrorCode(errors.New((&itx.Error{Code: c, Message: "m"}).Error())))
 	}
+	// The Go client's own code survives a trip through a string too.
+	require.Equal(t, itx.EDisconnected, itx.ErrorCode(errors.New("x: itx.disconnected: lost")))
+
+	require.True(t, itx.Coded(remote))
+	require.True(t, itx.Coded(errors.New("itx.internal: named")))
+	require.False(t, itx.Coded(errors.New("rpc: connection closed")))
+	require.False(t, itx.Coded(nil))
 }

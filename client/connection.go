@@ -67,6 +67,20 @@ func (e *ConnectionClosed) Error() string {
 	return fmt.Sprintf("closed: %s: %v", e.Why, e.Reason)
 }
 
+// Unwrap is the server's error, for itx.ErrorCode and errors.As; a connection whose RPC
+// session was lost without one (connectionLost) unwraps to an itx.EDisconnected error: the
+// events delivered until then were delivered, the rest will be after a reopen from its
+// checkpoint.
+func (e *ConnectionClosed) Unwrap() error {
+	if e.Reason != nil {
+		return e.Reason
+	}
+	if e.Why == schema.CloseReason_connectionLost {
+		return itx.Errorf(itx.EDisconnected, "the connection to itxd was lost")
+	}
+	return nil
+}
+
 // Connection is a live connection opened with OpenConnection. Its handler's Deliver runs on
 // the RPC connection's goroutines until the connection ends: Done is closed then, and Err says
 // why.
@@ -130,7 +144,7 @@ func OpenConnection(ctx context.Context, s schema.Stream, o ConnectionOptions, h
 	}
 	kr, err := kf.Struct()
 	if err != nil {
-		return nil, err
+		return nil, disconnected(err)
 	}
 	key, err := kr.Key()
 	if err != nil {

@@ -59,7 +59,7 @@ func MountReceiver(ctx context.Context, project schema.Project, name string, r s
 	})
 	defer releaseMount()
 	if _, err := mf.Struct(); err != nil {
-		return schema.Handle{}, err
+		return schema.Handle{}, disconnected(err)
 	}
 	return mf.Handle().AddRef(), nil
 }

@@ -4,9 +4,13 @@ import (
 	"context"
 	"errors"
 	"math"
+	"net"
+	"regexp"
 	"time"
 
 	"capnproto.org/go/capnp/v3"
+	"capnproto.org/go/capnp/v3/exc"
+	"capnproto.org/go/capnp/v3/rpc"
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/wire"
@@ -443,8 +447,9 @@ func ReleaseAfter(ctx context.Context, release func()) {
 // Await waits for a call's answer, or for ctx to end: go-capnp's Struct() does not watch the
 // context, and a caller that must give up (a host shutting down mid-call) would wait forever.
 // A call given up because ctx ended fails with code cancelled (itx.ErrorCode), and
-// errors.Is(err, context.Canceled) or context.DeadlineExceeded holds. Pair it with
-// ReleaseAfter.
+// errors.Is(err, context.Canceled) or context.DeadlineExceeded holds. A call whose connection
+// was lost before its answer fails with code disconnected (itx.EDisconnected: it may or may not
+// have taken effect), and capnp.IsDisconnected holds. Pair it with ReleaseAfter.
 func Await[T any](ctx context.Context, fut interface {
 	Done() <-chan struct{}
 	Struct() (T, error)
@@ -460,7 +465,50 @@ func Await[T any](ctx context.Context, fut interface {
 		// go-capnp gave the call up for ctx itself: its error has no code.
 		return res, cancelled(ctx, "")
 	}
-	return res, err
+	return res, disconnected(err)
+}
+
+// callDisconnected is a call whose RPC connection was lost before its answer: code
+// disconnected, and go-capnp's exception for errors.As.
+type callDisconnected struct {
+	coded *itx.Error
+	cause error
+}
+
+func (e *callDisconnected) Error() string   { return e.coded.Error() }
+func (e *callDisconnected) Unwrap() []error { return []error{e.coded, e.cause} }
+
+// rpcPrefixes are what go-capnp puts before a lost connection's reason: the method of each
+// pipelined call it crossed ("itx.capnp:Readers.register: itx.capnp:Stream.readers: "), "rpc: ".
+var rpcPrefixes = regexp.MustCompile(`^([\w.]+\.capnp:\w+\.\w+: |rpc: )*`)
+
+// disconnected gives err the code itx.EDisconnected when it is go-capnp's disconnected
+// exception without a code of its own, which is what a call on a lost connection fails with
+// (in flight then, or made after). go-capnp's own words ("rpc: connection closed") say
+// nothing of what became of the call, and without a code it read as internal. A disconnected
+// exception naming a code came from itxd (a Receiver or host it called went away): kept.
+//
+// A call whose message could not be sent because the socket broke or the connection closed
+// meanwhile ("rpc: send message: ... writev: broken pipe", "rpc: send message: rpc:
+// connection closed") fails with go-capnp's type failed, not disconnected; the network error,
+// or rpc.ErrConnClosed, in its chain tells it.
+func disconnected(err error) error {
+	if err == nil || itx.Coded(err) {
+		return err
+	}
+	var why string
+	if opErr, ok := errors.AsType[*net.OpError](err); ok {
+		why = opErr.Err.Error()
+	} else if capnp.IsDisconnected(err) || errors.Is(err, rpc.ErrConnClosed) {
+		why = rpcPrefixes.ReplaceAllString(err.Error(), "")
+	} else {
+		return err
+	}
+	// Itself a disconnected exception: capnp.IsDisconnected looks at err, not at its chain.
+	return &exc.Exception{Type: exc.Disconnected, Cause: &callDisconnected{
+		coded: itx.Errorf(itx.EDisconnected, "the connection to itxd was lost before the call was answered (%s): it may or may not have taken effect", why),
+		cause: err,
+	}}
 }
 
 // callCancelled is a call given up because its context ended: code cancelled, and its

@@ -144,7 +144,8 @@ func serveOnce(ctx context.Context, cfg Config) error {
 		if err := conn.Err(); err != nil {
 			return fmt.Errorf("the connection to itxd ended: %w", err)
 		}
-		return errors.New("the connection to itxd ended")
+		// Coded as a call on it would be: Run logs it, and reconnects.
+		return itx.Errorf(itx.EDisconnected, "the connection to itxd was lost")
 	case <-ctx.Done():
 		return ctx.Err()
 	}
