@@ -41,7 +41,9 @@ type AppendFuture struct {
 // Done is closed when the answer has arrived.
 func (f *AppendFuture) Done() <-chan struct{} { return f.done }
 
-// Wait returns the call's result once its group commit is durable, or its failure.
+// Wait returns the call's result once its group commit is durable, or its failure. A ctx that
+// ends first gives up the wait only (code cancelled): the append may still commit, and Done
+// tells when its answer came.
 func (f *AppendFuture) Wait(ctx context.Context) (itx.AppendResult, error) {
 	select {
 	case <-f.done:
@@ -53,8 +55,12 @@ func (f *AppendFuture) Wait(ctx context.Context) (itx.AppendResult, error) {
 
 // Append sends one atomic append, waiting first for a free slot when maxInFlight calls are
 // unanswered, and returns its future without waiting for the answer. ctx bounds the wait for a
-// slot and the call itself. An append itxd would refuse as too large is refused here, before it
-// is sent (as Append does).
+// slot, and gives the call its values: once sent, the call is not cancelled when ctx ends, and
+// holds its slot until itxd answers it or the connection is lost. itxd queues an append as it
+// arrives and commits it whatever becomes of the caller, so a call cancelled would still be
+// in flight there, past the bound, and its future would say cancelled of an append that
+// committed; the future says what became of it. An append itxd would refuse as too large is
+// refused here, before it is sent (as Append does).
 func (a *Appender) Append(ctx context.Context, events []itx.EventInput, opts itx.AppendOptions) (*AppendFuture, error) {
 	if err := checkAppendSize(events); err != nil {
 		return nil, err
@@ -69,10 +75,12 @@ func (a *Appender) Append(ctx context.Context, events []itx.EventInput, opts itx
 		return nil, cancelled(ctx, "append not sent")
 	}
 	f := &AppendFuture{done: make(chan struct{})}
-	fut, release := sendAppend(ctx, a.s, events, opts)
+	// Not cancelled with ctx: the slot is given back only once itxd answered (see above).
+	call := lasting(ctx)
+	fut, release := sendAppend(call, a.s, events, opts)
 	go func() {
-		f.res, f.err = awaitAppend(ctx, fut)
-		ReleaseAfter(ctx, release)
+		f.res, f.err = awaitAppend(call, fut)
+		release()
 		if f.err != nil {
 			a.mu.Lock()
 			if a.first == nil {

@@ -1,9 +1,11 @@
 package test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
@@ -97,4 +99,69 @@ func commitsOf(ts *testServer) float64 {
 		return 0
 	}
 	return float64(m.GetHistogram().GetSampleCount())
+}
+
+// Appends whose contexts end right after they are sent, while itxd does not answer (a proxy
+// holds every byte): the calls stay in flight there, so they keep their slots and the bound
+// holds; a third Append waits for a slot until its own deadline and is not sent. Before, a
+// cancelled call gave its slot back at once, and a producer cancelling its calls had as many
+// appends in flight as it liked. Once the connection is lost, each future says so.
+func TestAppender_CancelledCallsKeepTheirSlots(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	px := newProxy(t, ts.addr)
+	p := dial(t, px.addr()).Login(ctx, ts.creds.ProjectToken)
+	t.Cleanup(p.Release)
+	s := stream(t, p, "/appender/bound")
+	mustAppend(t, s, ev("first", `{}`))
+	px.freeze()
+
+	a := client.NewAppender(s, 2)
+	var futures []*client.AppendFuture
+	for range 2 {
+		cctx, cancel := context.WithCancel(ctx)
+		f, err := a.Append(cctx, []itx.EventInput{ev("e", `{}`)}, itx.AppendOptions{})
+		cancel()
+		require.NoError(t, err)
+		futures = append(futures, f)
+	}
+	dctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	_, err := a.Append(dctx, []itx.EventInput{ev("e", `{}`)}, itx.AppendOptions{})
+	cancel()
+	requireCode(t, err, itx.ECancelled)
+	require.Contains(t, err.Error(), "append not sent")
+	for i, f := range futures {
+		select {
+		case <-f.Done():
+			t.Fatalf("call %d answered while itxd was silent", i)
+		default:
+		}
+	}
+
+	px.cut()
+	for _, f := range futures {
+		_, err := f.Wait(ctx)
+		requireCode(t, err, itx.EDisconnected)
+	}
+	requireCode(t, a.Flush(ctx), itx.EDisconnected)
+}
+
+// An append whose context ends right after it is sent still commits (itxd queued it), and its
+// future says so, with its offset, instead of cancelled.
+func TestAppender_CancelledCallSaysWhatBecameOfIt(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	s := stream(t, ts.project(t), "/appender/cancelled")
+	a := client.NewAppender(s, 4)
+	cctx, cancel := context.WithCancel(ctx)
+	f, err := a.Append(cctx, []itx.EventInput{ev("e", `{}`)}, itx.AppendOptions{})
+	cancel()
+	require.NoError(t, err)
+	res, err := f.Wait(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []int64{1}, res.Offsets)
+	require.NoError(t, a.Flush(ctx))
+	events, err := client.ReadAll(ctx, s, itx.Query{})
+	require.NoError(t, err)
+	require.Len(t, events, 1)
 }
