@@ -49,7 +49,7 @@ func (f *AppendFuture) Wait(ctx context.Context) (itx.AppendResult, error) {
 	case <-f.done:
 		return f.res, f.err
 	case <-ctx.Done():
-		return itx.AppendResult{}, cancelled(ctx, "")
+		return itx.AppendResult{}, cancelled(ctx, "stopped waiting: the append may still commit")
 	}
 }
 

@@ -446,8 +446,9 @@ func ReleaseAfter(ctx context.Context, release func()) {
 
 // Await waits for a call's answer, or for ctx to end: go-capnp's Struct() does not watch the
 // context, and a caller that must give up (a host shutting down mid-call) would wait forever.
-// A call given up because ctx ended fails with code cancelled (itx.ErrorCode), and
-// errors.Is(err, context.Canceled) or context.DeadlineExceeded holds. A call whose connection
+// A call given up because ctx ended fails with code cancelled (itx.ErrorCode), saying it may or
+// may not have taken effect, and errors.Is(err, context.Canceled) or context.DeadlineExceeded
+// holds. A call whose connection
 // was lost before its answer fails with code disconnected (itx.EDisconnected: it may or may not
 // have taken effect), and capnp.IsDisconnected holds. Pair it with ReleaseAfter.
 func Await[T any](ctx context.Context, fut interface {
@@ -458,12 +459,12 @@ func Await[T any](ctx context.Context, fut interface {
 	case <-fut.Done():
 	case <-ctx.Done():
 		var zero T
-		return zero, cancelled(ctx, "")
+		return zero, unanswered(ctx)
 	}
 	res, err := fut.Struct()
 	if err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) && itx.ErrorCode(err) == itx.EInternal {
 		// go-capnp gave the call up for ctx itself: its error has no code.
-		return res, cancelled(ctx, "")
+		return res, unanswered(ctx)
 	}
 	return res, disconnected(err)
 }
@@ -520,6 +521,13 @@ type callCancelled struct {
 
 func (e *callCancelled) Error() string   { return e.coded.Error() }
 func (e *callCancelled) Unwrap() []error { return []error{e.coded, e.cause} }
+
+// unanswered is the error of a call sent and given up because ctx ended before its answer:
+// itxd may have run it all the same (an append it queued commits), so a caller that retries
+// one that must happen once sends it with an idempotency key.
+func unanswered(ctx context.Context) error {
+	return &callCancelled{coded: itx.Errorf(itx.ECancelled, "%v before the answer came: the call may or may not have taken effect", ctx.Err()), cause: ctx.Err()}
+}
 
 // cancelled is the error of what ctx's end gave up (what, when set, says what).
 func cancelled(ctx context.Context, what string) error {
