@@ -1,5 +1,16 @@
 // Package client dials an itxd server and logs in: the Go entry point to the capability graph
 // for applications, remote processors, the itx REPL and tests.
+//
+// Dial, then Conn.Login and Stream return capabilities at once (their calls are pipelined);
+// Append, NewAppender, GetEventPage, ReadAll, WaitForEvent, OpenConnection, WatchStream,
+// Readers with RegisterReader, ConfigureSubscription and MountReceiver use them. A remote
+// processor host is package processors/remote.
+//
+// Every error has a code, itx.ErrorCode(err). A call whose connection was lost before its answer
+// is itx.EDisconnected, and one whose context ended after it was sent is itx.ECancelled: both may
+// or may not have taken effect, so dial again and resend only what carries an idempotency key.
+// A module of its own builds this package with the patched go-capnp in the repository's
+// third_party (README, "From a module of your own").
 package client
 
 import (
