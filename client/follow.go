@@ -48,6 +48,13 @@ type FollowConfig struct {
 	// nothing of it. Left empty, Follow holds to the stream its first batch came from.
 	// (Connection.ExpectedStreamID says the same: give either, or both alike.)
 	StreamID string
+	// PingEvery is how often Follow asks itxd, over the connection, how far it delivered, and
+	// PingTimeout how long it waits for the answer before it takes the connection for lost and
+	// dials again (defaults 15 s and 10 s; PingEvery < 0: never). TCP keepalive learns of a
+	// peer that vanished, not of one that holds the connection open and answers nothing (a hung
+	// or stopped itxd, whose kernel still acknowledges; a stalled proxy between them): without
+	// it Follow waited for a batch for as long as ctx lasted.
+	PingEvery, PingTimeout time.Duration
 }
 
 func (cfg *FollowConfig) defaults() {
@@ -62,6 +69,12 @@ func (cfg *FollowConfig) defaults() {
 	}
 	if cfg.ReaderInterval <= 0 {
 		cfg.ReaderInterval = time.Second
+	}
+	if cfg.PingEvery == 0 {
+		cfg.PingEvery = 15 * time.Second
+	}
+	if cfg.PingTimeout <= 0 {
+		cfg.PingTimeout = 10 * time.Second
 	}
 }
 
@@ -278,9 +291,22 @@ func followOnce(ctx context.Context, cfg *FollowConfig, last *atomic.Int64, resu
 		}()
 	}
 	cancel()
+	silent := make(chan error, 1)
+	if cfg.PingEvery > 0 {
+		pctx, stopPings := context.WithCancel(ctx)
+		defer stopPings()
+		go func() { silent <- pingUntilSilent(pctx, c, cfg.PingEvery, cfg.PingTimeout) }()
+	}
 	select {
 	case <-c.Done():
 	case <-conn.Done():
+	case err := <-silent:
+		// Closed here, not asked to close: itxd answers nothing. The next connection opens
+		// after the last offset delivered; a batch given to deliver meanwhile is waited for.
+		conn.Close()
+		stop()
+		mu.Unlock()
+		return err
 	case <-ctx.Done():
 		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -306,6 +332,28 @@ func followOnce(ctx context.Context, cfg *FollowConfig, last *atomic.Int64, resu
 		return cc
 	}
 	return errPermanent{cc}
+}
+
+// pingUntilSilent pings c every interval and returns once a ping goes unanswered for timeout:
+// an itxd that holds the connection open and answers nothing. It returns nil when ctx ends, and
+// leaves an ended connection to Done (a ping on it fails at once, not for want of an answer).
+func pingUntilSilent(ctx context.Context, c *Connection, every, timeout time.Duration) error {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		pctx, cancel := context.WithTimeout(ctx, timeout)
+		_, _, err := c.Ping(pctx)
+		unanswered := err != nil && pctx.Err() != nil && ctx.Err() == nil
+		cancel()
+		if unanswered {
+			return itx.Errorf(itx.EDisconnected, "itxd answered no ping for %v: the connection is taken for lost", timeout)
+		}
+	}
 }
 
 // streamReplaced is how Follow ends when the stream at path is no longer the one it followed

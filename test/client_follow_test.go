@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -354,4 +355,42 @@ func newGatedProxy(t testing.TB, target string, down *atomic.Bool) *proxy {
 	}()
 	t.Cleanup(func() { ln.Close(); px.cut() })
 	return px
+}
+
+// An itxd that holds Follow's connection open and answers nothing (a stalled proxy between
+// them: TCP keepalive is answered, no byte of itxd's comes through): Follow's ping goes
+// unanswered, it takes the connection for lost and dials again, and delivers what was appended
+// meanwhile, each event once. Before, it waited for a batch for as long as its context lasted.
+func TestClientFollow_ReconnectsFromASilentConnection(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	px := newProxy(t, ts.addr)
+	s := stream(t, ts.project(t), "/follow/silent")
+	mustAppend(t, s, ev("e", `{}`), ev("e", `{}`))
+	var f followed
+	logs := make(chan string, 64)
+	ctx, cancel := context.WithCancel(ctxT(t))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		client.Follow(ctx, client.FollowConfig{Addr: px.addr(), Token: ts.creds.ProjectToken, Path: "/follow/silent",
+			PingEvery: 50 * time.Millisecond, PingTimeout: 300 * time.Millisecond, MinBackoff: 10 * time.Millisecond,
+			Logf: func(format string, args ...any) {
+				select {
+				case logs <- fmt.Sprintf(format, args...):
+				default:
+				}
+			}}, f.deliver)
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	waitUntil(t, "the first two events", func() bool { return len(f.got()) == 2 })
+	px.stall()
+	mustAppend(t, s, ev("e", `{}`), ev("e", `{}`))
+	waitUntil(t, "the events appended while the connection was silent", func() bool { return len(f.got()) == 4 })
+	require.Equal(t, []int64{1, 2, 3, 4}, f.got())
+	for line := range logs {
+		if strings.Contains(line, "reconnecting") {
+			require.Contains(t, line, "itx.disconnected: itxd answered no ping for 300ms")
+			break
+		}
+	}
 }

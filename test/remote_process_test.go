@@ -206,6 +206,8 @@ type proxy struct {
 	conns  []net.Conn
 	once   sync.Once
 	frozen chan struct{}
+	// stalled are the stall channels of the relayed connections not stalled yet.
+	stalled []chan struct{}
 }
 
 func newProxy(t testing.TB, target string) *proxy {
@@ -223,11 +225,13 @@ func newProxy(t testing.TB, target string) *proxy {
 				c.Close()
 				continue
 			}
+			stall := make(chan struct{})
 			px.mu.Lock()
 			px.conns = append(px.conns, c, up)
+			px.stalled = append(px.stalled, stall)
 			px.mu.Unlock()
-			go px.relay(up, c)
-			go px.relay(c, up)
+			go px.relay(up, c, stall)
+			go px.relay(c, up, stall)
 		}
 	}()
 	t.Cleanup(func() { ln.Close(); px.cut() })
@@ -236,14 +240,16 @@ func newProxy(t testing.TB, target string) *proxy {
 
 func (px *proxy) addr() string { return px.ln.Addr().String() }
 
-// relay copies src to dst until either ends (then closes dst), or until freeze: from then on
-// it holds every byte and closes nothing.
-func (px *proxy) relay(dst, src net.Conn) {
+// relay copies src to dst until either ends (then closes dst), or until freeze (or stall, for
+// its connection): from then on it holds every byte and closes nothing.
+func (px *proxy) relay(dst, src net.Conn, stall chan struct{}) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
 		select {
 		case <-px.frozen:
+			return
+		case <-stall:
 			return
 		default:
 		}
@@ -261,6 +267,16 @@ func (px *proxy) relay(dst, src net.Conn) {
 
 // freeze stops every relayed byte, either way, without closing a connection.
 func (px *proxy) freeze() { px.once.Do(func() { close(px.frozen) }) }
+
+// stall freezes the connections relayed now; those accepted later relay as before.
+func (px *proxy) stall() {
+	px.mu.Lock()
+	defer px.mu.Unlock()
+	for _, c := range px.stalled {
+		close(c)
+	}
+	px.stalled = nil
+}
 
 // cut closes every relayed connection; new ones are still accepted.
 func (px *proxy) cut() {
