@@ -143,6 +143,15 @@ func (c *Conn) Login(ctx context.Context, token string) schema.Project {
 	return keepAnswers(fut.Project().AddRef(), release)
 }
 
+// Ping asks itxd for its version (Gateway.version, which needs no login): an answer says the
+// connection carries calls both ways.
+func (c *Conn) Ping(ctx context.Context) error {
+	fut, release := c.gateway.Version(ctx, nil)
+	defer ReleaseAfter(ctx, release)
+	_, err := Await(ctx, fut)
+	return err
+}
+
 // Done is closed when the connection ends.
 func (c *Conn) Done() <-chan struct{} { return c.rpc.Done() }
 

@@ -295,7 +295,8 @@ func followOnce(ctx context.Context, cfg *FollowConfig, last *atomic.Int64, resu
 	if cfg.PingEvery > 0 {
 		pctx, stopPings := context.WithCancel(ctx)
 		defer stopPings()
-		go func() { silent <- pingUntilSilent(pctx, c, cfg.PingEvery, cfg.PingTimeout) }()
+		ping := func(ctx context.Context) error { _, _, err := c.Ping(ctx); return err }
+		go func() { silent <- UntilSilent(pctx, ping, cfg.PingEvery, cfg.PingTimeout) }()
 	}
 	select {
 	case <-c.Done():
@@ -334,10 +335,12 @@ func followOnce(ctx context.Context, cfg *FollowConfig, last *atomic.Int64, resu
 	return errPermanent{cc}
 }
 
-// pingUntilSilent pings c every interval and returns once a ping goes unanswered for timeout:
-// an itxd that holds the connection open and answers nothing. It returns nil when ctx ends, and
-// leaves an ended connection to Done (a ping on it fails at once, not for want of an answer).
-func pingUntilSilent(ctx context.Context, c *Connection, every, timeout time.Duration) error {
+// UntilSilent calls ping every interval and returns, code disconnected, once a ping goes
+// unanswered for timeout: an itxd that holds the connection open and answers nothing, which TCP
+// keepalive does not notice (Follow and remote.Run watch their connections so). It returns nil
+// when ctx ends, and leaves an ended connection to whoever watches it end (a ping on it fails
+// at once, not for want of an answer).
+func UntilSilent(ctx context.Context, ping func(context.Context) error, every, timeout time.Duration) error {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -347,7 +350,7 @@ func pingUntilSilent(ctx context.Context, c *Connection, every, timeout time.Dur
 		case <-t.C:
 		}
 		pctx, cancel := context.WithTimeout(ctx, timeout)
-		_, _, err := c.Ping(pctx)
+		err := ping(pctx)
 		unanswered := err != nil && pctx.Err() != nil && ctx.Err() == nil
 		cancel()
 		if unanswered {

@@ -144,3 +144,39 @@ func TestClient_LostConnectionIsDisconnected(t *testing.T) {
 		}
 	}
 }
+
+// A remote host whose connection goes silent after it mounted (a stalled proxy: TCP stays up,
+// no byte of itxd's comes through): its ping goes unanswered, it takes the connection for lost
+// and mounts again over a new one. Before, it stayed "mounted" on the silent connection for good.
+func TestRemote_HostRedialsFromASilentConnection(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	px := newProxy(t, ts.addr)
+	logs := make(chan string, 64)
+	mounted := make(chan struct{}, 16)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = remote.Run(ctx, remote.Config{Addr: px.addr(), Token: ts.creds.ProjectToken, Name: "silent",
+			Host: referenceHost(t, "guestbook"), MinBackoff: 10 * time.Millisecond,
+			PingEvery: 50 * time.Millisecond, PingTimeout: 300 * time.Millisecond,
+			Logf: func(f string, a ...any) {
+				select {
+				case logs <- fmt.Sprintf(f, a...):
+				default:
+				}
+			},
+			Mounted: func() { mounted <- struct{}{} }})
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	awaitMount(t, mounted)
+	px.stall()
+	awaitMount(t, mounted)
+	for {
+		line := <-logs
+		if strings.Contains(line, "reconnecting") {
+			require.Contains(t, line, "itx.disconnected: itxd answered no ping for 300ms", line)
+			break
+		}
+	}
+}
