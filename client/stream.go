@@ -70,6 +70,10 @@ func Append(ctx context.Context, s schema.Stream, events []itx.EventInput, opts 
 	if err := checkAppendSize(events); err != nil {
 		return itx.AppendResult{}, err
 	}
+	if ctx.Err() != nil {
+		// Said so: given up after sending, the append may have committed.
+		return itx.AppendResult{}, cancelled(ctx, "append not sent")
+	}
 	fut, release := sendAppend(ctx, s, events, opts)
 	defer ReleaseAfter(ctx, release)
 	return awaitAppend(ctx, fut)

@@ -59,6 +59,7 @@ func TestClient_CancelledCallsSayCancelled(t *testing.T) {
 	check("GetEventPage", context.Canceled, err)
 	_, err = client.Append(cctx, s, []itx.EventInput{{Type: "e"}}, itx.AppendOptions{})
 	check("Append", context.Canceled, err)
+	require.Contains(t, err.Error(), "append not sent", "an append never sent says so, not that it may have taken effect")
 	_, err = client.NewAppender(s, 1).Append(cctx, []itx.EventInput{{Type: "e"}}, itx.AppendOptions{})
 	check("Appender.Append", context.Canceled, err)
 	_, err = client.ListSubscriptions(cctx, subs)
