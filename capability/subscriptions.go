@@ -190,6 +190,8 @@ func (s *subscription) Describe(ctx context.Context, call schema.Subscription_de
 	// A copy into a stream outside this capability's prefix (configured by a wider token) is
 	// shown without the stream's path.
 	d.Config.Receiver.ReceivingStreamPath = s.acc.shown(d.Config.Receiver.ReceivingStreamPath)
+	// A webhook's header values and URL credentials are the stream administrator's.
+	d.Config.Receiver = s.acc.redactReceiver(d.Config.Receiver)
 	// So is a dead-letter stream (the policy is copied: the catalog's config may be shared).
 	if dl := d.Config.Receiver.Delivery; dl != nil && dl.DeadLetterPath != "" {
 		shown := *dl

@@ -178,6 +178,11 @@ func (d *deliverer) deadLetterOf(job pushJob, store streamStore, streamID string
 	if v, changed := itx.ScopedEvent(d.scope, shown); changed {
 		shown = v
 	}
+	// Nor does it carry a webhook's credentials: the letter's readers hold no more than the
+	// receiver did.
+	if v, changed := itx.RedactedEvent(shown); changed {
+		shown = v
+	}
 	p := itx.DeadLetterPayload{ProjectID: d.ref.ProjectID, StreamID: streamID, Path: d.ref.Path, Subscription: d.name,
 		ConfiguredAtOffset: job.row.ConfiguredAtOffset, CursorChangedAtOffset: job.row.CursorChangedAtOffset,
 		Offset: f.eventOffset, Attempts: attempts, Error: truncate(f.msg, itx.MaxCursorErrorLength), Event: shown}
@@ -262,6 +267,12 @@ func (d *deliverer) try(job pushJob, store streamStore, streamID string) deliver
 				}
 				e = &v
 			}
+		}
+		// A receiver is not the stream's administrator: it reads webhooks' credentials (a
+		// configured event's header values, its URL's userinfo and query) redacted, whoever
+		// configured it, so a subscribe token cannot forward them to itself.
+		if v, changed := itx.RedactedEvent(*e); changed {
+			e = &v
 		}
 		if !d.matches(e) {
 			continue

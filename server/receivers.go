@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"sort"
 	"strconv"
 	"strings"
@@ -112,6 +113,12 @@ func (w *webhookSender) send(ctx context.Context, d *deliverer, b *itx.DeliveryB
 	defer d.srv.metrics.WebhooksInFlight.Dec()
 	resp, err := w.client.Do(req)
 	if err != nil {
+		// The error quotes the URL, and becomes the cursor's lastError (list, describe, live
+		// state, a halt's record), which readers see: its credentials are the administrator's.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			ue.URL = itx.RedactURL(ue.URL)
+		}
 		if ctx.Err() != nil {
 			return 0, itx.Errorf(itx.EDeadlineExceeded, "webhook: %v", err)
 		}
