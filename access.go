@@ -1,6 +1,8 @@
 package itx
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"slices"
 	"strings"
 )
@@ -98,6 +100,27 @@ type TokenInfo struct {
 	LastUsedAt int64 // epoch ms of its last login; 0: never
 	ExpiresAt  int64 // epoch ms; 0: never
 	Scope      Scope
+}
+
+// Principal names who holds the token, the same for every token of one project made with the
+// same label and scope: a rotation (a new token made as the old one was, the old one revoked)
+// keeps the principal, so what the old token owns (a registered reader, a connection's key, a
+// mounted Receiver or processor host) is the new one's too. Whoever may make such a token holds
+// the admin right over that scope already, and may remove or revoke all of it anyway.
+func (t TokenInfo) Principal() string {
+	h := sha256.New()
+	prefix := orRoot(t.Scope.Prefix)
+	var rights []string
+	for _, r := range Rights {
+		if t.Scope.Allows(r) {
+			rights = append(rights, string(r))
+		}
+	}
+	for _, part := range []string{t.ProjectID, t.Label, prefix, strings.Join(rights, ",")} {
+		h.Write([]byte(part))
+		h.Write([]byte{0})
+	}
+	return "principal:" + hex.EncodeToString(h.Sum(nil)[:16])
 }
 
 // ProjectSummary is a row of the administration's project list.

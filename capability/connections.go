@@ -269,7 +269,7 @@ type readers struct {
 func (r *readers) caller() server.ReaderCaller {
 	var c server.ReaderCaller
 	if r.acc.session != nil {
-		c.TokenID = r.acc.session.Token.ID
+		c.TokenID, c.Principal = r.acc.session.Token.ID, r.acc.session.Token.Principal()
 	}
 	c.Admin = r.acc.rights&rAdmin != 0
 	return c

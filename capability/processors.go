@@ -46,7 +46,7 @@ func (p *processorHosts) Mount(ctx context.Context, call schema.ProcessorHosts_m
 	h := &remoteHost{srv: p.srv, client: hc, acc: p.acc}
 	tokenID := ""
 	if p.acc.session != nil {
-		tokenID = p.acc.session.Token.ID
+		tokenID = p.acc.session.Token.Principal() // a rotated token keeps its hosts
 	}
 	unmount, err := p.srv.MountProcessorHostAs(tokenID, p.projectID, p.acc.mountScope(), name, h, contracts)
 	if err != nil {

@@ -398,7 +398,7 @@ func (c *capabilities) Unmount(ctx context.Context, call schema.Capabilities_unm
 func (c *capabilities) caller() server.MountCaller {
 	by := server.MountCaller{Admin: c.acc.rights&rAdmin != 0}
 	if c.acc.session != nil {
-		by.TokenID = c.acc.session.Token.ID
+		by.TokenID = c.acc.session.Token.Principal() // a rotated token keeps its mounts
 	}
 	return by
 }

@@ -366,7 +366,7 @@ func (a *actor) register(c *Connection) error {
 		// Any holder that reads the stream sees its connections' keys (its live state): were a
 		// key anyone's to take, one tenant, or a read-only capability handed to a browser, could
 		// close another's connection at will. A replace is the opener's own reconnect.
-		return itx.Errorf(itx.EPermissionDenied, "connection key %q is held by a connection another token opened: only a login with that token replaces it (pick another key)", c.key)
+		return itx.Errorf(itx.EPermissionDenied, "connection key %q is held by a connection another token opened: only a login with that token (or one made with its label and scope) replaces it (pick another key)", c.key)
 	}
 	if old == nil && len(a.conns) >= a.srv.cfg.MaxConnectionsPerStream {
 		return itx.Errorf(itx.ELimitExceeded, "a stream serves at most %d open connections (--max-connections-per-stream)", a.srv.cfg.MaxConnectionsPerStream)
@@ -416,7 +416,7 @@ func sameToken(a, b *Session) bool {
 	if a == nil || b == nil {
 		return a == b
 	}
-	return a.Project.ID == b.Project.ID && a.Token.ID == b.Token.ID
+	return a.Project.ID == b.Project.ID && (a.Token.ID == b.Token.ID || a.Token.Principal() == b.Token.Principal())
 }
 
 // unregister drops a closed connection from the actor's registry (if it is still the one under

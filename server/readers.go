@@ -29,15 +29,19 @@ func (s *Server) RemoveReader(ctx context.Context, ref StreamRef, name string) e
 // reader still needs.
 type ReaderCaller struct {
 	TokenID string // the caller's token ("": the server itself, or a caller in-process)
-	Admin   bool   // the caller holds the admin right: it moves and removes anyone's
+	// Principal is the caller's token's itx.TokenInfo.Principal: a reader is recorded as its
+	// principal's, so a rotated token (made with the same label and scope) keeps it.
+	Principal string
+	Admin     bool // the caller holds the admin right: it moves and removes anyone's
 }
 
 // mayChange refuses a move or a remove of r by another token than the one that registered it.
 func (c ReaderCaller) mayChange(r storage.Reader) error {
-	if r.Owner == "" || c.Admin || r.Owner == c.TokenID {
+	// A reader registered before owners were principals names its token's id.
+	if r.Owner == "" || c.Admin || r.Owner == c.TokenID || (c.Principal != "" && r.Owner == c.Principal) {
 		return nil
 	}
-	return itx.Errorf(itx.EPermissionDenied, "reader %q was registered by another token: only a login with that token, or the admin right, moves or removes it (pick another name)", r.Name)
+	return itx.Errorf(itx.EPermissionDenied, "reader %q was registered by another token: only a login with that token (or one made with its label and scope), or the admin right, moves or removes it (pick another name)", r.Name)
 }
 
 // StartRegisterReaderAs is StartRegisterReader on behalf of by: the reader it registers is by's,

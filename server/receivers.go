@@ -379,7 +379,7 @@ type mount struct {
 // its scope deliver to it and take its acknowledgements, so another token of the scope that took
 // the name over would receive (and confirm, so its owner never sees them) what was meant for it.
 type MountCaller struct {
-	TokenID string // "": in-process
+	TokenID string // the caller's token's itx.TokenInfo.Principal (a rotation keeps it); "": in-process
 	Admin   bool   // the admin right unmounts anyone's (never replaces: a mount is a live Receiver)
 }
 
@@ -456,7 +456,7 @@ func (s *Server) MountReceiverAs(by MountCaller, projectID, scope, name string, 
 	s.recv.mu.Lock()
 	if old := s.recv.mounts[key]; old != nil && old.owner != by.TokenID {
 		s.recv.mu.Unlock()
-		return nil, itx.Errorf(itx.EPermissionDenied, "a Receiver another token mounted holds %q: only a login with that token replaces it (unmount it with the admin right, or pick another name)", name)
+		return nil, itx.Errorf(itx.EPermissionDenied, "a Receiver another token mounted holds %q: only a login with that token (or one made with its label and scope) replaces it (unmount it with the admin right, or pick another name)", name)
 	}
 	if s.recv.mounts[key] == nil && s.recv.byProject[projectID] >= s.cfg.MaxMountsPerProject {
 		s.recv.mu.Unlock()
@@ -500,7 +500,7 @@ func (s *Server) UnmountReceiverAs(by MountCaller, projectID, scope, name string
 	}
 	if old.owner != by.TokenID && !by.Admin {
 		s.recv.mu.Unlock()
-		return itx.Errorf(itx.EPermissionDenied, "a Receiver another token mounted holds %q: only a login with that token, or the admin right, unmounts it", name)
+		return itx.Errorf(itx.EPermissionDenied, "a Receiver another token mounted holds %q: only a login with that token (or one made with its label and scope), or the admin right, unmounts it", name)
 	}
 	s.recv.deleteLocked(key)
 	s.recv.mu.Unlock()

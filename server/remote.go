@@ -240,12 +240,12 @@ func (s *Server) MountProcessorHostAs(tokenID, projectID, scope, name string, ho
 	}
 	if old := ph.byName[mountKey{projectID, scope, name}]; old != nil && old.owner != tokenID {
 		ph.mu.Unlock()
-		return nil, itx.Errorf(itx.EPermissionDenied, "a processor host another token mounted holds the name %q: only a login with that token replaces it", name)
+		return nil, itx.Errorf(itx.EPermissionDenied, "a processor host another token mounted holds the name %q: only a login with that token (or one made with its label and scope) replaces it", name)
 	}
 	for _, c := range contracts {
 		if prev := ph.contract[mountKey{projectID, scope, c.Name}]; prev != nil && prev.owner != tokenID {
 			ph.mu.Unlock()
-			return nil, itx.Errorf(itx.EPermissionDenied, "contract %q is held by a processor host another token mounted (%q): only a login with that token takes it over", c.Name, prev.name)
+			return nil, itx.Errorf(itx.EPermissionDenied, "contract %q is held by a processor host another token mounted (%q): only a login with that token (or one made with its label and scope) takes it over", c.Name, prev.name)
 		}
 	}
 	ph.gen++

@@ -622,6 +622,9 @@ func (st *streamState) applyReader(op readerOp, now time.Time, rc reduceContext,
 	}
 	was, registered := st.readers[op.name]
 	owner := op.by.TokenID
+	if op.by.Principal != "" {
+		owner = op.by.Principal
+	}
 	if registered {
 		if err := op.by.mayChange(was); err != nil {
 			return err
