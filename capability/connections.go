@@ -45,6 +45,7 @@ func (s *stream) OpenConnection(ctx context.Context, call schema.Stream_openConn
 	// Counted against the login that opens it by the stream's actor, once the open is decided:
 	// a replace under a key the login holds takes over that connection's place.
 	opts.Opener = s.acc.session
+	opts.NoHold = s.acc.rights&(rSubscribe|rAdmin) == 0
 	if !call.Args().Sink().IsValid() {
 		// Checked before anything is decided: an open that can never deliver must not replace
 		// the connection open under its key.
@@ -272,6 +273,7 @@ func (r *readers) caller() server.ReaderCaller {
 		c.TokenID, c.Principal = r.acc.session.Token.ID, r.acc.session.Token.Principal()
 	}
 	c.Admin = r.acc.rights&rAdmin != 0
+	c.NoHold = r.acc.rights&(rSubscribe|rAdmin) == 0
 	return c
 }
 

@@ -59,6 +59,9 @@ type ConnectionOptions struct {
 	// takes over that one's place instead, so a replace at the bound succeeds (the count does
 	// not grow). The place is given back when the connection has stopped.
 	Opener *Session
+	// NoHold: opened without the subscribe right (see ReaderCaller.NoHold): the connection's
+	// delivered offset holds back no trim, and events trimmed ahead of it are passed as a gap.
+	NoHold bool
 }
 
 // ConnectionSink is the client side of a connection (the capability layer adapts an EventSink).

@@ -33,6 +33,11 @@ type ReaderCaller struct {
 	// principal's, so a rotated token (made with the same label and scope) keeps it.
 	Principal string
 	Admin     bool // the caller holds the admin right: it moves and removes anyone's
+	// NoHold: the caller lacks the subscribe right (a read-only token, a readOnly()
+	// attenuation): the reader it registers shows its lag but holds back no trim. Holding the
+	// stream's events for a consumer is what subscribe grants; were it read's, any reader could
+	// keep every event from the administrator's trims and retention policy for good.
+	NoHold bool
 }
 
 // mayChange refuses a move or a remove of r by another token than the one that registered it.

@@ -625,12 +625,16 @@ func (st *streamState) applyReader(op readerOp, now time.Time, rc reduceContext,
 	if op.by.Principal != "" {
 		owner = op.by.Principal
 	}
+	noHold := op.by.NoHold
 	if registered {
 		if err := op.by.mayChange(was); err != nil {
 			return err
 		}
-		if was.Owner != "" {
-			owner = was.Owner // an admin's move leaves it its registrant's
+		// A move keeps a hold a holder of subscribe gave it (its own readOnly() moves it on);
+		// an admin's move leaves it its registrant's, holding as it did.
+		noHold = was.NoHold && noHold
+		if was.Owner != "" && was.Owner != owner {
+			owner, noHold = was.Owner, was.NoHold
 		}
 	}
 	if !registered {
@@ -642,7 +646,7 @@ func (st *streamState) applyReader(op readerOp, now time.Time, rc reduceContext,
 	if !registered && rc.maxReaders > 0 && len(st.readers) >= rc.maxReaders {
 		return itx.Errorf(itx.ELimitExceeded, "a stream may have at most %d registered readers (--max-readers-per-stream)", rc.maxReaders)
 	}
-	r := storage.Reader{Name: op.name, Checkpoint: op.checkpoint, UpdatedAt: itx.UnixMilli(now), Owner: owner}
+	r := storage.Reader{Name: op.name, Checkpoint: op.checkpoint, UpdatedAt: itx.UnixMilli(now), Owner: owner, NoHold: noHold}
 	st.readers[op.name] = r
 	// A delete staged earlier in this step may stay: a commit deletes before it upserts.
 	eff.commit.ReaderUpserts = append(removeReader(eff.commit.ReaderUpserts, op.name), r)

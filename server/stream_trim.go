@@ -313,8 +313,8 @@ func (a *actor) vacuumChunk() {
 
 // durableFloor is the offset through which every consumer of the stream holds its events: the
 // lowest confirmed offset of its subscriptions (one without a cursor row yet holds nothing),
-// checkpoint of its registered readers and delivered offset of its open connections; the head
-// when it has none. A trim never passes it.
+// checkpoint of its registered readers and delivered offset of its open connections (those
+// opened or registered with the subscribe right); the head when it has none. A trim never passes it.
 func (a *actor) durableFloor() int64 {
 	st := a.st
 	floor := st.head
@@ -327,11 +327,16 @@ func (a *actor) durableFloor() int64 {
 			floor = min(floor, confirmed)
 		}
 	}
+	// Readers and connections without the subscribe right hold nothing back (ReaderCaller.NoHold).
 	for _, r := range st.readers {
-		floor = min(floor, r.Checkpoint)
+		if !r.NoHold {
+			floor = min(floor, r.Checkpoint)
+		}
 	}
 	for _, c := range a.conns {
-		floor = min(floor, c.delivered.Load())
+		if !c.opts.NoHold {
+			floor = min(floor, c.delivered.Load())
+		}
 	}
 	return floor
 }

@@ -150,7 +150,7 @@ func TestStream_Pragmas(t *testing.T) {
 	require.NoError(t, db.QueryRow("PRAGMA user_version").Scan(&version))
 	require.Equal(t, "wal", mode)
 	require.Equal(t, 2, sync)
-	require.Equal(t, 6, version, "migrations ran")
+	require.Equal(t, 7, version, "migrations ran")
 
 	// The seed's cursor table exists with its exact columns.
 	rows, err := db.Query("select name from pragma_table_info('subscription_cursors') order by cid")
@@ -384,7 +384,7 @@ func TestStream_CursorDeliveredOffset(t *testing.T) {
 	var left int
 	require.NoError(t, db.QueryRowContext(ctx, `select count(*) from subscription_delivered`).Scan(&left))
 	require.Zero(t, left, "nothing left of deleted or zeroed rows")
-	_, err = db.ExecContext(ctx, `drop table subscription_delivered; alter table stream_meta drop column trimmed_through; alter table readers drop column owner; PRAGMA user_version = 3`)
+	_, err = db.ExecContext(ctx, `drop table subscription_delivered; alter table stream_meta drop column trimmed_through; alter table readers drop column no_hold; alter table readers drop column owner; PRAGMA user_version = 3`)
 	require.NoError(t, err)
 	_, _, err = migrate(ctx, db, "stream")
 	require.NoError(t, err)
