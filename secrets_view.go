@@ -90,7 +90,8 @@ func RedactedEvents(events []Event) []Event {
 }
 
 // RedactedEvent is e with the webhook credentials it records redacted, and whether that differs:
-// a configured event's receiver, and a dead letter's skipped event.
+// a configured event's receiver (its URL, header values, and a signing secret a config written
+// before secrets were kept apart holds itself), and a dead letter's skipped event.
 func RedactedEvent(e Event) (Event, bool) {
 	var p json.RawMessage
 	var changed bool
@@ -124,6 +125,11 @@ func redactConfigured(payload json.RawMessage) (json.RawMessage, bool) {
 					if red := RedactURL(strings.TrimSpace(s)); red != strings.TrimSpace(s) {
 						r[k], changed = red, true
 					}
+				}
+			case strings.EqualFold(k, "secret"):
+				// A config written before secrets were kept apart holds the secret itself.
+				if sec, ok := val.(string); ok && sec != "" && !IsSecretRef(strings.TrimSpace(sec)) && sec != Redacted {
+					r[k], changed = Redacted, true
 				}
 			case strings.EqualFold(k, "headers"):
 				h, ok := val.(map[string]any)
