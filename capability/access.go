@@ -222,7 +222,8 @@ var methodRights = map[string]rightSet{
 	"Capabilities.unmount": rSubscribe,
 	"Capabilities.list":    rRead,
 
-	// A reader's checkpoint is the reader's own bookkeeping beside its reads.
+	// A reader's checkpoint is the reader's own bookkeeping beside its reads; it holds back
+	// trims only when registered with subscribe as well (server.ReaderCaller.NoHold).
 	"Readers.register": rRead,
 	"Readers.list":     rRead,
 	"Readers.remove":   rRead,
