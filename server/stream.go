@@ -317,7 +317,17 @@ func (s *Server) readPageAs(ctx context.Context, v view, q itx.Query) (itx.Page,
 	kept := page.Events[:0:0]
 	for i := range page.Events {
 		e := &page.Events[i]
-		ok, err := cond.holds(e)
+		// The condition sees the event as the subscription's deliveries do (under its scope, a
+		// webhook's credentials redacted), never as stored: a reader paging by a condition it
+		// configured must not learn, one event kept or dropped at a time, what it cannot read.
+		shown := *e
+		if v, changed := itx.ScopedEvent(entry.Config.Scope, shown); changed {
+			shown = v
+		}
+		if v, changed := itx.RedactedEvent(shown); changed {
+			shown = v
+		}
+		ok, err := cond.holds(&shown)
 		if err != nil {
 			if e.Offset-1 <= q.After && errors.Is(err, errJSONataBusy) {
 				return itx.Page{}, err // the server's overload: unavailable, try again

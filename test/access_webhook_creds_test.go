@@ -132,3 +132,40 @@ func TestAccess_WebhookCredentialsRedacted(t *testing.T) {
 		}
 	})
 }
+
+// A page read as a subscription (Query.Subscription) keeps the events its condition holds for,
+// and the condition sees them as the subscription's deliveries do: with a webhook's credentials
+// redacted. Before, it ran on the events as stored, so a token with read and subscribe (not
+// admin) configured a subscription whose condition tests another webhook's Authorization header
+// and paged by it: one configured event kept or not per guess, the header read a character at a
+// time.
+func TestAccess_PageByConditionSeesCredentialsRedacted(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	h := newHook(t, nil)
+	admin := stream(t, ts.project(t), "/billing")
+	subs := client.Subscriptions(ctx, admin)
+	defer subs.Release()
+	_, _, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "bill", Start: "now",
+		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url(),
+			Headers: []client.Header{{Name: "Authorization", Value: "Bearer h-secret"}}}})
+	require.NoError(t, err)
+
+	tok, _ := ts.token(t, itx.Scope{Rights: []itx.Right{itx.RightRead, itx.RightSubscribe}})
+	tenant := stream(t, ts.login(t, tok), "/billing")
+	tenantSubs := client.Subscriptions(ctx, tenant)
+	defer tenantSubs.Release()
+	for name, guess := range map[string]string{"guess-right": "Bearer h-", "redacted": "(redacted)"} {
+		_, _, err = client.ConfigureSubscription(ctx, tenantSubs, client.SubscriptionConfig{Name: name, Start: "now",
+			FilterCondition: `$contains($string(payload.receiver.headers.Authorization), "` + guess + `")`,
+			Receiver:        client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
+		require.NoError(t, err)
+	}
+	page, err := client.GetEventPage(ctx, tenant, itx.Query{Subscription: "guess-right"})
+	require.NoError(t, err)
+	require.Empty(t, page.Events, "the condition held on the stored header")
+	page, err = client.GetEventPage(ctx, tenant, itx.Query{Subscription: "redacted"})
+	require.NoError(t, err)
+	require.Len(t, page.Events, 1, "the condition sees the header redacted")
+	require.NotContains(t, string(page.Events[0].Payload), "h-secret")
+}
