@@ -533,7 +533,19 @@ func (st *coreState) reduceConfigured(e *itx.Event, rc *reduceContext) ([]cursor
 }
 
 // canonicalConfig spells out the defaults, so a config that states them equals one that omits them.
+// A processor-wake receiver has no delivery policy (validation refuses one); its defaults are its
+// placement (in-process: left out, "in-process" and the seed's "facet" say the same) and its
+// contract (the subscription's name: left out or named says the same).
 func canonicalConfig(c itx.SubscriptionConfig) itx.SubscriptionConfig {
+	if c.Receiver.Action == itx.KindProcessorWake {
+		if p := c.Receiver.Placement; p == "" || p == itx.PlacementFacet {
+			c.Receiver.Placement = itx.PlacementInProcess
+		}
+		if c.Receiver.Processor == "" {
+			c.Receiver.Processor = c.Name
+		}
+		return c
+	}
 	d := c.Receiver.EffectiveDelivery()
 	c.Receiver.Delivery = &d
 	return c
