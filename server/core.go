@@ -536,7 +536,22 @@ func (st *coreState) reduceConfigured(e *itx.Event, rc *reduceContext) ([]cursor
 // A processor-wake receiver has no delivery policy (validation refuses one); its defaults are its
 // placement (in-process: left out, "in-process" and the seed's "facet" say the same) and its
 // contract (the subscription's name: left out or named says the same).
+//
+// A filter's event types are a set: their order and repeats say nothing, and a list holding "*"
+// passes every type, as no filter does.
 func canonicalConfig(c itx.SubscriptionConfig) itx.SubscriptionConfig {
+	if f := c.Filter; f != nil {
+		types := slices.Clone(f.EventTypes)
+		slices.Sort(types)
+		types = slices.Compact(types)
+		if slices.Contains(types, "*") || len(types) == 0 {
+			types = nil
+		}
+		c.Filter = &itx.SubscriptionFilter{EventTypes: types, JSONataCondition: f.JSONataCondition}
+		if types == nil && f.JSONataCondition == "" {
+			c.Filter = nil
+		}
+	}
 	if c.Receiver.Action == itx.KindProcessorWake {
 		if p := c.Receiver.Placement; p == "" || p == itx.PlacementFacet {
 			c.Receiver.Placement = itx.PlacementInProcess

@@ -68,3 +68,31 @@ func TestConfigure_ProcessorWakeDefaultsSpelledOutAreTheSameConfig(t *testing.T)
 	require.NoError(t, err)
 	require.Greater(t, moved, birth)
 }
+
+// A filter's event types are a set (seed 000: the filter says which events the receiver gets; the
+// cursor is a watermark over the rest): the same types in another order or repeated, and a list
+// holding "*" (every type) beside no filter, are the same config, so configuring them again
+// appends nothing; another set is a change.
+func TestConfigure_FilterTypesAreASet(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	s := stream(t, ts.project(t), "/h5/filter-set")
+	mustAppend(t, s, ev("a", `{}`))
+	subs := client.Subscriptions(ctx, s)
+	defer subs.Release()
+	hook := newHook(t, nil)
+	configure := func(name string, types ...string) int64 {
+		t.Helper()
+		_, offset, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: name, FilterTypes: types,
+			Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: hook.url()}})
+		require.NoError(t, err)
+		return offset
+	}
+	ab := configure("typed", "a", "b")
+	require.Equal(t, ab, configure("typed", "b", "a"), "another order")
+	require.Equal(t, ab, configure("typed", "b", "a", "a"), "a repeat")
+	all := configure("all")
+	require.Equal(t, all, configure("all", "*"), `"*" is every type, as no filter`)
+	require.Equal(t, all, configure("all", "a", "*"), `a list holding "*" is every type`)
+	require.Greater(t, configure("typed", "a"), ab, "another set is a change")
+}
