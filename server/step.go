@@ -259,7 +259,7 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 	}
 	plan := planGroup(st.head, st.streamID, st.bucket, env.room, st.core, env.rc, group, committed, now)
 	eff.replies = append(eff.replies, replyBatch{group: group, plan: plan})
-	st.absorb(plan, now, &eff)
+	st.absorb(plan, now, env, &eff)
 	var own []*appendReq
 	heldBack := false // the breaker refused a due one: the due ones wait scheduledRetry
 	for i, sc := range due {
@@ -385,7 +385,7 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 				return eff, fmt.Errorf("server record %s refused: %w", own[i].inputs[0].Type, r.err)
 			}
 		}
-		st.absorb(ownPlan, now, &eff)
+		st.absorb(ownPlan, now, env, &eff)
 	}
 
 	// 4b. Registered readers: validated against the head, written with this commit.
@@ -692,7 +692,7 @@ func keysOf(group []*appendReq) []string {
 
 // absorb takes a planned group into the state and the pending commit: its events, the new core
 // state, and the cursor rows its core events changed.
-func (st *streamState) absorb(plan groupPlan, now time.Time, eff *effects) {
+func (st *streamState) absorb(plan groupPlan, now time.Time, env stepEnv, eff *effects) {
 	if len(plan.Events) == 0 && plan.Core == st.core {
 		return
 	}
@@ -739,10 +739,38 @@ func (st *streamState) absorb(plan groupPlan, now time.Time, eff *effects) {
 		if rt := st.subs[name]; rt != nil {
 			rt.resetSending() // a halt, a resume, a seek: an offset-acking one sends from its cursor
 		}
+		pending := int64(0)
+		if ce.kind == effectReconfigure {
+			pending = st.pendingProcSeek(name, env)
+		}
 		st.rows[name] = applyEffect(st.rows[name], ce, now)
+		if pending != 0 {
+			// A processor's seek its runner has not taken yet (a cursor-set while it was halted,
+			// parked or unhosted) survives the reconfigure, as a push subscription's cursor-set
+			// does: the row keeps the position the operator set and the seek epoch the next
+			// wake's rewind answers to (the new birth epoch and generation still fence the old
+			// deliverer). Without it the row took the runner's own cursor back at its next
+			// commit and the seek was lost: a poison event skipped, then the contract fixed
+			// with a configure, was processed again.
+			st.rows[name].CursorChangedAtOffset = pending
+		}
 		st.dirty[name] = true
 	}
 	eff.rowsChanged = eff.rowsChanged || len(plan.Effects) > 0
+}
+
+// pendingProcSeek returns the seek epoch of a cursor-set on the processor-wake subscription name
+// that its processor has not honored yet (its progress record carries another), or 0.
+func (st *streamState) pendingProcSeek(name string, env stepEnv) int64 {
+	r, entry := st.rows[name], st.core.Subscriptions[name]
+	if r == nil || entry == nil || entry.Kind() != itx.KindProcessorWake || r.CursorChangedAtOffset == r.ConfiguredAtOffset {
+		return 0
+	}
+	rec, err := st.procRecordOf(name, env)
+	if err != nil || rec.Seek == r.CursorChangedAtOffset {
+		return 0 // unreadable: as before, the reconfigure is a new seek epoch
+	}
+	return r.CursorChangedAtOffset
 }
 
 func (st *streamState) newRuntime() *subRuntime {

@@ -3,10 +3,14 @@ package test
 // Conformance checks of seeds 000 and 002 (subscriptions, processors) over a real itxd.
 
 import (
+	"encoding/json"
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
 	"github.com/stretchr/testify/require"
 )
@@ -95,4 +99,78 @@ func TestConfigure_FilterTypesAreASet(t *testing.T) {
 	require.Equal(t, all, configure("all", "*"), `"*" is every type, as no filter`)
 	require.Equal(t, all, configure("all", "a", "*"), `a list holding "*" is every type`)
 	require.Greater(t, configure("typed", "a"), ab, "another set is a change")
+}
+
+// Seed 000: "delivery resumes after confirmed_offset", and a cursor-set is the operator's verb
+// on every kind (on a processor, the rewind reprocessFrom); a changed config keeps the cursor.
+// A processor whose runner has not taken a cursor-set yet (halted, or placed where no host runs
+// it) keeps it across a reconfigure: the events the operator stepped over are not processed.
+// Before, the reconfigure took the seek's epoch for a new one, the runner resumed from its own
+// progress, and every event the operator had skipped was processed after all.
+func TestProcessors_SeekSurvivesAReconfigure(t *testing.T) {
+	ts := startServer(t, server.Config{Processors: referenceHost(t, "forwarder")})
+	ctx := ctxT(t)
+	inbox := func(n int) itx.EventInput { return ev("inbox/message", fmt.Sprintf(`{"n":%d}`, n)) }
+	forwarded := func(t *testing.T, s schema.Stream) []int64 {
+		t.Helper()
+		events, err := client.ReadAll(ctx, s, itx.Query{Types: []string{"outbox/forwarded"}})
+		require.NoError(t, err)
+		var from []int64
+		for _, e := range events {
+			var f struct {
+				SourceOffset int64 `json:"sourceOffset"`
+			}
+			require.NoError(t, json.Unmarshal(e.Payload, &f))
+			from = append(from, f.SourceOffset)
+		}
+		return from
+	}
+	for _, tc := range []struct {
+		name  string
+		first client.Receiver // a config under which nothing runs the processor
+	}{
+		{"halted on an unknown contract", client.Receiver{Kind: client.ReceiverProcessorWake, Processor: "no-such-contract"}},
+		{"parked without a host", client.Receiver{Kind: client.ReceiverProcessorWake, Placement: "remote"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := stream(t, ts.project(t), "/h5/seek-reconfigure/"+strings.ReplaceAll(tc.name, " ", "-"))
+			subs := client.Subscriptions(ctx, s)
+			defer subs.Release()
+			_, _, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "forwarder", Receiver: tc.first})
+			require.NoError(t, err)
+			res := mustAppend(t, s, inbox(1), inbox(2), inbox(3)) // offsets 2, 3, 4
+			sub := client.Subscription(ctx, s, "forwarder")
+			defer sub.Release()
+			waitUntil(t, "not running", func() bool {
+				d, err := client.DescribeSubscription(ctx, sub)
+				require.NoError(t, err)
+				return d.Status == itx.StatusHalted || d.Status == itx.StatusParked
+			})
+			// Step over the first two messages, then fix the config.
+			_, err = client.SetSubscriptionCursor(ctx, s, "forwarder", res.Offsets[1])
+			require.NoError(t, err)
+			_, _, err = client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "forwarder",
+				Receiver: client.Receiver{Kind: client.ReceiverProcessorWake}})
+			require.NoError(t, err)
+			info, err := client.Describe(ctx, s)
+			require.NoError(t, err)
+			_, err = client.WaitUntilProcessed(ctx, sub, info.HeadOffset, 0)
+			require.NoError(t, err)
+			require.Equal(t, []int64{res.Offsets[2]}, forwarded(t, s), "only the message after the cursor set is forwarded")
+			d, err := client.DescribeSubscription(ctx, sub)
+			require.NoError(t, err)
+			require.Equal(t, itx.StatusActive, d.Status)
+			require.GreaterOrEqual(t, d.ConfirmedOffset, info.HeadOffset)
+
+			// A rewind afterwards still works as before: back to the start, everything again
+			// (the forwards are keyed: the one already made dedupes).
+			_, err = client.SetSubscriptionCursor(ctx, s, "forwarder", 0)
+			require.NoError(t, err)
+			info, err = client.Describe(ctx, s)
+			require.NoError(t, err)
+			_, err = client.WaitUntilProcessed(ctx, sub, info.HeadOffset, 0)
+			require.NoError(t, err)
+			require.Equal(t, []int64{res.Offsets[2], res.Offsets[0], res.Offsets[1]}, forwarded(t, s))
+		})
+	}
 }
