@@ -439,9 +439,7 @@ func (s *Server) DeleteProject(ctx context.Context, by Admin, id string, force b
 	s.acc.deleted[id] = true
 	s.acc.mu.Unlock()
 	if err := s.unloadProject(ctx, id); err != nil {
-		s.acc.mu.Lock()
-		delete(s.acc.deleted, id)
-		s.acc.mu.Unlock()
+		s.undeleteProject(id)
 		return err
 	}
 	ids := make([]string, len(tokens))
@@ -451,25 +449,25 @@ func (s *Server) DeleteProject(ctx context.Context, by Admin, id string, force b
 	s.revokeSessions(ids...)
 	entries, err := s.dir.ListStreams(ctx, id, "", "", 1<<30)
 	if err != nil {
+		s.undeleteProject(id)
 		return err
 	}
 	rec, err := auditRecord(by, AuditProjectDeleted, map[string]any{"projectId": id, "name": p.Name, "streams": len(entries)})
 	if err != nil {
+		s.undeleteProject(id)
 		return err
 	}
 	var kept []storage.AuditRecord // the streams' own pending records (see keepStreamAudits)
 	for _, e := range entries {
 		recs, err := s.keepStreamAudits(ctx, e.StreamID)
 		if err != nil {
-			s.acc.mu.Lock()
-			delete(s.acc.deleted, id)
-			s.acc.mu.Unlock()
+			s.undeleteProject(id)
 			return itx.Errorf(itx.EUnavailable, "delete project %s: the pending audit records of its stream %s: %v", id, e.Path, err)
 		}
 		kept = append(kept, recs...)
 	}
 	if err := s.dir.DeleteProject(ctx, id, rec); err != nil {
-		return err
+		return s.deleteProjectFailed(ctx, id, p.Name, err)
 	}
 	if deleteProjectCommittedHook != nil {
 		deleteProjectCommittedHook()
@@ -499,6 +497,74 @@ func (s *Server) DeleteProject(ctx context.Context, by Admin, id string, force b
 		return fmt.Errorf("delete project %s: %w", id, removeErr)
 	}
 	return nil
+}
+
+// undeleteProject lets a project whose delete failed before anything was committed load its
+// streams and log in again.
+func (s *Server) undeleteProject(id string) {
+	s.acc.mu.Lock()
+	delete(s.acc.deleted, id)
+	s.acc.mu.Unlock()
+}
+
+// deleteProjectFailed answers a project delete whose directory commit failed (a failing or a
+// full disk): nothing was deleted, and the project is usable again, but only once a later
+// directory commit is durable. SQLite rolled the failed one back, yet the pages it wrote may be
+// read back as committed after a crash (see storage.Directory.Confirm): appends acknowledged on
+// the project meanwhile would then be deleted with it at the next start. Until that commit, which
+// is retried in the background while the disk refuses it, the project stays refused. It stayed
+// refused until the delete was retried or itxd restarted, its sessions already ended.
+func (s *Server) deleteProjectFailed(ctx context.Context, id, name string, cause error) error {
+	if itx.ErrorCode(cause) == itx.ENotFound {
+		return cause // deleted meanwhile, by another delete
+	}
+	code := storage.ErrorCode(cause)
+	if code == itx.EInternal {
+		code = itx.EUnavailable
+	}
+	gone, err := s.reopenProject(ctx, id)
+	if gone {
+		return itx.Errorf(itx.ENotFound, "project %q was deleted meanwhile, by another delete", name)
+	}
+	if err != nil {
+		s.log.Warn().Err(cause).Str("project", id).AnErr("confirm", err).
+			Msg("project not deleted: the directory refused the delete's commit; the project stays refused until the directory takes a write again")
+		s.reopenProjectLater(id, 100*time.Millisecond)
+		return itx.Errorf(code, "project %q was not deleted: the directory could not commit the delete (%v); it is refused until the disk takes writes again, then usable (its sessions ended: log in again); retry the delete then", name, cause)
+	}
+	s.log.Warn().Err(cause).Str("project", id).Msg("project not deleted: the directory refused the delete's commit; the project is usable again")
+	return itx.Errorf(code, "project %q was not deleted: the directory could not commit the delete (%v); it is usable again (its sessions ended: log in again); retry the delete once the disk works", name, cause)
+}
+
+// reopenProject makes a directory commit durable (storage.Directory.Confirm), then lets the
+// project whose delete failed load its streams and log in again: unless the project is gone
+// after all, deleted meanwhile.
+func (s *Server) reopenProject(ctx context.Context, id string) (gone bool, err error) {
+	if err := s.dir.Confirm(ctx, itx.UnixMilli(s.clock.Now())); err != nil {
+		return false, err
+	}
+	if _, err := s.dir.Project(ctx, id); err != nil {
+		return itx.ErrorCode(err) == itx.ENotFound, err
+	}
+	s.undeleteProject(id)
+	return false, nil
+}
+
+// reopenProjectLater retries reopenProject after d, then backing off up to 5 s, until it
+// succeeds or the server closes.
+func (s *Server) reopenProjectLater(id string, d time.Duration) {
+	s.clock.AfterFunc(d, func() {
+		if s.base.Err() != nil {
+			return
+		}
+		if gone, err := s.reopenProject(s.base, id); gone {
+			return
+		} else if err != nil {
+			s.reopenProjectLater(id, min(2*d, 5*time.Second))
+			return
+		}
+		s.log.Info().Str("project", id).Msg("the project whose delete failed is usable again")
+	})
 }
 
 // deleteProjectCommittedHook, when set (tests), runs in DeleteProject between the directory's

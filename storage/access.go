@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/itx-dev/itx"
@@ -638,6 +639,16 @@ func (d *Directory) SetSetting(ctx context.Context, name string, value []byte) e
 		return fmt.Errorf("setting %s: %w", name, err)
 	}
 	return nil
+}
+
+// Confirm commits a transaction that records only when it ran (the setting "confirmed-at"). A
+// commit that failed (a failing fsync, a full disk) is rolled back, but the pages it wrote to the
+// write-ahead log may still be read back as committed after a crash; once a later commit is
+// durable they no longer can (it overwrites them, and recovery stops at the first frame whose
+// checksum does not follow). A caller undoing what it did for a commit that failed calls this
+// first.
+func (d *Directory) Confirm(ctx context.Context, now int64) error {
+	return d.SetSetting(ctx, "confirmed-at", []byte(strconv.FormatInt(now, 10)))
 }
 
 // SettingKey returns the server-wide random key named name, creating it (n random bytes) on
