@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/client"
 	"github.com/stretchr/testify/require"
 )
 
@@ -56,8 +58,8 @@ func TestItxd_RefusesBadFlagValues(t *testing.T) {
 		{[]string{"--max-readers-per-stream", "-1"}, "--max-readers-per-stream"},
 		{[]string{"--max-subscriptions-per-stream", "0"}, "--max-subscriptions-per-stream"},
 		{[]string{"--max-ephemeral-bytes-per-stream", "-1"}, "--max-ephemeral-bytes-per-stream"},
-		{[]string{"--max-project-bytes", "-1"}, "--max-project-bytes must not be negative"},
-		{[]string{"--min-free-disk-bytes", "-2"}, "--min-free-disk-bytes must be -1 (none), 0 (the default)"},
+		{[]string{"--max-project-bytes", "-1"}, "--max-project-bytes -1 is out of range: want 0 (no quota) or 262144 or more"},
+		{[]string{"--min-free-disk-bytes", "-2"}, "--min-free-disk-bytes -2 is out of range: want -1 (none), 0 (the default)"},
 		{[]string{"--max-processor-kv-keys", "0"}, "--max-processor-kv-keys"},
 		{[]string{"--max-processor-kv-bytes", "0"}, "--max-processor-kv-bytes"},
 		{[]string{"--breaker-burst", "-1"}, "--breaker-burst"},
@@ -70,9 +72,33 @@ func TestItxd_RefusesBadFlagValues(t *testing.T) {
 		{[]string{"--pprof"}, "--metrics"},
 		{[]string{"--backup-every", "1h"}, "without a folder"},
 		{[]string{"--backup-every", "1h", "--backup-dir", "rel"}, "absolute"},
-		{[]string{"--backup-every", "10s", "--backup-dir", "/tmp"}, "too often"},
-		{[]string{"--backup-every", "1h", "--backup-dir", "/tmp", "--backup-keep", "0"}, "--backup-keep must be positive"},
-		{[]string{"--backup-every", "1h", "--backup-dir", "/tmp", "--backup-keep", "1001"}, "keep 1001: want 1 to 1000"},
+		{[]string{"--backup-every", "10s", "--backup-dir", "/tmp"}, "--backup-every 10s is out of range: want 0 (never) or 1m0s or more"},
+		{[]string{"--backup-every", "1h", "--backup-dir", "/tmp", "--backup-keep", "0"}, "--backup-keep 0 is out of range: want 1 to 1000"},
+		{[]string{"--backup-every", "1h", "--backup-dir", "/tmp", "--backup-keep", "1001"}, "--backup-keep 1001 is out of range: want 1 to 1000"},
+		// Above 0 and still unworkable: each names the flag, the value and the range.
+		{[]string{"--idle-timeout", "1ns"}, "--idle-timeout 1ns is out of range: want 10ms or more"},
+		{[]string{"--jsonata-timeout", "1ns"}, "--jsonata-timeout 1ns is out of range: want 1ms or more"},
+		{[]string{"--rpc-max-message-bytes", "10"}, "--rpc-max-message-bytes 10 is out of range: want 4096 or more"},
+		{[]string{"--rpc-preauth-max-message-bytes", "100"}, "--rpc-preauth-max-message-bytes 100 is out of range: want 4096 or more"},
+		{[]string{"--rpc-max-unfinished-reply-bytes", "100"}, "--rpc-max-unfinished-reply-bytes 100 is out of range"},
+		{[]string{"--rpc-preauth-max-unfinished-reply-bytes", "100"}, "--rpc-preauth-max-unfinished-reply-bytes 100 is out of range"},
+		{[]string{"--rpc-max-unfinished-replies", "2"}, "--rpc-max-unfinished-replies 2 is out of range: want 16 or more"},
+		{[]string{"--rpc-max-capabilities", "1"}, "--rpc-max-capabilities 1 is out of range: want 16 or more"},
+		{[]string{"--rpc-global-max-capabilities", "2"}, "--rpc-global-max-capabilities 2 is out of range"},
+		{[]string{"--rpc-login-timeout", "1ms"}, "--rpc-login-timeout 1ms is out of range: want 100ms or more"},
+		{[]string{"--rpc-keepalive", "10h"}, "--rpc-keepalive 10h0m0s is out of range: want 1s to 9h6m7s"},
+		{[]string{"--shutdown-timeout", "1ns"}, "--shutdown-timeout 1ns is out of range: want 1s or more"},
+		{[]string{"--jsonata-concurrency", "1000000000000"}, "--jsonata-concurrency 1000000000000 is out of range: want 0 (one per core) or 1 to 65536"},
+		{[]string{"--jsonata-max-steps", "1"}, "--jsonata-max-steps 1 is out of range: want 100 or more"},
+		{[]string{"--jsonata-max-items", "1"}, "--jsonata-max-items 1 is out of range"},
+		{[]string{"--jsonata-max-bytes", "1"}, "--jsonata-max-bytes 1 is out of range"},
+		{[]string{"--webhook-max-response-header-bytes", "10"}, "--webhook-max-response-header-bytes 10 is out of range: want 1024 or more"},
+		{[]string{"--max-subscription-config-bytes", "10"}, "--max-subscription-config-bytes 10 is out of range"},
+		{[]string{"--max-host-contract-bytes", "10"}, "--max-host-contract-bytes 10 is out of range"},
+		{[]string{"--max-project-bytes", "1"}, "--max-project-bytes 1 is out of range"},
+		{[]string{"--max-held-streams", "-1"}, "--max-held-streams -1 is out of range: want 0 (from the open-file limit) or 1 or more"},
+		{[]string{"--agent-hesitation", "-1s"}, "--agent-hesitation -1s is out of range: want 0s or more"},
+		{[]string{"--metrics-max-connections", "0"}, "--metrics-max-connections 0 is out of range: want 1 or more"},
 		{[]string{"--backup-dir", "/tmp"}, "without an interval"},
 		{[]string{"--backup-keep", "30"}, "--backup-keep needs --backup-dir"},
 		{[]string{"--tls-cert", "x.pem"}, "--tls-key"},
@@ -196,4 +222,37 @@ func TestItxd_JSONLogsParse(t *testing.T) {
 	require.Contains(t, messages, "itxd listening")
 	require.Contains(t, messages, "connect with the itx REPL")
 	require.Contains(t, messages, "stopped")
+}
+
+// Each floor itxd takes is one a client can work under: an itxd with its RPC bounds, JSONata
+// budget, project quota and idle timeout at their least serves a login, appends, reads, a
+// JSONata barrier and a second stream, and stops cleanly within the least --shutdown-timeout.
+// The floors are what TestItxd_RefusesBadFlagValues refuses below.
+func TestItxd_LeastValuesWork(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the itxd binary")
+	}
+	p := startItxd(t, t.TempDir(),
+		"--rpc-max-message-bytes", "4096", "--rpc-preauth-max-message-bytes", "4096",
+		"--rpc-max-unfinished-reply-bytes", "4096", "--rpc-preauth-max-unfinished-reply-bytes", "4096",
+		"--rpc-max-unfinished-replies", "16", "--rpc-preauth-max-unfinished-replies", "1",
+		"--rpc-max-capabilities", "16", "--rpc-global-max-capabilities", "16",
+		"--rpc-max-calls", "1", "--rpc-preauth-max-calls", "1", "--rpc-max-unreturned-calls", "1",
+		"--rpc-max-reply-bytes", "1", "--rpc-preauth-max-reply-bytes", "1", "--rpc-max-call-bytes", "1",
+		"--rpc-max-connections", "1", "--rpc-max-logins-per-connection", "1",
+		"--jsonata-max-steps", "100", "--jsonata-max-items", "100", "--jsonata-max-bytes", "1024",
+		"--max-project-bytes", "262144", "--idle-timeout", "10ms", "--shutdown-timeout", "1s")
+	ctx := ctxT(t)
+	proj := dial(t, p.addr).Login(ctx, p.creds.ProjectToken)
+	s := stream(t, proj, "/a")
+	mustAppend(t, s, ev("note", `{"n":1}`))
+	mustAppend(t, s, ev("note", `{"n":2}`))
+	all, err := client.ReadAll(ctx, s, itx.Query{})
+	require.NoError(t, err)
+	require.Len(t, all, 2)
+	e, err := client.WaitForEvent(ctx, s, itx.Predicate{Where: "payload.n = 2"}, 0, 5*time.Second)
+	require.NoError(t, err)
+	require.Equal(t, int64(2), e.Offset)
+	mustAppend(t, stream(t, proj, "/b"), ev("note", `{}`))
+	require.NoError(t, p.stop(t))
 }

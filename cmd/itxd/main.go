@@ -51,19 +51,88 @@ func (e usageError) Error() string { return e.msg }
 
 func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
 
-// zeroMeansDefault are the numeric flags whose 0 stands for a default their help names, and
-// --agent-hesitation, whose 0 means "do not wait", and --backup-every, whose 0 means "never". Every other number and duration must be
-// positive: a bound of 0 or less would otherwise be replaced by its default in silence (and a
-// --shutdown-timeout of 0 would race the drain it bounds).
-var zeroMeansDefault = map[string]bool{
-	"max-held-streams": true, "breaker-burst": true, "breaker-refill-per-minute": true,
-	"max-connections-per-stream": true, "max-readers-per-stream": true, "max-mounts-per-project": true,
-	"max-tokens-per-project": true, "max-secrets-per-project": true, "max-streams-per-project": true, "max-live-subscribers-per-stream": true, "max-live-per-login": true, "max-live": true,
-	"jsonata-concurrency": true, "agent-hesitation": true, "max-scheduled-per-stream": true,
-	"backup-every": true, "max-project-bytes": true,
+// flagRange is what one number or duration flag takes: min to max (max 0: no upper bound), and
+// the special values below min its help names: zero (what 0 means; "": 0 is refused) and, for
+// --min-free-disk-bytes, minusOne. A bound of 0 or less used to be replaced by its default in
+// silence, and one above 0 that cannot work was taken: --idle-timeout 1ns swept the streams in
+// a busy loop, --rpc-max-message-bytes 10 aborted every login, --jsonata-concurrency 1e18
+// crashed at start.
+type flagRange struct {
+	min, max       int64
+	zero, minusOne string
 }
 
-// checkFlags refuses values no flag means: a bound below its range, extra arguments.
+// The ranges of itxd's numeric flags; checkFlags refuses a number or duration flag missing here.
+// A minimum is the least that can work: what a login needs (its message, its reply, the
+// capabilities it hands out), a sweep that is not a busy loop, a drain that has time to run.
+var flagRanges = map[string]flagRange{
+	"metrics-max-connections":           {min: 1},
+	"idle-timeout":                      {min: int64(10 * time.Millisecond)},
+	"max-loaded-streams":                {min: 1},
+	"backup-every":                      {min: int64(time.Minute), zero: "never"},
+	"backup-keep":                       {min: 1, max: server.MaxBackupKeep},
+	"webhook-max-in-flight":             {min: 1},
+	"webhook-max-response-header-bytes": {min: 1 << 10},
+	"max-held-streams":                  {min: 1, zero: "from the open-file limit"},
+	"breaker-burst":                     {min: 1, zero: "100000"},
+	"breaker-refill-per-minute":         {min: 1, zero: "6000000"},
+	"max-connections-per-stream":        {min: 1, zero: "16384"},
+	"max-readers-per-stream":            {min: 1, zero: "1024"},
+	"max-scheduled-per-stream":          {min: 1, zero: "10000"},
+	"max-mounts-per-project":            {min: 1, zero: "4096"},
+	"max-host-contract-bytes":           {min: 1 << 10},
+	"max-tokens-per-project":            {min: 1, zero: "10000"},
+	"max-secrets-per-project":           {min: 1, zero: "10000"},
+	"max-streams-per-project":           {min: 1, zero: "100000"},
+	"max-subscription-config-bytes":     {min: 1 << 10},
+	"max-live-subscribers-per-stream":   {min: 1, zero: "1024"},
+	"max-live-per-login":                {min: 1, zero: "4096"},
+	"max-live":                          {min: 1, zero: "65536"},
+	"max-subscriptions-per-stream":      {min: 1},
+	"max-project-bytes":                 {min: 256 << 10, zero: "no quota"}, // a stream with its write-ahead log takes about 128 KiB
+	"min-free-disk-bytes":               {min: 1, zero: "the default", minusOne: "none"},
+	"max-ephemeral-bytes-per-stream":    {min: 1},
+	"max-processor-kv-keys":             {min: 1},
+	"max-processor-kv-bytes":            {min: 1},
+	"rpc-max-calls":                     {min: 1},
+	"rpc-max-reply-bytes":               {min: 1},
+	"rpc-preauth-max-calls":             {min: 1},
+	"rpc-preauth-max-reply-bytes":       {min: 1},
+	"rpc-global-max-calls":              {min: 1},
+	"rpc-global-max-reply-bytes":        {min: 1},
+	// A login is one message of about 200 bytes (a token is 52); its reply holds the project's
+	// capability until the client's Finish.
+	"rpc-max-message-bytes":                  {min: 4 << 10},
+	"rpc-preauth-max-message-bytes":          {min: 4 << 10},
+	"rpc-max-call-bytes":                     {min: 1},
+	"rpc-global-max-call-bytes":              {min: 1},
+	"rpc-max-unfinished-replies":             {min: 16}, // Go clients finish 250 ms after the reply
+	"rpc-max-unfinished-reply-bytes":         {min: 4 << 10},
+	"rpc-preauth-max-unfinished-replies":     {min: 1},
+	"rpc-preauth-max-unfinished-reply-bytes": {min: 4 << 10},
+	// A session holds the gateway, its project and the streams it works on.
+	"rpc-max-capabilities":            {min: 16},
+	"rpc-max-unreturned-calls":        {min: 1},
+	"rpc-global-max-capabilities":     {min: 16},
+	"rpc-global-max-unreturned-calls": {min: 1},
+	"rpc-max-connections":             {min: 1},
+	"rpc-login-timeout":               {min: int64(100 * time.Millisecond)},
+	"rpc-max-logins-per-connection":   {min: 1},
+	"rpc-max-push-bytes":              {min: 1},
+	// The kernel's granularity, and Linux's largest TCP_KEEPIDLE (32767 s).
+	"rpc-keepalive":              {min: int64(time.Second), max: int64(32767 * time.Second)},
+	"jsonata-max-items":          {min: 100},
+	"jsonata-max-bytes":          {min: 1 << 10},
+	"jsonata-concurrency":        {min: 1, max: 65536, zero: "one per core"},
+	"jsonata-max-steps":          {min: 100},
+	"jsonata-timeout":            {min: int64(time.Millisecond)},
+	"jsonata-max-compiled-bytes": {min: 1},
+	"shutdown-timeout":           {min: int64(time.Second)},
+	"agent-hesitation":           {min: 0}, // 0: do not wait
+}
+
+// checkFlags refuses values no flag means (a number or duration out of its range, naming the
+// flag, the value and the range), and extra arguments.
 func checkFlags(fs *flag.FlagSet) error {
 	if fs.NArg() > 0 {
 		return usagef("unexpected argument %q: itxd takes only flags", fs.Arg(0))
@@ -74,29 +143,71 @@ func checkFlags(fs *flag.FlagSet) error {
 		if !ok || err != nil {
 			return
 		}
-		var n int64
-		switch v := g.Get().(type) {
-		case int:
-			n = int64(v)
-		case int64:
-			n = v
-		case time.Duration:
-			n = int64(v)
-		default:
+		n, isDuration, numeric := numberOf(g)
+		if !numeric {
 			return
 		}
-		switch {
-		case f.Name == "min-free-disk-bytes": // 0 the default, -1 none
-			if n < -1 {
-				err = usagef("--%s must be -1 (none), 0 (the default) or a number of bytes (got %s)", f.Name, f.Value)
-			}
-		case zeroMeansDefault[f.Name] && n < 0:
-			err = usagef("--%s must not be negative (got %s)", f.Name, f.Value)
-		case !zeroMeansDefault[f.Name] && n <= 0:
-			err = usagef("--%s must be positive (got %s)", f.Name, f.Value)
+		r, ok := flagRanges[f.Name]
+		if !ok {
+			err = fmt.Errorf("--%s has no range in flagRanges", f.Name)
+			return
 		}
+		if (n == 0 && r.zero != "") || (n == -1 && r.minusOne != "") || (n >= r.min && (r.max == 0 || n <= r.max)) {
+			return
+		}
+		err = usagef("--%s %s is out of range: want %s", f.Name, f.Value, r.text(isDuration))
 	})
 	return err
+}
+
+// numberOf reads a number or duration flag's value.
+func numberOf(g flag.Getter) (n int64, isDuration, ok bool) {
+	switch v := g.Get().(type) {
+	case int:
+		return int64(v), false, true
+	case int64:
+		return v, false, true
+	case time.Duration:
+		return int64(v), true, true
+	}
+	return 0, false, false
+}
+
+// text says what r takes: "-1 (none), 0 (the default) or 1 or more", "1s to 9h6m7s".
+func (r flagRange) text(isDuration bool) string {
+	show := func(v int64) string {
+		if isDuration {
+			return time.Duration(v).String()
+		}
+		return fmt.Sprint(v)
+	}
+	want := show(r.min) + " or more"
+	if r.max != 0 {
+		want = show(r.min) + " to " + show(r.max)
+	}
+	if r.zero != "" {
+		want = fmt.Sprintf("0 (%s) or %s", r.zero, want)
+	}
+	if r.minusOne != "" {
+		want = fmt.Sprintf("-1 (%s), %s", r.minusOne, want)
+	}
+	return want
+}
+
+// showRanges ends each number or duration flag's help with the range it takes, so that --help
+// says what checkFlags refuses.
+func showRanges(fs *flag.FlagSet) {
+	fs.VisitAll(func(f *flag.Flag) {
+		g, ok := f.Value.(flag.Getter)
+		if !ok {
+			return
+		}
+		if _, isDuration, numeric := numberOf(g); numeric {
+			if r, ok := flagRanges[f.Name]; ok {
+				f.Usage += " [takes " + r.text(isDuration) + "]"
+			}
+		}
+	})
 }
 
 func run() error {
@@ -178,12 +289,10 @@ func run() error {
 	agentVendor := flag.String("agent-vendor-url", "", "the agent processor's LLM endpoint: POST {requestId, prompt} answered by {text} (empty: echo the prompt)")
 	agentHesitation := flag.Duration("agent-hesitation", time.Duration(examples.DefaultAgentConfig.HesitationMs)*time.Millisecond, "how long the agent waits after a message before it requests a completion (0: not at all)")
 	newRootToken := flag.Bool("new-deployment-token", false, "create a new token for the deployment root, record it in <data>/credentials.json and print it, then exit without serving (itxd must not be running on --data): for a lost credentials file, or after revoking the root's tokens")
+	showRanges(flag.CommandLine)
 	flag.Parse()
 	if err := checkFlags(flag.CommandLine); err != nil {
 		return err
-	}
-	if *keepAlive < time.Second {
-		return usagef("--rpc-keepalive must be at least 1s, the kernel's granularity (got %s)", *keepAlive)
 	}
 	if *pprofOn && *metricsAddr == "" {
 		return usagef("--pprof serves on the --metrics address: set --metrics too")
