@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -480,7 +481,10 @@ func (s *Server) Close(ctx context.Context) error {
 	select {
 	case <-drained:
 	case <-ctx.Done():
-		err = fmt.Errorf("close: in-flight calls did not finish: %w", ctx.Err())
+		err = fmt.Errorf("in-flight calls did not finish, %s: %w", s.heldStreams(), ctx.Err())
+		// Said now: closing the streams under those calls may itself wait on them (a commit
+		// stuck in a failing disk's fsync).
+		s.log.Error().Err(err).Msg("shutdown: stopped waiting for in-flight calls (--shutdown-timeout); closing their streams under them")
 	}
 
 	s.mu.Lock()
@@ -496,6 +500,43 @@ func (s *Server) Close(ctx context.Context) error {
 	err = errors.Join(err, s.dir.Close())
 	s.unlockDataDir()
 	return err
+}
+
+// heldStreams says which loaded streams calls or deliveries still hold (at most 5 named): what
+// a shutdown that timed out waited for.
+func (s *Server) heldStreams() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var names []string
+	n := 0
+	note := func(a *actor) {
+		if a.refs <= 0 {
+			return
+		}
+		n++
+		if len(names) < 5 {
+			holders := "1 holder"
+			if a.refs > 1 {
+				holders = fmt.Sprintf("%d holders", a.refs)
+			}
+			names = append(names, fmt.Sprintf("%s in project %s (%s)", a.ref.Path, a.ref.ProjectID, holders))
+		}
+	}
+	for _, a := range s.actors {
+		note(a)
+	}
+	for _, a := range s.unloading {
+		note(a)
+	}
+	switch {
+	case n == 0:
+		return "no stream is held: a call not on a stream, or one releasing its stream"
+	case n > len(names):
+		return fmt.Sprintf("%d streams still held by calls or deliveries, among them %s", n, strings.Join(names, ", "))
+	case n == 1:
+		return "1 stream still held by calls or deliveries: " + names[0]
+	}
+	return fmt.Sprintf("%d streams still held by calls or deliveries: %s", n, strings.Join(names, ", "))
 }
 
 func randomHex(n int) string {

@@ -30,6 +30,10 @@ type faults struct {
 	pct    atomic.Int64 // or this percentage of them, spread by a hash of their count
 	fsyncs atomic.Int64 // fsyncs answered, failed or not
 	failed atomic.Int64 // fsyncs failed
+	// hang, while set, holds every fsync until it is closed (a disk that stopped answering);
+	// hung counts the fsyncs it held.
+	hang atomic.Pointer[chan struct{}]
+	hung atomic.Int64
 }
 
 func (f *faults) failNext() bool {
@@ -52,6 +56,10 @@ type faultFile struct {
 }
 
 func (ff *faultFile) Fsync(ctx context.Context, flags uint32) syscall.Errno {
+	if h := ff.f.hang.Load(); h != nil {
+		ff.f.hung.Add(1)
+		<-*h
+	}
 	if ff.f.failNext() {
 		return syscall.EIO
 	}

@@ -41,6 +41,7 @@ type itxdProcess struct {
 	addr   string
 	creds  server.Credentials
 	exited chan error
+	logs   *syncBuffer // what it wrote to stderr
 }
 
 // startItxd starts itxd on dataDir and waits until it listens.
@@ -78,7 +79,7 @@ func startItxdBin(t testing.TB, bin string, env []string, dataDir string, extra 
 	var logs syncBuffer // exec's copying goroutine writes it while the test may read it
 	cmd.Stderr = &logs
 	require.NoError(t, cmd.Start())
-	p := &itxdProcess{cmd: cmd, exited: make(chan error, 1)}
+	p := &itxdProcess{cmd: cmd, exited: make(chan error, 1), logs: &logs}
 	waited := make(chan struct{}) // closed once Wait returned, whoever takes its error
 	go func() {
 		p.exited <- cmd.Wait()

@@ -34,6 +34,10 @@ import (
 
 func main() {
 	if err := run(); err != nil {
+		var logged loggedError
+		if errors.As(err, &logged) {
+			os.Exit(1) // its log line said it, in the log's format
+		}
 		fmt.Fprintln(os.Stderr, "itxd:", err)
 		var usage usageError
 		if errors.As(err, &usage) {
@@ -43,6 +47,9 @@ func main() {
 		os.Exit(1)
 	}
 }
+
+// loggedError is a failure run already logged.
+type loggedError struct{ error }
 
 // usageError is a flag value or combination itxd refuses before it starts anything.
 type usageError struct{ msg string }
@@ -471,11 +478,16 @@ func run() error {
 	defer cancel()
 	err = srv.Close(sctx)
 	listener.CloseConnections(sctx)
-	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+	if errors.Is(err, context.DeadlineExceeded) {
+		err = fmt.Errorf("stopped after --shutdown-timeout (%s), before the in-flight calls finished: %w", *shutdownTimeout, err)
+		log.Error().Err(err).Msg("stopped")
+		return loggedError{err}
+	}
+	if err != nil {
 		return err
 	}
 	log.Info().Msg("stopped")
-	return err
+	return nil
 }
 
 // announce logs the address line and prints how to connect: as text under it, or with
