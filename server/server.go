@@ -31,7 +31,7 @@ type Config struct {
 	Log     zerolog.Logger
 
 	IdleTimeout      time.Duration // unload an unused stream after this; default itx.IdleActorTeardown
-	MaxLoadedStreams int           // unload least recently used idle streams above this; default 1024
+	MaxLoadedStreams int           // unload least recently used idle streams above this; default 1024, at most MaxHeldStreams
 	// Scheduled backups (backup_schedule.go): every BackupEvery (0: none) a backup is written
 	// under BackupDir (absolute, existing, outside the data directory), and all but the newest
 	// BackupKeep of them (default DefaultBackupKeep, at most MaxBackupKeep) are deleted.
@@ -232,6 +232,10 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.MaxHeldStreams <= 0 {
 		cfg.MaxHeldStreams = 4096
 	}
+	// The idle sweep keeps the loaded streams within MaxLoadedStreams; above MaxHeldStreams it
+	// let a stream load whenever one held was idle, so the loaded ones passed MaxHeldStreams (and
+	// the descriptors it is derived from) up to MaxLoadedStreams.
+	cfg.MaxLoadedStreams = min(cfg.MaxLoadedStreams, cfg.MaxHeldStreams)
 	if cfg.BreakerBurst <= 0 {
 		cfg.BreakerBurst = itx.BreakerBurst
 	}

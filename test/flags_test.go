@@ -98,6 +98,7 @@ func TestItxd_RefusesBadFlagValues(t *testing.T) {
 		{[]string{"--max-project-bytes", "1"}, "--max-project-bytes 1 is out of range"},
 		{[]string{"--max-held-streams", "-1"}, "--max-held-streams -1 is out of range: want 0 (from the open-file limit) or 1 or more"},
 		{[]string{"--agent-hesitation", "-1s"}, "--agent-hesitation -1s is out of range: want 0s or more"},
+		{[]string{"--max-loaded-streams", "500", "--max-held-streams", "100"}, "--max-loaded-streams 500 is above --max-held-streams 100"},
 		{[]string{"--metrics-max-connections", "0"}, "--metrics-max-connections 0 is out of range: want 1 or more"},
 		{[]string{"--backup-dir", "/tmp"}, "without an interval"},
 		{[]string{"--backup-keep", "30"}, "--backup-keep needs --backup-dir"},
@@ -255,4 +256,48 @@ func TestItxd_LeastValuesWork(t *testing.T) {
 	require.Equal(t, int64(2), e.Offset)
 	mustAppend(t, stream(t, proj, "/b"), ev("note", `{}`))
 	require.NoError(t, p.stop(t))
+}
+
+// --max-held-streams bounds every loaded stream, idle ones too, so a --max-loaded-streams above
+// it did nothing, in silence. Given above the held bound the open-file limit derives (256 under
+// ulimit -n 4096), it is refused naming both flags and the limit; left at its default of 1,024
+// it is lowered to the held bound, which the start-up line shows.
+func TestItxd_MaxLoadedStreamsWithinTheHeldBound(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the itxd binary")
+	}
+	underLimit := func(ctx context.Context, args ...string) *exec.Cmd {
+		return exec.CommandContext(ctx, "sh", append([]string{"-c", `ulimit -n 4096 && exec "$0" "$@"`, itxdBin}, args...)...)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	data := filepath.Join(t.TempDir(), "data")
+	out, err := underLimit(ctx, "--listen", "127.0.0.1:0", "--data", data, "--max-loaded-streams", "1000").CombinedOutput()
+	var exit *exec.ExitError
+	require.True(t, errors.As(err, &exit), "itxd must refuse; it ran: %v\n%s", err, out)
+	require.Equal(t, 2, exit.ExitCode(), "output:\n%s", out)
+	require.Contains(t, string(out), "--max-loaded-streams 1000 is above --max-held-streams, which the open-file limit of 4096 makes 256 here")
+	_, err = os.Stat(data)
+	require.True(t, errors.Is(err, os.ErrNotExist), "nothing is written: %v", err)
+
+	addrFile := filepath.Join(t.TempDir(), "addr")
+	cmd := underLimit(ctx, "--listen", "127.0.0.1:0", "--data", data, "--addr-file", addrFile, "--log-format", "json")
+	var logs syncBuffer
+	cmd.Stderr = &logs
+	require.NoError(t, cmd.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	for {
+		if b, err := os.ReadFile(addrFile); err == nil && len(b) > 0 {
+			break
+		}
+		select {
+		case err := <-exited:
+			t.Fatalf("itxd exited before listening: %v\n%s", err, logs.String())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, <-exited, logs.String())
+	require.Contains(t, logs.String(), `"maxLoadedStreams":256,"maxHeldStreams":256`)
 }

@@ -227,7 +227,7 @@ func run() error {
 	pprofOn := flag.Bool("pprof", false, "also serve Go's profiler at /debug/pprof/ on the --metrics address (keep that address private)")
 	addrFile := flag.String("addr-file", "", "write the bound RPC address here once listening")
 	idle := flag.Duration("idle-timeout", 5*time.Minute, "unload a stream nobody has used for this long")
-	maxLoaded := flag.Int("max-loaded-streams", 1024, "unload least recently used idle streams above this many")
+	maxLoaded := flag.Int("max-loaded-streams", 1024, "unload least recently used idle streams above this many; at most --max-held-streams (left at its default, it is lowered to a smaller --max-held-streams)")
 	backupDir := flag.String("backup-dir", "", "write a backup of the data directory here (an absolute path that exists, outside the data directory) every --backup-every, named itx-backup-<UTC time>")
 	backupEvery := flag.Duration("backup-every", 0, "how often to write a scheduled backup into --backup-dir, at least 1m (0: never); the first is due this long after the newest one there")
 	backupKeep := flag.Int("backup-keep", server.DefaultBackupKeep, fmt.Sprintf("scheduled backups kept in --backup-dir (1-%d); older ones are deleted after each new one", server.MaxBackupKeep))
@@ -340,9 +340,9 @@ func run() error {
 		minFreeDisk = 0
 	}
 
-	keepSet := false
-	flag.Visit(func(f *flag.Flag) { keepSet = keepSet || f.Name == "backup-keep" })
-	if keepSet && *backupDir == "" {
+	setFlags := map[string]bool{} // the flags given, not left at their defaults
+	flag.Visit(func(f *flag.Flag) { setFlags[f.Name] = true })
+	if setFlags["backup-keep"] && *backupDir == "" {
 		// It was taken and did nothing: an operator who meant to keep 30 backups, and forgot
 		// the folder, had none.
 		return usagef("--backup-keep needs --backup-dir and --backup-every (it bounds the scheduled backups)")
@@ -374,6 +374,15 @@ func run() error {
 	if *newRootToken {
 		return mintDeploymentToken(log, *data)
 	}
+	held := heldStreams(*maxHeld, int64(flow.Connections)+int64(*maxWebhooks)+int64(*metricsConns))
+	if loaded := setFlags["max-loaded-streams"]; loaded && *maxLoaded > held {
+		// --max-held-streams bounds the loaded streams, idle ones too: a larger
+		// --max-loaded-streams would be ignored in silence.
+		if setFlags["max-held-streams"] {
+			return usagef("--max-loaded-streams %d is above --max-held-streams %d, which bounds every loaded stream, idle ones too: lower --max-loaded-streams or raise --max-held-streams", *maxLoaded, held)
+		}
+		return usagef("--max-loaded-streams %d is above --max-held-streams, which the open-file limit of %d makes %d here (it bounds every loaded stream, idle ones too): raise the limit (ulimit -n), set --max-held-streams, or lower --max-loaded-streams", *maxLoaded, openFileLimit(), held)
+	}
 	// Bound before the data directory is opened: an address that cannot be listened on is
 	// refused before anything is written (and before the directory is left open unclosed).
 	var mln net.Listener
@@ -383,7 +392,6 @@ func run() error {
 		}
 	}
 	ctx := context.Background()
-	held := heldStreams(*maxHeld, int64(flow.Connections)+int64(*maxWebhooks)+int64(*metricsConns))
 	srv, err := server.Open(ctx, server.Config{
 		DataDir: *data, Log: log, IdleTimeout: *idle, MaxLoadedStreams: *maxLoaded,
 		BackupDir: *backupDir, BackupEvery: *backupEvery, BackupKeep: *backupKeep, MaxHeldStreams: held, MaxWebhooksInFlight: *maxWebhooks, MaxWebhookResponseHeaderBytes: *webhookHeader,
@@ -459,7 +467,7 @@ func run() error {
 	if err := recordAddress(*data, dialable(addr)); err != nil {
 		log.Warn().Err(err).Msg("could not record the address in credentials.json: itx --data needs --addr")
 	}
-	announce(log, *logFormat == "json", addr, *data, metricsBound, tlsConfig != nil, held, srv.DiskReserve())
+	announce(log, *logFormat == "json", addr, *data, metricsBound, tlsConfig != nil, min(*maxLoaded, held), held, srv.DiskReserve())
 
 	select {
 	case s := <-sig:
@@ -492,8 +500,8 @@ func run() error {
 
 // announce logs the address line and prints how to connect: as text under it, or with
 // --log-format json as one more JSON record, so that every line itxd writes parses.
-func announce(log zerolog.Logger, jsonLogs bool, addr, data, metrics string, withTLS bool, maxHeldStreams int, minFreeDisk int64) {
-	ev := log.Info().Str("addr", addr).Str("data", data).Bool("tls", withTLS).Int("maxHeldStreams", maxHeldStreams).Int64("minFreeDiskBytes", minFreeDisk)
+func announce(log zerolog.Logger, jsonLogs bool, addr, data, metrics string, withTLS bool, maxLoadedStreams, maxHeldStreams int, minFreeDisk int64) {
+	ev := log.Info().Str("addr", addr).Str("data", data).Bool("tls", withTLS).Int("maxLoadedStreams", maxLoadedStreams).Int("maxHeldStreams", maxHeldStreams).Int64("minFreeDiskBytes", minFreeDisk)
 	if metrics != "" {
 		ev = ev.Str("metrics", "http://"+metrics+"/metrics")
 	}
@@ -601,11 +609,20 @@ func heldStreams(flagValue int, sockets int64) int {
 	if flagValue > 0 {
 		return flagValue
 	}
-	var lim syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+	limit := openFileLimit()
+	if limit < 0 {
 		return 4096
 	}
-	return heldStreamsFor(int64(lim.Cur), sockets)
+	return heldStreamsFor(limit, sockets)
+}
+
+// openFileLimit is the process's open-file limit (RLIMIT_NOFILE), -1 if it cannot be read.
+func openFileLimit() int64 {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		return -1
+	}
+	return int64(lim.Cur)
 }
 
 func heldStreamsFor(limit, sockets int64) int {
