@@ -64,6 +64,7 @@ type actor struct {
 	wakeAt          int64
 	flushArmed      bool
 	failedCommits   int       // in a row: the cursor flush backs off while storage refuses (flushDelay)
+	limitLogged     bool      // a refusal for the project's stream limit was logged at info
 	failLoggedAt    time.Time // when a failed step was last logged (reloadAfter: once a minute in a row)
 	lastSweep       time.Time // of ephemeral rows
 	ephBytes        int64     // held in ephemeral rows (see Config.EphemeralBufferBytes)
@@ -898,8 +899,10 @@ func (a *actor) apply(in stepInput) {
 			if code == itx.EInternal {
 				code = storage.ErrorCode(err)
 			}
-			m.CommitFailures.WithLabelValues(string(code)).Inc()
-			a.failedCommits++
+			if !errors.As(err, new(streamLimitError)) { // the project's stream limit refused a client: no commit failed
+				m.CommitFailures.WithLabelValues(string(code)).Inc()
+				a.failedCommits++
+			}
 			a.reloadAfter(in.appends, fmt.Errorf("commit: %w", err))
 			a.answerSettles(in.settles)
 			return
@@ -1097,21 +1100,32 @@ func (a *actor) reloadAfter(group []*appendReq, cause error) {
 			failure = itx.Errorf(code, "append not committed: %v", cause)
 		}
 	}
-	logged := a.srv.log.Error()
-	if failure.Code == itx.ELimitExceeded {
-		logged = a.srv.log.Warn() // a bound a client reached (a project's streams), not a fault
+	if errors.As(cause, new(streamLimitError)) {
+		// A bound a client reached (the project's streams, --max-streams-per-project), not a
+		// fault: it was logged as a failed step at warn, once per refused append. Said at info
+		// the first time the stream is refused while loaded, then at debug.
+		logged := a.srv.log.Debug()
+		if !a.limitLogged {
+			a.limitLogged = true
+			logged = a.srv.log.Info()
+		}
+		logged.Str("project", a.ref.ProjectID).Str("path", a.ref.Path).Int("limit", a.srv.cfg.MaxStreamsPerProject).
+			Str("refusal", failure.Message).
+			Msg("append refused: the project holds its most streams (--max-streams-per-project); the stream is not created")
+	} else {
+		logged := a.srv.log.Error()
+		// Commits failing in a row (a full or failing disk, with clients retrying) are logged
+		// once a minute with how many failed, and their end once: it logged an error line per
+		// refused append, thousands a second, onto a disk that may be the full one.
+		now := a.srv.clock.Now()
+		if a.failedCommits > 1 && !a.failLoggedAt.IsZero() && now.Sub(a.failLoggedAt) < time.Minute {
+			logged = a.srv.log.Debug()
+		} else if a.failedCommits > 0 {
+			a.failLoggedAt = now
+		}
+		logged.Err(cause).Str("project", a.ref.ProjectID).Str("path", a.ref.Path).Int("failedInARow", a.failedCommits).
+			Msg("step failed; reloading the stream's state from storage")
 	}
-	// Commits failing in a row (a full or failing disk, with clients retrying) are logged once a
-	// minute with how many failed, and their end once: it logged an error line per refused
-	// append, thousands a second, onto a disk that may be the full one.
-	now := a.srv.clock.Now()
-	if a.failedCommits > 1 && !a.failLoggedAt.IsZero() && now.Sub(a.failLoggedAt) < time.Minute {
-		logged = a.srv.log.Debug()
-	} else if a.failedCommits > 0 {
-		a.failLoggedAt = now
-	}
-	logged.Err(cause).Str("project", a.ref.ProjectID).Str("path", a.ref.Path).Int("failedInARow", a.failedCommits).
-		Msg("step failed; reloading the stream's state from storage")
 	a.reply(group, nil, failure)
 	for _, op := range a.failedReaders {
 		op.reply <- failure
@@ -1300,6 +1314,12 @@ func (a *actor) evictEphemeral(ctx context.Context, adding int64) (through, free
 	return a.store.EphemeralCutoff(ctx, a.ephBytes+adding-limit*3/4)
 }
 
+// streamLimitError is ensureCreated's refusal for the project's stream limit: a client's, not a
+// failed commit.
+type streamLimitError struct{ error }
+
+func (e streamLimitError) Unwrap() error { return e.error }
+
 // ensureCreated creates the stream on its first commit with events: the directory entry first,
 // then the database (see storage.Directory.CreateStream for the crash window). A project at
 // Config.MaxStreamsPerProject gets neither: the directory refuses the entry before any file exists.
@@ -1322,7 +1342,7 @@ func (a *actor) ensureCreated(ctx context.Context, create bool) error {
 		entry = &storage.StreamEntry{StreamID: a.st.streamID, ProjectID: a.ref.ProjectID, Path: a.ref.Path, CreatedAt: created}
 		if err := a.srv.dir.CreateStream(ctx, *entry, a.srv.cfg.MaxStreamsPerProject); err != nil {
 			if itx.ErrorCode(err) == itx.ELimitExceeded {
-				return itx.Errorf(itx.ELimitExceeded, "%s (--max-streams-per-project): %s is not created", itx.ErrorMessage(err), a.ref.Path)
+				return streamLimitError{itx.Errorf(itx.ELimitExceeded, "%s (--max-streams-per-project): %s is not created", itx.ErrorMessage(err), a.ref.Path)}
 			}
 			return err
 		}

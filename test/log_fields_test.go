@@ -54,3 +54,36 @@ func TestLog_FailingCommitsInARowLoggedOnce(t *testing.T) {
 	require.Equal(t, 1, strings.Count(logs.String(), "step failed; reloading"), "logs:\n%s", logs.String())
 	require.Regexp(t, `"failedInARow":(3\d|[4-9]\d),"message":"the stream's commits succeed again"`, logs.String())
 }
+
+// A project at its stream limit refuses the append that would create one more: the client's
+// refusal (limitExceeded naming the limit and the flag), logged at info with the project, the
+// path and the limit the first time, at debug after; not as a failed step at warn, once per
+// refused append, nor counted as a failed commit.
+func TestLog_StreamLimitIsAClientsRefusal(t *testing.T) {
+	var logs syncBuffer
+	ts := startServer(t, server.Config{DataDir: t.TempDir(), MaxStreamsPerProject: 1, Log: zerolog.New(&logs)})
+	ctx := ctxT(t)
+	p := ts.project(t)
+	mustAppend(t, stream(t, p, "/a"), ev("note", `{}`))
+	for range 3 {
+		_, err := client.Append(ctx, stream(t, p, "/b"), []itx.EventInput{ev("note", `{}`)}, itx.AppendOptions{})
+		requireCode(t, err, itx.ELimitExceeded)
+		require.Contains(t, itx.ErrorMessage(err), "the project holds 1 stream, its most (--max-streams-per-project)")
+	}
+	mustAppend(t, stream(t, p, "/a"), ev("note", `{}`))
+	var lines []string
+	for _, l := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(l, `"path":"/b"`) {
+			lines = append(lines, l)
+		}
+	}
+	require.Len(t, lines, 3, "logs:\n%s", logs.String())
+	require.Contains(t, lines[0], `"level":"info"`)
+	require.Contains(t, lines[0], `"project":"`+ts.creds.ProjectID+`","path":"/b","limit":1`)
+	require.Contains(t, lines[0], "--max-streams-per-project")
+	for _, l := range lines[1:] {
+		require.Contains(t, l, `"level":"debug"`)
+	}
+	require.NotContains(t, logs.String(), "step failed")
+	require.NotContains(t, logs.String(), "commits succeed again", "no commit failed")
+}
