@@ -301,3 +301,24 @@ func TestItxd_MaxLoadedStreamsWithinTheHeldBound(t *testing.T) {
 	require.NoError(t, <-exited, logs.String())
 	require.Contains(t, logs.String(), `"maxLoadedStreams":256,"maxHeldStreams":256`)
 }
+
+// itxd --help says what itxd is, how it stops and what its exit statuses mean before the flags,
+// and exits 0; a flag that does not parse is one error line and a hint, exit 2: it was followed
+// by the whole help, 150 lines with the error at their top.
+func TestItxd_HelpAndAFlagThatDoesNotParse(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the itxd binary")
+	}
+	help, err := exec.Command(itxdBin, "--help").CombinedOutput()
+	require.NoError(t, err, "--help exits 0:\n%s", help)
+	require.True(t, strings.HasPrefix(string(help), "Usage: itxd [flags]\n"), "%s", help)
+	for _, want := range []string{"SIGTERM or SIGINT", "exit status 2", "/healthz", "-webhook-allow-host host", "[takes 10ms or more]"} {
+		require.Contains(t, string(help), want)
+	}
+	data := filepath.Join(t.TempDir(), "data")
+	out, err := exec.Command(itxdBin, "--data", data, "--idle-timeout", "abc").CombinedOutput()
+	var exit *exec.ExitError
+	require.True(t, errors.As(err, &exit), "%v\n%s", err, out)
+	require.Equal(t, 2, exit.ExitCode())
+	require.Equal(t, "itxd: invalid value \"abc\" for flag -idle-timeout: parse error\nrun itxd --help for the flags\n", string(out))
+}

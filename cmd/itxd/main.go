@@ -8,6 +8,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"io/fs"
 	"net"
 	"net/http"
@@ -34,6 +35,9 @@ import (
 
 func main() {
 	if err := run(); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0) // --help, -h
+		}
 		var logged loggedError
 		if errors.As(err, &logged) {
 			os.Exit(1) // its log line said it, in the log's format
@@ -46,6 +50,22 @@ func main() {
 		}
 		os.Exit(1)
 	}
+}
+
+// printHelp is --help: what itxd is, how it stops and exits, then the flags.
+func printHelp(fs *flag.FlagSet) {
+	fmt.Fprint(os.Stderr, `Usage: itxd [flags]
+
+itxd serves durable event streams over Cap'n Proto RPC from one data directory (--data); on its
+first start it creates the default project and the deployment root, and records their tokens in
+<data>/credentials.json. SIGTERM or SIGINT stops it: it stops accepting, lets in-flight calls
+finish (within --shutdown-timeout), closes the databases and exits 0. A flag value it cannot
+honor is refused before anything starts, with exit status 2; any other failure exits 1.
+
+Flags (--name value or --name=value; a number or duration flag ends with the range it takes):
+`)
+	fs.SetOutput(os.Stderr)
+	fs.PrintDefaults()
 }
 
 // loggedError is a failure run already logged.
@@ -218,11 +238,15 @@ func showRanges(fs *flag.FlagSet) {
 }
 
 func run() error {
-	listen := flag.String("listen", "127.0.0.1:7878", "TCP address for Cap'n Proto RPC")
-	data := flag.String("data", ".itx-data", "data directory (created if missing)")
+	// Errors are printed by main, once: the flag package printed a value that does not parse
+	// followed by the whole help (150 lines, the error at their top), and other refusals by a line.
+	flag.CommandLine.Init("itxd", flag.ContinueOnError)
+	flag.CommandLine.SetOutput(io.Discard)
+	listen := flag.String("listen", "127.0.0.1:7878", "TCP address for Cap'n Proto RPC; off loopback it needs --tls-cert and --tls-key, or --insecure")
+	data := flag.String("data", ".itx-data", "data directory (created 0700 if missing); one itxd at a time serves it (it holds <data>/itxd.lock)")
 	logLevel := flag.String("log-level", "info", "log level: debug, info, warn, error")
 	logFormat := flag.String("log-format", "console", "log format: console or json")
-	metricsAddr := flag.String("metrics", "", "address for Prometheus /metrics over HTTP (empty: off)")
+	metricsAddr := flag.String("metrics", "", "address for Prometheus /metrics over HTTP, with /healthz (liveness) and /readyz (readiness) (empty: off)")
 	metricsConns := flag.Int("metrics-max-connections", 64, "HTTP connections the --metrics address serves at once; more wait, unaccepted, until one ends (a request's header must arrive within 10s, an idle connection ends after 1m)")
 	pprofOn := flag.Bool("pprof", false, "also serve Go's profiler at /debug/pprof/ on the --metrics address (keep that address private)")
 	addrFile := flag.String("addr-file", "", "write the bound RPC address here once listening")
@@ -230,7 +254,7 @@ func run() error {
 	maxLoaded := flag.Int("max-loaded-streams", 1024, "unload least recently used idle streams above this many; at most --max-held-streams (left at its default, it is lowered to a smaller --max-held-streams)")
 	backupDir := flag.String("backup-dir", "", "write a backup of the data directory here (an absolute path that exists, outside the data directory) every --backup-every, named itx-backup-<UTC time>")
 	backupEvery := flag.Duration("backup-every", 0, "how often to write a scheduled backup into --backup-dir, at least 1m (0: never); the first is due this long after the newest one there")
-	backupKeep := flag.Int("backup-keep", server.DefaultBackupKeep, fmt.Sprintf("scheduled backups kept in --backup-dir (1-%d); older ones are deleted after each new one", server.MaxBackupKeep))
+	backupKeep := flag.Int("backup-keep", server.DefaultBackupKeep, "scheduled backups kept in --backup-dir; older ones are deleted after each new one")
 	maxWebhooks := flag.Int("webhook-max-in-flight", 1024, "webhook requests open at once over all subscriptions; a delivery waits for one within its delivery timeout")
 	webhookHeader := flag.Int64("webhook-max-response-header-bytes", server.DefaultMaxWebhookResponseHeaderBytes, "bytes of a webhook answer's status line and header fields itxd reads; a longer header fails the delivery, retried as an outage")
 	maxHeld := flag.Int("max-held-streams", 0, "streams loaded at once, in use or not; a call needing one more fails with limitExceeded (0: from the open-file limit, (RLIMIT_NOFILE - 1024 - --rpc-max-connections - --webhook-max-in-flight - --metrics-max-connections) / 8, between 256 and 16384)")
@@ -238,7 +262,7 @@ func run() error {
 	refill := flag.Int("breaker-refill-per-minute", 0, "circuit breaker refill per stream per minute (0: 6000000)")
 	denyPrivate := flag.Bool("webhook-deny-private", false, "refuse webhook destinations that are not global unicast addresses (loopback, private, link-local, shared, documentation, multicast and the other special-purpose blocks), checked at configure, before each request and on the address dialled")
 	var allowHosts hostList
-	flag.Var(&allowHosts, "webhook-allow-host", "allow webhooks only to this host (repeatable; \"*.example.com\" matches subdomains)")
+	flag.Var(&allowHosts, "webhook-allow-host", "allow webhooks only to this `host` (repeatable; \"*.example.com\" matches subdomains; none given: any host)")
 	maxConns := flag.Int("max-connections-per-stream", 0, "open connections one stream serves at most (0: 16384)")
 	maxReaders := flag.Int("max-readers-per-stream", 0, "registered readers one stream holds at most (0: 1024)")
 	maxScheduled := flag.Int("max-scheduled-per-stream", 0, "pending scheduled appends (Stream.schedule) one stream holds at most (0: 10000)")
@@ -280,7 +304,7 @@ func run() error {
 	flag.DurationVar(&flow.LoginTimeout, "rpc-login-timeout", flowconn.DefaultLoginTimeout, "a connection that has not logged in by then is aborted")
 	maxLogins := flag.Int("rpc-max-logins-per-connection", capability.DefaultMaxLoginsPerConnection, "distinct tokens one connection logs in with (logging in again with one of them shares its session); one more is refused with limitExceeded")
 	pushBytes := flag.Int64("rpc-max-push-bytes", capability.DefaultPushFlowLimit, "bytes itxd has in flight toward one capability a client handed it (an EventSink, a LiveSubscriber, a mounted Receiver, a processor host); a larger message waits until the others are answered, then goes alone")
-	keepAlive := flag.Duration("rpc-keepalive", capability.DefaultKeepAlive, "TCP keepalive of RPC connections: a silent connection is probed after this long and then this often; 3 unanswered probes, or writes unacknowledged for 4x this long, end it (and its mounts); at least 1s")
+	keepAlive := flag.Duration("rpc-keepalive", capability.DefaultKeepAlive, "TCP keepalive of RPC connections: a silent connection is probed after this long and then this often; 3 unanswered probes, or writes unacknowledged for 4x this long, end it (and its mounts)")
 	jsonataItems := flag.Int64("jsonata-max-items", itx.MaxJSONataItems, "array items and object entries one JSONata evaluation may build in total")
 	jsonataBytes := flag.Int64("jsonata-max-bytes", itx.MaxJSONataBytes, "string bytes one JSONata evaluation may build in total")
 	jsonataConcurrent := flag.Int("jsonata-concurrency", 0, "JSONata evaluations running at once (0: one per core)")
@@ -291,13 +315,19 @@ func run() error {
 	tlsKey := flag.String("tls-key", "", "the TLS certificate's private key (PEM)")
 	tlsClientCA := flag.String("tls-client-ca", "", "mutual TLS: require client certificates signed by a CA in this PEM file")
 	insecure := flag.Bool("insecure", false, "allow plaintext RPC on a non-loopback address (tokens cross the network in clear)")
-	shutdownTimeout := flag.Duration("shutdown-timeout", 30*time.Second, "how long SIGTERM waits for in-flight calls")
+	shutdownTimeout := flag.Duration("shutdown-timeout", 30*time.Second, "how long SIGTERM (or SIGINT) waits for in-flight calls; past it itxd closes the streams under them, logs which were held and exits 1")
 	procNames := flag.String("processors", strings.Join(examples.Names, ","), "reference processors hosted in-process, comma-separated (empty: none); a processor-wake subscription named after one runs it")
 	agentVendor := flag.String("agent-vendor-url", "", "the agent processor's LLM endpoint: POST {requestId, prompt} answered by {text} (empty: echo the prompt)")
 	agentHesitation := flag.Duration("agent-hesitation", time.Duration(examples.DefaultAgentConfig.HesitationMs)*time.Millisecond, "how long the agent waits after a message before it requests a completion (0: not at all)")
 	newRootToken := flag.Bool("new-deployment-token", false, "create a new token for the deployment root, record it in <data>/credentials.json and print it, then exit without serving (itxd must not be running on --data): for a lost credentials file, or after revoking the root's tokens")
 	showRanges(flag.CommandLine)
-	flag.Parse()
+	if err := flag.CommandLine.Parse(os.Args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			printHelp(flag.CommandLine)
+			return err
+		}
+		return usagef("%v", err)
+	}
 	if err := checkFlags(flag.CommandLine); err != nil {
 		return err
 	}
