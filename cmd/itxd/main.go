@@ -315,7 +315,7 @@ func run() error {
 	tlsKey := flag.String("tls-key", "", "the TLS certificate's private key (PEM)")
 	tlsClientCA := flag.String("tls-client-ca", "", "mutual TLS: require client certificates signed by a CA in this PEM file")
 	insecure := flag.Bool("insecure", false, "allow plaintext RPC on a non-loopback address (tokens cross the network in clear)")
-	shutdownTimeout := flag.Duration("shutdown-timeout", 30*time.Second, "how long SIGTERM (or SIGINT) waits for in-flight calls; past it itxd closes the streams under them, logs which were held and exits 1")
+	shutdownTimeout := flag.Duration("shutdown-timeout", 30*time.Second, "how long SIGTERM (or SIGINT) waits for in-flight calls; past it itxd closes the streams under them, logs which were held and exits 1 (a second signal exits at once)")
 	procNames := flag.String("processors", strings.Join(examples.Names, ","), "reference processors hosted in-process, comma-separated (empty: none); a processor-wake subscription named after one runs it")
 	agentVendor := flag.String("agent-vendor-url", "", "the agent processor's LLM endpoint: POST {requestId, prompt} answered by {text} (empty: echo the prompt)")
 	agentHesitation := flag.Duration("agent-hesitation", time.Duration(examples.DefaultAgentConfig.HesitationMs)*time.Millisecond, "how long the agent waits after a message before it requests a completion (0: not at all)")
@@ -502,6 +502,15 @@ func run() error {
 	select {
 	case s := <-sig:
 		log.Info().Str("signal", s.String()).Msg("shutting down: finishing in-flight calls")
+		// A second signal (Ctrl-C again) ends itxd at once, as a kill would: what it
+		// acknowledged is on disk. It was dropped, leaving the operator to wait out
+		// --shutdown-timeout or to find the pid for a kill -9.
+		go func() {
+			s := <-sig
+			log.Warn().Str("signal", s.String()).Dur("shutdownTimeout", *shutdownTimeout).
+				Msg("second signal: exiting now, without waiting for in-flight calls (they are not acknowledged; what was is on disk)")
+			os.Exit(1)
+		}()
 	case err := <-serveErr:
 		if err != nil {
 			log.Error().Err(err).Msg("rpc listener failed")
