@@ -182,6 +182,31 @@ func TestItxd_UnusableMetricsAddressWritesNothing(t *testing.T) {
 	}
 }
 
+// A --listen address itxd cannot listen on is refused naming the flag, before the data
+// directory is opened: --listen 127.0.0.1:99999 initialized a new data directory (tokens and
+// all), then failed with "listen tcp: address 99999: invalid port", naming no flag.
+func TestItxd_UnusableListenAddressWritesNothing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the itxd binary")
+	}
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer taken.Close()
+	for _, addr := range []string{"127.0.0.1:99999", taken.Addr().String()} {
+		t.Run(addr, func(t *testing.T) {
+			data := filepath.Join(t.TempDir(), "data")
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			out, err := exec.CommandContext(ctx, itxdBin, "--listen", addr, "--data", data).CombinedOutput()
+			var exit *exec.ExitError
+			require.True(t, errors.As(err, &exit), "itxd must refuse --listen %s; it ran: %v\n%s", addr, err, out)
+			require.Contains(t, string(out), "itxd: --listen: listen tcp")
+			_, err = os.Stat(data)
+			require.True(t, errors.Is(err, os.ErrNotExist), "nothing is written: %v\n%s", err, out)
+		})
+	}
+}
+
 // With --log-format json every line itxd writes to stderr is a JSON record, the connect hint
 // too: it was printed as plain text among the JSON lines (an operator's log shipper choked on
 // them), at every start.

@@ -415,6 +415,14 @@ func run() error {
 	}
 	// Bound before the data directory is opened: an address that cannot be listened on is
 	// refused before anything is written (and before the directory is left open unclosed).
+	// The RPC address was bound after: --listen 127.0.0.1:99999 initialized a new data
+	// directory, then failed with "listen tcp: address 99999: invalid port", naming no flag.
+	// Connections that arrive before the server opened wait in the listen backlog.
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return fmt.Errorf("--listen: %w", err)
+	}
+	defer ln.Close()
 	var mln net.Listener
 	if *metricsAddr != "" {
 		if mln, err = net.Listen("tcp", *metricsAddr); err != nil {
@@ -438,11 +446,6 @@ func run() error {
 		Processors:           host,
 	})
 	if err != nil {
-		return err
-	}
-	ln, err := net.Listen("tcp", *listen)
-	if err != nil {
-		srv.Close(ctx)
 		return err
 	}
 	addr := ln.Addr().String()
