@@ -185,8 +185,11 @@ func planGroup(head int64, streamID string, bucket *tokenBucket, room func() err
 			}
 			err = roomErr
 		}
-		if err == nil && charged > 0 && !bucket.take(charged, now) {
-			err = itx.Errorf(itx.ERateLimited, "the stream's circuit breaker is open: too many events appended too fast; retry later")
+		if err == nil && charged > 0 && float64(charged) > bucket.burst {
+			// It said "retry later" to an append no retry could pass.
+			err = itx.Errorf(itx.ERateLimited, "the append's %d events are more than the stream's circuit breaker ever admits at once (--breaker-burst %d): it never passes; append fewer at a time", charged, int64(bucket.burst))
+		} else if err == nil && charged > 0 && !bucket.take(charged, now) {
+			err = itx.Errorf(itx.ERateLimited, "the stream's circuit breaker is open: too many events appended too fast (--breaker-burst, --breaker-refill-per-minute); retry later")
 		}
 		if err != nil {
 			p.Replies[i] = appendReply{err: err}
