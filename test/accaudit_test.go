@@ -684,7 +684,7 @@ func TestAccAudit_LoggedInUnfinishedRepliesAreBounded(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the itxd binary")
 	}
-	p := startItxd(t, t.TempDir(), "--rpc-max-unfinished-replies", "16", "--rpc-max-calls", "16")
+	p := startItxd(t, t.TempDir(), "--rpc-max-unfinished-replies", "10", "--rpc-max-calls", "16")
 	login := func(r *itxtest.RawClient) {
 		r.Bootstrap(0)
 		r.Call(1, 0, schema.Gateway_TypeID, 0, 1, func(s capnp.Struct) error {
@@ -704,7 +704,7 @@ func TestAccAudit_LoggedInUnfinishedRepliesAreBounded(t *testing.T) {
 	require.Contains(t, reason, "--rpc-max-unfinished-replies")
 	// The calls already read when the bound is passed are answered (at most --rpc-max-calls in
 	// flight), then nothing more is read.
-	require.LessOrEqual(t, returns, 16+16+1, "the abort came once the bound was passed")
+	require.LessOrEqual(t, returns, 10+16+1, "the abort came once the bound was passed")
 
 	polite := itxtest.DialRaw(t, p.addr)
 	login(polite)

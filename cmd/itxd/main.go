@@ -90,16 +90,19 @@ type flagRange struct {
 }
 
 // The ranges of itxd's numeric flags; checkFlags refuses a number or duration flag missing here.
-// A minimum is the least that can work: what a login needs (its message, its reply, the
-// capabilities it hands out), a sweep that is not a busy loop, a drain that has time to run.
+// A minimum refuses only what leaves itxd unable to serve anyone: a message or reply bound below
+// what a login needs, too few capabilities or unfinished replies for a client's first calls, a
+// sweep that is a busy loop, a drain with no time to run. A bound set so low that requests are
+// refused by it (a tiny JSONata step budget, a quota no stream fits) is the bound doing its
+// job, and is taken: it is how the bound is tried.
 var flagRanges = map[string]flagRange{
 	"metrics-max-connections":           {min: 1},
-	"idle-timeout":                      {min: int64(10 * time.Millisecond)},
+	"idle-timeout":                      {min: int64(time.Millisecond)},
 	"max-loaded-streams":                {min: 1},
-	"backup-every":                      {min: int64(time.Minute), zero: "never"},
+	"backup-every":                      {min: int64(time.Second), zero: "never"},
 	"backup-keep":                       {min: 1, max: server.MaxBackupKeep},
 	"webhook-max-in-flight":             {min: 1},
-	"webhook-max-response-header-bytes": {min: 1 << 10},
+	"webhook-max-response-header-bytes": {min: 1},
 	"max-held-streams":                  {min: 1, zero: "from the open-file limit"},
 	"breaker-burst":                     {min: 1, zero: "100000"},
 	"breaker-refill-per-minute":         {min: 1, zero: "6000000"},
@@ -107,16 +110,16 @@ var flagRanges = map[string]flagRange{
 	"max-readers-per-stream":            {min: 1, zero: "1024"},
 	"max-scheduled-per-stream":          {min: 1, zero: "10000"},
 	"max-mounts-per-project":            {min: 1, zero: "4096"},
-	"max-host-contract-bytes":           {min: 1 << 10},
+	"max-host-contract-bytes":           {min: 1},
 	"max-tokens-per-project":            {min: 1, zero: "10000"},
 	"max-secrets-per-project":           {min: 1, zero: "10000"},
 	"max-streams-per-project":           {min: 1, zero: "100000"},
-	"max-subscription-config-bytes":     {min: 1 << 10},
+	"max-subscription-config-bytes":     {min: 1},
 	"max-live-subscribers-per-stream":   {min: 1, zero: "1024"},
 	"max-live-per-login":                {min: 1, zero: "4096"},
 	"max-live":                          {min: 1, zero: "65536"},
 	"max-subscriptions-per-stream":      {min: 1},
-	"max-project-bytes":                 {min: 256 << 10, zero: "no quota"}, // a stream with its write-ahead log takes about 128 KiB
+	"max-project-bytes":                 {min: 1, zero: "no quota"}, // below ~128 KiB (a stream with its write-ahead log) every new stream is refused
 	"min-free-disk-bytes":               {min: 1, zero: "the default", minusOne: "none"},
 	"max-ephemeral-bytes-per-stream":    {min: 1},
 	"max-processor-kv-keys":             {min: 1},
@@ -129,32 +132,32 @@ var flagRanges = map[string]flagRange{
 	"rpc-global-max-reply-bytes":        {min: 1},
 	// A login is one message of about 200 bytes (a token is 52); its reply holds the project's
 	// capability until the client's Finish.
-	"rpc-max-message-bytes":                  {min: 4 << 10},
-	"rpc-preauth-max-message-bytes":          {min: 4 << 10},
+	"rpc-max-message-bytes":                  {min: 1 << 10},
+	"rpc-preauth-max-message-bytes":          {min: 1 << 10},
 	"rpc-max-call-bytes":                     {min: 1},
 	"rpc-global-max-call-bytes":              {min: 1},
-	"rpc-max-unfinished-replies":             {min: 16}, // Go clients finish 250 ms after the reply
-	"rpc-max-unfinished-reply-bytes":         {min: 4 << 10},
+	"rpc-max-unfinished-replies":             {min: 8}, // Go clients finish 250 ms after the reply: they need about 16
+	"rpc-max-unfinished-reply-bytes":         {min: 1 << 10},
 	"rpc-preauth-max-unfinished-replies":     {min: 1},
-	"rpc-preauth-max-unfinished-reply-bytes": {min: 4 << 10},
+	"rpc-preauth-max-unfinished-reply-bytes": {min: 1 << 10},
 	// A session holds the gateway, its project and the streams it works on.
-	"rpc-max-capabilities":            {min: 16},
+	"rpc-max-capabilities":            {min: 8},
 	"rpc-max-unreturned-calls":        {min: 1},
-	"rpc-global-max-capabilities":     {min: 16},
+	"rpc-global-max-capabilities":     {min: 8},
 	"rpc-global-max-unreturned-calls": {min: 1},
 	"rpc-max-connections":             {min: 1},
-	"rpc-login-timeout":               {min: int64(100 * time.Millisecond)},
+	"rpc-login-timeout":               {min: int64(10 * time.Millisecond)},
 	"rpc-max-logins-per-connection":   {min: 1},
 	"rpc-max-push-bytes":              {min: 1},
 	// The kernel's granularity, and Linux's largest TCP_KEEPIDLE (32767 s).
 	"rpc-keepalive":              {min: int64(time.Second), max: int64(32767 * time.Second)},
-	"jsonata-max-items":          {min: 100},
-	"jsonata-max-bytes":          {min: 1 << 10},
+	"jsonata-max-items":          {min: 1},
+	"jsonata-max-bytes":          {min: 1},
 	"jsonata-concurrency":        {min: 1, max: 65536, zero: "one per core"},
-	"jsonata-max-steps":          {min: 100},
+	"jsonata-max-steps":          {min: 1},
 	"jsonata-timeout":            {min: int64(time.Millisecond)},
 	"jsonata-max-compiled-bytes": {min: 1},
-	"shutdown-timeout":           {min: int64(time.Second)},
+	"shutdown-timeout":           {min: int64(100 * time.Millisecond)},
 	"agent-hesitation":           {min: 0}, // 0: do not wait
 }
 
