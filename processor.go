@@ -252,6 +252,10 @@ type ProcessorInfo struct {
 	Name           string   `json:"name"`
 	ReducerVersion string   `json:"reducerVersion"`
 	ConsumedTypes  []string `json:"consumedTypes"`
+	// InitialState is the contract's initial state as JSON (empty: not announced): what itxd
+	// answers as the snapshot of a remote instance that has committed nothing yet, since the
+	// contract runs on the host.
+	InitialState json.RawMessage `json:"initialState,omitempty"`
 }
 
 // ProcessorPorts is what a host gives the processors of one stream in one incarnation.

@@ -2,6 +2,7 @@ package processors
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"sort"
 	"sync"
@@ -49,8 +50,15 @@ func Add[S any](h *Host, build func() Contract[S]) error {
 	if _, ok := h.entries[c.Name]; ok {
 		return itx.Errorf(itx.EInvalid, "processor %q is already registered", c.Name)
 	}
+	// Announced to itxd, which answers it as the snapshot of a remote instance that has not
+	// committed yet (the contract runs here, not there).
+	initial, err := json.Marshal(c.InitialState())
+	if err != nil {
+		return itx.Errorf(itx.EInvalid, "processor %q: its initial state does not encode as JSON: %v", c.Name, err)
+	}
 	h.entries[c.Name] = hostEntry{
-		info: itx.ProcessorInfo{Name: c.Name, ReducerVersion: c.ReducerVersion, ConsumedTypes: append([]string(nil), c.ConsumedTypes...)},
+		info: itx.ProcessorInfo{Name: c.Name, ReducerVersion: c.ReducerVersion, ConsumedTypes: append([]string(nil), c.ConsumedTypes...),
+			InitialState: initial},
 		start: func(ctx context.Context, reg *Registry, store ProgressStore, name string) (Hosted, error) {
 			c := build()
 			// The instance: one contract may run under several subscription names.

@@ -469,6 +469,8 @@ struct ProcessorContract {
   name @0 :Text;
   reducerVersion @1 :Text;
   consumedTypes @2 :List(Text);
+  initialState @3 :Text;        # the contract's initial state (JSON; empty: not announced): what
+                                # snapshot() answers for an instance with no committed record yet
 }
 
 # Implemented by a remote process running the processor SDK.

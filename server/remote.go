@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/itx-dev/itx"
 )
@@ -202,13 +203,13 @@ func (s *Server) MountProcessorHostAs(tokenID, projectID, scope, name string, ho
 	}
 	size := 0
 	for _, c := range contracts {
-		size += len(c.Name) + len(c.ReducerVersion) + 2*HostContractEntryBytes
+		size += len(c.Name) + len(c.ReducerVersion) + len(c.InitialState) + 2*HostContractEntryBytes
 		for _, t := range c.ConsumedTypes {
 			size += len(t) + HostContractEntryBytes
 		}
 	}
 	if size > s.cfg.MaxHostContractBytes {
-		return nil, itx.Errorf(itx.ETooLarge, "a processor host announces at most %d bytes of contracts (names, versions, consumed types, each counted with %d bytes more; --max-host-contract-bytes), this one %d", s.cfg.MaxHostContractBytes, HostContractEntryBytes, size)
+		return nil, itx.Errorf(itx.ETooLarge, "a processor host announces at most %d bytes of contracts (names, versions, initial states, consumed types, each counted with %d bytes more; --max-host-contract-bytes), this one %d", s.cfg.MaxHostContractBytes, HostContractEntryBytes, size)
 	}
 	seen := map[string]bool{}
 	for _, c := range contracts {
@@ -227,6 +228,9 @@ func (s *Server) MountProcessorHostAs(tokenID, projectID, scope, name string, ho
 		}
 		if err := itx.ValidateTypeFilter(fmt.Sprintf("contract %q consumedTypes", c.Name), c.ConsumedTypes); err != nil {
 			return nil, err // kept for the mount's life
+		}
+		if len(c.InitialState) > 0 && (!utf8.Valid(c.InitialState) || !json.Valid(c.InitialState)) {
+			return nil, itx.Errorf(itx.EInvalid, "contract %q: initialState is not valid JSON", c.Name)
 		}
 	}
 	ph := &s.procHosts
@@ -323,7 +327,10 @@ func (s *Server) ProcessorHostMounts(projectID string) []itx.MountInfo {
 		info := itx.MountInfo{Name: m.name, MountedAt: m.at, Scope: m.scope}
 		for _, c := range m.contracts {
 			if ph.contract[mountKey{projectID, m.scope, c.Name}] == m {
-				info.Contracts = append(info.Contracts, c) // still its: not taken over
+				// Still its (not taken over). The initial state is the snapshot's to answer, not
+				// the listing's.
+				c.InitialState = nil
+				info.Contracts = append(info.Contracts, c)
 			}
 		}
 		out = append(out, info)
@@ -725,6 +732,16 @@ func (s *Server) remoteSnapshot(ctx context.Context, a *actor, name string) (jso
 		}
 	}
 	if rec.Progress == nil {
+		// Nothing committed yet: the contract's initial state, as the host holding it
+		// announced it (the contract runs there); null while no host announces one.
+		scope, contract := a.remoteOf(name)
+		if m := s.remoteHost(a.ref.ProjectID, scope, contract); m != nil {
+			for _, c := range m.contracts {
+				if c.Name == contract && len(c.InitialState) > 0 {
+					return c.InitialState, 0, 0, nil
+				}
+			}
+		}
 		return json.RawMessage("null"), 0, 0, nil
 	}
 	state := rec.Progress.State

@@ -298,3 +298,34 @@ func TestRemote_RuntimeStateBeforeTheHostRanIt(t *testing.T) {
 }
 
 func (h *spyHost) Stop(context.Context, schema.ProcessorHost_stop) error { return nil }
+
+// A remote processor that has not committed anything yet (its host holds the contract but no wake
+// of it succeeded) answers snapshot() with the contract's initial state, as the host announced it
+// at its mount (the contract runs there), not null; offsets 0.
+func TestRemote_SnapshotBeforeTheHostRanIt(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	p := ts.project(t)
+	contracts := referenceHost(t, "guestbook").Contracts() // what remote.Run announces
+	want, err := json.Marshal(examples.Guestbook().InitialState())
+	require.NoError(t, err)
+	require.JSONEq(t, string(want), string(contracts[0].InitialState), "the SDK announces the initial state")
+	h, err := mountHostServing(ctx, p, "never-runs", idleHost{}, contracts) // every wake fails
+	require.NoError(t, err)
+	defer h.Release()
+
+	s := stream(t, p, "/remote/snapshot-before-run")
+	mustAppend(t, s, examples.GuestbookSigned.Input(examples.Signed{Name: "a", Message: "b"}, ""))
+	configureRemote(t, s, "guestbook")
+	_, proc := processorOf(t, s, "guestbook")
+	snap, err := client.Snapshot(ctx, proc)
+	require.NoError(t, err)
+	require.JSONEq(t, string(want), snap.State)
+	require.Zero(t, snap.ReducedOffset)
+	require.Zero(t, snap.ProcessedOffset)
+
+	// A mount announcing an initial state that is not JSON is refused.
+	bad := []itx.ProcessorInfo{{Name: "broken", ReducerVersion: "1", ConsumedTypes: []string{"t"}, InitialState: json.RawMessage(`{"a":`)}}
+	_, err = mountHostServing(ctx, p, "bad-state", idleHost{}, bad)
+	requireCode(t, err, itx.EInvalid)
+}

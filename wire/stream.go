@@ -228,6 +228,11 @@ func SetProcessorContracts(list schema.ProcessorContract_List, contracts []itx.P
 		if err := dst.SetReducerVersion(c.ReducerVersion); err != nil {
 			return err
 		}
+		if len(c.InitialState) > 0 {
+			if err := dst.SetInitialState(string(c.InitialState)); err != nil {
+				return err
+			}
+		}
 		types, err := dst.NewConsumedTypes(int32(len(c.ConsumedTypes)))
 		if err != nil {
 			return err
@@ -252,6 +257,11 @@ func ProcessorContractsFromSchema(list schema.ProcessorContract_List) ([]itx.Pro
 		}
 		if out[i].ReducerVersion, err = c.ReducerVersion(); err != nil {
 			return nil, err
+		}
+		if init, err := c.InitialState(); err != nil {
+			return nil, err
+		} else if init != "" {
+			out[i].InitialState = json.RawMessage(init)
 		}
 		types, err := c.ConsumedTypes()
 		if err != nil {
