@@ -347,10 +347,21 @@ func (k *keepalive) fire(ctx context.Context) (AlarmAction, error) {
 	return action, k.persist(ctx)
 }
 
-// revive appends the revival fact (stably keyed by the mark, so a retried pass of the same mark
-// dedupes) and, once the loop looks like a crash loop, the evidence of it.
+// revive records, once the loop looks like a crash loop, the evidence of it, then appends the
+// revival fact (stably keyed by the mark, so a retried pass of the same mark dedupes). The
+// evidence comes first, right after the mark, as in the reference keepalive: it is about the
+// marks so far, so it does not wait on this revival, and a revival whose fact cannot be
+// appended (the very failure a crash loop may be) still leaves it; the revival that reaches
+// the mark only once would otherwise never record it for the version.
 func (k *keepalive) revive(ctx context.Context, rec KeepaliveRecord) error {
 	reg := k.reg
+	if rec.Revivals == CrashLoopEvidenceAt {
+		// Evidence, not enforcement: the breaker itself lives in KV, so evidence that does not
+		// land costs the record, never the revival.
+		if err := k.appendCrashLoopEvidence(ctx, rec); err != nil {
+			reg.cfg.Logf("processor %q: crash-loop evidence not recorded: %v", k.name, err)
+		}
+	}
 	payload, _ := json.Marshal(map[string]any{
 		"processorSlug": k.name,
 		"revivals":      rec.Revivals,
@@ -361,15 +372,7 @@ func (k *keepalive) revive(ctx context.Context, rec KeepaliveRecord) error {
 		Payload:        payload,
 		IdempotencyKey: fmt.Sprintf("processor-revived:%s@%s:%d:%d", k.name, rec.Version, rec.Revivals, rec.LastRevivalAt),
 	}})
-	if err != nil || rec.Revivals != CrashLoopEvidenceAt {
-		return err
-	}
-	// Evidence, not enforcement: the breaker itself lives in KV, so evidence that does not land
-	// costs the record, never the revival.
-	if err := k.appendCrashLoopEvidence(ctx, rec); err != nil {
-		reg.cfg.Logf("processor %q: crash-loop evidence not recorded: %v", k.name, err)
-	}
-	return nil
+	return err
 }
 
 // CrashLoopEvidenceKey is the idempotency key of a stream's crash-loop evidence on a host

@@ -3,6 +3,7 @@ package processors_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"testing"
 	"testing/synctest"
@@ -253,6 +254,60 @@ func TestRegistry_CrashLoopEvidenceOncePerVersion(t *testing.T) {
 		}
 		if err := json.Unmarshal(p.Error, &detail); err != nil || detail.ProcessorSlug != "alpha" || detail.Version != "build-1" || detail.Revivals != processors.CrashLoopEvidenceAt || detail.Message == "" {
 			t.Errorf("evidence detail %s, want alpha on build-1 at %d revivals", p.Error, processors.CrashLoopEvidenceAt)
+		}
+	})
+}
+
+// Crash-loop evidence does not wait on the revival that reaches the threshold: recorded first,
+// it stands even when that revival's fact cannot be appended (the stream refusing it, say), and
+// would otherwise never be recorded for the version, the threshold being reached once.
+func TestRegistry_CrashLoopEvidenceWhenTheRevivalCannotAppend(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture()
+		reg, err := processors.NewRegistry(processors.RegistryConfig{
+			Path: "/test", Log: f.stream, KV: proctest.NewMemoryKV(), Alarm: &proctest.MemoryAlarm{}, Clock: f.clock, Version: "build-1", Logf: t.Logf,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer reg.Close()
+		c := counter(t, "v1", nil)
+		c.ProcessEvent = func(ctx context.Context, a *processors.Args[countState]) error {
+			if a.Event != nil {
+				return errors.New("poisoned")
+			}
+			return nil
+		}
+		r, err := processors.Register(context.Background(), reg, c, f.store)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.append(t, added.Input(counted{N: 1}, ""))
+		f.stream.FailAppends(func(in itx.EventInput) error {
+			if in.Type == itx.TypeProcessorRevived {
+				return itx.Errorf(itx.EUnavailable, "the stream refuses revivals")
+			}
+			return nil
+		})
+		_ = r.CatchUp(context.Background())
+		for fire := 1; ; fire++ {
+			rec, _ := reg.Keepalive(c.Name)
+			if rec.Revivals >= processors.CrashLoopEvidenceAt || fire > 20 {
+				break
+			}
+			f.clock.Advance(time.UnixMilli(rec.ArmedAt).Sub(f.clock.Now()))
+			_, _ = reg.HandleAlarm(context.Background())
+			_ = r.CatchUp(context.Background())
+		}
+		if rec, _ := reg.Keepalive(c.Name); rec.Revivals != processors.CrashLoopEvidenceAt {
+			t.Fatalf("keepalive %+v, want %d revivals", rec, processors.CrashLoopEvidenceAt)
+		}
+		if n := len(f.stream.Events(itx.TypeProcessorRevived)); n != 0 {
+			t.Fatalf("%d revival facts landed, want none (refused)", n)
+		}
+		evidence := f.stream.Events(itx.TypeErrorOccurred)
+		if len(evidence) != 1 || evidence[0].IdempotencyKey != processors.CrashLoopEvidenceKey("build-1") {
+			t.Fatalf("crash-loop evidence %+v, want one fact keyed %q", evidence, processors.CrashLoopEvidenceKey("build-1"))
 		}
 	})
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -150,4 +151,44 @@ func TestProcessors_RemovedProcessorIsNotRevived(t *testing.T) {
 		require.NoError(t, ts.srv.Settle(ctx, ref))
 	}
 	require.Zero(t, countType(t, s, itx.TypeProcessorRevived), "revived after its subscription was removed")
+}
+
+// A crash loop's evidence (stream/error-occurred keyed processor-host-crash-loop:<version>) is
+// recorded when the mark reaches the threshold, before that revival's fact: it is about the
+// marks so far and does not wait on the revival (seed 002: mark before anything; the reference
+// keepalive appends the evidence ahead of the revival pass), so the stream reads
+// revived 1, revived 2, crash-loop evidence, revived 3.
+func TestProcessors_CrashLoopEvidenceBeforeItsRevival(t *testing.T) {
+	clock := clocktest.New(time.Unix(1_700_000_000, 0))
+	var broken atomic.Bool
+	broken.Store(true)
+	host := processors.NewHost("v1")
+	require.NoError(t, processors.Add(host, func() processors.Contract[int] { return poisonContract(&broken) }))
+	ts := startServer(t, server.Config{Clock: clock, Processors: host})
+	ctx := ctxT(t)
+	ref := server.StreamRef{ProjectID: "default", Path: "/processors/crash-loop-evidence"}
+	s := stream(t, ts.project(t), ref.Path)
+	configureProcessor(t, s, "poison")
+	mustAppend(t, s, ev("crash/poison", `{}`))
+	for i := 0; countType(t, s, itx.TypeProcessorRevived) < processors.CrashLoopEvidenceAt; i++ {
+		require.Less(t, i, 1000, "the breaker never revived %d times", processors.CrashLoopEvidenceAt)
+		clock.Advance(10 * time.Second)
+		require.NoError(t, ts.srv.Settle(ctx, ref))
+	}
+	evs, err := client.ReadAll(ctx, s, itx.Query{Types: []string{itx.TypeProcessorRevived, itx.TypeErrorOccurred}})
+	require.NoError(t, err)
+	var got []string
+	for _, e := range evs {
+		switch e.Type {
+		case itx.TypeErrorOccurred:
+			if e.IdempotencyKey == processors.CrashLoopEvidenceKey("v1") {
+				got = append(got, "evidence")
+			}
+		case itx.TypeProcessorRevived:
+			var p struct{ Revivals int }
+			require.NoError(t, json.Unmarshal(e.Payload, &p))
+			got = append(got, fmt.Sprintf("revived %d", p.Revivals))
+		}
+	}
+	require.Equal(t, []string{"revived 1", "revived 2", "evidence", "revived 3"}, got[:min(len(got), 4)])
 }
