@@ -732,17 +732,7 @@ func (s *Server) remoteSnapshot(ctx context.Context, a *actor, name string) (jso
 		}
 	}
 	if rec.Progress == nil {
-		// Nothing committed yet: the contract's initial state, as the host holding it
-		// announced it (the contract runs there); null while no host announces one.
-		scope, contract := a.remoteOf(name)
-		if m := s.remoteHost(a.ref.ProjectID, scope, contract); m != nil {
-			for _, c := range m.contracts {
-				if c.Name == contract && len(c.InitialState) > 0 {
-					return c.InitialState, 0, 0, nil
-				}
-			}
-		}
-		return json.RawMessage("null"), 0, 0, nil
+		return a.initialState(name), 0, 0, nil
 	}
 	state := rec.Progress.State
 	if len(state) == 0 {
@@ -934,8 +924,34 @@ func (a *actor) pruneProcessorLive(name string) {
 	e.stop()
 }
 
+// initialState is the initial state of the contract the processor instance name runs, as its
+// host announces it, for an instance with nothing committed yet: the in-process host's, or the
+// mounted remote host's holding the contract (the contract runs there); null when no host
+// announces one (a remote contract no mounted host holds).
+func (a *actor) initialState(name string) json.RawMessage {
+	entry := a.catalogEntry(name)
+	if entry == nil {
+		return json.RawMessage("null")
+	}
+	contract := entry.Config.ProcessorContract()
+	var contracts []itx.ProcessorInfo
+	if isInProcess(entry) {
+		if a.srv.cfg.Processors != nil {
+			contracts = a.srv.cfg.Processors.Contracts()
+		}
+	} else if m := a.srv.remoteHost(a.ref.ProjectID, entry.mountScope(), contract); m != nil {
+		contracts = m.contracts
+	}
+	for _, c := range contracts {
+		if c.Name == contract && len(c.InitialState) > 0 {
+			return c.InitialState
+		}
+	}
+	return json.RawMessage("null")
+}
+
 func (a *actor) processorLiveState(name string) ProcessorLiveState {
-	out := ProcessorLiveState{Name: name, State: json.RawMessage("null")}
+	out := ProcessorLiveState{Name: name, State: a.initialState(name)}
 	v := a.view()
 	rec := v.procs[name]
 	if rec == nil && v.store != nil {

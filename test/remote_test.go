@@ -324,6 +324,25 @@ func TestRemote_SnapshotBeforeTheHostRanIt(t *testing.T) {
 	require.Zero(t, snap.ReducedOffset)
 	require.Zero(t, snap.ProcessedOffset)
 
+	// Live state starts from the same document.
+	view := &liveView{}
+	fut, release := proc.LiveState(ctx, func(p schema.Processor_liveState_Params) error {
+		return p.SetSubscriber(schema.LiveSubscriber_ServerToClient(view))
+	})
+	res, err := fut.Struct()
+	require.NoError(t, err)
+	handle := res.Handle().AddRef()
+	release()
+	defer handle.Release()
+	waitUntil(t, "the live snapshot", func() bool {
+		_, doc := view.state()
+		return doc != nil
+	})
+	_, doc := view.state()
+	gotState, err := json.Marshal(doc["state"])
+	require.NoError(t, err)
+	require.JSONEq(t, string(want), string(gotState), "the live snapshot's state")
+
 	// A mount announcing an initial state that is not JSON is refused.
 	bad := []itx.ProcessorInfo{{Name: "broken", ReducerVersion: "1", ConsumedTypes: []string{"t"}, InitialState: json.RawMessage(`{"a":`)}}
 	_, err = mountHostServing(ctx, p, "bad-state", idleHost{}, bad)
