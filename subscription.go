@@ -27,6 +27,13 @@ const (
 	TypeWoken                  = "stream/woken"
 )
 
+// IsPlatformFact reports whether typ is a stream/* fact only the platform appends: a halt and a
+// woken record (the server), a revival (a processor host's recovery keepalive). A client's raw
+// append of one is refused.
+func IsPlatformFact(typ string) bool {
+	return typ == TypeSubscriptionHalted || typ == TypeWoken || typ == TypeProcessorRevived
+}
+
 // TypeDeadLetter is the type of the event a skipped event becomes in its subscription's
 // dead-letter stream (DeliveryPolicy.DeadLetterPath); its payload is a DeadLetterPayload.
 const TypeDeadLetter = "itx.dead-letter"

@@ -110,6 +110,7 @@ func runImport(ctx context.Context, s *Session, args []string) error {
 		first, last, line int
 		sent              []sentBatch
 		skipped           int // stream/* lines left out
+		platform          int // platform facts left out under --with-control (itx.IsPlatformFact)
 	)
 	// take records the answers at the front of the queue, in order: every one when wait is set,
 	// else those already arrived. The queue thus holds only batches in flight (importInFlight at
@@ -246,6 +247,10 @@ func runImport(ctx context.Context, s *Session, args []string) error {
 			skipped++
 			continue
 		}
+		if itx.IsPlatformFact(e.Type) { // itxd refuses them: they are the platform's to write
+			platform++
+			continue
+		}
 		e.Provenance = nil // only copy-to-stream sets it; an exported copy's hops stay behind
 		if len(batch) == 0 {
 			first = line
@@ -287,6 +292,9 @@ func runImport(ctx context.Context, s *Session, args []string) error {
 	fmt.Fprintf(s.cfg.Err, "); head %d\n", head)
 	if skipped > 0 {
 		fmt.Fprintf(s.cfg.Err, "skipped %s (%s appends them)\n", plural(skipped, "stream/* control record"), withControlFlag)
+	}
+	if platform > 0 {
+		fmt.Fprintf(s.cfg.Err, "skipped %s (halts, woken and revival records: itxd and processor hosts write them)\n", plural(platform, "platform record"))
 	}
 	return nil
 }
