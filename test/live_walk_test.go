@@ -194,6 +194,9 @@ func TestLiveWalk_LiveConnectionDeliveredMoves(t *testing.T) {
 	})
 	_, _, probs := v.state()
 	require.Empty(t, probs)
+	// close is answered once the stream let the connection go; the sink's closed notice is a
+	// call of its own, which may still be on its way.
+	waitUntil(t, "sink told", func() bool { return sink.closeReason() != nil })
 	require.Equal(t, schema.CloseReason_closedByClient, *sink.closeReason())
 }
 
