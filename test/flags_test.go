@@ -339,3 +339,42 @@ func TestItxd_HelpAndAFlagThatDoesNotParse(t *testing.T) {
 	require.Equal(t, 2, exit.ExitCode())
 	require.Equal(t, "itxd: invalid value \"abc\" for flag -idle-timeout: parse error\nrun itxd --help for the flags\n", string(out))
 }
+
+// When the --addr-file appears, credentials.json already names that address: a supervisor that
+// waits for the file and then runs `itx --data DIR` (which reads the address from the
+// credentials) reaches this itxd. The file was written first, and until the credentials were
+// rewritten a moment later they named the previous run's address (with --listen :0, a port
+// nothing listens on, or that something else took since).
+func TestItxd_AddrFileComesAfterTheCredentialsNameIt(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the itxd binary")
+	}
+	data := filepath.Join(t.TempDir(), "data")
+	for run := range 5 {
+		addrFile := filepath.Join(t.TempDir(), "addr")
+		cmd := exec.Command(itxdBin, "--listen", "127.0.0.1:0", "--data", data, "--addr-file", addrFile, "--log-level", "warn", "--processors", "")
+		var logs syncBuffer
+		cmd.Stderr = &logs
+		require.NoError(t, cmd.Start())
+		exited := make(chan error, 1)
+		go func() { exited <- cmd.Wait() }()
+		var addr string
+		for addr == "" { // no pause: read the credentials the moment the file says itxd listens
+			if b, err := os.ReadFile(addrFile); err == nil {
+				addr = string(b)
+			}
+			select {
+			case err := <-exited:
+				t.Fatalf("itxd exited before listening: %v\n%s", err, logs.String())
+			default:
+			}
+		}
+		b, err := os.ReadFile(filepath.Join(data, "credentials.json"))
+		require.NoError(t, err)
+		var creds struct{ Addr string }
+		require.NoError(t, json.Unmarshal(b, &creds))
+		require.Equal(t, addr, creds.Addr, "run %d: credentials.json names the address the address file gives", run)
+		require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+		require.NoError(t, <-exited, logs.String())
+	}
+}

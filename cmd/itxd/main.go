@@ -495,13 +495,16 @@ func run() error {
 	serveErr := make(chan error, 1)
 	serving.Store(true)
 	go func() { serveErr <- listener.Serve(ln); serving.Store(false) }()
+	// credentials.json names this address before the address file says itxd listens: a
+	// supervisor that waits for the file and runs `itx --data` reads the address from the
+	// credentials, which named the previous run's until then.
+	if err := recordAddress(*data, dialable(addr)); err != nil {
+		log.Warn().Err(err).Msg("could not record the address in credentials.json: itx --data needs --addr")
+	}
 	if *addrFile != "" {
 		if err := os.WriteFile(*addrFile, []byte(addr), 0o644); err != nil {
 			return err
 		}
-	}
-	if err := recordAddress(*data, dialable(addr)); err != nil {
-		log.Warn().Err(err).Msg("could not record the address in credentials.json: itx --data needs --addr")
 	}
 	announce(log, *logFormat == "json", addr, *data, metricsBound, tlsConfig != nil, min(*maxLoaded, held), held, srv.DiskReserve())
 
