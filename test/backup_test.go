@@ -247,8 +247,10 @@ func TestBackup_Kill9DuringABackup(t *testing.T) {
 	}
 	for _, point := range []string{"backup-frozen", "backup-copied-one"} {
 		t.Run(point, func(t *testing.T) {
-			ctx := ctxT(t)
 			dataDir := t.TempDir()
+			// The first start builds itxd with the kill points, which under load took most of
+			// a 30 s context made before it: the backup then answered cancelled, never froze,
+			// and itxd did not die. Each call's context is made when the call is.
 			proc := startItxdKilledAt(t, dataDir, point)
 			p := loginItxd(t, proc)
 			want := map[string]int{}
@@ -263,7 +265,7 @@ func TestBackup_Kill9DuringABackup(t *testing.T) {
 			admin := rootAdmin(t, proc)
 			parent := t.TempDir()
 			dest := filepath.Join(parent, "copy")
-			_, err := client.Backup(ctx, admin, dest)
+			_, err := client.Backup(ctxT(t), admin, dest)
 			require.Error(t, err)
 			t.Logf("the backup cut short by the kill point answered: %v", err)
 			proc.requireKilledAtThePoint(t)
@@ -276,7 +278,7 @@ func TestBackup_Kill9DuringABackup(t *testing.T) {
 				require.Equal(t, n, countType(t, stream(t, p, path), "e"), path)
 			}
 			admin = rootAdmin(t, proc)
-			res, err := client.Backup(ctx, admin, dest)
+			res, err := client.Backup(ctxT(t), admin, dest)
 			require.NoError(t, err)
 			require.GreaterOrEqual(t, res.Streams, len(want))
 			require.NoError(t, proc.stop(t))

@@ -334,7 +334,6 @@ func TestCrash_ForwardRedeliveredAfterTheTargetTrimmedItIsNotForwardedAgain(t *t
 }
 
 func forwardRedeliveredAfterATrim(t *testing.T, remote bool) {
-	ctx := ctxT(t)
 	dataDir, addr := t.TempDir(), freeAddr(t)
 	hosted := []string{"--listen", addr, "--processors", "router"}
 	if remote {
@@ -357,6 +356,9 @@ func forwardRedeliveredAfterATrim(t *testing.T, remote bool) {
 	for i, th := range routerThreads {
 		batch[i] = examples.RouterMessage.Input(examples.Routed{Thread: th, Text: th}, "")
 	}
+	// Made now, not before the start: the first start may build itxd with the kill points,
+	// which under load can take most of 30 s.
+	ctx := ctxT(t)
 	_, err := client.Append(ctx, s, batch, itx.AppendOptions{})
 	require.NoError(t, err)
 	proc.requireKilledAtThePoint(t) // the first forward (to thread a) committed, the frame did not
