@@ -14,6 +14,7 @@
 package client
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -35,6 +36,9 @@ type Conn struct {
 	rpc     *rpc.Conn
 	gateway schema.Gateway
 	abort   *abortRecorder
+	// silent is why the watchdog closed the connection (itxd answered no ping), once it did.
+	silentMu sync.Mutex
+	silent   error
 }
 
 // abortRecorder keeps the reason of the Abort the server ended the connection with, which
@@ -69,7 +73,23 @@ type Options struct {
 	// unacknowledged for 4x this (Linux), the connection ends: a host or Receiver whose itxd
 	// vanished behind a silent partition learns it, and can redial, instead of waiting forever.
 	KeepAlive time.Duration
+	// PingEvery is how often the connection asks itxd for its version (Gateway.version, Ping),
+	// and PingTimeout how long it waits for the answer before it takes the connection for lost
+	// and closes it (defaults DefaultPingEvery and DefaultPingTimeout; PingEvery < 0: never).
+	// Keepalive learns of a peer that vanished, not of one that holds the connection open and
+	// answers nothing (a hung or stopped itxd, whose kernel still acknowledges; a stalled proxy
+	// between them): without it, the calls in flight, and the Connections and LiveViews on the
+	// connection, waited for as long as it stayed so. Once closed so, Done is closed, Err says
+	// why (code disconnected), calls fail disconnected, and the Connections and LiveViews on it
+	// end with connectionLost. One watchdog per connection, however many views it carries.
+	PingEvery, PingTimeout time.Duration
 }
+
+// DefaultPingEvery and DefaultPingTimeout are Options.PingEvery's and PingTimeout's defaults.
+const (
+	DefaultPingEvery   = 15 * time.Second
+	DefaultPingTimeout = 10 * time.Second
+)
 
 // DefaultKeepAlive is Options.KeepAlive's default, itxd's --rpc-keepalive default too.
 const DefaultKeepAlive = tcpopt.Default
@@ -104,7 +124,27 @@ func DialWith(ctx context.Context, addr string, o Options) (*Conn, error) {
 	conn := rpc.NewConn(rpc.NewStreamTransport(nc), &rpc.Options{Logger: abort})
 	// The bootstrap capability lives as long as the connection, not as long as the dial's ctx:
 	// cancelling the context of a Bootstrap call breaks the capability it returns.
-	return &Conn{rpc: conn, gateway: schema.Gateway(conn.Bootstrap(context.Background())), abort: abort}, nil
+	c := &Conn{rpc: conn, gateway: schema.Gateway(conn.Bootstrap(context.Background())), abort: abort}
+	if o.PingEvery >= 0 {
+		go c.watch(cmp.Or(o.PingEvery, DefaultPingEvery), cmp.Or(max(o.PingTimeout, 0), DefaultPingTimeout))
+	}
+	return c, nil
+}
+
+// watch pings itxd until the connection ends, and closes it once a ping goes unanswered.
+func (c *Conn) watch(every, timeout time.Duration) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-c.rpc.Done()
+		cancel()
+	}()
+	if err := UntilSilent(ctx, c.Ping, every, timeout); err != nil {
+		c.silentMu.Lock()
+		c.silent = err
+		c.silentMu.Unlock()
+		c.rpc.Close()
+	}
 }
 
 // dialTCP opens the TCP connection under an RPC connection, with no delay and the keepalive and
@@ -155,11 +195,20 @@ func (c *Conn) Ping(ctx context.Context) error {
 // Done is closed when the connection ends.
 func (c *Conn) Done() <-chan struct{} { return c.rpc.Done() }
 
-// Err reports why the server ended the connection, once Done is closed and if it said: the
-// reason of its Abort, such as "itx.limitExceeded: ... (--rpc-max-capabilities) ..." for a
-// client past one of its bounds (itx.ErrorCode reads the code from it). It is nil while the
-// connection is open, and when no Abort came (closed by this side, or lost).
+// Err reports why the connection ended, once Done is closed and if it is known: the reason of
+// the server's Abort, such as "itx.limitExceeded: ... (--rpc-max-capabilities) ..." for a
+// client past one of its bounds (itx.ErrorCode reads the code from it), or, code disconnected,
+// that itxd answered no ping for Options.PingTimeout. It is nil while the connection is open,
+// and when it ended otherwise (closed by this side, or lost).
 func (c *Conn) Err() error {
+	// Set before the watchdog closes the connection: what ends with it (a Connection, a
+	// LiveView) may ask before Done is closed.
+	c.silentMu.Lock()
+	silent := c.silent
+	c.silentMu.Unlock()
+	if silent != nil {
+		return silent
+	}
 	select {
 	case <-c.rpc.Done():
 	default:

@@ -48,12 +48,12 @@ type FollowConfig struct {
 	// nothing of it. Left empty, Follow holds to the stream its first batch came from.
 	// (Connection.ExpectedStreamID says the same: give either, or both alike.)
 	StreamID string
-	// PingEvery is how often Follow asks itxd, over the connection, how far it delivered, and
-	// PingTimeout how long it waits for the answer before it takes the connection for lost and
-	// dials again (defaults 15 s and 10 s; PingEvery < 0: never). TCP keepalive learns of a
-	// peer that vanished, not of one that holds the connection open and answers nothing (a hung
-	// or stopped itxd, whose kernel still acknowledges; a stalled proxy between them): without
-	// it Follow waited for a batch for as long as ctx lasted.
+	// PingEvery is how often each connection pings itxd, and PingTimeout how long it waits for
+	// the answer before it takes the connection for lost and Follow dials again (defaults 15 s
+	// and 10 s; PingEvery < 0: never). Set, they take the place of Dial's (Options.PingEvery).
+	// TCP keepalive learns of a peer that vanished, not of one that holds the connection open
+	// and answers nothing (a hung or stopped itxd, whose kernel still acknowledges; a stalled
+	// proxy between them): without it Follow waited for a batch for as long as ctx lasted.
 	PingEvery, PingTimeout time.Duration
 }
 
@@ -70,11 +70,11 @@ func (cfg *FollowConfig) defaults() {
 	if cfg.ReaderInterval <= 0 {
 		cfg.ReaderInterval = time.Second
 	}
-	if cfg.PingEvery == 0 {
-		cfg.PingEvery = 15 * time.Second
+	if cfg.PingEvery != 0 {
+		cfg.Dial.PingEvery = cfg.PingEvery
 	}
-	if cfg.PingTimeout <= 0 {
-		cfg.PingTimeout = 10 * time.Second
+	if cfg.PingTimeout > 0 {
+		cfg.Dial.PingTimeout = cfg.PingTimeout
 	}
 }
 
@@ -291,23 +291,12 @@ func followOnce(ctx context.Context, cfg *FollowConfig, last *atomic.Int64, resu
 		}()
 	}
 	cancel()
-	silent := make(chan error, 1)
-	if cfg.PingEvery > 0 {
-		pctx, stopPings := context.WithCancel(ctx)
-		defer stopPings()
-		ping := func(ctx context.Context) error { _, _, err := c.Ping(ctx); return err }
-		go func() { silent <- UntilSilent(pctx, ping, cfg.PingEvery, cfg.PingTimeout) }()
-	}
+	// A connection gone silent is closed by its watchdog (cfg.Dial.PingEvery): it ends here as
+	// lost, Err saying why. The next connection opens after the last offset delivered; a batch
+	// given to deliver meanwhile is waited for.
 	select {
 	case <-c.Done():
 	case <-conn.Done():
-	case err := <-silent:
-		// Closed here, not asked to close: itxd answers nothing. The next connection opens
-		// after the last offset delivered; a batch given to deliver meanwhile is waited for.
-		conn.Close()
-		stop()
-		mu.Unlock()
-		return err
 	case <-ctx.Done():
 		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -322,11 +311,13 @@ func followOnce(ctx context.Context, cfg *FollowConfig, last *atomic.Int64, resu
 		return errPermanent{failed}
 	}
 	var cc *ConnectionClosed
-	if !errors.As(c.Err(), &cc) { // the RPC connection ended first
-		if err := conn.Err(); err != nil {
+	if !errors.As(c.Err(), &cc) || cc.Why == schema.CloseReason_connectionLost { // the RPC connection ended
+		if err := conn.Err(); err != nil { // itxd's abort, or a ping unanswered
 			return fmt.Errorf("the connection to itxd ended: %w", err)
 		}
-		return &ConnectionClosed{Why: schema.CloseReason_connectionLost}
+		if cc == nil {
+			return &ConnectionClosed{Why: schema.CloseReason_connectionLost}
+		}
 	}
 	switch cc.Why {
 	case schema.CloseReason_connectionLost, schema.CloseReason_serverShuttingDown, schema.CloseReason_slowConsumer:
@@ -337,7 +328,7 @@ func followOnce(ctx context.Context, cfg *FollowConfig, last *atomic.Int64, resu
 
 // UntilSilent calls ping every interval and returns, code disconnected, once a ping goes
 // unanswered for timeout: an itxd that holds the connection open and answers nothing, which TCP
-// keepalive does not notice (Follow and remote.Run watch their connections so). It returns nil
+// keepalive does not notice (every Conn watches itself so, Options.PingEvery). It returns nil
 // when ctx ends, and leaves an ended connection to whoever watches it end (a ping on it fails
 // at once, not for want of an answer).
 func UntilSilent(ctx context.Context, ping func(context.Context) error, every, timeout time.Duration) error {

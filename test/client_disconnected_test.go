@@ -180,3 +180,58 @@ func TestRemote_HostRedialsFromASilentConnection(t *testing.T) {
 		}
 	}
 }
+
+// A connection that goes silent (a stalled proxy: TCP stays up, no byte of itxd's comes
+// through) ends what the user opened on it: the Conn's watchdog pings itxd, takes the
+// connection for lost once a ping goes unanswered, and closes it. The live Connection and the
+// LiveView end with connectionLost (code disconnected), a call in flight fails disconnected,
+// and Conn.Err says why. Before, their Done never closed: only a closed connection ended them.
+func TestClient_SilentConnectionEndsWhatLivesOnIt(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	px := newProxy(t, ts.addr)
+	conn, err := client.DialWith(ctx, px.addr(), client.Options{PingEvery: 50 * time.Millisecond, PingTimeout: 300 * time.Millisecond})
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	p := conn.Login(ctx, ts.creds.ProjectToken)
+	t.Cleanup(p.Release)
+	s := stream(t, p, "/silent/views")
+	mustAppend(t, s, ev("a", `{}`))
+
+	c, err := client.OpenConnection(ctx, s, client.ConnectionOptions{}, client.ConnectionHandler{
+		Deliver: func(context.Context, itx.DeliveryBatch) error { return nil }})
+	require.NoError(t, err)
+	t.Cleanup(c.Release)
+	lv, err := client.WatchStream(ctx, s)
+	require.NoError(t, err)
+	t.Cleanup(func() { lv.Cancel(context.Background()) })
+
+	px.stall()
+	// In flight on the silent connection, with no deadline of its own.
+	inFlight := make(chan error, 1)
+	go func() {
+		_, err := client.Describe(context.Background(), s)
+		inFlight <- err
+	}()
+	for what, done := range map[string]<-chan struct{}{"the Conn": conn.Done(), "the Connection": c.Done(), "the LiveView": lv.Done()} {
+		select {
+		case <-done:
+		case <-ctx.Done():
+			t.Fatalf("%s never ended on the silent connection", what)
+		}
+	}
+	require.Equal(t, itx.EDisconnected, itx.ErrorCode(conn.Err()), "Conn.Err: %v", conn.Err())
+	require.Contains(t, conn.Err().Error(), "itxd answered no ping for 300ms")
+	for what, err := range map[string]error{"connection": c.Err(), "live view": lv.Err()} {
+		var closed *client.ConnectionClosed
+		require.True(t, errors.As(err, &closed), "%s: %v", what, err)
+		require.Equal(t, schema.CloseReason_connectionLost, closed.Why, what)
+		require.Equal(t, itx.EDisconnected, itx.ErrorCode(err), "%s: %v", what, err)
+	}
+	select {
+	case err := <-inFlight:
+		requireDisconnected(t, "describe in flight", err)
+	case <-ctx.Done():
+		t.Fatal("a call in flight on the silent connection never returned")
+	}
+}

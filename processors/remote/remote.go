@@ -44,9 +44,9 @@ type Config struct {
 	// MinBackoff and MaxBackoff bound the wait between reconnection attempts (doubling, with
 	// jitter). Defaults 100 ms and 5 s.
 	MinBackoff, MaxBackoff time.Duration
-	// PingEvery is how often a mounted host pings itxd over its connection, and PingTimeout how
-	// long it waits for the answer before it takes the connection for lost and dials again
-	// (defaults 15 s and 10 s; PingEvery < 0: never). TCP keepalive learns of a peer that
+	// PingEvery is how often the host's connection pings itxd, and PingTimeout how long it
+	// waits for the answer before it takes the connection for lost and the host dials again
+	// (client.Options.PingEvery; defaults 15 s and 10 s; PingEvery < 0: never). TCP keepalive learns of a peer that
 	// vanished, not of one that holds the connection open and answers nothing (a stalled proxy
 	// between them, a hung itxd): the host stayed "mounted" there for good while itxd, hearing
 	// nothing from it, had unmounted it.
@@ -68,12 +68,6 @@ func (cfg *Config) defaults() {
 	}
 	if cfg.MaxBackoff < cfg.MinBackoff {
 		cfg.MaxBackoff = max(5*time.Second, cfg.MinBackoff)
-	}
-	if cfg.PingEvery == 0 {
-		cfg.PingEvery = 15 * time.Second
-	}
-	if cfg.PingTimeout <= 0 {
-		cfg.PingTimeout = 10 * time.Second
 	}
 	if cfg.Logf == nil {
 		cfg.Logf = log.Printf
@@ -125,7 +119,9 @@ func (e mountRefused) Unwrap() error { return e.err }
 // serveOnce is one connection's life: mount, serve, and return why it ended.
 func serveOnce(ctx context.Context, cfg Config) error {
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	conn, err := client.Dial(dctx, cfg.Addr)
+	// The connection pings itxd (PingEvery) and closes itself once a ping goes unanswered: the
+	// host learns of it below, as of any connection that ended.
+	conn, err := client.DialWith(dctx, cfg.Addr, client.Options{PingEvery: cfg.PingEvery, PingTimeout: cfg.PingTimeout})
 	cancel()
 	if err != nil {
 		return fmt.Errorf("dial %s: %w", cfg.Addr, err)
@@ -152,18 +148,7 @@ func serveOnce(ctx context.Context, cfg Config) error {
 	if cfg.Mounted != nil {
 		cfg.Mounted()
 	}
-	silent := make(chan error, 1)
-	if cfg.PingEvery > 0 {
-		pctx, stopPings := context.WithCancel(ctx)
-		defer stopPings()
-		go func() { silent <- client.UntilSilent(pctx, conn.Ping, cfg.PingEvery, cfg.PingTimeout) }()
-	}
 	select {
-	case err := <-silent:
-		if err == nil {
-			return ctx.Err()
-		}
-		return err // the deferred Close ends the connection; Run dials again
 	case <-conn.Done():
 		if err := conn.Err(); err != nil {
 			return fmt.Errorf("the connection to itxd ended: %w", err)
