@@ -23,6 +23,9 @@ func Admin(ctx context.Context, project schema.Project) schema.Admin {
 
 // CreateProject creates a project and returns it with its first token (shown only now).
 func CreateProject(ctx context.Context, a schema.Admin, name string) (itx.ProjectInfo, string, itx.TokenInfo, error) {
+	if err := NotSent(ctx, "CreateProject"); err != nil {
+		return itx.ProjectInfo{}, "", itx.TokenInfo{}, err
+	}
 	fut, release := a.CreateProject(ctx, func(p schema.Admin_createProject_Params) error { return p.SetName(name) })
 	defer ReleaseAfter(ctx, release)
 	res, err := Await(ctx, fut)
@@ -70,6 +73,9 @@ func ListProjects(ctx context.Context, a schema.Admin) ([]itx.ProjectSummary, er
 // ListProjectsPage lists one page of projects in id order after the id after (limit 0: the
 // server's default page); next is the id to pass as after for the next page, empty on the last.
 func ListProjectsPage(ctx context.Context, a schema.Admin, after string, limit int) (page []itx.ProjectSummary, next string, err error) {
+	if err := NotSent(ctx, "ListProjects"); err != nil {
+		return nil, "", err
+	}
 	fut, release := a.ListProjects(ctx, func(p schema.Admin_listProjects_Params) error {
 		p.SetLimit(limitArg(limit))
 		return p.SetAfter(after)
@@ -95,6 +101,9 @@ func ListProjectsPage(ctx context.Context, a schema.Admin, after string, limit i
 
 // RenameProject renames a project.
 func RenameProject(ctx context.Context, a schema.Admin, projectID, name string) error {
+	if err := NotSent(ctx, "RenameProject"); err != nil {
+		return err
+	}
 	fut, release := a.RenameProject(ctx, func(p schema.Admin_renameProject_Params) error {
 		if err := p.SetProjectId(projectID); err != nil {
 			return err
@@ -108,6 +117,9 @@ func RenameProject(ctx context.Context, a schema.Admin, projectID, name string) 
 
 // DeleteProject deletes a project; one with streams only with force (its streams go too).
 func DeleteProject(ctx context.Context, a schema.Admin, projectID string, force bool) error {
+	if err := NotSent(ctx, "DeleteProject"); err != nil {
+		return err
+	}
 	fut, release := a.DeleteProject(ctx, func(p schema.Admin_deleteProject_Params) error {
 		p.SetForce(force)
 		return p.SetProjectId(projectID)
@@ -129,6 +141,9 @@ type TokenOptions struct {
 func CreateToken(ctx context.Context, a schema.Admin, projectID string, o TokenOptions) (string, itx.TokenInfo, error) {
 	// An unknown right has no enumerant to send: refuse it here, typed, before calling.
 	if err := o.Scope.Validate(); err != nil {
+		return "", itx.TokenInfo{}, err
+	}
+	if err := NotSent(ctx, "CreateToken"); err != nil {
 		return "", itx.TokenInfo{}, err
 	}
 	fut, release := a.CreateToken(ctx, func(p schema.Admin_createToken_Params) error {
@@ -166,6 +181,9 @@ func CreateToken(ctx context.Context, a schema.Admin, projectID string, o TokenO
 
 // ListTokens lists a project's tokens ("" is the caller's own project): never the tokens.
 func ListTokens(ctx context.Context, a schema.Admin, projectID string) ([]itx.TokenInfo, error) {
+	if err := NotSent(ctx, "ListTokens"); err != nil {
+		return nil, err
+	}
 	fut, release := a.ListTokens(ctx, func(p schema.Admin_listTokens_Params) error { return p.SetProjectId(projectID) })
 	defer ReleaseAfter(ctx, release)
 	res, err := Await(ctx, fut)
@@ -187,6 +205,9 @@ func ListTokens(ctx context.Context, a schema.Admin, projectID string) ([]itx.To
 
 // RevokeToken revokes a token at once ("" is the caller's own project).
 func RevokeToken(ctx context.Context, a schema.Admin, projectID, tokenID string) error {
+	if err := NotSent(ctx, "RevokeToken"); err != nil {
+		return err
+	}
 	fut, release := a.RevokeToken(ctx, func(p schema.Admin_revokeToken_Params) error {
 		if err := p.SetProjectId(projectID); err != nil {
 			return err
@@ -225,6 +246,9 @@ type BackupResult struct {
 // (absolute, on the server's file system, not existing yet); the deployment root only. Start
 // itxd with --data on the copy to restore it.
 func Backup(ctx context.Context, a schema.Admin, path string) (BackupResult, error) {
+	if err := NotSent(ctx, "Backup"); err != nil {
+		return BackupResult{}, err
+	}
 	fut, release := a.Backup(ctx, func(p schema.Admin_backup_Params) error { return p.SetPath(path) })
 	defer ReleaseAfter(ctx, release)
 	res, err := Await(ctx, fut)
@@ -259,6 +283,9 @@ func DownloadBackup(ctx context.Context, a schema.Admin, dir string) (BackupResu
 	dir = filepath.Clean(dir)
 	if _, err := os.Lstat(dir); err == nil {
 		return BackupResult{}, itx.Errorf(itx.EFailedPrecondition, "download: %s exists (a backup is a new directory)", dir)
+	}
+	if err := NotSent(ctx, "DownloadBackup"); err != nil {
+		return BackupResult{}, err
 	}
 	tmp, err := os.MkdirTemp(filepath.Dir(dir), "."+filepath.Base(dir)+".itx-download-")
 	if err != nil {

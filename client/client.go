@@ -9,6 +9,8 @@
 // Every error has a code, itx.ErrorCode(err). A call whose connection was lost before its answer
 // is itx.EDisconnected, and one whose context ended after it was sent is itx.ECancelled: both may
 // or may not have taken effect, so dial again and resend only what carries an idempotency key.
+// A call made with a context that had ended already is not sent: itx.ECancelled too, saying
+// "... not sent" (NotSent), and it took no effect.
 // A module of its own builds this package with the patched go-capnp in the repository's
 // third_party (README, "From a module of your own").
 package client
@@ -186,6 +188,9 @@ func (c *Conn) Login(ctx context.Context, token string) schema.Project {
 // Ping asks itxd for its version (Gateway.version, which needs no login): an answer says the
 // connection carries calls both ways.
 func (c *Conn) Ping(ctx context.Context) error {
+	if err := NotSent(ctx, "Ping"); err != nil {
+		return err
+	}
 	fut, release := c.gateway.Version(ctx, nil)
 	defer ReleaseAfter(ctx, release)
 	_, err := Await(ctx, fut)

@@ -110,6 +110,9 @@ func OpenConnection(ctx context.Context, s schema.Stream, o ConnectionOptions, h
 	if h.State != nil {
 		k.live = &liveDoc{}
 	}
+	if err := NotSent(ctx, "OpenConnection"); err != nil {
+		return nil, err
+	}
 	fut, release := s.OpenConnection(ctx, func(p schema.Stream_openConnection_Params) error {
 		opts, err := p.NewOptions()
 		if err != nil {
@@ -158,6 +161,9 @@ func (c *Connection) Key() string { return c.key }
 
 // Ping returns the stream's head and the offset this connection delivered through.
 func (c *Connection) Ping(ctx context.Context) (head, delivered int64, err error) {
+	if err := NotSent(ctx, "Ping"); err != nil {
+		return 0, 0, err
+	}
 	fut, release := c.conn.Ping(ctx, nil)
 	defer ReleaseAfter(ctx, release)
 	res, err := Await(ctx, fut)

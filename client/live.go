@@ -76,6 +76,9 @@ type LiveView struct {
 // registered readers, open connections) and returns once the first snapshot has arrived.
 // Cancel the view when done.
 func WatchStream(ctx context.Context, s schema.Stream) (*LiveView, error) {
+	if err := NotSent(ctx, "WatchStream"); err != nil {
+		return nil, err
+	}
 	return watch(ctx, func(ctx context.Context, sub schema.LiveSubscriber) (schema.Handle, error) {
 		fut, release := s.LiveState(ctx, func(p schema.Stream_liveState_Params) error { return p.SetSubscriber(sub) })
 		defer ReleaseAfter(ctx, release)
@@ -90,6 +93,9 @@ func WatchStream(ctx context.Context, s schema.Stream) (*LiveView, error) {
 // WatchProcessor subscribes to a processor's live state (its reduced state and runtime), as
 // WatchStream does to a stream's.
 func WatchProcessor(ctx context.Context, p schema.Processor) (*LiveView, error) {
+	if err := NotSent(ctx, "WatchProcessor"); err != nil {
+		return nil, err
+	}
 	return watch(ctx, func(ctx context.Context, sub schema.LiveSubscriber) (schema.Handle, error) {
 		fut, release := p.LiveState(ctx, func(p schema.Processor_liveState_Params) error { return p.SetSubscriber(sub) })
 		defer ReleaseAfter(ctx, release)

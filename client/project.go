@@ -10,6 +10,9 @@ import (
 
 // DescribeProject describes a project.
 func DescribeProject(ctx context.Context, project schema.Project) (itx.ProjectInfo, error) {
+	if err := NotSent(ctx, "DescribeProject"); err != nil {
+		return itx.ProjectInfo{}, err
+	}
 	fut, release := project.Describe(ctx, nil)
 	defer ReleaseAfter(ctx, release)
 	res, err := Await(ctx, fut)
@@ -32,6 +35,9 @@ func mountInfos(list schema.MountInfo_List, err error) ([]itx.MountInfo, error) 
 
 // ListMounts lists the Receivers mounted in a project (project.capabilities().list()).
 func ListMounts(ctx context.Context, caps schema.Capabilities) ([]itx.MountInfo, error) {
+	if err := NotSent(ctx, "ListMounts"); err != nil {
+		return nil, err
+	}
 	fut, release := caps.List(ctx, nil)
 	defer ReleaseAfter(ctx, release)
 	res, err := Await(ctx, fut)
@@ -43,6 +49,9 @@ func ListMounts(ctx context.Context, caps schema.Capabilities) ([]itx.MountInfo,
 
 // Unmount removes the Receiver mounted under name.
 func Unmount(ctx context.Context, caps schema.Capabilities, name string) error {
+	if err := NotSent(ctx, "Unmount"); err != nil {
+		return err
+	}
 	fut, release := caps.Unmount(ctx, func(p schema.Capabilities_unmount_Params) error { return p.SetName(name) })
 	defer ReleaseAfter(ctx, release)
 	_, err := Await(ctx, fut)
@@ -51,6 +60,9 @@ func Unmount(ctx context.Context, caps schema.Capabilities, name string) error {
 
 // ListProcessorHosts lists the remote ProcessorHosts mounted in a project.
 func ListProcessorHosts(ctx context.Context, hosts schema.ProcessorHosts) ([]itx.MountInfo, error) {
+	if err := NotSent(ctx, "ListProcessorHosts"); err != nil {
+		return nil, err
+	}
 	fut, release := hosts.List(ctx, nil)
 	defer ReleaseAfter(ctx, release)
 	res, err := Await(ctx, fut)
@@ -71,6 +83,9 @@ func RegisterReader(ctx context.Context, readers schema.Readers, name string, ch
 	if err := offsetArg("checkpoint", checkpoint); err != nil {
 		return err
 	}
+	if err := NotSent(ctx, "RegisterReader"); err != nil {
+		return err
+	}
 	fut, release := readers.Register(ctx, func(p schema.Readers_register_Params) error {
 		p.SetCheckpoint(uint64(checkpoint))
 		return p.SetName(name)
@@ -82,6 +97,9 @@ func RegisterReader(ctx context.Context, readers schema.Readers, name string, ch
 
 // ListReaders lists a stream's registered readers.
 func ListReaders(ctx context.Context, readers schema.Readers) ([]itx.ReaderInfo, error) {
+	if err := NotSent(ctx, "ListReaders"); err != nil {
+		return nil, err
+	}
 	fut, release := readers.List(ctx, nil)
 	defer ReleaseAfter(ctx, release)
 	res, err := Await(ctx, fut)
@@ -97,6 +115,9 @@ func ListReaders(ctx context.Context, readers schema.Readers) ([]itx.ReaderInfo,
 
 // RemoveReader removes a registered reader.
 func RemoveReader(ctx context.Context, readers schema.Readers, name string) error {
+	if err := NotSent(ctx, "RemoveReader"); err != nil {
+		return err
+	}
 	fut, release := readers.Remove(ctx, func(p schema.Readers_remove_Params) error { return p.SetName(name) })
 	defer ReleaseAfter(ctx, release)
 	_, err := Await(ctx, fut)
@@ -112,6 +133,9 @@ type ProcessorSnapshot struct {
 
 // Snapshot reads a processor instance's reduced state.
 func Snapshot(ctx context.Context, p schema.Processor) (ProcessorSnapshot, error) {
+	if err := NotSent(ctx, "Snapshot"); err != nil {
+		return ProcessorSnapshot{}, err
+	}
 	fut, release := p.Snapshot(ctx, nil)
 	defer ReleaseAfter(ctx, release)
 	res, err := Await(ctx, fut)
@@ -125,6 +149,9 @@ func Snapshot(ctx context.Context, p schema.Processor) (ProcessorSnapshot, error
 
 // RuntimeState reads a processor instance's runtime state (JSON).
 func RuntimeState(ctx context.Context, p schema.Processor) (string, error) {
+	if err := NotSent(ctx, "RuntimeState"); err != nil {
+		return "", err
+	}
 	fut, release := p.GetRuntimeState(ctx, nil)
 	defer ReleaseAfter(ctx, release)
 	res, err := Await(ctx, fut)

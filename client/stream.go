@@ -166,6 +166,9 @@ func GetEventPage(ctx context.Context, s schema.Stream, query itx.Query) (itx.Pa
 	if err := queryArg(query); err != nil {
 		return itx.Page{}, err
 	}
+	if err := NotSent(ctx, "GetEventPage"); err != nil {
+		return itx.Page{}, err
+	}
 	fut, release := s.GetEventPage(ctx, func(p schema.Stream_getEventPage_Params) error {
 		q, err := p.NewQuery()
 		if err != nil {
@@ -188,6 +191,9 @@ func GetEventPage(ctx context.Context, s schema.Stream, query itx.Query) (itx.Pa
 // GetEvents reads one page of events without the envelope.
 func GetEvents(ctx context.Context, s schema.Stream, query itx.Query) ([]itx.Event, error) {
 	if err := queryArg(query); err != nil {
+		return nil, err
+	}
+	if err := NotSent(ctx, "GetEvents"); err != nil {
 		return nil, err
 	}
 	fut, release := s.GetEvents(ctx, func(p schema.Stream_getEvents_Params) error {
@@ -262,6 +268,9 @@ func WaitForEvent(ctx context.Context, s schema.Stream, pred itx.Predicate, afte
 	if err != nil {
 		return itx.Event{}, err
 	}
+	if err := NotSent(ctx, "WaitForEvent"); err != nil {
+		return itx.Event{}, err
+	}
 	fut, release := s.WaitForEvent(ctx, func(p schema.Stream_waitForEvent_Params) error {
 		p.SetAfter(uint64(after))
 		p.SetTimeoutMs(ms)
@@ -285,6 +294,9 @@ func WaitForEvent(ctx context.Context, s schema.Stream, pred itx.Predicate, afte
 
 // Describe describes a stream.
 func Describe(ctx context.Context, s schema.Stream) (itx.StreamInfo, error) {
+	if err := NotSent(ctx, "Describe"); err != nil {
+		return itx.StreamInfo{}, err
+	}
 	fut, release := s.Describe(ctx, nil)
 	defer ReleaseAfter(ctx, release)
 	res, err := Await(ctx, fut)
@@ -323,6 +335,9 @@ func DeleteStream(ctx context.Context, project schema.Project, path string, forc
 
 // DeleteStreamIn is DeleteStream on a Streams capability already at hand.
 func DeleteStreamIn(ctx context.Context, streams schema.Streams, path string, force bool) (DeletedStream, error) {
+	if err := NotSent(ctx, "DeleteStream"); err != nil {
+		return DeletedStream{}, err
+	}
 	fut, release := streams.Remove(ctx, func(p schema.Streams_remove_Params) error {
 		p.SetForce(force)
 		return p.SetPath(path)
@@ -383,6 +398,9 @@ func DiskUsageIn(ctx context.Context, streams schema.Streams, prefix string) ([]
 // DiskUsagePage is one page of DiskUsageIn, after the path after (exclusive); next is where the
 // following page starts, empty on the last page.
 func DiskUsagePage(ctx context.Context, streams schema.Streams, prefix, after string) (page []itx.StreamDiskUsage, next string, err error) {
+	if err := NotSent(ctx, "DiskUsage"); err != nil {
+		return nil, "", err
+	}
 	fut, release := streams.DiskUsage(ctx, func(p schema.Streams_diskUsage_Params) error {
 		if err := p.SetPrefix(prefix); err != nil {
 			return err
@@ -412,6 +430,9 @@ func DiskUsagePage(ctx context.Context, streams schema.Streams, prefix, after st
 // at most limit (0: the server's default). next is where the following page starts, empty on
 // the last page.
 func ListStreamsPage(ctx context.Context, streams schema.Streams, prefix, after string, limit int) (page []itx.StreamInfo, next string, err error) {
+	if err := NotSent(ctx, "ListStreams"); err != nil {
+		return nil, "", err
+	}
 	fut, release := streams.List(ctx, func(p schema.Streams_list_Params) error {
 		if err := p.SetPrefix(prefix); err != nil {
 			return err
@@ -451,8 +472,9 @@ func ReleaseAfter(ctx context.Context, release func()) {
 // Await waits for a call's answer, or for ctx to end: go-capnp's Struct() does not watch the
 // context, and a caller that must give up (a host shutting down mid-call) would wait forever.
 // A call given up because ctx ended fails with code cancelled (itx.ErrorCode), saying it may or
-// may not have taken effect, and errors.Is(err, context.Canceled) or context.DeadlineExceeded
-// holds. A call whose connection
+// may not have taken effect (even when ctx had ended before the call: check NotSent before
+// sending to say it was not sent), and errors.Is(err, context.Canceled) or
+// context.DeadlineExceeded holds. A call whose connection
 // was lost before its answer fails with code disconnected (itx.EDisconnected: it may or may not
 // have taken effect), and capnp.IsDisconnected holds. Pair it with ReleaseAfter.
 func Await[T any](ctx context.Context, fut interface {
@@ -533,6 +555,18 @@ func unanswered(ctx context.Context) error {
 	return &callCancelled{coded: itx.Errorf(itx.ECancelled, "%v before the answer came: the call may or may not have taken effect", ctx.Err()), cause: ctx.Err()}
 }
 
+// NotSent is, code cancelled, the error of a call not made because ctx had ended before it
+// (nil while ctx lives): the helpers check before they send, so a call refused so certainly did
+// not take effect, and may be made again under a live context as it is. (go-capnp would not send
+// it either, but the call would fail as one given up after sending: it may or may not have taken
+// effect.) call names the call: "Describe not sent: context canceled".
+func NotSent(ctx context.Context, call string) error {
+	if ctx.Err() == nil {
+		return nil
+	}
+	return cancelled(ctx, call+" not sent")
+}
+
 // cancelled is the error of what ctx's end gave up (what, when set, says what).
 func cancelled(ctx context.Context, what string) error {
 	msg := ctx.Err().Error()
@@ -546,6 +580,9 @@ func cancelled(ctx context.Context, what string) error {
 // surviving restarts: a durable timer. in.IdempotencyKey names it; scheduling the key again
 // moves it. When the key is already in the log nothing is scheduled and appended is its offset.
 func Schedule(ctx context.Context, s schema.Stream, in itx.EventInput, dueAt time.Time) (due time.Time, appended int64, err error) {
+	if err := NotSent(ctx, "Schedule"); err != nil {
+		return time.Time{}, 0, err
+	}
 	fut, release := s.Schedule(ctx, func(p schema.Stream_schedule_Params) error {
 		ev, err := p.NewEvent()
 		if err != nil {
@@ -564,6 +601,9 @@ func Schedule(ctx context.Context, s schema.Stream, in itx.EventInput, dueAt tim
 
 // CancelScheduled drops the scheduled append named key and reports whether there was one.
 func CancelScheduled(ctx context.Context, s schema.Stream, key string) (bool, error) {
+	if err := NotSent(ctx, "CancelScheduled"); err != nil {
+		return false, err
+	}
 	fut, release := s.CancelScheduled(ctx, func(p schema.Stream_cancelScheduled_Params) error { return p.SetKey(key) })
 	defer ReleaseAfter(ctx, release)
 	res, err := Await(ctx, fut)
@@ -575,6 +615,9 @@ func CancelScheduled(ctx context.Context, s schema.Stream, key string) (bool, er
 
 // ListScheduled lists the stream's pending scheduled appends in due order.
 func ListScheduled(ctx context.Context, s schema.Stream) ([]itx.ScheduledEvent, error) {
+	if err := NotSent(ctx, "ListScheduled"); err != nil {
+		return nil, err
+	}
 	fut, release := s.ListScheduled(ctx, nil)
 	defer ReleaseAfter(ctx, release)
 	res, err := Await(ctx, fut)
@@ -634,6 +677,9 @@ func TrimWith(ctx context.Context, s schema.Stream, o TrimOptions) (TrimResult, 
 			return TrimResult{}, itx.Errorf(itx.EInvalid, "createdBefore %s is not after 1970", o.CreatedBefore)
 		}
 	}
+	if err := NotSent(ctx, "TrimWith"); err != nil {
+		return TrimResult{}, err
+	}
 	fut, release := s.Trim(ctx, func(p schema.Stream_trim_Params) error {
 		p.SetThroughOffset(uint64(o.ThroughOffset))
 		p.SetCreatedBefore(before)
@@ -662,6 +708,9 @@ type Retention struct {
 func SetRetention(ctx context.Context, s schema.Stream, r Retention) error {
 	if r.MaxAge < 0 || r.MaxEvents < 0 || r.MaxBytes < 0 {
 		return itx.Errorf(itx.EInvalid, "retention: maxAge, maxEvents and maxBytes cannot be negative")
+	}
+	if err := NotSent(ctx, "SetRetention"); err != nil {
+		return err
 	}
 	fut, release := s.SetRetention(ctx, func(p schema.Stream_setRetention_Params) error {
 		p.SetMaxAgeMs(r.MaxAge.Milliseconds())

@@ -92,6 +92,9 @@ func Subscription(ctx context.Context, s schema.Stream, name string) schema.Subs
 
 // ListSubscriptions lists a stream's subscriptions.
 func ListSubscriptions(ctx context.Context, subs schema.Subscriptions) ([]itx.SubscriptionSummary, error) {
+	if err := NotSent(ctx, "ListSubscriptions"); err != nil {
+		return nil, err
+	}
 	fut, release := subs.List(ctx, nil)
 	defer ReleaseAfter(ctx, release)
 	res, err := Await(ctx, fut)
@@ -120,6 +123,9 @@ func ConfigureSubscription(ctx context.Context, subs schema.Subscriptions, cfg S
 	if err != nil {
 		return "", 0, err
 	}
+	if err := NotSent(ctx, "ConfigureSubscription"); err != nil {
+		return "", 0, err
+	}
 	fut, release := subs.Configure(ctx, func(p schema.Subscriptions_configure_Params) error {
 		c, err := p.NewConfig()
 		if err != nil {
@@ -141,6 +147,9 @@ func ConfigureSubscription(ctx context.Context, subs schema.Subscriptions, cfg S
 
 // RemoveSubscription appends stream/subscription-removed and returns its offset.
 func RemoveSubscription(ctx context.Context, subs schema.Subscriptions, name string) (int64, error) {
+	if err := NotSent(ctx, "RemoveSubscription"); err != nil {
+		return 0, err
+	}
 	fut, release := subs.Remove(ctx, func(p schema.Subscriptions_remove_Params) error { return p.SetName(name) })
 	defer ReleaseAfter(ctx, release)
 	res, err := Await(ctx, fut)
@@ -152,6 +161,9 @@ func RemoveSubscription(ctx context.Context, subs schema.Subscriptions, name str
 
 // DescribeSubscription returns a subscription's config and cursor row.
 func DescribeSubscription(ctx context.Context, sub schema.Subscription) (itx.SubscriptionDescription, error) {
+	if err := NotSent(ctx, "DescribeSubscription"); err != nil {
+		return itx.SubscriptionDescription{}, err
+	}
 	fut, release := sub.Describe(ctx, nil)
 	defer ReleaseAfter(ctx, release)
 	res, err := Await(ctx, fut)
@@ -175,6 +187,9 @@ func WaitUntilProcessed(ctx context.Context, sub schema.Subscription, offset int
 	if err != nil {
 		return 0, err
 	}
+	if err := NotSent(ctx, "WaitUntilProcessed"); err != nil {
+		return 0, err
+	}
 	fut, release := sub.WaitUntilProcessed(ctx, func(p schema.Subscription_waitUntilProcessed_Params) error {
 		p.SetOffset(uint64(offset))
 		p.SetTimeoutMs(ms)
@@ -192,6 +207,9 @@ func WaitUntilProcessed(ctx context.Context, sub schema.Subscription, offset int
 // what was delivered) and returns its confirmed cursor, once written.
 func ConfirmSubscription(ctx context.Context, sub schema.Subscription, offset int64) (int64, error) {
 	if err := offsetArg("offset", offset); err != nil {
+		return 0, err
+	}
+	if err := NotSent(ctx, "ConfirmSubscription"); err != nil {
 		return 0, err
 	}
 	fut, release := sub.Confirm(ctx, func(p schema.Subscription_confirm_Params) error {
@@ -212,6 +230,9 @@ func SetSubscriptionCursor(ctx context.Context, s schema.Stream, name string, af
 	if err := offsetArg("afterOffset", afterOffset); err != nil {
 		return 0, err
 	}
+	if err := NotSent(ctx, "SetSubscriptionCursor"); err != nil {
+		return 0, err
+	}
 	fut, release := s.SetSubscriptionCursor(ctx, func(p schema.Stream_setSubscriptionCursor_Params) error {
 		p.SetAfterOffset(uint64(afterOffset))
 		return p.SetName(name)
@@ -227,6 +248,9 @@ func SetSubscriptionCursor(ctx context.Context, s schema.Stream, name string, af
 // ResumeSubscription appends stream/subscription-delivery-resumed for a halted subscription and
 // returns the event's offset.
 func ResumeSubscription(ctx context.Context, s schema.Stream, name string) (int64, error) {
+	if err := NotSent(ctx, "ResumeSubscription"); err != nil {
+		return 0, err
+	}
 	fut, release := s.ResumeSubscription(ctx, func(p schema.Stream_resumeSubscription_Params) error { return p.SetName(name) })
 	defer ReleaseAfter(ctx, release)
 	res, err := Await(ctx, fut)

@@ -65,6 +65,44 @@ func TestClient_CancelledCallsSayCancelled(t *testing.T) {
 	_, err = client.ListSubscriptions(cctx, subs)
 	check("ListSubscriptions", context.Canceled, err)
 
+	// Never sent, so known not to have taken effect: each says so, not that it may have.
+	readers := client.Readers(ctx, s)
+	defer readers.Release()
+	conn := dial(t, ts.addr)
+	open, err := client.OpenConnection(ctx, s, client.ConnectionOptions{}, client.ConnectionHandler{
+		Deliver: func(context.Context, itx.DeliveryBatch) error { return nil }})
+	require.NoError(t, err)
+	defer open.Release()
+	notSent := map[string]error{}
+	_, notSent["Describe"] = client.Describe(cctx, s)
+	_, notSent["GetEventPage"] = client.GetEventPage(cctx, s, itx.Query{})
+	_, notSent["ListSubscriptions"] = client.ListSubscriptions(cctx, subs)
+	_, notSent["WaitForEvent"] = client.WaitForEvent(cctx, s, itx.Predicate{}, 0, time.Second)
+	_, _, notSent["ConfigureSubscription"] = client.ConfigureSubscription(cctx, subs, client.SubscriptionConfig{Name: "unsent",
+		Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: "/client/cancel-copy"}})
+	notSent["RegisterReader"] = client.RegisterReader(cctx, readers, "unsent", 1)
+	_, _, notSent["Schedule"] = client.Schedule(cctx, s, itx.EventInput{Type: "later", IdempotencyKey: "unsent"}, time.Now().Add(time.Hour))
+	_, notSent["OpenConnection"] = client.OpenConnection(cctx, s, client.ConnectionOptions{}, client.ConnectionHandler{
+		Deliver: func(context.Context, itx.DeliveryBatch) error { return nil }})
+	_, notSent["WatchStream"] = client.WatchStream(cctx, s)
+	_, _, notSent["Connection.Ping"] = open.Ping(cctx)
+	notSent["Conn.Ping"] = conn.Ping(cctx)
+	for what, err := range notSent {
+		check(what, context.Canceled, err)
+		require.Contains(t, err.Error(), " not sent: context canceled", what)
+		require.NotContains(t, err.Error(), "may or may not", what)
+	}
+	// And none of them took effect.
+	list, err := client.ListSubscriptions(ctx, subs)
+	require.NoError(t, err)
+	require.Len(t, list, 1, "only the subscription configured before")
+	rs, err := client.ListReaders(ctx, readers)
+	require.NoError(t, err)
+	require.Empty(t, rs)
+	sched, err := client.ListScheduled(ctx, s)
+	require.NoError(t, err)
+	require.Empty(t, sched)
+
 	// The connection still serves calls whose context lives.
 	_, err = client.Describe(ctx, s)
 	require.NoError(t, err)

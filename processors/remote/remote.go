@@ -582,6 +582,9 @@ func (l *rpcLog) Schedule(ctx context.Context, event itx.EventInput, at time.Tim
 	defer done()
 	ports := l.s.portsCap()
 	defer ports.Release()
+	if err := client.NotSent(ctx, "schedule"); err != nil {
+		return err
+	}
 	fut, release := ports.Schedule(ctx, func(p schema.ProcessorPorts_schedule_Params) error {
 		ev, err := p.NewEvent()
 		if err != nil {
@@ -614,6 +617,9 @@ func (l *rpcLog) AppendToFrom(ctx context.Context, path string, inputs []itx.Eve
 	defer done()
 	ports := l.s.portsCap()
 	defer ports.Release()
+	if err := client.NotSent(ctx, "appendTo"); err != nil {
+		return itx.AppendResult{}, err
+	}
 	fut, release := ports.AppendTo(ctx, func(p schema.ProcessorPorts_appendTo_Params) error {
 		if err := p.SetPath(path); err != nil {
 			return err
@@ -687,6 +693,9 @@ func (p rpcProgress) Claim(ctx context.Context, name string) (*itx.ProcessorProg
 	defer done()
 	ports := p.s.portsCap()
 	defer ports.Release()
+	if err := client.NotSent(ctx, "claim"); err != nil {
+		return nil, 0, err
+	}
 	fut, release := ports.Claim(ctx, func(a schema.ProcessorPorts_claim_Params) error { return a.SetName(name) })
 	defer client.ReleaseAfter(ctx, release)
 	res, err := client.Await(ctx, fut)
@@ -716,6 +725,9 @@ func (p rpcProgress) Commit(ctx context.Context, name string, generation int64, 
 	}
 	ports := p.s.portsCap()
 	defer ports.Release()
+	if err := client.NotSent(ctx, "commit"); err != nil {
+		return err
+	}
 	fut, release := ports.Commit(ctx, func(a schema.ProcessorPorts_commit_Params) error {
 		a.SetGeneration(uint64(generation))
 		if err := a.SetName(name); err != nil {
@@ -745,6 +757,9 @@ func (p rpcProgress) Check(ctx context.Context, name string, generation int64) e
 	defer done()
 	ports := p.s.portsCap()
 	defer ports.Release()
+	if err := client.NotSent(ctx, "check"); err != nil {
+		return err
+	}
 	fut, release := ports.Check(ctx, func(a schema.ProcessorPorts_check_Params) error {
 		a.SetGeneration(uint64(generation))
 		return a.SetName(name)
@@ -764,6 +779,9 @@ func (k rpcKV) Delete(ctx context.Context, key string) error {
 	defer done()
 	ports := k.s.portsCap()
 	defer ports.Release()
+	if err := client.NotSent(ctx, "kvDelete"); err != nil {
+		return err
+	}
 	fut, release := ports.KvDelete(ctx, func(a schema.ProcessorPorts_kvDelete_Params) error { return a.SetKey(key) })
 	defer client.ReleaseAfter(ctx, release)
 	_, err := client.Await(ctx, fut)
@@ -775,6 +793,9 @@ func (k rpcKV) Get(ctx context.Context, key string) ([]byte, bool, error) {
 	defer done()
 	ports := k.s.portsCap()
 	defer ports.Release()
+	if err := client.NotSent(ctx, "kvGet"); err != nil {
+		return nil, false, err
+	}
 	fut, release := ports.KvGet(ctx, func(a schema.ProcessorPorts_kvGet_Params) error { return a.SetKey(key) })
 	defer client.ReleaseAfter(ctx, release)
 	res, err := client.Await(ctx, fut)
@@ -790,6 +811,9 @@ func (k rpcKV) Put(ctx context.Context, key string, value []byte) error {
 	defer done()
 	ports := k.s.portsCap()
 	defer ports.Release()
+	if err := client.NotSent(ctx, "kvPut"); err != nil {
+		return err
+	}
 	fut, release := ports.KvPut(ctx, func(a schema.ProcessorPorts_kvPut_Params) error {
 		if err := a.SetKey(key); err != nil {
 			return err
@@ -812,6 +836,9 @@ func (a rpcAlarm) SetAlarm(ctx context.Context, at time.Time) error {
 	}
 	ports := a.s.portsCap()
 	defer ports.Release()
+	if err := client.NotSent(ctx, "setAlarm"); err != nil {
+		return err
+	}
 	fut, release := ports.SetAlarm(ctx, func(p schema.ProcessorPorts_setAlarm_Params) error {
 		p.SetAt(ms)
 		return nil
