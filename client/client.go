@@ -10,7 +10,9 @@
 // is itx.EDisconnected, and one whose context ended after it was sent is itx.ECancelled: both may
 // or may not have taken effect, so dial again and resend only what carries an idempotency key.
 // A call made with a context that had ended already is not sent: itx.ECancelled too, saying
-// "... not sent" (NotSent), and it took no effect.
+// "... not sent" (NotSent), and it took no effect. A Conn pings itxd (Options.PingEvery) and
+// closes itself once itxd stops answering (a hung itxd, a stalled proxy: TCP keepalive notices
+// neither): the Connections and LiveViews on it then end with connectionLost.
 // A module of its own builds this package with the patched go-capnp in the repository's
 // third_party (README, "From a module of your own").
 package client

@@ -203,7 +203,7 @@ func (c *Connection) Release() {
 }
 
 // Done is closed when the connection has ended: closed by either side, replaced, or its RPC
-// session gone.
+// session gone (lost, closed, or silent: Options.PingEvery), connectionLost.
 func (c *Connection) Done() <-chan struct{} { return c.sink.done }
 
 // Err is why the connection ended (a *ConnectionClosed), nil while it is open.

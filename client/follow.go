@@ -17,7 +17,7 @@ import (
 // FollowConfig says which stream Follow reads and how it reconnects.
 type FollowConfig struct {
 	Addr, Token, Path string
-	Dial              Options // TLS and keepalive of each connection to itxd
+	Dial              Options // TLS, keepalive and pings of each connection to itxd
 	// Connection is the first connection's options; After is where Follow starts, and each
 	// connection after it opens after the last offset delivered.
 	Connection ConnectionOptions
@@ -108,11 +108,12 @@ func (e errPermanent) Unwrap() error { return e.err }
 
 // Follow delivers the events of cfg.Path after cfg.Connection.After to deliver, one batch at a
 // time, in offset order, each once, for as long as ctx lasts, across the ends of the connections
-// it opens: when itxd goes away (restarted, killed, unreachable: serverShuttingDown,
-// connectionLost, a failed dial) or deliver was too slow for it (slowConsumer), it dials again
-// with backoff and opens a new connection after the last offset delivered, so no durable event
-// is missed or repeated. (Ephemeral events appended while no connection was open are delivered
-// only with Connection.IncludeEphemeral, and only those still buffered.)
+// it opens: when itxd goes away (restarted, killed, unreachable, silent: serverShuttingDown,
+// connectionLost, a failed dial, a ping unanswered) or deliver was too slow for it
+// (slowConsumer), it dials again with backoff and opens a new connection after the last offset
+// delivered, so no durable event is missed or repeated. (Ephemeral events appended while no
+// connection was open are delivered only with Connection.IncludeEphemeral, and only those
+// still buffered.)
 //
 // It returns the last offset delivered and why it stopped: ctx's error once ctx ends, deliver's
 // own error when it failed, or an end a new connection would not change (a refused login or

@@ -183,11 +183,13 @@ func (v *LiveView) Resubscribes() int {
 	return v.resubs
 }
 
-// Done is closed when the server ended the view (Err says why) or it was cancelled.
+// Done is closed when the server ended the view (Err says why), its RPC connection ended (lost,
+// closed, or gone silent: Options.PingEvery), or it was cancelled.
 func (v *LiveView) Done() <-chan struct{} { return v.done }
 
-// Err is why the server ended the view (a *ConnectionClosed: serverShuttingDown,
-// streamRemoved, accessEnded, subscriptionRemoved), nil while it runs or once cancelled.
+// Err is why the view ended (a *ConnectionClosed: serverShuttingDown, streamRemoved,
+// accessEnded, subscriptionRemoved from the server; connectionLost, code disconnected, when its
+// RPC connection ended), nil while it runs or once cancelled.
 func (v *LiveView) Err() error {
 	v.mu.Lock()
 	defer v.mu.Unlock()

@@ -46,10 +46,10 @@ type Config struct {
 	MinBackoff, MaxBackoff time.Duration
 	// PingEvery is how often the host's connection pings itxd, and PingTimeout how long it
 	// waits for the answer before it takes the connection for lost and the host dials again
-	// (client.Options.PingEvery; defaults 15 s and 10 s; PingEvery < 0: never). TCP keepalive learns of a peer that
-	// vanished, not of one that holds the connection open and answers nothing (a stalled proxy
-	// between them, a hung itxd): the host stayed "mounted" there for good while itxd, hearing
-	// nothing from it, had unmounted it.
+	// (client.Options.PingEvery; defaults 15 s and 10 s; PingEvery < 0: never). TCP keepalive
+	// learns of a peer that vanished, not of one that holds the connection open and answers
+	// nothing (a stalled proxy between them, a hung itxd): the host stayed "mounted" there for
+	// good while itxd, hearing nothing from it, had unmounted it.
 	PingEvery, PingTimeout time.Duration
 	Logf                   func(format string, args ...any)
 	// Mounted, if set, is told each time a mount succeeds (tests wait on it).
