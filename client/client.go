@@ -28,6 +28,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"capnproto.org/go/capnp/v3/rpc"
@@ -43,6 +44,21 @@ type Conn struct {
 	// silent is why the watchdog closed the connection (itxd answered no ping), once it did.
 	silentMu sync.Mutex
 	silent   error
+	// received counts the bytes read from itxd: a ping that goes unanswered while they still
+	// arrive is queued behind them (a slow link carrying a large answer), not lost.
+	received *atomic.Int64
+}
+
+// countingConn counts the bytes read through it.
+type countingConn struct {
+	net.Conn
+	n *atomic.Int64
+}
+
+func (c countingConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.n.Add(int64(n))
+	return n, err
 }
 
 // abortRecorder keeps the reason of the Abort the server ended the connection with, which
@@ -79,7 +95,9 @@ type Options struct {
 	KeepAlive time.Duration
 	// PingEvery is how often the connection asks itxd for its version (Gateway.version, Ping),
 	// and PingTimeout how long it waits for the answer before it takes the connection for lost
-	// and closes it (defaults DefaultPingEvery and DefaultPingTimeout; PingEvery < 0: never).
+	// and closes it (defaults DefaultPingEvery and DefaultPingTimeout; PingEvery < 0: never). An
+	// answer late while itxd's bytes still arrive (queued behind a large answer on a slow link)
+	// is not taken for silence.
 	// Keepalive learns of a peer that vanished, not of one that holds the connection open and
 	// answers nothing (a hung or stopped itxd, whose kernel still acknowledges; a stalled proxy
 	// between them): without it, the calls in flight, and the Connections and LiveViews on the
@@ -109,7 +127,8 @@ func DialWith(ctx context.Context, addr string, o Options) (*Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dial itxd at %s: %w", addr, err)
 	}
-	var nc net.Conn = tcp
+	received := new(atomic.Int64)
+	var nc net.Conn = countingConn{Conn: tcp, n: received}
 	if o.TLS != nil {
 		cfg := o.TLS.Clone()
 		if cfg.ServerName == "" {
@@ -128,7 +147,7 @@ func DialWith(ctx context.Context, addr string, o Options) (*Conn, error) {
 	conn := rpc.NewConn(rpc.NewStreamTransport(nc), &rpc.Options{Logger: abort})
 	// The bootstrap capability lives as long as the connection, not as long as the dial's ctx:
 	// cancelling the context of a Bootstrap call breaks the capability it returns.
-	c := &Conn{rpc: conn, gateway: schema.Gateway(conn.Bootstrap(context.Background())), abort: abort}
+	c := &Conn{rpc: conn, gateway: schema.Gateway(conn.Bootstrap(context.Background())), abort: abort, received: received}
 	if o.PingEvery >= 0 {
 		go c.watch(cmp.Or(o.PingEvery, DefaultPingEvery), cmp.Or(max(o.PingTimeout, 0), DefaultPingTimeout))
 	}
@@ -143,7 +162,15 @@ func (c *Conn) watch(every, timeout time.Duration) {
 		<-c.rpc.Done()
 		cancel()
 	}()
-	if err := UntilSilent(ctx, c.Ping, every, timeout); err != nil {
+	ping := func(ctx context.Context) error {
+		before := c.received.Load()
+		err := c.Ping(ctx)
+		if err != nil && ctx.Err() != nil && c.received.Load() != before {
+			return nil // itxd is still sending: the answer waits behind what it sent first
+		}
+		return err
+	}
+	if err := UntilSilent(ctx, ping, every, timeout); err != nil {
 		c.silentMu.Lock()
 		c.silent = err
 		c.silentMu.Unlock()

@@ -235,3 +235,31 @@ func TestClient_SilentConnectionEndsWhatLivesOnIt(t *testing.T) {
 		t.Fatal("a call in flight on the silent connection never returned")
 	}
 }
+
+// A slow link carrying a large answer is not a silent one: the ping sent after the read waits
+// behind the page's bytes for longer than PingTimeout, but bytes keep arriving, so the Conn's
+// watchdog keeps the connection and the read completes. (Taking it for lost would fail every
+// large read, and end every Connection and LiveView, on a link slower than its payload.)
+func TestClient_SlowLinkIsNotSilent(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	s := stream(t, ts.project(t), "/slow/link")
+	big := strings.Repeat("x", 100<<10)
+	for range 8 {
+		mustAppend(t, s, ev("big", fmt.Sprintf(`{"pad":%q}`, big)))
+	}
+	px := newProxy(t, ts.addr)
+	conn, err := client.DialWith(ctx, px.addr(), client.Options{PingEvery: 20 * time.Millisecond, PingTimeout: 200 * time.Millisecond})
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	p := conn.Login(ctx, ts.creds.ProjectToken)
+	t.Cleanup(p.Release)
+	slow := stream(t, p, "/slow/link")
+	_, err = client.Describe(ctx, slow)
+	require.NoError(t, err)
+	px.slow.Store(2 << 10) // about 200 KiB/s: the 800 KiB page takes about 4 s
+	page, err := client.GetEventPage(ctx, slow, itx.Query{Limit: 8})
+	require.NoError(t, err, "the read over the slow link")
+	require.Len(t, page.Events, 8)
+	require.Nil(t, conn.Err())
+}

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -208,6 +209,8 @@ type proxy struct {
 	frozen chan struct{}
 	// stalled are the stall channels of the relayed connections not stalled yet.
 	stalled []chan struct{}
+	// slow, when above 0, is how many bytes it relays per 10 ms, either way: a slow link.
+	slow atomic.Int64
 }
 
 func newProxy(t testing.TB, target string) *proxy {
@@ -253,10 +256,17 @@ func (px *proxy) relay(dst, src net.Conn, stall chan struct{}) {
 			return
 		default:
 		}
-		if n > 0 {
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				err = werr
+		for sent := 0; sent < n; {
+			end := n
+			if slow := int(px.slow.Load()); slow > 0 {
+				end = min(n, sent+slow)
+				time.Sleep(10 * time.Millisecond) // the link's rate, not a wait for anything
 			}
+			if _, werr := dst.Write(buf[sent:end]); werr != nil {
+				err = werr
+				break
+			}
+			sent = end
 		}
 		if err != nil {
 			dst.Close()
