@@ -44,21 +44,65 @@ type Conn struct {
 	// silent is why the watchdog closed the connection (itxd answered no ping), once it did.
 	silentMu sync.Mutex
 	silent   error
-	// received counts the bytes read from itxd: a ping that goes unanswered while they still
-	// arrive is queued behind them (a slow link carrying a large answer), not lost.
-	received *atomic.Int64
+	// tcp and traffic tell the watchdog whether the link still moves: a ping that goes
+	// unanswered meanwhile waits behind a large answer or call on a slow link, and is not lost.
+	tcp     *net.TCPConn
+	traffic *traffic
 }
 
-// countingConn counts the bytes read through it.
+// traffic is what a countingConn counted.
+type traffic struct{ received, sent atomic.Int64 }
+
+// countingConn counts the bytes read and written through it, writing a chunk at a time so that
+// a large message's progress shows while it is written.
 type countingConn struct {
 	net.Conn
-	n *atomic.Int64
+	t *traffic
 }
 
 func (c countingConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
-	c.n.Add(int64(n))
+	c.t.received.Add(int64(n))
 	return n, err
+}
+
+func (c countingConn) Write(p []byte) (int, error) {
+	const chunk = 32 << 10
+	written := 0
+	for written < len(p) {
+		n, err := c.Conn.Write(p[written:min(len(p), written+chunk)])
+		written += n
+		c.t.sent.Add(int64(n))
+		if err != nil {
+			return written, err
+		}
+	}
+	return written, nil
+}
+
+// pingSlack is how many bytes written during a ping's wait may be the ping itself and the calls
+// a silent connection's socket takes in before it fills: more is a link still moving.
+const pingSlack = 64 << 10
+
+// moving is a snapshot of the link's progress.
+type moving struct {
+	received, sent int64
+	unsent         int
+	unsentKnown    bool
+}
+
+func (c *Conn) progress() moving {
+	m := moving{received: c.traffic.received.Load(), sent: c.traffic.sent.Load()}
+	m.unsent, m.unsentKnown = tcpopt.Unsent(c.tcp)
+	return m
+}
+
+// movedSince says whether the link carried anything since was: itxd's bytes arrived, a large
+// call's were written, or the peer acknowledged some of what waited in the socket.
+func (c *Conn) movedSince(was moving) bool {
+	now := c.progress()
+	return now.received != was.received || now.sent-was.sent > pingSlack ||
+		(was.unsentKnown && now.unsentKnown && now.unsent < was.unsent)
 }
 
 // abortRecorder keeps the reason of the Abort the server ended the connection with, which
@@ -95,9 +139,9 @@ type Options struct {
 	KeepAlive time.Duration
 	// PingEvery is how often the connection asks itxd for its version (Gateway.version, Ping),
 	// and PingTimeout how long it waits for the answer before it takes the connection for lost
-	// and closes it (defaults DefaultPingEvery and DefaultPingTimeout; PingEvery < 0: never). An
-	// answer late while itxd's bytes still arrive (queued behind a large answer on a slow link)
-	// is not taken for silence.
+	// and closes it (defaults DefaultPingEvery and DefaultPingTimeout; PingEvery < 0: never). A
+	// ping late while the link still moves (itxd's bytes arriving, this side's large call being
+	// written or acknowledged: a slow link) is not taken for silence.
 	// Keepalive learns of a peer that vanished, not of one that holds the connection open and
 	// answers nothing (a hung or stopped itxd, whose kernel still acknowledges; a stalled proxy
 	// between them): without it, the calls in flight, and the Connections and LiveViews on the
@@ -127,8 +171,8 @@ func DialWith(ctx context.Context, addr string, o Options) (*Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dial itxd at %s: %w", addr, err)
 	}
-	received := new(atomic.Int64)
-	var nc net.Conn = countingConn{Conn: tcp, n: received}
+	counted := &traffic{}
+	var nc net.Conn = countingConn{Conn: tcp, t: counted}
 	if o.TLS != nil {
 		cfg := o.TLS.Clone()
 		if cfg.ServerName == "" {
@@ -147,7 +191,7 @@ func DialWith(ctx context.Context, addr string, o Options) (*Conn, error) {
 	conn := rpc.NewConn(rpc.NewStreamTransport(nc), &rpc.Options{Logger: abort})
 	// The bootstrap capability lives as long as the connection, not as long as the dial's ctx:
 	// cancelling the context of a Bootstrap call breaks the capability it returns.
-	c := &Conn{rpc: conn, gateway: schema.Gateway(conn.Bootstrap(context.Background())), abort: abort, received: received}
+	c := &Conn{rpc: conn, gateway: schema.Gateway(conn.Bootstrap(context.Background())), abort: abort, tcp: tcp, traffic: counted}
 	if o.PingEvery >= 0 {
 		go c.watch(cmp.Or(o.PingEvery, DefaultPingEvery), cmp.Or(max(o.PingTimeout, 0), DefaultPingTimeout))
 	}
@@ -163,9 +207,9 @@ func (c *Conn) watch(every, timeout time.Duration) {
 		cancel()
 	}()
 	ping := func(ctx context.Context) error {
-		before := c.received.Load()
+		was := c.progress()
 		err := c.Ping(ctx)
-		if err != nil && ctx.Err() != nil && c.received.Load() != before {
+		if err != nil && ctx.Err() != nil && c.movedSince(was) {
 			return nil // itxd is still sending: the answer waits behind what it sent first
 		}
 		return err

@@ -249,7 +249,8 @@ func TestClient_SlowLinkIsNotSilent(t *testing.T) {
 		mustAppend(t, s, ev("big", fmt.Sprintf(`{"pad":%q}`, big)))
 	}
 	px := newProxy(t, ts.addr)
-	conn, err := client.DialWith(ctx, px.addr(), client.Options{PingEvery: 20 * time.Millisecond, PingTimeout: 200 * time.Millisecond})
+	px.small.Store(true)
+	conn, err := client.DialWith(ctx, px.addr(), client.Options{PingEvery: 50 * time.Millisecond, PingTimeout: time.Second})
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close() })
 	p := conn.Login(ctx, ts.creds.ProjectToken)
@@ -261,5 +262,13 @@ func TestClient_SlowLinkIsNotSilent(t *testing.T) {
 	page, err := client.GetEventPage(ctx, slow, itx.Query{Limit: 8})
 	require.NoError(t, err, "the read over the slow link")
 	require.Len(t, page.Events, 8)
+	// The other way: a large append, the ping queued behind it on the way to itxd.
+	batch := make([]itx.EventInput, 8)
+	for i := range batch {
+		batch[i] = ev("big", fmt.Sprintf(`{"pad":%q}`, big))
+	}
+	res, err := client.Append(ctx, slow, batch, itx.AppendOptions{})
+	require.NoError(t, err, "the append over the slow link")
+	require.Len(t, res.Offsets, 8)
 	require.Nil(t, conn.Err())
 }

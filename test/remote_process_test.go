@@ -211,6 +211,9 @@ type proxy struct {
 	stalled []chan struct{}
 	// slow, when above 0, is how many bytes it relays per 10 ms, either way: a slow link.
 	slow atomic.Int64
+	// small makes the connections accepted from then on take in little before relaying it, so
+	// a slow link's bytes wait, unacknowledged, in the client's socket as on a real one.
+	small atomic.Bool
 }
 
 func newProxy(t testing.TB, target string) *proxy {
@@ -227,6 +230,9 @@ func newProxy(t testing.TB, target string) *proxy {
 			if err != nil {
 				c.Close()
 				continue
+			}
+			if px.small.Load() {
+				c.(*net.TCPConn).SetReadBuffer(128 << 10)
 			}
 			stall := make(chan struct{})
 			px.mu.Lock()

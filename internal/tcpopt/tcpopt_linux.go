@@ -48,3 +48,17 @@ func PeerClosed(conn net.Conn) bool {
 	})
 	return closed
 }
+
+// Unsent is how many bytes tc's socket holds that the peer has not acknowledged (SIOCOUTQ):
+// falling, the link still carries what was written. ok is false where it cannot be read.
+func Unsent(tc *net.TCPConn) (n int, ok bool) {
+	raw, err := tc.SyscallConn()
+	if err != nil {
+		return 0, false
+	}
+	var ierr error
+	if err := raw.Control(func(fd uintptr) { n, ierr = unix.IoctlGetInt(int(fd), unix.SIOCOUTQ) }); err != nil || ierr != nil {
+		return 0, false
+	}
+	return n, true
+}

@@ -13,3 +13,6 @@ func SetUserTimeout(*net.TCPConn, time.Duration) error { return nil }
 // PeerClosed is Linux's POLLRDHUP check; elsewhere a held-back connection sees its peer's close
 // when it reads again.
 func PeerClosed(net.Conn) bool { return false }
+
+// Unsent is Linux's SIOCOUTQ; elsewhere it is not known.
+func Unsent(*net.TCPConn) (int, bool) { return 0, false }
