@@ -26,9 +26,15 @@ func ScopedEvents(prefix string, events []Event) []Event {
 	if prefix == "" || prefix == "/" {
 		return events
 	}
+	return viewEvents(events, func(e Event) (Event, bool) { return ScopedEvent(prefix, e) })
+}
+
+// viewEvents returns events as view reads each, copying the slice only when an event changes:
+// events may be shared and are never written.
+func viewEvents(events []Event, view func(Event) (Event, bool)) []Event {
 	var out []Event
 	for i := range events {
-		e, changed := ScopedEvent(prefix, events[i])
+		e, changed := view(events[i])
 		if !changed {
 			continue
 		}

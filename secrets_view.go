@@ -71,23 +71,7 @@ func RedactedReceiver(r Receiver) Receiver {
 
 // RedactedEvents returns events with their webhook credentials redacted (RedactedEvent). The
 // slice is copied only when an event changes: events may be shared and are never written.
-func RedactedEvents(events []Event) []Event {
-	var out []Event
-	for i := range events {
-		e, changed := RedactedEvent(events[i])
-		if !changed {
-			continue
-		}
-		if out == nil {
-			out = append([]Event(nil), events...)
-		}
-		out[i] = e
-	}
-	if out == nil {
-		return events
-	}
-	return out
-}
+func RedactedEvents(events []Event) []Event { return viewEvents(events, RedactedEvent) }
 
 // RedactedEvent is e with the webhook credentials it records redacted, and whether that differs:
 // a configured event's receiver (its URL, header values, and a signing secret a config written

@@ -137,29 +137,7 @@ func (st *coreState) acceptEffects(stamp *effectStamp, keys []string, at int64) 
 // trimEffects keeps at most MaxInboundSourceRecords effect fences, evicting the least recently
 // used.
 func (st *coreState) trimEffects() {
-	type key struct{ path, name string }
-	var all []key
-	for p, m := range st.Effects {
-		for n := range m {
-			all = append(all, key{p, n})
-		}
-	}
-	if len(all) <= itx.MaxInboundSourceRecords {
-		return
-	}
-	sort.Slice(all, func(i, j int) bool {
-		a, b := st.Effects[all[i].path][all[i].name], st.Effects[all[j].path][all[j].name]
-		if a.LastAt != b.LastAt {
-			return a.LastAt < b.LastAt
-		}
-		return all[i].path+"\x00"+all[i].name < all[j].path+"\x00"+all[j].name
-	})
-	for _, k := range all[:len(all)-itx.MaxInboundSourceRecords] {
-		delete(st.Effects[k.path], k.name)
-		if len(st.Effects[k.path]) == 0 {
-			delete(st.Effects, k.path)
-		}
-	}
+	evictLeastRecent(st.Effects, itx.MaxInboundSourceRecords, func(r *effectFence) int64 { return r.LastAt })
 }
 
 // catalogEntry is one subscription as its events define it.
@@ -688,27 +666,33 @@ func (st *coreState) copiedThrough(stamp *copyStamp) int64 {
 
 // trimInbound keeps at most MaxInboundSourceRecords, evicting the least recently used.
 func (st *coreState) trimInbound() {
+	evictLeastRecent(st.Inbound, itx.MaxInboundSourceRecords, func(r *inboundRecord) int64 { return r.LastEventReceivedAt })
+}
+
+// evictLeastRecent keeps at most bound records of m (source path -> name -> record), deleting
+// those least recently used (lowest at, then by path and name), and a path left without any.
+func evictLeastRecent[R any](m map[string]map[string]R, bound int, at func(R) int64) {
 	type key struct{ path, name string }
 	var all []key
-	for p, m := range st.Inbound {
-		for n := range m {
+	for p, byName := range m {
+		for n := range byName {
 			all = append(all, key{p, n})
 		}
 	}
-	if len(all) <= itx.MaxInboundSourceRecords {
+	if len(all) <= bound {
 		return
 	}
 	sort.Slice(all, func(i, j int) bool {
-		a, b := st.Inbound[all[i].path][all[i].name], st.Inbound[all[j].path][all[j].name]
-		if a.LastEventReceivedAt != b.LastEventReceivedAt {
-			return a.LastEventReceivedAt < b.LastEventReceivedAt
+		a, b := at(m[all[i].path][all[i].name]), at(m[all[j].path][all[j].name])
+		if a != b {
+			return a < b
 		}
 		return all[i].path+"\x00"+all[i].name < all[j].path+"\x00"+all[j].name
 	})
-	for _, k := range all[:len(all)-itx.MaxInboundSourceRecords] {
-		delete(st.Inbound[k.path], k.name)
-		if len(st.Inbound[k.path]) == 0 {
-			delete(st.Inbound, k.path)
+	for _, k := range all[:len(all)-bound] {
+		delete(m[k.path], k.name)
+		if len(m[k.path]) == 0 {
+			delete(m, k.path)
 		}
 	}
 }

@@ -40,3 +40,21 @@ func TestEffectFence_KeysAboveTheCursor(t *testing.T) {
 	require.NotContains(t, keys, "k9", "the lowest event's key went first")
 	require.Contains(t, keys, fmt.Sprintf("n%d", maxFencedEffects+9))
 }
+
+// evictLeastRecent (inbound records, effect fences) keeps the bound's most recently used
+// records, the oldest going first and ties by path and name, and drops a path left empty.
+func TestEvictLeastRecent_KeepsTheMostRecent(t *testing.T) {
+	m := map[string]map[string]*effectFence{
+		"/a": {"x": {LastAt: 5}, "y": {LastAt: 1}},
+		"/b": {"x": {LastAt: 1}},
+		"/c": {"z": {LastAt: 9}},
+	}
+	at := func(r *effectFence) int64 { return r.LastAt }
+	evictLeastRecent(m, 4, at)
+	require.Len(t, m, 3, "within the bound nothing goes")
+	evictLeastRecent(m, 2, at)
+	require.Equal(t, map[string]map[string]*effectFence{"/a": {"x": {LastAt: 5}}, "/c": {"z": {LastAt: 9}}}, m,
+		"the two used at 1 went (/a y and /b x), and /b with its last record")
+	evictLeastRecent(m, 1, at)
+	require.Equal(t, map[string]map[string]*effectFence{"/c": {"z": {LastAt: 9}}}, m)
+}
