@@ -201,7 +201,8 @@ func (v *LiveView) Err() error {
 
 // Cancel ends the registration on the server and releases it; cancelling again does nothing.
 // It waits for the server's answer until ctx's deadline (10 s without one), as Connection.Close
-// does: a server that stopped answering does not hold it forever.
+// does: a server that stopped answering does not hold it forever, and a cancelled ctx alone does
+// not cut the wait short (the registration ends all the same: its handle is released).
 func (v *LiveView) Cancel(ctx context.Context) error {
 	v.mu.Lock()
 	if v.cancel {
@@ -218,7 +219,7 @@ func (v *LiveView) Cancel(ctx context.Context) error {
 		if !ok {
 			deadline = time.Now().Add(10 * time.Second)
 		}
-		ctx, cancel := context.WithDeadline(ctx, deadline)
+		ctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 		defer cancel()
 		fut, release := h.Cancel(ctx, nil)
 		_, err = Await(ctx, fut)
