@@ -227,6 +227,25 @@ func TestItxd_JSONLogsParse(t *testing.T) {
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
+	// A failure after the flags, a second itxd on the same data directory, is a JSON record too
+	// (it was a plain "itxd: open server: ... is in use" line).
+	second := exec.CommandContext(ctx, itxdBin, "--listen", "127.0.0.1:0", "--data", data, "--log-format", "json")
+	var secondLogs syncBuffer
+	second.Stderr = &secondLogs
+	var exit *exec.ExitError
+	require.True(t, errors.As(second.Run(), &exit), "a second itxd on the data directory must fail:\n%s", secondLogs.String())
+	require.Equal(t, 1, exit.ExitCode())
+	var failure map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(secondLogs.String()), "\n") {
+		var rec map[string]any
+		require.NoError(t, json.Unmarshal([]byte(line), &rec), "a line that is not JSON: %q", line)
+		if rec["level"] == "error" {
+			failure = rec
+		}
+	}
+	require.NotNil(t, failure, "the failure is logged at error:\n%s", secondLogs.String())
+	require.Contains(t, failure["error"], "in use")
+
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 	require.NoError(t, <-exited, logs.String())
 	var messages []string
@@ -243,10 +262,11 @@ func TestItxd_JSONLogsParse(t *testing.T) {
 	require.Contains(t, messages, "stopped")
 }
 
-// Each floor itxd takes is one a client can work under: an itxd with its RPC bounds, JSONata
-// budget, project quota and idle timeout at their least serves a login, appends, reads, a
-// JSONata barrier and a second stream, and stops cleanly within the least --shutdown-timeout.
-// The floors are what TestItxd_RefusesBadFlagValues refuses below.
+// Each floor itxd takes is one a client can work under: an itxd with its RPC bounds, login
+// timeout and idle timeout at their least serves a login, appends, reads, a JSONata barrier and
+// a second stream, and stops cleanly within the least --shutdown-timeout. The floors are what
+// TestItxd_RefusesBadFlagValues refuses below. (Bounds that only refuse requests, such as the
+// JSONata budget or the project quota, take any value from 1.)
 func TestItxd_LeastValuesWork(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the itxd binary")

@@ -42,6 +42,11 @@ func main() {
 		if errors.As(err, &logged) {
 			os.Exit(1) // its log line said it, in the log's format
 		}
+		if jsonLog != nil {
+			// Past the flags, with --log-format json: one JSON line like every other.
+			jsonLog.Error().Err(err).Msg("itxd stopped")
+			os.Exit(1)
+		}
 		fmt.Fprintln(os.Stderr, "itxd:", err)
 		var usage usageError
 		if errors.As(err, &usage) {
@@ -70,6 +75,11 @@ Flags (--name value or --name=value; a number or duration flag ends with the ran
 
 // loggedError is a failure run already logged.
 type loggedError struct{ error }
+
+// jsonLog is itxd's logger once run has made it under --log-format json: main logs a failure
+// run returns through it, so a log collector reading JSON lines gets one (it got a plain
+// "itxd: ..." line).
+var jsonLog *zerolog.Logger
 
 // usageError is a flag value or combination itxd refuses before it starts anything.
 type usageError struct{ msg string }
@@ -391,6 +401,9 @@ func run() error {
 		log = zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr, TimeFormat: time.TimeOnly})
 	}
 	log = log.Level(level).With().Timestamp().Logger()
+	if *logFormat == "json" {
+		jsonLog = &log
+	}
 
 	server.SetJSONataBudget(server.JSONataBudget{MaxItems: *jsonataItems, MaxBytes: *jsonataBytes,
 		MaxSteps: *jsonataSteps, Timeout: *jsonataTimeout, Concurrency: *jsonataConcurrent, MaxCompiledBytes: *jsonataCompiled})
