@@ -207,6 +207,26 @@ func (v scopeView) text(msg string) string {
 	})
 }
 
+// viewLetterEvent replaces the skipped event a dead letter (m, its decoded payload) carries with
+// that event as view reads it, and reports whether it did.
+func viewLetterEvent(m map[string]json.RawMessage, view func(Event) (Event, bool)) bool {
+	var event Event
+	raw, ok := m["event"]
+	if !ok || json.Unmarshal(raw, &event) != nil {
+		return false
+	}
+	shown, changed := view(event)
+	if !changed {
+		return false
+	}
+	b, err := json.Marshal(shown)
+	if err != nil {
+		return false
+	}
+	m["event"] = b
+	return true
+}
+
 // deadLetter hides what names a stream outside the prefix in a dead letter (DeadLetterPayload):
 // a source stream outside it (its path and id), the skipped event as read under the prefix, and
 // quoted paths in its error. A wider token's subscription outside the prefix may dead-letter
@@ -223,13 +243,8 @@ func (v scopeView) deadLetter(payload json.RawMessage) (json.RawMessage, bool) {
 		delete(m, "streamId")
 		changed = true
 	}
-	var event Event
-	if raw, ok := m["event"]; ok && json.Unmarshal(raw, &event) == nil {
-		if shown, c := ScopedEvent(string(v), event); c {
-			if b, err := json.Marshal(shown); err == nil {
-				m["event"], changed = b, true
-			}
-		}
+	if viewLetterEvent(m, func(e Event) (Event, bool) { return ScopedEvent(string(v), e) }) {
+		changed = true
 	}
 	if json.Unmarshal(m["error"], &msg) == nil && v.hides(msg) {
 		m["error"], _ = json.Marshal(v.text(msg))

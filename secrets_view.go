@@ -141,23 +141,9 @@ func redactConfigured(payload json.RawMessage) (json.RawMessage, bool) {
 // redactDeadLetter redacts the skipped event a dead letter carries.
 func redactDeadLetter(payload json.RawMessage) (json.RawMessage, bool) {
 	var m map[string]json.RawMessage
-	if json.Unmarshal(payload, &m) != nil {
+	if json.Unmarshal(payload, &m) != nil || !viewLetterEvent(m, RedactedEvent) {
 		return payload, false
 	}
-	var event Event
-	raw, ok := m["event"]
-	if !ok || json.Unmarshal(raw, &event) != nil {
-		return payload, false
-	}
-	shown, changed := RedactedEvent(event)
-	if !changed {
-		return payload, false
-	}
-	b, err := json.Marshal(shown)
-	if err != nil {
-		return payload, false
-	}
-	m["event"] = b
 	out, err := json.Marshal(m)
 	if err != nil {
 		return payload, false
