@@ -212,21 +212,7 @@ func TestItxd_JSONLogsParse(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, itxdBin, "--listen", "127.0.0.1:0", "--data", data, "--addr-file", addrFile, "--log-format", "json")
-	var logs syncBuffer
-	cmd.Stderr = &logs
-	require.NoError(t, cmd.Start())
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	for {
-		if b, err := os.ReadFile(addrFile); err == nil && len(b) > 0 {
-			break
-		}
-		select {
-		case err := <-exited:
-			t.Fatalf("itxd exited before listening: %v\n%s", err, logs.String())
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
+	logs, exited := startUntilListening(t, cmd, addrFile)
 	// A failure after the flags, a second itxd on the same data directory, is a JSON record too
 	// (it was a plain "itxd: open server: ... is in use" line).
 	second := exec.CommandContext(ctx, itxdBin, "--listen", "127.0.0.1:0", "--data", data, "--log-format", "json")
@@ -319,21 +305,7 @@ func TestItxd_MaxLoadedStreamsWithinTheHeldBound(t *testing.T) {
 
 	addrFile := filepath.Join(t.TempDir(), "addr")
 	cmd := underLimit(ctx, "--listen", "127.0.0.1:0", "--data", data, "--addr-file", addrFile, "--log-format", "json")
-	var logs syncBuffer
-	cmd.Stderr = &logs
-	require.NoError(t, cmd.Start())
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	for {
-		if b, err := os.ReadFile(addrFile); err == nil && len(b) > 0 {
-			break
-		}
-		select {
-		case err := <-exited:
-			t.Fatalf("itxd exited before listening: %v\n%s", err, logs.String())
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
+	logs, exited := startUntilListening(t, cmd, addrFile)
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 	require.NoError(t, <-exited, logs.String())
 	require.Contains(t, logs.String(), `"maxLoadedStreams":256,"maxHeldStreams":256`)
@@ -396,5 +368,26 @@ func TestItxd_AddrFileComesAfterTheCredentialsNameIt(t *testing.T) {
 		require.Equal(t, addr, creds.Addr, "run %d: credentials.json names the address the address file gives", run)
 		require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 		require.NoError(t, <-exited, logs.String())
+	}
+}
+
+// startUntilListening starts an itxd command given --addr-file addrFile and waits until the file
+// says it listens; it returns the command's stderr and a channel of its exit.
+func startUntilListening(t *testing.T, cmd *exec.Cmd, addrFile string) (*syncBuffer, chan error) {
+	t.Helper()
+	logs := &syncBuffer{}
+	cmd.Stderr = logs
+	require.NoError(t, cmd.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	for {
+		if b, err := os.ReadFile(addrFile); err == nil && len(b) > 0 {
+			return logs, exited
+		}
+		select {
+		case err := <-exited:
+			t.Fatalf("itxd exited before listening: %v\n%s", err, logs.String())
+		case <-time.After(5 * time.Millisecond):
+		}
 	}
 }
