@@ -714,6 +714,34 @@ func (v *liveView) takePatches() (snapshot uint64, state json.RawMessage, patche
 	return
 }
 
+// readPatches returns and forgets the patches since the last call, as a script's patches()
+// reads them, and applies them to the snapshot, which takes the last one's revision: what was
+// read is part of the view's state, so snapshot() afterwards shows the state through the patches
+// read (not the older snapshot they followed), and snapshot() with the patches() after it always
+// make the current state. (.watch reads with takePatches: it prints each snapshot once.) Should
+// they not apply, the snapshot stays as it was.
+func (v *liveView) readPatches() []patchJS {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	patches := v.patches
+	v.patches, v.dropped = nil, 0
+	if len(patches) == 0 || v.state == nil {
+		return patches
+	}
+	ops := []json.RawMessage{}
+	for _, p := range patches {
+		var some []json.RawMessage
+		if err := json.Unmarshal(p.Ops, &some); err != nil {
+			return patches
+		}
+		ops = append(ops, some...)
+	}
+	if state, err := applyOps(v.state, ops); err == nil {
+		v.state, v.snapshot = state, patches[len(patches)-1].Revision
+	}
+	return patches
+}
+
 // subscribeLive registers a live view through register, which sends the liveState call with
 // the subscriber capability it is given. times says the document is a stream's live state.
 func (s *Session) subscribeLive(times bool, register func(schema.LiveSubscriber) (schema.Handle, error)) (*liveView, error) {
@@ -804,7 +832,7 @@ func (s *Session) liveObject(v *liveView, label string) *goja.Object {
 			// A fresh snapshot replaces the patches held: the caller reads snapshot().
 			return len(v.patches), v.snapshot != snapshot || v.ended != "" || v.endedWhy != "" || v.released.Load()
 		})
-		_, _, patches, _ := v.takePatches()
+		patches := v.readPatches()
 		if len(patches) == 0 {
 			// Nothing will come: say why rather than answer [] at once, again and again (a
 			// script's loop over patches() would spin without ever learning the view ended).
