@@ -248,7 +248,9 @@ func waitForTimePatches(t *testing.T, s *session, snapshotRevision float64) {
 
 // .help shows every option a method takes: the options a call names as known when given an
 // unknown one are all in the method's line of .help (the delivery controls maxDeliveryEvents
-// and maxDeliveryBytes of configure among them). createProject's line names the fields its
+// and maxDeliveryBytes of configure among them, and each receiver kind's fields: the help showed
+// only a webhook's url, so nothing at the prompt said that an itx-call receiver names its
+// mounted Receiver as capability). createProject's line names the fields its
 // answer has.
 func TestHelp_NamesEveryOption(t *testing.T) {
 	ts := startServer(t)
@@ -274,6 +276,10 @@ func TestHelp_NamesEveryOption(t *testing.T) {
 	}
 	for _, c := range []struct{ iface, method, call string }{
 		{"Subscriptions", "configure", `project.streams.get("/a").subscriptions.configure({bogus: 1})`},
+		{"Subscriptions", "configure", `project.streams.get("/a").subscriptions.configure({receiver: {type: "webhook-post", bogus: 1}})`},
+		{"Subscriptions", "configure", `project.streams.get("/a").subscriptions.configure({receiver: {type: "copy-to-stream", bogus: 1}})`},
+		{"Subscriptions", "configure", `project.streams.get("/a").subscriptions.configure({receiver: {type: "itx-call", bogus: 1}})`},
+		{"Subscriptions", "configure", `project.streams.get("/a").subscriptions.configure({receiver: {type: "processor-wake", bogus: 1}})`},
 		{"Stream", "openConnection", `project.streams.get("/a").openConnection({bogus: 1})`},
 		{"Stream", "append", `project.streams.get("/a").append({type: "x"}, {bogus: 1})`},
 		{"Stream", "getEvents", `project.streams.get("/a").getEvents({bogus: 1})`},
