@@ -412,7 +412,10 @@ func TestRun_AdminBadFlagShowsTheCommandsUsage(t *testing.T) {
 
 // export --with-control, then import --with-control into another stream: the platform's own
 // facts in the export (a halt, stream/woken, stream/processor-revived) are skipped and counted,
-// since itxd refuses them from a client; the import failed whole at the first of them.
+// since itxd refuses them from a client; the import failed whole at the first of them. So are
+// the resumes that ended those halts: with the halt left out, itxd refused the resume ("neither
+// halted nor parked") and the import failed whole at it, for any stream whose subscription was
+// ever halted and resumed.
 func TestRun_ImportWithControlSkipsPlatformFacts(t *testing.T) {
 	s := itxtest.Start(t, server.Config{})
 	c := newCLI(t)
@@ -423,11 +426,13 @@ func TestRun_ImportWithControlSkipsPlatformFacts(t *testing.T) {
 		`{"type":"stream/subscription-delivery-halted","payload":{"name":"ghost","reason":"delivery-failed","afterOffset":0,"attempts":1,"error":"e"}}`,
 		`{"type":"stream/woken","payload":{"incarnationId":"i","reason":"loaded"}}`,
 		`{"type":"stream/processor-revived","payload":{"processorSlug":"ghost","revivals":1,"version":"v"}}`,
+		`{"type":"stream/subscription-delivery-resumed","payload":{"name":"ghost"}}`,
 		`{"type":"x","payload":{"n":2}}`,
 	}, "\n") + "\n"
 	code, _, errs := c.run(lines, append([]string{"import", "/copy", "--with-control"}, conn...)...)
 	require.Equal(t, exitOK, code, "stderr: %s", errs)
 	require.Contains(t, errs, "skipped 3 platform records")
+	require.Contains(t, errs, "skipped 1 subscription resume (of halts")
 	code, out, errs := c.run("", append([]string{"export", "/copy", "--with-control"}, conn...)...)
 	require.Equal(t, exitOK, code, "stderr: %s", errs)
 	var types []string

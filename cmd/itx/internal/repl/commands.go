@@ -110,7 +110,7 @@ func init() {
 		Help: "open a connection and print events as they are appended, until Ctrl-C (default: after the head); goes on after the last one printed when itxd restarts; --reader registers a reader of that name whose checkpoint follows the last event printed (each second and at the end; itx consumers shows it) and, without --from, starts after its checkpoint", Run: runTail,
 		Check: func(args []string) error { _, err := parseTail(args); return err }})
 	register(&Command{Name: "import", Args: "<path> [file.ndjson | -] [--with-control]", CLI: true,
-		Help: "append events from newline-delimited JSON ({type, payload, idempotencyKey, metadata} a line), pipelined in batches; - or no file: standard input (itx import only); stream/* control records are skipped unless --with-control (the platform's own halts, woken and revival records always: itxd refuses them from a client)", Run: runImport,
+		Help: "append events from newline-delimited JSON ({type, payload, idempotencyKey, metadata} a line), pipelined in batches; - or no file: standard input (itx import only); stream/* control records are skipped unless --with-control (the platform's own halts, woken and revival records, and the resumes of those halts, always: itxd refuses them from a client)", Run: runImport,
 		Check: func(args []string) error { _, err := parseImport(args); return err }})
 	register(&Command{Name: "export", Args: "<path> [after] [--with-control]", CLI: true,
 		Help: "print a stream's events after an offset (default 0) up to its head, one JSON event a line: what import reads; stream/* control records are left out unless --with-control", Run: runExport,

@@ -111,6 +111,7 @@ func runImport(ctx context.Context, s *Session, args []string) error {
 		sent              []sentBatch
 		skipped           int // stream/* lines left out
 		platform          int // platform facts left out under --with-control (itx.IsPlatformFact)
+		resumes           int // resumes left out under --with-control, with the halts they ended
 	)
 	// take records the answers at the front of the queue, in order: every one when wait is set,
 	// else those already arrived. The queue thus holds only batches in flight (importInFlight at
@@ -251,6 +252,15 @@ func runImport(ctx context.Context, s *Session, args []string) error {
 			platform++
 			continue
 		}
+		if e.Type == itx.TypeSubscriptionResumed {
+			// The halt it ended stayed behind (above), so itxd would refuse it as resuming a
+			// subscription that is neither halted nor parked, failing the import there; or,
+			// should the copy's own delivery have halted the subscription meanwhile (a
+			// processor-wake with no contract of its name), resume what the source never said
+			// to. Either way it does not describe the copy.
+			resumes++
+			continue
+		}
 		e.Provenance = nil // only copy-to-stream sets it; an exported copy's hops stay behind
 		if len(batch) == 0 {
 			first = line
@@ -295,6 +305,9 @@ func runImport(ctx context.Context, s *Session, args []string) error {
 	}
 	if platform > 0 {
 		fmt.Fprintf(s.cfg.Err, "skipped %s (halts, woken and revival records: itxd and processor hosts write them)\n", plural(platform, "platform record"))
+	}
+	if resumes > 0 {
+		fmt.Fprintf(s.cfg.Err, "skipped %s (of halts, which are itxd's and stay behind)\n", plural(resumes, "subscription resume"))
 	}
 	return nil
 }
