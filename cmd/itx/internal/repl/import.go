@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -101,11 +103,14 @@ func runImport(ctx context.Context, s *Session, args []string) error {
 
 	type sentBatch struct {
 		answer      *client.AppendFuture
-		first, last int    // its lines
-		keyed       []bool // which of its events carry an idempotency key
+		first, last int     // its lines
+		keyed       []bool  // which of its events carry an idempotency key
+		from        []int64 // each event's offset in the stream it was exported from (0: none given)
 	}
 	var (
 		batch             []itx.EventInput
+		batchFrom         []int64 // the batch's events' exported offsets (sentBatch.from)
+		offsets           offsetMap
 		batchBytes        int
 		first, last, line int
 		sent              []sentBatch
@@ -122,6 +127,11 @@ func runImport(ctx context.Context, s *Session, args []string) error {
 	// (a stream/* record), one itxd ignored: an unchanged subscription configure.
 	var added, duplicates, ignored int
 	count := func(b sentBatch, res itx.AppendResult) {
+		for i, at := range res.Offsets {
+			if i < len(b.from) && b.from[i] > 0 {
+				offsets.add(b.from[i], at)
+			}
+		}
 		for i, dup := range res.Duplicate {
 			switch {
 			case !dup:
@@ -215,8 +225,8 @@ func runImport(ctx context.Context, s *Session, args []string) error {
 		for i, e := range batch {
 			keyed[i] = e.IdempotencyKey != ""
 		}
-		sent = append(sent, sentBatch{f, first, last, keyed})
-		batch, batchBytes = nil, 0
+		sent = append(sent, sentBatch{f, first, last, keyed, batchFrom})
+		batch, batchFrom, batchBytes = nil, nil, 0
 		return nil
 	}
 
@@ -237,13 +247,17 @@ func runImport(ctx context.Context, s *Session, args []string) error {
 		if len(raw) == 0 {
 			continue
 		}
-		var e itx.EventInput
-		if err := json.Unmarshal(raw, &e); err != nil {
+		var l struct {
+			itx.EventInput
+			Offset json.RawMessage `json:"offset"` // an exported event's, in the stream it came from
+		}
+		if err := json.Unmarshal(raw, &l); err != nil {
 			if serr := settle(); serr != nil {
 				return serr
 			}
 			return itx.Errorf(itx.EInvalid, "import: line %d is not an event ({type, payload, ...}): %v; %d events before it imported", line, err, total())
 		}
+		e := l.EventInput
 		if itx.IsCoreType(e.Type) && !withControl {
 			skipped++
 			continue
@@ -261,11 +275,29 @@ func runImport(ctx context.Context, s *Session, args []string) error {
 			resumes++
 			continue
 		}
+		from, _ := strconv.ParseInt(string(l.Offset), 10, 64)
+		if e.Type == itx.TypeSubscriptionCursorSet && from > 0 {
+			// Its afterOffset is an offset of the exported stream, whose events have other
+			// offsets here (its ephemeral and trimmed ones left gaps that the copy does not
+			// have, and a stream that held events before the import starts further on): it
+			// moves the cursor to just after the same event here, the last one imported at or
+			// before it. That needs the offsets of the events before it, answered.
+			if err := send(); err != nil {
+				return err
+			}
+			if err := settle(); err != nil {
+				return err
+			}
+			var terr error
+			if e, terr = offsets.translateCursorSet(e); terr != nil {
+				return itx.Errorf(itx.EInvalid, "import: line %d: %v; %d events before it imported", line, terr, total())
+			}
+		}
 		e.Provenance = nil // only copy-to-stream sets it; an exported copy's hops stay behind
 		if len(batch) == 0 {
 			first = line
 		}
-		batch, last = append(batch, e), line
+		batch, batchFrom, last = append(batch, e), append(batchFrom, from), line
 		batchBytes += len(raw)
 		if len(batch) >= importBatchEvents || batchBytes >= importBatchBytes {
 			if err := send(); err != nil {
@@ -478,4 +510,70 @@ func runExport(ctx context.Context, s *Session, args []string) error {
 		fmt.Fprintf(s.cfg.Err, "skipped %s (%s includes them)\n", plural(skipped, "stream/* control record"), withControlFlag)
 	}
 	return nil
+}
+
+// offsetMap maps the offsets of an exported stream to those its events were imported at here,
+// for the cursor-sets an import --with-control replays. It keeps runs of consecutive offsets
+// imported at consecutive offsets (an export's gaps, its ephemeral and trimmed events, start a
+// new run), at most maxOffsetRuns of them.
+type offsetMap struct {
+	runs []offsetRun
+	full bool // runs reached maxOffsetRuns: later events were not recorded
+}
+
+type offsetRun struct{ from, at, n int64 }
+
+// maxOffsetRuns bounds what an import keeps to translate cursor-sets (24 bytes a run).
+const maxOffsetRuns = 1 << 20
+
+func (m *offsetMap) add(from, at int64) {
+	if k := len(m.runs); k > 0 {
+		r := &m.runs[k-1]
+		if from == r.from+r.n && at == r.at+r.n {
+			r.n++
+			return
+		}
+		if from <= r.from+r.n-1 {
+			return // not in the exported order (a line written by hand): not mapped
+		}
+	}
+	if len(m.runs) == maxOffsetRuns {
+		m.full = true
+		return
+	}
+	m.runs = append(m.runs, offsetRun{from, at, 1})
+}
+
+// translateCursorSet returns the cursor-set e with its afterOffset, an offset of the exported
+// stream, moved to the offset here of the last event imported at or before it: after the
+// same events. Before every imported event (0 among them), it is the offset just before the
+// first one imported.
+func (m *offsetMap) translateCursorSet(e itx.EventInput) (itx.EventInput, error) {
+	var p itx.CursorSetPayload
+	if err := json.Unmarshal(e.Payload, &p); err != nil || len(m.runs) == 0 {
+		return e, nil // as it is: itxd says what is wrong with it, or nothing was imported to map it to
+	}
+	if m.full {
+		return e, fmt.Errorf("a cursor-set after %d runs of offsets, more than an import maps", maxOffsetRuns)
+	}
+	i := sort.Search(len(m.runs), func(i int) bool { return m.runs[i].from > p.AfterOffset }) - 1
+	switch {
+	case i < 0:
+		p.AfterOffset = m.runs[0].at - 1
+	case p.AfterOffset < m.runs[i].from+m.runs[i].n:
+		p.AfterOffset = m.runs[i].at + (p.AfterOffset - m.runs[i].from)
+	default:
+		p.AfterOffset = m.runs[i].at + m.runs[i].n - 1
+	}
+	var payload map[string]json.RawMessage // keep every field the line had
+	if err := json.Unmarshal(e.Payload, &payload); err != nil {
+		return e, nil
+	}
+	payload["afterOffset"] = json.RawMessage(strconv.FormatInt(p.AfterOffset, 10))
+	raw, err := json.Marshal(payload)
+	if err != nil {
+		return e, err
+	}
+	e.Payload = raw
+	return e, nil
 }
