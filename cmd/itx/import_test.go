@@ -355,14 +355,17 @@ func TestSession_FailedImportsLeaveNoReader(t *testing.T) {
 // an offset of the exported stream, and the copy's offsets differ (the export leaves ephemeral
 // events out, and a stream that held events before the import starts further on). It was
 // replayed as it was, so a cursor-set past the copy's head failed the import whole ("afterOffset
-// 6 is outside 0..5"), and one below it moved the cursor to other events.
+// 6 is outside 0..5"), and one below it moved the cursor to other events. A generated name,
+// subscription:<birth offset>, is the copy's birth offset of that subscription: replayed as
+// it was, it named no subscription of the copy, and the import failed whole ("subscription
+// \"subscription:10\" does not exist").
 func TestRun_ImportWithControlMovesCursorSetsToTheSameEvents(t *testing.T) {
 	ts := startServer(t)
 	c := newCLI(t)
 	conn := []string{"--addr", ts.addr, "--token", ts.token}
 	// /a: 1 note, 2 and 3 ephemeral, 4 the configure, 5 a note, 6 ephemeral, 7 a cursor-set
 	// after the configure, 8 one after the ephemeral 6 (after the note 5 in the copy), 9 one
-	// to the start.
+	// to the start, 10 a nameless configure (subscription:10), 11 its cursor-set.
 	ts.appendDirect(t, "/a", itx.EventInput{Type: "note"})
 	ts.appendDirect(t, "/a", itx.EventInput{Type: "typing", Ephemeral: true}, itx.EventInput{Type: "typing", Ephemeral: true})
 	code, _, errs := c.run("", append(conn, "-e", `let a = project.streams.get("/a")
@@ -371,18 +374,21 @@ a.append({type: "note"})
 a.append({type: "typing", ephemeral: true})
 a.setSubscriptionCursor("m", 4)
 a.setSubscriptionCursor("m", 6)
-a.setSubscriptionCursor("m", 0)`)...)
+a.setSubscriptionCursor("m", 0)
+a.subscriptions.configure({receiver: {type: "copy-to-stream", path: "/m"}, start: "now"})
+a.setSubscriptionCursor("subscription:10", 5)`)...)
 	require.Equal(t, exitOK, code, errs)
 	code, exported, errs := c.run("", append(conn, "export", "/a", "--with-control")...)
 	require.Equal(t, exitOK, code, errs)
 
-	// The copy holds two events already: /a's 1 is its 3, the configure its 4, the note its 5.
+	// The copy holds two events already: /a's 1 is its 3, the configure its 4, the note its 5,
+	// the nameless configure its 9 (subscription:9).
 	ts.appendDirect(t, "/b", itx.EventInput{Type: "before"}, itx.EventInput{Type: "before"})
 	code, _, errs = c.run(exported, append(conn, "import", "/b", "--with-control")...)
 	require.Equal(t, exitOK, code, errs)
-	code, out, errs := c.run("", append(conn, "--json", "-e", `JSON.stringify(project.streams.get("/b").getEvents({types: "stream/subscription-cursor-set"}).map(e => [e.offset, e.payload.afterOffset]))`)...)
+	code, out, errs := c.run("", append(conn, "--json", "-e", `JSON.stringify(project.streams.get("/b").getEvents({types: "stream/subscription-cursor-set"}).map(e => [e.offset, e.payload.name, e.payload.afterOffset]))`)...)
 	require.Equal(t, exitOK, code, errs)
 	var got string
 	require.NoError(t, json.Unmarshal([]byte(out), &got))
-	require.Equal(t, "[[6,4],[7,5],[8,2]]", got, "each cursor-set after the same event of the copy")
+	require.Equal(t, `[[6,"m",4],[7,"m",5],[8,"m",2],[10,"subscription:9",5]]`, got, "each cursor-set after the same event of the copy, of the same subscription")
 }

@@ -276,12 +276,14 @@ func runImport(ctx context.Context, s *Session, args []string) error {
 			continue
 		}
 		from, _ := strconv.ParseInt(string(l.Offset), 10, 64)
-		if e.Type == itx.TypeSubscriptionCursorSet && from > 0 {
-			// Its afterOffset is an offset of the exported stream, whose events have other
-			// offsets here (its ephemeral and trimmed ones left gaps that the copy does not
-			// have, and a stream that held events before the import starts further on): it
-			// moves the cursor to just after the same event here, the last one imported at or
-			// before it. That needs the offsets of the events before it, answered.
+		if from > 0 && refersToOffsets(e) {
+			// A cursor-set's afterOffset is an offset of the exported stream, whose events
+			// have other offsets here (its ephemeral and trimmed ones left gaps that the copy
+			// does not have, and a stream that held events before the import starts further
+			// on): it moves the cursor to just after the same event here, the last one
+			// imported at or before it. A generated name, subscription:<birth offset>, names
+			// the subscription born at that offset, which has another here. That needs the
+			// offsets of the events before it, answered.
 			if err := send(); err != nil {
 				return err
 			}
@@ -289,7 +291,7 @@ func runImport(ctx context.Context, s *Session, args []string) error {
 				return err
 			}
 			var terr error
-			if e, terr = offsets.translateCursorSet(e); terr != nil {
+			if e, terr = offsets.translate(e); terr != nil {
 				return itx.Errorf(itx.EInvalid, "import: line %d: %v; %d events before it imported", line, terr, total())
 			}
 		}
@@ -544,36 +546,86 @@ func (m *offsetMap) add(from, at int64) {
 	m.runs = append(m.runs, offsetRun{from, at, 1})
 }
 
-// translateCursorSet returns the cursor-set e with its afterOffset, an offset of the exported
-// stream, moved to the offset here of the last event imported at or before it: after the
-// same events. Before every imported event (0 among them), it is the offset just before the
-// first one imported.
-func (m *offsetMap) translateCursorSet(e itx.EventInput) (itx.EventInput, error) {
-	var p itx.CursorSetPayload
-	if err := json.Unmarshal(e.Payload, &p); err != nil || len(m.runs) == 0 {
+// generatedName returns the birth offset a generated subscription name (subscription:<offset>)
+// carries.
+func generatedName(name string) (int64, bool) {
+	n, ok := strings.CutPrefix(name, "subscription:")
+	if !ok {
+		return 0, false
+	}
+	o, err := strconv.ParseInt(n, 10, 64)
+	return o, err == nil && o > 0
+}
+
+// refersToOffsets reports whether the stream/* record e holds offsets of the stream it was
+// exported from: a cursor-set's afterOffset, or a generated subscription name.
+func refersToOffsets(e itx.EventInput) bool {
+	if !itx.IsCoreType(e.Type) {
+		return false
+	}
+	if e.Type == itx.TypeSubscriptionCursorSet {
+		return true
+	}
+	var p struct{ Name string }
+	if json.Unmarshal(e.Payload, &p) != nil {
+		return false
+	}
+	_, ok := generatedName(strings.TrimSpace(p.Name))
+	return ok
+}
+
+// translate returns the stream/* record e with the offsets of the exported stream it holds
+// made offsets here: a cursor-set's afterOffset becomes the offset here of the last event
+// imported at or before it (after the same events; before every imported event, 0 among them,
+// the offset just before the first one imported), and a generated name subscription:<offset>
+// names the offset its birth event was imported at (left as it is when that event was not).
+func (m *offsetMap) translate(e itx.EventInput) (itx.EventInput, error) {
+	var payload map[string]json.RawMessage // keep every field the line had
+	if err := json.Unmarshal(e.Payload, &payload); err != nil || len(m.runs) == 0 {
 		return e, nil // as it is: itxd says what is wrong with it, or nothing was imported to map it to
 	}
 	if m.full {
-		return e, fmt.Errorf("a cursor-set after %d runs of offsets, more than an import maps", maxOffsetRuns)
+		return e, fmt.Errorf("a record naming offsets after %d runs of offsets, more than an import maps", maxOffsetRuns)
 	}
-	i := sort.Search(len(m.runs), func(i int) bool { return m.runs[i].from > p.AfterOffset }) - 1
-	switch {
-	case i < 0:
-		p.AfterOffset = m.runs[0].at - 1
-	case p.AfterOffset < m.runs[i].from+m.runs[i].n:
-		p.AfterOffset = m.runs[i].at + (p.AfterOffset - m.runs[i].from)
-	default:
-		p.AfterOffset = m.runs[i].at + m.runs[i].n - 1
+	var name string
+	if json.Unmarshal(payload["name"], &name) == nil {
+		if born, ok := generatedName(strings.TrimSpace(name)); ok {
+			if at, ok := m.exact(born); ok {
+				payload["name"], _ = json.Marshal(fmt.Sprintf("subscription:%d", at))
+			}
+		}
 	}
-	var payload map[string]json.RawMessage // keep every field the line had
-	if err := json.Unmarshal(e.Payload, &payload); err != nil {
-		return e, nil
+	var after int64
+	if e.Type == itx.TypeSubscriptionCursorSet && json.Unmarshal(payload["afterOffset"], &after) == nil {
+		i := m.before(after)
+		switch {
+		case i < 0:
+			after = m.runs[0].at - 1
+		case after < m.runs[i].from+m.runs[i].n:
+			after = m.runs[i].at + (after - m.runs[i].from)
+		default:
+			after = m.runs[i].at + m.runs[i].n - 1
+		}
+		payload["afterOffset"] = json.RawMessage(strconv.FormatInt(after, 10))
 	}
-	payload["afterOffset"] = json.RawMessage(strconv.FormatInt(p.AfterOffset, 10))
 	raw, err := json.Marshal(payload)
 	if err != nil {
 		return e, err
 	}
 	e.Payload = raw
 	return e, nil
+}
+
+// before returns the index of the last run starting at or before from, -1 if none does.
+func (m *offsetMap) before(from int64) int {
+	return sort.Search(len(m.runs), func(i int) bool { return m.runs[i].from > from }) - 1
+}
+
+// exact returns the offset here of the event imported from offset from, if one was.
+func (m *offsetMap) exact(from int64) (int64, bool) {
+	i := m.before(from)
+	if i < 0 || from >= m.runs[i].from+m.runs[i].n {
+		return 0, false
+	}
+	return m.runs[i].at + (from - m.runs[i].from), true
 }
