@@ -314,8 +314,8 @@ func TestEval_Surfaces(t *testing.T) {
 			}
 		}
 		require.Empty(t, arr(t, s.mustEval(t, `project.capabilities.list()`)), "served: nothing mounted")
-		f := s.failure(t, `project.capabilities.mount("inbox", null)`)
-		require.Equal(t, "failedPrecondition", f.Code, "mount needs a program serving a Receiver")
+		f := s.failure(t, `project.processors.mount("host", null)`)
+		require.Equal(t, "failedPrecondition", f.Code, "mount needs a program serving a ProcessorHost")
 	})
 }
 

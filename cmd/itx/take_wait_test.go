@@ -112,3 +112,40 @@ func TestEval_PatchesWaitForChanges(t *testing.T) {
 	}
 	require.Equal(t, "invalidArgument", s.failure(t, `live.patches(5001)`).Code)
 }
+
+// project.capabilities.mount(name) serves a Receiver from the prompt, so an itx-call
+// subscription can be tried without writing a program: its batches are confirmed as they
+// arrive and held for take(), unmount() ends the mount and parks the subscription, and the
+// next mount under the name resumes it. (mount refused, naming the Go SDK.)
+func TestEval_MountServesAReceiver(t *testing.T) {
+	ts := startServer(t)
+	ts.appendDirect(t, "/jobs", itx.EventInput{Type: "job", Payload: json.RawMessage(`{"n":1}`)})
+	s := newSession(t, ts)
+	s.mustEval(t, `var inbox = project.capabilities.mount("worker")`)
+	require.Equal(t, []any{"worker"}, arr(t, s.mustEval(t, `project.capabilities.list().map(m => m.name)`)))
+	s.mustEval(t, `var jobs = project.streams.get("/jobs"); jobs.subscriptions.configure({name: "run", receiver: {type: "itx-call", capability: "worker"}, filterTypes: ["job"]})`)
+	require.Equal(t, 2.0, obj(t, s.mustEval(t, `jobs.subscriptions.get("run").waitUntilProcessed(2)`))["confirmedOffset"], "confirmed as it arrived")
+
+	got := obj(t, s.mustEval(t, `inbox.take(1, 20000)`))
+	batches := arr(t, got["batches"])
+	require.Len(t, batches, 1)
+	b := obj(t, batches[0])
+	require.Equal(t, "/jobs", b["path"])
+	require.Equal(t, "run", b["subscription"])
+	events := arr(t, b["events"])
+	require.Len(t, events, 1)
+	require.Equal(t, map[string]any{"n": 1.0}, obj(t, events[0])["payload"])
+
+	s.mustEval(t, `inbox.unmount()`)
+	require.Equal(t, "cancelled", obj(t, obj(t, s.mustEval(t, `inbox.take()`))["closed"])["code"], "take() says the mount ended")
+	require.Empty(t, arr(t, s.mustEval(t, `project.capabilities.list()`)))
+	s.mustEval(t, `jobs.append({type: "job", payload: {n: 2}})`)
+	f := s.failure(t, `jobs.subscriptions.get("run").waitUntilProcessed({offset: 3, timeoutMs: 200})`)
+	require.Equal(t, "deadlineExceeded", f.Code)
+	require.Contains(t, f.Message, "parked")
+
+	s.mustEval(t, `var again = project.capabilities.mount({name: "worker"})`)
+	got = obj(t, s.mustEval(t, `again.take(1, 20000)`))
+	b = obj(t, arr(t, got["batches"])[0])
+	require.Equal(t, 3.0, obj(t, arr(t, b["events"])[0])["offset"], "the next mount resumes it")
+}

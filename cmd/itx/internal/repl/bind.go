@@ -89,7 +89,7 @@ var bindings = map[string]map[string]binding{
 	"Capabilities": {
 		"list":    {"list() -> [{name, mountedAt, scope}]", capabilitiesList},
 		"unmount": {"unmount(name) or unmount({name})", capabilitiesUnmount},
-		"mount":   {"mount(name, receiver): not available here (a Receiver is served by an SDK client)", mountUnavailable},
+		"mount":   {"mount(name) or mount({name}) -> receiver {take(min?, timeoutMs?), unmount()} (serves a Receiver under name for itx-call subscriptions, {type: \"itx-call\", capability: name}: each batch they deliver is confirmed as it arrives and held for take() -> {batches: [{path, subscription, events, ...}]}; unmount() or leaving itx unmounts it, which parks them)", capabilitiesMount},
 	},
 	"ProcessorHosts": {
 		"list":  {"list() -> [{name, mountedAt, scope, contracts: [{name, reducerVersion, consumedTypes}]}]", processorHostsList},
@@ -1210,10 +1210,10 @@ func processorHostsList(ctx context.Context, s *Session, c capnp.Client, _ capPa
 	return mountsJS(ms), nil
 }
 
-// errMountUnavailable: a mount hands the server a capability this process would have to serve
-// for as long as it is mounted, which is an SDK program's job, not a REPL line's.
+// mountUnavailable: a processor host runs contracts, which a program built with the Go SDK
+// has and a REPL line has not. (A Receiver is served from the prompt: capabilitiesMount.)
 func mountUnavailable(context.Context, *Session, capnp.Client, capPath, []goja.Value) (any, error) {
-	return nil, itx.Errorf(itx.EFailedPrecondition, "mount is not available from itx: mount a Receiver or ProcessorHost from a program using the Go SDK (package client)")
+	return nil, itx.Errorf(itx.EFailedPrecondition, "mount is not available from itx: mount a ProcessorHost from a program using the Go SDK (package processors/remote)")
 }
 
 func readersRegister(ctx context.Context, s *Session, c capnp.Client, _ capPath, args []goja.Value) (any, error) {
