@@ -148,4 +148,15 @@ func TestEval_MountServesAReceiver(t *testing.T) {
 	got = obj(t, s.mustEval(t, `again.take(1, 20000)`))
 	b = obj(t, arr(t, got["batches"])[0])
 	require.Equal(t, 3.0, obj(t, arr(t, b["events"])[0])["offset"], "the next mount resumes it")
+
+	// An offset-acking subscription's batch is delivered, not confirmed: confirm() confirms it.
+	s.mustEval(t, `var acks = project.streams.get("/acks"); acks.append({type: "job"}); acks.subscriptions.configure({name: "ack", receiver: {type: "itx-call", capability: "worker"}, confirmWindow: 10, filterTypes: ["job"]})`)
+	b = obj(t, arr(t, obj(t, s.mustEval(t, `again.take(1, 20000)`))["batches"])[0])
+	require.Equal(t, "/acks", b["path"])
+	// take() has the batch once the Receiver holds it; itxd records it delivered on its answer.
+	waitFor(t, "the batch recorded delivered", func() bool {
+		return s.mustEval(t, `acks.subscriptions.list()[0].deliveredOffset >= 1`) == true
+	})
+	require.Equal(t, 0.0, s.mustEval(t, `acks.subscriptions.list()[0].confirmedOffset`), "not confirmed by the answer")
+	require.GreaterOrEqual(t, obj(t, s.mustEval(t, `acks.subscriptions.get("ack").confirm(1)`))["confirmedOffset"], 1.0)
 }

@@ -89,7 +89,7 @@ var bindings = map[string]map[string]binding{
 	"Capabilities": {
 		"list":    {"list() -> [{name, mountedAt, scope}]", capabilitiesList},
 		"unmount": {"unmount(name) or unmount({name})", capabilitiesUnmount},
-		"mount":   {"mount(name) or mount({name}) -> receiver {take(min?, timeoutMs?), unmount()} (serves a Receiver under name for itx-call subscriptions, {type: \"itx-call\", capability: name}: each batch they deliver is confirmed as it arrives and held for take() -> {batches: [{path, subscription, events, ...}]}; unmount() or leaving itx unmounts it, which parks them)", capabilitiesMount},
+		"mount":   {"mount(name) or mount({name}) -> receiver {take(min?, timeoutMs?), unmount()} (serves a Receiver under name for itx-call subscriptions, {type: \"itx-call\", capability: name}: each batch they deliver is confirmed as it arrives (an offset-acking one's, confirmWindow, only delivered: subscription.confirm(offset) confirms it) and held for take() -> {batches: [{path, subscription, events, ...}]}; unmount() or leaving itx unmounts it, which parks them)", capabilitiesMount},
 	},
 	"ProcessorHosts": {
 		"list":  {"list() -> [{name, mountedAt, scope, contracts: [{name, reducerVersion, consumedTypes}]}]", processorHostsList},

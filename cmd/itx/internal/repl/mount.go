@@ -15,7 +15,7 @@ import (
 
 // receiverInbox is the Receiver itx serves for project.capabilities.mount(name): it holds the
 // batches itx-call subscriptions deliver to the name for take(), and answers each at once,
-// confirming it whole, so delivery goes on while nobody reads. Like a connection's sink it
+// confirming it whole (see Receive), so delivery goes on while nobody reads. Like a connection's sink it
 // keeps at most maxBuffered events and maxBufferedBytes unread, dropping the oldest batches
 // (and counting their events) past that: a forgotten mount cannot grow without bound.
 type receiverInbox struct {
@@ -61,7 +61,10 @@ func (r *receiverInbox) Receive(ctx context.Context, call schema.Receiver_receiv
 	}
 	r.mu.Unlock()
 	r.signal()
-	return nil // no confirmedOffset: the whole batch is confirmed
+	// No confirmedOffset: the whole batch is confirmed; for an offset-acking subscription
+	// (confirmWindow) that is nothing yet, the batch delivered, so that the user confirms it
+	// with subscription.confirm(offset), as a receiver that makes events durable later does.
+	return nil
 }
 
 // Shutdown runs once itxd dropped the Receiver: unmounted, or the RPC session ended.
