@@ -7,6 +7,7 @@ package test
 // refuse what the TypeScript core refuses with a typed error and write nothing.
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 
@@ -135,4 +136,38 @@ func TestSeed000_RepairVerbsRefuseWithTypedErrors(t *testing.T) {
 	d := e.describe(t, s, name)
 	require.Equal(t, seek, d.CursorChangedAtOffset)
 	require.Equal(t, head, d.ConfirmedOffset)
+}
+
+// Seed 000: halt is "the terminal outcome of the retry ladder; subscription-delivery-resumed
+// un-halts". The TypeScript sender clears the retry block when it halts, and takes a halt after
+// a resume at an unmoved cursor for "a NEW transition [that] must land as a new event". So a
+// resumed subscription whose receiver is still down climbs the whole ladder again (15 attempts,
+// not one), then halts again with a second halted event: a resume is a fresh try, not one more.
+func TestSeed000_ResumedAndStillFailingClimbsTheLadderAgain(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	const path = "/seed000/resume-ladder"
+	s := stream(t, e.p, path)
+	h := newHook(t, func(int, itx.WebhookBody) int { return 503 })
+	name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "down", Start: "now", FilterTypes: []string{"job"},
+		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
+	job := mustAppend(t, s, ev("job", `{}`)).HeadOffset
+	halted := func(d itx.SubscriptionDescription) bool { return d.Status == itx.StatusHalted }
+
+	d := driveLadder(t, e, path, name, halted)
+	require.Equal(t, itx.MaxDeliveryAttempts, d.Attempt)
+	require.Equal(t, itx.MaxDeliveryAttempts, h.count())
+	require.Len(t, e.events(t, s, itx.TypeSubscriptionHalted), 1)
+
+	_, err := client.ResumeSubscription(e.ctx, s, name)
+	require.NoError(t, err)
+	d = driveLadder(t, e, path, name, halted)
+	require.Equal(t, 2*itx.MaxDeliveryAttempts, h.count(), "the ladder climbed again from its first rung")
+	require.Equal(t, itx.MaxDeliveryAttempts, d.Attempt)
+	require.Less(t, d.ConfirmedOffset, job, "nothing skipped")
+	halts := e.events(t, s, itx.TypeSubscriptionHalted)
+	require.Len(t, halts, 2, "the second halt is a new transition, recorded as such")
+	var second itx.HaltedPayload
+	require.NoError(t, json.Unmarshal(halts[1].Payload, &second))
+	require.Equal(t, []any{name, itx.MaxDeliveryAttempts}, []any{second.Name, second.Attempts})
+	require.Contains(t, second.Error, "503")
 }
