@@ -68,7 +68,7 @@ func TestSeed000_NamesAreOpaque(t *testing.T) {
 }
 
 // The repair verbs as verbs (stream.setSubscriptionCursor, stream.resumeSubscription,
-// subscriptions.remove, subscription.waitUntilProcessed), against the TypeScript core's
+// subscriptions.remove, subscription.waitUntilProcessed, subscription.processor), against the TypeScript core's
 // validation (core-processor.ts): a cursor may be set to any offset up to the head and not past
 // it ("afterOffset N is beyond this stream's current maximum offset"), a resume needs a halted
 // (or parked) subscription ("is neither halted nor parked"), and every verb on a name no
@@ -127,6 +127,18 @@ func TestSeed000_RepairVerbsRefuseWithTypedErrors(t *testing.T) {
 		defer sub.Release()
 		_, err := client.DescribeSubscription(e.ctx, sub)
 		requireCode(t, err, itx.ENotFound)
+		nothingWritten(t)
+	})
+
+	// Seed 000's itx surface: ".processor // present iff processor-wake".
+	t.Run("processor of a push subscription", func(t *testing.T) {
+		sub := client.Subscription(e.ctx, s, name)
+		defer sub.Release()
+		fut, release := sub.Processor(e.ctx, nil)
+		defer release()
+		_, err := fut.Struct()
+		requireCode(t, err, itx.EFailedPrecondition)
+		require.Contains(t, itx.ErrorMessage(err), "only processor-wake subscriptions have a processor")
 		nothingWritten(t)
 	})
 
