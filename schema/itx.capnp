@@ -286,8 +286,8 @@ interface Subscriptions {
   # event that set the config. Idempotent: the same name with the same config appends nothing
   # and returns the original offset (the cursor, and a halt, stay as they are); a changed config
   # appends and keeps the cursor unless it changes the receiver kind or the start position. A
-  # config without a name is named subscription:<offset>, a new subscription each call; with
-  # idempotencyKey a retry returns the original event and generated name.
+  # config without a name needs idempotencyKey, and a retry with it returns the original event
+  # and generated name.
   configure @2 (config :SubscriptionConfig, idempotencyKey :Text) -> (name :Text, offset :UInt64);
   # Appends stream/subscription-removed.
   remove @3 (name :Text) -> (offset :UInt64);

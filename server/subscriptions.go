@@ -68,6 +68,9 @@ func (s *Server) StartConfigureSubscription(ctx context.Context, ref StreamRef, 
 		return nil, itx.Errorf(itx.EInvalid, "subscription name %q is blank: leave it out for a generated name", cfg.Name)
 	}
 	cfg.Name = name // the log records the name the subscription has, not the caller's spacing
+	if name == "" && strings.TrimSpace(idempotencyKey) == "" {
+		return nil, itx.Errorf(itx.EInvalid, "a subscription without a name needs an idempotency key, so that a retry does not configure a second one")
+	}
 	release := func() {}
 	if r := &cfg.Receiver; r.Action == itx.KindWebhookPost && itx.IsSecretRef(r.Secret) {
 		if err := s.CheckSecretRef(ctx, ref, name, r.URL, r.Secret); err != nil {

@@ -497,17 +497,18 @@ func TestTail_Lines(t *testing.T) {
 	require.Regexp(t, `^3~  \S+  typing  \{\}$`, lines[1])
 }
 
-// A nameless configure is named subscription:<its offset>; the REPL passes an idempotency key
-// through, and a retry with it returns the original event and generated name.
+// A nameless configure needs an idempotency key, which the REPL passes through; a retry with it
+// returns the original event and generated name.
 func TestConfigure_NamelessWithKey(t *testing.T) {
 	ts := startServer(t)
 	s := newSession(t, ts)
-	plain := s.mustEval(t, `JSON.stringify(project.streams.get("/nameless").subscriptions.configure({receiver: {type: "copy-to-stream", path: "/copy"}}))`)
-	require.Contains(t, plain, `"name":"subscription:1"`)
+	f := s.failure(t, `project.streams.get("/nameless").subscriptions.configure({receiver: {type: "copy-to-stream", path: "/copy"}})`)
+	require.Equal(t, "invalidArgument", f.Code)
+	require.Contains(t, f.Message, "idempotency key")
 	first := s.mustEval(t, `JSON.stringify(project.streams.get("/nameless").subscriptions.configure({receiver: {type: "copy-to-stream", path: "/copy"}, idempotencyKey: "setup-1"}))`)
 	again := s.mustEval(t, `JSON.stringify(project.streams.get("/nameless").subscriptions.configure({receiver: {type: "copy-to-stream", path: "/copy"}, idempotencyKey: "setup-1"}))`)
 	require.Equal(t, first, again)
-	require.Contains(t, first, `"name":"subscription:2"`)
+	require.Contains(t, first, `"name":"subscription:1"`)
 }
 
 // .watch under --json prints one JSON document a frame, as .tail prints one an event: the
