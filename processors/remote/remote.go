@@ -51,12 +51,20 @@ type Config struct {
 	// nothing (a stalled proxy between them, a hung itxd): the host stayed "mounted" there for
 	// good while itxd, hearing nothing from it, had unmounted it.
 	PingEvery, PingTimeout time.Duration
-	Logf                   func(format string, args ...any)
+	// Clock is the processors' clock on this host (Args.Now, ScheduleAppend's times, keepalive
+	// marks, frame budgets); nil is the system clock. Seed 002: a processor with expiry or
+	// freshness logic takes now as an injected dependency, so a test that runs itxd on a
+	// virtual clock runs the host on the same one, not on the host's wall clock.
+	Clock itx.Clock
+	Logf  func(format string, args ...any)
 	// Mounted, if set, is told each time a mount succeeds (tests wait on it).
 	Mounted func()
 }
 
 func (cfg *Config) defaults() {
+	if cfg.Clock == nil {
+		cfg.Clock = itx.SystemClock{}
+	}
 	if cfg.WakeBudget <= 0 {
 		cfg.WakeBudget = 10 * time.Second
 	}
@@ -300,7 +308,7 @@ func (h *HostServer) session(ctx context.Context, key sessionKey, path string, g
 	s.log = &rpcLog{s: s}
 	ps, err := h.cfg.Host.Open(ctx, itx.ProcessorPorts{
 		Path: path, Log: s.log, Progress: rpcProgress{s}, KV: rpcKV{s}, Alarm: rpcAlarm{s},
-		Clock: itx.SystemClock{}, Logf: h.cfg.Logf,
+		Clock: h.cfg.Clock, Logf: h.cfg.Logf,
 		// A frame commits within the wake's budget too: itxd bounds the whole wake, and a page
 		// slower than that bound, cut off whole, would be redelivered whole at every wake.
 		FrameBudget: h.cfg.WakeBudget,
