@@ -70,8 +70,9 @@ const (
 	ResultFailure      = "failure"
 	ResultCancellation = "cancellation"
 
-	ReasonExpired  = "expired"
-	ReasonOrphaned = "orphaned: the attempt died with its incarnation"
+	ReasonExpired   = "expired"
+	ReasonOrphaned  = "orphaned: the attempt died with its incarnation"
+	ReasonRetracted = "retracted"
 )
 
 // Request statuses.
@@ -106,6 +107,10 @@ type Request struct {
 	ExpiresAt int64   `json:"expiresAt"`
 	Status    string  `json:"status"`
 	Result    *Result `json:"result,omitempty"`
+	// Retracted: the user retracted the message after its request was recorded. The request is
+	// settled as a cancellation (its one terminal fact, under its settlement key) at the next
+	// caught-up pass, unless another settlement lands first.
+	Retracted bool `json:"retracted,omitempty"`
 }
 
 // AgentState is the desired state: messages in their window and requests with their status.
@@ -125,14 +130,15 @@ type Vendor interface {
 // incarnation drives) is in memory and dies with it; that is the actual state the caught-up
 // pass compares with the reduced, desired state.
 func Agent(clock itx.Clock, vendor Vendor, cfg AgentConfig) processors.Contract[AgentState] {
-	a := &agent{clock: clock, vendor: vendor, live: map[string]bool{}, waiting: map[string]bool{}, incarnation: rand.Text()[:12]}
+	a := &agent{clock: clock, vendor: vendor, live: map[string]*attempt{}, waiting: map[string]bool{}, incarnation: rand.Text()[:12]}
 	return processors.Contract[AgentState]{
 		Name: "agent",
 		ConsumedTypes: []string{
 			string(MessageAdded), string(MessageRetracted),
 			string(LLMRequested), string(LLMStarted), string(LLMSettled),
 		},
-		ReducerVersion: "1",
+		// 2: a retraction after the request marks it Retracted.
+		ReducerVersion: "2",
 		InitialState:   func() AgentState { return AgentState{Config: cfg} },
 		Validate:       validateAgentEvent,
 		Reduce:         reduceAgent,
@@ -178,6 +184,10 @@ func reduceAgent(st AgentState, e itx.Event) AgentState {
 	case string(MessageRetracted):
 		ref, _ := MessageRetracted.Decode(e)
 		next.Pending = slices.DeleteFunc(next.Pending, func(p Pending) bool { return p.MessageOffset == ref.MessageOffset })
+		// The intent to stop is its own event; the obligation it stops settles as a cancellation.
+		if i := find(requestID(ref.MessageOffset)); i >= 0 && next.Requests[i].Status != StatusSettled {
+			next.Requests[i].Retracted = true
+		}
 	case string(LLMRequested):
 		r, _ := LLMRequested.Decode(e)
 		next.Pending = slices.DeleteFunc(next.Pending, func(p Pending) bool { return requestID(p.MessageOffset) == r.RequestID })
@@ -207,9 +217,9 @@ type agent struct {
 	incarnation string // random: attempt names are unique across incarnations and processes
 
 	mu       sync.Mutex
-	live     map[string]bool // requests an attempt of this incarnation is driving
-	waiting  map[string]bool // messages whose hesitation timer this incarnation armed
-	attempts int             // attempts this incarnation started
+	live     map[string]*attempt // requests an attempt of this incarnation is driving
+	waiting  map[string]bool     // messages whose hesitation timer this incarnation armed
+	attempts int                 // attempts this incarnation started
 }
 
 // processEvent is the agent's whole side-effect half. Everything it does is derived from the
@@ -235,7 +245,19 @@ func (ag *agent) processEvent(ctx context.Context, a *processors.Args[AgentState
 		})
 	}
 	for _, r := range a.State.Requests {
-		if r.Status == StatusSettled || ag.driving(r.ID) {
+		if r.Status == StatusSettled {
+			continue
+		}
+		if r.Retracted {
+			// Cancelled by its message's retraction: whatever runs stops, and the cancellation
+			// is the request's one terminal fact (its body a function of the request alone, so
+			// a redelivery dedupes). An attempt's answer that landed first wins the key instead,
+			// and this append's conflict is that settlement (settle tolerates it).
+			ag.cancel(r.ID)
+			ag.settleBlocking(a, r.ID, Result{Kind: ResultCancellation, Reason: ReasonRetracted})
+			continue
+		}
+		if ag.driving(r.ID) {
 			continue
 		}
 		switch {
@@ -260,7 +282,26 @@ func (ag *agent) processEvent(ctx context.Context, a *processors.Args[AgentState
 func (ag *agent) driving(id string) bool {
 	ag.mu.Lock()
 	defer ag.mu.Unlock()
-	return ag.live[id]
+	return ag.live[id] != nil
+}
+
+// attempt is one live attempt; stop tells it the request was cancelled: it dials nothing more,
+// drops the vendor's answer, and leaves the settlement to the pass that stopped it.
+type attempt struct {
+	stopped chan struct{}
+	once    sync.Once
+}
+
+func (at *attempt) stop() { at.once.Do(func() { close(at.stopped) }) }
+
+// cancel stops this incarnation's attempt at id, if one runs.
+func (ag *agent) cancel(id string) {
+	ag.mu.Lock()
+	at := ag.live[id]
+	ag.mu.Unlock()
+	if at != nil {
+		at.stop()
+	}
 }
 
 // hesitate waits out a message's window once per incarnation, then appends a wake. Droppable:
@@ -308,20 +349,28 @@ func (ag *agent) hesitate(a *processors.Args[AgentState], p Pending, d time.Dura
 // attempt: the second attempt's append conflicts under the request's key, and it leaves the
 // request to the first (which settles it, or dies with it and leaves it to the orphan branch).
 func (ag *agent) start(a *processors.Args[AgentState], r Request) {
+	at := &attempt{stopped: make(chan struct{})}
 	ag.mu.Lock()
-	ag.live[r.ID] = true
+	ag.live[r.ID] = at
 	ag.attempts++
-	attempt := fmt.Sprintf("%s-%d", ag.incarnation, ag.attempts)
+	name := fmt.Sprintf("%s-%d", ag.incarnation, ag.attempts)
 	ag.mu.Unlock()
 	a.RunInBackground(func(ctx context.Context) error {
 		defer func() {
 			ag.mu.Lock()
-			delete(ag.live, r.ID)
+			if ag.live[r.ID] == at {
+				delete(ag.live, r.ID)
+			}
 			ag.mu.Unlock()
 		}()
+		select {
+		case <-at.stopped:
+			return nil // cancelled before it began: the pass that stopped it settles
+		default:
+		}
 		// The started fact lands before any external work: if it fails, nothing runs and nothing
 		// settles, the request stays requested and the failure marks the keepalive window.
-		_, err := a.Append(ctx, LLMStarted.Input(LLMRef{RequestID: r.ID, Attempt: attempt}, a.IdempotencyKey("llm-request-started@"+r.ID, nil)))
+		_, err := a.Append(ctx, LLMStarted.Input(LLMRef{RequestID: r.ID, Attempt: name}, a.IdempotencyKey("llm-request-started@"+r.ID, nil)))
 		if itx.ErrorCode(err) == itx.EIdempotencyConflict {
 			return nil // another attempt started it first: it alone may dial
 		}
@@ -358,6 +407,9 @@ func (ag *agent) start(a *processors.Args[AgentState], r Request) {
 				res = Result{Kind: ResultFailure, Reason: got.err.Error()}
 			}
 		case <-callCtx.Done():
+		case <-at.stopped:
+			cancel(errCancelled)
+			return nil // cancelled: the pass that stopped it settles; the answer is dropped
 		}
 		switch {
 		case ctx.Err() != nil:
@@ -369,7 +421,10 @@ func (ag *agent) start(a *processors.Args[AgentState], r Request) {
 	})
 }
 
-var errExpired = errors.New("the request expired")
+var (
+	errExpired   = errors.New("the request expired")
+	errCancelled = errors.New("the request was cancelled")
+)
 
 // settleBlocking settles at the head under the frame: the settlement must land promptly, and
 // holding the frame lets redelivery retry it.

@@ -345,3 +345,66 @@ func TestAgent_WedgedVendor(t *testing.T) {
 		}
 	})
 }
+
+// Seed 002: cancellation is one way an obligation settles: the user's intent to stop is its own
+// event (agent/message-retracted), and the request it stops gets one terminal fact, a settlement
+// of kind cancellation under the settlement key, whose reduce guard keeps any later result out.
+func TestAgent_RetractionCancelsTheObligation(t *testing.T) {
+	t.Run("an attempt in flight is stopped and settles as a cancellation", func(t *testing.T) {
+		v := &vendorFake{t: t}
+		agentHarness(t, v, func(t *testing.T, h *proctest.Harness[examples.AgentState]) {
+			release := v.hang()
+			added := h.Append(examples.MessageAdded.Input(examples.Message{Text: "never mind"}, ""))
+			h.AdvanceTime(hesitation(h))
+			if got := len(h.Events(string(examples.LLMStarted))); got != 1 || len(v.Calls()) != 1 {
+				t.Fatalf("started %d, vendor calls %d; want the attempt in flight", got, len(v.Calls()))
+			}
+			h.Append(examples.MessageRetracted.Input(examples.MessageRef{MessageOffset: added[0].Offset}, ""))
+			if got, want := settlements(t, h), "msg-1 cancellation "+examples.ReasonRetracted; got != want {
+				t.Fatalf("settlements %q, want %q", got, want)
+			}
+			release("too late") // the vendor answers after the cancellation: the answer is dropped
+			h.AdvanceTime(processors.KeepaliveLead)
+			if got, want := settlements(t, h), "msg-1 cancellation "+examples.ReasonRetracted; got != want {
+				t.Errorf("after the late answer: settlements %q, want %q", got, want)
+			}
+			if got := h.State().Requests; len(got) != 1 || got[0].Status != examples.StatusSettled || got[0].Result.Kind != examples.ResultCancellation {
+				t.Errorf("requests %+v, want one settled as a cancellation", got)
+			}
+			if got := len(v.Calls()); got != 1 {
+				t.Errorf("vendor calls %d, want 1", got)
+			}
+		})
+	})
+	t.Run("a request no attempt started settles cancelled without dialing", func(t *testing.T) {
+		v := &vendorFake{t: t}
+		v.loud()
+		agentHarness(t, v, func(t *testing.T, h *proctest.Harness[examples.AgentState]) {
+			requestNow(t, h, time.Hour) // on the stream, never delivered: no attempt ever ran
+			h.Crash()
+			h.Append(examples.MessageRetracted.Input(examples.MessageRef{MessageOffset: 0}, ""))
+			h.AdvanceTime(processors.KeepaliveLead)
+			if got, want := settlements(t, h), "msg-0 cancellation "+examples.ReasonRetracted; got != want {
+				t.Errorf("settlements %q, want %q", got, want)
+			}
+			if n := len(h.Events(string(examples.LLMStarted))); n != 0 {
+				t.Errorf("%d started facts for a cancelled request", n)
+			}
+		})
+	})
+	t.Run("a retraction after the settlement changes nothing", func(t *testing.T) {
+		v := &vendorFake{t: t}
+		agentHarness(t, v, func(t *testing.T, h *proctest.Harness[examples.AgentState]) {
+			added := h.Append(examples.MessageAdded.Input(examples.Message{Text: "hi"}, ""))
+			h.AdvanceTime(hesitation(h))
+			h.Append(examples.MessageRetracted.Input(examples.MessageRef{MessageOffset: added[0].Offset}, ""))
+			h.AdvanceTime(processors.KeepaliveLead)
+			if got, want := settlements(t, h), "msg-1 success re: hi"; got != want {
+				t.Errorf("settlements %q, want %q", got, want)
+			}
+			if got := h.State().Requests; len(got) != 1 || got[0].Retracted {
+				t.Errorf("requests %+v, want the settled one untouched", got)
+			}
+		})
+	})
+}
