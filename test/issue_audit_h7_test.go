@@ -76,3 +76,67 @@ func TestIssue10_EachRestartRecordsWokenWithItsIncarnation(t *testing.T) {
 	}
 	require.Len(t, ids, 2, "each restart is its own incarnation")
 }
+
+// Issue 14 (points 1 and 7): what the administration answered survives kill -9 of itxd. A revoked
+// token stays refused, a deleted project stays gone with its streams' files, a renamed project
+// keeps its new name, and a created token keeps logging in.
+func TestIssue14_Kill9KeepsAnsweredAdministration(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real itxd processes")
+	}
+	dataDir := t.TempDir()
+	proc := startItxd(t, dataDir)
+	ctx := ctxT(t)
+	root := dial(t, proc.addr).Login(ctx, proc.creds.DeploymentToken)
+	admin := client.Admin(ctx, root)
+	kept, _, err := client.CreateToken(ctx, admin, proc.creds.ProjectID, client.TokenOptions{Label: "kept"})
+	require.NoError(t, err)
+	revoked, info, err := client.CreateToken(ctx, admin, proc.creds.ProjectID, client.TokenOptions{Label: "revoked"})
+	require.NoError(t, err)
+	require.NoError(t, client.RevokeToken(ctx, admin, proc.creds.ProjectID, info.ID))
+
+	gone, goneTok, _, err := client.CreateProject(ctx, admin, "gone")
+	require.NoError(t, err)
+	before := map[string]bool{}
+	for _, f := range streamFiles(t, dataDir) {
+		before[f] = true
+	}
+	mustAppend(t, stream(t, dial(t, proc.addr).Login(ctx, goneTok), "/doomed"), ev("note", `{}`))
+	var doomed []string
+	for _, f := range streamFiles(t, dataDir) {
+		if !before[f] {
+			doomed = append(doomed, f)
+		}
+	}
+	require.NotEmpty(t, doomed, "the doomed stream has its files")
+	require.NoError(t, client.DeleteProject(ctx, admin, gone.ID, true))
+
+	renamed, _, _, err := client.CreateProject(ctx, admin, "before")
+	require.NoError(t, err)
+	require.NoError(t, client.RenameProject(ctx, admin, renamed.ID, "after"))
+	admin.Release()
+	proc.kill9(t)
+
+	proc = startItxd(t, dataDir)
+	_, err = client.DescribeProject(ctx, dial(t, proc.addr).Login(ctx, revoked))
+	requireCode(t, err, itx.EUnauthenticated)
+	_, err = client.DescribeProject(ctx, dial(t, proc.addr).Login(ctx, goneTok))
+	requireCode(t, err, itx.EUnauthenticated)
+	_, err = client.DescribeProject(ctx, dial(t, proc.addr).Login(ctx, kept))
+	require.NoError(t, err, "a token created and not revoked logs in")
+
+	admin = client.Admin(ctx, dial(t, proc.addr).Login(ctx, proc.creds.DeploymentToken))
+	defer admin.Release()
+	list, err := client.ListProjects(ctx, admin)
+	require.NoError(t, err)
+	names := map[string]string{}
+	for _, ps := range list {
+		names[ps.Info.ID] = ps.Info.Name
+	}
+	require.NotContains(t, names, gone.ID, "the deleted project stays deleted")
+	require.Equal(t, "after", names[renamed.ID], "the rename stays")
+	files := streamFiles(t, dataDir)
+	for _, f := range doomed {
+		require.NotContains(t, files, f, "the deleted project's stream left its file behind")
+	}
+}
