@@ -58,6 +58,12 @@ func (g *gateway) Version(ctx context.Context, call schema.Gateway_version) erro
 	return res.SetServer(bigReply)
 }
 
+// noLoginTimeout is the login deadline of pools whose clients never log in and whose tests are
+// about another bound: longer than any run. The 30 s default aborted TestTransport_ByteBound's
+// connection mid-test (1,300 calls of 64 KiB replies took 47 s under -race on a loaded machine,
+// and its calls failed "connection closed").
+const noLoginTimeout = time.Hour
+
 // serve accepts connections on a real loopback listener, each flow-controlled against pool.
 func serve(t *testing.T, pool *flowconn.Pool) string { return serveHeld(t, pool, nil, nil) }
 
@@ -130,7 +136,8 @@ func TestTransport_StopsReadingAtTheBound(t *testing.T) {
 		{"after login", true, 32},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			pool := flowconn.NewPool(flowconn.Limits{PreAuthCalls: 4, PreAuthBytes: 1 << 30, Calls: 32, Bytes: 1 << 30, PreAuthUnfinished: 1 << 20, PreAuthUnfinishedBytes: 1 << 40})
+			pool := flowconn.NewPool(flowconn.Limits{PreAuthCalls: 4, PreAuthBytes: 1 << 30, Calls: 32, Bytes: 1 << 30, PreAuthUnfinished: 1 << 20, PreAuthUnfinishedBytes: 1 << 40,
+				LoginTimeout: noLoginTimeout})
 			addr := serve(t, pool)
 			open := make(chan struct{})
 			gw := dialGated(t, addr, open)
@@ -182,7 +189,8 @@ func TestTransport_ByteBound(t *testing.T) {
 	// 300 calls in with their answers held (19 MiB of replies, more than loopback's socket
 	// buffers take), releases the answers, and only then sends the calls the bound must leave
 	// unread.
-	pool := flowconn.NewPool(flowconn.Limits{PreAuthCalls: 2000, PreAuthBytes: 1, PreAuthUnfinished: 1 << 20, PreAuthUnfinishedBytes: 1 << 40})
+	pool := flowconn.NewPool(flowconn.Limits{PreAuthCalls: 2000, PreAuthBytes: 1, PreAuthUnfinished: 1 << 20, PreAuthUnfinishedBytes: 1 << 40,
+		LoginTimeout: noLoginTimeout})
 	hold := make(chan struct{})
 	answered := make(chan struct{}, 2000)
 	addr := serveHeld(t, pool, hold, answered)
@@ -234,7 +242,7 @@ func TestTransport_ByteBound(t *testing.T) {
 
 func TestTransport_GlobalBoundKeepsAReserve(t *testing.T) {
 	pool := flowconn.NewPool(flowconn.Limits{PreAuthCalls: 100, PreAuthBytes: 1 << 30, PreAuthUnfinished: 1 << 20, PreAuthUnfinishedBytes: 1 << 40,
-		GlobalCalls: 10, GlobalBytes: 1 << 30, ReserveCalls: 2})
+		GlobalCalls: 10, GlobalBytes: 1 << 30, ReserveCalls: 2, LoginTimeout: noLoginTimeout})
 	addr := serve(t, pool)
 	gate := make(chan struct{})
 	abuser := dialGated(t, addr, gate)

@@ -215,7 +215,7 @@ func TestPool_RefusesConnectionsPastTheBound(t *testing.T) {
 // it must not stay counted in flight, or a client that sent as many as the calls bound had its
 // connection never read again (a long hostile connection stopped being read after 128 of them).
 func TestTransport_CallsAnsweredUnimplementedAreNotInFlight(t *testing.T) {
-	pool := flowconn.NewPool(flowconn.Limits{PreAuthCalls: 4, LoginTimeout: 5 * time.Second})
+	pool := flowconn.NewPool(flowconn.Limits{PreAuthCalls: 4, LoginTimeout: noLoginTimeout})
 	r := itxtest.DialRaw(t, serve(t, pool))
 	r.Bootstrap(0)
 	r.UntilReturn(0)
