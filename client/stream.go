@@ -507,7 +507,9 @@ func (e *callDisconnected) Unwrap() []error { return []error{e.coded, e.cause} }
 
 // rpcPrefixes are what go-capnp puts before a lost connection's reason: the method of each
 // pipelined call it crossed ("itx.capnp:Readers.register: itx.capnp:Stream.readers: "), "rpc: ".
-var rpcPrefixes = regexp.MustCompile(`^([\w.]+\.capnp:\w+\.\w+: |rpc: )*`)
+// go-capnp's "rpc: " also comes inside the reason, where it wraps one of its own errors ("rpc:
+// send message: rpc: connection closed"): every one goes.
+var rpcPrefixes = regexp.MustCompile(`^([\w.]+\.capnp:\w+\.\w+: |rpc: )*|\brpc: `)
 
 // disconnected gives err the code itx.EDisconnected when it is go-capnp's disconnected
 // exception without a code of its own, which is what a call on a lost connection fails with
