@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
@@ -176,12 +177,12 @@ func forwardedSources(t *testing.T, s schema.Stream) []int64 {
 // its state counts every event once.
 func TestProcessors_ForwarderOverLargeEvents(t *testing.T) {
 	ts := startServer(t, server.Config{Processors: referenceHost(t, "forwarder")})
-	ctx := ctxT(t)
+	ctx := ctxLong(t)
 	s := stream(t, ts.project(t), "/processors/large")
 	configureProcessor(t, s, "forwarder")
 	want := appendLarge(t, s, 24, string(examples.InboxMessage))
 	sub, proc := processorOf(t, s, "forwarder")
-	_, err := client.WaitUntilProcessed(ctx, sub, want[len(want)-1], 0)
+	_, err := client.WaitUntilProcessed(ctx, sub, want[len(want)-1], 90*time.Second)
 	require.NoError(t, err)
 	require.Equal(t, want, forwardedSources(t, s))
 
@@ -198,13 +199,13 @@ func TestProcessors_ForwarderOverLargeEvents(t *testing.T) {
 // size, and forwards every one once, in order.
 func TestRemote_ForwarderOverLargeEvents(t *testing.T) {
 	ts := startServer(t, server.Config{})
-	ctx := ctxT(t)
+	ctx := ctxLong(t)
 	s := stream(t, ts.project(t), "/remote/large")
 	configureRemote(t, s, "forwarder")
 	want := appendLarge(t, s, 24, string(examples.InboxMessage))
 	awaitMount(t, runRemoteHost(t, ts.addr, ts.creds.ProjectToken, "worker-1", referenceHost(t, "forwarder")))
 	sub, proc := processorOf(t, s, "forwarder")
-	_, err := client.WaitUntilProcessed(ctx, sub, want[len(want)-1], 0)
+	_, err := client.WaitUntilProcessed(ctx, sub, want[len(want)-1], 90*time.Second)
 	require.NoError(t, err)
 	require.Equal(t, want, forwardedSources(t, s))
 	snap, err := client.Snapshot(ctx, proc)
