@@ -848,9 +848,10 @@ func TestAcking_WindowCountsEventsNotFilteredOffsets(t *testing.T) {
 	require.Equal(t, []int64{b + 1, b + 5, b + 7}, r.got())
 }
 
-// A stream idle with events delivered and unconfirmed is unloaded like any other; it does not
-// deliver them again for that (nothing failed, nothing was mounted, nothing restarted), and the
-// receiver still confirms them after.
+// A stream idle with events delivered and unconfirmed is not unloaded for idleness (README: the
+// unload forgot them and the reload delivered them again); it does not deliver them again
+// (nothing failed, nothing was mounted, nothing restarted), the receiver still confirms them
+// after, and confirmed, the stream idles out as any other.
 func TestAcking_IdleUnloadDoesNotRedeliver(t *testing.T) {
 	e := newSubEnv(t, server.Config{IdleTimeout: time.Second})
 	s := stream(t, e.p, "/acks-idle")
@@ -864,11 +865,14 @@ func TestAcking_IdleUnloadDoesNotRedeliver(t *testing.T) {
 	// (until then they are in flight, and a stream unloaded then sends them again).
 	waitUntil(t, "marked delivered", func() bool { return e.describe(t, s, name).DeliveredOffset >= b+2 })
 	s.Release()
-	for i := 0; i < 10; i++ {
+	// Idle well past the timeout, each sweep run to its end (Sweep returns once its unloads
+	// finished), not for a fixed while of sleeps: the stream stays loaded (an unload would
+	// forget what it holds, and the reload deliver it again), and nothing goes again.
+	for range 10 {
 		e.clock.Advance(2 * time.Second)
-		time.Sleep(20 * time.Millisecond)
+		e.ts.srv.Sweep()
 	}
-	time.Sleep(100 * time.Millisecond)
+	require.Equal(t, 1, e.ts.srv.LoadedStreams(), "a stream holding unconfirmed events is not unloaded for idleness")
 	require.Equal(t, []int64{b + 1, b + 2}, r.got(), "nothing delivered again")
 
 	s = stream(t, e.p, "/acks-idle")
@@ -882,10 +886,11 @@ func TestAcking_IdleUnloadDoesNotRedeliver(t *testing.T) {
 	// Confirmed, it idles out as any stream does.
 	sub.Release()
 	s.Release()
-	require.Eventually(t, func() bool {
+	waitUntil(t, "unloaded once nothing is held", func() bool {
 		e.clock.Advance(2 * time.Second)
+		e.ts.srv.Sweep()
 		return e.ts.srv.LoadedStreams() == 0
-	}, 10*time.Second, 20*time.Millisecond, "unloaded once nothing is held")
+	})
 	require.Equal(t, []int64{b + 1, b + 2}, r.got())
 }
 
