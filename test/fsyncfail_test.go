@@ -165,7 +165,7 @@ func TestFsyncFails_SomeOfThem(t *testing.T) {
 	mnt, f := mountFaulty(t)
 	data := filepath.Join(mnt, "data")
 	p := startItxd(t, data)
-	ctx := ctxT(t)
+	ctx := ctxLong(t) // 300 appends through a FUSE file system and a restart: over 30 s under load
 	l := newAckLog(t, dial(t, p.addr).Login(ctx, p.creds.ProjectToken))
 	require.True(t, l.append("/src", 1))
 	_, birth, err := client.ConfigureSubscription(ctx, client.Subscriptions(ctx, l.stream("/src")),
