@@ -38,7 +38,7 @@ func TestBackup_CopyIsOneInstantUnderLoad(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts real itxd processes")
 	}
-	ctx := ctxT(t)
+	ctx := ctxLong(t)
 	dataDir := t.TempDir()
 	proc := startItxd(t, dataDir, "--max-loaded-streams", "4")
 	p := loginItxd(t, proc)
@@ -83,12 +83,15 @@ func TestBackup_CopyIsOneInstantUnderLoad(t *testing.T) {
 			}
 		}()
 	}
-	// Under way: every stream has events, and itxd has unloaded most of them.
-	waitUntil(t, "appends under way", func() bool {
+	// Under way: every stream has events, and itxd has unloaded most of them. Each append to a
+	// stream not loaded loads it and unloads another (four of 32 loaded), some fsyncs each: on
+	// a loaded 2-vCPU machine, the test under -race, the 600 took longer than waitUntil's 20 s
+	// (and the backup's context, made before, would have run out soon after).
+	require.Eventually(t, func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(acks) >= 600
-	})
+	}, 90*time.Second, time.Millisecond, "appends under way")
 
 	admin := rootAdmin(t, proc)
 	dest := filepath.Join(t.TempDir(), "backup")
