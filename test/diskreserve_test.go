@@ -143,7 +143,9 @@ func TestDiskReserve_ScheduledAppendsWaitForRoom(t *testing.T) {
 
 	s := stream(t, proj, "/s")
 	mustAppend(t, s, ev("note", `{}`))
-	due := time.Now().Add(2 * time.Second)
+	// Due once the disk below is short: filling it and meeting the refusal take well under a
+	// second alone, and seconds on a loaded machine (2 s was thin there).
+	due := time.Now().Add(6 * time.Second)
 	_, _, err := client.Schedule(ctx, s, keyed("due", `{"x":1}`, "due-1"), due)
 	require.NoError(t, err)
 
