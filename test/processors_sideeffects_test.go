@@ -235,7 +235,7 @@ func TestProcessors_RemoteSlowRefoldResumes(t *testing.T) {
 		t.Skip("refolds a history through a slow reducer")
 	}
 	ts := startServer(t, server.Config{DeliveryTimeout: 250 * time.Millisecond}) // a wake is bound at 500 ms
-	ctx := ctxT(t)
+	ctx := ctxLong(t) // a refold through a slow reducer, seconds longer on a loaded machine
 	s := stream(t, ts.project(t), "/mail/refold")
 	const n = 1500
 	for i := 0; i < n; i += 500 {
@@ -274,7 +274,7 @@ func TestProcessors_RemoteSlowRefoldResumes(t *testing.T) {
 	stop = run("2", 500*time.Microsecond) // about 0.75 s to refold, past the bound
 	t.Cleanup(stop)
 	head = mustAppend(t, s, mailRequested.Input(mailRequest{ID: "v2"}, "")).HeadOffset
-	_, err = client.WaitUntilProcessed(ctx, sub, head, 25*time.Second)
+	_, err = client.WaitUntilProcessed(ctx, sub, head, 90*time.Second)
 	require.NoError(t, err, "the new reducer never came back")
 	snap, err := client.Snapshot(ctx, proc)
 	require.NoError(t, err)
