@@ -1,7 +1,9 @@
 package test
 
 import (
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
@@ -59,4 +61,56 @@ func TestIssue7_ResumePassesTheBreaker(t *testing.T) {
 	resumed := e.events(t, s, itx.TypeSubscriptionResumed)
 	require.Len(t, resumed, 1)
 	require.Equal(t, off, resumed[0].Offset)
+}
+
+// Issue 7 (g): a push to a Receiver whose connection stopped reading (TCP open, a relay frozen
+// once the first event got through) times out like one never answered: after the delivery
+// timeout the try is a failure with backoff and lastError, not a stall with no error. (The
+// events are large, but a push is at most 1 MiB, which loopback's socket buffers may still take:
+// the push may be written and unread rather than blocked writing; either way it must time out.)
+func TestIssue7_UnwritablePushTimesOut(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	px := newProxy(t, e.ts.addr)
+	conn, err := client.DialWith(e.ctx, px.addr(), client.Options{PingEvery: -1})
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	p := conn.Login(e.ctx, e.ts.creds.ProjectToken)
+	defer p.Release()
+	r := &scriptedReceiver{answer: func([]int64, []itx.Event) (uint64, error) { return 0, nil }}
+	handle, err := client.MountReceiver(e.ctx, p, "walled", client.ServeReceiver(r.receive))
+	require.NoError(t, err)
+	defer handle.Release()
+
+	s := stream(t, e.p, "/unwritable")
+	name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "app", Start: "now",
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "walled"}})
+	first := mustAppend(t, s, ev("m", `{}`))
+	e.waitProcessed(t, s, name, first.HeadOffset)
+
+	px.freeze()
+	big := `{"f":"` + strings.Repeat("x", itx.MaxEventBytes/2) + `"}`
+	var batch []itx.EventInput
+	for i := 0; i < 16; i++ { // 8 MiB: more than a batch, more than loopback's buffers take at once
+		batch = append(batch, ev("big", big))
+	}
+	mustAppend(t, s, batch[:8]...)
+	mustAppend(t, s, batch[8:]...)
+	// The push is out (blocked writing, or written and unanswered) once its in-flight block is
+	// committed; its timer is armed as it starts, so the clock is moved on until the try fails.
+	waitUntil(t, "the push in flight", func() bool { return e.describe(t, s, name).InFlightDeadlineAt != 0 })
+	require.Zero(t, e.describe(t, s, name).Attempt)
+	failed := func() bool { return e.describe(t, s, name).Attempt >= 1 }
+	for i := 0; !failed(); i++ {
+		require.Less(t, i, 10, "the push to a frozen connection never timed out")
+		e.clock.Advance(itx.DeliveryTimeout)
+		deadline := time.Now().Add(time.Second)
+		for !failed() && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond) // polling a condition, not standing in for one
+		}
+	}
+	d := e.describe(t, s, name)
+	require.Equal(t, first.HeadOffset, d.ConfirmedOffset)
+	require.Regexp(t, "timed out|still blocked", d.LastError)
+	require.Equal(t, "active", d.Status)
+	require.NotZero(t, d.NextAttemptAt, "a backoff, not a stall")
 }
