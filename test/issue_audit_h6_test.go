@@ -1,12 +1,14 @@
 package test
 
 import (
+	"math"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
 	"github.com/stretchr/testify/require"
 )
@@ -113,4 +115,68 @@ func TestIssue7_UnwritablePushTimesOut(t *testing.T) {
 	require.Regexp(t, "timed out|still blocked", d.LastError)
 	require.Equal(t, "active", d.Status)
 	require.NotZero(t, d.NextAttemptAt, "a backoff, not a stall")
+}
+
+// Issue 8 (3): unsigned fields are reported as unsigned: an offset above 2^63-1 sent over the
+// wire is refused invalidArgument quoting the number sent, never a negative one, and nothing is
+// written.
+func TestIssue8_UnsignedOffsetsReportedAsSent(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	s := stream(t, e.p, "/unsigned-wire")
+	h := newHook(t, nil)
+	name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "u", Start: "now",
+		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
+	head := mustDescribe(t, s).HeadOffset
+	const sent = uint64(math.MaxUint64)
+	check := func(what string, err error) {
+		t.Helper()
+		requireCode(t, err, itx.EInvalid)
+		msg := itx.ErrorMessage(err)
+		require.Contains(t, msg, "18446744073709551615", what)
+		require.NotContains(t, msg, "-1", what)
+	}
+
+	cf, rel := s.SetSubscriptionCursor(e.ctx, func(p schema.Stream_setSubscriptionCursor_Params) error {
+		p.SetAfterOffset(sent)
+		return p.SetName(name)
+	})
+	_, err := cf.Struct()
+	rel()
+	check("setSubscriptionCursor afterOffset", err)
+
+	pf, rel := s.GetEventPage(e.ctx, func(p schema.Stream_getEventPage_Params) error {
+		q, err := p.NewQuery()
+		if err != nil {
+			return err
+		}
+		q.SetAfter(sent)
+		return nil
+	})
+	_, err = pf.Struct()
+	rel()
+	check("getEventPage after", err)
+
+	wf, rel := s.WaitForEvent(e.ctx, func(p schema.Stream_waitForEvent_Params) error {
+		p.SetAfter(sent)
+		p.SetTimeoutMs(1)
+		_, err := p.NewPredicate()
+		return err
+	})
+	_, err = wf.Struct()
+	rel()
+	check("waitForEvent after", err)
+
+	sub := client.Subscription(e.ctx, s, name)
+	defer sub.Release()
+	bf, rel := sub.WaitUntilProcessed(e.ctx, func(p schema.Subscription_waitUntilProcessed_Params) error {
+		p.SetOffset(sent)
+		p.SetTimeoutMs(1)
+		return nil
+	})
+	_, err = bf.Struct()
+	rel()
+	check("waitUntilProcessed offset", err)
+
+	require.Equal(t, head, mustDescribe(t, s).HeadOffset, "nothing written")
+	require.Equal(t, head, e.describe(t, s, name).ConfirmedOffset, "the cursor did not move")
 }
