@@ -1,6 +1,7 @@
 package test
 
 import (
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -202,4 +203,30 @@ func TestIssue7_TransformFailureIsRecordedOnce(t *testing.T) {
 	d := e.describe(t, s, name)
 	require.Equal(t, int64(2), d.ConfirmedOffset, "never past the failing event")
 	require.Equal(t, []int64{2}, h.distinct())
+}
+
+// Issue 7: "a webhook that is down backs off along the ladder and halts at 15, never skips",
+// under onFailingEvent skip too: 15 tries of the same event, then the halt, no skip record.
+// (TestCore_OutageNeverSkips stops at attempt 7; TestSubscription_LadderHaltsThenResumes runs
+// the ladder to 15 under the default policy, halt.)
+func TestIssue7_DownWebhookUnderSkipHaltsAt15(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	h := newHook(t, func(int, itx.WebhookBody) int { return 503 })
+	s := stream(t, e.p, "/down-to-15")
+	name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "lenient", Start: "now", OnFailingEvent: "skip",
+		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
+	res := mustAppend(t, s, ev("m", `{}`), ev("m", `{}`))
+	for attempt := 1; attempt < itx.MaxDeliveryAttempts; attempt++ {
+		waitUntil(t, fmt.Sprintf("attempt %d", attempt), func() bool { return e.describe(t, s, name).Attempt == attempt })
+		e.clock.Advance(itx.Backoff(attempt, 0.5))
+	}
+	waitUntil(t, "halted", func() bool { return e.describe(t, s, name).Status == "halted" })
+	d := e.describe(t, s, name)
+	require.Equal(t, itx.MaxDeliveryAttempts, d.Attempt)
+	require.Equal(t, res.HeadOffset-2, d.ConfirmedOffset, "nothing skipped")
+	require.Zero(t, d.FailingEventSkips)
+	require.Equal(t, []int64{res.HeadOffset - 1}, h.distinct(), "only the first event was tried")
+	require.Equal(t, itx.MaxDeliveryAttempts, h.count())
+	require.Empty(t, e.events(t, s, itx.TypeErrorOccurred))
+	require.Len(t, e.events(t, s, itx.TypeSubscriptionHalted), 1)
 }
