@@ -180,25 +180,37 @@ func TestCore_BatchFailureIsolates(t *testing.T) {
 	require.Equal(t, int64(3), e.describe(t, s, name).ConfirmedOffset, "never past the failing event")
 }
 
-// A filter that throws leaves one stream/error-occurred per failing event, not per retry.
+// A filter or a transform that throws leaves one stream/error-occurred per failing event, not
+// per retry (issue 7), and nothing is delivered past it.
 func TestCore_FilterFailureIsRecordedOnce(t *testing.T) {
-	e := newSubEnv(t, server.Config{})
-	h := newHook(t, nil)
-	s := stream(t, e.p, "/throws")
-	name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "picky", Start: "now", FilterCondition: `$number(payload.n) > 1`,
-		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
-	mustAppend(t, s, ev("m", `{"n":"5"}`), ev("m", `{"n":"five"}`), ev("m", `{"n":"7"}`)) // 2, 3, 4
-	waitUntil(t, "the failure recorded", func() bool { return e.describe(t, s, name).Attempt == 1 })
-	for attempt := 2; attempt <= 3; attempt++ {
-		e.clock.Advance(itx.Backoff(attempt-1, 0.5))
-		waitUntil(t, "retried", func() bool { return e.describe(t, s, name).Attempt == attempt })
+	for _, c := range []struct {
+		name string
+		cfg  client.SubscriptionConfig
+	}{
+		{"filter", client.SubscriptionConfig{FilterCondition: `$number(payload.n) > 1`}},
+		{"transform", client.SubscriptionConfig{Transform: `{"payload": {"n": $number(payload.n)}}`}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newSubEnv(t, server.Config{})
+			h := newHook(t, nil)
+			s := stream(t, e.p, "/throws")
+			cfg := c.cfg
+			cfg.Name, cfg.Start, cfg.Receiver = "picky", "now", client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}
+			name, _ := e.configure(t, s, cfg)
+			mustAppend(t, s, ev("m", `{"n":"5"}`), ev("m", `{"n":"five"}`), ev("m", `{"n":"7"}`)) // 2, 3, 4
+			waitUntil(t, "the failure recorded", func() bool { return e.describe(t, s, name).Attempt == 1 })
+			for attempt := 2; attempt <= 3; attempt++ {
+				e.clock.Advance(itx.Backoff(attempt-1, 0.5))
+				waitUntil(t, "retried", func() bool { return e.describe(t, s, name).Attempt == attempt })
+			}
+			errs := e.events(t, s, itx.TypeErrorOccurred)
+			require.Len(t, errs, 1, "one record per failing event")
+			require.Contains(t, string(errs[0].Payload), "offset 3")
+			d := e.describe(t, s, name)
+			require.Equal(t, int64(2), d.ConfirmedOffset, "never past the failing event")
+			require.Equal(t, []int64{2}, h.distinct())
+		})
 	}
-	errs := e.events(t, s, itx.TypeErrorOccurred)
-	require.Len(t, errs, 1, "one record per failing event")
-	require.Contains(t, string(errs[0].Payload), "offset 3")
-	d := e.describe(t, s, name)
-	require.Equal(t, int64(2), d.ConfirmedOffset, "never past the failing event")
-	require.Equal(t, []int64{2}, h.distinct())
 }
 
 // Outages never count toward skip: a webhook that is down backs off, even under skip.

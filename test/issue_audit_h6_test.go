@@ -182,29 +182,6 @@ func TestIssue8_UnsignedOffsetsReportedAsSent(t *testing.T) {
 	require.Equal(t, head, e.describe(t, s, name).ConfirmedOffset, "the cursor did not move")
 }
 
-// Issue 7: a transform that fails, like a filter that throws, leaves one stream/error-occurred
-// per failing event, not one per retry, and nothing is delivered past it.
-// (TestCore_FilterFailureIsRecordedOnce checks the filter.)
-func TestIssue7_TransformFailureIsRecordedOnce(t *testing.T) {
-	e := newSubEnv(t, server.Config{})
-	h := newHook(t, nil)
-	s := stream(t, e.p, "/transform-throws")
-	name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "shaper", Start: "now", Transform: `{"payload": {"n": $number(payload.n)}}`,
-		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
-	mustAppend(t, s, ev("m", `{"n":"5"}`), ev("m", `{"n":"five"}`), ev("m", `{"n":"7"}`)) // 2, 3, 4
-	waitUntil(t, "the failure recorded", func() bool { return e.describe(t, s, name).Attempt == 1 })
-	for attempt := 2; attempt <= 3; attempt++ {
-		e.clock.Advance(itx.Backoff(attempt-1, 0.5))
-		waitUntil(t, "retried", func() bool { return e.describe(t, s, name).Attempt == attempt })
-	}
-	errs := e.events(t, s, itx.TypeErrorOccurred)
-	require.Len(t, errs, 1, "one record per failing event")
-	require.Contains(t, string(errs[0].Payload), "offset 3")
-	d := e.describe(t, s, name)
-	require.Equal(t, int64(2), d.ConfirmedOffset, "never past the failing event")
-	require.Equal(t, []int64{2}, h.distinct())
-}
-
 // Issue 7: "a webhook that is down backs off along the ladder and halts at 15, never skips",
 // under onFailingEvent skip too: 15 tries of the same event, then the halt, no skip record.
 // (TestCore_OutageNeverSkips stops at attempt 7; TestSubscription_LadderHaltsThenResumes runs
