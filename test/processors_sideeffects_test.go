@@ -235,7 +235,8 @@ func TestProcessors_RemoteSlowRefoldResumes(t *testing.T) {
 		t.Skip("refolds a history through a slow reducer")
 	}
 	ts := startServer(t, server.Config{DeliveryTimeout: 250 * time.Millisecond}) // a wake is bound at 500 ms
-	ctx := ctxLong(t)                                                            // a refold through a slow reducer, seconds longer on a loaded machine
+	// A refold through a slow reducer: seconds longer on a loaded machine.
+	ctx := ctxLong(t)
 	s := stream(t, ts.project(t), "/mail/refold")
 	const n = 1500
 	for i := 0; i < n; i += 500 {
