@@ -611,11 +611,13 @@ func (st *streamState) applyReader(op readerOp, now time.Time, rc reduceContext,
 		eff.rowsChanged = true
 		return nil
 	}
-	if !st.created {
-		return itx.Errorf(itx.ENotFound, "the stream does not exist yet (a stream exists from its first append)")
-	}
+	// The checkpoint first: one beyond the head is invalidArgument on a stream with no event yet
+	// too (its head is 0), as issue 9 asks ("at most the head"), not the notFound below.
 	if op.checkpoint < 0 || op.checkpoint > st.head {
 		return itx.Errorf(itx.EInvalid, "checkpoint %d is outside 0..%d (the stream's head)", op.checkpoint, st.head)
+	}
+	if !st.created {
+		return itx.Errorf(itx.ENotFound, "the stream does not exist yet (a stream exists from its first append): register the reader after that")
 	}
 	if st.core.Subscriptions[op.name] != nil {
 		return itx.Errorf(itx.EFailedPrecondition, "%q names a subscription of this stream: reader names share the subscription name space", op.name)
