@@ -9,6 +9,7 @@ package test
 import (
 	"encoding/json"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/itx-dev/itx"
@@ -78,7 +79,18 @@ func TestSeed000_RepairVerbsRefuseWithTypedErrors(t *testing.T) {
 	s := stream(t, e.p, "/seed000/verbs")
 	subs := client.Subscriptions(e.ctx, s)
 	defer subs.Release()
-	h := newHook(t, nil)
+	// Once holding, the hook keeps every delivery until the test ends, so the final seek's own
+	// stream/subscription-cursor-set record is not delivered (and confirmed past the head)
+	// before the cursor is read back.
+	var holding atomic.Bool
+	held := make(chan struct{})
+	h := newHook(t, func(int, itx.WebhookBody) int {
+		if holding.Load() {
+			<-held
+		}
+		return 200
+	})
+	t.Cleanup(func() { close(held) }) // before the hook's server closes, which waits for it
 	name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "hook", Start: "now",
 		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
 	head := mustAppend(t, s, ev("a", `{}`), ev("b", `{}`)).HeadOffset
@@ -143,6 +155,7 @@ func TestSeed000_RepairVerbsRefuseWithTypedErrors(t *testing.T) {
 	})
 
 	// The head itself is a cursor (caught up), and setting one is a seek: a new seek epoch.
+	holding.Store(true)
 	seek, err := client.SetSubscriptionCursor(e.ctx, s, name, head)
 	require.NoError(t, err)
 	d := e.describe(t, s, name)
