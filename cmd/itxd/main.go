@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -32,6 +33,15 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/net/netutil"
 )
+
+// init keeps the main goroutine on the process's main thread and every other goroutine off it.
+// Linux hands a signal sent to the process (SIGTERM, SIGINT) to the main thread first; when a
+// goroutine stuck in a disk syscall (an fsync the disk does not answer, in uninterruptible
+// sleep) ran there, the signal stayed pending until that syscall returned, so a SIGTERM during
+// a hung commit was not heard at all (seen: main thread in request_wait_answer, SIGTERM in the
+// shared pending set, the other threads asleep). Locked here, the main thread only ever waits
+// in main, asleep in the runtime, and takes the signal at once.
+func init() { runtime.LockOSThread() }
 
 func main() {
 	if err := run(); err != nil {
