@@ -47,13 +47,7 @@ func TestClient_LostConnectionIsDisconnected(t *testing.T) {
 	s := stream(t, p, "/lost/calls")
 	mustAppend(t, s, ev("a", `{}`))
 
-	c, err := client.OpenConnection(ctx, s, client.ConnectionOptions{}, client.ConnectionHandler{
-		Deliver: func(context.Context, itx.DeliveryBatch) error { return nil }})
-	require.NoError(t, err)
-	t.Cleanup(c.Release)
-	lv, err := client.WatchStream(ctx, s)
-	require.NoError(t, err)
-	t.Cleanup(func() { lv.Cancel(context.Background()) })
+	c, lv := openConnectionAndView(ctx, t, s)
 
 	logs := make(chan string, 64)
 	hostCtx, stopHost := context.WithCancel(context.Background())
@@ -89,7 +83,7 @@ func TestClient_LostConnectionIsDisconnected(t *testing.T) {
 	futs := []*client.AppendFuture{}
 	// A barrier answered after the wait was sent (calls on one capability arrive in order):
 	// the wait is in flight at itxd before the cut.
-	_, err = client.Describe(ctx, s)
+	_, err := client.Describe(ctx, s)
 	require.NoError(t, err)
 	px.freeze()
 	for range 3 {
@@ -198,13 +192,7 @@ func TestClient_SilentConnectionEndsWhatLivesOnIt(t *testing.T) {
 	s := stream(t, p, "/silent/views")
 	mustAppend(t, s, ev("a", `{}`))
 
-	c, err := client.OpenConnection(ctx, s, client.ConnectionOptions{}, client.ConnectionHandler{
-		Deliver: func(context.Context, itx.DeliveryBatch) error { return nil }})
-	require.NoError(t, err)
-	t.Cleanup(c.Release)
-	lv, err := client.WatchStream(ctx, s)
-	require.NoError(t, err)
-	t.Cleanup(func() { lv.Cancel(context.Background()) })
+	c, lv := openConnectionAndView(ctx, t, s)
 
 	px.stall()
 	// In flight on the silent connection, with no deadline of its own.
@@ -271,4 +259,17 @@ func TestClient_SlowLinkIsNotSilent(t *testing.T) {
 	require.NoError(t, err, "the append over the slow link")
 	require.Len(t, res.Offsets, 8)
 	require.Nil(t, conn.Err())
+}
+
+// openConnectionAndView opens a connection and a live view on s, both released at the test's end.
+func openConnectionAndView(ctx context.Context, t *testing.T, s schema.Stream) (*client.Connection, *client.LiveView) {
+	t.Helper()
+	c, err := client.OpenConnection(ctx, s, client.ConnectionOptions{}, client.ConnectionHandler{
+		Deliver: func(context.Context, itx.DeliveryBatch) error { return nil }})
+	require.NoError(t, err)
+	t.Cleanup(c.Release)
+	lv, err := client.WatchStream(ctx, s)
+	require.NoError(t, err)
+	t.Cleanup(func() { lv.Cancel(context.Background()) })
+	return c, lv
 }

@@ -57,12 +57,7 @@ func TestLiveView_PatchesPastTheBoundFoldIntoTheSnapshot(t *testing.T) {
 		Revision uint64          `json:"revision"`
 		Ops      json.RawMessage `json:"ops"`
 	}
-	eval := func(src string, into any) {
-		t.Helper()
-		val, err := s.Eval(ctx, "<test>", "JSON.stringify("+src+")")
-		require.NoError(t, err)
-		require.NoError(t, json.Unmarshal([]byte(val.String()), into))
-	}
+	eval := evalJSON(ctx, t, s)
 	eval(`live.snapshot()`, &snap)
 	eval(`live.patches()`, &patches)
 	require.NotEmpty(t, patches)
@@ -131,12 +126,7 @@ func TestLiveView_PatchesReadFoldIntoTheSnapshot(t *testing.T) {
 		State    json.RawMessage `json:"state"`
 		Ops      json.RawMessage `json:"ops"`
 	}
-	eval := func(src string, into any) {
-		t.Helper()
-		val, err := s.Eval(ctx, "<test>", "JSON.stringify("+src+")")
-		require.NoError(t, err)
-		require.NoError(t, json.Unmarshal([]byte(val.String()), into))
-	}
+	eval := evalJSON(ctx, t, s)
 	head := func(state json.RawMessage) float64 {
 		var doc map[string]any
 		require.NoError(t, json.Unmarshal(state, &doc))
@@ -185,4 +175,14 @@ func TestLiveView_PatchesReadFoldIntoTheSnapshot(t *testing.T) {
 		require.NoError(t, err)
 	}
 	require.Equal(t, float64(4), head(doc))
+}
+
+// evalJSON returns a function that evaluates src in the session and decodes its JSON into into.
+func evalJSON(ctx context.Context, t *testing.T, s *Session) func(src string, into any) {
+	return func(src string, into any) {
+		t.Helper()
+		val, err := s.Eval(ctx, "<test>", "JSON.stringify("+src+")")
+		require.NoError(t, err)
+		require.NoError(t, json.Unmarshal([]byte(val.String()), into))
+	}
 }
