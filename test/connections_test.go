@@ -796,8 +796,11 @@ func TestConnection_PerLoginBoundReplaceByKey(t *testing.T) {
 		waitUntil(t, "the new one delivers", func() bool { return len(sink.offsets()) == 1 })
 		oldSink = sink
 	}
-	// The replaced ones gave nothing back that the replacements hold: a new key is still refused.
-	time.Sleep(50 * time.Millisecond)
+	// The replaced ones gave nothing back that the replacements hold: a new key is still refused
+	// once every replaced connection's pusher has stopped (the gauge falls after its give-back).
+	waitUntil(t, "the replaced pushers stopped", func() bool {
+		return testutil.ToFloat64(ts.srv.Metrics().OpenConnections) == 2
+	})
 	_, err = openConn(t, a, connOpts{key: "new", noState: true}, newTestSink())
 	requireCode(t, err, itx.ELimitExceeded)
 	// And the last replacement gives its place back when it closes.
