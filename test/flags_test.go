@@ -328,6 +328,17 @@ func TestItxd_MaxLoadedStreamsWithinTheHeldBound(t *testing.T) {
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 	require.NoError(t, <-exited, logs.String())
 	require.Contains(t, logs.String(), `"maxLoadedStreams":256,"maxHeldStreams":256`)
+	require.NotContains(t, logs.String(), "open-file limit leaves room for")
+
+	// A --max-held-streams the limit has no room for is taken, and said at once.
+	data2 := filepath.Join(t.TempDir(), "data")
+	addrFile2 := filepath.Join(t.TempDir(), "addr")
+	cmd = underLimit(ctx, "--listen", "127.0.0.1:0", "--data", data2, "--addr-file", addrFile2, "--log-format", "json", "--max-held-streams", "3000")
+	logs, exited = startUntilListening(t, cmd, addrFile2)
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, <-exited, logs.String())
+	require.Contains(t, logs.String(), "--max-held-streams is above what the open-file limit leaves room for")
+	require.Contains(t, logs.String(), `"maxHeldStreams":3000,"openFileLimit":4096`)
 }
 
 // itxd --help says what itxd is, how it stops and what its exit statuses mean before the flags,

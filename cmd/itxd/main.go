@@ -430,7 +430,14 @@ func run() error {
 	if *newRootToken {
 		return mintDeploymentToken(log, *data)
 	}
-	held := heldStreams(*maxHeld, int64(flow.Connections)+int64(*maxWebhooks)+int64(*metricsConns))
+	sockets := int64(flow.Connections) + int64(*maxWebhooks) + int64(*metricsConns)
+	held := heldStreams(*maxHeld, sockets)
+	if limit := openFileLimit(); setFlags["max-held-streams"] && limit >= 0 && int64(held) > (limit-1024-sockets)/8 {
+		// Taken as given (the operator may raise the limit under a running service manager's
+		// own accounting), but said at once rather than found as "too many open files" later.
+		log.Warn().Int("maxHeldStreams", held).Int64("openFileLimit", limit).Int64("fitsTheLimit", max((limit-1024-sockets)/8, 0)).
+			Msg("--max-held-streams is above what the open-file limit leaves room for (about 8 descriptors per loaded stream, beside the sockets the other bounds allow): loads past that may fail with 'too many open files'; raise the limit (ulimit -n) or lower the flag")
+	}
 	if loaded := setFlags["max-loaded-streams"]; loaded && *maxLoaded > held {
 		// --max-held-streams bounds the loaded streams, idle ones too: a larger
 		// --max-loaded-streams would be ignored in silence.
