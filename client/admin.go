@@ -89,11 +89,8 @@ func ListProjectsPage(ctx context.Context, a schema.Admin, after string, limit i
 	if err != nil {
 		return nil, "", err
 	}
-	page = make([]itx.ProjectSummary, list.Len())
-	for i := range page {
-		if page[i], err = wire.ProjectSummaryFromSchema(list.At(i)); err != nil {
-			return nil, "", err
-		}
+	if page, err = fromList(list, wire.ProjectSummaryFromSchema); err != nil {
+		return nil, "", err
 	}
 	next, err = res.NextAfter()
 	return page, next, err
@@ -194,13 +191,7 @@ func ListTokens(ctx context.Context, a schema.Admin, projectID string) ([]itx.To
 	if err != nil {
 		return nil, err
 	}
-	out := make([]itx.TokenInfo, list.Len())
-	for i := range out {
-		if out[i], err = wire.TokenInfoFromSchema(list.At(i)); err != nil {
-			return nil, err
-		}
-	}
-	return out, nil
+	return fromList(list, wire.TokenInfoFromSchema)
 }
 
 // RevokeToken revokes a token at once ("" is the caller's own project).

@@ -416,11 +416,8 @@ func DiskUsagePage(ctx context.Context, streams schema.Streams, prefix, after st
 	if err != nil {
 		return nil, "", err
 	}
-	page = make([]itx.StreamDiskUsage, list.Len())
-	for i := range page {
-		if page[i], err = wire.StreamDiskUsageFromSchema(list.At(i)); err != nil {
-			return nil, "", err
-		}
+	if page, err = fromList(list, wire.StreamDiskUsageFromSchema); err != nil {
+		return nil, "", err
 	}
 	next, err = res.NextAfter()
 	return page, next, err
@@ -449,14 +446,24 @@ func ListStreamsPage(ctx context.Context, streams schema.Streams, prefix, after 
 	if err != nil {
 		return nil, "", err
 	}
-	page = make([]itx.StreamInfo, list.Len())
-	for i := range page {
-		if page[i], err = wire.StreamInfoFromSchema(list.At(i)); err != nil {
-			return nil, "", err
-		}
+	if page, err = fromList(list, wire.StreamInfoFromSchema); err != nil {
+		return nil, "", err
 	}
 	next, err = res.NextAfter()
 	return page, next, err
+}
+
+// fromList converts a list read from a result, stopping at its first element that does not
+// convert.
+func fromList[T any, S ~capnp.StructKind](list capnp.StructList[S], conv func(S) (T, error)) ([]T, error) {
+	out := make([]T, list.Len())
+	for i := range out {
+		var err error
+		if out[i], err = conv(list.At(i)); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }
 
 // ReleaseAfter releases a call's answer; when ctx ended first, off this goroutine: go-capnp's

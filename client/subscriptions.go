@@ -105,13 +105,7 @@ func ListSubscriptions(ctx context.Context, subs schema.Subscriptions) ([]itx.Su
 	if err != nil {
 		return nil, err
 	}
-	out := make([]itx.SubscriptionSummary, list.Len())
-	for i := range out {
-		if out[i], err = wire.SubscriptionSummaryFromSchema(list.At(i)); err != nil {
-			return nil, err
-		}
-	}
-	return out, nil
+	return fromList(list, wire.SubscriptionSummaryFromSchema)
 }
 
 // ConfigureSubscription appends the subscription's configured event and returns its name (the
