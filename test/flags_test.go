@@ -73,7 +73,8 @@ func TestItxd_RefusesBadFlagValues(t *testing.T) {
 		{[]string{"--pprof"}, "--metrics"},
 		{[]string{"--backup-every", "1h"}, "without a folder"},
 		{[]string{"--backup-every", "1h", "--backup-dir", "rel"}, "absolute"},
-		{[]string{"--backup-every", "500ms", "--backup-dir", "/tmp"}, "--backup-every 500ms is out of range: want 0 (never) or 1s or more"},
+		{[]string{"--backup-every", "500ms", "--backup-dir", "/tmp"}, "--backup-every 500ms is out of range: want 0 (never) or 1m0s or more"},
+		{[]string{"--backup-every", "30s", "--backup-dir", "/tmp"}, "--backup-every 30s is out of range: want 0 (never) or 1m0s or more"},
 		{[]string{"--backup-every", "1h", "--backup-dir", "/tmp", "--backup-keep", "0"}, "--backup-keep 0 is out of range: want 1 to 1000"},
 		{[]string{"--backup-every", "1h", "--backup-dir", "/tmp", "--backup-keep", "1001"}, "--backup-keep 1001 is out of range: want 1 to 1000"},
 		// Above 0 and still unworkable: each names the flag, the value and the range.

@@ -119,7 +119,7 @@ var flagRanges = map[string]flagRange{
 	"metrics-max-connections":           {min: 1},
 	"idle-timeout":                      {min: int64(time.Millisecond)},
 	"max-loaded-streams":                {min: 1},
-	"backup-every":                      {min: int64(time.Second), zero: "never"},
+	"backup-every":                      {min: int64(time.Minute), zero: "never"}, // server.BackupSchedule refuses less
 	"backup-keep":                       {min: 1, max: server.MaxBackupKeep},
 	"webhook-max-in-flight":             {min: 1},
 	"webhook-max-response-header-bytes": {min: 1},
@@ -276,7 +276,7 @@ func run() error {
 	idle := flag.Duration("idle-timeout", 5*time.Minute, "unload a stream nobody has used for this long")
 	maxLoaded := flag.Int("max-loaded-streams", 1024, "unload least recently used idle streams above this many; at most --max-held-streams (left at its default, it is lowered to a smaller --max-held-streams)")
 	backupDir := flag.String("backup-dir", "", "write a backup of the data directory here (an absolute path that exists, outside the data directory) every --backup-every, named itx-backup-<UTC time>")
-	backupEvery := flag.Duration("backup-every", 0, "how often to write a scheduled backup into --backup-dir, at least 1m (0: never); the first is due this long after the newest one there")
+	backupEvery := flag.Duration("backup-every", 0, "how often to write a scheduled backup into --backup-dir (0: never); the first is due this long after the newest one there")
 	backupKeep := flag.Int("backup-keep", server.DefaultBackupKeep, "scheduled backups kept in --backup-dir; older ones are deleted after each new one")
 	maxWebhooks := flag.Int("webhook-max-in-flight", 1024, "webhook requests open at once over all subscriptions; a delivery waits for one within its delivery timeout")
 	webhookHeader := flag.Int64("webhook-max-response-header-bytes", server.DefaultMaxWebhookResponseHeaderBytes, "bytes of a webhook answer's status line and header fields itxd reads; a longer header fails the delivery, retried as an outage")
