@@ -26,12 +26,15 @@ func Hello() processors.Contract[int] {
 		ConsumedTypes:  []string{string(Greeted)},
 		ReducerVersion: "1",
 		InitialState:   func() int { return 0 },
-		Reduce:         func(n int, e itx.Event) int { return n + 1 },
+		// A greeting that does not decode is skipped with one stream/error-occurred: returned
+		// from ProcessEvent, its error would fail the frame at every redelivery, then halt it.
+		Validate: func(e itx.Event) error { _, err := Greeted.Decode(e); return err },
+		Reduce:   func(n int, e itx.Event) int { return n + 1 },
 		ProcessEvent: func(ctx context.Context, a *processors.Args[int]) error {
 			if a.Event == nil {
 				return nil // the eventless pass at the head: nothing state-derived to do
 			}
-			g, err := Greeted.Decode(*a.Event)
+			g, err := Greeted.Decode(*a.Event) // Validate passed it
 			if err != nil {
 				return err
 			}
@@ -60,6 +63,25 @@ func TestHello_Crash(t *testing.T) {
 		}
 		if got := h.State(); got != 2 {
 			t.Errorf("state %d, want 2", got)
+		}
+	})
+}
+
+// The README's example skips a malformed greeting (Validate) rather than failing its frame at
+// every redelivery: the greetings after it are answered, and no delivery fails.
+func TestHello_MalformedGreetingIsSkipped(t *testing.T) {
+	cfg := proctest.Config[int]{New: func(proctest.Env) processors.Contract[int] { return Hello() }, StrictDeliveryErrors: true}
+	proctest.Run(t, cfg, func(t *testing.T, h *proctest.Harness[int]) {
+		h.Append(itx.EventInput{Type: string(Greeted), Payload: []byte(`{"name": 5}`)})
+		h.Append(Greeted.Input(Greeting{Name: "ada"}, ""))
+		if got := len(h.Events(string(Answered))); got != 1 {
+			t.Errorf("%d answers, want 1 (ada's)", got)
+		}
+		if got := len(h.Events(itx.TypeErrorOccurred)); got != 1 {
+			t.Errorf("%d diagnostics, want 1 (the malformed greeting's)", got)
+		}
+		if got := h.State(); got != 1 {
+			t.Errorf("state %d, want 1", got)
 		}
 	})
 }
