@@ -18,9 +18,10 @@ import (
 
 // MemoryStream is an in-memory stream with the server's append rules that matter to processors:
 // atomic batches, stored-form normalization, idempotency keys that dedupe the same body and
-// refuse another (itx.EIdempotencyConflict), ephemeral events that reads skip, and the payload
-// checks of the stream/* types processors write. Its Append is the committed-but-undelivered
-// door: it commits without driving delivery.
+// refuse another (itx.EIdempotencyConflict), ephemeral events that reads skip, and itxd's
+// checks of a processor's stream/* appends that need no subscription catalog (server-only and
+// unknown types refused, payload shapes). Its Append is the committed-but-undelivered door: it
+// commits without driving delivery.
 type MemoryStream struct {
 	path  string
 	clock itx.Clock
@@ -200,8 +201,53 @@ func (s *MemoryStream) Append(ctx context.Context, inputs []itx.EventInput) ([]i
 	return out, nil
 }
 
-// checkCore holds the stream/* events processors write to the server's payload rules.
+// checkCore holds the stream/* events a processor (or a test's premise) appends to itxd's rules
+// for a client's append, as far as they need no catalog: a stream/* type itxd does not know, or
+// one only itxd writes (stream/woken, stream/subscription-delivery-halted), is refused, and the
+// subscription control events must have their payload's shape. That the subscription a control
+// event names exists, or that a cursor stays within the head, is checked by itxd only: a
+// processor appending those is exercised against a real itxd.
 func checkCore(in itx.EventInput) error {
+	if !itx.IsCoreType(in.Type) {
+		return nil
+	}
+	switch in.Type {
+	case itx.TypeWoken, itx.TypeSubscriptionHalted:
+		return itx.Errorf(itx.EInvalid, "%s is written by the server only", in.Type)
+	case itx.TypeSubscriptionConfigured:
+		cfg, err := itx.ParseSubscriptionConfig(in.Payload)
+		if err != nil {
+			return err
+		}
+		return itx.CheckNewSubscriptionConfig(cfg)
+	case itx.TypeSubscriptionCursorSet:
+		var p itx.CursorSetPayload
+		if err := itx.DecodeStrict(in.Payload, &p); err != nil {
+			return itx.Errorf(itx.EInvalid, "%s: %v", in.Type, err)
+		}
+		if strings.TrimSpace(p.Name) == "" || p.AfterOffset < 0 {
+			return itx.Errorf(itx.EInvalid, "%s: needs a name and an afterOffset of 0 or more", in.Type)
+		}
+	case itx.TypeSubscriptionResumed:
+		var p itx.NamePayload
+		if err := itx.DecodeStrict(in.Payload, &p); err != nil {
+			return itx.Errorf(itx.EInvalid, "%s: %v", in.Type, err)
+		}
+		if strings.TrimSpace(p.Name) == "" {
+			return itx.Errorf(itx.EInvalid, "%s: subscription name must not be empty", in.Type)
+		}
+	case itx.TypeSubscriptionRemoved:
+		var p itx.RemovedPayload
+		if err := itx.DecodeStrict(in.Payload, &p); err != nil {
+			return itx.Errorf(itx.EInvalid, "%s: %v", in.Type, err)
+		}
+		if strings.TrimSpace(p.Name) == "" || p.Reason != "requested" {
+			return itx.Errorf(itx.EInvalid, "%s: needs a name and the reason \"requested\"", in.Type)
+		}
+	case itx.TypeErrorOccurred, itx.TypeProcessorRevived:
+	default:
+		return itx.Errorf(itx.EInvalid, "unknown core event type %q", in.Type)
+	}
 	switch in.Type {
 	case itx.TypeErrorOccurred:
 		var p itx.ErrorOccurredPayload

@@ -1,0 +1,63 @@
+package proctest_test
+
+import (
+	"testing"
+
+	"github.com/itx-dev/itx"
+	proctest "github.com/itx-dev/itx/processors/testing"
+)
+
+// The in-memory stream refuses the stream/* events itxd refuses from a processor's append (the
+// cases TestProcessors_ControlEventAppendsAsTheHarnessJudgesThem, in test/, sends a real itxd),
+// so a processor that appends one fails in the harness rather than first in production, where
+// its frame would fail at every redelivery. Before, it took any stream/* type but the two the
+// SDK writes without a look.
+func TestMemoryStream_RefusesControlEventsItxdRefuses(t *testing.T) {
+	for _, tc := range MemoryControlCases {
+		t.Run(tc.Name, func(t *testing.T) {
+			s := proctest.NewMemoryStream("/m", itx.SystemClock{})
+			// The subscription the control events name exists, as in the itxd test.
+			if _, err := s.Append(t.Context(), []itx.EventInput{{Type: itx.TypeSubscriptionConfigured,
+				Payload: []byte(`{"name":"hook","receiver":{"action":"processor-wake"}}`)}}); err != nil {
+				t.Fatal(err)
+			}
+			_, err := s.Append(t.Context(), []itx.EventInput{{Type: tc.Type, Payload: []byte(tc.Payload)}})
+			if tc.OK {
+				if err != nil {
+					t.Errorf("refused: %v", err)
+				}
+				return
+			}
+			if got, want := itx.ErrorCode(err), itx.EInvalid; got != want {
+				t.Errorf("code %q (%v), want %q", got, err, want)
+			}
+			if got := s.Head(); got != 1 {
+				t.Errorf("head %d after a refused append, want 1", got)
+			}
+		})
+	}
+}
+
+// MemoryControlCases are control events a processor might append, with itxd's verdict on each
+// (a subscription "hook" exists).
+var MemoryControlCases = []struct {
+	Name, Type, Payload string
+	OK                  bool
+}{
+	{"woken is the server's", itx.TypeWoken, `{"incarnationId":"x","reason":"loaded"}`, false},
+	{"halted is the server's", itx.TypeSubscriptionHalted, `{"name":"hook","error":"x","attempts":1}`, false},
+	{"unknown control type", "stream/made-up", `{}`, false},
+	{"configured without a receiver", itx.TypeSubscriptionConfigured, `{"name":"x"}`, false},
+	{"configured with an unknown receiver", itx.TypeSubscriptionConfigured, `{"name":"x","receiver":{"action":"nope"}}`, false},
+	{"cursor-set with an unknown field", itx.TypeSubscriptionCursorSet, `{"name":"hook","afterOffset":0,"x":1}`, false},
+	{"cursor-set without a name", itx.TypeSubscriptionCursorSet, `{"afterOffset":0}`, false},
+	{"cursor-set below 0", itx.TypeSubscriptionCursorSet, `{"name":"hook","afterOffset":-1}`, false},
+	{"removed without the reason", itx.TypeSubscriptionRemoved, `{"name":"hook"}`, false},
+	{"resumed without a name", itx.TypeSubscriptionResumed, `{}`, false},
+	{"error-occurred without a message", itx.TypeErrorOccurred, `{"error":{}}`, false},
+	{"configured", itx.TypeSubscriptionConfigured, `{"name":"x","receiver":{"action":"processor-wake"}}`, true},
+	{"cursor-set", itx.TypeSubscriptionCursorSet, `{"name":"hook","afterOffset":0}`, true},
+	{"removed", itx.TypeSubscriptionRemoved, `{"name":"hook","reason":"requested"}`, true},
+	{"error-occurred", itx.TypeErrorOccurred, `{"message":"m"}`, true},
+	{"an ordinary event", "order/placed", `{}`, true},
+}
