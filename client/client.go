@@ -3,8 +3,10 @@
 //
 // Dial, then Conn.Login and Stream return capabilities at once (their calls are pipelined);
 // Append, NewAppender, GetEventPage, ReadAll, WaitForEvent, OpenConnection, WatchStream,
-// Readers with RegisterReader, ConfigureSubscription and MountReceiver use them. A remote
-// processor host is package processors/remote.
+// Readers with RegisterReader, ConfigureSubscription and MountReceiver use them; Processor
+// (a processor-wake subscription's instance) with Snapshot, RuntimeState and WatchProcessor,
+// and ProcessorHosts with ListProcessorHosts. A remote processor host is package
+// processors/remote.
 //
 // Every error has a code, itx.ErrorCode(err). A call whose connection was lost before its answer
 // is itx.EDisconnected, and one whose context ended after it was sent is itx.ECancelled: both may

@@ -58,6 +58,14 @@ func Unmount(ctx context.Context, caps schema.Capabilities, name string) error {
 	return err
 }
 
+// ProcessorHosts returns project.processors() at once, pipelined (see Stream): the remote
+// processor hosts mounted in the project (processors/remote mounts one), for
+// ListProcessorHosts. Release it when done.
+func ProcessorHosts(ctx context.Context, project schema.Project) schema.ProcessorHosts {
+	fut, release := project.Processors(lasting(ctx), nil)
+	return keepAnswers(fut.Processors().AddRef(), release)
+}
+
 // ListProcessorHosts lists the remote ProcessorHosts mounted in a project.
 func ListProcessorHosts(ctx context.Context, hosts schema.ProcessorHosts) ([]itx.MountInfo, error) {
 	if err := NotSent(ctx, "ListProcessorHosts"); err != nil {

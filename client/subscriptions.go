@@ -90,6 +90,14 @@ func Subscription(ctx context.Context, s schema.Stream, name string) schema.Subs
 	return keepAnswers(fut.Subscription().AddRef(), release, releaseSubs)
 }
 
+// Processor returns subscription.processor() at once, pipelined (see Stream): the processor
+// instance a processor-wake subscription runs, for Snapshot, RuntimeState and WatchProcessor.
+// On a subscription of another kind the calls made on it fail. Release it when done.
+func Processor(ctx context.Context, sub schema.Subscription) schema.Processor {
+	fut, release := sub.Processor(lasting(ctx), nil)
+	return keepAnswers(fut.Processor().AddRef(), release)
+}
+
 // ListSubscriptions lists a stream's subscriptions.
 func ListSubscriptions(ctx context.Context, subs schema.Subscriptions) ([]itx.SubscriptionSummary, error) {
 	if err := NotSent(ctx, "ListSubscriptions"); err != nil {

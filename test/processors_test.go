@@ -398,3 +398,46 @@ func TestProcessors_RevivalResumesAHaltedWake(t *testing.T) {
 	})
 	require.Equal(t, itx.StatusHalted, describe().Status)
 }
+
+// A processor author's Go reaches a subscription's processor and the project's remote hosts
+// through the client's helpers, pipelined, as it reaches a stream or a subscription: the
+// snapshot is the guestbook's committed state, a webhook subscription has no processor, and
+// ProcessorHosts lists a mounted host with its contract.
+func TestClient_ProcessorAndProcessorHosts(t *testing.T) {
+	ts := startServer(t, server.Config{Processors: referenceHost(t, "guestbook")})
+	ctx := ctxT(t)
+	p := ts.project(t)
+	s := stream(t, p, "/client/helpers")
+	configureProcessor(t, s, "guestbook")
+	head := mustAppend(t, s, examples.GuestbookSigned.Input(examples.Signed{Name: "ada", Message: "hi"}, "")).HeadOffset
+	sub := client.Subscription(ctx, s, "guestbook")
+	defer sub.Release()
+	_, err := client.WaitUntilProcessed(ctx, sub, head, 0)
+	require.NoError(t, err)
+	proc := client.Processor(ctx, sub)
+	defer proc.Release()
+	snap, err := client.Snapshot(ctx, proc)
+	require.NoError(t, err)
+	require.Equal(t, head, snap.ProcessedOffset)
+	require.JSONEq(t, guestbookFold(t, s), snap.State)
+
+	hook := client.Subscription(ctx, s, "hook")
+	defer hook.Release()
+	_, _, err = client.ConfigureSubscription(ctx, client.Subscriptions(ctx, s), client.SubscriptionConfig{Name: "hook",
+		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: "http://127.0.0.1:1/"}})
+	require.NoError(t, err)
+	none := client.Processor(ctx, hook)
+	defer none.Release()
+	_, err = client.Snapshot(ctx, none)
+	require.Error(t, err, "a webhook subscription has no processor")
+
+	awaitMount(t, runRemoteHost(t, ts.addr, ts.creds.ProjectToken, "worker-1", referenceHost(t, "forwarder")))
+	hosts := client.ProcessorHosts(ctx, p)
+	defer hosts.Release()
+	list, err := client.ListProcessorHosts(ctx, hosts)
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+	require.Equal(t, "worker-1", list[0].Name)
+	require.Len(t, list[0].Contracts, 1)
+	require.Equal(t, "forwarder", list[0].Contracts[0].Name)
+}
