@@ -141,17 +141,33 @@ func (s *MemoryStream) Append(ctx context.Context, inputs []itx.EventInput) ([]i
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	// The bounds of one append call, as itxd refuses a client's (and a processor's): a batch
+	// that passes here and not there would fail its frame at every redelivery in production.
+	if len(inputs) == 0 {
+		return nil, itx.Errorf(itx.EInvalid, "append needs at least one event")
+	}
+	if len(inputs) > itx.MaxAppendEvents {
+		return nil, itx.ErrAppendTooManyEvents(len(inputs))
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	next := s.head() + 1
 	staged := map[string]itx.Event{}
 	var out, fresh []itx.Event
-	for _, in := range inputs {
+	total := 0
+	for i, in := range inputs {
 		in.Payload = slices.Clone(in.Payload)
 		in.Metadata = slices.Clone(in.Metadata)
 		if err := in.Normalize(); err != nil {
 			return nil, err
 		}
+		if len(in.Provenance) > 0 {
+			return nil, itx.Errorf(itx.EInvalid, "event %d: provenance is written only by copy-to-stream", i)
+		}
+		if strings.HasPrefix(in.IdempotencyKey, itx.InternalKeyPrefix) {
+			return nil, itx.Errorf(itx.EInvalid, "event %d: idempotency keys starting %q are the server's", i, itx.InternalKeyPrefix)
+		}
+		total += in.Size()
 		if err := checkCore(in); err != nil {
 			return nil, err
 		}
@@ -184,6 +200,9 @@ func (s *MemoryStream) Append(ctx context.Context, inputs []itx.EventInput) ([]i
 		}
 		fresh = append(fresh, e)
 		out = append(out, e)
+	}
+	if total > itx.MaxAppendBytes {
+		return nil, itx.ErrAppendTooLarge(total)
 	}
 	for _, e := range fresh {
 		if e.IdempotencyKey != "" {

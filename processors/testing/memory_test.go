@@ -61,3 +61,51 @@ var MemoryControlCases = []struct {
 	{"error-occurred", itx.TypeErrorOccurred, `{"message":"m"}`, true},
 	{"an ordinary event", "order/placed", `{}`, true},
 }
+
+// The bounds of one append call hold in the harness as in itxd: a processor's batch past them,
+// or carrying what only itxd writes (provenance, a server key), is refused whole.
+func TestMemoryStream_RefusesAppendsPastItxdsBounds(t *testing.T) {
+	big := make([]byte, 900<<10)
+	for i := range big {
+		big[i] = 'x'
+	}
+	bigPayload := []byte(`{"s":"` + string(big) + `"}`)
+	many := make([]itx.EventInput, itx.MaxAppendEvents+1)
+	for i := range many {
+		many[i] = itx.EventInput{Type: "x/y"}
+	}
+	heavy := make([]itx.EventInput, 10) // 10 x 900 KiB: each under the event bound, past the batch's
+	for i := range heavy {
+		heavy[i] = itx.EventInput{Type: "x/y", Payload: bigPayload}
+	}
+	for _, tc := range []struct {
+		name   string
+		inputs []itx.EventInput
+		want   itx.Code
+	}{
+		{"no event", nil, itx.EInvalid},
+		{"too many events", many, itx.ETooLarge},
+		{"too many bytes", heavy, itx.ETooLarge},
+		{"provenance", []itx.EventInput{{Type: "x/y", Provenance: []itx.Hop{{Path: "/a", Offset: 1}}}}, itx.EInvalid},
+		{"a server key", []itx.EventInput{{Type: "x/y", IdempotencyKey: itx.InternalKeyPrefix + "k"}}, itx.EInvalid},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := proctest.NewMemoryStream("/m", itx.SystemClock{})
+			_, err := s.Append(t.Context(), tc.inputs)
+			if got := itx.ErrorCode(err); got != tc.want {
+				t.Errorf("code %q (%v), want %q", got, err, tc.want)
+			}
+			if s.Head() != 0 {
+				t.Errorf("head %d after a refused append", s.Head())
+			}
+		})
+	}
+	// At the bounds, taken.
+	s := proctest.NewMemoryStream("/m", itx.SystemClock{})
+	if _, err := s.Append(t.Context(), many[:itx.MaxAppendEvents]); err != nil {
+		t.Errorf("%d events: %v", itx.MaxAppendEvents, err)
+	}
+	if _, err := s.Append(t.Context(), heavy[:9]); err != nil {
+		t.Errorf("9 x 900 KiB: %v", err)
+	}
+}
