@@ -427,6 +427,14 @@ func run() error {
 	if err := examples.AddTo(host, strings.Split(*procNames, ","), examples.HostOptions{Vendor: vendor, Agent: agentCfg}); err != nil {
 		return usagef("--processors: %v", err)
 	}
+	if len(host.Contracts()) > 0 && *idle < processors.KeepaliveLead {
+		// Taken (a short idle timeout is a legitimate test of eviction), but said: what keeps a
+		// stream loaded while its processors' work runs is the keepalive's busy fire every lead
+		// interval. Under it the sweep unloads the stream between two fires, cancelling the work,
+		// and work longer than the idle timeout is cancelled again after every revival.
+		log.Warn().Dur("idleTimeout", *idle).Dur("keepaliveLead", processors.KeepaliveLead).
+			Msg("--idle-timeout is under the processors' keepalive lead: a stream can unload while its in-process processors' work runs, which cancels it, and work that takes longer than the idle timeout never finishes")
+	}
 	if *newRootToken {
 		return mintDeploymentToken(log, *data)
 	}
