@@ -350,9 +350,9 @@ func TestEval_Session(t *testing.T) {
 	})
 
 	t.Run("bad arguments are refused before sending", func(t *testing.T) {
-		f := s.failure(t, `a.getEvents({afterOffset: 2})`)
+		f := s.failure(t, `a.getEvents({aftr: 2})`)
 		require.Equal(t, "invalidArgument", f.Code)
-		require.Contains(t, f.Message, `unknown option "afterOffset"`)
+		require.Contains(t, f.Message, `unknown option "aftr"`)
 		f = s.failure(t, `a.getEvents({after: -1})`)
 		require.Contains(t, f.Message, "after: expected a non-negative integer")
 		f = s.failure(t, `project.streams.get(42)`)

@@ -15,16 +15,37 @@ import (
 // know is refused, naming the keys it does know: a typo must not silently read the whole
 // stream.
 type options struct {
-	s      *Session
-	what   string // "getEvents" or "getEvents: event 2", for messages
-	obj    *goja.Object
-	known  []string
-	errors []string
+	s         *Session
+	what      string // "getEvents" or "getEvents: event 2", for messages
+	obj       *goja.Object
+	known     []string
+	spellings spellings
+	errors    []string
 }
+
+// spellings maps another name of an option to the name this prompt reads it under.
+type spellings map[string]string
+
+// readSpellings and connectionSpellings are the TypeScript itx surface's names for options this
+// prompt spells shorter: its read window (StreamEventReadInput: afterOffset, beforeOffset,
+// eventTypes, also waitForEvent's) and openConnection's replayAfterOffset (or afterOffset, as
+// the reads spell it) and eventTypes, so an expression copied from there runs as written. Each is
+// one option under two names: both given is refused rather than one silently winning. One
+// difference stays: eventTypes: [] reads every type here (as types: [] does), where the
+// TypeScript matches none.
+var (
+	readSpellings       = spellings{"afterOffset": "after", "beforeOffset": "before", "eventTypes": "types"}
+	connectionSpellings = spellings{"replayAfterOffset": "after", "afterOffset": "after", "eventTypes": "types"}
+)
 
 // opts reads v as an options object; undefined and null read as an empty one.
 func (s *Session) opts(what string, v goja.Value, known ...string) (*options, error) {
-	o := &options{s: s, what: what, known: known}
+	return s.optsSpelled(what, v, nil, known...)
+}
+
+// optsSpelled is opts also taking each option under the other names sp gives it.
+func (s *Session) optsSpelled(what string, v goja.Value, sp spellings, known ...string) (*options, error) {
+	o := &options{s: s, what: what, known: known, spellings: sp}
 	if isAbsent(v) {
 		return o, nil
 	}
@@ -33,6 +54,14 @@ func (s *Session) opts(what string, v goja.Value, known ...string) (*options, er
 		return nil, itx.Errorf(itx.EInvalid, "%s: expected an options object {%s}, got %s", what, strings.Join(known, ", "), describeValue(v))
 	}
 	for _, k := range obj.Keys() {
+		if name, ok := sp[k]; ok && contains(known, name) {
+			for _, other := range obj.Keys() {
+				if other != k && (other == name || sp[other] == name) && !isAbsent(obj.Get(other)) && !isAbsent(obj.Get(k)) {
+					return nil, itx.Errorf(itx.EInvalid, "%s: %s and %s are one option (%s is the TypeScript surface's name for %s); give one", what, k, other, k, name)
+				}
+			}
+			continue
+		}
 		if !contains(known, k) {
 			return nil, itx.Errorf(itx.EInvalid, "%s: unknown option %q (known: %s)", what, k, strings.Join(known, ", "))
 		}
@@ -83,15 +112,27 @@ func (o *options) get(key string) goja.Value {
 	if o.obj == nil {
 		return nil
 	}
-	v := o.obj.Get(key)
+	v := o.obj.Get(o.given(key))
 	if isAbsent(v) {
 		return nil
 	}
 	return v
 }
 
+// given is the name the caller gave option key under: key, or another spelling of it.
+func (o *options) given(key string) string {
+	if o.obj != nil && isAbsent(o.obj.Get(key)) {
+		for other, name := range o.spellings {
+			if name == key && !isAbsent(o.obj.Get(other)) {
+				return other
+			}
+		}
+	}
+	return key
+}
+
 func (o *options) fail(key, format string, args ...any) {
-	o.errors = append(o.errors, key+": "+sprintf(format, args...))
+	o.errors = append(o.errors, o.given(key)+": "+sprintf(format, args...))
 }
 
 // err reports every problem found, in one error.
@@ -304,6 +345,11 @@ func arg(args []goja.Value, i int) goja.Value {
 // or positional values followed by one options object for the rest (getEvents(5, {types:
 // "note"})). known lists every key the options object may hold, positional ones included.
 func (s *Session) params(what string, args []goja.Value, positional []string, known ...string) (*options, error) {
+	return s.paramsSpelled(what, args, positional, nil, known...)
+}
+
+// paramsSpelled is params also taking each option under the other names sp gives it.
+func (s *Session) paramsSpelled(what string, args []goja.Value, positional []string, sp spellings, known ...string) (*options, error) {
 	merged := s.vm.NewObject()
 	for i, v := range args {
 		if isAbsent(v) {
@@ -326,5 +372,5 @@ func (s *Session) params(what string, args []goja.Value, positional []string, kn
 		}
 		merged.Set(positional[i], v)
 	}
-	return s.opts(what, merged, known...)
+	return s.optsSpelled(what, merged, sp, known...)
 }

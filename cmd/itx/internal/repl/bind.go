@@ -62,13 +62,13 @@ var bindings = map[string]map[string]binding{
 	},
 	"Stream": {
 		"append":                {"append(event | [events], {expectedHeadOffset, conditional}?) -> {offsets, duplicate, headOffset, streamId} (an expectedHeadOffset makes it conditional: offsetConflict unless the head is that offset; conditional: true alone expects an empty stream, false turns it off)", streamAppend},
-		"getEvents":             {"getEvents(after?, limit?) or getEvents({after, before, limit, types, includeEphemeral, subscription, all}) -> [events] (one page of at most 500 events or 4 MiB; all: true reads every page)", streamGetEvents},
-		"getEventPage":          {"getEventPage(after?, limit?) or getEventPage({after, before, limit, types, includeEphemeral, subscription}) -> {events, streamId, streamMaxOffset, nextAfter}", streamGetEventPage},
-		"waitForEvent":          {"waitForEvent(types?, after?, timeoutMs?) or waitForEvent({types, payloadContains, where, after, timeoutMs, includeEphemeral}) -> event", streamWaitForEvent},
+		"getEvents":             {"getEvents(after?, limit?) or getEvents({after, before, limit, types, includeEphemeral, subscription, all}) -> [events] (one page of at most 500 events or 4 MiB; all: true reads every page; afterOffset, beforeOffset and eventTypes, the TypeScript surface's names, are taken too)", streamGetEvents},
+		"getEventPage":          {"getEventPage(after?, limit?) or getEventPage({after, before, limit, types, includeEphemeral, subscription}) -> {events, streamId, streamMaxOffset, nextAfter} (afterOffset, beforeOffset and eventTypes are taken too)", streamGetEventPage},
+		"waitForEvent":          {"waitForEvent(types?, after?, timeoutMs?) or waitForEvent({types, payloadContains, where, after, timeoutMs, includeEphemeral}) -> event (afterOffset and eventTypes are taken too)", streamWaitForEvent},
 		"describe":              {"describe() -> {path, streamId, headOffset, createdAt, ...}", streamDescribe},
 		"setSubscriptionCursor": {"setSubscriptionCursor(name, afterOffset) or setSubscriptionCursor({name, afterOffset}) -> {offset}", streamSetSubscriptionCursor},
 		"resumeSubscription":    {"resumeSubscription(name) or resumeSubscription({name}) -> {offset}", streamResumeSubscription},
-		"openConnection":        {"openConnection(after?) or openConnection({after, types, maxDeliveryEvents, maxDeliveryBytes, noState (or state: false), openedBy, key, includeEphemeral, expectedStreamId}) -> connection {take(min?, timeoutMs?), ping(), key(), close(reason)}", streamOpenConnection},
+		"openConnection":        {"openConnection(after?) or openConnection({after, types, maxDeliveryEvents, maxDeliveryBytes, noState (or state: false), openedBy, key, includeEphemeral, expectedStreamId}) -> connection {take(min?, timeoutMs?), ping(), key(), close(reason)} (replayAfterOffset or afterOffset, and eventTypes, are taken too)", streamOpenConnection},
 		"liveState":             {"liveState() -> live view {snapshot(), patches(min?, timeoutMs?), cancel()} (returns once the first snapshot is in)", streamLiveState},
 		"schedule":              {"schedule(event, dueAt) or schedule({event, dueAt}) -> {dueAt, appendedOffset?} (dueAt null when the key is already in the log at appendedOffset; a durable timer: event, with its idempotencyKey, is appended at dueAt: a Date, an ISO-8601 time, epoch ms or a duration from now like \"10m\")", streamSchedule},
 		"cancelScheduled":       {"cancelScheduled(key) or cancelScheduled({key}) -> {cancelled}", streamCancelScheduled},
@@ -599,7 +599,7 @@ func streamAppend(ctx context.Context, s *Session, c capnp.Client, _ capPath, ar
 var queryKeys = []string{"after", "before", "limit", "types", "includeEphemeral", "subscription"}
 
 func (s *Session) query(what string, args []goja.Value, extra ...string) (itx.Query, *options, error) {
-	o, err := s.params(what, args, []string{"after", "limit"}, append(queryKeys, extra...)...)
+	o, err := s.paramsSpelled(what, args, []string{"after", "limit"}, readSpellings, append(queryKeys, extra...)...)
 	if err != nil {
 		return itx.Query{}, nil, err
 	}
@@ -713,7 +713,7 @@ func streamGetEventPage(ctx context.Context, s *Session, c capnp.Client, _ capPa
 }
 
 func streamWaitForEvent(ctx context.Context, s *Session, c capnp.Client, _ capPath, args []goja.Value) (any, error) {
-	o, err := s.params("waitForEvent", args, []string{"types", "after", "timeoutMs"}, "types", "payloadContains", "where", "after", "timeoutMs", "includeEphemeral")
+	o, err := s.paramsSpelled("waitForEvent", args, []string{"types", "after", "timeoutMs"}, readSpellings, "types", "payloadContains", "where", "after", "timeoutMs", "includeEphemeral")
 	if err != nil {
 		return nil, err
 	}

@@ -333,7 +333,7 @@ func (s *Session) openConnection(ctx context.Context, stream capnp.Client, v goj
 
 // openConnectionTo opens a connection delivering into sink.
 func (s *Session) openConnectionTo(ctx context.Context, stream capnp.Client, v goja.Value, sink *eventSink) (*liveConnection, error) {
-	o, err := s.opts("openConnection", v, connectionKeys...)
+	o, err := s.optsSpelled("openConnection", v, connectionSpellings, connectionKeys...)
 	if err != nil {
 		return nil, err
 	}
@@ -392,7 +392,7 @@ func (s *Session) openConnectionTo(ctx context.Context, stream capnp.Client, v g
 }
 
 func streamOpenConnection(ctx context.Context, s *Session, c capnp.Client, p capPath, args []goja.Value) (any, error) {
-	o, err := s.params("openConnection", args, []string{"after"}, connectionKeys...)
+	o, err := s.paramsSpelled("openConnection", args, []string{"after"}, connectionSpellings, connectionKeys...)
 	if err != nil {
 		return nil, err
 	}

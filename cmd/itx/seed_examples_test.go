@@ -1,0 +1,77 @@
+package main
+
+import (
+	"testing"
+
+	"github.com/itx-dev/itx"
+	"github.com/stretchr/testify/require"
+)
+
+// offsetsOf is the offsets of the events in v, a list of events as the prompt returns them.
+func offsetsOf(t testing.TB, v any) []float64 {
+	t.Helper()
+	var got []float64
+	for _, e := range arr(t, v) {
+		got = append(got, obj(t, e)["offset"].(float64))
+	}
+	return got
+}
+
+// The TypeScript itx surface spells the read window afterOffset, beforeOffset and eventTypes
+// (StreamEventReadInput, waitForEvent's input) and a connection's start replayAfterOffset: an
+// expression copied from there ran into "unknown option" at the prompt, which spells them after,
+// before and types. Each is now one option under both names; both at once is refused, naming
+// them, rather than one silently winning.
+func TestEval_TypeScriptSpellingsOfTheReadWindow(t *testing.T) {
+	ts := startServer(t)
+	ts.appendDirect(t, "/ts", itx.EventInput{Type: "note"}, itx.EventInput{Type: "other"}, itx.EventInput{Type: "note"})
+	s := newSession(t, ts)
+	s.mustEval(t, `var a = project.streams.get("/ts")`)
+
+	require.Equal(t, []float64{3}, offsetsOf(t, s.mustEval(t, `a.getEvents({afterOffset: 1, eventTypes: ["note"]})`)))
+	require.Equal(t, []float64{1, 2}, offsetsOf(t, s.mustEval(t, `a.getEvents({afterOffset: 0, beforeOffset: 3})`)))
+	require.Equal(t, []float64{3}, offsetsOf(t, obj(t, s.mustEval(t, `a.getEventPage({afterOffset: 2, limit: 10})`))["events"]))
+	got := obj(t, s.mustEval(t, `a.waitForEvent({afterOffset: 1, eventTypes: ["note"], timeoutMs: 10000})`))
+	require.Equal(t, 3.0, got["offset"])
+	// Each connection starts after the event before the head's (a note), then takes a note and
+	// a later event out of the three appended after it opens.
+	for _, open := range []string{
+		`a.openConnection({replayAfterOffset: a.describe().headOffset - 1, eventTypes: ["note", "later"]})`,
+		`a.openConnection({afterOffset: a.describe().headOffset - 1, eventTypes: ["note", "later"]})`,
+	} {
+		s.mustEval(t, `var c = `+open)
+		ts.appendDirect(t, "/ts", itx.EventInput{Type: "skipped"}, itx.EventInput{Type: "later"}, itx.EventInput{Type: "note"})
+		taken := obj(t, s.mustEval(t, `c.take(3, 10000)`))
+		require.Equal(t, []string{"note", "later", "note"}, typesOf(t, taken["events"]), open)
+		s.mustEval(t, `c.close("done")`)
+	}
+
+	for src, names := range map[string][]string{
+		`a.getEvents({after: 1, afterOffset: 2})`:                     {"afterOffset", "after"},
+		`a.getEvents(1, {afterOffset: 2})`:                            {"afterOffset", "after"},
+		`a.getEventPage({types: ["note"], eventTypes: ["other"]})`:    {"eventTypes", "types"},
+		`a.waitForEvent({afterOffset: 0, after: 0, timeoutMs: 10})`:   {"afterOffset", "after"},
+		`a.openConnection({replayAfterOffset: 1, afterOffset: 1})`:    {"replayAfterOffset", "afterOffset"},
+		`a.openConnection({after: 1, replayAfterOffset: 1})`:          {"replayAfterOffset", "after"},
+		`a.getEvents({before: 2, beforeOffset: 2, afterOffset: 0})`:   {"beforeOffset", "before"},
+		`project.streams.list({afterOffset: 1})`:                      {"afterOffset"},
+		`a.getEvents({afterOffset: -1})`:                              {"afterOffset", "non-negative"},
+		`a.openConnection({replayAfterOffset: "1", eventTypes: "x"})`: {"replayAfterOffset"},
+	} {
+		f := s.failure(t, src)
+		require.Equal(t, "invalidArgument", f.Code, "%s: %s", src, f.Message)
+		for _, n := range names {
+			require.Contains(t, f.Message, n, src)
+		}
+	}
+}
+
+// typesOf is the types of the events in v.
+func typesOf(t testing.TB, v any) []string {
+	t.Helper()
+	var got []string
+	for _, e := range arr(t, v) {
+		got = append(got, obj(t, e)["type"].(string))
+	}
+	return got
+}
