@@ -452,7 +452,7 @@ func TestEval_Session(t *testing.T) {
 		got, _ = s.Complete(`ag`)
 		require.Equal(t, []string{"agent("}, got, "agent(path), the README's sugar, completes")
 		got, _ = s.Complete(`agent("/a").`)
-		require.Equal(t, []string{"path", "processor", "subscription"}, got)
+		require.Equal(t, []string{"path", "processor", "subscription", "liveState"}, got)
 		got, _ = s.Complete(`agent("/a").processor.sn`)
 		require.Equal(t, []string{"snapshot("}, got)
 		got, _ = s.Complete(`agent("/a").subscription.wait`)

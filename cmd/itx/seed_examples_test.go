@@ -1,9 +1,14 @@
 package main
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/internal/itxtest"
+	"github.com/itx-dev/itx/processors"
+	"github.com/itx-dev/itx/processors/examples"
+	"github.com/itx-dev/itx/server"
 	"github.com/stretchr/testify/require"
 )
 
@@ -74,4 +79,30 @@ func typesOf(t testing.TB, v any) []string {
 		got = append(got, obj(t, e)["type"].(string))
 	}
 	return got
+}
+
+// The seed attaches a processor's live subscribers through the per-domain facades, "e.g.
+// agent.liveState": agent(path).liveState() is agent(path).processor.liveState(), the agent
+// processor's own view. It was a TypeError ("Object has no member 'liveState'").
+func TestRun_AgentLiveStateIsItsProcessors(t *testing.T) {
+	host := processors.NewHost("agent-live")
+	require.NoError(t, examples.AddTo(host, examples.Names, examples.HostOptions{}))
+	srv := itxtest.Start(t, server.Config{Processors: host})
+	ts := &testServer{addr: srv.Addr, token: srv.Creds.ProjectToken, dir: srv.Dir}
+	s := newSession(t, ts)
+	at := obj(t, s.mustEval(t, `project.streams.get("/bot").subscriptions.configure({name: "agent", receiver: {type: "processor-wake"}})`))["offset"]
+	s.mustEval(t, fmt.Sprintf(`agent("/bot").subscription.waitUntilProcessed(%d)`, int64(at.(float64))))
+
+	facade := obj(t, s.mustEval(t, `var v = agent("/bot").liveState(); v.snapshot()`))
+	direct := obj(t, s.mustEval(t, `var w = agent("/bot").processor.liveState(); w.snapshot()`))
+	require.Equal(t, "agent", obj(t, facade["state"])["name"], "the agent processor's view")
+	require.Equal(t, direct["state"], facade["state"])
+	require.Equal(t, 1.0, facade["revision"])
+	s.mustEval(t, `v.cancel(); w.cancel()`)
+
+	f := s.failure(t, `agent("/bot").liveState({revision: 1})`)
+	require.Equal(t, "invalidArgument", f.Code, f.Message)
+	f = s.failure(t, `agent("/nobody").liveState()`)
+	require.Equal(t, "notFound", f.Code, f.Message)
+	require.Equal(t, "function", s.mustEval(t, `typeof agent("/bot").liveState`))
 }

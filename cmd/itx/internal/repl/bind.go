@@ -132,21 +132,7 @@ func (s *Session) proxy(p capPath) *goja.Object {
 	ifc := s.ifcs[p.iface]
 	for _, m := range ifc.Methods {
 		if b, ok := bindings[p.iface][m.Name]; ok {
-			hidden(m.Name, func(call goja.FunctionCall) goja.Value {
-				if err := s.ensureConnected(s.ctx()); err != nil {
-					panic(s.throw(err))
-				}
-				c := s.client(p)
-				defer c.Release()
-				v, err := b.run(s.ctx(), s, c, p, call.Arguments)
-				if err != nil {
-					panic(s.throw(err))
-				}
-				if jv, ok := v.(goja.Value); ok {
-					return jv
-				}
-				return s.toJS(v)
-			})
+			hidden(m.Name, func(call goja.FunctionCall) goja.Value { return s.invoke(p, b, call.Arguments) })
 			continue
 		}
 		if _, ok := navigators[p.iface+"."+m.Name]; !ok {
@@ -173,6 +159,24 @@ func (s *Session) proxy(p capPath) *goja.Object {
 	}
 	self = s.strictMembers(obj, p.iface)
 	return self
+}
+
+// invoke calls the method b binds on the capability at p, waiting for its answer: a JavaScript
+// value, or a thrown error with the call's code.
+func (s *Session) invoke(p capPath, b binding, args []goja.Value) goja.Value {
+	if err := s.ensureConnected(s.ctx()); err != nil {
+		panic(s.throw(err))
+	}
+	c := s.client(p)
+	defer c.Release()
+	v, err := b.run(s.ctx(), s, c, p, args)
+	if err != nil {
+		panic(s.throw(err))
+	}
+	if jv, ok := v.(goja.Value); ok {
+		return jv
+	}
+	return s.toJS(v)
 }
 
 // method is fn as a JavaScript function named name, so a.describe read without calling it

@@ -241,7 +241,7 @@ const helpIntro = `Expressions are JavaScript; ` + "`project`" + ` is the projec
   let a = project.streams.get("/a"); a.describe()
   project.streams.list()
   project.streams.get("/a").subscriptions.get("agent").describe()
-  agent("/a").processor.snapshot()   (agent(path): .processor and .subscription of its "agent" subscription)
+  agent("/a").processor.snapshot()   (agent(path): .processor and .subscription of its "agent" subscription, .liveState() its processor's)
 Navigation (.streams, .get(path), .subscriptions, ...) is pipelined; the last call waits.
 Calls return their results directly (await is accepted and does nothing). Tab completes.
 Every method takes its values in order or one options object (.help Stream shows both).

@@ -42,9 +42,10 @@ func (s *Session) Complete(text string) (candidates []string, partial string) {
 	rest := segments[1 : len(segments)-1]
 	switch {
 	case strings.HasPrefix(head, "agent("):
-		// agent("/a") is {path, processor, subscription}: sugar for the "agent" subscription.
+		// agent("/a") is {path, processor, subscription, liveState}: sugar for the "agent"
+		// subscription.
 		if len(segments) == 2 {
-			return filterPrefix([]string{"path", "processor", "subscription"}, partial), partial
+			return filterPrefix([]string{"path", "processor", "subscription", "liveState"}, partial), partial
 		}
 		switch segments[1] {
 		case "processor":

@@ -455,7 +455,8 @@ func (s *Session) initVM() error {
 
 // agent is agent(path): the agent of the stream at path, whose processor is the seed's sugar
 // agent.processor for project.streams.get(path).subscriptions.get("agent").processor (the
-// processor-wake subscription named after the contract), and subscription the subscription.
+// processor-wake subscription named after the contract), subscription the subscription, and
+// liveState() the seed's per-domain facade (agent.liveState) for processor.liveState().
 func (s *Session) agent(call goja.FunctionCall) goja.Value {
 	path, err := s.stringArg("agent", call.Arguments, 0, "path")
 	if err == nil {
@@ -471,8 +472,12 @@ func (s *Session) agent(call goja.FunctionCall) goja.Value {
 	getter := func(p capPath) goja.Value {
 		return vm.ToValue(func(goja.FunctionCall) goja.Value { return s.navigate(p) })
 	}
-	obj.DefineAccessorProperty("processor", getter(sub.child("Processor", "processor", "")), nil, goja.FLAG_FALSE, goja.FLAG_TRUE)
+	processor := sub.child("Processor", "processor", "")
+	obj.DefineAccessorProperty("processor", getter(processor), nil, goja.FLAG_FALSE, goja.FLAG_TRUE)
 	obj.DefineAccessorProperty("subscription", getter(sub), nil, goja.FLAG_FALSE, goja.FLAG_TRUE)
+	obj.DefineDataProperty("liveState", s.method("liveState", func(call goja.FunctionCall) goja.Value {
+		return s.invoke(processor, bindings["Processor"]["liveState"], call.Arguments)
+	}), goja.FLAG_FALSE, goja.FLAG_FALSE, goja.FLAG_TRUE)
 	return obj
 }
 
