@@ -1,10 +1,14 @@
 package main
 
 import (
+	"context"
 	"fmt"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/cmd/itx/internal/repl"
 	"github.com/itx-dev/itx/internal/itxtest"
 	"github.com/itx-dev/itx/processors"
 	"github.com/itx-dev/itx/processors/examples"
@@ -105,4 +109,38 @@ func TestRun_AgentLiveStateIsItsProcessors(t *testing.T) {
 	f = s.failure(t, `agent("/nobody").liveState()`)
 	require.Equal(t, "notFound", f.Code, f.Message)
 	require.Equal(t, "function", s.mustEval(t, `typeof agent("/bot").liveState`))
+}
+
+// A connection, a live view and a mounted receiver print as what they are, [Connection /a],
+// as a capability prints as its path ([Stream /a]); they printed as JSON strings,
+// "[Connection /a]", as if the call had answered a string. Under --json every result is a JSON
+// document, so there they stay strings.
+func TestEval_ConnectionsAndViewsPrintAsLabels(t *testing.T) {
+	ts := startServer(t)
+	ts.appendDirect(t, "/a", itx.EventInput{Type: "note"})
+	out := newSyncBuffer()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rs, err := repl.Connect(ctx, repl.Config{Addr: ts.addr, Token: ts.token, Out: out, Err: newSyncBuffer(), Format: repl.FormatPretty})
+	require.NoError(t, err)
+	t.Cleanup(func() { rs.Close() })
+	for src, want := range map[string]string{
+		`project.streams.get("/a")`:                       "[Stream /a]",
+		`project.streams.get("/a").openConnection()`:      "[Connection /a]",
+		`project.streams.get("/a").liveState()`:           "[LiveState /a]",
+		`project.capabilities.mount("inbox")`:             "[Receiver inbox]",
+		`String(project.streams.get("/a").liveState())`:   `"[LiveState /a]"`,
+		`[project.streams.get("/a").openConnection()][0]`: "[Connection /a]",
+	} {
+		out.Reset()
+		v, err := rs.Eval(ctx, "<test>", src)
+		require.NoError(t, err, src)
+		rs.Print(v)
+		require.Equal(t, want, strings.TrimSpace(out.String()), src)
+	}
+
+	s := newSession(t, ts)
+	got, err := s.eval(t, `project.streams.get("/a").openConnection()`)
+	require.NoError(t, err)
+	require.Equal(t, `"[Connection /a]"`, got, "a JSON document under --json")
 }

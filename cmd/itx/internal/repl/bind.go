@@ -231,6 +231,30 @@ func (s *Session) capabilityOf(v goja.Value) (*capPath, bool) {
 	return p, ok
 }
 
+// setLabel makes obj (a connection, a live view, a mounted receiver: objects the prompt makes,
+// not capability proxies) print as label, as a capability prints as its path: [Connection /a],
+// not the JSON string "[Connection /a]".
+func (s *Session) setLabel(obj *goja.Object, label string) {
+	vm := s.vm
+	obj.Set("toString", s.method("toString", func(goja.FunctionCall) goja.Value { return vm.ToValue(label) }))
+	obj.Set("toJSON", s.method("toJSON", func(goja.FunctionCall) goja.Value { return vm.ToValue(label) }))
+	obj.DefineDataPropertySymbol(s.labelSym, vm.ToValue(label), goja.FLAG_FALSE, goja.FLAG_FALSE, goja.FLAG_FALSE)
+}
+
+// labelOf returns the label setLabel gave v, if it gave one.
+func (s *Session) labelOf(v goja.Value) (string, bool) {
+	obj, ok := v.(*goja.Object)
+	if !ok {
+		return "", false
+	}
+	l := obj.GetSymbol(s.labelSym)
+	if l == nil {
+		return "", false
+	}
+	label, ok := l.Export().(string)
+	return label, ok
+}
+
 // isCapability reports whether v is a capability's proxy.
 func (s *Session) isCapability(v goja.Value) bool {
 	_, ok := s.capabilityOf(v)

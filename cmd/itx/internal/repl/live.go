@@ -403,8 +403,7 @@ func streamOpenConnection(ctx context.Context, s *Session, c capnp.Client, p cap
 	vm := s.vm
 	obj := vm.NewObject()
 	label := "[Connection " + p.steps[len(p.steps)-1].arg + "]"
-	obj.Set("toString", s.method("toString", func(goja.FunctionCall) goja.Value { return vm.ToValue(label) }))
-	obj.Set("toJSON", s.method("toJSON", func(goja.FunctionCall) goja.Value { return vm.ToValue(label) }))
+	s.setLabel(obj, label)
 	obj.Set("take", s.method("take", func(call goja.FunctionCall) goja.Value {
 		s.waitHeld("Connection.take", "events", call.Arguments, maxBuffered, conn.sink.wake, func() (int, bool) {
 			n, closed := conn.sink.held()
@@ -805,8 +804,7 @@ func processorLiveState(ctx context.Context, s *Session, c capnp.Client, p capPa
 func (s *Session) liveObject(v *liveView, label string) *goja.Object {
 	vm := s.vm
 	obj := vm.NewObject()
-	obj.Set("toString", s.method("toString", func(goja.FunctionCall) goja.Value { return vm.ToValue(label) }))
-	obj.Set("toJSON", s.method("toJSON", func(goja.FunctionCall) goja.Value { return vm.ToValue(label) }))
+	s.setLabel(obj, label)
 	obj.Set("snapshot", s.method("snapshot", s.noArgs("LiveView.snapshot", func(goja.FunctionCall) goja.Value {
 		var closed *Failure
 		if e := v.endedErr(); e != nil {

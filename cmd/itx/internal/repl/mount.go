@@ -152,8 +152,7 @@ func capabilitiesMount(ctx context.Context, s *Session, c capnp.Client, _ capPat
 	vm := s.vm
 	obj := vm.NewObject()
 	label := "[Receiver " + name + "]"
-	obj.Set("toString", s.method("toString", func(goja.FunctionCall) goja.Value { return vm.ToValue(label) }))
-	obj.Set("toJSON", s.method("toJSON", func(goja.FunctionCall) goja.Value { return vm.ToValue(label) }))
+	s.setLabel(obj, label)
 	obj.Set("take", s.method("take", func(call goja.FunctionCall) goja.Value {
 		s.waitHeld("Receiver.take", "batches", call.Arguments, maxBuffered, inbox.wake, func() (int, bool) {
 			n, closed := inbox.held()

@@ -92,6 +92,12 @@ func (s *Session) format(v goja.Value, asResult bool) string {
 		}
 		return p.label()
 	}
+	if label, ok := s.labelOf(v); ok {
+		if s.cfg.Format == FormatJSON {
+			return quoteJSON(label)
+		}
+		return label
+	}
 	if str, ok := v.Export().(string); ok && !asResult && s.cfg.Format != FormatJSON {
 		return str
 	}

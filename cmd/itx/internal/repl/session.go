@@ -104,6 +104,9 @@ type Session struct {
 
 	vm     *goja.Runtime
 	capSym *goja.Symbol
+	// labelSym marks the objects the prompt makes for what is not a capability path (a
+	// connection, a live view, a mounted receiver) with the label they print as.
+	labelSym *goja.Symbol
 
 	caps *capCache
 	// callCtx is the context of the evaluation in progress: every terminal call uses it, so
@@ -423,6 +426,7 @@ func (s *Session) initVM() error {
 	vm.SetMaxCallStackSize(maxCallStackSize)
 	s.vm = vm
 	s.capSym = goja.NewSymbol("itx.capability")
+	s.labelSym = goja.NewSymbol("itx.label")
 	if err := vm.Set("project", s.proxy(capPath{iface: "Project"})); err != nil {
 		return err
 	}
