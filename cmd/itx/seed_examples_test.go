@@ -144,3 +144,28 @@ func TestEval_ConnectionsAndViewsPrintAsLabels(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, `"[Connection /a]"`, got, "a JSON document under --json")
 }
+
+// Opening a key that is open replaces that connection, closed as replaced before the open is
+// answered (seed 000 and the TypeScript: the old one closes before the new one opens). take() on
+// the replaced one right after the open says so, as take() right after close() says
+// closedByClient; it answered {events: []} alone until itxd's own closed notice, a call of its
+// own, happened to arrive. Another key, and the key on another stream, are left open.
+func TestEval_TakeAfterReplaceSaysReplaced(t *testing.T) {
+	ts := startServer(t)
+	ts.appendDirect(t, "/r", itx.EventInput{Type: "note"})
+	ts.appendDirect(t, "/r2", itx.EventInput{Type: "note"})
+	s := newSession(t, ts)
+	s.mustEval(t, `var r = project.streams.get("/r"), r2 = project.streams.get("/r2")
+		var other = r.openConnection({key: "other", after: 1}), elsewhere = r2.openConnection({key: "tab", after: 1})`)
+	for i := 0; i < 10; i++ {
+		got := obj(t, s.mustEval(t, `var old = r.openConnection({key: "tab", after: 1}); r.openConnection({key: "tab", after: 1}); old.take()`))
+		closed := obj(t, got["closed"])
+		require.Equal(t, "failedPrecondition", closed["code"], "round %d: %v", i, got)
+		require.Contains(t, closed["message"], "replaced", "round %d", i)
+	}
+	s.mustEval(t, `var last = r.openConnection({key: "tab", after: 1})`)
+	for _, c := range []string{"last", "other", "elsewhere"} {
+		require.NotContains(t, obj(t, s.mustEval(t, c+`.take()`)), "closed", c)
+	}
+	require.Equal(t, 1.0, obj(t, s.mustEval(t, `last.ping()`))["headOffset"])
+}

@@ -289,6 +289,9 @@ type liveConnection struct {
 	// a reconnect replaced the connection to itxd it lived on): calls on it answer
 	// failedPrecondition instead of reaching a released client.
 	released atomic.Bool
+	// stream and key are the capability path of the stream it was opened on and the key it
+	// was opened under ("" when the server chose one): another open under the key replaces it.
+	stream, key string
 }
 
 func (c *liveConnection) release() {
@@ -321,6 +324,23 @@ func (c *liveConnection) close(ctx context.Context, reason string) error {
 	// after this answer: a take() right after close() says closed all the same.
 	c.sink.closedBy(&itx.Error{Code: itx.ECancelled, Message: "closedByClient: " + reason}, schema.CloseReason_closedByClient.String())
 	return nil
+}
+
+// replaced marks the connections of this session that conn, just opened, replaced: those opened
+// under its key on the same stream, which itxd closed before it answered the open. The server
+// tells their sinks why (replaced) with a call of its own, which may come after that answer: a
+// take() on one right after the open says closed all the same.
+func (s *Session) replaced(conn *liveConnection) {
+	if conn.key == "" {
+		return
+	}
+	s.liveMu.Lock()
+	defer s.liveMu.Unlock()
+	for h := range s.live {
+		if old, ok := h.(*liveConnection); ok && old != conn && old.stream == conn.stream && old.key == conn.key {
+			old.sink.closedBy(&itx.Error{Code: itx.EFailedPrecondition, Message: "replaced: a new connection opened under the same key"}, schema.CloseReason_replaced.String())
+		}
+	}
 }
 
 // openConnection opens a connection on the stream at p with a buffering sink.
@@ -400,6 +420,8 @@ func streamOpenConnection(ctx context.Context, s *Session, c capnp.Client, p cap
 	if err != nil {
 		return nil, err
 	}
+	conn.stream, conn.key = p.key(), o.str("key")
+	s.replaced(conn)
 	vm := s.vm
 	obj := vm.NewObject()
 	label := "[Connection " + p.steps[len(p.steps)-1].arg + "]"
