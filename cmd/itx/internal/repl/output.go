@@ -483,12 +483,34 @@ func exceptionMessage(err error) string {
 // throw makes a JavaScript Error from a Go error: its name is the code, so String(e) and an
 // uncaught error both read "<code>: <message>", and e.code is there for scripts that branch on it.
 func (s *Session) throw(err error) goja.Value {
+	s.awaitLoss(err)
 	f := describeGo(err)
 	obj := s.vm.NewGoError(err)
 	obj.Set("name", f.Code)
 	obj.Set("message", f.Message)
 	obj.Set("code", f.Code)
 	return obj
+}
+
+// lostWait bounds awaitLoss: go-capnp closes a connection's Done once its shutdown is over, a
+// little after the calls in flight on it failed.
+const lostWait = 5 * time.Second
+
+// awaitLoss waits, after a call failed because the connection to itxd was lost, until the
+// session sees that connection end (at most lostWait), so that the next call reconnects,
+// waiting for itxd, instead of going out on the dead connection: a script's statement right
+// after the one an itxd restart cut short failed disconnected too.
+func (s *Session) awaitLoss(err error) {
+	if itx.ErrorCode(err) != itx.EDisconnected || !strings.Contains(itx.ErrorMessage(err), "the connection to itxd was lost") {
+		return
+	}
+	t := time.NewTimer(lostWait)
+	defer t.Stop()
+	select {
+	case <-s.Done():
+	case <-t.C:
+	case <-s.ctx().Done():
+	}
 }
 
 // PrintError prints an evaluation's error: "<code>: <message>", red on a terminal, or a JSON
