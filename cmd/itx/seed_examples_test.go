@@ -306,3 +306,45 @@ func (p *cuttingProxy) cut() {
 		c.Close()
 	}
 }
+
+// The TypeScript processor surface (StreamProcessorRpc) is getRuntimeState(), snapshot() ->
+// {offset, state} and waitUntilProcessed({offset, timeoutMs}); seed 000 shows
+// .processor.snapshot() and the barrier on the subscription. At the prompt a processor's
+// waitUntilProcessed is its subscription's barrier (it was a TypeError), refused on a
+// subscription of another kind as the processor's own methods are, and snapshot() carries the
+// TypeScript name offset beside reducedOffset.
+func TestRun_ProcessorBarrierAndSnapshotOffset(t *testing.T) {
+	host := processors.NewHost("processor-barrier")
+	require.NoError(t, examples.AddTo(host, examples.Names, examples.HostOptions{}))
+	srv := itxtest.Start(t, server.Config{Processors: host})
+	ts := &testServer{addr: srv.Addr, token: srv.Creds.ProjectToken, dir: srv.Dir}
+	s := newSession(t, ts)
+	s.mustEval(t, `var g = project.streams.get("/guestbook")
+		g.subscriptions.configure({name: "guestbook", receiver: {type: "processor-wake"}})
+		g.subscriptions.configure({name: "mirror", receiver: {type: "copy-to-stream", path: "/copy"}})
+		var p = g.subscriptions.get("guestbook").processor`)
+	head := obj(t, s.mustEval(t, `g.append({type: "guestbook/signed", payload: {name: "ada", message: "hi"}})`))["headOffset"].(float64)
+
+	got := obj(t, s.mustEval(t, fmt.Sprintf(`p.waitUntilProcessed({offset: %d, timeoutMs: 20000})`, int64(head))))
+	require.GreaterOrEqual(t, got["confirmedOffset"].(float64), head)
+	snap := obj(t, s.mustEval(t, `p.snapshot()`))
+	require.Equal(t, snap["reducedOffset"], snap["offset"], "offset is the offset the state is folded through")
+	require.GreaterOrEqual(t, snap["offset"].(float64), head)
+	require.Equal(t, 1.0, obj(t, snap["state"])["count"])
+	require.Equal(t, got, obj(t, s.mustEval(t, fmt.Sprintf(`p.waitUntilProcessed(%d)`, int64(head)))), "values in order too")
+
+	f := s.failure(t, `p.waitUntilProcessed({offset: 1000, timeoutMs: 100})`)
+	require.Equal(t, "deadlineExceeded", f.Code, f.Message)
+	f = s.failure(t, `g.subscriptions.get("mirror").processor.waitUntilProcessed(1)`)
+	require.Equal(t, "failedPrecondition", f.Code, f.Message)
+	require.Contains(t, f.Message, "processor-wake")
+	f = s.failure(t, `g.subscriptions.get("nobody").processor.waitUntilProcessed(1)`)
+	require.Equal(t, "notFound", f.Code, f.Message)
+	f = s.failure(t, `p.waitUntilProcessed()`)
+	require.Equal(t, "invalidArgument", f.Code, f.Message)
+
+	require.NoError(t, s.RunCommand(context.Background(), "help Processor"))
+	require.Contains(t, s.out.String(), "waitUntilProcessed(offset, timeoutMs?)")
+	names, _ := s.Complete(`p.wa`)
+	require.Equal(t, []string{"waitUntilProcessed("}, names)
+}

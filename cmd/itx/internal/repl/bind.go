@@ -101,7 +101,7 @@ var bindings = map[string]map[string]binding{
 		"remove":   {"remove(name) or remove({name})", readersRemove},
 	},
 	"Processor": {
-		"snapshot":        {"snapshot() -> {state, reducedOffset, processedOffset}", processorSnapshot},
+		"snapshot":        {"snapshot() -> {state, reducedOffset, processedOffset, offset} (offset: reducedOffset, the TypeScript surface's name)", processorSnapshot},
 		"getRuntimeState": {"getRuntimeState() -> state", processorRuntimeState},
 		"liveState":       {"liveState() -> live view {snapshot(), patches(min?, timeoutMs?), cancel()} (returns once the first snapshot is in)", processorLiveState},
 	},
@@ -157,8 +157,38 @@ func (s *Session) proxy(p capPath) *goja.Object {
 			return s.navigate(p.child(m.Returns, m.Name, arg))
 		})
 	}
+	for _, m := range promptMethods[p.iface] {
+		hidden(m.name, func(call goja.FunctionCall) goja.Value { return s.invoke(p, m.binding, call.Arguments) })
+	}
 	self = s.strictMembers(obj, p.iface)
 	return self
+}
+
+// promptMethods are methods the prompt gives a capability's object beyond its schema
+// interface's.
+var promptMethods = map[string][]struct {
+	name string
+	binding
+}{
+	"Processor": {{"waitUntilProcessed", binding{"waitUntilProcessed(offset, timeoutMs?) or waitUntilProcessed({offset, timeoutMs}) -> {confirmedOffset} (its subscription's barrier, as the TypeScript processor surface has it)", processorWaitUntilProcessed}}},
+}
+
+// processorWaitUntilProcessed is the TypeScript processor surface's waitUntilProcessed({offset,
+// timeoutMs}): the barrier of the processor-wake subscription p was reached from, which follows
+// the processing cursor. Like the processor's own methods, it refuses a subscription of another
+// kind (failedPrecondition), which has no processor.
+func processorWaitUntilProcessed(ctx context.Context, s *Session, _ capnp.Client, p capPath, args []goja.Value) (any, error) {
+	sub := p.parent(s.ifcs)
+	c := s.client(sub)
+	defer c.Release()
+	d, err := client.DescribeSubscription(ctx, schema.Subscription(c))
+	if err != nil {
+		return nil, err
+	}
+	if d.Kind != itx.KindProcessorWake {
+		return nil, itx.Errorf(itx.EFailedPrecondition, "subscription %q is a %s subscription: only processor-wake subscriptions have a processor", d.Config.Name, d.Kind)
+	}
+	return subscriptionWaitUntilProcessed(ctx, s, c, sub, args)
 }
 
 // invoke calls the method b binds on the capability at p, waiting for its answer: a JavaScript
@@ -1293,11 +1323,14 @@ func processorSnapshot(ctx context.Context, s *Session, c capnp.Client, _ capPat
 	if err != nil {
 		return nil, err
 	}
+	// offset is the TypeScript surface's name (ProcessorSnapshot {offset, state}) for the offset
+	// the state is folded through: reducedOffset.
 	return struct {
 		State           json.RawMessage `json:"state"`
 		ReducedOffset   int64           `json:"reducedOffset"`
 		ProcessedOffset int64           `json:"processedOffset"`
-	}{rawJSON(snap.State), snap.ReducedOffset, snap.ProcessedOffset}, nil
+		Offset          int64           `json:"offset"`
+	}{rawJSON(snap.State), snap.ReducedOffset, snap.ProcessedOffset, snap.ReducedOffset}, nil
 }
 
 func processorRuntimeState(ctx context.Context, s *Session, c capnp.Client, _ capPath, _ []goja.Value) (any, error) {

@@ -271,6 +271,9 @@ func runHelp(ctx context.Context, s *Session, args []string) error {
 			for _, m := range ifc.Methods {
 				methods = append(methods, methodJS{m.Name, usage(ifc.Name, m)})
 			}
+			for _, m := range promptMethods[ifc.Name] {
+				methods = append(methods, methodJS{m.name, m.binding.usage})
+			}
 		}
 		if s.cfg.Format == FormatJSON {
 			return s.printJSONLine(struct {

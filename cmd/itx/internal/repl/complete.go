@@ -85,6 +85,9 @@ func (s *Session) Complete(text string) (candidates []string, partial string) {
 		iface = m.Returns
 	}
 	names := memberNames(s.ifcs[iface])
+	for _, m := range promptMethods[iface] {
+		names = append(names, m.name+"(")
+	}
 	switch iface {
 	case "Stream":
 		names = append(names, "path")
