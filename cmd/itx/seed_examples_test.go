@@ -348,3 +348,38 @@ func TestRun_ProcessorBarrierAndSnapshotOffset(t *testing.T) {
 	names, _ := s.Complete(`p.wa`)
 	require.Equal(t, []string{"waitUntilProcessed("}, names)
 }
+
+// The TypeScript surface opens a connection with {connectionKey, replayAfterOffset, filter:
+// {eventTypes, jsonataCondition}}: connectionKey is the key and filter.eventTypes the types; a
+// jsonataCondition, which a connection here cannot evaluate, is refused rather than dropped
+// (every event would arrive as if it matched). Both were "unknown option".
+func TestEval_TypeScriptConnectionOptions(t *testing.T) {
+	ts := startServer(t)
+	ts.appendDirect(t, "/tc", itx.EventInput{Type: "note"}, itx.EventInput{Type: "other"}, itx.EventInput{Type: "note"})
+	s := newSession(t, ts)
+	s.mustEval(t, `var a = project.streams.get("/tc")
+		var c = a.openConnection({connectionKey: "selected", replayAfterOffset: 0, filter: {eventTypes: ["note"]}})`)
+	require.Equal(t, "selected", s.mustEval(t, `c.key()`))
+	require.Equal(t, []float64{1, 3}, offsetsOf(t, obj(t, s.mustEval(t, `c.take(2, 10000)`))["events"]))
+	// The key is the key: an open under it replaces the connection.
+	got := obj(t, s.mustEval(t, `a.openConnection({key: "selected", after: 3}); c.take()`))
+	require.Contains(t, obj(t, got["closed"])["message"], "replaced")
+
+	for src, names := range map[string][]string{
+		`a.openConnection({filter: {eventTypes: ["note"], jsonataCondition: "payload.x = 1"}})`: {"jsonataCondition"},
+		`a.openConnection({types: ["note"], filter: {eventTypes: ["note"]}})`:                   {"filter.eventTypes", "types"},
+		`a.openConnection({eventTypes: ["note"], filter: {eventTypes: ["note"]}})`:              {"filter.eventTypes", "eventTypes"},
+		`a.openConnection({filter: {types: ["note"]}})`:                                         {`unknown option "types"`},
+		`a.openConnection({filter: "note"})`:                                                    {"filter", "a string"},
+		`a.openConnection({key: "x", connectionKey: "y"})`:                                      {"connectionKey", "key"},
+		`a.openConnection({maxReplayOffsetGap: 100})`:                                           {`unknown option "maxReplayOffsetGap"`},
+	} {
+		f := s.failure(t, src)
+		require.Equal(t, "invalidArgument", f.Code, "%s: %s", src, f.Message)
+		for _, n := range names {
+			require.Contains(t, f.Message, n, src)
+		}
+	}
+	live := obj(t, s.mustEval(t, `a.liveState().snapshot().state`))
+	require.Len(t, obj(t, live["connections"]), 1, "no refused open opened a connection: %v", live)
+}

@@ -29,13 +29,14 @@ type spellings map[string]string
 // readSpellings and connectionSpellings are the TypeScript itx surface's names for options this
 // prompt spells shorter: its read window (StreamEventReadInput: afterOffset, beforeOffset,
 // eventTypes, also waitForEvent's) and openConnection's replayAfterOffset (or afterOffset, as
-// the reads spell it) and eventTypes, so an expression copied from there runs as written. Each is
+// the reads spell it), eventTypes and connectionKey, so an expression copied from there runs as
+// written. Each is
 // one option under two names: both given is refused rather than one silently winning. One
 // difference stays: eventTypes: [] reads every type here (as types: [] does), where the
 // TypeScript matches none.
 var (
 	readSpellings       = spellings{"afterOffset": "after", "beforeOffset": "before", "eventTypes": "types"}
-	connectionSpellings = spellings{"replayAfterOffset": "after", "afterOffset": "after", "eventTypes": "types"}
+	connectionSpellings = spellings{"replayAfterOffset": "after", "afterOffset": "after", "eventTypes": "types", "connectionKey": "key"}
 )
 
 // opts reads v as an options object; undefined and null read as an empty one.

@@ -344,8 +344,9 @@ func (s *Session) replaced(conn *liveConnection) {
 }
 
 // openConnection opens a connection on the stream at p with a buffering sink.
-// "state" is the seed's spelling of the live-state switch (state: false), "noState" the schema's.
-var connectionKeys = []string{"after", "types", "maxDeliveryEvents", "maxDeliveryBytes", "noState", "state", "openedBy", "key", "includeEphemeral", "expectedStreamId"}
+// "state" is the seed's spelling of the live-state switch (state: false), "noState" the schema's;
+// "filter" is the TypeScript surface's ({eventTypes}: the types).
+var connectionKeys = []string{"after", "types", "maxDeliveryEvents", "maxDeliveryBytes", "noState", "state", "openedBy", "key", "includeEphemeral", "expectedStreamId", "filter"}
 
 func (s *Session) openConnection(ctx context.Context, stream capnp.Client, v goja.Value) (*liveConnection, error) {
 	return s.openConnectionTo(ctx, stream, v, newEventSink())
@@ -362,6 +363,27 @@ func (s *Session) openConnectionTo(ctx context.Context, stream capnp.Client, v g
 	noState, openedBy := o.bool("noState"), o.str("openedBy")
 	key, includeEphemeral := o.str("key"), o.bool("includeEphemeral")
 	expectedStreamID := o.str("expectedStreamId")
+	if f := o.get("filter"); f != nil {
+		// The TypeScript surface's filter: {eventTypes, jsonataCondition}. A connection here
+		// filters by type alone: a condition is refused rather than dropped (every event would
+		// arrive as if it matched).
+		fo, err := s.opts("openConnection: filter", f, "eventTypes", "jsonataCondition")
+		if err != nil {
+			return nil, err
+		}
+		if fo.has("jsonataCondition") {
+			return nil, itx.Errorf(itx.EInvalid, "openConnection: filter: jsonataCondition: a connection filters by type only (eventTypes); a subscription's filterCondition or waitForEvent's where evaluates JSONata")
+		}
+		if fo.has("eventTypes") {
+			if o.has("types") {
+				return nil, itx.Errorf(itx.EInvalid, "openConnection: filter.eventTypes and %s are one option; give one", o.given("types"))
+			}
+			types = fo.strings("eventTypes")
+		}
+		if err := fo.err(); err != nil {
+			return nil, err
+		}
+	}
 	if o.get("state") != nil {
 		if state := o.bool("state"); o.get("noState") != nil && state == noState {
 			o.fail("state", "state and noState say the opposite; give one")
