@@ -106,6 +106,7 @@ func TestRun_AgentLiveStateIsItsProcessors(t *testing.T) {
 	require.Equal(t, "agent", obj(t, facade["state"])["name"], "the agent processor's view")
 	require.Equal(t, direct["state"], facade["state"])
 	require.Equal(t, 1.0, facade["revision"])
+	require.Equal(t, "[LiveState Processor /bot agent]", s.mustEval(t, `String(v)`), "one pair of brackets")
 	s.mustEval(t, `v.cancel(); w.cancel()`)
 
 	f := s.failure(t, `agent("/bot").liveState({revision: 1})`)

@@ -842,7 +842,8 @@ func processorLiveState(ctx context.Context, s *Session, c capnp.Client, p capPa
 	if err := v.waitFirstSnapshot(ctx); err != nil {
 		return nil, err
 	}
-	return s.liveObject(v, "[LiveState "+p.label()+"]"), nil
+	// [LiveState Processor /a agent], not [LiveState [Processor /a agent]].
+	return s.liveObject(v, "[LiveState "+strings.TrimSuffix(strings.TrimPrefix(p.label(), "["), "]")+"]"), nil
 }
 
 func (s *Session) liveObject(v *liveView, label string) *goja.Object {
