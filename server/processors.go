@@ -1117,11 +1117,27 @@ func (s *Server) waitRunner(ctx context.Context, a *actor, name string, offset i
 }
 
 // ProcessorSnapshot is an in-process processor's committed reduced state, the offset it was
-// reduced through and its processing cursor.
+// reduced through and its processing cursor. It is read from the committed record the stream
+// publishes with its cursor rows, not from the runner: a commit moves the subscription's
+// confirmed offset as it lands, and the runner publishes it only once the commit's answer is
+// back, so a snapshot asked after describe showed the cursor there could read the runner's
+// state from before (a rewind's reset state with the replay already confirmed). The runner's
+// copy answers only while nothing is committed yet.
 func (s *Server) ProcessorSnapshot(ctx context.Context, ref StreamRef, name string) (state json.RawMessage, reduced, processed int64, err error) {
-	err = s.withProcessor(ctx, ref, name, func(r itx.ProcessorRunner) error {
-		reduced, state = r.SnapshotJSON()
-		processed = r.ProcessedThrough()
+	err = s.withProcessor(ctx, ref, name, func(a *actor, r itx.ProcessorRunner) error {
+		rec, err := a.procRecord(ctx, name)
+		if err != nil {
+			return err
+		}
+		if rec == nil || rec.Progress == nil {
+			reduced, state = r.SnapshotJSON()
+			processed = r.ProcessedThrough()
+			return nil
+		}
+		state, reduced, processed = rec.Progress.State, rec.Progress.ReducedThrough, rec.Progress.ProcessedThrough
+		if len(state) == 0 {
+			state = json.RawMessage("null")
+		}
 		return nil
 	}, func(a *actor) (err error) {
 		state, reduced, processed, err = s.remoteSnapshot(ctx, a, name)
@@ -1134,7 +1150,7 @@ func (s *Server) ProcessorSnapshot(ctx context.Context, ref StreamRef, name stri
 // generation and what this incarnation observed, with the subscription's placement.
 func (s *Server) ProcessorRuntimeState(ctx context.Context, ref StreamRef, name string) (json.RawMessage, error) {
 	var out json.RawMessage
-	err := s.withProcessor(ctx, ref, name, func(r itx.ProcessorRunner) error {
+	err := s.withProcessor(ctx, ref, name, func(_ *actor, r itx.ProcessorRunner) error {
 		var err error
 		out, err = json.Marshal(struct {
 			itx.ProcessorRuntimeState
@@ -1148,7 +1164,7 @@ func (s *Server) ProcessorRuntimeState(ctx context.Context, ref StreamRef, name 
 	return out, err
 }
 
-func (s *Server) withProcessor(ctx context.Context, ref StreamRef, name string, f func(itx.ProcessorRunner) error, remote func(*actor) error) error {
+func (s *Server) withProcessor(ctx context.Context, ref StreamRef, name string, f func(*actor, itx.ProcessorRunner) error, remote func(*actor) error) error {
 	if err := itx.ValidatePath(ref.Path); err != nil {
 		return err
 	}
@@ -1178,5 +1194,5 @@ func (s *Server) withProcessor(ctx context.Context, ref StreamRef, name string, 
 			return err
 		}
 	}
-	return f(r)
+	return f(a, r)
 }
