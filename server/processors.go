@@ -1147,15 +1147,28 @@ func (s *Server) ProcessorSnapshot(ctx context.Context, ref StreamRef, name stri
 }
 
 // ProcessorRuntimeState is an in-process processor's view of itself, as JSON: its cursors,
-// generation and what this incarnation observed, with the subscription's placement.
+// generation and what this incarnation observed, with the subscription's placement. Cursors the
+// committed record holds ahead of the runner's (a commit landed, its answer not yet back to the
+// runner) are the record's, as for a snapshot: describe already shows them.
 func (s *Server) ProcessorRuntimeState(ctx context.Context, ref StreamRef, name string) (json.RawMessage, error) {
 	var out json.RawMessage
-	err := s.withProcessor(ctx, ref, name, func(_ *actor, r itx.ProcessorRunner) error {
-		var err error
+	err := s.withProcessor(ctx, ref, name, func(a *actor, r itx.ProcessorRunner) error {
+		rs := r.RuntimeState()
+		rec, err := a.procRecord(ctx, name)
+		if err != nil {
+			return err
+		}
+		if rec != nil && rec.Progress != nil && rec.Generation == rs.Generation {
+			p := rec.Progress
+			if p.CursorRevision > rs.CursorRevision || (p.CursorRevision == rs.CursorRevision && p.ProcessedThrough > rs.ProcessedThrough) {
+				rs.ReducedThrough, rs.ProcessedThrough, rs.CursorRevision = p.ReducedThrough, p.ProcessedThrough, p.CursorRevision
+				rs.ObservedHead = max(rs.ObservedHead, p.ProcessedThrough)
+			}
+		}
 		out, err = json.Marshal(struct {
 			itx.ProcessorRuntimeState
 			Placement string `json:"placement"`
-		}{r.RuntimeState(), "in-process"})
+		}{rs, "in-process"})
 		return err
 	}, func(a *actor) (err error) {
 		out, err = s.remoteRuntimeState(ctx, a, name)

@@ -121,6 +121,7 @@ func TestSeedProc_AgentReplayDialsNoVendor(t *testing.T) {
 					var rs itx.ProcessorRuntimeState
 					require.NoError(t, json.Unmarshal([]byte(raw), &rs))
 					require.Equal(t, int64(1), rs.CursorRevision, "the rewind was taken: %s", raw)
+					require.GreaterOrEqual(t, rs.ProcessedThrough, head, "the runtime state's cursor is where describe showed it: %s", raw)
 				}
 
 				require.Zero(t, replayCalls.Load(), "the replay dialed the vendor")
