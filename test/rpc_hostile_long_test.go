@@ -407,9 +407,10 @@ func (lr *longRounds) run(t *testing.T, from, to int, alive *aliveClient, each f
 }
 
 // settle finishes the window's answers and returns itxd's calls, waits for what itxd was still
-// doing for the peer to time out, and returns the late calls of that time too: the peer then
-// holds only its login.
-func (lr *longRounds) settle(t *testing.T, deliveryTimeout time.Duration) {
+// doing for the peer to time out, and returns the late calls of that time too, until itxd holds
+// none of the peer's calls unreturned: the peer then holds only its login. (On a loaded machine
+// itxd's timers fire late, and a call made after one round of returns is still the peer's.)
+func (lr *longRounds) settle(t *testing.T, s *benchItxd, deliveryTimeout time.Duration) {
 	t.Helper()
 	p := lr.p
 	p.sync(t)
@@ -418,9 +419,18 @@ func (lr *longRounds) settle(t *testing.T, deliveryTimeout time.Duration) {
 	}
 	lr.kept = nil
 	p.returnAsked()
-	time.Sleep(2 * deliveryTimeout)
-	p.returnAsked()
-	p.sync(t)
+	time.Sleep(2 * deliveryTimeout) // itxd's own timeouts, in its own process
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		p.returnAsked()
+		p.sync(t) // itxd has read the returns
+		u := s.scrape(t, "itx_rpc_unreturned_calls")
+		if u == 0 {
+			return
+		}
+		require.True(t, time.Now().Before(deadline), "itxd still holds %v of the peer's calls unreturned", u)
+		time.Sleep(10 * time.Millisecond) // polling a condition, not standing in for one
+	}
 }
 
 // TestItxd_HostileLongConnectionHoldsMemory: one raw connection logs in and runs many rounds of
@@ -450,7 +460,7 @@ func TestItxd_HostileLongConnectionHoldsMemory(t *testing.T) {
 	first := &longRounds{p: startLongPeer(t, s.addr, token, 0, "/hostile/long"), soft: longSoftSteps(), window: 16, returnEvery: 100}
 	first.p.soft = true
 	first.run(t, 0, 40, alive, nil)
-	first.settle(t, deliveryTimeout)
+	first.settle(t, s, deliveryTimeout)
 	first.p.r.Close()
 	<-first.p.done
 	time.Sleep(deliveryTimeout)
@@ -474,7 +484,7 @@ func TestItxd_HostileLongConnectionHoldsMemory(t *testing.T) {
 	}
 	start := time.Now()
 	lr.run(t, 0, warm, alive, nil)
-	lr.settle(t, deliveryTimeout)
+	lr.settle(t, s, deliveryTimeout)
 	warmHeap, warmG := itxdMemory(t, s)
 	saveProfiles(t, s, "warm")
 	sample(warm)
@@ -485,7 +495,7 @@ func TestItxd_HostileLongConnectionHoldsMemory(t *testing.T) {
 		}
 	})
 	sample(rounds)
-	lr.settle(t, deliveryTimeout)
+	lr.settle(t, s, deliveryTimeout)
 	endHeap, endG := itxdMemory(t, s)
 	saveProfiles(t, s, "end")
 	sample(rounds)
