@@ -559,7 +559,9 @@ func TestItxd_HostileUnreturnedCallsBound(t *testing.T) {
 	first.sync(t)
 	first.r.Close()
 	<-first.done
-	time.Sleep(100 * time.Millisecond)
+	// The baseline once itxd has ended the first connection (its sessions too): the alive
+	// client's is then the only one.
+	waitUntil(t, "itxd ended the first connection", func() bool { return s.scrape(t, "itx_rpc_connections") == 1 })
 	baseHeap, _ := itxdMemory(t, s)
 	baseG := connGoroutinesOf(t, s)
 	p := startLongPeer(t, s.addr, token, 1, "/hostile/unreturned")
