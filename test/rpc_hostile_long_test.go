@@ -463,7 +463,7 @@ func TestItxd_HostileLongConnectionHoldsMemory(t *testing.T) {
 	first.settle(t, s, deliveryTimeout)
 	first.p.r.Close()
 	<-first.p.done
-	time.Sleep(deliveryTimeout)
+	waitUntil(t, "itxd ended the first connection", func() bool { return s.scrape(t, "itx_rpc_connections") == 1 })
 	baseHeap, baseG := itxdMemory(t, s)
 	saveProfiles(t, s, "base")
 
