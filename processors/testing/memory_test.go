@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/internal/itxtest"
 	proctest "github.com/itx-dev/itx/processors/testing"
 )
 
@@ -13,7 +14,7 @@ import (
 // its frame would fail at every redelivery. Before, it took any stream/* type but the two the
 // SDK writes without a look.
 func TestMemoryStream_RefusesControlEventsItxdRefuses(t *testing.T) {
-	for _, tc := range MemoryControlCases {
+	for _, tc := range itxtest.ControlAppendCases {
 		t.Run(tc.Name, func(t *testing.T) {
 			s := proctest.NewMemoryStream("/m", itx.SystemClock{})
 			// The subscription the control events name exists, as in the itxd test.
@@ -36,30 +37,6 @@ func TestMemoryStream_RefusesControlEventsItxdRefuses(t *testing.T) {
 			}
 		})
 	}
-}
-
-// MemoryControlCases are control events a processor might append, with itxd's verdict on each
-// (a subscription "hook" exists).
-var MemoryControlCases = []struct {
-	Name, Type, Payload string
-	OK                  bool
-}{
-	{"woken is the server's", itx.TypeWoken, `{"incarnationId":"x","reason":"loaded"}`, false},
-	{"halted is the server's", itx.TypeSubscriptionHalted, `{"name":"hook","error":"x","attempts":1}`, false},
-	{"unknown control type", "stream/made-up", `{}`, false},
-	{"configured without a receiver", itx.TypeSubscriptionConfigured, `{"name":"x"}`, false},
-	{"configured with an unknown receiver", itx.TypeSubscriptionConfigured, `{"name":"x","receiver":{"action":"nope"}}`, false},
-	{"cursor-set with an unknown field", itx.TypeSubscriptionCursorSet, `{"name":"hook","afterOffset":0,"x":1}`, false},
-	{"cursor-set without a name", itx.TypeSubscriptionCursorSet, `{"afterOffset":0}`, false},
-	{"cursor-set below 0", itx.TypeSubscriptionCursorSet, `{"name":"hook","afterOffset":-1}`, false},
-	{"removed without the reason", itx.TypeSubscriptionRemoved, `{"name":"hook"}`, false},
-	{"resumed without a name", itx.TypeSubscriptionResumed, `{}`, false},
-	{"error-occurred without a message", itx.TypeErrorOccurred, `{"error":{}}`, false},
-	{"configured", itx.TypeSubscriptionConfigured, `{"name":"x","receiver":{"action":"processor-wake"}}`, true},
-	{"cursor-set", itx.TypeSubscriptionCursorSet, `{"name":"hook","afterOffset":0}`, true},
-	{"removed", itx.TypeSubscriptionRemoved, `{"name":"hook","reason":"requested"}`, true},
-	{"error-occurred", itx.TypeErrorOccurred, `{"message":"m"}`, true},
-	{"an ordinary event", "order/placed", `{}`, true},
 }
 
 // The bounds of one append call hold in the harness as in itxd: a processor's batch past them,
