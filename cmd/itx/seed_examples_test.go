@@ -20,15 +20,21 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// offsetsOf is the offsets of the events in v, a list of events as the prompt returns them.
-func offsetsOf(t testing.TB, v any) []float64 {
+// fieldOf is one field of each event in v, a list of events as the prompt returns them.
+func fieldOf[T any](t testing.TB, v any, field string) []T {
 	t.Helper()
-	var got []float64
+	var got []T
 	for _, e := range arr(t, v) {
-		got = append(got, obj(t, e)["offset"].(float64))
+		got = append(got, obj(t, e)[field].(T))
 	}
 	return got
 }
+
+// offsetsOf is the offsets of the events in v.
+func offsetsOf(t testing.TB, v any) []float64 { t.Helper(); return fieldOf[float64](t, v, "offset") }
+
+// typesOf is the types of the events in v.
+func typesOf(t testing.TB, v any) []string { t.Helper(); return fieldOf[string](t, v, "type") }
 
 // The TypeScript itx surface spells the read window afterOffset, beforeOffset and eventTypes
 // (StreamEventReadInput, waitForEvent's input) and a connection's start replayAfterOffset: an
@@ -77,16 +83,6 @@ func TestEval_TypeScriptSpellingsOfTheReadWindow(t *testing.T) {
 			require.Contains(t, f.Message, n, src)
 		}
 	}
-}
-
-// typesOf is the types of the events in v.
-func typesOf(t testing.TB, v any) []string {
-	t.Helper()
-	var got []string
-	for _, e := range arr(t, v) {
-		got = append(got, obj(t, e)["type"].(string))
-	}
-	return got
 }
 
 // The seed attaches a processor's live subscribers through the per-domain facades, "e.g.
