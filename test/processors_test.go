@@ -46,9 +46,9 @@ func processorOf(t testing.TB, s schema.Stream, name string) (schema.Subscriptio
 	ctx := ctxT(t)
 	sub := client.Subscription(ctx, s, name)
 	t.Cleanup(sub.Release)
-	fut, release := sub.Processor(ctx, nil)
-	p := fut.Processor().AddRef()
-	release()
+	// client.Processor keeps the answer until p is released: released at once, a call on p
+	// that set out before the answer arrived could find its results freed.
+	p := client.Processor(ctx, sub)
 	t.Cleanup(p.Release)
 	return sub, p
 }
