@@ -5,10 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/itx-dev/itx/internal/itxtest"
-	"github.com/itx-dev/itx/processors"
 	"github.com/itx-dev/itx/processors/examples"
-	"github.com/itx-dev/itx/server"
 	"github.com/stretchr/testify/require"
 )
 
@@ -16,11 +13,9 @@ import (
 // project.streams.get(path).subscriptions.get("agent").processor: the same processor's snapshot
 // either way; agent(path).subscription is the subscription; a bad path is refused.
 func TestRun_AgentSugar(t *testing.T) {
-	host := processors.NewHost("agent-sugar")
-	require.NoError(t, examples.AddTo(host, examples.Names, examples.HostOptions{}))
-	srv := itxtest.Start(t, server.Config{Processors: host})
+	srv := startProcessorServer(t, "agent-sugar", examples.Names...)
 	c := newCLI(t)
-	conn := []string{"--addr", srv.Addr, "--token", srv.Creds.ProjectToken, "--json"}
+	conn := []string{"--addr", srv.addr, "--token", srv.token, "--json"}
 	code, out, errs := c.run("", append(conn, "-e", `
 		let subs = project.streams.get("/bot").subscriptions
 		let at = subs.configure({name: "agent", receiver: {type: "processor-wake"}}).offset

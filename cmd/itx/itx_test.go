@@ -45,6 +45,16 @@ func startServer(t testing.TB) *testServer {
 	return &testServer{addr: s.Addr, token: s.Creds.ProjectToken, dir: s.Dir}
 }
 
+// startProcessorServer starts an in-process itxd hosting the named reference processors (host
+// is the host's name).
+func startProcessorServer(t testing.TB, host string, contracts ...string) *testServer {
+	t.Helper()
+	h := processors.NewHost(host)
+	require.NoError(t, examples.AddTo(h, contracts, examples.HostOptions{}))
+	s := itxtest.Start(t, server.Config{Processors: h})
+	return &testServer{addr: s.Addr, token: s.Creds.ProjectToken, dir: s.Dir}
+}
+
 // appendDirect appends through the Go client, not through itx.
 func (ts *testServer) appendDirect(t testing.TB, path string, events ...itx.EventInput) itx.AppendResult {
 	t.Helper()
@@ -619,10 +629,7 @@ func TestEval_NavigationCalledOrNot(t *testing.T) {
 // .watch --processor prints the live state of the processor a processor-wake subscription runs:
 // its snapshot, then a patch as it processes what is appended.
 func TestWatch_Processor(t *testing.T) {
-	host := processors.NewHost("watch-processor")
-	require.NoError(t, examples.AddTo(host, []string{"guestbook"}, examples.HostOptions{}))
-	srv := itxtest.Start(t, server.Config{Processors: host})
-	ts := &testServer{addr: srv.Addr, token: srv.Creds.ProjectToken, dir: srv.Dir}
+	ts := startProcessorServer(t, "watch-processor", "guestbook")
 	s := newSession(t, ts) // --json
 	s.mustEval(t, `project.streams.get("/book").subscriptions.configure({name: "guestbook", receiver: {type: "processor-wake"}})`)
 

@@ -6,10 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/itx-dev/itx/internal/itxtest"
-	"github.com/itx-dev/itx/processors"
 	"github.com/itx-dev/itx/processors/examples"
-	"github.com/itx-dev/itx/server"
 	"github.com/stretchr/testify/require"
 )
 
@@ -60,11 +57,9 @@ func TestReadme_TourAtThePrompt(t *testing.T) {
 // The README's guestbook at the prompt, against an itxd hosting the reference processors as
 // make run's does: the snapshot at its end is the one signature.
 func TestReadme_GuestbookAtThePrompt(t *testing.T) {
-	host := processors.NewHost("readme")
-	require.NoError(t, examples.AddTo(host, examples.Names, examples.HostOptions{}))
-	srv := itxtest.Start(t, server.Config{Processors: host})
+	srv := startProcessorServer(t, "readme", examples.Names...)
 	c := newCLI(t)
-	c.env["ITX_ADDR"], c.env["ITX_TOKEN"] = srv.Addr, srv.Creds.ProjectToken
+	c.env["ITX_ADDR"], c.env["ITX_TOKEN"] = srv.addr, srv.token
 	lines := readmeSession(t, "window). At the prompt:")
 	code, out, errs := c.run(strings.Join(lines, "\n")+"\n", "--json")
 	require.Equal(t, exitOK, code, "stderr: %s", errs)

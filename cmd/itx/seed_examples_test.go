@@ -13,10 +13,7 @@ import (
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/cmd/itx/internal/repl"
-	"github.com/itx-dev/itx/internal/itxtest"
-	"github.com/itx-dev/itx/processors"
 	"github.com/itx-dev/itx/processors/examples"
-	"github.com/itx-dev/itx/server"
 	"github.com/stretchr/testify/require"
 )
 
@@ -89,10 +86,7 @@ func TestEval_TypeScriptSpellingsOfTheReadWindow(t *testing.T) {
 // agent.liveState": agent(path).liveState() is agent(path).processor.liveState(), the agent
 // processor's own view. It was a TypeError ("Object has no member 'liveState'").
 func TestRun_AgentLiveStateIsItsProcessors(t *testing.T) {
-	host := processors.NewHost("agent-live")
-	require.NoError(t, examples.AddTo(host, examples.Names, examples.HostOptions{}))
-	srv := itxtest.Start(t, server.Config{Processors: host})
-	ts := &testServer{addr: srv.Addr, token: srv.Creds.ProjectToken, dir: srv.Dir}
+	ts := startProcessorServer(t, "agent-live", examples.Names...)
 	s := newSession(t, ts)
 	at := obj(t, s.mustEval(t, `project.streams.get("/bot").subscriptions.configure({name: "agent", receiver: {type: "processor-wake"}})`))["offset"]
 	s.mustEval(t, fmt.Sprintf(`agent("/bot").subscription.waitUntilProcessed(%d)`, int64(at.(float64))))
@@ -311,10 +305,7 @@ func (p *cuttingProxy) cut() {
 // subscription of another kind as the processor's own methods are, and snapshot() carries the
 // TypeScript name offset beside reducedOffset.
 func TestRun_ProcessorBarrierAndSnapshotOffset(t *testing.T) {
-	host := processors.NewHost("processor-barrier")
-	require.NoError(t, examples.AddTo(host, examples.Names, examples.HostOptions{}))
-	srv := itxtest.Start(t, server.Config{Processors: host})
-	ts := &testServer{addr: srv.Addr, token: srv.Creds.ProjectToken, dir: srv.Dir}
+	ts := startProcessorServer(t, "processor-barrier", examples.Names...)
 	s := newSession(t, ts)
 	s.mustEval(t, `var g = project.streams.get("/guestbook")
 		g.subscriptions.configure({name: "guestbook", receiver: {type: "processor-wake"}})
