@@ -37,16 +37,7 @@ func TestLiveView_PatchesPastTheBoundFoldIntoTheSnapshot(t *testing.T) {
 	// patch (a view that fell behind would get a fresh snapshot instead).
 	const appends = 8
 	for range appends {
-		_, err := client.Append(ctx, st, []itx.EventInput{{Type: "a"}}, itx.AppendOptions{})
-		require.NoError(t, err)
-		require.Eventually(t, func() bool {
-			v.mu.Lock()
-			defer v.mu.Unlock()
-			return v.revision > rev
-		}, 10*time.Second, time.Millisecond)
-		v.mu.Lock()
-		rev = v.revision
-		v.mu.Unlock()
+		rev = appendSeen(ctx, t, st, v)
 	}
 
 	var snap struct {
@@ -76,6 +67,26 @@ func TestLiveView_PatchesPastTheBoundFoldIntoTheSnapshot(t *testing.T) {
 	var got map[string]any
 	require.NoError(t, json.Unmarshal(doc, &got))
 	require.Equal(t, float64(1+appends), got["head"])
+}
+
+// appendSeen appends one event to st and waits until the view v has its revision, so that each
+// comes as a patch (a view that fell behind would get a fresh snapshot instead); it returns the
+// view's revision then.
+func appendSeen(ctx context.Context, t *testing.T, st schema.Stream, v *liveView) uint64 {
+	t.Helper()
+	v.mu.Lock()
+	rev := v.revision
+	v.mu.Unlock()
+	_, err := client.Append(ctx, st, []itx.EventInput{{Type: "a"}}, itx.AppendOptions{})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		v.mu.Lock()
+		defer v.mu.Unlock()
+		return v.revision > rev
+	}, 10*time.Second, time.Millisecond)
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.revision
 }
 
 // openLiveView starts an itxd with one event in path, and opens the stream's live state at an
@@ -132,26 +143,12 @@ func TestLiveView_PatchesReadFoldIntoTheSnapshot(t *testing.T) {
 		require.NoError(t, json.Unmarshal(state, &doc))
 		return doc["head"].(float64)
 	}
-	// appendSeen appends one event and waits until the view has its revision, so that each
-	// comes as a patch (a view that fell behind would get a fresh snapshot instead).
-	appendSeen := func() {
-		v.mu.Lock()
-		rev := v.revision
-		v.mu.Unlock()
-		_, err := client.Append(ctx, st, []itx.EventInput{{Type: "a"}}, itx.AppendOptions{})
-		require.NoError(t, err)
-		require.Eventually(t, func() bool {
-			v.mu.Lock()
-			defer v.mu.Unlock()
-			return v.revision > rev
-		}, 10*time.Second, time.Millisecond)
-	}
 
 	var first frame
 	eval(`live.snapshot()`, &first)
 	require.Equal(t, float64(1), head(first.State))
-	appendSeen()
-	appendSeen()
+	appendSeen(ctx, t, st, v)
+	appendSeen(ctx, t, st, v)
 	var read []frame
 	eval(`live.patches()`, &read)
 	require.NotEmpty(t, read)
@@ -160,7 +157,7 @@ func TestLiveView_PatchesReadFoldIntoTheSnapshot(t *testing.T) {
 	require.Equal(t, read[len(read)-1].Revision, snap.Revision, "the snapshot is at the last patch read")
 	require.Equal(t, float64(3), head(snap.State), "the snapshot shows the state through the patches read")
 
-	appendSeen()
+	appendSeen(ctx, t, st, v)
 	var next []frame
 	eval(`live.patches()`, &next)
 	require.NotEmpty(t, next)
