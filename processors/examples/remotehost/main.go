@@ -6,6 +6,13 @@
 //
 // (--data reads the address and the project token itxd recorded; --addr and --token say them
 // instead.) It reconnects on its own, with backoff, whenever the connection ends.
+//
+// The agent dials the LLM endpoint --agent-vendor-url names (examples.HTTPVendor: POST
+// {"requestId", "prompt"} with the request id as the Idempotency-Key header, answered by
+// {"text"}; empty: an echo), waits --agent-hesitation after each message, and gives each request
+// --agent-expiry from its message's window to settle, the vendor call included (bounded to
+// what is left of it less a 5 s reserve for the settlement). bench/soak runs it this way, killed
+// with SIGKILL along the way.
 package main
 
 import (
@@ -42,7 +49,11 @@ func run() error {
 	version := flag.String("version", "remotehost-1", "the host's version: a new one resets every crash-loop budget")
 	vendor := flag.String("agent-vendor-url", "", "the agent's LLM endpoint: POST {requestId, prompt} answered by {text} (empty: echo)")
 	hesitation := flag.Duration("agent-hesitation", time.Duration(examples.DefaultAgentConfig.HesitationMs)*time.Millisecond, "the agent's hesitation window")
+	expiry := flag.Duration("agent-expiry", time.Duration(examples.DefaultAgentConfig.ExpiryMs)*time.Millisecond, "a request's lifetime from the end of its message's hesitation window, its settlement included (more than the 5 s reserve kept for the settlement)")
 	flag.Parse()
+	if reserve := time.Duration(examples.DefaultAgentConfig.ReserveMs) * time.Millisecond; *expiry <= reserve {
+		return fmt.Errorf("--agent-expiry %v: must be more than the %v kept back to append the settlement, or no request could ever dial the vendor", *expiry, reserve)
+	}
 	if *addr == "" || *token == "" {
 		var creds struct {
 			Addr         string `json:"addr"`
@@ -65,6 +76,7 @@ func run() error {
 	host := processors.NewHost(*version)
 	opts := examples.HostOptions{Agent: examples.DefaultAgentConfig}
 	opts.Agent.HesitationMs = hesitation.Milliseconds()
+	opts.Agent.ExpiryMs = expiry.Milliseconds()
 	if *vendor != "" {
 		opts.Vendor = examples.HTTPVendor{URL: *vendor}
 	}
