@@ -20,12 +20,26 @@
 // data directory and address; the clients redial, and an append that failed under an
 // idempotency key is sent again, so its answer says whether the killed itxd had committed it.
 //
+// With -remotehost (the processors/examples/remotehost binary), the reference processors also
+// run in that separate program, placed remote (remote.go): prompts to -agents agent streams,
+// some retracted, whose vendor is an HTTP server here that answers 503 to 5% of calls and hangs
+// on 3% until the caller gives up; inbox messages to a remote forwarder, messages to a remote
+// router with five threads, signatures to a remote guestbook. -host-crash-every kills that
+// program with SIGKILL and starts it again, on its own schedule beside -crash-every's.
+//
 // At the end it stops the load, waits for the consumers to catch up and checks: every
 // acknowledged event is in its stream once; the webhook saw every offset of /soak/a; /soak/copy
 // holds one copy of each; the forwarder forwarded each inbox message exactly once; each follower
-// saw every offset in order, once. It exits 1 if any check fails.
+// saw every offset in order, once. With -remotehost, once every prompt has its outcome: each
+// message requested once (a body that is a function of the message) and settled once (none for
+// one retracted before its request; a cancellation only for a retracted one); the vendor called
+// at most once per request, with the request id as its Idempotency-Key, after its started fact
+// and before its expiry; a success carrying the vendor's answer; each remote forward and route
+// landed once; every remote processor active, caught up, and its snapshot its contract's Reduce
+// folded over its log. It exits 1 if any check fails.
 //
 //	cd bench && go build -o /tmp/itxd ../cmd/itxd && go run ./soak -itxd /tmp/itxd -duration 10m [-crash-every 1m]
+//	  [-remotehost /tmp/remotehost -host-crash-every 25s]   # go build -o /tmp/remotehost ../processors/examples/remotehost
 package main
 
 import (
@@ -291,6 +305,15 @@ func main() {
 	metricsAddr := flag.String("metrics", "127.0.0.1:7941", "itxd's metrics address")
 	keep := flag.Bool("keep", false, "keep the data directory")
 	backupEvery := flag.Duration("backup-every", 0, "have itxd write a scheduled backup this often (at least 1m; 0: none), and check the newest against the live streams at the end")
+	listen := flag.String("listen", "127.0.0.1:0", "itxd's RPC address (port 0: one the system picks, kept across restarts)")
+	hookListen := flag.String("webhook-listen", "127.0.0.1:0", "the webhook receiver's address")
+	remoteBin := flag.String("remotehost", "", "the processors/examples/remotehost binary: run the reference processors (agent, forwarder, router, guestbook) in it, placed remote, and check their work (empty: none)")
+	hostCrashEvery := flag.Duration("host-crash-every", 0, "with -remotehost, kill it with SIGKILL at about this interval and start it again (0: never)")
+	vendorListen := flag.String("vendor-listen", "127.0.0.1:0", "with -remotehost, the address of the agent's vendor (an HTTP server in this program)")
+	agents := flag.Int("agents", 4, "with -remotehost, agent streams to prompt")
+	promptEvery := flag.Duration("prompt-every", 250*time.Millisecond, "with -remotehost, the pause between two prompts to one agent stream")
+	agentHesitation := flag.Duration("agent-hesitation", 200*time.Millisecond, "with -remotehost, the agent's hesitation window (remotehost --agent-hesitation)")
+	agentExpiry := flag.Duration("agent-expiry", 45*time.Second, "with -remotehost, a request's lifetime (remotehost --agent-expiry): a hung vendor call ends with it")
 	flag.Parse()
 	crashing := *crashEvery > 0
 
@@ -301,7 +324,7 @@ func main() {
 	} else {
 		fmt.Println("data directory:", data)
 	}
-	srv := &itxd{bin: *bin, data: data, metrics: *metricsAddr, listen: "127.0.0.1:0", maxLoaded: *maxLoaded}
+	srv := &itxd{bin: *bin, data: data, metrics: *metricsAddr, listen: *listen, maxLoaded: *maxLoaded}
 	if *backupEvery > 0 {
 		srv.backups, srv.backupEvery = data+"-backups", *backupEvery
 		must(os.Mkdir(srv.backups, 0o700), "backup folder")
@@ -348,7 +371,7 @@ func main() {
 
 	// The webhook: every offset it is given, failing 0.5% of requests.
 	hook := &seen{got: map[int64]int{}, name: "webhook"}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := net.Listen("tcp", *hookListen)
 	must(err, "webhook listener")
 	go http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
@@ -374,6 +397,17 @@ func main() {
 	_, _, err = client.ConfigureSubscription(ctx, client.Subscriptions(ctx, setup.stream(ctx, "/soak/fwd")), client.SubscriptionConfig{Name: "forwarder",
 		Receiver: client.Receiver{Kind: client.ReceiverProcessorWake}})
 	must(err, "configure forwarder")
+	var remote *remoteLoad
+	if *remoteBin != "" {
+		logPath := data + "-remotehost.log"
+		if !*keep {
+			atExit = append(atExit, func() { os.Remove(logPath) })
+		} else {
+			fmt.Println("remotehost log:", logPath)
+		}
+		remote = startRemote(ctx, setup, addr, creds.ProjectToken, *remoteBin, *vendorListen, logPath, *agents, *agentHesitation, *agentExpiry)
+		atExit = append(atExit, remote.host.kill)
+	}
 	setup.close()
 
 	// Followers from 0: every offset, in order, once, across itxd's restarts. /soak/a and /soak/b
@@ -435,6 +469,15 @@ func main() {
 	}
 	if *many > 0 {
 		wg.Go(func() { manyAppender(load, redial, led, crashing, *many) })
+	}
+	if remote != nil {
+		for _, al := range remote.agents {
+			wg.Go(func() { remote.promptLoop(load, redial, crashing, al, *promptEvery) })
+		}
+		wg.Go(func() { remote.feedLoop(load, redial, crashing) })
+		if *hostCrashEvery > 0 {
+			wg.Go(func() { remote.crashLoop(load, *hostCrashEvery) })
+		}
 	}
 	// Ephemeral events, with a connection that takes them.
 	wg.Go(func() {
@@ -500,6 +543,10 @@ func main() {
 		fmt.Printf("calls failed by the kills:\n%s\n", strings.Join(msgs, "\n"))
 	}
 	verify(addr, creds.ProjectToken, led, hook, followers, *many)
+	if remote != nil {
+		fmt.Printf("remote processors' streams: %d events acknowledged\n", remote.appended.Load())
+		remote.verify(addr, creds.ProjectToken, *agentExpiry)
+	}
 	if srv.backups != "" {
 		verifyBackup(srv.backups, addr, creds.ProjectToken, creds.ProjectID)
 	}
