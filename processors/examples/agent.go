@@ -98,6 +98,12 @@ type Pending struct {
 	Text          string `json:"text"`
 	ReadyAt       int64  `json:"readyAt"`
 	ExpiresAt     int64  `json:"expiresAt"`
+	// Retracted: the user retracted the message before any request for it was recorded. It is
+	// kept (never requested) so that a request a pass had already decided on, recorded behind
+	// the retraction, is born retracted instead of opening an obligation the user withdrew. It
+	// goes with that request, or once an event reduced after ExpiresAt shows no request can
+	// dial the vendor any more.
+	Retracted bool `json:"retracted,omitempty"`
 }
 
 // Request is an obligation as reduced.
@@ -107,7 +113,8 @@ type Request struct {
 	ExpiresAt int64   `json:"expiresAt"`
 	Status    string  `json:"status"`
 	Result    *Result `json:"result,omitempty"`
-	// Retracted: the user retracted the message after its request was recorded. The request is
+	// Retracted: the user retracted the message after its request was recorded, or before it
+	// while a pass's append of it was in flight (Pending.Retracted). The request is
 	// settled as a cancellation (its one terminal fact, under its settlement key) at the next
 	// caught-up pass, unless another settlement lands first.
 	Retracted bool `json:"retracted,omitempty"`
@@ -138,7 +145,9 @@ func Agent(clock itx.Clock, vendor Vendor, cfg AgentConfig) processors.Contract[
 			string(LLMRequested), string(LLMStarted), string(LLMSettled),
 		},
 		// 2: a retraction after the request marks it Retracted.
-		ReducerVersion: "2",
+		// 3: a retraction before the request marks the pending message Retracted, and the
+		// request recorded behind it is born Retracted.
+		ReducerVersion: "3",
 		InitialState:   func() AgentState { return AgentState{Config: cfg} },
 		Validate:       validateAgentEvent,
 		Reduce:         reduceAgent,
@@ -174,6 +183,9 @@ func reduceAgent(st AgentState, e itx.Event) AgentState {
 	find := func(id string) int {
 		return slices.IndexFunc(next.Requests, func(r Request) bool { return r.ID == id })
 	}
+	// A retracted message kept past its expiry can no longer lead to a vendor call: a request
+	// recorded now is settled as expired without dialing. Dropping it bounds the list.
+	next.Pending = slices.DeleteFunc(next.Pending, func(p Pending) bool { return p.Retracted && e.CreatedAt >= p.ExpiresAt })
 	switch e.Type {
 	case string(MessageAdded):
 		m, _ := MessageAdded.Decode(e)
@@ -183,16 +195,21 @@ func reduceAgent(st AgentState, e itx.Event) AgentState {
 		})
 	case string(MessageRetracted):
 		ref, _ := MessageRetracted.Decode(e)
-		next.Pending = slices.DeleteFunc(next.Pending, func(p Pending) bool { return p.MessageOffset == ref.MessageOffset })
+		// A pass at the head may already have decided on this message's request, its append in
+		// flight behind this retraction: the pending message stays, marked, for that request.
+		if i := slices.IndexFunc(next.Pending, func(p Pending) bool { return p.MessageOffset == ref.MessageOffset }); i >= 0 {
+			next.Pending[i].Retracted = true
+		}
 		// The intent to stop is its own event; the obligation it stops settles as a cancellation.
 		if i := find(requestID(ref.MessageOffset)); i >= 0 && next.Requests[i].Status != StatusSettled {
 			next.Requests[i].Retracted = true
 		}
 	case string(LLMRequested):
 		r, _ := LLMRequested.Decode(e)
+		retracted := slices.ContainsFunc(next.Pending, func(p Pending) bool { return requestID(p.MessageOffset) == r.RequestID && p.Retracted })
 		next.Pending = slices.DeleteFunc(next.Pending, func(p Pending) bool { return requestID(p.MessageOffset) == r.RequestID })
 		if find(r.RequestID) < 0 {
-			next.Requests = append(next.Requests, Request{ID: r.RequestID, Prompt: r.Prompt, ExpiresAt: r.ExpiresAt, Status: StatusRequested})
+			next.Requests = append(next.Requests, Request{ID: r.RequestID, Prompt: r.Prompt, ExpiresAt: r.ExpiresAt, Status: StatusRequested, Retracted: retracted})
 		}
 	case string(LLMStarted):
 		ref, _ := LLMStarted.Decode(e)
@@ -231,6 +248,9 @@ func (ag *agent) processEvent(ctx context.Context, a *processors.Args[AgentState
 	}
 	now := a.Now().UnixMilli()
 	for _, p := range a.State.Pending {
+		if p.Retracted {
+			continue // withdrawn in its window: never requested
+		}
 		id := requestID(p.MessageOffset)
 		if now < p.ReadyAt {
 			ag.hesitate(a, p, time.Duration(p.ReadyAt-now)*time.Millisecond)

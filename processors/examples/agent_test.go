@@ -76,8 +76,14 @@ func agentConfig(v *vendorFake) proctest.Config[examples.AgentState] {
 // settlements renders the stream's settlements.
 func settlements(t *testing.T, h *proctest.Harness[examples.AgentState]) string {
 	t.Helper()
+	return settlementsOf(t, h.Stream)
+}
+
+// settlementsOf renders a stream's settlements.
+func settlementsOf(t *testing.T, stream *proctest.MemoryStream) string {
+	t.Helper()
 	var out []string
-	for _, e := range h.Events(string(examples.LLMSettled)) {
+	for _, e := range stream.Events(string(examples.LLMSettled)) {
 		s, err := examples.LLMSettled.Decode(e)
 		if err != nil {
 			t.Fatal(err)
