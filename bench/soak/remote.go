@@ -520,6 +520,8 @@ func (rl *remoteLoad) verifyAgents(readAll func(string) []itx.Event) {
 		text               string // the message's
 		messageAt          int64  // the message's createdAt
 		requested, started int
+		retractedOffset    int64 // the retraction's offset
+		requestedOffset    int64 // the request's offset
 		request            examples.LLMRequest
 		settled            []examples.Result
 		settledAt          int64
@@ -563,12 +565,13 @@ func (rl *remoteLoad) verifyAgents(readAll func(string) []itx.Event) {
 				o.message, o.text, o.messageAt = true, m.Text, e.CreatedAt
 			case string(examples.MessageRetracted):
 				r, _ := examples.MessageRetracted.Decode(e)
-				ob(fmt.Sprintf("msg-%d", r.MessageOffset)).retracted = true
+				o := ob(fmt.Sprintf("msg-%d", r.MessageOffset))
+				o.retracted, o.retractedOffset = true, e.Offset
 			case string(examples.LLMRequested):
 				r, _ := examples.LLMRequested.Decode(e)
 				o := ob(r.RequestID)
 				o.requested++
-				o.request = r
+				o.request, o.requestedOffset = r, e.Offset
 			case string(examples.LLMStarted):
 				r, _ := examples.LLMStarted.Decode(e)
 				o := ob(r.RequestID)
@@ -607,6 +610,11 @@ func (rl *remoteLoad) verifyAgents(readAll func(string) []itx.Event) {
 				agentFail("agent %s (retracted): requested %d, settled %d times", where, o.requested, len(o.settled))
 			case !o.retracted && o.settled[0].Kind == examples.ResultCancellation:
 				agentFail("agent %s: cancelled, but its message was never retracted", where)
+			case o.retracted && o.requested == 1 && o.retractedOffset < o.requestedOffset &&
+				(o.started > 0 || o.settled[0].Kind != examples.ResultCancellation):
+				// The retraction is in the log before the request (a pass decided on the message
+				// while the retraction was landing): the request must never start.
+				agentFail("agent %s: retracted at offset %d, requested at %d, then started %d times and settled %+v", where, o.retractedOffset, o.requestedOffset, o.started, o.settled[0])
 			}
 			if o.requested > 0 {
 				requests++
