@@ -270,8 +270,8 @@ func TestAgent_AnOverlappingIncarnationDoesNotDialAgain(t *testing.T) {
 // the retraction in the log. The retraction is in the log first, so the request is born
 // retracted: it settles as a cancellation and the vendor is never dialed. Before, the request's
 // reduce found no message left to tie it to and opened it as an ordinary obligation, so the
-// vendor answered a message the user had withdrawn (seen in bench/soak: 21 of 1,246 retracted
-// prompts answered).
+// vendor answered a message the user had withdrawn (seen in bench/soak: 20 of 1,246 retracted
+// prompts sent to the vendor, 19 answered).
 func TestAgent_ARequestRecordedAfterItsRetractionIsCancelled(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
