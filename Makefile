@@ -33,12 +33,16 @@ compare:
 	cd bench && $(GO) run ./compare -rounds 3
 
 ## soak: a mixed load (appenders, webhook, copy, forwarder, followers, churning sessions,
-## connections, live views, readers) against itxd for 10 minutes, killing it with SIGKILL every
-## minute, with a scheduled backup every minute; checks every acknowledged event reached every
-## consumer, the newest backup against the live streams, and prints itxd's footprint
+## connections, live views, readers; the reference processors in a remotehost program of their
+## own, the agent's vendor failing and hanging now and then) against itxd for 10 minutes, killing
+## itxd with SIGKILL every minute and the remotehost about every 25 s, with a scheduled backup
+## every minute; checks every acknowledged event reached every consumer, every prompt settled
+## once and no request reached the vendor twice, the newest backup against the live streams, and
+## prints itxd's footprint
 soak:
 	$(GO) build -o bin/itxd ./cmd/itxd
-	cd bench && $(GO) run ./soak -itxd ../bin/itxd -duration 10m -crash-every 1m -backup-every 1m
+	$(GO) build -o bin/remotehost ./processors/examples/remotehost
+	cd bench && $(GO) run ./soak -itxd ../bin/itxd -duration 10m -crash-every 1m -backup-every 1m -remotehost ../bin/remotehost -host-crash-every 25s
 
 ## fuzz: look for JSONata inputs that hang or exhaust the server (see third_party/jsonata-go/PATCHES.md)
 fuzz:
