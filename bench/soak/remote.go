@@ -655,7 +655,7 @@ func (rl *remoteLoad) verifyAgents(readAll func(string) []itx.Event) {
 	}
 
 	// The vendor: each call belongs to one started request, at most one call per request, with
-	// the request id as its Idempotency-Key, before the request's expiry; a success carries the
+	// "<stream path>#<request id>" as its Idempotency-Key, before the request's expiry; a success carries the
 	// vendor's answer, a 5xx failure follows a 503.
 	rl.vendor.mu.Lock()
 	defer rl.vendor.mu.Unlock()
@@ -673,10 +673,10 @@ func (rl *remoteLoad) verifyAgents(readAll func(string) []itx.Event) {
 		perStream := map[string][]vendorCall{}
 		for _, c := range cs {
 			calls++
-			if c.key != id {
-				fail("vendor: a call for %s carried Idempotency-Key %q", id, c.key)
-			}
 			path := c.prompt[strings.LastIndex(c.prompt, " ")+1:]
+			if want := examples.VendorKey(examples.WithVendorScope(context.Background(), path), id); c.key != want {
+				fail("vendor: a call for %s of %s carried Idempotency-Key %q, want %q", id, path, c.key, want)
+			}
 			perStream[path] = append(perStream[path], c)
 			switch c.status {
 			case 0:

@@ -127,8 +127,9 @@ type AgentState struct {
 	Requests []Request   `json:"requests"`
 }
 
-// Vendor is the LLM: one completion per request id (a real vendor receives the id as its
-// idempotency key).
+// Vendor is the LLM: one completion per request id. The call's context carries the agent's
+// stream path (WithVendorScope): a real vendor receives VendorKey, the id qualified by it, as
+// its idempotency key.
 type Vendor interface {
 	Complete(ctx context.Context, requestID, prompt string) (string, error)
 }
@@ -416,7 +417,7 @@ func (ag *agent) start(a *processors.Args[AgentState], r Request) {
 		}
 		answered := make(chan answer, 1)
 		go func() {
-			text, err := ag.vendor.Complete(callCtx, r.ID, r.Prompt)
+			text, err := ag.vendor.Complete(WithVendorScope(callCtx, a.Path), r.ID, r.Prompt)
 			answered <- answer{text, err}
 		}()
 		var res Result

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -20,12 +21,14 @@ type vendorFake struct {
 	t      *testing.T
 	mu     sync.Mutex
 	calls  []string
+	keys   []string // the idempotency key each call carried (examples.VendorKey)
 	answer func(ctx context.Context, id string) (string, error)
 }
 
 func (v *vendorFake) Complete(ctx context.Context, id, prompt string) (string, error) {
 	v.mu.Lock()
 	v.calls = append(v.calls, id)
+	v.keys = append(v.keys, examples.VendorKey(ctx, id))
 	answer := v.answer
 	v.mu.Unlock()
 	if answer == nil {
@@ -108,6 +111,13 @@ func TestAgent_HesitationWindow(t *testing.T) {
 			h.AdvanceTime(hesitation(h))
 			if got, want := settlements(t, h), "msg-1 success re: hi"; got != want {
 				t.Errorf("settlements %q, want %q", got, want)
+			}
+			// Request ids repeat across agent streams: the vendor's key names the stream.
+			v.mu.Lock()
+			keys := slices.Clone(v.keys)
+			v.mu.Unlock()
+			if want := []string{h.Stream.Path() + "#msg-1"}; !slices.Equal(keys, want) {
+				t.Errorf("vendor keys %q, want %q", keys, want)
 			}
 			if got := h.State().Requests; len(got) != 1 || got[0].Status != examples.StatusSettled {
 				t.Errorf("requests %+v, want one settled", got)

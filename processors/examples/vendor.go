@@ -22,8 +22,28 @@ func (EchoVendor) Complete(ctx context.Context, requestID, prompt string) (strin
 	return "echo: " + prompt, nil
 }
 
-// HTTPVendor calls an LLM-like endpoint: POST {"requestId", "prompt"} (the request id is also
-// the Idempotency-Key header), answered by {"text"}. Any other status is a failure. Complete
+// vendorScope is the context key of WithVendorScope.
+type vendorScope struct{}
+
+// WithVendorScope returns ctx carrying the scope a vendor call's idempotency key is qualified
+// with. The agent gives its stream's path: request ids (msg-<offset>) repeat across agent
+// streams, and two agents sharing one vendor account must never share a key there (a vendor
+// that deduplicates by it would answer one agent's request with the other's answer).
+func WithVendorScope(ctx context.Context, scope string) context.Context {
+	return context.WithValue(ctx, vendorScope{}, scope)
+}
+
+// VendorKey is the idempotency key of requestID under ctx's scope: "<scope>#<requestID>", or
+// the request id alone without a scope.
+func VendorKey(ctx context.Context, requestID string) string {
+	if scope, _ := ctx.Value(vendorScope{}).(string); scope != "" {
+		return scope + "#" + requestID
+	}
+	return requestID
+}
+
+// HTTPVendor calls an LLM-like endpoint: POST {"requestId", "prompt"} (the Idempotency-Key
+// header is VendorKey: the agent's stream path, "#" and the request id), answered by {"text"}. Any other status is a failure. Complete
 // sends at most one request: the HTTP transport never retries it on its own.
 type HTTPVendor struct {
 	URL    string
@@ -38,7 +58,7 @@ func (v HTTPVendor) Complete(ctx context.Context, requestID, prompt string) (str
 		return "", err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Idempotency-Key", requestID)
+	req.Header.Set("Idempotency-Key", VendorKey(ctx, requestID))
 	// One Complete is one attempt. net/http's Transport takes an Idempotency-Key header as leave
 	// to replay a POST whose reused keep-alive connection broke, even after the request was
 	// written and the vendor may have acted on it, provided it can rewind the body (GetBody, which

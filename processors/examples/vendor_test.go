@@ -69,7 +69,7 @@ func TestHTTPVendor_CompleteNeverReplaysOnABrokenReusedConnection(t *testing.T) 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
-	text, err := v.Complete(ctx, "msg-1", "first")
+	text, err := v.Complete(examples.WithVendorScope(ctx, "/agents/a"), "msg-1", "first")
 	require.NoError(t, err)
 	require.Equal(t, "ok msg-1", text)
 
@@ -79,6 +79,6 @@ func TestHTTPVendor_CompleteNeverReplaysOnABrokenReusedConnection(t *testing.T) 
 	require.Equal(t, 1, received["msg-2"], "one Complete reached the vendor %d times", received["msg-2"])
 	require.Error(t, err, "the broken attempt surfaces as Complete's failure")
 	// The key still travels: a real vendor deduplicates by it.
-	require.Equal(t, "msg-1", keys["msg-1"])
+	require.Equal(t, "/agents/a#msg-1", keys["msg-1"], "the key names the agent's stream")
 	require.Equal(t, "msg-2", keys["msg-2"])
 }

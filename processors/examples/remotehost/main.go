@@ -8,7 +8,8 @@
 // instead.) It reconnects on its own, with backoff, whenever the connection ends.
 //
 // The agent dials the LLM endpoint --agent-vendor-url names (examples.HTTPVendor: POST
-// {"requestId", "prompt"} with the request id as the Idempotency-Key header, answered by
+// {"requestId", "prompt"} with "<the agent's stream path>#<request id>" as the Idempotency-Key
+// header, answered by
 // {"text"}; empty: an echo), waits --agent-hesitation after each message, and gives each request
 // --agent-expiry from its message's window to settle, the vendor call included (bounded to
 // what is left of it less a 5 s reserve for the settlement). bench/soak runs it this way, killed
