@@ -139,6 +139,11 @@ type deliveryFailure struct {
 	// processorEvent: a processor's hook failed on eventOffset (an outage that names its event;
 	// a webhook's outage on a single-event try names none, it is not held against the event).
 	processorEvent bool
+	// refolded: a remote processor's wake failed (cut off by the bound, or no progress past the
+	// cursor) after committing its reduction further, as the refold of a rewind or of a new
+	// reducer version does wake after wake: progress, so the ladder starts over from its first
+	// rung instead of climbing (and halting a long refold after 15 bounds).
+	refolded bool
 }
 
 // decisionKind is what the ladder decides after a failure.

@@ -547,11 +547,21 @@ func (d *deliverer) wakeRemote(job pushJob, out deliveryOutcome) deliveryOutcome
 	if row := job.row; row.CursorChangedAtOffset != row.ConfiguredAtOffset && job.procSeek != row.CursorChangedAtOffset {
 		w.ReprocessFrom, ports.seek = row.ConfirmedOffset+1, row.CursorChangedAtOffset
 	}
-	gen, err := d.actor.procGeneration(d.ctx, d.name)
+	before, err := d.actor.procRecord(d.ctx, d.name)
 	if err != nil {
 		return fail(classOutage, err)
 	}
+	gen := before.generation()
 	w.ProgressGeneration, ports.wakeGen = gen, gen
+	// refolding marks an outage of a wake during which the host committed its reduction further
+	// (the refold of a rewind or a new reducer version, lagging the processing cursor): the
+	// processor is progressing, so the ladder starts over rather than climbing.
+	refolding := func(out deliveryOutcome) deliveryOutcome {
+		if after, err := d.actor.procRecord(d.ctx, d.name); err == nil && after.reducedThrough() > before.reducedThrough() {
+			out.failure.refolded = true
+		}
+		return out
+	}
 	ctx, cancel := context.WithCancel(d.ctx)
 	defer cancel()
 	t := d.srv.clock.AfterFunc(2*d.srv.cfg.DeliveryTimeout, cancel)
@@ -573,7 +583,7 @@ func (d *deliverer) wakeRemote(job pushJob, out deliveryOutcome) deliveryOutcome
 		d.srv.metrics.LateAcks.Inc()
 		return out
 	case err != nil && ctx.Err() != nil:
-		return fail(classOutage, itx.Errorf(itx.EDeadlineExceeded, "processor host %q did not answer the wake within %s", m.name, 2*d.srv.cfg.DeliveryTimeout))
+		return refolding(fail(classOutage, itx.Errorf(itx.EDeadlineExceeded, "processor host %q did not answer the wake within %s", m.name, 2*d.srv.cfg.DeliveryTimeout)))
 	case err != nil && itx.FailingEventOf(err) > 0:
 		// The processor failed on an event: retried along the ladder as an in-process
 		// processor's failure is (a processor never skips an event), naming the event.
@@ -596,8 +606,8 @@ func (d *deliverer) wakeRemote(job pushJob, out deliveryOutcome) deliveryOutcome
 	if processed <= job.row.ConfirmedOffset {
 		// A host that answers without moving past the cursor would be woken again at once,
 		// forever: it is an outage, and backs off along the ladder.
-		return fail(classOutage, itx.Errorf(itx.EUnavailable, "processor host %q reported processed through %d, no progress past the cursor at %d (head %d)",
-			m.name, processed, job.row.ConfirmedOffset, job.head))
+		return refolding(fail(classOutage, itx.Errorf(itx.EUnavailable, "processor host %q reported processed through %d, no progress past the cursor at %d (head %d)",
+			m.name, processed, job.row.ConfirmedOffset, job.head)))
 	}
 	out.through, out.delivered = min(processed, job.head), true
 	return out
@@ -652,6 +662,22 @@ func (a *actor) fireRemoteAlarm(name string) {
 		}
 		a.ask(ctx, procOp{fired: true, owner: name})
 	}()
+}
+
+// generation is the record's generation (0: no record, never claimed).
+func (r *procRecord) generation() int64 {
+	if r == nil {
+		return 0
+	}
+	return r.Generation
+}
+
+// reducedThrough is the offset the record's committed state is folded through (0: none).
+func (r *procRecord) reducedThrough() int64 {
+	if r == nil || r.Progress == nil {
+		return 0
+	}
+	return r.Progress.ReducedThrough
 }
 
 // procGeneration is the generation of name's progress record (0: never claimed).

@@ -958,6 +958,11 @@ func (st *streamState) applyOutcome(o *deliveryOutcome, nowMs int64, env stepEnv
 		r.NextAttemptAt = 0
 		return own
 	}
+	if f.refolded {
+		// Progress, though not past the cursor: the retry block starts over, as when the cursor
+		// moves.
+		r.Attempt, r.FailingEventOffset, r.FailingEventAttempt = 0, 0, 0
+	}
 	d := decideFailure(*r, *f, policy, nowMs, env.random())
 	r.LastError = truncate(d.msg, itx.MaxCursorErrorLength)
 	switch d.kind {
