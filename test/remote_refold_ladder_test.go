@@ -49,8 +49,10 @@ func (h *refoldingHost) Wake(ctx context.Context, call schema.ProcessorHost_wake
 	h.mu.Unlock()
 	ports := req.Ports()
 	cf, release := ports.Claim(ctx, func(a schema.ProcessorPorts_claim_Params) error { return a.SetName(name) })
-	defer release()
-	claimed, err := cf.Struct()
+	defer client.ReleaseAfter(ctx, release)
+	// Awaited under ctx, which ends when the connection closes: a bare Struct() would hold the
+	// connection's Close (at the test's end, with a wake in flight) waiting for this handler.
+	claimed, err := client.Await(ctx, cf)
 	if err != nil {
 		return err
 	}
@@ -65,8 +67,8 @@ func (h *refoldingHost) Wake(ctx context.Context, call schema.ProcessorHost_wake
 		}
 		return a.SetProgress(string(raw))
 	})
-	defer release2()
-	if _, err := mf.Struct(); err != nil {
+	defer client.ReleaseAfter(ctx, release2)
+	if _, err := client.Await(ctx, mf); err != nil {
 		return err
 	}
 	res, err := call.AllocResults()
