@@ -124,15 +124,7 @@ func TestAgent_AStaleCaughtUpFrameDoesNotDialAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	// deliver hands the runner one frame from its cursor to the head as read now.
-	deliver := func() error {
-		after := r.ProcessedThrough()
-		page, err := stream.Read(ctx, after, 0)
-		if err != nil {
-			return err
-		}
-		return r.Deliver(ctx, processors.Frame{Events: page.Events, ScannedAfter: after, ScannedThrough: page.ScannedThrough, Head: page.Head})
-	}
+	deliver := func() error { return deliverToHead(ctx, r, stream) }
 	appendNow := func(in itx.EventInput) {
 		if _, err := stream.Append(ctx, []itx.EventInput{in}); err != nil {
 			t.Fatal(err)
@@ -221,12 +213,7 @@ func TestAgent_AnOverlappingIncarnationDoesNotDialAgain(t *testing.T) {
 		return r, tracker
 	}
 	deliver := func(r *processors.Runner[examples.AgentState]) {
-		after := r.ProcessedThrough()
-		page, err := stream.Read(ctx, after, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := r.Deliver(ctx, processors.Frame{Events: page.Events, ScannedAfter: after, ScannedThrough: page.ScannedThrough, Head: page.Head}); err != nil {
+		if err := deliverToHead(ctx, r, stream); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -303,12 +290,7 @@ func TestAgent_ARequestRecordedAfterItsRetractionIsCancelled(t *testing.T) {
 	}
 	defer r.Close()
 	deliver := func() {
-		after := r.ProcessedThrough()
-		page, err := stream.Read(ctx, after, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := r.Deliver(ctx, processors.Frame{Events: page.Events, ScannedAfter: after, ScannedThrough: page.ScannedThrough, Head: page.Head}); err != nil {
+		if err := deliverToHead(ctx, r, stream); err != nil {
 			t.Fatal(err)
 		}
 		tracker.waitIdle(t)
@@ -335,4 +317,14 @@ func TestAgent_ARequestRecordedAfterItsRetractionIsCancelled(t *testing.T) {
 	if calls := v.Calls(); len(calls) != 0 {
 		t.Errorf("the vendor was dialed for %v", calls)
 	}
+}
+
+// deliverToHead hands the runner one frame from its cursor to the stream's head as read now.
+func deliverToHead(ctx context.Context, r *processors.Runner[examples.AgentState], stream *proctest.MemoryStream) error {
+	after := r.ProcessedThrough()
+	page, err := stream.Read(ctx, after, 0)
+	if err != nil {
+		return err
+	}
+	return r.Deliver(ctx, processors.Frame{Events: page.Events, ScannedAfter: after, ScannedThrough: page.ScannedThrough, Head: page.Head})
 }
