@@ -683,10 +683,7 @@ func (r *procRecord) reducedThrough() int64 {
 // procGeneration is the generation of name's progress record (0: never claimed).
 func (a *actor) procGeneration(ctx context.Context, name string) (int64, error) {
 	rec, err := a.procRecord(ctx, name)
-	if err != nil || rec == nil {
-		return 0, err
-	}
-	return rec.Generation, nil
+	return rec.generation(), err
 }
 
 // procRecord is name's committed progress record (nil: none): the published one, else the stored
