@@ -32,7 +32,7 @@ func (h bigStateHost) Wake(ctx context.Context, call schema.ProcessorHost_wake) 
 	ports := req.Ports()
 	cf, release := ports.Claim(ctx, func(a schema.ProcessorPorts_claim_Params) error { return a.SetName(name) })
 	defer release()
-	claimed, err := cf.Struct()
+	claimed, err := client.Await(ctx, cf)
 	if err != nil {
 		return err
 	}
@@ -50,7 +50,7 @@ func (h bigStateHost) Wake(ctx context.Context, call schema.ProcessorHost_wake) 
 		return a.SetProgress(string(progress))
 	})
 	defer release2()
-	if _, err := mf.Struct(); err != nil {
+	if _, err := client.Await(ctx, mf); err != nil {
 		return err
 	}
 	return reportThrough(call, head)
