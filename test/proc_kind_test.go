@@ -35,7 +35,7 @@ func claimWake(ctx context.Context, req schema.WakeRequest) (*spyClaim, error) {
 	c := &spyClaim{ports: req.Ports(), name: name}
 	cf, release := c.ports.Claim(ctx, func(a schema.ProcessorPorts_claim_Params) error { return a.SetName(name) })
 	defer release()
-	claimed, err := cf.Struct()
+	claimed, err := client.Await(ctx, cf)
 	if err != nil {
 		return nil, err
 	}
@@ -67,7 +67,7 @@ func (c *spyClaim) commit(ctx context.Context, through int64) error {
 		return a.SetProgress(string(b))
 	})
 	defer release()
-	_, err = mf.Struct()
+	_, err = client.Await(ctx, mf)
 	return err
 }
 
@@ -121,7 +121,7 @@ func (h *recordSpy) Wake(ctx context.Context, call schema.ProcessorHost_wake) er
 	key := itx.ProcessorKVPrefix(c.name) + "breaker"
 	gf, release := c.ports.KvGet(ctx, func(a schema.ProcessorPorts_kvGet_Params) error { return a.SetKey(key) })
 	defer release()
-	got, err := gf.Struct()
+	got, err := client.Await(ctx, gf)
 	if err != nil {
 		return err
 	}
@@ -135,7 +135,7 @@ func (h *recordSpy) Wake(ctx context.Context, call schema.ProcessorHost_wake) er
 		return a.SetValue([]byte("a crash-loop counter"))
 	})
 	defer release2()
-	if _, err := pf.Struct(); err != nil {
+	if _, err := client.Await(ctx, pf); err != nil {
 		return err
 	}
 	head := int64(req.HeadOffset())

@@ -134,7 +134,7 @@ func (h *alarmSpy) Wake(ctx context.Context, call schema.ProcessorHost_wake) err
 			return nil
 		})
 		defer release()
-		if _, err := fut.Struct(); err != nil {
+		if _, err := client.Await(ctx, fut); err != nil {
 			return err
 		}
 		close(h.ready)
