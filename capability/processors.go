@@ -307,8 +307,9 @@ func (pp *processorPorts) AppendTo(ctx context.Context, call schema.ProcessorPor
 	if path == pp.home.ref.Path {
 		// The home stream, appended to as Stream.append does, but fenced as the processor's
 		// other writes: a host whose mount was taken over (frozen mid-frame, say) appends
-		// nothing more, where the plain stream capability would still take its events.
-		if err := pp.p.CheckFence(); err != nil {
+		// nothing more, where the plain stream capability would still take its events; and
+		// held to the processor, reviving no other.
+		if err := pp.p.CheckHomeAppend(inputs); err != nil {
 			return fail(err)
 		}
 		pending, err := pp.home.startAppend(ctx, inputs, itx.AppendOptions{})

@@ -506,7 +506,8 @@ interface ProcessorPorts {
   # Append to another stream of the project, under the subscription's scope (a processor's
   # forward: Args.AppendTo); stream/* control events are refused. Fenced like the others. With
   # the home stream's path it is the processor's own Append, taken as Stream.append takes it
-  # but refused once another host took the processor over. sourceOffset (0: not said) is the
+  # but refused once another host took the processor over, and held to the processor: a
+  # stream/processor-revived naming another processor is permissionDenied. sourceOffset (0: not said) is the
   # home event the forward comes from and processedThrough the processor's committed cursor then
   # (itx.EffectOrigin): to another stream, a forward from an event above that cursor keeps its
   # key in the receiving stream past a trim, so made again after a crash it is still a

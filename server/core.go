@@ -352,13 +352,9 @@ func (st *coreState) reduce(e *itx.Event, rc *reduceContext) ([]cursorEffect, er
 		}
 		return nil, nil
 	case itx.TypeProcessorRevived:
-		var p map[string]any
-		if err := json.Unmarshal(e.Payload, &p); err != nil {
-			return nil, itx.Errorf(itx.EInvalid, "%s: %v", e.Type, err)
-		}
-		slug, ok := p["processorSlug"].(string)
-		if !ok {
-			return nil, itx.Errorf(itx.EInvalid, "%s: processorSlug must be a string", e.Type)
+		slug, err := revivedProcessor(e.Payload)
+		if err != nil {
+			return nil, err
 		}
 		// A revival is the keepalive's attempt (its breaker owns the long backoff): the
 		// processor's subscription is delivered to now, even if the ladder halted it or is
@@ -375,6 +371,20 @@ func (st *coreState) reduce(e *itx.Event, rc *reduceContext) ([]cursorEffect, er
 		return nil, nil
 	}
 	return nil, itx.Errorf(itx.EInvalid, "unknown core event type %q", e.Type)
+}
+
+// revivedProcessor is the processor a stream/processor-revived payload names (its
+// processorSlug: the subscription name the keepalive revives), read as the core reduces it.
+func revivedProcessor(payload json.RawMessage) (string, error) {
+	var p map[string]any
+	if err := json.Unmarshal(payload, &p); err != nil {
+		return "", itx.Errorf(itx.EInvalid, "%s: %v", itx.TypeProcessorRevived, err)
+	}
+	slug, ok := p["processorSlug"].(string)
+	if !ok {
+		return "", itx.Errorf(itx.EInvalid, "%s: processorSlug must be a string", itx.TypeProcessorRevived)
+	}
+	return slug, nil
 }
 
 func (st *coreState) existing(name string) (*catalogEntry, error) {

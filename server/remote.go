@@ -391,6 +391,33 @@ func (p *ProcessorPorts) kvGen() int64 {
 // writes through its ports is refused once another host took it over.
 func (p *ProcessorPorts) CheckFence() error { return p.fenced() }
 
+// CheckHomeAppend is CheckFence for the processor's own append to its home stream, which the
+// ports also hold to their processor: a stream/processor-revived naming another one is refused
+// (permissionDenied), its whole batch with it. A revival is the keepalive's fact for the
+// processor that owed work, and a host is woken (and handed these ports) per processor, so its
+// keepalive only ever revives the processor whose ports it holds; naming another would move
+// that one's subscription (active, delivered to at once, un-halted) on the authority of a host
+// that does not run it. The mounting token's own Stream.append is not narrowed.
+func (p *ProcessorPorts) CheckHomeAppend(inputs []itx.EventInput) error {
+	if err := p.fenced(); err != nil {
+		return err
+	}
+	for i, in := range inputs {
+		if in.Type != itx.TypeProcessorRevived {
+			continue
+		}
+		slug, err := revivedProcessor(in.Payload)
+		if err != nil {
+			continue // refused by the append's validation, with its reason
+		}
+		if slug != p.name {
+			return itx.Errorf(itx.EPermissionDenied, "event %d: these ports are processor %q's: a %s naming %q is not theirs to append",
+				i, p.name, in.Type, slug)
+		}
+	}
+	return nil
+}
+
 func (p *ProcessorPorts) fenced() error {
 	m := p.srv.remoteHost(p.ref.ProjectID, p.scope, p.contract)
 	if m == nil || m.gen != p.gen {
