@@ -520,7 +520,9 @@ func (s *Server) describeLoaded(a *actor) (itx.StreamInfo, error) {
 // describeView describes a stream from a view of its state.
 func describeView(ref StreamRef, v view, loaded bool) itx.StreamInfo {
 	if v.streamID == "" {
-		return itx.StreamInfo{Path: ref.Path, Loaded: loaded} // no first commit yet: no stream
+		// No first commit yet: no stream, so none loaded either (its database is not held
+		// open, and Streams.list does not show it), whatever actor answered.
+		return itx.StreamInfo{Path: ref.Path}
 	}
 	info := itx.StreamInfo{Path: ref.Path, StreamID: v.streamID, HeadOffset: v.head, CreatedAt: v.info.createdAt,
 		LastAppendAt: v.info.lastAppendAt, TrimmedThrough: v.info.trimmed, Loaded: loaded,

@@ -65,6 +65,16 @@ func TestStream_AppendAndRead(t *testing.T) {
 		require.NoError(t, err)
 		require.Empty(t, streams, "reading does not create a stream")
 	})
+
+	t.Run("a stream without appends describes as absent", func(t *testing.T) {
+		// Nothing to hold open: not loaded, as Streams.list, which does not show it, agrees.
+		info, err := client.Describe(ctx, stream(t, ts.project(t), "/never-described"))
+		require.NoError(t, err)
+		require.Equal(t, itx.StreamInfo{Path: "/never-described"}, info)
+		streams, err := client.ListStreams(ctx, ts.project(t), "/never-described")
+		require.NoError(t, err)
+		require.Empty(t, streams, "describing does not create a stream")
+	})
 }
 
 func offsetsOf(events []itx.Event) []int64 {
