@@ -626,6 +626,27 @@ func TestEval_NavigationCalledOrNot(t *testing.T) {
 	s.mustEval(t, `project.streams.get("/called").subscriptions().list()`)
 }
 
+// A read refused through an append-only stream names the method called: getEvents reads its
+// page through Stream.getEventPage, and said so ("Stream.getEventPage needs the read right").
+func TestEval_AppendOnlyRefusalNamesTheMethodCalled(t *testing.T) {
+	ts := startServer(t)
+	s := newSession(t, ts)
+	s.mustEval(t, `project.streams.get("/ao").append({type: "note"})`)
+	for _, tc := range []struct{ call, method string }{
+		{`getEvents()`, "getEvents"},
+		{`getEvents({all: true})`, "getEvents"},
+		{`getEventPage()`, "getEventPage"},
+		{`describe()`, "describe"},
+	} {
+		f := s.failure(t, `project.streams.get("/ao").appendOnly().`+tc.call)
+		require.Equal(t, "permissionDenied", f.Code, f.Message)
+		require.Contains(t, f.Message, "Stream."+tc.method+" needs the read right", tc.call)
+		if tc.method != "getEventPage" {
+			require.NotContains(t, f.Message, "getEventPage", tc.call)
+		}
+	}
+}
+
 // .watch --processor prints the live state of the processor a processor-wake subscription runs:
 // its snapshot, then a patch as it processes what is appended.
 func TestWatch_Processor(t *testing.T) {

@@ -724,7 +724,7 @@ func streamGetEvents(ctx context.Context, s *Session, c capnp.Client, _ capPath,
 	for {
 		page, err := client.GetEventPage(ctx, schema.Stream(c), q)
 		if err != nil {
-			return nil, err
+			return nil, asGetEvents(err)
 		}
 		events = append(events, page.Events...)
 		more := page.NextAfter > q.After && page.NextAfter < page.StreamMaxOffset && (q.Before == 0 || page.NextAfter < q.Before-1)
@@ -751,6 +751,20 @@ func streamGetEvents(ctx context.Context, s *Session, c capnp.Client, _ capPath,
 		q.After = page.NextAfter
 	}
 	return eventsJS(events), nil
+}
+
+// asGetEvents words a refusal of the page read getEvents makes as getEvents' own: getEvents reads
+// its pages through Stream.getEventPage (whose envelope says whether more follow), and the two
+// need the same right, so the refusal is the one a Stream.getEvents call would get. Named after
+// getEventPage, it sent whoever called getEvents looking for a call they never made.
+func asGetEvents(err error) error {
+	if itx.ErrorCode(err) != itx.EPermissionDenied {
+		return err
+	}
+	if rest, ok := strings.CutPrefix(itx.ErrorMessage(err), "Stream.getEventPage "); ok {
+		return itx.Errorf(itx.EPermissionDenied, "Stream.getEvents %s", rest)
+	}
+	return err
 }
 
 func streamGetEventPage(ctx context.Context, s *Session, c capnp.Client, _ capPath, args []goja.Value) (any, error) {
