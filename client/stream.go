@@ -188,7 +188,9 @@ func GetEventPage(ctx context.Context, s schema.Stream, query itx.Query) (itx.Pa
 	return wire.PageFromSchema(pg)
 }
 
-// GetEvents reads one page of events without the envelope.
+// GetEvents reads one page of events without the envelope: at most itx.MaxPageLimit whatever
+// query.Limit asks (itxd caps it), and a short page is not the end. To page, use GetEventPage,
+// whose NextAfter and StreamMaxOffset say where to go on.
 func GetEvents(ctx context.Context, s schema.Stream, query itx.Query) ([]itx.Event, error) {
 	if err := queryArg(query); err != nil {
 		return nil, err

@@ -539,6 +539,11 @@ interface Processor {
 
 interface Stream {
   append @0 (events :List(EventInput), options :AppendOptions) -> (result :AppendResult);
+  # One page's events alone: at most 500 (a larger limit is capped, as the TypeScript's
+  # getEvents caps it, not refused) or 4 MiB. Without the envelope it cannot say whether more
+  # follow, and a page shorter than the limit is not the end (cut at 4 MiB, or by a
+  # subscription's condition): a reader that pages uses getEventPage, whose nextAfter and
+  # streamMaxOffset say where to go on and where the stream ends.
   getEvents @1 (query :EventQuery) -> (events :List(Event));
   getEventPage @2 (query :EventQuery) -> (page :EventPage);
   # One-shot log barrier: the first event after `after` matching the predicate;

@@ -327,6 +327,10 @@ func TestStream_BadInput(t *testing.T) {
 		require.NoError(t, err)
 		require.Len(t, page.Events, itx.MaxPageLimit)
 		require.Equal(t, int64(itx.MaxPageLimit), page.NextAfter)
+		require.Equal(t, int64(itx.MaxPageLimit+100), page.StreamMaxOffset, "the envelope says more follow")
+		events, err := client.GetEvents(ctx, big, itx.Query{Limit: 2 * itx.MaxPageLimit})
+		require.NoError(t, err, "getEvents caps a limit over the page's bound too")
+		require.Len(t, events, itx.MaxPageLimit)
 		_, err = client.WaitForEvent(ctx, s, itx.Predicate{Where: "payload.("}, 0, time.Second)
 		requireCode(t, err, itx.EInvalid)
 		// A runaway predicate is the caller's error; the server lives on (unbounded, this
