@@ -45,6 +45,10 @@ type StreamEntry struct {
 	ParkedSubscriptions int   // subscriptions parked (receiver absent)
 	// SummaryStale: the stream may have moved since its summary was refreshed.
 	SummaryStale bool
+	// Born: the stream's first commit landed (an append, or a reader's registration at head 0),
+	// so it exists; an entry not born is a creation in flight, cut short, or whose first commit
+	// failed (see CreateStream).
+	Born bool
 }
 
 // OpenDirectory opens or creates the directory database at file.
@@ -101,8 +105,8 @@ func (d *Directory) ProjectsAfter(ctx context.Context, after string, limit int) 
 func (d *Directory) Stream(ctx context.Context, projectID, path string) (*StreamEntry, error) {
 	var e StreamEntry
 	err := d.db.QueryRowContext(ctx, `select stream_id, project_id, path, created_at, head_offset, last_append_at,
-		subscription_count, halted_subscriptions, max_lag, reader_count, parked_subscriptions, summary_stale from streams where project_id = ? and path = ?`, projectID, path).
-		Scan(&e.StreamID, &e.ProjectID, &e.Path, &e.CreatedAt, &e.HeadOffset, &e.LastAppendAt, &e.SubscriptionCount, &e.HaltedSubscriptions, &e.MaxLag, &e.ReaderCount, &e.ParkedSubscriptions, &e.SummaryStale)
+		subscription_count, halted_subscriptions, max_lag, reader_count, parked_subscriptions, summary_stale, born from streams where project_id = ? and path = ?`, projectID, path).
+		Scan(&e.StreamID, &e.ProjectID, &e.Path, &e.CreatedAt, &e.HeadOffset, &e.LastAppendAt, &e.SubscriptionCount, &e.HaltedSubscriptions, &e.MaxLag, &e.ReaderCount, &e.ParkedSubscriptions, &e.SummaryStale, &e.Born)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, nil
 	}
@@ -185,25 +189,28 @@ type StreamSummary struct {
 	MaxLag              int64
 	Readers             int
 	ParkedSubscriptions int
+	// Born: the stream's first commit landed (StreamEntry.Born). A summary never unmarks it.
+	Born bool
 }
 
 // UpdateStreamSummary refreshes the summary of a stream (on actor unload, or after a crash) and
 // clears its stale mark.
 func (d *Directory) UpdateStreamSummary(ctx context.Context, streamID string, sum StreamSummary) error {
 	_, err := d.db.ExecContext(ctx, `update streams set head_offset = ?, last_append_at = ?, subscription_count = ?,
-		halted_subscriptions = ?, max_lag = ?, reader_count = ?, parked_subscriptions = ?, summary_stale = 0 where stream_id = ?`,
-		sum.HeadOffset, sum.LastAppendAt, sum.Subscriptions, sum.HaltedSubscriptions, sum.MaxLag, sum.Readers, sum.ParkedSubscriptions, streamID)
+		halted_subscriptions = ?, max_lag = ?, reader_count = ?, parked_subscriptions = ?, born = max(born, ?), summary_stale = 0 where stream_id = ?`,
+		sum.HeadOffset, sum.LastAppendAt, sum.Subscriptions, sum.HaltedSubscriptions, sum.MaxLag, sum.Readers, sum.ParkedSubscriptions, sum.Born || sum.HeadOffset > 0, streamID)
 	if err != nil {
 		return fmt.Errorf("update stream summary: %w", err)
 	}
 	return nil
 }
 
-// NoteStreamHead records a new stream's head and last append without touching the rest of its
-// summary or its stale mark: a stream whose first commit landed is listed from then on, even if
-// its summary cannot be written at its unload (a full disk).
+// NoteStreamHead records that a new stream's first commit landed (Born), with its head and last
+// append, without touching the rest of its summary or its stale mark: a stream whose first
+// commit landed is listed from then on, even if its summary cannot be written at its unload (a
+// full disk). The head may be 0: a first commit that registered a reader.
 func (d *Directory) NoteStreamHead(ctx context.Context, streamID string, head, lastAppendAt int64) error {
-	if _, err := d.db.ExecContext(ctx, `update streams set head_offset = ?, last_append_at = ? where stream_id = ? and head_offset < ?`,
+	if _, err := d.db.ExecContext(ctx, `update streams set head_offset = ?, last_append_at = ?, born = 1 where stream_id = ? and (head_offset < ? or born = 0)`,
 		head, lastAppendAt, streamID, head); err != nil {
 		return fmt.Errorf("note stream head: %w", err)
 	}
@@ -221,7 +228,7 @@ func (d *Directory) MarkSummaryStale(ctx context.Context, streamID string) error
 // StaleStreams lists the streams whose summary may be behind: after a clean shutdown, none.
 func (d *Directory) StaleStreams(ctx context.Context) ([]StreamEntry, error) {
 	rows, err := d.db.QueryContext(ctx, `select stream_id, project_id, path, created_at, head_offset, last_append_at,
-		subscription_count, halted_subscriptions, max_lag, reader_count, parked_subscriptions from streams where summary_stale = 1`)
+		subscription_count, halted_subscriptions, max_lag, reader_count, parked_subscriptions, born from streams where summary_stale = 1`)
 	if err != nil {
 		return nil, fmt.Errorf("stale streams: %w", err)
 	}
@@ -229,7 +236,7 @@ func (d *Directory) StaleStreams(ctx context.Context) ([]StreamEntry, error) {
 	var out []StreamEntry
 	for rows.Next() {
 		e := StreamEntry{SummaryStale: true}
-		if err := rows.Scan(&e.StreamID, &e.ProjectID, &e.Path, &e.CreatedAt, &e.HeadOffset, &e.LastAppendAt, &e.SubscriptionCount, &e.HaltedSubscriptions, &e.MaxLag, &e.ReaderCount, &e.ParkedSubscriptions); err != nil {
+		if err := rows.Scan(&e.StreamID, &e.ProjectID, &e.Path, &e.CreatedAt, &e.HeadOffset, &e.LastAppendAt, &e.SubscriptionCount, &e.HaltedSubscriptions, &e.MaxLag, &e.ReaderCount, &e.ParkedSubscriptions, &e.Born); err != nil {
 			return nil, fmt.Errorf("stale streams: %w", err)
 		}
 		out = append(out, e)
@@ -250,7 +257,7 @@ func (d *Directory) ListStreamsUnder(ctx context.Context, projectID, scope, pref
 		scope = ""
 	}
 	rows, err := d.db.QueryContext(ctx, `select stream_id, project_id, path, created_at, head_offset, last_append_at,
-		subscription_count, halted_subscriptions, max_lag, reader_count, parked_subscriptions from streams where project_id = ? and substr(path, 1, ?) = ? and path > ?
+		subscription_count, halted_subscriptions, max_lag, reader_count, parked_subscriptions, born from streams where project_id = ? and substr(path, 1, ?) = ? and path > ?
 		and (? = '' or path = ? or substr(path, 1, ?) = ?) order by path limit ?`,
 		projectID, len(prefix), prefix, after, scope, scope, len(scope)+1, scope+"/", limit)
 	if err != nil {
@@ -260,7 +267,7 @@ func (d *Directory) ListStreamsUnder(ctx context.Context, projectID, scope, pref
 	var out []StreamEntry
 	for rows.Next() {
 		var e StreamEntry
-		if err := rows.Scan(&e.StreamID, &e.ProjectID, &e.Path, &e.CreatedAt, &e.HeadOffset, &e.LastAppendAt, &e.SubscriptionCount, &e.HaltedSubscriptions, &e.MaxLag, &e.ReaderCount, &e.ParkedSubscriptions); err != nil {
+		if err := rows.Scan(&e.StreamID, &e.ProjectID, &e.Path, &e.CreatedAt, &e.HeadOffset, &e.LastAppendAt, &e.SubscriptionCount, &e.HaltedSubscriptions, &e.MaxLag, &e.ReaderCount, &e.ParkedSubscriptions, &e.Born); err != nil {
 			return nil, fmt.Errorf("list streams: %w", err)
 		}
 		out = append(out, e)
