@@ -116,7 +116,8 @@ struct EventQuery {
 # The reader's envelope.
 struct EventPage {
   events @0 :List(Event);
-  streamId @1 :Text;          # empty until the stream's first append
+  streamId @1 :Text;          # empty until the stream's first commit (an append, or a reader's
+                              # registration)
   streamMaxOffset @2 :UInt64; # the head offset when the page was read
   nextAfter @3 :UInt64;       # pass as `after` to continue; past filtered-out events too
 }
@@ -132,9 +133,9 @@ struct EventPredicate {
 
 struct StreamInfo {
   path @0 :Text;
-  streamId @1 :Text;          # empty: the stream has no append yet
+  streamId @1 :Text;          # empty: the stream has no commit yet (no append, no reader)
   headOffset @2 :UInt64;
-  createdAt @3 :Int64;        # epoch ms of the first append; 0 if none
+  createdAt @3 :Int64;        # epoch ms of the first commit; 0 if none
   lastAppendAt @4 :Int64;
   subscriptionCount @5 :UInt32;
   loaded @6 :Bool;            # an actor currently holds the stream's database open
@@ -414,10 +415,11 @@ struct ReaderInfo {
 
 interface Readers {
   # Registers or moves a named reader's checkpoint (at most the head, invalidArgument past it;
-  # its lag becomes visible). Stored with the stream; no delivery obligation. notFound before the
-  # stream's first append; failedPrecondition for the name of one of its subscriptions;
-  # permissionDenied for a reader another token registered (only a login with that token, or
-  # the admin right, moves or removes it).
+  # its lag becomes visible). Stored with the stream; no delivery obligation. On a path with no
+  # append yet the head is 0: registering there creates the stream (limitExceeded past
+  # --max-streams-per-project, writing nothing). failedPrecondition for the name of one of its
+  # subscriptions; permissionDenied for a reader another token registered (only a login with
+  # that token, or the admin right, moves or removes it).
   register @0 (name :Text, checkpoint :UInt64) -> ();
   list @1 () -> (readers :List(ReaderInfo));
   # notFound for a name that is not registered.
@@ -569,7 +571,8 @@ interface Stream {
   # surviving unloads, crashes and restarts. Its idempotencyKey (required) names it: scheduling
   # the key again moves it; a key already in the log schedules nothing and returns its offset in
   # appendedOffset (idempotencyConflict if the log holds it with another body, as for an append).
-  # The stream must exist (notFound before its first append). Needs the append right;
+  # The stream must exist (notFound before its first commit: an append or a reader's
+  # registration). Needs the append right;
   # listScheduled needs read.
   schedule @13 (event :EventInput, dueAt :Int64) -> (dueAt :Int64, appendedOffset :UInt64);
   cancelScheduled @14 (key :Text) -> (cancelled :Bool);

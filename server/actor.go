@@ -352,6 +352,9 @@ func loadState(ctx context.Context, store streamStore, rc reduceContext, now tim
 	for _, r := range readers {
 		st.readers[r.Name] = r
 	}
+	if st.born, err = bornIn(ctx, store, st.head, len(readers)); err != nil {
+		return nil, err
+	}
 	rows, err := store.CursorRows(ctx)
 	if err != nil {
 		return nil, err
@@ -919,7 +922,10 @@ func (a *actor) apply(in stepInput) {
 				}
 			}
 		}
-		if a.noteHead && a.st.head > 0 {
+		if eff.born {
+			a.noteHead = true
+		}
+		if a.noteHead && a.st.born {
 			// The stream's first commit: the directory lists it from now on (its summary is
 			// written at unload, which a full disk may refuse). Tried again at the next commit.
 			if err := a.srv.dir.NoteStreamHead(ctx, a.st.streamID, a.st.head, a.st.lastAppendAt); err == nil {
@@ -1111,7 +1117,7 @@ func (a *actor) reloadAfter(group []*appendReq, cause error) {
 		}
 		logged.Str("project", a.ref.ProjectID).Str("path", a.ref.Path).Int("limit", a.srv.cfg.MaxStreamsPerProject).
 			Str("refusal", failure.Message).
-			Msg("append refused: the project holds its most streams (--max-streams-per-project); the stream is not created")
+			Msg("append or reader registration refused: the project holds its most streams (--max-streams-per-project); the stream is not created")
 	} else {
 		logged := a.srv.log.Error()
 		// Commits failing in a row (a full or failing disk, with clients retrying) are logged
@@ -1320,9 +1326,10 @@ type streamLimitError struct{ error }
 
 func (e streamLimitError) Unwrap() error { return e.error }
 
-// ensureCreated creates the stream on its first commit with events: the directory entry first,
-// then the database (see storage.Directory.CreateStream for the crash window). A project at
-// Config.MaxStreamsPerProject gets neither: the directory refuses the entry before any file exists.
+// ensureCreated creates the stream on its first commit (events, or a reader's registration: see
+// step's bornNow): the directory entry first, then the database (see
+// storage.Directory.CreateStream for the crash window). A project at Config.MaxStreamsPerProject
+// gets neither: the directory refuses the entry before any file exists.
 func (a *actor) ensureCreated(ctx context.Context, create bool) error {
 	if a.store != nil {
 		return nil
@@ -1403,6 +1410,7 @@ func (a *actor) close() {
 	// The secret uses are made exact before the summary clears the stream's stale mark: while
 	// it is marked, a restart rewrites them from the catalog.
 	sum := summaryOf(a.st.head, a.st.lastAppendAt, a.st.core, pointerRow(a.st.rows), a.st.readers)
+	sum.Born = a.st.born
 	if err := a.srv.dir.SetSecretUses(ctx, a.ref.ProjectID, a.st.streamID, refList(secretRefsOf(a.st.core))); err != nil {
 		a.srv.log.Warn().Err(err).Str("project", a.ref.ProjectID).Str("path", a.ref.Path).Msg("webhook secret uses not rewritten: the summary stays stale")
 	} else if err := a.srv.dir.UpdateStreamSummary(ctx, a.st.streamID, sum); err != nil {
@@ -1543,7 +1551,7 @@ func (a *actor) publish(rowsChanged bool) {
 	}
 	v.store, v.head, v.core, v.recent = a.store, st.head, st.core, a.recent
 	v.streamID = ""
-	if st.created && a.store != nil && st.head > 0 {
+	if st.born && a.store != nil {
 		// A planned id is not an identity until the first commit lands: a store made by a
 		// creation whose first commit failed (or that a crash cut short) holds no stream yet.
 		v.streamID = st.streamID

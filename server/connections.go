@@ -407,7 +407,7 @@ func (a *actor) register(c *Connection) error {
 // identity is the stream's id as readers see it (a batch's, getEventPage's): "" until the first
 // commit has landed (an id planned for a stream not yet made is no identity).
 func (a *actor) identity() string {
-	if st := a.st; st.created && a.store != nil && st.head > 0 {
+	if st := a.st; st.born && a.store != nil {
 		return st.streamID
 	}
 	return ""

@@ -18,6 +18,11 @@ const CoreStateVersion = 1
 // coreStateKey is the kv key of the core-state checkpoint, committed with every change.
 const coreStateKey = "core-state"
 
+// bornKey is the KV row a stream's first commit writes (its value the commit's time, epoch ms):
+// with the head still 0 (a first commit that registered a reader) it is what says the stream
+// exists, where a database at head 0 without it is a creation a crash cut short (see bornIn).
+const bornKey = "born"
+
 // authority says who wrote an event: a client, the server itself (halts), or a copy.
 type authority int
 

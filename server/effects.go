@@ -29,6 +29,9 @@ type effects struct {
 	commit      storage.Commit
 	coreChanged bool
 	flushed     bool // the commit carries every dirty row
+	// born: the commit is the stream's first (it carries bornKey); once it landed, the directory
+	// lists the stream (NoteStreamHead), even at head 0.
+	born bool
 
 	rowsChanged bool // publish a new copy of the rows
 	confirmed   bool // a Subscription.confirm moved a cursor: written before it is answered

@@ -146,8 +146,15 @@ func (s *Server) viewWhileFull(ctx context.Context, ref StreamRef, loadErr error
 // that a load would re-reduce from the log).
 func snapshotView(ctx context.Context, snap *storage.Snapshot, e *storage.StreamEntry) (view, bool) {
 	meta, err := snap.Meta(ctx)
-	if err != nil || meta.HeadOffset == 0 {
+	if err != nil {
 		return view{}, false
+	}
+	list, err := snap.Readers(ctx)
+	if err != nil {
+		return view{}, false
+	}
+	if born, err := bornIn(ctx, snap, meta.HeadOffset, len(list)); err != nil || !born {
+		return view{}, false // no first commit: nothing a load would show either
 	}
 	raw, err := snap.KV(ctx, coreStateKey)
 	if err != nil {
@@ -161,10 +168,6 @@ func snapshotView(ctx context.Context, snap *storage.Snapshot, e *storage.Stream
 		core = newCoreState() // no subscription ever configured
 	}
 	cursors, err := snap.CursorRows(ctx)
-	if err != nil {
-		return view{}, false
-	}
-	list, err := snap.Readers(ctx)
 	if err != nil {
 		return view{}, false
 	}

@@ -13,7 +13,7 @@ import (
 // strand a consumer's reader. A new name in the prefix is still refused.
 func TestApplyReader_ReservedPrefixRefusesOnlyNewNames(t *testing.T) {
 	st := newStreamState(nil)
-	st.created, st.head = true, 10
+	st.created, st.born, st.head = true, true, 10
 	st.readers["subscription:legacy"] = storage.Reader{Name: "subscription:legacy", Checkpoint: 2}
 	now := time.Unix(1_700_000_000, 0)
 	var eff effects

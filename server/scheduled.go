@@ -218,8 +218,8 @@ func (st *streamState) applySchedule(op scheduleOp, env stepEnv, eff *effects) s
 		eff.commit.ScheduledDeletes = append(eff.commit.ScheduledDeletes, op.key)
 		return scheduleReply{found: true}
 	}
-	if !st.created {
-		return scheduleReply{err: itx.Errorf(itx.ENotFound, "the stream does not exist yet (a stream exists from its first append)")}
+	if !st.born {
+		return scheduleReply{err: itx.Errorf(itx.ENotFound, "the stream does not exist yet (a stream exists from its first commit: an append, or a reader's registration)")}
 	}
 	committed, err := env.lookupKeys([]string{op.key})
 	if err != nil {

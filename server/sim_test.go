@@ -172,6 +172,12 @@ func runSim(t *testing.T, seed uint64, steps int) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The stream the simulation drives exists from the start (its first commit landed), so its
+	// model takes a schedule before any append; a database at head 0 without bornKey is a
+	// creation cut short, where a schedule is notFound.
+	if err := store.Commit(ctx, storage.Commit{KV: map[string][]byte{bornKey: []byte("1")}}); err != nil {
+		t.Fatal(err)
+	}
 	s.store = &faultyStore{streamStore: store}
 	s.reload(0)
 	defer func() { s.store.Close() }()

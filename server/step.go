@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -14,8 +15,9 @@ import (
 // streamState is everything one stream's actor decides on. Only the actor goroutine touches it,
 // and only through step: head, core state and cursor rows change nowhere else.
 type streamState struct {
-	streamID     string // planned before the first commit; an identity once created is true
-	created      bool
+	streamID     string // planned before the first commit; an identity once born is true
+	created      bool   // the stream has a database (its directory entry and file are made)
+	born         bool   // its first commit landed: the stream exists (see bornKey and step's bornNow)
 	head         int64
 	createdAt    int64
 	lastAppendAt int64
@@ -442,10 +444,17 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 		clear(st.dirty)
 		eff.flushed = true
 	}
+	// A stream exists from its first commit: one with events, or one that registers a reader
+	// (seed 000's browser mirror registers its position before anything is written; issue 9's
+	// checkpoint is at most the head, 0 here). That commit creates the stream's database if it
+	// has none, and writes bornKey, which says so to every later load and start when the head
+	// is still 0 (a creation a crash cut short is dropped at start; this one is not). A reader
+	// removed afterwards leaves the stream: it exists until it is deleted.
+	bornNow := !st.born && (len(eff.commit.Events) > 0 || len(eff.commit.ReaderUpserts) > 0 || len(eff.commit.ReaderDeletes) > 0)
 	// The creating commit checkpoints the core state too, even an empty one: a stream without a
 	// checkpoint is re-reduced from offset 1 by every reload, and a reload after a commit a full
 	// disk refused cannot write one either (each refused append would read the whole stream).
-	if eff.coreChanged || (len(eff.commit.Events) > 0 && !st.created) {
+	if eff.coreChanged || bornNow {
 		b, err := json.Marshal(st.core)
 		if err != nil {
 			return eff, fmt.Errorf("encode core state: %w", err)
@@ -457,7 +466,10 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 	}
 	if len(eff.commit.Events) > 0 {
 		eff.commit.HeadOffset, eff.commit.LastAppendAt = st.head, st.lastAppendAt
-		eff.createStream = !st.created
+	}
+	if bornNow {
+		eff.commit.KV[bornKey] = []byte(strconv.FormatInt(nowMs, 10))
+		eff.createStream, eff.born, st.born = !st.created, true, true
 	}
 	if eff.hasWrites() {
 		// Any commit can move what the directory summarizes: the head, and where consumers
@@ -611,13 +623,10 @@ func (st *streamState) applyReader(op readerOp, now time.Time, rc reduceContext,
 		eff.rowsChanged = true
 		return nil
 	}
-	// The checkpoint first: one beyond the head is invalidArgument on a stream with no event yet
-	// too (its head is 0), as issue 9 asks ("at most the head"), not the notFound below.
+	// At most the head (issue 9), which is 0 on a stream with no event yet: registering there
+	// creates the stream (its first commit, see step), one beyond it writes nothing.
 	if op.checkpoint < 0 || op.checkpoint > st.head {
 		return itx.Errorf(itx.EInvalid, "checkpoint %d is outside 0..%d (the stream's head)", op.checkpoint, st.head)
-	}
-	if !st.created {
-		return itx.Errorf(itx.ENotFound, "the stream does not exist yet (a stream exists from its first append): register the reader after that")
 	}
 	if st.core.Subscriptions[op.name] != nil {
 		return itx.Errorf(itx.EFailedPrecondition, "%q names a subscription of this stream: reader names share the subscription name space", op.name)

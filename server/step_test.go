@@ -38,7 +38,7 @@ type stepScript struct {
 func newStepScript(t *testing.T) *stepScript {
 	now := time.Unix(1_700_000_000, 0)
 	st := newStreamState(newTokenBucket(itx.BreakerBurst, itx.BreakerRefillPerMinute, now))
-	st.streamID, st.created = "stream-1", true
+	st.streamID, st.created, st.born = "stream-1", true, true
 	return &stepScript{t: t, st: st, now: now, pushes: map[string]pushJob{}, limits: map[string]int{}, kv: map[string][]byte{},
 		rows: map[string]storage.CursorRow{}}
 }

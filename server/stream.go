@@ -625,6 +625,7 @@ func (s *Server) ListStreamsUnder(ctx context.Context, projectID, scope, prefix,
 	out := make([]itx.StreamInfo, 0, len(entries))
 	for _, e := range entries {
 		info := summaryInfo(&e)
+		born := e.Born
 		h := actors[e.Path]
 		a := h.loaded
 		if a != nil && (!isClosed(a.ready) || a.loadErr != nil) {
@@ -637,10 +638,12 @@ func (s *Server) ListStreamsUnder(ctx context.Context, projectID, scope, prefix,
 			v := a.view()
 			info.HeadOffset, info.LastAppendAt, info.Loaded = v.head, v.info.lastAppendAt, a == h.loaded
 			standing(v.head, v.core.Subscriptions, valueRow(v.rows), v.readers).setIn(&info)
+			born = v.streamID != ""
 		}
-		if info.HeadOffset == 0 {
+		if !born {
 			// A creation whose first commit has not landed (in flight, or failed): the stream
-			// does not exist yet, as describe says.
+			// does not exist yet, as describe says. One whose first commit registered a reader
+			// exists at head 0.
 			continue
 		}
 		out = append(out, info)

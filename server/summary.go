@@ -50,12 +50,19 @@ func (s *Server) refreshSummary(ctx context.Context, e storage.StreamEntry) erro
 	}
 	s.noteOpened(store, e.ProjectID, e.Path, e.StreamID)
 	meta, err := store.Meta(ctx)
-	if err != nil {
-		store.Close()
-		return err
+	var list []storage.Reader
+	if err == nil {
+		list, err = store.Readers(ctx)
 	}
-	if meta.HeadOffset == 0 {
-		store.Close()
+	born := false
+	if err == nil {
+		born, err = bornIn(ctx, store, meta.HeadOffset, len(list))
+	}
+	if err != nil || !born {
+		store.Close() // before its file is removed
+		if err != nil {
+			return err
+		}
 		return s.dropUnfinished(e)
 	}
 	defer store.Close()
@@ -72,15 +79,12 @@ func (s *Server) refreshSummary(ctx context.Context, e storage.StreamEntry) erro
 	for _, r := range cursors {
 		rows[r.Name] = r
 	}
-	list, err := store.Readers(ctx)
-	if err != nil {
-		return err
-	}
 	readers := make(map[string]storage.Reader, len(list))
 	for _, r := range list {
 		readers[r.Name] = r
 	}
 	sum := summaryOf(meta.HeadOffset, meta.LastAppendAt, st, valueRow(rows), readers)
+	sum.Born = true
 	if !ok && raw != nil {
 		// A catalog this server cannot read: keep the subscription counts the directory had,
 		// and the stream's secret uses (an error: its project's secrets are not swept).
@@ -102,11 +106,25 @@ func (s *Server) refreshSummary(ctx context.Context, e storage.StreamEntry) erro
 	return s.dir.UpdateStreamSummary(ctx, e.StreamID, sum)
 }
 
+// bornIn says whether a stream's database holds its first commit: an event (head > 0), bornKey
+// (a first commit that registered a reader), or a registered reader (one that a build before
+// bornKey registered at head 0 on a database whose first commit had failed). A database holding
+// none of them was never committed to: its creation was cut short, or failed.
+func bornIn(ctx context.Context, kv interface {
+	KV(context.Context, string) ([]byte, error)
+}, head int64, readers int) (bool, error) {
+	if head > 0 || readers > 0 {
+		return true, nil
+	}
+	raw, err := kv.KV(ctx, bornKey)
+	return raw != nil, err
+}
+
 // dropUnfinished deletes a stream whose creation a crash cut short before its first commit
-// (its database missing, unfinished or holding no event): nothing was ever acknowledged on it, so
-// it does not exist. Its file goes first, durably: a crash (or a power cut) before the entry's
-// delete leaves the entry, whose missing database the next start drops again, never a file no
-// entry names.
+// (its database missing, unfinished or holding no commit, see bornIn): nothing was ever
+// acknowledged on it, so it does not exist. Its file goes first, durably: a crash (or a power
+// cut) before the entry's delete leaves the entry, whose missing database the next start drops
+// again, never a file no entry names.
 func (s *Server) dropUnfinished(e storage.StreamEntry) error {
 	if err := s.dropStreamEntry(context.Background(), e); err != nil {
 		return err
