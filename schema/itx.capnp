@@ -417,7 +417,8 @@ interface Readers {
   # Registers or moves a named reader's checkpoint (at most the head, invalidArgument past it;
   # its lag becomes visible). Stored with the stream; no delivery obligation. On a path with no
   # append yet the head is 0: registering there creates the stream (limitExceeded past
-  # --max-streams-per-project, writing nothing). failedPrecondition for the name of one of its
+  # --max-streams-per-project, writing nothing; notFound for a caller without the subscribe
+  # right, which may not create streams). failedPrecondition for the name of one of its
   # subscriptions; permissionDenied for a reader another token registered (only a login with
   # that token, or the admin right, moves or removes it).
   register @0 (name :Text, checkpoint :UInt64) -> ();

@@ -628,6 +628,12 @@ func (st *streamState) applyReader(op readerOp, now time.Time, rc reduceContext,
 	if op.checkpoint < 0 || op.checkpoint > st.head {
 		return itx.Errorf(itx.EInvalid, "checkpoint %d is outside 0..%d (the stream's head)", op.checkpoint, st.head)
 	}
+	if !st.born && op.by.NoHold {
+		// Creating a stream is a writer's or a consumer's act: a caller that may only read (a
+		// read-only token, a readOnly() attenuation) would otherwise fill the project's stream
+		// bound with empty streams, and the writers' next new path would be refused.
+		return itx.Errorf(itx.ENotFound, "the stream does not exist yet, and registering a reader creates it only for a caller with the subscribe right (this one may only read): register after its first append")
+	}
 	if st.core.Subscriptions[op.name] != nil {
 		return itx.Errorf(itx.EFailedPrecondition, "%q names a subscription of this stream: reader names share the subscription name space", op.name)
 	}

@@ -3,6 +3,7 @@ package test
 import (
 	"context"
 	"path/filepath"
+	"sort"
 	"testing"
 	"time"
 
@@ -233,4 +234,44 @@ func TestBackup_AStreamOnlyAReaderCreatedIsInTheCopy(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, list, 1)
 	require.Equal(t, "mirror", list[0].Name)
+}
+
+// Creating a stream by registering a reader is for a caller with the subscribe right: a
+// read-only token (or a readOnly() attenuation) registering on a path with no event yet gets
+// notFound, as before registrations created streams, and writes nothing; were it allowed, a
+// dashboard's read token could fill the project's stream bound with empty streams. On a stream
+// that exists, the same token registers as it always could.
+func TestReaders_AReadOnlyCallerCreatesNoStream(t *testing.T) {
+	dir := t.TempDir()
+	ts := startServer(t, server.Config{DataDir: dir})
+	ctx := ctxT(t)
+	p := ts.project(t)
+	readTok, _ := ts.token(t, itx.Scope{Rights: []itx.Right{itx.RightRead}})
+	viewer := ts.login(t, readTok)
+	files := itxtest.StreamDatabases(t, dir)
+
+	for _, s := range []schema.Stream{stream(t, viewer, "/ro/fresh"), client.ReadOnly(ctx, stream(t, p, "/ro/fresh"))} {
+		readers := client.Readers(ctx, s)
+		err := client.RegisterReader(ctx, readers, "mirror", 0)
+		requireCode(t, err, itx.ENotFound)
+		require.Contains(t, itx.ErrorMessage(err), "subscribe right")
+		readers.Release()
+	}
+	require.Equal(t, files, itxtest.StreamDatabases(t, dir), "no file")
+	require.Empty(t, listedPaths(t, p, "/ro/"), "no stream listed")
+	info, err := client.Describe(ctx, stream(t, p, "/ro/fresh"))
+	require.NoError(t, err)
+	require.Empty(t, info.StreamID)
+
+	mustAppend(t, stream(t, p, "/ro/fresh"), ev("a", `{}`))
+	readers := client.Readers(ctx, stream(t, viewer, "/ro/fresh"))
+	defer readers.Release()
+	require.NoError(t, client.RegisterReader(ctx, readers, "mirror", 0), "on a stream that exists, the read right registers")
+	subTok, _ := ts.token(t, itx.Scope{Rights: []itx.Right{itx.RightRead, itx.RightSubscribe}})
+	subReaders := client.Readers(ctx, stream(t, ts.login(t, subTok), "/ro/other"))
+	defer subReaders.Release()
+	require.NoError(t, client.RegisterReader(ctx, subReaders, "mirror", 0), "the subscribe right creates the stream")
+	got := keys(listedPaths(t, p, "/ro/"))
+	sort.Strings(got)
+	require.Equal(t, []string{"/ro/fresh", "/ro/other"}, got)
 }
