@@ -422,3 +422,21 @@ func startUntilListening(t *testing.T, cmd *exec.Cmd, addrFile string) (*syncBuf
 		}
 	}
 }
+
+// A console log written to a file or a pipe (not a terminal) has no color escape codes: each
+// key=value stays whole for grep (they split "addr=" from its value).
+func TestItxd_ConsoleLogOffATerminalIsUncolored(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the itxd binary")
+	}
+	data, addrFile := t.TempDir(), filepath.Join(t.TempDir(), "addr")
+	cmd := exec.Command(itxdBin, "--listen", "127.0.0.1:0", "--data", data, "--addr-file", addrFile)
+	cmd.Env = append(os.Environ(), "NO_COLOR=") // colors go off here for not being a terminal alone
+	logs, exited := startUntilListening(t, cmd, addrFile)
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, <-exited, logs.String())
+	addr, err := os.ReadFile(addrFile)
+	require.NoError(t, err)
+	require.NotContains(t, logs.String(), "\x1b[", "escape codes in a log that is not on a terminal")
+	require.Contains(t, logs.String(), "addr="+string(addr), logs.String())
+}

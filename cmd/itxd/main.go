@@ -32,6 +32,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
 	"golang.org/x/net/netutil"
+	"golang.org/x/term"
 )
 
 // init keeps the main goroutine on the process's main thread and every other goroutine off it.
@@ -408,7 +409,11 @@ func run() error {
 	if *logFormat == "json" {
 		log = zerolog.New(os.Stderr)
 	} else {
-		log = zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr, TimeFormat: time.TimeOnly})
+		// Colors only on a terminal: a log redirected to a file or a pipe (systemd, make run >
+		// log, a test reading it) kept the escape codes, which split every key=value in two for
+		// grep and showed as noise in a pager. NO_COLOR turns them off on a terminal too.
+		noColor := !term.IsTerminal(int(os.Stderr.Fd())) || os.Getenv("NO_COLOR") != ""
+		log = zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr, TimeFormat: time.TimeOnly, NoColor: noColor})
 	}
 	log = log.Level(level).With().Timestamp().Logger()
 	if *logFormat == "json" {
