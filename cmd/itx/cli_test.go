@@ -572,3 +572,29 @@ func TestRun_DataDirWithoutCredentialsIsNamed(t *testing.T) {
 	require.Equal(t, exitUsage, code)
 	require.Equal(t, want, errs)
 }
+
+// A top-level let or const at the prompt can be declared again by a later input: one whose
+// call failed (the connection refused, here for an offset past the head) leaves no name that
+// can never be used or declared again, and a tour line run twice runs. A let inside a block
+// keeps its scope.
+func TestRun_PromptLetCanBeDeclaredAgain(t *testing.T) {
+	ts := startServer(t)
+	ts.appendDirect(t, "/a", itx.EventInput{Type: "note"})
+	c := newCLI(t)
+	conn := []string{"--addr", ts.addr, "--token", ts.token, "--json"}
+	input := strings.Join([]string{
+		`let c = project.streams.get("/a").openConnection(99)`, // refused: past the head
+		`let c = project.streams.get("/a").openConnection(0)`,
+		`c.take(1, 20000).events.length`,
+		`const n = 1`,
+		`const n = 2`,
+		`n`,
+		`{ let n = 3 }`,
+		`n`,
+	}, "\n") + "\n"
+	code, out, errs := c.run(input, conn...)
+	require.Equal(t, exitError, code, "the refused open fails the piped input: %s", errs)
+	require.Equal(t, 1, strings.Count(errs, "\n"), "the refused open is the only error: %s", errs)
+	require.Contains(t, errs, "invalidArgument", errs)
+	require.Equal(t, "1\n2\n2\n", out, "stderr: %s", errs)
+}

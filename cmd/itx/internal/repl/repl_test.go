@@ -89,6 +89,21 @@ func TestStripAwait(t *testing.T) {
 	}
 }
 
+func TestRedeclarable(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{`let a = project.streams.get("/a")`, `var a = project.streams.get("/a")`},
+		{`const a = 1, b = 2; a + b`, `var   a = 1, b = 2; a + b`},
+		{`x(); let {p, q} = o`, `x(); var {p, q} = o`},
+		{`const e = await s.getEvents({after: 0})`, `var   e = s.getEvents({after: 0})`},
+		{`for (let i = 0; i < 2; i++) { let j = i }`, `for (let i = 0; i < 2; i++) { let j = i }`},
+		{`function f() { let x = 1; return x }`, `function f() { let x = 1; return x }`},
+		{`"é"; let x = "let"`, `"é"; var x = "let"`},
+		{`let x = (`, `let x = (`},
+	} {
+		require.Equal(t, tc.want, redeclarable(tc.in), "redeclarable(%q)", tc.in)
+	}
+}
+
 func TestIncomplete(t *testing.T) {
 	for src, want := range map[string]bool{
 		`project.streams.get("/a").append({`: true,

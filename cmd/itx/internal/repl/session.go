@@ -496,6 +496,12 @@ func (s *Session) SetArgs(args []string) error {
 // errInterrupted is what an interrupted evaluation reports.
 var errInterrupted = errors.New("interrupted")
 
+// EvalInput evaluates one input typed or piped at the prompt, as Eval does, except that its
+// top-level let and const may name a variable an earlier input declared (see redeclarable).
+func (s *Session) EvalInput(ctx context.Context, name, src string) (goja.Value, error) {
+	return s.Eval(ctx, name, redeclarable(src))
+}
+
 // Eval evaluates src (a REPL line, an -e expression or a whole script) and returns its
 // completion value. Cancelling ctx cancels the call in flight and interrupts the script.
 func (s *Session) Eval(ctx context.Context, name, src string) (goja.Value, error) {

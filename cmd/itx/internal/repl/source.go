@@ -4,6 +4,7 @@ import (
 	"strings"
 
 	"github.com/dop251/goja"
+	"github.com/dop251/goja/ast"
 )
 
 // compile compiles a REPL line, an -e expression or a script.
@@ -112,4 +113,40 @@ func stripAwait(src string) (string, bool) {
 
 func isIdentByte(c byte) bool {
 	return c == '_' || c == '$' || 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c >= 0x80
+}
+
+// redeclarable rewrites the top-level let and const declarations of one prompt input as var
+// (const padded to its length, so positions in errors stay right). Each input is its own
+// program, and a top-level let lives in the session's global scope: `let c = a.openConnection(x)`
+// whose call threw left c declared and never initialized, so every later use said "Cannot access
+// a variable before initialization" and `let c = ...` again "Identifier 'c' has already been
+// declared" for the rest of the session; so did running one tour line twice. A var is declared
+// again freely, as a browser console lets a let be. Nested declarations (blocks, functions,
+// for (let ...)) keep their scope; a source that does not parse is returned as it is.
+func redeclarable(src string) string {
+	prg, err := goja.Parse("", src)
+	if err != nil {
+		stripped, ok := stripAwait(src)
+		if !ok {
+			return src
+		}
+		if prg, err = goja.Parse("", stripped); err != nil {
+			return src
+		}
+		src = stripped
+	}
+	b := []byte(src)
+	for _, st := range prg.Body {
+		d, ok := st.(*ast.LexicalDeclaration)
+		if !ok {
+			continue
+		}
+		at := int(d.Idx) - 1     // the keyword's offset in src (goja counts from 1)
+		word := d.Token.String() // "let" or "const"
+		if at < 0 || at+len(word) > len(b) || string(b[at:at+len(word)]) != word {
+			return src // not where the parser said: leave the input alone
+		}
+		copy(b[at:], "var"+strings.Repeat(" ", len(word)-len("var")))
+	}
+	return string(b)
 }

@@ -117,7 +117,7 @@ func (s *Session) RunTerminal(cfg TerminalConfig) error {
 		// History keeps one entry per input; a multi-line input is recalled as one line.
 		rl.SaveHistory(strings.Join(strings.Fields(strings.ReplaceAll(src, "\n", " ")), " "))
 		err = s.interruptible(sigint, func(ctx context.Context) error {
-			v, err := s.Eval(ctx, "<repl>", src)
+			v, err := s.EvalInput(ctx, "<repl>", src)
 			if err != nil {
 				return err
 			}
@@ -178,7 +178,7 @@ func (s *Session) RunLines(ctx context.Context, src io.Reader) (failed, usage in
 			}
 			return
 		}
-		v, err := s.Eval(ctx, "<stdin>", input)
+		v, err := s.EvalInput(ctx, "<stdin>", input)
 		if err != nil {
 			s.PrintError(err)
 			failed++
