@@ -454,3 +454,27 @@ func TestEval_RequiredNamesAreNamed(t *testing.T) {
 	require.Equal(t, repl.Failure{Code: "invalidArgument", Message: "Admin.revokeToken: tokenId: required (revokeToken(projectId, tokenId); listTokens() shows the ids)"},
 		s.failure(t, `project.admin.revokeToken()`))
 }
+
+// openConnection takes openedBy as a string or as the TypeScript surface's {description}, whose
+// text the live state then shows; an object without a description, or with members this
+// server does not keep, is refused before anything opens.
+func TestEval_OpenedByTakesTheTypeScriptObject(t *testing.T) {
+	ts := startServer(t)
+	ts.appendDirect(t, "/a", itx.EventInput{Type: "note"})
+	s := newSession(t, ts)
+	s.mustEval(t, `var c = project.streams.get("/a").openConnection({replayAfterOffset: 0, openedBy: {description: "browser"}, connectionKey: "tab-1"})`)
+	state := obj(t, obj(t, s.mustEval(t, `var lv = project.streams.get("/a").liveState(); lv.snapshot()`))["state"])
+	s.mustEval(t, `lv.cancel()`)
+	require.Equal(t, "browser", obj(t, obj(t, state["connections"])["tab-1"])["openedBy"], "connections: %v", state["connections"])
+	for src, want := range map[string]string{
+		`project.streams.get("/a").openConnection({openedBy: {}})`:                                    "openedBy: description: is required",
+		`project.streams.get("/a").openConnection({openedBy: {description: 7}})`:                      "description: expected a string",
+		`project.streams.get("/a").openConnection({openedBy: {description: "b", user: {name: "j"}}})`: `unknown option "user"`,
+		`project.streams.get("/a").openConnection({openedBy: ["b"]})`:                                 "openedBy: expected a string, got an array",
+	} {
+		f := s.failure(t, src)
+		require.Equal(t, "invalidArgument", f.Code, src)
+		require.Contains(t, f.Message, want, src)
+	}
+	require.EqualValues(t, 1, s.mustEval(t, `project.streams.get("/a").liveState().snapshot().state.connectionsOpen`), "the refused opens opened nothing")
+}

@@ -360,7 +360,22 @@ func (s *Session) openConnectionTo(ctx context.Context, stream capnp.Client, v g
 	}
 	after, types := o.uint("after"), o.strings("types")
 	maxEvents, maxBytes := o.uint("maxDeliveryEvents"), o.uint("maxDeliveryBytes")
-	noState, openedBy := o.bool("noState"), o.str("openedBy")
+	noState, openedBy := o.bool("noState"), ""
+	if v, ok := o.get("openedBy").(*goja.Object); ok && v.ClassName() == "Object" {
+		// The TypeScript surface's openedBy: {description}, of which this server keeps the text.
+		ob, err := s.opts("openConnection: openedBy", v, "description")
+		if err != nil {
+			return nil, err
+		}
+		if openedBy = ob.str("description"); openedBy == "" && ob.err() == nil {
+			ob.fail("description", "is required in an openedBy object (or give openedBy as a string)")
+		}
+		if err := ob.err(); err != nil {
+			return nil, err
+		}
+	} else {
+		openedBy = o.str("openedBy")
+	}
 	key, includeEphemeral := o.str("key"), o.bool("includeEphemeral")
 	expectedStreamID := o.str("expectedStreamId")
 	if f := o.get("filter"); f != nil {
