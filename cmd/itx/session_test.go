@@ -478,3 +478,30 @@ func TestEval_OpenedByTakesTheTypeScriptObject(t *testing.T) {
 	}
 	require.EqualValues(t, 1, s.mustEval(t, `project.streams.get("/a").liveState().snapshot().state.connectionsOpen`), "the refused opens opened nothing")
 }
+
+// .help lists every interface .help <name> explains, the objects the prompt makes of a
+// connection and a mounted receiver among them, and shows those objects' own methods (take,
+// unmount), not the schema's receive(batch), which only itxd calls.
+func TestHelp_ListsThePromptsObjects(t *testing.T) {
+	ts := startServer(t)
+	s := newSession(t, ts)
+	run := func(cmd string, into any) {
+		s.out.Reset()
+		require.NoError(t, s.RunCommand(context.Background(), cmd), cmd)
+		require.NoError(t, json.Unmarshal([]byte(s.out.String()), into), "%s: %s", cmd, s.out.String())
+	}
+	var all struct{ Interfaces []string }
+	run("help", &all)
+	require.Subset(t, all.Interfaces, []string{"Connection", "Receiver", "Stream"})
+	methods := map[string][]string{}
+	for _, name := range all.Interfaces {
+		var h struct{ Methods []struct{ Name string } }
+		run("help "+name, &h)
+		require.NotEmpty(t, h.Methods, ".help %s", name)
+		for _, m := range h.Methods {
+			methods[name] = append(methods[name], m.Name)
+		}
+	}
+	require.Equal(t, []string{"take", "unmount"}, methods["Receiver"])
+	require.Equal(t, []string{"take", "ping", "key", "close"}, methods["Connection"])
+}

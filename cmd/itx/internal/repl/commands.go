@@ -321,6 +321,12 @@ var promptObjects = map[string][]struct{ name, usage string }{
 		{"key", "key() -> the connection's key"},
 		{"close", "close(reason?)"},
 	},
+	// project.capabilities.mount(name)'s answer: the schema's Receiver is what itxd calls
+	// (receive(batch)), which nobody calls from the prompt.
+	"Receiver": {
+		{"take", "take(min?, timeoutMs?) or take({min, timeoutMs}) -> {batches, dropped?, closed?} (the batches itx-call subscriptions delivered since the last take, at once; with min or timeoutMs it first waits until min batches (default 1) have arrived or the mount ended, at most timeoutMs (default 20000; deadlineExceeded, the batches stay held))"},
+		{"unmount", "unmount() (ends the mount; the subscriptions delivering to it park until a mount under the name)"},
+	},
 }
 
 // lookupInterface finds an interface by name, whatever its case (.help stream).
@@ -353,9 +359,14 @@ func usage(iface string, m Method) string {
 
 // boundInterfaces lists the interfaces reachable from `project`.
 func boundInterfaces() []string {
-	out := make([]string, 0, len(bindings))
+	out := make([]string, 0, len(bindings)+len(promptObjects))
 	for name := range bindings {
 		out = append(out, name)
+	}
+	for name := range promptObjects {
+		if _, ok := bindings[name]; !ok {
+			out = append(out, name) // Connection and Receiver: what the prompt makes of them
+		}
 	}
 	sort.Strings(out)
 	return out
