@@ -32,6 +32,8 @@ Tokens (the deployment root's token, or a project token with the admin right for
   create-token [--project ID] --label L [--prefix /path] [--rights read,append,subscribe,admin] [--expires 720h]
                                              prints the new token (shown once)
   revoke-token [--project ID] <token-id>     revoke at once
+Without --project, a token command acts on the token's own project: for the deployment token,
+the deployment's (its global streams), not "default"; itx admin projects lists the ids.
 
 The data directory (the deployment root's token):
   backup <absolute-path>                     itxd writes a copy of its whole data directory, as it
@@ -115,7 +117,17 @@ var adminArgCounts = map[string]int{
 
 // runAdmin runs `itx admin ...`: one administrative call, its result printed as JSON (indented,
 // or under --json one compact document, and nothing for a call without a result, as -e prints).
-func runAdmin(args []string, conf resolved, tlsConfig *tls.Config, env environment, asJSON, color bool) int {
+// adminCall is an itx admin command whose arguments and flags were checked.
+type adminCall struct {
+	name string
+	o    *adminOptions
+	rest []string // its arguments, without the flags
+}
+
+// checkAdmin reads an itx admin command line before anything is resolved or dialed: help, a
+// usage error and a bad flag need neither a token nor itxd (itx admin help in a folder without
+// a data directory once said "no token"). ok false: it is done, with that exit status.
+func checkAdmin(args []string, env environment, asJSON bool) (call adminCall, code int, ok bool) {
 	// usage reports a usage error, found before connecting: its line, then the commands (but
 	// for short, a problem with a value), or under --json the line as an error document.
 	usage := func(short bool, format string, a ...any) int {
@@ -132,49 +144,54 @@ func runAdmin(args []string, conf resolved, tlsConfig *tls.Config, env environme
 	}
 	if len(args) == 0 && !asJSON {
 		fmt.Fprint(env.stderr, adminUsage)
-		return exitUsage
+		return adminCall{}, exitUsage, false
 	}
 	if len(args) == 0 {
-		return usage(true, "itx admin: want a command (itx admin help)")
+		return adminCall{}, usage(true, "itx admin: want a command (itx admin help)"), false
 	}
 	if args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
 		fmt.Fprint(env.stderr, adminUsage)
-		return exitOK
+		return adminCall{}, exitOK, false
 	}
 	want, known := adminArgCounts[args[0]]
 	if !known {
-		return usage(false, "itx admin: unknown command %q", args[0])
-	}
-	token := conf.token
-	if conf.deploymentToken != "" {
-		token = conf.deploymentToken
+		return adminCall{}, usage(false, "itx admin: unknown command %q", args[0]), false
 	}
 	fs, o := adminFlags("itx admin " + args[0])
 	fs.SetOutput(io.Discard) // the error is reported below, on one line with the command's usage
 	rest, err := parseInterleaved(fs, args[1:])
 	if errors.Is(err, flag.ErrHelp) {
 		fmt.Fprint(env.stderr, adminUsage)
-		return exitOK
+		return adminCall{}, exitOK, false
 	}
 	if err != nil {
 		if asJSON {
-			return usage(true, "itx admin %s: %v", args[0], err)
+			return adminCall{}, usage(true, "itx admin %s: %v", args[0], err), false
 		}
 		// Not the flag package's listing of every admin flag, most of them another command's.
 		fmt.Fprintf(env.stderr, "itx admin %s: %v\nusage: itx admin %s\n", args[0], err, adminCommandUsage(args[0]))
-		return exitUsage
+		return adminCall{}, exitUsage, false
 	}
 	if o.expires < 0 {
 		// Read as "no expiry" (0), it would make a token that never expires.
-		return usage(true, "itx admin %s: --expires %s: want a duration from now (0: never)", args[0], o.expires)
+		return adminCall{}, usage(true, "itx admin %s: --expires %s: want a duration from now (0: never)", args[0], o.expires), false
 	}
 	if len(rest) != want {
-		return usage(false, "itx admin %s: want %d argument(s), got %d", args[0], want, len(rest))
+		return adminCall{}, usage(false, "itx admin %s: want %d argument(s), got %d", args[0], want, len(rest)), false
 	}
 	if args[0] == "create-token" && strings.TrimSpace(o.label) == "" {
-		return usage(true, "itx admin create-token: --label is required")
+		return adminCall{}, usage(true, "itx admin create-token: --label is required"), false
 	}
+	return adminCall{name: args[0], o: o, rest: rest}, exitOK, true
+}
 
+// runAdmin runs a checked itx admin command against itxd.
+func runAdmin(call adminCall, conf resolved, tlsConfig *tls.Config, env environment, asJSON, color bool) int {
+	o, rest := call.o, call.rest
+	token := conf.token
+	if conf.deploymentToken != "" {
+		token = conf.deploymentToken
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -191,7 +208,7 @@ func runAdmin(args []string, conf resolved, tlsConfig *tls.Config, env environme
 	defer a.Release()
 
 	var out any
-	switch args[0] {
+	switch call.name {
 	case "projects":
 		var list []itx.ProjectSummary
 		if list, err = client.ListProjects(ctx, a); err == nil {

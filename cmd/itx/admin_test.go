@@ -445,3 +445,25 @@ func TestRun_ImportWithControlSkipsPlatformFacts(t *testing.T) {
 	}
 	require.Equal(t, []string{"x", "stream/subscription-configured", "x"}, types)
 }
+
+// A token command without --project acts on the token's own project, which for the deployment
+// token (itx admin's default) is the deployment's, not "default": the help says so, since a
+// token made that way for "default"'s streams reads none of them. itx admin help prints without
+// a token.
+func TestRun_AdminTokenWithoutProjectIsTheTokensOwn(t *testing.T) {
+	s := itxtest.Start(t, server.Config{})
+	c := newCLI(t)
+	code, out, errs := c.run("", "--data", s.Dir, "--addr", s.Addr, "admin", "create-token", "--label", "ci")
+	require.Equal(t, exitOK, code, "stderr: %s", errs)
+	var tok struct{ Info struct{ ProjectID string } }
+	require.NoError(t, json.Unmarshal([]byte(out), &tok))
+	require.Equal(t, "deployment", tok.Info.ProjectID)
+
+	// Help needs no token: this CLI has no data directory, config or --token.
+	code, _, errs = c.run("", "admin", "help")
+	require.Equal(t, exitOK, code, "stderr: %s", errs)
+	require.Contains(t, errs, "Without --project, a token command acts on the token's own project: for the deployment token,\nthe deployment's")
+	code, _, errs = c.run("", "admin", "frobnicate")
+	require.Equal(t, exitUsage, code)
+	require.Contains(t, errs, `unknown command "frobnicate"`, "a usage error is said before the missing token")
+}

@@ -188,7 +188,7 @@ Flags:
 		scriptName string
 		script     string
 		scriptArgs []string
-		adminArgs  []string
+		admin      *adminCall
 	)
 	interactive, piped := false, false
 	switch {
@@ -197,7 +197,11 @@ Flags:
 			return usageText(env.stderr, "itx: -e takes no other arguments", asJSON)
 		}
 	case sub == "admin":
-		adminArgs = subArgs
+		call, code, ok := checkAdmin(subArgs, env, asJSON)
+		if !ok {
+			return code
+		}
+		admin = &call
 	case fs.NArg() > 0:
 		if c, ok := repl.LookupCommand(sub); ok {
 			// Its arguments are checked before connecting: a usage error is one whether
@@ -243,8 +247,8 @@ Flags:
 			return usageText(env.stderr, "itx: "+err.Error(), asJSON)
 		}
 	}
-	if adminArgs != nil {
-		return runAdmin(adminArgs, conf, tlsConfig, env, asJSON, color)
+	if admin != nil {
+		return runAdmin(*admin, conf, tlsConfig, env, asJSON, color)
 	}
 	dialCtx, cancelDial := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancelDial()
