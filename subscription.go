@@ -27,9 +27,11 @@ const (
 	TypeWoken                  = "stream/woken"
 )
 
-// IsPlatformFact reports whether typ is a stream/* fact only the platform appends: a halt and a
+// IsPlatformFact reports whether typ is a stream/* fact the platform appends: a halt and a
 // woken record (the server), a revival (a processor host's recovery keepalive). A client's raw
-// append of one is refused.
+// append of a halt or a woken record is refused; a revival is taken (a remote host's keepalive
+// appends it, and the user may revive by hand), held to its own processor only through a host's
+// ports. An import leaves all three out: they tell the source's delivery, not the copy's.
 func IsPlatformFact(typ string) bool {
 	return typ == TypeSubscriptionHalted || typ == TypeWoken || typ == TypeProcessorRevived
 }

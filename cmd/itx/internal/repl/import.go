@@ -262,7 +262,7 @@ func runImport(ctx context.Context, s *Session, args []string) error {
 			skipped++
 			continue
 		}
-		if itx.IsPlatformFact(e.Type) { // itxd refuses them: they are the platform's to write
+		if itx.IsPlatformFact(e.Type) { // the source's delivery facts (itxd refuses halts and woken records)
 			platform++
 			continue
 		}
