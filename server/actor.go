@@ -1407,6 +1407,22 @@ func (a *actor) close() {
 	a.mu.Unlock()
 	a.store = nil
 	ctx := context.Background()
+	if !a.st.born {
+		// Its database was made but its first commit never landed (a full disk refused it):
+		// nothing was committed, so the stream does not exist. Its file and entry go, as a
+		// restart drops a creation cut short; its entry, created stale and left so, is dropped
+		// by the next start if the drop fails here. Kept, it took a place in the project's
+		// stream bound until then.
+		if err := store.Close(); err != nil {
+			a.srv.log.Warn().Err(err).Str("project", a.ref.ProjectID).Str("path", a.ref.Path).Msg("closing stream database")
+		}
+		a.noteSize(0, true)
+		e := storage.StreamEntry{StreamID: a.st.streamID, ProjectID: a.ref.ProjectID, Path: a.ref.Path}
+		if err := a.srv.dropStreamEntry(ctx, e); err != nil {
+			a.srv.log.Warn().Err(err).Str("project", a.ref.ProjectID).Str("path", a.ref.Path).Msg("a stream whose first commit failed is kept until the next start drops it")
+		}
+		return
+	}
 	// The secret uses are made exact before the summary clears the stream's stale mark: while
 	// it is marked, a restart rewrites them from the catalog.
 	sum := summaryOf(a.st.head, a.st.lastAppendAt, a.st.core, pointerRow(a.st.rows), a.st.readers)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/internal/itxtest"
 	"github.com/itx-dev/itx/internal/clocktest"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
@@ -953,4 +954,54 @@ func TestDiskFull_ConsumersOfUnloadedStreamsStayVisible(t *testing.T) {
 	got, err = client.ListSubscriptions(ctx, subs)
 	require.NoError(t, err)
 	require.Len(t, got, 2)
+}
+
+// TestDiskFull_StreamWhoseFirstCommitFailedLeavesAtUnload: a new stream whose database was made
+// but whose first commit a full disk refused holds nothing, so it does not exist; once space
+// returns and nobody appends to it again, its unload drops its file and its directory entry (as
+// a restart drops a creation cut short). They stayed until a restart, taking one of the
+// project's --max-streams-per-project places.
+func TestDiskFull_StreamWhoseFirstCommitFailedLeavesAtUnload(t *testing.T) {
+	fs := mountTmpfs(t, "16m")
+	dir := filepath.Join(fs, "data")
+	ts := startServer(t, server.Config{DataDir: dir, IdleTimeout: time.Millisecond})
+	l := newAckLog(t, ts.project(t))
+	require.True(t, l.append("/warm", 1))
+	var path string
+	var before []string
+	for leave := int64(0); leave <= 512<<10 && path == ""; leave += 4 << 10 {
+		free := fillDisk(t, fs, leave)
+		p := fmt.Sprintf("/c/%d", leave)
+		files := itxtest.StreamDatabases(t, dir)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err := client.Append(ctx, l.stream(p), []itx.EventInput{ev("t", `{}`)}, itx.AppendOptions{})
+		cancel()
+		if err == nil {
+			l.head[p], l.seqs[p] = 1, nil
+		} else {
+			requireCode(t, err, itx.EResourceExhausted)
+			if after := itxtest.StreamDatabases(t, dir); len(after) > len(files) {
+				path, before = p, files // its database was made, its first commit refused
+			}
+		}
+		free()
+	}
+	require.NotEmpty(t, path, "no room took a database but not its first commit")
+	info, err := client.Describe(ctxT(t), l.stream(path))
+	require.NoError(t, err)
+	require.Empty(t, info.StreamID, "its first commit never landed")
+
+	waitUntil(t, "the stream unloads and its file goes", func() bool {
+		ts.srv.Sweep()
+		return ts.srv.LoadedStreams() == 0 && len(itxtest.StreamDatabases(t, dir)) == len(before)
+	})
+	require.ElementsMatch(t, before, itxtest.StreamDatabases(t, dir))
+	list, err := client.ListStreams(ctxT(t), l.proj, path)
+	require.NoError(t, err)
+	require.Empty(t, list)
+	res, err := client.Append(ctxT(t), l.stream(path), []itx.EventInput{ev("t", `{}`)}, itx.AppendOptions{})
+	require.NoError(t, err, "the path takes a stream again")
+	require.Equal(t, []int64{1}, res.Offsets)
+	l.head[path], l.seqs[path] = 1, nil
+	l.check()
 }
