@@ -17,8 +17,8 @@ import (
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
-	"github.com/itx-dev/itx/internal/itxtest"
 	"github.com/itx-dev/itx/internal/clocktest"
+	"github.com/itx-dev/itx/internal/itxtest"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
 	"github.com/prometheus/client_golang/prometheus/testutil"
