@@ -150,7 +150,7 @@ func checkAdmin(args []string, env environment, asJSON bool) (call adminCall, co
 		return adminCall{}, usage(true, "itx admin: want a command (itx admin help)"), false
 	}
 	if args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
-		fmt.Fprint(env.stderr, adminUsage)
+		fmt.Fprint(env.stdout, adminUsage) // asked for: the output, as itx --help's is
 		return adminCall{}, exitOK, false
 	}
 	want, known := adminArgCounts[args[0]]
@@ -161,7 +161,7 @@ func checkAdmin(args []string, env environment, asJSON bool) (call adminCall, co
 	fs.SetOutput(io.Discard) // the error is reported below, on one line with the command's usage
 	rest, err := parseInterleaved(fs, args[1:])
 	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprint(env.stderr, adminUsage)
+		fmt.Fprint(env.stdout, adminUsage)
 		return adminCall{}, exitOK, false
 	}
 	if err != nil {

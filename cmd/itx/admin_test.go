@@ -405,9 +405,10 @@ func TestRun_AdminBadFlagShowsTheCommandsUsage(t *testing.T) {
 		require.Empty(t, out)
 		require.Equal(t, tc.want, errs, "%v", tc.args)
 	}
-	code, _, errs := c.run("", append(conn, "projects", "-h")...)
+	code, out, errs := c.run("", append(conn, "projects", "-h")...)
 	require.Equal(t, exitOK, code, "-h asks for the usage")
-	require.Contains(t, errs, "Usage: itx [flags] admin <command>")
+	require.Contains(t, out, "Usage: itx [flags] admin <command>", "asked for, the usage is the output")
+	require.Empty(t, errs)
 }
 
 // export --with-control, then import --with-control into another stream: the platform's own
@@ -460,9 +461,9 @@ func TestRun_AdminTokenWithoutProjectIsTheTokensOwn(t *testing.T) {
 	require.Equal(t, "deployment", tok.Info.ProjectID)
 
 	// Help needs no token: this CLI has no data directory, config or --token.
-	code, _, errs = c.run("", "admin", "help")
+	code, out, errs = c.run("", "admin", "help")
 	require.Equal(t, exitOK, code, "stderr: %s", errs)
-	require.Contains(t, errs, "Without --project, a token command acts on the token's own project: for the deployment token,\nthe deployment's")
+	require.Contains(t, out, "Without --project, a token command acts on the token's own project: for the deployment token,\nthe deployment's")
 	code, _, errs = c.run("", "admin", "frobnicate")
 	require.Equal(t, exitUsage, code)
 	require.Contains(t, errs, `unknown command "frobnicate"`, "a usage error is said before the missing token")

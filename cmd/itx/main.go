@@ -145,7 +145,8 @@ Flags:
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			env.stderr.Write(parseOut.Bytes())
+			// Asked for, the usage is the output (itx --help | less), as a usage error's is not.
+			env.stdout.Write(parseOut.Bytes())
 			return exitOK
 		}
 		if *jsonOut || asksJSON(args) {
