@@ -73,6 +73,12 @@ func (c *spyClaim) commit(ctx context.Context, through int64) error {
 
 // reportThrough answers a wake with the processor processed and reduced through head.
 func reportThrough(call schema.ProcessorHost_wake, head int64) error {
+	return reportAt(call, head, head)
+}
+
+// reportAt answers a wake with the processor processed through processed and reduced through
+// reduced.
+func reportAt(call schema.ProcessorHost_wake, processed, reduced int64) error {
 	res, err := call.AllocResults()
 	if err != nil {
 		return err
@@ -81,8 +87,8 @@ func reportThrough(call schema.ProcessorHost_wake, head int64) error {
 	if err != nil {
 		return err
 	}
-	rep.SetProcessedOffset(uint64(head))
-	rep.SetReducedOffset(uint64(head))
+	rep.SetProcessedOffset(uint64(processed))
+	rep.SetReducedOffset(uint64(reduced))
 	return nil
 }
 

@@ -20,6 +20,7 @@ import (
 // processing cursor the rewind set) and commits that, never getting past the cursor: a refold
 // far slower than a wake's bound, as a new reducer over a long history is.
 type refoldingHost struct {
+	quietHost
 	mu        sync.Mutex
 	processed int64 // the rewind's cursor, once rewound
 	reduced   int64
@@ -71,23 +72,7 @@ func (h *refoldingHost) Wake(ctx context.Context, call schema.ProcessorHost_wake
 	if _, err := client.Await(ctx, mf); err != nil {
 		return err
 	}
-	res, err := call.AllocResults()
-	if err != nil {
-		return err
-	}
-	rep, err := res.NewReport()
-	if err != nil {
-		return err
-	}
-	rep.SetProcessedOffset(uint64(progress.ProcessedThrough))
-	rep.SetReducedOffset(uint64(progress.ReducedThrough))
-	return nil
-}
-
-func (*refoldingHost) Stop(context.Context, schema.ProcessorHost_stop) error { return nil }
-
-func (*refoldingHost) GetRuntimeState(context.Context, schema.ProcessorHost_getRuntimeState) error {
-	return fmt.Errorf("not kept")
+	return reportAt(call, progress.ProcessedThrough, progress.ReducedThrough)
 }
 
 func (h *refoldingHost) refoldWakes() int {

@@ -19,6 +19,7 @@ import (
 // the batches it was given to the home stream, and reports each append's error; every wake then
 // reports the head as processed.
 type revivingHost struct {
+	quietHost
 	batches [][]itx.EventInput
 	once    sync.Once
 	results chan []error
@@ -50,23 +51,7 @@ func (h *revivingHost) Wake(ctx context.Context, call schema.ProcessorHost_wake)
 		}
 		h.results <- errs
 	})
-	res, err := call.AllocResults()
-	if err != nil {
-		return err
-	}
-	rep, err := res.NewReport()
-	if err != nil {
-		return err
-	}
-	rep.SetProcessedOffset(head)
-	rep.SetReducedOffset(head)
-	return nil
-}
-
-func (*revivingHost) Stop(context.Context, schema.ProcessorHost_stop) error { return nil }
-
-func (*revivingHost) GetRuntimeState(context.Context, schema.ProcessorHost_getRuntimeState) error {
-	return fmt.Errorf("not kept")
+	return reportThrough(call, int64(head))
 }
 
 func revival(slug string) itx.EventInput {
