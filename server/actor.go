@@ -1413,10 +1413,7 @@ func (a *actor) close() {
 		// restart drops a creation cut short; its entry, created stale and left so, is dropped
 		// by the next start if the drop fails here. Kept, it took a place in the project's
 		// stream bound until then.
-		if err := store.Close(); err != nil {
-			a.srv.log.Warn().Err(err).Str("project", a.ref.ProjectID).Str("path", a.ref.Path).Msg("closing stream database")
-		}
-		a.noteSize(0, true)
+		a.closeStore(store)
 		e := storage.StreamEntry{StreamID: a.st.streamID, ProjectID: a.ref.ProjectID, Path: a.ref.Path}
 		if err := a.srv.dropStreamEntry(ctx, e); err != nil {
 			a.srv.log.Warn().Err(err).Str("project", a.ref.ProjectID).Str("path", a.ref.Path).Msg("a stream whose first commit failed is kept until the next start drops it")
@@ -1426,7 +1423,7 @@ func (a *actor) close() {
 	// The secret uses are made exact before the summary clears the stream's stale mark: while
 	// it is marked, a restart rewrites them from the catalog.
 	sum := summaryOf(a.st.head, a.st.lastAppendAt, a.st.core, pointerRow(a.st.rows), a.st.readers)
-	sum.Born = a.st.born
+	sum.Born = true // an unborn stream left above
 	if err := a.srv.dir.SetSecretUses(ctx, a.ref.ProjectID, a.st.streamID, refList(secretRefsOf(a.st.core))); err != nil {
 		a.srv.log.Warn().Err(err).Str("project", a.ref.ProjectID).Str("path", a.ref.Path).Msg("webhook secret uses not rewritten: the summary stays stale")
 	} else if err := a.srv.dir.UpdateStreamSummary(ctx, a.st.streamID, sum); err != nil {
@@ -1463,6 +1460,11 @@ func (a *actor) close() {
 			a.srv.alarmChanged(due)
 		}
 	}
+	a.closeStore(store)
+}
+
+// closeStore closes the stream's database at unload.
+func (a *actor) closeStore(store streamStore) {
 	if err := store.Close(); err != nil {
 		a.srv.log.Warn().Err(err).Str("project", a.ref.ProjectID).Str("path", a.ref.Path).Msg("closing stream database")
 	}
