@@ -258,8 +258,9 @@ func (s *Server) StartOpenConnection(ctx context.Context, ref StreamRef, opts Co
 	}
 	opts.Key = key
 	if opts.Key != "" {
-		if err := itx.ValidateSubscriptionName(opts.Key); err != nil {
-			return nil, itx.Errorf(itx.EInvalid, "connection key: %s", itx.ErrorMessage(err))
+		// The subscription name's rules (one name space), in the key's words.
+		if err := itx.ValidateName("connection key", opts.Key); err != nil {
+			return nil, err
 		}
 	}
 	switch {

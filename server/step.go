@@ -606,8 +606,10 @@ type readerReply struct {
 
 // applyReader validates one reader operation and stages its write.
 func (st *streamState) applyReader(op readerOp, now time.Time, rc reduceContext, eff *effects) error {
-	if err := itx.ValidateSubscriptionName(op.name); err != nil {
-		return itx.Errorf(itx.EInvalid, "reader name: %s", itx.ErrorMessage(err))
+	// The subscription name's rules (one name space), in the reader's words: "reader name must
+	// not be empty", not "reader name: subscription name must not be empty".
+	if err := itx.ValidateName("reader name", op.name); err != nil {
+		return err
 	}
 	if op.remove {
 		r, ok := st.readers[op.name]
