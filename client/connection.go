@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/itx-dev/itx"
@@ -89,6 +90,10 @@ type Connection struct {
 	key  string
 	sink *sink
 	once sync.Once
+	// let go is set once Close or Release gave the capability back: a call on it then would
+	// fail inside go-capnp ("call on released client", code internal), where the server answers
+	// a closed connection's ping failedPrecondition.
+	letGo atomic.Bool
 }
 
 // OpenConnection opens a live connection on s: it catches up from the log after o.After and
@@ -161,6 +166,9 @@ func (c *Connection) Key() string { return c.key }
 
 // Ping returns the stream's head and the offset this connection delivered through.
 func (c *Connection) Ping(ctx context.Context) (head, delivered int64, err error) {
+	if c.letGo.Load() {
+		return 0, 0, itx.Errorf(itx.EFailedPrecondition, "Connection.ping: the connection was closed or released by this client")
+	}
 	if err := NotSent(ctx, "Ping"); err != nil {
 		return 0, 0, err
 	}
@@ -190,6 +198,7 @@ func (c *Connection) Close(ctx context.Context) error {
 		fut, release := c.conn.Close(ctx, func(p schema.Connection_close_Params) error { return p.SetReason("closed by client") })
 		_, err = Await(ctx, fut)
 		release()
+		c.letGo.Store(true)
 		c.conn.Release()
 		c.sink.end(&ConnectionClosed{Why: schema.CloseReason_closedByClient})
 	})
@@ -199,7 +208,10 @@ func (c *Connection) Close(ctx context.Context) error {
 // Release drops the connection without asking the server to close it first: the server
 // closes it once it sees the capability released.
 func (c *Connection) Release() {
-	c.once.Do(func() { c.conn.Release() })
+	c.once.Do(func() {
+		c.letGo.Store(true)
+		c.conn.Release()
+	})
 }
 
 // Done is closed when the connection has ended: closed by either side, replaced, or its RPC
