@@ -215,7 +215,7 @@ func setClosed(p closedParams, reason server.CloseReason, message string) error 
 		return err
 	}
 	e.SetCode(schema.ErrorCodeFromString(string(r.code)))
-	return e.SetMessage_(string(reason) + ": " + message)
+	return e.SetMessage_(reason.Said(message))
 }
 
 func (k *eventSink) Closed(ctx context.Context, reason server.CloseReason, message string) {

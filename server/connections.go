@@ -31,6 +31,15 @@ const (
 	CloseSubscriptionRemoved CloseReason = "subscriptionRemoved"
 )
 
+// Said is the close's text: the reason, then the message when there is one (a client's close
+// without a reason said "closedByClient: ").
+func (r CloseReason) Said(message string) string {
+	if message == "" {
+		return string(r)
+	}
+	return string(r) + ": " + message
+}
+
 // Connection limits (DESIGN.md "Resource bounds"): a connection has at most
 // ConnectionWindow batches in flight, each of at most MaxConnectionBatchEvents events.
 const (
@@ -166,7 +175,7 @@ func (c *Connection) Ping() (head, delivered int64, err error) {
 // Close closes the connection with a reason; a closed connection receives nothing more.
 func (c *Connection) Close(reason CloseReason, message string) {
 	c.once.Do(func() {
-		why := string(reason) + ": " + message
+		why := reason.Said(message)
 		c.closedWith.Store(&why)
 		c.cancel()
 		go c.a.post(actorMsg{closeConn: c}) // never blocks the actor, which may be the caller

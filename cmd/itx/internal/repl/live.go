@@ -322,7 +322,11 @@ func (c *liveConnection) close(ctx context.Context, reason string) error {
 	}
 	// The server tells the sink why (closedByClient) with a call of its own, which may come
 	// after this answer: a take() right after close() says closed all the same.
-	c.sink.closedBy(&itx.Error{Code: itx.ECancelled, Message: "closedByClient: " + reason}, schema.CloseReason_closedByClient.String())
+	msg := "closedByClient"
+	if reason != "" {
+		msg += ": " + reason // close() without a reason said "closedByClient: "
+	}
+	c.sink.closedBy(&itx.Error{Code: itx.ECancelled, Message: msg}, schema.CloseReason_closedByClient.String())
 	return nil
 }
 
