@@ -103,7 +103,8 @@ func (c *connection) Close(ctx context.Context, call schema.Connection_close) er
 }
 
 func (c *connection) Ping(ctx context.Context, call schema.Connection_ping) error {
-	head, delivered, err := c.c.Ping()
+	call.Go() // it may wait for the sink's answers (server.PingSettleWait): close goes on meanwhile
+	head, delivered, err := c.c.Ping(ctx)
 	if err != nil {
 		return fail(err)
 	}

@@ -369,7 +369,10 @@ interface EventSink {
 
 interface Connection {
   close @0 (reason :Text) -> ();
-  # The stream's head and the offset this connection delivered through.
+  # The stream's head and the offset this connection delivered through (the sink answered every
+  # batch up to it, or the filter passed over the events). It first waits, at most a second, for
+  # the answers to the batches already sent, so a client whose sink holds the events through n
+  # pings back at least n.
   ping @1 () -> (headOffset :UInt64, deliveredOffset :UInt64);
   key @2 () -> (key :Text);
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unicode/utf8"
 
 	"github.com/itx-dev/itx"
@@ -99,7 +100,15 @@ type Connection struct {
 	types    map[string]bool
 
 	delivered atomic.Int64 // every offset at or below it was delivered or passed over
-	notify    chan struct{}
+	// sent: every offset at or below it was handed to the sink (its answer perhaps still on
+	// the way) or passed over. Ping waits for delivered to reach it (see Ping).
+	sent atomic.Int64
+	// A waiting Ping's wake-up: settled closes pingSettled when delivered moves while
+	// pingWaiting > 0 (nobody waiting: no lock taken per answer).
+	pingWaiting atomic.Int32
+	pingMu      sync.Mutex
+	pingSettled chan struct{}
+	notify      chan struct{}
 
 	// The tail's short path (pushDirect): the actor hands a commit's events to the sink itself
 	// when the reader waits at the tail and every page it made is in the sink's hands, instead
@@ -163,13 +172,76 @@ func (c *Connection) giveBackLive() {
 // Key is the connection's key.
 func (c *Connection) Key() string { return c.key }
 
-// Ping returns the stream's head and the offset the connection delivered through; a closed
-// connection answers failedPrecondition with its close reason.
-func (c *Connection) Ping() (head, delivered int64, err error) {
+// PingSettleWait bounds how long a ping waits for the answers of the batches sent before it.
+const PingSettleWait = time.Second
+
+// Ping returns the stream's head and the offset the connection delivered through (the sink
+// answered every batch up to it); a closed connection answers failedPrecondition with its
+// close reason. It first waits, at most PingSettleWait, for the answers to the batches already
+// sent: a client whose sink holds the events through n pings after they arrived, and its
+// answer to their batch may reach itxd after the ping (they cross on the wire, or the sink's
+// handler has not returned yet), so the ping would say less than the client has. A sink that
+// is stuck makes a ping wait that long, then answer what it accepted.
+func (c *Connection) Ping(ctx context.Context) (head, delivered int64, err error) {
 	if r := c.closedWith.Load(); r != nil {
 		return 0, 0, itx.Errorf(itx.EFailedPrecondition, "the connection is closed: %s", *r)
 	}
+	if target := c.sent.Load(); c.delivered.Load() < target {
+		c.pingWaiting.Add(1)
+		defer c.pingWaiting.Add(-1)
+		expired := make(chan struct{})
+		t := c.srv.clock.AfterFunc(PingSettleWait, func() { close(expired) })
+		defer t.Stop()
+	wait:
+		for {
+			c.pingMu.Lock()
+			if c.pingSettled == nil {
+				c.pingSettled = make(chan struct{})
+			}
+			moved := c.pingSettled
+			c.pingMu.Unlock()
+			// Checked after taking the channel: a settle after this closes it.
+			if c.delivered.Load() >= target {
+				break
+			}
+			select {
+			case <-moved:
+			case <-c.done:
+				break wait
+			case <-expired:
+				break wait
+			case <-ctx.Done():
+				break wait
+			}
+		}
+		if r := c.closedWith.Load(); r != nil {
+			return 0, 0, itx.Errorf(itx.EFailedPrecondition, "the connection is closed: %s", *r)
+		}
+	}
 	return c.a.view().head, c.delivered.Load(), nil
+}
+
+// wakePings wakes the pings waiting for delivered to move.
+func (c *Connection) wakePings() {
+	if c.pingWaiting.Load() == 0 {
+		return
+	}
+	c.pingMu.Lock()
+	if c.pingSettled != nil {
+		close(c.pingSettled)
+		c.pingSettled = nil
+	}
+	c.pingMu.Unlock()
+}
+
+// markSent moves sent up to through (the actor's pushDirect and run both send).
+func (c *Connection) markSent(through int64) {
+	for {
+		was := c.sent.Load()
+		if through <= was || c.sent.CompareAndSwap(was, through) {
+			return
+		}
+	}
 }
 
 // Close closes the connection with a reason; a closed connection receives nothing more.
@@ -402,6 +474,7 @@ func (a *actor) register(c *Connection) error {
 	}
 	c.openedAt = st.head
 	c.delivered.Store(c.opts.After)
+	c.sent.Store(c.opts.After)
 	a.conns[c.key] = c
 	i, found := a.connIndex(c.key)
 	if found {
@@ -508,6 +581,7 @@ func (c *Connection) pushDirect(v view) bool {
 	}
 	c.scanned = through
 	c.inflight.Add(1)
+	c.markSent(through)
 	c.srv.metrics.ConnectionDirect.Inc()
 	select {
 	case c.direct <- connPage{through: through, wait: wait, events: len(batch)}:
@@ -616,6 +690,7 @@ func (c *Connection) run() {
 	settled := func(through int64) {
 		if through > c.delivered.Load() {
 			c.delivered.Store(through)
+			c.wakePings()
 			c.a.liveDirty()
 		}
 	}
@@ -656,6 +731,7 @@ func (c *Connection) run() {
 			}
 		case len(p.batch.Events) == 0: // a marker: the tail, or a stretch the filter passed over
 			takeDirect()
+			c.markSent(p.through) // every page before it was sent
 			c.consumed.Add(1)
 			if !drain(true) {
 				return
@@ -668,6 +744,7 @@ func (c *Connection) run() {
 			}
 			c.inflight.Add(1)
 			wait := c.sink.Deliver(c.ctx, p.batch)
+			c.markSent(p.through)
 			window = append(window, pending{wait: wait, through: p.through})
 			c.consumed.Add(1)
 			s.metrics.ConnectionEvents.Add(float64(len(p.batch.Events)))
