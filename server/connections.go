@@ -101,7 +101,8 @@ type Connection struct {
 
 	delivered atomic.Int64 // every offset at or below it was delivered or passed over
 	// sent: every offset at or below it was handed to the sink (its answer perhaps still on
-	// the way) or passed over. Ping waits for delivered to reach it (see Ping).
+	// the way), is being handed to it, or was passed over. Ping waits for delivered to reach
+	// it (see Ping).
 	sent atomic.Int64
 	// A waiting Ping's wake-up: settled closes pingSettled when delivered moves while
 	// pingWaiting > 0 (nobody waiting: no lock taken per answer).
@@ -575,13 +576,15 @@ func (c *Connection) pushDirect(v view) bool {
 	if len(batch) == 0 || through != v.head || batchBytes(batch) > directMaxBytes {
 		return false // nothing to send, more than one batch or a large one: the reader's work
 	}
+	// Marked before the send: the client may have the batch, and ping, before this goroutine
+	// runs again. Not sent now, the reader sends these events soon (a ping waits for them).
+	c.markSent(through)
 	wait, ok := c.sink.TryDeliver(c.ctx, c.batch(v, batch))
 	if !ok {
 		return false // the sink's flow limit is taken: the reader waits for room
 	}
 	c.scanned = through
 	c.inflight.Add(1)
-	c.markSent(through)
 	c.srv.metrics.ConnectionDirect.Inc()
 	select {
 	case c.direct <- connPage{through: through, wait: wait, events: len(batch)}:
@@ -743,8 +746,8 @@ func (c *Connection) run() {
 				return
 			}
 			c.inflight.Add(1)
+			c.markSent(p.through) // before the send, as in pushDirect
 			wait := c.sink.Deliver(c.ctx, p.batch)
-			c.markSent(p.through)
 			window = append(window, pending{wait: wait, through: p.through})
 			c.consumed.Add(1)
 			s.metrics.ConnectionEvents.Add(float64(len(p.batch.Events)))
