@@ -297,7 +297,7 @@ interface Subscriptions {
 interface Subscription {
   describe @0 () -> (description :SubscriptionDescription);
   # Resolves once the subscription has processed through offset (its confirmed cursor, a filter
-  # watermark included); deadlineExceeded after timeoutMs (0: 20 s).
+  # watermark included) and that cursor is on disk; deadlineExceeded after timeoutMs (0: 20 s).
   waitUntilProcessed @1 (offset :UInt64, timeoutMs :UInt32) -> (confirmedOffset :UInt64);
   # Present only for processor-wake subscriptions (failedPrecondition for another kind).
   processor @2 () -> (processor :Processor);

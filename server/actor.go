@@ -132,9 +132,12 @@ type actorMsg struct {
 	flush     bool
 	tick      bool
 	settle    chan<- int // answered after the step with the number of pushes in flight
-	reader    *readerOp
-	proc      *procOp
-	schedule  *scheduleOp
+	// written: answered once the cursor rows are on disk (a flush now), or with the commit's
+	// failure. A barrier asks it before answering with a cursor (see Server.WaitUntilProcessed).
+	written  chan<- error
+	reader   *readerOp
+	proc     *procOp
+	schedule *scheduleOp
 
 	// Connections and live state: the actor's registries, not step inputs (nothing durable).
 	openConn  *Connection
@@ -666,6 +669,9 @@ func (in *stepInput) add(m actorMsg) {
 	switch {
 	case m.settle != nil:
 		in.settles = append(in.settles, m.settle)
+	case m.written != nil:
+		in.flush = true
+		in.written = append(in.written, m.written)
 	case m.reader != nil:
 		in.readers = append(in.readers, *m.reader)
 	case m.proc != nil:
@@ -851,6 +857,7 @@ func (a *actor) apply(in stepInput) {
 	if err != nil {
 		a.reloadAfter(in.appends, err)
 		a.answerSettles(in.settles)
+		answerWritten(in.written, err)
 		return
 	}
 	m.LateAcks.Add(float64(eff.lateOutcomes))
@@ -908,6 +915,7 @@ func (a *actor) apply(in stepInput) {
 			}
 			a.reloadAfter(in.appends, fmt.Errorf("commit: %w", err))
 			a.answerSettles(in.settles)
+			answerWritten(in.written, itx.Errorf(code, "the cursor was not written: %v", err))
 			return
 		}
 		if a.failedCommits > 0 && !a.failLoggedAt.IsZero() {
@@ -1025,6 +1033,44 @@ func (a *actor) apply(in stepInput) {
 		a.fireProcessorAlarm(owner)
 	}
 	a.answerSettles(in.settles)
+	answerWritten(in.written, nil)
+}
+
+// answerWritten tells the callers waiting for the cursor rows to be written that they are (nil:
+// the step's flush committed them) or why not.
+func answerWritten(written []chan<- error, err error) {
+	for _, ch := range written {
+		ch <- err
+	}
+}
+
+// writeRows returns once every cursor row as the last step left it is on disk (or the disk
+// refused it): what a barrier answers must survive a crash (seed 000: the confirmed cursor is
+// what the far side durably claims), while delivery progress alone is written lazily
+// (CursorFlushDelay). Nothing dirty: no commit.
+func (a *actor) writeRows(ctx context.Context, expired <-chan struct{}) error {
+	ch := make(chan error, 1)
+	select {
+	case a.inbox <- &actorMsg{written: ch}:
+	case <-a.done:
+		return a.ended()
+	case <-ctx.Done():
+		return itx.Errorf(itx.ECancelled, "waitUntilProcessed: %v", ctx.Err())
+	}
+	select {
+	case <-ch:
+		// A disk refusing the write (full or failing, the error the channel carries) leaves the
+		// progress in memory, written by the flush's retries once it takes writes again: the
+		// barrier answers anyway, as it did before it asked for the write (the receiver did
+		// process it; a crash meanwhile only redelivers, the README's full-disk rule).
+		return nil
+	case <-expired:
+		return itx.Errorf(itx.EDeadlineExceeded, "the cursor reached the offset, but was not written in time")
+	case <-ctx.Done():
+		return itx.Errorf(itx.ECancelled, "waitUntilProcessed: %v", ctx.Err())
+	case <-a.dctx.Done():
+		return a.ended()
+	}
 }
 
 // reportLadder logs and counts the retry ladder's loud decisions of a committed step: a halt

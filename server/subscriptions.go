@@ -312,6 +312,11 @@ func (s *Server) WaitUntilProcessed(ctx context.Context, ref StreamRef, name str
 					return 0, err
 				}
 			}
+			// The answer names a confirmed cursor: it must be on disk, not only in memory
+			// waiting for the lazy flush, so that a crash right after cannot take it back.
+			if err := a.writeRows(ctx, expired); err != nil {
+				return 0, err
+			}
 			return row.ConfirmedOffset, nil
 		}
 		select {
