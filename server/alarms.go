@@ -12,6 +12,10 @@ import (
 // arms a timer for the next alarm. It runs at start, so a restarted server resumes deliveries
 // and retries without waiting for an append, and again whenever that timer fires.
 func (s *Server) wakeDue() {
+	if s.enterInflight() != nil {
+		return // closing: the directory it reads is about to close
+	}
+	defer s.inflight.Done()
 	ctx := s.base
 	now := itx.UnixMilli(s.clock.Now())
 	due, err := s.dir.DueAlarms(ctx, now)
@@ -97,6 +101,10 @@ func (s *Server) checkProcessorsVersion(ctx context.Context) error {
 // loadForNewVersion loads every stream with an alarm armed (see checkProcessorsVersion), then
 // records version.
 func (s *Server) loadForNewVersion(version string) {
+	if s.enterInflight() != nil {
+		return // closing: the next start does it
+	}
+	defer s.inflight.Done()
 	ctx := s.base
 	armed, err := s.dir.DueAlarms(ctx, math.MaxInt64)
 	if err != nil {

@@ -583,8 +583,10 @@ func (r *backupRun) next(b streamBackend) (id string, src *storage.BackupSource,
 	return "", nil, false, nil
 }
 
-// enterInflight counts a long call (a backup, a download) as in flight, so that Close cancels it
-// and waits for it; refused once the server is closing. The caller calls s.inflight.Done.
+// enterInflight counts a long call (a backup, a download) or the server's own background work
+// (the alarm wake-up, the idle sweep) as in flight, so that Close cancels it and waits for it
+// before it closes the databases that work uses; refused once the server is closing. The caller
+// calls s.inflight.Done.
 func (s *Server) enterInflight() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()

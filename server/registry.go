@@ -161,7 +161,11 @@ func (s *Server) scheduleSweep() {
 		return
 	}
 	s.sweepT = s.clock.AfterFunc(interval, func() {
+		if s.enterInflight() != nil {
+			return // closing: Close unloads every stream itself
+		}
 		s.sweep()
+		s.inflight.Done()
 		s.scheduleSweep()
 	})
 }
