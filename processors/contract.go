@@ -27,7 +27,8 @@ type Contract[S any] struct {
 	// InitialState returns the state before any event.
 	InitialState func() S
 	// Validate, if set, rejects a malformed consumed event: the runner skips it (no Reduce, no
-	// ProcessEvent), moves past it, and records one diagnostic after the commit.
+	// ProcessEvent), moves past it, and records one diagnostic after the commit (none for a
+	// rejected stream/error-occurred, which may be a diagnostic itself).
 	Validate func(e itx.Event) error
 	// Reduce folds one consumed event into the state. It must not mutate its input state in
 	// place when that state is shared (maps, slices): return a new value or copy on write.

@@ -411,7 +411,13 @@ events:
 	}
 	// Diagnostics follow the commit: the malformed event is already behind the cursor, so a
 	// failing diagnostic append can never fail this frame again; the key dedupes redelivery.
+	// A rejected stream/error-occurred is skipped without one: it may be a diagnostic (this
+	// processor's own, or another's), and diagnosing it would write another that the same
+	// Validate rejects, without end (a Validate over "*" that wants its own payload shape).
 	for _, e := range malformed {
+		if e.Type == itx.TypeErrorOccurred {
+			continue
+		}
 		r.background(func(ctx context.Context) error { return r.diagnose(ctx, e) })
 	}
 	return nil
