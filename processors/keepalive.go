@@ -50,6 +50,13 @@ type keepaliveMemory struct {
 	sawClean   bool  // some tracked work settled cleanly since the last fire that looked
 	sawFailure bool  // some tracked work failed: an obligation may be unsettled
 	reviving   bool  // a revival pass is running; its backoff governs the alarm
+	// owed: this incarnation found the alarm armed by one before it (which died owing work, or
+	// before its confirming fire), so its first due fire revives even if work of its own has
+	// settled cleanly by then. Itxd delivers to a stream's processors whenever the stream loads
+	// (its stream/woken), so a fresh incarnation often settles the dead one's obligation before
+	// the fire; it owes the revival's mark and fact all the same (seed 002: a fresh incarnation
+	// fired for a dead one's work revives).
+	owed bool
 }
 
 // wedged reports whether the oldest in-flight work has run past WedgedAfter: a hung call no
@@ -90,7 +97,7 @@ func onFire(rec KeepaliveRecord, mem keepaliveMemory, now time.Time, version str
 		rec.ArmedAt = ms + KeepaliveLead.Milliseconds()
 		return ActionBusyRearmed, rec, mem
 	}
-	if mem.inFlight == 0 && mem.sawClean && !mem.sawFailure {
+	if mem.inFlight == 0 && mem.sawClean && !mem.sawFailure && !mem.owed {
 		mem.sawClean = false
 		return ActionCleanDisarm, KeepaliveRecord{Version: version}, mem
 	}
@@ -103,7 +110,7 @@ func onFire(rec KeepaliveRecord, mem keepaliveMemory, now time.Time, version str
 	rec.Revivals++
 	rec.LastRevivalAt = ms
 	rec.ArmedAt = ms + RevivalBackoff(rec.Revivals).Milliseconds()
-	mem.sawClean, mem.sawFailure, mem.reviving = false, false, true
+	mem.sawClean, mem.sawFailure, mem.reviving, mem.owed = false, false, true, false
 	return ActionRevive, rec, mem
 }
 

@@ -89,6 +89,8 @@ func Register[S any](ctx context.Context, reg *Registry, c Contract[S], store Pr
 		k.rec = KeepaliveRecord{Version: reg.cfg.Version, ArmedAt: reg.cfg.Clock.Now().UnixMilli()}
 		reset = true
 	}
+	// An alarm a previous incarnation left armed is owed a revival at its first due fire.
+	k.mem.owed = k.rec.ArmedAt != 0
 	var failed func(error)
 	if f := reg.cfg.BackgroundFailed; f != nil {
 		failed = func(err error) { f(c.Name, err) }

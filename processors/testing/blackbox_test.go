@@ -398,3 +398,27 @@ func TestBlackbox_RejectedDiagnosticIsNotDiagnosedAgain(t *testing.T) {
 		}
 	})
 }
+
+// Eviction mid-attempt where the successor is delivered to before the alarm comes due (in itxd
+// every load of a stream that hosts processors appends stream/woken, which wakes them): it
+// settles the orphaned attempt on that wake, and the alarm's first fire still revives, once,
+// leaving the seed's evidence (requested, revived, settled) and marking the breaker's counter.
+func TestBlackbox_RevivalOwedEvenWhenTheSuccessorSettledFirst(t *testing.T) {
+	v := &bbVendor{}
+	proctest.Run(t, proctest.Config[bbState]{New: bbMailer(v)}, func(t *testing.T, h *proctest.Harness[bbState]) {
+		h.Append(bbRequestAt(h, "m1", time.Hour))
+		h.Crash()
+		h.Append(itx.EventInput{Type: "mail/unrelated", Payload: json.RawMessage(`{}`)})
+		if got := bbSettlements(t, h); len(got) != 1 || got[0].Reason != "orphaned" {
+			t.Fatalf("settlements %+v, want the orphaned attempt settled on the wake", got)
+		}
+		h.AdvanceTime(11 * time.Second)
+		if n := len(h.Events(itx.TypeProcessorRevived)); n != 1 {
+			t.Fatalf("%d revivals, want 1: the dead incarnation owed work", n)
+		}
+		h.AdvanceTime(time.Minute)
+		if n := len(h.Events(itx.TypeProcessorRevived)); n != 1 || !h.AlarmAt().IsZero() || h.Keepalive().Revivals != 0 {
+			t.Fatalf("%d revivals, alarm %v, keepalive %+v: want one, then a quiet clean disarm", n, h.AlarmAt(), h.Keepalive())
+		}
+	})
+}
