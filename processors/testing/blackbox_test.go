@@ -2,7 +2,9 @@ package proctest_test
 
 // Black-box probes of seed 002's harness and its required scenarios, written from the seed and
 // the package's public surface alone, with an obligation-carrying processor of their own (a
-// mailer: requested, started, one settled with a result union, expiresAt).
+// mailer: requested, started, one settled with a result union, expiresAt). Kept: the probes that
+// found a defect (the required scenarios themselves are examples/agent_test.go's and
+// harness_test.go's).
 
 import (
 	"context"
@@ -78,7 +80,7 @@ func bbMailer(v *bbVendor) func(env proctest.Env) processors.Contract[bbState] {
 		live := map[string]bool{}
 		return processors.Contract[bbState]{
 			Name:           "mailer",
-			ConsumedTypes:  []string{string(bbRequested), string(bbStarted), string(bbSettle), "mail/poison"},
+			ConsumedTypes:  []string{string(bbRequested), string(bbStarted), string(bbSettle)},
 			ReducerVersion: "1",
 			InitialState:   func() bbState { return bbState{Open: map[string]bbMail{}} },
 			Reduce: func(s bbState, e itx.Event) bbState {
@@ -108,9 +110,6 @@ func bbMailer(v *bbVendor) func(env proctest.Env) processors.Contract[bbState] {
 				return bbState{Open: open, Settled: s.Settled}
 			},
 			ProcessEvent: func(ctx context.Context, a *processors.Args[bbState]) error {
-				if a.Event != nil && a.Event.Type == "mail/poison" {
-					return errors.New("poison")
-				}
 				if !a.Delivery.CaughtUp {
 					return nil
 				}
@@ -180,191 +179,6 @@ func bbSettlements(t *testing.T, h *proctest.Harness[bbState]) []bbSettled {
 		out = append(out, s)
 	}
 	return out
-}
-
-// Eviction mid-attempt: the vendor has not answered when the incarnation dies; the keepalive's
-// alarm fires in a fresh incarnation, which appends one stream/processor-revived and settles
-// the orphaned attempt once, without dialing again.
-func TestBlackbox_EvictionMidAttemptRevivalSettles(t *testing.T) {
-	v := &bbVendor{}
-	proctest.Run(t, proctest.Config[bbState]{New: bbMailer(v)}, func(t *testing.T, h *proctest.Harness[bbState]) {
-		h.Append(bbRequestAt(h, "m1", time.Hour))
-		if v.called() != 1 || len(h.Events(string(bbStarted))) != 1 {
-			t.Fatalf("vendor calls %d, started %d: want an attempt in flight", v.called(), len(h.Events(string(bbStarted))))
-		}
-		if at := h.AlarmAt(); at.IsZero() || at.Sub(h.Clock.Now()) > 10*time.Second {
-			t.Fatalf("alarm %v with work in flight at %v: want about 10 s ahead", at, h.Clock.Now())
-		}
-		h.Crash()
-		if n := len(h.Events(itx.TypeProcessorRevived)); n != 0 {
-			t.Fatalf("%d revivals before the alarm", n)
-		}
-		h.AdvanceTime(11 * time.Second)
-		if n := len(h.Events(itx.TypeProcessorRevived)); n != 1 {
-			t.Fatalf("%d revivals, want 1", n)
-		}
-		got := bbSettlements(t, h)
-		if len(got) != 1 || got[0].Kind != "failure" || got[0].Reason != "orphaned" {
-			t.Fatalf("settlements %+v, want one orphaned failure", got)
-		}
-		if v.called() != 1 {
-			t.Fatalf("vendor dialed %d times, want 1", v.called())
-		}
-		// The confirming fire finds the window quiet and clean: disarmed, budget reset.
-		h.AdvanceTime(time.Minute)
-		if !h.AlarmAt().IsZero() || h.Keepalive().Revivals != 0 {
-			t.Fatalf("after a quiet clean fire: alarm %v, keepalive %+v", h.AlarmAt(), h.Keepalive())
-		}
-		if n := len(h.Events(itx.TypeProcessorRevived)); n != 1 {
-			t.Fatalf("%d revivals after settling, want 1", n)
-		}
-	})
-}
-
-// Eviction before any attempt: a request committed but never delivered starts late in the
-// successor (woken by an append), or settles expired once past its expiresAt without the
-// vendor ever being dialed.
-func TestBlackbox_EvictionBeforeAnyAttempt(t *testing.T) {
-	t.Run("starts late", func(t *testing.T) {
-		v := &bbVendor{answer: func(string) error { return nil }}
-		proctest.Run(t, proctest.Config[bbState]{New: bbMailer(v)}, func(t *testing.T, h *proctest.Harness[bbState]) {
-			if _, err := h.Stream.Append(t.Context(), []itx.EventInput{bbRequestAt(h, "m1", time.Hour)}); err != nil {
-				t.Fatal(err)
-			}
-			h.Crash()
-			h.AdvanceTime(time.Minute) // nothing armed: nothing wakes the successor
-			if v.called() != 0 || len(h.Events(string(bbStarted))) != 0 {
-				t.Fatalf("the successor ran before its wake: vendor %d", v.called())
-			}
-			h.Append(itx.EventInput{Type: "mail/unrelated", Payload: json.RawMessage(`{}`)})
-			got := bbSettlements(t, h)
-			if len(got) != 1 || got[0].Kind != "success" || v.called() != 1 {
-				t.Fatalf("settlements %+v, vendor %d: want one success", got, v.called())
-			}
-		})
-	})
-	t.Run("expires", func(t *testing.T) {
-		v := &bbVendor{answer: func(string) error { t.Error("vendor dialed for an expired obligation"); return nil }}
-		proctest.Run(t, proctest.Config[bbState]{New: bbMailer(v)}, func(t *testing.T, h *proctest.Harness[bbState]) {
-			if _, err := h.Stream.Append(t.Context(), []itx.EventInput{bbRequestAt(h, "m1", time.Minute)}); err != nil {
-				t.Fatal(err)
-			}
-			h.Crash()
-			h.AdvanceTime(2 * time.Minute)
-			h.Wake()
-			got := bbSettlements(t, h)
-			if len(got) != 1 || got[0].Reason != "expired" {
-				t.Fatalf("settlements %+v, want one expired", got)
-			}
-			if len(h.Events(string(bbStarted))) != 0 {
-				t.Fatal("an expired obligation was started")
-			}
-		})
-	})
-}
-
-// Full-stream replay: a second, fresh processor over the same stream from offset 0, past the
-// freshness horizon, with a vendor that fails the test when dialed: zero calls, zero new
-// events, the same state.
-func TestBlackbox_FullStreamReplay(t *testing.T) {
-	v := &bbVendor{answer: func(string) error { return nil }}
-	proctest.Run(t, proctest.Config[bbState]{New: bbMailer(v)}, func(t *testing.T, h *proctest.Harness[bbState]) {
-		h.Append(bbRequestAt(h, "m1", time.Hour))
-		h.Append(bbRequestAt(h, "m2", time.Minute))
-		h.AdvanceTime(2 * time.Hour)
-		before := len(h.Events())
-		dangerous := &bbVendor{answer: func(id string) error { t.Errorf("replay dialed the vendor for %s", id); return errors.New("no") }}
-		r := proctest.New(t, proctest.Config[bbState]{New: bbMailer(dangerous), Substrate: h.Substrate()})
-		r.Wake()
-		if dangerous.called() != 0 {
-			t.Fatalf("replay dialed %d times", dangerous.called())
-		}
-		if n := len(h.Events()); n != before {
-			t.Fatalf("replay appended %d events", n-before)
-		}
-		a, _ := json.Marshal(h.State())
-		b, _ := json.Marshal(r.State())
-		if string(a) != string(b) {
-			t.Fatalf("replayed state %s, live %s", b, a)
-		}
-	})
-}
-
-// The crash-loop breaker on a poison shape: an event whose frame fails at every delivery. Each
-// revival marks the counter first and is spaced along 10 s, 1 m, 5 m, 30 m, then 6 h forever;
-// crash-loop evidence lands once per version; the antidote deploy (a new version) revives at
-// once with a fresh budget.
-func TestBlackbox_CrashLoopBreaker(t *testing.T) {
-	v := &bbVendor{answer: func(string) error { return nil }}
-	proctest.Run(t, proctest.Config[bbState]{New: bbMailer(v)}, func(t *testing.T, h *proctest.Harness[bbState]) {
-		h.Append(itx.EventInput{Type: "mail/poison", Payload: json.RawMessage(`{}`)})
-		if len(h.TakeDeliveryErrors()) == 0 {
-			t.Fatal("the poison did not fail its frame")
-		}
-		h.AdvanceTime(13 * time.Hour)
-		h.TakeDeliveryErrors()
-		revived := h.Events(itx.TypeProcessorRevived)
-		// The first fire after the failed frame revives (10 s, the lead); then the backoff.
-		want := []time.Duration{10 * time.Second, time.Minute, 5 * time.Minute, 30 * time.Minute, 6 * time.Hour, 6 * time.Hour}
-		if len(revived) != len(want)+1 {
-			var at []string
-			for _, e := range revived {
-				at = append(at, time.UnixMilli(e.CreatedAt).Sub(h.Clock.Now()).String())
-			}
-			t.Fatalf("%d revivals in 13 h (at %v before the end), want %d", len(revived), at, len(want)+1)
-		}
-		for i, gap := range want {
-			got := time.Duration(revived[i+1].CreatedAt-revived[i].CreatedAt) * time.Millisecond
-			if got < gap || got > gap+15*time.Second {
-				t.Fatalf("revival %d came %v after the one before, want %v", i+2, got, gap)
-			}
-		}
-		evidence := 0
-		for _, e := range h.Events(itx.TypeErrorOccurred) {
-			if e.IdempotencyKey == processors.CrashLoopEvidenceKey("test-harness") {
-				evidence++
-			}
-		}
-		if evidence != 1 {
-			t.Fatalf("%d crash-loop evidence events, want 1", evidence)
-		}
-		n := len(h.Events(itx.TypeProcessorRevived))
-		h.Deploy("fixed")
-		h.TakeDeliveryErrors()
-		if got := len(h.Events(itx.TypeProcessorRevived)); got != n+1 {
-			t.Fatalf("the antidote deploy did not revive at once: %d revivals, want %d", got, n+1)
-		}
-		if k := h.Keepalive(); k.Revivals != 1 || k.Version != "fixed" {
-			t.Fatalf("keepalive after the deploy %+v: want a fresh budget", k)
-		}
-	})
-}
-
-// A failed started-append: nothing runs, nothing settles, the live-set is released, and a later
-// batch retries the whole attempt.
-func TestBlackbox_FailedStartedAppend(t *testing.T) {
-	v := &bbVendor{answer: func(string) error { return nil }}
-	proctest.Run(t, proctest.Config[bbState]{New: bbMailer(v)}, func(t *testing.T, h *proctest.Harness[bbState]) {
-		h.Stream.FailAppends(func(in itx.EventInput) error {
-			if in.Type == string(bbStarted) {
-				return errors.New("stream unavailable")
-			}
-			return nil
-		})
-		h.Append(bbRequestAt(h, "m1", time.Hour))
-		if errs := h.TakeBackgroundErrors(); len(errs) != 1 {
-			t.Fatalf("background errors %v, want the refused started-append", errs)
-		}
-		if v.called() != 0 || len(h.Events(string(bbSettle))) != 0 {
-			t.Fatalf("vendor %d, settled %d after a refused started-append", v.called(), len(h.Events(string(bbSettle))))
-		}
-		h.Stream.FailAppends(nil)
-		h.Append(itx.EventInput{Type: "mail/unrelated", Payload: json.RawMessage(`{}`)})
-		got := bbSettlements(t, h)
-		if len(got) != 1 || got[0].Kind != "success" || v.called() != 1 {
-			t.Fatalf("settlements %+v, vendor %d: want the whole attempt retried once", got, v.called())
-		}
-	})
 }
 
 // Seed 002's malformed consumed event (parseConsumedInput) advances the cursor with one
