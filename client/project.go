@@ -155,7 +155,8 @@ func Snapshot(ctx context.Context, p schema.Processor) (ProcessorSnapshot, error
 	return out, err
 }
 
-// RuntimeState reads a processor instance's runtime state (JSON).
+// RuntimeState reads a processor instance's runtime state: a JSON object whose fields the schema
+// lists on Processor.getRuntimeState (itx.ProcessorRuntimeState decodes them).
 func RuntimeState(ctx context.Context, p schema.Processor) (string, error) {
 	if err := NotSent(ctx, "RuntimeState"); err != nil {
 		return "", err

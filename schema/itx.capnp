@@ -536,7 +536,15 @@ interface ProcessorHosts {
 }
 
 interface Processor {
+  # The committed record: the reduced state (JSON; before any commit the contract's initial
+  # state), the offset it is reduced through and the processing cursor (every effect at or
+  # below it done). reducedOffset may lag processedOffset (a refold in progress), never lead it.
   snapshot @0 () -> (state :Text, reducedOffset :UInt64, processedOffset :UInt64);
+  # Runtime state, not durable truth (JSON object): name, placement ("in-process" or "remote",
+  # with host and mountGeneration), reducerVersion, reducedThrough and processedThrough (the
+  # cursors), cursorRevision (rewinds taken), observedHead (the highest offset this incarnation
+  # saw), generation (its claim on the progress record) and fenced (why it may no longer
+  # commit; absent while it may).
   getRuntimeState @1 () -> (state :Text);
   liveState @2 (subscriber :LiveSubscriber) -> (handle :Handle);
 }
