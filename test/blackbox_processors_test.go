@@ -249,3 +249,59 @@ func TestBBProc_CaughtUpUnderASubscriptionCondition(t *testing.T) {
 		})
 	}
 }
+
+// The same on a remote host: the host dies mid-attempt (its program ends), another mounts the
+// contract; the successor settles the orphaned request once and the stream records the revival.
+func TestBBProc_RemoteHostLostMidAttemptRecordsTheRevival(t *testing.T) {
+	clock := clocktest.New(time.Unix(1_800_000_000, 0))
+	vendor := &chanVendor{called: make(chan string, 4)}
+	agentCfg := examples.DefaultAgentConfig
+	agentCfg.HesitationMs = 0
+	newHost := func() *processors.Host {
+		h := processors.NewHost("test")
+		require.NoError(t, examples.AddTo(h, []string{"agent"}, examples.HostOptions{Clock: clock, Vendor: vendor, Agent: agentCfg}))
+		return h
+	}
+	ts := startServer(t, server.Config{Clock: clock})
+	runHost := func() (stop func()) {
+		ctx, cancel := context.WithCancel(context.Background())
+		mounted := make(chan struct{}, 1)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_ = remote.Run(ctx, remote.Config{Addr: ts.addr, Token: ts.creds.ProjectToken, Name: "agents", Host: newHost(), Clock: clock,
+				Mounted: func() { mounted <- struct{}{} }})
+		}()
+		<-mounted
+		return func() { cancel(); <-done }
+	}
+	stop := runHost()
+	ctx := ctxT(t)
+	s := stream(t, ts.project(t), "/bb/remote-agent")
+	subs := client.Subscriptions(ctx, s)
+	_, _, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{
+		Name: "agent", Receiver: client.Receiver{Kind: client.ReceiverProcessorWake, Placement: "remote"},
+	})
+	subs.Release()
+	require.NoError(t, err)
+	mustAppend(t, s, examples.MessageAdded.Input(examples.Message{Text: "hello"}, ""))
+	select {
+	case <-vendor.called:
+	case <-ctx.Done():
+		t.Fatal("the agent never dialed the vendor")
+	}
+	stop()
+	stop = runHost()
+	defer stop()
+	t.Cleanup(func() {
+		all, _ := client.ReadAll(context.Background(), s, itx.Query{})
+		for _, e := range all {
+			t.Logf("%d %s %s", e.Offset, e.Type, e.Payload)
+		}
+	})
+	waitUntil(t, "settled and revived", func() bool {
+		clock.Advance(time.Second)
+		return countType(t, s, string(examples.LLMSettled)) == 1 && countType(t, s, itx.TypeProcessorRevived) == 1
+	})
+	require.Equal(t, int64(1), vendor.calls.Load())
+}
