@@ -36,7 +36,9 @@ func NewHost(version string) *Host {
 
 // Add registers a contract. build returns a fresh contract for each stream incarnation: a
 // contract's closures may keep incarnation memory (the attempts it drives), which must die with
-// the incarnation.
+// the incarnation. Add calls it once at once, to read the name, reducer version, consumed types
+// and initial state (that contract never runs), then once per processor instance (subscription
+// name) each stream incarnation starts.
 func Add[S any](h *Host, build func() Contract[S]) error {
 	if build == nil {
 		return itx.Errorf(itx.EInvalid, "processors.Add: build is nil (it returns a fresh contract per stream incarnation)")
