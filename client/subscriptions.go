@@ -206,7 +206,10 @@ func WaitUntilProcessed(ctx context.Context, sub schema.Subscription, offset int
 }
 
 // ConfirmSubscription confirms an offset-acking subscription's deliveries through offset (at most
-// what was delivered) and returns its confirmed cursor, once written.
+// what was delivered) and returns its confirmed cursor, once written. A batch counts as delivered
+// once the receiver's answer for it is back at itxd: a confirm sent from elsewhere while the
+// handler that received the batch has not returned yet can overtake that answer and be refused
+// (invalidArgument, "was not delivered"); confirm after the handler returned, or try again.
 func ConfirmSubscription(ctx context.Context, sub schema.Subscription, offset int64) (int64, error) {
 	if err := offsetArg("offset", offset); err != nil {
 		return 0, err

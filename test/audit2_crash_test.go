@@ -814,7 +814,15 @@ func TestCrash_Kill9MixedDeliveriesRounds(t *testing.T) {
 			head := all[len(all)-1].Offset
 			waitUntil(t, "the acking receiver took everything", func() bool { return acker.highest() >= load[len(load)-1] })
 			acks := client.Subscription(ctx, s, "acks")
-			_, err = client.ConfirmSubscription(ctx, acks, acker.highest())
+			// The receiver has the events once its handler runs; itxd counts them delivered once
+			// the handler's answer is back, and a confirm that overtakes it is refused
+			// (invalidArgument, "not delivered"): confirm once the answer is in.
+			last := acker.highest()
+			waitUntil(t, "the acking receiver's last answer is in", func() bool {
+				d, err := client.DescribeSubscription(ctx, acks)
+				return err == nil && d.DeliveredOffset >= last
+			})
+			_, err = client.ConfirmSubscription(ctx, acks, last)
 			require.NoError(t, err)
 			acks.Release()
 			for _, name := range []string{"hook", "app", "acks", "mirror", "forwarder"} {
