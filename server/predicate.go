@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	jsonata "github.com/blues/jsonata-go"
 	"github.com/itx-dev/itx"
@@ -29,6 +30,11 @@ func compilePredicate(p itx.Predicate) (*compiledPredicate, error) {
 	if len(bytes.TrimSpace(p.PayloadContains)) > 0 {
 		if len(p.PayloadContains) > itx.MaxJSONataLength {
 			return nil, itx.Errorf(itx.ETooLarge, "payloadContains is %d bytes, at most %d", len(p.PayloadContains), itx.MaxJSONataLength)
+		}
+		// Events refuse invalid UTF-8, so such a value could never match: the barrier would
+		// wait out its timeout instead of saying what is wrong.
+		if !utf8.Valid(p.PayloadContains) {
+			return nil, itx.Errorf(itx.EInvalid, "payloadContains is not valid UTF-8")
 		}
 		v, err := decodeJSON(p.PayloadContains)
 		if err != nil {
