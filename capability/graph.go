@@ -32,6 +32,9 @@ type gateway struct {
 	// reserveReply reserves room for a large reply on the connection (flowconn's ReserveReply);
 	// nil in tests.
 	reserveReply func(ctx context.Context, n int64, onWait func()) (release func(), err error)
+	// whenAnswered runs f once the connection's calls in flight have their answers written (or
+	// after max: flowconn's WhenAnswered); nil in tests.
+	whenAnswered func(max time.Duration, f func())
 
 	mu       sync.Mutex
 	conn     *rpc.Conn // nil in tests
@@ -134,10 +137,24 @@ func (g *gateway) closeIfAllRevoked() {
 	if !g.allRevoked() {
 		return
 	}
-	if c := g.conn; c != nil {
-		go c.Close() // not under a handler of this connection
+	c := g.conn
+	if c == nil {
+		return
 	}
+	if g.whenAnswered == nil {
+		go c.Close() // not under a handler of this connection
+		return
+	}
+	// Once the calls in flight are answered: a login that revoked its own token (or a login
+	// refused on a connection whose other logins are revoked) hears its answer before the
+	// connection ends; go-capnp's Close would drop it. Every call of a revoked login fails
+	// meanwhile, so the wait is short; revokedCloseWait bounds it.
+	g.whenAnswered(revokedCloseWait, func() { c.Close() })
 }
+
+// revokedCloseWait bounds how long a connection whose logins are all revoked stays open for the
+// answers of its calls in flight to be written.
+const revokedCloseWait = 5 * time.Second
 
 // allRevoked reports whether the connection is left with nothing valid: it had sessions, every
 // one of them is revoked, and no login is in progress. g.mu is held.

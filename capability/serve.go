@@ -118,7 +118,7 @@ func (l *Listener) serveConn(c net.Conn) {
 		l.log.Debug().Str("remote", c.RemoteAddr().String()).Err(err).Msg("rpc connection refused")
 		return
 	}
-	gw := &gateway{srv: l.srv, authenticated: t.Authenticate, reserveReply: t.ReserveReply, maxSessions: l.maxLogins}
+	gw := &gateway{srv: l.srv, authenticated: t.Authenticate, reserveReply: t.ReserveReply, whenAnswered: t.WhenAnswered, maxSessions: l.maxLogins}
 	boot := schema.Gateway(guarded(guardOf(l.srv), access{rights: rAll}, schema.Gateway_Methods(nil, gw), gw))
 	conn := rpc.NewConn(t, &rpc.Options{
 		BootstrapClient: capnp.Client(boot),

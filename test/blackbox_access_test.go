@@ -136,3 +136,36 @@ func TestBlackboxAccess_UnsignedFieldsReportedAsSent(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 2, info.HeadOffset, "nothing written")
 }
+
+// A token with the admin right revoking itself is answered: the revocation closes the connection
+// (none of its logins is valid any more), but only once the revoke's own answer is written, so the
+// caller learns it took effect instead of "disconnected: it may or may not have taken effect".
+// Its calls after it fail, and the connection then ends.
+func TestBlackboxAccess_SelfRevocationIsAnswered(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	admin := client.Admin(ctx, ts.project(t))
+	t.Cleanup(admin.Release)
+	for i := range 5 {
+		tok, info, err := client.CreateToken(ctx, admin, "", client.TokenOptions{Label: "self", Scope: itx.Scope{Rights: []itx.Right{itx.RightAdmin, itx.RightRead}}})
+		require.NoError(t, err)
+		c := dial(t, ts.addr)
+		own := client.Admin(ctx, c.Login(ctx, tok))
+		_, err = client.ListTokens(ctx, own, "")
+		require.NoError(t, err)
+		require.NoError(t, client.RevokeToken(ctx, own, "", info.ID), "round %d", i)
+		_, err = client.ListTokens(ctx, own, "")
+		require.Contains(t, []itx.Code{itx.EUnauthenticated, itx.EDisconnected}, itx.ErrorCode(err), "%v", err)
+		select {
+		case <-c.Done():
+		case <-ctx.Done():
+			t.Fatal("the connection of a revoked login stayed open")
+		}
+		own.Release()
+		toks, err := client.ListTokens(ctx, admin, "")
+		require.NoError(t, err)
+		for _, tk := range toks {
+			require.NotEqual(t, info.ID, tk.ID, "the token was revoked")
+		}
+	}
+}

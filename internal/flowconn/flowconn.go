@@ -379,6 +379,8 @@ type Transport struct {
 	loginTimer itx.Timer
 
 	writerDone chan struct{}
+	// answered are the functions WhenAnswered holds until no call is in flight.
+	answered []func()
 }
 
 // New wraps conn in a go-capnp stream transport whose use is counted against pool, whatever
@@ -418,6 +420,38 @@ func (t *Transport) Authenticate() {
 	t.authed = true
 	t.pool.cond.Broadcast()
 	t.pool.mu.Unlock()
+}
+
+// WhenAnswered runs f, once and on its own goroutine, when every call read from the connection
+// has its answer written (at once if none is in flight), when the connection ends, or after max,
+// whichever comes first. A connection closed from inside a call's handler (a login revoking its
+// own token) closes this way, so the caller reads that call's answer before the Abort: go-capnp's
+// Close drops the replies it has not handed to the transport yet. max bounds a client that keeps
+// calls in flight.
+func (t *Transport) WhenAnswered(max time.Duration, f func()) {
+	var once sync.Once
+	run := func() { once.Do(func() { go f() }) }
+	p := t.pool
+	p.mu.Lock()
+	if t.calls == 0 || t.torndown {
+		p.mu.Unlock()
+		run()
+		return
+	}
+	t.answered = append(t.answered, run)
+	p.mu.Unlock()
+	p.limits.Clock.AfterFunc(max, run)
+}
+
+// takeAnswered returns the functions WhenAnswered holds once no call is in flight (or the
+// connection is torn down), for the caller to run after it lets go of pool.mu.
+func (t *Transport) takeAnswered() []func() {
+	if t.calls > 0 && !t.torndown {
+		return nil
+	}
+	fs := t.answered
+	t.answered = nil
+	return fs
 }
 
 // CountCapabilities installs how to count the capabilities the client holds (rpc.Conn's
@@ -905,7 +939,11 @@ func (t *Transport) write() {
 		}
 		if len(t.queue) == 0 || t.writeErr != nil {
 			t.teardown()
+			answered := t.takeAnswered()
 			p.mu.Unlock()
+			for _, f := range answered {
+				f()
+			}
 			return
 		}
 		m := t.queue[0]
@@ -927,8 +965,15 @@ func (t *Transport) write() {
 		if err != nil && t.writeErr == nil {
 			t.writeErr = err
 		}
+		var answered []func()
+		if m.closesCall {
+			answered = t.takeAnswered()
+		}
 		p.cond.Broadcast()
 		p.mu.Unlock()
+		for _, f := range answered {
+			f()
+		}
 		if release {
 			m.inner.Release()
 		}
