@@ -367,6 +367,12 @@ func (s *Session) watchConnection(stop <-chan struct{}) {
 		case <-stop:
 			return
 		}
+		if s.connected() {
+			// The connection that ended was already replaced: .reconnect (which closes the old
+			// one after adopting the new) or an evaluation that reconnected first. Nothing is
+			// lost, and dialing again would only open a connection to throw away.
+			continue
+		}
 		fmt.Fprintf(s.cfg.Err, "itx: lost the connection to %s%s; reconnecting (variables are kept)\n", s.cfg.Addr, s.lostBecause())
 		for !s.connectedAfterRedial(ctx) {
 			if ctx.Err() != nil {

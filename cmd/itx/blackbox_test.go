@@ -1,0 +1,89 @@
+package main
+
+// Black-box probes of issues 4 and 12 (the itx REPL, clients from the schema alone), written
+// from the issues, the README and the schema, driving the itx command against a real itxd.
+
+import (
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/creack/pty"
+	"github.com/itx-dev/itx/server"
+	"github.com/stretchr/testify/require"
+)
+
+// bbTerminal starts itx in a pseudo-terminal of the given size against ts.
+func bbTerminal(t *testing.T, ts *testServer, cols, rows uint16, env ...string) (*terminal, <-chan error) {
+	t.Helper()
+	home := t.TempDir()
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), "ITX_TEST_MAIN=1", "HOME="+home, "ITX_ADDR="+ts.addr, "ITX_TOKEN="+ts.token,
+		"XDG_CONFIG_HOME=", "NO_COLOR=1", "TERM=xterm", "ITX_PAGER=", "PAGER=")
+	cmd.Env = append(cmd.Env, env...)
+	ptmx, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: rows, Cols: cols})
+	require.NoError(t, err)
+	t.Cleanup(func() { ptmx.Close() })
+	term := &terminal{t: t, pty: ptmx, out: newSyncBuffer()}
+	go io.Copy(term.out, ptmx)
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+		}
+	})
+	term.expect("itx> ")
+	return term, exited
+}
+
+func (term *terminal) dump() string {
+	term.out.mu.Lock()
+	defer term.out.mu.Unlock()
+	return term.out.buf.String()
+}
+
+// TestBlackbox_ReconnectIsNotALoss: .reconnect drops the connection on purpose; the terminal's
+// watcher must not then report the old connection's end as a loss (and dial yet again). An
+// itxd restart at the prompt is reported once, and the session goes on with its variables.
+func TestBlackbox_ReconnectIsNotALoss(t *testing.T) {
+	data := t.TempDir()
+	p, addr := runItxdOnLoopback(t, data)
+	creds, err := server.ReadCredentials(data)
+	require.NoError(t, err)
+	token := creds.ProjectToken
+	term, exited := bbTerminal(t, &testServer{addr: addr, token: token}, 120, 40)
+	term.send(`var v = 41; let a = project.streams.get("/rc")` + "\r")
+	term.expect("itx> ")
+	term.send(".reconnect\r")
+	term.expect("itx: reconnected to " + addr)
+	term.expect("itx> ")
+	term.send(".reconnect\r")
+	term.expect("itx: reconnected to " + addr)
+	term.expect("itx> ")
+	term.send(`a.append({type: "x"}).headOffset + v` + "\r")
+	term.expect("42")
+	term.expect("itx> ")
+
+	// A real loss: itxd restarts on the same address while the session waits at the prompt.
+	p.stop(t)
+	term.expect("itx: lost the connection to " + addr)
+	_, _ = runItxd(t, data, addr)
+	term.expect("itx: reconnected to " + addr)
+	term.send(`a.append({type: "x"}).headOffset + v` + "\r")
+	term.expect("43")
+	term.expect("itx> ")
+	term.send("exit\r")
+	select {
+	case err := <-exited:
+		require.NoError(t, err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("itx did not exit on exit")
+	}
+	out := term.dump()
+	require.Equal(t, 1, strings.Count(out, "lost the connection"), "only the restart is a loss:\n%s", out)
+	require.Equal(t, 3, strings.Count(out, "itx: reconnected to"), "%s", out)
+}
