@@ -2,6 +2,7 @@ package capability
 
 import (
 	"context"
+	"fmt"
 	"runtime/debug"
 	"strings"
 
@@ -49,7 +50,16 @@ func guarded(g guard, a access, methods []server.Method, impl any) capnp.Client 
 		}
 	}
 	sd, _ := impl.(server.Shutdowner)
-	return capnp.NewClient(server.New(methods, impl, sd))
+	srv := server.New(methods, impl, sd)
+	// A method this capability does not have (a client built from a newer schema, or one that
+	// sends another interface's method) is answered as a declared but unserved one is: go-capnp's
+	// own answer, a bare "unimplemented", carries no itx code for a client to match.
+	srv.HandleUnknownMethod = func(m capnp.Method) *server.Method {
+		return &server.Method{Method: m, Impl: func(context.Context, *server.Call) error {
+			return notYet(fmt.Sprintf("method @%d of interface %#x", m.MethodID, m.InterfaceID))
+		}}
+	}
+	return capnp.NewClient(srv)
 }
 
 // ruleName is a method's key in methodRights: "Interface.method", without the schema file the

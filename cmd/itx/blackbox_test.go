@@ -11,7 +11,12 @@ import (
 	"testing"
 	"time"
 
+	"capnproto.org/go/capnp/v3"
+	"capnproto.org/go/capnp/v3/exc"
 	"github.com/creack/pty"
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
 	"github.com/stretchr/testify/require"
 )
@@ -86,4 +91,30 @@ func TestBlackbox_ReconnectIsNotALoss(t *testing.T) {
 	out := term.dump()
 	require.Equal(t, 1, strings.Count(out, "lost the connection"), "only the restart is a loss:\n%s", out)
 	require.Equal(t, 3, strings.Count(out, "itx: reconnected to"), "%s", out)
+}
+
+// TestBlackbox_UnknownMethodCarriesACode: a client built from a newer schema (or one that sends
+// a method of another interface) calls a method this server does not know. Its exception, like
+// every other the server raises (schema/itx.capnp, "Errors"), carries "itx.<code>: ".
+func TestBlackbox_UnknownMethodCarriesACode(t *testing.T) {
+	ts := startServer(t)
+	ctx := t.Context()
+	conn, err := client.Dial(ctx, ts.addr)
+	require.NoError(t, err)
+	defer conn.Close()
+	project := conn.Login(ctx, ts.token)
+	defer project.Release()
+	for _, m := range []capnp.Method{
+		{InterfaceID: schema.Project_TypeID, MethodID: 999, InterfaceName: "itx.capnp:Project", MethodName: "fromTheFuture"},
+		{InterfaceID: schema.Stream_TypeID, MethodID: 0, InterfaceName: "itx.capnp:Stream", MethodName: "append"},
+	} {
+		ans, release := capnp.Client(project).SendCall(ctx, capnp.Send{Method: m, ArgsSize: capnp.ObjectSize{}})
+		_, err := ans.Struct()
+		release()
+		require.Error(t, err)
+		reason := err.Error()
+		require.Regexp(t, `itx\.[A-Za-z]+: `, reason, "%s.%s", m.InterfaceName, m.MethodName)
+		require.Equal(t, itx.EUnavailable, itx.ErrorCode(err), "%s", reason)
+		require.Equal(t, exc.Unimplemented, exc.TypeOf(err), "%s", reason)
+	}
 }
