@@ -118,3 +118,33 @@ func TestBlackbox_UnknownMethodCarriesACode(t *testing.T) {
 		require.Equal(t, exc.Unimplemented, exc.TypeOf(err), "%s", reason)
 	}
 }
+
+// TestBlackbox_ScriptAwaitsInsideAsyncFunctions: a script pasted from the TypeScript surface
+// awaits at the top level (a no-op: itx calls return their results) and inside its own async
+// functions, where an await waits for a real promise. Only the top-level ones may go. (A
+// top-level await of a real promise cannot wait: goja runs promise jobs only once the script
+// returns; the prompt then prints a promise result settled.)
+func TestBlackbox_ScriptAwaitsInsideAsyncFunctions(t *testing.T) {
+	ts := startServer(t)
+	c := newCLI(t)
+	c.env["ITX_ADDR"], c.env["ITX_TOKEN"] = ts.addr, ts.token
+	script := writeFile(t, t.TempDir(), "await.js", `
+const s = project.streams.get("/await");
+const r = await s.append({type: "a"});
+async function both() {
+  const [d, p] = await Promise.all([s.describe(), project.describe()]);
+  return d.headOffset + " " + p.id;
+}
+const arrow = async () => (await Promise.resolve(r.headOffset)) + 1;
+both().then(v => print(v), e => print("rejected: " + e));
+arrow().then(v => print(v), e => print("rejected: " + e));
+`)
+	code, out, errs := c.run("", script)
+	require.Equal(t, 0, code, "stderr: %s", errs)
+	require.Equal(t, "2\n1 default\n", out) // arrow settles in fewer promise jobs, as in node
+
+	// At the prompt (piped), `await (async () => ...)()` is the idiom for an async block.
+	code, out, errs = c.run(`await (async () => { const v = await Promise.all([1, 2]); return v.length })()`+"\n", "--json")
+	require.Equal(t, 0, code, "stderr: %s", errs)
+	require.Equal(t, "2\n", out)
+}

@@ -1,6 +1,7 @@
 package repl
 
 import (
+	"reflect"
 	"strings"
 
 	"github.com/dop251/goja"
@@ -12,24 +13,23 @@ import (
 // Two conveniences keep pasted TypeScript-surface snippets working:
 //   - a line that is an object literal ({a: 1}) is an expression, not a block, as in node's REPL;
 //   - `await` is accepted at the top level. Every itx call already returns its result
-//     synchronously, so awaiting it is a no-op: when the source does not compile and uses
-//     `await`, it is compiled again with the top-level awaits removed.
+//     synchronously, so awaiting it is a no-op: a source with top-level awaits is compiled
+//     with them removed (those inside async functions stay, as they wait for real promises).
 func compile(name, src string) (*goja.Program, error) {
 	if t := strings.TrimSpace(src); strings.HasPrefix(t, "{") && strings.HasSuffix(t, "}") {
 		if prg, err := goja.Compile(name, "("+src+"\n)", false); err == nil {
 			return prg, nil
 		}
 	}
-	prg, err := goja.Compile(name, src, false)
-	if err == nil {
-		return prg, nil
-	}
+	// The top-level awaits go first even when the source compiles with them: `await (f)()` and
+	// `await\nx` are valid JavaScript outside a module (a call of a function named await, an
+	// expression statement), which then fails as "await is not defined".
 	if stripped, ok := stripAwait(src); ok {
-		if prg, err2 := goja.Compile(name, stripped, false); err2 == nil {
+		if prg, err := goja.Compile(name, stripped, false); err == nil {
 			return prg, nil
 		}
 	}
-	return nil, err
+	return goja.Compile(name, src, false)
 }
 
 // Incomplete reports whether src ends before its statement does (an open brace, parenthesis,
@@ -50,11 +50,79 @@ func Incomplete(src string) bool {
 	return strings.Contains(err.Error(), "Unexpected end of input")
 }
 
-// stripAwait removes the `await` keywords of src that are outside strings, templates and
-// comments. It reports whether it removed any.
+// stripAwait removes the top-level `await` keywords of src (outside strings, templates and
+// comments). It reports whether it removed any. An await inside an async function stays: there
+// it waits for a real promise (Promise.all, another async function's result), and without it
+// the promise itself would be used as the value.
 func stripAwait(src string) (string, bool) {
+	all, sites := scanAwait(src, nil)
+	if len(sites) == 0 {
+		return src, false
+	}
+	prg, err := goja.Parse("", all)
+	if err != nil {
+		return all, true
+	}
+	var bodies [][2]int // offsets in all
+	asyncFunctions(reflect.ValueOf(prg), func(from, to int) { bodies = append(bodies, [2]int{from, to}) })
+	if len(bodies) == 0 {
+		return all, true
+	}
+	out, _ := scanAwait(src, func(i int) bool {
+		for _, r := range bodies {
+			if r[0] <= sites[i] && sites[i] < r[1] {
+				return true
+			}
+		}
+		return false
+	})
+	return out, out != src
+}
+
+// asyncFunctions calls found with the source range (0-based offsets, end exclusive) of every
+// async function and async arrow function under v, a node of a goja AST.
+func asyncFunctions(v reflect.Value, found func(from, to int)) {
+	switch v.Kind() {
+	case reflect.Interface, reflect.Pointer:
+		if v.IsNil() {
+			return
+		}
+		switch n := v.Interface().(type) {
+		case *ast.FunctionLiteral:
+			if n.Async {
+				found(int(n.Idx0())-1, int(n.Idx1())-1)
+			}
+		case *ast.ArrowFunctionLiteral:
+			if n.Async {
+				found(int(n.Idx0())-1, int(n.Idx1())-1)
+			}
+		}
+		asyncFunctions(v.Elem(), found)
+	case reflect.Struct:
+		if v.Type().PkgPath() != astPackage {
+			return // file.File and the like: no functions below
+		}
+		for i := range v.NumField() {
+			if f := v.Field(i); v.Type().Field(i).IsExported() {
+				asyncFunctions(f, found)
+			}
+		}
+	case reflect.Slice:
+		for i := range v.Len() {
+			asyncFunctions(v.Index(i), found)
+		}
+	}
+}
+
+var astPackage = reflect.TypeOf(ast.Program{}).PkgPath()
+
+// scanAwait returns src without its `await` keywords outside strings, templates and comments,
+// except the i-th (from 0) of those for which keep(i) is true, and where each await stood in
+// the result were every one of them removed (keep nil).
+func scanAwait(src string, keep func(i int) bool) (string, []int) {
 	var b strings.Builder
-	removed := false
+	var sites []int
+	removedLen := 0 // bytes of kept awaits written so far: the offsets are those of the all-removed text
 	for i := 0; i < len(src); {
 		c := src[i]
 		switch {
@@ -95,10 +163,17 @@ func stripAwait(src string) (string, bool) {
 			word := src[i:j]
 			prevDot := i > 0 && src[i-1] == '.'
 			if word == "await" && !prevDot && j < len(src) && (src[j] == ' ' || src[j] == '\t' || src[j] == '(' || src[j] == '\n') {
-				removed = true
-				for j < len(src) && (src[j] == ' ' || src[j] == '\t') {
-					j++
+				n := len(sites)
+				sites = append(sites, b.Len()-removedLen)
+				k := j
+				for k < len(src) && (src[k] == ' ' || src[k] == '\t') {
+					k++
 				}
+				if keep != nil && keep(n) {
+					b.WriteString(src[i:k])
+					removedLen += k - i
+				}
+				j = k
 			} else {
 				b.WriteString(word)
 			}
@@ -108,7 +183,7 @@ func stripAwait(src string) (string, bool) {
 			i++
 		}
 	}
-	return b.String(), removed
+	return b.String(), sites
 }
 
 func isIdentByte(c byte) bool {
