@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -147,4 +148,35 @@ arrow().then(v => print(v), e => print("rejected: " + e));
 	code, out, errs = c.run(`await (async () => { const v = await Promise.all([1, 2]); return v.length })()`+"\n", "--json")
 	require.Equal(t, 0, code, "stderr: %s", errs)
 	require.Equal(t, "2\n", out)
+}
+
+// TestBlackbox_HistoryIsTheUsersAlone: the history keeps what was typed, a webhook's signing
+// secret among it; like a shell's, it is readable by its user only, an older world-readable
+// one included.
+func TestBlackbox_HistoryIsTheUsersAlone(t *testing.T) {
+	ts := startServer(t)
+	for _, existing := range []bool{false, true} {
+		history := filepath.Join(t.TempDir(), "state", "history")
+		if existing {
+			require.NoError(t, os.MkdirAll(filepath.Dir(history), 0o700))
+			require.NoError(t, os.WriteFile(history, []byte("1+1\n"), 0o644))
+		}
+		term, exited := bbTerminal(t, ts, 120, 40, "ITX_HISTORY="+history)
+		term.send(`"whsec_" + "c2VjcmV0"` + "\r")
+		term.expect(`"whsec_c2VjcmV0"`)
+		term.expect("itx> ")
+		term.send("\x04")
+		select {
+		case err := <-exited:
+			require.NoError(t, err)
+		case <-time.After(20 * time.Second):
+			t.Fatal("itx did not exit on Ctrl-D")
+		}
+		b, err := os.ReadFile(history)
+		require.NoError(t, err)
+		require.Contains(t, string(b), `"whsec_" + "c2VjcmV0"`)
+		fi, err := os.Stat(history)
+		require.NoError(t, err)
+		require.Equal(t, os.FileMode(0o600), fi.Mode().Perm(), "existing: %v", existing)
+	}
 }

@@ -31,6 +31,13 @@ func (s *Session) RunTerminal(cfg TerminalConfig) error {
 	if cfg.HistoryFile != "" {
 		// A history that cannot be written is not worth refusing to start over.
 		os.MkdirAll(filepath.Dir(cfg.HistoryFile), 0o700)
+		// What is typed can hold secrets (a webhook's signing secret, a token passed to a
+		// call): the file is the user's alone, as the shells keep theirs. readline would
+		// create it 0666 less the umask.
+		if f, err := os.OpenFile(cfg.HistoryFile, os.O_CREATE|os.O_WRONLY, 0o600); err == nil {
+			f.Chmod(0o600)
+			f.Close()
+		}
 	}
 	// readline's own Close does not stop a read it has in flight on stdin (its FillableStdin
 	// closes only its side pipe), so it can wait forever; closing the cancelable stdin first
