@@ -180,3 +180,20 @@ func TestBlackbox_HistoryIsTheUsersAlone(t *testing.T) {
 		require.Equal(t, os.FileMode(0o600), fi.Mode().Perm(), "existing: %v", existing)
 	}
 }
+
+// TestBlackbox_AnOffsetTooLargeSaysSo: the schema's offsets are UInt64, the prompt's integers
+// reach 2^63-1; a larger whole number is refused for its size, not as if it were no integer.
+func TestBlackbox_AnOffsetTooLargeSaysSo(t *testing.T) {
+	ts := startServer(t)
+	c := newCLI(t)
+	c.env["ITX_ADDR"], c.env["ITX_TOKEN"] = ts.addr, ts.token
+	for _, v := range []string{"18446744073709551615n", "2 ** 64", "1e20"} {
+		code, _, errs := c.run("", "--json", "-e", `project.streams.get("/big").getEvents({after: `+v+`})`)
+		require.Equal(t, exitError, code, v)
+		require.Contains(t, errs, `"code":"invalidArgument"`, v)
+		require.Contains(t, errs, "after: expected a non-negative integer up to 9223372036854775807, got ", v)
+	}
+	code, _, errs := c.run("", "--json", "-e", `project.streams.get("/big").getEvents({after: -1})`)
+	require.Equal(t, exitError, code)
+	require.Contains(t, errs, "after: expected a non-negative integer, got -1")
+}

@@ -154,9 +154,25 @@ func (o *options) uint(key string) int64 {
 	}
 	n, ok := toUint(v)
 	if !ok {
-		o.fail(key, "expected a non-negative integer, got %s", describeNumber(v))
+		if tooLarge(v) {
+			o.fail(key, "expected a non-negative integer up to %d, got %s", int64(math.MaxInt64), describeNumber(v))
+		} else {
+			o.fail(key, "expected a non-negative integer, got %s", describeNumber(v))
+		}
 	}
 	return n
+}
+
+// tooLarge reports whether v is a whole number above what an int64 holds (2**64, 1e20, a
+// BigInt): refused for its size, not its kind, and the refusal says so.
+func tooLarge(v goja.Value) bool {
+	switch n := v.Export().(type) {
+	case float64:
+		return n >= 1<<63 && !math.IsInf(n, 1) && n == math.Trunc(n)
+	case *big.Int:
+		return n.Sign() > 0 && !n.IsInt64()
+	}
+	return false
 }
 
 // describeNumber shows a value given where a number belongs: a number as itself (-1, 1.5), a
