@@ -197,3 +197,19 @@ func TestBlackbox_AnOffsetTooLargeSaysSo(t *testing.T) {
 	require.Equal(t, exitError, code)
 	require.Contains(t, errs, "after: expected a non-negative integer, got -1")
 }
+
+// TestBlackbox_ExitCalledAsAFunction: a person used to Python's prompt types exit() or quit()
+// (or help()); like the bare words, they leave (or show the help), not a ReferenceError.
+func TestBlackbox_ExitCalledAsAFunction(t *testing.T) {
+	ts := startServer(t)
+	c := newCLI(t)
+	c.env["ITX_ADDR"], c.env["ITX_TOKEN"] = ts.addr, ts.token
+	for _, word := range []string{"exit()", "quit();", "exit;"} {
+		code, out, errs := c.run("1 + 1\n"+word+"\n40 + 2\n")
+		require.Equal(t, exitOK, code, "%s: %s", word, errs)
+		require.Equal(t, "2\n", out, word)
+	}
+	code, out, errs := c.run("help()\n")
+	require.Equal(t, exitOK, code, errs)
+	require.Contains(t, out, "Commands:")
+}

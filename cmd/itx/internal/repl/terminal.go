@@ -148,14 +148,17 @@ func CommandLine(src string) (string, bool) {
 }
 
 // commandLine reports whether line is a command rather than JavaScript: a dot-command
-// (".help Stream"), or help, exit or quit typed as a bare word, as a person would.
+// (".help Stream"), or help, exit or quit typed as a bare word, as a person would, or called
+// as Python's prompt has them (exit()), a semicolon after either taken too.
 func commandLine(line string) (string, bool) {
 	t := strings.TrimSpace(line)
-	switch {
-	case strings.HasPrefix(t, "."):
+	if strings.HasPrefix(t, ".") {
 		return strings.TrimPrefix(t, "."), true
-	case t == "help" || t == "exit" || t == "quit":
-		return t, true
+	}
+	word := strings.TrimSuffix(strings.TrimSpace(strings.TrimSuffix(t, ";")), "()")
+	switch word {
+	case "help", "exit", "quit":
+		return word, true
 	}
 	return "", false
 }
