@@ -205,11 +205,34 @@ func TestBlackbox_ExitCalledAsAFunction(t *testing.T) {
 	c := newCLI(t)
 	c.env["ITX_ADDR"], c.env["ITX_TOKEN"] = ts.addr, ts.token
 	for _, word := range []string{"exit()", "quit();", "exit;"} {
-		code, out, errs := c.run("1 + 1\n"+word+"\n40 + 2\n")
+		code, out, errs := c.run("1 + 1\n" + word + "\n40 + 2\n")
 		require.Equal(t, exitOK, code, "%s: %s", word, errs)
 		require.Equal(t, "2\n", out, word)
 	}
 	code, out, errs := c.run("help()\n")
 	require.Equal(t, exitOK, code, errs)
 	require.Contains(t, out, "Commands:")
+}
+
+// TestBlackbox_CtrlCWhileReconnectingIsCancelled: with itxd gone, a call at the prompt waits
+// for the reconnect; Ctrl-C cancels it, and says so (the call was never sent), rather than
+// reporting the last failed dial as if itxd were the matter.
+func TestBlackbox_CtrlCWhileReconnectingIsCancelled(t *testing.T) {
+	data := t.TempDir()
+	p, addr := runItxdOnLoopback(t, data)
+	creds, err := server.ReadCredentials(data)
+	require.NoError(t, err)
+	term, _ := bbTerminal(t, &testServer{addr: addr, token: creds.ProjectToken}, 120, 40)
+	term.send(`let a = project.streams.get("/cc"); a.append({type: "x"}).headOffset` + "\r")
+	term.expect("1")
+	term.expect("itx> ")
+	p.stop(t)
+	term.expect("itx: lost the connection to " + addr)
+	term.send("a.describe()\r")
+	term.expect("was lost")
+	term.send("\x03")
+	term.expect("cancelled: cancelled while reconnecting to itxd at " + addr + " (the call was not sent)")
+	term.expect("itx> ")
+	term.send(`"still" + " here"` + "\r")
+	term.expect(`"still here"`)
 }

@@ -326,6 +326,11 @@ func (s *Session) redial(ctx context.Context) (*client.Conn, schema.Project, err
 			return nil, schema.Project{}, err
 		}
 		if client.Sleep(ctx, backoff.Next(0)) != nil {
+			if errors.Is(ctx.Err(), context.Canceled) {
+				// Ctrl-C while a call waited for the reconnect: the call was cancelled (and never
+				// sent), whatever the last dial said.
+				return nil, schema.Project{}, itx.Errorf(itx.ECancelled, "cancelled while reconnecting to itxd at %s (the call was not sent): %v", s.cfg.Addr, itx.ErrorMessage(err))
+			}
 			return nil, schema.Project{}, itx.Errorf(itx.EUnavailable, "cannot reach itxd at %s: %v", s.cfg.Addr, itx.ErrorMessage(err))
 		}
 	}
