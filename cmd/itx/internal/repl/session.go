@@ -101,6 +101,9 @@ type Session struct {
 	linkMu  sync.Mutex
 	conn    *client.Conn
 	project schema.Project
+	// lossSaid is the Done channel of the connection whose loss the terminal's watcher has
+	// announced, so that a call waiting for the same reconnect does not announce it again.
+	lossSaid <-chan struct{}
 
 	vm     *goja.Runtime
 	capSym *goja.Symbol
@@ -342,7 +345,12 @@ func (s *Session) ensureConnected(ctx context.Context) error {
 	if s.connected() {
 		return nil
 	}
-	fmt.Fprintf(s.cfg.Err, "itx: the connection to %s was lost%s; reconnecting (variables are kept)\n", s.cfg.Addr, s.lostBecause())
+	s.linkMu.Lock()
+	said := s.lossSaid == s.conn.Done()
+	s.linkMu.Unlock()
+	if !said {
+		fmt.Fprintf(s.cfg.Err, "itx: the connection to %s was lost%s; reconnecting (variables are kept)\n", s.cfg.Addr, s.lostBecause())
+	}
 	return s.reconnect(ctx)
 }
 
@@ -378,6 +386,9 @@ func (s *Session) watchConnection(stop <-chan struct{}) {
 			// lost, and dialing again would only open a connection to throw away.
 			continue
 		}
+		s.linkMu.Lock()
+		s.lossSaid = s.conn.Done()
+		s.linkMu.Unlock()
 		fmt.Fprintf(s.cfg.Err, "itx: lost the connection to %s%s; reconnecting (variables are kept)\n", s.cfg.Addr, s.lostBecause())
 		for !s.connectedAfterRedial(ctx) {
 			if ctx.Err() != nil {
