@@ -31,6 +31,13 @@ func Stream(ctx context.Context, project schema.Project, path string) schema.Str
 	return keepAnswers(gf.Stream().AddRef(), releaseGet, releaseStreams)
 }
 
+// Streams returns project.streams() at once, pipelined (see Stream): the capability that
+// ListStreamsPage, ListStreamsIn, DiskUsagePage and DeleteStreamIn take. Release it when done.
+func Streams(ctx context.Context, project schema.Project) schema.Streams {
+	fut, release := project.Streams(lasting(ctx), nil)
+	return keepAnswers(fut.Streams().AddRef(), release)
+}
+
 // lasting is the context the calls that make a capability (Login, Stream, Subscriptions, ...)
 // are sent under: ctx's values without its end. What they return is used until released, and
 // go-capnp breaks a pipelined capability whose call's context ends before the answer came: a
