@@ -530,6 +530,9 @@ func (st *coreState) reduceConfigured(e *itx.Event, rc *reduceContext) ([]cursor
 // placement (in-process: left out, "in-process" and the seed's "facet" say the same) and its
 // contract (the subscription's name: left out or named says the same).
 //
+// maxDeliveryEvents and maxDeliveryBytes left at 0 take the receiver kind's default: stating the
+// default says the same.
+//
 // A filter's event types are a set: their order and repeats say nothing, and a list holding "*"
 // passes every type, as no filter does.
 func canonicalConfig(c itx.SubscriptionConfig) itx.SubscriptionConfig {
@@ -556,6 +559,9 @@ func canonicalConfig(c itx.SubscriptionConfig) itx.SubscriptionConfig {
 	}
 	d := c.Receiver.EffectiveDelivery()
 	c.Receiver.Delivery = &d
+	// The delivery controls' 0 is the kind's default (one event for a webhook, whose body keeps
+	// its single-event shape at one), so stating that default is the same config.
+	c.MaxDeliveryEvents, c.MaxDeliveryBytes = c.BatchLimits()
 	return c
 }
 
