@@ -62,7 +62,7 @@ func (f *AppendFuture) Wait(ctx context.Context) (itx.AppendResult, error) {
 // committed; the future says what became of it. An append itxd would refuse as too large is
 // refused here, before it is sent (as Append does).
 func (a *Appender) Append(ctx context.Context, events []itx.EventInput, opts itx.AppendOptions) (*AppendFuture, error) {
-	if err := checkAppendSize(events); err != nil {
+	if err := checkAppend(events, opts); err != nil {
 		return nil, err
 	}
 	if ctx.Err() != nil {

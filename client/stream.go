@@ -74,7 +74,7 @@ func keepAnswers[C ~capnp.ClientKind](c C, releases ...func()) C {
 
 // Append appends events atomically and returns once they are durable.
 func Append(ctx context.Context, s schema.Stream, events []itx.EventInput, opts itx.AppendOptions) (itx.AppendResult, error) {
-	if err := checkAppendSize(events); err != nil {
+	if err := checkAppend(events, opts); err != nil {
 		return itx.AppendResult{}, err
 	}
 	if ctx.Err() != nil {
@@ -160,12 +160,27 @@ func offsetArg(name string, offset int64) error {
 	return nil
 }
 
-// queryArg refuses a query's negative offsets (see offsetArg).
+// queryArg refuses a query's negative offsets (see offsetArg) and a negative limit (0 is the
+// default page; on the wire a negative one was taken for 0 without a word).
 func queryArg(q itx.Query) error {
 	if err := offsetArg("Query.After", q.After); err != nil {
 		return err
 	}
+	if q.Limit < 0 {
+		return itx.Errorf(itx.EInvalid, "Query.Limit must not be negative (got %d; 0: the default page)", q.Limit)
+	}
 	return offsetArg("Query.Before", q.Before)
+}
+
+// checkAppend is checkAppendSize plus a conditional append's expected head, refused when
+// negative before it is sent (see offsetArg): itxd would name it 18446744073709551615.
+func checkAppend(events []itx.EventInput, opts itx.AppendOptions) error {
+	if opts.Conditional {
+		if err := offsetArg("AppendOptions.ExpectedHeadOffset", opts.ExpectedHeadOffset); err != nil {
+			return err
+		}
+	}
+	return checkAppendSize(events)
 }
 
 // GetEventPage reads one page.

@@ -268,6 +268,29 @@ func TestBBCore_UnansweredPushTimesOut(t *testing.T) {
 	mu.Unlock()
 }
 
+// The Go client refuses a negative page limit and a negative expected head before sending, as it
+// refuses negative offsets: the limit went out as 0 (the default page, without a word) and the
+// head as 18446744073709551615, the number itxd's refusal then named.
+func TestBBCore_NegativeArgumentsRefusedByTheClient(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	s := stream(t, ts.project(t), "/bb/negative")
+	mustAppend(t, s, ev("a", `{}`))
+	_, err := client.GetEvents(ctx, s, itx.Query{Limit: -1})
+	requireCode(t, err, itx.EInvalid)
+	require.Contains(t, itx.ErrorMessage(err), "Query.Limit must not be negative")
+	_, err = client.GetEventPage(ctx, s, itx.Query{Limit: -1})
+	requireCode(t, err, itx.EInvalid)
+	cond := itx.AppendOptions{Conditional: true, ExpectedHeadOffset: -1}
+	_, err = client.Append(ctx, s, []itx.EventInput{ev("a", `{}`)}, cond)
+	requireCode(t, err, itx.EInvalid)
+	require.Contains(t, itx.ErrorMessage(err), "AppendOptions.ExpectedHeadOffset must not be negative (got -1)")
+	_, err = client.NewAppender(s, 4).Append(ctx, []itx.EventInput{ev("a", `{}`)}, cond)
+	requireCode(t, err, itx.EInvalid)
+	require.Contains(t, itx.ErrorMessage(err), "AppendOptions.ExpectedHeadOffset must not be negative (got -1)")
+	require.Equal(t, int64(1), mustDescribe(t, s).HeadOffset)
+}
+
 func bbOffsets(evs []itx.Event) []int64 {
 	out := make([]int64, 0, len(evs))
 	for _, e := range evs {
