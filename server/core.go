@@ -479,7 +479,7 @@ func (st *coreState) reduceConfigured(e *itx.Event, rc *reduceContext) ([]cursor
 		}
 	}
 	prev := st.Subscriptions[name]
-	if prev != nil && sameConfig(*cfg, prev.Config) {
+	if prev != nil && sameConfig(*cfg, prev.Config, false) {
 		// The same config again, written because it came with a new idempotency key (the key
 		// must be kept): nothing changes, not the epoch, not the cursor, not a halt.
 		return nil, nil
@@ -530,12 +530,16 @@ func (st *coreState) reduceConfigured(e *itx.Event, rc *reduceContext) ([]cursor
 // placement (in-process: left out, "in-process" and the seed's "facet" say the same) and its
 // contract (the subscription's name: left out or named says the same).
 //
-// maxDeliveryEvents and maxDeliveryBytes left at 0 take the receiver kind's default: stating the
-// default says the same.
+// With controls, maxDeliveryEvents and maxDeliveryBytes left at 0 take the receiver kind's
+// default too, so stating the default says the same. Only the planner's identicalConfigure
+// spells them out: the reduction compares them as written, as every checkpoint of
+// CoreStateVersion 1 was reduced (a configure that states them, written because it came with an
+// idempotency key, still takes a new epoch there), so that changing this did not change what
+// reduce computes from a log.
 //
 // A filter's event types are a set: their order and repeats say nothing, and a list holding "*"
 // passes every type, as no filter does.
-func canonicalConfig(c itx.SubscriptionConfig) itx.SubscriptionConfig {
+func canonicalConfig(c itx.SubscriptionConfig, controls bool) itx.SubscriptionConfig {
 	if f := c.Filter; f != nil {
 		types := slices.Clone(f.EventTypes)
 		slices.Sort(types)
@@ -559,9 +563,11 @@ func canonicalConfig(c itx.SubscriptionConfig) itx.SubscriptionConfig {
 	}
 	d := c.Receiver.EffectiveDelivery()
 	c.Receiver.Delivery = &d
-	// The delivery controls' 0 is the kind's default (one event for a webhook, whose body keeps
-	// its single-event shape at one), so stating that default is the same config.
-	c.MaxDeliveryEvents, c.MaxDeliveryBytes = c.BatchLimits()
+	if controls {
+		// The delivery controls' 0 is the kind's default (one event for a webhook, whose body
+		// keeps its single-event shape at one), so stating that default is the same config.
+		c.MaxDeliveryEvents, c.MaxDeliveryBytes = c.BatchLimits()
+	}
 	return c
 }
 
@@ -600,16 +606,17 @@ func (st *coreState) identicalConfigure(in *itx.EventInput) *catalogEntry {
 	if entry == nil {
 		return nil
 	}
-	if !sameConfig(*cfg, entry.Config) {
+	if !sameConfig(*cfg, entry.Config, true) {
 		return nil
 	}
 	return entry
 }
 
-// sameConfig reports whether two configs say the same once their defaults are spelled out.
-func sameConfig(x, y itx.SubscriptionConfig) bool {
-	a, err1 := json.Marshal(canonicalConfig(x))
-	b, err2 := json.Marshal(canonicalConfig(y))
+// sameConfig reports whether two configs say the same once their defaults are spelled out (the
+// delivery controls' too with controls: see canonicalConfig).
+func sameConfig(x, y itx.SubscriptionConfig, controls bool) bool {
+	a, err1 := json.Marshal(canonicalConfig(x, controls))
+	b, err2 := json.Marshal(canonicalConfig(y, controls))
 	return err1 == nil && err2 == nil && string(a) == string(b)
 }
 
