@@ -106,13 +106,7 @@ func TestBBProc_CaughtUpIsFilterAwareInEveryPlacement(t *testing.T) {
 			ts := startServer(t, cfg)
 			p := ts.project(t)
 			if tc.placement == "remote" {
-				ctx, cancel := context.WithCancel(context.Background())
-				done := make(chan struct{})
-				go func() {
-					defer close(done)
-					_ = remote.Run(ctx, remote.Config{Addr: ts.addr, Token: ts.creds.ProjectToken, Name: "bb-host", Host: host})
-				}()
-				t.Cleanup(func() { cancel(); <-done })
+				runRemoteHost(t, ts.addr, ts.creds.ProjectToken, "bb-host", host)
 			}
 			s := stream(t, p, "/bb/caughtup")
 			ctx := ctxT(t)
@@ -220,13 +214,7 @@ func TestBBProc_CaughtUpUnderASubscriptionCondition(t *testing.T) {
 			ts := startServer(t, cfg)
 			p := ts.project(t)
 			if placement == "remote" {
-				ctx, cancel := context.WithCancel(context.Background())
-				done := make(chan struct{})
-				go func() {
-					defer close(done)
-					_ = remote.Run(ctx, remote.Config{Addr: ts.addr, Token: ts.creds.ProjectToken, Name: "bb-host", Host: host})
-				}()
-				t.Cleanup(func() { cancel(); <-done })
+				runRemoteHost(t, ts.addr, ts.creds.ProjectToken, "bb-host", host)
 			}
 			s := stream(t, p, "/bb/cond")
 			ctx := ctxT(t)
