@@ -11,6 +11,7 @@ import (
 	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
+	"github.com/itx-dev/itx/wire"
 	"github.com/stretchr/testify/require"
 )
 
@@ -50,7 +51,22 @@ func TestStrictInput_UnsignedFields(t *testing.T) {
 	ts := startServer(t, server.Config{})
 	s := stream(t, ts.project(t), "/strict/unsigned")
 	ctx := ctxT(t)
+	// The Go client refuses a negative expected head before sending (f1142b2); another client
+	// can send the wire's uint64 above int64's range, which itxd refuses.
 	_, err := client.Append(ctx, s, []itx.EventInput{ev("x", `{}`)}, itx.AppendOptions{Conditional: true, ExpectedHeadOffset: -1})
+	requireCode(t, err, itx.EInvalid)
+	require.Contains(t, itx.ErrorMessage(err), "ExpectedHeadOffset must not be negative (got -1)")
+	af, rel := s.Append(ctx, func(p schema.Stream_append_Params) error {
+		if err := wire.SetEventInputs(p.NewEvents, []itx.EventInput{ev("x", `{}`)}); err != nil {
+			return err
+		}
+		o, err := p.NewOptions()
+		o.SetConditional(true)
+		o.SetExpectedHeadOffset(^uint64(0))
+		return err
+	})
+	_, err = af.Struct()
+	rel()
 	requireCode(t, err, itx.EInvalid)
 	require.Contains(t, itx.ErrorMessage(err), "expectedHeadOffset is 18446744073709551615")
 	requireNothingWritten(t, s, 0)
