@@ -182,20 +182,7 @@ func TestBBProc_RestartMidAttemptRecordsTheRevival(t *testing.T) {
 	require.NoError(t, ts.srv.Close(closeCtx))
 	ts = startServer(t, cfg)
 	s = stream(t, ts.project(t), "/bb/agent")
-	t.Cleanup(func() {
-		if !t.Failed() {
-			return
-		}
-		all, _ := client.ReadAll(context.Background(), s, itx.Query{})
-		for _, e := range all {
-			t.Logf("%d %s %s", e.Offset, e.Type, e.Payload)
-		}
-	})
-	waitUntil(t, "settled and revived", func() bool {
-		clock.Advance(time.Second)
-		return countType(t, s, string(examples.LLMSettled)) == 1 && countType(t, s, itx.TypeProcessorRevived) == 1
-	})
-	require.Equal(t, int64(1), vendor.calls.Load())
+	requireSettledAndRevivedOnce(t, s, clock, vendor)
 }
 
 // The same with the subscription's own filter (a JSONata condition) narrowing what the contract
@@ -284,6 +271,13 @@ func TestBBProc_RemoteHostLostMidAttemptRecordsTheRevival(t *testing.T) {
 	stop()
 	stop = runHost()
 	defer stop()
+	requireSettledAndRevivedOnce(t, s, clock, vendor)
+}
+
+// requireSettledAndRevivedOnce advances clock until the agent on s settled its request and the
+// revival is on the stream, each once, with one vendor call; on failure it logs the stream.
+func requireSettledAndRevivedOnce(t *testing.T, s schema.Stream, clock *clocktest.Clock, vendor *chanVendor) {
+	t.Helper()
 	t.Cleanup(func() {
 		if !t.Failed() {
 			return
