@@ -132,9 +132,10 @@ type actorMsg struct {
 	flush     bool
 	tick      bool
 	settle    chan<- int // answered after the step with the number of pushes in flight
-	// written: answered once the cursor rows are on disk (a flush now), or with the commit's
-	// failure. A barrier asks it before answering with a cursor (see Server.WaitUntilProcessed).
-	written  chan<- error
+	// written: answered once the step that flushes the cursor rows has committed them or failed
+	// to (a disk refusing them: the barrier answers all the same, see writeRows). A barrier asks
+	// it before answering with a cursor (see Server.WaitUntilProcessed).
+	written  chan<- struct{}
 	reader   *readerOp
 	proc     *procOp
 	schedule *scheduleOp
@@ -857,7 +858,7 @@ func (a *actor) apply(in stepInput) {
 	if err != nil {
 		a.reloadAfter(in.appends, err)
 		a.answerSettles(in.settles)
-		answerWritten(in.written, err)
+		answerWritten(in.written)
 		return
 	}
 	m.LateAcks.Add(float64(eff.lateOutcomes))
@@ -915,7 +916,7 @@ func (a *actor) apply(in stepInput) {
 			}
 			a.reloadAfter(in.appends, fmt.Errorf("commit: %w", err))
 			a.answerSettles(in.settles)
-			answerWritten(in.written, itx.Errorf(code, "the cursor was not written: %v", err))
+			answerWritten(in.written)
 			return
 		}
 		if a.failedCommits > 0 && !a.failLoggedAt.IsZero() {
@@ -1033,14 +1034,14 @@ func (a *actor) apply(in stepInput) {
 		a.fireProcessorAlarm(owner)
 	}
 	a.answerSettles(in.settles)
-	answerWritten(in.written, nil)
+	answerWritten(in.written)
 }
 
-// answerWritten tells the callers waiting for the cursor rows to be written that they are (nil:
-// the step's flush committed them) or why not.
-func answerWritten(written []chan<- error, err error) {
+// answerWritten tells the callers waiting for the cursor rows that the step flushing them is
+// over (what a failed commit means for them is writeRows' to say).
+func answerWritten(written []chan<- struct{}) {
 	for _, ch := range written {
-		ch <- err
+		ch <- struct{}{}
 	}
 }
 
@@ -1049,7 +1050,7 @@ func answerWritten(written []chan<- error, err error) {
 // what the far side durably claims), while delivery progress alone is written lazily
 // (CursorFlushDelay). Nothing dirty: no commit.
 func (a *actor) writeRows(ctx context.Context, expired <-chan struct{}) error {
-	ch := make(chan error, 1)
+	ch := make(chan struct{}, 1)
 	select {
 	case a.inbox <- &actorMsg{written: ch}:
 	case <-a.done:
@@ -1059,7 +1060,7 @@ func (a *actor) writeRows(ctx context.Context, expired <-chan struct{}) error {
 	}
 	select {
 	case <-ch:
-		// A disk refusing the write (full or failing, the error the channel carries) leaves the
+		// A disk refusing the write (full or failing) leaves the
 		// progress in memory, written by the flush's retries once it takes writes again: the
 		// barrier answers anyway, as it did before it asked for the write (the receiver did
 		// process it; a crash meanwhile only redelivers, the README's full-disk rule).

@@ -158,8 +158,8 @@ type stepInput struct {
 	// (the antidote deploy): the in-process alarm slice fires now, however far its backoff set it,
 	// so the registry resets the crash-loop budget and revives at once.
 	newVersion bool
-	settles    []chan<- int   // not the step's: Settle callers the actor answers after it
-	written    []chan<- error // not the step's: barriers answered once the step's flush committed
+	settles    []chan<- int      // not the step's: Settle callers the actor answers after it
+	written    []chan<- struct{} // not the step's: barriers answered once the step's flush committed
 }
 
 // deliveryOutcome is what one push reports: how far the cursor may move and, if the try
