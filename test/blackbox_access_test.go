@@ -86,7 +86,9 @@ func TestBlackboxAccess_UnsignedFieldsReportedAsSent(t *testing.T) {
 	ctx := ctxT(t)
 	s := stream(t, ts.project(t), "/unsigned")
 	mustAppend(t, s, ev("a", `{}`))
-	_, _, err := client.ConfigureSubscription(ctx, client.Subscriptions(ctx, s), client.SubscriptionConfig{Name: "c", Start: "now",
+	subs := client.Subscriptions(ctx, s)
+	defer subs.Release()
+	_, _, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "c", Start: "now",
 		Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: "/unsigned-copy"}})
 	require.NoError(t, err)
 	const huge = ^uint64(0)
