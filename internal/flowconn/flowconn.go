@@ -352,11 +352,18 @@ type Transport struct {
 	bytes     int64
 	callBytes int64 // of the calls in open
 	reserved  int64 // reply bytes reserved by calls building them (ReserveReply)
-	authed    bool
-	closed    bool // Close was called: read no more, write what is queued, then stop
-	torndown  bool // the writer has stopped and returned this connection's use to the pool
-	writeErr  error
-	wasPaused bool
+	// handoff: reservations their calls released, still counted in reserved until a reply is
+	// queued (see ReserveReply's release), oldest first; never more than the calls in flight
+	// whose reply is not queued yet (calls - closesQueued).
+	handoff      []int64
+	handoffBytes int64 // the sum of handoff
+	replyWaits   int   // this connection's callers of ReserveReply waiting for room
+	closesQueued int   // queued messages that end a call (closesCall), not written yet
+	authed       bool
+	closed       bool // Close was called: read no more, write what is queued, then stop
+	torndown     bool // the writer has stopped and returned this connection's use to the pool
+	writeErr     error
+	wasPaused    bool
 	// hangupArmed: a checkHangup is scheduled; hungUp: it found the client gone while the
 	// connection was held back.
 	hangupArmed bool
@@ -550,7 +557,8 @@ func (t *Transport) unfinishedBounds() (int, int64) {
 // reserved always gets its reservation, so one reply at a time is never refused, and clients
 // that stopped reading cannot starve another. onWait, when set, runs once (with the pool's lock
 // held) before the first wait: the caller lets go of what it need not hold meanwhile. It fails
-// once ctx is done or the connection ends.
+// once ctx is done or the connection ends. Call it from a call's handler and release before the
+// handler returns: the room stays counted after the release until a reply is queued.
 func (t *Transport) ReserveReply(ctx context.Context, n int64, onWait func()) (release func(), err error) {
 	p := t.pool
 	p.mu.Lock()
@@ -560,6 +568,7 @@ func (t *Transport) ReserveReply(ctx context.Context, n int64, onWait func()) (r
 		if stop != nil {
 			stop() // runs before the unlock; a callback under way takes the lock after it
 			p.replyWaits--
+			t.replyWaits--
 		}
 	}()
 	for {
@@ -570,7 +579,17 @@ func (t *Transport) ReserveReply(ctx context.Context, n int64, onWait func()) (r
 			return nil, err
 		}
 		held := t.bytes + t.reserved
-		if held == 0 || (held+n <= p.limits.Bytes && p.bytes+p.reserved+n <= p.limits.GlobalBytes) {
+		// Released reservations whose replies are on their way (handoff) count against the
+		// bound, and go as a call's reply is queued. With nothing else held, a reservation
+		// waits on them only while some call may still queue one: one whose reply is not queued
+		// yet and that is not itself waiting here (a release after its reply, which no handler
+		// does, would otherwise leave the waiters waiting on each other).
+		handsOn := t.calls - t.closesQueued - t.replyWaits
+		if stop == nil {
+			handsOn-- // this caller, not counted yet as waiting, is one of the calls
+		}
+		if held == 0 || (held == t.handoffBytes && handsOn <= 0) ||
+			(held+n <= p.limits.Bytes && p.bytes+p.reserved+n <= p.limits.GlobalBytes) {
 			break
 		}
 		if stop == nil { // no goroutine nor callback for the reads that do not wait
@@ -578,6 +597,10 @@ func (t *Transport) ReserveReply(ctx context.Context, n int64, onWait func()) (r
 				onWait()
 			}
 			p.replyWaits++
+			t.replyWaits++
+			if held == t.handoffBytes && t.replyWaits > 1 {
+				p.cond.Broadcast() // one call fewer may hand on: another waiter may go (above)
+			}
 			stop = context.AfterFunc(ctx, func() {
 				p.mu.Lock()
 				p.cond.Broadcast()
@@ -593,15 +616,53 @@ func (t *Transport) ReserveReply(ctx context.Context, n int64, onWait func()) (r
 		once.Do(func() {
 			p.mu.Lock()
 			if !t.torndown {
-				t.reserved -= n
-				p.reserved -= n
+				// The room stays reserved until a reply is queued (handOn): the caller releases it
+				// as its handler returns, and go-capnp queues the reply after that, so letting it
+				// go now let another read reserve before those bytes counted (with many handlers
+				// between the two under load, the bound was passed by a page each).
+				t.handoff = append(t.handoff, n)
+				t.handoffBytes += n
+				t.trimHandoff()
 			}
-			if p.replyWaits > 0 { // only reservations wait on what is reserved
+			if p.replyWaits > 0 { // a wait may end on what is no longer held live (see the loop)
 				p.cond.Broadcast()
 			}
 			p.mu.Unlock()
 		})
 	}, nil
+}
+
+// handOn lets go of the oldest released reservation as a reply (a message that ends a call) is
+// queued: its bytes count as unwritten from now. Each reservation's own reply comes after its
+// release, so none is held past it (another call's reply may take it first: released a little
+// early, as before). Called with pool.mu held, closesQueued counting the reply.
+func (t *Transport) handOn() {
+	if len(t.handoff) > 0 {
+		t.letGo(1)
+	}
+}
+
+// trimHandoff lets go of the released reservations no reply can still come for: more than the
+// calls in flight whose reply is not queued yet (a reservation made outside a call, or a call
+// that ended without one). Called with pool.mu held.
+func (t *Transport) trimHandoff() {
+	if k := len(t.handoff) - max(t.calls-t.closesQueued, 0); k > 0 {
+		t.letGo(k)
+	}
+}
+
+// letGo releases the k oldest reservations of handoff. Called with pool.mu held.
+func (t *Transport) letGo(k int) {
+	for _, n := range t.handoff[:k] {
+		t.reserved -= n
+		t.handoffBytes -= n
+		t.pool.reserved -= n
+	}
+	clear(t.handoff[:k])
+	t.handoff = t.handoff[k:]
+	if t.pool.replyWaits > 0 { // only reservations wait on what is reserved
+		t.pool.cond.Broadcast()
+	}
 }
 
 // mayRead reports whether the connection may read another message. Called with pool.mu held.
@@ -959,6 +1020,7 @@ func (t *Transport) write() {
 		if m.closesCall {
 			t.calls--
 			p.calls--
+			t.closesQueued--
 		}
 		m.written = true
 		release := m.released
@@ -1000,7 +1062,7 @@ func (t *Transport) teardown() {
 	p.unfinishedBytes -= t.unfinishedBytes
 	p.unreturned -= len(t.questions)
 	p.reserved -= t.reserved
-	t.reserved = 0
+	t.reserved, t.handoff, t.handoffBytes, t.closesQueued = 0, nil, 0, 0
 	p.exports -= t.exportsSeen
 	t.exportsSeen = 0
 	delete(p.all, t)
@@ -1079,6 +1141,10 @@ func (m *outgoing) Send() error {
 	t.queue = append(t.queue, m)
 	t.bytes += m.size
 	p.bytes += m.size
+	if m.closesCall {
+		t.closesQueued++
+		t.handOn()
+	}
 	t.wcond.Signal()
 	if msg.Which() == rpccp.Message_Which_call {
 		c, _ := msg.Call()

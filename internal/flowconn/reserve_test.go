@@ -5,9 +5,14 @@ import (
 	"net"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
+	"capnproto.org/go/capnp/v3"
+	"capnproto.org/go/capnp/v3/rpc"
 	"github.com/itx-dev/itx/internal/flowconn"
+	"github.com/itx-dev/itx/schema"
 )
 
 // TestTransport_ReserveReply: a reservation that would pass the connection's reply-bytes bound
@@ -81,4 +86,168 @@ func (c *checkedCtx) Err() error {
 	err := c.Context.Err()
 	c.once.Do(func() { close(c.checked) })
 	return err
+}
+
+// reservingGateway's version() runs concurrently with other calls (as itxd's reads do). The first
+// call reserves 80 bytes, releases them, tells released, and returns (its reply queued) once goOn
+// is closed: a handler between its release and its reply. Later calls reserve 30 bytes and tell
+// granted once they have them.
+type reservingGateway struct {
+	t        *flowconn.Transport
+	calls    atomic.Int32
+	released chan<- *flowconn.Transport
+	granted  chan<- struct{}
+	goOn     <-chan struct{}
+	// late, when set, takes the first call's release instead: it is called after the reply.
+	// Later calls then tell started and wait for reserveNow before they reserve.
+	late       chan<- func()
+	started    chan<- struct{}
+	reserveNow <-chan struct{}
+}
+
+func (g *reservingGateway) Login(ctx context.Context, call schema.Gateway_login) error {
+	g.t.Authenticate()
+	return nil
+}
+
+func (g *reservingGateway) Version(ctx context.Context, call schema.Gateway_version) error {
+	call.Go()
+	first := g.calls.Add(1) == 1
+	n := int64(30)
+	if first {
+		n = 80
+	}
+	if !first && g.late != nil {
+		g.started <- struct{}{}
+		<-g.reserveNow
+	}
+	release, err := g.t.ReserveReply(ctx, n, nil)
+	if err != nil {
+		return err
+	}
+	if first && g.late != nil {
+		g.late <- release
+		res, err := call.AllocResults()
+		if err != nil {
+			return err
+		}
+		return res.SetServer("ok")
+	}
+	release()
+	if first {
+		g.released <- g.t
+		<-g.goOn
+	} else {
+		g.granted <- struct{}{}
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	return res.SetServer("ok")
+}
+
+// A call's reservation counts until its reply is queued, not only until the call releases it:
+// go-capnp queues the reply after the handler returns (and so after its deferred release), and a
+// read reserving in between went past the bound (TestItxd_PipelinedLargeReadsStayWithinTheReplyBound
+// saw 26.4 MiB queued against a bound of 16 MiB and two pages, once, in CI).
+func TestTransport_ReservationCountsUntilTheReplyIsQueued(t *testing.T) {
+	pool := flowconn.NewPool(reservingLimits)
+	released, granted, goOn := make(chan *flowconn.Transport, 1), make(chan struct{}, 1), make(chan struct{})
+	letGoOn := sync.OnceFunc(func() { close(goOn) })
+	defer letGoOn() // also on a failure: the handler must return for the connection to close
+	g := &reservingGateway{released: released, granted: granted, goOn: goOn}
+	conn, gw := serveReserving(t, pool, g)
+	first, rel := gw.Version(context.Background(), nil)
+	defer rel()
+	<-released // the first call released its 80 bytes; its reply is not queued yet
+	second, rel2 := gw.Version(context.Background(), nil)
+	defer rel2()
+	defer conn.Close() // first on a failure: the releases above wait for answers otherwise
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for pool.Stats().ReplyWaits != 1 { // the second call waits (counted without a wake-up)
+		select {
+		case <-granted:
+			t.Fatal("30 bytes were reserved while the 80 released by a call whose reply is not queued still counted against the bound of 100")
+		case <-ctx.Done():
+			t.Fatal("the second call's reservation neither waited nor was granted")
+		default:
+			runtime.Gosched()
+		}
+	}
+	letGoOn() // the first handler returns: its reply is queued, and its reservation goes with it
+	select {
+	case <-granted:
+	case <-ctx.Done():
+		t.Fatal("the reservation was not granted once the first call's reply was queued")
+	}
+	if _, err := first.Struct(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := second.Struct(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// reservingLimits: a reply-bytes bound of 100 and room for everything else.
+var reservingLimits = flowconn.Limits{Bytes: 100, GlobalBytes: 1 << 20, Calls: 8, CallBytes: 1 << 20, GlobalCallBytes: 1 << 20,
+	PreAuthCalls: 8, PreAuthBytes: 1 << 20, Unfinished: 8, UnfinishedBytes: 1 << 20, PreAuthUnfinished: 8, PreAuthUnfinishedBytes: 1 << 20, LoginTimeout: noLoginTimeout}
+
+// serveReserving serves g on a connection of pool (setting g.t) and returns a logged-in client.
+func serveReserving(t *testing.T, pool *flowconn.Pool, g *reservingGateway) (*rpc.Conn, schema.Gateway) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		tr, err := pool.Open(c)
+		if err != nil {
+			return
+		}
+		g.t = tr
+		conn := rpc.NewConn(tr, &rpc.Options{BootstrapClient: capnp.Client(schema.Gateway_ServerToClient(g))})
+		t.Cleanup(func() { conn.Close() })
+	}()
+	conn, gw := dialGateway(t, ln.Addr().String())
+	login, release := gw.Login(context.Background(), nil)
+	call(t, login, release) // before login a connection reads one call at a time
+	return conn, gw
+}
+
+// A reservation released after its call's reply was queued (no handler in itxd does that) is
+// handed on by no reply: with nothing else held and no other call to hand it on, the next call's
+// reservation goes rather than wait for ever.
+func TestTransport_ReservationReleasedAfterItsReplyBlocksNoOne(t *testing.T) {
+	pool := flowconn.NewPool(reservingLimits)
+	late, granted, started, reserveNow := make(chan func(), 1), make(chan struct{}, 1), make(chan struct{}, 1), make(chan struct{})
+	conn, gw := serveReserving(t, pool, &reservingGateway{late: late, granted: granted, started: started, reserveNow: reserveNow})
+	first, rel := gw.Version(context.Background(), nil)
+	defer rel()
+	if _, err := first.Struct(); err != nil { // its reply is queued (and read)
+		t.Fatal(err)
+	}
+	second, rel2 := gw.Version(context.Background(), nil)
+	defer rel2()
+	defer conn.Close() // first on a failure: the releases above wait for answers otherwise
+	<-started          // the second call is in flight
+	(<-late)()         // 80 bytes released now, with no reply to come for them but the second call's
+	close(reserveNow)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	select {
+	case <-granted:
+	case <-ctx.Done():
+		t.Fatal("a call waited for room held by a reservation no reply will hand on")
+	}
+	if _, err := second.Struct(); err != nil {
+		t.Fatal(err)
+	}
 }
