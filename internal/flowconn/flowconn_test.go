@@ -73,8 +73,24 @@ func serveHeld(t *testing.T, pool *flowconn.Pool, hold <-chan struct{}, answered
 	if err != nil {
 		t.Fatal(err)
 	}
-	var conns sync.WaitGroup
-	t.Cleanup(func() { ln.Close(); conns.Wait() })
+	// The connections are closed by the one cleanup registered here: a t.Cleanup from the accept
+	// goroutine raced with the test's end (seen under -race).
+	var (
+		conns  sync.WaitGroup
+		mu     sync.Mutex
+		open   []*rpc.Conn
+		closed bool
+	)
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		closed = true
+		for _, c := range open {
+			c.Close()
+		}
+		mu.Unlock()
+		conns.Wait()
+	})
 	go func() {
 		for {
 			c, err := ln.Accept()
@@ -86,9 +102,16 @@ func serveHeld(t *testing.T, pool *flowconn.Pool, hold <-chan struct{}, answered
 				continue // refused: the client got an Abort saying why
 			}
 			conn := rpc.NewConn(tr, &rpc.Options{BootstrapClient: capnp.Client(schema.Gateway_ServerToClient(&gateway{t: tr, project: true, hold: hold, answered: answered}))})
-			conns.Add(1)
+			mu.Lock()
+			if closed {
+				mu.Unlock()
+				conn.Close()
+				return
+			}
+			conns.Add(1) // before the cleanup's Wait, which comes after closed is set
+			open = append(open, conn)
+			mu.Unlock()
 			go func() { defer conns.Done(); <-conn.Done() }()
-			t.Cleanup(func() { conn.Close() })
 		}
 	}()
 	return ln.Addr().String()

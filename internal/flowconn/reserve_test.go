@@ -202,8 +202,15 @@ func serveReserving(t *testing.T, pool *flowconn.Pool, g *reservingGateway) (*rp
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ln.Close() })
+	served := make(chan *rpc.Conn, 1)
+	t.Cleanup(func() {
+		ln.Close()
+		if conn := <-served; conn != nil {
+			conn.Close()
+		}
+	})
 	go func() {
+		defer close(served)
 		c, err := ln.Accept()
 		if err != nil {
 			return
@@ -213,8 +220,7 @@ func serveReserving(t *testing.T, pool *flowconn.Pool, g *reservingGateway) (*rp
 			return
 		}
 		g.t = tr
-		conn := rpc.NewConn(tr, &rpc.Options{BootstrapClient: capnp.Client(schema.Gateway_ServerToClient(g))})
-		t.Cleanup(func() { conn.Close() })
+		served <- rpc.NewConn(tr, &rpc.Options{BootstrapClient: capnp.Client(schema.Gateway_ServerToClient(g))})
 	}()
 	conn, gw := dialGateway(t, ln.Addr().String())
 	login, release := gw.Login(context.Background(), nil)
