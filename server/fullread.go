@@ -42,9 +42,9 @@ func (s *Server) whileFull(ctx context.Context, ref StreamRef, loadErr error, re
 	// Each turn waits for a load or an unload another call started (never starting one, so
 	// two readers cannot keep failing each other's turns with loads of their own). Readers
 	// paging the same stream start a load at each page before they come here, so a reader may
-	// join several of theirs, each failing at once, before it finds no load under way: 8 turns
-	// ran out so once in a CI run with 4 readers on 2 streams (TestDiskFull_UnloadedStreams-
-	// StayReadable). Every turn waits on another call, none spins.
+	// join several of theirs, each failing at once, before it finds no load under way. Every
+	// turn waits on another call, none spins: a failed load leaves the registry before its
+	// failure is published (abandonLoad), so no turn joins the same failed load twice.
 	for range 64 {
 		s.mu.Lock()
 		if s.closing {

@@ -111,18 +111,28 @@ func (s *Server) anyIdleLocked() bool {
 }
 
 // abandonLoad gives up on loading a: callers waiting on it see err, and the next acquire of
-// the stream starts afresh.
+// the stream starts afresh. a leaves the registry before its failure is published: a call that
+// finds a in the registry, joins it and sees it failed (whileFull) must not find it there again.
+// The other order left a window, between ready closed and the registry's lock taken, in which
+// whileFull's turns each joined this one failed load, at once, 64 times over when this goroutine
+// was descheduled (a loaded machine), and answered a full disk's read with the load's error.
 func (s *Server) abandonLoad(a *actor, err error) error {
 	a.loadErr = err
-	close(a.ready)
 	s.mu.Lock()
 	if s.actors[a.ref] == a {
 		delete(s.actors, a.ref)
 	}
 	s.mu.Unlock()
+	close(a.ready)
+	if loadAbandonedHook != nil {
+		loadAbandonedHook(a.ref)
+	}
 	s.release(a)
 	return err
 }
+
+// loadAbandonedHook, when set (tests), runs in abandonLoad once the failed load is published.
+var loadAbandonedHook func(StreamRef)
 
 // pin takes a reference on a loaded actor for work the stream itself owes (a deliverer with
 // events due), keeping it loaded; release drops it. It fails once the actor has been chosen for
