@@ -77,7 +77,7 @@ func (b *BackupSource) CopyTo(ctx context.Context, dest string) (int64, error) {
 	if err := createPrivate(dest); err != nil {
 		return 0, fmt.Errorf("backup to %s: %w", dest, err)
 	}
-	db, err := sql.Open(backupDriver, "file:"+dest+"?mode=rw&_mutex=no")
+	db, err := sql.Open(backupDriver, fileURI(dest)+"?mode=rw&_mutex=no")
 	if err != nil {
 		return 0, fmt.Errorf("backup to %s: %w", dest, err)
 	}

@@ -39,7 +39,7 @@ func OpenSnapshot(ctx context.Context, file string) (*Snapshot, error) {
 	if err := walEmpty(file); err != nil {
 		return nil, err
 	}
-	db, err := sql.Open(snapshotDriver, "file:"+file+"?mode=ro&immutable=1&_mutex=no")
+	db, err := sql.Open(snapshotDriver, fileURI(file)+"?mode=ro&immutable=1&_mutex=no")
 	if err != nil {
 		return nil, fmt.Errorf("open stream snapshot %s: %w", file, err)
 	}

@@ -88,13 +88,21 @@ func openPool(path string, create bool, maxConns int, params ...string) (*sql.DB
 	// database/sql hands a connection to one goroutine at a time and locks it around every driver
 	// call, so the mutex only cost a lock and unlock per sqlite3_step and per column read (10% of
 	// a catch-up scan's CPU, measured with perf).
-	db, err := sql.Open(openDriver, "file:"+path+"?mode="+mode+"&_txlock=immediate&_mutex=no"+strings.Join(params, "")+openDSNSuffix)
+	db, err := sql.Open(openDriver, fileURI(path)+"?mode="+mode+"&_txlock=immediate&_mutex=no"+strings.Join(params, "")+openDSNSuffix)
 	if err != nil {
 		return nil, err
 	}
 	db.SetMaxOpenConns(maxConns)
 	db.SetMaxIdleConns(maxConns)
 	return db, nil
+}
+
+// fileURI is path as the "file:" URI every database is opened by (its parameters follow a '?').
+// SQLite reads the URI's path up to a '?' or '#' and decodes %HH in it, and mattn takes its own
+// parameters from the first '?': a path holding any of the three is written escaped, or a data
+// directory such as /srv/itx#2 had its databases opened at /srv/itx.
+func fileURI(path string) string {
+	return "file:" + strings.NewReplacer("%", "%25", "?", "%3f", "#", "%23").Replace(path)
 }
 
 // FileMode is the mode of every database file itx creates. SQLite gives a database's -wal and
