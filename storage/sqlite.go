@@ -101,9 +101,9 @@ func openPool(path string, create bool, maxConns int, params ...string) (*sql.DB
 // SQLite reads the URI's path up to a '?' or '#' and decodes %HH in it, and mattn takes its own
 // parameters from the first '?': a path holding any of the three is written escaped, or a data
 // directory such as /srv/itx#2 had its databases opened at /srv/itx.
-func fileURI(path string) string {
-	return "file:" + strings.NewReplacer("%", "%25", "?", "%3f", "#", "%23").Replace(path)
-}
+func fileURI(path string) string { return "file:" + uriPathEscaper.Replace(path) }
+
+var uriPathEscaper = strings.NewReplacer("%", "%25", "?", "%3f", "#", "%23")
 
 // FileMode is the mode of every database file itx creates. SQLite gives a database's -wal and
 // -shm files the mode of the database itself, so creating the (empty, hence valid) database file

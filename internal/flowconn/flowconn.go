@@ -616,10 +616,10 @@ func (t *Transport) ReserveReply(ctx context.Context, n int64, onWait func()) (r
 		once.Do(func() {
 			p.mu.Lock()
 			if !t.torndown {
-				// The room stays reserved until a reply is queued (handOn): the caller releases it
-				// as its handler returns, and go-capnp queues the reply after that, so letting it
-				// go now let another read reserve before those bytes counted (with many handlers
-				// between the two under load, the bound was passed by a page each).
+				// The room stays reserved until a reply is queued (outgoing.Send): the caller
+				// releases it as its handler returns, and go-capnp queues the reply after that, so
+				// letting it go now let another read reserve before those bytes counted (with many
+				// handlers between the two under load, the bound was passed by a page each).
 				t.handoff = append(t.handoff, n)
 				t.handoffBytes += n
 				t.trimHandoff()
@@ -632,16 +632,6 @@ func (t *Transport) ReserveReply(ctx context.Context, n int64, onWait func()) (r
 	}, nil
 }
 
-// handOn lets go of the oldest released reservation as a reply (a message that ends a call) is
-// queued: its bytes count as unwritten from now. Each reservation's own reply comes after its
-// release, so none is held past it (another call's reply may take it first: released a little
-// early, as before). Called with pool.mu held, closesQueued counting the reply.
-func (t *Transport) handOn() {
-	if len(t.handoff) > 0 {
-		t.letGo(1)
-	}
-}
-
 // trimHandoff lets go of the released reservations no reply can still come for: more than the
 // calls in flight whose reply is not queued yet (a reservation made outside a call, or a call
 // that ended without one). Called with pool.mu held.
@@ -651,7 +641,8 @@ func (t *Transport) trimHandoff() {
 	}
 }
 
-// letGo releases the k oldest reservations of handoff. Called with pool.mu held.
+// letGo releases the k oldest reservations of handoff; the caller wakes the waiting
+// reservations. Called with pool.mu held.
 func (t *Transport) letGo(k int) {
 	for _, n := range t.handoff[:k] {
 		t.reserved -= n
@@ -660,9 +651,6 @@ func (t *Transport) letGo(k int) {
 	}
 	clear(t.handoff[:k])
 	t.handoff = t.handoff[k:]
-	if t.pool.replyWaits > 0 { // only reservations wait on what is reserved
-		t.pool.cond.Broadcast()
-	}
 }
 
 // mayRead reports whether the connection may read another message. Called with pool.mu held.
@@ -1142,8 +1130,16 @@ func (m *outgoing) Send() error {
 	t.bytes += m.size
 	p.bytes += m.size
 	if m.closesCall {
+		// The oldest released reservation goes as a reply is queued: its bytes count as
+		// unwritten from now. Each reservation's own reply comes after its release, so none is
+		// held past it (another call's reply may take it first: released a little early).
 		t.closesQueued++
-		t.handOn()
+		if len(t.handoff) > 0 {
+			t.letGo(1)
+			if p.replyWaits > 0 { // only reservations wait on what is reserved
+				p.cond.Broadcast()
+			}
+		}
 	}
 	t.wcond.Signal()
 	if msg.Which() == rpccp.Message_Which_call {

@@ -88,21 +88,12 @@ func (c *checkedCtx) Err() error {
 	return err
 }
 
-// reservingGateway's version() runs concurrently with other calls (as itxd's reads do). The first
-// call reserves 80 bytes, releases them, tells released, and returns (its reply queued) once goOn
-// is closed: a handler between its release and its reply. Later calls reserve 30 bytes and tell
-// granted once they have them.
+// reservingGateway's version() runs concurrently with other calls (as itxd's reads do), each
+// running handle with its number (1, 2, ... in the order they arrive) before it answers.
 type reservingGateway struct {
-	t        *flowconn.Transport
-	calls    atomic.Int32
-	released chan<- *flowconn.Transport
-	granted  chan<- struct{}
-	goOn     <-chan struct{}
-	// late, when set, takes the first call's release instead: it is called after the reply.
-	// Later calls then tell started and wait for reserveNow before they reserve.
-	late       chan<- func()
-	started    chan<- struct{}
-	reserveNow <-chan struct{}
+	t      *flowconn.Transport
+	calls  atomic.Int32
+	handle func(ctx context.Context, t *flowconn.Transport, n int32) error
 }
 
 func (g *reservingGateway) Login(ctx context.Context, call schema.Gateway_login) error {
@@ -112,33 +103,8 @@ func (g *reservingGateway) Login(ctx context.Context, call schema.Gateway_login)
 
 func (g *reservingGateway) Version(ctx context.Context, call schema.Gateway_version) error {
 	call.Go()
-	first := g.calls.Add(1) == 1
-	n := int64(30)
-	if first {
-		n = 80
-	}
-	if !first && g.late != nil {
-		g.started <- struct{}{}
-		<-g.reserveNow
-	}
-	release, err := g.t.ReserveReply(ctx, n, nil)
-	if err != nil {
+	if err := g.handle(ctx, g.t, g.calls.Add(1)); err != nil {
 		return err
-	}
-	if first && g.late != nil {
-		g.late <- release
-		res, err := call.AllocResults()
-		if err != nil {
-			return err
-		}
-		return res.SetServer("ok")
-	}
-	release()
-	if first {
-		g.released <- g.t
-		<-g.goOn
-	} else {
-		g.granted <- struct{}{}
 	}
 	res, err := call.AllocResults()
 	if err != nil {
@@ -150,29 +116,56 @@ func (g *reservingGateway) Version(ctx context.Context, call schema.Gateway_vers
 // A call's reservation counts until its reply is queued, not only until the call releases it:
 // go-capnp queues the reply after the handler returns (and so after its deferred release), and a
 // read reserving in between went past the bound (TestItxd_PipelinedLargeReadsStayWithinTheReplyBound
-// saw 26.4 MiB queued against a bound of 16 MiB and two pages, once, in CI).
+// saw 26.4 MiB queued against a bound of 16 MiB and two pages, once, in CI). The queued reply
+// hands the room on at once, though another call (one that reserves nothing) is still in flight.
 func TestTransport_ReservationCountsUntilTheReplyIsQueued(t *testing.T) {
 	pool := flowconn.NewPool(reservingLimits)
-	released, granted, goOn := make(chan *flowconn.Transport, 1), make(chan struct{}, 1), make(chan struct{})
+	released, blocking, granted := make(chan struct{}, 1), make(chan struct{}, 1), make(chan struct{}, 1)
+	goOn, unblock := make(chan struct{}), make(chan struct{})
 	letGoOn := sync.OnceFunc(func() { close(goOn) })
-	defer letGoOn() // also on a failure: the handler must return for the connection to close
-	g := &reservingGateway{released: released, granted: granted, goOn: goOn}
-	conn, gw := serveReserving(t, pool, g)
+	defer close(unblock) // also on a failure: the handlers must return for the connection to close
+	defer letGoOn()
+	conn, gw := serveReserving(t, pool, &reservingGateway{handle: func(ctx context.Context, tr *flowconn.Transport, n int32) error {
+		switch n {
+		case 1: // reserves 80 bytes and releases them; its reply is queued once goOn is closed
+			release, err := tr.ReserveReply(ctx, 80, nil)
+			if err != nil {
+				return err
+			}
+			release()
+			released <- struct{}{}
+			<-goOn
+		case 2: // in flight till the end, holding nothing
+			blocking <- struct{}{}
+			<-unblock
+		default: // reserves 30 bytes
+			release, err := tr.ReserveReply(ctx, 30, nil)
+			if err != nil {
+				return err
+			}
+			release()
+			granted <- struct{}{}
+		}
+		return nil
+	}})
 	first, rel := gw.Version(context.Background(), nil)
 	defer rel()
 	<-released // the first call released its 80 bytes; its reply is not queued yet
-	second, rel2 := gw.Version(context.Background(), nil)
-	defer rel2()
+	_, relBlocker := gw.Version(context.Background(), nil)
+	defer relBlocker()
+	<-blocking
+	third, rel3 := gw.Version(context.Background(), nil)
+	defer rel3()
 	defer conn.Close() // first on a failure: the releases above wait for answers otherwise
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	for pool.Stats().ReplyWaits != 1 { // the second call waits (counted without a wake-up)
+	for pool.Stats().ReplyWaits != 1 { // the third call waits (counted without a wake-up)
 		select {
 		case <-granted:
 			t.Fatal("30 bytes were reserved while the 80 released by a call whose reply is not queued still counted against the bound of 100")
 		case <-ctx.Done():
-			t.Fatal("the second call's reservation neither waited nor was granted")
+			t.Fatal("the third call's reservation neither waited nor was granted")
 		default:
 			runtime.Gosched()
 		}
@@ -186,7 +179,7 @@ func TestTransport_ReservationCountsUntilTheReplyIsQueued(t *testing.T) {
 	if _, err := first.Struct(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := second.Struct(); err != nil {
+	if _, err := third.Struct(); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -234,7 +227,25 @@ func serveReserving(t *testing.T, pool *flowconn.Pool, g *reservingGateway) (*rp
 func TestTransport_ReservationReleasedAfterItsReplyBlocksNoOne(t *testing.T) {
 	pool := flowconn.NewPool(reservingLimits)
 	late, granted, started, reserveNow := make(chan func(), 1), make(chan struct{}, 1), make(chan struct{}, 1), make(chan struct{})
-	conn, gw := serveReserving(t, pool, &reservingGateway{late: late, granted: granted, started: started, reserveNow: reserveNow})
+	conn, gw := serveReserving(t, pool, &reservingGateway{handle: func(ctx context.Context, tr *flowconn.Transport, n int32) error {
+		if n == 1 { // reserves 80 bytes and answers; the test releases them after the reply
+			release, err := tr.ReserveReply(ctx, 80, nil)
+			if err != nil {
+				return err
+			}
+			late <- release
+			return nil
+		}
+		started <- struct{}{}
+		<-reserveNow
+		release, err := tr.ReserveReply(ctx, 30, nil)
+		if err != nil {
+			return err
+		}
+		release()
+		granted <- struct{}{}
+		return nil
+	}})
 	first, rel := gw.Version(context.Background(), nil)
 	defer rel()
 	if _, err := first.Struct(); err != nil { // its reply is queued (and read)
