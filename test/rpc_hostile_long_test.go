@@ -264,14 +264,10 @@ func goroutineProfile(t *testing.T, s *benchItxd) string {
 func itxdMemory(t *testing.T, s *benchItxd) (heap, goroutines float64) {
 	t.Helper()
 	for i := range 3 {
-		resp, err := http.Get("http://" + s.metrics + "/debug/pprof/heap?gc=1&debug=1")
-		require.NoError(t, err)
-		b, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		require.NoError(t, err)
-		m := regexp.MustCompile(`(?m)^# HeapAlloc = (\d+)$`).FindSubmatch(b)
+		b := heapProfileText(t, s)
+		m := regexp.MustCompile(`(?m)^# HeapAlloc = (\d+)$`).FindStringSubmatch(b)
 		require.NotNil(t, m, "no HeapAlloc in itxd's heap profile")
-		h, err := strconv.ParseFloat(string(m[1]), 64)
+		h, err := strconv.ParseFloat(m[1], 64)
 		require.NoError(t, err)
 		g := goroutinesOf(t, s)
 		if i == 0 || h < heap {
@@ -285,6 +281,17 @@ func itxdMemory(t *testing.T, s *benchItxd) (heap, goroutines float64) {
 	return heap, goroutines
 }
 
+// heapProfileText is itxd's heap profile after a GC, as text (debug=1).
+func heapProfileText(t *testing.T, s *benchItxd) string {
+	t.Helper()
+	resp, err := http.Get("http://" + s.metrics + "/debug/pprof/heap?gc=1&debug=1")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return string(b)
+}
+
 // heldByCalls is the live heap (after a GC; the least of three looks) allocated under go-capnp's
 // or itx's code, from itxd's heap profile with every allocation profiled
 // (startLongItxdProfiled). The whole heap moved with the machine's load, not with what a client
@@ -295,12 +302,7 @@ func heldByCalls(t *testing.T, s *benchItxd) float64 {
 	t.Helper()
 	least := -1.0
 	for range 3 {
-		resp, err := http.Get("http://" + s.metrics + "/debug/pprof/heap?gc=1&debug=1")
-		require.NoError(t, err)
-		b, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		require.NoError(t, err)
-		held := heldByCallsIn(string(b))
+		held := heldByCallsIn(heapProfileText(t, s))
 		if least < 0 || held < least {
 			least = held
 		}
