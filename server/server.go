@@ -101,8 +101,8 @@ type Config struct {
 	// limitExceeded and writes nothing. Default itx.MaxTokensPerProject.
 	MaxTokensPerProject int
 	// MaxWebhooksInFlight bounds the webhook requests itxd has open at once, over every
-	// subscription (each holds a socket); a delivery waits for a slot within its delivery
-	// timeout. Default 1,024.
+	// subscription (each holds a socket); a delivery waits for a slot before its delivery
+	// timeout starts (waiting holds no socket). Default 1,024.
 	MaxWebhooksInFlight int
 	// MaxWebhookResponseHeaderBytes bounds the header of a webhook's answer (status line and
 	// header fields) that itxd reads; a longer one fails the delivery as an outage. Without it

@@ -279,7 +279,7 @@ func run() error {
 	backupDir := flag.String("backup-dir", "", "write a backup of the data directory here (an absolute path that exists, outside the data directory) every --backup-every, named itx-backup-<UTC time>")
 	backupEvery := flag.Duration("backup-every", 0, "how often to write a scheduled backup into --backup-dir (0: never); the first is due this long after the newest one there")
 	backupKeep := flag.Int("backup-keep", server.DefaultBackupKeep, "scheduled backups kept in --backup-dir; older ones are deleted after each new one")
-	maxWebhooks := flag.Int("webhook-max-in-flight", 1024, "webhook requests open at once over all subscriptions; a delivery waits for one within its delivery timeout")
+	maxWebhooks := flag.Int("webhook-max-in-flight", 1024, "webhook requests open at once over all subscriptions; a delivery waits for one before its delivery timeout starts")
 	webhookHeader := flag.Int64("webhook-max-response-header-bytes", server.DefaultMaxWebhookResponseHeaderBytes, "bytes of a webhook answer's status line and header fields itxd reads; a longer header fails the delivery, retried as an outage")
 	maxHeld := flag.Int("max-held-streams", 0, "streams loaded at once, in use or not; a call needing one more fails with limitExceeded (0: from the open-file limit, (RLIMIT_NOFILE - 1024 - --rpc-max-connections - --webhook-max-in-flight - --metrics-max-connections) / 8, between 256 and 16384)")
 	burst := flag.Int("breaker-burst", 0, "circuit breaker burst per stream, in events (0: 100000)")
