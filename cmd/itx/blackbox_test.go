@@ -239,6 +239,28 @@ func TestBlackbox_ExitCalledAsAFunction(t *testing.T) {
 	require.Contains(t, out, "Commands:")
 }
 
+// TestBlackbox_HelpTakesAnInterfaceWithoutTheDot: .help says help works without the dot;
+// help Stream (and Python's help("Stream")) show the interface as .help Stream does, rather
+// than a SyntaxError or a ReferenceError, while "help in x" stays JavaScript.
+func TestBlackbox_HelpTakesAnInterfaceWithoutTheDot(t *testing.T) {
+	ts := startServer(t)
+	c := newCLI(t)
+	c.env["ITX_ADDR"], c.env["ITX_TOKEN"] = ts.addr, ts.token
+	_, want, errs := c.run(".help Readers\n")
+	require.Contains(t, want, "Readers:\n  register(", errs)
+	for _, line := range []string{"help Readers", "help readers;", `help("Readers")`, "help('Readers')"} {
+		code, out, errs := c.run(line + "\n")
+		require.Equal(t, exitOK, code, "%s: %s", line, errs)
+		require.Equal(t, want, out, line)
+	}
+	code, _, errs := c.run("help in {}\n")
+	require.Equal(t, exitError, code)
+	require.Contains(t, errs, "ReferenceError: help is not defined")
+	code, _, errs = c.run("help Nothing\n")
+	require.Equal(t, exitUsage, code)
+	require.Contains(t, errs, `no interface "Nothing"`)
+}
+
 // TestBlackbox_CtrlCWhileReconnectingIsCancelled: with itxd gone, a call at the prompt waits
 // for the reconnect; Ctrl-C cancels it, and says so (the call was never sent), rather than
 // reporting the last failed dial as if itxd were the matter. The loss is announced once.

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"strings"
 
 	"github.com/chzyer/readline"
@@ -149,7 +150,10 @@ func CommandLine(src string) (string, bool) {
 
 // commandLine reports whether line is a command rather than JavaScript: a dot-command
 // (".help Stream"), or help, exit or quit typed as a bare word, as a person would, or called
-// as Python's prompt has them (exit()), a semicolon after either taken too.
+// as Python's prompt has them (exit()), a semicolon after either taken too. help also takes an
+// interface that way (help Stream, help("Stream")), as .help does: neither is JavaScript that
+// could mean anything else (two names side by side alone on a line are a syntax error, and
+// help is no JavaScript name here; "help in x" has more after them and stays JavaScript).
 func commandLine(line string) (string, bool) {
 	t := strings.TrimSpace(line)
 	if strings.HasPrefix(t, ".") {
@@ -160,8 +164,14 @@ func commandLine(line string) (string, bool) {
 	case "help", "exit", "quit":
 		return word, true
 	}
+	if m := helpWithInterface.FindStringSubmatch(word); m != nil {
+		return "help " + m[1] + m[2], true
+	}
 	return "", false
 }
+
+// helpWithInterface matches help given an interface's name as a bare word or a quoted string.
+var helpWithInterface = regexp.MustCompile(`^help(?:\s+([A-Za-z]+)|\s*\(\s*["']([A-Za-z]+)["']\s*\))$`)
 
 // RunLines evaluates src input by input (a line, or as many lines as a statement needs), as the
 // prompt does: each result is printed, an error is printed and the next input runs. It returns
