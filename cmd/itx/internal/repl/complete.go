@@ -26,6 +26,19 @@ func (s *Session) Complete(text string) (candidates []string, partial string) {
 		}
 		return candidates, partial
 	}
+	// .help's argument (help's too): the interfaces it knows, as its own usage error lists them.
+	if t := strings.TrimLeft(text, " \t"); strings.HasPrefix(t, ".help ") || strings.HasPrefix(t, "help ") {
+		_, arg, _ := strings.Cut(t, " ")
+		if arg = strings.TrimLeft(arg, " \t"); !strings.ContainsAny(arg, " \t") {
+			for _, name := range boundInterfaces() {
+				if strings.HasPrefix(name, arg) {
+					candidates = append(candidates, name)
+				}
+			}
+			return candidates, arg
+		}
+		return nil, ""
+	}
 	segments, ok := splitChain(trailingChain(text))
 	if !ok || len(segments) == 0 {
 		return nil, ""
