@@ -54,7 +54,7 @@ sim:
 
 ## generate: remake schema/itx.capnp.go (needs Debian's capnproto package). schema/include holds
 ## the go.capnp annotations, copied from the go-capnp module, so other languages compile the schema
-## without Go: capnp compile -I schema/include -oc++:out schema/itx.capnp
+## without Go: capnp compile -I schema/include -oc++:out --src-prefix=schema schema/itx.capnp
 generate:
 	$(GO) install $(CAPNP_GO)/capnpc-go@$$($(GO) list -m -f '{{.Version}}' $(CAPNP_GO))
 	cmp schema/include/go.capnp "$$($(GO) list -m -f '{{.Dir}}' $(CAPNP_GO))/std/go.capnp"

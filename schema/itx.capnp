@@ -6,7 +6,7 @@
 #
 # Compiling this file: it imports /go.capnp (annotations for the Go code generator only, ignored
 # by every other language), shipped in schema/include. From the repository root:
-#   capnp compile -I schema/include -oc++:out schema/itx.capnp
+#   mkdir -p out && capnp compile -I schema/include -oc++:out --src-prefix=schema schema/itx.capnp
 #
 # Errors. Every method fails with a Cap'n Proto exception whose reason contains
 #   "itx.<code>: <message>"
