@@ -468,3 +468,35 @@ func TestRun_AdminTokenWithoutProjectIsTheTokensOwn(t *testing.T) {
 	require.Equal(t, exitUsage, code)
 	require.Contains(t, errs, `unknown command "frobnicate"`, "a usage error is said before the missing token")
 }
+
+// Admin.listProjects(after, limit) pages at the prompt as Streams.list does: one page with a
+// limit (saying where the next starts), every page after `after` without. It took no
+// arguments ("takes no arguments, got an object"), though the README gives it after and limit.
+func TestRun_AdminListProjectsPages(t *testing.T) {
+	s := itxtest.Start(t, server.Config{})
+	c := newCLI(t)
+	run := func(expr string) (string, string) {
+		code, out, errs := c.run("", "--addr", s.Addr, "--token", s.Creds.DeploymentToken, "--json", "-e", expr)
+		require.Equal(t, exitOK, code, "%s: %s", expr, errs)
+		return strings.TrimSpace(out), errs
+	}
+	for _, name := range []string{"p1", "p2"} {
+		run(`project.admin.createProject("` + name + `").id`)
+	}
+	all, _ := run(`project.admin.listProjects().map(p => p.id)`)
+	var ids []string
+	require.NoError(t, json.Unmarshal([]byte(all), &ids))
+	require.Len(t, ids, 4, "default, deployment and the two made here")
+
+	out, errs := run(`project.admin.listProjects({limit: 1}).map(p => p.id)`)
+	require.Equal(t, `["`+ids[0]+`"]`, out)
+	require.Contains(t, errs, `more follow: listProjects("`+ids[0]+`", 1) for the next page`)
+	out, _ = run(`project.admin.listProjects("` + ids[0] + `", 2).map(p => p.id)`)
+	require.Equal(t, `["`+ids[1]+`","`+ids[2]+`"]`, out)
+	out, _ = run(`project.admin.listProjects({after: "` + ids[1] + `"}).map(p => p.id)`)
+	require.Equal(t, `["`+ids[2]+`","`+ids[3]+`"]`, out, "without a limit, every page after it")
+
+	code, _, errs := c.run("", "--addr", s.Addr, "--token", s.Creds.DeploymentToken, "--json", "-e", `project.admin.listProjects({limit: 20000})`)
+	require.Equal(t, exitError, code)
+	require.Contains(t, errs, `"code":"invalidArgument"`, "a larger limit is refused, as the README says")
+}

@@ -17,7 +17,7 @@ import (
 func init() {
 	bindings["Admin"] = map[string]binding{
 		"createProject": {"createProject(name) -> {id, name, token, tokenInfo} (the token is shown only now)", adminCreateProject},
-		"listProjects":  {"listProjects() -> [{id, name, deployment, createdAt, streamCount}]", adminListProjects},
+		"listProjects":  {"listProjects(after?, limit?) or listProjects({after, limit}) -> [{id, name, deployment, createdAt, streamCount}] (in id order, every page unless limit is given)", adminListProjects},
 		"renameProject": {"renameProject(projectId, name)", adminRenameProject},
 		"deleteProject": {"deleteProject(projectId, force?) (force: delete its streams and their files too)", adminDeleteProject},
 		"createToken":   {"createToken({projectId, label, prefix, rights: [\"read\", \"append\", \"subscribe\", \"admin\"], expiresInMs}) -> {token, info} (the token is shown only now)", adminCreateToken},
@@ -105,10 +105,33 @@ func adminCreateProject(ctx context.Context, s *Session, c capnp.Client, _ capPa
 	return CreatedProjectJS{ID: p.ID, Name: p.Name, Token: token, TokenInfo: TokenOf(t)}, nil
 }
 
-func adminListProjects(ctx context.Context, s *Session, c capnp.Client, _ capPath, _ []goja.Value) (any, error) {
-	list, err := client.ListProjects(ctx, schema.Admin(c))
+// adminListProjects pages as Streams.list does at the prompt: with a limit, the one page after
+// `after` (saying where the next starts); without, every page after it.
+func adminListProjects(ctx context.Context, s *Session, c capnp.Client, _ capPath, args []goja.Value) (any, error) {
+	o, err := s.params("Admin.listProjects", args, []string{"after", "limit"}, "after", "limit")
 	if err != nil {
 		return nil, err
+	}
+	after, limit := o.str("after"), o.uint("limit")
+	if err := o.err(); err != nil {
+		return nil, err
+	}
+	var list []itx.ProjectSummary
+	for {
+		page, next, err := client.ListProjectsPage(ctx, schema.Admin(c), after, int(limit))
+		if err != nil {
+			return nil, err
+		}
+		list = append(list, page...)
+		if next == "" {
+			break
+		}
+		if limit > 0 {
+			s.note("%s shown; more follow: listProjects(%q, %d) for the next page, or leave out the limit for all",
+				plural(len(list), "project"), next, limit)
+			break
+		}
+		after = next
 	}
 	out := make([]ProjectJS, len(list))
 	for i, p := range list {
