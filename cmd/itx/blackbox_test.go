@@ -295,3 +295,25 @@ func TestBlackbox_CtrlCWhileReconnectingIsCancelled(t *testing.T) {
 	out := term.dump()
 	require.Equal(t, 1, strings.Count(out, "lost the connection")+strings.Count(out, "was lost"), "%s", out)
 }
+
+// TestBlackbox_CtrlCWithCandidatesListedDropsTheLine: Ctrl-C at the prompt drops the line typed
+// so far, also while Tab's candidates are listed under it (once, or twice to pick one). It only
+// closed the list, the line kept, so what was typed next landed after it: a SyntaxError.
+func TestBlackbox_CtrlCWithCandidatesListedDropsTheLine(t *testing.T) {
+	ts := startServer(t)
+	for _, tabs := range []string{"\t", "\t\t"} {
+		term, _ := bbTerminal(t, ts, 120, 40)
+		term.send(`project.streams.get("/a").readers.`)
+		term.expect(`readers.`)
+		for range tabs {
+			term.send("\t")
+			term.expect("register(")
+		}
+		term.send("\x03")
+		term.expect("^C")
+		term.expect("itx> ")
+		term.send(`"after" + " ctrl-c"` + "\r")
+		term.expect(`"after ctrl-c"`)
+		require.NotContains(t, term.dump(), "SyntaxError", "tabs %q", tabs)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync/atomic"
 
 	"github.com/chzyer/readline"
 )
@@ -45,7 +46,21 @@ func (s *Session) RunTerminal(cfg TerminalConfig) error {
 	// ends that read.
 	stdin := readline.NewCancelableStdin(os.Stdin)
 	defer stdin.Close()
+	var instance atomic.Pointer[readline.Instance]
 	rl, err := readline.NewEx(&readline.Config{
+		// Ctrl-C drops the line being typed, whatever shows under it. With Tab's candidates
+		// listed, readline took the first press (two, once Tab was pressed again to pick
+		// one) as only closing the list, the line kept: the next keys typed landed after it
+		// (project.streams.1+1, a SyntaxError). Closing the list first lets the press do
+		// what it does at a bare prompt. The filter runs on readline's own loop, as the list.
+		FuncFilterInputRune: func(r rune) (rune, bool) {
+			if r == readline.CharInterrupt {
+				if in := instance.Load(); in != nil && in.Operation.IsInCompleteMode() {
+					in.Operation.ExitCompleteMode(false)
+				}
+			}
+			return r, true
+		},
 		Stdin:                  stdin,
 		Prompt:                 prompt,
 		HistoryFile:            cfg.HistoryFile,
@@ -59,6 +74,7 @@ func (s *Session) RunTerminal(cfg TerminalConfig) error {
 	if err != nil {
 		return err
 	}
+	instance.Store(rl)
 	defer func() {
 		stdin.Close()
 		rl.Close()
