@@ -160,3 +160,29 @@ func TestEval_MountServesAReceiver(t *testing.T) {
 	require.Equal(t, 0.0, s.mustEval(t, `acks.subscriptions.list()[0].confirmedOffset`), "not confirmed by the answer")
 	require.GreaterOrEqual(t, obj(t, s.mustEval(t, `acks.subscriptions.get("ack").confirm(1)`))["confirmedOffset"], 1.0)
 }
+
+// A mount itxd stops delivering to ends at once at the prompt: unmounted by name
+// (project.capabilities.unmount) or replaced by a new mount of the name, its take() says so
+// instead of waiting out its timeout (deadlineExceeded), as after its own unmount(); the
+// replacing mount goes on, and the replaced one's unmount() leaves it mounted.
+func TestEval_MountEndedByNameSaysSo(t *testing.T) {
+	ts := startServer(t)
+	s := newSession(t, ts)
+	s.mustEval(t, `var keep = project.capabilities.mount("keep")`) // another name: left as it is
+	s.mustEval(t, `var a = project.capabilities.mount("w1")`)
+	s.mustEval(t, `project.capabilities.unmount("w1")`)
+	got := obj(t, s.mustEval(t, `a.take(1, 20000)`))
+	require.Equal(t, map[string]any{"code": "cancelled", "message": "unmounted"}, got["closed"])
+
+	s.mustEval(t, `var b1 = project.capabilities.mount("w2"); var b2 = project.capabilities.mount("w2")`)
+	got = obj(t, s.mustEval(t, `b1.take(1, 20000)`))
+	require.Equal(t, "cancelled", obj(t, got["closed"])["code"])
+	require.Contains(t, obj(t, got["closed"])["message"], "replaced")
+	s.mustEval(t, `b1.unmount()`)
+	require.Equal(t, []any{"keep", "w2"}, arr(t, s.mustEval(t, `project.capabilities.list().map(m => m.name)`)))
+	require.Nil(t, obj(t, s.mustEval(t, `keep.take()`))["closed"])
+	s.mustEval(t, `var st = project.streams.get("/w2"); st.subscriptions.configure({name: "c", receiver: {type: "itx-call", capability: "w2"}, start: "now"}); st.append({type: "job"})`)
+	got = obj(t, s.mustEval(t, `b2.take(1, 20000)`))
+	require.Len(t, arr(t, got["batches"]), 1, "the replacing mount is delivered to")
+	require.Nil(t, got["closed"])
+}

@@ -1271,7 +1271,11 @@ func capabilitiesUnmount(ctx context.Context, s *Session, c capnp.Client, _ capP
 	if err != nil {
 		return nil, err
 	}
-	return nil, client.Unmount(ctx, schema.Capabilities(c), name)
+	if err := client.Unmount(ctx, schema.Capabilities(c), name); err != nil {
+		return nil, err
+	}
+	s.endMounts(name, &itx.Error{Code: itx.ECancelled, Message: "unmounted"})
+	return nil, nil
 }
 
 func processorHostsList(ctx context.Context, s *Session, c capnp.Client, _ capPath, _ []goja.Value) (any, error) {

@@ -98,6 +98,7 @@ func (r *receiverInbox) take() (batches []itx.DeliveryBatch, dropped int, closed
 
 // liveMount is a Receiver mounted from itx: releasing its handle unmounts it.
 type liveMount struct {
+	name     string
 	handle   schema.Handle
 	inbox    *receiverInbox
 	once     sync.Once
@@ -146,7 +147,9 @@ func capabilitiesMount(ctx context.Context, s *Session, c capnp.Client, _ capPat
 	if err != nil {
 		return nil, err
 	}
-	m := &liveMount{handle: res.Handle().AddRef(), inbox: inbox}
+	// The name's earlier mount from this session is replaced (itxd keeps one per name).
+	s.endMounts(name, &itx.Error{Code: itx.ECancelled, Message: "replaced: mounted again under the name"})
+	m := &liveMount{name: name, handle: res.Handle().AddRef(), inbox: inbox}
 	s.remember(m)
 
 	vm := s.vm
@@ -191,4 +194,23 @@ func capabilitiesMount(ctx context.Context, s *Session, c capnp.Client, _ capPat
 		return goja.Undefined()
 	})))
 	return obj, nil
+}
+
+// endMounts ends this session's mounts under name, which itxd no longer delivers to (unmounted
+// by name, or replaced by a new mount): their take() says why at once rather than waiting out
+// its timeout (itxd keeps holding the Receiver until the mount's handle is let go, so the
+// Receiver alone would not learn it), and their handles are let go.
+func (s *Session) endMounts(name string, why *itx.Error) {
+	var ended []*liveMount
+	s.liveMu.Lock()
+	for h := range s.live {
+		if m, ok := h.(*liveMount); ok && m.name == name && !m.released.Load() {
+			ended = append(ended, m)
+		}
+	}
+	s.liveMu.Unlock()
+	for _, m := range ended {
+		m.inbox.end(why)
+		s.forget(m)
+	}
 }
