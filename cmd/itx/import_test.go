@@ -53,7 +53,7 @@ func TestRun_Import(t *testing.T) {
 	code, _, errs = c.run(broken, append(conn, "import", "/broken")...)
 	require.Equal(t, exitError, code)
 	require.Contains(t, errs, "line 151 is not an event")
-	require.Contains(t, errs, "100 events before it imported")
+	require.Contains(t, errs, "100 events before it imported; lines 101-150 were read and not sent")
 	code, out, _ = c.run("", append(conn, "--json", "-e", `project.streams.get("/broken").describe().headOffset`)...)
 	require.Equal(t, exitOK, code)
 	require.Equal(t, "100", strings.TrimSpace(out), "the first batch committed; nothing after the bad line")
@@ -286,7 +286,7 @@ func TestRun_ImportLineTooLong(t *testing.T) {
 	input := `{"type": "small"}` + "\n" + `{"type": "huge", "payload": {"s": "` + strings.Repeat("x", 2<<20) + `"}}` + "\n"
 	code, _, errs := c.run(input, append(conn, "import", "/long")...)
 	require.Equal(t, exitError, code)
-	require.Equal(t, "tooLarge: import: line 2 is longer than 1.1 MiB, more than an event can hold (1.0 MiB); 0 events before it imported\n", errs)
+	require.Equal(t, "tooLarge: import: line 2 is longer than 1.1 MiB, more than an event can hold (1.0 MiB); 0 events before it imported; line 1 was read and not sent\n", errs)
 }
 
 // itx import reading a pipe whose producer pauses appends what it read when the producer pauses

@@ -145,6 +145,18 @@ func runImport(ctx context.Context, s *Session, args []string) error {
 		head = max(head, res.HeadOffset)
 	}
 	total := func() int { return added + duplicates + ignored }
+	// unsent names the lines read into the batch not yet sent, which an import stopped before
+	// sending it leaves out: whether those before a bad line went in depends on where the
+	// batches were cut, so a stop says which did not.
+	unsent := func() string {
+		switch {
+		case len(batch) == 0:
+			return ""
+		case first == last:
+			return fmt.Sprintf("; line %d was read and not sent", first)
+		}
+		return fmt.Sprintf("; lines %d-%d were read and not sent", first, last)
+	}
 	// interrupted is the error of an import stopped by Ctrl-C. The answers already in are
 	// counted; the batches sent and not yet answered may have committed or not, and nothing
 	// says which.
@@ -168,9 +180,7 @@ func runImport(ctx context.Context, s *Session, args []string) error {
 			msg += fmt.Sprintf(" before line %d, and lines %d-%d were sent and may have been appended too (with idempotency keys, running it again appends only what is missing)",
 				sent[0].first, sent[0].first, sent[len(sent)-1].last)
 		}
-		if len(batch) > 0 {
-			msg += fmt.Sprintf("; lines %d-%d were read and not sent", first, last)
-		}
+		msg += unsent()
 		sent = nil
 		return itx.Errorf(itx.ECancelled, "%s", msg)
 	}
@@ -255,7 +265,7 @@ func runImport(ctx context.Context, s *Session, args []string) error {
 			if serr := settle(); serr != nil {
 				return serr
 			}
-			return itx.Errorf(itx.EInvalid, "import: line %d is not an event ({type, payload, ...}): %v; %d events before it imported", line, err, total())
+			return itx.Errorf(itx.EInvalid, "import: line %d is not an event ({type, payload, ...}): %v; %d events before it imported%s", line, err, total(), unsent())
 		}
 		e := l.EventInput
 		if itx.IsCoreType(e.Type) && !withControl {
@@ -318,10 +328,10 @@ func runImport(ctx context.Context, s *Session, args []string) error {
 			return serr
 		}
 		if errors.Is(err, bufio.ErrTooLong) {
-			return itx.Errorf(itx.ETooLarge, "import: line %d is longer than %s, more than an event can hold (%s); %d events before it imported",
-				line+1, humanBytes(importMaxLine), humanBytes(itx.MaxEventBytes), total())
+			return itx.Errorf(itx.ETooLarge, "import: line %d is longer than %s, more than an event can hold (%s); %d events before it imported%s",
+				line+1, humanBytes(importMaxLine), humanBytes(itx.MaxEventBytes), total(), unsent())
 		}
-		return itx.Errorf(itx.EInvalid, "import: after line %d: %v; %d events before it imported", line, err, total())
+		return itx.Errorf(itx.EInvalid, "import: after line %d: %v; %d events before it imported%s", line, err, total(), unsent())
 	}
 	if err := send(); err != nil {
 		return err
