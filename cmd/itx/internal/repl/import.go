@@ -175,7 +175,7 @@ func runImport(ctx context.Context, s *Session, args []string) error {
 			count(sent[0], res)
 			sent = sent[1:]
 		}
-		msg := fmt.Sprintf("import: interrupted; %d events imported", total())
+		msg := fmt.Sprintf("import: interrupted; %s imported", plural(total(), "event"))
 		if len(sent) > 0 {
 			msg += fmt.Sprintf(" before line %d, and lines %d-%d were sent and may have been appended too (with idempotency keys, running it again appends only what is missing)",
 				sent[0].first, sent[0].first, sent[len(sent)-1].last)
@@ -265,7 +265,7 @@ func runImport(ctx context.Context, s *Session, args []string) error {
 			if serr := settle(); serr != nil {
 				return serr
 			}
-			return itx.Errorf(itx.EInvalid, "import: line %d is not an event ({type, payload, ...}): %v; %d events before it imported%s", line, err, total(), unsent())
+			return itx.Errorf(itx.EInvalid, "import: line %d is not an event ({type, payload, ...}): %v; %s before it imported%s", line, err, plural(total(), "event"), unsent())
 		}
 		e := l.EventInput
 		if itx.IsCoreType(e.Type) && !withControl {
@@ -302,7 +302,7 @@ func runImport(ctx context.Context, s *Session, args []string) error {
 			}
 			var terr error
 			if e, terr = offsets.translate(e); terr != nil {
-				return itx.Errorf(itx.EInvalid, "import: line %d: %v; %d events before it imported", line, terr, total())
+				return itx.Errorf(itx.EInvalid, "import: line %d: %v; %s before it imported", line, terr, plural(total(), "event"))
 			}
 		}
 		e.Provenance = nil // only copy-to-stream sets it; an exported copy's hops stay behind
@@ -328,10 +328,10 @@ func runImport(ctx context.Context, s *Session, args []string) error {
 			return serr
 		}
 		if errors.Is(err, bufio.ErrTooLong) {
-			return itx.Errorf(itx.ETooLarge, "import: line %d is longer than %s, more than an event can hold (%s); %d events before it imported%s",
-				line+1, humanBytes(importMaxLine), humanBytes(itx.MaxEventBytes), total(), unsent())
+			return itx.Errorf(itx.ETooLarge, "import: line %d is longer than %s, more than an event can hold (%s); %s before it imported%s",
+				line+1, humanBytes(importMaxLine), humanBytes(itx.MaxEventBytes), plural(total(), "event"), unsent())
 		}
-		return itx.Errorf(itx.EInvalid, "import: after line %d: %v; %d events before it imported%s", line, err, total(), unsent())
+		return itx.Errorf(itx.EInvalid, "import: after line %d: %v; %s before it imported%s", line, err, plural(total(), "event"), unsent())
 	}
 	if err := send(); err != nil {
 		return err
