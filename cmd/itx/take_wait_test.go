@@ -123,6 +123,8 @@ func TestEval_MountServesAReceiver(t *testing.T) {
 	s := newSession(t, ts)
 	s.mustEval(t, `var inbox = project.capabilities.mount("worker")`)
 	require.Equal(t, []any{"worker"}, arr(t, s.mustEval(t, `project.capabilities.list().map(m => m.name)`)))
+	// .help's {name, mountedAt, scope}: a whole-project mount's scope is "", not left out.
+	require.Equal(t, "", s.mustEval(t, `project.capabilities.list()[0].scope`))
 	s.mustEval(t, `var jobs = project.streams.get("/jobs"); jobs.subscriptions.configure({name: "run", receiver: {type: "itx-call", capability: "worker"}, filterTypes: ["job"]})`)
 	require.Equal(t, 2.0, obj(t, s.mustEval(t, `jobs.subscriptions.get("run").waitUntilProcessed(2)`))["confirmedOffset"], "confirmed as it arrived")
 

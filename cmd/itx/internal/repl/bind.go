@@ -403,7 +403,7 @@ type mountJS struct {
 	Name      string              `json:"name"`
 	MountedAt msTime              `json:"mountedAt"`
 	Contracts []itx.ProcessorInfo `json:"contracts,omitempty"` // a processor host's
-	Scope     string              `json:"scope,omitempty"`     // the mounting session's prefix
+	Scope     string              `json:"scope"`               // the mounting session's prefix ("": the whole project's)
 }
 
 func mountsJS(ms []itx.MountInfo) []mountJS {
