@@ -245,7 +245,7 @@ const helpIntro = `Expressions are JavaScript; ` + "`project`" + ` is the projec
 Navigation (.streams, .get(path), .subscriptions, ...) is pipelined; the last call waits.
 Calls return their results directly (await is accepted and does nothing). Tab completes.
 Every method takes its values in order or one options object (.help Stream shows both).
-help, exit and quit work without the dot too (and as help(), exit(), quit()).
+help, exit and quit work without the dot too (help Stream as well), and as help(), exit(), quit().
 `
 
 func runHelp(ctx context.Context, s *Session, args []string) error {
