@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"runtime"
 	"strconv"
@@ -284,6 +285,11 @@ func decodeJSON(raw []byte) (any, error) {
 	var v any
 	if err := d.Decode(&v); err != nil {
 		return nil, err
+	}
+	// The decoder stops after the first value: a payloadContains of `{}}` or `{"a":1} x` would
+	// otherwise be taken as its first value, and the rest dropped unheard.
+	if _, err := d.Token(); err != io.EOF {
+		return nil, errors.New("trailing data after the JSON value")
 	}
 	return v, nil
 }
