@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"sort"
@@ -255,11 +256,24 @@ func (st *streamState) applySchedule(op scheduleOp, env stepEnv, eff *effects) s
 			return scheduleReply{err: err} // a new one takes room; moving one does not
 		}
 	}
-	raw, _ := json.Marshal(op.input)
+	raw := marshalScheduled(op.input)
 	st.scheduled[op.key] = &scheduled{Key: op.key, DueAt: op.dueAt}
 	st.firstDue = -1
 	eff.commit.ScheduledUpserts = append(dropScheduled(eff.commit.ScheduledUpserts, op.key), storage.Scheduled{Key: op.key, DueAt: op.dueAt, Event: raw})
 	return scheduleReply{dueAt: op.dueAt}
+}
+
+// marshalScheduled encodes a scheduled event for its row. Without HTML escaping: json.Marshal
+// rewrites '<', '>', '&', U+2028 and U+2029 inside the payload and metadata (json.RawMessage is
+// copied as it is encoded), so the event that lands, and listScheduled, would hold
+// {"s":"\u003c"} where an append of the same event stores {"s":"<"}: the same JSON value, other
+// bytes than were sent.
+func marshalScheduled(in *itx.EventInput) []byte {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(in) // an EventInput always encodes: its payload and metadata are validated JSON
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n"))
 }
 
 // dropScheduled removes the staged upserts of key.

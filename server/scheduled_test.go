@@ -90,3 +90,36 @@ func TestNewScheduleOp_Refusals(t *testing.T) {
 		require.Equal(t, tc.want, itx.ErrorMessage(err), "%+v", tc.in)
 	}
 }
+
+// A scheduled event lands, and is listed, with the bytes an append of it stores: its payload and
+// metadata compacted, never rewritten. Encoded with json.Marshal, '<', '>', '&', U+2028 and
+// U+2029 in them came back escaped ({"s":"\u003c"}): the same JSON value, other bytes than sent.
+func TestStep_ScheduledEventLandsAsSent(t *testing.T) {
+	s := newStepScript(t)
+	env := s.env()
+	stored := map[string][]byte{}
+	env.loadScheduled = func(keys []string) (map[string][]byte, error) {
+		out := map[string][]byte{}
+		for _, k := range keys {
+			out[k] = stored[k]
+		}
+		return out, nil
+	}
+	payload, metadata := "{\"s\": \"<a&b>\u2028\u2029\"}", `{"m":"&"}`
+	op, err := newScheduleOp(itx.EventInput{Type: "reminder", Payload: json.RawMessage(payload),
+		Metadata: json.RawMessage(metadata), IdempotencyKey: "k"}, s.now.Add(time.Minute).UnixMilli())
+	require.NoError(t, err)
+	eff, err := step(s.st, stepInput{schedules: []scheduleOp{op}}, s.now, env)
+	require.NoError(t, err)
+	require.Len(t, eff.commit.ScheduledUpserts, 1)
+	stored["k"] = eff.commit.ScheduledUpserts[0].Event
+	var listed itx.EventInput
+	require.NoError(t, json.Unmarshal(stored["k"], &listed))
+	require.Equal(t, "{\"s\":\"<a&b>\u2028\u2029\"}", string(listed.Payload), "as listScheduled reads it")
+
+	eff, err = step(s.st, stepInput{}, s.now.Add(time.Minute), env)
+	require.NoError(t, err)
+	require.Len(t, eff.commit.Events, 1, "landed")
+	require.Equal(t, "{\"s\":\"<a&b>\u2028\u2029\"}", string(eff.commit.Events[0].Payload))
+	require.Equal(t, metadata, string(eff.commit.Events[0].Metadata))
+}
