@@ -1,7 +1,6 @@
 package server
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"sort"
@@ -195,7 +194,8 @@ func (s *Server) ListScheduled(ctx context.Context, ref StreamRef) ([]itx.Schedu
 		}
 		for _, r := range rows {
 			sc := itx.ScheduledEvent{DueAt: r.DueAt}
-			if err := json.Unmarshal(r.Event, &sc.Event); err != nil {
+			var err error
+			if sc.Event, err = unmarshalScheduled(r.Event); err != nil {
 				return itx.Errorf(itx.EInternal, "scheduled event %q does not decode: %v", r.Key, err)
 			}
 			out = append(out, sc)
@@ -263,17 +263,44 @@ func (st *streamState) applySchedule(op scheduleOp, env stepEnv, eff *effects) s
 	return scheduleReply{dueAt: op.dueAt}
 }
 
-// marshalScheduled encodes a scheduled event for its row. Without HTML escaping: json.Marshal
-// rewrites '<', '>', '&', U+2028 and U+2029 inside the payload and metadata (json.RawMessage is
-// copied as it is encoded), so the event that lands, and listScheduled, would hold
-// {"s":"\u003c"} where an append of the same event stores {"s":"<"}: the same JSON value, other
-// bytes than were sent.
+// scheduledRow is a scheduled event's row: the event with its payload and metadata as JSON
+// strings. Held as JSON values inside the event's object they nest one level deeper than an
+// append's payload may (Go's decoder stops at 10,000 levels), so a row holding such a payload
+// did not decode: listScheduled failed and, once it came due, every step of its stream. As
+// strings they are also kept byte for byte (json.Marshal copies a json.RawMessage HTML-escaped:
+// '<' came back as \u003c). Rows written before hold "payload" and "metadata" as values, and
+// decode as they did.
+type scheduledRow struct {
+	itx.EventInput
+	PayloadText  *string `json:"payloadText,omitempty"`
+	MetadataText *string `json:"metadataText,omitempty"`
+}
+
+// marshalScheduled encodes a scheduled event for its row.
 func marshalScheduled(in *itx.EventInput) []byte {
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	_ = enc.Encode(in) // an EventInput always encodes: its payload and metadata are validated JSON
-	return bytes.TrimSuffix(b.Bytes(), []byte("\n"))
+	row := scheduledRow{EventInput: *in}
+	payload, metadata := string(in.Payload), string(in.Metadata)
+	row.Payload, row.PayloadText = nil, &payload
+	if len(in.Metadata) > 0 {
+		row.Metadata, row.MetadataText = nil, &metadata
+	}
+	raw, _ := json.Marshal(row) // always encodes: strings, numbers and validated provenance
+	return raw
+}
+
+// unmarshalScheduled decodes a scheduled event's row, of either form.
+func unmarshalScheduled(raw []byte) (itx.EventInput, error) {
+	var row scheduledRow
+	if err := json.Unmarshal(raw, &row); err != nil {
+		return itx.EventInput{}, err
+	}
+	if row.PayloadText != nil {
+		row.Payload = json.RawMessage(*row.PayloadText)
+	}
+	if row.MetadataText != nil {
+		row.Metadata = json.RawMessage(*row.MetadataText)
+	}
+	return row.EventInput, nil
 }
 
 // dropScheduled removes the staged upserts of key.

@@ -113,8 +113,8 @@ func TestStep_ScheduledEventLandsAsSent(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, eff.commit.ScheduledUpserts, 1)
 	stored["k"] = eff.commit.ScheduledUpserts[0].Event
-	var listed itx.EventInput
-	require.NoError(t, json.Unmarshal(stored["k"], &listed))
+	listed, err := unmarshalScheduled(stored["k"])
+	require.NoError(t, err)
 	require.Equal(t, "{\"s\":\"<a&b>\u2028\u2029\"}", string(listed.Payload), "as listScheduled reads it")
 
 	eff, err = step(s.st, stepInput{}, s.now.Add(time.Minute), env)
@@ -122,4 +122,16 @@ func TestStep_ScheduledEventLandsAsSent(t *testing.T) {
 	require.Len(t, eff.commit.Events, 1, "landed")
 	require.Equal(t, "{\"s\":\"<a&b>\u2028\u2029\"}", string(eff.commit.Events[0].Payload))
 	require.Equal(t, metadata, string(eff.commit.Events[0].Metadata))
+}
+
+// Rows written before scheduledRow held the payload and metadata as JSON values: they decode as
+// they did, beside the rows that hold them as strings.
+func TestUnmarshalScheduled_RowsOfBothForms(t *testing.T) {
+	old, err := unmarshalScheduled([]byte(`{"type":"r","payload":{"n":1},"idempotencyKey":"k","metadata":{"m":2}}`))
+	require.NoError(t, err)
+	require.Equal(t, itx.EventInput{Type: "r", Payload: json.RawMessage(`{"n":1}`), IdempotencyKey: "k", Metadata: json.RawMessage(`{"m":2}`)}, old)
+	in := itx.EventInput{Type: "r", Payload: json.RawMessage(`{"s":"<&>"}`), IdempotencyKey: "k"}
+	got, err := unmarshalScheduled(marshalScheduled(&in))
+	require.NoError(t, err)
+	require.Equal(t, in, got)
 }

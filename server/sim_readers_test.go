@@ -474,8 +474,7 @@ func (s *sim) checkReadersSched(events []itx.Event) {
 	}
 	for i, r := range list {
 		m, ok := s.sched[r.Key]
-		var in itx.EventInput
-		_ = json.Unmarshal(r.Event, &in)
+		in, _ := unmarshalScheduled(r.Event)
 		if !ok || m.dueAt != r.DueAt || bodyOf(&in) != m.body || in.IdempotencyKey != r.Key {
 			s.fail("scheduled %s due %d (%s) on disk, the model has %+v (present %v)", r.Key, r.DueAt, r.Event, m, ok)
 		}

@@ -249,8 +249,8 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 			return eff, err
 		}
 		for _, sc := range due {
-			var input itx.EventInput
-			if err := json.Unmarshal(raw[sc.Key], &input); err != nil {
+			input, err := unmarshalScheduled(raw[sc.Key])
+			if err != nil {
 				return eff, fmt.Errorf("scheduled event %q does not decode: %w", sc.Key, err)
 			}
 			group = append(group, &appendReq{inputs: []itx.EventInput{input}, authority: authClient})

@@ -3,6 +3,7 @@ package test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -290,4 +291,34 @@ func TestScheduled_DueLandsAtOnce(t *testing.T) {
 		require.NoError(t, err)
 		require.Empty(t, list)
 	})
+}
+
+// A scheduled event whose payload nests as deep as an append takes (Go's JSON decoder stops at
+// 10,000 levels) is listed and lands as sent, and the stream goes on. Its row wrapped the payload
+// in the event's object, one level deeper than the decoder reads: listScheduled failed
+// `internal`, and once it came due every step of the stream failed decoding it, so no append,
+// configure or delivery of that stream went through again.
+func TestScheduled_DeepPayloadLands(t *testing.T) {
+	clock := clocktest.New(time.Unix(1_700_000_000, 0))
+	ts := startServer(t, server.Config{Clock: clock})
+	ctx := ctxT(t)
+	s := stream(t, ts.project(t), "/timers/deep")
+	mustAppend(t, s, ev("a", `{}`))
+	deep := strings.Repeat(`{"a":`, 10_000) + "1" + strings.Repeat("}", 10_000)
+	mustAppend(t, s, ev("deep", deep)) // an append takes it
+
+	_, _, err := client.Schedule(ctx, s, keyed("deep", deep, "deep-1"), clock.Now().Add(time.Minute))
+	require.NoError(t, err)
+	list, err := client.ListScheduled(ctx, s)
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+	require.Equal(t, deep, string(list[0].Event.Payload))
+
+	clock.Advance(time.Minute)
+	landed, err := client.WaitForEvent(ctx, s, itx.Predicate{Types: []string{"deep"}}, 2, 10*time.Second)
+	require.NoError(t, err)
+	require.Equal(t, "deep-1", landed.IdempotencyKey)
+	require.Equal(t, deep, string(landed.Payload))
+	res := mustAppend(t, s, ev("after", `{}`))
+	require.Equal(t, landed.Offset+1, res.HeadOffset, "the stream goes on")
 }
