@@ -54,6 +54,12 @@ func TestFuzzInput_PublicSurface(t *testing.T) {
 	}
 	ts := startServer(t, server.Config{})
 	f := newInputFuzzer(t, ts, seed)
+	root := dial(t, ts.addr).Login(context.Background(), ts.creds.DeploymentToken)
+	t.Cleanup(root.Release)
+	f.root = client.Admin(f.ctx, root)
+	t.Cleanup(f.root.Release)
+	f.padmin = client.Admin(f.ctx, f.p)
+	t.Cleanup(f.padmin.Release)
 	ops := []struct {
 		name   string
 		weight int
@@ -71,6 +77,8 @@ func TestFuzzInput_PublicSurface(t *testing.T) {
 		{"schedule", 6, (*inputFuzzer).schedule},
 		{"mount", 3, (*inputFuzzer).mount},
 		{"trim", 2, (*inputFuzzer).trim},
+		{"retention", 2, (*inputFuzzer).retention},
+		{"admin", 4, (*inputFuzzer).admin},
 	}
 	total := 0
 	for _, op := range ops {
@@ -106,6 +114,8 @@ type inputFuzzer struct {
 	op  string
 
 	p       schema.Project
+	root    schema.Admin // the deployment root's: projects
+	padmin  schema.Admin // the project's own: its tokens
 	streams schema.Streams
 	log     schema.Stream // appends, queries, barriers, connections: nothing else writes it
 	subs    schema.Stream // subscription configs and verbs
@@ -117,6 +127,9 @@ type inputFuzzer struct {
 	keys map[string]itx.Event
 	// sent: events accepted into the log, as sent, for retries.
 	sent []itx.EventInput
+
+	// projects made by the cases, to rename
+	projects []string
 
 	accepted, refused int
 	// edgeRate is how often a field takes an edge rather than a plain valid value, chosen per
@@ -1667,4 +1680,210 @@ func (f *inputFuzzer) trim() {
 	if int64(res.TrimmedThrough()) > before.head || info.TrimmedThrough != int64(res.TrimmedThrough()) {
 		f.fatalf("trim answered trimmedThrough %d, describe %d, head %d", res.TrimmedThrough(), info.TrimmedThrough, before.head)
 	}
+}
+
+func (f *inputFuzzer) retention() {
+	before := f.state(f.trimmed)
+	beforeInfo, err := client.Describe(f.ctx, f.trimmed)
+	f.must("describe", err)
+	maxAge := []int64{0, -1, 1, 59_999, 60_000, 100 * 365 * 24 * 3600 * 1000, 101 * 366 * 24 * 3600 * 1000, math.MaxInt64, math.MinInt64}[f.r.Intn(9)]
+	maxEvents := []uint64{0, 1, 1000, math.MaxInt64, math.MaxInt64 + 1, math.MaxUint64}[f.r.Intn(6)]
+	maxBytes := []uint64{0, 1, 1 << 30, math.MaxInt64, math.MaxInt64 + 1, math.MaxUint64}[f.r.Intn(6)]
+	ctx, cancel := f.callCtx()
+	defer cancel()
+	fut, release := f.trimmed.SetRetention(ctx, func(p schema.Stream_setRetention_Params) error {
+		p.SetMaxAgeMs(maxAge)
+		p.SetMaxEvents(maxEvents)
+		p.SetMaxBytes(maxBytes)
+		return nil
+	})
+	defer release()
+	_, err = fut.Struct()
+	valid := maxAge >= 0 && (maxAge == 0 || maxAge >= 60_000) && maxAge <= 100*365*24*3600*1000+25*24*3600*1000 &&
+		maxEvents <= math.MaxInt64 && maxBytes <= math.MaxInt64
+	if err != nil {
+		f.refusedWith("setRetention", err, itx.EInvalid)
+		f.unchanged("setRetention", f.trimmed, before)
+		info, err2 := client.Describe(ctx, f.trimmed)
+		f.must("describe", err2)
+		if info.RetentionMaxAgeMs != beforeInfo.RetentionMaxAgeMs || info.RetentionMaxEvents != beforeInfo.RetentionMaxEvents || info.RetentionMaxBytes != beforeInfo.RetentionMaxBytes {
+			f.fatalf("setRetention refused (%v), yet the policy changed", err)
+		}
+		if valid && maxAge <= 100*365*24*3600*1000 {
+			f.fatalf("setRetention(%d, %d, %d) refused: %v", maxAge, maxEvents, maxBytes, err)
+		}
+		return
+	}
+	f.accepted++
+	if !valid {
+		f.fatalf("setRetention(%d, %d, %d) accepted", maxAge, maxEvents, maxBytes)
+	}
+	info, err := client.Describe(ctx, f.trimmed)
+	f.must("describe", err)
+	if info.RetentionMaxAgeMs != maxAge || uint64(info.RetentionMaxEvents) != maxEvents || uint64(info.RetentionMaxBytes) != maxBytes {
+		f.fatalf("setRetention(%d, %d, %d) reads back (%d, %d, %d)", maxAge, maxEvents, maxBytes, info.RetentionMaxAgeMs, info.RetentionMaxEvents, info.RetentionMaxBytes)
+	}
+	// Left as it was: a policy keeping one event would leave the trim cases nothing to trim.
+	f.must("clear the retention", client.SetRetention(ctx, f.trimmed, client.Retention{}))
+}
+
+// admin creates and renames projects and creates tokens with generated names, labels, scopes
+// and expiries.
+func (f *inputFuzzer) admin() {
+	ctx, cancel := f.callCtx()
+	defer cancel()
+	switch f.r.Intn(3) {
+	case 0, 1:
+		if len(f.projects) > 0 && f.r.Intn(2) == 0 {
+			f.renameProject(ctx)
+			return
+		}
+		name := f.pick(fmt.Sprintf("p%d", f.r.Intn(1000)), f.fuzzString)
+		before, err := client.ListProjects(ctx, f.root)
+		f.must("list projects", err)
+		fut, release := f.root.CreateProject(ctx, func(p schema.Admin_createProject_Params) error { return p.SetName(name) })
+		defer release()
+		res, err := fut.Struct()
+		if err != nil {
+			f.refusedWith("createProject", err, itx.EInvalid, itx.ELimitExceeded)
+			after, err2 := client.ListProjects(ctx, f.root)
+			f.must("list projects", err2)
+			if len(after) != len(before) {
+				f.fatalf("createProject(%q) refused (%v), yet %d projects became %d", name, err, len(before), len(after))
+			}
+			if nameValid(name) && !projectNamed(before, name) {
+				f.fatalf("createProject(%q) refused: %v", name, err)
+			}
+			return
+		}
+		f.accepted++
+		info, err := res.Info()
+		f.must("decode", err)
+		id, _ := info.Id()
+		got, _ := info.Name()
+		if !nameValid(name) || got != name || projectNamed(before, name) {
+			f.fatalf("createProject(%q) accepted as %q (names taken: %v)", name, got, before)
+		}
+		f.projects = append(f.projects, id)
+		f.requireProjectName(ctx, id, name)
+	case 2:
+		f.createToken(ctx)
+	}
+}
+
+func projectNamed(list []itx.ProjectSummary, name string) bool {
+	for _, p := range list {
+		if p.Info.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+func (f *inputFuzzer) requireProjectName(ctx context.Context, id, name string) {
+	f.t.Helper()
+	list, err := client.ListProjects(ctx, f.root)
+	f.must("list projects", err)
+	for _, p := range list {
+		if p.Info.ID == id {
+			if p.Info.Name != name {
+				f.fatalf("project %s lists as %q, named %q", id, p.Info.Name, name)
+			}
+			return
+		}
+	}
+	f.fatalf("project %s (%q) not listed", id, name)
+}
+
+func (f *inputFuzzer) renameProject(ctx context.Context) {
+	id := f.projects[f.r.Intn(len(f.projects))]
+	list, err := client.ListProjects(ctx, f.root)
+	f.must("list projects", err)
+	var old string
+	for _, p := range list {
+		if p.Info.ID == id {
+			old = p.Info.Name
+		}
+	}
+	name := f.pick(fmt.Sprintf("r%d", f.r.Intn(1000)), f.fuzzString)
+	err = client.RenameProject(ctx, f.root, id, name)
+	if err != nil {
+		f.refusedWith("renameProject", err, itx.EInvalid)
+		f.requireProjectName(ctx, id, old)
+		if nameValid(name) && !projectNamed(list, name) {
+			f.fatalf("renameProject(%q) refused: %v", name, err)
+		}
+		return
+	}
+	f.accepted++
+	if !nameValid(name) {
+		f.fatalf("renameProject(%q) accepted", name)
+	}
+	f.requireProjectName(ctx, id, name)
+}
+
+func (f *inputFuzzer) createToken(ctx context.Context) {
+	label := f.pick(fmt.Sprintf("t%d", f.r.Intn(1000)), f.fuzzString)
+	prefix := ""
+	if f.r.Intn(2) == 0 {
+		prefix = f.pick("/fz/tok", func() string { return f.fuzzPath("/fz/tok") })
+	}
+	rights := []schema.Right{}
+	for range f.r.Intn(3) {
+		rights = append(rights, schema.Right(f.r.Intn(6))) // 4 and 5 are no right
+	}
+	now := time.Now().UnixMilli()
+	expires := []int64{0, 0, now + 3_600_000, now - 1, -1, math.MinInt64, math.MaxInt64}[f.r.Intn(7)]
+	before, err := client.ListTokens(ctx, f.padmin, "")
+	f.must("list tokens", err)
+	fut, release := f.padmin.CreateToken(ctx, func(p schema.Admin_createToken_Params) error {
+		p.SetExpiresAt(expires)
+		if err := p.SetLabel(label); err != nil {
+			return err
+		}
+		sc, err := p.NewScope()
+		if err != nil {
+			return err
+		}
+		if err := sc.SetPrefix(prefix); err != nil {
+			return err
+		}
+		rl, err := sc.NewRights(int32(len(rights)))
+		for i, r := range rights {
+			rl.Set(i, r)
+		}
+		return err
+	})
+	defer release()
+	res, err := fut.Struct()
+	rightsValid := true
+	for _, r := range rights {
+		rightsValid = rightsValid && r <= schema.Right_admin
+	}
+	valid := nameValid(label) && (prefix == "" || pathValid(prefix)) && rightsValid && (expires == 0 || expires > now)
+	if err != nil {
+		f.refusedWith("createToken", err, itx.EInvalid, itx.ELimitExceeded)
+		after, err2 := client.ListTokens(ctx, f.padmin, "")
+		f.must("list tokens", err2)
+		if len(after) != len(before) {
+			f.fatalf("createToken(%q) refused (%v), yet %d tokens became %d", label, err, len(before), len(after))
+		}
+		if valid {
+			f.fatalf("createToken(%q, %q, %v, %d) refused: %v", label, prefix, rights, expires, err)
+		}
+		return
+	}
+	f.accepted++
+	ti, err := res.Info()
+	f.must("decode", err)
+	info, err := wire.TokenInfoFromSchema(ti)
+	f.must("decode", err)
+	if !valid {
+		f.fatalf("createToken(%q, %q, %v, %d) accepted: %+v", label, prefix, rights, expires, info)
+	}
+	if info.Label != label || info.Scope.Prefix != prefix || info.ExpiresAt != expires || len(info.Scope.Rights) != len(rights) {
+		f.fatalf("createToken(%q, %q, %v, %d) reads back %+v", label, prefix, rights, expires, info)
+	}
+	// Revoked at once: a project holds at most 10,000 tokens.
+	f.must("revoke", client.RevokeToken(ctx, f.padmin, "", info.ID))
 }
