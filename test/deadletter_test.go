@@ -156,6 +156,27 @@ func TestDeadLetter_LargeEventIsNamedNotCopied(t *testing.T) {
 	require.Equal(t, res.HeadOffset, letters[0].Event.Offset)
 }
 
+// An event nested as deep as an append takes (Go's JSON decoder stops at 10,000 levels) cannot
+// sit inside a letter, two levels deeper: its letter names it, as a letter too large to hold it
+// does, instead of being refused by the dead-letter stream at every retry until the
+// subscription halts.
+func TestDeadLetter_DeepEventIsNamedNotCopied(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	r := &scriptedReceiver{answer: func([]int64, []itx.Event) (uint64, error) { return 0, errors.New("refused") }}
+	defer mountScripted(t, e, "refuser", r)()
+	s := stream(t, e.p, "/deep-in")
+	name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "lenient", Start: "now", OnFailingEvent: "skip",
+		DeadLetterPath: "/deep-dead", Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "refuser"}})
+	deep := strings.Repeat(`{"a":`, 10_000) + "1" + strings.Repeat("}", 10_000)
+	res := mustAppend(t, s, ev("deep", deep))
+	e.refuseUntilSkipped(t, "/deep-in", name, res.HeadOffset)
+	letters := e.deadLetters(t, "/deep-dead")
+	require.Len(t, letters, 1)
+	require.True(t, letters[0].EventOmitted)
+	require.Equal(t, "deep", letters[0].Event.Type)
+	require.Equal(t, res.HeadOffset, letters[0].Event.Offset)
+}
+
 // A dead-letter path is refused, writing nothing, where it cannot work: without the skip
 // policy, into the subscription's own stream, on a processor-wake or copy-to-stream receiver,
 // or not a path.
