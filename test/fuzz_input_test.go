@@ -1377,7 +1377,7 @@ func (f *inputFuzzer) paths() {
 	s := client.Stream(ctx, f.p, path)
 	defer s.Release()
 	validPath := pathValid(path)
-	switch f.r.Intn(3) {
+	switch f.r.Intn(5) {
 	case 0:
 		_, err := client.Describe(ctx, s)
 		if err != nil {
@@ -1452,6 +1452,65 @@ func (f *inputFuzzer) paths() {
 			p, _ := list.At(i).Path()
 			if !strings.HasPrefix(p, prefix) || (after != "" && p <= after) {
 				f.fatalf("list(%q, after %q) holds %q", prefix, after, p)
+			}
+		}
+	case 3:
+		// Deleted, forced or not: the streams under /fz/p hold nothing that refuses it but an
+		// open connection, which no case leaves there.
+		before, err := client.Describe(ctx, s)
+		if err != nil {
+			f.refusedWith("describe "+path, err, itx.EInvalid)
+			before = itx.StreamInfo{}
+		}
+		res, err := client.DeleteStreamIn(ctx, f.streams, path, f.r.Intn(2) == 0)
+		if err != nil {
+			f.refusedWith("remove "+path, err, itx.EInvalid, itx.ENotFound)
+			if validPath && before.StreamID != "" {
+				f.fatalf("remove of %q (stream %s) refused: %v", path, before.StreamID, err)
+			}
+			if validPath {
+				after, err := client.Describe(ctx, s)
+				f.must("describe "+path, err)
+				if after.StreamID != before.StreamID || after.HeadOffset != before.HeadOffset {
+					f.fatalf("remove of %q refused (%v), yet the stream changed: %+v -> %+v", path, err, before, after)
+				}
+			}
+			return
+		}
+		f.accepted++
+		if !validPath || res.StreamID != before.StreamID || res.HeadOffset != before.HeadOffset {
+			f.fatalf("remove of %q answered %+v, the stream was %+v", path, res, before)
+		}
+		after, err := client.Describe(ctx, s)
+		f.must("describe "+path, err)
+		if after.StreamID != "" || after.HeadOffset != 0 {
+			f.fatalf("removed %q still describes as %+v", path, after)
+		}
+	case 4:
+		prefix := path
+		if f.r.Intn(3) == 0 {
+			prefix += "/"
+		}
+		limit := []uint32{0, 1, 10_000, 10_001, math.MaxUint32}[f.r.Intn(5)]
+		fut, release := f.streams.DiskUsage(ctx, func(p schema.Streams_diskUsage_Params) error {
+			p.SetLimit(limit)
+			return p.SetPrefix(prefix)
+		})
+		defer release()
+		res, err := fut.Struct()
+		if err != nil {
+			f.refusedWith("diskUsage "+prefix, err, itx.EInvalid)
+			if (prefix == "/" || pathValid(strings.TrimSuffix(prefix, "/"))) && limit <= 10_000 {
+				f.fatalf("diskUsage(%q, %d) refused: %v", prefix, limit, err)
+			}
+			return
+		}
+		f.accepted++
+		list, err := res.Streams()
+		f.must("decode diskUsage", err)
+		for i := 0; i < list.Len(); i++ {
+			if p, _ := list.At(i).Path(); !strings.HasPrefix(p, prefix) {
+				f.fatalf("diskUsage(%q) holds %q", prefix, p)
 			}
 		}
 	}
