@@ -1946,3 +1946,239 @@ func (f *inputFuzzer) createToken(ctx context.Context) {
 	// Revoked at once: a project holds at most 10,000 tokens.
 	f.must("revoke", client.RevokeToken(ctx, f.padmin, "", info.ID))
 }
+
+// TestFuzzInput_ProcessorPorts sends generated input through the ports a remote processor host
+// is handed with a wake: KV keys and values around their bounds (empty, 1 KiB, 64 KiB, invalid
+// UTF-8, NUL), forwards to other streams (appendTo) and scheduled appends with the events and
+// paths the public surface fuzzer makes. A refusal is typed and changes nothing (the key's value,
+// the target's head); an acceptance reads back as sent. ITX_FUZZ_INPUT_CASES, _SEED and _SECONDS
+// as for TestFuzzInput_PublicSurface (a tenth of the cases, 5 s by default).
+func TestFuzzInput_ProcessorPorts(t *testing.T) {
+	cases, seed, budget := 400, int64(1), 5*time.Second
+	if v, err := strconv.Atoi(os.Getenv("ITX_FUZZ_INPUT_CASES")); err == nil && v > 0 {
+		cases = max(v/10, 1)
+	}
+	if v, err := strconv.ParseInt(os.Getenv("ITX_FUZZ_INPUT_SEED"), 10, 64); err == nil {
+		seed = v
+	}
+	if v, err := strconv.Atoi(os.Getenv("ITX_FUZZ_INPUT_SECONDS")); err == nil && v > 0 {
+		budget = time.Duration(v) * time.Second
+	}
+	ts := startServer(t, server.Config{})
+	f := newInputFuzzer(t, ts, seed)
+	ctx := ctxT(t)
+	host := &portsKeeper{bigStateHost: bigStateHost{stateBytes: 1}}
+	h, err := mountHostServing(ctx, f.p, "fuzz-host", host, []itx.ProcessorInfo{{Name: "c", ReducerVersion: "1", ConsumedTypes: []string{"*"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Release()
+	home := stream(t, f.p, "/fz/proc")
+	mustAppend(t, home, ev("a", `{}`))
+	configureInstance(t, home, "fz", "c", "remote")
+	sub := client.Subscription(ctx, home, "fz")
+	defer sub.Release()
+	if _, err := client.WaitUntilProcessed(ctx, sub, f.state(home).head, 0); err != nil {
+		t.Fatal(err)
+	}
+	ports := host.last()
+	out := stream(t, f.p, "/fz/out")
+	mustAppend(t, out, ev("a", `{}`))
+
+	start := time.Now()
+	n := 0
+	for ; n < cases && time.Since(start) < budget; n++ {
+		f.edgeRate = []float64{0.1, 0.3, 1}[f.r.Intn(3)]
+		switch op := f.r.Intn(3); op {
+		case 0:
+			f.op = fmt.Sprintf("case %d (kv, seed %d)", n, seed)
+			f.portsKV(ports)
+		case 1:
+			f.op = fmt.Sprintf("case %d (appendTo, seed %d)", n, seed)
+			f.portsAppendTo(ports, out)
+		case 2:
+			f.op = fmt.Sprintf("case %d (ports.schedule, seed %d)", n, seed)
+			f.portsSchedule(ports, home)
+		}
+		if t.Failed() {
+			t.Fatalf("stopped at %s", f.op)
+		}
+	}
+	t.Logf("%d cases in %v (seed %d); accepted %d, refused %d", n, time.Since(start).Round(time.Millisecond), seed, f.accepted, f.refused)
+}
+
+func (f *inputFuzzer) kvGet(ports schema.ProcessorPorts, key string) ([]byte, bool) {
+	f.t.Helper()
+	ctx, cancel := f.callCtx()
+	defer cancel()
+	fut, release := ports.KvGet(ctx, func(p schema.ProcessorPorts_kvGet_Params) error { return p.SetKey(key) })
+	defer release()
+	res, err := fut.Struct()
+	if err != nil {
+		return nil, false
+	}
+	v, err := res.Value()
+	f.must("kvGet value", err)
+	return bytes.Clone(v), res.Found()
+}
+
+func (f *inputFuzzer) portsKV(ports schema.ProcessorPorts) {
+	key := f.pick(fmt.Sprintf("key%d", f.r.Intn(20)), func() string {
+		if f.r.Intn(4) == 0 {
+			return strings.Repeat("k", 1023+f.r.Intn(3))
+		}
+		return f.fuzzString()
+	})
+	value := []byte(f.pick("value", func() string {
+		if f.r.Intn(3) == 0 {
+			return strings.Repeat("v", 64<<10-1+f.r.Intn(3))
+		}
+		return f.fuzzString()
+	}))
+	old, had := f.kvGet(ports, key)
+	ctx, cancel := f.callCtx()
+	defer cancel()
+	var err error
+	if f.r.Intn(4) == 0 {
+		fut, release := ports.KvDelete(ctx, func(p schema.ProcessorPorts_kvDelete_Params) error { return p.SetKey(key) })
+		_, err = fut.Struct()
+		release()
+		if err != nil {
+			f.refusedWith("kvDelete", err, itx.EInvalid)
+			if got, found := f.kvGet(ports, key); found != had || !bytes.Equal(got, old) {
+				f.fatalf("kvDelete(%q) refused (%v), yet the key changed", key, err)
+			}
+			return
+		}
+		f.accepted++
+		if _, found := f.kvGet(ports, key); found {
+			f.fatalf("kvDelete(%q) accepted, the key still found", key)
+		}
+		return
+	}
+	fut, release := ports.KvPut(ctx, func(p schema.ProcessorPorts_kvPut_Params) error {
+		if err := p.SetKey(key); err != nil {
+			return err
+		}
+		return p.SetValue(value)
+	})
+	_, err = fut.Struct()
+	release()
+	valid := key != "" && len(key) <= 1024 && len(value) <= 64<<10
+	if err != nil {
+		f.refusedWith("kvPut", err, itx.EInvalid, itx.ELimitExceeded)
+		if got, found := f.kvGet(ports, key); found != had || !bytes.Equal(got, old) {
+			f.fatalf("kvPut(%q) refused (%v), yet the key changed", key, err)
+		}
+		if valid {
+			f.fatalf("kvPut(%.80q, %d bytes) refused: %v", key, len(value), err)
+		}
+		return
+	}
+	f.accepted++
+	if !valid {
+		f.fatalf("kvPut(%.80q, %d bytes) accepted", key, len(value))
+	}
+	if got, found := f.kvGet(ports, key); !found || !bytes.Equal(got, value) {
+		f.fatalf("kvPut(%.80q) reads back %.80q (found %v), put %.80q", key, got, found, value)
+	}
+}
+
+func (f *inputFuzzer) portsAppendTo(ports schema.ProcessorPorts, out schema.Stream) {
+	path := f.pick("/fz/out", func() string { return f.fuzzPath("/fz/out") })
+	events := make([]itx.EventInput, 1+f.r.Intn(2))
+	for i := range events {
+		events[i] = f.fuzzEvent()
+	}
+	before := f.state(out)
+	ctx, cancel := f.callCtx()
+	defer cancel()
+	fut, release := ports.AppendTo(ctx, func(p schema.ProcessorPorts_appendTo_Params) error {
+		if err := p.SetPath(path); err != nil {
+			return err
+		}
+		return wire.SetEventInputs(p.NewEvents, events)
+	})
+	defer release()
+	res, err := fut.Struct()
+	valid := pathValid(path)
+	for _, in := range events {
+		_, ok := eventValid(in)
+		valid = valid && ok
+	}
+	if err != nil {
+		f.refusedWith("appendTo", err, itx.EInvalid, itx.ETooLarge, itx.EIdempotencyConflict, itx.EPermissionDenied)
+		if path == "/fz/out" {
+			f.unchanged("appendTo", out, before)
+		}
+		return
+	}
+	f.accepted++
+	r, err := res.Result()
+	f.must("decode", err)
+	result, err := wire.AppendResultFromSchema(r)
+	f.must("decode", err)
+	if !valid {
+		f.fatalf("appendTo(%q) accepted what README refuses: %s", path, describeEvents(events))
+	}
+	if path != "/fz/out" {
+		return
+	}
+	for i, off := range result.Offsets {
+		if result.Duplicate[i] {
+			continue
+		}
+		stored, _ := eventValid(events[i])
+		e, ok := f.readAt(out, off)
+		if !ok {
+			f.fatalf("appendTo's event %d at %d not read back", i, off)
+		}
+		// A forward's key is its own (derived when none is given): compare the rest.
+		stored.IdempotencyKey = e.IdempotencyKey
+		if d := sameAsStored(e, stored); d != "" {
+			f.fatalf("appendTo's event %d read back at %d differs: %s", i, off, d)
+		}
+	}
+}
+
+func (f *inputFuzzer) portsSchedule(ports schema.ProcessorPorts, home schema.Stream) {
+	in := f.fuzzEvent()
+	in.IdempotencyKey = f.pick(fmt.Sprintf("ps%d", f.r.Intn(20)), f.fuzzString)
+	far := time.Date(2200, 1, 1, 0, 0, 0, 0, time.UTC).UnixMilli()
+	before := f.state(home)
+	ctx, cancel := f.callCtx()
+	defer cancel()
+	fut, release := ports.Schedule(ctx, func(p schema.ProcessorPorts_schedule_Params) error {
+		dst, err := p.NewEvent()
+		if err != nil {
+			return err
+		}
+		p.SetDueAt(far)
+		return wire.SetEventInput(dst, &in)
+	})
+	defer release()
+	_, err := fut.Struct()
+	stored, valid := eventValid(in)
+	valid = valid && stored.IdempotencyKey != "" && !stored.Ephemeral && !strings.HasPrefix(stored.Type, "stream/")
+	if err != nil {
+		f.refusedWith("ports.schedule", err, itx.EInvalid, itx.ETooLarge, itx.EIdempotencyConflict, itx.ELimitExceeded)
+		f.unchanged("ports.schedule", home, before)
+		return
+	}
+	f.accepted++
+	if !valid {
+		f.fatalf("ports.schedule accepted what README refuses: %s", describeEvents([]itx.EventInput{in}))
+	}
+	list, err := client.ListScheduled(ctx, home)
+	f.must("list scheduled", err)
+	for _, se := range list {
+		if se.Event.IdempotencyKey == stored.IdempotencyKey {
+			got := itx.Event{Type: se.Event.Type, Payload: se.Event.Payload, Metadata: se.Event.Metadata, IdempotencyKey: se.Event.IdempotencyKey}
+			if d := sameAsStored(got, stored); d != "" {
+				f.fatalf("ports.schedule's event reads back otherwise: %s", d)
+			}
+			return
+		}
+	}
+	f.fatalf("ports.schedule's %q not listed", stored.IdempotencyKey)
+}
