@@ -91,6 +91,9 @@ func (in *EventInput) Normalize() error {
 		if p[0] != '{' {
 			return Errorf(EInvalid, "payload must be a JSON object")
 		}
+		if d := JSONDepth(p); d > MaxJSONDepth {
+			return Errorf(EInvalid, "payload nests %d levels deep, at most %d", d, MaxJSONDepth)
+		}
 		in.Payload = p
 	}
 	if len(bytes.TrimSpace(in.Metadata)) == 0 || bytes.Equal(bytes.TrimSpace(in.Metadata), jsonNull) {
@@ -105,6 +108,9 @@ func (in *EventInput) Normalize() error {
 		}
 		if m[0] != '{' {
 			return Errorf(EInvalid, "metadata must be a JSON object")
+		}
+		if d := JSONDepth(m); d > MaxJSONDepth {
+			return Errorf(EInvalid, "metadata nests %d levels deep, at most %d", d, MaxJSONDepth)
 		}
 		in.Metadata = m
 	}
@@ -176,6 +182,30 @@ func ValidateTypeFilter(field string, types []string) error {
 		}
 	}
 	return nil
+}
+
+// JSONDepth is how deep valid JSON nests: 0 for a scalar, 1 for {} or [], 2 for {"a":[]}.
+func JSONDepth(b []byte) int {
+	depth, deepest, inString := 0, 0, false
+	for i := 0; i < len(b); i++ {
+		switch c := b[i]; {
+		case inString:
+			if c == '\\' {
+				i++ // the escaped byte ('"' or '\\' included) ends nothing
+			} else if c == '"' {
+				inString = false
+			}
+		case c == '"':
+			inString = true
+		case c == '{' || c == '[':
+			if depth++; depth > deepest {
+				deepest = depth
+			}
+		case c == '}' || c == ']':
+			depth--
+		}
+	}
+	return deepest
 }
 
 func compactJSON(raw []byte) (json.RawMessage, error) {

@@ -143,3 +143,32 @@ func TestErrorCode(t *testing.T) {
 	require.False(t, itx.Coded(errors.New("rpc: connection closed")))
 	require.False(t, itx.Coded(nil))
 }
+
+// A payload or metadata nesting MaxJSONDepth levels is taken; one level more is refused
+// invalidArgument, brackets inside strings (escaped quotes too) not counted.
+func TestEventInput_NormalizeBoundsDepth(t *testing.T) {
+	nest := func(depth int) string { // depth levels: objects around an array
+		return strings.Repeat(`{"a":`, depth-1) + `["\"[{", "\\", "]"]` + strings.Repeat("}", depth-1)
+	}
+	for _, field := range []string{"payload", "metadata"} {
+		for _, depth := range []int{1, 2, itx.MaxJSONDepth - 1, itx.MaxJSONDepth, itx.MaxJSONDepth + 1, 10_000} {
+			raw := json.RawMessage(nest(depth))
+			if depth == 1 {
+				raw = json.RawMessage(`{"s":"[[[{{{\"["}`)
+			}
+			in := itx.EventInput{Type: "t"}
+			if field == "payload" {
+				in.Payload = raw
+			} else {
+				in.Metadata = raw
+			}
+			err := in.Normalize()
+			if depth <= itx.MaxJSONDepth {
+				require.NoError(t, err, "%s at depth %d", field, depth)
+				continue
+			}
+			require.Equal(t, itx.EInvalid, itx.ErrorCode(err), "%s at depth %d: %v", field, depth, err)
+			require.ErrorContains(t, err, fmt.Sprintf("%s nests %d levels deep, at most %d", field, depth, itx.MaxJSONDepth))
+		}
+	}
+}

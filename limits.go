@@ -10,6 +10,11 @@ const (
 	// MaxAppendEvents and MaxAppendBytes bound one append call (one atomic batch).
 	MaxAppendEvents = 1000
 	MaxAppendBytes  = 8 << 20
+	// MaxJSONDepth bounds how deep an event's payload or metadata nests (objects and arrays).
+	// Every envelope an event travels in (a webhook body, a dead letter, an export line, a
+	// scheduled row) holds it a few levels deeper, and receivers' JSON decoders stop at their
+	// own depth (Go's at 10,000): an event at the bound still decodes wherever it goes.
+	MaxJSONDepth = 1000
 	// MaxTypeLength bounds an event type.
 	MaxTypeLength = 256
 	// MaxIdempotencyKeyLength bounds an idempotency key.

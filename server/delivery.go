@@ -198,10 +198,10 @@ func (d *deliverer) deadLetterOf(job pushJob, store streamStore, streamID string
 			Subscription: d.name, CursorChangedAtOffset: job.row.CursorChangedAtOffset, Type: events[0].Type})
 	}
 	in := itx.EventInput{Type: itx.TypeDeadLetter, Payload: body, IdempotencyKey: internalKey("dead-letter", key), Provenance: prov}
-	// An event as deep as an append takes (Go's JSON scanner stops at 10,000 levels) is two
-	// levels deeper inside the letter, which the dead-letter stream would refuse at every retry
-	// until the subscription halted: named, as one too large to fit.
-	if in.Size() > itx.MaxEventBytes-1024 || !json.Valid(in.Payload) {
+	// An event as deep as an append takes (itx.MaxJSONDepth; one stored before the bound, up to
+	// Go's 10,000) is two levels deeper inside the letter, which the dead-letter stream would
+	// refuse at every retry until the subscription halted: named, as one too large to fit.
+	if in.Size() > itx.MaxEventBytes-1024 || !json.Valid(in.Payload) || itx.JSONDepth(in.Payload) > itx.MaxJSONDepth {
 		e := &p.Event
 		e.Payload, e.Metadata, e.IdempotencyKey, e.Provenance, p.EventOmitted = json.RawMessage(`{}`), nil, "", nil, true
 		if in.Payload, err = json.Marshal(p); err != nil {

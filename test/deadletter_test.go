@@ -167,7 +167,7 @@ func TestDeadLetter_DeepEventIsNamedNotCopied(t *testing.T) {
 	s := stream(t, e.p, "/deep-in")
 	name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "lenient", Start: "now", OnFailingEvent: "skip",
 		DeadLetterPath: "/deep-dead", Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "refuser"}})
-	deep := strings.Repeat(`{"a":`, 10_000) + "1" + strings.Repeat("}", 10_000)
+	deep := strings.Repeat(`{"a":`, itx.MaxJSONDepth) + "1" + strings.Repeat("}", itx.MaxJSONDepth) // as deep as an append takes
 	res := mustAppend(t, s, ev("deep", deep))
 	e.refuseUntilSkipped(t, "/deep-in", name, res.HeadOffset)
 	letters := e.deadLetters(t, "/deep-dead")

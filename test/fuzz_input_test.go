@@ -277,8 +277,8 @@ func (f *inputFuzzer) fuzzJSON() string {
 	case 0, 1, 2, 3, 4:
 		return fuzzJSONEdges[f.r.Intn(len(fuzzJSONEdges))]
 	case 5:
-		// Go's decoder refuses nesting past 10,000; around that depth.
-		depth := []int{100, 9_998, 9_999, 10_000, 10_001}[f.r.Intn(5)]
+		// itxd takes MaxJSONDepth levels, Go's decoder refuses past 10,000: around both.
+		depth := []int{100, itx.MaxJSONDepth - 1, itx.MaxJSONDepth, itx.MaxJSONDepth + 1, 9_999, 10_000, 10_001}[f.r.Intn(7)]
 		if f.r.Intn(2) == 0 {
 			return `{"a":` + strings.Repeat("[", depth-1) + strings.Repeat("]", depth-1) + "}"
 		}
@@ -419,6 +419,25 @@ func (f *inputFuzzer) fuzzPath(base string) string {
 
 // --- expectations -------------------------------------------------------------------------
 
+// jsonNesting is how deep valid JSON nests (objects and arrays), read token by token.
+func jsonNesting(raw []byte) int {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	depth, deepest := 0, 0
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return deepest
+		}
+		switch tok {
+		case json.Delim('{'), json.Delim('['):
+			depth++
+			deepest = max(deepest, depth)
+		case json.Delim('}'), json.Delim(']'):
+			depth--
+		}
+	}
+}
+
 // eventValid says whether README's rules accept in, and how it is stored when they do: the
 // model the server's answers are held to (it does not call the server's validators).
 func eventValid(in itx.EventInput) (stored itx.EventInput, ok bool) {
@@ -431,7 +450,7 @@ func eventValid(in itx.EventInput) (stored itx.EventInput, ok bool) {
 		if len(t) == 0 || (nullIsNone && string(t) == "null") {
 			return nil, true
 		}
-		if !utf8.Valid(raw) || !json.Valid(raw) || t[0] != '{' {
+		if !utf8.Valid(raw) || !json.Valid(raw) || t[0] != '{' || jsonNesting(raw) > itx.MaxJSONDepth {
 			return nil, false
 		}
 		var b bytes.Buffer

@@ -293,21 +293,23 @@ func TestScheduled_DueLandsAtOnce(t *testing.T) {
 	})
 }
 
-// A scheduled event whose payload nests as deep as an append takes (Go's JSON decoder stops at
-// 10,000 levels) is listed and lands as sent, and the stream goes on. Its row wrapped the payload
-// in the event's object, one level deeper than the decoder reads: listScheduled failed
-// `internal`, and once it came due every step of the stream failed decoding it, so no append,
-// configure or delivery of that stream went through again.
+// A scheduled event whose payload nests as deep as an append takes (itx.MaxJSONDepth) is listed
+// and lands as sent, and the stream goes on; one level deeper is refused as an append is. (Before
+// the bound, a payload at Go's 10,000 levels sat one level deeper in its row than the decoder
+// reads: listScheduled failed `internal`, and once it came due every step of the stream failed.)
 func TestScheduled_DeepPayloadLands(t *testing.T) {
 	clock := clocktest.New(time.Unix(1_700_000_000, 0))
 	ts := startServer(t, server.Config{Clock: clock})
 	ctx := ctxT(t)
 	s := stream(t, ts.project(t), "/timers/deep")
 	mustAppend(t, s, ev("a", `{}`))
-	deep := strings.Repeat(`{"a":`, 10_000) + "1" + strings.Repeat("}", 10_000)
+	nest := func(depth int) string { return strings.Repeat(`{"a":`, depth) + "1" + strings.Repeat("}", depth) }
+	deep := nest(itx.MaxJSONDepth)
 	mustAppend(t, s, ev("deep", deep)) // an append takes it
 
-	_, _, err := client.Schedule(ctx, s, keyed("deep", deep, "deep-1"), clock.Now().Add(time.Minute))
+	_, _, err := client.Schedule(ctx, s, keyed("deeper", nest(itx.MaxJSONDepth+1), "deeper-1"), clock.Now().Add(time.Minute))
+	require.Equal(t, itx.EInvalid, itx.ErrorCode(err), "%v", err)
+	_, _, err = client.Schedule(ctx, s, keyed("deep", deep, "deep-1"), clock.Now().Add(time.Minute))
 	require.NoError(t, err)
 	list, err := client.ListScheduled(ctx, s)
 	require.NoError(t, err)
