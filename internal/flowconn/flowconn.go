@@ -879,18 +879,23 @@ func (t *Transport) RecvMessage() (transport.IncomingMessage, error) {
 	msg := in.Message()
 	switch msg.Which() {
 	case rpccp.Message_Which_call, rpccp.Message_Which_bootstrap:
-		// Each is answered by exactly one Return; the call is open until that is written.
+		// Each is answered by exactly one Return; the call is open until that is written. One
+		// whose struct cannot be read (its pointer out of the message, say) go-capnp reports
+		// and drops, answering nothing: counted, it stayed open for the connection's life,
+		// against its calls bound and the pool's, and a connection waiting for its open calls
+		// to end (a large message before login) waited until its login deadline.
 		var id uint32
+		var readErr error
 		if msg.Which() == rpccp.Message_Which_call {
-			c, _ := msg.Call()
-			id = c.QuestionId()
+			c, err := msg.Call()
+			id, readErr = c.QuestionId(), err
 		} else {
-			b, _ := msg.Bootstrap()
-			id = b.QuestionId()
+			b, err := msg.Bootstrap()
+			id, readErr = b.QuestionId(), err
 		}
 		size, _ := msg.Message().TotalSize()
 		p.mu.Lock()
-		if !t.torndown {
+		if !t.torndown && readErr == nil {
 			t.calls++
 			p.calls++
 			if old, dup := t.open[id]; dup { // a reused id: go-capnp aborts the connection for it

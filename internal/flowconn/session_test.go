@@ -2,6 +2,7 @@ package flowconn_test
 
 import (
 	"context"
+	"encoding/binary"
 	"net"
 	"strings"
 	"testing"
@@ -275,4 +276,40 @@ func TestTransport_HeldBackConnectionSeesItsClientClose(t *testing.T) {
 			t.Fatalf("the connection did not end: %+v", pool.Stats())
 		}
 	}
+}
+
+// unreadableBootstrap is a Bootstrap message whose Bootstrap struct lies outside the message:
+// go-capnp cannot read it, reports it and answers nothing.
+func unreadableBootstrap() []byte {
+	b := make([]byte, 8+3*8)
+	binary.LittleEndian.PutUint32(b[0:], 0)           // one segment
+	binary.LittleEndian.PutUint32(b[4:], 3)           // of three words
+	binary.LittleEndian.PutUint64(b[8:], 1<<32|1<<48) // root: a struct of one data word and one pointer
+	binary.LittleEndian.PutUint16(b[16:], uint16(rpccp.Message_Which_bootstrap))
+	binary.LittleEndian.PutUint64(b[24:], uint64(1000<<2)|1<<32|1<<48) // the Bootstrap, 1,000 words past the end
+	return b
+}
+
+// A Call or Bootstrap go-capnp cannot read is dropped unanswered, so it is not a call in
+// flight. Counted, it stayed open for good (found by test/rpc_wire_fuzz_test.go): against the
+// connection's calls bound and the pool's, and before login a message above the pre-login
+// bound waits for the open calls to end, so such a connection read nothing more and outlived
+// its client's close until its login deadline.
+func TestTransport_UnreadableCallIsNotInFlight(t *testing.T) {
+	pool := flowconn.NewPool(flowconn.Limits{PreAuthCalls: 4, LoginTimeout: noLoginTimeout})
+	r := itxtest.DialRaw(t, serve(t, pool))
+	for range 3 { // below the calls bound: counted, they would stop the reads after one more
+		if err := r.WriteRaw(unreadableBootstrap()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.Bootstrap(0)
+	r.UntilReturn(0)
+	waitFor(t, pool, "no call in flight", func(s flowconn.Stats) bool { return s.Calls == 0 && s.CallBytes == 0 })
+	// Before login, a message above the pre-login bound is read once no call is open: here it
+	// is too large for the connection, which ends at once.
+	if err := r.WriteRaw([]byte{0, 0, 0, 0, 0, 0, 1, 0}); err != nil { // one segment of 65,536 words
+		t.Fatal(err)
+	}
+	waitFor(t, pool, "the connection ended", func(s flowconn.Stats) bool { return s.Conns == 0 })
 }
