@@ -217,12 +217,20 @@ func (p List) Struct(i int) Struct {
 	if !ok {
 		return Struct{}
 	}
+	// itx patch: a list read at the depth limit (depthLimit 0) gave its elements 0-1, the
+	// largest uint, so copying a pointer list that holds itself recursed without end (a stack
+	// overflow, which no recover catches). Saturated: reading the elements' pointers then
+	// fails with the depth limit.
+	depth := p.depthLimit
+	if depth > 0 {
+		depth--
+	}
 	return Struct{
 		seg:        p.seg,
 		off:        addr,
 		size:       p.size,
 		flags:      isListMember,
-		depthLimit: p.depthLimit - 1,
+		depthLimit: depth,
 	}
 }
 
