@@ -812,7 +812,18 @@ func (c *Conn) handleCall(ctx context.Context, in transport.IncomingMessage) err
 				}
 
 				if err = mm.SetCall(call); err != nil {
-					return rpcerr.Annotate(err, "incoming call: send unimplemented")
+					// itx patch: a Call that cannot be copied (a pointer in it out of the
+					// message, or past the depth limit) was answered by nothing at all, so
+					// its question stayed open for the peer and for a transport that counts
+					// calls until their answer (itx's flowconn held it in flight for the
+					// connection's life). The echo then carries what names the call.
+					echo, err := mm.NewCall()
+					if err != nil {
+						return rpcerr.Annotate(err, "incoming call: send unimplemented")
+					}
+					echo.SetQuestionId(call.QuestionId())
+					echo.SetInterfaceId(call.InterfaceId())
+					echo.SetMethodId(call.MethodId())
 				}
 
 				return nil
