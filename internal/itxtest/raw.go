@@ -135,53 +135,56 @@ func CapPtr(s capnp.Struct, i uint16, idx capnp.CapabilityID) error {
 
 // CallMsg sends c.
 func (r *RawClient) CallMsg(rc RawCall) {
-	r.Send(func(m rpccp.Message) error {
-		c, err := m.NewCall()
+	r.Send(func(m rpccp.Message) error { return BuildCall(m, rc) })
+}
+
+// BuildCall makes m the Call rc describes (for a test that sends its bytes itself).
+func BuildCall(m rpccp.Message, rc RawCall) error {
+	c, err := m.NewCall()
+	if err != nil {
+		return err
+	}
+	c.SetQuestionId(rc.Q)
+	c.SetInterfaceId(rc.Iface)
+	c.SetMethodId(rc.Method)
+	tgt, err := c.NewTarget()
+	if err != nil {
+		return err
+	}
+	if err := rc.Target(tgt); err != nil {
+		return err
+	}
+	params, err := c.NewParams()
+	if err != nil {
+		return err
+	}
+	s, err := capnp.NewStruct(params.Segment(), rc.Size)
+	if err != nil {
+		return err
+	}
+	if rc.Set != nil {
+		if err := rc.Set(s); err != nil {
+			return err
+		}
+	}
+	if err := params.SetContent(s.ToPtr()); err != nil {
+		return err
+	}
+	if len(rc.Caps) > 0 {
+		table, err := params.NewCapTable(int32(len(rc.Caps)))
 		if err != nil {
 			return err
 		}
-		c.SetQuestionId(rc.Q)
-		c.SetInterfaceId(rc.Iface)
-		c.SetMethodId(rc.Method)
-		tgt, err := c.NewTarget()
-		if err != nil {
-			return err
-		}
-		if err := rc.Target(tgt); err != nil {
-			return err
-		}
-		params, err := c.NewParams()
-		if err != nil {
-			return err
-		}
-		s, err := capnp.NewStruct(params.Segment(), rc.Size)
-		if err != nil {
-			return err
-		}
-		if rc.Set != nil {
-			if err := rc.Set(s); err != nil {
+		for i, set := range rc.Caps {
+			if err := set(table.At(i)); err != nil {
 				return err
 			}
 		}
-		if err := params.SetContent(s.ToPtr()); err != nil {
-			return err
-		}
-		if len(rc.Caps) > 0 {
-			table, err := params.NewCapTable(int32(len(rc.Caps)))
-			if err != nil {
-				return err
-			}
-			for i, set := range rc.Caps {
-				if err := set(table.At(i)); err != nil {
-					return err
-				}
-			}
-		}
-		if rc.Build != nil {
-			return rc.Build(c)
-		}
-		return nil
-	})
+	}
+	if rc.Build != nil {
+		return rc.Build(c)
+	}
+	return nil
 }
 
 // Finish finishes question q (keeping any capabilities in its results).
