@@ -89,8 +89,9 @@ func setTexts(l capnp.TextList, vs ...string) error {
 }
 
 // wireCorpus is one valid session, every call pipelined on the answers before it, as a client
-// in any language may send it at once. Its appends carry an idempotency key, so every replay
-// of it writes nothing new; only mutated ones can.
+// in any language may send it at once. Its append's first event carries an idempotency key (a
+// mutated body under it is a conflict: nothing written), its second none (each replay that
+// reaches the append writes one: whatever a mutation left of it must be refused or whole).
 func wireCorpus(t testing.TB, token, path, hookURL string) [][]byte {
 	sink := func(id uint32) []func(rpccp.CapDescriptor) error {
 		return []func(rpccp.CapDescriptor) error{func(d rpccp.CapDescriptor) error { d.SetSenderHosted(id); return nil }}
@@ -126,10 +127,7 @@ func wireCorpus(t testing.TB, token, path, hookURL string) [][]byte {
 				if err := e.SetType("fuzz/b"); err != nil {
 					return err
 				}
-				if err := e.SetPayload(`{"n":2}`); err != nil {
-					return err
-				}
-				if err := e.SetIdempotencyKey("wire-k2"); err != nil {
+				if err := e.SetPayload(`{"n":2,"t":"wire"}`); err != nil { // no key: every replay appends it
 					return err
 				}
 				_, err = p.NewOptions()
@@ -209,7 +207,9 @@ func wireCorpus(t testing.TB, token, path, hookURL string) [][]byte {
 			}}),
 		wireCall(t, itxtest.RawCall{Q: 12, Target: itxtest.OnAnswer(3, 0), Iface: schema.Stream_TypeID, Method: 4}),
 	}
-	for _, q := range []uint32{4, 5, 7, 9, 12, 8, 11} {
+	// Not the append's: a Finish before its answer cancels it, and the appends are what a
+	// mutation must leave whole or refused.
+	for _, q := range []uint32{5, 7, 9, 12, 8, 11} {
 		frames = append(frames, wireFinish(t, q))
 	}
 	return frames
@@ -577,6 +577,26 @@ func wireMutators() []wireMutator {
 				return f
 			}
 			f[texts[rng.Intn(len(texts))]] = byte("x\xff\x00\n"[rng.Intn(4)])
+			return f
+		}},
+		{"a byte inside a text", func(rng *rand.Rand, f []byte, _ [][2]uint64) []byte {
+			// JSON and names broken where the schema cannot see it: itxd must refuse them.
+			hdr, b := body(f)
+			var at []int
+			for _, p := range pointerWords(f, 1) {
+				w := binary.LittleEndian.Uint64(f[p:])
+				if (w>>32)&7 != 2 || w>>35 < 2 {
+					continue
+				}
+				start := (p-hdr)/8 + 1 + int(int32(uint32(w))>>2)
+				if end := 8*start + int(w>>35) - 1; end <= len(b) {
+					at = append(at, hdr+8*start+rng.Intn(int(w>>35)-1))
+				}
+			}
+			if len(at) == 0 {
+				return f
+			}
+			f[at[rng.Intn(len(at))]] = "{}[],:\"\x00\xff \n"[rng.Intn(11)]
 			return f
 		}},
 		{"message union", func(rng *rand.Rand, f []byte, _ [][2]uint64) []byte {
