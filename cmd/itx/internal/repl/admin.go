@@ -105,6 +105,27 @@ func adminCreateProject(ctx context.Context, s *Session, c capnp.Client, _ capPa
 	return CreatedProjectJS{ID: p.ID, Name: p.Name, Token: token, TokenInfo: TokenOf(t)}, nil
 }
 
+// pages reads a listing at the prompt: with a limit, the one page after `after` (more tells the
+// user where the next starts, when there is one); without, every page after it.
+func pages[T any](after string, limit int64, page func(after string) ([]T, string, error), more func(shown int, next string)) ([]T, error) {
+	var list []T
+	for {
+		got, next, err := page(after)
+		if err != nil {
+			return nil, err
+		}
+		list = append(list, got...)
+		if next == "" {
+			return list, nil
+		}
+		if limit > 0 {
+			more(len(list), next)
+			return list, nil
+		}
+		after = next
+	}
+}
+
 // adminListProjects pages as Streams.list does at the prompt: with a limit, the one page after
 // `after` (saying where the next starts); without, every page after it.
 func adminListProjects(ctx context.Context, s *Session, c capnp.Client, _ capPath, args []goja.Value) (any, error) {
@@ -116,22 +137,14 @@ func adminListProjects(ctx context.Context, s *Session, c capnp.Client, _ capPat
 	if err := o.err(); err != nil {
 		return nil, err
 	}
-	var list []itx.ProjectSummary
-	for {
-		page, next, err := client.ListProjectsPage(ctx, schema.Admin(c), after, int(limit))
-		if err != nil {
-			return nil, err
-		}
-		list = append(list, page...)
-		if next == "" {
-			break
-		}
-		if limit > 0 {
-			s.note("%s shown; more follow: listProjects(%q, %d) for the next page, or leave out the limit for all",
-				plural(len(list), "project"), next, limit)
-			break
-		}
-		after = next
+	list, err := pages(after, limit, func(after string) ([]itx.ProjectSummary, string, error) {
+		return client.ListProjectsPage(ctx, schema.Admin(c), after, int(limit))
+	}, func(shown int, next string) {
+		s.note("%s shown; more follow: listProjects(%q, %d) for the next page, or leave out the limit for all",
+			plural(shown, "project"), next, limit)
+	})
+	if err != nil {
+		return nil, err
 	}
 	out := make([]ProjectJS, len(list))
 	for i, p := range list {

@@ -439,22 +439,14 @@ func streamsList(ctx context.Context, s *Session, c capnp.Client, _ capPath, arg
 	}
 	// The pipelined Streams capability is already at hand: list on it directly. With a limit,
 	// one page; without, every page after `after`.
-	var list []itx.StreamInfo
-	for {
-		page, next, err := client.ListStreamsPage(ctx, schema.Streams(c), prefix, after, int(limit))
-		if err != nil {
-			return nil, err
-		}
-		list = append(list, page...)
-		if next == "" {
-			break
-		}
-		if limit > 0 {
-			s.note("%s shown; more follow: list(%q, %q, %d) for the next page, or leave out the limit for all",
-				plural(len(list), "stream"), prefix, next, limit)
-			break
-		}
-		after = next
+	list, err := pages(after, limit, func(after string) ([]itx.StreamInfo, string, error) {
+		return client.ListStreamsPage(ctx, schema.Streams(c), prefix, after, int(limit))
+	}, func(shown int, next string) {
+		s.note("%s shown; more follow: list(%q, %q, %d) for the next page, or leave out the limit for all",
+			plural(shown, "stream"), prefix, next, limit)
+	})
+	if err != nil {
+		return nil, err
 	}
 	out := make([]streamInfoJS, len(list))
 	for i, info := range list {
