@@ -200,8 +200,9 @@ func (d *deliverer) deadLetterOf(job pushJob, store streamStore, streamID string
 	in := itx.EventInput{Type: itx.TypeDeadLetter, Payload: body, IdempotencyKey: internalKey("dead-letter", key), Provenance: prov}
 	// An event as deep as an append takes (itx.MaxJSONDepth; one stored before the bound, up to
 	// Go's 10,000) is two levels deeper inside the letter, which the dead-letter stream would
-	// refuse at every retry until the subscription halted: named, as one too large to fit.
-	if in.Size() > itx.MaxEventBytes-1024 || !json.Valid(in.Payload) || itx.JSONDepth(in.Payload) > itx.MaxJSONDepth {
+	// refuse at every retry until the subscription halted: named, as one too large to fit. (The
+	// letter is json.Marshal's output, so its depth is the one way it can be refused.)
+	if in.Size() > itx.MaxEventBytes-1024 || itx.JSONDepth(in.Payload) > itx.MaxJSONDepth {
 		e := &p.Event
 		e.Payload, e.Metadata, e.IdempotencyKey, e.Provenance, p.EventOmitted = json.RawMessage(`{}`), nil, "", nil, true
 		if in.Payload, err = json.Marshal(p); err != nil {

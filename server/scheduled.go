@@ -264,12 +264,12 @@ func (st *streamState) applySchedule(op scheduleOp, env stepEnv, eff *effects) s
 }
 
 // scheduledRow is a scheduled event's row: the event with its payload and metadata as JSON
-// strings. Held as JSON values inside the event's object they nest one level deeper than an
-// append's payload may (Go's decoder stops at 10,000 levels), so a row holding such a payload
-// did not decode: listScheduled failed and, once it came due, every step of its stream. As
-// strings they are also kept byte for byte (json.Marshal copies a json.RawMessage HTML-escaped:
-// '<' came back as \u003c). Rows written before hold "payload" and "metadata" as values, and
-// decode as they did.
+// strings, kept byte for byte (json.Marshal copies a json.RawMessage HTML-escaped: '<' came
+// back as \u003c) and at no added depth. Held as values inside the event's object they sat one
+// level deeper than the payload: before itx.MaxJSONDepth, a payload at Go's 10,000-level limit
+// made a row that did not decode, so listScheduled failed and, once it came due, every step of
+// its stream. Rows written before hold "payload" and "metadata" as values, and decode as they
+// did (such a deep one still does not).
 type scheduledRow struct {
 	itx.EventInput
 	PayloadText  *string `json:"payloadText,omitempty"`
