@@ -331,6 +331,9 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 		r.LastError = truncate(itx.Errorf(itx.ECapabilityOffline, "%s (it was unmounted)", what).Error(), itx.MaxCursorErrorLength)
 		st.touch(name, now)
 		eff.rowsChanged = true // describe and live state show it at once
+		// A park like one a delivery finds: logged and counted (itx_subscription_parks_total),
+		// or the gauge of parked subscriptions rises with no park counted or logged.
+		eff.ladder = append(eff.ladder, ladderNote{name: name, decision: decidePark, offset: r.ConfirmedOffset, attempts: r.Attempt, msg: r.LastError})
 	}
 	for name, rt := range st.subs {
 		if !rt.unmountedInFlight || rt.inFlight {
