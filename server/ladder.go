@@ -235,7 +235,14 @@ func decideFailure(row storage.CursorRow, f deliveryFailure, policy string, now 
 	if policy == itx.OnFailingSkip && d.failingAttempt >= itx.FailingEventConfirmAttempts {
 		if row.FailingEventSkips+1 >= itx.MaxFailingEventSkips {
 			d.kind = decideHalt
-			d.msg = truncate(fmt.Sprintf("%d events skipped without a success between them; last: %s", row.FailingEventSkips+1, f.msg), itx.MaxHaltErrorLength)
+			// Say what happened: this event is not skipped (the cursor stays before it) and
+			// the skips before it are the dead letters and error records the stream holds.
+			skipped := fmt.Sprintf("%d events were", row.FailingEventSkips)
+			if row.FailingEventSkips == 1 {
+				skipped = "1 event was"
+			}
+			d.msg = truncate(fmt.Sprintf("offset %d failed %d times and %s skipped before it without a success between them: %s",
+				offset, d.failingAttempt, skipped, f.msg), itx.MaxHaltErrorLength)
 			return d
 		}
 		d.kind, d.skipOffset = decideSkip, offset

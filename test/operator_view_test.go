@@ -3,6 +3,7 @@ package test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -66,4 +67,58 @@ func TestOperatorView_UnmountParkIsCountedAndLogged(t *testing.T) {
 	require.Equal(t, "call", lines[0]["subscription"])
 	require.Contains(t, lines[0]["error"], "it was unmounted")
 	require.EqualValues(t, head, lines[0]["confirmedOffset"])
+}
+
+// A subscription under onFailingEvent: skip halts on the failing event that would be its third
+// skip without a success between them: that event is not skipped (the cursor stays before it,
+// no dead letter is written for it). Every place the halt is shown says so, in the same words:
+// the offset it halted on and the two events skipped before it, as the dead letters and the
+// stream's skip records count them. (It said "3 events skipped", so an operator looked for a
+// third dead letter that was never written and read the halted event as passed.)
+func TestOperatorView_SkipHaltSaysWhatWasSkipped(t *testing.T) {
+	var logs syncBuffer
+	e := newSubEnv(t, server.Config{Log: zerolog.New(&logs)})
+	h := newHook(t, func(int, itx.WebhookBody) int { return 400 })
+	s := stream(t, e.p, "/orders")
+	name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "mailer", Start: "now", OnFailingEvent: "skip",
+		DeadLetterPath: "/orders/dead", Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
+	res := mustAppend(t, s, ev("order", `{"n":1}`), ev("order", `{"n":2}`), ev("order", `{"n":3}`))
+	first, third := res.Offsets[0], res.Offsets[2]
+	e.refuseUntilSkipped(t, "/orders", name, first)
+	e.refuseUntilSkipped(t, "/orders", name, first+1)
+	for attempt := 1; attempt < itx.FailingEventConfirmAttempts; attempt++ {
+		waitUntil(t, "refused", func() bool { return e.describe(t, s, name).FailingEventAttempt == attempt })
+		e.clock.Advance(itx.Backoff(attempt, 0.5))
+	}
+	waitUntil(t, "halted", func() bool { return e.describe(t, s, name).Status == itx.StatusHalted })
+
+	// The truth: two events skipped (two letters, two skip records), the third halted on.
+	require.Len(t, e.deadLetters(t, "/orders/dead"), 2)
+	require.Len(t, e.events(t, s, itx.TypeErrorOccurred), 2)
+	d := e.describe(t, s, name)
+	require.Equal(t, third-1, d.ConfirmedOffset, "the cursor stays before the event it halted on")
+	require.Equal(t, third, d.FailingEventOffset)
+	require.Equal(t, 2, d.FailingEventSkips)
+
+	want := fmt.Sprintf("offset %d failed 3 times and 2 events were skipped before it without a success between them: webhook responded 400 Bad Request", third)
+	require.Equal(t, want, d.LastError, "describe")
+	for _, row := range e.list(t, s) {
+		if row.Name == name {
+			require.Equal(t, want, row.LastError, "subscriptions.list")
+		}
+	}
+	halts := e.events(t, s, itx.TypeSubscriptionHalted)
+	require.Len(t, halts, 1)
+	var halt struct{ Error string }
+	require.NoError(t, json.Unmarshal(halts[0].Payload, &halt))
+	require.Equal(t, want, halt.Error, "the halted event")
+	view, err := client.WatchStream(e.ctx, s)
+	require.NoError(t, err)
+	live, err := view.StreamState(e.ctx, func(itx.LiveStreamState) bool { return true })
+	require.NoError(t, err)
+	require.Equal(t, want, live.Subscriptions[name].LastError, "live state")
+	require.NoError(t, view.Cancel(e.ctx))
+	lines := logLines(&logs, "subscription halted")
+	require.Len(t, lines, 1)
+	require.Equal(t, want, lines[0]["error"], "the log")
 }
