@@ -28,6 +28,9 @@ type LiveSubscriptionRow struct {
 	Lag           int64  `json:"lag"`
 	LastError     string `json:"lastError,omitempty"`
 	NextAttemptAt int64  `json:"nextAttemptAt,omitempty"`
+	// Attempt is the retry ladder's rung: failed attempts in a row (0: none), as
+	// subscriptions.list() shows it, so a view tells a first retry from one near the halt.
+	Attempt int `json:"attempt,omitempty"`
 }
 
 // LiveReaderRow is a registered reader as the live state shows it.

@@ -324,7 +324,7 @@ func (a *actor) liveState() LiveStreamState {
 		for name, entry := range v.core.Subscriptions {
 			r := v.rows[name]
 			row := LiveSubscriptionRow{Kind: entry.Kind(), Status: r.Status, Confirmed: r.ConfirmedOffset,
-				Lag: max(0, v.head-r.ConfirmedOffset), LastError: r.LastError, NextAttemptAt: r.NextAttemptAt}
+				Lag: max(0, v.head-r.ConfirmedOffset), LastError: r.LastError, NextAttemptAt: r.NextAttemptAt, Attempt: r.Attempt}
 			if entry.Config.ConfirmWindow > 0 {
 				row.Delivered = max(r.DeliveredOffset, r.ConfirmedOffset)
 			}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/itx-dev/itx"
@@ -121,4 +122,49 @@ func TestOperatorView_SkipHaltSaysWhatWasSkipped(t *testing.T) {
 	lines := logLines(&logs, "subscription halted")
 	require.Len(t, lines, 1)
 	require.Equal(t, want, lines[0]["error"], "the log")
+}
+
+// The live state shows where a retrying subscription stands on the ladder as list() and
+// describe() do: its attempt beside its next retry, and neither once a delivery succeeds. (It
+// showed nextAttemptAt alone, so a dashboard could not tell a first retry from the fourteenth,
+// one step from a halt.)
+func TestOperatorView_LiveStateShowsTheAttempt(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	var healthy atomic.Bool
+	h := newHook(t, func(int, itx.WebhookBody) int {
+		if healthy.Load() {
+			return 200
+		}
+		return 503
+	})
+	s := stream(t, e.p, "/orders")
+	name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "hook", Start: "now",
+		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
+	head := mustAppend(t, s, ev("order", `{}`)).HeadOffset
+	view, err := client.WatchStream(e.ctx, s)
+	require.NoError(t, err)
+	defer view.Cancel(e.ctx)
+	for attempt := 1; attempt <= 3; attempt++ {
+		waitUntil(t, "attempt", func() bool { return e.describe(t, s, name).Attempt == attempt })
+		d := e.describe(t, s, name)
+		live, err := view.StreamState(e.ctx, func(st itx.LiveStreamState) bool { return st.Subscriptions[name].Attempt == attempt })
+		require.NoError(t, err, "attempt %d", attempt)
+		row := live.Subscriptions[name]
+		require.Equal(t, d.NextAttemptAt, row.NextAttemptAt, "attempt %d", attempt)
+		require.Equal(t, d.LastError, row.LastError)
+		for _, l := range e.list(t, s) {
+			if l.Name == name {
+				require.Equal(t, attempt, l.Attempt, "list")
+			}
+		}
+		if attempt == 3 {
+			healthy.Store(true) // the next retry, attempt 4, succeeds
+		}
+		e.clock.Advance(itx.Backoff(attempt, 0.5))
+	}
+	e.waitProcessed(t, s, name, head)
+	live, err := view.StreamState(e.ctx, func(st itx.LiveStreamState) bool { return st.Subscriptions[name].Confirmed == head })
+	require.NoError(t, err)
+	require.Equal(t, itx.LiveSubscriptionRow{Kind: itx.KindWebhookPost, Status: itx.StatusActive, Confirmed: head}, live.Subscriptions[name],
+		"caught up: no attempt, retry or error left")
 }

@@ -55,6 +55,7 @@ func TestRun_Consumers(t *testing.T) {
 	type row struct {
 		Path, Name, Kind, Status string
 		Confirmed, Head, Lag     int64
+		Attempt                  int
 	}
 	consumers := func(args ...string) []row {
 		t.Helper()
@@ -66,12 +67,12 @@ func TestRun_Consumers(t *testing.T) {
 	}
 	all := consumers()
 	require.Len(t, all, 5, "%+v", all)
-	require.Equal(t, row{"/shop/carts", "hook", "webhook-post", "halted", 0, 3, 3}, all[0], "halted first")
-	require.Equal(t, row{"/shop/orders", "dashboard", "reader", "active", 0, 2, 2}, all[1], "then by lag")
+	require.Equal(t, row{"/shop/carts", "hook", "webhook-post", "halted", 0, 3, 3, itx.MaxDeliveryAttempts}, all[0], "halted first, on the ladder's last rung")
+	require.Equal(t, row{"/shop/orders", "dashboard", "reader", "active", 0, 2, 2, 0}, all[1], "then by lag")
 	require.Equal(t, "/other", all[2].Path)
 	require.Equal(t, int64(1), all[2].Lag)
-	require.Equal(t, row{"/quiet", "at-head", "reader", "active", 1, 1, 0}, all[3], "a caught-up reader is listed too")
-	require.Equal(t, row{"/shop/orders", "mirror", "copy-to-stream", "active", 2, 2, 0}, all[4])
+	require.Equal(t, row{"/quiet", "at-head", "reader", "active", 1, 1, 0, 0}, all[3], "a caught-up reader is listed too")
+	require.Equal(t, row{"/shop/orders", "mirror", "copy-to-stream", "active", 2, 2, 0, 0}, all[4])
 
 	behind := consumers("--behind")
 	require.Len(t, behind, 3, "the caught-up mirror is left out: %+v", behind)

@@ -58,6 +58,7 @@ type consumerRowJS struct {
 	Head          int64  `json:"head"`
 	Lag           int64  `json:"lag"`
 	LastError     string `json:"lastError"`
+	Attempt       int    `json:"attempt"` // the retry ladder's rung (0: none), as subscriptions.list() shows it
 	NextAttemptAt msTime `json:"nextAttemptAt"`
 }
 
@@ -127,7 +128,7 @@ func runConsumers(ctx context.Context, s *Session, args []string) error {
 			}
 			rows = append(rows, consumerRowJS{Path: info.Path, Name: r.Name, Kind: r.Kind, Status: r.Status,
 				Confirmed: r.ConfirmedOffset, Head: r.ConfirmedOffset + r.Lag, Lag: r.Lag, LastError: r.LastError,
-				NextAttemptAt: msTime(r.NextAttemptAt)})
+				Attempt: r.Attempt, NextAttemptAt: msTime(r.NextAttemptAt)})
 		}
 	}
 	read := len(wanted)
