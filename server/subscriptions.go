@@ -322,6 +322,11 @@ func (s *Server) WaitUntilProcessed(ctx context.Context, ref StreamRef, name str
 		select {
 		case <-v.changed:
 		case <-expired:
+			if wasReader {
+				// A reader has a checkpoint, not a status: say what it is.
+				return 0, itx.Errorf(itx.EDeadlineExceeded, "registered reader %q checkpoint %d < %d after %dms",
+					name, row.ConfirmedOffset, offset, timeout.Milliseconds())
+			}
 			return 0, itx.Errorf(itx.EDeadlineExceeded, "subscription %q confirmed %d < %d after %dms (status: %s)",
 				name, row.ConfirmedOffset, offset, timeout.Milliseconds(), row.Status)
 		case <-ctx.Done():

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
@@ -167,4 +168,23 @@ func TestOperatorView_LiveStateShowsTheAttempt(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, itx.LiveSubscriptionRow{Kind: itx.KindWebhookPost, Status: itx.StatusActive, Confirmed: head}, live.Subscriptions[name],
 		"caught up: no attempt, retry or error left")
+}
+
+// A barrier on a registered reader that times out says what it waited on: the reader's
+// checkpoint. (It said `subscription "mirror" confirmed 1 < 3 ... (status: reader)`, naming a
+// subscription that does not exist and a status no consumer has.)
+func TestOperatorView_ReaderBarrierTimeoutNamesTheReader(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	s := stream(t, ts.project(t), "/mirrored")
+	mustAppend(t, s, ev("a", `{}`), ev("a", `{}`), ev("a", `{}`))
+	fut, release := s.Readers(ctx, nil)
+	defer release()
+	require.NoError(t, client.RegisterReader(ctx, fut.Readers(), "mirror", 1))
+	sub := client.Subscription(ctx, s, "mirror")
+	defer sub.Release()
+	_, err := client.WaitUntilProcessed(ctx, sub, 3, 100*time.Millisecond)
+	requireCode(t, err, itx.EDeadlineExceeded)
+	require.Contains(t, itx.ErrorMessage(err), `registered reader "mirror" checkpoint 1 < 3 after 100ms`)
+	require.NotContains(t, itx.ErrorMessage(err), "status")
 }
