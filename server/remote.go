@@ -272,14 +272,15 @@ func (s *Server) MountProcessorHostAs(tokenID, projectID, scope, name string, ho
 		ph.contract[mountKey{projectID, scope, c.Name}] = m
 	}
 	ph.mu.Unlock()
-	s.log.Info().Str("host", name).Str("scope", scope).Int("contracts", len(contracts)).Uint64("generation", m.gen).Msg("processor host mounted")
+	s.log.Info().Str("project", projectID).Str("host", name).Str("scope", scope).Int("contracts", len(contracts)).Uint64("generation", m.gen).Msg("processor host mounted")
 	for _, c := range contracts {
 		s.schedulePoke(projectID, scope, presenceToken(c.Name))
 	}
 	return func() {
 		ph.mu.Lock()
 		var gone []string // the contracts no other host of the scope took over
-		if ph.byName[mountKey{projectID, scope, name}] == m {
+		current := ph.byName[mountKey{projectID, scope, name}] == m
+		if current {
 			for _, c := range m.contracts {
 				if ph.contract[mountKey{projectID, scope, c.Name}] == m {
 					gone = append(gone, c.Name)
@@ -288,6 +289,11 @@ func (s *Server) MountProcessorHostAs(tokenID, projectID, scope, name string, ho
 			ph.dropLocked(m)
 		}
 		ph.mu.Unlock()
+		if current {
+			// The mount's line has its end: the operator reading why a remote processor
+			// parked finds the host that went, and which contracts went with it.
+			s.log.Info().Str("project", projectID).Str("host", name).Str("scope", scope).Strs("contracts", gone).Uint64("generation", m.gen).Msg("processor host unmounted")
+		}
 		for _, c := range gone {
 			s.scheduleUnmounted(projectID, scope, presenceToken(c))
 		}

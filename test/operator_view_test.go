@@ -11,6 +11,8 @@ import (
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/processors/examples"
+	"github.com/itx-dev/itx/processors/remote"
 	"github.com/itx-dev/itx/server"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
@@ -187,4 +189,55 @@ func TestOperatorView_ReaderBarrierTimeoutNamesTheReader(t *testing.T) {
 	requireCode(t, err, itx.EDeadlineExceeded)
 	require.Contains(t, itx.ErrorMessage(err), `registered reader "mirror" checkpoint 1 < 3 after 100ms`)
 	require.NotContains(t, itx.ErrorMessage(err), "status")
+}
+
+// A remote processor host's mount and its end are both in the log with the project, and the
+// park of the processor it served follows: an operator reading why a remote processor parked
+// finds which host of which project went, and when. (The mount was logged without the project,
+// two projects may each run a "worker-1", and the unmount and the park not at all.)
+func TestOperatorView_RemoteHostComingAndGoingIsLogged(t *testing.T) {
+	var logs syncBuffer
+	ts := startServer(t, server.Config{Log: zerolog.New(&logs)})
+	ctx := ctxT(t)
+	p := ts.project(t)
+	s := stream(t, p, "/remote/gone")
+	configureRemote(t, s, "guestbook")
+	hctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	mounted := make(chan struct{}, 1)
+	go func() {
+		defer close(done)
+		_ = remote.Run(hctx, remote.Config{Addr: ts.addr, Token: ts.creds.ProjectToken, Name: "worker-1", Host: referenceHost(t, "guestbook"),
+			MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
+			Logf: t.Logf, Mounted: func() { mounted <- struct{}{} }})
+	}()
+	t.Cleanup(func() { stop(); <-done })
+	awaitMount(t, mounted)
+	head := mustAppend(t, s, examples.GuestbookSigned.Input(examples.Signed{Name: "ada", Message: "hi"}, "")).HeadOffset
+	sub, _ := processorOf(t, s, "guestbook")
+	_, err := client.WaitUntilProcessed(ctx, sub, head, 0)
+	require.NoError(t, err)
+	before := len(logLines(&logs, "subscription parked")) // configured before the host came: parked then
+	up := logLines(&logs, "processor host mounted")
+	require.Len(t, up, 1)
+	require.Equal(t, "worker-1", up[0]["host"])
+	require.Equal(t, ts.creds.ProjectID, up[0]["project"])
+
+	stop() // the host's connection ends
+	<-done
+	var down, parked []map[string]any
+	waitUntil(t, "the unmount and the park logged", func() bool {
+		down, parked = logLines(&logs, "processor host unmounted"), logLines(&logs, "subscription parked")[before:]
+		return len(down) > 0 && len(parked) > 0
+	})
+	require.Len(t, down, 1)
+	require.Equal(t, "worker-1", down[0]["host"])
+	require.Equal(t, ts.creds.ProjectID, down[0]["project"])
+	require.Contains(t, down[0]["contracts"], "guestbook")
+	require.Len(t, parked, 1)
+	require.Equal(t, "guestbook", parked[0]["subscription"])
+	require.Equal(t, "/remote/gone", parked[0]["path"])
+	require.Contains(t, parked[0]["error"], `no processor host announcing "guestbook" is mounted (it was unmounted)`)
+	require.EqualValues(t, head, parked[0]["confirmedOffset"])
+	require.Equal(t, itx.StatusParked, describeSubIn(ctx, t, s, "guestbook").Status)
 }
