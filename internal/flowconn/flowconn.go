@@ -774,8 +774,13 @@ func (t *Transport) RecvMessage() (transport.IncomingMessage, error) {
 			return nil, verbatimAbort{err}
 		}
 		p.mu.Lock()
-		p.exports += n - t.exportsSeen
-		t.exportsSeen = n
+		// Not once the writer tore the connection down (a write failed, the client gone): it
+		// returned exportsSeen to the pool then, and what is counted after it would stay there
+		// for good, against every other connection's global bound.
+		if !t.torndown {
+			p.exports += n - t.exportsSeen
+			t.exportsSeen = n
+		}
 		victim := p.shedLocked(p.exports, p.limits.GlobalCapabilities, func(u *Transport) int { return u.exportsSeen }, func(n int) error {
 			return itx.Errorf(itx.ELimitExceeded, "clients hold %d capabilities over all connections, above itxd's bound of %d (--rpc-global-max-capabilities), and this one holds the most (%d): release the ones it no longer uses",
 				p.exports, p.limits.GlobalCapabilities, n)

@@ -5,9 +5,12 @@ import (
 	"encoding/binary"
 	"net"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
+	"capnproto.org/go/capnp/v3"
 	"capnproto.org/go/capnp/v3/rpc"
 	rpccp "capnproto.org/go/capnp/v3/std/capnp/rpc"
 	"github.com/itx-dev/itx/internal/clocktest"
@@ -312,4 +315,54 @@ func TestTransport_UnreadableCallIsNotInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, pool, "the connection ended", func(s flowconn.Stats) bool { return s.Conns == 0 })
+}
+
+// failingWrites is a server socket whose writes fail, as a socket the client reset does.
+type failingWrites struct{ net.Conn }
+
+func (f failingWrites) Write([]byte) (int, error) { return 0, syscall.EPIPE }
+
+// A connection whose write failed is torn down by its writer (what it held goes back to the
+// pool) while its reader may still be between two messages: the capabilities it counts next
+// are not the pool's any more. They were added back, for good: every client that reset its
+// socket while itxd wrote to it left what it held in itx_rpc_capabilities and in the count
+// --rpc-global-max-capabilities is checked against, so after enough of them itxd aborted
+// clients holding almost nothing (found by test/residue_test.go: 72 held with one connection
+// holding 7).
+func TestTransport_CapabilitiesOfATornDownConnectionLeaveThePool(t *testing.T) {
+	pool := flowconn.NewPool(flowconn.Limits{LoginTimeout: noLoginTimeout})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		tr, err := pool.Open(failingWrites{c})
+		if err != nil {
+			return
+		}
+		var counts atomic.Int32
+		tr.CountCapabilities(func() int {
+			// The reader's second count comes once the writer tore the connection down (the
+			// bootstrap's answer failed to write): the order the race takes in the field.
+			if counts.Add(1) == 2 {
+				pool.WaitFor(nil, func(s flowconn.Stats) bool { return s.Conns == 0 })
+			}
+			return 7
+		})
+		conn := rpc.NewConn(tr, &rpc.Options{BootstrapClient: capnp.Client(schema.Gateway_ServerToClient(&gateway{t: tr}))})
+		<-conn.Done()
+	}()
+	r := itxtest.DialRaw(t, ln.Addr().String())
+	r.Bootstrap(0)
+	<-done
+	if s := pool.Stats(); s.Conns != 0 || s.Capabilities != 0 {
+		t.Fatalf("once its connection ended the pool holds %d connections, %d capabilities; want 0, 0", s.Conns, s.Capabilities)
+	}
 }
