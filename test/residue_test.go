@@ -249,7 +249,9 @@ func TestItxd_ClientResidue(t *testing.T) {
 	// handles must be gone (none of the cycles' streams is used then).
 	srv := startLongItxd(t, time.Second, "--idle-timeout", "5s")
 	token := srv.creds.ProjectToken
-	ctx := ctxLong(t)
+	// Not ctxLong's 2 minutes: a long run takes longer. Each cycle has a minute of its own.
+	ctx, cancelAll := context.WithCancel(context.Background())
+	defer cancelAll()
 
 	var hooked atomic.Int64
 	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -292,6 +294,8 @@ func TestItxd_ClientResidue(t *testing.T) {
 	}
 	var modeCount [7]int
 	cycle := func(i int) {
+		ctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
 		if killAt[i] {
 			residueKillClient(t, bin, srv.addr, token, i)
 			modeCount[6]++
@@ -618,3 +622,4 @@ func residueWait(d time.Duration, cond func() bool) bool {
 	}
 	return true
 }
+
