@@ -76,7 +76,16 @@ type procMount struct {
 	// new one's session (the host tells sessions apart by stream and name only).
 	stopMu sync.Mutex
 	stops  map[stopKey]map[*stopCall]struct{}
+
+	// ref is what the mount's unmount function holds of it, emptied (under procHosts.mu) once
+	// the mount is dropped: a client may keep the Handle of a mount replaced under its name for
+	// as long as it likes, and what the mount announced (up to MaxHostContractBytes, and a hold
+	// per contract) is then nobody's to keep.
+	ref *procMountRef
 }
+
+// procMountRef is a procMount while it is mounted, nil after.
+type procMountRef struct{ m *procMount }
 
 type stopKey struct{ streamID, name string }
 
@@ -260,6 +269,8 @@ func (s *Server) MountProcessorHostAs(tokenID, projectID, scope, name string, ho
 		ctx, cancel := context.WithCancel(context.Background())
 		m.held[c.Name] = contractHold{lost: ctx, lose: cancel}
 	}
+	ref := &procMountRef{m: m}
+	m.ref = ref
 	if old := ph.byName[mountKey{projectID, scope, name}]; old != nil {
 		ph.dropLocked(old)
 	}
@@ -276,23 +287,25 @@ func (s *Server) MountProcessorHostAs(tokenID, projectID, scope, name string, ho
 	for _, c := range contracts {
 		s.schedulePoke(projectID, scope, presenceToken(c.Name))
 	}
+	gen := m.gen // for the unmount's log line, which must not keep m
 	return func() {
 		ph.mu.Lock()
 		var gone []string // the contracts no other host of the scope took over
-		current := ph.byName[mountKey{projectID, scope, name}] == m
+		cur := ref.m // nil once the mount was dropped: the closure holds only ref, not the mount
+		current := cur != nil && ph.byName[mountKey{projectID, scope, name}] == cur
 		if current {
-			for _, c := range m.contracts {
-				if ph.contract[mountKey{projectID, scope, c.Name}] == m {
+			for _, c := range cur.contracts {
+				if ph.contract[mountKey{projectID, scope, c.Name}] == cur {
 					gone = append(gone, c.Name)
 				}
 			}
-			ph.dropLocked(m)
+			ph.dropLocked(cur)
 		}
 		ph.mu.Unlock()
 		if current {
 			// The mount's line has its end: the operator reading why a remote processor
 			// parked finds the host that went, and which contracts went with it.
-			s.log.Info().Str("project", projectID).Str("host", name).Str("scope", scope).Strs("contracts", gone).Uint64("generation", m.gen).Msg("processor host unmounted")
+			s.log.Info().Str("project", projectID).Str("host", name).Str("scope", scope).Strs("contracts", gone).Uint64("generation", gen).Msg("processor host unmounted")
 		}
 		for _, c := range gone {
 			s.scheduleUnmounted(projectID, scope, presenceToken(c))
@@ -317,6 +330,7 @@ func (ph *procHosts) dropLocked(m *procMount) {
 		}
 		m.held[c.Name].lose()
 	}
+	m.ref.m = nil
 }
 
 // ProcessorHostMounts lists a project's mounted processor hosts of every scope with the contracts

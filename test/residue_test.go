@@ -623,3 +623,62 @@ func residueWait(d time.Duration, cond func() bool) bool {
 	return true
 }
 
+// A processor host mounted again under its name replaces the earlier mount, whose Handle the
+// client may keep (it released nothing). What the earlier mount announced (up to
+// --max-host-contract-bytes, 256 KiB, and a hold per contract) is of no use once replaced: kept
+// until the Handle goes, a client mounting one name again and again while keeping the Handles
+// grew itxd by what each announced, up to --rpc-max-capabilities Handles a connection (65,536
+// of 256 KiB: 16 GiB), past every bound --max-mounts-per-project and --max-host-contract-bytes
+// promise. A replaced mount now keeps only what its Handle needs to end.
+func TestItxd_ReplacedHostMountsHoldLittle(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a real itxd process")
+	}
+	srv := startLongItxd(t, time.Second)
+	ctx := ctxLong(t)
+	c, err := client.Dial(ctx, srv.addr)
+	require.NoError(t, err)
+	defer c.Close()
+	p := c.Login(ctx, srv.creds.ProjectToken)
+	defer p.Release()
+	hosts := client.ProcessorHosts(ctx, p)
+	defer hosts.Release()
+	// Nearly the bound's worth: 1,000 contracts of three 40-byte types each.
+	contracts := make([]itx.ProcessorInfo, 1000)
+	for i := range contracts {
+		types := make([]string, 3)
+		for j := range types {
+			types[j] = fmt.Sprintf("t%d/%s", j, strings.Repeat("x", 37))
+		}
+		contracts[i] = itx.ProcessorInfo{Name: fmt.Sprintf("c-%04d", i), ReducerVersion: "1", ConsumedTypes: types}
+	}
+	mount := func() schema.Handle {
+		h, err := mountHostServing(ctx, p, "big", &residueHost{}, contracts)
+		require.NoError(t, err)
+		return h
+	}
+	// One mount is what the bound allows to stay: the baseline holds it.
+	first := mount()
+	baseHeap, _ := itxdMemory(t, srv)
+	const n = 100
+	kept := []schema.Handle{first}
+	for range n {
+		kept = append(kept, mount())
+	}
+	heap, _ := itxdMemory(t, srv)
+	list, err := client.ListProcessorHosts(ctx, hosts)
+	require.NoError(t, err)
+	require.Len(t, list, 1, "one host is mounted under the name")
+	t.Logf("live heap with one mount %.2f MiB, with %d replaced mounts' Handles kept %.2f MiB (%.1f KiB each)",
+		baseHeap/(1<<20), n, heap/(1<<20), (heap-baseHeap)/n/1024)
+	// A Handle (the capability, its end, the host's reference) costs a few KiB; the contracts
+	// it announced, about 250 KiB.
+	require.Less(t, heap-baseHeap, float64(n*32<<10), "itxd's live heap grew by %.1f KiB per replaced mount kept", (heap-baseHeap)/n/1024)
+	for _, h := range kept {
+		h.Release()
+	}
+	waitUntil(t, "no host mounted", func() bool {
+		list, err := client.ListProcessorHosts(ctx, hosts)
+		return err == nil && len(list) == 0
+	})
+}
