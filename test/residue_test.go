@@ -682,3 +682,80 @@ func TestItxd_ReplacedHostMountsHoldLittle(t *testing.T) {
 		return err == nil && len(list) == 0
 	})
 }
+
+// A Receiver mounted again under its name, or unmounted by name, stays with itxd until its
+// client releases the Handle (itxd cannot take back a capability it handed out). What it keeps
+// is small and counted: each kept Handle is a capability of the client's connection, so past
+// --rpc-max-capabilities the connection is aborted with limitExceeded naming the flag, and
+// everything it held goes with it.
+func TestItxd_ReplacedReceiverMountsAreBounded(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a real itxd process")
+	}
+	const bound = 600
+	srv := startLongItxd(t, time.Second, "--rpc-max-capabilities", strconv.Itoa(bound))
+	ctx := ctxLong(t)
+	watch, err := client.Dial(ctx, srv.addr)
+	require.NoError(t, err)
+	defer watch.Close()
+	wp := watch.Login(ctx, srv.creds.ProjectToken)
+	defer wp.Release()
+	caps := capsOf(ctx, wp)
+	defer caps.Release()
+	_, err = client.ListMounts(ctx, caps)
+	require.NoError(t, err)
+	baseHeap, baseG := itxdMemory(t, srv)
+	baseCaps := srv.scrape(t, "itx_rpc_capabilities")
+
+	c, err := client.Dial(ctx, srv.addr)
+	require.NoError(t, err)
+	defer c.Close()
+	p := c.Login(ctx, srv.creds.ProjectToken)
+	pcaps := capsOf(ctx, p)
+	const n = 500 // under the bound: the Handles, the project and what came with them
+	var kept []schema.Handle
+	for i := range n {
+		h, err := client.MountReceiver(ctx, p, "inbox", client.ServeReceiver(func(context.Context, itx.DeliveryBatch) (int64, error) { return 0, nil }))
+		require.NoError(t, err)
+		kept = append(kept, h)
+		if i%2 == 1 {
+			require.NoError(t, client.Unmount(ctx, pcaps, "inbox"))
+		}
+	}
+	heap, _ := itxdMemory(t, srv)
+	perHandle := (heap - baseHeap) / n
+	t.Logf("live heap %.2f MiB at the baseline, %.2f MiB with %d replaced or unmounted Receivers' Handles kept (%.1f KiB each)",
+		baseHeap/(1<<20), heap/(1<<20), n, perHandle/1024)
+	// README's estimate of a held capability (14 KiB of RSS) is what --rpc-max-capabilities and
+	// its global bound are sized by: a kept mount must cost no more.
+	require.Less(t, perHandle, float64(14<<10), "a kept Receiver mount's Handle costs itxd %.1f KiB", perHandle/1024)
+
+	// Past the bound the connection is aborted, naming the flag.
+	for i := 0; ; i++ {
+		h, err := client.MountReceiver(ctx, p, "inbox", client.ServeReceiver(func(context.Context, itx.DeliveryBatch) (int64, error) { return 0, nil }))
+		if err != nil {
+			break
+		}
+		kept = append(kept, h)
+		require.Less(t, i, bound, "the connection outlived its capabilities bound")
+	}
+	select {
+	case <-c.Done():
+	case <-time.After(20 * time.Second):
+		t.Fatal("the connection was not aborted")
+	}
+	require.ErrorContains(t, c.Err(), "--rpc-max-capabilities")
+	requireCode(t, c.Err(), itx.ELimitExceeded)
+	waitUntil(t, "itxd back at its baseline", func() bool {
+		m, err := client.ListMounts(ctx, caps)
+		return err == nil && len(m) == 0 && srv.scrape(t, "itx_rpc_capabilities") == baseCaps && srv.scrape(t, "itx_rpc_connections") == 1
+	})
+	heap, g := itxdMemory(t, srv)
+	require.Less(t, heap-baseHeap, float64(512<<10), "itxd's live heap once the connection ended")
+	require.LessOrEqual(t, g, baseG+2, "itxd's goroutines once the connection ended")
+	for _, h := range kept {
+		h.Release()
+	}
+	pcaps.Release()
+	p.Release()
+}
