@@ -31,7 +31,7 @@ import (
 // Residue audit: what a client leaves behind in a real itxd process. Each cycle a client on a
 // connection of its own takes one of every capability itxd hands out (its login's project, the
 // streams and a stream, subscriptions and a subscription, a stream connection with its sink, a
-// registered reader, a live-state subscriber, a mounted Receiver and a mounted processor host
+// registered reader, live-state subscribers (the stream's, a processor's), a mounted Receiver and a mounted processor host
 // whose wakes it holds (their ports and home stream kept), a scheduled append, admin, barriers
 // waiting) and ends its use of them one way of seven: releasing each explicitly; releasing
 // promises it never awaited; pipelined chains released mid-flight; closing its socket with no
@@ -94,24 +94,27 @@ func (h *residueHost) release() {
 
 // residueSession is one client connection of a cycle and everything it took.
 type residueSession struct {
-	nc     net.Conn
-	rc     *rpc.Conn
-	gw     schema.Gateway
-	p      schema.Project
-	relP   capnp.ReleaseFunc
-	st     schema.Stream
-	sub    schema.Subscription
-	subs   schema.Subscriptions
-	conn   schema.Connection
-	live   schema.Handle
-	relLv  capnp.ReleaseFunc
-	rdrs   schema.Readers
-	mount  schema.Handle
-	hostH  schema.Handle
-	host   *residueHost
-	admin  schema.Admin
-	cancel context.CancelFunc
-	waits  chan error // the barriers' ends
+	nc       net.Conn
+	rc       *rpc.Conn
+	gw       schema.Gateway
+	p        schema.Project
+	relP     capnp.ReleaseFunc
+	st       schema.Stream
+	sub      schema.Subscription
+	subs     schema.Subscriptions
+	conn     schema.Connection
+	live     schema.Handle
+	relLv    capnp.ReleaseFunc
+	proc     schema.Processor
+	procLive schema.Handle
+	relPl    capnp.ReleaseFunc
+	rdrs     schema.Readers
+	mount    schema.Handle
+	hostH    schema.Handle
+	host     *residueHost
+	admin    schema.Admin
+	cancel   context.CancelFunc
+	waits    chan error // the barriers' ends
 }
 
 // residueDial connects over TCP and logs in (pipelined), on a socket the session may cut.
@@ -149,6 +152,16 @@ func (s *residueSession) take(ctx context.Context, i int) error {
 		return fmt.Errorf("liveState: %w", err)
 	}
 	s.live = lf.Handle().AddRef()
+	// The remote processor's live state too (its reduced state, as the stream holds it).
+	s.proc = client.Processor(ctx, client.Subscription(ctx, s.st, "fwd"))
+	pf, relPl := s.proc.LiveState(ctx, func(a schema.Processor_liveState_Params) error {
+		return a.SetSubscriber(schema.LiveSubscriber_ServerToClient(&liveView{}))
+	})
+	s.relPl = relPl
+	if _, err := pf.Struct(); err != nil {
+		return fmt.Errorf("processor liveState: %w", err)
+	}
+	s.procLive = pf.Handle().AddRef()
 	s.rdrs = client.Readers(ctx, s.st)
 	if err := client.RegisterReader(ctx, s.rdrs, fmt.Sprintf("reader-%d", i%4), 1); err != nil {
 		return fmt.Errorf("register reader: %w", err)
@@ -199,11 +212,14 @@ func (s *residueSession) releaseAll() {
 		<-s.waits
 	}
 	for _, c := range []capnp.Client{capnp.Client(s.admin), capnp.Client(s.hostH), capnp.Client(s.mount), capnp.Client(s.rdrs),
-		capnp.Client(s.live), capnp.Client(s.conn), capnp.Client(s.sub), capnp.Client(s.subs), capnp.Client(s.st)} {
+		capnp.Client(s.live), capnp.Client(s.procLive), capnp.Client(s.proc), capnp.Client(s.conn), capnp.Client(s.sub),
+		capnp.Client(s.subs), capnp.Client(s.st)} {
 		c.Release()
 	}
-	if s.relLv != nil {
-		s.relLv()
+	for _, r := range []capnp.ReleaseFunc{s.relLv, s.relPl} {
+		if r != nil {
+			r()
+		}
 	}
 	if s.host != nil {
 		s.host.release()
