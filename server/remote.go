@@ -291,7 +291,8 @@ func (s *Server) MountProcessorHostAs(tokenID, projectID, scope, name string, ho
 	return func() {
 		ph.mu.Lock()
 		var gone []string // the contracts no other host of the scope took over
-		cur := ref.m // nil once the mount was dropped: the closure holds only ref, not the mount
+		// nil once the mount was dropped: the closure holds only ref, not the mount.
+		cur := ref.m
 		current := cur != nil && ph.byName[mountKey{projectID, scope, name}] == cur
 		if current {
 			for _, c := range cur.contracts {
