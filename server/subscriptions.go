@@ -327,6 +327,12 @@ func (s *Server) WaitUntilProcessed(ctx context.Context, ref StreamRef, name str
 				return 0, itx.Errorf(itx.EDeadlineExceeded, "registered reader %q checkpoint %d < %d after %dms",
 					name, row.ConfirmedOffset, offset, timeout.Milliseconds())
 			}
+			if row.LastError != "" {
+				// Halted, parked or retrying: the barrier's caller learns why without a second
+				// call (the error is the row's, at most MaxCursorErrorLength).
+				return 0, itx.Errorf(itx.EDeadlineExceeded, "subscription %q confirmed %d < %d after %dms (status: %s, attempt %d, last error: %s)",
+					name, row.ConfirmedOffset, offset, timeout.Milliseconds(), row.Status, row.Attempt, row.LastError)
+			}
 			return 0, itx.Errorf(itx.EDeadlineExceeded, "subscription %q confirmed %d < %d after %dms (status: %s)",
 				name, row.ConfirmedOffset, offset, timeout.Milliseconds(), row.Status)
 		case <-ctx.Done():

@@ -241,3 +241,29 @@ func TestOperatorView_RemoteHostComingAndGoingIsLogged(t *testing.T) {
 	require.EqualValues(t, head, parked[0]["confirmedOffset"])
 	require.Equal(t, itx.StatusParked, describeSubIn(ctx, t, s, "guestbook").Status)
 }
+
+// A barrier that times out on a subscription that is not delivering says why, in the words
+// describe has for it: status, the ladder's rung and the last error (it gave the status alone,
+// so the caller needed a second call to learn what stops it).
+func TestOperatorView_BarrierTimeoutSaysWhyTheSubscriptionWaits(t *testing.T) {
+	ts := startServer(t, server.Config{})
+	ctx := ctxT(t)
+	s := stream(t, ts.project(t), "/waiting")
+	subs := client.Subscriptions(ctx, s)
+	defer subs.Release()
+	_, _, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "call", Start: "now",
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "nobody-home"}})
+	require.NoError(t, err)
+	head := mustAppend(t, s, ev("a", `{}`)).HeadOffset
+	waitUntil(t, "parked", func() bool { return describeSubIn(ctx, t, s, "call").Status == itx.StatusParked })
+	d := describeSubIn(ctx, t, s, "call")
+	require.NotEmpty(t, d.LastError)
+
+	sub := client.Subscription(ctx, s, "call")
+	defer sub.Release()
+	_, err = client.WaitUntilProcessed(ctx, sub, head, 100*time.Millisecond)
+	requireCode(t, err, itx.EDeadlineExceeded)
+	msg := itx.ErrorMessage(err)
+	require.Contains(t, msg, "status: parked")
+	require.Contains(t, msg, "last error: "+d.LastError)
+}
