@@ -4,6 +4,7 @@ go 1.26.8
 
 require (
 	capnproto.org/go/capnp/v3 v3.1.0-alpha.2
+	github.com/anishathalye/porcupine v1.3.1
 	github.com/blues/jsonata-go v1.5.4
 	github.com/cenkalti/backoff/v5 v5.0.3
 	github.com/chzyer/readline v1.5.1
