@@ -31,7 +31,9 @@ import (
 // ranges with types and includeEphemeral, describe's head), register, move, list and remove
 // readers, and open connections at an offset, recording what each batch delivers. itxd is
 // killed with SIGKILL at random points and started again on its data directory; the clients
-// dial again. An operation whose answer was lost (disconnected) may or may not have taken
+// dial again. Every other process unloads streams as soon as they are idle (at most one
+// loaded, 20 ms idle timeout), so they load and unload under the clients too. An operation
+// whose answer was lost (disconnected) may or may not have taken
 // effect: the model takes both, and it cannot have taken effect after the process died, which
 // bounds it (its return time is the death).
 //
@@ -164,6 +166,7 @@ type linHistory struct {
 	ops      []porcupine.Operation
 	gens     []*linGen // every itxd process started, in order
 	acked    []map[int64]int
+	eph      [][]linEphemeral // per stream: ephemeral events acknowledged
 	failures []string
 	start    time.Time
 }
@@ -203,6 +206,13 @@ func (h *linHistory) record(op porcupine.Operation) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.ops = append(h.ops, op)
+}
+
+// linEphemeral is an acknowledged ephemeral event and when its append was sent.
+type linEphemeral struct {
+	offset int64
+	body   int
+	call   int64
 }
 
 // linGen is one itxd process: its address and when it died.
@@ -254,6 +264,7 @@ func runLinearizability(t *testing.T, cfg linConfig) {
 	h := &linHistory{interned: map[linBody]int{}, keyed: make([][]int, cfg.streams), start: time.Now()}
 	for range cfg.streams {
 		h.acked = append(h.acked, map[int64]int{})
+		h.eph = append(h.eph, nil)
 	}
 	dir := t.TempDir()
 	cl := &linCluster{changed: make(chan struct{}), over: make(chan struct{})}
@@ -262,7 +273,13 @@ func runLinearizability(t *testing.T, cfg linConfig) {
 	var token string
 	var proc *itxdProcess
 	start := func() {
-		proc = startItxd(t, dir)
+		// Every other process (by the seed) unloads each stream as soon as it is idle, so
+		// streams load and unload under the clients all along.
+		var args []string
+		if rng.IntN(2) == 0 {
+			args = []string{"--max-loaded-streams", "1", "--idle-timeout", "20ms"}
+		}
+		proc = startItxd(t, dir, args...)
 		if token == "" {
 			token = proc.creds.ProjectToken
 		}
@@ -754,6 +771,7 @@ func (c *linClient) append(s int) {
 	defer c.h.mu.Unlock()
 	for j, id := range in.bodies {
 		if c.h.bodies[id].ephemeral {
+			c.h.eph[s] = append(c.h.eph[s], linEphemeral{res.Offsets[j], id, op.Call})
 			continue
 		}
 		if was, ok := c.h.acked[s][res.Offsets[j]]; ok && was != id {
@@ -935,6 +953,7 @@ func (c *linClient) connection(s int) {
 	defer cancel()
 	var mu sync.Mutex
 	last := after
+	delivered := map[int64]int{}
 	reached := make(chan struct{})
 	var once sync.Once
 	o := client.ConnectionOptions{After: after, IncludeEphemeral: includeEphemeral}
@@ -961,6 +980,9 @@ func (c *linClient) connection(s int) {
 			// holds them when the batch arrives, an instant that pins the operation down.
 			at := c.h.now()
 			c.h.record(porcupine.Operation{ClientId: c.id + 1, Input: in, Call: at, Output: linReadOut{events: events}, Return: at})
+			for _, e := range events {
+				delivered[e.offset] = e.body
+			}
 			last = b.Events[len(b.Events)-1].Offset
 			if last >= target {
 				once.Do(func() { close(reached) })
@@ -974,7 +996,23 @@ func (c *linClient) connection(s int) {
 		}
 		return
 	}
+	opened := c.h.now()
 	defer conn.Close(context.Background())
+	// An ephemeral event appended while the connection is open reaches it ("those appended
+	// while it is open always arrive"): each one whose append was sent after the open was
+	// answered, at or below what the connection delivered, must be among what it delivered.
+	defer func() {
+		mu.Lock()
+		defer mu.Unlock()
+		c.h.mu.Lock()
+		defer c.h.mu.Unlock()
+		for _, e := range c.h.eph[s] {
+			if e.call > opened && e.offset > after && e.offset <= last && (typ == "" || c.h.bodies[e.body].typ == typ) && delivered[e.offset] != e.body {
+				c.h.failures = append(c.h.failures, fmt.Sprintf("client %d: a connection on %s opened after %d delivered through %d without the ephemeral event at %d, appended while it was open",
+					c.id, linPath(s), after, last, e.offset))
+			}
+		}
+	}()
 	wait := time.NewTimer(time.Duration(50+c.rng.IntN(250)) * time.Millisecond)
 	defer wait.Stop()
 	if target > after && typ == "" {
