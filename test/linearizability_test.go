@@ -597,8 +597,9 @@ func (c *linClient) lost(err error) bool {
 	return false
 }
 
-// unknownReturn is the latest an operation begun on process g could take effect: its death.
-// It is filled in once the run is over (every process dies by then).
+// linUnknownReturn marks the return of an operation whose answer was lost: once the run is
+// over (every process has died by then) it becomes the death of the process the operation was
+// sent to, the latest it could take effect.
 const linUnknownReturn = -1
 
 func (c *linClient) finish(op porcupine.Operation, unknown bool) {
