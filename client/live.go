@@ -119,9 +119,27 @@ func watch(ctx context.Context, register func(context.Context, schema.LiveSubscr
 		}
 		return v, nil
 	case <-ctx.Done():
-		v.Cancel(context.Background())
-		return nil, ctx.Err()
+		// Let go without waiting for the server's answer to a cancel: a hung itxd would hold
+		// the caller for Cancel's 10 s after its own context ended.
+		v.letGo()
+		return nil, cancelled(ctx, "no first snapshot came (the registration was let go)")
 	}
+}
+
+// letGo ends the view at once: its handle is released, which ends the registration on the
+// server, and nothing waits for an answer.
+func (v *LiveView) letGo() {
+	v.mu.Lock()
+	if v.cancel {
+		v.mu.Unlock()
+		return
+	}
+	v.cancel = true
+	h := v.handle
+	v.handle = schema.Handle{}
+	v.mu.Unlock()
+	h.Release()
+	v.end(&ConnectionClosed{Why: schema.CloseReason_closedByClient})
 }
 
 // subscribe registers a fresh subscriber; frames of the one before are ignored from now on.
@@ -156,7 +174,8 @@ func (v *LiveView) Current() LiveState {
 }
 
 // Wait returns the first revision, from the current one on, whose document cond holds for. It
-// fails when ctx ends or the view does (with the view's *ConnectionClosed).
+// fails when ctx ends (code cancelled, errors.Is finds ctx's error) or the view does (with the
+// view's *ConnectionClosed).
 func (v *LiveView) Wait(ctx context.Context, cond func(state json.RawMessage) bool) (LiveState, error) {
 	for {
 		v.mu.Lock()
@@ -171,7 +190,7 @@ func (v *LiveView) Wait(ctx context.Context, cond func(state json.RawMessage) bo
 		select {
 		case <-changed:
 		case <-ctx.Done():
-			return cur, ctx.Err()
+			return cur, cancelled(ctx, "LiveView.Wait")
 		}
 	}
 }

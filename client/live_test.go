@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/schema"
 	"github.com/stretchr/testify/require"
 )
@@ -174,4 +175,62 @@ func TestLiveView_ResubscribesOnAGap(t *testing.T) {
 	require.ErrorAs(t, err, &cc, "Wait on an ended view")
 	require.NoError(t, v.Cancel(ctx))
 	require.True(t, r.endedAt(2))
+}
+
+// hungHandle is a registration's handle whose server never answers cancel (a hung itxd); its
+// release is recorded.
+type hungHandle struct{ released chan struct{} }
+
+func (h *hungHandle) Cancel(ctx context.Context, _ schema.Handle_cancel) error {
+	<-ctx.Done()
+	return ctx.Err()
+}
+func (h *hungHandle) Shutdown() { close(h.released) }
+
+// A view whose first snapshot does not come before the caller's context ends returns at once,
+// code cancelled with the context's error, and lets its registration go: it waited up to 10 s
+// more for the server's answer to a cancel, and returned the bare context error, which
+// itx.ErrorCode reads as internal. Wait on a live view whose context ends says cancelled too.
+func TestLiveView_ContextEndsTheWaits(t *testing.T) {
+	h := &hungHandle{released: make(chan struct{})}
+	register := func(context.Context, schema.LiveSubscriber) (schema.Handle, error) {
+		return schema.Handle_ServerToClient(h), nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	got := make(chan error, 1)
+	go func() {
+		_, err := watch(ctx, register)
+		got <- err
+	}()
+	select {
+	case err := <-got:
+		require.Equal(t, itx.ECancelled, itx.ErrorCode(err), "%v", err)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+	case <-time.After(5 * time.Second):
+		t.Fatal("watch still waits 5 s after its context ended")
+	}
+	select {
+	case <-h.released:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the registration was not let go")
+	}
+
+	r := &registrations{signal: make(chan struct{}, 16)}
+	bg, stop := context.WithTimeout(context.Background(), 30*time.Second)
+	defer stop()
+	views := make(chan *LiveView, 1)
+	go func() {
+		v, err := watch(bg, r.register)
+		require.NoError(t, err)
+		views <- v
+	}()
+	snapshot(t, r.sub(t, 0), 1, `{}`)
+	v := <-views
+	wctx, wcancel := context.WithCancel(bg)
+	wcancel()
+	_, err := v.Wait(wctx, func(json.RawMessage) bool { return false })
+	require.Equal(t, itx.ECancelled, itx.ErrorCode(err), "%v", err)
+	require.ErrorIs(t, err, context.Canceled)
+	require.NoError(t, v.Cancel(bg))
 }
