@@ -49,17 +49,21 @@ func (f receiverFunc) Receive(ctx context.Context, call schema.Receiver_receive)
 // MountReceiver mounts r under name in a project and returns the mount's handle: releasing it,
 // cancelling it or closing the connection unmounts r. It takes ownership of r.
 func MountReceiver(ctx context.Context, project schema.Project, name string, r schema.Receiver) (schema.Handle, error) {
+	if err := NotSent(ctx, "MountReceiver"); err != nil {
+		r.Release()
+		return schema.Handle{}, err
+	}
 	cf, releaseCaps := project.Capabilities(ctx, nil)
-	defer releaseCaps()
+	defer ReleaseAfter(ctx, releaseCaps)
 	mf, releaseMount := cf.Capabilities().Mount(ctx, func(a schema.Capabilities_mount_Params) error {
 		if err := a.SetName(name); err != nil {
 			return err
 		}
 		return a.SetReceiver(r)
 	})
-	defer releaseMount()
-	if _, err := mf.Struct(); err != nil {
-		return schema.Handle{}, disconnected(err)
+	defer ReleaseAfter(ctx, releaseMount)
+	if _, err := Await(ctx, mf); err != nil {
+		return schema.Handle{}, err
 	}
 	return mf.Handle().AddRef(), nil
 }
