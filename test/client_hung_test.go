@@ -43,8 +43,8 @@ func processState(t *testing.T, pid int) byte {
 // itxd stops answering (SIGSTOP: TCP alive, nothing read) while a client calls it, the
 // connection's watchdog off so that only the callers' contexts can end the waits: every blocking
 // call of the Go client returns once its context ends, code cancelled with the context's error
-// for errors.Is. Then itxd is killed (SIGKILL) and the client closes: nothing of the client's is
-// left running. MountReceiver waited for the mount's answer without looking at its context, so
+// for errors.Is. Then the client closes its connection while itxd still answers nothing (Close
+// returns), itxd is killed (SIGKILL), and nothing of the client's is left running. MountReceiver waited for the mount's answer without looking at its context, so
 // a hung itxd held its caller until the connection ended.
 func TestClient_CallsToAHungItxdEndWithTheirContext(t *testing.T) {
 	if testing.Short() {
@@ -117,11 +117,12 @@ func TestClient_CallsToAHungItxdEndWithTheirContext(t *testing.T) {
 		require.True(t, errors.Is(err, context.DeadlineExceeded), "%s: errors.Is(%v, DeadlineExceeded)", what, err)
 	}
 
-	proc.kill9(t)
-	<-conn.Done()
+	// Closed while itxd still answers nothing, then killed.
 	for _, c := range []interface{ Release() }{subs, sub, readers, s, p} {
 		c.Release()
 	}
-	require.NoError(t, returnsWithin(t, "Conn.Close", 10*time.Second, conn.Close))
+	returnsWithin(t, "Conn.Close", 10*time.Second, conn.Close)
+	<-conn.Done()
+	proc.kill9(t)
 	goleak.VerifyNone(t, opts...)
 }
