@@ -115,10 +115,11 @@ func (e errPermanent) Unwrap() error { return e.err }
 // connection was open are delivered only with Connection.IncludeEphemeral, and only those
 // still buffered.)
 //
-// It returns the last offset delivered and why it stopped: ctx's error once ctx ends, deliver's
-// own error when it failed, or an end a new connection would not change (a refused login or
-// open, replaced, streamRemoved, accessEnded: a *ConnectionClosed; before any dial, an Addr
-// that is not host:port or a Path that is not a stream path: invalidArgument). A stream deleted
+// It returns the last offset delivered and why it stopped: once ctx ends, code cancelled with
+// ctx's error inside (errors.Is finds it); deliver's own error when it failed; or an end a new
+// connection would not change (a refused login or open, replaced, streamRemoved, accessEnded: a
+// *ConnectionClosed; before any dial, an Addr that is not host:port or a Path that is not a
+// stream path: invalidArgument). A stream deleted
 // while Follow was away ends it as streamRemoved too, whether or not the path holds another
 // stream by then (its offsets start over: going on after the last offset would skip its first
 // events). Resume from the offset it returns, with the StreamID of the batches delivered.
@@ -139,7 +140,7 @@ func Follow(ctx context.Context, cfg FollowConfig, deliver func(ctx context.Cont
 		started := time.Now()
 		err := followOnce(ctx, &cfg, &last, &resume, &streamID, deliver)
 		if ctx.Err() != nil {
-			return last.Load(), ctx.Err()
+			return last.Load(), cancelled(ctx, "Follow")
 		}
 		if p, ok := errors.AsType[errPermanent](err); ok {
 			return last.Load(), p.err
@@ -147,7 +148,7 @@ func Follow(ctx context.Context, cfg FollowConfig, deliver func(ctx context.Cont
 		wait := backoff.Next(time.Since(started))
 		cfg.Logf("follow %s: %v; reconnecting after offset %d in %v", cfg.Path, err, last.Load(), wait.Round(time.Millisecond))
 		if err := Sleep(ctx, wait); err != nil {
-			return last.Load(), err
+			return last.Load(), cancelled(ctx, "Follow")
 		}
 	}
 }

@@ -143,6 +143,7 @@ func TestClientFollow_Reader(t *testing.T) {
 	})
 	cancel()
 	require.ErrorIs(t, err, context.Canceled)
+	requireCode(t, err, itx.ECancelled) // a code like every other call's end with its context
 	require.Equal(t, head, first, "resumed after the reader's checkpoint")
 	require.Equal(t, head, last)
 	noReader := cfg
