@@ -37,6 +37,8 @@ type upgradeExpected struct {
 	Tokens        map[string]string         `json:"tokens"`
 	OtherProject  string                    `json:"otherProject"`
 	RevokedToken  string                    `json:"revokedToken,omitempty"`
+	Trimmed       int64                     `json:"trimmed,omitempty"`
+	TrimReaders   map[string]int64          `json:"trimReaders,omitempty"`
 }
 
 type upgradeEvent struct {
@@ -296,6 +298,35 @@ func checkUpgrade(t *testing.T, name string) {
 		}
 		require.Equal(t, exp.Readers, got)
 	})
+
+	if exp.Trimmed > 0 {
+		// A stream trimmed by the old build keeps its gap (stream migration 005), the keys of
+		// the events it kept, its readers' checkpoints and which of them hold back trims: the
+		// one the project's token registered does (006 kept it as its owner's), the one
+		// registered through a read-only attenuation does not (007).
+		t.Run("a trimmed stream keeps its gap, its keys and its readers' holds", func(t *testing.T) {
+			tr := stream(t, project, "/trimmed")
+			info, err := client.Describe(ctx, tr)
+			require.NoError(t, err)
+			require.Equal(t, exp.Trimmed, info.TrimmedThrough)
+			require.Equal(t, exp.Heads["/trimmed"], info.HeadOffset)
+			readers, err := client.ListReaders(ctx, client.Readers(ctx, tr))
+			require.NoError(t, err)
+			got := map[string]int64{}
+			for _, r := range readers {
+				got[r.Name] = r.Checkpoint
+			}
+			require.Equal(t, exp.TrimReaders, got)
+			for _, e := range exp.Events["/trimmed"] {
+				res, err := client.Append(ctx, tr, []itx.EventInput{{Type: e.Type, Payload: e.Payload, IdempotencyKey: e.Key}}, itx.AppendOptions{})
+				require.NoError(t, err, e.Key)
+				require.Equal(t, []int64{e.Offset}, res.Offsets, "key %s", e.Key)
+			}
+			r, err := client.Trim(ctx, tr, exp.Heads["/trimmed"])
+			require.NoError(t, err)
+			require.Equal(t, exp.TrimReaders["holds"], r.TrimmedThrough, "only the reader with the subscribe right holds the trim")
+		})
+	}
 
 	t.Run("idempotency keys written before still dedupe", func(t *testing.T) {
 		for _, e := range exp.Events["/a"] {

@@ -39,6 +39,10 @@ type expected struct {
 	Tokens        map[string]string `json:"tokens"` // label -> token
 	OtherProject  string            `json:"otherProject"`
 	RevokedToken  string            `json:"revokedToken,omitempty"`
+	// Trimmed is what /trimmed was trimmed through (its readers: TrimReaders), 0 for a build
+	// without Stream.trim.
+	Trimmed     int64            `json:"trimmed,omitempty"`
+	TrimReaders map[string]int64 `json:"trimReaders,omitempty"`
 }
 
 type ev struct {
@@ -280,6 +284,23 @@ func main() {
 	//}ADMIN
 
 	paths := []string{"/a", "/mirror"}
+	//TRIM{
+	// A stream trimmed through 10 of its 20 keyed events (stream migration 005), with a reader
+	// registered by the project's token, which holds back trims (its owner, 006), and one
+	// registered through a read-only attenuation, which does not (007).
+	trimmed := client.Stream(ctx, project, "/trimmed")
+	for i := 1; i <= 20; i++ {
+		_, err := client.Append(ctx, trimmed, []itx.EventInput{{Type: "t", Payload: json.RawMessage(fmt.Sprintf(`{"i":%d}`, i)), IdempotencyKey: fmt.Sprintf("t-%d", i)}}, itx.AppendOptions{})
+		must(err, "append /trimmed")
+	}
+	tr, err := client.Trim(ctx, trimmed, 10)
+	must(err, "trim")
+	exp.Trimmed = tr.TrimmedThrough
+	must(client.RegisterReader(ctx, client.Readers(ctx, trimmed), "holds", 12), "reader holds")
+	must(client.RegisterReader(ctx, client.Readers(ctx, client.ReadOnly(ctx, trimmed)), "looks", 11), "reader looks")
+	exp.TrimReaders = map[string]int64{"holds": 12, "looks": 11}
+	paths = append(paths, "/trimmed")
+	//}TRIM
 	//ACK{
 	paths = append(paths, "/dead")
 	//}ACK
