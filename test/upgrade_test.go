@@ -299,6 +299,32 @@ func checkUpgrade(t *testing.T, name string) {
 		require.Equal(t, exp.Readers, got)
 	})
 
+	// A reader registered before stream migration 006 has no owner: the first token that
+	// registers it again takes it, and another token (without the admin right) is then
+	// refused. One registered since (the fixtures with a trimmed stream) is its registrant's,
+	// the project's token: another token is refused from the start.
+	t.Run("readers registered before keep or gain their owners", func(t *testing.T) {
+		sc := itx.Scope{Prefix: "/", Rights: []itx.Right{itx.RightRead, itx.RightSubscribe}}
+		login := func(label string) schema.Project {
+			tok, _, err := client.CreateToken(ctx, client.Admin(ctx, project), "", client.TokenOptions{Label: label, Scope: sc})
+			require.NoError(t, err)
+			p := conn.Login(ctx, tok)
+			t.Cleanup(p.Release)
+			return p
+		}
+		u1, u2 := login("upgrade-u1"), login("upgrade-u2")
+		move := func(p schema.Project) error {
+			return client.RegisterReader(ctx, client.Readers(ctx, client.Stream(ctx, p, "/a")), "r1", exp.Readers["r1"])
+		}
+		if exp.Trimmed == 0 {
+			require.NoError(t, move(u1), "an owner-less reader is taken by the first token that registers it")
+		}
+		requireCode(t, move(u2), itx.EPermissionDenied)
+		if exp.Trimmed > 0 {
+			require.NoError(t, move(project), "its registrant still moves it")
+		}
+	})
+
 	if exp.Trimmed > 0 {
 		// A stream trimmed by the old build keeps its gap (stream migration 005), the keys of
 		// the events it kept, its readers' checkpoints and which of them hold back trims: the
