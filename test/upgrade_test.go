@@ -178,6 +178,19 @@ func checkUpgrade(t *testing.T, name string) {
 		require.Equal(t, infos[0].HeadOffset, infos[0].MaxLag, "max lag (loaded: %v)", infos[0].Loaded)
 		// Migration 012 counts readers: every stream's summary is refreshed at the first start.
 		require.Equal(t, len(exp.Readers), infos[0].Readers, "readers (loaded: %v)", infos[0].Loaded)
+
+		// Every stream the old build wrote is listed, none loaded yet (directory migration 014
+		// must find each born).
+		all, err := client.ListStreams(ctx, project, "")
+		require.NoError(t, err)
+		heads := map[string]int64{}
+		for _, i := range all {
+			heads[i.Path] = i.HeadOffset
+		}
+		for path, h := range exp.Heads {
+			require.Contains(t, heads, path, "every stream of the old build is listed")
+			require.GreaterOrEqual(t, heads[path], h, path)
+		}
 	})
 
 	a := stream(t, project, "/a")
