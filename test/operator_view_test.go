@@ -202,17 +202,7 @@ func TestOperatorView_RemoteHostComingAndGoingIsLogged(t *testing.T) {
 	p := ts.project(t)
 	s := stream(t, p, "/remote/gone")
 	configureRemote(t, s, "guestbook")
-	hctx, stop := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	mounted := make(chan struct{}, 1)
-	go func() {
-		defer close(done)
-		_ = remote.Run(hctx, remote.Config{Addr: ts.addr, Token: ts.creds.ProjectToken, Name: "worker-1", Host: referenceHost(t, "guestbook"),
-			MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
-			Logf: t.Logf, Mounted: func() { mounted <- struct{}{} }})
-	}()
-	t.Cleanup(func() { stop(); <-done })
-	awaitMount(t, mounted)
+	stop := mountedRemoteHost(t, remote.Config{Addr: ts.addr, Token: ts.creds.ProjectToken, Name: "worker-1", Host: referenceHost(t, "guestbook")})
 	head := mustAppend(t, s, examples.GuestbookSigned.Input(examples.Signed{Name: "ada", Message: "hi"}, "")).HeadOffset
 	sub, _ := processorOf(t, s, "guestbook")
 	_, err := client.WaitUntilProcessed(ctx, sub, head, 0)
@@ -224,7 +214,6 @@ func TestOperatorView_RemoteHostComingAndGoingIsLogged(t *testing.T) {
 	require.Equal(t, ts.creds.ProjectID, up[0]["project"])
 
 	stop() // the host's connection ends
-	<-done
 	var down, parked []map[string]any
 	waitUntil(t, "the unmount and the park logged", func() bool {
 		down, parked = logLines(&logs, "processor host unmounted"), logLines(&logs, "subscription parked")[before:]

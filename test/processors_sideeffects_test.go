@@ -113,17 +113,7 @@ func TestProcessors_RemoteSlowBacklogDrains(t *testing.T) {
 	configureRemote(t, s, "mailer")
 	host := processors.NewHost("mail-1")
 	require.NoError(t, processors.Add(host, mailerContract(api)))
-	mounted := make(chan struct{}, 16)
-	hctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = remote.Run(hctx, remote.Config{Addr: ts.addr, Token: ts.creds.ProjectToken, Name: "mail-host", Host: host,
-			WakeBudget: 200 * time.Millisecond, MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
-			Logf: t.Logf, Mounted: func() { mounted <- struct{}{} }})
-	}()
-	t.Cleanup(func() { cancel(); <-done })
-	awaitMount(t, mounted)
+	mountedRemoteHost(t, remote.Config{Addr: ts.addr, Token: ts.creds.ProjectToken, Name: "mail-host", Host: host, WakeBudget: 200 * time.Millisecond})
 
 	sub := client.Subscription(ctx, s, "mailer")
 	defer sub.Release()
@@ -254,17 +244,7 @@ func TestProcessors_RemoteSlowRefoldResumes(t *testing.T) {
 	run := func(version string, delay time.Duration) func() {
 		host := processors.NewHost("mail-" + version)
 		require.NoError(t, processors.Add(host, countingMailer(version, delay)))
-		mounted := make(chan struct{}, 16)
-		hctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			_ = remote.Run(hctx, remote.Config{Addr: ts.addr, Token: ts.creds.ProjectToken, Name: "mail-host", Host: host,
-				WakeBudget: 100 * time.Millisecond, MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
-				Logf: t.Logf, Mounted: func() { mounted <- struct{}{} }})
-		}()
-		awaitMount(t, mounted)
-		return func() { cancel(); <-done }
+		return mountedRemoteHost(t, remote.Config{Addr: ts.addr, Token: ts.creds.ProjectToken, Name: "mail-host", Host: host, WakeBudget: 100 * time.Millisecond})
 	}
 	stop := run("1", 0)
 	head := mustAppend(t, s, mailRequested.Input(mailRequest{ID: "v1"}, "")).HeadOffset
@@ -351,17 +331,7 @@ func TestProcessors_RemoteSlowRewindResumes(t *testing.T) {
 	_, proc := processorOf(t, s, "mailer")
 	host := processors.NewHost("mail-1")
 	require.NoError(t, processors.Add(host, countingMailer("1", 500*time.Microsecond)))
-	mounted := make(chan struct{}, 16)
-	hctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = remote.Run(hctx, remote.Config{Addr: ts.addr, Token: ts.creds.ProjectToken, Name: "mail-host", Host: host,
-			WakeBudget: 100 * time.Millisecond, MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
-			Logf: t.Logf, Mounted: func() { mounted <- struct{}{} }})
-	}()
-	t.Cleanup(func() { cancel(); <-done })
-	awaitMount(t, mounted)
+	mountedRemoteHost(t, remote.Config{Addr: ts.addr, Token: ts.creds.ProjectToken, Name: "mail-host", Host: host, WakeBudget: 100 * time.Millisecond})
 	head := mustAppend(t, s, mailRequested.Input(mailRequest{ID: "caught-up"}, "")).HeadOffset
 	_, err := client.WaitUntilProcessed(ctx, sub, head, 20*time.Second)
 	require.NoError(t, err)

@@ -1,6 +1,7 @@
 package test
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -34,17 +35,43 @@ func configureRemote(t testing.TB, s schema.Stream, name string) {
 // test ends; mounted receives a value at each mount.
 func runRemoteHost(t testing.TB, addr, token, name string, host *processors.Host) <-chan struct{} {
 	t.Helper()
-	mounted := make(chan struct{}, 16)
+	mounted, _ := goRemoteHost(t, remote.Config{Addr: addr, Token: token, Name: name, Host: host})
+	return mounted
+}
+
+// mountedRemoteHost runs a remote host as runRemoteHost does and waits for its first mount; stop
+// ends it and waits until remote.Run returned (the test's end stops it too).
+func mountedRemoteHost(t testing.TB, cfg remote.Config) (stop func()) {
+	t.Helper()
+	mounted, stop := goRemoteHost(t, cfg)
+	awaitMount(t, mounted)
+	return stop
+}
+
+// goRemoteHost runs remote.Run(cfg) on a goroutine of its own, with the tests' backoff (20-200
+// ms) where cfg has none, logging to t; mounted receives a value at each mount. stop may be
+// called more than once.
+func goRemoteHost(t testing.TB, cfg remote.Config) (mounted <-chan struct{}, stop func()) {
+	t.Helper()
+	m := make(chan struct{}, 16)
+	cfg.MinBackoff = cmp.Or(cfg.MinBackoff, 20*time.Millisecond)
+	cfg.MaxBackoff = cmp.Or(cfg.MaxBackoff, 200*time.Millisecond)
+	cfg.Logf = func(f string, a ...any) { t.Logf(f, a...) }
+	cfg.Mounted = func() {
+		select {
+		case m <- struct{}{}:
+		default: // nobody waits for more than the first few
+		}
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_ = remote.Run(ctx, remote.Config{Addr: addr, Token: token, Name: name, Host: host,
-			MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
-			Logf: func(f string, a ...any) { t.Logf(f, a...) }, Mounted: func() { mounted <- struct{}{} }})
+		_ = remote.Run(ctx, cfg)
 	}()
-	t.Cleanup(func() { cancel(); <-done })
-	return mounted
+	stop = func() { cancel(); <-done }
+	t.Cleanup(stop)
+	return m, stop
 }
 
 func awaitMount(t testing.TB, mounted <-chan struct{}) {

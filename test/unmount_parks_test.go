@@ -81,24 +81,13 @@ func TestUnmount_ParksWhatTheMountServed(t *testing.T) {
 		p := ts.project(t)
 		s := stream(t, p, "/remote/gone")
 		configureRemote(t, s, "guestbook")
-		hctx, stop := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		mounted := make(chan struct{}, 1)
-		go func() {
-			defer close(done)
-			_ = remote.Run(hctx, remote.Config{Addr: ts.addr, Token: ts.creds.ProjectToken, Name: "short-lived", Host: referenceHost(t, "guestbook"),
-				MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
-				Logf: t.Logf, Mounted: func() { mounted <- struct{}{} }})
-		}()
-		t.Cleanup(func() { stop(); <-done })
-		awaitMount(t, mounted)
+		stop := mountedRemoteHost(t, remote.Config{Addr: ts.addr, Token: ts.creds.ProjectToken, Name: "short-lived", Host: referenceHost(t, "guestbook")})
 		head := mustAppend(t, s, examples.GuestbookSigned.Input(examples.Signed{Name: "ada", Message: "hi"}, "")).HeadOffset
 		sub, _ := processorOf(t, s, "guestbook")
 		_, err := client.WaitUntilProcessed(ctx, sub, head, 0)
 		require.NoError(t, err)
 
 		stop() // the host's connection ends
-		<-done
 		waitUntil(t, "parked with nothing appended", func() bool {
 			d, err := client.DescribeSubscription(ctx, sub)
 			require.NoError(t, err)
