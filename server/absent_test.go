@@ -329,3 +329,40 @@ func parkedApp(ctx context.Context, t *testing.T, s *Server, ref StreamRef) itx.
 }
 
 func (scriptedRemoteHost) Stop(context.Context, string, string) error { return nil }
+
+// A host that is mounted and answers a wake with a failure of its own (unavailable, internal)
+// is an outage, not an absence: the subscription backs off along the ladder (an attempt burnt, a
+// retry time set) and does not park. Only a host that is gone (capabilityOffline) parks it.
+func TestWakeRemote_HostFailureBacksOffNotParks(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	clock := clocktest.New(time.Unix(1_700_000_000, 0))
+	s, projectID := mustOpen(t, Config{DataDir: t.TempDir(), Clock: clock, Random: func() float64 { return 0.5 }})
+	for i, fail := range []error{
+		itx.Errorf(itx.EUnavailable, "the processor host is draining"),
+		itx.Errorf(itx.EInternal, "the processor host broke"),
+	} {
+		t.Run(string(itx.ErrorCode(fail)), func(t *testing.T) {
+			ref := StreamRef{ProjectID: projectID, Path: fmt.Sprintf("/host-fails-%d", i)}
+			proc := fmt.Sprintf("proc%d", i)
+			info := []itx.ProcessorInfo{{Name: proc, ReducerVersion: "1", ConsumedTypes: []string{"x"}}}
+			unmount, err := s.MountProcessorHost(projectID, "", proc, scriptedRemoteHost{wake: func(context.Context, RemoteWake) (int64, int64, error) {
+				return 0, 0, fail
+			}}, info)
+			require.NoError(t, err)
+			defer unmount()
+			_, _, err = s.ConfigureSubscription(ctx, ref, itx.SubscriptionConfig{Name: proc,
+				Receiver: itx.Receiver{Action: itx.KindProcessorWake, Placement: "remote"}}, "")
+			require.NoError(t, err)
+			_, err = s.Append(ctx, ref, []itx.EventInput{{Type: "x"}}, itx.AppendOptions{})
+			require.NoError(t, err)
+			require.NoError(t, s.Settle(ctx, ref))
+			d, err := s.DescribeSubscription(ctx, ref, proc)
+			require.NoError(t, err)
+			require.Equal(t, storage.StatusActive, d.Status, d.LastError)
+			require.Equal(t, 1, d.Attempt, d.LastError)
+			require.Equal(t, clock.Now().Add(time.Second).UnixMilli(), d.NextAttemptAt, "backs off along the ladder's first rung")
+			require.Contains(t, d.LastError, fail.Error())
+		})
+	}
+}
