@@ -192,7 +192,7 @@ func (s *stepScript) run(line string) {
 		if fields[0] == "fail" {
 			class := map[string]failureClass{"event": classEvent, "outage": classOutage, "absent": classAbsent, "terminal": classTerminal}[args["class"]]
 			f := &deliveryFailure{class: class, count: int(num("count")), last: num("last"), eventOffset: num("offset"), expression: args["expr"] != "", msg: args["class"] + " failure",
-				mount: uint64(num("mount")), processorEvent: args["proc"] != "", deadLettered: args["dead"] != ""}
+				mount: uint64(num("mount")), processorEvent: args["proc"] != "", deadLettered: args["dead"] != "", refolded: args["refold"] != ""}
 			o.failure = f
 			if job.acking {
 				// As the deliverer reports it: the events before the failing one end where the try
