@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -203,4 +204,38 @@ func TestReduceConfigured_NewRulesForNewConfigsOnly(t *testing.T) {
 		require.NoError(t, err, payload)
 		require.Len(t, st.Subscriptions, 1, "history is replayed as it was accepted")
 	}
+}
+
+// A configure that repeats a subscription's config under an idempotency key is written (inert),
+// not answered with the birth event as an unkeyed repeat is: its key is kept, so the same key
+// with another body is a conflict, and the same key and body a duplicate of it.
+func TestPlanGroup_KeyedIdenticalConfigureKeepsItsKey(t *testing.T) {
+	ctx := context.Background()
+	s, projectID := mustOpen(t, Config{DataDir: t.TempDir()})
+	ref := StreamRef{ProjectID: projectID, Path: "/keyed-configure"}
+	cfg := `{"name":"hook","receiver":{"action":"webhook-post","url":"https://example.com/hook"}}`
+	configure := itx.EventInput{Type: itx.TypeSubscriptionConfigured, Payload: json.RawMessage(cfg)}
+	first, err := s.Append(ctx, ref, []itx.EventInput{configure}, itx.AppendOptions{})
+	require.NoError(t, err)
+	require.Equal(t, []bool{false}, first.Duplicate)
+
+	again, err := s.Append(ctx, ref, []itx.EventInput{configure}, itx.AppendOptions{})
+	require.NoError(t, err)
+	require.Equal(t, first.Offsets, again.Offsets, "an unkeyed repeat answers with the birth event")
+	require.Equal(t, []bool{true}, again.Duplicate)
+
+	keyed := configure
+	keyed.IdempotencyKey = "ensure-hook"
+	written, err := s.Append(ctx, ref, []itx.EventInput{keyed}, itx.AppendOptions{})
+	require.NoError(t, err)
+	require.Equal(t, []bool{false}, written.Duplicate, "a keyed repeat is written")
+	require.Equal(t, first.HeadOffset+1, written.Offsets[0])
+
+	retry, err := s.Append(ctx, ref, []itx.EventInput{keyed}, itx.AppendOptions{})
+	require.NoError(t, err)
+	require.Equal(t, written.Offsets, retry.Offsets)
+	require.Equal(t, []bool{true}, retry.Duplicate)
+
+	_, err = s.Append(ctx, ref, []itx.EventInput{{Type: "a", Payload: json.RawMessage(`{}`), IdempotencyKey: "ensure-hook"}}, itx.AppendOptions{})
+	require.Equal(t, itx.EIdempotencyConflict, itx.ErrorCode(err), "%v", err)
 }
