@@ -934,3 +934,24 @@ func TestStream_VacuumOldFile(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, got, 110)
 }
+
+// EventsByKeys looks keys up 500 at a time: a look-up of more finds every one of them (a group
+// commit's keyed events can be more than one chunk).
+func TestStream_EventsByKeysPastOneChunk(t *testing.T) {
+	ctx := context.Background()
+	s, _ := mustCreateStream(t)
+	evs := events(1, 1201, 0)
+	keys := make([]string, len(evs))
+	for i := range evs {
+		keys[i] = "key-" + itoa(evs[i].Offset)
+		evs[i].IdempotencyKey = keys[i]
+	}
+	require.NoError(t, s.Commit(ctx, Commit{Events: evs, HeadOffset: 1201}))
+	byKey, err := s.EventsByKeys(ctx, append(keys, "absent"))
+	require.NoError(t, err)
+	require.Len(t, byKey, len(keys))
+	for i, k := range keys {
+		require.NotNil(t, byKey[k], k)
+		require.Equal(t, evs[i].Offset, byKey[k].Offset, k)
+	}
+}
