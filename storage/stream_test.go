@@ -955,3 +955,19 @@ func TestStream_EventsByKeysPastOneChunk(t *testing.T) {
 		require.Equal(t, evs[i].Offset, byKey[k].Offset, k)
 	}
 }
+
+// A commit's EvictEphemeralThrough deletes the ephemeral rows at or below it, and only those:
+// the ephemeral row just above it and the durable rows stay.
+func TestStream_CommitEvictsEphemeralThroughItsBound(t *testing.T) {
+	ctx := context.Background()
+	s, _ := mustCreateStream(t)
+	require.NoError(t, s.Commit(ctx, Commit{Events: events(1, 6, 2), HeadOffset: 6})) // ephemeral: 2, 4, 6
+	require.NoError(t, s.Commit(ctx, Commit{Events: events(7, 1, 0), HeadOffset: 7, EvictEphemeralThrough: 4}))
+	got, err := s.Events(ctx, Query{After: 0, UpTo: 7, Limit: 100, IncludeEphemeral: true})
+	require.NoError(t, err)
+	var offsets []int64
+	for _, e := range got {
+		offsets = append(offsets, e.Offset)
+	}
+	require.Equal(t, []int64{1, 3, 5, 6, 7}, offsets)
+}
