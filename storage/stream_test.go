@@ -971,3 +971,19 @@ func TestStream_CommitEvictsEphemeralThroughItsBound(t *testing.T) {
 	}
 	require.Equal(t, []int64{1, 3, 5, 6, 7}, offsets)
 }
+
+// A cursor row written again takes every field of the new one (the retry block, the skips, the
+// in-flight fence, a delivered offset of 1), as it was first written.
+func TestStream_CursorUpsertReplacesEveryField(t *testing.T) {
+	ctx := context.Background()
+	s, _ := mustCreateStream(t)
+	first := CursorRow{Name: "hook", ConfiguredAtOffset: 1, CursorChangedAtOffset: 1, ConfirmedOffset: 1, Status: StatusActive, UpdatedAt: "a"}
+	require.NoError(t, s.Commit(ctx, Commit{CursorUpserts: []CursorRow{first}}))
+	second := CursorRow{Name: "hook", ConfiguredAtOffset: 2, CursorChangedAtOffset: 3, ConfirmedOffset: 4, DeliveredOffset: 1,
+		Status: StatusHalted, Attempt: 5, NextAttemptAt: 6, FailingEventOffset: 7, FailingEventAttempt: 8, FailingEventSkips: 9,
+		LastError: "refused", InFlightDeadlineAt: 10, InFlightConnectionGeneration: 11, UpdatedAt: "b"}
+	require.NoError(t, s.Commit(ctx, Commit{CursorUpserts: []CursorRow{second}}))
+	got, err := s.CursorRows(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []CursorRow{second}, got)
+}
