@@ -1,17 +1,15 @@
 package test
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"fmt"
-	"os"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/internal/itxtest"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
@@ -32,12 +30,9 @@ func returnsWithin(t *testing.T, what string, d time.Duration, call func() error
 
 // processState is the state letter /proc gives pid ('T' once stopped by a signal).
 func processState(t *testing.T, pid int) byte {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	st, err := itxtest.ProcessState(pid)
 	require.NoError(t, err)
-	// The state follows the command name in parentheses, which may itself hold spaces.
-	i := bytes.LastIndexByte(b, ')')
-	require.True(t, i > 0 && i+2 < len(b), "%s", b)
-	return b[i+2]
+	return st
 }
 
 // itxd stops answering (SIGSTOP: TCP alive, nothing read) while a client calls it, the

@@ -1,27 +1,23 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"fmt"
-	"os"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/cmd/itx/internal/repl"
+	"github.com/itx-dev/itx/internal/itxtest"
 	"github.com/itx-dev/itx/server"
 	"github.com/stretchr/testify/require"
 )
 
 // stoppedState is the state letter /proc gives pid ('T' once stopped by a signal).
 func stoppedState(t *testing.T, pid int) byte {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	st, err := itxtest.ProcessState(pid)
 	require.NoError(t, err)
-	i := bytes.LastIndexByte(b, ')')
-	require.True(t, i > 0 && i+2 < len(b), "%s", b)
-	return b[i+2]
+	return st
 }
 
 // itxd stops answering (SIGSTOP) while the prompt calls it: each call, those that end what the
