@@ -27,15 +27,7 @@ func TestStep_ScheduleOfAKeyLandingInTheSameStep(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newStepScript(t)
-			env := s.env()
-			stored := map[string][]byte{}
-			env.loadScheduled = func(keys []string) (map[string][]byte, error) {
-				out := map[string][]byte{}
-				for _, k := range keys {
-					out[k] = stored[k]
-				}
-				return out, nil
-			}
+			env, stored := scheduledEnv(s)
 			op := func(payload string, dueAt time.Time) scheduleOp {
 				o, err := newScheduleOp(itx.EventInput{Type: "reminder", Payload: json.RawMessage(payload), IdempotencyKey: "k"}, dueAt.UnixMilli())
 				require.NoError(t, err)
@@ -96,15 +88,7 @@ func TestNewScheduleOp_Refusals(t *testing.T) {
 // U+2029 in them came back escaped ({"s":"\u003c"}): the same JSON value, other bytes than sent.
 func TestStep_ScheduledEventLandsAsSent(t *testing.T) {
 	s := newStepScript(t)
-	env := s.env()
-	stored := map[string][]byte{}
-	env.loadScheduled = func(keys []string) (map[string][]byte, error) {
-		out := map[string][]byte{}
-		for _, k := range keys {
-			out[k] = stored[k]
-		}
-		return out, nil
-	}
+	env, stored := scheduledEnv(s)
 	payload, metadata := "{\"s\": \"<a&b>\u2028\u2029\"}", `{"m":"&"}`
 	op, err := newScheduleOp(itx.EventInput{Type: "reminder", Payload: json.RawMessage(payload),
 		Metadata: json.RawMessage(metadata), IdempotencyKey: "k"}, s.now.Add(time.Minute).UnixMilli())
@@ -134,4 +118,19 @@ func TestUnmarshalScheduled_RowsOfBothForms(t *testing.T) {
 	got, err := unmarshalScheduled(marshalScheduled(&in))
 	require.NoError(t, err)
 	require.Equal(t, in, got)
+}
+
+// scheduledEnv is s's step environment whose scheduled rows are read from stored, a map the
+// test writes each scheduled row into by its key.
+func scheduledEnv(s *stepScript) (stepEnv, map[string][]byte) {
+	env := s.env()
+	stored := map[string][]byte{}
+	env.loadScheduled = func(keys []string) (map[string][]byte, error) {
+		out := map[string][]byte{}
+		for _, k := range keys {
+			out[k] = stored[k]
+		}
+		return out, nil
+	}
+	return env, stored
 }
