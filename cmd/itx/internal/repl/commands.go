@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"regexp"
 	"sort"
 	"strconv"
@@ -855,14 +856,15 @@ func (s *Session) reopen(ctx context.Context, why string, open func() error) err
 func (s *Session) printEventLine(e eventJS) {
 	if s.cfg.Format == FormatJSON {
 		b, _ := json.Marshal(e)
-		fmt.Fprintln(s.cfg.Out, string(b))
+		fmt.Fprintln(s.cfg.Out, escapeJSONControls(string(b)))
 		return
 	}
 	mark := ""
 	if e.Ephemeral {
 		mark = "~"
 	}
-	fmt.Fprintf(s.cfg.Out, "%d%s  %s  %s  %s\n", e.Offset, mark, isoTime(time.UnixMilli(int64(e.CreatedAt))), e.Type, e.Payload)
+	fmt.Fprintf(s.cfg.Out, "%d%s  %s  %s  %s\n", e.Offset, mark, isoTime(time.UnixMilli(int64(e.CreatedAt))),
+		escapeText(e.Type, false), escapeJSONControls(string(e.Payload)))
 }
 
 func runWatch(ctx context.Context, s *Session, args []string) error {
@@ -961,9 +963,14 @@ type snapshotJS struct {
 
 // printJSONLine prints v as one line of JSON: what a command shows in the JSON format.
 func (s *Session) printJSONLine(v any) error {
-	enc := json.NewEncoder(s.cfg.Out)
+	var b strings.Builder
+	enc := json.NewEncoder(&b)
 	enc.SetEscapeHTML(false) // usages hold "->"
-	return enc.Encode(v)
+	if err := enc.Encode(v); err != nil {
+		return err
+	}
+	_, err := io.WriteString(s.cfg.Out, escapeJSONControls(b.String()))
+	return err
 }
 
 // printWatchFrame prints one frame of .watch: a JSON document a line in the JSON format (as
@@ -971,10 +978,10 @@ func (s *Session) printJSONLine(v any) error {
 func (s *Session) printWatchFrame(frame any, text string) {
 	if s.cfg.Format == FormatJSON {
 		b, _ := json.Marshal(frame)
-		fmt.Fprintln(s.cfg.Out, string(b))
+		fmt.Fprintln(s.cfg.Out, escapeJSONControls(string(b)))
 		return
 	}
-	fmt.Fprintln(s.cfg.Out, text)
+	fmt.Fprintln(s.cfg.Out, escapeJSONControls(text))
 }
 
 func indentJSON(raw json.RawMessage) string {

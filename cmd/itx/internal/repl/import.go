@@ -479,7 +479,7 @@ func runExport(ctx context.Context, s *Session, args []string) error {
 		return err
 	}
 	w := bufio.NewWriter(s.cfg.Out)
-	enc := json.NewEncoder(w)
+	enc := json.NewEncoder(jsonControlWriter{w}) // an exported event may be read on a terminal
 	enc.SetEscapeHTML(false)
 	n, skipped := 0, 0
 	for after < info.HeadOffset {

@@ -71,8 +71,6 @@ func (s *Session) printValues(values []goja.Value) {
 	fmt.Fprintln(s.cfg.Out, strings.Join(parts, " "))
 }
 
-// format renders v. A result (asResult) shows strings as JSON strings, so "1" and 1 differ; a
-// print() argument shows them bare.
 // asJSONString is text standing for a value JSON cannot encode (a function, a cycle): a JSON
 // string in the JSON format, where every result is a JSON document, the text elsewhere.
 func (s *Session) asJSONString(text string) string {
@@ -82,7 +80,17 @@ func (s *Session) asJSONString(text string) string {
 	return text
 }
 
+// format renders v. A result (asResult) shows strings as JSON strings, so "1" and 1 differ; a
+// print() argument shows them bare. Control characters are escaped (see controls.go), except
+// in a string print() shows bare.
 func (s *Session) format(v goja.Value, asResult bool) string {
+	if _, ok := v.Export().(string); ok && !asResult && s.cfg.Format != FormatJSON {
+		return s.render(v, asResult)
+	}
+	return escapeJSONControls(s.render(v, asResult))
+}
+
+func (s *Session) render(v goja.Value, asResult bool) string {
 	if v == nil || goja.IsUndefined(v) {
 		return "undefined"
 	}
@@ -271,7 +279,7 @@ func (s *Session) cell(column string, v goja.Value) string {
 	if _, nested := v.(*goja.Object); nested {
 		text, ok, err := s.encodeJSON(v)
 		if err != nil || !ok {
-			return v.String()
+			return escapeText(v.String(), false)
 		}
 		return text
 	}
@@ -283,11 +291,11 @@ func (s *Session) cell(column string, v goja.Value) string {
 		if rel, ok := s.relative(column, x); ok {
 			return rel
 		}
-		return strings.ReplaceAll(x, "\n", " ")
+		return escapeText(x, false)
 	case float64:
 		return strconv.FormatFloat(x, 'f', -1, 64)
 	}
-	return v.String()
+	return escapeText(v.String(), false)
 }
 
 // relative shows a time field (a key ending in "At" holding an ISO-8601 time) relative to now
@@ -529,17 +537,22 @@ func WithTokenHint(f Failure, hint string) Failure {
 }
 
 func printFailure(w io.Writer, f Failure, asJSON, color bool) {
-	switch {
-	case asJSON:
+	if asJSON {
 		// Not HTML-escaped: a message's "<" and ">" read as themselves, as in results.
-		enc := json.NewEncoder(w)
+		var b strings.Builder
+		enc := json.NewEncoder(&b)
 		enc.SetEscapeHTML(false)
 		enc.Encode(struct {
 			Error Failure `json:"error"`
 		}{f})
-	case color:
+		io.WriteString(w, escapeJSONControls(b.String()))
+		return
+	}
+	// A message can quote what someone else wrote (a receiver's refusal, an event's key).
+	f.Code, f.Message = escapeText(f.Code, true), escapeText(f.Message, true)
+	if color {
 		fmt.Fprintf(w, "\x1b[31m%s\x1b[0m\n", f)
-	default:
+	} else {
 		fmt.Fprintln(w, f)
 	}
 }
