@@ -2,11 +2,13 @@ package main
 
 import (
 	"encoding/json"
+	"regexp"
 	"strings"
 	"testing"
 
 	"github.com/itx-dev/itx"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/text/width"
 )
 
 // hostile holds the control characters an appender could aim at a reader's terminal: ESC
@@ -71,4 +73,63 @@ func TestTerminal_EventControlCharactersAreEscaped(t *testing.T) {
 	var got map[string]string
 	require.NoError(t, json.Unmarshal([]byte(out), &got))
 	require.Equal(t, hostile, got["s"])
+}
+
+// TestTerminal_WideCharactersFitTheTable: a table is fitted to the terminal by the columns
+// its characters take, CJK and emoji two each. Counted as one each, a row of emoji ran to twice
+// the terminal's width (wrapped onto the next line), and the columns after a wide cell were
+// pushed out of line.
+func TestTerminal_WideCharactersFitTheTable(t *testing.T) {
+	ts := startServer(t)
+	ts.appendDirect(t, "/wide",
+		itx.EventInput{Type: "emoji", Payload: json.RawMessage(`{"text":"` + strings.Repeat("🎉", 80) + `"}`)},
+		itx.EventInput{Type: "cjk", Payload: json.RawMessage(`{"text":"` + strings.Repeat("漢字", 40) + `"}`)},
+		itx.EventInput{Type: "ascii", Payload: json.RawMessage(`{"text":"` + strings.Repeat("abcdefghij", 16) + `"}`)})
+	const cols = 100
+	term, _ := bbTerminal(t, ts, cols, 50)
+
+	// lines are the table's lines printed since mark, as the terminal shows them.
+	ansi := regexp.MustCompile(`\x1b\[[0-9;?]*[A-Za-z]`)
+	lines := func(mark int) []string {
+		var out []string
+		for _, l := range strings.Split(ansi.ReplaceAllString(term.dump()[mark:term.mark], ""), "\n") {
+			l = strings.TrimRight(l, "\r")
+			if strings.Contains(l, "itx> ") || l == "" {
+				continue
+			}
+			out = append(out, l)
+		}
+		return out
+	}
+	mark := term.mark
+	term.line(`project.streams.get("/wide").getEvents()`, "(3 rows)")
+	table := lines(mark)
+	require.Len(t, table, 5, "a header, three rows, the count: %q", table)
+	for _, l := range table {
+		require.LessOrEqual(t, columnsOf(l), cols, "%q", l)
+	}
+	require.Contains(t, table[1], "🎉…")
+	require.Contains(t, table[2], "漢字…")
+
+	mark = term.mark
+	term.line(`[{name: "🎉🎉🎉", n: 1}, {name: "漢字", n: 22}, {name: "abc", n: 333}]`, "(3 rows)")
+	table = lines(mark)
+	require.Len(t, table, 5, "%q", table)
+	// The n column starts at the same terminal column on every row.
+	at := func(l, cell string) int { return columnsOf(l[:strings.LastIndex(l, cell)]) }
+	require.Equal(t, []int{8, 8, 8, 8}, []int{at(table[0], "n"), at(table[1], "1"), at(table[2], "22"), at(table[3], "333")}, "%q", table)
+}
+
+// columnsOf counts the terminal columns s takes: wide (CJK, emoji) characters two each.
+func columnsOf(s string) int {
+	n := 0
+	for _, r := range s {
+		switch width.LookupRune(r).Kind() {
+		case width.EastAsianWide, width.EastAsianFullwidth:
+			n += 2
+		default:
+			n++
+		}
+	}
+	return n
 }

@@ -11,11 +11,12 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
+	"unicode"
 
 	"capnproto.org/go/capnp/v3/exc"
 	"github.com/dop251/goja"
 	"github.com/itx-dev/itx"
+	"golang.org/x/text/width"
 )
 
 func sprintf(format string, args ...any) string { return fmt.Sprintf(format, args...) }
@@ -180,7 +181,7 @@ func (s *Session) table(v goja.Value) (string, bool) {
 	widths := make([]int, len(cols))
 	for _, line := range cells {
 		for i, c := range line {
-			widths[i] = max(widths[i], utf8.RuneCountInString(c))
+			widths[i] = max(widths[i], displayWidth(c))
 		}
 	}
 	shown := len(cols)
@@ -193,7 +194,7 @@ func (s *Session) table(v goja.Value) (string, bool) {
 			c = truncate(c, widths[i])
 			b.WriteString(c)
 			if i < shown-1 {
-				b.WriteString(strings.Repeat(" ", widths[i]-utf8.RuneCountInString(c)+columnGap))
+				b.WriteString(strings.Repeat(" ", widths[i]-displayWidth(c)+columnGap))
 			}
 		}
 		b.WriteByte('\n')
@@ -244,13 +245,45 @@ func fitColumns(widths []int, width int) int {
 	return shown
 }
 
-// truncate cuts s to width characters, the last one an ellipsis.
+// truncate cuts s to width columns of a terminal, the last one an ellipsis.
 func truncate(s string, width int) string {
-	if utf8.RuneCountInString(s) <= width {
+	if displayWidth(s) <= width {
 		return s
 	}
-	r := []rune(s)
-	return string(r[:width-1]) + "…"
+	var b strings.Builder
+	used := 0
+	for _, r := range s {
+		w := runeWidth(r)
+		if used+w > width-1 {
+			break
+		}
+		b.WriteRune(r)
+		used += w
+	}
+	return b.String() + "…"
+}
+
+// displayWidth is how many columns of a terminal s takes: a wide character (CJK, most emoji)
+// two, a combining mark or format character (a variation selector, a zero-width joiner) none.
+// Counting runes instead put a table of emoji past the terminal's edge, each row wrapped.
+func displayWidth(s string) int {
+	n := 0
+	for _, r := range s {
+		n += runeWidth(r)
+	}
+	return n
+}
+
+func runeWidth(r rune) int {
+	switch {
+	case unicode.In(r, unicode.Mn, unicode.Me, unicode.Cf):
+		return 0
+	}
+	switch width.LookupRune(r).Kind() {
+	case width.EastAsianWide, width.EastAsianFullwidth:
+		return 2
+	}
+	return 1
 }
 
 func without(list []string, drop ...string) []string {
