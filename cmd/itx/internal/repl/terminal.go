@@ -138,8 +138,9 @@ func (s *Session) RunTerminal(cfg TerminalConfig) error {
 		if strings.TrimSpace(src) == "" {
 			continue
 		}
-		// History keeps one entry per input; a multi-line input is recalled as one line.
-		rl.SaveHistory(strings.Join(strings.Fields(strings.ReplaceAll(src, "\n", " ")), " "))
+		for _, entry := range historyEntries(src) {
+			rl.SaveHistory(entry)
+		}
 		err = s.interruptible(sigint, func(ctx context.Context) error {
 			v, err := s.EvalInput(ctx, "<repl>", src)
 			if err != nil {
@@ -152,6 +153,70 @@ func (s *Session) RunTerminal(cfg TerminalConfig) error {
 			s.PrintError(err)
 		}
 	}
+}
+
+// historyEntries is what history keeps of an input: the input as typed, recalled as it was
+// run. A multi-line input is kept as one line, its lines joined with a space (their
+// indentation dropped), when that is the same program: when every line break falls between
+// tokens. One inside a template literal, ending a // comment or continuing a string (a line
+// ending in a backslash) would change what the line means, so such an input is kept as its
+// lines, one entry each, as Node's prompt keeps them. (Whitespace was collapsed everywhere
+// once: "a    b" came back from history as "a b".)
+func historyEntries(src string) []string {
+	lines := strings.Split(src, "\n")
+	if len(lines) == 1 {
+		return lines
+	}
+	if !lineBreaksBetweenTokens(src) {
+		var entries []string
+		for _, l := range lines {
+			if strings.TrimSpace(l) != "" {
+				entries = append(entries, l)
+			}
+		}
+		return entries
+	}
+	var parts []string
+	for _, l := range lines {
+		if l = strings.TrimSpace(l); l != "" {
+			parts = append(parts, l)
+		}
+	}
+	return []string{strings.Join(parts, " ")}
+}
+
+// lineBreaksBetweenTokens reports whether every line break in src is outside strings,
+// template literals and comments, so that it could be a space. In doubt (a regular expression
+// literal holding a quote can mislead the scan) it says no: the lines are then kept apart,
+// which loses nothing.
+func lineBreaksBetweenTokens(src string) bool {
+	for i := 0; i < len(src); i++ {
+		switch c := src[i]; {
+		case c == '"' || c == '\'' || c == '`':
+			j := i + 1
+			for ; j < len(src) && src[j] != c; j++ {
+				if src[j] == '\n' {
+					return false
+				}
+				if src[j] == '\\' {
+					j++
+					if j < len(src) && src[j] == '\n' {
+						return false
+					}
+				}
+			}
+			i = j
+		case c == '/' && i+1 < len(src) && src[i+1] == '/':
+			return !strings.Contains(src[i:], "\n")
+		case c == '/' && i+1 < len(src) && src[i+1] == '*':
+			j := strings.Index(src[i+2:], "*/")
+			if j < 0 {
+				return false
+			}
+			i += 2 + j + 1
+		}
+	}
+	return true
 }
 
 // CommandLine reports whether src, an expression given on the command line (itx -e), is a
