@@ -232,7 +232,15 @@ func (s *Session) strictMembers(obj *goja.Object, iface string) *goja.Object {
 			if v := target.Get(property); v != nil || property == "then" || !s.evaluating.Load() {
 				return v
 			}
-			panic(vm.NewTypeError("%s has no member '%s' (.help %s lists its methods)", iface, property, iface))
+			hint := ""
+			var names []string
+			for _, n := range s.members(iface) {
+				names = append(names, strings.TrimSuffix(n, "("))
+			}
+			if guess := nearest(property, names); guess != "" {
+				hint = "did you mean " + guess + "? "
+			}
+			panic(vm.NewTypeError("%s has no member '%s' (%s.help %s lists its methods)", iface, property, hint, iface))
 		},
 	})
 	return vm.ToValue(proxy).(*goja.Object)

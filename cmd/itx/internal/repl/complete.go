@@ -97,6 +97,12 @@ func (s *Session) Complete(text string) (candidates []string, partial string) {
 		}
 		iface = m.Returns
 	}
+	return filterPrefix(s.members(iface), partial), partial
+}
+
+// members are the members a capability of interface iface has at the prompt, sorted; a
+// method's name ends in "(".
+func (s *Session) members(iface string) []string {
 	names := memberNames(s.ifcs[iface])
 	for _, m := range promptMethods[iface] {
 		names = append(names, m.name+"(")
@@ -108,7 +114,7 @@ func (s *Session) Complete(text string) (candidates []string, partial string) {
 		names = append(names, "name")
 	}
 	sort.Strings(names)
-	return filterPrefix(names, partial), partial
+	return names
 }
 
 // lookup reads a global variable's value without running anything else.

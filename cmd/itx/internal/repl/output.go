@@ -557,7 +557,7 @@ func (s *Session) awaitLoss(err error) {
 // PrintError prints an evaluation's error: "<code>: <message>", red on a terminal, or a JSON
 // document {"error": {code, message}} in the JSON format.
 func (s *Session) PrintError(err error) {
-	printFailure(s.cfg.Err, WithTokenHint(Describe(err), s.cfg.TokenHint), s.cfg.Format == FormatJSON, s.cfg.Color)
+	printFailure(s.cfg.Err, s.withNameHint(WithTokenHint(Describe(err), s.cfg.TokenHint)), s.cfg.Format == FormatJSON, s.cfg.Color)
 }
 
 // WithTokenHint adds hint to an unauthenticated failure: "unknown token" alone did not say

@@ -1,0 +1,30 @@
+package main
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestRun_TyposSayWhatWasMeant: a mistyped member or name says which one was most likely
+// meant, and a word close to nothing gets no guess. They said only that the member or name did
+// not exist, leaving the person to find the spelling in .help.
+func TestRun_TyposSayWhatWasMeant(t *testing.T) {
+	ts := startServer(t)
+	c := newCLI(t)
+	conn := []string{"--addr", ts.addr, "--token", ts.token}
+	for src, want := range map[string]string{
+		`project.stream.get("/a")`:                        "TypeError: Project has no member 'stream' (did you mean streams? .help Project lists its methods)\n",
+		`project.streams.get("/a").apend({type: "x"})`:    "TypeError: Stream has no member 'apend' (did you mean append? .help Stream lists its methods)\n",
+		`project.streams.get("/a").getevents()`:           "TypeError: Stream has no member 'getevents' (did you mean getEvents? .help Stream lists its methods)\n",
+		`project.streams.get("/a").subscription.get("x")`: "TypeError: Stream has no member 'subscription' (did you mean subscriptions? .help Stream lists its methods)\n",
+		`project.streams.get("/a").xyzzy`:                 "TypeError: Stream has no member 'xyzzy' (.help Stream lists its methods)\n",
+		`prject.streams.list()`:                           "ReferenceError: prject is not defined (did you mean project?)\n",
+		"let orders = 1\nordrs + 1":                       "ReferenceError: ordrs is not defined (did you mean orders?)\n",
+		`zzz`:                                             "ReferenceError: zzz is not defined\n",
+	} {
+		code, _, errs := c.run(src+"\n", conn...)
+		require.Equal(t, exitError, code, src)
+		require.Equal(t, want, errs, src)
+	}
+}
