@@ -509,11 +509,11 @@ func TestRun_CommandUsageErrors(t *testing.T) {
 func TestRun_MistypedCommandIsNamed(t *testing.T) {
 	c := newCLI(t)
 	conn := []string{"--addr", mustClosedPort(t), "--token", "itx_unused"}
-	for _, word := range []string{"tial", "help"} {
+	for word, guess := range map[string]string{"tial": " (did you mean itx tail?)", "help": ""} {
 		code, out, errs := c.run("", append(conn, word, "/a")...)
 		require.Equal(t, exitUsage, code, errs)
 		require.Empty(t, out)
-		require.Equal(t, `itx: "`+word+`" is neither a command (admin, consumers, du, export, import, rm, tail, watch) nor a script file; itx --help shows the usage`+"\n", errs)
+		require.Equal(t, `itx: "`+word+`" is neither a command (admin, consumers, du, export, import, rm, tail, watch) nor a script file`+guess+`; itx --help shows the usage`+"\n", errs)
 	}
 	code, _, errs := c.run("", append(conn, "--json", "tial")...)
 	require.Equal(t, exitUsage, code)

@@ -225,8 +225,12 @@ Flags:
 		if err != nil {
 			if errors.Is(err, os.ErrNotExist) && looksLikeCommand(scriptName) {
 				// "itx tial /a", "itx help": a mistyped command, not a missing script.
-				return usageText(env.stderr, fmt.Sprintf("itx: %q is neither a command (%s) nor a script file; itx --help shows the usage",
-					scriptName, strings.Join(cliCommands(), ", ")), asJSON)
+				guess := ""
+				if g := repl.Nearest(scriptName, cliCommands()); g != "" {
+					guess = fmt.Sprintf(" (did you mean itx %s?)", g)
+				}
+				return usageText(env.stderr, fmt.Sprintf("itx: %q is neither a command (%s) nor a script file%s; itx --help shows the usage",
+					scriptName, strings.Join(cliCommands(), ", "), guess), asJSON)
 			}
 			return usageText(env.stderr, "itx: "+err.Error(), asJSON)
 		}

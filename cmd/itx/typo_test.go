@@ -1,6 +1,7 @@
 package main
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -13,7 +14,7 @@ func TestRun_TyposSayWhatWasMeant(t *testing.T) {
 	ts := startServer(t)
 	c := newCLI(t)
 	conn := []string{"--addr", ts.addr, "--token", ts.token}
-	for src, want := range map[string]string{
+	for src, says := range map[string]string{
 		`project.stream.get("/a")`:                        "TypeError: Project has no member 'stream' (did you mean streams? .help Project lists its methods)\n",
 		`project.streams.get("/a").apend({type: "x"})`:    "TypeError: Stream has no member 'apend' (did you mean append? .help Stream lists its methods)\n",
 		`project.streams.get("/a").getevents()`:           "TypeError: Stream has no member 'getevents' (did you mean getEvents? .help Stream lists its methods)\n",
@@ -22,9 +23,16 @@ func TestRun_TyposSayWhatWasMeant(t *testing.T) {
 		`prject.streams.list()`:                           "ReferenceError: prject is not defined (did you mean project?)\n",
 		"let orders = 1\nordrs + 1":                       "ReferenceError: ordrs is not defined (did you mean orders?)\n",
 		`zzz`:                                             "ReferenceError: zzz is not defined\n",
+		`.tial /a`:                                        "invalidArgument: unknown command .tial (did you mean .tail? .help lists the commands)\n",
+		`.hlep`:                                           "invalidArgument: unknown command .hlep (did you mean .help? .help lists the commands)\n",
+		`.nope`:                                           "invalidArgument: unknown command .nope (try .help)\n",
 	} {
 		code, _, errs := c.run(src+"\n", conn...)
-		require.Equal(t, exitError, code, src)
-		require.Equal(t, want, errs, src)
+		want := exitError
+		if strings.HasPrefix(src, ".") {
+			want = exitUsage // an unknown command is a usage error
+		}
+		require.Equal(t, want, code, src)
+		require.Equal(t, says, errs, src)
 	}
 }

@@ -61,6 +61,13 @@ var chainLine = regexp.MustCompile(`^\s*([A-Za-z_$][\w$]*)\s*[(.\[]`)
 
 // unknownCommand is a command line naming no command: a usage error too.
 func unknownCommand(name string) *UsageError {
+	var names []string
+	for _, c := range Commands() {
+		names = append(names, c.Name)
+	}
+	if guess := nearest(name, names); guess != "" {
+		return &UsageError{Command: name, err: itx.Errorf(itx.EInvalid, "unknown command .%s (did you mean .%s? .help lists the commands)", name, guess)}
+	}
 	return &UsageError{Command: name, err: itx.Errorf(itx.EInvalid, "unknown command .%s (try .help)", name)}
 }
 
