@@ -1,22 +1,31 @@
 package repl
 
 import (
+	"context"
+	"regexp"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/dop251/goja"
 	"github.com/dop251/goja/ast"
+	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/schema"
 )
 
 // Complete returns the completions of the text before the cursor and the partial word they
 // complete. Members come from the schema: the chain before the cursor is followed statically
-// (project.streams.get("/a").subscriptions. -> Subscriptions), so completing never sends a
-// call. A variable is looked up, not evaluated: only its current value is read.
+// (project.streams.get("/a").subscriptions. -> Subscriptions), so completing a member never
+// sends a call. A variable is looked up, not evaluated: only its current value is read. A
+// stream path being typed is completed from the project's streams, with one bounded call.
 func (s *Session) Complete(text string) (candidates []string, partial string) {
 	if !s.vmMu.TryLock() {
 		return nil, "" // a call is running: keys typed ahead complete nothing
 	}
 	defer s.vmMu.Unlock()
+	if partial, ok := pathArgument(text); ok {
+		return s.streamPaths(partial), partial
+	}
 	if t := strings.TrimLeft(text, " \t"); strings.HasPrefix(t, ".") && !strings.ContainsAny(t, " \t") {
 		partial = t[1:]
 		for _, c := range Commands() {
@@ -115,6 +124,63 @@ func (s *Session) members(iface string) []string {
 	}
 	sort.Strings(names)
 	return names
+}
+
+// pathInString matches a stream path being typed as the argument of streams.get or agent: the
+// path so far is its second group.
+var pathInString = regexp.MustCompile(`(?:\bstreams\s*\.\s*get|\bagent)\(\s*(["'])([^"'\\]*)$`)
+
+// pathArgument reports whether text ends in a stream path being typed, and the path so far:
+// in a string given to streams.get("...") or agent("..."), or as the first argument of a
+// dot-command that takes a path or a prefix (.tail /a, .du /agents/).
+func pathArgument(text string) (string, bool) {
+	if m := pathInString.FindStringSubmatch(text); m != nil {
+		return m[2], true
+	}
+	t := strings.TrimLeft(text, " \t")
+	name, rest, ok := strings.Cut(t, " ")
+	if !ok || !strings.HasPrefix(name, ".") {
+		return "", false
+	}
+	rest = strings.TrimLeft(rest, " ")
+	if strings.ContainsAny(rest, " \t\"'") || strings.HasPrefix(rest, "-") {
+		return "", false // a later argument, a flag, or a quoted path: left alone
+	}
+	for _, c := range Commands() {
+		if c.Name == name[1:] && (strings.HasPrefix(c.Args, "<path>") || strings.HasPrefix(c.Args, "[prefix]")) {
+			return rest, true
+		}
+	}
+	return "", false
+}
+
+// pathCompletionTimeout bounds the one call completing a path sends: a key press waits on it,
+// so a slow or absent itxd completes nothing rather than hang the prompt.
+const pathCompletionTimeout = 2 * time.Second
+
+// pathCompletionLimit is how many paths one Tab lists at most.
+const pathCompletionLimit = 200
+
+// streamPaths are the paths of the project's streams that start with partial (one call to
+// Streams.list, unlike member completion, which sends nothing), none while the connection to
+// itxd is down.
+func (s *Session) streamPaths(partial string) []string {
+	if !s.connected() {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(s.sessionCtx, pathCompletionTimeout)
+	defer cancel()
+	c := s.client(capPath{iface: "Streams", steps: []step{{method: "streams"}}})
+	defer c.Release()
+	page, _, err := client.ListStreamsPage(ctx, schema.Streams(c), partial, "", pathCompletionLimit)
+	if err != nil {
+		return nil
+	}
+	paths := make([]string, len(page))
+	for i, info := range page {
+		paths[i] = info.Path
+	}
+	return paths
 }
 
 // lookup reads a global variable's value without running anything else.
