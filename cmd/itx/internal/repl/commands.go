@@ -72,16 +72,23 @@ func unknownCommand(name string) *UsageError {
 }
 
 // CLIUsage is how the error reads from a shell: the problem, then "usage: itx tail <path> ...".
+// A command itx does not run from the shell (.output, .time, .help...), reached there through
+// itx -e, is named as a dot-command: "itx output" is no command.
 func (e *UsageError) CLIUsage() string {
 	c, ok := commands[e.Command]
 	if !ok {
 		return "itx: " + e.err.Message
 	}
-	usage := "usage: itx " + e.Command + " " + c.Args
+	name := "itx " + e.Command
+	usage := strings.TrimSpace("usage: " + name + " " + c.Args)
+	if !c.CLI {
+		name = "itx -e ." + e.Command
+		usage = "usage: itx -e '" + strings.TrimSpace("."+e.Command+" "+c.Args) + "'"
+	}
 	if e.Problem == "" {
 		return usage
 	}
-	return "itx " + e.Command + ": " + e.Problem + "\n" + usage
+	return name + ": " + e.Problem + "\n" + usage
 }
 
 // ErrExit is returned by .exit.
