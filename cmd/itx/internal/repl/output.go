@@ -27,11 +27,15 @@ func (s *Session) Print(v goja.Value) {
 		return
 	}
 	text := s.format(v, true)
-	if s.longerThanScreen(text) && s.page(text) == nil {
+	if s.longerThanScreen(text) && s.page(text) {
 		return
 	}
 	fmt.Fprintln(s.cfg.Out, text)
 }
+
+// pagerMissing are the exit statuses with which sh says it could not run the pager's command
+// (126: not executable, 127: not found).
+var pagerMissing = map[int]bool{126: true, 127: true}
 
 // longerThanScreen reports whether text would scroll off a terminal that has a pager.
 func (s *Session) longerThanScreen(text string) bool {
@@ -42,12 +46,24 @@ func (s *Session) longerThanScreen(text string) bool {
 	return rows > 0 && strings.Count(text, "\n")+2 > rows
 }
 
-// page shows text through the pager command (run by sh, as $PAGER is), on the terminal.
-func (s *Session) page(text string) error {
+// page shows text through the pager command (run by sh, as $PAGER is), on the terminal. It
+// reports whether the pager ran: false only when it could not be started, and the text is
+// then printed as it is. A pager that ran and ended otherwise (Ctrl-C, which reaches it too,
+// or an error of its own) has shown what the person wanted to see: printing the whole text
+// after it poured out what Ctrl-C was pressed to stop.
+func (s *Session) page(text string) bool {
 	cmd := exec.Command("sh", "-c", s.cfg.Pager)
 	cmd.Stdin = strings.NewReader(text + "\n")
 	cmd.Stdout, cmd.Stderr = s.cfg.PagerOut, s.cfg.PagerOut
-	return cmd.Run()
+	err := cmd.Run()
+	var exit *exec.ExitError
+	switch {
+	case err == nil:
+		return true
+	case errors.As(err, &exit):
+		return !pagerMissing[exit.ExitCode()]
+	}
+	return false
 }
 
 // note tells the person something about a result (a page was cut, a list continues) on the
