@@ -94,6 +94,9 @@ func TestTerminal_WideCharactersFitTheTable(t *testing.T) {
 		var out []string
 		for _, l := range strings.Split(ansi.ReplaceAllString(term.dump()[mark:term.mark], ""), "\n") {
 			l = strings.TrimRight(l, "\r")
+			if i := strings.LastIndex(l, "\r"); i >= 0 {
+				l = l[i+1:] // what follows a carriage return is what the line shows
+			}
 			if strings.Contains(l, "itx> ") || l == "" {
 				continue
 			}
