@@ -114,6 +114,7 @@ func TestIncomplete(t *testing.T) {
 		`project.streams.list()`:             false,
 		`let x = await s.describe()`:         false,
 		`foo bar`:                            false, // an error, not more to come
+		`let s = "a\`:                        false, // a syntax error (it read past the end and panicked)
 		``:                                   false,
 	} {
 		require.Equal(t, want, Incomplete(src), "Incomplete(%q)", src)

@@ -134,9 +134,9 @@ func scanAwait(src string, keep func(i int) bool) (string, []int) {
 				}
 				j++
 			}
-			if j < len(src) {
-				j++
-			}
+			// A backslash ending the source (a line continuing its string, typed at the
+			// prompt: "a\) takes j past the end; the string then runs to the end.
+			j = min(j+1, len(src))
 			b.WriteString(src[i:j])
 			i = j
 		case c == '/' && i+1 < len(src) && src[i+1] == '/':
