@@ -261,7 +261,7 @@ var helpWithInterface = regexp.MustCompile(`^help(?:\s+([A-Za-z]+)|\s*\(\s*["'](
 func (s *Session) RunLines(ctx context.Context, src io.Reader) (failed, usage int) {
 	sc := bufio.NewScanner(src)
 	sc.Buffer(make([]byte, 64*1024), 16<<20)
-	var pending []string
+	var in inputAssembler
 	exited := false
 	run := func(input string) {
 		if cmd, ok := commandLine(input); ok {
@@ -288,27 +288,22 @@ func (s *Session) RunLines(ctx context.Context, src io.Reader) (failed, usage in
 		s.Print(v)
 	}
 	for !exited && ctx.Err() == nil && sc.Scan() {
-		pending = append(pending, sc.Text())
-		input := strings.Join(pending, "\n")
-		if strings.TrimSpace(input) == "" {
-			pending = nil
-			continue
-		}
-		if len(pending) == 1 {
-			if _, ok := commandLine(input); ok {
-				pending = nil
-				run(input)
+		line := sc.Text()
+		if len(in.lines) == 0 {
+			if strings.TrimSpace(line) == "" {
+				continue
+			}
+			if _, ok := commandLine(line); ok {
+				run(line)
 				continue
 			}
 		}
-		if Incomplete(input) {
-			continue
+		if input, ok := in.add(line); ok {
+			run(input)
 		}
-		pending = nil
-		run(input)
 	}
-	if len(pending) > 0 && !exited {
-		run(strings.Join(pending, "\n")) // reports the syntax error
+	if len(in.lines) > 0 && !exited {
+		run(in.pending()) // reports the syntax error
 	}
 	if err := sc.Err(); err != nil {
 		s.PrintError(err)
