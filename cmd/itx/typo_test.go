@@ -1,6 +1,8 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -35,4 +37,10 @@ func TestRun_TyposSayWhatWasMeant(t *testing.T) {
 		require.Equal(t, want, code, src)
 		require.Equal(t, says, errs, src)
 	}
+	// In a script, before where it was thrown.
+	script := filepath.Join(t.TempDir(), "s.js")
+	require.NoError(t, os.WriteFile(script, []byte("let n = 1\nprojct.streams.list()\n"), 0o600))
+	code, _, errs := c.run("", append(conn, script)...)
+	require.Equal(t, exitError, code)
+	require.Equal(t, "ReferenceError: projct is not defined (did you mean project?) (at "+script+":2:1)\n", errs)
 }

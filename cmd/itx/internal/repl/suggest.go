@@ -59,10 +59,10 @@ func editDistance(a, b string) int {
 }
 
 // withNameHint adds to a ReferenceError for a name the prompt does not know the name it most
-// likely meant (prject: did you mean project?).
+// likely meant (prject: did you mean project?), in a script too.
 func (s *Session) withNameHint(f Failure) Failure {
-	name, ok := strings.CutSuffix(f.Message, " is not defined")
-	if f.Code != "ReferenceError" || !ok || strings.ContainsAny(name, " (") {
+	name, where, ok := strings.Cut(f.Message, " is not defined")
+	if f.Code != "ReferenceError" || !ok || strings.ContainsAny(name, " (") || (where != "" && !strings.HasPrefix(where, " (at ")) {
 		return f
 	}
 	var names []string
@@ -70,7 +70,7 @@ func (s *Session) withNameHint(f Failure) Failure {
 		names = append(names, strings.TrimSuffix(n, "("))
 	}
 	if guess := nearest(name, names); guess != "" {
-		f.Message += " (did you mean " + guess + "?)"
+		f.Message = name + " is not defined (did you mean " + guess + "?)" + where // where: a script's (at file:line:col)
 	}
 	return f
 }
