@@ -19,6 +19,9 @@ import (
 var itxdBin string
 
 func TestMain(m *testing.M) {
+	if role := os.Getenv(sdkAuthorRoleEnv); role != "" { // a process of the sdk-author tests
+		os.Exit(sdkAuthorChild(role))
+	}
 	if os.Getenv(residueEnvClient) != "" { // a client process of TestItxd_ClientResidue: no itxd
 		os.Exit(m.Run())
 	}
