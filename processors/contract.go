@@ -2,6 +2,8 @@ package processors
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -9,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/itx-dev/itx"
 )
@@ -262,7 +265,10 @@ func (a *Args[S]) ScheduleAppend(ctx context.Context, at time.Time, event itx.Ev
 // using one key word never collide, nor do same-name processors forwarding into one stream. With
 // a nil event (the eventless pass, or an obligation keyed by its own identity, embedded by hand
 // after an @: "settle@<identity>") it is "<name>/<key>". A raw key, not built here, is for
-// deliberate convergence across processors; say so at the call site.
+// deliberate convergence across processors; say so at the call site. A key past the server's
+// bound (itx.MaxIdempotencyKeyLength, 512 bytes: a long subscription name on a deep path) keeps
+// its first bytes and ends with "#sha256:" and the hash of the whole, so it stays stable and
+// distinct.
 func (a *Args[S]) IdempotencyKey(key string, e *itx.Event) string {
 	return IdempotencyKey(a.name, key, a.Path, e)
 }
@@ -271,9 +277,29 @@ func (a *Args[S]) IdempotencyKey(key string, e *itx.Event) string {
 func IdempotencyKey(name, key, path string, e *itx.Event) string {
 	key = name + "/" + key
 	if e == nil {
+		return boundedKey(key)
+	}
+	return boundedKey(key + "@" + path + ":" + strconv.FormatInt(e.Offset, 10))
+}
+
+// boundedKey keeps a key the SDK builds within itx.MaxIdempotencyKeyLength, which every append
+// checks: a subscription name may have 500 characters and a path 1,024 bytes, and a key over the
+// bound was refused at every redelivery, stalling the processor on its first effect (and its
+// revivals and diagnostics, which are keyed by its name, never landed). A longer key keeps its
+// first bytes (cut at a rune boundary) and ends with "#sha256:" and the hash of the whole key.
+// A key within the bound is left as it is: no key over it was ever written, so no stored key
+// changes meaning.
+func boundedKey(key string) string {
+	if len(key) <= itx.MaxIdempotencyKeyLength {
 		return key
 	}
-	return key + "@" + path + ":" + strconv.FormatInt(e.Offset, 10)
+	sum := sha256.Sum256([]byte(key))
+	suffix := "#sha256:" + hex.EncodeToString(sum[:])
+	cut := itx.MaxIdempotencyKeyLength - len(suffix)
+	for cut > 0 && !utf8.RuneStart(key[cut]) {
+		cut--
+	}
+	return key[:cut] + suffix
 }
 
 // EventType is a typed event vocabulary entry: the payload type travels with the type name, so

@@ -372,7 +372,7 @@ func (k *keepalive) revive(ctx context.Context, rec KeepaliveRecord) error {
 	_, err := reg.cfg.Log.Append(ctx, []itx.EventInput{{
 		Type:           itx.TypeProcessorRevived,
 		Payload:        payload,
-		IdempotencyKey: fmt.Sprintf("processor-revived:%s@%s:%d:%d", k.name, rec.Version, rec.Revivals, rec.LastRevivalAt),
+		IdempotencyKey: boundedKey(fmt.Sprintf("processor-revived:%s@%s:%d:%d", k.name, rec.Version, rec.Revivals, rec.LastRevivalAt)),
 	}})
 	return err
 }
@@ -380,7 +380,9 @@ func (k *keepalive) revive(ctx context.Context, rec KeepaliveRecord) error {
 // CrashLoopEvidenceKey is the idempotency key of a stream's crash-loop evidence on a host
 // version (seed 002): one stream/error-occurred fact per version per stream, whichever of its
 // processors loops first; the processor is named in the payload.
-func CrashLoopEvidenceKey(version string) string { return "processor-host-crash-loop:" + version }
+func CrashLoopEvidenceKey(version string) string {
+	return boundedKey("processor-host-crash-loop:" + version)
+}
 
 // appendCrashLoopEvidence appends the stream's crash-loop evidence for rec's version. Its body is
 // a function of the processor and the version only, so a retried revival dedupes; a second

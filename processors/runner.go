@@ -666,7 +666,7 @@ func (r *Runner[S]) diagnose(ctx context.Context, e itx.Event) error {
 	_, err := r.appendHome(ctx, []itx.EventInput{{
 		Type:           itx.TypeErrorOccurred,
 		Payload:        payload,
-		IdempotencyKey: "event-malformed:" + r.c.Name + "@" + r.cfg.Path + ":" + strconv.FormatInt(e.Offset, 10),
+		IdempotencyKey: boundedKey("event-malformed:" + r.c.Name + "@" + r.cfg.Path + ":" + strconv.FormatInt(e.Offset, 10)),
 	}})
 	if itx.ErrorCode(err) == itx.EIdempotencyConflict {
 		// The event's diagnosis stands already, written by a release whose record read
