@@ -521,11 +521,33 @@ func (a *actor) runner(ctx context.Context, name string) (itx.ProcessorRunner, e
 	ps, err := a.processors(ctx)
 	if err != nil {
 		if itx.ErrorCode(err) == itx.ENotFound {
-			return nil, itx.Errorf(itx.ENotFound, "no processor is registered under the name %q", contract)
+			return nil, a.unregistered(name, contract, itx.Errorf(itx.ENotFound, "no processor is registered under the name %q", contract))
 		}
 		return nil, err
 	}
-	return a.startRunner(ctx, ps, name, contract)
+	r, err := a.startRunner(ctx, ps, name, contract)
+	if itx.ErrorCode(err) == itx.ENotFound {
+		return nil, a.unregistered(name, contract, err)
+	}
+	return r, err
+}
+
+// unregistered is err, the halt error of an in-process subscription whose contract this itxd
+// does not host, with a hint when a remote host mounted in the subscription's scope announces
+// the contract: the likeliest cause then is a subscription meant for that host configured
+// without placement "remote" (the default is in-process), and the bare error left its author
+// wondering why a contract processors.list() shows is "not registered".
+func (a *actor) unregistered(name, contract string, err error) error {
+	entry := a.catalogEntry(name)
+	if entry == nil {
+		return err
+	}
+	m := a.srv.remoteHost(a.ref.ProjectID, entry.mountScope(), contract)
+	if m == nil {
+		return err
+	}
+	return itx.Errorf(itx.ENotFound, "%s in this itxd; the remote host %q holds it: configure the subscription with placement \"remote\"",
+		itx.AsError(err).Message, m.name)
 }
 
 // startRunner starts (or finds) the instance name running contract on ps, replacing a runner
