@@ -19,6 +19,10 @@ const (
 	MaxTypeLength = 256
 	// MaxIdempotencyKeyLength bounds an idempotency key.
 	MaxIdempotencyKeyLength = 512
+	// MaxScheduledPerStream is the default bound on one stream's pending scheduled appends
+	// (itxd's --max-scheduled-per-stream); processors/testing's stream keeps it too, so a
+	// processor that leaves timers behind meets the bound in its tests, not first in production.
+	MaxScheduledPerStream = 10_000
 	// MaxPathLength bounds a stream path; MaxPathSegments its depth.
 	MaxPathLength   = 1024
 	MaxPathSegments = 32

@@ -18,7 +18,7 @@ import (
 // stream when one is due.
 
 // DefaultMaxScheduledPerStream bounds the scheduled appends one stream holds.
-const DefaultMaxScheduledPerStream = 10_000
+const DefaultMaxScheduledPerStream = itx.MaxScheduledPerStream
 
 // scheduleOp schedules (or reschedules) an event, or cancels one by key.
 type scheduleOp struct {

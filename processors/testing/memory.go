@@ -64,8 +64,9 @@ func (s *MemoryStream) LoseAcks(lose func(in itx.EventInput) bool) {
 
 // Schedule keeps event to append at at (processors.StreamLog), as itxd's Stream.schedule does:
 // the key names it, scheduling it again moves it, and a key already in the log schedules nothing
-// (with another body than the logged event's, it fails with itx.EIdempotencyConflict).
-// Scheduled events land when Land is called at or after their time.
+// (with another body than the logged event's, it fails with itx.EIdempotencyConflict), and a new
+// key past itx.MaxScheduledPerStream pending (itxd's default bound) fails with
+// itx.ELimitExceeded. Scheduled events land when Land is called at or after their time.
 func (s *MemoryStream) Schedule(ctx context.Context, event itx.EventInput, at time.Time) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -84,6 +85,10 @@ func (s *MemoryStream) Schedule(ctx context.Context, event itx.EventInput, at ti
 				"idempotency key %q belongs to event %d with another body", event.IdempotencyKey, prior.Offset)
 		}
 		return nil
+	}
+	if _, pending := s.scheduled[event.IdempotencyKey]; !pending && len(s.scheduled) >= itx.MaxScheduledPerStream {
+		return itx.Errorf(itx.ELimitExceeded,
+			"a stream holds at most %d scheduled events (--max-scheduled-per-stream)", itx.MaxScheduledPerStream)
 	}
 	event.Payload, event.Metadata = slices.Clone(event.Payload), slices.Clone(event.Metadata)
 	s.scheduled[event.IdempotencyKey] = itx.ScheduledEvent{DueAt: at.UnixMilli(), Event: event}

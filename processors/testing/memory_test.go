@@ -1,7 +1,9 @@
 package proctest_test
 
 import (
+	"fmt"
 	"testing"
+	"time"
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/internal/itxtest"
@@ -84,5 +86,32 @@ func TestMemoryStream_RefusesAppendsPastItxdsBounds(t *testing.T) {
 	}
 	if _, err := s.Append(t.Context(), heavy[:9]); err != nil {
 		t.Errorf("9 x 900 KiB: %v", err)
+	}
+}
+
+// The in-memory stream holds at most itxd's default number of pending scheduled appends: one
+// more key is refused with limitExceeded, as itxd refuses it (--max-scheduled-per-stream), while
+// moving a pending key is not a new one. Before, it took any number, so a processor that leaves
+// a timer behind per event passed its harness tests and failed its frames first in production.
+func TestMemoryStream_SchedulesUpToItxdsBound(t *testing.T) {
+	s := proctest.NewMemoryStream("/m", itx.SystemClock{})
+	at := time.Now().Add(time.Hour)
+	timer := func(i int) itx.EventInput {
+		return itx.EventInput{Type: "x/timer", IdempotencyKey: fmt.Sprintf("t-%d", i)}
+	}
+	for i := range itx.MaxScheduledPerStream {
+		if err := s.Schedule(t.Context(), timer(i), at); err != nil {
+			t.Fatalf("timer %d: %v", i, err)
+		}
+	}
+	err := s.Schedule(t.Context(), timer(itx.MaxScheduledPerStream), at)
+	if got := itx.ErrorCode(err); got != itx.ELimitExceeded {
+		t.Errorf("one timer past the bound: code %q (%v), want %q", got, err, itx.ELimitExceeded)
+	}
+	if err := s.Schedule(t.Context(), timer(0), at.Add(time.Minute)); err != nil {
+		t.Errorf("moving a pending timer at the bound: %v", err)
+	}
+	if n := len(s.Scheduled()); n != itx.MaxScheduledPerStream {
+		t.Errorf("%d pending, want %d", n, itx.MaxScheduledPerStream)
 	}
 }
