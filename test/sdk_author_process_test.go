@@ -280,7 +280,7 @@ func (s sdkStreams) verify(t *testing.T, v *qaVendorServer) {
 	ctx := ctxLong(t)
 	wait := func(st schema.Stream, typ, where string) {
 		t.Helper()
-		_, err := client.WaitForEvent(ctx, st, itx.Predicate{Types: []string{typ}, Where: where}, 0, 90*time.Second)
+		_, err := client.WaitForEvent(ctx, st, itx.Predicate{Types: []string{typ}, Where: where}, 0, 45*time.Second)
 		require.NoError(t, err, "waiting for %s where %s", typ, where)
 	}
 	asked, err := client.ReadAll(ctx, s.qa, itx.Query{Types: []string{string(QAAsked)}})
