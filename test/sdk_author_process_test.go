@@ -361,6 +361,27 @@ func (s sdkStreams) verify(t *testing.T, v *qaVendorServer) {
 	rem := all(s.reminders)
 	require.Equal(t, []string{"r1", "r3", "r4"}, sortedStrings(firedIDs(t, rem)), "reminders fired")
 	require.Len(t, payloadsOf(t, ReminderDue, rem), 4)
+
+	// The operator's rewind to the start is a replay in the real server: every processor runs
+	// its whole history again, and nothing is appended but the cursor-set itself, nothing
+	// scheduled, and the vendor is not dialed.
+	requestsBefore, _, _ := v.counts()
+	for name, st := range map[string]schema.Stream{"answerer": s.qa, "summarizer": s.metrics, "reminders": s.reminders} {
+		before := all(st)
+		set, err := client.SetSubscriptionCursor(ctx, st, name, 0)
+		require.NoError(t, err)
+		sub := client.Subscription(ctx, st, name)
+		_, err = client.WaitUntilProcessed(ctx, sub, set, 60*time.Second)
+		sub.Release()
+		require.NoError(t, err, "%s replaying through %d", name, set)
+		after := all(st)
+		require.Len(t, after, len(before)+1, "%s: the replay appended %v", name, after[len(before):])
+		pending, err := client.ListScheduled(ctx, st)
+		require.NoError(t, err)
+		require.Empty(t, pending, "%s: the replay scheduled", name)
+	}
+	requests, _, _ = v.counts()
+	require.Equal(t, requestsBefore, requests, "the replay dialed the vendor")
 }
 
 func sortedStrings(s []string) []string {
