@@ -252,7 +252,11 @@ func (a *Args[S]) AppendTo(ctx context.Context, path string, events ...itx.Event
 // the event that set it, so a replay schedules the same timer): scheduling the key again moves
 // it, and once the event has landed scheduling it again does nothing (with another body it fails
 // with itx.EIdempotencyConflict, as Append does). Cancel it by landing
-// nothing: the reducer decides, when the event arrives, whether it still matters.
+// nothing: the reducer decides, when the event arrives, whether it still matters. A timer left to
+// its time keeps one of the stream's pending places (10,000, itxd's --max-scheduled-per-stream;
+// past them ScheduleAppend fails with itx.ELimitExceeded) until it lands, so to cancel one due
+// far off, move it: schedule its key and body again at the cancelling event's CreatedAt, and it
+// lands at once (a replay finds it landed with that body and does nothing).
 func (a *Args[S]) ScheduleAppend(ctx context.Context, at time.Time, event itx.EventInput) error {
 	if event.IdempotencyKey == "" {
 		return itx.Errorf(itx.EInvalid, "ScheduleAppend needs an idempotency key (Args.IdempotencyKey)")

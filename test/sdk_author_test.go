@@ -331,12 +331,31 @@ func Reminders() processors.Contract[reminderState] {
 			if a.Event == nil {
 				return nil
 			}
+			// timer is the due event of the reminder set at setOffset, keyed by that set event.
+			timer := func(id string, setOffset int64) itx.EventInput {
+				return ReminderDue.Input(ReminderDueP{ID: id, SetOffset: setOffset}, a.IdempotencyKey("due", &itx.Event{Offset: setOffset}))
+			}
+			// withdraw moves the timer of a reminder this event replaces or cancels to now, so it
+			// lands at once (and does nothing) instead of holding one of the stream's pending
+			// places until its time.
+			withdraw := func(id string) error {
+				p, ok := a.PreviousState.Pending[id]
+				if !ok {
+					return nil
+				}
+				return a.ScheduleAppend(ctx, time.UnixMilli(a.Event.CreatedAt), timer(id, p.SetOffset))
+			}
 			switch a.Event.Type {
 			case string(ReminderSet):
 				r, _ := ReminderSet.Decode(*a.Event)
+				if err := withdraw(r.ID); err != nil {
+					return err
+				}
 				at := time.UnixMilli(a.Event.CreatedAt).Add(time.Duration(r.InMs) * time.Millisecond)
-				due := ReminderDue.Input(ReminderDueP{ID: r.ID, SetOffset: a.Event.Offset}, a.IdempotencyKey("due", a.Event))
-				return a.ScheduleAppend(ctx, at, due)
+				return a.ScheduleAppend(ctx, at, timer(r.ID, a.Event.Offset))
+			case string(ReminderCancelled):
+				r, _ := ReminderCancelled.Decode(*a.Event)
+				return withdraw(r.ID)
 			case string(ReminderDue):
 				d, _ := ReminderDue.Decode(*a.Event)
 				p, ok := a.PreviousState.Pending[d.ID]
