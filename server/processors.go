@@ -542,12 +542,13 @@ func (a *actor) unregistered(name, contract string, err error) error {
 	if entry == nil {
 		return err
 	}
-	m := a.srv.remoteHost(a.ref.ProjectID, entry.mountScope(), contract)
-	if m == nil {
+	if a.srv.remoteHost(a.ref.ProjectID, entry.mountScope(), contract) == nil {
 		return err
 	}
-	return itx.Errorf(itx.ENotFound, "%s in this itxd; the remote host %q holds it: configure the subscription with placement \"remote\"",
-		itx.AsError(err).Message, m.name)
+	// The host is not named: lastError is read by every reader of the stream, among them
+	// sessions limited to a prefix narrower than the scope the host was mounted in.
+	return itx.Errorf(itx.ENotFound, "%s in this itxd; a remote host mounted for this subscription holds it: configure the subscription with placement \"remote\"",
+		itx.AsError(err).Message)
 }
 
 // startRunner starts (or finds) the instance name running contract on ps, replacing a runner

@@ -11,11 +11,12 @@ import (
 
 // A processor-wake subscription configured without placement "remote" (the default is
 // in-process) for a contract only a remote host of the project holds halts at its first wake, as
-// the seed says of a name no registered processor answers to, and its lastError now says which
-// host holds the contract and what to change; a name nobody holds (a typo) keeps the bare error.
+// the seed says of a name no registered processor answers to, and its lastError now says that a
+// mounted host holds the contract and what to change (without naming the host: every reader of
+// the stream reads lastError); a name nobody holds (a typo) keeps the bare error.
 // Before, both read `no processor is registered under the name "summarizer"`, while
 // processors.list() showed that very contract mounted.
-func TestProcessors_InProcessMissNamesTheRemoteHolder(t *testing.T) {
+func TestProcessors_InProcessMissPointsAtTheRemoteHost(t *testing.T) {
 	ts := startServer(t, server.Config{Processors: referenceHost(t, "forwarder")})
 	ctx := ctxT(t)
 	p := ts.project(t)
@@ -45,7 +46,8 @@ func TestProcessors_InProcessMissNamesTheRemoteHolder(t *testing.T) {
 		}
 		return len(lastErrors) == 2
 	})
-	require.Contains(t, lastErrors["summarizer"], `no processor is registered under the name "summarizer" in this itxd; the remote host "metrics-host" holds it: configure the subscription with placement "remote"`)
+	require.Contains(t, lastErrors["summarizer"], `no processor is registered under the name "summarizer" in this itxd; a remote host mounted for this subscription holds it: configure the subscription with placement "remote"`)
 	require.Contains(t, lastErrors["sumarizer"], `no processor is registered under the name "sumarizer"`)
 	require.NotContains(t, lastErrors["sumarizer"], "remote host")
+	require.NotContains(t, lastErrors["summarizer"], "metrics-host")
 }
