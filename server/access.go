@@ -114,7 +114,8 @@ func (x *Session) Check() error {
 const DefaultMaxLive = 65_536
 
 // TakeLive counts a live connection or live-state view opening under the session, refused with
-// ELimitExceeded past Config.MaxLivePerSession, or past Config.MaxLive over every login; its
+// ELimitExceeded past Config.MaxLivePerSession, past Config.MaxLivePerProject over the project's
+// logins, or past Config.MaxLive over every login; its
 // release runs once (the end of what opened).
 func (x *Session) TakeLive() (release func(), err error) {
 	limit := int64(x.srv.cfg.MaxLivePerSession)
@@ -122,8 +123,16 @@ func (x *Session) TakeLive() (release func(), err error) {
 		x.live.Add(-1)
 		return nil, itx.Errorf(itx.ELimitExceeded, "a login holds at most %d live connections and live-state views open (--max-live-per-login): close some first", limit)
 	}
+	// The project's share before the global bound: a project at its share is refused with its
+	// own flag named, and never takes the room the other projects keep.
+	project := x.Project.ID
+	if err := x.srv.takeLiveShare(project); err != nil {
+		x.live.Add(-1)
+		return nil, err
+	}
 	if n, all := x.srv.live.Add(1), int64(x.srv.cfg.MaxLive); n > all {
 		x.srv.live.Add(-1)
+		x.srv.releaseLiveShare(project)
 		x.live.Add(-1)
 		return nil, itx.Errorf(itx.ELimitExceeded, "itxd holds at most %d live connections and live-state views open over all logins (--max-live): close some first", all)
 	}
@@ -132,6 +141,7 @@ func (x *Session) TakeLive() (release func(), err error) {
 		once.Do(func() {
 			x.live.Add(-1)
 			x.srv.live.Add(-1)
+			x.srv.releaseLiveShare(project)
 		})
 	}, nil
 }

@@ -42,7 +42,7 @@ func (s *Server) wakeDue() {
 	}
 	if deferred > 0 {
 		s.log.Warn().Int("streams", deferred).Int("maxHeldStreams", s.cfg.MaxHeldStreams).
-			Msg("streams with work due wait: every loaded stream is in use (--max-held-streams); retrying in a second")
+			Msg("streams with work due wait: every loaded stream is in use (--max-held-streams), or their project holds its share of them (--max-held-streams-per-project); retrying in a second")
 		s.alarmChanged(now + alarmRetryMs)
 	}
 	next, err := s.dir.NextAlarm(ctx, now)

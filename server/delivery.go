@@ -569,6 +569,26 @@ func (d *deliverer) sendWithTimeout(batch *itx.DeliveryBatch) (int64, error) {
 		// A sender whose every request holds a socket (webhooks) takes a slot of a bound shared
 		// by all subscriptions. A delivery waits for one before its timeout starts (waiting
 		// holds no socket, and at most one waits per subscription).
+		// First one of the project's own slots (its share of the bound), then one of the
+		// server's: a project whose receivers hang holds at most its share, and the other
+		// projects' deliveries find the rest free instead of queueing behind its own.
+		own := d.srv.webhookSlots(d.ref.ProjectID)
+		select {
+		case own <- struct{}{}:
+		default:
+			d.srv.shareFull(d.ref.ProjectID, flagWebhookShare, cap(own))
+			select {
+			case own <- struct{}{}:
+			case <-d.ctx.Done():
+				return 0, itx.Errorf(itx.ECancelled, "%s %q: %v", d.send, d.name, d.ctx.Err())
+			}
+		}
+		defer func() {
+			<-own
+			if len(own) <= cap(own)/2 {
+				d.srv.shareFree(d.ref.ProjectID, flagWebhookShare)
+			}
+		}()
 		slots := b.inFlight()
 		select {
 		case slots <- struct{}{}:

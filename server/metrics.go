@@ -39,6 +39,9 @@ type Metrics struct {
 	ConnectionEvents prometheus.Counter // events sent to connections
 	ConnectionDirect prometheus.Counter // batches the actor sent itself (pushDirect)
 	LiveSubscribers  prometheus.Gauge   // live-state subscribers attached
+	// ShareHits counts, by project and flag, the times a project found its share of a global
+	// bound full (shares.go): who is crowding the others.
+	ShareHits *prometheus.CounterVec
 
 	// Backups: an operator alerts on the age of the last one written.
 	Backups          *prometheus.CounterVec // by result code ("ok" or an itx code)
@@ -138,6 +141,7 @@ func newMetrics() *Metrics {
 		ConnectionDirect: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "itx_connection_direct_batches_total", Help: "Batches sent to connections at the tail by the stream's writer right after the commit, not through the connection's reader.",
 		}),
+		ShareHits: newShareHits(),
 		LiveSubscribers: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "itx_live_subscribers", Help: "Live-state subscribers attached.",
 		}),
@@ -168,7 +172,7 @@ func newMetrics() *Metrics {
 	}
 	r.MustRegister(m.DeliveryFailures, m.CommitFailures, m.LateAcks, m.SubscriptionHalts, m.SkippedEvents, m.SubscriptionParks, m.HandlerPanics, m.AppendCalls, m.AppendedEvents, m.AppendedBytes, m.AppendLatency, m.CommitLatency,
 		m.CommitEvents, m.CommitCalls, m.ReadEvents, m.FullDiskReads, m.LoadedStreams, m.RPCConnections, m.RPCAcceptErrors,
-		m.OpenConnections, m.Sessions, m.WebhooksInFlight, m.ConnectionEvents, m.ConnectionDirect, m.LiveSubscribers,
+		m.OpenConnections, m.Sessions, m.WebhooksInFlight, m.ConnectionEvents, m.ConnectionDirect, m.LiveSubscribers, m.ShareHits,
 		m.Backups, m.BackupLastOK, m.BackupLastFrozen, m.StreamsDeleted, m.TrimmedEvents, m.DiskReserve, m.VacuumedBytes,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{

@@ -14,7 +14,7 @@ import (
 // join takes a reference on a, loaded or loading, once its load has ended: a, or its load's
 // error. Called with s.mu held and inflight already counted for it; it unlocks s.mu.
 func (s *Server) join(ctx context.Context, a *actor) (*actor, error) {
-	a.refs++
+	s.holdLocked(a)
 	s.mu.Unlock()
 	select {
 	case <-a.ready:
@@ -60,8 +60,17 @@ func (s *Server) acquire(ctx context.Context, ref StreamRef) (*actor, error) {
 		s.mu.Unlock()
 		return nil, itx.Errorf(itx.ENotFound, "the project of stream %s was deleted", ref.Path)
 	}
-	s.inflight.Add(1)
 	a := s.actors[ref]
+	if (a == nil || a.refs == 0) && s.heldBy[ref.ProjectID] >= s.cfg.MaxHeldStreamsPerProject {
+		// One more stream held by this project: past its share, refused, so that one project
+		// holding streams in use (connections, live state, calls) leaves the rest of
+		// MaxHeldStreams to the others.
+		n := s.heldBy[ref.ProjectID]
+		s.mu.Unlock()
+		s.shareFull(ref.ProjectID, flagHeldShare, n)
+		return nil, itx.Errorf(itx.ELimitExceeded, "the project holds %d streams in use, its share of the streams itxd holds loaded (%s), so %s cannot be loaded now: release connections, live-state handles or calls held on its other streams", n, flagHeldShare, ref.Path)
+	}
+	s.inflight.Add(1)
 	if a != nil {
 		return s.join(ctx, a)
 	}
@@ -72,7 +81,7 @@ func (s *Server) acquire(ctx context.Context, ref StreamRef) (*actor, error) {
 		return nil, itx.Errorf(itx.ELimitExceeded, "itxd has %d streams loaded, every one in use (--max-held-streams), so %s cannot be loaded now: release connections, live-state handles or calls held on other streams", n, ref.Path)
 	}
 	a = newActor(s, ref)
-	a.refs = 1
+	s.holdLocked(a)
 	s.actors[ref] = a
 	prev := s.unloading[ref]
 	overCap := len(s.actors) > s.cfg.MaxLoadedStreams
@@ -144,7 +153,7 @@ func (s *Server) pin(a *actor) bool {
 	if a.dctx.Err() != nil {
 		return false
 	}
-	a.refs++
+	s.holdLocked(a)
 	s.inflight.Add(1)
 	return true
 }
@@ -154,12 +163,32 @@ func (s *Server) release(a *actor) {
 	s.mu.Lock()
 	a.refs--
 	a.lastUsed = s.clock.Now()
-	if a.refs == 0 && a.drained != nil {
-		close(a.drained)
-		a.drained = nil
+	freed := false
+	if a.refs == 0 {
+		p := a.ref.ProjectID
+		if s.heldBy[p]--; s.heldBy[p] <= 0 {
+			delete(s.heldBy, p)
+		}
+		freed = s.heldBy[p] < s.cfg.MaxHeldStreamsPerProject/2+1
+		if a.drained != nil {
+			close(a.drained)
+			a.drained = nil
+		}
 	}
 	s.mu.Unlock()
 	s.inflight.Done()
+	if freed {
+		s.shareFree(a.ref.ProjectID, flagHeldShare)
+	}
+}
+
+// holdLocked takes a reference on a, counting it toward its project's streams in use
+// (Config.MaxHeldStreamsPerProject) when it is the first. Called with s.mu held.
+func (s *Server) holdLocked(a *actor) {
+	if a.refs == 0 {
+		s.heldBy[a.ref.ProjectID]++
+	}
+	a.refs++
 }
 
 // scheduleSweep arms the next idle sweep on the injected clock.

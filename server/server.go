@@ -43,6 +43,11 @@ type Config struct {
 	// idle fails with limitExceeded. Each costs goroutines and SQLite file descriptors, so itxd
 	// derives its default from the open-file limit; default here 4,096.
 	MaxHeldStreams int
+	// MaxHeldStreamsPerProject bounds the streams of one project held in use at once (by calls,
+	// connections, live-state handles, deliveries): past it a call of that project needing one
+	// more fails with limitExceeded, so one project cannot hold every stream MaxHeldStreams
+	// allows. Default DefaultShare(MaxHeldStreams).
+	MaxHeldStreamsPerProject int
 
 	BreakerBurst           int // default itx.BreakerBurst
 	BreakerRefillPerMinute int // default itx.BreakerRefillPerMinute
@@ -83,6 +88,10 @@ type Config struct {
 	// the per-login bound alone let a client grow itxd by logins (one per RPC connection)
 	// times it; default 65,536.
 	MaxLive int
+	// MaxLivePerProject bounds the live connections and live-state views one project's logins
+	// hold open at once, so one project on many logins cannot take all of MaxLive. Default
+	// DefaultShare(MaxLive).
+	MaxLivePerProject int
 	// MaxMountsPerProject bounds the capabilities mounted under names in one project, and
 	// separately the processor hosts mounted in it (a name already mounted can be replaced);
 	// default 4,096.
@@ -104,6 +113,11 @@ type Config struct {
 	// subscription (each holds a socket); a delivery waits for a slot before its delivery
 	// timeout starts (waiting holds no socket). Default 1,024.
 	MaxWebhooksInFlight int
+	// MaxWebhooksInFlightPerProject bounds the webhook requests one project's subscriptions have
+	// open at once (a delivery waits for one of the project's slots, then for one of the
+	// server's), so receivers of one project that hang until the timeout cannot hold every slot
+	// of MaxWebhooksInFlight. Default DefaultShare(MaxWebhooksInFlight).
+	MaxWebhooksInFlightPerProject int
 	// MaxWebhookResponseHeaderBytes bounds the header of a webhook's answer (status line and
 	// header fields) that itxd reads; a longer one fails the delivery as an outage. Without it
 	// net/http read up to 10 MiB of each (tens of MiB of memory once parsed) for every request
@@ -153,6 +167,9 @@ type Server struct {
 	fullReads map[StreamRef]*fullRead
 	// deleting holds the streams being deleted (DeleteStream): a load of one waits for the end.
 	deleting map[StreamRef]chan struct{}
+	// heldBy counts, per project, its loaded streams held in use (refs above 0; under mu):
+	// Config.MaxHeldStreamsPerProject.
+	heldBy   map[string]int
 	closing  bool
 	inflight sync.WaitGroup // one per acquired reference
 	// backup is the backup in progress (backup.go); backupMu lets one run at a time.
@@ -184,6 +201,7 @@ type Server struct {
 	oldFiles sync.Map
 	acc      *accessState // sessions by token, deleted projects, webhook secrets
 	live     atomic.Int64 // live connections and live-state views open over every login (Config.MaxLive)
+	shares   *projectShares
 
 	procHosts procHosts
 
@@ -236,6 +254,9 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	// let a stream load whenever one held was idle, so the loaded ones passed MaxHeldStreams (and
 	// the descriptors it is derived from) up to MaxLoadedStreams.
 	cfg.MaxLoadedStreams = min(cfg.MaxLoadedStreams, cfg.MaxHeldStreams)
+	if cfg.MaxHeldStreamsPerProject <= 0 {
+		cfg.MaxHeldStreamsPerProject = DefaultShare(cfg.MaxHeldStreams)
+	}
 	if cfg.BreakerBurst <= 0 {
 		cfg.BreakerBurst = itx.BreakerBurst
 	}
@@ -281,6 +302,9 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.MaxWebhooksInFlight <= 0 {
 		cfg.MaxWebhooksInFlight = 1024
 	}
+	if cfg.MaxWebhooksInFlightPerProject <= 0 {
+		cfg.MaxWebhooksInFlightPerProject = DefaultShare(cfg.MaxWebhooksInFlight)
+	}
 	if cfg.MaxWebhookResponseHeaderBytes <= 0 {
 		cfg.MaxWebhookResponseHeaderBytes = DefaultMaxWebhookResponseHeaderBytes
 	}
@@ -301,6 +325,9 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	if cfg.MaxLive <= 0 {
 		cfg.MaxLive = DefaultMaxLive
+	}
+	if cfg.MaxLivePerProject <= 0 {
+		cfg.MaxLivePerProject = DefaultShare(cfg.MaxLive)
 	}
 	if cfg.MaxLiveSubscribersPerStream <= 0 {
 		cfg.MaxLiveSubscribersPerStream = 1024
@@ -333,6 +360,8 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		backend:     sqliteBackend{dir: filepath.Join(cfg.DataDir, "streams")},
 		recv:        receivers{mounts: map[mountKey]*mount{}},
 		acc:         newAccessState(),
+		shares:      newProjectShares(),
+		heldBy:      map[string]int{},
 		incarnation: newStreamID(), hosted: map[string]bool{},
 		unlockDataDir: unlock,
 	}

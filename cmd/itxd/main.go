@@ -123,6 +123,9 @@ var flagRanges = map[string]flagRange{
 	"backup-every":                      {min: int64(time.Minute), zero: "never"}, // server.BackupSchedule refuses less
 	"backup-keep":                       {min: 1, max: server.MaxBackupKeep},
 	"webhook-max-in-flight":             {min: 1},
+	"webhook-max-in-flight-per-project": {min: 1, zero: "three quarters of --webhook-max-in-flight"},
+	"max-held-streams-per-project":      {min: 1, zero: "three quarters of --max-held-streams"},
+	"max-live-per-project":              {min: 1, zero: "three quarters of --max-live"},
 	"webhook-max-response-header-bytes": {min: 1},
 	"max-held-streams":                  {min: 1, zero: "from the open-file limit"},
 	"breaker-burst":                     {min: 1, zero: "100000"},
@@ -280,7 +283,9 @@ func run() error {
 	backupEvery := flag.Duration("backup-every", 0, "how often to write a scheduled backup into --backup-dir (0: never); the first is due this long after the newest one there")
 	backupKeep := flag.Int("backup-keep", server.DefaultBackupKeep, "scheduled backups kept in --backup-dir; older ones are deleted after each new one")
 	maxWebhooks := flag.Int("webhook-max-in-flight", 1024, "webhook requests open at once over all subscriptions; a delivery waits for one before its delivery timeout starts")
+	maxWebhooksShare := flag.Int("webhook-max-in-flight-per-project", 0, "webhook requests one project's subscriptions have open at once, its share of --webhook-max-in-flight (0: three quarters of it)")
 	webhookHeader := flag.Int64("webhook-max-response-header-bytes", server.DefaultMaxWebhookResponseHeaderBytes, "bytes of a webhook answer's status line and header fields itxd reads; a longer header fails the delivery, retried as an outage")
+	maxHeldShare := flag.Int("max-held-streams-per-project", 0, "streams of one project held in use at once, its share of --max-held-streams; a call of that project needing one more fails with limitExceeded (0: three quarters of it)")
 	maxHeld := flag.Int("max-held-streams", 0, "streams loaded at once, in use or not; a call needing one more fails with limitExceeded (0: from the open-file limit, (RLIMIT_NOFILE - 1024 - --rpc-max-connections - --webhook-max-in-flight - --metrics-max-connections) / 8, between 256 and 16384)")
 	burst := flag.Int("breaker-burst", 0, "circuit breaker burst per stream, in events (0: 100000)")
 	refill := flag.Int("breaker-refill-per-minute", 0, "circuit breaker refill per stream per minute (0: 6000000)")
@@ -299,6 +304,7 @@ func run() error {
 	maxLive := flag.Int("max-live-subscribers-per-stream", 0, "live-state subscribers one stream serves at most, connections' state frames not counted (0: 1024)")
 	maxLivePerLogin := flag.Int("max-live-per-login", 0, "live connections and live-state views one login holds open, on any streams (0: 4096)")
 	maxLiveAll := flag.Int("max-live", 0, "live connections and live-state views open at once over all logins (0: 65536)")
+	maxLiveShare := flag.Int("max-live-per-project", 0, "live connections and live-state views one project's logins hold open at once, its share of --max-live (0: three quarters of it)")
 	maxSubs := flag.Int("max-subscriptions-per-stream", itx.MaxSubscriptionsPerStream, "subscriptions one stream holds at most; configuring one more fails with limitExceeded")
 	maxProjectBytes := flag.Int64("max-project-bytes", 0, "disk one project's streams may take (their files, as itx du counts them); past it appends that add events to them (and processor KV puts that grow their KV) are refused with resourceExhausted (0: no quota)")
 	minFree := flag.Int64("min-free-disk-bytes", 0, "bytes kept free on the data directory's file system: while less is free, appends that add events (and new subscriptions, new scheduled appends and processor KV puts that grow it) are refused with resourceExhausted, so deleting and trimming streams still work (0: a hundredth of the file system, at most 256 MiB; -1: none)")
@@ -478,9 +484,9 @@ func run() error {
 	ctx := context.Background()
 	srv, err := server.Open(ctx, server.Config{
 		DataDir: *data, Log: log, IdleTimeout: *idle, MaxLoadedStreams: *maxLoaded,
-		BackupDir: *backupDir, BackupEvery: *backupEvery, BackupKeep: *backupKeep, MaxHeldStreams: held, MaxWebhooksInFlight: *maxWebhooks, MaxWebhookResponseHeaderBytes: *webhookHeader,
+		BackupDir: *backupDir, BackupEvery: *backupEvery, BackupKeep: *backupKeep, MaxHeldStreams: held, MaxHeldStreamsPerProject: *maxHeldShare, MaxWebhooksInFlight: *maxWebhooks, MaxWebhooksInFlightPerProject: *maxWebhooksShare, MaxWebhookResponseHeaderBytes: *webhookHeader,
 		BreakerBurst: *burst, BreakerRefillPerMinute: *refill,
-		MaxConnectionsPerStream: *maxConns, MaxLiveSubscribersPerStream: *maxLive, MaxLivePerSession: *maxLivePerLogin, MaxLive: *maxLiveAll, MaxSubscriptionConfigBytes: *maxConfig, MaxHostContractBytes: *maxHostContracts, MaxMountsPerProject: *maxMounts, MaxReadersPerStream: *maxReaders, MaxScheduledPerStream: *maxScheduled,
+		MaxConnectionsPerStream: *maxConns, MaxLiveSubscribersPerStream: *maxLive, MaxLivePerSession: *maxLivePerLogin, MaxLive: *maxLiveAll, MaxLivePerProject: *maxLiveShare, MaxSubscriptionConfigBytes: *maxConfig, MaxHostContractBytes: *maxHostContracts, MaxMountsPerProject: *maxMounts, MaxReadersPerStream: *maxReaders, MaxScheduledPerStream: *maxScheduled,
 		MaxStreamsPerProject: *maxStreams,
 		MaxSubscriptions:     *maxSubs, EphemeralBufferBytes: *ephBytes,
 		MaxProcessorKVKeys: *kvKeys, MaxProcessorKVBytes: *kvBytes,

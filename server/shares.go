@@ -1,0 +1,126 @@
+package server
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/itx-dev/itx"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Some bounds are global: the webhook requests in flight, the streams held loaded, the live
+// connections and views. A project at its own per-connection and per-project bounds could take
+// all of one (many streams, many logins), and every other project would then wait or be
+// refused. Each project may take at most its share of such a bound (by default three quarters
+// of it), so whatever one project does, the others keep the rest.
+//
+// The flags that name the shares, as an operator reads them in logs, errors and metrics.
+const (
+	flagWebhookShare = "--webhook-max-in-flight-per-project"
+	flagHeldShare    = "--max-held-streams-per-project"
+	flagLiveShare    = "--max-live-per-project"
+)
+
+// DefaultShare is a project's share of a global bound when its flag is left at 0: three
+// quarters of it (at least 1), leaving a quarter to the other projects.
+func DefaultShare(global int) int { return max(1, global-global/4) }
+
+// projectShares counts what each project holds of the shared bounds. Its maps hold one entry
+// per project that holds something now (and a webhook semaphore per project that delivered to
+// a webhook, one channel each: the projects are bounded by the directory).
+type projectShares struct {
+	mu       sync.Mutex
+	live     map[string]int
+	webhooks map[string]chan struct{}
+	full     map[shareKey]bool // the project stood at its share when last seen: logged once per crossing
+	anyFull  atomic.Int32      // len(full): releases skip the lock while no project is at a share
+}
+
+type shareKey struct{ project, flag string }
+
+func newProjectShares() *projectShares {
+	return &projectShares{live: map[string]int{}, webhooks: map[string]chan struct{}{}, full: map[shareKey]bool{}}
+}
+
+// webhookSlots is the project's semaphore of webhook requests in flight (its share of
+// MaxWebhooksInFlight).
+func (s *Server) webhookSlots(project string) chan struct{} {
+	sh := s.shares
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	c := sh.webhooks[project]
+	if c == nil {
+		c = make(chan struct{}, s.cfg.MaxWebhooksInFlightPerProject)
+		sh.webhooks[project] = c
+	}
+	return c
+}
+
+// takeLiveShare counts one live connection or view of project, refused with ELimitExceeded past
+// MaxLivePerProject.
+func (s *Server) takeLiveShare(project string) error {
+	sh := s.shares
+	sh.mu.Lock()
+	n := sh.live[project]
+	if n >= s.cfg.MaxLivePerProject {
+		sh.mu.Unlock()
+		s.shareFull(project, flagLiveShare, n)
+		return itx.Errorf(itx.ELimitExceeded, "a project holds at most %d live connections and live-state views open (%s): close some first", s.cfg.MaxLivePerProject, flagLiveShare)
+	}
+	sh.live[project] = n + 1
+	sh.mu.Unlock()
+	return nil
+}
+
+func (s *Server) releaseLiveShare(project string) {
+	sh := s.shares
+	sh.mu.Lock()
+	if sh.live[project] <= 1 {
+		delete(sh.live, project)
+	} else {
+		sh.live[project]--
+	}
+	sh.mu.Unlock()
+	s.shareFree(project, flagLiveShare)
+}
+
+// shareFull tells the operator which project stands at its share of a global bound: a counter
+// per project and flag on every refusal or wait, and a warning once per crossing.
+func (s *Server) shareFull(project, flag string, held int) {
+	s.metrics.ShareHits.WithLabelValues(project, flag).Inc()
+	sh := s.shares
+	k := shareKey{project, flag}
+	sh.mu.Lock()
+	was := sh.full[k]
+	sh.full[k] = true
+	sh.anyFull.Store(int32(len(sh.full)))
+	sh.mu.Unlock()
+	if !was {
+		s.log.Warn().Str("project", project).Str("flag", flag).Int("held", held).
+			Msg("the project holds its whole share of a bound shared by every project (" + flag + "): its calls past it are refused, or its deliveries wait, while other projects go on")
+	}
+}
+
+// shareFree forgets that project stood at its share of flag (logged once it had).
+func (s *Server) shareFree(project, flag string) {
+	sh := s.shares
+	if sh.anyFull.Load() == 0 {
+		return
+	}
+	k := shareKey{project, flag}
+	sh.mu.Lock()
+	was := sh.full[k]
+	delete(sh.full, k)
+	sh.anyFull.Store(int32(len(sh.full)))
+	sh.mu.Unlock()
+	if was {
+		s.log.Info().Str("project", project).Str("flag", flag).Msg("the project is under its share of a shared bound again (" + flag + ")")
+	}
+}
+
+func newShareHits() *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "itx_project_share_full_total",
+		Help: "Times a project found its share of a bound shared by every project full, by project and flag: a live connection or view, or a stream load, refused; a webhook delivery made to wait for the project's own requests.",
+	}, []string{"project", "flag"})
+}
