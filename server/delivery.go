@@ -70,14 +70,14 @@ func newDeliverer(ctx context.Context, s *Server, ref StreamRef, entry *catalogE
 		d.types = typeSet(f.EventTypes)
 		if f.JSONataCondition != "" {
 			var err error
-			if d.condition, err = newJSONataRef(f.JSONataCondition); err != nil {
+			if d.condition, err = newJSONataRef(f.JSONataCondition, ref.ProjectID); err != nil {
 				d.buildErr = fmt.Errorf("the filter condition no longer compiles: %w", err)
 			}
 		}
 	}
 	if t := entry.Config.Receiver.JSONataTransform; t != "" {
 		var err error
-		if d.transform, err = newJSONataRef(t); err != nil {
+		if d.transform, err = newJSONataRef(t, ref.ProjectID); err != nil {
 			d.buildErr = fmt.Errorf("the transform no longer compiles: %w", err)
 		}
 	}
@@ -644,8 +644,8 @@ func (d *deliverer) sendWithTimeout(batch *itx.DeliveryBatch) (int64, error) {
 // applyTransform runs a JSONata transform over an event. The result must be an object; its
 // type, payload and metadata replace the event's, and whatever it omits is kept. Offsets,
 // times, keys and provenance always stay the source's.
-func applyTransform(expr *jsonata.Expr, e *itx.Event) (itx.Event, error) {
-	res, err := evalJSONata(expr, e)
+func applyTransform(project string, expr *jsonata.Expr, e *itx.Event) (itx.Event, error) {
+	res, err := evalJSONata(project, expr, e)
 	if err != nil {
 		return itx.Event{}, err
 	}

@@ -18,16 +18,14 @@ import (
 // with evaluations is, until the test ends: every evaluation is then refused as busy.
 func saturateJSONata(t *testing.T) {
 	slots := jsonataSlots
-	taken := 0
-	for len(slots) < cap(slots) {
-		slots <- struct{}{}
-		taken++
+	for range slots.size {
+		require.NoError(t, slots.acquire("saturating"))
 	}
 	jsonataWaiting.Add(maxJSONataWaiting)
 	t.Cleanup(func() {
 		jsonataWaiting.Add(-maxJSONataWaiting)
-		for range taken {
-			<-slots
+		for range slots.size {
+			slots.release()
 		}
 	})
 }

@@ -30,10 +30,11 @@ func jsonataCompiledCost(n int) int64 { return 512 + 32*int64(n) }
 // jsonataRef is a user's JSONata expression (a subscription's condition or transform, a
 // barrier's `where`), compiled on use.
 type jsonataRef struct {
-	src  string
-	cost int64
-	expr atomic.Pointer[jsonata.Expr] // nil: not compiled, or dropped
-	elem *list.Element                // in compiledJSONata.lru; guarded by compiledJSONata.mu
+	src     string
+	project string // whose expression: its evaluations wait in that project's turn (jsonataTurns)
+	cost    int64
+	expr    atomic.Pointer[jsonata.Expr] // nil: not compiled, or dropped
+	elem    *list.Element                // in compiledJSONata.lru; guarded by compiledJSONata.mu
 }
 
 // jsonataCache is the set of compiled expressions the process keeps, most recently used first.
@@ -48,8 +49,8 @@ var compiledJSONata = jsonataCache{budget: DefaultJSONataCompiledBytes}
 
 // newJSONataRef compiles src (refusing a bad one as CompileJSONata does) and keeps it compiled
 // within the process's budget.
-func newJSONataRef(src string) (*jsonataRef, error) {
-	r := &jsonataRef{src: src, cost: jsonataCompiledCost(len(src))}
+func newJSONataRef(src, project string) (*jsonataRef, error) {
+	r := &jsonataRef{src: src, project: project, cost: jsonataCompiledCost(len(src))}
 	if _, err := r.get(); err != nil {
 		return nil, err
 	}
@@ -140,7 +141,7 @@ func (r *jsonataRef) holds(e *itx.Event) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	return EvalCondition(expr, e)
+	return evalCondition(r.project, expr, e)
 }
 
 // apply evaluates the expression as a transform of e (applyTransform).
@@ -149,5 +150,5 @@ func (r *jsonataRef) apply(e *itx.Event) (itx.Event, error) {
 	if err != nil {
 		return itx.Event{}, err
 	}
-	return applyTransform(expr, e)
+	return applyTransform(r.project, expr, e)
 }

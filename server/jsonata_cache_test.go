@@ -18,7 +18,7 @@ func TestJSONataCache_KeepsWithinTheBudget(t *testing.T) {
 
 	refs := make([]*jsonataRef, 6)
 	for i := range refs {
-		r, err := newJSONataRef(fmt.Sprintf("payload.n = %d", i))
+		r, err := newJSONataRef(fmt.Sprintf("payload.n = %d", i), "")
 		require.NoError(t, err)
 		refs[i] = r
 		require.LessOrEqual(t, compiledJSONataBytes(), compiledJSONata.budget)
@@ -37,7 +37,7 @@ func TestJSONataCache_KeepsWithinTheBudget(t *testing.T) {
 	}
 
 	// Larger than the whole budget: used, not kept.
-	big, err := newJSONataRef(`payload.n = 1` + strings.Repeat(" and true", 200))
+	big, err := newJSONataRef(`payload.n = 1`+strings.Repeat(" and true", 200), "")
 	require.NoError(t, err)
 	require.Nil(t, big.expr.Load())
 	ok, err := big.holds(&itx.Event{Payload: []byte(`{"n":1}`)})
@@ -65,7 +65,7 @@ func TestJSONataCache_Concurrent(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r, err := newJSONataRef(fmt.Sprintf("payload.n = %d", g))
+			r, err := newJSONataRef(fmt.Sprintf("payload.n = %d", g), "")
 			if !assertNoErr(t, err) {
 				return
 			}

@@ -42,6 +42,6 @@ func FuzzJSONata(f *testing.F) {
 		if err != nil {
 			return
 		}
-		_, _ = evalJSONata(expr, ev)
+		_, _ = evalJSONata("", expr, ev)
 	})
 }

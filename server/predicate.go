@@ -44,7 +44,7 @@ func compilePredicate(p itx.Predicate) (*compiledPredicate, error) {
 		c.contains = v
 	}
 	if p.Where != "" {
-		expr, err := newJSONataRef(p.Where)
+		expr, err := newJSONataRef(p.Where, "") // its project is set by the barrier that runs it
 		if err != nil {
 			return nil, err
 		}
@@ -90,10 +90,11 @@ var jsonataLimits = jsonata.Limits{
 }
 
 // jsonataSlots admits at most one evaluation per core at once, so the memory all evaluations
-// hold is bounded by cores x one evaluation's budget. Evaluations past that wait (each ends
-// within its time limit); past maxJSONataWaiting waiters an evaluation is refused outright.
+// hold is bounded by cores x one evaluation's budget. Evaluations past that wait, in turns by
+// project (each ends within its time limit); past maxJSONataWaiting waiters, or a project's
+// maxJSONataWaitingPerProject, an evaluation is refused outright.
 var (
-	jsonataSlots   = make(chan struct{}, runtime.GOMAXPROCS(0))
+	jsonataSlots   = newJSONataTurns(runtime.GOMAXPROCS(0))
 	jsonataWaiting atomic.Int64
 )
 
@@ -139,7 +140,7 @@ func SetJSONataBudget(b JSONataBudget) {
 	}
 	jsonataLimits.MaxItems, jsonataLimits.MaxBytes = b.MaxItems, b.MaxBytes
 	jsonataLimits.MaxSteps, jsonataLimits.Timeout = b.MaxSteps, b.Timeout
-	jsonataSlots = make(chan struct{}, b.Concurrency)
+	jsonataSlots = newJSONataTurns(b.Concurrency)
 	if b.MaxCompiledBytes <= 0 {
 		b.MaxCompiledBytes = DefaultJSONataCompiledBytes
 	}
@@ -150,32 +151,18 @@ func SetJSONataBudget(b JSONataBudget) {
 // It is the server's overload, not a verdict on the event (an outage to a delivery).
 var errJSONataBusy error = itx.Errorf(itx.EUnavailable, "too many JSONata evaluations are waiting for a core")
 
-func acquireJSONataSlot(slots chan struct{}) error {
-	select {
-	case slots <- struct{}{}:
-		return nil
-	default:
-	}
-	if jsonataWaiting.Add(1) > maxJSONataWaiting {
-		jsonataWaiting.Add(-1)
-		return errJSONataBusy
-	}
-	slots <- struct{}{}
-	jsonataWaiting.Add(-1)
-	return nil
-}
-
 // What one built-in may build: a string as large as an event, an array of 100,000 items.
 func init() { jsonata.SetSizeLimits(itx.MaxEventBytes, itx.MaxJSONataArrayItems) }
 
 // evalJSONata is the one place the server evaluates a user's JSONata, always within limits. A
-// panic inside the library is that expression's error, not the server's end.
-func evalJSONata(expr *jsonata.Expr, e *itx.Event) (res any, err error) {
-	slots := jsonataSlots // a slot goes back to the channel it came from
-	if err := acquireJSONataSlot(slots); err != nil {
+// panic inside the library is that expression's error, not the server's end. project is whose
+// expression it is: it waits for a slot in that project's turn.
+func evalJSONata(project string, expr *jsonata.Expr, e *itx.Event) (res any, err error) {
+	slots := jsonataSlots // a slot goes back to the turns it came from
+	if err := slots.acquire(project); err != nil {
 		return nil, err
 	}
-	defer func() { <-slots }()
+	defer slots.release()
 	defer func() {
 		if p := recover(); p != nil {
 			res, err = nil, fmt.Errorf("JSONata evaluation failed: %v", p)
@@ -265,7 +252,12 @@ func floatNumbers(v any) any {
 // EvalCondition evaluates a JSONata condition over an event: it holds only when the result is
 // exactly true (an undefined result is false, not an error).
 func EvalCondition(expr *jsonata.Expr, e *itx.Event) (bool, error) {
-	res, err := evalJSONata(expr, e)
+	return evalCondition("", expr, e)
+}
+
+// evalCondition is EvalCondition of project's expression (evalJSONata).
+func evalCondition(project string, expr *jsonata.Expr, e *itx.Event) (bool, error) {
+	res, err := evalJSONata(project, expr, e)
 	if err == jsonata.ErrUndefined {
 		return false, nil
 	}

@@ -304,7 +304,7 @@ func (s *Server) readPageAs(ctx context.Context, v view, q itx.Query) (itx.Page,
 		}
 		q.Types = types
 		if f.JSONataCondition != "" {
-			if cond, err = newJSONataRef(f.JSONataCondition); err != nil {
+			if cond, err = newJSONataRef(f.JSONataCondition, ""); err != nil { // a reader's page: evaluated in the turn of no project
 				return itx.Page{}, itx.Errorf(itx.EFailedPrecondition, "subscription %q: the filter condition no longer compiles: %s", entry.Config.Name, itx.ErrorMessage(err))
 			}
 			defer cond.release()
@@ -385,6 +385,9 @@ func (s *Server) WaitForEventAs(ctx context.Context, ref StreamRef, pred itx.Pre
 		return itx.Event{}, err
 	}
 	defer compiled.where.release()
+	if compiled.where != nil {
+		compiled.where.project = ref.ProjectID
+	}
 	if timeout, err = waitTimeout(timeout); err != nil {
 		return itx.Event{}, err
 	}
