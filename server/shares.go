@@ -80,8 +80,11 @@ func (s *Server) releaseLiveShare(project string) {
 	} else {
 		sh.live[project]--
 	}
+	n := sh.live[project]
 	sh.mu.Unlock()
-	s.shareFree(project, flagLiveShare)
+	if n <= s.cfg.MaxLivePerProject/2 { // well under it: a project at its share is not logged at every close and open
+		s.shareFree(project, flagLiveShare)
+	}
 }
 
 // shareFull tells the operator which project stands at its share of a global bound: a counter
@@ -101,7 +104,8 @@ func (s *Server) shareFull(project, flag string, held int) {
 	}
 }
 
-// shareFree forgets that project stood at its share of flag (logged once it had).
+// shareFree forgets that project stood at its share of flag (logged once it had). Callers call
+// it once the project holds half its share or less, so one hovering at its share is logged once.
 func (s *Server) shareFree(project, flag string) {
 	sh := s.shares
 	if sh.anyFull.Load() == 0 {
