@@ -16,6 +16,8 @@ import (
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/processors"
+	"github.com/itx-dev/itx/processors/examples"
 	"github.com/itx-dev/itx/schema"
 	"github.com/stretchr/testify/require"
 )
@@ -34,14 +36,15 @@ var neighbourFlags = []string{
 // One itxd serves two projects. Project A does, one after another and keeping what it took,
 // the most its bounds allow: webhooks that hang until their timeout, streams cycled through
 // the loaded-streams bound, streams held in use, live connections and views from several
-// logins, mounts, readers, scheduled appends in bulk and a flood of appends from several
-// connections. After each, project B's ordinary work must go through: an append, its webhook
-// delivery, its live connection, its mounted receiver (itx-call), a new stream and a new
-// connection. Global bounds with no per-project share let A deny B each of these: A's hanging
-// requests held every webhook slot (B's delivery waited out A's 20 s timeouts), and A's
-// connections held every stream (B could load no stream) and every live slot (B could open no
-// connection). The operator sees who: the refusals and waits are counted per project on
-// /metrics and logged once, naming A's project and the flag. B's latencies are logged.
+// logins, mounts, readers, scheduled appends in bulk, a crash-looping remote processor and a
+// flood of appends from several connections. After each, project B's ordinary work must go
+// through: an append, its webhook delivery, its live connection, its mounted receiver
+// (itx-call), its remote processor, a new stream and a new connection. Global bounds with no
+// per-project share let A deny B some of these: A's hanging requests held every webhook slot
+// (B's delivery waited out A's 20 s timeouts), and A's connections held every stream (B could
+// load no stream) and every live slot (B could open no connection). The operator sees who: the
+// refusals and waits are counted per project on /metrics and logged once, naming A's project
+// and the flag. B's latencies are logged.
 func TestItxd_NoisyNeighbour(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the itxd binary")
@@ -161,6 +164,22 @@ func TestItxd_NoisyNeighbour(t *testing.T) {
 	}
 	b.check(t, "A at its mounts, readers and scheduled appends")
 
+	// A processor that fails every frame, on 4 of the streams A holds: it crash-loops along
+	// the ladder while B's processor runs.
+	var broken atomic.Bool
+	broken.Store(true)
+	poisonHost := processors.NewHost("test")
+	require.NoError(t, processors.Add(poisonHost, func() processors.Contract[int] { return poisonContract(&broken) }))
+	awaitMount(t, runRemoteHost(t, p.addr, aToken, "a-worker", poisonHost))
+	failed := poisonRuns.Load()
+	for i := range 4 {
+		s := stream(t, a, fmt.Sprintf("/a/held-%d", i))
+		configureRemote(t, s, "poison")
+		mustAppend(t, s, ev("crash/poison", `{}`))
+	}
+	waitUntil(t, "A's processor failing its frames", func() bool { return poisonRuns.Load() >= failed+4 })
+	b.check(t, "A's processors crash-loop")
+
 	// A flood of appends from 4 connections, 2 appenders each, into the streams A holds.
 	stop := make(chan struct{})
 	var flooders sync.WaitGroup
@@ -219,6 +238,9 @@ type tenantB struct {
 	called  chan int64 // offsets its mounted receiver received
 	tailed  chan int64 // offsets its connection received
 	n       int
+	// guest is a stream its remote processor (the guestbook) reduces.
+	guest    schema.Stream
+	guestSub schema.Subscription
 }
 
 func newTenantB(t *testing.T, ctx context.Context, addr, token string) *tenantB {
@@ -253,6 +275,10 @@ func newTenantB(t *testing.T, ctx context.Context, addr, token string) *tenantB 
 		_, _, err := client.ConfigureSubscription(ctx, subs, cfg)
 		require.NoError(t, err)
 	}
+	b.guest = stream(t, b.project, "/b/guest")
+	configureRemote(t, b.guest, "guestbook")
+	b.guestSub, _ = processorOf(t, b.guest, "guestbook")
+	awaitMount(t, runRemoteHost(t, addr, token, "b-worker", referenceHost(t, "guestbook")))
 	c, err := client.OpenConnection(ctx, b.work, client.ConnectionOptions{Types: []string{"b/work"}}, client.ConnectionHandler{
 		Deliver: func(_ context.Context, batch itx.DeliveryBatch) error {
 			for _, e := range batch.Events {
@@ -292,8 +318,16 @@ func (b *tenantB) check(t *testing.T, when string) {
 	called := wait("mounted receiver", b.called)
 	tailed := wait("connection", b.tailed)
 
-	// A stream B never used (a load, past the loaded and held bounds) and a second connection.
+	// Its remote processor's frame.
 	t0 := time.Now()
+	head := mustAppend(t, b.guest, examples.GuestbookSigned.Input(examples.Signed{Name: fmt.Sprintf("b-%d", b.n), Message: "hi"}, "")).HeadOffset
+	processed, err := client.WaitUntilProcessed(b.ctx, b.guestSub, head, time.Minute)
+	require.NoError(t, err, "%s: B's processor", when)
+	require.GreaterOrEqual(t, processed, head)
+	proc := time.Since(t0)
+
+	// A stream B never used (a load, past the loaded and held bounds) and a second connection.
+	t0 = time.Now()
 	_, err = client.Append(b.ctx, stream(t, b.project, fmt.Sprintf("/b/fresh-%d", b.n)), []itx.EventInput{ev("b/fresh", `{}`)}, itx.AppendOptions{})
 	require.NoError(t, err, "%s: B's append to a new stream", when)
 	fresh := time.Since(t0)
@@ -303,9 +337,9 @@ func (b *tenantB) check(t *testing.T, when string) {
 	require.NoError(t, err, "%s: B's new connection", when)
 	require.NoError(t, c.Close(b.ctx))
 	opened := time.Since(t0)
-	t.Logf("B while %s: append %v, webhook %v, itx-call %v, connection %v; new stream %v, new connection %v", when,
+	t.Logf("B while %s: append %v, webhook %v, itx-call %v, connection %v; processor %v, new stream %v, new connection %v", when,
 		appended.Round(time.Microsecond), hooked.Round(time.Microsecond), called.Round(time.Microsecond),
-		tailed.Round(time.Microsecond), fresh.Round(time.Microsecond), opened.Round(time.Microsecond))
+		tailed.Round(time.Microsecond), proc.Round(time.Microsecond), fresh.Round(time.Microsecond), opened.Round(time.Microsecond))
 }
 
 // hangingReceiver is A's webhook: it answers nothing until the request ends (itxd's delivery
