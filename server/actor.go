@@ -215,6 +215,12 @@ func (a *actor) load() error {
 	if entry != nil {
 		a.srv.backupClaim(entry.StreamID) // a backup that owes this stream holds it before any write
 		store, err := a.srv.backend.Open(ctx, entry.StreamID)
+		if err == nil && store == nil && entry.Born {
+			// The directory records the stream's first commit, so its store held it: the file
+			// was deleted, truncated or lies on a file system not mounted. Made anew it would
+			// answer an empty log and reissue acknowledged offsets from 1.
+			return a.srv.storeLost(*entry)
+		}
 		if err == nil && store == nil {
 			// The directory entry committed but the process died before the store was made:
 			// nothing was ever acknowledged on this stream, so it starts empty.
@@ -223,12 +229,17 @@ func (a *actor) load() error {
 			})
 		}
 		if err != nil {
+			a.srv.noteDamaged(entry.ProjectID, entry.Path, entry.StreamID, err)
+			if storage.Damaged(err) {
+				return itx.Errorf(itx.EUnavailable, "load stream %s: %v: the file is damaged; restore it from a backup (README, Damaged storage)", a.ref.Path, err)
+			}
 			return itx.Errorf(loadFailureCode(err), "load stream %s: %v", a.ref.Path, err)
 		}
 		a.srv.noteOpened(store, a.ref.ProjectID, a.ref.Path, entry.StreamID)
 		a.store = store
 		if err := a.restore(ctx); err != nil {
 			store.Close()
+			a.srv.noteDamaged(entry.ProjectID, entry.Path, entry.StreamID, err)
 			return itx.Errorf(itx.EUnavailable, "load stream %s: %v", a.ref.Path, err)
 		}
 		a.st.summaryOld = entry.SummaryStale

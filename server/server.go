@@ -199,9 +199,12 @@ type Server struct {
 	// oldFiles holds the IDs of the streams whose file predates auto_vacuum and whose trim was
 	// logged as not giving its space back: once per stream and process.
 	oldFiles sync.Map
-	acc      *accessState // sessions by token, deleted projects, webhook secrets
-	live     atomic.Int64 // live connections and live-state views open over every login (Config.MaxLive)
-	shares   *projectShares
+	// damaged holds, per stream ID, the last error noteDamaged logged for it.
+	damaged sync.Map
+
+	acc    *accessState // sessions by token, deleted projects, webhook secrets
+	live   atomic.Int64 // live connections and live-state views open over every login (Config.MaxLive)
+	shares *projectShares
 
 	procHosts procHosts
 

@@ -70,6 +70,8 @@ type streamBackend interface {
 	HoldForBackup(ctx context.Context, streamID string) (*storage.BackupSource, error)
 	// DiskBytes is the size of a stream's files on disk now (0: none).
 	DiskBytes(streamID string) int64
+	// Where names a stream's store as an operator finds it (its file), for errors and logs.
+	Where(streamID string) string
 }
 
 // sqliteBackend keeps each stream in its own SQLite file under dir.
@@ -95,6 +97,8 @@ func (b sqliteBackend) Open(ctx context.Context, streamID string) (streamStore, 
 	}
 	return s, nil
 }
+
+func (b sqliteBackend) Where(streamID string) string { return b.file(streamID) }
 
 func (b sqliteBackend) DiskBytes(streamID string) int64 {
 	file, n := b.file(streamID), int64(0)
@@ -150,6 +154,45 @@ func syncDir(dir string) error {
 // a full disk, EUnavailable for a failing one (an I/O error), EInternal otherwise. The capability layer asks it here rather than importing
 // storage.
 func StorageCode(err error) itx.Code { return storage.ErrorCode(err) }
+
+// storeLost is the refusal to load a stream whose directory entry records its first commit
+// while its store is missing or holds no stream (its file deleted, truncated to nothing, or on a
+// file system that is not mounted): made anew, it would answer an empty log and reissue
+// acknowledged offsets from 1. Logged as noteDamaged logs.
+func (s *Server) storeLost(e storage.StreamEntry) error {
+	err := itx.Errorf(itx.EUnavailable, "load stream %s: its database %s is missing or holds no stream, though the directory records events on it (head %d when last summarized): it was deleted, truncated or is on a file system that is not mounted; restore the file from a backup (README, Damaged storage), itxd does not make it anew empty",
+		e.Path, s.backend.Where(e.StreamID), e.HeadOffset)
+	s.noteDamaged(e.ProjectID, e.Path, e.StreamID, err)
+	return err
+}
+
+// readFailure is the error of a read of a stream's store, with the storage's code (a failing
+// disk or a damaged file is unavailable: it was internal); a damaged file is named and logged.
+func (s *Server) readFailure(streamID string, err error) error {
+	if !storage.Damaged(err) {
+		return itx.Errorf(storage.ErrorCode(err), "%v", err)
+	}
+	s.noteDamaged("", "", streamID, err)
+	return itx.Errorf(itx.EUnavailable, "stream %s: its database %s is damaged (%v): restore the file from a backup (README, Damaged storage)",
+		streamID, s.backend.Where(streamID), err)
+}
+
+// noteDamaged logs, at error level, a stream whose store could not be opened or read for a
+// reason no retry mends by itself (a damaged or missing file, a file itxd may not open): an
+// operator must act, and the client that met it may not say. Once per stream and message per
+// process, so a client retrying does not flood the log; a full disk is the disk reserve's to
+// log. projectID and path may be empty (a read knows the stream by its id).
+func (s *Server) noteDamaged(projectID, path, streamID string, err error) {
+	if storage.ErrorCode(err) == itx.EResourceExhausted {
+		return
+	}
+	msg := err.Error()
+	if prev, ok := s.damaged.Swap(streamID, msg); ok && prev == msg {
+		return
+	}
+	s.log.Error().Err(err).Str("project", projectID).Str("path", path).Str("streamId", streamID).Str("file", s.backend.Where(streamID)).
+		Msg("a stream cannot be served from its database (its calls answer unavailable; other streams are served): see README, Damaged storage")
+}
 
 // noteOpened logs what opening a stream's store did that an operator must hear of: a schema
 // migration (an upgrade: the directory migrates at start, each stream as it is first opened

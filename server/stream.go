@@ -268,7 +268,7 @@ func (s *Server) readRange(ctx context.Context, read func(context.Context, stora
 	sq := storage.Query{After: q.After, UpTo: upTo, Limit: q.Limit, MaxBytes: itx.MaxPageBytes, Types: q.Types, IncludeEphemeral: q.IncludeEphemeral}
 	events, err := read(ctx, sq)
 	if err != nil {
-		return itx.Page{}, itx.Errorf(itx.EInternal, "%v", err)
+		return itx.Page{}, s.readFailure(streamID, err)
 	}
 	page.Events = events
 	if sq.Cut(events) { // full, or cut by size: the next page starts after its last event

@@ -46,6 +46,9 @@ func (s *Server) refreshSummary(ctx context.Context, e storage.StreamEntry) erro
 		return err
 	}
 	if store == nil {
+		if e.Born {
+			return s.storeLost(e) // never dropped: its entry is all that says it existed
+		}
 		return s.dropUnfinished(e)
 	}
 	s.noteOpened(store, e.ProjectID, e.Path, e.StreamID)
@@ -62,6 +65,9 @@ func (s *Server) refreshSummary(ctx context.Context, e storage.StreamEntry) erro
 		store.Close() // before its file is removed
 		if err != nil {
 			return err
+		}
+		if e.Born {
+			return s.storeLost(e)
 		}
 		return s.dropUnfinished(e)
 	}

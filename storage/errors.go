@@ -10,13 +10,22 @@ import (
 	sqlite3 "github.com/mattn/go-sqlite3"
 )
 
+// Damaged says whether err is SQLite finding a database file damaged: not a database at all
+// (SQLITE_NOTADB: its header overwritten) or corrupt (SQLITE_CORRUPT: a page overwritten, or the
+// file cut short). No retry mends it: the file must be restored from a backup.
+func Damaged(err error) bool {
+	var se sqlite3.Error
+	return errors.As(err, &se) && (se.Code == sqlite3.ErrCorrupt || se.Code == sqlite3.ErrNotADB)
+}
+
 // ErrorCode maps a storage error to the domain code a caller can act on: a full disk (SQLite's
 // SQLITE_FULL, which it reports for ENOSPC in a database or WAL write; an SQLITE_IOERR or other
 // SQLite error whose system errno is ENOSPC, as when creating a database or its WAL; or ENOSPC
 // itself) is EResourceExhausted, since the same call succeeds once space returns; a disk that
 // failed a read, write or fsync (SQLITE_IOERR, EIO) is EUnavailable: nothing was committed, and
-// the call may succeed once the disk works again; anything else is EInternal. This is the one
-// place storage failures get a code.
+// the call may succeed once the disk works again; a damaged database file (Damaged) is
+// EUnavailable too: the stream cannot be served until its file is restored; anything else is
+// EInternal. This is the one place storage failures get a code.
 func ErrorCode(err error) itx.Code {
 	var se sqlite3.Error
 	switch {
@@ -25,7 +34,7 @@ func ErrorCode(err error) itx.Code {
 	case errors.As(err, &se) && (se.Code == sqlite3.ErrFull || se.SystemErrno == syscall.ENOSPC),
 		errors.Is(err, syscall.ENOSPC):
 		return itx.EResourceExhausted
-	case errors.As(err, &se) && se.Code == sqlite3.ErrIoErr, errors.Is(err, syscall.EIO):
+	case errors.As(err, &se) && se.Code == sqlite3.ErrIoErr, errors.Is(err, syscall.EIO), Damaged(err):
 		return itx.EUnavailable
 	}
 	return itx.EInternal

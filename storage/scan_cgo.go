@@ -116,6 +116,7 @@ import (
 	"unsafe"
 
 	"github.com/itx-dev/itx"
+	sqlite3 "github.com/mattn/go-sqlite3"
 )
 
 // scanner is one read connection opened directly on the SQLite that mattn/go-sqlite3 links in,
@@ -184,8 +185,19 @@ func (sc *scanner) err(verb string, rc C.int) error {
 	if sc.db != nil {
 		msg = C.GoString(C.sqlite3_errmsg(sc.db))
 	}
-	return fmt.Errorf("%s: sqlite error %d: %s", verb, int(rc), msg)
+	return scanError{msg: fmt.Sprintf("%s: sqlite error %d: %s", verb, int(rc), msg),
+		code: sqlite3.Error{Code: sqlite3.ErrNo(rc & 0xff), ExtendedCode: sqlite3.ErrNoExtended(rc)}}
 }
+
+// scanError is a scan's failure carrying SQLite's code as mattn's errors do, so ErrorCode and
+// Damaged read it alike: a damaged page met by a scan answered internal, not unavailable.
+type scanError struct {
+	msg  string
+	code sqlite3.Error
+}
+
+func (e scanError) Error() string { return e.msg }
+func (e scanError) Unwrap() error { return e.code }
 
 func (sc *scanner) close() {
 	if sc.all != nil {

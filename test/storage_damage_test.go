@@ -1,0 +1,250 @@
+package test
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/schema"
+	"github.com/stretchr/testify/require"
+)
+
+// Storage damaged while itxd is stopped or while a stream is unloaded: a stream's database file
+// overwritten, cut short or deleted, or the data directory's own database lost. No acknowledged
+// event may vanish silently (a stream made anew, empty, would reissue its offsets from 1), the
+// damaged stream answers a typed error naming its file, and every other stream, project and
+// itxd itself go on. diskfull_test.go, diskreserve_test.go and fsyncfail_test.go cover a full
+// disk and a failing fsync.
+
+// damageEvents is how many kib events populate appends to /a: about 20 pages of its file.
+const damageEvents = 60
+
+// damageFixture is a data directory itxd wrote and stopped cleanly: /a holds damageEvents kib
+// events, /b one.
+type damageFixture struct {
+	dir    string
+	fileA  string // /a's database
+	idA    string
+	copyA  []byte // /a's database as itxd left it: the backup a restore copies back
+	copyDB []byte // directory.db as itxd left it
+}
+
+func populateForDamage(t *testing.T) damageFixture {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "data")
+	p := startItxd(t, dir)
+	ctx := ctxT(t)
+	proj := dial(t, p.addr).Login(ctx, p.creds.ProjectToken)
+	mustAppend(t, stream(t, proj, "/a"), kibEvents(damageEvents, 0)...)
+	mustAppend(t, stream(t, proj, "/b"), ev("t", `{}`))
+	info, err := client.Describe(ctx, stream(t, proj, "/a"))
+	require.NoError(t, err)
+	require.NoError(t, p.stop(t))
+	f := damageFixture{dir: dir, idA: info.StreamID, fileA: filepath.Join(dir, "streams", info.StreamID+".db")}
+	for _, wal := range []string{f.fileA + "-wal", filepath.Join(dir, "directory.db-wal")} {
+		_, err := os.Stat(wal)
+		require.ErrorIs(t, err, os.ErrNotExist, "a clean stop checkpoints every database into its file")
+	}
+	f.copyA, err = os.ReadFile(f.fileA)
+	require.NoError(t, err)
+	f.copyDB, err = os.ReadFile(filepath.Join(dir, "directory.db"))
+	require.NoError(t, err)
+	return f
+}
+
+// overwrite writes n bytes of 0xA5 at off in file.
+func overwrite(t *testing.T, file string, off int64, n int) {
+	t.Helper()
+	fd, err := os.OpenFile(file, os.O_WRONLY, 0)
+	require.NoError(t, err)
+	defer fd.Close()
+	_, err = fd.WriteAt([]byte(strings.Repeat("\xa5", n)), off)
+	require.NoError(t, err)
+}
+
+// requireOthersServed checks that the undamaged streams of the project read and take appends,
+// and that a new stream is made.
+func requireOthersServed(t *testing.T, proj schema.Project) {
+	t.Helper()
+	ctx := ctxT(t)
+	b := stream(t, proj, "/b")
+	events, err := client.ReadAll(ctx, b, itx.Query{})
+	require.NoError(t, err, "/b reads")
+	require.Len(t, events, 1)
+	res, err := client.Append(ctx, b, []itx.EventInput{ev("t", `{}`)}, itx.AppendOptions{})
+	require.NoError(t, err, "/b takes appends")
+	require.Equal(t, []int64{2}, res.Offsets)
+	res, err = client.Append(ctx, stream(t, proj, "/new"), []itx.EventInput{ev("t", `{}`)}, itx.AppendOptions{})
+	require.NoError(t, err, "a new stream is made")
+	require.Equal(t, []int64{1}, res.Offsets)
+}
+
+// requireUnavailableNaming asserts err is unavailable and names what.
+func requireUnavailableNaming(t *testing.T, err error, what string) {
+	t.Helper()
+	requireCode(t, err, itx.EUnavailable)
+	require.Contains(t, err.Error(), what)
+}
+
+// requireRestored stops p, copies /a's database back from the fixture's copy, starts itxd again
+// and checks /a holds every acknowledged event at its offset: nothing was made anew over it.
+func requireRestored(t *testing.T, p *itxdProcess, f damageFixture) {
+	t.Helper()
+	require.NoError(t, p.stop(t))
+	for _, name := range []string{f.fileA + "-wal", f.fileA + "-shm"} {
+		require.NoError(t, os.RemoveAll(name))
+	}
+	require.NoError(t, os.WriteFile(f.fileA, f.copyA, 0o600))
+	p = startItxd(t, f.dir)
+	ctx := ctxT(t)
+	a := stream(t, dial(t, p.addr).Login(ctx, p.creds.ProjectToken), "/a")
+	events, err := client.ReadAll(ctx, a, itx.Query{})
+	require.NoError(t, err, "/a reads once its file is restored")
+	require.Len(t, events, damageEvents)
+	for i, e := range events {
+		require.Equal(t, int64(i+1), e.Offset)
+		require.Equal(t, i, kibSeq(t, e))
+	}
+	res, err := client.Append(ctx, a, []itx.EventInput{ev("t", `{}`)}, itx.AppendOptions{})
+	require.NoError(t, err)
+	require.Equal(t, []int64{damageEvents + 1}, res.Offsets, "offsets go on from the restored head")
+}
+
+// TestStorageDamage_StreamFileUnreadable: a stream's database overwritten at its header, cut to
+// half, emptied or deleted while itxd was stopped. itxd starts; every call on the stream
+// (describe, reads, appends, subscriptions.list) answers unavailable naming its file, and itxd
+// logs it; the stream is still listed; the other streams read and take appends. It is never
+// made anew empty (an emptied or deleted file was: describe said head 0 and the next append
+// took offset 1 again), and once its file is restored every event is there.
+func TestStorageDamage_StreamFileUnreadable(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		damage func(t *testing.T, file string)
+	}{
+		{"header overwritten", func(t *testing.T, file string) { overwrite(t, file, 0, 100) }},
+		{"cut to half", func(t *testing.T, file string) {
+			fi, err := os.Stat(file)
+			require.NoError(t, err)
+			require.NoError(t, os.Truncate(file, fi.Size()/2))
+		}},
+		{"emptied", func(t *testing.T, file string) { require.NoError(t, os.Truncate(file, 0)) }},
+		{"deleted", func(t *testing.T, file string) { require.NoError(t, os.Remove(file)) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := populateForDamage(t)
+			tc.damage(t, f.fileA)
+			p := startItxd(t, f.dir)
+			ctx := ctxT(t)
+			proj := dial(t, p.addr).Login(ctx, p.creds.ProjectToken)
+			a := stream(t, proj, "/a")
+			file := filepath.Base(f.fileA)
+
+			_, err := client.Describe(ctx, a)
+			requireUnavailableNaming(t, err, file)
+			_, err = client.ReadAll(ctx, a, itx.Query{})
+			requireUnavailableNaming(t, err, file)
+			_, err = client.Append(ctx, a, []itx.EventInput{ev("t", `{}`)}, itx.AppendOptions{})
+			requireUnavailableNaming(t, err, file)
+			subs := client.Subscriptions(ctx, a)
+			_, err = client.ListSubscriptions(ctx, subs)
+			subs.Release()
+			requireUnavailableNaming(t, err, file)
+			list, err := client.ListStreams(ctx, proj, "/a")
+			require.NoError(t, err)
+			require.Len(t, list, 1, "the damaged stream is still listed")
+			require.Equal(t, int64(damageEvents), list[0].HeadOffset)
+
+			requireOthersServed(t, proj)
+			require.Contains(t, p.logs.String(), file, "itxd logs the damaged file")
+			requireRestored(t, p, f)
+		})
+	}
+}
+
+// TestStorageDamage_StreamFileLostAfterACrash: itxd killed (-9) with a stream loaded, its
+// database then deleted. The start that follows refreshes the summaries of the streams that
+// were loaded, and it dropped this one's directory entry as a creation cut short (nothing left
+// to say the stream had existed; the next append made it anew from offset 1). It stays listed
+// and refused until its file is restored.
+func TestStorageDamage_StreamFileLostAfterACrash(t *testing.T) {
+	f := populateForDamage(t)
+	p := startItxd(t, f.dir)
+	ctx := ctxT(t)
+	// An append marks the stream's summary stale: the next start reads its database. The
+	// restore below brings back the file as it was before it (a backup older than the append).
+	mustAppend(t, stream(t, dial(t, p.addr).Login(ctx, p.creds.ProjectToken), "/a"), ev("t", `{}`))
+	p.kill9(t)
+	for _, name := range []string{f.fileA, f.fileA + "-wal", f.fileA + "-shm"} {
+		require.NoError(t, os.RemoveAll(name))
+	}
+
+	p = startItxd(t, f.dir)
+	proj := dial(t, p.addr).Login(ctx, p.creds.ProjectToken)
+	list, err := client.ListStreams(ctx, proj, "/a")
+	require.NoError(t, err)
+	require.Len(t, list, 1, "the stream is still listed")
+	require.Contains(t, p.logs.String(), filepath.Base(f.fileA), "itxd logs the lost file at start")
+	_, err = client.Append(ctx, stream(t, proj, "/a"), []itx.EventInput{ev("t", `{}`)}, itx.AppendOptions{})
+	requireUnavailableNaming(t, err, filepath.Base(f.fileA))
+	requireOthersServed(t, proj)
+	requireRestored(t, p, f)
+}
+
+// TestStorageDamage_StreamFileDeletedWhileUnloaded: a stream unloaded for being idle, its
+// database deleted while itxd runs: loading it again is refused (unavailable, naming the file),
+// not a new empty stream.
+func TestStorageDamage_StreamFileDeletedWhileUnloaded(t *testing.T) {
+	f := populateForDamage(t)
+	p := startItxd(t, f.dir, "--idle-timeout", "20ms")
+	ctx := ctxT(t)
+	proj := dial(t, p.addr).Login(ctx, p.creds.ProjectToken)
+	a := stream(t, proj, "/a")
+	_, err := client.Describe(ctx, a)
+	require.NoError(t, err)
+	waitUntil(t, "/a unloads", func() bool {
+		list, err := client.ListStreams(ctx, proj, "/a")
+		require.NoError(t, err)
+		_, statErr := os.Stat(f.fileA + "-wal")
+		return len(list) == 1 && !list[0].Loaded && os.IsNotExist(statErr)
+	})
+	require.NoError(t, os.Remove(f.fileA))
+
+	_, err = client.Describe(ctx, a)
+	requireUnavailableNaming(t, err, filepath.Base(f.fileA))
+	_, err = client.Append(ctx, a, []itx.EventInput{ev("t", `{}`)}, itx.AppendOptions{})
+	requireUnavailableNaming(t, err, filepath.Base(f.fileA))
+	requireOthersServed(t, proj)
+	requireRestored(t, p, f)
+}
+
+// TestStorageDamage_StreamPageOverwritten: a page in the middle of a stream's events overwritten
+// while itxd was stopped. The stream loads (its head and catalog are elsewhere in the file);
+// reads short of the page are served, and a read that meets it answers unavailable naming the
+// file (it answered internal, naming nothing), and itxd logs it. Other streams go on.
+func TestStorageDamage_StreamPageOverwritten(t *testing.T) {
+	f := populateForDamage(t)
+	fi, err := os.Stat(f.fileA)
+	require.NoError(t, err)
+	pages := fi.Size() / 4096
+	// The events are the file's last pages (the schema's come first): the one three quarters in.
+	overwrite(t, f.fileA, pages*3/4*4096, 4096)
+	p := startItxd(t, f.dir)
+	ctx := ctxT(t)
+	proj := dial(t, p.addr).Login(ctx, p.creds.ProjectToken)
+	a := stream(t, proj, "/a")
+	info, err := client.Describe(ctx, a)
+	require.NoError(t, err)
+	require.Equal(t, int64(damageEvents), info.HeadOffset)
+	first, err := client.GetEvents(ctx, a, itx.Query{Limit: 1})
+	require.NoError(t, err, "the first event is on an intact page")
+	require.Len(t, first, 1)
+
+	_, err = client.ReadAll(ctx, a, itx.Query{})
+	requireUnavailableNaming(t, err, filepath.Base(f.fileA))
+	requireOthersServed(t, proj)
+	require.Contains(t, p.logs.String(), filepath.Base(f.fileA), "itxd logs the damaged file")
+	requireRestored(t, p, f)
+}
