@@ -60,3 +60,26 @@ func dataDirError(dir string, err error) error {
 	}
 	return fmt.Errorf("data directory %s: %w", dir, err)
 }
+
+// checkDirectoryKept refuses a data directory whose directory database is gone (missing, or
+// empty with no write-ahead log holding it) while stream files remain: opened, it would be made
+// anew, empty, and itxd would start as on a fresh directory, with new tokens written over
+// credentials.json and every stream unreachable. A first start cut short leaves no stream file
+// (streams are made once the directory has its projects), so it is never refused.
+func checkDirectoryKept(dir string) error {
+	file := filepath.Join(dir, "directory.db")
+	if nonEmpty(file) || nonEmpty(file+"-wal") {
+		return nil
+	}
+	streams, err := filepath.Glob(filepath.Join(dir, "streams", "*.db"))
+	if err != nil || len(streams) == 0 {
+		return nil
+	}
+	return fmt.Errorf("data directory %s holds %d stream files but its directory database %s is missing or empty: it was lost or damaged, and started on, itxd would begin an empty data directory beside them; restore the data directory from a backup (README, Damaged storage)",
+		dir, len(streams), file)
+}
+
+func nonEmpty(file string) bool {
+	fi, err := os.Stat(file)
+	return err == nil && fi.Size() > 0
+}

@@ -352,7 +352,14 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		}
 	}()
 	removeDownloadScratch(cfg.DataDir)
+	if err := checkDirectoryKept(cfg.DataDir); err != nil {
+		return nil, fmt.Errorf("open server: %w", err)
+	}
 	dir, err := storage.OpenDirectory(ctx, filepath.Join(cfg.DataDir, "directory.db"))
+	if storage.Damaged(err) {
+		return nil, fmt.Errorf("open server: the directory database %s is damaged (%w): restore the data directory from a backup (README, Damaged storage)",
+			filepath.Join(cfg.DataDir, "directory.db"), err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("open server: %w", err)
 	}

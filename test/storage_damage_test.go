@@ -248,3 +248,52 @@ func TestStorageDamage_StreamPageOverwritten(t *testing.T) {
 	require.Contains(t, p.logs.String(), filepath.Base(f.fileA), "itxd logs the damaged file")
 	requireRestored(t, p, f)
 }
+
+// TestStorageDamage_DirectoryDatabase: the data directory's own database (projects, tokens, the
+// streams' entries) damaged or lost while itxd was stopped: itxd refuses to start, saying which
+// file and what to do, and writes nothing (credentials.json as it was). Lost (deleted or
+// emptied) it started as on a fresh directory: new tokens over credentials.json, every stream
+// unreachable. Once the file is restored itxd starts and serves every stream.
+func TestStorageDamage_DirectoryDatabase(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		damage func(t *testing.T, file string)
+		says   string
+	}{
+		{"header overwritten", func(t *testing.T, file string) { overwrite(t, file, 0, 100) }, "is damaged"},
+		{"cut to half", func(t *testing.T, file string) {
+			fi, err := os.Stat(file)
+			require.NoError(t, err)
+			require.NoError(t, os.Truncate(file, fi.Size()/2))
+		}, "is damaged"},
+		{"emptied", func(t *testing.T, file string) { require.NoError(t, os.Truncate(file, 0)) }, "missing or empty"},
+		{"deleted", func(t *testing.T, file string) { require.NoError(t, os.Remove(file)) }, "missing or empty"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := populateForDamage(t)
+			file := filepath.Join(f.dir, "directory.db")
+			creds, err := os.ReadFile(filepath.Join(f.dir, "credentials.json"))
+			require.NoError(t, err)
+			tc.damage(t, file)
+
+			addr, exited, log := tryStartItxd(t, f.dir)
+			require.Empty(t, addr, "itxd started on a damaged directory database")
+			require.Error(t, exited)
+			require.Contains(t, log, file)
+			require.Contains(t, log, tc.says)
+			require.Contains(t, log, "backup")
+			after, err := os.ReadFile(filepath.Join(f.dir, "credentials.json"))
+			require.NoError(t, err)
+			require.Equal(t, string(creds), string(after), "credentials.json untouched")
+
+			require.NoError(t, os.WriteFile(file, f.copyDB, 0o600))
+			p := startItxd(t, f.dir)
+			ctx := ctxT(t)
+			proj := dial(t, p.addr).Login(ctx, p.creds.ProjectToken)
+			events, err := client.ReadAll(ctx, stream(t, proj, "/a"), itx.Query{})
+			require.NoError(t, err)
+			require.Len(t, events, damageEvents)
+			requireOthersServed(t, proj)
+		})
+	}
+}
