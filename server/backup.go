@@ -48,6 +48,10 @@ type backupRun struct {
 	pending map[string]bool
 	taken   map[string]*storage.BackupSource
 	err     error // a stream that could not be held
+	// born: the streams whose first commit the directory records: a store missing under one
+	// fails the backup (README, Damaged storage) rather than leaving the stream out of a copy
+	// that would count as good and could replace the last backup holding it.
+	born map[string]bool
 }
 
 // freezeReq asks a stream's actor to hold its store as it stands between two commits and then
@@ -460,7 +464,7 @@ func (s *Server) freezeForBackup(ctx context.Context, run *backupRun) (dirSrc *s
 		}
 		return nil, nil, time.Time{}, 0, backupError(err)
 	}
-	ids, err := dirSrc.StreamIDs(fctx)
+	ids, born, err := dirSrc.StreamIDs(fctx)
 	if err != nil {
 		dirSrc.Close()
 		if fctx.Err() != nil {
@@ -470,6 +474,7 @@ func (s *Server) freezeForBackup(ctx context.Context, run *backupRun) (dirSrc *s
 	}
 	listed := make(map[string]bool, len(ids))
 	run.mu.Lock()
+	run.born = born
 	for _, id := range ids {
 		listed[id] = true
 		if held[id] == nil && !empty[id] {
@@ -548,9 +553,12 @@ func (r *backupRun) claimLocked(streamID string, b streamBackend) {
 	}
 	delete(r.pending, streamID)
 	src, err := b.HoldForBackup(context.Background(), streamID)
+	if err == nil && src == nil && r.born[streamID] {
+		err = itx.Errorf(itx.EUnavailable, "stream %s: its database %s is missing, though the directory records events on it: restore the file (README, Damaged storage)", streamID, b.Where(streamID))
+	}
 	if err != nil {
 		if r.err == nil {
-			r.err = fmt.Errorf("stream %s: %w", streamID, err)
+			r.err = fmt.Errorf("stream %s (%s): %w", streamID, b.Where(streamID), err)
 		}
 		return
 	}

@@ -183,20 +183,25 @@ func (b *BackupSource) Close() error {
 	return err
 }
 
-// StreamIDs lists the streams of a held directory, as it stood when it was held.
-func (b *BackupSource) StreamIDs(ctx context.Context) ([]string, error) {
-	rows, err := b.conn.QueryContext(ctx, `select stream_id from streams`)
+// StreamIDs lists the streams of a held directory, as it stood when it was held, and those of
+// them whose first commit landed (StreamEntry.Born: their store must be there).
+func (b *BackupSource) StreamIDs(ctx context.Context) (ids []string, born map[string]bool, err error) {
+	rows, err := b.conn.QueryContext(ctx, `select stream_id, born from streams`)
 	if err != nil {
-		return nil, fmt.Errorf("list streams for a backup: %w", err)
+		return nil, nil, fmt.Errorf("list streams for a backup: %w", err)
 	}
 	defer rows.Close()
-	var ids []string
+	born = map[string]bool{}
 	for rows.Next() {
 		var id string
-		if err := rows.Scan(&id); err != nil {
-			return nil, fmt.Errorf("list streams for a backup: %w", err)
+		var isBorn bool
+		if err := rows.Scan(&id, &isBorn); err != nil {
+			return nil, nil, fmt.Errorf("list streams for a backup: %w", err)
 		}
 		ids = append(ids, id)
+		if isBorn {
+			born[id] = true
+		}
 	}
-	return ids, rows.Err()
+	return ids, born, rows.Err()
 }
