@@ -34,6 +34,12 @@ type faults struct {
 	// hung counts the fsyncs it held.
 	hang atomic.Pointer[chan struct{}]
 	hung atomic.Int64
+	// readOnly, while set, answers EROFS to every write, create, open for writing, truncate and
+	// unlink: a file system the kernel remounted read-only under itxd (errors=remount-ro). Writes
+	// reach it only for files opened while noPassthrough was set: otherwise the kernel (6.9+)
+	// sends them straight to the file below.
+	readOnly      atomic.Bool
+	noPassthrough atomic.Bool
 }
 
 func (f *faults) failNext() bool {
@@ -74,11 +80,17 @@ func (n *faultNode) wrap(fh fs.FileHandle) fs.FileHandle {
 }
 
 func (n *faultNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	if n.f.readOnly.Load() && flags&syscall.O_ACCMODE != syscall.O_RDONLY {
+		return nil, 0, syscall.EROFS
+	}
 	fh, fl, errno := n.LoopbackNode.Open(ctx, flags)
 	return n.wrap(fh), fl, errno
 }
 
 func (n *faultNode) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
+	if n.f.readOnly.Load() {
+		return nil, nil, 0, syscall.EROFS
+	}
 	in, fh, fl, errno := n.LoopbackNode.Create(ctx, name, flags, mode, out)
 	return in, n.wrap(fh), fl, errno
 }

@@ -1,10 +1,16 @@
 package test
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
@@ -334,4 +340,90 @@ func TestStorageDamage_Backup(t *testing.T) {
 			require.NotEmpty(t, got)
 		})
 	}
+}
+
+func (ff *faultFile) PassthroughFd() (int, bool) {
+	if ff.f.noPassthrough.Load() {
+		return 0, false
+	}
+	return ff.LoopbackFile.PassthroughFd()
+}
+
+func (ff *faultFile) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	if ff.f.readOnly.Load() {
+		return 0, syscall.EROFS
+	}
+	return ff.LoopbackFile.Write(ctx, data, off)
+}
+
+func (ff *faultFile) Writev(ctx context.Context, data [][]byte, off int64) (uint32, syscall.Errno) {
+	if ff.f.readOnly.Load() {
+		return 0, syscall.EROFS
+	}
+	return ff.LoopbackFile.Writev(ctx, data, off)
+}
+
+func (ff *faultFile) Setattr(ctx context.Context, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	if ff.f.readOnly.Load() {
+		return syscall.EROFS
+	}
+	return ff.LoopbackFile.Setattr(ctx, in, out)
+}
+
+func (n *faultNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	if n.f.readOnly.Load() {
+		return syscall.EROFS
+	}
+	return n.LoopbackNode.Setattr(ctx, fh, in, out)
+}
+
+func (n *faultNode) Unlink(ctx context.Context, name string) syscall.Errno {
+	if n.f.readOnly.Load() {
+		return syscall.EROFS
+	}
+	return n.LoopbackNode.Unlink(ctx, name)
+}
+
+// TestStorageDamage_ReadOnlyFileSystem: the data directory's file system turns read-only under a
+// running itxd (as the kernel remounts one on an error; a tmpfs cannot be remounted read-only
+// while itxd holds files open for writing, so the FUSE loopback of fsyncfail_test.go answers
+// EROFS). Appends, to loaded and new streams, are refused with unavailable and none is
+// acknowledged; reads and describe are served; once the file system is writable again the same
+// process takes appends from the last acknowledged offset, and after a kill -9 every acknowledged
+// event is there and nothing refused.
+func TestStorageDamage_ReadOnlyFileSystem(t *testing.T) {
+	mnt, f := mountFaulty(t)
+	f.noPassthrough.Store(true)
+	data := filepath.Join(mnt, "data")
+	p := startItxd(t, data)
+	ctx := ctxT(t)
+	l := newAckLog(t, dial(t, p.addr).Login(ctx, p.creds.ProjectToken))
+	require.True(t, l.append("/a", 3))
+	require.True(t, l.append("/b", 1))
+
+	f.readOnly.Store(true)
+	for i := range 6 {
+		path := []string{"/a", "/b", "/new"}[i%3]
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err := client.Append(cctx, l.stream(path), kibEvents(1, 1_000_000+i), itx.AppendOptions{})
+		cancel()
+		require.Error(t, err, "%s: an append acknowledged on a read-only file system", path)
+		requireUnavailableNaming(t, err, "read-only file system")
+	}
+	for _, path := range []string{"/a", "/b"} {
+		events, err := client.ReadAll(ctx, l.stream(path), itx.Query{})
+		require.NoError(t, err, "%s reads on a read-only file system", path)
+		require.Equal(t, l.seqs[path], kibSeqs(t, events))
+		info, err := client.Describe(ctx, l.stream(path))
+		require.NoError(t, err)
+		require.Equal(t, l.head[path], info.HeadOffset)
+	}
+
+	f.readOnly.Store(false)
+	require.True(t, l.append("/a", 2), "appends once the file system is writable")
+	require.True(t, l.append("/b", 1))
+	require.True(t, l.append("/new", 1), "a new stream once the file system is writable")
+	l.check()
+	p = l.restart(p, data)
+	l.check()
 }
