@@ -3,6 +3,7 @@ package test
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -426,4 +427,61 @@ func TestStorageDamage_ReadOnlyFileSystem(t *testing.T) {
 	l.check()
 	p = l.restart(p, data)
 	l.check()
+}
+
+// startItxdWithoutDACOverride starts itxd on dataDir as startItxd does, but unable to bypass
+// file modes when the tests run as root (setpriv drops CAP_DAC_OVERRIDE and
+// CAP_DAC_READ_SEARCH from its bounding set): a file chmod 000 is then unreadable to it, as to
+// the unprivileged user itxd runs as in production. Skips where root has no setpriv.
+func startItxdWithoutDACOverride(t *testing.T, dataDir string, extra ...string) *itxdProcess {
+	t.Helper()
+	if os.Getuid() != 0 {
+		return startItxd(t, dataDir, extra...)
+	}
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		t.Skip("running as root without setpriv (util-linux): root reads a file chmod 000, so the test cannot make one unreadable to itxd")
+	}
+	wrapper := filepath.Join(t.TempDir(), "itxd-no-dac")
+	script := "#!/bin/sh\nexec " + setpriv + " --bounding-set -dac_override,-dac_read_search --inh-caps -dac_override,-dac_read_search " + itxdBin + ` "$@"` + "\n"
+	require.NoError(t, os.WriteFile(wrapper, []byte(script), 0o700))
+	return startItxdBin(t, wrapper, nil, dataDir, extra...)
+}
+
+// TestStorageDamage_StreamFileUnreadableByItxd: a stream's database made unreadable to itxd
+// (chmod 000) while it was stopped, and again while it ran with the stream unloaded: the
+// stream's calls answer unavailable naming its file, itxd logs it, other streams are served, and
+// nothing is made anew; once the mode is back the same process serves every event.
+func TestStorageDamage_StreamFileUnreadableByItxd(t *testing.T) {
+	f := populateForDamage(t)
+	require.NoError(t, os.Chmod(f.fileA, 0))
+	p := startItxdWithoutDACOverride(t, f.dir, "--idle-timeout", "20ms")
+	ctx := ctxT(t)
+	proj := dial(t, p.addr).Login(ctx, p.creds.ProjectToken)
+	a := stream(t, proj, "/a")
+	file := filepath.Base(f.fileA)
+	requireRefusedThenServed := func(when string) {
+		t.Helper()
+		_, err := client.Describe(ctx, a)
+		requireUnavailableNaming(t, err, file)
+		_, err = client.Append(ctx, a, []itx.EventInput{ev("t", `{}`)}, itx.AppendOptions{})
+		requireUnavailableNaming(t, err, file)
+		require.Contains(t, p.logs.String(), file, "%s: itxd logs the file it cannot open", when)
+		require.NoError(t, os.Chmod(f.fileA, 0o600))
+		events, err := client.ReadAll(ctx, a, itx.Query{})
+		require.NoError(t, err, "%s: served once readable", when)
+		require.Len(t, events, damageEvents, when)
+		require.Equal(t, int64(damageEvents), events[len(events)-1].Offset, when)
+	}
+	requireRefusedThenServed("chmod while stopped")
+	requireOthersServed(t, proj)
+
+	waitUntil(t, "/a unloads", func() bool {
+		list, err := client.ListStreams(ctx, proj, "/a")
+		require.NoError(t, err)
+		_, statErr := os.Stat(f.fileA + "-wal")
+		return len(list) == 1 && !list[0].Loaded && os.IsNotExist(statErr)
+	})
+	require.NoError(t, os.Chmod(f.fileA, 0))
+	requireRefusedThenServed("chmod while unloaded")
 }
