@@ -242,6 +242,10 @@ func (d *deliverer) try(job pushJob, store streamStore, streamID string) deliver
 	}
 	events, scanned, err := d.scan(job, store, after, limit, maxBytes)
 	if err != nil {
+		if storage.Damaged(err) {
+			// The ladder retries it as an outage (the file may be restored); the operator hears.
+			d.srv.noteDamaged(d.ref.ProjectID, d.ref.Path, streamID, err)
+		}
 		return fail(classOutage, 0, 0, err)
 	}
 	skipped, err := d.skippedAgain(job, store, events)

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -96,6 +97,14 @@ func requireUnavailableNaming(t *testing.T, err error, what string) {
 	require.Contains(t, err.Error(), what)
 }
 
+// requireLogged waits until itxd's log matches pattern: what it wrote reaches the buffer through
+// exec's copying goroutine, after the call that made it write has answered.
+func requireLogged(t *testing.T, p *itxdProcess, pattern, what string) {
+	t.Helper()
+	re := regexp.MustCompile(pattern)
+	waitUntil(t, what, func() bool { return re.MatchString(p.logs.String()) })
+}
+
 // requireRestored stops p, copies /a's database back from the fixture's copy, starts itxd again
 // and checks /a holds every acknowledged event at its offset: nothing was made anew over it.
 func requireRestored(t *testing.T, p *itxdProcess, f damageFixture) {
@@ -165,7 +174,7 @@ func TestStorageDamage_StreamFileUnreadable(t *testing.T) {
 			require.Equal(t, int64(damageEvents), list[0].HeadOffset)
 
 			requireOthersServed(t, proj)
-			require.Contains(t, p.logs.String(), file, "itxd logs the damaged file")
+			requireLogged(t, p, regexp.QuoteMeta(file), "itxd logs the damaged file")
 			requireRestored(t, p, f)
 		})
 	}
@@ -193,7 +202,7 @@ func TestStorageDamage_StreamFileLostAfterACrash(t *testing.T) {
 	list, err := client.ListStreams(ctx, proj, "/a")
 	require.NoError(t, err)
 	require.Len(t, list, 1, "the stream is still listed")
-	require.Contains(t, p.logs.String(), filepath.Base(f.fileA), "itxd logs the lost file at start")
+	requireLogged(t, p, regexp.QuoteMeta(filepath.Base(f.fileA)), "itxd logs the lost file at start")
 	_, err = client.Append(ctx, stream(t, proj, "/a"), []itx.EventInput{ev("t", `{}`)}, itx.AppendOptions{})
 	requireUnavailableNaming(t, err, filepath.Base(f.fileA))
 	requireOthersServed(t, proj)
@@ -249,11 +258,33 @@ func TestStorageDamage_StreamPageOverwritten(t *testing.T) {
 	require.NoError(t, err, "the first event is on an intact page")
 	require.Len(t, first, 1)
 
+	// A subscription that must deliver across the page retries it as an outage, its lastError
+	// saying why, and itxd logs the stream (by path: a read knows only its id).
+	subs := client.Subscriptions(ctx, a)
+	defer subs.Release()
+	_, _, err = client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "copy",
+		Receiver: client.Receiver{Kind: client.ReceiverCopyToStream, Path: "/copy"}})
+	require.NoError(t, err)
+	waitUntil(t, "the subscription meets the damaged page", func() bool {
+		list, err := client.ListSubscriptions(ctx, subs)
+		require.NoError(t, err)
+		return len(list) == 1 && strings.Contains(list[0].LastError, "malformed")
+	})
+	require.Equal(t, itx.StatusActive, mustListSubscriptions(t, subs)[0].Status, "an outage: retried, not halted")
+	requireLogged(t, p, regexp.QuoteMeta(filepath.Base(f.fileA)+" path=/a "), "itxd logs the stream its delivery found damaged")
+
 	_, err = client.ReadAll(ctx, a, itx.Query{})
 	requireUnavailableNaming(t, err, filepath.Base(f.fileA))
 	requireOthersServed(t, proj)
-	require.Contains(t, p.logs.String(), filepath.Base(f.fileA), "itxd logs the damaged file")
+	requireLogged(t, p, regexp.QuoteMeta(filepath.Base(f.fileA)), "itxd logs the damaged file")
 	requireRestored(t, p, f)
+}
+
+func mustListSubscriptions(t *testing.T, subs schema.Subscriptions) []itx.SubscriptionSummary {
+	t.Helper()
+	list, err := client.ListSubscriptions(ctxT(t), subs)
+	require.NoError(t, err)
+	return list
 }
 
 // TestStorageDamage_DirectoryDatabase: the data directory's own database (projects, tokens, the
@@ -466,7 +497,7 @@ func TestStorageDamage_StreamFileUnreadableByItxd(t *testing.T) {
 		requireUnavailableNaming(t, err, file)
 		_, err = client.Append(ctx, a, []itx.EventInput{ev("t", `{}`)}, itx.AppendOptions{})
 		requireUnavailableNaming(t, err, file)
-		require.Contains(t, p.logs.String(), file, "%s: itxd logs the file it cannot open", when)
+		requireLogged(t, p, regexp.QuoteMeta(file), when+": itxd logs the file it cannot open")
 		require.NoError(t, os.Chmod(f.fileA, 0o600))
 		events, err := client.ReadAll(ctx, a, itx.Query{})
 		require.NoError(t, err, "%s: served once readable", when)
