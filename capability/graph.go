@@ -375,6 +375,7 @@ func (s *streams) Remove(ctx context.Context, call schema.Streams_remove) error 
 		return err
 	}
 	res.SetHeadOffset(uint64(gone.HeadOffset))
+	res.SetUnread(gone.Unread)
 	return res.SetStreamId(gone.StreamID)
 }
 

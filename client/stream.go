@@ -345,12 +345,17 @@ func ListStreams(ctx context.Context, project schema.Project, prefix string) ([]
 type DeletedStream struct {
 	StreamID   string
 	HeadOffset int64
+	// Unread: the stream's database could not be opened or read (lost or damaged), and the
+	// forced delete took it unread; HeadOffset is the head its directory entry last recorded.
+	Unread bool
 }
 
 // DeleteStream deletes the stream at path for good (the admin right): its events,
 // subscriptions, readers and scheduled appends. Refused with failedPrecondition while it has
 // subscriptions, registered readers or open connections, unless force; notFound when there is
-// no stream at path. The next append to path creates a new stream from offset 1.
+// no stream at path. The next append to path creates a new stream from offset 1. A stream whose
+// database cannot be read (lost or damaged) is refused with failedPrecondition unless force,
+// and deleted unread with it.
 func DeleteStream(ctx context.Context, project schema.Project, path string, force bool) (DeletedStream, error) {
 	sf, releaseStreams := project.Streams(ctx, nil)
 	defer releaseStreams()
@@ -375,7 +380,7 @@ func DeleteStreamIn(ctx context.Context, streams schema.Streams, path string, fo
 	if err != nil {
 		return DeletedStream{}, err
 	}
-	return DeletedStream{StreamID: id, HeadOffset: int64(res.HeadOffset())}, nil
+	return DeletedStream{StreamID: id, HeadOffset: int64(res.HeadOffset()), Unread: res.Unread()}, nil
 }
 
 // ListStreamsIn lists every stream of a Streams capability already at hand under prefix, page

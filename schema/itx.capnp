@@ -628,7 +628,10 @@ interface Streams {
   # notFound. Refused (failedPrecondition, nothing deleted) while it has subscriptions,
   # registered readers or open connections, unless force. The next append to the path creates
   # a new stream, from offset 1, under a new streamId. headOffset: the deleted stream's head.
-  remove @2 (path :Text, force :Bool) -> (headOffset :UInt64, streamId :Text);
+  # A stream whose database cannot be opened or read (lost or damaged) is refused
+  # (failedPrecondition) unless force, and deleted unread with it: unread is then true and
+  # headOffset the head its directory entry last recorded.
+  remove @2 (path :Text, force :Bool) -> (headOffset :UInt64, streamId :Text, unread :Bool);
   # list's page, with the size of each stream's files on disk read now (a few stats per stream):
   # where a project's disk goes (itx du). Apart from list, whose answers follow the log alone.
   diskUsage @3 (prefix :Text, after :Text, limit :UInt32) -> (streams :List(StreamDiskUsage), nextAfter :Text);

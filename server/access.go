@@ -462,19 +462,32 @@ func (s *Server) DeleteProject(ctx context.Context, by Admin, id string, force b
 		s.undeleteProject(id)
 		return err
 	}
-	rec, err := auditRecord(by, AuditProjectDeleted, map[string]any{"projectId": id, "name": p.Name, "streams": len(entries)})
-	if err != nil {
-		s.undeleteProject(id)
-		return err
-	}
 	var kept []storage.AuditRecord // the streams' own pending records (see keepStreamAudits)
+	var unread []string
 	for _, e := range entries {
 		recs, err := s.keepStreamAudits(ctx, e.StreamID)
+		if storeUnreadable(err) {
+			// Its file is lost or damaged: the forced delete takes it unread, as deleteUnread
+			// does a stream's (the project's delete failed on it, and could never succeed).
+			s.log.Warn().Err(err).Str("project", id).Str("path", e.Path).Str("streamId", e.StreamID).
+				Msg("deleting a project's stream unread, its database could not be read: the audit records it held pending are deleted with it")
+			unread = append(unread, e.Path)
+			continue
+		}
 		if err != nil {
 			s.undeleteProject(id)
 			return itx.Errorf(itx.EUnavailable, "delete project %s: the pending audit records of its stream %s: %v", id, e.Path, err)
 		}
 		kept = append(kept, recs...)
+	}
+	fields := map[string]any{"projectId": id, "name": p.Name, "streams": len(entries)}
+	if len(unread) > 0 {
+		fields["unread"] = unread // the paths of the streams deleted unread
+	}
+	rec, err := auditRecord(by, AuditProjectDeleted, fields)
+	if err != nil {
+		s.undeleteProject(id)
+		return err
 	}
 	if err := s.dir.DeleteProject(ctx, id, rec); err != nil {
 		return s.deleteProjectFailed(ctx, id, p.Name, err)
@@ -491,6 +504,9 @@ func (s *Server) DeleteProject(ctx context.Context, by Admin, id string, force b
 		streamIDs[i] = e.StreamID
 	}
 	removeErr := s.removeStreams(context.WithoutCancel(ctx), streamIDs)
+	for _, sid := range streamIDs {
+		s.damaged.Delete(sid)
+	}
 	s.acc.secretMu.Lock()
 	for k := range s.acc.secrets {
 		if k[0] == id {

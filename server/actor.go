@@ -231,16 +231,19 @@ func (a *actor) load() error {
 		if err != nil {
 			a.srv.noteDamaged(entry.ProjectID, entry.Path, entry.StreamID, err)
 			if storage.Damaged(err) {
-				return itx.Errorf(itx.EUnavailable, "load stream %s: %v: the file is damaged; restore it from a backup (README, Damaged storage)", a.ref.Path, err)
+				return &unreadableStore{itx.Errorf(itx.EUnavailable, "load stream %s: %v: the file is damaged; restore it from a backup (README, Damaged storage)", a.ref.Path, err)}
 			}
-			return itx.Errorf(loadFailureCode(err), "load stream %s: %v", a.ref.Path, err)
+			if code := loadFailureCode(err); code != itx.EUnavailable {
+				return itx.Errorf(code, "load stream %s: %v", a.ref.Path, err) // a full disk: not the file's fault
+			}
+			return &unreadableStore{itx.Errorf(itx.EUnavailable, "load stream %s: %v", a.ref.Path, err)}
 		}
 		a.srv.noteOpened(store, a.ref.ProjectID, a.ref.Path, entry.StreamID)
 		a.store = store
 		if err := a.restore(ctx); err != nil {
 			store.Close()
 			a.srv.noteDamaged(entry.ProjectID, entry.Path, entry.StreamID, err)
-			return itx.Errorf(itx.EUnavailable, "load stream %s: %v", a.ref.Path, err)
+			return &unreadableStore{itx.Errorf(itx.EUnavailable, "load stream %s: %v", a.ref.Path, err)}
 		}
 		a.st.summaryOld = entry.SummaryStale
 		a.secretRefs = secretRefsOf(a.st.core)

@@ -155,6 +155,21 @@ func syncDir(dir string) error {
 // storage.
 func StorageCode(err error) itx.Code { return storage.ErrorCode(err) }
 
+// unreadableStore marks a load (or a read) refused because the stream's store itself cannot be
+// opened or read: lost, damaged, or a file itxd may not open. The directory failing, a full
+// disk or the server closing are not it. A forced delete of such a stream goes ahead unread
+// (deleteUnread), and the alarm's wake-up does not log it again (noteDamaged logged it once).
+type unreadableStore struct{ err error }
+
+func (e *unreadableStore) Error() string { return e.err.Error() }
+func (e *unreadableStore) Unwrap() error { return e.err }
+
+// storeUnreadable reports whether err is a stream's store that cannot be opened or read.
+func storeUnreadable(err error) bool {
+	_, ok := errors.AsType[*unreadableStore](err)
+	return ok
+}
+
 // storeLost is the refusal to load a stream whose directory entry records its first commit
 // while its store is missing or holds no stream (its file deleted, truncated to nothing, or on a
 // file system that is not mounted): made anew, it would answer an empty log and reissue
@@ -163,7 +178,7 @@ func (s *Server) storeLost(e storage.StreamEntry) error {
 	err := itx.Errorf(itx.EUnavailable, "load stream %s: its database %s is missing or holds no stream, though the directory records events on it (head %d when last summarized): it was deleted, truncated or is on a file system that is not mounted; restore the file from a backup (README, Damaged storage), itxd does not make it anew empty",
 		e.Path, s.backend.Where(e.StreamID), e.HeadOffset)
 	s.noteDamaged(e.ProjectID, e.Path, e.StreamID, err)
-	return err
+	return &unreadableStore{err}
 }
 
 // readFailure is the error of a read of a stream's store, with the storage's code (a failing

@@ -18,6 +18,10 @@ const AuditStreamDeleted = "admin/stream-deleted"
 type DeletedStream struct {
 	StreamID   string
 	HeadOffset int64
+	// Unread: the stream's store could not be opened or read (lost or damaged), so it was
+	// deleted, forced, without being read: HeadOffset is the head its directory entry last
+	// recorded.
+	Unread bool
 }
 
 // DeleteStream deletes one stream of a project for good: its events, subscriptions, readers,
@@ -32,6 +36,9 @@ type DeletedStream struct {
 // which also records the stream as deleted, so files a crash leaves behind go at the next start;
 // then its files are removed. The next append to the path creates a new stream (offset 1, a new
 // stream id): copies and dead letters keyed by stream id never mistake one for the other.
+//
+// A stream whose store cannot be opened or read (its file lost or damaged) is deleted unread
+// when forced, and refused otherwise (see deleteUnread).
 func (s *Server) DeleteStream(ctx context.Context, by Admin, ref StreamRef, force bool) (DeletedStream, error) {
 	if err := itx.ValidatePath(ref.Path); err != nil {
 		return DeletedStream{}, err
@@ -40,6 +47,9 @@ func (s *Server) DeleteStream(ctx context.Context, by Admin, ref StreamRef, forc
 		return DeletedStream{}, itx.Errorf(itx.EFailedPrecondition, "the deployment's audit stream %s cannot be deleted", AuditPath)
 	}
 	a, err := s.acquire(ctx, ref)
+	if storeUnreadable(err) {
+		return s.deleteUnread(ctx, by, ref, force, err)
+	}
 	if err != nil {
 		return DeletedStream{}, err
 	}
@@ -97,9 +107,19 @@ func (s *Server) DeleteStream(ctx context.Context, by Admin, ref StreamRef, forc
 	if err != nil {
 		return DeletedStream{}, itx.Errorf(itx.EUnavailable, "delete stream %s: its pending audit records: %v", ref.Path, err)
 	}
-	refs, err := s.dir.DeleteStream(ctx, gone.StreamID, rec)
-	if err != nil {
+	if err := s.commitDelete(ctx, ref, gone.StreamID, rec, kept); err != nil {
 		return DeletedStream{}, err
+	}
+	return gone, nil
+}
+
+// commitDelete deletes a stream's directory entry in one transaction with its audit record rec
+// (which records the stream as deleted), then removes its files, then appends kept (its pending
+// audit records) and rec to /audit. The stream is unloaded and kept from loading.
+func (s *Server) commitDelete(ctx context.Context, ref StreamRef, streamID string, rec *storage.AuditRecord, kept []storage.AuditRecord) error {
+	refs, err := s.dir.DeleteStream(ctx, streamID, rec)
+	if err != nil {
+		return err
 	}
 	if deleteStreamCommittedHook != nil {
 		deleteStreamCommittedHook()
@@ -107,7 +127,8 @@ func (s *Server) DeleteStream(ctx context.Context, by Admin, ref StreamRef, forc
 	s.metrics.StreamsDeleted.Inc()
 	// The commit made the removal due: what a crash or a failure leaves of it stays recorded for
 	// the next start (removeDeletedStreams).
-	removeErr := s.removeStreams(ctx, []string{gone.StreamID})
+	removeErr := s.removeStreams(ctx, []string{streamID})
+	s.damaged.Delete(streamID)
 	s.collectSecrets(ctx, ref.ProjectID, refs)
 	for i := range kept {
 		s.audit(ctx, &kept[i])
@@ -117,21 +138,82 @@ func (s *Server) DeleteStream(ctx context.Context, by Admin, ref StreamRef, forc
 		// Deleted: the directory no longer names it, and the next start removes its files.
 		s.log.Warn().Err(removeErr).Str("project", ref.ProjectID).Str("path", ref.Path).Msg("the deleted stream's files are removed at the next start")
 	}
+	return nil
+}
+
+// deleteUnread deletes, forced, a stream whose load failed with cause because its store cannot
+// be opened or read (its file lost, damaged, or one itxd may not open): from the directory and
+// with its files, without reading it. Without it such a stream answered unavailable for good
+// when no backup held it: its path took no new stream, and its alarm stayed owed. It serves no
+// subscription, reader or connection while it cannot load, so none is counted; the audit record
+// says it was deleted unread, with the head its directory entry last recorded and the cause; the
+// audit records it held pending are kept if its file opens for them, lost with it otherwise.
+// Not forced, it is refused (EFailedPrecondition, nothing deleted), saying how to delete it.
+func (s *Server) deleteUnread(ctx context.Context, by Admin, ref StreamRef, force bool, cause error) (DeletedStream, error) {
+	if !force {
+		return DeletedStream{}, itx.Errorf(itx.EFailedPrecondition, "stream %s cannot be read (%s): restore its file from a backup (README, Damaged storage), or delete it unread, with everything it held, by forcing",
+			ref.Path, itx.ErrorMessage(cause))
+	}
+	done, err := s.markDeleting(ref)
+	if err != nil {
+		return DeletedStream{}, err
+	}
+	defer done()
+	// A load begun before the mark ends first; one that succeeded (its file restored meanwhile)
+	// is unloaded as deleted, as the forced delete asked.
+	uctx, cancel := context.WithTimeout(ctx, deleteUnloadTimeout)
+	err = s.unloadDeleted(uctx, func(r StreamRef) bool { return r == ref }, fmt.Sprintf("the stream %s was deleted", ref.Path))
+	cancel()
+	if err != nil {
+		return DeletedStream{}, err
+	}
+	ctx = context.WithoutCancel(ctx)
+	entry, err := s.dir.Stream(ctx, ref.ProjectID, ref.Path)
+	if err != nil {
+		return DeletedStream{}, err
+	}
+	if entry == nil {
+		return DeletedStream{}, itx.Errorf(itx.ENotFound, "no stream %s", ref.Path)
+	}
+	gone := DeletedStream{StreamID: entry.StreamID, HeadOffset: entry.HeadOffset, Unread: true}
+	rec, err := auditRecord(by, AuditStreamDeleted, map[string]any{"projectId": ref.ProjectID, "path": ref.Path,
+		"streamId": gone.StreamID, "headOffset": gone.HeadOffset, "forced": true, "unread": true, "cause": itx.ErrorMessage(cause)})
+	if err != nil {
+		return DeletedStream{}, err
+	}
+	kept, err := s.keepStreamAudits(ctx, gone.StreamID)
+	if storeUnreadable(err) {
+		s.log.Warn().Err(err).Str("project", ref.ProjectID).Str("path", ref.Path).Msg("the audit records the unreadable stream held pending are deleted with it")
+	} else if err != nil {
+		return DeletedStream{}, itx.Errorf(itx.EUnavailable, "delete stream %s: its pending audit records: %v", ref.Path, err)
+	}
+	if err := s.commitDelete(ctx, ref, gone.StreamID, rec, kept); err != nil {
+		return DeletedStream{}, err
+	}
+	s.log.Warn().Str("project", ref.ProjectID).Str("path", ref.Path).Str("streamId", gone.StreamID).Int64("headOffset", gone.HeadOffset).Str("cause", itx.ErrorMessage(cause)).
+		Msg("deleted a stream unread, forced: its database could not be read")
 	return gone, nil
 }
 
 // keepStreamAudits moves the audit records a stream holds pending (auditPendingKey: a trim's or
 // a retention policy's, whose append to /audit failed or was cut short) into the directory's
 // outbox, before the stream is deleted with them. The stream is unloaded and cannot load. A crash
-// after this keeps them twice: their ids key their events, so the second is a duplicate.
+// after this keeps them twice: their ids key their events, so the second is a duplicate. A store
+// that cannot be opened or read is an unreadableStore error (storeUnreadable).
 func (s *Server) keepStreamAudits(ctx context.Context, streamID string) ([]storage.AuditRecord, error) {
 	s.backupClaim(streamID) // as a load does: a backup that owes the stream holds it first
 	store, err := s.backend.Open(ctx, streamID)
+	if err != nil && storage.ErrorCode(err) != itx.EResourceExhausted {
+		return nil, &unreadableStore{err}
+	}
 	if err != nil || store == nil {
 		return nil, err
 	}
 	defer store.Close()
 	raw, err := store.KV(ctx, auditPendingKey)
+	if err != nil && storage.ErrorCode(err) != itx.EResourceExhausted {
+		return nil, &unreadableStore{err}
+	}
 	if err != nil || raw == nil {
 		return nil, err
 	}

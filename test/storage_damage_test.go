@@ -17,6 +17,7 @@ import (
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/schema"
+	"github.com/itx-dev/itx/server"
 	"github.com/stretchr/testify/require"
 )
 
@@ -515,4 +516,87 @@ func TestStorageDamage_StreamFileUnreadableByItxd(t *testing.T) {
 	})
 	require.NoError(t, os.Chmod(f.fileA, 0))
 	requireRefusedThenServed("chmod while unloaded")
+}
+
+// TestStorageDamage_DeleteUnreadable: a stream whose database is damaged or lost cannot be
+// read, so it could not be deleted either (the delete loads it first): with no backup its path
+// answered unavailable for good. Not forced, the delete is refused, saying how to delete it, and
+// deletes nothing; forced, the stream is deleted unread: gone from the listing, its files
+// removed, the audit record saying unread with the head its directory entry last recorded, and
+// the next append to its path starts a new stream at offset 1, after a restart too.
+func TestStorageDamage_DeleteUnreadable(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		damage func(t *testing.T, file string)
+	}{
+		{"header overwritten", func(t *testing.T, file string) { overwrite(t, file, 0, 100) }},
+		{"deleted", func(t *testing.T, file string) { require.NoError(t, os.Remove(file)) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := populateForDamage(t)
+			tc.damage(t, f.fileA)
+			p := startItxd(t, f.dir)
+			ctx := ctxT(t)
+			proj := dial(t, p.addr).Login(ctx, p.creds.ProjectToken)
+			file := filepath.Base(f.fileA)
+
+			_, err := client.DeleteStream(ctx, proj, "/a", false)
+			requireCode(t, err, itx.EFailedPrecondition)
+			require.Contains(t, err.Error(), file, "the refusal names the file")
+			require.Contains(t, err.Error(), "by forcing", "the refusal says how to delete it")
+			list, err := client.ListStreams(ctx, proj, "/a")
+			require.NoError(t, err)
+			require.Len(t, list, 1, "refused: nothing deleted")
+
+			gone, err := client.DeleteStream(ctx, proj, "/a", true)
+			require.NoError(t, err, "forced, a damaged stream is deleted")
+			require.Equal(t, client.DeletedStream{StreamID: f.idA, HeadOffset: damageEvents, Unread: true}, gone)
+			requireStreamFilesGone(t, f.dir, f.idA)
+			list, err = client.ListStreams(ctx, proj, "/a")
+			require.NoError(t, err)
+			require.Empty(t, list)
+			root := dial(t, p.addr).Login(ctx, p.creds.DeploymentToken)
+			recs := auditedDeletions(t, root)
+			require.Len(t, recs, 1)
+			require.Equal(t, f.idA, recs[0]["streamId"])
+			require.Equal(t, true, recs[0]["unread"])
+			require.Equal(t, float64(damageEvents), recs[0]["headOffset"])
+			require.Contains(t, recs[0]["cause"], file)
+
+			res, err := client.Append(ctx, stream(t, proj, "/a"), []itx.EventInput{ev("t", `{}`)}, itx.AppendOptions{})
+			require.NoError(t, err, "the path takes a new stream")
+			require.Equal(t, []int64{1}, res.Offsets)
+			requireOthersServed(t, proj)
+
+			require.NoError(t, p.stop(t))
+			p = startItxd(t, f.dir)
+			proj = dial(t, p.addr).Login(ctx, p.creds.ProjectToken)
+			info, err := client.Describe(ctx, stream(t, proj, "/a"))
+			require.NoError(t, err)
+			require.NotEqual(t, f.idA, info.StreamID)
+			require.Equal(t, int64(1), info.HeadOffset)
+			requireStreamFilesGone(t, f.dir, f.idA)
+		})
+	}
+}
+
+// TestStorageDamage_DeleteProjectWithUnreadableStream: a forced delete of a project one of whose
+// streams has a damaged database deletes the project and every stream's files (it failed
+// unavailable, reading the damaged stream's pending audit records, and could never succeed);
+// its audit record names the stream deleted unread.
+func TestStorageDamage_DeleteProjectWithUnreadableStream(t *testing.T) {
+	f := populateForDamage(t)
+	overwrite(t, f.fileA, 0, 100)
+	p := startItxd(t, f.dir)
+	ctx := ctxT(t)
+	proj := dial(t, p.addr).Login(ctx, p.creds.ProjectToken)
+	info, err := client.Describe(ctx, stream(t, proj, "/b"))
+	require.NoError(t, err)
+	root := dial(t, p.addr).Login(ctx, p.creds.DeploymentToken)
+	require.NoError(t, client.DeleteProject(ctx, client.Admin(ctx, root), p.creds.ProjectID, true))
+	requireStreamFilesGone(t, f.dir, f.idA)
+	requireStreamFilesGone(t, f.dir, info.StreamID)
+	recs := audited(t, root, server.AuditProjectDeleted)
+	require.Len(t, recs, 1)
+	require.Equal(t, []any{"/a"}, recs[0]["unread"])
 }

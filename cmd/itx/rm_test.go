@@ -1,10 +1,15 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/internal/itxtest"
 	"github.com/itx-dev/itx/server"
 	"github.com/stretchr/testify/require"
@@ -115,4 +120,43 @@ func TestRun_Trim(t *testing.T) {
 		require.Equal(t, exitError, code, bad)
 		require.Contains(t, errs, "invalidArgument", bad)
 	}
+}
+
+// itx rm on a stream whose database is lost (deleted while the stream was unloaded): refused,
+// naming --force; with --force deleted unread, the row saying so with the head the directory
+// last recorded.
+func TestRun_RmDamagedStream(t *testing.T) {
+	srv := itxtest.Start(t, server.Config{IdleTimeout: 20 * time.Millisecond})
+	ts := &testServer{addr: srv.Addr, token: srv.Creds.ProjectToken, dir: srv.Dir}
+	res := ts.appendDirect(t, "/lost", itx.EventInput{Type: "e", Payload: json.RawMessage(`{}`)}, itx.EventInput{Type: "e", Payload: json.RawMessage(`{}`)})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	file := filepath.Join(srv.Dir, "streams", res.StreamID+".db")
+	conn0, err := client.Dial(ctx, ts.addr)
+	require.NoError(t, err)
+	defer conn0.Close()
+	proj := conn0.Login(ctx, ts.token)
+	defer proj.Release()
+	require.Eventually(t, func() bool {
+		list, err := client.ListStreams(ctx, proj, "/lost")
+		require.NoError(t, err)
+		_, statErr := os.Stat(file + "-wal")
+		return len(list) == 1 && !list[0].Loaded && os.IsNotExist(statErr)
+	}, 20*time.Second, 10*time.Millisecond, "/lost unloads")
+	require.NoError(t, os.Remove(file))
+
+	c := newCLI(t)
+	conn := []string{"--addr", ts.addr, "--token", ts.token}
+	code, _, errs := c.run("", append(conn, "--json", "rm", "/lost")...)
+	require.Equal(t, exitError, code)
+	require.Contains(t, errs, "failedPrecondition")
+	require.Contains(t, errs, res.StreamID+".db")
+	require.Contains(t, errs, "by forcing (--force)", "the refusal names the flag that deletes it unread")
+
+	code, out, errs := c.run("", append(conn, "--json", "rm", "/lost", "--force")...)
+	require.Equal(t, exitOK, code, errs)
+	require.JSONEq(t, `{"path": "/lost", "streamId": "`+res.StreamID+`", "headOffset": 2, "unread": true}`, out)
+	code, out, errs = c.run("", append(conn, "--json", "-e", `project.streams.list().map(s => s.path)`)...)
+	require.Equal(t, exitOK, code, errs)
+	require.JSONEq(t, `[]`, out)
 }

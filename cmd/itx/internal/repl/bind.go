@@ -479,7 +479,8 @@ func streamsRemove(ctx context.Context, s *Session, c capnp.Client, _ capPath, a
 	return struct {
 		StreamID   string `json:"streamId"`
 		HeadOffset int64  `json:"headOffset"`
-	}{gone.StreamID, gone.HeadOffset}, nil
+		Unread     bool   `json:"unread,omitempty"`
+	}{gone.StreamID, gone.HeadOffset, gone.Unread}, nil
 }
 
 // --- Stream ---

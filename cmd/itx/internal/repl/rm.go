@@ -11,7 +11,7 @@ import (
 
 func init() {
 	register(&Command{Name: "rm", Args: "<path> [--force] [--recursive]", CLI: true,
-		Help: "delete a stream for good (its events, subscriptions, readers and scheduled appends; the admin right); refused while it has subscriptions, registered readers or open connections unless --force; --recursive also deletes every stream below the path (/path/...)",
+		Help: "delete a stream for good (its events, subscriptions, readers and scheduled appends; the admin right); refused while it has subscriptions, registered readers or open connections unless --force, as is a stream whose database is lost or damaged (--force deletes it unread); --recursive also deletes every stream below the path (/path/...)",
 		Run:  runRm,
 		Check: func(args []string) error {
 			_, err := parseRm(args)
@@ -57,6 +57,8 @@ type rmRowJS struct {
 	Path       string `json:"path"`
 	StreamID   string `json:"streamId"`
 	HeadOffset int64  `json:"headOffset"`
+	// Unread: its database could not be read (lost or damaged); --force deleted it unread.
+	Unread bool `json:"unread,omitempty"`
 }
 
 // runRm deletes one stream (with --recursive, every stream at or below the path, deepest
@@ -71,7 +73,7 @@ func runRm(ctx context.Context, s *Session, args []string) error {
 		if err != nil {
 			return ForceHint(err, "--force")
 		}
-		s.Print(s.toJS(rmRowJS{a.path, gone.StreamID, gone.HeadOffset}))
+		s.Print(s.toJS(rmRowJS{a.path, gone.StreamID, gone.HeadOffset, gone.Unread}))
 		return nil
 	}
 	list, err := client.ListStreams(ctx, s.project, a.path)
@@ -100,7 +102,7 @@ func runRm(ctx context.Context, s *Session, args []string) error {
 				code = itx.ErrorCode(err)
 			}
 		default:
-			rows = append(rows, rmRowJS{p, gone.StreamID, gone.HeadOffset})
+			rows = append(rows, rmRowJS{p, gone.StreamID, gone.HeadOffset, gone.Unread})
 		}
 		if ctx.Err() != nil {
 			break
