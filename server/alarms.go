@@ -25,12 +25,20 @@ func (s *Server) wakeDue() {
 		}
 		return
 	}
-	deferred := 0
+	deferred, unreadable := 0, 0
 	for _, d := range due {
 		a, err := s.acquire(ctx, StreamRef{ProjectID: d.ProjectID, Path: d.Path})
 		if err != nil {
 			if itx.ErrorCode(err) == itx.ELimitExceeded {
 				deferred++ // --max-held-streams: try again shortly, when streams are released
+				continue
+			}
+			if storeUnreadable(err) {
+				// Its file is lost or damaged: noteDamaged logged it, once per stream and
+				// cause (logged here too, it came again at every wake-up of any stream). Its
+				// alarm stays as recorded, tried at every wake-up and at least every
+				// unreadableRetryMs, so the work it owes is done once its file is restored.
+				unreadable++
 				continue
 			}
 			if ctx.Err() == nil {
@@ -45,6 +53,9 @@ func (s *Server) wakeDue() {
 			Msg("streams with work due wait: every loaded stream is in use (--max-held-streams), or their project holds its share of them (--max-held-streams-per-project); retrying in a second")
 		s.alarmChanged(now + alarmRetryMs)
 	}
+	if unreadable > 0 {
+		s.alarmChanged(now + unreadableRetryMs)
+	}
 	next, err := s.dir.NextAlarm(ctx, now)
 	if err != nil {
 		return
@@ -56,6 +67,12 @@ func (s *Server) wakeDue() {
 
 // alarmRetryMs is how soon wakeDue tries again for due streams it could not load.
 const alarmRetryMs = 1000
+
+// unreadableRetryMs is how soon, at the latest, wakeDue tries again the due streams whose store
+// cannot be read (lost or damaged: an operator restores the file, or mends its mode, without
+// restarting itxd). Only their due alarms, already in the past, kept them owed, and nothing
+// woke them but another stream's alarm or a call.
+const unreadableRetryMs = 60_000
 
 // alarmChanged makes sure the alarm timer fires no later than due (epoch ms).
 func (s *Server) alarmChanged(due int64) {

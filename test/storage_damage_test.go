@@ -2,6 +2,7 @@ package test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -599,4 +600,49 @@ func TestStorageDamage_DeleteProjectWithUnreadableStream(t *testing.T) {
 	recs := audited(t, root, server.AuditProjectDeleted)
 	require.Len(t, recs, 1)
 	require.Equal(t, []any{"/a"}, recs[0]["unread"])
+}
+
+// TestStorageDamage_AlarmOfUnreadableStream: a stream whose database is missing while its alarm
+// (a scheduled append) is due is tried at every wake-up of any stream's alarm, and each logged
+// "waking a stream for its alarm" at error level: a line per wake-up for as long as the file
+// stayed lost. It is logged once (noteDamaged), and its alarm is kept: once the file is back,
+// with no restart, the next wake-up loads it and the scheduled append lands.
+func TestStorageDamage_AlarmOfUnreadableStream(t *testing.T) {
+	f := populateForDamage(t)
+	p := startItxd(t, f.dir)
+	ctx := ctxT(t)
+	proj := dial(t, p.addr).Login(ctx, p.creds.ProjectToken)
+	_, _, err := client.Schedule(ctx, stream(t, proj, "/a"), keyed("due", `{}`, "due"), time.Now().Add(500*time.Millisecond))
+	require.NoError(t, err)
+	require.NoError(t, p.stop(t))
+	away := f.fileA + ".away"
+	require.NoError(t, os.Rename(f.fileA, away))
+
+	// /b unloads between its scheduled appends, so each lands from an alarm's wake-up.
+	p = startItxd(t, f.dir, "--idle-timeout", "20ms")
+	proj = dial(t, p.addr).Login(ctx, p.creds.ProjectToken)
+	b := stream(t, proj, "/b")
+	const wakes = 4
+	for i := range wakes {
+		_, _, err := client.Schedule(ctx, b, keyed("tick", `{}`, fmt.Sprint("tick", i)), time.Now().Add(time.Duration(i+1)*200*time.Millisecond))
+		require.NoError(t, err)
+	}
+	waitUntil(t, "/b's scheduled appends land", func() bool {
+		list, err := client.ListStreams(ctx, proj, "/b")
+		require.NoError(t, err)
+		return len(list) == 1 && list[0].HeadOffset == 1+wakes
+	})
+	requireLogged(t, p, regexp.QuoteMeta(filepath.Base(f.fileA)), "itxd logs the lost file")
+	logs := p.logs.String()
+	require.Zero(t, strings.Count(logs, "waking a stream for its alarm"), "a wake-up logs the lost stream again:\n%s", logs)
+	require.Equal(t, 1, strings.Count(logs, "a stream cannot be served from its database"), logs)
+
+	require.NoError(t, os.Rename(away, f.fileA))
+	_, _, err = client.Schedule(ctx, b, keyed("tick", `{}`, "after"), time.Now().Add(100*time.Millisecond))
+	require.NoError(t, err)
+	waitUntil(t, "/a's scheduled append lands once its file is back", func() bool {
+		list, err := client.ListStreams(ctx, proj, "/a")
+		require.NoError(t, err)
+		return len(list) == 1 && list[0].HeadOffset == damageEvents+1
+	})
 }
