@@ -541,7 +541,10 @@ func TestStorageDamage_DeleteUnreadable(t *testing.T) {
 			proj := dial(t, p.addr).Login(ctx, p.creds.ProjectToken)
 			file := filepath.Base(f.fileA)
 
-			_, err := client.DeleteStream(ctx, proj, "/a", false)
+			root := dial(t, p.addr).Login(ctx, p.creds.DeploymentToken)
+			_, err := client.Backup(ctx, client.Admin(ctx, root), filepath.Join(t.TempDir(), "refused"))
+			requireUnavailableNaming(t, err, file)
+			_, err = client.DeleteStream(ctx, proj, "/a", false)
 			requireCode(t, err, itx.EFailedPrecondition)
 			require.Contains(t, err.Error(), file, "the refusal names the file")
 			require.Contains(t, err.Error(), "by forcing", "the refusal says how to delete it")
@@ -556,7 +559,6 @@ func TestStorageDamage_DeleteUnreadable(t *testing.T) {
 			list, err = client.ListStreams(ctx, proj, "/a")
 			require.NoError(t, err)
 			require.Empty(t, list)
-			root := dial(t, p.addr).Login(ctx, p.creds.DeploymentToken)
 			recs := auditedDeletions(t, root)
 			require.Len(t, recs, 1)
 			require.Equal(t, f.idA, recs[0]["streamId"])
@@ -568,6 +570,12 @@ func TestStorageDamage_DeleteUnreadable(t *testing.T) {
 			require.NoError(t, err, "the path takes a new stream")
 			require.Equal(t, []int64{1}, res.Offsets)
 			requireOthersServed(t, proj)
+			// Every backup failed while the stream was there (TestStorageDamage_Backup): its
+			// deletion is the way out when no backup holds it.
+			dest := filepath.Join(t.TempDir(), "backup")
+			_, err = client.Backup(ctx, client.Admin(ctx, root), dest)
+			require.NoError(t, err, "backups succeed once the damaged stream is deleted")
+			require.NoFileExists(t, filepath.Join(dest, "streams", file))
 
 			require.NoError(t, p.stop(t))
 			p = startItxd(t, f.dir)
