@@ -29,6 +29,12 @@ type Listener struct {
 	mu    sync.Mutex
 	conns map[*rpc.Conn]struct{}
 	wg    sync.WaitGroup
+
+	// refusals: connections refused at accept since the last warning, and when that was
+	// (see warnRefused).
+	refusalMu   sync.Mutex
+	refusals    int
+	lastRefusal time.Time
 }
 
 // NewListener returns a Listener for srv with the default connection limits.
@@ -115,7 +121,7 @@ func (l *Listener) serveConn(c net.Conn) {
 	// connection count it is refused with an Abort saying so.
 	t, err := l.flow.Open(c)
 	if err != nil {
-		l.log.Debug().Str("remote", c.RemoteAddr().String()).Err(err).Msg("rpc connection refused")
+		l.warnRefused(c.RemoteAddr(), err)
 		return
 	}
 	gw := &gateway{srv: l.srv, authenticated: t.Authenticate, reserveReply: t.ReserveReply, whenAnswered: t.WhenAnswered, maxSessions: l.maxLogins}
@@ -149,6 +155,30 @@ func (l *Listener) serveConn(c net.Conn) {
 		l.mu.Unlock()
 		l.log.Debug().Str("remote", c.RemoteAddr().String()).Msg("rpc connection closed")
 	}()
+}
+
+// refusalWarnEvery is how often at most a refused connection is logged at warn: a peer opening
+// connection after connection past a bound would otherwise write a line for each.
+const refusalWarnEvery = 10 * time.Second
+
+// warnRefused tells the operator that connections are refused at accept, naming the peer's
+// address and the bound: at most one warning per refusalWarnEvery, counting the refusals since
+// the last one (each is counted in /metrics too); the others go to debug.
+func (l *Listener) warnRefused(remote net.Addr, err error) {
+	now := time.Now()
+	l.refusalMu.Lock()
+	l.refusals++
+	n := l.refusals
+	warn := l.lastRefusal.IsZero() || now.Sub(l.lastRefusal) >= refusalWarnEvery
+	if warn {
+		l.refusals, l.lastRefusal = 0, now
+	}
+	l.refusalMu.Unlock()
+	ev := l.log.Debug()
+	if warn {
+		ev = l.log.Warn().Int("refusedSinceLastWarning", n)
+	}
+	ev.Str("remote", remote.String()).Err(err).Msg("rpc connection refused at accept")
 }
 
 // CloseConnections closes every open RPC connection and waits for them to finish.

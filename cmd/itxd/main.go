@@ -165,14 +165,15 @@ var flagRanges = map[string]flagRange{
 	"rpc-preauth-max-unfinished-replies":     {min: 1},
 	"rpc-preauth-max-unfinished-reply-bytes": {min: 1 << 10},
 	// A session holds the gateway, its project and the streams it works on.
-	"rpc-max-capabilities":            {min: 8},
-	"rpc-max-unreturned-calls":        {min: 1},
-	"rpc-global-max-capabilities":     {min: 8},
-	"rpc-global-max-unreturned-calls": {min: 1},
-	"rpc-max-connections":             {min: 1},
-	"rpc-login-timeout":               {min: int64(10 * time.Millisecond)},
-	"rpc-max-logins-per-connection":   {min: 1},
-	"rpc-max-push-bytes":              {min: 1},
+	"rpc-max-capabilities":                    {min: 8},
+	"rpc-max-unreturned-calls":                {min: 1},
+	"rpc-global-max-capabilities":             {min: 8},
+	"rpc-global-max-unreturned-calls":         {min: 1},
+	"rpc-max-connections":                     {min: 1},
+	"rpc-preauth-max-connections-per-address": {min: 1},
+	"rpc-login-timeout":                       {min: int64(10 * time.Millisecond)},
+	"rpc-max-logins-per-connection":           {min: 1},
+	"rpc-max-push-bytes":                      {min: 1},
 	// The kernel's granularity, and Linux's largest TCP_KEEPIDLE (32767 s).
 	"rpc-keepalive":              {min: int64(time.Second), max: int64(32767 * time.Second)},
 	"jsonata-max-items":          {min: 1},
@@ -331,6 +332,7 @@ func run() error {
 	flag.IntVar(&flow.GlobalCapabilities, "rpc-global-max-capabilities", flowconn.DefaultGlobalCapabilities, "capabilities clients hold without releasing them, over all connections; above it the connection holding the most is aborted")
 	flag.IntVar(&flow.GlobalUnreturned, "rpc-global-max-unreturned-calls", flowconn.DefaultGlobalUnreturned, "calls itxd made on clients' capabilities that they have not returned, over all connections; above it the connection holding the most is aborted")
 	flag.IntVar(&flow.Connections, "rpc-max-connections", flowconn.DefaultConnections, "RPC connections open at once; one more is refused with an Abort saying so")
+	flag.IntVar(&flow.PreAuthConnsPerAddress, "rpc-preauth-max-connections-per-address", flowconn.DefaultPreAuthConnsPerAddress, "RPC connections not logged in yet from one remote address (an IPv4 address or an IPv6 /64; loopback not counted); one more is refused with an Abort saying so (behind a proxy on another machine every client has its address: raise it to --rpc-max-connections)")
 	flag.DurationVar(&flow.LoginTimeout, "rpc-login-timeout", flowconn.DefaultLoginTimeout, "a connection that has not logged in by then is aborted")
 	maxLogins := flag.Int("rpc-max-logins-per-connection", capability.DefaultMaxLoginsPerConnection, "distinct tokens one connection logs in with (logging in again with one of them shares its session); one more is refused with limitExceeded")
 	pushBytes := flag.Int64("rpc-max-push-bytes", capability.DefaultPushFlowLimit, "bytes itxd has in flight toward one capability a client handed it (an EventSink, a LiveSubscriber, a mounted Receiver, a processor host); a larger message waits until the others are answered, then goes alone")
@@ -768,6 +770,9 @@ func registerFlowMetrics(r *prometheus.Registry, pool *flowconn.Pool) {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "itx_rpc_connections_refused_total",
 			Help: "RPC connections refused because --rpc-max-connections were open."},
 			func() float64 { return float64(pool.Stats().Refused) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "itx_rpc_connections_refused_per_address_total",
+			Help: "RPC connections refused because their remote address had --rpc-preauth-max-connections-per-address connections not logged in yet."},
+			func() float64 { return float64(pool.Stats().RefusedByAddress) }),
 	)
 }
 

@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"strings"
 	"sync"
 	"time"
@@ -89,6 +90,11 @@ type Limits struct {
 	GlobalUnreturned   int
 	// Connections bounds the pool's open connections; Open refuses one past it.
 	Connections int
+	// PreAuthConnsPerAddress bounds the connections from one remote address (AddressKey: an
+	// IPv4 address, an IPv6 /64; loopback not counted) that have not logged in yet; Open
+	// refuses one past it. Without it a peer with no token held every Connections slot for the
+	// login window and nobody could connect.
+	PreAuthConnsPerAddress int
 	// LoginTimeout is how long a connection may stay unauthenticated before it is aborted,
 	// on Clock (nil: the system clock).
 	LoginTimeout time.Duration
@@ -128,6 +134,10 @@ const (
 	DefaultGlobalCapabilities     = 131072
 	DefaultGlobalUnreturned       = 262144
 	DefaultConnections            = 4096
+	// A client's connection is not logged in for one round trip (the Go client pipelines its
+	// login behind the bootstrap), so 64 at once from one address is a fleet behind one NAT
+	// reconnecting together; one peer holding 64 idle connections takes 1/64 of Connections.
+	DefaultPreAuthConnsPerAddress = 64
 	DefaultLoginTimeout           = 30 * time.Second
 )
 
@@ -165,6 +175,7 @@ func (l Limits) withDefaults() Limits {
 	set(&l.GlobalCapabilities, DefaultGlobalCapabilities)
 	set(&l.GlobalUnreturned, DefaultGlobalUnreturned)
 	set(&l.Connections, DefaultConnections)
+	set(&l.PreAuthConnsPerAddress, DefaultPreAuthConnsPerAddress)
 	if l.LoginTimeout <= 0 {
 		l.LoginTimeout = DefaultLoginTimeout
 	}
@@ -188,6 +199,10 @@ type Pool struct {
 	aborts    uint64
 	refused   uint64
 	refusing  int
+	// preAuth counts the connections of each address (AddressKey) not logged in yet;
+	// refusedByAddress the connections Open refused for PreAuthConnsPerAddress.
+	preAuth          map[string]int
+	refusedByAddress uint64
 	// reading: the bytes of the messages whose bodies are being read (their header taken),
 	// counted against GlobalCallBytes with callBytes so that connections reading at once
 	// cannot each pass the bound by a message.
@@ -204,7 +219,7 @@ type Pool struct {
 
 // NewPool returns a Pool with limits (zero fields take the defaults).
 func NewPool(limits Limits) *Pool {
-	p := &Pool{limits: limits.withDefaults(), all: map[*Transport]struct{}{}}
+	p := &Pool{limits: limits.withDefaults(), all: map[*Transport]struct{}{}, preAuth: map[string]int{}}
 	p.cond = sync.NewCond(&p.mu)
 	return p
 }
@@ -214,18 +229,21 @@ func (p *Pool) Limits() Limits { return p.limits }
 
 // Stats is a snapshot of a pool's use.
 type Stats struct {
-	Calls           int    // calls read and not yet answered on the wire, over every connection
-	Bytes           int64  // encoded bytes queued and not yet written, over every connection
-	CallBytes       int64  // encoded bytes of the calls read and not yet answered, over every connection
-	Pauses          uint64 // times a connection stopped reading because of a bound
-	Conns           int    // open connections
-	Aborts          uint64 // connections aborted for a bound (unfinished replies, capabilities, login)
-	Refused         uint64 // connections refused because Connections were open
-	Unfinished      int    // replies written whose Finish has not arrived, over every connection
-	UnfinishedBytes int64  // their encoded bytes
-	Unreturned      int    // calls sent to clients that have not returned them, over every connection
-	Capabilities    int    // capabilities clients hold, over every connection (as last counted before a read)
-	ReplyWaits      int    // calls waiting for room for their reply (ReserveReply): clients not reading theirs
+	Calls     int    // calls read and not yet answered on the wire, over every connection
+	Bytes     int64  // encoded bytes queued and not yet written, over every connection
+	CallBytes int64  // encoded bytes of the calls read and not yet answered, over every connection
+	Pauses    uint64 // times a connection stopped reading because of a bound
+	Conns     int    // open connections
+	Aborts    uint64 // connections aborted for a bound (unfinished replies, capabilities, login)
+	Refused   uint64 // connections refused because Connections were open
+	// RefusedByAddress: connections refused because their address had PreAuthConnsPerAddress
+	// connections not logged in yet.
+	RefusedByAddress uint64
+	Unfinished       int   // replies written whose Finish has not arrived, over every connection
+	UnfinishedBytes  int64 // their encoded bytes
+	Unreturned       int   // calls sent to clients that have not returned them, over every connection
+	Capabilities     int   // capabilities clients hold, over every connection (as last counted before a read)
+	ReplyWaits       int   // calls waiting for room for their reply (ReserveReply): clients not reading theirs
 }
 
 // Stats returns the pool's current use.
@@ -237,7 +255,7 @@ func (p *Pool) Stats() Stats {
 
 func (p *Pool) stats() Stats {
 	return Stats{Calls: p.calls, Bytes: p.bytes, CallBytes: p.callBytes, Pauses: p.pauses, Conns: p.conns, Aborts: p.aborts,
-		Refused: p.refused, Unfinished: p.unfinished, UnfinishedBytes: p.unfinishedBytes, Unreturned: p.unreturned,
+		Refused: p.refused, RefusedByAddress: p.refusedByAddress, Unfinished: p.unfinished, UnfinishedBytes: p.unfinishedBytes, Unreturned: p.unreturned,
 		Capabilities: p.exports, ReplyWaits: p.replyWaits}
 }
 
@@ -246,22 +264,93 @@ func (p *Pool) errTooMany() error {
 	return itx.Errorf(itx.ELimitExceeded, "itxd serves at most %d connections at once (--rpc-max-connections)", p.limits.Connections)
 }
 
-// Open wraps conn in a flow-controlled transport, or, with Connections already open, writes an
-// Abort saying so to conn (within DrainTimeout), closes it and returns the refusal.
+// Open wraps conn in a flow-controlled transport, or, with Connections already open or
+// PreAuthConnsPerAddress of conn's address not logged in yet, writes an Abort saying so to conn
+// (within DrainTimeout), closes it and returns the refusal (a *RefusedError).
 func (p *Pool) Open(conn net.Conn) (*Transport, error) {
+	key := AddressKey(conn.RemoteAddr())
 	p.mu.Lock()
-	if p.conns >= p.limits.Connections {
+	var err error
+	switch {
+	case p.conns >= p.limits.Connections:
 		p.refused++
+		err = &RefusedError{Address: key, err: p.errTooMany()}
+	case key != "" && p.preAuth[key] >= p.limits.PreAuthConnsPerAddress:
+		p.refusedByAddress++
+		err = &RefusedError{Address: key, PerAddress: true, err: itx.Errorf(itx.ELimitExceeded,
+			"itxd serves at most %d connections not logged in yet from one address (--rpc-preauth-max-connections-per-address): log in on the ones open first",
+			p.limits.PreAuthConnsPerAddress)}
+	}
+	if err != nil {
 		p.cond.Broadcast()
 		p.mu.Unlock()
-		err := p.errTooMany()
 		p.refuse(conn, err)
 		return nil, err
 	}
 	p.conns++
+	if key != "" {
+		p.preAuth[key]++
+	}
 	p.cond.Broadcast()
 	p.mu.Unlock()
-	return newTransport(conn, p), nil
+	t := newTransport(conn, p)
+	t.addrKey = key
+	return t, nil
+}
+
+// RefusedError is Open's refusal: which bound, and the address (AddressKey) refused.
+type RefusedError struct {
+	Address    string // AddressKey of the peer; "" for loopback
+	PerAddress bool   // refused for PreAuthConnsPerAddress, not Connections
+	err        error
+}
+
+func (e *RefusedError) Error() string { return e.err.Error() }
+func (e *RefusedError) Unwrap() error { return e.err }
+
+// AddressKey is what PreAuthConnsPerAddress counts a peer under: its IPv4 address, or the /64
+// of its IPv6 address (one host is routinely given a whole /64, so counting single IPv6
+// addresses bounded nobody). Loopback peers give "": they are processes of this machine,
+// which reach its resources without itxd's help, and every local client (processor hosts,
+// the itx REPL, a TLS-terminating proxy in front of itxd, tests) shares the one address.
+func AddressKey(a net.Addr) string {
+	var ip netip.Addr
+	switch a := a.(type) {
+	case *net.TCPAddr:
+		ip, _ = netip.AddrFromSlice(a.IP)
+	default:
+		if a == nil {
+			return ""
+		}
+		ap, err := netip.ParseAddrPort(a.String())
+		if err != nil {
+			return ""
+		}
+		ip = ap.Addr()
+	}
+	ip = ip.Unmap()
+	switch {
+	case !ip.IsValid() || ip.IsLoopback():
+		return ""
+	case ip.Is4():
+		return ip.String()
+	}
+	pfx, _ := ip.WithZone("").Prefix(64)
+	return pfx.String()
+}
+
+// leavePreAuthLocked gives back t's place among its address's connections not logged in
+// (at login, or when it ends before). Called with pool.mu held.
+func (t *Transport) leavePreAuthLocked() {
+	if t.addrKey == "" || t.authed || t.torndown {
+		return
+	}
+	p := t.pool
+	if p.preAuth[t.addrKey] <= 1 {
+		delete(p.preAuth, t.addrKey)
+	} else {
+		p.preAuth[t.addrKey]--
+	}
 }
 
 // maxRefusing bounds the refused connections whose Abort is still being delivered; past it a
@@ -360,8 +449,9 @@ type Transport struct {
 	replyWaits   int   // this connection's callers of ReserveReply waiting for room
 	closesQueued int   // queued messages that end a call (closesCall), not written yet
 	authed       bool
-	closed       bool // Close was called: read no more, write what is queued, then stop
-	torndown     bool // the writer has stopped and returned this connection's use to the pool
+	addrKey      string // AddressKey of the peer, counted in pool.preAuth until authed
+	closed       bool   // Close was called: read no more, write what is queued, then stop
+	torndown     bool   // the writer has stopped and returned this connection's use to the pool
 	writeErr     error
 	wasPaused    bool
 	// hangupArmed: a checkHangup is scheduled; hungUp: it found the client gone while the
@@ -424,6 +514,7 @@ func newTransport(conn net.Conn, pool *Pool) *Transport {
 func (t *Transport) Authenticate() {
 	t.loginTimer.Stop()
 	t.pool.mu.Lock()
+	t.leavePreAuthLocked()
 	t.authed = true
 	t.pool.cond.Broadcast()
 	t.pool.mu.Unlock()
@@ -1053,6 +1144,7 @@ func (t *Transport) teardown() {
 	p.bytes -= t.bytes
 	p.callBytes -= t.callBytes
 	t.calls, t.bytes, t.callBytes = 0, 0, 0
+	t.leavePreAuthLocked()
 	t.torndown = true
 	p.conns--
 	t.loginTimer.Stop()

@@ -366,3 +366,27 @@ func TestTransport_CapabilitiesOfATornDownConnectionLeaveThePool(t *testing.T) {
 		t.Fatalf("once its connection ended the pool holds %d connections, %d capabilities; want 0, 0", s.Conns, s.Capabilities)
 	}
 }
+
+// A peer is counted under its IPv4 address or its IPv6 /64 (a host is given a whole /64, so one
+// peer would otherwise have as many addresses as it likes); loopback peers are not counted.
+func TestAddressKey(t *testing.T) {
+	for _, c := range []struct {
+		addr net.Addr
+		want string
+	}{
+		{&net.TCPAddr{IP: net.ParseIP("192.0.2.7"), Port: 1}, "192.0.2.7"},
+		{&net.TCPAddr{IP: net.ParseIP("::ffff:192.0.2.7"), Port: 1}, "192.0.2.7"},
+		{&net.TCPAddr{IP: net.ParseIP("2001:db8:1:2:aaaa::1"), Port: 1}, "2001:db8:1:2::/64"},
+		{&net.TCPAddr{IP: net.ParseIP("2001:db8:1:2:bbbb::9"), Port: 2}, "2001:db8:1:2::/64"},
+		{&net.TCPAddr{IP: net.ParseIP("fe80::1"), Port: 1, Zone: "eth0"}, "fe80::/64"},
+		{&net.TCPAddr{IP: net.ParseIP("127.0.0.1"), Port: 1}, ""},
+		{&net.TCPAddr{IP: net.ParseIP("127.3.2.1"), Port: 1}, ""},
+		{&net.TCPAddr{IP: net.ParseIP("::1"), Port: 1}, ""},
+		{&net.UnixAddr{Name: "/tmp/sock", Net: "unix"}, ""},
+		{nil, ""},
+	} {
+		if got := flowconn.AddressKey(c.addr); got != c.want {
+			t.Errorf("AddressKey(%v) = %q, want %q", c.addr, got, c.want)
+		}
+	}
+}
