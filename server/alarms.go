@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/itx-dev/itx"
@@ -26,11 +27,15 @@ func (s *Server) wakeDue() {
 		return
 	}
 	deferred, unreadable := 0, 0
+	var projects []string // of the deferred streams, the first few distinct, for the warning
 	for _, d := range due {
 		a, err := s.acquire(ctx, StreamRef{ProjectID: d.ProjectID, Path: d.Path})
 		if err != nil {
 			if itx.ErrorCode(err) == itx.ELimitExceeded {
 				deferred++ // --max-held-streams: try again shortly, when streams are released
+				if len(projects) < 8 && !slices.Contains(projects, d.ProjectID) {
+					projects = append(projects, d.ProjectID)
+				}
 				continue
 			}
 			if storeUnreadable(err) {
@@ -48,10 +53,16 @@ func (s *Server) wakeDue() {
 		}
 		s.release(a)
 	}
+	// Logged once per crossing, as the shares are: while a project sits at its share this
+	// runs every second, and it wrote a warning each time.
 	if deferred > 0 {
-		s.log.Warn().Int("streams", deferred).Int("maxHeldStreams", s.cfg.MaxHeldStreams).
-			Msg("streams with work due wait: every loaded stream is in use (--max-held-streams), or their project holds its share of them (--max-held-streams-per-project); retrying in a second")
+		if !s.alarmsWaiting.Swap(true) {
+			s.log.Warn().Int("streams", deferred).Strs("projects", projects).Int("maxHeldStreams", s.cfg.MaxHeldStreams).
+				Msg("streams with work due wait: every loaded stream is in use (--max-held-streams), or their project holds its share of them (--max-held-streams-per-project); retrying every second until they load (logged again only after they did)")
+		}
 		s.alarmChanged(now + alarmRetryMs)
+	} else if s.alarmsWaiting.Swap(false) {
+		s.log.Info().Msg("streams with work due load again: the streams that waited for --max-held-streams or --max-held-streams-per-project are loaded")
 	}
 	if unreadable > 0 {
 		s.alarmChanged(now + unreadableRetryMs)

@@ -193,6 +193,9 @@ type Server struct {
 	alarmMu   sync.Mutex
 	alarmT    itx.Timer
 	alarmNext int64 // epoch ms the alarm timer is armed for; 0: none
+	// alarmsWaiting: the last wakeDue left streams with work due unloaded (a bound held them
+	// back); their warning is logged once until a wakeDue loads every due stream again.
+	alarmsWaiting atomic.Bool
 
 	disk  *diskReserve // Config.MinFreeDisk
 	quota usageBook    // Config.MaxProjectBytes
