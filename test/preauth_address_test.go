@@ -109,3 +109,43 @@ func TestItxd_PreAuthConnectionsPerAddress(t *testing.T) {
 	require.Contains(t, p.logs.String(), ip+":", "the warning names the address")
 	require.Equal(t, 1, strings.Count(p.logs.String(), "rpc connection refused at accept"), "one warning per 10 s, not one per refusal")
 }
+
+// Connections not logged in yet are at most --rpc-preauth-max-connections over every address:
+// one more closes the oldest of them with an Abort naming the flag. Peers on many addresses,
+// each under its per-address bound, held every --rpc-max-connections slot for the login
+// window, and no client could connect; now a client whose login comes before that many newer
+// connections do gets in, and the peers hold at most that many slots.
+func TestItxd_PreAuthConnectionsOldestGiveWay(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the itxd binary")
+	}
+	metrics := freeAddr(t)
+	p := startItxd(t, t.TempDir(), "--metrics", metrics, "--rpc-preauth-max-connections", "3")
+	ctx := ctxT(t)
+	served := func() *itxtest.RawClient {
+		r := itxtest.DialRaw(t, p.addr)
+		r.Bootstrap(0)
+		r.UntilReturn(0)
+		return r
+	}
+	evicted := func(r *itxtest.RawClient) {
+		t.Helper()
+		_, reason := r.UntilAbort()
+		require.True(t, strings.HasPrefix(reason, "itx.limitExceeded: itxd keeps at most 3 connections not logged in yet (--rpc-preauth-max-connections): the oldest is closed"), "abort reason %q", reason)
+	}
+	idle := []*itxtest.RawClient{served(), served(), served()}
+	fourth := served()
+	evicted(idle[0])
+
+	// A client logging in while peers hold every place takes the oldest one's.
+	proj := dial(t, p.addr).Login(ctx, p.creds.ProjectToken)
+	defer proj.Release()
+	mustAppend(t, stream(t, proj, "/in"), ev("a", `{}`))
+	evicted(idle[1])
+	require.Equal(t, 2.0, scrapeMetric(t, metrics, "itx_rpc_preauth_evicted_total"))
+	require.Equal(t, 2.0, scrapeMetric(t, metrics, "itx_rpc_preauth_connections"), "the two newest raw connections; the client logged in")
+	fourth.Bootstrap(1)
+	fourth.UntilReturn(1)
+	idle[2].Bootstrap(1)
+	idle[2].UntilReturn(1)
+}

@@ -171,6 +171,7 @@ var flagRanges = map[string]flagRange{
 	"rpc-global-max-unreturned-calls":         {min: 1},
 	"rpc-max-connections":                     {min: 1},
 	"rpc-preauth-max-connections-per-address": {min: 1},
+	"rpc-preauth-max-connections":             {min: 1, zero: "a quarter of --rpc-max-connections, at least 64"},
 	"rpc-login-timeout":                       {min: int64(10 * time.Millisecond)},
 	"rpc-max-logins-per-connection":           {min: 1},
 	"rpc-max-push-bytes":                      {min: 1},
@@ -333,6 +334,7 @@ func run() error {
 	flag.IntVar(&flow.GlobalUnreturned, "rpc-global-max-unreturned-calls", flowconn.DefaultGlobalUnreturned, "calls itxd made on clients' capabilities that they have not returned, over all connections; above it the connection holding the most is aborted")
 	flag.IntVar(&flow.Connections, "rpc-max-connections", flowconn.DefaultConnections, "RPC connections open at once; one more is refused with an Abort saying so")
 	flag.IntVar(&flow.PreAuthConnsPerAddress, "rpc-preauth-max-connections-per-address", flowconn.DefaultPreAuthConnsPerAddress, "RPC connections not logged in yet from one remote address (an IPv4 address or an IPv6 /64; loopback not counted); one more is refused with an Abort saying so (behind a proxy on another machine every client has its address: raise it to --rpc-max-connections)")
+	flag.IntVar(&flow.PreAuthConnections, "rpc-preauth-max-connections", 0, "RPC connections not logged in yet over all addresses; one more closes the oldest of them with an Abort saying so (0: a quarter of --rpc-max-connections, at least 64 or all of it)")
 	flag.DurationVar(&flow.LoginTimeout, "rpc-login-timeout", flowconn.DefaultLoginTimeout, "a connection that has not logged in by then is aborted")
 	maxLogins := flag.Int("rpc-max-logins-per-connection", capability.DefaultMaxLoginsPerConnection, "distinct tokens one connection logs in with (logging in again with one of them shares its session); one more is refused with limitExceeded")
 	pushBytes := flag.Int64("rpc-max-push-bytes", capability.DefaultPushFlowLimit, "bytes itxd has in flight toward one capability a client handed it (an EventSink, a LiveSubscriber, a mounted Receiver, a processor host); a larger message waits until the others are answered, then goes alone")
@@ -773,6 +775,12 @@ func registerFlowMetrics(r *prometheus.Registry, pool *flowconn.Pool) {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "itx_rpc_connections_refused_per_address_total",
 			Help: "RPC connections refused because their remote address had --rpc-preauth-max-connections-per-address connections not logged in yet."},
 			func() float64 { return float64(pool.Stats().RefusedByAddress) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "itx_rpc_preauth_connections",
+			Help: "RPC connections not logged in yet."},
+			func() float64 { return float64(pool.Stats().PreAuth) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "itx_rpc_preauth_evicted_total",
+			Help: "RPC connections not logged in yet closed, oldest first, to make room for a newer one past --rpc-preauth-max-connections."},
+			func() float64 { return float64(pool.Stats().PreAuthEvicted) }),
 	)
 }
 

@@ -18,6 +18,7 @@ package flowconn
 
 import (
 	"bufio"
+	"container/list"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -95,6 +96,13 @@ type Limits struct {
 	// refuses one past it. Without it a peer with no token held every Connections slot for the
 	// login window and nobody could connect.
 	PreAuthConnsPerAddress int
+	// PreAuthConnections bounds the connections not logged in yet over every address: one
+	// more closes the oldest of them (with an Abort saying so), so peers on many addresses
+	// holding connections open without logging in cannot keep a client out whose login comes
+	// before PreAuthConnections newer connections do. 0: a quarter of Connections, at least 64
+	// (or Connections, if fewer), so that clients dialing together under a small Connections
+	// do not close each other.
+	PreAuthConnections int
 	// LoginTimeout is how long a connection may stay unauthenticated before it is aborted,
 	// on Clock (nil: the system clock).
 	LoginTimeout time.Duration
@@ -176,6 +184,7 @@ func (l Limits) withDefaults() Limits {
 	set(&l.GlobalUnreturned, DefaultGlobalUnreturned)
 	set(&l.Connections, DefaultConnections)
 	set(&l.PreAuthConnsPerAddress, DefaultPreAuthConnsPerAddress)
+	set(&l.PreAuthConnections, max(l.Connections/4, min(l.Connections, 64)))
 	if l.LoginTimeout <= 0 {
 		l.LoginTimeout = DefaultLoginTimeout
 	}
@@ -203,6 +212,10 @@ type Pool struct {
 	// refusedByAddress the connections Open refused for PreAuthConnsPerAddress.
 	preAuth          map[string]int
 	refusedByAddress uint64
+	// waiting: the connections not logged in yet, oldest first; evicted counts those closed
+	// for PreAuthConnections.
+	waiting *list.List
+	evicted uint64
 	// reading: the bytes of the messages whose bodies are being read (their header taken),
 	// counted against GlobalCallBytes with callBytes so that connections reading at once
 	// cannot each pass the bound by a message.
@@ -219,7 +232,7 @@ type Pool struct {
 
 // NewPool returns a Pool with limits (zero fields take the defaults).
 func NewPool(limits Limits) *Pool {
-	p := &Pool{limits: limits.withDefaults(), all: map[*Transport]struct{}{}, preAuth: map[string]int{}}
+	p := &Pool{limits: limits.withDefaults(), all: map[*Transport]struct{}{}, preAuth: map[string]int{}, waiting: list.New()}
 	p.cond = sync.NewCond(&p.mu)
 	return p
 }
@@ -239,11 +252,15 @@ type Stats struct {
 	// RefusedByAddress: connections refused because their address had PreAuthConnsPerAddress
 	// connections not logged in yet.
 	RefusedByAddress uint64
-	Unfinished       int   // replies written whose Finish has not arrived, over every connection
-	UnfinishedBytes  int64 // their encoded bytes
-	Unreturned       int   // calls sent to clients that have not returned them, over every connection
-	Capabilities     int   // capabilities clients hold, over every connection (as last counted before a read)
-	ReplyWaits       int   // calls waiting for room for their reply (ReserveReply): clients not reading theirs
+	// PreAuthEvicted: connections not logged in yet closed to make room for a newer one
+	// (PreAuthConnections).
+	PreAuthEvicted  uint64
+	PreAuth         int   // connections not logged in yet
+	Unfinished      int   // replies written whose Finish has not arrived, over every connection
+	UnfinishedBytes int64 // their encoded bytes
+	Unreturned      int   // calls sent to clients that have not returned them, over every connection
+	Capabilities    int   // capabilities clients hold, over every connection (as last counted before a read)
+	ReplyWaits      int   // calls waiting for room for their reply (ReserveReply): clients not reading theirs
 }
 
 // Stats returns the pool's current use.
@@ -255,7 +272,8 @@ func (p *Pool) Stats() Stats {
 
 func (p *Pool) stats() Stats {
 	return Stats{Calls: p.calls, Bytes: p.bytes, CallBytes: p.callBytes, Pauses: p.pauses, Conns: p.conns, Aborts: p.aborts,
-		Refused: p.refused, RefusedByAddress: p.refusedByAddress, Unfinished: p.unfinished, UnfinishedBytes: p.unfinishedBytes, Unreturned: p.unreturned,
+		Refused: p.refused, RefusedByAddress: p.refusedByAddress,
+		PreAuthEvicted: p.evicted, PreAuth: p.waiting.Len(), Unfinished: p.unfinished, UnfinishedBytes: p.unfinishedBytes, Unreturned: p.unreturned,
 		Capabilities: p.exports, ReplyWaits: p.replyWaits}
 }
 
@@ -288,13 +306,29 @@ func (p *Pool) Open(conn net.Conn) (*Transport, error) {
 		return nil, err
 	}
 	p.conns++
-	if key != "" {
-		p.preAuth[key]++
-	}
 	p.cond.Broadcast()
 	p.mu.Unlock()
-	t := newTransport(conn, p)
-	t.addrKey = key
+	var oldest *Transport
+	var cut bool
+	t := newTransport(conn, p, func(t *Transport) {
+		// Counted as it is registered, under the same lock as its teardown's release.
+		t.addrKey = key
+		if key != "" {
+			p.preAuth[key]++
+		}
+		t.waiting = p.waiting.PushBack(t)
+		if p.waiting.Len() > p.limits.PreAuthConnections {
+			oldest = p.waiting.Front().Value.(*Transport)
+			oldest.leavePreAuthLocked()
+			p.evicted++
+			cut = oldest.abortLocked(itx.Errorf(itx.ELimitExceeded,
+				"itxd keeps at most %d connections not logged in yet (--rpc-preauth-max-connections): the oldest is closed for a newer one; log in sooner after connecting",
+				p.limits.PreAuthConnections))
+		}
+	})
+	if cut {
+		oldest.cutRead()
+	}
 	return t, nil
 }
 
@@ -342,10 +376,15 @@ func AddressKey(a net.Addr) string {
 // leavePreAuthLocked gives back t's place among its address's connections not logged in
 // (at login, or when it ends before). Called with pool.mu held.
 func (t *Transport) leavePreAuthLocked() {
-	if t.addrKey == "" || t.authed || t.torndown {
+	if t.waiting == nil {
 		return
 	}
 	p := t.pool
+	p.waiting.Remove(t.waiting)
+	t.waiting = nil
+	if t.addrKey == "" {
+		return
+	}
 	if p.preAuth[t.addrKey] <= 1 {
 		delete(p.preAuth, t.addrKey)
 	} else {
@@ -449,9 +488,10 @@ type Transport struct {
 	replyWaits   int   // this connection's callers of ReserveReply waiting for room
 	closesQueued int   // queued messages that end a call (closesCall), not written yet
 	authed       bool
-	addrKey      string // AddressKey of the peer, counted in pool.preAuth until authed
-	closed       bool   // Close was called: read no more, write what is queued, then stop
-	torndown     bool   // the writer has stopped and returned this connection's use to the pool
+	addrKey      string        // AddressKey of the peer, counted in pool.preAuth while waiting
+	waiting      *list.Element // in pool.waiting until logged in, evicted or torn down
+	closed       bool          // Close was called: read no more, write what is queued, then stop
+	torndown     bool          // the writer has stopped and returned this connection's use to the pool
 	writeErr     error
 	wasPaused    bool
 	// hangupArmed: a checkHangup is scheduled; hungUp: it found the client gone while the
@@ -486,10 +526,12 @@ func New(conn net.Conn, pool *Pool) *Transport {
 	pool.mu.Lock()
 	pool.conns++
 	pool.mu.Unlock()
-	return newTransport(conn, pool)
+	return newTransport(conn, pool, nil)
 }
 
-func newTransport(conn net.Conn, pool *Pool) *Transport {
+// newTransport builds the transport of conn; register, if not nil, runs with pool.mu held as
+// the transport joins the pool.
+func newTransport(conn net.Conn, pool *Pool, register func(*Transport)) *Transport {
 	// Buffered: a small message's header and body take one read, not two (at most 4 KiB are
 	// read ahead of the message being decoded while the connection is held back).
 	hr := &headerReader{conn: bufio.NewReaderSize(conn, 4096)}
@@ -500,6 +542,9 @@ func newTransport(conn net.Conn, pool *Pool) *Transport {
 	t.wcond = sync.NewCond(&pool.mu)
 	pool.mu.Lock()
 	pool.all[t] = struct{}{}
+	if register != nil {
+		register(t)
+	}
 	pool.mu.Unlock()
 	d := pool.limits.LoginTimeout
 	t.loginTimer = pool.limits.Clock.AfterFunc(d, func() {
