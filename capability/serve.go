@@ -30,11 +30,7 @@ type Listener struct {
 	conns map[*rpc.Conn]struct{}
 	wg    sync.WaitGroup
 
-	// refusals: connections refused at accept since the last warning, and when that was
-	// (see warnRefused).
-	refusalMu   sync.Mutex
-	refusals    int
-	lastRefusal time.Time
+	refusals, evictions rateLimitedWarn // see warnRefused
 }
 
 // NewListener returns a Listener for srv with the default connection limits.
@@ -45,8 +41,12 @@ func NewListener(srv *server.Server) *Listener {
 // NewListenerWithLimits returns a Listener for srv whose connections are flow-controlled with
 // limits (zero fields take flowconn's defaults).
 func NewListenerWithLimits(srv *server.Server, limits flowconn.Limits) *Listener {
-	return &Listener{srv: srv, log: srv.Log(), flow: flowconn.NewPool(limits), keepAlive: DefaultKeepAlive,
+	l := &Listener{srv: srv, log: srv.Log(), flow: flowconn.NewPool(limits), keepAlive: DefaultKeepAlive,
 		conns: map[*rpc.Conn]struct{}{}}
+	l.flow.OnEvict(func(remote net.Addr, err error) {
+		l.evictions.log(l.log, remote, err, "rpc connection not logged in yet closed for a newer one (--rpc-preauth-max-connections)")
+	})
+	return l
 }
 
 // SetKeepAlive sets the TCP keepalive of the connections accepted from now on (itxd
@@ -165,20 +165,32 @@ const refusalWarnEvery = 10 * time.Second
 // address and the bound: at most one warning per refusalWarnEvery, counting the refusals since
 // the last one (each is counted in /metrics too); the others go to debug.
 func (l *Listener) warnRefused(remote net.Addr, err error) {
+	l.refusals.log(l.log, remote, err, "rpc connection refused at accept")
+}
+
+// rateLimitedWarn logs one kind of event at warn at most once per refusalWarnEvery, with how
+// many there were since the last warning; the others go to debug.
+type rateLimitedWarn struct {
+	mu   sync.Mutex
+	n    int
+	last time.Time
+}
+
+func (w *rateLimitedWarn) log(log zerolog.Logger, remote net.Addr, err error, msg string) {
 	now := time.Now()
-	l.refusalMu.Lock()
-	l.refusals++
-	n := l.refusals
-	warn := l.lastRefusal.IsZero() || now.Sub(l.lastRefusal) >= refusalWarnEvery
+	w.mu.Lock()
+	w.n++
+	n := w.n
+	warn := w.last.IsZero() || now.Sub(w.last) >= refusalWarnEvery
 	if warn {
-		l.refusals, l.lastRefusal = 0, now
+		w.n, w.last = 0, now
 	}
-	l.refusalMu.Unlock()
-	ev := l.log.Debug()
+	w.mu.Unlock()
+	ev := log.Debug()
 	if warn {
-		ev = l.log.Warn().Int("refusedSinceLastWarning", n)
+		ev = log.Warn().Int("sinceLastWarning", n)
 	}
-	ev.Str("remote", remote.String()).Err(err).Msg("rpc connection refused at accept")
+	ev.Str("remote", remote.String()).Err(err).Msg(msg)
 }
 
 // CloseConnections closes every open RPC connection and waits for them to finish.

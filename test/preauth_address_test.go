@@ -105,8 +105,9 @@ func TestItxd_PreAuthConnectionsPerAddress(t *testing.T) {
 
 	require.GreaterOrEqual(t, scrapeMetric(t, metrics, "itx_rpc_connections_refused_per_address_total"), 2.0)
 	require.Zero(t, scrapeMetric(t, metrics, "itx_rpc_connections_refused_total"), "--rpc-max-connections was not reached")
-	require.Contains(t, p.logs.String(), "rpc connection refused at accept")
-	require.Contains(t, p.logs.String(), ip+":", "the warning names the address")
+	// (itxd's stderr reaches the test through a pipe: waited for, not read at once.)
+	waitUntil(t, "the refusal is logged", func() bool { return strings.Contains(p.logs.String(), "rpc connection refused at accept") })
+	require.Contains(t, p.logs.String(), "remote="+ip+":", "the warning names the address")
 	require.Equal(t, 1, strings.Count(p.logs.String(), "rpc connection refused at accept"), "one warning per 10 s, not one per refusal")
 }
 
@@ -148,4 +149,9 @@ func TestItxd_PreAuthConnectionsOldestGiveWay(t *testing.T) {
 	fourth.UntilReturn(1)
 	idle[2].Bootstrap(1)
 	idle[2].UntilReturn(1)
+	// Logged at warn naming the address, at most once per 10 s.
+	const closed = "rpc connection not logged in yet closed for a newer one"
+	waitUntil(t, "the eviction is logged", func() bool { return strings.Contains(p.logs.String(), closed) })
+	require.Equal(t, 1, strings.Count(p.logs.String(), closed), "one warning for the two")
+	require.Contains(t, p.logs.String(), "remote=127.0.0.1:")
 }

@@ -216,6 +216,7 @@ type Pool struct {
 	// for PreAuthConnections.
 	waiting *list.List
 	evicted uint64
+	onEvict func(remote net.Addr, err error) // see OnEvict
 	// reading: the bytes of the messages whose bodies are being read (their header taken),
 	// counted against GlobalCallBytes with callBytes so that connections reading at once
 	// cannot each pass the bound by a message.
@@ -310,6 +311,7 @@ func (p *Pool) Open(conn net.Conn) (*Transport, error) {
 	p.mu.Unlock()
 	var oldest *Transport
 	var cut bool
+	var why error
 	t := newTransport(conn, p, func(t *Transport) {
 		// Counted as it is registered, under the same lock as its teardown's release.
 		t.addrKey = key
@@ -321,16 +323,26 @@ func (p *Pool) Open(conn net.Conn) (*Transport, error) {
 			oldest = p.waiting.Front().Value.(*Transport)
 			oldest.leavePreAuthLocked()
 			p.evicted++
-			cut = oldest.abortLocked(itx.Errorf(itx.ELimitExceeded,
+			why = itx.Errorf(itx.ELimitExceeded,
 				"itxd keeps at most %d connections not logged in yet (--rpc-preauth-max-connections): the oldest is closed for a newer one; log in sooner after connecting",
-				p.limits.PreAuthConnections))
+				p.limits.PreAuthConnections)
+			cut = oldest.abortLocked(why)
 		}
 	})
-	if cut {
-		oldest.cutRead()
+	if oldest != nil {
+		if cut {
+			oldest.cutRead()
+		}
+		if f := p.onEvict; f != nil {
+			f(oldest.conn.RemoteAddr(), why)
+		}
 	}
 	return t, nil
 }
+
+// OnEvict sets f to be told of each connection Open closes for PreAuthConnections, with its
+// peer's address and the reason it was sent. Call it before the first Open.
+func (p *Pool) OnEvict(f func(remote net.Addr, err error)) { p.onEvict = f }
 
 // RefusedError is Open's refusal: which bound, and the address (AddressKey) refused.
 type RefusedError struct {
