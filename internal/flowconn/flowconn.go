@@ -356,7 +356,7 @@ func (e *RefusedError) Unwrap() error { return e.err }
 
 // AddressKey is what PreAuthConnsPerAddress counts a peer under: its IPv4 address, or the /64
 // of its IPv6 address (one host is routinely given a whole /64, so counting single IPv6
-// addresses bounded nobody). Loopback peers give "": they are processes of this machine,
+// addresses bounded nobody; a link-local address is counted whole). Loopback peers give "": they are processes of this machine,
 // which reach its resources without itxd's help, and every local client (processor hosts,
 // the itx REPL, a TLS-terminating proxy in front of itxd, tests) shares the one address.
 func AddressKey(a net.Addr) string {
@@ -380,6 +380,8 @@ func AddressKey(a net.Addr) string {
 		return ""
 	case ip.Is4():
 		return ip.String()
+	case ip.IsLinkLocalUnicast():
+		return ip.WithZone("").String() // every link's is fe80::/64: the prefix tells no host apart
 	}
 	pfx, _ := ip.WithZone("").Prefix(64)
 	return pfx.String()

@@ -378,7 +378,7 @@ func TestAddressKey(t *testing.T) {
 		{&net.TCPAddr{IP: net.ParseIP("::ffff:192.0.2.7"), Port: 1}, "192.0.2.7"},
 		{&net.TCPAddr{IP: net.ParseIP("2001:db8:1:2:aaaa::1"), Port: 1}, "2001:db8:1:2::/64"},
 		{&net.TCPAddr{IP: net.ParseIP("2001:db8:1:2:bbbb::9"), Port: 2}, "2001:db8:1:2::/64"},
-		{&net.TCPAddr{IP: net.ParseIP("fe80::1"), Port: 1, Zone: "eth0"}, "fe80::/64"},
+		{&net.TCPAddr{IP: net.ParseIP("fe80::1"), Port: 1, Zone: "eth0"}, "fe80::1"},
 		{&net.TCPAddr{IP: net.ParseIP("127.0.0.1"), Port: 1}, ""},
 		{&net.TCPAddr{IP: net.ParseIP("127.3.2.1"), Port: 1}, ""},
 		{&net.TCPAddr{IP: net.ParseIP("::1"), Port: 1}, ""},
