@@ -515,6 +515,7 @@ func (s *Server) DeleteProject(ctx context.Context, by Admin, id string, force b
 	}
 	delete(s.acc.secretCounts, id)
 	s.acc.secretMu.Unlock()
+	s.forgetProjectShares(id)
 	for i := range kept {
 		s.audit(ctx, &kept[i])
 	}

@@ -122,6 +122,23 @@ func (s *Server) shareFree(project, flag string) {
 	}
 }
 
+// forgetProjectShares drops what the shares keep of a deleted project: its webhook semaphore,
+// its crossings and its series of itx_project_share_full_total. Kept, they grew by one per
+// project ever deleted. A delivery still in flight holds its own reference to the semaphore.
+func (s *Server) forgetProjectShares(project string) {
+	sh := s.shares
+	sh.mu.Lock()
+	delete(sh.webhooks, project)
+	for k := range sh.full {
+		if k.project == project {
+			delete(sh.full, k)
+		}
+	}
+	sh.anyFull.Store(int32(len(sh.full)))
+	sh.mu.Unlock()
+	s.metrics.ShareHits.DeletePartialMatch(prometheus.Labels{"project": project})
+}
+
 func newShareHits() *prometheus.CounterVec {
 	return prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "itx_project_share_full_total",
