@@ -75,16 +75,7 @@ func (s *Server) DeleteStream(ctx context.Context, by Admin, ref StreamRef, forc
 	}
 	a.post(actorMsg{stopRemotes: true}) // best effort: a host that misses it is fenced anyway
 	s.release(a)
-	why := fmt.Sprintf("the stream %s was deleted", ref.Path)
-	uctx, cancel := context.WithTimeout(ctx, deleteUnloadTimeout)
-	err = s.unloadDeleted(uctx, func(r StreamRef) bool { return r == ref }, why)
-	cancel()
-	if err != nil {
-		return DeletedStream{}, err
-	}
-	// What it served was told it is deleted: the caller going away no longer stops the delete.
-	ctx = context.WithoutCancel(ctx)
-	entry, err := s.dir.Stream(ctx, ref.ProjectID, ref.Path)
+	ctx, entry, err := s.unloadForDelete(ctx, ref)
 	if err != nil {
 		return DeletedStream{}, err
 	}
@@ -111,6 +102,21 @@ func (s *Server) DeleteStream(ctx context.Context, by Admin, ref StreamRef, forc
 		return DeletedStream{}, err
 	}
 	return gone, nil
+}
+
+// unloadForDelete unloads ref, marked deleting, telling what it served that it was deleted, then
+// reads its directory entry (nil: gone meanwhile, with its project). The context it returns no
+// longer ends with the caller's: what was served was told, so the delete goes on.
+func (s *Server) unloadForDelete(ctx context.Context, ref StreamRef) (context.Context, *storage.StreamEntry, error) {
+	uctx, cancel := context.WithTimeout(ctx, deleteUnloadTimeout)
+	err := s.unloadDeleted(uctx, func(r StreamRef) bool { return r == ref }, fmt.Sprintf("the stream %s was deleted", ref.Path))
+	cancel()
+	if err != nil {
+		return ctx, nil, err
+	}
+	ctx = context.WithoutCancel(ctx)
+	entry, err := s.dir.Stream(ctx, ref.ProjectID, ref.Path)
+	return ctx, entry, err
 }
 
 // commitDelete deletes a stream's directory entry in one transaction with its audit record rec
@@ -161,14 +167,7 @@ func (s *Server) deleteUnread(ctx context.Context, by Admin, ref StreamRef, forc
 	defer done()
 	// A load begun before the mark ends first; one that succeeded (its file restored meanwhile)
 	// is unloaded as deleted, as the forced delete asked.
-	uctx, cancel := context.WithTimeout(ctx, deleteUnloadTimeout)
-	err = s.unloadDeleted(uctx, func(r StreamRef) bool { return r == ref }, fmt.Sprintf("the stream %s was deleted", ref.Path))
-	cancel()
-	if err != nil {
-		return DeletedStream{}, err
-	}
-	ctx = context.WithoutCancel(ctx)
-	entry, err := s.dir.Stream(ctx, ref.ProjectID, ref.Path)
+	ctx, entry, err := s.unloadForDelete(ctx, ref)
 	if err != nil {
 		return DeletedStream{}, err
 	}
