@@ -132,9 +132,10 @@ func (l *Listener) serveConn(c net.Conn) {
 		// go-capnp sends the Abort only once the connection's calls have ended and what the
 		// client held is released, and closes the transport after AbortTimeout whatever
 		// happened: with its 100 ms, a client aborted for holding 16,384 replies or 20,000
-		// capabilities heard only the connection's end (releasing them takes longer). The
-		// transport itself bounds how long the Abort may then take to write (DrainTimeout).
-		AbortTimeout: 2 * time.Second,
+		// capabilities heard only the connection's end (releasing them takes longer; with 2 s,
+		// one did so on the loaded 2-vCPU machine). The transport itself bounds how long the
+		// Abort may then take to write (DrainTimeout).
+		AbortTimeout: 5 * time.Second,
 	})
 	gw.setConn(conn)
 	t.CountCapabilities(conn.ExportCount)

@@ -686,7 +686,7 @@ func (p *longPeer) getStream(q uint32, path string) {
 
 // requireAbortedFor checks that itxd aborted a connection for a bound, and that the client read
 // the Abort, with a reason that starts as want and names flag. (Before itxd gave go-capnp's
-// AbortTimeout 2 s, a client aborted while holding thousands of replies or capabilities read
+// AbortTimeout 5 s, a client aborted while holding thousands of replies or capabilities read
 // only the connection's end: "closed: ... EOF".)
 func requireAbortedFor(t *testing.T, s *benchItxd, abortsBefore float64, ended, want, flag string) {
 	t.Helper()
