@@ -11,6 +11,7 @@ import (
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/internal/itxtest"
 	"github.com/itx-dev/itx/server"
 	"github.com/stretchr/testify/require"
 )
@@ -121,5 +122,67 @@ func TestTerminal_ConsumersAcrossARestart(t *testing.T) {
 	_, _ = runItxd(t, data, addr)
 	term.expect("itx: reconnected to " + addr)
 	check(term)
+	term.send("exit\r")
+}
+
+// The .consumers table shows where an offset-acking subscription stands between its two marks:
+// delivered (what its receiver took) ahead of confirmed (what it made durable), the lag counted
+// from confirmed; a confirm closes the gap. Other consumers show delivered at confirmed.
+func TestTerminal_ConsumersShowDelivered(t *testing.T) {
+	srv := itxtest.Start(t, server.Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := client.Dial(ctx, srv.Addr)
+	require.NoError(t, err)
+	defer conn.Close()
+	project := conn.Login(ctx, srv.Creds.ProjectToken)
+	s := client.Stream(ctx, project, "/acks/a")
+	var events []itx.EventInput
+	for range 4 {
+		events = append(events, itx.EventInput{Type: "e", Payload: json.RawMessage(`{}`)})
+	}
+	_, err = client.Append(ctx, s, events, itx.AppendOptions{})
+	require.NoError(t, err)
+	// The receiver takes every batch and confirms nothing: the subscription confirms later.
+	handle, err := client.MountReceiver(ctx, project, "inbox", client.ServeReceiver(func(context.Context, itx.DeliveryBatch) (int64, error) { return 0, nil }))
+	require.NoError(t, err)
+	defer handle.Release()
+	subs := client.Subscriptions(ctx, s)
+	_, _, err = client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{Name: "acking", ConfirmWindow: 100,
+		Receiver: client.Receiver{Kind: client.ReceiverItxCall, Capability: "inbox"}})
+	require.NoError(t, err)
+	require.NoError(t, client.RegisterReader(ctx, client.Readers(ctx, s), "dash", 2))
+	sub := client.Subscription(ctx, s, "acking")
+	var head int64
+	require.Eventually(t, func() bool {
+		d, err := client.DescribeSubscription(ctx, sub)
+		require.NoError(t, err)
+		head = d.HeadOffset
+		return d.DeliveredOffset == d.HeadOffset
+	}, 20*time.Second, 5*time.Millisecond, "the receiver took every event")
+
+	term, _ := bbTerminal(t, &testServer{addr: srv.Addr, token: srv.Creds.ProjectToken}, 250, 50)
+	table := func() map[string]map[string]string {
+		t.Helper()
+		term.send(".consumers /acks/\r")
+		byName := map[string]map[string]string{}
+		for _, r := range consumerCells(t, term) {
+			byName[r["name"]] = r
+		}
+		return byName
+	}
+	h := strconv.FormatInt(head, 10)
+	rows := table()
+	require.Equal(t, map[string]string{"confirmed": "0", "delivered": h, "head": h, "lag": h},
+		map[string]string{"confirmed": rows["acking"]["confirmed"], "delivered": rows["acking"]["delivered"], "head": rows["acking"]["head"], "lag": rows["acking"]["lag"]},
+		"taken, not confirmed: %v", rows["acking"])
+	require.Equal(t, "2", rows["dash"]["delivered"], "a reader's checkpoint is both marks: %v", rows["dash"])
+
+	_, err = client.ConfirmSubscription(ctx, sub, 3)
+	require.NoError(t, err)
+	rows = table()
+	require.Equal(t, map[string]string{"confirmed": "3", "delivered": h, "lag": strconv.FormatInt(head-3, 10)},
+		map[string]string{"confirmed": rows["acking"]["confirmed"], "delivered": rows["acking"]["delivered"], "lag": rows["acking"]["lag"]},
+		"confirmed through 3: %v", rows["acking"])
 	term.send("exit\r")
 }

@@ -14,7 +14,7 @@ import (
 
 func init() {
 	register(&Command{Name: "consumers", Args: "[prefix] [--behind]", CLI: true,
-		Help: "where every consumer stands: each subscription and registered reader of the streams under prefix (default: all) with its lag, halted and parked ones first; --behind shows only those with lag or not active",
+		Help: "where every consumer stands: each subscription and registered reader of the streams under prefix (default: all) with its confirmed and delivered offsets (apart only while an offset-acking receiver holds events unconfirmed) and its lag, halted and parked ones first; --behind shows only those with lag or not active",
 		Run:  runConsumers,
 		Check: func(args []string) error {
 			_, err := parseConsumers(args)
@@ -55,6 +55,7 @@ type consumerRowJS struct {
 	Kind          string `json:"kind"`
 	Status        string `json:"status"`
 	Confirmed     int64  `json:"confirmed"`
+	Delivered     int64  `json:"delivered"` // ahead of confirmed by what an offset-acking receiver took and has not confirmed
 	Head          int64  `json:"head"`
 	Lag           int64  `json:"lag"`
 	LastError     string `json:"lastError"`
@@ -127,7 +128,7 @@ func runConsumers(ctx context.Context, s *Session, args []string) error {
 				continue
 			}
 			rows = append(rows, consumerRowJS{Path: info.Path, Name: r.Name, Kind: r.Kind, Status: r.Status,
-				Confirmed: r.ConfirmedOffset, Head: r.ConfirmedOffset + r.Lag, Lag: r.Lag, LastError: r.LastError,
+				Confirmed: r.ConfirmedOffset, Delivered: max(r.DeliveredOffset, r.ConfirmedOffset), Head: r.ConfirmedOffset + r.Lag, Lag: r.Lag, LastError: r.LastError,
 				Attempt: r.Attempt, NextAttemptAt: msTime(r.NextAttemptAt)})
 		}
 	}
