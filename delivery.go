@@ -26,7 +26,7 @@ type SubscriptionSummary struct {
 // CursorState is a subscription's delivery position and retry state, as describe reports it.
 type CursorState struct {
 	Status                string // StatusActive, StatusHalted or StatusParked
-	ConfiguredAtOffset    int64  // birth epoch
+	ConfiguredAtOffset    int64  // config epoch: the configured event in force (its birth, moved by a changed config)
 	CursorChangedAtOffset int64  // seek epoch
 	ConfirmedOffset       int64
 	DeliveredOffset       int64 // delivered through here: ahead of ConfirmedOffset only while offset-acking

@@ -249,7 +249,7 @@ struct SubscriptionSummary {
   confirmedOffset @3 :UInt64;
   lag @4 :UInt64;             # head - confirmed
   lastError @5 :Text;
-  configuredAtOffset @6 :UInt64;
+  configuredAtOffset @6 :UInt64; # see SubscriptionDescription.configuredAtOffset
   attempt @7 :UInt32;         # failed attempts in a row (the retry ladder's rung; 0: none)
   nextAttemptAt @8 :Int64;    # epoch ms of the next retry; 0: none due
   deliveredOffset @9 :UInt64; # delivered through here (offset-acking: ahead of confirmedOffset
@@ -261,7 +261,11 @@ struct SubscriptionDescription {
   config @0 :SubscriptionConfig;
   kind @1 :Text;
   status @2 :SubscriptionStatus;
-  configuredAtOffset @3 :UInt64;    # birth epoch
+  # The epoch that fences a former occupant's late answers: the offset of the
+  # stream/subscription-configured event that set the config in force. Its birth, moved to the
+  # new event by each changed config (a new occupant of the name, as in iterate/iterate), not by
+  # a configure with the same config.
+  configuredAtOffset @3 :UInt64;
   cursorChangedAtOffset @4 :UInt64; # seek epoch
   confirmedOffset @5 :UInt64;       # the far side durably claims through here
   headOffset @6 :UInt64;
@@ -351,7 +355,8 @@ struct DeliveryBatch {
   headOffset @3 :UInt64;
   subscription @4 :Text;        # set for subscription deliveries
   cursorChangedAtOffset @5 :UInt64; # the subscription's seek epoch
-  configuredAtOffset @6 :UInt64;    # the subscription's birth epoch
+  configuredAtOffset @6 :UInt64;    # the subscription's config epoch (its birth, moved by a
+                                    # changed config: SubscriptionDescription.configuredAtOffset)
   deliveryId @7 :Text;          # stable across redeliveries of the same range
   attempt @8 :UInt32;           # 1 on the first try
 }

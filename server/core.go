@@ -148,7 +148,7 @@ func (st *coreState) trimEffects() {
 // catalogEntry is one subscription as its events define it.
 type catalogEntry struct {
 	Config             itx.SubscriptionConfig `json:"config"`             // Name is the effective name
-	ConfiguredAtOffset int64                  `json:"configuredAtOffset"` // the birth epoch
+	ConfiguredAtOffset int64                  `json:"configuredAtOffset"` // the config epoch: the birth, moved by each changed config
 	ConfiguredAt       int64                  `json:"configuredAt"`
 	// ReconfiguredAtOffset is the configured event that set today's config when it changed the
 	// config without a new start (0: the birth event did).

@@ -13,7 +13,7 @@ import (
 // nullable integer columns (offsets and times are never legitimately 0 there).
 type CursorRow struct {
 	Name                  string
-	ConfiguredAtOffset    int64 // birth epoch
+	ConfiguredAtOffset    int64 // config epoch: the configured event in force (the birth, moved by a changed config)
 	CursorChangedAtOffset int64 // seek epoch
 	ConfirmedOffset       int64
 	Status                string // "active" | "halted" | "parked"
