@@ -42,6 +42,10 @@ type Metrics struct {
 	// ShareHits counts, by project and flag, the times a project found its share of a global
 	// bound full (shares.go): who is crowding the others.
 	ShareHits *prometheus.CounterVec
+	// AtShare is 1, by project and flag, while a project stands at its share of a global bound
+	// (from a refusal or wait at it until it holds half its share or less, as the logs say):
+	// ShareHits says how often, this says who is there now.
+	AtShare *prometheus.GaugeVec
 
 	// Backups: an operator alerts on the age of the last one written.
 	Backups          *prometheus.CounterVec // by result code ("ok" or an itx code)
@@ -142,6 +146,9 @@ func newMetrics() *Metrics {
 			Name: "itx_connection_direct_batches_total", Help: "Batches sent to connections at the tail by the stream's writer right after the commit, not through the connection's reader.",
 		}),
 		ShareHits: newShareHits(),
+		AtShare: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "itx_project_at_share", Help: "1 while a project stands at its share of a bound shared by every project, by project and flag: from a refusal or wait at the share (itx_project_share_full_total) until it holds half its share or less. Absent otherwise.",
+		}, []string{"project", "flag"}),
 		LiveSubscribers: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "itx_live_subscribers", Help: "Live-state subscribers attached.",
 		}),
@@ -172,7 +179,7 @@ func newMetrics() *Metrics {
 	}
 	r.MustRegister(m.DeliveryFailures, m.CommitFailures, m.LateAcks, m.SubscriptionHalts, m.SkippedEvents, m.SubscriptionParks, m.HandlerPanics, m.AppendCalls, m.AppendedEvents, m.AppendedBytes, m.AppendLatency, m.CommitLatency,
 		m.CommitEvents, m.CommitCalls, m.ReadEvents, m.FullDiskReads, m.LoadedStreams, m.RPCConnections, m.RPCAcceptErrors,
-		m.OpenConnections, m.Sessions, m.WebhooksInFlight, m.ConnectionEvents, m.ConnectionDirect, m.LiveSubscribers, m.ShareHits,
+		m.OpenConnections, m.Sessions, m.WebhooksInFlight, m.ConnectionEvents, m.ConnectionDirect, m.LiveSubscribers, m.ShareHits, m.AtShare,
 		m.Backups, m.BackupLastOK, m.BackupLastFrozen, m.StreamsDeleted, m.TrimmedEvents, m.DiskReserve, m.VacuumedBytes,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{

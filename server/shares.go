@@ -97,6 +97,9 @@ func (s *Server) shareFull(project, flag string, held int) {
 	was := sh.full[k]
 	sh.full[k] = true
 	sh.anyFull.Store(int32(len(sh.full)))
+	if !was {
+		s.metrics.AtShare.WithLabelValues(project, flag).Set(1) // under the lock: in step with full
+	}
 	sh.mu.Unlock()
 	if !was {
 		s.log.Warn().Str("project", project).Str("flag", flag).Int("held", held).
@@ -116,6 +119,9 @@ func (s *Server) shareFree(project, flag string) {
 	was := sh.full[k]
 	delete(sh.full, k)
 	sh.anyFull.Store(int32(len(sh.full)))
+	if was {
+		s.metrics.AtShare.DeleteLabelValues(project, flag)
+	}
 	sh.mu.Unlock()
 	if was {
 		s.log.Info().Str("project", project).Str("flag", flag).Msg("the project is under its share of a shared bound again (" + flag + ")")
@@ -123,7 +129,7 @@ func (s *Server) shareFree(project, flag string) {
 }
 
 // forgetProjectShares drops what the shares keep of a deleted project: its webhook semaphore,
-// its crossings and its series of itx_project_share_full_total. Kept, they grew by one per
+// its crossings and its series of itx_project_share_full_total and itx_project_at_share. Kept, they grew by one per
 // project ever deleted. A delivery still in flight holds its own reference to the semaphore.
 func (s *Server) forgetProjectShares(project string) {
 	sh := s.shares
@@ -135,6 +141,7 @@ func (s *Server) forgetProjectShares(project string) {
 		}
 	}
 	sh.anyFull.Store(int32(len(sh.full)))
+	s.metrics.AtShare.DeletePartialMatch(prometheus.Labels{"project": project})
 	sh.mu.Unlock()
 	s.metrics.ShareHits.DeletePartialMatch(prometheus.Labels{"project": project})
 }
