@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"capnproto.org/go/capnp/v3"
@@ -465,6 +466,16 @@ func newEndHandle(srv *server.Server, acc access, end func(), accessEnded ...fun
 // remoteReceiver adapts a client's Receiver capability to server.Receiver.
 type remoteReceiver struct {
 	client schema.Receiver
+	ended  atomic.Bool // End ran: the registry let it go, its capability released
+}
+
+// End releases the Receiver once the registry let it go by name (replaced by another mount of
+// its name, or unmounted by name), so its client learns it as the capability's last reference
+// going (go-capnp's Shutdown, a C++ destructor) rather than never: the mount's handle, which
+// releases it too, may be held for as long as the client's connection lasts.
+func (r *remoteReceiver) End() {
+	r.ended.Store(true)
+	r.client.Release()
 }
 
 // Receive sends a batch. A receiver whose session is gone is absent (capabilityOffline: the
@@ -482,6 +493,11 @@ func (r *remoteReceiver) Receive(ctx context.Context, b *itx.DeliveryBatch) (int
 	defer release()
 	res, err := fut.Struct()
 	switch {
+	case err != nil && r.ended.Load():
+		// Let go by name meanwhile (End): the call failed on the released capability, no
+		// verdict on these events. Absent: the name's next mount, or the one that replaced
+		// this, takes them.
+		return 0, itx.Errorf(itx.ECapabilityOffline, "the mounted receiver was unmounted or replaced: %v", err)
 	case err == nil && !resultsAreStruct(fut.Future):
 		// go-capnp reads a text, list or capability where the results struct belongs as an
 		// empty struct (confirmedOffset 0: the whole batch taken); no acknowledgement, an outage.

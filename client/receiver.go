@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"sync"
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/schema"
@@ -20,6 +21,27 @@ func ServeReceiver(f func(ctx context.Context, batch itx.DeliveryBatch) (confirm
 }
 
 type receiverFunc func(ctx context.Context, batch itx.DeliveryBatch) (int64, error)
+
+// ServeReceiverDone is ServeReceiver with a channel closed once itxd let the Receiver go: its
+// mount replaced by another mount of its name (by this token's login on another connection),
+// unmounted by name (Capabilities.unmount, by its mounter or the admin right), its handle
+// cancelled or released, or the connection lost. From then on no subscription delivers to it:
+// a provider that should go on receiving mounts again (a replacement already took its place).
+func ServeReceiverDone(f func(ctx context.Context, batch itx.DeliveryBatch) (confirmedOffset int64, err error)) (schema.Receiver, <-chan struct{}) {
+	r := &endingReceiver{receiverFunc: f, done: make(chan struct{})}
+	return schema.Receiver_ServerToClient(r), r.done
+}
+
+// endingReceiver is a receiverFunc that closes done when its last reference goes.
+type endingReceiver struct {
+	receiverFunc
+	done chan struct{}
+	once sync.Once
+}
+
+// Shutdown runs once, when the capability's last reference is released (go-capnp): itxd released
+// it, or the connection ended.
+func (r *endingReceiver) Shutdown() { r.once.Do(func() { close(r.done) }) }
 
 // batchOf decodes a pushed batch (a Receiver's or an EventSink's).
 func batchOf(b schema.DeliveryBatch, err error) (itx.DeliveryBatch, error) {

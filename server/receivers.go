@@ -361,6 +361,24 @@ type Receiver interface {
 	Receive(ctx context.Context, batch *itx.DeliveryBatch) (int64, error)
 }
 
+// receiverEnder is a Receiver told when the registry lets it go by name: another mount of its
+// name replaced it, or an unmount by name removed it. Its mount's own end (its handle) is its
+// mounter's to tell. A remote Receiver releases its capability then, which is how its client
+// (in any language) learns it: the object's last reference goes (go-capnp's Shutdown, a C++
+// destructor).
+type receiverEnder interface {
+	Receiver
+	End()
+}
+
+// endReceiver tells m's Receiver that the registry let it go (receiverEnder). Called outside
+// the registry's lock: a remote Receiver's release may take the RPC connection's.
+func endReceiver(m *mount) {
+	if e, ok := m.receiver.(receiverEnder); ok {
+		e.End()
+	}
+}
+
 // mountKey names a mount: mounts are namespaced by the mounting session's scope (its token's
 // stream prefix, "" for a whole-project session), and a subscription reaches only the mounts of
 // the scope it was configured under (SubscriptionConfig.Scope). So a token limited to a prefix
@@ -464,8 +482,12 @@ func (s *Server) MountReceiverAs(by MountCaller, projectID, scope, name string, 
 	}
 	s.recv.gen++
 	m.gen = s.recv.gen
+	replaced := s.recv.mounts[key]
 	s.recv.putLocked(key, m)
 	s.recv.mu.Unlock()
+	if replaced != nil {
+		endReceiver(replaced)
+	}
 	s.schedulePoke(projectID, scope, name)
 	return func() {
 		s.recv.mu.Lock()
@@ -504,6 +526,7 @@ func (s *Server) UnmountReceiverAs(by MountCaller, projectID, scope, name string
 	}
 	s.recv.deleteLocked(key)
 	s.recv.mu.Unlock()
+	endReceiver(old)
 	s.scheduleUnmounted(projectID, scope, name)
 	return nil
 }

@@ -25,7 +25,11 @@ type receiverInbox struct {
 	bytes   int // their Size
 	dropped int // events dropped unread
 	closed  *itx.Error
-	wake    chan struct{}
+	// released: closed is Shutdown's reason, which says less than this session's own unmount
+	// or replacement; theirs takes its place (itxd lets the Receiver go as it answers them, so
+	// Shutdown may come first).
+	released bool
+	wake     chan struct{}
 }
 
 func (r *receiverInbox) signal() {
@@ -67,16 +71,24 @@ func (r *receiverInbox) Receive(ctx context.Context, call schema.Receiver_receiv
 	return nil
 }
 
-// Shutdown runs once itxd dropped the Receiver: unmounted, or the RPC session ended.
+// Shutdown runs once itxd dropped the Receiver: unmounted or replaced under its name (from
+// another session too), or the RPC session ended. This session's own unmount and replacement
+// said so first (end keeps the first reason).
 func (r *receiverInbox) Shutdown() {
-	r.end(&itx.Error{Code: itx.EUnavailable, Message: "connectionLost: the connection to itxd ended"})
-}
-
-// end records why the mount ended, unless it is known already.
-func (r *receiverInbox) end(why *itx.Error) {
 	r.mu.Lock()
 	if r.closed == nil {
-		r.closed = why
+		r.closed = &itx.Error{Code: itx.EUnavailable, Message: "ended: itxd let the Receiver go (unmounted or replaced under its name, or the connection to itxd ended)"}
+		r.released = true
+	}
+	r.mu.Unlock()
+	r.signal()
+}
+
+// end records why the mount ended, unless it is known already (other than by Shutdown).
+func (r *receiverInbox) end(why *itx.Error) {
+	r.mu.Lock()
+	if r.closed == nil || r.released {
+		r.closed, r.released = why, false
 	}
 	r.mu.Unlock()
 	r.signal()
@@ -198,8 +210,8 @@ func capabilitiesMount(ctx context.Context, s *Session, c capnp.Client, _ capPat
 
 // endMounts ends this session's mounts under name, which itxd no longer delivers to (unmounted
 // by name, or replaced by a new mount): their take() says why at once rather than waiting out
-// its timeout (itxd keeps holding the Receiver until the mount's handle is let go, so the
-// Receiver alone would not learn it), and their handles are let go.
+// its timeout with a reason of their own (itxd lets the Receiver go too, which Shutdown reads
+// only as ended), and their handles are let go.
 func (s *Session) endMounts(name string, why *itx.Error) {
 	var ended []*liveMount
 	s.liveMu.Lock()
