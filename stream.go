@@ -30,6 +30,10 @@ type StreamInfo struct {
 	// RetentionMaxBytes is the policy's size bound (0: none). Set by describe.
 	RetentionMaxBytes int64
 	Loaded            bool
+	// Unavailable says why the stream cannot be served from its database ("": it can): its file
+	// lost, damaged or one itxd may not open, as met by the last load or read since itxd started
+	// (its calls answer unavailable naming the file), until it loads again. Set by list.
+	Unavailable string
 }
 
 // StreamDiskUsage is the size of a stream's files on disk (database, write-ahead log and

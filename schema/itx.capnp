@@ -150,6 +150,10 @@ struct StreamInfo {
   retentionMaxAgeMs @12 :Int64;   # Stream.setRetention's policy (0: none). Set by describe.
   retentionMaxEvents @13 :UInt64;
   retentionMaxBytes @14 :UInt64;  # Stream.setRetention's size bound (0: none). Set by describe.
+  # Why the stream cannot be served from its database ("": it can): its file lost, damaged or
+  # one itxd may not open, as the last load or read since itxd started met it (its calls answer
+  # unavailable naming the file), until it loads again (README, Damaged storage). Set by list.
+  unavailable @15 :Text;
 }
 
 # Where the disk goes: one stream's files (Streams.diskUsage).

@@ -245,6 +245,9 @@ func (a *actor) load() error {
 			a.srv.noteDamaged(entry.ProjectID, entry.Path, entry.StreamID, err)
 			return &unreadableStore{itx.Errorf(itx.EUnavailable, "load stream %s: %v", a.ref.Path, err)}
 		}
+		// Served from its database again (restored, or its mode mended): no longer unavailable
+		// in Streams.list or itx_streams_unavailable, and a new damage is logged anew.
+		a.srv.damaged.Delete(entry.StreamID)
 		a.st.summaryOld = entry.SummaryStale
 		a.secretRefs = secretRefsOf(a.st.core)
 		// Audit records a crash or a shutdown left pending (auditPendingKey): appended below, then

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/prometheus/client_golang/prometheus"
 	mrand "math/rand/v2"
 	"net/http"
 	"os"
@@ -202,7 +203,9 @@ type Server struct {
 	// oldFiles holds the IDs of the streams whose file predates auto_vacuum and whose trim was
 	// logged as not giving its space back: once per stream and process.
 	oldFiles sync.Map
-	// damaged holds, per stream ID, the last error noteDamaged logged for it.
+	// damaged holds, per stream ID, the last error noteDamaged logged for it, until the stream
+	// loads again or is deleted: what Streams.list shows as unavailable (StreamInfo.Unavailable)
+	// and itx_streams_unavailable counts.
 	damaged sync.Map
 
 	acc    *accessState // sessions by token, deleted projects, webhook secrets
@@ -383,7 +386,15 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		// each is first opened, silently).
 		s.log.Info().Int("from", dir.MigratedFrom).Int("to", dir.MigratedTo).Msg("upgraded the data directory's schema")
 	}
-	s.metrics.Registry.MustRegister(newStandingCollector(s), newQuotaCollector(s))
+	s.metrics.Registry.MustRegister(newStandingCollector(s), newQuotaCollector(s),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "itx_streams_unavailable",
+			Help: "Streams that cannot be served from their database now (lost, damaged, or a file itxd may not open; their calls answer unavailable), as their last load or read since itxd started met them, until they load again or are deleted: alert on any (README, Damaged storage; Streams.list's unavailable names them).",
+		}, func() float64 {
+			n := 0
+			s.damaged.Range(func(any, any) bool { n++; return true })
+			return float64(n)
+		}))
 	if cfg.MinFreeDisk < 0 {
 		cfg.MinFreeDisk = DefaultMinFreeDisk(cfg.DataDir)
 		s.cfg.MinFreeDisk = cfg.MinFreeDisk

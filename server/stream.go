@@ -649,6 +649,9 @@ func (s *Server) ListStreamsUnder(ctx context.Context, projectID, scope, prefix,
 			// exists at head 0.
 			continue
 		}
+		if why, ok := s.damaged.Load(e.StreamID); ok {
+			info.Unavailable = why.(string)
+		}
 		out = append(out, info)
 	}
 	return out, next, nil

@@ -654,3 +654,42 @@ func TestStorageDamage_AlarmOfUnreadableStream(t *testing.T) {
 		return len(list) == 1 && list[0].HeadOffset == damageEvents+1
 	})
 }
+
+// TestStorageDamage_UnavailableInTheViews: an operator sees at a glance which streams itxd cannot
+// serve. A stream whose file was lost while itxd was stopped is listed with unavailable naming
+// its file once a call met it (it was listed as any unloaded stream, its summary's head and
+// consumers, nothing amiss), itx_streams_unavailable counts it, and once its file is back, with
+// no restart, the next load clears both.
+func TestStorageDamage_UnavailableInTheViews(t *testing.T) {
+	f := populateForDamage(t)
+	away := f.fileA + ".away"
+	require.NoError(t, os.Rename(f.fileA, away))
+	metrics := freeAddr(t)
+	p := startItxd(t, f.dir, "--metrics", metrics)
+	ctx := ctxT(t)
+	proj := dial(t, p.addr).Login(ctx, p.creds.ProjectToken)
+	list := func() map[string]itx.StreamInfo {
+		all, err := client.ListStreams(ctx, proj, "/")
+		require.NoError(t, err)
+		out := map[string]itx.StreamInfo{}
+		for _, i := range all {
+			out[i.Path] = i
+		}
+		return out
+	}
+	require.Zero(t, scrapeMetric(t, metrics, "itx_streams_unavailable"))
+
+	_, err := client.Describe(ctx, stream(t, proj, "/a"))
+	requireUnavailableNaming(t, err, filepath.Base(f.fileA))
+	got := list()
+	require.Contains(t, got["/a"].Unavailable, filepath.Base(f.fileA), "the lost stream says why it is not served")
+	require.Equal(t, int64(damageEvents), got["/a"].HeadOffset, "with the head its summary recorded")
+	require.Empty(t, got["/b"].Unavailable, "another stream is served")
+	require.Equal(t, 1.0, scrapeMetric(t, metrics, "itx_streams_unavailable"))
+
+	require.NoError(t, os.Rename(away, f.fileA))
+	_, err = client.Describe(ctx, stream(t, proj, "/a"))
+	require.NoError(t, err, "served once its file is back")
+	require.Empty(t, list()["/a"].Unavailable)
+	require.Zero(t, scrapeMetric(t, metrics, "itx_streams_unavailable"))
+}

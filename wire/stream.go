@@ -170,7 +170,7 @@ func SetStreamInfo(dst schema.StreamInfo, info itx.StreamInfo) error {
 	dst.SetRetentionMaxEvents(uint64(info.RetentionMaxEvents))
 	dst.SetLoaded(info.Loaded)
 	dst.SetRetentionMaxBytes(uint64(info.RetentionMaxBytes))
-	return nil
+	return dst.SetUnavailable(info.Unavailable)
 }
 
 // StreamInfoFromSchema decodes a stream's description.
@@ -185,7 +185,10 @@ func StreamInfoFromSchema(src schema.StreamInfo) (itx.StreamInfo, error) {
 	if out.Path, err = src.Path(); err != nil {
 		return out, err
 	}
-	out.StreamID, err = src.StreamId()
+	if out.StreamID, err = src.StreamId(); err != nil {
+		return out, err
+	}
+	out.Unavailable, err = src.Unavailable()
 	return out, err
 }
 

@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -184,5 +186,47 @@ func TestTerminal_ConsumersShowDelivered(t *testing.T) {
 	require.Equal(t, map[string]string{"confirmed": "3", "delivered": h, "lag": strconv.FormatInt(head-3, 10)},
 		map[string]string{"confirmed": rows["acking"]["confirmed"], "delivered": rows["acking"]["delivered"], "lag": rows["acking"]["lag"]},
 		"confirmed through 3: %v", rows["acking"])
+	term.send("exit\r")
+}
+
+// A stream itxd cannot serve (its file lost while itxd was stopped) stands in the .consumers
+// table as one row, unavailable, naming its file, ahead of every other; the other streams'
+// consumers are listed. The command failed as a whole with the lost stream's error, so one lost
+// file hid where every consumer of the project stood.
+func TestTerminal_ConsumersShowAnUnavailableStream(t *testing.T) {
+	data := t.TempDir()
+	p, addr := runItxdOnLoopback(t, data)
+	creds, err := server.ReadCredentials(data)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := client.Dial(ctx, addr)
+	require.NoError(t, err)
+	project := conn.Login(ctx, creds.ProjectToken)
+	ids := map[string]string{}
+	for _, path := range []string{"/dmg/lost", "/dmg/kept"} {
+		s := client.Stream(ctx, project, path)
+		_, err = client.Append(ctx, s, []itx.EventInput{{Type: "e", Payload: json.RawMessage(`{}`)}, {Type: "e", Payload: json.RawMessage(`{}`)}}, itx.AppendOptions{})
+		require.NoError(t, err)
+		require.NoError(t, client.RegisterReader(ctx, client.Readers(ctx, s), "dash", 1))
+		info, err := client.Describe(ctx, s)
+		require.NoError(t, err)
+		ids[path] = info.StreamID
+	}
+	conn.Close()
+	p.stop(t)
+	file := filepath.Join(data, "streams", ids["/dmg/lost"]+".db")
+	require.NoError(t, os.Remove(file))
+	_, _ = runItxd(t, data, addr)
+
+	term, _ := bbTerminal(t, &testServer{addr: addr, token: creds.ProjectToken}, 250, 50)
+	term.send(".consumers /dmg/\r")
+	rows := consumerCells(t, term)
+	require.Len(t, rows, 2, "%v", rows)
+	require.Equal(t, map[string]string{"path": "/dmg/lost", "kind": "stream", "status": "unavailable", "head": "2"},
+		map[string]string{"path": rows[0]["path"], "kind": rows[0]["kind"], "status": rows[0]["status"], "head": rows[0]["head"]}, "%v", rows[0])
+	require.Contains(t, rows[0]["lastError"], filepath.Base(file))
+	require.Equal(t, map[string]string{"path": "/dmg/kept", "name": "dash", "status": "active", "confirmed": "1"},
+		map[string]string{"path": rows[1]["path"], "name": rows[1]["name"], "status": rows[1]["status"], "confirmed": rows[1]["confirmed"]})
 	term.send("exit\r")
 }

@@ -392,6 +392,8 @@ type streamInfoJS struct {
 	RetentionMaxAgeMs  int64 `json:"retentionMaxAgeMs,omitempty"`
 	RetentionMaxEvents int64 `json:"retentionMaxEvents,omitempty"`
 	RetentionMaxBytes  int64 `json:"retentionMaxBytes,omitempty"`
+	// Why itxd cannot serve the stream from its database (lost, damaged): shown by list then.
+	Unavailable string `json:"unavailable,omitempty"`
 }
 
 func streamInfoOf(i itx.StreamInfo) streamInfoJS {
@@ -400,7 +402,7 @@ func streamInfoOf(i itx.StreamInfo) streamInfoJS {
 		HaltedSubscriptions: i.HaltedSubscriptions, ParkedSubscriptions: i.ParkedSubscriptions, MaxLag: i.MaxLag,
 		ReaderCount: i.Readers, Loaded: i.Loaded, TrimmedThrough: i.TrimmedThrough,
 		RetentionMaxAgeMs: i.RetentionMaxAgeMs, RetentionMaxEvents: i.RetentionMaxEvents,
-		RetentionMaxBytes: i.RetentionMaxBytes}
+		RetentionMaxBytes: i.RetentionMaxBytes, Unavailable: i.Unavailable}
 }
 
 type offsetJS struct {

@@ -14,7 +14,7 @@ import (
 
 func init() {
 	register(&Command{Name: "consumers", Args: "[prefix] [--behind]", CLI: true,
-		Help: "where every consumer stands: each subscription and registered reader of the streams under prefix (default: all) with its confirmed and delivered offsets (apart only while an offset-acking receiver holds events unconfirmed) and its lag, halted and parked ones first; --behind shows only those with lag or not active",
+		Help: "where every consumer stands: each subscription and registered reader of the streams under prefix (default: all) with its confirmed and delivered offsets (apart only while an offset-acking receiver holds events unconfirmed) and its lag, a stream itxd cannot serve (its database lost or damaged) first as one row with status unavailable, then halted and parked ones; --behind shows only those with lag or not active",
 		Run:  runConsumers,
 		Check: func(args []string) error {
 			_, err := parseConsumers(args)
@@ -63,15 +63,21 @@ type consumerRowJS struct {
 	NextAttemptAt msTime `json:"nextAttemptAt"`
 }
 
+// statusUnavailable is the status of a row standing for a stream whose consumers could not be
+// read: its database lost or damaged (StreamInfo.Unavailable), or its listing failed.
+const statusUnavailable = "unavailable"
+
 // statusRank orders the statuses that need a person first.
 func statusRank(status string) int {
 	switch status {
-	case itx.StatusHalted:
+	case statusUnavailable:
 		return 0
-	case itx.StatusParked:
+	case itx.StatusHalted:
 		return 1
+	case itx.StatusParked:
+		return 2
 	}
-	return 2
+	return 3
 }
 
 // runConsumers lists the subscriptions and registered readers of every stream under a prefix
@@ -94,7 +100,7 @@ func runConsumers(ctx context.Context, s *Session, args []string) error {
 		if info.SubscriptionCount == 0 && info.Readers == 0 {
 			continue // no consumer
 		}
-		if a.behind && info.HaltedSubscriptions == 0 && info.ParkedSubscriptions == 0 && info.MaxLag == 0 {
+		if a.behind && info.HaltedSubscriptions == 0 && info.ParkedSubscriptions == 0 && info.MaxLag == 0 && info.Unavailable == "" {
 			continue // every consumer caught up, none halted or parked (live for a loaded stream)
 		}
 		wanted = append(wanted, info)
@@ -121,7 +127,14 @@ func runConsumers(ctx context.Context, s *Session, args []string) error {
 	rows := []consumerRowJS{}
 	for i, info := range wanted {
 		if errs[i] != nil {
-			return fmt.Errorf("%s: %w", info.Path, errs[i])
+			if itx.ErrorCode(errs[i]) != itx.EUnavailable {
+				return fmt.Errorf("%s: %w", info.Path, errs[i])
+			}
+			// The stream cannot be served (its database lost or damaged): one row says so, with
+			// the head and consumers its summary last recorded, and the others are listed.
+			rows = append(rows, consumerRowJS{Path: info.Path, Name: "-", Kind: "stream", Status: statusUnavailable,
+				Head: info.HeadOffset, Lag: info.MaxLag, LastError: itx.ErrorMessage(errs[i])})
+			continue
 		}
 		for _, r := range lists[i] {
 			if a.behind && r.Lag == 0 && r.Status == itx.StatusActive {
