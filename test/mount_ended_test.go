@@ -44,7 +44,7 @@ func TestReceiver_ToldWhenReplacedOrUnmountedByName(t *testing.T) {
 		select {
 		case <-done:
 			return true
-		case <-time.After(10 * time.Second):
+		case <-time.After(20 * time.Second):
 			return false
 		}
 	}
@@ -53,8 +53,19 @@ func TestReceiver_ToldWhenReplacedOrUnmountedByName(t *testing.T) {
 	h1, err := client.MountReceiver(ctx, first, "inbox", r1)
 	require.NoError(t, err)
 	defer h1.Release() // held on purpose: the replacement, not the handle, must end it
+	sub := client.Subscription(ctx, s, "call")
+	defer sub.Release()
+	confirmed := func(through int64) {
+		t.Helper()
+		require.Eventually(t, func() bool {
+			d, err := client.DescribeSubscription(ctx, sub)
+			require.NoError(t, err)
+			return d.ConfirmedOffset == through
+		}, 20*time.Second, 5*time.Millisecond, "confirmed through %d", through)
+	}
 	mustAppend(t, s, ev("e", `{"n":1}`))
 	require.Equal(t, "first", <-got)
+	confirmed(2) // its answer landed: the replacement is not handed it again
 
 	r2, done2 := client.ServeReceiverDone(serve("second"))
 	h2, err := client.MountReceiver(ctx, second, "inbox", r2)
@@ -63,6 +74,7 @@ func TestReceiver_ToldWhenReplacedOrUnmountedByName(t *testing.T) {
 	require.True(t, ended(done1), "the replaced Receiver was never let go")
 	mustAppend(t, s, ev("e", `{"n":2}`))
 	require.Equal(t, "second", <-got, "the replacement receives")
+	confirmed(3)
 	select {
 	case <-done2:
 		t.Fatal("the mount in force was let go")
@@ -72,8 +84,6 @@ func TestReceiver_ToldWhenReplacedOrUnmountedByName(t *testing.T) {
 	require.NoError(t, unmount(t, first, "inbox"))
 	require.True(t, ended(done2), "the Receiver unmounted by name was never let go")
 	mustAppend(t, s, ev("e", `{"n":3}`))
-	sub := client.Subscription(ctx, s, "call")
-	defer sub.Release()
 	require.Eventually(t, func() bool {
 		d, err := client.DescribeSubscription(ctx, sub)
 		require.NoError(t, err)
