@@ -617,18 +617,28 @@ func TestStorageDamage_DeleteProjectWithUnreadableStream(t *testing.T) {
 // with no restart, the next wake-up loads it and the scheduled append lands.
 func TestStorageDamage_AlarmOfUnreadableStream(t *testing.T) {
 	f := populateForDamage(t)
-	p := startItxd(t, f.dir)
 	ctx := ctxT(t)
-	proj := dial(t, p.addr).Login(ctx, p.creds.ProjectToken)
-	_, _, err := client.Schedule(ctx, stream(t, proj, "/a"), keyed("due", `{}`, "due"), time.Now().Add(500*time.Millisecond))
-	require.NoError(t, err)
-	require.NoError(t, p.stop(t))
+	// The scheduled append must still be owed when itxd stops: a stop that took longer than
+	// the wait (a loaded machine) let it land, and nothing was due at the next start. Taken
+	// again, with a longer wait, until the stop came first.
+	for wait := 500 * time.Millisecond; ; wait *= 4 {
+		p := startItxd(t, f.dir)
+		proj := dial(t, p.addr).Login(ctx, p.creds.ProjectToken)
+		due := time.Now().Add(wait)
+		_, _, err := client.Schedule(ctx, stream(t, proj, "/a"), keyed("due", `{}`, "due"), due)
+		require.NoError(t, err)
+		require.NoError(t, p.stop(t))
+		if time.Now().Before(due) {
+			break
+		}
+		require.Less(t, wait, 30*time.Second, "itxd never stopped before the scheduled append was due")
+	}
 	away := f.fileA + ".away"
 	require.NoError(t, os.Rename(f.fileA, away))
 
 	// /b unloads between its scheduled appends, so each lands from an alarm's wake-up.
-	p = startItxd(t, f.dir, "--idle-timeout", "20ms")
-	proj = dial(t, p.addr).Login(ctx, p.creds.ProjectToken)
+	p := startItxd(t, f.dir, "--idle-timeout", "20ms")
+	proj := dial(t, p.addr).Login(ctx, p.creds.ProjectToken)
 	b := stream(t, proj, "/b")
 	const wakes = 4
 	for i := range wakes {
@@ -646,7 +656,7 @@ func TestStorageDamage_AlarmOfUnreadableStream(t *testing.T) {
 	require.Equal(t, 1, strings.Count(logs, "a stream cannot be served from its database"), logs)
 
 	require.NoError(t, os.Rename(away, f.fileA))
-	_, _, err = client.Schedule(ctx, b, keyed("tick", `{}`, "after"), time.Now().Add(100*time.Millisecond))
+	_, _, err := client.Schedule(ctx, b, keyed("tick", `{}`, "after"), time.Now().Add(100*time.Millisecond))
 	require.NoError(t, err)
 	waitUntil(t, "/a's scheduled append lands once its file is back", func() bool {
 		list, err := client.ListStreams(ctx, proj, "/a")
