@@ -300,11 +300,13 @@ var errNotAccepted = itx.Errorf(itx.EDeadlineExceeded, "not accepted within the 
 func sendWithin(srv *Server, ctx context.Context, send func(context.Context) error) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- send(ctx) }()
+	// The timeout is armed before the send starts: a peer that has the call knows its timeout
+	// runs. Armed after, a clock moved on once the call arrived (a test's) could pass it by.
 	expired := make(chan struct{})
 	t := srv.clock.AfterFunc(srv.cfg.DeliveryTimeout, func() { close(expired) })
 	defer t.Stop()
+	done := make(chan error, 1)
+	go func() { done <- send(ctx) }()
 	select {
 	case err := <-done:
 		return err
