@@ -11,7 +11,6 @@ import (
 	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/internal/itxtest"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 )
 
 // returnsWithin runs call and fails the test unless it returns within d.
@@ -119,5 +118,5 @@ func TestClient_CallsToAHungItxdEndWithTheirContext(t *testing.T) {
 	returnsWithin(t, "Conn.Close", 10*time.Second, conn.Close)
 	<-conn.Done()
 	proc.kill9(t)
-	goleak.VerifyNone(t, opts...)
+	verifyNoLeak(t, opts...)
 }

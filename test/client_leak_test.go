@@ -139,5 +139,5 @@ func TestClient_ClosedLeavesNothingRunning(t *testing.T) {
 	p.Release()
 	require.NoError(t, conn.Close())
 	<-conn.Done()
-	goleak.VerifyNone(t, opts...)
+	verifyNoLeak(t, opts...)
 }

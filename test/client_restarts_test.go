@@ -129,5 +129,5 @@ func TestClient_SDKAcrossRepeatedRestarts(t *testing.T) {
 	stopFollow()
 	<-followDone
 	followDone <- nil
-	goleak.VerifyNone(t, opts...)
+	verifyNoLeak(t, opts...)
 }

@@ -99,5 +99,5 @@ func TestClient_SDKStopsWhileItxdIsAway(t *testing.T) {
 	proc.kill9(t)
 	// Gone: each said its dial failed, and waits to dial again.
 	run("itxd gone", func(host, follow int) bool { return host > 0 && follow > 0 })
-	goleak.VerifyNone(t, opts...)
+	verifyNoLeak(t, opts...)
 }

@@ -482,7 +482,7 @@ func TestConnection_DisconnectReleasesEverything(t *testing.T) {
 	conn.Close()
 	waitUntil(t, "connections closed", func() bool { return testutil.ToFloat64(ts.srv.Metrics().OpenConnections) == 1 })
 	waitUntil(t, "live subscribers gone", func() bool { return testutil.ToFloat64(ts.srv.Metrics().LiveSubscribers) == 1 })
-	goleak.VerifyNone(t, opts...)
+	verifyNoLeak(t, opts...)
 }
 
 // liveView applies live-state frames the way a client does: snapshot, then patches in revision

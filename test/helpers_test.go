@@ -14,6 +14,7 @@ import (
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 )
 
 // testServer is an in-process server listening on a real loopback TCP port.
@@ -96,4 +97,18 @@ func ctxLong(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// verifyNoLeak fails the test if goroutines opts do not ignore are still running once they had
+// the time waitUntil gives a condition to end. goleak.VerifyNone alone looks for about half a
+// second, and the goroutines of what a test just closed (an RPC connection's, a connection's
+// pusher after its gauge fell) can take longer on a loaded machine; one that never ends still
+// fails, with VerifyNone's list of them.
+func verifyNoLeak(t *testing.T, opts ...goleak.Option) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for goleak.Find(opts...) != nil && time.Now().Before(deadline) {
+		// Find waits and looks again itself (about half a second) before it answers.
+	}
+	goleak.VerifyNone(t, opts...)
 }

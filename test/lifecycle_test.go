@@ -550,7 +550,7 @@ func TestConnection_CutReleasesTheStream(t *testing.T) {
 		return ts.srv.LoadedStreams() == 0
 	})
 	require.Empty(t, ts.srv.Mounts("default"), "the receiver is unmounted")
-	goleak.VerifyNone(t, opts...)
+	verifyNoLeak(t, opts...)
 }
 
 // The same for a processor host cut mid-wake with a processor's live view open: the host is
@@ -607,7 +607,7 @@ func TestRemote_CutHostReleasesTheStream(t *testing.T) {
 		return ts.srv.LoadedStreams() == 0
 	})
 	waitUntil(t, "host gone", func() bool { return len(ts.srv.ProcessorHostMounts("default")) == 0 })
-	goleak.VerifyNone(t, opts...)
+	verifyNoLeak(t, opts...)
 }
 
 // A barrier and a live view on a stream with no append yet wait for it: the append that creates

@@ -59,5 +59,10 @@ func TestSession_RepeatedRestartsKeepVariablesAndLeaveNothing(t *testing.T) {
 	require.Equal(t, "4", eval(`String(s.describe().headOffset)`), "each append ran once")
 	require.Equal(t, 3, strings.Count(errs.String(), "itx: reconnected to "+addr), "reconnected once a restart: %q", errs.String())
 	require.NoError(t, s.Close())
+	// The session's goroutines may take longer to end on a loaded machine than VerifyNone's
+	// half a second of looking: look (Find waits between its looks) for as long as waitUntil
+	// would, then report what is left.
+	for deadline := time.Now().Add(20 * time.Second); goleak.Find(opts...) != nil && time.Now().Before(deadline); {
+	}
 	goleak.VerifyNone(t, opts...)
 }
