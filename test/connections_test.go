@@ -174,7 +174,12 @@ func openConn(t testing.TB, s schema.Stream, o connOpts, sink schema.EventSink_S
 }
 
 func ping(t testing.TB, c schema.Connection) (head, delivered int64, err error) {
-	fut, release := c.Ping(context.Background(), nil)
+	// Bounded: a ping waits for the answers to the batches already sent, on the server's clock,
+	// which a test's virtual clock may never move; a test stuck so fails instead of hanging its
+	// package until the binary's timeout.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	fut, release := c.Ping(ctx, nil)
 	defer release()
 	res, err := fut.Struct()
 	if err != nil {

@@ -148,6 +148,9 @@ func TestConnection_SlowStateFrameClosesAsSlowConsumer(t *testing.T) {
 	s := stream(t, e.p, "/slow-state")
 	mustAppend(t, s, ev("a", `{}`))
 	sink := &orderedSink{blockState: make(chan struct{})}
+	var unblock sync.Once
+	release := func() { unblock.Do(func() { close(sink.blockState) }) }
+	t.Cleanup(release) // a failure must not leave the State call held, and closing the client waiting for it
 	c, err := openConn(t, s, connOpts{key: "tab"}, sink)
 	require.NoError(t, err)
 	waitUntil(t, "a state frame awaits its answer", func() bool {
@@ -159,7 +162,7 @@ func TestConnection_SlowStateFrameClosesAsSlowConsumer(t *testing.T) {
 	// The sink's calls are answered in order, so its closed() waits behind the stuck frame:
 	// the server's side is seen first (ping refuses), then the frame is let go.
 	waitUntil(t, "the server closed the connection", func() bool { _, _, err := ping(t, c); return err != nil })
-	close(sink.blockState)
+	release()
 	waitUntil(t, "closed", func() bool { _, why := sink.snapshot(); return why != nil })
 	_, why := sink.snapshot()
 	require.Equal(t, schema.CloseReason_slowConsumer, *why)
