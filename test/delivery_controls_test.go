@@ -169,12 +169,12 @@ func TestSubscription_WebhookAckedThenHangingBody(t *testing.T) {
 	requests := 0
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
-		mu.Lock()
-		requests++
-		mu.Unlock()
 		w.WriteHeader(200)
 		w.Write([]byte("working on it"))
 		w.(http.Flusher).Flush()
+		mu.Lock()
+		requests++ // counted once its status is out
+		mu.Unlock()
 		select { // the body never ends (until the test does)
 		case <-release:
 		case <-r.Context().Done():
@@ -185,6 +185,10 @@ func TestSubscription_WebhookAckedThenHangingBody(t *testing.T) {
 	e.configure(t, s, client.SubscriptionConfig{Name: "hook", Start: "now",
 		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: srv.URL}})
 	head := mustAppend(t, s, ev("a", `{}`)).HeadOffset
+	// The clock moves once the status is out, not while the request is on its way: each look
+	// moves it 100 ms, and as many looks as a loaded machine takes to send the request would
+	// run out the delivery timeout before the drain's bound was even armed.
+	waitUntil(t, "the status sent", func() bool { mu.Lock(); defer mu.Unlock(); return requests == 1 })
 	require.Eventually(t, func() bool {
 		if e.describe(t, s, "hook").ConfirmedOffset == head {
 			return true
