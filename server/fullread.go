@@ -119,7 +119,7 @@ func (s *Server) readWhileFull(ctx context.Context, ref StreamRef, q itx.Query, 
 		page, err = s.readRange(ctx, snap.Events, meta.StreamID, meta.HeadOffset, q)
 		return err
 	}, func(a *actor) error {
-		page, err = s.readPage(ctx, a.view(), q)
+		page, err = s.readPage(ctx, ref.ProjectID, a.view(), q)
 		return err
 	})
 	return page, err

@@ -1,9 +1,12 @@
 package server
 
 import (
+	"context"
+	"fmt"
 	"testing"
 	"time"
 
+	"github.com/itx-dev/itx"
 	"github.com/stretchr/testify/require"
 )
 
@@ -79,4 +82,68 @@ func TestJSONataTurns_ByProject(t *testing.T) {
 		defer q.mu.Unlock()
 		return q.free == 1 && len(q.order) == 0
 	}, 10*time.Second, time.Millisecond)
+}
+
+// A page read as a subscription (getEventPage's subscription) evaluates its filter condition in
+// the turn of the stream's project, as the subscription's deliveries do. It waited in a turn of
+// no project, shared by every project's such pages: four of one project's pages waiting put
+// another project's page behind all four, and one project alone could fill that turn's share of
+// the waiting room, so that every other project's pages were refused unavailable.
+func TestReadPageAs_ConditionWaitsInItsProjectsTurn(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s, a := mustOpen(t, Config{DataDir: t.TempDir()})
+	info, _, _, err := s.CreateProject(ctx, Admin{}, "neighbour")
+	require.NoError(t, err)
+	b := info.ID
+	for _, p := range []string{a, b} {
+		ref := StreamRef{ProjectID: p, Path: "/s"}
+		_, _, err := s.ConfigureSubscription(ctx, ref, itx.SubscriptionConfig{Name: "w",
+			Filter:   &itx.SubscriptionFilter{JSONataCondition: "payload.n > 0"},
+			Receiver: itx.Receiver{Action: itx.KindITXCall, Capability: "absent"}}, "")
+		require.NoError(t, err)
+		_, err = s.Append(ctx, ref, []itx.EventInput{{Type: "x", Payload: []byte(`{"n":1}`)}}, itx.AppendOptions{})
+		require.NoError(t, err)
+		require.NoError(t, s.Settle(ctx, ref)) // its delivery parked: it evaluates nothing more
+	}
+
+	slots := jsonataSlots
+	for range slots.size {
+		require.NoError(t, slots.acquire("holding"))
+	}
+	held := slots.size
+	defer func() {
+		for range held {
+			slots.release()
+		}
+	}()
+	waiting := func(project string) int {
+		slots.mu.Lock()
+		defer slots.mu.Unlock()
+		return len(slots.waiters[project])
+	}
+	read := func(project string, done chan<- error) {
+		go func() {
+			page, err := s.ReadEvents(ctx, StreamRef{ProjectID: project, Path: "/s"}, itx.Query{Subscription: "w"})
+			if err == nil && len(page.Events) != 1 {
+				err = fmt.Errorf("project %s: page of %d events, want 1", project, len(page.Events))
+			}
+			done <- err
+		}()
+	}
+	done := make(chan error, 5)
+	for i := range 4 {
+		read(a, done)
+		require.Eventually(t, func() bool { return jsonataWaiting.Load() == int64(i+1) }, 30*time.Second, time.Millisecond)
+	}
+	read(b, done)
+	require.Eventually(t, func() bool { return jsonataWaiting.Load() == 5 }, 30*time.Second, time.Millisecond)
+	require.Equal(t, 4, waiting(a), "project a's pages wait in a's turn")
+	require.Equal(t, 1, waiting(b), "project b's page waits in b's turn, one of a's ahead of it, not four")
+	for ; held > 0; held-- {
+		slots.release()
+	}
+	for range 5 {
+		require.NoError(t, <-done)
+	}
 }

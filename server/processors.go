@@ -755,7 +755,7 @@ func (l procInstanceLog) Read(ctx context.Context, after int64, limit int) (itx.
 	if limit <= 0 || limit > itx.MaxPageLimit {
 		limit = itx.MaxPageLimit
 	}
-	page, err := l.a.srv.readPageAs(ctx, v, itx.Query{After: after, Limit: limit, Subscription: l.name})
+	page, err := l.a.srv.readPageAs(ctx, l.a.ref.ProjectID, v, itx.Query{After: after, Limit: limit, Subscription: l.name})
 	if err != nil {
 		return itx.ProcessorPage{}, err
 	}

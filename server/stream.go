@@ -237,14 +237,14 @@ func (s *Server) ReadEvents(ctx context.Context, ref StreamRef, q itx.Query) (it
 		return itx.Page{}, err
 	}
 	defer s.release(a)
-	return s.readPage(ctx, a.view(), q)
+	return s.readPage(ctx, ref.ProjectID, a.view(), q)
 }
 
-// readPage reads one page from a snapshot; the head is taken before the rows, so every returned
-// offset is at most StreamMaxOffset.
-func (s *Server) readPage(ctx context.Context, v view, q itx.Query) (itx.Page, error) {
+// readPage reads one page from a snapshot of a stream of project; the head is taken before the
+// rows, so every returned offset is at most StreamMaxOffset.
+func (s *Server) readPage(ctx context.Context, project string, v view, q itx.Query) (itx.Page, error) {
 	if q.Subscription != "" {
-		return s.readPageAs(ctx, v, q)
+		return s.readPageAs(ctx, project, v, q)
 	}
 	var events func(context.Context, storage.Query) ([]itx.Event, error)
 	if v.store != nil {
@@ -285,8 +285,11 @@ func (s *Server) readRange(ctx context.Context, read func(context.Context, stora
 // its filter types and condition on top of q.Types, no ephemeral event. NextAfter passes what
 // the filter drops, so the reader's cursor is a watermark as the subscription's is. A condition
 // that fails on an event ends the page before it; failing on the page's first event, the read
-// fails with the error, as a delivery of that event would.
-func (s *Server) readPageAs(ctx context.Context, v view, q itx.Query) (itx.Page, error) {
+// fails with the error, as a delivery of that event would. The condition is evaluated in the
+// turn of project, the stream's (jsonataTurns), as the subscription's deliveries are: in a turn
+// of no project, one project's pages read with a heavy condition put every other project's
+// such pages behind all of theirs, and filled that turn's share of the waiting room for them.
+func (s *Server) readPageAs(ctx context.Context, project string, v view, q itx.Query) (itx.Page, error) {
 	entry, err := v.core.existing(q.Subscription)
 	if err != nil {
 		return itx.Page{}, err
@@ -304,13 +307,13 @@ func (s *Server) readPageAs(ctx context.Context, v view, q itx.Query) (itx.Page,
 		}
 		q.Types = types
 		if f.JSONataCondition != "" {
-			if cond, err = newJSONataRef(f.JSONataCondition, ""); err != nil { // a reader's page: evaluated in the turn of no project
+			if cond, err = newJSONataRef(f.JSONataCondition, project); err != nil {
 				return itx.Page{}, itx.Errorf(itx.EFailedPrecondition, "subscription %q: the filter condition no longer compiles: %s", entry.Config.Name, itx.ErrorMessage(err))
 			}
 			defer cond.release()
 		}
 	}
-	page, err := s.readPage(ctx, v, q)
+	page, err := s.readPage(ctx, project, v, q)
 	if err != nil || cond == nil {
 		return page, err
 	}
@@ -417,7 +420,7 @@ func (s *Server) WaitForEventAs(ctx context.Context, ref StreamRef, pred itx.Pre
 		// Take the change signal before reading, so a commit between the read and the wait
 		// still wakes us.
 		v := a.view()
-		page, err := s.readPage(ctx, v, q)
+		page, err := s.readPage(ctx, ref.ProjectID, v, q)
 		if err != nil {
 			return itx.Event{}, err
 		}
