@@ -42,6 +42,9 @@ type gateway struct {
 	byToken  map[[32]byte]*server.Session // SHA-256 of the token: a login again reuses its session
 	logins   int                          // logins in progress: a revocation does not close the connection under them
 	ended    bool
+	// projects are those the connection is logged in to, each counted once toward its share of
+	// the RPC connections (Server.TakeConnectionShare) until the connection ends.
+	projects map[string]bool
 	// maxSessions bounds the distinct tokens one connection logs in with (a login with a token
 	// already logged in reuses its session, so logging in per request stays bounded); 0:
 	// DefaultMaxLoginsPerConnection.
@@ -94,6 +97,20 @@ func (g *gateway) Login(ctx context.Context, call schema.Gateway_login) error {
 			g.mu.Unlock()
 			x.Close()
 			return fail(itx.Errorf(itx.ECancelled, "the connection ended"))
+		}
+		if id := x.Project.ID; !g.projects[id] {
+			// The connection's first login to this project: past the project's share of the
+			// connections it is refused, and the connection stays as it was (not logged in, it
+			// falls under the bounds before login and their login timeout).
+			if err := g.srv.TakeConnectionShare(id); err != nil {
+				g.mu.Unlock()
+				x.Close()
+				return fail(err)
+			}
+			if g.projects == nil {
+				g.projects = map[string]bool{}
+			}
+			g.projects[id] = true
 		}
 		if g.byToken == nil {
 			g.byToken = map[[32]byte]*server.Session{}
@@ -174,11 +191,14 @@ func (g *gateway) allRevoked() bool {
 func (g *gateway) endSessions() {
 	g.mu.Lock()
 	g.ended = true
-	sessions := g.sessions
-	g.sessions, g.byToken = nil, nil
+	sessions, projects := g.sessions, g.projects
+	g.sessions, g.byToken, g.projects = nil, nil, nil
 	g.mu.Unlock()
 	for _, x := range sessions {
 		x.Close()
+	}
+	for id := range projects {
+		g.srv.ReleaseConnectionShare(id)
 	}
 }
 

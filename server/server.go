@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/internal/flowconn"
 	"github.com/itx-dev/itx/storage"
 	"github.com/rs/zerolog"
 )
@@ -93,6 +94,12 @@ type Config struct {
 	// hold open at once, so one project on many logins cannot take all of MaxLive. Default
 	// DefaultShare(MaxLive).
 	MaxLivePerProject int
+	// MaxRPCConnectionsPerProject bounds the RPC connections logged in to one project at once
+	// (a connection logged in to two projects counts for each), its share of itxd's
+	// --rpc-max-connections, so one project's token holders cannot take every connection and
+	// leave the other projects' clients refused at accept. Default
+	// DefaultShare(flowconn.DefaultConnections); itxd passes the share of its flag.
+	MaxRPCConnectionsPerProject int
 	// MaxMountsPerProject bounds the capabilities mounted under names in one project, and
 	// separately the processor hosts mounted in it (a name already mounted can be replaced);
 	// default 4,096.
@@ -337,6 +344,9 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	if cfg.MaxLivePerProject <= 0 {
 		cfg.MaxLivePerProject = DefaultShare(cfg.MaxLive)
+	}
+	if cfg.MaxRPCConnectionsPerProject <= 0 {
+		cfg.MaxRPCConnectionsPerProject = DefaultShare(flowconn.DefaultConnections)
 	}
 	if cfg.MaxLiveSubscribersPerStream <= 0 {
 		cfg.MaxLiveSubscribersPerStream = 1024

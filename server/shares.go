@@ -9,7 +9,7 @@ import (
 )
 
 // Some bounds are global: the webhook requests in flight, the streams held loaded, the live
-// connections and views. A project at its own per-connection and per-project bounds could take
+// connections and views, the RPC connections. A project at its own per-connection and per-project bounds could take
 // all of one (many streams, many logins), and every other project would then wait or be
 // refused. Each project may take at most its share of such a bound (by default three quarters
 // of it), so whatever one project does, the others keep the rest.
@@ -19,6 +19,7 @@ const (
 	flagWebhookShare = "--webhook-max-in-flight-per-project"
 	flagHeldShare    = "--max-held-streams-per-project"
 	flagLiveShare    = "--max-live-per-project"
+	flagConnShare    = "--rpc-max-connections-per-project"
 )
 
 // DefaultShare is a project's share of a global bound when its flag is left at 0: three
@@ -31,6 +32,7 @@ func DefaultShare(global int) int { return max(1, global-global/4) }
 type projectShares struct {
 	mu       sync.Mutex
 	live     map[string]int
+	conns    map[string]int // RPC connections logged in to the project
 	webhooks map[string]chan struct{}
 	full     map[shareKey]bool // the project stood at its share when last seen: logged once per crossing
 	anyFull  atomic.Int32      // len(full): releases skip the lock while no project is at a share
@@ -39,7 +41,7 @@ type projectShares struct {
 type shareKey struct{ project, flag string }
 
 func newProjectShares() *projectShares {
-	return &projectShares{live: map[string]int{}, webhooks: map[string]chan struct{}{}, full: map[shareKey]bool{}}
+	return &projectShares{live: map[string]int{}, conns: map[string]int{}, webhooks: map[string]chan struct{}{}, full: map[shareKey]bool{}}
 }
 
 // webhookSlots is the project's semaphore of webhook requests in flight (its share of
@@ -84,6 +86,39 @@ func (s *Server) releaseLiveShare(project string) {
 	sh.mu.Unlock()
 	if n <= s.cfg.MaxLivePerProject/2 { // well under it: a project at its share is not logged at every close and open
 		s.shareFree(project, flagLiveShare)
+	}
+}
+
+// TakeConnectionShare counts one more RPC connection logged in to project, refused with
+// ELimitExceeded past Config.MaxRPCConnectionsPerProject. The capability layer calls it at a
+// connection's first login to the project, and ReleaseConnectionShare once the connection ends.
+func (s *Server) TakeConnectionShare(project string) error {
+	sh := s.shares
+	sh.mu.Lock()
+	n := sh.conns[project]
+	if n >= s.cfg.MaxRPCConnectionsPerProject {
+		sh.mu.Unlock()
+		s.shareFull(project, flagConnShare, n)
+		return itx.Errorf(itx.ELimitExceeded, "the project has %d RPC connections logged in, its share of --rpc-max-connections (%s): log in on one of them (a connection serves many calls and streams), or close some first", n, flagConnShare)
+	}
+	sh.conns[project] = n + 1
+	sh.mu.Unlock()
+	return nil
+}
+
+// ReleaseConnectionShare gives back a connection counted by TakeConnectionShare.
+func (s *Server) ReleaseConnectionShare(project string) {
+	sh := s.shares
+	sh.mu.Lock()
+	if sh.conns[project] <= 1 {
+		delete(sh.conns, project)
+	} else {
+		sh.conns[project]--
+	}
+	n := sh.conns[project]
+	sh.mu.Unlock()
+	if n <= s.cfg.MaxRPCConnectionsPerProject/2 {
+		s.shareFree(project, flagConnShare)
 	}
 }
 
@@ -149,6 +184,6 @@ func (s *Server) forgetProjectShares(project string) {
 func newShareHits() *prometheus.CounterVec {
 	return prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "itx_project_share_full_total",
-		Help: "Times a project found its share of a bound shared by every project full, by project and flag: a live connection or view, or a stream load, refused; a webhook delivery made to wait for the project's own requests.",
+		Help: "Times a project found its share of a bound shared by every project full, by project and flag: a live connection or view, a stream load (a delivery's too) or a login of one more RPC connection refused; a webhook delivery made to wait for the project's own requests.",
 	}, []string{"project", "flag"})
 }

@@ -172,6 +172,7 @@ var flagRanges = map[string]flagRange{
 	"rpc-max-connections":                     {min: 1},
 	"rpc-preauth-max-connections-per-address": {min: 1},
 	"rpc-preauth-max-connections":             {min: 1, zero: "a quarter of --rpc-max-connections, at least 64"},
+	"rpc-max-connections-per-project":         {min: 1, zero: "three quarters of --rpc-max-connections"},
 	"rpc-login-timeout":                       {min: int64(10 * time.Millisecond)},
 	"rpc-max-logins-per-connection":           {min: 1},
 	"rpc-max-push-bytes":                      {min: 1},
@@ -335,6 +336,7 @@ func run() error {
 	flag.IntVar(&flow.Connections, "rpc-max-connections", flowconn.DefaultConnections, "RPC connections open at once; one more is refused with an Abort saying so")
 	flag.IntVar(&flow.PreAuthConnsPerAddress, "rpc-preauth-max-connections-per-address", flowconn.DefaultPreAuthConnsPerAddress, "RPC connections not logged in yet from one remote address (an IPv4 address or an IPv6 /64; loopback not counted); one more is refused with an Abort saying so (behind a proxy on another machine every client has its address: raise it to --rpc-max-connections)")
 	flag.IntVar(&flow.PreAuthConnections, "rpc-preauth-max-connections", 0, "RPC connections not logged in yet over all addresses; one more closes the oldest of them with an Abort saying so (0: a quarter of --rpc-max-connections, at least 64 or all of it)")
+	connShare := flag.Int("rpc-max-connections-per-project", 0, "RPC connections logged in to one project at once, its share of --rpc-max-connections; a login of one more is refused with limitExceeded (0: three quarters of it)")
 	flag.DurationVar(&flow.LoginTimeout, "rpc-login-timeout", flowconn.DefaultLoginTimeout, "a connection that has not logged in by then is aborted")
 	maxLogins := flag.Int("rpc-max-logins-per-connection", capability.DefaultMaxLoginsPerConnection, "distinct tokens one connection logs in with (logging in again with one of them shares its session); one more is refused with limitExceeded")
 	pushBytes := flag.Int64("rpc-max-push-bytes", capability.DefaultPushFlowLimit, "bytes itxd has in flight toward one capability a client handed it (an EventSink, a LiveSubscriber, a mounted Receiver, a processor host); a larger message waits until the others are answered, then goes alone")
@@ -453,6 +455,9 @@ func run() error {
 	if *newRootToken {
 		return mintDeploymentToken(log, *data)
 	}
+	if *connShare == 0 {
+		*connShare = server.DefaultShare(flow.Connections)
+	}
 	sockets := int64(flow.Connections) + int64(*maxWebhooks) + int64(*metricsConns)
 	held := heldStreams(*maxHeld, sockets)
 	if limit := openFileLimit(); setFlags["max-held-streams"] && limit >= 0 && int64(held) > (limit-1024-sockets)/8 {
@@ -490,7 +495,7 @@ func run() error {
 		DataDir: *data, Log: log, IdleTimeout: *idle, MaxLoadedStreams: *maxLoaded,
 		BackupDir: *backupDir, BackupEvery: *backupEvery, BackupKeep: *backupKeep, MaxHeldStreams: held, MaxHeldStreamsPerProject: *maxHeldShare, MaxWebhooksInFlight: *maxWebhooks, MaxWebhooksInFlightPerProject: *maxWebhooksShare, MaxWebhookResponseHeaderBytes: *webhookHeader,
 		BreakerBurst: *burst, BreakerRefillPerMinute: *refill,
-		MaxConnectionsPerStream: *maxConns, MaxLiveSubscribersPerStream: *maxLive, MaxLivePerSession: *maxLivePerLogin, MaxLive: *maxLiveAll, MaxLivePerProject: *maxLiveShare, MaxSubscriptionConfigBytes: *maxConfig, MaxHostContractBytes: *maxHostContracts, MaxMountsPerProject: *maxMounts, MaxReadersPerStream: *maxReaders, MaxScheduledPerStream: *maxScheduled,
+		MaxConnectionsPerStream: *maxConns, MaxLiveSubscribersPerStream: *maxLive, MaxLivePerSession: *maxLivePerLogin, MaxLive: *maxLiveAll, MaxLivePerProject: *maxLiveShare, MaxRPCConnectionsPerProject: *connShare, MaxSubscriptionConfigBytes: *maxConfig, MaxHostContractBytes: *maxHostContracts, MaxMountsPerProject: *maxMounts, MaxReadersPerStream: *maxReaders, MaxScheduledPerStream: *maxScheduled,
 		MaxStreamsPerProject: *maxStreams,
 		MaxSubscriptions:     *maxSubs, EphemeralBufferBytes: *ephBytes,
 		MaxProcessorKVKeys: *kvKeys, MaxProcessorKVBytes: *kvBytes,
