@@ -1339,9 +1339,16 @@ func (a *actor) startPush(job pushJob) {
 		a.rebuild(job.name)
 		d = a.deliverers[job.name]
 	}
-	if d == nil || !a.srv.pin(a) {
+	// Not started (the stream unloading, or its project at its share of the held streams: the
+	// stream steps again once the project holds fewer), the try ends at the next step, which
+	// starts it again if it is still owed.
+	ok, full := d != nil, false
+	if ok {
+		ok, full = a.srv.pinDelivery(a)
+	}
+	if !ok {
 		a.pending = append(a.pending, deliveryOutcome{name: job.name, gen: job.gen,
-			birth: job.row.ConfiguredAtOffset, seek: job.row.CursorChangedAtOffset})
+			birth: job.row.ConfiguredAtOffset, seek: job.row.CursorChangedAtOffset, notStarted: full})
 		return
 	}
 	store, streamID := a.store, a.st.streamID

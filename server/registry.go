@@ -158,18 +158,57 @@ func (s *Server) pin(a *actor) bool {
 	return true
 }
 
+// pinDelivery is pin for a delivery try a stream starts itself, within its project's share of
+// the streams held in use: one that would take the project past Config.MaxHeldStreamsPerProject
+// is refused (full), counted and logged as a call is, and the stream is told (a tick) once the
+// project holds fewer, so it starts the try then.
+// A loaded stream nobody holds counts nothing toward the share, and pin took it in use without
+// looking: a project's loaded idle streams whose deliveries hung (a receiver that answers only
+// at the delivery timeout) each held a stream, past its share up to every stream itxd may load,
+// and the other projects could load none.
+func (s *Server) pinDelivery(a *actor) (ok, full bool) {
+	s.mu.Lock()
+	if a.dctx.Err() != nil {
+		s.mu.Unlock()
+		return false, false
+	}
+	p := a.ref.ProjectID
+	if a.refs == 0 && s.heldBy[p] >= s.cfg.MaxHeldStreamsPerProject {
+		n := s.heldBy[p]
+		w := s.heldWaiting[p]
+		if w == nil {
+			w = map[*actor]struct{}{}
+			s.heldWaiting[p] = w
+		}
+		w[a] = struct{}{}
+		s.mu.Unlock()
+		s.shareFull(p, flagHeldShare, n)
+		return false, true
+	}
+	s.holdLocked(a)
+	s.inflight.Add(1)
+	s.mu.Unlock()
+	return true, false
+}
+
 // release drops a reference taken by acquire or pin.
 func (s *Server) release(a *actor) {
 	s.mu.Lock()
 	a.refs--
 	a.lastUsed = s.clock.Now()
 	freed := false
+	var waiting map[*actor]struct{}
 	if a.refs == 0 {
 		p := a.ref.ProjectID
 		if s.heldBy[p]--; s.heldBy[p] <= 0 {
 			delete(s.heldBy, p)
 		}
 		freed = s.heldBy[p] < s.cfg.MaxHeldStreamsPerProject/2+1
+		if s.heldBy[p] < s.cfg.MaxHeldStreamsPerProject {
+			if waiting = s.heldWaiting[p]; waiting != nil {
+				delete(s.heldWaiting, p)
+			}
+		}
 		if a.drained != nil {
 			close(a.drained)
 			a.drained = nil
@@ -177,6 +216,11 @@ func (s *Server) release(a *actor) {
 	}
 	s.mu.Unlock()
 	s.inflight.Done()
+	// Every stream waiting steps again and tries its work: one takes the place, the others wait
+	// again (they are a project's loaded streams, a bounded set).
+	for w := range waiting {
+		w.post0()
+	}
 	if freed {
 		s.shareFree(a.ref.ProjectID, flagHeldShare)
 	}
@@ -230,6 +274,7 @@ func (s *Server) sweep() {
 			excess--
 			delete(s.actors, a.ref)
 			s.unloading[a.ref] = a
+			delete(s.heldWaiting[a.ref.ProjectID], a)
 			a.dcancel() // under s.mu: no deliverer can pin it from here on
 		}
 	}

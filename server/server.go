@@ -177,9 +177,13 @@ type Server struct {
 	deleting map[StreamRef]chan struct{}
 	// heldBy counts, per project, its loaded streams held in use (refs above 0; under mu):
 	// Config.MaxHeldStreamsPerProject.
-	heldBy   map[string]int
-	closing  bool
-	inflight sync.WaitGroup // one per acquired reference
+	heldBy map[string]int
+	// heldWaiting holds, per project, its loaded streams whose delivery tries were refused at
+	// its share of the held streams (pinDelivery): each is told (a tick) once the project holds
+	// a stream fewer than its share. Under mu.
+	heldWaiting map[string]map[*actor]struct{}
+	closing     bool
+	inflight    sync.WaitGroup // one per acquired reference
 	// backup is the backup in progress (backup.go); backupMu lets one run at a time.
 	backup   *backupRun
 	backupMu sync.Mutex
@@ -388,6 +392,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		acc:         newAccessState(),
 		shares:      newProjectShares(),
 		heldBy:      map[string]int{},
+		heldWaiting: map[string]map[*actor]struct{}{},
 		incarnation: newStreamID(), hosted: map[string]bool{},
 		unlockDataDir: unlock,
 	}

@@ -164,7 +164,8 @@ func (s *Server) shareFree(project, flag string) {
 }
 
 // forgetProjectShares drops what the shares keep of a deleted project: its webhook semaphore,
-// its crossings and its series of itx_project_share_full_total and itx_project_at_share. Kept, they grew by one per
+// its crossings, its series of itx_project_share_full_total and itx_project_at_share, and its
+// streams waiting for its share of the held streams. Kept, they grew by one per
 // project ever deleted. A delivery still in flight holds its own reference to the semaphore.
 func (s *Server) forgetProjectShares(project string) {
 	sh := s.shares
@@ -179,6 +180,9 @@ func (s *Server) forgetProjectShares(project string) {
 	s.metrics.AtShare.DeletePartialMatch(prometheus.Labels{"project": project})
 	sh.mu.Unlock()
 	s.metrics.ShareHits.DeletePartialMatch(prometheus.Labels{"project": project})
+	s.mu.Lock()
+	delete(s.heldWaiting, project)
+	s.mu.Unlock()
 }
 
 func newShareHits() *prometheus.CounterVec {

@@ -2,8 +2,12 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"testing"
+	"time"
 
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/internal/clocktest"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 )
@@ -57,4 +61,71 @@ func TestShares_AtShareWhileThere(t *testing.T) {
 	require.Equal(t, 1.0, at())
 	s.releaseLiveShare(project) // 2 of 4: under it again
 	require.Equal(t, 0, series())
+}
+
+// pathReceiver is a mounted Receiver that reports each batch's source path, then answers once
+// told to (or once the delivery gives up).
+type pathReceiver struct {
+	got    chan string
+	answer chan struct{}
+}
+
+func (r pathReceiver) Receive(ctx context.Context, b *itx.DeliveryBatch) (int64, error) {
+	r.got <- b.Path
+	select {
+	case <-r.answer:
+		return 0, nil
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+}
+
+// A delivery try a loaded stream starts itself takes the stream in use within its project's
+// share of the held streams: past it the try does not start, and starts once the project holds
+// fewer (its stream is told, nothing else would step it: it is loaded, so the alarm loop has
+// nothing to load). Before, a delivery took the stream in use without looking, so a project's
+// deliveries hanging on its loaded idle streams held them past its share.
+func TestPinDelivery_WaitsForItsProjectsShare(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// The clock stands still: no timer (a cursor flush, the alarm loop) steps the waiting stream.
+	clock := clocktest.New(time.Unix(1_700_000_000, 0))
+	s, p := mustOpen(t, Config{DataDir: t.TempDir(), Clock: clock, MaxHeldStreams: 8, MaxLoadedStreams: 8, MaxHeldStreamsPerProject: 3})
+	const streams = 4
+	for i := range streams {
+		ref := StreamRef{ProjectID: p, Path: fmt.Sprintf("/s%d", i)}
+		_, _, err := s.ConfigureSubscription(ctx, ref, itx.SubscriptionConfig{Name: "sub",
+			Receiver: itx.Receiver{Action: itx.KindITXCall, Capability: "sink"}}, "")
+		require.NoError(t, err)
+		_, err = s.Append(ctx, ref, []itx.EventInput{{Type: "x"}}, itx.AppendOptions{})
+		require.NoError(t, err)
+		require.NoError(t, s.Settle(ctx, ref)) // parked: its receiver is not mounted
+	}
+	recv := pathReceiver{got: make(chan string, streams), answer: make(chan struct{})}
+	unmount, err := s.MountReceiver(p, "", "sink", recv) // every parked subscription resumes
+	require.NoError(t, err)
+	defer unmount()
+	defer close(recv.answer)
+	for range 3 {
+		select {
+		case <-recv.got:
+		case <-ctx.Done():
+			t.Fatal("the deliveries within the share did not start")
+		}
+	}
+	hits := s.metrics.ShareHits.WithLabelValues(p, flagHeldShare)
+	require.Eventually(t, func() bool { return testutil.ToFloat64(hits) > 0 }, 30*time.Second, time.Millisecond,
+		"the fourth delivery was not refused at the share")
+	select {
+	case path := <-recv.got:
+		t.Fatalf("a delivery on %s past the project's share of 3 held streams", path)
+	default:
+	}
+
+	recv.answer <- struct{}{} // one delivery done: its stream is let go, and the waiting one starts
+	select {
+	case <-recv.got:
+	case <-ctx.Done():
+		t.Fatal("the delivery waiting for the project's share never started")
+	}
 }

@@ -171,6 +171,7 @@ type deliveryOutcome struct {
 	birth, seek int64 // the epochs the push was read under
 	through     int64 // the cursor may move to here (0: not at all)
 	delivered   bool  // the receiver took events (a success: the skip count resets)
+	notStarted  bool  // refused at its project's share of the held streams: the row is not even touched, so a wait writes nothing
 	failure     *deliveryFailure
 	// An offset-acking subscription's try (pushJob.acking): through is how far it delivered,
 	// lastEvent the offset of the last event it carried (0: none) and confirmed what the
@@ -891,6 +892,9 @@ func (st *streamState) applyOutcome(o *deliveryOutcome, nowMs int64, env stepEnv
 	}
 	eff.rowsChanged = true
 	r.InFlightDeadlineAt, r.InFlightConnectionGeneration = 0, 0
+	if o.notStarted {
+		return nil
+	}
 	block := retryBlockOf(r)
 	if o.acking {
 		st.applyAcking(o, r, rt)
