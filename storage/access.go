@@ -338,8 +338,11 @@ func (d *Directory) CountStreamsUnder(ctx context.Context, projectID, scope stri
 		return d.CountStreams(ctx, projectID)
 	}
 	var n int
-	err := d.db.QueryRowContext(ctx, `select count(*) from streams where project_id = ? and (path = ? or substr(path, 1, ?) = ?)`,
-		projectID, scope, len(scope)+1, scope+"/").Scan(&n)
+	// The range lets the (project_id, path) index read only the scope's entries (see
+	// listStreamsQuery); the substr keeps /in-x out of /in.
+	err := d.db.QueryRowContext(ctx, `select count(*) from streams where project_id = ? and path >= ? and path < ?
+		and (path = ? or substr(path, 1, ?) = ?)`,
+		projectID, scope, scope+"0", scope, len(scope)+1, scope+"/").Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("count streams: %w", err)
 	}

@@ -253,13 +253,8 @@ func (d *Directory) ListStreams(ctx context.Context, projectID, prefix, after st
 // ListStreamsUnder is ListStreams limited to the streams at or under the path scope (by path
 // segment: /in holds /in and /in/x, not /in-x); "" or "/" is no limit.
 func (d *Directory) ListStreamsUnder(ctx context.Context, projectID, scope, prefix, after string, limit int) ([]StreamEntry, error) {
-	if scope == "/" {
-		scope = ""
-	}
-	rows, err := d.db.QueryContext(ctx, `select stream_id, project_id, path, created_at, head_offset, last_append_at,
-		subscription_count, halted_subscriptions, max_lag, reader_count, parked_subscriptions, born from streams where project_id = ? and substr(path, 1, ?) = ? and path > ?
-		and (? = '' or path = ? or substr(path, 1, ?) = ?) order by path limit ?`,
-		projectID, len(prefix), prefix, after, scope, scope, len(scope)+1, scope+"/", limit)
+	query, args := listStreamsQuery(projectID, scope, prefix, after, limit)
+	rows, err := d.db.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list streams: %w", err)
 	}
@@ -273,6 +268,47 @@ func (d *Directory) ListStreamsUnder(ctx context.Context, projectID, scope, pref
 		out = append(out, e)
 	}
 	return out, rows.Err()
+}
+
+// listStreamsQuery is ListStreamsUnder's statement. The prefix and the scope are matched
+// exactly by substr, which no index serves: alone, they made SQLite read every entry of the
+// project after `after` (a prefix matching a few streams of 100,000 read all 100,000, about
+// 20 ms, for each page and each tab completion at the prompt). So the paths they allow are also
+// given as one range, [lo, hi), that the (project_id, path) index seeks to and stops at: one
+// lower bound and one upper bound on path, as SQLite uses one of each.
+func listStreamsQuery(projectID, scope, prefix, after string, limit int) (string, []any) {
+	if scope == "/" {
+		scope = ""
+	}
+	// Every path allowed starts with prefix and, under a scope, with scope (scope itself, or
+	// scope + "/..."): it lies in [prefix, prefixEnd(prefix)) and in [scope, scope + "0"),
+	// "0" being the byte after "/".
+	lo := prefix
+	hi, bounded := prefixEnd(prefix)
+	if scope != "" {
+		lo = max(lo, scope)
+		if !bounded || scope+"0" < hi {
+			hi, bounded = scope+"0", true
+		}
+	}
+	// path > after and path >= lo as one bound: whichever is the stronger.
+	lower, bound := "path >= ?", lo
+	if after >= lo {
+		lower, bound = "path > ?", after
+	}
+	upper, end := "", any(nil)
+	if bounded {
+		upper, end = " and path < ?", hi
+	}
+	query := `select stream_id, project_id, path, created_at, head_offset, last_append_at,
+		subscription_count, halted_subscriptions, max_lag, reader_count, parked_subscriptions, born from streams
+		where project_id = ? and ` + lower + upper + ` and substr(path, 1, ?) = ?
+		and (? = '' or path = ? or substr(path, 1, ?) = ?) order by path limit ?`
+	args := []any{projectID, bound}
+	if bounded {
+		args = append(args, end)
+	}
+	return query, append(args, len(prefix), prefix, scope, scope, len(scope)+1, scope+"/", limit)
 }
 
 // SetAlarm records (or with dueAt 0, clears) a stream's next alarm.
