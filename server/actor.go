@@ -1495,10 +1495,11 @@ func (a *actor) close() {
 	// it is marked, a restart rewrites them from the catalog.
 	sum := summaryOf(a.st.head, a.st.lastAppendAt, a.st.core, pointerRow(a.st.rows), a.st.readers)
 	sum.Born = true // an unborn stream left above
-	if err := a.srv.dir.SetSecretUses(ctx, a.ref.ProjectID, a.st.streamID, refList(secretRefsOf(a.st.core))); err != nil {
-		a.srv.log.Warn().Err(err).Str("project", a.ref.ProjectID).Str("path", a.ref.Path).Msg("webhook secret uses not rewritten: the summary stays stale")
-	} else if err := a.srv.dir.UpdateStreamSummary(ctx, a.st.streamID, sum); err != nil {
-		a.srv.log.Warn().Err(err).Str("project", a.ref.ProjectID).Str("path", a.ref.Path).Msg("stream summary not refreshed")
+	// Both in one commit (they were two, each an fsync of the directory, which every unload
+	// shares): the uses and the summary, or neither and the stale mark stays.
+	if err := a.srv.dir.RefreshSummaries(ctx, []storage.SummaryRefresh{{ProjectID: a.ref.ProjectID, StreamID: a.st.streamID,
+		SecretRefs: refList(secretRefsOf(a.st.core)), Summary: sum}}); err != nil {
+		a.srv.log.Warn().Err(err).Str("project", a.ref.ProjectID).Str("path", a.ref.Path).Msg("stream summary and webhook secret uses not refreshed: the summary stays stale")
 	}
 	// A parked subscription waits for a mount, not a time: record what it waits for, so the
 	// mount can load this stream. Only streams with itx-call subscriptions pay for the write.

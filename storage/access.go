@@ -546,29 +546,6 @@ func (d *Directory) RemoveSecretUses(ctx context.Context, streamID string, refs 
 	return nil
 }
 
-// SetSecretUses replaces the references recorded for stream streamID with refs, the references
-// of its committed catalog (read when it unloads, or at start-up for a stream marked stale).
-func (d *Directory) SetSecretUses(ctx context.Context, projectID, streamID string, refs []string) error {
-	tx, err := d.db.BeginTx(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("set secret uses: %w", err)
-	}
-	defer tx.Rollback()
-	if _, err := tx.ExecContext(ctx, `delete from secret_uses where stream_id = ?`, streamID); err != nil {
-		return fmt.Errorf("set secret uses: %w", err)
-	}
-	for _, ref := range refs {
-		if _, err := tx.ExecContext(ctx, `insert or ignore into secret_uses (stream_id, project_id, ref) values (?, ?, ?)`,
-			streamID, projectID, ref); err != nil {
-			return fmt.Errorf("set secret uses: %w", err)
-		}
-	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("set secret uses: %w", err)
-	}
-	return nil
-}
-
 // DeleteSecretIfUnused deletes a project's secret when no stream's catalog references it, in
 // one statement (the check and the delete cannot be split by another writer). deleted says
 // whether it did.

@@ -36,7 +36,7 @@ func OpenBackupSource(ctx context.Context, file string) (*BackupSource, error) {
 	if _, err := os.Stat(file); errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
-	db, err := openPool(file, false, 1)
+	db, err := openPool(file, false, 1, nil)
 	if err != nil {
 		return nil, fmt.Errorf("open %s for a backup: %w", file, err)
 	}

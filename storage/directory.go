@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/itx-dev/itx"
 )
@@ -15,6 +16,8 @@ import (
 // and the alarms that must wake streams after a restart.
 type Directory struct {
 	db *sql.DB
+	// commits counts the write transactions committed (each one fsync): Commits.
+	commits *atomic.Int64
 	// MigratedFrom and MigratedTo are the schema versions OpenDirectory found and left: equal
 	// when it had nothing to do, MigratedFrom 0 for a new directory.
 	MigratedFrom, MigratedTo int
@@ -53,7 +56,8 @@ type StreamEntry struct {
 
 // OpenDirectory opens or creates the directory database at file.
 func OpenDirectory(ctx context.Context, file string) (*Directory, error) {
-	db, err := openDB(file, true, 4)
+	commits := new(atomic.Int64)
+	db, err := openCountedDB(file, true, 4, commits)
 	if err != nil {
 		return nil, fmt.Errorf("open directory: %w", err)
 	}
@@ -62,8 +66,13 @@ func OpenDirectory(ctx context.Context, file string) (*Directory, error) {
 		db.Close()
 		return nil, fmt.Errorf("open directory: %w", err)
 	}
-	return &Directory{db: db, MigratedFrom: from, MigratedTo: to}, nil
+	return &Directory{db: db, commits: commits, MigratedFrom: from, MigratedTo: to}, nil
 }
+
+// Commits is how many write transactions the directory has committed since it was opened, each
+// one fsync: what work that touches many streams (a start's refresh of their summaries) is
+// counted by.
+func (d *Directory) Commits() int64 { return d.commits.Load() }
 
 // Close closes the database.
 func (d *Directory) Close() error { return d.db.Close() }
@@ -196,11 +205,56 @@ type StreamSummary struct {
 // UpdateStreamSummary refreshes the summary of a stream (on actor unload, or after a crash) and
 // clears its stale mark.
 func (d *Directory) UpdateStreamSummary(ctx context.Context, streamID string, sum StreamSummary) error {
-	_, err := d.db.ExecContext(ctx, `update streams set head_offset = ?, last_append_at = ?, subscription_count = ?,
+	if err := updateSummary(ctx, d.db, streamID, sum); err != nil {
+		return fmt.Errorf("update stream summary: %w", err)
+	}
+	return nil
+}
+
+func updateSummary(ctx context.Context, db execer, streamID string, sum StreamSummary) error {
+	_, err := db.ExecContext(ctx, `update streams set head_offset = ?, last_append_at = ?, subscription_count = ?,
 		halted_subscriptions = ?, max_lag = ?, reader_count = ?, parked_subscriptions = ?, born = max(born, ?), summary_stale = 0 where stream_id = ?`,
 		sum.HeadOffset, sum.LastAppendAt, sum.Subscriptions, sum.HaltedSubscriptions, sum.MaxLag, sum.Readers, sum.ParkedSubscriptions, sum.Born || sum.HeadOffset > 0, streamID)
+	return err
+}
+
+// SummaryRefresh is a stream's summary and the webhook secrets its committed catalog references,
+// as RefreshSummaries writes them.
+type SummaryRefresh struct {
+	ProjectID, StreamID string
+	SecretRefs          []string
+	Summary             StreamSummary
+}
+
+// RefreshSummaries replaces each stream's secret uses with its SecretRefs, the references of its
+// committed catalog (read when it unloads, or at start-up for a stream marked stale), and
+// refreshes its summary, clearing its stale mark (as UpdateStreamSummary), all in one
+// transaction: both or neither for every stream, so a stream still marked stale has its uses
+// rewritten again by the next start. One commit (one fsync) for all of them: a start after a
+// kill -9 refreshes every stream that was loaded, and at two commits each it spent seconds on
+// fsyncs alone.
+func (d *Directory) RefreshSummaries(ctx context.Context, rs []SummaryRefresh) error {
+	tx, err := d.db.BeginTx(ctx, nil)
 	if err != nil {
-		return fmt.Errorf("update stream summary: %w", err)
+		return fmt.Errorf("refresh stream summaries: %w", err)
+	}
+	defer tx.Rollback()
+	for _, r := range rs {
+		if _, err := tx.ExecContext(ctx, `delete from secret_uses where stream_id = ?`, r.StreamID); err != nil {
+			return fmt.Errorf("refresh stream summaries: %w", err)
+		}
+		for _, ref := range r.SecretRefs {
+			if _, err := tx.ExecContext(ctx, `insert or ignore into secret_uses (stream_id, project_id, ref) values (?, ?, ?)`,
+				r.StreamID, r.ProjectID, ref); err != nil {
+				return fmt.Errorf("refresh stream summaries: %w", err)
+			}
+		}
+		if err := updateSummary(ctx, tx, r.StreamID, r.Summary); err != nil {
+			return fmt.Errorf("refresh stream summaries: %w", err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("refresh stream summaries: %w", err)
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ package storage
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"embed"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	sqlite3 "github.com/mattn/go-sqlite3"
 )
@@ -26,24 +28,47 @@ func init() {
 	if rc := configureSQLite(); rc != 0 {
 		panic(fmt.Sprintf("sqlite3_config: error %d (a connection was opened before storage's init)", rc))
 	}
-	sql.Register(driverName, &sqlite3.SQLiteDriver{
-		ConnectHook: func(c *sqlite3.SQLiteConn) error {
-			for _, p := range []string{
-				"PRAGMA journal_mode=WAL",
-				"PRAGMA synchronous=FULL",
-				"PRAGMA foreign_keys=ON",
-				"PRAGMA busy_timeout=10000",
-				// A small page cache per connection: a server holds many streams open.
-				"PRAGMA cache_size=-512",
-			} {
-				if _, err := c.Exec(p, nil); err != nil {
-					return fmt.Errorf("%s: %w", p, err)
-				}
-			}
-			return nil
-		},
-	})
+	sql.Register(driverName, &sqlite3.SQLiteDriver{ConnectHook: itxPragmas})
 }
+
+// itxPragmas sets the pragmas every itx connection carries.
+func itxPragmas(c *sqlite3.SQLiteConn) error {
+	for _, p := range []string{
+		"PRAGMA journal_mode=WAL",
+		"PRAGMA synchronous=FULL",
+		"PRAGMA foreign_keys=ON",
+		"PRAGMA busy_timeout=10000",
+		// A small page cache per connection: a server holds many streams open.
+		"PRAGMA cache_size=-512",
+	} {
+		if _, err := c.Exec(p, nil); err != nil {
+			return fmt.Errorf("%s: %w", p, err)
+		}
+	}
+	return nil
+}
+
+// countingConnector opens connections of the itx driver that count the write transactions they
+// commit (SQLite's commit hook runs for those only): Directory.Commits.
+type countingConnector struct {
+	dsn     string
+	commits *atomic.Int64
+	driver  *sqlite3.SQLiteDriver
+}
+
+func newCountingConnector(dsn string, commits *atomic.Int64) *countingConnector {
+	return &countingConnector{dsn: dsn, commits: commits, driver: &sqlite3.SQLiteDriver{
+		ConnectHook: func(c *sqlite3.SQLiteConn) error {
+			c.RegisterCommitHook(func() int { commits.Add(1); return 0 })
+			return itxPragmas(c)
+		},
+	}}
+}
+
+func (c *countingConnector) Connect(context.Context) (driver.Conn, error) {
+	return c.driver.Open(c.dsn)
+}
+func (c *countingConnector) Driver() driver.Driver { return c.driver }
 
 // openDriver and openDSNSuffix are what openPool opens: the itx driver, or, in the power-cut
 // test, a driver over a VFS that drops unsynced writes (powercut_test.go).
@@ -59,7 +84,13 @@ var migrations embed.FS
 // the durability setting on a connection it then keeps for writing. params are more of mattn's
 // DSN parameters ("&_name=value"), applied on each connection before the itx pragmas.
 func openDB(path string, create bool, maxConns int, params ...string) (*sql.DB, error) {
-	db, err := openPool(path, create, maxConns, params...)
+	return openCountedDB(path, create, maxConns, nil, params...)
+}
+
+// openCountedDB is openDB counting the write transactions committed into commits (nil: not
+// counted; nor in the power-cut test, whose driver is its own).
+func openCountedDB(path string, create bool, maxConns int, commits *atomic.Int64, params ...string) (*sql.DB, error) {
+	db, err := openPool(path, create, maxConns, commits, params...)
 	if err != nil {
 		return nil, err
 	}
@@ -76,7 +107,7 @@ func openDB(path string, create bool, maxConns int, params ...string) (*sql.DB, 
 }
 
 // openPool opens a connection pool without connecting: connections open on first use.
-func openPool(path string, create bool, maxConns int, params ...string) (*sql.DB, error) {
+func openPool(path string, create bool, maxConns int, commits *atomic.Int64, params ...string) (*sql.DB, error) {
 	mode := "rw"
 	if create {
 		mode = "rwc"
@@ -88,9 +119,15 @@ func openPool(path string, create bool, maxConns int, params ...string) (*sql.DB
 	// database/sql hands a connection to one goroutine at a time and locks it around every driver
 	// call, so the mutex only cost a lock and unlock per sqlite3_step and per column read (10% of
 	// a catch-up scan's CPU, measured with perf).
-	db, err := sql.Open(openDriver, fileURI(path)+"?mode="+mode+"&_txlock=immediate&_mutex=no"+strings.Join(params, "")+openDSNSuffix)
-	if err != nil {
-		return nil, err
+	dsn := fileURI(path) + "?mode=" + mode + "&_txlock=immediate&_mutex=no" + strings.Join(params, "") + openDSNSuffix
+	var db *sql.DB
+	if commits != nil && openDriver == driverName {
+		db = sql.OpenDB(newCountingConnector(dsn, commits))
+	} else {
+		var err error
+		if db, err = sql.Open(openDriver, dsn); err != nil {
+			return nil, err
+		}
 	}
 	db.SetMaxOpenConns(maxConns)
 	db.SetMaxIdleConns(maxConns)

@@ -159,7 +159,7 @@ func openStream(ctx context.Context, file string, create bool) (*Stream, error) 
 	}
 	// Readers open on demand and close after a short idle spell: every SQLite connection holds
 	// ~150 KB, and a server keeps many streams loaded that nobody is reading.
-	r, err := openPool(file, false, ReaderConns)
+	r, err := openPool(file, false, ReaderConns, nil)
 	if err != nil {
 		w.Close()
 		return nil, fmt.Errorf("open stream %s: %w", file, err)
