@@ -566,13 +566,23 @@ func (s *Server) Close(ctx context.Context) error {
 	}
 	s.actors = map[StreamRef]*actor{}
 	s.mu.Unlock()
-	for _, a := range actors {
+	// Several at a time, as a sweep unloads them: each checkpoints its database and writes its
+	// summary (fsyncs). One after another, 1,024 loaded streams took 23 s to close on a busy
+	// machine, past the grace a supervisor gives before its SIGKILL (an unclean stop, which the
+	// next start pays for again).
+	inParallel(actors, func(a *actor) {
+		if closeUnloadHook != nil {
+			closeUnloadHook()
+		}
 		a.unload()
-	}
+	})
 	err = errors.Join(err, s.dir.Close())
 	s.unlockDataDir()
 	return err
 }
+
+// closeUnloadHook, when set (tests), runs in Close before each stream's unload.
+var closeUnloadHook func()
 
 // heldStreams says which loaded streams calls or deliveries still hold (at most 5 named): what
 // a shutdown that timed out waited for.
