@@ -29,6 +29,7 @@ func main() {
 	n := flag.Int("n", 1000, "how many")
 	par := flag.Int("par", 16, "calls in flight")
 	path := flag.String("path", "/one", "the stream for subs, readers, scheduled, describe")
+	in := flag.Duration("in", time.Minute, "schedmany: how far ahead the appends are due")
 	prefix := flag.String("prefix", "", "list: the prefix; with -n, that many single-page calls are timed")
 	flag.Parse()
 	var creds struct{ ProjectToken string }
@@ -150,6 +151,30 @@ func main() {
 				fmt.Printf("schedule #%d: %v\n", i, time.Since(t))
 			}
 		}
+	case "schedmany":
+		// one scheduled append on each of n existing streams /s/000001.., all due in -in
+		due := time.Now().Add(*in)
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		for range *par {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					i := next.Add(1)
+					if i > int64(*n) {
+						return
+					}
+					s := client.Stream(ctx, project, fmt.Sprintf("/s/%06d", i))
+					if _, _, err := client.Schedule(ctx, s, itx.EventInput{Type: "due", IdempotencyKey: "due-" + fmt.Sprint(due.UnixMilli())}, due); err != nil {
+						log.Fatal(err)
+					}
+					s.Release()
+				}
+			}()
+		}
+		wg.Wait()
+		fmt.Printf("scheduled on %d streams, due %s\n", *n, due.Format(time.RFC3339Nano))
 	case "describe":
 		s := client.Stream(ctx, project, *path)
 		for range 3 {
