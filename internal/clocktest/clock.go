@@ -12,9 +12,16 @@ import (
 // Clock is a virtual clock. Advance fires the timers it passes one after another, in due order
 // (ties in the order they were armed), on the caller's goroutine, before it returns: a test that
 // advanced the clock knows every callback that came due has run.
+//
+// Like the system's, it has two readings: the wall clock Now returns, which Jump steps (as NTP,
+// an operator or a VM resumed from a snapshot step a machine's), and the monotonic time that
+// timers run on, which only Advance moves. A timer armed for an instant (AfterFuncAt) is armed
+// for the monotonic time the instant lies ahead of the wall clock then, as time.AfterFunc is: a
+// Jump neither fires nor moves it.
 type Clock struct {
 	mu     sync.Mutex
-	now    time.Time
+	now    time.Time     // the monotonic time, timers' base
+	skew   time.Duration // what Jump added to the wall clock: Now is now+skew
 	seq    int
 	timers []*timer
 	fire   sync.Mutex // one Advance fires at a time, so due order holds across callers
@@ -35,7 +42,15 @@ func New(start time.Time) *Clock { return &Clock{now: start} }
 func (c *Clock) Now() time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.now
+	return c.now.Add(c.skew)
+}
+
+// Jump steps the wall clock by d (back when negative), leaving the monotonic time and every
+// armed timer where they are: nothing fires.
+func (c *Clock) Jump(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.skew += d
 }
 
 // AfterFunc schedules f at Now()+d. A timer already due (d <= 0) fires at once on its own
@@ -51,7 +66,7 @@ func (c *Clock) AfterFunc(d time.Duration, f func()) itx.Timer {
 func (c *Clock) AfterFuncAt(at time.Time, f func()) itx.Timer {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.arm(at, f)
+	return c.arm(at.Add(-c.skew), f)
 }
 
 // arm adds a timer due at due. Called with c.mu held.
@@ -126,8 +141,9 @@ func (c *Clock) compact() {
 	sort.SliceStable(c.timers, func(i, j int) bool { return c.timers[i].seq < c.timers[j].seq })
 }
 
-// Next is the due time of the earliest armed timer (false when none is armed): a driver that
-// must let the work a timer releases run at the timer's time advances to it, not past it.
+// Next is the due time of the earliest armed timer on the wall clock (false when none is
+// armed): a driver that must let the work a timer releases run at the timer's time advances to
+// it, not past it.
 func (c *Clock) Next() (time.Time, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -138,7 +154,7 @@ func (c *Clock) Next() (time.Time, bool) {
 			next, found = t.due, true
 		}
 	}
-	return next, found
+	return next.Add(c.skew), found
 }
 
 // Pending reports how many timers are armed (tests wait on it instead of sleeping).
