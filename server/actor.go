@@ -61,7 +61,9 @@ type actor struct {
 	failedReaders   []readerOp        // the reader operations of a step whose commit failed
 	failedSchedules []scheduleOp      // the schedule operations of a step whose commit failed
 	wakeT           itx.Timer
-	wakeAt          int64
+	wakeAt          int64 // when the earliest wait the last step saw comes due (epoch ms; 0: none)
+	wakeSeq         int64 // counts the wakeT armed; wakeFired is the last that fired
+	wakeFired       atomic.Int64
 	flushArmed      bool
 	failedCommits   int       // in a row: the cursor flush backs off while storage refuses (flushDelay)
 	limitLogged     bool      // a refusal for the project's stream limit was logged at info
@@ -1362,10 +1364,12 @@ func (a *actor) startPush(job pushJob) {
 	}()
 }
 
-// armWake makes sure a step runs when the earliest retry comes due.
+// armWake makes sure a step runs when the earliest retry comes due, and within alarmSleep: the
+// timer runs on the monotonic clock, and the times it serves are wall times (a scheduled append,
+// a processor's alarm), which a step of the wall clock makes due sooner than it fires.
 func (a *actor) armWake(at int64) {
-	if at == a.wakeAt {
-		return
+	if at == a.wakeAt && (at == 0 || a.wakeFired.Load() != a.wakeSeq) {
+		return // armed for it, not fired yet
 	}
 	if a.wakeT != nil {
 		a.wakeT.Stop()
@@ -1376,7 +1380,12 @@ func (a *actor) armWake(at int64) {
 		return
 	}
 	// An instant, not a delay from the step's now: the clock may have moved while the step ran.
-	a.wakeT = itx.AfterFuncAt(a.srv.clock, time.UnixMilli(at), func() { a.post(actorMsg{tick: true}) })
+	a.wakeSeq++
+	seq := a.wakeSeq
+	a.wakeT = itx.AfterFuncAt(a.srv.clock, time.UnixMilli(min(at, itx.UnixMilli(a.srv.clock.Now().Add(alarmSleep)))), func() {
+		a.wakeFired.Store(seq)
+		a.post(actorMsg{tick: true})
+	})
 }
 
 // evictEphemeral plans the FIFO eviction that keeps the ephemeral buffer within its bound once
@@ -1566,6 +1575,9 @@ func (a *actor) nextAlarm(retentionDue int64) int64 {
 			continue
 		}
 		at := max(r.NextAttemptAt, now)
+		if at > retryHorizon(now) {
+			at = now // set before the wall clock went back (see retryHorizon)
+		}
 		if due == 0 || at < due {
 			due = at
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/itx-dev/itx"
@@ -19,6 +20,7 @@ func (s *Server) wakeDue() {
 	defer s.inflight.Done()
 	ctx := s.base
 	now := itx.UnixMilli(s.clock.Now())
+	s.noteClock(ctx, now)
 	due, err := s.dir.DueAlarms(ctx, now)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -85,10 +87,78 @@ const alarmRetryMs = 1000
 // woke them but another stream's alarm or a call.
 const unreadableRetryMs = 60_000
 
-// alarmChanged makes sure the alarm timer fires no later than due (epoch ms).
+// alarmSleep is the longest the alarm timer sleeps: it runs on the monotonic clock, so after the
+// wall clock stepped forward (NTP, an operator, a VM resumed from a snapshot) it would fire as
+// far ahead as it was armed (a day, for a scheduled append due tomorrow) while the alarms it
+// serves, wall times, are already due; and a wakeDue notices a step back (noteClock).
+const alarmSleep = time.Minute
+
+// relativeAlarmHorizon is the furthest ahead of its setting that a stream's alarm marks a wait
+// rather than an appointment: the crash-loop breaker's 6 h plateau (the ladder waits at most
+// maxRetryWait, a processor's keepalive 10 s ahead). A scheduled append's due time is an
+// appointment on the wall clock, kept whatever the clock does.
+const relativeAlarmHorizon = 6*time.Hour + time.Minute
+
+// clockStepSlack is how far back the wall clock may read from one wakeDue to the next before it
+// counts as having gone back (noteClock).
+const clockStepSlack = time.Second
+
+// clockSeenSetting is the directory setting holding the wall clock's reading at a recent
+// wakeDue (at most clockSeenEvery old), so a start on a clock set back finds it went back.
+const clockSeenSetting = "clock.seen"
+
+const clockSeenEvery = time.Minute
+
+// noteClock compares the wall clock (now, epoch ms) with its reading at the last wakeDue, the
+// last process's at the first. When it reads less, the clock went back (stepped by NTP or an
+// operator, a VM restored from a snapshot), and every wait a stream armed before (a retry, a
+// processor's keepalive or backoff: alarms of wall times) lies that much further ahead: each
+// would be done as long after as the clock went back. The streams whose alarms lie within
+// relativeAlarmHorizon of the last reading are woken now instead: loaded, each takes its waits
+// again against the clock as it reads now (a retry at once, see retryHorizon; a processor's
+// keepalive by its registry), and arms its alarm anew when it unloads. Logged once per step.
+func (s *Server) noteClock(ctx context.Context, now int64) {
+	s.alarmMu.Lock()
+	seen, first := s.alarmSeen, s.alarmSeen == 0
+	s.alarmMu.Unlock()
+	if first {
+		if v, err := s.dir.Setting(ctx, clockSeenSetting); err == nil && v != nil {
+			seen, _ = strconv.ParseInt(string(v), 10, 64)
+		}
+	}
+	back := seen - now
+	stepped := back > clockStepSlack.Milliseconds()
+	s.alarmMu.Lock()
+	if first {
+		s.alarmSeenSaved = seen
+	}
+	s.alarmSeen = now
+	save := stepped || now-s.alarmSeenSaved >= clockSeenEvery.Milliseconds()
+	if save {
+		s.alarmSeenSaved = now
+	}
+	s.alarmMu.Unlock()
+	if stepped {
+		n, err := s.dir.PullAlarms(ctx, now, seen+relativeAlarmHorizon.Milliseconds())
+		ev := s.log.Warn()
+		if err != nil {
+			ev = s.log.Error().Err(err)
+		}
+		ev.Dur("back", time.Duration(back)*time.Millisecond).Int64("streams", n).
+			Msg("the wall clock went back since it was last read: the streams with a retry or a processor's alarm set before are woken now, to wait again from the clock as it reads now; scheduled appends keep their due times")
+	}
+	if save {
+		// Best effort: a full disk leaves the last reading, and a step is then found against it.
+		_ = s.dir.SetSetting(ctx, clockSeenSetting, []byte(strconv.FormatInt(now, 10)))
+	}
+}
+
+// alarmChanged makes sure the alarm timer fires no later than due (epoch ms), and within
+// alarmSleep.
 func (s *Server) alarmChanged(due int64) {
 	s.alarmMu.Lock()
 	defer s.alarmMu.Unlock()
+	due = min(due, itx.UnixMilli(s.clock.Now().Add(alarmSleep)))
 	if s.base.Err() != nil || (s.alarmNext != 0 && s.alarmNext <= due) {
 		return
 	}

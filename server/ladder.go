@@ -146,6 +146,18 @@ type deliveryFailure struct {
 	refolded bool
 }
 
+// maxRetryWait is the longest wait the ladder sets: the backoff's cap with its jitter (a
+// receiver's Retry-After is capped lower, at BackoffCap).
+var maxRetryWait = time.Duration(float64(itx.BackoffCap) * (1 + itx.BackoffJitter))
+
+// retryHorizon is the latest retry time a cursor row can hold at nowMs (epoch ms) while the wall
+// clock only moved forward: one further ahead was set before the clock went back (stepped by NTP
+// or an operator, a VM restored from a snapshot, a restart on a machine whose clock is behind).
+// Such a retry is due at once: waiting for the clock to read its time again would hold it for
+// as long as the clock went back (days, for a VM restored from an old snapshot), and the wait
+// it was given, at most maxRetryWait, cannot be told apart from the step any more.
+func retryHorizon(nowMs int64) int64 { return nowMs + maxRetryWait.Milliseconds() }
+
 // decisionKind is what the ladder decides after a failure.
 type decisionKind int
 

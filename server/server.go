@@ -205,6 +205,10 @@ type Server struct {
 	alarmMu   sync.Mutex
 	alarmT    itx.Timer
 	alarmNext int64 // epoch ms the alarm timer is armed for; 0: none
+	// alarmSeen is the wall clock's reading (epoch ms) at the last wakeDue, and alarmSeenSaved
+	// the last one written to the directory (clockSeenSetting): a later wakeDue reading less
+	// finds the clock went back (see pullAfterStepBack). Guarded by alarmMu.
+	alarmSeen, alarmSeenSaved int64
 	// alarmsWaiting: the last wakeDue left streams with work due unloaded (a bound held them
 	// back); their warning is logged once until a wakeDue loads every due stream again.
 	alarmsWaiting atomic.Bool

@@ -548,6 +548,12 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 		if after >= st.head {
 			continue
 		}
+		if r.NextAttemptAt > retryHorizon(nowMs) {
+			// Set before the wall clock went back (see retryHorizon): due now, rather than when
+			// the clock reads that time again, as long after as it went back.
+			r.NextAttemptAt = nowMs
+			st.touch(name, now)
+		}
 		if r.NextAttemptAt > nowMs {
 			if eff.wakeAt == 0 || r.NextAttemptAt < eff.wakeAt {
 				eff.wakeAt = r.NextAttemptAt

@@ -380,6 +380,20 @@ func (d *Directory) SetAlarm(ctx context.Context, streamID string, dueAt int64) 
 	return nil
 }
 
+// PullAlarms moves every alarm due after `after` and at or before `through` (epoch ms) to
+// `after`, in one transaction, and returns how many it moved.
+func (d *Directory) PullAlarms(ctx context.Context, after, through int64) (int64, error) {
+	res, err := d.db.ExecContext(ctx, `update alarms set due_at = ? where due_at > ? and due_at <= ?`, after, after, through)
+	if err != nil {
+		return 0, fmt.Errorf("pull alarms: %w", err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, fmt.Errorf("pull alarms: %w", err)
+	}
+	return n, nil
+}
+
 // DueAlarm is an alarm at or before a given time, with the stream it wakes.
 type DueAlarm struct {
 	StreamEntry
