@@ -85,10 +85,13 @@ func (s *Server) scheduleBackups() {
 	if s.cfg.BackupEvery <= 0 {
 		return
 	}
-	next := s.clock.Now()
+	now := s.clock.Now()
+	next := now
 	if names := s.scheduledBackups(); len(names) > 0 {
 		if last, ok := scheduledBackupTime(names[len(names)-1]); ok {
-			next = last.Add(s.cfg.BackupEvery)
+			// Not later than an interval from now: a newest one named after now was written
+			// before the clock went back, and its time plus the interval may be days ahead.
+			next = minTime(last.Add(s.cfg.BackupEvery), now.Add(s.cfg.BackupEvery))
 			// The newest backup in the folder is the last one written, by an earlier process:
 			// itx_backup_last_success_timestamp_seconds said 0 after every restart until the
 			// next one (up to an interval later), so an alert on its age fired for that long.
@@ -128,7 +131,19 @@ func (s *Server) scheduledBackup() {
 	s.armBackup(next)
 }
 
-// scheduledBackups lists the names of the scheduled backups in BackupDir, oldest first.
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+// scheduledBackups lists the names of the scheduled backups in BackupDir, oldest first: in the
+// order of the times they are named by, except that those named after the clock's reading come
+// first, in their order. Those were written before the wall clock went back (NTP, an operator,
+// a VM restored from a snapshot), so before every backup named since: ordered by name alone,
+// each new backup sorted before them and was the one pruned, right after it was written, until
+// the clock read their times again.
 func (s *Server) scheduledBackups() []string {
 	entries, err := os.ReadDir(s.cfg.BackupDir)
 	if err != nil {
@@ -142,6 +157,12 @@ func (s *Server) scheduledBackups() []string {
 		}
 	}
 	sort.Strings(names)
+	now := s.clock.Now()
+	ahead := func(name string) bool {
+		t, _ := scheduledBackupTime(name)
+		return t.After(now)
+	}
+	sort.SliceStable(names, func(i, j int) bool { return ahead(names[i]) && !ahead(names[j]) })
 	return names
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -217,4 +218,50 @@ func TestClockStep_ScheduledAppend(t *testing.T) {
 			require.Equal(t, []string{"x", "due"}, events(ref), "once")
 		})
 	}
+}
+
+// Scheduled backups go on when the wall clock went back: the backups named after the clock's
+// reading were written before the step, so they are the oldest and pruned first (by name alone,
+// each new backup sorted before them and was deleted right after it was written), and a restart
+// on a clock set back backs up an interval on, not an interval after the newest name.
+func TestClockStep_ScheduledBackups(t *testing.T) {
+	ctx := context.Background()
+	clock := clocktest.New(time.Date(2026, 12, 5, 20, 0, 0, 0, time.UTC))
+	dir := t.TempDir()
+	cfg := Config{DataDir: t.TempDir(), Clock: clock, BackupDir: dir, BackupEvery: time.Hour, BackupKeep: 2}
+	s, err := Open(ctx, cfg)
+	require.NoError(t, err)
+	names := func() []string {
+		entries, err := os.ReadDir(dir)
+		require.NoError(t, err)
+		var out []string
+		for _, e := range entries {
+			out = append(out, e.Name())
+		}
+		return out
+	}
+	armed := func(s *Server, n int) func() bool {
+		return func() bool { s.mu.Lock(); defer s.mu.Unlock(); return s.backupsArmed == n }
+	}
+	require.Eventually(t, armed(s, 2), 10*time.Second, time.Millisecond) // the first, at once
+	clock.Advance(time.Hour)
+	require.Equal(t, []string{"itx-backup-20261205T200000.000Z", "itx-backup-20261205T210000.000Z"}, names())
+
+	clock.Jump(-24 * time.Hour)
+	clock.Advance(time.Hour)
+	require.Equal(t, []string{"itx-backup-20261204T220000.000Z", "itx-backup-20261205T210000.000Z"}, names(),
+		"the new one kept, the oldest written deleted")
+	clock.Advance(time.Hour)
+	require.Equal(t, []string{"itx-backup-20261204T220000.000Z", "itx-backup-20261204T230000.000Z"}, names())
+
+	// Stopped, the clock set back another day, started: the next is an hour on.
+	require.NoError(t, s.Close(ctx))
+	clock.Jump(-24 * time.Hour)
+	s, err = Open(ctx, cfg)
+	require.NoError(t, err)
+	defer mustClose(t, s)
+	require.Eventually(t, armed(s, 1), 10*time.Second, time.Millisecond)
+	clock.Advance(time.Hour)
+	require.Equal(t, []string{"itx-backup-20261204T000000.000Z", "itx-backup-20261204T230000.000Z"}, names(),
+		"an hour on; the oldest written deleted")
 }
