@@ -133,6 +133,7 @@ type actorMsg struct {
 	unmounted string
 	flush     bool
 	tick      bool
+	clockBack int64      // ms: see stepInput.clockBack
 	settle    chan<- int // answered after the step with the number of pushes in flight
 	// written: answered once the step that flushes the cursor rows has committed them or failed
 	// to (a disk refusing them: the barrier answers all the same, see writeRows). A barrier asks
@@ -706,6 +707,8 @@ func (in *stepInput) add(m actorMsg) {
 		in.unmounted = append(in.unmounted, m.unmounted)
 	case m.flush:
 		in.flush = true
+	case m.clockBack > 0:
+		in.clockBack = max(in.clockBack, m.clockBack)
 	}
 }
 

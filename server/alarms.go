@@ -31,7 +31,17 @@ func (s *Server) wakeDue() {
 	deferred, unreadable := 0, 0
 	var projects []string // of the deferred streams, the first few distinct, for the warning
 	for _, d := range due {
-		a, err := s.acquire(ctx, StreamRef{ProjectID: d.ProjectID, Path: d.Path})
+		ref := StreamRef{ProjectID: d.ProjectID, Path: d.Path}
+		s.mu.Lock()
+		_, loaded := s.actors[ref]
+		s.mu.Unlock()
+		if loaded {
+			// Its alarm reads "due now" while it is loaded (a crash leaves it owed a load), and
+			// it keeps its own timers. A load here would count as a use: wakeDue runs every
+			// alarmSleep, so no stream with an alarm would ever idle out.
+			continue
+		}
+		a, err := s.acquire(ctx, ref)
 		if err != nil {
 			if itx.ErrorCode(err) == itx.ELimitExceeded {
 				deferred++ // --max-held-streams: try again shortly, when streams are released
@@ -73,9 +83,10 @@ func (s *Server) wakeDue() {
 	if err != nil {
 		return
 	}
-	if next > 0 {
-		s.alarmChanged(next)
+	if next == 0 {
+		next = now + alarmSleep.Milliseconds() // to look at the clock again (noteClock)
 	}
+	s.alarmChanged(next)
 }
 
 // alarmRetryMs is how soon wakeDue tries again for due streams it could not load.
@@ -116,7 +127,8 @@ const clockSeenEvery = time.Minute
 // would be done as long after as the clock went back. The streams whose alarms lie within
 // relativeAlarmHorizon of the last reading are woken now instead: loaded, each takes its waits
 // again against the clock as it reads now (a retry at once, see retryHorizon; a processor's
-// keepalive by its registry), and arms its alarm anew when it unloads. Logged once per step.
+// keepalive by its registry), and arms its alarm anew when it unloads. The streams loaded are
+// told how far it went back (stepInput.clockBack). Logged once per step.
 func (s *Server) noteClock(ctx context.Context, now int64) {
 	s.alarmMu.Lock()
 	seen, first := s.alarmSeen, s.alarmSeen == 0
@@ -144,8 +156,17 @@ func (s *Server) noteClock(ctx context.Context, now int64) {
 		if err != nil {
 			ev = s.log.Error().Err(err)
 		}
-		ev.Dur("back", time.Duration(back)*time.Millisecond).Int64("streams", n).
+		s.mu.Lock()
+		loaded := make([]*actor, 0, len(s.actors))
+		for _, a := range s.actors {
+			loaded = append(loaded, a)
+		}
+		s.mu.Unlock()
+		ev.Dur("back", time.Duration(back)*time.Millisecond).Int64("streams", n).Int("loaded", len(loaded)).
 			Msg("the wall clock went back since it was last read: the streams with a retry or a processor's alarm set before are woken now, to wait again from the clock as it reads now; scheduled appends keep their due times")
+		for _, a := range loaded {
+			a.post(actorMsg{clockBack: back})
+		}
 	}
 	if save {
 		// Best effort: a full disk leaves the last reading, and a step is then found against it.

@@ -76,24 +76,31 @@ func failOnce(t *testing.T, s *Server, ref StreamRef, h *stepHook) int64 {
 
 // A retry waits the time the ladder set, not that plus however far the wall clock went back
 // meanwhile: the wake timer fires on the monotonic clock, and the step then read the retry
-// time, a wall time, as a day ahead (the step back) and waited for it.
+// time, a wall time, as a day ahead (the step back) and waited for it. A step back of minutes
+// is found by the server within alarmSleep (noteClock), and the retry is done then.
 func TestClockStep_RetryOfALoadedStreamAfterTheClockWentBack(t *testing.T) {
-	clock := clocktest.New(time.Unix(1_800_000_000, 0))
-	s, projectID := mustOpen(t, Config{DataDir: t.TempDir(), Clock: clock, Random: func() float64 { return 0.5 }})
-	ref := StreamRef{ProjectID: projectID, Path: "/a"}
-	h := newStepHook(t, "")
-	next := failOnce(t, s, ref, h)
-	require.Equal(t, clock.Now().Add(time.Second).UnixMilli(), next, "the ladder's first rung")
+	for _, c := range []struct {
+		back, within time.Duration
+	}{{24 * time.Hour, time.Second}, {10 * time.Minute, time.Second + alarmSleep}} {
+		t.Run(c.back.String(), func(t *testing.T) {
+			clock := clocktest.New(time.Unix(1_800_000_000, 0))
+			s, projectID := mustOpen(t, Config{DataDir: t.TempDir(), Clock: clock, Random: func() float64 { return 0.5 }})
+			ref := StreamRef{ProjectID: projectID, Path: "/a"}
+			h := newStepHook(t, "")
+			next := failOnce(t, s, ref, h)
+			require.Equal(t, clock.Now().Add(time.Second).UnixMilli(), next, "the ladder's first rung")
 
-	h.accept.Store(true)
-	clock.Jump(-24 * time.Hour)
-	clock.Advance(time.Second)
-	h.waitRequest(t, 10*time.Second, "the retry, a second on")
-	require.NoError(t, s.Settle(context.Background(), ref))
-	d, err := s.DescribeSubscription(context.Background(), ref, "hook")
-	require.NoError(t, err)
-	require.Zero(t, d.Attempt, d.LastError)
-	require.Zero(t, d.NextAttemptAt)
+			h.accept.Store(true)
+			clock.Jump(-c.back)
+			clock.Advance(c.within)
+			h.waitRequest(t, 10*time.Second, "the retry")
+			require.NoError(t, s.Settle(context.Background(), ref))
+			d, err := s.DescribeSubscription(context.Background(), ref, "hook")
+			require.NoError(t, err)
+			require.Zero(t, d.Attempt, d.LastError)
+			require.Zero(t, d.NextAttemptAt)
+		})
+	}
 }
 
 // An unloaded stream's retry (its alarm in the directory) is woken when the clock goes back,

@@ -158,8 +158,12 @@ type stepInput struct {
 	// (the antidote deploy): the in-process alarm slice fires now, however far its backoff set it,
 	// so the registry resets the crash-loop budget and revives at once.
 	newVersion bool
-	settles    []chan<- int      // not the step's: Settle callers the actor answers after it
-	written    []chan<- struct{} // not the step's: barriers answered once the step's flush committed
+	// clockBack: the wall clock went back this far (ms) since the waits of this stream were
+	// armed (Server.noteClock): retry times, wall times, lie that much further ahead than the
+	// ladder set them, and the processors' alarm slices too.
+	clockBack int64
+	settles   []chan<- int      // not the step's: Settle callers the actor answers after it
+	written   []chan<- struct{} // not the step's: barriers answered once the step's flush committed
 }
 
 // deliveryOutcome is what one push reports: how far the cursor may move and, if the try
@@ -372,6 +376,25 @@ func step(st *streamState, in stepInput, now time.Time, env stepEnv) (effects, e
 	}
 	if in.newVersion {
 		st.fireEarly("", nowMs, &eff)
+	}
+	if in.clockBack > 0 {
+		// Each retry waits the rest of what the ladder set, not that plus the step. The
+		// processors' slices fire now: a keepalive takes its own times again (an early fire
+		// is tolerated: it arms its slice again, see processors.Registry.HandleAlarm).
+		for name, r := range st.rows {
+			if r.NextAttemptAt > nowMs {
+				r.NextAttemptAt = max(nowMs, r.NextAttemptAt-in.clockBack)
+				st.touch(name, now)
+			}
+		}
+		owners := make([]string, 0, len(st.procAlarms))
+		for owner := range st.procAlarms {
+			owners = append(owners, owner)
+		}
+		sort.Strings(owners)
+		for _, owner := range owners {
+			st.fireEarly(owner, nowMs, &eff)
+		}
 	}
 
 	// 3b. A new incarnation of a stream whose processors this server hosts says so once.
