@@ -79,12 +79,34 @@ const (
 	ActionReviveFailed AlarmAction = "revive-failed" // the pass failed; the marked backoff retries
 )
 
+// afterClockStepBack takes back, at ms, what the wall clock going back (stepped by NTP or an
+// operator, a VM restored from a snapshot) left in rec (pure). Its times are wall times: an
+// alarm armed a lead or a backoff ahead would otherwise fire as long after as the clock went
+// back, and a revival marked "later than now" would hold the next one back by the step too. An
+// alarm further ahead than the record ever arms it (the lead, or the backoff its revivals
+// reached) is due now; a revival marked later than now counts as marked now, so a crash loop
+// still waits its whole backoff, no more.
+func afterClockStepBack(rec KeepaliveRecord, ms int64) KeepaliveRecord {
+	if rec.LastRevivalAt > ms {
+		rec.LastRevivalAt = ms
+	}
+	horizon := KeepaliveLead
+	if rec.Revivals > 0 {
+		horizon = RevivalBackoff(rec.Revivals)
+	}
+	if rec.ArmedAt > ms+horizon.Milliseconds() {
+		rec.ArmedAt = ms
+	}
+	return rec
+}
+
 // onFire is the breaker's policy for one alarm fire at now (pure). The mark is written before the
 // revival runs: a crash anywhere after it leaves the incremented count and a retry armed at the
 // backoff, so a crash loop can only decay. Revivals are spaced by the record, not by whoever
 // armed the alarm last, so work pulling the alarm back to the lead cannot tighten the loop.
 func onFire(rec KeepaliveRecord, mem keepaliveMemory, now time.Time, version string) (AlarmAction, KeepaliveRecord, keepaliveMemory) {
 	ms := now.UnixMilli()
+	rec = afterClockStepBack(rec, ms)
 	if rec.ArmedAt == 0 || ms < rec.ArmedAt {
 		return ActionNotDue, rec, mem
 	}

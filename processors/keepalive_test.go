@@ -281,6 +281,46 @@ fire 5s`,
 track        revivals=0 armed=+10s
 fire 5s      not-due revivals=0 armed=+10s`,
 		},
+		{
+			// The alarm, a wall time 10 s ahead, read as a day and 10 s ahead: the revival
+			// waited a day (or until the stream's next load).
+			name: "after the clock went back a day, a revival owed is due at once",
+			script: `
+track
+crash
+fire -24h`,
+			want: `
+track        revivals=0 armed=+10s
+crash        revivals=0 armed=+10s
+fire -24h    revive revivals=1 armed=+-23h59m50s`,
+		},
+		{
+			name: "after the clock went back a day, a crash loop waits its backoff from now, not the step too",
+			script: `
+track
+crash
+fire 10s
+pass ok
+track
+crash
+fire 20s
+pass ok
+crash
+fire -24h
+fire -23h59m`,
+			want: `
+track        revivals=0 armed=+10s
+crash        revivals=0 armed=+10s
+fire 10s     revive revivals=1 armed=+20s
+pass ok      revived revivals=1 armed=+20s
+track        revivals=1 armed=+20s
+crash        revivals=1 armed=+20s
+fire 20s     revive revivals=2 armed=+1m20s
+pass ok      revived revivals=2 armed=+30s
+crash        revivals=2 armed=+30s
+fire -24h    backoff-wait revivals=2 armed=+-23h59m0s
+fire -23h59m revive revivals=3 armed=+-23h54m0s`,
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -81,7 +81,12 @@ func Register[S any](ctx context.Context, reg *Registry, c Contract[S], store Pr
 			k.rec = KeepaliveRecord{}
 		}
 	}
-	reset := false
+	reset, stepped := false, false
+	if rec := afterClockStepBack(k.rec, reg.cfg.Clock.Now().UnixMilli()); rec != k.rec {
+		// The clock went back since the record was written: its alarm and backoff are taken
+		// again from the clock as it reads now, and written so.
+		k.rec, stepped = rec, true
+	}
 	if k.rec.ArmedAt != 0 && k.rec.Version != reg.cfg.Version {
 		// The antidote deploy retries immediately: a revival owed (or a crash loop backing off,
 		// up to the plateau) under another version is due now, with a fresh budget, rather than
@@ -113,8 +118,10 @@ func Register[S any](ctx context.Context, reg *Registry, c Contract[S], store Pr
 	reg.mu.Lock()
 	reg.entries = append(reg.entries, k)
 	reg.mu.Unlock()
-	if reset {
-		reg.cfg.Logf("processor %q: a new version (%s): its crash-loop budget is reset and its revival is due now", c.Name, reg.cfg.Version)
+	if reset || stepped {
+		if reset {
+			reg.cfg.Logf("processor %q: a new version (%s): its crash-loop budget is reset and its revival is due now", c.Name, reg.cfg.Version)
+		}
 		// A failed write is retried by the next tracked work (unsaved); the runner stays.
 		_ = k.persist(ctx)
 		return r, nil

@@ -174,6 +174,39 @@ func TestRegistry_NewVersionRevivesAtOnce(t *testing.T) {
 	})
 }
 
+// A keepalive record written before the wall clock went back a day (an alarm 10 s ahead then,
+// a revival marked then) is taken again from the clock as it reads at registration: the alarm
+// is due now, not in a day, and a crash loop backs off from now.
+func TestRegistry_RecordFromBeforeTheClockWentBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture()
+		kv, alarm := proctest.NewMemoryKV(), &proctest.MemoryAlarm{}
+		before := f.clock.Now().Add(24 * time.Hour).UnixMilli()
+		for _, c := range []struct {
+			name string
+			rec  processors.KeepaliveRecord
+			want time.Time
+		}{
+			{"lead", processors.KeepaliveRecord{Version: "build-1", ArmedAt: before + 10_000}, f.clock.Now()},
+			{"backoff", processors.KeepaliveRecord{Version: "build-1", Revivals: 5, LastRevivalAt: before, ArmedAt: before + processors.RevivalPlateau.Milliseconds()}, f.clock.Now()},
+		} {
+			raw, _ := json.Marshal(c.rec)
+			if err := kv.Put(context.Background(), processors.KeepaliveKey(c.name), raw); err != nil {
+				t.Fatal(err)
+			}
+			h := host(t, f, kv, alarm, "build-1", c.name)
+			if at := alarm.At(); at.After(c.want) {
+				t.Errorf("%s: alarm at %v, want %v", c.name, at, c.want)
+			}
+			if rec, _ := h.reg.Keepalive(c.name); rec.LastRevivalAt > f.clock.Now().UnixMilli() {
+				t.Errorf("%s: last revival at %d, after now %d", c.name, rec.LastRevivalAt, f.clock.Now().UnixMilli())
+			}
+			h.reg.Close()
+			h.reg.Remove(c.name)
+		}
+	})
+}
+
 // Crash-loop evidence is one stream/error-occurred fact per host version per stream, keyed
 // processor-host-crash-loop:<version> (seed 002), naming in its payload the processor that
 // looped first. A second processor looping on the same stream and version is revived all the
