@@ -92,7 +92,9 @@ type Session struct {
 	ends   map[uint64]func() // what the session opened that must end with it
 	endSeq uint64
 	ended  bool
-	expiry itx.Timer // fires at the token's expiry; nil: it does not expire
+	expiryMu sync.Mutex
+	expiry   itx.Timer // fires at the token's expiry, or alarmSleep on (armExpiry); nil: it does not expire
+	closed   bool      // guarded by expiryMu: Close ran, arm no other timer
 }
 
 // Check fails with EUnauthenticated once the session's token was revoked or has expired.
@@ -200,9 +202,12 @@ func (x *Session) end() {
 
 // Close forgets the session (its RPC connection ended).
 func (x *Session) Close() {
+	x.expiryMu.Lock()
+	x.closed = true
 	if x.expiry != nil {
 		x.expiry.Stop()
 	}
+	x.expiryMu.Unlock()
 	x.endMu.Lock()
 	x.ended, x.ends = true, nil // the connection's end releases what it held
 	x.endMu.Unlock()
@@ -253,9 +258,28 @@ func (s *Server) OpenSession(ctx context.Context, token string, onRevoke func())
 	if t.ExpiresAt != 0 {
 		// Expiry ends the session like a revocation: not only its next call fails, what it
 		// opened stops pushing at the instant.
-		x.expiry = s.clock.AfterFunc(time.UnixMilli(t.ExpiresAt).Sub(s.clock.Now()), func() { s.expireSession(x) })
+		s.armExpiry(x)
 	}
 	return x, nil
+}
+
+// armExpiry ends the session once the wall clock reads its token's expiry, a wall time. The
+// timer runs on the monotonic clock, so it sleeps at most alarmSleep and reads the clock again:
+// armed for the whole wait, a session went on pushing for as long after the clock stepped past
+// the expiry as the wait had left (its calls were refused, by Check), and one whose clock went
+// back ended before its token expired.
+func (s *Server) armExpiry(x *Session) {
+	wait := time.UnixMilli(x.Token.ExpiresAt).Sub(s.clock.Now())
+	x.expiryMu.Lock()
+	defer x.expiryMu.Unlock()
+	if x.closed {
+		return
+	}
+	if wait <= 0 {
+		x.expiry = s.clock.AfterFunc(0, func() { s.expireSession(x) })
+		return
+	}
+	x.expiry = s.clock.AfterFunc(min(wait, alarmSleep), func() { s.armExpiry(x) })
 }
 
 // expireSession ends a session whose token expired.

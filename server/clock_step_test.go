@@ -272,3 +272,48 @@ func TestClockStep_ScheduledBackups(t *testing.T) {
 	require.Equal(t, []string{"itx-backup-20261204T000000.000Z", "itx-backup-20261204T230000.000Z"}, names(),
 		"an hour on; the oldest written deleted")
 }
+
+// A session ends when the wall clock reads its token's expiry: after a step forward past it
+// within alarmSleep (its timer, on the monotonic clock, was armed a day ahead, and its
+// connections went on pushing), and after a step back not before it (the timer ended it an
+// hour early).
+func TestClockStep_TokenExpiry(t *testing.T) {
+	ctx := context.Background()
+	clock := clocktest.New(time.Unix(1_800_000_000, 0))
+	s, projectID := mustOpen(t, Config{DataDir: t.TempDir(), Clock: clock})
+	session := func(expires time.Duration) (*Session, chan struct{}) {
+		token, _, err := s.CreateToken(ctx, Admin{ProjectID: projectID}, projectID, "expiring", clock.Now().Add(expires).UnixMilli(),
+			itx.Scope{Rights: []itx.Right{itx.RightRead}})
+		require.NoError(t, err)
+		ended := make(chan struct{})
+		x, err := s.OpenSession(ctx, token, func() { close(ended) })
+		require.NoError(t, err)
+		t.Cleanup(x.Close)
+		return x, ended
+	}
+	isEnded := func(ended chan struct{}) bool {
+		select {
+		case <-ended:
+			return true
+		default:
+			return false
+		}
+	}
+
+	t.Run("forward", func(t *testing.T) {
+		x, ended := session(24 * time.Hour)
+		clock.Jump(25 * time.Hour)
+		clock.Advance(alarmSleep)
+		require.Eventually(t, func() bool { return isEnded(ended) }, 10*time.Second, time.Millisecond, "ended within alarmSleep")
+		require.Error(t, x.Check())
+	})
+	t.Run("back", func(t *testing.T) {
+		x, ended := session(time.Hour)
+		clock.Jump(-2 * time.Hour)
+		clock.Advance(time.Hour + alarmSleep)
+		require.False(t, isEnded(ended), "not before its expiry")
+		require.NoError(t, x.Check())
+		clock.Advance(2 * time.Hour)
+		require.Eventually(t, func() bool { return isEnded(ended) }, 10*time.Second, time.Millisecond)
+	})
+}
