@@ -88,10 +88,10 @@ type Session struct {
 
 	live atomic.Int64 // live connections and live-state views open under this login
 
-	endMu  sync.Mutex
-	ends   map[uint64]func() // what the session opened that must end with it
-	endSeq uint64
-	ended  bool
+	endMu    sync.Mutex
+	ends     map[uint64]func() // what the session opened that must end with it
+	endSeq   uint64
+	ended    bool
 	expiryMu sync.Mutex
 	expiry   itx.Timer // fires at the token's expiry, or alarmSleep on (armExpiry); nil: it does not expire
 	closed   bool      // guarded by expiryMu: Close ran, arm no other timer
