@@ -86,6 +86,7 @@ type actor struct {
 	usage     *projectUsage
 	sinceStat int64
 	retT      itx.Timer // when the retention policy's age limit has an event to trim (armRetention)
+	retAt     time.Time // what retT waits for: it sleeps at most alarmSleep, then reads the clock again
 	// pendingAudits are the audit records of the stream's own changes not yet known to be in
 	// /audit, as committed under auditPendingKey.
 	pendingAudits []storage.AuditRecord
@@ -655,8 +656,10 @@ func (a *actor) handle(m actorMsg) bool {
 		a.setRetention(m.retention)
 	case m.retentionDue:
 		a.retT = nil
-		if a.store != nil {
-			a.applyRetention(a.srv.clock.Now())
+		if now := a.srv.clock.Now(); now.Before(a.retAt) {
+			a.armRetentionAt(a.retAt) // not yet: the timer slept its alarmSleep
+		} else if a.store != nil {
+			a.applyRetention(now)
 		}
 	case m.vacuum:
 		a.vacuumChunk()

@@ -317,3 +317,29 @@ func TestClockStep_TokenExpiry(t *testing.T) {
 		require.Eventually(t, func() bool { return isEnded(ended) }, 10*time.Second, time.Millisecond)
 	})
 }
+
+// A retention age is an appointment on the wall clock too: a stream held loaded (a connection,
+// a live view) trims the event a step forward aged past the limit within alarmSleep, not when
+// the timer armed for the whole wait (the limit: an hour here) runs out.
+func TestClockStep_RetentionAgeOfAHeldStream(t *testing.T) {
+	ctx := context.Background()
+	clock := clocktest.New(time.Unix(1_800_000_000, 0))
+	s, projectID := mustOpen(t, Config{DataDir: t.TempDir(), Clock: clock})
+	ref := StreamRef{ProjectID: projectID, Path: "/aged"}
+	_, err := s.Append(ctx, ref, []itx.EventInput{{Type: "x"}, {Type: "x"}}, itx.AppendOptions{})
+	require.NoError(t, err)
+	held, err := s.acquire(ctx, ref)
+	require.NoError(t, err)
+	defer s.release(held)
+	require.NoError(t, s.SetRetention(ctx, Admin{ProjectID: projectID}, ref, time.Hour.Milliseconds(), 0, 0))
+	info, err := s.Describe(ctx, ref)
+	require.NoError(t, err)
+	require.Zero(t, info.TrimmedThrough)
+
+	clock.Jump(2 * time.Hour)
+	clock.Advance(alarmSleep)
+	require.Eventually(t, func() bool {
+		info, err := s.Describe(ctx, ref)
+		return err == nil && info.TrimmedThrough == 2
+	}, 10*time.Second, time.Millisecond, "trimmed within alarmSleep")
+}

@@ -472,7 +472,23 @@ func (a *actor) armRetention() {
 	if due > 0 && time.UnixMilli(due).After(at) {
 		at = time.UnixMilli(due)
 	}
-	a.retT = itx.AfterFuncAt(a.srv.clock, at, func() { a.post(actorMsg{retentionDue: true}) })
+	a.armRetentionAt(at)
+}
+
+// armRetentionAt arms retT for at, a wall time: within alarmSleep, then again from the clock as
+// it reads then, since the timer runs on the monotonic clock (armed for the whole wait, a stream
+// held loaded trimmed an event a step forward aged only when the wait before the step ran out:
+// up to the age limit, 30 days for a limit of 30 days). Actor goroutine only.
+func (a *actor) armRetentionAt(at time.Time) {
+	if a.retT != nil {
+		a.retT.Stop()
+	}
+	a.retAt = at
+	fire := at
+	if soon := a.srv.clock.Now().Add(alarmSleep); soon.Before(fire) {
+		fire = soon
+	}
+	a.retT = itx.AfterFuncAt(a.srv.clock, fire, func() { a.post(actorMsg{retentionDue: true}) })
 }
 
 // SetRetention stores a stream's retention policy and applies it at once.
