@@ -645,9 +645,11 @@ func (s *Stream) TrimNoting(ctx context.Context, through int64, limit int, note 
 
 // LastCreatedBefore returns the offset of the last event created before t (epoch ms, the
 // server's clock at its commit), 0 if the first one was not. It bisects over offsets, a seek
-// per step: the times follow the offsets while the server's clock does not step back (if it
-// did, the answer may stop short of an event older than one after it, never pass a newer one
-// that comes first).
+// per step: the times follow the offsets while the server's clock does not step back. If it
+// did, the answer is some offset whose event was created before t and whose next one was not:
+// it may stop short of an event created before t that a later-stamped one precedes, and it may
+// pass events stamped at or after t that precede it (committed before the step, by a clock that
+// was ahead). A trim to it deletes a prefix of the log, in commit order, either way.
 func (s *Stream) LastCreatedBefore(ctx context.Context, t int64) (int64, error) {
 	var head int64
 	if err := s.w.QueryRowContext(ctx, `select head_offset from stream_meta where id = 1`).Scan(&head); err != nil {
