@@ -17,7 +17,9 @@ import (
 // an operator or a VM resumed from a snapshot step a machine's), and the monotonic time that
 // timers run on, which only Advance moves. A timer armed for an instant (AfterFuncAt) is armed
 // for the monotonic time the instant lies ahead of the wall clock then, as time.AfterFunc is: a
-// Jump neither fires nor moves it.
+// Jump neither fires nor moves it. One difference remains: the system clock's readings carry
+// the monotonic time, so a duration between two of them (t.Sub(u), time.Since) ignores a step,
+// while between two of this clock's readings it includes the Jumps in between.
 type Clock struct {
 	mu     sync.Mutex
 	now    time.Time     // the monotonic time, timers' base
