@@ -324,8 +324,10 @@ func (k *keepalive) Track() func(error) {
 // fire runs one alarm fire for this keepalive: decide, mark, revive, record the outcome.
 func (k *keepalive) fire(ctx context.Context) (AlarmAction, error) {
 	reg := k.reg
-	now := reg.cfg.Clock.Now()
 	reg.mu.Lock()
+	// Read under the lock: a fire that read the clock before another fire marked its revival
+	// would see that mark ahead of its now, as after the clock went back (afterClockStepBack).
+	now := reg.cfg.Clock.Now()
 	action, rec, mem := onFire(k.rec, k.mem, now, reg.cfg.Version)
 	changed := rec != k.rec
 	k.rec, k.mem = rec, mem
