@@ -37,5 +37,19 @@ func AfterFuncAt(c Clock, at time.Time, f func()) Timer {
 	return c.AfterFunc(max(at.Sub(c.Now()), 0), f)
 }
 
+// Monotonic returns a reading of c for measuring how long something has run: the difference of
+// two readings (t.Sub(u)) is the time that passed on the monotonic clock timers run on, which a
+// step of the wall clock (NTP, an operator, a VM resumed from a snapshot) does not move. The
+// system clock's Now carries that reading already; a virtual clock whose wall clock steps gives
+// its own (Monotonic() time.Time). Only for durations: it is no wall time, and a reading whose
+// monotonic part was stripped (Round(0), UTC(), a round trip through UnixMilli) measures on the
+// wall clock again.
+func Monotonic(c Clock) time.Time {
+	if mc, ok := c.(interface{ Monotonic() time.Time }); ok {
+		return mc.Monotonic()
+	}
+	return c.Now()
+}
+
 // UnixMilli is the epoch-milliseconds form used for createdAt and every stored time.
 func UnixMilli(t time.Time) int64 { return t.UnixMilli() }

@@ -45,11 +45,14 @@ type KeepaliveRecord struct {
 // keepaliveMemory is what one incarnation knows; it dies with the incarnation, which is exactly
 // why a fresh incarnation's first fire revives.
 type keepaliveMemory struct {
-	inFlight   int
-	oldest     int64 // when the oldest in-flight work started (ms); the caller keeps it current
-	sawClean   bool  // some tracked work settled cleanly since the last fire that looked
-	sawFailure bool  // some tracked work failed: an obligation may be unsettled
-	reviving   bool  // a revival pass is running; its backoff governs the alarm
+	inFlight int
+	// oldest is when the oldest in-flight work started, an itx.Monotonic reading (the caller
+	// keeps it current): how long work has run is measured on the monotonic clock, so a step of
+	// the wall clock does not make running work look wedged and revive it while it runs.
+	oldest     time.Time
+	sawClean   bool // some tracked work settled cleanly since the last fire that looked
+	sawFailure bool // some tracked work failed: an obligation may be unsettled
+	reviving   bool // a revival pass is running; its backoff governs the alarm
 	// owed: this incarnation found the alarm armed by one before it (which died owing work, or
 	// before its confirming fire), so its first due fire revives even if work of its own has
 	// settled cleanly by then. Itxd delivers to a stream's processors whenever the stream loads
@@ -59,10 +62,11 @@ type keepaliveMemory struct {
 	owed bool
 }
 
-// wedged reports whether the oldest in-flight work has run past WedgedAfter: a hung call no
-// deadline owns. Short work overlapping continuously never looks wedged.
-func (m keepaliveMemory) wedged(ms int64) bool {
-	return m.inFlight > 0 && ms-m.oldest >= WedgedAfter.Milliseconds()
+// wedged reports whether the oldest in-flight work has run past WedgedAfter at mono (an
+// itx.Monotonic reading): a hung call no deadline owns. Short work overlapping continuously
+// never looks wedged.
+func (m keepaliveMemory) wedged(mono time.Time) bool {
+	return m.inFlight > 0 && mono.Sub(m.oldest) >= WedgedAfter
 }
 
 // AlarmAction is what one fire decided.
@@ -100,11 +104,13 @@ func afterClockStepBack(rec KeepaliveRecord, ms int64) KeepaliveRecord {
 	return rec
 }
 
-// onFire is the breaker's policy for one alarm fire at now (pure). The mark is written before the
-// revival runs: a crash anywhere after it leaves the incremented count and a retry armed at the
-// backoff, so a crash loop can only decay. Revivals are spaced by the record, not by whoever
-// armed the alarm last, so work pulling the alarm back to the lead cannot tighten the loop.
-func onFire(rec KeepaliveRecord, mem keepaliveMemory, now time.Time, version string) (AlarmAction, KeepaliveRecord, keepaliveMemory) {
+// onFire is the breaker's policy for one alarm fire at now (pure); mono is the same instant's
+// itx.Monotonic reading, which times in-flight work (now is the wall clock the record holds).
+// The mark is written before the revival runs: a crash anywhere after it leaves the incremented
+// count and a retry armed at the backoff, so a crash loop can only decay. Revivals are spaced by
+// the record, not by whoever armed the alarm last, so work pulling the alarm back to the lead
+// cannot tighten the loop.
+func onFire(rec KeepaliveRecord, mem keepaliveMemory, now, mono time.Time, version string) (AlarmAction, KeepaliveRecord, keepaliveMemory) {
 	ms := now.UnixMilli()
 	rec = afterClockStepBack(rec, ms)
 	if rec.ArmedAt == 0 || ms < rec.ArmedAt {
@@ -114,7 +120,7 @@ func onFire(rec KeepaliveRecord, mem keepaliveMemory, now time.Time, version str
 		// A new version (the antidote deploy) starts from a fresh budget.
 		rec = KeepaliveRecord{Version: version, ArmedAt: rec.ArmedAt}
 	}
-	if mem.reviving || (mem.inFlight > 0 && !mem.wedged(ms)) {
+	if mem.reviving || (mem.inFlight > 0 && !mem.wedged(mono)) {
 		// Still working (or a pass is running, whose own mark governs): push ahead.
 		rec.ArmedAt = ms + KeepaliveLead.Milliseconds()
 		return ActionBusyRearmed, rec, mem
@@ -139,15 +145,15 @@ func onFire(rec KeepaliveRecord, mem keepaliveMemory, now time.Time, version str
 // afterRevival is the policy once the revival pass ended (pure). A pass that appended its fact is
 // settled work: the alarm comes back to the lead for a confirmation fire, which resets the budget
 // if the window stays quiet; a wedged window keeps the backoff instead. A failed pass keeps the
-// backoff armed by the mark.
-func afterRevival(rec KeepaliveRecord, mem keepaliveMemory, now time.Time, passErr error) (AlarmAction, KeepaliveRecord, keepaliveMemory) {
+// backoff armed by the mark. mono is now's itx.Monotonic reading (see onFire).
+func afterRevival(rec KeepaliveRecord, mem keepaliveMemory, now, mono time.Time, passErr error) (AlarmAction, KeepaliveRecord, keepaliveMemory) {
 	mem.reviving = false
 	if passErr != nil {
 		mem.sawFailure = true
 		return ActionReviveFailed, rec, mem
 	}
 	mem.sawClean = true
-	if !mem.wedged(now.UnixMilli()) {
+	if !mem.wedged(mono) {
 		rec.ArmedAt = min(rec.ArmedAt, now.UnixMilli()+KeepaliveLead.Milliseconds())
 	}
 	return ActionRevived, rec, mem

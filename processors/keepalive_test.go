@@ -31,7 +31,7 @@ func runKeepaliveScript(t *testing.T, script string) string {
 		case "track":
 			rec, mem = onTrack(rec, mem, now, version)
 			if mem.inFlight == 1 {
-				mem.oldest = now.UnixMilli()
+				mem.oldest = now
 			}
 		case "ok", "fail":
 			var err error
@@ -39,7 +39,7 @@ func runKeepaliveScript(t *testing.T, script string) string {
 				err = errors.New("boom")
 			}
 			if mem = onSettle(mem, err); mem.inFlight == 0 {
-				mem.oldest = 0
+				mem.oldest = time.Time{}
 			}
 		case "fire":
 			d, err := time.ParseDuration(f[1])
@@ -47,13 +47,13 @@ func runKeepaliveScript(t *testing.T, script string) string {
 				t.Fatalf("%q: %v", line, err)
 			}
 			now = t0.Add(d)
-			action, rec, mem = onFire(rec, mem, now, version)
+			action, rec, mem = onFire(rec, mem, now, now, version)
 		case "pass":
 			var err error
 			if f[1] == "fail" {
 				err = errors.New("append failed")
 			}
-			action, rec, mem = afterRevival(rec, mem, now, err)
+			action, rec, mem = afterRevival(rec, mem, now, now, err)
 		case "version":
 			version, mem = f[1], keepaliveMemory{}
 		case "crash":
@@ -346,11 +346,11 @@ func TestKeepalive_Wedged(t *testing.T) {
 	var rec KeepaliveRecord
 	var mem keepaliveMemory
 	rec, mem = onTrack(rec, mem, t0, "v1") // wedged work: it never settles
-	mem.oldest = t0.UnixMilli()
+	mem.oldest = t0
 	var action AlarmAction
 	fires := 0
 	for now := t0.Add(KeepaliveLead); ; now = time.UnixMilli(rec.ArmedAt) {
-		action, rec, mem = onFire(rec, mem, now, "v1")
+		action, rec, mem = onFire(rec, mem, now, now, "v1")
 		fires++
 		if action != ActionBusyRearmed {
 			break
@@ -369,12 +369,14 @@ func TestKeepalive_Wedged(t *testing.T) {
 	for range 4 {
 		rec, mem = onTrack(rec, mem, time.UnixMilli(rec.LastRevivalAt), "v1")
 		mem = onSettle(mem, nil)
-		action, rec, mem = afterRevival(rec, mem, time.UnixMilli(rec.LastRevivalAt), nil)
+		at := time.UnixMilli(rec.LastRevivalAt)
+		action, rec, mem = afterRevival(rec, mem, at, at, nil)
 		if action != ActionRevived {
 			t.Fatalf("pass: %s", action)
 		}
 		for action = ActionBackoffWait; action == ActionBackoffWait; {
-			action, rec, mem = onFire(rec, mem, time.UnixMilli(rec.ArmedAt), "v1")
+			at := time.UnixMilli(rec.ArmedAt)
+			action, rec, mem = onFire(rec, mem, at, at, "v1")
 		}
 		if action != ActionRevive {
 			t.Fatalf("wedged fire: %s, want %s", action, ActionRevive)

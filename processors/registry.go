@@ -70,7 +70,7 @@ func Register[S any](ctx context.Context, reg *Registry, c Contract[S], store Pr
 		}
 	}
 	reg.mu.Unlock()
-	k := &keepalive{reg: reg, name: c.Name, starts: map[uint64]int64{}}
+	k := &keepalive{reg: reg, name: c.Name, starts: map[uint64]time.Time{}}
 	raw, ok, err := reg.cfg.KV.Get(ctx, KeepaliveKey(c.Name))
 	if err != nil {
 		return nil, fmt.Errorf("register processor %q: %w", c.Name, err)
@@ -271,19 +271,20 @@ type keepalive struct {
 
 	rec     KeepaliveRecord
 	mem     keepaliveMemory
-	unsaved bool             // the last KV write of rec failed
-	starts  map[uint64]int64 // in-flight work by id: when it started (ms)
+	unsaved bool                 // the last KV write of rec failed
+	starts  map[uint64]time.Time // in-flight work by id: when it started (itx.Monotonic)
 	seq     uint64
 
 	wmu sync.Mutex
 }
 
 // oldest returns the start of the oldest in-flight work. Called with reg.mu held.
-func (k *keepalive) oldest() int64 {
-	var o int64
+func (k *keepalive) oldest() time.Time {
+	var o time.Time
+	found := false
 	for _, at := range k.starts {
-		if o == 0 || at < o {
-			o = at
+		if !found || at.Before(o) {
+			o, found = at, true
 		}
 	}
 	return o
@@ -292,13 +293,13 @@ func (k *keepalive) oldest() int64 {
 // Track registers one unit of in-flight work (Tracker).
 func (k *keepalive) Track() func(error) {
 	reg := k.reg
-	now := reg.cfg.Clock.Now()
+	now, mono := reg.cfg.Clock.Now(), itx.Monotonic(reg.cfg.Clock)
 	reg.mu.Lock()
 	before := k.rec
 	k.rec, k.mem = onTrack(k.rec, k.mem, now, reg.cfg.Version)
 	k.seq++
 	id := k.seq
-	k.starts[id] = now.UnixMilli()
+	k.starts[id] = mono
 	k.mem.oldest = k.oldest()
 	changed := k.rec != before || k.unsaved
 	reg.mu.Unlock()
@@ -327,8 +328,8 @@ func (k *keepalive) fire(ctx context.Context) (AlarmAction, error) {
 	reg.mu.Lock()
 	// Read under the lock: a fire that read the clock before another fire marked its revival
 	// would see that mark ahead of its now, as after the clock went back (afterClockStepBack).
-	now := reg.cfg.Clock.Now()
-	action, rec, mem := onFire(k.rec, k.mem, now, reg.cfg.Version)
+	now, mono := reg.cfg.Clock.Now(), itx.Monotonic(reg.cfg.Clock)
+	action, rec, mem := onFire(k.rec, k.mem, now, mono, reg.cfg.Version)
 	changed := rec != k.rec
 	k.rec, k.mem = rec, mem
 	reg.mu.Unlock()
@@ -338,7 +339,7 @@ func (k *keepalive) fire(ctx context.Context) (AlarmAction, error) {
 		if err := k.persist(ctx); err != nil {
 			if action == ActionRevive {
 				reg.mu.Lock()
-				action, k.rec, k.mem = afterRevival(k.rec, k.mem, now, err)
+				action, k.rec, k.mem = afterRevival(k.rec, k.mem, now, mono, err)
 				reg.mu.Unlock()
 			}
 			return action, err
@@ -353,7 +354,7 @@ func (k *keepalive) fire(ctx context.Context) (AlarmAction, error) {
 			k.name, rec.Revivals, RevivalBackoff(rec.Revivals), passErr)
 	}
 	reg.mu.Lock()
-	action, k.rec, k.mem = afterRevival(k.rec, k.mem, reg.cfg.Clock.Now(), passErr)
+	action, k.rec, k.mem = afterRevival(k.rec, k.mem, reg.cfg.Clock.Now(), itx.Monotonic(reg.cfg.Clock), passErr)
 	reg.mu.Unlock()
 	return action, k.persist(ctx)
 }

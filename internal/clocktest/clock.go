@@ -19,7 +19,8 @@ import (
 // for the monotonic time the instant lies ahead of the wall clock then, as time.AfterFunc is: a
 // Jump neither fires nor moves it. One difference remains: the system clock's readings carry
 // the monotonic time, so a duration between two of them (t.Sub(u), time.Since) ignores a step,
-// while between two of this clock's readings it includes the Jumps in between.
+// while between two of this clock's readings it includes the Jumps in between; between two of
+// Monotonic's (what itx.Monotonic reads) it does not.
 type Clock struct {
 	mu     sync.Mutex
 	now    time.Time     // the monotonic time, timers' base
@@ -45,6 +46,14 @@ func (c *Clock) Now() time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.now.Add(c.skew)
+}
+
+// Monotonic returns the monotonic time, which only Advance moves: durations between its readings
+// leave out the Jumps, as those between the system clock's readings do (see itx.Monotonic).
+func (c *Clock) Monotonic() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
 }
 
 // Jump steps the wall clock by d (back when negative), leaving the monotonic time and every

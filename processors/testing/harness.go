@@ -561,6 +561,9 @@ type incarnationTimer struct {
 // Now reads the harness's clock.
 func (ic *incarnationClock) Now() time.Time { return ic.c.Now() }
 
+// Monotonic reads the harness's monotonic time (see itx.Monotonic).
+func (ic *incarnationClock) Monotonic() time.Time { return ic.c.Monotonic() }
+
 // AfterFunc arms f on the harness's clock, for as long as the incarnation lives.
 func (ic *incarnationClock) AfterFunc(d time.Duration, f func()) itx.Timer {
 	return ic.arm(func(g func()) itx.Timer { return ic.c.AfterFunc(d, g) }, f)

@@ -318,6 +318,46 @@ func TestHarness_WedgedAttemptDecaysAlongTheBackoff(t *testing.T) {
 	})
 }
 
+// How long an attempt has run is measured on the monotonic clock: a step of the wall clock an
+// hour forward (NTP, an operator) while it runs does not make it look wedged, which would revive
+// the processor while the attempt still runs; 15 minutes of it running still do.
+func TestHarness_WedgedAttemptNotByAStepOfTheWallClock(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		gate := make(chan struct{})
+		defer close(gate)
+		h := proctest.New(t, proctest.Config[tally]{New: straggler(gate, make(chan error, 1))})
+		h.Append(itx.EventInput{Type: "job/queued"})
+		startedAt := h.Clock.Now()
+		h.Clock.Jump(time.Hour)
+		h.AdvanceTime(time.Minute)
+		if n := len(h.Events(itx.TypeProcessorRevived)); n != 0 {
+			t.Fatalf("%d revivals a minute into the attempt, after the wall clock stepped an hour forward", n)
+		}
+		fires := h.Fires()
+		if len(fires) == 0 {
+			t.Fatal("no alarm fire in the minute after the step")
+		}
+		for _, f := range fires {
+			if f.Action != processors.ActionBusyRearmed {
+				t.Fatalf("alarm fires %v, want each %s", fires, processors.ActionBusyRearmed)
+			}
+		}
+		h.AdvanceTime(13 * time.Minute)
+		if n := len(h.Events(itx.TypeProcessorRevived)); n != 0 {
+			t.Fatalf("%d revivals 14 minutes into the attempt", n)
+		}
+		h.AdvanceTime(2 * time.Minute)
+		revived := h.Events(itx.TypeProcessorRevived)
+		if len(revived) == 0 {
+			t.Fatal("no revival 16 minutes into a hung attempt")
+		}
+		ran := time.UnixMilli(revived[0].CreatedAt).Sub(startedAt) - time.Hour
+		if ran < processors.WedgedAfter || ran > processors.WedgedAfter+processors.KeepaliveLead {
+			t.Errorf("first revival %v into the attempt (the step left out), want within a lead of %v", ran, processors.WedgedAfter)
+		}
+	})
+}
+
 // hanger consumes "job/queued" and blocks on it until its incarnation ends: the poison of an
 // event whose processing takes the incarnation down every time.
 func hanger(env proctest.Env) processors.Contract[tally] {
