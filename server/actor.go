@@ -74,6 +74,10 @@ type actor struct {
 	autoTrimming    bool      // a trim of the retention policy is under way
 	trims           int       // trims under way (their chunks queued), the retention policy's included
 	vacuumQueued    bool      // a vacuum turn is queued (vacuumSoon)
+	// alarmsWaiting are the processor alarm fires (by owner) refused at the project's share of
+	// the held streams (pinDelivery): each stays firing (procFiring) and is tried again at the
+	// next step, which the share's release ticks. Actor goroutine only.
+	alarmsWaiting map[string]bool
 	// trimmable is the size (storage.EventSize) of the events a trim could delete, for the
 	// retention policy's maxBytes: measured once it is needed, a chunk at a time between steps
 	// (sizeScan, while it runs: the events through its upTo are being read, the commits add
@@ -1056,6 +1060,11 @@ func (a *actor) apply(in stepInput) {
 		a.srv.clock.AfterFunc(a.flushDelay(eff.flushAfter), func() { a.post(actorMsg{flush: true}) })
 	}
 	for _, owner := range eff.fireProcAlarms {
+		a.fireProcessorAlarm(owner)
+	}
+	waiting := a.alarmsWaiting // still firing, so no step plans them again: only tried here
+	a.alarmsWaiting = nil
+	for owner := range waiting {
 		a.fireProcessorAlarm(owner)
 	}
 	a.answerSettles(in.settles)

@@ -616,7 +616,7 @@ func (a *actor) fireProcessorAlarm(owner string) {
 		a.fireRemoteAlarm(owner)
 		return
 	}
-	if !a.srv.pin(a) {
+	if !a.pinAlarm(owner) {
 		return
 	}
 	names := map[string]string{} // instance -> contract
@@ -634,6 +634,25 @@ func (a *actor) fireProcessorAlarm(owner string) {
 		}
 		a.ask(ctx, procOp{fired: true})
 	}()
+}
+
+// pinAlarm takes the stream in use for owner's alarm fire within its project's share of the held
+// streams, as a delivery try does (pinDelivery). A fire refused at the share stays firing and
+// waits in alarmsWaiting for the next step (the release that takes the project under its share
+// ticks the stream): the alarm is owed work, and its slice may be due already, so no timer would
+// bring it back. Before, a fire pinned without looking: a remote host hanging on its alarm wakes
+// held a project's streams past its share, and the other projects could load none.
+// False: the fire does not run now (refused, or the stream is unloading and the alarm loop
+// fires the stored slice after its next load).
+func (a *actor) pinAlarm(owner string) bool {
+	ok, full := a.srv.pinDelivery(a)
+	if full {
+		if a.alarmsWaiting == nil {
+			a.alarmsWaiting = map[string]bool{}
+		}
+		a.alarmsWaiting[owner] = true
+	}
+	return ok
 }
 
 func (a *actor) handleProcessorAlarm(ctx context.Context, names map[string]string) error {

@@ -158,10 +158,10 @@ func (s *Server) pin(a *actor) bool {
 	return true
 }
 
-// pinDelivery is pin for a delivery try a stream starts itself, within its project's share of
-// the streams held in use: one that would take the project past Config.MaxHeldStreamsPerProject
-// is refused (full), counted and logged as a call is, and the stream is told (a tick) once the
-// project holds fewer, so it starts the try then.
+// pinDelivery is pin for a delivery try (or a processor alarm fire: pinAlarm) a stream starts
+// itself, within its project's share of the streams held in use: one that would take the
+// project past Config.MaxHeldStreamsPerProject is refused (full), counted and logged as a call
+// is, and the stream is told (a tick) once the project holds fewer, so it starts the try then.
 // A loaded stream nobody holds counts nothing toward the share, and pin took it in use without
 // looking: a project's loaded idle streams whose deliveries hung (a receiver that answers only
 // at the delivery timeout) each held a stream, past its share up to every stream itxd may load,

@@ -665,7 +665,7 @@ func (d *deliverer) wakeRemote(job pushJob, out deliveryOutcome) deliveryOutcome
 // services its keepalive (and revives what its dead incarnation owed). With no host mounted the
 // slice is re-armed a little later; the next mount wakes the processor anyway.
 func (a *actor) fireRemoteAlarm(name string) {
-	if !a.srv.pin(a) {
+	if !a.pinAlarm(name) {
 		return
 	}
 	ref := a.ref

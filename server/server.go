@@ -178,9 +178,9 @@ type Server struct {
 	// heldBy counts, per project, its loaded streams held in use (refs above 0; under mu):
 	// Config.MaxHeldStreamsPerProject.
 	heldBy map[string]int
-	// heldWaiting holds, per project, its loaded streams whose delivery tries were refused at
-	// its share of the held streams (pinDelivery): each is told (a tick) once the project holds
-	// a stream fewer than its share. Under mu.
+	// heldWaiting holds, per project, its loaded streams whose delivery tries (or processor
+	// alarm fires) were refused at its share of the held streams (pinDelivery): each is told (a
+	// tick) once the project holds a stream fewer than its share. Under mu.
 	heldWaiting map[string]map[*actor]struct{}
 	closing     bool
 	inflight    sync.WaitGroup // one per acquired reference

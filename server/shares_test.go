@@ -129,3 +129,79 @@ func TestPinDelivery_WaitsForItsProjectsShare(t *testing.T) {
 		t.Fatal("the delivery waiting for the project's share never started")
 	}
 }
+
+// alarmHost is a mounted processor host that reports each alarm wake's stream, then, once told
+// to, disarms the stream's alarm (so it does not fire again) and answers. It refuses every other
+// wake at once.
+type alarmHost struct {
+	idleRemoteHost
+	got    chan string
+	answer chan struct{}
+}
+
+func (h alarmHost) Wake(ctx context.Context, w RemoteWake) (int64, int64, error) {
+	if !w.Alarm {
+		return h.idleRemoteHost.Wake(ctx, w)
+	}
+	h.got <- w.Ref.Path
+	select {
+	case <-h.answer:
+		return 0, 0, w.Ports.SetAlarm(ctx, 0)
+	case <-ctx.Done():
+		return 0, 0, ctx.Err()
+	}
+}
+
+// A processor alarm fire takes its stream in use within its project's share of the held
+// streams, as a delivery try does: past it the fire does not start, and starts once the project
+// holds fewer (nothing else would step the stream: its slice is due already and the clock stands
+// still). Before, a fire took the stream in use without looking, so a remote host hanging on its
+// alarm wakes held a project's streams past its share.
+func TestPinAlarm_WaitsForItsProjectsShare(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	clock := clocktest.New(time.Unix(1_700_000_000, 0))
+	s, p := mustOpen(t, Config{DataDir: t.TempDir(), Clock: clock, MaxHeldStreams: 8, MaxLoadedStreams: 8, MaxHeldStreamsPerProject: 3})
+	const streams = 4
+	host := alarmHost{got: make(chan string, streams), answer: make(chan struct{})}
+	info := []itx.ProcessorInfo{{Name: "proc", ReducerVersion: "1", ConsumedTypes: []string{"x"}}}
+	unmount, err := s.MountProcessorHost(p, "", "host", host, info)
+	require.NoError(t, err)
+	defer unmount()
+	defer close(host.answer)
+	due := itx.UnixMilli(clock.Now().Add(time.Second))
+	for i := range streams {
+		ref := StreamRef{ProjectID: p, Path: fmt.Sprintf("/s%d", i)}
+		_, _, err := s.ConfigureSubscription(ctx, ref, itx.SubscriptionConfig{Name: "proc",
+			Receiver: itx.Receiver{Action: itx.KindProcessorWake, Placement: "remote"}}, "")
+		require.NoError(t, err)
+		ports := &ProcessorPorts{srv: s, ref: ref, name: "proc", contract: "proc", gen: s.remoteHost(p, "", "proc").gen}
+		require.NoError(t, ports.SetAlarm(ctx, due))
+	}
+	clock.Advance(time.Second) // every stream's slice comes due at once
+	fired := map[string]bool{}
+	for range 3 {
+		select {
+		case path := <-host.got:
+			fired[path] = true
+		case <-ctx.Done():
+			t.Fatal("the alarm fires within the share did not start")
+		}
+	}
+	hits := s.metrics.ShareHits.WithLabelValues(p, flagHeldShare)
+	require.Eventually(t, func() bool { return testutil.ToFloat64(hits) > 0 }, 30*time.Second, time.Millisecond,
+		"the fourth alarm fire was not refused at the share")
+	select {
+	case path := <-host.got:
+		t.Fatalf("an alarm fire on %s past the project's share of 3 held streams", path)
+	default:
+	}
+
+	host.answer <- struct{}{} // one fire done: its stream is let go, and the waiting one starts
+	select {
+	case path := <-host.got:
+		require.False(t, fired[path], "got a second fire on %s, want the fire waiting for the share", path)
+	case <-ctx.Done():
+		t.Fatal("the alarm fire waiting for the project's share never started")
+	}
+}
