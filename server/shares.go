@@ -61,30 +61,15 @@ func (s *Server) webhookSlots(project string) chan struct{} {
 // takeLiveShare counts one live connection or view of project, refused with ELimitExceeded past
 // MaxLivePerProject.
 func (s *Server) takeLiveShare(project string) error {
-	sh := s.shares
-	sh.mu.Lock()
-	n := sh.live[project]
-	if n >= s.cfg.MaxLivePerProject {
-		sh.mu.Unlock()
+	if n, ok := s.shares.take(s.shares.live, project, s.cfg.MaxLivePerProject); !ok {
 		s.shareFull(project, flagLiveShare, n)
 		return itx.Errorf(itx.ELimitExceeded, "a project holds at most %d live connections and live-state views open (%s): close some first", s.cfg.MaxLivePerProject, flagLiveShare)
 	}
-	sh.live[project] = n + 1
-	sh.mu.Unlock()
 	return nil
 }
 
 func (s *Server) releaseLiveShare(project string) {
-	sh := s.shares
-	sh.mu.Lock()
-	if sh.live[project] <= 1 {
-		delete(sh.live, project)
-	} else {
-		sh.live[project]--
-	}
-	n := sh.live[project]
-	sh.mu.Unlock()
-	if n <= s.cfg.MaxLivePerProject/2 { // well under it: a project at its share is not logged at every close and open
+	if n := s.shares.give(s.shares.live, project); n <= s.cfg.MaxLivePerProject/2 { // well under it: a project at its share is not logged at every close and open
 		s.shareFree(project, flagLiveShare)
 	}
 }
@@ -93,33 +78,43 @@ func (s *Server) releaseLiveShare(project string) {
 // ELimitExceeded past Config.MaxRPCConnectionsPerProject. The capability layer calls it at a
 // connection's first login to the project, and ReleaseConnectionShare once the connection ends.
 func (s *Server) TakeConnectionShare(project string) error {
-	sh := s.shares
-	sh.mu.Lock()
-	n := sh.conns[project]
-	if n >= s.cfg.MaxRPCConnectionsPerProject {
-		sh.mu.Unlock()
+	if n, ok := s.shares.take(s.shares.conns, project, s.cfg.MaxRPCConnectionsPerProject); !ok {
 		s.shareFull(project, flagConnShare, n)
 		return itx.Errorf(itx.ELimitExceeded, "the project has %d RPC connections logged in, its share of --rpc-max-connections (%s): log in on one of them (a connection serves many calls and streams), or close some first", n, flagConnShare)
 	}
-	sh.conns[project] = n + 1
-	sh.mu.Unlock()
 	return nil
 }
 
 // ReleaseConnectionShare gives back a connection counted by TakeConnectionShare.
 func (s *Server) ReleaseConnectionShare(project string) {
-	sh := s.shares
-	sh.mu.Lock()
-	if sh.conns[project] <= 1 {
-		delete(sh.conns, project)
-	} else {
-		sh.conns[project]--
-	}
-	n := sh.conns[project]
-	sh.mu.Unlock()
-	if n <= s.cfg.MaxRPCConnectionsPerProject/2 {
+	if n := s.shares.give(s.shares.conns, project); n <= s.cfg.MaxRPCConnectionsPerProject/2 {
 		s.shareFree(project, flagConnShare)
 	}
+}
+
+// take counts one more of project in counts (live or conns) unless it holds limit already;
+// n is what it held.
+func (sh *projectShares) take(counts map[string]int, project string, limit int) (n int, ok bool) {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if n = counts[project]; n >= limit {
+		return n, false
+	}
+	counts[project] = n + 1
+	return n, true
+}
+
+// give counts one fewer of project in counts, forgetting a project that holds none, and says
+// how many it holds now.
+func (sh *projectShares) give(counts map[string]int, project string) int {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if counts[project] <= 1 {
+		delete(counts, project)
+		return 0
+	}
+	counts[project]--
+	return counts[project]
 }
 
 // shareFull tells the operator which project stands at its share of a global bound: a counter
