@@ -20,6 +20,7 @@ import (
 
 	"github.com/itx-dev/itx"
 	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/schema"
 )
 
 func main() {
@@ -50,29 +51,14 @@ func main() {
 	start := time.Now()
 	switch *do {
 	case "streams":
-		var next atomic.Int64
-		var wg sync.WaitGroup
-		for range *par {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for {
-					i := next.Add(1)
-					if i > int64(*n) {
-						return
-					}
-					s := client.Stream(ctx, project, fmt.Sprintf("/s/%06d", i))
-					if _, err := client.Append(ctx, s, []itx.EventInput{{Type: "x", Payload: []byte(`{"i":1}`)}}, itx.AppendOptions{}); err != nil {
-						log.Fatal(err)
-					}
-					s.Release()
-					if i%2000 == 0 {
-						fmt.Fprintf(os.Stderr, "%d streams, %.0f/s\n", i, float64(i)/time.Since(start).Seconds())
-					}
-				}
-			}()
-		}
-		wg.Wait()
+		onEachStream(ctx, project, *par, *n, func(i int64, s schema.Stream) {
+			if _, err := client.Append(ctx, s, []itx.EventInput{{Type: "x", Payload: []byte(`{"i":1}`)}}, itx.AppendOptions{}); err != nil {
+				log.Fatal(err)
+			}
+			if i%2000 == 0 {
+				fmt.Fprintf(os.Stderr, "%d streams, %.0f/s\n", i, float64(i)/time.Since(start).Seconds())
+			}
+		})
 	case "list":
 		streams := client.Streams(ctx, project)
 		if *prefix != "" {
@@ -154,26 +140,11 @@ func main() {
 	case "schedmany":
 		// one scheduled append on each of n existing streams /s/000001.., all due in -in
 		due := time.Now().Add(*in)
-		var next atomic.Int64
-		var wg sync.WaitGroup
-		for range *par {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for {
-					i := next.Add(1)
-					if i > int64(*n) {
-						return
-					}
-					s := client.Stream(ctx, project, fmt.Sprintf("/s/%06d", i))
-					if _, _, err := client.Schedule(ctx, s, itx.EventInput{Type: "due", IdempotencyKey: "due-" + fmt.Sprint(due.UnixMilli())}, due); err != nil {
-						log.Fatal(err)
-					}
-					s.Release()
-				}
-			}()
-		}
-		wg.Wait()
+		onEachStream(ctx, project, *par, *n, func(_ int64, s schema.Stream) {
+			if _, _, err := client.Schedule(ctx, s, itx.EventInput{Type: "due", IdempotencyKey: "due-" + fmt.Sprint(due.UnixMilli())}, due); err != nil {
+				log.Fatal(err)
+			}
+		})
 		fmt.Printf("scheduled on %d streams, due %s\n", *n, due.Format(time.RFC3339Nano))
 	case "describe":
 		s := client.Stream(ctx, project, *path)
@@ -186,4 +157,26 @@ func main() {
 		log.Fatalf("unknown -do %q", *do)
 	}
 	fmt.Printf("%s n=%d: %v\n", *do, *n, time.Since(start))
+}
+
+// onEachStream calls f on /s/000001 .. /s/<n> of project, from par goroutines at once.
+func onEachStream(ctx context.Context, project schema.Project, par, n int, f func(i int64, s schema.Stream)) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range par {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1)
+				if i > int64(n) {
+					return
+				}
+				s := client.Stream(ctx, project, fmt.Sprintf("/s/%06d", i))
+				f(i, s)
+				s.Release()
+			}
+		}()
+	}
+	wg.Wait()
 }
