@@ -130,6 +130,15 @@ func TestDeadLetter_SkipWaitsForTheDeadLetterStream(t *testing.T) {
 	require.Empty(t, e.deadLetters(t, "/in-dead"))
 
 	e.clock.Advance(2 * time.Minute) // the breaker refills, and the retry is due
+	// A stream's wake timer sleeps at most a minute and is armed again from the actor: one armed
+	// while the advance ran may lie inside it, unfired. A second a look moves it on.
+	waitUntil(t, "the retry after the refill", func() bool {
+		if e.describe(t, s, name).ConfirmedOffset >= res.HeadOffset {
+			return true
+		}
+		e.clock.Advance(time.Second)
+		return false
+	})
 	e.waitProcessed(t, s, name, res.HeadOffset)
 	letters := e.deadLetters(t, "/in-dead")
 	require.Len(t, letters, 1)
