@@ -139,6 +139,26 @@ func (c *Clock) Advance(d time.Duration) {
 	}
 }
 
+// AdvanceEach moves time forward by d as Advance does, but one due instant at a time, calling
+// settle after each instant's timers have run (and once at the end). On a real clock the work a
+// fire releases on other goroutines (a revival's redelivery, the frame it runs) takes
+// microseconds of a timer's seconds; within one Advance it races the span's later timers (the
+// frame's deadline, the confirming fire), which fire as fast as the loop can call them. settle
+// waits for that work (e.g. Server.Settle), so it runs at its fire's time.
+func (c *Clock) AdvanceEach(d time.Duration, settle func()) {
+	end := c.Now().Add(d)
+	for {
+		next, ok := c.Next()
+		if !ok || next.After(end) {
+			c.Advance(end.Sub(c.Now()))
+			settle()
+			return
+		}
+		c.Advance(max(0, next.Sub(c.Now())))
+		settle()
+	}
+}
+
 // compact drops fired and stopped timers. Called with c.mu held.
 func (c *Clock) compact() {
 	kept := c.timers[:0]

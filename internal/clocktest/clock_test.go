@@ -69,3 +69,35 @@ func TestClock_Next(t *testing.T) {
 	next, _ = c.Next()
 	require.Equal(t, start.Add(5*time.Second), next)
 }
+
+// AdvanceEach lets the work a fire releases on another goroutine run at the fire's time: a fire
+// at 1 s hands a job to a worker, and a deadline at 2 s finds it done, where within one Advance
+// the deadline fired while the job was still on its way.
+func TestClock_AdvanceEach(t *testing.T) {
+	start := time.Unix(1_700_000_000, 0)
+	c := New(start)
+	jobs, ran := make(chan struct{}, 1), make(chan time.Time, 1)
+	go func() {
+		for range jobs {
+			ran <- c.Now()
+		}
+	}()
+	defer close(jobs)
+	var dispatched, done int
+	var at []time.Time
+	deadlineSawDone := false
+	c.AfterFunc(time.Second, func() { dispatched++; jobs <- struct{}{} })
+	c.AfterFunc(2*time.Second, func() { deadlineSawDone = done == dispatched })
+	settles := 0
+	c.AdvanceEach(10*time.Second, func() {
+		settles++
+		for done < dispatched { // wait for the released work, as Server.Settle does
+			at = append(at, <-ran)
+			done++
+		}
+	})
+	require.True(t, deadlineSawDone, "the 2 s deadline fired after the 1 s fire's work was done")
+	require.Equal(t, []time.Time{start.Add(time.Second)}, at, "the released work ran at its fire's time")
+	require.Equal(t, 3, settles, "once after each due instant (1 s, 2 s) and once at the end")
+	require.Equal(t, start.Add(10*time.Second), c.Now())
+}
