@@ -253,6 +253,12 @@ func (s *Server) WaitUntilProcessed(ctx context.Context, ref StreamRef, name str
 	if err := itx.ValidatePath(ref.Path); err != nil {
 		return 0, err
 	}
+	name = strings.TrimSpace(name)
+	if name == "" {
+		// As every other verb naming a subscription answers a blank name (coreState.existing):
+		// no subscription or reader can hold it, so it is bad input, not one that is gone.
+		return 0, itx.Errorf(itx.EInvalid, "subscription name must not be empty")
+	}
 	timeout, err := waitTimeout(timeout)
 	if err != nil {
 		return 0, err
@@ -265,7 +271,6 @@ func (s *Server) WaitUntilProcessed(ctx context.Context, ref StreamRef, name str
 	expired := make(chan struct{})
 	t := s.clock.AfterFunc(timeout, func() { close(expired) })
 	defer t.Stop()
-	name = strings.TrimSpace(name)
 	// Every kind waits on the cursor row. For a processor-wake subscription the row is the
 	// processing cursor, moved by the commits of whichever runner holds the record (in-process)
 	// or by the wakes of whichever host does (remote), so the barrier follows the processor

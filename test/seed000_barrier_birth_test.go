@@ -133,3 +133,35 @@ func TestSeed000_VerbsOnAStreamWithNoEventYet(t *testing.T) {
 		require.NotEqual(t, "/seed000/unborn", st.Path)
 	}
 }
+
+// Seed 000: names are "1-500 chars, trimmed". A blank name (empty, or whitespace that trims to
+// nothing) is no name: every verb that addresses a subscription by name refuses it as bad input
+// (invalidArgument), the barrier as describe, setSubscriptionCursor, resumeSubscription and
+// remove do, rather than answering that such a subscription is gone; nothing is written.
+func TestSeed000_BlankNameIsBadInputOnEveryVerb(t *testing.T) {
+	e := newSubEnv(t, server.Config{})
+	s := stream(t, e.p, "/seed000/blank")
+	h := newHook(t, nil)
+	name, _ := e.configure(t, s, client.SubscriptionConfig{Name: "w",
+		Receiver: client.Receiver{Kind: client.ReceiverWebhookPost, URL: h.url()}})
+	head := mustAppend(t, s, ev("a", `{}`)).HeadOffset
+	e.waitProcessed(t, s, name, head)
+	subs := client.Subscriptions(e.ctx, s)
+	defer subs.Release()
+	for _, blank := range []string{"", " \t "} {
+		sub := client.Subscription(e.ctx, s, blank)
+		_, err := client.WaitUntilProcessed(e.ctx, sub, 0, time.Second)
+		requireCode(t, err, itx.EInvalid)
+		require.Contains(t, itx.ErrorMessage(err), "must not be empty")
+		_, err = client.DescribeSubscription(e.ctx, sub)
+		requireCode(t, err, itx.EInvalid)
+		sub.Release()
+		_, err = client.SetSubscriptionCursor(e.ctx, s, blank, 0)
+		requireCode(t, err, itx.EInvalid)
+		_, err = client.ResumeSubscription(e.ctx, s, blank)
+		requireCode(t, err, itx.EInvalid)
+		_, err = client.RemoveSubscription(e.ctx, subs, blank)
+		requireCode(t, err, itx.EInvalid)
+		requireNothingWritten(t, s, head)
+	}
+}
