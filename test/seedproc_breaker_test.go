@@ -1,0 +1,170 @@
+package test
+
+import (
+	"context"
+	"encoding/json"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/itx-dev/itx"
+	"github.com/itx-dev/itx/client"
+	"github.com/itx-dev/itx/internal/clocktest"
+	"github.com/itx-dev/itx/processors"
+	"github.com/itx-dev/itx/schema"
+	"github.com/itx-dev/itx/server"
+	"github.com/stretchr/testify/require"
+)
+
+// revivalFact is one stream/processor-revived as a client reads it.
+type revivalFact struct {
+	at       int64 // createdAt, epoch ms on itxd's clock
+	revivals int   // the breaker's count in the payload
+}
+
+func revivalFacts(t testing.TB, ctx context.Context, s schema.Stream) []revivalFact {
+	t.Helper()
+	evs, err := client.ReadAll(ctx, s, itx.Query{Types: []string{itx.TypeProcessorRevived}})
+	require.NoError(t, err)
+	out := make([]revivalFact, 0, len(evs))
+	for _, e := range evs {
+		var p struct {
+			Revivals int `json:"revivals"`
+		}
+		require.NoError(t, json.Unmarshal(e.Payload, &p))
+		out = append(out, revivalFact{at: e.CreatedAt, revivals: p.Revivals})
+	}
+	return out
+}
+
+// breakerRig is itxd on a virtual clock hosting poisonContract in-process, one stream held open
+// (so the idle sweep never unloads it: every fire below is the same incarnation's).
+type breakerRig struct {
+	t      *testing.T
+	ctx    context.Context
+	clock  *clocktest.Clock
+	ts     *testServer
+	ref    server.StreamRef
+	s      schema.Stream
+	broken atomic.Bool
+}
+
+func newBreakerRig(t *testing.T, path string) *breakerRig {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Cleanup(cancel)
+	r := &breakerRig{t: t, ctx: ctx, clock: clocktest.New(time.Unix(1_700_000_000, 0))}
+	r.broken.Store(true)
+	host := processors.NewHost("v1")
+	require.NoError(t, processors.Add(host, func() processors.Contract[int] { return poisonContract(&r.broken) }))
+	// A wake's bound (twice the delivery timeout) well past the longest step below: a step that
+	// jumped past a frame's deadline while it ran would cancel it, a failure of the test's making.
+	r.ts = startServer(t, server.Config{Clock: r.clock, Processors: host, DeliveryTimeout: time.Hour})
+	r.ref = server.StreamRef{ProjectID: "default", Path: path}
+	r.s = stream(t, r.ts.project(t), path)
+	configureProcessor(t, r.s, "poison")
+	return r
+}
+
+func (r *breakerRig) step(d time.Duration) {
+	r.clock.Advance(d)
+	require.NoError(r.t, r.ts.srv.Settle(r.ctx, r.ref))
+}
+
+// untilRevivals steps the clock by step until the stream holds n revival facts, at most limit
+// of virtual time, and returns them.
+func (r *breakerRig) untilRevivals(n int, step, limit time.Duration) []revivalFact {
+	r.t.Helper()
+	for moved := time.Duration(0); ; moved += step {
+		if got := revivalFacts(r.t, r.ctx, r.s); len(got) >= n {
+			return got
+		}
+		require.LessOrEqual(r.t, moved, limit, "no revival %d within %v", n, limit)
+		r.step(step)
+	}
+}
+
+// Seed 002: "every revival durably marks a counter before doing anything and arms its retry
+// along a backoff (10s → 1m → 5m → 30m → 6h plateau, forever ≈ 4 wakes/day)". Over real RPC
+// against itxd on a virtual clock: a processor whose frame always fails is revived first one
+// keepalive lead (10 s) after its failed work, then along exactly that backoff, the 6 h plateau
+// repeating; each fact counts its revival. The clock moves by a tenth of the awaited gap, so
+// each gap is measured to that precision (plus a lead, see below).
+func TestSeedProc_BreakerBackoffOverRPC(t *testing.T) {
+	r := newBreakerRig(t, "/seedproc/breaker-backoff")
+	mustAppend(t, r.s, ev("crash/poison", `{}`))
+	r.step(0) // its first frame fails at the append's instant
+	evs, err := client.ReadAll(r.ctx, r.s, itx.Query{Types: []string{"crash/poison"}})
+	require.NoError(t, err)
+	require.Len(t, evs, 1)
+	prev := evs[0].CreatedAt
+
+	// The first gap is the lead from the failed work to the fire that finds it failed; then
+	// RevivalBackoff(1..) after each revival.
+	want := []time.Duration{processors.KeepaliveLead, 10 * time.Second, time.Minute, 5 * time.Minute,
+		30 * time.Minute, 6 * time.Hour, 6 * time.Hour}
+	for i, gap := range want {
+		step := max(time.Second, gap/10)
+		facts := r.untilRevivals(i+1, step, gap+2*step+processors.KeepaliveLead)
+		got := facts[i]
+		require.Len(t, facts, i+1, "two revivals in one step of %v", step)
+		require.Equal(t, i+1, got.revivals, "revival %d's count", i+1)
+		// A fire that finds a frame in flight (a retry of the wake's ladder landing in the same
+		// step) pushes the revival one lead later: that much slack, and one step's.
+		d := time.Duration(got.at-prev) * time.Millisecond
+		if d < gap || d > gap+step+processors.KeepaliveLead {
+			t.Errorf("revival %d came %v after the previous mark, want %v (to within %v)", i+1, d, gap, step+processors.KeepaliveLead)
+		}
+		prev = got.at
+	}
+}
+
+// Seed 002: "The budget resets only on a quiet-clean confirmation (a fire that finds all work
+// settled successfully) or a version change". Over real RPC against itxd: a crash loop backing
+// off (three revivals, the next 5 min away) whose cause goes away without a deploy (the poison's
+// outside condition is fixed) is confirmed clean and stops: at most the revival already owed
+// runs, then nothing more for a day. The next failure, on the same version, starts the breaker
+// from a fresh budget: revived one lead after it with count 1, then 10 s later with count 2,
+// not at the 30 min or 6 h the old loop had reached.
+func TestSeedProc_BreakerBudgetResetsOnQuietCleanConfirmation(t *testing.T) {
+	r := newBreakerRig(t, "/seedproc/breaker-reset")
+	first := mustAppend(t, r.s, ev("crash/poison", `{}`)).HeadOffset
+	r.step(0)
+	r.untilRevivals(3, 5*time.Second, 5*time.Minute)
+
+	r.broken.Store(false) // the vendor came back: the same build now gets through
+	sub := client.Subscription(r.ctx, r.s, "poison")
+	defer sub.Release()
+	for moved := time.Duration(0); ; moved += 10 * time.Second {
+		d, err := client.DescribeSubscription(r.ctx, sub)
+		require.NoError(t, err)
+		if d.ConfirmedOffset >= first {
+			break
+		}
+		require.Less(t, moved, 10*time.Minute, "the fixed processor never got past the poison: %+v", d)
+		r.step(10 * time.Second)
+	}
+	for range 6 * 24 {
+		r.step(10 * time.Minute)
+	}
+	afterFix := revivalFacts(t, r.ctx, r.s)
+	require.LessOrEqual(t, len(afterFix), 4, "revived on along the backoff after the loop's cause was gone: %+v", afterFix)
+
+	r.broken.Store(true)
+	mustAppend(t, r.s, ev("crash/poison", `{}`))
+	r.step(0)
+	evs, err := client.ReadAll(r.ctx, r.s, itx.Query{Types: []string{"crash/poison"}})
+	require.NoError(t, err)
+	failedAt := evs[len(evs)-1].CreatedAt
+	facts := r.untilRevivals(len(afterFix)+1, time.Second, time.Minute)
+	got := facts[len(afterFix)]
+	require.Equal(t, 1, got.revivals, "the new loop's first revival counts from a fresh budget")
+	if d := time.Duration(got.at-failedAt) * time.Millisecond; d < processors.KeepaliveLead || d > 2*processors.KeepaliveLead+time.Second {
+		t.Errorf("the new loop's first revival came %v after its failure, want the lead %v", d, processors.KeepaliveLead)
+	}
+	facts = r.untilRevivals(len(afterFix)+2, time.Second, time.Minute)
+	next := facts[len(afterFix)+1]
+	require.Equal(t, 2, next.revivals)
+	if d := time.Duration(next.at-got.at) * time.Millisecond; d < processors.RevivalBackoff(1) || d > processors.RevivalBackoff(1)+processors.KeepaliveLead+time.Second {
+		t.Errorf("the new loop's second revival came %v after its first, want %v", d, processors.RevivalBackoff(1))
+	}
+}
