@@ -168,3 +168,52 @@ func TestSeedProc_BreakerBudgetResetsOnQuietCleanConfirmation(t *testing.T) {
 		t.Errorf("the new loop's second revival came %v after its first, want %v", d, processors.RevivalBackoff(1))
 	}
 }
+
+// Seed 002: "Enforcement lives in DO KV below the reduction — deliberately: a poisoned reducer
+// cannot be asked to reduce its own pause fact." Over real RPC against itxd: a processor whose
+// Reduce panics on an event (it never gets to ProcessEvent, and no state of its can record
+// anything) crash-loops under the same breaker as a failing ProcessEvent: revived one lead after
+// the failure, then 10 s and 1 m apart, each fact counting on from the last.
+func TestSeedProc_BreakerHoldsAPoisonedReducer(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	clock := clocktest.New(time.Unix(1_700_000_000, 0))
+	host := processors.NewHost("v1")
+	require.NoError(t, processors.Add(host, func() processors.Contract[int] {
+		return processors.Contract[int]{
+			Name: "folder", ConsumedTypes: []string{"fold/item"}, ReducerVersion: "1",
+			InitialState: func() int { return 0 },
+			Reduce: func(n int, e itx.Event) int {
+				if string(e.Payload) == `{"poison":true}` {
+					panic("cannot fold it")
+				}
+				return n + 1
+			},
+			ProcessEvent: func(context.Context, *processors.Args[int]) error { return nil },
+		}
+	}))
+	ts := startServer(t, server.Config{Clock: clock, Processors: host, DeliveryTimeout: time.Hour})
+	ref := server.StreamRef{ProjectID: "default", Path: "/seedproc/poisoned-reducer"}
+	s := stream(t, ts.project(t), ref.Path)
+	configureProcessor(t, s, "folder")
+	mustAppend(t, s, ev("fold/item", `{"poison":true}`))
+	require.NoError(t, ts.srv.Settle(ctx, ref))
+	evs, err := client.ReadAll(ctx, s, itx.Query{Types: []string{"fold/item"}})
+	require.NoError(t, err)
+	prev := evs[0].CreatedAt
+	step := time.Second
+	var facts []revivalFact
+	for i, gap := range []time.Duration{processors.KeepaliveLead, processors.RevivalBackoff(1), processors.RevivalBackoff(2)} {
+		for moved := time.Duration(0); len(facts) <= i; moved += step {
+			require.LessOrEqual(t, moved, gap+processors.KeepaliveLead+2*step, "no revival %d: %+v", i+1, facts)
+			clock.Advance(step)
+			require.NoError(t, ts.srv.Settle(ctx, ref))
+			facts = revivalFacts(t, ctx, s)
+		}
+		require.Equal(t, i+1, facts[i].revivals)
+		if d := time.Duration(facts[i].at-prev) * time.Millisecond; d < gap || d > gap+processors.KeepaliveLead+step {
+			t.Errorf("revival %d came %v after the previous mark, want %v", i+1, d, gap)
+		}
+		prev = facts[i].at
+	}
+}
