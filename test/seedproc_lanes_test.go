@@ -11,6 +11,7 @@ import (
 	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/internal/clocktest"
 	"github.com/itx-dev/itx/processors"
+	"github.com/itx-dev/itx/processors/remote"
 	"github.com/itx-dev/itx/server"
 	"github.com/stretchr/testify/require"
 )
@@ -96,76 +97,106 @@ func awaitEntered(t *testing.T, ctx context.Context, p *laneProbe, want string) 
 	}
 }
 
-// Seed 002, "Two primitives, two guarantees", over real RPC against itxd: runInBackground's
-// checkpoint advances immediately (waitUntilProcessed passes the event, the subscription's
-// confirmed cursor with it, while its attempt still runs), blockProcessorWhile's is held while
-// its work runs (the confirmed cursor stays before the event until the work ends), and an
-// eviction loses the background closure: after a restart of itxd the keepalive revives the
-// processor (one stream/processor-revived, one lead after the restart's load), but the event
+// Seed 002, "Two primitives, two guarantees", over real RPC against itxd, in-process and on a
+// remote host: runInBackground's checkpoint advances immediately (waitUntilProcessed passes the
+// event, the subscription's confirmed cursor with it, while its attempt still runs),
+// blockProcessorWhile's is held while its work runs (the confirmed cursor stays before the event
+// until the work ends), and an eviction loses the background closure: after the incarnation
+// dies mid-attempt (itxd restarts; the remote host's program ends and another mounts) the
+// keepalive revives the processor (one stream/processor-revived, within a lead), but the event
 // whose attempt died is not delivered again and the attempt never runs again.
 func TestSeedProc_LanesOverRPC(t *testing.T) {
-	clock := clocktest.New(time.Unix(1_700_000_000, 0))
-	probe := newLaneProbe()
-	host := processors.NewHost("v1")
-	require.NoError(t, processors.Add(host, func() processors.Contract[int] { return lanesContract(probe) }))
-	cfg := server.Config{DataDir: t.TempDir(), Clock: clock, Processors: host}
-	ts := startServer(t, cfg)
-	ctx := ctxT(t)
-	ref := server.StreamRef{ProjectID: "default", Path: "/seedproc/lanes"}
-	s := stream(t, ts.project(t), ref.Path)
-	configureProcessor(t, s, "lanes")
-	sub := client.Subscription(ctx, s, "lanes")
-	defer sub.Release()
+	for _, placement := range []string{"in-process", "remote"} {
+		t.Run(placement, func(t *testing.T) {
+			clock := clocktest.New(time.Unix(1_700_000_000, 0))
+			probe := newLaneProbe()
+			newHost := func() *processors.Host {
+				h := processors.NewHost("v1")
+				require.NoError(t, processors.Add(h, func() processors.Contract[int] { return lanesContract(probe) }))
+				return h
+			}
+			cfg := server.Config{DataDir: t.TempDir(), Clock: clock}
+			sc := client.SubscriptionConfig{Name: "lanes", Receiver: client.Receiver{Kind: client.ReceiverProcessorWake}}
+			if placement == "remote" {
+				sc.Receiver.Placement = "remote"
+			} else {
+				cfg.Processors = newHost()
+			}
+			ts := startServer(t, cfg)
+			var stopHost func()
+			runHost := func() {
+				stopHost = mountedRemoteHost(t, remote.Config{Addr: ts.addr, Token: ts.creds.ProjectToken, Name: "lanes-host", Host: newHost(), Clock: clock})
+			}
+			if placement == "remote" {
+				runHost()
+			}
+			ctx := ctxT(t)
+			ref := server.StreamRef{ProjectID: "default", Path: "/seedproc/lanes"}
+			s := stream(t, ts.project(t), ref.Path)
+			subs := client.Subscriptions(ctx, s)
+			_, _, err := client.ConfigureSubscription(ctx, subs, sc)
+			subs.Release()
+			require.NoError(t, err)
+			sub := client.Subscription(ctx, s, "lanes")
+			defer sub.Release()
 
-	bg := mustAppend(t, s, ev("lane/bg", `{}`)).HeadOffset
-	awaitEntered(t, ctx, probe, "bg")
-	_, err := client.WaitUntilProcessed(ctx, sub, bg, 10*time.Second)
-	require.NoError(t, err, "runInBackground held the checkpoint")
-	d, err := client.DescribeSubscription(ctx, sub)
-	require.NoError(t, err)
-	require.GreaterOrEqual(t, d.ConfirmedOffset, bg, "the confirmed cursor waits on a background attempt")
-	require.Zero(t, probe.bgFinished.Load(), "the attempt is still running")
+			bg := mustAppend(t, s, ev("lane/bg", `{}`)).HeadOffset
+			awaitEntered(t, ctx, probe, "bg")
+			_, err = client.WaitUntilProcessed(ctx, sub, bg, 10*time.Second)
+			require.NoError(t, err, "runInBackground held the checkpoint")
+			d, err := client.DescribeSubscription(ctx, sub)
+			require.NoError(t, err)
+			require.GreaterOrEqual(t, d.ConfirmedOffset, bg, "the confirmed cursor waits on a background attempt")
+			require.Zero(t, probe.bgFinished.Load(), "the attempt is still running")
 
-	block := mustAppend(t, s, ev("lane/block", `{}`)).HeadOffset
-	awaitEntered(t, ctx, probe, "block")
-	// Half a second of real time for the checkpoint to pass the event, which it must not: the
-	// blocker is running and only its gate ends it.
-	held, cancelHeld := context.WithTimeout(ctx, 500*time.Millisecond)
-	_, err = client.WaitUntilProcessed(held, sub, block, 10*time.Second)
-	cancelHeld()
-	require.Error(t, err, "the checkpoint passed an event whose blocker still runs")
-	d, err = client.DescribeSubscription(ctx, sub)
-	require.NoError(t, err)
-	require.Less(t, d.ConfirmedOffset, block, "the checkpoint passed an event whose blocker still runs")
-	close(probe.blockGate)
-	_, err = client.WaitUntilProcessed(ctx, sub, block, 10*time.Second)
-	require.NoError(t, err)
-	require.Zero(t, probe.bgFinished.Load(), "the attempt is still running")
+			block := mustAppend(t, s, ev("lane/block", `{}`)).HeadOffset
+			awaitEntered(t, ctx, probe, "block")
+			// Half a second of real time for the checkpoint to pass the event, which it must
+			// not: the blocker is running and only its gate ends it.
+			held, cancelHeld := context.WithTimeout(ctx, 500*time.Millisecond)
+			_, err = client.WaitUntilProcessed(held, sub, block, 10*time.Second)
+			cancelHeld()
+			require.Error(t, err, "the checkpoint passed an event whose blocker still runs")
+			d, err = client.DescribeSubscription(ctx, sub)
+			require.NoError(t, err)
+			require.Less(t, d.ConfirmedOffset, block, "the checkpoint passed an event whose blocker still runs")
+			close(probe.blockGate)
+			_, err = client.WaitUntilProcessed(ctx, sub, block, 10*time.Second)
+			require.NoError(t, err)
+			require.Zero(t, probe.bgFinished.Load(), "the attempt is still running")
 
-	// Eviction: itxd goes down with the attempt in flight, and comes back (a deploy).
-	closeCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	require.NoError(t, ts.srv.Close(closeCtx))
-	ts = startServer(t, cfg)
-	s = stream(t, ts.project(t), ref.Path)
-	require.NoError(t, ts.srv.Settle(ctx, ref))
-	for range 3 {
-		clock.Advance(processors.KeepaliveLead / 2)
-		require.NoError(t, ts.srv.Settle(ctx, ref))
-	}
-	require.Equal(t, 1, countType(t, s, itx.TypeProcessorRevived), "the fresh incarnation revives for the dead one's work, once")
-	head := mustAppend(t, s, ev("lane/marker", `{}`)).HeadOffset
-	sub2 := client.Subscription(ctx, s, "lanes")
-	defer sub2.Release()
-	_, err = client.WaitUntilProcessed(ctx, sub2, head, 10*time.Second)
-	require.NoError(t, err)
-	require.Equal(t, 1, probe.callsAt(bg), "the event whose background attempt was lost is delivered again")
-	require.Equal(t, int64(1), probe.bgStarts.Load(), "the lost background closure ran again")
-	require.Equal(t, 1, probe.callsAt(block), "the blocked event, committed, is delivered again")
-	select {
-	case got := <-probe.entered:
-		t.Fatalf("%s work started again after the restart", got)
-	default:
+			// Eviction with the attempt in flight: a deploy of itxd, or the remote host's end.
+			if placement == "remote" {
+				stopHost()
+				runHost()
+			} else {
+				closeCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				defer cancel()
+				require.NoError(t, ts.srv.Close(closeCtx))
+				ts = startServer(t, cfg)
+				s = stream(t, ts.project(t), ref.Path)
+			}
+			require.NoError(t, ts.srv.Settle(ctx, ref))
+			for i := 0; countType(t, s, itx.TypeProcessorRevived) == 0; i++ {
+				require.Less(t, i, 4, "no revival two leads after the eviction")
+				clock.Advance(processors.KeepaliveLead / 2)
+				require.NoError(t, ts.srv.Settle(ctx, ref))
+			}
+			head := mustAppend(t, s, ev("lane/marker", `{}`)).HeadOffset
+			sub2 := client.Subscription(ctx, s, "lanes")
+			defer sub2.Release()
+			_, err = client.WaitUntilProcessed(ctx, sub2, head, 10*time.Second)
+			require.NoError(t, err)
+			require.Equal(t, 1, countType(t, s, itx.TypeProcessorRevived), "the fresh incarnation revives for the dead one's work, once")
+			require.Equal(t, 1, probe.callsAt(bg), "the event whose background attempt was lost is delivered again")
+			require.Equal(t, int64(1), probe.bgStarts.Load(), "the lost background closure ran again")
+			require.Equal(t, 1, probe.callsAt(block), "the blocked event, committed, is delivered again")
+			select {
+			case got := <-probe.entered:
+				t.Fatalf("%s work started again after the eviction", got)
+			default:
+			}
+		})
 	}
 }
 
