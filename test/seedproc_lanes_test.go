@@ -2,6 +2,7 @@ package test
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -253,4 +254,88 @@ func TestSeedProc_WedgedAttemptDecaysAlongTheBackoffOverRPC(t *testing.T) {
 		}
 		require.Equal(t, i+2, facts[i+1].revivals)
 	}
+}
+
+// Seed 002: a failed attempt "propagates (marking the keepalive window), and a later at-head pass
+// retries the whole attempt"; recovery has one entrypoint, batch delivery. Over real RPC against
+// itxd, with no eviction at all: a RunInBackground attempt that fails leaves the processor's
+// checkpoint where it was (past the event), and the keepalive's next fire, a lead later, revives
+// it in the same incarnation: one stream/processor-revived, whose delivery gives the processor
+// (which does not consume the fact) the eventless pass at the head with CaughtUp, where it starts
+// the attempt again from its state; that one succeeds, and the confirmation fire after it is
+// quiet: no second revival.
+func TestSeedProc_FailedBackgroundAttemptRevivesOverRPC(t *testing.T) {
+	clock := clocktest.New(time.Unix(1_700_000_000, 0))
+	var (
+		mu        sync.Mutex
+		attempts  int
+		eventless []bool // CaughtUp of each eventless pass
+	)
+	build := func() processors.Contract[int] {
+		return processors.Contract[int]{
+			Name: "retrier", ConsumedTypes: []string{"job/requested"}, ReducerVersion: "1",
+			InitialState: func() int { return 0 },
+			Reduce:       func(n int, _ itx.Event) int { return n + 1 },
+			ProcessEvent: func(ctx context.Context, a *processors.Args[int]) error {
+				mu.Lock()
+				defer mu.Unlock()
+				if a.Event == nil {
+					eventless = append(eventless, a.Delivery.CaughtUp)
+				}
+				if !a.Delivery.CaughtUp || a.State == 0 || attempts >= 2 {
+					return nil
+				}
+				attempts++
+				n := attempts
+				// Droppable: the caught-up pass starts it again from the state (the job
+				// reduced, no success recorded) whenever the keepalive revives the processor.
+				a.RunInBackground(func(context.Context) error {
+					if n == 1 {
+						return errors.New("the vendor refused the first attempt")
+					}
+					return nil
+				})
+				return nil
+			},
+		}
+	}
+	host := processors.NewHost("v1")
+	require.NoError(t, processors.Add(host, build))
+	ts := startServer(t, server.Config{Clock: clock, Processors: host})
+	ctx := ctxT(t)
+	ref := server.StreamRef{ProjectID: "default", Path: "/seedproc/failed-attempt"}
+	s := stream(t, ts.project(t), ref.Path)
+	configureProcessor(t, s, "retrier")
+	job := mustAppend(t, s, ev("job/requested", `{}`)).HeadOffset
+	require.NoError(t, ts.srv.Settle(ctx, ref))
+	sub := client.Subscription(ctx, s, "retrier")
+	defer sub.Release()
+	_, err := client.WaitUntilProcessed(ctx, sub, job, 10*time.Second)
+	require.NoError(t, err)
+	mu.Lock()
+	before := len(eventless)
+	require.Equal(t, 1, attempts)
+	mu.Unlock()
+	require.Zero(t, countType(t, s, itx.TypeProcessorRevived))
+
+	for i := 0; countType(t, s, itx.TypeProcessorRevived) == 0; i++ {
+		require.Less(t, i, 12, "no revival a lead after the failed attempt")
+		clock.Advance(time.Second)
+		require.NoError(t, ts.srv.Settle(ctx, ref))
+	}
+	// Nothing but the revival was appended since: its delivery alone can start the attempt again.
+	waitUntil(t, "the revival's caught-up pass starts the attempt again", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return attempts == 2
+	})
+	mu.Lock()
+	require.Greater(t, len(eventless), before, "the revival's delivery gave no eventless pass")
+	require.True(t, eventless[before], "the revival's eventless pass is not CaughtUp")
+	mu.Unlock()
+	for range 6 * 10 {
+		clock.Advance(time.Second)
+		require.NoError(t, ts.srv.Settle(ctx, ref))
+	}
+	require.Equal(t, 1, countType(t, s, itx.TypeProcessorRevived), "revived again after the retried attempt succeeded")
 }
