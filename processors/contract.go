@@ -66,6 +66,33 @@ func (c *Contract[S]) consumes(typ string) bool {
 	return slices.Contains(c.ConsumedTypes, "*") || slices.Contains(c.ConsumedTypes, typ)
 }
 
+// ParseConsumedInput checks an input at a domain object's write door, before anything is
+// appended (seed 002: a typed append door whose runtime boundary the processor's contract
+// validates, so a client of the door cannot write what the processor would only skip): the input
+// must be well formed (itx.EventInput.Normalize), durable (processors never see an ephemeral
+// event), of a type the contract consumes, and accepted by Validate, if set, as the event it
+// would become. It returns the input in stored form; a refused one is an invalidArgument error
+// (tooLarge for an oversize event) naming the processor and the reason, and the door appends
+// nothing of its call. A door that takes several inputs parses them all before one append.
+func (c *Contract[S]) ParseConsumedInput(in itx.EventInput) (itx.EventInput, error) {
+	if err := in.Normalize(); err != nil {
+		return itx.EventInput{}, itx.Errorf(itx.ErrorCode(err), "processor %q: event %q: %s", c.Name, in.Type, itx.ErrorMessage(err))
+	}
+	if in.Ephemeral {
+		return itx.EventInput{}, itx.Errorf(itx.EInvalid, "processor %q cannot consume ephemeral event %q", c.Name, in.Type)
+	}
+	if !c.consumes(in.Type) {
+		return itx.EventInput{}, itx.Errorf(itx.EInvalid, "processor %q does not consume event %q", c.Name, in.Type)
+	}
+	if c.Validate != nil {
+		e := itx.Event{Type: in.Type, Payload: in.Payload, Metadata: in.Metadata, IdempotencyKey: in.IdempotencyKey}
+		if err := c.Validate(e); err != nil {
+			return itx.EventInput{}, itx.Errorf(itx.EInvalid, "processor %q refuses event %q: %v", c.Name, in.Type, err)
+		}
+	}
+	return in, nil
+}
+
 func (c *Contract[S]) validate() error {
 	switch {
 	case c.Name == "":
