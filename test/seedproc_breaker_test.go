@@ -11,6 +11,7 @@ import (
 	"github.com/itx-dev/itx/client"
 	"github.com/itx-dev/itx/internal/clocktest"
 	"github.com/itx-dev/itx/processors"
+	"github.com/itx-dev/itx/processors/remote"
 	"github.com/itx-dev/itx/schema"
 	"github.com/itx-dev/itx/server"
 	"github.com/stretchr/testify/require"
@@ -37,7 +38,7 @@ func revivalFacts(t testing.TB, ctx context.Context, s schema.Stream) []revivalF
 	return out
 }
 
-// breakerRig is itxd on a virtual clock hosting poisonContract in-process, one stream held open
+// breakerRig is itxd on a virtual clock running poisonContract, one stream held open
 // (so the idle sweep never unloads it: every fire below is the same incarnation's).
 type breakerRig struct {
 	t      *testing.T
@@ -49,7 +50,9 @@ type breakerRig struct {
 	broken atomic.Bool
 }
 
-func newBreakerRig(t *testing.T, path string) *breakerRig {
+// newBreakerRigAt builds the rig with the processor in-process (placement "") or on a remote host
+// on the same virtual clock ("remote").
+func newBreakerRigAt(t *testing.T, path, placement string) *breakerRig {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	t.Cleanup(cancel)
 	r := &breakerRig{t: t, ctx: ctx, clock: clocktest.New(time.Unix(1_700_000_000, 0))}
@@ -58,10 +61,22 @@ func newBreakerRig(t *testing.T, path string) *breakerRig {
 	require.NoError(t, processors.Add(host, func() processors.Contract[int] { return poisonContract(&r.broken) }))
 	// A wake's bound (twice the delivery timeout) well past the longest step below: a step that
 	// jumped past a frame's deadline while it ran would cancel it, a failure of the test's making.
-	r.ts = startServer(t, server.Config{Clock: r.clock, Processors: host, DeliveryTimeout: time.Hour})
+	cfg := server.Config{Clock: r.clock, DeliveryTimeout: time.Hour}
+	if placement == "" {
+		cfg.Processors = host
+	}
+	r.ts = startServer(t, cfg)
+	if placement == "remote" {
+		mountedRemoteHost(t, remote.Config{Addr: r.ts.addr, Token: r.ts.creds.ProjectToken, Name: "poison-host", Host: host, Clock: r.clock})
+	}
 	r.ref = server.StreamRef{ProjectID: "default", Path: path}
 	r.s = stream(t, r.ts.project(t), path)
-	configureProcessor(t, r.s, "poison")
+	subs := client.Subscriptions(ctx, r.s)
+	defer subs.Release()
+	_, _, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{
+		Name: "poison", Receiver: client.Receiver{Kind: client.ReceiverProcessorWake, Placement: placement},
+	})
+	require.NoError(t, err)
 	return r
 }
 
@@ -85,12 +100,22 @@ func (r *breakerRig) untilRevivals(n int, step, limit time.Duration) []revivalFa
 
 // Seed 002: "every revival durably marks a counter before doing anything and arms its retry
 // along a backoff (10s → 1m → 5m → 30m → 6h plateau, forever ≈ 4 wakes/day)". Over real RPC
-// against itxd on a virtual clock: a processor whose frame always fails is revived first one
+// against itxd on a virtual clock, in-process and on a remote host: a processor whose frame always fails is revived first one
 // keepalive lead (10 s) after its failed work, then along exactly that backoff, the 6 h plateau
 // repeating; each fact counts its revival. The clock moves by a tenth of the awaited gap, so
 // each gap is measured to that precision (plus a lead, see below).
 func TestSeedProc_BreakerBackoffOverRPC(t *testing.T) {
-	r := newBreakerRig(t, "/seedproc/breaker-backoff")
+	for _, placement := range []string{"", "remote"} {
+		name := "in-process"
+		if placement != "" {
+			name = placement
+		}
+		t.Run(name, func(t *testing.T) { testBreakerBackoff(t, placement) })
+	}
+}
+
+func testBreakerBackoff(t *testing.T, placement string) {
+	r := newBreakerRigAt(t, "/seedproc/breaker-backoff", placement)
 	mustAppend(t, r.s, ev("crash/poison", `{}`))
 	r.step(0) // its first frame fails at the append's instant
 	evs, err := client.ReadAll(r.ctx, r.s, itx.Query{Types: []string{"crash/poison"}})
@@ -119,14 +144,25 @@ func TestSeedProc_BreakerBackoffOverRPC(t *testing.T) {
 }
 
 // Seed 002: "The budget resets only on a quiet-clean confirmation (a fire that finds all work
-// settled successfully) or a version change". Over real RPC against itxd: a crash loop backing
+// settled successfully) or a version change". Over real RPC against itxd, in-process and on a
+// remote host: a crash loop backing
 // off (three revivals, the next 5 min away) whose cause goes away without a deploy (the poison's
 // outside condition is fixed) is confirmed clean and stops: at most the revival already owed
 // runs, then nothing more for a day. The next failure, on the same version, starts the breaker
 // from a fresh budget: revived one lead after it with count 1, then 10 s later with count 2,
 // not at the 30 min or 6 h the old loop had reached.
 func TestSeedProc_BreakerBudgetResetsOnQuietCleanConfirmation(t *testing.T) {
-	r := newBreakerRig(t, "/seedproc/breaker-reset")
+	for _, placement := range []string{"", "remote"} {
+		name := "in-process"
+		if placement != "" {
+			name = placement
+		}
+		t.Run(name, func(t *testing.T) { testBreakerReset(t, placement) })
+	}
+}
+
+func testBreakerReset(t *testing.T, placement string) {
+	r := newBreakerRigAt(t, "/seedproc/breaker-reset", placement)
 	first := mustAppend(t, r.s, ev("crash/poison", `{}`)).HeadOffset
 	r.step(0)
 	r.untilRevivals(3, 5*time.Second, 5*time.Minute)
