@@ -339,3 +339,74 @@ func TestSeedProc_FailedBackgroundAttemptRevivesOverRPC(t *testing.T) {
 	}
 	require.Equal(t, 1, countType(t, s, itx.TypeProcessorRevived), "revived again after the retried attempt succeeded")
 }
+
+// Seed 002: "a processor may consume the fact when it reacts to the fact itself": over real RPC
+// against itxd, in-process and on a remote host, a processor that consumes
+// stream/processor-revived is handed its revival as an event (its own slug in the payload) with
+// CaughtUp, instead of the eventless pass, and reduces it like any consumed event.
+func TestSeedProc_RevivalFactConsumedOverRPC(t *testing.T) {
+	for _, placement := range []string{"", "remote"} {
+		name := "in-process"
+		if placement != "" {
+			name = placement
+		}
+		t.Run(name, func(t *testing.T) {
+			clock := clocktest.New(time.Unix(1_700_000_000, 0))
+			rec := &bbRecorder{}
+			var failed atomic.Bool
+			build := func() processors.Contract[int] {
+				return processors.Contract[int]{
+					Name: "watcher", ConsumedTypes: []string{"job/requested", itx.TypeProcessorRevived}, ReducerVersion: "1",
+					InitialState: func() int { return 0 },
+					Reduce:       func(n int, _ itx.Event) int { return n + 1 },
+					ProcessEvent: func(ctx context.Context, a *processors.Args[int]) error {
+						c := bbCall{CaughtUp: a.Delivery.CaughtUp, Prev: a.PreviousState, State: a.State}
+						if a.Event != nil {
+							c.Offset, c.Type = a.Event.Offset, a.Event.Type
+						}
+						rec.add(c)
+						if a.Event != nil && a.Event.Type == "job/requested" && failed.CompareAndSwap(false, true) {
+							// Droppable: its failure marks the keepalive window, which is the point.
+							a.RunInBackground(func(context.Context) error { return errors.New("refused") })
+						}
+						return nil
+					},
+				}
+			}
+			host := processors.NewHost("v1")
+			require.NoError(t, processors.Add(host, build))
+			cfg := server.Config{Clock: clock}
+			if placement == "" {
+				cfg.Processors = host
+			}
+			ts := startServer(t, cfg)
+			if placement == "remote" {
+				mountedRemoteHost(t, remote.Config{Addr: ts.addr, Token: ts.creds.ProjectToken, Name: "watcher-host", Host: host, Clock: clock})
+			}
+			ctx := ctxT(t)
+			ref := server.StreamRef{ProjectID: "default", Path: "/seedproc/revival-consumed"}
+			s := stream(t, ts.project(t), ref.Path)
+			subs := client.Subscriptions(ctx, s)
+			_, _, err := client.ConfigureSubscription(ctx, subs, client.SubscriptionConfig{
+				Name: "watcher", Receiver: client.Receiver{Kind: client.ReceiverProcessorWake, Placement: placement},
+			})
+			subs.Release()
+			require.NoError(t, err)
+			job := mustAppend(t, s, ev("job/requested", `{}`)).HeadOffset
+			bbWait(t, s, "watcher", job)
+			rec.take()
+			for i := 0; countType(t, s, itx.TypeProcessorRevived) == 0; i++ {
+				require.Less(t, i, 12, "no revival a lead after the failed attempt")
+				clock.Advance(time.Second)
+				require.NoError(t, ts.srv.Settle(ctx, ref))
+			}
+			revived, err := client.ReadAll(ctx, s, itx.Query{Types: []string{itx.TypeProcessorRevived}})
+			require.NoError(t, err)
+			require.Len(t, revived, 1)
+			require.Contains(t, string(revived[0].Payload), `"processorSlug":"watcher"`)
+			bbWait(t, s, "watcher", revived[0].Offset)
+			require.Equal(t, []bbCall{{Offset: revived[0].Offset, Type: itx.TypeProcessorRevived, CaughtUp: true, Prev: 1, State: 2}}, rec.take(),
+				"the consumed revival fact, caught up, and no eventless pass")
+		})
+	}
+}
