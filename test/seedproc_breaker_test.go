@@ -80,9 +80,10 @@ func newBreakerRigAt(t *testing.T, path, placement string) *breakerRig {
 	return r
 }
 
+// step moves the clock timer by timer, settling after each (clocktest.AdvanceEach): the work a
+// fire releases runs at the fire's time, not after the step's later timers.
 func (r *breakerRig) step(d time.Duration) {
-	r.clock.Advance(d)
-	require.NoError(r.t, r.ts.srv.Settle(r.ctx, r.ref))
+	r.clock.AdvanceEach(d, func() { require.NoError(r.t, r.ts.srv.Settle(r.ctx, r.ref)) })
 }
 
 // untilRevivals steps the clock by step until the stream holds n revival facts, at most limit
