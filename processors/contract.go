@@ -84,13 +84,26 @@ func (c *Contract[S]) ParseConsumedInput(in itx.EventInput) (itx.EventInput, err
 	if !c.consumes(in.Type) {
 		return itx.EventInput{}, itx.Errorf(itx.EInvalid, "processor %q does not consume event %q", c.Name, in.Type)
 	}
-	if c.Validate != nil {
-		e := itx.Event{Type: in.Type, Payload: in.Payload, Metadata: in.Metadata, IdempotencyKey: in.IdempotencyKey}
-		if err := c.Validate(e); err != nil {
-			return itx.EventInput{}, itx.Errorf(itx.EInvalid, "processor %q refuses event %q: %v", c.Name, in.Type, err)
-		}
+	e := itx.Event{Type: in.Type, Payload: in.Payload, Metadata: in.Metadata, IdempotencyKey: in.IdempotencyKey}
+	if err := c.invalid(e); err != nil {
+		return itx.EventInput{}, itx.Errorf(itx.EInvalid, "processor %q refuses event %q: %v", c.Name, in.Type, err)
 	}
 	return in, nil
+}
+
+// invalid is Validate's verdict on e (nil when Validate is unset); a Validate that panics
+// rejects e. The runner plans frames outside a frame's own recovery and a door runs in its
+// caller's handler: a panic in either would take the host process down.
+func (c *Contract[S]) invalid(e itx.Event) (err error) {
+	if c.Validate == nil {
+		return nil
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("Validate panicked: %v", p)
+		}
+	}()
+	return c.Validate(e)
 }
 
 func (c *Contract[S]) validate() error {

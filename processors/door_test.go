@@ -48,6 +48,13 @@ func TestContract_ParseConsumedInput(t *testing.T) {
 		})
 	}
 
+	// A Validate that panics refuses the input instead of taking the door's caller down.
+	panicky := Hello()
+	panicky.Validate = func(itx.Event) error { panic("validator bug") }
+	if _, err := panicky.ParseConsumedInput(Greeted.Input(Greeting{Name: "ada"}, "")); itx.ErrorCode(err) != itx.EInvalid || !strings.Contains(itx.ErrorMessage(err), "Validate panicked: validator bug") {
+		t.Errorf("a panicking Validate at the door: %v, want invalidArgument naming the panic", err)
+	}
+
 	// A door that parses its inputs first appends nothing of a call holding one refused input.
 	cfg := proctest.Config[int]{New: func(proctest.Env) processors.Contract[int] { return Hello() }, StrictDeliveryErrors: true}
 	proctest.Run(t, cfg, func(t *testing.T, h *proctest.Harness[int]) {

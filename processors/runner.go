@@ -632,19 +632,8 @@ func (r *Runner[S]) classify(e itx.Event) eventKind {
 	return kindDeliver
 }
 
-// invalid is Validate's verdict on e; a Validate that panics rejects e (planning a frame runs
-// outside the frame's own recovery, and a panic there would take the host process down).
-func (r *Runner[S]) invalid(e itx.Event) (err error) {
-	if r.c.Validate == nil {
-		return nil
-	}
-	defer func() {
-		if p := recover(); p != nil {
-			err = fmt.Errorf("Validate panicked: %v", p)
-		}
-	}()
-	return r.c.Validate(e)
-}
+// invalid is Validate's verdict on e (Contract.invalid).
+func (r *Runner[S]) invalid(e itx.Event) error { return r.c.invalid(e) }
 
 // diagnose records a malformed event once, as stream/error-occurred keyed by the event.
 func (r *Runner[S]) diagnose(ctx context.Context, e itx.Event) error {
