@@ -115,6 +115,9 @@ func TestClientConnection_ReplacedAndRefused(t *testing.T) {
 	a, err := client.OpenConnection(ctx, s, client.ConnectionOptions{Key: "k"}, client.ConnectionHandler{Deliver: first.deliver})
 	require.NoError(t, err)
 	defer a.Release()
+	// The catch-up is delivered asynchronously: wait for it, or the replacement below may
+	// legitimately end the connection before it was sent.
+	waitUntil(t, "the first connection's catch-up", func() bool { o, _ := first.got(); return len(o) == 1 })
 	_, err = client.OpenConnection(ctx, s, client.ConnectionOptions{Key: "k", After: 5}, client.ConnectionHandler{Deliver: first.deliver})
 	require.Equal(t, itx.EInvalid, itx.ErrorCode(err), "%v", err)
 	_, _, err = a.Ping(ctx)
