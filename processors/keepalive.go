@@ -60,6 +60,18 @@ type keepaliveMemory struct {
 	// the fire; it owes the revival's mark and fact all the same (seed 002: a fresh incarnation
 	// fired for a dead one's work revives).
 	owed bool
+	// epoch counts this incarnation's revivals: work tracked since the last one (onTrack leaves
+	// it in the memory for the caller to hand back to onSettle) is that revival's pass.
+	epoch uint64
+	// passPending: a revival was marked and no work of its epoch has settled yet. The fact it
+	// appends reaches the processor by ordinary delivery (a frame, or the eventless pass), on
+	// its own time: the confirming fire waits for that pass, up to WedgedAfter from the
+	// revival (revivedAt, an itx.Monotonic reading), so a pass delayed past the lead (a loaded
+	// host, a project at its share of held streams) is not mistaken for a quiet clean window
+	// that resets the budget, letting a poison's crash loop start again at 10 s. A pass that
+	// never comes within the bound leaves the window unconfirmed: the backoff stands.
+	passPending bool
+	revivedAt   time.Time
 }
 
 // wedged reports whether the oldest in-flight work has run past WedgedAfter at mono (an
@@ -76,6 +88,7 @@ type AlarmAction string
 const (
 	ActionNotDue       AlarmAction = "not-due"       // not this keepalive's time
 	ActionBusyRearmed  AlarmAction = "busy-rearmed"  // work still in flight: pushed ahead
+	ActionAwaitingPass AlarmAction = "awaiting-pass" // the last revival's pass has not run yet
 	ActionCleanDisarm  AlarmAction = "clean-disarm"  // quiet and clean: disarmed, budget reset
 	ActionBackoffWait  AlarmAction = "backoff-wait"  // a revival is owed but the breaker says not yet
 	ActionRevive       AlarmAction = "revive"        // marked; the revival pass runs now
@@ -125,6 +138,14 @@ func onFire(rec KeepaliveRecord, mem keepaliveMemory, now, mono time.Time, versi
 		rec.ArmedAt = ms + KeepaliveLead.Milliseconds()
 		return ActionBusyRearmed, rec, mem
 	}
+	if mem.passPending && mem.inFlight == 0 {
+		if mono.Sub(mem.revivedAt) < WedgedAfter {
+			rec.ArmedAt = ms + KeepaliveLead.Milliseconds()
+			return ActionAwaitingPass, rec, mem
+		}
+		// The revival's pass never came: nothing confirms the revival, so the backoff stands.
+		mem.passPending, mem.sawClean = false, false
+	}
 	if mem.inFlight == 0 && mem.sawClean && !mem.sawFailure && !mem.owed {
 		mem.sawClean = false
 		return ActionCleanDisarm, KeepaliveRecord{Version: version}, mem
@@ -139,20 +160,24 @@ func onFire(rec KeepaliveRecord, mem keepaliveMemory, now, mono time.Time, versi
 	rec.LastRevivalAt = ms
 	rec.ArmedAt = ms + RevivalBackoff(rec.Revivals).Milliseconds()
 	mem.sawClean, mem.sawFailure, mem.reviving, mem.owed = false, false, true, false
+	mem.epoch++
+	mem.passPending, mem.revivedAt = true, mono
 	return ActionRevive, rec, mem
 }
 
 // afterRevival is the policy once the revival pass ended (pure). A pass that appended its fact is
 // settled work: the alarm comes back to the lead for a confirmation fire, which resets the budget
-// if the window stays quiet; a wedged window keeps the backoff instead. A failed pass keeps the
-// backoff armed by the mark. mono is now's itx.Monotonic reading (see onFire).
+// once the fact's delivery settled cleanly (passPending) and the window stays quiet; a wedged
+// window keeps the backoff instead. A failed pass keeps the backoff armed by the mark. mono is
+// now's itx.Monotonic reading (see onFire).
 func afterRevival(rec KeepaliveRecord, mem keepaliveMemory, now, mono time.Time, passErr error) (AlarmAction, KeepaliveRecord, keepaliveMemory) {
 	mem.reviving = false
 	if passErr != nil {
-		mem.sawFailure = true
+		mem.sawFailure, mem.passPending = true, false // no fact: no pass to wait for
 		return ActionReviveFailed, rec, mem
 	}
 	mem.sawClean = true
+	mem.revivedAt = mono
 	if !mem.wedged(mono) {
 		rec.ArmedAt = min(rec.ArmedAt, now.UnixMilli()+KeepaliveLead.Milliseconds())
 	}
@@ -182,9 +207,13 @@ func onTrack(rec KeepaliveRecord, mem keepaliveMemory, now time.Time, version st
 	return rec, mem
 }
 
-// onSettle is the policy when tracked work ends (pure). The caller updates oldest.
-func onSettle(mem keepaliveMemory, err error) keepaliveMemory {
+// onSettle is the policy when tracked work ends (pure); epoch is the memory's epoch when the
+// work was tracked. The caller updates oldest.
+func onSettle(mem keepaliveMemory, err error, epoch uint64) keepaliveMemory {
 	mem.inFlight--
+	if epoch == mem.epoch {
+		mem.passPending = false
+	}
 	if err != nil {
 		mem.sawFailure = true
 	} else {

@@ -22,6 +22,7 @@ func runKeepaliveScript(t *testing.T, script string) string {
 	version := "v1"
 	var rec KeepaliveRecord
 	var mem keepaliveMemory
+	var epochs []uint64 // the epochs of the work in flight, oldest first
 	now := t0
 	var out strings.Builder
 	for _, line := range strings.Split(strings.TrimSpace(script), "\n") {
@@ -30,6 +31,7 @@ func runKeepaliveScript(t *testing.T, script string) string {
 		switch f[0] {
 		case "track":
 			rec, mem = onTrack(rec, mem, now, version)
+			epochs = append(epochs, mem.epoch)
 			if mem.inFlight == 1 {
 				mem.oldest = now
 			}
@@ -38,7 +40,11 @@ func runKeepaliveScript(t *testing.T, script string) string {
 			if f[0] == "fail" {
 				err = errors.New("boom")
 			}
-			if mem = onSettle(mem, err); mem.inFlight == 0 {
+			if len(epochs) == 0 {
+				t.Fatalf("%q: no work in flight", line)
+			}
+			mem, epochs = onSettle(mem, err, epochs[0]), epochs[1:]
+			if mem.inFlight == 0 {
 				mem.oldest = time.Time{}
 			}
 		case "fire":
@@ -55,9 +61,9 @@ func runKeepaliveScript(t *testing.T, script string) string {
 			}
 			action, rec, mem = afterRevival(rec, mem, now, now, err)
 		case "version":
-			version, mem = f[1], keepaliveMemory{}
+			version, mem, epochs = f[1], keepaliveMemory{}, nil
 		case "crash":
-			mem = keepaliveMemory{}
+			mem, epochs = keepaliveMemory{}, nil
 		default:
 			t.Fatalf("unknown command %q", line)
 		}
@@ -121,19 +127,78 @@ ok           revivals=0 armed=+10s
 fire 10s     clean-disarm revivals=0 armed=off`,
 		},
 		{
-			name: "an incarnation that died owing work is revived, then confirmed",
+			name: "an incarnation that died owing work is revived, then confirmed once the revival's pass settled",
 			script: `
 track
 crash
 fire 10s
 pass ok
-fire 20s`,
+fire 20s
+fire 30s
+track
+ok
+fire 40s`,
 			want: `
 track        revivals=0 armed=+10s
 crash        revivals=0 armed=+10s
 fire 10s     revive revivals=1 armed=+20s
 pass ok      revived revivals=1 armed=+20s
-fire 20s     clean-disarm revivals=0 armed=off`,
+fire 20s     awaiting-pass revivals=1 armed=+30s
+fire 30s     awaiting-pass revivals=1 armed=+40s
+track        revivals=1 armed=+40s
+ok           revivals=1 armed=+40s
+fire 40s     clean-disarm revivals=0 armed=off`,
+		},
+		{
+			// The delayed pass is the poison's: the quiet window before it is no evidence.
+			name: "a revival's pass delayed past the lead that then fails keeps the backoff",
+			script: `
+track
+crash
+fire 10s
+pass ok
+track
+crash
+fire 20s
+pass ok
+fire 30s
+fire 40s
+track
+fail
+fire 1m20s`,
+			want: `
+track        revivals=0 armed=+10s
+crash        revivals=0 armed=+10s
+fire 10s     revive revivals=1 armed=+20s
+pass ok      revived revivals=1 armed=+20s
+track        revivals=1 armed=+20s
+crash        revivals=1 armed=+20s
+fire 20s     revive revivals=2 armed=+1m20s
+pass ok      revived revivals=2 armed=+30s
+fire 30s     awaiting-pass revivals=2 armed=+40s
+fire 40s     awaiting-pass revivals=2 armed=+50s
+track        revivals=2 armed=+50s
+fail         revivals=2 armed=+50s
+fire 1m20s   revive revivals=3 armed=+6m20s`,
+		},
+		{
+			name: "a revival whose pass never comes within the wedge bound is not confirmed: the backoff stands",
+			script: `
+track
+crash
+fire 10s
+pass ok
+fire 20s
+fire 15m9s
+fire 15m19s`,
+			want: `
+track        revivals=0 armed=+10s
+crash        revivals=0 armed=+10s
+fire 10s     revive revivals=1 armed=+20s
+pass ok      revived revivals=1 armed=+20s
+fire 20s     awaiting-pass revivals=1 armed=+30s
+fire 15m9s   awaiting-pass revivals=1 armed=+15m19s
+fire 15m19s  revive revivals=2 armed=+16m19s`,
 		},
 		{
 			name: "work still in flight pushes the alarm ahead",
@@ -368,7 +433,7 @@ func TestKeepalive_Wedged(t *testing.T) {
 	last := rec.LastRevivalAt
 	for range 4 {
 		rec, mem = onTrack(rec, mem, time.UnixMilli(rec.LastRevivalAt), "v1")
-		mem = onSettle(mem, nil)
+		mem = onSettle(mem, nil, mem.epoch)
 		at := time.UnixMilli(rec.LastRevivalAt)
 		action, rec, mem = afterRevival(rec, mem, at, at, nil)
 		if action != ActionRevived {

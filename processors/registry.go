@@ -297,6 +297,7 @@ func (k *keepalive) Track() func(error) {
 	reg.mu.Lock()
 	before := k.rec
 	k.rec, k.mem = onTrack(k.rec, k.mem, now, reg.cfg.Version)
+	epoch := k.mem.epoch
 	k.seq++
 	id := k.seq
 	k.starts[id] = mono
@@ -314,7 +315,7 @@ func (k *keepalive) Track() func(error) {
 	return func(err error) {
 		once.Do(func() {
 			reg.mu.Lock()
-			k.mem = onSettle(k.mem, err)
+			k.mem = onSettle(k.mem, err, epoch)
 			delete(k.starts, id)
 			k.mem.oldest = k.oldest()
 			reg.mu.Unlock()
