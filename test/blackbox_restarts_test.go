@@ -10,8 +10,11 @@ package test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -159,11 +162,20 @@ func TestBBRestart_InFlightDeliveryResumes(t *testing.T) {
 	hang.Store(true)
 	arrived := make(chan int64, 64)
 	release := make(chan struct{})
+	var seenMu sync.Mutex
+	var seen []string // every request, for the failure message
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var body itx.WebhookBody
-		_ = json.NewDecoder(r.Body).Decode(&body)
+		err := json.NewDecoder(r.Body).Decode(&body)
+		// Read before the arrival is reported: the test clears hang as soon as it hears of the
+		// first request, and reading it after would let that very request be acknowledged
+		// (confirmed before the stop, so nothing was left to resume).
+		h := hang.Load()
+		seenMu.Lock()
+		seen = append(seen, fmt.Sprintf("%s offset %d id %s hang %v decode %v", time.Now().Format("15:04:05.000"), body.Event.Offset, r.Header.Get("webhook-id"), h, err))
+		seenMu.Unlock()
 		arrived <- body.Event.Offset
-		if hang.Load() {
+		if h {
 			select {
 			case <-release:
 			case <-r.Context().Done():
@@ -202,7 +214,9 @@ func TestBBRestart_InFlightDeliveryResumes(t *testing.T) {
 		case <-time.After(8 * time.Second):
 			s := bbrLogin(t, ctx, p.addr, p.creds.ProjectToken)
 			d, err := client.DescribeSubscription(ctx, client.Subscription(ctx, s.stream(ctx, "/inflight"), "hook"))
-			t.Fatalf("the event in flight at the stop was never delivered after the restart (now %d): %+v %v", time.Now().UnixMilli(), d.CursorState, err)
+			seenMu.Lock()
+			defer seenMu.Unlock()
+			t.Fatalf("the event in flight at the stop was never delivered after the restart (now %d): %+v %v; the receiver saw:\n%s", time.Now().UnixMilli(), d.CursorState, err, strings.Join(seen, "\n"))
 		}
 	}
 }
