@@ -392,10 +392,20 @@ func revivedProcessor(payload json.RawMessage) (string, error) {
 	return slug, nil
 }
 
-func (st *coreState) existing(name string) (*catalogEntry, error) {
+// namedSubscription trims a name a verb addresses a subscription (or reader) by; a blank one is
+// bad input, not a name that is gone: nothing can hold it.
+func namedSubscription(name string) (string, error) {
 	name = strings.TrimSpace(name)
 	if name == "" {
-		return nil, itx.Errorf(itx.EInvalid, "subscription name must not be empty")
+		return "", itx.Errorf(itx.EInvalid, "subscription name must not be empty")
+	}
+	return name, nil
+}
+
+func (st *coreState) existing(name string) (*catalogEntry, error) {
+	name, err := namedSubscription(name)
+	if err != nil {
+		return nil, err
 	}
 	entry := st.Subscriptions[name]
 	if entry == nil {

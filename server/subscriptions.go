@@ -253,13 +253,11 @@ func (s *Server) WaitUntilProcessed(ctx context.Context, ref StreamRef, name str
 	if err := itx.ValidatePath(ref.Path); err != nil {
 		return 0, err
 	}
-	name = strings.TrimSpace(name)
-	if name == "" {
-		// As every other verb naming a subscription answers a blank name (coreState.existing):
-		// no subscription or reader can hold it, so it is bad input, not one that is gone.
-		return 0, itx.Errorf(itx.EInvalid, "subscription name must not be empty")
+	name, err := namedSubscription(name) // as every other verb naming one (coreState.existing)
+	if err != nil {
+		return 0, err
 	}
-	timeout, err := waitTimeout(timeout)
+	timeout, err = waitTimeout(timeout)
 	if err != nil {
 		return 0, err
 	}
