@@ -66,7 +66,7 @@ type keepaliveMemory struct {
 	// passPending: a revival was marked and no work of its epoch has settled yet. The fact it
 	// appends reaches the processor by ordinary delivery (a frame, or the eventless pass), on
 	// its own time: the confirming fire waits for that pass, up to WedgedAfter from the
-	// revival (revivedAt, an itx.Monotonic reading), so a pass delayed past the lead (a loaded
+	// revival's fact (revivedAt, an itx.Monotonic reading), so a pass delayed past the lead (a loaded
 	// host, a project at its share of held streams) is not mistaken for a quiet clean window
 	// that resets the budget, letting a poison's crash loop start again at 10 s. A pass that
 	// never comes within the bound leaves the window unconfirmed: the backoff stands.
@@ -161,7 +161,7 @@ func onFire(rec KeepaliveRecord, mem keepaliveMemory, now, mono time.Time, versi
 	rec.ArmedAt = ms + RevivalBackoff(rec.Revivals).Milliseconds()
 	mem.sawClean, mem.sawFailure, mem.reviving, mem.owed = false, false, true, false
 	mem.epoch++
-	mem.passPending, mem.revivedAt = true, mono
+	mem.passPending = true
 	return ActionRevive, rec, mem
 }
 

@@ -626,18 +626,15 @@ func (r *Runner[S]) classify(e itx.Event) eventKind {
 	if !r.c.consumes(e.Type) {
 		return kindSkip
 	}
-	if r.invalid(e) != nil {
+	if r.c.invalid(e) != nil {
 		return kindMalformed
 	}
 	return kindDeliver
 }
 
-// invalid is Validate's verdict on e (Contract.invalid).
-func (r *Runner[S]) invalid(e itx.Event) error { return r.c.invalid(e) }
-
 // diagnose records a malformed event once, as stream/error-occurred keyed by the event.
 func (r *Runner[S]) diagnose(ctx context.Context, e itx.Event) error {
-	verr := r.invalid(e)
+	verr := r.c.invalid(e)
 	// The error object carries name and message as the TypeScript schema of
 	// stream/error-occurred has them (error.message is required there).
 	detail, _ := json.Marshal(map[string]any{
