@@ -32,6 +32,15 @@ type bbCall struct {
 	State    int
 }
 
+// bbCallOf records what one ProcessEvent call saw.
+func bbCallOf(a *processors.Args[int]) bbCall {
+	c := bbCall{CaughtUp: a.Delivery.CaughtUp, Prev: a.PreviousState, State: a.State}
+	if a.Event != nil {
+		c.Offset, c.Type = a.Event.Offset, a.Event.Type
+	}
+	return c
+}
+
 type bbRecorder struct {
 	mu    sync.Mutex
 	calls []bbCall
@@ -61,11 +70,7 @@ func bbCounter(rec *bbRecorder) func() processors.Contract[int] {
 			InitialState:   func() int { return 0 },
 			Reduce:         func(n int, e itx.Event) int { return n + 1 },
 			ProcessEvent: func(ctx context.Context, a *processors.Args[int]) error {
-				c := bbCall{CaughtUp: a.Delivery.CaughtUp, Prev: a.PreviousState, State: a.State}
-				if a.Event != nil {
-					c.Offset, c.Type = a.Event.Offset, a.Event.Type
-				}
-				rec.add(c)
+				rec.add(bbCallOf(a))
 				return nil
 			},
 		}

@@ -360,11 +360,7 @@ func TestSeedProc_RevivalFactConsumedOverRPC(t *testing.T) {
 					InitialState: func() int { return 0 },
 					Reduce:       func(n int, _ itx.Event) int { return n + 1 },
 					ProcessEvent: func(ctx context.Context, a *processors.Args[int]) error {
-						c := bbCall{CaughtUp: a.Delivery.CaughtUp, Prev: a.PreviousState, State: a.State}
-						if a.Event != nil {
-							c.Offset, c.Type = a.Event.Offset, a.Event.Type
-						}
-						rec.add(c)
+						rec.add(bbCallOf(a))
 						if a.Event != nil && a.Event.Type == "job/requested" && failed.CompareAndSwap(false, true) {
 							// Droppable: its failure marks the keepalive window, which is the point.
 							a.RunInBackground(func(context.Context) error { return errors.New("refused") })
