@@ -5,7 +5,7 @@ ADDR     ?= 127.0.0.1:7878
 METRICS  ?= 127.0.0.1:7879
 CAPNP_GO := capnproto.org/go/capnp/v3
 
-.PHONY: build run test bench compare soak fuzz sim generate vet fmt clean
+.PHONY: build run test race bench compare soak fuzz sim generate vet fmt clean
 
 build:
 	$(GO) build -o bin/itxd ./cmd/itxd
@@ -21,6 +21,14 @@ test:
 	$(GO) vet ./...
 	$(GO) -C bench vet ./...
 	$(GO) test -count=1 -timeout 12m ./...
+
+## race: every test under the race detector: the packages' own tests with -race, then the
+## end-to-end tests against an itxd and a remotehost built with -race (ITXD_RACE=1), each process's
+## log checked for the detector's reports. Slower than make test; timing-bound tests may need it
+## on a quiet machine
+race:
+	$(GO) test -race -count=1 -timeout 30m $$($(GO) list ./... | grep -v '/test$$')
+	ITXD_RACE=1 $(GO) test -count=1 -timeout 60m ./test/
 
 ## bench: the benchmarks recorded in docs/benchmarks.md (a separate itxd process, durable)
 bench:

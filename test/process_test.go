@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -17,6 +18,26 @@ import (
 
 // itxdBin is the itxd binary built once for every test that needs a separate process.
 var itxdBin string
+
+// itxdRace: with ITXD_RACE set (make race), itxd and the remotehost are built with the race
+// detector, so the black-box tests look for data races in the server as well as in the client,
+// and each process's log is checked for the detector's reports when its test ends (raceReported).
+var itxdRace = os.Getenv("ITXD_RACE") != ""
+
+// goBuild is `go build` with the tests' flags: -race under ITXD_RACE.
+func goBuild(args ...string) *exec.Cmd {
+	if itxdRace {
+		args = append([]string{"-race"}, args...)
+	}
+	return exec.Command("go", append([]string{"build"}, args...)...)
+}
+
+// raceReported fails t when a process's log holds a report of the race detector.
+func raceReported(t testing.TB, what, log string) {
+	if i := strings.Index(log, "WARNING: DATA RACE"); i >= 0 {
+		t.Errorf("%s reported a data race:\n%s", what, log[i:])
+	}
+}
 
 func TestMain(m *testing.M) {
 	if role := os.Getenv(sdkAuthorRoleEnv); role != "" { // a process of the sdk-author tests
@@ -30,7 +51,7 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	itxdBin = filepath.Join(dir, "itxd")
-	build := exec.Command("go", "build", "-o", itxdBin, "../cmd/itxd")
+	build := goBuild("-o", itxdBin, "../cmd/itxd")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "building itxd:", err)
@@ -60,7 +81,7 @@ func startItxd(t testing.TB, dataDir string, extra ...string) *itxdProcess {
 // ITXD_TEST_KILL_AT (server/killpoint_itxtest.go). Only the tests that ask build it.
 var itxdKillPointBin = sync.OnceValues(func() (string, error) {
 	bin := filepath.Join(filepath.Dir(itxdBin), "itxd-killpoint")
-	if out, err := exec.Command("go", "build", "-tags", "itxtest", "-o", bin, "../cmd/itxd").CombinedOutput(); err != nil {
+	if out, err := goBuild("-tags", "itxtest", "-o", bin, "../cmd/itxd").CombinedOutput(); err != nil {
 		return "", fmt.Errorf("building itxd -tags itxtest: %w\n%s", err, out)
 	}
 	return bin, nil
@@ -98,6 +119,7 @@ func startItxdBin(t testing.TB, bin string, env []string, dataDir string, extra 
 			cmd.Process.Kill()
 			<-waited
 		}
+		raceReported(t, "itxd", logs.String())
 		if t.Failed() {
 			t.Logf("itxd log:\n%s", logs.String())
 		}

@@ -31,7 +31,7 @@ func remoteHostBin(t testing.TB) string {
 	t.Helper()
 	remoteBinOnce.Do(func() {
 		remoteBin = filepath.Join(filepath.Dir(itxdBin), "remotehost")
-		out, err := exec.Command("go", "build", "-o", remoteBin, "../processors/examples/remotehost").CombinedOutput()
+		out, err := goBuild("-o", remoteBin, "../processors/examples/remotehost").CombinedOutput()
 		if err != nil {
 			remoteBinErr = fmt.Errorf("build remotehost: %v\n%s", err, out)
 		}
@@ -59,6 +59,7 @@ func startRemoteHost(t testing.TB, addr, token string, args ...string) *remotePr
 			cmd.Process.Kill()
 			<-p.exited
 		}
+		raceReported(t, "remotehost", logs.String())
 		if t.Failed() {
 			t.Logf("remotehost log:\n%s", logs.String())
 		}
