@@ -22,13 +22,11 @@ test:
 	$(GO) -C bench vet ./...
 	$(GO) test -count=1 -timeout 12m ./...
 
-## race: every test under the race detector: the packages' own tests with -race, then the
-## end-to-end tests against an itxd and a remotehost built with -race (ITXD_RACE=1), each process's
-## log checked for the detector's reports. Slower than make test; timing-bound tests may need it
-## on a quiet machine
+## race: every test under the race detector, the end-to-end ones too: their in-process servers
+## with -race, and the itxd and remotehost processes they start built with -race (ITXD_RACE=1),
+## each process's log checked for the detector's reports. Several times slower than make test
 race:
-	$(GO) test -race -count=1 -timeout 30m $$($(GO) list ./... | grep -v '/test$$')
-	ITXD_RACE=1 $(GO) test -count=1 -timeout 60m ./test/
+	ITXD_RACE=1 $(GO) test -race -count=1 -timeout 90m ./...
 
 ## bench: the benchmarks recorded in docs/benchmarks.md (a separate itxd process, durable)
 bench:

@@ -34,6 +34,7 @@ func goBuild(args ...string) *exec.Cmd {
 
 // raceReported fails t when a process's log holds a report of the race detector.
 func raceReported(t testing.TB, what, log string) {
+	t.Helper()
 	if i := strings.Index(log, "WARNING: DATA RACE"); i >= 0 {
 		t.Errorf("%s reported a data race:\n%s", what, log[i:])
 	}
