@@ -620,15 +620,28 @@ func TestStorageDamage_AlarmOfUnreadableStream(t *testing.T) {
 	ctx := ctxT(t)
 	// The scheduled append must still be owed when itxd stops: a stop that took longer than
 	// the wait (a loaded machine) let it land, and nothing was due at the next start. Taken
-	// again, with a longer wait, until the stop came first.
-	for wait := 500 * time.Millisecond; ; wait *= 4 {
+	// again, with a longer wait and a key of its own (the landed one's key would schedule
+	// nothing), until the stop came first; owedHead is /a's head once the owed one lands. The
+	// one before is cancelled first: the stop may have come before it landed, and it would
+	// land at a load, moving the head.
+	var owedHead int64
+	var owedDue time.Time
+	for n, wait := 0, 500*time.Millisecond; ; n, wait = n+1, wait*4 {
 		p := startItxd(t, f.dir)
 		proj := dial(t, p.addr).Login(ctx, p.creds.ProjectToken)
+		a := stream(t, proj, "/a")
+		if n > 0 {
+			_, err := client.CancelScheduled(ctx, a, fmt.Sprint("due", n-1))
+			require.NoError(t, err)
+		}
+		info, err := client.Describe(ctx, a)
+		require.NoError(t, err)
 		due := time.Now().Add(wait)
-		_, _, err := client.Schedule(ctx, stream(t, proj, "/a"), keyed("due", `{}`, "due"), due)
+		_, _, err = client.Schedule(ctx, a, keyed("due", `{}`, fmt.Sprint("due", n)), due)
 		require.NoError(t, err)
 		require.NoError(t, p.stop(t))
 		if time.Now().Before(due) {
+			owedHead, owedDue = info.HeadOffset+1, due
 			break
 		}
 		require.Less(t, wait, 30*time.Second, "itxd never stopped before the scheduled append was due")
@@ -650,7 +663,10 @@ func TestStorageDamage_AlarmOfUnreadableStream(t *testing.T) {
 		require.NoError(t, err)
 		return len(list) == 1 && list[0].HeadOffset == 1+wakes
 	})
-	requireLogged(t, p, regexp.QuoteMeta(filepath.Base(f.fileA)), "itxd logs the lost file")
+	// Logged when /a's alarm is first tried: when it is due, or at /b's wake-ups after that.
+	lost := regexp.MustCompile(regexp.QuoteMeta(filepath.Base(f.fileA)))
+	require.Eventually(t, func() bool { return lost.MatchString(p.logs.String()) },
+		time.Until(owedDue)+20*time.Second, time.Millisecond, "itxd logs the lost file")
 	logs := p.logs.String()
 	require.Zero(t, strings.Count(logs, "waking a stream for its alarm"), "a wake-up logs the lost stream again:\n%s", logs)
 	require.Equal(t, 1, strings.Count(logs, "a stream cannot be served from its database"), logs)
@@ -671,7 +687,7 @@ func TestStorageDamage_AlarmOfUnreadableStream(t *testing.T) {
 		})
 		list, err := client.ListStreams(ctx, proj, "/a")
 		require.NoError(t, err)
-		if len(list) == 1 && list[0].HeadOffset == damageEvents+1 {
+		if len(list) == 1 && list[0].HeadOffset == owedHead {
 			break
 		}
 		require.Less(t, i, 30, "/a's scheduled append never landed once its file was back")
