@@ -32,6 +32,15 @@ func goBuild(args ...string) *exec.Cmd {
 	return exec.Command("go", append([]string{"build"}, args...)...)
 }
 
+// skipRSSUnderRace skips a test that bounds itxd's resident memory when itxd is built with the
+// race detector, whose shadow memory is several times the program's own.
+func skipRSSUnderRace(t testing.TB) {
+	t.Helper()
+	if itxdRace {
+		t.Skip("itxd's memory bound does not hold for a race-built itxd (ITXD_RACE)")
+	}
+}
+
 // raceReported fails t when a process's log holds a report of the race detector.
 func raceReported(t testing.TB, what, log string) {
 	t.Helper()

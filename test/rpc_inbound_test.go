@@ -31,6 +31,7 @@ func padded(seg *capnp.Segment, n int) error {
 // itxd stops reading that socket. Without these, blocking calls padded with data nobody reads
 // (128 calls in flight of 64 MiB each) grew itxd by gigabytes.
 func TestItxd_InboundCallBytesAreBounded(t *testing.T) {
+	skipRSSUnderRace(t)
 	if _, err := os.Stat("/proc/self/status"); err != nil {
 		t.Skip("needs /proc")
 	}
@@ -252,6 +253,7 @@ func TestItxd_LargeCallPipelinedBehindTheLogin(t *testing.T) {
 // default 1 GiB and 4,096 connections, 256 GiB). A large call now waits, unread, for room in the
 // bound (small ones still always go), and is served once the calls holding it return.
 func TestItxd_GlobalCallBytesHoldOverReserves(t *testing.T) {
+	skipRSSUnderRace(t)
 	const global = 32 << 20
 	const pad = 12 << 20
 	metrics := freeAddr(t)
