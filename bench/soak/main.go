@@ -44,6 +44,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -72,6 +73,32 @@ import (
 )
 
 var failed atomic.Bool
+
+// raceMarker starts each report of Go's race detector: a soak of binaries built with -race
+// fails on one (itxd's stderr is watched, the remotehost's log read at the end).
+const raceMarker = "WARNING: DATA RACE"
+
+// raceWatch passes what it is given on to w, noting whether raceMarker went by.
+type raceWatch struct {
+	w    io.Writer
+	mu   sync.Mutex
+	tail []byte // the last bytes written, for a marker cut across two writes
+	seen atomic.Bool
+}
+
+func (r *raceWatch) Write(p []byte) (int, error) {
+	r.mu.Lock()
+	buf := append(r.tail, p...)
+	if bytes.Contains(buf, []byte(raceMarker)) {
+		r.seen.Store(true)
+	}
+	r.tail = append([]byte(nil), buf[max(0, len(buf)-len(raceMarker)):]...)
+	r.mu.Unlock()
+	return r.w.Write(p)
+}
+
+// itxdStderr is every itxd process's stderr.
+var itxdStderr = &raceWatch{w: os.Stderr}
 
 func fail(format string, args ...any) {
 	failed.Store(true)
@@ -183,7 +210,7 @@ func (d *itxd) start() error {
 	if d.cmd == nil {
 		cmd.Stdout = os.Stdout // the first start prints how to connect
 	}
-	cmd.Stderr = os.Stderr
+	cmd.Stderr = itxdStderr
 	if err := cmd.Start(); err != nil {
 		return err
 	}
@@ -400,9 +427,12 @@ func main() {
 	var remote *remoteLoad
 	if *remoteBin != "" {
 		logPath := data + "-remotehost.log"
-		if !*keep {
-			atExit = append(atExit, func() { os.Remove(logPath) })
-		} else {
+		atExit = append(atExit, func() {
+			if !*keep { // read at exit: a data race the remotehost reported keeps it
+				os.Remove(logPath)
+			}
+		})
+		if *keep {
 			fmt.Println("remotehost log:", logPath)
 		}
 		remote = startRemote(ctx, setup, addr, creds.ProjectToken, *remoteBin, *vendorListen, logPath, *agents, *agentHesitation, *agentExpiry)
@@ -568,6 +598,13 @@ func main() {
 	}
 	fmt.Printf("footprint: goroutines %.0f at start, %.0f after the load and 5 s idle; fds %.0f -> %.0f; loaded streams %.0f -> %.0f; rss %.1f -> %.1f MB (peak %.1f at %.0fs)\n",
 		first.goroutines, final.goroutines, first.fds, final.fds, first.loaded, final.loaded, first.rssMB, final.rssMB, peak.rssMB, peak.at.Seconds())
+	if itxdStderr.seen.Load() {
+		fail("itxd reported a data race (built with -race; see its report above)")
+	}
+	if remote != nil && remote.host.raceReported() {
+		fail("the remotehost reported a data race (built with -race; its log: %s, kept)", remote.host.log.Name())
+		*keep = true
+	}
 	if failed.Load() {
 		fmt.Println("soak: FAILED")
 		exit(1)

@@ -819,3 +819,9 @@ func (rl *remoteLoad) verifyForwards(readAll func(string) []itx.Event) {
 	}
 	fmt.Printf("remote router: %d messages to %d threads and %d unroutable, %d not routed exactly as often as they should (once; never)\n", messages, remoteThreads, unroutable, wrongRoutes)
 }
+
+// raceReported says whether the remotehost's log holds a report of the race detector.
+func (h *remoteHost) raceReported() bool {
+	b, err := os.ReadFile(h.log.Name())
+	return err == nil && bytes.Contains(b, []byte(raceMarker))
+}
