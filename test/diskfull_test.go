@@ -602,6 +602,9 @@ func tryStartItxd(t *testing.T, dataDir string) (addr string, exited error, log 
 	t.Cleanup(func() {
 		cmd.Process.Kill() // an exited one: an error, ignored
 		<-done
+		logs.mu.Lock()
+		defer logs.mu.Unlock()
+		raceReported(t, "itxd", logs.b.String())
 	})
 	deadline := time.After(30 * time.Second)
 	for {
