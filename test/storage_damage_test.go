@@ -103,8 +103,14 @@ func requireUnavailableNaming(t *testing.T, err error, what string) {
 // exec's copying goroutine, after the call that made it write has answered.
 func requireLogged(t *testing.T, p *itxdProcess, pattern, what string) {
 	t.Helper()
+	requireLoggedWithin(t, p, pattern, what, 20*time.Second)
+}
+
+// requireLoggedWithin is requireLogged waiting up to within.
+func requireLoggedWithin(t *testing.T, p *itxdProcess, pattern, what string, within time.Duration) {
+	t.Helper()
 	re := regexp.MustCompile(pattern)
-	waitUntil(t, what, func() bool { return re.MatchString(p.logs.String()) })
+	require.Eventually(t, func() bool { return re.MatchString(p.logs.String()) }, within, time.Millisecond, what)
 }
 
 // requireRestored stops p, copies /a's database back from the fixture's copy, starts itxd again
@@ -664,9 +670,7 @@ func TestStorageDamage_AlarmOfUnreadableStream(t *testing.T) {
 		return len(list) == 1 && list[0].HeadOffset == 1+wakes
 	})
 	// Logged when /a's alarm is first tried: when it is due, or at /b's wake-ups after that.
-	lost := regexp.MustCompile(regexp.QuoteMeta(filepath.Base(f.fileA)))
-	require.Eventually(t, func() bool { return lost.MatchString(p.logs.String()) },
-		time.Until(owedDue)+20*time.Second, time.Millisecond, "itxd logs the lost file")
+	requireLoggedWithin(t, p, regexp.QuoteMeta(filepath.Base(f.fileA)), "itxd logs the lost file", time.Until(owedDue)+20*time.Second)
 	logs := p.logs.String()
 	require.Zero(t, strings.Count(logs, "waking a stream for its alarm"), "a wake-up logs the lost stream again:\n%s", logs)
 	require.Equal(t, 1, strings.Count(logs, "a stream cannot be served from its database"), logs)
